@@ -1,0 +1,3 @@
+"""minilmd: a resilient long-run training daemon for small language models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The training side of minilmd: tokenizer, prepare, token stream, model, training loop, checkpoints."""

@@ -1,0 +1,465 @@
+"""The run config: one TOML file, one dataclass per section, every problem reported at once.
+
+`load_config(path, overrides)` returns a `RunConfig` or raises `ConfigError` listing every problem found (unknown
+sections and keys, wrong types, out-of-range values, a missing budget, paths that cannot be used). Torch-free:
+the supervisor and `minilmd run --check` use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """Every problem found in a run config, one per line."""
+
+    def __init__(self, problems: list[str], source: str = "config"):
+        self.problems = list(problems)
+        self.source = source
+        super().__init__(f"{source}: {len(self.problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+Duration = Union[int, float, str]
+"""Seconds as a number, or a string such as "90s", "5m", "15m", "2h"."""
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Duration) -> float:
+    """Seconds in a duration: 90, "90s", "5m", "1.5h". Raises ValueError with the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative: {value!r}")
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError(f"not a duration: {value!r} (use seconds, or a string like \"90s\", \"5m\", \"2h\")")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+@dataclass
+class RunSection:
+    name: str = ""
+    """Name of the run; used in the default scratch path, in status and in the systemd instance name."""
+    dir: str = ""
+    """Run directory on local disk: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock."""
+    scratch: str = ""
+    """Fast local storage for the staged corpus and local checkpoints. Default /dev/shm/minilmd/<name>."""
+    remote: str = ""
+    """Durable storage for checkpoints (an NFS path or an fsspec URL). Empty: no sync."""
+
+
+@dataclass
+class DataSection:
+    prepared: str = ""
+    """The output directory of `minilmd prepare` (local path or fsspec URL); the supervisor stages it to scratch."""
+    mode: str = "packed"
+    """"packed": fixed windows across document boundaries (no PAD). "padded": MiniMind's one-document-per-row."""
+    val_windows: int = 64
+    """Number of fixed validation windows (or documents, in padded mode) for the validation loss."""
+
+
+@dataclass
+class ModelSection:
+    hidden_size: int = 768
+    """Width of the residual stream."""
+    num_hidden_layers: int = 8
+    """Number of transformer blocks."""
+    num_attention_heads: int = 8
+    """Query heads; head_dim = hidden_size / num_attention_heads."""
+    num_key_value_heads: int = 4
+    """Key/value heads (grouped-query attention); must divide num_attention_heads."""
+    vocab_size: int = 6400
+    """Must equal the tokenizer's vocabulary size."""
+    intermediate_size: int = 0
+    """SwiGLU width; 0 means MiniMind's ceil(hidden_size * pi / 64) * 64 (2432 at 768)."""
+    max_position_embeddings: int = 32768
+    """Longest sequence the model accepts; seq_len may not exceed it."""
+    rope_theta: float = 1e6
+    """RoPE base frequency."""
+    rms_norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
+
+    @property
+    def ffn_size(self) -> int:
+        if self.intermediate_size:
+            return self.intermediate_size
+        return int(math.ceil(self.hidden_size * math.pi / 64) * 64)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass
+class TrainSection:
+    seq_len: int = 340
+    """Tokens per training row (the user's corpus: T=340)."""
+    micro_batch_size: int = 32
+    """Rows per forward/backward on one device."""
+    grad_accum: int = 1
+    """Micro-batches accumulated per optimizer step. Global batch = micro_batch_size * grad_accum * world_size."""
+    lr: float = 5e-4
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """The cosine schedule ends at lr * min_lr_ratio."""
+    warmup_steps: int = 0
+    """Linear warmup steps before the cosine decay."""
+    weight_decay: float = 0.1
+    """AdamW weight decay (applied to matrices only, not to norms)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    dtype: str = "auto"
+    """"auto" (bf16 autocast on CUDA, fp32 on CPU), "bf16" or "fp32"."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (0: not set). A budget (max_steps or max_tokens) is required."""
+    max_tokens: int = 0
+    """Stop once this many tokens were trained on (0: not set); converted to steps at start."""
+    seed: int = 1337
+    """Seed of the model init and of the data order."""
+    device: str = "auto"
+    """"auto" (CUDA if the supervisor or torch finds a GPU, else CPU), "cpu" or "cuda"."""
+    log_every: int = 10
+    """Append a line to metrics.jsonl every this many steps."""
+    eval_every: int = 500
+    """Compute the validation loss every this many steps (0: only at the end)."""
+    checkpoint_every: Duration = "5m"
+    """Save a local checkpoint every N steps (an integer) or every duration (a string such as "5m")."""
+    keep_local: int = 2
+    """Number of valid local checkpoints kept in scratch."""
+    compile: bool = False
+    """Use torch.compile on the model."""
+
+
+@dataclass
+class GpuSection:
+    count: int = 1
+    """Number of GPUs to use (torchrun when more than one)."""
+    max_used_mib: int = 200
+    """A GPU is free only if at most this much of its memory is used."""
+    max_utilization: int = 0
+    """A GPU is free only if its utilisation (percent) is at most this."""
+    poll_interval: Duration = "30s"
+    """Time between two NVML polls while waiting."""
+    stable_polls: int = 3
+    """A GPU must look free this many polls in a row before it is taken."""
+    lock_dir: str = "/tmp/minilmd-gpu-locks"
+    """Shared directory of per-device lease files, so that two minilmd runs never take the same card."""
+
+
+@dataclass
+class SyncSection:
+    every: Duration = "15m"
+    """Copy the newest valid local checkpoint to run.remote this often."""
+    keep: int = 3
+    """Valid checkpoints kept on the remote."""
+
+
+@dataclass
+class RestartSection:
+    max_restarts: int = 100
+    """Give up (exit status 79) after this many restarts in total."""
+    backoff_initial: Duration = "5s"
+    """First wait before a restart; doubled each time (with jitter) up to backoff_max."""
+    backoff_max: Duration = "10m"
+    """Longest wait between restarts."""
+    no_progress_limit: int = 5
+    """Give up after this many restarts in a row that produced no new checkpoint."""
+    hang_timeout: Duration = "10m"
+    """A trainer whose heartbeat is older than this is hung: its stack is dumped and its group killed."""
+
+
+@dataclass
+class RunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    gpu: GpuSection = field(default_factory=GpuSection)
+    sync: SyncSection = field(default_factory=SyncSection)
+    restart: RestartSection = field(default_factory=RestartSection)
+    source: str = ""
+    """The file this config was read from (not a TOML key)."""
+
+    @property
+    def scratch_dir(self) -> Path:
+        return Path(self.run.scratch or f"/dev/shm/minilmd/{self.run.name}")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Local checkpoints, in scratch."""
+        return self.scratch_dir / "checkpoints"
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+    def model_dict(self) -> dict:
+        return dataclasses.asdict(self.model)
+
+
+SECTIONS = {f.name: f.type for f in fields(RunConfig) if f.name != "source"}
+
+
+def _section_classes() -> dict[str, type]:
+    hints = get_type_hints(RunConfig)
+    return {name: hints[name] for name in SECTIONS}
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    if annotation is Any:
+        return True
+    if get_origin(annotation) is Union:
+        return any(_type_ok(value, a) for a in get_args(annotation))
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+def _type_name(annotation: Any) -> str:
+    if annotation is Duration:
+        return 'a duration (seconds, or a string like "5m")'
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def parse_overrides(overrides: list[str] | None) -> dict[str, dict[str, Any]]:
+    """["train.micro_batch_size=16", 'data.prepared="/x"'] -> nested dict. Values are TOML literals, or bare
+    strings when they do not parse as TOML."""
+    nested: dict[str, dict[str, Any]] = {}
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot:
+            raise ConfigError([f"override {item!r} is not SECTION.KEY=VALUE"], "--set")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        nested.setdefault(section, {})[name] = value
+    return nested
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: bool = True) -> RunConfig:
+    """Build and validate a RunConfig; raise ConfigError with every problem at once."""
+    problems: list[str] = []
+    classes = _section_classes()
+    cfg = RunConfig(source=source)
+    for section, body in raw.items():
+        if section not in classes:
+            problems.append(f"unknown section [{section}] (known: {', '.join(classes)})")
+            continue
+        if not isinstance(body, dict):
+            problems.append(f"[{section}] must be a table, not {type(body).__name__}")
+            continue
+        cls = classes[section]
+        hints = get_type_hints(cls)
+        target = getattr(cfg, section)
+        for key, value in body.items():
+            if key not in hints:
+                problems.append(f"unknown key {section}.{key} (known: {', '.join(hints)})")
+                continue
+            if not _type_ok(value, hints[key]):
+                problems.append(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}")
+                continue
+            if hints[key] is float and isinstance(value, int):
+                value = float(value)
+            setattr(target, key, value)
+    problems += _check_values(cfg)
+    if check_paths:
+        problems += _check_paths(cfg)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None, check_paths: bool = True) -> RunConfig:
+    """Read, merge `--set` overrides, validate. Raises ConfigError (every problem) or nothing."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError([f"no such file: {path}"], str(path)) from None
+    except IsADirectoryError:
+        raise ConfigError([f"{path} is a directory, not a TOML file"], str(path)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError([f"not valid TOML: {e}"], str(path)) from None
+    for section, values in parse_overrides(overrides).items():
+        if isinstance(raw.get(section, {}), dict):
+            raw.setdefault(section, {}).update(values)
+    return config_from_dict(raw, str(path), check_paths)
+
+
+def _positive(problems: list[str], name: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        problems.append(f"{name} = {value!r}: must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _check_values(cfg: RunConfig) -> list[str]:
+    p: list[str] = []
+    r, d, m, t = cfg.run, cfg.data, cfg.model, cfg.train
+    if not r.name:
+        p.append("run.name is required")
+    elif not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", r.name):
+        p.append(f"run.name = {r.name!r}: use letters, digits, '.', '_' and '-' (it names files and units)")
+    if not r.dir:
+        p.append("run.dir is required (the local run directory)")
+    if not d.prepared:
+        p.append("data.prepared is required (the output directory of `minilmd prepare`)")
+    if d.mode not in ("packed", "padded"):
+        p.append(f"data.mode = {d.mode!r}: must be \"packed\" or \"padded\"")
+    _positive(p, "data.val_windows", d.val_windows)
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                 "max_position_embeddings"):
+        _positive(p, f"model.{name}", getattr(m, name))
+    _positive(p, "model.intermediate_size", m.intermediate_size, allow_zero=True)
+    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
+        p.append(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
+    elif m.num_attention_heads > 0 and m.head_dim % 2:
+        p.append(f"model head_dim {m.head_dim} must be even for RoPE")
+    if m.num_key_value_heads > 0 and m.num_attention_heads % m.num_key_value_heads:
+        p.append(f"model.num_attention_heads {m.num_attention_heads} is not a multiple of "
+                 f"num_key_value_heads {m.num_key_value_heads}")
+    if m.vocab_size > 65536:
+        p.append(f"model.vocab_size {m.vocab_size} does not fit the uint16 token stream (max 65536)")
+    for name in ("seq_len", "micro_batch_size", "grad_accum", "log_every", "keep_local"):
+        _positive(p, f"train.{name}", getattr(t, name))
+    for name in ("lr",):
+        _positive(p, f"train.{name}", getattr(t, name))
+    for name in ("warmup_steps", "weight_decay", "grad_clip", "max_steps", "max_tokens", "eval_every", "seed"):
+        _positive(p, f"train.{name}", getattr(t, name), allow_zero=True)
+    if not 0 <= t.min_lr_ratio <= 1:
+        p.append(f"train.min_lr_ratio = {t.min_lr_ratio}: must be within [0, 1]")
+    if t.seq_len > m.max_position_embeddings:
+        p.append(f"train.seq_len {t.seq_len} is larger than model.max_position_embeddings "
+                 f"{m.max_position_embeddings}")
+    if t.dtype not in ("auto", "bf16", "fp32"):
+        p.append(f"train.dtype = {t.dtype!r}: must be \"auto\", \"bf16\" or \"fp32\"")
+    if t.device not in ("auto", "cpu", "cuda"):
+        p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
+    if isinstance(t.checkpoint_every, int) and not isinstance(t.checkpoint_every, bool):
+        _positive(p, "train.checkpoint_every", t.checkpoint_every)
+    p += _check_duration("train.checkpoint_every", t.checkpoint_every) if isinstance(t.checkpoint_every, str) else []
+    if not t.max_steps and not t.max_tokens:
+        p.append(budget_problem(cfg))
+    _positive(p, "gpu.count", cfg.gpu.count)
+    _positive(p, "gpu.stable_polls", cfg.gpu.stable_polls)
+    _positive(p, "gpu.max_used_mib", cfg.gpu.max_used_mib, allow_zero=True)
+    if not 0 <= cfg.gpu.max_utilization <= 100:
+        p.append(f"gpu.max_utilization = {cfg.gpu.max_utilization}: a percentage within [0, 100]")
+    for name, value in (("gpu.poll_interval", cfg.gpu.poll_interval), ("sync.every", cfg.sync.every),
+                        ("restart.backoff_initial", cfg.restart.backoff_initial),
+                        ("restart.backoff_max", cfg.restart.backoff_max),
+                        ("restart.hang_timeout", cfg.restart.hang_timeout)):
+        p += _check_duration(name, value)
+    _positive(p, "sync.keep", cfg.sync.keep)
+    _positive(p, "restart.max_restarts", cfg.restart.max_restarts, allow_zero=True)
+    _positive(p, "restart.no_progress_limit", cfg.restart.no_progress_limit)
+    return p
+
+
+def _check_duration(name: str, value: Duration) -> list[str]:
+    try:
+        parse_duration(value)
+        return []
+    except ValueError as e:
+        return [f"{name}: {e}"]
+
+
+def corpus_train_tokens(prepared: str) -> int | None:
+    """Train-split token count from a local prepared corpus's meta.json, or None if it cannot be read."""
+    try:
+        meta = json.loads((Path(prepared) / "meta.json").read_text(encoding="utf-8"))
+        return int(meta["splits"]["train"]["tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def budget_problem(cfg: RunConfig) -> str:
+    """The message for a missing budget, with the arithmetic of what 'no limit' would mean."""
+    t = cfg.train
+    per_step = t.seq_len * t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
+    lines = [f"a budget is required: set train.max_steps or train.max_tokens. One step trains "
+             f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {max(cfg.gpu.count, 1)} GPU(s) = "
+             f"{per_step:,} tokens"]
+    tokens = corpus_train_tokens(cfg.data.prepared) if cfg.data.prepared else None
+    if tokens:
+        steps = tokens // per_step if per_step else 0
+        lines.append(f"; one epoch of {cfg.data.prepared} ({tokens:,} train tokens) is {steps:,} steps. "
+                     f"At the user's measured 3,700 tok/s that epoch alone takes {tokens / 3700 / 3600:.1f} h, "
+                     f"so an unlimited default would silently mean that")
+    else:
+        lines.append("; at 3,700 tok/s (measured on a 768x8 model) a 332M-token corpus is ~25 h per epoch, "
+                     "so an unlimited default would silently mean days")
+    return "".join(lines)
+
+
+def _is_url(s: str) -> bool:
+    return "://" in s
+
+
+def _check_paths(cfg: RunConfig) -> list[str]:
+    p: list[str] = []
+    if cfg.run.dir:
+        p += _check_writable("run.dir", Path(cfg.run.dir))
+    if cfg.run.scratch:
+        p += _check_writable("run.scratch", Path(cfg.run.scratch))
+    if cfg.data.prepared:
+        if _is_url(cfg.data.prepared):
+            p += _check_protocol("data.prepared", cfg.data.prepared)
+        elif not Path(cfg.data.prepared).is_dir():
+            p.append(f"data.prepared = {cfg.data.prepared!r}: no such directory (run `minilmd prepare` first)")
+        elif not (Path(cfg.data.prepared) / "meta.json").is_file():
+            p.append(f"data.prepared = {cfg.data.prepared!r}: no meta.json there; not an output of `minilmd prepare`")
+    if cfg.run.remote:
+        if _is_url(cfg.run.remote):
+            p += _check_protocol("run.remote", cfg.run.remote)
+        else:
+            p += _check_writable("run.remote", Path(cfg.run.remote))
+    return p
+
+
+def _check_writable(name: str, path: Path) -> list[str]:
+    """A path is usable if it is a writable directory, or its nearest existing ancestor is one."""
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        return [f"{name} = {str(path)!r}: {probe} is a file, not a directory"]
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return [f"{name} = {str(path)!r}: {probe} is not writable"]
+    return []
+
+
+def _check_protocol(name: str, url: str) -> list[str]:
+    import fsspec  # light; only when a URL is configured
+
+    protocol = url.split("://", 1)[0]
+    if protocol not in fsspec.available_protocols():
+        return [f"{name} = {url!r}: unknown protocol {protocol!r} (fsspec knows: file, memory, sftp, s3, ...)"]
+    return []
