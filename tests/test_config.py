@@ -1,0 +1,143 @@
+"""The run config: every problem reported at once, overrides, durations, the budget arithmetic."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from minilmd.trainer.config import (
+    ConfigError,
+    config_from_dict,
+    load_config,
+    parse_duration,
+    parse_overrides,
+)
+
+
+def minimal(tmp_path, **train):
+    prepared = tmp_path / "prepared"
+    prepared.mkdir(exist_ok=True)
+    (prepared / "meta.json").write_text(json.dumps({"splits": {"train": {"tokens": 332_495_324}}}))
+    return {
+        "run": {"name": "r1", "dir": str(tmp_path / "run")},
+        "data": {"prepared": str(prepared)},
+        "train": {"max_steps": 10, **train},
+    }
+
+
+def test_minimal_config_gets_documented_defaults(tmp_path):
+    cfg = config_from_dict(minimal(tmp_path))
+    assert cfg.model.ffn_size == 2432  # ceil(768 * pi / 64) * 64, MiniMind's rule
+    assert cfg.model.head_dim == 96
+    assert str(cfg.scratch_dir) == "/dev/shm/minilmd/r1"
+    assert parse_duration(cfg.sync.every) == 900.0
+    assert cfg.gpu.max_used_mib == 200 and cfg.gpu.max_utilization == 0
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    raw = minimal(tmp_path, seq_len="long", bogus=1)
+    raw["data"]["mode"] = "pack"
+    raw["nonsense"] = {}
+    raw["gpu"] = {"poll_interval": "soon"}
+    raw["model"] = {"hidden_size": 100, "num_attention_heads": 8}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    text = str(err.value)
+    for fragment in ("train.seq_len = 'long'", "unknown key train.bogus", "unknown section [nonsense]",
+                     "data.mode = 'pack'", "gpu.poll_interval", "not divisible"):
+        assert fragment in text
+    assert len(err.value.problems) == 6
+
+
+def test_missing_budget_shows_the_arithmetic(tmp_path):
+    raw = minimal(tmp_path)
+    del raw["train"]["max_steps"]
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    msg = str(err.value)
+    assert "10,880 tokens" in msg  # 340 x 32 x 1 x 1
+    assert "332,495,324 train tokens" in msg and "30,560 steps" in msg
+
+
+def test_seq_len_longer_than_the_model_allows(tmp_path):
+    raw = minimal(tmp_path, seq_len=4096)
+    raw["model"] = {"max_position_embeddings": 2048}
+    with pytest.raises(ConfigError, match="larger than model.max_position_embeddings"):
+        config_from_dict(raw)
+
+
+def test_paths_that_cannot_be_used(tmp_path):
+    raw = minimal(tmp_path)
+    raw["data"]["prepared"] = str(tmp_path / "missing")
+    raw["run"]["remote"] = "nosuchproto://bucket/x"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    raw["run"]["scratch"] = str(blocker / "sub")
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    text = str(err.value)
+    assert "no such directory" in text
+    assert "unknown protocol 'nosuchproto'" in text
+    assert "is a file, not a directory" in text
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nobody may write into: a read-only tmpfs as root (root ignores mode bits), else mode 0500."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0:
+        ro.chmod(0o500)
+        yield ro
+        ro.chmod(0o700)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)]).returncode != 0:
+        pytest.skip("needs permission to mount a read-only tmpfs")
+    try:
+        yield ro
+    finally:
+        subprocess.run(["umount", str(ro)])
+
+
+def test_unwritable_run_dir(tmp_path, read_only_dir):
+    raw = minimal(tmp_path)
+    raw["run"]["dir"] = str(read_only_dir / "run")
+    with pytest.raises(ConfigError, match="is not writable"):
+        config_from_dict(raw)
+
+
+def test_load_config_with_overrides_and_nothing_created(tmp_path):
+    raw = minimal(tmp_path)
+    path = tmp_path / "run.toml"
+    path.write_text(
+        f'[run]\nname = "r1"\ndir = "{raw["run"]["dir"]}"\n'
+        f'[data]\nprepared = "{raw["data"]["prepared"]}"\n'
+        "[train]\nmax_steps = 10\nmicro_batch_size = 32\n"
+    )
+    cfg = load_config(path, ["train.micro_batch_size=16", "train.grad_accum=2", f"data.prepared={raw['data']['prepared']}"])
+    assert (cfg.train.micro_batch_size, cfg.train.grad_accum) == (16, 2)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match="not SECTION.KEY=VALUE"):
+        parse_overrides(["micro_batch_size=3"])
+
+
+def test_load_config_reports_file_problems(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nname=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("text,seconds", [(90, 90.0), ("90s", 90.0), ("5m", 300.0), ("1.5h", 5400.0), ("250ms", 0.25)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "-5s", -1, True, "5 minutes"])
+def test_bad_durations(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
