@@ -1,0 +1,110 @@
+"""The docs promise only what exists: every `minilmd ...` command line and every config key written in README.md,
+docs/ and deploy/ is checked against the real CLI and the real config schema."""
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import typer
+
+from minilmd.daemon.cli import app
+from minilmd.trainer.config import RunConfig, config_from_dict, ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = sorted([REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("deploy/*.md")])
+SECTIONS = {f.name: {g.name for g in fields(f.default_factory())} for f in fields(RunConfig) if f.name != "source"}
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+INLINE_COMMAND = re.compile(r"`(minilmd [^`]+)`")
+CONFIG_KEY = re.compile(r"`\[?(run|data|model|train|gpu|sync|restart)\]?\.([a-z_]+)")
+
+
+def command_lines(text: str) -> list[str]:
+    """`minilmd ...` lines from fenced blocks (after an optional prompt) and from inline code."""
+    found = [m.group(1) for m in INLINE_COMMAND.finditer(text)]
+    for lang, body in FENCE.findall(text):
+        if lang in ("toml", "json", "text", "mermaid"):
+            continue
+        for line in body.splitlines():
+            line = re.sub(r"^\s*(\$|#)?\s*", "", line)
+            for part in re.split(r"&&|\|\||;", line):
+                part = part.strip()
+                if part.startswith("minilmd "):
+                    found.append(part)
+    return found
+
+
+def is_group(command) -> bool:
+    # typer ships its own copy of click in recent versions: duck-type rather than isinstance(click.Group)
+    return hasattr(command, "commands")
+
+
+def check_command(root, line: str) -> str | None:
+    """None if `line` names an existing command with existing options, else what is wrong."""
+    line = re.split(r"\s(?:\||>|2>|#)\s?", line)[0]
+    try:
+        words = shlex.split(line)[1:]
+    except ValueError:
+        words = line.split()[1:]
+    command = root
+    path = ["minilmd"]
+    while is_group(command) and words and not words[0].startswith("-"):
+        if words[0] not in command.commands:
+            if words[0].isupper() or "/" in words[0] or "." in words[0]:
+                break  # a placeholder or a path, not a subcommand
+            return f"{' '.join(path)} has no subcommand {words[0]!r}"
+        command = command.commands[words[0]]
+        path.append(words.pop(0))
+    if is_group(command):
+        return f"{' '.join(path)} is a group, the line names no command"
+    known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)} | {"--help"}
+    for word in words:
+        if word.startswith("-") and word != "-":
+            name = word.split("=", 1)[0]
+            if name not in known:
+                return f"{' '.join(path)} has no option {name!r} (known: {sorted(known)})"
+    return None
+
+
+def test_the_docs_exist():
+    names = {p.name for p in DOCS}
+    assert "README.md" in names
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_documented_command_exists(doc):
+    root = typer.main.get_command(app)
+    problems = [f"{line}: {why}" for line in command_lines(doc.read_text(encoding="utf-8"))
+                if (why := check_command(root, line))]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_documented_config_key_exists(doc):
+    text = doc.read_text(encoding="utf-8")
+    problems = [f"{s}.{k}" for s, k in CONFIG_KEY.findall(text) if k not in SECTIONS[s]]
+    for lang, body in FENCE.findall(text):
+        if lang != "toml":
+            continue
+        try:
+            config_from_dict(tomllib.loads(body), check_paths=False)
+        except ConfigError as e:
+            problems += [p for p in e.problems if p.startswith("unknown")]
+    assert not problems, f"{doc.name} names config keys that do not exist: {problems}"
+
+
+def test_the_checker_catches_what_does_not_exist():
+    root = typer.main.get_command(app)
+    assert check_command(root, "minilmd frobnicate now") is not None
+    assert check_command(root, "minilmd bench") is not None
+    assert command_lines("run `minilmd status --json` then\n```bash\n$ minilmd logs -f\n```\n") == [
+        "minilmd status --json", "minilmd logs -f"]
+    assert CONFIG_KEY.findall("set `train.nonexistent`") == [("train", "nonexistent")]
