@@ -1,0 +1,237 @@
+"""Batches for training and validation: a pure function of (seed, step), no state to carry but the step.
+
+Packed mode (default). A window is `seq_len` consecutive tokens of the train stream, used both as input and as
+labels: the model shifts inside (logits[:, :-1] against labels[:, 1:]), so a window of `seq_len` tokens trains
+`seq_len - 1` predictions. We chose `seq_len` tokens rather than `seq_len + 1` so that a row has exactly the shape
+the model sees (the same (B, seq_len) tensor as in padded mode and in MiniMind, and `seq_len` is also the longest
+sequence the model must handle); the price is one prediction in 340 per window. Windows cross document boundaries
+on purpose: the stream holds `[BOS] doc [EOS]` for every document, so the model sees the boundaries.
+
+Epochs. Epoch e uses the window starts `offset_e + k * seq_len` for k in [0, n_windows), visited in the order of a
+permutation; offset_e in [0, seq_len) moves the window edges from one epoch to the next. Both are drawn from
+numpy's PCG64 seeded with (seed, epoch) explicitly. `n_windows = (n_tokens - seq_len + 1) // seq_len` fits every
+offset, so every epoch has the same number of windows (at most one window's worth of tokens at the end of the
+stream is skipped in a given epoch, a different one each epoch).
+
+Global batches. Row position p of the whole run is entry p % n of epoch p // n's permutation (n = windows per
+epoch): the infinite concatenation of epoch permutations. The global batch of optimizer step s is positions
+[s*G, (s+1)*G), G = micro_batch_size * grad_accum * world_size. Rank r of w takes the contiguous slice
+[r*G/w, (r+1)*G/w) of those rows, and its micro-batch m the slice [m*mb, (m+1)*mb) of its own rows. So the global
+batch is the same whatever the number of ranks that divides it, and a resumed run sees exactly the batches an
+uninterrupted one would have seen.
+
+Padded mode (`data.mode = "padded"`): MiniMind's way, for comparison. One document per row, its inner ids
+truncated to seq_len - 2, then BOS/EOS, right PAD (0), labels -100 on PAD. The same permutation logic runs over
+documents instead of windows (no offset).
+
+Validation: a fixed set of windows (or documents) of the val split drawn with a fixed seed that does not depend on
+the run's seed, so that val losses are comparable over time and across runs with the same seq_len.
+
+Every batch also carries `n_targets`, the number of predictions its loss averages over; the trainer weights
+micro-batch losses by it, so that the step's loss is the mean over all predicted tokens of the global batch,
+whatever the split into ranks and micro-batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .protocol import BOS_ID, EOS_ID, PAD_ID
+
+IGNORE_INDEX = -100
+VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
+_STREAM_PERMUTATION = 0
+_STREAM_VALIDATION = 1
+
+
+class DataError(ValueError):
+    """The corpus cannot feed this configuration (too small for seq_len, batch that ranks cannot split...)."""
+
+
+@dataclass
+class Batch:
+    """Rows for one forward pass. `input_ids` and `labels` are int64 arrays of shape (rows, seq_len)."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    n_targets: int
+    """Predictions the loss averages over: labels[:, 1:] != -100 (the model shifts inside)."""
+    n_real_tokens: int
+    """Non-PAD tokens in input_ids (tokens/s counts these)."""
+
+
+def _generator(seed: int, stream: int, epoch: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, epoch])))
+
+
+class _EpochOrder:
+    """The permutation of n items for each epoch, drawn from (seed, epoch); caches the latest epoch only."""
+
+    def __init__(self, n_items: int, seed: int, offset_range: int = 0):
+        self.n_items = n_items
+        self.seed = seed
+        self.offset_range = offset_range
+        self._cached_epoch: int | None = None
+        self._cached: tuple[int, np.ndarray] = (0, np.empty(0, np.int64))
+
+    def epoch(self, e: int) -> tuple[int, np.ndarray]:
+        """(offset, permutation) of epoch e."""
+        if self._cached_epoch != e:
+            rng = _generator(self.seed, _STREAM_PERMUTATION, e)
+            offset = int(rng.integers(0, self.offset_range)) if self.offset_range > 1 else 0
+            self._cached = (offset, rng.permutation(self.n_items).astype(np.int64))
+            self._cached_epoch = e
+        return self._cached
+
+    def items(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(item index, epoch offset) for each global row position."""
+        idx = np.empty(len(positions), np.int64)
+        offsets = np.empty(len(positions), np.int64)
+        epochs = positions // self.n_items
+        for e in np.unique(epochs):
+            offset, perm = self.epoch(int(e))
+            sel = epochs == e
+            idx[sel] = perm[positions[sel] % self.n_items]
+            offsets[sel] = offset
+        return idx, offsets
+
+
+class Sampler:
+    """Rows of training batches as a pure function of (seed, step); see the module docstring."""
+
+    mode = "?"
+
+    def __init__(self, n_items: int, seq_len: int, seed: int, offset_range: int = 0):
+        if n_items <= 0:
+            raise DataError(self._too_small_message(seq_len))
+        self.seq_len = seq_len
+        self.seed = seed
+        self.order = _EpochOrder(n_items, seed, offset_range)
+
+    @property
+    def items_per_epoch(self) -> int:
+        return self.order.n_items
+
+    def _too_small_message(self, seq_len: int) -> str:  # pragma: no cover - overridden
+        return "empty corpus"
+
+    def rows(self, positions: np.ndarray) -> Batch:
+        raise NotImplementedError
+
+    def batch(self, step: int, global_batch: int, rank: int = 0, world_size: int = 1,
+              micro: int = 0, micro_batch_size: int | None = None) -> Batch:
+        """Rows of one micro-batch of rank `rank` at optimizer step `step` (global batch `global_batch` rows).
+        micro_batch_size None: all of the rank's rows."""
+        if global_batch % world_size:
+            raise DataError(f"global batch {global_batch} rows cannot be split evenly over {world_size} ranks")
+        per_rank = global_batch // world_size
+        mb = per_rank if micro_batch_size is None else micro_batch_size
+        if per_rank % mb or not 0 <= micro < per_rank // mb:
+            raise DataError(f"micro-batch {micro} of size {mb} does not fit {per_rank} rows per rank")
+        start = step * global_batch + rank * per_rank + micro * mb
+        return self.rows(np.arange(start, start + mb, dtype=np.int64))
+
+    def global_targets(self, step: int, global_batch: int) -> int:
+        """Predictions in the whole global batch of `step` (every rank computes it alone: no collective)."""
+        return self.batch(step, global_batch).n_targets
+
+
+class PackedSampler(Sampler):
+    """Fixed windows of seq_len tokens cut from the stream, across document boundaries."""
+
+    mode = "packed"
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int):
+        self.tokens = tokens
+        self.n_tokens = int(len(tokens))
+        super().__init__(max(0, (self.n_tokens - seq_len + 1) // seq_len), seq_len, seed, offset_range=seq_len)
+
+    def _too_small_message(self, seq_len: int) -> str:
+        return (f"the train split has {self.n_tokens:,} tokens; packed mode needs at least 2 x seq_len = "
+                f"{2 * seq_len:,} (lower train.seq_len or prepare a larger corpus)")
+
+    def window_starts(self, positions: np.ndarray) -> np.ndarray:
+        idx, offsets = self.order.items(positions)
+        return offsets + idx * self.seq_len
+
+    def rows(self, positions: np.ndarray) -> Batch:
+        starts = self.window_starts(positions)
+        x = np.stack([np.asarray(self.tokens[s:s + self.seq_len], dtype=np.int64) for s in starts])
+        return Batch(x, x, len(starts) * (self.seq_len - 1), x.size)
+
+
+def padded_row(tokens: np.ndarray, doc_start: int, doc_end: int, seq_len: int) -> tuple[np.ndarray, int]:
+    """MiniMind's row for one document: [BOS] inner[:seq_len-2] [EOS] then PAD; returns (row, real length)."""
+    inner = np.asarray(tokens[doc_start + 1:doc_end - 1], dtype=np.int64)[:seq_len - 2]
+    row = np.full(seq_len, PAD_ID, dtype=np.int64)
+    n = len(inner) + 2
+    row[0] = BOS_ID
+    row[1:n - 1] = inner
+    row[n - 1] = EOS_ID
+    return row, n
+
+
+def padded_batch(tokens: np.ndarray, doc_starts: np.ndarray, docs: np.ndarray, seq_len: int) -> Batch:
+    rows, lengths = zip(*(padded_row(tokens, int(doc_starts[d]), int(doc_starts[d + 1]), seq_len) for d in docs))
+    x = np.stack(rows)
+    labels = x.copy()
+    labels[x == PAD_ID] = IGNORE_INDEX
+    n_real = int(sum(lengths))
+    return Batch(x, labels, n_real - len(docs), n_real)
+
+
+class PaddedSampler(Sampler):
+    """One document per row, MiniMind-style."""
+
+    mode = "padded"
+
+    def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int):
+        if seq_len < 3:
+            raise DataError(f"padded mode needs train.seq_len >= 3 (BOS, one id, EOS), got {seq_len}")
+        self.tokens = tokens
+        self.doc_starts = np.asarray(doc_starts, dtype=np.int64)
+        super().__init__(len(self.doc_starts) - 1, seq_len, seed)
+
+    def _too_small_message(self, seq_len: int) -> str:
+        return "the train split has no documents"
+
+    def rows(self, positions: np.ndarray) -> Batch:
+        docs, _ = self.order.items(positions)
+        return padded_batch(self.tokens, self.doc_starts, docs, self.seq_len)
+
+    def pad_share(self, n_rows: int = 4096) -> float:
+        """Share of PAD positions over the first n_rows rows of the run (what padding costs on this corpus)."""
+        b = self.rows(np.arange(min(n_rows, self.items_per_epoch), dtype=np.int64))
+        return 1.0 - b.n_real_tokens / b.input_ids.size
+
+
+def make_sampler(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int) -> Sampler:
+    if mode == "packed":
+        return PackedSampler(tokens, seq_len, seed)
+    if mode == "padded":
+        return PaddedSampler(tokens, doc_starts, seq_len, seed)
+    raise DataError(f"data.mode = {mode!r}: must be \"packed\" or \"padded\"")
+
+
+def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, n_windows: int,
+                       batch_size: int) -> list[Batch]:
+    """The fixed validation set: n_windows windows (packed) or documents (padded) of the val split, drawn with
+    VAL_SEED, in batches of batch_size rows. A val split shorter than one window gives one shorter row."""
+    n_tokens = int(len(tokens))
+    if n_tokens < 2:
+        raise DataError(f"the val split has {n_tokens} tokens; at least 2 are needed for a validation loss")
+    rng = _generator(VAL_SEED, _STREAM_VALIDATION, 0)
+    if mode == "padded":
+        n_docs = len(doc_starts) - 1
+        docs = np.sort(rng.choice(n_docs, size=min(n_windows, n_docs), replace=False))
+        return [padded_batch(tokens, doc_starts, docs[i:i + batch_size], seq_len)
+                for i in range(0, len(docs), batch_size)]
+    length = min(seq_len, n_tokens)
+    available = n_tokens // length
+    starts = np.sort(rng.choice(available, size=min(n_windows, available), replace=False)) * length
+    batches = []
+    for i in range(0, len(starts), batch_size):
+        x = np.stack([np.asarray(tokens[s:s + length], dtype=np.int64) for s in starts[i:i + batch_size]])
+        batches.append(Batch(x, x, len(x) * (length - 1), x.size))
+    return batches
