@@ -1,0 +1,76 @@
+"""The exact tensors a checkpoint holds for a model config, computed without torch.
+
+The supervisor validates checkpoints before it syncs them and must stay small, so the keys and shapes of the model
+weights are derived here from the config alone, in plain Python; a test checks them against the real model.
+
+The tied head. The language-model head shares its matrix with the token embeddings (MiniMind and Qwen3 small
+models do the same). A checkpoint stores that matrix ONCE, under `model.embed_tokens.weight`, and has no
+`lm_head.weight` key:
+- safetensors refuses two names for one storage, and storing a copy would double 5 MB for nothing and leave room
+  for the two copies to disagree;
+- `MiniMindForCausalLM.state_dict()` already leaves `lm_head.weight` out and `load_state_dict()` re-ties it, so
+  `model.state_dict()` IS the checkpoint's weight set and loads back with `strict=True`;
+- the exports (`trainer/export.py`) add `lm_head.weight` back, because MiniMind's loader and HF Qwen3 expect it.
+Weights are saved in float32 whatever the training precision (bf16 autocast keeps fp32 master weights).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .config import ModelSection
+
+STATE_DTYPE = "float32"
+"""dtype of every weight tensor in a checkpoint (safetensors calls it "F32")."""
+
+TIED_HEAD_KEY = "lm_head.weight"
+"""Left out of checkpoints (see the module docstring); exports write it, equal to EMBED_KEY."""
+EMBED_KEY = "model.embed_tokens.weight"
+
+
+def as_model_section(model: dict[str, Any] | ModelSection) -> ModelSection:
+    """A ModelSection from a ModelSection or from its dict form (trainer_state["config"]["model"]).
+
+    Keys this version does not know are refused with their names, so that a checkpoint written by a newer
+    minilmd is not silently read with a different architecture."""
+    if isinstance(model, ModelSection):
+        return model
+    known = {f.name for f in dataclasses.fields(ModelSection)}
+    unknown = sorted(set(model) - known)
+    if unknown:
+        raise ValueError(f"model config has unknown keys {unknown} (known: {sorted(known)})")
+    return ModelSection(**model)
+
+
+def expected_state_shapes(model: dict[str, Any] | ModelSection) -> dict[str, tuple[int, ...]]:
+    """Every key of the checkpoint's model weights and its shape, in the model's own order (no lm_head.weight)."""
+    m = as_model_section(model)
+    hidden, head_dim, ffn = m.hidden_size, m.head_dim, m.ffn_size
+    q_out, kv_out = m.num_attention_heads * head_dim, m.num_key_value_heads * head_dim
+    shapes: dict[str, tuple[int, ...]] = {EMBED_KEY: (m.vocab_size, hidden)}
+    for i in range(m.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "self_attn.q_proj.weight"] = (q_out, hidden)
+        shapes[p + "self_attn.k_proj.weight"] = (kv_out, hidden)
+        shapes[p + "self_attn.v_proj.weight"] = (kv_out, hidden)
+        shapes[p + "self_attn.o_proj.weight"] = (hidden, q_out)
+        shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
+        shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
+        shapes[p + "mlp.gate_proj.weight"] = (ffn, hidden)
+        shapes[p + "mlp.up_proj.weight"] = (ffn, hidden)
+        shapes[p + "mlp.down_proj.weight"] = (hidden, ffn)
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+    shapes["model.norm.weight"] = (hidden,)
+    return shapes
+
+
+def parameter_count(model: dict[str, Any] | ModelSection) -> int:
+    """Number of parameters, the tied head counted once (63,912,192 for MiniMind-3's 768 x 8)."""
+    total = 0
+    for shape in expected_state_shapes(model).values():
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
