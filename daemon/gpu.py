@@ -1,0 +1,389 @@
+"""Waiting for a GPU on a shared server, without ever touching anyone else's job.
+
+A device is free when NVML shows no compute process on it (other than our own), its used memory is at most
+`gpu.max_used_mib` and its utilisation at most `gpu.max_utilization`, for `gpu.stable_polls` polls in a row (one
+busy poll resets the count: a job between two epochs looks idle for a moment). A free device is then leased with an
+flock on one file per device in `gpu.lock_dir`, so two minilmd runs on the server never take the same card; a card
+leased by another run is busy ("leased by run X pid Y"). Nothing here signals any process.
+
+Usage, once per `gpu.poll_interval`:
+    report = admission.poll()                 # optional: the view for state.json / the log
+    lease = admission.try_acquire(gpu.count)  # polls itself unless poll() was just called
+Torch-free; NVML comes from nvidia-ml-py (`pynvml`), imported only in `open_nvml()`.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from minilmd.trainer.config import GpuSection
+
+MIB = 1024 * 1024
+
+
+class Nvml(Protocol):
+    """The few NVML queries admission needs; `PynvmlBackend` is the real one, tests use tests/fakes_nvml.py."""
+
+    def device_count(self) -> int: ...
+
+    def name(self, i: int) -> str: ...
+
+    def memory_used_mib(self, i: int) -> int: ...
+
+    def utilization(self, i: int) -> int | None:
+        """GPU utilisation in percent, or None where the device cannot report it (MIG slices)."""
+
+    def compute_processes(self, i: int) -> list[tuple[int, int]]:
+        """(pid, used MiB) of every compute process on device i."""
+
+
+class PynvmlBackend:
+    """Nvml over nvidia-ml-py. Device handles are looked up by index on every call: cheap, and robust against a
+    device that disappears and comes back."""
+
+    def __init__(self, pynvml_module):
+        self._nv = pynvml_module
+
+    def _h(self, i: int):
+        return self._nv.nvmlDeviceGetHandleByIndex(i)
+
+    def device_count(self) -> int:
+        return int(self._nv.nvmlDeviceGetCount())
+
+    def name(self, i: int) -> str:
+        n = self._nv.nvmlDeviceGetName(self._h(i))
+        return n.decode() if isinstance(n, bytes) else str(n)
+
+    def uuid(self, i: int) -> str:
+        u = self._nv.nvmlDeviceGetUUID(self._h(i))
+        return u.decode() if isinstance(u, bytes) else str(u)
+
+    def memory_used_mib(self, i: int) -> int:
+        return int(self._nv.nvmlDeviceGetMemoryInfo(self._h(i)).used // MIB)
+
+    def utilization(self, i: int) -> int | None:
+        try:
+            return int(self._nv.nvmlDeviceGetUtilizationRates(self._h(i)).gpu)
+        except self._nv.NVMLError_NotSupported:
+            return None
+
+    def compute_processes(self, i: int) -> list[tuple[int, int]]:
+        procs = self._nv.nvmlDeviceGetComputeRunningProcesses(self._h(i))
+        # usedGpuMemory is None where the driver hides it (containers without the pid namespace of the host).
+        return [(int(p.pid), int((p.usedGpuMemory or 0) // MIB)) for p in procs]
+
+    def close(self) -> None:
+        try:
+            self._nv.nvmlShutdown()
+        except self._nv.NVMLError:
+            pass
+
+
+def open_nvml_or_reason() -> PynvmlBackend | str:
+    """The NVML backend, or a sentence saying why there is none (no library, no driver, no device)."""
+    try:
+        import pynvml
+    except ImportError:
+        return "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return "no NVIDIA driver: the NVML library (libnvidia-ml.so.1) was not found"
+    except pynvml.NVMLError_DriverNotLoaded:
+        return "the NVIDIA driver is not loaded"
+    except pynvml.NVMLError as e:
+        return f"NVML failed to start: {e}"
+    return PynvmlBackend(pynvml)
+
+
+def open_nvml() -> PynvmlBackend | None:
+    """NVML, or None where there is no usable NVIDIA driver (the caller then says so and runs on the CPU)."""
+    nvml = open_nvml_or_reason()
+    return None if isinstance(nvml, str) else nvml
+
+
+@dataclass
+class DeviceStatus:
+    index: int
+    name: str
+    uuid: str
+    free: bool
+    """Free in this poll (all criteria met and not leased by another run)."""
+    reasons: list[str]
+    """Why it is busy, in words, e.g. "2 foreign processes: pid 4242 (49500 MiB)"; empty when free."""
+    used_mib: int
+    utilization: int | None
+    foreign_processes: list[tuple[int, int]]
+    """(pid, MiB) of compute processes that are not this run's."""
+    stable_polls: int
+    """Consecutive free polls so far."""
+    since: float
+    """Unix time since which the device has been in its current state (free or busy)."""
+    leased_by_us: bool = False
+
+
+@dataclass
+class PollReport:
+    time: float
+    devices: list[DeviceStatus]
+    stable_polls_needed: int
+
+    def ready(self) -> list[int]:
+        """Indices free for stable_polls polls in a row (or already leased by us)."""
+        return [d.index for d in self.devices
+                if d.leased_by_us or (d.free and d.stable_polls >= self.stable_polls_needed)]
+
+    def summary(self) -> str:
+        """A few lines for the supervisor log and `minilmd status`."""
+        if not self.devices:
+            return "no GPU found by NVML"
+        lines = []
+        for d in self.devices:
+            age = _age(self.time - d.since)
+            if d.leased_by_us:
+                state = "leased by this run"
+            elif d.free:
+                state = f"free for {d.stable_polls}/{self.stable_polls_needed} polls ({age})"
+            else:
+                state = f"busy for {age}: " + "; ".join(d.reasons)
+            lines.append(f"GPU {d.index} ({d.name}): {state}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"time": self.time, "stable_polls_needed": self.stable_polls_needed,
+                "devices": [asdict(d) for d in self.devices]}
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@dataclass
+class DeviceLease:
+    """Devices this run holds, each by an flock in the shared lock directory. Release it when the child ends for
+    good; the kernel releases it if the supervisor dies."""
+
+    devices: list[int]
+    uuids: list[str]
+    _fds: list[int] = field(default_factory=list, repr=False)
+    _on_release: object = field(default=None, repr=False)
+
+    def release(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            try:
+                os.ftruncate(fd, 0)
+            except OSError:
+                pass  # opened read-only: the body of another user's file stays
+            os.close(fd)
+        if callable(self._on_release):
+            self._on_release(self)
+            self._on_release = None
+
+    @property
+    def held(self) -> bool:
+        return bool(self._fds)
+
+    def __enter__(self) -> "DeviceLease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def cuda_visible_devices(lease: DeviceLease) -> str:
+    """The value for the child's CUDA_VISIBLE_DEVICES. UUIDs where NVML gave them: CUDA's own device order may
+    differ from NVML's index order unless CUDA_DEVICE_ORDER=PCI_BUS_ID, a UUID means the same card for both."""
+    if lease.uuids and all(u.startswith(("GPU-", "MIG-")) for u in lease.uuids):
+        return ",".join(lease.uuids)
+    return ",".join(str(i) for i in lease.devices)
+
+
+def _lease_key(index: int, uuid: str) -> str:
+    return uuid if uuid else f"index-{index}"
+
+
+class GpuAdmission:
+    """Polls NVML, keeps per-device stability counts, and leases free devices. Not thread-safe: one owner."""
+
+    def __init__(self, nvml: Nvml, gpu: GpuSection, own_pids=(), run_name: str = "", clock=time.time):
+        self.nvml = nvml
+        self.gpu = gpu
+        self.own_pids = set(own_pids)
+        """Pids of this run (its trainer children): never counted as foreign. Update it when the child changes."""
+        self.run_name = run_name
+        self.clock = clock
+        self.lock_dir = Path(gpu.lock_dir)
+        self._stable: dict[int, int] = {}
+        self._state_since: dict[int, tuple[bool, float]] = {}
+        self._leases: list[DeviceLease] = []
+        self._fresh = False
+        self.last_report: PollReport | None = None
+
+    # --- polling -------------------------------------------------------------------------------------------------
+    def poll(self) -> PollReport:
+        now = self.clock()
+        ours = {i for lease in self._leases for i in lease.devices}
+        statuses = []
+        for i in range(self.nvml.device_count()):
+            statuses.append(self._poll_device(i, now, i in ours))
+        self.last_report = PollReport(now, statuses, self.gpu.stable_polls)
+        self._fresh = True
+        return self.last_report
+
+    def _poll_device(self, i: int, now: float, leased_by_us: bool) -> DeviceStatus:
+        uuid = _uuid(self.nvml, i)
+        used = int(self.nvml.memory_used_mib(i))
+        util = self.nvml.utilization(i)
+        foreign = [(pid, mib) for pid, mib in self.nvml.compute_processes(i) if pid not in self.own_pids]
+        reasons = []
+        if foreign:
+            listed = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in foreign)
+            reasons.append(f"{len(foreign)} foreign process{'es' if len(foreign) > 1 else ''}: {listed}")
+        if used > self.gpu.max_used_mib:
+            reasons.append(f"{used} MiB used > {self.gpu.max_used_mib} MiB allowed")
+        if util is not None and util > self.gpu.max_utilization:
+            reasons.append(f"utilisation {util}% > {self.gpu.max_utilization}%")
+        if not leased_by_us:
+            holder = self._lease_holder(_lease_key(i, uuid))
+            if holder is not None:
+                reasons.append(f"leased by {holder}")
+        free = not reasons
+        self._stable[i] = self._stable.get(i, 0) + 1 if free else 0
+        prev = self._state_since.get(i)
+        if prev is None or prev[0] != free:
+            self._state_since[i] = (free, now)
+        return DeviceStatus(index=i, name=self.nvml.name(i), uuid=uuid, free=free, reasons=reasons, used_mib=used,
+                            utilization=util, foreign_processes=foreign, stable_polls=self._stable[i],
+                            since=self._state_since[i][1], leased_by_us=leased_by_us)
+
+    # --- leasing -------------------------------------------------------------------------------------------------
+    def try_acquire(self, count: int) -> DeviceLease | None:
+        """Lease `count` devices that have been free for stable_polls polls, all or none. One call is one poll
+        unless poll() was called since the last try_acquire (so calling both per interval counts once)."""
+        report = self.last_report if self._fresh and self.last_report else self.poll()
+        self._fresh = False
+        candidates = [d for d in report.devices
+                      if not d.leased_by_us and d.free and d.stable_polls >= report.stable_polls_needed]
+        if len(candidates) < count:
+            return None
+        taken: list[tuple[DeviceStatus, int]] = []
+        for d in candidates:
+            fd = self._take(_lease_key(d.index, d.uuid))
+            if fd is None:
+                # Another run took it between our poll and now: it is busy, and its stability starts over.
+                self._stable[d.index] = 0
+                self._state_since[d.index] = (False, report.time)
+                continue
+            taken.append((d, fd))
+            if len(taken) == count:
+                break
+        if len(taken) < count:
+            for _, fd in taken:
+                os.close(fd)
+            return None
+        lease = DeviceLease([d.index for d, _ in taken], [d.uuid for d, _ in taken], [fd for _, fd in taken],
+                            self._forget)
+        self._leases.append(lease)
+        return lease
+
+    def _forget(self, lease: DeviceLease) -> None:
+        if lease in self._leases:
+            self._leases.remove(lease)
+        for i in lease.devices:
+            self._stable[i] = 0
+
+    def _lock_path(self, key: str) -> Path:
+        return self.lock_dir / f"gpu-{key}.lock"
+
+    def _open_lock(self, key: str, create: bool) -> int | None:
+        if create and not self.lock_dir.exists():
+            self.lock_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                os.chmod(self.lock_dir, 0o1777)  # shared by every user's runs, like /tmp
+            except PermissionError:
+                pass
+        path = self._lock_path(key)
+        try:
+            fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0) | os.O_CLOEXEC, 0o666)
+            try:
+                os.fchmod(fd, 0o666)
+            except PermissionError:
+                pass
+            return fd
+        except FileNotFoundError:
+            return None
+        except PermissionError:
+            # Another user's lease file without write permission: an flock on a read-only descriptor still works.
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def _lease_holder(self, key: str) -> str | None:
+        """"run X pid Y" if another process holds this device's lease right now, else None."""
+        fd = self._open_lock(key, create=False)
+        if fd is None:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                return _describe_lease(fd)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def _take(self, key: str) -> int | None:
+        fd = self._open_lock(key, create=True)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        body = json.dumps({"run": self.run_name, "pid": os.getpid(), "host": socket.gethostname(),
+                           "since": time.time()}).encode()
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, body, 0)
+        except OSError:
+            pass  # read-only descriptor: the lease holds, only its description is missing
+        return fd
+
+    def release_all(self) -> None:
+        for lease in list(self._leases):
+            lease.release()
+
+
+def _uuid(nvml: Nvml, i: int) -> str:
+    get = getattr(nvml, "uuid", None)
+    try:
+        return str(get(i)) if get else ""
+    except Exception:  # an NVML error on one query must not stop the wait; the index is a fine key then
+        return ""
+
+
+def _describe_lease(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        body = json.loads(os.read(fd, 4096).decode() or "{}")
+    except (OSError, ValueError):
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    run = body.get("run") or "?"
+    return f"run {run} pid {body.get('pid', '?')}" + (f" on {body['host']}" if body.get("host") else "")
