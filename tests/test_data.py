@@ -64,7 +64,9 @@ def test_same_global_batch_for_one_and_two_ranks_and_micro_batches(mode):
         assert np.array_equal(whole.labels, np.concatenate([r.labels for r in ranks]))
         micro = [s.batch(step, 8, rank=1, world_size=2, micro=m, micro_batch_size=2) for m in range(2)]
         assert np.array_equal(ranks[1].input_ids, np.concatenate([m.input_ids for m in micro]))
-        assert whole.n_targets == sum(r.n_targets for r in ranks) == s.global_targets(step, 8)
+        assert (whole.n_targets, whole.n_real_tokens) == s.global_counts(step * 8, 8)
+        assert whole.n_targets == sum(r.n_targets for r in ranks)
+        assert np.array_equal(s.batch(step + 1, 8).input_ids, s.batch(0, 8, first_row=(step + 1) * 8).input_ids)
 
 
 def test_steps_across_an_epoch_boundary_are_the_concatenation_of_epoch_permutations():

@@ -120,21 +120,25 @@ class Sampler:
         raise NotImplementedError
 
     def batch(self, step: int, global_batch: int, rank: int = 0, world_size: int = 1,
-              micro: int = 0, micro_batch_size: int | None = None) -> Batch:
+              micro: int = 0, micro_batch_size: int | None = None, first_row: int | None = None) -> Batch:
         """Rows of one micro-batch of rank `rank` at optimizer step `step` (global batch `global_batch` rows).
-        micro_batch_size None: all of the rank's rows."""
+        micro_batch_size None: all of the rank's rows. first_row: the global batch's first row position, when it
+        is not step * global_batch (a run resumed with a different global batch continues from its rows seen)."""
         if global_batch % world_size:
             raise DataError(f"global batch {global_batch} rows cannot be split evenly over {world_size} ranks")
         per_rank = global_batch // world_size
         mb = per_rank if micro_batch_size is None else micro_batch_size
         if per_rank % mb or not 0 <= micro < per_rank // mb:
             raise DataError(f"micro-batch {micro} of size {mb} does not fit {per_rank} rows per rank")
-        start = step * global_batch + rank * per_rank + micro * mb
+        row0 = step * global_batch if first_row is None else first_row
+        start = row0 + rank * per_rank + micro * mb
         return self.rows(np.arange(start, start + mb, dtype=np.int64))
 
-    def global_targets(self, step: int, global_batch: int) -> int:
-        """Predictions in the whole global batch of `step` (every rank computes it alone: no collective)."""
-        return self.batch(step, global_batch).n_targets
+    def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
+        """(predictions, real tokens) of the whole global batch starting at row `first_row`. Every rank computes
+        it alone, without a collective, to weight its micro-batch losses."""
+        b = self.rows(np.arange(first_row, first_row + global_batch, dtype=np.int64))
+        return b.n_targets, b.n_real_tokens
 
 
 class PackedSampler(Sampler):
@@ -154,6 +158,9 @@ class PackedSampler(Sampler):
     def window_starts(self, positions: np.ndarray) -> np.ndarray:
         idx, offsets = self.order.items(positions)
         return offsets + idx * self.seq_len
+
+    def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
+        return global_batch * (self.seq_len - 1), global_batch * self.seq_len  # every window is full
 
     def rows(self, positions: np.ndarray) -> Batch:
         starts = self.window_starts(positions)
@@ -199,6 +206,11 @@ class PaddedSampler(Sampler):
     def rows(self, positions: np.ndarray) -> Batch:
         docs, _ = self.order.items(positions)
         return padded_batch(self.tokens, self.doc_starts, docs, self.seq_len)
+
+    def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
+        docs, _ = self.order.items(np.arange(first_row, first_row + global_batch, dtype=np.int64))
+        real = np.minimum(self.doc_starts[docs + 1] - self.doc_starts[docs], self.seq_len)
+        return int(real.sum()) - global_batch, int(real.sum())
 
     def pad_share(self, n_rows: int = 4096) -> float:
         """Share of PAD positions over the first n_rows rows of the run (what padding costs on this corpus)."""
