@@ -1,0 +1,234 @@
+"""Staging a prepared corpus: verified copies, reuse only after verification, partial re-staging of a damaged copy,
+retries on a flaky source, refusals with numbers when it does not fit, fsspec sources."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from minilmd.daemon.staging import (GIB, SourceInvalid, StagingError, fit_problem, memory_headroom, stage,
+                                    verify_staged)
+
+FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy", "tokenizer.json")
+
+
+def _split(rng: np.random.Generator, n_docs: int) -> tuple[bytes, bytes]:
+    docs = [np.concatenate([[1], rng.integers(3, 6400, rng.integers(5, 40)), [2]]) for _ in range(n_docs)]
+    tokens = np.concatenate(docs).astype("<u2")
+    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    buf = io.BytesIO()
+    np.save(buf, lengths)
+    return tokens.tobytes(), buf.getvalue()
+
+
+def corpus_files(n_docs: int = 200, seed: int = 0) -> dict[str, bytes]:
+    """The files of a small prepared corpus in the documented layout, meta.json included."""
+    rng = np.random.default_rng(seed)
+    files = {}
+    files["train/tokens.bin"], files["train/doc_lengths.npy"] = _split(rng, n_docs)
+    files["val/tokens.bin"], files["val/doc_lengths.npy"] = _split(rng, max(n_docs // 10, 2))
+    files["tokenizer.json"] = json.dumps({"model": {"type": "BPE"}, "seed": seed}).encode()
+    listed = {rel: {"size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for rel, b in files.items()}
+    meta = {"format": "minilmd-prepared", "version": 1, "vocab_size": 6400,
+            "special_ids": {"pad": 0, "bos": 1, "eos": 2},
+            "tokenizer_sha256": listed["tokenizer.json"]["sha256"],
+            "splits": {s: {"documents": 0, "tokens": len(files[f"{s}/tokens.bin"]) // 2} for s in ("train", "val")},
+            "files": listed}
+    files["meta.json"] = json.dumps(meta, indent=2).encode()
+    return files
+
+
+def write_corpus(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+@pytest.fixture
+def source(tmp_path) -> Path:
+    return write_corpus(tmp_path / "nfs" / "prepared", corpus_files())
+
+
+def test_stage_copies_verifies_and_reports_progress(source, tmp_path):
+    seen = []
+    staged = stage(str(source), tmp_path / "shm", progress=seen.append)
+    assert staged == tmp_path / "shm" / "corpus"
+    assert verify_staged(staged) == []
+    for rel in FILES + ("meta.json",):
+        assert (staged / rel).read_bytes() == (source / rel).read_bytes()
+    total = sum((source / rel).stat().st_size for rel in FILES)
+    assert seen[-1].done_bytes == seen[-1].total_bytes == total
+    assert seen[-1].rate_bytes_s > 0 and "100%" in seen[-1].describe()
+    assert [p.name for p in (tmp_path / "shm").iterdir()] == ["corpus"]  # no temp names left
+
+
+def test_verified_copy_is_reused_without_copying(source, tmp_path):
+    staged = stage(str(source), tmp_path / "shm")
+    inode = (staged / "train/tokens.bin").stat().st_ino
+    seen, logs = [], []
+    assert stage(str(source), tmp_path / "shm", progress=seen.append, log=logs.append) == staged
+    assert seen == [] and any("reusing" in m for m in logs)
+    assert (staged / "train/tokens.bin").stat().st_ino == inode
+
+
+def test_damaged_copy_is_detected_and_only_the_damaged_file_copied_again(source, tmp_path):
+    staged = stage(str(source), tmp_path / "shm")
+    tokens = staged / "train/tokens.bin"
+    good_size = tokens.stat().st_size
+    os.truncate(tokens, good_size // 2)  # what the SIGBUS story does to a mapped file
+    problems = verify_staged(staged)
+    assert len(problems) == 1 and "train/tokens.bin" in problems[0] and str(good_size) in problems[0]
+    seen = []
+    stage(str(source), tmp_path / "shm", progress=seen.append)
+    assert verify_staged(staged) == []
+    assert {p.file for p in seen} == {"train/tokens.bin"}
+    assert seen[-1].total_bytes == good_size
+
+
+def test_same_size_corruption_is_caught_by_the_hash(source, tmp_path):
+    staged = stage(str(source), tmp_path / "shm")
+    with open(staged / "val/tokens.bin", "r+b") as f:
+        f.seek(4)
+        f.write(b"\xff\xff")
+    problems = verify_staged(staged)
+    assert len(problems) == 1 and "sha256" in problems[0]
+    assert verify_staged(staged, full_hash=False) == []
+    stage(str(source), tmp_path / "shm")
+    assert verify_staged(staged) == []
+
+
+def test_changed_source_is_staged_again(source, tmp_path):
+    stage(str(source), tmp_path / "shm")
+    write_corpus(source, corpus_files(seed=1))
+    staged = stage(str(source), tmp_path / "shm")
+    assert (staged / "meta.json").read_bytes() == (source / "meta.json").read_bytes()
+    assert verify_staged(staged) == []
+
+
+def test_source_that_does_not_match_its_meta_is_never_staged(source, tmp_path):
+    (source / "train/tokens.bin").write_bytes(b"\x01\x00" * 10)
+    logs = []
+    with pytest.raises(StagingError, match=r"train/tokens.bin failed after 3 attempts: copied 20 bytes"):
+        stage(str(source), tmp_path / "shm", retries=2, backoff_s=0.01, log=logs.append)
+    assert sum("retrying train/tokens.bin" in m for m in logs) == 2
+    assert list((tmp_path / "shm").iterdir()) == []
+
+
+class FlakyFS(MemoryFileSystem):
+    """memory:// with scripted faults per file: "eio" raises on read, "short" returns half of the file."""
+
+    protocol = "flakymem"
+    faults: dict[str, list[str]] = {}
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        if path.startswith("flakymem://"):
+            path = "memory://" + path[len("flakymem://"):]
+        return super()._strip_protocol(path)
+
+    def _open(self, path, mode="rb", **kwargs):
+        f = super()._open(path, mode, **kwargs)
+        name = self._strip_protocol(path)
+        pending = FlakyFS.faults.get(name)
+        if "r" in mode and pending:
+            kind = pending.pop(0)
+            if kind == "eio":
+                raise OSError(5, "Input/output error", name)
+            if kind == "short":
+                data = f.read()
+                return io.BytesIO(data[: len(data) // 2])
+        return f
+
+
+@pytest.fixture
+def flaky_source():
+    fsspec.register_implementation("flakymem", FlakyFS, clobber=True)
+    fs = fsspec.filesystem("memory")
+    for rel, data in corpus_files(seed=3).items():
+        fs.pipe_file(f"/flaky-corpus/{rel}", data)
+    yield "flakymem://flaky-corpus"
+    fs.rm("/flaky-corpus", recursive=True)
+    FlakyFS.faults.clear()
+
+
+def test_failing_and_short_reads_are_retried(flaky_source, tmp_path):
+    FlakyFS.faults["/flaky-corpus/train/tokens.bin"] = ["eio", "short"]
+    logs = []
+    staged = stage(flaky_source, tmp_path / "shm", retries=3, backoff_s=0.01, log=logs.append)
+    assert verify_staged(staged) == []
+    retries = [m for m in logs if "retrying" in m]
+    assert len(retries) == 2 and "Input/output error" in retries[0] and "short or changed" in retries[1]
+
+
+def test_source_failing_every_time_leaves_nothing_staged(flaky_source, tmp_path):
+    FlakyFS.faults["/flaky-corpus/val/doc_lengths.npy"] = ["eio"] * 5
+    with pytest.raises(StagingError, match="val/doc_lengths.npy failed after 2 attempts: OSError"):
+        stage(flaky_source, tmp_path / "shm", retries=1, backoff_s=0.01)
+    assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_memory_url_source(tmp_path):
+    fs = fsspec.filesystem("memory")
+    for rel, data in corpus_files(seed=4).items():
+        fs.pipe_file(f"/mem-corpus/{rel}", data)
+    try:
+        staged = stage("memory://mem-corpus", tmp_path / "shm")
+        assert verify_staged(staged) == []
+    finally:
+        fs.rm("/mem-corpus", recursive=True)
+
+
+def test_corpus_that_does_not_fit_is_refused_before_copying(source, tmp_path):
+    meta = json.loads((source / "meta.json").read_text())
+    meta["files"]["train/tokens.bin"]["size"] = 10 ** 15  # a petabyte
+    (source / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StagingError) as err:
+        stage(str(source), tmp_path / "shm")
+    msg = str(err.value)
+    assert "needs 1,000,000,000.0 MB" in msg and "MB free" in msg and "run.scratch" in msg
+    assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_fit_arithmetic_for_a_ram_disk():
+    mb = 1_000_000
+    assert fit_problem(665 * mb, "/dev/shm/minilmd/r", "/dev/shm", "tmpfs", 10 * GIB, 20 * GIB, 4 * GIB) is None
+    msg = fit_problem(665 * mb, "/dev/shm/minilmd/r", "/dev/shm", "tmpfs", 120 * mb, 20 * GIB, 4 * GIB,
+                      alternative="/var/tmp/minilmd/r (50,000.0 MB free)")
+    assert msg.startswith("the corpus needs 665.0 MB in /dev/shm/minilmd/r, but /dev/shm (tmpfs) has 120.0 MB free")
+    assert msg.endswith("e.g. /var/tmp/minilmd/r (50,000.0 MB free)")
+    tight = fit_problem(665 * mb, "/dev/shm/x", "/dev/shm", "tmpfs", 10 * GIB, 4 * GIB, 4 * GIB)
+    assert "RAM disk" in tight and "4,295.0 MB must stay free" in tight
+    # the same memory numbers do not matter on a local disk
+    assert fit_problem(665 * mb, "/var/tmp/x", "/", "ext4", 10 * GIB, 4 * GIB, 4 * GIB) is None
+    assert memory_headroom(8 * GIB) == 2 * GIB and memory_headroom(100 * GIB) == 20 * GIB
+
+
+def test_sources_that_are_not_prepared_corpora_are_refused(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SourceInvalid, match="no meta.json"):
+        stage(str(empty), tmp_path / "shm")
+    (empty / "meta.json").write_text(json.dumps({"format": "something-else", "files": {}}))
+    with pytest.raises(SourceInvalid, match="format 'something-else'"):
+        stage(str(empty), tmp_path / "shm")
+    (empty / "meta.json").write_text(json.dumps({"format": "minilmd-prepared",
+                                                 "files": {"../../etc/passwd": {"size": 1, "sha256": "x"}}}))
+    with pytest.raises(SourceInvalid, match="unsafe file name"):
+        stage(str(empty), tmp_path / "shm")
+    (empty / "meta.json").write_text("{not json")
+    with pytest.raises(SourceInvalid, match="not valid JSON"):
+        stage(str(empty), tmp_path / "shm")
+    assert not (tmp_path / "shm" / "corpus").exists()
+
+
+def test_verify_staged_on_a_missing_directory(tmp_path):
+    problems = verify_staged(tmp_path / "nothing")
+    assert len(problems) == 1 and "meta.json: missing" in problems[0]
