@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# minilmd-tmux.sh - run `minilmd run CONFIG` in a named tmux session that outlives the SSH connection.
+#
+# Usage: minilmd-tmux.sh [--no-attach] CONFIG [SESSION]
+#   window "run"  (0): minilmd run CONFIG         the supervisor
+#   window "logs" (1): minilmd logs -f RUN_DIR    RUN_DIR is run.dir of CONFIG
+# SESSION defaults to minilmd-<run.name>, or minilmd-<config file stem> when the config has no run.name.
+#
+# Idempotent: when the session exists nothing is started twice. A window whose command has ended keeps its last
+# output on screen (remain-on-exit) and is started again by the next call; a window closed by hand is recreated.
+# Then it attaches (or switches client inside tmux), unless --no-attach is given or this is not a terminal.
+#
+# Environment:
+#   MINILMD              the minilmd executable (default: `minilmd` from PATH); resolved to an absolute path,
+#                        because a tmux server started earlier has its own, possibly older, PATH
+#   MINILMD_TMUX_SOCKET  use a private tmux server (`tmux -L NAME`) instead of the default one
+#   MINILMD_PYTHON       the python that reads CONFIG (default: the python beside minilmd, else python3)
+#   MINILMD_*            passed on to both windows (e.g. MINILMD_FAULT for a demo)
+set -euo pipefail
+
+usage() { echo "usage: $(basename "$0") [--no-attach] CONFIG [SESSION]" >&2; exit 2; }
+die() { echo "minilmd-tmux: $1" >&2; exit "${2:-1}"; }
+
+tm() {
+    if [[ -n "${MINILMD_TMUX_SOCKET:-}" ]]; then tmux -L "$MINILMD_TMUX_SOCKET" "$@"; else tmux "$@"; fi
+}
+
+attach=1
+args=()
+for arg in "$@"; do
+    case "$arg" in
+        --no-attach) attach=0 ;;
+        -h|--help) usage ;;
+        -*) echo "minilmd-tmux: unknown option $arg" >&2; usage ;;
+        *) args+=("$arg") ;;
+    esac
+done
+(( ${#args[@]} >= 1 && ${#args[@]} <= 2 )) || usage
+
+command -v tmux >/dev/null || die "tmux is not installed"
+[[ -f "${args[0]}" ]] || die "no such config file: ${args[0]}" 2
+config=$(realpath -- "${args[0]}")
+
+exe=$(command -v -- "${MINILMD:-minilmd}") \
+    || die "minilmd not found: put it on PATH or set MINILMD=/path/to/venv/bin/minilmd"
+exe=$(realpath -s -- "$exe")
+
+python=${MINILMD_PYTHON:-}
+if [[ -z "$python" ]]; then
+    # The venv that holds minilmd has a python that can read TOML (tomllib, or tomli on 3.10).
+    python="$(dirname -- "$(readlink -f -- "$exe")")/python"
+    [[ -x "$python" ]] || python=python3
+fi
+
+# run.name and run.dir, one per line. Only these two: `minilmd run` itself validates the whole config.
+read_run_section='
+import sys
+try:
+    import tomllib
+except ImportError:
+    import tomli as tomllib
+try:
+    with open(sys.argv[1], "rb") as f:
+        run = tomllib.load(f).get("run", {})
+except (OSError, ValueError) as e:
+    sys.exit(f"minilmd-tmux: cannot read {sys.argv[1]}: {e}")
+if not isinstance(run, dict):
+    sys.exit(f"minilmd-tmux: {sys.argv[1]}: [run] must be a table")
+print(run.get("name", ""))
+print(run.get("dir", ""))
+'
+run_section=$("$python" -c "$read_run_section" "$config") || exit 2
+{ read -r run_name || true; read -r run_dir || true; } <<<"$run_section"
+[[ -n "$run_dir" ]] || die "$config: run.dir is not set (the local run directory); check it with: minilmd run --check $config" 2
+[[ "$run_dir" == /* ]] || run_dir="$PWD/$run_dir"  # the supervisor runs in this directory too (-c below)
+
+session=${args[1]:-minilmd-${run_name:-$(basename -- "$config" .toml)}}
+session=${session//[.:]/_}  # tmux does not allow '.' or ':' in session names
+
+passenv=()
+for name in $(compgen -e); do
+    [[ "$name" == MINILMD_* && "$name" != MINILMD_TMUX_SOCKET ]] && passenv+=("$name=${!name}")
+done
+prefix=()
+(( ${#passenv[@]} )) && prefix=(env "${passenv[@]}")
+run_cmd=("${prefix[@]}" "$exe" run "$config")
+logs_cmd=("${prefix[@]}" "$exe" logs -f "$run_dir")
+
+# Make sure window $1 exists and its command is alive; the rest of the arguments are that command.
+ensure_window() {
+    local name=$1; shift
+    local dead
+    dead=$(tm list-panes -t "=$session:$name" -F '#{pane_dead}' 2>/dev/null | head -n 1) || dead=""
+    if [[ -z "$dead" ]]; then
+        tm new-window -d -t "=$session:" -n "$name" -c "$PWD" -- "$@" \; \
+            set-option -w -t "=$session:$name" remain-on-exit on
+        echo "minilmd-tmux: $session: started window $name: $*"
+    elif [[ "$dead" == 1 ]]; then
+        tm respawn-pane -t "=$session:$name" -c "$PWD" -- "$@"
+        echo "minilmd-tmux: $session: window $name had ended, started it again"
+    else
+        echo "minilmd-tmux: $session: window $name is running"
+    fi
+}
+
+if ! tm has-session -t "=$session" 2>/dev/null; then
+    # One tmux command queue: remain-on-exit is set before the supervisor can exit, so an early error (a bad
+    # config) stays on screen instead of closing the session.
+    tm new-session -d -s "$session" -n run -c "$PWD" -- "${run_cmd[@]}" \; \
+        set-option -w -t "=$session:run" remain-on-exit on
+    echo "minilmd-tmux: $session: started window run: ${run_cmd[*]}"
+else
+    ensure_window run "${run_cmd[@]}"
+fi
+ensure_window logs "${logs_cmd[@]}"
+
+attach_cmd="tmux${MINILMD_TMUX_SOCKET:+ -L $MINILMD_TMUX_SOCKET} attach -t $session"
+if (( attach )) && [[ -t 0 && -t 1 ]]; then
+    if [[ -n "${TMUX:-}" ]]; then
+        tm switch-client -t "=$session" 2>/dev/null || echo "minilmd-tmux: inside another tmux server; run: $attach_cmd"
+    else
+        exec tmux ${MINILMD_TMUX_SOCKET:+-L "$MINILMD_TMUX_SOCKET"} attach-session -t "=$session"
+    fi
+else
+    echo "minilmd-tmux: attach with: $attach_cmd"
+fi

@@ -1,0 +1,351 @@
+"""deploy/: the systemd unit (checked by `systemd-analyze verify` and against protocol.py), the tmux launcher (driven
+headless on a private tmux server with a stand-in `minilmd` that records how it was called) and the example run
+config (complete, valid, and its arithmetic true)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from minilmd.trainer.config import RunConfig, config_from_dict, load_config
+from minilmd.trainer.model_shapes import parameter_count
+from minilmd.trainer.protocol import FINAL_EXIT_STATUSES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+UNIT = REPO / "deploy" / "minilmd@.service"
+LAUNCHER = REPO / "deploy" / "minilmd-tmux.sh"
+EXAMPLE = REPO / "deploy" / "example.toml"
+
+
+# --- systemd unit ---------------------------------------------------------------------------------------------------
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """{section: {key: [values in order]}}; systemd allows a key more than once (Environment=)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def systemd_seconds(value: str) -> float:
+    """'15min', '30s', '1h', '1min 30s' -> seconds (the forms this unit uses)."""
+    units = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hr": 3600}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value):
+        total += float(number) * units[unit or "s"]
+    return total
+
+
+@pytest.fixture(scope="module")
+def unit() -> dict[str, dict[str, list[str]]]:
+    return parse_unit(UNIT.read_text(encoding="utf-8"))
+
+
+def test_unit_never_restarts_on_the_final_exit_statuses(unit):
+    prevent = unit["Service"]["RestartPreventExitStatus"]
+    assert len(prevent) == 1
+    assert sorted(int(s) for s in prevent[0].split()) == sorted(FINAL_EXIT_STATUSES)
+    assert unit["Service"]["Restart"] == ["on-failure"]
+
+
+def test_unit_stops_through_the_supervisor_and_waits_for_the_final_save(unit):
+    service = unit["Service"]
+    assert service["KillMode"] == ["mixed"]
+    assert service["KillSignal"] == ["SIGTERM"]
+    assert systemd_seconds(service["TimeoutStopSec"][0]) >= 10 * 60
+    # the OOM killer taking the trainer must not stop the supervisor with it
+    assert service["OOMPolicy"] == ["continue"]
+
+
+def test_unit_talks_sd_notify_and_logs_to_the_journal(unit):
+    service = unit["Service"]
+    assert service["Type"] == ["notify"]
+    assert service["NotifyAccess"] == ["main"]
+    assert systemd_seconds(service["WatchdogSec"][0]) > 0
+    assert service["StandardOutput"] == ["journal"]
+    assert service["StandardError"] == ["journal"]
+
+
+def test_unit_runs_the_config_named_by_the_instance(unit):
+    assert unit["Service"]["ExecStart"] == ["/usr/bin/env minilmd run %E/minilmd/%i.toml"]
+
+
+def systemd_verify(path: Path, user: bool) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    command = ["systemd-analyze"]
+    if user:
+        # the user manager needs a runtime directory; a private one keeps the test off any real session
+        runtime = path.parent / "runtime"
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        env["XDG_RUNTIME_DIR"] = str(runtime)
+        command.append("--user")
+    return subprocess.run([*command, "verify", "--man=no", str(path)], capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+needs_systemd_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
+                                           reason="systemd-analyze is not installed")
+
+
+@needs_systemd_analyze
+@pytest.mark.parametrize("user", [True, False], ids=["user", "system"])
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path, user):
+    # verify both the template and an instance of it (specifiers expanded)
+    for name in ("minilmd@.service", "minilmd@pretrain-768x8.service"):
+        copy = tmp_path / name
+        shutil.copy(UNIT, copy)
+        result = systemd_verify(copy, user)
+        # verify exits 0 on unknown keys and unparsable values and only prints them: any output is a finding
+        assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+
+
+@needs_systemd_analyze
+def test_systemd_analyze_verify_reports_a_broken_unit(tmp_path):
+    """The check above can fail: a wrong value and an unknown key are reported."""
+    broken = tmp_path / "minilmd@x.service"
+    broken.write_text(UNIT.read_text(encoding="utf-8").replace("KillMode=mixed", "KillMode=mixd\nRestartt=no"))
+    result = systemd_verify(broken, user=False)
+    output = result.stdout + result.stderr
+    assert "mixd" in output and "Restartt" in output
+
+
+def test_the_units_path_finds_minilmd_linked_as_documented(tmp_path, unit):
+    """The unit's PATH plus the documented `ln -s .venv/bin/minilmd ~/.local/bin/minilmd` gives a working minilmd."""
+    venv_minilmd = Path(sys.executable).parent / "minilmd"
+    if not venv_minilmd.exists():
+        pytest.skip(f"no console script at {venv_minilmd} (package not installed in this interpreter's env)")
+    home = tmp_path / "home"
+    (home / ".local" / "bin").mkdir(parents=True)
+    (home / ".local" / "bin" / "minilmd").symlink_to(venv_minilmd)
+    [path_setting] = [v for v in unit["Service"]["Environment"] if v.startswith("PATH=")]
+    unit_path = path_setting.removeprefix("PATH=").replace("%h", str(home))
+    result = subprocess.run(["/usr/bin/env", "minilmd", "--help"], capture_output=True, text=True, timeout=60,
+                            env={"PATH": unit_path, "HOME": str(home), "LANG": "C.UTF-8"})
+    assert result.returncode == 0, result.stderr
+    assert "Usage" in result.stdout
+
+
+# --- tmux launcher --------------------------------------------------------------------------------------------------
+
+STAND_IN = """#!{python}
+# A stand-in for minilmd: records how it was called, then stays alive like a supervisor would.
+import json, os, sys, time
+with open({record!r}, "a") as f:
+    f.write(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "cwd": os.getcwd(),
+                        "fault": os.environ.get("MINILMD_FAULT")}}) + "\\n")
+time.sleep(600)
+"""
+
+
+class Launcher:
+    """The launcher, a private tmux server, and a stand-in minilmd that appends its argv to a record file."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.record = root / "record.jsonl"
+        bin_dir = root / "bin"
+        bin_dir.mkdir()
+        stand_in = bin_dir / "minilmd"
+        stand_in.write_text(STAND_IN.format(python=sys.executable, record=str(self.record)))
+        stand_in.chmod(0o755)
+        # the launcher reads the config with the python beside minilmd, as in a venv
+        (bin_dir / "python").symlink_to(sys.executable)
+        self.socket = f"minilmd-test-{os.getpid()}"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("TMUX", "MINILMD"))}
+        self.env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", MINILMD_TMUX_SOCKET=self.socket,
+                        TMUX_TMPDIR=str(root), HOME=str(root))
+
+    def __call__(self, *args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(LAUNCHER), *args], capture_output=True, text=True, timeout=60,
+                              cwd=cwd or self.root, env={**self.env, **env}, stdin=subprocess.DEVNULL)
+
+    def tmux(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30,
+                              env=self.env)
+
+    def windows(self, session: str) -> list[tuple[int, str, int, bool]]:
+        """(index, name, pane pid, pane dead) per window."""
+        out = self.tmux("list-panes", "-s", "-t", f"={session}", "-F",
+                        "#{window_index} #{window_name} #{pane_pid} #{pane_dead}")
+        assert out.returncode == 0, out.stderr
+        rows = [line.split() for line in out.stdout.splitlines()]
+        return [(int(i), name, int(pid), dead == "1") for i, name, pid, dead in rows]
+
+    def records(self, count: int) -> list[dict]:
+        """Wait until the stand-ins have recorded `count` calls, then return them all."""
+        deadline = time.monotonic() + 30
+        while True:
+            lines = self.record.read_text().splitlines() if self.record.exists() else []
+            if len(lines) >= count or time.monotonic() > deadline:
+                return [json.loads(line) for line in lines]
+            time.sleep(0.05)
+
+    def wait_dead(self, session: str, window: str) -> None:
+        deadline = time.monotonic() + 30
+        while not any(name == window and dead for _, name, _, dead in self.windows(session)):
+            assert time.monotonic() < deadline, f"pane {window} did not end"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def launcher():
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    # a short private directory: tmux sockets live under TMUX_TMPDIR and a socket path must stay under 108 bytes
+    root = Path(tempfile.mkdtemp(prefix="mtmux-"))
+    launch = Launcher(root)
+    try:
+        yield launch
+    finally:
+        launch.tmux("kill-server")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def write_config(path: Path, name: str | None, run_dir: str | None) -> Path:
+    lines = ["[run]"]
+    if name is not None:
+        lines.append(f'name = "{name}"')
+    if run_dir is not None:
+        lines.append(f'dir = "{run_dir}"')
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervisor(launcher):
+    run_dir = launcher.root / "runs" / "demo"
+    config = write_config(launcher.root / "demo.toml", "demo.run", str(run_dir))
+    session = "minilmd-demo_run"  # '.' is not allowed in tmux session names
+
+    first = launcher("--no-attach", str(config), MINILMD_FAULT="oom@3")
+    assert first.returncode == 0, first.stderr
+    records = launcher.records(2)
+    windows = launcher.windows(session)
+    assert [(i, name) for i, name, _, _ in windows] == [(0, "run"), (1, "logs")]
+    pid_of = {name: pid for _, name, pid, _ in windows}
+    by_argv = {r["argv"][0]: r for r in records}
+    assert len(records) == 2 and set(by_argv) == {"run", "logs"}
+    assert by_argv["run"]["argv"] == ["run", str(config)]
+    assert by_argv["logs"]["argv"] == ["logs", "-f", str(run_dir)]
+    assert by_argv["run"]["pid"] == pid_of["run"] and by_argv["logs"]["pid"] == pid_of["logs"]
+    assert by_argv["run"]["fault"] == "oom@3"  # MINILMD_* reaches the supervisor through the tmux server
+
+    second = launcher("--no-attach", str(config))
+    assert second.returncode == 0, second.stderr
+    assert launcher.windows(session) == windows  # same windows, same processes: no second supervisor
+    assert len(launcher.records(2)) == 2
+    assert "attach -t " + session in second.stdout
+
+    os.kill(pid_of["run"], signal.SIGTERM)
+    launcher.wait_dead(session, "run")
+    third = launcher("--no-attach", str(config))
+    assert third.returncode == 0, third.stderr
+    records = launcher.records(3)
+    assert [r["argv"][0] for r in records].count("run") == 2
+    windows = launcher.windows(session)
+    assert [(i, name, dead) for i, name, _, dead in windows] == [(0, "run", False), (1, "logs", False)]
+    assert dict((name, pid) for _, name, pid, _ in windows)["logs"] == pid_of["logs"]
+    assert records[-1]["argv"] == ["run", str(config)] and records[-1]["pid"] != pid_of["run"]
+
+
+def test_launcher_names_the_session_from_the_file_or_the_argument_and_resolves_paths(launcher):
+    work = launcher.root / "work"
+    work.mkdir()
+    write_config(work / "nameless.toml", None, "runs/x")
+
+    assert launcher("--no-attach", "nameless.toml", cwd=work).returncode == 0
+    assert launcher("--no-attach", "nameless.toml", "mine", cwd=work).returncode == 0
+    records = launcher.records(4)
+    assert [name for _, name, _, _ in launcher.windows("minilmd-nameless")] == ["run", "logs"]
+    assert [name for _, name, _, _ in launcher.windows("mine")] == ["run", "logs"]
+    # relative paths become absolute (a tmux server has its own working directory); the windows start in cwd
+    assert {tuple(r["argv"]) for r in records} == {("run", str(work / "nameless.toml")),
+                                                  ("logs", "-f", str(work / "runs" / "x"))}
+    assert {r["cwd"] for r in records} == {str(work)}
+
+
+def test_launcher_refuses_what_it_cannot_run_and_says_why(launcher):
+    missing = launcher("--no-attach", str(launcher.root / "nope.toml"))
+    assert missing.returncode == 2 and "nope.toml" in missing.stderr
+
+    no_dir = write_config(launcher.root / "nodir.toml", "x", None)
+    result = launcher("--no-attach", str(no_dir))
+    assert result.returncode == 2 and "run.dir" in result.stderr and "nodir.toml" in result.stderr
+
+    bad = launcher.root / "bad.toml"
+    bad.write_text("[run\n")
+    result = launcher("--no-attach", str(bad))
+    assert result.returncode == 2 and "bad.toml" in result.stderr
+
+    good = write_config(launcher.root / "good.toml", "x", "/tmp/x")
+    result = launcher("--no-attach", str(good), MINILMD=str(launcher.root / "no-such-minilmd"))
+    assert result.returncode == 1 and "MINILMD" in result.stderr
+
+    assert launcher("--bogus", str(good)).returncode == 2
+    # nothing was started by any of these
+    assert launcher.tmux("list-sessions").returncode != 0
+    assert not launcher.record.exists()
+
+
+# --- example run config ---------------------------------------------------------------------------------------------
+
+def test_example_config_is_valid_and_is_the_notes_768x8_run():
+    cfg = config_from_dict(tomllib.loads(EXAMPLE.read_text(encoding="utf-8")), str(EXAMPLE), check_paths=False)
+    m, t = cfg.model, cfg.train
+    assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads, m.vocab_size) == (
+        768, 8, 8, 4, 6400)
+    assert parameter_count(m) == 63_912_192  # the figure in the file's header
+    assert (t.seq_len, t.micro_batch_size, t.max_tokens) == (340, 32, 20_000_000)
+    tokens_per_step = t.seq_len * t.micro_batch_size * t.grad_accum * cfg.gpu.count
+    assert t.max_tokens // tokens_per_step == 1838  # "about 1,838 steps" in the comments
+    assert cfg.scratch_dir == Path(f"/dev/shm/minilmd/{cfg.run.name}")  # "which is this": the default
+
+
+def test_example_config_writes_out_every_key_of_the_schema():
+    raw = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    schema = {f.name: {g.name for g in fields(f.default_factory())} for f in fields(RunConfig) if f.name != "source"}
+    assert {section: set(body) for section, body in raw.items()} == schema
+
+
+def test_example_config_comments_every_key():
+    """Each key line belongs to a run of key lines that a comment introduces."""
+    uncommented = []
+    previous = ""
+    for line in EXAMPLE.read_text(encoding="utf-8").splitlines():
+        is_key = bool(re.match(r"^[a-z_]+\s*=", line))
+        if is_key and not (previous.startswith("#") or re.match(r"^[a-z_]+\s*=", previous)):
+            uncommented.append(line)
+        previous = line
+    assert not uncommented
+
+
+def test_example_config_validates_with_its_placeholders_replaced(tmp_path):
+    """With real paths in place of the placeholders the full check, paths included, passes."""
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "meta.json").write_text("{}")
+    cfg = load_config(EXAMPLE, [f'run.dir="{tmp_path / "run"}"', f'run.scratch="{tmp_path / "scratch"}"',
+                                f'run.remote="{tmp_path / "nfs"}"', f'data.prepared="{prepared}"'])
+    assert cfg.run.name == "pretrain-768x8" and cfg.data.prepared == str(prepared)
