@@ -1,0 +1,386 @@
+"""Checkpoints: the atomic protocol, each way validation refuses a bad checkpoint, resume fallback, retention,
+kills at each point of a save (real processes, real SIGKILL), the background saver, and `minilmd verify`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minilmd.trainer import checkpoint as ck
+from minilmd.trainer.config import RunConfig
+from minilmd.trainer.model import MiniMindForCausalLM
+from minilmd.trainer.model_shapes import expected_state_shapes
+
+torch.set_num_threads(1)
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+            intermediate_size=0, max_position_embeddings=128, rope_theta=1e6, rms_norm_eps=1e-6)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_run(steps: int = 3, seed: int = 0):
+    torch.manual_seed(seed)
+    model = MiniMindForCausalLM(TINY)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        x = torch.randint(0, 256, (2, 16))
+        model(x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, opt
+
+
+def trainer_state(step: int, data="d" * 64, tok="t" * 64) -> dict:
+    cfg = RunConfig().to_dict()
+    cfg["model"] = dict(TINY)
+    return {"step": step, "tokens_seen": step * 32, "epoch": 0, "config": cfg,
+            "fingerprints": {"data": data, "tokenizer": tok}, "rng": ck.capture_rng()}
+
+
+def save_run(root: Path, step: int = 3, model=None, opt=None, **kw) -> Path:
+    if model is None:
+        model, opt = make_run(step)
+    return ck.save(root, step, model.state_dict(), opt.state_dict(), trainer_state(step, **kw),
+                   param_names=ck.optimizer_param_names(model, opt))
+
+
+def expectation(**over) -> ck.Expectation:
+    return ck.Expectation(model=over.get("model", dict(TINY)), data_fingerprint=over.get("data", "d" * 64),
+                          tokenizer_fingerprint=over.get("tok", "t" * 64))
+
+
+@pytest.fixture(scope="module")
+def run():
+    return make_run(3)
+
+
+def test_save_layout_latest_and_roundtrip(tmp_path):
+    model, opt = make_run(3)  # its own: this test steps it further
+    path = ck.save(tmp_path, 3, model.state_dict(), opt.state_dict(), trainer_state(3))
+    assert path.name == "step-00000003" and ck.step_of(path) == 3
+    assert ck.read_latest(tmp_path) == "step-00000003"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+    manifest = json.loads((path / ck.MANIFEST).read_text())
+    assert set(manifest["files"]) == set(ck.REQUIRED_FILES)
+    assert ck.validate(path, expectation())["tokens_seen"] == 96
+
+    model_state, opt_state, state = ck.load(path)
+    assert set(model_state) == set(expected_state_shapes(TINY))
+    for k, v in model.state_dict().items():
+        assert torch.equal(model_state[k], v), k
+    # Loaded into a fresh model/optimizer, the next step is bit-identical to the original's.
+    twin = MiniMindForCausalLM(TINY)
+    twin.load_state_dict(model_state, strict=True)
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-3)
+    twin_opt.load_state_dict(opt_state)
+    assert twin_opt.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(5))
+    for m, o in ((model, opt), (twin, twin_opt)):
+        m(x, labels=x).loss.backward()
+        o.step()
+        o.zero_grad()
+    for (k, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_validate_is_torch_free(tmp_path, run):
+    path = save_run(tmp_path, 3, *run)
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["torch"] = None  # any import of torch now fails
+        from minilmd.trainer import checkpoint as ck
+        state = ck.validate({str(path)!r})
+        print("ok", state["step"], ck.list_checkpoints({str(tmp_path)!r})[0].name)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "3", "step-00000003"]
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def refused(path, expected=None, exc=ck.CheckpointInvalid) -> str:
+    with pytest.raises(exc) as info:
+        ck.validate(path, expected)
+    return str(info.value)
+
+
+def test_flipped_byte_names_the_file(tmp_path, run):
+    path = save_run(tmp_path, 3, *run)
+    flip_byte(path / ck.OPTIMIZER_FILE, (path / ck.OPTIMIZER_FILE).stat().st_size - 7)
+    msg = refused(path)
+    assert "optimizer.safetensors: sha256 mismatch" in msg and "model.safetensors" not in msg
+
+
+def test_truncated_file_is_a_size_problem(tmp_path, run):
+    path = save_run(tmp_path, 3, *run)
+    f = path / ck.MODEL_FILE
+    size = f.stat().st_size
+    os.truncate(f, size - 100)
+    assert f"model.safetensors: size {size - 100} bytes, manifest.json says {size}" in refused(path)
+
+
+def test_missing_manifest(tmp_path, run):
+    path = save_run(tmp_path, 3, *run)
+    (path / ck.MANIFEST).unlink()
+    assert "no manifest.json" in refused(path)
+    assert ck.list_checkpoints(tmp_path) == []  # a directory without a manifest does not exist for readers
+
+
+def test_corrupt_manifest(tmp_path, run):
+    path = save_run(tmp_path, 3, *run)
+    (path / ck.MANIFEST).write_text("{not json")
+    assert "manifest.json is not valid JSON" in refused(path)
+
+
+def test_nan_tensor_is_named(tmp_path, run):
+    model, opt = run
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["model.layers.1.mlp.up_proj.weight"][3, 4] = float("nan")
+    state["model.norm.weight"][0] = float("inf")
+    path = ck.save(tmp_path, 3, state, opt.state_dict(), trainer_state(3))
+    msg = refused(path)
+    assert "tensor model.layers.1.mlp.up_proj.weight has 1 non-finite value(s)" in msg
+    assert "tensor model.norm.weight has 1 non-finite value(s)" in msg
+
+
+def test_nan_in_optimizer_state_is_named(tmp_path, run):
+    model, opt = run
+    osd = opt.state_dict()
+    osd = {"state": {i: {k: v.clone() for k, v in s.items()} for i, s in osd["state"].items()},
+           "param_groups": osd["param_groups"]}
+    osd["state"][2]["exp_avg_sq"].view(-1)[0] = float("nan")
+    path = ck.save(tmp_path, 3, model.state_dict(), osd, trainer_state(3))
+    assert "optimizer.safetensors: tensor state.2.exp_avg_sq has 1 non-finite" in refused(path)
+
+
+def test_wrong_config_shows_the_difference(tmp_path, run):
+    path = save_run(tmp_path, 3, *run)
+    msg = refused(path, expectation(model={**TINY, "hidden_size": 128, "num_hidden_layers": 3}),
+                  ck.CheckpointMismatch)
+    assert "model.hidden_size: checkpoint 64, run 128" in msg and "model.num_hidden_layers: checkpoint 2, run 3" in msg
+
+
+def test_tensors_not_matching_the_recorded_config(tmp_path, run):
+    model, opt = run
+    state = dict(model.state_dict())
+    state.pop("model.layers.0.self_attn.k_norm.weight")
+    state["model.norm.weight"] = torch.ones(65)
+    state["extra.weight"] = torch.ones(2)
+    path = ck.save(tmp_path, 3, state, opt.state_dict(), trainer_state(3))
+    msg = refused(path)
+    assert "missing tensor model.layers.0.self_attn.k_norm.weight [16]" in msg
+    assert "unexpected tensor extra.weight [2]" in msg
+    assert "tensor model.norm.weight has shape [65], the config needs [64]" in msg
+
+
+def test_fp16_weights_refused(tmp_path, run):
+    model, opt = run
+    state = {k: v.half() if k == "model.norm.weight" else v for k, v in model.state_dict().items()}
+    path = ck.save(tmp_path, 3, state, opt.state_dict(), trainer_state(3))
+    assert "tensor model.norm.weight is F16, checkpoints hold F32" in refused(path)
+
+
+def test_optimizer_step_disagreement(tmp_path, run):
+    model, opt = run  # the optimizer made 3 steps
+    path = ck.save(tmp_path, 5, model.state_dict(), opt.state_dict(), trainer_state(5))
+    assert "optimizer step 3 (state.0.step" in refused(path) and "disagrees with checkpoint step 5" in refused(path)
+
+
+@pytest.mark.parametrize("kind", ["data", "tokenizer"])
+def test_fingerprint_mismatch(tmp_path, run, kind):
+    path = save_run(tmp_path, 3, *run)
+    with pytest.raises(ck.CheckpointMismatch) as info:
+        ck.validate(path, expectation(**{"data" if kind == "data" else "tok": "f" * 64}))
+    assert info.value.kind == kind and f"{kind} fingerprint differs" in str(info.value)
+
+
+def test_find_latest_falls_back_and_quarantines(tmp_path, run):
+    model, opt = run
+    root = tmp_path / "local"
+    good = save_run(root, 3, model, opt)
+    bad = save_run(root, 4)
+    flip_byte(bad / ck.MODEL_FILE, 200)
+    logs = []
+    assert ck.find_latest([root], expectation(), log=logs.append) == good
+    assert not bad.exists()
+    (qdir,) = (root / ck.QUARANTINE).iterdir()
+    assert qdir.name.startswith("step-00000004-")
+    assert "model.safetensors: sha256 mismatch" in (qdir / ck.REASON_FILE).read_text()
+    assert "step-00000004" in logs[0] and "sha256 mismatch" in logs[0]
+    assert ck.find_latest([tmp_path / "nothing-here"], expectation()) is None
+
+
+def test_find_latest_across_roots_local_first(tmp_path, run):
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    save_run(local, 3, *run)
+    same_step_remote = save_run(remote, 3, *run)
+    assert ck.find_latest([local, remote], expectation()) == local / "step-00000003"
+    newer_remote = save_run(remote, 4)
+    assert ck.find_latest([local, remote], expectation()) == newer_remote
+    assert same_step_remote.exists()
+
+
+def test_find_latest_refuses_a_different_run(tmp_path, run):
+    path = save_run(tmp_path, 3, *run, data="e" * 64)
+    with pytest.raises(ck.CheckpointMismatch) as info:
+        ck.find_latest([tmp_path], expectation(), log=lambda s: None)
+    assert info.value.kind == "data" and path.exists()  # refused, not quarantined
+
+
+def test_prune_keeps_the_newest_valid(tmp_path, run):
+    model, opt = run
+    for step in (3, 4, 5, 6):
+        ck.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+    # The optimizer of `run` made 3 steps, so only step 3 is valid: pruning to 1 must keep it, and the damaged
+    # newer ones are moved aside (they never count towards `keep`), not deleted.
+    deleted = ck.prune(tmp_path, keep=1, log=lambda s: None)
+    assert deleted == []
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step-00000003"]
+    assert len(list((tmp_path / ck.QUARANTINE).iterdir())) == 3
+
+
+def test_prune_deletes_beyond_keep_and_respects_protect(tmp_path):
+    paths = {}
+    model, opt = make_run(0)
+    x = torch.randint(0, 256, (2, 16))
+    for step in range(1, 6):
+        model(x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        paths[step] = ck.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+    deleted = ck.prune(tmp_path, keep=2, protect=[paths[1]], log=lambda s: None)
+    assert sorted(ck.step_of(p) for p in deleted) == [2, 3]
+    assert [ck.step_of(p) for p in ck.list_checkpoints(tmp_path)] == [1, 4, 5]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_clean_stale_tmp(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".tmp-step-00000007-{dead.pid}"
+    mine = tmp_path / f".tmp-step-00000008-{os.getpid()}"
+    live = tmp_path / f".tmp-step-00000009-{os.getppid()}"
+    for d in (stale, mine, live):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x")
+    assert sorted(ck.clean_stale_tmp(tmp_path)) == sorted([stale, mine])
+    assert live.exists() and not stale.exists()
+
+
+def test_verify_manifest_with_callbacks(tmp_path, run):
+    path = save_run(tmp_path, 3, *run)
+    manifest = json.loads((path / ck.MANIFEST).read_text())
+    sizes = {n: (path / n).stat().st_size for n in manifest["files"]}
+    good = ck.verify_manifest(manifest, sizes.get, lambda n: ck.sha256_file(path / n))
+    assert good == []
+    sizes.pop(ck.TRAINER_STATE)
+    assert ck.verify_manifest(manifest, sizes.get, lambda n: "0") == ["trainer_state.json: missing (listed in "
+                                                                       "manifest.json)"]
+
+
+def test_rng_roundtrip():
+    import random
+
+    import numpy as np
+
+    state = json.loads(json.dumps(ck.capture_rng()))
+    first = (random.random(), np.random.rand(), torch.rand(3))
+    ck.restore_rng(state)
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert first[0] == again[0] and first[1] == again[1] and torch.equal(first[2], again[2])
+
+
+def test_async_checkpointer_snapshots_and_prunes(tmp_path):
+    model, opt = make_run(2)
+    saver = ck.AsyncCheckpointer(tmp_path, keep=1, log=lambda s: None)
+    blocked = saver.save(2, model, opt, trainer_state(2))
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():  # the loop goes on changing the live weights while the writer runs
+        for p in model.parameters():
+            p.add_(1.0)
+    path = saver.wait()
+    assert blocked >= 0 and path == tmp_path / "step-00000002"
+    saved, _, _ = ck.load(path)
+    assert all(torch.equal(saved[k], v) for k, v in expected.items())
+    assert ck.validate(path, expectation())["step"] == 2
+    opt_meta = json.loads((path / ck.OPTIMIZER_META).read_text())
+    assert opt_meta["param_names"][0] == "model.embed_tokens.weight"
+
+    x = torch.randint(0, 256, (2, 16))
+    model(x, labels=x).loss.backward()
+    opt.step()
+    saver.save(3, model, opt, trainer_state(3))
+    saver.wait()
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step-00000003"]  # keep=1 pruned step 2
+
+
+SAVER = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_checkpoint import make_run, save_run
+from pathlib import Path
+model, opt = make_run(3)
+save_run(Path({root!r}), 3, model, opt)
+x = torch.randint(0, 256, (2, 16))
+model(x, labels=x).loss.backward(); opt.step()
+save_run(Path({root!r}), 4, model, opt)
+"""
+
+
+@pytest.mark.parametrize("point", ck.KILL_POINTS)
+def test_sigkill_inside_save_leaves_a_usable_root(tmp_path, point):
+    root = tmp_path / "ckpt"
+    env = {**os.environ, ck.KILL_ENV: f"{point}@4", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", SAVER.format(tests=str(REPO / "tests"), root=str(root))],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    step4 = root / "step-00000004"
+    if point == "before_latest":
+        assert ck.read_latest(root) == "step-00000003" and step4.exists()
+        want = step4  # renamed into place: complete, only the pointer is behind
+    else:
+        assert not step4.exists() and [p.name for p in root.glob(".tmp-step-00000004-*")]
+        want = root / "step-00000003"
+    assert ck.find_latest([root], expectation(), log=lambda s: None) == want
+    # The next writer cleans the debris of the dead one.
+    ck.clean_stale_tmp(root)
+    assert not list(root.glob(".tmp-*"))
+
+
+def run_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_verify_command(tmp_path, run):
+    good = save_run(tmp_path / "root", 3, *run)
+    out = run_cli("verify", str(good))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "step-00000003" in out.stdout and "ok" in out.stdout
+
+    bad = save_run(tmp_path / "root", 4)
+    os.truncate(bad / ck.MODEL_FILE, 1000)
+    out = run_cli("verify", str(tmp_path / "root"), "--json")
+    assert out.returncode == 1
+    report = json.loads(out.stdout)
+    by_name = {Path(r["path"]).name: r for r in report["checkpoints"]}
+    assert by_name["step-00000003"]["ok"] is True
+    assert by_name["step-00000004"]["ok"] is False
+    assert "model.safetensors: size 1000 bytes" in by_name["step-00000004"]["problems"][0]
+    assert bad.exists()  # verify reports, it never moves anything
+
+    out = run_cli("verify", str(tmp_path / "nope"))
+    assert out.returncode == 1 and "no checkpoint" in (out.stdout + out.stderr)
