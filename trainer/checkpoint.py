@@ -409,6 +409,54 @@ def _optimizer_problems(scan: tuple, meta: dict, expected: dict[str, tuple[int, 
     return problems
 
 
+def verify_report(path: str | os.PathLike, expected: Expectation | None = None) -> dict:
+    """`minilmd verify`: validate one checkpoint, or every step directory under a root (those without a
+    manifest included, as failures). Nothing is moved. {"ok": bool, "checkpoints": [{"path", "step", "ok",
+    "problems", "mismatch"}]}; ok is False when there is no checkpoint at all."""
+    path = Path(path)
+    if (path / MANIFEST).exists() or _STEP_DIR.match(path.name):
+        dirs = [path]
+    elif path.is_dir():
+        dirs = sorted((p for p in path.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()), key=step_of)
+    else:
+        dirs = []
+    results = []
+    for d in dirs:
+        entry = {"path": str(d), "step": step_of(d) if _STEP_DIR.match(d.name) else None, "ok": True,
+                 "problems": [], "mismatch": None}
+        try:
+            state = validate(d, expected)
+            entry["step"] = state["step"]
+        except CheckpointError as e:
+            entry.update(ok=False, problems=e.problems,
+                         mismatch=e.kind if isinstance(e, CheckpointMismatch) else None)
+        results.append(entry)
+    if not results:
+        results.append({"path": str(path), "step": None, "ok": False, "mismatch": None,
+                        "problems": [f"no checkpoint at {path} (neither a step-XXXXXXXX directory nor a root "
+                                     f"holding any)"]})
+    root = path.parent if dirs == [path] else path
+    return {"ok": all(r["ok"] for r in results), "latest": read_latest(root), "checkpoints": results}
+
+
+def expectation_from_config(config_path: str | os.PathLike, log: Callable[[str], None] = print) -> Expectation:
+    """What a run config expects of its checkpoints: its model section and, when its prepared corpus can be
+    read, the fingerprints of that corpus's data and tokenizer."""
+    from minilmd.trainer.config import load_config
+
+    cfg = load_config(config_path, check_paths=False)
+    expected = Expectation(model=cfg.model_dict())
+    try:
+        from minilmd.trainer.tokenstream import data_fingerprint, read_meta
+
+        meta = read_meta(cfg.data.prepared)
+        expected.data_fingerprint = data_fingerprint(meta)
+        expected.tokenizer_fingerprint = meta["tokenizer_sha256"]
+    except Exception as e:  # the corpus may be staged elsewhere or gone: check what can be checked
+        log(f"note: fingerprints not checked, cannot read data.prepared = {cfg.data.prepared!r}: {e}")
+    return expected
+
+
 # --- finding, quarantining, pruning ------------------------------------------------------------------------------
 
 def quarantine(ckpt_dir: str | os.PathLike, reason: str) -> Path:

@@ -1,0 +1,102 @@
+"""`minilmd bench checkpoint`: what a checkpoint save costs the training loop, against a plain torch.save.
+
+A real model of the given size with a real AdamW state (one update on random gradients, then one more between
+saves so that every checkpoint validates) is saved `repeats` times in each way:
+- async: AsyncCheckpointer, the way the trainer saves; the loop blocks only for the CPU snapshot, the write,
+  hashing, fsync and retention run in a thread (reported separately);
+- sync: checkpoint.save of the live tensors (write + hash + fsync in the caller);
+- torch.save of {"model", "optimizer"} state dicts to one file, plus an fsync, as MiniMind's resume files are made.
+Medians are reported, with the size on disk and the time of one torch-free validation.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+
+def _dir_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> int:
+    import torch
+
+    from . import checkpoint as ck
+    from .config import RunConfig
+    from .model import MiniMindForCausalLM
+
+    cfg = RunConfig()
+    cfg.model.hidden_size, cfg.model.num_hidden_layers = hidden, layers
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    step = 0
+
+    def update() -> None:
+        nonlocal step
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * 1e-3
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+
+    def state() -> dict:
+        return {"step": step, "tokens_seen": 0, "epoch": 0, "config": cfg.to_dict(), "rng": ck.capture_rng(),
+                "fingerprints": {"data": None, "tokenizer": None}}
+
+    print(f"model {hidden} x {layers}: {model.num_parameters():,} parameters; {repeats} saves per method into {out}; "
+          f"torch threads {torch.get_num_threads()}", flush=True)
+    try:
+        saver = ck.AsyncCheckpointer(out / "async", keep=2, log=lambda s: None)
+        blocking, background = [], []
+        for _ in range(repeats):
+            update()
+            blocking.append(saver.save(step, model, opt, state()))
+            saver.wait()
+            background.append(saver.last_write_s)
+        async_path = saver.last_path
+
+        sync = []
+        for _ in range(repeats):
+            update()
+            t0 = time.perf_counter()
+            path = ck.save(out / "sync", step, model.state_dict(), opt.state_dict(), state())
+            sync.append(time.perf_counter() - t0)
+            ck.prune(out / "sync", keep=1, log=lambda s: None)
+
+        plain = []
+        torch_file = out / "plain.pt"
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            with open(torch_file, "wb") as f:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            plain.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        ck.validate(path)
+        validate_s = time.perf_counter() - t0
+
+        med = statistics.median
+        print(f"{'method':<44}{'median s':>10}{'min s':>9}{'size MB':>10}")
+        rows = [("async save: loop blocked (CPU snapshot)", blocking, _dir_size(async_path)),
+                ("async save: background write+hash+prune", background, None),
+                ("sync checkpoint.save (write+hash+fsync)", sync, _dir_size(path)),
+                ("plain torch.save + fsync", plain, torch_file.stat().st_size)]
+        for name, times, size in rows:
+            size_txt = f"{size / 1e6:10.1f}" if size is not None else f"{'':>10}"
+            print(f"{name:<44}{med(times):10.3f}{min(times):9.3f}{size_txt}")
+        print(f"torch-free validate (sha256 + finiteness + shapes) of one checkpoint: {validate_s:.3f} s")
+        print(f"blocking time: {med(blocking) / med(plain):.2f}x of a plain torch.save; "
+              f"sync save {med(sync) / med(plain):.2f}x")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return 0
