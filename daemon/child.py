@@ -1,0 +1,336 @@
+"""The trainer as a child process: how it is launched, watched, stopped, and what its end means.
+
+The child runs in its own process group (so that a torchrun group is stopped as a whole and a terminal's ^C reaches
+only the supervisor), writes to logs/attempt-NNNN.log, and carries MINILMD_RUN_DIR in its environment so that a
+restarted supervisor can recognise an orphan of its run in /proc and never anybody else's process.
+
+`classify()` turns an exit status into a `Death` with one cause from CAUSES; the restart policy (daemon/policy.py)
+acts on the cause. Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
+from minilmd.trainer import protocol
+
+RUN_DIR_ENV = "MINILMD_RUN_DIR"
+"""Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
+TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
+"""Replaces `python -m minilmd.daemon.cli` in the child's command line (tests use a fake trainer through it)."""
+
+CAUSES = {
+    "done": "the trainer reached its budget and saved the final checkpoint (exit 0)",
+    "stopped": "the trainer saved and exited on SIGTERM (exit 75)",
+    "config_error": "the trainer refused the config (exit 2): final",
+    "data_error": "the trainer refused the data (exit 65): final",
+    "cuda_oom": "CUDA ran out of memory (exit 76, fault.json)",
+    "sigbus": "SIGBUS: a page of a mapped file could not be read (staged corpus or checkpoint damaged?)",
+    "oom_kill": "SIGKILL by the kernel's OOM killer (cgroup memory events or kernel log)",
+    "killed": "SIGKILL from outside (probably the OOM killer; its log was not readable)",
+    "hang": "no heartbeat for restart.hang_timeout: stack dumped, group killed",
+    "signal": "killed by another signal",
+    "crash": "exited with an error (traceback in the attempt log)",
+}
+
+
+@dataclass
+class Death:
+    cause: str
+    exit: int | None
+    detail: str
+    fault: dict | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.cause in ("config_error", "data_error")
+
+
+def attempt_log_path(run_dir: Path, attempt: int) -> Path:
+    return run_dir / protocol.ATTEMPT_LOGS / f"attempt-{attempt:04d}.log"
+
+
+def trainer_prefix() -> list[str]:
+    custom = os.environ.get(TRAINER_CMD_ENV)
+    if custom:
+        return shlex.split(custom)
+    return [sys.executable, "-m", "minilmd.daemon.cli"]
+
+
+def build_command(config_copy: Path, overrides: dict[str, object], nproc: int = 1) -> list[str]:
+    """`minilmd train RUN.TOML --set K=V ...`, under torchrun (its own restarts off: the supervisor restarts the
+    whole group) when more than one GPU is used."""
+    sets: list[str] = []
+    for key, value in overrides.items():
+        sets += ["--set", f"{key}={_toml_literal(value)}"]
+    if nproc > 1:
+        # `python -m torch.distributed.run` is torchrun without depending on the script being on PATH.
+        prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+                  "--max-restarts", "0", "-m", "minilmd.daemon.cli"]
+    else:
+        prefix = trainer_prefix()
+    return [*prefix, "train", str(config_copy), *sets]
+
+
+def _toml_literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass
+class Child:
+    """A launched trainer. `pid` is also its process group id."""
+
+    popen: subprocess.Popen
+    attempt: int
+    log_path: Path
+    command: list[str]
+    started: float
+    start_ticks: int | None
+    cgroup_oom: tuple[Path, int] | None = None  # (oom counter file, its value when first seen)
+    killed_for_hang: bool = False
+    stop_sent: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def track_cgroup(self) -> None:
+        """Remember the OOM-kill counter of the child's memory cgroup, re-read whenever the child moves to another
+        cgroup, so that a kill can be attributed to the OOM killer afterwards."""
+        counter = oom_counter_file(self.pid)
+        if counter and (self.cgroup_oom is None or self.cgroup_oom[0] != counter):
+            value = read_oom_kills(counter)
+            if value is not None:
+                self.cgroup_oom = (counter, value)
+
+    def kill_group(self, grace: float = 0.0) -> int:
+        """SIGTERM (if grace > 0), wait up to grace, then SIGKILL; reap and return the exit status."""
+        if grace > 0:
+            self.signal_group(signal.SIGTERM)
+            try:
+                return self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        self.signal_group(signal.SIGKILL)
+        return self.popen.wait()
+
+
+def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None) -> Child:
+    """Start the trainer in its own session, output appended to its attempt log."""
+    log_path = attempt_log_path(run_dir, attempt)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    env[RUN_DIR_ENV] = str(run_dir.resolve())
+    env["CUDA_VISIBLE_DEVICES"] = devices
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    with open(log_path, "ab") as log:
+        log.write(f"# attempt {attempt}: {shlex.join(command)}\n# CUDA_VISIBLE_DEVICES={devices!r}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True, close_fds=True)
+    child = Child(popen=popen, attempt=attempt, log_path=log_path, command=command, started=time.time(),
+                  start_ticks=process_start_ticks(popen.pid))
+    child.track_cgroup()
+    return child
+
+
+# --- classification --------------------------------------------------------------------------------------------
+
+def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool) -> Death:
+    """One cause for an ended child. fault.json (the trainer's own note) is consumed here."""
+    fault = _own_fault(run_dir, child.started)
+    rc = returncode
+    if child.killed_for_hang:
+        return Death("hang", rc, child.extra.get("hang_detail", "no heartbeat"), fault)
+    sig = -rc if rc < 0 else None
+    if rc == 1 and "torch.distributed.run" in child.command:
+        sig = _torchrun_worker_signal(child.log_path)  # torchrun exits 1 whatever killed a worker
+    if sig == signal.SIGBUS:
+        return Death("sigbus", rc, "killed by SIGBUS (bus error on a mapped file)", fault)
+    if sig == signal.SIGKILL:
+        if child.cgroup_oom:
+            counter, before = child.cgroup_oom
+            after = read_oom_kills(counter)
+            if after is not None and after > before:
+                return Death("oom_kill", rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
+                             fault)
+        if _kernel_log_oom(child.pid):
+            return Death("oom_kill", rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
+        return Death("killed", rc, "killed by SIGKILL (probably the OOM killer; no readable OOM record)", fault)
+    if sig is not None:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return Death("signal", rc, f"killed by {name}", fault)
+    if rc == protocol.EXIT_DONE:
+        return Death("done", rc, "finished", fault)
+    if rc == protocol.EXIT_STOPPED:
+        who = "on request" if stop_requested else "on a SIGTERM the supervisor did not send"
+        return Death("stopped", rc, f"saved and stopped {who}", fault)
+    if rc == protocol.EXIT_CONFIG:
+        return Death("config_error", rc, _last_lines(child.log_path) or "config error", fault)
+    if rc == protocol.EXIT_DATA:
+        return Death("data_error", rc, _last_lines(child.log_path) or "data error", fault)
+    if rc == protocol.EXIT_CUDA_OOM or (fault or {}).get("kind") == "cuda_oom":
+        return Death("cuda_oom", rc, (fault or {}).get("message", "CUDA out of memory"), fault)
+    detail = (fault or {}).get("message") or _last_lines(child.log_path) or f"exit status {rc}"
+    return Death("crash", rc, detail, fault)
+
+
+def _own_fault(run_dir: Path, started: float) -> dict | None:
+    """fault.json if this attempt wrote it (a stale one from an earlier attempt is ignored); consumed."""
+    path = run_dir / protocol.FAULT
+    try:
+        fresh = path.stat().st_mtime >= started - 1
+    except FileNotFoundError:
+        return None
+    fault = protocol.read_fault(run_dir) if fresh else None
+    path.unlink(missing_ok=True)
+    return fault
+
+
+def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])[-limit:]
+
+
+def _torchrun_worker_signal(log_path: Path) -> int | None:
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 16384))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    m = re.findall(r"exitcode\s*:\s*-(\d+)", tail)
+    return int(m[-1]) if m else None
+
+
+def oom_counter_file(pid: int) -> Path | None:
+    """The file whose `oom_kill N` line counts OOM kills in the process's memory cgroup (v2 or v1)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if "memory" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup/memory") / rel / "memory.oom_control"
+            if candidate.exists():
+                return candidate
+        if controllers == "":
+            for base in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+                candidate = base / rel / "memory.events"
+                if candidate.exists():
+                    return candidate
+    return None
+
+
+def read_oom_kills(counter: Path) -> int | None:
+    try:
+        for line in counter.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _kernel_log_oom(pid: int) -> bool:
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return re.search(rf"Killed process {pid}\b", out) is not None or \
+        re.search(rf"oom-kill:.*pid={pid}\b", out) is not None
+
+
+# --- hangs and orphans -----------------------------------------------------------------------------------------
+
+def dump_stack(pid: int, log_path: Path, timeout: float = 20.0) -> str:
+    """Append the hung child's Python stacks to its attempt log with py-spy, if installed. Returns what happened."""
+    py_spy = shutil.which("py-spy")
+    if not py_spy:
+        return "py-spy not installed: no stack dump"
+    try:
+        out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"py-spy failed: {e}"
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n# py-spy dump --pid {pid} (hang detected by the supervisor)\n{out.stdout}{out.stderr}\n")
+    return "stack dumped to the attempt log" if out.returncode == 0 else f"py-spy exit {out.returncode}"
+
+
+def find_orphans(run_dir: Path) -> list[int]:
+    """Pids of live processes (other than us) started for this run: MINILMD_RUN_DIR=<run dir> in their environ."""
+    target = str(run_dir.resolve())
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        if process_environ(pid).get(RUN_DIR_ENV) == target and process_alive(pid):
+            found.append(pid)
+    return sorted(found)
+
+
+def terminate_orphans(pids: list[int], grace: float = 30.0) -> list[int]:
+    """SIGTERM each orphan's group (the trainer saves and exits), then SIGKILL what is left after grace. They are
+    not our children (their parent died), so we poll /proc instead of waiting. Returns the pids that were alive."""
+    alive = [(pid, process_start_ticks(pid)) for pid in pids]
+    alive = [(pid, ticks) for pid, ticks in alive if ticks is not None]
+    for pid, _ in alive:
+        _kill_group_or_pid(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
+        time.sleep(0.1)
+    for pid, ticks in alive:
+        if process_alive(pid, ticks):
+            _kill_group_or_pid(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
+        time.sleep(0.05)
+    return [pid for pid, _ in alive]
+
+
+def _kill_group_or_pid(pid: int, sig: int) -> None:
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,251 @@
+"""`minilmd status`, `minilmd logs`, `minilmd stop`: the operator's view of a run directory.
+
+Everything here reads files the supervisor wrote (state.json, supervisor.log, logs/attempt-NNNN.log) and works
+whether or not a supervisor is running. Light imports only: `minilmd status` must answer in well under a second.
+Each function returns the command's exit status (0 fine, 2 not a run directory).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from minilmd.daemon.runstate import fmt_age, fmt_time, process_alive, read_state
+from minilmd.trainer import protocol
+
+NOT_A_RUN = 2
+
+
+def _run_problem(run_dir: Path) -> str | None:
+    if not run_dir.exists():
+        return f"{run_dir}: no such directory"
+    if not run_dir.is_dir():
+        return f"{run_dir}: not a directory"
+    if not any((run_dir / name).exists() for name in (protocol.STATE, protocol.RUN_CONFIG_COPY, protocol.LOCK)):
+        return (f"{run_dir}: not a minilmd run directory (no {protocol.STATE}, {protocol.RUN_CONFIG_COPY} or "
+                f"{protocol.LOCK}); give the run.dir of a run config, e.g. `minilmd status /path/to/run`")
+    return None
+
+
+def supervisor_alive(state: dict | None) -> bool:
+    sup = (state or {}).get("supervisor") or {}
+    return process_alive(sup.get("pid"), sup.get("start_ticks"))
+
+
+def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]:
+    """A few human lines from state.json."""
+    t = t or time.time()
+    sup = state.get("supervisor") or {}
+    phase = state.get("phase", "?")
+    since = state.get("since")
+    head = f"run {state.get('run', '?')} ({state.get('run_dir', '?')}): {phase} for {fmt_age(t - since if since else None)}"
+    if alive:
+        head += f"; supervisor pid {sup.get('pid')} running"
+    else:
+        outcome = state.get("outcome")
+        if outcome:
+            head += f"; not running (ended {fmt_time(outcome.get('time'))} with exit {outcome.get('exit')})"
+        else:
+            head += (f"; not running (last seen {fmt_time(state.get('updated'))}, the supervisor did not exit "
+                     f"cleanly: killed or crashed; `minilmd run` again resumes)")
+    lines = [head]
+    if state.get("reason"):
+        lines.append(f"  why: {state['reason']}")
+    p = state.get("progress") or {}
+    if p.get("step") is not None:
+        total = p.get("total_steps")
+        parts = [f"step {p['step']:,}" + (f"/{total:,} ({100 * p['step'] / total:.1f}%)" if total else "")]
+        if p.get("loss") is not None:
+            parts.append(f"loss {p['loss']:.4f}")
+        if p.get("val_loss") is not None:
+            parts.append(f"val {p['val_loss']:.4f}")
+        if p.get("tok_s"):
+            parts.append(f"{p['tok_s']:,.0f} tok/s")
+        if p.get("eta_s") is not None and alive:
+            parts.append(f"ETA {fmt_age(p['eta_s'])}")
+        lines.append("  " + "  ".join(parts))
+    child = state.get("child")
+    if child and alive:
+        beat = p.get("heartbeat")
+        devices = ",".join(str(d) for d in state.get("devices") or []) or "cpu"
+        lines.append(f"  trainer pid {child.get('pid')}, attempt {child.get('attempt')}, devices {devices}, "
+                     f"heartbeat {fmt_age(t - beat) + ' ago' if beat else 'none yet'}, log {child.get('log')}")
+    gpu_wait = state.get("gpu_wait")
+    if gpu_wait and phase == "waiting_gpu":
+        for d in gpu_wait.get("devices") or []:
+            why = "free" if d.get("free") else "; ".join(d.get("reasons") or ["busy"])
+            lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_age(t - d['since']) if d.get('since') else '-'})")
+    local, remote, sync = state.get("local_checkpoint"), state.get("remote_checkpoint"), state.get("sync") or {}
+    ck = f"  local checkpoint: " + (f"step {local.get('step')} ({fmt_age(t - local['time'])} ago)"
+                                     if local and local.get("time") else "none")
+    if sync.get("state") != "off":
+        ck += "   remote: " + (f"step {remote.get('step')} ({fmt_age(t - remote['time'])} ago, "
+                               f"{'verified' if remote.get('verified') else 'NOT verified'})"
+                               if remote and remote.get("time") else "none")
+        ck += f"   sync: {sync.get('state')}"
+        if sync.get("error") and sync.get("state") in ("failed", "stalled"):
+            ck += f" ({sync['error']})"
+    else:
+        ck += "   remote: none configured"
+    lines.append(ck)
+    staging = state.get("staging") or {}
+    if staging.get("state") not in (None, "done", "not_started"):
+        prog = f" {staging['progress']}" if staging.get("progress") is not None else ""
+        lines.append(f"  staging: {staging['state']}{prog}" + (f" ({staging['error']})" if staging.get("error") else ""))
+    restarts = state.get("restarts") or []
+    if restarts:
+        last = restarts[-1]
+        lines.append(f"  restarts: {len(restarts)} (last: {last.get('cause')} at step {last.get('step')}, "
+                     f"{fmt_age(t - last['time'])} ago -> {last.get('action')}; "
+                     f"{state.get('no_progress_streak', 0)} in a row without progress)")
+    if state.get("overrides"):
+        lines.append(f"  overrides: {state['overrides']}")
+    if state.get("last_error"):
+        lines.append(f"  last error: {state['last_error']}")
+    return lines
+
+
+def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) -> int:
+    out = out or sys.stdout
+    run_dir = Path(run_dir)
+    problem = _run_problem(run_dir)
+    if problem:
+        print(problem, file=sys.stderr)
+        return NOT_A_RUN
+    state = read_state(run_dir)
+    alive = supervisor_alive(state)
+    if as_json:
+        print(json.dumps({"running": alive, "state": state}, indent=2, sort_keys=True), file=out)
+        return 0
+    if state is None:
+        print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
+        return 0
+    print("\n".join(summary_lines(state, alive)), file=out)
+    return 0
+
+
+def _attempt_logs(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / protocol.ATTEMPT_LOGS).glob("attempt-*.log"))
+
+
+def _tail(path: Path, n: int) -> tuple[str, int]:
+    """The last n lines of a file and the offset of its end."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read()
+    except FileNotFoundError:
+        return "", 0
+    lines = data.decode(errors="replace").splitlines()[-n:]
+    return "".join(line + "\n" for line in lines), size
+
+
+def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
+         poll_s: float = 0.3) -> int:
+    """The supervisor's log and the current attempt's trainer output; with follow, new lines of both as they come,
+    switching to the next attempt's log when the supervisor starts one. Follows until interrupted."""
+    out = out or sys.stdout
+    run_dir = Path(run_dir)
+    problem = _run_problem(run_dir)
+    if problem:
+        print(problem, file=sys.stderr)
+        return NOT_A_RUN
+    sup_path = run_dir / protocol.SUPERVISOR_LOG
+    text, sup_off = _tail(sup_path, lines)
+    out.write(f"==> {sup_path} <==\n{text}")
+    attempts = _attempt_logs(run_dir)
+    current = attempts[-1] if attempts else None
+    cur_off = 0
+    if current:
+        text, cur_off = _tail(current, lines * 2)
+        out.write(f"==> {current} <==\n{text}")
+    out.flush()
+    if not follow:
+        return 0
+    try:
+        while True:
+            sup_off = _copy_new(sup_path, sup_off, "supervisor", out)
+            if current:
+                cur_off = _copy_new(current, cur_off, current.stem, out)
+            attempts = _attempt_logs(run_dir)
+            if attempts and attempts[-1] != current:
+                if current:
+                    cur_off = _copy_new(current, cur_off, current.stem, out)
+                current, cur_off = attempts[-1], 0
+                out.write(f"==> {current} (new attempt) <==\n")
+            out.flush()
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _copy_new(path: Path, offset: int, label: str, out) -> int:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < offset:  # rotated or truncated
+                offset = 0
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return offset
+    for line in data[:end].decode(errors="replace").splitlines():
+        out.write(f"[{label}] {line}\n")
+    return offset + end + 1
+
+
+def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> int:
+    """SIGTERM to the run's supervisor; wait until it exited (the trainer saves, the last sync runs); report.
+    timeout 0: wait as long as it takes. Exit status 0 when it stopped (or was not running), 1 on timeout."""
+    out = out or sys.stdout
+    run_dir = Path(run_dir)
+    problem = _run_problem(run_dir)
+    if problem:
+        print(problem, file=sys.stderr)
+        return NOT_A_RUN
+    state = read_state(run_dir) or {}
+    sup = state.get("supervisor") or {}
+    pid, ticks = sup.get("pid"), sup.get("start_ticks")
+    if not process_alive(pid, ticks):
+        from minilmd.daemon.lock import lock_holder
+
+        holder = lock_holder(run_dir)  # a supervisor that has the lock but has not written state.json yet
+        pid, ticks = (holder.pid, None) if holder and holder.pid else (None, None)
+    if not pid or not process_alive(pid, ticks):
+        outcome = state.get("outcome") or {}
+        print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.get('time'))}, exit {outcome.get('exit')}: "
+                                           f"{outcome.get('reason')})" if outcome else ""), file=out)
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
+          flush=True)
+    started = time.monotonic()
+    last_phase = None
+    while process_alive(pid, ticks):
+        if timeout and time.monotonic() - started > timeout:
+            print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {run_dir}`)", file=out)
+            return 1
+        state = read_state(run_dir) or state
+        if state.get("phase") != last_phase:
+            last_phase = state.get("phase")
+            print(f"  {last_phase}: {state.get('reason', '')}", file=out, flush=True)
+        time.sleep(0.2)
+    state = read_state(run_dir) or state
+    outcome = state.get("outcome") or {}
+    remote = state.get("remote_checkpoint") or {}
+    local = state.get("local_checkpoint") or {}
+    print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.get('exit')} ({outcome.get('reason')})",
+          file=out)
+    print(f"  local checkpoint step {local.get('step')}; remote checkpoint step {remote.get('step')} "
+          f"({'verified' if remote.get('verified') else 'not verified'})" if remote else
+          f"  local checkpoint step {local.get('step')}; no remote checkpoint", file=out)
+    if state.get("last_error"):
+        print(f"  last error: {state['last_error']}", file=out)
+    return 0

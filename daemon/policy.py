@@ -1,0 +1,78 @@
+"""What to do after the trainer ended: the restart rules, in one pure function, and the backoff.
+
+`decide()` takes the classified death (daemon/child.py) and the facts the supervisor gathered about it (was the
+staged corpus damaged, are foreign processes on our GPU now, how many restarts so far) and returns a `Decision`.
+It does nothing itself, so every rule is testable without processes. Torch-free.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from minilmd.daemon.child import Death
+from minilmd.trainer import protocol
+from minilmd.trainer.config import RestartSection, parse_duration
+
+
+@dataclass
+class Decision:
+    action: str
+    """"finish" (done: final sync, exit 0), "stop" (stopped on request), "fail" (exit with exit_status),
+    "restart" (backoff, then launch), "restage" (backoff, re-stage, then launch), "wait_gpu" (back to waiting)."""
+    message: str
+    exit_status: int | None = None
+    """For "fail": the supervisor's exit status (2 config, 65 data, 79 gave up)."""
+    overrides: dict = field(default_factory=dict)
+    """--set overrides to apply to every later launch (micro-batch halving after a CUDA OOM)."""
+    counts_as_restart: bool = True
+
+
+def backoff_seconds(restart: RestartSection, streak: int, rng: random.Random | None = None) -> float:
+    """backoff_initial * 2^(streak-1), capped at backoff_max, times a jitter in [0.5, 1] so that several runs that
+    died together (a node-wide NFS stall) do not come back in lockstep."""
+    initial = parse_duration(restart.backoff_initial)
+    cap = parse_duration(restart.backoff_max)
+    base = min(cap, initial * (2 ** max(0, streak - 1)))
+    return base * (0.5 + 0.5 * (rng or random).random())
+
+
+def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_progress_streak: int,
+           stop_requested: bool, micro_batch_size: int, grad_accum: int, staged_damaged: bool = False,
+           gpu_busy: bool = False) -> Decision:
+    """The rule for one death. `no_progress_streak` counts this attempt already (0 if it saved a new checkpoint)."""
+    cause = death.cause
+    if cause == "done":
+        return Decision("finish", "the trainer finished its budget", counts_as_restart=False)
+    if stop_requested:
+        return Decision("stop", f"stopped on request ({death.detail})", counts_as_restart=False)
+    if cause == "config_error":
+        return Decision("fail", f"config error, final: {death.detail}", protocol.SUPERVISOR_CONFIG,
+                        counts_as_restart=False)
+    if cause == "data_error":
+        return Decision("fail", f"data error, final: {death.detail}", protocol.EXIT_DATA, counts_as_restart=False)
+    if restarts_so_far >= restart.max_restarts:
+        return Decision("fail", f"gave up: {restarts_so_far} restarts reached restart.max_restarts "
+                                f"{restart.max_restarts} (last: {cause}: {death.detail})", protocol.SUPERVISOR_GAVE_UP)
+    if no_progress_streak >= restart.no_progress_limit:
+        return Decision("fail", f"gave up: {no_progress_streak} attempts in a row without a new checkpoint "
+                                f"(restart.no_progress_limit {restart.no_progress_limit}; last: {cause}: "
+                                f"{death.detail})", protocol.SUPERVISOR_GAVE_UP)
+    if cause == "sigbus":
+        if staged_damaged:
+            return Decision("restage", "SIGBUS and the staged corpus fails verification: re-staging it")
+        return Decision("restart", "SIGBUS, but the staged corpus verifies: restarting")
+    if cause == "cuda_oom":
+        if gpu_busy:
+            return Decision("wait_gpu", "CUDA OOM with foreign processes on the GPU: waiting for it again")
+        if micro_batch_size > 1:
+            # The largest divisor of the micro-batch not above its half keeps the global batch exact (5 -> 1).
+            half = max(d for d in range(1, micro_batch_size // 2 + 1) if micro_batch_size % d == 0)
+            accum = grad_accum * (micro_batch_size // half)
+            return Decision("restart", f"CUDA OOM with the GPU to ourselves: micro_batch_size {micro_batch_size} -> "
+                                       f"{half}, grad_accum {grad_accum} -> {accum} (global batch "
+                                       f"{micro_batch_size * grad_accum} -> {half * accum})",
+                            overrides={"train.micro_batch_size": half, "train.grad_accum": accum})
+        return Decision("restart", "CUDA OOM at micro_batch_size 1: nothing left to halve, restarting")
+    if cause == "stopped":
+        return Decision("restart", f"the trainer {death.detail}: restarting")
+    return Decision("restart", f"{cause}: {death.detail}")

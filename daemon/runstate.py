@@ -1,0 +1,217 @@
+"""The files through which a run is watched: state.json, events.jsonl, supervisor.log, and the trainer's outputs.
+
+`RunState` is the supervisor's view (a plain dict, rewritten atomically so that `minilmd status` never reads half a
+file). `EventLog` appends one JSON line per event and one human line per event to supervisor.log (and stdout, for
+the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally. `ProcessId` tells a live process from a
+recycled pid. Torch-free and light: `minilmd status` imports this module.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from minilmd.trainer import protocol
+
+STATE_VERSION = 1
+
+
+def now() -> float:
+    return time.time()
+
+
+def fmt_time(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def fmt_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+# --- Process identity ------------------------------------------------------------------------------------------
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if it is gone or a
+    zombie. Together with the pid it identifies a process: a recycled pid has another start time."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    rest = raw[raw.rfind(")") + 2:].split()  # the command name may contain spaces and parentheses
+    if rest[0] in ("Z", "X"):
+        return None
+    return int(rest[19])
+
+
+def process_alive(pid: int | None, start_ticks: int | None = None) -> bool:
+    if not pid or pid <= 0:
+        return False
+    ticks = process_start_ticks(pid)
+    if ticks is None:
+        return False
+    return start_ticks is None or ticks == start_ticks
+
+
+def process_environ(pid: int) -> dict[str, str]:
+    """The environment a process started with ({} if unreadable: not ours, or gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+# --- state.json ------------------------------------------------------------------------------------------------
+
+def read_state(run_dir: str | os.PathLike) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / protocol.STATE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def new_state(name: str, run_dir: Path, config_path: str) -> dict:
+    """The shape of state.json; every key is always present so that readers need no guessing."""
+    return {
+        "version": STATE_VERSION,
+        "run": name,
+        "run_dir": str(run_dir),
+        "config": config_path,
+        "phase": "waiting_gpu",
+        "since": now(),
+        "reason": "",
+        "supervisor": {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid()),
+                       "host": socket.gethostname(), "started": now()},
+        "child": None,
+        "devices": [],
+        "gpu_wait": None,
+        "progress": {"step": None, "total_steps": None, "loss": None, "val_loss": None, "lr": None,
+                     "tok_s": None, "tokens_seen": None, "eta_s": None, "heartbeat": None, "updated": None},
+        "local_checkpoint": None,
+        "remote_checkpoint": None,
+        "sync": {"state": "off", "since": None, "error": None, "attempts": 0},
+        "staging": {"state": "not_started", "path": None, "since": None, "error": None},
+        "restarts": [],
+        "no_progress_streak": 0,
+        "overrides": {},
+        "last_error": None,
+        "outcome": None,
+        "updated": now(),
+    }
+
+
+class RunState:
+    """state.json held in memory; `save()` rewrites it atomically."""
+
+    def __init__(self, path: Path, data: dict):
+        self.path = path
+        self.data = data
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def __setitem__(self, key, value):
+        self.data[key] = value
+
+    def save(self) -> None:
+        self.data["updated"] = now()
+        protocol.atomic_write_json(self.path, self.data)
+
+
+# --- events.jsonl and supervisor.log ---------------------------------------------------------------------------
+
+class EventLog:
+    """One JSON line per event (events.jsonl), the same as a human line in supervisor.log and on stdout."""
+
+    def __init__(self, run_dir: Path, echo: bool = True):
+        self.run_dir = run_dir
+        self.echo = echo
+        self._log = None
+        self.reopen()
+
+    def reopen(self) -> None:
+        """Reopen supervisor.log (after logrotate moved it: SIGHUP)."""
+        if self._log:
+            self._log.close()
+        self._log = open(self.run_dir / protocol.SUPERVISOR_LOG, "a", encoding="utf-8", buffering=1)
+
+    def emit(self, event: str, message: str, **details) -> None:
+        ts = now()
+        record = {"time": ts, "event": event, "message": message, **details}
+        with open(self.run_dir / protocol.EVENTS, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        line = f"{fmt_time(ts)} [{event}] {message}"
+        self._log.write(line + "\n")
+        if self.echo:
+            print(line, file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        if self._log:
+            self._log.close()
+            self._log = None
+
+
+# --- the trainer's outputs -------------------------------------------------------------------------------------
+
+class MetricsTail:
+    """Reads complete new lines of metrics.jsonl since the last call (the trainer may be mid-line)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+
+    def read_new(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:  # truncated or replaced: start over
+                    self.offset = 0
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        records = []
+        for line in chunk[:end].splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue  # a torn line from a trainer killed mid-write: skip it, the next one is whole
+        return records
+
+
+def read_heartbeat(run_dir: Path) -> tuple[float, int | None] | None:
+    """(mtime, step) of the trainer's heartbeat, or None if there is none."""
+    path = run_dir / protocol.HEARTBEAT
+    try:
+        mtime = path.stat().st_mtime
+        body = path.read_text().strip()
+    except OSError:
+        return None
+    try:
+        step = int(body)
+    except ValueError:
+        step = None
+    return mtime, step
