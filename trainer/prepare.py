@@ -1,0 +1,479 @@
+"""`minilmd prepare`: JSONL corpora -> a prepared corpus of packed uint16 token streams (format: tokenstream.py).
+
+The pipeline streams: the main process reads blocks of whole lines and hands them to worker processes, which
+parse, split, and encode them (each with a single-threaded tokenizer, so the cores work in parallel with no
+thread pool overhead) and send back uint16 arrays; the main process writes them in input order, so the output does
+not depend on the number of workers. At most a few blocks are in flight: memory stays bounded by the block size,
+not the corpus size. Everything is written into a temporary directory beside DIR and renamed at the end: an
+interrupted or failed prepare leaves nothing under DIR.
+
+Split: a document goes to val when the first 8 bytes of blake2b(text) read as an integer are below val_fraction *
+2**64. The split of a document therefore depends on its text alone (stable when lines are appended), and exact
+duplicates always share a split. Leak check: a val document whose text equals a train document's text once all
+whitespace is removed is reported and removed from val. Only val keys are held in memory (train keys go through a
+temporary file), so the check stays bounded too.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import shutil
+import sys
+import time
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from minilmd.trainer import corpus_stats
+from minilmd.trainer.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source, parse_block
+from minilmd.trainer.protocol import BOS_ID, EOS_ID, PAD_ID, atomic_write_json
+from minilmd.trainer.tokenizer import file_sha256, load_tokenizer
+from minilmd.trainer.tokenstream import (DOC_LENGTHS, FORMAT, META, TOKENIZER, TOKENS, VERSION, CorpusError,
+                                         open_prepared, sha256_file)
+
+__all__ = ["prepare", "InputError", "CorpusError", "split_is_val", "leak_key"]
+
+BLOCK_BYTES = 1 << 20
+MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of them are counted
+
+
+def _digest64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def split_is_val(text: str, val_fraction: float) -> bool:
+    return _digest64(text.encode("utf-8")) < int(val_fraction * 2**64)
+
+
+def leak_key(text: str) -> int:
+    """Texts equal once all whitespace is removed share a key."""
+    return _digest64("".join(text.split()).encode("utf-8"))
+
+
+@dataclass
+class EncodedBlock:
+    """What a worker sends back for one block: tokens and per-document facts for each split."""
+    n_lines: int
+    blank: int
+    bad: list
+    text_bytes: int
+    special_inside: list  # line numbers of documents whose text encodes to a PAD/BOS/EOS id inside
+    train_tokens: np.ndarray
+    train_lengths: np.ndarray
+    train_keys: np.ndarray
+    val_tokens: np.ndarray
+    val_lengths: np.ndarray
+    val_keys: np.ndarray
+    val_lines: np.ndarray
+
+
+class BlockEncoder:
+    """Parse, split and encode one block of lines. Lives in each worker process (or inline with workers=0)."""
+
+    def __init__(self, tokenizer_json: str, val_fraction: float):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_str(tokenizer_json)
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        self.threshold = int(val_fraction * 2**64)
+        # encode_batch_fast skips offset tracking, which prepare does not need; same ids as encode_batch.
+        self.encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+
+    def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
+        parsed = parse_block(blob, first_line)
+        texts = parsed.texts
+        utf8 = [t.encode("utf-8") for t in texts]
+        is_val = np.fromiter((_digest64(b) < self.threshold for b in utf8), dtype=bool, count=len(texts))
+        keys = np.fromiter((leak_key(t) for t in texts), dtype=np.uint64, count=len(texts))
+        encs = self.encode(texts, add_special_tokens=False)
+        body_lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+        body = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64,
+                           count=int(body_lengths.sum()))
+        if body.size and int(body.max()) >= self.vocab_size:
+            raise CorpusError(f"tokenizer produced id {int(body.max())} >= its vocabulary {self.vocab_size}")
+        special_inside = []
+        special = body <= max(PAD_ID, BOS_ID, EOS_ID)
+        if special.any():
+            doc_of_token = np.repeat(np.arange(len(texts)), body_lengths)
+            special_inside = [parsed.lines[d] for d in np.unique(doc_of_token[special])]
+        lengths = body_lengths + 2
+        ends = np.cumsum(lengths)
+        tokens = np.empty(int(ends[-1]) if len(ends) else 0, dtype="<u2")
+        is_body = np.ones(tokens.size, dtype=bool)
+        is_body[ends - lengths] = False
+        is_body[ends - 1] = False
+        tokens[ends - lengths] = BOS_ID
+        tokens[ends - 1] = EOS_ID
+        tokens[is_body] = body
+        token_is_val = np.repeat(is_val, lengths)
+        lines = np.asarray(parsed.lines, dtype=np.int64)
+        return EncodedBlock(
+            n_lines=parsed.n_lines, blank=parsed.blank, bad=parsed.bad, text_bytes=sum(map(len, utf8)),
+            special_inside=special_inside,
+            train_tokens=tokens[~token_is_val], train_lengths=lengths[~is_val].astype(np.int32),
+            train_keys=keys[~is_val],
+            val_tokens=tokens[token_is_val], val_lengths=lengths[is_val].astype(np.int32), val_keys=keys[is_val],
+            val_lines=lines[is_val],
+        )
+
+
+_worker_encoder: BlockEncoder | None = None
+
+
+def _worker_init(tokenizer_json: str, val_fraction: float) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+    global _worker_encoder
+    _worker_encoder = BlockEncoder(tokenizer_json, val_fraction)
+
+
+def _worker_encode(blob: bytes, first_line: int) -> EncodedBlock:
+    return _worker_encoder(blob, first_line)
+
+
+class _InlineExecutor:
+    """workers=0: the same code path in this process (tests, tiny inputs)."""
+
+    def __init__(self, tokenizer_json: str, val_fraction: float):
+        self.encoder = BlockEncoder(tokenizer_json, val_fraction)
+
+    def submit(self, fn, blob, first_line) -> Future:
+        f = Future()
+        f.set_result(self.encoder(blob, first_line))
+        return f
+
+    def shutdown(self, wait=True, cancel_futures=False) -> None:
+        pass
+
+
+def default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Progress:
+    """A bar with bytes/s and ETA on a terminal; a plain line every `interval` seconds otherwise (stderr)."""
+
+    def __init__(self, total_bytes: int, stream=None, tty: bool | None = None, interval: float = 10.0):
+        self.total = total_bytes
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.interval = 0.2 if self.tty else interval
+        self.start = self.last = time.monotonic()
+
+    def update(self, done_bytes: int, tokens: int, docs: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        elapsed = max(now - self.start, 1e-9)
+        rate = done_bytes / elapsed
+        frac = done_bytes / self.total if self.total else 0.0
+        eta = (self.total - done_bytes) / rate if rate > 0 and self.total else float("nan")
+        eta_s = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta == eta else "?"
+        text = (f"{frac:6.1%} {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB {rate / 1e6:.2f} MB/s "
+                f"ETA {eta_s}  {docs:,} docs {tokens:,} tokens ({tokens / elapsed:,.0f} tok/s)")
+        if self.tty:
+            width = 24
+            filled = int(width * min(frac, 1.0))
+            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\x1b[K")
+        else:
+            self.stream.write(f"prepare: {text}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class _SplitWriter:
+    """tokens.bin (hashed as written) and the document lengths of one split."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = open(path, "wb")
+        self.sha = hashlib.sha256()
+        self.lengths: list[np.ndarray] = []
+        self.tokens = 0
+
+    def write(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        data = memoryview(tokens).cast("B") if tokens.size else b""
+        self.file.write(data)
+        self.sha.update(data)
+        self.lengths.append(lengths)
+        self.tokens += int(tokens.size)
+
+    def close(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+    def all_lengths(self) -> np.ndarray:
+        return np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
+
+
+def _remove_stale_tmp(out: Path) -> None:
+    """Temp dirs of prepares that were killed (SIGKILL leaves no chance to clean up)."""
+    import psutil
+
+    for p in out.parent.glob(f".{out.name}.tmp-*"):
+        try:
+            pid = int(p.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if not psutil.pid_exists(pid):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_fraction: float = 0.005,
+            on_bad_line: str = "error", seq_len: int = 340, batch_size: int = 32, workers: int | None = None,
+            block_bytes: int = BLOCK_BYTES, force: bool = False, progress: Progress | bool | None = None,
+            log=None) -> dict:
+    """Prepare `sources` into `out`; returns meta.json's content. Raises InputError (bad input) or ValueError."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if on_bad_line not in BAD_LINE_POLICIES:
+        raise ValueError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"--val-fraction {val_fraction}: must be in [0, 1)")
+    if seq_len < 2 or batch_size < 1:
+        raise ValueError(f"--seq-len {seq_len} / --batch-size {batch_size}: need seq_len >= 2, batch_size >= 1")
+    if not sources:
+        raise ValueError("no corpus files given")
+    out = Path(out)
+    if out.exists() and not force:
+        raise ValueError(f"{out} already exists; pass --force to replace it")
+    tokenizer_path = Path(tokenizer)
+    if tokenizer_path.is_dir():
+        tokenizer_path = tokenizer_path / TOKENIZER
+    tok = load_tokenizer(tokenizer_path)
+    tokenizer_json = tokenizer_path.read_text(encoding="utf-8")
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    workers = default_workers() if workers is None else workers
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(out)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        meta = _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_fraction, on_bad_line,
+                             seq_len, batch_size, workers, block_bytes, progress, log)
+        open_prepared(tmp)  # the invariants, checked by the same code the trainer runs
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return meta
+
+
+def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_fraction, on_bad_line, seq_len,
+                  batch_size, workers, block_bytes, progress, log) -> dict:
+    for split in ("train", "val"):
+        (tmp / split).mkdir(parents=True)
+    shutil.copyfile(tokenizer_path, tmp / TOKENIZER)
+    train = _SplitWriter(tmp / "train" / TOKENS)
+    val_raw = _SplitWriter(tmp / "val" / "tokens.unchecked")
+    train_keys = open(tmp / "train" / "leak-keys.u64", "wb")
+    val_keys: list[np.ndarray] = []
+    val_where: list[np.ndarray] = []  # (source index, line) of each val document, for the leak report
+    bad_counts: dict[str, int] = {}
+    bad_examples: list[str] = []
+    special_examples: list[str] = []
+    special_docs = 0
+    totals = {"bytes": 0, "text_bytes": 0}
+
+    opened = [Source(s) for s in sources]  # every source is opened up front: a missing file fails in a second
+    source_meta = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0, "bad_lines": 0}
+                   for s in opened]
+    total_bytes = sum(s.size for s in opened)
+    if progress is None or progress is True:
+        progress = Progress(total_bytes)
+    elif progress is False:
+        progress = None
+    done_before = 0  # raw bytes of the sources already finished
+
+    def handle(src_idx: int, block: EncodedBlock) -> None:
+        nonlocal special_docs
+        name = opened[src_idx].path
+        sm = source_meta[src_idx]
+        if block.bad:
+            if on_bad_line == "error":
+                raise InputError(str(BadLine(name, *block.bad[0])) + "; nothing was written. Fix the line or "
+                                 "pass --on-bad-line skip to skip bad lines and count them")
+            for line, reason, detail in block.bad:
+                bad_counts[reason] = bad_counts.get(reason, 0) + 1
+                if len(bad_examples) < MAX_EXAMPLES:
+                    bad_examples.append(str(BadLine(name, line, reason, detail)))
+        sm["lines"] += block.n_lines
+        sm["blank_lines"] += block.blank
+        sm["bad_lines"] += len(block.bad)
+        sm["documents"] += int(block.train_lengths.size + block.val_lengths.size)
+        totals["text_bytes"] += block.text_bytes
+        special_docs += len(block.special_inside)
+        for line in block.special_inside[:MAX_EXAMPLES - len(special_examples)]:
+            special_examples.append(f"{name}:{line}")
+        train.write(block.train_tokens, block.train_lengths)
+        train_keys.write(block.train_keys.tobytes())
+        val_raw.write(block.val_tokens, block.val_lengths)
+        val_keys.append(block.val_keys)
+        val_where.append(np.stack([np.full(block.val_lines.size, src_idx), block.val_lines], axis=1))
+
+    if workers > 0:
+        executor = ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(tokenizer_json, val_fraction),
+                                       mp_context=_spawn_context())
+    else:
+        executor = _InlineExecutor(tokenizer_json, val_fraction)
+    pending: deque = deque()
+    max_in_flight = 2 * max(workers, 1) + 1
+    try:
+        for src_idx, src in enumerate(opened):
+            try:
+                for first_line, blob in src.blocks(block_bytes):
+                    pending.append((src_idx, executor.submit(_worker_encode, blob, first_line)))
+                    while len(pending) >= max_in_flight:
+                        handle(pending[0][0], pending.popleft()[1].result())
+                        if progress:
+                            progress.update(done_before + src.position, train.tokens + val_raw.tokens,
+                                            sum(m["documents"] for m in source_meta))
+                done_before += src.size
+            finally:
+                src.close()
+        while pending:
+            handle(pending[0][0], pending.popleft()[1].result())
+        if progress:
+            progress.update(total_bytes, train.tokens + val_raw.tokens, sum(m["documents"] for m in source_meta),
+                            force=True)
+    finally:
+        for _, f in pending:
+            f.cancel()
+        executor.shutdown(wait=True, cancel_futures=True)
+        if progress:
+            progress.close()
+        for s in opened:
+            s.close()
+        train.close()
+        val_raw.close()
+        train_keys.close()
+
+    n_docs = sum(m["documents"] for m in source_meta)
+    if n_docs == 0:
+        raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)")
+
+    # Leak check: val keys in memory, train keys streamed from disk.
+    vkeys = np.concatenate(val_keys) if val_keys else np.zeros(0, dtype=np.uint64)
+    vwhere = np.concatenate(val_where) if val_where else np.zeros((0, 2), dtype=np.int64)
+    leaked = np.zeros(vkeys.size, dtype=bool)
+    if vkeys.size:
+        keys_path = tmp / "train" / "leak-keys.u64"
+        with open(keys_path, "rb") as f:
+            for block in iter(lambda: f.read(8 << 20), b""):
+                leaked |= np.isin(vkeys, np.frombuffer(block, dtype=np.uint64))
+    (tmp / "train" / "leak-keys.u64").unlink()
+    leak_examples = [f"{opened[int(s)].path}:{int(line)}" for s, line in vwhere[leaked][:MAX_EXAMPLES]]
+
+    # Val without its leaked documents.
+    val_lengths_all = val_raw.all_lengths().astype(np.int64)
+    keep = ~leaked
+    val_tokens_path = tmp / "val" / TOKENS
+    if val_raw.tokens:
+        raw = np.memmap(val_raw.path, dtype="<u2", mode="r", shape=(val_raw.tokens,))
+        np.asarray(raw[np.repeat(keep, val_lengths_all)]).tofile(val_tokens_path)
+        del raw
+    else:
+        val_tokens_path.write_bytes(b"")
+    val_raw.path.unlink()
+    train_lengths = train.all_lengths()
+    val_lengths = val_lengths_all[keep].astype(np.int32)
+    np.save(tmp / "train" / DOC_LENGTHS, train_lengths)
+    np.save(tmp / "val" / DOC_LENGTHS, val_lengths)
+
+    files = {}
+    for rel in (f"train/{TOKENS}", f"train/{DOC_LENGTHS}", f"val/{TOKENS}", f"val/{DOC_LENGTHS}", TOKENIZER):
+        path = tmp / rel
+        sha = train.sha.hexdigest() if rel == f"train/{TOKENS}" else sha256_file(path)
+        files[rel] = {"size": path.stat().st_size, "sha256": sha}
+
+    stats = {
+        "train": corpus_stats.split_stats(train_lengths, seq_len, batch_size),
+        "val": corpus_stats.split_stats(val_lengths, seq_len, batch_size),
+        "documents_with_special_ids_inside": special_docs,
+        "special_ids_inside_examples": special_examples,
+        "input_text_bytes": totals["text_bytes"],
+    }
+    n_bad = sum(bad_counts.values())
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "vocab_size": vocab_size,
+        "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "tokenizer_sha256": file_sha256(tmp / TOKENIZER),
+        "token_dtype": "uint16 little-endian",
+        "doc_lengths_dtype": "int32",
+        "document_layout": "[BOS] ids [EOS], no PAD stored; doc length counts BOS and EOS",
+        "splits": {
+            "train": {"documents": int(train_lengths.size), "tokens": int(train_lengths.sum())},
+            "val": {"documents": int(val_lengths.size), "tokens": int(val_lengths.sum())},
+        },
+        "files": files,
+        "sources": source_meta,
+        "split_rule": {
+            "rule": "val iff int.from_bytes(blake2b(text.encode('utf-8'), digest_size=8).digest(), 'little') "
+                    "< val_fraction * 2**64",
+            "val_fraction": val_fraction,
+        },
+        "leak_check": {
+            "key": "blake2b-64 of the text with all whitespace removed (exact duplicates share a split by the rule)",
+            "val_documents_checked": int(vkeys.size),
+            "leaked_documents": int(leaked.sum()),
+            "removed_from_val": int(leaked.sum()),
+            "examples": leak_examples,
+        },
+        "stats": stats,
+        "bad_lines": {"policy": on_bad_line, "total": n_bad, "by_reason": dict(sorted(bad_counts.items())),
+                      "examples": bad_examples},
+    }
+    atomic_write_json(tmp / META, meta)
+    os.chmod(tmp / META, 0o644)  # atomic_write_json's temp file is private; the corpus is for every reader
+    _report(meta, log)
+    return meta
+
+
+def _spawn_context():
+    # spawn, not fork: the parent may hold threads (progress, fsspec) or, inside the trainer, torch state.
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn")
+
+
+def _report(meta: dict, log) -> None:
+    stats = meta["stats"]
+    log(corpus_stats.format_report("train", stats["train"]))
+    v = meta["splits"]["val"]
+    log(f"val: {v['documents']:,} documents, {v['tokens']:,} tokens (val fraction {meta['split_rule']['val_fraction']})")
+    lc = meta["leak_check"]
+    log(f"leak check: {lc['leaked_documents']:,} of {lc['val_documents_checked']:,} val documents also in train "
+        f"(whitespace ignored), removed from val" + (f": {', '.join(lc['examples'])}" if lc["examples"] else ""))
+    if v["documents"] == 0:
+        log("warning: the val split is empty; raise --val-fraction for a corpus this small")
+    bad = meta["bad_lines"]
+    if bad["total"]:
+        counts = ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in bad["by_reason"].items())
+        log(f"skipped {bad['total']:,} bad lines: {counts}")
+    if stats["documents_with_special_ids_inside"]:
+        log(f"warning: {stats['documents_with_special_ids_inside']:,} documents contain a literal special token "
+            f"(<|endoftext|>, <|im_start|> or <|im_end|>) that encodes to id 0/1/2 inside the document, e.g. "
+            f"{', '.join(stats['special_ids_inside_examples'][:3])}")

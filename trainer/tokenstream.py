@@ -1,0 +1,236 @@
+"""Reading a prepared corpus: the token stream the trainer samples windows from, checked on every open.
+
+A prepared corpus (the output of `minilmd prepare`, format in docs/ and design.md) is a directory:
+    meta.json  tokenizer.json  train/{tokens.bin,doc_lengths.npy}  val/{tokens.bin,doc_lengths.npy}
+tokens.bin is a raw little-endian uint16 stream `[BOS] doc [EOS] [BOS] doc [EOS] ...`; doc_lengths.npy holds the
+length of each document including its BOS and EOS. A tokens.bin and a doc_lengths.npy that disagree did not come
+from the same run, and every window cut from them would be silently misaligned: TokenStream refuses them.
+Torch-free (numpy only): the supervisor verifies staged corpora with verify_prepared.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from minilmd.trainer.protocol import BOS_ID, EOS_ID, PAD_ID
+
+FORMAT = "minilmd-prepared"
+VERSION = 1
+SPLITS = ("train", "val")
+TOKENS = "tokens.bin"
+DOC_LENGTHS = "doc_lengths.npy"
+META = "meta.json"
+TOKENIZER = "tokenizer.json"
+_SCAN = 1 << 24  # tokens per block when scanning for the largest id: bounded temporaries
+
+
+class CorpusError(ValueError):
+    """An invalid prepared corpus; the message names the files and the numbers that disagree."""
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_meta(root: str | Path) -> dict:
+    """meta.json of a prepared corpus, after checking its format and version."""
+    path = Path(root) / META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: missing; is {root} the output of `minilmd prepare`?") from None
+    except ValueError as e:
+        raise CorpusError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CorpusError(f"{path}: format is {meta.get('format') if isinstance(meta, dict) else None!r}, "
+                          f"expected {FORMAT!r}")
+    if meta.get("version") != VERSION:
+        raise CorpusError(f"{path}: version {meta.get('version')!r}, this minilmd reads version {VERSION}; "
+                          "prepare the corpus again")
+    return meta
+
+
+class TokenStream:
+    """One split of a prepared corpus: `tokens` (uint16 memmap), `doc_lengths`, `doc_starts`, counts.
+
+    Document d occupies tokens[doc_starts[d]:doc_starts[d + 1]]. On open it checks, always: tokens.bin size ==
+    2 * doc_lengths.sum(), every document starts with BOS and ends with EOS, every id < vocab_size, and the file
+    sizes recorded in ../meta.json when there is one; with verify_hash also their sha256.
+    """
+
+    def __init__(self, split_dir: str | Path, vocab_size: int | None = None, verify_hash: bool = False):
+        self.dir = Path(split_dir)
+        tokens_path, lengths_path = self.dir / TOKENS, self.dir / DOC_LENGTHS
+        for p in (tokens_path, lengths_path):
+            if not p.is_file():
+                raise CorpusError(f"{p}: missing")
+        meta = None
+        if (self.dir.parent / META).is_file():
+            meta = read_meta(self.dir.parent)
+            if vocab_size is None:
+                vocab_size = meta.get("vocab_size")
+            self._check_files(meta, verify_hash)
+        try:
+            lengths = np.load(lengths_path, allow_pickle=False)
+        except Exception as e:
+            raise CorpusError(f"{lengths_path}: not a readable .npy file ({e})") from None
+        if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
+            raise CorpusError(f"{lengths_path}: expected a 1-D integer array, got {lengths.dtype} {lengths.shape}")
+        self.doc_lengths = lengths.astype(np.int64, copy=False)
+        if self.doc_lengths.size and self.doc_lengths.min() < 2:
+            d = int(np.argmin(self.doc_lengths))
+            raise CorpusError(f"{lengths_path}: document {d} has length {int(self.doc_lengths[d])}; every document "
+                              "holds at least its BOS and EOS (2)")
+        self.doc_starts = np.zeros(self.doc_lengths.size + 1, dtype=np.int64)
+        np.cumsum(self.doc_lengths, out=self.doc_starts[1:])
+        self.n_docs = int(self.doc_lengths.size)
+
+        size = tokens_path.stat().st_size
+        expected = int(self.doc_starts[-1])
+        if size % 2 or size // 2 != expected:
+            raise CorpusError(
+                f"{tokens_path} holds {size / 2:g} tokens ({size} bytes) but {lengths_path} sums to {expected} "
+                f"tokens over {self.n_docs} documents: they did not come from the same run"
+            )
+        self.n_tokens = expected
+        if self.n_tokens:
+            self.tokens = np.memmap(tokens_path, dtype="<u2", mode="r", shape=(self.n_tokens,))
+        else:  # numpy cannot map an empty file
+            self.tokens = np.zeros(0, dtype="<u2")
+        self._check_boundaries(tokens_path, lengths_path)
+        self.vocab_size = vocab_size
+        self._check_ids(tokens_path, vocab_size)
+
+    def _check_files(self, meta: dict, verify_hash: bool) -> None:
+        files = meta.get("files", {})
+        for name in (TOKENS, DOC_LENGTHS):
+            key = f"{self.dir.name}/{name}"
+            want = files.get(key)
+            if want is None:
+                continue  # a split dir outside its corpus layout: only the invariants apply
+            path = self.dir / name
+            size = path.stat().st_size
+            if size != want["size"]:
+                raise CorpusError(f"{path} is {size} bytes but meta.json records {want['size']}: "
+                                  "they did not come from the same run (or the copy is incomplete)")
+            if verify_hash:
+                got = sha256_file(path)
+                if got != want["sha256"]:
+                    raise CorpusError(f"{path}: sha256 {got} but meta.json records {want['sha256']}")
+
+    def _check_boundaries(self, tokens_path: Path, lengths_path: Path) -> None:
+        if not self.n_docs:
+            return
+        firsts = self.tokens[self.doc_starts[:-1]]
+        lasts = self.tokens[self.doc_starts[1:] - 1]
+        bad = np.flatnonzero((firsts != BOS_ID) | (lasts != EOS_ID))
+        if bad.size:
+            d = int(bad[0])
+            raise CorpusError(
+                f"{tokens_path}: document {d} (of {self.n_docs}, per {lengths_path}) spans tokens "
+                f"[{self.doc_starts[d]}, {self.doc_starts[d + 1]}) and starts with id {int(firsts[d])}, ends with "
+                f"id {int(lasts[d])}; expected BOS {BOS_ID} ... EOS {EOS_ID}: they did not come from the same run"
+            )
+
+    def _check_ids(self, tokens_path: Path, vocab_size: int | None) -> None:
+        if vocab_size is None or not self.n_tokens:
+            return
+        top = max(int(self.tokens[i:i + _SCAN].max()) for i in range(0, self.n_tokens, _SCAN))
+        if top >= vocab_size:
+            raise CorpusError(f"{tokens_path}: holds token id {top} but the vocabulary has {vocab_size} ids: "
+                              "the stream and the tokenizer did not come from the same run")
+
+    def document(self, d: int) -> np.ndarray:
+        """Document d with its BOS and EOS."""
+        return self.tokens[self.doc_starts[d]:self.doc_starts[d + 1]]
+
+    def __len__(self) -> int:
+        return self.n_tokens
+
+    def __repr__(self) -> str:
+        return f"TokenStream({str(self.dir)!r}, n_docs={self.n_docs}, n_tokens={self.n_tokens})"
+
+
+def data_fingerprint(meta: dict) -> str:
+    """sha256 over the sorted (path, sha256) of the train/val files: same data, same fingerprint."""
+    pairs = sorted((p, f["sha256"]) for p, f in meta.get("files", {}).items() if p.split("/")[0] in SPLITS)
+    return hashlib.sha256("".join(f"{p}\0{h}\n" for p, h in pairs).encode()).hexdigest()
+
+
+class PreparedCorpus:
+    """An opened prepared corpus: `.root`, `.meta`, `.train`, `.val`, `.vocab_size`, fingerprints, tokenizer."""
+
+    def __init__(self, root: str | Path, verify_hash: bool = False):
+        self.root = Path(root)
+        self.meta = read_meta(self.root)
+        self.vocab_size = int(self.meta["vocab_size"])
+        if self.meta.get("special_ids") != {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID}:
+            raise CorpusError(f"{self.root / META}: special_ids {self.meta.get('special_ids')} differ from "
+                              f"minilmd's pad {PAD_ID}, bos {BOS_ID}, eos {EOS_ID}")
+        self.tokenizer_path = self.root / TOKENIZER
+        if not self.tokenizer_path.is_file():
+            raise CorpusError(f"{self.tokenizer_path}: missing")
+        self.tokenizer_fingerprint = self.meta["tokenizer_sha256"]
+        tok_sha = sha256_file(self.tokenizer_path)  # small file: always checked
+        if tok_sha != self.tokenizer_fingerprint:
+            raise CorpusError(f"{self.tokenizer_path}: sha256 {tok_sha} but meta.json records "
+                              f"{self.tokenizer_fingerprint}: the tokenizer and the tokens did not come from the "
+                              "same run")
+        self.train = TokenStream(self.root / "train", self.vocab_size, verify_hash)
+        self.val = TokenStream(self.root / "val", self.vocab_size, verify_hash)
+        for name, stream in (("train", self.train), ("val", self.val)):
+            want = self.meta.get("splits", {}).get(name, {})
+            if want.get("tokens") != stream.n_tokens or want.get("documents") != stream.n_docs:
+                raise CorpusError(f"{stream.dir}: {stream.n_docs} documents / {stream.n_tokens} tokens but meta.json "
+                                  f"records {want.get('documents')} / {want.get('tokens')}")
+        self.data_fingerprint = data_fingerprint(self.meta)
+
+    def __repr__(self) -> str:
+        return f"PreparedCorpus({str(self.root)!r}, train={self.train.n_tokens}, val={self.val.n_tokens} tokens)"
+
+
+def open_prepared(root: str | Path, verify_hash: bool = False) -> PreparedCorpus:
+    return PreparedCorpus(root, verify_hash=verify_hash)
+
+
+def verify_prepared(root: str | Path) -> list[str]:
+    """Every problem found in a prepared corpus (full sha256 of every file, invariants); empty means good."""
+    root = Path(root)
+    try:
+        meta = read_meta(root)
+    except CorpusError as e:
+        return [str(e)]
+    problems = []
+    for name, want in sorted(meta.get("files", {}).items()):
+        path = root / name
+        if not path.is_file():
+            problems.append(f"{path}: missing (listed in meta.json)")
+            continue
+        size = path.stat().st_size
+        if size != want.get("size"):
+            problems.append(f"{path}: {size} bytes but meta.json records {want.get('size')}")
+        elif sha256_file(path) != want.get("sha256"):
+            problems.append(f"{path}: sha256 differs from meta.json")
+    if problems:
+        return problems
+    try:
+        corpus = PreparedCorpus(root)
+    except (CorpusError, KeyError) as e:
+        return [str(e) if isinstance(e, CorpusError) else f"{root / META}: missing key {e}"]
+    try:
+        from minilmd.trainer.tokenizer import TokenizerError, load_tokenizer
+
+        tok = load_tokenizer(corpus.tokenizer_path)
+        if tok.get_vocab_size(with_added_tokens=True) != corpus.vocab_size:
+            problems.append(f"{corpus.tokenizer_path}: vocabulary of {tok.get_vocab_size(with_added_tokens=True)} "
+                            f"but meta.json records vocab_size {corpus.vocab_size}")
+    except TokenizerError as e:
+        problems.append(str(e))
+    return problems
