@@ -1,0 +1,420 @@
+"""Sync: copy the newest strictly validated local checkpoint to durable shared storage, atomically.
+
+The user's procedure after the SIGBUS crash, automated: every 15 minutes, copy the newest checkpoint from the RAM
+disk back to NFS, so that local copies may be deleted only after a verified sync. The remote is an NFS path or any
+fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sync_newest()`:
+
+1. remove `.tmp-*` left by an interrupted sync (a remote belongs to one run, and one supervisor owns the run);
+2. take the newest local checkpoint that validates ([D]'s `validate`, torch-free); a step the remote already holds
+   intact is not copied again, nor is anything older than the remote's newest;
+3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>/`, manifest last, then read the remote copy back
+   and check sizes and sha256 against the manifest;
+4. rename it to `step-XXXXXXXX` (local/NFS paths); where the store has no rename (object stores, memory://) the
+   files go straight to `step-XXXXXXXX/` and the manifest is written last: a directory without a manifest does
+   not exist for any reader;
+5. replace the remote `LATEST` (temp name + rename where possible), only ever with a verified checkpoint;
+6. retention: keep the newest `keep` intact checkpoints (and whatever LATEST names), delete older ones.
+
+`fetch_latest()` does the way back for a resume when the local scratch has nothing. Everything is blocking and
+raises SyncError with its cause; the supervisor runs it in a worker thread and retries with backoff. Torch-free.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from minilmd.trainer import checkpoint as ck
+from minilmd.trainer.protocol import atomic_write_text
+
+CHUNK = 8 * 1024 * 1024
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+
+
+class SyncError(RuntimeError):
+    """A sync or fetch failed; the message names the checkpoint, the remote and the cause. Retry later."""
+
+
+@dataclass
+class SyncResult:
+    step: int | None
+    """Step of the newest checkpoint on the remote after this sync (None: nothing to sync, remote empty)."""
+    path: str | None
+    """Its remote path (URL for fsspec remotes)."""
+    verified: bool
+    """The remote copy was read back and matched its manifest (now, or when it was copied)."""
+    copied: bool = False
+    """False when the remote already held this step (or a newer one)."""
+    bytes: int = 0
+    """Bytes copied by this sync."""
+    seconds: float = 0.0
+    removed: tuple[str, ...] = ()
+    """Remote checkpoints deleted by retention."""
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
+def _sha256_stream(f) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+class _Remote:
+    """The few file operations sync needs, over fsspec, with atomic renames where the store has them."""
+
+    def __init__(self, url: str):
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
+        self.url = url.rstrip("/")
+        self.fs, root = fsspec.core.url_to_fs(url)
+        self.root = root.rstrip("/") or "/"
+        self.local = isinstance(self.fs, LocalFileSystem)
+        """Local paths (NFS included) have atomic rename and fsync; other stores do not."""
+
+    def path(self, *names: str) -> str:
+        return "/".join([self.root, *names])
+
+    def show(self, *names: str) -> str:
+        return "/".join([self.url, *names])
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
+        except FileNotFoundError:
+            return []
+
+    def steps(self) -> list[str]:
+        """Step directory names on the remote, oldest first (with or without a manifest)."""
+        return sorted((n for n in self.names() if _STEP_DIR.match(n)), key=lambda n: int(n[5:]))
+
+    def size(self, *names: str) -> int | None:
+        try:
+            return int(self.fs.size(self.path(*names)))
+        except FileNotFoundError:
+            return None
+
+    def sha256(self, *names: str) -> str:
+        with self.fs.open(self.path(*names), "rb") as f:
+            return _sha256_stream(f)
+
+    def read_text(self, *names: str) -> str | None:
+        try:
+            return self.fs.cat_file(self.path(*names)).decode("utf-8")
+        except FileNotFoundError:
+            return None
+
+    def manifest(self, name: str) -> dict | None:
+        text = self.read_text(name, ck.MANIFEST)
+        if text is None:
+            return None
+        try:
+            manifest = json.loads(text)
+        except ValueError:
+            return None
+        return manifest if not ck.manifest_problems(manifest) else None
+
+    def put(self, local: Path, *names: str) -> int:
+        with open(local, "rb") as src, self.fs.open(self.path(*names), "wb") as out:
+            n = 0
+            while chunk := src.read(CHUNK):
+                out.write(chunk)
+                n += len(chunk)
+            if self.local:
+                out.flush()
+                os.fsync(out.fileno())
+        return n
+
+    def get(self, names: tuple[str, ...], local: Path) -> str:
+        """Download to `local`, returning the sha256 of the bytes written."""
+        h = hashlib.sha256()
+        with self.fs.open(self.path(*names), "rb") as src, open(local, "wb") as out:
+            while chunk := src.read(CHUNK):
+                out.write(chunk)
+                h.update(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        return h.hexdigest()
+
+    def makedirs(self, *names: str) -> None:
+        self.fs.makedirs(self.path(*names), exist_ok=True)
+
+    def rm(self, *names: str) -> None:
+        try:
+            self.fs.rm(self.path(*names), recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        os.rename(self.path(src), self.path(dst))  # never shutil.move: it would nest into an existing dst
+        _fsync_dir(Path(self.root))
+
+    def write_latest(self, name: str) -> None:
+        if self.local:
+            atomic_write_text(self.path(ck.LATEST), name + "\n")  # temp file, fsync, rename
+        else:
+            self.fs.pipe_file(self.path(ck.LATEST), (name + "\n").encode())  # one PUT: atomic on object stores
+
+    def intact(self, name: str, full_hash: bool = False) -> tuple[dict | None, list[str]]:
+        """(manifest, problems) of a remote checkpoint; sizes always, sha256 when full_hash."""
+        manifest = self.manifest(name)
+        if manifest is None:
+            return None, [f"{self.show(name)}: no valid {ck.MANIFEST}"]
+        if full_hash:
+            return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f),
+                                                lambda f: self.sha256(name, f))
+        problems = []
+        for f, entry in manifest["files"].items():
+            size = self.size(name, f)
+            if size != entry["size"]:
+                problems.append(f"{f}: {'missing' if size is None else f'{size} bytes'}, manifest says "
+                                f"{entry['size']}")
+        return manifest, problems
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Syncer:
+    """Copies checkpoints between a local root (scratch) and a remote (path or fsspec URL). Blocking; one at a
+    time per run (the supervisor's sync worker)."""
+
+    def __init__(self, local_root: str | os.PathLike, remote: str, expected: "ck.Expectation | None" = None,
+                 keep: int = 3, log: Callable[[str], None] = lambda msg: None):
+        self.local_root = Path(local_root)
+        self.remote_url = remote
+        self.expected = expected
+        self.keep = max(1, keep)
+        self.log = log
+        self._remote: _Remote | None = None
+
+    @property
+    def remote(self) -> _Remote:
+        if self._remote is None:
+            try:
+                self._remote = _Remote(self.remote_url)
+            except (ValueError, ImportError) as e:
+                raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
+        return self._remote
+
+    # --- local -> remote ---------------------------------------------------------------------------------------
+    def sync_newest(self) -> SyncResult:
+        started = time.monotonic()
+        try:
+            return self._sync_newest(started)
+        except SyncError:
+            raise
+        except Exception as e:  # an OSError from NFS, a backend error from fsspec: all mean "retry later"
+            raise SyncError(f"sync to {self.remote_url} failed: {type(e).__name__}: {e}") from e
+
+    def _sync_newest(self, started: float) -> SyncResult:
+        remote = self.remote
+        remote.makedirs()
+        self._clean_remote_tmp()
+        # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
+        remote_steps = [n for n in remote.steps() if not remote.intact(n)[1]]
+        remote_newest = max((int(n[5:]) for n in remote_steps), default=None)
+
+        for local in reversed(ck.list_checkpoints(self.local_root)):
+            step = ck.step_of(local)
+            if remote_newest is not None and step < remote_newest:
+                break  # the remote already holds something newer
+            if local.name in remote_steps:
+                self._point_latest(local.name, verify=False)
+                return self._finish(step, verified=True, copied=False, nbytes=0, started=started)
+            try:
+                ck.validate(local, self.expected)
+            except ck.CheckpointError as e:
+                self.log(f"sync: skipping local {local}: {'; '.join(e.problems[:3])}")
+                continue
+            nbytes = self._copy_up(local)
+            self._point_latest(local.name, verify=False)
+            return self._finish(step, verified=True, copied=True, nbytes=nbytes, started=started)
+
+        if remote_newest is None:
+            return SyncResult(None, None, False, seconds=time.monotonic() - started)
+        name = ck.step_name(remote_newest)
+        self._point_latest(name, verify=True)
+        return self._finish(remote_newest, verified=True, copied=False, nbytes=0, started=started)
+
+    def _finish(self, step: int, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
+        removed = self._retention()
+        name = ck.step_name(step)
+        if copied:
+            self.log(f"sync: {name} copied to {self.remote.show(name)} and verified "
+                     f"({nbytes / 1e6:,.1f} MB in {time.monotonic() - started:.1f}s)")
+        return SyncResult(step, self.remote.show(name), verified, copied, nbytes, time.monotonic() - started,
+                          tuple(removed))
+
+    def _copy_up(self, local: Path) -> int:
+        remote = self.remote
+        manifest = json.loads((local / ck.MANIFEST).read_text(encoding="utf-8"))
+        name = local.name
+        if remote.local:
+            target = f"{ck.TMP_PREFIX}{name}-{_host()}-{os.getpid()}"
+        else:
+            target = name  # no rename on this store: the manifest, written last, makes it exist
+        remote.rm(target)
+        remote.makedirs(target)
+        nbytes = 0
+        for f in manifest["files"]:
+            nbytes += remote.put(local / f, target, f)
+        problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f), lambda f: remote.sha256(target, f))
+        if problems:
+            remote.rm(target)
+            raise SyncError(f"remote copy of {name} at {remote.show(target)} does not match its manifest: "
+                            + "; ".join(problems[:3]))
+        nbytes += remote.put(local / ck.MANIFEST, target, ck.MANIFEST)
+        if remote.read_text(target, ck.MANIFEST) != (local / ck.MANIFEST).read_text(encoding="utf-8"):
+            remote.rm(target)
+            raise SyncError(f"remote {ck.MANIFEST} of {name} at {remote.show(target)} reads back differently")
+        if remote.local:
+            if name in remote.names():  # a damaged earlier copy: set it aside, never overwrite in place
+                if remote.manifest(name) is None:
+                    remote.rm(name)
+                else:
+                    ck.quarantine(Path(remote.path(name)), "damaged; replaced by a verified copy during sync")
+                    self.log(f"sync: damaged remote {remote.show(name)} quarantined, replaced by a verified copy")
+            remote.rename_dir(target, name)
+        return nbytes
+
+    def _point_latest(self, name: str, verify: bool) -> None:
+        """Point the remote LATEST at `name` unless it already names a newer intact checkpoint."""
+        remote = self.remote
+        current = (remote.read_text(ck.LATEST) or "").strip()
+        if current == name:
+            return
+        if _STEP_DIR.match(current) and int(current[5:]) > int(name[5:]) and not remote.intact(current)[1]:
+            return
+        if verify:
+            _, problems = remote.intact(name, full_hash=True)
+            if problems:
+                raise SyncError(f"remote {remote.show(name)} does not validate: {'; '.join(problems[:3])}")
+        remote.write_latest(name)
+
+    def _clean_remote_tmp(self) -> None:
+        for n in self.remote.names():
+            if n.startswith(ck.TMP_PREFIX) or n.startswith(f".{ck.LATEST}."):
+                self.remote.rm(n)
+
+    def _retention(self) -> list[str]:
+        """Delete remote checkpoints beyond the newest `keep` intact ones; never the one LATEST names. Step
+        directories without a manifest are leftovers of an interrupted copy on a store without rename."""
+        remote = self.remote
+        latest = (remote.read_text(ck.LATEST) or "").strip()
+        kept, removed = 0, []
+        for name in reversed(remote.steps()):
+            manifest, problems = remote.intact(name)
+            if manifest is None:
+                remote.rm(name)
+                removed.append(name)
+                continue
+            if problems:
+                self.log(f"sync: remote {remote.show(name)} is damaged: {'; '.join(problems[:3])}")
+                continue  # kept for inspection, not counted
+            if kept < self.keep or name == latest:
+                kept += 1
+                continue
+            remote.rm(name)
+            removed.append(name)
+        return removed
+
+    def remote_latest_step(self) -> int | None:
+        """The step the remote LATEST names, or None (no remote, no LATEST yet, unreadable)."""
+        try:
+            text = (self.remote.read_text(ck.LATEST) or "").strip()
+        except Exception:  # status must never fail because the remote is down
+            return None
+        return int(text[5:]) if _STEP_DIR.match(text) else None
+
+    # --- remote -> local ---------------------------------------------------------------------------------------
+    def fetch_latest(self, local_root: str | os.PathLike | None = None) -> Path | None:
+        """Bring the newest remote checkpoint that validates into local_root (default: this syncer's) and return
+        its local path; None when the remote holds none. A damaged remote checkpoint is quarantined (local paths)
+        or skipped, and LATEST repointed. CheckpointMismatch (a checkpoint of another run) is raised as is."""
+        try:
+            return self._fetch_latest(Path(local_root) if local_root is not None else self.local_root)
+        except (SyncError, ck.CheckpointMismatch):
+            raise
+        except Exception as e:
+            raise SyncError(f"fetch from {self.remote_url} failed: {type(e).__name__}: {e}") from e
+
+    def _fetch_latest(self, local_root: Path) -> Path | None:
+        remote = self.remote
+        local_root.mkdir(parents=True, exist_ok=True)
+        skipped = []
+        for name in reversed(remote.steps()):
+            manifest = remote.manifest(name)
+            if manifest is None:
+                continue
+            final = local_root / name
+            tmp = local_root / f"{ck.TMP_PREFIX}{name}-fetch-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            try:
+                problems = []
+                for f, entry in manifest["files"].items():
+                    digest = remote.get((name, f), tmp / f)
+                    size = (tmp / f).stat().st_size
+                    if size != entry["size"]:
+                        problems.append(f"{f}: {size} bytes downloaded, the manifest says {entry['size']}")
+                    elif digest != entry["sha256"]:
+                        problems.append(f"{f}: sha256 {digest[:16]}... downloaded, the manifest says "
+                                        f"{entry['sha256'][:16]}...")
+                if not problems:
+                    remote.get((name, ck.MANIFEST), tmp / ck.MANIFEST)
+                    try:
+                        ck.validate(tmp, self.expected)
+                    except ck.CheckpointInvalid as e:
+                        problems = e.problems
+                if problems:
+                    self._set_aside_remote(name, problems)
+                    skipped.append(name)
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    continue
+                _fsync_dir(tmp)
+                if final.exists():
+                    shutil.rmtree(final)
+                os.rename(tmp, final)
+                _fsync_dir(local_root)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            if ck.read_latest(local_root) is None or _newer(name, ck.read_latest(local_root)):
+                atomic_write_text(local_root / ck.LATEST, name + "\n")
+            if skipped:  # LATEST may name one that just failed: it must only name a verified checkpoint
+                remote.write_latest(name)
+            self.log(f"sync: fetched {remote.show(name)} to {final}")
+            return final
+        return None
+
+    def _set_aside_remote(self, name: str, problems: list[str]) -> None:
+        remote = self.remote
+        reason = "; ".join(problems[:5])
+        if remote.local:
+            dest = ck.quarantine(Path(remote.path(name)), f"fetch: {reason}")
+            self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); moved to {dest}")
+        else:
+            self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped")
+
+
+def _newer(name: str, than: str | None) -> bool:
+    if not than or not _STEP_DIR.match(than):
+        return True
+    return int(name[5:]) > int(than[5:])

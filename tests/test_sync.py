@@ -1,0 +1,226 @@
+"""Sync of checkpoints to a remote (local path and memory://) and back: verified copies, LATEST only ever naming a
+valid checkpoint (also when a sync is SIGKILLed half-way), retention, damaged copies, fetch for a resume."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import fsspec
+import pytest
+import torch
+
+from minilmd.daemon.sync import SyncError, Syncer
+from minilmd.trainer import checkpoint as ck
+from minilmd.trainer.config import RunConfig
+from minilmd.trainer.model import MiniMindForCausalLM
+
+torch.set_num_threads(1)
+
+TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=128,
+            intermediate_size=0, max_position_embeddings=64, rope_theta=1e6, rms_norm_eps=1e-6)
+DATA, TOK = "d" * 64, "t" * 64
+EXPECTED = ck.Expectation(model=dict(TINY), data_fingerprint=DATA, tokenizer_fingerprint=TOK)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(TINY)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # no state yet: valid at any step
+    return model.state_dict(), opt.state_dict()
+
+
+def save(root: Path, step: int, weights, data: str = DATA) -> Path:
+    cfg = RunConfig().to_dict()
+    cfg["model"] = dict(TINY)
+    state = {"step": step, "tokens_seen": step * 64, "epoch": 0, "config": cfg,
+             "fingerprints": {"data": data, "tokenizer": TOK}}
+    return ck.save(root, step, weights[0], weights[1], state)
+
+
+def corrupt(path: Path) -> None:
+    """Flip bytes in the middle of a file, keeping its size."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    return tmp_path / "shm" / "checkpoints", tmp_path / "nfs" / "run"
+
+
+def names(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+def test_sync_copies_verifies_and_points_latest(dirs, weights):
+    local, remote = dirs
+    save(local, 10, weights)
+    logs = []
+    result = Syncer(local, str(remote), EXPECTED, keep=3, log=logs.append).sync_newest()
+    assert (result.step, result.copied, result.verified) == (10, True, True)
+    assert result.path == f"{remote}/step-00000010" and result.bytes > 0
+    assert ck.validate(remote / "step-00000010", EXPECTED)["step"] == 10
+    assert ck.read_latest(remote) == "step-00000010"
+    assert names(remote) == ["LATEST", "step-00000010"]  # no temp names left
+    assert any("copied" in m and "verified" in m for m in logs)
+
+    again = Syncer(local, str(remote), EXPECTED).sync_newest()
+    assert (again.step, again.copied) == (10, False)
+
+
+def test_newer_checkpoints_are_synced_and_retention_keeps_n(dirs, weights):
+    local, remote = dirs
+    syncer = Syncer(local, str(remote), EXPECTED, keep=2)
+    for step in (10, 20, 30):
+        save(local, step, weights)
+        assert syncer.sync_newest().step == step
+    assert names(remote) == ["LATEST", "step-00000020", "step-00000030"]
+    assert ck.read_latest(remote) == "step-00000030"
+    assert syncer.remote_latest_step() == 30
+
+
+def test_invalid_newest_local_checkpoint_is_not_synced(dirs, weights):
+    local, remote = dirs
+    save(local, 10, weights)
+    corrupt(save(local, 20, weights) / ck.MODEL_FILE)
+    save(local, 30, weights, data="x" * 64)  # another corpus: a mismatch, never synced for this run
+    logs = []
+    result = Syncer(local, str(remote), EXPECTED, log=logs.append).sync_newest()
+    assert result.step == 10
+    assert ck.read_latest(remote) == "step-00000010"
+    assert not (remote / "step-00000020").exists() and not (remote / "step-00000030").exists()
+    assert any("step-00000020" in m and "sha256" in m for m in logs)
+    assert any("step-00000030" in m and "data fingerprint" in m for m in logs)
+
+
+def test_nothing_to_sync_and_nothing_older_than_the_remote(dirs, weights):
+    local, remote = dirs
+    assert Syncer(local, str(remote)).sync_newest().step is None
+    other = local.parent / "other"
+    save(other, 50, weights)
+    Syncer(other, str(remote), EXPECTED).sync_newest()
+    save(local, 40, weights)
+    result = Syncer(local, str(remote), EXPECTED).sync_newest()
+    assert (result.step, result.copied) == (50, False)
+    assert not (remote / "step-00000040").exists()
+
+
+def test_leftovers_of_an_interrupted_sync_are_cleaned(dirs, weights):
+    local, remote = dirs
+    save(local, 10, weights)
+    syncer = Syncer(local, str(remote), EXPECTED)
+    syncer.sync_newest()
+    tmp = remote / ".tmp-step-00000020-otherhost-4242"
+    tmp.mkdir()
+    (tmp / ck.MODEL_FILE).write_bytes(b"half")
+    save(local, 20, weights)
+    assert syncer.sync_newest().step == 20
+    assert names(remote) == ["LATEST", "step-00000010", "step-00000020"]
+
+
+def test_damaged_remote_copy_is_replaced(dirs, weights):
+    local, remote = dirs
+    save(local, 10, weights)
+    syncer = Syncer(local, str(remote), EXPECTED)
+    syncer.sync_newest()
+    os.truncate(remote / "step-00000010" / ck.OPTIMIZER_FILE, 10)
+    result = syncer.sync_newest()
+    assert result.copied and ck.validate(remote / "step-00000010", EXPECTED)
+    assert len(list((remote / ck.QUARANTINE).iterdir())) == 1
+
+
+def test_unusable_remote_raises_sync_error(dirs, weights):
+    local, remote = dirs
+    save(local, 10, weights)
+    remote.parent.mkdir(parents=True)
+    remote.write_text("a file where the remote directory should be")
+    with pytest.raises(SyncError, match=f"sync to {remote} failed"):
+        Syncer(local, str(remote), EXPECTED).sync_newest()
+    with pytest.raises(SyncError, match="cannot open remote"):
+        Syncer(local, "nosuchproto://x", EXPECTED).sync_newest()
+
+
+KILL_MID_SYNC = textwrap.dedent("""
+    import os, signal, sys
+    from minilmd.daemon import sync
+    real_put, calls = sync._Remote.put, []
+    def put(self, local, *names):
+        calls.append(names)
+        if len(calls) == int(sys.argv[3]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_put(self, local, *names)
+    sync._Remote.put = put
+    sync.Syncer(sys.argv[1], sys.argv[2]).sync_newest()
+""")
+
+
+@pytest.mark.parametrize("kill_at_put", [1, 3, 5])  # first file, middle, the manifest itself
+def test_sync_killed_half_way_never_moves_latest_to_an_invalid_checkpoint(dirs, weights, kill_at_put):
+    local, remote = dirs
+    save(local, 10, weights)
+    Syncer(local, str(remote), EXPECTED).sync_newest()
+    save(local, 20, weights)
+    proc = subprocess.run([sys.executable, "-c", KILL_MID_SYNC, str(local), str(remote), str(kill_at_put)])
+    assert proc.returncode == -9
+    assert ck.read_latest(remote) == "step-00000010"
+    assert ck.list_checkpoints(remote) == [remote / "step-00000010"]
+    assert any(n.startswith(".tmp-step-00000020") for n in names(remote))
+    result = Syncer(local, str(remote), EXPECTED).sync_newest()
+    assert result.step == 20 and ck.read_latest(remote) == "step-00000020"
+    assert names(remote) == ["LATEST", "step-00000010", "step-00000020"]
+
+
+def test_fetch_latest_skips_and_quarantines_a_corrupt_remote_checkpoint(dirs, weights, tmp_path):
+    local, remote = dirs
+    source = tmp_path / "old-scratch"
+    syncer = Syncer(source, str(remote), EXPECTED, keep=3)
+    for step in (10, 20):
+        save(source, step, weights)
+        syncer.sync_newest()
+    assert syncer.fetch_latest(tmp_path / "first") == tmp_path / "first" / "step-00000020"
+    corrupt(remote / "step-00000020" / ck.TRAINER_STATE)
+    logs = []
+    fetched = Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest()
+    assert fetched == local / "step-00000010"
+    assert ck.validate(fetched, EXPECTED)["step"] == 10
+    assert ck.read_latest(local) == "step-00000010"
+    assert not (remote / "step-00000020").exists() and len(list((remote / ck.QUARANTINE).iterdir())) == 1
+    assert ck.read_latest(remote) == "step-00000010"  # LATEST names only what validates
+    assert any("invalid" in m and "sha256" in m for m in logs)
+    assert [n for n in names(local) if n.startswith(".tmp")] == []
+
+
+def test_fetch_from_an_empty_remote(dirs):
+    local, remote = dirs
+    assert Syncer(local, str(remote)).fetch_latest() is None
+    assert Syncer(local, str(remote)).remote_latest_step() is None
+
+
+def test_memory_remote_sync_fetch_and_manifest_last(tmp_path, weights):
+    fs = fsspec.filesystem("memory")
+    url = f"memory://sync-test-{os.getpid()}"
+    local = tmp_path / "ckpt"
+    try:
+        syncer = Syncer(local, url, EXPECTED, keep=1)
+        save(local, 5, weights)
+        assert syncer.sync_newest().step == 5
+        # a copy interrupted on a store without rename: files under the final name, no manifest yet
+        fs.makedirs(f"{url}/step-00000009", exist_ok=True)
+        fs.pipe_file(f"{url}/step-00000009/{ck.MODEL_FILE}", b"partial")
+        save(local, 7, weights)
+        result = syncer.sync_newest()
+        assert (result.step, result.removed) == (7, ("step-00000009", "step-00000005"))
+        assert fs.cat_file(f"{url}/LATEST").decode().strip() == "step-00000007"
+        assert syncer.remote_latest_step() == 7
+        fetched = syncer.fetch_latest(tmp_path / "fresh")
+        assert ck.validate(fetched, EXPECTED)["step"] == 7
+        manifest = json.loads(fs.cat_file(f"{url}/step-00000007/{ck.MANIFEST}"))
+        assert set(manifest["files"]) >= set(ck.REQUIRED_FILES)
+    finally:
+        fs.rm(url, recursive=True)
