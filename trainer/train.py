@@ -1,0 +1,460 @@
+"""`minilmd train CONFIG`: the training loop, on one device or one rank per device under torchrun.
+
+The loop, top to bottom (Trainer.train):
+    resume from the newest valid checkpoint (model, optimizer, RNG, step) or start from the seeded init;
+    until the budget is spent:
+        agree across ranks on "stop requested?" and "checkpoint due?";  stop -> save, exit 75
+        one optimizer step: micro-batches of the pure-function sampler, loss weighted by predictions,
+            backward (no DDP sync until the last micro-batch), clip, AdamW at the cosine rate for this step
+        heartbeat; every log_every steps a metrics line; every eval_every steps the validation loss
+    save, validation loss, exit 0.
+Everything the math depends on derives from (seed, step) or from restored state, never from the wall clock (a
+duration-based checkpoint_every only changes when saves happen), so on CPU a killed-and-resumed run ends with the
+same weights, bit for bit, as an uninterrupted one.
+
+Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
+boundary; 76 CUDA out of memory (fault.json written first); 2 bad config; 65 bad data; 1 anything else.
+Signal handlers only set a flag. SIGUSR1 dumps every thread's stack to stderr (faulthandler) so that a supervisor
+can see where a hung trainer is stuck before killing it.
+"""
+from __future__ import annotations
+
+import faulthandler
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+import torch.nn.functional  # noqa: F401  (imported early: the model uses it)
+
+from .checkpoint import CheckpointMismatch
+from .config import ConfigError, RunConfig, load_config, parse_duration
+from .data import Batch, DataError, make_sampler, validation_batches
+from .faults import FaultInjector, FaultSpecError
+from .metrics import MetricsLog, Throughput, flops_per_token, peak_bf16_flops
+from .protocol import (EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT,
+                       write_fault)
+from .schedule import lr_at
+
+
+@dataclass
+class Dist:
+    """Where this process sits: rank of world_size (1 without torchrun) and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(cfg: RunConfig, local_rank: int) -> torch.device:
+    want = cfg.train.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(["train.device = \"cuda\" but torch finds no CUDA device"], cfg.source)
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(cfg: RunConfig) -> Dist:
+    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK; join the process group (nccl on CUDA, gloo on CPU)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(cfg, local_rank)
+    if world_size > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=(
+            device if device.type == "cuda" else None))
+    return Dist(rank, world_size, local_rank, device)
+
+
+def total_steps_for_budget(cfg: RunConfig, global_batch: int) -> int:
+    """max_steps, or ceil(max_tokens / tokens per step); with both, whichever ends first."""
+    t = cfg.train
+    budgets = []
+    if t.max_steps:
+        budgets.append(t.max_steps)
+    if t.max_tokens:
+        budgets.append(math.ceil(t.max_tokens / (global_batch * t.seq_len)))
+    if not budgets:
+        raise ConfigError([f"a budget is required: set train.max_steps or train.max_tokens"], cfg.source)
+    return min(budgets)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW, weight decay on matrices (>= 2-D) only, fused on CUDA."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.train.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    extra = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(0.9, 0.95), eps=1e-8, **extra)
+
+
+class StopFlag:
+    """SIGTERM/SIGINT handlers only record the request; the loop acts on it at the next step boundary."""
+
+    def __init__(self):
+        self.requested = False
+        self.signal_name = ""
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+
+class Trainer:
+    """One training run: the components, then train() (the loop in the module docstring)."""
+
+    def __init__(self, cfg: RunConfig, dist: Dist, stop: StopFlag | None = None):
+        from .model import MiniMindForCausalLM
+        from .tokenstream import open_prepared
+
+        self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()
+        t = cfg.train
+        self.device = dist.device
+        self.log = MetricsLog(cfg.run_dir, active=dist.is_main)
+        self.faults = FaultInjector(cfg.run_dir, enabled=dist.is_main)
+
+        self.corpus = open_prepared(cfg.data.prepared)
+        if self.corpus.vocab_size != cfg.model.vocab_size:
+            raise ConfigError([f"model.vocab_size = {cfg.model.vocab_size} but the corpus {cfg.data.prepared} was "
+                               f"tokenized with a vocabulary of {self.corpus.vocab_size}"], cfg.source)
+        train, val = self.corpus.train, self.corpus.val
+        self.sampler = make_sampler(cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed)
+        self.val_batches = validation_batches(cfg.data.mode, val.tokens, val.doc_starts, t.seq_len,
+                                              cfg.data.val_windows, t.micro_batch_size)
+        self.global_batch = t.micro_batch_size * t.grad_accum * dist.world_size
+        self.total_steps = total_steps_for_budget(cfg, self.global_batch)
+
+        torch.manual_seed(t.seed)  # the init is drawn on CPU: the same weights on every device and rank
+        self.model = MiniMindForCausalLM(cfg.model).to(self.device)
+        self.optimizer = build_optimizer(self.model, cfg, self.device)
+        self.step, self.tokens_seen = 0, 0
+        self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
+        self.resumed_from: Path | None = None
+        self.resume()
+        from .checkpoint import AsyncCheckpointer
+
+        self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, t.keep_local, tokenizer=self.corpus.tokenizer_path)
+
+        self.autocast = self._autocast_context()
+        forward_model: torch.nn.Module = self.model
+        if dist.active:
+            from torch.nn.parallel import DistributedDataParallel
+
+            forward_model = DistributedDataParallel(
+                self.model, device_ids=[dist.local_rank] if self.device.type == "cuda" else None)
+        self.forward_model = torch.compile(forward_model) if t.compile else forward_model
+
+        self.flops_per_token = flops_per_token(self.model.num_parameters(), cfg.model.num_hidden_layers,
+                                               cfg.model.hidden_size, t.seq_len)
+        self.peak_flops = (peak_bf16_flops(torch.cuda.get_device_name(self.device))
+                           if self.device.type == "cuda" else None)
+
+    # --- components ---------------------------------------------------------------------------------------------
+    def _autocast_context(self):
+        dtype = self.cfg.train.dtype
+        if dtype == "bf16" or (dtype == "auto" and self.device.type == "cuda"):
+            return lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return nullcontext
+
+    def expectation(self):
+        from .checkpoint import Expectation
+
+        return Expectation(model=self.cfg.model_dict(), data_fingerprint=self.corpus.data_fingerprint,
+                           tokenizer_fingerprint=self.corpus.tokenizer_fingerprint)
+
+    def checkpoint_roots(self) -> list[Path]:
+        roots = [self.cfg.checkpoint_dir]
+        remote = self.cfg.run.remote
+        if remote and ("://" not in remote or remote.startswith("file://")):
+            roots.append(Path(remote.removeprefix("file://")))
+        return roots
+
+    def resume(self) -> None:
+        """Load the newest valid checkpoint, if any: rank 0 finds it (and quarantines bad ones), all ranks load."""
+        from . import checkpoint
+
+        found = [None]
+        if self.dist.is_main:
+            checkpoint.clean_stale_tmp(self.cfg.checkpoint_dir)  # debris of a save killed mid-way
+            path = checkpoint.find_latest(self.checkpoint_roots(), self.expectation(), log=print)
+            found = [str(path) if path else None]
+        if self.dist.active:
+            torch_dist.broadcast_object_list(found, src=0)
+        if found[0] is None:
+            return
+        model_state, optimizer_state, state = checkpoint.load(Path(found[0]))
+        self.model.load_state_dict(model_state, strict=True)
+        self.optimizer.load_state_dict(optimizer_state)
+        if state.get("rng"):
+            checkpoint.restore_rng(state["rng"])
+        self.step = self.step_base = int(state["step"])
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.rows_base = int(state.get("rows_seen", self.step * self.global_batch))
+        self.resumed_from = Path(found[0])
+        if self.dist.is_main:
+            old = state.get("global_batch")
+            note = f" (global batch was {old} rows, now {self.global_batch})" if old not in (None,
+                                                                                             self.global_batch) else ""
+            print(f"minilmd: resumed from {found[0]} at step {self.step}{note}", flush=True)
+
+    def first_row(self, step: int) -> int:
+        return self.rows_base + (step - self.step_base) * self.global_batch
+
+    def trainer_state(self) -> dict:
+        from .checkpoint import capture_rng
+
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "rows_seen": self.first_row(self.step),
+            "epoch": self.first_row(self.step) // self.sampler.items_per_epoch,
+            "config": self.cfg.to_dict(),
+            "fingerprints": {"data": self.corpus.data_fingerprint, "tokenizer": self.corpus.tokenizer_fingerprint},
+            "rng": capture_rng(),
+            "world_size": self.dist.world_size,
+            "global_batch": self.global_batch,
+            "total_steps": self.total_steps,
+        }
+
+    def save(self) -> None:
+        """Rank 0 snapshots the weights to CPU and writes them in a background thread (checkpoint.AsyncCheckpointer
+        also prunes to keep_local); the other ranks wait at a barrier (their weights are the same)."""
+        self.barrier()
+        if self.dist.is_main:
+            from .checkpoint import step_name
+
+            blocking = self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state())
+            path = self.cfg.checkpoint_dir / step_name(self.step)
+            self.log.write("checkpoint", step=self.step, blocking_s=round(blocking, 4), path=str(path))
+            print(f"minilmd: saving {path} (loop blocked {blocking:.3f}s)", flush=True)
+        self.barrier()
+        self.last_saved_step, self.last_save_time = self.step, time.monotonic()
+
+    def finish_saves(self) -> None:
+        """Wait until the checkpoint in flight is on disk (before exiting); raises if its write failed."""
+        if self.dist.is_main:
+            self.checkpointer.wait()
+
+    def barrier(self) -> None:
+        if self.dist.active:
+            torch_dist.barrier()
+
+    def checkpoint_due(self) -> bool:
+        every = self.cfg.train.checkpoint_every
+        if self.step == self.last_saved_step:
+            return False
+        if isinstance(every, int):
+            return self.step % every == 0
+        return time.monotonic() - self.last_save_time >= parse_duration(every)
+
+    def agree(self, stop: bool, save_due: bool) -> tuple[bool, bool]:
+        """All ranks act on the same step: any rank's stop request stops all, rank 0's clock decides saves."""
+        if not self.dist.active:
+            return stop, save_due
+        flags = torch.tensor([float(stop), float(save_due and self.dist.is_main)], device=self.device)
+        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
+        return bool(flags[0].item()), bool(flags[1].item())
+
+    def to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = torch.from_numpy(batch.input_ids), torch.from_numpy(batch.labels)
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x, y
+
+    # --- one optimizer step ---------------------------------------------------------------------------------------
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Forward/backward over this rank's micro-batches and one AdamW update.
+
+        Each micro-batch loss (a mean over its predictions) is weighted by its share of the global batch's
+        predictions, times world_size because DDP averages gradients over ranks: the update is that of the mean
+        loss over every prediction of the global batch, however it is split. Returns (this rank's part of the
+        loss, grad norm, real tokens of the global batch)."""
+        t, step = self.cfg.train, self.step
+        row0 = self.first_row(step)
+        n_targets, n_real = self.sampler.global_counts(row0, self.global_batch)
+        lr = lr_at(step, self.total_steps, t.lr, t.min_lr_ratio, t.warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.current_lr = lr
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(t.grad_accum):
+            batch = self.sampler.batch(step, self.global_batch, self.dist.rank, self.dist.world_size, micro,
+                                       t.micro_batch_size, first_row=row0)
+            x, y = self.to_device(batch)
+            sync = micro == t.grad_accum - 1 or not self.dist.active
+            with (nullcontext() if sync else self.forward_model.no_sync()), self.autocast():
+                loss = self.forward_model(x, labels=y).loss
+                weighted = loss * (batch.n_targets / n_targets)
+            (weighted * self.dist.world_size).backward()
+            loss_sum += weighted.detach()
+        clip = t.grad_clip if t.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, grad_norm, n_real
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over every prediction of the fixed validation windows (rank 0 alone; no collectives)."""
+        self.model.eval()
+        total, count = 0.0, 0
+        for batch in self.val_batches:
+            x, y = self.to_device(batch)
+            with self.autocast():
+                loss = self.model(x, labels=y).loss
+            total += float(loss) * batch.n_targets
+            count += batch.n_targets
+        self.model.train()
+        return total / max(count, 1)
+
+    def log_train(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, meter: Throughput) -> None:
+        if self.dist.active:
+            torch_dist.all_reduce(loss_sum)  # each rank holds its share of the global mean
+        loss = float(loss_sum)
+        if not math.isfinite(loss):
+            raise RuntimeError(f"the training loss is {loss} at step {self.step}: refusing to continue and to save "
+                               f"a non-finite model (lower train.lr or check the data)")
+        tok_s, step_time = meter.report()
+        fields = dict(step=self.step, tokens_seen=self.tokens_seen, loss=round(loss, 6),
+                      lr=self.current_lr, grad_norm=round(float(grad_norm), 6), tok_s=round(tok_s, 1),
+                      step_time=round(step_time, 5), total_steps=self.total_steps)
+        if self.device.type == "cuda":
+            if self.peak_flops:
+                fields["mfu"] = round(tok_s * self.flops_per_token / (self.peak_flops * self.dist.world_size), 4)
+            fields["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
+        self.log.write("train", **fields)
+        if self.dist.is_main:
+            print(f"step {self.step}/{self.total_steps} loss {loss:.4f} lr {self.current_lr:.2e} "
+                  f"grad_norm {float(grad_norm):.3f} {tok_s:,.0f} tok/s", flush=True)
+
+    def log_eval(self) -> None:
+        if self.dist.is_main:
+            val_loss = self.evaluate()
+            self.log.write("eval", step=self.step, val_loss=round(val_loss, 6))
+            print(f"step {self.step} val_loss {val_loss:.4f}", flush=True)
+
+    # --- the loop -------------------------------------------------------------------------------------------------
+    def train(self) -> int:
+        t = self.cfg.train
+        self.last_saved_step, self.last_save_time = self.step, time.monotonic()
+        if self.dist.is_main:
+            print(f"minilmd: training {self.model.num_parameters():,} parameters on {self.device} x "
+                  f"{self.dist.world_size}, {self.cfg.data.mode} rows of {t.seq_len}, global batch "
+                  f"{self.global_batch} rows, steps {self.step} -> {self.total_steps}", flush=True)
+        self.log.heartbeat(self.step)
+        meter = Throughput()
+        self.model.train()
+        while True:
+            stop, save_due = self.agree(self.stop.requested, self.checkpoint_due())
+            if self.step >= self.total_steps:
+                if self.step != self.last_saved_step:
+                    self.save()
+                    self.log_eval()
+                self.finish_saves()
+                return EXIT_DONE
+            if stop:
+                if self.dist.is_main:
+                    print(f"minilmd: {self.stop.signal_name or 'stop'} received; saving at step {self.step}",
+                          flush=True)
+                if self.step != self.last_saved_step:
+                    self.save()
+                self.finish_saves()
+                return EXIT_STOPPED
+            if save_due:
+                self.save()
+            self.faults.maybe_fire(self.step)
+            loss_sum, grad_norm, n_real = self.train_step()
+            self.step += 1
+            self.tokens_seen += n_real
+            meter.add(n_real)
+            self.log.heartbeat(self.step)
+            if self.step % t.log_every == 0 or self.step == self.total_steps:
+                self.log_train(loss_sum, grad_norm, meter)
+            if t.eval_every and self.step % t.eval_every == 0 and self.step != self.total_steps:
+                self.log_eval()
+
+
+def run(cfg: RunConfig) -> int:
+    """Train with an already validated config; returns the exit status."""
+    faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    stop = StopFlag()
+    stop.install()
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        (cfg.run_dir / FAULT).unlink(missing_ok=True)  # a fault note describes the attempt that wrote it
+    except OSError:
+        pass
+    dist = None
+    step = 0
+    try:
+        dist = init_distributed(cfg)
+        trainer = Trainer(cfg, dist, stop)
+        try:
+            return trainer.train()
+        finally:
+            step = trainer.step
+    except ConfigError as e:
+        print(f"minilmd train: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (DataError, FaultSpecError) as e:
+        print(f"minilmd train: {e}", file=sys.stderr)
+        return EXIT_CONFIG if isinstance(e, FaultSpecError) else EXIT_DATA
+    except CheckpointMismatch as e:  # resuming another model, tokenizer or corpus: final, never a fresh start
+        print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
+        return EXIT_CONFIG if e.kind == "model" else EXIT_DATA
+    except torch.OutOfMemoryError as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else "CUDA out of memory"
+        write_fault(cfg.run_dir, "cuda_oom", message, step=step, micro_batch_size=cfg.train.micro_batch_size,
+                    device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0)
+        print(f"minilmd train: CUDA out of memory at step {step}: {message}", file=sys.stderr)
+        return EXIT_CUDA_OOM
+    except Exception as e:
+        if _is_corpus_error(e):
+            print(f"minilmd train: {e}", file=sys.stderr)
+            return EXIT_DATA
+        traceback.print_exc()
+        return EXIT_CRASH
+    finally:
+        if dist is not None and dist.active and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+def _is_corpus_error(e: Exception) -> bool:
+    try:
+        from .tokenstream import CorpusError
+    except ImportError:
+        return False
+    return isinstance(e, CorpusError)
+
+
+def main(config_path: str, overrides: list[str] | None = None) -> int:
+    """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status."""
+    try:
+        cfg = load_config(config_path, overrides)
+    except ConfigError as e:
+        print(f"minilmd train: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    return run(cfg)
