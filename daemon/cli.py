@@ -207,6 +207,59 @@ def bench_checkpoint_command(
 # === end checkpoints ===
 
 # === weights: sample, export ===
+@app.command()
+def sample(
+    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    prompt: str = typer.Option(..., "--prompt", help="Text to continue; the model sees BOS + text."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
+    temperature: float = typer.Option(0.85, "--temperature", min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(0.85, "--top-p", min=0.0, max=1.0),
+    top_k: int = typer.Option(50, "--top-k", min=0, help="0 = no top-k filter."),
+    tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json (default: the checkpoint's, or the "
+                                                          "prepared corpus's)."),
+    seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+) -> None:
+    """Generate text from a checkpoint with a KV cache."""
+    from minilmd.trainer.export import ExportError
+    from minilmd.trainer.sample import sample_text
+
+    try:
+        text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
+                           seed, device)
+    except (ExportError, ValueError) as e:
+        typer.echo(f"minilmd sample: {e}", err=True)
+        raise typer.Exit(1)
+    typer.echo(prompt + text)
+
+
+@app.command()
+def export(
+    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    format: str = typer.Option(..., "--format", help="minimind (a .pth for MiniMind's eval_llm.py) or hf "
+                                                     "(a Qwen3ForCausalLM directory)."),
+    out: str = typer.Option(..., "--out", help="FILE.pth for minimind, a new directory for hf."),
+    tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json for hf (default: the checkpoint's, or "
+                                                          "the prepared corpus's)."),
+    dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
+) -> None:
+    """Export a checkpoint's weights for MiniMind or HF transformers."""
+    from minilmd.trainer.export import ExportError, export_hf, export_minimind, read_checkpoint
+
+    try:
+        if format == "minimind":
+            path = export_minimind(checkpoint, out)
+            _, model_cfg, _ = read_checkpoint(checkpoint, validate=False)
+            typer.echo(f"wrote {path} (fp16). In MiniMind: python eval_llm.py --hidden_size "
+                       f"{model_cfg['hidden_size']} --num_hidden_layers {model_cfg['num_hidden_layers']} ...")
+        elif format == "hf":
+            path = export_hf(checkpoint, out, tokenizer or None, dtype)
+            typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
+        else:
+            raise ExportError(f"--format {format!r}: use minimind or hf")
+    except ExportError as e:
+        typer.echo(f"minilmd export: {e}", err=True)
+        raise typer.Exit(1)
 # === end weights ===
 
 # === supervisor: run, status, logs, stop ===

@@ -1,0 +1,105 @@
+"""Exports: an HF Qwen3 directory that transformers loads without missing/unexpected keys and whose logits equal
+ours; MiniMind's fp16 .pth with the tied head under both names; damaged checkpoints refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from minilmd.daemon.cli import app
+from minilmd.trainer.export import ExportError, export_hf, export_minimind, read_checkpoint
+from minilmd.trainer.model import MiniMindForCausalLM
+from minilmd.trainer.model_shapes import expected_state_shapes
+
+from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real checkpoint root (with LATEST) holding a tiny model and its tokenizer, and the model itself."""
+    root = tmp_path_factory.mktemp("export")
+    tok = train_tokenizer(root / "tokenizer.json")
+    model = tiny_model(seed=11)
+    save_checkpoint(root / "ckpt", model, step=3, tokenizer=tok)
+    return root, model.eval()
+
+
+def test_hf_export_loads_in_qwen3_without_key_warnings_and_gives_our_logits(trained, tmp_path, capfd):
+    transformers = pytest.importorskip("transformers")
+    root, model = trained
+    out = export_hf(root / "ckpt", tmp_path / "hf")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= \
+        {p.name for p in out.iterdir()}
+    capfd.readouterr()
+    hf, info = transformers.Qwen3ForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    report = capfd.readouterr()
+    for word in ("MISSING", "UNEXPECTED", "MISMATCH", "newly initialized", "not used"):
+        assert word not in report.out + report.err
+    assert hf.config.tie_word_embeddings and hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    ids = torch.randint(0, model.config.vocab_size, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    assert tok.decode(tok("hello world").input_ids) == "hello world"
+
+
+def test_hf_export_in_bf16_and_refusing_a_used_directory(trained, tmp_path):
+    from safetensors import safe_open
+
+    root, _ = trained
+    out = export_hf(root / "ckpt", tmp_path / "hf16", dtype="bfloat16")
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert "lm_head.weight" in set(f.keys())
+    with pytest.raises(ExportError, match="not an empty directory"):
+        export_hf(root / "ckpt", out)
+
+
+def test_minimind_export_is_fp16_with_the_tied_head_under_both_names(trained, tmp_path):
+    root, model = trained
+    path = export_minimind(root / "ckpt", tmp_path / "pretrain_64.pth")
+    state = torch.load(path, weights_only=True)
+    assert set(state) == set(expected_state_shapes(model.config)) | {"lm_head.weight"}
+    assert {v.dtype for v in state.values()} == {torch.float16}
+    assert torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+    # The same names as MiniMind's model_minimind.py: a model of ours loads it strictly, as eval_llm.py does.
+    reloaded = MiniMindForCausalLM(model.config)
+    reloaded.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    ids = torch.randint(0, model.config.vocab_size, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, atol=2e-3, rtol=2e-3)
+
+
+def test_a_damaged_checkpoint_is_refused_with_the_reason(tmp_path):
+    ckpt = save_checkpoint(tmp_path / "ckpt", tiny_model(seed=12), step=1)
+    weights = ckpt / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ExportError, match="invalid.*model.safetensors"):
+        read_checkpoint(ckpt)
+    with pytest.raises(ExportError, match="invalid"):
+        export_minimind(ckpt, tmp_path / "x.pth")
+    assert not (tmp_path / "x.pth").exists()
+
+
+def test_export_cli_both_formats_and_bad_input(trained, tmp_path):
+    root, _ = trained
+    runner = CliRunner()
+    ok = runner.invoke(app, ["export", str(root / "ckpt"), "--format", "minimind", "--out", str(tmp_path / "m.pth")])
+    assert ok.exit_code == 0, ok.output
+    assert "--hidden_size 64 --num_hidden_layers 2" in ok.output and (tmp_path / "m.pth").is_file()
+    ok = runner.invoke(app, ["export", str(root / "ckpt" / "step-00000003"), "--format", "hf",
+                             "--out", str(tmp_path / "hf")])
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "hf" / "config.json").is_file()
+    bad = runner.invoke(app, ["export", str(root / "ckpt"), "--format", "gguf", "--out", str(tmp_path / "g")])
+    assert bad.exit_code == 1 and "use minimind or hf" in bad.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    none = runner.invoke(app, ["export", str(empty), "--format", "hf", "--out", str(tmp_path / "h2")])
+    assert none.exit_code == 1 and "not a checkpoint" in none.output

@@ -1,0 +1,222 @@
+"""Use the weights outside minilmd: read a checkpoint, write MiniMind's .pth or an HF Qwen3 directory.
+
+- `read_checkpoint(path)`: a checkpoint directory `step-XXXXXXXX/`, or a root holding `LATEST`, -> its fp32
+  weights, its model config and its trainer state. The checkpoint is strictly validated first
+  (checkpoint.validate: hashes, shapes, finiteness): exporting a corrupt checkpoint must fail loudly.
+- `export_minimind(path, out)`: the state dict MiniMind's `eval_llm.py` loads with `strict=True`: its key names
+  (the same as ours), fp16, and the tied head under both `model.embed_tokens.weight` and `lm_head.weight`.
+- `export_hf(path, out_dir)`: `config.json` (Qwen3ForCausalLM, tie_word_embeddings), `model.safetensors`,
+  `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
+from .protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
+
+WEIGHTS_FILE = "model.safetensors"
+TRAINER_STATE_FILE = "trainer_state.json"
+LATEST_FILE = "LATEST"
+TOKENIZER_FILE = "tokenizer.json"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ExportError(ValueError):
+    """A checkpoint that cannot be read or a destination that cannot be written; the message says which file."""
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from a checkpoint directory, or from a root: the one `LATEST` names, else the
+    newest `step-*` directory with a manifest."""
+    from .checkpoint import list_checkpoints, read_latest
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ExportError(f"{path}: no such checkpoint directory")
+    if not (path / WEIGHTS_FILE).is_file():
+        name = read_latest(path)
+        steps = list_checkpoints(path)
+        if name and (path / name / WEIGHTS_FILE).is_file():
+            path = path / name
+        elif steps:
+            path = steps[-1]
+        else:
+            raise ExportError(f"{path}: not a checkpoint (no {WEIGHTS_FILE}) and no {LATEST_FILE} or step-* "
+                              f"checkpoint under it")
+    return path
+
+
+def _validate(ckpt: Path) -> None:
+    from .checkpoint import CheckpointError, validate
+
+    try:
+        validate(ckpt)
+    except CheckpointError as e:
+        raise ExportError(f"checkpoint is invalid: {e}") from None
+
+
+def read_checkpoint(path: str | Path, validate: bool = True) -> tuple[dict, dict[str, Any], dict[str, Any]]:
+    """(weights as fp32 tensors, model config dict, trainer_state) of a checkpoint (or of LATEST under a root)."""
+    from safetensors.torch import load_file
+
+    ckpt = resolve_checkpoint(path)
+    if validate:
+        _validate(ckpt)
+    try:
+        state = json.loads((ckpt / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        model_cfg = state["config"]["model"]
+        as_model_section(model_cfg)
+    except FileNotFoundError:
+        raise ExportError(f"{ckpt}: no {TRAINER_STATE_FILE}, so the model config is unknown") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ExportError(f"{ckpt / TRAINER_STATE_FILE}: no usable config.model ({e})") from None
+    weights = load_file(str(ckpt / WEIGHTS_FILE))
+    expected = expected_state_shapes(model_cfg)
+    got = {k: tuple(v.shape) for k, v in weights.items()}
+    if got != expected:
+        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+        wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
+        raise ExportError(f"{ckpt / WEIGHTS_FILE}: weights do not match config.model: missing {missing[:5]}, "
+                          f"unexpected {extra[:5]}, wrong shapes {[(k, got[k], expected[k]) for k in wrong[:5]]}")
+    return weights, model_cfg, state
+
+
+def load_model(path: str | Path, device: str = "cpu"):
+    """A MiniMindForCausalLM in eval mode with a checkpoint's weights, and the trainer_state."""
+    from .model import MiniMindForCausalLM
+
+    weights, model_cfg, state = read_checkpoint(path)
+    model = MiniMindForCausalLM(model_cfg)
+    model.load_state_dict(weights, strict=True)
+    return model.to(device).eval(), state
+
+
+def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path:
+    """The tokenizer for a checkpoint: `explicit`, else tokenizer.json in the checkpoint, else the one in the
+    prepared corpus the run was trained on (trainer_state config.data.prepared)."""
+    if explicit:
+        if not Path(explicit).is_file():
+            raise ExportError(f"--tokenizer {explicit}: no such file")
+        return Path(explicit)
+    ckpt = resolve_checkpoint(path)
+    tried = [ckpt / TOKENIZER_FILE]
+    try:
+        state = json.loads((ckpt / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        prepared = state["config"]["data"]["prepared"]
+        if prepared and "://" not in prepared:
+            tried.append(Path(prepared) / TOKENIZER_FILE)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for candidate in tried:
+        if candidate.is_file():
+            return candidate
+    raise ExportError(f"no tokenizer found for {ckpt} (looked at {', '.join(map(str, tried))}); "
+                      f"pass --tokenizer PATH/tokenizer.json")
+
+
+def with_tied_head(weights: dict) -> dict:
+    """The weights with `lm_head.weight` added back, as its own tensor (MiniMind and HF expect the key)."""
+    out = dict(weights)
+    out[TIED_HEAD_KEY] = weights[EMBED_KEY].clone()
+    return out
+
+
+def export_minimind(path: str | Path, out: str | Path) -> Path:
+    """Write MiniMind's .pth: fp16 state dict, both names for the tied head. Returns the file written."""
+    import torch
+
+    weights, _, _ = read_checkpoint(path)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
+    tmp = out.with_name(f".{out.name}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(out)
+    return out
+
+
+def hf_config(model_cfg: dict[str, Any], dtype: str = "float32") -> dict[str, Any]:
+    """HF Qwen3Config fields for our model config (rope written both the 4.x and the 5.x way)."""
+    m = as_model_section(model_cfg)
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size,
+        "intermediate_size": m.ffn_size,
+        "num_hidden_layers": m.num_hidden_layers,
+        "num_attention_heads": m.num_attention_heads,
+        "num_key_value_heads": m.num_key_value_heads,
+        "head_dim": m.head_dim,
+        "max_position_embeddings": m.max_position_embeddings,
+        "rope_theta": m.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_theta},
+        "rope_scaling": None,
+        "rms_norm_eps": m.rms_norm_eps,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "tie_word_embeddings": True,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "torch_dtype": dtype,
+    }
+
+
+def _tokenizer_config(max_length: int) -> dict[str, Any]:
+    names = {v: k for k, v in SPECIAL_TOKENS.items()}
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": names[BOS_ID],
+        "eos_token": names[EOS_ID],
+        "pad_token": names[PAD_ID],
+        "unk_token": names[PAD_ID],
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+    }
+
+
+def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None,
+              dtype: str = "float32") -> Path:
+    """Write an HF Qwen3 directory. Written under a temporary name and renamed, so a half export never looks
+    finished. Refuses to overwrite a non-empty directory."""
+    import torch
+    from safetensors.torch import save_file
+
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    weights, model_cfg, _ = read_checkpoint(path)
+    tokenizer_path = find_tokenizer(path, tokenizer)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch_dtype = getattr(torch, dtype)
+    tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
+    save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    max_len = as_model_section(model_cfg).max_position_embeddings
+    files = {
+        "config.json": hf_config(model_cfg, dtype),
+        "generation_config.json": {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
+        "tokenizer_config.json": _tokenizer_config(max_len),
+        "special_tokens_map.json": {k: v for k, v in _tokenizer_config(max_len).items() if k.endswith("_token")},
+    }
+    for name, body in files.items():
+        (tmp / name).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
+    shutil.copyfile(tokenizer_path, tmp / TOKENIZER_FILE)
+    if out_dir.exists():
+        out_dir.rmdir()
+    tmp.rename(out_dir)
+    return out_dir
