@@ -90,18 +90,25 @@ def _listed_files(meta: dict, where: str) -> dict[str, dict]:
     return files
 
 
-def _invariant_problems(corpus: Path) -> list[str]:
-    """[A]'s full check of a prepared corpus (hashes, doc lengths vs tokens, ids < vocab), when it is installed."""
+def _verify_prepared():
+    """[A]'s full check of a prepared corpus (sha256 of every file, doc lengths vs tokens, counts, tokenizer), or
+    None where the trainer package does not have it."""
     try:
-        from minilmd.trainer.prepare import verify_prepared
+        from minilmd.trainer.tokenstream import verify_prepared
     except ImportError:
-        return []
-    return list(verify_prepared(corpus))
+        return None
+    return verify_prepared
 
 
-def verify_staged(path: str | os.PathLike, full_hash: bool = True, invariants: bool = True) -> list[str]:
-    """Problems of a staged corpus (empty list: good): every file listed in its meta.json present with the listed
-    size and (full_hash) sha256, and (invariants) [A]'s verify_prepared content checks."""
+def _invariant_problems(corpus: Path) -> list[str]:
+    verify = _verify_prepared()
+    return list(verify(corpus)) if verify else []
+
+
+def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
+    """Problems of a staged corpus (empty list: good). Always: every file listed in its meta.json present with the
+    listed size. full_hash: also every sha256 and the corpus invariants ([A]'s verify_prepared); without it this
+    is a quick check of sizes only (a truncated file, the SIGBUS story, shows up there)."""
     root = Path(path)
     try:
         meta = json.loads((root / META).read_text(encoding="utf-8"))
@@ -114,9 +121,14 @@ def verify_staged(path: str | os.PathLike, full_hash: bool = True, invariants: b
         return [str(e)]
     problems = []
     for rel, entry in files.items():
-        problems += _file_problems(root / rel, entry, full_hash)
-    if not problems and invariants:
-        problems += _invariant_problems(root)
+        problems += _file_problems(root / rel, entry, full_hash=False)
+    if problems or not full_hash:
+        return problems
+    verify = _verify_prepared()
+    if verify is not None:
+        return list(verify(root))  # hashes every file itself
+    for rel, entry in files.items():
+        problems += _file_problems(root / rel, entry, full_hash=True)
     return problems
 
 

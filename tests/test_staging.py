@@ -19,28 +19,37 @@ from minilmd.daemon.staging import (GIB, SourceInvalid, StagingError, fit_proble
 FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy", "tokenizer.json")
 
 
-def _split(rng: np.random.Generator, n_docs: int) -> tuple[bytes, bytes]:
-    docs = [np.concatenate([[1], rng.integers(3, 6400, rng.integers(5, 40)), [2]]) for _ in range(n_docs)]
+@pytest.fixture(scope="session")
+def tokenizer_json(tmp_path_factory) -> tuple[bytes, int]:
+    """A real small tokenizer (verify_prepared loads it): its tokenizer.json bytes and vocabulary size."""
+    from minilmd.trainer.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok = train_tokenizer(["staging copies a corpus 语料 复制 到 内存盘"] * 20, vocab_size=300, out=out)
+    return out.read_bytes(), tok.get_vocab_size(with_added_tokens=True)
+
+
+def _split(rng: np.random.Generator, n_docs: int, vocab: int) -> tuple[bytes, bytes, dict]:
+    docs = [np.concatenate([[1], rng.integers(3, vocab, rng.integers(5, 40)), [2]]) for _ in range(n_docs)]
     tokens = np.concatenate(docs).astype("<u2")
     lengths = np.array([len(d) for d in docs], dtype=np.int64)
     buf = io.BytesIO()
     np.save(buf, lengths)
-    return tokens.tobytes(), buf.getvalue()
+    return tokens.tobytes(), buf.getvalue(), {"documents": n_docs, "tokens": int(lengths.sum())}
 
 
-def corpus_files(n_docs: int = 200, seed: int = 0) -> dict[str, bytes]:
+def corpus_files(tokenizer: tuple[bytes, int], n_docs: int = 200, seed: int = 0) -> dict[str, bytes]:
     """The files of a small prepared corpus in the documented layout, meta.json included."""
     rng = np.random.default_rng(seed)
-    files = {}
-    files["train/tokens.bin"], files["train/doc_lengths.npy"] = _split(rng, n_docs)
-    files["val/tokens.bin"], files["val/doc_lengths.npy"] = _split(rng, max(n_docs // 10, 2))
-    files["tokenizer.json"] = json.dumps({"model": {"type": "BPE"}, "seed": seed}).encode()
+    tok_bytes, vocab = tokenizer
+    files, splits = {}, {}
+    files["train/tokens.bin"], files["train/doc_lengths.npy"], splits["train"] = _split(rng, n_docs, vocab)
+    files["val/tokens.bin"], files["val/doc_lengths.npy"], splits["val"] = _split(rng, max(n_docs // 10, 2), vocab)
+    files["tokenizer.json"] = tok_bytes
     listed = {rel: {"size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for rel, b in files.items()}
-    meta = {"format": "minilmd-prepared", "version": 1, "vocab_size": 6400,
+    meta = {"format": "minilmd-prepared", "version": 1, "vocab_size": vocab,
             "special_ids": {"pad": 0, "bos": 1, "eos": 2},
-            "tokenizer_sha256": listed["tokenizer.json"]["sha256"],
-            "splits": {s: {"documents": 0, "tokens": len(files[f"{s}/tokens.bin"]) // 2} for s in ("train", "val")},
-            "files": listed}
+            "tokenizer_sha256": listed["tokenizer.json"]["sha256"], "splits": splits, "files": listed}
     files["meta.json"] = json.dumps(meta, indent=2).encode()
     return files
 
@@ -53,8 +62,8 @@ def write_corpus(root: Path, files: dict[str, bytes]) -> Path:
 
 
 @pytest.fixture
-def source(tmp_path) -> Path:
-    return write_corpus(tmp_path / "nfs" / "prepared", corpus_files())
+def source(tmp_path, tokenizer_json) -> Path:
+    return write_corpus(tmp_path / "nfs" / "prepared", corpus_files(tokenizer_json))
 
 
 def test_stage_copies_verifies_and_reports_progress(source, tmp_path):
@@ -105,9 +114,9 @@ def test_same_size_corruption_is_caught_by_the_hash(source, tmp_path):
     assert verify_staged(staged) == []
 
 
-def test_changed_source_is_staged_again(source, tmp_path):
+def test_changed_source_is_staged_again(source, tmp_path, tokenizer_json):
     stage(str(source), tmp_path / "shm")
-    write_corpus(source, corpus_files(seed=1))
+    write_corpus(source, corpus_files(tokenizer_json, seed=1))
     staged = stage(str(source), tmp_path / "shm")
     assert (staged / "meta.json").read_bytes() == (source / "meta.json").read_bytes()
     assert verify_staged(staged) == []
@@ -149,10 +158,10 @@ class FlakyFS(MemoryFileSystem):
 
 
 @pytest.fixture
-def flaky_source():
+def flaky_source(tokenizer_json):
     fsspec.register_implementation("flakymem", FlakyFS, clobber=True)
     fs = fsspec.filesystem("memory")
-    for rel, data in corpus_files(seed=3).items():
+    for rel, data in corpus_files(tokenizer_json, seed=3).items():
         fs.pipe_file(f"/flaky-corpus/{rel}", data)
     yield "flakymem://flaky-corpus"
     fs.rm("/flaky-corpus", recursive=True)
@@ -175,9 +184,9 @@ def test_source_failing_every_time_leaves_nothing_staged(flaky_source, tmp_path)
     assert list((tmp_path / "shm").iterdir()) == []
 
 
-def test_memory_url_source(tmp_path):
+def test_memory_url_source(tmp_path, tokenizer_json):
     fs = fsspec.filesystem("memory")
-    for rel, data in corpus_files(seed=4).items():
+    for rel, data in corpus_files(tokenizer_json, seed=4).items():
         fs.pipe_file(f"/mem-corpus/{rel}", data)
     try:
         staged = stage("memory://mem-corpus", tmp_path / "shm")
@@ -232,3 +241,12 @@ def test_sources_that_are_not_prepared_corpora_are_refused(tmp_path):
 def test_verify_staged_on_a_missing_directory(tmp_path):
     problems = verify_staged(tmp_path / "nothing")
     assert len(problems) == 1 and "meta.json: missing" in problems[0]
+
+
+def test_source_with_broken_invariants_is_refused_as_invalid(source, tmp_path):
+    meta = json.loads((source / "meta.json").read_text())
+    meta["splits"]["train"]["documents"] += 1  # hashes all match; the counts do not
+    (source / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SourceInvalid, match="fails its checks: .*meta.json records 201"):
+        stage(str(source), tmp_path / "shm")
+    assert list((tmp_path / "shm").iterdir()) == []
