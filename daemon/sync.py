@@ -292,6 +292,10 @@ class Syncer:
                     ck.quarantine(Path(remote.path(name)), "damaged; replaced by a verified copy during sync")
                     self.log(f"sync: damaged remote {remote.show(name)} quarantined, replaced by a verified copy")
             remote.rename_dir(target, name)
+            _, problems = remote.intact(name)
+            if problems:  # a filesystem that acknowledged the rename without doing it (a flaky NFS server)
+                raise SyncError(f"rename of {remote.show(target)} to {name} did not take effect: "
+                                + "; ".join(problems[:3]))
         return nbytes
 
     def _point_latest(self, name: str, verify: bool) -> None:
@@ -307,6 +311,8 @@ class Syncer:
             if problems:
                 raise SyncError(f"remote {remote.show(name)} does not validate: {'; '.join(problems[:3])}")
         remote.write_latest(name)
+        if (remote.read_text(ck.LATEST) or "").strip() != name:
+            raise SyncError(f"{remote.show(ck.LATEST)} does not read back as {name} after replacing it")
 
     def _clean_remote_tmp(self) -> None:
         for n in self.remote.names():

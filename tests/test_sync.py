@@ -224,3 +224,24 @@ def test_memory_remote_sync_fetch_and_manifest_last(tmp_path, weights):
         assert set(manifest["files"]) >= set(ck.REQUIRED_FILES)
     finally:
         fs.rm(url, recursive=True)
+
+
+def test_a_rename_or_latest_replacement_that_silently_does_nothing_is_an_error(dirs, weights, monkeypatch):
+    local, remote = dirs
+    save(local, 10, weights)
+    Syncer(local, str(remote), EXPECTED).sync_newest()
+    save(local, 20, weights)
+    from minilmd.daemon import sync
+
+    with monkeypatch.context() as m:
+        m.setattr(sync._Remote, "rename_dir", lambda self, src, dst: None)  # a dropped rename (flaky NFS)
+        with pytest.raises(SyncError, match="did not take effect"):
+            Syncer(local, str(remote), EXPECTED).sync_newest()
+    assert ck.read_latest(remote) == "step-00000010"
+    with monkeypatch.context() as m:
+        m.setattr(sync._Remote, "write_latest", lambda self, name: None)
+        with pytest.raises(SyncError, match="does not read back as step-00000020"):
+            Syncer(local, str(remote), EXPECTED).sync_newest()
+    assert ck.read_latest(remote) == "step-00000010"
+    result = Syncer(local, str(remote), EXPECTED).sync_newest()  # the copy is there already: only LATEST moves
+    assert (result.step, ck.read_latest(remote)) == (20, "step-00000020")
