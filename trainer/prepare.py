@@ -33,9 +33,11 @@ from minilmd.trainer.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source
 from minilmd.trainer.protocol import BOS_ID, EOS_ID, PAD_ID, atomic_write_json
 from minilmd.trainer.tokenizer import file_sha256, load_tokenizer
 from minilmd.trainer.tokenstream import (DOC_LENGTHS, FORMAT, META, TOKENIZER, TOKENS, VERSION, CorpusError,
-                                         open_prepared, sha256_file)
+                                         PreparedCorpus, TokenStream, open_prepared, sha256_file, verify_prepared)
 
-__all__ = ["prepare", "InputError", "CorpusError", "split_is_val", "leak_key"]
+# The reading side lives in tokenstream.py; re-exported so that callers may import either module.
+__all__ = ["prepare", "InputError", "CorpusError", "split_is_val", "leak_key", "open_prepared", "verify_prepared",
+           "PreparedCorpus", "TokenStream"]
 
 BLOCK_BYTES = 1 << 20
 MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of them are counted

@@ -1,0 +1,109 @@
+"""Tokenizer training and the load-time check of MiniMind's special ids ([A], issue 2)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from data_helpers import MINIMIND_TOKENIZER, demo_slice, small_tokenizer, write_jsonl
+
+from minilmd.trainer.tokenizer import TokenizerError, check_tokenizer, load_tokenizer, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return demo_slice(tmp_path_factory.mktemp("demo"), 400)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    return small_tokenizer(corpus, tmp_path_factory.mktemp("tok") / "tokenizer.json", vocab_size=400)
+
+
+def test_trained_tokenizer_has_minimind_special_ids_and_round_trips(trained):
+    tok = load_tokenizer(trained)
+    assert [tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
+    assert tok.get_vocab_size() == 400
+    for text in ["这本书写得很好，推荐！", "Mixed 中文 and English, 123 ✓", "  leading spaces\nand lines"]:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        assert min(ids) > 2, "plain text must never encode to PAD/BOS/EOS"
+        assert tok.decode(ids, skip_special_tokens=False) == text
+
+
+def test_load_accepts_a_directory_holding_tokenizer_json(trained):
+    assert load_tokenizer(trained.parent).token_to_id("<|im_end|>") == 2
+
+
+def _tokenizer_with_specials(specials: list[str], extra_vocab: int = 0):
+    from tokenizers import Tokenizer, models
+
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    for i in range(extra_vocab):
+        vocab[f"w{i}"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=specials[0]))
+    tok.add_special_tokens(specials)
+    return tok
+
+
+@pytest.mark.parametrize("specials, expected", [
+    (["<|im_start|>", "<|endoftext|>", "<|im_end|>"], "'<|im_start|>' has id 0, minilmd needs id 1"),
+    (["<|endoftext|>", "<|im_end|>", "<|im_start|>"], "'<|im_end|>' has id 1, minilmd needs id 2"),
+    (["<|endoftext|>", "<|im_start|>", "<eos>"], "'<|im_end|>' is missing (minilmd needs it as id 2)"),
+])
+def test_load_refuses_other_special_ids_naming_the_mismatch(tmp_path, specials, expected):
+    path = tmp_path / "tokenizer.json"
+    _tokenizer_with_specials(specials, 10).save(str(path))
+    with pytest.raises(TokenizerError) as e:
+        load_tokenizer(path)
+    assert expected in str(e.value)
+    assert str(path) in str(e.value)
+
+
+def test_load_refuses_a_vocabulary_that_does_not_fit_uint16(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    _tokenizer_with_specials(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 65536).save(str(path))
+    with pytest.raises(TokenizerError, match=r"vocabulary has 65539 entries.*< 65536"):
+        load_tokenizer(path)
+
+
+def test_load_refuses_missing_and_malformed_files(tmp_path):
+    with pytest.raises(TokenizerError, match="no such tokenizer file"):
+        load_tokenizer(tmp_path / "nope.json")
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json", encoding="utf-8")
+    with pytest.raises(TokenizerError, match="not a valid tokenizer.json"):
+        load_tokenizer(bad)
+
+
+def test_train_refuses_a_vocab_size_without_room_for_bytes_and_specials():
+    with pytest.raises(TokenizerError, match="at least 259"):
+        train_tokenizer(["abc"], vocab_size=200)
+
+
+@pytest.mark.skipif(not MINIMIND_TOKENIZER.is_file(),
+                    reason=f"MiniMind's tokenizer is not present at {MINIMIND_TOKENIZER} (no ../shared)")
+def test_minimind_tokenizer_is_accepted():
+    tok = load_tokenizer(MINIMIND_TOKENIZER)
+    check_tokenizer(tok)
+    assert tok.get_vocab_size() == 6400
+    ids = tok.encode("如何才能摆脱拖延症？", add_special_tokens=False).ids
+    assert tok.decode(ids) == "如何才能摆脱拖延症？"
+
+
+def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, corpus):
+    out = tmp_path / "tok.json"
+    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "tokenizer", "train", *corpus,
+                           "--vocab-size", "300", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["added_tokens"][2]["content"] == "<|im_end|>"
+    assert load_tokenizer(out).get_vocab_size() == 300
+
+    bad = write_jsonl(tmp_path / "bad.jsonl", ["fine"])
+    with open(bad, "a", encoding="utf-8") as f:
+        f.write('{"text": 5}\n')
+    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "tokenizer", "train", str(bad),
+                           "--vocab-size", "300", "--out", str(tmp_path / "t2.json")], capture_output=True, text=True)
+    assert done.returncode == 65
+    assert f"{bad}:2: text not string" in done.stderr
+    assert not (tmp_path / "t2.json").exists()
