@@ -279,11 +279,20 @@ def _kernel_log_oom(pid: int) -> bool:
 
 # --- hangs and orphans -----------------------------------------------------------------------------------------
 
-def dump_stack(pid: int, log_path: Path, timeout: float = 20.0) -> str:
-    """Append the hung child's Python stacks to its attempt log with py-spy, if installed. Returns what happened."""
+def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool = False) -> str:
+    """Append the hung child's Python stacks to its attempt log: with py-spy if installed, else by SIGUSR1, on which
+    `minilmd train` dumps every thread's stack to stderr (faulthandler), that is into the same log. Torchrun itself
+    would die of SIGUSR1, so that fallback is for a single trainer process only. Returns what happened."""
     py_spy = shutil.which("py-spy")
     if not py_spy:
-        return "py-spy not installed: no stack dump"
+        if torchrun:
+            return "py-spy not installed: no stack dump"
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return "the trainer was gone before its stack could be dumped"
+        time.sleep(1.0)  # faulthandler writes from its C handler at once; leave it a moment to reach the log
+        return "SIGUSR1 sent: the trainer's faulthandler dumped its stacks into the attempt log"
     try:
         out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as e:

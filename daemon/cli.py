@@ -263,6 +263,63 @@ def export(
 # === end weights ===
 
 # === supervisor: run, status, logs, stop ===
+@app.command("run")
+def run_command(
+    config: str = typer.Argument(..., help="The run config (TOML)."),
+    check: bool = typer.Option(False, "--check", help="Validate the config only: exit 0, or 2 listing every problem."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
+
+    Exit status: 0 finished (or stopped on request), 2 bad config or run owned by another supervisor, 65 bad data,
+    79 gave up after too many restarts (2, 65 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
+    if check:
+        from minilmd.trainer.config import ConfigError, load_config
+
+        try:
+            cfg = load_config(config, set_)
+        except ConfigError as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(2)
+        typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
+        raise typer.Exit(0)
+    from minilmd.daemon.supervisor import run_supervisor
+
+    raise typer.Exit(run_supervisor(config, set_))
+
+
+@app.command("status")
+def status_command(
+    run_dir: str = typer.Argument(".", help="The run directory (run.dir of the config)."),
+    as_json: bool = typer.Option(False, "--json", help="state.json plus whether the supervisor runs, as JSON."),
+) -> None:
+    """Where a run stands: phase, step, loss, tok/s, ETA, checkpoints local and remote, restarts, last error."""
+    from minilmd.daemon.operator import status
+
+    raise typer.Exit(status(run_dir, as_json))
+
+
+@app.command("logs")
+def logs_command(
+    run_dir: str = typer.Argument(".", help="The run directory."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (next attempts too)."),
+    lines: int = typer.Option(20, "--lines", "-n", help="Lines of each log to show first."),
+) -> None:
+    """The supervisor's events and the current attempt's trainer output."""
+    from minilmd.daemon.operator import logs
+
+    raise typer.Exit(logs(run_dir, follow, lines))
+
+
+@app.command("stop")
+def stop_command(
+    run_dir: str = typer.Argument(".", help="The run directory."),
+    timeout: float = typer.Option(0.0, "--timeout", help="Give up waiting after this many seconds (0: wait)."),
+) -> None:
+    """Ask the supervisor to stop: the trainer saves at the next step, the last sync runs, then it exits 0."""
+    from minilmd.daemon.operator import stop
+
+    raise typer.Exit(stop(run_dir, timeout))
 # === end supervisor ===
 
 

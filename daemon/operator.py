@@ -151,6 +151,15 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
     out = out or sys.stdout
     run_dir = Path(run_dir)
     problem = _run_problem(run_dir)
+    if problem and follow:
+        # `logs -f` started beside `run` (the tmux launcher) may come before the run directory: wait for it
+        print(f"{problem}\nwaiting for it to become a run (Ctrl-C to quit)...", file=sys.stderr, flush=True)
+        try:
+            while _run_problem(run_dir):
+                time.sleep(poll_s)
+        except KeyboardInterrupt:
+            return NOT_A_RUN
+        problem = None
     if problem:
         print(problem, file=sys.stderr)
         return NOT_A_RUN

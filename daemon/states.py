@@ -15,7 +15,7 @@ class Phase(str, Enum):
     STARTING = "starting"  # the trainer is launched; no heartbeat from it yet
     TRAINING = "training"  # the trainer's heartbeat is fresh
     BACKOFF = "backoff"  # the trainer died; waiting before the next attempt
-    STOPPING = "stopping"  # asked to stop: trainer told to save, then a last sync
+    STOPPING = "stopping"  # the trainer finished, or a stop was asked (trainer told to save): the last sync
     DONE = "done"  # the budget is reached (or stopped on request) and the newest checkpoint synced
     FAILED = "failed"  # a final error: bad config or data, or the restart policy gave up
 
@@ -27,21 +27,19 @@ FINAL_PHASES = frozenset({Phase.DONE, Phase.FAILED})
 
 # Every allowed transition and the name it is logged under. STOPPING and FAILED are reachable from every live phase.
 TRANSITIONS: dict[tuple[Phase, Phase], str] = {
-    (Phase.WAITING_GPU, Phase.STAGING): "gpu_acquired",
+    (Phase.WAITING_GPU, Phase.STAGING): "gpu_ready",
     (Phase.STAGING, Phase.STARTING): "staged",
     (Phase.STAGING, Phase.BACKOFF): "staging_failed",
     (Phase.STARTING, Phase.TRAINING): "first_heartbeat",
     (Phase.STARTING, Phase.BACKOFF): "child_died",
     (Phase.TRAINING, Phase.BACKOFF): "child_died",
-    (Phase.STARTING, Phase.DONE): "finished",
-    (Phase.TRAINING, Phase.DONE): "finished",
     (Phase.BACKOFF, Phase.STARTING): "restart",
     (Phase.BACKOFF, Phase.STAGING): "restage",
     (Phase.BACKOFF, Phase.WAITING_GPU): "wait_for_gpu",
     (Phase.STOPPING, Phase.DONE): "stopped",
 }
 for _live in (Phase.WAITING_GPU, Phase.STAGING, Phase.STARTING, Phase.TRAINING, Phase.BACKOFF):
-    TRANSITIONS[(_live, Phase.STOPPING)] = "stop_requested"
+    TRANSITIONS[(_live, Phase.STOPPING)] = "stopping"
     TRANSITIONS[(_live, Phase.FAILED)] = "gave_up"
 TRANSITIONS[(Phase.STOPPING, Phase.FAILED)] = "gave_up"
 

@@ -55,10 +55,18 @@ class Infra:
             return nvml
         return gpu.GpuAdmission(nvml, cfg.gpu, run_name=cfg.run.name)
 
-    def stage(self, cfg: RunConfig, progress) -> Path:
+    def stage(self, cfg: RunConfig, progress, log) -> Path:
         from minilmd.daemon import staging
 
-        return staging.stage(cfg.data.prepared, cfg.scratch_dir, progress=progress)
+        return staging.stage(cfg.data.prepared, cfg.scratch_dir, progress=progress, log=log)
+
+    def is_final_staging_error(self, error: BaseException) -> bool:
+        """True when retrying cannot help: the source is not a usable prepared corpus, or the checkpoint found
+        on the remote belongs to another model/corpus."""
+        from minilmd.daemon.staging import SourceInvalid
+        from minilmd.trainer.checkpoint import CheckpointMismatch
+
+        return isinstance(error, (SourceInvalid, CheckpointMismatch))
 
     def verify_staged(self, path: Path) -> list[str]:
         from minilmd.daemon import staging
@@ -78,10 +86,10 @@ class Infra:
             pass
         return checkpoint.Expectation(model=cfg.model_dict(), data_fingerprint=data_fp, tokenizer_fingerprint=tok_fp)
 
-    def syncer(self, cfg: RunConfig, expected):
+    def syncer(self, cfg: RunConfig, expected, log):
         from minilmd.daemon import sync
 
-        return sync.Syncer(cfg.checkpoint_dir, cfg.run.remote, expected, cfg.sync.keep)
+        return sync.Syncer(cfg.checkpoint_dir, cfg.run.remote, expected, cfg.sync.keep, log=log)
 
     def prune_local(self, root: Path, keep: int, protect: list[Path], log) -> list[Path]:
         from minilmd.trainer import checkpoint
@@ -175,6 +183,7 @@ class Supervisor:
         self.last_state_save = 0.0
         self.last_gpu_summary = ""
         self.finish_kind = ""  # "done" or "stop" while in STOPPING
+        self.thread_logs: list[str] = []  # messages from the staging/sync threads, emitted by the loop
         self.stopping_since = 0.0
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
@@ -279,9 +288,17 @@ class Supervisor:
             handler()
         self._read_progress()
         self._tick_sync()
+        self._drain_thread_logs()
         self.notifier.watchdog()
         if now() - self.last_state_save >= STATE_EVERY_S:
             self._save_state()
+
+    def _log_from_thread(self, message: str) -> None:
+        self.thread_logs.append(message)  # list.append is atomic; the loop emits it
+
+    def _drain_thread_logs(self) -> None:
+        while self.thread_logs:
+            self.events.emit("info", self.thread_logs.pop(0))
 
     def _handle_signals(self) -> None:
         if self.signals.hup:
@@ -369,6 +386,11 @@ class Supervisor:
         if worker.error is not None:
             staging.update(state="failed", error=worker.error_text)
             self.state["last_error"] = f"staging failed: {worker.error_text}"
+            if self.infra.is_final_staging_error(worker.error):
+                kind = "checkpoint" if "Checkpoint" in type(worker.error).__name__ else "data"
+                self._fail(protocol.SUPERVISOR_CONFIG if kind == "checkpoint" else protocol.EXIT_DATA,
+                           f"{kind} error, final: {worker.error_text}")
+                return
             streak = self.state["no_progress_streak"] + 1
             self.state["no_progress_streak"] = streak
             if streak >= self.cfg.restart.no_progress_limit:
@@ -384,7 +406,7 @@ class Supervisor:
             self.events.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}")
         if self.cfg.run.remote and self.syncer is None:
             try:
-                self.syncer = self.infra.syncer(self.cfg, expected)
+                self.syncer = self.infra.syncer(self.cfg, expected, self._log_from_thread)
             except Exception as e:  # noqa: BLE001 - a bad remote never stops training; status shows it
                 self.state["sync"].update(state="failed", error=f"{type(e).__name__}: {e}")
         self._launch()
@@ -392,14 +414,15 @@ class Supervisor:
     def _stage_job(self):
         """In the staging thread: stage the corpus, then fetch a remote checkpoint when scratch holds none."""
         def progress(*args):
-            self.state["staging"]["progress"] = args[0] if len(args) == 1 else list(args)
+            info = args[0] if len(args) == 1 else list(args)
+            self.state["staging"]["progress"] = info.describe() if hasattr(info, "describe") else info
 
-        staged = self.infra.stage(self.cfg, progress)
+        staged = self.infra.stage(self.cfg, progress, self._log_from_thread)
         expected = fetched = None
         if self.cfg.run.remote:
             expected = self.infra.expectation(self.cfg, staged)
             if not local_checkpoint_steps(self.cfg.checkpoint_dir):
-                syncer = self.syncer or self.infra.syncer(self.cfg, expected)
+                syncer = self.syncer or self.infra.syncer(self.cfg, expected, self._log_from_thread)
                 fetched = syncer.fetch_latest(self.cfg.checkpoint_dir)
         return staged, expected, fetched
 
@@ -440,7 +463,7 @@ class Supervisor:
         if now() - last_sign > hang_timeout:
             detail = f"no heartbeat for {now() - last_sign:.0f}s (restart.hang_timeout {hang_timeout:.0f}s)"
             self.events.emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
-            dumped = childmod.dump_stack(child.pid, child.log_path)
+            dumped = childmod.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
             child.killed_for_hang = True
             child.extra["hang_detail"] = f"{detail}; {dumped}"
             child.signal_group(signal.SIGKILL)
@@ -576,8 +599,8 @@ class Supervisor:
             return
         if self.syncer is None:
             try:
-                self.syncer = self.infra.syncer(self.cfg, self.infra.expectation(self.cfg, self.staged)
-                                                if self.staged else None)
+                expected = self.infra.expectation(self.cfg, self.staged) if self.staged else None
+                self.syncer = self.infra.syncer(self.cfg, expected, self._log_from_thread)
             except Exception as e:  # noqa: BLE001
                 self._finish(f"no sync possible: {type(e).__name__}: {e}")
                 return

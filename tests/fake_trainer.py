@@ -1,0 +1,201 @@
+"""A stand-in for `minilmd train` that honours the trainer <-> supervisor protocol in milliseconds, without torch.
+
+    python tests/fake_trainer.py train CONFIG [--set SECTION.KEY=VALUE ...]
+
+What it does like the real trainer: reads the run config (exit 2 if bad), opens the prepared corpus (exit 65 if it
+has no meta.json) and reads its train/tokens.bin through an mmap every step (so truncating the staged file under it
+gives a real SIGBUS), resumes from the newest checkpoint in scratch, writes the heartbeat every step and
+metrics.jsonl lines, saves checkpoints that [D]'s strict validation accepts (right keys and shapes, finite, manifest
+last, atomic rename, LATEST), saves and exits 75 on SIGTERM, exits 0 at the budget, honours MINILMD_FAULT
+(oom, sigbus, sigkill, hang, exception; each once per run). Its "weights" are a hash chain over the tokens read at
+each step: a run interrupted anywhere and resumed ends with the same value as an undisturbed one.
+
+Environment: FAKE_STEP_S seconds per step (default 0.02); FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
+train.micro_batch_size is above this (a GPU too small for the micro-batch).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from minilmd.trainer import protocol
+from minilmd.trainer.config import ConfigError, load_config, parse_duration
+from minilmd.trainer.model_shapes import expected_state_shapes
+
+STOP = {"requested": False}
+
+
+def _on_term(signum, frame):
+    STOP["requested"] = True
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def fingerprints(prepared: Path) -> dict:
+    try:
+        from minilmd.trainer.tokenstream import open_prepared
+
+        corpus = open_prepared(prepared)
+        return {"data": corpus.data_fingerprint, "tokenizer": corpus.tokenizer_fingerprint}
+    except Exception:  # noqa: BLE001 - the supervisor then compares None with None
+        return {"data": None, "tokenizer": None}
+
+
+def save(root: Path, step: int, weights: int, cfg, prints: dict, keep: int) -> Path:
+    from safetensors.numpy import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:08d}"
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    tmp.mkdir()
+    tensors = {k: np.full(shape, (weights % 1000) / 1000.0, dtype=np.float32)
+               for k, shape in expected_state_shapes(cfg.model).items()}
+    save_file(tensors, str(tmp / "model.safetensors"))
+    save_file({}, str(tmp / "optimizer.safetensors"))
+    (tmp / "optimizer.json").write_text(json.dumps({"param_groups": [], "scalars": {}}))
+    state = {"step": step, "tokens_seen": step * cfg.train.seq_len, "config": cfg.to_dict(), "fingerprints": prints,
+             "fake_weights": weights, "world_size": 1, "total_steps": cfg.train.max_steps}
+    (tmp / "trainer_state.json").write_text(json.dumps(state))
+    files = {f.name: {"size": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(tmp.iterdir())}
+    manifest = {"format": "minilmd-checkpoint", "version": 1, "step": step, "files": files}
+    (tmp / "manifest.json").write_text(json.dumps(manifest))
+    os.rename(tmp, root / name)
+    protocol.atomic_write_text(root / "LATEST", name + "\n")
+    steps = sorted(p for p in root.iterdir() if p.name.startswith("step-") and (p / "manifest.json").is_file())
+    for old in steps[:-keep]:
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    return root / name
+
+
+def resume(root: Path) -> tuple[int, int]:
+    if not root.is_dir():
+        return 0, 0
+    for p in sorted((p for p in root.iterdir() if p.name.startswith("step-")), reverse=True):
+        try:
+            state = json.loads((p / "trainer_state.json").read_text())
+            if (p / "manifest.json").is_file():
+                return state["step"], state["fake_weights"]
+        except (OSError, ValueError, KeyError):
+            continue
+    return 0, 0
+
+
+class Faults:
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / protocol.FAULTS_FIRED
+        self.wanted = {}
+        for item in filter(None, os.environ.get(protocol.FAULT_ENV, "").split(",")):
+            kind, _, step = item.partition("@")
+            if kind not in protocol.FAULT_KINDS or not step.isdigit():
+                raise ConfigError([f"{protocol.FAULT_ENV}: bad fault {item!r}"], protocol.FAULT_ENV)
+            self.wanted[item] = (kind, int(step))
+
+    def due(self, step: int) -> str | None:
+        fired = set(self.path.read_text().split()) if self.path.exists() else set()
+        for item, (kind, at) in self.wanted.items():
+            if at == step and item not in fired:
+                with open(self.path, "a") as f:
+                    f.write(item + "\n")
+                return kind
+        return None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] != "train":
+        print("usage: fake_trainer.py train CONFIG [--set K=V ...]", file=sys.stderr)
+        return protocol.EXIT_CONFIG
+    sets = [argv[i + 1] for i in range(2, len(argv) - 1) if argv[i] == "--set"]
+    try:
+        cfg = load_config(argv[1], sets, check_paths=False)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return protocol.EXIT_CONFIG
+    run_dir, ckpt_root = cfg.run_dir, cfg.checkpoint_dir
+    prepared = Path(cfg.data.prepared)
+    if not (prepared / "meta.json").is_file():
+        print(f"data error: {prepared} has no meta.json", file=sys.stderr)
+        return protocol.EXIT_DATA
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    step_s = float(os.environ.get("FAKE_STEP_S", "0.02"))
+    oom_above = os.environ.get("FAKE_OOM_ABOVE_MB")
+    mb, accum = cfg.train.micro_batch_size, cfg.train.grad_accum
+    print(f"fake trainer pid {os.getpid()}: micro_batch_size {mb}, grad_accum {accum}", flush=True)
+    if oom_above and mb > int(oom_above):
+        protocol.write_fault(run_dir, "cuda_oom", f"CUDA out of memory at micro_batch_size {mb}", step=0,
+                             micro_batch_size=mb)
+        return protocol.EXIT_CUDA_OOM
+
+    tokens_file = open(prepared / "train" / "tokens.bin", "rb")
+    tokens = mmap.mmap(tokens_file.fileno(), 0, prot=mmap.PROT_READ)
+    n_tokens = len(tokens) // 2
+    prints = fingerprints(prepared)
+    step, weights = resume(ckpt_root)
+    print(f"resuming at step {step}", flush=True)
+    every = cfg.train.checkpoint_every
+    every_steps = every if isinstance(every, int) else None
+    every_s = None if every_steps else parse_duration(every)
+    last_save = time.monotonic()
+    try:
+        faults = Faults(run_dir)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return protocol.EXIT_CONFIG
+    heartbeat = run_dir / protocol.HEARTBEAT
+    metrics = open(run_dir / protocol.METRICS, "a", buffering=1)
+    total = cfg.train.max_steps
+    while step < total:
+        kind = faults.due(step + 1)
+        if kind == "oom":
+            protocol.write_fault(run_dir, "cuda_oom", "injected CUDA OOM", step=step + 1, micro_batch_size=mb)
+            return protocol.EXIT_CUDA_OOM
+        if kind == "sigbus":
+            os.kill(os.getpid(), signal.SIGBUS)
+        if kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            while True:
+                time.sleep(1)
+        if kind == "exception":
+            raise RuntimeError(f"injected exception at step {step + 1}")
+        t0 = time.monotonic()
+        time.sleep(step_s)
+        i = (step * 7919) % n_tokens
+        token = int.from_bytes(tokens[2 * i:2 * i + 2], "little")  # a page fault: SIGBUS if the file shrank
+        weights = (weights * 1000003 + token + 1) % (1 << 61)
+        step += 1
+        heartbeat.write_text(str(step))
+        dt = time.monotonic() - t0
+        if step % cfg.train.log_every == 0 or step == total:
+            metrics.write(json.dumps({"kind": "train", "step": step, "tokens_seen": step * cfg.train.seq_len * mb * accum,
+                                      "loss": 10.0 / (1 + step), "lr": cfg.train.lr, "grad_norm": 1.0,
+                                      "tok_s": cfg.train.seq_len * mb * accum / dt, "step_time": dt,
+                                      "total_steps": total, "time": time.time(), "micro_batch_size": mb,
+                                      "grad_accum": accum}) + "\n")
+        due = (every_steps and step % every_steps == 0) or (every_s and time.monotonic() - last_save >= every_s)
+        if STOP["requested"] or due or step == total:
+            path = save(ckpt_root, step, weights, cfg, prints, cfg.train.keep_local)
+            last_save = time.monotonic()
+            metrics.write(json.dumps({"kind": "checkpoint", "step": step, "blocking_s": 0.0, "path": str(path),
+                                      "time": time.time()}) + "\n")
+        if STOP["requested"] and step < total:
+            print(f"stopped at step {step}", flush=True)
+            return protocol.EXIT_STOPPED
+    print(f"done at step {step}: weights {weights}", flush=True)
+    return protocol.EXIT_DONE
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

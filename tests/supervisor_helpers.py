@@ -1,0 +1,104 @@
+"""Helpers for the supervisor's tests: a tiny run config, a supervisor as a real process, waiting on its files."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from minilmd.daemon.child import TRAINER_CMD_ENV
+from minilmd.trainer.protocol import FAULT_ENV
+
+FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
+TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "max_position_embeddings": 256}
+
+
+def _toml_value(v) -> str:
+    return json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else repr(v)
+
+
+def write_config(tmp: Path, corpus: tuple[Path, int], name: str = "s", remote: bool = True, **sections) -> Path:
+    """A tiny supervised run on the CPU; sections={"train": {...}} override the defaults below."""
+    prepared, vocab = corpus
+    body = {
+        "run": {"name": name, "dir": str(tmp / name / "run"), "scratch": str(tmp / name / "scratch")},
+        "data": {"prepared": str(prepared), "val_windows": 4},
+        "model": {**TINY_MODEL, "vocab_size": vocab},
+        "train": {"seq_len": 32, "micro_batch_size": 4, "grad_accum": 1, "lr": 3e-3, "max_steps": 30,
+                  "log_every": 1, "eval_every": 0, "checkpoint_every": 10, "device": "cpu", "keep_local": 2},
+        "sync": {"every": "1s", "keep": 2},
+        "restart": {"backoff_initial": "0.1s", "backoff_max": "0.5s", "hang_timeout": "30s"},
+    }
+    if remote:
+        body["run"]["remote"] = str(tmp / name / "remote")
+    for section, values in sections.items():
+        body.setdefault(section, {}).update(values)
+    text = "".join(f"[{s}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in kv.items()) for s, kv in body.items())
+    path = tmp / f"{name}.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def env_for(fake: bool = True, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, TRAINER_CMD_ENV, "NOTIFY_SOCKET")}
+    env["OMP_NUM_THREADS"] = "1"
+    if fake:
+        env[TRAINER_CMD_ENV] = f"{sys.executable} {FAKE_TRAINER}"
+    env.update(extra)
+    return env
+
+
+def cli(*args: str, timeout: float = 60, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env_for(**env))
+
+
+def start_supervisor(config: Path, log: Path, fake: bool = True, **extra_env) -> subprocess.Popen:
+    out = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "minilmd.daemon.cli", "run", str(config)], stdout=out,
+                            stderr=subprocess.STDOUT, env=env_for(fake, **extra_env))
+
+
+def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = True, **extra_env) -> int:
+    proc = start_supervisor(config, tmp / "supervisor.out", fake, **extra_env)
+    try:
+        return proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def state(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "state.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def events(run_dir: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def transitions(run_dir: Path) -> list[str]:
+    return [e["new"] for e in events(run_dir) if "new" in e]
+
+
+def wait_for(predicate, timeout: float = 60, what: str = "condition", interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def step_of_state(run_dir: Path) -> int:
+    return (state(run_dir).get("progress") or {}).get("step") or 0

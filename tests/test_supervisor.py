@@ -1,0 +1,241 @@
+"""The supervisor against tests/fake_trainer.py: real processes, real signals, real files, fast.
+
+Each test runs `minilmd run` as a process and reads what it leaves: state.json, events.jsonl, the remote. The fake
+trainer's "weights" are a hash chain over the tokens it read, so an interrupted run must end with the same value as
+the fake trainer run straight through.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd.trainer import checkpoint
+from minilmd.trainer.config import load_config
+from minilmd.trainer.protocol import EXIT_DATA, SUPERVISOR_CONFIG, SUPERVISOR_GAVE_UP
+from supervisor_helpers import (FAKE_TRAINER, cli, env_for, events, run_supervisor, start_supervisor, state,
+                                step_of_state, transitions, wait_for, write_config)
+from trainer_corpus import real_text_prepared
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> tuple[Path, int]:
+    return real_text_prepared(tmp_path_factory.mktemp("sup-corpus"), n_docs=400, vocab_size=512)
+
+
+def final_weights(config: Path) -> int:
+    cfg = load_config(config)
+    newest = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    return json.loads((newest / "trainer_state.json").read_text())["fake_weights"]
+
+
+@pytest.fixture(scope="session")
+def undisturbed_weights(corpus, tmp_path_factory) -> int:
+    """The fake trainer's final weights for the default config (30 steps), run straight through, unsupervised."""
+    tmp = tmp_path_factory.mktemp("undisturbed")
+    config = write_config(tmp, corpus, name="u", remote=False)
+    load_config(config).run_dir.mkdir(parents=True)
+    out = subprocess.run([sys.executable, str(FAKE_TRAINER), "train", str(config)], env=env_for(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return final_weights(config)
+
+
+def test_full_run_from_waiting_to_done_leaves_a_valid_remote_latest(tmp_path, corpus, undisturbed_weights):
+    config = write_config(tmp_path, corpus)
+    cfg = load_config(config)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(0)
+
+    assert run_supervisor(config, tmp_path, NOTIFY_SOCKET=str(tmp_path / "notify.sock")) == 0
+
+    assert transitions(cfg.run_dir) == ["staging", "starting", "training", "stopping", "done"]
+    st = state(cfg.run_dir)
+    assert st["phase"] == "done" and st["outcome"]["exit"] == 0 and st["restarts"] == []
+    assert st["progress"]["step"] == 30 and st["progress"]["total_steps"] == 30
+    remote = Path(cfg.run.remote)
+    assert checkpoint.read_latest(remote) == "step-00000030"
+    checkpoint.validate(remote / "step-00000030")
+    assert st["remote_checkpoint"]["step"] == 30 and st["remote_checkpoint"]["verified"]
+    assert final_weights(config) == undisturbed_weights
+    messages = []
+    while True:
+        try:
+            messages.append(notify.recv(4096).decode())
+        except BlockingIOError:
+            break
+    assert any("READY=1" in m for m in messages) and any("STATUS=s: done" in m for m in messages)
+
+
+def test_sigbus_from_a_truncated_staged_corpus_restages_and_finishes_identically(tmp_path, corpus,
+                                                                                    undisturbed_weights):
+    config = write_config(tmp_path, corpus)
+    cfg = load_config(config)
+    proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.1")
+    wait_for(lambda: step_of_state(cfg.run_dir) >= 5, 60, "training to reach step 5")
+    staged_tokens = cfg.scratch_dir / "corpus" / "train" / "tokens.bin"
+    os.truncate(staged_tokens, 0)  # what NFS losing the file does to a mapping: the next page fault is a SIGBUS
+    assert proc.wait(120) == 0
+    st = state(cfg.run_dir)
+    assert [r["cause"] for r in st["restarts"]] == ["sigbus"]
+    assert st["restarts"][0]["action"] == "restage" and st["restarts"][0]["exit"] == -signal.SIGBUS
+    assert transitions(cfg.run_dir).count("staging") == 2
+    assert staged_tokens.stat().st_size > 0
+    assert final_weights(config) == undisturbed_weights
+
+
+def test_sigkill_mid_run_resumes_from_the_last_checkpoint(tmp_path, corpus, undisturbed_weights):
+    config = write_config(tmp_path, corpus)
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path, MINILMD_FAULT="sigkill@15") == 0
+    st = state(cfg.run_dir)
+    assert [(r["cause"], r["exit"], r["action"]) for r in st["restarts"]] == [("killed", -9, "restart")]
+    assert "probably the OOM killer" in st["restarts"][0]["detail"]
+    second = (cfg.run_dir / "logs" / "attempt-0002.log").read_text()
+    assert "resuming at step 10" in second
+    assert final_weights(config) == undisturbed_weights
+
+
+def test_cuda_oom_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path, corpus, undisturbed_weights):
+    config = write_config(tmp_path, corpus, train={"micro_batch_size": 32, "grad_accum": 1})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path, FAKE_OOM_ABOVE_MB="8") == 0
+    st = state(cfg.run_dir)
+    assert [r["cause"] for r in st["restarts"]] == ["cuda_oom", "cuda_oom"]
+    assert st["overrides"] == {"train.micro_batch_size": 8, "train.grad_accum": 4}
+    lines = [json.loads(x) for x in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [x for x in lines if x["kind"] == "train"]
+    assert trained and all(x["micro_batch_size"] * x["grad_accum"] == 32 for x in trained)
+    assert any("micro_batch_size 16 -> 8, grad_accum 2 -> 4" in e["message"] for e in events(cfg.run_dir))
+
+
+def test_a_hang_is_detected_and_the_trainer_killed(tmp_path, corpus, undisturbed_weights):
+    config = write_config(tmp_path, corpus, restart={"hang_timeout": "1.5s", "backoff_initial": "0.1s"})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path, MINILMD_FAULT="hang@12") == 0
+    st = state(cfg.run_dir)
+    assert [r["cause"] for r in st["restarts"]] == ["hang"]
+    assert "no heartbeat" in st["restarts"][0]["detail"]
+    assert final_weights(config) == undisturbed_weights
+
+
+def test_a_config_error_is_final_without_restarts(tmp_path, corpus):
+    config = write_config(tmp_path, corpus)
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path, MINILMD_FAULT="nonsense@3") == SUPERVISOR_CONFIG
+    st = state(cfg.run_dir)
+    assert st["phase"] == "failed" and st["restarts"] == []
+    assert len(list((cfg.run_dir / "logs").glob("attempt-*.log"))) == 1
+    assert "config error" in st["last_error"]
+
+
+def test_a_source_that_is_not_a_corpus_is_a_final_data_error(tmp_path, corpus):
+    bogus = tmp_path / "bogus"
+    bogus.mkdir()
+    (bogus / "meta.json").write_text('{"format": "something else"}')
+    config = write_config(tmp_path, (bogus, corpus[1]))
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path) == EXIT_DATA
+    assert state(cfg.run_dir)["phase"] == "failed"
+    assert not (cfg.run_dir / "logs" / "attempt-0001.log").exists()
+
+
+def test_restarts_without_progress_give_up_with_status_79(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"micro_batch_size": 1},
+                          restart={"no_progress_limit": 3, "backoff_initial": "0.05s"})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path, FAKE_OOM_ABOVE_MB="0") == SUPERVISOR_GAVE_UP
+    st = state(cfg.run_dir)
+    assert st["phase"] == "failed" and "3 attempts in a row without a new checkpoint" in st["last_error"]
+    assert len(st["restarts"]) == 2  # the third death is the one that gives up
+
+
+def test_stop_leaves_a_synced_checkpoint(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 100000, "checkpoint_every": 1000})
+    cfg = load_config(config)
+    proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.05")
+    wait_for(lambda: step_of_state(cfg.run_dir) >= 5, 60, "training")
+    out = cli("stop", str(cfg.run_dir), timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert proc.wait(10) == 0
+    st = state(cfg.run_dir)
+    assert st["phase"] == "done" and st["outcome"]["exit"] == 0
+    newest = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    assert checkpoint.step_of(newest) >= 5
+    assert checkpoint.read_latest(cfg.run.remote) == newest.name
+    checkpoint.validate(Path(cfg.run.remote) / newest.name)
+    assert f"remote checkpoint step {checkpoint.step_of(newest)} (verified)" in out.stdout
+
+
+def test_a_second_supervisor_is_refused_and_says_who_owns_the_run(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 100000})
+    cfg = load_config(config)
+    proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.05")
+    try:
+        wait_for(lambda: state(cfg.run_dir).get("phase") == "training", 60, "training")
+        second = cli("run", str(config), timeout=30)
+        assert second.returncode == SUPERVISOR_CONFIG
+        assert f"pid {proc.pid}" in second.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+def test_a_restarted_supervisor_stops_the_orphaned_trainer_first(tmp_path, corpus, undisturbed_weights):
+    config = write_config(tmp_path, corpus)
+    cfg = load_config(config)
+    first = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.1")
+    wait_for(lambda: step_of_state(cfg.run_dir) >= 3, 60, "training")
+    orphan = state(cfg.run_dir)["child"]["pid"]
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert Path(f"/proc/{orphan}").exists()  # the trainer outlived its supervisor
+    second = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.1")
+    assert second.wait(120) == 0
+    evs = events(cfg.run_dir)
+    orphan_events = [e for e in evs if e["event"] == "orphan"]
+    assert orphan_events and orphan_events[0]["pids"] == [orphan]
+    gone_at = orphan_events[-1]["time"]
+    launches = [e for e in evs if e.get("new") == "starting"]
+    assert launches[-1]["time"] >= gone_at and launches[-1]["pid"] != orphan
+    assert final_weights(config) == undisturbed_weights
+
+
+def test_status_logs_and_stop_on_a_directory_that_is_not_a_run(tmp_path):
+    for command in (["status"], ["logs"], ["stop"]):
+        out = cli(*command, str(tmp_path), timeout=30)
+        assert out.returncode == 2
+        assert "not a minilmd run directory" in out.stderr
+
+
+def test_status_while_running_and_after_the_end(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 60})
+    cfg = load_config(config)
+    proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.05")
+    follower = subprocess.Popen([sys.executable, "-m", "minilmd.daemon.cli", "logs", str(cfg.run_dir), "-f"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for())
+    try:
+        wait_for(lambda: step_of_state(cfg.run_dir) >= 3, 60, "training")
+        live = cli("status", str(cfg.run_dir))
+        assert live.returncode == 0
+        assert "training" in live.stdout and f"supervisor pid {proc.pid} running" in live.stdout
+        assert "/60" in live.stdout
+        as_json = json.loads(cli("status", str(cfg.run_dir), "--json").stdout)
+        assert as_json["running"] is True and as_json["state"]["phase"] == "training"
+        assert proc.wait(60) == 0
+        time.sleep(1)
+    finally:
+        follower.send_signal(signal.SIGINT)
+        followed, _ = follower.communicate(timeout=10)
+    after = cli("status", str(cfg.run_dir))
+    assert "done" in after.stdout and "not running (ended" in after.stdout and "exit 0" in after.stdout
+    assert "[supervisor]" in followed and "stopping -> done" in followed
+    assert "done at step 60" in followed  # the trainer's own output, followed live
