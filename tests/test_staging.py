@@ -250,3 +250,37 @@ def test_source_with_broken_invariants_is_refused_as_invalid(source, tmp_path):
     with pytest.raises(SourceInvalid, match="fails its checks: .*meta.json records 201"):
         stage(str(source), tmp_path / "shm")
     assert list((tmp_path / "shm").iterdir()) == []
+
+
+# --- against a real misbehaving filesystem (tests/faultfs.py over FUSE; skipped where FUSE is unavailable) -------
+from faults_fixtures import faultfs  # noqa: E402,F401  (a pytest fixture)
+
+
+@pytest.mark.fuse
+def test_source_failing_mid_copy_on_fuse_is_retried(faultfs, tokenizer_json, tmp_path):
+    source = write_corpus(faultfs.root / "nfs" / "prepared", corpus_files(tokenizer_json, n_docs=3000))
+    size = (source / "train/tokens.bin").stat().st_size
+    faultfs.fail_reads("*train/tokens.bin", from_offset=size // 2)
+    logs = []
+
+    def log(msg):  # the NFS server comes back once the first attempt has failed
+        logs.append(msg)
+        if "retrying" in msg:
+            faultfs.clear()
+
+    staged = stage(str(source), tmp_path / "shm", retries=3, backoff_s=0.01, log=log)
+    assert faultfs.hits("error", "read")
+    assert sum("retrying train/tokens.bin" in m for m in logs) == 1 and "Errno 5" in logs[1]
+    assert verify_staged(staged) == []
+
+
+@pytest.mark.fuse
+def test_source_reporting_a_short_file_on_fuse_is_never_staged(faultfs, tokenizer_json, tmp_path):
+    source = write_corpus(faultfs.root / "nfs" / "prepared", corpus_files(tokenizer_json))
+    faultfs.shrink("*val/tokens.bin", 10)  # an attribute refresh after an NFS hiccup saw a truncated file
+    with pytest.raises(StagingError, match="val/tokens.bin failed after 2 attempts: copied 10 bytes"):
+        stage(str(source), tmp_path / "shm", retries=1, backoff_s=0.01)
+    assert faultfs.hits("shrink")
+    assert list((tmp_path / "shm").iterdir()) == []
+    faultfs.clear()
+    assert verify_staged(stage(str(source), tmp_path / "shm")) == []

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import fsspec
@@ -245,3 +246,69 @@ def test_a_rename_or_latest_replacement_that_silently_does_nothing_is_an_error(d
     assert ck.read_latest(remote) == "step-00000010"
     result = Syncer(local, str(remote), EXPECTED).sync_newest()  # the copy is there already: only LATEST moves
     assert (result.step, ck.read_latest(remote)) == (20, "step-00000020")
+
+
+# --- against a real misbehaving remote (tests/faultfs.py over FUSE; skipped where FUSE is unavailable) -----------
+from faults_fixtures import faultfs  # noqa: E402,F401  (a pytest fixture)
+
+
+def synced_once(local: Path, remote: Path, weights) -> Syncer:
+    save(local, 10, weights)
+    syncer = Syncer(local, str(remote), EXPECTED)
+    syncer.sync_newest()
+    save(local, 20, weights)
+    return syncer
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("fault", ["enospc", "drop_dir_rename", "drop_latest_rename", "shrink", "eio_readback"])
+def test_faulty_remote_never_gets_a_latest_naming_an_invalid_checkpoint(faultfs, weights, tmp_path, fault):
+    local, remote = tmp_path / "shm", faultfs.root / "nfs" / "run"
+    syncer = synced_once(local, remote, weights)
+    expected_error = {
+        "enospc": (lambda: faultfs.enospc("*.tmp-step-00000020*/optimizer.safetensors"), "No space left"),
+        "drop_dir_rename": (lambda: faultfs.drop_rename("*.tmp-step-00000020*"), "did not take effect"),
+        "drop_latest_rename": (lambda: faultfs.drop_rename("LATEST"), "does not read back"),
+        "shrink": (lambda: faultfs.shrink("*.tmp-step-00000020*/model.safetensors", 100), "size 100 bytes"),
+        "eio_readback": (lambda: faultfs.fail_reads("*.tmp-step-00000020*/trainer_state.json"), "sha256|Errno 5"),
+    }[fault]
+    expected_error[0]()
+    with pytest.raises(SyncError, match=expected_error[1]):
+        syncer.sync_newest()
+    assert faultfs.hits()
+    assert ck.read_latest(remote) == "step-00000010"
+    ck.validate(remote / "step-00000010", EXPECTED)
+    faultfs.clear()
+    assert syncer.sync_newest().step == 20
+    assert ck.read_latest(remote) == "step-00000020"
+    ck.validate(remote / "step-00000020", EXPECTED)
+    assert [n for n in names(remote) if n.startswith(".")] == []
+
+
+STALLED_SYNC = textwrap.dedent("""
+    import sys
+    from minilmd.daemon.sync import Syncer
+    Syncer(sys.argv[1], sys.argv[2]).sync_newest()
+""")
+
+
+@pytest.mark.fuse
+def test_sync_killed_while_the_remote_stalls(faultfs, weights, tmp_path):
+    local, remote = tmp_path / "shm", faultfs.root / "nfs" / "run"
+    synced_once(local, remote, weights)
+    faultfs.stall("*.tmp-step-00000020*/optimizer.json", 60, op="write")
+    proc = subprocess.Popen([sys.executable, "-c", STALLED_SYNC, str(local), str(remote)])
+    try:
+        deadline = time.monotonic() + 20
+        while not faultfs.hits("stall") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert faultfs.hits("stall"), "the sync never reached the stalled write"
+        assert ck.read_latest(remote) == "step-00000010"  # a stalled remote is behind, never wrong
+    finally:
+        proc.kill()
+        faultfs.clear()
+        proc.wait(timeout=30)
+    assert ck.read_latest(remote) == "step-00000010"
+    result = Syncer(local, str(remote), EXPECTED).sync_newest()
+    assert result.step == 20 and ck.read_latest(remote) == "step-00000020"
+    assert [n for n in names(remote) if n.startswith(".")] == []
