@@ -1,0 +1,197 @@
+"""Death classification, the restart rules, the state table and sd_notify, without a supervisor around them.
+
+Children here are real short processes (a real SIGBUS, a real exit status); the policy is a pure function.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd.daemon import child as childmod
+from minilmd.daemon.child import Death, build_command, classify, launch
+from minilmd.daemon.policy import backoff_seconds, decide
+from minilmd.daemon.runstate import MetricsTail, process_alive
+from minilmd.daemon.sdnotify import Notifier
+from minilmd.daemon.states import TRANSITIONS, IllegalTransition, Phase, check_transition
+from minilmd.trainer import protocol
+from minilmd.trainer.config import RestartSection
+
+
+def run_child(tmp_path: Path, code: str, attempt: int = 1) -> tuple[childmod.Child, int]:
+    c = launch([sys.executable, "-c", code], tmp_path, attempt, devices="")
+    return c, c.popen.wait(30)
+
+
+@pytest.mark.parametrize("code,cause", [
+    ("import sys; sys.exit(0)", "done"),
+    ("import sys; sys.exit(75)", "stopped"),
+    ("import sys; sys.exit(2)", "config_error"),
+    ("import sys; sys.exit(65)", "data_error"),
+    ("raise RuntimeError('boom')", "crash"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGBUS)", "sigbus"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "killed"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "signal"),
+])
+def test_every_end_has_one_cause(tmp_path, code, cause):
+    c, rc = run_child(tmp_path, code)
+    death = classify(c, rc, tmp_path, stop_requested=False)
+    assert death.cause == cause
+    assert death.final == (cause in ("config_error", "data_error"))
+    if cause == "crash":
+        assert "RuntimeError: boom" in death.detail  # the traceback's last line, from the attempt log
+
+
+def test_a_real_sigbus_from_a_truncated_mapping(tmp_path):
+    data = tmp_path / "tokens.bin"
+    data.write_bytes(b"\1" * 65536)
+    code = (f"import mmap, os; f = open({str(data)!r}, 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); "
+            f"os.truncate({str(data)!r}, 0); m[40000]")
+    c, rc = run_child(tmp_path, code)
+    assert rc == -signal.SIGBUS
+    assert classify(c, rc, tmp_path, stop_requested=False).cause == "sigbus"
+
+
+def test_cuda_oom_comes_from_the_fault_note_and_is_consumed(tmp_path):
+    code = (f"from minilmd.trainer.protocol import write_fault; write_fault({str(tmp_path)!r}, 'cuda_oom', "
+            f"'CUDA out of memory. Tried to allocate 144.00 MiB', step=7); raise SystemExit(76)")
+    c, rc = run_child(tmp_path, code)
+    death = classify(c, rc, tmp_path, stop_requested=False)
+    assert death.cause == "cuda_oom" and "144.00 MiB" in death.detail and death.fault["step"] == 7
+    assert not (tmp_path / protocol.FAULT).exists()
+
+
+def test_a_stale_fault_note_from_an_earlier_attempt_is_ignored(tmp_path):
+    protocol.write_fault(tmp_path, "cuda_oom", "old")
+    old = time.time() - 3600
+    os.utime(tmp_path / protocol.FAULT, (old, old))
+    c, rc = run_child(tmp_path, "raise SystemExit(1)")
+    assert classify(c, rc, tmp_path, stop_requested=False).cause == "crash"
+
+
+def test_the_child_gets_its_own_group_run_dir_and_devices(tmp_path):
+    c, rc = run_child(tmp_path, "import os; print(os.getpgid(0) == os.getpid(), os.environ['MINILMD_RUN_DIR'], "
+                                "repr(os.environ['CUDA_VISIBLE_DEVICES']))")
+    assert rc == 0
+    log = c.log_path.read_text()
+    assert c.log_path.name == "attempt-0001.log"
+    assert f"True {tmp_path.resolve()} ''" in log
+
+
+def test_orphans_are_found_by_their_run_dir_and_terminated(tmp_path):
+    c = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, 1, devices="")
+    other = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "other", 1, devices="")
+    try:
+        found: list[int] = []
+        deadline = time.monotonic() + 10
+        while c.pid not in (found := childmod.find_orphans(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert found == [c.pid]  # not the other run's process
+        childmod.terminate_orphans(found, grace=5)
+        assert c.popen.wait(5) == -signal.SIGTERM
+        assert process_alive(other.pid)
+    finally:
+        other.kill_group()
+        c.kill_group()
+
+
+def test_build_command_plain_and_torchrun(tmp_path, monkeypatch):
+    monkeypatch.delenv(childmod.TRAINER_CMD_ENV, raising=False)
+    plain = build_command(tmp_path / "run.toml", {"data.prepared": "/s/c", "train.micro_batch_size": 8})
+    assert plain == [sys.executable, "-m", "minilmd.daemon.cli", "train", str(tmp_path / "run.toml"),
+                     "--set", 'data.prepared="/s/c"', "--set", "train.micro_batch_size=8"]
+    multi = build_command(tmp_path / "run.toml", {}, nproc=4)
+    assert multi[:9] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+                         "--max-restarts", "0", "-m"]
+
+
+# --- the policy -------------------------------------------------------------------------------------------------
+
+RESTART = RestartSection(max_restarts=10, backoff_initial="1s", backoff_max="8s", no_progress_limit=3)
+
+
+def rule(cause: str, **kw) -> object:
+    args = dict(restart=RESTART, restarts_so_far=0, no_progress_streak=1, stop_requested=False,
+                micro_batch_size=32, grad_accum=1)
+    args.update(kw)
+    return decide(Death(cause, None, "detail"), **args)
+
+
+def test_policy_rules():
+    assert rule("done").action == "finish"
+    assert rule("crash", stop_requested=True).action == "stop"
+    assert (rule("config_error").action, rule("config_error").exit_status) == ("fail", 2)
+    assert (rule("data_error").action, rule("data_error").exit_status) == ("fail", 65)
+    assert rule("sigbus", staged_damaged=True).action == "restage"
+    assert rule("sigbus", staged_damaged=False).action == "restart"
+    assert rule("cuda_oom", gpu_busy=True).action == "wait_gpu"
+    oom = rule("cuda_oom", micro_batch_size=32, grad_accum=2)
+    assert oom.action == "restart" and oom.overrides == {"train.micro_batch_size": 16, "train.grad_accum": 4}
+    odd = rule("cuda_oom", micro_batch_size=6, grad_accum=1)
+    assert odd.overrides == {"train.micro_batch_size": 3, "train.grad_accum": 2}
+    prime = rule("cuda_oom", micro_batch_size=5, grad_accum=3)
+    assert prime.overrides == {"train.micro_batch_size": 1, "train.grad_accum": 15}  # global batch kept exact
+    assert rule("cuda_oom", micro_batch_size=1).overrides == {}
+    for cause in ("hang", "killed", "oom_kill", "crash", "signal", "stopped"):
+        assert rule(cause).action == "restart"
+    gave_up = rule("crash", no_progress_streak=3)
+    assert (gave_up.action, gave_up.exit_status) == ("fail", protocol.SUPERVISOR_GAVE_UP)
+    assert rule("crash", restarts_so_far=10).exit_status == protocol.SUPERVISOR_GAVE_UP
+    assert rule("config_error", restarts_so_far=10).exit_status == 2  # the cause, not the count, is reported
+
+
+def test_backoff_doubles_with_jitter_up_to_the_cap():
+    rng = random.Random(0)
+    for streak, base in ((1, 1), (2, 2), (3, 4), (4, 8), (9, 8)):
+        delays = [backoff_seconds(RESTART, streak, rng) for _ in range(50)]
+        assert all(base * 0.5 <= d <= base for d in delays)
+        assert max(delays) - min(delays) > 0  # jittered
+
+
+# --- states, metrics, sd_notify ---------------------------------------------------------------------------------
+
+def test_the_transition_table():
+    assert check_transition(Phase.TRAINING, Phase.BACKOFF) == "child_died"
+    for live in (Phase.WAITING_GPU, Phase.STAGING, Phase.STARTING, Phase.TRAINING, Phase.BACKOFF):
+        assert check_transition(live, Phase.STOPPING) == "stopping"
+        assert check_transition(live, Phase.FAILED) == "gave_up"
+    with pytest.raises(IllegalTransition):
+        check_transition(Phase.DONE, Phase.STARTING)
+    with pytest.raises(IllegalTransition):
+        check_transition(Phase.WAITING_GPU, Phase.TRAINING)
+    assert not any(old in (Phase.DONE, Phase.FAILED) for old, _ in TRANSITIONS)
+
+
+def test_metrics_tail_reads_only_whole_new_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    assert tail.read_new() == []
+    path.write_text('{"kind": "train", "step": 1}\n{"kind": "train", "st')
+    assert [r["step"] for r in tail.read_new()] == [1]
+    with open(path, "a") as f:
+        f.write('ep": 2}\nnot json\n{"kind": "eval", "step": 2}\n')
+    assert [r["kind"] for r in tail.read_new()] == ["train", "eval"]
+    assert tail.read_new() == []
+
+
+def test_sd_notify_sends_ready_status_and_watchdog(tmp_path):
+    addr = str(tmp_path / "notify")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(addr)
+    server.settimeout(2)
+    n = Notifier({"NOTIFY_SOCKET": addr, "WATCHDOG_USEC": "2000000"})
+    n.ready("waiting_gpu")
+    assert server.recv(100).decode() == "READY=1\nSTATUS=waiting_gpu"
+    n.watchdog()
+    assert server.recv(100) == b"WATCHDOG=1"
+    n.watchdog()  # within the interval (1 s): nothing sent
+    n.status("x")
+    assert server.recv(100) == b"STATUS=x"
+    assert Notifier({}).send("READY=1") is False
