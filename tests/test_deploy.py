@@ -349,3 +349,19 @@ def test_example_config_validates_with_its_placeholders_replaced(tmp_path):
     cfg = load_config(EXAMPLE, [f'run.dir="{tmp_path / "run"}"', f'run.scratch="{tmp_path / "scratch"}"',
                                 f'run.remote="{tmp_path / "nfs"}"', f'data.prepared="{prepared}"'])
     assert cfg.run.name == "pretrain-768x8" and cfg.data.prepared == str(prepared)
+
+
+def test_minilmd_run_check_accepts_the_example_and_names_a_placeholder_it_cannot_use(tmp_path):
+    """`minilmd run --check` (validate only) on the example, as the README tells a new operator to run it."""
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "meta.json").write_text("{}")
+    placeholders_replaced = ["--set", f'run.dir="{tmp_path / "run"}"', "--set", f'run.scratch="{tmp_path / "s"}"',
+                             "--set", f'run.remote="{tmp_path / "nfs"}"']
+    command = [sys.executable, "-m", "minilmd.daemon.cli", "run", "--check", str(EXAMPLE), *placeholders_replaced]
+    ok = subprocess.run([*command, "--set", f'data.prepared="{prepared}"'], capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # the untouched NFS placeholder for the corpus is refused, by name
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "data.prepared" in refused.stdout + refused.stderr
