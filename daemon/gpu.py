@@ -134,6 +134,8 @@ class PollReport:
     time: float
     devices: list[DeviceStatus]
     stable_polls_needed: int
+    error: str | None = None
+    """Set when NVML itself failed this poll (then no device counts as free)."""
 
     def ready(self) -> list[int]:
         """Indices free for stable_polls polls in a row (or already leased by us)."""
@@ -142,6 +144,8 @@ class PollReport:
 
     def summary(self) -> str:
         """A few lines for the supervisor log and `minilmd status`."""
+        if self.error:
+            return f"NVML query failed: {self.error}"
         if not self.devices:
             return "no GPU found by NVML"
         lines = []
@@ -157,7 +161,7 @@ class PollReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"time": self.time, "stable_polls_needed": self.stable_polls_needed,
+        return {"time": self.time, "stable_polls_needed": self.stable_polls_needed, "error": self.error,
                 "devices": [asdict(d) for d in self.devices]}
 
 
@@ -236,10 +240,22 @@ class GpuAdmission:
     def poll(self) -> PollReport:
         now = self.clock()
         ours = {i for lease in self._leases for i in lease.devices}
-        statuses = []
-        for i in range(self.nvml.device_count()):
-            statuses.append(self._poll_device(i, now, i in ours))
-        self.last_report = PollReport(now, statuses, self.gpu.stable_polls)
+        statuses, error = [], None
+        try:
+            count = self.nvml.device_count()
+        except Exception as e:  # NVML errors (driver reloaded, GPU lost) must not kill a days-long wait
+            count, error = 0, f"{type(e).__name__}: {e}"
+            self._stable.clear()
+        for i in range(count):
+            try:
+                statuses.append(self._poll_device(i, now, i in ours))
+            except Exception as e:  # one lost device is busy, the others may still be free
+                self._stable[i] = 0
+                statuses.append(DeviceStatus(index=i, name="?", uuid="", free=False,
+                                             reasons=[f"NVML query failed: {type(e).__name__}: {e}"], used_mib=-1,
+                                             utilization=None, foreign_processes=[], stable_polls=0, since=now,
+                                             leased_by_us=i in ours))
+        self.last_report = PollReport(now, statuses, self.gpu.stable_polls, error)
         self._fresh = True
         return self.last_report
 

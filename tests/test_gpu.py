@@ -185,3 +185,32 @@ def test_real_nvml_when_a_driver_is_present(tmp_path):
     assert len(report.devices) == nvml.device_count() > 0
     assert all(d.uuid.startswith(("GPU-", "MIG-")) and d.used_mib >= 0 for d in report.devices)
     assert report.summary().startswith("GPU 0 (")
+
+
+class BrokenNvml(FakeNvml):
+    """Device 1 is lost (as with NVML_ERROR_GPU_IS_LOST); with `all_lost` the whole query fails."""
+
+    all_lost = False
+
+    def device_count(self) -> int:
+        if self.all_lost:
+            raise RuntimeError("Driver Not Loaded")
+        return super().device_count()
+
+    def memory_used_mib(self, i: int) -> int:
+        if i == 1:
+            raise RuntimeError("GPU is lost")
+        return super().memory_used_mib(i)
+
+
+def test_nvml_errors_make_devices_busy_without_stopping_the_wait(tmp_path):
+    nvml = BrokenNvml([[FREE], [FREE]])
+    adm = GpuAdmission(nvml, gpu_section(tmp_path, stable_polls=1))
+    report = adm.poll()
+    assert [d.free for d in report.devices] == [True, False]
+    assert report.devices[1].reasons == ["NVML query failed: RuntimeError: GPU is lost"]
+    assert adm.try_acquire(2) is None
+    nvml.all_lost = True
+    report = adm.poll()
+    assert report.devices == [] and "Driver Not Loaded" in report.summary()
+    assert adm.try_acquire(1) is None
