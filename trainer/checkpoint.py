@@ -746,19 +746,37 @@ def restore_rng(state: dict) -> None:
 
 # --- saving without stalling the training loop -------------------------------------------------------------------
 
-def snapshot_model(model) -> dict:
+def _copy_to_cpu(t, buffers: dict | None, key: str):
+    """A CPU copy of `t`; with `buffers`, into the same (pinned, for CUDA) buffer as last time: a fresh 768 MB
+    allocation costs page faults on every save, a reused one only the copy."""
+    import torch
+
+    t = t.detach()
+    if buffers is None:
+        return t.to("cpu", copy=True)
+    buf = buffers.get(key)
+    if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+        buffers[key] = buf
+    buf.copy_(t, non_blocking=t.device.type == "cuda")
+    return buf
+
+
+def snapshot_model(model, buffers: dict | None = None) -> dict:
     """A CPU copy of the model's state dict, which the loop may then go on changing. Pass the bare model, not a
     DDP or torch.compile wrapper (their state_dict keys carry a prefix)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    return {k: _copy_to_cpu(v, buffers, "model." + k) for k, v in model.state_dict().items()}
 
 
-def snapshot_optimizer(optimizer) -> dict:
+def snapshot_optimizer(optimizer, buffers: dict | None = None) -> dict:
     import torch
 
     sd = optimizer.state_dict()
-    return {"state": {i: {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
-                          for k, v in s.items()} for i, s in sd["state"].items()},
-            "param_groups": copy.deepcopy(sd["param_groups"])}
+    state = {i: {k: _copy_to_cpu(v, buffers, f"opt.{i}.{k}") if isinstance(v, torch.Tensor) else v
+                 for k, v in s.items()} for i, s in sd["state"].items()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the non-blocking copies into pinned buffers must land before the writer reads
+    return {"state": state, "param_groups": copy.deepcopy(sd["param_groups"])}
 
 
 def optimizer_param_names(model, optimizer) -> list[str]:
@@ -778,6 +796,7 @@ class AsyncCheckpointer:
         self.root, self.keep, self.tokenizer, self.background, self.log = Path(root), keep, tokenizer, background, log
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._buffers: dict = {}  # CPU snapshot buffers, reused from one save to the next (one save in flight)
         self.last_path: Path | None = None
         self.last_write_s: float = 0.0
 
@@ -785,7 +804,8 @@ class AsyncCheckpointer:
         """Snapshot now, write in the background. Returns the seconds the caller was blocked."""
         self.wait()
         t0 = time.perf_counter()
-        args = (step, snapshot_model(model), snapshot_optimizer(optimizer), copy.deepcopy(trainer_state),
+        args = (step, snapshot_model(model, self._buffers), snapshot_optimizer(optimizer, self._buffers),
+                copy.deepcopy(trainer_state),
                 optimizer_param_names(model, optimizer))
         if self.background:
             self._thread = threading.Thread(target=self._write, args=args, name=f"checkpoint-{step}")
