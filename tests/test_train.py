@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -133,3 +132,17 @@ def test_max_tokens_budget_in_steps(tmp_path, corpus):
     assert total_steps_for_budget(cfg, global_batch=8) == 3  # ceil(1025 / 512)
     cfg.train.max_steps = 2
     assert total_steps_for_budget(cfg, global_batch=8) == 2  # both set: whichever ends first
+
+
+def test_bench_packing_reports_both_modes_side_by_side(tmp_path, corpus):
+    import re
+
+    config = write_config(tmp_path, corpus, train={"micro_batch_size": 4, "grad_accum": 1})
+    p = subprocess.run([*train_cmd(config)[:3], "bench", "packing", "--prepared", str(corpus[0]), "--config",
+                        str(config), "--steps", "2"], capture_output=True, text=True, timeout=300, env=child_env())
+    assert p.returncode == 0, p.stderr
+    rows = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(packed|padded)\s+[\d,]+\s+[\d.]+\s+([\d.]+)%",
+                                                                p.stdout, re.M)}
+    assert rows["packed"] == 0.0 and 0.0 < rows["padded"] < 100.0, p.stdout
+    limit = float(re.search(r"limit 1/\(1 - PAD share\) = ([\d.]+)x", p.stdout).group(1))
+    assert limit == pytest.approx(1 / (1 - rows["padded"] / 100), rel=0.01)

@@ -1,0 +1,111 @@
+"""`minilmd bench packing`: what packing saves over MiniMind's padded rows, measured on your corpus and hardware.
+
+The same model (same config, same seeded init) trains the same number of optimizer steps twice in one process,
+once on packed windows and once on padded one-document rows, through the trainer's own step (Trainer.train_step), their steps interleaved.
+Real tokens are the non-PAD ones. Padded rows cost as much compute as packed rows, so padding can at best reach
+(1 - PAD share) of packing's real tokens/s: the packed/padded ratio cannot exceed 1 / (1 - PAD share). The bench
+prints both rates, the ratio, the PAD share it measured over the rows it trained, that limit, and how close the
+ratio comes to it (the goal is >= 95 %: anything less is overhead of the packed path).
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .config import ConfigError, RunConfig, load_config
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    steps: int
+    seconds: float
+    real_tokens: int
+    row_tokens: int
+
+    @property
+    def tok_s(self) -> float:
+        return self.real_tokens / self.seconds
+
+    @property
+    def pad_share(self) -> float:
+        return 1.0 - self.real_tokens / self.row_tokens
+
+
+def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
+    """A Trainer for `mode` writing only under `tmp` (its run dir and scratch)."""
+    from .train import Trainer, init_distributed
+
+    cfg = copy.deepcopy(cfg)
+    cfg.run.dir, cfg.run.scratch, cfg.run.remote = f"{tmp}/{mode}/run", f"{tmp}/{mode}/scratch", ""
+    cfg.data.mode = mode
+    cfg.train.max_steps, cfg.train.max_tokens = total_steps, 0
+    return Trainer(cfg, init_distributed(cfg))
+
+
+def timed_step(trainer) -> tuple[float, int]:
+    """(seconds, real tokens) of one optimizer step, device work included."""
+    sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    loss, _, n_real = trainer.train_step()
+    float(loss)  # waits for the device
+    sync()
+    trainer.step += 1
+    return time.perf_counter() - t0, n_real
+
+
+def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> tuple[ModeResult, ModeResult]:
+    """Both modes side by side, their steps interleaved (packed, padded, padded, packed, ...) so that a machine
+    whose speed drifts (other jobs, clocks) slows both alike."""
+    with tempfile.TemporaryDirectory(prefix="minilmd-bench-") as tmp:
+        trainers = {mode: build_trainer(cfg, mode, warmup + steps, tmp) for mode in ("packed", "padded")}
+        for trainer in trainers.values():
+            for _ in range(warmup):
+                timed_step(trainer)
+        seconds = dict.fromkeys(trainers, 0.0)
+        real = dict.fromkeys(trainers, 0)
+        for i in range(steps):
+            for mode in (("packed", "padded") if i % 2 == 0 else ("padded", "packed")):
+                dt, n = timed_step(trainers[mode])
+                seconds[mode] += dt
+                real[mode] += n
+        row_tokens = trainers["packed"].global_batch * cfg.train.seq_len * steps
+        del trainers
+        gc.collect()
+    return tuple(ModeResult(m, steps, seconds[m], real[m], row_tokens) for m in ("packed", "padded"))
+
+
+def report(packed: ModeResult, padded: ModeResult, cfg: RunConfig) -> str:
+    ratio = packed.tok_s / padded.tok_s
+    limit = 1.0 / (1.0 - padded.pad_share)
+    t = cfg.train
+    return "\n".join([
+        f"bench packing: {cfg.data.prepared}, model {cfg.model.hidden_size}x{cfg.model.num_hidden_layers}, "
+        f"seq_len {t.seq_len}, {t.micro_batch_size} rows x {t.grad_accum} micro-batches, {packed.steps} timed steps",
+        f"{'mode':8} {'real tok/s':>12} {'s/step':>8} {'PAD share':>10}",
+        *(f"{r.mode:8} {r.tok_s:12,.0f} {r.seconds / r.steps:8.3f} {r.pad_share:10.1%}" for r in (packed, padded)),
+        f"packed/padded real tokens/s: {ratio:.2f}x; limit 1/(1 - PAD share) = {limit:.2f}x; "
+        f"reached {ratio / limit:.1%} of the limit (goal >= 95%)",
+    ])
+
+
+def main(prepared: str, config_path: str, steps: int = 20, overrides: list[str] | None = None) -> int:
+    try:
+        cfg = load_config(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
+    except ConfigError as e:
+        print(f"minilmd bench packing: {e}", file=sys.stderr)
+        return 2
+    if steps < 1:
+        print("minilmd bench packing: --steps must be at least 1", file=sys.stderr)
+        return 2
+    packed, padded = compare(cfg, steps)
+    print(report(packed, padded, cfg), flush=True)
+    return 0
