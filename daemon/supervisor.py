@@ -275,6 +275,7 @@ class Supervisor:
 
     # --- one tick of the loop -------------------------------------------------------------------------------------
     def _tick(self) -> None:
+        self._drain_thread_logs()
         self._handle_signals()
         handler = {
             Phase.WAITING_GPU: self._tick_waiting,
@@ -288,7 +289,6 @@ class Supervisor:
             handler()
         self._read_progress()
         self._tick_sync()
-        self._drain_thread_logs()
         self.notifier.watchdog()
         if now() - self.last_state_save >= STATE_EVERY_S:
             self._save_state()
@@ -382,6 +382,7 @@ class Supervisor:
         if not self.stage_worker.done:
             return
         worker, self.stage_worker = self.stage_worker, None
+        self._drain_thread_logs()
         staging = self.state["staging"]
         if worker.error is not None:
             staging.update(state="failed", error=worker.error_text)
@@ -663,6 +664,7 @@ class Supervisor:
 
     def _collect_sync(self) -> None:
         worker, self.sync_worker = self.sync_worker, None
+        self._drain_thread_logs()
         sync = self.state["sync"]
         every = parse_duration(self.cfg.sync.every)
         if worker.error is not None:
