@@ -384,3 +384,32 @@ def test_verify_command(tmp_path, run):
 
     out = run_cli("verify", str(tmp_path / "nope"))
     assert out.returncode == 1 and "no checkpoint" in (out.stdout + out.stderr)
+
+
+def test_two_concurrent_prunes_never_fail(tmp_path):
+    """The trainer's saver and the supervisor both prune the local root; neither may trip over the other."""
+    import threading
+
+    model, opt = make_run(0)
+    x = torch.randint(0, 256, (2, 16))
+    for step in range(1, 7):
+        model(x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ck.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+    errors = []
+
+    def prune():
+        try:
+            ck.prune(tmp_path, keep=2, log=lambda s: None)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=prune) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [ck.step_of(p) for p in ck.list_checkpoints(tmp_path)] == [5, 6]
+    assert not (tmp_path / ck.QUARANTINE).exists()

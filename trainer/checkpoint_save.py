@@ -1,0 +1,297 @@
+"""The writing half of checkpoint.py (torch, imported lazily there): `save` with the atomic protocol, `load`,
+RNG states as JSON, CPU snapshots and the background `AsyncCheckpointer`.
+
+Callers use `minilmd.trainer.checkpoint.save` etc.; checkpoint.py hands these names out on first use, so that the
+torch-free half (validation, find_latest, prune) never imports this module or torch.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .checkpoint import (FORMAT, KILL_ENV, LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META,
+                         TMP_PREFIX, TOKENIZER_FILE, TRAINER_STATE, VERSION, prune, read_manifest, step_name)
+from .protocol import atomic_write_text
+
+
+# --- writing (torch) ---------------------------------------------------------------------------------------------
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_bytes(path: Path, data: bytes) -> dict:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+_TORCH_TO_ST = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def _write_safetensors(path: Path, tensors: dict) -> dict:
+    """Stream tensors into a safetensors file, hashing as it writes: one pass, no second read, no full copy."""
+    import torch
+
+    header, offset, items = {}, 0, []
+    for name in sorted(tensors):
+        t = tensors[name].detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _TORCH_TO_ST[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        items.append(t)
+    header["__metadata__"] = {"format": "pt"}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    h = hashlib.sha256()
+    with open(path, "wb") as f:
+        for chunk in (struct.pack("<Q", len(hb)), hb):
+            f.write(chunk)
+            h.update(chunk)
+        for t in items:
+            if t.numel():
+                buf = memoryview(t.reshape(-1).view(dtype=torch.uint8).numpy())
+                f.write(buf)
+                h.update(buf)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"size": 8 + len(hb) + offset, "sha256": h.hexdigest()}
+
+
+def _flatten_optimizer(optimizer_state: dict) -> tuple[dict, dict]:
+    """torch optimizer state_dict -> ({"state.<i>.<name>": tensor}, JSON-able rest)."""
+    import torch
+
+    tensors, scalars = {}, {}
+    for idx, entry in optimizer_state.get("state", {}).items():
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{int(idx)}.{name}"] = value
+            else:
+                scalars.setdefault(str(int(idx)), {})[name] = value
+    groups, tuple_keys = [], []
+    for g in optimizer_state.get("param_groups", []):
+        groups.append({k: list(v) if isinstance(v, tuple) else v for k, v in g.items()})
+        tuple_keys.append(sorted(k for k, v in g.items() if isinstance(v, tuple)))
+    return tensors, {"param_groups": groups, "tuple_keys": tuple_keys, "scalars": scalars}
+
+
+def _maybe_kill(point: str, step: int) -> None:
+    if os.environ.get(KILL_ENV) == f"{point}@{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state: dict, trainer_state: dict, *,
+         tokenizer: str | os.PathLike | None = None, param_names: list[str] | None = None) -> Path:
+    """Write checkpoint `step` under `root` with the full atomic protocol; returns its directory.
+
+    `model_state` holds exactly the tensors of model_shapes.expected_state_shapes (fp32, on any device);
+    `optimizer_state` is optimizer.state_dict(); `trainer_state` is JSON-able (its "step", if any, must be
+    `step`); `tokenizer` a tokenizer.json to copy in; `param_names[i]` the name of optimizer parameter i."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    if "step" in trainer_state and trainer_state["step"] != step:
+        raise ValueError(f"trainer_state step {trainer_state['step']} != checkpoint step {step}")
+    final = root / step_name(step)
+    tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    files = {MODEL_FILE: _write_safetensors(tmp / MODEL_FILE, model_state)}
+    _maybe_kill("after_model", step)
+    opt_tensors, opt_meta = _flatten_optimizer(optimizer_state)
+    opt_meta["param_names"] = list(param_names) if param_names else None
+    files[OPTIMIZER_FILE] = _write_safetensors(tmp / OPTIMIZER_FILE, opt_tensors)
+    files[OPTIMIZER_META] = _write_bytes(tmp / OPTIMIZER_META, json.dumps(opt_meta, indent=1).encode())
+    state = {**trainer_state, "step": step}
+    files[TRAINER_STATE] = _write_bytes(tmp / TRAINER_STATE, json.dumps(state, indent=2, sort_keys=True).encode())
+    if tokenizer is not None:
+        files[TOKENIZER_FILE] = _write_bytes(tmp / TOKENIZER_FILE, Path(tokenizer).read_bytes())
+    _maybe_kill("before_manifest", step)
+    manifest = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
+    _write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    _fsync_dir(tmp)
+    _maybe_kill("before_rename", step)
+    if final.exists():  # a leftover without a valid manifest (a valid one would have been resumed from)
+        os.rename(final, root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}")
+        shutil.rmtree(root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}", ignore_errors=True)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _maybe_kill("before_latest", step)
+    atomic_write_text(root / LATEST, final.name + "\n")
+    _fsync_dir(root)
+    return final
+
+
+# --- reading (torch) ---------------------------------------------------------------------------------------------
+
+def load(ckpt_dir: str | os.PathLike, device: str = "cpu") -> tuple[dict, dict, dict]:
+    """(model_state, optimizer_state, trainer_state) of a checkpoint; validate it first (find_latest does).
+    No pickle: tensors come from safetensors, the rest from JSON."""
+    from safetensors.torch import load_file
+
+    ckpt_dir = Path(ckpt_dir)
+    read_manifest(ckpt_dir)
+    model_state = load_file(ckpt_dir / MODEL_FILE, device=device)
+    meta = json.loads((ckpt_dir / OPTIMIZER_META).read_text(encoding="utf-8"))
+    state: dict[int, dict] = {}
+    for key, t in load_file(ckpt_dir / OPTIMIZER_FILE, device=device).items():
+        _, idx, name = key.split(".", 2)
+        state.setdefault(int(idx), {})[name] = t
+    for idx, values in (meta.get("scalars") or {}).items():
+        state.setdefault(int(idx), {}).update(values)
+    groups = [{k: tuple(v) if k in tkeys else v for k, v in g.items()}
+              for g, tkeys in zip(meta["param_groups"], meta["tuple_keys"])]
+    optimizer_state = {"state": dict(sorted(state.items())), "param_groups": groups}
+    trainer_state = json.loads((ckpt_dir / TRAINER_STATE).read_text(encoding="utf-8"))
+    return model_state, optimizer_state, trainer_state
+
+
+# --- RNG states as JSON, so that trainer_state.json stays pickle-free ---------------------------------------------
+
+def capture_rng() -> dict:
+    """Python, NumPy, torch (and CUDA, if initialised) RNG states in a JSON-able dict."""
+    import torch
+
+    version, mt, gauss = random.getstate()
+    np_state = np.random.get_state()
+    out = {"python": [version, list(mt), gauss],
+           "numpy": [np_state[0], np_state[1].tolist(), *[x.item() if hasattr(x, "item") else x
+                                                          for x in np_state[2:]]],
+           "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return out
+
+
+def restore_rng(state: dict) -> None:
+    import torch
+
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+                                      for s in state["cuda"]])
+
+
+# --- saving without stalling the training loop -------------------------------------------------------------------
+
+def _copy_to_cpu(t, buffers: dict | None, key: str):
+    """A CPU copy of `t`; with `buffers`, into the same (pinned, for CUDA) buffer as last time: a fresh 768 MB
+    allocation costs page faults on every save, a reused one only the copy."""
+    import torch
+
+    t = t.detach()
+    if buffers is None:
+        return t.to("cpu", copy=True)
+    buf = buffers.get(key)
+    if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+        buffers[key] = buf
+    buf.copy_(t, non_blocking=t.device.type == "cuda")
+    return buf
+
+
+def snapshot_model(model, buffers: dict | None = None) -> dict:
+    """A CPU copy of the model's state dict, which the loop may then go on changing. Pass the bare model, not a
+    DDP or torch.compile wrapper (their state_dict keys carry a prefix)."""
+    return {k: _copy_to_cpu(v, buffers, "model." + k) for k, v in model.state_dict().items()}
+
+
+def snapshot_optimizer(optimizer, buffers: dict | None = None) -> dict:
+    import torch
+
+    sd = optimizer.state_dict()
+    state = {i: {k: _copy_to_cpu(v, buffers, f"opt.{i}.{k}") if isinstance(v, torch.Tensor) else v
+                 for k, v in s.items()} for i, s in sd["state"].items()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the non-blocking copies into pinned buffers must land before the writer reads
+    return {"state": state, "param_groups": copy.deepcopy(sd["param_groups"])}
+
+
+def optimizer_param_names(model, optimizer) -> list[str]:
+    """Name of each optimizer parameter index, in state_dict order (tied parameters under their first name)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names.get(id(p), f"?{i}") for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])]
+
+
+class AsyncCheckpointer:
+    """Saves in a background thread after a CPU snapshot: the loop blocks only for the copy.
+
+    At most one save is in flight; a second `save` first waits for the previous one. After each save the root is
+    pruned to `keep` valid checkpoints. `wait()` before exiting (and it re-raises a failure of the writer)."""
+
+    def __init__(self, root: str | os.PathLike, keep: int, tokenizer: str | os.PathLike | None = None,
+                 background: bool = True, log: Callable[[str], None] = print):
+        self.root, self.keep, self.tokenizer, self.background, self.log = Path(root), keep, tokenizer, background, log
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._buffers: dict = {}  # CPU snapshot buffers, reused from one save to the next (one save in flight)
+        self.last_path: Path | None = None
+        self.last_write_s: float = 0.0
+
+    def save(self, step: int, model, optimizer, trainer_state: dict) -> float:
+        """Snapshot now, write in the background. Returns the seconds the caller was blocked."""
+        self.wait()
+        t0 = time.perf_counter()
+        args = (step, snapshot_model(model, self._buffers), snapshot_optimizer(optimizer, self._buffers),
+                copy.deepcopy(trainer_state),
+                optimizer_param_names(model, optimizer))
+        if self.background:
+            self._thread = threading.Thread(target=self._write, args=args, name=f"checkpoint-{step}")
+            self._thread.start()
+        else:
+            self._write(*args)
+            self.wait()
+        return time.perf_counter() - t0
+
+    def _write(self, step, model_state, optimizer_state, trainer_state, param_names) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.last_path = save(self.root, step, model_state, optimizer_state, trainer_state,
+                                  tokenizer=self.tokenizer, param_names=param_names)
+        except BaseException as e:  # handed to the loop by wait()
+            self._error = e
+        else:
+            try:
+                prune(self.root, self.keep, log=self.log)
+            except Exception as e:  # noqa: BLE001 - housekeeping: never worth stopping the training for
+                self.log(f"minilmd: pruning {self.root} failed: {type(e).__name__}: {e}")
+        self.last_write_s = time.perf_counter() - t0
+
+    def wait(self) -> Path | None:
+        """Block until the save in flight is on disk; raise its error if it failed. Returns its path."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        return self.last_path
