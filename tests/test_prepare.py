@@ -301,3 +301,25 @@ def test_empty_corpus_is_an_input_error(tmp_path, tokenizer):
         run_prepare([src], tokenizer, tmp_path / "out")
     assert no_leftovers(tmp_path / "out")
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_any_text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40).filter(
+    lambda t: t.strip() and "<|" not in t)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(_any_text, min_size=1, max_size=12))
+def test_any_unicode_text_round_trips(tmp_path_factory, tokenizer, texts):
+    tmp = tmp_path_factory.mktemp("hyp")
+    src = write_jsonl(tmp / "h.jsonl", texts)
+    run_prepare([src], tokenizer, tmp / "p", val_fraction=0.3)
+    pc = open_prepared(tmp / "p")
+    tok = load_tokenizer(pc.tokenizer_path)
+    train = [t for t in texts if not split_is_val(t, 0.3)]
+    train_keys = {leak_key(t) for t in train}
+    assert decoded_documents(pc.train, tok) == train
+    val = [t for t in texts if split_is_val(t, 0.3) and leak_key(t) not in train_keys]
+    assert decoded_documents(pc.val, tok) == val

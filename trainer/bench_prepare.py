@@ -99,7 +99,8 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
     meta = json.loads((out / "meta.json").read_text())
     tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
     removed = meta["leak_check"]["removed_from_val"]  # their tokens were encoded too; negligible, not added back
-    return {"seconds": wall, "cpu_seconds": cpu, "peak_rss": peak, "tokens": tokens, "text_bytes": meta["stats"]["input_text_bytes"],
+    return {"seconds": wall, "cpu_seconds": cpu, "peak_rss": peak, "tokens": tokens,
+            "text_bytes": meta["stats"]["input_text_bytes"],
             "input_bytes": sum(s["bytes"] for s in meta["sources"]), "leaked_removed": removed}
 
 

@@ -465,7 +465,8 @@ def _report(meta: dict, log) -> None:
     stats = meta["stats"]
     log(corpus_stats.format_report("train", stats["train"]))
     v = meta["splits"]["val"]
-    log(f"val: {v['documents']:,} documents, {v['tokens']:,} tokens (val fraction {meta['split_rule']['val_fraction']})")
+    fraction = meta["split_rule"]["val_fraction"]
+    log(f"val: {v['documents']:,} documents, {v['tokens']:,} tokens (val fraction {fraction})")
     lc = meta["leak_check"]
     log(f"leak check: {lc['leaked_documents']:,} of {lc['val_documents_checked']:,} val documents also in train "
         f"(whitespace ignored), removed from val" + (f": {', '.join(lc['examples'])}" if lc["examples"] else ""))
