@@ -154,7 +154,10 @@ class Trainer:
         self.resume()
         from .checkpoint import AsyncCheckpointer
 
-        self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, t.keep_local, tokenizer=self.corpus.tokenizer_path)
+        # With a remote, a local checkpoint may go only after a verified sync (the supervisor prunes then): the
+        # trainer keeps them all. Without one, it keeps the newest keep_local itself.
+        keep = sys.maxsize if cfg.run.remote else t.keep_local
+        self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_path)
 
         self.autocast = self._autocast_context()
         forward_model: torch.nn.Module = self.model
@@ -238,8 +241,8 @@ class Trainer:
         }
 
     def save(self) -> None:
-        """Rank 0 snapshots the weights to CPU and writes them in a background thread (checkpoint.AsyncCheckpointer
-        also prunes to keep_local); the other ranks wait at a barrier (their weights are the same)."""
+        """Rank 0 snapshots the weights to CPU and writes them in a background thread (checkpoint.AsyncCheckpointer,
+        which also prunes); the other ranks wait at a barrier (their weights are the same)."""
         self.barrier()
         if self.dist.is_main:
             from .checkpoint import step_name
