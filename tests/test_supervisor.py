@@ -239,3 +239,15 @@ def test_status_while_running_and_after_the_end(tmp_path, corpus):
     assert "done" in after.stdout and "not running (ended" in after.stdout and "exit 0" in after.stdout
     assert "[supervisor]" in followed and "stopping -> done" in followed
     assert "done at step 60" in followed  # the trainer's own output, followed live
+
+
+def test_run_check_validates_only(tmp_path, corpus):
+    good = write_config(tmp_path, corpus)
+    cfg = load_config(good)
+    out = cli("run", str(good), "--check")
+    assert out.returncode == 0 and "OK" in out.stdout
+    bad = write_config(tmp_path, corpus, name="bad", train={"max_steps": 0, "seq_len": 100000, "bogus": 1})
+    out = cli("run", str(bad), "--check")
+    assert out.returncode == 2
+    assert "train.bogus" in out.stderr and "a budget is required" in out.stderr and "seq_len" in out.stderr
+    assert not cfg.run_dir.exists() and not load_config(good).scratch_dir.exists()  # nothing created
