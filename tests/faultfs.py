@@ -16,6 +16,8 @@ A rule is a dict: {"id": int, "op": NAME, "glob": GLOB, "action": ACTION, ...}
 - glob: fnmatch pattern against the path relative to the mount root (no leading slash; `*` crosses `/`).
   A glob without `/` also matches the basename, so "LATEST" matches "remote/run/LATEST".
 - action "error" + "errno": the operation fails with that errno (EIO on reads, ENOSPC on writes ...).
+  Optional "from_offset": only reads/writes that touch bytes at or past it fail (a copy that fails mid-way;
+  through the page cache, readahead may hit it up to a few hundred KiB earlier).
 - action "stall" + "seconds": the operation sleeps first, then proceeds. It stops sleeping early when the rule
   disappears from the control file, so clearing the rules releases stalled callers.
 - action "shrink" + "size": getattr reports at most `size` bytes and reads past it return no data, like an NFS
@@ -141,6 +143,19 @@ class RuleBook:
 
 # ---- the filesystem ----
 
+def _key(rule: dict) -> str:
+    return json.dumps(rule, sort_keys=True)
+
+
+def _reaches(rule: dict, span: tuple[int, int] | None) -> bool:
+    """A rule with "from_offset" applies only to reads/writes that touch bytes at or past that offset."""
+    start = rule.get("from_offset")
+    if start is None or span is None:
+        return True
+    offset, size = span
+    return offset + size > int(start)
+
+
 class FaultFilesystem:
     """mfusepy operations: passthrough to `source`, with the faults of the rule book applied first."""
 
@@ -155,22 +170,29 @@ class FaultFilesystem:
     def _real(self, path: str) -> str:
         return os.path.join(self.source, path.lstrip("/"))
 
-    def _apply(self, op: str, path: str, other: str | None = None) -> dict | None:
-        """Run the stall and error rules of this op; return a matching shrink/drop rule for the op to apply."""
-        special = None
-        for rule in self.rulebook.matching(op, path, other):
-            action = rule["action"]
-            if action == "stall":
-                self.rulebook.record(rule, op, path)
-                deadline = time.monotonic() + float(rule["seconds"])
-                while time.monotonic() < deadline and self.rulebook.still_present(rule):
-                    time.sleep(min(STALL_POLL_S, max(0.0, deadline - time.monotonic())))
-            elif action == "error":
+    def _apply(self, op: str, path: str, other: str | None = None, span: tuple[int, int] | None = None):
+        """Run the stall and error rules of this op; return a matching shrink/drop rule for the op to apply.
+
+        Stalls come first, and the rules are read again after each one, so a test can hold an operation in a
+        stall, add an error rule, lift the stall, and have that same operation fail ("fails mid-copy").
+        `span` is the (offset, size) of a read or write, for rules limited by "from_offset".
+        """
+        done_stalls: set[str] = set()
+        while True:
+            rules = [r for r in self.rulebook.matching(op, path, other) if _reaches(r, span)]
+            stall = next((r for r in rules if r["action"] == "stall" and _key(r) not in done_stalls), None)
+            if stall is None:
+                break
+            done_stalls.add(_key(stall))
+            self.rulebook.record(stall, op, path)
+            deadline = time.monotonic() + float(stall["seconds"])
+            while time.monotonic() < deadline and self.rulebook.still_present(stall):
+                time.sleep(min(STALL_POLL_S, max(0.0, deadline - time.monotonic())))
+        for rule in rules:
+            if rule["action"] == "error":
                 self.rulebook.record(rule, op, path)
                 raise OSError(int(rule["errno"]), os.strerror(int(rule["errno"])), path)
-            else:
-                special = special or rule
-        return special
+        return next((r for r in rules if r["action"] in ("shrink", "drop")), None)
 
     def _shrunk_size(self, path: str) -> int | None:
         # A shrink rule is about the file, not one operation: it applies to getattr and read alike.
@@ -293,7 +315,7 @@ class FaultFilesystem:
         return os.open(self._real(path), flags | os.O_CREAT, mode)
 
     def read(self, path, size, offset, fh):
-        self._apply("read", path)
+        self._apply("read", path, span=(offset, size))
         shrunk = self._shrunk_size(path)
         if shrunk is not None:
             size = max(0, min(size, shrunk - offset))
@@ -302,7 +324,7 @@ class FaultFilesystem:
         return os.pread(fh, size, offset)
 
     def write(self, path, data, offset, fh):
-        self._apply("write", path)
+        self._apply("write", path, span=(offset, len(data)))
         return os.pwrite(fh, data, offset)
 
     def truncate(self, path, length, fh=None):

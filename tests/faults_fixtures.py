@@ -11,6 +11,10 @@ Use them from any test module with
 - `memory_cgroup`: a function `make(limit_bytes) -> MemoryCgroup` (cgroup v1 memory under /sys/fs/cgroup/memory);
   the cgroup is callable with a pid to put it in, offers `preexec_fn` for Popen, and reads OOM-kill counters.
 
+Failing an operation that is already under way (a copy that breaks mid-way): `sid = fs.stall(glob, 300)`, wait
+until `fs.hits("stall")`, add `fs.fail_reads(glob)`, then `fs.remove(sid)`: the held read resumes and fails.
+Or `fs.fail_reads(glob, from_offset=n)` for a file that reads fine up to about n bytes.
+
 Each fixture skips with the reason when the machine lacks what it needs (root, /dev/fuse, fusermount3, libfuse3,
 cgroup v1 memory). Nothing is left mounted or created after a test, even a failed one. `mounted_faultfs` and
 `unavailable_*` are public for scripts outside pytest (the soak).
@@ -27,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +59,16 @@ def _parse_size(size: int | str) -> int:
 
 
 # ---- FUSE ----
+
+def _invalidate(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
 
 def unavailable_fuse() -> str | None:
     """Why a faultfs mount cannot work here, or None when it can."""
@@ -109,11 +124,15 @@ class FaultMount:
         self._ids = itertools.count(1)
 
     # -- faults --
-    def fail_reads(self, path_glob: str, errno: int = errno_mod.EIO) -> int:
-        return self.add_rule("read", path_glob, "error", errno=errno)
+    def fail_reads(self, path_glob: str, errno: int = errno_mod.EIO, from_offset: int | None = None) -> int:
+        """Reads fail with errno; with from_offset only those touching bytes at or past it (mid-file)."""
+        extra = {} if from_offset is None else {"from_offset": int(from_offset)}
+        return self.add_rule("read", path_glob, "error", errno=errno, **extra)
 
-    def fail_writes(self, path_glob: str, errno: int = errno_mod.EIO) -> int:
-        return self.add_rule("write", path_glob, "error", errno=errno)
+    def fail_writes(self, path_glob: str, errno: int = errno_mod.EIO, from_offset: int | None = None) -> int:
+        """Writes fail with errno; with from_offset only those reaching bytes at or past it."""
+        extra = {} if from_offset is None else {"from_offset": int(from_offset)}
+        return self.add_rule("write", path_glob, "error", errno=errno, **extra)
 
     def stall(self, path_glob: str, seconds: float, op: str = "read") -> int:
         return self.add_rule(op, path_glob, "stall", seconds=float(seconds))
@@ -156,16 +175,18 @@ class FaultMount:
         # keep_cache) invalidates its cached pages, so the next read, or page fault of a mapping, sees the fault.
         if any(r["action"] in ("stall", "error") and r["op"] in ("open", "getattr", "*") for r in self._rules):
             return  # opening would stall or fail; those rules already stop reads before the cache is used
+        stalls = [r["glob"] for r in self._rules if r["action"] == "stall"]
+        paths = []
         for dirpath, _dirs, files in os.walk(self.backing):
             for name in files:
                 rel = os.path.relpath(os.path.join(dirpath, name), self.backing)
-                if glob_matches(path_glob.lstrip("/"), rel):
-                    with contextlib.suppress(OSError):
-                        fd = os.open(self.root / rel, os.O_RDONLY)
-                        try:
-                            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                        finally:
-                            os.close(fd)
+                # Invalidating waits for the page lock that a stalled read holds: skip files that may stall.
+                if glob_matches(path_glob.lstrip("/"), rel) and not any(glob_matches(g, rel) for g in stalls):
+                    paths.append(self.root / rel)
+        # In a thread: should it still wait on a page lock, the caller goes on after a moment.
+        worker = threading.Thread(target=_invalidate, args=(paths,), daemon=True)
+        worker.start()
+        worker.join(timeout=5)
 
     # -- lifecycle --
     def alive(self) -> bool:

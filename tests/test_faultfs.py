@@ -87,6 +87,41 @@ def test_fail_reads_with_a_chosen_errno_and_basename_glob(faultfs):
 
 
 @pytest.mark.fuse
+def test_fail_reads_from_an_offset_breaks_a_copy_mid_file(faultfs):
+    data = os.urandom(4 << 20)
+    source = make_file(faultfs, "corpus/tokens.bin", data)
+    faultfs.fail_reads("corpus/tokens.bin", from_offset=3 << 20)
+    copied = bytearray()
+    with pytest.raises(OSError) as caught:
+        with open(source, "rb") as f:
+            while chunk := f.read(64 * 1024):
+                copied += chunk
+    assert caught.value.errno == errno.EIO
+    assert 0 < len(copied) < len(data) and bytes(copied) == data[:len(copied)]
+
+
+@pytest.mark.fuse
+def test_an_operation_held_in_a_stall_fails_when_an_error_rule_is_added(faultfs):
+    source = make_file(faultfs, "corpus/tokens.bin", b"t" * 10000)
+    stall_id = faultfs.stall("tokens.bin", seconds=300)
+    outcome = {}
+
+    def read():
+        try:
+            outcome["data"] = source.read_bytes()
+        except OSError as e:
+            outcome["errno"] = e.errno
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_until(lambda: faultfs.hits("stall"), "the stall to fire")
+    faultfs.fail_reads("tokens.bin")
+    faultfs.remove(stall_id)
+    reader.join(timeout=30)
+    assert outcome == {"errno": errno.EIO}
+
+
+@pytest.mark.fuse
 def test_fail_writes_returns_the_errno_and_leaves_other_files_writable(faultfs):
     (faultfs.root / "remote").mkdir()
     faultfs.fail_writes("remote/*.bin")
