@@ -267,7 +267,7 @@ def test_padding_and_packing_stats_match_a_brute_force_count(seed):
     assert stats["padded"]["pad_share"] == pytest.approx(pad)
     assert stats["padded"]["truncated_share"] == pytest.approx(dropped)
     assert stats["packed"]["cross_document_share"] == pytest.approx(seeing)
-    assert stats["packed"]["steps_per_epoch"] == (lengths.sum() // T) // 4
+    assert stats["packed"]["steps_per_epoch"] == max(0, (lengths.sum() - T + 1) // T) // 4
     ls = length_stats(lengths)
     srt = np.sort(lengths)
     assert ls["median"] == srt[int(np.ceil(0.5 * len(srt))) - 1]
@@ -323,3 +323,15 @@ def test_any_unicode_text_round_trips(tmp_path_factory, tokenizer, texts):
     assert decoded_documents(pc.train, tok) == train
     val = [t for t in texts if split_is_val(t, 0.3) and leak_key(t) not in train_keys]
     assert decoded_documents(pc.val, tok) == val
+
+
+def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, corpus, tokenizer):
+    data = pytest.importorskip("minilmd.trainer.data")
+    meta, _ = run_prepare(corpus, tokenizer, tmp_path / "p", seq_len=64, batch_size=8)
+    pc = open_prepared(tmp_path / "p")
+    packed = data.make_sampler("packed", pc.train.tokens, pc.train.doc_starts, 64, 0)
+    padded = data.make_sampler("padded", pc.train.tokens, pc.train.doc_starts, 64, 0)
+    stats = meta["stats"]["train"]
+    assert stats["packed"]["windows"] == packed.items_per_epoch
+    assert stats["packed"]["steps_per_epoch"] == packed.items_per_epoch // 8
+    assert stats["padded"]["steps_per_epoch"] == -(-padded.items_per_epoch // 8)

@@ -7,7 +7,8 @@ Lengths count a document's BOS and EOS, as doc_lengths.npy does. For a sequence 
 - Packing: the stream cut into windows of exactly T tokens across document boundaries: no PAD, nothing dropped,
   but a token whose window began inside an earlier document can attend to that document. Counted for windows
   aligned at multiples of T: in document d starting at offset s, the first min(L_d, T - s % T) tokens see a
-  previous document when s % T != 0.
+  previous document when s % T != 0. Steps per epoch count the windows the trainer's packed sampler uses,
+  (tokens - T + 1) // T (it shifts the window edges by a random offset each epoch).
 Percentiles use the "lower" definition: the smallest length with at least q of the documents at or below it.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ def layout_stats(lengths: np.ndarray, seq_len: int, batch_size: int) -> dict:
     starts = np.cumsum(lengths) - lengths
     offset = starts % seq_len
     seeing = np.where(offset != 0, np.minimum(lengths, seq_len - offset), 0)
-    windows = tokens // seq_len
+    windows = max(0, (tokens - seq_len + 1) // seq_len)  # as the trainer's packed sampler: fits any epoch offset
     return {
         "seq_len": seq_len,
         "batch_size": batch_size,
