@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+import faults_fixtures
 from faults_fixtures import (faultfs, is_mounted, memory_cgroup, mounted_faultfs, small_tmpfs,  # noqa: F401
                              unavailable_fuse)
 
@@ -36,6 +37,17 @@ def make_file(fs, rel: str, data: bytes):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return fs.root / rel
+
+
+# ---- skip reasons ----
+
+def test_skip_reasons_name_what_is_missing(monkeypatch, tmp_path):
+    if os.path.exists("/dev/fuse") and os.access("/dev/fuse", os.R_OK | os.W_OK):
+        monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no fusermount3
+        assert "fusermount3" in unavailable_fuse()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "root" in faults_fixtures.unavailable_mount()
+    assert "root" in faults_fixtures.unavailable_memory_cgroup()
 
 
 # ---- FUSE ----
