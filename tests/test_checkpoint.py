@@ -413,3 +413,17 @@ def test_two_concurrent_prunes_never_fail(tmp_path):
     assert errors == []
     assert [ck.step_of(p) for p in ck.list_checkpoints(tmp_path)] == [5, 6]
     assert not (tmp_path / ck.QUARANTINE).exists()
+
+
+def test_verify_with_a_run_config_shows_the_model_difference(tmp_path, run):
+    good = save_run(tmp_path / "root", 3, *run)
+    config = tmp_path / "run.toml"
+    model = {**TINY, "hidden_size": 96}
+    config.write_text("[run]\nname = \"r\"\ndir = \"" + str(tmp_path / "run") + "\"\n"
+                      "[data]\nprepared = \"" + str(tmp_path / "no-corpus") + "\"\n"
+                      "[train]\nmax_steps = 10\nseq_len = 64\n"
+                      "[model]\n" + "".join(f"{k} = {v!r}\n" for k, v in model.items()))
+    out = run_cli("verify", str(good), "--config", str(config))
+    assert out.returncode == 1
+    assert "model.hidden_size: checkpoint 64, run 96" in out.stdout
+    assert "fingerprints not checked" in out.stderr  # the corpus is not there: said, not silently skipped
