@@ -199,6 +199,11 @@ class Supervisor:
             return protocol.SUPERVISOR_CONFIG
         try:
             self._prepare_files()
+        except OSError as e:
+            print(f"minilmd run: cannot set up the run directory {self.run_dir}: {e}", flush=True)
+            self.lock.release()
+            return 1
+        try:
             self._install_signal_handlers()
             self._adopt_previous_state()
             self._kill_orphans()
