@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import trainer_corpus
 from minilmd.daemon.child import TRAINER_CMD_ENV
 from minilmd.trainer.protocol import FAULT_ENV
 
@@ -16,30 +17,22 @@ TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 
               "max_position_embeddings": 256}
 
 
-def _toml_value(v) -> str:
-    return json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else repr(v)
-
-
 def write_config(tmp: Path, corpus: tuple[Path, int], name: str = "s", remote: bool = True, **sections) -> Path:
-    """A tiny supervised run on the CPU; sections={"train": {...}} override the defaults below."""
-    prepared, vocab = corpus
+    """trainer_corpus.write_config with the supervisor's defaults: an even tinier model, 30 steps with a checkpoint
+    every 10, a remote, fast sync and backoff; sections={"train": {...}} override them."""
     body = {
-        "run": {"name": name, "dir": str(tmp / name / "run"), "scratch": str(tmp / name / "scratch")},
-        "data": {"prepared": str(prepared), "val_windows": 4},
-        "model": {**TINY_MODEL, "vocab_size": vocab},
-        "train": {"seq_len": 32, "micro_batch_size": 4, "grad_accum": 1, "lr": 3e-3, "max_steps": 30,
-                  "log_every": 1, "eval_every": 0, "checkpoint_every": 10, "device": "cpu", "keep_local": 2},
+        "data": {"val_windows": 4},
+        "model": dict(TINY_MODEL),
+        "train": {"seq_len": 32, "micro_batch_size": 4, "grad_accum": 1, "max_steps": 30, "checkpoint_every": 10,
+                  "keep_local": 2},
         "sync": {"every": "1s", "keep": 2},
         "restart": {"backoff_initial": "0.1s", "backoff_max": "0.5s", "hang_timeout": "30s"},
     }
     if remote:
-        body["run"]["remote"] = str(tmp / name / "remote")
+        body["run"] = {"remote": str(tmp / name / "remote")}
     for section, values in sections.items():
         body.setdefault(section, {}).update(values)
-    text = "".join(f"[{s}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in kv.items()) for s, kv in body.items())
-    path = tmp / f"{name}.toml"
-    path.write_text(text, encoding="utf-8")
-    return path
+    return trainer_corpus.write_config(tmp, corpus, name, **body)
 
 
 def env_for(fake: bool = True, **extra) -> dict:
