@@ -148,7 +148,8 @@ def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, mode):
 
 def test_resume_with_another_model_or_corpus_is_refused(tmp_path, corpus):
     config = write_config(tmp_path, corpus, "run", "packed")
-    code, out = attempt(config, **{FAULT_ENV: "sigkill@4"})
+    # Saves are written in the background; the save of step 6 waits for that of step 3, so at step 8 step 3 is on disk.
+    code, out = attempt(config, **{FAULT_ENV: "sigkill@8"})
     assert code == -signal.SIGKILL, out
     ckpt = load_config(config).checkpoint_dir / "step-00000003"
     assert ckpt.is_dir()
