@@ -13,7 +13,8 @@ duration-based checkpoint_every only changes when saves happen), so on CPU a kil
 same weights, bit for bit, as an uninterrupted one.
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
-boundary; 76 CUDA out of memory (fault.json written first); 2 bad config; 65 bad data; 1 anything else.
+boundary; 76 CUDA out of memory (fault.json written first); 2 bad config (also: the newest checkpoint is of another
+model config); 65 bad data (also: it was trained on another corpus or tokenizer); 1 anything else.
 Signal handlers only set a flag. SIGUSR1 dumps every thread's stack to stderr (faulthandler) so that a supervisor
 can see where a hung trainer is stuck before killing it.
 """
@@ -435,6 +436,10 @@ def run(cfg: RunConfig) -> int:
         print(f"minilmd train: CUDA out of memory at step {step}: {message}", file=sys.stderr)
         return EXIT_CUDA_OOM
     except Exception as e:
+        mismatch = _checkpoint_mismatch_kind(e)
+        if mismatch:  # an intact checkpoint of another run: final, restarting would not help
+            print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
+            return EXIT_CONFIG if mismatch == "model" else EXIT_DATA
         if _is_corpus_error(e):
             print(f"minilmd train: {e}", file=sys.stderr)
             return EXIT_DATA
@@ -443,6 +448,13 @@ def run(cfg: RunConfig) -> int:
     finally:
         if dist is not None and dist.active and torch_dist.is_initialized():
             torch_dist.destroy_process_group()
+
+
+def _checkpoint_mismatch_kind(e: Exception) -> str | None:
+    """"model", "tokenizer" or "data" when e says the checkpoint belongs to another model config or corpus."""
+    from .checkpoint import CheckpointMismatch
+
+    return e.kind if isinstance(e, CheckpointMismatch) else None
 
 
 def _is_corpus_error(e: Exception) -> bool:
