@@ -206,8 +206,9 @@ class Supervisor:
         try:
             self._install_signal_handlers()
             self._adopt_previous_state()
-            self._kill_orphans()
+            # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
+            self._kill_orphans()
             self.events.emit("start", f"supervisor pid {os.getpid()} owns {self.run_dir} (config {self.config_path})",
                              pid=os.getpid())
             self.state.save()
