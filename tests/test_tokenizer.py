@@ -107,3 +107,14 @@ def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, corpus):
     assert done.returncode == 65
     assert f"{bad}:2: text not string" in done.stderr
     assert not (tmp_path / "t2.json").exists()
+
+
+def test_cli_tokenizer_train_max_docs_reads_only_the_first_documents(tmp_path):
+    src = write_jsonl(tmp_path / "c.jsonl", ["ab" * 50] + [f"其他文字 {i} xyz" for i in range(50)])
+    out = tmp_path / "tok.json"
+    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "tokenizer", "train", str(src),
+                           "--vocab-size", "300", "--max-docs", "1", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    merges = json.loads(out.read_text())["model"]["merges"]
+    assert merges, "some merges were learned"
+    assert all(set("".join(m if isinstance(m, str) else "".join(m))) <= set("ab ") for m in merges)
