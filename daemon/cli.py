@@ -31,14 +31,21 @@ def tokenizer_train_command(
     out: str = typer.Option("tokenizer.json", "--out", help="Where to write the tokenizer.json."),
     vocab_size: int = typer.Option(6400, "--vocab-size", help="Vocabulary size, special tokens included."),
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65) or skip (count and go on)."),
+    max_docs: int = typer.Option(0, "--max-docs", help="Train on the first N documents only (0: all); BPE "
+                                 "training memory grows with the distinct words seen."),
 ) -> None:
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind)."""
+    import itertools
+
     from minilmd.trainer.jsonl import InputError, iter_texts
     from minilmd.trainer.tokenizer import TokenizerError, train_tokenizer
 
     bad: dict[str, int] = {}
+    texts = iter_texts(corpus, on_bad_line, bad)
+    if max_docs > 0:
+        texts = itertools.islice(texts, max_docs)
     try:
-        tok = train_tokenizer(iter_texts(corpus, on_bad_line, bad), vocab_size, out, show_progress=True)
+        tok = train_tokenizer(texts, vocab_size, out, show_progress=True)
     except (InputError, TokenizerError) as e:
         raise _data_error_exit(e) from None
     if bad:
