@@ -6,7 +6,8 @@
 The phases and the allowed transitions are in daemon/states.py; `_go()` is the only place that changes phase, and
 it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json. Signal handlers only record the
 signal; the loop acts on it at the next tick. The long blocking jobs (staging, syncing) run in worker threads so that
-a stalled NFS never freezes the loop or the trainer. The trainer is a child process (daemon/child.py); what to do
+a stalled NFS never freezes the loop or the trainer; the sync side (when, retries, pruning scratch) is
+daemon/syncworker.py. The trainer is a child process (daemon/child.py); what to do
 when it ends is daemon/policy.py. [E]'s parts (GPU admission, staging, sync, the lock) are reached through `Infra`,
 a few methods that tests can replace. Torch-free.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from minilmd.daemon.runstate import (EventLog, MetricsTail, RunState, fmt_age, n
                                      read_state)
 from minilmd.daemon.sdnotify import Notifier
 from minilmd.daemon.states import FINAL_PHASES, Phase, check_transition
+from minilmd.daemon.syncworker import SyncWorker, Worker, local_checkpoint_steps
 from minilmd.trainer import protocol
 from minilmd.trainer.config import RunConfig, parse_duration, parse_overrides
 
@@ -97,50 +98,6 @@ class Infra:
         return checkpoint.prune(root, keep, protect=protect, log=log)
 
 
-def local_checkpoint_steps(root: Path) -> list[int]:
-    """Steps of the step directories that hold a manifest (cheap: names only, no validation)."""
-    steps = []
-    try:
-        for p in root.iterdir():
-            if p.name.startswith("step-") and (p / "manifest.json").is_file():
-                try:
-                    steps.append(int(p.name[5:]))
-                except ValueError:
-                    pass
-    except OSError:
-        pass
-    return sorted(steps)
-
-
-class Worker:
-    """A blocking job (staging, a sync) in a daemon thread; the loop polls `done` and reads `result`/`error`."""
-
-    def __init__(self, name: str, fn):
-        self.name = name
-        self.started = now()
-        self.result = None
-        self.error: BaseException | None = None
-        self.error_text = ""
-        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self, fn) -> None:
-        try:
-            self.result = fn()
-        except BaseException as e:  # noqa: BLE001 - reported to the loop, which decides
-            self.error = e
-            self.error_text = f"{type(e).__name__}: {e}"
-            self.traceback = traceback.format_exc()
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def join(self, timeout: float | None) -> bool:
-        self._thread.join(timeout)
-        return self.done
-
-
 @dataclass
 class Signals:
     """What the handlers saw; only the loop acts on it."""
@@ -171,11 +128,6 @@ class Supervisor:
         self.devices_env = ""
         self.staged: Path | None = None
         self.stage_worker: Worker | None = None
-        self.sync_worker: Worker | None = None
-        self.syncer = None
-        self.next_sync_at = 0.0
-        self.sync_failures = 0
-        self.final_sync_tries = 0
         self.next_poll_at = 0.0
         self.backoff_until = 0.0
         self.after_backoff = Phase.STARTING
@@ -238,6 +190,8 @@ class Supervisor:
         if existing:
             self.attempt = int(existing[-1].stem.split("-")[1])
         self.state["sync"]["state"] = "idle" if self.cfg.run.remote else "off"
+        self.sync = SyncWorker(self.cfg, self.infra, self.state, self.events.emit, self._log_from_thread,
+                               self._drain_thread_logs, SYNC_STALLED_AFTER_S)
 
     def _install_signal_handlers(self) -> None:
         def on_stop(signum, frame):
@@ -294,7 +248,7 @@ class Supervisor:
         if handler:
             handler()
         self._read_progress()
-        self._tick_sync()
+        self.sync.tick(periodic=self.phase in (Phase.STARTING, Phase.TRAINING, Phase.BACKOFF))
         self.notifier.watchdog()
         if now() - self.last_state_save >= STATE_EVERY_S:
             self._save_state()
@@ -411,11 +365,8 @@ class Supervisor:
         self.events.emit("staging", f"staged and verified: {self.staged} in {now() - worker.started:.1f}s")
         if fetched:
             self.events.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}")
-        if self.cfg.run.remote and self.syncer is None:
-            try:
-                self.syncer = self.infra.syncer(self.cfg, expected, self._log_from_thread)
-            except Exception as e:  # noqa: BLE001 - a bad remote never stops training; status shows it
-                self.state["sync"].update(state="failed", error=f"{type(e).__name__}: {e}")
+        if self.cfg.run.remote:
+            self.sync.ensure_syncer(expected)
         self._launch()
 
     def _stage_job(self):
@@ -429,7 +380,7 @@ class Supervisor:
         if self.cfg.run.remote:
             expected = self.infra.expectation(self.cfg, staged)
             if not local_checkpoint_steps(self.cfg.checkpoint_dir):
-                syncer = self.syncer or self.infra.syncer(self.cfg, expected, self._log_from_thread)
+                syncer = self.sync.syncer or self.infra.syncer(self.cfg, expected, self._log_from_thread)
                 fetched = syncer.fetch_latest(self.cfg.checkpoint_dir)
         return staged, expected, fetched
 
@@ -580,7 +531,7 @@ class Supervisor:
             return
         self.finish_kind = kind
         self.stopping_since = now()
-        self.final_sync_tries = 0
+        self.sync.final_tries = 0
         if self.child is not None and self.child.poll() is None:
             self.child.stop_sent = now()
             self.child.signal_group(signal.SIGTERM)
@@ -604,27 +555,27 @@ class Supervisor:
         if not self.cfg.run.remote or newest is None:
             self._finish("")
             return
-        if self.syncer is None:
+        sync = self.sync
+        if sync.syncer is None:
             try:
                 expected = self.infra.expectation(self.cfg, self.staged) if self.staged else None
-                self.syncer = self.infra.syncer(self.cfg, expected, self._log_from_thread)
+                sync.syncer = self.infra.syncer(self.cfg, expected, self._log_from_thread)
             except Exception as e:  # noqa: BLE001
                 self._finish(f"no sync possible: {type(e).__name__}: {e}")
                 return
-        if self.sync_worker is not None:
-            running = now() - self.sync_worker.started
-            if running > 2 * SYNC_STALLED_AFTER_S:
-                self._finish(f"the last sync stalled ({running:.0f}s)")
-            return  # _tick_sync collects it
-        if self.final_sync_tries > 0 and self.state["sync"]["state"] == "ok":
+        if sync.running:
+            if sync.running_for() > 2 * SYNC_STALLED_AFTER_S:
+                self._finish(f"the last sync stalled ({sync.running_for():.0f}s)")
+            return  # sync.tick() collects it
+        if sync.final_tries > 0 and self.state["sync"]["state"] == "ok":
             self._finish("")
             return
-        if self.final_sync_tries >= FINAL_SYNC_TRIES:
-            self._finish(f"the last sync failed {self.final_sync_tries} times: {self.state['sync']['error']}")
+        if sync.final_tries >= FINAL_SYNC_TRIES:
+            self._finish(f"the last sync failed {sync.final_tries} times: {self.state['sync']['error']}")
             return
-        if now() >= self.next_sync_at or self.final_sync_tries == 0:
-            self.final_sync_tries += 1
-            self._start_sync(f"last sync (try {self.final_sync_tries}/{FINAL_SYNC_TRIES})")
+        if now() >= sync.next_at or sync.final_tries == 0:
+            sync.final_tries += 1
+            sync.start(f"last sync (try {sync.final_tries}/{FINAL_SYNC_TRIES})")
 
     def _finish(self, sync_problem: str) -> None:
         if self.finish_kind == "done":
@@ -641,75 +592,6 @@ class Supervisor:
         if sync_problem:
             self.state["last_error"] = f"stopped, but {sync_problem}; the checkpoint stays in {self.cfg.checkpoint_dir}"
         self._go(Phase.DONE, "stopped on request" + (f" ({sync_problem})" if sync_problem else ""))
-
-    # --- sync ---------------------------------------------------------------------------------------------------------
-    def _tick_sync(self) -> None:
-        if not self.cfg.run.remote or self.syncer is None:
-            return
-        sync = self.state["sync"]
-        if self.sync_worker is not None:
-            if not self.sync_worker.done:
-                if now() - self.sync_worker.started > SYNC_STALLED_AFTER_S and sync["state"] != "stalled":
-                    sync.update(state="stalled", error=f"sync running for {now() - self.sync_worker.started:.0f}s")
-                    self.events.emit("sync", f"the sync looks stalled ({sync['error']}); training goes on")
-                return
-            self._collect_sync()
-            return
-        if self.phase in (Phase.STARTING, Phase.TRAINING, Phase.BACKOFF) and now() >= self.next_sync_at:
-            newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
-            remote = (self.state["remote_checkpoint"] or {}).get("step")
-            if newest is not None and (remote is None or newest > remote):
-                self._start_sync("periodic sync")
-            else:
-                self.next_sync_at = now() + min(parse_duration(self.cfg.sync.every), 30.0)
-
-    def _start_sync(self, why: str) -> None:
-        self.state["sync"].update(state="running", since=now(), attempts=self.state["sync"].get("attempts", 0) + 1)
-        self.events.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
-        self.sync_worker = Worker("sync", self.syncer.sync_newest)
-
-    def _collect_sync(self) -> None:
-        worker, self.sync_worker = self.sync_worker, None
-        self._drain_thread_logs()
-        sync = self.state["sync"]
-        every = parse_duration(self.cfg.sync.every)
-        if worker.error is not None:
-            self.sync_failures += 1
-            retry = min(every, 5.0 * 2 ** (self.sync_failures - 1))
-            self.next_sync_at = now() + retry
-            sync.update(state="failed", error=worker.error_text, since=now())
-            self.state["last_error"] = f"sync failed: {worker.error_text}"
-            self.events.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
-            return
-        result = worker.result
-        self.sync_failures = 0
-        self.next_sync_at = now() + every
-        sync.update(state="ok", error=None, since=now(), last_ok=now())
-        step = getattr(result, "step", None)
-        if step is None:
-            self.events.emit("sync", "nothing to sync: no valid local checkpoint")
-            return
-        verified = bool(getattr(result, "verified", False))
-        self.state["remote_checkpoint"] = {"step": step, "time": now(), "verified": verified,
-                                           "path": str(getattr(result, "path", ""))}
-        self.events.emit("sync", f"synced step {step} to {self.cfg.run.remote} (verified: {verified}) in "
-                                 f"{now() - worker.started:.1f}s", step=step, verified=verified)
-        if verified:
-            self._prune_after_sync(step)
-
-    def _prune_after_sync(self, synced_step: int) -> None:
-        """Local copies older than the newest verified remote copy may go; newer ones are the only copies."""
-        root = self.cfg.checkpoint_dir
-        newer = [root / f"step-{s:08d}" for s in local_checkpoint_steps(root) if s >= synced_step]
-        try:
-            deleted = self.infra.prune_local(root, self.cfg.train.keep_local, newer,
-                                             lambda msg: self.events.emit("prune", msg))
-        except Exception as e:  # noqa: BLE001 - pruning is housekeeping; never fatal
-            self.events.emit("prune", f"local pruning failed: {type(e).__name__}: {e}")
-            return
-        if deleted:
-            self.events.emit("prune", f"pruned local checkpoints {[p.name for p in deleted]} (older than the synced "
-                                      f"step {synced_step})")
 
     # --- the trainer's progress -------------------------------------------------------------------------------------
     def _read_progress(self) -> None:

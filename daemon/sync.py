@@ -203,6 +203,9 @@ class Syncer:
         self.keep = max(1, keep)
         self.log = log
         self._remote: _Remote | None = None
+        self.copying: Path | None = None
+        """The local checkpoint a running sync_newest() is validating or copying (read by the supervisor's pruning
+        from another thread: it must not delete it)."""
 
     @property
     def remote(self) -> _Remote:
@@ -222,6 +225,8 @@ class Syncer:
             raise
         except Exception as e:  # an OSError from NFS, a backend error from fsspec: all mean "retry later"
             raise SyncError(f"sync to {self.remote_url} failed: {type(e).__name__}: {e}") from e
+        finally:
+            self.copying = None
 
     def _sync_newest(self, started: float) -> SyncResult:
         remote = self.remote
@@ -235,6 +240,7 @@ class Syncer:
             step = ck.step_of(local)
             if remote_newest is not None and step < remote_newest:
                 break  # the remote already holds something newer
+            self.copying = local
             if local.name in remote_steps:
                 self._point_latest(local.name, verify=False)
                 return self._finish(step, verified=True, copied=False, nbytes=0, started=started)

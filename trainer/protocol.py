@@ -42,6 +42,10 @@ LOCK = "supervisor.lock"
 ATTEMPT_LOGS = "logs"  # logs/attempt-0001.log ... one per trainer launch
 RUN_CONFIG_COPY = "run.toml"
 
+# --- Set by the supervisor on every child (daemon/child.py RUN_DIR_ENV): the trainer runs supervised. Then it
+# neither prunes scratch checkpoints (the supervisor does, after a verified sync) nor reads the remote itself.
+SUPERVISED_ENV = "MINILMD_RUN_DIR"
+
 # --- Fault injection, for tests and the demo ----------------------------------------------------------------------
 # MINILMD_FAULT="kind@step[,kind@step...]" with kind in FAULT_KINDS. Each fault fires once per run: the trainer
 # records a fired fault in <run dir>/faults-fired so that a restarted trainer does not fire it again.

@@ -41,7 +41,7 @@ from .data import Batch, DataError, make_sampler, validation_batches
 from .faults import FaultInjector, FaultSpecError
 from .metrics import MetricsLog, Throughput, flops_per_token, peak_bf16_flops
 from .protocol import (EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT,
-                       write_fault)
+                       SUPERVISED_ENV, write_fault)
 from .schedule import lr_at
 
 
@@ -155,9 +155,9 @@ class Trainer:
         self.resume()
         from .checkpoint import AsyncCheckpointer
 
-        # With a remote, a local checkpoint may go only after a verified sync (the supervisor prunes then): the
-        # trainer keeps them all. Without one, it keeps the newest keep_local itself.
-        keep = sys.maxsize if cfg.run.remote else t.keep_local
+        # Under a supervisor (it sets MINILMD_RUN_DIR) scratch is pruned by the supervisor, which knows what is
+        # synced and what it is copying right now. On its own the trainer keeps the newest keep_local itself.
+        keep = sys.maxsize if os.environ.get(SUPERVISED_ENV) else t.keep_local
         self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_path)
 
         self.autocast = self._autocast_context()
@@ -190,7 +190,8 @@ class Trainer:
     def checkpoint_roots(self) -> list[Path]:
         roots = [self.cfg.checkpoint_dir]
         remote = self.cfg.run.remote
-        if remote and ("://" not in remote or remote.startswith("file://")):
+        # A supervisor has already fetched from the remote (in a thread): a stalled NFS must not hang the trainer.
+        if remote and not os.environ.get(SUPERVISED_ENV) and ("://" not in remote or remote.startswith("file://")):
             roots.append(Path(remote.removeprefix("file://")))
         return roots
 

@@ -1,0 +1,209 @@
+"""The supervisor's side of sync: when to copy a checkpoint to the remote, one copy at a time in a thread, what its
+result means for state.json, and when local checkpoints in scratch may be deleted.
+
+The copy itself is daemon/sync.py (blocking; a stalled NFS may hold it for minutes). Here it runs in a `Worker`
+thread that the supervisor's loop polls every tick, so that a stalled or failing remote never blocks the loop or
+the trainer; status shows "stalled"/"failed" with the cause. Pruning of scratch is decided here too, because only
+the supervisor knows what is synced and what is being synced (the trainer does not prune under a supervisor):
+
+- after each verified sync: keep the newest `train.keep_local` valid checkpoints and the newest synced one;
+- without a remote: keep the newest `train.keep_local`;
+- while the remote has been failing for a while (2 x sync.every, at least a minute): keep the newest
+  `train.keep_local` only, so that scratch (RAM) does not fill up;
+- never the checkpoint a running sync is copying; never the newest valid one (checkpoint.prune's own rule).
+Torch-free.
+"""
+from __future__ import annotations
+
+import threading
+import traceback
+from pathlib import Path
+
+from minilmd.daemon.runstate import now
+from minilmd.trainer.config import parse_duration
+
+SYNC_STALLED_AFTER_S_DEFAULT = 120.0
+PRUNE_UNSYNCED_AFTER_MIN_S = 60.0
+"""With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
+
+
+def local_checkpoint_steps(root: Path) -> list[int]:
+    """Steps of the step directories that hold a manifest (cheap: names only, no validation)."""
+    steps = []
+    try:
+        for p in root.iterdir():
+            if p.name.startswith("step-") and (p / "manifest.json").is_file():
+                try:
+                    steps.append(int(p.name[5:]))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return sorted(steps)
+
+
+class Worker:
+    """A blocking job (staging, a sync) in a daemon thread; the loop polls `done` and reads `result`/`error`."""
+
+    def __init__(self, name: str, fn):
+        self.name = name
+        self.started = now()
+        self.result = None
+        self.error: BaseException | None = None
+        self.error_text = ""
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self.result = fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the loop, which decides
+            self.error = e
+            self.error_text = f"{type(e).__name__}: {e}"
+            self.traceback = traceback.format_exc()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float | None) -> bool:
+        self._thread.join(timeout)
+        return self.done
+
+
+class SyncWorker:
+    """Owns the Syncer, the sync thread and the retry/prune timing. `state` is the run's RunState (its "sync" and
+    "remote_checkpoint" entries are written here), `emit(kind, message, **details)` logs an event."""
+
+    def __init__(self, cfg, infra, state, emit, log_from_thread, drain_thread_logs, stalled_after_s: float):
+        self.cfg = cfg
+        self.infra = infra
+        self.state = state
+        self.emit = emit
+        self.log_from_thread = log_from_thread
+        self.drain_thread_logs = drain_thread_logs
+        self.stalled_after_s = stalled_after_s
+        self.syncer = None
+        self.worker: Worker | None = None
+        self.next_at = 0.0
+        self.failures = 0
+        self.final_tries = 0
+        self.copying: Path | None = None  # the newest local checkpoint when the running sync started
+        self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cfg.run.remote)
+
+    def ensure_syncer(self, expected) -> bool:
+        """Create the Syncer once (a bad remote never stops training: status shows it). True when there is one."""
+        if self.syncer is None:
+            try:
+                self.syncer = self.infra.syncer(self.cfg, expected, self.log_from_thread)
+            except Exception as e:  # noqa: BLE001
+                self.state["sync"].update(state="failed", error=f"{type(e).__name__}: {e}")
+                return False
+        return True
+
+    @property
+    def running(self) -> bool:
+        return self.worker is not None
+
+    def running_for(self) -> float:
+        return now() - self.worker.started if self.worker is not None else 0.0
+
+    # --- each tick ------------------------------------------------------------------------------------------------
+    def tick(self, periodic: bool) -> None:
+        """Collect a finished sync, flag a stalled one, start a periodic one when due (if `periodic`), and prune
+        scratch when the remote has been failing for long."""
+        if not self.enabled:
+            if len(local_checkpoint_steps(self.cfg.checkpoint_dir)) > self.cfg.train.keep_local:
+                self._prune(protect=[], why=f"no remote: the newest {self.cfg.train.keep_local} stay")
+            return
+        if self.syncer is None:
+            return
+        sync = self.state["sync"]
+        if self.worker is not None:
+            if not self.worker.done:
+                if self.running_for() > self.stalled_after_s and sync["state"] != "stalled":
+                    sync.update(state="stalled", error=f"sync running for {self.running_for():.0f}s")
+                    self.emit("sync", f"the sync looks stalled ({sync['error']}); training goes on")
+                self._prune_if_remote_down()
+                return
+            self.collect()
+            return
+        self._prune_if_remote_down()
+        if periodic and now() >= self.next_at:
+            newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
+            remote = (self.state["remote_checkpoint"] or {}).get("step")
+            if newest is not None and (remote is None or newest > remote):
+                self.start("periodic sync")
+            else:
+                self.next_at = now() + min(parse_duration(self.cfg.sync.every), 30.0)
+
+    def start(self, why: str) -> None:
+        self.state["sync"].update(state="running", since=now(), attempts=self.state["sync"].get("attempts", 0) + 1)
+        self.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
+        newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
+        self.copying = self.cfg.checkpoint_dir / f"step-{newest:08d}" if newest is not None else None
+        self.worker = Worker("sync", self.syncer.sync_newest)
+
+    def collect(self) -> None:
+        worker, self.worker = self.worker, None
+        self.copying = None
+        self.drain_thread_logs()
+        sync = self.state["sync"]
+        every = parse_duration(self.cfg.sync.every)
+        if worker.error is not None:
+            self.failures += 1
+            retry = min(every, 5.0 * 2 ** (self.failures - 1))
+            self.next_at = now() + retry
+            sync.update(state="failed", error=worker.error_text, since=now())
+            self.state["last_error"] = f"sync failed: {worker.error_text}"
+            self.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
+            return
+        result = worker.result
+        self.failures = 0
+        self.next_at = now() + every
+        sync.update(state="ok", error=None, since=now(), last_ok=now())
+        step = getattr(result, "step", None)
+        if step is None:
+            self.emit("sync", "nothing to sync: no valid local checkpoint")
+            return
+        verified = bool(getattr(result, "verified", False))
+        self.state["remote_checkpoint"] = {"step": step, "time": now(), "verified": verified,
+                                           "path": str(getattr(result, "path", ""))}
+        self.emit("sync", f"synced step {step} to {self.cfg.run.remote} (verified: {verified}) in "
+                          f"{now() - worker.started:.1f}s", step=step, verified=verified)
+        if verified:
+            self.healthy_since = now()
+            self._prune(protect=[self.cfg.checkpoint_dir / f"step-{step:08d}"],
+                        why=f"the newest {self.cfg.train.keep_local} and the synced step {step} stay")
+
+    # --- pruning scratch --------------------------------------------------------------------------------------------
+    def _being_copied(self) -> list[Path]:
+        paths = [self.copying] if self.copying is not None else []
+        current = getattr(self.syncer, "copying", None)  # what the Syncer took (it may skip an invalid newest)
+        if self.worker is not None and current is not None:
+            paths.append(Path(current))
+        return paths
+
+    def _prune_if_remote_down(self) -> None:
+        patience = max(2 * parse_duration(self.cfg.sync.every), PRUNE_UNSYNCED_AFTER_MIN_S)
+        if self.state["sync"].get("state") in ("ok", "idle", "off") or now() - self.healthy_since < patience:
+            return
+        if len(local_checkpoint_steps(self.cfg.checkpoint_dir)) <= self.cfg.train.keep_local + 1:
+            return
+        self._prune(protect=[], why=f"the remote has been failing for {now() - self.healthy_since:.0f}s: only the "
+                                    f"newest {self.cfg.train.keep_local} stay, so that scratch does not fill up")
+
+    def _prune(self, protect: list[Path], why: str) -> None:
+        root = self.cfg.checkpoint_dir
+        try:
+            deleted = self.infra.prune_local(root, self.cfg.train.keep_local, protect + self._being_copied(),
+                                             lambda msg: self.emit("prune", msg))
+        except Exception as e:  # noqa: BLE001 - pruning is housekeeping; never fatal
+            self.emit("prune", f"local pruning failed: {type(e).__name__}: {e}")
+            return
+        if deleted:
+            self.emit("prune", f"pruned local checkpoints {[p.name for p in deleted]} ({why})")
