@@ -1,0 +1,93 @@
+"""docs/architecture.md cannot drift from the code: its mermaid state diagram is the transition table of
+daemon/states.py edge for edge, its phase table names every phase, and its claim that daemon/ never imports torch
+holds."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from minilmd.daemon.states import FINAL_PHASES, TRANSITIONS, Phase
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "architecture.md"
+EDGE = re.compile(r"^\s*(\[\*\]|\w+)\s*-->\s*(\[\*\]|\w+)\s*(?::\s*(\w+))?\s*$")
+INITIAL_PHASE = Phase.WAITING_GPU  # where Supervisor.__init__ starts
+
+
+def mermaid_blocks(text: str) -> list[str]:
+    return re.findall(r"^```mermaid\n(.*?)^```", text, re.S | re.M)
+
+
+def parse_state_diagram(block: str) -> tuple[dict[tuple[str, str], str], set[str], set[str]]:
+    """(edges {(from, to): name}, initial states, final states) of a mermaid stateDiagram; any other line is an
+    error, so that a typo cannot hide an edge."""
+    lines = [ln for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("%%")]
+    assert lines[0].strip() in ("stateDiagram", "stateDiagram-v2"), lines[0]
+    edges: dict[tuple[str, str], str] = {}
+    initial, final = set(), set()
+    for line in lines[1:]:
+        m = EDGE.match(line)
+        assert m, f"not an edge line: {line!r}"
+        src, dst, name = m.groups()
+        if src == "[*]":
+            initial.add(dst)
+        elif dst == "[*]":
+            final.add(src)
+        else:
+            assert (src, dst) not in edges, f"edge {src} -> {dst} written twice"
+            edges[(src, dst)] = name
+    return edges, initial, final
+
+
+def the_diagram() -> tuple[dict[tuple[str, str], str], set[str], set[str]]:
+    blocks = mermaid_blocks(DOC.read_text(encoding="utf-8"))
+    assert len(blocks) == 1, f"expected one mermaid block in {DOC.name}, found {len(blocks)}"
+    return parse_state_diagram(blocks[0])
+
+
+def test_the_diagram_is_the_transition_table():
+    edges, _, _ = the_diagram()
+    table = {(a.value, b.value): name for (a, b), name in TRANSITIONS.items()}
+    missing = {e: n for e, n in table.items() if edges.get(e) != n}
+    extra = {e: n for e, n in edges.items() if e not in table}
+    assert not missing and not extra, f"in states.py, not (or named differently) in the doc: {missing}; " \
+                                      f"in the doc, not in states.py: {extra}"
+
+
+def test_the_diagram_starts_and_ends_where_the_supervisor_does():
+    _, initial, final = the_diagram()
+    assert initial == {INITIAL_PHASE.value}
+    assert final == {p.value for p in FINAL_PHASES}
+
+
+def test_the_phase_table_names_every_phase():
+    text = DOC.read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(\w+)` \|", text, re.M))
+    assert {p.value for p in Phase} <= rows, f"phases without a row: {sorted({p.value for p in Phase} - rows)}"
+
+
+def test_the_parser_catches_a_drift():
+    good = "stateDiagram-v2\n    [*] --> a\n    a --> b: go\n    b --> [*]\n"
+    assert parse_state_diagram(good) == ({("a", "b"): "go"}, {"a"}, {"b"})
+    edges, _, _ = parse_state_diagram("stateDiagram-v2\n    waiting_gpu --> staging: gpu_ready\n")
+    table = {(a.value, b.value): name for (a, b), name in TRANSITIONS.items()}
+    assert edges != table
+    try:
+        parse_state_diagram("stateDiagram-v2\n    a -> b\n")
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("a malformed edge line was accepted")
+
+
+def test_daemon_modules_import_without_torch():
+    """The doc says daemon/ never imports torch (status speed, supervisor size): import every module with torch
+    made unimportable."""
+    modules = sorted(p.stem for p in (REPO / "daemon").glob("*.py") if p.stem != "__init__")
+    code = ("import sys, importlib; sys.modules['torch'] = None\n"
+            f"for m in {modules!r}: importlib.import_module('minilmd.daemon.' + m)\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
