@@ -335,3 +335,9 @@ def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, corpus, toke
     assert stats["packed"]["windows"] == packed.items_per_epoch
     assert stats["packed"]["steps_per_epoch"] == packed.items_per_epoch // 8
     assert stats["padded"]["steps_per_epoch"] == -(-padded.items_per_epoch // 8)
+
+
+def test_a_missing_source_is_an_input_error_naming_it(tmp_path, corpus, tokenizer):
+    with pytest.raises(InputError, match=f"{tmp_path / 'nope.jsonl'}: cannot open"):
+        run_prepare([corpus[0], tmp_path / "nope.jsonl"], tokenizer, tmp_path / "out")
+    assert no_leftovers(tmp_path / "out")

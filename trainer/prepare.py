@@ -295,9 +295,17 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
     bad_examples: list[str] = []
     special_examples: list[str] = []
     special_docs = 0
-    totals = {"bytes": 0, "text_bytes": 0}
+    totals = {"text_bytes": 0}
 
-    opened = [Source(s) for s in sources]  # every source is opened up front: a missing file fails in a second
+    opened: list[Source] = []  # every source is opened up front: a missing file fails in a second, not in an hour
+    try:
+        for s in sources:
+            opened.append(Source(s))
+    except InputError:
+        for s in opened:
+            s.close()
+        train.close(), val_raw.close(), train_keys.close()
+        raise
     source_meta = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0, "bad_lines": 0}
                    for s in opened]
     total_bytes = sum(s.size for s in opened)
