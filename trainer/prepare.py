@@ -304,7 +304,8 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
     except InputError:
         for s in opened:
             s.close()
-        train.close(), val_raw.close(), train_keys.close()
+        for f in (train, val_raw, train_keys):
+            f.close()
         raise
     source_meta = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0, "bad_lines": 0}
                    for s in opened]
