@@ -1,6 +1,7 @@
-"""docs/architecture.md cannot drift from the code: its mermaid state diagram is the transition table of
-daemon/states.py edge for edge, its phase table names every phase, and its claim that daemon/ never imports torch
-holds."""
+"""docs/architecture.md and docs/operations.md cannot drift from the code: the mermaid state diagram is the
+transition table of daemon/states.py edge for edge, the phase table names every phase, the claim that daemon/
+never imports torch holds, and the runbook's tables name every restart cause of daemon/child.py and every exit
+status of trainer/protocol.py."""
 from __future__ import annotations
 
 import re
@@ -8,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from minilmd.daemon.child import CAUSES
 from minilmd.daemon.states import FINAL_PHASES, TRANSITIONS, Phase
+from minilmd.trainer import protocol
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "architecture.md"
+RUNBOOK = REPO / "docs" / "operations.md"
 EDGE = re.compile(r"^\s*(\[\*\]|\w+)\s*-->\s*(\[\*\]|\w+)\s*(?::\s*(\w+))?\s*$")
 INITIAL_PHASE = Phase.WAITING_GPU  # where Supervisor.__init__ starts
 
@@ -91,3 +95,24 @@ def test_daemon_modules_import_without_torch():
             "print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def section(text: str, heading: str) -> str:
+    m = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert m, f"no section '## {heading}'"
+    return m.group(1)
+
+
+def test_the_runbook_explains_every_restart_cause():
+    rows = set(re.findall(r"^\| `(\w+)` \|", section(RUNBOOK.read_text(encoding="utf-8"), "Restart causes"), re.M))
+    assert rows == set(CAUSES), f"missing: {sorted(set(CAUSES) - rows)}; not a cause: {sorted(rows - set(CAUSES))}"
+
+
+def test_the_runbook_lists_every_exit_status():
+    text = section(RUNBOOK.read_text(encoding="utf-8"), "Exit statuses")
+    supervisor = {int(s) for s in re.findall(r"^\| (\d+) \|", text, re.M)}
+    assert {protocol.SUPERVISOR_DONE, protocol.SUPERVISOR_CONFIG, protocol.SUPERVISOR_GAVE_UP,
+            *protocol.FINAL_EXIT_STATUSES} <= supervisor
+    trainer = {getattr(protocol, n) for n in dir(protocol) if n.startswith("EXIT_")}
+    said = {int(s) for s in re.findall(r"\b(\d+) [a-zA-Z]", text.split("`minilmd train`", 1)[1])}
+    assert trainer <= said, f"trainer exit statuses not explained: {sorted(trainer - said)}"
