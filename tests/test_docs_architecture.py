@@ -51,13 +51,28 @@ def the_diagram() -> tuple[dict[tuple[str, str], str], set[str], set[str]]:
     return parse_state_diagram(blocks[0])
 
 
+def mermaid_from_table() -> str:
+    """The diagram as it should read; the failure message prints it, ready to paste into the doc."""
+    lines = ["stateDiagram-v2", f"    [*] --> {INITIAL_PHASE.value}"]
+    lines += [f"    {a.value} --> {b.value}: {name}" for (a, b), name in TRANSITIONS.items()]
+    lines += [f"    {p.value} --> [*]" for p in sorted(FINAL_PHASES, key=lambda p: p.value)]
+    return "\n".join(lines) + "\n"
+
+
 def test_the_diagram_is_the_transition_table():
     edges, _, _ = the_diagram()
     table = {(a.value, b.value): name for (a, b), name in TRANSITIONS.items()}
     missing = {e: n for e, n in table.items() if edges.get(e) != n}
     extra = {e: n for e, n in edges.items() if e not in table}
     assert not missing and not extra, f"in states.py, not (or named differently) in the doc: {missing}; " \
-                                      f"in the doc, not in states.py: {extra}"
+                                      f"in the doc, not in states.py: {extra}. The diagram from states.py:\n" \
+                                      + mermaid_from_table()
+
+
+def test_the_generated_diagram_parses_back_to_the_table():
+    edges, initial, final = parse_state_diagram(mermaid_from_table())
+    assert edges == {(a.value, b.value): name for (a, b), name in TRANSITIONS.items()}
+    assert initial == {INITIAL_PHASE.value} and final == {p.value for p in FINAL_PHASES}
 
 
 def test_the_diagram_starts_and_ends_where_the_supervisor_does():
