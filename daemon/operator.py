@@ -86,7 +86,7 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
                                f"{'verified' if remote.get('verified') else 'NOT verified'})"
                                if remote and remote.get("time") else "none")
         ck += f"   sync: {sync.get('state')}"
-        if sync.get("error") and sync.get("state") in ("failed", "stalled"):
+        if sync.get("error") and sync.get("state") in ("failed", "stalled", "unavailable"):
             ck += f" ({sync['error']})"
     else:
         ck += "   remote: none configured"

@@ -126,7 +126,10 @@ def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
         return problems
     verify = _verify_prepared()
     if verify is not None:
-        return list(verify(root))  # hashes every file itself
+        try:
+            return list(verify(root))  # hashes every file itself
+        except OSError as e:  # a read error (EIO from a failing disk or mount): damaged, not a crash
+            return [f"{root}: unreadable ({e})"]
     for rel, entry in files.items():
         problems += _file_problems(root / rel, entry, full_hash=True)
     return problems

@@ -42,6 +42,9 @@ STARTUP_GRACE_S = 60.0
 """Before its first heartbeat a trainer counts as hung only after max(hang_timeout, this)."""
 FINAL_SYNC_TRIES = 3
 """Attempts of the last sync after the trainer finished or stopped before the supervisor gives up on it."""
+STOP_WAITS_FOR_STAGING_S = 30.0
+"""On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it)."""
+"""Attempts of the last sync after the trainer finished or stopped before the supervisor gives up on it."""
 
 
 class Infra:
@@ -128,6 +131,10 @@ class Supervisor:
         self.devices_env = ""
         self.staged: Path | None = None
         self.stage_worker: Worker | None = None
+        self.awaiting_remote: Path | None = None  # staged, but the remote could not be read for a resume: retrying
+        self.fetch_retry_at = 0.0
+        self.fetch_failures = 0
+        self.fetch_started = 0.0  # set by the staging thread while it reads the remote
         self.next_poll_at = 0.0
         self.backoff_until = 0.0
         self.after_backoff = Phase.STARTING
@@ -335,11 +342,20 @@ class Supervisor:
     def _tick_staging(self) -> None:
         if self.stage_worker is None:
             staging = self.state["staging"]
+            if self.awaiting_remote is not None:  # staged; only the fetch of a remote checkpoint is retried
+                if now() < self.fetch_retry_at:
+                    return
+                staged = self.awaiting_remote
+                staging.update(state="fetching", error=None, progress=None)
+                self.events.emit("fetch", f"retrying the fetch of the newest checkpoint from {self.cfg.run.remote}")
+                self.stage_worker = Worker("fetch", lambda: (staged, *self._fetch_job(staged)))
+                return
             staging.update(state="running", since=now(), error=None, progress=None)
             self.events.emit("staging", f"staging {self.cfg.data.prepared} into {self.cfg.scratch_dir}")
             self.stage_worker = Worker("staging", self._stage_job)
             return
         if not self.stage_worker.done:
+            self._flag_stalled_fetch()
             return
         worker, self.stage_worker = self.stage_worker, None
         self._drain_thread_logs()
@@ -360,14 +376,50 @@ class Supervisor:
                 return
             self._start_backoff(Phase.STAGING, f"staging failed: {worker.error_text}", streak)
             return
-        self.staged, expected, fetched = worker.result
-        staging.update(state="done", path=str(self.staged), error=None, finished=now())
-        self.events.emit("staging", f"staged and verified: {self.staged} in {now() - worker.started:.1f}s")
+        staged, expected, fetched, fetch_error = worker.result
+        if worker.name == "staging":
+            staging.update(state="done", path=str(staged), error=None, finished=now())
+            self.events.emit("staging", f"staged and verified: {staged} in {now() - worker.started:.1f}s")
+        if fetch_error is not None:
+            self._remote_unavailable(staged, fetch_error)
+            return
+        self.staged = staged
+        if self.awaiting_remote is not None:
+            self.awaiting_remote, self.fetch_failures = None, 0
+            self.state["sync"].update(state="idle", error=None)
+            staging.update(state="done", error=None)
         if fetched:
             self.events.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}")
+        elif self.cfg.run.remote and not local_checkpoint_steps(self.cfg.checkpoint_dir):
+            self.events.emit("fetch", f"neither scratch nor {self.cfg.run.remote} holds a checkpoint: starting from "
+                                      f"step 0")
         if self.cfg.run.remote:
             self.sync.ensure_syncer(expected)
         self._launch()
+
+    def _remote_unavailable(self, staged: Path, error: str) -> None:
+        """Scratch holds no checkpoint and the remote could not be read: it may hold a newer checkpoint, so never
+        start from scratch; retry with backoff for as long as it takes (the remote being down is not the trainer's
+        fault: no_progress_limit does not count it). Status shows "remote unavailable: ..."."""
+        self.awaiting_remote = staged
+        self.fetch_failures += 1
+        delay = backoff_seconds(self.cfg.restart, self.fetch_failures, self.rng)
+        self.fetch_retry_at = now() + delay
+        message = f"remote unavailable: {error}"
+        self.state["sync"].update(state="unavailable", error=message, since=now())
+        self.state["staging"].update(state="waiting_remote", error=message)
+        self.state["last_error"] = message
+        self.events.emit("fetch", f"{message}; scratch holds no checkpoint and the remote may hold one: not starting "
+                                  f"from step 0; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
+        self._save_state()
+
+    def _flag_stalled_fetch(self) -> None:
+        started = self.fetch_started
+        if started and now() - started > SYNC_STALLED_AFTER_S and self.state["sync"].get("state") != "unavailable":
+            message = f"remote unavailable: fetching from {self.cfg.run.remote} has been running for " \
+                      f"{now() - started:.0f}s"
+            self.state["sync"].update(state="unavailable", error=message, since=now())
+            self.events.emit("fetch", f"{message}; waiting for it (not starting from step 0)")
 
     def _stage_job(self):
         """In the staging thread: stage the corpus, then fetch a remote checkpoint when scratch holds none."""
@@ -376,13 +428,29 @@ class Supervisor:
             self.state["staging"]["progress"] = info.describe() if hasattr(info, "describe") else info
 
         staged = self.infra.stage(self.cfg, progress, self._log_from_thread)
-        expected = fetched = None
-        if self.cfg.run.remote:
-            expected = self.infra.expectation(self.cfg, staged)
-            if not local_checkpoint_steps(self.cfg.checkpoint_dir):
-                syncer = self.sync.syncer or self.infra.syncer(self.cfg, expected, self._log_from_thread)
-                fetched = syncer.fetch_latest(self.cfg.checkpoint_dir)
-        return staged, expected, fetched
+        return (staged, *self._fetch_job(staged))
+
+    def _fetch_job(self, staged: Path):
+        """In a worker thread: (expectation, fetched path or None, fetch error text or None). A checkpoint of
+        another model or corpus on the remote raises (final); any other failure to read the remote is returned."""
+        if not self.cfg.run.remote:
+            return None, None, None
+        expected = self.infra.expectation(self.cfg, staged)
+        if local_checkpoint_steps(self.cfg.checkpoint_dir):
+            return expected, None, None
+        from minilmd.trainer.checkpoint import CheckpointMismatch
+
+        self.fetch_started = now()
+        self.state["staging"]["progress"] = f"fetching the newest checkpoint from {self.cfg.run.remote}"
+        try:
+            syncer = self.sync.syncer or self.infra.syncer(self.cfg, expected, self._log_from_thread)
+            return expected, syncer.fetch_latest(self.cfg.checkpoint_dir), None
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - an unreachable/failing remote: retried by the loop
+            return expected, None, f"{type(e).__name__}: {e}"
+        finally:
+            self.fetch_started = 0.0
 
     # --- the child ---------------------------------------------------------------------------------------------------
     def _launch(self) -> None:
@@ -450,7 +518,10 @@ class Supervisor:
     def _facts_for(self, death: Death) -> dict:
         facts = {}
         if death.cause == "sigbus" and self.staged is not None:
-            problems = self.infra.verify_staged(self.staged)
+            try:
+                problems = self.infra.verify_staged(self.staged)
+            except OSError as e:  # unreadable is damaged
+                problems = [f"{self.staged}: {e}"]
             facts["staged_damaged"] = bool(problems)
             if problems:
                 self.events.emit("staging", f"the staged corpus fails verification: {'; '.join(problems[:3])}")
@@ -550,7 +621,12 @@ class Supervisor:
                 return
             self._on_child_end(rc)
         if self.stage_worker is not None and not self.stage_worker.done:
-            return  # let a half-done copy end before we exit (it would be cleaned up next time anyway)
+            if now() - self.stopping_since < STOP_WAITS_FOR_STAGING_S:
+                return  # let a half-done copy end before we exit (it would be cleaned up next time anyway)
+            # a copy or fetch stalled on the remote: leave its thread behind (its temp names are cleaned next time)
+            self.events.emit("stop", f"the {self.stage_worker.name} thread has not ended after "
+                                     f"{STOP_WAITS_FOR_STAGING_S:.0f}s: exiting without it")
+            self.stage_worker = None
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
         if not self.cfg.run.remote or newest is None:
             self._finish("")

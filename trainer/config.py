@@ -430,16 +430,47 @@ def _check_paths(cfg: RunConfig) -> list[str]:
     if cfg.data.prepared:
         if _is_url(cfg.data.prepared):
             p += _check_protocol("data.prepared", cfg.data.prepared)
-        elif not Path(cfg.data.prepared).is_dir():
-            p.append(f"data.prepared = {cfg.data.prepared!r}: no such directory (run `minilmd prepare` first)")
-        elif not (Path(cfg.data.prepared) / "meta.json").is_file():
-            p.append(f"data.prepared = {cfg.data.prepared!r}: no meta.json there; not an output of `minilmd prepare`")
+        else:
+            p += _shared_storage_check(_check_prepared_dir, cfg.data.prepared)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
-        else:
-            p += _check_writable("run.remote", Path(cfg.run.remote))
+        elif not os.environ.get("MINILMD_RUN_DIR"):  # a supervised trainer never touches the remote itself
+            p += _shared_storage_check(_check_writable, "run.remote", Path(cfg.run.remote))
     return p
+
+
+SHARED_STORAGE_PROBE_S = 5.0
+"""How long the config check waits for the corpus source or the remote (NFS) to answer before leaving it to
+staging and sync, which retry and show "remote unavailable" in status."""
+
+
+def _shared_storage_check(check, *args) -> list[str]:
+    """Run a path check on shared storage (NFS) in a thread: a mount that fails (EIO) or stalls is not a config
+    error (the supervisor retries it and shows it in status), so it yields no problem here rather than a
+    traceback or a hang."""
+    import threading
+
+    result: list[list[str]] = []
+
+    def probe():
+        try:
+            result.append(check(*args))
+        except OSError:
+            pass
+
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(SHARED_STORAGE_PROBE_S)
+    return result[0] if result else []
+
+
+def _check_prepared_dir(prepared: str) -> list[str]:
+    if not Path(prepared).is_dir():
+        return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"]
+    if not (Path(prepared) / "meta.json").is_file():
+        return [f"data.prepared = {prepared!r}: no meta.json there; not an output of `minilmd prepare`"]
+    return []
 
 
 def _check_writable(name: str, path: Path) -> list[str]:

@@ -1,0 +1,131 @@
+"""Helpers for the reliability tests and the soak: watchers that run beside a supervised run and record what must
+never happen (a remote LATEST naming a checkpoint that does not validate, two trainers on one run), a corpus
+big enough that a mapped read reaches new pages for many steps, and the fake trainer's undisturbed result.
+
+The watchers are threads that poll; each keeps a list of violations that the test asserts empty at the end.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from minilmd.daemon.child import find_orphans
+from minilmd.trainer import checkpoint
+from minilmd.trainer.config import load_config
+from supervisor_helpers import FAKE_TRAINER, env_for
+
+
+class RemoteWatcher(threading.Thread):
+    """Polls `<remote>/LATEST` (read on the real directory, not through a stalled mount) and strictly validates
+    the checkpoint it names. A failed validation counts only if LATEST still names it afterwards (retention may
+    legitimately delete the previous one right after LATEST moved on)."""
+
+    def __init__(self, remote: Path, expected: checkpoint.Expectation | None = None, interval: float = 0.05):
+        super().__init__(daemon=True)
+        self.remote, self.expected, self.interval = Path(remote), expected, interval
+        self.violations: list[str] = []
+        self.seen: set[str] = set()
+        self.checks = 0
+        self._halt = threading.Event()
+
+    def latest(self) -> str | None:
+        try:
+            return (self.remote / checkpoint.LATEST).read_text().strip() or None
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def check_once(self) -> None:
+        name = self.latest()
+        if name is None:
+            return
+        try:
+            checkpoint.validate(self.remote / name, self.expected)
+            self.seen.add(name)
+        except checkpoint.CheckpointError as e:
+            if self.latest() == name:
+                self.violations.append(f"LATEST names {name}, which does not validate: {'; '.join(e.problems[:3])}")
+        self.checks += 1
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.check_once()
+            time.sleep(self.interval)
+
+    def stop(self) -> list[str]:
+        self._halt.set()
+        self.join(10)
+        self.check_once()
+        return self.violations
+
+
+class TrainerCounter(threading.Thread):
+    """Counts the live processes started for a run (MINILMD_RUN_DIR in their environment): never more than one
+    trainer may run on one run directory."""
+
+    def __init__(self, run_dir: Path, interval: float = 0.05):
+        super().__init__(daemon=True)
+        self.run_dir, self.interval = Path(run_dir), interval
+        self.max_seen = 0
+        self.violations: list[str] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            pids = find_orphans(self.run_dir)
+            self.max_seen = max(self.max_seen, len(pids))
+            if len(pids) > 1:
+                self.violations.append(f"{len(pids)} trainers at once on {self.run_dir}: {pids}")
+            time.sleep(self.interval)
+
+    def stop(self) -> list[str]:
+        self._halt.set()
+        self.join(10)
+        return self.violations
+
+
+def fake_weights_of(ckpt: Path) -> int:
+    return json.loads((Path(ckpt) / "trainer_state.json").read_text())["fake_weights"]
+
+
+def undisturbed_fake_weights(config: Path) -> int:
+    """The fake trainer's final weights for this config, run straight through without a supervisor (its own
+    copy of the config with another run dir and scratch, so nothing of the real run is touched)."""
+    cfg = load_config(config)
+    tmp = Path(config).with_suffix(".undisturbed")
+    text = Path(config).read_text(encoding="utf-8")
+    text = text.replace(str(cfg.run_dir), str(tmp / "run")).replace(str(cfg.scratch_dir), str(tmp / "scratch"))
+    if cfg.run.remote:
+        text = text.replace(str(cfg.run.remote), str(tmp / "remote"))
+    alone = tmp.with_suffix(".toml")
+    alone.write_text(text, encoding="utf-8")
+    (tmp / "run").mkdir(parents=True, exist_ok=True)
+    env = env_for()
+    out = subprocess.run([sys.executable, str(FAKE_TRAINER), "train", str(alone)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    newest = checkpoint.list_checkpoints(tmp / "scratch" / "checkpoints")[-1]
+    return fake_weights_of(newest)
+
+
+def expectation_for(config: Path) -> checkpoint.Expectation:
+    from minilmd.trainer.tokenstream import open_prepared
+
+    cfg = load_config(config, check_paths=False)
+    corpus = open_prepared(cfg.data.prepared)
+    return checkpoint.Expectation(cfg.model_dict(), corpus.data_fingerprint, corpus.tokenizer_fingerprint)
+
+
+def copy_corpus(corpus: Path, dest: Path) -> Path:
+    shutil.copytree(corpus, dest)
+    return dest
+
+
+def event_texts(run_dir: Path, kind: str | None = None) -> list[str]:
+    from supervisor_helpers import events
+
+    return [e.get("message", "") for e in events(run_dir) if kind is None or e.get("event") == kind]
