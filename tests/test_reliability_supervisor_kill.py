@@ -1,0 +1,95 @@
+"""The supervisor itself SIGKILLed at random moments (while staging, while training, while syncing), then started
+again, as systemd would: it must find the orphaned trainer (or its absence) and the half-done copies (a staging
+temp directory in scratch, a `.tmp-step-*` on the remote), clean up, and finish the run with the weights of an
+undisturbed run. Never two trainers on one run, never a remote LATEST naming an invalid checkpoint.
+
+The corpus source and the remote live on the FUSE fault filesystem, so that a stall holds the supervisor inside a
+staging copy or a sync exactly when it is killed. The trainer is the fake one (its weights are a hash chain).
+"""
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+from faults_fixtures import faultfs  # noqa: F401 - fixture
+from minilmd.daemon.staging import verify_staged
+from minilmd.trainer import checkpoint
+from minilmd.trainer.config import load_config
+from reliability_helpers import (RemoteWatcher, TrainerCounter, copy_corpus, expectation_for,
+                                 fake_weights_of, undisturbed_fake_weights)
+from supervisor_helpers import start_supervisor, state, step_of_state, wait_for, write_config
+from test_reliability_nfs import corpus  # noqa: F401 - fixture
+
+
+def kill(sup, faultfs=None, rule=None) -> None:
+    """SIGKILL the supervisor; lift the stall it sits in (a process in a FUSE call dies when the call returns)."""
+    sup.send_signal(signal.SIGKILL)
+    if rule is not None:
+        faultfs.remove(rule)
+    sup.wait(30)
+
+
+def test_supervisor_killed_while_staging_training_and_syncing_finishes_identically(tmp_path, corpus, faultfs):
+    rng = random.Random(6)
+    copy_corpus(corpus[0], faultfs.backing / "corpus")
+    config = write_config(tmp_path, (faultfs.root / "corpus", corpus[1]), remote=False,
+                          run={"remote": str(faultfs.root / "remote")},
+                          train={"max_steps": 120, "checkpoint_every": 10},
+                          restart={"backoff_initial": "0.1s", "backoff_max": "0.5s", "hang_timeout": "30s"})
+    cfg = load_config(config)
+    out = tmp_path / "sup.out"
+    counter = TrainerCounter(cfg.run_dir)
+    counter.start()
+    watcher = RemoteWatcher(faultfs.backing / "remote", expectation_for(config))
+    watcher.start()
+    env = {"FAKE_STEP_S": "0.05"}
+    procs = []
+    try:
+        # 1. while staging: the copy of tokens.bin hangs on the source
+        stall = faultfs.stall("corpus/train/tokens.bin", 600)
+        procs.append(start_supervisor(config, out, **env))
+        wait_for(lambda: faultfs.hits("stall"), 60, "staging to reach tokens.bin")
+        time.sleep(rng.uniform(0, 0.5))
+        kill(procs[-1], faultfs, stall)
+        assert list(cfg.scratch_dir.glob(".tmp-corpus-*")), "expected a half-done staging copy"
+
+        # 2. while training, at a random step
+        procs.append(start_supervisor(config, out, **env))
+        target = rng.randint(12, 40)
+        wait_for(lambda: step_of_state(cfg.run_dir) >= target, 60, f"training to step {target}")
+        orphan = state(cfg.run_dir)["child"]["pid"]
+        kill(procs[-1])
+
+        # 3. while syncing: the copy of the weights to the remote hangs
+        procs.append(start_supervisor(config, out, **env))
+        wait_for(lambda: any(e == [orphan] for e in orphan_pids(cfg.run_dir)), 60, "the orphan to be found")
+        stall = faultfs.stall("remote/.tmp-step-*/model.safetensors", 600, op="write")
+        wait_for(lambda: faultfs.hits("stall", "write"), 60, "a sync to reach the remote")
+        time.sleep(rng.uniform(0, 0.3))
+        kill(procs[-1], faultfs, stall)
+        assert list((faultfs.backing / "remote").glob(".tmp-step-*")), "expected a half-done sync"
+
+        # 4. the last one runs to the end
+        procs.append(start_supervisor(config, out, **env))
+        assert procs[-1].wait(120) == 0
+    finally:
+        faultfs.clear()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert counter.stop() == [] and counter.max_seen == 1
+    assert watcher.stop() == []
+    assert [p.returncode for p in procs] == [-signal.SIGKILL] * 3 + [0]
+    assert len(orphan_pids(cfg.run_dir)) == 2  # found after the kills while training and while syncing
+    assert not list(cfg.scratch_dir.glob(".tmp-corpus-*")) and verify_staged(cfg.scratch_dir / "corpus") == []
+    remote = faultfs.backing / "remote"
+    assert not list(remote.glob(".tmp-*"))
+    assert checkpoint.read_latest(remote) == "step-00000120"
+    assert fake_weights_of(remote / "step-00000120") == undisturbed_fake_weights(config)
+
+
+def orphan_pids(run_dir) -> list[list[int]]:
+    from supervisor_helpers import events
+
+    return [e["pids"] for e in events(run_dir) if e.get("event") == "orphan" and "pids" in e]
