@@ -1,0 +1,81 @@
+"""Scratch on a small RAM disk (a real tmpfs mounted for the test), through `minilmd run`.
+
+- A corpus that does not fit is refused before anything is copied, with the numbers and a local-disk alternative,
+  and the run gives up with a clear cause (no half copy left in scratch).
+- A checkpoint save that hits ENOSPC (another job filled /dev/shm) leaves the previous valid checkpoint; the
+  trainer exits with the error in its log, the supervisor restarts it from that checkpoint, and once there is room
+  again the run finishes with the weights of an undisturbed run (the real trainer, a tiny model).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from faults_fixtures import small_tmpfs  # noqa: F401 - fixture
+from minilmd.daemon import staging
+from minilmd.trainer import checkpoint
+from minilmd.trainer.config import load_config
+from minilmd.trainer.protocol import SUPERVISOR_GAVE_UP
+from supervisor_helpers import cli, env_for, run_supervisor, start_supervisor, state, wait_for, write_config
+from test_reliability_nfs import corpus  # noqa: F401 - fixture
+
+REAL = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 1}}
+
+
+def model_sha(ckpt: Path) -> str:
+    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
+
+
+def test_a_corpus_that_does_not_fit_the_ram_disk_is_refused_with_the_numbers(tmp_path, corpus, small_tmpfs):
+    scratch = small_tmpfs("8m") / "scratch"
+    config = write_config(tmp_path, corpus, remote=False, run={"scratch": str(scratch)},
+                          restart={"no_progress_limit": 1})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path, timeout=60) == SUPERVISOR_GAVE_UP
+    text = cli("status", str(cfg.run_dir)).stdout
+    assert "the corpus needs" in text and "(tmpfs) has 8.4 MB free" in text and "set run.scratch to" in text, text
+    assert not (scratch / "corpus").exists() and not list(scratch.glob(".tmp-corpus-*"))
+    assert not (cfg.run_dir / "logs" / "attempt-0001.log").exists()
+
+
+def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_recovers(tmp_path, corpus, small_tmpfs):
+    plain = write_config(tmp_path, corpus, name="plain", remote=False, **REAL)
+    load_config(plain).run_dir.mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "train", str(plain)], env=env_for(fake=False),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    undisturbed = checkpoint.list_checkpoints(load_config(plain).checkpoint_dir)[-1]
+    ckpt_bytes = sum(f.stat().st_size for f in undisturbed.iterdir())
+
+    disk = small_tmpfs("80m")
+    config = write_config(tmp_path, corpus, remote=False, run={"scratch": str(disk / "scratch")}, **REAL)
+    cfg = load_config(config)
+    staging.stage(str(corpus[0]), cfg.scratch_dir)  # staged while there is room; the supervisor reuses it
+    st = os.statvfs(disk)
+    filler = disk / "another-job"
+    with open(filler, "wb") as f:  # room for one checkpoint and a half
+        f.truncate(0)
+        f.write(b"\0" * (st.f_bavail * st.f_frsize - int(1.5 * ckpt_bytes)))
+    sup = start_supervisor(config, tmp_path / "sup.out", fake=False)
+    try:
+        wait_for(lambda: state(cfg.run_dir).get("restarts"), 120, "the trainer to die of the full disk")
+        first = checkpoint.list_checkpoints(cfg.checkpoint_dir)
+        assert [p.name for p in first] == ["step-00000004"]
+        checkpoint.validate(first[0])  # the previous checkpoint is intact
+        filler.unlink()
+        assert sup.wait(180) == 0
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    st = state(cfg.run_dir)
+    assert [r["cause"] for r in st["restarts"]] == ["crash"]
+    assert "No space left on device" in (cfg.run_dir / "logs" / "attempt-0001.log").read_text()
+    assert "resumed from" in (cfg.run_dir / "logs" / "attempt-0002.log").read_text()
+    final = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    assert final.name == "step-00000016" and model_sha(final) == model_sha(undisturbed)
+    assert not list(cfg.checkpoint_dir.glob(".tmp-*"))
