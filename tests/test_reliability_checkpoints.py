@@ -1,0 +1,84 @@
+"""A corrupted newest checkpoint, local or remote, is quarantined with its reason and the previous one is used.
+
+- Local, `minilmd train` (the real trainer, a tiny model): the newest checkpoint's weights are damaged in place
+  (same size, other bytes: only the sha256 shows it). The trainer moves it to quarantine/ with a reason, resumes
+  from the one before, and recomputes the same step with bit-identical weights.
+- Remote, `minilmd run` with empty scratch (a new machine): the remote's newest checkpoint is damaged; the fetch
+  quarantines it on the remote, fetches the previous one, repoints LATEST, and the run finishes with the weights
+  of an undisturbed run.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from minilmd.trainer import checkpoint
+from minilmd.trainer.config import load_config
+from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
+from supervisor_helpers import env_for, run_supervisor, state, write_config
+from test_reliability_nfs import corpus  # noqa: F401 - fixture
+
+
+def damage(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    path.write_bytes(bytes(data))
+
+
+def model_sha(ckpt: Path) -> str:
+    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
+
+
+def train(config: Path) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "train", str(config)], env=env_for(fake=False),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out
+
+
+def test_a_corrupted_newest_local_checkpoint_is_quarantined_and_the_previous_one_used(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, remote=False,
+                          train={"max_steps": 12, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 1})
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    train(config)
+    newest = cfg.checkpoint_dir / "step-00000012"
+    expected_sha = model_sha(newest)
+    damage(newest / "model.safetensors")
+
+    out = train(config)
+    assert "step-00000012 is invalid" in out.stdout and "sha256" in out.stdout, out.stdout[-2000:]
+    assert "resumed from" in out.stdout and "step-00000008" in out.stdout
+    quarantined = list((cfg.checkpoint_dir / checkpoint.QUARANTINE).glob("step-00000012*"))
+    assert len(quarantined) == 1
+    assert "model.safetensors" in (quarantined[0] / checkpoint.REASON_FILE).read_text()
+    redone = cfg.checkpoint_dir / "step-00000012"
+    checkpoint.validate(redone)
+    assert model_sha(redone) == expected_sha  # step 12 again, bit for bit
+
+
+def test_a_corrupted_newest_remote_checkpoint_is_quarantined_and_the_previous_one_fetched(tmp_path, corpus):
+    earlier = write_config(tmp_path, corpus, name="earlier", remote=False, train={"max_steps": 20, "keep_local": 5})
+    undisturbed_fake_weights(earlier)
+    made = earlier.with_suffix(".undisturbed") / "scratch" / "checkpoints"
+    config = write_config(tmp_path, corpus, train={"max_steps": 40})
+    cfg = load_config(config)
+    remote = Path(cfg.run.remote)
+    remote.mkdir(parents=True)
+    for name in ("step-00000010", "step-00000020"):
+        shutil.copytree(made / name, remote / name)
+    (remote / "LATEST").write_text("step-00000020\n")
+    damage(remote / "step-00000020" / "model.safetensors")
+
+    assert run_supervisor(config, tmp_path, timeout=120) == 0
+    quarantined = list((remote / checkpoint.QUARANTINE).glob("step-00000020*"))
+    assert len(quarantined) == 1 and "sha256" in (quarantined[0] / checkpoint.REASON_FILE).read_text()
+    assert any("step-00000010" in m for m in event_texts(cfg.run_dir, "fetch"))
+    assert "resuming at step 10" in (cfg.run_dir / "logs" / "attempt-0001.log").read_text()
+    assert state(cfg.run_dir)["restarts"] == []
+    assert checkpoint.read_latest(remote) == "step-00000040"
+    assert fake_weights_of(remote / "step-00000040") == undisturbed_fake_weights(config)
