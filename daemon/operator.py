@@ -210,6 +210,26 @@ def _copy_new(path: Path, offset: int, label: str, out) -> int:
     return offset + end + 1
 
 
+def _stop_orphans(run_dir: Path, out) -> int:
+    """A supervisor killed with SIGKILL leaves its trainer running: `stop` must stop that one too (it saves on
+    SIGTERM and exits; SIGKILL after the grace)."""
+    from minilmd.daemon.child import find_orphans, terminate_orphans
+
+    pids = find_orphans(run_dir)
+    if not pids:
+        return 0
+    print(f"  trainer process(es) {pids} left by a killed supervisor: SIGTERM (they save first), SIGKILL after "
+          f"{ORPHAN_GRACE_S:.0f}s", file=out, flush=True)
+    terminate_orphans(pids, grace=ORPHAN_GRACE_S)
+    left = find_orphans(run_dir)
+    print(f"  still running: {left}" if left else "  stopped", file=out)
+    return 1 if left else 0
+
+
+ORPHAN_GRACE_S = 120.0
+"""How long `minilmd stop` lets an orphaned trainer save before it kills it."""
+
+
 def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> int:
     """SIGTERM to the run's supervisor; wait until it exited (the trainer saves, the last sync runs); report.
     timeout 0: wait as long as it takes. Exit status 0 when it stopped (or was not running), 1 on timeout."""
@@ -231,7 +251,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         outcome = state.get("outcome") or {}
         print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.get('time'))}, exit {outcome.get('exit')}: "
                                            f"{outcome.get('reason')})" if outcome else ""), file=out)
-        return 0
+        return _stop_orphans(run_dir, out)
     os.kill(pid, signal.SIGTERM)
     print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
           flush=True)
