@@ -48,6 +48,10 @@ def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_pr
     if cause == "config_error":
         return Decision("fail", f"config error, final: {death.detail}", protocol.SUPERVISOR_CONFIG,
                         counts_as_restart=False)
+    if cause == "data_error" and staged_damaged:
+        # the staged copy broke under us (truncated, a bad page), not the source: not final
+        return Decision("restage", f"the trainer refused the data and the staged corpus fails verification: "
+                                   f"re-staging it ({death.detail})")
     if cause == "data_error":
         return Decision("fail", f"data error, final: {death.detail}", protocol.EXIT_DATA, counts_as_restart=False)
     if restarts_so_far >= restart.max_restarts:

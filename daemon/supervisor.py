@@ -517,7 +517,7 @@ class Supervisor:
 
     def _facts_for(self, death: Death) -> dict:
         facts = {}
-        if death.cause == "sigbus" and self.staged is not None:
+        if death.cause in ("sigbus", "data_error") and self.staged is not None:
             try:
                 problems = self.infra.verify_staged(self.staged)
             except OSError as e:  # unreadable is damaged
@@ -581,6 +581,11 @@ class Supervisor:
             if self.staged is None or not (self.staged / "meta.json").is_file():
                 self.staged = None
                 self._go(Phase.STAGING, "the staged corpus is missing from scratch")
+                return
+            if self.cfg.run.remote and self.state["remote_checkpoint"] and \
+                    not local_checkpoint_steps(self.cfg.checkpoint_dir):
+                # the trainer would start from step 0: fetch the synced checkpoint first (staging reuses the copy)
+                self._go(Phase.STAGING, "scratch lost its checkpoints: fetching the newest from the remote")
                 return
             self._launch()
         elif after == Phase.STAGING:
