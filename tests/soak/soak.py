@@ -79,12 +79,14 @@ class Soak:
     def __init__(self, args):
         self.args = args
         self.rng = random.Random(args.seed)
+        self.kinds = args.kinds.split(",") if args.kinds else KINDS
         self.work = Path(args.workdir or f"/tmp/minilmd-soak-{int(time.time())}").resolve()
         self.faults: list[dict] = []  # {kind, time, step, recovered_at}
         self.corrupted: set[str] = set()
         self.sup: subprocess.Popen | None = None
         self.sup_count = 0
         self.planned_seen: set[str] = set()
+        self.lift = None  # (faultfs rule, when to lift it, its fault record) of the remote fault in force
 
     # --- set-up --------------------------------------------------------------------------------------------------
     def config(self, name: str, steps: int, remote: Path | None, source: Path, vocab: int) -> Path:
@@ -170,9 +172,9 @@ class Soak:
                 rule = self.fs.add_rule("*", "remote*", "error", errno=5)
             else:
                 rule = self.fs.drop_rename("remote/*")
-            time.sleep(self.rng.uniform(2, 12))
-            self.fs.remove(rule)
-            record["needs_sync_after"] = time.time()
+            # lifted by the main loop (lift_due) after a few seconds; recovery needs a good sync after the lift
+            self.lift = (rule, time.monotonic() + self.rng.uniform(2, 12), record)
+            record["needs_sync_after"] = float("inf")
         elif kind == "corrupt_local":
             newest = checkpoint.list_checkpoints(self.cfg.checkpoint_dir)
             if not newest:
@@ -194,16 +196,24 @@ class Soak:
         log(f"fault {len(self.faults)}: {kind} at step {step}")
         return True
 
+    def lift_due(self) -> None:
+        if self.lift is not None and time.monotonic() >= self.lift[1]:
+            rule, _, record = self.lift
+            self.fs.remove(rule)
+            record["needs_sync_after"] = time.time()
+            self.lift = None
+
     def note_planned(self) -> None:
         """Faults the trainer fired from its MINILMD_FAULT plan (recorded in <run dir>/faults-fired)."""
         fired = self.cfg.run_dir / "faults-fired"
         if not fired.exists():
             return
+        fired_at = time.monotonic() - max(0.0, time.time() - fired.stat().st_mtime)  # polled late: the file knows
         for item in fired.read_text().split():
             if item not in self.planned_seen:
                 self.planned_seen.add(item)
                 kind, _, at = item.partition("@")
-                self.faults.append({"kind": PLANNED[kind], "time": time.monotonic(), "step": int(at) - 1,
+                self.faults.append({"kind": PLANNED[kind], "time": fired_at, "step": int(at) - 1,
                                     "recovered_at": None})
                 log(f"fault {len(self.faults)}: {PLANNED[kind]} fired at step {at}")
 
@@ -259,14 +269,15 @@ class Soak:
             try:
                 while self.sup.poll() is None or self.sup.returncode not in (0, 2, 65, 79):
                     self.keep_supervisor_alive()
+                    self.lift_due()
                     self.note_planned()
                     self.update_recoveries()
                     now = time.monotonic()
                     if now - started > self.args.minutes * 60 * 2:
                         log("the run did not finish in twice the wall time")
                         break
-                    if now >= next_at and now < inject_until and self.all_recovered():
-                        kind = self.rng.choice(KINDS)
+                    if now >= next_at and now < inject_until and self.all_recovered() and self.lift is None:
+                        kind = self.rng.choice(self.kinds)
                         if self.inject(kind):
                             next_at = time.monotonic() + self.rng.uniform(0.5, 4)
                         else:
@@ -280,6 +291,7 @@ class Soak:
                 if self.sup.poll() is None:
                     self.sup.kill()
                 fs.clear()
+                self.lift = None
             reference.wait()
             self.update_recoveries()
             self.note_planned()
@@ -345,6 +357,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="wall time of the soak")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="default: /tmp/minilmd-soak-<time>")
+    parser.add_argument("--kinds", default="", help=f"comma-separated subset of {','.join(KINDS)} (default: all)")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     return Soak(args).run()
