@@ -56,6 +56,12 @@ def leak_key(text: str) -> int:
     return _digest64("".join(text.split()).encode("utf-8"))
 
 
+def _leak_key_given(text: str, digest: int) -> int:
+    """leak_key(text), reusing the text's own digest when it has no whitespace (most Chinese documents)."""
+    squeezed = "".join(text.split())
+    return digest if len(squeezed) == len(text) else _digest64(squeezed.encode("utf-8"))
+
+
 @dataclass
 class EncodedBlock:
     """What a worker sends back for one block: tokens and per-document facts for each split."""
@@ -89,11 +95,12 @@ class BlockEncoder:
         parsed = parse_block(blob, first_line)
         texts = parsed.texts
         utf8 = [t.encode("utf-8") for t in texts]
-        is_val = np.fromiter((_digest64(b) < self.threshold for b in utf8), dtype=bool, count=len(texts))
-        keys = np.fromiter((leak_key(t) for t in texts), dtype=np.uint64, count=len(texts))
+        digests = [_digest64(b) for b in utf8]
+        is_val = np.fromiter((d < self.threshold for d in digests), dtype=bool, count=len(texts))
+        keys = np.fromiter(map(_leak_key_given, texts, digests), dtype=np.uint64, count=len(texts))
         encs = self.encode(texts, add_special_tokens=False)
         body_lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-        body = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64,
+        body = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.uint16,
                            count=int(body_lengths.sum()))
         if body.size and int(body.max()) >= self.vocab_size:
             raise CorpusError(f"tokenizer produced id {int(body.max())} >= its vocabulary {self.vocab_size}")
