@@ -43,6 +43,7 @@ from .metrics import MetricsLog, Throughput, flops_per_token, peak_bf16_flops
 from .protocol import (EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT,
                        SUPERVISED_ENV, write_fault)
 from .schedule import lr_at
+from .tokenstream import CorpusError
 
 
 @dataclass
@@ -424,9 +425,12 @@ def run(cfg: RunConfig) -> int:
     except ConfigError as e:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    except (DataError, FaultSpecError) as e:
+    except FaultSpecError as e:
         print(f"minilmd train: {e}", file=sys.stderr)
-        return EXIT_CONFIG if isinstance(e, FaultSpecError) else EXIT_DATA
+        return EXIT_CONFIG
+    except (DataError, CorpusError) as e:
+        print(f"minilmd train: {e}", file=sys.stderr)
+        return EXIT_DATA
     except CheckpointMismatch as e:  # resuming another model, tokenizer or corpus: final, never a fresh start
         print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
         return EXIT_CONFIG if e.kind == "model" else EXIT_DATA
@@ -436,34 +440,12 @@ def run(cfg: RunConfig) -> int:
                     device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0)
         print(f"minilmd train: CUDA out of memory at step {step}: {message}", file=sys.stderr)
         return EXIT_CUDA_OOM
-    except Exception as e:
-        mismatch = _checkpoint_mismatch_kind(e)
-        if mismatch:  # an intact checkpoint of another run: final, restarting would not help
-            print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
-            return EXIT_CONFIG if mismatch == "model" else EXIT_DATA
-        if _is_corpus_error(e):
-            print(f"minilmd train: {e}", file=sys.stderr)
-            return EXIT_DATA
+    except Exception:
         traceback.print_exc()
         return EXIT_CRASH
     finally:
         if dist is not None and dist.active and torch_dist.is_initialized():
             torch_dist.destroy_process_group()
-
-
-def _checkpoint_mismatch_kind(e: Exception) -> str | None:
-    """"model", "tokenizer" or "data" when e says the checkpoint belongs to another model config or corpus."""
-    from .checkpoint import CheckpointMismatch
-
-    return e.kind if isinstance(e, CheckpointMismatch) else None
-
-
-def _is_corpus_error(e: Exception) -> bool:
-    try:
-        from .tokenstream import CorpusError
-    except ImportError:
-        return False
-    return isinstance(e, CorpusError)
 
 
 def main(config_path: str, overrides: list[str] | None = None) -> int:
