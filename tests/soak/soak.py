@@ -68,6 +68,14 @@ def log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
+def send(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def damage(path: Path) -> None:
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
@@ -153,10 +161,10 @@ class Soak:
             return False
         step = self.local_step()
         record = {"kind": kind, "time": time.monotonic(), "step": step, "recovered_at": None}
-        if kind == "trainer_sigkill":
-            os.kill(pid, signal.SIGKILL)
-        elif kind == "trainer_sigbus":
-            os.kill(pid, signal.SIGBUS)
+        if kind in ("trainer_sigkill", "trainer_sigbus"):
+            if not send(pid, signal.SIGKILL if kind == "trainer_sigkill" else signal.SIGBUS):
+                return False  # it ended just now
+
         elif kind == "staged_truncate":
             tokens = self.cfg.scratch_dir / "corpus" / "train" / "tokens.bin"
             os.truncate(tokens, tokens.stat().st_size // 4)
@@ -180,7 +188,7 @@ class Soak:
             if not newest:
                 return False
             damage(newest[-1] / "model.safetensors")
-            os.kill(pid, signal.SIGKILL)
+            send(pid, signal.SIGKILL)  # if it ended just now, its next resume meets the damage all the same
             record["step"] = checkpoint.step_of(newest[-1])
         elif kind == "corrupt_remote":
             remote_steps = checkpoint.list_checkpoints(self.remote)
@@ -189,7 +197,7 @@ class Soak:
             newest = remote_steps[-1]
             self.corrupted.add(newest.name)
             damage(newest / "model.safetensors")
-            os.kill(pid, signal.SIGKILL)
+            send(pid, signal.SIGKILL)
             for p in checkpoint.list_checkpoints(self.cfg.checkpoint_dir):
                 shutil.rmtree(p, ignore_errors=True)  # a new machine: scratch holds nothing
         self.faults.append(record)
@@ -278,7 +286,12 @@ class Soak:
                         break
                     if now >= next_at and now < inject_until and self.all_recovered() and self.lift is None:
                         kind = self.rng.choice(self.kinds)
-                        if self.inject(kind):
+                        try:
+                            injected = self.inject(kind)
+                        except OSError as e:  # the file went away under us (pruned, re-staged): another moment
+                            log(f"could not inject {kind} now: {e}")
+                            injected = False
+                        if injected:
                             next_at = time.monotonic() + self.rng.uniform(0.5, 4)
                         else:
                             next_at = time.monotonic() + 0.5
@@ -290,8 +303,14 @@ class Soak:
             finally:
                 if self.sup.poll() is None:
                     self.sup.kill()
+                    self.sup.wait()
                 fs.clear()
                 self.lift = None
+                from minilmd.daemon.child import find_orphans, terminate_orphans
+
+                terminate_orphans(find_orphans(self.cfg.run_dir), grace=30)
+                if reference.poll() is None and sys.exc_info()[0] is not None:
+                    reference.kill()
             reference.wait()
             self.update_recoveries()
             self.note_planned()
