@@ -24,6 +24,8 @@ from typing import Callable
 
 import psutil
 
+from minilmd.trainer.protocol import fsync_dir, sha256_file
+
 CHUNK = 8 * 1024 * 1024
 GIB = 1024 ** 3
 META = "meta.json"
@@ -63,13 +65,6 @@ class StageProgress:
 def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _listed_files(meta: dict, where: str) -> dict[str, dict]:
@@ -146,7 +141,7 @@ def _file_problems(path: Path, entry: dict, full_hash: bool = True) -> list[str]
         return [f"{path}: {size} bytes, meta.json says {entry['size']}"]
     if full_hash:
         try:
-            digest = _sha256_file(path)
+            digest = sha256_file(path)
         except OSError as e:
             return [f"{path}: unreadable ({e})"]
         if digest != entry["sha256"]:
@@ -253,13 +248,6 @@ def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
         raise SourceInvalid(f"{source}/{META}: not a JSON object")
     return raw, meta
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Copier:
@@ -370,9 +358,9 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
         problems = _invariant_problems(tmp)
         if problems:
             raise SourceInvalid(f"{source}: the copied corpus fails its checks: " + "; ".join(problems[:5]))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         os.rename(tmp, final)
-        _fsync_dir(scratch)
+        fsync_dir(scratch)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from minilmd.trainer import checkpoint as ck
-from minilmd.trainer.protocol import atomic_write_text
+from minilmd.trainer.protocol import atomic_write_text, fsync_dir
 
 CHUNK = 8 * 1024 * 1024
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
@@ -158,7 +158,7 @@ class _Remote:
 
     def rename_dir(self, src: str, dst: str) -> None:
         os.rename(self.path(src), self.path(dst))  # never shutil.move: it would nest into an existing dst
-        _fsync_dir(Path(self.root))
+        fsync_dir(Path(self.root))
 
     def write_latest(self, name: str) -> None:
         if self.local:
@@ -182,13 +182,6 @@ class _Remote:
                                 f"{entry['size']}")
         return manifest, problems
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Syncer:
@@ -400,11 +393,11 @@ class Syncer:
                     skipped.append(name)
                     shutil.rmtree(tmp, ignore_errors=True)
                     continue
-                _fsync_dir(tmp)
+                fsync_dir(tmp)
                 if final.exists():
                     shutil.rmtree(final)
                 os.rename(tmp, final)
-                _fsync_dir(local_root)
+                fsync_dir(local_root)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise

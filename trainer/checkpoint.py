@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .protocol import sha256_file  # noqa: F401  (part of this module's torch-free API)
+
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
@@ -129,13 +131,6 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
 
 
 # --- hashing and safetensors, torch-free ------------------------------------------------------------------------
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_READ_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: int, name: str) -> tuple[dict, int]:

@@ -24,17 +24,10 @@ import numpy as np
 
 from .checkpoint import (FORMAT, KILL_ENV, LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META,
                          TMP_PREFIX, TOKENIZER_FILE, TRAINER_STATE, VERSION, prune, read_manifest, step_name)
-from .protocol import atomic_write_text
+from .protocol import atomic_write_text, fsync_dir
 
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_bytes(path: Path, data: bytes) -> dict:
@@ -134,16 +127,16 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     _maybe_kill("before_manifest", step)
     manifest = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
     _write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     _maybe_kill("before_rename", step)
     if final.exists():  # a leftover without a valid manifest (a valid one would have been resumed from)
         os.rename(final, root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}")
         shutil.rmtree(root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}", ignore_errors=True)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     _maybe_kill("before_latest", step)
     atomic_write_text(root / LATEST, final.name + "\n")
-    _fsync_dir(root)
+    fsync_dir(root)
     return final
 
 

@@ -30,10 +30,10 @@ import numpy as np
 
 from minilmd.trainer import corpus_stats
 from minilmd.trainer.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source, parse_block
-from minilmd.trainer.protocol import BOS_ID, EOS_ID, PAD_ID, atomic_write_json
-from minilmd.trainer.tokenizer import file_sha256, load_tokenizer
+from minilmd.trainer.protocol import BOS_ID, EOS_ID, PAD_ID, atomic_write_json, sha256_file
+from minilmd.trainer.tokenizer import load_tokenizer
 from minilmd.trainer.tokenstream import (DOC_LENGTHS, FORMAT, META, TOKENIZER, TOKENS, VERSION, CorpusError,
-                                         PreparedCorpus, TokenStream, open_prepared, sha256_file, verify_prepared)
+                                         PreparedCorpus, TokenStream, open_prepared, verify_prepared)
 
 # The reading side lives in tokenstream.py; re-exported so that callers may import either module.
 __all__ = ["prepare", "InputError", "CorpusError", "split_is_val", "leak_key", "open_prepared", "verify_prepared",
@@ -438,7 +438,7 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "vocab_size": vocab_size,
         "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID},
-        "tokenizer_sha256": file_sha256(tmp / TOKENIZER),
+        "tokenizer_sha256": sha256_file(tmp / TOKENIZER),
         "token_dtype": "uint16 little-endian",
         "doc_lengths_dtype": "int32",
         "document_layout": "[BOS] ids [EOS], no PAD stored; doc length counts BOS and EOS",

@@ -6,6 +6,7 @@ the supervisor imports it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -52,6 +53,24 @@ SUPERVISED_ENV = "MINILMD_RUN_DIR"
 FAULT_ENV = "MINILMD_FAULT"
 FAULT_KINDS = ("oom", "sigbus", "sigkill", "hang", "exception")
 FAULTS_FIRED = "faults-fired"
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks (corpus files and checkpoints can be GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or a new entry in this directory durable (a file's own fsync does not cover its name)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

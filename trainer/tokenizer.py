@@ -6,7 +6,6 @@ vocabulary has fewer than 65536 entries. load_tokenizer refuses anything else, n
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,13 +17,6 @@ MAX_VOCAB = 65536  # token ids are stored as uint16
 class TokenizerError(ValueError):
     """A tokenizer file that minilmd cannot use; the message names the file and the mismatch."""
 
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_tokenizer(tok, where: str = "tokenizer") -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.trainer.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.trainer.protocol import BOS_ID, EOS_ID, PAD_ID, sha256_file
 
 FORMAT = "minilmd-prepared"
 VERSION = 1
@@ -30,13 +30,6 @@ _SCAN = 1 << 24  # tokens per block when scanning for the largest id: bounded te
 class CorpusError(ValueError):
     """An invalid prepared corpus; the message names the files and the numbers that disagree."""
 
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_meta(root: str | Path) -> dict:

@@ -94,7 +94,7 @@ def total_steps_for_budget(cfg: RunConfig, global_batch: int) -> int:
     if t.max_tokens:
         budgets.append(math.ceil(t.max_tokens / (global_batch * t.seq_len)))
     if not budgets:
-        raise ConfigError([f"a budget is required: set train.max_steps or train.max_tokens"], cfg.source)
+        raise ConfigError(["a budget is required: set train.max_steps or train.max_tokens"], cfg.source)
     return min(budgets)
 
 
