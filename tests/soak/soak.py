@@ -251,7 +251,7 @@ class Soak:
         self.work.mkdir(parents=True, exist_ok=True)
         log(f"soak in {self.work} for {self.args.minutes} min, seed {self.args.seed}")
         source, vocab = real_text_prepared(self.work / "corpus", n_docs=1500, vocab_size=512)
-        steps = self.calibrate(source, vocab)
+        steps = self.args.steps or self.calibrate(source, vocab)
         backing, mnt = self.work / "nfs-backing", self.work / "nfs"
         backing.mkdir(exist_ok=True)
         mnt.mkdir(exist_ok=True)
@@ -376,6 +376,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="wall time of the soak")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="default: /tmp/minilmd-soak-<time>")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="training steps (default: calibrated so that an undisturbed run takes about half the "
+                             "wall time; on a loaded machine the calibration is short, so give it here)")
     parser.add_argument("--kinds", default="", help=f"comma-separated subset of {','.join(KINDS)} (default: all)")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
