@@ -104,8 +104,20 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
     if state.get("overrides"):
         lines.append(f"  overrides: {state['overrides']}")
     if state.get("last_error"):
-        lines.append(f"  last error: {state['last_error']}")
+        lines.append(f"  last error{_error_context(state, t)}: {state['last_error']}")
     return lines
+
+
+def _error_context(state: dict, t: float) -> str:
+    """" (3m ago, at step 130; training went on to step 240)": tells a current problem from an old one."""
+    when, at = state.get("last_error_at"), state.get("last_error_step")
+    if not when:
+        return ""
+    parts = [f"{fmt_age(t - when)} ago"] + ([f"at step {at}"] if at is not None else [])
+    step = (state.get("progress") or {}).get("step")
+    if at is not None and step is not None and step > at:
+        parts.append(f"training went on to step {step}")
+    return " (" + ", ".join(parts[:2]) + ("; " + parts[2] if len(parts) > 2 else "") + ")"
 
 
 def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) -> int:

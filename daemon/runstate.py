@@ -114,6 +114,8 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
         "no_progress_streak": 0,
         "overrides": {},
         "last_error": None,
+        "last_error_at": None,
+        "last_error_step": None,
         "outcome": None,
         "updated": now(),
     }
@@ -131,6 +133,13 @@ class RunState:
 
     def __setitem__(self, key, value):
         self.data[key] = value
+
+    def record_error(self, message: str) -> None:
+        """The latest failure, stamped with when and at which step, so that status can tell a current problem
+        from one the run has long recovered from."""
+        self.data["last_error"] = message
+        self.data["last_error_at"] = now()
+        self.data["last_error_step"] = (self.data.get("progress") or {}).get("step")
 
     def save(self) -> None:
         self.data["updated"] = now()

@@ -178,7 +178,7 @@ class Supervisor:
             self.events.emit("crash", f"supervisor error: {type(e).__name__}: {e}", traceback=traceback.format_exc())
             if self.child and self.child.poll() is None:
                 self.child.kill_group(grace=60)
-            self.state["last_error"] = f"supervisor error: {e}"
+            self.state.record_error(f"supervisor error: {e}")
             self.exit_status = 1
         finally:
             self._shutdown()
@@ -308,7 +308,7 @@ class Supervisor:
             if isinstance(admission, str):
                 if device == "cuda":
                     self.exit_status = protocol.SUPERVISOR_CONFIG
-                    self.state["last_error"] = f"train.device = cuda, but {admission}"
+                    self.state.record_error(f"train.device = cuda, but {admission}")
                     self._go(Phase.FAILED, self.state["last_error"])
                     return
                 self.devices_env = ""
@@ -362,7 +362,7 @@ class Supervisor:
         staging = self.state["staging"]
         if worker.error is not None:
             staging.update(state="failed", error=worker.error_text)
-            self.state["last_error"] = f"staging failed: {worker.error_text}"
+            self.state.record_error(f"staging failed: {worker.error_text}")
             if self.infra.is_final_staging_error(worker.error):
                 kind = "checkpoint" if "Checkpoint" in type(worker.error).__name__ else "data"
                 self._fail(protocol.SUPERVISOR_CONFIG if kind == "checkpoint" else protocol.EXIT_DATA,
@@ -408,7 +408,7 @@ class Supervisor:
         message = f"remote unavailable: {error}"
         self.state["sync"].update(state="unavailable", error=message, since=now())
         self.state["staging"].update(state="waiting_remote", error=message)
-        self.state["last_error"] = message
+        self.state.record_error(message)
         self.events.emit("fetch", f"{message}; scratch holds no checkpoint and the remote may hold one: not starting "
                                   f"from step 0; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
         self._save_state()
@@ -562,7 +562,7 @@ class Supervisor:
         self.state["restarts"].append({"time": now(), "attempt": self.attempt, "cause": death.cause,
                                        "exit": death.exit, "step": step, "detail": death.detail,
                                        "action": decision.action, "delay_s": round(delay, 2)})
-        self.state["last_error"] = f"{death.cause}: {death.detail}"
+        self.state.record_error(f"{death.cause}: {death.detail}")
         self._start_backoff(next_phase, decision.message, streak, delay)
 
     def _start_backoff(self, after: Phase, reason: str, streak: int, delay: float | None = None) -> float:
@@ -596,7 +596,7 @@ class Supervisor:
 
     def _fail(self, status: int, message: str) -> None:
         self.exit_status = status
-        self.state["last_error"] = message
+        self.state.record_error(message)
         self._go(Phase.FAILED, message, exit=status)
 
     # --- stopping and the last sync -----------------------------------------------------------------------------
@@ -663,15 +663,16 @@ class Supervisor:
             if sync_problem:
                 # exit 1, not final: systemd restarts us, the trainer exits at once, the sync is tried again
                 self.exit_status = 1
-                self.state["last_error"] = f"finished, but {sync_problem}; the checkpoint stays in " \
-                                           f"{self.cfg.checkpoint_dir}"
+                self.state.record_error(f"finished, but {sync_problem}; the checkpoint stays in "
+                                        f"{self.cfg.checkpoint_dir}")
                 self._go(Phase.FAILED, self.state["last_error"], exit=1)
                 return
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
                                                          else ""))
             return
         if sync_problem:
-            self.state["last_error"] = f"stopped, but {sync_problem}; the checkpoint stays in {self.cfg.checkpoint_dir}"
+            self.state.record_error(f"stopped, but {sync_problem}; the checkpoint stays in "
+                                    f"{self.cfg.checkpoint_dir}")
         self._go(Phase.DONE, "stopped on request" + (f" ({sync_problem})" if sync_problem else ""))
 
     # --- the trainer's progress -------------------------------------------------------------------------------------

@@ -159,7 +159,7 @@ class SyncWorker:
             retry = min(every, 5.0 * 2 ** (self.failures - 1))
             self.next_at = now() + retry
             sync.update(state="failed", error=worker.error_text, since=now())
-            self.state["last_error"] = f"sync failed: {worker.error_text}"
+            self.state.record_error(f"sync failed: {worker.error_text}")
             self.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
             return
         result = worker.result

@@ -108,3 +108,16 @@ def test_logs_shows_the_supervisor_log_and_the_newest_attempt(tmp_path):
     assert operator.logs(run_dir, out=out) == 0
     text = out.getvalue()
     assert "line two" in text and "new attempt" in text and "old attempt" not in text
+
+
+def test_status_tells_an_old_error_from_a_current_one(tmp_path):
+    t = time.time()
+    progress = {"step": 240, "total_steps": 240, "heartbeat": t}
+    old = write_run(tmp_path, phase="done", progress=progress, last_error="sigbus: killed by SIGBUS",
+                    last_error_at=t - 180, last_error_step=130)
+    _, text = status_text(old)
+    assert "last error (3m ago, at step 130; training went on to step 240): sigbus" in text
+    current = write_run(tmp_path, phase="backoff", progress=dict(progress, step=130), last_error="hang: no heartbeat",
+                        last_error_at=t - 5, last_error_step=130)
+    _, text = status_text(current)
+    assert "last error (5s ago, at step 130): hang" in text and "went on" not in text
