@@ -288,5 +288,5 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
           f"({'verified' if remote.get('verified') else 'not verified'})" if remote else
           f"  local checkpoint step {local.get('step')}; no remote checkpoint", file=out)
     if state.get("last_error"):
-        print(f"  last error: {state['last_error']}", file=out)
+        print(f"  last error{_error_context(state, time.time())}: {state['last_error']}", file=out)
     return 0
