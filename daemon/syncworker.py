@@ -15,6 +15,7 @@ Torch-free.
 """
 from __future__ import annotations
 
+import os
 import threading
 import traceback
 from pathlib import Path
@@ -22,8 +23,7 @@ from pathlib import Path
 from minilmd.daemon.runstate import now
 from minilmd.trainer.config import parse_duration
 
-SYNC_STALLED_AFTER_S_DEFAULT = 120.0
-PRUNE_UNSYNCED_AFTER_MIN_S = 60.0
+PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get("MINILMD_PRUNE_UNSYNCED_AFTER", "60"))
 """With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
 
 
@@ -190,7 +190,8 @@ class SyncWorker:
 
     def _prune_if_remote_down(self) -> None:
         patience = max(2 * parse_duration(self.cfg.sync.every), PRUNE_UNSYNCED_AFTER_MIN_S)
-        if self.state["sync"].get("state") in ("ok", "idle", "off") or now() - self.healthy_since < patience:
+        if self.state["sync"].get("state") not in ("failed", "stalled", "unavailable") or \
+                now() - self.healthy_since < patience:
             return
         if len(local_checkpoint_steps(self.cfg.checkpoint_dir)) <= self.cfg.train.keep_local + 1:
             return
