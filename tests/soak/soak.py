@@ -8,9 +8,10 @@ What runs: the real trainer (`minilmd train`, a tiny model on real Chinese text,
 CUDA OOM has nothing to halve and the weights stay comparable bit for bit) under the supervisor, with the corpus
 source and the remote on tests/faultfs.py (a FUSE mount that stalls or fails on request), and beside it the same
 training run straight through without a supervisor (the reference). The number of steps is calibrated so that the
-reference takes about half the wall time.
+reference alone would take about 60 % of the wall time (faults and restarts take the rest).
 
-Faults, one at a time, each after the previous one recovered (plus a random pause):
+Faults are injected until the wall time is over (the run must outlast it: give --steps generously on a loaded
+machine), one at a time, each after the previous one recovered (plus a random pause):
   trainer_sigkill   SIGKILL to the trainer (the OOM killer's way)
   trainer_sigbus    SIGBUS to the trainer (a signal, as the kernel sends it)
   staged_truncate   the staged tokens.bin truncated under the trainer's mmap: a real SIGBUS, then re-staging
@@ -122,7 +123,7 @@ class Soak:
         times = [json.loads(line)["step_time"] for line in (load_config(cfg_path).run_dir / "metrics.jsonl")
                  .read_text().splitlines() if '"kind": "train"' in line]
         per_step = sorted(times)[len(times) // 2] * 1.3  # saves and evals on top of the median step
-        steps = int(self.args.minutes * 60 * 0.5 / per_step)
+        steps = int(self.args.minutes * 60 * 0.6 / per_step)
         log(f"calibration: {per_step * 1000:.0f} ms per step: {steps} steps for the soak")
         return max(200, steps // 20 * 20)
 
@@ -160,6 +161,8 @@ class Soak:
                 and not training:
             return False
         step = self.local_step()
+        if step >= self.steps - 40:  # the run is about to end: no newer checkpoint would ever show recovery
+            return False
         record = {"kind": kind, "time": time.monotonic(), "step": step, "recovered_at": None}
         if kind in ("trainer_sigkill", "trainer_sigbus"):
             if not send(pid, signal.SIGKILL if kind == "trainer_sigkill" else signal.SIGBUS):
@@ -251,7 +254,7 @@ class Soak:
         self.work.mkdir(parents=True, exist_ok=True)
         log(f"soak in {self.work} for {self.args.minutes} min, seed {self.args.seed}")
         source, vocab = real_text_prepared(self.work / "corpus", n_docs=1500, vocab_size=512)
-        steps = self.args.steps or self.calibrate(source, vocab)
+        steps = self.steps = self.args.steps or self.calibrate(source, vocab)
         backing, mnt = self.work / "nfs-backing", self.work / "nfs"
         backing.mkdir(exist_ok=True)
         mnt.mkdir(exist_ok=True)
@@ -271,7 +274,7 @@ class Soak:
             counter = TrainerCounter(self.cfg.run_dir, interval=0.2)
             counter.start()
             started = time.monotonic()
-            inject_until = started + self.args.minutes * 60 * 0.85
+            inject_until = started + self.args.minutes * 60
             self.start_supervisor()
             next_at = time.monotonic() + 10
             try:
