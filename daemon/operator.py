@@ -79,8 +79,8 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
             why = "free" if d.get("free") else "; ".join(d.get("reasons") or ["busy"])
             lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_age(t - d['since']) if d.get('since') else '-'})")
     local, remote, sync = state.get("local_checkpoint"), state.get("remote_checkpoint"), state.get("sync") or {}
-    ck = "  local checkpoint: " + (f"step {local.get('step')} ({fmt_age(t - local['time'])} ago)"
-                                     if local and local.get("time") else "none")
+    ck = "  local checkpoint: " + (f"step {local.get('step')} ({'fetched from the remote ' if local.get('fetched') else ''}"
+                                     f"{fmt_age(t - local['time'])} ago)" if local and local.get("time") else "none")
     if sync.get("state") != "off":
         ck += "   remote: " + (f"step {remote.get('step')} ({fmt_age(t - remote['time'])} ago, "
                                f"{'verified' if remote.get('verified') else 'NOT verified'})"

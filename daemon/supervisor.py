@@ -30,6 +30,7 @@ from minilmd.daemon.sdnotify import Notifier
 from minilmd.daemon.states import FINAL_PHASES, Phase, check_transition
 from minilmd.daemon.syncworker import SyncWorker, Worker, local_checkpoint_steps
 from minilmd.trainer import protocol
+from minilmd.trainer.checkpoint import step_of
 from minilmd.trainer.config import RunConfig, parse_duration, parse_overrides
 
 TICK_S = 0.2
@@ -390,6 +391,9 @@ class Supervisor:
             staging.update(state="done", error=None)
         if fetched:
             self.events.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}")
+            # status shows it as the local checkpoint: the trainer resumes from it, though it did not save it
+            self.state["local_checkpoint"] = {"step": step_of(Path(fetched)), "time": now(), "path": str(fetched),
+                                              "fetched": True}
         elif self.cfg.run.remote and not local_checkpoint_steps(self.cfg.checkpoint_dir):
             self.events.emit("fetch", f"neither scratch nor {self.cfg.run.remote} holds a checkpoint: starting from "
                                       f"step 0")

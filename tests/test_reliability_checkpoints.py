@@ -82,3 +82,22 @@ def test_a_corrupted_newest_remote_checkpoint_is_quarantined_and_the_previous_on
     assert state(cfg.run_dir)["restarts"] == []
     assert checkpoint.read_latest(remote) == "step-00000040"
     assert fake_weights_of(remote / "step-00000040") == undisturbed_fake_weights(config)
+
+
+def test_a_checkpoint_fetched_into_empty_scratch_is_shown_as_the_local_one(tmp_path, corpus):
+    earlier = write_config(tmp_path, corpus, name="earlier", remote=False, train={"max_steps": 20, "keep_local": 5})
+    undisturbed_fake_weights(earlier)
+    made = earlier.with_suffix(".undisturbed") / "scratch" / "checkpoints"
+    config = write_config(tmp_path, corpus, train={"max_steps": 20})  # already done: the trainer saves nothing
+    cfg = load_config(config)
+    remote = Path(cfg.run.remote)
+    remote.mkdir(parents=True)
+    shutil.copytree(made / "step-00000020", remote / "step-00000020")
+    (remote / "LATEST").write_text("step-00000020\n")
+
+    assert run_supervisor(config, tmp_path, timeout=120) == 0
+    local = state(cfg.run_dir)["local_checkpoint"]
+    assert local["step"] == 20 and local["fetched"] is True
+    shown = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "status", str(cfg.run_dir)],
+                           capture_output=True, text=True).stdout
+    assert "local checkpoint: step 20 (fetched from the remote" in shown, shown
