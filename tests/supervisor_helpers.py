@@ -55,14 +55,32 @@ def start_supervisor(config: Path, log: Path, fake: bool = True, **extra_env) ->
                             stderr=subprocess.STDOUT, env=env_for(fake, **extra_env))
 
 
-def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = True, **extra_env) -> int:
-    proc = start_supervisor(config, tmp / "supervisor.out", fake, **extra_env)
+def wait_or_kill(proc: subprocess.Popen, timeout: float = 120) -> int:
+    """The exit status of proc; a proc still running after timeout is killed (and the wait raises)."""
     try:
         return proc.wait(timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = True, **extra_env) -> int:
+    return wait_or_kill(start_supervisor(config, tmp / "supervisor.out", fake, **extra_env), timeout)
+
+
+def train_undisturbed(tmp: Path, corpus: Path, **changes) -> Path:
+    """Run the real trainer straight through, without a supervisor or a remote; its last checkpoint, to compare
+    a disturbed run's final weights against."""
+    from minilmd.trainer import checkpoint
+    from minilmd.trainer.config import load_config
+
+    plain = load_config(write_config(tmp, corpus, name="plain", remote=False, **changes))
+    plain.run_dir.mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "train", plain.source], env=env_for(fake=False),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return checkpoint.list_checkpoints(plain.checkpoint_dir)[-1]
 
 
 def state(run_dir: Path) -> dict:

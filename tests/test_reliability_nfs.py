@@ -25,7 +25,7 @@ from minilmd.trainer.config import load_config
 from minilmd.trainer.protocol import SUPERVISOR_GAVE_UP
 from reliability_helpers import (RemoteWatcher, copy_corpus, event_texts, expectation_for, fake_weights_of,
                                  undisturbed_fake_weights)
-from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, write_config
+from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, wait_or_kill, write_config
 from trainer_corpus import real_text_prepared, synthetic_prepared
 
 FAST = {"restart": {"backoff_initial": "0.1s", "backoff_max": "0.5s", "hang_timeout": "30s"}}
@@ -35,15 +35,6 @@ FAST = {"restart": {"backoff_initial": "0.1s", "backoff_max": "0.5s", "hang_time
 def corpus(tmp_path_factory) -> tuple[Path, int]:
     """Real text, 400 documents, a 512-entry BPE (shared with the mapped-file test's bigger synthetic corpus)."""
     return real_text_prepared(tmp_path_factory.mktemp("nfs-corpus"), n_docs=400, vocab_size=512)
-
-
-def finish(proc, timeout: float = 120) -> int:
-    try:
-        return proc.wait(timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def status_text(run_dir: Path) -> str:
@@ -79,7 +70,7 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
         wait_for(lambda: step_of_state(cfg.run_dir) >= step_at_failure + 10, 60, "training going on under EIO")
         assert sup.poll() is None and state(cfg.run_dir)["restarts"] == []
         faultfs.clear()
-        assert finish(sup) == 0
+        assert wait_or_kill(sup) == 0
     finally:
         faultfs.clear()
         if sup.poll() is None:
@@ -120,7 +111,7 @@ def test_a_remote_unreadable_at_start_is_retried_without_giving_up_and_never_rep
         text = status_text(cfg.run_dir)
         assert "remote unavailable" in text and "Input/output error" in text, text
         faultfs.clear()
-        assert finish(sup) == 0
+        assert wait_or_kill(sup) == 0
     finally:
         faultfs.clear()
         if sup.poll() is None:
@@ -157,7 +148,7 @@ def test_staging_from_a_source_that_fails_or_shrinks_mid_copy_is_retried(tmp_pat
     lifter.start()
     sup = start_supervisor(config, tmp_path / "sup.out")
     try:
-        assert finish(sup) == 0
+        assert wait_or_kill(sup) == 0
     finally:
         faultfs.clear()
     lifter.join(5)
@@ -175,7 +166,7 @@ def test_a_source_that_stays_short_is_never_staged_and_the_run_gives_up_clearly(
                           restart={"no_progress_limit": 1})
     cfg = load_config(config)
     sup = start_supervisor(config, tmp_path / "sup.out")
-    assert finish(sup) == SUPERVISOR_GAVE_UP
+    assert wait_or_kill(sup) == SUPERVISOR_GAVE_UP
     assert not (cfg.scratch_dir / "corpus").exists()
     assert not list(cfg.scratch_dir.glob(".tmp-corpus-*"))
     text = status_text(cfg.run_dir)
@@ -198,7 +189,7 @@ def test_a_mapped_staged_file_that_starts_failing_gives_sigbus_then_restaging_an
         wait_for(lambda: any("fails verification" in m for m in event_texts(cfg.run_dir)), 60,
                  "the staged corpus found damaged")
         faultfs.remove(rule)
-        assert finish(sup) == 0
+        assert wait_or_kill(sup) == 0
     finally:
         faultfs.clear()
         if sup.poll() is None:
@@ -242,7 +233,7 @@ def test_a_sync_broken_at_any_point_never_leaves_latest_naming_an_invalid_checkp
         assert sup.poll() is None and state(cfg.run_dir)["restarts"] == []
         out = cli("stop", str(cfg.run_dir), timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
-        assert finish(sup) == 0
+        assert wait_or_kill(sup) == 0
     finally:
         faultfs.clear()
         if sup.poll() is None:

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 
 from faults_fixtures import small_tmpfs  # noqa: F401 - fixture
 from minilmd.daemon import staging
 from minilmd.trainer import checkpoint
 from minilmd.trainer.config import load_config
 from minilmd.trainer.protocol import SUPERVISOR_GAVE_UP
-from supervisor_helpers import cli, env_for, run_supervisor, start_supervisor, state, wait_for, write_config
+from supervisor_helpers import (cli, run_supervisor, start_supervisor, state, train_undisturbed, wait_for,
+                                write_config)
 from test_reliability_nfs import corpus  # noqa: F401 - fixture
 
 REAL = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 1}}
@@ -44,12 +42,7 @@ def test_a_corpus_that_does_not_fit_the_ram_disk_is_refused_with_the_numbers(tmp
 
 
 def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_recovers(tmp_path, corpus, small_tmpfs):
-    plain = write_config(tmp_path, corpus, name="plain", remote=False, **REAL)
-    load_config(plain).run_dir.mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "train", str(plain)], env=env_for(fake=False),
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    undisturbed = checkpoint.list_checkpoints(load_config(plain).checkpoint_dir)[-1]
+    undisturbed = train_undisturbed(tmp_path, corpus, **REAL)
     ckpt_bytes = sum(f.stat().st_size for f in undisturbed.iterdir())
 
     disk = small_tmpfs("80m")

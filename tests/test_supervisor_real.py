@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from minilmd.trainer import checkpoint
 from minilmd.trainer.config import load_config
-from supervisor_helpers import (cli, env_for, events, run_supervisor, start_supervisor, state, step_of_state,
-                                wait_for, write_config)
+from supervisor_helpers import (cli, events, run_supervisor, start_supervisor, state, step_of_state,
+                                train_undisturbed, wait_for, write_config)
 from trainer_corpus import real_text_prepared
 
 pytestmark = pytest.mark.slow
@@ -42,12 +40,7 @@ def expectation(config: Path) -> checkpoint.Expectation:
 
 
 def test_a_real_sigbus_is_survived_with_identical_weights_and_a_valid_remote(tmp_path, corpus):
-    plain = write_config(tmp_path, corpus, name="plain", remote=False, **REAL)
-    load_config(plain).run_dir.mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "train", str(plain)], env=env_for(fake=False),
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    undisturbed = checkpoint.list_checkpoints(load_config(plain).checkpoint_dir)[-1]
+    undisturbed = train_undisturbed(tmp_path, corpus, **REAL)
 
     config = write_config(tmp_path, corpus, name="sup", **REAL)
     cfg = load_config(config)
