@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
-from minilmd.trainer import protocol
+from minilmd import protocol
 
 RUN_DIR_ENV = "MINILMD_RUN_DIR"
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
 TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
-"""Replaces `python -m minilmd.daemon.cli` in the child's command line (tests use a fake trainer through it)."""
+"""Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
 CAUSES = {
     "done": "the trainer reached its budget and saved the final checkpoint (exit 0)",
@@ -63,7 +63,7 @@ def trainer_prefix() -> list[str]:
     custom = os.environ.get(TRAINER_CMD_ENV)
     if custom:
         return shlex.split(custom)
-    return [sys.executable, "-m", "minilmd.daemon.cli"]
+    return [sys.executable, "-m", "minilmd.cli"]
 
 
 def build_command(config_copy: Path, overrides: dict[str, object], nproc: int = 1) -> list[str]:
@@ -75,7 +75,7 @@ def build_command(config_copy: Path, overrides: dict[str, object], nproc: int = 
     if nproc > 1:
         # `python -m torch.distributed.run` is torchrun without depending on the script being on PATH.
         prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                  "--max-restarts", "0", "-m", "minilmd.daemon.cli"]
+                  "--max-restarts", "0", "-m", "minilmd.cli"]
     else:
         prefix = trainer_prefix()
     return [*prefix, "train", str(config_copy), *sets]

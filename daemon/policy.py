@@ -10,8 +10,8 @@ import random
 from dataclasses import dataclass, field
 
 from minilmd.daemon.child import Death
-from minilmd.trainer import protocol
-from minilmd.trainer.config import RestartSection, parse_duration
+from minilmd import protocol
+from minilmd.config import RestartSection, parse_duration
 
 
 @dataclass

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from minilmd.trainer import protocol
+from minilmd import protocol
 
 STATE_VERSION = 1
 

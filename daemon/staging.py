@@ -24,7 +24,7 @@ from typing import Callable
 
 import psutil
 
-from minilmd.trainer.protocol import fsync_dir, sha256_file
+from minilmd.protocol import fsync_dir, sha256_file
 
 CHUNK = 8 * 1024 * 1024
 GIB = 1024 ** 3
@@ -89,7 +89,7 @@ def _verify_prepared():
     """[A]'s full check of a prepared corpus (sha256 of every file, doc lengths vs tokens, counts, tokenizer), or
     None where the trainer package does not have it."""
     try:
-        from minilmd.trainer.tokenstream import verify_prepared
+        from minilmd.corpus import verify_prepared
     except ImportError:
         return None
     return verify_prepared

@@ -29,9 +29,9 @@ from minilmd.daemon.runstate import (EventLog, MetricsTail, RunState, fmt_age, n
 from minilmd.daemon.sdnotify import Notifier
 from minilmd.daemon.states import FINAL_PHASES, Phase, check_transition
 from minilmd.daemon.syncworker import SyncWorker, Worker, local_checkpoint_steps
-from minilmd.trainer import protocol
-from minilmd.trainer.checkpoint import step_of
-from minilmd.trainer.config import RunConfig, parse_duration, parse_overrides
+from minilmd import protocol
+from minilmd.checkpoint import step_of
+from minilmd.config import RunConfig, parse_duration, parse_overrides
 
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""
@@ -69,7 +69,7 @@ class Infra:
         """True when retrying cannot help: the source is not a usable prepared corpus, or the checkpoint found
         on the remote belongs to another model/corpus."""
         from minilmd.daemon.staging import SourceInvalid
-        from minilmd.trainer.checkpoint import CheckpointMismatch
+        from minilmd.checkpoint import CheckpointMismatch
 
         return isinstance(error, (SourceInvalid, CheckpointMismatch))
 
@@ -79,11 +79,11 @@ class Infra:
         return staging.verify_staged(path)
 
     def expectation(self, cfg: RunConfig, staged: Path):
-        from minilmd.trainer import checkpoint
+        from minilmd import checkpoint
 
         data_fp = tok_fp = None
         try:
-            from minilmd.trainer.tokenstream import open_prepared
+            from minilmd.corpus import open_prepared
 
             corpus = open_prepared(staged)
             data_fp, tok_fp = corpus.data_fingerprint, corpus.tokenizer_fingerprint
@@ -97,7 +97,7 @@ class Infra:
         return sync.Syncer(cfg.checkpoint_dir, cfg.run.remote, expected, cfg.sync.keep, log=log)
 
     def prune_local(self, root: Path, keep: int, protect: list[Path], log) -> list[Path]:
-        from minilmd.trainer import checkpoint
+        from minilmd import checkpoint
 
         return checkpoint.prune(root, keep, protect=protect, log=log)
 
@@ -442,7 +442,7 @@ class Supervisor:
         expected = self.infra.expectation(self.cfg, staged)
         if local_checkpoint_steps(self.cfg.checkpoint_dir):
             return expected, None, None
-        from minilmd.trainer.checkpoint import CheckpointMismatch
+        from minilmd.checkpoint import CheckpointMismatch
 
         self.fetch_started = now()
         self.state["staging"]["progress"] = f"fetching the newest checkpoint from {self.cfg.run.remote}"
@@ -729,7 +729,7 @@ def _without_ages(summary: str) -> str:
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None) -> int:
     """`minilmd run CONFIG`: load, validate (exit 2 on problems), supervise until done/failed/stopped."""
-    from minilmd.trainer.config import ConfigError, load_config
+    from minilmd.config import ConfigError, load_config
 
     try:
         cfg = load_config(config_path, overrides)

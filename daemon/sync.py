@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from minilmd.trainer import checkpoint as ck
-from minilmd.trainer.protocol import atomic_write_text, fsync_dir
+from minilmd import checkpoint as ck
+from minilmd.protocol import atomic_write_text, fsync_dir
 
 CHUNK = 8 * 1024 * 1024
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")

@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 from minilmd.daemon.runstate import now
-from minilmd.trainer.config import parse_duration
+from minilmd.config import parse_duration
 
 PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get("MINILMD_PRUNE_UNSYNCED_AFTER", "60"))
 """With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""

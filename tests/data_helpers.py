@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.trainer.demo_corpus import write_demo_corpus
-from minilmd.trainer.jsonl import iter_texts
-from minilmd.trainer.protocol import BOS_ID, EOS_ID
-from minilmd.trainer.tokenizer import train_tokenizer
+from minilmd.trainer.data.demo_corpus import write_demo_corpus
+from minilmd.trainer.data.jsonl import iter_texts
+from minilmd.protocol import BOS_ID, EOS_ID
+from minilmd.trainer.data.tokenizer import train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 MINIMIND_TOKENIZER = REPO / ".." / "shared" / "minimind-tokenizer" / "tokenizer.json"

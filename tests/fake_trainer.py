@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.trainer import protocol
-from minilmd.trainer.config import ConfigError, load_config, parse_duration
-from minilmd.trainer.model_shapes import expected_state_shapes
+from minilmd import protocol
+from minilmd.config import ConfigError, load_config, parse_duration
+from minilmd.model_shapes import expected_state_shapes
 
 STOP = {"requested": False}
 
@@ -43,7 +43,7 @@ def _sha256(path: Path) -> str:
 
 def fingerprints(prepared: Path) -> dict:
     try:
-        from minilmd.trainer.tokenstream import open_prepared
+        from minilmd.corpus import open_prepared
 
         corpus = open_prepared(prepared)
         return {"data": corpus.data_fingerprint, "tokenizer": corpus.tokenizer_fingerprint}

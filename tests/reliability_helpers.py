@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from minilmd.daemon.child import find_orphans
-from minilmd.trainer import checkpoint
-from minilmd.trainer.config import load_config
+from minilmd import checkpoint
+from minilmd.config import load_config
 from supervisor_helpers import FAKE_TRAINER, env_for
 
 
@@ -113,7 +113,7 @@ def undisturbed_fake_weights(config: Path) -> int:
 
 
 def expectation_for(config: Path) -> checkpoint.Expectation:
-    from minilmd.trainer.tokenstream import open_prepared
+    from minilmd.corpus import open_prepared
 
     cfg = load_config(config, check_paths=False)
     corpus = open_prepared(cfg.data.prepared)

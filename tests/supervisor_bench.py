@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from supervisor_helpers import env_for, start_supervisor, write_config  # noqa: E402
 from trainer_corpus import real_text_prepared  # noqa: E402
 
-from minilmd.trainer.config import load_config  # noqa: E402
+from minilmd.config import load_config  # noqa: E402
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -59,7 +59,7 @@ def main(kills: int = 5) -> None:
     timings = []
     for _ in range(5):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "status", str(cfg.run_dir)], env=env_for(),
+        subprocess.run([sys.executable, "-m", "minilmd.cli", "status", str(cfg.run_dir)], env=env_for(),
                        capture_output=True, check=True)
         timings.append(time.perf_counter() - t0)
     print(f"recovery (death -> first resumed step, backoff excluded), {len(recoveries)} deaths: "

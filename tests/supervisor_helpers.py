@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trainer_corpus
 from minilmd.daemon.child import TRAINER_CMD_ENV
-from minilmd.trainer.protocol import FAULT_ENV
+from minilmd.protocol import FAULT_ENV
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
 TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -45,13 +45,13 @@ def env_for(fake: bool = True, **extra) -> dict:
 
 
 def cli(*args: str, timeout: float = 60, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "minilmd.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env_for(**env))
 
 
 def start_supervisor(config: Path, log: Path, fake: bool = True, **extra_env) -> subprocess.Popen:
     out = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "minilmd.daemon.cli", "run", str(config)], stdout=out,
+    return subprocess.Popen([sys.executable, "-m", "minilmd.cli", "run", str(config)], stdout=out,
                             stderr=subprocess.STDOUT, env=env_for(fake, **extra_env))
 
 
@@ -72,12 +72,12 @@ def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = T
 def train_undisturbed(tmp: Path, corpus: Path, **changes) -> Path:
     """Run the real trainer straight through, without a supervisor or a remote; its last checkpoint, to compare
     a disturbed run's final weights against."""
-    from minilmd.trainer import checkpoint
-    from minilmd.trainer.config import load_config
+    from minilmd import checkpoint
+    from minilmd.config import load_config
 
     plain = load_config(write_config(tmp, corpus, name="plain", remote=False, **changes))
     plain.run_dir.mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "train", plain.source], env=env_for(fake=False),
+    out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", plain.source], env=env_for(fake=False),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return checkpoint.list_checkpoints(plain.checkpoint_dir)[-1]

@@ -6,7 +6,7 @@ import sys
 
 from data_helpers import demo_slice, small_tokenizer
 
-from minilmd.trainer.demo_corpus import write_repeated_corpus
+from minilmd.trainer.data.demo_corpus import write_repeated_corpus
 
 
 def test_bench_prepare_prints_raw_and_prepare_side_by_side(tmp_path):
@@ -14,7 +14,7 @@ def test_bench_prepare_prints_raw_and_prepare_side_by_side(tmp_path):
     tok = small_tokenizer(corpus, tmp_path / "tokenizer.json")
     big = write_repeated_corpus(corpus, tmp_path / "big.jsonl", target_mb=0.5)
     assert 0.5e6 <= big.stat().st_size < 0.6e6
-    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "bench", "prepare", str(big), "--tokenizer",
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "bench", "prepare", str(big), "--tokenizer",
                            str(tok), "--workers", "1", "--scratch", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     out = done.stdout

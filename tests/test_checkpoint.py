@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from minilmd.trainer import checkpoint as ck
-from minilmd.trainer.config import RunConfig
-from minilmd.trainer.model import MiniMindForCausalLM
-from minilmd.trainer.model_shapes import expected_state_shapes
+from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd import checkpoint as ck
+from minilmd.config import RunConfig
+from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from minilmd.model_shapes import expected_state_shapes
 
 torch.set_num_threads(1)
 
@@ -42,14 +43,14 @@ def trainer_state(step: int, data="d" * 64, tok="t" * 64) -> dict:
     cfg = RunConfig().to_dict()
     cfg["model"] = dict(TINY)
     return {"step": step, "tokens_seen": step * 32, "epoch": 0, "config": cfg,
-            "fingerprints": {"data": data, "tokenizer": tok}, "rng": ck.capture_rng()}
+            "fingerprints": {"data": data, "tokenizer": tok}, "rng": ckpt_io.capture_rng()}
 
 
 def save_run(root: Path, step: int = 3, model=None, opt=None, **kw) -> Path:
     if model is None:
         model, opt = make_run(step)
-    return ck.save(root, step, model.state_dict(), opt.state_dict(), trainer_state(step, **kw),
-                   param_names=ck.optimizer_param_names(model, opt))
+    return ckpt_io.save(root, step, model.state_dict(), opt.state_dict(), trainer_state(step, **kw),
+                   param_names=ckpt_io.optimizer_param_names(model, opt))
 
 
 def expectation(**over) -> ck.Expectation:
@@ -64,7 +65,7 @@ def run():
 
 def test_save_layout_latest_and_roundtrip(tmp_path):
     model, opt = make_run(3)  # its own: this test steps it further
-    path = ck.save(tmp_path, 3, model.state_dict(), opt.state_dict(), trainer_state(3))
+    path = ckpt_io.save(tmp_path, 3, model.state_dict(), opt.state_dict(), trainer_state(3))
     assert path.name == "step-00000003" and ck.step_of(path) == 3
     assert ck.read_latest(tmp_path) == "step-00000003"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
@@ -72,7 +73,7 @@ def test_save_layout_latest_and_roundtrip(tmp_path):
     assert set(manifest["files"]) == set(ck.REQUIRED_FILES)
     assert ck.validate(path, expectation())["tokens_seen"] == 96
 
-    model_state, opt_state, state = ck.load(path)
+    model_state, opt_state, state = ckpt_io.load(path)
     assert set(model_state) == set(expected_state_shapes(TINY))
     for k, v in model.state_dict().items():
         assert torch.equal(model_state[k], v), k
@@ -96,7 +97,7 @@ def test_validate_is_torch_free(tmp_path, run):
     code = textwrap.dedent(f"""
         import sys
         sys.modules["torch"] = None  # any import of torch now fails
-        from minilmd.trainer import checkpoint as ck
+        from minilmd import checkpoint as ck
         state = ck.validate({str(path)!r})
         print("ok", state["step"], ck.list_checkpoints({str(tmp_path)!r})[0].name)
     """)
@@ -150,7 +151,7 @@ def test_nan_tensor_is_named(tmp_path, run):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["model.layers.1.mlp.up_proj.weight"][3, 4] = float("nan")
     state["model.norm.weight"][0] = float("inf")
-    path = ck.save(tmp_path, 3, state, opt.state_dict(), trainer_state(3))
+    path = ckpt_io.save(tmp_path, 3, state, opt.state_dict(), trainer_state(3))
     msg = refused(path)
     assert "tensor model.layers.1.mlp.up_proj.weight has 1 non-finite value(s)" in msg
     assert "tensor model.norm.weight has 1 non-finite value(s)" in msg
@@ -162,7 +163,7 @@ def test_nan_in_optimizer_state_is_named(tmp_path, run):
     osd = {"state": {i: {k: v.clone() for k, v in s.items()} for i, s in osd["state"].items()},
            "param_groups": osd["param_groups"]}
     osd["state"][2]["exp_avg_sq"].view(-1)[0] = float("nan")
-    path = ck.save(tmp_path, 3, model.state_dict(), osd, trainer_state(3))
+    path = ckpt_io.save(tmp_path, 3, model.state_dict(), osd, trainer_state(3))
     assert "optimizer.safetensors: tensor state.2.exp_avg_sq has 1 non-finite" in refused(path)
 
 
@@ -179,7 +180,7 @@ def test_tensors_not_matching_the_recorded_config(tmp_path, run):
     state.pop("model.layers.0.self_attn.k_norm.weight")
     state["model.norm.weight"] = torch.ones(65)
     state["extra.weight"] = torch.ones(2)
-    path = ck.save(tmp_path, 3, state, opt.state_dict(), trainer_state(3))
+    path = ckpt_io.save(tmp_path, 3, state, opt.state_dict(), trainer_state(3))
     msg = refused(path)
     assert "missing tensor model.layers.0.self_attn.k_norm.weight [16]" in msg
     assert "unexpected tensor extra.weight [2]" in msg
@@ -189,13 +190,13 @@ def test_tensors_not_matching_the_recorded_config(tmp_path, run):
 def test_fp16_weights_refused(tmp_path, run):
     model, opt = run
     state = {k: v.half() if k == "model.norm.weight" else v for k, v in model.state_dict().items()}
-    path = ck.save(tmp_path, 3, state, opt.state_dict(), trainer_state(3))
+    path = ckpt_io.save(tmp_path, 3, state, opt.state_dict(), trainer_state(3))
     assert "tensor model.norm.weight is F16, checkpoints hold F32" in refused(path)
 
 
 def test_optimizer_step_disagreement(tmp_path, run):
     model, opt = run  # the optimizer made 3 steps
-    path = ck.save(tmp_path, 5, model.state_dict(), opt.state_dict(), trainer_state(5))
+    path = ckpt_io.save(tmp_path, 5, model.state_dict(), opt.state_dict(), trainer_state(5))
     assert "optimizer step 3 (state.0.step" in refused(path) and "disagrees with checkpoint step 5" in refused(path)
 
 
@@ -243,7 +244,7 @@ def test_find_latest_refuses_a_different_run(tmp_path, run):
 def test_prune_keeps_the_newest_valid(tmp_path, run):
     model, opt = run
     for step in (3, 4, 5, 6):
-        ck.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+        ckpt_io.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
     # The optimizer of `run` made 3 steps, so only step 3 is valid: pruning to 1 must keep it, and the damaged
     # newer ones are moved aside (they never count towards `keep`), not deleted.
     deleted = ck.prune(tmp_path, keep=1, log=lambda s: None)
@@ -260,7 +261,7 @@ def test_prune_deletes_beyond_keep_and_respects_protect(tmp_path):
         model(x, labels=x).loss.backward()
         opt.step()
         opt.zero_grad()
-        paths[step] = ck.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+        paths[step] = ckpt_io.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
     deleted = ck.prune(tmp_path, keep=2, protect=[paths[1]], log=lambda s: None)
     assert sorted(ck.step_of(p) for p in deleted) == [2, 3]
     assert [ck.step_of(p) for p in ck.list_checkpoints(tmp_path)] == [1, 4, 5]
@@ -296,16 +297,16 @@ def test_rng_roundtrip():
 
     import numpy as np
 
-    state = json.loads(json.dumps(ck.capture_rng()))
+    state = json.loads(json.dumps(ckpt_io.capture_rng()))
     first = (random.random(), np.random.rand(), torch.rand(3))
-    ck.restore_rng(state)
+    ckpt_io.restore_rng(state)
     again = (random.random(), np.random.rand(), torch.rand(3))
     assert first[0] == again[0] and first[1] == again[1] and torch.equal(first[2], again[2])
 
 
 def test_async_checkpointer_snapshots_and_prunes(tmp_path):
     model, opt = make_run(2)
-    saver = ck.AsyncCheckpointer(tmp_path, keep=1, log=lambda s: None)
+    saver = ckpt_io.AsyncCheckpointer(tmp_path, keep=1, log=lambda s: None)
     blocked = saver.save(2, model, opt, trainer_state(2))
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():  # the loop goes on changing the live weights while the writer runs
@@ -313,7 +314,7 @@ def test_async_checkpointer_snapshots_and_prunes(tmp_path):
             p.add_(1.0)
     path = saver.wait()
     assert blocked >= 0 and path == tmp_path / "step-00000002"
-    saved, _, _ = ck.load(path)
+    saved, _, _ = ckpt_io.load(path)
     assert all(torch.equal(saved[k], v) for k, v in expected.items())
     assert ck.validate(path, expectation())["step"] == 2
     opt_meta = json.loads((path / ck.OPTIMIZER_META).read_text())
@@ -361,7 +362,7 @@ def test_sigkill_inside_save_leaves_a_usable_root(tmp_path, point):
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "minilmd.cli", *args], capture_output=True, text=True,
                           timeout=120)
 
 
@@ -396,7 +397,7 @@ def test_two_concurrent_prunes_never_fail(tmp_path):
         model(x, labels=x).loss.backward()
         opt.step()
         opt.zero_grad()
-        ck.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+        ckpt_io.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
     errors = []
 
     def prune():

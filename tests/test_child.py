@@ -21,8 +21,8 @@ from minilmd.daemon.policy import backoff_seconds, decide
 from minilmd.daemon.runstate import MetricsTail, process_alive
 from minilmd.daemon.sdnotify import Notifier
 from minilmd.daemon.states import TRANSITIONS, IllegalTransition, Phase, check_transition
-from minilmd.trainer import protocol
-from minilmd.trainer.config import RestartSection
+from minilmd import protocol
+from minilmd.config import RestartSection
 
 
 def run_child(tmp_path: Path, code: str, attempt: int = 1) -> tuple[childmod.Child, int]:
@@ -60,7 +60,7 @@ def test_a_real_sigbus_from_a_truncated_mapping(tmp_path):
 
 
 def test_cuda_oom_comes_from_the_fault_note_and_is_consumed(tmp_path):
-    code = (f"from minilmd.trainer.protocol import write_fault; write_fault({str(tmp_path)!r}, 'cuda_oom', "
+    code = (f"from minilmd.protocol import write_fault; write_fault({str(tmp_path)!r}, 'cuda_oom', "
             f"'CUDA out of memory. Tried to allocate 144.00 MiB', step=7); raise SystemExit(76)")
     c, rc = run_child(tmp_path, code)
     death = classify(c, rc, tmp_path, stop_requested=False)
@@ -105,7 +105,7 @@ def test_orphans_are_found_by_their_run_dir_and_terminated(tmp_path):
 def test_build_command_plain_and_torchrun(tmp_path, monkeypatch):
     monkeypatch.delenv(childmod.TRAINER_CMD_ENV, raising=False)
     plain = build_command(tmp_path / "run.toml", {"data.prepared": "/s/c", "train.micro_batch_size": 8})
-    assert plain == [sys.executable, "-m", "minilmd.daemon.cli", "train", str(tmp_path / "run.toml"),
+    assert plain == [sys.executable, "-m", "minilmd.cli", "train", str(tmp_path / "run.toml"),
                      "--set", 'data.prepared="/s/c"', "--set", "train.micro_batch_size=8"]
     multi = build_command(tmp_path / "run.toml", {}, nproc=4)
     assert multi[:9] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from minilmd.trainer.config import (
+from minilmd.config import (
     ConfigError,
     config_from_dict,
     load_config,

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minilmd.trainer.metrics import read_metrics
-from minilmd.trainer.protocol import EXIT_DONE
+from minilmd.trainer.loop.metrics import read_metrics
+from minilmd.protocol import EXIT_DONE
 from trainer_corpus import child_env, real_text_prepared, run_paths, train, write_config
 
 
@@ -27,7 +27,7 @@ def test_two_gloo_ranks_match_one_rank_on_the_same_global_batch(tmp_path, corpus
     two = write_config(tmp_path, corpus, name="two", train={"max_steps": steps, "micro_batch_size": 2})
     assert train(one).returncode == EXIT_DONE
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "minilmd.daemon.cli", "train", str(two)], capture_output=True, text=True,
+                        "-m", "minilmd.cli", "train", str(two)], capture_output=True, text=True,
                        timeout=300, env=child_env())
     assert p.returncode == EXIT_DONE, p.stdout[-3000:] + p.stderr[-3000:]
     assert "cpu x 2" in p.stdout

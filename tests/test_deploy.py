@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.trainer.config import RunConfig, config_from_dict, load_config
-from minilmd.trainer.model_shapes import parameter_count
-from minilmd.trainer.protocol import FINAL_EXIT_STATUSES
+from minilmd.config import RunConfig, config_from_dict, load_config
+from minilmd.model_shapes import parameter_count
+from minilmd.protocol import FINAL_EXIT_STATUSES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -358,7 +358,7 @@ def test_minilmd_run_check_accepts_the_example_and_names_a_placeholder_it_cannot
     (prepared / "meta.json").write_text("{}")
     placeholders_replaced = ["--set", f'run.dir="{tmp_path / "run"}"', "--set", f'run.scratch="{tmp_path / "s"}"',
                              "--set", f'run.remote="{tmp_path / "nfs"}"']
-    command = [sys.executable, "-m", "minilmd.daemon.cli", "run", "--check", str(EXAMPLE), *placeholders_replaced]
+    command = [sys.executable, "-m", "minilmd.cli", "run", "--check", str(EXAMPLE), *placeholders_replaced]
     ok = subprocess.run([*command, "--set", f'data.prepared="{prepared}"'], capture_output=True, text=True,
                         timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr

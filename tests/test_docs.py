@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import typer
 
-from minilmd.daemon.cli import app
-from minilmd.trainer.config import RunConfig, config_from_dict, ConfigError
+from minilmd.cli import app
+from minilmd.config import RunConfig, config_from_dict, ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

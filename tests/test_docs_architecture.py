@@ -1,7 +1,7 @@
 """docs/architecture.md and docs/operations.md cannot drift from the code: the mermaid state diagram is the
 transition table of daemon/states.py edge for edge, the phase table names every phase, the claim that daemon/
 never imports torch holds, and the runbook's tables name every restart cause of daemon/child.py and every exit
-status of trainer/protocol.py."""
+status of minilmd/protocol.py."""
 from __future__ import annotations
 
 import re
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from minilmd.daemon.child import CAUSES
 from minilmd.daemon.states import FINAL_PHASES, TRANSITIONS, Phase
-from minilmd.trainer import protocol
+from minilmd import protocol
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "architecture.md"

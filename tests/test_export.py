@@ -6,10 +6,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from minilmd.daemon.cli import app
-from minilmd.trainer.export import ExportError, export_hf, export_minimind, read_checkpoint
-from minilmd.trainer.model import MiniMindForCausalLM
-from minilmd.trainer.model_shapes import expected_state_shapes
+from minilmd.cli import app
+from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
+from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from minilmd.model_shapes import expected_state_shapes
 
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 

@@ -7,12 +7,12 @@ import time
 import pytest
 import torch
 
-from minilmd.trainer.faults import Fault, FaultInjector, FaultSpecError, parse_faults
-from minilmd.trainer.protocol import FAULT_ENV, FAULTS_FIRED
+from minilmd.trainer.loop.faults import Fault, FaultInjector, FaultSpecError, parse_faults
+from minilmd.protocol import FAULT_ENV, FAULTS_FIRED
 
 FIRE_AT_STEP_3 = """
 import sys
-from minilmd.trainer.faults import FaultInjector
+from minilmd.trainer.loop.faults import FaultInjector
 inj = FaultInjector(sys.argv[1], sys.argv[2])
 for step in range(5):
     inj.maybe_fire(step)

@@ -12,7 +12,7 @@ import pytest
 
 from fakes_nvml import FREE, FakeNvml, busy
 from minilmd.daemon.gpu import GpuAdmission, cuda_visible_devices, open_nvml, open_nvml_or_reason
-from minilmd.trainer.config import GpuSection
+from minilmd.config import GpuSection
 
 TESTS = Path(__file__).parent
 
@@ -128,7 +128,7 @@ HOLDER = textwrap.dedent("""
     import sys, time
     from fakes_nvml import FakeNvml, FREE
     from minilmd.daemon.gpu import GpuAdmission
-    from minilmd.trainer.config import GpuSection
+    from minilmd.config import GpuSection
     adm = GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=sys.argv[1], stable_polls=1), run_name="other")
     lease = adm.try_acquire(1)
     print("leased" if lease else "refused", flush=True)

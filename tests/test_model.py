@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from minilmd.trainer.config import ModelSection
-from minilmd.trainer.model import MiniMindForCausalLM
-from minilmd.trainer.model_shapes import expected_state_shapes, parameter_count
+from minilmd.config import ModelSection
+from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from minilmd.model_shapes import expected_state_shapes, parameter_count
 
 from weights_helpers import tiny_config, tiny_model
 
@@ -54,7 +54,7 @@ def test_expected_state_shapes_refuses_unknown_config_keys():
 
 
 def test_model_shapes_does_not_import_torch():
-    code = ("import sys; from minilmd.trainer.model_shapes import expected_state_shapes; "
+    code = ("import sys; from minilmd.model_shapes import expected_state_shapes; "
             "expected_state_shapes({'hidden_size': 64}); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from data_helpers import decoded_documents, demo_slice, read_texts, small_tokenizer, write_jsonl
 
-from minilmd.trainer.corpus_stats import layout_stats, length_stats
-from minilmd.trainer.jsonl import InputError
-from minilmd.trainer.prepare import Progress, leak_key, prepare, split_is_val
-from minilmd.trainer.tokenizer import load_tokenizer
-from minilmd.trainer.tokenstream import open_prepared
+from minilmd.trainer.data.corpus_stats import layout_stats, length_stats
+from minilmd.trainer.data.jsonl import InputError
+from minilmd.trainer.data.prepare import Progress, leak_key, prepare, split_is_val
+from minilmd.trainer.data.tokenizer import load_tokenizer
+from minilmd.corpus import open_prepared
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_lone_surrogate_escape_is_a_bad_line_and_blank_lines_are_counted(tmp_pat
 
 def test_cli_exit_status_65_on_a_bad_line(tmp_path, tokenizer):
     src = _with_bad_line(tmp_path / "in.jsonl", BAD_LINES["invalid_json"])
-    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "prepare", str(src), "--tokenizer",
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "prepare", str(src), "--tokenizer",
                            str(tokenizer), "--out", str(tmp_path / "out"), "--workers", "0"],
                           capture_output=True, text=True)
     assert done.returncode == 65
@@ -213,7 +213,7 @@ def test_existing_output_is_kept_unless_forced(tmp_path, corpus, tokenizer):
 def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer):
     big = demo_slice(tmp_path / "big", 4000)
     out = tmp_path / "out"
-    child = subprocess.Popen([sys.executable, "-m", "minilmd.daemon.cli", "prepare", *big, "--tokenizer",
+    child = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "prepare", *big, "--tokenizer",
                               str(tokenizer), "--out", str(out), "--workers", "1"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -289,7 +289,7 @@ def test_progress_plain_lines_off_a_terminal_and_a_bar_on_one():
 
 
 def test_workers_process_pool_gets_all_cores_by_default():
-    from minilmd.trainer.prepare import default_workers
+    from minilmd.trainer.data.prepare import default_workers
 
     assert default_workers() == len(os.sched_getaffinity(0))
 
@@ -326,7 +326,7 @@ def test_any_unicode_text_round_trips(tmp_path_factory, tokenizer, texts):
 
 
 def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, corpus, tokenizer):
-    data = pytest.importorskip("minilmd.trainer.data")
+    data = pytest.importorskip("minilmd.trainer.data.samplers")
     meta, _ = run_prepare(corpus, tokenizer, tmp_path / "p", seq_len=64, batch_size=8)
     pc = open_prepared(tmp_path / "p")
     packed = data.make_sampler("packed", pc.train.tokens, pc.train.doc_starts, 64, 0)

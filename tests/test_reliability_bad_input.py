@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minilmd.trainer.config import load_config
-from minilmd.trainer.protocol import EXIT_DATA, SUPERVISOR_CONFIG
+from minilmd.config import load_config
+from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG
 from reliability_helpers import copy_corpus
 from supervisor_helpers import cli, env_for, start_supervisor, state, step_of_state, wait_for, write_config
 from test_config import read_only_dir  # noqa: F401 - fixture
@@ -34,7 +34,7 @@ TOKENIZER_OF = lambda corpus: corpus[0] / "tokenizer.json"  # noqa: E731
 
 
 def minilmd(*args: str, timeout: float = 120, fake: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "minilmd.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env_for(fake=fake))
 
 
@@ -188,7 +188,7 @@ def test_bad_prepared_data_is_a_final_data_error_in_train_and_run(tmp_path, corp
     config = write_config(tmp_path, (bad, corpus[1]), remote=False)
     cfg = load_config(config)
     cfg.run_dir.mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "train", str(config)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", str(config)], capture_output=True,
                          text=True, timeout=120, env=child_env())
     assert out.returncode == EXIT_DATA, out.stdout[-2000:] + out.stderr[-2000:]
     assert fragment in out.stdout + out.stderr and "Traceback" not in out.stdout + out.stderr

@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minilmd.trainer import checkpoint
-from minilmd.trainer.config import load_config
+from minilmd import checkpoint
+from minilmd.config import load_config
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import env_for, run_supervisor, state, write_config
 from test_reliability_nfs import corpus  # noqa: F401 - fixture
@@ -34,7 +34,7 @@ def model_sha(ckpt: Path) -> str:
 
 
 def train(config: Path) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "train", str(config)], env=env_for(fake=False),
+    out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", str(config)], env=env_for(fake=False),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return out
@@ -98,6 +98,6 @@ def test_a_checkpoint_fetched_into_empty_scratch_is_shown_as_the_local_one(tmp_p
     assert run_supervisor(config, tmp_path, timeout=120) == 0
     local = state(cfg.run_dir)["local_checkpoint"]
     assert local["step"] == 20 and local["fetched"] is True
-    shown = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "status", str(cfg.run_dir)],
+    shown = subprocess.run([sys.executable, "-m", "minilmd.cli", "status", str(cfg.run_dir)],
                            capture_output=True, text=True).stdout
     assert "local checkpoint: step 20 (fetched from the remote" in shown, shown

@@ -20,9 +20,9 @@ import pytest
 
 from faults_fixtures import faultfs  # noqa: F401 - fixture
 from minilmd.daemon.staging import verify_staged
-from minilmd.trainer import checkpoint
-from minilmd.trainer.config import load_config
-from minilmd.trainer.protocol import SUPERVISOR_GAVE_UP
+from minilmd import checkpoint
+from minilmd.config import load_config
+from minilmd.protocol import SUPERVISOR_GAVE_UP
 from reliability_helpers import (RemoteWatcher, copy_corpus, event_texts, expectation_for, fake_weights_of,
                                  undisturbed_fake_weights)
 from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, wait_or_kill, write_config

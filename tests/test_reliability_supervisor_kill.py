@@ -14,8 +14,8 @@ import time
 
 from faults_fixtures import faultfs  # noqa: F401 - fixture
 from minilmd.daemon.staging import verify_staged
-from minilmd.trainer import checkpoint
-from minilmd.trainer.config import load_config
+from minilmd import checkpoint
+from minilmd.config import load_config
 from reliability_helpers import (RemoteWatcher, TrainerCounter, copy_corpus, expectation_for,
                                  fake_weights_of, undisturbed_fake_weights)
 from supervisor_helpers import start_supervisor, state, step_of_state, wait_for, write_config

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from faults_fixtures import small_tmpfs  # noqa: F401 - fixture
 from minilmd.daemon import staging
-from minilmd.trainer import checkpoint
-from minilmd.trainer.config import load_config
-from minilmd.trainer.protocol import SUPERVISOR_GAVE_UP
+from minilmd import checkpoint
+from minilmd.config import load_config
+from minilmd.protocol import SUPERVISOR_GAVE_UP
 from supervisor_helpers import (cli, run_supervisor, start_supervisor, state, train_undisturbed, wait_for,
                                 write_config)
 from test_reliability_nfs import corpus  # noqa: F401 - fixture

@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minilmd.trainer import checkpoint as ck
-from minilmd.trainer.config import load_config
-from minilmd.trainer.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_DONE, FAULT_ENV, HEARTBEAT, METRICS
+from minilmd import checkpoint as ck
+from minilmd.config import load_config
+from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_DONE, FAULT_ENV, HEARTBEAT, METRICS
 from trainer_corpus import real_text_prepared, synthetic_prepared
 
 STEPS = 20
@@ -59,7 +59,7 @@ def env_with(**extra) -> dict:
 
 
 def start(config: Path, **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "minilmd.daemon.cli", "train", str(config)],
+    return subprocess.Popen([sys.executable, "-m", "minilmd.cli", "train", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_with(**env))
 
 

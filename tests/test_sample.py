@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from typer.testing import CliRunner
 
-from minilmd.daemon.cli import app
-from minilmd.trainer.model import KVCache
-from minilmd.trainer.sample import filter_logits, generate
+from minilmd.cli import app
+from minilmd.trainer.model.minimind import KVCache
+from minilmd.trainer.model.generate import filter_logits, generate
 
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 

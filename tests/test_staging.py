@@ -22,7 +22,7 @@ FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc
 @pytest.fixture(scope="session")
 def tokenizer_json(tmp_path_factory) -> tuple[bytes, int]:
     """A real small tokenizer (verify_prepared loads it): its tokenizer.json bytes and vocabulary size."""
-    from minilmd.trainer.tokenizer import train_tokenizer
+    from minilmd.trainer.data.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok = train_tokenizer(["staging copies a corpus 语料 复制 到 内存盘"] * 20, vocab_size=300, out=out)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.trainer import checkpoint
-from minilmd.trainer.config import load_config
-from minilmd.trainer.protocol import EXIT_DATA, SUPERVISOR_CONFIG, SUPERVISOR_GAVE_UP
+from minilmd import checkpoint
+from minilmd.config import load_config
+from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG, SUPERVISOR_GAVE_UP
 from supervisor_helpers import (FAKE_TRAINER, cli, env_for, events, run_supervisor, start_supervisor, state,
                                 step_of_state, transitions, wait_for, write_config)
 from trainer_corpus import real_text_prepared
@@ -220,7 +220,7 @@ def test_status_while_running_and_after_the_end(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 60})
     cfg = load_config(config)
     proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.05")
-    follower = subprocess.Popen([sys.executable, "-m", "minilmd.daemon.cli", "logs", str(cfg.run_dir), "-f"],
+    follower = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "logs", str(cfg.run_dir), "-f"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for())
     try:
         wait_for(lambda: step_of_state(cfg.run_dir) >= 3, 60, "training")

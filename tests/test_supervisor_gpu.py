@@ -16,7 +16,7 @@ from fakes_nvml import FREE, FakeNvml, busy
 from minilmd.daemon.child import TRAINER_CMD_ENV
 from minilmd.daemon.gpu import GpuAdmission
 from minilmd.daemon.supervisor import Infra, Supervisor
-from minilmd.trainer.config import load_config
+from minilmd.config import load_config
 from supervisor_helpers import FAKE_TRAINER, events, state, step_of_state, transitions, wait_for, write_config
 from trainer_corpus import real_text_prepared
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.trainer import checkpoint
-from minilmd.trainer.config import load_config
+from minilmd import checkpoint
+from minilmd.config import load_config
 from supervisor_helpers import (cli, events, run_supervisor, start_supervisor, state, step_of_state,
                                 train_undisturbed, wait_for, write_config)
 from trainer_corpus import real_text_prepared
@@ -32,7 +32,7 @@ def model_sha(ckpt: Path) -> str:
 
 
 def expectation(config: Path) -> checkpoint.Expectation:
-    from minilmd.trainer.tokenstream import open_prepared
+    from minilmd.corpus import open_prepared
 
     cfg = load_config(config)
     corpus = open_prepared(cfg.data.prepared)

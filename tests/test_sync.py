@@ -14,10 +14,11 @@ import fsspec
 import pytest
 import torch
 
+from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.daemon.sync import SyncError, Syncer
-from minilmd.trainer import checkpoint as ck
-from minilmd.trainer.config import RunConfig
-from minilmd.trainer.model import MiniMindForCausalLM
+from minilmd import checkpoint as ck
+from minilmd.config import RunConfig
+from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
 torch.set_num_threads(1)
 
@@ -40,7 +41,7 @@ def save(root: Path, step: int, weights, data: str = DATA) -> Path:
     cfg["model"] = dict(TINY)
     state = {"step": step, "tokens_seen": step * 64, "epoch": 0, "config": cfg,
              "fingerprints": {"data": data, "tokenizer": TOK}}
-    return ck.save(root, step, weights[0], weights[1], state)
+    return ckpt_io.save(root, step, weights[0], weights[1], state)
 
 
 def corrupt(path: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 from data_helpers import MINIMIND_TOKENIZER, demo_slice, small_tokenizer, write_jsonl
 
-from minilmd.trainer.tokenizer import TokenizerError, check_tokenizer, load_tokenizer, train_tokenizer
+from minilmd.trainer.data.tokenizer import TokenizerError, check_tokenizer, load_tokenizer, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_minimind_tokenizer_is_accepted():
 
 def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, corpus):
     out = tmp_path / "tok.json"
-    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "tokenizer", "train", *corpus,
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", *corpus,
                            "--vocab-size", "300", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["added_tokens"][2]["content"] == "<|im_end|>"
@@ -102,7 +102,7 @@ def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, corpus):
     bad = write_jsonl(tmp_path / "bad.jsonl", ["fine"])
     with open(bad, "a", encoding="utf-8") as f:
         f.write('{"text": 5}\n')
-    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "tokenizer", "train", str(bad),
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", str(bad),
                            "--vocab-size", "300", "--out", str(tmp_path / "t2.json")], capture_output=True, text=True)
     assert done.returncode == 65
     assert f"{bad}:2: text not string" in done.stderr
@@ -112,7 +112,7 @@ def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, corpus):
 def test_cli_tokenizer_train_max_docs_reads_only_the_first_documents(tmp_path):
     src = write_jsonl(tmp_path / "c.jsonl", ["ab" * 50] + [f"其他文字 {i} xyz" for i in range(50)])
     out = tmp_path / "tok.json"
-    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "tokenizer", "train", str(src),
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", str(src),
                            "--vocab-size", "300", "--max-docs", "1", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     merges = json.loads(out.read_text())["model"]["merges"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from data_helpers import demo_slice, small_tokenizer, write_jsonl
 
-from minilmd.trainer.prepare import prepare
-from minilmd.trainer.tokenstream import CorpusError, TokenStream, open_prepared, verify_prepared
+from minilmd.trainer.data.prepare import prepare
+from minilmd.corpus import CorpusError, TokenStream, open_prepared, verify_prepared
 
 
 @pytest.fixture(scope="module")

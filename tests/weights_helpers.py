@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 
-from minilmd.trainer import checkpoint
-from minilmd.trainer.config import ModelSection
-from minilmd.trainer.model import MiniMindForCausalLM
+from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd import checkpoint
+from minilmd.config import ModelSection
+from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
 TEXT = ["hello world, this is a tiny corpus", "the quick brown fox jumps over the lazy dog",
         "minilmd trains small language models", "a checkpoint is written atomically"]
@@ -44,7 +45,7 @@ def train_tokenizer(path: Path, vocab_size: int = 320) -> Path:
 
 
 def save_checkpoint(root: Path, model: MiniMindForCausalLM, step: int = 1, tokenizer: Path | None = None) -> Path:
-    """A real checkpoint (trainer/checkpoint.py's save) of `model` after `step` AdamW steps on random tokens."""
+    """A real checkpoint (minilmd/checkpoint.py's save) of `model` after `step` AdamW steps on random tokens."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(step):
         ids = torch.randint(0, model.config.vocab_size, (2, 16))
@@ -52,4 +53,4 @@ def save_checkpoint(root: Path, model: MiniMindForCausalLM, step: int = 1, token
         optimizer.step()
         optimizer.zero_grad()
     state = {"step": step, "config": {"model": dataclasses.asdict(model.config), "data": {"prepared": ""}}}
-    return checkpoint.save(root, step, model.state_dict(), optimizer.state_dict(), state, tokenizer=tokenizer)
+    return ckpt_io.save(root, step, model.state_dict(), optimizer.state_dict(), state, tokenizer=tokenizer)

@@ -1,1 +1,5 @@
-"""The training side of minilmd: tokenizer, prepare, token stream, model, training loop, checkpoints."""
+"""The training side of minilmd: everything that needs torch, and the corpus preparation that feeds it.
+
+Subpackages by concern: `data` (tokenizer, prepare, samplers), `model` (model, generation, export),
+`checkpoint` (save, load, the asynchronous writer), `loop` (the Trainer), `bench`.
+"""

@@ -51,8 +51,8 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
 from faults_fixtures import mounted_faultfs  # noqa: E402
-from minilmd.trainer import checkpoint  # noqa: E402
-from minilmd.trainer.config import load_config  # noqa: E402
+from minilmd import checkpoint  # noqa: E402
+from minilmd.config import load_config  # noqa: E402
 from reliability_helpers import RemoteWatcher, TrainerCounter, expectation_for  # noqa: E402
 from supervisor_helpers import env_for, state  # noqa: E402
 from trainer_corpus import real_text_prepared, write_config  # noqa: E402
@@ -116,7 +116,7 @@ class Soak:
         """Steps such that an undisturbed run takes about a half of the wall time."""
         cfg_path = self.config("calibrate", 60, None, source, vocab)
         load_config(cfg_path).run_dir.mkdir(parents=True, exist_ok=True)
-        out = subprocess.run([sys.executable, "-m", "minilmd.daemon.cli", "train", str(cfg_path)], capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", str(cfg_path)], capture_output=True,
                              text=True, env=env_for(fake=False), timeout=600)
         if out.returncode != 0:
             raise SystemExit(f"calibration run failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
@@ -137,7 +137,7 @@ class Soak:
         env = env_for(fake=False, MINILMD_FAULT=",".join(plan))
         self.sup_count += 1
         out = open(self.work / "supervisor.out", "ab")
-        self.sup = subprocess.Popen([sys.executable, "-m", "minilmd.daemon.cli", "run", str(self.cfg_path)],
+        self.sup = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "run", str(self.cfg_path)],
                                     stdout=out, stderr=subprocess.STDOUT, env=env)
         log(f"supervisor #{self.sup_count} pid {self.sup.pid}, fault plan {plan}")
 
@@ -266,7 +266,7 @@ class Soak:
             self.cfg = load_config(self.cfg_path)
             ref_path = self.config("reference", steps, None, source, vocab)
             load_config(ref_path).run_dir.mkdir(parents=True, exist_ok=True)
-            reference = subprocess.Popen([sys.executable, "-m", "minilmd.daemon.cli", "train", str(ref_path)],
+            reference = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "train", str(ref_path)],
                                          stdout=open(self.work / "reference.out", "ab"), stderr=subprocess.STDOUT,
                                          env=env_for(fake=False))
             watcher = RemoteWatcher(self.remote, expectation_for(self.cfg_path), interval=0.2)

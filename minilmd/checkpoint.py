@@ -15,7 +15,7 @@ manifest does not exist for any reader here; `LATEST` is for humans and scripts,
 
 This module is torch-free (json, numpy, plain reads; never mmap, since a checkpoint on NFS must not be able to
 kill the reader with SIGBUS): the supervisor validates before it syncs. The writing half (`save`, `load`,
-`AsyncCheckpointer`, RNG states) is in checkpoint_save.py and is reachable from here as `checkpoint.save` etc.
+`AsyncCheckpointer`, RNG states) needs torch and is `minilmd.trainer.checkpoint.save`.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .protocol import sha256_file  # noqa: F401  (part of this module's torch-free API)
+from minilmd.protocol import sha256_file  # noqa: F401  (part of this module's torch-free API)
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -326,7 +326,7 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
 
 
 def _expected_shapes(ckpt_dir: Path, model_cfg: dict) -> dict[str, tuple[int, ...]]:
-    from minilmd.trainer.model_shapes import expected_state_shapes
+    from minilmd.model_shapes import expected_state_shapes
 
     try:
         return {k: tuple(v) for k, v in expected_state_shapes(model_cfg).items()}
@@ -433,12 +433,12 @@ def verify_report(path: str | os.PathLike, expected: Expectation | None = None) 
 def expectation_from_config(config_path: str | os.PathLike, log: Callable[[str], None] = print) -> Expectation:
     """What a run config expects of its checkpoints: its model section and, when its prepared corpus can be
     read, the fingerprints of that corpus's data and tokenizer."""
-    from minilmd.trainer.config import load_config
+    from minilmd.config import load_config
 
     cfg = load_config(config_path, check_paths=False)
     expected = Expectation(model=cfg.model_dict())
     try:
-        from minilmd.trainer.tokenstream import data_fingerprint, read_meta
+        from minilmd.corpus import data_fingerprint, read_meta
 
         meta = read_meta(cfg.data.prepared)
         expected.data_fingerprint = data_fingerprint(meta)
@@ -568,19 +568,3 @@ def clean_stale_tmp(root: str | os.PathLike) -> list[Path]:
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
-
-
-# --- the writing half (torch) lives in checkpoint_save.py ----------------------------------------------------
-
-_WRITER_NAMES = ("save", "load", "capture_rng", "restore_rng", "snapshot_model", "snapshot_optimizer",
-                 "optimizer_param_names", "AsyncCheckpointer")
-
-
-def __getattr__(name: str):
-    """`checkpoint.save`, `checkpoint.AsyncCheckpointer`...: imported on first use, so that importing this module
-    (the supervisor does) never imports torch."""
-    if name in _WRITER_NAMES:
-        from . import checkpoint_save
-
-        return getattr(checkpoint_save, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from .model import KVCache, MiniMindForCausalLM
-from .protocol import BOS_ID, EOS_ID
+from minilmd.trainer.model.minimind import KVCache, MiniMindForCausalLM
+from minilmd.protocol import BOS_ID, EOS_ID
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -78,7 +78,7 @@ def sample_text(checkpoint: str | Path, prompt: str, tokenizer: str | Path | Non
     """The continuation of BOS + prompt by the model of a checkpoint, decoded (prompt not repeated)."""
     from tokenizers import Tokenizer
 
-    from .export import find_tokenizer, load_model
+    from minilmd.trainer.model.export import find_tokenizer, load_model
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 
 IGNORE_INDEX = -100
 VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from minilmd.daemon.runstate import fmt_age, fmt_time, process_alive, read_state
-from minilmd.trainer import protocol
+from minilmd import protocol
 
 NOT_A_RUN = 2
 

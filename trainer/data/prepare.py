@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.trainer import corpus_stats
-from minilmd.trainer.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source, parse_block
-from minilmd.trainer.protocol import BOS_ID, EOS_ID, PAD_ID, atomic_write_json, sha256_file
-from minilmd.trainer.tokenizer import load_tokenizer
-from minilmd.trainer.tokenstream import (DOC_LENGTHS, FORMAT, META, TOKENIZER, TOKENS, VERSION, CorpusError,
+from minilmd.trainer.data import corpus_stats
+from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source, parse_block
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, atomic_write_json, sha256_file
+from minilmd.trainer.data.tokenizer import load_tokenizer
+from minilmd.corpus import (DOC_LENGTHS, FORMAT, META, TOKENIZER, TOKENS, VERSION, CorpusError,
                                          PreparedCorpus, TokenStream, open_prepared, verify_prepared)
 
 # The reading side lives in tokenstream.py; re-exported so that callers may import either module.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ConfigError, RunConfig, load_config
+from minilmd.config import ConfigError, RunConfig, load_config
 
 
 @dataclass
@@ -41,7 +41,7 @@ class ModeResult:
 
 def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
     """A Trainer for `mode` writing only under `tmp` (its run dir and scratch)."""
-    from .train import Trainer, init_distributed
+    from minilmd.trainer.loop.train import Trainer, init_distributed
 
     cfg = copy.deepcopy(cfg)
     cfg.run.dir, cfg.run.scratch, cfg.run.remote = f"{tmp}/{mode}/run", f"{tmp}/{mode}/scratch", ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from minilmd.trainer.protocol import SPECIAL_TOKENS
+from minilmd.protocol import SPECIAL_TOKENS
 
 MAX_VOCAB = 65536  # token ids are stored as uint16
 

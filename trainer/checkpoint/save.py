@@ -1,8 +1,8 @@
-"""The writing half of checkpoint.py (torch, imported lazily there): `save` with the atomic protocol, `load`,
-RNG states as JSON, CPU snapshots and the background `AsyncCheckpointer`.
+"""The writing half of checkpoints (torch): `save` with the atomic protocol, `load`, RNG states as JSON, CPU
+snapshots and the background `AsyncCheckpointer`.
 
-Callers use `minilmd.trainer.checkpoint.save` etc.; checkpoint.py hands these names out on first use, so that the
-torch-free half (validation, find_latest, prune) never imports this module or torch.
+The format, its strict validation, find_latest and prune are torch-free and live in `minilmd.checkpoint`, which
+the supervisor imports; nothing there imports this module.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from typing import Callable
 
 import numpy as np
 
-from .checkpoint import (FORMAT, KILL_ENV, LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META,
+from minilmd.checkpoint import (FORMAT, KILL_ENV, LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META,
                          TMP_PREFIX, TOKENIZER_FILE, TRAINER_STATE, VERSION, prune, read_manifest, step_name)
-from .protocol import atomic_write_text, fsync_dir
+from minilmd.protocol import atomic_write_text, fsync_dir
 
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------

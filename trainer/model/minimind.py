@@ -6,7 +6,7 @@ the causal LM with its tied head and its shifted loss.
 Choices that matter elsewhere:
 - Names of parameters are MiniMind's and HF Qwen3's (`model.layers.{i}.self_attn.q_proj.weight`, ...).
 - The head is tied to the embeddings. `state_dict()` leaves `lm_head.weight` out and `load_state_dict()` puts it
-  back (see trainer/model_shapes.py for why); so `model.state_dict()` is exactly what a checkpoint stores.
+  back (see minilmd/model_shapes.py for why); so `model.state_dict()` is exactly what a checkpoint stores.
 - Init (`init_weights`): normal(0, 0.02) for every Linear and the Embedding, ones for every RMSNorm weight, drawn
   from the current torch RNG in module order, so the same seed gives the same model on every machine.
 - The forward pass does no per-token Python work: one SDPA call per layer (causal, flash on CUDA), RMSNorm in
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelSection
-from .model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section
+from minilmd.config import ModelSection
+from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section
 
 IGNORE_INDEX = -100
 

@@ -10,7 +10,7 @@ models do the same). A checkpoint stores that matrix ONCE, under `model.embed_to
   for the two copies to disagree;
 - `MiniMindForCausalLM.state_dict()` already leaves `lm_head.weight` out and `load_state_dict()` re-ties it, so
   `model.state_dict()` IS the checkpoint's weight set and loads back with `strict=True`;
-- the exports (`trainer/export.py`) add `lm_head.weight` back, because MiniMind's loader and HF Qwen3 expect it.
+- the exports (`trainer/model/export.py`) add `lm_head.weight` back, because MiniMind's loader and HF Qwen3 expect it.
 Weights are saved in float32 whatever the training precision (bf16 autocast keeps fp32 master weights).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .config import ModelSection
+from minilmd.config import ModelSection
 
 STATE_DTYPE = "float32"
 """dtype of every weight tensor in a checkpoint (safetensors calls it "F32")."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.trainer.protocol import BOS_ID, EOS_ID, PAD_ID, sha256_file
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, sha256_file
 
 FORMAT = "minilmd-prepared"
 VERSION = 1
@@ -218,7 +218,7 @@ def verify_prepared(root: str | Path) -> list[str]:
     except (CorpusError, KeyError) as e:
         return [str(e) if isinstance(e, CorpusError) else f"{root / META}: missing key {e}"]
     try:
-        from minilmd.trainer.tokenizer import TokenizerError, load_tokenizer
+        from minilmd.trainer.data.tokenizer import TokenizerError, load_tokenizer
 
         tok = load_tokenizer(corpus.tokenizer_path)
         if tok.get_vocab_size(with_added_tokens=True) != corpus.vocab_size:

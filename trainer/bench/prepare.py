@@ -25,8 +25,8 @@ GOAL_RSS = 1 << 30
 
 def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
     """Throughput of encode_batch and encode_batch_fast on the corpus texts, only encode time counted."""
-    from minilmd.trainer.jsonl import Source, parse_block
-    from minilmd.trainer.tokenizer import load_tokenizer
+    from minilmd.trainer.data.jsonl import Source, parse_block
+    from minilmd.trainer.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     methods = {"encode_batch": tok.encode_batch}
@@ -75,7 +75,7 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
 
     import psutil
 
-    cmd = [sys.executable, "-m", "minilmd.daemon.cli", "prepare", *sources, "--tokenizer", str(tokenizer),
+    cmd = [sys.executable, "-m", "minilmd.cli", "prepare", *sources, "--tokenizer", str(tokenizer),
            "--out", str(out), "--force"]
     if workers is not None:
         cmd += ["--workers", str(workers)]
@@ -106,7 +106,7 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
 
 def bench_prepare(sources: list[str], tokenizer: str, workers: int | None = None, scratch: str | None = None,
                   log=print) -> dict:
-    from minilmd.trainer.prepare import default_workers
+    from minilmd.trainer.data.prepare import default_workers
 
     cores = default_workers()
     log(f"bench prepare: {', '.join(sources)} on {cores} cores; raw encode first (also warms the page cache)")

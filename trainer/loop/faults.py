@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .protocol import FAULT_ENV, FAULT_KINDS, FAULTS_FIRED
+from minilmd.protocol import FAULT_ENV, FAULT_KINDS, FAULTS_FIRED
 
 
 class FaultSpecError(ValueError):

@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
-from .protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
+from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 
 WEIGHTS_FILE = "model.safetensors"
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -32,7 +32,7 @@ class ExportError(ValueError):
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint directory, or from a root: the one `LATEST` names, else the
     newest `step-*` directory with a manifest."""
-    from .checkpoint import list_checkpoints, read_latest
+    from minilmd.checkpoint import list_checkpoints, read_latest
 
     path = Path(path)
     if not path.is_dir():
@@ -51,7 +51,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def _validate(ckpt: Path) -> None:
-    from .checkpoint import CheckpointError, validate
+    from minilmd.checkpoint import CheckpointError, validate
 
     try:
         validate(ckpt)
@@ -87,7 +87,7 @@ def read_checkpoint(path: str | Path, validate: bool = True) -> tuple[dict, dict
 
 def load_model(path: str | Path, device: str = "cpu"):
     """A MiniMindForCausalLM in eval mode with a checkpoint's weights, and the trainer_state."""
-    from .model import MiniMindForCausalLM
+    from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
     weights, model_cfg, state = read_checkpoint(path)
     model = MiniMindForCausalLM(model_cfg)

@@ -35,15 +35,16 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn.functional  # noqa: F401  (imported early: the model uses it)
 
-from .checkpoint import CheckpointMismatch
-from .config import ConfigError, RunConfig, load_config, parse_duration
-from .data import Batch, DataError, make_sampler, validation_batches
-from .faults import FaultInjector, FaultSpecError
-from .metrics import MetricsLog, Throughput, flops_per_token, peak_bf16_flops
-from .protocol import (EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT,
+from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.checkpoint import CheckpointMismatch
+from minilmd.config import ConfigError, RunConfig, load_config, parse_duration
+from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
+from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
+from minilmd.trainer.loop.metrics import MetricsLog, Throughput, flops_per_token, peak_bf16_flops
+from minilmd.protocol import (EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT,
                        SUPERVISED_ENV, write_fault)
-from .schedule import lr_at
-from .tokenstream import CorpusError
+from minilmd.trainer.loop.schedule import lr_at
+from minilmd.corpus import CorpusError
 
 
 @dataclass
@@ -127,8 +128,8 @@ class Trainer:
     """One training run: the components, then train() (the loop in the module docstring)."""
 
     def __init__(self, cfg: RunConfig, dist: Dist, stop: StopFlag | None = None):
-        from .model import MiniMindForCausalLM
-        from .tokenstream import open_prepared
+        from minilmd.trainer.model.minimind import MiniMindForCausalLM
+        from minilmd.corpus import open_prepared
 
         self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()
         t = cfg.train
@@ -154,7 +155,7 @@ class Trainer:
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
         self.resume()
-        from .checkpoint import AsyncCheckpointer
+        from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
         # Under a supervisor (it sets MINILMD_RUN_DIR) scratch is pruned by the supervisor, which knows what is
         # synced and what it is copying right now. On its own the trainer keeps the newest keep_local itself.
@@ -183,7 +184,7 @@ class Trainer:
         return nullcontext
 
     def expectation(self):
-        from .checkpoint import Expectation
+        from minilmd.checkpoint import Expectation
 
         return Expectation(model=self.cfg.model_dict(), data_fingerprint=self.corpus.data_fingerprint,
                            tokenizer_fingerprint=self.corpus.tokenizer_fingerprint)
@@ -198,7 +199,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Load the newest valid checkpoint, if any: rank 0 finds it (and quarantines bad ones), all ranks load."""
-        from . import checkpoint
+        from minilmd import checkpoint
 
         found = [None]
         if self.dist.is_main:
@@ -209,11 +210,11 @@ class Trainer:
             torch_dist.broadcast_object_list(found, src=0)
         if found[0] is None:
             return
-        model_state, optimizer_state, state = checkpoint.load(Path(found[0]))
+        model_state, optimizer_state, state = ckpt_io.load(Path(found[0]))
         self.model.load_state_dict(model_state, strict=True)
         self.optimizer.load_state_dict(optimizer_state)
         if state.get("rng"):
-            checkpoint.restore_rng(state["rng"])
+            ckpt_io.restore_rng(state["rng"])
         self.step = self.step_base = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.rows_base = int(state.get("rows_seen", self.step * self.global_batch))
@@ -228,7 +229,7 @@ class Trainer:
         return self.rows_base + (step - self.step_base) * self.global_batch
 
     def trainer_state(self) -> dict:
-        from .checkpoint import capture_rng
+        from minilmd.trainer.checkpoint.save import capture_rng
 
         return {
             "step": self.step,
@@ -244,11 +245,11 @@ class Trainer:
         }
 
     def save(self) -> None:
-        """Rank 0 snapshots the weights to CPU and writes them in a background thread (checkpoint.AsyncCheckpointer,
+        """Rank 0 snapshots the weights to CPU and writes them in a background thread (AsyncCheckpointer,
         which also prunes); the other ranks wait at a barrier (their weights are the same)."""
         self.barrier()
         if self.dist.is_main:
-            from .checkpoint import step_name
+            from minilmd.checkpoint import step_name
 
             blocking = self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state())
             path = self.cfg.checkpoint_dir / step_name(self.step)

@@ -1,0 +1,1 @@
+"""Benchmarks behind `minilmd bench ...`: prepare throughput, packing against padding, checkpoint stalls."""

@@ -1,0 +1,1 @@
+"""Writing and loading checkpoints (torch). The format and its strict, torch-free validation are `minilmd.checkpoint`."""

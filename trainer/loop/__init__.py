@@ -1,0 +1,1 @@
+"""The training loop: the Trainer, its schedule, metrics, and injected faults for tests."""

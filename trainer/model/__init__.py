@@ -1,0 +1,1 @@
+"""The MiniMind-compatible model, generation from it, and export to Hugging Face and MiniMind formats."""
