@@ -4,8 +4,8 @@ The child runs in its own process group (so that a torchrun group is stopped as 
 only the supervisor), writes to logs/attempt-NNNN.log, and carries MINILMD_RUN_DIR in its environment so that a
 restarted supervisor can recognise an orphan of its run in /proc and never anybody else's process.
 
-`classify()` turns an exit status into a `Death` with one cause from CAUSES; the restart policy (daemon/policy.py)
-acts on the cause. Torch-free.
+`classify()` turns an exit status into a `Death` with one `Cause` (daemon/states.py; CAUSES says what each means);
+the restart policy (daemon/policy.py) acts on the cause. Torch-free.
 """
 from __future__ import annotations
 
@@ -20,39 +20,36 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
 from minilmd import protocol
+from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
+from minilmd.daemon.states import Cause
 
 RUN_DIR_ENV = "MINILMD_RUN_DIR"
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
 TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
-CAUSES = {
-    "done": "the trainer reached its budget and saved the final checkpoint (exit 0)",
-    "stopped": "the trainer saved and exited on SIGTERM (exit 75)",
-    "config_error": "the trainer refused the config (exit 2): final",
-    "data_error": "the trainer refused the data (exit 65): final",
-    "cuda_oom": "CUDA ran out of memory (exit 76, fault.json)",
-    "sigbus": "SIGBUS: a page of a mapped file could not be read (staged corpus or checkpoint damaged?)",
-    "oom_kill": "SIGKILL by the kernel's OOM killer (cgroup memory events or kernel log)",
-    "killed": "SIGKILL from outside (probably the OOM killer; its log was not readable)",
-    "hang": "no heartbeat for restart.hang_timeout: stack dumped, group killed",
-    "signal": "killed by another signal",
-    "crash": "exited with an error (traceback in the attempt log)",
+CAUSES: dict[Cause, str] = {
+    Cause.DONE: "the trainer reached its budget and saved the final checkpoint (exit 0)",
+    Cause.STOPPED: "the trainer saved and exited on SIGTERM (exit 75)",
+    Cause.CONFIG_ERROR: "the trainer refused the config (exit 2): final",
+    Cause.DATA_ERROR: "the trainer refused the data (exit 65): final",
+    Cause.CUDA_OOM: "CUDA ran out of memory (exit 76, fault.json)",
+    Cause.SIGBUS: "SIGBUS: a page of a mapped file could not be read (staged corpus or checkpoint damaged?)",
+    Cause.OOM_KILL: "SIGKILL by the kernel's OOM killer (cgroup memory events or kernel log)",
+    Cause.KILLED: "SIGKILL from outside (probably the OOM killer; its log was not readable)",
+    Cause.HANG: "no heartbeat for restart.hang_timeout: stack dumped, group killed",
+    Cause.SIGNAL: "killed by another signal",
+    Cause.CRASH: "exited with an error (traceback in the attempt log)",
 }
 
 
 @dataclass
 class Death:
-    cause: str
+    cause: Cause
     exit: int | None
     detail: str
     fault: dict | None = None
-
-    @property
-    def final(self) -> bool:
-        return self.cause in ("config_error", "data_error")
 
 
 def attempt_log_path(run_dir: Path, attempt: int) -> Path:
@@ -166,41 +163,41 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
     fault = _own_fault(run_dir, child.started)
     rc = returncode
     if child.killed_for_hang:
-        return Death("hang", rc, child.extra.get("hang_detail", "no heartbeat"), fault)
+        return Death(Cause.HANG, rc, child.extra.get("hang_detail", "no heartbeat"), fault)
     sig = -rc if rc < 0 else None
     if rc == 1 and "torch.distributed.run" in child.command:
         sig = _torchrun_worker_signal(child.log_path)  # torchrun exits 1 whatever killed a worker
     if sig == signal.SIGBUS:
-        return Death("sigbus", rc, "killed by SIGBUS (bus error on a mapped file)", fault)
+        return Death(Cause.SIGBUS, rc, "killed by SIGBUS (bus error on a mapped file)", fault)
     if sig == signal.SIGKILL:
         if child.cgroup_oom:
             counter, before = child.cgroup_oom
             after = read_oom_kills(counter)
             if after is not None and after > before:
-                return Death("oom_kill", rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
+                return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
                              fault)
         if _kernel_log_oom(child.pid):
-            return Death("oom_kill", rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
-        return Death("killed", rc, "killed by SIGKILL (probably the OOM killer; no readable OOM record)", fault)
+            return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
+        return Death(Cause.KILLED, rc, "killed by SIGKILL (probably the OOM killer; no readable OOM record)", fault)
     if sig is not None:
         try:
             name = signal.Signals(sig).name
         except ValueError:
             name = f"signal {sig}"
-        return Death("signal", rc, f"killed by {name}", fault)
+        return Death(Cause.SIGNAL, rc, f"killed by {name}", fault)
     if rc == protocol.EXIT_DONE:
-        return Death("done", rc, "finished", fault)
+        return Death(Cause.DONE, rc, "finished", fault)
     if rc == protocol.EXIT_STOPPED:
         who = "on request" if stop_requested else "on a SIGTERM the supervisor did not send"
-        return Death("stopped", rc, f"saved and stopped {who}", fault)
+        return Death(Cause.STOPPED, rc, f"saved and stopped {who}", fault)
     if rc == protocol.EXIT_CONFIG:
-        return Death("config_error", rc, _last_lines(child.log_path) or "config error", fault)
+        return Death(Cause.CONFIG_ERROR, rc, _last_lines(child.log_path) or "config error", fault)
     if rc == protocol.EXIT_DATA:
-        return Death("data_error", rc, _last_lines(child.log_path) or "data error", fault)
+        return Death(Cause.DATA_ERROR, rc, _last_lines(child.log_path) or "data error", fault)
     if rc == protocol.EXIT_CUDA_OOM or (fault or {}).get("kind") == "cuda_oom":
-        return Death("cuda_oom", rc, (fault or {}).get("message", "CUDA out of memory"), fault)
+        return Death(Cause.CUDA_OOM, rc, (fault or {}).get("message", "CUDA out of memory"), fault)
     detail = (fault or {}).get("message") or _last_lines(child.log_path) or f"exit status {rc}"
-    return Death("crash", rc, detail, fault)
+    return Death(Cause.CRASH, rc, detail, fault)
 
 
 def _own_fault(run_dir: Path, started: float) -> dict | None:

@@ -2,8 +2,8 @@
 
 `RunState` is the supervisor's view (a plain dict, rewritten atomically so that `minilmd status` never reads half a
 file). `EventLog` appends one JSON line per event and one human line per event to supervisor.log (and stdout, for
-the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally. `ProcessId` tells a live process from a
-recycled pid. Torch-free and light: `minilmd status` imports this module.
+the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally. `process_alive` tells a live process
+from a recycled pid. Torch-free and light: `minilmd status` imports this module.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from minilmd import protocol
+from minilmd.daemon.states import Phase, StagingState, SyncState
 
 STATE_VERSION = 1
 
@@ -96,7 +97,7 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
         "run": name,
         "run_dir": str(run_dir),
         "config": config_path,
-        "phase": "waiting_gpu",
+        "phase": Phase.WAITING_GPU,
         "since": now(),
         "reason": "",
         "supervisor": {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid()),
@@ -108,8 +109,8 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
                      "tok_s": None, "tokens_seen": None, "eta_s": None, "heartbeat": None, "updated": None},
         "local_checkpoint": None,
         "remote_checkpoint": None,
-        "sync": {"state": "off", "since": None, "error": None, "attempts": 0},
-        "staging": {"state": "not_started", "path": None, "since": None, "error": None},
+        "sync": {"state": SyncState.OFF, "since": None, "error": None, "attempts": 0},
+        "staging": {"state": StagingState.NOT_STARTED, "path": None, "since": None, "error": None},
         "restarts": [],
         "no_progress_streak": 0,
         "overrides": {},

@@ -27,7 +27,8 @@ from minilmd.daemon.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.runstate import (EventLog, MetricsTail, RunState, fmt_age, new_state, now, read_heartbeat,
                                      read_state)
 from minilmd.daemon.sdnotify import Notifier
-from minilmd.daemon.states import FINAL_PHASES, Phase, check_transition
+from minilmd.daemon.states import (FINAL_PHASES, Action, Cause, Phase, StagingState, SyncState,
+                                   check_transition)
 from minilmd.daemon.syncworker import SyncWorker, Worker, local_checkpoint_steps
 from minilmd import protocol
 from minilmd.checkpoint import step_of
@@ -197,7 +198,7 @@ class Supervisor:
         existing = sorted((self.run_dir / protocol.ATTEMPT_LOGS).glob("attempt-*.log"))
         if existing:
             self.attempt = int(existing[-1].stem.split("-")[1])
-        self.state["sync"]["state"] = "idle" if self.cfg.run.remote else "off"
+        self.state["sync"]["state"] = SyncState.IDLE if self.cfg.run.remote else SyncState.OFF
         self.sync = SyncWorker(self.cfg, self.infra, self.state, self.events.emit, self._log_from_thread,
                                self._drain_thread_logs, SYNC_STALLED_AFTER_S)
 
@@ -347,11 +348,11 @@ class Supervisor:
                 if now() < self.fetch_retry_at:
                     return
                 staged = self.awaiting_remote
-                staging.update(state="fetching", error=None, progress=None)
+                staging.update(state=StagingState.FETCHING, error=None, progress=None)
                 self.events.emit("fetch", f"retrying the fetch of the newest checkpoint from {self.cfg.run.remote}")
                 self.stage_worker = Worker("fetch", lambda: (staged, *self._fetch_job(staged)))
                 return
-            staging.update(state="running", since=now(), error=None, progress=None)
+            staging.update(state=StagingState.RUNNING, since=now(), error=None, progress=None)
             self.events.emit("staging", f"staging {self.cfg.data.prepared} into {self.cfg.scratch_dir}")
             self.stage_worker = Worker("staging", self._stage_job)
             return
@@ -362,7 +363,7 @@ class Supervisor:
         self._drain_thread_logs()
         staging = self.state["staging"]
         if worker.error is not None:
-            staging.update(state="failed", error=worker.error_text)
+            staging.update(state=StagingState.FAILED, error=worker.error_text)
             self.state.record_error(f"staging failed: {worker.error_text}")
             if self.infra.is_final_staging_error(worker.error):
                 kind = "checkpoint" if "Checkpoint" in type(worker.error).__name__ else "data"
@@ -379,7 +380,7 @@ class Supervisor:
             return
         staged, expected, fetched, fetch_error = worker.result
         if worker.name == "staging":
-            staging.update(state="done", path=str(staged), error=None, finished=now())
+            staging.update(state=StagingState.DONE, path=str(staged), error=None, finished=now())
             self.events.emit("staging", f"staged and verified: {staged} in {now() - worker.started:.1f}s")
         if fetch_error is not None:
             self._remote_unavailable(staged, fetch_error)
@@ -387,8 +388,8 @@ class Supervisor:
         self.staged = staged
         if self.awaiting_remote is not None:
             self.awaiting_remote, self.fetch_failures = None, 0
-            self.state["sync"].update(state="idle", error=None)
-            staging.update(state="done", error=None)
+            self.state["sync"].update(state=SyncState.IDLE, error=None)
+            staging.update(state=StagingState.DONE, error=None)
         if fetched:
             self.events.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}")
             # status shows it as the local checkpoint: the trainer resumes from it, though it did not save it
@@ -410,8 +411,8 @@ class Supervisor:
         delay = backoff_seconds(self.cfg.restart, self.fetch_failures, self.rng)
         self.fetch_retry_at = now() + delay
         message = f"remote unavailable: {error}"
-        self.state["sync"].update(state="unavailable", error=message, since=now())
-        self.state["staging"].update(state="waiting_remote", error=message)
+        self.state["sync"].update(state=SyncState.UNAVAILABLE, error=message, since=now())
+        self.state["staging"].update(state=StagingState.WAITING_REMOTE, error=message)
         self.state.record_error(message)
         self.events.emit("fetch", f"{message}; scratch holds no checkpoint and the remote may hold one: not starting "
                                   f"from step 0; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
@@ -419,10 +420,11 @@ class Supervisor:
 
     def _flag_stalled_fetch(self) -> None:
         started = self.fetch_started
-        if started and now() - started > SYNC_STALLED_AFTER_S and self.state["sync"].get("state") != "unavailable":
+        if started and now() - started > SYNC_STALLED_AFTER_S and \
+                self.state["sync"].get("state") != SyncState.UNAVAILABLE:
             message = f"remote unavailable: fetching from {self.cfg.run.remote} has been running for " \
                       f"{now() - started:.0f}s"
-            self.state["sync"].update(state="unavailable", error=message, since=now())
+            self.state["sync"].update(state=SyncState.UNAVAILABLE, error=message, since=now())
             self.events.emit("fetch", f"{message}; waiting for it (not starting from step 0)")
 
     def _stage_job(self):
@@ -521,7 +523,7 @@ class Supervisor:
 
     def _facts_for(self, death: Death) -> dict:
         facts = {}
-        if death.cause in ("sigbus", "data_error") and self.staged is not None:
+        if death.cause in (Cause.SIGBUS, Cause.DATA_ERROR) and self.staged is not None:
             try:
                 problems = self.infra.verify_staged(self.staged)
             except OSError as e:  # unreadable is damaged
@@ -529,7 +531,7 @@ class Supervisor:
             facts["staged_damaged"] = bool(problems)
             if problems:
                 self.events.emit("staging", f"the staged corpus fails verification: {'; '.join(problems[:3])}")
-        if death.cause == "cuda_oom" and self.admission is not None and self.lease is not None:
+        if death.cause == Cause.CUDA_OOM and self.admission is not None and self.lease is not None:
             report = self.admission.poll()
             ours = set(self.lease.devices)
             busy = [d for d in report.devices if d.index in ours and d.foreign_processes]
@@ -540,22 +542,22 @@ class Supervisor:
         return int(self.state["overrides"].get(f"train.{key}", getattr(self.cfg.train, key)))
 
     def _act(self, death: Death, decision: Decision, streak: int, step) -> None:
-        if decision.action == "finish":
+        if decision.action == Action.FINISH:
             self._enter_stopping("done", "the trainer finished: last sync")
             return
-        if decision.action == "stop":
+        if decision.action == Action.STOP:
             self._enter_stopping("stop", decision.message)
             return
         if decision.counts_as_restart:
             self.state["no_progress_streak"] = streak
-        if decision.action == "fail":
+        if decision.action == Action.FAIL:
             self._fail(decision.exit_status, decision.message)
             return
         if decision.overrides:
             self.state["overrides"].update(decision.overrides)
             self.events.emit("overrides", decision.message, overrides=decision.overrides)
-        next_phase = {"restart": Phase.STARTING, "restage": Phase.STAGING, "wait_gpu": Phase.WAITING_GPU}[
-            decision.action]
+        next_phase = {Action.RESTART: Phase.STARTING, Action.RESTAGE: Phase.STAGING,
+                      Action.WAIT_GPU: Phase.WAITING_GPU}[decision.action]
         if next_phase == Phase.STAGING:
             self.staged = None
         if next_phase == Phase.WAITING_GPU and self.lease is not None:
@@ -652,7 +654,7 @@ class Supervisor:
             if sync.running_for() > 2 * SYNC_STALLED_AFTER_S:
                 self._finish(f"the last sync stalled ({sync.running_for():.0f}s)")
             return  # sync.tick() collects it
-        if sync.final_tries > 0 and self.state["sync"]["state"] == "ok":
+        if sync.final_tries > 0 and self.state["sync"]["state"] == SyncState.OK:
             self._finish("")
             return
         if sync.final_tries >= FINAL_SYNC_TRIES:

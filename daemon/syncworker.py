@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 
 from minilmd.daemon.runstate import now
+from minilmd.daemon.states import SyncState
 from minilmd.config import parse_duration
 
 PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get("MINILMD_PRUNE_UNSYNCED_AFTER", "60"))
@@ -101,7 +102,7 @@ class SyncWorker:
             try:
                 self.syncer = self.infra.syncer(self.cfg, expected, self.log_from_thread)
             except Exception as e:  # noqa: BLE001
-                self.state["sync"].update(state="failed", error=f"{type(e).__name__}: {e}")
+                self.state["sync"].update(state=SyncState.FAILED, error=f"{type(e).__name__}: {e}")
                 return False
         return True
 
@@ -125,8 +126,8 @@ class SyncWorker:
         sync = self.state["sync"]
         if self.worker is not None:
             if not self.worker.done:
-                if self.running_for() > self.stalled_after_s and sync["state"] != "stalled":
-                    sync.update(state="stalled", error=f"sync running for {self.running_for():.0f}s")
+                if self.running_for() > self.stalled_after_s and sync["state"] != SyncState.STALLED:
+                    sync.update(state=SyncState.STALLED, error=f"sync running for {self.running_for():.0f}s")
                     self.emit("sync", f"the sync looks stalled ({sync['error']}); training goes on")
                 self._prune_if_remote_down()
                 return
@@ -142,7 +143,8 @@ class SyncWorker:
                 self.next_at = now() + min(parse_duration(self.cfg.sync.every), 30.0)
 
     def start(self, why: str) -> None:
-        self.state["sync"].update(state="running", since=now(), attempts=self.state["sync"].get("attempts", 0) + 1)
+        self.state["sync"].update(state=SyncState.RUNNING, since=now(),
+                                  attempts=self.state["sync"].get("attempts", 0) + 1)
         self.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
         self.copying = self.cfg.checkpoint_dir / f"step-{newest:08d}" if newest is not None else None
@@ -158,14 +160,14 @@ class SyncWorker:
             self.failures += 1
             retry = min(every, 5.0 * 2 ** (self.failures - 1))
             self.next_at = now() + retry
-            sync.update(state="failed", error=worker.error_text, since=now())
+            sync.update(state=SyncState.FAILED, error=worker.error_text, since=now())
             self.state.record_error(f"sync failed: {worker.error_text}")
             self.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
             return
         result = worker.result
         self.failures = 0
         self.next_at = now() + every
-        sync.update(state="ok", error=None, since=now(), last_ok=now())
+        sync.update(state=SyncState.OK, error=None, since=now(), last_ok=now())
         step = getattr(result, "step", None)
         if step is None:
             self.emit("sync", "nothing to sync: no valid local checkpoint")
