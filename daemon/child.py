@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import protocol
@@ -96,10 +96,12 @@ class Child:
     command: list[str]
     started: float
     start_ticks: int | None
+    newest_at_launch: int = -1  # the newest local checkpoint step at launch: a newer one is progress
     cgroup_oom: tuple[Path, int] | None = None  # (oom counter file, its value when first seen)
     killed_for_hang: bool = False
+    hang_detail: str = ""
     stop_sent: float | None = None
-    extra: dict = field(default_factory=dict)
+    killed_at: float | None = None  # when kill() sent SIGKILL
 
     @property
     def pid(self) -> int:
@@ -123,6 +125,26 @@ class Child:
             if value is not None:
                 self.cgroup_oom = (counter, value)
 
+    def beats(self, beat: tuple[float, int | None] | None) -> bool:
+        """Whether the heartbeat file (`runstate.read_heartbeat`) was written by this attempt."""
+        return beat is not None and beat[0] >= self.started - 1
+
+    def silence(self, beat: tuple[float, int | None] | None, hang_timeout: float, startup_grace: float) -> str:
+        """Why the trainer counts as hung, or "": no heartbeat of its own for hang_timeout; before its first one
+        (imports, corpus open and checkpoint load come first) for max(hang_timeout, startup_grace)."""
+        fresh = self.beats(beat)
+        limit = hang_timeout if fresh else max(hang_timeout, startup_grace)
+        silent = time.time() - max(self.started, beat[0] if fresh else 0.0)
+        if silent <= limit:
+            return ""
+        return f"no heartbeat for {silent:.0f}s (restart.hang_timeout {limit:.0f}s)"
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group."""
+        if self.killed_at is None:
+            self.killed_at = time.time()
+        self.signal_group(signal.SIGKILL)
+
     def kill_group(self, grace: float = 0.0) -> int:
         """SIGTERM (if grace > 0), wait up to grace, then SIGKILL; reap and return the exit status."""
         if grace > 0:
@@ -131,7 +153,7 @@ class Child:
                 return self.popen.wait(grace)
             except subprocess.TimeoutExpired:
                 pass
-        self.signal_group(signal.SIGKILL)
+        self.kill()
         return self.popen.wait()
 
 
@@ -163,7 +185,7 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
     fault = _own_fault(run_dir, child.started)
     rc = returncode
     if child.killed_for_hang:
-        return Death(Cause.HANG, rc, child.extra.get("hang_detail", "no heartbeat"), fault)
+        return Death(Cause.HANG, rc, child.hang_detail or "no heartbeat", fault)
     sig = -rc if rc < 0 else None
     if rc == 1 and "torch.distributed.run" in child.command:
         sig = _torchrun_worker_signal(child.log_path)  # torchrun exits 1 whatever killed a worker

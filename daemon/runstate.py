@@ -142,6 +142,44 @@ class RunState:
         self.data["last_error_at"] = now()
         self.data["last_error_step"] = (self.data.get("progress") or {}).get("step")
 
+    def adopt(self, old: dict | None) -> None:
+        """Keep from the previous supervisor's state.json what must survive a restart: the micro-batch the GPU
+        fits, the last remote checkpoint, the restart history if that supervisor did not end (it crashed or was
+        killed), and which trainer it ran."""
+        if not old:
+            return
+        self.data["overrides"] = old.get("overrides") or {}
+        self.data["remote_checkpoint"] = old.get("remote_checkpoint")
+        if not old.get("outcome"):
+            self.data["restarts"] = old.get("restarts") or []
+            self.data["no_progress_streak"] = old.get("no_progress_streak") or 0
+        self.data["previous_child"] = old.get("child")
+
+    def apply_progress(self, records: list[dict], beat: tuple[float, int | None] | None) -> None:
+        """Fold the trainer's new metrics.jsonl lines and its heartbeat (`read_heartbeat`) into "progress" and
+        "local_checkpoint"."""
+        progress = self.data["progress"]
+        for rec in records:
+            kind = rec.get("kind")
+            if kind == "train":
+                for key in ("step", "total_steps", "loss", "lr", "tokens_seen"):
+                    if rec.get(key) is not None:
+                        progress[key] = rec[key]
+                progress["tok_s"] = rec.get("tok_s")
+                step_time = rec.get("step_time")
+                if step_time and progress.get("total_steps") and progress.get("step") is not None:
+                    progress["eta_s"] = max(0, progress["total_steps"] - progress["step"]) * step_time
+                progress["updated"] = rec.get("time") or now()
+            elif kind == "eval":
+                progress["val_loss"] = rec.get("val_loss")
+            elif kind == "checkpoint":
+                self.data["local_checkpoint"] = {"step": rec.get("step"), "time": rec.get("time") or now(),
+                                                 "path": rec.get("path"), "blocking_s": rec.get("blocking_s")}
+        if beat is not None:
+            progress["heartbeat"] = beat[0]
+            if beat[1] is not None and (progress.get("step") is None or beat[1] > progress["step"]):
+                progress["step"] = beat[1]
+
     def save(self) -> None:
         self.data["updated"] = now()
         protocol.atomic_write_json(self.path, self.data)
