@@ -5,7 +5,9 @@ only the supervisor), writes to logs/attempt-NNNN.log, and carries MINILMD_RUN_D
 restarted supervisor can recognise an orphan of its run in /proc and never anybody else's process.
 
 `classify()` turns an exit status into a `Death` with one `Cause` (daemon/states.py; CAUSES says what each means);
-the restart policy (daemon/policy.py) acts on the cause. Torch-free.
+the restart policy (daemon/policy.py) acts on the cause. Nothing here waits for a child without a bound: a trainer in
+uninterruptible I/O on a stalled mount may take long to die even after SIGKILL, and the supervisor's loop must go
+on meanwhile. Torch-free.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ RUN_DIR_ENV = "MINILMD_RUN_DIR"
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
 TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
+
+REAP_S = 10.0
+"""After SIGKILL, how long kill_group waits for the kernel to let the process go before it gives up on reaping it."""
 
 CAUSES: dict[Cause, str] = {
     Cause.DONE: "the trainer reached its budget and saved the final checkpoint (exit 0)",
@@ -101,7 +106,8 @@ class Child:
     killed_for_hang: bool = False
     hang_detail: str = ""
     stop_sent: float | None = None
-    killed_at: float | None = None  # when kill() sent SIGKILL
+    killed_at: float | None = None  # when kill() sent SIGKILL; the loop then only polls until it is reaped
+    reap_reported: bool = False  # the loop said once that the kernel has not let it go yet
 
     @property
     def pid(self) -> int:
@@ -140,21 +146,35 @@ class Child:
         return f"no heartbeat for {silent:.0f}s (restart.hang_timeout {limit:.0f}s)"
 
     def kill(self) -> None:
-        """SIGKILL to the whole group."""
+        """SIGKILL to the whole group; the caller polls for the end (it may come late: uninterruptible I/O)."""
         if self.killed_at is None:
             self.killed_at = time.time()
         self.signal_group(signal.SIGKILL)
 
-    def kill_group(self, grace: float = 0.0) -> int:
-        """SIGTERM (if grace > 0), wait up to grace, then SIGKILL; reap and return the exit status."""
+    def kill_group(self, grace: float = 0.0, reap_s: float = REAP_S, while_waiting=None) -> int | None:
+        """SIGTERM (if grace > 0) and up to grace for the group to exit, then SIGKILL and up to reap_s for the kernel
+        to release it. The exit status, or None if it is still not reaped (the kernel holds it in uninterruptible
+        I/O): never a wait without a bound. `while_waiting()` is called every few tens of milliseconds (the
+        systemd watchdog)."""
         if grace > 0:
             self.signal_group(signal.SIGTERM)
-            try:
-                return self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
+            rc = wait_bounded(self.popen, grace, while_waiting)
+            if rc is not None:
+                return rc
         self.kill()
-        return self.popen.wait()
+        return wait_bounded(self.popen, reap_s, while_waiting)
+
+
+def wait_bounded(popen, seconds: float, while_waiting=None, interval: float = 0.05) -> int | None:
+    """The exit status of popen once it ends within `seconds`, else None; polls, never a blocking wait."""
+    deadline = time.monotonic() + seconds
+    while True:
+        rc = popen.poll()
+        if rc is not None or time.monotonic() >= deadline:
+            return rc
+        if while_waiting is not None:
+            while_waiting()
+        time.sleep(interval)
 
 
 def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None) -> Child:
@@ -335,23 +355,29 @@ def find_orphans(run_dir: Path) -> list[int]:
     return sorted(found)
 
 
-def terminate_orphans(pids: list[int], grace: float = 30.0) -> list[int]:
+def terminate_orphans(pids: list[int], grace: float = 30.0, while_waiting=None) -> list[int]:
     """SIGTERM each orphan's group (the trainer saves and exits), then SIGKILL what is left after grace. They are
-    not our children (their parent died), so we poll /proc instead of waiting. Returns the pids that were alive."""
+    not our children (their parent died), so we poll /proc instead of waiting. The grace can outlast systemd's
+    WatchdogSec: `while_waiting()` is called at every poll (the supervisor pings the watchdog there). Returns the
+    pids that were alive."""
     alive = [(pid, process_start_ticks(pid)) for pid in pids]
     alive = [(pid, ticks) for pid, ticks in alive if ticks is not None]
     for pid, _ in alive:
         _kill_group_or_pid(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
-        time.sleep(0.1)
+    _poll_until_gone(alive, grace, 0.1, while_waiting)
     for pid, ticks in alive:
         if process_alive(pid, ticks):
             _kill_group_or_pid(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
-        time.sleep(0.05)
+    _poll_until_gone(alive, REAP_S, 0.05, while_waiting)
     return [pid for pid, _ in alive]
+
+
+def _poll_until_gone(alive: list[tuple[int, int]], seconds: float, interval: float, while_waiting) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
+        if while_waiting is not None:
+            while_waiting()
+        time.sleep(interval)
 
 
 def _kill_group_or_pid(pid: int, sig: int) -> None:

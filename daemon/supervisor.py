@@ -8,9 +8,10 @@ it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.js
 signal; the loop acts on it at the next tick. Each tick dispatches on the phase; the phases that wait on something
 have a part of their own that the tick asks: the GPU (daemon/gpuwait.py), staging and the remote fetch
 (daemon/stagingworker.py), the sync, the last sync and pruning scratch (daemon/syncworker.py). Their blocking jobs
-run in threads (daemon/worker.py), so a stalled NFS never freezes the loop or the trainer. The trainer is a child
-process (daemon/child.py); what to do when it ends is daemon/policy.py. GPU admission, staging, sync, pruning and
-the launch are reached through `Infra` (daemon/infra.py), a few methods that tests can replace. Torch-free.
+run in threads (daemon/worker.py), so a stalled NFS never freezes the loop or the trainer, and the loop never waits
+for a process without a bound: a trainer killed in uninterruptible I/O is reaped by a later poll. The trainer is a
+child process (daemon/child.py); what to do when it ends is daemon/policy.py. GPU admission, staging, sync, pruning
+and the launch are reached through `Infra` (daemon/infra.py), a few methods that tests can replace. Torch-free.
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ STARTUP_GRACE_S = 60.0
 """Before its first heartbeat a trainer counts as hung only after max(hang_timeout, this)."""
 STOP_WAITS_FOR_STAGING_S = 30.0
 """On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it)."""
+UNREAPED_REPORT_S = 30.0
+"""A trainer not reaped this long after SIGKILL is reported once (uninterruptible I/O); the loop goes on polling."""
 
 
 @dataclass
@@ -121,7 +124,7 @@ class Supervisor:
         except Exception as e:  # noqa: BLE001 - a supervisor bug: leave a clear trace, never an orphan trainer
             self.events.emit("crash", f"supervisor error: {type(e).__name__}: {e}", traceback=traceback.format_exc())
             if self.child and self.child.poll() is None:
-                self.child.kill_group(grace=60)
+                self.child.kill_group(grace=60, while_waiting=self.notifier.watchdog)
             self.state.record_error(f"supervisor error: {e}")
             self.exit_status = 1
         finally:
@@ -154,14 +157,15 @@ class Supervisor:
             self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state['overrides']}")
 
     def _kill_orphans(self) -> None:
-        """Never two trainers on one run: a trainer left by a killed supervisor is told to save and stop."""
+        """Never two trainers on one run: a trainer left by a killed supervisor is told to save and stop. The grace
+        can outlast the unit's WatchdogSec, so the watchdog is fed while it waits."""
         pids = childmod.find_orphans(self.run_dir)
         if not pids:
             return
         grace = min(parse_duration(self.cfg.restart.hang_timeout), 300.0)
         self.events.emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
                                    f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
-        childmod.terminate_orphans(pids, grace=grace)
+        childmod.terminate_orphans(pids, grace=grace, while_waiting=self.notifier.watchdog)
         left = childmod.find_orphans(self.run_dir)
         if left:
             raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
@@ -273,6 +277,9 @@ class Supervisor:
         if rc is not None:
             self._on_child_end(rc)
             return
+        if child.killed_at is not None:
+            self._report_unreaped(child)
+            return
         beat = read_heartbeat(self.run_dir)
         if self.phase == Phase.STARTING and child.beats(beat):
             self._go(Phase.TRAINING, f"first heartbeat from attempt {self.attempt} (step {beat[1]})")
@@ -283,8 +290,17 @@ class Supervisor:
             dumped = childmod.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
             child.killed_for_hang = True
             child.hang_detail = f"{detail}; {dumped}"
-            child.kill()
-            self._on_child_end(child.popen.wait())
+            child.kill()  # the next ticks poll for its end
+
+    def _report_unreaped(self, child: Child) -> None:
+        """A trainer stuck in uninterruptible I/O (a stalled mount) ends only when the kernel lets it: say so once,
+        and go on polling."""
+        waited = now() - child.killed_at
+        if waited > UNREAPED_REPORT_S and not child.reap_reported:
+            child.reap_reported = True
+            self.events.emit("kill", f"trainer pid {child.pid} has not exited {waited:.0f}s after SIGKILL (probably "
+                                     f"uninterruptible I/O on a stalled mount); waiting for the kernel to release it",
+                             pid=child.pid)
 
     def _on_child_end(self, rc: int) -> None:
         child = self.child
@@ -393,7 +409,9 @@ class Supervisor:
             rc = child.poll()
             if rc is None:
                 patience = parse_duration(self.cfg.restart.hang_timeout)
-                if child.killed_at is None and now() - (child.stop_sent or now()) > patience:
+                if child.killed_at is not None:
+                    self._report_unreaped(child)
+                elif now() - (child.stop_sent or now()) > patience:
                     self.events.emit("stop", f"the trainer did not exit within {patience:.0f}s of SIGTERM: SIGKILL")
                     child.kill()
                 return
@@ -428,7 +446,11 @@ class Supervisor:
     def _shutdown(self) -> None:
         child = self.child
         if child is not None and child.poll() is None:
-            child.kill_group(grace=30)
+            if child.killed_at is None:
+                child.kill_group(grace=30, while_waiting=self.notifier.watchdog)
+            if child.poll() is None:
+                self.events.emit("kill", f"trainer pid {child.pid} is not reaped after SIGKILL (uninterruptible "
+                                         f"I/O?): exiting without it", pid=child.pid)
         self.gpu.release()
         self.state["outcome"] = {"exit": self.exit_status, "phase": self.phase, "time": now(),
                                  "reason": self.state["reason"]}
