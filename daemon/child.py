@@ -4,8 +4,10 @@ The child runs in its own process group (so that a torchrun group is stopped as 
 only the supervisor), writes to logs/attempt-NNNN.log, and carries MINILMD_RUN_DIR in its environment so that a
 restarted supervisor can recognise an orphan of its run in /proc and never anybody else's process.
 
-`classify()` turns an exit status into a `Death` with one cause from CAUSES; the restart policy (daemon/policy.py)
-acts on the cause. Torch-free.
+`classify()` turns an exit status into a `Death` with one `Cause` (daemon/states.py; CAUSES says what each means);
+the restart policy (daemon/policy.py) acts on the cause. Nothing here waits for a child without a bound: a trainer in
+uninterruptible I/O on a stalled mount may take long to die even after SIGKILL, and the supervisor's loop must go
+on meanwhile. Torch-free.
 """
 from __future__ import annotations
 
@@ -17,42 +19,42 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
 from minilmd import protocol
+from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
+from minilmd.daemon.states import Cause
 
 RUN_DIR_ENV = "MINILMD_RUN_DIR"
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
 TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
-CAUSES = {
-    "done": "the trainer reached its budget and saved the final checkpoint (exit 0)",
-    "stopped": "the trainer saved and exited on SIGTERM (exit 75)",
-    "config_error": "the trainer refused the config (exit 2): final",
-    "data_error": "the trainer refused the data (exit 65): final",
-    "cuda_oom": "CUDA ran out of memory (exit 76, fault.json)",
-    "sigbus": "SIGBUS: a page of a mapped file could not be read (staged corpus or checkpoint damaged?)",
-    "oom_kill": "SIGKILL by the kernel's OOM killer (cgroup memory events or kernel log)",
-    "killed": "SIGKILL from outside (probably the OOM killer; its log was not readable)",
-    "hang": "no heartbeat for restart.hang_timeout: stack dumped, group killed",
-    "signal": "killed by another signal",
-    "crash": "exited with an error (traceback in the attempt log)",
+REAP_S = 10.0
+"""After SIGKILL, how long kill_group waits for the kernel to let the process go before it gives up on reaping it."""
+
+CAUSES: dict[Cause, str] = {
+    Cause.DONE: "the trainer reached its budget and saved the final checkpoint (exit 0)",
+    Cause.STOPPED: "the trainer saved and exited on SIGTERM (exit 75)",
+    Cause.CONFIG_ERROR: "the trainer refused the config (exit 2): final",
+    Cause.DATA_ERROR: "the trainer refused the data (exit 65): final",
+    Cause.CUDA_OOM: "CUDA ran out of memory (exit 76, fault.json)",
+    Cause.SIGBUS: "SIGBUS: a page of a mapped file could not be read (staged corpus or checkpoint damaged?)",
+    Cause.OOM_KILL: "SIGKILL by the kernel's OOM killer (cgroup memory events or kernel log)",
+    Cause.KILLED: "SIGKILL from outside (probably the OOM killer; its log was not readable)",
+    Cause.HANG: "no heartbeat for restart.hang_timeout: stack dumped, group killed",
+    Cause.SIGNAL: "killed by another signal",
+    Cause.CRASH: "exited with an error (traceback in the attempt log)",
 }
 
 
 @dataclass
 class Death:
-    cause: str
+    cause: Cause
     exit: int | None
     detail: str
     fault: dict | None = None
-
-    @property
-    def final(self) -> bool:
-        return self.cause in ("config_error", "data_error")
 
 
 def attempt_log_path(run_dir: Path, attempt: int) -> Path:
@@ -99,10 +101,13 @@ class Child:
     command: list[str]
     started: float
     start_ticks: int | None
+    newest_at_launch: int = -1  # the newest local checkpoint step at launch: a newer one is progress
     cgroup_oom: tuple[Path, int] | None = None  # (oom counter file, its value when first seen)
     killed_for_hang: bool = False
+    hang_detail: str = ""
     stop_sent: float | None = None
-    extra: dict = field(default_factory=dict)
+    killed_at: float | None = None  # when kill() sent SIGKILL; the loop then only polls until it is reaped
+    reap_reported: bool = False  # the loop said once that the kernel has not let it go yet
 
     @property
     def pid(self) -> int:
@@ -126,16 +131,50 @@ class Child:
             if value is not None:
                 self.cgroup_oom = (counter, value)
 
-    def kill_group(self, grace: float = 0.0) -> int:
-        """SIGTERM (if grace > 0), wait up to grace, then SIGKILL; reap and return the exit status."""
+    def beats(self, beat: tuple[float, int | None] | None) -> bool:
+        """Whether the heartbeat file (`runstate.read_heartbeat`) was written by this attempt."""
+        return beat is not None and beat[0] >= self.started - 1
+
+    def silence(self, beat: tuple[float, int | None] | None, hang_timeout: float, startup_grace: float) -> str:
+        """Why the trainer counts as hung, or "": no heartbeat of its own for hang_timeout; before its first one
+        (imports, corpus open and checkpoint load come first) for max(hang_timeout, startup_grace)."""
+        fresh = self.beats(beat)
+        limit = hang_timeout if fresh else max(hang_timeout, startup_grace)
+        silent = time.time() - max(self.started, beat[0] if fresh else 0.0)
+        if silent <= limit:
+            return ""
+        return f"no heartbeat for {silent:.0f}s (restart.hang_timeout {limit:.0f}s)"
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group; the caller polls for the end (it may come late: uninterruptible I/O)."""
+        if self.killed_at is None:
+            self.killed_at = time.time()
+        self.signal_group(signal.SIGKILL)
+
+    def kill_group(self, grace: float = 0.0, reap_s: float = REAP_S, while_waiting=None) -> int | None:
+        """SIGTERM (if grace > 0) and up to grace for the group to exit, then SIGKILL and up to reap_s for the kernel
+        to release it. The exit status, or None if it is still not reaped (the kernel holds it in uninterruptible
+        I/O): never a wait without a bound. `while_waiting()` is called every few tens of milliseconds (the
+        systemd watchdog)."""
         if grace > 0:
             self.signal_group(signal.SIGTERM)
-            try:
-                return self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        self.signal_group(signal.SIGKILL)
-        return self.popen.wait()
+            rc = wait_bounded(self.popen, grace, while_waiting)
+            if rc is not None:
+                return rc
+        self.kill()
+        return wait_bounded(self.popen, reap_s, while_waiting)
+
+
+def wait_bounded(popen, seconds: float, while_waiting=None, interval: float = 0.05) -> int | None:
+    """The exit status of popen once it ends within `seconds`, else None; polls, never a blocking wait."""
+    deadline = time.monotonic() + seconds
+    while True:
+        rc = popen.poll()
+        if rc is not None or time.monotonic() >= deadline:
+            return rc
+        if while_waiting is not None:
+            while_waiting()
+        time.sleep(interval)
 
 
 def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None) -> Child:
@@ -166,41 +205,41 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
     fault = _own_fault(run_dir, child.started)
     rc = returncode
     if child.killed_for_hang:
-        return Death("hang", rc, child.extra.get("hang_detail", "no heartbeat"), fault)
+        return Death(Cause.HANG, rc, child.hang_detail or "no heartbeat", fault)
     sig = -rc if rc < 0 else None
     if rc == 1 and "torch.distributed.run" in child.command:
         sig = _torchrun_worker_signal(child.log_path)  # torchrun exits 1 whatever killed a worker
     if sig == signal.SIGBUS:
-        return Death("sigbus", rc, "killed by SIGBUS (bus error on a mapped file)", fault)
+        return Death(Cause.SIGBUS, rc, "killed by SIGBUS (bus error on a mapped file)", fault)
     if sig == signal.SIGKILL:
         if child.cgroup_oom:
             counter, before = child.cgroup_oom
             after = read_oom_kills(counter)
             if after is not None and after > before:
-                return Death("oom_kill", rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
+                return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
                              fault)
         if _kernel_log_oom(child.pid):
-            return Death("oom_kill", rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
-        return Death("killed", rc, "killed by SIGKILL (probably the OOM killer; no readable OOM record)", fault)
+            return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
+        return Death(Cause.KILLED, rc, "killed by SIGKILL (probably the OOM killer; no readable OOM record)", fault)
     if sig is not None:
         try:
             name = signal.Signals(sig).name
         except ValueError:
             name = f"signal {sig}"
-        return Death("signal", rc, f"killed by {name}", fault)
+        return Death(Cause.SIGNAL, rc, f"killed by {name}", fault)
     if rc == protocol.EXIT_DONE:
-        return Death("done", rc, "finished", fault)
+        return Death(Cause.DONE, rc, "finished", fault)
     if rc == protocol.EXIT_STOPPED:
         who = "on request" if stop_requested else "on a SIGTERM the supervisor did not send"
-        return Death("stopped", rc, f"saved and stopped {who}", fault)
+        return Death(Cause.STOPPED, rc, f"saved and stopped {who}", fault)
     if rc == protocol.EXIT_CONFIG:
-        return Death("config_error", rc, _last_lines(child.log_path) or "config error", fault)
+        return Death(Cause.CONFIG_ERROR, rc, _last_lines(child.log_path) or "config error", fault)
     if rc == protocol.EXIT_DATA:
-        return Death("data_error", rc, _last_lines(child.log_path) or "data error", fault)
+        return Death(Cause.DATA_ERROR, rc, _last_lines(child.log_path) or "data error", fault)
     if rc == protocol.EXIT_CUDA_OOM or (fault or {}).get("kind") == "cuda_oom":
-        return Death("cuda_oom", rc, (fault or {}).get("message", "CUDA out of memory"), fault)
+        return Death(Cause.CUDA_OOM, rc, (fault or {}).get("message", "CUDA out of memory"), fault)
     detail = (fault or {}).get("message") or _last_lines(child.log_path) or f"exit status {rc}"
-    return Death("crash", rc, detail, fault)
+    return Death(Cause.CRASH, rc, detail, fault)
 
 
 def _own_fault(run_dir: Path, started: float) -> dict | None:
@@ -316,23 +355,29 @@ def find_orphans(run_dir: Path) -> list[int]:
     return sorted(found)
 
 
-def terminate_orphans(pids: list[int], grace: float = 30.0) -> list[int]:
+def terminate_orphans(pids: list[int], grace: float = 30.0, while_waiting=None) -> list[int]:
     """SIGTERM each orphan's group (the trainer saves and exits), then SIGKILL what is left after grace. They are
-    not our children (their parent died), so we poll /proc instead of waiting. Returns the pids that were alive."""
+    not our children (their parent died), so we poll /proc instead of waiting. The grace can outlast systemd's
+    WatchdogSec: `while_waiting()` is called at every poll (the supervisor pings the watchdog there). Returns the
+    pids that were alive."""
     alive = [(pid, process_start_ticks(pid)) for pid in pids]
     alive = [(pid, ticks) for pid, ticks in alive if ticks is not None]
     for pid, _ in alive:
         _kill_group_or_pid(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
-        time.sleep(0.1)
+    _poll_until_gone(alive, grace, 0.1, while_waiting)
     for pid, ticks in alive:
         if process_alive(pid, ticks):
             _kill_group_or_pid(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
-        time.sleep(0.05)
+    _poll_until_gone(alive, REAP_S, 0.05, while_waiting)
     return [pid for pid, _ in alive]
+
+
+def _poll_until_gone(alive: list[tuple[int, int]], seconds: float, interval: float, while_waiting) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
+        if while_waiting is not None:
+            while_waiting()
+        time.sleep(interval)
 
 
 def _kill_group_or_pid(pid: int, sig: int) -> None:

@@ -66,9 +66,6 @@ class RunLock:
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK
         self._fd: int | None = None
-        self.previous: LockInfo | None = None
-        """After acquire(): the body left by an earlier holder that died without releasing (a stale lock taken
-        over), or None when the file was new or cleanly released."""
 
     @property
     def held(self) -> bool:
@@ -88,8 +85,6 @@ class RunLock:
             info = _read_body(fd)
             os.close(fd)
             raise LockHeld(info.pid, info.host, info.since, self.path) from None
-        previous = _read_body(fd)
-        self.previous = previous if previous.pid is not None else None
         body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
         os.ftruncate(fd, 0)
         os.pwrite(fd, body.encode("utf-8"), 0)

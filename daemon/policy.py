@@ -9,19 +9,19 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from minilmd.daemon.child import Death
 from minilmd import protocol
 from minilmd.config import RestartSection, parse_duration
+from minilmd.daemon.child import Death
+from minilmd.daemon.states import Action, Cause
 
 
 @dataclass
 class Decision:
-    action: str
-    """"finish" (done: final sync, exit 0), "stop" (stopped on request), "fail" (exit with exit_status),
-    "restart" (backoff, then launch), "restage" (backoff, re-stage, then launch), "wait_gpu" (back to waiting)."""
+    action: Action
+    """What the supervisor does next (see `Action`)."""
     message: str
     exit_status: int | None = None
-    """For "fail": the supervisor's exit status (2 config, 65 data, 79 gave up)."""
+    """For Action.FAIL: the supervisor's exit status (2 config, 65 data, 79 gave up)."""
     overrides: dict = field(default_factory=dict)
     """--set overrides to apply to every later launch (micro-batch halving after a CUDA OOM)."""
     counts_as_restart: bool = True
@@ -41,42 +41,42 @@ def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_pr
            gpu_busy: bool = False) -> Decision:
     """The rule for one death. `no_progress_streak` counts this attempt already (0 if it saved a new checkpoint)."""
     cause = death.cause
-    if cause == "done":
-        return Decision("finish", "the trainer finished its budget", counts_as_restart=False)
+    if cause == Cause.DONE:
+        return Decision(Action.FINISH, "the trainer finished its budget", counts_as_restart=False)
     if stop_requested:
-        return Decision("stop", f"stopped on request ({death.detail})", counts_as_restart=False)
-    if cause == "config_error":
-        return Decision("fail", f"config error, final: {death.detail}", protocol.SUPERVISOR_CONFIG,
+        return Decision(Action.STOP, f"stopped on request ({death.detail})", counts_as_restart=False)
+    if cause == Cause.CONFIG_ERROR:
+        return Decision(Action.FAIL, f"config error, final: {death.detail}", protocol.SUPERVISOR_CONFIG,
                         counts_as_restart=False)
-    if cause == "data_error" and staged_damaged:
+    if cause == Cause.DATA_ERROR and staged_damaged:
         # the staged copy broke under us (truncated, a bad page), not the source: not final
-        return Decision("restage", f"the trainer refused the data and the staged corpus fails verification: "
+        return Decision(Action.RESTAGE, f"the trainer refused the data and the staged corpus fails verification: "
                                    f"re-staging it ({death.detail})")
-    if cause == "data_error":
-        return Decision("fail", f"data error, final: {death.detail}", protocol.EXIT_DATA, counts_as_restart=False)
+    if cause == Cause.DATA_ERROR:
+        return Decision(Action.FAIL, f"data error, final: {death.detail}", protocol.EXIT_DATA, counts_as_restart=False)
     if restarts_so_far >= restart.max_restarts:
-        return Decision("fail", f"gave up: {restarts_so_far} restarts reached restart.max_restarts "
+        return Decision(Action.FAIL, f"gave up: {restarts_so_far} restarts reached restart.max_restarts "
                                 f"{restart.max_restarts} (last: {cause}: {death.detail})", protocol.SUPERVISOR_GAVE_UP)
     if no_progress_streak >= restart.no_progress_limit:
-        return Decision("fail", f"gave up: {no_progress_streak} attempts in a row without a new checkpoint "
+        return Decision(Action.FAIL, f"gave up: {no_progress_streak} attempts in a row without a new checkpoint "
                                 f"(restart.no_progress_limit {restart.no_progress_limit}; last: {cause}: "
                                 f"{death.detail})", protocol.SUPERVISOR_GAVE_UP)
-    if cause == "sigbus":
+    if cause == Cause.SIGBUS:
         if staged_damaged:
-            return Decision("restage", "SIGBUS and the staged corpus fails verification: re-staging it")
-        return Decision("restart", "SIGBUS, but the staged corpus verifies: restarting")
-    if cause == "cuda_oom":
+            return Decision(Action.RESTAGE, "SIGBUS and the staged corpus fails verification: re-staging it")
+        return Decision(Action.RESTART, "SIGBUS, but the staged corpus verifies: restarting")
+    if cause == Cause.CUDA_OOM:
         if gpu_busy:
-            return Decision("wait_gpu", "CUDA OOM with foreign processes on the GPU: waiting for it again")
+            return Decision(Action.WAIT_GPU, "CUDA OOM with foreign processes on the GPU: waiting for it again")
         if micro_batch_size > 1:
             # The largest divisor of the micro-batch not above its half keeps the global batch exact (5 -> 1).
             half = max(d for d in range(1, micro_batch_size // 2 + 1) if micro_batch_size % d == 0)
             accum = grad_accum * (micro_batch_size // half)
-            return Decision("restart", f"CUDA OOM with the GPU to ourselves: micro_batch_size {micro_batch_size} -> "
-                                       f"{half}, grad_accum {grad_accum} -> {accum} (global batch "
-                                       f"{micro_batch_size * grad_accum} -> {half * accum})",
+            return Decision(Action.RESTART, f"CUDA OOM with the GPU to ourselves: micro_batch_size "
+                                            f"{micro_batch_size} -> {half}, grad_accum {grad_accum} -> {accum} "
+                                            f"(global batch {micro_batch_size * grad_accum} -> {half * accum})",
                             overrides={"train.micro_batch_size": half, "train.grad_accum": accum})
-        return Decision("restart", "CUDA OOM at micro_batch_size 1: nothing left to halve, restarting")
-    if cause == "stopped":
-        return Decision("restart", f"the trainer {death.detail}: restarting")
-    return Decision("restart", f"{cause}: {death.detail}")
+        return Decision(Action.RESTART, "CUDA OOM at micro_batch_size 1: nothing left to halve, restarting")
+    if cause == Cause.STOPPED:
+        return Decision(Action.RESTART, f"the trainer {death.detail}: restarting")
+    return Decision(Action.RESTART, f"{cause}: {death.detail}")

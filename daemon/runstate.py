@@ -2,8 +2,8 @@
 
 `RunState` is the supervisor's view (a plain dict, rewritten atomically so that `minilmd status` never reads half a
 file). `EventLog` appends one JSON line per event and one human line per event to supervisor.log (and stdout, for
-the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally. `ProcessId` tells a live process from a
-recycled pid. Torch-free and light: `minilmd status` imports this module.
+the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally. `process_alive` tells a live process
+from a recycled pid. Torch-free and light: `minilmd status` imports this module.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from minilmd import protocol
+from minilmd.daemon.states import Phase, StagingState, SyncState
 
 STATE_VERSION = 1
 
@@ -96,7 +97,7 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
         "run": name,
         "run_dir": str(run_dir),
         "config": config_path,
-        "phase": "waiting_gpu",
+        "phase": Phase.WAITING_GPU,
         "since": now(),
         "reason": "",
         "supervisor": {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid()),
@@ -108,8 +109,8 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
                      "tok_s": None, "tokens_seen": None, "eta_s": None, "heartbeat": None, "updated": None},
         "local_checkpoint": None,
         "remote_checkpoint": None,
-        "sync": {"state": "off", "since": None, "error": None, "attempts": 0},
-        "staging": {"state": "not_started", "path": None, "since": None, "error": None},
+        "sync": {"state": SyncState.OFF, "since": None, "error": None, "attempts": 0},
+        "staging": {"state": StagingState.NOT_STARTED, "path": None, "since": None, "error": None},
         "restarts": [],
         "no_progress_streak": 0,
         "overrides": {},
@@ -140,6 +141,44 @@ class RunState:
         self.data["last_error"] = message
         self.data["last_error_at"] = now()
         self.data["last_error_step"] = (self.data.get("progress") or {}).get("step")
+
+    def adopt(self, old: dict | None) -> None:
+        """Keep from the previous supervisor's state.json what must survive a restart: the micro-batch the GPU
+        fits, the last remote checkpoint, the restart history if that supervisor did not end (it crashed or was
+        killed), and which trainer it ran."""
+        if not old:
+            return
+        self.data["overrides"] = old.get("overrides") or {}
+        self.data["remote_checkpoint"] = old.get("remote_checkpoint")
+        if not old.get("outcome"):
+            self.data["restarts"] = old.get("restarts") or []
+            self.data["no_progress_streak"] = old.get("no_progress_streak") or 0
+        self.data["previous_child"] = old.get("child")
+
+    def apply_progress(self, records: list[dict], beat: tuple[float, int | None] | None) -> None:
+        """Fold the trainer's new metrics.jsonl lines and its heartbeat (`read_heartbeat`) into "progress" and
+        "local_checkpoint"."""
+        progress = self.data["progress"]
+        for rec in records:
+            kind = rec.get("kind")
+            if kind == "train":
+                for key in ("step", "total_steps", "loss", "lr", "tokens_seen"):
+                    if rec.get(key) is not None:
+                        progress[key] = rec[key]
+                progress["tok_s"] = rec.get("tok_s")
+                step_time = rec.get("step_time")
+                if step_time and progress.get("total_steps") and progress.get("step") is not None:
+                    progress["eta_s"] = max(0, progress["total_steps"] - progress["step"]) * step_time
+                progress["updated"] = rec.get("time") or now()
+            elif kind == "eval":
+                progress["val_loss"] = rec.get("val_loss")
+            elif kind == "checkpoint":
+                self.data["local_checkpoint"] = {"step": rec.get("step"), "time": rec.get("time") or now(),
+                                                 "path": rec.get("path"), "blocking_s": rec.get("blocking_s")}
+        if beat is not None:
+            progress["heartbeat"] = beat[0]
+            if beat[1] is not None and (progress.get("step") is None or beat[1] > progress["step"]):
+                progress["step"] = beat[1]
 
     def save(self) -> None:
         self.data["updated"] = now()

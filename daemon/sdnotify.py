@@ -1,8 +1,9 @@
 """systemd's sd_notify protocol in a few lines: datagrams like "READY=1" to the socket named by NOTIFY_SOCKET.
 
 Used by the supervisor under `Type=notify` units: READY=1 once it owns the run, STATUS=<one line> on every phase
-change, WATCHDOG=1 from the main loop (at half of WATCHDOG_USEC) and STOPPING=1 on stop. Without NOTIFY_SOCKET every
-call does nothing. No dependency.
+change, WATCHDOG=1 (at half of WATCHDOG_USEC) from the main loop and from the waits outside it (the orphan hunt at
+start, stopping the trainer at exit), and STOPPING=1 on stop. Without NOTIFY_SOCKET every call does nothing. No
+dependency.
 """
 from __future__ import annotations
 

@@ -1,15 +1,25 @@
-"""The supervisor's phases and the transitions allowed between them, in one table.
+"""The supervisor's phases and the transitions allowed between them, in one table, and the sub-states its parts
+report.
 
 Like supervisord's process states: the main loop is the only place that changes phase, and every change goes
 through `check_transition`, so a transition that is not in the table is a bug that fails loudly instead of a
-state nobody thought about. Torch-free.
+state nobody thought about. The sub-states (sync, staging, the restart policy's action, the cause of a trainer's
+death) are enums too; their values are the strings state.json, events.jsonl and `minilmd status` show. Torch-free.
 """
 from __future__ import annotations
 
 from enum import Enum
 
 
-class Phase(str, Enum):
+class Named(str, Enum):
+    """A state whose value is the string written to state.json and shown by status; `str()` and f-strings give
+    that value, never `Class.MEMBER`."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Phase(Named):
     WAITING_GPU = "waiting_gpu"  # polling NVML until enough devices look free for stable_polls polls
     STAGING = "staging"  # copying/verifying the prepared corpus into scratch (and fetching a remote checkpoint)
     STARTING = "starting"  # the trainer is launched; no heartbeat from it yet
@@ -18,9 +28,6 @@ class Phase(str, Enum):
     STOPPING = "stopping"  # the trainer finished, or a stop was asked (trainer told to save): the last sync
     DONE = "done"  # the budget is reached (or stopped on request) and the newest checkpoint synced
     FAILED = "failed"  # a final error: bad config or data, or the restart policy gave up
-
-    def __str__(self) -> str:
-        return self.value
 
 
 FINAL_PHASES = frozenset({Phase.DONE, Phase.FAILED})
@@ -54,3 +61,53 @@ def check_transition(current: Phase, new: Phase) -> str:
         return TRANSITIONS[(current, new)]
     except KeyError:
         raise IllegalTransition(f"no transition {current} -> {new} in daemon/states.py") from None
+
+
+class SyncState(Named):
+    """state.json "sync.state": the copy of checkpoints to run.remote (daemon/syncworker.py)."""
+
+    OFF = "off"  # no run.remote
+    IDLE = "idle"  # a remote, no sync yet
+    RUNNING = "running"  # a sync thread is copying
+    OK = "ok"  # the last sync verified (or found nothing to sync)
+    FAILED = "failed"  # the last sync failed; retried with backoff
+    STALLED = "stalled"  # a sync has been running for longer than MINILMD_SYNC_STALLED_AFTER
+    UNAVAILABLE = "unavailable"  # the remote could not be read for a resume (daemon/stagingworker.py)
+
+
+class StagingState(Named):
+    """state.json "staging.state": the corpus copy into scratch and the fetch of a remote checkpoint."""
+
+    NOT_STARTED = "not_started"
+    RUNNING = "running"  # copying and verifying the corpus
+    FETCHING = "fetching"  # staged; retrying the fetch of the newest remote checkpoint
+    WAITING_REMOTE = "waiting_remote"  # staged; the remote could not be read, the fetch is retried after a backoff
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Action(Named):
+    """What the restart policy (daemon/policy.py) decided after a trainer ended; state.json "restarts[].action"."""
+
+    FINISH = "finish"  # the budget is reached: the last sync, then done
+    STOP = "stop"  # stopped on request: the last sync, then done
+    FAIL = "fail"  # final: exit with the decision's exit status
+    RESTART = "restart"  # backoff, then launch again
+    RESTAGE = "restage"  # backoff, stage the corpus again, then launch
+    WAIT_GPU = "wait_gpu"  # backoff, then wait for a free GPU again
+
+
+class Cause(Named):
+    """Why a trainer ended, as daemon/child.py classifies it (the descriptions are child.CAUSES)."""
+
+    DONE = "done"
+    STOPPED = "stopped"
+    CONFIG_ERROR = "config_error"
+    DATA_ERROR = "data_error"
+    CUDA_OOM = "cuda_oom"
+    SIGBUS = "sigbus"
+    OOM_KILL = "oom_kill"
+    KILLED = "killed"
+    HANG = "hang"
+    SIGNAL = "signal"
+    CRASH = "crash"

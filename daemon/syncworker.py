@@ -1,5 +1,5 @@
 """The supervisor's side of sync: when to copy a checkpoint to the remote, one copy at a time in a thread, what its
-result means for state.json, and when local checkpoints in scratch may be deleted.
+result means for state.json, the last sync when the run stops, and when local checkpoints in scratch may be deleted.
 
 The copy itself is daemon/sync.py (blocking; a stalled NFS may hold it for minutes). Here it runs in a `Worker`
 thread that the supervisor's loop polls every tick, so that a stalled or failing remote never blocks the loop or
@@ -16,15 +16,19 @@ Torch-free.
 from __future__ import annotations
 
 import os
-import threading
-import traceback
 from pathlib import Path
 
-from minilmd.daemon.runstate import now
 from minilmd.config import parse_duration
+from minilmd.daemon.runstate import now
+from minilmd.daemon.states import SyncState
+from minilmd.daemon.worker import Inbox, Worker
 
 PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get("MINILMD_PRUNE_UNSYNCED_AFTER", "60"))
 """With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
+SYNC_STALLED_AFTER_S = float(os.environ.get("MINILMD_SYNC_STALLED_AFTER", "120"))
+"""A sync (or a remote fetch) running longer than this is shown as stalled; it keeps running in its thread."""
+FINAL_SYNC_TRIES = 3
+"""Attempts of the last sync after the trainer finished or stopped before the supervisor gives up on it."""
 
 
 def local_checkpoint_steps(root: Path) -> list[int]:
@@ -42,46 +46,17 @@ def local_checkpoint_steps(root: Path) -> list[int]:
     return sorted(steps)
 
 
-class Worker:
-    """A blocking job (staging, a sync) in a daemon thread; the loop polls `done` and reads `result`/`error`."""
-
-    def __init__(self, name: str, fn):
-        self.name = name
-        self.started = now()
-        self.result = None
-        self.error: BaseException | None = None
-        self.error_text = ""
-        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self, fn) -> None:
-        try:
-            self.result = fn()
-        except BaseException as e:  # noqa: BLE001 - reported to the loop, which decides
-            self.error = e
-            self.error_text = f"{type(e).__name__}: {e}"
-            self.traceback = traceback.format_exc()
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def join(self, timeout: float | None) -> bool:
-        self._thread.join(timeout)
-        return self.done
-
-
 class SyncWorker:
     """Owns the Syncer, the sync thread and the retry/prune timing. `state` is the run's RunState (its "sync" and
-    "remote_checkpoint" entries are written here), `emit(kind, message, **details)` logs an event."""
+    "remote_checkpoint" entries are written here), `emit(kind, message, **details)` logs an event, `inbox` takes
+    the Syncer's messages from its thread."""
 
-    def __init__(self, cfg, infra, state, emit, log_from_thread, drain_thread_logs, stalled_after_s: float):
+    def __init__(self, cfg, infra, state, emit, inbox: Inbox, stalled_after_s: float = SYNC_STALLED_AFTER_S):
         self.cfg = cfg
         self.infra = infra
         self.state = state
         self.emit = emit
-        self.log_from_thread = log_from_thread
-        self.drain_thread_logs = drain_thread_logs
+        self.inbox = inbox
         self.stalled_after_s = stalled_after_s
         self.syncer = None
         self.worker: Worker | None = None
@@ -99,18 +74,18 @@ class SyncWorker:
         """Create the Syncer once (a bad remote never stops training: status shows it). True when there is one."""
         if self.syncer is None:
             try:
-                self.syncer = self.infra.syncer(self.cfg, expected, self.log_from_thread)
+                self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
             except Exception as e:  # noqa: BLE001
-                self.state["sync"].update(state="failed", error=f"{type(e).__name__}: {e}")
+                self.state["sync"].update(state=SyncState.FAILED, error=f"{type(e).__name__}: {e}")
                 return False
         return True
 
-    @property
-    def running(self) -> bool:
-        return self.worker is not None
+    def syncer_for(self, expected):
+        """The Syncer, or a new one for a job that needs the remote before training starts (the fetch)."""
+        return self.syncer or self.infra.syncer(self.cfg, expected, self.inbox.put)
 
     def running_for(self) -> float:
-        return now() - self.worker.started if self.worker is not None else 0.0
+        return self.worker.running_for() if self.worker is not None else 0.0
 
     # --- each tick ------------------------------------------------------------------------------------------------
     def tick(self, periodic: bool) -> None:
@@ -125,47 +100,76 @@ class SyncWorker:
         sync = self.state["sync"]
         if self.worker is not None:
             if not self.worker.done:
-                if self.running_for() > self.stalled_after_s and sync["state"] != "stalled":
-                    sync.update(state="stalled", error=f"sync running for {self.running_for():.0f}s")
+                if self.running_for() > self.stalled_after_s and sync["state"] != SyncState.STALLED:
+                    sync.update(state=SyncState.STALLED, error=f"sync running for {self.running_for():.0f}s")
                     self.emit("sync", f"the sync looks stalled ({sync['error']}); training goes on")
                 self._prune_if_remote_down()
                 return
-            self.collect()
+            self._collect()
             return
         self._prune_if_remote_down()
         if periodic and now() >= self.next_at:
             newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
             remote = (self.state["remote_checkpoint"] or {}).get("step")
             if newest is not None and (remote is None or newest > remote):
-                self.start("periodic sync")
+                self._start("periodic sync")
             else:
                 self.next_at = now() + min(parse_duration(self.cfg.sync.every), 30.0)
 
-    def start(self, why: str) -> None:
-        self.state["sync"].update(state="running", since=now(), attempts=self.state["sync"].get("attempts", 0) + 1)
+    def final_sync(self, staged: Path | None) -> str | None:
+        """The stopping phase's last sync, one step per tick: None while it goes on; "" once the newest checkpoint
+        is synced (or there is no remote, or no checkpoint); otherwise why it is not (FINAL_SYNC_TRIES failed tries,
+        a stall, no Syncer). A sync already running when the stop came is waited for, then one more is made: the
+        trainer saved a newer checkpoint on its way out."""
+        if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
+            return ""
+        if self.syncer is None:
+            try:
+                expected = self.infra.expectation(self.cfg, staged) if staged else None
+                self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
+            except Exception as e:  # noqa: BLE001
+                return f"no sync possible: {type(e).__name__}: {e}"
+        if self.worker is not None:
+            if not self.worker.done:
+                if self.running_for() > 2 * self.stalled_after_s:
+                    return f"the last sync stalled ({self.running_for():.0f}s)"
+                return None
+            self._collect()
+        if self.final_tries > 0 and self.state["sync"]["state"] == SyncState.OK:
+            return ""
+        if self.final_tries >= FINAL_SYNC_TRIES:
+            return f"the last sync failed {self.final_tries} times: {self.state['sync']['error']}"
+        if self.final_tries == 0 or now() >= self.next_at:
+            self.final_tries += 1
+            self._start(f"last sync (try {self.final_tries}/{FINAL_SYNC_TRIES})")
+        return None
+
+    def _start(self, why: str) -> None:
+        self.state["sync"].update(state=SyncState.RUNNING, since=now(),
+                                  attempts=self.state["sync"].get("attempts", 0) + 1)
         self.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
         self.copying = self.cfg.checkpoint_dir / f"step-{newest:08d}" if newest is not None else None
         self.worker = Worker("sync", self.syncer.sync_newest)
 
-    def collect(self) -> None:
+    def _collect(self) -> None:
         worker, self.worker = self.worker, None
         self.copying = None
-        self.drain_thread_logs()
+        self.inbox.drain()
         sync = self.state["sync"]
         every = parse_duration(self.cfg.sync.every)
         if worker.error is not None:
             self.failures += 1
             retry = min(every, 5.0 * 2 ** (self.failures - 1))
             self.next_at = now() + retry
-            sync.update(state="failed", error=worker.error_text, since=now())
+            sync.update(state=SyncState.FAILED, error=worker.error_text, since=now())
             self.state.record_error(f"sync failed: {worker.error_text}")
             self.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
             return
         result = worker.result
         self.failures = 0
         self.next_at = now() + every
-        sync.update(state="ok", error=None, since=now(), last_ok=now())
+        sync.update(state=SyncState.OK, error=None, since=now(), last_ok=now())
         step = getattr(result, "step", None)
         if step is None:
             self.emit("sync", "nothing to sync: no valid local checkpoint")
@@ -174,7 +178,7 @@ class SyncWorker:
         self.state["remote_checkpoint"] = {"step": step, "time": now(), "verified": verified,
                                            "path": str(getattr(result, "path", ""))}
         self.emit("sync", f"synced step {step} to {self.cfg.run.remote} (verified: {verified}) in "
-                          f"{now() - worker.started:.1f}s", step=step, verified=verified)
+                          f"{worker.running_for():.1f}s", step=step, verified=verified)
         if verified:
             self.healthy_since = now()
             self._prune(protect=[self.cfg.checkpoint_dir / f"step-{step:08d}"],

@@ -44,7 +44,6 @@ def test_every_end_has_one_cause(tmp_path, code, cause):
     c, rc = run_child(tmp_path, code)
     death = classify(c, rc, tmp_path, stop_requested=False)
     assert death.cause == cause
-    assert death.final == (cause in ("config_error", "data_error"))
     if cause == "crash":
         assert "RuntimeError: boom" in death.detail  # the traceback's last line, from the attempt log
 

@@ -1,0 +1,73 @@
+"""The supervisor's calls that reach outside the process: NVML, the staging copy, the remote, pruning scratch and
+launching the trainer, each in one small method, so that a test can replace one (a fake NVML, a fake process) by
+subclassing `Infra`. The modules behind them are imported inside the methods. Torch-free.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from minilmd import protocol
+from minilmd.config import RunConfig
+from minilmd.daemon import child as childmod
+from minilmd.daemon.child import Child
+
+
+class Infra:
+    """What the supervisor and its workers call; the real thing. Tests subclass it."""
+
+    def open_gpu(self, cfg: RunConfig):
+        """A GpuAdmission, or a sentence saying why there is no NVML."""
+        from minilmd.daemon import gpu
+
+        nvml = gpu.open_nvml_or_reason()
+        if isinstance(nvml, str):
+            return nvml
+        return gpu.GpuAdmission(nvml, cfg.gpu, run_name=cfg.run.name)
+
+    def stage(self, cfg: RunConfig, progress, log) -> Path:
+        from minilmd.daemon import staging
+
+        return staging.stage(cfg.data.prepared, cfg.scratch_dir, progress=progress, log=log)
+
+    def final_staging_status(self, error: BaseException) -> int | None:
+        """The supervisor's exit status when retrying cannot help: the source is not a usable prepared corpus (65),
+        or the checkpoint found on the remote belongs to another model/corpus (2). None for any other error."""
+        from minilmd.checkpoint import CheckpointMismatch
+        from minilmd.daemon.staging import SourceInvalid
+
+        if isinstance(error, SourceInvalid):
+            return protocol.EXIT_DATA
+        if isinstance(error, CheckpointMismatch):
+            return protocol.SUPERVISOR_CONFIG
+        return None
+
+    def verify_staged(self, path: Path) -> list[str]:
+        from minilmd.daemon import staging
+
+        return staging.verify_staged(path)
+
+    def expectation(self, cfg: RunConfig, staged: Path):
+        from minilmd import checkpoint
+
+        data_fp = tok_fp = None
+        try:
+            from minilmd.corpus import open_prepared
+
+            corpus = open_prepared(staged)
+            data_fp, tok_fp = corpus.data_fingerprint, corpus.tokenizer_fingerprint
+        except Exception:  # noqa: BLE001 - fingerprints are an extra check; the trainer refuses bad data itself
+            pass
+        return checkpoint.Expectation(model=cfg.model_dict(), data_fingerprint=data_fp, tokenizer_fingerprint=tok_fp)
+
+    def syncer(self, cfg: RunConfig, expected, log):
+        from minilmd.daemon import sync
+
+        return sync.Syncer(cfg.checkpoint_dir, cfg.run.remote, expected, cfg.sync.keep, log=log)
+
+    def prune_local(self, root: Path, keep: int, protect: list[Path], log) -> list[Path]:
+        from minilmd import checkpoint
+
+        return checkpoint.prune(root, keep, protect=protect, log=log)
+
+    def launch(self, command: list[str], run_dir: Path, attempt: int, devices: str) -> Child:
+        return childmod.launch(command, run_dir, attempt, devices)

@@ -1,0 +1,57 @@
+"""A blocking job in a daemon thread that the supervisor's loop polls, and the inbox through which such threads
+hand their log lines to the loop.
+
+Staging, a remote fetch and a sync may block for minutes on a stalled NFS. Each runs as a `Worker`; the loop looks
+at `done` every tick and reads `result` or `error` once it is, so the loop, the heartbeat check and the trainer never
+wait for the remote. Only the loop writes events: a thread puts its messages into an `Inbox` and the loop emits them.
+Torch-free.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from minilmd.daemon.runstate import now
+
+
+class Worker:
+    """`fn()` in a daemon thread; `done`, then `result` or `error` (and `error_text`, for logs and status)."""
+
+    def __init__(self, name: str, fn: Callable[[], object]):
+        self.name = name
+        self.started = now()
+        self.result: object = None
+        self.error: BaseException | None = None
+        self.error_text = ""
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self.result = fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the loop, which decides
+            self.error = e
+            self.error_text = f"{type(e).__name__}: {e}"
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def running_for(self) -> float:
+        return now() - self.started
+
+
+class Inbox:
+    """Messages from worker threads, emitted by the loop as "info" events (deque appends and pops are atomic)."""
+
+    def __init__(self, emit: Callable[..., None]):
+        self._emit = emit
+        self._messages: deque[str] = deque()
+
+    def put(self, message: str) -> None:
+        self._messages.append(message)
+
+    def drain(self) -> None:
+        while self._messages:
+            self._emit("info", self._messages.popleft())
