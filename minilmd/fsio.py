@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from minilmd.names import replaced_name
+from minilmd.names import atomic_tmp_prefix, replaced_name
 
 CHUNK = 1 << 22
 
@@ -53,7 +53,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     The directory is not fsynced (state.json is rewritten every second): after a power loss the old content
     may be back; callers that need the name itself durable fsync_dir the parent."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=atomic_tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

@@ -119,6 +119,11 @@ def replaced_name(name: str, pid: int) -> str:
     return f"{TMP_PREFIX}replaced-{name}-{pid}"
 
 
+def atomic_tmp_prefix(name: str) -> str:
+    """`.LATEST.` for LATEST: the start of the temporary file fsio.atomic_write_text replaces `name` with."""
+    return f".{name}."
+
+
 def tmp_owner_pid(name: str) -> int | None:
     """The pid at the end of a checkpoint root's temporary name (`.tmp-...-<pid>`), None for other names."""
     m = _TMP_DIR.match(name)

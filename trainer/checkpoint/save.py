@@ -22,9 +22,10 @@ from typing import Callable
 
 import numpy as np
 
-from minilmd.checkpoint import (FORMAT, KILL_ENV, LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META,
-                         TMP_PREFIX, TOKENIZER_FILE, TRAINER_STATE, VERSION, prune, read_manifest, step_name)
-from minilmd.protocol import atomic_write_text, fsync_dir
+from minilmd.checkpoint import FORMAT, VERSION, prune, read_manifest
+from minilmd.fsio import atomic_write_text, fsync_dir, publish_dir
+from minilmd.names import (CHECKPOINT_KILL_ENV, LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META,
+                           TOKENIZER_FILE, TRAINER_STATE, save_tmp_name, step_name)
 
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def _flatten_optimizer(optimizer_state: dict) -> tuple[dict, dict]:
 
 
 def _maybe_kill(point: str, step: int) -> None:
-    if os.environ.get(KILL_ENV) == f"{point}@{step}":
+    if os.environ.get(CHECKPOINT_KILL_ENV) == f"{point}@{step}":
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -110,7 +111,7 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     if "step" in trainer_state and trainer_state["step"] != step:
         raise ValueError(f"trainer_state step {trainer_state['step']} != checkpoint step {step}")
     final = root / step_name(step)
-    tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
+    tmp = root / save_tmp_name(step, os.getpid())
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -127,13 +128,9 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     _maybe_kill("before_manifest", step)
     manifest = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
     _write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-    fsync_dir(tmp)
     _maybe_kill("before_rename", step)
-    if final.exists():  # a leftover without a valid manifest (a valid one would have been resumed from)
-        os.rename(final, root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}")
-        shutil.rmtree(root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}", ignore_errors=True)
-    os.rename(tmp, final)
-    fsync_dir(root)
+    # An existing `final` is a leftover without a valid manifest (a valid one would have been resumed from).
+    publish_dir(tmp, final)
     _maybe_kill("before_latest", step)
     atomic_write_text(root / LATEST, final.name + "\n")
     fsync_dir(root)

@@ -1,11 +1,11 @@
-"""`minilmd prepare`: JSONL corpora -> a prepared corpus of packed uint16 token streams (format: tokenstream.py).
+"""`minilmd prepare`: JSONL corpora -> a prepared corpus of packed uint16 token streams (format: minilmd/corpus.py).
 
 The pipeline streams: the main process reads blocks of whole lines and hands them to worker processes, which
 parse, split, and encode them (each with a single-threaded tokenizer, so the cores work in parallel with no
 thread pool overhead) and send back uint16 arrays; the main process writes them in input order, so the output does
 not depend on the number of workers. At most a few blocks are in flight: memory stays bounded by the block size,
-not the corpus size. Everything is written into a temporary directory beside DIR and renamed at the end: an
-interrupted or failed prepare leaves nothing under DIR.
+not the corpus size. Everything is written into a temporary directory beside DIR and published at the end (every
+file fsynced, then one rename): an interrupted or failed prepare leaves nothing under DIR.
 
 Split: a document goes to val when the first 8 bytes of blake2b(text) read as an integer are below val_fraction *
 2**64. The split of a document therefore depends on its text alone (stable when lines are appended), and exact
@@ -28,16 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
+from minilmd.corpus import FORMAT, VERSION, CorpusError, open_prepared
+from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
+from minilmd.names import CORPUS_META as META
+from minilmd.names import (CORPUS_TOKENIZER, DOC_LENGTHS, LEAK_KEYS, SPLITS, TOKENS, UNCHECKED_VAL_TOKENS,
+                           prepare_aside_name, prepare_tmp_name, prepare_tmp_owner_pid, split_file)
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.trainer.data import corpus_stats
 from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source, parse_block
-from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, atomic_write_json, sha256_file
 from minilmd.trainer.data.tokenizer import load_tokenizer
-from minilmd.corpus import (DOC_LENGTHS, FORMAT, META, TOKENIZER, TOKENS, VERSION, CorpusError,
-                                         PreparedCorpus, TokenStream, open_prepared, verify_prepared)
-
-# The reading side lives in tokenstream.py; re-exported so that callers may import either module.
-__all__ = ["prepare", "InputError", "CorpusError", "split_is_val", "leak_key", "open_prepared", "verify_prepared",
-           "PreparedCorpus", "TokenStream"]
 
 BLOCK_BYTES = 1 << 20
 MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of them are counted
@@ -234,12 +233,9 @@ def _remove_stale_tmp(out: Path) -> None:
     """Temp dirs of prepares that were killed (SIGKILL leaves no chance to clean up)."""
     import psutil
 
-    for p in out.parent.glob(f".{out.name}.tmp-*"):
-        try:
-            pid = int(p.name.rsplit("-", 1)[1])
-        except ValueError:
-            continue
-        if not psutil.pid_exists(pid):
+    for p in out.parent.iterdir():
+        pid = prepare_tmp_owner_pid(out.name, p.name)
+        if pid is not None and not psutil.pid_exists(pid):
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -262,7 +258,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
         raise ValueError(f"{out} already exists; pass --force to replace it")
     tokenizer_path = Path(tokenizer)
     if tokenizer_path.is_dir():
-        tokenizer_path = tokenizer_path / TOKENIZER
+        tokenizer_path = tokenizer_path / CORPUS_TOKENIZER
     tok = load_tokenizer(tokenizer_path)
     tokenizer_json = tokenizer_path.read_text(encoding="utf-8")
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -270,19 +266,13 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
 
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp = out.parent / prepare_tmp_name(out.name, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         meta = _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_fraction, on_bad_line,
                              seq_len, batch_size, workers, block_bytes, progress, log)
         open_prepared(tmp)  # the invariants, checked by the same code the trainer runs
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, os.getpid()))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return meta
@@ -290,12 +280,12 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
 
 def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_fraction, on_bad_line, seq_len,
                   batch_size, workers, block_bytes, progress, log) -> dict:
-    for split in ("train", "val"):
+    for split in SPLITS:
         (tmp / split).mkdir(parents=True)
-    shutil.copyfile(tokenizer_path, tmp / TOKENIZER)
-    train = _SplitWriter(tmp / "train" / TOKENS)
-    val_raw = _SplitWriter(tmp / "val" / "tokens.unchecked")
-    train_keys = open(tmp / "train" / "leak-keys.u64", "wb")
+    shutil.copyfile(tokenizer_path, tmp / CORPUS_TOKENIZER)
+    train = _SplitWriter(tmp / SPLITS[0] / TOKENS)
+    val_raw = _SplitWriter(tmp / SPLITS[1] / UNCHECKED_VAL_TOKENS)
+    train_keys = open(tmp / SPLITS[0] / LEAK_KEYS, "wb")
     val_keys: list[np.ndarray] = []
     val_where: list[np.ndarray] = []  # (source index, line) of each val document, for the leak report
     bad_counts: dict[str, int] = {}
@@ -395,17 +385,17 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
     vwhere = np.concatenate(val_where) if val_where else np.zeros((0, 2), dtype=np.int64)
     leaked = np.zeros(vkeys.size, dtype=bool)
     if vkeys.size:
-        keys_path = tmp / "train" / "leak-keys.u64"
+        keys_path = tmp / SPLITS[0] / LEAK_KEYS
         with open(keys_path, "rb") as f:
             for block in iter(lambda: f.read(8 << 20), b""):
                 leaked |= np.isin(vkeys, np.frombuffer(block, dtype=np.uint64))
-    (tmp / "train" / "leak-keys.u64").unlink()
+    (tmp / SPLITS[0] / LEAK_KEYS).unlink()
     leak_examples = [f"{opened[int(s)].path}:{int(line)}" for s, line in vwhere[leaked][:MAX_EXAMPLES]]
 
     # Val without its leaked documents.
     val_lengths_all = val_raw.all_lengths().astype(np.int64)
     keep = ~leaked
-    val_tokens_path = tmp / "val" / TOKENS
+    val_tokens_path = tmp / SPLITS[1] / TOKENS
     if val_raw.tokens:
         raw = np.memmap(val_raw.path, dtype="<u2", mode="r", shape=(val_raw.tokens,))
         np.asarray(raw[np.repeat(keep, val_lengths_all)]).tofile(val_tokens_path)
@@ -415,13 +405,13 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
     val_raw.path.unlink()
     train_lengths = train.all_lengths()
     val_lengths = val_lengths_all[keep].astype(np.int32)
-    np.save(tmp / "train" / DOC_LENGTHS, train_lengths)
-    np.save(tmp / "val" / DOC_LENGTHS, val_lengths)
+    np.save(tmp / SPLITS[0] / DOC_LENGTHS, train_lengths)
+    np.save(tmp / SPLITS[1] / DOC_LENGTHS, val_lengths)
 
     files = {}
-    for rel in (f"train/{TOKENS}", f"train/{DOC_LENGTHS}", f"val/{TOKENS}", f"val/{DOC_LENGTHS}", TOKENIZER):
+    for rel in [split_file(s, n) for s in SPLITS for n in (TOKENS, DOC_LENGTHS)] + [CORPUS_TOKENIZER]:
         path = tmp / rel
-        sha = train.sha.hexdigest() if rel == f"train/{TOKENS}" else sha256_file(path)
+        sha = train.sha.hexdigest() if rel == split_file(SPLITS[0], TOKENS) else sha256_file(path)
         files[rel] = {"size": path.stat().st_size, "sha256": sha}
 
     stats = {
@@ -438,7 +428,7 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "vocab_size": vocab_size,
         "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID},
-        "tokenizer_sha256": sha256_file(tmp / TOKENIZER),
+        "tokenizer_sha256": sha256_file(tmp / CORPUS_TOKENIZER),
         "token_dtype": "uint16 little-endian",
         "doc_lengths_dtype": "int32",
         "document_layout": "[BOS] ids [EOS], no PAD stored; doc length counts BOS and EOS",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from minilmd.names import TOKENIZER_FILE
 from minilmd.protocol import SPECIAL_TOKENS
 
 MAX_VOCAB = 65536  # token ids are stored as uint16
@@ -48,7 +49,7 @@ def load_tokenizer(path: str | Path):
 
     path = Path(path)
     if path.is_dir():
-        path = path / "tokenizer.json"
+        path = path / TOKENIZER_FILE
     if not path.is_file():
         raise TokenizerError(f"{path}: no such tokenizer file")
     try:

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from minilmd.protocol import HEARTBEAT, METRICS
+from minilmd.names import HEARTBEAT, METRICS
 
 # Dense bf16 peak of one device, FLOP/s (tensor cores, no sparsity). Unknown devices get no MFU.
 PEAK_BF16_FLOPS = {

@@ -35,16 +35,16 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn.functional  # noqa: F401  (imported early: the model uses it)
 
-from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, load_config, parse_duration
+from minilmd.corpus import CorpusError
+from minilmd.names import FAULT, RUN_DIR_ENV, step_name
+from minilmd.protocol import EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, write_fault
+from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.metrics import MetricsLog, Throughput, flops_per_token, peak_bf16_flops
-from minilmd.protocol import (EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT,
-                       SUPERVISED_ENV, write_fault)
 from minilmd.trainer.loop.schedule import lr_at
-from minilmd.corpus import CorpusError
 
 
 @dataclass
@@ -157,9 +157,9 @@ class Trainer:
         self.resume()
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
-        # Under a supervisor (it sets MINILMD_RUN_DIR) scratch is pruned by the supervisor, which knows what is
+        # Under a supervisor (it sets RUN_DIR_ENV) scratch is pruned by the supervisor, which knows what is
         # synced and what it is copying right now. On its own the trainer keeps the newest keep_local itself.
-        keep = sys.maxsize if os.environ.get(SUPERVISED_ENV) else t.keep_local
+        keep = sys.maxsize if os.environ.get(RUN_DIR_ENV) else t.keep_local
         self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_path)
 
         self.autocast = self._autocast_context()
@@ -193,7 +193,7 @@ class Trainer:
         roots = [self.cfg.checkpoint_dir]
         remote = self.cfg.run.remote
         # A supervisor has already fetched from the remote (in a thread): a stalled NFS must not hang the trainer.
-        if remote and not os.environ.get(SUPERVISED_ENV) and ("://" not in remote or remote.startswith("file://")):
+        if remote and not os.environ.get(RUN_DIR_ENV) and ("://" not in remote or remote.startswith("file://")):
             roots.append(Path(remote.removeprefix("file://")))
         return roots
 
@@ -249,8 +249,6 @@ class Trainer:
         which also prunes); the other ranks wait at a barrier (their weights are the same)."""
         self.barrier()
         if self.dist.is_main:
-            from minilmd.checkpoint import step_name
-
             blocking = self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state())
             path = self.cfg.checkpoint_dir / step_name(self.step)
             self.log.write("checkpoint", step=self.step, blocking_s=round(blocking, 4), path=str(path))
