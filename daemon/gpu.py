@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from minilmd.config import GpuSection
+from minilmd.fmt import fmt_duration
 
 MIB = 1024 * 1024
 
@@ -150,7 +151,7 @@ class PollReport:
             return "no GPU found by NVML"
         lines = []
         for d in self.devices:
-            age = _age(self.time - d.since)
+            age = fmt_duration(self.time - d.since)
             if d.leased_by_us:
                 state = "leased by this run"
             elif d.free:
@@ -163,15 +164,6 @@ class PollReport:
     def to_dict(self) -> dict:
         return {"time": self.time, "stable_polls_needed": self.stable_polls_needed, "error": self.error,
                 "devices": [asdict(d) for d in self.devices]}
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 @dataclass
