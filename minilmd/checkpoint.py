@@ -230,7 +230,23 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
     finite. Without `expected` the checkpoint is checked against the config it records itself."""
     ckpt_dir = Path(ckpt_dir)
     manifest = read_manifest(ckpt_dir)
-    scans: dict[str, tuple] = {}
+    scans = _verify_files(ckpt_dir, manifest)
+    step = manifest["step"]
+    state, opt_meta = _read_json_parts(ckpt_dir)
+    problems = _step_problems(ckpt_dir, step, state)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    _check_expectation(ckpt_dir, state, expected)
+    problems = _tensor_problems(ckpt_dir, scans, opt_meta, _model_config(ckpt_dir, state, expected), step)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    return state
+
+
+def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
+    """Every file against the manifest (sizes, then sha256); the safetensors files are scanned in the same read
+    (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name."""
+    scans: dict[str, tuple | ValueError] = {}
 
     def size_of(name: str) -> int | None:
         try:
@@ -253,37 +269,52 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
         raise CheckpointInvalid(ckpt_dir, f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    for name, scan in scans.items():
+    for scan in scans.values():
         if isinstance(scan, ValueError):
             raise CheckpointInvalid(ckpt_dir, str(scan))
+    return scans
 
-    step = manifest["step"]
+
+def _read_json_parts(ckpt_dir: Path) -> tuple[dict, dict]:
+    """(trainer_state, optimizer meta): their hashes matched, so a JSON error here is a writer's bug."""
     try:
         state = json.loads((ckpt_dir / TRAINER_STATE).read_text(encoding="utf-8"))
         opt_meta = json.loads((ckpt_dir / OPTIMIZER_META).read_text(encoding="utf-8"))
     except ValueError as e:
         raise CheckpointInvalid(ckpt_dir, f"unreadable JSON despite a matching hash: {e}") from None
+    return state, opt_meta
+
+
+def _step_problems(ckpt_dir: Path, step: int, state: dict) -> list[str]:
+    """The directory name, the manifest and trainer_state.json must name the same step."""
+    problems = []
     if is_step_name(ckpt_dir.name) and step_of(ckpt_dir) != step:
         problems.append(f"directory name says step {step_of(ckpt_dir)}, {MANIFEST} says {step}")
     if state.get("step") != step:
         problems.append(f"{TRAINER_STATE} says step {state.get('step')!r}, {MANIFEST} says {step}")
-    if problems:
-        raise CheckpointInvalid(ckpt_dir, problems)
+    return problems
 
-    _check_expectation(ckpt_dir, state, expected)
+
+def _model_config(ckpt_dir: Path, state: dict, expected: Expectation | None) -> dict:
+    """The model config the tensors must fit: the run's when given, else the one the checkpoint records."""
     model_cfg = expected.model if expected and expected.model is not None else \
         (state.get("config") or {}).get("model")
     if model_cfg is None:
         raise CheckpointInvalid(ckpt_dir, f"{TRAINER_STATE} records no model config to check shapes against")
+    return model_cfg
+
+
+def _tensor_problems(ckpt_dir: Path, scans: dict[str, tuple], opt_meta: dict, model_cfg: dict,
+                     step: int) -> list[str]:
+    """Keys, shapes and dtypes of the weights and the optimizer state against the model config; the optimizer's
+    step against the checkpoint's; every tensor finite."""
     expected_shapes = _expected_shapes(ckpt_dir, model_cfg)
-    problems += _shape_problems(MODEL_FILE, scans[MODEL_FILE][1], expected_shapes)
+    problems = _shape_problems(MODEL_FILE, scans[MODEL_FILE][1], expected_shapes)
     problems += _optimizer_problems(scans[OPTIMIZER_FILE], opt_meta, expected_shapes, step)
     for name in (MODEL_FILE, OPTIMIZER_FILE):
         for key, n in scans[name][2].items():
             problems.append(f"{name}: tensor {key} has {n} non-finite value(s) (NaN or inf)")
-    if problems:
-        raise CheckpointInvalid(ckpt_dir, problems)
-    return state
+    return problems
 
 
 def _expected_shapes(ckpt_dir: Path, model_cfg: dict) -> dict[str, tuple[int, ...]]:
