@@ -9,7 +9,7 @@ leased by another run is busy ("leased by run X pid Y"). Nothing here signals an
 Usage, once per `gpu.poll_interval`:
     report = admission.poll()                 # optional: the view for state.json / the log
     lease = admission.try_acquire(gpu.count)  # polls itself unless poll() was just called
-Torch-free; NVML comes from nvidia-ml-py (`pynvml`), imported only in `open_nvml()`.
+Torch-free; NVML comes from nvidia-ml-py (`pynvml`), imported only in `open_nvml_or_reason()`.
 """
 from __future__ import annotations
 
@@ -102,12 +102,6 @@ def open_nvml_or_reason() -> PynvmlBackend | str:
     except pynvml.NVMLError as e:
         return f"NVML failed to start: {e}"
     return PynvmlBackend(pynvml)
-
-
-def open_nvml() -> PynvmlBackend | None:
-    """NVML, or None where there is no usable NVIDIA driver (the caller then says so and runs on the CPU)."""
-    nvml = open_nvml_or_reason()
-    return None if isinstance(nvml, str) else nvml
 
 
 @dataclass
@@ -371,10 +365,6 @@ class GpuAdmission:
         except OSError:
             pass  # read-only descriptor: the lease holds, only its description is missing
         return fd
-
-    def release_all(self) -> None:
-        for lease in list(self._leases):
-            lease.release()
 
 
 def _uuid(nvml: Nvml, i: int) -> str:

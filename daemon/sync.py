@@ -337,14 +337,6 @@ class Syncer:
             removed.append(name)
         return removed
 
-    def remote_latest_step(self) -> int | None:
-        """The step the remote LATEST names, or None (no remote, no LATEST yet, unreadable)."""
-        try:
-            text = (self.remote.read_text(LATEST) or "").strip()
-        except Exception:  # status must never fail because the remote is down
-            return None
-        return step_or_none(text)
-
     # --- remote -> local ---------------------------------------------------------------------------------------
     def fetch_latest(self, local_root: str | os.PathLike | None = None) -> Path | None:
         """Bring the newest remote checkpoint that validates into local_root (default: this syncer's) and return

@@ -66,23 +66,6 @@ class MetricsLog:
         os.replace(tmp, path)
 
 
-def read_metrics(run_dir: str | os.PathLike, kind: str | None = None) -> list[dict]:
-    """Lines of metrics.jsonl (of one kind, if given); a torn last line is skipped."""
-    out = []
-    try:
-        lines = (Path(run_dir) / METRICS).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if kind is None or obj.get("kind") == kind:
-            out.append(obj)
-    return out
-
-
 class Throughput:
     """Real tokens per second and step time over the interval since the last report."""
 
