@@ -236,9 +236,11 @@ class AsyncCheckpointer:
     """Saves in a background thread after a CPU snapshot: the loop blocks only for the copy.
 
     At most one save is in flight; a second `save` first waits for the previous one. After each save the root is
-    pruned to `keep` valid checkpoints. `wait()` before exiting (and it re-raises a failure of the writer)."""
+    pruned to `keep` valid checkpoints; with keep None it is not, and no checkpoint is read back (under a
+    supervisor, which prunes scratch itself after a verified sync). `wait()` before exiting (and it re-raises a
+    failure of the writer)."""
 
-    def __init__(self, root: str | os.PathLike, keep: int, tokenizer: str | os.PathLike | None = None,
+    def __init__(self, root: str | os.PathLike, keep: int | None, tokenizer: str | os.PathLike | None = None,
                  background: bool = True, log: Callable[[str], None] = print):
         self.root, self.keep, self.tokenizer, self.background, self.log = Path(root), keep, tokenizer, background, log
         self._thread: threading.Thread | None = None
@@ -270,11 +272,16 @@ class AsyncCheckpointer:
         except BaseException as e:  # handed to the loop by wait()
             self._error = e
         else:
-            try:
-                prune(self.root, self.keep, log=self.log)
-            except Exception as e:  # noqa: BLE001 - housekeeping: never worth stopping the training for
-                self.log(f"minilmd: pruning {self.root} failed: {type(e).__name__}: {e}")
+            self._prune()
         self.last_write_s = time.perf_counter() - t0
+
+    def _prune(self) -> None:
+        if self.keep is None:
+            return
+        try:
+            prune(self.root, self.keep, log=self.log)
+        except Exception as e:  # noqa: BLE001 - housekeeping: never worth stopping the training for
+            self.log(f"minilmd: pruning {self.root} failed: {type(e).__name__}: {e}")
 
     def wait(self) -> Path | None:
         """Block until the save in flight is on disk; raise its error if it failed. Returns its path."""
