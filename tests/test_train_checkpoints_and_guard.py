@@ -1,10 +1,13 @@
 """The trainer in this process, on a tiny model: under a supervisor it neither prunes nor reads back its
-checkpoints after a save; on its own it prunes to keep_local."""
+checkpoints after a save; on its own it prunes to keep_local; a non-finite loss stops it at the step it
+appears, logged or not, before anything of that step is saved."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+from minilmd.names import METRICS
 
 from minilmd import checkpoint
 from minilmd.config import load_config
@@ -66,3 +69,21 @@ def test_on_its_own_the_trainer_prunes_to_keep_local(tmp_path, corpus, monkeypat
     assert trainer.train() == 0
     assert saved_steps(trainer) == [8]
     assert len(prune.calls) == 4 and validate.calls  # the spies see what the other test says did not happen
+
+
+def test_a_nan_loss_on_a_step_that_is_not_logged_stops_the_run_at_that_step(tmp_path, corpus, monkeypatch):
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))  # no pruning: every checkpoint stays visible
+    trainer = make_trainer(tmp_path, corpus, log_every=100, checkpoint_every=1)
+    real_step = trainer.train_step
+
+    def nan_from_step_5():  # the update that makes step 5 out of step 4 has a NaN loss
+        loss, grad_norm, n_real = real_step()
+        return (loss * float("nan") if trainer.step == 4 else loss), grad_norm, n_real
+
+    monkeypatch.setattr(trainer, "train_step", nan_from_step_5)
+    with pytest.raises(RuntimeError, match="the training loss is nan at step 5: refusing to continue"):
+        trainer.train()
+    trainer.checkpointer.wait()
+    assert trainer.step == 5 and saved_steps(trainer) == [1, 2, 3, 4]
+    lines = (trainer.cfg.run_dir / METRICS).read_text().splitlines()
+    assert lines and all('"kind": "checkpoint"' in line for line in lines)  # step 5 was not a log step
