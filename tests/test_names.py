@@ -2,6 +2,7 @@
 a name itself."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def test_attempt_logs():
 
 # Names that names.py owns. A module re-derives one when a string literal of its code IS the name or a path
 # built from it (no spaces: "meta.json", "train/tokens.bin", f"step-{step:08d}"); sentences for humans may
-# mention them, and docstrings and comments are not code.
+# mention them, and docstrings and comments are not code (the checker reads the syntax tree).
 OWNED = ["meta.json", "manifest.json", "model.safetensors", "optimizer.safetensors", "optimizer.json",
          "trainer_state.json", "tokenizer.json", "tokens.bin", "doc_lengths.npy", "LATEST", ".tmp-", "MINILMD_",
          "run.toml", "supervisor.lock", "state.json", "events.jsonl", "supervisor.log", "attempt-", "metrics.jsonl",
@@ -67,22 +68,47 @@ NOT_YET = {"daemon/supervisor.py", "daemon/syncworker.py", "daemon/child.py", "d
            "daemon/lock.py", "daemon/policy.py", "daemon/states.py", "daemon/sdnotify.py"}
 
 
-def _code(text: str) -> list[str]:
-    """The code lines of a module: docstrings and comments dropped (a rough cut, enough for this codebase)."""
-    out, in_doc = [], False
-    for line in text.splitlines():
-        stripped = line.strip()
-        if in_doc or stripped.startswith(('"""', 'r"""', 'f"""')):
-            if stripped.count('"""') == 1:
-                in_doc = not in_doc
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def _literal_body(node: ast.AST, source: str) -> str:
+    """A string literal as written between its quotes (f-string fields included, prefixes and quotes not)."""
+    text = ast.get_source_segment(source, node) or ""
+    return re.sub(r"^[rbfuRBFU]*(\"\"\"|'''|\"|')|(\"\"\"|'''|\"|')$", "", text)
+
+
+def _names_spelled(source: str) -> list[str]:
+    """String literals of the code (docstrings excepted) that are an owned name or a path built from one, and
+    `[5:]` slices (a step cut out of its name by hand)."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree) | {id(d) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for d in ast.walk(n)
+                                if d is not n}  # the parts of an f-string are checked as the whole f-string
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
             continue
-        out.append(line.split("  #", 1)[0])
-    return out
-
-
-def _names_spelled(line: str) -> list[str]:
-    literals = [a or b for a, b in re.findall(r"""f?"([^"]*)"|f?'([^']*)'""", line)]
-    return [lit for lit in literals if not re.search(r"\s", lit) and any(owned in lit for owned in OWNED)]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+        elif isinstance(node, ast.Slice) and isinstance(node.lower, ast.Constant) and node.lower.value == 5 \
+                and node.upper is None and node.step is None:
+            found.append("[5:]")
+            continue
+        else:
+            continue
+        if any(owned in text for owned in OWNED):
+            body = _literal_body(node, source) if isinstance(node, ast.JoinedStr) else text
+            if not re.search(r"\s", body):
+                found.append(body)
+    return found
 
 
 def test_no_module_spells_an_owned_name_or_slices_a_step_name():
@@ -92,14 +118,13 @@ def test_no_module_spells_an_owned_name_or_slices_a_step_name():
             rel = path.relative_to(REPO).as_posix()
             if rel == "minilmd/names.py" or rel in NOT_YET:
                 continue
-            for line in _code(path.read_text(encoding="utf-8")):
-                offenders += [f"{rel}: {lit!r}" for lit in _names_spelled(line)]
-                if "[5:]" in line:
-                    offenders.append(f"{rel}: {line.strip()}")
+            offenders += [f"{rel}: {lit!r}" for lit in _names_spelled(path.read_text(encoding="utf-8"))]
     assert not offenders, "spell these through minilmd.names:\n" + "\n".join(offenders)
 
 
 def test_the_checker_sees_a_spelled_name():
     assert _names_spelled('path = root / "meta.json"') == ["meta.json"]
     assert _names_spelled('name = f"step-{step:08d}"') == ["step-{step:08d}"]
+    assert _names_spelled("step = int(name[5:])") == ["[5:]"]
     assert _names_spelled('raise ValueError(f"no meta.json in {root}")') == []
+    assert _names_spelled('def f():\n    """Reads meta.json."""\n    X = """\nsee meta.json\n"""\n') == []
