@@ -58,7 +58,7 @@ def tokenizer_train_command(
 @tokenizer_app.command("check")
 def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.json or a directory holding one.")):
     """Check that a tokenizer has MiniMind's special ids and fits uint16 (exit 2 when not)."""
-    from minilmd.trainer.data.tokenizer import TokenizerError, load_tokenizer
+    from minilmd.tokenizer import TokenizerError, load_tokenizer
 
     try:
         tok = load_tokenizer(path)
@@ -86,7 +86,7 @@ def prepare_command(
 
     from minilmd.trainer.data.jsonl import InputError
     from minilmd.trainer.data.prepare import prepare
-    from minilmd.trainer.data.tokenizer import TokenizerError
+    from minilmd.tokenizer import TokenizerError
     from minilmd.corpus import CorpusError
 
     def on_sigterm(signum, frame):

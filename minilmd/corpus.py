@@ -19,6 +19,7 @@ from minilmd.fsio import dir_table_problems, local_size, sha256_file, table_prob
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, SPLITS, TOKENS, split_file
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.tokenizer import TokenizerError, load_tokenizer
 
 FORMAT = "minilmd-prepared"
 VERSION = 1
@@ -198,8 +199,6 @@ def verify_prepared(root: str | Path) -> list[str]:
     except (CorpusError, KeyError) as e:
         return [str(e) if isinstance(e, CorpusError) else f"{root / META}: missing key {e}"]
     try:
-        from minilmd.trainer.data.tokenizer import TokenizerError, load_tokenizer
-
         tok = load_tokenizer(corpus.tokenizer_path)
         if tok.get_vocab_size(with_added_tokens=True) != corpus.vocab_size:
             problems.append(f"{corpus.tokenizer_path}: vocabulary of {tok.get_vocab_size(with_added_tokens=True)} "

@@ -28,7 +28,7 @@ GOAL_RSS = 1 << 30
 def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
     """Throughput of encode_batch and encode_batch_fast on the corpus texts, only encode time counted."""
     from minilmd.trainer.data.jsonl import Source, parse_block
-    from minilmd.trainer.data.tokenizer import load_tokenizer
+    from minilmd.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     methods = {"encode_batch": tok.encode_batch}

@@ -34,9 +34,9 @@ from minilmd.names import CORPUS_META as META
 from minilmd.names import (CORPUS_TOKENIZER, DOC_LENGTHS, LEAK_KEYS, SPLITS, TOKENS, UNCHECKED_VAL_TOKENS,
                            prepare_aside_name, prepare_tmp_name, prepare_tmp_owner_pid, split_file)
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.tokenizer import load_tokenizer
 from minilmd.trainer.data import corpus_stats
 from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source, parse_block
-from minilmd.trainer.data.tokenizer import load_tokenizer
 
 BLOCK_BYTES = 1 << 20
 MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of them are counted
