@@ -5,8 +5,8 @@ disk back to NFS, so that local copies may be deleted only after a verified sync
 fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sync_newest()`:
 
 1. remove `.tmp-*` left by an interrupted sync (a remote belongs to one run, and one supervisor owns the run);
-2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote already holds
-   intact is not copied again, nor is anything older than the remote's newest;
+2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote
+   already holds intact is not copied again, nor is anything older than the remote's newest;
 3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>/`, manifest last, then read the remote copy back
    and check sizes and sha256 against the manifest;
 4. rename it to `step-XXXXXXXX` (local/NFS paths); where the store has no rename (object stores, memory://) the
@@ -33,8 +33,8 @@ from typing import Callable
 
 from minilmd import checkpoint as ck
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
-from minilmd.names import (LATEST, MANIFEST, TMP_PREFIX, atomic_tmp_prefix, fetch_tmp_name, is_step_name, step_name, step_of,
-                           step_or_none, sync_tmp_name)
+from minilmd.names import (LATEST, MANIFEST, TMP_PREFIX, atomic_tmp_prefix, fetch_tmp_name, is_step_name,
+                           step_name, step_of, step_or_none, sync_tmp_name)
 
 CHUNK = 8 * 1024 * 1024
 

@@ -102,7 +102,8 @@ class TokenStream:
     def _check_files(self, meta: dict, verify_hash: bool) -> None:
         files = meta.get("files", {})
         # A split dir outside its corpus layout is not listed: only the invariants apply then.
-        table = {name: files[key] for name in (TOKENS, DOC_LENGTHS) if (key := split_file(self.dir.name, name)) in files}
+        keys = {name: split_file(self.dir.name, name) for name in (TOKENS, DOC_LENGTHS)}
+        table = {name: files[key] for name, key in keys.items() if key in files}
         problems = table_problems(table, lambda name: local_size(self.dir / name),
                                   (lambda name: sha256_file(self.dir / name)) if verify_hash else None,
                                   listed_in=META, label=lambda name: str(self.dir / name))
