@@ -46,6 +46,8 @@ TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
 """Test-only: the command the supervisor launches instead of `python -m minilmd.cli train`."""
 PRUNE_UNSYNCED_AFTER_ENV = "MINILMD_PRUNE_UNSYNCED_AFTER"
 """Seconds of failing remote after which scratch is pruned without a sync (lower bound; default 60)."""
+SYNC_STALLED_AFTER_ENV = "MINILMD_SYNC_STALLED_AFTER"
+"""Seconds after which a running sync shows as "stalled" in status (default 120)."""
 
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared
