@@ -24,6 +24,7 @@ from typing import Callable
 
 import psutil
 
+from minilmd.corpus import FORMAT as CORPUS_FORMAT
 from minilmd.corpus import verify_prepared
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
@@ -68,8 +69,8 @@ def _mb(n: float) -> str:
 
 def _listed_files(meta: dict, where: str) -> dict[str, dict]:
     """meta["files"] checked for shape and for paths that stay inside the corpus directory."""
-    if meta.get("format") != "minilmd-prepared":
-        raise SourceInvalid(f"{where}: meta.json has format {meta.get('format')!r}, expected \"minilmd-prepared\" "
+    if meta.get("format") != CORPUS_FORMAT:
+        raise SourceInvalid(f"{where}: meta.json has format {meta.get('format')!r}, expected {CORPUS_FORMAT!r} "
                             f"(is this the output of `minilmd prepare`?)")
     files = meta.get("files")
     if not isinstance(files, dict) or not files:
