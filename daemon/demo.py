@@ -18,6 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from minilmd.checkpoint import read_latest
+from minilmd.names import TOKENIZER_FILE
+
 DEMO_CONFIG = """\
 # The demo run: a small model (about 2M parameters) so that it trains on a laptop CPU in a few minutes.
 [run]
@@ -92,8 +95,9 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
         print(f"  {path}: {sum(1 for _ in open(path, encoding='utf-8')):,} documents")
 
     say("2. A tokenizer with MiniMind's special ids, and the packed uint16 token stream")
-    minilmd("tokenizer", "train", *corpus, "--vocab-size", "6400", "--out", str(root_path / "tokenizer.json"))
-    minilmd("prepare", *corpus, "--tokenizer", str(root_path / "tokenizer.json"), "--out",
+    tokenizer = root_path / TOKENIZER_FILE
+    minilmd("tokenizer", "train", *corpus, "--vocab-size", "6400", "--out", str(tokenizer))
+    minilmd("prepare", *corpus, "--tokenizer", str(tokenizer), "--out",
             str(root_path / "prepared"), "--seq-len", "128")
 
     say("3. The supervisor: stage, train, sync; a real SIGBUS is injected into the trainer at step 130")
@@ -104,7 +108,7 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
 
     say("4. Where things stand")
     minilmd("status", str(root_path / "run"))
-    latest = (root_path / "nfs" / "LATEST").read_text().strip()
+    latest = read_latest(root_path / "nfs")
     minilmd("verify", str(root_path / "nfs" / latest))
 
     say("5. Text from the model the run left on the 'NFS' share")

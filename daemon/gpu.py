@@ -9,7 +9,7 @@ leased by another run is busy ("leased by run X pid Y"). Nothing here signals an
 Usage, once per `gpu.poll_interval`:
     report = admission.poll()                 # optional: the view for state.json / the log
     lease = admission.try_acquire(gpu.count)  # polls itself unless poll() was just called
-Torch-free; NVML comes from nvidia-ml-py (`pynvml`), imported only in `open_nvml()`.
+Torch-free; NVML comes from nvidia-ml-py (`pynvml`), imported only in `open_nvml_or_reason()`.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from minilmd.config import GpuSection
+from minilmd.fmt import fmt_duration
 
 MIB = 1024 * 1024
 
@@ -103,12 +104,6 @@ def open_nvml_or_reason() -> PynvmlBackend | str:
     return PynvmlBackend(pynvml)
 
 
-def open_nvml() -> PynvmlBackend | None:
-    """NVML, or None where there is no usable NVIDIA driver (the caller then says so and runs on the CPU)."""
-    nvml = open_nvml_or_reason()
-    return None if isinstance(nvml, str) else nvml
-
-
 @dataclass
 class DeviceStatus:
     index: int
@@ -150,7 +145,7 @@ class PollReport:
             return "no GPU found by NVML"
         lines = []
         for d in self.devices:
-            age = _age(self.time - d.since)
+            age = fmt_duration(self.time - d.since)
             if d.leased_by_us:
                 state = "leased by this run"
             elif d.free:
@@ -163,15 +158,6 @@ class PollReport:
     def to_dict(self) -> dict:
         return {"time": self.time, "stable_polls_needed": self.stable_polls_needed, "error": self.error,
                 "devices": [asdict(d) for d in self.devices]}
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 @dataclass
@@ -379,10 +365,6 @@ class GpuAdmission:
         except OSError:
             pass  # read-only descriptor: the lease holds, only its description is missing
         return fd
-
-    def release_all(self) -> None:
-        for lease in list(self._leases):
-            lease.release()
 
 
 def _uuid(nvml: Nvml, i: int) -> str:

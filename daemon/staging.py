@@ -6,7 +6,7 @@ is to train from a copy in RAM (or on local disk). Rules:
   headroom left for training; refuse with the numbers and a local-disk alternative otherwise;
 - copy each file to a temporary name, hashing while copying; retry a failed or short copy with backoff;
 - the final name `<scratch>/corpus` only ever holds a copy whose sizes and sha256 matched `meta.json` and whose
-  invariants [A]'s `verify_prepared` accepted (the whole directory is renamed into place at the end);
+  invariants `minilmd.corpus.verify_prepared` accepted (the whole directory is published by a rename at the end);
 - an existing staged copy is reused only after verification; after a SIGBUS the supervisor calls
   `verify_staged()` and stages again, which copies only the damaged files.
 Torch-free.
@@ -24,14 +24,14 @@ from typing import Callable
 
 import psutil
 
-from minilmd.protocol import fsync_dir, sha256_file
+from minilmd.corpus import FORMAT as CORPUS_FORMAT
+from minilmd.corpus import verify_prepared
+from minilmd.fsio import dir_table_problems, publish_dir, table_problems
+from minilmd.names import CORPUS_META as META
+from minilmd.names import STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX
 
 CHUNK = 8 * 1024 * 1024
 GIB = 1024 ** 3
-META = "meta.json"
-STAGED_NAME = "corpus"
-TMP_PREFIX = ".tmp-corpus-"
-OLD_PREFIX = ".old-corpus-"
 SPACE_MARGIN = 64 * 1024 * 1024
 """Kept free on the scratch filesystem beyond the corpus itself (checkpoints go there too)."""
 
@@ -69,8 +69,8 @@ def _mb(n: float) -> str:
 
 def _listed_files(meta: dict, where: str) -> dict[str, dict]:
     """meta["files"] checked for shape and for paths that stay inside the corpus directory."""
-    if meta.get("format") != "minilmd-prepared":
-        raise SourceInvalid(f"{where}: meta.json has format {meta.get('format')!r}, expected \"minilmd-prepared\" "
+    if meta.get("format") != CORPUS_FORMAT:
+        raise SourceInvalid(f"{where}: meta.json has format {meta.get('format')!r}, expected {CORPUS_FORMAT!r} "
                             f"(is this the output of `minilmd prepare`?)")
     files = meta.get("files")
     if not isinstance(files, dict) or not files:
@@ -85,25 +85,10 @@ def _listed_files(meta: dict, where: str) -> dict[str, dict]:
     return files
 
 
-def _verify_prepared():
-    """[A]'s full check of a prepared corpus (sha256 of every file, doc lengths vs tokens, counts, tokenizer), or
-    None where the trainer package does not have it."""
-    try:
-        from minilmd.corpus import verify_prepared
-    except ImportError:
-        return None
-    return verify_prepared
-
-
-def _invariant_problems(corpus: Path) -> list[str]:
-    verify = _verify_prepared()
-    return list(verify(corpus)) if verify else []
-
-
 def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
     """Problems of a staged corpus (empty list: good). Always: every file listed in its meta.json present with the
-    listed size. full_hash: also every sha256 and the corpus invariants ([A]'s verify_prepared); without it this
-    is a quick check of sizes only (a truncated file, the SIGBUS story, shows up there)."""
+    listed size. full_hash: also every sha256 and the corpus invariants (`verify_prepared`); without it this is a
+    quick check of sizes only (a truncated file, the SIGBUS story, shows up there)."""
     root = Path(path)
     try:
         meta = json.loads((root / META).read_text(encoding="utf-8"))
@@ -114,39 +99,21 @@ def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
         return [f"{root / META}: unreadable ({e})"]
     except SourceInvalid as e:
         return [str(e)]
-    problems = []
-    for rel, entry in files.items():
-        problems += _file_problems(root / rel, entry, full_hash=False)
-    if problems or not full_hash:
-        return problems
-    verify = _verify_prepared()
-    if verify is not None:
-        try:
-            return list(verify(root))  # hashes every file itself
-        except OSError as e:  # a read error (EIO from a failing disk or mount): damaged, not a crash
-            return [f"{root}: unreadable ({e})"]
-    for rel, entry in files.items():
-        problems += _file_problems(root / rel, entry, full_hash=True)
-    return problems
-
-
-def _file_problems(path: Path, entry: dict, full_hash: bool = True) -> list[str]:
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return [f"{path}: missing"]
-    except OSError as e:
-        return [f"{path}: {e}"]
-    if size != entry["size"]:
-        return [f"{path}: {size} bytes, meta.json says {entry['size']}"]
-    if full_hash:
-        try:
-            digest = sha256_file(path)
-        except OSError as e:
-            return [f"{path}: unreadable ({e})"]
-        if digest != entry["sha256"]:
-            return [f"{path}: sha256 {digest[:16]}..., meta.json says {entry['sha256'][:16]}..."]
-    return []
+        problems = dir_table_problems(root, files, full_hash=False, listed_in=META)
+        if problems or not full_hash:
+            return problems
+        return verify_prepared(root)  # hashes every file itself
+    except OSError as e:  # a read error (EIO from a failing disk or mount): damaged, not a crash
+        return [f"{root}: unreadable ({e})"]
+
+
+def _intact(path: Path, rel: str, entry: dict) -> bool:
+    """A file of an earlier staged copy that can be kept: present, with the listed size and sha256."""
+    try:
+        return not dir_table_problems(path, {rel: entry}, listed_in=META)
+    except OSError:
+        return False
 
 
 # --- will it fit? ---------------------------------------------------------------------------------------------------
@@ -274,12 +241,11 @@ class _Copier:
                 last = f"{type(e).__name__}: {e}"
                 self.done = done_before
                 continue
-            if size != entry["size"]:
-                last = f"copied {size} bytes, meta.json says {entry['size']} (short or changed source)"
-            elif digest != entry["sha256"]:
-                last = f"sha256 {digest[:16]}... differs from meta.json's {entry['sha256'][:16]}..."
-            else:
+            problems = table_problems({rel: entry}, lambda _: size, lambda _: digest, listed_in=META,
+                                      label=lambda _: "copied")
+            if not problems:
                 return
+            last = problems[0]
             self.done = done_before
         dest.unlink(missing_ok=True)
         raise StagingError(f"staging {self.source}/{rel} failed after {self.retries + 1} attempts: {last}")
@@ -315,13 +281,13 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
     Reuses a verified existing copy; otherwise copies what is missing or damaged (good files of a damaged copy are
     kept), verifies, and renames into place. Raises SourceInvalid (final) or StagingError (retry later)."""
     scratch = Path(scratch_dir)
-    final = scratch / STAGED_NAME
+    final = scratch / STAGED_CORPUS
     fs, root = _open_source(source)
     meta_raw, meta = _read_meta(fs, root, source)
     files = _listed_files(meta, source)
 
     scratch.mkdir(parents=True, exist_ok=True)
-    for stale in list(scratch.glob(TMP_PREFIX + "*")) + list(scratch.glob(OLD_PREFIX + "*")):
+    for stale in list(scratch.glob(STAGING_TMP_PREFIX + "*")) + list(scratch.glob(STAGING_OLD_PREFIX + "*")):
         shutil.rmtree(stale, ignore_errors=True)  # one supervisor per run: anything here is from a dead one
 
     old = None
@@ -332,15 +298,15 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
             log(f"staging: reusing verified copy at {final}")
             return final
         log(f"staging: existing copy at {final} is not usable: " + "; ".join(problems[:5]))
-        old = scratch / f"{OLD_PREFIX}{os.getpid()}"
+        old = scratch / f"{STAGING_OLD_PREFIX}{os.getpid()}"
         os.rename(final, old)
 
-    tmp = scratch / f"{TMP_PREFIX}{os.getpid()}"
+    tmp = scratch / f"{STAGING_TMP_PREFIX}{os.getpid()}"
     try:
         tmp.mkdir()
         to_copy = {}
         for rel, entry in files.items():
-            if old is not None and (old / META).is_file() and not _file_problems(old / rel, entry):
+            if old is not None and (old / META).is_file() and _intact(old, rel, entry):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 os.rename(old / rel, tmp / rel)  # verified good: no need to fetch it again
             else:
@@ -355,12 +321,10 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
         for rel, entry in to_copy.items():
             copier.copy(rel, entry, tmp / rel)
         (tmp / META).write_bytes(meta_raw)
-        problems = _invariant_problems(tmp)
+        problems = verify_prepared(tmp)
         if problems:
             raise SourceInvalid(f"{source}: the copied corpus fails its checks: " + "; ".join(problems[:5]))
-        fsync_dir(tmp)
-        os.rename(tmp, final)
-        fsync_dir(scratch)
+        publish_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

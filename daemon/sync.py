@@ -5,8 +5,8 @@ disk back to NFS, so that local copies may be deleted only after a verified sync
 fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sync_newest()`:
 
 1. remove `.tmp-*` left by an interrupted sync (a remote belongs to one run, and one supervisor owns the run);
-2. take the newest local checkpoint that validates ([D]'s `validate`, torch-free); a step the remote already holds
-   intact is not copied again, nor is anything older than the remote's newest;
+2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote
+   already holds intact is not copied again, nor is anything older than the remote's newest;
 3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>/`, manifest last, then read the remote copy back
    and check sizes and sha256 against the manifest;
 4. rename it to `step-XXXXXXXX` (local/NFS paths); where the store has no rename (object stores, memory://) the
@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Callable
 
 from minilmd import checkpoint as ck
-from minilmd.protocol import atomic_write_text, fsync_dir
+from minilmd.fsio import atomic_write_text, publish_dir, table_problems
+from minilmd.names import (LATEST, MANIFEST, TMP_PREFIX, atomic_tmp_prefix, fetch_tmp_name, is_step_name,
+                           step_name, step_of, step_or_none, sync_tmp_name)
 
 CHUNK = 8 * 1024 * 1024
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
 class SyncError(RuntimeError):
@@ -97,7 +98,7 @@ class _Remote:
 
     def steps(self) -> list[str]:
         """Step directory names on the remote, oldest first (with or without a manifest)."""
-        return sorted((n for n in self.names() if _STEP_DIR.match(n)), key=lambda n: int(n[5:]))
+        return sorted((n for n in self.names() if is_step_name(n)), key=step_of)
 
     def size(self, *names: str) -> int | None:
         try:
@@ -116,7 +117,7 @@ class _Remote:
             return None
 
     def manifest(self, name: str) -> dict | None:
-        text = self.read_text(name, ck.MANIFEST)
+        text = self.read_text(name, MANIFEST)
         if text is None:
             return None
         try:
@@ -157,30 +158,25 @@ class _Remote:
             pass
 
     def rename_dir(self, src: str, dst: str) -> None:
-        os.rename(self.path(src), self.path(dst))  # never shutil.move: it would nest into an existing dst
-        fsync_dir(Path(self.root))
+        """Publish a complete temporary directory under its final name, durably (local paths only: fsspec has no
+        atomic rename)."""
+        publish_dir(self.path(src), self.path(dst))
 
     def write_latest(self, name: str) -> None:
         if self.local:
-            atomic_write_text(self.path(ck.LATEST), name + "\n")  # temp file, fsync, rename
+            atomic_write_text(self.path(LATEST), name + "\n")  # temp file, fsync, rename
         else:
-            self.fs.pipe_file(self.path(ck.LATEST), (name + "\n").encode())  # one PUT: atomic on object stores
+            self.fs.pipe_file(self.path(LATEST), (name + "\n").encode())  # one PUT: atomic on object stores
 
     def intact(self, name: str, full_hash: bool = False) -> tuple[dict | None, list[str]]:
         """(manifest, problems) of a remote checkpoint; sizes always, sha256 when full_hash."""
         manifest = self.manifest(name)
         if manifest is None:
-            return None, [f"{self.show(name)}: no valid {ck.MANIFEST}"]
+            return None, [f"{self.show(name)}: no valid {MANIFEST}"]
         if full_hash:
             return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f),
                                                 lambda f: self.sha256(name, f))
-        problems = []
-        for f, entry in manifest["files"].items():
-            size = self.size(name, f)
-            if size != entry["size"]:
-                problems.append(f"{f}: {'missing' if size is None else f'{size} bytes'}, manifest says "
-                                f"{entry['size']}")
-        return manifest, problems
+        return manifest, table_problems(manifest["files"], lambda f: self.size(name, f), listed_in=MANIFEST)
 
 
 
@@ -227,10 +223,10 @@ class Syncer:
         self._clean_remote_tmp()
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
         remote_steps = [n for n in remote.steps() if not remote.intact(n)[1]]
-        remote_newest = max((int(n[5:]) for n in remote_steps), default=None)
+        remote_newest = max((step_of(n) for n in remote_steps), default=None)
 
         for local in reversed(ck.list_checkpoints(self.local_root)):
-            step = ck.step_of(local)
+            step = step_of(local)
             if remote_newest is not None and step < remote_newest:
                 break  # the remote already holds something newer
             self.copying = local
@@ -248,13 +244,13 @@ class Syncer:
 
         if remote_newest is None:
             return SyncResult(None, None, False, seconds=time.monotonic() - started)
-        name = ck.step_name(remote_newest)
+        name = step_name(remote_newest)
         self._point_latest(name, verify=True)
         return self._finish(remote_newest, verified=True, copied=False, nbytes=0, started=started)
 
     def _finish(self, step: int, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
         removed = self._retention()
-        name = ck.step_name(step)
+        name = step_name(step)
         if copied:
             self.log(f"sync: {name} copied to {self.remote.show(name)} and verified "
                      f"({nbytes / 1e6:,.1f} MB in {time.monotonic() - started:.1f}s)")
@@ -263,10 +259,10 @@ class Syncer:
 
     def _copy_up(self, local: Path) -> int:
         remote = self.remote
-        manifest = json.loads((local / ck.MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads((local / MANIFEST).read_text(encoding="utf-8"))
         name = local.name
         if remote.local:
-            target = f"{ck.TMP_PREFIX}{name}-{_host()}-{os.getpid()}"
+            target = sync_tmp_name(name, _host(), os.getpid())
         else:
             target = name  # no rename on this store: the manifest, written last, makes it exist
         remote.rm(target)
@@ -279,10 +275,10 @@ class Syncer:
             remote.rm(target)
             raise SyncError(f"remote copy of {name} at {remote.show(target)} does not match its manifest: "
                             + "; ".join(problems[:3]))
-        nbytes += remote.put(local / ck.MANIFEST, target, ck.MANIFEST)
-        if remote.read_text(target, ck.MANIFEST) != (local / ck.MANIFEST).read_text(encoding="utf-8"):
+        nbytes += remote.put(local / MANIFEST, target, MANIFEST)
+        if remote.read_text(target, MANIFEST) != (local / MANIFEST).read_text(encoding="utf-8"):
             remote.rm(target)
-            raise SyncError(f"remote {ck.MANIFEST} of {name} at {remote.show(target)} reads back differently")
+            raise SyncError(f"remote {MANIFEST} of {name} at {remote.show(target)} reads back differently")
         if remote.local:
             if name in remote.names():  # a damaged earlier copy: set it aside, never overwrite in place
                 if remote.manifest(name) is None:
@@ -300,29 +296,30 @@ class Syncer:
     def _point_latest(self, name: str, verify: bool) -> None:
         """Point the remote LATEST at `name` unless it already names a newer intact checkpoint."""
         remote = self.remote
-        current = (remote.read_text(ck.LATEST) or "").strip()
+        current = (remote.read_text(LATEST) or "").strip()
         if current == name:
             return
-        if _STEP_DIR.match(current) and int(current[5:]) > int(name[5:]) and not remote.intact(current)[1]:
+        newer = step_or_none(current)
+        if newer is not None and newer > step_of(name) and not remote.intact(current)[1]:
             return
         if verify:
             _, problems = remote.intact(name, full_hash=True)
             if problems:
                 raise SyncError(f"remote {remote.show(name)} does not validate: {'; '.join(problems[:3])}")
         remote.write_latest(name)
-        if (remote.read_text(ck.LATEST) or "").strip() != name:
-            raise SyncError(f"{remote.show(ck.LATEST)} does not read back as {name} after replacing it")
+        if (remote.read_text(LATEST) or "").strip() != name:
+            raise SyncError(f"{remote.show(LATEST)} does not read back as {name} after replacing it")
 
     def _clean_remote_tmp(self) -> None:
         for n in self.remote.names():
-            if n.startswith(ck.TMP_PREFIX) or n.startswith(f".{ck.LATEST}."):
+            if n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST))):
                 self.remote.rm(n)
 
     def _retention(self) -> list[str]:
         """Delete remote checkpoints beyond the newest `keep` intact ones; never the one LATEST names. Step
         directories without a manifest are leftovers of an interrupted copy on a store without rename."""
         remote = self.remote
-        latest = (remote.read_text(ck.LATEST) or "").strip()
+        latest = (remote.read_text(LATEST) or "").strip()
         kept, removed = 0, []
         for name in reversed(remote.steps()):
             manifest, problems = remote.intact(name)
@@ -339,14 +336,6 @@ class Syncer:
             remote.rm(name)
             removed.append(name)
         return removed
-
-    def remote_latest_step(self) -> int | None:
-        """The step the remote LATEST names, or None (no remote, no LATEST yet, unreadable)."""
-        try:
-            text = (self.remote.read_text(ck.LATEST) or "").strip()
-        except Exception:  # status must never fail because the remote is down
-            return None
-        return int(text[5:]) if _STEP_DIR.match(text) else None
 
     # --- remote -> local ---------------------------------------------------------------------------------------
     def fetch_latest(self, local_root: str | os.PathLike | None = None) -> Path | None:
@@ -369,45 +358,42 @@ class Syncer:
             if manifest is None:
                 continue
             final = local_root / name
-            tmp = local_root / f"{ck.TMP_PREFIX}{name}-fetch-{os.getpid()}"
+            tmp = local_root / fetch_tmp_name(name, os.getpid())
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             try:
-                problems = []
-                for f, entry in manifest["files"].items():
-                    digest = remote.get((name, f), tmp / f)
-                    size = (tmp / f).stat().st_size
-                    if size != entry["size"]:
-                        problems.append(f"{f}: {size} bytes downloaded, the manifest says {entry['size']}")
-                    elif digest != entry["sha256"]:
-                        problems.append(f"{f}: sha256 {digest[:16]}... downloaded, the manifest says "
-                                        f"{entry['sha256'][:16]}...")
-                if not problems:
-                    remote.get((name, ck.MANIFEST), tmp / ck.MANIFEST)
-                    try:
-                        ck.validate(tmp, self.expected)
-                    except ck.CheckpointInvalid as e:
-                        problems = e.problems
+                problems = self._download(name, manifest, tmp)
                 if problems:
                     self._set_aside_remote(name, problems)
                     skipped.append(name)
                     shutil.rmtree(tmp, ignore_errors=True)
                     continue
-                fsync_dir(tmp)
-                if final.exists():
-                    shutil.rmtree(final)
-                os.rename(tmp, final)
-                fsync_dir(local_root)
+                publish_dir(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             if ck.read_latest(local_root) is None or _newer(name, ck.read_latest(local_root)):
-                atomic_write_text(local_root / ck.LATEST, name + "\n")
+                atomic_write_text(local_root / LATEST, name + "\n")
             if skipped:  # LATEST may name one that just failed: it must only name a verified checkpoint
                 remote.write_latest(name)
             self.log(f"sync: fetched {remote.show(name)} to {final}")
             return final
         return None
+
+    def _download(self, name: str, manifest: dict, tmp: Path) -> list[str]:
+        """Download a remote checkpoint into tmp, hashing while downloading, and validate it strictly there.
+        Returns its problems (empty: good)."""
+        observed = {f: (self.remote.get((name, f), tmp / f), (tmp / f).stat().st_size) for f in manifest["files"]}
+        problems = table_problems(manifest["files"], lambda f: observed[f][1], lambda f: observed[f][0],
+                                  listed_in=f"the remote {MANIFEST}", label=lambda f: f"{f} (downloaded)")
+        if problems:
+            return problems
+        self.remote.get((name, MANIFEST), tmp / MANIFEST)
+        try:
+            ck.validate(tmp, self.expected)
+        except ck.CheckpointInvalid as e:
+            return e.problems
+        return []
 
     def _set_aside_remote(self, name: str, problems: list[str]) -> None:
         remote = self.remote
@@ -420,6 +406,5 @@ class Syncer:
 
 
 def _newer(name: str, than: str | None) -> bool:
-    if not than or not _STEP_DIR.match(than):
-        return True
-    return int(name[5:]) > int(than[5:])
+    than_step = step_or_none(than)
+    return than_step is None or step_of(name) > than_step

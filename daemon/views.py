@@ -13,8 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from minilmd.daemon.runstate import fmt_age, fmt_time, process_alive, read_state
-from minilmd import protocol
+from minilmd import names
+from minilmd.daemon.runstate import fmt_time, process_alive, read_state
+from minilmd.fmt import fmt_duration
+from minilmd.fsio import read_new_lines, tail_lines
 
 NOT_A_RUN = 2
 
@@ -24,9 +26,9 @@ def _run_problem(run_dir: Path) -> str | None:
         return f"{run_dir}: no such directory"
     if not run_dir.is_dir():
         return f"{run_dir}: not a directory"
-    if not any((run_dir / name).exists() for name in (protocol.STATE, protocol.RUN_CONFIG_COPY, protocol.LOCK)):
-        return (f"{run_dir}: not a minilmd run directory (no {protocol.STATE}, {protocol.RUN_CONFIG_COPY} or "
-                f"{protocol.LOCK}); give the run.dir of a run config, e.g. `minilmd status /path/to/run`")
+    if not any((run_dir / name).exists() for name in (names.STATE, names.RUN_CONFIG_COPY, names.LOCK)):
+        return (f"{run_dir}: not a minilmd run directory (no {names.STATE}, {names.RUN_CONFIG_COPY} or "
+                f"{names.LOCK}); give the run.dir of a run config, e.g. `minilmd status /path/to/run`")
     return None
 
 
@@ -38,69 +40,17 @@ def supervisor_alive(state: dict | None) -> bool:
 def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]:
     """A few human lines from state.json."""
     t = t or time.time()
-    sup = state.get("supervisor") or {}
-    phase = state.get("phase", "?")
-    since = state.get("since")
-    head = f"run {state.get('run', '?')} ({state.get('run_dir', '?')}): {phase} for {fmt_age(t - since if since else None)}"
-    if alive:
-        head += f"; supervisor pid {sup.get('pid')} running"
-    else:
-        outcome = state.get("outcome")
-        if outcome:
-            head += f"; not running (ended {fmt_time(outcome.get('time'))} with exit {outcome.get('exit')})"
-        else:
-            head += (f"; not running (last seen {fmt_time(state.get('updated'))}, the supervisor did not exit "
-                     f"cleanly: killed or crashed; `minilmd run` again resumes)")
-    lines = [head]
+    lines = [_head_line(state, alive, t)]
     if state.get("reason"):
         lines.append(f"  why: {state['reason']}")
-    p = state.get("progress") or {}
-    if p.get("step") is not None:
-        total = p.get("total_steps")
-        parts = [f"step {p['step']:,}" + (f"/{total:,} ({100 * p['step'] / total:.1f}%)" if total else "")]
-        if p.get("loss") is not None:
-            parts.append(f"loss {p['loss']:.4f}")
-        if p.get("val_loss") is not None:
-            parts.append(f"val {p['val_loss']:.4f}")
-        if p.get("tok_s"):
-            parts.append(f"{p['tok_s']:,.0f} tok/s")
-        if p.get("eta_s") is not None and alive:
-            parts.append(f"ETA {fmt_age(p['eta_s'])}")
-        lines.append("  " + "  ".join(parts))
-    child = state.get("child")
-    if child and alive:
-        beat = p.get("heartbeat")
-        devices = ",".join(str(d) for d in state.get("devices") or []) or "cpu"
-        lines.append(f"  trainer pid {child.get('pid')}, attempt {child.get('attempt')}, devices {devices}, "
-                     f"heartbeat {fmt_age(t - beat) + ' ago' if beat else 'none yet'}, log {child.get('log')}")
-    gpu_wait = state.get("gpu_wait")
-    if gpu_wait and phase == "waiting_gpu":
-        for d in gpu_wait.get("devices") or []:
-            why = "free" if d.get("free") else "; ".join(d.get("reasons") or ["busy"])
-            lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_age(t - d['since']) if d.get('since') else '-'})")
-    local, remote, sync = state.get("local_checkpoint"), state.get("remote_checkpoint"), state.get("sync") or {}
-    ck = "  local checkpoint: " + (f"step {local.get('step')} ({'fetched from the remote ' if local.get('fetched') else ''}"
-                                     f"{fmt_age(t - local['time'])} ago)" if local and local.get("time") else "none")
-    if sync.get("state") != "off":
-        ck += "   remote: " + (f"step {remote.get('step')} ({fmt_age(t - remote['time'])} ago, "
-                               f"{'verified' if remote.get('verified') else 'NOT verified'})"
-                               if remote and remote.get("time") else "none")
-        ck += f"   sync: {sync.get('state')}"
-        if sync.get("error") and sync.get("state") in ("failed", "stalled", "unavailable"):
-            ck += f" ({sync['error']})"
-    else:
-        ck += "   remote: none configured"
-    lines.append(ck)
-    staging = state.get("staging") or {}
-    if staging.get("state") not in (None, "done", "not_started"):
-        prog = f" {staging['progress']}" if staging.get("progress") is not None else ""
-        lines.append(f"  staging: {staging['state']}{prog}" + (f" ({staging['error']})" if staging.get("error") else ""))
-    restarts = state.get("restarts") or []
-    if restarts:
-        last = restarts[-1]
-        lines.append(f"  restarts: {len(restarts)} (last: {last.get('cause')} at step {last.get('step')}, "
-                     f"{fmt_age(t - last['time'])} ago -> {last.get('action')}; "
-                     f"{state.get('no_progress_streak', 0)} in a row without progress)")
+    lines += _progress_lines(state.get("progress") or {}, alive)
+    if state.get("child") and alive:
+        lines.append(_trainer_line(state, t))
+    if state.get("gpu_wait") and state.get("phase") == "waiting_gpu":
+        lines += _gpu_lines(state["gpu_wait"], t)
+    lines.append(_checkpoints_line(state, t))
+    lines += _staging_lines(state.get("staging") or {})
+    lines += _restart_lines(state, t)
     if state.get("overrides"):
         lines.append(f"  overrides: {state['overrides']}")
     if state.get("last_error"):
@@ -108,12 +58,96 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
     return lines
 
 
+def _ago(t: float, then: float) -> str:
+    return f"{fmt_duration(t - then)} ago"
+
+
+def _head_line(state: dict, alive: bool, t: float) -> str:
+    """The run, its phase and for how long, and whether its supervisor runs (or how it ended)."""
+    since = state.get("since")
+    head = (f"run {state.get('run', '?')} ({state.get('run_dir', '?')}): {state.get('phase', '?')} for "
+            f"{fmt_duration(t - since if since else None)}")
+    if alive:
+        return head + f"; supervisor pid {(state.get('supervisor') or {}).get('pid')} running"
+    outcome = state.get("outcome")
+    if outcome:
+        return head + f"; not running (ended {fmt_time(outcome.get('time'))} with exit {outcome.get('exit')})"
+    return head + (f"; not running (last seen {fmt_time(state.get('updated'))}, the supervisor did not exit "
+                   f"cleanly: killed or crashed; `minilmd run` again resumes)")
+
+
+def _progress_lines(p: dict, alive: bool) -> list[str]:
+    if p.get("step") is None:
+        return []
+    total = p.get("total_steps")
+    parts = [f"step {p['step']:,}" + (f"/{total:,} ({100 * p['step'] / total:.1f}%)" if total else "")]
+    if p.get("loss") is not None:
+        parts.append(f"loss {p['loss']:.4f}")
+    if p.get("val_loss") is not None:
+        parts.append(f"val {p['val_loss']:.4f}")
+    if p.get("tok_s"):
+        parts.append(f"{p['tok_s']:,.0f} tok/s")
+    if p.get("eta_s") is not None and alive:
+        parts.append(f"ETA {fmt_duration(p['eta_s'])}")
+    return ["  " + "  ".join(parts)]
+
+
+def _trainer_line(state: dict, t: float) -> str:
+    child = state["child"]
+    beat = (state.get("progress") or {}).get("heartbeat")
+    devices = ",".join(str(d) for d in state.get("devices") or []) or "cpu"
+    return (f"  trainer pid {child.get('pid')}, attempt {child.get('attempt')}, devices {devices}, "
+            f"heartbeat {_ago(t, beat) if beat else 'none yet'}, log {child.get('log')}")
+
+
+def _gpu_lines(gpu_wait: dict, t: float) -> list[str]:
+    lines = []
+    for d in gpu_wait.get("devices") or []:
+        why = "free" if d.get("free") else "; ".join(d.get("reasons") or ["busy"])
+        lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_duration(t - d['since']) if d.get('since') else '-'})")
+    return lines
+
+
+def _checkpoints_line(state: dict, t: float) -> str:
+    """The local checkpoint, the remote one and the sync between them."""
+    local, remote, sync = state.get("local_checkpoint"), state.get("remote_checkpoint"), state.get("sync") or {}
+    line = "  local checkpoint: " + (
+        f"step {local.get('step')} ({'fetched from the remote ' if local.get('fetched') else ''}"
+        f"{_ago(t, local['time'])})" if local and local.get("time") else "none")
+    if sync.get("state") == "off":
+        return line + "   remote: none configured"
+    line += "   remote: " + (f"step {remote.get('step')} ({_ago(t, remote['time'])}, "
+                             f"{'verified' if remote.get('verified') else 'NOT verified'})"
+                             if remote and remote.get("time") else "none")
+    line += f"   sync: {sync.get('state')}"
+    if sync.get("error") and sync.get("state") in ("failed", "stalled", "unavailable"):
+        line += f" ({sync['error']})"
+    return line
+
+
+def _staging_lines(staging: dict) -> list[str]:
+    if staging.get("state") in (None, "done", "not_started"):
+        return []
+    prog = f" {staging['progress']}" if staging.get("progress") is not None else ""
+    return [f"  staging: {staging['state']}{prog}" + (f" ({staging['error']})" if staging.get("error") else "")]
+
+
+def _restart_lines(state: dict, t: float) -> list[str]:
+    restarts = state.get("restarts") or []
+    if not restarts:
+        return []
+    last = restarts[-1]
+    return [f"  restarts: {len(restarts)} (last: {last.get('cause')} at step {last.get('step')}, "
+            f"{_ago(t, last['time'])} -> {last.get('action')}; "
+            f"{state.get('no_progress_streak', 0)} in a row without progress)"]
+
+
 def _error_context(state: dict, t: float) -> str:
     """" (3m ago, at step 130; training went on to step 240)": tells a current problem from an old one."""
     when, at = state.get("last_error_at"), state.get("last_error_step")
     if not when:
         return ""
-    parts = [f"{fmt_age(t - when)} ago"] + ([f"at step {at}"] if at is not None else [])
+    parts = [_ago(t, when)] + ([f"at step {at}"] if at is not None else [])
     step = (state.get("progress") or {}).get("step")
     if at is not None and step is not None and step > at:
         parts.append(f"training went on to step {step}")
@@ -140,19 +174,13 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
 
 
 def _attempt_logs(run_dir: Path) -> list[Path]:
-    return sorted((run_dir / protocol.ATTEMPT_LOGS).glob("attempt-*.log"))
+    folder = run_dir / names.ATTEMPT_LOGS
+    return sorted(p for p in folder.iterdir() if names.is_attempt_log(p.name)) if folder.is_dir() else []
 
 
 def _tail(path: Path, n: int) -> tuple[str, int]:
     """The last n lines of a file and the offset of its end."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read()
-    except FileNotFoundError:
-        return "", 0
-    lines = data.decode(errors="replace").splitlines()[-n:]
+    lines, size = tail_lines(path, n)
     return "".join(line + "\n" for line in lines), size
 
 
@@ -175,7 +203,7 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
     if problem:
         print(problem, file=sys.stderr)
         return NOT_A_RUN
-    sup_path = run_dir / protocol.SUPERVISOR_LOG
+    sup_path = run_dir / names.SUPERVISOR_LOG
     text, sup_off = _tail(sup_path, lines)
     out.write(f"==> {sup_path} <==\n{text}")
     attempts = _attempt_logs(run_dir)
@@ -205,21 +233,10 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
 
 
 def _copy_new(path: Path, offset: int, label: str, out) -> int:
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < offset:  # rotated or truncated
-                offset = 0
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return offset
-    end = data.rfind(b"\n")
-    if end < 0:
-        return offset
-    for line in data[:end].decode(errors="replace").splitlines():
-        out.write(f"[{label}] {line}\n")
-    return offset + end + 1
+    lines, offset = read_new_lines(path, offset)
+    for line in lines:
+        out.write(f"[{label}] {line.decode(errors='replace')}\n")
+    return offset
 
 
 def _stop_orphans(run_dir: Path, out) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import struct
 import time
@@ -32,29 +31,19 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from minilmd.protocol import sha256_file  # noqa: F401  (part of this module's torch-free API)
+from minilmd.fsio import sha256_file, table_problems
+from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
+from minilmd.names import (LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, QUARANTINE, REASON_FILE,
+                           TRAINER_STATE, deleting_name, is_step_name, quarantine_name, step_of, tmp_owner_pid)
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
-MANIFEST = "manifest.json"
-MODEL_FILE = "model.safetensors"
-OPTIMIZER_FILE = "optimizer.safetensors"
-OPTIMIZER_META = "optimizer.json"
-TRAINER_STATE = "trainer_state.json"
-TOKENIZER_FILE = "tokenizer.json"
 REQUIRED_FILES = (MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TRAINER_STATE)
-LATEST = "LATEST"
-QUARANTINE = "quarantine"
-REASON_FILE = "reason.txt"
-TMP_PREFIX = ".tmp-"
 
-# Test-only: "point@step" makes `save` SIGKILL its own process at that point of the protocol for that step, so
-# that tests can kill deterministically mid-save. Points: after_model, before_manifest, before_rename, before_latest.
-KILL_ENV = "MINILMD_TEST_CHECKPOINT_KILL"
+# Test-only: KILL_ENV="point@step" makes `save` SIGKILL its own process at that point of the protocol for that
+# step, so that tests can kill deterministically mid-save.
 KILL_POINTS = ("after_model", "before_manifest", "before_rename", "before_latest")
 
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
-_TMP_DIR = re.compile(r"^\.tmp-.*-(\d+)$")
 _MAX_HEADER = 64 << 20
 _READ_CHUNK = 16 << 20
 # safetensors dtype name -> (numpy dtype used to read it, is floating point)
@@ -98,19 +87,7 @@ class Expectation:
     """PreparedCorpus.tokenizer_fingerprint (sha256 of tokenizer.json)."""
 
 
-# --- names ---------------------------------------------------------------------------------------------------------
-
-def step_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def step_of(path: str | os.PathLike) -> int:
-    """The step in a checkpoint directory's name (`step-00001234` -> 1234); ValueError for other names."""
-    m = _STEP_DIR.match(Path(path).name)
-    if not m:
-        raise ValueError(f"{path}: not a checkpoint directory name (expected step-XXXXXXXX)")
-    return int(m.group(1))
-
+# --- finding -------------------------------------------------------------------------------------------------------
 
 def read_latest(root: str | os.PathLike) -> str | None:
     """The directory name `LATEST` points to, or None when there is none yet."""
@@ -126,7 +103,7 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / MANIFEST).is_file()]
+    found = [p for p in root.iterdir() if is_step_name(p.name) and (p / MANIFEST).is_file()]
     return sorted(found, key=step_of)
 
 
@@ -206,25 +183,9 @@ def scan_safetensors(path: str | os.PathLike) -> tuple[str, dict, dict[str, int]
 
 def verify_manifest(manifest: dict, size_of: Callable[[str], int | None],
                     sha256_of: Callable[[str], str]) -> list[str]:
-    """Problems of a copy against its manifest (empty: good), through callbacks so that [E]'s sync can check a
+    """Problems of a copy against its manifest (empty: good), through callbacks so that the sync can check a
     remote copy: size_of(name) -> size or None if missing; sha256_of(name) is only called when sizes match."""
-    problems = manifest_problems(manifest)
-    if problems:
-        return problems
-    for name, entry in manifest["files"].items():
-        size = size_of(name)
-        if size is None:
-            problems.append(f"{name}: missing (listed in {MANIFEST})")
-        elif size != entry["size"]:
-            problems.append(f"{name}: size {size} bytes, {MANIFEST} says {entry['size']} (truncated or changed)")
-    if problems:
-        return problems
-    for name, entry in manifest["files"].items():
-        digest = sha256_of(name)
-        if digest != entry["sha256"]:
-            problems.append(f"{name}: sha256 mismatch ({MANIFEST} says {entry['sha256'][:16]}..., "
-                            f"file has {digest[:16]}...)")
-    return problems
+    return manifest_problems(manifest) or table_problems(manifest["files"], size_of, sha256_of, listed_in=MANIFEST)
 
 
 def manifest_problems(manifest: Any) -> list[str]:
@@ -269,7 +230,23 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
     finite. Without `expected` the checkpoint is checked against the config it records itself."""
     ckpt_dir = Path(ckpt_dir)
     manifest = read_manifest(ckpt_dir)
-    scans: dict[str, tuple] = {}
+    scans = _verify_files(ckpt_dir, manifest)
+    step = manifest["step"]
+    state, opt_meta = _read_json_parts(ckpt_dir)
+    problems = _step_problems(ckpt_dir, step, state)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    _check_expectation(ckpt_dir, state, expected)
+    problems = _tensor_problems(ckpt_dir, scans, opt_meta, _model_config(ckpt_dir, state, expected), step)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    return state
+
+
+def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
+    """Every file against the manifest (sizes, then sha256); the safetensors files are scanned in the same read
+    (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name."""
+    scans: dict[str, tuple | ValueError] = {}
 
     def size_of(name: str) -> int | None:
         try:
@@ -292,37 +269,52 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
         raise CheckpointInvalid(ckpt_dir, f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    for name, scan in scans.items():
+    for scan in scans.values():
         if isinstance(scan, ValueError):
             raise CheckpointInvalid(ckpt_dir, str(scan))
+    return scans
 
-    step = manifest["step"]
+
+def _read_json_parts(ckpt_dir: Path) -> tuple[dict, dict]:
+    """(trainer_state, optimizer meta): their hashes matched, so a JSON error here is a writer's bug."""
     try:
         state = json.loads((ckpt_dir / TRAINER_STATE).read_text(encoding="utf-8"))
         opt_meta = json.loads((ckpt_dir / OPTIMIZER_META).read_text(encoding="utf-8"))
     except ValueError as e:
         raise CheckpointInvalid(ckpt_dir, f"unreadable JSON despite a matching hash: {e}") from None
-    if _STEP_DIR.match(ckpt_dir.name) and step_of(ckpt_dir) != step:
+    return state, opt_meta
+
+
+def _step_problems(ckpt_dir: Path, step: int, state: dict) -> list[str]:
+    """The directory name, the manifest and trainer_state.json must name the same step."""
+    problems = []
+    if is_step_name(ckpt_dir.name) and step_of(ckpt_dir) != step:
         problems.append(f"directory name says step {step_of(ckpt_dir)}, {MANIFEST} says {step}")
     if state.get("step") != step:
         problems.append(f"{TRAINER_STATE} says step {state.get('step')!r}, {MANIFEST} says {step}")
-    if problems:
-        raise CheckpointInvalid(ckpt_dir, problems)
+    return problems
 
-    _check_expectation(ckpt_dir, state, expected)
+
+def _model_config(ckpt_dir: Path, state: dict, expected: Expectation | None) -> dict:
+    """The model config the tensors must fit: the run's when given, else the one the checkpoint records."""
     model_cfg = expected.model if expected and expected.model is not None else \
         (state.get("config") or {}).get("model")
     if model_cfg is None:
         raise CheckpointInvalid(ckpt_dir, f"{TRAINER_STATE} records no model config to check shapes against")
+    return model_cfg
+
+
+def _tensor_problems(ckpt_dir: Path, scans: dict[str, tuple], opt_meta: dict, model_cfg: dict,
+                     step: int) -> list[str]:
+    """Keys, shapes and dtypes of the weights and the optimizer state against the model config; the optimizer's
+    step against the checkpoint's; every tensor finite."""
     expected_shapes = _expected_shapes(ckpt_dir, model_cfg)
-    problems += _shape_problems(MODEL_FILE, scans[MODEL_FILE][1], expected_shapes)
+    problems = _shape_problems(MODEL_FILE, scans[MODEL_FILE][1], expected_shapes)
     problems += _optimizer_problems(scans[OPTIMIZER_FILE], opt_meta, expected_shapes, step)
     for name in (MODEL_FILE, OPTIMIZER_FILE):
         for key, n in scans[name][2].items():
             problems.append(f"{name}: tensor {key} has {n} non-finite value(s) (NaN or inf)")
-    if problems:
-        raise CheckpointInvalid(ckpt_dir, problems)
-    return state
+    return problems
 
 
 def _expected_shapes(ckpt_dir: Path, model_cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -405,15 +397,15 @@ def verify_report(path: str | os.PathLike, expected: Expectation | None = None) 
     manifest included, as failures). Nothing is moved. {"ok": bool, "checkpoints": [{"path", "step", "ok",
     "problems", "mismatch"}]}; ok is False when there is no checkpoint at all."""
     path = Path(path)
-    if (path / MANIFEST).exists() or _STEP_DIR.match(path.name):
+    if (path / MANIFEST).exists() or is_step_name(path.name):
         dirs = [path]
     elif path.is_dir():
-        dirs = sorted((p for p in path.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()), key=step_of)
+        dirs = sorted((p for p in path.iterdir() if is_step_name(p.name) and p.is_dir()), key=step_of)
     else:
         dirs = []
     results = []
     for d in dirs:
-        entry = {"path": str(d), "step": step_of(d) if _STEP_DIR.match(d.name) else None, "ok": True,
+        entry = {"path": str(d), "step": step_of(d) if is_step_name(d.name) else None, "ok": True,
                  "problems": [], "mismatch": None}
         try:
             state = validate(d, expected)
@@ -456,11 +448,9 @@ def quarantine(ckpt_dir: str | os.PathLike, reason: str) -> Path:
     qdir = ckpt_dir.parent / QUARANTINE
     qdir.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    dest = qdir / f"{ckpt_dir.name}-{stamp}"
     n = 1
-    while dest.exists():
+    while (dest := qdir / quarantine_name(ckpt_dir.name, stamp, n)).exists():
         n += 1
-        dest = qdir / f"{ckpt_dir.name}-{stamp}-{n}"
     os.rename(ckpt_dir, dest)
     (dest / REASON_FILE).write_text(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {reason}\n", encoding="utf-8")
     return dest
@@ -532,7 +522,7 @@ def prune(root: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLik
         if path.resolve() in protected:
             continue
         # Rename first: readers never see a half-deleted directory with its manifest still in place.
-        doomed = root / f"{TMP_PREFIX}deleting-{path.name}-{os.getpid()}"
+        doomed = root / deleting_name(path.name, os.getpid())
         try:
             os.rename(path, doomed)
         except FileNotFoundError:
@@ -560,10 +550,9 @@ def clean_stale_tmp(root: str | os.PathLike) -> list[Path]:
         return []
     removed = []
     for p in root.iterdir():
-        m = _TMP_DIR.match(p.name)
-        if not m or not p.is_dir():
+        pid = tmp_owner_pid(p.name)
+        if pid is None or not p.is_dir():
             continue
-        pid = int(m.group(1))
         if pid == os.getpid() or not _pid_alive(pid):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)

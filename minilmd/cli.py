@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import typer
 
+from minilmd.names import TOKENIZER_FILE
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="minilmd: resilient training of small LMs.")
 tokenizer_app = typer.Typer(no_args_is_help=True, help="Train or inspect a tokenizer.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, printed side by side in one run.")
@@ -28,7 +30,7 @@ def _data_error_exit(e: Exception) -> typer.Exit:
 @tokenizer_app.command("train")
 def tokenizer_train_command(
     corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line), paths or fsspec URLs."),
-    out: str = typer.Option("tokenizer.json", "--out", help="Where to write the tokenizer.json."),
+    out: str = typer.Option(TOKENIZER_FILE, "--out", help="Where to write the tokenizer.json."),
     vocab_size: int = typer.Option(6400, "--vocab-size", help="Vocabulary size, special tokens included."),
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65) or skip (count and go on)."),
     max_docs: int = typer.Option(0, "--max-docs", help="Train on the first N documents only (0: all); BPE "
@@ -56,7 +58,7 @@ def tokenizer_train_command(
 @tokenizer_app.command("check")
 def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.json or a directory holding one.")):
     """Check that a tokenizer has MiniMind's special ids and fits uint16 (exit 2 when not)."""
-    from minilmd.trainer.data.tokenizer import TokenizerError, load_tokenizer
+    from minilmd.tokenizer import TokenizerError, load_tokenizer
 
     try:
         tok = load_tokenizer(path)
@@ -84,7 +86,7 @@ def prepare_command(
 
     from minilmd.trainer.data.jsonl import InputError
     from minilmd.trainer.data.prepare import prepare
-    from minilmd.trainer.data.tokenizer import TokenizerError
+    from minilmd.tokenizer import TokenizerError
     from minilmd.corpus import CorpusError
 
     def on_sigterm(signum, frame):
@@ -105,7 +107,7 @@ def prepare_command(
 @bench_app.command("prepare")
 def bench_prepare_command(
     corpus: list[str] = typer.Argument(..., help="JSONL files to prepare (a few hundred MB for a fair figure)."),
-    tokenizer: str = typer.Option(..., "--tokenizer", help="tokenizer.json"),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="The tokenizer (a tokenizer.json)."),
     workers: int = typer.Option(-1, "--workers", help="prepare's encoding processes; -1: one per core."),
     scratch: str = typer.Option(None, "--scratch", help="Where the prepared output goes (deleted after)."),
 ) -> None:

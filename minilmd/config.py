@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from minilmd.names import CHECKPOINTS, CORPUS_META, RUN_DIR_ENV
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -207,7 +209,7 @@ class RunConfig:
     @property
     def checkpoint_dir(self) -> Path:
         """Local checkpoints, in scratch."""
-        return self.scratch_dir / "checkpoints"
+        return self.scratch_dir / CHECKPOINTS
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -392,7 +394,7 @@ def _check_duration(name: str, value: Duration) -> list[str]:
 def corpus_train_tokens(prepared: str) -> int | None:
     """Train-split token count from a local prepared corpus's meta.json, or None if it cannot be read."""
     try:
-        meta = json.loads((Path(prepared) / "meta.json").read_text(encoding="utf-8"))
+        meta = json.loads((Path(prepared) / CORPUS_META).read_text(encoding="utf-8"))
         return int(meta["splits"]["train"]["tokens"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -435,7 +437,7 @@ def _check_paths(cfg: RunConfig) -> list[str]:
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
-        elif not os.environ.get("MINILMD_RUN_DIR"):  # a supervised trainer never touches the remote itself
+        elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
             p += _shared_storage_check(_check_writable, "run.remote", Path(cfg.run.remote))
     return p
 
@@ -468,8 +470,8 @@ def _shared_storage_check(check, *args) -> list[str]:
 def _check_prepared_dir(prepared: str) -> list[str]:
     if not Path(prepared).is_dir():
         return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"]
-    if not (Path(prepared) / "meta.json").is_file():
-        return [f"data.prepared = {prepared!r}: no meta.json there; not an output of `minilmd prepare`"]
+    if not (Path(prepared) / CORPUS_META).is_file():
+        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"]
     return []
 
 

@@ -1,6 +1,6 @@
 """Reading a prepared corpus: the token stream the trainer samples windows from, checked on every open.
 
-A prepared corpus (the output of `minilmd prepare`, format in docs/ and design.md) is a directory:
+A prepared corpus (the output of `minilmd prepare`, format in docs/formats.md) is a directory:
     meta.json  tokenizer.json  train/{tokens.bin,doc_lengths.npy}  val/{tokens.bin,doc_lengths.npy}
 tokens.bin is a raw little-endian uint16 stream `[BOS] doc [EOS] [BOS] doc [EOS] ...`; doc_lengths.npy holds the
 length of each document including its BOS and EOS. A tokens.bin and a doc_lengths.npy that disagree did not come
@@ -15,21 +15,19 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, sha256_file
+from minilmd.fsio import dir_table_problems, local_size, sha256_file, table_problems
+from minilmd.names import CORPUS_META as META
+from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, SPLITS, TOKENS, split_file
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.tokenizer import TokenizerError, load_tokenizer
 
 FORMAT = "minilmd-prepared"
 VERSION = 1
-SPLITS = ("train", "val")
-TOKENS = "tokens.bin"
-DOC_LENGTHS = "doc_lengths.npy"
-META = "meta.json"
-TOKENIZER = "tokenizer.json"
 _SCAN = 1 << 24  # tokens per block when scanning for the largest id: bounded temporaries
 
 
 class CorpusError(ValueError):
     """An invalid prepared corpus; the message names the files and the numbers that disagree."""
-
 
 
 def read_meta(root: str | Path) -> dict:
@@ -103,20 +101,14 @@ class TokenStream:
 
     def _check_files(self, meta: dict, verify_hash: bool) -> None:
         files = meta.get("files", {})
-        for name in (TOKENS, DOC_LENGTHS):
-            key = f"{self.dir.name}/{name}"
-            want = files.get(key)
-            if want is None:
-                continue  # a split dir outside its corpus layout: only the invariants apply
-            path = self.dir / name
-            size = path.stat().st_size
-            if size != want["size"]:
-                raise CorpusError(f"{path} is {size} bytes but meta.json records {want['size']}: "
-                                  "they did not come from the same run (or the copy is incomplete)")
-            if verify_hash:
-                got = sha256_file(path)
-                if got != want["sha256"]:
-                    raise CorpusError(f"{path}: sha256 {got} but meta.json records {want['sha256']}")
+        # A split dir outside its corpus layout is not listed: only the invariants apply then.
+        keys = {name: split_file(self.dir.name, name) for name in (TOKENS, DOC_LENGTHS)}
+        table = {name: files[key] for name, key in keys.items() if key in files}
+        problems = table_problems(table, lambda name: local_size(self.dir / name),
+                                  (lambda name: sha256_file(self.dir / name)) if verify_hash else None,
+                                  listed_in=META, label=lambda name: str(self.dir / name))
+        if problems:
+            raise CorpusError(f"{problems[0]}: they did not come from the same run (or the copy is incomplete)")
 
     def _check_boundaries(self, tokens_path: Path, lengths_path: Path) -> None:
         if not self.n_docs:
@@ -167,7 +159,7 @@ class PreparedCorpus:
         if self.meta.get("special_ids") != {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID}:
             raise CorpusError(f"{self.root / META}: special_ids {self.meta.get('special_ids')} differ from "
                               f"minilmd's pad {PAD_ID}, bos {BOS_ID}, eos {EOS_ID}")
-        self.tokenizer_path = self.root / TOKENIZER
+        self.tokenizer_path = self.root / CORPUS_TOKENIZER
         if not self.tokenizer_path.is_file():
             raise CorpusError(f"{self.tokenizer_path}: missing")
         self.tokenizer_fingerprint = self.meta["tokenizer_sha256"]
@@ -176,9 +168,9 @@ class PreparedCorpus:
             raise CorpusError(f"{self.tokenizer_path}: sha256 {tok_sha} but meta.json records "
                               f"{self.tokenizer_fingerprint}: the tokenizer and the tokens did not come from the "
                               "same run")
-        self.train = TokenStream(self.root / "train", self.vocab_size, verify_hash)
-        self.val = TokenStream(self.root / "val", self.vocab_size, verify_hash)
-        for name, stream in (("train", self.train), ("val", self.val)):
+        self.train = TokenStream(self.root / SPLITS[0], self.vocab_size, verify_hash)
+        self.val = TokenStream(self.root / SPLITS[1], self.vocab_size, verify_hash)
+        for name, stream in zip(SPLITS, (self.train, self.val)):
             want = self.meta.get("splits", {}).get(name, {})
             if want.get("tokens") != stream.n_tokens or want.get("documents") != stream.n_docs:
                 raise CorpusError(f"{stream.dir}: {stream.n_docs} documents / {stream.n_tokens} tokens but meta.json "
@@ -200,17 +192,7 @@ def verify_prepared(root: str | Path) -> list[str]:
         meta = read_meta(root)
     except CorpusError as e:
         return [str(e)]
-    problems = []
-    for name, want in sorted(meta.get("files", {}).items()):
-        path = root / name
-        if not path.is_file():
-            problems.append(f"{path}: missing (listed in meta.json)")
-            continue
-        size = path.stat().st_size
-        if size != want.get("size"):
-            problems.append(f"{path}: {size} bytes but meta.json records {want.get('size')}")
-        elif sha256_file(path) != want.get("sha256"):
-            problems.append(f"{path}: sha256 differs from meta.json")
+    problems = dir_table_problems(root, dict(sorted(meta.get("files", {}).items())), listed_in=META)
     if problems:
         return problems
     try:
@@ -218,8 +200,6 @@ def verify_prepared(root: str | Path) -> list[str]:
     except (CorpusError, KeyError) as e:
         return [str(e) if isinstance(e, CorpusError) else f"{root / META}: missing key {e}"]
     try:
-        from minilmd.trainer.data.tokenizer import TokenizerError, load_tokenizer
-
         tok = load_tokenizer(corpus.tokenizer_path)
         if tok.get_vocab_size(with_added_tokens=True) != corpus.vocab_size:
             problems.append(f"{corpus.tokenizer_path}: vocabulary of {tok.get_vocab_size(with_added_tokens=True)} "

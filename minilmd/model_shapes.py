@@ -20,9 +20,6 @@ from typing import Any
 
 from minilmd.config import ModelSection
 
-STATE_DTYPE = "float32"
-"""dtype of every weight tensor in a checkpoint (safetensors calls it "F32")."""
-
 TIED_HEAD_KEY = "lm_head.weight"
 """Left out of checkpoints (see the module docstring); exports write it, equal to EMBED_KEY."""
 EMBED_KEY = "model.embed_tokens.weight"
@@ -64,13 +61,3 @@ def expected_state_shapes(model: dict[str, Any] | ModelSection) -> dict[str, tup
     shapes["model.norm.weight"] = (hidden,)
     return shapes
 
-
-def parameter_count(model: dict[str, Any] | ModelSection) -> int:
-    """Number of parameters, the tied head counted once (63,912,192 for MiniMind-3's 768 x 8)."""
-    total = 0
-    for shape in expected_state_shapes(model).values():
-        n = 1
-        for d in shape:
-            n *= d
-        total += n
-    return total

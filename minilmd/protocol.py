@@ -6,11 +6,16 @@ the supervisor imports it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
+
+# atomic_write_text is re-exported until daemon/supervisor.py and tests/fake_trainer.py import it from minilmd.fsio.
+from minilmd.fsio import atomic_write_json, atomic_write_text  # noqa: F401
+# The run directory's files through which the trainer reports (HEARTBEAT, METRICS, FAULT) and the rest of the run's
+# vocabulary: names.py owns them; daemon/ modules and tests read them as protocol.X.
+from minilmd.names import (ATTEMPT_LOGS, EVENTS, FAULT, FAULT_ENV, FAULTS_FIRED, HEARTBEAT, LOCK,  # noqa: F401
+                           METRICS, RUN_CONFIG_COPY, RUN_DIR_ENV, STATE, SUPERVISOR_LOG)
 
 # --- Special token ids (MiniMind's): PAD <|endoftext|>, BOS <|im_start|>, EOS <|im_end|>. -----------------------
 PAD_ID = 0
@@ -32,67 +37,10 @@ SUPERVISOR_CONFIG = 2  # bad config, bad data or a run already owned by another 
 SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress: do not restart (systemd prevents it)
 FINAL_EXIT_STATUSES = (SUPERVISOR_CONFIG, EXIT_DATA, SUPERVISOR_GAVE_UP)
 
-# --- Files in the run directory ---------------------------------------------------------------------------------
-HEARTBEAT = "heartbeat"  # its mtime is refreshed every training step; its body is the current step
-METRICS = "metrics.jsonl"  # one JSON line per logged step (and eval, and checkpoint save)
-FAULT = "fault.json"  # written by the trainer just before it exits on a failure it can see
-STATE = "state.json"  # the supervisor's view, rewritten atomically
-EVENTS = "events.jsonl"  # one line per supervisor event
-SUPERVISOR_LOG = "supervisor.log"
-LOCK = "supervisor.lock"
-ATTEMPT_LOGS = "logs"  # logs/attempt-0001.log ... one per trainer launch
-RUN_CONFIG_COPY = "run.toml"
-
-# --- Set by the supervisor on every child (daemon/child.py RUN_DIR_ENV): the trainer runs supervised. Then it
-# neither prunes scratch checkpoints (the supervisor does, after a verified sync) nor reads the remote itself.
-SUPERVISED_ENV = "MINILMD_RUN_DIR"
-
 # --- Fault injection, for tests and the demo ----------------------------------------------------------------------
-# MINILMD_FAULT="kind@step[,kind@step...]" with kind in FAULT_KINDS. Each fault fires once per run: the trainer
-# records a fired fault in <run dir>/faults-fired so that a restarted trainer does not fire it again.
-FAULT_ENV = "MINILMD_FAULT"
+# FAULT_ENV="kind@step[,kind@step...]" with kind in FAULT_KINDS. Each fault fires once per run: the trainer
+# records a fired fault in <run dir>/FAULTS_FIRED so that a restarted trainer does not fire it again.
 FAULT_KINDS = ("oom", "sigbus", "sigkill", "hang", "exception")
-FAULTS_FIRED = "faults-fired"
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file, read in chunks (corpus files and checkpoints can be GBs)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a rename or a new entry in this directory durable (a file's own fsync does not cover its name)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a file so that a reader sees the old content or the new, never a half: temp file, fsync, rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def atomic_write_json(path: str | os.PathLike, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def write_fault(run_dir: str | os.PathLike, kind: str, message: str, **details) -> None:

@@ -187,7 +187,7 @@ def main(argv: list[str]) -> int:
         due = (every_steps and step % every_steps == 0) or (every_s and time.monotonic() - last_save >= every_s)
         if STOP["requested"] or due or step == total:
             # like the real trainer: under a supervisor (MINILMD_RUN_DIR set) the supervisor prunes scratch
-            keep = sys.maxsize if os.environ.get(protocol.SUPERVISED_ENV) else cfg.train.keep_local
+            keep = sys.maxsize if os.environ.get(protocol.RUN_DIR_ENV) else cfg.train.keep_local
             path = save(ckpt_root, step, weights, cfg, prints, keep)
             last_save = time.monotonic()
             metrics.write(json.dumps({"kind": "checkpoint", "step": step, "blocking_s": 0.0, "path": str(path),

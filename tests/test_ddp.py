@@ -9,9 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minilmd.trainer.loop.metrics import read_metrics
 from minilmd.protocol import EXIT_DONE
-from trainer_corpus import child_env, real_text_prepared, run_paths, train, write_config
+from trainer_corpus import child_env, read_metrics, real_text_prepared, run_paths, train, write_config
 
 
 @pytest.fixture(scope="module")

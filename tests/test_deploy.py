@@ -4,6 +4,7 @@ config (complete, valid, and its arithmetic true)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import RunConfig, config_from_dict, load_config
-from minilmd.model_shapes import parameter_count
+from minilmd.model_shapes import expected_state_shapes
 from minilmd.protocol import FINAL_EXIT_STATUSES
 
 if sys.version_info >= (3, 11):
@@ -316,7 +317,7 @@ def test_example_config_is_valid_and_is_the_notes_768x8_run():
     m, t = cfg.model, cfg.train
     assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads, m.vocab_size) == (
         768, 8, 8, 4, 6400)
-    assert parameter_count(m) == 63_912_192  # the figure in the file's header
+    assert sum(map(math.prod, expected_state_shapes(m).values())) == 63_912_192  # the figure in the file's header
     assert (t.seq_len, t.micro_batch_size, t.max_tokens) == (340, 32, 20_000_000)
     tokens_per_step = t.seq_len * t.micro_batch_size * t.grad_accum * cfg.gpu.count
     assert t.max_tokens // tokens_per_step == 1838  # "about 1,838 steps" in the comments

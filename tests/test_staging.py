@@ -125,7 +125,7 @@ def test_changed_source_is_staged_again(source, tmp_path, tokenizer_json):
 def test_source_that_does_not_match_its_meta_is_never_staged(source, tmp_path):
     (source / "train/tokens.bin").write_bytes(b"\x01\x00" * 10)
     logs = []
-    with pytest.raises(StagingError, match=r"train/tokens.bin failed after 3 attempts: copied 20 bytes"):
+    with pytest.raises(StagingError, match=r"train/tokens.bin failed after 3 attempts: copied: size 20 bytes"):
         stage(str(source), tmp_path / "shm", retries=2, backoff_s=0.01, log=logs.append)
     assert sum("retrying train/tokens.bin" in m for m in logs) == 2
     assert list((tmp_path / "shm").iterdir()) == []
@@ -174,7 +174,7 @@ def test_failing_and_short_reads_are_retried(flaky_source, tmp_path):
     staged = stage(flaky_source, tmp_path / "shm", retries=3, backoff_s=0.01, log=logs.append)
     assert verify_staged(staged) == []
     retries = [m for m in logs if "retrying" in m]
-    assert len(retries) == 2 and "Input/output error" in retries[0] and "short or changed" in retries[1]
+    assert len(retries) == 2 and "Input/output error" in retries[0] and "truncated or changed" in retries[1]
 
 
 def test_source_failing_every_time_leaves_nothing_staged(flaky_source, tmp_path):
@@ -278,7 +278,7 @@ def test_source_failing_mid_copy_on_fuse_is_retried(faultfs, tokenizer_json, tmp
 def test_source_reporting_a_short_file_on_fuse_is_never_staged(faultfs, tokenizer_json, tmp_path):
     source = write_corpus(faultfs.root / "nfs" / "prepared", corpus_files(tokenizer_json))
     faultfs.shrink("*val/tokens.bin", 10)  # an attribute refresh after an NFS hiccup saw a truncated file
-    with pytest.raises(StagingError, match="val/tokens.bin failed after 2 attempts: copied 10 bytes"):
+    with pytest.raises(StagingError, match="val/tokens.bin failed after 2 attempts: copied: size 10 bytes"):
         stage(str(source), tmp_path / "shm", retries=1, backoff_s=0.01)
     assert faultfs.hits("shrink")
     assert list((tmp_path / "shm").iterdir()) == []

@@ -75,7 +75,7 @@ def test_same_total_but_shifted_boundaries_are_refused(made, tmp_path):
 
 def test_size_recorded_in_meta_is_checked_on_every_open(a_copy, made):
     shutil.copy(made / "B" / "val" / "tokens.bin", a_copy / "val" / "tokens.bin")
-    with pytest.raises(CorpusError, match="bytes but meta.json records .*did not come from the same run"):
+    with pytest.raises(CorpusError, match="bytes, meta.json says .*did not come from the same run"):
         open_prepared(a_copy)
 
 
@@ -98,7 +98,7 @@ def test_full_hash_is_optional_on_open_and_always_in_verify_prepared(a_copy):
     with pytest.raises(CorpusError, match="sha256"):
         open_prepared(a_copy, verify_hash=True)
     problems = verify_prepared(a_copy)
-    assert len(problems) == 1 and "train/tokens.bin: sha256 differs" in problems[0]
+    assert len(problems) == 1 and "train/tokens.bin: sha256 mismatch" in problems[0]
 
 
 def test_verify_prepared_lists_missing_files_and_a_swapped_tokenizer(a_copy, made):

@@ -13,11 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from minilmd.config import load_config
-from minilmd.trainer.loop.metrics import read_metrics
 from minilmd.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT_ENV,
                                       HEARTBEAT, read_fault)
 from minilmd.trainer.loop.train import total_steps_for_budget
-from trainer_corpus import child_env, real_text_prepared, run_paths, train, train_cmd, write_config
+from trainer_corpus import child_env, read_metrics, real_text_prepared, run_paths, train, train_cmd, write_config
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from minilmd.config import load_config
-from minilmd.protocol import BOS_ID, EOS_ID, FAULT_ENV
+from minilmd.protocol import BOS_ID, EOS_ID, FAULT_ENV, METRICS
 
 
 def _sha256(path: Path) -> str:
@@ -135,3 +135,20 @@ def train(config: Path, *sets: str, timeout: int = 300, **env) -> subprocess.Com
 def run_paths(config: Path) -> tuple[Path, Path]:
     cfg = load_config(config)
     return cfg.run_dir, cfg.checkpoint_dir
+
+
+def read_metrics(run_dir: str | os.PathLike, kind: str | None = None) -> list[dict]:
+    """Lines of metrics.jsonl (of one kind, if given); a torn last line is skipped."""
+    out = []
+    try:
+        lines = (Path(run_dir) / METRICS).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if kind is None or obj.get("kind") == kind:
+            out.append(obj)
+    return out

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from minilmd.names import CORPUS_META
+
 GOAL_RATIO = 0.9
 GOAL_RSS = 1 << 30
 
@@ -26,7 +28,7 @@ GOAL_RSS = 1 << 30
 def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
     """Throughput of encode_batch and encode_batch_fast on the corpus texts, only encode time counted."""
     from minilmd.trainer.data.jsonl import Source, parse_block
-    from minilmd.trainer.data.tokenizer import load_tokenizer
+    from minilmd.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     methods = {"encode_batch": tok.encode_batch}
@@ -96,7 +98,7 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if child.returncode != 0:
         raise RuntimeError(f"prepare exited with {child.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
-    meta = json.loads((out / "meta.json").read_text())
+    meta = json.loads((out / CORPUS_META).read_text())
     tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
     removed = meta["leak_check"]["removed_from_val"]  # their tokens were encoded too; negligible, not added back
     return {"seconds": wall, "cpu_seconds": cpu, "peak_rss": peak, "tokens": tokens,

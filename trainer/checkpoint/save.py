@@ -22,9 +22,10 @@ from typing import Callable
 
 import numpy as np
 
-from minilmd.checkpoint import (FORMAT, KILL_ENV, LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META,
-                         TMP_PREFIX, TOKENIZER_FILE, TRAINER_STATE, VERSION, prune, read_manifest, step_name)
-from minilmd.protocol import atomic_write_text, fsync_dir
+from minilmd.checkpoint import FORMAT, VERSION, prune, read_manifest
+from minilmd.fsio import atomic_write_text, fsync_dir, publish_dir
+from minilmd.names import (CHECKPOINT_KILL_ENV, LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META,
+                           TOKENIZER_FILE, TRAINER_STATE, save_tmp_name, step_name)
 
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def _flatten_optimizer(optimizer_state: dict) -> tuple[dict, dict]:
 
 
 def _maybe_kill(point: str, step: int) -> None:
-    if os.environ.get(KILL_ENV) == f"{point}@{step}":
+    if os.environ.get(CHECKPOINT_KILL_ENV) == f"{point}@{step}":
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -110,7 +111,7 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     if "step" in trainer_state and trainer_state["step"] != step:
         raise ValueError(f"trainer_state step {trainer_state['step']} != checkpoint step {step}")
     final = root / step_name(step)
-    tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
+    tmp = root / save_tmp_name(step, os.getpid())
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -127,13 +128,9 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     _maybe_kill("before_manifest", step)
     manifest = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
     _write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-    fsync_dir(tmp)
     _maybe_kill("before_rename", step)
-    if final.exists():  # a leftover without a valid manifest (a valid one would have been resumed from)
-        os.rename(final, root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}")
-        shutil.rmtree(root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}", ignore_errors=True)
-    os.rename(tmp, final)
-    fsync_dir(root)
+    # An existing `final` is a leftover without a valid manifest (a valid one would have been resumed from).
+    publish_dir(tmp, final)
     _maybe_kill("before_latest", step)
     atomic_write_text(root / LATEST, final.name + "\n")
     fsync_dir(root)
@@ -239,9 +236,11 @@ class AsyncCheckpointer:
     """Saves in a background thread after a CPU snapshot: the loop blocks only for the copy.
 
     At most one save is in flight; a second `save` first waits for the previous one. After each save the root is
-    pruned to `keep` valid checkpoints. `wait()` before exiting (and it re-raises a failure of the writer)."""
+    pruned to `keep` valid checkpoints; with keep None it is not, and no checkpoint is read back (under a
+    supervisor, which prunes scratch itself after a verified sync). `wait()` before exiting (and it re-raises a
+    failure of the writer)."""
 
-    def __init__(self, root: str | os.PathLike, keep: int, tokenizer: str | os.PathLike | None = None,
+    def __init__(self, root: str | os.PathLike, keep: int | None, tokenizer: str | os.PathLike | None = None,
                  background: bool = True, log: Callable[[str], None] = print):
         self.root, self.keep, self.tokenizer, self.background, self.log = Path(root), keep, tokenizer, background, log
         self._thread: threading.Thread | None = None
@@ -273,11 +272,16 @@ class AsyncCheckpointer:
         except BaseException as e:  # handed to the loop by wait()
             self._error = e
         else:
-            try:
-                prune(self.root, self.keep, log=self.log)
-            except Exception as e:  # noqa: BLE001 - housekeeping: never worth stopping the training for
-                self.log(f"minilmd: pruning {self.root} failed: {type(e).__name__}: {e}")
+            self._prune()
         self.last_write_s = time.perf_counter() - t0
+
+    def _prune(self) -> None:
+        if self.keep is None:
+            return
+        try:
+            prune(self.root, self.keep, log=self.log)
+        except Exception as e:  # noqa: BLE001 - housekeeping: never worth stopping the training for
+            self.log(f"minilmd: pruning {self.root} failed: {type(e).__name__}: {e}")
 
     def wait(self) -> Path | None:
         """Block until the save in flight is on disk; raise its error if it failed. Returns its path."""

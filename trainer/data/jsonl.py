@@ -10,7 +10,6 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-BAD_REASONS = ("invalid_utf8", "invalid_json", "missing_text", "text_not_string", "empty_text")
 BAD_LINE_POLICIES = ("error", "skip")
 
 

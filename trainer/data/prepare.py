@@ -1,11 +1,11 @@
-"""`minilmd prepare`: JSONL corpora -> a prepared corpus of packed uint16 token streams (format: tokenstream.py).
+"""`minilmd prepare`: JSONL corpora -> a prepared corpus of packed uint16 token streams (format: minilmd/corpus.py).
 
 The pipeline streams: the main process reads blocks of whole lines and hands them to worker processes, which
 parse, split, and encode them (each with a single-threaded tokenizer, so the cores work in parallel with no
 thread pool overhead) and send back uint16 arrays; the main process writes them in input order, so the output does
 not depend on the number of workers. At most a few blocks are in flight: memory stays bounded by the block size,
-not the corpus size. Everything is written into a temporary directory beside DIR and renamed at the end: an
-interrupted or failed prepare leaves nothing under DIR.
+not the corpus size. Everything is written into a temporary directory beside DIR and published at the end (every
+file fsynced, then one rename): an interrupted or failed prepare leaves nothing under DIR.
 
 Split: a document goes to val when the first 8 bytes of blake2b(text) read as an integer are below val_fraction *
 2**64. The split of a document therefore depends on its text alone (stable when lines are appended), and exact
@@ -28,16 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
+from minilmd.corpus import FORMAT, VERSION, CorpusError, open_prepared
+from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
+from minilmd.names import CORPUS_META as META
+from minilmd.names import (CORPUS_TOKENIZER, DOC_LENGTHS, LEAK_KEYS, SPLITS, TOKENS, UNCHECKED_VAL_TOKENS,
+                           prepare_aside_name, prepare_tmp_name, prepare_tmp_owner_pid, split_file)
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.tokenizer import load_tokenizer
 from minilmd.trainer.data import corpus_stats
 from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source, parse_block
-from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, atomic_write_json, sha256_file
-from minilmd.trainer.data.tokenizer import load_tokenizer
-from minilmd.corpus import (DOC_LENGTHS, FORMAT, META, TOKENIZER, TOKENS, VERSION, CorpusError,
-                                         PreparedCorpus, TokenStream, open_prepared, verify_prepared)
-
-# The reading side lives in tokenstream.py; re-exported so that callers may import either module.
-__all__ = ["prepare", "InputError", "CorpusError", "split_is_val", "leak_key", "open_prepared", "verify_prepared",
-           "PreparedCorpus", "TokenStream"]
 
 BLOCK_BYTES = 1 << 20
 MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of them are counted
@@ -234,13 +233,57 @@ def _remove_stale_tmp(out: Path) -> None:
     """Temp dirs of prepares that were killed (SIGKILL leaves no chance to clean up)."""
     import psutil
 
-    for p in out.parent.glob(f".{out.name}.tmp-*"):
-        try:
-            pid = int(p.name.rsplit("-", 1)[1])
-        except ValueError:
-            continue
-        if not psutil.pid_exists(pid):
+    for p in out.parent.iterdir():
+        pid = prepare_tmp_owner_pid(out.name, p.name)
+        if pid is not None and not psutil.pid_exists(pid):
             shutil.rmtree(p, ignore_errors=True)
+
+
+@dataclass
+class PrepareOptions:
+    """How `prepare` splits, checks and reports; each field is the `minilmd prepare` flag of the same name."""
+
+    val_fraction: float = 0.005
+    """Share of documents for validation, by the hash rule of the module docstring; in [0, 1)."""
+    on_bad_line: str = "error"
+    """"error": stop at the first bad line and write nothing; "skip": count it, keep a few examples, go on."""
+    seq_len: int = 340
+    """Sequence length of the padding/packing report (the output does not depend on it)."""
+    batch_size: int = 32
+    """Batch size of the steps-per-epoch report."""
+    workers: int | None = None
+    """Encoding processes; None: one per core, 0: in this process."""
+    block_bytes: int = BLOCK_BYTES
+    """Input bytes per work item; a few blocks per worker are in flight, so memory is bounded by this."""
+
+    def problems(self) -> list[str]:
+        """Every invalid option at once, each naming its flag."""
+        found = []
+        if self.on_bad_line not in BAD_LINE_POLICIES:
+            found.append(f"--on-bad-line {self.on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
+        if not 0 <= self.val_fraction < 1:
+            found.append(f"--val-fraction {self.val_fraction}: must be in [0, 1)")
+        if self.seq_len < 2 or self.batch_size < 1:
+            found.append(f"--seq-len {self.seq_len} / --batch-size {self.batch_size}: need seq_len >= 2, "
+                         f"batch_size >= 1")
+        return found
+
+
+@dataclass
+class _Tokenizer:
+    """The tokenizer, checked by load_tokenizer, with the JSON text the workers build theirs from."""
+
+    path: Path
+    json: str
+    vocab_size: int
+
+    @classmethod
+    def load(cls, tokenizer: str | Path) -> "_Tokenizer":
+        path = Path(tokenizer)
+        if path.is_dir():
+            path = path / CORPUS_TOKENIZER
+        tok = load_tokenizer(path)
+        return cls(path, path.read_text(encoding="utf-8"), tok.get_vocab_size(with_added_tokens=True))
 
 
 def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_fraction: float = 0.005,
@@ -249,131 +292,153 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
             log=None) -> dict:
     """Prepare `sources` into `out`; returns meta.json's content. Raises InputError (bad input) or ValueError."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if on_bad_line not in BAD_LINE_POLICIES:
-        raise ValueError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
-    if not 0 <= val_fraction < 1:
-        raise ValueError(f"--val-fraction {val_fraction}: must be in [0, 1)")
-    if seq_len < 2 or batch_size < 1:
-        raise ValueError(f"--seq-len {seq_len} / --batch-size {batch_size}: need seq_len >= 2, batch_size >= 1")
-    if not sources:
-        raise ValueError("no corpus files given")
+    opts = PrepareOptions(val_fraction, on_bad_line, seq_len, batch_size, workers, block_bytes)
+    problems = opts.problems() + ([] if sources else ["no corpus files given"])
+    if problems:
+        raise ValueError("; ".join(problems))
     out = Path(out)
     if out.exists() and not force:
         raise ValueError(f"{out} already exists; pass --force to replace it")
-    tokenizer_path = Path(tokenizer)
-    if tokenizer_path.is_dir():
-        tokenizer_path = tokenizer_path / TOKENIZER
-    tok = load_tokenizer(tokenizer_path)
-    tokenizer_json = tokenizer_path.read_text(encoding="utf-8")
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    workers = default_workers() if workers is None else workers
+    tok = _Tokenizer.load(tokenizer)
+    if opts.workers is None:
+        opts.workers = default_workers()
 
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp = out.parent / prepare_tmp_name(out.name, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        meta = _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_fraction, on_bad_line,
-                             seq_len, batch_size, workers, block_bytes, progress, log)
+        meta = _prepare_into(tmp, sources, tok, opts, progress, log)
         open_prepared(tmp)  # the invariants, checked by the same code the trainer runs
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, os.getpid()))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return meta
 
 
-def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_fraction, on_bad_line, seq_len,
-                  batch_size, workers, block_bytes, progress, log) -> dict:
-    for split in ("train", "val"):
+def _prepare_into(tmp: Path, sources: list[str], tok: _Tokenizer, opts: PrepareOptions,
+                  progress: Progress | bool | None, log) -> dict:
+    """The whole pipeline into the temporary directory `tmp`: encode, leak check, splits, meta.json."""
+    for split in SPLITS:
         (tmp / split).mkdir(parents=True)
-    shutil.copyfile(tokenizer_path, tmp / TOKENIZER)
-    train = _SplitWriter(tmp / "train" / TOKENS)
-    val_raw = _SplitWriter(tmp / "val" / "tokens.unchecked")
-    train_keys = open(tmp / "train" / "leak-keys.u64", "wb")
-    val_keys: list[np.ndarray] = []
-    val_where: list[np.ndarray] = []  # (source index, line) of each val document, for the leak report
-    bad_counts: dict[str, int] = {}
-    bad_examples: list[str] = []
-    special_examples: list[str] = []
-    special_docs = 0
-    totals = {"text_bytes": 0}
+    shutil.copyfile(tok.path, tmp / CORPUS_TOKENIZER)
+    opened = _open_sources(sources)
+    found = _Collector(tmp, opened, opts.on_bad_line)
+    _encode_all(opened, found, tok, opts, progress)
+    if found.documents == 0:
+        raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)")
+    leaked, leak_examples = _leak_check(tmp, found, opened)
+    train_lengths, val_lengths = _write_splits(tmp, found, leaked)
+    meta = _meta(tmp, tok, opts, found, train_lengths, val_lengths, leaked, leak_examples)
+    atomic_write_json(tmp / META, meta)
+    os.chmod(tmp / META, 0o644)  # atomic_write_json's temp file is private; the corpus is for every reader
+    _report(meta, log)
+    return meta
 
-    opened: list[Source] = []  # every source is opened up front: a missing file fails in a second, not in an hour
+
+def _open_sources(sources: list[str]) -> list[Source]:
+    """Every source opened up front: a missing file fails in a second, not in an hour."""
+    opened: list[Source] = []
     try:
         for s in sources:
             opened.append(Source(s))
     except InputError:
         for s in opened:
             s.close()
-        for f in (train, val_raw, train_keys):
-            f.close()
         raise
-    source_meta = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0, "bad_lines": 0}
-                   for s in opened]
+    return opened
+
+
+class _Collector:
+    """Takes the encoded blocks in input order: writes the token streams and leak keys, and counts what meta.json
+    reports (per source, bad lines, documents with special ids inside)."""
+
+    def __init__(self, tmp: Path, opened: list[Source], on_bad_line: str):
+        self.opened, self.on_bad_line = opened, on_bad_line
+        self.train = _SplitWriter(tmp / SPLITS[0] / TOKENS)
+        self.val_raw = _SplitWriter(tmp / SPLITS[1] / UNCHECKED_VAL_TOKENS)
+        self.train_keys = open(tmp / SPLITS[0] / LEAK_KEYS, "wb")
+        self.val_keys: list[np.ndarray] = []
+        self.val_where: list[np.ndarray] = []  # (source index, line) of each val document, for the leak report
+        self.bad_counts: dict[str, int] = {}
+        self.bad_examples: list[str] = []
+        self.special_examples: list[str] = []
+        self.special_docs = 0
+        self.text_bytes = 0
+        self.sources = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0,
+                         "bad_lines": 0} for s in opened]
+
+    @property
+    def documents(self) -> int:
+        return sum(m["documents"] for m in self.sources)
+
+    @property
+    def tokens(self) -> int:
+        return self.train.tokens + self.val_raw.tokens
+
+    def add(self, src_idx: int, block: EncodedBlock) -> None:
+        name = self.opened[src_idx].path
+        if block.bad:
+            if self.on_bad_line == "error":
+                raise InputError(str(BadLine(name, *block.bad[0])) + "; nothing was written. Fix the line or "
+                                 "pass --on-bad-line skip to skip bad lines and count them")
+            for line, reason, detail in block.bad:
+                self.bad_counts[reason] = self.bad_counts.get(reason, 0) + 1
+                if len(self.bad_examples) < MAX_EXAMPLES:
+                    self.bad_examples.append(str(BadLine(name, line, reason, detail)))
+        sm = self.sources[src_idx]
+        sm["lines"] += block.n_lines
+        sm["blank_lines"] += block.blank
+        sm["bad_lines"] += len(block.bad)
+        sm["documents"] += int(block.train_lengths.size + block.val_lengths.size)
+        self.text_bytes += block.text_bytes
+        self.special_docs += len(block.special_inside)
+        for line in block.special_inside[:MAX_EXAMPLES - len(self.special_examples)]:
+            self.special_examples.append(f"{name}:{line}")
+        self.train.write(block.train_tokens, block.train_lengths)
+        self.train_keys.write(block.train_keys.tobytes())
+        self.val_raw.write(block.val_tokens, block.val_lengths)
+        self.val_keys.append(block.val_keys)
+        self.val_where.append(np.stack([np.full(block.val_lines.size, src_idx), block.val_lines], axis=1))
+
+    def close(self) -> None:
+        self.train.close()
+        self.val_raw.close()
+        self.train_keys.close()
+
+
+def _encode_all(opened: list[Source], found: _Collector, tok: _Tokenizer, opts: PrepareOptions,
+                progress: Progress | bool | None) -> None:
+    """Blocks of whole lines -> worker processes -> `found`, in input order, a bounded number in flight."""
     total_bytes = sum(s.size for s in opened)
     if progress is None or progress is True:
         progress = Progress(total_bytes)
     elif progress is False:
         progress = None
-    done_before = 0  # raw bytes of the sources already finished
-
-    def handle(src_idx: int, block: EncodedBlock) -> None:
-        nonlocal special_docs
-        name = opened[src_idx].path
-        sm = source_meta[src_idx]
-        if block.bad:
-            if on_bad_line == "error":
-                raise InputError(str(BadLine(name, *block.bad[0])) + "; nothing was written. Fix the line or "
-                                 "pass --on-bad-line skip to skip bad lines and count them")
-            for line, reason, detail in block.bad:
-                bad_counts[reason] = bad_counts.get(reason, 0) + 1
-                if len(bad_examples) < MAX_EXAMPLES:
-                    bad_examples.append(str(BadLine(name, line, reason, detail)))
-        sm["lines"] += block.n_lines
-        sm["blank_lines"] += block.blank
-        sm["bad_lines"] += len(block.bad)
-        sm["documents"] += int(block.train_lengths.size + block.val_lengths.size)
-        totals["text_bytes"] += block.text_bytes
-        special_docs += len(block.special_inside)
-        for line in block.special_inside[:MAX_EXAMPLES - len(special_examples)]:
-            special_examples.append(f"{name}:{line}")
-        train.write(block.train_tokens, block.train_lengths)
-        train_keys.write(block.train_keys.tobytes())
-        val_raw.write(block.val_tokens, block.val_lengths)
-        val_keys.append(block.val_keys)
-        val_where.append(np.stack([np.full(block.val_lines.size, src_idx), block.val_lines], axis=1))
-
-    if workers > 0:
-        executor = ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(tokenizer_json, val_fraction),
-                                       mp_context=_spawn_context())
+    if opts.workers > 0:
+        executor = ProcessPoolExecutor(opts.workers, initializer=_worker_init,
+                                       initargs=(tok.json, opts.val_fraction), mp_context=_spawn_context())
     else:
-        executor = _InlineExecutor(tokenizer_json, val_fraction)
+        executor = _InlineExecutor(tok.json, opts.val_fraction)
     pending: deque = deque()
-    max_in_flight = 2 * max(workers, 1) + 1
+    max_in_flight = 2 * max(opts.workers, 1) + 1
+    done_before = 0  # raw bytes of the sources already finished
     try:
         for src_idx, src in enumerate(opened):
             try:
-                for first_line, blob in src.blocks(block_bytes):
+                for first_line, blob in src.blocks(opts.block_bytes):
                     pending.append((src_idx, executor.submit(_worker_encode, blob, first_line)))
                     while len(pending) >= max_in_flight:
-                        handle(pending[0][0], pending.popleft()[1].result())
+                        found.add(pending[0][0], pending.popleft()[1].result())
                         if progress:
-                            progress.update(done_before + src.position, train.tokens + val_raw.tokens,
-                                            sum(m["documents"] for m in source_meta))
+                            progress.update(done_before + src.position, found.tokens, found.documents)
                 done_before += src.size
             finally:
                 src.close()
         while pending:
-            handle(pending[0][0], pending.popleft()[1].result())
+            found.add(pending[0][0], pending.popleft()[1].result())
         if progress:
-            progress.update(total_bytes, train.tokens + val_raw.tokens, sum(m["documents"] for m in source_meta),
-                            force=True)
+            progress.update(total_bytes, found.tokens, found.documents, force=True)
     finally:
         for _, f in pending:
             f.cancel()
@@ -382,63 +447,70 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
             progress.close()
         for s in opened:
             s.close()
-        train.close()
-        val_raw.close()
-        train_keys.close()
+        found.close()
 
-    n_docs = sum(m["documents"] for m in source_meta)
-    if n_docs == 0:
-        raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)")
 
-    # Leak check: val keys in memory, train keys streamed from disk.
-    vkeys = np.concatenate(val_keys) if val_keys else np.zeros(0, dtype=np.uint64)
-    vwhere = np.concatenate(val_where) if val_where else np.zeros((0, 2), dtype=np.int64)
+def _leak_check(tmp: Path, found: _Collector, opened: list[Source]) -> tuple[np.ndarray, list[str]]:
+    """(leaked: one flag per val document, examples as source:line). Val keys in memory, train keys streamed from
+    disk; the train key file is removed after."""
+    vkeys = np.concatenate(found.val_keys) if found.val_keys else np.zeros(0, dtype=np.uint64)
+    vwhere = np.concatenate(found.val_where) if found.val_where else np.zeros((0, 2), dtype=np.int64)
     leaked = np.zeros(vkeys.size, dtype=bool)
+    keys_path = tmp / SPLITS[0] / LEAK_KEYS
     if vkeys.size:
-        keys_path = tmp / "train" / "leak-keys.u64"
         with open(keys_path, "rb") as f:
             for block in iter(lambda: f.read(8 << 20), b""):
                 leaked |= np.isin(vkeys, np.frombuffer(block, dtype=np.uint64))
-    (tmp / "train" / "leak-keys.u64").unlink()
-    leak_examples = [f"{opened[int(s)].path}:{int(line)}" for s, line in vwhere[leaked][:MAX_EXAMPLES]]
+    keys_path.unlink()
+    return leaked, [f"{opened[int(s)].path}:{int(line)}" for s, line in vwhere[leaked][:MAX_EXAMPLES]]
 
-    # Val without its leaked documents.
-    val_lengths_all = val_raw.all_lengths().astype(np.int64)
+
+def _write_splits(tmp: Path, found: _Collector, leaked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """val's tokens.bin without its leaked documents, and both splits' doc_lengths.npy; returns the lengths."""
+    val_lengths_all = found.val_raw.all_lengths().astype(np.int64)
     keep = ~leaked
-    val_tokens_path = tmp / "val" / TOKENS
-    if val_raw.tokens:
-        raw = np.memmap(val_raw.path, dtype="<u2", mode="r", shape=(val_raw.tokens,))
+    val_tokens_path = tmp / SPLITS[1] / TOKENS
+    if found.val_raw.tokens:
+        raw = np.memmap(found.val_raw.path, dtype="<u2", mode="r", shape=(found.val_raw.tokens,))
         np.asarray(raw[np.repeat(keep, val_lengths_all)]).tofile(val_tokens_path)
         del raw
     else:
         val_tokens_path.write_bytes(b"")
-    val_raw.path.unlink()
-    train_lengths = train.all_lengths()
+    found.val_raw.path.unlink()
+    train_lengths = found.train.all_lengths()
     val_lengths = val_lengths_all[keep].astype(np.int32)
-    np.save(tmp / "train" / DOC_LENGTHS, train_lengths)
-    np.save(tmp / "val" / DOC_LENGTHS, val_lengths)
+    np.save(tmp / SPLITS[0] / DOC_LENGTHS, train_lengths)
+    np.save(tmp / SPLITS[1] / DOC_LENGTHS, val_lengths)
+    return train_lengths, val_lengths
 
+
+def _file_table(tmp: Path, train_tokens_sha: str) -> dict[str, dict]:
+    """Size and sha256 of every file, as meta.json lists them (train tokens were hashed while written)."""
     files = {}
-    for rel in (f"train/{TOKENS}", f"train/{DOC_LENGTHS}", f"val/{TOKENS}", f"val/{DOC_LENGTHS}", TOKENIZER):
+    for rel in [split_file(s, n) for s in SPLITS for n in (TOKENS, DOC_LENGTHS)] + [CORPUS_TOKENIZER]:
         path = tmp / rel
-        sha = train.sha.hexdigest() if rel == f"train/{TOKENS}" else sha256_file(path)
+        sha = train_tokens_sha if rel == split_file(SPLITS[0], TOKENS) else sha256_file(path)
         files[rel] = {"size": path.stat().st_size, "sha256": sha}
+    return files
 
+
+def _meta(tmp: Path, tok: _Tokenizer, opts: PrepareOptions, found: _Collector, train_lengths: np.ndarray,
+          val_lengths: np.ndarray, leaked: np.ndarray, leak_examples: list[str]) -> dict:
+    """meta.json's content."""
     stats = {
-        "train": corpus_stats.split_stats(train_lengths, seq_len, batch_size),
-        "val": corpus_stats.split_stats(val_lengths, seq_len, batch_size),
-        "documents_with_special_ids_inside": special_docs,
-        "special_ids_inside_examples": special_examples,
-        "input_text_bytes": totals["text_bytes"],
+        "train": corpus_stats.split_stats(train_lengths, opts.seq_len, opts.batch_size),
+        "val": corpus_stats.split_stats(val_lengths, opts.seq_len, opts.batch_size),
+        "documents_with_special_ids_inside": found.special_docs,
+        "special_ids_inside_examples": found.special_examples,
+        "input_text_bytes": found.text_bytes,
     }
-    n_bad = sum(bad_counts.values())
-    meta = {
+    return {
         "format": FORMAT,
         "version": VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "vocab_size": vocab_size,
+        "vocab_size": tok.vocab_size,
         "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID},
-        "tokenizer_sha256": sha256_file(tmp / TOKENIZER),
+        "tokenizer_sha256": sha256_file(tmp / CORPUS_TOKENIZER),
         "token_dtype": "uint16 little-endian",
         "doc_lengths_dtype": "int32",
         "document_layout": "[BOS] ids [EOS], no PAD stored; doc length counts BOS and EOS",
@@ -446,28 +518,24 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
             "train": {"documents": int(train_lengths.size), "tokens": int(train_lengths.sum())},
             "val": {"documents": int(val_lengths.size), "tokens": int(val_lengths.sum())},
         },
-        "files": files,
-        "sources": source_meta,
+        "files": _file_table(tmp, found.train.sha.hexdigest()),
+        "sources": found.sources,
         "split_rule": {
             "rule": "val iff int.from_bytes(blake2b(text.encode('utf-8'), digest_size=8).digest(), 'little') "
                     "< val_fraction * 2**64",
-            "val_fraction": val_fraction,
+            "val_fraction": opts.val_fraction,
         },
         "leak_check": {
             "key": "blake2b-64 of the text with all whitespace removed (exact duplicates share a split by the rule)",
-            "val_documents_checked": int(vkeys.size),
+            "val_documents_checked": int(leaked.size),
             "leaked_documents": int(leaked.sum()),
             "removed_from_val": int(leaked.sum()),
             "examples": leak_examples,
         },
         "stats": stats,
-        "bad_lines": {"policy": on_bad_line, "total": n_bad, "by_reason": dict(sorted(bad_counts.items())),
-                      "examples": bad_examples},
+        "bad_lines": {"policy": opts.on_bad_line, "total": sum(found.bad_counts.values()),
+                      "by_reason": dict(sorted(found.bad_counts.items())), "examples": found.bad_examples},
     }
-    atomic_write_json(tmp / META, meta)
-    os.chmod(tmp / META, 0o644)  # atomic_write_json's temp file is private; the corpus is for every reader
-    _report(meta, log)
-    return meta
 
 
 def _spawn_context():

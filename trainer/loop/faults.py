@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.protocol import FAULT_ENV, FAULT_KINDS, FAULTS_FIRED
+from minilmd.names import FAULT_ENV, FAULTS_FIRED
+from minilmd.protocol import FAULT_KINDS
 
 
 class FaultSpecError(ValueError):

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from minilmd.protocol import HEARTBEAT, METRICS
+from minilmd.names import HEARTBEAT, METRICS
 
 # Dense bf16 peak of one device, FLOP/s (tensor cores, no sparsity). Unknown devices get no MFU.
 PEAK_BF16_FLOPS = {
@@ -64,23 +64,6 @@ class MetricsLog:
         tmp = path.with_name(f".{HEARTBEAT}.{os.getpid()}.tmp")
         tmp.write_text(f"{step}\n", encoding="utf-8")
         os.replace(tmp, path)
-
-
-def read_metrics(run_dir: str | os.PathLike, kind: str | None = None) -> list[dict]:
-    """Lines of metrics.jsonl (of one kind, if given); a torn last line is skipped."""
-    out = []
-    try:
-        lines = (Path(run_dir) / METRICS).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if kind is None or obj.get("kind") == kind:
-            out.append(obj)
-    return out
 
 
 class Throughput:

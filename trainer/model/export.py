@@ -2,7 +2,7 @@
 
 - `read_checkpoint(path)`: a checkpoint directory `step-XXXXXXXX/`, or a root holding `LATEST`, -> its fp32
   weights, its model config and its trainer state. The checkpoint is strictly validated first
-  (checkpoint.validate: hashes, shapes, finiteness): exporting a corrupt checkpoint must fail loudly.
+  (minilmd.checkpoint.validate: hashes, shapes, finiteness): exporting a corrupt checkpoint must fail loudly.
 - `export_minimind(path, out)`: the state dict MiniMind's `eval_llm.py` loads with `strict=True`: its key names
   (the same as ours), fp16, and the tied head under both `model.embed_tokens.weight` and `lm_head.weight`.
 - `export_hf(path, out_dir)`: `config.json` (Qwen3ForCausalLM, tie_word_embeddings), `model.safetensors`,
@@ -15,13 +15,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from minilmd.fsio import publish_dir, publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
+from minilmd.names import CORPUS_TOKENIZER, LATEST, MODEL_FILE, TOKENIZER_FILE, TRAINER_STATE, export_tmp_name
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 
-WEIGHTS_FILE = "model.safetensors"
-TRAINER_STATE_FILE = "trainer_state.json"
-LATEST_FILE = "LATEST"
-TOKENIZER_FILE = "tokenizer.json"
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -37,15 +35,15 @@ def resolve_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
-    if not (path / WEIGHTS_FILE).is_file():
+    if not (path / MODEL_FILE).is_file():
         name = read_latest(path)
         steps = list_checkpoints(path)
-        if name and (path / name / WEIGHTS_FILE).is_file():
+        if name and (path / name / MODEL_FILE).is_file():
             path = path / name
         elif steps:
             path = steps[-1]
         else:
-            raise ExportError(f"{path}: not a checkpoint (no {WEIGHTS_FILE}) and no {LATEST_FILE} or step-* "
+            raise ExportError(f"{path}: not a checkpoint (no {MODEL_FILE}) and no {LATEST} or step-* "
                               f"checkpoint under it")
     return path
 
@@ -67,20 +65,20 @@ def read_checkpoint(path: str | Path, validate: bool = True) -> tuple[dict, dict
     if validate:
         _validate(ckpt)
     try:
-        state = json.loads((ckpt / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        state = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))
         model_cfg = state["config"]["model"]
         as_model_section(model_cfg)
     except FileNotFoundError:
-        raise ExportError(f"{ckpt}: no {TRAINER_STATE_FILE}, so the model config is unknown") from None
+        raise ExportError(f"{ckpt}: no {TRAINER_STATE}, so the model config is unknown") from None
     except (ValueError, KeyError, TypeError) as e:
-        raise ExportError(f"{ckpt / TRAINER_STATE_FILE}: no usable config.model ({e})") from None
-    weights = load_file(str(ckpt / WEIGHTS_FILE))
+        raise ExportError(f"{ckpt / TRAINER_STATE}: no usable config.model ({e})") from None
+    weights = load_file(str(ckpt / MODEL_FILE))
     expected = expected_state_shapes(model_cfg)
     got = {k: tuple(v.shape) for k, v in weights.items()}
     if got != expected:
         missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
         wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
-        raise ExportError(f"{ckpt / WEIGHTS_FILE}: weights do not match config.model: missing {missing[:5]}, "
+        raise ExportError(f"{ckpt / MODEL_FILE}: weights do not match config.model: missing {missing[:5]}, "
                           f"unexpected {extra[:5]}, wrong shapes {[(k, got[k], expected[k]) for k in wrong[:5]]}")
     return weights, model_cfg, state
 
@@ -105,10 +103,10 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path
     ckpt = resolve_checkpoint(path)
     tried = [ckpt / TOKENIZER_FILE]
     try:
-        state = json.loads((ckpt / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        state = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))
         prepared = state["config"]["data"]["prepared"]
         if prepared and "://" not in prepared:
-            tried.append(Path(prepared) / TOKENIZER_FILE)
+            tried.append(Path(prepared) / CORPUS_TOKENIZER)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     for candidate in tried:
@@ -133,9 +131,9 @@ def export_minimind(path: str | Path, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
-    tmp = out.with_name(f".{out.name}.tmp")
+    tmp = out.with_name(export_tmp_name(out.name))
     torch.save(state, tmp)
-    tmp.replace(out)
+    publish_file(tmp, out)
     return out
 
 
@@ -200,12 +198,12 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    tmp = out_dir.with_name(export_tmp_name(out_dir.name))
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
-    save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})  # HF's name happens to be ours
     max_len = as_model_section(model_cfg).max_position_embeddings
     files = {
         "config.json": hf_config(model_cfg, dtype),
@@ -216,7 +214,4 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     for name, body in files.items():
         (tmp / name).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
     shutil.copyfile(tokenizer_path, tmp / TOKENIZER_FILE)
-    if out_dir.exists():
-        out_dir.rmdir()
-    tmp.rename(out_dir)
-    return out_dir
+    return publish_dir(tmp, out_dir)  # an existing out_dir is empty (checked above)

@@ -1,0 +1,197 @@
+"""File I/O that must survive a crash or a kill at any instant, and the few reads every part shares.
+
+- Writing: `atomic_write_text`/`atomic_write_json` (one file) and `publish_dir` (a whole directory): a reader sees
+  the old version or the new one, never a half, and after a power loss the new one is there or nothing is.
+- Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
+  manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
+- Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `read_new_lines` (follow a log).
+Torch-free; the supervisor imports it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from minilmd.names import atomic_tmp_prefix, replaced_name
+
+CHUNK = 1 << 22
+
+
+# --- writing ------------------------------------------------------------------------------------------------------
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or a new entry in this directory durable (a file's own fsync does not cover its name)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_file(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Put a complete temporary file in place of `final`: fsync it, rename it, fsync the directory."""
+    fsync_file(tmp)
+    os.replace(tmp, final)
+    fsync_dir(Path(final).parent)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write a file so that a reader sees the old content or the new, never a half: temp file, fsync, rename.
+    The directory is not fsynced (state.json is rewritten every second): after a power loss the old content
+    may be back; callers that need the name itself durable fsync_dir the parent."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=atomic_tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside: str | os.PathLike | None = None,
+                ) -> Path:
+    """Put a complete temporary directory in place of `final_dir`, durably; returns `final_dir`.
+
+    Every file and directory under tmp_dir is fsynced, then tmp_dir itself; an existing final_dir is first
+    renamed to `aside` (default: `.tmp-replaced-<name>-<pid>` beside it) and removed after, so that a reader sees
+    the old version or the new one, never a half-deleted one; then tmp_dir is renamed and the parent fsynced. A
+    kill before the rename leaves final_dir as it was; after it, the new version is complete on disk."""
+    tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
+    for where, dirs, files in os.walk(tmp_dir, topdown=False):
+        for name in files:
+            fsync_file(os.path.join(where, name))
+        fsync_dir(where)  # bottom-up: tmp_dir itself last
+    old = None
+    if final_dir.exists():
+        old = Path(aside) if aside is not None else final_dir.with_name(replaced_name(final_dir.name, os.getpid()))
+        os.rename(final_dir, old)
+    os.rename(tmp_dir, final_dir)  # never shutil.move: it would nest into an existing directory
+    fsync_dir(final_dir.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final_dir
+
+
+# --- checking -----------------------------------------------------------------------------------------------------
+
+def sha256_file(path: str | os.PathLike, chunk: int = CHUNK) -> str:
+    """Hex sha256 of a file, read in chunks (corpus files and checkpoints can be GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+FileTable = Mapping[str, Mapping]
+"""{name: {"size": bytes, "sha256": hex digest}}: a checkpoint's manifest["files"], a corpus's meta["files"]."""
+
+
+def table_problems(table: FileTable, size_of: Callable[[str], int | None],
+                   sha256_of: Callable[[str], str] | None = None, listed_in: str = "the manifest",
+                   label: Callable[[str], str] = str) -> list[str]:
+    """Every way the files differ from `table` (empty: they match), each naming the file by label(name).
+
+    size_of(name) gives a file's size, None when it is missing. Sizes come first, for all files: a truncated copy
+    shows up without reading gigabytes. Only when every size matches, and sha256_of is given, is every sha256
+    computed (sha256_of(name)). OSErrors of the callbacks propagate: the caller knows whether a read error means
+    a damaged copy or a storage to retry later."""
+    problems = []
+    for name, entry in table.items():
+        size = size_of(name)
+        if size is None:
+            problems.append(f"{label(name)}: missing (listed in {listed_in})")
+        elif size != entry["size"]:
+            problems.append(f"{label(name)}: size {size} bytes, {listed_in} says {entry['size']} "
+                            "(truncated or changed)")
+    if problems or sha256_of is None:
+        return problems
+    for name, entry in table.items():
+        digest = sha256_of(name)
+        if digest != entry["sha256"]:
+            problems.append(f"{label(name)}: sha256 mismatch ({listed_in} says {entry['sha256'][:16]}..., "
+                            f"file has {digest[:16]}...)")
+    return problems
+
+
+def local_size(path: str | os.PathLike) -> int | None:
+    """A file's size, None when it does not exist (size_of for table_problems on a local directory)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+def dir_table_problems(root: str | os.PathLike, table: FileTable, full_hash: bool = True,
+                       listed_in: str = "the manifest") -> list[str]:
+    """table_problems for the files of a local directory, each named by its path."""
+    root = Path(root)
+    return table_problems(table, lambda name: local_size(root / name),
+                          (lambda name: sha256_file(root / name)) if full_hash else None, listed_in,
+                          label=lambda name: str(root / name))
+
+
+# --- reading logs -------------------------------------------------------------------------------------------------
+
+def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = 1 << 20) -> tuple[list[str], int]:
+    """(the last n lines of a file, the file's size when read): read backwards from the end in blocks, at most
+    max_bytes, so memory stays bounded however large the log. Fewer lines when the file has fewer (or they do not
+    fit in max_bytes); an unfinished last line counts as a line. ([], 0) for a missing file."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return [], 0
+    with f:
+        size = end = os.fstat(f.fileno()).st_size
+        data = b""
+        while end > 0 and data.count(b"\n") <= n and len(data) < max_bytes:
+            start = max(0, end - min(64 * 1024, max_bytes - len(data)))
+            f.seek(start)
+            data = f.read(end - start) + data
+            end = start
+    lines = data.decode(errors="replace").splitlines()
+    if end > 0 and lines:
+        lines = lines[1:]  # the first one is cut: it began before what was read
+    return (lines[-n:] if n > 0 else []), size
+
+
+def read_new_lines(path: str | os.PathLike, offset: int) -> tuple[list[bytes], int]:
+    """(complete lines added since `offset`, the offset after the last of them): follows a file another process
+    appends to, never returning the half line it is writing. A file that shrank (rotated, truncated) is read
+    from its start again; a missing one gives ([], offset)."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < offset:
+                offset = 0
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    return data[:end].splitlines(), offset + end + 1

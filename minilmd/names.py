@@ -1,0 +1,176 @@
+"""Every name minilmd gives a file, a directory or an environment variable: a run directory, scratch, a checkpoint
+and a prepared corpus. Nothing else spells them; docs/formats.md describes what each file holds.
+
+Checkpoint directories are named by pure functions (`step_name`, `step_of`), as in nanochat's checkpoint manager:
+`step-00001234`, eight digits or more, so that names sort in step order. Temporary names all start with a dot, so
+that no reader that lists step directories or corpus files ever sees them. Torch-free, no imports beyond `re`.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+# --- The run directory (run.dir) ----------------------------------------------------------------------------------
+RUN_CONFIG_COPY = "run.toml"  # the config as the supervisor started it; the trainer's --config
+LOCK = "supervisor.lock"  # flock + {pid, host, since}: one supervisor per run directory
+STATE = "state.json"  # the supervisor's view, rewritten atomically
+EVENTS = "events.jsonl"  # one JSON line per supervisor event
+SUPERVISOR_LOG = "supervisor.log"  # the same events, for humans
+ATTEMPT_LOGS = "logs"  # logs/attempt-0001.log ... one per trainer launch
+METRICS = "metrics.jsonl"  # one JSON line per logged step (and eval, and checkpoint save)
+HEARTBEAT = "heartbeat"  # its mtime is refreshed every training step; its body is the current step
+FAULT = "fault.json"  # written by the trainer just before it exits on a failure it can see
+FAULTS_FIRED = "faults-fired"  # injected faults (MINILMD_FAULT) that already fired in this run
+
+_ATTEMPT_LOG = re.compile(r"^attempt-(\d{4,})\.log$")
+
+
+def attempt_log_name(attempt: int) -> str:
+    """`attempt-0001.log` for attempt 1: the trainer's stdout and stderr of one launch, under ATTEMPT_LOGS."""
+    return f"attempt-{attempt:04d}.log"
+
+
+def is_attempt_log(name: str) -> bool:
+    return bool(_ATTEMPT_LOG.match(name))
+
+
+# --- Environment variables -----------------------------------------------------------------------------------------
+RUN_DIR_ENV = "MINILMD_RUN_DIR"
+"""Set by the supervisor on every trainer it launches: the trainer runs supervised (it neither prunes scratch nor
+reads the remote), and a restarted supervisor finds an orphaned trainer of its run by it in /proc."""
+FAULT_ENV = "MINILMD_FAULT"
+"""Fault injection for tests and the demo: "kind@step[,kind@step...]" (kinds: protocol.FAULT_KINDS)."""
+CHECKPOINT_KILL_ENV = "MINILMD_TEST_CHECKPOINT_KILL"
+"""Test-only: "point@step" makes the checkpoint writer SIGKILL itself at that point of the save protocol."""
+TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
+"""Test-only: the command the supervisor launches instead of `python -m minilmd.cli train`."""
+PRUNE_UNSYNCED_AFTER_ENV = "MINILMD_PRUNE_UNSYNCED_AFTER"
+"""Seconds of failing remote after which scratch is pruned without a sync (lower bound; default 60)."""
+SYNC_STALLED_AFTER_ENV = "MINILMD_SYNC_STALLED_AFTER"
+"""Seconds after which a running sync shows as "stalled" in status (default 120)."""
+
+# --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
+STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared
+CHECKPOINTS = "checkpoints"  # the local checkpoint root
+STAGING_TMP_PREFIX = ".tmp-corpus-"  # .tmp-corpus-<pid>: a staging in progress
+STAGING_OLD_PREFIX = ".old-corpus-"  # .old-corpus-<pid>: a damaged staged copy whose good files are reused
+
+# --- A checkpoint root (scratch/checkpoints, or the remote) and one checkpoint ----------------------------------
+LATEST = "LATEST"  # the name of the newest checkpoint, for humans and scripts
+QUARANTINE = "quarantine"  # quarantine/<name>-<time>/: damaged checkpoints set aside, never deleted
+REASON_FILE = "reason.txt"  # in a quarantined checkpoint: why it was set aside
+TMP_PREFIX = ".tmp-"  # every temporary directory in a checkpoint root
+
+MANIFEST = "manifest.json"  # size and sha256 of every other file; written last
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+OPTIMIZER_META = "optimizer.json"
+TRAINER_STATE = "trainer_state.json"
+TOKENIZER_FILE = "tokenizer.json"  # a checkpoint's copy of the run's tokenizer, and the prepared corpus's own
+
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+_TMP_DIR = re.compile(r"^\.tmp-.*-(\d+)$")
+
+
+def step_name(step: int) -> str:
+    """`step-00001234` for step 1234."""
+    return f"step-{step:08d}"
+
+
+def step_of(name: str | os.PathLike) -> int:
+    """The step in a checkpoint directory's name or path (`step-00001234` -> 1234); ValueError for other names."""
+    base = os.path.basename(os.fspath(name).rstrip("/"))
+    m = _STEP_DIR.match(base)
+    if not m:
+        raise ValueError(f"{name}: not a checkpoint directory name (expected step-XXXXXXXX)")
+    return int(m.group(1))
+
+
+def is_step_name(name: str) -> bool:
+    """True for a checkpoint directory's name (`step-` and eight digits or more)."""
+    return bool(_STEP_DIR.match(name))
+
+
+def step_or_none(name: str | None) -> int | None:
+    """step_of(name), or None for None, "" or any name that is not a checkpoint directory's."""
+    return int(m.group(1)) if name and (m := _STEP_DIR.match(name)) else None
+
+
+def save_tmp_name(step: int, pid: int) -> str:
+    """`.tmp-step-00001234-<pid>`: a save in progress (removed by the next trainer once <pid> is gone)."""
+    return f"{TMP_PREFIX}{step_name(step)}-{pid}"
+
+
+def fetch_tmp_name(name: str, pid: int) -> str:
+    """A download of checkpoint `name` from the remote into scratch, in progress."""
+    return f"{TMP_PREFIX}{name}-fetch-{pid}"
+
+
+def sync_tmp_name(name: str, host: str, pid: int) -> str:
+    """`.tmp-step-00001234-<host>-<pid>`: a copy to the remote in progress (the host: the remote is shared)."""
+    return f"{TMP_PREFIX}{name}-{host}-{pid}"
+
+
+def deleting_name(name: str, pid: int) -> str:
+    """A checkpoint being pruned: renamed first, so that no reader sees a half-deleted one with its manifest."""
+    return f"{TMP_PREFIX}deleting-{name}-{pid}"
+
+
+def replaced_name(name: str, pid: int) -> str:
+    """A directory moved aside by fsio.publish_dir to make room for its new version, removed right after."""
+    return f"{TMP_PREFIX}replaced-{name}-{pid}"
+
+
+def atomic_tmp_prefix(name: str) -> str:
+    """`.LATEST.` for LATEST: the start of the temporary file fsio.atomic_write_text replaces `name` with."""
+    return f".{name}."
+
+
+def tmp_owner_pid(name: str) -> int | None:
+    """The pid at the end of a checkpoint root's temporary name (`.tmp-...-<pid>`), None for other names."""
+    m = _TMP_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+def quarantine_name(name: str, stamp: str, n: int = 1) -> str:
+    """`step-00001234-20250101T120000` under QUARANTINE; `-2`, `-3` ... when that name is taken."""
+    return f"{name}-{stamp}" if n == 1 else f"{name}-{stamp}-{n}"
+
+
+# --- A prepared corpus (the output of `minilmd prepare`) --------------------------------------------------------
+CORPUS_META = "meta.json"  # format, counts, and size + sha256 of every other file
+CORPUS_TOKENIZER = TOKENIZER_FILE  # the tokenizer the ids came from
+SPLITS = ("train", "val")
+TOKENS = "tokens.bin"  # in each split: uint16 little-endian ids, [BOS] doc [EOS] ...
+DOC_LENGTHS = "doc_lengths.npy"  # in each split: the length of each document, BOS and EOS included
+UNCHECKED_VAL_TOKENS = "tokens.unchecked"  # prepare's val stream before the leak check; never in a finished corpus
+LEAK_KEYS = "leak-keys.u64"  # prepare's train leak keys, streamed to disk; never in a finished corpus
+
+
+def split_file(split: str, name: str) -> str:
+    """The corpus-relative name of a split's file, as meta.json lists it: `train/tokens.bin`."""
+    return f"{split}/{name}"
+
+
+def prepare_tmp_name(out_name: str, pid: int) -> str:
+    """`.<out>.tmp-<pid>` beside the output directory: a prepare in progress."""
+    return f".{out_name}.tmp-{pid}"
+
+
+def prepare_tmp_owner_pid(out_name: str, name: str) -> int | None:
+    """The pid of a prepare_tmp_name (or a publish_dir aside of it) for output `out_name`; None for other names."""
+    prefix = f".{out_name}.tmp-"
+    if not name.startswith(prefix):
+        return None
+    tail = name[len(prefix):].rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def prepare_aside_name(out_name: str, pid: int) -> str:
+    """An older output moved aside by `prepare --force`, removed once the new one is in place."""
+    return f".{out_name}.tmp-old-{pid}"
+
+
+def export_tmp_name(out_name: str) -> str:
+    """`.<out>.tmp` beside an export's output file or directory, renamed into place when complete."""
+    return f".{out_name}.tmp"

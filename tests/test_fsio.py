@@ -1,0 +1,181 @@
+"""minilmd/fsio.py: publishing a directory durably, the one file-table verifier, the log tail and follow readers."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from minilmd import fsio
+
+
+def _entry(data: bytes) -> dict:
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _make(tmp_path, files: dict[str, bytes]):
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    return tmp_path
+
+
+# --- publish_dir ------------------------------------------------------------------------------------------------
+
+class FsyncSpy:
+    """Records what was fsynced and when, by path, in the order os.fsync saw it."""
+
+    def __init__(self, monkeypatch):
+        self.events: list[tuple[str, str]] = []
+        real_fsync, real_open, real_rename = os.fsync, os.open, os.rename
+        self.paths: dict[int, str] = {}
+
+        def spy_open(path, flags, *a, **k):
+            fd = real_open(path, flags, *a, **k)
+            self.paths[fd] = os.fspath(path)
+            return fd
+
+        def spy_fsync(fd):
+            self.events.append(("fsync", self.paths.get(fd, f"fd {fd}")))
+            return real_fsync(fd)
+
+        def spy_rename(src, dst):
+            self.events.append(("rename", f"{os.fspath(src)} -> {os.fspath(dst)}"))
+            return real_rename(src, dst)
+
+        monkeypatch.setattr(fsio.os, "open", spy_open)
+        monkeypatch.setattr(fsio.os, "fsync", spy_fsync)
+        monkeypatch.setattr(fsio.os, "rename", spy_rename)
+
+
+def test_publish_dir_fsyncs_every_file_and_dir_before_the_rename_and_the_parent_after(tmp_path, monkeypatch):
+    tmp = _make(tmp_path / ".tmp-out", {"a.bin": b"a", "sub/b.bin": b"b"})
+    spy = FsyncSpy(monkeypatch)
+    final = fsio.publish_dir(tmp, tmp_path / "out")
+    assert final == tmp_path / "out" and (final / "sub" / "b.bin").read_bytes() == b"b" and not tmp.exists()
+    rename = spy.events.index(("rename", f"{tmp} -> {final}"))
+    before = {path for kind, path in spy.events[:rename] if kind == "fsync"}
+    assert before >= {str(tmp / "a.bin"), str(tmp / "sub" / "b.bin"), str(tmp / "sub"), str(tmp)}
+    assert spy.events[rename - 1] == ("fsync", str(tmp))  # the directory itself last, after its contents
+    assert ("fsync", str(tmp_path)) in spy.events[rename + 1:]
+
+
+def test_publish_dir_replaces_an_existing_directory_whole(tmp_path):
+    _make(tmp_path / "out", {"old.bin": b"old", "deep/x": b"x"})
+    tmp = _make(tmp_path / ".tmp-out", {"new.bin": b"new"})
+    fsio.publish_dir(tmp, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["new.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old version moved aside, then removed
+
+
+def test_publish_dir_moves_the_old_version_to_the_given_aside_name(tmp_path, monkeypatch):
+    _make(tmp_path / "out", {"old.bin": b"old"})
+    tmp = _make(tmp_path / ".tmp-out", {"new.bin": b"new"})
+    spy = FsyncSpy(monkeypatch)
+    fsio.publish_dir(tmp, tmp_path / "out", aside=tmp_path / ".out.aside")
+    renames = [e for kind, e in spy.events if kind == "rename"]
+    assert renames == [f"{tmp_path / 'out'} -> {tmp_path / '.out.aside'}", f"{tmp} -> {tmp_path / 'out'}"]
+    assert not (tmp_path / ".out.aside").exists()
+
+
+def test_publish_file_fsyncs_then_renames_then_fsyncs_the_directory(tmp_path, monkeypatch):
+    (tmp_path / ".x.tmp").write_bytes(b"x")
+    spy = FsyncSpy(monkeypatch)
+    monkeypatch.setattr(fsio.os, "replace", lambda a, b: os.rename(a, b))  # recorded by the spy
+    fsio.publish_file(tmp_path / ".x.tmp", tmp_path / "x")
+    assert [k for k, _ in spy.events] == ["fsync", "rename", "fsync"] and (tmp_path / "x").read_bytes() == b"x"
+
+
+def test_atomic_write_leaves_no_temp_file(tmp_path):
+    fsio.atomic_write_json(tmp_path / "s.json", {"b": 1, "a": [2]})
+    assert (tmp_path / "s.json").read_text() == '{\n  "a": [\n    2\n  ],\n  "b": 1\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+# --- the file-table verifier ------------------------------------------------------------------------------------
+
+def test_table_problems_reports_every_missing_and_wrong_sized_file_before_hashing(tmp_path):
+    root = _make(tmp_path, {"a": b"aaaa", "b": b"bb"})
+    table = {"a": _entry(b"aaaa"), "b": _entry(b"bbb"), "c": _entry(b"c")}
+    hashed = []
+    problems = fsio.table_problems(table, lambda n: fsio.local_size(root / n),
+                                   lambda n: hashed.append(n) or fsio.sha256_file(root / n), listed_in="meta.json")
+    assert problems == ["b: size 2 bytes, meta.json says 3 (truncated or changed)",
+                        "c: missing (listed in meta.json)"]
+    assert hashed == []  # sizes are cheap; nothing is read while any of them is wrong
+
+
+def test_table_problems_then_checks_every_sha256(tmp_path):
+    root = _make(tmp_path, {"a": b"aaaa", "b": b"bXb"})
+    table = {"a": _entry(b"aaaa"), "b": _entry(b"bbb")}
+    problems = fsio.dir_table_problems(root, table, listed_in="manifest.json")
+    assert len(problems) == 1 and problems[0].startswith(f"{root / 'b'}: sha256 mismatch (manifest.json says ")
+    assert fsio.dir_table_problems(root, table, full_hash=False) == []  # sizes only
+    assert fsio.dir_table_problems(root, {"a": table["a"]}) == []
+
+
+def test_table_problems_lets_read_errors_through(tmp_path):
+    def broken(name):
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(OSError):
+        fsio.table_problems({"a": _entry(b"a")}, lambda n: 1, broken)
+
+
+# --- reading logs -----------------------------------------------------------------------------------------------
+
+def test_tail_lines_reads_only_the_end_of_a_large_file(tmp_path, monkeypatch):
+    path = tmp_path / "big.log"
+    with open(path, "w") as f:
+        for i in range(200_000):
+            f.write(f"line {i}\n")
+    reads = []
+    real_open = open
+
+    class CountingFile:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            reads.append(len(data))
+            return data
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr("builtins.open", lambda p, mode="r", *a, **k: CountingFile(real_open(p, mode, *a, **k)))
+    lines, size = fsio.tail_lines(path, 3)
+    assert lines == ["line 199997", "line 199998", "line 199999"] and size == path.stat().st_size
+    assert sum(reads) <= 64 * 1024 < size
+
+
+def test_tail_lines_edges(tmp_path):
+    path = tmp_path / "x.log"
+    assert fsio.tail_lines(path, 5) == ([], 0)
+    path.write_bytes(b"one\ntwo\nhalf")
+    assert fsio.tail_lines(path, 2) == (["two", "half"], 12)
+    assert fsio.tail_lines(path, 10) == (["one", "two", "half"], 12)
+    assert fsio.tail_lines(path, 0) == ([], 12)
+    path.write_bytes(b"x" * 5000 + b"\nlast\n")
+    assert fsio.tail_lines(path, 5, max_bytes=100) == (["last"], 5006)  # the cut line is not shown as a line
+
+
+def test_read_new_lines_follows_whole_lines_and_rotation(tmp_path):
+    path = tmp_path / "m.jsonl"
+    assert fsio.read_new_lines(path, 0) == ([], 0)
+    path.write_bytes(b"a\nb\nhal")
+    lines, off = fsio.read_new_lines(path, 0)
+    assert lines == [b"a", b"b"] and off == 4
+    with open(path, "ab") as f:
+        f.write(b"f\nc\n")
+    lines, off = fsio.read_new_lines(path, off)
+    assert lines == [b"half", b"c"] and off == 11
+    path.write_bytes(b"new\n")  # rotated: shorter than the offset
+    assert fsio.read_new_lines(path, off) == ([b"new"], 4)

@@ -1,0 +1,89 @@
+"""The trainer in this process, on a tiny model: under a supervisor it neither prunes nor reads back its
+checkpoints after a save; on its own it prunes to keep_local; a non-finite loss stops it at the step it
+appears, logged or not, before anything of that step is saved."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minilmd.names import METRICS
+
+from minilmd import checkpoint
+from minilmd.config import load_config
+from minilmd.names import RUN_DIR_ENV
+from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.trainer.loop.train import Trainer, init_distributed
+from trainer_corpus import real_text_prepared, write_config
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, int]:
+    return real_text_prepared(tmp_path_factory.mktemp("corpus"), n_docs=300, vocab_size=300)
+
+
+class Spy:
+    """Counts the calls of a function it stands in for, and calls it."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(args)
+        return self.fn(*args, **kwargs)
+
+
+def make_trainer(tmp_path: Path, corpus, **train) -> Trainer:
+    config = write_config(tmp_path, corpus, train={"max_steps": 8, "checkpoint_every": 2, "keep_local": 1,
+                                                   "grad_accum": 1, **train})
+    cfg = load_config(config)
+    return Trainer(cfg, init_distributed(cfg))
+
+
+def saved_steps(trainer: Trainer) -> list[int]:
+    return [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(trainer.cfg.checkpoint_dir)]
+
+
+@pytest.fixture
+def spies(monkeypatch):
+    """Spies on the pruning the checkpointer calls and on every checkpoint validation (prune validates)."""
+    prune, validate = Spy(ckpt_io.prune), Spy(checkpoint.validate)
+    monkeypatch.setattr(ckpt_io, "prune", prune)
+    monkeypatch.setattr(checkpoint, "validate", validate)
+    return prune, validate
+
+
+def test_under_a_supervisor_no_checkpoint_is_pruned_or_read_back(tmp_path, corpus, monkeypatch, spies):
+    prune, validate = spies
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))
+    trainer = make_trainer(tmp_path, corpus)
+    assert trainer.train() == 0
+    assert saved_steps(trainer) == [2, 4, 6, 8]  # keep_local is 1: only the supervisor may prune scratch
+    assert prune.calls == [] and validate.calls == []
+
+
+def test_on_its_own_the_trainer_prunes_to_keep_local(tmp_path, corpus, monkeypatch, spies):
+    prune, validate = spies
+    monkeypatch.delenv(RUN_DIR_ENV, raising=False)
+    trainer = make_trainer(tmp_path, corpus)
+    assert trainer.train() == 0
+    assert saved_steps(trainer) == [8]
+    assert len(prune.calls) == 4 and validate.calls  # the spies see what the other test says did not happen
+
+
+def test_a_nan_loss_on_a_step_that_is_not_logged_stops_the_run_at_that_step(tmp_path, corpus, monkeypatch):
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))  # no pruning: every checkpoint stays visible
+    trainer = make_trainer(tmp_path, corpus, log_every=100, checkpoint_every=1)
+    real_step = trainer.train_step
+
+    def nan_from_step_5():  # the update that makes step 5 out of step 4 has a NaN loss
+        loss, grad_norm, n_real = real_step()
+        return (loss * float("nan") if trainer.step == 4 else loss), grad_norm, n_real
+
+    monkeypatch.setattr(trainer, "train_step", nan_from_step_5)
+    with pytest.raises(RuntimeError, match="the training loss is nan at step 5: refusing to continue"):
+        trainer.train()
+    trainer.checkpointer.wait()
+    assert trainer.step == 5 and saved_steps(trainer) == [1, 2, 3, 4]
+    lines = (trainer.cfg.run_dir / METRICS).read_text().splitlines()
+    assert lines and all('"kind": "checkpoint"' in line for line in lines)  # step 5 was not a log step
