@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import protocol
+from minilmd import names
+from minilmd.fsio import tail_lines
 from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
 from minilmd.daemon.states import Cause
 
-RUN_DIR_ENV = "MINILMD_RUN_DIR"
+RUN_DIR_ENV = names.RUN_DIR_ENV
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
-TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
+TRAINER_CMD_ENV = names.TRAINER_CMD_ENV
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
 REAP_S = 10.0
@@ -58,7 +60,7 @@ class Death:
 
 
 def attempt_log_path(run_dir: Path, attempt: int) -> Path:
-    return run_dir / protocol.ATTEMPT_LOGS / f"attempt-{attempt:04d}.log"
+    return run_dir / names.ATTEMPT_LOGS / names.attempt_log_name(attempt)
 
 
 def trainer_prefix() -> list[str]:
@@ -244,7 +246,7 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
 
 def _own_fault(run_dir: Path, started: float) -> dict | None:
     """fault.json if this attempt wrote it (a stale one from an earlier attempt is ignored); consumed."""
-    path = run_dir / protocol.FAULT
+    path = run_dir / names.FAULT
     try:
         fresh = path.stat().st_mtime >= started - 1
     except FileNotFoundError:
@@ -256,9 +258,7 @@ def _own_fault(run_dir: Path, started: float) -> dict | None:
 
 def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in tail_lines(path, 50, max_bytes=8192)[0] if ln.strip()]
     except OSError:
         return ""
     return " | ".join(lines[-n:])[-limit:]
@@ -266,9 +266,7 @@ def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:
 
 def _torchrun_worker_signal(log_path: Path) -> int | None:
     try:
-        with open(log_path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 16384))
-            tail = f.read().decode(errors="replace")
+        tail = "\n".join(tail_lines(log_path, 1 << 20, max_bytes=16384)[0])
     except OSError:
         return None
     m = re.findall(r"exitcode\s*:\s*-(\d+)", tail)

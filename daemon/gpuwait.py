@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from minilmd import protocol
 from minilmd.config import parse_duration
-from minilmd.daemon.runstate import fmt_age, now
+from minilmd.daemon.runstate import now
+from minilmd.fmt import fmt_duration
 
 
 @dataclass
@@ -83,7 +84,7 @@ class GpuWaiter:
         self.state["devices"] = list(lease.devices)
         waited = now() - self.state["gpu_wait"]["since"]
         self.state["gpu_wait"] = None
-        return GpuReady(f"leased GPU(s) {lease.devices} after waiting {fmt_age(waited)}", list(lease.devices))
+        return GpuReady(f"leased GPU(s) {lease.devices} after waiting {fmt_duration(waited)}", list(lease.devices))
 
     def foreign_on_ours(self) -> bool | None:
         """Whether another process uses one of our leased cards now (a CUDA OOM that is not our fault); None

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.protocol import LOCK
+from minilmd.names import LOCK
 
 
 @dataclass

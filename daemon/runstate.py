@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from minilmd import protocol
+from minilmd import names
+from minilmd.fsio import atomic_write_json, read_new_lines
 from minilmd.daemon.states import Phase, StagingState, SyncState
 
 STATE_VERSION = 1
@@ -30,17 +31,6 @@ def fmt_time(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def fmt_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
 
 
 # --- Process identity ------------------------------------------------------------------------------------------
@@ -85,7 +75,7 @@ def process_environ(pid: int) -> dict[str, str]:
 
 def read_state(run_dir: str | os.PathLike) -> dict | None:
     try:
-        return json.loads((Path(run_dir) / protocol.STATE).read_text(encoding="utf-8"))
+        return json.loads((Path(run_dir) / names.STATE).read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
         return None
 
@@ -182,7 +172,7 @@ class RunState:
 
     def save(self) -> None:
         self.data["updated"] = now()
-        protocol.atomic_write_json(self.path, self.data)
+        atomic_write_json(self.path, self.data)
 
 
 # --- events.jsonl and supervisor.log ---------------------------------------------------------------------------
@@ -200,12 +190,12 @@ class EventLog:
         """Reopen supervisor.log (after logrotate moved it: SIGHUP)."""
         if self._log:
             self._log.close()
-        self._log = open(self.run_dir / protocol.SUPERVISOR_LOG, "a", encoding="utf-8", buffering=1)
+        self._log = open(self.run_dir / names.SUPERVISOR_LOG, "a", encoding="utf-8", buffering=1)
 
     def emit(self, event: str, message: str, **details) -> None:
         ts = now()
         record = {"time": ts, "event": event, "message": message, **details}
-        with open(self.run_dir / protocol.EVENTS, "a", encoding="utf-8") as f:
+        with open(self.run_dir / names.EVENTS, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
         line = f"{fmt_time(ts)} [{event}] {message}"
         self._log.write(line + "\n")
@@ -228,21 +218,9 @@ class MetricsTail:
         self.offset = 0
 
     def read_new(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self.offset:  # truncated or replaced: start over
-                    self.offset = 0
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        self.offset += end + 1
+        lines, self.offset = read_new_lines(self.path, self.offset)
         records = []
-        for line in chunk[:end].splitlines():
+        for line in lines:
             try:
                 records.append(json.loads(line))
             except ValueError:
@@ -252,7 +230,7 @@ class MetricsTail:
 
 def read_heartbeat(run_dir: Path) -> tuple[float, int | None] | None:
     """(mtime, step) of the trainer's heartbeat, or None if there is none."""
-    path = run_dir / protocol.HEARTBEAT
+    path = run_dir / names.HEARTBEAT
     try:
         mtime = path.stat().st_mtime
         body = path.read_text().strip()

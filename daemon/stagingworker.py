@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import protocol
-from minilmd.checkpoint import CheckpointMismatch, step_of
+from minilmd import names
+from minilmd.checkpoint import CheckpointMismatch
+from minilmd.names import step_of
 from minilmd.daemon.policy import backoff_seconds
 from minilmd.daemon.runstate import now
 from minilmd.daemon.states import StagingState, SyncState
@@ -69,7 +71,7 @@ class StagingWorker:
 
     def staged_copy_present(self) -> bool:
         """The staged corpus is still in scratch (a reboot or a cleaner may have emptied it)."""
-        return self.staged is not None and (self.staged / "meta.json").is_file()
+        return self.staged is not None and (self.staged / names.CORPUS_META).is_file()
 
     def problems(self) -> list[str] | None:
         """What fails verification in the staged copy ([] when it verifies; unreadable counts as damaged), or None

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import protocol
+from minilmd import names
+from minilmd.fsio import atomic_write_text
 from minilmd.config import RunConfig, parse_duration, parse_overrides
 from minilmd.daemon import child as childmod
 from minilmd.daemon.child import Child, Death
@@ -132,15 +134,15 @@ class Supervisor:
         return self.exit_status
 
     def _prepare_files(self) -> None:
-        (self.run_dir / protocol.ATTEMPT_LOGS).mkdir(exist_ok=True)
-        copy = self.run_dir / protocol.RUN_CONFIG_COPY
+        (self.run_dir / names.ATTEMPT_LOGS).mkdir(exist_ok=True)
+        copy = self.run_dir / names.RUN_CONFIG_COPY
         if self.config_path.resolve() != copy.resolve():
-            protocol.atomic_write_text(copy, self.config_path.read_text(encoding="utf-8"))
+            atomic_write_text(copy, self.config_path.read_text(encoding="utf-8"))
         self.events = EventLog(self.run_dir, echo=self.echo)
-        self.metrics = MetricsTail(self.run_dir / protocol.METRICS)
-        self.state = RunState(self.run_dir / protocol.STATE,
+        self.metrics = MetricsTail(self.run_dir / names.METRICS)
+        self.state = RunState(self.run_dir / names.STATE,
                               new_state(self.cfg.run.name, self.run_dir, str(self.config_path.resolve())))
-        existing = sorted((self.run_dir / protocol.ATTEMPT_LOGS).glob("attempt-*.log"))
+        existing = sorted(p for p in (self.run_dir / names.ATTEMPT_LOGS).iterdir() if names.is_attempt_log(p.name))
         if existing:
             self.attempt = int(existing[-1].stem.split("-")[1])
         self.state["sync"]["state"] = SyncState.IDLE if self.cfg.run.remote else SyncState.OFF
@@ -260,9 +262,9 @@ class Supervisor:
         for section, values in parse_overrides(self.cli_overrides).items():
             for key, value in values.items():
                 overrides.setdefault(f"{section}.{key}", value)
-        command = childmod.build_command(self.run_dir / protocol.RUN_CONFIG_COPY, overrides, self.gpu.nproc)
+        command = childmod.build_command(self.run_dir / names.RUN_CONFIG_COPY, overrides, self.gpu.nproc)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)
-        (self.run_dir / protocol.FAULT).unlink(missing_ok=True)
+        (self.run_dir / names.FAULT).unlink(missing_ok=True)
         self.child = self.infra.launch(command, self.run_dir, self.attempt, self.gpu.devices_env)
         self.child.newest_at_launch = newest
         self.state["child"] = {"pid": self.child.pid, "start_ticks": self.child.start_ticks, "attempt": self.attempt,

@@ -18,14 +18,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from minilmd import names
 from minilmd.config import parse_duration
 from minilmd.daemon.runstate import now
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.worker import Inbox, Worker
 
-PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get("MINILMD_PRUNE_UNSYNCED_AFTER", "60"))
+PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get(names.PRUNE_UNSYNCED_AFTER_ENV, "60"))
 """With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
-SYNC_STALLED_AFTER_S = float(os.environ.get("MINILMD_SYNC_STALLED_AFTER", "120"))
+SYNC_STALLED_AFTER_S = float(os.environ.get(names.SYNC_STALLED_AFTER_ENV, "120"))
 """A sync (or a remote fetch) running longer than this is shown as stalled; it keeps running in its thread."""
 FINAL_SYNC_TRIES = 3
 """Attempts of the last sync after the trainer finished or stopped before the supervisor gives up on it."""
@@ -36,11 +37,8 @@ def local_checkpoint_steps(root: Path) -> list[int]:
     steps = []
     try:
         for p in root.iterdir():
-            if p.name.startswith("step-") and (p / "manifest.json").is_file():
-                try:
-                    steps.append(int(p.name[5:]))
-                except ValueError:
-                    pass
+            if names.is_step_name(p.name) and (p / names.MANIFEST).is_file():
+                steps.append(names.step_of(p.name))
     except OSError:
         pass
     return sorted(steps)
@@ -149,7 +147,7 @@ class SyncWorker:
                                   attempts=self.state["sync"].get("attempts", 0) + 1)
         self.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
-        self.copying = self.cfg.checkpoint_dir / f"step-{newest:08d}" if newest is not None else None
+        self.copying = self.cfg.checkpoint_dir / names.step_name(newest) if newest is not None else None
         self.worker = Worker("sync", self.syncer.sync_newest)
 
     def _collect(self) -> None:
@@ -181,7 +179,7 @@ class SyncWorker:
                           f"{worker.running_for():.1f}s", step=step, verified=verified)
         if verified:
             self.healthy_since = now()
-            self._prune(protect=[self.cfg.checkpoint_dir / f"step-{step:08d}"],
+            self._prune(protect=[self.cfg.checkpoint_dir / names.step_name(step)],
                         why=f"the newest {self.cfg.train.keep_local} and the synced step {step} stay")
 
     # --- pruning scratch --------------------------------------------------------------------------------------------
