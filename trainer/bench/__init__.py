@@ -1,1 +1,1 @@
-"""Benchmarks behind `minilmd bench ...`: prepare throughput, packing against padding, checkpoint stalls."""
+"""Benchmarks behind `minilmd bench prepare`, `bench packing` and `bench checkpoint`."""
