@@ -5,12 +5,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import trainer_corpus
 from minilmd.daemon.child import TRAINER_CMD_ENV
 from minilmd.protocol import FAULT_ENV
+from waiting import wait_until
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
 TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -101,14 +101,7 @@ def transitions(run_dir: Path) -> list[str]:
     return [e["new"] for e in events(run_dir) if "new" in e]
 
 
-def wait_for(predicate, timeout: float = 60, what: str = "condition", interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+wait_for = wait_until  # the name these tests have always used
 
 
 def step_of_state(run_dir: Path) -> int:

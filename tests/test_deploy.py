@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from minilmd.config import RunConfig, config_from_dict, load_config
 from minilmd.model_shapes import parameter_count
 from minilmd.protocol import FINAL_EXIT_STATUSES
+from waiting import wait_until
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -196,18 +196,13 @@ class Launcher:
 
     def records(self, count: int) -> list[dict]:
         """Wait until the stand-ins have recorded `count` calls, then return them all."""
-        deadline = time.monotonic() + 30
-        while True:
-            lines = self.record.read_text().splitlines() if self.record.exists() else []
-            if len(lines) >= count or time.monotonic() > deadline:
-                return [json.loads(line) for line in lines]
-            time.sleep(0.05)
+        lines = lambda: self.record.read_text().splitlines() if self.record.exists() else []  # noqa: E731
+        wait_until(lambda: len(lines()) >= count, 30, f"{count} recorded calls of minilmd", interval=0.05)
+        return [json.loads(line) for line in lines()]
 
     def wait_dead(self, session: str, window: str) -> None:
-        deadline = time.monotonic() + 30
-        while not any(name == window and dead for _, name, _, dead in self.windows(session)):
-            assert time.monotonic() < deadline, f"pane {window} did not end"
-            time.sleep(0.05)
+        wait_until(lambda: any(name == window and dead for _, name, _, dead in self.windows(session)), 30,
+                   f"pane {window} to end", interval=0.05)
 
 
 @pytest.fixture

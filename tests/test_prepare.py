@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from minilmd.trainer.data.jsonl import InputError
 from minilmd.trainer.data.prepare import Progress, leak_key, prepare, split_is_val
 from minilmd.trainer.data.tokenizer import load_tokenizer
 from minilmd.corpus import open_prepared
+from waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -216,10 +216,9 @@ def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer):
     child = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "prepare", *big, "--tokenizer",
                               str(tokenizer), "--out", str(out), "--workers", "1"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".out.tmp-*/train/tokens.bin")):
-        assert child.poll() is None and time.monotonic() < deadline, "prepare ended before it could be stopped"
-        time.sleep(0.02)
+    wait_until(lambda: list(tmp_path.glob(".out.tmp-*/train/tokens.bin")) or child.poll() is not None, 60,
+               "prepare to write its temporary output", interval=0.02)
+    assert child.poll() is None, "prepare ended before it could be stopped"
     child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130, err

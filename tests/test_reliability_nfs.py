@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -136,15 +135,22 @@ def test_staging_from_a_source_that_fails_or_shrinks_mid_copy_is_retried(tmp_pat
     staged = cfg.scratch_dir / "corpus"
     seen_staged_while_faulty = []
 
-    def lift_after_first_hit():
-        wait_for(lambda: faultfs.hits(), 60, "the fault to fire")
-        deadline = time.monotonic() + 1.5  # the copy is retried under the fault for a while
-        while time.monotonic() < deadline:
+    def watching_staged(condition):  # a predicate that also records whether a staged copy exists yet
+        def predicate():
             seen_staged_while_faulty.append(staged.exists())
-            time.sleep(0.05)
+            return condition()
+        return predicate
+
+    def lift_after_a_retry_under_the_fault():
+        wait_for(watching_staged(faultfs.hits), 60, "the fault to fire", interval=0.05)
+        wait_for(watching_staged(lambda: any("retrying train/tokens.bin" in m for m in event_texts(cfg.run_dir))),
+                 60, "the copy to be retried", interval=0.05)
+        hits = len(faultfs.hits())
+        wait_for(watching_staged(lambda: len(faultfs.hits()) > hits), 60, "the retried copy to meet the fault",
+                 interval=0.05)
         faultfs.remove(rule)
 
-    lifter = threading.Thread(target=lift_after_first_hit, daemon=True)
+    lifter = threading.Thread(target=lift_after_a_retry_under_the_fault, daemon=True)
     lifter.start()
     sup = start_supervisor(config, tmp_path / "sup.out")
     try:

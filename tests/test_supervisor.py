@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -222,6 +222,9 @@ def test_status_while_running_and_after_the_end(tmp_path, corpus):
     proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.05")
     follower = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "logs", str(cfg.run_dir), "-f"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for())
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(follower.stdout), daemon=True)
+    reader.start()
     try:
         wait_for(lambda: step_of_state(cfg.run_dir) >= 3, 60, "training")
         live = cli("status", str(cfg.run_dir))
@@ -231,10 +234,13 @@ def test_status_while_running_and_after_the_end(tmp_path, corpus):
         as_json = json.loads(cli("status", str(cfg.run_dir), "--json").stdout)
         assert as_json["running"] is True and as_json["state"]["phase"] == "training"
         assert proc.wait(60) == 0
-        time.sleep(1)
+        wait_for(lambda: all(end in "".join(lines) for end in ("stopping -> done", "done at step 60")), 30,
+                 "logs -f to show the end of the supervisor and of the trainer")
     finally:
         follower.send_signal(signal.SIGINT)
-        followed, _ = follower.communicate(timeout=10)
+        follower.wait(10)
+        reader.join(10)
+    followed = "".join(lines)
     after = cli("status", str(cfg.run_dir))
     assert "done" in after.stdout and "not running (ended" in after.stdout and "exit 0" in after.stdout
     assert "[supervisor]" in followed and "stopping -> done" in followed

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import pytest
 
@@ -86,7 +85,8 @@ def test_cuda_oom_with_a_foreign_process_goes_back_to_waiting(tmp_path, corpus, 
         wait_for(lambda: step_of_state(cfg.run_dir) >= 5, 60, "training")
         nvml.set(0, busy(used_mib=30000, procs=[(777, 30000)]))
         wait_for(lambda: transitions(cfg.run_dir).count("waiting_gpu") >= 1, 60, "back to waiting")
-        time.sleep(0.3)
+        seen = nvml.polls  # the supervisor, back in waiting_gpu, finds the card busy a few times before it leaves
+        wait_for(lambda: nvml.polls >= seen + 3, 60, "three polls of the busy card", interval=0.01)
         nvml.set(0, FREE)
 
     helper = threading.Thread(target=another_user_arrives_then_leaves, daemon=True)

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import fsspec
@@ -19,6 +18,7 @@ from minilmd.daemon.sync import SyncError, Syncer
 from minilmd import checkpoint as ck
 from minilmd.config import RunConfig
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from waiting import wait_until
 
 torch.set_num_threads(1)
 
@@ -300,9 +300,8 @@ def test_sync_killed_while_the_remote_stalls(faultfs, weights, tmp_path):
     faultfs.stall("*.tmp-step-00000020*/optimizer.json", 60, op="write")
     proc = subprocess.Popen([sys.executable, "-c", STALLED_SYNC, str(local), str(remote)])
     try:
-        deadline = time.monotonic() + 20
-        while not faultfs.hits("stall") and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: faultfs.hits("stall") or proc.poll() is not None, 20, "the sync to reach the stall",
+                   interval=0.05)
         assert faultfs.hits("stall"), "the sync never reached the stalled write"
         assert ck.read_latest(remote) == "step-00000010"  # a stalled remote is behind, never wrong
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from minilmd.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, 
                                       HEARTBEAT, read_fault)
 from minilmd.trainer.loop.train import total_steps_for_budget
 from trainer_corpus import child_env, real_text_prepared, run_paths, train, train_cmd, write_config
+from waiting import wait_until
 
 
 @pytest.fixture(scope="session")
@@ -75,13 +75,10 @@ def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, corpus):
     run_dir, ckpt_dir = run_paths(config)
     proc = subprocess.Popen(train_cmd(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_env())
+    hb = run_dir / HEARTBEAT
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            hb = run_dir / HEARTBEAT
-            if hb.exists() and hb.read_text().strip() not in ("", "0", "1", "2"):
-                break
-            time.sleep(0.1)
+        wait_until(lambda: hb.exists() and hb.read_text().strip() not in ("", "0", "1", "2"), 120,
+                   "the heartbeat to pass step 2")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
