@@ -26,8 +26,6 @@ from minilmd.config import load_config
 from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG
 from reliability_helpers import copy_corpus
 from supervisor_helpers import cli, env_for, start_supervisor, state, step_of_state, wait_for, write_config
-from test_config import read_only_dir  # noqa: F401 - fixture
-from test_reliability_nfs import corpus  # noqa: F401 - fixture
 from trainer_corpus import child_env
 
 TOKENIZER_OF = lambda corpus: corpus[0] / "tokenizer.json"  # noqa: E731

@@ -19,7 +19,6 @@ from minilmd import checkpoint
 from minilmd.config import load_config
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import env_for, run_supervisor, state, write_config
-from test_reliability_nfs import corpus  # noqa: F401 - fixture
 
 
 def damage(path: Path) -> None:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from faults_fixtures import faultfs  # noqa: F401 - fixture
 from minilmd.daemon.staging import verify_staged
 from minilmd import checkpoint
 from minilmd.config import load_config
@@ -25,15 +24,9 @@ from minilmd.protocol import SUPERVISOR_GAVE_UP
 from reliability_helpers import (RemoteWatcher, copy_corpus, event_texts, expectation_for, fake_weights_of,
                                  undisturbed_fake_weights)
 from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, wait_or_kill, write_config
-from trainer_corpus import real_text_prepared, synthetic_prepared
+from trainer_corpus import synthetic_prepared
 
 FAST = {"restart": {"backoff_initial": "0.1s", "backoff_max": "0.5s", "hang_timeout": "30s"}}
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    """Real text, 400 documents, a 512-entry BPE (shared with the mapped-file test's bigger synthetic corpus)."""
-    return real_text_prepared(tmp_path_factory.mktemp("nfs-corpus"), n_docs=400, vocab_size=512)
 
 
 def status_text(run_dir: Path) -> str:

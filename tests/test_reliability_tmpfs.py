@@ -13,14 +13,12 @@ import os
 from pathlib import Path
 
 
-from faults_fixtures import small_tmpfs  # noqa: F401 - fixture
 from minilmd.daemon import staging
 from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.protocol import SUPERVISOR_GAVE_UP
 from supervisor_helpers import (cli, run_supervisor, start_supervisor, state, train_undisturbed, wait_for,
                                 write_config)
-from test_reliability_nfs import corpus  # noqa: F401 - fixture
 
 REAL = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 1}}
 

@@ -22,12 +22,6 @@ from minilmd.config import load_config
 from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG, SUPERVISOR_GAVE_UP
 from supervisor_helpers import (FAKE_TRAINER, cli, env_for, events, run_supervisor, start_supervisor, state,
                                 step_of_state, transitions, wait_for, write_config)
-from trainer_corpus import real_text_prepared
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    return real_text_prepared(tmp_path_factory.mktemp("sup-corpus"), n_docs=400, vocab_size=512)
 
 
 def final_weights(config: Path) -> int:

@@ -17,12 +17,6 @@ from minilmd.daemon.gpu import GpuAdmission
 from minilmd.daemon.supervisor import Infra, Supervisor
 from minilmd.config import load_config
 from supervisor_helpers import FAKE_TRAINER, events, state, step_of_state, transitions, wait_for, write_config
-from trainer_corpus import real_text_prepared
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return real_text_prepared(tmp_path_factory.mktemp("gpu-corpus"), n_docs=300, vocab_size=512)
 
 
 class FakeGpuInfra(Infra):

@@ -16,15 +16,9 @@ from minilmd import checkpoint
 from minilmd.config import load_config
 from supervisor_helpers import (cli, events, run_supervisor, start_supervisor, state, step_of_state,
                                 train_undisturbed, wait_for, write_config)
-from trainer_corpus import real_text_prepared
 
 pytestmark = pytest.mark.slow
 REAL = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 1}}
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    return real_text_prepared(tmp_path_factory.mktemp("real-corpus"), n_docs=400, vocab_size=512)
 
 
 def model_sha(ckpt: Path) -> str:

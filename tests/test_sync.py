@@ -250,8 +250,6 @@ def test_a_rename_or_latest_replacement_that_silently_does_nothing_is_an_error(d
 
 
 # --- against a real misbehaving remote (tests/faultfs.py over FUSE; skipped where FUSE is unavailable) -----------
-from faults_fixtures import faultfs  # noqa: E402,F401  (a pytest fixture)
-
 
 def synced_once(local: Path, remote: Path, weights) -> Syncer:
     save(local, 10, weights)

@@ -16,13 +16,8 @@ from minilmd.trainer.loop.metrics import read_metrics
 from minilmd.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT_ENV,
                                       HEARTBEAT, read_fault)
 from minilmd.trainer.loop.train import total_steps_for_budget
-from trainer_corpus import child_env, real_text_prepared, run_paths, train, train_cmd, write_config
+from trainer_corpus import child_env, run_paths, train, train_cmd, write_config
 from waiting import wait_until
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    return real_text_prepared(tmp_path_factory.mktemp("corpus"), n_docs=1500, vocab_size=512)
 
 
 def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpus):
