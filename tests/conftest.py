@@ -1,4 +1,5 @@
-"""Shared test set-up: the corpora and the tokenizer that many test modules use, each made once per session.
+"""Shared test set-up: the corpora, the tokenizer and the undisturbed training runs that many test modules use,
+each made once per session.
 
 Tests run on CPU, on 2 cores: torch keeps to one thread per process. The session fixtures are shared by every
 test that asks for them: a test that changes one works on a copy (shutil.copytree), and each fixture checks at
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -24,8 +26,10 @@ import pytest  # noqa: E402
 
 from data_helpers import demo_slice, small_tokenizer  # noqa: E402
 from faults_fixtures import faultfs, memory_cgroup, small_tmpfs  # noqa: E402,F401 - fixtures, shared here
+from minilmd.config import load_config  # noqa: E402
+from reliability_helpers import undisturbed_fake_weights  # noqa: E402
+from supervisor_helpers import BASELINE, train_undisturbed, write_config  # noqa: E402
 from trainer_corpus import real_text_prepared  # noqa: E402
-
 
 def tree_digest(*roots: Path) -> str:
     """sha256 over the relative path and the bytes of every file below roots: what a shared fixture must keep."""
@@ -70,6 +74,53 @@ def tokenizer(demo_jsonl, tmp_path_factory) -> Path:
     digest = tree_digest(path.parent)
     yield path
     assert_unchanged("tokenizer", digest, path.parent)
+
+
+# --- undisturbed runs: what a disturbed run must end with ------------------------------------------------------------
+@dataclass(frozen=True)
+class Undisturbed:
+    """A run of the real trainer straight through, without a supervisor or a remote: supervisor_helpers'
+    write_config with BASELINE and data.mode. Shared by every test that compares final weights with it: read it,
+    never write into it."""
+    mode: str
+    corpus: tuple[Path, int]
+    run_dir: Path
+    checkpoint: Path
+    """The final checkpoint (step BASELINE's max_steps); the one before it is kept beside it."""
+
+    def config_like(self, tmp: Path, name: str, remote: bool = False, **sections) -> Path:
+        """A config of this same run under another name (its own run dir and scratch, a remote if asked for);
+        sections={"run": {...}} change it further (what a trainer then computes must not depend on them)."""
+        body = {"data": {"mode": self.mode}, **{s: dict(kv) for s, kv in BASELINE.items()}}
+        for section, values in sections.items():
+            body.setdefault(section, {}).update(values)
+        return write_config(tmp, self.corpus, name, remote=remote, **body)
+
+
+@pytest.fixture(scope="session")
+def undisturbed(corpus, tmp_path_factory):
+    """undisturbed(mode="packed") -> Undisturbed: trained the first time a mode is asked for, then reused."""
+    runs: dict[str, tuple[Undisturbed, Path, str]] = {}
+
+    def get(mode: str = "packed") -> Undisturbed:
+        if mode not in runs:
+            tmp = tmp_path_factory.mktemp(f"undisturbed-{mode}")
+            final = train_undisturbed(tmp, corpus, data={"mode": mode}, **BASELINE)
+            run_dir = load_config(tmp / "plain.toml").run_dir
+            runs[mode] = Undisturbed(mode, corpus, run_dir, final), tmp, tree_digest(tmp)
+        return runs[mode][0]
+
+    yield get
+    for mode, (_, tmp, digest) in runs.items():
+        assert_unchanged(f"undisturbed {mode} run", digest, tmp)
+
+
+@pytest.fixture(scope="session")
+def fake_undisturbed_weights(corpus, tmp_path_factory) -> int:
+    """The fake trainer's final "weights" for supervisor_helpers.write_config's default 30-step run, straight
+    through and unsupervised (reliability_helpers.undisturbed_fake_weights)."""
+    return undisturbed_fake_weights(write_config(tmp_path_factory.mktemp("fake-undisturbed"), corpus, name="u",
+                                                 remote=False))
 
 
 # --- a directory nobody may write into -----------------------------------------------------------------------------

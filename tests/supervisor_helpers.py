@@ -14,6 +14,9 @@ from trainer_corpus import ONE_LAYER_MODEL
 from waiting import wait_until
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
+BASELINE = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 2}}
+"""The real-trainer run that conftest's `undisturbed` fixture trains once per session (write_config(...,
+**BASELINE), no remote): a disturbed run written with the same sections must end with its weights, bit for bit."""
 
 
 def write_config(tmp: Path, corpus: tuple[Path, int], name: str = "s", remote: bool = True, **sections) -> Path:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.trainer.loop.metrics import read_metrics
 from minilmd.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT_ENV,
@@ -46,23 +47,23 @@ def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpu
     assert len(read_metrics(run_dir, "train")) == 40
 
 
-def test_killed_run_resumes_to_bit_identical_weights(tmp_path, corpus):
-    straight = write_config(tmp_path, corpus, name="straight")
-    assert train(straight).returncode == EXIT_DONE
-    killed = write_config(tmp_path, corpus, name="killed")
-    first = train(killed, **{FAULT_ENV: "sigkill@7"})  # checkpoints at 3 and 6, killed before step 8 runs
+def test_killed_run_resumes_to_bit_identical_weights(tmp_path, undisturbed):
+    straight = undisturbed()  # 16 steps, a checkpoint every 4
+    killed = straight.config_like(tmp_path, "killed")
+    first = train(killed, **{FAULT_ENV: "sigkill@9"})  # checkpoints at 4 and 8, killed before step 10 runs
     assert first.returncode == -signal.SIGKILL
-    second = train(killed, **{FAULT_ENV: "sigkill@7"})  # fired already: not again
+    second = train(killed, **{FAULT_ENV: "sigkill@9"})  # fired already: not again
     assert second.returncode == EXIT_DONE, second.stderr
-    assert "resumed from" in second.stdout and "step-00000006" in second.stdout
-    a_dir, b_dir = run_paths(straight)[1] / "step-00000008", run_paths(killed)[1] / "step-00000008"
+    assert "resumed from" in second.stdout and "step-00000008" in second.stdout
+    a_dir, b_dir = straight.checkpoint, run_paths(killed)[1] / straight.checkpoint.name
     for name in ("model.safetensors", "optimizer.safetensors"):
         a, b = load_file(a_dir / name), load_file(b_dir / name)
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), f"{name}:{k} differs after resume"
-    losses = lambda cfg: [m["loss"] for m in read_metrics(run_paths(cfg)[0], "train") if m["step"] == 8]
-    assert losses(straight) == losses(killed)
+    last = checkpoint.step_of(straight.checkpoint)
+    losses = lambda run_dir: [m["loss"] for m in read_metrics(run_dir, "train") if m["step"] == last]  # noqa: E731
+    assert losses(straight.run_dir) == losses(run_paths(killed)[0])
 
 
 def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, corpus):
