@@ -364,8 +364,8 @@ class Soak:
         total = [f["recovered_at"] - f["time"] for f in self.faults if f["recovered_at"] is not None]
         lines.append(f"{'total':<20} {len(self.faults):>8} {len(total):>9} "
                      f"{(sum(total) / len(total) if total else 0):7.1f} {max(total, default=0):7.1f}")
-        lines.append(f"time to recover = from the fault until a checkpoint newer than the step at the fault exists "
-                     f"(remote faults: and a sync succeeded after the fault was lifted)")
+        lines.append("time to recover = from the fault until a checkpoint newer than the step at the fault exists "
+                     "(remote faults: and a sync succeeded after the fault was lifted)")
         lines.append(f"restarts recorded by the supervisor: {len(st.get('restarts') or [])}; remote LATEST checks: "
                      f"{len(violations)} violations; two trainers at once: {len(two_trainers)}")
         lines.append("RESULT: " + ("PASS, final weights identical to the undisturbed run" if not problems
