@@ -31,6 +31,10 @@ from reliability_helpers import undisturbed_fake_weights  # noqa: E402
 from supervisor_helpers import BASELINE, train_undisturbed, write_config  # noqa: E402
 from trainer_corpus import real_text_prepared  # noqa: E402
 
+SLOW_S = 2.0
+"""A test whose call takes longer than this belongs to the slow tier (`-m slow`; `make test-fast` runs the rest)."""
+
+
 def tree_digest(*roots: Path) -> str:
     """sha256 over the relative path and the bytes of every file below roots: what a shared fixture must keep."""
     h = hashlib.sha256()
@@ -141,3 +145,20 @@ def read_only_dir(tmp_path):
     finally:
         subprocess.run(["umount", str(ro)])
 
+
+# --- the fast tier stays fast --------------------------------------------------------------------------------------
+_unmarked_slow: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.duration > SLOW_S and not report.keywords.get("slow"):
+        _unmarked_slow.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the tests outside the slow tier whose call took longer than SLOW_S, to be marked slow. A report, not
+    a failure: timings on a shared machine are noise."""
+    if _unmarked_slow:
+        terminalreporter.section(f"tests over {SLOW_S:.0f} s not marked slow")
+        for seconds, nodeid in sorted(_unmarked_slow, reverse=True):
+            terminalreporter.write_line(f"{seconds:6.2f}s {nodeid}")

@@ -4,9 +4,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from minilmd.trainer.data.demo_corpus import write_repeated_corpus
 
 
+@pytest.mark.slow
 def test_bench_prepare_prints_raw_and_prepare_side_by_side(tmp_path, demo_jsonl, tokenizer):
     big = write_repeated_corpus(demo_jsonl, tmp_path / "big.jsonl", target_mb=0.5)
     assert 0.5e6 <= big.stat().st_size < 0.6e6

@@ -313,6 +313,7 @@ save_run(Path({root!r}), 4, model, opt)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ck.KILL_POINTS)
 def test_sigkill_inside_save_leaves_a_usable_root(tmp_path, point):
     root = tmp_path / "ckpt"

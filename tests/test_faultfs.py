@@ -250,6 +250,7 @@ def test_a_mapped_file_that_starts_failing_raises_sigbus(faultfs):
             child.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 def test_teardown_leaves_no_mount_even_when_busy_or_stalled_or_dead(tmp_path):
     reason = unavailable_fuse()

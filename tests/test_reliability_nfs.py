@@ -26,6 +26,8 @@ from reliability_helpers import (RemoteWatcher, copy_corpus, event_texts, expect
 from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, wait_or_kill, write_config
 from trainer_corpus import synthetic_prepared
 
+pytestmark = pytest.mark.slow  # every test runs a supervisor through FUSE faults
+
 FAST = {"restart": {"backoff_initial": "0.1s", "backoff_max": "0.5s", "hang_timeout": "30s"}}
 
 

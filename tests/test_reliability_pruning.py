@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import errno
 
+import pytest
+
 from minilmd import checkpoint
 from minilmd.config import load_config
 from reliability_helpers import event_texts
 from supervisor_helpers import run_supervisor, start_supervisor, state, wait_for, write_config
+
+pytestmark = pytest.mark.slow  # every test runs a supervised run to its end
 
 
 def local_steps(cfg) -> list[int]:

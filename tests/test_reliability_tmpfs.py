@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 
 from minilmd.daemon import staging
 from minilmd import checkpoint
@@ -36,6 +37,7 @@ def test_a_corpus_that_does_not_fit_the_ram_disk_is_refused_with_the_numbers(tmp
     assert not (cfg.run_dir / "logs" / "attempt-0001.log").exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_recovers(tmp_path, corpus, small_tmpfs,
                                                                                       undisturbed):
     straight = undisturbed()  # 16 steps, a checkpoint every 4

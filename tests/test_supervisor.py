@@ -15,6 +15,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG, SUPERVISOR_GAVE_UP
@@ -27,6 +29,7 @@ def final_weights(config: Path) -> int:
     return fake_weights_of(checkpoint.list_checkpoints(load_config(config).checkpoint_dir)[-1])
 
 
+@pytest.mark.slow
 def test_full_run_from_waiting_to_done_leaves_a_valid_remote_latest(tmp_path, corpus, fake_undisturbed_weights):
     config = write_config(tmp_path, corpus)
     cfg = load_config(config)
@@ -54,6 +57,7 @@ def test_full_run_from_waiting_to_done_leaves_a_valid_remote_latest(tmp_path, co
     assert any("READY=1" in m for m in messages) and any("STATUS=s: done" in m for m in messages)
 
 
+@pytest.mark.slow
 def test_sigbus_from_a_truncated_staged_corpus_restages_and_finishes_identically(tmp_path, corpus,
                                                                                     fake_undisturbed_weights):
     config = write_config(tmp_path, corpus)
@@ -71,6 +75,7 @@ def test_sigbus_from_a_truncated_staged_corpus_restages_and_finishes_identically
     assert final_weights(config) == fake_undisturbed_weights
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_resumes_from_the_last_checkpoint(tmp_path, corpus, fake_undisturbed_weights):
     config = write_config(tmp_path, corpus)
     cfg = load_config(config)
@@ -83,6 +88,7 @@ def test_sigkill_mid_run_resumes_from_the_last_checkpoint(tmp_path, corpus, fake
     assert final_weights(config) == fake_undisturbed_weights
 
 
+@pytest.mark.slow
 def test_cuda_oom_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"micro_batch_size": 32, "grad_accum": 1})
     cfg = load_config(config)
@@ -96,6 +102,7 @@ def test_cuda_oom_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path, co
     assert any("micro_batch_size 16 -> 8, grad_accum 2 -> 4" in e["message"] for e in events(cfg.run_dir))
 
 
+@pytest.mark.slow
 def test_a_hang_is_detected_and_the_trainer_killed(tmp_path, corpus, fake_undisturbed_weights):
     config = write_config(tmp_path, corpus, restart={"hang_timeout": "1.5s", "backoff_initial": "0.1s"})
     cfg = load_config(config)
@@ -127,6 +134,7 @@ def test_a_source_that_is_not_a_corpus_is_a_final_data_error(tmp_path, corpus):
     assert not (cfg.run_dir / "logs" / "attempt-0001.log").exists()
 
 
+@pytest.mark.slow
 def test_restarts_without_progress_give_up_with_status_79(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"micro_batch_size": 1},
                           restart={"no_progress_limit": 3, "backoff_initial": "0.05s"})
@@ -137,6 +145,7 @@ def test_restarts_without_progress_give_up_with_status_79(tmp_path, corpus):
     assert len(st["restarts"]) == 2  # the third death is the one that gives up
 
 
+@pytest.mark.slow
 def test_stop_leaves_a_synced_checkpoint(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 100000, "checkpoint_every": 1000})
     cfg = load_config(config)
@@ -154,6 +163,7 @@ def test_stop_leaves_a_synced_checkpoint(tmp_path, corpus):
     assert f"remote checkpoint step {checkpoint.step_of(newest)} (verified)" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_second_supervisor_is_refused_and_says_who_owns_the_run(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 100000})
     cfg = load_config(config)
@@ -168,6 +178,7 @@ def test_a_second_supervisor_is_refused_and_says_who_owns_the_run(tmp_path, corp
         assert proc.wait(30) == 0
 
 
+@pytest.mark.slow
 def test_a_restarted_supervisor_stops_the_orphaned_trainer_first(tmp_path, corpus, fake_undisturbed_weights):
     config = write_config(tmp_path, corpus)
     cfg = load_config(config)
@@ -195,6 +206,7 @@ def test_status_logs_and_stop_on_a_directory_that_is_not_a_run(tmp_path):
         assert "not a minilmd run directory" in out.stderr
 
 
+@pytest.mark.slow
 def test_status_while_running_and_after_the_end(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 60})
     cfg = load_config(config)

@@ -18,6 +18,8 @@ from minilmd.daemon.supervisor import Infra, Supervisor
 from minilmd.config import load_config
 from supervisor_helpers import FAKE_TRAINER, events, state, step_of_state, transitions, wait_for, write_config
 
+pytestmark = pytest.mark.slow  # every test runs a supervised run to its end
+
 
 class FakeGpuInfra(Infra):
     def __init__(self, nvml):

@@ -21,6 +21,7 @@ from trainer_corpus import child_env, run_paths, train, train_cmd, write_config
 from waiting import wait_until
 
 
+@pytest.mark.slow
 def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 40, "micro_batch_size": 8, "grad_accum": 1,
                                                    "eval_every": 20, "checkpoint_every": 100})
@@ -47,6 +48,7 @@ def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpu
     assert len(read_metrics(run_dir, "train")) == 40
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_bit_identical_weights(tmp_path, undisturbed):
     straight = undisturbed()  # 16 steps, a checkpoint every 4
     killed = straight.config_like(tmp_path, "killed")
@@ -66,6 +68,7 @@ def test_killed_run_resumes_to_bit_identical_weights(tmp_path, undisturbed):
     assert losses(straight.run_dir) == losses(run_paths(killed)[0])
 
 
+@pytest.mark.slow
 def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 100000, "checkpoint_every": "1h"})
     run_dir, ckpt_dir = run_paths(config)
@@ -88,6 +91,7 @@ def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, corpus):
     assert "SIGTERM received" in out
 
 
+@pytest.mark.slow
 def test_injected_oom_writes_a_fault_note_and_exits_76(tmp_path, corpus):
     config = write_config(tmp_path, corpus)
     p = train(config, **{FAULT_ENV: "oom@2"})
@@ -99,6 +103,7 @@ def test_injected_oom_writes_a_fault_note_and_exits_76(tmp_path, corpus):
     assert read_fault(run_paths(config)[0]) is None
 
 
+@pytest.mark.slow
 def test_bad_config_exits_2_and_bad_data_exits_65(tmp_path, corpus):
     no_budget = train(write_config(tmp_path, corpus, name="nobudget", train={"max_steps": 0}))
     assert no_budget.returncode == EXIT_CONFIG and "budget is required" in no_budget.stderr
@@ -112,6 +117,7 @@ def test_bad_config_exits_2_and_bad_data_exits_65(tmp_path, corpus):
     assert bad_data.returncode == EXIT_DATA and "tokens.bin" in bad_data.stderr
 
 
+@pytest.mark.slow
 def test_padded_mode_counts_only_real_tokens(tmp_path, corpus):
     config = write_config(tmp_path, corpus, data={"mode": "padded"}, train={"max_steps": 3})
     p = train(config)
@@ -127,6 +133,7 @@ def test_max_tokens_budget_in_steps(tmp_path, corpus):
     assert total_steps_for_budget(cfg, global_batch=8) == 2  # both set: whichever ends first
 
 
+@pytest.mark.slow
 def test_bench_packing_reports_both_modes_side_by_side(tmp_path, corpus):
     import re
 
