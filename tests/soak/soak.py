@@ -55,10 +55,8 @@ from minilmd import checkpoint  # noqa: E402
 from minilmd.config import load_config  # noqa: E402
 from reliability_helpers import RemoteWatcher, TrainerCounter, expectation_for  # noqa: E402
 from supervisor_helpers import env_for, state  # noqa: E402
-from trainer_corpus import real_text_prepared, write_config  # noqa: E402
+from trainer_corpus import ONE_LAYER_MODEL, real_text_prepared, write_config  # noqa: E402
 
-MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-         "max_position_embeddings": 256}
 KINDS = ["trainer_sigkill", "trainer_sigbus", "staged_truncate", "supervisor_sigkill", "remote_stall", "remote_eio",
          "remote_drop_rename", "corrupt_local", "corrupt_remote"]
 PLANNED = {"hang": "trainer_hang", "exception": "trainer_exception", "oom": "trainer_oom"}
@@ -101,7 +99,7 @@ class Soak:
     def config(self, name: str, steps: int, remote: Path | None, source: Path, vocab: int) -> Path:
         body = {
             "data": {"val_windows": 2},
-            "model": dict(MODEL),
+            "model": dict(ONE_LAYER_MODEL),
             "train": {"seq_len": 32, "micro_batch_size": 1, "grad_accum": 4, "max_steps": steps,
                       "checkpoint_every": 20, "keep_local": 2, "log_every": 5, "eval_every": 0},
             "sync": {"every": "3s", "keep": 3},
