@@ -219,7 +219,7 @@ def launcher():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def write_config(path: Path, name: str | None, run_dir: str | None) -> Path:
+def launcher_config(path: Path, name: str | None, run_dir: str | None) -> Path:
     lines = ["[run]"]
     if name is not None:
         lines.append(f'name = "{name}"')
@@ -231,7 +231,7 @@ def write_config(path: Path, name: str | None, run_dir: str | None) -> Path:
 
 def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervisor(launcher):
     run_dir = launcher.root / "runs" / "demo"
-    config = write_config(launcher.root / "demo.toml", "demo.run", str(run_dir))
+    config = launcher_config(launcher.root / "demo.toml", "demo.run", str(run_dir))
     session = "minilmd-demo_run"  # '.' is not allowed in tmux session names
 
     first = launcher("--no-attach", str(config), MINILMD_FAULT="oom@3")
@@ -268,7 +268,7 @@ def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervis
 def test_launcher_names_the_session_from_the_file_or_the_argument_and_resolves_paths(launcher):
     work = launcher.root / "work"
     work.mkdir()
-    write_config(work / "nameless.toml", None, "runs/x")
+    launcher_config(work / "nameless.toml", None, "runs/x")
 
     assert launcher("--no-attach", "nameless.toml", cwd=work).returncode == 0
     assert launcher("--no-attach", "nameless.toml", "mine", cwd=work).returncode == 0
@@ -285,7 +285,7 @@ def test_launcher_refuses_what_it_cannot_run_and_says_why(launcher):
     missing = launcher("--no-attach", str(launcher.root / "nope.toml"))
     assert missing.returncode == 2 and "nope.toml" in missing.stderr
 
-    no_dir = write_config(launcher.root / "nodir.toml", "x", None)
+    no_dir = launcher_config(launcher.root / "nodir.toml", "x", None)
     result = launcher("--no-attach", str(no_dir))
     assert result.returncode == 2 and "run.dir" in result.stderr and "nodir.toml" in result.stderr
 
@@ -294,7 +294,7 @@ def test_launcher_refuses_what_it_cannot_run_and_says_why(launcher):
     result = launcher("--no-attach", str(bad))
     assert result.returncode == 2 and "bad.toml" in result.stderr
 
-    good = write_config(launcher.root / "good.toml", "x", "/tmp/x")
+    good = launcher_config(launcher.root / "good.toml", "x", "/tmp/x")
     result = launcher("--no-attach", str(good), MINILMD=str(launcher.root / "no-such-minilmd"))
     assert result.returncode == 1 and "MINILMD" in result.stderr
 
