@@ -15,8 +15,7 @@ import pytest
 
 import faults_fixtures
 from waiting import wait_until
-from faults_fixtures import (faultfs, is_mounted, memory_cgroup, mounted_faultfs, small_tmpfs,  # noqa: F401
-                             unavailable_fuse)
+from faults_fixtures import is_mounted, mounted_faultfs, unavailable_fuse
 
 pytestmark = pytest.mark.root
 
