@@ -1,8 +1,12 @@
 # The two set-up commands of the README. Each creates ./.venv unless a virtualenv is active.
-.PHONY: demo test
+# test-fast: the tests not marked slow (the unit tests, under a minute); `make test` and .ci/run run them all.
+.PHONY: demo test test-fast
 
 demo:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo
 
 test:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m pytest -q $(PYTEST_ARGS)
+
+test-fast:
+	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m pytest -q -m "not slow" $(PYTEST_ARGS)

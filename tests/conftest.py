@@ -1,5 +1,164 @@
-"""Shared test set-up. Tests run on CPU, on 2 cores: keep torch to one thread per process."""
+"""Shared test set-up: the corpora, the tokenizer and the undisturbed training runs that many test modules use,
+each made once per session.
+
+Tests run on CPU, on 2 cores: torch keeps to one thread per process. The session fixtures are shared by every
+test that asks for them: a test that changes one works on a copy (shutil.copytree), and each fixture checks at
+the end of the session that nothing changed it (a changed one is reported as an error of that fixture).
+
+Plain helpers (functions a test calls, also used by the soak script) stay in modules of their own:
+trainer_corpus.py (prepared corpora, tiny model configs, run configs, `minilmd train`), supervisor_helpers.py
+(`minilmd run` as a process and its files), reliability_helpers.py (watchers for the reliability tests),
+data_helpers.py (JSONL sources and tokenizers for the data tests), weights_helpers.py (in-process tiny models and
+checkpoints), waiting.py (wait_until), faults_fixtures.py (FUSE, tmpfs and memory-cgroup faults).
+"""
+from __future__ import annotations
+
+import hashlib
 import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from data_helpers import demo_slice, small_tokenizer  # noqa: E402
+from faults_fixtures import faultfs, memory_cgroup, small_tmpfs  # noqa: E402,F401 - fixtures, shared here
+from minilmd.config import load_config  # noqa: E402
+from reliability_helpers import undisturbed_fake_weights  # noqa: E402
+from supervisor_helpers import BASELINE, train_undisturbed, write_config  # noqa: E402
+from trainer_corpus import real_text_prepared  # noqa: E402
+
+SLOW_S = 2.0
+"""A test whose call takes longer than this belongs to the slow tier (`-m slow`; `make test-fast` runs the rest)."""
+
+
+def tree_digest(*roots: Path) -> str:
+    """sha256 over the relative path and the bytes of every file below roots: what a shared fixture must keep."""
+    h = hashlib.sha256()
+    for root in roots:
+        for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def assert_unchanged(what: str, digest: str, *roots: Path) -> None:
+    assert tree_digest(*roots) == digest, f"a test changed the shared {what} ({', '.join(map(str, roots))}): " \
+                                          "copy a session fixture before changing it"
+
+
+# --- corpora and the tokenizer -----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> tuple[Path, int]:
+    """(prepared corpus directory, vocabulary size): 400 real Chinese reviews under a 512-entry byte-level BPE,
+    written directly in the prepared format (trainer_corpus.real_text_prepared). Read-only: copy it to damage it."""
+    made = real_text_prepared(tmp_path_factory.mktemp("corpus"), n_docs=400, vocab_size=512)
+    digest = tree_digest(made[0])
+    yield made
+    assert_unchanged("corpus", digest, made[0])
+
+
+@pytest.fixture(scope="session")
+def demo_jsonl(tmp_path_factory) -> list[str]:
+    """The demo corpus's JSONL source files, 300 documents each (data_helpers.demo_slice): input of `prepare`
+    and of tokenizer training. Read-only."""
+    root = tmp_path_factory.mktemp("demo")
+    paths = demo_slice(root, 300)
+    digest = tree_digest(root)
+    yield paths
+    assert_unchanged("demo JSONL", digest, root)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(demo_jsonl, tmp_path_factory) -> Path:
+    """tokenizer.json of a 512-entry byte-level BPE trained on demo_jsonl, MiniMind's special ids 0, 1, 2."""
+    path = small_tokenizer(demo_jsonl, tmp_path_factory.mktemp("tokenizer") / "tokenizer.json")
+    digest = tree_digest(path.parent)
+    yield path
+    assert_unchanged("tokenizer", digest, path.parent)
+
+
+# --- undisturbed runs: what a disturbed run must end with ------------------------------------------------------------
+@dataclass(frozen=True)
+class Undisturbed:
+    """A run of the real trainer straight through, without a supervisor or a remote: supervisor_helpers'
+    write_config with BASELINE and data.mode. Shared by every test that compares final weights with it: read it,
+    never write into it."""
+    mode: str
+    corpus: tuple[Path, int]
+    run_dir: Path
+    checkpoint: Path
+    """The final checkpoint (step BASELINE's max_steps); the one before it is kept beside it."""
+
+    def config_like(self, tmp: Path, name: str, remote: bool = False, **sections) -> Path:
+        """A config of this same run under another name (its own run dir and scratch, a remote if asked for);
+        sections={"run": {...}} change it further (what a trainer then computes must not depend on them)."""
+        body = {"data": {"mode": self.mode}, **{s: dict(kv) for s, kv in BASELINE.items()}}
+        for section, values in sections.items():
+            body.setdefault(section, {}).update(values)
+        return write_config(tmp, self.corpus, name, remote=remote, **body)
+
+
+@pytest.fixture(scope="session")
+def undisturbed(corpus, tmp_path_factory):
+    """undisturbed(mode="packed") -> Undisturbed: trained the first time a mode is asked for, then reused."""
+    runs: dict[str, tuple[Undisturbed, Path, str]] = {}
+
+    def get(mode: str = "packed") -> Undisturbed:
+        if mode not in runs:
+            tmp = tmp_path_factory.mktemp(f"undisturbed-{mode}")
+            final = train_undisturbed(tmp, corpus, data={"mode": mode}, **BASELINE)
+            run_dir = load_config(tmp / "plain.toml").run_dir
+            runs[mode] = Undisturbed(mode, corpus, run_dir, final), tmp, tree_digest(tmp)
+        return runs[mode][0]
+
+    yield get
+    for mode, (_, tmp, digest) in runs.items():
+        assert_unchanged(f"undisturbed {mode} run", digest, tmp)
+
+
+@pytest.fixture(scope="session")
+def fake_undisturbed_weights(corpus, tmp_path_factory) -> int:
+    """The fake trainer's final "weights" for supervisor_helpers.write_config's default 30-step run, straight
+    through and unsupervised (reliability_helpers.undisturbed_fake_weights)."""
+    return undisturbed_fake_weights(write_config(tmp_path_factory.mktemp("fake-undisturbed"), corpus, name="u",
+                                                 remote=False))
+
+
+# --- a directory nobody may write into -----------------------------------------------------------------------------
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nobody may write into: a read-only tmpfs as root (root ignores mode bits), else mode 0500."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0:
+        ro.chmod(0o500)
+        yield ro
+        ro.chmod(0o700)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)]).returncode != 0:
+        pytest.skip("needs permission to mount a read-only tmpfs")
+    try:
+        yield ro
+    finally:
+        subprocess.run(["umount", str(ro)])
+
+
+# --- the fast tier stays fast --------------------------------------------------------------------------------------
+_unmarked_slow: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.duration > SLOW_S and not report.keywords.get("slow"):
+        _unmarked_slow.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the tests outside the slow tier whose call took longer than SLOW_S, to be marked slow. A report, not
+    a failure: timings on a shared machine are noise."""
+    if _unmarked_slow:
+        terminalreporter.section(f"tests over {SLOW_S:.0f} s not marked slow")
+        for seconds, nodeid in sorted(_unmarked_slow, reverse=True):
+            terminalreporter.write_line(f"{seconds:6.2f}s {nodeid}")

@@ -2,12 +2,16 @@
 
     MINILMD_TRAINER_CMD="python tests/reliability_oom_wrapper.py CGROUP_DIR MARKER tests/fake_trainer.py"
 
-The supervisor appends `train CONFIG --set ...`. Once per run (MARKER absent), when the trainer's heartbeat shows
-step 3, a thread allocates memory until the kernel's OOM killer kills the process: a real memory-cgroup OOM kill of
-the trainer, which the supervisor must classify as such (not as a generic crash or SIGKILL).
+The supervisor appends `train CONFIG --set ...`. Once per run (MARKER absent), when the supervisor's state.json
+shows step 3, a thread allocates memory until the kernel's OOM killer kills the process: a real memory-cgroup OOM
+kill of the trainer, which the supervisor must classify as such (not as a generic crash or SIGKILL). The supervisor
+reads the child's cgroup on each tick before it reads the trainer's progress, so once state.json shows step 3 it
+knows this group (the trainer's own heartbeat alone can run ahead of a supervisor slowed by a loaded machine, and
+the kill is then classified from the kernel log instead).
 """
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import sys
@@ -16,13 +20,15 @@ import time
 from pathlib import Path
 
 
+def supervisor_step(run_dir: Path) -> int:
+    try:
+        return (json.loads((run_dir / "state.json").read_text()).get("progress") or {}).get("step") or 0
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 def hog(run_dir: Path, marker: Path) -> None:
-    while True:
-        try:
-            if int((run_dir / "heartbeat").read_text() or 0) >= 3:
-                break
-        except (FileNotFoundError, ValueError):
-            pass
+    while supervisor_step(run_dir) < 3:
         time.sleep(0.05)
     marker.write_text(str(os.getpid()))
     chunks = []

@@ -5,24 +5,26 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import trainer_corpus
 from minilmd.daemon.child import TRAINER_CMD_ENV
 from minilmd.protocol import FAULT_ENV
+from trainer_corpus import ONE_LAYER_MODEL
+from waiting import wait_until
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
-TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "max_position_embeddings": 256}
+BASELINE = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 2}}
+"""The real-trainer run that conftest's `undisturbed` fixture trains once per session (write_config(...,
+**BASELINE), no remote): a disturbed run written with the same sections must end with its weights, bit for bit."""
 
 
 def write_config(tmp: Path, corpus: tuple[Path, int], name: str = "s", remote: bool = True, **sections) -> Path:
-    """trainer_corpus.write_config with the supervisor's defaults: an even tinier model, 30 steps with a checkpoint
+    """trainer_corpus.write_config with the supervisor's defaults: the one-layer model, 30 steps with a checkpoint
     every 10, a remote, fast sync and backoff; sections={"train": {...}} override them."""
     body = {
         "data": {"val_windows": 4},
-        "model": dict(TINY_MODEL),
+        "model": dict(ONE_LAYER_MODEL),
         "train": {"seq_len": 32, "micro_batch_size": 4, "grad_accum": 1, "max_steps": 30, "checkpoint_every": 10,
                   "keep_local": 2},
         "sync": {"every": "1s", "keep": 2},
@@ -101,14 +103,7 @@ def transitions(run_dir: Path) -> list[str]:
     return [e["new"] for e in events(run_dir) if "new" in e]
 
 
-def wait_for(predicate, timeout: float = 60, what: str = "condition", interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+wait_for = wait_until  # the name these tests have always used
 
 
 def step_of_state(run_dir: Path) -> int:

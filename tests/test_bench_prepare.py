@@ -4,18 +4,17 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from data_helpers import demo_slice, small_tokenizer
+import pytest
 
 from minilmd.trainer.data.demo_corpus import write_repeated_corpus
 
 
-def test_bench_prepare_prints_raw_and_prepare_side_by_side(tmp_path):
-    corpus = demo_slice(tmp_path / "demo", 300)
-    tok = small_tokenizer(corpus, tmp_path / "tokenizer.json")
-    big = write_repeated_corpus(corpus, tmp_path / "big.jsonl", target_mb=0.5)
+@pytest.mark.slow
+def test_bench_prepare_prints_raw_and_prepare_side_by_side(tmp_path, demo_jsonl, tokenizer):
+    big = write_repeated_corpus(demo_jsonl, tmp_path / "big.jsonl", target_mb=0.5)
     assert 0.5e6 <= big.stat().st_size < 0.6e6
     done = subprocess.run([sys.executable, "-m", "minilmd.cli", "bench", "prepare", str(big), "--tokenizer",
-                           str(tok), "--workers", "1", "--scratch", str(tmp_path)], capture_output=True, text=True)
+                           str(tokenizer), "--workers", "1", "--scratch", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     for needle in ("raw encode_batch", "raw encode_batch_fast", "prepare (1 workers, wall)", "text MB/s",
@@ -24,9 +23,8 @@ def test_bench_prepare_prints_raw_and_prepare_side_by_side(tmp_path):
     assert not list(tmp_path.glob("minilmd-bench-prepare-*")), "the bench removes its prepared output"
 
 
-def test_repeated_corpus_varies_documents(tmp_path):
-    corpus = demo_slice(tmp_path / "demo", 50)
-    big = write_repeated_corpus(corpus, tmp_path / "big.jsonl", target_mb=0.2)
+def test_repeated_corpus_varies_documents(tmp_path, demo_jsonl):
+    big = write_repeated_corpus(demo_jsonl, tmp_path / "big.jsonl", target_mb=0.2)
     lines = big.read_text(encoding="utf-8").splitlines()
     assert len(lines) > 100
     assert len(set(lines)) > 0.9 * len(lines), "repetitions are varied, not copies"

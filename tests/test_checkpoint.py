@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -16,41 +15,14 @@ import torch
 
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd import checkpoint as ck
-from minilmd.config import RunConfig
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from minilmd.model_shapes import expected_state_shapes
+from weights_helpers import CHECKPOINT_MODEL, make_run, save_run, trainer_state
 
 torch.set_num_threads(1)
 
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-            intermediate_size=0, max_position_embeddings=128, rope_theta=1e6, rms_norm_eps=1e-6)
+TINY = CHECKPOINT_MODEL
 REPO = Path(__file__).resolve().parent.parent
-
-
-def make_run(steps: int = 3, seed: int = 0):
-    torch.manual_seed(seed)
-    model = MiniMindForCausalLM(TINY)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(steps):
-        x = torch.randint(0, 256, (2, 16))
-        model(x, labels=x).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return model, opt
-
-
-def trainer_state(step: int, data="d" * 64, tok="t" * 64) -> dict:
-    cfg = RunConfig().to_dict()
-    cfg["model"] = dict(TINY)
-    return {"step": step, "tokens_seen": step * 32, "epoch": 0, "config": cfg,
-            "fingerprints": {"data": data, "tokenizer": tok}, "rng": ckpt_io.capture_rng()}
-
-
-def save_run(root: Path, step: int = 3, model=None, opt=None, **kw) -> Path:
-    if model is None:
-        model, opt = make_run(step)
-    return ckpt_io.save(root, step, model.state_dict(), opt.state_dict(), trainer_state(step, **kw),
-                   param_names=ckpt_io.optimizer_param_names(model, opt))
 
 
 def expectation(**over) -> ck.Expectation:
@@ -331,7 +303,7 @@ def test_async_checkpointer_snapshots_and_prunes(tmp_path):
 SAVER = """
 import sys, torch
 sys.path.insert(0, {tests!r})
-from test_checkpoint import make_run, save_run
+from weights_helpers import make_run, save_run
 from pathlib import Path
 model, opt = make_run(3)
 save_run(Path({root!r}), 3, model, opt)
@@ -341,6 +313,7 @@ save_run(Path({root!r}), 4, model, opt)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ck.KILL_POINTS)
 def test_sigkill_inside_save_leaves_a_usable_root(tmp_path, point):
     root = tmp_path / "ckpt"

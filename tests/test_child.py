@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from minilmd.daemon.sdnotify import Notifier
 from minilmd.daemon.states import TRANSITIONS, IllegalTransition, Phase, check_transition
 from minilmd import protocol
 from minilmd.config import RestartSection
+from waiting import wait_until
 
 
 def run_child(tmp_path: Path, code: str, attempt: int = 1) -> tuple[childmod.Child, int]:
@@ -88,10 +88,11 @@ def test_orphans_are_found_by_their_run_dir_and_terminated(tmp_path):
     c = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, 1, devices="")
     other = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "other", 1, devices="")
     try:
-        found: list[int] = []
-        deadline = time.monotonic() + 10
-        while c.pid not in (found := childmod.find_orphans(tmp_path)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        def found_it() -> list[int] | None:
+            found = childmod.find_orphans(tmp_path)
+            return found if c.pid in found else None
+
+        found = wait_until(found_it, 10, "the run's process among its orphans")
         assert found == [c.pid]  # not the other run's process
         childmod.terminate_orphans(found, grace=5)
         assert c.popen.wait(5) == -signal.SIGTERM

@@ -1,7 +1,5 @@
 """The run config: every problem reported at once, overrides, durations, the budget arithmetic."""
 import json
-import os
-import subprocess
 
 import pytest
 
@@ -79,24 +77,6 @@ def test_paths_that_cannot_be_used(tmp_path):
     assert "no such directory" in text
     assert "unknown protocol 'nosuchproto'" in text
     assert "is a file, not a directory" in text
-
-
-@pytest.fixture
-def read_only_dir(tmp_path):
-    """A directory nobody may write into: a read-only tmpfs as root (root ignores mode bits), else mode 0500."""
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if os.geteuid() != 0:
-        ro.chmod(0o500)
-        yield ro
-        ro.chmod(0o700)
-        return
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)]).returncode != 0:
-        pytest.skip("needs permission to mount a read-only tmpfs")
-    try:
-        yield ro
-    finally:
-        subprocess.run(["umount", str(ro)])
 
 
 def test_unwritable_run_dir(tmp_path, read_only_dir):

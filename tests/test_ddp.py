@@ -10,12 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from minilmd.protocol import EXIT_DONE
-from trainer_corpus import child_env, read_metrics, real_text_prepared, run_paths, train, write_config
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return real_text_prepared(tmp_path_factory.mktemp("corpus"), n_docs=1500, vocab_size=512)
+from trainer_corpus import child_env, read_metrics, run_paths, train, write_config
 
 
 @pytest.mark.slow

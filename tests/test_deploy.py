@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from minilmd.config import RunConfig, config_from_dict, load_config
 from minilmd.model_shapes import expected_state_shapes
 from minilmd.protocol import FINAL_EXIT_STATUSES
+from waiting import wait_until
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -197,18 +197,13 @@ class Launcher:
 
     def records(self, count: int) -> list[dict]:
         """Wait until the stand-ins have recorded `count` calls, then return them all."""
-        deadline = time.monotonic() + 30
-        while True:
-            lines = self.record.read_text().splitlines() if self.record.exists() else []
-            if len(lines) >= count or time.monotonic() > deadline:
-                return [json.loads(line) for line in lines]
-            time.sleep(0.05)
+        lines = lambda: self.record.read_text().splitlines() if self.record.exists() else []  # noqa: E731
+        wait_until(lambda: len(lines()) >= count, 30, f"{count} recorded calls of minilmd", interval=0.05)
+        return [json.loads(line) for line in lines()]
 
     def wait_dead(self, session: str, window: str) -> None:
-        deadline = time.monotonic() + 30
-        while not any(name == window and dead for _, name, _, dead in self.windows(session)):
-            assert time.monotonic() < deadline, f"pane {window} did not end"
-            time.sleep(0.05)
+        wait_until(lambda: any(name == window and dead for _, name, _, dead in self.windows(session)), 30,
+                   f"pane {window} to end", interval=0.05)
 
 
 @pytest.fixture
@@ -225,7 +220,7 @@ def launcher():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def write_config(path: Path, name: str | None, run_dir: str | None) -> Path:
+def launcher_config(path: Path, name: str | None, run_dir: str | None) -> Path:
     lines = ["[run]"]
     if name is not None:
         lines.append(f'name = "{name}"')
@@ -237,7 +232,7 @@ def write_config(path: Path, name: str | None, run_dir: str | None) -> Path:
 
 def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervisor(launcher):
     run_dir = launcher.root / "runs" / "demo"
-    config = write_config(launcher.root / "demo.toml", "demo.run", str(run_dir))
+    config = launcher_config(launcher.root / "demo.toml", "demo.run", str(run_dir))
     session = "minilmd-demo_run"  # '.' is not allowed in tmux session names
 
     first = launcher("--no-attach", str(config), MINILMD_FAULT="oom@3")
@@ -274,7 +269,7 @@ def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervis
 def test_launcher_names_the_session_from_the_file_or_the_argument_and_resolves_paths(launcher):
     work = launcher.root / "work"
     work.mkdir()
-    write_config(work / "nameless.toml", None, "runs/x")
+    launcher_config(work / "nameless.toml", None, "runs/x")
 
     assert launcher("--no-attach", "nameless.toml", cwd=work).returncode == 0
     assert launcher("--no-attach", "nameless.toml", "mine", cwd=work).returncode == 0
@@ -291,7 +286,7 @@ def test_launcher_refuses_what_it_cannot_run_and_says_why(launcher):
     missing = launcher("--no-attach", str(launcher.root / "nope.toml"))
     assert missing.returncode == 2 and "nope.toml" in missing.stderr
 
-    no_dir = write_config(launcher.root / "nodir.toml", "x", None)
+    no_dir = launcher_config(launcher.root / "nodir.toml", "x", None)
     result = launcher("--no-attach", str(no_dir))
     assert result.returncode == 2 and "run.dir" in result.stderr and "nodir.toml" in result.stderr
 
@@ -300,7 +295,7 @@ def test_launcher_refuses_what_it_cannot_run_and_says_why(launcher):
     result = launcher("--no-attach", str(bad))
     assert result.returncode == 2 and "bad.toml" in result.stderr
 
-    good = write_config(launcher.root / "good.toml", "x", "/tmp/x")
+    good = launcher_config(launcher.root / "good.toml", "x", "/tmp/x")
     result = launcher("--no-attach", str(good), MINILMD=str(launcher.root / "no-such-minilmd"))
     assert result.returncode == 1 and "MINILMD" in result.stderr
 

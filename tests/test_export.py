@@ -26,6 +26,7 @@ def trained(tmp_path_factory):
     return root, model.eval()
 
 
+@pytest.mark.slow
 def test_hf_export_loads_in_qwen3_without_key_warnings_and_gives_our_logits(trained, tmp_path, capfd):
     transformers = pytest.importorskip("transformers")
     root, model = trained

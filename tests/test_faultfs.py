@@ -10,26 +10,16 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 
 import faults_fixtures
-from faults_fixtures import (faultfs, is_mounted, memory_cgroup, mounted_faultfs, small_tmpfs,  # noqa: F401
-                             unavailable_fuse)
+from waiting import wait_until
+from faults_fixtures import is_mounted, mounted_faultfs, unavailable_fuse
 
 pytestmark = pytest.mark.root
 
 PAGE = mmap.PAGESIZE
-
-
-def wait_until(predicate, what: str, timeout: float = 15.0):
-    """Poll until predicate() is true; the timeout only guards against a hang, it is not a timing assertion."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def make_file(fs, rel: str, data: bytes):
@@ -126,7 +116,7 @@ def test_an_operation_held_in_a_stall_fails_when_an_error_rule_is_added(faultfs)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    wait_until(lambda: faultfs.hits("stall"), "the stall to fire")
+    wait_until(lambda: faultfs.hits("stall"), 15, "the stall to fire", interval=0.01)
     faultfs.fail_reads("tokens.bin")
     faultfs.remove(stall_id)
     reader.join(timeout=30)
@@ -175,7 +165,7 @@ def test_stall_blocks_only_the_stalled_op_and_clear_releases_it(faultfs):
     result = {}
     reader = threading.Thread(target=lambda: result.update(data=slow.read_bytes()), daemon=True)
     reader.start()
-    wait_until(lambda: faultfs.hits("stall", "read"), "the stall to fire")
+    wait_until(lambda: faultfs.hits("stall", "read"), 15, "the stall to fire", interval=0.01)
     # The mount stays usable while one read sleeps (multithreaded loop).
     assert fast.read_bytes() == b"fast"
     assert os.stat(slow).st_size == len(data)
@@ -192,7 +182,7 @@ def test_stall_of_a_write_op(faultfs):
     writer = threading.Thread(target=lambda: (faultfs.root / "LATEST.tmp").write_bytes(b"step-00000010"),
                               daemon=True)
     writer.start()
-    wait_until(lambda: faultfs.hits("stall", "write"), "the write stall to fire")
+    wait_until(lambda: faultfs.hits("stall", "write"), 15, "the write stall to fire", interval=0.01)
     assert writer.is_alive()
     faultfs.clear()
     writer.join(timeout=30)
@@ -259,6 +249,7 @@ def test_a_mapped_file_that_starts_failing_raises_sigbus(faultfs):
             child.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 def test_teardown_leaves_no_mount_even_when_busy_or_stalled_or_dead(tmp_path):
     reason = unavailable_fuse()
@@ -273,7 +264,7 @@ def test_teardown_leaves_no_mount_even_when_busy_or_stalled_or_dead(tmp_path):
         fs.stall("f", seconds=300)
         reader = threading.Thread(target=lambda: (root / "f").read_bytes(), daemon=True)
         reader.start()
-        wait_until(lambda: fs.hits("stall"), "the stall to fire")
+        wait_until(lambda: fs.hits("stall"), 15, "the stall to fire", interval=0.01)
     assert not is_mounted(root)
     assert fs.proc.poll() is not None
     reader.join(timeout=30)

@@ -2,17 +2,18 @@
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from minilmd.trainer.loop.faults import Fault, FaultInjector, FaultSpecError, parse_faults
 from minilmd.protocol import FAULT_ENV, FAULTS_FIRED
+from waiting import wait_until
 
 FIRE_AT_STEP_3 = """
-import sys
+import faulthandler, os, signal, sys
 from minilmd.trainer.loop.faults import FaultInjector
+faulthandler.register(signal.SIGUSR1, open(os.path.join(sys.argv[1], "stack.txt"), "w"))  # where it is, on demand
 inj = FaultInjector(sys.argv[1], sys.argv[2])
 for step in range(5):
     inj.maybe_fire(step)
@@ -68,11 +69,16 @@ def test_oom_raises_torch_out_of_memory(tmp_path):
 def test_hang_never_returns(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", FIRE_AT_STEP_3, str(tmp_path), "hang@2"],
                             stdout=subprocess.PIPE, text=True)
+    stack = tmp_path / "stack.txt"
+
+    def inside_the_hang() -> bool:
+        if not (tmp_path / FAULTS_FIRED).exists():  # the fault is recorded, so SIGUSR1 has its handler by now
+            return False
+        proc.send_signal(signal.SIGUSR1)  # the process dumps its stack to stack.txt
+        return " in _hang" in stack.read_text()
+
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / FAULTS_FIRED).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)
+        wait_until(inside_the_hang, 30, "the stack of the process to show it inside the hang")
         assert proc.poll() is None, "a hung trainer must stay alive"
     finally:
         proc.kill()

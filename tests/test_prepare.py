@@ -9,28 +9,18 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from data_helpers import decoded_documents, demo_slice, read_texts, small_tokenizer, write_jsonl
+from data_helpers import decoded_documents, demo_slice, read_texts, write_jsonl
 
 from minilmd.trainer.data.corpus_stats import layout_stats, length_stats
 from minilmd.trainer.data.jsonl import InputError
 from minilmd.trainer.data.prepare import Progress, leak_key, prepare, split_is_val
 from minilmd.trainer.data.tokenizer import load_tokenizer
 from minilmd.corpus import open_prepared
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return demo_slice(tmp_path_factory.mktemp("demo"), 300)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(corpus, tmp_path_factory):
-    return small_tokenizer(corpus, tmp_path_factory.mktemp("tok") / "tokenizer.json")
+from waiting import wait_until
 
 
 def run_prepare(sources, tokenizer, out, **kw):
@@ -45,9 +35,9 @@ def no_leftovers(out: Path) -> bool:
     return not out.exists() and not list(out.parent.glob(f".{out.name}.*"))
 
 
-def test_round_trip_each_document_decodes_to_its_text(tmp_path, corpus, tokenizer):
-    meta, report = run_prepare(corpus, tokenizer, tmp_path / "p", val_fraction=0.1)
-    texts = read_texts(corpus)
+def test_round_trip_each_document_decodes_to_its_text(tmp_path, demo_jsonl, tokenizer):
+    meta, report = run_prepare(demo_jsonl, tokenizer, tmp_path / "p", val_fraction=0.1)
+    texts = read_texts(demo_jsonl)
     want_val = [t for t in texts if split_is_val(t, 0.1)]
     want_train = [t for t in texts if not split_is_val(t, 0.1)]
     assert want_val and want_train
@@ -66,16 +56,16 @@ def test_round_trip_each_document_decodes_to_its_text(tmp_path, corpus, tokenize
          "doc_lengths.npy"])
 
 
-def test_output_does_not_depend_on_workers_or_block_size(tmp_path, corpus, tokenizer):
-    run_prepare(corpus, tokenizer, tmp_path / "inline", val_fraction=0.1)
-    run_prepare(corpus, tokenizer, tmp_path / "pool", val_fraction=0.1, workers=2, block_bytes=4096)
+def test_output_does_not_depend_on_workers_or_block_size(tmp_path, demo_jsonl, tokenizer):
+    run_prepare(demo_jsonl, tokenizer, tmp_path / "inline", val_fraction=0.1)
+    run_prepare(demo_jsonl, tokenizer, tmp_path / "pool", val_fraction=0.1, workers=2, block_bytes=4096)
     a, b = (json.loads((tmp_path / d / "meta.json").read_text()) for d in ("inline", "pool"))
     assert a["files"] == b["files"]
     assert open_prepared(tmp_path / "inline").data_fingerprint == open_prepared(tmp_path / "pool").data_fingerprint
 
 
-def test_split_of_a_document_is_stable_when_lines_are_appended(tmp_path, corpus, tokenizer):
-    texts = read_texts(corpus)
+def test_split_of_a_document_is_stable_when_lines_are_appended(tmp_path, demo_jsonl, tokenizer):
+    texts = read_texts(demo_jsonl)
     first = write_jsonl(tmp_path / "a.jsonl", texts[:300])
     grown = write_jsonl(tmp_path / "b.jsonl", texts[:300] + texts[300:])
     run_prepare([first], tokenizer, tmp_path / "a", val_fraction=0.2)
@@ -179,11 +169,11 @@ def test_cli_exit_status_65_on_a_bad_line(tmp_path, tokenizer):
     assert no_leftovers(tmp_path / "out")
 
 
-def test_compressed_and_url_inputs_give_the_same_tokens(tmp_path, corpus, tokenizer):
+def test_compressed_and_url_inputs_give_the_same_tokens(tmp_path, demo_jsonl, tokenizer):
     import fsspec
     import zstandard
 
-    plain = Path(corpus[0])
+    plain = Path(demo_jsonl[0])
     gz = tmp_path / "c.jsonl.gz"
     gz.write_bytes(gzip.compress(plain.read_bytes()))
     zst = tmp_path / "c.jsonl.zst"
@@ -197,15 +187,15 @@ def test_compressed_and_url_inputs_give_the_same_tokens(tmp_path, corpus, tokeni
     assert all(r == results[0] for r in results)
 
 
-def test_existing_output_is_kept_unless_forced(tmp_path, corpus, tokenizer):
+def test_existing_output_is_kept_unless_forced(tmp_path, demo_jsonl, tokenizer):
     out = tmp_path / "p"
-    run_prepare(corpus[:1], tokenizer, out)
+    run_prepare(demo_jsonl[:1], tokenizer, out)
     before = (out / "meta.json").read_text()
     with pytest.raises(ValueError, match="already exists"):
-        run_prepare(corpus[1:], tokenizer, out)
+        run_prepare(demo_jsonl[1:], tokenizer, out)
     assert (out / "meta.json").read_text() == before
-    run_prepare(corpus[1:], tokenizer, out, force=True)
-    assert json.loads((out / "meta.json").read_text())["sources"][0]["path"] == corpus[1]
+    run_prepare(demo_jsonl[1:], tokenizer, out, force=True)
+    assert json.loads((out / "meta.json").read_text())["sources"][0]["path"] == demo_jsonl[1]
     assert not list(tmp_path.glob(".p.*"))
 
 
@@ -216,10 +206,9 @@ def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer):
     child = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "prepare", *big, "--tokenizer",
                               str(tokenizer), "--out", str(out), "--workers", "1"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".out.tmp-*/train/tokens.bin")):
-        assert child.poll() is None and time.monotonic() < deadline, "prepare ended before it could be stopped"
-        time.sleep(0.02)
+    wait_until(lambda: list(tmp_path.glob(".out.tmp-*/train/tokens.bin")) or child.poll() is not None, 60,
+               "prepare to write its temporary output", interval=0.02)
+    assert child.poll() is None, "prepare ended before it could be stopped"
     child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
@@ -227,12 +216,12 @@ def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer):
     assert no_leftovers(out)
 
 
-def test_stale_temp_dir_of_a_killed_prepare_is_removed(tmp_path, corpus, tokenizer):
+def test_stale_temp_dir_of_a_killed_prepare_is_removed(tmp_path, demo_jsonl, tokenizer):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = tmp_path / f".p.tmp-{dead.pid}"
     (stale / "train").mkdir(parents=True)
-    run_prepare(corpus[:1], tokenizer, tmp_path / "p")
+    run_prepare(demo_jsonl[:1], tokenizer, tmp_path / "p")
     assert not stale.exists()
 
 
@@ -325,9 +314,9 @@ def test_any_unicode_text_round_trips(tmp_path_factory, tokenizer, texts):
     assert decoded_documents(pc.val, tok) == val
 
 
-def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, corpus, tokenizer):
+def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, demo_jsonl, tokenizer):
     data = pytest.importorskip("minilmd.trainer.data.samplers")
-    meta, _ = run_prepare(corpus, tokenizer, tmp_path / "p", seq_len=64, batch_size=8)
+    meta, _ = run_prepare(demo_jsonl, tokenizer, tmp_path / "p", seq_len=64, batch_size=8)
     pc = open_prepared(tmp_path / "p")
     packed = data.make_sampler("packed", pc.train.tokens, pc.train.doc_starts, 64, 0)
     padded = data.make_sampler("padded", pc.train.tokens, pc.train.doc_starts, 64, 0)
@@ -337,7 +326,7 @@ def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, corpus, toke
     assert stats["padded"]["steps_per_epoch"] == -(-padded.items_per_epoch // 8)
 
 
-def test_a_missing_source_is_an_input_error_naming_it(tmp_path, corpus, tokenizer):
+def test_a_missing_source_is_an_input_error_naming_it(tmp_path, demo_jsonl, tokenizer):
     with pytest.raises(InputError, match=f"{tmp_path / 'nope.jsonl'}: cannot open"):
-        run_prepare([corpus[0], tmp_path / "nope.jsonl"], tokenizer, tmp_path / "out")
+        run_prepare([demo_jsonl[0], tmp_path / "nope.jsonl"], tokenizer, tmp_path / "out")
     assert no_leftovers(tmp_path / "out")

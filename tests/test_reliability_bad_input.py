@@ -26,8 +26,6 @@ from minilmd.config import load_config
 from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG
 from reliability_helpers import copy_corpus
 from supervisor_helpers import cli, env_for, start_supervisor, state, step_of_state, wait_for, write_config
-from test_config import read_only_dir  # noqa: F401 - fixture
-from test_reliability_nfs import corpus  # noqa: F401 - fixture
 from trainer_corpus import child_env
 
 TOKENIZER_OF = lambda corpus: corpus[0] / "tokenizer.json"  # noqa: E731
@@ -67,6 +65,7 @@ seq_len = 256
     return path, expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "train"])
 def test_a_config_with_every_kind_of_problem_is_refused_at_once_and_creates_nothing(tmp_path, read_only_dir,
                                                                                      command):
@@ -81,6 +80,7 @@ def test_a_config_with_every_kind_of_problem_is_refused_at_once_and_creates_noth
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.toml", "ro"]
 
 
+@pytest.mark.slow
 def test_a_config_that_is_not_toml_or_does_not_exist(tmp_path):
     broken = tmp_path / "broken.toml"
     broken.write_text("[run\nname = \n", encoding="utf-8")
@@ -120,6 +120,7 @@ def test_each_bad_line_kind_is_named_with_file_and_line_and_nothing_is_written(t
     assert meta["bad_lines"]["by_reason"] == {reason: 1}
 
 
+@pytest.mark.slow
 def test_a_100_mb_single_line_that_is_not_json_is_named_without_echoing_it(tmp_path, corpus):
     src = tmp_path / "huge.jsonl"
     with open(src, "wb") as f:
@@ -181,6 +182,7 @@ def wrong_version(root: Path) -> str:
     return "version"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [damage_lengths, ids_beyond_vocab, wrong_version])
 def test_bad_prepared_data_is_a_final_data_error_in_train_and_run(tmp_path, corpus, damage):
     bad = copy_corpus(corpus[0], tmp_path / "bad-corpus")
@@ -200,6 +202,7 @@ def test_bad_prepared_data_is_a_final_data_error_in_train_and_run(tmp_path, corp
 
 
 # --- operator -------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_operator_commands_on_a_directory_that_is_not_a_run(tmp_path):
     (tmp_path / "some-file").write_text("x")
     for target in (tmp_path, tmp_path / "missing", tmp_path / "some-file"):
@@ -210,6 +213,7 @@ def test_operator_commands_on_a_directory_that_is_not_a_run(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["some-file"]
 
 
+@pytest.mark.slow
 def test_a_stale_lock_and_an_orphan_of_a_killed_supervisor(tmp_path, corpus):
     """SIGKILL leaves the lock file (not held), state.json saying "running" and the trainer running. status tells
     the truth, stop stops the orphan (it saves first), and a new `minilmd run` takes the run over."""

@@ -15,11 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from minilmd import checkpoint
 from minilmd.config import load_config
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import env_for, run_supervisor, state, write_config
-from test_reliability_nfs import corpus  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow  # every test runs supervised runs end to end
 
 
 def damage(path: Path) -> None:

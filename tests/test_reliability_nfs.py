@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import errno
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from faults_fixtures import faultfs  # noqa: F401 - fixture
 from minilmd.daemon.staging import verify_staged
 from minilmd import checkpoint
 from minilmd.config import load_config
@@ -26,15 +24,11 @@ from minilmd.protocol import SUPERVISOR_GAVE_UP
 from reliability_helpers import (RemoteWatcher, copy_corpus, event_texts, expectation_for, fake_weights_of,
                                  undisturbed_fake_weights)
 from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, wait_or_kill, write_config
-from trainer_corpus import real_text_prepared, synthetic_prepared
+from trainer_corpus import synthetic_prepared
+
+pytestmark = pytest.mark.slow  # every test runs a supervisor through FUSE faults
 
 FAST = {"restart": {"backoff_initial": "0.1s", "backoff_max": "0.5s", "hang_timeout": "30s"}}
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    """Real text, 400 documents, a 512-entry BPE (shared with the mapped-file test's bigger synthetic corpus)."""
-    return real_text_prepared(tmp_path_factory.mktemp("nfs-corpus"), n_docs=400, vocab_size=512)
 
 
 def status_text(run_dir: Path) -> str:
@@ -136,15 +130,22 @@ def test_staging_from_a_source_that_fails_or_shrinks_mid_copy_is_retried(tmp_pat
     staged = cfg.scratch_dir / "corpus"
     seen_staged_while_faulty = []
 
-    def lift_after_first_hit():
-        wait_for(lambda: faultfs.hits(), 60, "the fault to fire")
-        deadline = time.monotonic() + 1.5  # the copy is retried under the fault for a while
-        while time.monotonic() < deadline:
+    def watching_staged(condition):  # a predicate that also records whether a staged copy exists yet
+        def predicate():
             seen_staged_while_faulty.append(staged.exists())
-            time.sleep(0.05)
+            return condition()
+        return predicate
+
+    def lift_after_a_retry_under_the_fault():
+        wait_for(watching_staged(faultfs.hits), 60, "the fault to fire", interval=0.05)
+        wait_for(watching_staged(lambda: any("retrying train/tokens.bin" in m for m in event_texts(cfg.run_dir))),
+                 60, "the copy to be retried", interval=0.05)
+        hits = len(faultfs.hits())
+        wait_for(watching_staged(lambda: len(faultfs.hits()) > hits), 60, "the retried copy to meet the fault",
+                 interval=0.05)
         faultfs.remove(rule)
 
-    lifter = threading.Thread(target=lift_after_first_hit, daemon=True)
+    lifter = threading.Thread(target=lift_after_a_retry_under_the_fault, daemon=True)
     lifter.start()
     sup = start_supervisor(config, tmp_path / "sup.out")
     try:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from faults_fixtures import memory_cgroup  # noqa: F401 - fixture
+import pytest
+
 from minilmd import checkpoint
 from minilmd.config import load_config
 from reliability_helpers import fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import FAKE_TRAINER, run_supervisor, state, write_config
-from test_reliability_nfs import corpus  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow  # a supervised run in a memory cgroup
 
 WRAPPER = Path(__file__).with_name("reliability_oom_wrapper.py")
 

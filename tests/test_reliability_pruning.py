@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import errno
 
-from faults_fixtures import faultfs  # noqa: F401 - fixture
+import pytest
+
 from minilmd import checkpoint
 from minilmd.config import load_config
 from reliability_helpers import event_texts
 from supervisor_helpers import run_supervisor, start_supervisor, state, wait_for, write_config
-from test_reliability_nfs import corpus  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow  # every test runs a supervised run to its end
 
 
 def local_steps(cfg) -> list[int]:

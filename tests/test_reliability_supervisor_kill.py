@@ -12,14 +12,16 @@ import random
 import signal
 import time
 
-from faults_fixtures import faultfs  # noqa: F401 - fixture
+import pytest
+
 from minilmd.daemon.staging import verify_staged
 from minilmd import checkpoint
 from minilmd.config import load_config
 from reliability_helpers import (RemoteWatcher, TrainerCounter, copy_corpus, expectation_for,
                                  fake_weights_of, undisturbed_fake_weights)
 from supervisor_helpers import start_supervisor, state, step_of_state, wait_for, write_config
-from test_reliability_nfs import corpus  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow  # four supervisors, killed while staging, training, syncing
 
 
 def kill(sup, faultfs=None, rule=None) -> None:

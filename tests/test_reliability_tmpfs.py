@@ -12,17 +12,13 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 
-from faults_fixtures import small_tmpfs  # noqa: F401 - fixture
 from minilmd.daemon import staging
 from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.protocol import SUPERVISOR_GAVE_UP
-from supervisor_helpers import (cli, run_supervisor, start_supervisor, state, train_undisturbed, wait_for,
-                                write_config)
-from test_reliability_nfs import corpus  # noqa: F401 - fixture
-
-REAL = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 1}}
+from supervisor_helpers import cli, run_supervisor, start_supervisor, state, wait_for, write_config
 
 
 def model_sha(ckpt: Path) -> str:
@@ -41,12 +37,14 @@ def test_a_corpus_that_does_not_fit_the_ram_disk_is_refused_with_the_numbers(tmp
     assert not (cfg.run_dir / "logs" / "attempt-0001.log").exists()
 
 
-def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_recovers(tmp_path, corpus, small_tmpfs):
-    undisturbed = train_undisturbed(tmp_path, corpus, **REAL)
-    ckpt_bytes = sum(f.stat().st_size for f in undisturbed.iterdir())
+@pytest.mark.slow
+def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_recovers(tmp_path, corpus, small_tmpfs,
+                                                                                      undisturbed):
+    straight = undisturbed()  # 16 steps, a checkpoint every 4
+    ckpt_bytes = sum(f.stat().st_size for f in straight.checkpoint.iterdir())
 
     disk = small_tmpfs("80m")
-    config = write_config(tmp_path, corpus, remote=False, run={"scratch": str(disk / "scratch")}, **REAL)
+    config = straight.config_like(tmp_path, "s", run={"scratch": str(disk / "scratch")})
     cfg = load_config(config)
     staging.stage(str(corpus[0]), cfg.scratch_dir)  # staged while there is room; the supervisor reuses it
     st = os.statvfs(disk)
@@ -70,5 +68,5 @@ def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_rec
     assert "No space left on device" in (cfg.run_dir / "logs" / "attempt-0001.log").read_text()
     assert "resumed from" in (cfg.run_dir / "logs" / "attempt-0002.log").read_text()
     final = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
-    assert final.name == "step-00000016" and model_sha(final) == model_sha(undisturbed)
+    assert final.name == "step-00000016" and model_sha(final) == model_sha(straight.checkpoint)
     assert not list(cfg.checkpoint_dir.glob(".tmp-*"))

@@ -1,16 +1,20 @@
-"""Bit-exact resume: real `minilmd train` processes, real SIGKILL at several points, resumed to N steps.
+"""Bit-exact resume: real `minilmd train` processes, real SIGKILL at several points, resumed to the end.
 
-One chain of attempts per mode (packed and padded), each attempt killed somewhere else: inside a save after the
-weights file, between the rename and LATEST, before a step (MINILMD_FAULT), before the rename, and at a random
-moment from outside. The final weights and optimizer state must be bit-identical to an uninterrupted run, and every
-loss logged along the way identical to the uninterrupted run's loss at that step. Also: resuming with another model
-config or corpus is refused with the difference shown, not turned into a fresh start.
+Packed mode: one chain of attempts, each killed somewhere else: inside a save after the weights file, between the
+rename and LATEST, between two steps (MINILMD_FAULT), and at a random moment from outside. Padded mode: one kill
+inside a save (what the modes do differently is the sampler, whose position a resume must restore; the kill points
+themselves are the same in both modes, and what each leaves on disk, before_rename and before_manifest included, is
+test_checkpoint's test_sigkill_inside_save_leaves_a_usable_root). The final weights and optimizer state must be
+bit-identical to the session's undisturbed run of that mode (conftest's `undisturbed`), and every loss logged along
+the way identical to its loss at that step. Also: resuming with another model config or corpus is refused with the
+difference shown, not turned into a fresh start.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,32 +28,19 @@ from safetensors.torch import load_file
 from minilmd import checkpoint as ck
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_DONE, FAULT_ENV, HEARTBEAT, METRICS
-from trainer_corpus import real_text_prepared, synthetic_prepared
+from supervisor_helpers import BASELINE, write_config
+from trainer_corpus import ONE_LAYER_MODEL, synthetic_prepared
+from waiting import wait_until
 
-STEPS = 20
-TINY_MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 128}
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    return real_text_prepared(tmp_path_factory.mktemp("resume-corpus"), n_docs=600, vocab_size=384)
-
-
-def write_config(tmp: Path, corpus, name: str, mode: str, **model) -> Path:
-    prepared, vocab = corpus
-    body = {
-        "run": {"name": name, "dir": str(tmp / name / "run"), "scratch": str(tmp / name / "scratch")},
-        "data": {"prepared": str(prepared), "mode": mode, "val_windows": 4},
-        "model": {**TINY_MODEL, "vocab_size": vocab, **model},
-        "train": {"seq_len": 32, "micro_batch_size": 4, "grad_accum": 2, "lr": 3e-3, "warmup_steps": 2,
-                  "max_steps": STEPS, "log_every": 1, "eval_every": 0, "checkpoint_every": 3, "keep_local": 2,
-                  "device": "cpu"},
-    }
-    text = "".join(f"[{s}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in kv.items()) for s, kv in body.items())
-    path = tmp / f"{name}.toml"
-    path.write_text(text, encoding="utf-8")
-    return path
+pytestmark = pytest.mark.slow
+STEPS = BASELINE["train"]["max_steps"]  # 16, a checkpoint every 4 steps, the newest 2 kept
+# (environment of an attempt, checkpoint the NEXT attempt must resume from)
+CHAINS = {
+    "packed": [({ck.KILL_ENV: "after_model@8"}, "step-00000004"),     # mid-save: weights written, rest not
+               ({ck.KILL_ENV: "before_latest@12"}, "step-00000012"),  # renamed into place, LATEST still at 8
+               ({FAULT_ENV: "sigkill@14"}, "step-00000012")],         # between two steps
+    "padded": [({ck.KILL_ENV: "after_model@8"}, "step-00000004")],
+}
 
 
 def env_with(**extra) -> dict:
@@ -79,11 +70,11 @@ def heartbeat_step(run_dir: Path) -> int:
 def kill_at_random(config: Path, rng: random.Random) -> tuple[int, str, int]:
     """SIGKILL from outside once the heartbeat reaches a random step, after a random extra delay."""
     run_dir = load_config(config).run_dir
-    target = rng.randint(13, 17)
+    target = rng.randint(13, STEPS - 1)
     proc = start(config)
-    while proc.poll() is None and heartbeat_step(run_dir) < target:
-        time.sleep(0.002)
-    time.sleep(rng.uniform(0, 0.02))
+    wait_until(lambda: proc.poll() is not None or heartbeat_step(run_dir) >= target, 300,
+               f"the heartbeat to reach step {target}", interval=0.002)
+    time.sleep(rng.uniform(0, 0.02))  # the random moment of the kill itself, anywhere in the step or save
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=300)
@@ -99,34 +90,27 @@ def losses_by_step(run_dir: Path) -> dict[int, set[float]]:
     return seen
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["packed", "padded"])
-def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, mode):
-    straight = write_config(tmp_path, corpus, "straight", mode)
-    code, out = attempt(straight)
-    assert code == EXIT_DONE, out
-
-    killed = write_config(tmp_path, corpus, "killed", mode)
+@pytest.mark.parametrize("mode", sorted(CHAINS))
+def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, undisturbed, mode):
+    straight = undisturbed(mode)
+    killed = straight.config_like(tmp_path, "killed")
     ckpt_dir = load_config(killed).checkpoint_dir
-    # (environment of the attempt, checkpoint the NEXT attempt must resume from)
-    chain = [({ck.KILL_ENV: "after_model@6"}, "step-00000003"),       # mid-save: weights written, rest not
-             ({ck.KILL_ENV: "before_latest@9"}, "step-00000009"),     # renamed into place, LATEST still at 6
-             ({FAULT_ENV: "sigkill@11"}, "step-00000009"),           # between two steps
-             ({ck.KILL_ENV: "before_rename@15"}, "step-00000012")]    # complete temp dir, never renamed
-    for i, (env, resume_from) in enumerate(chain):
+    for i, (env, resume_from) in enumerate(CHAINS[mode]):
         code, out = attempt(killed, **env)
         assert code == -signal.SIGKILL, f"attempt {i} ({env}) was not killed:\n{out}"
-        if i == 1:
-            assert ck.read_latest(ckpt_dir) == "step-00000006" and (ckpt_dir / "step-00000009").is_dir()
+        if "before_latest" in env.get(ck.KILL_ENV, ""):
+            assert ck.read_latest(ckpt_dir) == "step-00000008" and (ckpt_dir / "step-00000012").is_dir()
         assert ck.find_latest([ckpt_dir], log=lambda s: None).name == resume_from, f"after attempt {i}"
     seed = random.randrange(1 << 30)
-    code, out, target = kill_at_random(killed, random.Random(seed))
-    assert code in (-signal.SIGKILL, EXIT_DONE), f"random kill (seed {seed}, step {target}):\n{out}"
+    if mode == "packed":
+        code, out, target = kill_at_random(killed, random.Random(seed))
+        assert code in (-signal.SIGKILL, EXIT_DONE), f"random kill (seed {seed}, step {target}):\n{out}"
     code, out = attempt(killed)
     assert code == EXIT_DONE, out
     assert "resumed from" in out
 
-    a, b = load_config(straight).checkpoint_dir / f"step-{STEPS:08d}", ckpt_dir / f"step-{STEPS:08d}"
+    a, b = straight.checkpoint, ckpt_dir / f"step-{STEPS:08d}"
+    assert a.name == b.name
     for name in (ck.MODEL_FILE, ck.OPTIMIZER_FILE):
         ta, tb = load_file(a / name), load_file(b / name)
         assert ta.keys() == tb.keys()
@@ -136,7 +120,7 @@ def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, mode):
     # torch's generator is the one the trainer draws from (Python's and NumPy's are not seeded nor used).
     assert state_a["tokens_seen"] == state_b["tokens_seen"] and state_a["rng"]["torch"] == state_b["rng"]["torch"]
 
-    reference = losses_by_step(load_config(straight).run_dir)
+    reference = losses_by_step(straight.run_dir)
     resumed = losses_by_step(load_config(killed).run_dir)
     assert sorted(reference) == list(range(1, STEPS + 1)) and sorted(resumed) == sorted(reference)
     for step, losses in resumed.items():
@@ -146,22 +130,21 @@ def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, mode):
     assert not list(ckpt_dir.glob(".tmp-*")) and not (ckpt_dir / ck.QUARANTINE).exists()
 
 
-def test_resume_with_another_model_or_corpus_is_refused(tmp_path, corpus):
-    config = write_config(tmp_path, corpus, "run", "packed")
-    # Saves are written in the background; the save of step 6 waits for that of step 3, so at step 8 step 3 is on disk.
-    code, out = attempt(config, **{FAULT_ENV: "sigkill@8"})
-    assert code == -signal.SIGKILL, out
-    ckpt = load_config(config).checkpoint_dir / "step-00000003"
-    assert ckpt.is_dir()
+def test_resume_with_another_model_or_corpus_is_refused(tmp_path, corpus, undisturbed):
+    straight = undisturbed()
+    config = straight.config_like(tmp_path, "run")
+    ckpt = load_config(config).checkpoint_dir / "step-00000012"  # a run part-way: a copy of the undisturbed one's
+    shutil.copytree(straight.checkpoint.parent / ckpt.name, ckpt)
 
-    wider = write_config(tmp_path, corpus, "run", "packed", hidden_size=128)
+    hidden = ONE_LAYER_MODEL["hidden_size"]
+    wider = straight.config_like(tmp_path, "run", model={"hidden_size": 2 * hidden})
     code, out = attempt(wider)
     assert code == EXIT_CONFIG, out
-    assert "model.hidden_size: checkpoint 64, run 128" in out
+    assert f"model.hidden_size: checkpoint {hidden}, run {2 * hidden}" in out
 
     prepared, vocab = corpus  # same tokenizer, other documents
     other = synthetic_prepared(tmp_path / "other-corpus", prepared / "tokenizer.json", vocab)
-    moved = write_config(tmp_path, (other, vocab), "run", "packed")
+    moved = write_config(tmp_path, (other, vocab), "run", remote=False, **BASELINE)
     code, out = attempt(moved)
     assert code == EXIT_DATA, out
     assert "data fingerprint differs" in out

@@ -19,14 +19,12 @@ from minilmd.daemon.staging import (GIB, SourceInvalid, StagingError, fit_proble
 FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy", "tokenizer.json")
 
 
-@pytest.fixture(scope="session")
-def tokenizer_json(tmp_path_factory) -> tuple[bytes, int]:
+@pytest.fixture(scope="module")
+def tokenizer_json(tokenizer) -> tuple[bytes, int]:
     """A real small tokenizer (verify_prepared loads it): its tokenizer.json bytes and vocabulary size."""
-    from minilmd.trainer.data.tokenizer import train_tokenizer
+    from minilmd.trainer.data.tokenizer import load_tokenizer
 
-    out = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok = train_tokenizer(["staging copies a corpus 语料 复制 到 内存盘"] * 20, vocab_size=300, out=out)
-    return out.read_bytes(), tok.get_vocab_size(with_added_tokens=True)
+    return tokenizer.read_bytes(), load_tokenizer(tokenizer).get_vocab_size(with_added_tokens=True)
 
 
 def _split(rng: np.random.Generator, n_docs: int, vocab: int) -> tuple[bytes, bytes, dict]:
@@ -253,8 +251,6 @@ def test_source_with_broken_invariants_is_refused_as_invalid(source, tmp_path):
 
 
 # --- against a real misbehaving filesystem (tests/faultfs.py over FUSE; skipped where FUSE is unavailable) -------
-from faults_fixtures import faultfs  # noqa: E402,F401  (a pytest fixture)
-
 
 @pytest.mark.fuse
 def test_source_failing_mid_copy_on_fuse_is_retried(faultfs, tokenizer_json, tmp_path):

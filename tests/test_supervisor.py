@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,35 +20,17 @@ import pytest
 from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG, SUPERVISOR_GAVE_UP
-from supervisor_helpers import (FAKE_TRAINER, cli, env_for, events, run_supervisor, start_supervisor, state,
-                                step_of_state, transitions, wait_for, write_config)
-from trainer_corpus import real_text_prepared
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    return real_text_prepared(tmp_path_factory.mktemp("sup-corpus"), n_docs=400, vocab_size=512)
+from reliability_helpers import fake_weights_of
+from supervisor_helpers import (cli, env_for, events, run_supervisor, start_supervisor, state, step_of_state,
+                                transitions, wait_for, write_config)
 
 
 def final_weights(config: Path) -> int:
-    cfg = load_config(config)
-    newest = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
-    return json.loads((newest / "trainer_state.json").read_text())["fake_weights"]
+    return fake_weights_of(checkpoint.list_checkpoints(load_config(config).checkpoint_dir)[-1])
 
 
-@pytest.fixture(scope="session")
-def undisturbed_weights(corpus, tmp_path_factory) -> int:
-    """The fake trainer's final weights for the default config (30 steps), run straight through, unsupervised."""
-    tmp = tmp_path_factory.mktemp("undisturbed")
-    config = write_config(tmp, corpus, name="u", remote=False)
-    load_config(config).run_dir.mkdir(parents=True)
-    out = subprocess.run([sys.executable, str(FAKE_TRAINER), "train", str(config)], env=env_for(),
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return final_weights(config)
-
-
-def test_full_run_from_waiting_to_done_leaves_a_valid_remote_latest(tmp_path, corpus, undisturbed_weights):
+@pytest.mark.slow
+def test_full_run_from_waiting_to_done_leaves_a_valid_remote_latest(tmp_path, corpus, fake_undisturbed_weights):
     config = write_config(tmp_path, corpus)
     cfg = load_config(config)
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -65,7 +47,7 @@ def test_full_run_from_waiting_to_done_leaves_a_valid_remote_latest(tmp_path, co
     assert checkpoint.read_latest(remote) == "step-00000030"
     checkpoint.validate(remote / "step-00000030")
     assert st["remote_checkpoint"]["step"] == 30 and st["remote_checkpoint"]["verified"]
-    assert final_weights(config) == undisturbed_weights
+    assert final_weights(config) == fake_undisturbed_weights
     messages = []
     while True:
         try:
@@ -75,8 +57,9 @@ def test_full_run_from_waiting_to_done_leaves_a_valid_remote_latest(tmp_path, co
     assert any("READY=1" in m for m in messages) and any("STATUS=s: done" in m for m in messages)
 
 
+@pytest.mark.slow
 def test_sigbus_from_a_truncated_staged_corpus_restages_and_finishes_identically(tmp_path, corpus,
-                                                                                    undisturbed_weights):
+                                                                                    fake_undisturbed_weights):
     config = write_config(tmp_path, corpus)
     cfg = load_config(config)
     proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.1")
@@ -89,10 +72,11 @@ def test_sigbus_from_a_truncated_staged_corpus_restages_and_finishes_identically
     assert st["restarts"][0]["action"] == "restage" and st["restarts"][0]["exit"] == -signal.SIGBUS
     assert transitions(cfg.run_dir).count("staging") == 2
     assert staged_tokens.stat().st_size > 0
-    assert final_weights(config) == undisturbed_weights
+    assert final_weights(config) == fake_undisturbed_weights
 
 
-def test_sigkill_mid_run_resumes_from_the_last_checkpoint(tmp_path, corpus, undisturbed_weights):
+@pytest.mark.slow
+def test_sigkill_mid_run_resumes_from_the_last_checkpoint(tmp_path, corpus, fake_undisturbed_weights):
     config = write_config(tmp_path, corpus)
     cfg = load_config(config)
     assert run_supervisor(config, tmp_path, MINILMD_FAULT="sigkill@15") == 0
@@ -101,10 +85,11 @@ def test_sigkill_mid_run_resumes_from_the_last_checkpoint(tmp_path, corpus, undi
     assert "probably the OOM killer" in st["restarts"][0]["detail"]
     second = (cfg.run_dir / "logs" / "attempt-0002.log").read_text()
     assert "resuming at step 10" in second
-    assert final_weights(config) == undisturbed_weights
+    assert final_weights(config) == fake_undisturbed_weights
 
 
-def test_cuda_oom_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path, corpus, undisturbed_weights):
+@pytest.mark.slow
+def test_cuda_oom_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"micro_batch_size": 32, "grad_accum": 1})
     cfg = load_config(config)
     assert run_supervisor(config, tmp_path, FAKE_OOM_ABOVE_MB="8") == 0
@@ -117,14 +102,15 @@ def test_cuda_oom_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path, co
     assert any("micro_batch_size 16 -> 8, grad_accum 2 -> 4" in e["message"] for e in events(cfg.run_dir))
 
 
-def test_a_hang_is_detected_and_the_trainer_killed(tmp_path, corpus, undisturbed_weights):
+@pytest.mark.slow
+def test_a_hang_is_detected_and_the_trainer_killed(tmp_path, corpus, fake_undisturbed_weights):
     config = write_config(tmp_path, corpus, restart={"hang_timeout": "1.5s", "backoff_initial": "0.1s"})
     cfg = load_config(config)
     assert run_supervisor(config, tmp_path, MINILMD_FAULT="hang@12") == 0
     st = state(cfg.run_dir)
     assert [r["cause"] for r in st["restarts"]] == ["hang"]
     assert "no heartbeat" in st["restarts"][0]["detail"]
-    assert final_weights(config) == undisturbed_weights
+    assert final_weights(config) == fake_undisturbed_weights
 
 
 def test_a_config_error_is_final_without_restarts(tmp_path, corpus):
@@ -148,6 +134,7 @@ def test_a_source_that_is_not_a_corpus_is_a_final_data_error(tmp_path, corpus):
     assert not (cfg.run_dir / "logs" / "attempt-0001.log").exists()
 
 
+@pytest.mark.slow
 def test_restarts_without_progress_give_up_with_status_79(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"micro_batch_size": 1},
                           restart={"no_progress_limit": 3, "backoff_initial": "0.05s"})
@@ -158,6 +145,7 @@ def test_restarts_without_progress_give_up_with_status_79(tmp_path, corpus):
     assert len(st["restarts"]) == 2  # the third death is the one that gives up
 
 
+@pytest.mark.slow
 def test_stop_leaves_a_synced_checkpoint(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 100000, "checkpoint_every": 1000})
     cfg = load_config(config)
@@ -175,6 +163,7 @@ def test_stop_leaves_a_synced_checkpoint(tmp_path, corpus):
     assert f"remote checkpoint step {checkpoint.step_of(newest)} (verified)" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_second_supervisor_is_refused_and_says_who_owns_the_run(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 100000})
     cfg = load_config(config)
@@ -189,7 +178,8 @@ def test_a_second_supervisor_is_refused_and_says_who_owns_the_run(tmp_path, corp
         assert proc.wait(30) == 0
 
 
-def test_a_restarted_supervisor_stops_the_orphaned_trainer_first(tmp_path, corpus, undisturbed_weights):
+@pytest.mark.slow
+def test_a_restarted_supervisor_stops_the_orphaned_trainer_first(tmp_path, corpus, fake_undisturbed_weights):
     config = write_config(tmp_path, corpus)
     cfg = load_config(config)
     first = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.1")
@@ -206,7 +196,7 @@ def test_a_restarted_supervisor_stops_the_orphaned_trainer_first(tmp_path, corpu
     gone_at = orphan_events[-1]["time"]
     launches = [e for e in evs if e.get("new") == "starting"]
     assert launches[-1]["time"] >= gone_at and launches[-1]["pid"] != orphan
-    assert final_weights(config) == undisturbed_weights
+    assert final_weights(config) == fake_undisturbed_weights
 
 
 def test_status_logs_and_stop_on_a_directory_that_is_not_a_run(tmp_path):
@@ -216,12 +206,16 @@ def test_status_logs_and_stop_on_a_directory_that_is_not_a_run(tmp_path):
         assert "not a minilmd run directory" in out.stderr
 
 
+@pytest.mark.slow
 def test_status_while_running_and_after_the_end(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 60})
     cfg = load_config(config)
     proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.05")
     follower = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "logs", str(cfg.run_dir), "-f"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for())
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(follower.stdout), daemon=True)
+    reader.start()
     try:
         wait_for(lambda: step_of_state(cfg.run_dir) >= 3, 60, "training")
         live = cli("status", str(cfg.run_dir))
@@ -231,10 +225,13 @@ def test_status_while_running_and_after_the_end(tmp_path, corpus):
         as_json = json.loads(cli("status", str(cfg.run_dir), "--json").stdout)
         assert as_json["running"] is True and as_json["state"]["phase"] == "training"
         assert proc.wait(60) == 0
-        time.sleep(1)
+        wait_for(lambda: all(end in "".join(lines) for end in ("stopping -> done", "done at step 60")), 30,
+                 "logs -f to show the end of the supervisor and of the trainer")
     finally:
         follower.send_signal(signal.SIGINT)
-        followed, _ = follower.communicate(timeout=10)
+        follower.wait(10)
+        reader.join(10)
+    followed = "".join(lines)
     after = cli("status", str(cfg.run_dir))
     assert "done" in after.stdout and "not running (ended" in after.stdout and "exit 0" in after.stdout
     assert "[supervisor]" in followed and "stopping -> done" in followed

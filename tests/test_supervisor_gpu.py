@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import pytest
 
@@ -18,12 +17,8 @@ from minilmd.daemon.gpu import GpuAdmission
 from minilmd.daemon.supervisor import Infra, Supervisor
 from minilmd.config import load_config
 from supervisor_helpers import FAKE_TRAINER, events, state, step_of_state, transitions, wait_for, write_config
-from trainer_corpus import real_text_prepared
 
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return real_text_prepared(tmp_path_factory.mktemp("gpu-corpus"), n_docs=300, vocab_size=512)
+pytestmark = pytest.mark.slow  # every test runs a supervised run to its end
 
 
 class FakeGpuInfra(Infra):
@@ -86,7 +81,8 @@ def test_cuda_oom_with_a_foreign_process_goes_back_to_waiting(tmp_path, corpus, 
         wait_for(lambda: step_of_state(cfg.run_dir) >= 5, 60, "training")
         nvml.set(0, busy(used_mib=30000, procs=[(777, 30000)]))
         wait_for(lambda: transitions(cfg.run_dir).count("waiting_gpu") >= 1, 60, "back to waiting")
-        time.sleep(0.3)
+        seen = nvml.polls  # the supervisor, back in waiting_gpu, finds the card busy a few times before it leaves
+        wait_for(lambda: nvml.polls >= seen + 3, 60, "three polls of the busy card", interval=0.01)
         nvml.set(0, FREE)
 
     helper = threading.Thread(target=another_user_arrives_then_leaves, daemon=True)

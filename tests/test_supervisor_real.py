@@ -14,17 +14,12 @@ import pytest
 
 from minilmd import checkpoint
 from minilmd.config import load_config
-from supervisor_helpers import (cli, events, run_supervisor, start_supervisor, state, step_of_state,
-                                train_undisturbed, wait_for, write_config)
-from trainer_corpus import real_text_prepared
+from supervisor_helpers import (cli, events, run_supervisor, start_supervisor, state, step_of_state, wait_for,
+                                write_config)
 
 pytestmark = pytest.mark.slow
 REAL = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 1}}
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    return real_text_prepared(tmp_path_factory.mktemp("real-corpus"), n_docs=400, vocab_size=512)
+"""The real trainer's runs of the tests that do not compare weights (the one that does runs conftest's baseline)."""
 
 
 def model_sha(ckpt: Path) -> str:
@@ -39,10 +34,9 @@ def expectation(config: Path) -> checkpoint.Expectation:
     return checkpoint.Expectation(cfg.model_dict(), corpus.data_fingerprint, corpus.tokenizer_fingerprint)
 
 
-def test_a_real_sigbus_is_survived_with_identical_weights_and_a_valid_remote(tmp_path, corpus):
-    undisturbed = train_undisturbed(tmp_path, corpus, **REAL)
-
-    config = write_config(tmp_path, corpus, name="sup", **REAL)
+def test_a_real_sigbus_is_survived_with_identical_weights_and_a_valid_remote(tmp_path, undisturbed):
+    straight = undisturbed()
+    config = straight.config_like(tmp_path, "sup", remote=True)
     cfg = load_config(config)
     assert run_supervisor(config, tmp_path, timeout=300, fake=False, MINILMD_FAULT="sigbus@6") == 0
     st = state(cfg.run_dir)
@@ -50,7 +44,7 @@ def test_a_real_sigbus_is_survived_with_identical_weights_and_a_valid_remote(tmp
     remote = Path(cfg.run.remote)
     assert checkpoint.read_latest(remote) == "step-00000016"
     checkpoint.validate(remote / "step-00000016", expectation(config))
-    assert model_sha(remote / "step-00000016") == model_sha(undisturbed)
+    assert model_sha(remote / "step-00000016") == model_sha(straight.checkpoint)
 
 
 def test_a_real_cuda_oom_halves_the_micro_batch(tmp_path, corpus):

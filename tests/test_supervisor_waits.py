@@ -23,12 +23,6 @@ from minilmd.daemon.child import RUN_DIR_ENV, TRAINER_CMD_ENV, launch
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.supervisor import Supervisor
 from supervisor_helpers import FAKE_TRAINER, events, start_supervisor, state, wait_for, wait_or_kill, write_config
-from trainer_corpus import real_text_prepared
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return real_text_prepared(tmp_path_factory.mktemp("waits-corpus"), n_docs=300, vocab_size=512)
 
 
 class NotifySocket:

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import fsspec
@@ -19,6 +18,7 @@ from minilmd.daemon.sync import SyncError, Syncer
 from minilmd import checkpoint as ck
 from minilmd.config import RunConfig
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from waiting import wait_until
 
 torch.set_num_threads(1)
 
@@ -248,8 +248,6 @@ def test_a_rename_or_latest_replacement_that_silently_does_nothing_is_an_error(d
 
 
 # --- against a real misbehaving remote (tests/faultfs.py over FUSE; skipped where FUSE is unavailable) -----------
-from faults_fixtures import faultfs  # noqa: E402,F401  (a pytest fixture)
-
 
 def synced_once(local: Path, remote: Path, weights) -> Syncer:
     save(local, 10, weights)
@@ -298,9 +296,8 @@ def test_sync_killed_while_the_remote_stalls(faultfs, weights, tmp_path):
     faultfs.stall("*.tmp-step-00000020*/optimizer.json", 60, op="write")
     proc = subprocess.Popen([sys.executable, "-c", STALLED_SYNC, str(local), str(remote)])
     try:
-        deadline = time.monotonic() + 20
-        while not faultfs.hits("stall") and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: faultfs.hits("stall") or proc.poll() is not None, 20, "the sync to reach the stall",
+                   interval=0.05)
         assert faultfs.hits("stall"), "the sync never reached the stalled write"
         assert ck.read_latest(remote) == "step-00000010"  # a stalled remote is behind, never wrong
     finally:

@@ -6,19 +6,14 @@ import subprocess
 import sys
 
 import pytest
-from data_helpers import MINIMIND_TOKENIZER, demo_slice, small_tokenizer, write_jsonl
+from data_helpers import MINIMIND_TOKENIZER, small_tokenizer, write_jsonl
 
 from minilmd.trainer.data.tokenizer import TokenizerError, check_tokenizer, load_tokenizer, train_tokenizer
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return demo_slice(tmp_path_factory.mktemp("demo"), 400)
-
-
-@pytest.fixture(scope="module")
-def trained(corpus, tmp_path_factory):
-    return small_tokenizer(corpus, tmp_path_factory.mktemp("tok") / "tokenizer.json", vocab_size=400)
+def trained(demo_jsonl, tmp_path_factory):
+    return small_tokenizer(demo_jsonl, tmp_path_factory.mktemp("tok") / "tokenizer.json", vocab_size=400)
 
 
 def test_trained_tokenizer_has_minimind_special_ids_and_round_trips(trained):
@@ -91,9 +86,9 @@ def test_minimind_tokenizer_is_accepted():
     assert tok.decode(ids) == "如何才能摆脱拖延症？"
 
 
-def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, corpus):
+def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, demo_jsonl):
     out = tmp_path / "tok.json"
-    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", *corpus,
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", *demo_jsonl,
                            "--vocab-size", "300", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["added_tokens"][2]["content"] == "<|im_end|>"

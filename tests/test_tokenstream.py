@@ -7,21 +7,19 @@ import shutil
 
 import numpy as np
 import pytest
-from data_helpers import demo_slice, small_tokenizer, write_jsonl
+from data_helpers import write_jsonl
 
 from minilmd.trainer.data.prepare import prepare
 from minilmd.corpus import CorpusError, TokenStream, open_prepared, verify_prepared
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory):
+def made(tmp_path_factory, demo_jsonl, tokenizer):
     """Two prepared corpora from different texts with the same tokenizer: A (demo slice) and B (other docs)."""
     root = tmp_path_factory.mktemp("ts")
-    corpus = demo_slice(root / "demo", 200)
-    tok = small_tokenizer(corpus, root / "tokenizer.json")
     other = write_jsonl(root / "other.jsonl", [f"另一个语料的第{i}篇文档。" * (1 + i % 5) for i in range(150)])
-    prepare(corpus, tok, root / "A", val_fraction=0.1, workers=0, progress=False, log=lambda m: None)
-    prepare([str(other)], tok, root / "B", val_fraction=0.1, workers=0, progress=False, log=lambda m: None)
+    prepare(demo_jsonl, tokenizer, root / "A", val_fraction=0.1, workers=0, progress=False, log=lambda m: None)
+    prepare([str(other)], tokenizer, root / "B", val_fraction=0.1, workers=0, progress=False, log=lambda m: None)
     return root
 
 
@@ -125,9 +123,9 @@ def test_meta_format_version_and_special_ids_are_checked(a_copy, change, message
     assert verify_prepared(a_copy)
 
 
-def test_empty_val_split_opens(made, tmp_path):
+def test_empty_val_split_opens(tokenizer, tmp_path):
     src = write_jsonl(tmp_path / "one.jsonl", ["只有一篇"])
-    prepare([str(src)], made / "tokenizer.json", tmp_path / "p", val_fraction=0.0, workers=0, progress=False,
+    prepare([str(src)], tokenizer, tmp_path / "p", val_fraction=0.0, workers=0, progress=False,
             log=lambda m: None)
     pc = open_prepared(tmp_path / "p", verify_hash=True)
     assert pc.val.n_docs == 0 and pc.val.n_tokens == 0 and list(pc.val.doc_starts) == [0]

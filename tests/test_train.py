@@ -5,25 +5,22 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT_ENV,
                                       HEARTBEAT, read_fault)
 from minilmd.trainer.loop.train import total_steps_for_budget
-from trainer_corpus import child_env, read_metrics, real_text_prepared, run_paths, train, train_cmd, write_config
+from trainer_corpus import child_env, read_metrics, run_paths, train, train_cmd, write_config
+from waiting import wait_until
 
 
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    return real_text_prepared(tmp_path_factory.mktemp("corpus"), n_docs=1500, vocab_size=512)
-
-
+@pytest.mark.slow
 def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 40, "micro_batch_size": 8, "grad_accum": 1,
                                                    "eval_every": 20, "checkpoint_every": 100})
@@ -50,37 +47,36 @@ def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpu
     assert len(read_metrics(run_dir, "train")) == 40
 
 
-def test_killed_run_resumes_to_bit_identical_weights(tmp_path, corpus):
-    straight = write_config(tmp_path, corpus, name="straight")
-    assert train(straight).returncode == EXIT_DONE
-    killed = write_config(tmp_path, corpus, name="killed")
-    first = train(killed, **{FAULT_ENV: "sigkill@7"})  # checkpoints at 3 and 6, killed before step 8 runs
+@pytest.mark.slow
+def test_killed_run_resumes_to_bit_identical_weights(tmp_path, undisturbed):
+    straight = undisturbed()  # 16 steps, a checkpoint every 4
+    killed = straight.config_like(tmp_path, "killed")
+    first = train(killed, **{FAULT_ENV: "sigkill@9"})  # checkpoints at 4 and 8, killed before step 10 runs
     assert first.returncode == -signal.SIGKILL
-    second = train(killed, **{FAULT_ENV: "sigkill@7"})  # fired already: not again
+    second = train(killed, **{FAULT_ENV: "sigkill@9"})  # fired already: not again
     assert second.returncode == EXIT_DONE, second.stderr
-    assert "resumed from" in second.stdout and "step-00000006" in second.stdout
-    a_dir, b_dir = run_paths(straight)[1] / "step-00000008", run_paths(killed)[1] / "step-00000008"
+    assert "resumed from" in second.stdout and "step-00000008" in second.stdout
+    a_dir, b_dir = straight.checkpoint, run_paths(killed)[1] / straight.checkpoint.name
     for name in ("model.safetensors", "optimizer.safetensors"):
         a, b = load_file(a_dir / name), load_file(b_dir / name)
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), f"{name}:{k} differs after resume"
-    losses = lambda cfg: [m["loss"] for m in read_metrics(run_paths(cfg)[0], "train") if m["step"] == 8]
-    assert losses(straight) == losses(killed)
+    last = checkpoint.step_of(straight.checkpoint)
+    losses = lambda run_dir: [m["loss"] for m in read_metrics(run_dir, "train") if m["step"] == last]  # noqa: E731
+    assert losses(straight.run_dir) == losses(run_paths(killed)[0])
 
 
+@pytest.mark.slow
 def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 100000, "checkpoint_every": "1h"})
     run_dir, ckpt_dir = run_paths(config)
     proc = subprocess.Popen(train_cmd(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_env())
+    hb = run_dir / HEARTBEAT
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            hb = run_dir / HEARTBEAT
-            if hb.exists() and hb.read_text().strip() not in ("", "0", "1", "2"):
-                break
-            time.sleep(0.1)
+        wait_until(lambda: hb.exists() and hb.read_text().strip() not in ("", "0", "1", "2"), 120,
+                   "the heartbeat to pass step 2")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -94,6 +90,7 @@ def test_sigterm_saves_at_a_step_boundary_and_exits_75(tmp_path, corpus):
     assert "SIGTERM received" in out
 
 
+@pytest.mark.slow
 def test_injected_oom_writes_a_fault_note_and_exits_76(tmp_path, corpus):
     config = write_config(tmp_path, corpus)
     p = train(config, **{FAULT_ENV: "oom@2"})
@@ -105,6 +102,7 @@ def test_injected_oom_writes_a_fault_note_and_exits_76(tmp_path, corpus):
     assert read_fault(run_paths(config)[0]) is None
 
 
+@pytest.mark.slow
 def test_bad_config_exits_2_and_bad_data_exits_65(tmp_path, corpus):
     no_budget = train(write_config(tmp_path, corpus, name="nobudget", train={"max_steps": 0}))
     assert no_budget.returncode == EXIT_CONFIG and "budget is required" in no_budget.stderr
@@ -118,6 +116,7 @@ def test_bad_config_exits_2_and_bad_data_exits_65(tmp_path, corpus):
     assert bad_data.returncode == EXIT_DATA and "tokens.bin" in bad_data.stderr
 
 
+@pytest.mark.slow
 def test_padded_mode_counts_only_real_tokens(tmp_path, corpus):
     config = write_config(tmp_path, corpus, data={"mode": "padded"}, train={"max_steps": 3})
     p = train(config)
@@ -133,6 +132,7 @@ def test_max_tokens_budget_in_steps(tmp_path, corpus):
     assert total_steps_for_budget(cfg, global_batch=8) == 2  # both set: whichever ends first
 
 
+@pytest.mark.slow
 def test_bench_packing_reports_both_modes_side_by_side(tmp_path, corpus):
     import re
 

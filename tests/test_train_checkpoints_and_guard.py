@@ -14,12 +14,7 @@ from minilmd.config import load_config
 from minilmd.names import RUN_DIR_ENV
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop.train import Trainer, init_distributed
-from trainer_corpus import real_text_prepared, write_config
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
-    return real_text_prepared(tmp_path_factory.mktemp("corpus"), n_docs=300, vocab_size=300)
+from trainer_corpus import write_config
 
 
 class Spy:

@@ -92,7 +92,13 @@ def synthetic_prepared(root: Path, tokenizer_json: Path, vocab_size: int, n_docs
 
 # --- tiny runs ----------------------------------------------------------------------------------------------------
 TINY_MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 256}
+              "max_position_embeddings": 128}
+"""The model of the trainer's tests and of the in-process model tests (weights_helpers): two layers and grouped
+key/value heads, so that layer stacking and GQA are exercised; vocab_size comes from the corpus."""
+ONE_LAYER_MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                   "max_position_embeddings": 256}
+"""The model of the supervisor's tests (supervisor_helpers.write_config) and of the undisturbed baseline: the
+smallest checkpoints, so that syncs and staging through the FUSE fault filesystem stay fast."""
 
 
 def _toml_value(v) -> str:

@@ -1,4 +1,5 @@
-"""Tiny models, a tiny tokenizer and real checkpoints for the model, sample and export tests."""
+"""Tiny models, a tiny tokenizer and real checkpoints for the model, sample, export and checkpoint tests (in
+process; test_checkpoint's kill-inside-save child process imports make_run and save_run from here)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,19 +8,16 @@ from pathlib import Path
 import torch
 
 from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd import checkpoint
-from minilmd.config import ModelSection
+from minilmd.config import ModelSection, RunConfig
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from trainer_corpus import TINY_MODEL
 
 TEXT = ["hello world, this is a tiny corpus", "the quick brown fox jumps over the lazy dog",
         "minilmd trains small language models", "a checkpoint is written atomically"]
 
 
 def tiny_config(vocab_size: int = 320, **overrides) -> ModelSection:
-    values = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  vocab_size=vocab_size, max_position_embeddings=128)
-    values.update(overrides)
-    return ModelSection(**values)
+    return ModelSection(**{**TINY_MODEL, "vocab_size": vocab_size, **overrides})
 
 
 def tiny_model(seed: int = 0, **overrides) -> MiniMindForCausalLM:
@@ -45,7 +43,7 @@ def train_tokenizer(path: Path, vocab_size: int = 320) -> Path:
 
 
 def save_checkpoint(root: Path, model: MiniMindForCausalLM, step: int = 1, tokenizer: Path | None = None) -> Path:
-    """A real checkpoint (minilmd/checkpoint.py's save) of `model` after `step` AdamW steps on random tokens."""
+    """A real checkpoint (trainer/checkpoint/save.py) of `model` after `step` AdamW steps on random tokens."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(step):
         ids = torch.randint(0, model.config.vocab_size, (2, 16))
@@ -54,3 +52,36 @@ def save_checkpoint(root: Path, model: MiniMindForCausalLM, step: int = 1, token
         optimizer.zero_grad()
     state = {"step": step, "config": {"model": dataclasses.asdict(model.config), "data": {"prepared": ""}}}
     return ckpt_io.save(root, step, model.state_dict(), optimizer.state_dict(), state, tokenizer=tokenizer)
+
+
+# --- checkpoints as the trainer writes them (test_checkpoint) -----------------------------------------------------
+CHECKPOINT_MODEL = {**TINY_MODEL, "vocab_size": 256, "intermediate_size": 0, "rope_theta": 1e6, "rms_norm_eps": 1e-6}
+"""The model config of make_run's model, as a checkpoint records it."""
+
+
+def make_run(steps: int = 3, seed: int = 0):
+    """A CHECKPOINT_MODEL model and its AdamW after `steps` steps on random tokens."""
+    torch.manual_seed(seed)
+    model = MiniMindForCausalLM(CHECKPOINT_MODEL)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        x = torch.randint(0, 256, (2, 16))
+        model(x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, opt
+
+
+def trainer_state(step: int, data="d" * 64, tok="t" * 64) -> dict:
+    cfg = RunConfig().to_dict()
+    cfg["model"] = dict(CHECKPOINT_MODEL)
+    return {"step": step, "tokens_seen": step * 32, "epoch": 0, "config": cfg,
+            "fingerprints": {"data": data, "tokenizer": tok}, "rng": ckpt_io.capture_rng()}
+
+
+def save_run(root: Path, step: int = 3, model=None, opt=None, **kw) -> Path:
+    """A checkpoint of make_run's model (or of model and opt) saved as the trainer saves it."""
+    if model is None:
+        model, opt = make_run(step)
+    return ckpt_io.save(root, step, model.state_dict(), opt.state_dict(), trainer_state(step, **kw),
+                        param_names=ckpt_io.optimizer_param_names(model, opt))

@@ -55,10 +55,8 @@ from minilmd import checkpoint  # noqa: E402
 from minilmd.config import load_config  # noqa: E402
 from reliability_helpers import RemoteWatcher, TrainerCounter, expectation_for  # noqa: E402
 from supervisor_helpers import env_for, state  # noqa: E402
-from trainer_corpus import real_text_prepared, write_config  # noqa: E402
+from trainer_corpus import ONE_LAYER_MODEL, real_text_prepared, write_config  # noqa: E402
 
-MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-         "max_position_embeddings": 256}
 KINDS = ["trainer_sigkill", "trainer_sigbus", "staged_truncate", "supervisor_sigkill", "remote_stall", "remote_eio",
          "remote_drop_rename", "corrupt_local", "corrupt_remote"]
 PLANNED = {"hang": "trainer_hang", "exception": "trainer_exception", "oom": "trainer_oom"}
@@ -101,7 +99,7 @@ class Soak:
     def config(self, name: str, steps: int, remote: Path | None, source: Path, vocab: int) -> Path:
         body = {
             "data": {"val_windows": 2},
-            "model": dict(MODEL),
+            "model": dict(ONE_LAYER_MODEL),
             "train": {"seq_len": 32, "micro_batch_size": 1, "grad_accum": 4, "max_steps": steps,
                       "checkpoint_every": 20, "keep_local": 2, "log_every": 5, "eval_every": 0},
             "sync": {"every": "3s", "keep": 3},
@@ -364,8 +362,8 @@ class Soak:
         total = [f["recovered_at"] - f["time"] for f in self.faults if f["recovered_at"] is not None]
         lines.append(f"{'total':<20} {len(self.faults):>8} {len(total):>9} "
                      f"{(sum(total) / len(total) if total else 0):7.1f} {max(total, default=0):7.1f}")
-        lines.append(f"time to recover = from the fault until a checkpoint newer than the step at the fault exists "
-                     f"(remote faults: and a sync succeeded after the fault was lifted)")
+        lines.append("time to recover = from the fault until a checkpoint newer than the step at the fault exists "
+                     "(remote faults: and a sync succeeded after the fault was lifted)")
         lines.append(f"restarts recorded by the supervisor: {len(st.get('restarts') or [])}; remote LATEST checks: "
                      f"{len(violations)} violations; two trainers at once: {len(two_trainers)}")
         lines.append("RESULT: " + ("PASS, final weights identical to the undisturbed run" if not problems
