@@ -143,6 +143,7 @@ def in_process(monkeypatch):
         signal.signal(s, handler)
 
 
+@pytest.mark.slow
 def test_a_hung_trainer_not_released_after_sigkill_never_freezes_the_loop_state_or_watchdog(tmp_path, corpus,
                                                                                           in_process, monkeypatch):
     monkeypatch.setattr(supmod, "UNREAPED_REPORT_S", 0.5)
@@ -185,6 +186,7 @@ def test_a_hung_trainer_not_released_after_sigkill_never_freezes_the_loop_state_
     assert first_end["cause"] == "hang" and first_end["time"] >= seen["released"]
 
 
+@pytest.mark.slow
 def test_the_orphan_hunt_at_start_keeps_feeding_the_watchdog(tmp_path, corpus):
     config = write_config(tmp_path, corpus, remote=False, restart={"hang_timeout": "4s"})
     cfg = load_config(config)
