@@ -645,7 +645,7 @@ class Supervisor:
             try:
                 expected = self.infra.expectation(self.cfg, self.staged) if self.staged else None
                 sync.syncer = self.infra.syncer(self.cfg, expected, self._log_from_thread)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - a bad remote: finish without the final sync, saying why
                 self._finish(f"no sync possible: {type(e).__name__}: {e}")
                 return
         if sync.running:

@@ -29,7 +29,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from minilmd import checkpoint as ck
 from minilmd.protocol import atomic_write_text, fsync_dir
@@ -188,7 +188,7 @@ class Syncer:
     """Copies checkpoints between a local root (scratch) and a remote (path or fsspec URL). Blocking; one at a
     time per run (the supervisor's sync worker)."""
 
-    def __init__(self, local_root: str | os.PathLike, remote: str, expected: "ck.Expectation | None" = None,
+    def __init__(self, local_root: str | os.PathLike, remote: str, expected: ck.Expectation | None = None,
                  keep: int = 3, log: Callable[[str], None] = lambda msg: None):
         self.local_root = Path(local_root)
         self.remote_url = remote
@@ -344,7 +344,7 @@ class Syncer:
         """The step the remote LATEST names, or None (no remote, no LATEST yet, unreadable)."""
         try:
             text = (self.remote.read_text(ck.LATEST) or "").strip()
-        except Exception:  # status must never fail because the remote is down
+        except Exception:  # noqa: BLE001 - status must never fail because the remote is down
             return None
         return int(text[5:]) if _STEP_DIR.match(text) else None
 

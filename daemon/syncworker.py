@@ -100,7 +100,7 @@ class SyncWorker:
         if self.syncer is None:
             try:
                 self.syncer = self.infra.syncer(self.cfg, expected, self.log_from_thread)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - a bad remote never stops training: status shows it
                 self.state["sync"].update(state="failed", error=f"{type(e).__name__}: {e}")
                 return False
         return True

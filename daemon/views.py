@@ -41,7 +41,8 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
     sup = state.get("supervisor") or {}
     phase = state.get("phase", "?")
     since = state.get("since")
-    head = f"run {state.get('run', '?')} ({state.get('run_dir', '?')}): {phase} for {fmt_age(t - since if since else None)}"
+    head = (f"run {state.get('run', '?')} ({state.get('run_dir', '?')}): "
+            f"{phase} for {fmt_age(t - since if since else None)}")
     if alive:
         head += f"; supervisor pid {sup.get('pid')} running"
     else:
@@ -79,8 +80,9 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
             why = "free" if d.get("free") else "; ".join(d.get("reasons") or ["busy"])
             lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_age(t - d['since']) if d.get('since') else '-'})")
     local, remote, sync = state.get("local_checkpoint"), state.get("remote_checkpoint"), state.get("sync") or {}
-    ck = "  local checkpoint: " + (f"step {local.get('step')} ({'fetched from the remote ' if local.get('fetched') else ''}"
-                                     f"{fmt_age(t - local['time'])} ago)" if local and local.get("time") else "none")
+    ck = "  local checkpoint: " + (f"step {local.get('step')} ("
+                                   f"{'fetched from the remote ' if local.get('fetched') else ''}"
+                                   f"{fmt_age(t - local['time'])} ago)" if local and local.get("time") else "none")
     if sync.get("state") != "off":
         ck += "   remote: " + (f"step {remote.get('step')} ({fmt_age(t - remote['time'])} ago, "
                                f"{'verified' if remote.get('verified') else 'NOT verified'})"
@@ -94,7 +96,8 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
     staging = state.get("staging") or {}
     if staging.get("state") not in (None, "done", "not_started"):
         prog = f" {staging['progress']}" if staging.get("progress") is not None else ""
-        lines.append(f"  staging: {staging['state']}{prog}" + (f" ({staging['error']})" if staging.get("error") else ""))
+        lines.append(f"  staging: {staging['state']}{prog}"
+                     + (f" ({staging['error']})" if staging.get("error") else ""))
     restarts = state.get("restarts") or []
     if restarts:
         last = restarts[-1]

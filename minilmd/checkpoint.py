@@ -28,11 +28,12 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from minilmd.protocol import sha256_file  # noqa: F401  (part of this module's torch-free API)
+from minilmd.protocol import sha256_file  # also part of this module's torch-free API
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -292,7 +293,7 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
         raise CheckpointInvalid(ckpt_dir, f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    for name, scan in scans.items():
+    for scan in scans.values():
         if isinstance(scan, ValueError):
             raise CheckpointInvalid(ckpt_dir, str(scan))
 
@@ -443,7 +444,7 @@ def expectation_from_config(config_path: str | os.PathLike, log: Callable[[str],
         meta = read_meta(cfg.data.prepared)
         expected.data_fingerprint = data_fingerprint(meta)
         expected.tokenizer_fingerprint = meta["tokenizer_sha256"]
-    except Exception as e:  # the corpus may be staged elsewhere or gone: check what can be checked
+    except Exception as e:  # noqa: BLE001 - the corpus may be staged elsewhere or gone: check what can be checked
         log(f"note: fingerprints not checked, cannot read data.prepared = {cfg.data.prepared!r}: {e}")
     return expected
 

@@ -72,7 +72,7 @@ class TokenStream:
             self._check_files(meta, verify_hash)
         try:
             lengths = np.load(lengths_path, allow_pickle=False)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - np.load fails in many ways (ValueError, EOFError, OSError): all mean bad data
             raise CorpusError(f"{lengths_path}: not a readable .npy file ({e})") from None
         if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
             raise CorpusError(f"{lengths_path}: expected a 1-D integer array, got {lengths.dtype} {lengths.shape}")

@@ -18,7 +18,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -158,7 +158,7 @@ def load(ckpt_dir: str | os.PathLike, device: str = "cpu") -> tuple[dict, dict, 
     for idx, values in (meta.get("scalars") or {}).items():
         state.setdefault(int(idx), {}).update(values)
     groups = [{k: tuple(v) if k in tkeys else v for k, v in g.items()}
-              for g, tkeys in zip(meta["param_groups"], meta["tuple_keys"])]
+              for g, tkeys in zip(meta["param_groups"], meta["tuple_keys"], strict=True)]
     optimizer_state = {"state": dict(sorted(state.items())), "param_groups": groups}
     trainer_state = json.loads((ckpt_dir / TRAINER_STATE).read_text(encoding="utf-8"))
     return model_state, optimizer_state, trainer_state
@@ -270,7 +270,7 @@ class AsyncCheckpointer:
         try:
             self.last_path = save(self.root, step, model_state, optimizer_state, trainer_state,
                                   tokenizer=self.tokenizer, param_names=param_names)
-        except BaseException as e:  # handed to the loop by wait()
+        except BaseException as e:  # noqa: BLE001 - handed to the loop by wait(), which raises it there
             self._error = e
         else:
             try:

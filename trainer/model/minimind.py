@@ -83,7 +83,7 @@ class LayerCache:
 class KVCache:
     """One LayerCache per block plus the number of positions already filled (`pos`)."""
 
-    def __init__(self, model: "MiniMindForCausalLM", batch: int, max_len: int, device=None, dtype=None):
+    def __init__(self, model: MiniMindForCausalLM, batch: int, max_len: int, device=None, dtype=None):
         cfg = model.config
         if max_len > cfg.max_position_embeddings:
             raise ValueError(f"a cache of {max_len} positions exceeds max_position_embeddings "
