@@ -15,7 +15,7 @@ import time
 import pytest
 
 import faults_fixtures
-from faults_fixtures import (faultfs, is_mounted, memory_cgroup, mounted_faultfs, small_tmpfs,  # noqa: F401
+from faults_fixtures import (faultfs, is_mounted, memory_cgroup, mounted_faultfs, small_tmpfs,  # noqa: F401 - fixtures
                              unavailable_fuse)
 
 pytestmark = pytest.mark.root

@@ -30,7 +30,7 @@ from test_config import read_only_dir  # noqa: F401 - fixture
 from test_reliability_nfs import corpus  # noqa: F401 - fixture
 from trainer_corpus import child_env
 
-TOKENIZER_OF = lambda corpus: corpus[0] / "tokenizer.json"  # noqa: E731
+TOKENIZER_OF = lambda corpus: corpus[0] / "tokenizer.json"
 
 
 def minilmd(*args: str, timeout: float = 120, fake: bool = False) -> subprocess.CompletedProcess:
@@ -146,7 +146,7 @@ def test_an_empty_file_and_a_directory_given_as_a_file_are_refused(tmp_path, cor
     assert not (tmp_path / "out").exists()
 
 
-# --- prepared data ------------------------------------------------------------------------------------------------------
+# --- prepared data ----------------------------------------------------------------------------------------------------
 def _rewrite_meta(root: Path, change) -> None:
     meta = json.loads((root / "meta.json").read_text())
     change(meta)

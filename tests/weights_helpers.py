@@ -7,7 +7,6 @@ from pathlib import Path
 import torch
 
 from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd import checkpoint
 from minilmd.config import ModelSection
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 

@@ -47,15 +47,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the helper modules in tests/
 
-from faults_fixtures import mounted_faultfs  # noqa: E402
-from minilmd import checkpoint  # noqa: E402
-from minilmd.config import load_config  # noqa: E402
-from reliability_helpers import RemoteWatcher, TrainerCounter, expectation_for  # noqa: E402
-from supervisor_helpers import env_for, state  # noqa: E402
-from trainer_corpus import real_text_prepared, write_config  # noqa: E402
+from faults_fixtures import mounted_faultfs
+from minilmd import checkpoint
+from minilmd.config import load_config
+from reliability_helpers import RemoteWatcher, TrainerCounter, expectation_for
+from supervisor_helpers import env_for, state
+from trainer_corpus import real_text_prepared, write_config
 
 MODEL = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
          "max_position_embeddings": 256}
@@ -364,8 +363,8 @@ class Soak:
         total = [f["recovered_at"] - f["time"] for f in self.faults if f["recovered_at"] is not None]
         lines.append(f"{'total':<20} {len(self.faults):>8} {len(total):>9} "
                      f"{(sum(total) / len(total) if total else 0):7.1f} {max(total, default=0):7.1f}")
-        lines.append(f"time to recover = from the fault until a checkpoint newer than the step at the fault exists "
-                     f"(remote faults: and a sync succeeded after the fault was lifted)")
+        lines.append("time to recover = from the fault until a checkpoint newer than the step at the fault exists "
+                     "(remote faults: and a sync succeeded after the fault was lifted)")
         lines.append(f"restarts recorded by the supervisor: {len(st.get('restarts') or [])}; remote LATEST checks: "
                      f"{len(violations)} violations; two trainers at once: {len(two_trainers)}")
         lines.append("RESULT: " + ("PASS, final weights identical to the undisturbed run" if not problems
