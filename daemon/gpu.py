@@ -364,6 +364,8 @@ class GpuAdmission:
 
     def _take(self, key: str) -> int | None:
         fd = self._open_lock(key, create=True)
+        if fd is None:  # the lock directory vanished between mkdir and open: not taken, tried at the next poll
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

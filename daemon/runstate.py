@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from minilmd import protocol
 
@@ -154,7 +155,7 @@ class EventLog:
     def __init__(self, run_dir: Path, echo: bool = True):
         self.run_dir = run_dir
         self.echo = echo
-        self._log = None
+        self._log: TextIO | None = None
         self.reopen()
 
     def reopen(self) -> None:
@@ -169,6 +170,7 @@ class EventLog:
         with open(self.run_dir / protocol.EVENTS, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
         line = f"{fmt_time(ts)} [{event}] {message}"
+        assert self._log is not None  # opened by __init__ through reopen()
         self._log.write(line + "\n")
         if self.echo:
             print(line, file=sys.stdout, flush=True)

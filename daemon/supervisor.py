@@ -20,6 +20,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from minilmd.daemon import child as childmod
 from minilmd.daemon.child import Child, Death
@@ -32,6 +33,9 @@ from minilmd.daemon.syncworker import SyncWorker, Worker, local_checkpoint_steps
 from minilmd import protocol
 from minilmd.checkpoint import step_of
 from minilmd.config import RunConfig, parse_duration, parse_overrides
+
+if TYPE_CHECKING:
+    from minilmd.daemon.gpu import DeviceLease, GpuAdmission
 
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""
@@ -127,8 +131,8 @@ class Supervisor:
         self.child: Child | None = None
         self.attempt = 0
         self.stop_requested = False
-        self.admission = None
-        self.lease = None
+        self.admission: GpuAdmission | None = None
+        self.lease: DeviceLease | None = None
         self.devices_env = ""
         self.staged: Path | None = None
         self.stage_worker: Worker | None = None
@@ -477,18 +481,20 @@ class Supervisor:
 
     def _tick_child(self) -> None:
         child = self.child
+        assert child is not None  # STARTING and TRAINING have one
         rc = child.poll()
         if rc is not None:
             self._on_child_end(rc)
             return
         beat = read_heartbeat(self.run_dir)
-        fresh_beat = beat is not None and beat[0] >= child.started - 1
-        if self.phase == Phase.STARTING and fresh_beat:
+        if beat is not None and beat[0] < child.started - 1:
+            beat = None  # from an earlier attempt
+        if self.phase == Phase.STARTING and beat is not None:
             self._go(Phase.TRAINING, f"first heartbeat from attempt {self.attempt} (step {beat[1]})")
         child.track_cgroup()
-        last_sign = max(child.started, beat[0] if fresh_beat else 0.0)
+        last_sign = max(child.started, beat[0] if beat is not None else 0.0)
         hang_timeout = parse_duration(self.cfg.restart.hang_timeout)
-        if not fresh_beat:  # imports, corpus open and checkpoint load come before the first step
+        if beat is None:  # imports, corpus open and checkpoint load come before the first step
             hang_timeout = max(hang_timeout, STARTUP_GRACE_S)
         if now() - last_sign > hang_timeout:
             detail = f"no heartbeat for {now() - last_sign:.0f}s (restart.hang_timeout {hang_timeout:.0f}s)"
@@ -501,6 +507,7 @@ class Supervisor:
 
     def _on_child_end(self, rc: int) -> None:
         child = self.child
+        assert child is not None  # it has just ended
         self._read_progress()
         death = childmod.classify(child, rc, self.run_dir, self.stop_requested)
         self.child = None
@@ -549,6 +556,7 @@ class Supervisor:
         if decision.counts_as_restart:
             self.state["no_progress_streak"] = streak
         if decision.action == "fail":
+            assert decision.exit_status is not None  # policy.decide sets it for "fail"
             self._fail(decision.exit_status, decision.message)
             return
         if decision.overrides:

@@ -19,9 +19,13 @@ import os
 import threading
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from minilmd.daemon.runstate import now
 from minilmd.config import parse_duration
+
+if TYPE_CHECKING:
+    from minilmd.daemon.sync import Syncer
 
 PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get("MINILMD_PRUNE_UNSYNCED_AFTER", "60"))
 """With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
@@ -48,7 +52,7 @@ class Worker:
     def __init__(self, name: str, fn):
         self.name = name
         self.started = now()
-        self.result = None
+        self.result: Any = None  # what fn returned
         self.error: BaseException | None = None
         self.error_text = ""
         self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
@@ -83,7 +87,7 @@ class SyncWorker:
         self.log_from_thread = log_from_thread
         self.drain_thread_logs = drain_thread_logs
         self.stalled_after_s = stalled_after_s
-        self.syncer = None
+        self.syncer: Syncer | None = None
         self.worker: Worker | None = None
         self.next_at = 0.0
         self.failures = 0
@@ -146,10 +150,12 @@ class SyncWorker:
         self.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
         self.copying = self.cfg.checkpoint_dir / f"step-{newest:08d}" if newest is not None else None
+        assert self.syncer is not None  # both callers checked it
         self.worker = Worker("sync", self.syncer.sync_newest)
 
     def collect(self) -> None:
         worker, self.worker = self.worker, None
+        assert worker is not None  # called for a finished sync only
         self.copying = None
         self.drain_thread_logs()
         sync = self.state["sync"]
