@@ -143,8 +143,8 @@ def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: i
         raise ValueError(f"{name}: header length {n} does not fit a {size}-byte file")
     try:
         header = json.loads(read(n))
-    except ValueError as e:
-        raise ValueError(f"{name}: header is not JSON ({e})") from None
+    except ValueError as err:
+        raise ValueError(f"{name}: header is not JSON ({err})") from None
     header.pop("__metadata__", None)
     entries = dict(sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]))
     expected_start = 0
@@ -271,6 +271,7 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
     ckpt_dir = Path(ckpt_dir)
     manifest = read_manifest(ckpt_dir)
     scans: dict[str, tuple] = {}
+    scan_errors: dict[str, ValueError] = {}
 
     def size_of(name: str) -> int | None:
         try:
@@ -284,7 +285,7 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
                 scans[name] = scan_safetensors(ckpt_dir / name)
                 return scans[name][0]
             except ValueError as e:
-                scans[name] = e
+                scan_errors[name] = e
         return sha256_file(ckpt_dir / name)
 
     try:
@@ -293,9 +294,8 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
         raise CheckpointInvalid(ckpt_dir, f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    for scan in scans.values():
-        if isinstance(scan, ValueError):
-            raise CheckpointInvalid(ckpt_dir, str(scan))
+    if scan_errors:
+        raise CheckpointInvalid(ckpt_dir, [str(e) for e in scan_errors.values()])
 
     step = manifest["step"]
     try:
@@ -414,7 +414,7 @@ def verify_report(path: str | os.PathLike, expected: Expectation | None = None) 
         dirs = []
     results = []
     for d in dirs:
-        entry = {"path": str(d), "step": step_of(d) if _STEP_DIR.match(d.name) else None, "ok": True,
+        entry: dict[str, Any] = {"path": str(d), "step": step_of(d) if _STEP_DIR.match(d.name) else None, "ok": True,
                  "problems": [], "mismatch": None}
         try:
             state = validate(d, expected)

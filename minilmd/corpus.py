@@ -94,7 +94,7 @@ class TokenStream:
             )
         self.n_tokens = expected
         if self.n_tokens:
-            self.tokens = np.memmap(tokens_path, dtype="<u2", mode="r", shape=(self.n_tokens,))
+            self.tokens: np.ndarray = np.memmap(tokens_path, dtype="<u2", mode="r", shape=(self.n_tokens,))
         else:  # numpy cannot map an empty file
             self.tokens = np.zeros(0, dtype="<u2")
         self._check_boundaries(tokens_path, lengths_path)

@@ -81,7 +81,8 @@ def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> tuple[ModeResult, Mo
         row_tokens = trainers["packed"].global_batch * cfg.train.seq_len * steps
         del trainers
         gc.collect()
-    return tuple(ModeResult(m, steps, seconds[m], real[m], row_tokens) for m in ("packed", "padded"))
+    packed, padded = (ModeResult(m, steps, seconds[m], real[m], row_tokens) for m in ("packed", "padded"))
+    return packed, padded
 
 
 def report(packed: ModeResult, padded: ModeResult, cfg: RunConfig) -> str:

@@ -79,7 +79,8 @@ def _flatten_optimizer(optimizer_state: dict) -> tuple[dict, dict]:
     """torch optimizer state_dict -> ({"state.<i>.<name>": tensor}, JSON-able rest)."""
     import torch
 
-    tensors, scalars = {}, {}
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict] = {}
     for idx, entry in optimizer_state.get("state", {}).items():
         for name, value in entry.items():
             if isinstance(value, torch.Tensor):
@@ -172,6 +173,7 @@ def capture_rng() -> dict:
 
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # legacy=True (the default): the MT19937 tuple
     out = {"python": [version, list(mt), gauss],
            "numpy": [np_state[0], np_state[1].tolist(), *[x.item() if hasattr(x, "item") else x
                                                           for x in np_state[2:]]],

@@ -143,6 +143,7 @@ def _worker_init(tokenizer_json: str, val_fraction: float) -> None:
 
 
 def _worker_encode(blob: bytes, first_line: int) -> EncodedBlock:
+    assert _worker_encoder is not None  # set by _worker_init in every pool process
     return _worker_encoder(blob, first_line)
 
 
@@ -153,7 +154,7 @@ class _InlineExecutor:
         self.encoder = BlockEncoder(tokenizer_json, val_fraction)
 
     def submit(self, fn, blob, first_line) -> Future:
-        f = Future()
+        f: Future = Future()
         f.set_result(self.encoder(blob, first_line))
         return f
 
@@ -215,7 +216,7 @@ class _SplitWriter:
         self.tokens = 0
 
     def write(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        data = memoryview(tokens).cast("B") if tokens.size else b""
+        data = tokens.data.cast("B") if tokens.size else b""
         self.file.write(data)
         self.sha.update(data)
         self.lengths.append(lengths)
@@ -349,6 +350,7 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
         val_keys.append(block.val_keys)
         val_where.append(np.stack([np.full(block.val_lines.size, src_idx), block.val_lines], axis=1))
 
+    executor: ProcessPoolExecutor | _InlineExecutor
     if workers > 0:
         executor = ProcessPoolExecutor(workers, initializer=_worker_init, initargs=(tokenizer_json, val_fraction),
                                        mp_context=_spawn_context())
@@ -396,8 +398,8 @@ def _prepare_into(tmp, sources, tokenizer_path, tokenizer_json, vocab_size, val_
     leaked = np.zeros(vkeys.size, dtype=bool)
     if vkeys.size:
         keys_path = tmp / "train" / "leak-keys.u64"
-        with open(keys_path, "rb") as f:
-            for block in iter(lambda: f.read(8 << 20), b""):
+        with open(keys_path, "rb") as keys_file:
+            for block in iter(lambda: keys_file.read(8 << 20), b""):
                 leaked |= np.isin(vkeys, np.frombuffer(block, dtype=np.uint64))
     (tmp / "train" / "leak-keys.u64").unlink()
     leak_examples = [f"{opened[int(s)].path}:{int(line)}" for s, line in vwhere[leaked][:MAX_EXAMPLES]]

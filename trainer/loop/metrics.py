@@ -68,7 +68,7 @@ class MetricsLog:
 
 def read_metrics(run_dir: str | os.PathLike, kind: str | None = None) -> list[dict]:
     """Lines of metrics.jsonl (of one kind, if given); a torn last line is skipped."""
-    out = []
+    out: list[dict] = []
     try:
         lines = (Path(run_dir) / METRICS).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:

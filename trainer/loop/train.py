@@ -30,6 +30,7 @@ import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -169,7 +170,9 @@ class Trainer:
 
             forward_model = DistributedDataParallel(
                 self.model, device_ids=[dist.local_rank] if self.device.type == "cuda" else None)
-        self.forward_model = torch.compile(forward_model) if t.compile else forward_model
+        # Any: torch.compile is typed as returning a plain callable; it returns a module that passes attribute
+        # lookups (DDP's no_sync) through to the one it wraps.
+        self.forward_model: Any = torch.compile(forward_model) if t.compile else forward_model
 
         self.flops_per_token = flops_per_token(self.model.num_parameters(), cfg.model.num_hidden_layers,
                                                cfg.model.hidden_size, t.seq_len)
@@ -201,7 +204,7 @@ class Trainer:
         """Load the newest valid checkpoint, if any: rank 0 finds it (and quarantines bad ones), all ranks load."""
         from minilmd import checkpoint
 
-        found = [None]
+        found: list[str | None] = [None]
         if self.dist.is_main:
             checkpoint.clean_stale_tmp(self.cfg.checkpoint_dir)  # debris of a save killed mid-way
             path = checkpoint.find_latest(self.checkpoint_roots(), self.expectation(), log=print)

@@ -160,6 +160,9 @@ class Block(nn.Module):
 class Backbone(nn.Module):
     """The `model.` prefix of every weight name: embeddings, blocks, final norm, and the RoPE table."""
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelSection):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
