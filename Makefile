@@ -1,6 +1,6 @@
 # The two set-up commands of the README. Each creates ./.venv unless a virtualenv is active.
 # test-fast: the tests not marked slow (the unit tests, under a minute); `make test` and .ci/run run them all.
-.PHONY: demo test test-fast
+.PHONY: demo test test-fast lint
 
 demo:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo
@@ -10,3 +10,7 @@ test:
 
 test-fast:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# ruff (lint; import order with `ruff check --fix`) and mypy over minilmd, daemon/ and trainer/ (scripts/typecheck.sh).
+lint:
+	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m ruff check . && scripts/typecheck.sh "$$py"

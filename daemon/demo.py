@@ -119,4 +119,7 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    if len(sys.argv) > 1:
+        main(sys.argv[1])
+    else:
+        main()

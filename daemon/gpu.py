@@ -186,7 +186,7 @@ class DeviceLease:
     def held(self) -> bool:
         return bool(self._fds)
 
-    def __enter__(self) -> "DeviceLease":
+    def __enter__(self) -> DeviceLease:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -229,13 +229,13 @@ class GpuAdmission:
         statuses, error = [], None
         try:
             count = self.nvml.device_count()
-        except Exception as e:  # NVML errors (driver reloaded, GPU lost) must not kill a days-long wait
+        except Exception as e:  # noqa: BLE001 - NVML errors (driver reload, GPU lost) must not end a days-long wait
             count, error = 0, f"{type(e).__name__}: {e}"
             self._stable.clear()
         for i in range(count):
             try:
                 statuses.append(self._poll_device(i, now, i in ours))
-            except Exception as e:  # one lost device is busy, the others may still be free
+            except Exception as e:  # noqa: BLE001 - one lost device is busy, the others may still be free
                 self._stable[i] = 0
                 statuses.append(DeviceStatus(index=i, name="?", uuid="", free=False,
                                              reasons=[f"NVML query failed: {type(e).__name__}: {e}"], used_mib=-1,
@@ -350,6 +350,8 @@ class GpuAdmission:
 
     def _take(self, key: str) -> int | None:
         fd = self._open_lock(key, create=True)
+        if fd is None:  # the lock directory vanished between mkdir and open: not taken, tried at the next poll
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -371,7 +373,7 @@ def _uuid(nvml: Nvml, i: int) -> str:
     get = getattr(nvml, "uuid", None)
     try:
         return str(get(i)) if get else ""
-    except Exception:  # an NVML error on one query must not stop the wait; the index is a fine key then
+    except Exception:  # noqa: BLE001 - an NVML error on one query must not stop the wait; the index is a fine key
         return ""
 
 

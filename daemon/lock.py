@@ -101,7 +101,7 @@ class RunLock:
         finally:
             os.close(fd)  # closing the last descriptor releases the flock
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         self.acquire()
         return self
 

@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from minilmd import names
 from minilmd.fsio import atomic_write_json, read_new_lines
@@ -183,7 +184,7 @@ class EventLog:
     def __init__(self, run_dir: Path, echo: bool = True):
         self.run_dir = run_dir
         self.echo = echo
-        self._log = None
+        self._log: TextIO | None = None
         self.reopen()
 
     def reopen(self) -> None:
@@ -198,6 +199,7 @@ class EventLog:
         with open(self.run_dir / names.EVENTS, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
         line = f"{fmt_time(ts)} [{event}] {message}"
+        assert self._log is not None  # opened by __init__ through reopen()
         self._log.write(line + "\n")
         if self.echo:
             print(line, file=sys.stdout, flush=True)

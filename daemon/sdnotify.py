@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Mapping
 
 
 class Notifier:
-    def __init__(self, env: dict | None = None):
+    def __init__(self, env: Mapping[str, str] | None = None):
         env = os.environ if env is None else env
         address = env.get("NOTIFY_SOCKET", "")
         if address.startswith("@"):  # abstract namespace

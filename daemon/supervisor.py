@@ -22,6 +22,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from minilmd import protocol
 from minilmd import names
@@ -38,6 +39,9 @@ from minilmd.daemon.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, SyncState, check_transition
 from minilmd.daemon.syncworker import SyncWorker, local_checkpoint_steps
 from minilmd.daemon.worker import Inbox
+
+if TYPE_CHECKING:
+    from minilmd.daemon.gpu import DeviceLease, GpuAdmission
 
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""
@@ -275,6 +279,7 @@ class Supervisor:
 
     def _tick_child(self) -> None:
         child = self.child
+        assert child is not None  # STARTING and TRAINING have one
         rc = child.poll()
         if rc is not None:
             self._on_child_end(rc)
@@ -306,6 +311,7 @@ class Supervisor:
 
     def _on_child_end(self, rc: int) -> None:
         child = self.child
+        assert child is not None  # it has just ended
         self._read_progress()
         death = childmod.classify(child, rc, self.run_dir, self.stop_requested)
         self.child = None

@@ -29,7 +29,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from minilmd import checkpoint as ck
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
@@ -184,7 +184,7 @@ class Syncer:
     """Copies checkpoints between a local root (scratch) and a remote (path or fsspec URL). Blocking; one at a
     time per run (the supervisor's sync worker)."""
 
-    def __init__(self, local_root: str | os.PathLike, remote: str, expected: "ck.Expectation | None" = None,
+    def __init__(self, local_root: str | os.PathLike, remote: str, expected: ck.Expectation | None = None,
                  keep: int = 3, log: Callable[[str], None] = lambda msg: None):
         self.local_root = Path(local_root)
         self.remote_url = remote

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from minilmd import names
 from minilmd.config import parse_duration
@@ -56,7 +57,7 @@ class SyncWorker:
         self.emit = emit
         self.inbox = inbox
         self.stalled_after_s = stalled_after_s
-        self.syncer = None
+        self.syncer: Syncer | None = None
         self.worker: Worker | None = None
         self.next_at = 0.0
         self.failures = 0
@@ -152,6 +153,7 @@ class SyncWorker:
 
     def _collect(self) -> None:
         worker, self.worker = self.worker, None
+        assert worker is not None  # called for a finished sync only
         self.copying = None
         self.inbox.drain()
         sync = self.state["sync"]

@@ -27,7 +27,8 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -119,8 +120,8 @@ def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: i
         raise ValueError(f"{name}: header length {n} does not fit a {size}-byte file")
     try:
         header = json.loads(read(n))
-    except ValueError as e:
-        raise ValueError(f"{name}: header is not JSON ({e})") from None
+    except ValueError as err:
+        raise ValueError(f"{name}: header is not JSON ({err})") from None
     header.pop("__metadata__", None)
     entries = dict(sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]))
     expected_start = 0
@@ -260,7 +261,7 @@ def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
                 scans[name] = scan_safetensors(ckpt_dir / name)
                 return scans[name][0]
             except ValueError as e:
-                scans[name] = e
+                scan_errors[name] = e
         return sha256_file(ckpt_dir / name)
 
     try:
@@ -435,7 +436,7 @@ def expectation_from_config(config_path: str | os.PathLike, log: Callable[[str],
         meta = read_meta(cfg.data.prepared)
         expected.data_fingerprint = data_fingerprint(meta)
         expected.tokenizer_fingerprint = meta["tokenizer_sha256"]
-    except Exception as e:  # the corpus may be staged elsewhere or gone: check what can be checked
+    except Exception as e:  # noqa: BLE001 - the corpus may be staged elsewhere or gone: check what can be checked
         log(f"note: fingerprints not checked, cannot read data.prepared = {cfg.data.prepared!r}: {e}")
     return expected
 

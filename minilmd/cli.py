@@ -189,7 +189,7 @@ def verify_command(
         expected = expectation_from_config(config, log=lambda s: typer.echo(s, err=True)) if config else None
     except ConfigError as e:
         typer.echo(f"minilmd verify: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     report = verify_report(path, expected)
     if json_:
         typer.echo(json.dumps(report, indent=2))
@@ -238,7 +238,7 @@ def sample(
                            seed, device)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     typer.echo(prompt + text)
 
 
@@ -268,7 +268,7 @@ def export(
             raise ExportError(f"--format {format!r}: use minimind or hf")
     except ExportError as e:
         typer.echo(f"minilmd export: {e}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
 # === end weights ===
 
 # === supervisor: run, status, logs, stop ===
@@ -289,7 +289,7 @@ def run_command(
             cfg = load_config(config, set_)
         except ConfigError as e:
             typer.echo(str(e), err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
         raise typer.Exit(0)
     from minilmd.daemon.supervisor import run_supervisor

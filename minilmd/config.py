@@ -33,7 +33,7 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: {len(self.problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
-Duration = Union[int, float, str]
+Duration = Union[int, float, str]  # noqa: UP007 - _type_ok matches typing.Union; `int | str` would let a bool pass
 """Seconds as a number, or a string such as "90s", "5m", "15m", "2h"."""
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")

@@ -70,7 +70,7 @@ class TokenStream:
             self._check_files(meta, verify_hash)
         try:
             lengths = np.load(lengths_path, allow_pickle=False)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - np.load fails in many ways (ValueError, EOFError, OSError): all mean bad data
             raise CorpusError(f"{lengths_path}: not a readable .npy file ({e})") from None
         if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
             raise CorpusError(f"{lengths_path}: expected a 1-D integer array, got {lengths.dtype} {lengths.shape}")
@@ -92,7 +92,7 @@ class TokenStream:
             )
         self.n_tokens = expected
         if self.n_tokens:
-            self.tokens = np.memmap(tokens_path, dtype="<u2", mode="r", shape=(self.n_tokens,))
+            self.tokens: np.ndarray = np.memmap(tokens_path, dtype="<u2", mode="r", shape=(self.n_tokens,))
         else:  # numpy cannot map an empty file
             self.tokens = np.zeros(0, dtype="<u2")
         self._check_boundaries(tokens_path, lengths_path)

@@ -179,7 +179,8 @@ def main(argv: list[str]) -> int:
         heartbeat.write_text(str(step))
         dt = time.monotonic() - t0
         if step % cfg.train.log_every == 0 or step == total:
-            metrics.write(json.dumps({"kind": "train", "step": step, "tokens_seen": step * cfg.train.seq_len * mb * accum,
+            metrics.write(json.dumps({"kind": "train", "step": step,
+                                      "tokens_seen": step * cfg.train.seq_len * mb * accum,
                                       "loss": 10.0 / (1 + step), "lr": cfg.train.lr, "grad_norm": 1.0,
                                       "tok_s": cfg.train.seq_len * mb * accum / dt, "step_time": dt,
                                       "total_steps": total, "time": time.time(), "micro_batch_size": mb,

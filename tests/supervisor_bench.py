@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from supervisor_helpers import env_for, start_supervisor, write_config  # noqa: E402
-from trainer_corpus import real_text_prepared  # noqa: E402
+from supervisor_helpers import env_for, start_supervisor, write_config
+from trainer_corpus import real_text_prepared
 
-from minilmd.config import load_config  # noqa: E402
+from minilmd.config import load_config
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -52,7 +52,7 @@ def main(kills: int = 5) -> None:
     deaths = [json.loads(x) for x in (cfg.run_dir / "events.jsonl").read_text().splitlines()
               if '"child_exit"' in x and '"killed"' in x]
     recoveries = []
-    for death, restart in zip(deaths, state["restarts"]):
+    for death, restart in zip(deaths, state["restarts"], strict=True):
         first = min((m["time"] for m in metrics if m["kind"] == "train" and m["time"] > death["time"]), default=None)
         if first is not None:
             recoveries.append(first - death["time"] - restart["delay_s"])

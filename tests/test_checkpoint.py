@@ -60,7 +60,7 @@ def test_save_layout_latest_and_roundtrip(tmp_path):
         m(x, labels=x).loss.backward()
         o.step()
         o.zero_grad()
-    for (k, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+    for (k, a), b in zip(model.state_dict().items(), twin.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
 
 
@@ -376,7 +376,7 @@ def test_two_concurrent_prunes_never_fail(tmp_path):
     def prune():
         try:
             ck.prune(tmp_path, keep=2, log=lambda s: None)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - any error of either thread fails the test below
             errors.append(e)
 
     threads = [threading.Thread(target=prune) for _ in range(2)]

@@ -94,7 +94,8 @@ def test_load_config_with_overrides_and_nothing_created(tmp_path):
         f'[data]\nprepared = "{raw["data"]["prepared"]}"\n'
         "[train]\nmax_steps = 10\nmicro_batch_size = 32\n"
     )
-    cfg = load_config(path, ["train.micro_batch_size=16", "train.grad_accum=2", f"data.prepared={raw['data']['prepared']}"])
+    cfg = load_config(path, ["train.micro_batch_size=16", "train.grad_accum=2",
+                             f"data.prepared={raw['data']['prepared']}"])
     assert (cfg.train.micro_batch_size, cfg.train.grad_accum) == (16, 2)
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="not SECTION.KEY=VALUE"):

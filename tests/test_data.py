@@ -128,7 +128,7 @@ def test_validation_set_is_fixed_and_independent_of_the_run_seed(mode):
     a = validation_batches(mode, tokens, starts, seq_len=16, n_windows=10, batch_size=4)
     b = validation_batches(mode, tokens, starts, seq_len=16, n_windows=10, batch_size=4)
     assert [len(x.input_ids) for x in a] == [4, 4, 2]
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert np.array_equal(x.input_ids, y.input_ids)
 
 

@@ -29,7 +29,7 @@ def test_two_gloo_ranks_match_one_rank_on_the_same_global_batch(tmp_path, corpus
     lines_one = read_metrics(run_paths(one)[0], "train")
     lines_two = read_metrics(run_paths(two)[0], "train")
     assert [m["step"] for m in lines_two] == list(range(1, steps + 1))  # one writer: no duplicated lines
-    for a, b in zip(lines_one, lines_two):
+    for a, b in zip(lines_one, lines_two, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-5)
         assert b["tokens_seen"] == a["tokens_seen"]
     assert lines_one[-1]["loss"] < lines_one[0]["loss"], "it must actually train"

@@ -292,8 +292,8 @@ def test_empty_corpus_is_an_input_error(tmp_path, tokenizer):
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402 - kept beside the property tests that use it
+from hypothesis import strategies as st  # noqa: E402 - kept beside the property tests that use it
 
 _any_text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40).filter(
     lambda t: t.strip() and "<|" not in t)

@@ -28,7 +28,7 @@ from reliability_helpers import copy_corpus
 from supervisor_helpers import cli, env_for, start_supervisor, state, step_of_state, wait_for, write_config
 from trainer_corpus import child_env
 
-TOKENIZER_OF = lambda corpus: corpus[0] / "tokenizer.json"  # noqa: E731
+TOKENIZER_OF = lambda corpus: corpus[0] / "tokenizer.json"
 
 
 def minilmd(*args: str, timeout: float = 120, fake: bool = False) -> subprocess.CompletedProcess:
@@ -147,7 +147,7 @@ def test_an_empty_file_and_a_directory_given_as_a_file_are_refused(tmp_path, cor
     assert not (tmp_path / "out").exists()
 
 
-# --- prepared data ------------------------------------------------------------------------------------------------------
+# --- prepared data ----------------------------------------------------------------------------------------------------
 def _rewrite_meta(root: Path, change) -> None:
     meta = json.loads((root / "meta.json").read_text())
     change(meta)

@@ -47,8 +47,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the helper modules in tests/
 
 from faults_fixtures import mounted_faultfs  # noqa: E402
 from minilmd import checkpoint  # noqa: E402

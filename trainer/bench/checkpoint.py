@@ -88,7 +88,7 @@ def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> 
 
         med = statistics.median
         print(f"{'method':<44}{'median s':>10}{'min s':>9}{'size MB':>10}")
-        rows = [("async save: loop blocked (CPU snapshot)", blocking, _dir_size(async_path)),
+        rows = [("async save: loop blocked (CPU snapshot)", blocking, _dir_size(async_path) if async_path else None),
                 ("async save: background write+hash+prune", background, None),
                 ("sync checkpoint.save (write+hash+fsync)", sync, _dir_size(path)),
                 ("plain torch.save + fsync", plain, torch_file.stat().st_size)]

@@ -1,7 +1,8 @@
 """`minilmd bench packing`: what packing saves over MiniMind's padded rows, measured on your corpus and hardware.
 
 The same model (same config, same seeded init) trains the same number of optimizer steps twice in one process,
-once on packed windows and once on padded one-document rows, through the trainer's own step (Trainer.train_step), their steps interleaved.
+once on packed windows and once on padded one-document rows, through the trainer's own step (Trainer.train_step),
+their steps interleaved.
 Real tokens are the non-PAD ones. Padded rows cost as much compute as packed rows, so padding can at best reach
 (1 - PAD share) of packing's real tokens/s: the packed/padded ratio cannot exceed 1 / (1 - PAD share). The bench
 prints both rates, the ratio, the PAD share it measured over the rows it trained, that limit, and how close the
@@ -80,7 +81,8 @@ def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> tuple[ModeResult, Mo
         row_tokens = trainers["packed"].global_batch * cfg.train.seq_len * steps
         del trainers
         gc.collect()
-    return tuple(ModeResult(m, steps, seconds[m], real[m], row_tokens) for m in ("packed", "padded"))
+    packed, padded = (ModeResult(m, steps, seconds[m], real[m], row_tokens) for m in ("packed", "padded"))
+    return packed, padded
 
 
 def report(packed: ModeResult, padded: ModeResult, cfg: RunConfig) -> str:

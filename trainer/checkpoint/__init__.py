@@ -1,1 +1,3 @@
-"""Writing and loading checkpoints (torch). The format and its strict, torch-free validation are `minilmd.checkpoint`."""
+"""Writing and loading checkpoints (torch).
+
+The format and its strict, torch-free validation are `minilmd.checkpoint`."""

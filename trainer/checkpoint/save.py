@@ -18,7 +18,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -80,7 +80,8 @@ def _flatten_optimizer(optimizer_state: dict) -> tuple[dict, dict]:
     """torch optimizer state_dict -> ({"state.<i>.<name>": tensor}, JSON-able rest)."""
     import torch
 
-    tensors, scalars = {}, {}
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict] = {}
     for idx, entry in optimizer_state.get("state", {}).items():
         for name, value in entry.items():
             if isinstance(value, torch.Tensor):
@@ -155,7 +156,7 @@ def load(ckpt_dir: str | os.PathLike, device: str = "cpu") -> tuple[dict, dict, 
     for idx, values in (meta.get("scalars") or {}).items():
         state.setdefault(int(idx), {}).update(values)
     groups = [{k: tuple(v) if k in tkeys else v for k, v in g.items()}
-              for g, tkeys in zip(meta["param_groups"], meta["tuple_keys"])]
+              for g, tkeys in zip(meta["param_groups"], meta["tuple_keys"], strict=True)]
     optimizer_state = {"state": dict(sorted(state.items())), "param_groups": groups}
     trainer_state = json.loads((ckpt_dir / TRAINER_STATE).read_text(encoding="utf-8"))
     return model_state, optimizer_state, trainer_state
@@ -169,6 +170,7 @@ def capture_rng() -> dict:
 
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # legacy=True (the default): the MT19937 tuple
     out = {"python": [version, list(mt), gauss],
            "numpy": [np_state[0], np_state[1].tolist(), *[x.item() if hasattr(x, "item") else x
                                                           for x in np_state[2:]]],
@@ -269,7 +271,7 @@ class AsyncCheckpointer:
         try:
             self.last_path = save(self.root, step, model_state, optimizer_state, trainer_state,
                                   tokenizer=self.tokenizer, param_names=param_names)
-        except BaseException as e:  # handed to the loop by wait()
+        except BaseException as e:  # noqa: BLE001 - handed to the loop by wait(), which raises it there
             self._error = e
         else:
             self._prune()

