@@ -22,11 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd import protocol
-from minilmd import names
-from minilmd.fsio import tail_lines
+from minilmd import names, protocol
 from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
 from minilmd.daemon.states import Cause
+from minilmd.fsio import tail_lines
 
 RUN_DIR_ENV = names.RUN_DIR_ENV
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
@@ -140,9 +139,9 @@ class Child:
     def silence(self, beat: tuple[float, int | None] | None, hang_timeout: float, startup_grace: float) -> str:
         """Why the trainer counts as hung, or "": no heartbeat of its own for hang_timeout; before its first one
         (imports, corpus open and checkpoint load come first) for max(hang_timeout, startup_grace)."""
-        fresh = self.beats(beat)
-        limit = hang_timeout if fresh else max(hang_timeout, startup_grace)
-        silent = time.time() - max(self.started, beat[0] if fresh else 0.0)
+        own_beat = beat[0] if beat is not None and self.beats(beat) else None
+        limit = hang_timeout if own_beat is not None else max(hang_timeout, startup_grace)
+        silent = time.time() - max(self.started, own_beat if own_beat is not None else 0.0)
         if silent <= limit:
             return ""
         return f"no heartbeat for {silent:.0f}s (restart.hang_timeout {limit:.0f}s)"
@@ -358,8 +357,8 @@ def terminate_orphans(pids: list[int], grace: float = 30.0, while_waiting=None) 
     not our children (their parent died), so we poll /proc instead of waiting. The grace can outlast systemd's
     WatchdogSec: `while_waiting()` is called at every poll (the supervisor pings the watchdog there). Returns the
     pids that were alive."""
-    alive = [(pid, process_start_ticks(pid)) for pid in pids]
-    alive = [(pid, ticks) for pid, ticks in alive if ticks is not None]
+    started = [(pid, process_start_ticks(pid)) for pid in pids]
+    alive = [(pid, ticks) for pid, ticks in started if ticks is not None]
     for pid, _ in alive:
         _kill_group_or_pid(pid, signal.SIGTERM)
     _poll_until_gone(alive, grace, 0.1, while_waiting)

@@ -109,6 +109,8 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
     say("4. Where things stand")
     minilmd("status", str(root_path / "run"))
     latest = read_latest(root_path / "nfs")
+    if latest is None:
+        sys.exit("demo: the run left no LATEST on the 'NFS' share")
     minilmd("verify", str(root_path / "nfs" / latest))
 
     say("5. Text from the model the run left on the 'NFS' share")

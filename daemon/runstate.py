@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TextIO
 
 from minilmd import names
-from minilmd.fsio import atomic_write_json, read_new_lines
 from minilmd.daemon.states import Phase, StagingState, SyncState
+from minilmd.fsio import atomic_write_json, read_new_lines
 
 STATE_VERSION = 1
 

@@ -18,9 +18,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from collections.abc import Callable
 
 import psutil
 
@@ -241,7 +241,7 @@ class _Copier:
                 last = f"{type(e).__name__}: {e}"
                 self.done = done_before
                 continue
-            problems = table_problems({rel: entry}, lambda _: size, lambda _: digest, listed_in=META,
+            problems = table_problems({rel: entry}, {rel: size}.get, {rel: digest}.__getitem__, listed_in=META,
                                       label=lambda _: "copied")
             if not problems:
                 return

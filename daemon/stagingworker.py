@@ -15,15 +15,14 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd import protocol
-from minilmd import names
+from minilmd import names, protocol
 from minilmd.checkpoint import CheckpointMismatch
-from minilmd.names import step_of
 from minilmd.daemon.policy import backoff_seconds
 from minilmd.daemon.runstate import now
 from minilmd.daemon.states import StagingState, SyncState
 from minilmd.daemon.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
 from minilmd.daemon.worker import Inbox, Worker
+from minilmd.names import step_of
 
 
 @dataclass

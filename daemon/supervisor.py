@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minilmd import protocol
-from minilmd import names
-from minilmd.fsio import atomic_write_text
+from minilmd import names, protocol
 from minilmd.config import RunConfig, parse_duration, parse_overrides
 from minilmd.daemon import child as childmod
 from minilmd.daemon.child import Child, Death
@@ -39,9 +37,10 @@ from minilmd.daemon.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, SyncState, check_transition
 from minilmd.daemon.syncworker import SyncWorker, local_checkpoint_steps
 from minilmd.daemon.worker import Inbox
+from minilmd.fsio import atomic_write_text
 
 if TYPE_CHECKING:
-    from minilmd.daemon.gpu import DeviceLease, GpuAdmission
+    pass
 
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""
@@ -288,7 +287,7 @@ class Supervisor:
             self._report_unreaped(child)
             return
         beat = read_heartbeat(self.run_dir)
-        if self.phase == Phase.STARTING and child.beats(beat):
+        if self.phase == Phase.STARTING and beat is not None and child.beats(beat):
             self._go(Phase.TRAINING, f"first heartbeat from attempt {self.attempt} (step {beat[1]})")
         child.track_cgroup()
         detail = child.silence(beat, parse_duration(self.cfg.restart.hang_timeout), STARTUP_GRACE_S)
@@ -302,6 +301,7 @@ class Supervisor:
     def _report_unreaped(self, child: Child) -> None:
         """A trainer stuck in uninterruptible I/O (a stalled mount) ends only when the kernel lets it: say so once,
         and go on polling."""
+        assert child.killed_at is not None  # the caller checked: this runs only after the kill
         waited = now() - child.killed_at
         if waited > UNREAPED_REPORT_S and not child.reap_reported:
             child.reap_reported = True
@@ -355,6 +355,7 @@ class Supervisor:
         if decision.counts_as_restart:
             self.state["no_progress_streak"] = streak
         if decision.action == Action.FAIL:
+            assert decision.exit_status is not None  # policy.decide gives every FAIL its status
             self._fail(decision.exit_status, decision.message)
             return
         if decision.overrides:

@@ -27,14 +27,24 @@ import re
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 
 from minilmd import checkpoint as ck
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
-from minilmd.names import (LATEST, MANIFEST, TMP_PREFIX, atomic_tmp_prefix, fetch_tmp_name, is_step_name,
-                           step_name, step_of, step_or_none, sync_tmp_name)
+from minilmd.names import (
+    LATEST,
+    MANIFEST,
+    TMP_PREFIX,
+    atomic_tmp_prefix,
+    fetch_tmp_name,
+    is_step_name,
+    step_name,
+    step_of,
+    step_or_none,
+    sync_tmp_name,
+)
 
 CHUNK = 8 * 1024 * 1024
 

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from minilmd import names
 from minilmd.config import parse_duration
 from minilmd.daemon.runstate import now
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.worker import Inbox, Worker
+
+if TYPE_CHECKING:
+    from minilmd.daemon.sync import Syncer
 
 PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get(names.PRUNE_UNSYNCED_AFTER_ENV, "60"))
 """With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
@@ -74,7 +77,7 @@ class SyncWorker:
         if self.syncer is None:
             try:
                 self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - any error of the remote is a failing remote, in status
                 self.state["sync"].update(state=SyncState.FAILED, error=f"{type(e).__name__}: {e}")
                 return False
         return True
@@ -126,7 +129,7 @@ class SyncWorker:
             try:
                 expected = self.infra.expectation(self.cfg, staged) if staged else None
                 self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - any error of the remote: say why no sync
                 return f"no sync possible: {type(e).__name__}: {e}"
         if self.worker is not None:
             if not self.worker.done:
@@ -149,6 +152,7 @@ class SyncWorker:
         self.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
         self.copying = self.cfg.checkpoint_dir / names.step_name(newest) if newest is not None else None
+        assert self.syncer is not None  # tick() and final_sync() return before this without a Syncer
         self.worker = Worker("sync", self.syncer.sync_newest)
 
     def _collect(self) -> None:

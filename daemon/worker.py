@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from minilmd.daemon.runstate import now
 
@@ -21,7 +22,7 @@ class Worker:
     def __init__(self, name: str, fn: Callable[[], object]):
         self.name = name
         self.started = now()
-        self.result: object = None
+        self.result: Any = None  # whatever fn returns; its reader knows the job
         self.error: BaseException | None = None
         self.error_text = ""
         self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)

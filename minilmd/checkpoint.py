@@ -25,17 +25,30 @@ import os
 import shutil
 import struct
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from minilmd.fsio import sha256_file, table_problems
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
-from minilmd.names import (LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, QUARANTINE, REASON_FILE,
-                           TRAINER_STATE, deleting_name, is_step_name, quarantine_name, step_of, tmp_owner_pid)
+from minilmd.names import (
+    LATEST,
+    MANIFEST,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    OPTIMIZER_META,
+    QUARANTINE,
+    REASON_FILE,
+    TRAINER_STATE,
+    deleting_name,
+    is_step_name,
+    quarantine_name,
+    step_of,
+    tmp_owner_pid,
+)
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -258,10 +271,11 @@ def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
     def sha256_of(name: str) -> str:
         if name.endswith(".safetensors"):
             try:
-                scans[name] = scan_safetensors(ckpt_dir / name)
-                return scans[name][0]
+                scan = scan_safetensors(ckpt_dir / name)
+                scans[name] = scan
+                return scan[0]
             except ValueError as e:
-                scan_errors[name] = e
+                scans[name] = e
         return sha256_file(ckpt_dir / name)
 
     try:
@@ -270,10 +284,10 @@ def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
         raise CheckpointInvalid(ckpt_dir, f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from None
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    for scan in scans.values():
-        if isinstance(scan, ValueError):
-            raise CheckpointInvalid(ckpt_dir, str(scan))
-    return scans
+    damaged = [str(scan) for scan in scans.values() if isinstance(scan, ValueError)]
+    if damaged:  # every damaged safetensors file, not only the first
+        raise CheckpointInvalid(ckpt_dir, damaged)
+    return {name: scan for name, scan in scans.items() if isinstance(scan, tuple)}
 
 
 def _read_json_parts(ckpt_dir: Path) -> tuple[dict, dict]:
@@ -406,7 +420,7 @@ def verify_report(path: str | os.PathLike, expected: Expectation | None = None) 
         dirs = []
     results = []
     for d in dirs:
-        entry = {"path": str(d), "step": step_of(d) if is_step_name(d.name) else None, "ok": True,
+        entry: dict[str, Any] = {"path": str(d), "step": step_of(d) if is_step_name(d.name) else None, "ok": True,
                  "problems": [], "mismatch": None}
         try:
             state = validate(d, expected)

@@ -19,9 +19,9 @@ app.add_typer(bench_app, name="bench")
 # === data: tokenizer, prepare, bench prepare ===
 def _data_error_exit(e: Exception) -> typer.Exit:
     """Bad input data -> 65 (EX_DATAERR, final); a bad argument or tokenizer -> 2."""
-    from minilmd.trainer.data.jsonl import InputError
-    from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
     from minilmd.corpus import CorpusError
+    from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
+    from minilmd.trainer.data.jsonl import InputError
 
     typer.echo(f"error: {e}", err=True)
     return typer.Exit(EXIT_DATA if isinstance(e, (InputError, CorpusError)) else EXIT_CONFIG)
@@ -84,10 +84,10 @@ def prepare_command(
     Exit status: 0 done, 65 bad input (file:line:reason named, nothing written), 2 bad arguments or tokenizer."""
     import signal
 
+    from minilmd.corpus import CorpusError
+    from minilmd.tokenizer import TokenizerError
     from minilmd.trainer.data.jsonl import InputError
     from minilmd.trainer.data.prepare import prepare
-    from minilmd.tokenizer import TokenizerError
-    from minilmd.corpus import CorpusError
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left

@@ -170,7 +170,7 @@ class PreparedCorpus:
                               "same run")
         self.train = TokenStream(self.root / SPLITS[0], self.vocab_size, verify_hash)
         self.val = TokenStream(self.root / SPLITS[1], self.vocab_size, verify_hash)
-        for name, stream in zip(SPLITS, (self.train, self.val)):
+        for name, stream in zip(SPLITS, (self.train, self.val), strict=True):
             want = self.meta.get("splits", {}).get(name, {})
             if want.get("tokens") != stream.n_tokens or want.get("documents") != stream.n_docs:
                 raise CorpusError(f"{stream.dir}: {stream.n_docs} documents / {stream.n_tokens} tokens but meta.json "

@@ -81,7 +81,7 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
     the old version or the new one, never a half-deleted one; then tmp_dir is renamed and the parent fsynced. A
     kill before the rename leaves final_dir as it was; after it, the new version is complete on disk."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    for where, dirs, files in os.walk(tmp_dir, topdown=False):
+    for where, _dirs, files in os.walk(tmp_dir, topdown=False):
         for name in files:
             fsync_file(os.path.join(where, name))
         fsync_dir(where)  # bottom-up: tmp_dir itself last

@@ -10,12 +10,8 @@ import json
 import os
 from pathlib import Path
 
-# atomic_write_text is re-exported until daemon/supervisor.py and tests/fake_trainer.py import it from minilmd.fsio.
-from minilmd.fsio import atomic_write_json, atomic_write_text  # noqa: F401
-# The run directory's files through which the trainer reports (HEARTBEAT, METRICS, FAULT) and the rest of the run's
-# vocabulary: names.py owns them; daemon/ modules and tests read them as protocol.X.
-from minilmd.names import (ATTEMPT_LOGS, EVENTS, FAULT, FAULT_ENV, FAULTS_FIRED, HEARTBEAT, LOCK,  # noqa: F401
-                           METRICS, RUN_CONFIG_COPY, RUN_DIR_ENV, STATE, SUPERVISOR_LOG)
+from minilmd.fsio import atomic_write_json
+from minilmd.names import FAULT
 
 # --- Special token ids (MiniMind's): PAD <|endoftext|>, BOS <|im_start|>, EOS <|im_end|>. -----------------------
 PAD_ID = 0
@@ -38,8 +34,8 @@ SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress: do n
 FINAL_EXIT_STATUSES = (SUPERVISOR_CONFIG, EXIT_DATA, SUPERVISOR_GAVE_UP)
 
 # --- Fault injection, for tests and the demo ----------------------------------------------------------------------
-# FAULT_ENV="kind@step[,kind@step...]" with kind in FAULT_KINDS. Each fault fires once per run: the trainer
-# records a fired fault in <run dir>/FAULTS_FIRED so that a restarted trainer does not fire it again.
+# MINILMD_FAULT="kind@step[,kind@step...]" with kind in FAULT_KINDS. Each fault fires once per run: the trainer
+# records a fired fault in <run dir>/faults-fired so that a restarted trainer does not fire it again.
 FAULT_KINDS = ("oom", "sigbus", "sigkill", "hang", "exception")
 
 

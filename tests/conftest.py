@@ -22,14 +22,14 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from data_helpers import demo_slice, small_tokenizer  # noqa: E402
-from faults_fixtures import faultfs, memory_cgroup, small_tmpfs  # noqa: E402,F401 - fixtures, shared here
-from minilmd.config import load_config  # noqa: E402
-from reliability_helpers import undisturbed_fake_weights  # noqa: E402
-from supervisor_helpers import BASELINE, train_undisturbed, write_config  # noqa: E402
-from trainer_corpus import real_text_prepared  # noqa: E402
+from data_helpers import demo_slice, small_tokenizer
+from faults_fixtures import faultfs, memory_cgroup, small_tmpfs  # noqa: F401 - fixtures, shared here
+from minilmd.config import load_config
+from reliability_helpers import undisturbed_fake_weights
+from supervisor_helpers import BASELINE, train_undisturbed, write_config
+from trainer_corpus import real_text_prepared
 
 SLOW_S = 2.0
 """A test whose call takes longer than this belongs to the slow tier (`-m slow`; `make test-fast` runs the rest)."""

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from minilmd.protocol import BOS_ID, EOS_ID
 from minilmd.trainer.data.demo_corpus import write_demo_corpus
 from minilmd.trainer.data.jsonl import iter_texts
-from minilmd.protocol import BOS_ID, EOS_ID
 from minilmd.trainer.data.tokenizer import train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd import protocol
+from minilmd import fsio, names, protocol
 from minilmd.config import ConfigError, load_config, parse_duration
 from minilmd.model_shapes import expected_state_shapes
 
@@ -70,7 +70,7 @@ def save(root: Path, step: int, weights: int, cfg, prints: dict, keep: int) -> P
     manifest = {"format": "minilmd-checkpoint", "version": 1, "step": step, "files": files}
     (tmp / "manifest.json").write_text(json.dumps(manifest))
     os.rename(tmp, root / name)
-    protocol.atomic_write_text(root / "LATEST", name + "\n")
+    fsio.atomic_write_text(root / "LATEST", name + "\n")
     steps = sorted(p for p in root.iterdir() if p.name.startswith("step-") and (p / "manifest.json").is_file())
     for old in steps[:-keep]:
         for f in old.iterdir():
@@ -94,12 +94,12 @@ def resume(root: Path) -> tuple[int, int]:
 
 class Faults:
     def __init__(self, run_dir: Path):
-        self.path = run_dir / protocol.FAULTS_FIRED
+        self.path = run_dir / names.FAULTS_FIRED
         self.wanted = {}
-        for item in filter(None, os.environ.get(protocol.FAULT_ENV, "").split(",")):
+        for item in filter(None, os.environ.get(names.FAULT_ENV, "").split(",")):
             kind, _, step = item.partition("@")
             if kind not in protocol.FAULT_KINDS or not step.isdigit():
-                raise ConfigError([f"{protocol.FAULT_ENV}: bad fault {item!r}"], protocol.FAULT_ENV)
+                raise ConfigError([f"{names.FAULT_ENV}: bad fault {item!r}"], names.FAULT_ENV)
             self.wanted[item] = (kind, int(step))
 
     def due(self, step: int) -> str | None:
@@ -153,8 +153,8 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return protocol.EXIT_CONFIG
-    heartbeat = run_dir / protocol.HEARTBEAT
-    metrics = open(run_dir / protocol.METRICS, "a", buffering=1)
+    heartbeat = run_dir / names.HEARTBEAT
+    metrics = open(run_dir / names.METRICS, "a", buffering=1)
     total = cfg.train.max_steps
     while step < total:
         kind = faults.due(step + 1)
@@ -188,7 +188,7 @@ def main(argv: list[str]) -> int:
         due = (every_steps and step % every_steps == 0) or (every_s and time.monotonic() - last_save >= every_s)
         if STOP["requested"] or due or step == total:
             # like the real trainer: under a supervisor (MINILMD_RUN_DIR set) the supervisor prunes scratch
-            keep = sys.maxsize if os.environ.get(protocol.RUN_DIR_ENV) else cfg.train.keep_local
+            keep = sys.maxsize if os.environ.get(names.RUN_DIR_ENV) else cfg.train.keep_local
             path = save(ckpt_root, step, weights, cfg, prints, keep)
             last_save = time.monotonic()
             metrics.write(json.dumps({"kind": "checkpoint", "step": step, "blocking_s": 0.0, "path": str(path),

@@ -14,9 +14,9 @@ import threading
 import time
 from pathlib import Path
 
-from minilmd.daemon.child import find_orphans
 from minilmd import checkpoint
 from minilmd.config import load_config
+from minilmd.daemon.child import find_orphans
 from supervisor_helpers import FAKE_TRAINER, env_for
 
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from minilmd.config import load_config
 from supervisor_helpers import env_for, start_supervisor, write_config
 from trainer_corpus import real_text_prepared
-
-from minilmd.config import load_config
 
 
 def rss_kib(pid: int) -> tuple[int, int]:

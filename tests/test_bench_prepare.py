@@ -14,7 +14,8 @@ def test_bench_prepare_prints_raw_and_prepare_side_by_side(tmp_path, demo_jsonl,
     big = write_repeated_corpus(demo_jsonl, tmp_path / "big.jsonl", target_mb=0.5)
     assert 0.5e6 <= big.stat().st_size < 0.6e6
     done = subprocess.run([sys.executable, "-m", "minilmd.cli", "bench", "prepare", str(big), "--tokenizer",
-                           str(tokenizer), "--workers", "1", "--scratch", str(tmp_path)], capture_output=True, text=True)
+                           str(tokenizer), "--workers", "1", "--scratch", str(tmp_path)],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     for needle in ("raw encode_batch", "raw encode_batch_fast", "prepare (1 workers, wall)", "text MB/s",

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd import checkpoint as ck
-from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from minilmd.model_shapes import expected_state_shapes
+from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from weights_helpers import CHECKPOINT_MODEL, make_run, save_run, trainer_state
 
 torch.set_num_threads(1)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from minilmd import names, protocol
+from minilmd.config import RestartSection
 from minilmd.daemon import child as childmod
 from minilmd.daemon.child import Death, build_command, classify, launch
 from minilmd.daemon.policy import backoff_seconds, decide
 from minilmd.daemon.runstate import MetricsTail, process_alive
 from minilmd.daemon.sdnotify import Notifier
 from minilmd.daemon.states import TRANSITIONS, IllegalTransition, Phase, check_transition
-from minilmd import protocol
-from minilmd.config import RestartSection
 from waiting import wait_until
 
 
@@ -64,13 +64,13 @@ def test_cuda_oom_comes_from_the_fault_note_and_is_consumed(tmp_path):
     c, rc = run_child(tmp_path, code)
     death = classify(c, rc, tmp_path, stop_requested=False)
     assert death.cause == "cuda_oom" and "144.00 MiB" in death.detail and death.fault["step"] == 7
-    assert not (tmp_path / protocol.FAULT).exists()
+    assert not (tmp_path / names.FAULT).exists()
 
 
 def test_a_stale_fault_note_from_an_earlier_attempt_is_ignored(tmp_path):
     protocol.write_fault(tmp_path, "cuda_oom", "old")
     old = time.time() - 3600
-    os.utime(tmp_path / protocol.FAULT, (old, old))
+    os.utime(tmp_path / names.FAULT, (old, old))
     c, rc = run_child(tmp_path, "raise SystemExit(1)")
     assert classify(c, rc, tmp_path, stop_requested=False).cause == "crash"
 

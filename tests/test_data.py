@@ -2,9 +2,16 @@
 import numpy as np
 import pytest
 
-from minilmd.trainer.data.samplers import (IGNORE_INDEX, DataError, PackedSampler, PaddedSampler, make_sampler,
-                                  padded_row, validation_batches)
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.trainer.data.samplers import (
+    IGNORE_INDEX,
+    DataError,
+    PackedSampler,
+    PaddedSampler,
+    make_sampler,
+    padded_row,
+    validation_batches,
+)
 
 
 def synthetic_stream(n_docs: int, seed: int = 0, mean_len: int = 20) -> tuple[np.ndarray, np.ndarray]:

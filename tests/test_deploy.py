@@ -197,7 +197,7 @@ class Launcher:
 
     def records(self, count: int) -> list[dict]:
         """Wait until the stand-ins have recorded `count` calls, then return them all."""
-        lines = lambda: self.record.read_text().splitlines() if self.record.exists() else []  # noqa: E731
+        lines = lambda: self.record.read_text().splitlines() if self.record.exists() else []
         wait_until(lambda: len(lines()) >= count, 30, f"{count} recorded calls of minilmd", interval=0.05)
         return [json.loads(line) for line in lines()]
 

@@ -12,7 +12,7 @@ import pytest
 import typer
 
 from minilmd.cli import app
-from minilmd.config import RunConfig, config_from_dict, ConfigError
+from minilmd.config import ConfigError, RunConfig, config_from_dict
 
 if sys.version_info >= (3, 11):
     import tomllib

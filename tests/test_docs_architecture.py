@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from minilmd import protocol
 from minilmd.daemon.child import CAUSES
 from minilmd.daemon.states import FINAL_PHASES, TRANSITIONS, Phase
-from minilmd import protocol
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "architecture.md"

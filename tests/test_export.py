@@ -7,10 +7,9 @@ import torch
 from typer.testing import CliRunner
 
 from minilmd.cli import app
+from minilmd.model_shapes import expected_state_shapes
 from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
-from minilmd.model_shapes import expected_state_shapes
-
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 
 torch.set_num_threads(1)

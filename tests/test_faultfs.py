@@ -14,8 +14,8 @@ import threading
 import pytest
 
 import faults_fixtures
-from waiting import wait_until
 from faults_fixtures import is_mounted, mounted_faultfs, unavailable_fuse
+from waiting import wait_until
 
 pytestmark = pytest.mark.root
 

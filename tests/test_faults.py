@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
+from minilmd.names import FAULT_ENV, FAULTS_FIRED
 from minilmd.trainer.loop.faults import Fault, FaultInjector, FaultSpecError, parse_faults
-from minilmd.protocol import FAULT_ENV, FAULTS_FIRED
 from waiting import wait_until
 
 FIRE_AT_STEP_3 = """

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fakes_nvml import FREE, FakeNvml, busy
-from minilmd.daemon.gpu import GpuAdmission, cuda_visible_devices, open_nvml_or_reason
 from minilmd.config import GpuSection
+from minilmd.daemon.gpu import GpuAdmission, cuda_visible_devices, open_nvml_or_reason
 
 TESTS = Path(__file__).parent
 

@@ -10,9 +10,8 @@ import torch
 from torch import nn
 
 from minilmd.config import ModelSection
-from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from minilmd.model_shapes import expected_state_shapes
-
+from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from weights_helpers import tiny_config, tiny_model
 
 torch.set_num_threads(1)

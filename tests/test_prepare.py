@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_helpers import decoded_documents, demo_slice, read_texts, write_jsonl
 
+from data_helpers import decoded_documents, demo_slice, read_texts, write_jsonl
+from minilmd.corpus import open_prepared
 from minilmd.trainer.data.corpus_stats import layout_stats, length_stats
 from minilmd.trainer.data.jsonl import InputError
 from minilmd.trainer.data.prepare import Progress, leak_key, prepare, split_is_val
 from minilmd.trainer.data.tokenizer import load_tokenizer
-from minilmd.corpus import open_prepared
 from waiting import wait_until
 
 

@@ -17,12 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.daemon.staging import verify_staged
 from minilmd import checkpoint
 from minilmd.config import load_config
+from minilmd.daemon.staging import verify_staged
 from minilmd.protocol import SUPERVISOR_GAVE_UP
-from reliability_helpers import (RemoteWatcher, copy_corpus, event_texts, expectation_for, fake_weights_of,
-                                 undisturbed_fake_weights)
+from reliability_helpers import (
+    RemoteWatcher,
+    copy_corpus,
+    event_texts,
+    expectation_for,
+    fake_weights_of,
+    undisturbed_fake_weights,
+)
 from supervisor_helpers import cli, start_supervisor, state, step_of_state, wait_for, wait_or_kill, write_config
 from trainer_corpus import synthetic_prepared
 

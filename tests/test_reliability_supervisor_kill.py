@@ -14,11 +14,17 @@ import time
 
 import pytest
 
-from minilmd.daemon.staging import verify_staged
 from minilmd import checkpoint
 from minilmd.config import load_config
-from reliability_helpers import (RemoteWatcher, TrainerCounter, copy_corpus, expectation_for,
-                                 fake_weights_of, undisturbed_fake_weights)
+from minilmd.daemon.staging import verify_staged
+from reliability_helpers import (
+    RemoteWatcher,
+    TrainerCounter,
+    copy_corpus,
+    expectation_for,
+    fake_weights_of,
+    undisturbed_fake_weights,
+)
 from supervisor_helpers import start_supervisor, state, step_of_state, wait_for, write_config
 
 pytestmark = pytest.mark.slow  # four supervisors, killed while staging, training, syncing

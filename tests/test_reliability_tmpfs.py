@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.daemon import staging
 from minilmd import checkpoint
 from minilmd.config import load_config
+from minilmd.daemon import staging
 from minilmd.protocol import SUPERVISOR_GAVE_UP
 from supervisor_helpers import cli, run_supervisor, start_supervisor, state, wait_for, write_config
 

@@ -27,7 +27,8 @@ from safetensors.torch import load_file
 
 from minilmd import checkpoint as ck
 from minilmd.config import load_config
-from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_DONE, FAULT_ENV, HEARTBEAT, METRICS
+from minilmd.names import FAULT_ENV, HEARTBEAT, METRICS
+from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_DONE
 from supervisor_helpers import BASELINE, write_config
 from trainer_corpus import ONE_LAYER_MODEL, synthetic_prepared
 from waiting import wait_until

@@ -6,9 +6,8 @@ import torch
 from typer.testing import CliRunner
 
 from minilmd.cli import app
-from minilmd.trainer.model.minimind import KVCache
 from minilmd.trainer.model.generate import filter_logits, generate
-
+from minilmd.trainer.model.minimind import KVCache
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 
 torch.set_num_threads(1)

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from minilmd.daemon.staging import (GIB, SourceInvalid, StagingError, fit_problem, memory_headroom, stage,
-                                    verify_staged)
+from minilmd.daemon.staging import GIB, SourceInvalid, StagingError, fit_problem, memory_headroom, stage, verify_staged
 
 FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy", "tokenizer.json")
 

@@ -21,8 +21,18 @@ from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG, SUPERVISOR_GAVE_UP
 from reliability_helpers import fake_weights_of
-from supervisor_helpers import (cli, env_for, events, run_supervisor, start_supervisor, state, step_of_state,
-                                transitions, wait_for, write_config)
+from supervisor_helpers import (
+    cli,
+    env_for,
+    events,
+    run_supervisor,
+    start_supervisor,
+    state,
+    step_of_state,
+    transitions,
+    wait_for,
+    write_config,
+)
 
 
 def final_weights(config: Path) -> int:

@@ -12,10 +12,10 @@ import threading
 import pytest
 
 from fakes_nvml import FREE, FakeNvml, busy
+from minilmd.config import load_config
 from minilmd.daemon.child import TRAINER_CMD_ENV
 from minilmd.daemon.gpu import GpuAdmission
 from minilmd.daemon.supervisor import Infra, Supervisor
-from minilmd.config import load_config
 from supervisor_helpers import FAKE_TRAINER, events, state, step_of_state, transitions, wait_for, write_config
 
 pytestmark = pytest.mark.slow  # every test runs a supervised run to its end

@@ -14,8 +14,16 @@ import pytest
 
 from minilmd import checkpoint
 from minilmd.config import load_config
-from supervisor_helpers import (cli, events, run_supervisor, start_supervisor, state, step_of_state, wait_for,
-                                write_config)
+from supervisor_helpers import (
+    cli,
+    events,
+    run_supervisor,
+    start_supervisor,
+    state,
+    step_of_state,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 REAL = {"train": {"max_steps": 16, "checkpoint_every": 4, "micro_batch_size": 4, "grad_accum": 1}}

@@ -42,7 +42,7 @@ class NotifySocket:
         while not self._stop.is_set():
             try:
                 data = self._sock.recv(4096)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             self.received.append((time.time(), data.decode()))
 
@@ -211,5 +211,5 @@ def test_the_orphan_hunt_at_start_keeps_feeding_the_watchdog(tmp_path, corpus):
     began, ended = [e["time"] for e in events(cfg.run_dir) if e["event"] == "orphan"]
     assert ended - began >= 4  # the grace (restart.hang_timeout), 16 watchdog intervals
     pings = [t for t in notify.watchdog_times() if began <= t <= ended]
-    gaps = [b - a for a, b in zip([began, *pings], [*pings, ended])]
+    gaps = [b - a for a, b in zip([began, *pings], [*pings, ended], strict=True)]
     assert len(pings) >= 4 and max(gaps) < 2.0, gaps  # without pings during the hunt: one gap of 4 s

@@ -13,10 +13,10 @@ import fsspec
 import pytest
 import torch
 
-from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd.daemon.sync import SyncError, Syncer
 from minilmd import checkpoint as ck
 from minilmd.config import RunConfig
+from minilmd.daemon.sync import Syncer, SyncError
+from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from waiting import wait_until
 

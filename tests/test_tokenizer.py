@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from data_helpers import MINIMIND_TOKENIZER, small_tokenizer, write_jsonl
 
+from data_helpers import MINIMIND_TOKENIZER, small_tokenizer, write_jsonl
 from minilmd.trainer.data.tokenizer import TokenizerError, check_tokenizer, load_tokenizer, train_tokenizer
 
 

@@ -7,10 +7,10 @@ import shutil
 
 import numpy as np
 import pytest
-from data_helpers import write_jsonl
 
-from minilmd.trainer.data.prepare import prepare
+from data_helpers import write_jsonl
 from minilmd.corpus import CorpusError, TokenStream, open_prepared, verify_prepared
+from minilmd.trainer.data.prepare import prepare
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from minilmd import checkpoint
 from minilmd.config import load_config
-from minilmd.protocol import (EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, FAULT_ENV,
-                                      HEARTBEAT, read_fault)
+from minilmd.names import FAULT_ENV, HEARTBEAT
+from minilmd.protocol import EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, read_fault
 from minilmd.trainer.loop.train import total_steps_for_budget
 from trainer_corpus import child_env, read_metrics, run_paths, train, train_cmd, write_config
 from waiting import wait_until
@@ -63,7 +63,7 @@ def test_killed_run_resumes_to_bit_identical_weights(tmp_path, undisturbed):
         for k in a:
             assert torch.equal(a[k], b[k]), f"{name}:{k} differs after resume"
     last = checkpoint.step_of(straight.checkpoint)
-    losses = lambda run_dir: [m["loss"] for m in read_metrics(run_dir, "train") if m["step"] == last]  # noqa: E731
+    losses = lambda run_dir: [m["loss"] for m in read_metrics(run_dir, "train") if m["step"] == last]
     assert losses(straight.run_dir) == losses(run_paths(killed)[0])
 
 

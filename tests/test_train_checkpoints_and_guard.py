@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.names import METRICS
-
 from minilmd import checkpoint
 from minilmd.config import load_config
-from minilmd.names import RUN_DIR_ENV
+from minilmd.names import METRICS, RUN_DIR_ENV
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop.train import Trainer, init_distributed
 from trainer_corpus import write_config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from minilmd.daemon import views
 from minilmd.daemon.runstate import new_state
-from minilmd.protocol import atomic_write_json
+from minilmd.fsio import atomic_write_json
 
 
 def write_run(tmp_path: Path, **changes) -> Path:

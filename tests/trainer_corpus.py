@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from minilmd.config import load_config
-from minilmd.protocol import BOS_ID, EOS_ID, FAULT_ENV, METRICS
+from minilmd.names import FAULT_ENV, METRICS
+from minilmd.protocol import BOS_ID, EOS_ID
 
 
 def _sha256(path: Path) -> str:

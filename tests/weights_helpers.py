@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.config import ModelSection, RunConfig
+from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from trainer_corpus import TINY_MODEL
 

@@ -49,12 +49,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the helper modules in tests/
 
-from faults_fixtures import mounted_faultfs  # noqa: E402
-from minilmd import checkpoint  # noqa: E402
-from minilmd.config import load_config  # noqa: E402
-from reliability_helpers import RemoteWatcher, TrainerCounter, expectation_for  # noqa: E402
-from supervisor_helpers import env_for, state  # noqa: E402
-from trainer_corpus import ONE_LAYER_MODEL, real_text_prepared, write_config  # noqa: E402
+from faults_fixtures import mounted_faultfs
+from minilmd import checkpoint
+from minilmd.config import load_config
+from reliability_helpers import RemoteWatcher, TrainerCounter, expectation_for
+from supervisor_helpers import env_for, state
+from trainer_corpus import ONE_LAYER_MODEL, real_text_prepared, write_config
 
 KINDS = ["trainer_sigkill", "trainer_sigbus", "staged_truncate", "supervisor_sigkill", "remote_stall", "remote_eio",
          "remote_drop_rename", "corrupt_local", "corrupt_remote"]

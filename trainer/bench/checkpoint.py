@@ -25,8 +25,8 @@ def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> 
     import torch
 
     from minilmd import checkpoint as ck
-    from minilmd.trainer.checkpoint import save as ckpt_io
     from minilmd.config import RunConfig
+    from minilmd.trainer.checkpoint import save as ckpt_io
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
     cfg = RunConfig()

@@ -27,8 +27,8 @@ GOAL_RSS = 1 << 30
 
 def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
     """Throughput of encode_batch and encode_batch_fast on the corpus texts, only encode time counted."""
-    from minilmd.trainer.data.jsonl import Source, parse_block
     from minilmd.tokenizer import load_tokenizer
+    from minilmd.trainer.data.jsonl import Source, parse_block
 
     tok = load_tokenizer(tokenizer)
     methods = {"encode_batch": tok.encode_batch}

@@ -17,16 +17,25 @@ import signal
 import struct
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 from minilmd.checkpoint import FORMAT, VERSION, prune, read_manifest
 from minilmd.fsio import atomic_write_text, fsync_dir, publish_dir
-from minilmd.names import (CHECKPOINT_KILL_ENV, LATEST, MANIFEST, MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META,
-                           TOKENIZER_FILE, TRAINER_STATE, save_tmp_name, step_name)
-
+from minilmd.names import (
+    CHECKPOINT_KILL_ENV,
+    LATEST,
+    MANIFEST,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    OPTIMIZER_META,
+    TOKENIZER_FILE,
+    TRAINER_STATE,
+    save_tmp_name,
+    step_name,
+)
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------
 

@@ -31,8 +31,18 @@ import numpy as np
 from minilmd.corpus import FORMAT, VERSION, CorpusError, open_prepared
 from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
 from minilmd.names import CORPUS_META as META
-from minilmd.names import (CORPUS_TOKENIZER, DOC_LENGTHS, LEAK_KEYS, SPLITS, TOKENS, UNCHECKED_VAL_TOKENS,
-                           prepare_aside_name, prepare_tmp_name, prepare_tmp_owner_pid, split_file)
+from minilmd.names import (
+    CORPUS_TOKENIZER,
+    DOC_LENGTHS,
+    LEAK_KEYS,
+    SPLITS,
+    TOKENS,
+    UNCHECKED_VAL_TOKENS,
+    prepare_aside_name,
+    prepare_tmp_name,
+    prepare_tmp_owner_pid,
+    split_file,
+)
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.tokenizer import load_tokenizer
 from minilmd.trainer.data import corpus_stats
@@ -279,7 +289,7 @@ class _Tokenizer:
     vocab_size: int
 
     @classmethod
-    def load(cls, tokenizer: str | Path) -> "_Tokenizer":
+    def load(cls, tokenizer: str | Path) -> _Tokenizer:
         path = Path(tokenizer)
         if path.is_dir():
             path = path / CORPUS_TOKENIZER
@@ -341,11 +351,11 @@ def _open_sources(sources: list[str]) -> list[Source]:
     """Every source opened up front: a missing file fails in a second, not in an hour."""
     opened: list[Source] = []
     try:
-        for s in sources:
-            opened.append(Source(s))
+        for path in sources:
+            opened.append(Source(path))
     except InputError:
-        for s in opened:
-            s.close()
+        for source in opened:
+            source.close()
         raise
     return opened
 
@@ -416,13 +426,15 @@ def _encode_all(opened: list[Source], found: _Collector, tok: _Tokenizer, opts: 
         progress = Progress(total_bytes)
     elif progress is False:
         progress = None
-    if opts.workers > 0:
-        executor = ProcessPoolExecutor(opts.workers, initializer=_worker_init,
+    workers = default_workers() if opts.workers is None else opts.workers
+    executor: ProcessPoolExecutor | _InlineExecutor
+    if workers > 0:
+        executor = ProcessPoolExecutor(workers, initializer=_worker_init,
                                        initargs=(tok.json, opts.val_fraction), mp_context=_spawn_context())
     else:
         executor = _InlineExecutor(tok.json, opts.val_fraction)
     pending: deque = deque()
-    max_in_flight = 2 * max(opts.workers, 1) + 1
+    max_in_flight = 2 * max(workers, 1) + 1
     done_before = 0  # raw bytes of the sources already finished
     try:
         for src_idx, src in enumerate(opened):

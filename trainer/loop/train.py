@@ -169,8 +169,8 @@ class Trainer:
     """One training run: the components, then train() (the loop in the module docstring)."""
 
     def __init__(self, cfg: RunConfig, dist: Dist, stop: StopFlag | None = None):
-        from minilmd.trainer.model.minimind import MiniMindForCausalLM
         from minilmd.corpus import open_prepared
+        from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
         self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()
         t = cfg.train

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from minilmd.trainer.model.minimind import KVCache, MiniMindForCausalLM
 from minilmd.protocol import BOS_ID, EOS_ID
+from minilmd.trainer.model.minimind import KVCache, MiniMindForCausalLM
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
