@@ -32,6 +32,14 @@ def _run_problem(run_dir: Path) -> str | None:
     return None
 
 
+def _is_a_run(run_dir: Path) -> bool:
+    """Whether run_dir is a run directory; if not, says why on stderr (the caller exits NOT_A_RUN)."""
+    problem = _run_problem(run_dir)
+    if problem:
+        print(problem, file=sys.stderr)
+    return problem is None
+
+
 def supervisor_alive(state: dict | None) -> bool:
     sup = (state or {}).get("supervisor") or {}
     return process_alive(sup.get("pid"), sup.get("start_ticks"))
@@ -157,9 +165,7 @@ def _error_context(state: dict, t: float) -> str:
 def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) -> int:
     out = out or sys.stdout
     run_dir = Path(run_dir)
-    problem = _run_problem(run_dir)
-    if problem:
-        print(problem, file=sys.stderr)
+    if not _is_a_run(run_dir):
         return NOT_A_RUN
     state = read_state(run_dir)
     alive = supervisor_alive(state)
@@ -264,9 +270,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     timeout 0: wait as long as it takes. Exit status 0 when it stopped (or was not running), 1 on timeout."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
-    problem = _run_problem(run_dir)
-    if problem:
-        print(problem, file=sys.stderr)
+    if not _is_a_run(run_dir):
         return NOT_A_RUN
     state = read_state(run_dir) or {}
     sup = state.get("supervisor") or {}

@@ -24,21 +24,18 @@ CHUNK = 1 << 22
 
 # --- writing ------------------------------------------------------------------------------------------------------
 
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a file's data, or a directory's entries, to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a rename or a new entry in this directory durable (a file's own fsync does not cover its name)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_file(path)
 
 
 def publish_file(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
