@@ -99,13 +99,13 @@ class Supervisor:
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
     def run(self) -> int:
-        from minilmd.daemon.lock import LockHeld, RunLock
+        from minilmd.daemon.lock import LockHeld, LockUnsafe, RunLock
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.run_dir)
         try:
             self.lock.acquire()
-        except LockHeld as e:
+        except (LockHeld, LockUnsafe) as e:
             print(f"minilmd run: {e}", flush=True)
             return protocol.SUPERVISOR_CONFIG
         try:

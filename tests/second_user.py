@@ -52,8 +52,9 @@ def _bootstrap() -> str:
 @functools.lru_cache(maxsize=1)
 def _python_for_user() -> str | None:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    candidates = [sys.executable, os.path.realpath(sys.executable), f"/usr/bin/python{version}",
-                  f"/usr/local/bin/python{version}"]
+    # the system's first: an interpreter under a home directory the user cannot enter may half work for it
+    candidates = [f"/usr/bin/python{version}", f"/usr/local/bin/python{version}", sys.executable,
+                  os.path.realpath(sys.executable)]
     probe = _bootstrap() + "import minilmd.daemon.gpu, minilmd.daemon.child\n" \
                            f"assert sys.version_info[:2] == {tuple(sys.version_info[:2])}\n"
     for python in dict.fromkeys(candidates):

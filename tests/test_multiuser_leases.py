@@ -1,4 +1,5 @@
-"""GPU leases between two real Unix users (root and nobody) sharing one lock directory, and the attacks on it.
+"""GPU leases between two real Unix users (root and nobody) sharing one lock directory, and the attacks on it;
+and the same attack on the run lock of a run directory another user can write into.
 
 The lock directory is shared by every user's runs on the machine, so whoever comes first makes it, and another
 user may have made it, with anything inside: a symlink named like a lease file pointing at a file of ours, a
@@ -20,6 +21,7 @@ import pytest
 from fakes_nvml import FREE, FakeNvml
 from minilmd.config import GpuSection
 from minilmd.daemon.gpu import GpuAdmission
+from minilmd.daemon.lock import LockUnsafe, RunLock, lock_holder
 from second_user import as_user, second_user, shared_dir, user_python
 
 pytestmark = pytest.mark.root
@@ -212,3 +214,19 @@ def test_a_lock_directory_root_made_first_serves_the_other_user(shared):
         assert admission(locks, "root-again").try_acquire(1) is None
     finally:
         stop(taken)
+
+
+def test_a_symlink_planted_as_the_run_lock_is_not_followed(shared):
+    victim = precious(shared)
+    as_nobody(f"mkdir -m 0777 run && ln -s {victim} run/supervisor.lock", shared)  # a run dir others can write
+    with pytest.raises(LockUnsafe, match="symbolic link"):
+        RunLock(shared / "run").acquire()
+    assert lock_holder(shared / "run") is None
+    assert_untouched(victim)
+
+
+def test_another_users_file_as_the_run_lock_is_not_written(shared):
+    as_nobody("mkdir -m 0777 run && echo theirs > run/supervisor.lock", shared)
+    with pytest.raises(LockUnsafe, match="belongs to uid"):
+        RunLock(shared / "run").acquire()
+    assert (shared / "run" / "supervisor.lock").read_text() == "theirs\n"
