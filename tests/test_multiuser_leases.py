@@ -155,7 +155,6 @@ def stop(proc: subprocess.Popen) -> None:
     proc.stderr.close()
 
 
-@pytest.mark.slow
 def test_two_users_never_hold_one_device_and_neither_writes_the_others_lease(shared):
     uid, _ = second_user()
     locks = shared / "locks"
@@ -192,7 +191,6 @@ def test_two_users_never_hold_one_device_and_neither_writes_the_others_lease(sha
         stop(again)
 
 
-@pytest.mark.slow
 def test_a_lock_directory_root_made_first_serves_the_other_user(shared):
     locks = shared / "locks"
     lease = admission(locks, "root-run").try_acquire(1)
