@@ -279,10 +279,11 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         return protocol.STOP_FAILED
     from minilmd.daemon.child import signal_process
 
-    if not signal_process(pid, ticks, signal.SIGTERM):
+    if signal_process(pid, ticks, signal.SIGTERM):
+        print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
+              flush=True)
+    else:
         print(f"supervisor pid {pid} ended before the signal", file=out)
-    print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
-          flush=True)
     started = time.monotonic()
     last_phase = None
     while process_alive(pid, ticks):
