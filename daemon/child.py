@@ -1,8 +1,12 @@
 """The trainer as a child process: how it is launched, watched, stopped, and what its end means.
 
 The child runs in its own process group (so that a torchrun group is stopped as a whole and a terminal's ^C reaches
-only the supervisor), writes to logs/attempt-NNNN.log, and carries MINILMD_RUN_DIR in its environment so that a
-restarted supervisor can recognise an orphan of its run in /proc and never anybody else's process.
+only the supervisor), writes to logs/attempt-NNNN.log, and carries MINILMD_RUN_DIR and a random MINILMD_LAUNCH_ID
+in its environment. `launch()` records the trainer in <run dir>/trainer.json (pid, start time, uid, host, launch
+id) before anything else can happen to the supervisor, so that a restarted supervisor and `minilmd stop` can tell
+an orphan of this run in /proc from any other process: they signal only processes of our uid on this host that
+carry this run's directory and launch id and started no earlier than the recorded trainer. Anyone can put
+MINILMD_RUN_DIR in an environment; nobody else's process is ever signalled, even by root.
 
 `classify()` turns an exit status into a `Death` with one `Cause` (daemon/states.py; CAUSES says what each means);
 the restart policy (daemon/policy.py) acts on the cause. Nothing here waits for a child without a bound: a trainer in
@@ -11,11 +15,14 @@ on meanwhile. Torch-free.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,10 +32,12 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
 from minilmd.daemon.states import Cause
-from minilmd.fsio import tail_lines
+from minilmd.fsio import atomic_write_json, tail_lines
 
 RUN_DIR_ENV = names.RUN_DIR_ENV
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
+LAUNCH_ID_ENV = names.LAUNCH_ID_ENV
+"""Set on every child: a random token per launch, also in trainer.json; its processes inherit it."""
 TRAINER_CMD_ENV = names.TRAINER_CMD_ENV
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
@@ -185,6 +194,7 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
     env = dict(os.environ)
     env.update(extra_env or {})
     env[RUN_DIR_ENV] = str(run_dir.resolve())
+    env[LAUNCH_ID_ENV] = record_launch(run_dir, attempt)
     env["CUDA_VISIBLE_DEVICES"] = devices
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -195,6 +205,7 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
                                  start_new_session=True, close_fds=True)
     child = Child(popen=popen, attempt=attempt, log_path=log_path, command=command, started=time.time(),
                   start_ticks=process_start_ticks(popen.pid))
+    record_launch(run_dir, attempt, env[LAUNCH_ID_ENV], child.pid, child.start_ticks)
     child.track_cgroup()
     return child
 
@@ -338,34 +349,98 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
     return "stack dumped to the attempt log" if out.returncode == 0 else f"py-spy exit {out.returncode}"
 
 
-def find_orphans(run_dir: Path) -> list[int]:
-    """Pids of live processes (other than us) started for this run: MINILMD_RUN_DIR=<run dir> in their environ."""
-    target = str(run_dir.resolve())
+# --- which processes are this run's -------------------------------------------------------------------------
+
+def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid: int | None = None,
+                  start_ticks: int | None = None) -> str:
+    """Write trainer.json: written once before the launch (a supervisor killed during Popen still leaves the launch
+    id, uid and host) and again with the trainer's pid and start time. Returns the launch id."""
+    launch_id = launch_id or secrets.token_hex(16)
+    atomic_write_json(run_dir / names.TRAINER_RECORD,
+                      {"launch_id": launch_id, "uid": os.getuid(), "host": socket.gethostname(), "attempt": attempt,
+                       "pid": pid, "start_ticks": start_ticks, "time": time.time()})
+    return launch_id
+
+
+def _read_record(run_dir: Path) -> dict | None:
+    """trainer.json if it names a trainer that this user launched on this host, else None."""
+    try:
+        record = json.loads((run_dir / names.TRAINER_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("launch_id"), str) or not record["launch_id"]:
+        return None
+    if record.get("uid") != os.getuid() or record.get("host") != socket.gethostname():
+        return None
+    return record
+
+
+def process_uids(pid: int) -> tuple[int, ...] | None:
+    """(real, effective, saved, filesystem) uids of a process, from /proc/PID/status; None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return tuple(int(u) for u in line.split()[1:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def is_ours(pid: int) -> bool:
+    """Whether every uid of the process is ours: a process of another user is never signalled, even by root."""
+    uids = process_uids(pid)
+    return uids is not None and set(uids) == {os.getuid()}
+
+
+def _orphans(run_dir: Path) -> list[tuple[int, int]]:
+    """(pid, start ticks) of each live process of the recorded trainer: ours, carrying this run's directory and the
+    recorded launch id, started no earlier than the trainer (the trainer itself: its pid and start time)."""
+    record = _read_record(run_dir)
+    if record is None:
+        return []
+    target, launch_id = str(run_dir.resolve()), record["launch_id"]
+    leader, leader_ticks = record.get("pid"), record.get("start_ticks")
     me = os.getpid()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         pid = int(entry)
-        if process_environ(pid).get(RUN_DIR_ENV) == target and process_alive(pid):
-            found.append(pid)
+        ticks = process_start_ticks(pid)
+        if ticks is None or not is_ours(pid):
+            continue
+        if isinstance(leader_ticks, int) and (ticks < leader_ticks or (pid == leader and ticks != leader_ticks)):
+            continue
+        env = process_environ(pid)
+        if env.get(RUN_DIR_ENV) != target or env.get(LAUNCH_ID_ENV) != launch_id:
+            continue
+        if process_start_ticks(pid) == ticks:  # still the process all of the above was read from
+            found.append((pid, ticks))
     return sorted(found)
 
 
-def terminate_orphans(pids: list[int], grace: float = 30.0, while_waiting=None) -> list[int]:
-    """SIGTERM each orphan's group (the trainer saves and exits), then SIGKILL what is left after grace. They are
-    not our children (their parent died), so we poll /proc instead of waiting. The grace can outlast systemd's
-    WatchdogSec: `while_waiting()` is called at every poll (the supervisor pings the watchdog there). Returns the
-    pids that were alive."""
-    started = [(pid, process_start_ticks(pid)) for pid in pids]
-    alive = [(pid, ticks) for pid, ticks in started if ticks is not None]
-    for pid, _ in alive:
-        _kill_group_or_pid(pid, signal.SIGTERM)
-    _poll_until_gone(alive, grace, 0.1, while_waiting)
+def find_orphans(run_dir: Path) -> list[int]:
+    """Pids of live processes of the trainer this run launched last (trainer.json), other than us: the trainer and
+    what it started. Never another user's process, nor one that merely carries MINILMD_RUN_DIR=<run dir>."""
+    return [pid for pid, _ in _orphans(run_dir)]
+
+
+def terminate_orphans(run_dir: Path, grace: float = 30.0, while_waiting=None) -> list[int]:
+    """SIGTERM each process of find_orphans(run_dir) (the trainer saves and exits), then SIGKILL what is left after
+    grace, and whatever of the trainer's appeared meanwhile. They are not our children (their parent died), so we
+    poll /proc instead of waiting. Each process is signalled by itself, through a pidfd opened and checked against
+    its start time first: never a recycled pid, never a whole group that may hold another user's process. The grace
+    can outlast systemd's WatchdogSec: `while_waiting()` is called at every poll (the supervisor pings the watchdog
+    there). Returns the pids that were alive."""
+    alive = _orphans(run_dir)
     for pid, ticks in alive:
+        signal_process(pid, ticks, signal.SIGTERM)
+    _poll_until_gone(alive, grace, 0.1, while_waiting)
+    late = [p for p in _orphans(run_dir) if p not in alive]
+    for pid, ticks in [*alive, *late]:
         if process_alive(pid, ticks):
-            _kill_group_or_pid(pid, signal.SIGKILL)
-    _poll_until_gone(alive, REAP_S, 0.05, while_waiting)
+            signal_process(pid, ticks, signal.SIGKILL)
+    _poll_until_gone([*alive, *late], REAP_S, 0.05, while_waiting)
     return [pid for pid, _ in alive]
 
 
@@ -377,11 +452,26 @@ def _poll_until_gone(alive: list[tuple[int, int]], seconds: float, interval: flo
         time.sleep(interval)
 
 
-def _kill_group_or_pid(pid: int, sig: int) -> None:
+def signal_process(pid: int, ticks: int | None, sig: int) -> bool:
+    """Signal the process `pid` that started at `ticks` (None: whichever has that pid now), if it is still that one
+    and ours: through a pidfd opened before the check, so that a pid recycled in between is never hit. Whether the
+    signal was sent."""
     try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        fd = None  # no pidfd here (a kernel before 5.3): a check and a kill, with the tiny window that leaves
+    try:
+        if (ticks is not None and process_start_ticks(pid) != ticks) or not is_ours(pid):
+            return False
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
         else:
             os.kill(pid, sig)
+        return True
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)

@@ -3,8 +3,10 @@
 A device is free when NVML shows no compute process on it (other than our own), its used memory is at most
 `gpu.max_used_mib` and its utilisation at most `gpu.max_utilization`, for `gpu.stable_polls` polls in a row (one
 busy poll resets the count: a job between two epochs looks idle for a moment). A free device is then leased with an
-flock on one file per device in `gpu.lock_dir`, so two minilmd runs on the server never take the same card; a card
-leased by another run is busy ("leased by run X pid Y"). Nothing here signals any process.
+flock on one file per device in `gpu.lock_dir`, so two minilmd runs on the server, of any users, never take the same
+card; a card leased by another run is busy ("leased by run X pid Y"). The lock directory is shared by every user's
+runs: daemon/leases.py opens it and its files without trusting any name in it (a device whose lease file is not
+safe to use is busy, and says why). Nothing here signals any process.
 
 Usage, once per `gpu.poll_interval`:
     report = admission.poll()                 # optional: the view for state.json / the log
@@ -13,10 +15,7 @@ Torch-free; NVML comes from nvidia-ml-py (`pynvml`), imported only in `open_nvml
 """
 from __future__ import annotations
 
-import errno
 import fcntl
-import json
-import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Protocol
 
 from minilmd.config import GpuSection
+from minilmd.daemon import leases
+from minilmd.daemon.leases import LeaseFile
 from minilmd.fmt import fmt_duration
 
 MIB = 1024 * 1024
@@ -167,24 +168,21 @@ class DeviceLease:
 
     devices: list[int]
     uuids: list[str]
-    _fds: list[int] = field(default_factory=list, repr=False)
+    _files: list[LeaseFile] = field(default_factory=list, repr=False)
     _on_release: object = field(default=None, repr=False)
 
     def release(self) -> None:
-        fds, self._fds = self._fds, []
-        for fd in fds:
-            try:
-                os.ftruncate(fd, 0)
-            except OSError:
-                pass  # opened read-only: the body of another user's file stays
-            os.close(fd)
+        files, self._files = self._files, []
+        for lease in files:
+            leases.clear_body(lease)  # our own file only: another user's keeps its body
+            lease.close()
         if callable(self._on_release):
             self._on_release(self)
             self._on_release = None
 
     @property
     def held(self) -> bool:
-        return bool(self._fds)
+        return bool(self._files)
 
     def __enter__(self) -> DeviceLease:
         return self
@@ -259,9 +257,9 @@ class GpuAdmission:
         if util is not None and util > self.gpu.max_utilization:
             reasons.append(f"utilisation {util}% > {self.gpu.max_utilization}%")
         if not leased_by_us:
-            holder = self._lease_holder(_lease_key(i, uuid))
-            if holder is not None:
-                reasons.append(f"leased by {holder}")
+            busy = self._lease_busy(_lease_key(i, uuid))
+            if busy is not None:
+                reasons.append(busy)
         free = not reasons
         self._stable[i] = self._stable.get(i, 0) + 1 if free else 0
         prev = self._state_since.get(i)
@@ -281,22 +279,22 @@ class GpuAdmission:
                       if not d.leased_by_us and d.free and d.stable_polls >= report.stable_polls_needed]
         if len(candidates) < count:
             return None
-        taken: list[tuple[DeviceStatus, int]] = []
+        taken: list[tuple[DeviceStatus, LeaseFile]] = []
         for d in candidates:
-            fd = self._take(_lease_key(d.index, d.uuid))
-            if fd is None:
+            lease_file = self._take(_lease_key(d.index, d.uuid))
+            if lease_file is None:
                 # Another run took it between our poll and now: it is busy, and its stability starts over.
                 self._stable[d.index] = 0
                 self._state_since[d.index] = (False, report.time)
                 continue
-            taken.append((d, fd))
+            taken.append((d, lease_file))
             if len(taken) == count:
                 break
         if len(taken) < count:
-            for _, fd in taken:
-                os.close(fd)
+            for _, lease_file in taken:
+                lease_file.close()
             return None
-        lease = DeviceLease([d.index for d, _ in taken], [d.uuid for d, _ in taken], [fd for _, fd in taken],
+        lease = DeviceLease([d.index for d, _ in taken], [d.uuid for d, _ in taken], [f for _, f in taken],
                             self._forget)
         self._leases.append(lease)
         return lease
@@ -307,66 +305,39 @@ class GpuAdmission:
         for i in lease.devices:
             self._stable[i] = 0
 
-    def _lock_path(self, key: str) -> Path:
-        return self.lock_dir / f"gpu-{key}.lock"
+    def _open_lease(self, key: str) -> LeaseFile:
+        return leases.open_lease(self.lock_dir, f"gpu-{key}.lock")
 
-    def _open_lock(self, key: str, create: bool) -> int | None:
-        if create and not self.lock_dir.exists():
-            self.lock_dir.mkdir(parents=True, exist_ok=True)
-            try:
-                os.chmod(self.lock_dir, 0o1777)  # shared by every user's runs, like /tmp
-            except PermissionError:
-                pass
-        path = self._lock_path(key)
+    def _lease_busy(self, key: str) -> str | None:
+        """Why this device's lease cannot be ours now ("leased by run X pid Y", or why its file is not safe to
+        use), or None when we could take it."""
         try:
-            fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0) | os.O_CLOEXEC, 0o666)
-            try:
-                os.fchmod(fd, 0o666)
-            except PermissionError:
-                pass
-            return fd
-        except FileNotFoundError:
-            return None
-        except PermissionError:
-            # Another user's lease file without write permission: an flock on a read-only descriptor still works.
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-
-    def _lease_holder(self, key: str) -> str | None:
-        """"run X pid Y" if another process holds this device's lease right now, else None."""
-        fd = self._open_lock(key, create=False)
-        if fd is None:
-            return None
+            lease = self._open_lease(key)
+        except leases.LeaseUnsafe as e:
+            return f"lease not taken safely: {e}"
+        except OSError as e:
+            return f"lease not taken: {self.lock_dir}: {e.strerror or e}"
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                return _describe_lease(fd)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if not leases.try_lock(lease, exclusive=False):
+                return f"leased by {leases.describe_holder(lease)}"
+            fcntl.flock(lease.fd, fcntl.LOCK_UN)
             return None
         finally:
-            os.close(fd)
+            lease.close()
 
-    def _take(self, key: str) -> int | None:
-        fd = self._open_lock(key, create=True)
-        if fd is None:  # the lock directory vanished between mkdir and open: not taken, tried at the next poll
+    def _take(self, key: str) -> LeaseFile | None:
+        try:
+            lease = self._open_lease(key)
+        except (leases.LeaseUnsafe, OSError):
+            return None  # the next poll says why (_lease_busy opens it the same way)
+        if not leases.try_lock(lease, exclusive=True):
+            lease.close()
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return None
-            raise
-        body = json.dumps({"run": self.run_name, "pid": os.getpid(), "host": socket.gethostname(),
-                           "since": time.time()}).encode()
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, body, 0)
+            leases.write_body(lease, leases.lease_body(self.run_name, socket.gethostname()))
         except OSError:
-            pass  # read-only descriptor: the lease holds, only its description is missing
-        return fd
+            pass  # the lease holds (the flock); only its description is missing
+        return lease
 
 
 def _uuid(nvml: Nvml, i: int) -> str:
@@ -375,15 +346,3 @@ def _uuid(nvml: Nvml, i: int) -> str:
         return str(get(i)) if get else ""
     except Exception:  # noqa: BLE001 - an NVML error on one query must not stop the wait; the index is a fine key
         return ""
-
-
-def _describe_lease(fd: int) -> str:
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        body = json.loads(os.read(fd, 4096).decode() or "{}")
-    except (OSError, ValueError):
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    run = body.get("run") or "?"
-    return f"run {run} pid {body.get('pid', '?')}" + (f" on {body['host']}" if body.get("host") else "")

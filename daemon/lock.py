@@ -4,7 +4,9 @@ The kernel releases an flock when its holder dies, so a lock file left by a dead
 the process, OOM kill) is simply not held: the next supervisor takes it over without any pid guessing. The body
 ({pid, host, since}) is only there to tell a second supervisor, `minilmd status` and `minilmd stop` who owns the
 run. The descriptor is opened close-on-exec, so a trainer child never inherits the lock and cannot keep it alive
-after its supervisor died. Torch-free.
+after its supervisor died. The file is opened without following a symlink and checked (a regular file of ours, one
+link) before anything is written to it: a run directory another user can write into must not make the supervisor
+overwrite some other file through a link planted as supervisor.lock. Torch-free.
 """
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.names import LOCK
+
+OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+"""Never through a symlink, never blocked on a FIFO, never a controlling terminal, never inherited by the trainer."""
 
 
 @dataclass
@@ -42,6 +48,10 @@ class LockHeld(RuntimeError):
         info = LockInfo(pid, host, since).describe()
         super().__init__(f"run already owned by another supervisor: {info} (lock {path}); "
                          f"use `minilmd status` to see it or `minilmd stop` to stop it")
+
+
+class LockUnsafe(RuntimeError):
+    """supervisor.lock is not a plain file of ours (a symlink, a FIFO, another user's file): nothing is written."""
 
 
 def _read_body(fd: int) -> LockInfo:
@@ -75,7 +85,18 @@ class RunLock:
         if self._fd is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | OPEN_FLAGS, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LockUnsafe(f"{self.path} is a symbolic link: not followed; remove it (only this run's "
+                                 f"supervisor makes that file)") from None
+            raise
+        problem = _not_ours(os.fstat(fd))
+        if problem:
+            os.close(fd)
+            raise LockUnsafe(f"{self.path} {problem}: not used; remove it (only this run's supervisor makes that "
+                             f"file)")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -114,8 +135,13 @@ def lock_holder(run_dir: str | os.PathLike) -> LockInfo | None:
     never creates the run directory: `minilmd status` and `minilmd stop` use it on directories that may not be runs."""
     path = Path(run_dir) / LOCK
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ELOOP):
+            return None  # no lock, or a symlink that no supervisor of ours made
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         return None
     try:
         try:
@@ -128,3 +154,13 @@ def lock_holder(run_dir: str | os.PathLike) -> LockInfo | None:
         return None
     finally:
         os.close(fd)
+
+
+def _not_ours(st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} hard links (it could be another file's name)"
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    return None

@@ -99,13 +99,13 @@ class Supervisor:
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
     def run(self) -> int:
-        from minilmd.daemon.lock import LockHeld, RunLock
+        from minilmd.daemon.lock import LockHeld, LockUnsafe, RunLock
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.run_dir)
         try:
             self.lock.acquire()
-        except LockHeld as e:
+        except (LockHeld, LockUnsafe) as e:
             print(f"minilmd run: {e}", flush=True)
             return protocol.SUPERVISOR_CONFIG
         try:
@@ -170,7 +170,7 @@ class Supervisor:
         grace = min(parse_duration(self.cfg.restart.hang_timeout), 300.0)
         self.events.emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
                                    f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
-        childmod.terminate_orphans(pids, grace=grace, while_waiting=self.notifier.watchdog)
+        childmod.terminate_orphans(self.run_dir, grace=grace, while_waiting=self.notifier.watchdog)
         left = childmod.find_orphans(self.run_dir)
         if left:
             raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")

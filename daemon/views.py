@@ -2,19 +2,22 @@
 
 Everything here reads files the supervisor wrote (state.json, supervisor.log, logs/attempt-NNNN.log) and works
 whether or not a supervisor is running. Light imports only: `minilmd status` must answer in well under a second.
-Each function returns the command's exit status (0 fine, 2 not a run directory).
+Each function returns the command's exit status (0 fine, 2 not a run directory; `stop` has more:
+protocol.STOP_*).
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 
-from minilmd import names
+from minilmd import names, protocol
 from minilmd.daemon.runstate import fmt_time, process_alive, read_state
+from minilmd.daemon.states import SyncState
 from minilmd.fmt import fmt_duration
 from minilmd.fsio import read_new_lines, tail_lines
 
@@ -245,21 +248,7 @@ def _copy_new(path: Path, offset: int, label: str, out) -> int:
     return offset
 
 
-def _stop_orphans(run_dir: Path, out) -> int:
-    """A supervisor killed with SIGKILL leaves its trainer running: `stop` must stop that one too (it saves on
-    SIGTERM and exits; SIGKILL after the grace)."""
-    from minilmd.daemon.child import find_orphans, terminate_orphans
-
-    pids = find_orphans(run_dir)
-    if not pids:
-        return 0
-    print(f"  trainer process(es) {pids} left by a killed supervisor: SIGTERM (they save first), SIGKILL after "
-          f"{ORPHAN_GRACE_S:.0f}s", file=out, flush=True)
-    terminate_orphans(pids, grace=ORPHAN_GRACE_S)
-    left = find_orphans(run_dir)
-    print(f"  still running: {left}" if left else "  stopped", file=out)
-    return 1 if left else 0
-
+# --- stop ---------------------------------------------------------------------------------------------------------
 
 ORPHAN_GRACE_S = 120.0
 """How long `minilmd stop` lets an orphaned trainer save before it kills it."""
@@ -267,33 +256,40 @@ ORPHAN_GRACE_S = 120.0
 
 def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> int:
     """SIGTERM to the run's supervisor; wait until it exited (the trainer saves, the last sync runs); report.
-    timeout 0: wait as long as it takes. Exit status 0 when it stopped (or was not running), 1 on timeout."""
+    timeout 0: wait as long as it takes. The exit status is one of protocol.STOP_*: 0 stopped (or not running),
+    1 not stopped, 2 not a run, 3 stopped but the newest checkpoint is only in scratch. Only processes of our own
+    user on this host are ever signalled: the run's supervisor, or the trainer it left behind (daemon/child.py)."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
     if not _is_a_run(run_dir):
-        return NOT_A_RUN
+        return protocol.STOP_NOT_A_RUN
     state = read_state(run_dir) or {}
-    sup = state.get("supervisor") or {}
-    pid, ticks = sup.get("pid"), sup.get("start_ticks")
-    if not process_alive(pid, ticks):
-        from minilmd.daemon.lock import lock_holder
-
-        holder = lock_holder(run_dir)  # a supervisor that has the lock but has not written state.json yet
-        pid, ticks = (holder.pid, None) if holder and holder.pid else (None, None)
-    if not pid or not process_alive(pid, ticks):
+    live = _live_supervisor(run_dir, state)
+    if live is None:
         outcome = state.get("outcome") or {}
         print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.get('time'))}, exit {outcome.get('exit')}: "
                                            f"{outcome.get('reason')})" if outcome else ""), file=out)
-        return _stop_orphans(run_dir, out)
-    os.kill(pid, signal.SIGTERM)
-    print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
-          flush=True)
+        if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
+            return protocol.STOP_FAILED
+        return _checkpoint_report(state, out, always=False)
+    pid, ticks, host = live
+    refusal = _refusal(pid, host, run_dir)
+    if refusal:
+        print(refusal, file=out)
+        return protocol.STOP_FAILED
+    from minilmd.daemon.child import signal_process
+
+    if signal_process(pid, ticks, signal.SIGTERM):
+        print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
+              flush=True)
+    else:
+        print(f"supervisor pid {pid} ended before the signal", file=out)
     started = time.monotonic()
     last_phase = None
     while process_alive(pid, ticks):
         if timeout and time.monotonic() - started > timeout:
             print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {run_dir}`)", file=out)
-            return 1
+            return protocol.STOP_FAILED
         state = read_state(run_dir) or state
         if state.get("phase") != last_phase:
             last_phase = state.get("phase")
@@ -301,13 +297,112 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         time.sleep(0.2)
     state = read_state(run_dir) or state
     outcome = state.get("outcome") or {}
-    remote = state.get("remote_checkpoint") or {}
-    local = state.get("local_checkpoint") or {}
     print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.get('exit')} ({outcome.get('reason')})",
           file=out)
-    print(f"  local checkpoint step {local.get('step')}; remote checkpoint step {remote.get('step')} "
-          f"({'verified' if remote.get('verified') else 'not verified'})" if remote else
-          f"  local checkpoint step {local.get('step')}; no remote checkpoint", file=out)
-    if state.get("last_error"):
-        print(f"  last error{_error_context(state, time.time())}: {state['last_error']}", file=out)
-    return 0
+    return _checkpoint_report(state, out, always=True)
+
+
+def _live_supervisor(run_dir: Path, state: dict) -> tuple[int, int | None, str] | None:
+    """(pid, start ticks, host) of the run's live supervisor: the one in state.json, or the holder of the run lock
+    (one that has not written state.json yet, or one on another host sharing the run directory); None if none."""
+    here = socket.gethostname()
+    sup = state.get("supervisor") or {}
+    if sup.get("host") in (None, "", here) and process_alive(sup.get("pid"), sup.get("start_ticks")):
+        return sup["pid"], sup.get("start_ticks"), here
+    from minilmd.daemon.lock import lock_holder
+    from minilmd.daemon.runstate import process_start_ticks
+
+    holder = lock_holder(run_dir)
+    if holder is None or not holder.pid:
+        return None
+    if holder.host and holder.host != here:
+        return holder.pid, None, holder.host
+    ticks = process_start_ticks(holder.pid)
+    return (holder.pid, ticks, here) if ticks is not None else None
+
+
+def _refusal(pid: int, host: str, run_dir: Path) -> str | None:
+    """Why `stop` must not signal this supervisor: it runs on another host, or as another user (even for root:
+    the run is theirs to stop)."""
+    from minilmd.daemon.child import is_ours, process_uids
+
+    if host != socket.gethostname():
+        return f"supervisor pid {pid} runs on {host}, not on this host: not signalled; run `minilmd stop` there"
+    if is_ours(pid):
+        return None
+    uids = process_uids(pid) or ()
+    return (f"supervisor pid {pid} runs as {_user(uids[0] if uids else None)}, not as you ({_user(os.getuid())}): "
+            f"not signalled; that user stops it (`minilmd stop {run_dir}`)")
+
+
+def _user(uid: int | None) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}" if uid is not None else "an unknown user"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _stop_orphans(run_dir: Path, out) -> int:
+    """A supervisor killed with SIGKILL leaves its trainer running: `stop` must stop that one too (it saves on
+    SIGTERM and exits; SIGKILL after the grace). Only the trainer this run recorded, never another process."""
+    from minilmd.daemon.child import find_orphans, terminate_orphans
+
+    pids = find_orphans(run_dir)
+    if not pids:
+        return protocol.STOP_DONE
+    print(f"  trainer process(es) {pids} left by a killed supervisor: SIGTERM (they save first), SIGKILL after "
+          f"{ORPHAN_GRACE_S:.0f}s", file=out, flush=True)
+    terminate_orphans(run_dir, grace=ORPHAN_GRACE_S)
+    left = find_orphans(run_dir)
+    print(f"  still running: {left}" if left else "  stopped", file=out)
+    return protocol.STOP_FAILED if left else protocol.STOP_DONE
+
+
+def _checkpoint_report(state: dict, out, always: bool) -> int:
+    """Where the newest checkpoint is; STOP_UNSYNCED when it is only in scratch."""
+    local = state.get("local_checkpoint") or {}
+    remote = state.get("remote_checkpoint") or {}
+    if always:
+        print(f"  local checkpoint step {local.get('step')}; remote checkpoint step {remote.get('step')} "
+              f"({'verified' if remote.get('verified') else 'not verified'})" if remote else
+              f"  local checkpoint step {local.get('step')}; no remote checkpoint", file=out)
+        if state.get("last_error"):
+            print(f"  last error{_error_context(state, time.time())}: {state['last_error']}", file=out)
+    unsynced = _only_in_scratch(state)
+    if unsynced is None:
+        return protocol.STOP_DONE
+    step, path = unsynced
+    on_remote = f"step {remote['step']}" if remote.get("step") is not None else "no checkpoint"
+    error = (state.get("sync") or {}).get("error")
+    print(f"  NOT SYNCED (exit {protocol.STOP_UNSYNCED}): the newest checkpoint, step {step}, is only in scratch: "
+          f"{path}; the remote has {on_remote}" + (f" (last sync error: {error})" if error else "") + ".\n"
+          "  It is lost if scratch is cleared (a reboot clears /dev/shm): start the run again (its first sync "
+          "copies it), or copy that directory into run.remote by hand.", file=out)
+    return protocol.STOP_UNSYNCED
+
+
+def _only_in_scratch(state: dict) -> tuple[int, str] | None:
+    """(step, path) of the newest local checkpoint when a remote is set and has none as new: the last sync failed,
+    or a trainer saved with no supervisor left to sync (an orphan stopped by `stop`). Reads the checkpoint root
+    beside the checkpoint state.json names, for a save state.json has not seen."""
+    if (state.get("sync") or {}).get("state") in (None, SyncState.OFF):
+        return None
+    local = state.get("local_checkpoint") or {}
+    step, path = local.get("step"), local.get("path")
+    if path:
+        root = Path(path).parent
+        try:
+            saved = [names.step_of(p) for p in root.iterdir() if names.is_step_name(p.name)
+                     and (p / names.MANIFEST).is_file()]
+        except OSError:
+            saved = []
+        if saved and (step is None or max(saved) > step):
+            step, path = max(saved), str(root / names.step_name(max(saved)))
+    if step is None:
+        return None
+    synced = (state.get("remote_checkpoint") or {}).get("step")
+    if synced is not None and synced >= step:
+        return None
+    return step, path or "scratch"

@@ -325,7 +325,10 @@ def stop_command(
     run_dir: str = typer.Argument(".", help="The run directory."),
     timeout: float = typer.Option(0.0, "--timeout", help="Give up waiting after this many seconds (0: wait)."),
 ) -> None:
-    """Ask the supervisor to stop: the trainer saves at the next step, the last sync runs, then it exits 0."""
+    """Ask the supervisor to stop: the trainer saves at the next step, the last sync runs, then it exits 0.
+
+    Exit status: 0 stopped, 1 not stopped (timeout, another user's supervisor), 2 not a run directory, 3 stopped but
+    the newest checkpoint is only in scratch (the last sync failed; its path is printed)."""
     from minilmd.daemon.views import stop
 
     raise typer.Exit(stop(run_dir, timeout))

@@ -21,6 +21,7 @@ METRICS = "metrics.jsonl"  # one JSON line per logged step (and eval, and checkp
 HEARTBEAT = "heartbeat"  # its mtime is refreshed every training step; its body is the current step
 FAULT = "fault.json"  # written by the trainer just before it exits on a failure it can see
 FAULTS_FIRED = "faults-fired"  # injected faults (MINILMD_FAULT) that already fired in this run
+TRAINER_RECORD = "trainer.json"  # the trainer launched last: pid, start ticks, uid, host, launch id (daemon/child.py)
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d{4,})\.log$")
 
@@ -48,6 +49,10 @@ PRUNE_UNSYNCED_AFTER_ENV = "MINILMD_PRUNE_UNSYNCED_AFTER"
 """Seconds of failing remote after which scratch is pruned without a sync (lower bound; default 60)."""
 SYNC_STALLED_AFTER_ENV = "MINILMD_SYNC_STALLED_AFTER"
 """Seconds after which a running sync shows as "stalled" in status (default 120)."""
+LAUNCH_ID_ENV = "MINILMD_LAUNCH_ID"
+"""Set by the supervisor on every trainer it launches: a random token, also in TRAINER_RECORD. Every process of
+that trainer inherits it (torchrun's ranks too): with the uid, the host and the start time it tells the processes
+this run started from any other process that carries MINILMD_RUN_DIR."""
 
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared

@@ -33,6 +33,14 @@ SUPERVISOR_CONFIG = 2  # bad config, bad data or a run already owned by another 
 SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress: do not restart (systemd prevents it)
 FINAL_EXIT_STATUSES = (SUPERVISOR_CONFIG, EXIT_DATA, SUPERVISOR_GAVE_UP)
 
+# --- Exit statuses of `minilmd stop` (daemon/views.py) ------------------------------------------------------------
+STOP_DONE = 0  # the supervisor is gone (or was not running); the newest checkpoint is on the remote, or none is set
+STOP_FAILED = 1  # not stopped: still running at --timeout, an orphaned trainer survived SIGKILL, or the supervisor
+#                  belongs to another user or host (never signalled)
+STOP_NOT_A_RUN = 2  # the directory is not a run directory (as for `status` and `logs`)
+STOP_UNSYNCED = 3  # stopped, but the newest checkpoint is only in scratch (the last sync failed): stop says where;
+#                    on /dev/shm a reboot loses it
+
 # --- Fault injection, for tests and the demo ----------------------------------------------------------------------
 # MINILMD_FAULT="kind@step[,kind@step...]" with kind in FAULT_KINDS. Each fault fires once per run: the trainer
 # records a fired fault in <run dir>/faults-fired so that a restarted trainer does not fire it again.

@@ -7,6 +7,7 @@ The watchers are threads that poll; each keeps a list of violations that the tes
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,9 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from minilmd import checkpoint
+from minilmd import checkpoint, names
 from minilmd.config import load_config
-from minilmd.daemon.child import find_orphans
+from minilmd.daemon.runstate import process_environ
 from supervisor_helpers import FAKE_TRAINER, env_for
 
 
@@ -63,9 +64,20 @@ class RemoteWatcher(threading.Thread):
         return self.violations
 
 
+def trainers_of(run_dir: Path) -> dict[str, list[int]]:
+    """Live processes carrying MINILMD_RUN_DIR=<run dir>, by the launch id they inherited: one key per trainer
+    launched (a torchrun trainer is several processes), whatever trainer.json says now."""
+    target, found = str(Path(run_dir).resolve()), {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            env = process_environ(int(entry))
+            if env.get(names.RUN_DIR_ENV) == target:
+                found.setdefault(env.get(names.LAUNCH_ID_ENV, "?"), []).append(int(entry))
+    return found
+
+
 class TrainerCounter(threading.Thread):
-    """Counts the live processes started for a run (MINILMD_RUN_DIR in their environment): never more than one
-    trainer may run on one run directory."""
+    """Counts the trainers running for a run (trainers_of): never more than one may run on one run directory."""
 
     def __init__(self, run_dir: Path, interval: float = 0.05):
         super().__init__(daemon=True)
@@ -76,10 +88,10 @@ class TrainerCounter(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            pids = find_orphans(self.run_dir)
-            self.max_seen = max(self.max_seen, len(pids))
-            if len(pids) > 1:
-                self.violations.append(f"{len(pids)} trainers at once on {self.run_dir}: {pids}")
+            trainers = trainers_of(self.run_dir)
+            self.max_seen = max(self.max_seen, len(trainers))
+            if len(trainers) > 1:
+                self.violations.append(f"{len(trainers)} trainers at once on {self.run_dir}: {trainers}")
             time.sleep(self.interval)
 
     def stop(self) -> list[str]:

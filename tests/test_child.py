@@ -94,7 +94,7 @@ def test_orphans_are_found_by_their_run_dir_and_terminated(tmp_path):
 
         found = wait_until(found_it, 10, "the run's process among its orphans")
         assert found == [c.pid]  # not the other run's process
-        childmod.terminate_orphans(found, grace=5)
+        assert childmod.terminate_orphans(tmp_path, grace=5) == found
         assert c.popen.wait(5) == -signal.SIGTERM
         assert process_alive(other.pid)
     finally:

@@ -7,7 +7,6 @@ would); an orphaned trainer that ignores SIGTERM, so that the orphan hunt at sta
 """
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 
 from minilmd.config import load_config
 from minilmd.daemon import supervisor as supmod
-from minilmd.daemon.child import RUN_DIR_ENV, TRAINER_CMD_ENV, launch
+from minilmd.daemon.child import TRAINER_CMD_ENV, launch
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.supervisor import Supervisor
 from supervisor_helpers import FAKE_TRAINER, events, start_supervisor, state, wait_for, wait_or_kill, write_config
@@ -194,11 +193,11 @@ def test_the_orphan_hunt_at_start_keeps_feeding_the_watchdog(tmp_path, corpus):
     # a trainer left by a killed supervisor that does not stop on SIGTERM: the hunt lasts its whole grace
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
            "time.sleep(120)"
-    orphan = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, RUN_DIR_ENV: str(cfg.run_dir.resolve())}, start_new_session=True)
+    trainer = launch([sys.executable, "-c", code], cfg.run_dir, 1, devices="")  # recorded as the run's trainer
+    orphan = trainer.popen
     notify = NotifySocket(tmp_path / "n.sock")
     try:
-        assert orphan.stdout.readline().strip() == "ready"
+        wait_for(lambda: "ready" in trainer.log_path.read_text(), 30, "the orphan's start")
         proc = start_supervisor(config, tmp_path / "sup.out", NOTIFY_SOCKET=notify.path, WATCHDOG_USEC="500000")
         assert wait_or_kill(proc, 120) == 0
         assert orphan.wait(10) == -signal.SIGKILL
@@ -207,7 +206,6 @@ def test_the_orphan_hunt_at_start_keeps_feeding_the_watchdog(tmp_path, corpus):
         if orphan.poll() is None:
             orphan.kill()
             orphan.wait()
-        orphan.stdout.close()
     began, ended = [e["time"] for e in events(cfg.run_dir) if e["event"] == "orphan"]
     assert ended - began >= 4  # the grace (restart.hang_timeout), 16 watchdog intervals
     pings = [t for t in notify.watchdog_times() if began <= t <= ended]

@@ -306,9 +306,9 @@ class Soak:
                     self.sup.wait()
                 fs.clear()
                 self.lift = None
-                from minilmd.daemon.child import find_orphans, terminate_orphans
+                from minilmd.daemon.child import terminate_orphans
 
-                terminate_orphans(find_orphans(self.cfg.run_dir), grace=30)
+                terminate_orphans(self.cfg.run_dir, grace=30)
                 if reference.poll() is None and sys.exc_info()[0] is not None:
                     reference.kill()
             reference.wait()

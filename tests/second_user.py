@@ -1,0 +1,82 @@
+"""A second real Unix user for the multi-user tests: `nobody`, reached from root through setpriv.
+
+`second_user()` is the user's (uid, gid), or a pytest skip saying why there is none (not root, no `nobody`, no
+setpriv). `as_user(argv)` runs argv as that user. `user_python(code, *args)` is an argv that runs Python code as
+that user with minilmd importable: the test's own interpreter when that user can execute it, else a system
+interpreter of the same version that adds this venv's site-packages (a pyenv interpreter under /root is not
+reachable by another user). `shared_dir()` is a fresh directory under /tmp both users can reach (pytest's
+tmp_path lives under a root-only 0700 directory); the caller removes it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import pytest
+
+USER = "nobody"
+TESTS = Path(__file__).resolve().parent
+
+
+def second_user() -> tuple[int, int]:
+    """(uid, gid) of `nobody`; skips the test when it cannot act as that user."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the test acts as a second Unix user (nobody) through setpriv")
+    try:
+        entry = pwd.getpwnam(USER)
+    except KeyError:
+        pytest.skip(f"needs a second Unix user: there is no user {USER!r} on this machine")
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to act as a second Unix user")
+    return entry.pw_uid, entry.pw_gid
+
+
+def as_user(argv: list[str]) -> list[str]:
+    uid, gid = second_user()
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
+
+
+def _bootstrap() -> str:
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    return (f"import site, sys\nfor d in {sorted(dirs)!r}: site.addsitedir(d)\n"
+            f"sys.path.insert(0, {str(TESTS)!r})\n")
+
+
+@functools.lru_cache(maxsize=1)
+def _python_for_user() -> str | None:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    # the system's first: an interpreter under a home directory the user cannot enter may half work for it
+    candidates = [f"/usr/bin/python{version}", f"/usr/local/bin/python{version}", sys.executable,
+                  os.path.realpath(sys.executable)]
+    probe = _bootstrap() + "import minilmd.daemon.gpu, minilmd.daemon.child\n" \
+                           f"assert sys.version_info[:2] == {tuple(sys.version_info[:2])}\n"
+    for python in dict.fromkeys(candidates):
+        if not os.path.exists(python):
+            continue
+        done = subprocess.run(as_user([python, "-c", probe]), capture_output=True, text=True, cwd="/", timeout=60)
+        if done.returncode == 0:
+            return python
+    return None
+
+
+def user_python(code: str, *args: str) -> list[str]:
+    """argv running `code` (sys.argv[1:] = args) as the second user; skips when no interpreter works for it."""
+    python = _python_for_user()
+    if python is None:
+        pytest.skip(f"no Python {sys.version_info.major}.{sys.version_info.minor} interpreter that user {USER!r} "
+                    f"can run with minilmd importable (the worktree or the venv is not readable by it?)")
+    return as_user([python, "-c", _bootstrap() + code, *args])
+
+
+def shared_dir() -> Path:
+    """A new sticky, world-writable directory under /tmp (like /tmp itself): both users can create in it."""
+    path = Path(tempfile.mkdtemp(prefix="minilmd-2users-", dir="/tmp"))
+    path.chmod(0o1777)
+    return path

@@ -1,0 +1,230 @@
+"""GPU leases between two real Unix users (root and nobody) sharing one lock directory, and the attacks on it;
+and the same attack on the run lock of a run directory another user can write into.
+
+The lock directory is shared by every user's runs on the machine, so whoever comes first makes it, and another
+user may have made it, with anything inside: a symlink named like a lease file pointing at a file of ours, a
+FIFO, a directory that is not sticky. A run never follows, chmods, truncates or writes such a file; it says why
+the device cannot be leased safely; and two users never hold one device.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fakes_nvml import FREE, FakeNvml
+from minilmd.config import GpuSection
+from minilmd.daemon.gpu import GpuAdmission
+from minilmd.daemon.lock import LockUnsafe, RunLock, lock_holder
+from second_user import as_user, second_user, shared_dir, user_python
+
+pytestmark = pytest.mark.root
+
+LEASE = "gpu-GPU-fake-0000.lock"  # the lease file of FakeNvml's device 0
+
+
+@pytest.fixture
+def shared():
+    second_user()
+    path = shared_dir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def as_nobody(script: str, cwd: Path) -> None:
+    subprocess.run(as_user(["sh", "-c", script]), check=True, cwd=cwd, timeout=30)
+
+
+def admission(lock_dir: Path, run: str = "victim") -> GpuAdmission:
+    return GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=str(lock_dir), stable_polls=1), run_name=run)
+
+
+def precious(shared: Path) -> Path:
+    victim = shared / "victim.txt"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    return victim
+
+
+def assert_untouched(victim: Path) -> None:
+    st = victim.stat()
+    assert victim.read_text() == "precious\n" and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 0
+
+
+def test_a_symlink_planted_as_a_lease_file_is_not_followed(shared):
+    victim = precious(shared)
+    as_nobody(f"mkdir -m 1777 locks && ln -s {victim} locks/{LEASE}", shared)
+    adm = admission(shared / "locks")
+    assert adm.try_acquire(1) is None
+    reasons = " ".join(adm.last_report.devices[0].reasons)
+    assert "lease not taken safely" in reasons and "symbolic link" in reasons, reasons
+    assert "symbolic link" in adm.last_report.summary()
+    assert_untouched(victim)
+    assert (shared / "locks" / LEASE).is_symlink()  # another user's file: left as it is
+
+
+@pytest.mark.parametrize("mode", ["0755", "0777"])
+def test_a_lock_directory_another_user_can_rearrange_is_refused(shared, mode):
+    victim = precious(shared)
+    as_nobody(f"mkdir -m {mode} locks && ln -s {victim} locks/{LEASE}", shared)
+    adm = admission(shared / "locks")
+    assert adm.try_acquire(1) is None
+    reasons = " ".join(adm.last_report.devices[0].reasons)
+    assert "lease not taken safely" in reasons and "not sticky" in reasons, reasons
+    assert_untouched(victim)
+    assert sorted(p.name for p in (shared / "locks").iterdir()) == [LEASE]  # nothing made in there
+
+
+def test_a_fifo_planted_as_a_lease_file_neither_blocks_nor_is_chmodded(shared):
+    as_nobody(f"mkdir -m 1777 locks && mkfifo -m 0600 locks/{LEASE}", shared)
+    adm = admission(shared / "locks")
+    assert adm.try_acquire(1) is None
+    assert "not a regular file" in " ".join(adm.last_report.devices[0].reasons)
+    st = (shared / "locks" / LEASE).lstat()
+    assert stat.S_ISFIFO(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+
+
+def test_a_hard_link_to_another_file_is_not_taken_for_a_lease_file(tmp_path):
+    """A second name of some file (a hard link needs no write permission on its target where
+    fs.protected_hardlinks is off) is refused like a symlink: fstat's link count says so."""
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o1777)
+    locks.chmod(0o1777)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    os.link(victim, locks / LEASE)
+    adm = admission(locks)
+    assert adm.try_acquire(1) is None
+    assert "2 hard links" in " ".join(adm.last_report.devices[0].reasons)
+    assert victim.read_text() == "precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+
+
+def test_the_first_user_makes_the_directory_shared_and_its_lease_readable_whatever_its_umask(tmp_path):
+    old = os.umask(0o077)
+    try:
+        lease = admission(tmp_path / "locks").try_acquire(1)
+    finally:
+        os.umask(old)
+    assert lease is not None
+    try:
+        assert stat.S_IMODE((tmp_path / "locks").stat().st_mode) == 0o1777
+        assert stat.S_IMODE((tmp_path / "locks" / LEASE).stat().st_mode) == 0o644
+    finally:
+        lease.release()
+    assert (tmp_path / "locks" / LEASE).read_bytes() == b""  # our own file: emptied at release
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from fakes_nvml import FakeNvml, FREE
+    from minilmd.config import GpuSection
+    from minilmd.daemon.gpu import GpuAdmission
+    adm = GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=sys.argv[1], stable_polls=1), run_name=sys.argv[2])
+    lease = adm.try_acquire(1)
+    print("leased" if lease else "refused: " + adm.last_report.summary().replace("\\n", " | "), flush=True)
+    if lease and sys.argv[3:] == ["hold"]:
+        time.sleep(120)
+""")
+
+
+def nobody_run(lock_dir: Path, run: str, hold: bool = False) -> subprocess.Popen:
+    argv = user_python(HOLDER, str(lock_dir), run, *(["hold"] if hold else []))
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+
+
+def first_line(proc: subprocess.Popen) -> str:
+    line = proc.stdout.readline().strip()
+    assert line, proc.stderr.read() if proc.poll() is not None else "no output"
+    return line
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def test_two_users_never_hold_one_device_and_neither_writes_the_others_lease(shared):
+    uid, _ = second_user()
+    locks = shared / "locks"
+    holder = nobody_run(locks, "nobody-run", hold=True)  # nobody comes first: it makes the directory
+    try:
+        assert first_line(holder) == "leased"
+        st_dir, st_file = locks.stat(), (locks / LEASE).stat()
+        assert st_dir.st_uid == uid and stat.S_IMODE(st_dir.st_mode) == 0o1777
+        assert st_file.st_uid == uid and stat.S_IMODE(st_file.st_mode) == 0o644
+        adm = admission(locks, "root-run")
+        assert adm.try_acquire(1) is None
+        assert f"leased by run nobody-run pid {holder.pid}" in adm.last_report.summary()
+    finally:
+        stop(holder)
+    body = (locks / LEASE).read_bytes()
+    lease = adm.try_acquire(1)  # the holder died: root takes the device, through nobody's file
+    assert lease is not None
+    try:
+        refused = nobody_run(locks, "nobody-again")
+        try:
+            line = first_line(refused)
+            assert line.startswith("refused") and f"leased by pid {os.getpid()} (user root)" in line, line
+        finally:
+            stop(refused)
+    finally:
+        lease.release()
+    after = (locks / LEASE).stat()
+    assert (locks / LEASE).read_bytes() == body  # never written, never truncated by root
+    assert after.st_uid == uid and stat.S_IMODE(after.st_mode) == 0o644  # never chmodded
+    again = nobody_run(locks, "nobody-last")
+    try:
+        assert first_line(again) == "leased"  # root let it go
+    finally:
+        stop(again)
+
+
+def test_a_lock_directory_root_made_first_serves_the_other_user(shared):
+    locks = shared / "locks"
+    lease = admission(locks, "root-run").try_acquire(1)
+    assert lease is not None
+    st_dir = locks.stat()
+    assert st_dir.st_uid == 0 and stat.S_IMODE(st_dir.st_mode) == 0o1777
+    try:
+        refused = nobody_run(locks, "nobody-run")
+        try:
+            line = first_line(refused)
+            assert line.startswith("refused") and f"leased by run root-run pid {os.getpid()}" in line, line
+        finally:
+            stop(refused)
+    finally:
+        lease.release()
+    taken = nobody_run(locks, "nobody-run", hold=True)
+    try:
+        assert first_line(taken) == "leased"
+        assert admission(locks, "root-again").try_acquire(1) is None
+    finally:
+        stop(taken)
+
+
+def test_a_symlink_planted_as_the_run_lock_is_not_followed(shared):
+    victim = precious(shared)
+    as_nobody(f"mkdir -m 0777 run && ln -s {victim} run/supervisor.lock", shared)  # a run dir others can write
+    with pytest.raises(LockUnsafe, match="symbolic link"):
+        RunLock(shared / "run").acquire()
+    assert lock_holder(shared / "run") is None
+    assert_untouched(victim)
+
+
+def test_another_users_file_as_the_run_lock_is_not_written(shared):
+    as_nobody("mkdir -m 0777 run && echo theirs > run/supervisor.lock", shared)
+    with pytest.raises(LockUnsafe, match="belongs to uid"):
+        RunLock(shared / "run").acquire()
+    assert (shared / "run" / "supervisor.lock").read_text() == "theirs\n"
