@@ -1,17 +1,23 @@
 """`minilmd run`: one supervisor per run directory, one loop, one phase at a time.
 
     waiting_gpu -> staging -> starting -> training -> (backoff -> starting | staging | waiting_gpu)* -> stopping -> done
+                               starting | training -> waiting_space -> starting (a checkpoint did not fit in scratch)
                                                                                          any live phase -> failed
 
 The phases and the allowed transitions are in daemon/states.py; `_go()` is the only place that changes phase, and
 it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json. Signal handlers only record the
 signal; the loop acts on it at the next tick. Each tick dispatches on the phase; the phases that wait on something
 have a part of their own that the tick asks: the GPU (daemon/gpuwait.py), staging and the remote fetch
-(daemon/stagingworker.py), the sync, the last sync and pruning scratch (daemon/syncworker.py). Their blocking jobs
-run in threads (daemon/worker.py), so a stalled NFS never freezes the loop or the trainer, and the loop never waits
-for a process without a bound: a trainer killed in uninterruptible I/O is reaped by a later poll. The trainer is a
-child process (daemon/child.py); what to do when it ends is daemon/policy.py. GPU admission, staging, sync, pruning
-and the launch are reached through `Infra` (daemon/infra.py), a few methods that tests can replace. Torch-free.
+(daemon/stagingworker.py), the sync, the last sync and pruning scratch (daemon/syncworker.py), room in scratch
+(daemon/spacewait.py). Their blocking jobs run in threads (daemon/worker.py), so a stalled NFS never freezes the
+loop or the trainer, and the loop never waits for a process without a bound: a trainer killed in uninterruptible
+I/O is reaped by a later poll. The trainer is a child process (daemon/child.py); what to do when it ends is
+daemon/policy.py. GPU admission, staging, sync, pruning and the launch are reached through `Infra`
+(daemon/infra.py), a few methods that tests can replace.
+
+Running out of room is no restart loop. A full scratch: the syncworker prunes superseded checkpoints before the
+trainer needs the room; a trainer whose save did not fit anyway waits in `waiting_space` until one does, never
+counted as a restart. Torch-free.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from minilmd.daemon.infra import Infra
 from minilmd.daemon.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.runstate import EventLog, MetricsTail, RunState, new_state, now, read_heartbeat, read_state
 from minilmd.daemon.sdnotify import Notifier
+from minilmd.daemon.spacewait import SpaceWaiter
 from minilmd.daemon.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, SyncState, check_transition
 from minilmd.daemon.syncworker import SyncWorker, local_checkpoint_steps
@@ -155,6 +162,7 @@ class Supervisor:
         self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox)
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
                                      self.rng)
+        self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
 
     def _adopt_previous_state(self) -> None:
         self.state.adopt(read_state(self.run_dir))
@@ -186,12 +194,16 @@ class Supervisor:
             Phase.STARTING: self._tick_child,
             Phase.TRAINING: self._tick_child,
             Phase.BACKOFF: self._tick_backoff,
+            Phase.WAITING_SPACE: self._tick_waiting_space,
             Phase.STOPPING: self._tick_stopping,
         }.get(self.phase)
         if handler:
             handler()
         self._read_progress()
-        self.sync.tick(periodic=self.phase in (Phase.STARTING, Phase.TRAINING, Phase.BACKOFF))
+        live = self.phase in (Phase.STARTING, Phase.TRAINING, Phase.BACKOFF)
+        self.sync.tick(periodic=live or self.phase == Phase.WAITING_SPACE)
+        if live:
+            self.sync.make_room()  # before the trainer's next save needs it
         self.notifier.watchdog()
         if now() - self.last_state_save >= STATE_EVERY_S:
             self._save_state()
@@ -259,7 +271,7 @@ class Supervisor:
 
     # --- the child ---------------------------------------------------------------------------------------------------
     def _launch(self) -> None:
-        """STAGING or BACKOFF -> STARTING: a new attempt of the trainer."""
+        """STAGING, BACKOFF or WAITING_SPACE -> STARTING: a new attempt of the trainer."""
         self.attempt += 1
         overrides = {"data.prepared": str(self.staging.staged), **self.state["overrides"]}
         for section, values in parse_overrides(self.cli_overrides).items():
@@ -352,6 +364,9 @@ class Supervisor:
         if decision.action == Action.STOP:
             self._enter_stopping(decision.message)
             return
+        if decision.action == Action.WAIT_SPACE:
+            self._wait_for_space(death, decision.message)
+            return
         if decision.counts_as_restart:
             self.state["no_progress_streak"] = streak
         if decision.action == Action.FAIL:
@@ -387,20 +402,36 @@ class Supervisor:
             return
         after = self.after_backoff
         if after == Phase.STARTING:
-            if not self.staging.staged_copy_present():
-                self.staging.forget()
-                self._go(Phase.STAGING, "the staged corpus is missing from scratch")
-                return
-            if self.cfg.run.remote and self.state["remote_checkpoint"] and \
-                    not local_checkpoint_steps(self.cfg.checkpoint_dir):
-                # the trainer would start from step 0: fetch the synced checkpoint first (staging reuses the copy)
-                self._go(Phase.STAGING, "scratch lost its checkpoints: fetching the newest from the remote")
-                return
-            self._launch()
+            self._relaunch()
         elif after == Phase.STAGING:
             self._go(Phase.STAGING, "re-staging")
         else:
             self._go(Phase.WAITING_GPU, "waiting for a free GPU again")
+
+    def _relaunch(self) -> None:
+        """Launch again, unless scratch lost the staged corpus or its checkpoints meanwhile (then stage first)."""
+        if not self.staging.staged_copy_present():
+            self.staging.forget()
+            self._go(Phase.STAGING, "the staged corpus is missing from scratch")
+            return
+        if self.cfg.run.remote and self.state["remote_checkpoint"] and \
+                not local_checkpoint_steps(self.cfg.checkpoint_dir):
+            # the trainer would start from step 0: fetch the synced checkpoint first (staging reuses the copy)
+            self._go(Phase.STAGING, "scratch lost its checkpoints: fetching the newest from the remote")
+            return
+        self._launch()
+
+    # --- a checkpoint that does not fit in scratch -------------------------------------------------------------
+    def _wait_for_space(self, death: Death, message: str) -> None:
+        """The trainer's save did not fit (it wrote nothing): make room, launch again once a checkpoint fits."""
+        self.state.record_error(message)
+        reason = self.space.start(death.fault)
+        wait = self.state["space_wait"]
+        self._go(Phase.WAITING_SPACE, reason, needs=wait["needs"], free=wait["free"])
+
+    def _tick_waiting_space(self) -> None:
+        if self.space.tick():
+            self._relaunch()
 
     # --- stopping and the last sync -----------------------------------------------------------------------------
     def _enter_stopping(self, reason: str) -> None:

@@ -26,6 +26,7 @@ EXIT_CONFIG = 2  # the config is invalid: final, never restarted
 EXIT_DATA = 65  # the input data is invalid (sysexits EX_DATAERR): final, never restarted
 EXIT_STOPPED = 75  # stopped on request (SIGTERM), saved at a step boundary first (EX_TEMPFAIL)
 EXIT_CUDA_OOM = 76  # CUDA ran out of memory; fault.json says where: wait for the GPU or halve the micro-batch
+EXIT_SCRATCH_FULL = 74  # a checkpoint did not fit in scratch (EX_IOERR); fault.json says needs/free: wait for space
 
 # --- Exit statuses of `minilmd run` (the supervisor) ------------------------------------------------------------
 SUPERVISOR_DONE = 0  # the run finished, or was stopped on request with a synced checkpoint
