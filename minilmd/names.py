@@ -21,6 +21,7 @@ METRICS = "metrics.jsonl"  # one JSON line per logged step (and eval, and checkp
 HEARTBEAT = "heartbeat"  # its mtime is refreshed every training step; its body is the current step
 FAULT = "fault.json"  # written by the trainer just before it exits on a failure it can see
 FAULTS_FIRED = "faults-fired"  # injected faults (MINILMD_FAULT) that already fired in this run
+RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when run.dir is full, for its last words
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d{4,})\.log$")
 
