@@ -56,6 +56,7 @@ CAUSES: dict[Cause, str] = {
     Cause.HANG: "no heartbeat for restart.hang_timeout: stack dumped, group killed",
     Cause.SIGNAL: "killed by another signal",
     Cause.CRASH: "exited with an error (traceback in the attempt log)",
+    Cause.SCRATCH_FULL: "a checkpoint did not fit in scratch (exit 74, fault.json says needs and free)",
 }
 
 
@@ -248,6 +249,8 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
         return Death(Cause.CONFIG_ERROR, rc, _last_lines(child.log_path) or "config error", fault)
     if rc == protocol.EXIT_DATA:
         return Death(Cause.DATA_ERROR, rc, _last_lines(child.log_path) or "data error", fault)
+    if rc == protocol.EXIT_SCRATCH_FULL or (fault or {}).get("kind") == "scratch_full":
+        return Death(Cause.SCRATCH_FULL, rc, (fault or {}).get("message", "scratch full"), fault)
     if rc == protocol.EXIT_CUDA_OOM or (fault or {}).get("kind") == "cuda_oom":
         return Death(Cause.CUDA_OOM, rc, (fault or {}).get("message", "CUDA out of memory"), fault)
     detail = (fault or {}).get("message") or _last_lines(child.log_path) or f"exit status {rc}"

@@ -4,22 +4,30 @@
 file). `EventLog` appends one JSON line per event and one human line per event to supervisor.log (and stdout, for
 the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally. `process_alive` tells a live process
 from a recycled pid. Torch-free and light: `minilmd status` imports this module.
+
+A full run.dir never raises out of a write here: `RunState.save` and `EventLog.emit` keep going (stdout still gets
+every event), say why in their `unwritten`, and write again once there is room; the supervisor decides what a full
+run.dir means for the run. The reserve file (names.RUN_DIR_RESERVE) is the room its last words need then.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
 
 from minilmd import names
 from minilmd.daemon.states import Phase, StagingState, SyncState
 from minilmd.fsio import atomic_write_json, read_new_lines
 
 STATE_VERSION = 1
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+RESERVE_BYTES = 256 * 1024
+"""Size of the reserve file the supervisor keeps in run.dir and deletes when run.dir is full: room for the final
+state.json and the last events, so that `minilmd status` says what happened."""
 
 
 def now() -> float:
@@ -32,6 +40,51 @@ def fmt_time(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def is_disk_full(e: BaseException) -> bool:
+    """ENOSPC or EDQUOT: the write would fit elsewhere, or later; nothing is wrong with the file itself."""
+    return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
+
+
+# --- A full run.dir ----------------------------------------------------------------------------------------------
+
+def make_reserve(run_dir: Path) -> bool:
+    """Write the reserve file (real zeros: a sparse file frees nothing). False when there is no room for it."""
+    path = run_dir / names.RUN_DIR_RESERVE
+    try:
+        if path.stat().st_size >= RESERVE_BYTES:
+            return True
+    except FileNotFoundError:
+        pass
+    try:
+        with open(path, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+        return True
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        path.unlink(missing_ok=True)
+        return False
+
+
+def release_reserve(run_dir: Path) -> bool:
+    """Give the reserve's room to the writes that follow. True when there was one."""
+    try:
+        (run_dir / names.RUN_DIR_RESERVE).unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _append_whole(fd: int, data: bytes) -> None:
+    """Append all of data or nothing: a disk that fills in the middle of a line must not leave half of it, which
+    would spoil the line appended after it once there is room again."""
+    start = os.fstat(fd).st_size
+    try:
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError:
+        os.ftruncate(fd, start)
+        raise
 
 
 # --- Process identity ------------------------------------------------------------------------------------------
@@ -96,6 +149,7 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
         "child": None,
         "devices": [],
         "gpu_wait": None,
+        "space_wait": None,
         "progress": {"step": None, "total_steps": None, "loss": None, "val_loss": None, "lr": None,
                      "tok_s": None, "tokens_seen": None, "eta_s": None, "heartbeat": None, "updated": None},
         "local_checkpoint": None,
@@ -119,6 +173,8 @@ class RunState:
     def __init__(self, path: Path, data: dict):
         self.path = path
         self.data = data
+        self.unwritten: str | None = None
+        """Why the last save did not reach the disk (its filesystem is full); None when it did."""
 
     def __getitem__(self, key):
         return self.data[key]
@@ -173,7 +229,14 @@ class RunState:
 
     def save(self) -> None:
         self.data["updated"] = now()
-        atomic_write_json(self.path, self.data)
+        try:
+            atomic_write_json(self.path, self.data)  # a failed write leaves the previous state.json whole
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            self.unwritten = f"{self.path.name}: {e.strerror}"
+            return
+        self.unwritten = None
 
 
 # --- events.jsonl and supervisor.log ---------------------------------------------------------------------------
@@ -184,29 +247,46 @@ class EventLog:
     def __init__(self, run_dir: Path, echo: bool = True):
         self.run_dir = run_dir
         self.echo = echo
-        self._log: TextIO | None = None
+        self._log: int | None = None  # supervisor.log, opened O_APPEND
+        self.unwritten: str | None = None
+        """Why the last event did not reach events.jsonl or supervisor.log (full); None when it did."""
         self.reopen()
 
     def reopen(self) -> None:
         """Reopen supervisor.log (after logrotate moved it: SIGHUP)."""
-        if self._log:
-            self._log.close()
-        self._log = open(self.run_dir / names.SUPERVISOR_LOG, "a", encoding="utf-8", buffering=1)
+        self.close()
+        self._log = os.open(self.run_dir / names.SUPERVISOR_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                            0o644)
 
     def emit(self, event: str, message: str, **details) -> None:
         ts = now()
         record = {"time": ts, "event": event, "message": message, **details}
-        with open(self.run_dir / names.EVENTS, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
         line = f"{fmt_time(ts)} [{event}] {message}"
+        problems = []
+        try:
+            fd = os.open(self.run_dir / names.EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                _append_whole(fd, (json.dumps(record, sort_keys=True, default=str) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            problems.append(f"{names.EVENTS}: {e.strerror}")
         assert self._log is not None  # opened by __init__ through reopen()
-        self._log.write(line + "\n")
+        try:
+            _append_whole(self._log, (line + "\n").encode())
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            problems.append(f"{names.SUPERVISOR_LOG}: {e.strerror}")
+        self.unwritten = "; ".join(problems) or None
         if self.echo:
             print(line, file=sys.stdout, flush=True)
 
     def close(self) -> None:
-        if self._log:
-            self._log.close()
+        if self._log is not None:
+            os.close(self._log)
             self._log = None
 
 

@@ -25,6 +25,7 @@ class Phase(Named):
     STARTING = "starting"  # the trainer is launched; no heartbeat from it yet
     TRAINING = "training"  # the trainer's heartbeat is fresh
     BACKOFF = "backoff"  # the trainer died; waiting before the next attempt
+    WAITING_SPACE = "waiting_space"  # a checkpoint did not fit in scratch: pruning, syncing, waiting for room
     STOPPING = "stopping"  # the trainer finished, or a stop was asked (trainer told to save): the last sync
     DONE = "done"  # the budget is reached (or stopped on request) and the newest checkpoint synced
     FAILED = "failed"  # a final error: bad config or data, or the restart policy gave up
@@ -43,9 +44,13 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (Phase.BACKOFF, Phase.STARTING): "restart",
     (Phase.BACKOFF, Phase.STAGING): "restage",
     (Phase.BACKOFF, Phase.WAITING_GPU): "wait_for_gpu",
+    (Phase.STARTING, Phase.WAITING_SPACE): "scratch_full",
+    (Phase.TRAINING, Phase.WAITING_SPACE): "scratch_full",
+    (Phase.WAITING_SPACE, Phase.STARTING): "space_freed",
+    (Phase.WAITING_SPACE, Phase.STAGING): "restage",
     (Phase.STOPPING, Phase.DONE): "stopped",
 }
-for _live in (Phase.WAITING_GPU, Phase.STAGING, Phase.STARTING, Phase.TRAINING, Phase.BACKOFF):
+for _live in (Phase.WAITING_GPU, Phase.STAGING, Phase.STARTING, Phase.TRAINING, Phase.BACKOFF, Phase.WAITING_SPACE):
     TRANSITIONS[(_live, Phase.STOPPING)] = "stopping"
     TRANSITIONS[(_live, Phase.FAILED)] = "gave_up"
 TRANSITIONS[(Phase.STOPPING, Phase.FAILED)] = "gave_up"
@@ -95,6 +100,7 @@ class Action(Named):
     RESTART = "restart"  # backoff, then launch again
     RESTAGE = "restage"  # backoff, stage the corpus again, then launch
     WAIT_GPU = "wait_gpu"  # backoff, then wait for a free GPU again
+    WAIT_SPACE = "wait_space"  # make room in scratch, wait until a checkpoint fits, then launch (not a restart)
 
 
 class Cause(Named):
@@ -111,3 +117,4 @@ class Cause(Named):
     HANG = "hang"
     SIGNAL = "signal"
     CRASH = "crash"
+    SCRATCH_FULL = "scratch_full"

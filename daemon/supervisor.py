@@ -1,17 +1,24 @@
 """`minilmd run`: one supervisor per run directory, one loop, one phase at a time.
 
     waiting_gpu -> staging -> starting -> training -> (backoff -> starting | staging | waiting_gpu)* -> stopping -> done
+                               starting | training -> waiting_space -> starting (a checkpoint did not fit in scratch)
                                                                                          any live phase -> failed
 
 The phases and the allowed transitions are in daemon/states.py; `_go()` is the only place that changes phase, and
 it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json. Signal handlers only record the
 signal; the loop acts on it at the next tick. Each tick dispatches on the phase; the phases that wait on something
 have a part of their own that the tick asks: the GPU (daemon/gpuwait.py), staging and the remote fetch
-(daemon/stagingworker.py), the sync, the last sync and pruning scratch (daemon/syncworker.py). Their blocking jobs
-run in threads (daemon/worker.py), so a stalled NFS never freezes the loop or the trainer, and the loop never waits
-for a process without a bound: a trainer killed in uninterruptible I/O is reaped by a later poll. The trainer is a
-child process (daemon/child.py); what to do when it ends is daemon/policy.py. GPU admission, staging, sync, pruning
-and the launch are reached through `Infra` (daemon/infra.py), a few methods that tests can replace. Torch-free.
+(daemon/stagingworker.py), the sync, the last sync and pruning scratch (daemon/syncworker.py), room in scratch
+(daemon/spacewait.py). Their blocking jobs run in threads (daemon/worker.py), so a stalled NFS never freezes the
+loop or the trainer, and the loop never waits for a process without a bound: a trainer killed in uninterruptible
+I/O is reaped by a later poll. The trainer is a child process (daemon/child.py); what to do when it ends is
+daemon/policy.py. GPU admission, staging, sync, pruning and the launch are reached through `Infra`
+(daemon/infra.py), a few methods that tests can replace.
+
+Running out of room is no restart loop. A full scratch: the syncworker prunes superseded checkpoints before the
+trainer needs the room; a trainer whose save did not fit anyway waits in `waiting_space` until one does, never
+counted as a restart. A full run.dir: the writes of state and events keep failing quietly (daemon/runstate.py); a
+live trainer goes on, and once it has ended the run stops after its last sync, with exit 73 (final). Torch-free.
 """
 from __future__ import annotations
 
@@ -31,8 +38,20 @@ from minilmd.daemon.child import Child, Death
 from minilmd.daemon.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.policy import Decision, backoff_seconds, decide
-from minilmd.daemon.runstate import EventLog, MetricsTail, RunState, new_state, now, read_heartbeat, read_state
+from minilmd.daemon.runstate import (
+    EventLog,
+    MetricsTail,
+    RunState,
+    is_disk_full,
+    make_reserve,
+    new_state,
+    now,
+    read_heartbeat,
+    read_state,
+    release_reserve,
+)
 from minilmd.daemon.sdnotify import Notifier
+from minilmd.daemon.spacewait import SpaceWaiter
 from minilmd.daemon.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, SyncState, check_transition
 from minilmd.daemon.syncworker import SyncWorker, local_checkpoint_steps
@@ -95,24 +114,34 @@ class Supervisor:
         self.backoff_until = 0.0
         self.after_backoff = Phase.STARTING
         self.last_state_save = 0.0
+        self.run_dir_full: str | None = None  # why run.dir cannot be written, while it cannot
+        self.stop_for_full_run_dir = False  # the trainer ended while run.dir was full: stop, exit 73
         # run() sets up, once the run directory is ours: lock, events, metrics, state, inbox, gpu, staging, sync
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
     def run(self) -> int:
         from minilmd.daemon.lock import LockHeld, LockUnsafe, RunLock
 
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunLock(self.run_dir)
         try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             self.lock.acquire()
         except (LockHeld, LockUnsafe) as e:
             print(f"minilmd run: {e}", flush=True)
             return protocol.SUPERVISOR_CONFIG
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            print(f"minilmd run: {self._full_at_start(e)}", flush=True)
+            return protocol.SUPERVISOR_RUN_DIR_FULL
         try:
             self._prepare_files()
         except OSError as e:
-            print(f"minilmd run: cannot set up the run directory {self.run_dir}: {e}", flush=True)
             self.lock.release()
+            if is_disk_full(e):
+                print(f"minilmd run: {self._full_at_start(e)}", flush=True)
+                return protocol.SUPERVISOR_RUN_DIR_FULL
+            print(f"minilmd run: cannot set up the run directory {self.run_dir}: {e}", flush=True)
             return 1
         try:
             self.signals.install()
@@ -127,11 +156,20 @@ class Supervisor:
                 self._tick()
                 time.sleep(TICK_S)
         except Exception as e:  # noqa: BLE001 - a supervisor bug: leave a clear trace, never an orphan trainer
-            self.events.emit("crash", f"supervisor error: {type(e).__name__}: {e}", traceback=traceback.format_exc())
+            if isinstance(e, OSError) and is_disk_full(e):  # a write the loop does not expect to fail (a stack dump)
+                release_reserve(self.run_dir)
+                message = f"stopped: no room to write {e.filename or 'a file'} ({e.strerror}); not restarted " \
+                          f"(exit {protocol.SUPERVISOR_RUN_DIR_FULL}); free space there, then start the run again"
+                self.events.emit("disk", message)
+                self.exit_status = protocol.SUPERVISOR_RUN_DIR_FULL
+            else:
+                self.events.emit("crash", f"supervisor error: {type(e).__name__}: {e}",
+                                 traceback=traceback.format_exc())
+                message = f"supervisor error: {e}"
+                self.exit_status = 1
             if self.child and self.child.poll() is None:
                 self.child.kill_group(grace=60, while_waiting=self.notifier.watchdog)
-            self.state.record_error(f"supervisor error: {e}")
-            self.exit_status = 1
+            self.state.record_error(message)
         finally:
             self._shutdown()
         return self.exit_status
@@ -142,6 +180,7 @@ class Supervisor:
         if self.config_path.resolve() != copy.resolve():
             atomic_write_text(copy, self.config_path.read_text(encoding="utf-8"))
         self.events = EventLog(self.run_dir, echo=self.echo)
+        make_reserve(self.run_dir)  # no room for it: the run starts all the same, its last words may be lost
         self.metrics = MetricsTail(self.run_dir / names.METRICS)
         self.state = RunState(self.run_dir / names.STATE,
                               new_state(self.cfg.run.name, self.run_dir, str(self.config_path.resolve())))
@@ -155,11 +194,17 @@ class Supervisor:
         self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox)
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
                                      self.rng)
+        self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
 
     def _adopt_previous_state(self) -> None:
         self.state.adopt(read_state(self.run_dir))
         if self.state["overrides"]:
             self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state['overrides']}")
+
+    def _full_at_start(self, e: OSError) -> str:
+        writing = f" writing {e.filename}" if e.filename else ""
+        return (f"run.dir {self.run_dir} is full ({e.strerror}{writing}): not started (exit "
+                f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); free space there, then start the run again")
 
     def _kill_orphans(self) -> None:
         """Never two trainers on one run: a trainer left by a killed supervisor is told to save and stop. The grace
@@ -186,15 +231,20 @@ class Supervisor:
             Phase.STARTING: self._tick_child,
             Phase.TRAINING: self._tick_child,
             Phase.BACKOFF: self._tick_backoff,
+            Phase.WAITING_SPACE: self._tick_waiting_space,
             Phase.STOPPING: self._tick_stopping,
         }.get(self.phase)
         if handler:
             handler()
         self._read_progress()
-        self.sync.tick(periodic=self.phase in (Phase.STARTING, Phase.TRAINING, Phase.BACKOFF))
+        live = self.phase in (Phase.STARTING, Phase.TRAINING, Phase.BACKOFF)
+        self.sync.tick(periodic=live or self.phase == Phase.WAITING_SPACE)
+        if live:
+            self.sync.make_room()  # before the trainer's next save needs it
         self.notifier.watchdog()
         if now() - self.last_state_save >= STATE_EVERY_S:
             self._save_state()
+        self._watch_run_dir()
 
     def _handle_signals(self) -> None:
         if self.signals.hup:
@@ -223,6 +273,33 @@ class Supervisor:
     def _save_state(self) -> None:
         self.last_state_save = now()
         self.state.save()
+
+    def _watch_run_dir(self) -> None:
+        """Say once that run.dir is full (on stdout: the journal keeps it), and once that it has room again."""
+        if self.phase in FINAL_PHASES:
+            return  # its last words were written with the reserve's room: there is none again
+        problem = self.state.unwritten or self.events.unwritten
+        if problem and self.run_dir_full is None:
+            self.run_dir_full = problem
+            print(f"minilmd run: run.dir {self.run_dir} is full ({problem}): state.json, events.jsonl and "
+                  f"supervisor.log are not written while it is; the trainer goes on while it can, and once it has "
+                  f"ended the run stops after its last sync (exit {protocol.SUPERVISOR_RUN_DIR_FULL}, final)",
+                  flush=True)
+        elif self.run_dir_full is not None and self.state.unwritten is None:
+            self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
+            self.run_dir_full = self.events.unwritten
+
+    def _run_dir_still_full(self) -> bool:
+        """Whether run.dir is full now: the state is written once more to find out."""
+        self._save_state()
+        self._watch_run_dir()
+        return self.run_dir_full is not None
+
+    def _stop_for_full_run_dir(self, what: str) -> None:
+        """No trainer can run without its run directory (heartbeat, metrics, log): stop after the last sync."""
+        self.stop_for_full_run_dir = True
+        self._enter_stopping(f"{what} while run.dir is full ({self.run_dir_full}): no new trainer; the last sync, "
+                             f"then stop")
 
     def _fail(self, status: int, message: str) -> None:
         self.exit_status = status
@@ -259,7 +336,10 @@ class Supervisor:
 
     # --- the child ---------------------------------------------------------------------------------------------------
     def _launch(self) -> None:
-        """STAGING or BACKOFF -> STARTING: a new attempt of the trainer."""
+        """STAGING, BACKOFF or WAITING_SPACE -> STARTING: a new attempt of the trainer."""
+        if self._run_dir_still_full():
+            self._stop_for_full_run_dir(f"attempt {self.attempt + 1} cannot start")
+            return
         self.attempt += 1
         overrides = {"data.prepared": str(self.staging.staged), **self.state["overrides"]}
         for section, values in parse_overrides(self.cli_overrides).items():
@@ -268,7 +348,14 @@ class Supervisor:
         command = childmod.build_command(self.run_dir / names.RUN_CONFIG_COPY, overrides, self.gpu.nproc)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)
         (self.run_dir / names.FAULT).unlink(missing_ok=True)
-        self.child = self.infra.launch(command, self.run_dir, self.attempt, self.gpu.devices_env)
+        try:
+            self.child = self.infra.launch(command, self.run_dir, self.attempt, self.gpu.devices_env)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            self.run_dir_full = self.run_dir_full or f"{e.filename}: {e.strerror}"
+            self._stop_for_full_run_dir(f"attempt {self.attempt} cannot write its log")
+            return
         self.child.newest_at_launch = newest
         self.state["child"] = {"pid": self.child.pid, "start_ticks": self.child.start_ticks, "attempt": self.attempt,
                                "started": self.child.started, "log": str(self.child.log_path), "command": command}
@@ -322,6 +409,10 @@ class Supervisor:
                                        f"(exit {rc}): {death.detail}", cause=death.cause, exit=rc, step=step)
         if self.phase == Phase.STOPPING:
             return  # _tick_stopping goes on with the last sync
+        if self._run_dir_still_full() and death.cause != Cause.DONE and not self.stop_requested:
+            self.state.record_error(f"{death.cause}: {death.detail}")
+            self._stop_for_full_run_dir(f"the trainer ended ({death.cause})")
+            return
         streak = 0 if made_progress else self.state["no_progress_streak"] + 1
         decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state["restarts"]),
                           no_progress_streak=streak, stop_requested=self.stop_requested,
@@ -351,6 +442,9 @@ class Supervisor:
             return
         if decision.action == Action.STOP:
             self._enter_stopping(decision.message)
+            return
+        if decision.action == Action.WAIT_SPACE:
+            self._wait_for_space(death, decision.message)
             return
         if decision.counts_as_restart:
             self.state["no_progress_streak"] = streak
@@ -387,20 +481,36 @@ class Supervisor:
             return
         after = self.after_backoff
         if after == Phase.STARTING:
-            if not self.staging.staged_copy_present():
-                self.staging.forget()
-                self._go(Phase.STAGING, "the staged corpus is missing from scratch")
-                return
-            if self.cfg.run.remote and self.state["remote_checkpoint"] and \
-                    not local_checkpoint_steps(self.cfg.checkpoint_dir):
-                # the trainer would start from step 0: fetch the synced checkpoint first (staging reuses the copy)
-                self._go(Phase.STAGING, "scratch lost its checkpoints: fetching the newest from the remote")
-                return
-            self._launch()
+            self._relaunch()
         elif after == Phase.STAGING:
             self._go(Phase.STAGING, "re-staging")
         else:
             self._go(Phase.WAITING_GPU, "waiting for a free GPU again")
+
+    def _relaunch(self) -> None:
+        """Launch again, unless scratch lost the staged corpus or its checkpoints meanwhile (then stage first)."""
+        if not self.staging.staged_copy_present():
+            self.staging.forget()
+            self._go(Phase.STAGING, "the staged corpus is missing from scratch")
+            return
+        if self.cfg.run.remote and self.state["remote_checkpoint"] and \
+                not local_checkpoint_steps(self.cfg.checkpoint_dir):
+            # the trainer would start from step 0: fetch the synced checkpoint first (staging reuses the copy)
+            self._go(Phase.STAGING, "scratch lost its checkpoints: fetching the newest from the remote")
+            return
+        self._launch()
+
+    # --- a checkpoint that does not fit in scratch -------------------------------------------------------------
+    def _wait_for_space(self, death: Death, message: str) -> None:
+        """The trainer's save did not fit (it wrote nothing): make room, launch again once a checkpoint fits."""
+        self.state.record_error(message)
+        reason = self.space.start(death.fault)
+        wait = self.state["space_wait"]
+        self._go(Phase.WAITING_SPACE, reason, needs=wait["needs"], free=wait["free"])
+
+    def _tick_waiting_space(self) -> None:
+        if self.space.tick():
+            self._relaunch()
 
     # --- stopping and the last sync -----------------------------------------------------------------------------
     def _enter_stopping(self, reason: str) -> None:
@@ -441,12 +551,25 @@ class Supervisor:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
             self._go(Phase.DONE, "stopped on request" + (f" ({sync_problem})" if sync_problem else ""))
+        elif self.stop_for_full_run_dir:
+            release_reserve(self.run_dir)  # room for the final state.json and events: status can tell it
+            self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self._full_run_dir_outcome(sync_problem))
         elif sync_problem:
             # exit 1, not final: systemd restarts us, the trainer exits at once, the sync is tried again
             self._fail(1, f"finished, but {sync_problem}; {kept}")
         else:
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
                                                          else ""))
+
+    def _full_run_dir_outcome(self, sync_problem: str) -> str:
+        steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
+        where = f"the newest checkpoint {names.step_name(steps[-1])} is in {self.cfg.checkpoint_dir}" if steps \
+            else "no checkpoint yet"
+        if steps and self.cfg.run.remote:
+            where += f" ({sync_problem})" if sync_problem else f" and synced to {self.cfg.run.remote}"
+        return (f"stopped because run.dir is full ({self.run_dir_full}): not restarted (exit "
+                f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; free space in {self.run_dir}, then start the "
+                f"run again")
 
     def _read_progress(self) -> None:
         self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
@@ -461,6 +584,8 @@ class Supervisor:
                 self.events.emit("kill", f"trainer pid {child.pid} is not reaped after SIGKILL (uninterruptible "
                                          f"I/O?): exiting without it", pid=child.pid)
         self.gpu.release()
+        if self.run_dir_full:
+            release_reserve(self.run_dir)
         self.state["outcome"] = {"exit": self.exit_status, "phase": self.phase, "time": now(),
                                  "reason": self.state["reason"]}
         self.state.save()

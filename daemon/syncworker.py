@@ -10,11 +10,14 @@ the supervisor knows what is synced and what is being synced (the trainer does n
 - without a remote: keep the newest `train.keep_local`;
 - while the remote has been failing for a while (2 x sync.every, at least a minute): keep the newest
   `train.keep_local` only, so that scratch (RAM) does not fill up;
+- whenever scratch has no room for the next ROOM_FOR checkpoints (`make_room`, every tick while a trainer may
+  save): the oldest go, synced or not, until there is (the newest supersedes them), and a sync starts early;
 - never the checkpoint a running sync is copying; never the newest valid one (checkpoint.prune's own rule).
 Torch-free.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +37,9 @@ SYNC_STALLED_AFTER_S = float(os.environ.get(names.SYNC_STALLED_AFTER_ENV, "120")
 """A sync (or a remote fetch) running longer than this is shown as stalled; it keeps running in its thread."""
 FINAL_SYNC_TRIES = 3
 """Attempts of the last sync after the trainer finished or stopped before the supervisor gives up on it."""
+ROOM_FOR = 2
+"""Scratch is kept with room for this many more checkpoints (the next save, and one more while a sync holds an
+older one): below it, superseded checkpoints are pruned."""
 
 
 def local_checkpoint_steps(root: Path) -> list[int]:
@@ -46,6 +52,29 @@ def local_checkpoint_steps(root: Path) -> list[int]:
     except OSError:
         pass
     return sorted(steps)
+
+
+def free_bytes(root: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on root's filesystem; None if it cannot be measured."""
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def checkpoint_bytes(path: Path) -> int | None:
+    """A checkpoint's size from its manifest (one small read, no hashing); None if it has no readable one."""
+    try:
+        manifest_path = path / names.MANIFEST
+        files = json.loads(manifest_path.read_text(encoding="utf-8")).get("files") or {}
+        return manifest_path.stat().st_size + sum(int(f.get("size") or 0) for f in files.values())
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def mb(n: float | None) -> str:
+    return "?" if n is None else f"{n / 1e6:,.1f} MB"
 
 
 class SyncWorker:
@@ -67,6 +96,7 @@ class SyncWorker:
         self.final_tries = 0
         self.copying: Path | None = None  # the newest local checkpoint when the running sync started
         self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
+        self._sizes: dict[str, int | None] = {}  # checkpoint_bytes by step name: a checkpoint never changes
 
     @property
     def enabled(self) -> bool:
@@ -189,6 +219,52 @@ class SyncWorker:
                         why=f"the newest {self.cfg.train.keep_local} and the synced step {step} stay")
 
     # --- pruning scratch --------------------------------------------------------------------------------------------
+    def newest_size(self) -> int | None:
+        """Bytes of the newest local checkpoint: what the next save will need, about."""
+        steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
+        return self._size(names.step_name(steps[-1])) if steps else None
+
+    def make_room(self, needs: int | None = None) -> int | None:
+        """Keep scratch with `needs` bytes free (default: room for ROOM_FOR checkpoints the size of the newest):
+        below it, prune the oldest checkpoints, synced or not, until there is room (the newest valid one and the
+        one being synced stay), and sync early. Returns the bytes free after, None if they cannot be measured."""
+        root = self.cfg.checkpoint_dir
+        free = free_bytes(root)
+        steps = local_checkpoint_steps(root)
+        size = self._size(names.step_name(steps[-1])) if steps else None
+        if needs is None:
+            needs = ROOM_FOR * size if size else None
+        if free is None or needs is None or free >= needs:
+            return free
+        keep, freed = len(steps), 0
+        for step in steps[:-1]:  # oldest first; what the newest supersedes
+            if free + freed >= needs:
+                break
+            freed += self._size(names.step_name(step)) or 0
+            keep -= 1
+        if keep < len(steps):
+            self._prune(protect=[], keep=keep,
+                        why=f"scratch has {mb(free)} free, no room for the next checkpoints ({mb(needs)} needed): "
+                            f"the oldest go, synced or not; the newest and the one being synced stay")
+            free = free_bytes(root)
+        self._sync_early()
+        return free
+
+    def _size(self, name: str) -> int | None:
+        if self._sizes.get(name) is None:
+            self._sizes[name] = checkpoint_bytes(self.cfg.checkpoint_dir / name)
+        return self._sizes[name]
+
+    def _sync_early(self) -> None:
+        """Scratch is short of room: the newest checkpoint goes to the remote now rather than at sync.every (not
+        while the remote is failing: its retry timing stands)."""
+        if not self.enabled or self.syncer is None or self.worker is not None or self.failures:
+            return
+        newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
+        remote = (self.state["remote_checkpoint"] or {}).get("step")
+        if newest is not None and (remote is None or newest > remote):
+            self._start("scratch is short of room: early sync")
+
     def _being_copied(self) -> list[Path]:
         paths = [self.copying] if self.copying is not None else []
         current = getattr(self.syncer, "copying", None)  # what the Syncer took (it may skip an invalid newest)
@@ -205,10 +281,11 @@ class SyncWorker:
         self._prune(protect=[], why=f"the remote has been failing for {now() - self.healthy_since:.0f}s: only the "
                                     f"newest {self.cfg.train.keep_local} stay, so that scratch does not fill up")
 
-    def _prune(self, protect: list[Path], why: str) -> None:
+    def _prune(self, protect: list[Path], why: str, keep: int | None = None) -> None:
         root = self.cfg.checkpoint_dir
+        keep = self.cfg.train.keep_local if keep is None else keep
         try:
-            deleted = self.infra.prune_local(root, self.cfg.train.keep_local, protect + self._being_copied(),
+            deleted = self.infra.prune_local(root, keep, protect + self._being_copied(),
                                              lambda msg: self.emit("prune", msg))
         except Exception as e:  # noqa: BLE001 - pruning is housekeeping; never fatal
             self.emit("prune", f"local pruning failed: {type(e).__name__}: {e}")

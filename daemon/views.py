@@ -59,6 +59,8 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
         lines.append(_trainer_line(state, t))
     if state.get("gpu_wait") and state.get("phase") == "waiting_gpu":
         lines += _gpu_lines(state["gpu_wait"], t)
+    if state.get("space_wait") and state.get("phase") == "waiting_space":
+        lines.append(_space_line(state["space_wait"], t))
     lines.append(_checkpoints_line(state, t))
     lines += _staging_lines(state.get("staging") or {})
     lines += _restart_lines(state, t)
@@ -117,6 +119,18 @@ def _gpu_lines(gpu_wait: dict, t: float) -> list[str]:
         why = "free" if d.get("free") else "; ".join(d.get("reasons") or ["busy"])
         lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_duration(t - d['since']) if d.get('since') else '-'})")
     return lines
+
+
+def _space_line(wait: dict, t: float) -> str:
+    """The wait for room in scratch: how long, the numbers, and that it is not a restart (no limit counts it)."""
+    since = wait.get("since")
+    return (f"  scratch: full for {fmt_duration(t - since if since else None)}: a checkpoint needs "
+            f"{_mb(wait.get('needs'))}, {_mb(wait.get('free'))} free in {wait.get('path')}; checked "
+            f"{wait.get('checks', 0)} times; the trainer starts again once it fits (not counted as a restart)")
+
+
+def _mb(n: float | None) -> str:
+    return "?" if n is None else f"{n / 1e6:,.1f} MB"
 
 
 def _checkpoints_line(state: dict, t: float) -> str:

@@ -22,6 +22,7 @@ HEARTBEAT = "heartbeat"  # its mtime is refreshed every training step; its body 
 FAULT = "fault.json"  # written by the trainer just before it exits on a failure it can see
 FAULTS_FIRED = "faults-fired"  # injected faults (MINILMD_FAULT) that already fired in this run
 TRAINER_RECORD = "trainer.json"  # the trainer launched last: pid, start ticks, uid, host, launch id (daemon/child.py)
+RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when run.dir is full, for its last words
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d{4,})\.log$")
 

@@ -26,12 +26,14 @@ EXIT_CONFIG = 2  # the config is invalid: final, never restarted
 EXIT_DATA = 65  # the input data is invalid (sysexits EX_DATAERR): final, never restarted
 EXIT_STOPPED = 75  # stopped on request (SIGTERM), saved at a step boundary first (EX_TEMPFAIL)
 EXIT_CUDA_OOM = 76  # CUDA ran out of memory; fault.json says where: wait for the GPU or halve the micro-batch
+EXIT_SCRATCH_FULL = 74  # a checkpoint did not fit in scratch (EX_IOERR); fault.json says needs/free: wait for space
 
 # --- Exit statuses of `minilmd run` (the supervisor) ------------------------------------------------------------
 SUPERVISOR_DONE = 0  # the run finished, or was stopped on request with a synced checkpoint
 SUPERVISOR_CONFIG = 2  # bad config, bad data or a run already owned by another supervisor: do not restart
 SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress: do not restart (systemd prevents it)
-FINAL_EXIT_STATUSES = (SUPERVISOR_CONFIG, EXIT_DATA, SUPERVISOR_GAVE_UP)
+SUPERVISOR_RUN_DIR_FULL = 73  # run.dir's disk is full (EX_CANTCREAT): stopped after the last sync; do not restart
+FINAL_EXIT_STATUSES = (SUPERVISOR_CONFIG, EXIT_DATA, SUPERVISOR_GAVE_UP, SUPERVISOR_RUN_DIR_FULL)
 
 # --- Exit statuses of `minilmd stop` (daemon/views.py) ------------------------------------------------------------
 STOP_DONE = 0  # the supervisor is gone (or was not running); the newest checkpoint is on the remote, or none is set

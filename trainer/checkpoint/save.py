@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import errno
 import hashlib
 import json
 import os
@@ -38,6 +39,31 @@ from minilmd.names import (
 )
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+SAVE_SLACK = 128 * 1024
+"""Counted beyond the tensors and the tokenizer: the JSON files, the safetensors headers, a page per file."""
+
+
+class ScratchFull(Exception):
+    """A checkpoint does not fit where it is saved: `needs` bytes, `free` bytes free there. Nothing of it is left
+    behind, so the space another job holds is not taken too; the supervisor makes room or waits (fault.json)."""
+
+    def __init__(self, root: Path, step: int, needs: int, free: int):
+        self.root, self.step, self.needs, self.free = root, step, needs, free
+        super().__init__(f"scratch full: checkpoint {step_name(step)} needs {needs / 1e6:,.1f} MB in {root}, "
+                         f"which has {free / 1e6:,.1f} MB free (No space left on device)")
+
+
+def _free_bytes(root: Path) -> int:
+    st = os.statvfs(root)
+    return st.f_bavail * st.f_frsize
+
+
+def _bytes_needed(tensor_dicts: list[dict], tokenizer: str | os.PathLike | None) -> int:
+    tensors = sum(t.numel() * t.element_size() for d in tensor_dicts for t in d.values())
+    return tensors + (Path(tokenizer).stat().st_size if tokenizer is not None else 0) + SAVE_SLACK
+
 
 
 def _write_bytes(path: Path, data: bytes) -> dict:
@@ -115,7 +141,8 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
 
     `model_state` holds exactly the tensors of model_shapes.expected_state_shapes (fp32, on any device);
     `optimizer_state` is optimizer.state_dict(); `trainer_state` is JSON-able (its "step", if any, must be
-    `step`); `tokenizer` a tokenizer.json to copy in; `param_names[i]` the name of optimizer parameter i."""
+    `step`); `tokenizer` a tokenizer.json to copy in; `param_names[i]` the name of optimizer parameter i.
+    ScratchFull when it does not fit: checked up front, and on ENOSPC/EDQUOT while writing (the half is removed)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     if "step" in trainer_state and trainer_state["step"] != step:
@@ -124,11 +151,26 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     tmp = root / save_tmp_name(step, os.getpid())
     if tmp.exists():
         shutil.rmtree(tmp)
+    opt_tensors, opt_meta = _flatten_optimizer(optimizer_state)
+    opt_meta["param_names"] = list(param_names) if param_names else None
+    needs = _bytes_needed([model_state, opt_tensors], tokenizer)
+    if _free_bytes(root) < needs:  # refused up front: filling the disk to the last byte harms its other users
+        raise ScratchFull(root, step, needs, _free_bytes(root))
+    try:
+        _write_checkpoint(root, tmp, final, step, model_state, opt_tensors, opt_meta, trainer_state, tokenizer)
+    except OSError as e:
+        if e.errno not in DISK_FULL_ERRNOS:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ScratchFull(root, step, needs, _free_bytes(root)) from e
+    return final
+
+
+def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state: dict, opt_tensors: dict,
+                      opt_meta: dict, trainer_state: dict, tokenizer: str | os.PathLike | None) -> None:
     tmp.mkdir()
     files = {MODEL_FILE: _write_safetensors(tmp / MODEL_FILE, model_state)}
     _maybe_kill("after_model", step)
-    opt_tensors, opt_meta = _flatten_optimizer(optimizer_state)
-    opt_meta["param_names"] = list(param_names) if param_names else None
     files[OPTIMIZER_FILE] = _write_safetensors(tmp / OPTIMIZER_FILE, opt_tensors)
     files[OPTIMIZER_META] = _write_bytes(tmp / OPTIMIZER_META, json.dumps(opt_meta, indent=1).encode())
     state = {**trainer_state, "step": step}
@@ -144,7 +186,6 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     _maybe_kill("before_latest", step)
     atomic_write_text(root / LATEST, final.name + "\n")
     fsync_dir(root)
-    return final
 
 
 # --- reading (torch) ---------------------------------------------------------------------------------------------

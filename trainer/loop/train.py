@@ -42,7 +42,16 @@ from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, load_config, parse_duration
 from minilmd.corpus import CorpusError
 from minilmd.names import FAULT, RUN_DIR_ENV, step_name
-from minilmd.protocol import EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, write_fault
+from minilmd.protocol import (
+    EXIT_CONFIG,
+    EXIT_CRASH,
+    EXIT_CUDA_OOM,
+    EXIT_DATA,
+    EXIT_DONE,
+    EXIT_SCRATCH_FULL,
+    EXIT_STOPPED,
+    write_fault,
+)
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
@@ -484,6 +493,14 @@ def run(cfg: RunConfig) -> int:
                     device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0)
         print(f"minilmd train: CUDA out of memory at step {step}: {message}", file=sys.stderr)
         return EXIT_CUDA_OOM
+    except ckpt_io.ScratchFull as e:  # the supervisor makes room or waits for it; a restart now would only repeat
+        try:
+            write_fault(cfg.run_dir, "scratch_full", str(e), step=step, checkpoint_step=e.step, needs=e.needs,
+                        free=e.free, path=str(e.root))
+        except OSError:
+            pass  # run.dir on the same full disk: the exit status alone says it
+        print(f"minilmd train: {e}", file=sys.stderr)
+        return EXIT_SCRATCH_FULL
     except Exception:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
         traceback.print_exc()
         return EXIT_CRASH

@@ -1,0 +1,202 @@
+"""Scratch filling up with checkpoints mid-run (a real tmpfs, mounted for the test), through `minilmd run`.
+
+Observed before: scratch on a small tmpfs and a remote that fails, so checkpoints pile up; every save then hit
+ENOSPC, the trainer crashed, was restarted, crashed again, and the run gave up with 79 ("21 ENOSPC crash-restarts
+in 6.5 minutes"), having filled the tmpfs to the last byte with a half-written checkpoint.
+
+- While training, when scratch has no room left for the next two checkpoints, the supervisor prunes the
+  superseded ones (synced or not: the newest valid one and the one being synced stay) and syncs early: the
+  trainer never dies of a full scratch, and the run ends with the weights of an undisturbed run.
+- When nothing can be pruned (another job holds the space), the trainer's save refuses up front (it writes
+  nothing, fault.json says scratch_full with the numbers), the supervisor waits in `waiting_space` and `status`
+  says "scratch full: waiting for space (needs X, has Y)"; the wait is no restart: with no_progress_limit 1 and
+  max_restarts 1 the run does not give up; once there is room it resumes and finishes bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from minilmd import checkpoint, protocol
+from minilmd.config import RestartSection, load_config
+from minilmd.daemon import staging
+from minilmd.daemon.child import Death
+from minilmd.daemon.policy import decide
+from minilmd.daemon.states import Action, Cause
+from minilmd.daemon.views import summary_lines
+from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
+from supervisor_helpers import cli, events, start_supervisor, state, wait_for, wait_or_kill, write_config
+
+
+def ckpt_bytes(ckpt: Path) -> int:
+    return sum(f.stat().st_size for f in ckpt.iterdir())
+
+
+def fill_leaving(disk: Path, room: int) -> Path:
+    """Another job's file on the tmpfs, leaving `room` bytes free."""
+    st = os.statvfs(disk)
+    filler = disk / "another-job"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - room))
+    return filler
+
+
+class FailingRemote:
+    """A remote directory that `block()` replaces by a plain file (after the config check, which refuses one),
+    so that every sync fails until `unblock()`."""
+
+    def __init__(self, tmp: Path):
+        self.path = tmp / "remote"
+        self.path.mkdir()
+
+    def block(self) -> None:
+        self.path.rmdir()
+        self.path.write_text("not a directory\n")
+
+    def unblock(self) -> None:
+        self.path.unlink()
+        self.path.mkdir()
+
+
+def model_sha(ckpt: Path) -> str:
+    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
+
+
+# --- the rule, without processes -------------------------------------------------------------------------------
+def test_a_full_scratch_is_a_wait_never_a_counted_restart():
+    death = Death(Cause.SCRATCH_FULL, protocol.EXIT_SCRATCH_FULL, "scratch full")
+    restart = RestartSection(max_restarts=3, no_progress_limit=2)
+    decision = decide(death, restart=restart, restarts_so_far=3, no_progress_streak=7, stop_requested=False,
+                      micro_batch_size=4, grad_accum=1)
+    assert decision.action == Action.WAIT_SPACE and not decision.counts_as_restart
+    stopped = decide(death, restart=restart, restarts_so_far=0, no_progress_streak=0, stop_requested=True,
+                     micro_batch_size=4, grad_accum=1)
+    assert stopped.action == Action.STOP
+
+
+def test_status_shows_the_wait_for_space():
+    st = {"run": "s", "run_dir": "/r", "phase": "waiting_space", "since": 100.0,
+          "reason": "scratch full: waiting for space (needs 1.2 MB, has 0.3 MB free in /dev/shm/x/checkpoints)",
+          "space_wait": {"since": 100.0, "needs": 1_200_000, "free": 300_000, "path": "/dev/shm/x/checkpoints",
+                         "checks": 12},
+          "progress": {}, "sync": {"state": "off"}, "staging": {}, "restarts": []}
+    text = "\n".join(summary_lines(st, alive=True, t=160.0))
+    assert "waiting_space" in text
+    assert "scratch full: waiting for space (needs 1.2 MB, has 0.3 MB free" in text
+    assert "scratch: full for 60s" in text and "not counted as a restart" in text, text
+
+
+# --- the save that does not fit (the real writer, a real tmpfs) ------------------------------------------------
+@pytest.mark.slow
+def test_a_save_that_cannot_fit_refuses_up_front_and_leaves_nothing_behind(tmp_path, small_tmpfs):
+    import torch
+
+    from minilmd.trainer.checkpoint.save import ScratchFull, save
+
+    disk = small_tmpfs("1m")
+    model = {"w": torch.zeros(256, 1024)}  # 1 MiB: more than the tmpfs holds
+    with pytest.raises(ScratchFull) as caught:
+        save(disk / "ckpt", 3, model, {"state": {}, "param_groups": []}, {"step": 3})
+    e = caught.value
+    assert e.needs > 1 << 20 and e.free <= 1 << 20 and "No space left" in str(e), str(e)
+    assert "step-00000003" in str(e) and f"{e.needs / 1e6:,.1f} MB" in str(e)
+    assert sorted(p.name for p in (disk / "ckpt").iterdir()) == []  # no half-written .tmp-step-*
+
+
+@pytest.mark.slow
+def test_enospc_in_the_middle_of_a_save_is_scratch_full_and_removes_the_half(tmp_path, small_tmpfs, monkeypatch):
+    import torch
+
+    from minilmd.trainer.checkpoint import save as save_mod
+
+    disk = small_tmpfs("2m")
+    model = {"w": torch.zeros(256, 1024)}  # 1 MiB: fits once, not with 1.5 MiB of another job's file
+    monkeypatch.setattr(save_mod, "_free_bytes", lambda root: 10 << 20)  # the check up front saw room (a race)
+    fill_leaving(disk, 512 << 10)
+    with pytest.raises(save_mod.ScratchFull) as caught:
+        save_mod.save(disk / "ckpt", 4, model, {"state": {}, "param_groups": []}, {"step": 4})
+    assert isinstance(caught.value.__cause__, OSError)
+    assert sorted(p.name for p in (disk / "ckpt").iterdir()) == []
+
+
+# --- through `minilmd run` ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_checkpoints_piling_up_behind_a_failing_remote_are_pruned_before_scratch_fills(tmp_path, corpus,
+                                                                                       small_tmpfs):
+    disk = small_tmpfs("80m")
+    remote = FailingRemote(tmp_path)
+    config = write_config(tmp_path, corpus, remote=False,
+                          run={"scratch": str(disk / "scratch"), "remote": str(remote.path)},
+                          train={"max_steps": 60, "checkpoint_every": 5, "keep_local": 3},
+                          sync={"every": "10s"}, restart={"no_progress_limit": 1})
+    cfg = load_config(config)
+    staging.stage(str(corpus[0]), cfg.scratch_dir)
+    sup = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.1")
+    try:
+        wait_for(lambda: state(cfg.run_dir).get("phase"), 60, "the supervisor to load the config")
+        remote.block()
+        first = wait_for(lambda: checkpoint.list_checkpoints(cfg.checkpoint_dir) or sup.poll() is not None, 60,
+                         "a first checkpoint")
+        assert first is not True, (tmp_path / "sup.out").read_text()[-3000:]
+        fill_leaving(disk, int(3.5 * ckpt_bytes(first[0])))  # room for three and a half checkpoints
+        wait_for(lambda: any(e.get("cause") == "done" for e in events(cfg.run_dir) if e["event"] == "child_exit")
+                 or sup.poll() is not None, 120, "the trainer to finish")
+        remote.unblock()  # the remote comes back for the last sync
+        assert wait_or_kill(sup, 120) == 0, (tmp_path / "sup.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    st = state(cfg.run_dir)
+    assert st["restarts"] == [] and st["no_progress_streak"] == 0, st["restarts"]
+    assert [e["cause"] for e in events(cfg.run_dir) if e["event"] == "child_exit"] == ["done"]
+    assert any("no room for the next" in m for m in event_texts(cfg.run_dir, "prune")), event_texts(cfg.run_dir)
+    final = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    assert final.name == "step-00000060" and fake_weights_of(final) == undisturbed_fake_weights(config)
+    assert checkpoint.read_latest(remote.path) == "step-00000060"
+
+
+@pytest.mark.slow
+def test_when_nothing_can_be_pruned_the_run_waits_for_space_says_so_and_then_finishes(tmp_path, corpus, small_tmpfs,
+                                                                                      undisturbed):
+    straight = undisturbed()  # 16 steps, a checkpoint every 4
+    disk = small_tmpfs("80m")
+    remote = FailingRemote(tmp_path)
+    config = straight.config_like(tmp_path, "s", run={"scratch": str(disk / "scratch"), "remote": str(remote.path)},
+                                  sync={"every": "10s"}, restart={"no_progress_limit": 1, "max_restarts": 1})
+    cfg = load_config(config)
+    staging.stage(str(corpus[0]), cfg.scratch_dir)
+    filler = fill_leaving(disk, int(1.5 * ckpt_bytes(straight.checkpoint)))  # room for one and a half
+    sup = start_supervisor(config, tmp_path / "sup.out", fake=False)
+    try:
+        wait_for(lambda: state(cfg.run_dir).get("phase"), 60, "the supervisor to load the config")
+        remote.block()
+        wait_for(lambda: state(cfg.run_dir).get("phase") == "waiting_space" or sup.poll() is not None, 180,
+                 "the wait for space")
+        assert sup.poll() is None, (tmp_path / "sup.out").read_text()[-3000:]
+        # the supervisor looks again and again, and none of it counts as a restart
+        wait_for(lambda: (state(cfg.run_dir).get("space_wait") or {}).get("checks", 0) >= 3, 60, "more checks")
+        st = state(cfg.run_dir)
+        assert st["phase"] == "waiting_space" and st["restarts"] == [] and st["no_progress_streak"] == 0
+        text = cli("status", str(cfg.run_dir)).stdout
+        assert "scratch full: waiting for space (needs " in text and " MB free in " in text, text
+        assert [p.name for p in checkpoint.list_checkpoints(cfg.checkpoint_dir)] == ["step-00000004"]
+        checkpoint.validate(cfg.checkpoint_dir / "step-00000004")
+        assert not list(cfg.checkpoint_dir.glob(".tmp-*"))  # the refused save wrote nothing
+        log = (cfg.run_dir / "logs" / "attempt-0001.log").read_text()
+        assert "scratch full" in log and "Traceback" not in log, log[-2000:]
+        filler.unlink()
+        remote.unblock()
+        assert wait_or_kill(sup, 180) == 0, (tmp_path / "sup.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    st = state(cfg.run_dir)
+    assert st["restarts"] == []
+    assert [e["cause"] for e in events(cfg.run_dir) if e["event"] == "child_exit"] == ["scratch_full", "done"]
+    assert any("space_freed" == e.get("transition") for e in events(cfg.run_dir))
+    final = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    assert final.name == "step-00000016" and model_sha(final) == model_sha(straight.checkpoint)
+    assert checkpoint.read_latest(remote.path) == "step-00000016"
