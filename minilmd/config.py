@@ -1,8 +1,10 @@
 """The run config: one TOML file, one dataclass per section, every problem reported at once.
 
 `load_config(path, overrides)` returns a `RunConfig` or raises `ConfigError` listing every problem found (unknown
-sections and keys, wrong types, out-of-range values, a missing budget, paths that cannot be used). Torch-free:
-the supervisor and `minilmd run --check` use it.
+sections and keys, wrong types, every number not finite or out of its range (RANGES, one table), a missing budget,
+paths that cannot be used, a prepared corpus whose vocabulary is not model.vocab_size or whose val split is empty,
+a scratch of another run or user (minilmd/scratch.py)). Torch-free: the supervisor, the trainer and
+`minilmd run --check` use it; daemon/preflight.py adds what only the supervisor's side measures (scratch's room).
 """
 from __future__ import annotations
 

@@ -24,13 +24,13 @@ import socket
 import stat
 from pathlib import Path
 
-from minilmd.names import SCRATCH_BASE, SCRATCH_BASE_ENV, SCRATCH_OWNER, default_scratch, default_scratch_root
+from minilmd.names import SCRATCH_BASE, SCRATCH_BASE_ENV, SCRATCH_OWNER, atomic_tmp_prefix, default_scratch
 
 PRIVATE = 0o700
 
 
 class ScratchRefused(ValueError):
-    """This run may not use this scratch: every reason, one per line."""
+    """This run may not use this scratch; `problems` holds every reason (a config error: exit 2)."""
 
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
@@ -38,16 +38,13 @@ class ScratchRefused(ValueError):
 
 
 def base() -> str:
+    """Where the per-user roots go: /dev/shm (tests point it elsewhere)."""
     return os.environ.get(SCRATCH_BASE_ENV) or SCRATCH_BASE
 
 
 def default_path(run_name: str, uid: int | None = None) -> Path:
     """The default run.scratch of this user (or of `uid`)."""
     return Path(default_scratch(os.geteuid() if uid is None else uid, run_name, base()))
-
-
-def default_root(uid: int | None = None) -> Path:
-    return Path(default_scratch_root(os.geteuid() if uid is None else uid, base()))
 
 
 def _user(uid: int) -> str:
@@ -105,7 +102,9 @@ def _owner_problem(scratch: Path, run_dir: Path) -> str | None:
         return f"run.scratch {scratch}: {e}; if no run uses this scratch any more, remove {scratch / SCRATCH_OWNER}"
     if owner is None or owner["run_dir"] == str(run_dir):
         return None
-    who = f"run.name {owner.get('run_name', '?')!r}, {_user(int(owner.get('uid', -1)))} on {owner.get('host', '?')}"
+    uid = owner.get("uid")
+    who = f"run.name {owner.get('run_name', '?')!r}, {_user(uid) if isinstance(uid, int) else 'uid ?'} on " \
+          f"{owner.get('host', '?')}"
     return (f"run.scratch {scratch} belongs to another run: the run directory {owner['run_dir']} ({who}). Two runs "
             f"never share a scratch (they would prune each other's checkpoints): give this run another run.name, or "
             f"set run.scratch; if that run is gone for good, remove {scratch}")
@@ -164,13 +163,13 @@ def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> None
     else:
         scratch.parent.mkdir(parents=True, exist_ok=True)
     _make_private_dir(scratch, "run.scratch", tighten=False)
-    if read_owner(scratch) is not None:
-        problem = _owner_problem(scratch, run_dir)
+    if os.path.lexists(scratch / SCRATCH_OWNER):
+        problem = _owner_problem(scratch, run_dir)  # another run may have marked it since problems()
         if problem:
             raise ScratchRefused([problem])
         return
     owner = {"run_dir": str(run_dir), "run_name": run_name, "uid": os.geteuid(), "host": socket.gethostname()}
-    tmp = scratch / f".{SCRATCH_OWNER}.{os.getpid()}"
+    tmp = scratch / f"{atomic_tmp_prefix(SCRATCH_OWNER)}{os.getpid()}"
     try:
         with open(tmp, "x", encoding="utf-8") as f:
             json.dump(owner, f, indent=2, sort_keys=True)
