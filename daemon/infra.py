@@ -31,13 +31,14 @@ class Infra:
 
     def final_staging_status(self, error: BaseException) -> int | None:
         """The supervisor's exit status when retrying cannot help: the source is not a usable prepared corpus (65),
-        or the checkpoint found on the remote belongs to another model/corpus (2). None for any other error."""
+        the corpus does not fit in scratch (2), or the checkpoint found on the remote belongs to another
+        model/corpus (2). None for any other error."""
         from minilmd.checkpoint import CheckpointMismatch
-        from minilmd.daemon.staging import SourceInvalid
+        from minilmd.daemon.staging import ScratchTooSmall, SourceInvalid
 
         if isinstance(error, SourceInvalid):
             return protocol.EXIT_DATA
-        if isinstance(error, CheckpointMismatch):
+        if isinstance(error, (CheckpointMismatch, ScratchTooSmall)):
             return protocol.SUPERVISOR_CONFIG
         return None
 

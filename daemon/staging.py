@@ -3,7 +3,9 @@
 The user's first crash was a SIGBUS from a page fault on an mmap'ed corpus file that NFS could not fill; the cure
 is to train from a copy in RAM (or on local disk). Rules:
 - check first that the copy fits: free space of the scratch filesystem and, for a tmpfs, available memory with
-  headroom left for training; refuse with the numbers and a local-disk alternative otherwise;
+  headroom left for training; refuse with the whole arithmetic and a local-disk alternative otherwise (final:
+  ScratchTooSmall). Before that, `run_space_problem()` (for `minilmd run --check` and the launch) checks that the
+  corpus AND the checkpoints kept between two syncs fit;
 - copy each file to a temporary name, hashing while copying; retry a failed or short copy with backoff;
 - the final name `<scratch>/corpus` only ever holds a copy whose sizes and sha256 matched `meta.json` and whose
   invariants `minilmd.corpus.verify_prepared` accepted (the whole directory is published by a rename at the end);
@@ -15,29 +17,42 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import psutil
 
+from minilmd import scratch as scratchmod
+from minilmd.config import RunConfig, out_of_range, parse_duration, read_corpus_meta
 from minilmd.corpus import FORMAT as CORPUS_FORMAT
 from minilmd.corpus import verify_prepared
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
-from minilmd.names import STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX
+from minilmd.names import CORPUS_TOKENIZER, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX
 
 CHUNK = 8 * 1024 * 1024
+MIB = 1024 ** 2
 GIB = 1024 ** 3
-SPACE_MARGIN = 64 * 1024 * 1024
-"""Kept free on the scratch filesystem beyond the corpus itself (checkpoints go there too)."""
+SPACE_MARGIN = 64 * MIB
+"""Kept free on the scratch filesystem beyond the run's own files: a quarantined checkpoint, the temporary names of
+a copy or a fetch in progress. Every refusal shows it."""
+CHECKPOINT_BYTES_PER_PARAMETER = 12
+"""fp32 weights (4) and AdamW's two fp32 moments (8), whatever the training precision."""
+CHECKPOINT_OVERHEAD = 256 * 1024
+"""A checkpoint's small files and safetensors headers, beyond its tensors and its tokenizer copy."""
 
 
 class StagingError(RuntimeError):
     """Staging failed; the message says what, where and with which numbers. Worth retrying later."""
+
+
+class ScratchTooSmall(StagingError):
+    """The corpus does not fit in scratch: retrying cannot make room; a config error (run.scratch), final (2)."""
 
 
 class SourceInvalid(StagingError):
@@ -117,6 +132,30 @@ def _intact(path: Path, rel: str, entry: dict) -> bool:
 
 
 # --- will it fit? ---------------------------------------------------------------------------------------------------
+@dataclass
+class SpaceNeed:
+    """What a run needs in scratch, part by part, so that a refusal can show the whole sum."""
+
+    parts: list[tuple[int, str]]
+    """(bytes, what for), e.g. (5_300_000, "for the corpus")."""
+    held: int = 0
+    """Bytes this run's scratch already holds (a restart): they are part of `parts` and count as room."""
+    margin: int = field(default=SPACE_MARGIN)
+
+    @property
+    def files(self) -> int:
+        return sum(n for n, _ in self.parts)
+
+    @property
+    def total(self) -> int:
+        return self.files + self.margin
+
+    def describe(self) -> str:
+        terms = [f"{_mb(n)} {what}" for n, what in self.parts]
+        terms.append(f"a {self.margin / MIB:g} MiB margin ({_mb(self.margin)})")
+        return " + ".join(terms) + f" = {_mb(self.total)}"
+
+
 def _existing_ancestor(path: Path) -> Path:
     path = path.absolute()
     while not path.exists() and path.parent != path:
@@ -140,53 +179,133 @@ def memory_headroom(total_memory: int) -> int:
     return max(2 * GIB, total_memory // 5)
 
 
-def fit_problem(needed: int, scratch: str, mount: str, fstype: str, free_bytes: int,
+def fit_problem(need: SpaceNeed, scratch: str, mount: str, fstype: str, free_bytes: int,
                 available_memory: int | None = None, headroom: int | None = None,
                 alternative: str | None = None) -> str | None:
-    """Why `needed` bytes do not fit in scratch (None: they fit). Pure arithmetic, so that it is testable.
+    """Why `need` does not fit in scratch (None: it fits). Pure arithmetic, so that it is testable.
     `available_memory` and `headroom` only count for a RAM disk (tmpfs, ramfs), whose pages are memory."""
     reasons = []
-    if needed + SPACE_MARGIN > free_bytes:
-        reasons.append(f"{mount} ({fstype or 'unknown fs'}) has {_mb(free_bytes)} free")
+    if need.total > free_bytes + need.held:
+        held = f" besides the {_mb(need.held)} this run's scratch already holds" if need.held else ""
+        reasons.append(f"{mount} ({fstype or 'unknown fs'}) has {_mb(free_bytes)} free{held}")
     if fstype in ("tmpfs", "ramfs") and available_memory is not None and headroom is not None:
-        if available_memory - needed < headroom:
-            reasons.append(f"{mount} is a RAM disk: {_mb(available_memory)} of memory is available and "
-                           f"{_mb(headroom)} must stay free for training")
+        adds = max(0, need.files - need.held)
+        if available_memory - adds < headroom:
+            reasons.append(f"{mount} is a RAM disk: {_mb(available_memory)} of memory is available, the run would "
+                           f"take {_mb(adds)} more of it, and {_mb(headroom)} must stay free for training "
+                           f"(max(2 GiB, 20 % of RAM))")
     if not reasons:
         return None
     hint = f"; set run.scratch to a local-disk directory, e.g. {alternative}" if alternative else \
         "; set run.scratch to a directory on a local disk with enough space"
-    return f"the corpus needs {_mb(needed)} in {scratch}, but " + " and ".join(reasons) + hint
+    return f"run.scratch {scratch} needs {need.describe()}, but " + " and ".join(reasons) + hint
 
 
 def _alternative_scratch(scratch: Path, needed: int) -> str | None:
-    """A local-disk directory with room for the corpus, to name in the refusal."""
+    """A local-disk directory with room for the run, to name in the refusal (per user, like the default)."""
     for candidate in (Path("/var/tmp"), Path.home(), Path("/tmp")):
         try:
             if candidate.is_dir() and _mount_of(candidate)[1] not in ("tmpfs", "ramfs", "nfs", "nfs4"):
                 st = os.statvfs(candidate)
                 free = st.f_bavail * st.f_frsize
-                if free > needed + SPACE_MARGIN:
-                    return f"{candidate / 'minilmd' / scratch.name} ({_mb(free)} free)"
+                if free > needed:
+                    return f"{candidate / f'minilmd-{os.geteuid()}' / scratch.name} ({_mb(free)} free)"
         except OSError:
             continue
     return None
 
 
-def check_fit(needed: int, scratch_dir: Path, memory_headroom_bytes: int | None = None) -> None:
-    """Raise StagingError with the numbers if `needed` bytes do not fit in scratch_dir. The memory headroom of a
-    RAM disk defaults to max(2 GiB, 20 % of RAM)."""
+def space_problem(need: SpaceNeed, scratch_dir: Path, memory_headroom_bytes: int | None = None) -> str | None:
+    """fit_problem() with the free space, filesystem and memory of where `scratch_dir` is (or will be). The memory
+    headroom of a RAM disk defaults to max(2 GiB, 20 % of RAM)."""
     probe = _existing_ancestor(scratch_dir)
     st = os.statvfs(probe)
     mount, fstype = _mount_of(probe)
     vm = psutil.virtual_memory()
     headroom = memory_headroom(vm.total) if memory_headroom_bytes is None else memory_headroom_bytes
     free = st.f_bavail * st.f_frsize
-    problem = fit_problem(needed, str(scratch_dir), mount, fstype, free, vm.available, headroom)
+    if fit_problem(need, str(scratch_dir), mount, fstype, free, vm.available, headroom) is None:
+        return None
+    return fit_problem(need, str(scratch_dir), mount, fstype, free, vm.available, headroom,
+                       _alternative_scratch(scratch_dir, need.total))
+
+
+def check_fit(needed: int, scratch_dir: Path, memory_headroom_bytes: int | None = None) -> None:
+    """Raise ScratchTooSmall with the whole arithmetic if `needed` bytes of corpus files do not fit in
+    scratch_dir."""
+    problem = space_problem(SpaceNeed([(needed, "for the corpus files to copy")]), scratch_dir,
+                            memory_headroom_bytes)
     if problem:
-        problem = fit_problem(needed, str(scratch_dir), mount, fstype, free, vm.available, headroom,
-                              _alternative_scratch(scratch_dir, needed))
-        raise StagingError(problem)
+        raise ScratchTooSmall(problem)
+
+
+def checkpoint_bytes(cfg: RunConfig, tokenizer_bytes: int) -> int:
+    """The size of one checkpoint of this model: 12 bytes per parameter, the tokenizer copy, small files."""
+    from minilmd.model_shapes import expected_state_shapes
+
+    parameters = sum(math.prod(shape) for shape in expected_state_shapes(cfg.model).values())
+    return parameters * CHECKPOINT_BYTES_PER_PARAMETER + tokenizer_bytes + CHECKPOINT_OVERHEAD
+
+
+def checkpoints_kept(cfg: RunConfig) -> tuple[int, str]:
+    """How many checkpoints scratch holds at most between two syncs, and the sum that gives it. Under the
+    supervisor scratch is pruned after each verified sync down to keep_local (without a remote: at once), so every
+    save since the last sync stays, and one more is being written."""
+    t, keep = cfg.train, cfg.train.keep_local
+    if not cfg.run.remote:
+        return keep + 1, f"train.keep_local {keep} + 1 being written"
+    every = t.checkpoint_every
+    if isinstance(every, int):
+        between = 1
+        how = f"1 saved between two syncs (checkpoint_every is {every} steps, whose duration is not known before " \
+              f"the run: counted as one)"
+    else:
+        between = math.ceil(parse_duration(cfg.sync.every) / parse_duration(every))
+        how = f"{between} saved between two syncs (sync.every {cfg.sync.every!r} / checkpoint_every {every!r})"
+    return keep + between + 1, f"train.keep_local {keep} + {how} + 1 being written"
+
+
+def _bytes_under(root: Path) -> int:
+    total = 0
+    for dirpath, _, filenames in os.walk(root):  # never follows a link
+        for name in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def run_space_need(cfg: RunConfig) -> SpaceNeed | None:
+    """What the run needs in scratch: the corpus (every file meta.json lists) and the checkpoints kept between two
+    syncs. None when it cannot be known before staging (a corpus behind a URL, an unreadable meta.json)."""
+    meta = read_corpus_meta(cfg.data.prepared) if "://" not in cfg.data.prepared else None
+    files = meta.get("files") if meta else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int)
+                                              for e in files.values()):
+        return None
+    corpus = sum(e["size"] for e in files.values()) + (Path(cfg.data.prepared) / META).stat().st_size
+    tokenizer = files.get(CORPUS_TOKENIZER, {}).get("size", 0)
+    count, why = checkpoints_kept(cfg)
+    one = checkpoint_bytes(cfg, tokenizer)
+    scratch = cfg.scratch_dir
+    ours = scratch.is_dir() and not scratchmod.problems(scratch, cfg.run_dir, cfg.scratch_is_default)
+    return SpaceNeed([(corpus, "for the corpus"), (count * one, f"for {count} checkpoints of {_mb(one)} ({why})")],
+                     held=_bytes_under(scratch) if ours else 0)
+
+
+def run_space_problem(cfg: RunConfig) -> list[str]:
+    """The run's corpus and checkpoints do not fit in its scratch: the refusal with the whole sum (a config
+    check: `minilmd run --check` and the launch give it to load_config). Nothing when a value it needs is out of
+    range (the config check says so) or the corpus cannot be read yet."""
+    if out_of_range(cfg) or not cfg.data.prepared or not cfg.run.dir:
+        return []
+    try:
+        need = run_space_need(cfg)
+        problem = space_problem(need, cfg.scratch_dir) if need is not None else None
+    except OSError:
+        return []  # the paths are the config check's to report
+    return [problem] if problem else []
 
 
 # --- copying --------------------------------------------------------------------------------------------------------

@@ -108,7 +108,8 @@ class StagingWorker:
             self.state.record_error(f"staging failed: {worker.error_text}")
             status = self.infra.final_staging_status(worker.error)
             if status is not None:
-                kind = "data" if status == protocol.EXIT_DATA else "checkpoint"
+                kind = "data" if status == protocol.EXIT_DATA else \
+                    "checkpoint" if isinstance(worker.error, CheckpointMismatch) else "config"
                 return StagingFailed(f"{kind} error, final: {worker.error_text}", status)
             return StagingFailed(worker.error_text, None)
         staged, expected, fetched, fetch_error = worker.result

@@ -597,11 +597,13 @@ class Supervisor:
 
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None) -> int:
-    """`minilmd run CONFIG`: load, validate (exit 2 on problems), supervise until done/failed/stopped."""
-    from minilmd.config import ConfigError, load_config
+    """`minilmd run CONFIG`: load, validate as --check does and claim scratch (exit 2 on problems), supervise until
+    done/failed/stopped."""
+    from minilmd.config import ConfigError
+    from minilmd.daemon import preflight
 
     try:
-        cfg = load_config(config_path, overrides)
+        cfg = preflight.launch(config_path, overrides)  # what --check checks, then scratch is claimed for this run
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG

@@ -275,7 +275,9 @@ def export(
 @app.command("run")
 def run_command(
     config: str = typer.Argument(..., help="The run config (TOML)."),
-    check: bool = typer.Option(False, "--check", help="Validate the config only: exit 0, or 2 listing every problem."),
+    check: bool = typer.Option(False, "--check", help="Check what a launch would: the config, the corpus against the "
+                                                      "model, scratch's owner and space; exit 0, or 2 listing every "
+                                                      "problem. Creates nothing."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
 ) -> None:
     """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
@@ -283,10 +285,11 @@ def run_command(
     Exit status: 0 finished (or stopped on request), 2 bad config or run owned by another supervisor, 65 bad data,
     79 gave up after too many restarts (2, 65 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
     if check:
-        from minilmd.config import ConfigError, load_config
+        from minilmd.config import ConfigError
+        from minilmd.daemon import preflight
 
         try:
-            cfg = load_config(config, set_)
+            cfg = preflight.check(config, set_)
         except ConfigError as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None

@@ -1,8 +1,10 @@
 """The run config: one TOML file, one dataclass per section, every problem reported at once.
 
 `load_config(path, overrides)` returns a `RunConfig` or raises `ConfigError` listing every problem found (unknown
-sections and keys, wrong types, out-of-range values, a missing budget, paths that cannot be used). Torch-free:
-the supervisor and `minilmd run --check` use it.
+sections and keys, wrong types, every number not finite or out of its range (RANGES, one table), a missing budget,
+paths that cannot be used, a prepared corpus whose vocabulary is not model.vocab_size or whose val split is empty,
+a scratch of another run or user (minilmd/scratch.py)). Torch-free: the supervisor, the trainer and
+`minilmd run --check` use it; daemon/preflight.py adds what only the supervisor's side measures (scratch's room).
 """
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from minilmd import scratch
 from minilmd.names import CHECKPOINTS, CORPUS_META, RUN_DIR_ENV
 
 if sys.version_info >= (3, 11):
@@ -61,7 +65,8 @@ class RunSection:
     dir: str = ""
     """Run directory on local disk: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock."""
     scratch: str = ""
-    """Fast local storage for the staged corpus and local checkpoints. Default /dev/shm/minilmd/<name>."""
+    """Fast local storage for the staged corpus and local checkpoints, this run's alone (it carries a marker naming
+    run.dir; any other run is refused). Default /dev/shm/minilmd-<uid>/<name>, private to its user (0700)."""
     remote: str = ""
     """Durable storage for checkpoints (an NFS path or an fsspec URL). Empty: no sync."""
 
@@ -200,7 +205,12 @@ class RunConfig:
 
     @property
     def scratch_dir(self) -> Path:
-        return Path(self.run.scratch or f"/dev/shm/minilmd/{self.run.name}")
+        return Path(self.run.scratch) if self.run.scratch else scratch.default_path(self.run.name)
+
+    @property
+    def scratch_is_default(self) -> bool:
+        """The per-user default (also when written out): its root must be private to this user."""
+        return not self.run.scratch or Path(self.run.scratch) == scratch.default_path(self.run.name)
 
     @property
     def run_dir(self) -> Path:
@@ -265,8 +275,14 @@ def parse_overrides(overrides: list[str] | None) -> dict[str, dict[str, Any]]:
     return nested
 
 
-def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: bool = True) -> RunConfig:
-    """Build and validate a RunConfig; raise ConfigError with every problem at once."""
+ExtraCheck = Callable[["RunConfig"], list[str]]
+"""A further check of a built config (what a launch would hit on this machine); its problems join the others."""
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: bool = True,
+                     more_checks: ExtraCheck | None = None) -> RunConfig:
+    """Build and validate a RunConfig; raise ConfigError with every problem at once (those of `more_checks` too,
+    which must cope with values that the problems already found say are out of range)."""
     problems: list[str] = []
     classes = _section_classes()
     cfg = RunConfig(source=source)
@@ -293,12 +309,15 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: b
     problems += _check_values(cfg)
     if check_paths:
         problems += _check_paths(cfg)
+    if more_checks is not None:
+        problems += more_checks(cfg)
     if problems:
         raise ConfigError(problems, source)
     return cfg
 
 
-def load_config(path: str | os.PathLike, overrides: list[str] | None = None, check_paths: bool = True) -> RunConfig:
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None, check_paths: bool = True,
+                more_checks: ExtraCheck | None = None) -> RunConfig:
     """Read, merge `--set` overrides, validate. Raises ConfigError (every problem) or nothing."""
     path = Path(path)
     try:
@@ -312,15 +331,104 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, che
     for section, values in parse_overrides(overrides).items():
         if isinstance(raw.get(section, {}), dict):
             raw.setdefault(section, {}).update(values)
-    return config_from_dict(raw, str(path), check_paths)
+    return config_from_dict(raw, str(path), check_paths, more_checks)
 
 
-def _positive(problems: list[str], name: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        problems.append(f"{name} = {value!r}: must be {'>= 0' if allow_zero else '> 0'}")
+@dataclass(frozen=True)
+class Range:
+    """Where a number must lie; it must also be finite (TOML has nan and inf). Bounds are included unless open."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if math.isinf(self.high):
+            return f"{'>' if self.low_open else '>='} {_num(self.low)}"
+        return (f"within {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
+                f"{')' if self.high_open else ']'}")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+AT_LEAST_1 = Range(1)
+AT_LEAST_0 = Range(0)
+ABOVE_0 = Range(0, low_open=True)
+
+RANGES: dict[str, tuple[Range, str]] = {
+    "data.val_windows": (AT_LEAST_1, ""),
+    "model.hidden_size": (AT_LEAST_1, ""),
+    "model.num_hidden_layers": (AT_LEAST_1, ""),
+    "model.num_attention_heads": (AT_LEAST_1, ""),
+    "model.num_key_value_heads": (AT_LEAST_1, ""),
+    "model.vocab_size": (Range(3, 65536), "PAD, BOS and EOS are ids 0-2, and the token stream is uint16"),
+    "model.intermediate_size": (AT_LEAST_0, "0: MiniMind's rule"),
+    "model.max_position_embeddings": (Range(1, 1 << 20), "the RoPE tables hold max_position_embeddings x head_dim "
+                                                         "floats"),
+    "model.rope_theta": (ABOVE_0, ""),
+    "model.rms_norm_eps": (Range(0, 1, low_open=True, high_open=True), ""),
+    "train.seq_len": (AT_LEAST_1, ""),
+    "train.micro_batch_size": (AT_LEAST_1, ""),
+    "train.grad_accum": (AT_LEAST_1, ""),
+    "train.lr": (Range(0, 1, low_open=True), "AdamW moves each weight by about lr per step"),
+    "train.min_lr_ratio": (Range(0, 1), ""),
+    "train.warmup_steps": (AT_LEAST_0, ""),
+    "train.weight_decay": (AT_LEAST_0, ""),
+    "train.grad_clip": (AT_LEAST_0, "0: no clipping"),
+    "train.max_steps": (AT_LEAST_0, "0: not set"),
+    "train.max_tokens": (AT_LEAST_0, "0: not set"),
+    "train.seed": (Range(0, 2 ** 64 - 1), ""),
+    "train.log_every": (AT_LEAST_1, ""),
+    "train.eval_every": (AT_LEAST_0, "0: only at the end"),
+    "train.checkpoint_every": (ABOVE_0, "steps as an integer, else a duration"),
+    "train.keep_local": (AT_LEAST_1, ""),
+    "gpu.count": (AT_LEAST_1, ""),
+    "gpu.max_used_mib": (AT_LEAST_0, ""),
+    "gpu.max_utilization": (Range(0, 100), "a percentage"),
+    "gpu.poll_interval": (ABOVE_0, ""),
+    "gpu.stable_polls": (AT_LEAST_1, ""),
+    "sync.every": (ABOVE_0, ""),
+    "sync.keep": (AT_LEAST_1, ""),
+    "restart.max_restarts": (AT_LEAST_0, ""),
+    "restart.backoff_initial": (ABOVE_0, "0 would restart in a tight loop"),
+    "restart.backoff_max": (ABOVE_0, "0 would restart in a tight loop"),
+    "restart.no_progress_limit": (AT_LEAST_1, ""),
+    "restart.hang_timeout": (ABOVE_0, "0 would kill every attempt as hung"),
+}
+"""Every number of the schema (ints, floats, durations in seconds) and where it must lie, with why when it is not
+obvious. tests/test_check_catches.py checks that every numeric field has its row."""
+
+
+def out_of_range(cfg: RunConfig) -> list[str]:
+    """Every number (RANGES) that is not finite or not in its range, one problem each."""
+    p = []
+    for key, (allowed, why) in RANGES.items():
+        section, name = key.split(".")
+        written = value = getattr(getattr(cfg, section), name)
+        if isinstance(value, str):
+            try:
+                value = parse_duration(value)
+            except ValueError as e:
+                p.append(f"{key}: {e}")
+                continue
+        if not allowed.holds(value):
+            p.append(f"{key} = {written!r}: must be {'finite and ' if isinstance(value, float) else ''}{allowed}"
+                     + (f" ({why})" if why else ""))
+    return p
 
 
 def _check_values(cfg: RunConfig) -> list[str]:
+    """Names, choices, every number (RANGES) and the rules between fields."""
     p: list[str] = []
     r, d, m, t = cfg.run, cfg.data, cfg.model, cfg.train
     if not r.name:
@@ -333,11 +441,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
         p.append("data.prepared is required (the output directory of `minilmd prepare`)")
     if d.mode not in ("packed", "padded"):
         p.append(f"data.mode = {d.mode!r}: must be \"packed\" or \"padded\"")
-    _positive(p, "data.val_windows", d.val_windows)
-    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
-                 "max_position_embeddings"):
-        _positive(p, f"model.{name}", getattr(m, name))
-    _positive(p, "model.intermediate_size", m.intermediate_size, allow_zero=True)
+    p += out_of_range(cfg)
     if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
         p.append(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
     elif m.num_attention_heads > 0 and m.head_dim % 2:
@@ -345,16 +449,6 @@ def _check_values(cfg: RunConfig) -> list[str]:
     if m.num_key_value_heads > 0 and m.num_attention_heads % m.num_key_value_heads:
         p.append(f"model.num_attention_heads {m.num_attention_heads} is not a multiple of "
                  f"num_key_value_heads {m.num_key_value_heads}")
-    if m.vocab_size > 65536:
-        p.append(f"model.vocab_size {m.vocab_size} does not fit the uint16 token stream (max 65536)")
-    for name in ("seq_len", "micro_batch_size", "grad_accum", "log_every", "keep_local"):
-        _positive(p, f"train.{name}", getattr(t, name))
-    for name in ("lr",):
-        _positive(p, f"train.{name}", getattr(t, name))
-    for name in ("warmup_steps", "weight_decay", "grad_clip", "max_steps", "max_tokens", "eval_every", "seed"):
-        _positive(p, f"train.{name}", getattr(t, name), allow_zero=True)
-    if not 0 <= t.min_lr_ratio <= 1:
-        p.append(f"train.min_lr_ratio = {t.min_lr_ratio}: must be within [0, 1]")
     if t.seq_len > m.max_position_embeddings:
         p.append(f"train.seq_len {t.seq_len} is larger than model.max_position_embeddings "
                  f"{m.max_position_embeddings}")
@@ -362,42 +456,30 @@ def _check_values(cfg: RunConfig) -> list[str]:
         p.append(f"train.dtype = {t.dtype!r}: must be \"auto\", \"bf16\" or \"fp32\"")
     if t.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
-    if isinstance(t.checkpoint_every, int) and not isinstance(t.checkpoint_every, bool):
-        _positive(p, "train.checkpoint_every", t.checkpoint_every)
-    p += _check_duration("train.checkpoint_every", t.checkpoint_every) if isinstance(t.checkpoint_every, str) else []
     if not t.max_steps and not t.max_tokens:
         p.append(budget_problem(cfg))
-    _positive(p, "gpu.count", cfg.gpu.count)
-    _positive(p, "gpu.stable_polls", cfg.gpu.stable_polls)
-    _positive(p, "gpu.max_used_mib", cfg.gpu.max_used_mib, allow_zero=True)
-    if not 0 <= cfg.gpu.max_utilization <= 100:
-        p.append(f"gpu.max_utilization = {cfg.gpu.max_utilization}: a percentage within [0, 100]")
-    for name, value in (("gpu.poll_interval", cfg.gpu.poll_interval), ("sync.every", cfg.sync.every),
-                        ("restart.backoff_initial", cfg.restart.backoff_initial),
-                        ("restart.backoff_max", cfg.restart.backoff_max),
-                        ("restart.hang_timeout", cfg.restart.hang_timeout)):
-        p += _check_duration(name, value)
-    _positive(p, "sync.keep", cfg.sync.keep)
-    _positive(p, "restart.max_restarts", cfg.restart.max_restarts, allow_zero=True)
-    _positive(p, "restart.no_progress_limit", cfg.restart.no_progress_limit)
+    rs = cfg.restart
+    try:
+        initial, cap = parse_duration(rs.backoff_initial), parse_duration(rs.backoff_max)
+    except ValueError:
+        initial = cap = math.nan  # reported above
+    if ABOVE_0.holds(initial) and ABOVE_0.holds(cap) and initial > cap:
+        p.append(f"restart.backoff_initial {rs.backoff_initial!r} is longer than restart.backoff_max "
+                 f"{rs.backoff_max!r}")
     return p
 
 
-def _check_duration(name: str, value: Duration) -> list[str]:
-    try:
-        parse_duration(value)
-        return []
-    except ValueError as e:
-        return [f"{name}: {e}"]
+def _dig(tree: Any, *keys: str) -> Any:
+    """tree[k1][k2]... or None where a level is missing or not a table."""
+    for key in keys:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
 
 
 def corpus_train_tokens(prepared: str) -> int | None:
     """Train-split token count from a local prepared corpus's meta.json, or None if it cannot be read."""
-    try:
-        meta = json.loads((Path(prepared) / CORPUS_META).read_text(encoding="utf-8"))
-        return int(meta["splits"]["train"]["tokens"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    tokens = _dig(read_corpus_meta(prepared), "splits", "train", "tokens")
+    return tokens if isinstance(tokens, int) else None
 
 
 def budget_problem(cfg: RunConfig) -> str:
@@ -427,13 +509,15 @@ def _check_paths(cfg: RunConfig) -> list[str]:
     p: list[str] = []
     if cfg.run.dir:
         p += _check_writable("run.dir", Path(cfg.run.dir))
-    if cfg.run.scratch:
-        p += _check_writable("run.scratch", Path(cfg.run.scratch))
+    if cfg.run.name or cfg.run.scratch:
+        p += _check_writable("run.scratch", cfg.scratch_dir)
+        if cfg.run.dir:
+            p += scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default)
     if cfg.data.prepared:
         if _is_url(cfg.data.prepared):
             p += _check_protocol("data.prepared", cfg.data.prepared)
         else:
-            p += _shared_storage_check(_check_prepared_dir, cfg.data.prepared)
+            p += _shared_storage_check(_check_prepared_dir, cfg)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
@@ -467,12 +551,38 @@ def _shared_storage_check(check, *args) -> list[str]:
     return result[0] if result else []
 
 
-def _check_prepared_dir(prepared: str) -> list[str]:
+def read_corpus_meta(prepared: str) -> dict | None:
+    """A local prepared corpus's meta.json, or None if it cannot be read."""
+    try:
+        meta = json.loads((Path(prepared) / CORPUS_META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _check_prepared_dir(cfg: RunConfig) -> list[str]:
+    """The corpus is a prepared one, and what the trainer would refuse in it after staging is said now: a vocabulary
+    other than model.vocab_size (a config error: the config does not match the data), an empty val split.
+    (Ids beyond its own vocabulary are the corpus's fault, a data error, found when the trainer opens it.)"""
+    prepared = cfg.data.prepared
     if not Path(prepared).is_dir():
         return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"]
     if not (Path(prepared) / CORPUS_META).is_file():
         return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"]
-    return []
+    meta = read_corpus_meta(prepared) or {}
+    p = []
+    vocab = meta.get("vocab_size")
+    if isinstance(vocab, int) and vocab != cfg.model.vocab_size:
+        p.append(f"model.vocab_size = {cfg.model.vocab_size} but the corpus {prepared} was tokenized with a "
+                 f"vocabulary of {vocab} (its {CORPUS_META}): set model.vocab_size = {vocab}, or prepare the corpus "
+                 f"with the tokenizer this model is for")
+    val_tokens, val_docs = _dig(meta, "splits", "val", "tokens"), _dig(meta, "splits", "val", "documents")
+    if isinstance(val_tokens, int) and (val_tokens < 2 or val_docs == 0):
+        fraction = _dig(meta, "split_rule", "val_fraction")
+        p.append(f"data.prepared = {prepared!r}: its val split is empty ({val_docs} documents, {val_tokens} tokens), "
+                 f"so there is no validation loss: prepare it again with a larger --val-fraction"
+                 + (f" (it was {fraction})" if fraction is not None else ""))
+    return p
 
 
 def _check_writable(name: str, path: Path) -> list[str]:

@@ -54,12 +54,26 @@ LAUNCH_ID_ENV = "MINILMD_LAUNCH_ID"
 """Set by the supervisor on every trainer it launches: a random token, also in TRAINER_RECORD. Every process of
 that trainer inherits it (torchrun's ranks too): with the uid, the host and the start time it tells the processes
 this run started from any other process that carries MINILMD_RUN_DIR."""
+SCRATCH_BASE_ENV = "MINILMD_SCRATCH_BASE"
+"""Test-only: the directory that holds the per-user default scratch roots instead of /dev/shm."""
 
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared
 CHECKPOINTS = "checkpoints"  # the local checkpoint root
 STAGING_TMP_PREFIX = ".tmp-corpus-"  # .tmp-corpus-<pid>: a staging in progress
 STAGING_OLD_PREFIX = ".old-corpus-"  # .old-corpus-<pid>: a damaged staged copy whose good files are reused
+SCRATCH_OWNER = "owner.json"  # {run_dir, run_name, uid, host}: the one run this scratch belongs to
+SCRATCH_BASE = "/dev/shm"  # where the per-user default scratch roots live
+
+
+def default_scratch_root(uid: int, base: str = SCRATCH_BASE) -> str:
+    """`/dev/shm/minilmd-<uid>`: one private (0700) directory per user, holding that user's default scratches."""
+    return f"{base}/minilmd-{uid}"
+
+
+def default_scratch(uid: int, run_name: str, base: str = SCRATCH_BASE) -> str:
+    """`/dev/shm/minilmd-<uid>/<run.name>`: the default run.scratch."""
+    return f"{default_scratch_root(uid, base)}/{run_name}"
 
 # --- A checkpoint root (scratch/checkpoints, or the remote) and one checkpoint ----------------------------------
 LATEST = "LATEST"  # the name of the newest checkpoint, for humans and scripts

@@ -1,5 +1,6 @@
 """The run config: every problem reported at once, overrides, durations, the budget arithmetic."""
 import json
+import os
 
 import pytest
 
@@ -27,7 +28,7 @@ def test_minimal_config_gets_documented_defaults(tmp_path):
     cfg = config_from_dict(minimal(tmp_path))
     assert cfg.model.ffn_size == 2432  # ceil(768 * pi / 64) * 64, MiniMind's rule
     assert cfg.model.head_dim == 96
-    assert str(cfg.scratch_dir) == "/dev/shm/minilmd/r1"
+    assert str(cfg.scratch_dir) == f"/dev/shm/minilmd-{os.geteuid()}/r1"  # per user: names.default_scratch
     assert parse_duration(cfg.sync.every) == 900.0
     assert cfg.gpu.max_used_mib == 200 and cfg.gpu.max_utilization == 0
 

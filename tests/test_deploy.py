@@ -316,7 +316,7 @@ def test_example_config_is_valid_and_is_the_notes_768x8_run():
     assert (t.seq_len, t.micro_batch_size, t.max_tokens) == (340, 32, 20_000_000)
     tokens_per_step = t.seq_len * t.micro_batch_size * t.grad_accum * cfg.gpu.count
     assert t.max_tokens // tokens_per_step == 1838  # "about 1,838 steps" in the comments
-    assert cfg.scratch_dir == Path(f"/dev/shm/minilmd/{cfg.run.name}")  # "which is this": the default
+    assert cfg.scratch_is_default and cfg.scratch_dir == Path(f"/dev/shm/minilmd-{os.geteuid()}/{cfg.run.name}")
 
 
 def test_example_config_writes_out_every_key_of_the_schema():

@@ -1,7 +1,7 @@
 """Scratch on a small RAM disk (a real tmpfs mounted for the test), through `minilmd run`.
 
-- A corpus that does not fit is refused before anything is copied, with the numbers and a local-disk alternative,
-  and the run gives up with a clear cause (no half copy left in scratch).
+- A corpus that does not fit is refused before anything is copied, with the whole sum and a local-disk
+  alternative, at launch and final (exit 2; no half copy left in scratch, no attempt).
 - A checkpoint save that does not fit (another job filled /dev/shm) leaves the previous valid checkpoint; the
   trainer exits with the error in its log, the supervisor waits for room (no restart counted: see
   test_reliability_scratch_full.py), starts it again from that checkpoint, and the run finishes with the weights
@@ -18,7 +18,7 @@ import pytest
 from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.daemon import staging
-from minilmd.protocol import SUPERVISOR_GAVE_UP
+from minilmd.protocol import SUPERVISOR_CONFIG
 from supervisor_helpers import cli, events, run_supervisor, start_supervisor, state, wait_for, write_config
 
 
@@ -31,9 +31,9 @@ def test_a_corpus_that_does_not_fit_the_ram_disk_is_refused_with_the_numbers(tmp
     config = write_config(tmp_path, corpus, remote=False, run={"scratch": str(scratch)},
                           restart={"no_progress_limit": 1})
     cfg = load_config(config)
-    assert run_supervisor(config, tmp_path, timeout=60) == SUPERVISOR_GAVE_UP
-    text = cli("status", str(cfg.run_dir)).stdout
-    assert "the corpus needs" in text and "(tmpfs) has 8.4 MB free" in text and "set run.scratch to" in text, text
+    assert run_supervisor(config, tmp_path, timeout=60) == SUPERVISOR_CONFIG
+    text = (tmp_path / "supervisor.out").read_text()
+    assert "MB for the corpus" in text and "(tmpfs) has 8.4 MB free" in text and "set run.scratch to" in text, text
     assert not (scratch / "corpus").exists() and not list(scratch.glob(".tmp-corpus-*"))
     assert not (cfg.run_dir / "logs" / "attempt-0001.log").exists()
 
@@ -48,13 +48,14 @@ def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_rec
     config = straight.config_like(tmp_path, "s", run={"scratch": str(disk / "scratch")})
     cfg = load_config(config)
     staging.stage(str(corpus[0]), cfg.scratch_dir)  # staged while there is room; the supervisor reuses it
-    st = os.statvfs(disk)
-    filler = disk / "another-job"
-    with open(filler, "wb") as f:  # room for one checkpoint and a half
-        f.truncate(0)
-        f.write(b"\0" * (st.f_bavail * st.f_frsize - int(1.5 * ckpt_bytes)))
     sup = start_supervisor(config, tmp_path / "sup.out", fake=False)
+    filler = disk / "another-job"
     try:
+        # another job fills the disk once the launch's space check has passed, while the trainer starts
+        wait_for(lambda: state(cfg.run_dir).get("phase") == "starting", 60, "the trainer to be launched")
+        st = os.statvfs(disk)
+        with open(filler, "wb") as f:  # room for one checkpoint and a half
+            f.write(b"\0" * (st.f_bavail * st.f_frsize - int(1.5 * ckpt_bytes)))
         wait_for(lambda: state(cfg.run_dir).get("phase") == "waiting_space", 120, "the wait for space")
         first = checkpoint.list_checkpoints(cfg.checkpoint_dir)
         assert [p.name for p in first] == ["step-00000004"]

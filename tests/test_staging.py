@@ -13,7 +13,16 @@ import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from minilmd.daemon.staging import GIB, SourceInvalid, StagingError, fit_problem, memory_headroom, stage, verify_staged
+from minilmd.daemon.staging import (
+    GIB,
+    SourceInvalid,
+    SpaceNeed,
+    StagingError,
+    fit_problem,
+    memory_headroom,
+    stage,
+    verify_staged,
+)
 
 FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy", "tokenizer.json")
 
@@ -205,16 +214,24 @@ def test_corpus_that_does_not_fit_is_refused_before_copying(source, tmp_path):
 
 def test_fit_arithmetic_for_a_ram_disk():
     mb = 1_000_000
-    assert fit_problem(665 * mb, "/dev/shm/minilmd/r", "/dev/shm", "tmpfs", 10 * GIB, 20 * GIB, 4 * GIB) is None
-    msg = fit_problem(665 * mb, "/dev/shm/minilmd/r", "/dev/shm", "tmpfs", 120 * mb, 20 * GIB, 4 * GIB,
-                      alternative="/var/tmp/minilmd/r (50,000.0 MB free)")
-    assert msg.startswith("the corpus needs 665.0 MB in /dev/shm/minilmd/r, but /dev/shm (tmpfs) has 120.0 MB free")
-    assert msg.endswith("e.g. /var/tmp/minilmd/r (50,000.0 MB free)")
-    tight = fit_problem(665 * mb, "/dev/shm/x", "/dev/shm", "tmpfs", 10 * GIB, 4 * GIB, 4 * GIB)
-    assert "RAM disk" in tight and "4,295.0 MB must stay free" in tight
+    corpus = SpaceNeed([(665 * mb, "for the corpus")])
+    assert fit_problem(corpus, "/dev/shm/minilmd-0/r", "/dev/shm", "tmpfs", 10 * GIB, 20 * GIB, 4 * GIB) is None
+    msg = fit_problem(corpus, "/dev/shm/minilmd-0/r", "/dev/shm", "tmpfs", 120 * mb, 20 * GIB, 4 * GIB,
+                      alternative="/var/tmp/minilmd-0/r (50,000.0 MB free)")
+    # the whole sum, the margin included
+    assert msg.startswith("run.scratch /dev/shm/minilmd-0/r needs 665.0 MB for the corpus + a 64 MiB margin "
+                          "(67.1 MB) = 732.1 MB, but /dev/shm (tmpfs) has 120.0 MB free")
+    assert msg.endswith("e.g. /var/tmp/minilmd-0/r (50,000.0 MB free)")
+    tight = fit_problem(corpus, "/dev/shm/x", "/dev/shm", "tmpfs", 10 * GIB, 4 * GIB, 4 * GIB)
+    assert "RAM disk" in tight and "take 665.0 MB more of it, and 4,295.0 MB must stay free" in tight
     # the same memory numbers do not matter on a local disk
-    assert fit_problem(665 * mb, "/var/tmp/x", "/", "ext4", 10 * GIB, 4 * GIB, 4 * GIB) is None
+    assert fit_problem(corpus, "/var/tmp/x", "/", "ext4", 10 * GIB, 4 * GIB, 4 * GIB) is None
     assert memory_headroom(8 * GIB) == 2 * GIB and memory_headroom(100 * GIB) == 20 * GIB
+    # what this run's scratch already holds counts as room (a restart), and says so
+    held = SpaceNeed([(665 * mb, "for the corpus")], held=600 * mb)
+    assert fit_problem(held, "/s", "/", "ext4", 200 * mb) is None
+    assert "has 100.0 MB free besides the 600.0 MB this run's scratch already holds" in \
+        fit_problem(held, "/s", "/", "ext4", 100 * mb)
 
 
 def test_sources_that_are_not_prepared_corpora_are_refused(tmp_path):

@@ -15,7 +15,10 @@ same weights, bit for bit, as an uninterrupted one.
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
 boundary; 76 CUDA out of memory (fault.json written first); 2 bad config (also: the newest checkpoint is of another
-model config); 65 bad data (also: it was trained on another corpus or tokenizer); 1 anything else.
+model config; model.vocab_size other than the corpus's; a ValueError from building the model or its optimizer,
+which would come again on every restart; scratch belonging to another run); 65 bad data (also: it was trained on
+another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found when the corpus is opened);
+1 anything else, which the supervisor retries.
 Signal handlers only set a flag. SIGUSR1 dumps every thread's stack to stderr (faulthandler) so that a supervisor
 can see where a hung trainer is stuck before killing it.
 """
@@ -52,6 +55,8 @@ from minilmd.protocol import (
     EXIT_STOPPED,
     write_fault,
 )
+from minilmd.scratch import ScratchRefused
+from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
@@ -199,8 +204,11 @@ class Trainer:
         self.total_steps = total_steps_for_budget(cfg, self.global_batch)
 
         torch.manual_seed(t.seed)  # the init is drawn on CPU: the same weights on every device and rank
-        self.model = MiniMindForCausalLM(cfg.model).to(self.device)
-        self.optimizer = build_optimizer(self.model, cfg, self.device)
+        try:
+            self.model = MiniMindForCausalLM(cfg.model).to(self.device)
+            self.optimizer = build_optimizer(self.model, cfg, self.device)
+        except ValueError as e:  # torch refusing a value of the config ("Invalid learning rate"): the same next time
+            raise ConfigError([f"the model or its optimizer refused the config: {e}"], cfg.source) from e
         self.step, self.tokens_seen = 0, 0
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
@@ -513,7 +521,9 @@ def main(config_path: str, overrides: list[str] | None = None) -> int:
     """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status."""
     try:
         cfg = load_config(config_path, overrides)
-    except ConfigError as e:
+        if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
+            claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+    except (ConfigError, ScratchRefused) as e:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_CONFIG
     return run(cfg)

@@ -1,0 +1,32 @@
+"""What `minilmd run` checks before it creates anything, for `--check` and the launch alike; then, at launch, the
+claim of scratch.
+
+`check()` is `load_config` (every value in its range, the paths, the corpus's meta.json against the model, the
+owner of scratch) plus what the supervisor's side measures: whether the corpus and the checkpoints kept between two
+syncs fit in scratch (daemon/staging.py). Every problem comes at once, in one ConfigError: exit 2, final, so a
+config that `--check` accepts is one that the launch will not refuse. `launch()` checks the same and then makes
+scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir), so that no other run can take it.
+Torch-free.
+"""
+from __future__ import annotations
+
+from minilmd import scratch
+from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd.daemon.staging import run_space_problem
+
+
+def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:
+    """The config, validated as the launch would; raises ConfigError with every problem. Creates nothing."""
+    return load_config(config_path, overrides, more_checks=run_space_problem)
+
+
+def launch(config_path: str, overrides: list[str] | None = None) -> RunConfig:
+    """check(), then claim scratch for this run; raises ConfigError (exit 2) if either refuses."""
+    cfg = check(config_path, overrides)
+    try:
+        scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+    except scratch.ScratchRefused as e:
+        raise ConfigError(e.problems, cfg.source) from None
+    except OSError as e:
+        raise ConfigError([f"run.scratch {cfg.scratch_dir} cannot be made this run's: {e}"], cfg.source) from None
+    return cfg

@@ -1,0 +1,208 @@
+"""A run's scratch belongs to that run alone: a private directory per user, and a marker naming the owning run.
+
+Two runs sharing one scratch would stage over each other's corpus and prune each other's checkpoints; a directory
+another user made first, or a symbolic link put where scratch goes, would receive a run's files or refuse them at
+launch. So:
+- the default `run.scratch` is `/dev/shm/minilmd-<uid>/<run.name>`: the per-user root and the scratch in it are
+  created 0700, and each must be a real directory (not a symbolic link) owned by this user;
+- a scratch carries `owner.json` (names.SCRATCH_OWNER) naming the run directory it belongs to; any other run
+  (another `run.dir` with the same `run.name`, a copied config, another user) is refused with the name of the
+  owner: at `minilmd run --check`, at launch and by `minilmd train` (exit 2, final);
+- a scratch without a marker (chosen by hand, or made by an older minilmd) is adopted by the first run that claims it.
+
+`problems()` only reads (the config check calls it); `claim()` creates and marks (the supervisor at launch, the
+trainer when it runs on its own); `remove_own()` deletes a scratch only if it is this user's and marked for the given
+run (the demo). Torch-free.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import socket
+import stat
+from pathlib import Path
+
+from minilmd.names import SCRATCH_BASE, SCRATCH_BASE_ENV, SCRATCH_OWNER, atomic_tmp_prefix, default_scratch
+
+PRIVATE = 0o700
+
+
+class ScratchRefused(ValueError):
+    """This run may not use this scratch; `problems` holds every reason (a config error: exit 2)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+def base() -> str:
+    """Where the per-user roots go: /dev/shm (tests point it elsewhere)."""
+    return os.environ.get(SCRATCH_BASE_ENV) or SCRATCH_BASE
+
+
+def default_path(run_name: str, uid: int | None = None) -> Path:
+    """The default run.scratch of this user (or of `uid`)."""
+    return Path(default_scratch(os.geteuid() if uid is None else uid, run_name, base()))
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _dir_problem(label: str, path: Path, st: os.stat_result) -> str | None:
+    """Why an existing path cannot be a directory of ours (None: it can)."""
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return (f"{label} {path} is a symbolic link (to {target}): minilmd never follows one there, since whoever "
+                f"placed it would choose where the run's files go; remove it, or set run.scratch")
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{label} {path} exists and is not a directory"
+    if st.st_uid != os.geteuid():
+        return (f"{label} {path} belongs to {_user(st.st_uid)}, not to you ({_user(os.geteuid())}): a run never "
+                f"uses another user's scratch; set run.scratch to a directory of yours")
+    return None
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (a file on the way is the config check's)
+        return None
+
+
+def read_owner(scratch: Path) -> dict | None:
+    """The marker of a scratch (None: no marker). Raises ValueError for one that cannot be read or is not ours."""
+    marker = scratch / SCRATCH_OWNER
+    st = _lstat(marker)
+    if st is None:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{marker} is not a regular file")
+    try:
+        owner = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{marker} cannot be read ({e})") from None
+    if not isinstance(owner, dict) or not isinstance(owner.get("run_dir"), str):
+        raise ValueError(f"{marker} does not name a run directory")
+    return owner
+
+
+def _owner_problem(scratch: Path, run_dir: Path) -> str | None:
+    try:
+        owner = read_owner(scratch)
+    except ValueError as e:
+        return f"run.scratch {scratch}: {e}; if no run uses this scratch any more, remove {scratch / SCRATCH_OWNER}"
+    if owner is None or owner["run_dir"] == str(run_dir):
+        return None
+    uid = owner.get("uid")
+    who = f"run.name {owner.get('run_name', '?')!r}, {_user(uid) if isinstance(uid, int) else 'uid ?'} on " \
+          f"{owner.get('host', '?')}"
+    return (f"run.scratch {scratch} belongs to another run: the run directory {owner['run_dir']} ({who}). Two runs "
+            f"never share a scratch (they would prune each other's checkpoints): give this run another run.name, or "
+            f"set run.scratch; if that run is gone for good, remove {scratch}")
+
+
+def problems(scratch: Path, run_dir: Path, is_default: bool) -> list[str]:
+    """Why the run in `run_dir` may not use `scratch` (empty: it may). Reads only; creates nothing."""
+    label = "run.scratch (the default)" if is_default else "run.scratch"
+    paths = [("the per-user scratch root", scratch.parent), (label, scratch)] if is_default else [(label, scratch)]
+    for what, path in paths:
+        try:
+            st = _lstat(path)
+        except OSError as e:
+            return [f"{what} {path} cannot be examined ({e.strerror})"]
+        if st is None:
+            return []  # created at launch, 0700
+        problem = _dir_problem(what, path, st)
+        if problem:
+            return [problem]
+    problem = _owner_problem(scratch, run_dir.absolute().resolve())
+    return [problem] if problem else []
+
+
+def _make_private_dir(path: Path, label: str, tighten: bool) -> None:
+    """mkdir 0700 unless present; then check what is there without following a link (and make it 0700 if
+    `tighten`)."""
+    try:
+        os.mkdir(path, PRIVATE)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # a symbolic link (ELOOP) or not a directory (ENOTDIR)
+        raise ScratchRefused([_dir_problem(label, path, os.lstat(path)) or f"{label} {path}: cannot be opened"]) \
+            from None
+    try:
+        st = os.fstat(fd)
+        problem = _dir_problem(label, path, st)
+        if problem:
+            raise ScratchRefused([problem])
+        if tighten and stat.S_IMODE(st.st_mode) != PRIVATE:
+            os.fchmod(fd, PRIVATE)  # ours: nobody else may list or enter it
+    finally:
+        os.close(fd)
+
+
+def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> None:
+    """Make `scratch` this run's: create it (0700; and the per-user root 0700 for the default) and write the marker
+    if there is none. Raises ScratchRefused when `problems()` has any, or another run won a race for it."""
+    run_dir = run_dir.absolute().resolve()
+    found = problems(scratch, run_dir, is_default)
+    if found:
+        raise ScratchRefused(found)
+    if is_default:
+        _make_private_dir(scratch.parent, "the per-user scratch root", tighten=True)
+    else:
+        scratch.parent.mkdir(parents=True, exist_ok=True)
+    _make_private_dir(scratch, "run.scratch", tighten=False)
+    if os.path.lexists(scratch / SCRATCH_OWNER):
+        problem = _owner_problem(scratch, run_dir)  # another run may have marked it since problems()
+        if problem:
+            raise ScratchRefused([problem])
+        return
+    owner = {"run_dir": str(run_dir), "run_name": run_name, "uid": os.geteuid(), "host": socket.gethostname()}
+    tmp = scratch / f"{atomic_tmp_prefix(SCRATCH_OWNER)}{os.getpid()}"
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            json.dump(owner, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, scratch / SCRATCH_OWNER)  # never replaces a marker another run wrote meanwhile
+        except FileExistsError:
+            problem = _owner_problem(scratch, run_dir)
+            if problem:
+                raise ScratchRefused([problem]) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def remove_own(scratch: Path, run_dir: Path) -> str | None:
+    """Delete `scratch` if it is this user's and marked for `run_dir` (None: removed or absent); else leave it and
+    say why. For the demo, which starts afresh each time but may remove only what it made."""
+    run_dir = run_dir.absolute().resolve()
+    st = _lstat(scratch)
+    if st is None:
+        return None
+    problem = _dir_problem("scratch", scratch, st)
+    if problem:
+        return problem
+    try:
+        owner = read_owner(scratch)
+    except ValueError as e:
+        return str(e)
+    if owner is None:
+        return f"{scratch} carries no {SCRATCH_OWNER}: not known to be this run's, so it is left alone"
+    if owner["run_dir"] != str(run_dir):
+        return f"{scratch} belongs to the run directory {owner['run_dir']}, not to {run_dir}: left alone"
+    shutil.rmtree(scratch)
+    return None
