@@ -168,10 +168,12 @@ def test_when_nothing_can_be_pruned_the_run_waits_for_space_says_so_and_then_fin
                                   sync={"every": "10s"}, restart={"no_progress_limit": 1, "max_restarts": 1})
     cfg = load_config(config)
     staging.stage(str(corpus[0]), cfg.scratch_dir)
-    filler = fill_leaving(disk, int(1.5 * ckpt_bytes(straight.checkpoint)))  # room for one and a half
     sup = start_supervisor(config, tmp_path / "sup.out", fake=False)
     try:
+        # another job takes the space once the launch's own check of scratch has passed (a full scratch at launch
+        # is refused: test_check_catches.py), before the trainer's first checkpoints
         wait_for(lambda: state(cfg.run_dir).get("phase"), 60, "the supervisor to load the config")
+        filler = fill_leaving(disk, int(1.5 * ckpt_bytes(straight.checkpoint)))  # room for one and a half
         remote.block()
         wait_for(lambda: state(cfg.run_dir).get("phase") == "waiting_space" or sup.poll() is not None, 180,
                  "the wait for space")

@@ -19,7 +19,7 @@ from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.daemon import staging
 from minilmd.protocol import SUPERVISOR_CONFIG
-from supervisor_helpers import cli, events, run_supervisor, start_supervisor, state, wait_for, write_config
+from supervisor_helpers import events, run_supervisor, start_supervisor, state, wait_for, write_config
 
 
 def model_sha(ckpt: Path) -> str:
