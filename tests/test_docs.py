@@ -108,3 +108,26 @@ def test_the_checker_catches_what_does_not_exist():
     assert command_lines("run `minilmd status --json` then\n```bash\n$ minilmd logs -f\n```\n") == [
         "minilmd status --json", "minilmd logs -f"]
     assert CONFIG_KEY.findall("set `train.nonexistent`") == [("train", "nonexistent")]
+
+
+TEST_REF = re.compile(r"tests/([\w/]+\.py)::(\w+)|(?<=[ `,])::(\w+)")
+
+
+def test_references_to_tests_name_tests_that_exist():
+    """A doc that cites a test as its proof (docs/failure-modes.md's tables) cites one that is there: `tests/F.py::T`,
+    and `::T` after it for another test of the same file (a parametrized test is cited by its function name)."""
+    problems = []
+    for doc in DOCS:
+        current = None
+        for m in TEST_REF.finditer(doc.read_text(encoding="utf-8")):
+            if m.group(1):
+                current, name = REPO / "tests" / m.group(1), m.group(2)
+            else:
+                name = m.group(3)
+            if current is None:
+                problems.append(f"{doc.name}: ::{name} without a file before it")
+            elif not current.is_file():
+                problems.append(f"{doc.name}: {current.relative_to(REPO)} does not exist")
+            elif not re.search(rf"^(?:async )?def {re.escape(name)}\(", current.read_text(encoding="utf-8"), re.M):
+                problems.append(f"{doc.name}: {current.relative_to(REPO)} has no test {name}")
+    assert not problems, "\n".join(problems)
