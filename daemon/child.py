@@ -32,6 +32,8 @@ RUN_DIR_ENV = names.RUN_DIR_ENV
 TRAINER_CMD_ENV = names.TRAINER_CMD_ENV
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
+SUPERVISOR_LINE = "# "
+"""How the lines the supervisor itself writes into an attempt log begin (the header, a stack dump's header)."""
 REAP_S = 10.0
 """After SIGKILL, how long kill_group waits for the kernel to let the process go before it gives up on reaping it."""
 
@@ -256,11 +258,24 @@ def _own_fault(run_dir: Path, started: float) -> dict | None:
 
 
 def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:
+    """The trainer's last words: up to n of its last lines, whole, joined by " | " within `limit` characters. The
+    supervisor's own lines in the log (they start with "# ": the attempt header, a stack dump's header) are not the
+    trainer's words. A last line longer than the limit keeps its start, cut after a word and marked " …"."""
     try:
-        lines = [ln.strip() for ln in tail_lines(path, 50, max_bytes=8192)[0] if ln.strip()]
+        lines = [ln.strip() for ln in tail_lines(path, 50, max_bytes=8192)[0]]
     except OSError:
         return ""
-    return " | ".join(lines[-n:])[-limit:]
+    lines = [ln for ln in lines if ln and not ln.startswith(SUPERVISOR_LINE)][-n:]
+    if not lines:
+        return ""
+    kept = [lines.pop()]
+    while lines and len(" | ".join([lines[-1], *kept])) <= limit:
+        kept.insert(0, lines.pop())
+    text = " | ".join(kept)
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit - 1)
+    return text[:cut if cut > 0 else limit - 2] + " …"
 
 
 def _torchrun_worker_signal(log_path: Path) -> int | None:
