@@ -52,7 +52,8 @@ def tokenizer_train_command(
         raise _data_error_exit(e) from None
     if bad:
         typer.echo(f"skipped bad lines: {bad}", err=True)
-    typer.echo(f"wrote {out}: vocabulary of {tok.get_vocab_size(with_added_tokens=True)}")
+    actual = tok.get_vocab_size(with_added_tokens=True)
+    typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
 
 
 @tokenizer_app.command("check")
