@@ -349,16 +349,14 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
             out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
                                  timeout=timeout)
         except (OSError, subprocess.SubprocessError) as e:
-            out = None
             failed = f"py-spy failed: {e}"
         else:
-            failed = f"py-spy exit {out.returncode}"
-        if out is not None:
             with open(log_path, "a", encoding="utf-8") as log:
                 log.write(f"\n{SUPERVISOR_LINE}py-spy dump --pid {pid} (hang detected by the supervisor)\n"
                           f"{out.stdout}{out.stderr}\n")
             if out.returncode == 0:
                 return "py-spy dumped the stacks into the attempt log"
+            failed = f"py-spy exit {out.returncode}"
         return f"{failed}; {_dump_by_sigusr1(pid, log_path, wait_s, torchrun)}"
     return _dump_by_sigusr1(pid, log_path, wait_s, torchrun)
 

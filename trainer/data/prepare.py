@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 import shutil
 import sys
@@ -308,8 +309,10 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     if problems:
         raise ValueError("; ".join(problems))
     out = Path(out)
-    if out.exists() and not force:
-        raise ValueError(f"{out} already exists; pass --force to replace it")
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise ValueError(f"{out} already exists; pass --force to replace it")
+        _check_replaceable(out)
     tok = _Tokenizer.load(tokenizer)
     if opts.workers is None:
         opts.workers = default_workers()
@@ -321,10 +324,57 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     try:
         meta = _prepare_into(tmp, sources, tok, opts, progress, log)
         open_prepared(tmp)  # the invariants, checked by the same code the trainer runs
+        if out.exists() or out.is_symlink():
+            _check_replaceable(out)  # again: something may have been put there meanwhile
         publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, os.getpid()))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+CORPUS_ENTRIES = {META, CORPUS_TOKENIZER, *SPLITS}
+"""What a prepared corpus holds at its top; each split directory holds SPLIT_FILES."""
+SPLIT_FILES = {TOKENS, DOC_LENGTHS}
+
+
+def _check_replaceable(out: Path) -> None:
+    """ValueError unless `--force` may replace `out`: an empty directory, or a prepared corpus holding nothing but
+    its own files. Anything else may be somebody's work (a thesis.txt): replacing it would delete it."""
+    what = _foreign_content(out)
+    if what:
+        raise ValueError(f"{out}: --force replaces only a prepared corpus or an empty directory, and this is {what}; "
+                         "nothing was changed. Choose another --out, or move it away yourself")
+
+
+def _foreign_content(out: Path) -> str:
+    """Why out is not replaceable ("" when it is)."""
+    if out.is_symlink():
+        return f"a symbolic link (to {os.readlink(out)})"
+    if not out.is_dir():
+        return "not a directory"
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return ""
+    try:
+        meta = json.loads((out / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return f"not a prepared corpus (no {META} of format {FORMAT!r}; it holds {_listing(entries)})"
+    foreign = [name for name in entries if name not in CORPUS_ENTRIES]
+    for split in SPLITS:
+        if (out / split).is_dir():
+            foreign += [f"{split}/{p.name}" for p in sorted((out / split).iterdir()) if p.name not in SPLIT_FILES]
+        elif (out / split).exists():
+            foreign.append(split)
+    if foreign:
+        return f"a prepared corpus with other files in it: {_listing(foreign)}"
+    return ""
+
+
+def _listing(names: list[str], most: int = 5) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _prepare_into(tmp: Path, sources: list[str], tok: _Tokenizer, opts: PrepareOptions,
