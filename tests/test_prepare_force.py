@@ -15,7 +15,7 @@ from conftest import tree_digest
 
 def prepare_cli(sources, tokenizer, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "minilmd.cli", "prepare", *map(str, sources), "--tokenizer",
-                           str(tokenizer), "--out", str(out), "--workers", "0", *extra],
+                           str(tokenizer), "--out", str(out), "--workers", "0", "--val-fraction", "0.1", *extra],
                           capture_output=True, text=True, timeout=120)
 
 

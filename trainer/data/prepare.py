@@ -51,6 +51,7 @@ from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, BadLine, InputError, S
 
 BLOCK_BYTES = 1 << 20
 MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of them are counted
+NO_DIGEST = 2**64  # above every split digest
 
 
 def _digest64(data: bytes) -> int:
@@ -87,6 +88,7 @@ class EncodedBlock:
     val_lengths: np.ndarray
     val_keys: np.ndarray
     val_lines: np.ndarray
+    train_min_digest: int  # the smallest split digest of the block's train documents (2**64 when none)
 
 
 class BlockEncoder:
@@ -130,13 +132,14 @@ class BlockEncoder:
         tokens[is_body] = body
         token_is_val = np.repeat(is_val, lengths)
         lines = np.asarray(parsed.lines, dtype=np.int64)
+        train_min = min((d for d, v in zip(digests, is_val, strict=True) if not v), default=NO_DIGEST)
         return EncodedBlock(
             n_lines=parsed.n_lines, blank=parsed.blank, bad=parsed.bad, text_bytes=sum(map(len, utf8)),
             special_inside=special_inside,
             train_tokens=tokens[~token_is_val], train_lengths=lengths[~is_val].astype(np.int32),
             train_keys=keys[~is_val],
             val_tokens=tokens[token_is_val], val_lengths=lengths[is_val].astype(np.int32), val_keys=keys[is_val],
-            val_lines=lines[is_val],
+            val_lines=lines[is_val], train_min_digest=train_min,
         )
 
 
@@ -389,12 +392,42 @@ def _prepare_into(tmp: Path, sources: list[str], tok: _Tokenizer, opts: PrepareO
     if found.documents == 0:
         raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)")
     leaked, leak_examples = _leak_check(tmp, found, opened)
+    _check_splits(found, leaked, opts.val_fraction)
     train_lengths, val_lengths = _write_splits(tmp, found, leaked)
     meta = _meta(tmp, tok, opts, found, train_lengths, val_lengths, leaked, leak_examples)
     atomic_write_json(tmp / META, meta)
     os.chmod(tmp / META, 0o644)  # atomic_write_json's temp file is private; the corpus is for every reader
     _report(meta, log)
     return meta
+
+
+def _check_splits(found: _Collector, leaked: np.ndarray, val_fraction: float) -> None:
+    """InputError (exit 65) when a split would be empty: `minilmd train` needs documents to train on and a val
+    split for its validation loss. The message gives the smallest --val-fraction that puts a document into val
+    (the split rule is a hash of each text: raising the fraction only moves documents from train to val).
+    --val-fraction 0 asks for no val split: then only train must not be empty."""
+    n, n_val = found.documents, int(leaked.size)
+    n_train = n - n_val
+    if n_train == 0:
+        raise InputError(f"the train split is empty: all {n:,} documents fell into val at --val-fraction "
+                         f"{val_fraction}; lower it (the split is by a hash of each text), or add documents")
+    if val_fraction == 0 or n_val - int(leaked.sum()) > 0:
+        return
+    if n_val:
+        raise InputError(f"the val split is empty: all {n_val:,} val document(s) repeat train documents (whitespace "
+                         f"aside) and were removed by the leak check; raise --val-fraction to draw others")
+    need = _round_up(found.train_min_digest / 2**64)
+    raise InputError(f"the val split is empty: none of the {n:,} documents fell into val at --val-fraction "
+                     f"{val_fraction} (about {n * val_fraction:.2f} expected; the split is by a hash of each text), "
+                     f"and `minilmd train` needs a val split for its validation loss. --val-fraction {need} puts at "
+                     f"least one document there")
+
+
+def _round_up(x: float) -> float:
+    """x rounded up to two significant digits, strictly above x: a val fraction that takes the document at x."""
+    digits = 1 - int(np.floor(np.log10(x))) if x > 0 else 2
+    up = float(np.ceil(x * 10**digits) / 10**digits)
+    return up if up > x else up + 10.0**-digits
 
 
 def _open_sources(sources: list[str]) -> list[Source]:
@@ -426,6 +459,7 @@ class _Collector:
         self.special_examples: list[str] = []
         self.special_docs = 0
         self.text_bytes = 0
+        self.train_min_digest = NO_DIGEST  # the train document closest to the val side of the split rule
         self.sources = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0,
                          "bad_lines": 0} for s in opened]
 
@@ -453,6 +487,7 @@ class _Collector:
         sm["bad_lines"] += len(block.bad)
         sm["documents"] += int(block.train_lengths.size + block.val_lengths.size)
         self.text_bytes += block.text_bytes
+        self.train_min_digest = min(self.train_min_digest, block.train_min_digest)
         self.special_docs += len(block.special_inside)
         for line in block.special_inside[:MAX_EXAMPLES - len(self.special_examples)]:
             self.special_examples.append(f"{name}:{line}")
@@ -618,7 +653,7 @@ def _report(meta: dict, log) -> None:
     log(f"leak check: {lc['leaked_documents']:,} of {lc['val_documents_checked']:,} val documents also in train "
         f"(whitespace ignored), removed from val" + (f": {', '.join(lc['examples'])}" if lc["examples"] else ""))
     if v["documents"] == 0:
-        log("warning: the val split is empty; raise --val-fraction for a corpus this small")
+        log("warning: --val-fraction 0: no val split; `minilmd train` refuses a corpus without one")
     bad = meta["bad_lines"]
     if bad["total"]:
         counts = ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in bad["by_reason"].items())
