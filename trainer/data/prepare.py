@@ -146,13 +146,32 @@ class BlockEncoder:
 _worker_encoder: BlockEncoder | None = None
 
 
-def _worker_init(tokenizer_json: str, val_fraction: float) -> None:
+def _worker_init(tokenizer_json: str, val_fraction: float, parent: int) -> None:
     import signal
 
+    _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     global _worker_encoder
     _worker_encoder = BlockEncoder(tokenizer_json, val_fraction)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make the kernel SIGKILL this worker when prepare's process ends, however it ends: a prepare killed with
+    SIGKILL has no chance to stop its pool, and its workers would go on (and keep multiprocessing's resource tracker
+    alive, which ends by itself once no process holds its pipe). PR_SET_PDEATHSIG is Linux's; if the parent already
+    ended before the call, exit at once. Elsewhere a no-op."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _worker_encode(blob: bytes, first_line: int) -> EncodedBlock:
@@ -515,7 +534,8 @@ def _encode_all(opened: list[Source], found: _Collector, tok: _Tokenizer, opts: 
     executor: ProcessPoolExecutor | _InlineExecutor
     if workers > 0:
         executor = ProcessPoolExecutor(workers, initializer=_worker_init,
-                                       initargs=(tok.json, opts.val_fraction), mp_context=_spawn_context())
+                                       initargs=(tok.json, opts.val_fraction, os.getpid()),
+                                       mp_context=_spawn_context())
     else:
         executor = _InlineExecutor(tok.json, opts.val_fraction)
     pending: deque = deque()
