@@ -36,6 +36,7 @@ from minilmd.names import (
     CORPUS_TOKENIZER,
     DOC_LENGTHS,
     LEAK_KEYS,
+    LONG_DOCUMENT_SPOOL,
     SPLITS,
     TOKENS,
     UNCHECKED_VAL_TOKENS,
@@ -47,7 +48,8 @@ from minilmd.names import (
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.tokenizer import load_tokenizer
 from minilmd.trainer.data import corpus_stats
-from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source, parse_block
+from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, BadLine, InputError, LongLine, Source, parse_block
+from minilmd.trainer.data.longdoc import RESTART, LineVerdict, LongLineParser, PieceCutter, split_pieces
 
 BLOCK_BYTES = 1 << 20
 MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of them are counted
@@ -110,12 +112,7 @@ class BlockEncoder:
         digests = [_digest64(b) for b in utf8]
         is_val = np.fromiter((d < self.threshold for d in digests), dtype=bool, count=len(texts))
         keys = np.fromiter(map(_leak_key_given, texts, digests), dtype=np.uint64, count=len(texts))
-        encs = self.encode(texts, add_special_tokens=False)
-        body_lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-        body = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.uint16,
-                           count=int(body_lengths.sum()))
-        if body.size and int(body.max()) >= self.vocab_size:
-            raise CorpusError(f"tokenizer produced id {int(body.max())} >= its vocabulary {self.vocab_size}")
+        body, body_lengths = self._encode_texts(texts)
         special_inside = []
         special = body <= max(PAD_ID, BOS_ID, EOS_ID)
         if special.any():
@@ -141,6 +138,33 @@ class BlockEncoder:
             val_tokens=tokens[token_is_val], val_lengths=lengths[is_val].astype(np.int32), val_keys=keys[is_val],
             val_lines=lines[is_val], train_min_digest=train_min,
         )
+
+
+    def _encode_texts(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(the texts' ids one after the other, each text's number of ids). A text longer than PIECE_CHARS is
+        encoded in the pieces longdoc.split_pieces cuts, exactly as when it is streamed as a long line."""
+        pieces = [split_pieces(t) for t in texts]
+        flat = [piece for text_pieces in pieces for piece in text_pieces]
+        encs = self.encode(flat, add_special_tokens=False)
+        lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+        body = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.uint16,
+                           count=int(lengths.sum()))
+        self._check_ids(body)
+        if len(flat) == len(texts):
+            return body, lengths
+        firsts = np.cumsum([0] + [len(text_pieces) for text_pieces in pieces[:-1]])
+        return body, np.add.reduceat(lengths, firsts)
+
+    def _check_ids(self, body: np.ndarray) -> None:
+        if body.size and int(body.max()) >= self.vocab_size:
+            raise CorpusError(f"tokenizer produced id {int(body.max())} >= its vocabulary {self.vocab_size}")
+
+    def encode_piece(self, text: str) -> tuple[np.ndarray, bool]:
+        """One piece of a long document: (its ids, whether one of them is PAD/BOS/EOS)."""
+        enc = self.encode([text], add_special_tokens=False)[0]
+        body = np.asarray(enc.ids, dtype=np.uint16)
+        self._check_ids(body)
+        return body, bool((body <= max(PAD_ID, BOS_ID, EOS_ID)).any())
 
 
 _worker_encoder: BlockEncoder | None = None
@@ -174,9 +198,10 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _worker_encode(blob: bytes, first_line: int) -> EncodedBlock:
+def _worker_call(method: str, *args):
+    """In a pool process: BlockEncoder.<method>(*args) of the worker's encoder ("__call__": a block of lines)."""
     assert _worker_encoder is not None  # set by _worker_init in every pool process
-    return _worker_encoder(blob, first_line)
+    return getattr(_worker_encoder, method)(*args)
 
 
 class _InlineExecutor:
@@ -185,10 +210,8 @@ class _InlineExecutor:
     def __init__(self, tokenizer_json: str, val_fraction: float):
         self.encoder = BlockEncoder(tokenizer_json, val_fraction)
 
-    def submit(self, fn, blob, first_line) -> Future:
-        f: Future = Future()
-        f.set_result(self.encoder(blob, first_line))
-        return f
+    def submit(self, fn, method: str, *args) -> Future:
+        return _done(getattr(self.encoder, method)(*args))
 
     def shutdown(self, wait=True, cancel_futures=False) -> None:
         pass
@@ -254,6 +277,15 @@ class _SplitWriter:
         self.lengths.append(lengths)
         self.tokens += int(tokens.size)
 
+    def write_spooled(self, spool: _Spool) -> None:
+        """One long document: BOS, its ids from the spool (copied in bounded chunks), EOS."""
+        self.write(np.array([BOS_ID], dtype="<u2"), np.array([spool.ids + 2], dtype=np.int32))
+        for data in spool.read():
+            self.file.write(data)
+            self.sha.update(data)
+        self.write(np.array([EOS_ID], dtype="<u2"), np.zeros(0, dtype=np.int32))
+        self.tokens += spool.ids
+
     def close(self) -> None:
         self.file.flush()
         os.fsync(self.file.fileno())
@@ -261,6 +293,48 @@ class _SplitWriter:
 
     def all_lengths(self) -> np.ndarray:
         return np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
+
+
+class _Spool:
+    """The ids of the long document being read, in a file beside the output: its split is known only at its end
+    (a hash of its whole text), and it may still turn out to be a bad line."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = open(path, "w+b")
+        self.ids = 0
+        self.special = False  # an id of PAD/BOS/EOS inside
+
+    def add(self, ids: np.ndarray, special: bool) -> None:
+        self.file.write(ids.astype("<u2", copy=False).tobytes())
+        self.ids += int(ids.size)
+        self.special |= special
+
+    def reset(self) -> None:
+        self.file.seek(0)
+        self.file.truncate()
+        self.ids, self.special = 0, False
+
+    def read(self, chunk: int = 8 << 20):
+        self.file.flush()
+        self.file.seek(0)
+        while data := self.file.read(chunk):
+            yield data
+
+    def close(self) -> None:
+        self.file.close()
+        self.path.unlink(missing_ok=True)
+
+
+@dataclass
+class LongEnd:
+    """The end of a long line, as the main process saw it stream by: its verdict, and for a document the split
+    hash and leak key of its whole text."""
+    line: int
+    verdict: LineVerdict
+    digest: int
+    leak_key: int
+    text_bytes: int
 
 
 def _remove_stale_tmp(out: Path) -> None:
@@ -481,6 +555,8 @@ class _Collector:
         self.train_min_digest = NO_DIGEST  # the train document closest to the val side of the split rule
         self.sources = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0,
                          "bad_lines": 0} for s in opened]
+        self.spool = _Spool(tmp / LONG_DOCUMENT_SPOOL)
+        self.threshold = 0  # set by _encode_all: the split rule's
 
     @property
     def documents(self) -> int:
@@ -490,41 +566,86 @@ class _Collector:
     def tokens(self) -> int:
         return self.train.tokens + self.val_raw.tokens
 
+    def take(self, src_idx: int, kind: str, result) -> None:
+        """One result, in input order: a block ("block"), a piece of a long document ("piece"), the long line
+        starting over at another "text" key ("restart"), or its end ("long_end")."""
+        if kind == "block":
+            self.add(src_idx, result)
+        elif kind == "piece":
+            self.spool.add(*result)
+        elif kind == "restart":
+            self.spool.reset()
+        else:
+            self.end_long(src_idx, result)
+
     def add(self, src_idx: int, block: EncodedBlock) -> None:
-        name = self.opened[src_idx].path
-        if block.bad:
-            if self.on_bad_line == "error":
-                raise InputError(str(BadLine(name, *block.bad[0])) + "; nothing was written. Fix the line or "
-                                 "pass --on-bad-line skip to skip bad lines and count them")
-            for line, reason, detail in block.bad:
-                self.bad_counts[reason] = self.bad_counts.get(reason, 0) + 1
-                if len(self.bad_examples) < MAX_EXAMPLES:
-                    self.bad_examples.append(str(BadLine(name, line, reason, detail)))
-        sm = self.sources[src_idx]
-        sm["lines"] += block.n_lines
-        sm["blank_lines"] += block.blank
-        sm["bad_lines"] += len(block.bad)
-        sm["documents"] += int(block.train_lengths.size + block.val_lengths.size)
+        self._lines(src_idx, block.n_lines, block.blank, block.bad)
+        self.sources[src_idx]["documents"] += int(block.train_lengths.size + block.val_lengths.size)
         self.text_bytes += block.text_bytes
         self.train_min_digest = min(self.train_min_digest, block.train_min_digest)
-        self.special_docs += len(block.special_inside)
-        for line in block.special_inside[:MAX_EXAMPLES - len(self.special_examples)]:
-            self.special_examples.append(f"{name}:{line}")
+        self._special(src_idx, block.special_inside)
         self.train.write(block.train_tokens, block.train_lengths)
         self.train_keys.write(block.train_keys.tobytes())
         self.val_raw.write(block.val_tokens, block.val_lengths)
         self.val_keys.append(block.val_keys)
         self.val_where.append(np.stack([np.full(block.val_lines.size, src_idx), block.val_lines], axis=1))
 
+    def end_long(self, src_idx: int, end: LongEnd) -> None:
+        """A long line has been read: a document (its ids are in the spool), a bad line or a blank one."""
+        verdict = end.verdict
+        bad = [(end.line, *verdict.bad)] if verdict.bad else []
+        self._lines(src_idx, 1, int(verdict.blank), bad)
+        if verdict.blank or verdict.bad:
+            self.spool.reset()
+            return
+        if self.spool.ids + 2 > np.iinfo(np.int32).max:
+            raise InputError(f"{self.opened[src_idx].path}:{end.line}: a document of {self.spool.ids:,} tokens; "
+                             f"doc_lengths.npy holds int32 lengths: split it into documents of fewer tokens")
+        self.sources[src_idx]["documents"] += 1
+        self.text_bytes += end.text_bytes
+        self._special(src_idx, [end.line] if self.spool.special else [])
+        key = np.array([end.leak_key], dtype=np.uint64)
+        if end.digest < self.threshold:
+            self.val_raw.write_spooled(self.spool)
+            self.val_keys.append(key)
+            self.val_where.append(np.array([[src_idx, end.line]], dtype=np.int64))
+        else:
+            self.train.write_spooled(self.spool)
+            self.train_keys.write(key.tobytes())
+            self.train_min_digest = min(self.train_min_digest, end.digest)
+        self.spool.reset()
+
+    def _lines(self, src_idx: int, n_lines: int, blank: int, bad: list) -> None:
+        name = self.opened[src_idx].path
+        if bad:
+            if self.on_bad_line == "error":
+                raise InputError(str(BadLine(name, *bad[0])) + "; nothing was written. Fix the line or "
+                                 "pass --on-bad-line skip to skip bad lines and count them")
+            for line, reason, detail in bad:
+                self.bad_counts[reason] = self.bad_counts.get(reason, 0) + 1
+                if len(self.bad_examples) < MAX_EXAMPLES:
+                    self.bad_examples.append(str(BadLine(name, line, reason, detail)))
+        sm = self.sources[src_idx]
+        sm["lines"] += n_lines
+        sm["blank_lines"] += blank
+        sm["bad_lines"] += len(bad)
+
+    def _special(self, src_idx: int, lines: list[int]) -> None:
+        self.special_docs += len(lines)
+        for line in lines[:MAX_EXAMPLES - len(self.special_examples)]:
+            self.special_examples.append(f"{self.opened[src_idx].path}:{line}")
+
     def close(self) -> None:
         self.train.close()
         self.val_raw.close()
         self.train_keys.close()
+        self.spool.close()
 
 
 def _encode_all(opened: list[Source], found: _Collector, tok: _Tokenizer, opts: PrepareOptions,
                 progress: Progress | bool | None) -> None:
-    """Blocks of whole lines -> worker processes -> `found`, in input order, a bounded number in flight."""
+    """Blocks of whole lines, and the pieces of long lines, -> worker processes -> `found`, in input order, a
+    bounded number in flight."""
     total_bytes = sum(s.size for s in opened)
     if progress is None or progress is True:
         progress = Progress(total_bytes)
@@ -538,27 +659,37 @@ def _encode_all(opened: list[Source], found: _Collector, tok: _Tokenizer, opts: 
                                        mp_context=_spawn_context())
     else:
         executor = _InlineExecutor(tok.json, opts.val_fraction)
+    found.threshold = int(opts.val_fraction * 2**64)
     pending: deque = deque()
     max_in_flight = 2 * max(workers, 1) + 1
     done_before = 0  # raw bytes of the sources already finished
+    src: Source | None = None
+
+    def submit(src_idx: int, kind: str, future: Future) -> None:
+        pending.append((src_idx, kind, future))
+        while len(pending) >= max_in_flight:
+            found.take(*_result(pending.popleft()))
+            if progress and src is not None:
+                progress.update(done_before + src.position, found.tokens, found.documents)
+
     try:
         for src_idx, src in enumerate(opened):
             try:
-                for first_line, blob in src.blocks(opts.block_bytes):
-                    pending.append((src_idx, executor.submit(_worker_encode, blob, first_line)))
-                    while len(pending) >= max_in_flight:
-                        found.add(pending[0][0], pending.popleft()[1].result())
-                        if progress:
-                            progress.update(done_before + src.position, found.tokens, found.documents)
+                for item in src.items(opts.block_bytes):
+                    if isinstance(item, LongLine):
+                        _stream_long_line(item, src_idx, executor, submit)
+                    else:
+                        first_line, blob = item
+                        submit(src_idx, "block", executor.submit(_worker_call, "__call__", blob, first_line))
                 done_before += src.size
             finally:
                 src.close()
         while pending:
-            found.add(pending[0][0], pending.popleft()[1].result())
+            found.take(*_result(pending.popleft()))
         if progress:
             progress.update(total_bytes, found.tokens, found.documents, force=True)
     finally:
-        for _, f in pending:
+        for _, _, f in pending:
             f.cancel()
         executor.shutdown(wait=True, cancel_futures=True)
         if progress:
@@ -566,6 +697,81 @@ def _encode_all(opened: list[Source], found: _Collector, tok: _Tokenizer, opts: 
         for s in opened:
             s.close()
         found.close()
+
+
+def _result(entry: tuple[int, str, Future]) -> tuple[int, str, object]:
+    src_idx, kind, future = entry
+    return src_idx, kind, future.result()
+
+
+def _stream_long_line(long: LongLine, src_idx: int, executor, submit) -> None:
+    """A line too long to hold, as it is read: parsed in chunks, its text cut into pieces for the workers; its
+    end, with the verdict and the hashes of the whole text, follows its pieces."""
+    parser = LongLineParser()
+    doc = _LongText(lambda piece: submit(src_idx, "piece", executor.submit(_worker_call, "encode_piece", piece)))
+
+    def take(events: list) -> None:
+        for event in events:
+            if event is RESTART:  # another top-level "text": the last one is the document
+                doc.reset()
+                submit(src_idx, "restart", _done(None))
+            else:
+                doc.add(event)
+
+    for chunk in long.chunks():
+        take(parser.feed(chunk))
+    events, verdict = parser.close()
+    take(events)
+    doc.finish()
+    submit(src_idx, "long_end", _done(LongEnd(long.line, verdict, _digest_int(doc.digest), _digest_int(doc.key),
+                                              doc.text_bytes)))
+
+
+class _LongText:
+    """The text of a long line as it streams by: cut into pieces (handed to `send`), hashed on the way for the split
+    rule and the leak key of the whole text (blake2b is the same fed in parts)."""
+
+    def __init__(self, send):
+        self.send = send
+        self.reset()
+
+    def reset(self) -> None:
+        self.cutter = PieceCutter()
+        self.digest = hashlib.blake2b(digest_size=8)
+        self.key = hashlib.blake2b(digest_size=8)
+        self.text_bytes = 0
+        self.encodable = True  # no lone surrogate so far (with one, the line is bad: nothing more is encoded)
+
+    def add(self, fragment: str) -> None:
+        for piece in self.cutter.add(fragment):
+            self._piece(piece)
+
+    def finish(self) -> None:
+        for piece in self.cutter.finish():
+            self._piece(piece)
+
+    def _piece(self, piece: str) -> None:
+        if not self.encodable:
+            return
+        try:
+            data = piece.encode("utf-8")
+        except UnicodeEncodeError:
+            self.encodable = False
+            return
+        self.digest.update(data)
+        self.key.update("".join(piece.split()).encode("utf-8"))
+        self.text_bytes += len(data)
+        self.send(piece)
+
+
+def _digest_int(h) -> int:
+    return int.from_bytes(h.digest(), "little")
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
 
 
 def _leak_check(tmp: Path, found: _Collector, opened: list[Source]) -> tuple[np.ndarray, list[str]]:
@@ -587,19 +793,30 @@ def _write_splits(tmp: Path, found: _Collector, leaked: np.ndarray) -> tuple[np.
     """val's tokens.bin without its leaked documents, and both splits' doc_lengths.npy; returns the lengths."""
     val_lengths_all = found.val_raw.all_lengths().astype(np.int64)
     keep = ~leaked
-    val_tokens_path = tmp / SPLITS[1] / TOKENS
-    if found.val_raw.tokens:
-        raw = np.memmap(found.val_raw.path, dtype="<u2", mode="r", shape=(found.val_raw.tokens,))
-        np.asarray(raw[np.repeat(keep, val_lengths_all)]).tofile(val_tokens_path)
-        del raw
-    else:
-        val_tokens_path.write_bytes(b"")
+    _copy_kept(found.val_raw.path, val_lengths_all, keep, tmp / SPLITS[1] / TOKENS)
     found.val_raw.path.unlink()
     train_lengths = found.train.all_lengths()
     val_lengths = val_lengths_all[keep].astype(np.int32)
     np.save(tmp / SPLITS[0] / DOC_LENGTHS, train_lengths)
     np.save(tmp / SPLITS[1] / DOC_LENGTHS, val_lengths)
     return train_lengths, val_lengths
+
+
+def _copy_kept(src: Path, lengths: np.ndarray, keep: np.ndarray, dst: Path, chunk: int = 8 << 20) -> None:
+    """dst = the documents of the token file src whose `keep` is set, copied run by run in bounded chunks."""
+    bounds = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], keep.astype(np.int8), [0]])))  # kept runs: [start, end)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        for first, last in edges.reshape(-1, 2):
+            fin.seek(2 * int(bounds[first]))
+            left = 2 * int(bounds[last] - bounds[first])
+            while left:
+                data = fin.read(min(chunk, left))
+                if not data:
+                    raise CorpusError(f"{src}: ends {left} bytes early (written by this prepare a moment ago)")
+                fout.write(data)
+                left -= len(data)
 
 
 def _file_table(tmp: Path, train_tokens_sha: str) -> dict[str, dict]:
