@@ -26,7 +26,7 @@ def test_a_vocabulary_smaller_than_asked_is_warned_about_with_both_numbers(tmp_p
     warning = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1, done.stderr
     assert f"--vocab-size 6400 but the corpus gave only {actual} entries" in warning[0]
-    assert f"model.vocab_size to at least {actual}" in warning[0]
+    assert f"needs model.vocab_size = {actual}" in warning[0]
     assert f"vocabulary of {actual} (asked for 6400)" in done.stdout
 
 

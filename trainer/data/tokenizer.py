@@ -54,8 +54,8 @@ def vocab_shortfall(asked: int, actual: int) -> str:
     """The warning for a trained vocabulary smaller than asked for: both numbers, and what they mean for a run."""
     return (f"warning: asked for --vocab-size {asked} but the corpus gave only {actual} entries: BPE ran out of "
             f"pairs that occur more than once (too little or too repetitive text). The tokenizer has {actual} entries "
-            f"(ids 0..{actual - 1}); set model.vocab_size to at least {actual} in the run config ({asked} works too, "
-            f"but its last {asked - actual} embedding rows are never trained), or train the tokenizer on more text")
+            f"(ids 0..{actual - 1}): a run on a corpus prepared with it needs model.vocab_size = {actual} (the trainer "
+            f"refuses any other size), not {asked}; or train the tokenizer on more text")
 
 
 def _warn_stderr(message: str) -> None:
