@@ -254,14 +254,19 @@ def export(
     dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers."""
-    from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
+    from minilmd.trainer.model.export import (
+        ExportError,
+        export_hf,
+        export_minimind,
+        minimind_eval_command,
+        read_checkpoint,
+    )
 
     try:
         if format == "minimind":
             path = export_minimind(checkpoint, out)
             _, model_cfg, _ = read_checkpoint(checkpoint, validate=False)
-            typer.echo(f"wrote {path} (fp16). In MiniMind: python eval_llm.py --hidden_size "
-                       f"{model_cfg['hidden_size']} --num_hidden_layers {model_cfg['num_hidden_layers']} ...")
+            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg)}")
         elif format == "hf":
             path = export_hf(checkpoint, out, tokenizer or None, dtype)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
