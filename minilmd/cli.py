@@ -75,14 +75,17 @@ def prepare_command(
     out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
     val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
-    seq_len: int = typer.Option(340, "--seq-len", help="Sequence length for the padding/packing report."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Batch size for the steps-per-epoch report."),
+    seq_len: int = typer.Option(340, "--seq-len", help="Sequence length of the padding/packing figures printed "
+                                "(only those: the tokens do not depend on it)."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the steps-per-epoch figures printed."),
     workers: int = typer.Option(-1, "--workers", help="Encoding processes; -1: one per core, 0: in-process."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing prepared corpus (or fill an empty "
+                               "directory); anything else is refused."),
 ) -> None:
     """JSONL -> prepared corpus: train/ and val/ uint16 token streams, meta.json with statistics, tokenizer copy.
 
-    Exit status: 0 done, 65 bad input (file:line:reason named, nothing written), 2 bad arguments or tokenizer."""
+    Exit status: 0 done, 65 bad input (file:line:reason named; or a split would be empty), 2 bad arguments or
+    tokenizer, or an --out that --force may not replace; nothing is written unless 0."""
     import signal
 
     from minilmd.corpus import CorpusError
