@@ -3,6 +3,7 @@
 with exit 2 and left exactly as they were."""
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -10,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tree_digest
+
+def tree_digest(root: Path) -> str:
+    """sha256 over the relative path and bytes of every file below root, and the names of its directories."""
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + (path.read_bytes() if path.is_file() else b"/"))
+    return h.hexdigest()
 
 
 def prepare_cli(sources, tokenizer, out: Path, *extra: str) -> subprocess.CompletedProcess:
