@@ -43,8 +43,8 @@ _MAX_INT_DIGITS = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # json.lo
 
 def next_cut(text: str, start: int, max_chars: int = PIECE_CHARS) -> tuple[int, bool]:
     """(end of the piece of `text` that starts at `start`, whether the cut is a pre-tokenizer boundary). The rest
-    when it fits in max_chars. Looks at most at text[start:start + max_chars + 2]: a streaming caller cuts only
-    once it holds that much (or the end of the text)."""
+    when it fits in max_chars. Looks at text[start:start + max_chars + 1] only: a streaming caller cuts once it
+    holds more than that (or the end of the text), and gets the cuts of the whole text."""
     end = start + max_chars
     if len(text) <= end:
         return len(text), True
@@ -75,20 +75,18 @@ def split_pieces(text: str, max_chars: int = PIECE_CHARS) -> list[str]:
 
 
 class PieceCutter:
-    """Text fragments in, pieces out: the same cuts as split_pieces on the whole text, holding at most
-    max_chars + 2 characters beyond what it has handed out."""
+    """Text fragments in, pieces out: the same cuts as split_pieces on the whole text, holding only what it has not
+    handed out (less than max_chars + 2 characters, plus the last fragment)."""
 
     def __init__(self, max_chars: int = PIECE_CHARS):
         self.max_chars = max_chars
         self.buf = ""
-        self.forced_cuts = 0
 
     def add(self, fragment: str) -> list[str]:
         self.buf += fragment
         pieces = []
         while len(self.buf) > self.max_chars + 1:
-            end, safe = next_cut(self.buf, 0, self.max_chars)
-            self.forced_cuts += not safe
+            end, _ = next_cut(self.buf, 0, self.max_chars)
             pieces.append(self.buf[:end])
             self.buf = self.buf[end:]
         return pieces
@@ -96,8 +94,7 @@ class PieceCutter:
     def finish(self) -> list[str]:
         pieces = []
         while self.buf:
-            end, safe = next_cut(self.buf, 0, self.max_chars)
-            self.forced_cuts += not safe
+            end, _ = next_cut(self.buf, 0, self.max_chars)
             pieces.append(self.buf[:end])
             self.buf = self.buf[end:]
         return pieces
