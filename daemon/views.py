@@ -209,8 +209,9 @@ def _tail(path: Path, n: int) -> tuple[str, int]:
 
 def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
          poll_s: float = 0.3) -> int:
-    """The supervisor's log and the current attempt's trainer output; with follow, new lines of both as they come,
-    switching to the next attempt's log when the supervisor starts one. Follows until interrupted."""
+    """The last `lines` lines of the supervisor's log and as many of the current attempt's trainer output; with
+    follow, new lines of both as they come, switching to the next attempt's log when the supervisor starts one.
+    Follows until interrupted."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
     problem = _run_problem(run_dir)
@@ -233,7 +234,7 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
     current = attempts[-1] if attempts else None
     cur_off = 0
     if current:
-        text, cur_off = _tail(current, lines * 2)
+        text, cur_off = _tail(current, lines)
         out.write(f"==> {current} <==\n{text}")
     out.flush()
     if not follow:

@@ -6,6 +6,8 @@
 #   window "logs" (1): minilmd logs -f RUN_DIR    RUN_DIR is run.dir of CONFIG
 # SESSION defaults to minilmd-<run.name>, or minilmd-<config file stem> when the config has no run.name.
 #
+# Before the supervisor is started (or started again), `minilmd run CONFIG --check` must accept CONFIG: otherwise
+# its message is printed and the launcher exits with its status (2 for a bad config), starting nothing.
 # Idempotent: when the session exists nothing is started twice. A window whose command has ended keeps its last
 # output on screen (remain-on-exit) and is started again by the next call; a window closed by hand is recreated.
 # Then it attaches (or switches client inside tmux), unless --no-attach is given or this is not a terminal.
@@ -86,6 +88,24 @@ prefix=()
 run_cmd=("${prefix[@]}" "$exe" run "$config")
 logs_cmd=("${prefix[@]}" "$exe" logs -f "$run_dir")
 
+# `minilmd run CONFIG --check` before the supervisor is started: a config it would refuse is reported here, with
+# --check's message and exit status, instead of in a dead pane of a session that was started for nothing.
+check_config() {
+    local out status=0
+    out=$("${prefix[@]}" "$exe" run "$config" --check 2>&1) || status=$?
+    if (( status != 0 )); then
+        printf '%s\n' "$out" >&2
+        die "$config: \`minilmd run --check\` refused it (exit $status); nothing was started" "$status"
+    fi
+}
+
+# Whether window $1 of the session is missing or its command has ended: it is about to be (re)started.
+window_down() {
+    local dead
+    dead=$(tm list-panes -t "=$session:$1" -F '#{pane_dead}' 2>/dev/null | head -n 1) || dead=""
+    [[ "$dead" != 0 ]]
+}
+
 # Make sure window $1 exists and its command is alive; the rest of the arguments are that command.
 ensure_window() {
     local name=$1; shift
@@ -104,12 +124,14 @@ ensure_window() {
 }
 
 if ! tm has-session -t "=$session" 2>/dev/null; then
+    check_config
     # One tmux command queue: remain-on-exit is set before the supervisor can exit, so an early error (a bad
     # config) stays on screen instead of closing the session.
     tm new-session -d -s "$session" -n run -c "$PWD" -- "${run_cmd[@]}" \; \
         set-option -w -t "=$session:run" remain-on-exit on
     echo "minilmd-tmux: $session: started window run: ${run_cmd[*]}"
 else
+    if window_down run; then check_config; fi
     ensure_window run "${run_cmd[@]}"
 fi
 ensure_window logs "${logs_cmd[@]}"

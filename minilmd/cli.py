@@ -52,7 +52,8 @@ def tokenizer_train_command(
         raise _data_error_exit(e) from None
     if bad:
         typer.echo(f"skipped bad lines: {bad}", err=True)
-    typer.echo(f"wrote {out}: vocabulary of {tok.get_vocab_size(with_added_tokens=True)}")
+    actual = tok.get_vocab_size(with_added_tokens=True)
+    typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
 
 
 @tokenizer_app.command("check")
@@ -74,14 +75,17 @@ def prepare_command(
     out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
     val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
-    seq_len: int = typer.Option(340, "--seq-len", help="Sequence length for the padding/packing report."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Batch size for the steps-per-epoch report."),
+    seq_len: int = typer.Option(340, "--seq-len", help="Sequence length of the padding/packing figures printed "
+                                "(only those: the tokens do not depend on it)."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the steps-per-epoch figures printed."),
     workers: int = typer.Option(-1, "--workers", help="Encoding processes; -1: one per core, 0: in-process."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing prepared corpus (or fill an empty "
+                               "directory); anything else is refused."),
 ) -> None:
     """JSONL -> prepared corpus: train/ and val/ uint16 token streams, meta.json with statistics, tokenizer copy.
 
-    Exit status: 0 done, 65 bad input (file:line:reason named, nothing written), 2 bad arguments or tokenizer."""
+    Exit status: 0 done, 65 bad input (file:line:reason named; or a split would be empty), 2 bad arguments or
+    tokenizer, or an --out that --force may not replace; nothing is written unless 0."""
     import signal
 
     from minilmd.corpus import CorpusError
@@ -253,14 +257,19 @@ def export(
     dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers."""
-    from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
+    from minilmd.trainer.model.export import (
+        ExportError,
+        export_hf,
+        export_minimind,
+        minimind_eval_command,
+        read_checkpoint,
+    )
 
     try:
         if format == "minimind":
             path = export_minimind(checkpoint, out)
             _, model_cfg, _ = read_checkpoint(checkpoint, validate=False)
-            typer.echo(f"wrote {path} (fp16). In MiniMind: python eval_llm.py --hidden_size "
-                       f"{model_cfg['hidden_size']} --num_hidden_layers {model_cfg['num_hidden_layers']} ...")
+            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg)}")
         elif format == "hf":
             path = export_hf(checkpoint, out, tokenizer or None, dtype)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")

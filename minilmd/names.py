@@ -165,6 +165,7 @@ TOKENS = "tokens.bin"  # in each split: uint16 little-endian ids, [BOS] doc [EOS
 DOC_LENGTHS = "doc_lengths.npy"  # in each split: the length of each document, BOS and EOS included
 UNCHECKED_VAL_TOKENS = "tokens.unchecked"  # prepare's val stream before the leak check; never in a finished corpus
 LEAK_KEYS = "leak-keys.u64"  # prepare's train leak keys, streamed to disk; never in a finished corpus
+LONG_DOCUMENT_SPOOL = "long-document.u16"  # prepare's ids of a long line until its end; never in a finished corpus
 
 
 def split_file(split: str, name: str) -> str:

@@ -154,6 +154,8 @@ def test_the_units_path_finds_minilmd_linked_as_documented(tmp_path, unit):
 STAND_IN = """#!{python}
 # A stand-in for minilmd: records how it was called, then stays alive like a supervisor would.
 import json, os, sys, time
+if "--check" in sys.argv:  # the launcher's check before it starts the supervisor: accept, record nothing
+    print(sys.argv[2] + ": OK"); sys.exit(0)
 with open({record!r}, "a") as f:
     f.write(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "cwd": os.getcwd(),
                         "fault": os.environ.get("MINILMD_FAULT")}}) + "\\n")

@@ -92,7 +92,7 @@ def test_export_cli_both_formats_and_bad_input(trained, tmp_path):
     runner = CliRunner()
     ok = runner.invoke(app, ["export", str(root / "ckpt"), "--format", "minimind", "--out", str(tmp_path / "m.pth")])
     assert ok.exit_code == 0, ok.output
-    assert "--hidden_size 64 --num_hidden_layers 2" in ok.output and (tmp_path / "m.pth").is_file()
+    assert "eval_llm.py cannot load it" in ok.output and (tmp_path / "m.pth").is_file()  # a tiny vocabulary
     ok = runner.invoke(app, ["export", str(root / "ckpt" / "step-00000003"), "--format", "hf",
                              "--out", str(tmp_path / "hf")])
     assert ok.exit_code == 0, ok.output

@@ -102,7 +102,8 @@ def _val_text_and_a_train_variant():
 
 def test_leak_check_reports_and_removes_val_documents_found_in_train(tmp_path, tokenizer):
     val_text, train_variant = _val_text_and_a_train_variant()
-    filler = [f"另一篇训练文档 {i}" for i in range(50)]
+    filler = [f"另一篇训练文档 {i}" for i in range(200)]
+    assert any(split_is_val(t, 0.05) for t in filler), "val keeps a document once the leak is removed"
     src = write_jsonl(tmp_path / "c.jsonl", filler[:20] + [val_text] + filler[20:] + [train_variant])
     meta, report = run_prepare([src], tokenizer, tmp_path / "p", val_fraction=0.05)
     leak = meta["leak_check"]
@@ -143,7 +144,7 @@ def test_bad_line_error_policy_names_file_line_reason_and_writes_nothing(tmp_pat
 @pytest.mark.parametrize("reason", sorted(BAD_LINES))
 def test_bad_line_skip_policy_counts_each_reason(tmp_path, tokenizer, reason):
     src = _with_bad_line(tmp_path / "in.jsonl", BAD_LINES[reason])
-    meta, report = run_prepare([src], tokenizer, tmp_path / "out", on_bad_line="skip")
+    meta, report = run_prepare([src], tokenizer, tmp_path / "out", on_bad_line="skip", val_fraction=0)
     assert meta["bad_lines"]["by_reason"] == {reason: 1}
     assert meta["bad_lines"]["examples"][0].startswith(f"{src}:4: ")
     assert meta["sources"][0] | {"path": None} == {"path": None, "bytes": src.stat().st_size, "lines": 7,
@@ -154,7 +155,7 @@ def test_bad_line_skip_policy_counts_each_reason(tmp_path, tokenizer, reason):
 def test_lone_surrogate_escape_is_a_bad_line_and_blank_lines_are_counted(tmp_path, tokenizer):
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"text": "ok"}\n\n{"text": "\\ud800 lone"}\n{"text": "also ok"}\n')
-    meta, _ = run_prepare([src], tokenizer, tmp_path / "out", on_bad_line="skip")
+    meta, _ = run_prepare([src], tokenizer, tmp_path / "out", on_bad_line="skip", val_fraction=0)
     assert meta["bad_lines"]["by_reason"] == {"invalid_utf8": 1}
     assert meta["sources"][0]["blank_lines"] == 1 and meta["sources"][0]["documents"] == 2
 
@@ -189,12 +190,12 @@ def test_compressed_and_url_inputs_give_the_same_tokens(tmp_path, demo_jsonl, to
 
 def test_existing_output_is_kept_unless_forced(tmp_path, demo_jsonl, tokenizer):
     out = tmp_path / "p"
-    run_prepare(demo_jsonl[:1], tokenizer, out)
+    run_prepare(demo_jsonl[:1], tokenizer, out, val_fraction=0.1)
     before = (out / "meta.json").read_text()
     with pytest.raises(ValueError, match="already exists"):
-        run_prepare(demo_jsonl[1:], tokenizer, out)
+        run_prepare(demo_jsonl[1:], tokenizer, out, val_fraction=0.1)
     assert (out / "meta.json").read_text() == before
-    run_prepare(demo_jsonl[1:], tokenizer, out, force=True)
+    run_prepare(demo_jsonl[1:], tokenizer, out, force=True, val_fraction=0.1)
     assert json.loads((out / "meta.json").read_text())["sources"][0]["path"] == demo_jsonl[1]
     assert not list(tmp_path.glob(".p.*"))
 
@@ -221,13 +222,13 @@ def test_stale_temp_dir_of_a_killed_prepare_is_removed(tmp_path, demo_jsonl, tok
     dead.wait()
     stale = tmp_path / f".p.tmp-{dead.pid}"
     (stale / "train").mkdir(parents=True)
-    run_prepare(demo_jsonl[:1], tokenizer, tmp_path / "p")
+    run_prepare(demo_jsonl[:1], tokenizer, tmp_path / "p", val_fraction=0.1)
     assert not stale.exists()
 
 
 def test_special_token_text_inside_a_document_is_counted(tmp_path, tokenizer):
     src = write_jsonl(tmp_path / "s.jsonl", ["plain text", "a <|im_end|> inside", "more plain"])
-    meta, report = run_prepare([src], tokenizer, tmp_path / "p")
+    meta, report = run_prepare([src], tokenizer, tmp_path / "p", val_fraction=0)
     assert meta["stats"]["documents_with_special_ids_inside"] == 1
     assert f"{src}:2" in report
 
@@ -304,19 +305,24 @@ _any_text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max
 def test_any_unicode_text_round_trips(tmp_path_factory, tokenizer, texts):
     tmp = tmp_path_factory.mktemp("hyp")
     src = write_jsonl(tmp / "h.jsonl", texts)
+    train = [t for t in texts if not split_is_val(t, 0.3)]
+    train_keys = {leak_key(t) for t in train}
+    val = [t for t in texts if split_is_val(t, 0.3) and leak_key(t) not in train_keys]
+    if not train or not val:  # too few texts for both splits: refused, nothing written
+        with pytest.raises(InputError, match="the train split is empty" if not train else "the val split is empty"):
+            run_prepare([src], tokenizer, tmp / "p", val_fraction=0.3)
+        assert no_leftovers(tmp / "p")
+        return
     run_prepare([src], tokenizer, tmp / "p", val_fraction=0.3)
     pc = open_prepared(tmp / "p")
     tok = load_tokenizer(pc.tokenizer_path)
-    train = [t for t in texts if not split_is_val(t, 0.3)]
-    train_keys = {leak_key(t) for t in train}
     assert decoded_documents(pc.train, tok) == train
-    val = [t for t in texts if split_is_val(t, 0.3) and leak_key(t) not in train_keys]
     assert decoded_documents(pc.val, tok) == val
 
 
 def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, demo_jsonl, tokenizer):
     data = pytest.importorskip("minilmd.trainer.data.samplers")
-    meta, _ = run_prepare(demo_jsonl, tokenizer, tmp_path / "p", seq_len=64, batch_size=8)
+    meta, _ = run_prepare(demo_jsonl, tokenizer, tmp_path / "p", seq_len=64, batch_size=8, val_fraction=0.1)
     pc = open_prepared(tmp_path / "p")
     packed = data.make_sampler("packed", pc.train.tokens, pc.train.doc_starts, 64, 0)
     padded = data.make_sampler("padded", pc.train.tokens, pc.train.doc_starts, 64, 0)

@@ -114,7 +114,7 @@ def test_each_bad_line_kind_is_named_with_file_and_line_and_nothing_is_written(t
     assert out.returncode == EXIT_DATA, out.stdout + out.stderr
     assert f"{src}:3: {reason.replace('_', ' ')}" in out.stdout + out.stderr
     assert not (tmp_path / "out").exists()
-    skipped = prepare(tmp_path, corpus, src, extra=("--on-bad-line", "skip"))
+    skipped = prepare(tmp_path, corpus, src, extra=("--on-bad-line", "skip", "--val-fraction", "0"))  # 2 documents
     assert skipped.returncode == 0, skipped.stdout + skipped.stderr
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["bad_lines"]["by_reason"] == {reason: 1}

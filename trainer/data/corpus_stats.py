@@ -23,11 +23,10 @@ def length_stats(lengths: np.ndarray) -> dict:
     n = int(lengths.size)
     if n == 0:
         return {"documents": 0, "tokens": 0, "mean": 0.0, "median": 0, "p90": 0, "p99": 0, "max": 0, "min": 0}
-    counts = np.bincount(lengths)  # lengths are small ints: a histogram is cheap and exact
-    cum = np.cumsum(counts)
+    ranked = np.sort(lengths)  # memory per document, not per token (a histogram would be as long as the longest)
 
     def pct(q: float) -> int:
-        return int(np.searchsorted(cum, math.ceil(q * n)))
+        return int(ranked[max(math.ceil(q * n), 1) - 1])
 
     return {
         "documents": n,

@@ -3,6 +3,8 @@
 Shared by `minilmd prepare` and `minilmd tokenizer train`, so that both accept and refuse exactly the same lines.
 A line is bad when it is not valid UTF-8, not valid JSON, not an object with a "text" key, or its text is not a
 string or is empty (whitespace only counts as empty). Blank lines are not documents; they are counted, not bad.
+A line longer than a block is not held whole: `Source.items` hands it out as a `LongLine` read in chunks, which
+trainer/data/longdoc.py parses as it streams (the same verdicts as parse_block).
 """
 from __future__ import annotations
 
@@ -35,6 +37,38 @@ class ParsedBlock:
     bad: list[tuple[int, str, str]] = field(default_factory=list)  # (line, reason, detail)
     blank: int = 0
     n_lines: int = 0
+
+
+class LongLine:
+    """One line longer than a block, read from its source in chunks as `chunks()` is iterated (never held whole).
+    It must be read to its end (`drain()`) before the source goes on; `rest` is then what followed its newline."""
+
+    def __init__(self, line: int, head: bytes, stream, chunk_bytes: int):
+        self.line = line
+        self.rest = b""
+        self._chunks = self._read(head, stream, chunk_bytes)
+
+    def chunks(self) -> Iterator[bytes]:
+        """The line's bytes, without its newline, in chunks of at most about chunk_bytes."""
+        return self._chunks
+
+    def drain(self) -> None:
+        for _ in self._chunks:
+            pass
+
+    def _read(self, data: bytes, stream, chunk_bytes: int) -> Iterator[bytes]:
+        while True:
+            cut = data.find(b"\n")
+            if cut >= 0:
+                self.rest = data[cut + 1:]
+                if cut:
+                    yield data[:cut]
+                return
+            if data:
+                yield data
+            data = stream.read(chunk_bytes)
+            if not data:
+                return
 
 
 def parse_block(blob: bytes, first_line: int) -> ParsedBlock:
@@ -114,8 +148,11 @@ class Source:
         except (OSError, ValueError):
             return 0
 
-    def blocks(self, block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
-        """(first line number, bytes of whole lines): the last block may lack a final newline."""
+    def items(self, block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes] | LongLine]:
+        """(first line number, bytes of whole lines), or a LongLine for a line that outgrows a block (its first
+        block_bytes or more bytes were read without a newline). Each LongLine must be drained before the next
+        item is asked for. Memory: at most about two blocks, whatever the line lengths. The last block may lack a
+        final newline."""
         line = 1
         carry = b""
         try:
@@ -125,16 +162,28 @@ class Source:
                     break
                 data = carry + data
                 cut = data.rfind(b"\n")
-                if cut < 0:  # a line longer than a block: keep reading
-                    carry = data
-                    continue
-                blob, carry = data[:cut + 1], data[cut + 1:]
-                yield line, blob
-                line += blob.count(b"\n")
+                blob, carry = (data[:cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
+                if blob:
+                    yield line, blob
+                    line += blob.count(b"\n")
+                if len(carry) >= block_bytes:  # a line longer than a block: stream it
+                    long = LongLine(line, carry, self.stream, block_bytes)
+                    yield long
+                    long.drain()
+                    carry = long.rest
+                    line += 1
         except (OSError, EOFError) as e:
             raise InputError(f"{self.path}: read failed after line {line} ({e})") from None
         if carry:
             yield line, carry
+
+    def blocks(self, block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
+        """As items(), with a long line joined into one block of its own (held whole: for benchmarks and tests)."""
+        for item in self.items(block_bytes):
+            if isinstance(item, LongLine):
+                yield item.line, b"".join(item.chunks()) + b"\n"
+            else:
+                yield item
 
     def close(self) -> None:
         if self.stream is not self.raw:
@@ -149,8 +198,12 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict 
     for path in sources:
         src = Source(path)
         try:
-            for first, blob in src.blocks():
-                parsed = parse_block(blob, first)
+            for item in src.items():
+                if isinstance(item, LongLine):
+                    parsed = parse_long_line(item)
+                else:
+                    first, blob = item
+                    parsed = parse_block(blob, first)
                 if parsed.bad:
                     if on_bad_line == "error":
                         raise InputError(str(BadLine(path, *parsed.bad[0])))
@@ -160,3 +213,33 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict 
                 yield from parsed.texts
         finally:
             src.close()
+
+
+def parse_long_line(long: LongLine) -> ParsedBlock:
+    """A LongLine as parse_block would see it, its text joined into one string (held whole: tokenizer training
+    takes whole documents; prepare streams the pieces instead)."""
+    from minilmd.trainer.data.longdoc import RESTART, LongLineParser
+
+    parser = LongLineParser()
+    parts: list[str] = []  # the fragments of the text
+
+    def take(events: list) -> None:
+        for event in events:
+            if event is RESTART:
+                parts.clear()
+            else:
+                parts.append(event)
+
+    for chunk in long.chunks():
+        take(parser.feed(chunk))
+    events, verdict = parser.close()
+    take(events)
+    out = ParsedBlock(n_lines=1)
+    if verdict.blank:
+        out.blank = 1
+    elif verdict.bad:
+        out.bad.append((long.line, *verdict.bad))
+    else:
+        out.texts.append("".join(parts))
+        out.lines.append(long.line)
+    return out

@@ -1,43 +1,43 @@
 """`minilmd prepare`: JSONL corpora -> a prepared corpus of packed uint16 token streams (format: minilmd/corpus.py).
 
-The pipeline streams: the main process reads blocks of whole lines and hands them to worker processes, which
-parse, split, and encode them (each with a single-threaded tokenizer, so the cores work in parallel with no
-thread pool overhead) and send back uint16 arrays; the main process writes them in input order, so the output does
-not depend on the number of workers. At most a few blocks are in flight: memory stays bounded by the block size,
-not the corpus size. Everything is written into a temporary directory beside DIR and published at the end (every
-file fsynced, then one rename): an interrupted or failed prepare leaves nothing under DIR.
+The pipeline streams: the main process reads blocks of whole lines and hands them to worker processes
+(trainer/data/encode.py), which parse, split, and encode them and send back uint16 arrays; a line longer than a
+block is parsed here as it is read (trainer/data/longdoc.py) and its text goes to the workers in pieces. The
+results are collected in input order (trainer/data/collect.py), so the output does not depend on the number of
+workers or the block size. At most a few blocks or pieces are in flight: memory stays bounded by the block and
+piece sizes, not by the corpus or a document. Everything is written into a temporary directory beside DIR and
+published at the end (every file fsynced, then one rename): an interrupted or failed prepare leaves nothing under
+DIR, and `--force` replaces only a prepared corpus or an empty directory.
 
 Split: a document goes to val when the first 8 bytes of blake2b(text) read as an integer are below val_fraction *
 2**64. The split of a document therefore depends on its text alone (stable when lines are appended), and exact
 duplicates always share a split. Leak check: a val document whose text equals a train document's text once all
-whitespace is removed is reported and removed from val. Only val keys are held in memory (train keys go through a
-temporary file), so the check stays bounded too.
+whitespace is removed is reported and removed from val. A corpus whose train or val split would be empty is
+refused (`minilmd train` needs both), except for val with --val-fraction 0.
 """
 from __future__ import annotations
 
 import hashlib
-import itertools
+import json
 import os
 import shutil
 import sys
 import time
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus import FORMAT, VERSION, CorpusError, open_prepared
+from minilmd.corpus import FORMAT, VERSION, open_prepared
 from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_TOKENIZER,
     DOC_LENGTHS,
-    LEAK_KEYS,
     SPLITS,
     TOKENS,
-    UNCHECKED_VAL_TOKENS,
     prepare_aside_name,
     prepare_tmp_name,
     prepare_tmp_owner_pid,
@@ -46,136 +46,14 @@ from minilmd.names import (
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.tokenizer import load_tokenizer
 from minilmd.trainer.data import corpus_stats
-from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, BadLine, InputError, Source, parse_block
+from minilmd.trainer.data.collect import Collector, LongEnd, leak_check, write_splits
+from minilmd.trainer.data.encode import Encoders, default_workers, done
+from minilmd.trainer.data.encode import leak_key as leak_key  # the split rule: part of prepare's interface
+from minilmd.trainer.data.encode import split_is_val as split_is_val
+from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, InputError, LongLine, Source
+from minilmd.trainer.data.longdoc import RESTART, LongLineParser, PieceCutter
 
 BLOCK_BYTES = 1 << 20
-MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of them are counted
-
-
-def _digest64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-def split_is_val(text: str, val_fraction: float) -> bool:
-    return _digest64(text.encode("utf-8")) < int(val_fraction * 2**64)
-
-
-def leak_key(text: str) -> int:
-    """Texts equal once all whitespace is removed share a key."""
-    return _digest64("".join(text.split()).encode("utf-8"))
-
-
-def _leak_key_given(text: str, digest: int) -> int:
-    """leak_key(text), reusing the text's own digest when it has no whitespace (most Chinese documents)."""
-    squeezed = "".join(text.split())
-    return digest if len(squeezed) == len(text) else _digest64(squeezed.encode("utf-8"))
-
-
-@dataclass
-class EncodedBlock:
-    """What a worker sends back for one block: tokens and per-document facts for each split."""
-    n_lines: int
-    blank: int
-    bad: list
-    text_bytes: int
-    special_inside: list  # line numbers of documents whose text encodes to a PAD/BOS/EOS id inside
-    train_tokens: np.ndarray
-    train_lengths: np.ndarray
-    train_keys: np.ndarray
-    val_tokens: np.ndarray
-    val_lengths: np.ndarray
-    val_keys: np.ndarray
-    val_lines: np.ndarray
-
-
-class BlockEncoder:
-    """Parse, split and encode one block of lines. Lives in each worker process (or inline with workers=0)."""
-
-    def __init__(self, tokenizer_json: str, val_fraction: float):
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_str(tokenizer_json)
-        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
-        self.threshold = int(val_fraction * 2**64)
-        # encode_batch_fast skips offset tracking, which prepare does not need; same ids as encode_batch.
-        self.encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
-
-    def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
-        parsed = parse_block(blob, first_line)
-        texts = parsed.texts
-        utf8 = [t.encode("utf-8") for t in texts]
-        digests = [_digest64(b) for b in utf8]
-        is_val = np.fromiter((d < self.threshold for d in digests), dtype=bool, count=len(texts))
-        keys = np.fromiter(map(_leak_key_given, texts, digests), dtype=np.uint64, count=len(texts))
-        encs = self.encode(texts, add_special_tokens=False)
-        body_lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-        body = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.uint16,
-                           count=int(body_lengths.sum()))
-        if body.size and int(body.max()) >= self.vocab_size:
-            raise CorpusError(f"tokenizer produced id {int(body.max())} >= its vocabulary {self.vocab_size}")
-        special_inside = []
-        special = body <= max(PAD_ID, BOS_ID, EOS_ID)
-        if special.any():
-            doc_of_token = np.repeat(np.arange(len(texts)), body_lengths)
-            special_inside = [parsed.lines[d] for d in np.unique(doc_of_token[special])]
-        lengths = body_lengths + 2
-        ends = np.cumsum(lengths)
-        tokens = np.empty(int(ends[-1]) if len(ends) else 0, dtype="<u2")
-        is_body = np.ones(tokens.size, dtype=bool)
-        is_body[ends - lengths] = False
-        is_body[ends - 1] = False
-        tokens[ends - lengths] = BOS_ID
-        tokens[ends - 1] = EOS_ID
-        tokens[is_body] = body
-        token_is_val = np.repeat(is_val, lengths)
-        lines = np.asarray(parsed.lines, dtype=np.int64)
-        return EncodedBlock(
-            n_lines=parsed.n_lines, blank=parsed.blank, bad=parsed.bad, text_bytes=sum(map(len, utf8)),
-            special_inside=special_inside,
-            train_tokens=tokens[~token_is_val], train_lengths=lengths[~is_val].astype(np.int32),
-            train_keys=keys[~is_val],
-            val_tokens=tokens[token_is_val], val_lengths=lengths[is_val].astype(np.int32), val_keys=keys[is_val],
-            val_lines=lines[is_val],
-        )
-
-
-_worker_encoder: BlockEncoder | None = None
-
-
-def _worker_init(tokenizer_json: str, val_fraction: float) -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
-    global _worker_encoder
-    _worker_encoder = BlockEncoder(tokenizer_json, val_fraction)
-
-
-def _worker_encode(blob: bytes, first_line: int) -> EncodedBlock:
-    assert _worker_encoder is not None  # set by _worker_init in every pool process
-    return _worker_encoder(blob, first_line)
-
-
-class _InlineExecutor:
-    """workers=0: the same code path in this process (tests, tiny inputs)."""
-
-    def __init__(self, tokenizer_json: str, val_fraction: float):
-        self.encoder = BlockEncoder(tokenizer_json, val_fraction)
-
-    def submit(self, fn, blob, first_line) -> Future:
-        f: Future = Future()
-        f.set_result(self.encoder(blob, first_line))
-        return f
-
-    def shutdown(self, wait=True, cancel_futures=False) -> None:
-        pass
-
-
-def default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 class Progress:
@@ -212,32 +90,6 @@ class Progress:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
-
-
-class _SplitWriter:
-    """tokens.bin (hashed as written) and the document lengths of one split."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.file = open(path, "wb")
-        self.sha = hashlib.sha256()
-        self.lengths: list[np.ndarray] = []
-        self.tokens = 0
-
-    def write(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        data = tokens.data.cast("B") if tokens.size else b""
-        self.file.write(data)
-        self.sha.update(data)
-        self.lengths.append(lengths)
-        self.tokens += int(tokens.size)
-
-    def close(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-
-    def all_lengths(self) -> np.ndarray:
-        return np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
 
 
 def _remove_stale_tmp(out: Path) -> None:
@@ -308,8 +160,10 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     if problems:
         raise ValueError("; ".join(problems))
     out = Path(out)
-    if out.exists() and not force:
-        raise ValueError(f"{out} already exists; pass --force to replace it")
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise ValueError(f"{out} already exists; pass --force to replace it")
+        _check_replaceable(out)
     tok = _Tokenizer.load(tokenizer)
     if opts.workers is None:
         opts.workers = default_workers()
@@ -321,10 +175,59 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     try:
         meta = _prepare_into(tmp, sources, tok, opts, progress, log)
         open_prepared(tmp)  # the invariants, checked by the same code the trainer runs
+        if out.exists() or out.is_symlink():
+            _check_replaceable(out)  # again: something may have been put there meanwhile
         publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, os.getpid()))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+CORPUS_ENTRIES = {META, CORPUS_TOKENIZER, *SPLITS}
+"""What a prepared corpus holds at its top; each split directory holds SPLIT_FILES."""
+
+
+SPLIT_FILES = {TOKENS, DOC_LENGTHS}
+
+
+def _check_replaceable(out: Path) -> None:
+    """ValueError unless `--force` may replace `out`: an empty directory, or a prepared corpus holding nothing but
+    its own files. Anything else may be somebody's work (a thesis.txt): replacing it would delete it."""
+    what = _foreign_content(out)
+    if what:
+        raise ValueError(f"{out}: --force replaces only a prepared corpus or an empty directory, and this is {what}; "
+                         "nothing was changed. Choose another --out, or move it away yourself")
+
+
+def _foreign_content(out: Path) -> str:
+    """Why out is not replaceable ("" when it is)."""
+    if out.is_symlink():
+        return f"a symbolic link (to {os.readlink(out)})"
+    if not out.is_dir():
+        return "not a directory"
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return ""
+    try:
+        meta = json.loads((out / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return f"not a prepared corpus (no {META} of format {FORMAT!r}; it holds {_listing(entries)})"
+    foreign = [name for name in entries if name not in CORPUS_ENTRIES]
+    for split in SPLITS:
+        if (out / split).is_dir():
+            foreign += [f"{split}/{p.name}" for p in sorted((out / split).iterdir()) if p.name not in SPLIT_FILES]
+        elif (out / split).exists():
+            foreign.append(split)
+    if foreign:
+        return f"a prepared corpus with other files in it: {_listing(foreign)}"
+    return ""
+
+
+def _listing(names: list[str], most: int = 5) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _prepare_into(tmp: Path, sources: list[str], tok: _Tokenizer, opts: PrepareOptions,
@@ -334,17 +237,47 @@ def _prepare_into(tmp: Path, sources: list[str], tok: _Tokenizer, opts: PrepareO
         (tmp / split).mkdir(parents=True)
     shutil.copyfile(tok.path, tmp / CORPUS_TOKENIZER)
     opened = _open_sources(sources)
-    found = _Collector(tmp, opened, opts.on_bad_line)
+    found = Collector(tmp, opened, opts.on_bad_line)
     _encode_all(opened, found, tok, opts, progress)
     if found.documents == 0:
         raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)")
-    leaked, leak_examples = _leak_check(tmp, found, opened)
-    train_lengths, val_lengths = _write_splits(tmp, found, leaked)
+    leaked, leak_examples = leak_check(tmp, found, opened)
+    _check_splits(found, leaked, opts.val_fraction)
+    train_lengths, val_lengths = write_splits(tmp, found, leaked)
     meta = _meta(tmp, tok, opts, found, train_lengths, val_lengths, leaked, leak_examples)
     atomic_write_json(tmp / META, meta)
     os.chmod(tmp / META, 0o644)  # atomic_write_json's temp file is private; the corpus is for every reader
     _report(meta, log)
     return meta
+
+
+def _check_splits(found: Collector, leaked: np.ndarray, val_fraction: float) -> None:
+    """InputError (exit 65) when a split would be empty: `minilmd train` needs documents to train on and a val
+    split for its validation loss. The message gives the smallest --val-fraction that puts a document into val
+    (the split rule is a hash of each text: raising the fraction only moves documents from train to val).
+    --val-fraction 0 asks for no val split: then only train must not be empty."""
+    n, n_val = found.documents, int(leaked.size)
+    n_train = n - n_val
+    if n_train == 0:
+        raise InputError(f"the train split is empty: all {n:,} documents fell into val at --val-fraction "
+                         f"{val_fraction}; lower it (the split is by a hash of each text), or add documents")
+    if val_fraction == 0 or n_val - int(leaked.sum()) > 0:
+        return
+    if n_val:
+        raise InputError(f"the val split is empty: all {n_val:,} val document(s) repeat train documents (whitespace "
+                         f"aside) and were removed by the leak check; raise --val-fraction to draw others")
+    need = _round_up(found.train_min_digest / 2**64)
+    raise InputError(f"the val split is empty: none of the {n:,} documents fell into val at --val-fraction "
+                     f"{val_fraction} (about {n * val_fraction:.2f} expected; the split is by a hash of each text), "
+                     f"and `minilmd train` needs a val split for its validation loss. --val-fraction {need} puts at "
+                     f"least one document there")
+
+
+def _round_up(x: float) -> float:
+    """x rounded up to two significant digits, strictly above x: a val fraction that takes the document at x."""
+    digits = 1 - int(np.floor(np.log10(x))) if x > 0 else 2
+    up = float(np.ceil(x * 10**digits) / 10**digits)
+    return up if up > x else up + 10.0**-digits
 
 
 def _open_sources(sources: list[str]) -> list[Source]:
@@ -360,102 +293,50 @@ def _open_sources(sources: list[str]) -> list[Source]:
     return opened
 
 
-class _Collector:
-    """Takes the encoded blocks in input order: writes the token streams and leak keys, and counts what meta.json
-    reports (per source, bad lines, documents with special ids inside)."""
-
-    def __init__(self, tmp: Path, opened: list[Source], on_bad_line: str):
-        self.opened, self.on_bad_line = opened, on_bad_line
-        self.train = _SplitWriter(tmp / SPLITS[0] / TOKENS)
-        self.val_raw = _SplitWriter(tmp / SPLITS[1] / UNCHECKED_VAL_TOKENS)
-        self.train_keys = open(tmp / SPLITS[0] / LEAK_KEYS, "wb")
-        self.val_keys: list[np.ndarray] = []
-        self.val_where: list[np.ndarray] = []  # (source index, line) of each val document, for the leak report
-        self.bad_counts: dict[str, int] = {}
-        self.bad_examples: list[str] = []
-        self.special_examples: list[str] = []
-        self.special_docs = 0
-        self.text_bytes = 0
-        self.sources = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0,
-                         "bad_lines": 0} for s in opened]
-
-    @property
-    def documents(self) -> int:
-        return sum(m["documents"] for m in self.sources)
-
-    @property
-    def tokens(self) -> int:
-        return self.train.tokens + self.val_raw.tokens
-
-    def add(self, src_idx: int, block: EncodedBlock) -> None:
-        name = self.opened[src_idx].path
-        if block.bad:
-            if self.on_bad_line == "error":
-                raise InputError(str(BadLine(name, *block.bad[0])) + "; nothing was written. Fix the line or "
-                                 "pass --on-bad-line skip to skip bad lines and count them")
-            for line, reason, detail in block.bad:
-                self.bad_counts[reason] = self.bad_counts.get(reason, 0) + 1
-                if len(self.bad_examples) < MAX_EXAMPLES:
-                    self.bad_examples.append(str(BadLine(name, line, reason, detail)))
-        sm = self.sources[src_idx]
-        sm["lines"] += block.n_lines
-        sm["blank_lines"] += block.blank
-        sm["bad_lines"] += len(block.bad)
-        sm["documents"] += int(block.train_lengths.size + block.val_lengths.size)
-        self.text_bytes += block.text_bytes
-        self.special_docs += len(block.special_inside)
-        for line in block.special_inside[:MAX_EXAMPLES - len(self.special_examples)]:
-            self.special_examples.append(f"{name}:{line}")
-        self.train.write(block.train_tokens, block.train_lengths)
-        self.train_keys.write(block.train_keys.tobytes())
-        self.val_raw.write(block.val_tokens, block.val_lengths)
-        self.val_keys.append(block.val_keys)
-        self.val_where.append(np.stack([np.full(block.val_lines.size, src_idx), block.val_lines], axis=1))
-
-    def close(self) -> None:
-        self.train.close()
-        self.val_raw.close()
-        self.train_keys.close()
-
-
-def _encode_all(opened: list[Source], found: _Collector, tok: _Tokenizer, opts: PrepareOptions,
+def _encode_all(opened: list[Source], found: Collector, tok: _Tokenizer, opts: PrepareOptions,
                 progress: Progress | bool | None) -> None:
-    """Blocks of whole lines -> worker processes -> `found`, in input order, a bounded number in flight."""
+    """Blocks of whole lines, and the pieces of long lines, -> worker processes -> `found`, in input order, a
+    bounded number in flight."""
     total_bytes = sum(s.size for s in opened)
     if progress is None or progress is True:
         progress = Progress(total_bytes)
     elif progress is False:
         progress = None
     workers = default_workers() if opts.workers is None else opts.workers
-    executor: ProcessPoolExecutor | _InlineExecutor
-    if workers > 0:
-        executor = ProcessPoolExecutor(workers, initializer=_worker_init,
-                                       initargs=(tok.json, opts.val_fraction), mp_context=_spawn_context())
-    else:
-        executor = _InlineExecutor(tok.json, opts.val_fraction)
+    encoders = Encoders(tok.json, opts.val_fraction, workers)
+    found.threshold = int(opts.val_fraction * 2**64)
     pending: deque = deque()
     max_in_flight = 2 * max(workers, 1) + 1
     done_before = 0  # raw bytes of the sources already finished
+    src: Source | None = None
+
+    def submit(src_idx: int, kind: str, future: Future) -> None:
+        pending.append((src_idx, kind, future))
+        while len(pending) >= max_in_flight:
+            found.take(*_result(pending.popleft()))
+            if progress and src is not None:
+                progress.update(done_before + src.position, found.tokens, found.documents)
+
     try:
         for src_idx, src in enumerate(opened):
             try:
-                for first_line, blob in src.blocks(opts.block_bytes):
-                    pending.append((src_idx, executor.submit(_worker_encode, blob, first_line)))
-                    while len(pending) >= max_in_flight:
-                        found.add(pending[0][0], pending.popleft()[1].result())
-                        if progress:
-                            progress.update(done_before + src.position, found.tokens, found.documents)
+                for item in src.items(opts.block_bytes):
+                    if isinstance(item, LongLine):
+                        _stream_long_line(item, src_idx, encoders, submit)
+                    else:
+                        first_line, blob = item
+                        submit(src_idx, "block", encoders.submit("__call__", blob, first_line))
                 done_before += src.size
             finally:
                 src.close()
         while pending:
-            found.add(pending[0][0], pending.popleft()[1].result())
+            found.take(*_result(pending.popleft()))
         if progress:
             progress.update(total_bytes, found.tokens, found.documents, force=True)
     finally:
-        for _, f in pending:
+        for _, _, f in pending:
             f.cancel()
-        executor.shutdown(wait=True, cancel_futures=True)
+        encoders.shutdown()
         if progress:
             progress.close()
         for s in opened:
@@ -463,38 +344,73 @@ def _encode_all(opened: list[Source], found: _Collector, tok: _Tokenizer, opts: 
         found.close()
 
 
-def _leak_check(tmp: Path, found: _Collector, opened: list[Source]) -> tuple[np.ndarray, list[str]]:
-    """(leaked: one flag per val document, examples as source:line). Val keys in memory, train keys streamed from
-    disk; the train key file is removed after."""
-    vkeys = np.concatenate(found.val_keys) if found.val_keys else np.zeros(0, dtype=np.uint64)
-    vwhere = np.concatenate(found.val_where) if found.val_where else np.zeros((0, 2), dtype=np.int64)
-    leaked = np.zeros(vkeys.size, dtype=bool)
-    keys_path = tmp / SPLITS[0] / LEAK_KEYS
-    if vkeys.size:
-        with open(keys_path, "rb") as f:
-            for block in iter(lambda: f.read(8 << 20), b""):
-                leaked |= np.isin(vkeys, np.frombuffer(block, dtype=np.uint64))
-    keys_path.unlink()
-    return leaked, [f"{opened[int(s)].path}:{int(line)}" for s, line in vwhere[leaked][:MAX_EXAMPLES]]
+def _result(entry: tuple[int, str, Future]) -> tuple[int, str, object]:
+    src_idx, kind, future = entry
+    return src_idx, kind, future.result()
 
 
-def _write_splits(tmp: Path, found: _Collector, leaked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """val's tokens.bin without its leaked documents, and both splits' doc_lengths.npy; returns the lengths."""
-    val_lengths_all = found.val_raw.all_lengths().astype(np.int64)
-    keep = ~leaked
-    val_tokens_path = tmp / SPLITS[1] / TOKENS
-    if found.val_raw.tokens:
-        raw = np.memmap(found.val_raw.path, dtype="<u2", mode="r", shape=(found.val_raw.tokens,))
-        np.asarray(raw[np.repeat(keep, val_lengths_all)]).tofile(val_tokens_path)
-        del raw
-    else:
-        val_tokens_path.write_bytes(b"")
-    found.val_raw.path.unlink()
-    train_lengths = found.train.all_lengths()
-    val_lengths = val_lengths_all[keep].astype(np.int32)
-    np.save(tmp / SPLITS[0] / DOC_LENGTHS, train_lengths)
-    np.save(tmp / SPLITS[1] / DOC_LENGTHS, val_lengths)
-    return train_lengths, val_lengths
+def _stream_long_line(long: LongLine, src_idx: int, encoders: Encoders, submit) -> None:
+    """A line too long to hold, as it is read: parsed in chunks, its text cut into pieces for the workers; its
+    end, with the verdict and the hashes of the whole text, follows its pieces."""
+    parser = LongLineParser()
+    doc = _LongText(lambda piece: submit(src_idx, "piece", encoders.submit("encode_piece", piece)))
+
+    def take(events: list) -> None:
+        for event in events:
+            if event is RESTART:  # another top-level "text": the last one is the document
+                doc.reset()
+                submit(src_idx, "restart", done(None))
+            else:
+                doc.add(event)
+
+    for chunk in long.chunks():
+        take(parser.feed(chunk))
+    events, verdict = parser.close()
+    take(events)
+    doc.finish()
+    submit(src_idx, "long_end", done(LongEnd(long.line, verdict, _digest_int(doc.digest), _digest_int(doc.key),
+                                              doc.text_bytes)))
+
+
+class _LongText:
+    """The text of a long line as it streams by: cut into pieces (handed to `send`), hashed on the way for the split
+    rule and the leak key of the whole text (blake2b is the same fed in parts)."""
+
+    def __init__(self, send):
+        self.send = send
+        self.reset()
+
+    def reset(self) -> None:
+        self.cutter = PieceCutter()
+        self.digest = hashlib.blake2b(digest_size=8)
+        self.key = hashlib.blake2b(digest_size=8)
+        self.text_bytes = 0
+        self.encodable = True  # no lone surrogate so far (with one, the line is bad: nothing more is encoded)
+
+    def add(self, fragment: str) -> None:
+        for piece in self.cutter.add(fragment):
+            self._piece(piece)
+
+    def finish(self) -> None:
+        for piece in self.cutter.finish():
+            self._piece(piece)
+
+    def _piece(self, piece: str) -> None:
+        if not self.encodable:
+            return
+        try:
+            data = piece.encode("utf-8")
+        except UnicodeEncodeError:
+            self.encodable = False
+            return
+        self.digest.update(data)
+        self.key.update("".join(piece.split()).encode("utf-8"))
+        self.text_bytes += len(data)
+        self.send(piece)
+
+
+def _digest_int(h) -> int:
+    return int.from_bytes(h.digest(), "little")
 
 
 def _file_table(tmp: Path, train_tokens_sha: str) -> dict[str, dict]:
@@ -507,7 +423,7 @@ def _file_table(tmp: Path, train_tokens_sha: str) -> dict[str, dict]:
     return files
 
 
-def _meta(tmp: Path, tok: _Tokenizer, opts: PrepareOptions, found: _Collector, train_lengths: np.ndarray,
+def _meta(tmp: Path, tok: _Tokenizer, opts: PrepareOptions, found: Collector, train_lengths: np.ndarray,
           val_lengths: np.ndarray, leaked: np.ndarray, leak_examples: list[str]) -> dict:
     """meta.json's content."""
     stats = {
@@ -551,13 +467,6 @@ def _meta(tmp: Path, tok: _Tokenizer, opts: PrepareOptions, found: _Collector, t
     }
 
 
-def _spawn_context():
-    # spawn, not fork: the parent may hold threads (progress, fsspec) or, inside the trainer, torch state.
-    import multiprocessing
-
-    return multiprocessing.get_context("spawn")
-
-
 def _report(meta: dict, log) -> None:
     stats = meta["stats"]
     log(corpus_stats.format_report("train", stats["train"]))
@@ -568,7 +477,7 @@ def _report(meta: dict, log) -> None:
     log(f"leak check: {lc['leaked_documents']:,} of {lc['val_documents_checked']:,} val documents also in train "
         f"(whitespace ignored), removed from val" + (f": {', '.join(lc['examples'])}" if lc["examples"] else ""))
     if v["documents"] == 0:
-        log("warning: the val split is empty; raise --val-fraction for a corpus this small")
+        log("warning: --val-fraction 0: no val split; `minilmd train` refuses a corpus without one")
     bad = meta["bad_lines"]
     if bad["total"]:
         counts = ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in bad["by_reason"].items())

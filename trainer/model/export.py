@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,32 @@ def export_minimind(path: str | Path, out: str | Path) -> Path:
     torch.save(state, tmp)
     publish_file(tmp, out)
     return out
+
+
+def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any]) -> str:
+    """How to run an exported .pth with MiniMind's eval_llm.py. It loads `out/<weight>_<hidden_size>.pth` (relative
+    to the MiniMind checkout) into MiniMindConfig(hidden_size, num_hidden_layers) with MiniMind's defaults for every
+    other field, and decodes with the tokenizer in its model/ directory; `--weight pretrain` prompts with BOS + text
+    (no chat template), as this model was trained. A model whose other fields differ from those defaults does not
+    load there: then the answer says which, and points to --format hf."""
+    from minilmd.config import ModelSection
+
+    m = as_model_section(model_cfg)
+    defaults = ModelSection(hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers)
+    differ = [f"{name} {getattr(m, name)} (MiniMind: {getattr(defaults, name)})"
+              for name in ("vocab_size", "num_attention_heads", "num_key_value_heads", "ffn_size",
+                           "max_position_embeddings", "rope_theta", "rms_norm_eps")
+              if getattr(m, name) != getattr(defaults, name)]
+    if differ:
+        return (f"MiniMind's eval_llm.py builds its model from --hidden_size and --num_hidden_layers alone, with its "
+                f"defaults for the rest; this model differs in {', '.join(differ)}, so eval_llm.py cannot load it. "
+                f"Use `minilmd export --format hf` (Qwen3ForCausalLM) instead.")
+    name = f"pretrain_{m.hidden_size}.pth"
+    return (f"In a MiniMind checkout (its model/ must hold the tokenizer this run used, MiniMind's own for a run "
+            f"prepared with it):\n"
+            f"  cp {shlex.quote(str(pth))} out/{name}\n"
+            f"  python eval_llm.py --load_from model --save_dir out --weight pretrain --hidden_size {m.hidden_size} "
+            f"--num_hidden_layers {m.num_hidden_layers}")
 
 
 def hf_config(model_cfg: dict[str, Any], dtype: str = "float32") -> dict[str, Any]:

@@ -1,0 +1,41 @@
+"""The detail of a trainer's final refusal, as the supervisor quotes it from the attempt log: it starts at the
+trainer's own line (never inside the supervisor's `# attempt ...` header, never mid-token) and ends at a word."""
+from __future__ import annotations
+
+import sys
+
+from minilmd.daemon.child import _last_lines, classify, launch
+
+SHA_A, SHA_B = "a" * 64, "b" * 64
+REFUSAL = (f"minilmd train: refusing to resume: /dev/shm/minilmd-0/demo/checkpoints/step-00000016: tokenizer "
+           f"fingerprint differs: checkpoint {SHA_A!r}, run {SHA_B!r} (a different tokenizer than this run uses)")
+
+
+def test_a_fingerprint_refusal_is_quoted_from_its_first_word(tmp_path):
+    # the command line the supervisor writes into the log header is long (overrides with quoted paths)
+    corpus = "/dev/shm/minilmd-0/demo/" + "corpus-" * 30
+    code = f"import sys; print({REFUSAL!r}, file=sys.stderr); sys.exit(65)"
+    child = launch([sys.executable, "-c", code, "--set", f'data.prepared="{corpus}"'], tmp_path, 1, devices="")
+    rc = child.popen.wait(30)
+    death = classify(child, rc, tmp_path, stop_requested=False)
+    assert death.cause == "data_error"
+    assert death.detail == REFUSAL
+
+
+def test_a_line_over_the_limit_keeps_its_start_and_ends_at_a_word(tmp_path):
+    log = tmp_path / "attempt-0001.log"
+    words = " ".join(f"word{i:03d}" for i in range(200))
+    log.write_text(f"# attempt 1: python -m minilmd.cli train x.toml\n# CUDA_VISIBLE_DEVICES=''\nearlier line\n"
+                   f"minilmd train: {words}\n")
+    detail = _last_lines(log, limit=100)
+    assert detail.startswith("minilmd train: word000 ")
+    assert detail.endswith(" …") and len(detail) <= 100
+    assert detail[:-2].split(" ")[-1].startswith("word") and len(detail[:-2].split(" ")[-1]) == 7
+
+
+def test_whole_lines_from_the_end_while_they_fit(tmp_path):
+    log = tmp_path / "attempt-0001.log"
+    log.write_text("# attempt 1: cmd\n# CUDA_VISIBLE_DEVICES=''\n" + "x" * 80 + "\nTraceback (most recent call last):\n"
+                   "ValueError: bad\n")
+    assert _last_lines(log, limit=60) == "Traceback (most recent call last): | ValueError: bad"
+    assert _last_lines(log) == "x" * 80 + " | Traceback (most recent call last): | ValueError: bad"

@@ -1,0 +1,58 @@
+"""prepare never writes a corpus the trainer cannot use for want of a split: an empty val split (too few documents
+for --val-fraction, or every val document a duplicate of a train one) or an empty train split is refused with
+exit 65 and a message that says what to change; the --val-fraction it suggests does put a document into val."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from data_helpers import write_jsonl
+from minilmd.corpus import open_prepared
+from minilmd.trainer.data.prepare import split_is_val
+
+TEXTS = [f"第{i}篇：小语料的一篇文档。" for i in range(20)]
+
+
+def prepare_cli(src, tokenizer, out, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minilmd.cli", "prepare", str(src), "--tokenizer", str(tokenizer),
+                           "--out", str(out), "--workers", "0", *extra], capture_output=True, text=True, timeout=120)
+
+
+def test_an_empty_val_split_is_refused_and_the_suggested_fraction_works(tmp_path, tokenizer):
+    assert not any(split_is_val(t, 0.005) for t in TEXTS)  # the observation: 20 documents, none in val
+    src = write_jsonl(tmp_path / "small.jsonl", TEXTS)
+    refused = prepare_cli(src, tokenizer, tmp_path / "p")
+    assert refused.returncode == 65, refused.stderr
+    assert "the val split is empty: none of the 20 documents fell into val at --val-fraction 0.005" in refused.stderr
+    assert not (tmp_path / "p").exists() and not list(tmp_path.glob(".p.*"))
+    suggested = re.search(r"--val-fraction (\S+) puts at least one document there", refused.stderr).group(1)
+    assert any(split_is_val(t, float(suggested)) for t in TEXTS)
+    done = prepare_cli(src, tokenizer, tmp_path / "p", "--val-fraction", suggested)
+    assert done.returncode == 0, done.stderr
+    assert open_prepared(tmp_path / "p").val.n_docs >= 1
+
+
+def test_a_val_split_emptied_by_the_leak_check_is_refused(tmp_path, tokenizer):
+    val_text = next(t for t in (f"只出现在验证集的文档 {i}" for i in range(10000)) if split_is_val(t, 0.05))
+    variant = val_text.replace(" ", "  ")  # the same text but for whitespace, so a leak
+    train = [t for t in TEXTS if not split_is_val(t, 0.05)]
+    assert not split_is_val(variant, 0.05)
+    src = write_jsonl(tmp_path / "leaky.jsonl", [*train, val_text, variant])
+    refused = prepare_cli(src, tokenizer, tmp_path / "p", "--val-fraction", "0.05")
+    assert refused.returncode == 65
+    assert "the val split is empty: all 1 val document(s) repeat train documents" in refused.stderr
+
+
+def test_an_empty_train_split_is_refused(tmp_path, tokenizer):
+    src = write_jsonl(tmp_path / "one.jsonl", [next(t for t in TEXTS if split_is_val(t, 0.5))])
+    refused = prepare_cli(src, tokenizer, tmp_path / "p", "--val-fraction", "0.5")
+    assert refused.returncode == 65 and "the train split is empty: all 1 documents fell into val" in refused.stderr
+
+
+def test_val_fraction_zero_is_a_corpus_without_val_by_request(tmp_path, tokenizer):
+    src = write_jsonl(tmp_path / "small.jsonl", TEXTS)
+    done = prepare_cli(src, tokenizer, tmp_path / "p", "--val-fraction", "0")
+    assert done.returncode == 0, done.stderr
+    assert "--val-fraction 0: no val split" in done.stderr
+    assert open_prepared(tmp_path / "p").val.n_docs == 0
