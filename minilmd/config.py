@@ -116,7 +116,7 @@ class ModelSection:
 @dataclass
 class TrainSection:
     seq_len: int = 340
-    """Tokens per training row (the user's corpus: T=340)."""
+    """Tokens per training row (the reference run's corpus: T=340)."""
     micro_batch_size: int = 32
     """Rows per forward/backward on one device."""
     grad_accum: int = 1
@@ -493,7 +493,7 @@ def budget_problem(cfg: RunConfig) -> str:
     if tokens:
         steps = tokens // per_step if per_step else 0
         lines.append(f"; one epoch of {cfg.data.prepared} ({tokens:,} train tokens) is {steps:,} steps. "
-                     f"At the user's measured 3,700 tok/s that epoch alone takes {tokens / 3700 / 3600:.1f} h, "
+                     f"At the reference run's measured 3,700 tok/s that epoch alone takes {tokens / 3700 / 3600:.1f} h, "
                      f"so an unlimited default would silently mean that")
     else:
         lines.append("; at 3,700 tok/s (measured on a 768x8 model) a 332M-token corpus is ~25 h per epoch, "
