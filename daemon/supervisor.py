@@ -11,9 +11,10 @@ have a part of their own that the tick asks: the GPU (daemon/gpuwait.py), stagin
 (daemon/stagingworker.py), the sync, the last sync and pruning scratch (daemon/syncworker.py), room in scratch
 (daemon/spacewait.py). Their blocking jobs run in threads (daemon/worker.py), so a stalled NFS never freezes the
 loop or the trainer, and the loop never waits for a process without a bound: a trainer killed in uninterruptible
-I/O is reaped by a later poll. The trainer is a child process (daemon/child.py); what to do when it ends is
-daemon/policy.py. GPU admission, staging, sync, pruning and the launch are reached through `Infra`
-(daemon/infra.py), a few methods that tests can replace.
+I/O is reaped by a later poll. The trainer is a child process (daemon/child.py), watched through
+daemon/trainerwatch.py (orphans, its command, a hang, a kill not reaped); what to do when it ends is
+daemon/policy.py. GPU admission, staging, sync, pruning and the launch are reached through `Infra` (daemon/infra.py),
+a few methods that tests can replace.
 
 Running out of room is no restart loop. A full scratch: the syncworker prunes superseded checkpoints before the
 trainer needs the room; a trainer whose save did not fit anyway waits in `waiting_space` until one does, never
@@ -33,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol
-from minilmd.config import RunConfig, parse_duration, parse_overrides
+from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon import child as childmod
+from minilmd.daemon import trainerwatch
 from minilmd.daemon.child import Child, Death
 from minilmd.daemon.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.infra import Infra
@@ -60,12 +62,8 @@ from minilmd.fsio import atomic_write_text
 
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""
-STARTUP_GRACE_S = 60.0
-"""Before its first heartbeat a trainer counts as hung only after max(hang_timeout, this)."""
 STOP_WAITS_FOR_STAGING_S = 30.0
 """On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it)."""
-UNREAPED_REPORT_S = 30.0
-"""A trainer not reaped this long after SIGKILL is reported once (uninterruptible I/O); the loop goes on polling."""
 
 
 @dataclass
@@ -138,7 +136,7 @@ class Supervisor:
             self._adopt_previous_state()
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
-            self._kill_orphans()
+            trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
             self.events.emit("start", f"supervisor pid {os.getpid()} owns {self.run_dir} (config {self.config_path})",
                              pid=os.getpid())
             self.state.save()
@@ -186,21 +184,6 @@ class Supervisor:
         self.state.adopt(read_state(self.run_dir))
         if self.state["overrides"]:
             self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state['overrides']}")
-
-    def _kill_orphans(self) -> None:
-        """Never two trainers on one run: a trainer left by a killed supervisor is told to save and stop. The grace
-        can outlast the unit's WatchdogSec, so the watchdog is fed while it waits."""
-        pids = childmod.find_orphans(self.run_dir)
-        if not pids:
-            return
-        grace = min(parse_duration(self.cfg.restart.hang_timeout), 300.0)
-        self.events.emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
-                                   f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
-        childmod.terminate_orphans(self.run_dir, grace=grace, while_waiting=self.notifier.watchdog)
-        left = childmod.find_orphans(self.run_dir)
-        if left:
-            raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
-        self.events.emit("orphan", f"orphaned trainer processes {pids} are gone")
 
     # --- one tick of the loop -------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -289,11 +272,8 @@ class Supervisor:
             self._enter_stopping(self.room.stop(f"attempt {self.attempt + 1} cannot start"))
             return
         self.attempt += 1
-        overrides = {"data.prepared": str(self.staging.staged), **self.state["overrides"]}
-        for section, values in parse_overrides(self.cli_overrides).items():
-            for key, value in values.items():
-                overrides.setdefault(f"{section}.{key}", value)
-        command = childmod.build_command(self.run_dir / names.RUN_CONFIG_COPY, overrides, self.gpu.nproc)
+        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, self.state["overrides"],
+                                               self.cli_overrides, self.gpu.nproc)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)
         (self.run_dir / names.FAULT).unlink(missing_ok=True)
         try:
@@ -318,30 +298,13 @@ class Supervisor:
             self._on_child_end(rc)
             return
         if child.killed_at is not None:
-            self._report_unreaped(child)
+            trainerwatch.report_unreaped(child, self.events.emit)
             return
         beat = read_heartbeat(self.run_dir)
         if self.phase == Phase.STARTING and beat is not None and child.beats(beat):
             self._go(Phase.TRAINING, f"first heartbeat from attempt {self.attempt} (step {beat[1]})")
         child.track_cgroup()
-        detail = child.silence(beat, parse_duration(self.cfg.restart.hang_timeout), STARTUP_GRACE_S)
-        if detail:
-            self.events.emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
-            dumped = childmod.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
-            child.killed_for_hang = True
-            child.hang_detail = f"{detail}; {dumped}"
-            child.kill()  # the next ticks poll for its end
-
-    def _report_unreaped(self, child: Child) -> None:
-        """A trainer stuck in uninterruptible I/O (a stalled mount) ends only when the kernel lets it: say so once,
-        and go on polling."""
-        assert child.killed_at is not None  # the caller checked: this runs only after the kill
-        waited = now() - child.killed_at
-        if waited > UNREAPED_REPORT_S and not child.reap_reported:
-            child.reap_reported = True
-            self.events.emit("kill", f"trainer pid {child.pid} has not exited {waited:.0f}s after SIGKILL (probably "
-                                     f"uninterruptible I/O on a stalled mount); waiting for the kernel to release it",
-                             pid=child.pid)
+        trainerwatch.kill_if_hung(self.cfg, child, beat, self.events.emit)  # the next ticks poll for its end
 
     def _on_child_end(self, rc: int) -> None:
         child = self.child
@@ -364,21 +327,9 @@ class Supervisor:
         decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state["restarts"]),
                           no_progress_streak=streak, stop_requested=self.stop_requested,
                           micro_batch_size=self._effective("micro_batch_size"),
-                          grad_accum=self._effective("grad_accum"), **self._facts_for(death))
+                          grad_accum=self._effective("grad_accum"),
+                          **trainerwatch.death_facts(death, self.staging, self.gpu, self.events.emit))
         self._act(death, decision, streak, step)
-
-    def _facts_for(self, death: Death) -> dict:
-        """What the restart policy needs to know about this death beyond its cause."""
-        facts = {}
-        if death.cause in (Cause.SIGBUS, Cause.DATA_ERROR) and (problems := self.staging.problems()) is not None:
-            facts["staged_damaged"] = bool(problems)
-            if problems:
-                self.events.emit("staging", f"the staged corpus fails verification: {'; '.join(problems[:3])}")
-        if death.cause == Cause.CUDA_OOM:
-            busy = self.gpu.foreign_on_ours()
-            if busy is not None:
-                facts["gpu_busy"] = busy
-        return facts
 
     def _effective(self, key: str) -> int:
         return int(self.state["overrides"].get(f"train.{key}", getattr(self.cfg.train, key)))
@@ -476,7 +427,7 @@ class Supervisor:
             if rc is None:
                 patience = parse_duration(self.cfg.restart.hang_timeout)
                 if child.killed_at is not None:
-                    self._report_unreaped(child)
+                    trainerwatch.report_unreaped(child, self.events.emit)
                 elif now() - (child.stop_sent or now()) > patience:
                     self.events.emit("stop", f"the trainer did not exit within {patience:.0f}s of SIGTERM: SIGKILL")
                     child.kill()
