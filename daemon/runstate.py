@@ -7,7 +7,7 @@ from a recycled pid. Torch-free and light: `minilmd status` imports this module.
 
 A full run.dir never raises out of a write here: `RunState.save` and `EventLog.emit` keep going (stdout still gets
 every event), say why in their `unwritten`, and write again once there is room; the supervisor decides what a full
-run.dir means for the run. The reserve file (names.RUN_DIR_RESERVE) is the room its last words need then.
+run.dir means for the run (daemon/rundirwatch.py, which also keeps the reserve file for its last words).
 """
 from __future__ import annotations
 
@@ -25,9 +25,6 @@ from minilmd.fsio import atomic_write_json, read_new_lines
 
 STATE_VERSION = 1
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-RESERVE_BYTES = 256 * 1024
-"""Size of the reserve file the supervisor keeps in run.dir and deletes when run.dir is full: room for the final
-state.json and the last events, so that `minilmd status` says what happened."""
 
 
 def now() -> float:
@@ -43,36 +40,6 @@ def fmt_time(ts: float | None) -> str:
 def is_disk_full(e: BaseException) -> bool:
     """ENOSPC or EDQUOT: the write would fit elsewhere, or later; nothing is wrong with the file itself."""
     return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
-
-
-# --- A full run.dir ----------------------------------------------------------------------------------------------
-
-def make_reserve(run_dir: Path) -> bool:
-    """Write the reserve file (real zeros: a sparse file frees nothing). False when there is no room for it."""
-    path = run_dir / names.RUN_DIR_RESERVE
-    try:
-        if path.stat().st_size >= RESERVE_BYTES:
-            return True
-    except FileNotFoundError:
-        pass
-    try:
-        with open(path, "wb") as f:
-            f.write(b"\0" * RESERVE_BYTES)
-        return True
-    except OSError as e:
-        if not is_disk_full(e):
-            raise
-        path.unlink(missing_ok=True)
-        return False
-
-
-def release_reserve(run_dir: Path) -> bool:
-    """Give the reserve's room to the writes that follow. True when there was one."""
-    try:
-        (run_dir / names.RUN_DIR_RESERVE).unlink()
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def _append_whole(fd: int, data: bytes) -> None:

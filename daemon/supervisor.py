@@ -11,14 +11,17 @@ have a part of their own that the tick asks: the GPU (daemon/gpuwait.py), stagin
 (daemon/stagingworker.py), the sync, the last sync and pruning scratch (daemon/syncworker.py), room in scratch
 (daemon/spacewait.py). Their blocking jobs run in threads (daemon/worker.py), so a stalled NFS never freezes the
 loop or the trainer, and the loop never waits for a process without a bound: a trainer killed in uninterruptible
-I/O is reaped by a later poll. The trainer is a child process (daemon/child.py); what to do when it ends is
-daemon/policy.py. GPU admission, staging, sync, pruning and the launch are reached through `Infra`
-(daemon/infra.py), a few methods that tests can replace.
+I/O is reaped by a later poll. The trainer is a child process (daemon/child.py), watched through
+daemon/trainerwatch.py (orphans, its command, a hang, a kill not reaped); what to do when it ends is
+daemon/policy.py. GPU admission, staging, sync, pruning and the launch are reached through `Infra` (daemon/infra.py),
+a few methods that tests can replace.
 
 Running out of room is no restart loop. A full scratch: the syncworker prunes superseded checkpoints before the
 trainer needs the room; a trainer whose save did not fit anyway waits in `waiting_space` until one does, never
 counted as a restart. A full run.dir: the writes of state and events keep failing quietly (daemon/runstate.py); a
-live trainer goes on, and once it has ended the run stops after its last sync, with exit 73 (final). Torch-free.
+live trainer goes on, and once it has ended the run stops after its last sync, with exit 73 (final). That part is
+`self.room` (daemon/rundirwatch.py): it writes state.json, says once that run.dir is full, and is asked before each
+launch and at each end of the trainer. Torch-free.
 """
 from __future__ import annotations
 
@@ -29,26 +32,25 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from minilmd import names, protocol
-from minilmd.config import RunConfig, parse_duration, parse_overrides
+from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon import child as childmod
+from minilmd.daemon import trainerwatch
 from minilmd.daemon.child import Child, Death
 from minilmd.daemon.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.policy import Decision, backoff_seconds, decide
+from minilmd.daemon.rundirwatch import RunDirWatch, full_at_start
 from minilmd.daemon.runstate import (
     EventLog,
     MetricsTail,
     RunState,
     is_disk_full,
-    make_reserve,
     new_state,
     now,
     read_heartbeat,
     read_state,
-    release_reserve,
 )
 from minilmd.daemon.sdnotify import Notifier
 from minilmd.daemon.spacewait import SpaceWaiter
@@ -58,19 +60,10 @@ from minilmd.daemon.syncworker import SyncWorker, local_checkpoint_steps
 from minilmd.daemon.worker import Inbox
 from minilmd.fsio import atomic_write_text
 
-if TYPE_CHECKING:
-    pass
-
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""
-STATE_EVERY_S = 1.0
-"""state.json is rewritten at most this often between transitions (the trainer's progress)."""
-STARTUP_GRACE_S = 60.0
-"""Before its first heartbeat a trainer counts as hung only after max(hang_timeout, this)."""
 STOP_WAITS_FOR_STAGING_S = 30.0
 """On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it)."""
-UNREAPED_REPORT_S = 30.0
-"""A trainer not reaped this long after SIGKILL is reported once (uninterruptible I/O); the loop goes on polling."""
 
 
 @dataclass
@@ -113,33 +106,28 @@ class Supervisor:
         self.attempt = 0
         self.backoff_until = 0.0
         self.after_backoff = Phase.STARTING
-        self.last_state_save = 0.0
-        self.run_dir_full: str | None = None  # why run.dir cannot be written, while it cannot
-        self.stop_for_full_run_dir = False  # the trainer ended while run.dir was full: stop, exit 73
-        # run() sets up, once the run directory is ours: lock, events, metrics, state, inbox, gpu, staging, sync
+        # run() sets up, once the run directory is ours: events, metrics, state, room, inbox, gpu, staging, sync, space
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
     def run(self) -> int:
         from minilmd.daemon.lock import LockHeld, LockUnsafe, RunLock
 
-        self.lock = RunLock(self.run_dir)
+        lock = RunLock(self.run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.lock.acquire()
+            lock.acquire()
         except (LockHeld, LockUnsafe) as e:
             print(f"minilmd run: {e}", flush=True)
             return protocol.SUPERVISOR_CONFIG
         except OSError as e:
-            if not is_disk_full(e):
+            if not full_at_start(self.run_dir, e):
                 raise
-            print(f"minilmd run: {self._full_at_start(e)}", flush=True)
             return protocol.SUPERVISOR_RUN_DIR_FULL
         try:
             self._prepare_files()
         except OSError as e:
-            self.lock.release()
-            if is_disk_full(e):
-                print(f"minilmd run: {self._full_at_start(e)}", flush=True)
+            lock.release()
+            if full_at_start(self.run_dir, e):
                 return protocol.SUPERVISOR_RUN_DIR_FULL
             print(f"minilmd run: cannot set up the run directory {self.run_dir}: {e}", flush=True)
             return 1
@@ -148,7 +136,7 @@ class Supervisor:
             self._adopt_previous_state()
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
-            self._kill_orphans()
+            trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
             self.events.emit("start", f"supervisor pid {os.getpid()} owns {self.run_dir} (config {self.config_path})",
                              pid=os.getpid())
             self.state.save()
@@ -156,11 +144,7 @@ class Supervisor:
                 self._tick()
                 time.sleep(TICK_S)
         except Exception as e:  # noqa: BLE001 - a supervisor bug: leave a clear trace, never an orphan trainer
-            if isinstance(e, OSError) and is_disk_full(e):  # a write the loop does not expect to fail (a stack dump)
-                release_reserve(self.run_dir)
-                message = f"stopped: no room to write {e.filename or 'a file'} ({e.strerror}); not restarted " \
-                          f"(exit {protocol.SUPERVISOR_RUN_DIR_FULL}); free space there, then start the run again"
-                self.events.emit("disk", message)
+            if (message := self.room.crashed(e)) is not None:  # run.dir full where the loop did not expect it
                 self.exit_status = protocol.SUPERVISOR_RUN_DIR_FULL
             else:
                 self.events.emit("crash", f"supervisor error: {type(e).__name__}: {e}",
@@ -171,7 +155,7 @@ class Supervisor:
                 self.child.kill_group(grace=60, while_waiting=self.notifier.watchdog)
             self.state.record_error(message)
         finally:
-            self._shutdown()
+            self._shutdown(lock)
         return self.exit_status
 
     def _prepare_files(self) -> None:
@@ -180,10 +164,10 @@ class Supervisor:
         if self.config_path.resolve() != copy.resolve():
             atomic_write_text(copy, self.config_path.read_text(encoding="utf-8"))
         self.events = EventLog(self.run_dir, echo=self.echo)
-        make_reserve(self.run_dir)  # no room for it: the run starts all the same, its last words may be lost
         self.metrics = MetricsTail(self.run_dir / names.METRICS)
         self.state = RunState(self.run_dir / names.STATE,
                               new_state(self.cfg.run.name, self.run_dir, str(self.config_path.resolve())))
+        self.room = RunDirWatch(self.cfg, self.run_dir, self.state, self.events)  # makes the reserve
         existing = sorted(p for p in (self.run_dir / names.ATTEMPT_LOGS).iterdir() if names.is_attempt_log(p.name))
         if existing:
             self.attempt = int(existing[-1].stem.split("-")[1])
@@ -200,26 +184,6 @@ class Supervisor:
         self.state.adopt(read_state(self.run_dir))
         if self.state["overrides"]:
             self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state['overrides']}")
-
-    def _full_at_start(self, e: OSError) -> str:
-        writing = f" writing {e.filename}" if e.filename else ""
-        return (f"run.dir {self.run_dir} is full ({e.strerror}{writing}): not started (exit "
-                f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); free space there, then start the run again")
-
-    def _kill_orphans(self) -> None:
-        """Never two trainers on one run: a trainer left by a killed supervisor is told to save and stop. The grace
-        can outlast the unit's WatchdogSec, so the watchdog is fed while it waits."""
-        pids = childmod.find_orphans(self.run_dir)
-        if not pids:
-            return
-        grace = min(parse_duration(self.cfg.restart.hang_timeout), 300.0)
-        self.events.emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
-                                   f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
-        childmod.terminate_orphans(self.run_dir, grace=grace, while_waiting=self.notifier.watchdog)
-        left = childmod.find_orphans(self.run_dir)
-        if left:
-            raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
-        self.events.emit("orphan", f"orphaned trainer processes {pids} are gone")
 
     # --- one tick of the loop -------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -242,9 +206,7 @@ class Supervisor:
         if live:
             self.sync.make_room()  # before the trainer's next save needs it
         self.notifier.watchdog()
-        if now() - self.last_state_save >= STATE_EVERY_S:
-            self._save_state()
-        self._watch_run_dir()
+        self.room.tick(self.phase)  # state.json when due; says once that run.dir is full, once that it has room
 
     def _handle_signals(self) -> None:
         if self.signals.hup:
@@ -268,38 +230,7 @@ class Supervisor:
         self.state["reason"] = reason
         self.events.emit(name, f"{old} -> {new}: {reason}", transition=name, old=old, new=new, **details)
         self.notifier.status(f"{self.cfg.run.name}: {new} ({reason})"[:200])
-        self._save_state()
-
-    def _save_state(self) -> None:
-        self.last_state_save = now()
-        self.state.save()
-
-    def _watch_run_dir(self) -> None:
-        """Say once that run.dir is full (on stdout: the journal keeps it), and once that it has room again."""
-        if self.phase in FINAL_PHASES:
-            return  # its last words were written with the reserve's room: there is none again
-        problem = self.state.unwritten or self.events.unwritten
-        if problem and self.run_dir_full is None:
-            self.run_dir_full = problem
-            print(f"minilmd run: run.dir {self.run_dir} is full ({problem}): state.json, events.jsonl and "
-                  f"supervisor.log are not written while it is; the trainer goes on while it can, and once it has "
-                  f"ended the run stops after its last sync (exit {protocol.SUPERVISOR_RUN_DIR_FULL}, final)",
-                  flush=True)
-        elif self.run_dir_full is not None and self.state.unwritten is None:
-            self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
-            self.run_dir_full = self.events.unwritten
-
-    def _run_dir_still_full(self) -> bool:
-        """Whether run.dir is full now: the state is written once more to find out."""
-        self._save_state()
-        self._watch_run_dir()
-        return self.run_dir_full is not None
-
-    def _stop_for_full_run_dir(self, what: str) -> None:
-        """No trainer can run without its run directory (heartbeat, metrics, log): stop after the last sync."""
-        self.stop_for_full_run_dir = True
-        self._enter_stopping(f"{what} while run.dir is full ({self.run_dir_full}): no new trainer; the last sync, "
-                             f"then stop")
+        self.room.save()
 
     def _fail(self, status: int, message: str) -> None:
         self.exit_status = status
@@ -337,15 +268,12 @@ class Supervisor:
     # --- the child ---------------------------------------------------------------------------------------------------
     def _launch(self) -> None:
         """STAGING, BACKOFF or WAITING_SPACE -> STARTING: a new attempt of the trainer."""
-        if self._run_dir_still_full():
-            self._stop_for_full_run_dir(f"attempt {self.attempt + 1} cannot start")
+        if self.room.still_full(self.phase):
+            self._enter_stopping(self.room.stop(f"attempt {self.attempt + 1} cannot start"))
             return
         self.attempt += 1
-        overrides = {"data.prepared": str(self.staging.staged), **self.state["overrides"]}
-        for section, values in parse_overrides(self.cli_overrides).items():
-            for key, value in values.items():
-                overrides.setdefault(f"{section}.{key}", value)
-        command = childmod.build_command(self.run_dir / names.RUN_CONFIG_COPY, overrides, self.gpu.nproc)
+        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, self.state["overrides"],
+                                               self.cli_overrides, self.gpu.nproc)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)
         (self.run_dir / names.FAULT).unlink(missing_ok=True)
         try:
@@ -353,8 +281,7 @@ class Supervisor:
         except OSError as e:
             if not is_disk_full(e):
                 raise
-            self.run_dir_full = self.run_dir_full or f"{e.filename}: {e.strerror}"
-            self._stop_for_full_run_dir(f"attempt {self.attempt} cannot write its log")
+            self._enter_stopping(self.room.stop(f"attempt {self.attempt} cannot write its log", error=e))
             return
         self.child.newest_at_launch = newest
         self.state["child"] = {"pid": self.child.pid, "start_ticks": self.child.start_ticks, "attempt": self.attempt,
@@ -371,30 +298,13 @@ class Supervisor:
             self._on_child_end(rc)
             return
         if child.killed_at is not None:
-            self._report_unreaped(child)
+            trainerwatch.report_unreaped(child, self.events.emit)
             return
         beat = read_heartbeat(self.run_dir)
         if self.phase == Phase.STARTING and beat is not None and child.beats(beat):
             self._go(Phase.TRAINING, f"first heartbeat from attempt {self.attempt} (step {beat[1]})")
         child.track_cgroup()
-        detail = child.silence(beat, parse_duration(self.cfg.restart.hang_timeout), STARTUP_GRACE_S)
-        if detail:
-            self.events.emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
-            dumped = childmod.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
-            child.killed_for_hang = True
-            child.hang_detail = f"{detail}; {dumped}"
-            child.kill()  # the next ticks poll for its end
-
-    def _report_unreaped(self, child: Child) -> None:
-        """A trainer stuck in uninterruptible I/O (a stalled mount) ends only when the kernel lets it: say so once,
-        and go on polling."""
-        assert child.killed_at is not None  # the caller checked: this runs only after the kill
-        waited = now() - child.killed_at
-        if waited > UNREAPED_REPORT_S and not child.reap_reported:
-            child.reap_reported = True
-            self.events.emit("kill", f"trainer pid {child.pid} has not exited {waited:.0f}s after SIGKILL (probably "
-                                     f"uninterruptible I/O on a stalled mount); waiting for the kernel to release it",
-                             pid=child.pid)
+        trainerwatch.kill_if_hung(self.cfg, child, beat, self.events.emit)  # the next ticks poll for its end
 
     def _on_child_end(self, rc: int) -> None:
         child = self.child
@@ -409,29 +319,17 @@ class Supervisor:
                                        f"(exit {rc}): {death.detail}", cause=death.cause, exit=rc, step=step)
         if self.phase == Phase.STOPPING:
             return  # _tick_stopping goes on with the last sync
-        if self._run_dir_still_full() and death.cause != Cause.DONE and not self.stop_requested:
+        if self.room.still_full(self.phase) and death.cause != Cause.DONE and not self.stop_requested:
             self.state.record_error(f"{death.cause}: {death.detail}")
-            self._stop_for_full_run_dir(f"the trainer ended ({death.cause})")
+            self._enter_stopping(self.room.stop(f"the trainer ended ({death.cause})"))
             return
         streak = 0 if made_progress else self.state["no_progress_streak"] + 1
         decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state["restarts"]),
                           no_progress_streak=streak, stop_requested=self.stop_requested,
                           micro_batch_size=self._effective("micro_batch_size"),
-                          grad_accum=self._effective("grad_accum"), **self._facts_for(death))
+                          grad_accum=self._effective("grad_accum"),
+                          **trainerwatch.death_facts(death, self.staging, self.gpu, self.events.emit))
         self._act(death, decision, streak, step)
-
-    def _facts_for(self, death: Death) -> dict:
-        """What the restart policy needs to know about this death beyond its cause."""
-        facts = {}
-        if death.cause in (Cause.SIGBUS, Cause.DATA_ERROR) and (problems := self.staging.problems()) is not None:
-            facts["staged_damaged"] = bool(problems)
-            if problems:
-                self.events.emit("staging", f"the staged corpus fails verification: {'; '.join(problems[:3])}")
-        if death.cause == Cause.CUDA_OOM:
-            busy = self.gpu.foreign_on_ours()
-            if busy is not None:
-                facts["gpu_busy"] = busy
-        return facts
 
     def _effective(self, key: str) -> int:
         return int(self.state["overrides"].get(f"train.{key}", getattr(self.cfg.train, key)))
@@ -529,7 +427,7 @@ class Supervisor:
             if rc is None:
                 patience = parse_duration(self.cfg.restart.hang_timeout)
                 if child.killed_at is not None:
-                    self._report_unreaped(child)
+                    trainerwatch.report_unreaped(child, self.events.emit)
                 elif now() - (child.stop_sent or now()) > patience:
                     self.events.emit("stop", f"the trainer did not exit within {patience:.0f}s of SIGTERM: SIGKILL")
                     child.kill()
@@ -551,9 +449,8 @@ class Supervisor:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
             self._go(Phase.DONE, "stopped on request" + (f" ({sync_problem})" if sync_problem else ""))
-        elif self.stop_for_full_run_dir:
-            release_reserve(self.run_dir)  # room for the final state.json and events: status can tell it
-            self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self._full_run_dir_outcome(sync_problem))
+        elif self.room.stopping:
+            self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
         elif sync_problem:
             # exit 1, not final: systemd restarts us, the trainer exits at once, the sync is tried again
             self._fail(1, f"finished, but {sync_problem}; {kept}")
@@ -561,21 +458,11 @@ class Supervisor:
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
                                                          else ""))
 
-    def _full_run_dir_outcome(self, sync_problem: str) -> str:
-        steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
-        where = f"the newest checkpoint {names.step_name(steps[-1])} is in {self.cfg.checkpoint_dir}" if steps \
-            else "no checkpoint yet"
-        if steps and self.cfg.run.remote:
-            where += f" ({sync_problem})" if sync_problem else f" and synced to {self.cfg.run.remote}"
-        return (f"stopped because run.dir is full ({self.run_dir_full}): not restarted (exit "
-                f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; free space in {self.run_dir}, then start the "
-                f"run again")
-
     def _read_progress(self) -> None:
         self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
 
     # --- the end ------------------------------------------------------------------------------------------------------
-    def _shutdown(self) -> None:
+    def _shutdown(self, lock) -> None:
         child = self.child
         if child is not None and child.poll() is None:
             if child.killed_at is None:
@@ -584,8 +471,7 @@ class Supervisor:
                 self.events.emit("kill", f"trainer pid {child.pid} is not reaped after SIGKILL (uninterruptible "
                                          f"I/O?): exiting without it", pid=child.pid)
         self.gpu.release()
-        if self.run_dir_full:
-            release_reserve(self.run_dir)
+        self.room.at_exit()
         self.state["outcome"] = {"exit": self.exit_status, "phase": self.phase, "time": now(),
                                  "reason": self.state["reason"]}
         self.state.save()
@@ -593,7 +479,7 @@ class Supervisor:
                          exit=self.exit_status)
         self.events.close()
         self.notifier.stopping()
-        self.lock.release()
+        lock.release()
 
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from minilmd.config import load_config
-from minilmd.daemon import supervisor as supmod
+from minilmd.daemon import trainerwatch
 from minilmd.daemon.child import TRAINER_CMD_ENV, launch
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.supervisor import Supervisor
@@ -145,7 +145,7 @@ def in_process(monkeypatch):
 @pytest.mark.slow
 def test_a_hung_trainer_not_released_after_sigkill_never_freezes_the_loop_state_or_watchdog(tmp_path, corpus,
                                                                                           in_process, monkeypatch):
-    monkeypatch.setattr(supmod, "UNREAPED_REPORT_S", 0.5)
+    monkeypatch.setattr(trainerwatch, "UNREAPED_REPORT_S", 0.5)
     monkeypatch.setenv("MINILMD_FAULT", "hang@12")
     notify = NotifySocket(tmp_path / "n.sock")
     monkeypatch.setenv("NOTIFY_SOCKET", notify.path)
