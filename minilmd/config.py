@@ -493,8 +493,8 @@ def budget_problem(cfg: RunConfig) -> str:
     if tokens:
         steps = tokens // per_step if per_step else 0
         lines.append(f"; one epoch of {cfg.data.prepared} ({tokens:,} train tokens) is {steps:,} steps. "
-                     f"At the reference run's measured 3,700 tok/s that epoch alone takes {tokens / 3700 / 3600:.1f} h, "
-                     f"so an unlimited default would silently mean that")
+                     f"At the reference run's measured 3,700 tok/s that epoch alone takes "
+                     f"{tokens / 3700 / 3600:.1f} h, so an unlimited default would silently mean that")
     else:
         lines.append("; at 3,700 tok/s (measured on a 768x8 model) a 332M-token corpus is ~25 h per epoch, "
                      "so an unlimited default would silently mean days")
