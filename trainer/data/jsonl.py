@@ -218,22 +218,10 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict 
 def parse_long_line(long: LongLine) -> ParsedBlock:
     """A LongLine as parse_block would see it, its text joined into one string (held whole: tokenizer training
     takes whole documents; prepare streams the pieces instead)."""
-    from minilmd.trainer.data.longdoc import RESTART, LongLineParser
+    from minilmd.trainer.data.longdoc import parse_chunks
 
-    parser = LongLineParser()
     parts: list[str] = []  # the fragments of the text
-
-    def take(events: list) -> None:
-        for event in events:
-            if event is RESTART:
-                parts.clear()
-            else:
-                parts.append(event)
-
-    for chunk in long.chunks():
-        take(parser.feed(chunk))
-    events, verdict = parser.close()
-    take(events)
+    verdict = parse_chunks(long.chunks(), parts.append, parts.clear)
     out = ParsedBlock(n_lines=1)
     if verdict.blank:
         out.blank = 1

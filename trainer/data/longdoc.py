@@ -112,6 +112,26 @@ class _JSONError(Exception):
     pass
 
 
+def parse_chunks(chunks, on_text, on_restart) -> LineVerdict:
+    """Feed a line's raw chunks through a LongLineParser: `on_text(fragment)` for each fragment of the top-level
+    "text" string, `on_restart()` when another top-level "text" starts over (the last one is the document).
+    Returns the line's verdict."""
+    parser = LongLineParser()
+
+    def take(events: list) -> None:
+        for event in events:
+            if event is RESTART:
+                on_restart()
+            else:
+                on_text(event)
+
+    for chunk in chunks:
+        take(parser.feed(chunk))
+    events, verdict = parser.close()
+    take(events)
+    return verdict
+
+
 class LongLineParser:
     """One JSONL line fed in raw chunks. `feed(chunk)` returns the events so far: text fragments of the top-level
     "text" string, in order, and RESTART when another top-level "text" key begins; `close()` the remaining events

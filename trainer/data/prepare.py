@@ -51,7 +51,7 @@ from minilmd.trainer.data.encode import Encoders, default_workers, done
 from minilmd.trainer.data.encode import leak_key as leak_key  # the split rule: part of prepare's interface
 from minilmd.trainer.data.encode import split_is_val as split_is_val
 from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, InputError, LongLine, Source
-from minilmd.trainer.data.longdoc import RESTART, LongLineParser, PieceCutter
+from minilmd.trainer.data.longdoc import PieceCutter, parse_chunks
 
 BLOCK_BYTES = 1 << 20
 
@@ -352,21 +352,13 @@ def _result(entry: tuple[int, str, Future]) -> tuple[int, str, object]:
 def _stream_long_line(long: LongLine, src_idx: int, encoders: Encoders, submit) -> None:
     """A line too long to hold, as it is read: parsed in chunks, its text cut into pieces for the workers; its
     end, with the verdict and the hashes of the whole text, follows its pieces."""
-    parser = LongLineParser()
     doc = _LongText(lambda piece: submit(src_idx, "piece", encoders.submit("encode_piece", piece)))
 
-    def take(events: list) -> None:
-        for event in events:
-            if event is RESTART:  # another top-level "text": the last one is the document
-                doc.reset()
-                submit(src_idx, "restart", done(None))
-            else:
-                doc.add(event)
+    def restart() -> None:  # another top-level "text": the last one is the document
+        doc.reset()
+        submit(src_idx, "restart", done(None))
 
-    for chunk in long.chunks():
-        take(parser.feed(chunk))
-    events, verdict = parser.close()
-    take(events)
+    verdict = parse_chunks(long.chunks(), doc.add, restart)
     doc.finish()
     submit(src_idx, "long_end", done(LongEnd(long.line, verdict, _digest_int(doc.digest), _digest_int(doc.key),
                                               doc.text_bytes)))
