@@ -3,10 +3,8 @@
 The child runs in its own process group (so that a torchrun group is stopped as a whole and a terminal's ^C reaches
 only the supervisor), writes to logs/attempt-NNNN.log, and carries MINILMD_RUN_DIR and a random MINILMD_LAUNCH_ID
 in its environment. `launch()` records the trainer in <run dir>/trainer.json (pid, start time, uid, host, launch
-id) before anything else can happen to the supervisor, so that a restarted supervisor and `minilmd stop` can tell
-an orphan of this run in /proc from any other process: they signal only processes of our uid on this host that
-carry this run's directory and launch id and started no earlier than the recorded trainer. Anyone can put
-MINILMD_RUN_DIR in an environment; nobody else's process is ever signalled, even by root.
+id) before anything else can happen to the supervisor; daemon/orphans.py uses that record to tell an orphan of this
+run from any other process. A hung child's stacks are daemon/stackdump.py.
 
 `classify()` turns an exit status into a `Death` with one `Cause` (daemon/states.py; CAUSES says what each means);
 the restart policy (daemon/policy.py) acts on the cause. Nothing here waits for a child without a bound: a trainer in
@@ -15,14 +13,10 @@ on meanwhile. Torch-free.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import secrets
 import shlex
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol
-from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
+from minilmd.daemon.orphans import REAP_S, record_launch
+from minilmd.daemon.runstate import process_start_ticks
 from minilmd.daemon.states import Cause
-from minilmd.fsio import atomic_write_json, tail_lines
+from minilmd.fsio import tail_lines
 
 RUN_DIR_ENV = names.RUN_DIR_ENV
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
@@ -43,8 +38,6 @@ TRAINER_CMD_ENV = names.TRAINER_CMD_ENV
 
 SUPERVISOR_LINE = "# "
 """How the lines the supervisor itself writes into an attempt log begin (the header, a stack dump's header)."""
-REAP_S = 10.0
-"""After SIGKILL, how long kill_group waits for the kernel to let the process go before it gives up on reaping it."""
 
 CAUSES: dict[Cause, str] = {
     Cause.DONE: "the trainer reached its budget and saved the final checkpoint (exit 0)",
@@ -340,272 +333,3 @@ def _kernel_log_oom(pid: int) -> bool:
         return False
     return re.search(rf"Killed process {pid}\b", out) is not None or \
         re.search(rf"oom-kill:.*pid={pid}\b", out) is not None
-
-
-# --- hangs and orphans -----------------------------------------------------------------------------------------
-
-DUMP_WAIT_S = 3.0
-"""After SIGUSR1, how long dump_stack waits for the faulthandler's dump to reach the attempt log."""
-_DUMP_MARK = b"(most recent call first):"  # faulthandler's line above each thread's stack
-
-
-def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool = False,
-               wait_s: float = DUMP_WAIT_S) -> str:
-    """Put the hung child's Python stacks into its attempt log and say what actually got there: with py-spy if
-    installed, else SIGUSR1 to each process of the child's group that catches it (`minilmd train` registers its
-    faulthandler for SIGUSR1, writing to stderr, which is this log; torchrun does not catch it and is left alone, its
-    workers are dumped). A process that does not catch SIGUSR1 yet (still importing) would die of it, so it is not
-    sent; one in uninterruptible I/O (state D, a stalled mount) runs no handler until the I/O returns, so nothing may
-    come: the answer then says so, with the process state and where the kernel holds it."""
-    py_spy = shutil.which("py-spy")
-    if py_spy:
-        try:
-            out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                 timeout=timeout)
-        except (OSError, subprocess.SubprocessError) as e:
-            failed = f"py-spy failed: {e}"
-        else:
-            with open(log_path, "a", encoding="utf-8") as log:
-                log.write(f"\n{SUPERVISOR_LINE}py-spy dump --pid {pid} (hang detected by the supervisor)\n"
-                          f"{out.stdout}{out.stderr}\n")
-            if out.returncode == 0:
-                return "py-spy dumped the stacks into the attempt log"
-            failed = f"py-spy exit {out.returncode}"
-        return f"{failed}; {_dump_by_sigusr1(pid, log_path, wait_s, torchrun)}"
-    return _dump_by_sigusr1(pid, log_path, wait_s, torchrun)
-
-
-def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool) -> str:
-    group = _group_members(pid)
-    targets = [p for p in group if _catches(p, signal.SIGUSR1)]
-    if not targets:
-        who = "its torchrun workers do" if torchrun else "it does"
-        return (f"no stack dump: {who} not catch SIGUSR1 yet (the faulthandler is registered when training starts; "
-                f"a hang in imports or start-up comes before), so SIGUSR1 would only kill {_states(group or [pid])}")
-    with open(log_path, "ab") as log:
-        log.write(f"\n{SUPERVISOR_LINE}hang: SIGUSR1 to pid {', '.join(map(str, targets))}: their faulthandler "
-                  f"dumps every thread's stack below\n".encode())
-    start = _size(log_path)
-    for target in targets:
-        try:
-            os.kill(target, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-    dumped = _wait_for_dump(log_path, start, wait_s)
-    if dumped:
-        threads, lines = dumped.count(_DUMP_MARK), dumped.count(b"\n")
-        return f"SIGUSR1: the faulthandler dumped {threads} thread stack(s) ({lines} lines) into the attempt log"
-    states = _states(targets)
-    with open(log_path, "ab") as log:
-        log.write(f"{SUPERVISOR_LINE}hang: no stack dump within {wait_s:g}s of SIGUSR1; {states}\n".encode())
-        for target in targets:
-            kernel = _kernel_stack(target)
-            if kernel:
-                log.write(f"{SUPERVISOR_LINE}kernel stack of pid {target} (/proc/{target}/stack):\n{kernel}".encode())
-    return (f"SIGUSR1 sent but no stack dump reached the attempt log within {wait_s:g}s: {states} (a process in "
-            f"uninterruptible I/O runs no handler until the I/O returns)")
-
-
-def _wait_for_dump(log_path: Path, start: int, wait_s: float, interval: float = 0.05) -> bytes:
-    """What the log gained after `start` once it holds a stack and has stopped growing, or b"" after wait_s."""
-    deadline = time.monotonic() + wait_s
-    seen = b""
-    while time.monotonic() < deadline:
-        time.sleep(interval)
-        with open(log_path, "rb") as log:
-            log.seek(start)
-            now_seen = log.read(1 << 20)
-        if _DUMP_MARK in now_seen and now_seen == seen:
-            return now_seen
-        seen = now_seen
-    return seen if _DUMP_MARK in seen else b""
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _proc_stat(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name (state first), or [] if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return []
-    return raw[raw.rfind(")") + 2:].split()
-
-
-def _group_members(pgid: int) -> list[int]:
-    """The live processes of process group pgid (the child's session leader first)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _proc_stat(int(entry))
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                members.append(int(entry))
-    return sorted(members, key=lambda p: p != pgid)
-
-
-def _catches(pid: int, sig: int) -> bool:
-    """Whether the process has a handler for sig (SigCgt of /proc/PID/status)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
-def _states(pids: list[int]) -> str:
-    """"pid 12 state D (waiting in nfs_wait_on_request)" for each pid: where each one is."""
-    parts = []
-    for pid in pids:
-        fields = _proc_stat(pid)
-        if not fields:
-            parts.append(f"pid {pid} gone")
-            continue
-        try:
-            wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
-        except OSError:
-            wchan = ""
-        where = f" (waiting in {wchan})" if wchan and wchan != "0" else ""
-        parts.append(f"pid {pid} state {fields[0]}{where}")
-    return ", ".join(parts)
-
-
-def _kernel_stack(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stack").read_text()
-    except OSError:
-        return ""
-
-
-# --- which processes are this run's -------------------------------------------------------------------------
-
-def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid: int | None = None,
-                  start_ticks: int | None = None) -> str:
-    """Write trainer.json: written once before the launch (a supervisor killed during Popen still leaves the launch
-    id, uid and host) and again with the trainer's pid and start time. Returns the launch id."""
-    launch_id = launch_id or secrets.token_hex(16)
-    atomic_write_json(run_dir / names.TRAINER_RECORD,
-                      {"launch_id": launch_id, "uid": os.getuid(), "host": socket.gethostname(), "attempt": attempt,
-                       "pid": pid, "start_ticks": start_ticks, "time": time.time()})
-    return launch_id
-
-
-def _read_record(run_dir: Path) -> dict | None:
-    """trainer.json if it names a trainer that this user launched on this host, else None."""
-    try:
-        record = json.loads((run_dir / names.TRAINER_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("launch_id"), str) or not record["launch_id"]:
-        return None
-    if record.get("uid") != os.getuid() or record.get("host") != socket.gethostname():
-        return None
-    return record
-
-
-def process_uids(pid: int) -> tuple[int, ...] | None:
-    """(real, effective, saved, filesystem) uids of a process, from /proc/PID/status; None if it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return tuple(int(u) for u in line.split()[1:])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def is_ours(pid: int) -> bool:
-    """Whether every uid of the process is ours: a process of another user is never signalled, even by root."""
-    uids = process_uids(pid)
-    return uids is not None and set(uids) == {os.getuid()}
-
-
-def _orphans(run_dir: Path) -> list[tuple[int, int]]:
-    """(pid, start ticks) of each live process of the recorded trainer: ours, carrying this run's directory and the
-    recorded launch id, started no earlier than the trainer (the trainer itself: its pid and start time)."""
-    record = _read_record(run_dir)
-    if record is None:
-        return []
-    target, launch_id = str(run_dir.resolve()), record["launch_id"]
-    leader, leader_ticks = record.get("pid"), record.get("start_ticks")
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        pid = int(entry)
-        ticks = process_start_ticks(pid)
-        if ticks is None or not is_ours(pid):
-            continue
-        if isinstance(leader_ticks, int) and (ticks < leader_ticks or (pid == leader and ticks != leader_ticks)):
-            continue
-        env = process_environ(pid)
-        if env.get(RUN_DIR_ENV) != target or env.get(LAUNCH_ID_ENV) != launch_id:
-            continue
-        if process_start_ticks(pid) == ticks:  # still the process all of the above was read from
-            found.append((pid, ticks))
-    return sorted(found)
-
-
-def find_orphans(run_dir: Path) -> list[int]:
-    """Pids of live processes of the trainer this run launched last (trainer.json), other than us: the trainer and
-    what it started. Never another user's process, nor one that merely carries MINILMD_RUN_DIR=<run dir>."""
-    return [pid for pid, _ in _orphans(run_dir)]
-
-
-def terminate_orphans(run_dir: Path, grace: float = 30.0, while_waiting=None) -> list[int]:
-    """SIGTERM each process of find_orphans(run_dir) (the trainer saves and exits), then SIGKILL what is left after
-    grace, and whatever of the trainer's appeared meanwhile. They are not our children (their parent died), so we
-    poll /proc instead of waiting. Each process is signalled by itself, through a pidfd opened and checked against
-    its start time first: never a recycled pid, never a whole group that may hold another user's process. The grace
-    can outlast systemd's WatchdogSec: `while_waiting()` is called at every poll (the supervisor pings the watchdog
-    there). Returns the pids that were alive."""
-    alive = _orphans(run_dir)
-    for pid, ticks in alive:
-        signal_process(pid, ticks, signal.SIGTERM)
-    _poll_until_gone(alive, grace, 0.1, while_waiting)
-    late = [p for p in _orphans(run_dir) if p not in alive]
-    for pid, ticks in [*alive, *late]:
-        if process_alive(pid, ticks):
-            signal_process(pid, ticks, signal.SIGKILL)
-    _poll_until_gone([*alive, *late], REAP_S, 0.05, while_waiting)
-    return [pid for pid, _ in alive]
-
-
-def _poll_until_gone(alive: list[tuple[int, int]], seconds: float, interval: float, while_waiting) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in alive):
-        if while_waiting is not None:
-            while_waiting()
-        time.sleep(interval)
-
-
-def signal_process(pid: int, ticks: int | None, sig: int) -> bool:
-    """Signal the process `pid` that started at `ticks` (None: whichever has that pid now), if it is still that one
-    and ours: through a pidfd opened before the check, so that a pid recycled in between is never hit. Whether the
-    signal was sent."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        fd = None  # no pidfd here (a kernel before 5.3): a check and a kill, with the tiny window that leaves
-    try:
-        if (ticks is not None and process_start_ticks(pid) != ticks) or not is_ours(pid):
-            return False
-        if fd is not None:
-            signal.pidfd_send_signal(fd, sig)
-        else:
-            os.kill(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-    finally:
-        if fd is not None:
-            os.close(fd)

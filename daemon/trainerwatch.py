@@ -12,6 +12,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.config import RunConfig, parse_duration, parse_overrides
 from minilmd.daemon import child as childmod
+from minilmd.daemon import orphans, stackdump
 from minilmd.daemon.child import Child, Death
 from minilmd.daemon.runstate import now
 from minilmd.daemon.states import Cause
@@ -25,14 +26,14 @@ UNREAPED_REPORT_S = 30.0
 def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], None]) -> None:
     """Never two trainers on one run: a trainer left by a killed supervisor is told to save and stop. The grace
     can outlast the unit's WatchdogSec, so the watchdog is fed while it waits."""
-    pids = childmod.find_orphans(run_dir)
+    pids = orphans.find_orphans(run_dir)
     if not pids:
         return
     grace = min(parse_duration(cfg.restart.hang_timeout), 300.0)
     emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
                    f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
-    childmod.terminate_orphans(run_dir, grace=grace, while_waiting=watchdog)
-    left = childmod.find_orphans(run_dir)
+    orphans.terminate_orphans(run_dir, grace=grace, while_waiting=watchdog)
+    left = orphans.find_orphans(run_dir)
     if left:
         raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
     emit("orphan", f"orphaned trainer processes {pids} are gone")
@@ -54,7 +55,7 @@ def kill_if_hung(cfg: RunConfig, child: Child, beat, emit) -> None:
     if not detail:
         return
     emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
-    dumped = childmod.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
+    dumped = stackdump.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
     child.killed_for_hang = True
     child.hang_detail = f"{detail}; {dumped}"
     child.kill()

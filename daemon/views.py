@@ -292,7 +292,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     if refusal:
         print(refusal, file=out)
         return protocol.STOP_FAILED
-    from minilmd.daemon.child import signal_process
+    from minilmd.daemon.orphans import signal_process
 
     if signal_process(pid, ticks, signal.SIGTERM):
         print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
@@ -339,7 +339,7 @@ def _live_supervisor(run_dir: Path, state: dict) -> tuple[int, int | None, str] 
 def _refusal(pid: int, host: str, run_dir: Path) -> str | None:
     """Why `stop` must not signal this supervisor: it runs on another host, or as another user (even for root:
     the run is theirs to stop)."""
-    from minilmd.daemon.child import is_ours, process_uids
+    from minilmd.daemon.orphans import is_ours, process_uids
 
     if host != socket.gethostname():
         return f"supervisor pid {pid} runs on {host}, not on this host: not signalled; run `minilmd stop` there"
@@ -362,7 +362,7 @@ def _user(uid: int | None) -> str:
 def _stop_orphans(run_dir: Path, out) -> int:
     """A supervisor killed with SIGKILL leaves its trainer running: `stop` must stop that one too (it saves on
     SIGTERM and exits; SIGKILL after the grace). Only the trainer this run recorded, never another process."""
-    from minilmd.daemon.child import find_orphans, terminate_orphans
+    from minilmd.daemon.orphans import find_orphans, terminate_orphans
 
     pids = find_orphans(run_dir)
     if not pids:

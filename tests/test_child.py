@@ -17,6 +17,7 @@ import pytest
 from minilmd import names, protocol
 from minilmd.config import RestartSection
 from minilmd.daemon import child as childmod
+from minilmd.daemon import orphans
 from minilmd.daemon.child import Death, build_command, classify, launch
 from minilmd.daemon.policy import backoff_seconds, decide
 from minilmd.daemon.runstate import MetricsTail, process_alive
@@ -89,12 +90,12 @@ def test_orphans_are_found_by_their_run_dir_and_terminated(tmp_path):
     other = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "other", 1, devices="")
     try:
         def found_it() -> list[int] | None:
-            found = childmod.find_orphans(tmp_path)
+            found = orphans.find_orphans(tmp_path)
             return found if c.pid in found else None
 
         found = wait_until(found_it, 10, "the run's process among its orphans")
         assert found == [c.pid]  # not the other run's process
-        assert childmod.terminate_orphans(tmp_path, grace=5) == found
+        assert orphans.terminate_orphans(tmp_path, grace=5) == found
         assert c.popen.wait(5) == -signal.SIGTERM
         assert process_alive(other.pid)
     finally:

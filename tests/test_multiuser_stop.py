@@ -23,7 +23,7 @@ import pytest
 
 from minilmd import names
 from minilmd.daemon import child as childmod
-from minilmd.daemon import views
+from minilmd.daemon import orphans, views
 from minilmd.daemon.runstate import new_state, process_alive, process_environ, process_start_ticks
 from minilmd.fsio import atomic_write_json
 from second_user import as_user, second_user
@@ -91,8 +91,8 @@ def test_stop_on_a_finished_run_spares_processes_that_only_carry_its_run_dir(tmp
     out = cli("stop", str(run_dir), timeout=60)
     assert out.returncode == 0 and "not running" in out.stdout, out.stdout + out.stderr
     assert mine.alive() and theirs.alive()
-    assert childmod.find_orphans(run_dir) == []  # the orphan hunt a supervisor makes at start
-    assert childmod.terminate_orphans(run_dir, grace=5) == []
+    assert orphans.find_orphans(run_dir) == []  # the orphan hunt a supervisor makes at start
+    assert orphans.terminate_orphans(run_dir, grace=5) == []
     assert mine.alive() and theirs.alive()
 
 
@@ -103,7 +103,7 @@ def test_a_trainer_record_naming_another_users_process_signals_nothing(tmp_path,
     # forged (or a pid recycled for another user): pid, start time, our uid and host, the launch id in its env
     record.update(pid=theirs.pid, start_ticks=theirs.ticks)
     atomic_write_json(run_dir / names.TRAINER_RECORD, record)
-    assert childmod.find_orphans(run_dir) == []
+    assert orphans.find_orphans(run_dir) == []
     assert views.stop(run_dir, out=io.StringIO()) == 0
     assert theirs.alive()
 
@@ -139,7 +139,7 @@ def test_the_orphaned_trainer_of_the_run_and_its_workers_are_stopped_and_nothing
                             "the worker's pid")[0])
     try:
         wait_until(lambda: process_environ(worker).get(names.RUN_DIR_ENV), 10, "the worker's exec")
-        assert childmod.find_orphans(run_dir) == sorted([trainer.pid, worker])
+        assert orphans.find_orphans(run_dir) == sorted([trainer.pid, worker])
         out = io.StringIO()
         assert views.stop(run_dir, out=out) == 0, out.getvalue()
         assert trainer.popen.wait(10) == -signal.SIGTERM
