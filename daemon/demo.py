@@ -105,7 +105,7 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
                           stdout=subprocess.PIPE, text=True)
     if made.returncode != 0:
         sys.exit(f"demo: `minilmd demo-corpus` failed with exit status {made.returncode}")
-    corpus = made.stdout.split()
+    corpus = made.stdout.splitlines()  # one path a line (a path may hold a space)
     for path in corpus:
         print(f"  {path}: {sum(1 for _ in open(path, encoding='utf-8')):,} documents")
 
