@@ -60,7 +60,9 @@ from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
-from minilmd.trainer.loop.metrics import MetricsLog, Throughput, flops_per_token, peak_bf16_flops
+from minilmd.trainer.loop.metrics import MetricsLog, Throughput
+from minilmd.trainer.loop.mfu import flops_per_token, mfu, peak_flops
+from minilmd.trainer.loop.oom import cuda_oom_source, first_line
 from minilmd.trainer.loop.schedule import lr_at
 
 
@@ -72,6 +74,8 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
+    control_group: Any = None
+    """The process group of agree()'s flags: a CPU (gloo) group beside NCCL; None: the default group (gloo)."""
 
     @property
     def is_main(self) -> bool:
@@ -93,14 +97,24 @@ def resolve_device(cfg: RunConfig, local_rank: int) -> torch.device:
 
 
 def init_distributed(cfg: RunConfig) -> Dist:
-    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK; join the process group (nccl on CUDA, gloo on CPU)."""
+    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK; join the process group (nccl on CUDA, gloo on CPU), and on CUDA
+    a gloo group beside it for the per-step control flags (agree())."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(cfg, local_rank)
+    control_group = None
     if world_size > 1 and not torch_dist.is_initialized():
         torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=(
             device if device.type == "cuda" else None))
-    return Dist(rank, world_size, local_rank, device)
+    if world_size > 1 and torch_dist.get_backend() != "gloo":
+        control_group = torch_dist.new_group(backend="gloo")  # every rank calls it, in the same order
+    return Dist(rank, world_size, local_rank, device, control_group)
+
+
+def compile_enabled(setting: bool | str, device: torch.device) -> bool:
+    """train.compile: true, false, or "auto": on CUDA, where eager mode is host-bound (docs/training.md), and not
+    on CPU, where a cold compile costs minutes that a short CPU run never wins back."""
+    return setting is True or (setting == "auto" and device.type == "cuda")
 
 
 def total_steps_for_budget(cfg: RunConfig, global_batch: int) -> int:
@@ -227,21 +241,32 @@ class Trainer:
         if dist.active:
             from torch.nn.parallel import DistributedDataParallel
 
+            # No buffer broadcast: the only buffers are the RoPE tables, computed identically on every rank (and
+            # non-persistent), so broadcasting them before every synced forward was pure traffic. Gradients as
+            # views of the allreduce buckets: no copy into and out of the buckets, and no second gradient-sized
+            # allocation.
             forward_model = DistributedDataParallel(
-                self.model, device_ids=[dist.local_rank] if self.device.type == "cuda" else None)
+                self.model, device_ids=[dist.local_rank] if self.device.type == "cuda" else None,
+                broadcast_buffers=False, gradient_as_bucket_view=True)
         # Any: torch.compile is typed as returning a plain callable; it returns a module that passes attribute
         # lookups (DDP's no_sync) through to the one it wraps.
-        self.forward_model: Any = torch.compile(forward_model) if t.compile else forward_model
+        self.compiled = compile_enabled(t.compile, self.device)
+        self.forward_model: Any = torch.compile(forward_model) if self.compiled else forward_model
 
         self.flops_per_token = flops_per_token(self.model.num_parameters(), cfg.model.num_hidden_layers,
                                                cfg.model.hidden_size, t.seq_len)
-        self.peak_flops = (peak_bf16_flops(torch.cuda.get_device_name(self.device))
+        self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device), self.matmul_dtype(),
+                                      tf32=torch.get_float32_matmul_precision() != "highest")
                            if self.device.type == "cuda" else None)
 
     # --- components ---------------------------------------------------------------------------------------------
-    def _autocast_context(self):
+    def matmul_dtype(self) -> str:
+        """"bf16" (autocast) or "fp32": what the matrices run in, and so which peak MFU is measured against."""
         dtype = self.cfg.train.dtype
-        if dtype == "bf16" or (dtype == "auto" and self.device.type == "cuda"):
+        return "bf16" if dtype == "bf16" or (dtype == "auto" and self.device.type == "cuda") else "fp32"
+
+    def _autocast_context(self):
+        if self.matmul_dtype() == "bf16":
             return lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext
 
@@ -309,14 +334,20 @@ class Trainer:
     def save(self) -> None:
         """Rank 0 snapshots the weights to CPU and writes them in a background thread (AsyncCheckpointer,
         which also prunes when unsupervised); the other ranks wait at a barrier (their weights are the same)."""
+        t0 = time.perf_counter()  # blocking_s: the whole stall the loop sees, from here to the return
+        self.log.heartbeat(self.step, force=True)
         self.loss_guard.flush()
         self.barrier()
         if self.dist.is_main:
-            blocking = self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state())
-            path = self.cfg.checkpoint_dir / step_name(self.step)
-            self.log.write("checkpoint", step=self.step, blocking_s=round(blocking, 4), path=str(path))
-            print(f"minilmd: saving {path} (loop blocked {blocking:.3f}s)", flush=True)
+            self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state())
         self.barrier()
+        if self.dist.is_main:
+            blocking, waited = time.perf_counter() - t0, self.checkpointer.last_wait_s
+            path = self.cfg.checkpoint_dir / step_name(self.step)
+            self.log.write("checkpoint", step=self.step, blocking_s=round(blocking, 4), waited_s=round(waited, 4),
+                           path=str(path))
+            print(f"minilmd: saving {path} (loop blocked {blocking:.3f}s, {waited:.3f}s of it waiting for the "
+                  f"previous write)", flush=True)
         self.last_saved_step, self.last_save_time = self.step, time.monotonic()
 
     def finish_saves(self) -> None:
@@ -337,12 +368,19 @@ class Trainer:
         return time.monotonic() - self.last_save_time >= parse_duration(every)
 
     def agree(self, stop: bool, save_due: bool) -> tuple[bool, bool]:
-        """All ranks act on the same step: any rank's stop request stops all, rank 0's clock decides saves."""
+        """All ranks act on the same step: any rank's stop request stops all, rank 0's clock decides saves.
+
+        The flags travel as a CPU tensor through a gloo group (Dist.control_group beside NCCL): reading the result
+        waits only for the other ranks' host threads, never for this GPU's queue of kernels, so the host keeps
+        running ahead of the device. A CUDA tensor through NCCL made `.item()` a full host-device sync every step.
+        Agreeing every N steps instead would also avoid the sync but delay a stop or a duration-based save by up
+        to N steps, and add a rule for choosing N; a localhost gloo all-reduce of 8 bytes costs tens of
+        microseconds of host time per step, off the device's critical path."""
         if not self.dist.active:
             return stop, save_due
-        flags = torch.tensor([float(stop), float(save_due and self.dist.is_main)], device=self.device)
-        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
-        return bool(flags[0].item()), bool(flags[1].item())
+        flags = torch.tensor([int(stop), int(save_due and self.dist.is_main)], dtype=torch.int32)
+        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX, group=self.dist.control_group)
+        return bool(flags[0]), bool(flags[1])
 
     def to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = torch.from_numpy(batch.input_ids), torch.from_numpy(batch.labels)
@@ -407,7 +445,7 @@ class Trainer:
                       step_time=round(step_time, 5), total_steps=self.total_steps)
         if self.device.type == "cuda":
             if self.peak_flops:
-                fields["mfu"] = round(tok_s * self.flops_per_token / (self.peak_flops * self.dist.world_size), 4)
+                fields["mfu"] = round(mfu(tok_s, self.flops_per_token, self.peak_flops, self.dist.world_size), 4)
             fields["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
         self.log.write("train", **fields)
         if self.dist.is_main:
@@ -416,6 +454,7 @@ class Trainer:
 
     def log_eval(self) -> None:
         if self.dist.is_main:
+            self.log.heartbeat(self.step, force=True)  # an evaluation can outlast many steps
             val_loss = self.evaluate()
             self.log.write("eval", step=self.step, val_loss=round(val_loss, 6))
             print(f"step {self.step} val_loss {val_loss:.4f}", flush=True)
@@ -428,7 +467,8 @@ class Trainer:
             print(f"minilmd: training {self.model.num_parameters():,} parameters on {self.device} x "
                   f"{self.dist.world_size}, {self.cfg.data.mode} rows of {t.seq_len}, global batch "
                   f"{self.global_batch} rows, steps {self.step} -> {self.total_steps}", flush=True)
-        self.log.heartbeat(self.step)
+        self.log.heartbeat(self.step, force=True)
+        compiling = self.compiled  # torch.compile compiles on the first call: the first step of this process
         meter = Throughput()
         self.model.train()
         while True:
@@ -438,6 +478,7 @@ class Trainer:
                     self.save()
                     self.log_eval()
                 self.finish_saves()
+                self.log.heartbeat(self.step, force=True)
                 return EXIT_DONE
             if stop:
                 if self.dist.is_main:
@@ -446,16 +487,20 @@ class Trainer:
                 if self.step != self.last_saved_step:
                     self.save()
                 self.finish_saves()
+                self.log.heartbeat(self.step, force=True)
                 return EXIT_STOPPED
             if save_due:
                 self.save()
             self.faults.maybe_fire(self.step)
+            if compiling:  # the supervisor allows restart.compile_timeout for this step, not hang_timeout
+                self.log.heartbeat(self.step, phase="compiling", force=True)
             loss_sum, grad_norm, n_real = self.train_step()
+            compiling = False
             self.step += 1
             self.tokens_seen += n_real
             meter.add(n_real)
             self.loss_guard.check(self.step, loss_sum)
-            self.log.heartbeat(self.step)
+            self.log.heartbeat(self.step)  # at most once a second (and at once after the compiling step)
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 self.log_train(loss_sum, grad_norm, meter)
             if t.eval_every and self.step % t.eval_every == 0 and self.step != self.total_steps:
@@ -495,12 +540,6 @@ def run(cfg: RunConfig) -> int:
     except CheckpointMismatch as e:  # resuming another model, tokenizer or corpus: final, never a fresh start
         print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
         return EXIT_CONFIG if e.kind == "model" else EXIT_DATA
-    except torch.OutOfMemoryError as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else "CUDA out of memory"
-        write_fault(cfg.run_dir, "cuda_oom", message, step=step, micro_batch_size=cfg.train.micro_batch_size,
-                    device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0)
-        print(f"minilmd train: CUDA out of memory at step {step}: {message}", file=sys.stderr)
-        return EXIT_CUDA_OOM
     except ckpt_io.ScratchFull as e:  # the supervisor makes room or waits for it; a restart now would only repeat
         try:
             write_fault(cfg.run_dir, "scratch_full", str(e), step=step, checkpoint_step=e.step, needs=e.needs,
@@ -509,9 +548,16 @@ def run(cfg: RunConfig) -> int:
             pass  # run.dir on the same full disk: the exit status alone says it
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_SCRATCH_FULL
-    except Exception:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
-        traceback.print_exc()
-        return EXIT_CRASH
+    except Exception as e:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
+        source = cuda_oom_source(e)  # torch.OutOfMemoryError, and the CUDA/cuBLAS/NCCL OOMs that are not one
+        if source is None:
+            traceback.print_exc()
+            return EXIT_CRASH
+        message = first_line(e)
+        write_fault(cfg.run_dir, "cuda_oom", message, step=step, micro_batch_size=cfg.train.micro_batch_size,
+                    device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0, source=source)
+        print(f"minilmd train: CUDA out of memory ({source}) at step {step}: {message}", file=sys.stderr)
+        return EXIT_CUDA_OOM
     finally:
         if dist is not None and dist.active and torch_dist.is_initialized():
             torch_dist.destroy_process_group()
