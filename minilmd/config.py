@@ -149,8 +149,9 @@ class TrainSection:
     """Save a local checkpoint every N steps (an integer) or every duration (a string such as "5m")."""
     keep_local: int = 2
     """Number of valid local checkpoints kept in scratch."""
-    compile: bool = False
-    """Use torch.compile on the model."""
+    compile: Union[bool, str] = "auto"  # noqa: UP007 - _type_ok matches typing.Union
+    """torch.compile the model: "auto" (on CUDA, not on CPU), true or false. Its first step compiles; the
+    supervisor allows restart.compile_timeout for it."""
 
 
 @dataclass
@@ -189,6 +190,9 @@ class RestartSection:
     """Give up after this many restarts in a row that produced no new checkpoint."""
     hang_timeout: Duration = "10m"
     """A trainer whose heartbeat is older than this is hung: its stack is dumped and its group killed."""
+    compile_timeout: Duration = "30m"
+    """While the trainer's heartbeat says it is compiling (its first torch.compile'd step), it is hung only
+    after this long (or hang_timeout, if longer)."""
 
 
 @dataclass
@@ -404,6 +408,7 @@ RANGES: dict[str, tuple[Range, str]] = {
     "restart.backoff_max": (ABOVE_0, "0 would restart in a tight loop"),
     "restart.no_progress_limit": (AT_LEAST_1, ""),
     "restart.hang_timeout": (ABOVE_0, "0 would kill every attempt as hung"),
+    "restart.compile_timeout": (ABOVE_0, "0 would kill every compiling attempt as hung"),
 }
 """Every number of the schema (ints, floats, durations in seconds) and where it must lie, with why when it is not
 obvious. tests/test_check_catches.py checks that every numeric field has its row."""
@@ -454,6 +459,8 @@ def _check_values(cfg: RunConfig) -> list[str]:
                  f"{m.max_position_embeddings}")
     if t.dtype not in ("auto", "bf16", "fp32"):
         p.append(f"train.dtype = {t.dtype!r}: must be \"auto\", \"bf16\" or \"fp32\"")
+    if isinstance(t.compile, str) and t.compile != "auto":
+        p.append(f"train.compile = {t.compile!r}: must be \"auto\", true or false")
     if t.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if not t.max_steps and not t.max_tokens:
