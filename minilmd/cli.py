@@ -145,7 +145,7 @@ def demo_corpus_command(
         typer.echo(str(p))
 # === end data ===
 
-# === trainer: train, bench packing ===
+# === trainer: train, bench packing, bench step ===
 @app.command("train")
 def train_command(
     config: str = typer.Argument(..., help="The run config (TOML)."),
@@ -171,6 +171,20 @@ def bench_packing_command(
     from minilmd.trainer.bench.packing import main as bench_main
 
     raise typer.Exit(bench_main(prepared, config, steps, set_))
+
+
+@bench_app.command("step")
+def bench_step_command(
+    config: str = typer.Option("", "--config", help="A run config: its model, seq_len, batch, dtype, device "
+                                                    "(default: a small MiniMind-3-shaped model)."),
+    steps: int = typer.Option(10, "--steps", help="Optimizer steps timed in each mode."),
+    backend: str = typer.Option("inductor", "--backend", help="torch.compile backend (eager: trace only)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """One model, eager vs torch.compile, steps interleaved: tok/s and host time per step of each, the ratio."""
+    from minilmd.trainer.bench.step import main as bench_main
+
+    raise typer.Exit(bench_main(config or None, steps, set_, backend))
 # === end trainer ===
 
 # === checkpoints: verify, bench checkpoint ===
