@@ -273,6 +273,11 @@ def test_the_heartbeat_is_throttled_to_once_a_second_unless_forced_or_its_phase_
     assert log.heartbeat(4, phase="compiling") and body() == "4 compiling\n"
     assert log.heartbeat(5) and body() == "5\n"  # the phase changed back
     assert not metrics.MetricsLog(tmp_path, active=False).heartbeat(9, force=True) and body() == "5\n"
+    assert metrics.heartbeat_interval(600.0) == 1.0 and metrics.heartbeat_interval(2.0) == 0.2
+    quick = metrics.MetricsLog(tmp_path, heartbeat_interval=0.2)  # under hang_timeout = 2 s
+    assert quick.heartbeat(6)
+    clock.t += 0.25
+    assert quick.heartbeat(7) and body() == "7\n"
 
 
 # --- blocking_s: the whole stall, the wait for the previous write included ------------------------------------

@@ -20,15 +20,24 @@ from minilmd.names import HEARTBEAT, METRICS
 
 HEARTBEAT_INTERVAL_S = 1.0
 """The heartbeat is rewritten at most this often between forced beats: a step of a few milliseconds must not cost
-a file write each (a supervisor's hang_timeout is minutes)."""
+a file write each (a supervisor's hang_timeout is minutes). The trainer uses less under a short hang_timeout
+(heartbeat_interval)."""
+
+
+def heartbeat_interval(hang_timeout_s: float) -> float:
+    """About once a second, and at least ten times per hang_timeout: the throttle never brings a healthy trainer
+    near the supervisor's limit (tests run with hang_timeout = 2 s)."""
+    return min(HEARTBEAT_INTERVAL_S, hang_timeout_s / 10)
 
 
 class MetricsLog:
     """Appends lines to <run dir>/metrics.jsonl and refreshes <run dir>/heartbeat. Inactive on ranks != 0."""
 
-    def __init__(self, run_dir: str | os.PathLike, active: bool = True):
+    def __init__(self, run_dir: str | os.PathLike, active: bool = True,
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL_S):
         self.run_dir = Path(run_dir)
         self.active = active
+        self.heartbeat_interval = heartbeat_interval
         self._last_beat: tuple[float, str] | None = None  # (monotonic time, phase) of the last heartbeat written
         if active:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -40,15 +49,14 @@ class MetricsLog:
         with open(self.run_dir / METRICS, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
-    def heartbeat(self, step: int, phase: str = "", force: bool = False,
-                  interval: float = HEARTBEAT_INTERVAL_S) -> bool:
+    def heartbeat(self, step: int, phase: str = "", force: bool = False) -> bool:
         """Refresh the heartbeat file with `step` (and `phase`, "" or "compiling"): when forced, when the phase
-        changed, or when the last one is `interval` seconds old. Returns whether it was written."""
+        changed, or when the last one is heartbeat_interval seconds old. Returns whether it was written."""
         if not self.active:
             return False
         now = time.monotonic()
         last = self._last_beat
-        if not force and last is not None and phase == last[1] and now - last[0] < interval:
+        if not force and last is not None and phase == last[1] and now - last[0] < self.heartbeat_interval:
             return False
         path = self.run_dir / HEARTBEAT
         tmp = path.with_name(f".{HEARTBEAT}.{os.getpid()}.tmp")

@@ -60,7 +60,7 @@ from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
-from minilmd.trainer.loop.metrics import MetricsLog, Throughput
+from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.trainer.loop.mfu import flops_per_token, mfu, peak_flops
 from minilmd.trainer.loop.oom import cuda_oom_source, first_line
 from minilmd.trainer.loop.schedule import lr_at
@@ -203,7 +203,8 @@ class Trainer:
         self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()
         t = cfg.train
         self.device = dist.device
-        self.log = MetricsLog(cfg.run_dir, active=dist.is_main)
+        self.log = MetricsLog(cfg.run_dir, active=dist.is_main,
+                              heartbeat_interval=heartbeat_interval(parse_duration(cfg.restart.hang_timeout)))
         self.faults = FaultInjector(cfg.run_dir, enabled=dist.is_main)
 
         self.corpus = open_prepared(cfg.data.prepared)
