@@ -6,19 +6,19 @@ The loop, top to bottom (Trainer.train):
         agree across ranks on "stop requested?" and "checkpoint due?";  stop -> save, exit 75
         one optimizer step: micro-batches of the pure-function sampler, loss weighted by predictions,
             backward (no DDP sync until the last micro-batch), clip, AdamW at the cosine rate for this step
-        a non-finite loss stops the run; heartbeat; every log_every steps a metrics line; every eval_every
-            steps the validation loss
+        a non-finite loss stops the run; heartbeat (about once a second; "compiling" over the first compiled
+            step); every log_every steps a metrics line; every eval_every steps the validation loss
     save, validation loss, exit 0.
 Everything the math depends on derives from (seed, step) or from restored state, never from the wall clock (a
 duration-based checkpoint_every only changes when saves happen), so on CPU a killed-and-resumed run ends with the
 same weights, bit for bit, as an uninterrupted one.
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
-boundary; 76 CUDA out of memory (fault.json written first); 2 bad config (also: the newest checkpoint is of another
-model config; model.vocab_size other than the corpus's; a ValueError from building the model or its optimizer,
-which would come again on every restart; scratch belonging to another run); 65 bad data (also: it was trained on
-another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found when the corpus is opened);
-1 anything else, which the supervisor retries.
+boundary; 76 CUDA out of memory in any of its shapes (trainer/loop/oom.py; fault.json written first); 2 bad config
+(also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
+building the model or its optimizer, which would come again on every restart; scratch belonging to another run); 65
+bad data (also: it was trained on another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found
+when the corpus is opened); 1 anything else, which the supervisor retries.
 Signal handlers only set a flag. SIGUSR1 dumps every thread's stack to stderr (faulthandler) so that a supervisor
 can see where a hung trainer is stuck before killing it.
 """
