@@ -164,6 +164,19 @@ def cuda_visible_devices(lease: DeviceLease) -> str:
     return ",".join(str(i) for i in lease.devices)
 
 
+def taken_from_us(d: DeviceStatus) -> str | None:
+    """Why device d counts as taken from this run (after a CUDA OOM): a foreign process on it, or more used memory
+    than the poll allowed beyond what this run's own processes hold (a process NVML does not list to us, or no
+    listing at all). None when it is ours alone."""
+    if d.foreign_processes:
+        return f"GPU {d.index}: foreign " + ", ".join(f"pid {p} ({m} MiB)" for p, m in d.foreign_processes)
+    own_mib = sum(mib for _, mib in d.own_processes)
+    if d.used_mib - own_mib > d.allowed_mib:
+        return (f"GPU {d.index}: {d.used_mib} MiB used, {own_mib} MiB of it by this run's processes "
+                f"{[p for p, _ in d.own_processes]}: {d.used_mib - own_mib} MiB > {d.allowed_mib} MiB")
+    return None
+
+
 def _lease_key(index: int, uuid: str) -> str:
     return uuid if uuid else f"index-{index}"
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from minilmd import protocol
 from minilmd.config import parse_duration
+from minilmd.daemon.gpu import cuda_visible_devices, taken_from_us
 from minilmd.daemon.runstate import now
 from minilmd.fmt import fmt_duration
 
@@ -86,8 +87,6 @@ class GpuWaiter:
         lease = self.admission.try_acquire(self.cfg.gpu.count)
         if lease is None:
             return None
-        from minilmd.daemon.gpu import cuda_visible_devices
-
         self.lease = lease
         self.devices_env = cuda_visible_devices(lease)
         self.state["devices"] = list(lease.devices)
@@ -118,18 +117,8 @@ class GpuWaiter:
         if self.admission is None or self.lease is None:
             return None
         report = self._poll()
-        why = []
-        for d in report.devices:
-            if d.index not in self.lease.devices:
-                continue
-            own_mib = sum(mib for _, mib in d.own_processes)
-            if d.foreign_processes:
-                why.append(f"GPU {d.index}: foreign " + ", ".join(f"pid {p} ({m} MiB)" for p, m in d.foreign_processes))
-                continue
-            allowed = d.allowed_mib
-            if d.used_mib - own_mib > allowed:
-                why.append(f"GPU {d.index}: {d.used_mib} MiB used, {own_mib} MiB of it by this run's processes "
-                           f"{[p for p, _ in d.own_processes]}: {d.used_mib - own_mib} MiB > {allowed} MiB")
+        why = [reason for d in report.devices if d.index in self.lease.devices
+               and (reason := taken_from_us(d)) is not None]
         if why:
             return True, "; ".join(why)
         return False, "; ".join(f"GPU {d.index}: {', '.join(d.checks)}" for d in report.devices
