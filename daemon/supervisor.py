@@ -36,7 +36,7 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon import child as childmod
-from minilmd.daemon import trainerwatch
+from minilmd.daemon import orphans, trainerwatch
 from minilmd.daemon.child import Child, Death
 from minilmd.daemon.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.infra import Infra
@@ -174,7 +174,8 @@ class Supervisor:
         self.state["sync"]["state"] = SyncState.IDLE if self.cfg.run.remote else SyncState.OFF
         emit = self.events.emit
         self.inbox = Inbox(emit)  # messages from the worker threads, emitted by the loop
-        self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit)
+        self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit,
+                             own_pids=lambda: orphans.find_orphans(self.run_dir))
         self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox)
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
                                      self.rng)

@@ -86,14 +86,14 @@ def report_unreaped(child: Child, emit) -> None:
 
 def death_facts(death: Death, staging, gpu, emit) -> dict:
     """What the restart policy needs to know about this death beyond its cause: whether the staged corpus is damaged
-    (`staging` the StagingWorker), whether foreign processes hold our card (`gpu` the GpuWaiter)."""
+    (`staging` the StagingWorker), whether the GPU was taken from us (`gpu` the GpuWaiter: foreign processes, or memory
+    our own processes do not account for)."""
     facts = {}
     if death.cause in (Cause.SIGBUS, Cause.DATA_ERROR) and (problems := staging.problems()) is not None:
         facts["staged_damaged"] = bool(problems)
         if problems:
             emit("staging", f"the staged corpus fails verification: {'; '.join(problems[:3])}")
-    if death.cause == Cause.CUDA_OOM:
-        busy = gpu.foreign_on_ours()
-        if busy is not None:
-            facts["gpu_busy"] = busy
+    if death.cause == Cause.CUDA_OOM and (taken := gpu.gpu_taken()) is not None:
+        facts["gpu_busy"], why = taken
+        emit("gpu", f"after the CUDA OOM the GPU {'was taken' if taken[0] else 'is ours alone'}: {why}")
     return facts

@@ -116,8 +116,10 @@ def _trainer_line(state: dict, t: float) -> str:
 def _gpu_lines(gpu_wait: dict, t: float) -> list[str]:
     lines = []
     for d in gpu_wait.get("devices") or []:
-        why = "free" if d.get("free") else "; ".join(d.get("reasons") or ["busy"])
+        why = ("free: " + ", ".join(d.get("checks") or []) if d.get("free")
+               else "; ".join(d.get("reasons") or ["busy"]))
         lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_duration(t - d['since']) if d.get('since') else '-'})")
+        lines += [f"    fallback: {f}" for f in d.get("fallbacks") or []]
     return lines
 
 
