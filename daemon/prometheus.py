@@ -110,7 +110,8 @@ class Textfile:
     """The supervisor's writer: `tick(phase)` every loop turn, `close(phase)` at exit. A failed write (a full or
     missing directory) is said once through `emit` and tried again at the next turn; it never stops the run."""
 
-    def __init__(self, path: str, state, emit):
+    def __init__(self, path: str, state, emit, clock=time.monotonic):
+        self.clock = clock
         self.path = Path(path) if path else None
         self.state = state
         self.emit = emit
@@ -118,11 +119,11 @@ class Textfile:
         self.phase: str | None = None  # the phase of the last write
         self.current: str | None = None  # the phase of the last tick
         self.gpu_waited = 0.0
-        self.last_tick = time.monotonic()
+        self.last_tick = clock()
         self.problem: str | None = None
 
     def tick(self, phase: str, force: bool = False, up: bool = True) -> None:
-        clock = time.monotonic()
+        clock = self.clock()
         if self.current == Phase.WAITING_GPU:
             self.gpu_waited += clock - self.last_tick
         self.last_tick, self.current = clock, phase
