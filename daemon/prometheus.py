@@ -33,7 +33,8 @@ GAUGES: dict[str, str] = {
     "minilmd_progress_timestamp_seconds": "when the trainer last logged a training step (Unix time)",
     "minilmd_heartbeat_timestamp_seconds": "the trainer's last heartbeat (Unix time)",
     "minilmd_restarts": "restarts of the trainer since the run last ended cleanly, by cause (label cause)",
-    "minilmd_last_sync_timestamp_seconds": "when a sync to run.remote last succeeded (Unix time)",
+    "minilmd_last_sync_timestamp_seconds": "when a sync to run.remote last succeeded, or when the supervisor started "
+                                           "while none has (Unix time)",
     "minilmd_last_sync_age_seconds": "seconds since a sync last succeeded, when the file was written",
     "minilmd_sync_failing": "1 while the sync is failing, stalled or the remote unavailable",
     "minilmd_local_checkpoint_timestamp_seconds": "when the newest local checkpoint was saved (Unix time)",
@@ -89,7 +90,8 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
     for cause, n in sorted(causes.items()):
         put("minilmd_restarts", n, cause=cause)
     if sync.get("state") != "off":
-        last_ok = _number(sync.get("last_ok")) or _number(remote.get("time"))
+        started = _number((state.get("supervisor") or {}).get("started"))
+        last_ok = _number(sync.get("last_ok")) or _number(remote.get("time")) or started
         put("minilmd_last_sync_timestamp_seconds", last_ok)
         put("minilmd_last_sync_age_seconds", t - last_ok if last_ok else None)
         put("minilmd_sync_failing", 1 if sync.get("state") in FAILING_SYNC else 0)

@@ -63,6 +63,7 @@ def test_every_step_once_the_last_attempt_wins_restarts_sync_failures_and_epochs
     assert [r["val_loss"] for r in run.evals] == [4.2]
 
 
+@pytest.mark.slow
 def test_the_plot_draws_what_the_curves_hold_for_two_runs_against_tokens(tmp_path):
     pytest.importorskip("matplotlib")
     from minilmd.daemon.plot import plot

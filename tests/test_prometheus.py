@@ -57,6 +57,16 @@ def test_the_gauges_of_a_run_waiting_for_a_gpu_with_a_failing_sync():
     assert samples[("minilmd_gpu_waited_seconds", run)] == 61.5
     assert samples[("minilmd_up", run)] == 1
 
+    never = waiting_state(t)
+    never.update(sync={"state": "idle"}, remote_checkpoint=None)
+    never["supervisor"]["started"] = t - 5000
+    fresh = parse(prometheus.render(never, t))
+    assert fresh[("minilmd_last_sync_timestamp_seconds", run)] == t - 5000  # no sync yet: "no sync for 1 h" fires
+    assert ("minilmd_remote_checkpoint_timestamp_seconds", run) not in fresh
+    off = waiting_state(t)
+    off["sync"] = {"state": "off"}
+    assert not [k for k in parse(prometheus.render(off, t)) if "sync" in k[0]]  # no remote: no sync gauges
+
 
 def test_the_writer_counts_the_gpu_wait_rewrites_atomically_and_says_once_when_it_cannot_write(tmp_path,
                                                                                                  monkeypatch):
