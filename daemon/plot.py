@@ -52,9 +52,10 @@ def _pyplot():
     return plt
 
 
-def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str = "step", smoothing: float = 0.1,
-         title: str | None = None, dpi: int = 100) -> PlotSummary:
-    """Draw the runs' curves into out (.png or .svg, by its suffix) and say what was drawn."""
+def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str = "step",
+         smoothing: float | None = None, title: str | None = None, dpi: int = 100) -> PlotSummary:
+    """Draw the runs' curves into out (.png or .svg, by its suffix) and say what was drawn. smoothing: the EMA's
+    weight of a new point; None: auto_smoothing's."""
     if x not in X_AXES:
         raise ValueError(f"--x {x!r}: use one of {', '.join(X_AXES)}")
     out = Path(out)
@@ -87,12 +88,18 @@ def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str =
     return summary
 
 
+def auto_smoothing(points: int) -> float:
+    """The EMA's weight of a new point: 0.05 (a memory of ~20 points) on a long curve, up to 0.5 on a short one,
+    whose 12 points (the demo's) a memory of 20 would drag far behind the raw line."""
+    return min(0.5, max(0.05, 5.0 / max(points, 1)))
+
+
 def _label(run: curves_mod.Curves, runs: list[curves_mod.Curves]) -> str:
     same_name = sum(r.name == run.name for r in runs) > 1
     return f"{run.name} ({run.run_dir})" if same_name else run.name
 
 
-def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float, label: str) -> None:
+def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float | None, label: str) -> None:
     loss_ax, lr_ax, toks_ax, grad_ax = axes
 
     def xs(steps):
@@ -102,7 +109,8 @@ def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float
     if loss:
         raw, = loss_ax.plot(xs([s for s, _ in loss]), [v for _, v in loss], color=color, alpha=0.25, lw=0.8)
         raw.set_gid(f"train_loss_raw:{run.name}")
-        loss_ax.plot(xs([s for s, _ in loss]), curves_mod.smooth([v for _, v in loss], smoothing), color=color,
+        alpha = smoothing if smoothing is not None else auto_smoothing(len(loss))
+        loss_ax.plot(xs([s for s, _ in loss]), curves_mod.smooth([v for _, v in loss], alpha), color=color,
                      lw=1.6, label=f"{label} train (smoothed)")
     val = [(r["step"], r["val_loss"]) for r in run.evals if isinstance(r.get("val_loss"), (int, float))]
     if val:
