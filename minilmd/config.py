@@ -196,6 +196,16 @@ class RestartSection:
 
 
 @dataclass
+class LogSection:
+    tensorboard: bool = False
+    """Write the trainer's scalars (loss, val loss, lr, grad norm, tok/s, MFU, restarts) as TensorBoard event files
+    under <run.dir>/tensorboard (rank 0; needs the `tensorboard` package: pip install 'minilmd[tensorboard]')."""
+    prometheus_textfile: str = ""
+    """A file the supervisor rewrites atomically with `minilmd_*` gauges for node_exporter's textfile collector
+    (e.g. /var/lib/node_exporter/textfile/minilmd-NAME.prom; the name must end in .prom). Empty: none."""
+
+
+@dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     data: DataSection = field(default_factory=DataSection)
@@ -204,6 +214,7 @@ class RunConfig:
     gpu: GpuSection = field(default_factory=GpuSection)
     sync: SyncSection = field(default_factory=SyncSection)
     restart: RestartSection = field(default_factory=RestartSection)
+    log: LogSection = field(default_factory=LogSection)
     source: str = ""
     """The file this config was read from (not a TOML key)."""
 
@@ -465,6 +476,9 @@ def _check_values(cfg: RunConfig) -> list[str]:
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if not t.max_steps and not t.max_tokens:
         p.append(budget_problem(cfg))
+    textfile = cfg.log.prometheus_textfile
+    if textfile and not textfile.endswith(".prom"):
+        p.append(f"log.prometheus_textfile = {textfile!r}: node_exporter's textfile collector reads only *.prom files")
     rs = cfg.restart
     try:
         initial, cap = parse_duration(rs.backoff_initial), parse_duration(rs.backoff_max)
@@ -525,6 +539,8 @@ def _check_paths(cfg: RunConfig) -> list[str]:
             p += _check_protocol("data.prepared", cfg.data.prepared)
         else:
             p += _shared_storage_check(_check_prepared_dir, cfg)
+    if cfg.log.prometheus_textfile:
+        p += _check_writable("log.prometheus_textfile", Path(cfg.log.prometheus_textfile).parent)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)

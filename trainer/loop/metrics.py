@@ -41,6 +41,20 @@ class MetricsLog:
         self._last_beat: tuple[float, str] | None = None  # (monotonic time, phase) of the last heartbeat written
         if active:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._end_torn_line()
+
+    def _end_torn_line(self) -> None:
+        """Every attempt appends (a resume never truncates the curve); one killed mid-line must not glue this
+        attempt's first line to its torn last one."""
+        try:
+            with open(self.run_dir / METRICS, "rb+") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
+        except FileNotFoundError:
+            pass
 
     def write(self, kind: str, **fields) -> None:
         if not self.active:

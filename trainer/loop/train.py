@@ -59,6 +59,7 @@ from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
+from minilmd.trainer.loop import tensorboard
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.trainer.loop.mfu import flops_per_token, mfu, peak_flops
@@ -228,6 +229,7 @@ class Trainer:
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
         self.resume()
+        self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
         # Under a supervisor (it sets RUN_DIR_ENV) scratch is pruned by the supervisor, which knows what is
@@ -443,7 +445,8 @@ class Trainer:
         tok_s, step_time = meter.report()
         fields = dict(step=self.step, tokens_seen=self.tokens_seen, loss=round(loss, 6),
                       lr=self.current_lr, grad_norm=round(float(grad_norm), 6), tok_s=round(tok_s, 1),
-                      step_time=round(step_time, 5), total_steps=self.total_steps)
+                      step_time=round(step_time, 5), total_steps=self.total_steps,
+                      epoch=self.first_row(self.step) // self.sampler.items_per_epoch)
         if self.device.type == "cuda":
             if self.peak_flops:
                 fields["mfu"] = round(mfu(tok_s, self.flops_per_token, self.peak_flops, self.dist.world_size), 4)
