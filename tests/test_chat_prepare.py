@@ -152,6 +152,7 @@ def test_long_conversations_are_cut_or_dropped_and_those_without_targets_left_ar
     assert meta["chat"]["cut"] == 1 and meta["chat"]["dropped_no_target"] == 1 and meta["chat"]["dropped_long"] == 0
     cut_mask = np.asarray(pc.train.document_mask(1))
     assert _runs(cut_mask)[-1][1] == seq_len  # a run of targets that reaches the cut, not ending in EOS
+    _prepare([src], chat_tokenizer, tmp_path / "cut", seq_len=seq_len, force=True)  # --force: its own files only
     meta = _prepare([src], chat_tokenizer, tmp_path / "drop", seq_len=seq_len, on_long="drop")
     assert meta["chat"]["dropped_long"] == 2 and meta["chat"]["cut"] == 0
     assert open_prepared(tmp_path / "drop").train.n_docs == 1
