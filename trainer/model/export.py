@@ -6,7 +6,9 @@
 - `export_minimind(path, out)`: the state dict MiniMind's `eval_llm.py` loads with `strict=True`: its key names
   (the same as ours), fp16, and the tied head under both `model.embed_tokens.weight` and `lm_head.weight`.
 - `export_hf(path, out_dir)`: `config.json` (Qwen3ForCausalLM, tie_word_embeddings), `model.safetensors`,
-  `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`.
+  `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`; for a
+  model trained on a chat corpus `tokenizer_config.json` carries its `chat_template`, so that transformers'
+  `apply_chat_template` renders prompts as the model saw them (`find_chat_config`).
 """
 from __future__ import annotations
 
@@ -18,7 +20,14 @@ from typing import Any
 
 from minilmd.fsio import publish_dir, publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
-from minilmd.names import CORPUS_TOKENIZER, LATEST, MODEL_FILE, TOKENIZER_FILE, TRAINER_STATE, export_tmp_name
+from minilmd.names import (
+    CORPUS_TOKENIZER,
+    LATEST,
+    MODEL_FILE,
+    TOKENIZER_FILE,
+    TRAINER_STATE,
+    export_tmp_name,
+)
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -117,6 +126,30 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path
                       f"pass --tokenizer PATH/tokenizer.json")
 
 
+def find_chat_config(path: str | Path, explicit: str | Path | None = None) -> dict | None:
+    """The tokenizer_config.json with the chat template of a checkpoint's model (trainer/data/chat.py
+    read_tokenizer_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat
+    corpus's), else in the prepared corpus it was trained on. None when none of them has a template (a model
+    pretrained on text)."""
+    from minilmd.trainer.data.chat import ChatError, read_tokenizer_config
+
+    ckpt = resolve_checkpoint(path)
+    tried = [Path(explicit)] if explicit else []
+    tried.append(ckpt / TOKENIZER_FILE)
+    try:
+        prepared = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))["config"]["data"]["prepared"]
+        if prepared and "://" not in prepared:
+            tried.append(Path(prepared) / CORPUS_TOKENIZER)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for tokenizer in tried:
+        try:
+            return read_tokenizer_config(tokenizer)  # beside tokenizer: its TOKENIZER_CONFIG or chat_template.jinja
+        except ChatError:
+            continue
+    return None
+
+
 def with_tied_head(weights: dict) -> dict:
     """The weights with `lm_head.weight` added back, as its own tensor (MiniMind and HF expect the key)."""
     out = dict(weights)
@@ -138,12 +171,13 @@ def export_minimind(path: str | Path, out: str | Path) -> Path:
     return out
 
 
-def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any]) -> str:
+def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False) -> str:
     """How to run an exported .pth with MiniMind's eval_llm.py. It loads `out/<weight>_<hidden_size>.pth` (relative
     to the MiniMind checkout) into MiniMindConfig(hidden_size, num_hidden_layers) with MiniMind's defaults for every
     other field, and decodes with the tokenizer in its model/ directory; `--weight pretrain` prompts with BOS + text
     (no chat template), as this model was trained. A model whose other fields differ from those defaults does not
-    load there: then the answer says which, and points to --format hf."""
+    load there: then the answer says which, and points to --format hf. chat (a model fine-tuned on a chat corpus):
+    `--weight full_sft`, which eval_llm.py prompts through the chat template of its model/ tokenizer."""
     from minilmd.config import ModelSection
 
     m = as_model_section(model_cfg)
@@ -156,11 +190,12 @@ def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any]) -> str:
         return (f"MiniMind's eval_llm.py builds its model from --hidden_size and --num_hidden_layers alone, with its "
                 f"defaults for the rest; this model differs in {', '.join(differ)}, so eval_llm.py cannot load it. "
                 f"Use `minilmd export --format hf` (Qwen3ForCausalLM) instead.")
-    name = f"pretrain_{m.hidden_size}.pth"
+    weight = "full_sft" if chat else "pretrain"
+    name = f"{weight}_{m.hidden_size}.pth"
     return (f"In a MiniMind checkout (its model/ must hold the tokenizer this run used, MiniMind's own for a run "
             f"prepared with it):\n"
             f"  cp {shlex.quote(str(pth))} out/{name}\n"
-            f"  python eval_llm.py --load_from model --save_dir out --weight pretrain --hidden_size {m.hidden_size} "
+            f"  python eval_llm.py --load_from model --save_dir out --weight {weight} --hidden_size {m.hidden_size} "
             f"--num_hidden_layers {m.num_hidden_layers}")
 
 
@@ -222,6 +257,7 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     weights, model_cfg, _ = read_checkpoint(path)
     tokenizer_path = find_tokenizer(path, tokenizer)
+    chat = find_chat_config(path, tokenizer)
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
@@ -235,7 +271,8 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     files = {
         "config.json": hf_config(model_cfg, dtype),
         "generation_config.json": {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
-        "tokenizer_config.json": _tokenizer_config(max_len),
+        "tokenizer_config.json": {**_tokenizer_config(max_len),
+                                  **({"chat_template": chat["chat_template"]} if chat else {})},
         "special_tokens_map.json": {k: v for k, v in _tokenizer_config(max_len).items() if k.endswith("_token")},
     }
     for name, body in files.items():
