@@ -36,6 +36,7 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon import child as childmod
+from minilmd.daemon import slurm as slurmjob
 from minilmd.daemon import trainerwatch
 from minilmd.daemon.child import Child, Death
 from minilmd.daemon.gpuwait import GpuUnavailable, GpuWaiter
@@ -72,6 +73,7 @@ class Signals:
 
     stop: int = 0  # count of SIGTERM/SIGINT received
     hup: bool = False
+    usr1: bool = False  # Slurm's --signal warning: preemption or the time limit is near (daemon/slurm.py)
 
     def install(self) -> None:
         def on_stop(signum, frame):
@@ -80,9 +82,13 @@ class Signals:
         def on_hup(signum, frame):
             self.hup = True
 
+        def on_usr1(signum, frame):
+            self.usr1 = True
+
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
+        signal.signal(signal.SIGUSR1, on_usr1)
 
 
 class Supervisor:
@@ -106,6 +112,7 @@ class Supervisor:
         self.attempt = 0
         self.backoff_until = 0.0
         self.after_backoff = Phase.STARTING
+        self.last_cause: Cause | None = None
         # run() sets up, once the run directory is ours: events, metrics, state, room, inbox, gpu, staging, sync, space
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
@@ -179,6 +186,7 @@ class Supervisor:
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
                                      self.rng)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
+        self.slurm = slurmjob.for_supervisor(self.state, emit)  # None outside a Slurm job
 
     def _adopt_previous_state(self) -> None:
         self.state.adopt(read_state(self.run_dir))
@@ -209,6 +217,8 @@ class Supervisor:
         self.room.tick(self.phase)  # state.json when due; says once that run.dir is full, once that it has room
 
     def _handle_signals(self) -> None:
+        if self.signals.usr1 or (self.signals.stop and self.slurm):
+            slurmjob.on_signal(self.slurm, self.signals, self.events.emit)  # a preemption: a stop, then a requeue
         if self.signals.hup:
             self.signals.hup = False
             self.events.reopen()
@@ -239,7 +249,8 @@ class Supervisor:
 
     # --- waiting for a GPU, staging ---------------------------------------------------------------------------------
     def _tick_waiting(self) -> None:
-        outcome = self.gpu.tick()
+        outcome = self.slurm.gpu_outcome(self.cfg.train.device, self.infra.open_nvml) if self.slurm \
+            else self.gpu.tick()
         if isinstance(outcome, GpuUnavailable):
             self._fail(outcome.exit_status, outcome.error)
         elif outcome is not None:
@@ -272,12 +283,16 @@ class Supervisor:
             self._enter_stopping(self.room.stop(f"attempt {self.attempt + 1} cannot start"))
             return
         self.attempt += 1
+        nproc, devices = (self.slurm.nproc, self.slurm.devices_env) if self.slurm else \
+            (self.gpu.nproc, self.gpu.devices_env)
         command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, self.state["overrides"],
-                                               self.cli_overrides, self.gpu.nproc)
+                                               self.cli_overrides, nproc)
+        if self.slurm:
+            command = self.slurm.command(command, self.attempt, self.cfg, self.staging.staged)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)
         (self.run_dir / names.FAULT).unlink(missing_ok=True)
         try:
-            self.child = self.infra.launch(command, self.run_dir, self.attempt, self.gpu.devices_env)
+            self.child = self.infra.launch(command, self.run_dir, self.attempt, devices)
         except OSError as e:
             if not is_disk_full(e):
                 raise
@@ -311,6 +326,7 @@ class Supervisor:
         assert child is not None  # it has just ended
         self._read_progress()
         death = childmod.classify(child, rc, self.run_dir, self.stop_requested)
+        self.last_cause = death.cause
         self.child = None
         self.state["child"] = None
         made_progress = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1) > child.newest_at_launch
@@ -445,6 +461,11 @@ class Supervisor:
 
     def _finish(self, sync_problem: str) -> None:
         kept = f"the checkpoint stays in {self.cfg.checkpoint_dir}"
+        if self.slurm:
+            self.slurm.finishing(self.cfg, sync_problem)  # frees this job's node scratch once the remote has it
+            if self.slurm.preempted_by:
+                self._finish_preempted(sync_problem)
+                return
         if self.stop_requested:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
@@ -457,6 +478,20 @@ class Supervisor:
         else:
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
                                                          else ""))
+
+    def _finish_preempted(self, sync_problem: str) -> None:
+        """Slurm preempted the job: state.json says so first, then `scontrol requeue` (which ends this job)."""
+        assert self.slurm is not None  # only a Slurm job is preempted
+        reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, self.state["progress"]["step"],
+                                                   sync_problem)
+        if problem:
+            self._fail(1, problem)
+            return
+        self._go(Phase.DONE, reason)
+        if requeue and (problem := self.slurm.requeue()) is not None:
+            self.exit_status = 1
+            self.state.record_error(problem)
+            self.state.save()
 
     def _read_progress(self) -> None:
         self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))

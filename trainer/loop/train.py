@@ -59,6 +59,7 @@ from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
+from minilmd.trainer.loop import multinode
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.metrics import MetricsLog, Throughput, flops_per_token, peak_bf16_flops
 from minilmd.trainer.loop.schedule import lr_at
@@ -272,7 +273,7 @@ class Trainer:
             torch_dist.broadcast_object_list(found, src=0)
         if found[0] is None:
             return
-        model_state, optimizer_state, state = ckpt_io.load(Path(found[0]))
+        model_state, optimizer_state, state = multinode.load_checkpoint(Path(found[0]), self.dist)
         self.model.load_state_dict(model_state, strict=True)
         self.optimizer.load_state_dict(optimizer_state)
         if state.get("rng"):
