@@ -25,7 +25,6 @@ Torch-free.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -323,7 +322,7 @@ def status_line(recorded: dict, runner: Runner = run_command) -> str:
     """`minilmd status`'s Slurm line: the job, its nodes and its state, asked of Slurm now where `scontrol`
     answers (on a login node too), else as the supervisor last recorded it."""
     job = str(recorded.get("job_id", "?"))
-    live = job_info(job, runner).get("JobState") if shutil.which("scontrol") else None
+    live = job_info(job, runner).get("JobState")
     nodes = recorded.get("nodes") or []
     extra = f", requeued {recorded['restart_count']} time(s) before" if recorded.get("restart_count") else ""
     when = "now" if live else "last recorded"
