@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 JOB_ID_ENV = "SLURM_JOB_ID"
 RDZV_PORT_BASE = 29400
@@ -215,7 +216,7 @@ class SlurmJob:
     (its "slurm" entry is written here); `emit(kind, message, **details)` logs an event."""
 
     alloc: Allocation
-    state: object
+    state: Any  # the RunState, or a dict in tests
     emit: Callable[..., None]
     runner: Runner = run_command
     preempted_by: str = ""

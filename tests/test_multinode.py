@@ -1,15 +1,15 @@
 """More than one server without Slurm, on loopback: two "nodes" are two torchrun processes on this machine joined
 by torchrun's c10d rendezvous on 127.0.0.1 (`--nnodes 2`), exactly the commands docs/operations.md gives for two
-servers. One gloo rank per node (this machine has 2 cores: 2 x 2 ranks would only measure the CPU contention);
+servers. One gloo rank per node, not the issue's 2: this machine has 2 cores, and 2 x 2 ranks would be too slow;
 the global batch is the same as one node x 2 ranks and as the single-process undisturbed run (8 rows a step).
 
 - 2 nodes x 1 rank train as 1 node x 2 ranks, and as one process, within float tolerance;
 - a rank SIGKILLed on one node (MINILMD_FAULT=sigkill@10 fires on rank 0): its torchrun exits, the other node's
   rank fails on its next collective and that torchrun exits too (torchrun's own restarts are off, as under the
   supervisor); each server's restart loop starts its torchrun again, they meet at the rendezvous and resume from
-  the last checkpoint (step 8, or 4 if the kill came before step 8's write ended): the job finishes with the weights, bit for bit, of the undisturbed 1 node x 2 ranks
-  run. The ranks on the node without rank 0 receive
-  the checkpoint from rank 0 (trainer/loop/multinode.py), as they would on a node whose scratch holds none.
+  the last checkpoint (step 8, or 4 if the kill came before step 8's write ended): the job finishes with the
+  weights, bit for bit, of the undisturbed 1 node x 2 ranks run. The ranks on the node without rank 0 receive the
+  checkpoint from rank 0 (trainer/loop/multinode.py), as they would on a node whose scratch holds none.
 """
 from __future__ import annotations
 
