@@ -85,9 +85,10 @@ def test_a_slurm_job_preempted_twice_resumes_from_the_remote_with_identical_weig
         assert first["reason"] == f"requeued by Slurm (preempted at step {preempted_at})"
         assert 0 < preempted_at < 16 and first["slurm"]["requeued"] and first["outcome"]["exit"] == 0
         wait_requeued(slurm, job, 1)
-        status = cli("status", str(cfg.run_dir))
-        assert f"requeued by Slurm (preempted at step {preempted_at})" in status.stdout, status.stdout
-        assert f"Slurm job {job}" in status.stdout, status.stdout
+        status = cli("status", str(cfg.run_dir), SLURM_CONF=str(slurm.conf))  # as on a login node
+        print(status.stdout)
+        assert f"why: requeued by Slurm (preempted at step {preempted_at})" in status.stdout, status.stdout
+        assert f"Slurm job {job} on 1 node(s) {slurm.node}: PENDING (now)" in status.stdout, status.stdout
         # 2. an admin requeues the running job: Slurm's SIGTERM; the job is not requeued a second time by itself
         wait_for(lambda: training_in_start(cfg.run_dir, job, 1), 120, "training in the second start")
         slurm.run("scontrol", "requeue", job)
