@@ -33,18 +33,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-JOB_ID_ENV = "SLURM_JOB_ID"
+from minilmd import names
+
+JOB_ID_ENV = names.SLURM_JOB_ENV
 RDZV_PORT_BASE = 29400
 """The c10d rendezvous port is this plus the job id modulo RDZV_PORT_SPAN: two jobs on one node rarely collide."""
 RDZV_PORT_SPAN = 2000
 SCONTROL_TIMEOUT_S = 10.0
+SIGNAL_TIMEOUT_S = 3.0
+"""`scancel --signal` from the loop: a slurmctld busy requeuing the job answers late, and the loop must go on."""
 
 Runner = Callable[[list[str]], str]
 """Runs a Slurm command and returns its stdout; raises OSError or subprocess.SubprocessError (tests replace it)."""
 
 
-def run_command(args: list[str]) -> str:
-    out = subprocess.run(args, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S)
+def run_command(args: list[str], timeout: float = SCONTROL_TIMEOUT_S) -> str:
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         raise subprocess.SubprocessError(f"{' '.join(args)}: exit {out.returncode}: "
                                          f"{(out.stderr or out.stdout).strip()[:300]}")
@@ -219,6 +223,7 @@ class SlurmJob:
     state: Any  # the RunState, or a dict in tests
     emit: Callable[..., None]
     runner: Runner = run_command
+    signal_runner: Runner = field(default=lambda args: run_command(args, SIGNAL_TIMEOUT_S))
     preempted_by: str = ""
     """"USR1" or "SIGTERM" once a preemption was asked; the loop acts on it."""
 
@@ -255,8 +260,9 @@ class SlurmJob:
                         list(self.alloc.gpus))
 
     def command(self, command: list[str], attempt: int, cfg, staged) -> list[str]:
-        """The attempt's command: as on one server for one node, srun + torchrun per node for more."""
-        if self.alloc.nnodes <= 1:
+        """The attempt's command: as on one server for one node, srun + torchrun per node for more (or always,
+        with MINILMD_SLURM_SRUN=1: the multi-node script)."""
+        if self.alloc.nnodes <= 1 and os.environ.get(names.SLURM_SRUN_ENV) != "1":
             return command
         return launch_command(command, self.alloc, self.nproc, attempt, cfg.scratch_dir, cfg.data.prepared,
                               cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
@@ -265,6 +271,22 @@ class SlurmJob:
         """The run ends in this job: the per-job default scratch goes once the remote holds the last checkpoint."""
         if cfg.scratch_is_default:
             self.remove_scratch(cfg.scratch_dir, cfg.run_dir, synced=bool(cfg.run.remote) and not sync_problem)
+
+    def stop_step(self, command: list[str]) -> bool:
+        """Ask a trainer launched through srun to save and stop: SIGTERM to the job's steps (`scancel --signal=TERM
+        JOB`, the batch step left alone), since srun itself turns a SIGTERM into a SIGKILL of every task. False
+        for a trainer launched directly (the caller signals its process group)."""
+        if not command or command[0] != "srun":
+            return False
+        self.emit("slurm", f"scancel --signal=TERM {self.alloc.job_id}: the trainer's step saves and stops")
+        try:
+            self.signal_runner(["scancel", "--signal=TERM", self.alloc.job_id])
+        except (OSError, subprocess.SubprocessError) as e:
+            # never SIGTERM srun (no save); after Slurm's own SIGTERM the tasks have it already, and a trainer
+            # that does not end is killed after restart.hang_timeout as on one server
+            self.emit("slurm", f"scancel --signal=TERM {self.alloc.job_id} did not answer ({e}); waiting for the "
+                               f"trainer to end")
+        return True
 
     def preempt(self, signal_name: str) -> bool:
         """A preemption signal arrived; True the first time (the loop then stops the trainer, which saves)."""

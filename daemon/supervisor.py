@@ -432,7 +432,8 @@ class Supervisor:
             return
         if self.child is not None and self.child.poll() is None:
             self.child.stop_sent = now()
-            self.child.signal_group(signal.SIGTERM)
+            if not (self.slurm and self.slurm.stop_step(self.child.command)):  # srun: its step is signalled
+                self.child.signal_group(signal.SIGTERM)
             reason += f"; SIGTERM sent to trainer pid {self.child.pid}"
         self._go(Phase.STOPPING, reason)
 
@@ -480,10 +481,11 @@ class Supervisor:
                                                          else ""))
 
     def _finish_preempted(self, sync_problem: str) -> None:
-        """Slurm preempted the job: state.json says so first, then `scontrol requeue` (which ends this job)."""
+        """Slurm preempted the job: state.json says so first, then `scontrol requeue` (which ends this job). The
+        step it names is the synced one, where the requeued job resumes."""
         assert self.slurm is not None  # only a Slurm job is preempted
-        reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, self.state["progress"]["step"],
-                                                   sync_problem)
+        resumes_at = (self.state["remote_checkpoint"] or {}).get("step", self.state["progress"]["step"])
+        reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at, sync_problem)
         if problem:
             self._fail(1, problem)
             return

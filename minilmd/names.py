@@ -56,6 +56,11 @@ that trainer inherits it (torchrun's ranks too): with the uid, the host and the 
 this run started from any other process that carries MINILMD_RUN_DIR."""
 SCRATCH_BASE_ENV = "MINILMD_SCRATCH_BASE"
 """Test-only: the directory that holds the per-user default scratch roots instead of /dev/shm."""
+SLURM_JOB_ENV = "SLURM_JOB_ID"
+"""Set by Slurm in a job: `minilmd run` then takes the allocation, a per-job node scratch, preemption as a requeue."""
+SLURM_SRUN_ENV = "MINILMD_SLURM_SRUN"
+""""1" (deploy/slurm/minilmd-multinode.sbatch sets it): launch each attempt as an srun step with one torchrun per
+node even on one node, so that the multi-node script behaves the same whatever --nodes it is given."""
 
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared

@@ -25,10 +25,16 @@ import socket
 import stat
 from pathlib import Path
 
-from minilmd.names import SCRATCH_BASE, SCRATCH_BASE_ENV, SCRATCH_OWNER, atomic_tmp_prefix, default_scratch
+from minilmd.names import (
+    SCRATCH_BASE,
+    SCRATCH_BASE_ENV,
+    SCRATCH_OWNER,
+    SLURM_JOB_ENV,
+    atomic_tmp_prefix,
+    default_scratch,
+)
 
 PRIVATE = 0o700
-SLURM_JOB_ENV = "SLURM_JOB_ID"
 
 
 class ScratchRefused(ValueError):

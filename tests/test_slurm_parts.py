@@ -66,7 +66,8 @@ def test_slurm_allocation_comes_from_the_job_environment():
     assert "node10" in (slurm.rank0_warning(unsorted) or "")
 
 
-def test_slurm_multinode_launch_is_srun_with_one_c10d_torchrun_per_node(tmp_path):
+def test_slurm_multinode_launch_is_srun_with_one_c10d_torchrun_per_node(tmp_path, monkeypatch):
+    monkeypatch.delenv("MINILMD_SLURM_SRUN", raising=False)
     job = job_for(FakeScontrol())
     assert job.state["slurm"]["state"] == "RUNNING" and job.nproc == 2 and job.devices_env == "0,1"
     train = [sys.executable, "-m", "minilmd.cli", "train", "/r/run.toml", "--set", "data.prepared=\"/s/corpus\""]
@@ -95,6 +96,8 @@ def test_slurm_multinode_launch_is_srun_with_one_c10d_torchrun_per_node(tmp_path
     one = job_for(FakeScontrol(), {**JOB_ENV, "SLURM_JOB_NODELIST": "gpu01"})
     one.alloc.nodes = ["gpu01"]
     assert one.command(train, 1, Cfg, None) == train  # one node: as on one server
+    monkeypatch.setenv("MINILMD_SLURM_SRUN", "1")  # the multi-node script: srun on one node too
+    assert one.command(train, 1, Cfg, None)[:3] == ["srun", "--nodes", "1"]
 
 
 @pytest.mark.parametrize("by, job_line, budget_done, expect_requeue, reason", [
@@ -190,3 +193,19 @@ def test_slurm_node_step_stages_the_corpus_then_becomes_the_command(tmp_path, co
                               "--source", str(corpus[0]), "--run-dir", str(tmp_path / "other"), "--run-name", "n",
                               "--", "true"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "belongs to another run" in refused.stderr
+
+
+def test_slurm_trainer_step_is_stopped_through_scancel_never_by_signalling_srun():
+    runner = FakeScontrol()
+    alloc = slurm.detect(JOB_ENV, runner)
+    assert alloc is not None
+    events = Events()
+    job = slurm.SlurmJob(alloc, {}, events, runner, signal_runner=runner)
+    assert not job.stop_step([sys.executable, "-m", "minilmd.cli", "train", "x.toml"])  # its group is signalled
+    assert job.stop_step(["srun", "--nodes", "2", "python"]) and runner.calls[-1] == ["scancel", "--signal=TERM", "42"]
+
+    def silent(args):
+        raise subprocess.TimeoutExpired(args, 3)
+
+    busy = slurm.SlurmJob(alloc, {}, events, runner, signal_runner=silent)
+    assert busy.stop_step(["srun", "python"]) and "did not answer" in events[-1][1]
