@@ -47,10 +47,11 @@ def node_command(config: Path, port: int, nnodes: int = 2, nproc: int = 1) -> li
                           f"exit 1"]
 
 
-def run_nodes(commands: list[list[str]], logs: Path, **env) -> list[int]:
+def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
+    """Each (command, extra environment) at once, output to logs/node<i>.log; their exit statuses."""
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
-    for i, command in enumerate(commands):
+    for i, (command, env) in enumerate(commands):
         with open(logs / f"node{i}.log", "wb") as out:
             procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                           env=env_for(fake=False, **env)))
@@ -76,12 +77,14 @@ def test_multinode_on_loopback_matches_one_node_and_a_killed_rank_restarts_from_
         load_config(config).run_dir.mkdir(parents=True)
     standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                   "-m", "minilmd.cli", "train", str(one_node)]
-    assert run_nodes([standalone], tmp_path / "one-logs") == [0]
     port = free_port()
-    codes = run_nodes([node_command(two_nodes, port), node_command(two_nodes, port)], tmp_path / "two-logs",
-                      **{FAULT_ENV: "sigkill@10"})
-    logs = "\n".join(p.read_text(errors="replace") for p in sorted((tmp_path / "two-logs").iterdir()))
-    assert codes == [0, 0], logs[-4000:]
+    # all three at once: the rendezvous and the restart wait more than they compute
+    kill = {FAULT_ENV: "sigkill@10"}
+    codes = run_nodes([(node_command(two_nodes, port), kill), (node_command(two_nodes, port), kill), (standalone, {})],
+                      tmp_path / "two-logs")
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted((tmp_path / "two-logs").iterdir())[:2])
+    assert codes == [0, 0, 0], logs[-4000:]
+    assert "injecting fault" not in (tmp_path / "two-logs" / "node2.log").read_text()
 
     run_dir = load_config(two_nodes).run_dir
     assert (run_dir / "faults-fired").read_text().split() == ["sigkill@10"]
