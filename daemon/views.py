@@ -59,6 +59,10 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
     lines = [_head_line(state, alive, t)]
     if state.get("reason"):
         lines.append(f"  why: {state['reason']}")
+    if state.get("slurm"):
+        from minilmd.daemon.slurm import status_line
+
+        lines.append(status_line(state["slurm"]))
     lines += _progress_lines(state.get("progress") or {}, alive)
     if state.get("child") and alive:
         lines.append(_trainer_line(state, t))

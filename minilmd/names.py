@@ -61,6 +61,11 @@ SYSTEM_REGISTRY_ENV = "MINILMD_SYSTEM_REGISTRY"
 """The machine-wide registry of runs instead of SYSTEM_REGISTRY (daemon/registry.py); for tests and odd layouts."""
 SYSTEM_REGISTRY = "/var/lib/minilmd/runs"  # root:root 1777 when an admin made it: every user's runs, one file each
 USER_REGISTRY = "minilmd/runs"  # under $XDG_STATE_HOME (~/.local/state): this user's runs, 0700
+SLURM_JOB_ENV = "SLURM_JOB_ID"
+"""Set by Slurm in a job: `minilmd run` then takes the allocation, a per-job node scratch, preemption as a requeue."""
+SLURM_SRUN_ENV = "MINILMD_SLURM_SRUN"
+""""1" (deploy/slurm/minilmd-multinode.sbatch sets it): launch each attempt as an srun step with one torchrun per
+node even on one node, so that the multi-node script behaves the same whatever --nodes it is given."""
 
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared

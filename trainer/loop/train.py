@@ -59,7 +59,7 @@ from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
-from minilmd.trainer.loop import tensorboard
+from minilmd.trainer.loop import multinode, tensorboard
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.trainer.loop.mfu import flops_per_token, mfu, peak_flops
@@ -300,7 +300,7 @@ class Trainer:
             torch_dist.broadcast_object_list(found, src=0)
         if found[0] is None:
             return
-        model_state, optimizer_state, state = ckpt_io.load(Path(found[0]))
+        model_state, optimizer_state, state = multinode.load_checkpoint(Path(found[0]), self.dist)
         self.model.load_state_dict(model_state, strict=True)
         self.optimizer.load_state_dict(optimizer_state)
         if state.get("rng"):
