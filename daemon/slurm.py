@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from minilmd import names
+from minilmd.daemon.gpu import Nvml
 
 JOB_ID_ENV = names.SLURM_JOB_ENV
 RDZV_PORT_BASE = 29400
@@ -123,7 +124,7 @@ def rank0_warning(alloc: Allocation) -> str | None:
 
 # --- the cards ---------------------------------------------------------------------------------------------------
 
-def check_gpus(alloc: Allocation, nvml) -> tuple[str, list[str]]:
+def check_gpus(alloc: Allocation, nvml: Nvml | str) -> tuple[str, list[str]]:
     """Whether the allocated cards answer NVML: (a report line, problems). `nvml` is daemon/gpu.py's backend or
     the sentence saying why there is none."""
     if not alloc.gpus:
@@ -142,8 +143,9 @@ def check_gpus(alloc: Allocation, nvml) -> tuple[str, list[str]]:
             problems.append(f"allocated card {visible} is not visible to NVML ({count} visible)")
             continue
         try:
-            lines.append(f"card {visible}: {nvml.name(visible)}, {nvml.memory_used_mib(visible)} MiB used, "
-                         f"{len(nvml.compute_processes(visible))} process(es)")
+            listing = nvml.processes(visible).processes
+            lines.append(f"card {visible}: {nvml.name(visible)}, {nvml.memory(visible).used_mib} MiB used, "
+                         + (f"{len(listing)} process(es)" if listing is not None else "processes not listed"))
         except Exception as e:  # noqa: BLE001
             problems.append(f"allocated card {visible} does not answer NVML: {e}")
     return "; ".join(lines), problems
