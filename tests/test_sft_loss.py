@@ -82,3 +82,19 @@ def test_on_text_the_loss_is_still_the_mean_over_every_prediction(tmp_path, corp
     # The previous formulation (mean per micro-batch over logits[:, :-1], equal weights here): the same number up to
     # float rounding, which is what shifting the labels instead of the logits changes.
     assert float(loss) == pytest.approx(float(sum(parts) / 2), rel=1e-6)
+
+
+def test_bench_sft_measures_the_three_modes_on_the_same_model(tmp_path, chat):
+    from minilmd.trainer.bench.sft import compare, report
+
+    cfg = load_config(write_config(tmp_path, chat, name="bench",
+                                   train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1}))
+    results = compare(cfg, steps=3, warmup=0)
+    static, bucketed, packed = results["padded"], results["bucketed"], results["packed"]
+    assert all(r.steps == 3 and r.seconds > 0 for r in results.values())
+    assert packed.pad_share == 0.0 and bucketed.pad_share < 0.1 < 0.5 < static.pad_share
+    assert all(0 < r.target_tokens < r.real_tokens for r in results.values())  # user turns are context only
+    text = report(results, cfg)
+    limit = (1 - bucketed.pad_share) / (1 - static.pad_share)
+    assert f"limit (1 - PAD_bucketed)/(1 - PAD_static) = {limit:.2f}x" in text
+    assert {line.split()[0] for line in text.splitlines()[2:5]} == {"static", "bucketed", "packed"}
