@@ -19,7 +19,6 @@ from minilmd.trainer.model.minimind import IGNORE_INDEX
 from trainer_corpus import write_config
 
 N_CONVERSATIONS = 96  # one global batch: 8 rows x 12 micro-batches
-pytestmark = pytest.mark.slow  # a Trainer each: a few seconds
 
 
 def trainer(tmp_path, corpus, mode: str, **train) -> Trainer:
@@ -41,13 +40,14 @@ def chat(tmp_path_factory, corpus):
                                    mean_len=40.0, max_len=128), vocab
 
 
+@pytest.mark.slow
 def test_bucketed_and_static_padding_give_the_same_loss_and_gradients(tmp_path, chat):
     static, bucketed = trainer(tmp_path, chat, "padded"), trainer(tmp_path, chat, "bucketed")
     assert static.sampler.items_per_epoch == bucketed.sampler.items_per_epoch == N_CONVERSATIONS
     assert static.sampler.global_counts(0, 96) == bucketed.sampler.global_counts(0, 96)  # the same targets
     pad_static = static.sampler.pad_share(micro_batch_size=8)
     pad_bucketed = bucketed.sampler.pad_share(micro_batch_size=8)
-    assert pad_static > 0.5 and pad_bucketed < 0.1, (pad_static, pad_bucketed)  # the rows really differ
+    assert pad_static > 0.5 and pad_bucketed < pad_static / 4, (pad_static, pad_bucketed)  # the rows differ
 
     loss_s, grads_s = gradients(static)
     loss_b, grads_b = gradients(bucketed)
