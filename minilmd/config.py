@@ -643,11 +643,14 @@ def _check_prepared_dir(cfg: RunConfig) -> list[str]:
 
 def _check_init(cfg: RunConfig) -> list[str]:
     """init.from can be used and holds this run's model config; not checked once the run has a checkpoint (in
-    scratch or on a local remote): that run resumes and never reads init.from again."""
+    scratch or on a local remote): that run resumes and never reads init.from again. A supervised trainer looks at
+    scratch only (it never touches the remote; staging has fetched the remote's newest checkpoint into scratch)."""
     from minilmd.checkpoint import list_checkpoints
     from minilmd.init_source import InitSourceError, model_problems
 
-    roots = [cfg.checkpoint_dir] + ([Path(cfg.run.remote)] if cfg.run.remote and not _is_url(cfg.run.remote) else [])
+    roots = [cfg.checkpoint_dir]
+    if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
+        roots.append(Path(cfg.run.remote))
     if any(list_checkpoints(root) for root in roots):
         return []
     try:
