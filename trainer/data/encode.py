@@ -61,6 +61,12 @@ class EncodedBlock:
     val_keys: np.ndarray
     val_lines: np.ndarray
     train_min_digest: int  # the smallest split digest of the block's train documents (2**64 when none)
+    # A chat block's (chat_encode.ChatBlockEncoder) extras; None for text.
+    train_mask: np.ndarray | None = None  # uint8, one per token of train_tokens
+    val_mask: np.ndarray | None = None
+    train_facts: np.ndarray | None = None  # (documents, len(chat_encode.FACTS)) int64
+    val_facts: np.ndarray | None = None
+    chat_counts: dict | None = None  # chat_encode.COUNTS
 
 
 class BlockEncoder:
@@ -141,15 +147,15 @@ class Encoders:
     """BlockEncoder in `workers` processes, or in this one for workers=0: `submit(method, *args)` returns a Future
     of BlockEncoder.<method>(*args) ("__call__" for a block of lines, "encode_piece" for a piece of a long one)."""
 
-    def __init__(self, tokenizer_json: str, val_fraction: float, workers: int):
+    def __init__(self, tokenizer_json: str, val_fraction: float, workers: int, chat=None):
         self.pool: ProcessPoolExecutor | None = None
-        self.inline: BlockEncoder | None = None
+        self.inline = None  # a BlockEncoder, or a chat_encode.ChatBlockEncoder when `chat` (a ChatSpec) is given
         if workers > 0:
             self.pool = ProcessPoolExecutor(workers, initializer=_worker_init,
-                                            initargs=(tokenizer_json, val_fraction, os.getpid()),
+                                            initargs=(tokenizer_json, val_fraction, os.getpid(), chat),
                                             mp_context=_spawn_context())
         else:
-            self.inline = BlockEncoder(tokenizer_json, val_fraction)
+            self.inline = _encoder(tokenizer_json, val_fraction, chat)
 
     def submit(self, method: str, *args) -> Future:
         if self.pool is not None:
@@ -169,17 +175,25 @@ def done(value) -> Future:
     return f
 
 
-_worker_encoder: BlockEncoder | None = None
+_worker_encoder = None
 
 
-def _worker_init(tokenizer_json: str, val_fraction: float, parent: int) -> None:
+def _encoder(tokenizer_json: str, val_fraction: float, chat):
+    if chat is None:
+        return BlockEncoder(tokenizer_json, val_fraction)
+    from minilmd.trainer.data.chat_encode import ChatBlockEncoder
+
+    return ChatBlockEncoder(tokenizer_json, val_fraction, chat)
+
+
+def _worker_init(tokenizer_json: str, val_fraction: float, parent: int, chat=None) -> None:
     import signal
 
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     global _worker_encoder
-    _worker_encoder = BlockEncoder(tokenizer_json, val_fraction)
+    _worker_encoder = _encoder(tokenizer_json, val_fraction, chat)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -71,29 +71,40 @@ class LongLine:
                 return
 
 
-def parse_block(blob: bytes, first_line: int) -> ParsedBlock:
-    """Parse whole lines of JSONL; bad lines are collected with their reason, never used."""
-    out = ParsedBlock()
+def json_lines(blob: bytes, first_line: int, counts) -> Iterator[tuple[int, object, tuple[str, str] | None]]:
+    """(line number, JSON value, None) for each line of whole lines of JSONL that decodes, (line number, None,
+    (reason, detail)) for one that is not UTF-8 or not JSON; blank lines are only counted (counts.blank, and
+    counts.n_lines for all). Shared by text (parse_block) and chat (chat.parse_chat_block) corpora."""
     lines = blob.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    out.n_lines = len(lines)
+    counts.n_lines = len(lines)
     for i, raw in enumerate(lines):
         lineno = first_line + i
         if raw.endswith(b"\r"):
             raw = raw[:-1]
         if not raw.strip():
-            out.blank += 1
+            counts.blank += 1
             continue
         try:
             s = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            out.bad.append((lineno, "invalid_utf8", f"byte {e.start}: {raw[e.start:e.start + 4]!r}"))
+            yield lineno, None, ("invalid_utf8", f"byte {e.start}: {raw[e.start:e.start + 4]!r}")
             continue
         try:
             obj = json.loads(s)
         except ValueError as e:
-            out.bad.append((lineno, "invalid_json", str(e)))
+            yield lineno, None, ("invalid_json", str(e))
+            continue
+        yield lineno, obj, None
+
+
+def parse_block(blob: bytes, first_line: int) -> ParsedBlock:
+    """Parse whole lines of JSONL; bad lines are collected with their reason, never used."""
+    out = ParsedBlock()
+    for lineno, obj, bad in json_lines(blob, first_line, out):
+        if bad is not None:
+            out.bad.append((lineno, *bad))
             continue
         if not isinstance(obj, dict) or "text" not in obj:
             what = "an object without \"text\"" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"

@@ -14,6 +14,12 @@ Split: a document goes to val when the first 8 bytes of blake2b(text) read as an
 duplicates always share a split. Leak check: a val document whose text equals a train document's text once all
 whitespace is removed is reported and removed from val. A corpus whose train or val split would be empty is
 refused (`minilmd train` needs both), except for val with --val-fraction 0.
+
+`--format chat` (data_format "chat"): each line is a conversation (trainer/data/chat.py), rendered by the
+tokenizer's chat template, encoded with its loss mask and cut at seq_len (trainer/data/chat_encode.py); the split
+rule and the leak key apply to its canonical JSON. A chat line is held whole (no streaming of long lines: a
+conversation is bounded by what the template renders, and seq_len cuts it). The template travels with the corpus:
+its tokenizer_config.json is written beside tokenizer.json, listed in meta.json's files.
 """
 from __future__ import annotations
 
@@ -30,13 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus import FORMAT, VERSION, open_prepared
+from minilmd.corpus import DATA_FORMATS, FORMAT, open_prepared
 from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_TOKENIZER,
     DOC_LENGTHS,
+    LOSS_MASK,
     SPLITS,
+    TOKENIZER_CONFIG,
     TOKENS,
     prepare_aside_name,
     prepare_tmp_name,
@@ -111,17 +119,28 @@ class PrepareOptions:
     on_bad_line: str = "error"
     """"error": stop at the first bad line and write nothing; "skip": count it, keep a few examples, go on."""
     seq_len: int = 340
-    """Sequence length of the padding/packing report (the output does not depend on it)."""
+    """Sequence length of the padding/packing report (a text corpus does not depend on it); a chat corpus's
+    conversations are cut at it (or dropped: on_long)."""
     batch_size: int = 32
-    """Batch size of the steps-per-epoch report."""
+    """Batch size of the steps-per-epoch report; a chat corpus's micro-batch of the bucketed PAD share."""
     workers: int | None = None
     """Encoding processes; None: one per core, 0: in this process."""
     block_bytes: int = BLOCK_BYTES
     """Input bytes per work item; a few blocks per worker are in flight, so memory is bounded by this."""
+    data_format: str = "text"
+    """"text": {"text": ...} lines, loss on every token; "chat": conversations and a loss mask (`--format`)."""
+    on_long: str = "cut"
+    """chat: a conversation longer than seq_len is cut to seq_len tokens ("cut") or dropped ("drop")."""
 
     def problems(self) -> list[str]:
         """Every invalid option at once, each naming its flag."""
+        from minilmd.trainer.data.chat_encode import ON_LONG
+
         found = []
+        if self.data_format not in DATA_FORMATS:
+            found.append(f"--format {self.data_format!r}: choose one of {', '.join(DATA_FORMATS)}")
+        if self.on_long not in ON_LONG:
+            found.append(f"--on-long {self.on_long!r}: choose one of {', '.join(ON_LONG)}")
         if self.on_bad_line not in BAD_LINE_POLICIES:
             found.append(f"--on-bad-line {self.on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
         if not 0 <= self.val_fraction < 1:
@@ -139,23 +158,41 @@ class _Tokenizer:
     path: Path
     json: str
     vocab_size: int
+    chat_config: dict | None = None
+    """chat: its tokenizer_config.json, the template resolved (chat.read_tokenizer_config)."""
 
     @classmethod
-    def load(cls, tokenizer: str | Path) -> _Tokenizer:
+    def load(cls, tokenizer: str | Path, chat: bool = False) -> _Tokenizer:
+        from minilmd.trainer.data.chat import ChatTemplate, read_tokenizer_config
+
         path = Path(tokenizer)
         if path.is_dir():
             path = path / CORPUS_TOKENIZER
         tok = load_tokenizer(path)
-        return cls(path, path.read_text(encoding="utf-8"), tok.get_vocab_size(with_added_tokens=True))
+        config = None
+        if chat:
+            config = read_tokenizer_config(path)
+            ChatTemplate.from_config(config)  # compiles: a broken template fails here, before any work
+        return cls(path, path.read_text(encoding="utf-8"), tok.get_vocab_size(with_added_tokens=True), config)
+
+    def chat_spec(self, opts: PrepareOptions):
+        from minilmd.trainer.data.chat import ChatTemplate
+        from minilmd.trainer.data.chat_encode import ChatSpec
+
+        if self.chat_config is None:
+            return None
+        return ChatSpec(ChatTemplate.from_config(self.chat_config), opts.seq_len, opts.on_long)
 
 
 def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_fraction: float = 0.005,
             on_bad_line: str = "error", seq_len: int = 340, batch_size: int = 32, workers: int | None = None,
             block_bytes: int = BLOCK_BYTES, force: bool = False, progress: Progress | bool | None = None,
-            log=None) -> dict:
-    """Prepare `sources` into `out`; returns meta.json's content. Raises InputError (bad input) or ValueError."""
+            log=None, data_format: str = "text", on_long: str = "cut") -> dict:
+    """Prepare `sources` into `out`; returns meta.json's content. Raises InputError (bad input) or ValueError
+    (chat.ChatError for a tokenizer without a chat template, with --format chat)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    opts = PrepareOptions(val_fraction, on_bad_line, seq_len, batch_size, workers, block_bytes)
+    opts = PrepareOptions(val_fraction, on_bad_line, seq_len, batch_size, workers, block_bytes, data_format,
+                          on_long)
     problems = opts.problems() + ([] if sources else ["no corpus files given"])
     if problems:
         raise ValueError("; ".join(problems))
@@ -164,7 +201,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
         if not force:
             raise ValueError(f"{out} already exists; pass --force to replace it")
         _check_replaceable(out)
-    tok = _Tokenizer.load(tokenizer)
+    tok = _Tokenizer.load(tokenizer, opts.data_format == "chat")
     if opts.workers is None:
         opts.workers = default_workers()
 
@@ -183,11 +220,11 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     return meta
 
 
-CORPUS_ENTRIES = {META, CORPUS_TOKENIZER, *SPLITS}
-"""What a prepared corpus holds at its top; each split directory holds SPLIT_FILES."""
+CORPUS_ENTRIES = {META, CORPUS_TOKENIZER, TOKENIZER_CONFIG, *SPLITS}
+"""What a prepared corpus holds at its top (TOKENIZER_CONFIG: chat only); each split directory holds SPLIT_FILES."""
 
 
-SPLIT_FILES = {TOKENS, DOC_LENGTHS}
+SPLIT_FILES = {TOKENS, DOC_LENGTHS, LOSS_MASK}
 
 
 def _check_replaceable(out: Path) -> None:
@@ -236,15 +273,22 @@ def _prepare_into(tmp: Path, sources: list[str], tok: _Tokenizer, opts: PrepareO
     for split in SPLITS:
         (tmp / split).mkdir(parents=True)
     shutil.copyfile(tok.path, tmp / CORPUS_TOKENIZER)
+    if tok.chat_config is not None:
+        (tmp / TOKENIZER_CONFIG).write_text(json.dumps(tok.chat_config, indent=2, ensure_ascii=False) + "\n",
+                                            encoding="utf-8")
     opened = _open_sources(sources)
-    found = Collector(tmp, opened, opts.on_bad_line)
+    found = Collector(tmp, opened, opts.on_bad_line, chat=tok.chat_config is not None)
     _encode_all(opened, found, tok, opts, progress)
     if found.documents == 0:
-        raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)")
+        dropped = sum(found.chat_counts.get(k, 0) for k in ("dropped_long", "dropped_no_target"))
+        why = f"; {dropped:,} conversations dropped for length at --seq-len {opts.seq_len}" if dropped else ""
+        raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad{why})")
     leaked, leak_examples = leak_check(tmp, found, opened)
     _check_splits(found, leaked, opts.val_fraction)
     train_lengths, val_lengths = write_splits(tmp, found, leaked)
     meta = _meta(tmp, tok, opts, found, train_lengths, val_lengths, leaked, leak_examples)
+    if found.chat:
+        _add_chat_meta(meta, tok, opts, found, train_lengths, val_lengths, leaked)
     atomic_write_json(tmp / META, meta)
     os.chmod(tmp / META, 0o644)  # atomic_write_json's temp file is private; the corpus is for every reader
     _report(meta, log)
@@ -303,7 +347,7 @@ def _encode_all(opened: list[Source], found: Collector, tok: _Tokenizer, opts: P
     elif progress is False:
         progress = None
     workers = default_workers() if opts.workers is None else opts.workers
-    encoders = Encoders(tok.json, opts.val_fraction, workers)
+    encoders = Encoders(tok.json, opts.val_fraction, workers, tok.chat_spec(opts))
     found.threshold = int(opts.val_fraction * 2**64)
     pending: deque = deque()
     max_in_flight = 2 * max(workers, 1) + 1
@@ -320,7 +364,9 @@ def _encode_all(opened: list[Source], found: Collector, tok: _Tokenizer, opts: P
     try:
         for src_idx, src in enumerate(opened):
             try:
-                for item in src.items(opts.block_bytes):
+                # A chat line is held whole (the module docstring): blocks() joins a long one.
+                items = src.blocks(opts.block_bytes) if found.chat else src.items(opts.block_bytes)
+                for item in items:
                     if isinstance(item, LongLine):
                         _stream_long_line(item, src_idx, encoders, submit)
                     else:
@@ -405,10 +451,12 @@ def _digest_int(h) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-def _file_table(tmp: Path, train_tokens_sha: str) -> dict[str, dict]:
+def _file_table(tmp: Path, train_tokens_sha: str, chat: bool = False) -> dict[str, dict]:
     """Size and sha256 of every file, as meta.json lists them (train tokens were hashed while written)."""
     files = {}
-    for rel in [split_file(s, n) for s in SPLITS for n in (TOKENS, DOC_LENGTHS)] + [CORPUS_TOKENIZER]:
+    names = (TOKENS, DOC_LENGTHS, LOSS_MASK) if chat else (TOKENS, DOC_LENGTHS)
+    top = [CORPUS_TOKENIZER, TOKENIZER_CONFIG] if chat else [CORPUS_TOKENIZER]
+    for rel in [split_file(s, n) for s in SPLITS for n in names] + top:
         path = tmp / rel
         sha = train_tokens_sha if rel == split_file(SPLITS[0], TOKENS) else sha256_file(path)
         files[rel] = {"size": path.stat().st_size, "sha256": sha}
@@ -427,7 +475,8 @@ def _meta(tmp: Path, tok: _Tokenizer, opts: PrepareOptions, found: Collector, tr
     }
     return {
         "format": FORMAT,
-        "version": VERSION,
+        "version": DATA_FORMATS[opts.data_format],
+        "data_format": opts.data_format,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "vocab_size": tok.vocab_size,
         "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID},
@@ -439,7 +488,7 @@ def _meta(tmp: Path, tok: _Tokenizer, opts: PrepareOptions, found: Collector, tr
             "train": {"documents": int(train_lengths.size), "tokens": int(train_lengths.sum())},
             "val": {"documents": int(val_lengths.size), "tokens": int(val_lengths.sum())},
         },
-        "files": _file_table(tmp, found.train.sha.hexdigest()),
+        "files": _file_table(tmp, found.train.sha.hexdigest(), found.chat),
         "sources": found.sources,
         "split_rule": {
             "rule": "val iff int.from_bytes(blake2b(text.encode('utf-8'), digest_size=8).digest(), 'little') "
@@ -459,9 +508,47 @@ def _meta(tmp: Path, tok: _Tokenizer, opts: PrepareOptions, found: Collector, tr
     }
 
 
+def _add_chat_meta(meta: dict, tok: _Tokenizer, opts: PrepareOptions, found: Collector,
+                   train_lengths: np.ndarray, val_lengths: np.ndarray, leaked: np.ndarray) -> None:
+    """A chat corpus's meta.json: its figures per split replace the text ones (packing does not apply), the
+    target tokens per split, the length rule and what it cut and dropped."""
+    assert tok.chat_config is not None
+    facts = {"train": found.train.all_facts(), "val": found.val_raw.all_facts()[~leaked]}
+    lengths = {"train": train_lengths, "val": val_lengths}
+    stats = meta["stats"]
+    for split in SPLITS:
+        stats[split] = corpus_stats.chat_split_stats(lengths[split], facts[split], opts.seq_len, opts.batch_size)
+        meta["splits"][split]["target_tokens"] = stats[split]["target_tokens"]
+    counts = found.chat_counts
+    meta["chat"] = {
+        "seq_len": opts.seq_len,
+        "on_long": opts.on_long,
+        "cut": sum(stats[split]["cut"] for split in SPLITS),
+        "dropped_long": counts.get("dropped_long", 0),
+        "dropped_no_target": counts.get("dropped_no_target", 0),
+        "conversations_with_special_text": counts.get("special_text", 0),
+        "template_sha256": hashlib.sha256(tok.chat_config["chat_template"].encode("utf-8")).hexdigest(),
+        "target_rule": "every token of an assistant reply after its '<|im_start|>assistant\\n' header up to and "
+                       "including its '<|im_end|>'; a token counts where its first character is",
+    }
+    meta["split_rule"]["text"] = "a conversation's canonical JSON: its messages, keys sorted, compact, UTF-8"
+
+
+def _report_chat(meta: dict, log) -> None:
+    for split in SPLITS:
+        log(corpus_stats.format_chat_report(split, meta["stats"][split]))
+    c = meta["chat"]
+    if c["dropped_long"] or c["dropped_no_target"]:
+        log(f"dropped: {c['dropped_long']:,} conversations longer than seq_len {c['seq_len']} (--on-long drop), "
+            f"{c['dropped_no_target']:,} whose replies all fall past the cut")
+
+
 def _report(meta: dict, log) -> None:
     stats = meta["stats"]
-    log(corpus_stats.format_report("train", stats["train"]))
+    if meta["data_format"] == "chat":
+        _report_chat(meta, log)
+    else:
+        log(corpus_stats.format_report("train", stats["train"]))
     v = meta["splits"]["val"]
     fraction = meta["split_rule"]["val_fraction"]
     log(f"val: {v['documents']:,} documents, {v['tokens']:,} tokens (val fraction {fraction})")

