@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chat_corpus import synthetic_chat_prepared
+from chat_synthetic import synthetic_chat_prepared
 from minilmd.config import load_config
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.minimind import IGNORE_INDEX
