@@ -98,3 +98,17 @@ def test_bench_sft_measures_the_three_modes_on_the_same_model(tmp_path, chat):
     limit = (1 - bucketed.pad_share) / (1 - static.pad_share)
     assert f"limit (1 - PAD_bucketed)/(1 - PAD_static) = {limit:.2f}x" in text
     assert {line.split()[0] for line in text.splitlines()[2:5]} == {"static", "bucketed", "packed"}
+
+
+def test_sft_defaults_fill_only_what_the_config_leaves_out_and_epochs_are_a_budget(tmp_path, chat):
+    from minilmd.config import SFT_DEFAULTS, apply_sft_defaults
+    from minilmd.trainer.loop.train import total_steps_for_budget
+
+    cfg = load_config(write_config(tmp_path, chat, name="defaults", train={"max_steps": 0, "max_epochs": 1.5}),
+                      ["train.min_lr_ratio=0.5"])
+    assert cfg.is_set("train.lr") and not cfg.is_set("data.mode")  # write_config writes lr, not the mode
+    assert apply_sft_defaults(cfg) == [f"data.mode = {SFT_DEFAULTS['data.mode']!r}"]
+    assert (cfg.data.mode, cfg.train.lr, cfg.train.min_lr_ratio) == ("bucketed", 3e-3, 0.5)
+    assert total_steps_for_budget(cfg, 96, 96) == 2  # ceil(1.5 x 96 rows / 96 rows per step)
+    cfg.train.max_steps = 1
+    assert total_steps_for_budget(cfg, 96, 96) == 1  # several budgets: whichever ends first
