@@ -7,6 +7,7 @@ A checkpoint is a directory `step-00001234/` under a root (local scratch, or the
     optimizer.json         param_groups and the non-tensor parts of the optimizer state (no pickle anywhere)
     trainer_state.json     step, tokens seen, data cursor, RNG states, run config, fingerprints of data/tokenizer
     tokenizer.json         a copy of the run's tokenizer, when the trainer gives one (for sample/export)
+    tokenizer_config.json  the chat template beside that tokenizer, when the run trains on a chat corpus
     manifest.json          size and sha256 of every other file; written LAST
 
 Protocol of `save`: write into `.tmp-step-XXXXXXXX-<pid>/`, fsync every file, write the manifest, fsync the

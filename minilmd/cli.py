@@ -251,7 +251,8 @@ def bench_checkpoint_command(
 @app.command()
 def sample(
     checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
-    prompt: str = typer.Option(..., "--prompt", help="Text to continue; the model sees BOS + text."),
+    prompt: str = typer.Option(..., "--prompt", help="Text to continue; the model sees BOS + text (with --chat: "
+                               "the user's message)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
     temperature: float = typer.Option(0.85, "--temperature", min=0.0, help="0 = greedy."),
     top_p: float = typer.Option(0.85, "--top-p", min=0.0, max=1.0),
@@ -260,18 +261,60 @@ def sample(
                                                           "prepared corpus's)."),
     seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    chat: bool = typer.Option(False, "--chat", help="Render --prompt as a user message with the model's chat "
+                              "template and print only the reply (it stops at <|im_end|>)."),
+    system: str = typer.Option("", "--system", help="With --chat: a system message before the prompt."),
 ) -> None:
     """Generate text from a checkpoint with a KV cache."""
     from minilmd.trainer.model.export import ExportError
     from minilmd.trainer.model.generate import sample_text
 
     try:
+        if chat:
+            from minilmd.trainer.model.chat import ChatSession
+
+            session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
+                                  seed)
+            messages = ([{"role": "system", "content": system}] if system else []) + \
+                [{"role": "user", "content": prompt}]
+            typer.echo(session.reply(messages))
+            return
         text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
                            seed, device)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(prompt + text)
+
+
+@app.command("chat")
+def chat_command(
+    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    system: str = typer.Option("", "--system", help="A system message opening the conversation."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="The longest reply, in tokens."),
+    temperature: float = typer.Option(0.85, "--temperature", min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(0.85, "--top-p", min=0.0, max=1.0),
+    top_k: int = typer.Option(50, "--top-k", min=0, help="0 = no top-k filter."),
+    tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json with a tokenizer_config.json holding the "
+                                  "chat template beside it (default: the checkpoint's, or the corpus's)."),
+    seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+) -> None:
+    """Talk to a fine-tuned checkpoint: each line on stdin is a user message, each reply is printed on stdout
+    (`/reset` starts over, `/exit` or end of input ends). The conversation is rendered by the model's own chat
+    template; the oldest exchanges are dropped when it outgrows the model."""
+    import sys
+
+    from minilmd.trainer.model.chat import ChatSession, converse, interactive_prompt
+    from minilmd.trainer.model.export import ExportError
+
+    try:
+        session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
+                              seed)
+        converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt())
+    except (ExportError, ValueError) as e:
+        typer.echo(f"minilmd chat: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()

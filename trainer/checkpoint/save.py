@@ -32,6 +32,7 @@ from minilmd.names import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     OPTIMIZER_META,
+    TOKENIZER_CONFIG,
     TOKENIZER_FILE,
     TRAINER_STATE,
     save_tmp_name,
@@ -42,7 +43,8 @@ from minilmd.names import (
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SAVE_SLACK = 128 * 1024
-"""Counted beyond the tensors and the tokenizer: the JSON files, the safetensors headers, a page per file."""
+"""Counted beyond the tensors and the tokenizer: the JSON files (a chat template's tokenizer_config.json too),
+the safetensors headers, a page per file."""
 
 
 class ScratchFull(Exception):
@@ -177,6 +179,9 @@ def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state
     files[TRAINER_STATE] = _write_bytes(tmp / TRAINER_STATE, json.dumps(state, indent=2, sort_keys=True).encode())
     if tokenizer is not None:
         files[TOKENIZER_FILE] = _write_bytes(tmp / TOKENIZER_FILE, Path(tokenizer).read_bytes())
+        config = Path(tokenizer).with_name(TOKENIZER_CONFIG)  # a chat corpus's template: for sample --chat, export
+        if config.is_file():
+            files[TOKENIZER_CONFIG] = _write_bytes(tmp / TOKENIZER_CONFIG, config.read_bytes())
     _maybe_kill("before_manifest", step)
     manifest = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
     _write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())

@@ -6,7 +6,9 @@
 - `export_minimind(path, out)`: the state dict MiniMind's `eval_llm.py` loads with `strict=True`: its key names
   (the same as ours), fp16, and the tied head under both `model.embed_tokens.weight` and `lm_head.weight`.
 - `export_hf(path, out_dir)`: `config.json` (Qwen3ForCausalLM, tie_word_embeddings), `model.safetensors`,
-  `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`.
+  `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`; for a
+  model trained on a chat corpus `tokenizer_config.json` carries its `chat_template`, so that transformers'
+  `apply_chat_template` renders prompts as the model saw them (`find_chat_config`).
 """
 from __future__ import annotations
 
@@ -18,7 +20,14 @@ from typing import Any
 
 from minilmd.fsio import publish_dir, publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
-from minilmd.names import CORPUS_TOKENIZER, LATEST, MODEL_FILE, TOKENIZER_FILE, TRAINER_STATE, export_tmp_name
+from minilmd.names import (
+    CORPUS_TOKENIZER,
+    LATEST,
+    MODEL_FILE,
+    TOKENIZER_FILE,
+    TRAINER_STATE,
+    export_tmp_name,
+)
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -115,6 +124,30 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path
             return candidate
     raise ExportError(f"no tokenizer found for {ckpt} (looked at {', '.join(map(str, tried))}); "
                       f"pass --tokenizer PATH/tokenizer.json")
+
+
+def find_chat_config(path: str | Path, explicit: str | Path | None = None) -> dict | None:
+    """The tokenizer_config.json with the chat template of a checkpoint's model (trainer/data/chat.py
+    read_tokenizer_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat
+    corpus's), else in the prepared corpus it was trained on. None when none of them has a template (a model
+    pretrained on text)."""
+    from minilmd.trainer.data.chat import ChatError, read_tokenizer_config
+
+    ckpt = resolve_checkpoint(path)
+    tried = [Path(explicit)] if explicit else []
+    tried.append(ckpt / TOKENIZER_FILE)
+    try:
+        prepared = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))["config"]["data"]["prepared"]
+        if prepared and "://" not in prepared:
+            tried.append(Path(prepared) / CORPUS_TOKENIZER)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for tokenizer in tried:
+        try:
+            return read_tokenizer_config(tokenizer)  # beside tokenizer: its TOKENIZER_CONFIG or chat_template.jinja
+        except ChatError:
+            continue
+    return None
 
 
 def with_tied_head(weights: dict) -> dict:
@@ -222,6 +255,7 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     weights, model_cfg, _ = read_checkpoint(path)
     tokenizer_path = find_tokenizer(path, tokenizer)
+    chat = find_chat_config(path, tokenizer)
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
@@ -235,7 +269,8 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     files = {
         "config.json": hf_config(model_cfg, dtype),
         "generation_config.json": {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
-        "tokenizer_config.json": _tokenizer_config(max_len),
+        "tokenizer_config.json": {**_tokenizer_config(max_len),
+                                  **({"chat_template": chat["chat_template"]} if chat else {})},
         "special_tokens_map.json": {k: v for k, v in _tokenizer_config(max_len).items() if k.endswith("_token")},
     }
     for name, body in files.items():

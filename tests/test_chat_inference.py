@@ -1,0 +1,107 @@
+"""Using a model trained on a chat corpus: the checkpoint carries the chat template, `minilmd sample --chat` and
+`minilmd chat` (a real process fed on stdin) render it with the generation prompt and print only the replies,
+and the HF export renders and generates the same in transformers."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from chat_helpers import a, s, u
+from minilmd.checkpoint import validate
+from minilmd.cli import app
+from minilmd.protocol import EOS_ID
+from minilmd.trainer.model.chat import MIN_REPLY_TOKENS, ChatSession, reply_ids
+from weights_helpers import save_checkpoint, tiny_model
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(chat_corpus, tmp_path_factory):
+    """A checkpoint of a tiny random model whose tokenizer (and, beside it, the template) is the chat corpus's."""
+    root, vocab = chat_corpus
+    ckpt = save_checkpoint(tmp_path_factory.mktemp("chat-ckpt") / "ckpt", tiny_model(seed=21, vocab_size=vocab),
+                           step=1, tokenizer=root / "tokenizer.json")
+    return ckpt
+
+
+def test_the_checkpoint_carries_the_chat_template_of_its_corpus(chat_checkpoint, chat_corpus):
+    root, _ = chat_corpus
+    manifest = json.loads((chat_checkpoint / "manifest.json").read_text())
+    assert "tokenizer_config.json" in manifest["files"]
+    assert (chat_checkpoint / "tokenizer_config.json").read_bytes() == (root / "tokenizer_config.json").read_bytes()
+    validate(chat_checkpoint)
+
+
+def test_a_reply_stops_at_im_end_and_a_long_conversation_loses_its_oldest_exchanges(chat_checkpoint):
+    assert reply_ids([5, 6, EOS_ID, 7, EOS_ID]) == [5, 6] and reply_ids([5, 6]) == [5, 6]
+    session = ChatSession(chat_checkpoint, device="cpu")
+    history = [s("系统消息")] + [m for i in range(20) for m in (u(f"第{i}个问题"), a(f"第{i}个回答"))] + [u("最后")]
+    ids = session.prompt_ids(history)
+    assert len(ids) + MIN_REPLY_TOKENS <= session.limit
+    text = session.tok.decode(ids, skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\n系统消息") and "最后" in text and "第0个问题" not in text
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        session.prompt_ids([u("长" * 400)])
+
+
+def test_sample_chat_prints_only_the_reply_and_a_text_model_is_refused(chat_checkpoint, tmp_path, tokenizer):
+    session = ChatSession(chat_checkpoint, device="cpu", max_new_tokens=10, temperature=0)
+    want = session.reply([s("简短回答"), u("你好")])
+    got = CliRunner().invoke(app, ["sample", str(chat_checkpoint), "--chat", "--prompt", "你好", "--system",
+                                   "简短回答", "--temperature", "0", "--max-new-tokens", "10", "--device", "cpu"])
+    assert got.exit_code == 0, got.output
+    assert got.output == want + "\n" and "你好" not in want
+    text_ckpt = save_checkpoint(tmp_path / "text", tiny_model(seed=2, vocab_size=session.tok.get_vocab_size()),
+                                tokenizer=tokenizer)
+    refused = CliRunner().invoke(app, ["sample", str(text_ckpt), "--chat", "--prompt", "x", "--device", "cpu"])
+    assert refused.exit_code == 1 and "no chat template" in refused.output
+
+
+@pytest.mark.slow  # a real `minilmd chat` process (imports torch)
+def test_minilmd_chat_answers_each_stdin_line_with_the_conversation_so_far(chat_checkpoint):
+    session = ChatSession(chat_checkpoint, device="cpu", max_new_tokens=8, temperature=0)
+    history = [s("你是助手")]
+    want = []
+    for line in ("你好", "how are you?", None, "再来"):
+        if line is None:  # /reset
+            history = [s("你是助手")]
+            continue
+        history.append(u(line))
+        want.append(session.reply(history))
+        history.append(a(want[-1]))
+    proc = subprocess.run([sys.executable, "-m", "minilmd.cli", "chat", str(chat_checkpoint), "--system", "你是助手",
+                           "--temperature", "0", "--max-new-tokens", "8", "--device", "cpu"],
+                          input="你好\nhow are you?\n\n/reset\n再来\n/exit\n没有回答\n", capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "".join(r + "\n" for r in want)
+    assert "> " not in proc.stderr  # no prompt on a pipe
+
+
+@pytest.mark.slow  # transformers' tokenizer and model
+def test_hf_export_renders_and_generates_the_same_in_transformers(chat_checkpoint, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from minilmd.trainer.model.export import export_hf
+    from minilmd.trainer.model.generate import generate
+
+    out = export_hf(chat_checkpoint, tmp_path / "hf")
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    hf_model = transformers.Qwen3ForCausalLM.from_pretrained(out).eval()
+    session = ChatSession(chat_checkpoint, device="cpu", temperature=0)
+    messages = [s("助手"), u("天气？"), a("好。"), u("明天？")]
+    prompt = hf_tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                        return_tensors="pt")["input_ids"]
+    assert prompt.shape[1] + 12 <= session.limit  # nothing for prompt_ids to drop
+    assert prompt[0].tolist() == session.prompt_ids(messages)
+    with torch.no_grad():
+        theirs = hf_model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=EOS_ID,
+                                   pad_token_id=0)[0, prompt.shape[1]:].tolist()
+    ours = generate(session.model, prompt[0].tolist(), 12, temperature=0)[0, prompt.shape[1]:].tolist()
+    assert reply_ids(theirs) == reply_ids(ours) and len(reply_ids(ours)) >= 3, (theirs, ours)
