@@ -25,7 +25,7 @@ from minilmd import scratch as scratchmod
 from minilmd.checkpoint import read_latest
 from minilmd.daemon import demo
 from minilmd.daemon.demo import minilmd, say
-from minilmd.names import TOKENIZER_CONFIG
+from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE
 
 CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
                  "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -98,7 +98,7 @@ def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3) -> 
         print(f"  {path}: {sum(1 for _ in open(path, encoding='utf-8')):,} conversations")
     tokenizer_dir = root_path / "sft-tokenizer"
     tokenizer_dir.mkdir()
-    (tokenizer_dir / "tokenizer.json").write_bytes((root_path / "tokenizer.json").read_bytes())
+    (tokenizer_dir / TOKENIZER_FILE).write_bytes((root_path / TOKENIZER_FILE).read_bytes())
     (tokenizer_dir / TOKENIZER_CONFIG).write_text(json.dumps(
         {"chat_template": CHAT_TEMPLATE, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
          "pad_token": "<|endoftext|>"}, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
