@@ -1,9 +1,13 @@
 # The two set-up commands of the README. Each creates ./.venv unless a virtualenv is active.
 # test-fast: the tests not marked slow (the unit tests, under a minute); `make test` and .ci/run run them all.
-.PHONY: demo test test-fast lint
+.PHONY: demo demo-sft test test-fast lint
 
 demo:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo
+
+# demo-sft: the demo's pretraining, then fine-tuning on a small real chat corpus (chatterbot-corpus), then a chat.
+demo-sft:
+	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo_sft
 
 test:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m pytest -q $(PYTEST_ARGS)

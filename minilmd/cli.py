@@ -159,7 +159,7 @@ def demo_corpus_command(
         typer.echo(str(p))
 # === end data ===
 
-# === trainer: train, bench packing, bench step ===
+# === trainer: train, bench packing, bench step, bench sft ===
 @app.command("train")
 def train_command(
     config: str = typer.Argument(..., help="The run config (TOML)."),
@@ -199,6 +199,20 @@ def bench_step_command(
     from minilmd.trainer.bench.step import main as bench_main
 
     raise typer.Exit(bench_main(config or None, steps, set_, backend))
+
+
+@bench_app.command("sft")
+def bench_sft_command(
+    prepared: str = typer.Option(..., "--prepared", help="A prepared (chat) corpus directory."),
+    config: str = typer.Option(..., "--config", help="A run config: model, seq_len, batch, device."),
+    steps: int = typer.Option(10, "--steps", help="Optimizer steps timed in each mode."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """Same model, same steps: static padding vs length bucketing (and packed): real and target tokens/s, PAD share,
+    the ratio bucketed/static and its limit."""
+    from minilmd.trainer.bench.sft import main as bench_main
+
+    raise typer.Exit(bench_main(prepared, config, steps, set_))
 # === end trainer ===
 
 # === checkpoints: verify, bench checkpoint ===

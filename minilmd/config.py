@@ -76,7 +76,9 @@ class DataSection:
     prepared: str = ""
     """The output directory of `minilmd prepare` (local path or fsspec URL); the supervisor stages it to scratch."""
     mode: str = "packed"
-    """"packed": fixed windows across document boundaries (no PAD). "padded": MiniMind's one-document-per-row."""
+    """"packed": fixed windows across document boundaries (no PAD). "padded": one document per row padded to
+    seq_len (MiniMind's). "bucketed": one document per row, micro-batches of similar lengths padded to their longest
+    row (the SFT default: see SFT_DEFAULTS)."""
     val_windows: int = 64
     """Number of fixed validation windows (or documents, in padded mode) for the validation loss."""
 
@@ -137,6 +139,9 @@ class TrainSection:
     """Stop after this many optimizer steps (0: not set). A budget (max_steps or max_tokens) is required."""
     max_tokens: int = 0
     """Stop once this many tokens were trained on (0: not set); converted to steps at start."""
+    max_epochs: float = 0.0
+    """Stop after this many passes over the train split (0: not set; fractions allowed): ceil(max_epochs x rows
+    per epoch / global batch) steps, rows being windows (packed) or documents (padded, bucketed)."""
     seed: int = 1337
     """Seed of the model init and of the data order."""
     device: str = "auto"
@@ -152,6 +157,16 @@ class TrainSection:
     compile: Union[bool, str] = "auto"  # noqa: UP007 - _type_ok matches typing.Union
     """torch.compile the model: "auto" (on CUDA, not on CPU), true or false. Its first step compiles; the
     supervisor allows restart.compile_timeout for it."""
+
+
+@dataclass
+class InitSection:
+    from_: str = ""
+    """TOML key `from`. Where a fresh run takes its weights instead of the seeded init: a checkpoint directory
+    (step-XXXXXXXX/), a run's checkpoint root or remote (the checkpoint its LATEST names), or a MiniMind .pth. The
+    optimizer starts fresh at step 0; the source's fingerprint is recorded in every checkpoint of this run. Its
+    model config must be this run's. Read once: a run that has a checkpoint resumes from it and never reads this
+    again (the source may be deleted then). Empty: the seeded init."""
 
 
 @dataclass
@@ -211,12 +226,24 @@ class RunConfig:
     data: DataSection = field(default_factory=DataSection)
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
+    init: InitSection = field(default_factory=InitSection)
     gpu: GpuSection = field(default_factory=GpuSection)
     sync: SyncSection = field(default_factory=SyncSection)
     restart: RestartSection = field(default_factory=RestartSection)
     log: LogSection = field(default_factory=LogSection)
     source: str = ""
     """The file this config was read from (not a TOML key)."""
+    _explicit = frozenset[str]()  # not a field: "section.key" of every key the TOML or a --set gave
+
+    def is_set(self, key: str) -> bool:
+        """Whether "section.key" was written in the config or given with --set (not left to its default)."""
+        return key in self._explicit
+
+    def override(self, key: str, value: Any) -> None:
+        """Set "section.key" as a --set would (so that defaults such as SFT_DEFAULTS leave it alone)."""
+        section, name = key.split(".")
+        setattr(getattr(self, section), name, value)
+        self._explicit = self._explicit | {key}
 
     @property
     def scratch_dir(self) -> Path:
@@ -239,13 +266,35 @@ class RunConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("source")
-        return d
+        return {section: {toml_key(k): v for k, v in body.items()} for section, body in d.items()}
 
     def model_dict(self) -> dict:
         return dataclasses.asdict(self.model)
 
 
 SECTIONS = {f.name: f.type for f in fields(RunConfig) if f.name != "source"}
+
+
+def toml_key(field_name: str) -> str:
+    """The TOML key of a dataclass field: a Python keyword (`from`) is spelt with a trailing underscore in Python."""
+    return field_name.removesuffix("_")
+
+
+SFT_DEFAULTS: dict[str, Any] = {"data.mode": "bucketed", "train.lr": 1e-5, "train.min_lr_ratio": 0.1}
+"""What a run on a chat corpus uses where its config does not say otherwise: the SFT seed's method (dynamic padding
+with length bucketing) and schedule (lr 1e-5, cosine down to 1e-6; ../shared/seeds, section 7)."""
+
+
+def apply_sft_defaults(cfg: RunConfig) -> list[str]:
+    """Set SFT_DEFAULTS on every key the config leaves to its default; returns "key = value" of those set. Called
+    by the trainer once it knows the corpus is a chat corpus (and by `bench sft`)."""
+    applied = []
+    for key, value in SFT_DEFAULTS.items():
+        if not cfg.is_set(key):
+            section, name = key.split(".")
+            setattr(getattr(cfg, section), name, value)
+            applied.append(f"{key} = {value!r}")
+    return applied
 
 
 def _section_classes() -> dict[str, type]:
@@ -301,6 +350,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: b
     problems: list[str] = []
     classes = _section_classes()
     cfg = RunConfig(source=source)
+    explicit = set()
     for section, body in raw.items():
         if section not in classes:
             problems.append(f"unknown section [{section}] (known: {', '.join(classes)})")
@@ -309,7 +359,8 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: b
             problems.append(f"[{section}] must be a table, not {type(body).__name__}")
             continue
         cls = classes[section]
-        hints = get_type_hints(cls)
+        hints = {toml_key(name): hint for name, hint in get_type_hints(cls).items()}
+        attrs = {toml_key(f.name): f.name for f in fields(cls)}
         target = getattr(cfg, section)
         for key, value in body.items():
             if key not in hints:
@@ -320,7 +371,9 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: b
                 continue
             if hints[key] is float and isinstance(value, int):
                 value = float(value)
-            setattr(target, key, value)
+            setattr(target, attrs[key], value)
+            explicit.add(f"{section}.{key}")
+    cfg._explicit = frozenset(explicit)
     problems += _check_values(cfg)
     if check_paths:
         problems += _check_paths(cfg)
@@ -402,6 +455,7 @@ RANGES: dict[str, tuple[Range, str]] = {
     "train.grad_clip": (AT_LEAST_0, "0: no clipping"),
     "train.max_steps": (AT_LEAST_0, "0: not set"),
     "train.max_tokens": (AT_LEAST_0, "0: not set"),
+    "train.max_epochs": (AT_LEAST_0, "0: not set"),
     "train.seed": (Range(0, 2 ** 64 - 1), ""),
     "train.log_every": (AT_LEAST_1, ""),
     "train.eval_every": (AT_LEAST_0, "0: only at the end"),
@@ -455,8 +509,8 @@ def _check_values(cfg: RunConfig) -> list[str]:
         p.append("run.dir is required (the local run directory)")
     if not d.prepared:
         p.append("data.prepared is required (the output directory of `minilmd prepare`)")
-    if d.mode not in ("packed", "padded"):
-        p.append(f"data.mode = {d.mode!r}: must be \"packed\" or \"padded\"")
+    if d.mode not in ("packed", "padded", "bucketed"):
+        p.append(f"data.mode = {d.mode!r}: must be \"packed\", \"padded\" or \"bucketed\"")
     p += out_of_range(cfg)
     if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
         p.append(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
@@ -474,7 +528,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
         p.append(f"train.compile = {t.compile!r}: must be \"auto\", true or false")
     if t.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
-    if not t.max_steps and not t.max_tokens:
+    if not t.max_steps and not t.max_tokens and not t.max_epochs:
         p.append(budget_problem(cfg))
     textfile = cfg.log.prometheus_textfile
     if textfile and not textfile.endswith(".prom"):
@@ -507,7 +561,7 @@ def budget_problem(cfg: RunConfig) -> str:
     """The message for a missing budget, with the arithmetic of what 'no limit' would mean."""
     t = cfg.train
     per_step = t.seq_len * t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
-    lines = [f"a budget is required: set train.max_steps or train.max_tokens. One step trains "
+    lines = [f"a budget is required: set train.max_steps, train.max_tokens or train.max_epochs. One step trains "
              f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {max(cfg.gpu.count, 1)} GPU(s) = "
              f"{per_step:,} tokens"]
     tokens = corpus_train_tokens(cfg.data.prepared) if cfg.data.prepared else None
@@ -541,6 +595,8 @@ def _check_paths(cfg: RunConfig) -> list[str]:
             p += _shared_storage_check(_check_prepared_dir, cfg)
     if cfg.log.prometheus_textfile:
         p += _check_writable("log.prometheus_textfile", Path(cfg.log.prometheus_textfile).parent)
+    if cfg.init.from_:
+        p += _shared_storage_check(_check_init, cfg)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
@@ -606,6 +662,24 @@ def _check_prepared_dir(cfg: RunConfig) -> list[str]:
                  f"so there is no validation loss: prepare it again with a larger --val-fraction"
                  + (f" (it was {fraction})" if fraction is not None else ""))
     return p
+
+
+def _check_init(cfg: RunConfig) -> list[str]:
+    """init.from can be used and holds this run's model config; not checked once the run has a checkpoint (in
+    scratch or on a local remote): that run resumes and never reads init.from again. A supervised trainer looks at
+    scratch only (it never touches the remote; staging has fetched the remote's newest checkpoint into scratch)."""
+    from minilmd.checkpoint import list_checkpoints
+    from minilmd.init_source import InitSourceError, model_problems
+
+    roots = [cfg.checkpoint_dir]
+    if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
+        roots.append(Path(cfg.run.remote))
+    if any(list_checkpoints(root) for root in roots):
+        return []
+    try:
+        return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict())]
+    except InitSourceError as e:
+        return [f"init.from = {cfg.init.from_!r}: {e}"]
 
 
 def _check_writable(name: str, path: Path) -> list[str]:

@@ -3,13 +3,12 @@ import numpy as np
 import pytest
 
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.trainer.data.bucketing import PaddedSampler, padded_row
 from minilmd.trainer.data.samplers import (
     IGNORE_INDEX,
     DataError,
     PackedSampler,
-    PaddedSampler,
     make_sampler,
-    padded_row,
     validation_batches,
 )
 
@@ -44,8 +43,8 @@ def test_packed_epoch_visits_every_window_once_with_a_moving_offset():
 def test_windows_hold_seq_len_stream_tokens_and_labels_equal_inputs():
     tokens = np.arange(1000, dtype=np.uint16)
     b = PackedSampler(tokens, seq_len=16, seed=1).batch(step=3, global_batch=4)
-    assert b.input_ids.shape == (4, 16) and b.input_ids.dtype == np.int64
-    assert np.array_equal(b.input_ids, b.labels)
+    assert b.input_ids.shape == (4, 16) and b.input_ids.dtype == np.uint16 and b.targets is None
+    assert np.array_equal(b.input_ids[:, 1:], b.labels[:, 1:])  # every token but a row's first is a target
     assert (np.diff(b.input_ids, axis=1) == 1).all()  # consecutive stream positions
     assert b.n_targets == 4 * 15 and b.n_real_tokens == 64
 
@@ -113,7 +112,9 @@ def test_padded_labels_ignore_pad_and_keep_eos():
     pad = b.input_ids == PAD_ID
     assert pad.any(), "short documents must be padded"
     assert (b.labels[pad] == IGNORE_INDEX).all()
-    assert np.array_equal(b.labels[~pad], b.input_ids[~pad])
+    real = ~pad
+    real[:, 0] = False  # a row's first token is never predicted
+    assert np.array_equal(b.labels[real], b.input_ids[real])
     assert (b.input_ids[:, 0] == BOS_ID).all()
     assert ((b.labels == EOS_ID).sum(axis=1) == 1).all()  # every row keeps its EOS target
     assert b.n_real_tokens == int((~pad).sum())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.config import RunConfig, config_from_dict, load_config
+from minilmd.config import RunConfig, config_from_dict, load_config, toml_key
 from minilmd.model_shapes import expected_state_shapes
 from minilmd.protocol import FINAL_EXIT_STATUSES
 from waiting import wait_until
@@ -323,7 +323,8 @@ def test_example_config_is_valid_and_is_the_notes_768x8_run():
 
 def test_example_config_writes_out_every_key_of_the_schema():
     raw = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
-    schema = {f.name: {g.name for g in fields(f.default_factory())} for f in fields(RunConfig) if f.name != "source"}
+    schema = {f.name: {toml_key(g.name) for g in fields(f.default_factory())} for f in fields(RunConfig)
+              if f.name != "source"}
     assert {section: set(body) for section, body in raw.items()} == schema
 
 

@@ -46,7 +46,7 @@ def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
 
     cfg = copy.deepcopy(cfg)
     cfg.run.dir, cfg.run.scratch, cfg.run.remote = f"{tmp}/{mode}/run", f"{tmp}/{mode}/scratch", ""
-    cfg.data.mode = mode
+    cfg.override("data.mode", mode)
     cfg.train.max_steps, cfg.train.max_tokens = total_steps, 0
     return Trainer(cfg, init_distributed(cfg))
 

@@ -20,16 +20,18 @@ epoch): the infinite concatenation of epoch permutations. The global batch of op
 batch is the same whatever the number of ranks that divides it, and a resumed run sees exactly the batches an
 uninterrupted one would have seen.
 
-Padded mode (`data.mode = "padded"`): MiniMind's way, for comparison. One document per row, its inner ids
-truncated to seq_len - 2, then BOS/EOS, right PAD (0), labels -100 on PAD. The same permutation logic runs over
-documents instead of windows (no offset).
+One document per row (`data.mode = "padded"`, MiniMind's static padding to seq_len, and `"bucketed"`, dynamic
+padding with length bucketing, the SFT seed's method): trainer/data/bucketing.py, on the same row positions.
+
+Chat corpora carry a loss mask (`TokenStream.loss_mask`, 1 on assistant reply tokens): a batch's `targets` is that
+mask cut like its rows, and only those tokens are predicted. Text corpora have none: every real next token is.
 
 Validation: a fixed set of windows (or documents) of the val split drawn with a fixed seed that does not depend on
 the run's seed, so that val losses are comparable over time and across runs with the same seq_len.
 
-Every batch also carries `n_targets`, the number of predictions its loss averages over; the trainer weights
-micro-batch losses by it, so that the step's loss is the mean over all predicted tokens of the global batch,
-whatever the split into ranks and micro-batches.
+Every batch also carries `n_targets`, the number of predictions its loss sums over; the trainer divides the summed
+loss of each micro-batch by the global batch's count, so that the step's loss is the mean over all predicted tokens
+of the global batch, whatever the split into ranks and micro-batches.
 """
 from __future__ import annotations
 
@@ -37,10 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-
 IGNORE_INDEX = -100
 VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
+MODES = ("packed", "padded", "bucketed")
 _STREAM_PERMUTATION = 0
 _STREAM_VALIDATION = 1
 
@@ -51,14 +52,28 @@ class DataError(ValueError):
 
 @dataclass
 class Batch:
-    """Rows for one forward pass. `input_ids` and `labels` are int64 arrays of shape (rows, seq_len)."""
+    """Rows for one forward pass, as they cross to the device: one uint16 array of ids and, for chat corpora or
+    padded rows, one uint8 array of targets. The labels are derived on the device (trainer: to_device)."""
 
     input_ids: np.ndarray
-    labels: np.ndarray
+    """(rows, width) uint16 token ids; PAD (0) past a row's end."""
+    targets: np.ndarray | None
+    """(rows, width) uint8: 1 where the token is a target, predicted from the position before it (so column 0 never
+    is). None: every token but the first of each row (packed text windows)."""
     n_targets: int
-    """Predictions the loss averages over: labels[:, 1:] != -100 (the model shifts inside)."""
+    """Predictions the loss sums over: targets[:, 1:].sum()."""
     n_real_tokens: int
     """Non-PAD tokens in input_ids (tokens/s counts these)."""
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 labels in the model's `forward(ids, labels)` convention (-100 where not a target; for tests)."""
+        labels = self.input_ids.astype(np.int64)
+        if self.targets is None:
+            labels[:, 0] = IGNORE_INDEX
+        else:
+            labels[self.targets == 0] = IGNORE_INDEX
+        return labels
 
 
 def _generator(seed: int, stream: int, epoch: int) -> np.random.Generator:
@@ -66,7 +81,8 @@ def _generator(seed: int, stream: int, epoch: int) -> np.random.Generator:
 
 
 class _EpochOrder:
-    """The permutation of n items for each epoch, drawn from (seed, epoch); caches the latest epoch only."""
+    """The order of n items for each epoch, drawn from (seed, epoch); caches the latest epoch only. Subclasses
+    change `draw` (bucketing: trainer/data/bucketing.py)."""
 
     def __init__(self, n_items: int, seed: int, offset_range: int = 0):
         self.n_items = n_items
@@ -75,12 +91,15 @@ class _EpochOrder:
         self._cached_epoch: int | None = None
         self._cached: tuple[int, np.ndarray] = (0, np.empty(0, np.int64))
 
+    def draw(self, e: int) -> tuple[int, np.ndarray]:
+        rng = _generator(self.seed, _STREAM_PERMUTATION, e)
+        offset = int(rng.integers(0, self.offset_range)) if self.offset_range > 1 else 0
+        return offset, rng.permutation(self.n_items).astype(np.int64)
+
     def epoch(self, e: int) -> tuple[int, np.ndarray]:
-        """(offset, permutation) of epoch e."""
+        """(offset, item order) of epoch e."""
         if self._cached_epoch != e:
-            rng = _generator(self.seed, _STREAM_PERMUTATION, e)
-            offset = int(rng.integers(0, self.offset_range)) if self.offset_range > 1 else 0
-            self._cached = (offset, rng.permutation(self.n_items).astype(np.int64))
+            self._cached = self.draw(e)
             self._cached_epoch = e
         return self._cached
 
@@ -102,15 +121,17 @@ class Sampler:
 
     mode = "?"
 
-    def __init__(self, n_items: int, seq_len: int, seed: int, offset_range: int = 0):
+    def __init__(self, n_items: int, seq_len: int, seed: int, offset_range: int = 0,
+                 order: _EpochOrder | None = None):
         if n_items <= 0:
             raise DataError(self._too_small_message(seq_len))
         self.seq_len = seq_len
         self.seed = seed
-        self.order = _EpochOrder(n_items, seed, offset_range)
+        self.order = order or _EpochOrder(n_items, seed, offset_range)
 
     @property
     def items_per_epoch(self) -> int:
+        """Rows of one epoch: windows (packed) or documents (padded, bucketed)."""
         return self.order.n_items
 
     def _too_small_message(self, seq_len: int) -> str:  # pragma: no cover - overridden
@@ -141,13 +162,23 @@ class Sampler:
         return b.n_targets, b.n_real_tokens
 
 
+def window_batch(tokens: np.ndarray, loss_mask: np.ndarray | None, starts: np.ndarray, length: int) -> Batch:
+    """Windows of `length` stream tokens (and their loss mask, for a chat corpus) starting at `starts`."""
+    x = np.stack([np.asarray(tokens[s:s + length], dtype=np.uint16) for s in starts])
+    if loss_mask is None:
+        return Batch(x, None, len(starts) * (length - 1), x.size)
+    targets = np.stack([np.asarray(loss_mask[s:s + length], dtype=np.uint8) for s in starts])
+    return Batch(x, targets, int(targets[:, 1:].sum()), x.size)
+
+
 class PackedSampler(Sampler):
     """Fixed windows of seq_len tokens cut from the stream, across document boundaries."""
 
     mode = "packed"
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int):
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, loss_mask: np.ndarray | None = None):
         self.tokens = tokens
+        self.loss_mask = loss_mask
         self.n_tokens = int(len(tokens))
         super().__init__(max(0, (self.n_tokens - seq_len + 1) // seq_len), seq_len, seed, offset_range=seq_len)
 
@@ -160,91 +191,49 @@ class PackedSampler(Sampler):
         return offsets + idx * self.seq_len
 
     def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
+        if self.loss_mask is not None:
+            return super().global_counts(first_row, global_batch)
         return global_batch * (self.seq_len - 1), global_batch * self.seq_len  # every window is full
 
     def rows(self, positions: np.ndarray) -> Batch:
-        starts = self.window_starts(positions)
-        x = np.stack([np.asarray(self.tokens[s:s + self.seq_len], dtype=np.int64) for s in starts])
-        return Batch(x, x, len(starts) * (self.seq_len - 1), x.size)
+        return window_batch(self.tokens, self.loss_mask, self.window_starts(positions), self.seq_len)
 
 
-def padded_row(tokens: np.ndarray, doc_start: int, doc_end: int, seq_len: int) -> tuple[np.ndarray, int]:
-    """MiniMind's row for one document: [BOS] inner[:seq_len-2] [EOS] then PAD; returns (row, real length)."""
-    inner = np.asarray(tokens[doc_start + 1:doc_end - 1], dtype=np.int64)[:seq_len - 2]
-    row = np.full(seq_len, PAD_ID, dtype=np.int64)
-    n = len(inner) + 2
-    row[0] = BOS_ID
-    row[1:n - 1] = inner
-    row[n - 1] = EOS_ID
-    return row, n
+def make_sampler(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int,
+                 loss_mask: np.ndarray | None = None, micro_batch_size: int = 1) -> Sampler:
+    """The sampler of `data.mode`; `loss_mask` for a chat corpus; `micro_batch_size` is the bucket size of
+    bucketed mode (one micro-batch is one bucket)."""
+    from minilmd.trainer.data.bucketing import BucketedSampler, PaddedSampler
 
-
-def padded_batch(tokens: np.ndarray, doc_starts: np.ndarray, docs: np.ndarray, seq_len: int) -> Batch:
-    rows, lengths = zip(*(padded_row(tokens, int(doc_starts[d]), int(doc_starts[d + 1]), seq_len) for d in docs),
-                        strict=True)
-    x = np.stack(rows)
-    labels = x.copy()
-    labels[x == PAD_ID] = IGNORE_INDEX
-    n_real = int(sum(lengths))
-    return Batch(x, labels, n_real - len(docs), n_real)
-
-
-class PaddedSampler(Sampler):
-    """One document per row, MiniMind-style."""
-
-    mode = "padded"
-
-    def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int):
-        if seq_len < 3:
-            raise DataError(f"padded mode needs train.seq_len >= 3 (BOS, one id, EOS), got {seq_len}")
-        self.tokens = tokens
-        self.doc_starts = np.asarray(doc_starts, dtype=np.int64)
-        super().__init__(len(self.doc_starts) - 1, seq_len, seed)
-
-    def _too_small_message(self, seq_len: int) -> str:
-        return "the train split has no documents"
-
-    def rows(self, positions: np.ndarray) -> Batch:
-        docs, _ = self.order.items(positions)
-        return padded_batch(self.tokens, self.doc_starts, docs, self.seq_len)
-
-    def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
-        docs, _ = self.order.items(np.arange(first_row, first_row + global_batch, dtype=np.int64))
-        real = np.minimum(self.doc_starts[docs + 1] - self.doc_starts[docs], self.seq_len)
-        return int(real.sum()) - global_batch, int(real.sum())
-
-    def pad_share(self, n_rows: int = 4096) -> float:
-        """Share of PAD positions over the first n_rows rows of the run (what padding costs on this corpus)."""
-        b = self.rows(np.arange(min(n_rows, self.items_per_epoch), dtype=np.int64))
-        return 1.0 - b.n_real_tokens / b.input_ids.size
-
-
-def make_sampler(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int) -> Sampler:
     if mode == "packed":
-        return PackedSampler(tokens, seq_len, seed)
+        return PackedSampler(tokens, seq_len, seed, loss_mask)
     if mode == "padded":
-        return PaddedSampler(tokens, doc_starts, seq_len, seed)
-    raise DataError(f"data.mode = {mode!r}: must be \"packed\" or \"padded\"")
+        return PaddedSampler(tokens, doc_starts, seq_len, seed, loss_mask)
+    if mode == "bucketed":
+        return BucketedSampler(tokens, doc_starts, seq_len, seed, micro_batch_size, loss_mask)
+    raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(MODES)}")
 
 
 def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, n_windows: int,
-                       batch_size: int) -> list[Batch]:
-    """The fixed validation set: n_windows windows (packed) or documents (padded) of the val split, drawn with
-    VAL_SEED, in batches of batch_size rows. A val split shorter than one window gives one shorter row."""
+                       batch_size: int, loss_mask: np.ndarray | None = None) -> list[Batch]:
+    """The fixed validation set: n_windows windows (packed) or documents (padded, bucketed) of the val split, drawn
+    with VAL_SEED, in batches of batch_size rows. A val split shorter than one window gives one shorter row."""
     n_tokens = int(len(tokens))
     if n_tokens < 2:
         raise DataError(f"the val split has {n_tokens} tokens; at least 2 are needed for a validation loss")
     rng = _generator(VAL_SEED, _STREAM_VALIDATION, 0)
-    if mode == "padded":
+    if mode in ("padded", "bucketed"):
+        from minilmd.trainer.data.bucketing import DocumentRows
+
+        docs_rows = DocumentRows(tokens, doc_starts, seq_len, loss_mask)
         n_docs = len(doc_starts) - 1
         docs = np.sort(rng.choice(n_docs, size=min(n_windows, n_docs), replace=False))
-        return [padded_batch(tokens, doc_starts, docs[i:i + batch_size], seq_len)
-                for i in range(0, len(docs), batch_size)]
+        width: int | None = seq_len
+        if mode == "bucketed":  # the same documents, grouped by length and padded to each batch's longest
+            docs, width = docs[np.argsort(docs_rows.lengths[docs], kind="stable")], None
+        return [docs_rows.batch(docs[i:i + batch_size], width) for i in range(0, len(docs), batch_size)]
     length = min(seq_len, n_tokens)
     available = n_tokens // length
     starts = np.sort(rng.choice(available, size=min(n_windows, available), replace=False)) * length
-    batches = []
-    for i in range(0, len(starts), batch_size):
-        x = np.stack([np.asarray(tokens[s:s + length], dtype=np.int64) for s in starts[i:i + batch_size]])
-        batches.append(Batch(x, x, len(x) * (length - 1), x.size))
-    return batches
+    return [window_batch(tokens, loss_mask, starts[i:i + batch_size], length)
+            for i in range(0, len(starts), batch_size)]

@@ -1,10 +1,12 @@
 """`minilmd train CONFIG`: the training loop, on one device or one rank per device under torchrun.
 
 The loop, top to bottom (Trainer.train):
-    resume from the newest valid checkpoint (model, optimizer, RNG, step) or start from the seeded init;
+    resume from the newest valid checkpoint (model, optimizer, RNG, step), or start at step 0 from the weights of
+        [init] from (a fresh optimizer) or from the seeded init;
     until the budget is spent:
         agree across ranks on "stop requested?" and "checkpoint due?";  stop -> save, exit 75
-        one optimizer step: micro-batches of the pure-function sampler, loss weighted by predictions,
+        one optimizer step: micro-batches of the pure-function sampler, each loss summed over its targets and
+            divided by the global batch's count of targets (the mean over the global batch),
             backward (no DDP sync until the last micro-batch), clip, AdamW at the cosine rate for this step
         a non-finite loss stops the run; heartbeat (about once a second; "compiling" over the first compiled
             step); every log_every steps a metrics line; every eval_every steps the validation loss
@@ -42,7 +44,7 @@ import torch.distributed as torch_dist
 import torch.nn.functional  # imported early: the model uses it
 
 from minilmd.checkpoint import CheckpointMismatch
-from minilmd.config import ConfigError, RunConfig, load_config, parse_duration
+from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, load_config, parse_duration
 from minilmd.corpus import CorpusError
 from minilmd.names import FAULT, RUN_DIR_ENV, step_name
 from minilmd.protocol import (
@@ -65,6 +67,7 @@ from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_inter
 from minilmd.trainer.loop.mfu import flops_per_token, mfu, peak_flops
 from minilmd.trainer.loop.oom import cuda_oom_source, first_line
 from minilmd.trainer.loop.schedule import lr_at
+from minilmd.trainer.model.minimind import next_token_labels, next_token_loss
 
 
 @dataclass
@@ -118,16 +121,20 @@ def compile_enabled(setting: bool | str, device: torch.device) -> bool:
     return setting is True or (setting == "auto" and device.type == "cuda")
 
 
-def total_steps_for_budget(cfg: RunConfig, global_batch: int) -> int:
-    """max_steps, or ceil(max_tokens / tokens per step); with both, whichever ends first."""
+def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> int:
+    """max_steps, ceil(max_tokens / tokens per step), ceil(max_epochs * rows per epoch / rows per step); with
+    several, whichever ends first."""
     t = cfg.train
     budgets = []
     if t.max_steps:
         budgets.append(t.max_steps)
     if t.max_tokens:
         budgets.append(math.ceil(t.max_tokens / (global_batch * t.seq_len)))
+    if t.max_epochs and rows_per_epoch:
+        budgets.append(max(1, math.ceil(t.max_epochs * rows_per_epoch / global_batch)))
     if not budgets:
-        raise ConfigError(["a budget is required: set train.max_steps or train.max_tokens"], cfg.source)
+        raise ConfigError(["a budget is required: set train.max_steps, train.max_tokens or train.max_epochs"],
+                          cfg.source)
     return min(budgets)
 
 
@@ -212,12 +219,15 @@ class Trainer:
         if self.corpus.vocab_size != cfg.model.vocab_size:
             raise ConfigError([f"model.vocab_size = {cfg.model.vocab_size} but the corpus {cfg.data.prepared} was "
                                f"tokenized with a vocabulary of {self.corpus.vocab_size}"], cfg.source)
+        # Before anything reads the mode or the rates; the config recorded in the checkpoints says what was used.
+        self.sft_defaults = apply_sft_defaults(cfg) if self.corpus.data_format == "chat" else []
         train, val = self.corpus.train, self.corpus.val
-        self.sampler = make_sampler(cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed)
+        self.sampler = make_sampler(cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed,
+                                    train.loss_mask, t.micro_batch_size)
         self.val_batches = validation_batches(cfg.data.mode, val.tokens, val.doc_starts, t.seq_len,
-                                              cfg.data.val_windows, t.micro_batch_size)
+                                              cfg.data.val_windows, t.micro_batch_size, val.loss_mask)
         self.global_batch = t.micro_batch_size * t.grad_accum * dist.world_size
-        self.total_steps = total_steps_for_budget(cfg, self.global_batch)
+        self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
 
         torch.manual_seed(t.seed)  # the init is drawn on CPU: the same weights on every device and rank
         try:
@@ -228,7 +238,10 @@ class Trainer:
         self.step, self.tokens_seen = 0, 0
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
+        self.init_record: dict | None = None  # what [init] from was, carried from checkpoint to checkpoint
         self.resume()
+        if self.resumed_from is None and cfg.init.from_:
+            self.start_from_init()
         self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
@@ -308,12 +321,23 @@ class Trainer:
         self.step = self.step_base = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.rows_base = int(state.get("rows_seen", self.step * self.global_batch))
+        self.init_record = state.get("init")
         self.resumed_from = Path(found[0])
         if self.dist.is_main:
             old = state.get("global_batch")
             note = f" (global batch was {old} rows, now {self.global_batch})" if old not in (None,
                                                                                              self.global_batch) else ""
             print(f"minilmd: resumed from {found[0]} at step {self.step}{note}", flush=True)
+
+    def start_from_init(self) -> None:
+        """A fresh run (no checkpoint) takes the weights of [init] from; the optimizer and step stay fresh. Only
+        here is init.from read: every later start resumes from this run's own checkpoints."""
+        from minilmd.trainer.checkpoint.init_weights import load_init
+
+        weights, self.init_record = load_init(self.cfg)
+        self.model.load_state_dict(weights, strict=True)
+        if self.dist.is_main:
+            print(f"minilmd: initialised from {self.init_record['path']} ({self.init_record['kind']})", flush=True)
 
     def first_row(self, step: int) -> int:
         return self.rows_base + (step - self.step_base) * self.global_batch
@@ -328,6 +352,7 @@ class Trainer:
             "epoch": self.first_row(self.step) // self.sampler.items_per_epoch,
             "config": self.cfg.to_dict(),
             "fingerprints": {"data": self.corpus.data_fingerprint, "tokenizer": self.corpus.tokenizer_fingerprint},
+            "init": self.init_record,
             "rng": capture_rng(),
             "world_size": self.dist.world_size,
             "global_batch": self.global_batch,
@@ -386,26 +411,30 @@ class Trainer:
         return bool(flags[0]), bool(flags[1])
 
     def to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = torch.from_numpy(batch.input_ids), torch.from_numpy(batch.labels)
+        """(input ids, next-token labels) on the device. One host-to-device copy of the ids, as uint16, and one of
+        the targets (uint8) when the batch has them; there the ids widen to int32 and the int64 labels are derived:
+        the ids shifted by one, IGNORE_INDEX where the next token is no target."""
+        ids = torch.from_numpy(batch.input_ids)
+        targets = None if batch.targets is None else torch.from_numpy(batch.targets)
         if self.device.type == "cuda":
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x, y
+            ids = ids.pin_memory().to(self.device, non_blocking=True)
+            if targets is not None:
+                targets = targets.pin_memory().to(self.device, non_blocking=True)
+        ids = ids.to(torch.int32)
+        return ids, next_token_labels(ids, targets)
 
     # --- one optimizer step ---------------------------------------------------------------------------------------
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Forward/backward over this rank's micro-batches and one AdamW update.
+    def accumulate_gradients(self, step: int) -> tuple[torch.Tensor, int]:
+        """Forward/backward over this rank's micro-batches of optimizer step `step`.
 
-        Each micro-batch loss (a mean over its predictions) is weighted by its share of the global batch's
-        predictions, times world_size because DDP averages gradients over ranks: the update is that of the mean
-        loss over every prediction of the global batch, however it is split. Returns (this rank's part of the
-        loss, grad norm, real tokens of the global batch)."""
-        t, step = self.cfg.train, self.step
+        Each micro-batch's loss is summed over its targets and divided by the number of targets of the whole
+        global batch (sampler.global_counts: every rank computes it alone), times world_size because DDP averages
+        gradients over ranks: the gradients are those of the mean loss over every target of the global batch,
+        however it is split over ranks and micro-batches, and whatever the padding. Returns (this rank's part of
+        the loss, real tokens of the global batch)."""
+        t = self.cfg.train
         row0 = self.first_row(step)
         n_targets, n_real = self.sampler.global_counts(row0, self.global_batch)
-        lr = lr_at(step, self.total_steps, t.lr, t.min_lr_ratio, t.warmup_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.current_lr = lr
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(t.grad_accum):
             batch = self.sampler.batch(step, self.global_batch, self.dist.rank, self.dist.world_size, micro,
@@ -413,10 +442,20 @@ class Trainer:
             x, y = self.to_device(batch)
             sync = micro == t.grad_accum - 1 or not self.dist.active
             with (nullcontext() if sync else self.forward_model.no_sync()), self.autocast():
-                loss = self.forward_model(x, labels=y).loss
-                weighted = loss * (batch.n_targets / n_targets)
-            (weighted * self.dist.world_size).backward()
-            loss_sum += weighted.detach()
+                part = next_token_loss(self.forward_model(x).logits, y, reduction="sum") / max(n_targets, 1)
+            (part * self.dist.world_size).backward()
+            loss_sum += part.detach()
+        return loss_sum, n_real
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Gradients of this step's global batch (accumulate_gradients) and one AdamW update at this step's rate.
+        Returns (this rank's part of the loss, grad norm, real tokens of the global batch)."""
+        t, step = self.cfg.train, self.step
+        lr = lr_at(step, self.total_steps, t.lr, t.min_lr_ratio, t.warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.current_lr = lr
+        loss_sum, n_real = self.accumulate_gradients(step)
         clip = t.grad_clip if t.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
@@ -425,14 +464,13 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over every prediction of the fixed validation windows (rank 0 alone; no collectives)."""
+        """Mean loss over every target of the fixed validation rows (rank 0 alone; no collectives)."""
         self.model.eval()
         total, count = 0.0, 0
         for batch in self.val_batches:
             x, y = self.to_device(batch)
             with self.autocast():
-                loss = self.model(x, labels=y).loss
-            total += float(loss) * batch.n_targets
+                total += float(next_token_loss(self.model(x).logits, y, reduction="sum"))
             count += batch.n_targets
         self.model.train()
         return total / max(count, 1)
@@ -471,6 +509,8 @@ class Trainer:
             print(f"minilmd: training {self.model.num_parameters():,} parameters on {self.device} x "
                   f"{self.dist.world_size}, {self.cfg.data.mode} rows of {t.seq_len}, global batch "
                   f"{self.global_batch} rows, steps {self.step} -> {self.total_steps}", flush=True)
+            if self.sft_defaults:
+                print(f"minilmd: chat corpus, SFT defaults: {', '.join(self.sft_defaults)}", flush=True)
         self.log.heartbeat(self.step, force=True)
         compiling = self.compiled  # torch.compile compiles on the first call: the first step of this process
         meter = Throughput()

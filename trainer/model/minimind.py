@@ -11,7 +11,10 @@ Choices that matter elsewhere:
   from the current torch RNG in module order, so the same seed gives the same model on every machine.
 - The forward pass does no per-token Python work: one SDPA call per layer (causal, flash on CUDA), RMSNorm in
   fp32 (so bf16 autocast keeps the norm statistics exact), RoPE from a precomputed fp32 table.
-- `forward(ids, labels)` shifts inside: logits[:, :-1] are scored against labels[:, 1:] (ignore_index -100).
+- `forward(ids, labels)` shifts inside: the logits at position i are scored against labels[:, i + 1] (ignore_index
+  -100). The labels are shifted, not the logits: `logits[:, :-1]` would be a strided view that the loss copies
+  (twice with the fp32 cast under bf16); `next_token_loss` scores the whole contiguous logits in one fp32 pass, the
+  last position ignored. The trainer builds its shifted labels on the device (`next_token_labels`).
 """
 from __future__ import annotations
 
@@ -25,6 +28,22 @@ from minilmd.config import ModelSection
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section
 
 IGNORE_INDEX = -100
+
+
+def next_token_labels(ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    """(batch, time) int64: at position i the id at i + 1 when that token is a target (targets: 1; None: all are),
+    else IGNORE_INDEX; the last position has no next token."""
+    labels = torch.full(ids.shape, IGNORE_INDEX, dtype=torch.long, device=ids.device)
+    labels[:, :-1] = ids[:, 1:]
+    if targets is not None:
+        labels[:, :-1].masked_fill_(targets[:, 1:] == 0, IGNORE_INDEX)
+    return labels
+
+
+def next_token_loss(logits: torch.Tensor, next_labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy in fp32 of (batch, time, vocab) logits against already shifted labels (next_token_labels)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), next_labels.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction=reduction)
 
 
 class CausalLMOutput(NamedTuple):
@@ -221,13 +240,12 @@ class MiniMindForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> CausalLMOutput:
-        """input_ids (batch, time) int64. With labels (same shape; -100 = ignore), the loss compares the logits
+        """input_ids (batch, time) int64 or int32. With labels (same shape; -100 = ignore), the loss compares the logits
         at position i with the label at i + 1. With a cache, input_ids continue the cached sequence."""
         logits = self.lm_head(self.model(input_ids, cache))
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                   labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
+            loss = next_token_loss(logits, F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX))
         return CausalLMOutput(logits, loss)
 
 

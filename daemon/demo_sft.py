@@ -1,0 +1,133 @@
+"""`make demo-sft`: the MiniMind pipeline's two stages under the supervisor, on CPU, then a chat with the result.
+
+1. the pretraining demo (daemon/demo.py): real text, a tokenizer, `minilmd run` with a real SIGBUS injected, the
+   checkpoints synced to <root>/nfs;
+2. a small real chat corpus, the chatterbot-corpus package's Chinese and English dialogs as MiniMind SFT JSONL,
+   prepared with `--format chat` under the demo tokenizer and a ChatML template (loss on the replies only);
+3. `minilmd run` of an SFT config: `[init] from` the pretraining run's 'NFS' share (the checkpoint its LATEST
+   names), the SFT defaults for the mode (length bucketing) and the schedule's floor, the budget in epochs, and
+   a SIGKILL injected into the trainer halfway: the supervisor restarts it, it resumes from its own checkpoint;
+4. `minilmd chat` answers a question from the fine-tuned model on the SFT run's 'NFS' share.
+
+Every step is a real `minilmd` command, printed before it runs. Torch-free, like the demo it extends.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from minilmd import scratch as scratchmod
+from minilmd.checkpoint import read_latest
+from minilmd.daemon import demo
+from minilmd.daemon.demo import minilmd, say
+from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE
+
+CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                 "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                 "{% endif %}")
+"""ChatML, as MiniMind's template writes turns (without its default system message and think block): the demo
+tokenizer is trained on the spot and has no template of its own."""
+
+SFT_CONFIG = """\
+# The demo's fine-tuning run: the pretrained demo model, on chat data, under the same supervisor.
+[run]
+name = "demo-sft"
+dir = "{root}/sft-run"
+scratch = "{scratch}"
+remote = "{root}/nfs-sft"
+
+[data]
+prepared = "{root}/sft-prepared"
+# data.mode is left out: on a chat corpus it defaults to "bucketed" (length bucketing, the SFT seed's method)
+val_windows = 16
+
+[init]
+from = "{root}/nfs"                # the pretraining run's remote: the checkpoint its LATEST names
+
+[model]                            # must be the pretrained model's (run --check names any difference)
+hidden_size = 128
+num_hidden_layers = 4
+num_attention_heads = 4
+num_key_value_heads = 2
+vocab_size = 6400
+
+[train]
+seq_len = 128
+micro_batch_size = 16
+grad_accum = 1
+lr = 5e-4                          # a real SFT leaves lr to its default, 1e-5 (the seed's); a 2M-parameter demo
+                                   # model needs larger steps to learn the turn format in a few hundred steps
+max_epochs = {epochs}              # the SFT budget unit; min_lr_ratio is left to the SFT default (0.1)
+device = "cpu"
+log_every = 20
+eval_every = 100
+checkpoint_every = 30
+
+[sync]
+every = "15s"
+keep = 2
+
+[restart]
+backoff_initial = "1s"
+hang_timeout = "2m"
+"""
+
+
+def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3) -> None:
+    started = time.monotonic()
+    demo.main(root, pretrain_steps)
+    root_path = Path(root).resolve()
+    default = scratchmod.default_path("demo-sft")
+    scratch = default if default.parent.parent.is_dir() else root_path / "sft-scratch"
+    left = scratchmod.remove_own(scratch, root_path / "sft-run")  # an earlier demo-sft's scratch, and only that
+    if left:
+        sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
+
+    say("6. A small real chat corpus: chatterbot-corpus's dialogs as SFT JSONL, prepared with --format chat")
+    made = subprocess.run([sys.executable, "-m", "minilmd.cli", "demo-corpus", str(root_path / "chat"), "--chat"],
+                          stdout=subprocess.PIPE, text=True)
+    if made.returncode != 0:
+        sys.exit(f"demo: `minilmd demo-corpus --chat` failed with exit status {made.returncode}")
+    chats = made.stdout.splitlines()
+    for path in chats:
+        print(f"  {path}: {sum(1 for _ in open(path, encoding='utf-8')):,} conversations")
+    tokenizer_dir = root_path / "sft-tokenizer"
+    tokenizer_dir.mkdir()
+    (tokenizer_dir / TOKENIZER_FILE).write_bytes((root_path / TOKENIZER_FILE).read_bytes())
+    (tokenizer_dir / TOKENIZER_CONFIG).write_text(json.dumps(
+        {"chat_template": CHAT_TEMPLATE, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+         "pad_token": "<|endoftext|>"}, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    print(f"  the demo tokenizer with a ChatML template: {tokenizer_dir}")
+    minilmd("prepare", *chats, "--tokenizer", str(tokenizer_dir), "--format", "chat", "--out",
+            str(root_path / "sft-prepared"), "--seq-len", "128", "--batch-size", "16", "--val-fraction", "0.02")
+
+    say("7. Fine-tuning under the supervisor from the pretrained model; a SIGKILL hits the trainer at step 60")
+    config = root_path / "demo-sft.toml"
+    config.write_text(SFT_CONFIG.format(root=root_path, scratch=scratch, epochs=epochs), encoding="utf-8")
+    minilmd("run", str(config), "--check")
+    minilmd("run", str(config), env=dict(os.environ, MINILMD_FAULT="sigkill@60"))
+    minilmd("status", str(root_path / "sft-run"))
+    latest = read_latest(root_path / "nfs-sft")
+    if latest is None:
+        sys.exit("demo: the SFT run left no LATEST on its 'NFS' share")
+    minilmd("verify", str(root_path / "nfs-sft" / latest))
+
+    say("8. Talking to the fine-tuned model (each line on stdin is a user message)")
+    questions = ["你好", "Hello, how are you?"]  # one conversation of two turns
+    chat = ["chat", str(root_path / "nfs-sft"), "--seed", "0", "--temperature", "0.7", "--max-new-tokens", "60"]
+    print(f"$ printf '%s\\n' {' '.join(shlex.quote(q) for q in questions)} | minilmd {shlex.join(chat)}", flush=True)
+    answered = subprocess.run([sys.executable, "-m", "minilmd.cli", *chat], input="".join(q + "\n" for q in questions),
+                              text=True)
+    if answered.returncode != 0:
+        sys.exit(f"demo: `minilmd chat` failed with exit status {answered.returncode}")
+    print(f"\ndemo-sft finished in {time.monotonic() - started:.0f} s; everything is under {root_path}/ "
+          f"(the SFT config: {config})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "demo-run")

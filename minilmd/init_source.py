@@ -1,0 +1,96 @@
+"""`[init] from`: what a fresh run starts from, found and checked without torch (for `run --check` and the trainer).
+
+A source is one of:
+- a checkpoint directory `step-XXXXXXXX/` (its manifest.json is there);
+- a checkpoint root, a run's scratch checkpoints or its remote: the checkpoint its `LATEST` names;
+- a MiniMind `.pth` state dict (MiniMind's key names are ours; `lm_head.weight` is the tied embedding).
+A minilmd checkpoint carries its model config (trainer_state.json), so a mismatch is named field by field before
+anything starts; a .pth carries only tensors, so the trainer compares their shapes when it loads them.
+
+The fingerprint recorded in the new run's checkpoints: for a checkpoint, the sha256 of its manifest.json (which holds
+the sha256 of every file of it, so it names the whole checkpoint) and its step; for a .pth, the file's sha256.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from minilmd.fsio import sha256_file
+from minilmd.names import MANIFEST, TRAINER_STATE
+
+
+class InitSourceError(ValueError):
+    """init.from cannot be used: missing, not a checkpoint nor a .pth, no LATEST, unreadable."""
+
+
+@dataclass(frozen=True)
+class InitSource:
+    kind: str
+    """"checkpoint" or "minimind"."""
+    path: Path
+    """The checkpoint directory, or the .pth file."""
+
+
+def resolve(spec: str) -> InitSource:
+    """The source init.from names; raises InitSourceError saying what is wrong."""
+    from minilmd.checkpoint import read_latest
+
+    if "://" in spec:
+        raise InitSourceError("must be a local path (an NFS mount is one); URLs are not read")
+    path = Path(spec)
+    if path.is_file():
+        if path.suffix != ".pth":
+            raise InitSourceError("a file, but not a MiniMind .pth (give a checkpoint directory, a checkpoint root "
+                                  "with LATEST, or a .pth)")
+        return InitSource("minimind", path)
+    if not path.is_dir():
+        raise InitSourceError("no such file or directory")
+    if (path / MANIFEST).is_file():
+        return InitSource("checkpoint", path)
+    latest = read_latest(path)
+    if latest is None:
+        raise InitSourceError(f"a directory without {MANIFEST} (not a checkpoint) and without LATEST (not a "
+                              "checkpoint root)")
+    if not (path / latest / MANIFEST).is_file():
+        raise InitSourceError(f"its LATEST names {latest}, which holds no {MANIFEST}")
+    return InitSource("checkpoint", path / latest)
+
+
+def source_model(source: InitSource) -> dict | None:
+    """The model config a checkpoint source records; None for a .pth (it records none)."""
+    if source.kind != "checkpoint":
+        return None
+    try:
+        state = json.loads((source.path / TRAINER_STATE).read_text(encoding="utf-8"))
+        model = state["config"]["model"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InitSourceError(f"{source.path / TRAINER_STATE}: no readable config.model ({e})") from None
+    if not isinstance(model, dict):
+        raise InitSourceError(f"{source.path / TRAINER_STATE}: config.model is not a table")
+    return model
+
+
+def model_differences(source_cfg: dict, run_cfg: dict) -> list[str]:
+    """`model.KEY: source X, run Y` for every field that differs."""
+    return [f"model.{k}: source {source_cfg.get(k)!r}, run {run_cfg.get(k)!r}"
+            for k in sorted(set(source_cfg) | set(run_cfg)) if source_cfg.get(k) != run_cfg.get(k)]
+
+
+def model_problems(spec: str, run_model: dict) -> list[str]:
+    """What keeps init.from from initialising a model of `run_model` (empty: nothing found without torch)."""
+    source = resolve(spec)
+    saved = source_model(source)
+    if saved is None:
+        return []
+    diff = model_differences(saved, run_model)
+    return [f"{source.path} holds another model config: " + ", ".join(diff)] if diff else []
+
+
+def fingerprint(source: InitSource) -> dict:
+    """What the new run records of its source, in every checkpoint's trainer_state.json ("init")."""
+    if source.kind == "checkpoint":
+        manifest = json.loads((source.path / MANIFEST).read_text(encoding="utf-8"))
+        return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
+                "manifest_sha256": sha256_file(source.path / MANIFEST)}
+    return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sha256_file(source.path)}

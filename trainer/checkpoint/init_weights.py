@@ -1,0 +1,91 @@
+"""The weights `[init] from` names, loaded for a fresh run (the torch half of minilmd/init_source.py).
+
+A minilmd checkpoint is validated strictly first (hashes, shapes, finiteness) against the run's model config: a
+damaged one or one of another model is refused, never half-used. A MiniMind .pth is read with
+`torch.load(weights_only=True)` (no code runs from the file); its keys are ours plus `lm_head.weight`, the tied
+embedding, which must equal `model.embed_tokens.weight` (minilmd's model ties them); fp16/bf16 become fp32.
+Every refusal is a ConfigError (exit 2): the config names a source that cannot start this run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from minilmd.config import ConfigError, RunConfig
+from minilmd.init_source import InitSource, InitSourceError, fingerprint, model_differences, resolve
+from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, expected_state_shapes
+
+
+def _refuse(cfg: RunConfig, problem: str) -> ConfigError:
+    return ConfigError([f"init.from = {cfg.init.from_!r}: {problem}"], cfg.source)
+
+
+def load_init(cfg: RunConfig) -> tuple[dict, dict]:
+    """(fp32 weights for MiniMindForCausalLM.load_state_dict, the fingerprint record) of cfg.init.from_."""
+    try:
+        source = resolve(cfg.init.from_)
+        weights = _checkpoint_weights(cfg, source) if source.kind == "checkpoint" else _pth_weights(cfg, source)
+        return weights, {"from": cfg.init.from_, **fingerprint(source)}
+    except InitSourceError as e:
+        raise _refuse(cfg, str(e)) from None
+    except OSError as e:
+        raise _refuse(cfg, f"cannot be read: {e}") from None
+
+
+def _checkpoint_weights(cfg: RunConfig, source: InitSource) -> dict:
+    from safetensors.torch import load_file
+
+    from minilmd.checkpoint import CheckpointError, CheckpointMismatch, Expectation, validate
+    from minilmd.names import MODEL_FILE
+
+    try:
+        validate(source.path, Expectation(model=cfg.model_dict()))
+    except CheckpointMismatch as e:
+        raise _refuse(cfg, "; ".join(e.problems).replace("checkpoint", "source")) from None
+    except CheckpointError as e:
+        raise _refuse(cfg, f"the checkpoint is invalid: {'; '.join(e.problems)}") from None
+    return load_file(str(Path(source.path) / MODEL_FILE))
+
+
+def _pth_weights(cfg: RunConfig, source: InitSource) -> dict:
+    import torch
+
+    try:
+        state = torch.load(source.path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a pickle that is not a plain state dict fails in many ways
+        raise _refuse(cfg, f"not a loadable state dict ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise _refuse(cfg, "not a state dict of tensors")
+    state = dict(state)
+    head = state.pop(TIED_HEAD_KEY, None)
+    if head is not None and EMBED_KEY in state and not torch.equal(head, state[EMBED_KEY]):
+        raise _refuse(cfg, f"{TIED_HEAD_KEY} differs from {EMBED_KEY}; minilmd's model ties them")
+    expected = expected_state_shapes(cfg.model)
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if got != expected:
+        raise _refuse(cfg, "its tensors do not fit this run's model: " + _shape_mismatch(got, expected, cfg))
+    return {k: v.to(torch.float32).contiguous() for k, v in state.items()}
+
+
+def _shape_mismatch(got: dict, expected: dict, cfg: RunConfig) -> str:
+    """The model fields the .pth's shapes imply where they differ from the run's, else the tensors that differ."""
+    implied = implied_model(got)
+    run = cfg.model_dict() | {"intermediate_size": cfg.model.ffn_size}
+    diff = model_differences({k: v for k, v in implied.items()}, {k: run[k] for k in implied})
+    if diff:
+        return ", ".join(diff)
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
+    return f"missing {missing[:4]}, unexpected {extra[:4]}, other shapes {wrong[:4]}"
+
+
+def implied_model(shapes: dict[str, tuple]) -> dict:
+    """The model fields a MiniMind state dict's shapes say (those that can be read off them)."""
+    out = {}
+    if EMBED_KEY in shapes and len(shapes[EMBED_KEY]) == 2:
+        out["vocab_size"], out["hidden_size"] = shapes[EMBED_KEY]
+    layers = {int(k.split(".")[2]) for k in shapes if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    out["num_hidden_layers"] = len(layers)
+    gate = shapes.get("model.layers.0.mlp.gate_proj.weight")
+    if gate:
+        out["intermediate_size"] = gate[0]
+    return out
