@@ -168,6 +168,27 @@ class InitSection:
     again (the source may be deleted then). Empty: the seeded init."""
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The Linear layers of a MiniMind-3 block a LoRA adapter may wrap (the names of HF Qwen3 and PEFT's target_modules)."""
+
+
+@dataclass
+class LoraSection:
+    rank: int = 0
+    """Rank r of the low-rank bypass B A added to each target (PEFT's `r`). 0: no LoRA, every weight trains. Above
+    0: init.from names the base, which is frozen; only the adapters train and only they are checkpointed."""
+    alpha: float = 16.0
+    """The bypass is scaled by alpha / rank (PEFT's `lora_alpha`)."""
+    dropout: float = 0.0
+    """Dropout on the input of A while training (PEFT's `lora_dropout`)."""
+    targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    """The Linear layers of every block that get an adapter, among LORA_TARGETS (PEFT's `target_modules`)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 @dataclass
 class GpuSection:
     count: int = 1
@@ -213,6 +234,7 @@ class RunConfig:
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     init: InitSection = field(default_factory=InitSection)
+    lora: LoraSection = field(default_factory=LoraSection)
     gpu: GpuSection = field(default_factory=GpuSection)
     sync: SyncSection = field(default_factory=SyncSection)
     restart: RestartSection = field(default_factory=RestartSection)
@@ -256,6 +278,10 @@ class RunConfig:
     def model_dict(self) -> dict:
         return dataclasses.asdict(self.model)
 
+    def lora_dict(self) -> dict | None:
+        """The [lora] section as a dict when LoRA is on, else None (what checkpoints are checked against)."""
+        return dataclasses.asdict(self.lora) if self.lora.enabled else None
+
 
 SECTIONS = {f.name: f.type for f in fields(RunConfig) if f.name != "source"}
 
@@ -292,6 +318,8 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         return True
     if get_origin(annotation) is Union:
         return any(_type_ok(value, a) for a in get_args(annotation))
+    if get_origin(annotation) is list:
+        return isinstance(value, list) and all(_type_ok(v, get_args(annotation)[0]) for v in value)
     if annotation is bool:
         return isinstance(value, bool)
     if annotation is int:
@@ -304,6 +332,8 @@ def _type_ok(value: Any, annotation: Any) -> bool:
 def _type_name(annotation: Any) -> str:
     if annotation is Duration:
         return 'a duration (seconds, or a string like "5m")'
+    if get_origin(annotation) is list:
+        return f"a list of {_type_name(get_args(annotation)[0])}"
     return getattr(annotation, "__name__", str(annotation))
 
 
@@ -446,6 +476,9 @@ RANGES: dict[str, tuple[Range, str]] = {
     "train.eval_every": (AT_LEAST_0, "0: only at the end"),
     "train.checkpoint_every": (ABOVE_0, "steps as an integer, else a duration"),
     "train.keep_local": (AT_LEAST_1, ""),
+    "lora.rank": (AT_LEAST_0, "0: no LoRA"),
+    "lora.alpha": (ABOVE_0, ""),
+    "lora.dropout": (Range(0, 1, high_open=True), ""),
     "gpu.count": (AT_LEAST_1, ""),
     "gpu.max_used_mib": (AT_LEAST_0, ""),
     "gpu.max_utilization": (Range(0, 100), "a percentage"),
@@ -512,6 +545,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if not t.max_steps and not t.max_tokens and not t.max_epochs:
         p.append(budget_problem(cfg))
+    p += _lora_problems(cfg)
     rs = cfg.restart
     try:
         initial, cap = parse_duration(rs.backoff_initial), parse_duration(rs.backoff_max)
@@ -520,6 +554,20 @@ def _check_values(cfg: RunConfig) -> list[str]:
     if ABOVE_0.holds(initial) and ABOVE_0.holds(cap) and initial > cap:
         p.append(f"restart.backoff_initial {rs.backoff_initial!r} is longer than restart.backoff_max "
                  f"{rs.backoff_max!r}")
+    return p
+
+
+def _lora_problems(cfg: RunConfig) -> list[str]:
+    lora = cfg.lora
+    p = [f"lora.targets: {t!r} is not a target (known: {', '.join(LORA_TARGETS)})"
+         for t in lora.targets if t not in LORA_TARGETS]
+    if len(set(lora.targets)) != len(lora.targets):
+        p.append(f"lora.targets = {lora.targets!r}: a target is named twice")
+    if lora.enabled and not lora.targets:
+        p.append("lora.targets is empty: name at least one of " + ", ".join(LORA_TARGETS))
+    if lora.enabled and not cfg.init.from_:
+        p.append(f"lora.rank = {lora.rank} but init.from is empty: a LoRA run trains adapters on a base, which "
+                 f"init.from names (a checkpoint, a run's checkpoint root or remote, a MiniMind .pth)")
     return p
 
 

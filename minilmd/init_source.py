@@ -94,3 +94,20 @@ def fingerprint(source: InitSource) -> dict:
         return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
                 "manifest_sha256": sha256_file(source.path / MANIFEST)}
     return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sha256_file(source.path)}
+
+
+def same_source(recorded: dict | None, current: dict | None) -> bool:
+    """Whether two fingerprint records name the same weights (the hashes, wherever the files now lie)."""
+    if not recorded or not current or recorded.get("kind") != current.get("kind"):
+        return False
+    keys = ("manifest_sha256", "step") if current.get("kind") == "checkpoint" else ("sha256",)
+    return all(recorded.get(k) == current.get(k) for k in keys)
+
+
+def describe(record: dict | None) -> str:
+    """A fingerprint record in one phrase, for messages and `status`."""
+    if not record:
+        return "nothing recorded"
+    if record.get("kind") == "checkpoint":
+        return f"{record.get('path')} (step {record.get('step')}, manifest sha256 {str(record.get('manifest_sha256'))[:12]})"
+    return f"{record.get('path')} (sha256 {str(record.get('sha256'))[:12]})"

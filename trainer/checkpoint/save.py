@@ -266,10 +266,11 @@ def _copy_to_cpu(t, buffers: dict | None, key: str):
     return buf
 
 
-def snapshot_model(model, buffers: dict | None = None) -> dict:
-    """A CPU copy of the model's state dict, which the loop may then go on changing. Pass the bare model, not a
-    DDP or torch.compile wrapper (their state_dict keys carry a prefix)."""
-    return {k: _copy_to_cpu(v, buffers, "model." + k) for k, v in model.state_dict().items()}
+def snapshot_model(model, buffers: dict | None = None, state_of: Callable | None = None) -> dict:
+    """A CPU copy of the model's state dict (or of `state_of(model)`: a LoRA run's adapters), which the loop may
+    then go on changing. Pass the bare model, not a DDP or torch.compile wrapper (their keys carry a prefix)."""
+    state = state_of(model) if state_of is not None else model.state_dict()
+    return {k: _copy_to_cpu(v, buffers, "model." + k) for k, v in state.items()}
 
 
 def snapshot_optimizer(optimizer, buffers: dict | None = None) -> dict:
@@ -298,8 +299,9 @@ class AsyncCheckpointer:
     failure of the writer)."""
 
     def __init__(self, root: str | os.PathLike, keep: int | None, tokenizer: str | os.PathLike | None = None,
-                 background: bool = True, log: Callable[[str], None] = print):
+                 background: bool = True, log: Callable[[str], None] = print, state_of: Callable | None = None):
         self.root, self.keep, self.tokenizer, self.background, self.log = Path(root), keep, tokenizer, background, log
+        self.state_of = state_of  # what of the model is saved: its state_dict, or (LoRA) its adapters
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._buffers: dict = {}  # CPU snapshot buffers, reused from one save to the next (one save in flight)
@@ -310,7 +312,7 @@ class AsyncCheckpointer:
         """Snapshot now, write in the background. Returns the seconds the caller was blocked."""
         self.wait()
         t0 = time.perf_counter()
-        args = (step, snapshot_model(model, self._buffers), snapshot_optimizer(optimizer, self._buffers),
+        args = (step, snapshot_model(model, self._buffers, self.state_of), snapshot_optimizer(optimizer, self._buffers),
                 copy.deepcopy(trainer_state),
                 optimizer_param_names(model, optimizer))
         if self.background:

@@ -214,17 +214,20 @@ class Trainer:
         self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
 
         torch.manual_seed(t.seed)  # the init is drawn on CPU: the same weights on every device and rank
+        self.init_record: dict | None = None  # what [init] from was, carried from checkpoint to checkpoint
         try:
-            self.model = MiniMindForCausalLM(cfg.model).to(self.device)
+            self.model = MiniMindForCausalLM(cfg.model)
+            if cfg.lora.enabled:
+                self.start_lora()
+            self.model.to(self.device)
             self.optimizer = build_optimizer(self.model, cfg, self.device)
         except ValueError as e:  # torch refusing a value of the config ("Invalid learning rate"): the same next time
             raise ConfigError([f"the model or its optimizer refused the config: {e}"], cfg.source) from e
         self.step, self.tokens_seen = 0, 0
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
-        self.init_record: dict | None = None  # what [init] from was, carried from checkpoint to checkpoint
         self.resume()
-        if self.resumed_from is None and cfg.init.from_:
+        if self.resumed_from is None and cfg.init.from_ and not cfg.lora.enabled:
             self.start_from_init()
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
@@ -232,7 +235,10 @@ class Trainer:
         # synced and what it is copying right now; the trainer neither prunes nor re-validates its checkpoints
         # (a read of every byte: 0.5 s per save of a 767 MB one). On its own it keeps the newest keep_local.
         keep = None if os.environ.get(RUN_DIR_ENV) else t.keep_local
-        self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_path)
+        from minilmd.trainer.model.lora import adapter_state_dict
+
+        self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_path,
+                                              state_of=adapter_state_dict if cfg.lora.enabled else None)
         self.loss_guard = LossGuard(self.device)
 
         self.autocast = self._autocast_context()
@@ -262,7 +268,7 @@ class Trainer:
         from minilmd.checkpoint import Expectation
 
         return Expectation(model=self.cfg.model_dict(), data_fingerprint=self.corpus.data_fingerprint,
-                           tokenizer_fingerprint=self.corpus.tokenizer_fingerprint)
+                           tokenizer_fingerprint=self.corpus.tokenizer_fingerprint, lora=self.cfg.lora_dict())
 
     def checkpoint_roots(self) -> list[Path]:
         roots = [self.cfg.checkpoint_dir]
@@ -286,14 +292,17 @@ class Trainer:
         if found[0] is None:
             return
         model_state, optimizer_state, state = ckpt_io.load(Path(found[0]))
-        self.model.load_state_dict(model_state, strict=True)
+        if self.cfg.lora.enabled:
+            self.resume_adapter(Path(found[0]), model_state, state.get("init"))
+        else:
+            self.model.load_state_dict(model_state, strict=True)
+            self.init_record = state.get("init")
         self.optimizer.load_state_dict(optimizer_state)
         if state.get("rng"):
             ckpt_io.restore_rng(state["rng"])
         self.step = self.step_base = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.rows_base = int(state.get("rows_seen", self.step * self.global_batch))
-        self.init_record = state.get("init")
         self.resumed_from = Path(found[0])
         if self.dist.is_main:
             old = state.get("global_batch")
@@ -310,6 +319,30 @@ class Trainer:
         self.model.load_state_dict(weights, strict=True)
         if self.dist.is_main:
             print(f"minilmd: initialised from {self.init_record['path']} ({self.init_record['kind']})", flush=True)
+
+    def start_lora(self) -> None:
+        """A LoRA run, at every start: the base init.from names, validated and fingerprinted anew, loaded and
+        frozen; then the adapters on it (drawn from the seeded RNG; a resume overwrites them)."""
+        from minilmd.trainer.checkpoint.init_weights import load_init
+        from minilmd.trainer.model.lora import apply_lora
+
+        weights, self.init_record = load_init(self.cfg)
+        self.model.load_state_dict(weights, strict=True)
+        n = apply_lora(self.model, self.cfg.lora)
+        if self.dist.is_main:
+            print(f"minilmd: LoRA rank {self.cfg.lora.rank} on {', '.join(self.cfg.lora.targets)}: {n:,} trainable "
+                  f"parameters on the frozen base {self.init_record['path']}", flush=True)
+
+    def resume_adapter(self, path: Path, adapter: dict, recorded_base: dict | None) -> None:
+        """A LoRA checkpoint resumes only on the base it was trained on: the one init.from names now must have the
+        fingerprint every checkpoint of this run records."""
+        from minilmd.init_source import describe, same_source
+        from minilmd.trainer.model.lora import load_adapter
+
+        if not same_source(recorded_base, self.init_record):
+            raise CheckpointMismatch(path, [f"its adapters were trained on the base {describe(recorded_base)}, but "
+                                            f"init.from now gives {describe(self.init_record)}"], "model")
+        load_adapter(self.model, adapter)
 
     def first_row(self, step: int) -> int:
         return self.rows_base + (step - self.step_base) * self.global_batch
