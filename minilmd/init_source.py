@@ -109,5 +109,6 @@ def describe(record: dict | None) -> str:
     if not record:
         return "nothing recorded"
     if record.get("kind") == "checkpoint":
-        return f"{record.get('path')} (step {record.get('step')}, manifest sha256 {str(record.get('manifest_sha256'))[:12]})"
+        sha = str(record.get("manifest_sha256"))[:12]
+        return f"{record.get('path')} (step {record.get('step')}, manifest sha256 {sha})"
     return f"{record.get('path')} (sha256 {str(record.get('sha256'))[:12]})"
