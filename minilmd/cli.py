@@ -248,6 +248,11 @@ def bench_checkpoint_command(
 # === end checkpoints ===
 
 # === weights: sample, export ===
+LORA_HELP = ("A LoRA run's checkpoint (or its root) to put on CHECKPOINT, which must be the base it was trained on. "
+             "A LoRA checkpoint given as CHECKPOINT brings its own recorded base.")
+NO_LORA_HELP = "With a LoRA checkpoint: the base alone, its adapters switched off."
+
+
 @app.command()
 def sample(
     checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
@@ -264,6 +269,8 @@ def sample(
     chat: bool = typer.Option(False, "--chat", help="Render --prompt as a user message with the model's chat "
                               "template and print only the reply (it stops at <|im_end|>)."),
     system: str = typer.Option("", "--system", help="With --chat: a system message before the prompt."),
+    lora: str = typer.Option("", "--lora", help=LORA_HELP),
+    no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
 ) -> None:
     """Generate text from a checkpoint with a KV cache."""
     from minilmd.trainer.model.export import ExportError
@@ -274,13 +281,13 @@ def sample(
             from minilmd.trainer.model.chat import ChatSession
 
             session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
-                                  seed)
+                                  seed, lora or None, no_lora)
             messages = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": prompt}]
             typer.echo(session.reply(messages))
             return
         text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
-                           seed, device)
+                           seed, device, lora or None, no_lora)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
         raise typer.Exit(1) from None
@@ -299,6 +306,8 @@ def chat_command(
                                   "chat template beside it (default: the checkpoint's, or the corpus's)."),
     seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    lora: str = typer.Option("", "--lora", help=LORA_HELP),
+    no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
 ) -> None:
     """Talk to a fine-tuned checkpoint: each line on stdin is a user message, each reply is printed on stdout
     (`/reset` starts over, `/exit` or end of input ends). The conversation is rendered by the model's own chat
@@ -310,7 +319,7 @@ def chat_command(
 
     try:
         session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
-                              seed)
+                              seed, lora or None, no_lora)
         converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt())
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd chat: {e}", err=True)
@@ -320,12 +329,15 @@ def chat_command(
 @app.command()
 def export(
     checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
-    format: str = typer.Option(..., "--format", help="minimind (a .pth for MiniMind's eval_llm.py) or hf "
-                                                     "(a Qwen3ForCausalLM directory)."),
+    format: str = typer.Option(..., "--format", help="minimind (a .pth for MiniMind's eval_llm.py), hf "
+                                                     "(a Qwen3ForCausalLM directory) or peft (a LoRA run's "
+                                                     "adapters as a PEFT adapter directory)."),
     out: str = typer.Option(..., "--out", help="FILE.pth for minimind, a new directory for hf."),
     tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json for hf (default: the checkpoint's, or "
                                                           "the prepared corpus's)."),
     dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
+    merge: bool = typer.Option(False, "--merge", help="A LoRA checkpoint with --format hf or minimind: the full "
+                               "weights, its adapters merged into its base."),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers."""
     from minilmd.trainer.model.export import (
@@ -338,14 +350,20 @@ def export(
 
     try:
         if format == "minimind":
-            path = export_minimind(checkpoint, out)
-            _, model_cfg, _ = read_checkpoint(checkpoint, validate=False)
+            path = export_minimind(checkpoint, out, merge)
+            _, model_cfg, _ = read_checkpoint(checkpoint, validate=False, merge=merge)
             typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg)}")
         elif format == "hf":
-            path = export_hf(checkpoint, out, tokenizer or None, dtype)
+            path = export_hf(checkpoint, out, tokenizer or None, dtype, merge)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
+        elif format == "peft":
+            from minilmd.trainer.model.adapter import export_peft
+
+            path = export_peft(checkpoint, out)
+            typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
+                       f"{str(path)!r})")
         else:
-            raise ExportError(f"--format {format!r}: use minimind or hf")
+            raise ExportError(f"--format {format!r}: use minimind, hf or peft")
     except ExportError as e:
         typer.echo(f"minilmd export: {e}", err=True)
         raise typer.Exit(1) from None
