@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from minilmd import names, protocol
+from minilmd.daemon.fitwatch import fit_lines
 from minilmd.daemon.runstate import fmt_time, process_alive, read_state
 from minilmd.daemon.states import SyncState
 from minilmd.fmt import fmt_duration
@@ -192,7 +193,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
-    print("\n".join(summary_lines(state, alive)), file=out)
+    print("\n".join(summary_lines(state, alive) + fit_lines(run_dir)), file=out)
     return 0
 
 

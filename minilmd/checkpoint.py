@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from minilmd.fsio import sha256_file, table_problems
-from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 from minilmd.names import (
+    BEST,
     LATEST,
     MANIFEST,
     MODEL_FILE,
@@ -50,6 +50,7 @@ from minilmd.names import (
     step_of,
     tmp_owner_pid,
 )
+from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -107,13 +108,18 @@ class Expectation:
 
 # --- finding -------------------------------------------------------------------------------------------------------
 
-def read_latest(root: str | os.PathLike) -> str | None:
-    """The directory name `LATEST` points to, or None when there is none yet."""
+def read_latest(root: str | os.PathLike, pointer: str = LATEST) -> str | None:
+    """The directory name `LATEST` (or another pointer file: BEST) points to, or None when there is none yet."""
     try:
-        name = (Path(root) / LATEST).read_text(encoding="utf-8").strip()
+        name = (Path(root) / pointer).read_text(encoding="utf-8").strip()
     except (FileNotFoundError, NotADirectoryError):
         return None
     return name or None
+
+
+def read_best(root: str | os.PathLike) -> str | None:
+    """The directory name `BEST` points to (the lowest val loss of an early_stop run), or None."""
+    return read_latest(root, BEST)
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -538,12 +544,16 @@ def _is_valid_cached(path: Path) -> tuple[bool, str]:
 
 def prune(root: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = (),
           log: Callable[[str], None] = print) -> list[Path]:
-    """Keep the newest `keep` (at least 1) valid checkpoints; delete the older ones, except `protect`ed ones.
+    """Keep the newest `keep` (at least 1) valid checkpoints; delete the older ones, except `protect`ed ones and
+    the one BEST names.
 
     Walks newest first; a damaged checkpoint met before `keep` valid ones were found is quarantined and does not
     count. So the newest valid checkpoint is never deleted. Returns the deleted directories."""
     root = Path(root)
     protected = {Path(p).resolve() for p in protect}
+    best = read_best(root)
+    if best:  # the best checkpoint by val loss stays as long as BEST names it
+        protected.add((root / best).resolve())
     keep = max(1, keep)
     kept, deleted = 0, []
     for path in reversed(list_checkpoints(root)):

@@ -168,6 +168,26 @@ class InitSection:
     again (the source may be deleted then). Empty: the seeded init."""
 
 
+@dataclass
+class EarlyStopSection:
+    patience: int = 0
+    """Stop (exit 0, saved and synced like a finished run) after this many validations in a row without a new best
+    val loss; 0: never stop early. Validation runs every train.eval_every steps and at each epoch's end."""
+    min_delta: float = 0.0
+    """A val loss counts as a new best only if it is below the best by more than this."""
+
+
+@dataclass
+class EvalSection:
+    probe: str = ""
+    """A prepared corpus of an earlier stage (its val split, e.g. the pretraining corpus): its loss is evaluated
+    with the val loss and shown by `status`, so that forgetting shows as the probe loss rising. Empty: none."""
+    warn_rising: int = 3
+    """`status` warns when the val loss rose this many validations in a row."""
+    warn_gap: float = 0.5
+    """`status` warns when the val loss exceeds the train loss of the same epoch by more than this."""
+
+
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The Linear layers of a MiniMind-3 block a LoRA adapter may wrap (the names of HF Qwen3 and PEFT's target_modules)."""
 
@@ -235,6 +255,8 @@ class RunConfig:
     train: TrainSection = field(default_factory=TrainSection)
     init: InitSection = field(default_factory=InitSection)
     lora: LoraSection = field(default_factory=LoraSection)
+    early_stop: EarlyStopSection = field(default_factory=EarlyStopSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     gpu: GpuSection = field(default_factory=GpuSection)
     sync: SyncSection = field(default_factory=SyncSection)
     restart: RestartSection = field(default_factory=RestartSection)
@@ -479,6 +501,10 @@ RANGES: dict[str, tuple[Range, str]] = {
     "lora.rank": (AT_LEAST_0, "0: no LoRA"),
     "lora.alpha": (ABOVE_0, ""),
     "lora.dropout": (Range(0, 1, high_open=True), ""),
+    "early_stop.patience": (AT_LEAST_0, "0: never stop early"),
+    "early_stop.min_delta": (AT_LEAST_0, ""),
+    "eval.warn_rising": (AT_LEAST_1, ""),
+    "eval.warn_gap": (AT_LEAST_0, ""),
     "gpu.count": (AT_LEAST_1, ""),
     "gpu.max_used_mib": (AT_LEAST_0, ""),
     "gpu.max_utilization": (Range(0, 100), "a percentage"),

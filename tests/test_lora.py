@@ -78,6 +78,16 @@ def test_adapter_shapes_are_the_models_and_only_adapters_train():
     assert torch.equal(model(ids).logits, before)
 
 
+def test_rank_8_on_all_targets_of_minimind_3_is_the_documented_figure():
+    """docs/training.md#lora and docs/formats.md: 958,464 adapter parameters against 63,912,192 (scripts/lora_size.py
+    measures the checkpoint)."""
+    from minilmd.config import ModelSection
+
+    m = ModelSection()
+    adapter = sum(math.prod(s) for s in expected_adapter_shapes(m, LoraSection(rank=8)).values())
+    assert (adapter, sum(math.prod(s) for s in expected_state_shapes(m).values())) == (958_464, 63_912_192)
+
+
 def test_lora_config_problems_are_reported_together(tmp_path):
     raw = {"run": {"name": "n", "dir": str(tmp_path / "run")}, "data": {"prepared": str(tmp_path / "p")},
            "train": {"max_steps": 1},

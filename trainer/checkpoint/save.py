@@ -193,6 +193,14 @@ def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state
     fsync_dir(root)
 
 
+def mark_best(root: str | os.PathLike, name: str) -> None:
+    """Point BEST at a published checkpoint (atomically, like LATEST)."""
+    from minilmd.names import BEST
+
+    atomic_write_text(Path(root) / BEST, name + "\n")
+    fsync_dir(Path(root))
+
+
 # --- reading (torch) ---------------------------------------------------------------------------------------------
 
 def load(ckpt_dir: str | os.PathLike, device: str = "cpu") -> tuple[dict, dict, dict]:
@@ -308,13 +316,14 @@ class AsyncCheckpointer:
         self.last_path: Path | None = None
         self.last_write_s: float = 0.0
 
-    def save(self, step: int, model, optimizer, trainer_state: dict) -> float:
-        """Snapshot now, write in the background. Returns the seconds the caller was blocked."""
+    def save(self, step: int, model, optimizer, trainer_state: dict, best: bool = False) -> float:
+        """Snapshot now, write in the background (then, with `best`, point BEST at it). Returns the seconds the
+        caller was blocked."""
         self.wait()
         t0 = time.perf_counter()
         args = (step, snapshot_model(model, self._buffers, self.state_of), snapshot_optimizer(optimizer, self._buffers),
                 copy.deepcopy(trainer_state),
-                optimizer_param_names(model, optimizer))
+                optimizer_param_names(model, optimizer), best)
         if self.background:
             self._thread = threading.Thread(target=self._write, args=args, name=f"checkpoint-{step}")
             self._thread.start()
@@ -323,11 +332,13 @@ class AsyncCheckpointer:
             self.wait()
         return time.perf_counter() - t0
 
-    def _write(self, step, model_state, optimizer_state, trainer_state, param_names) -> None:
+    def _write(self, step, model_state, optimizer_state, trainer_state, param_names, best=False) -> None:
         t0 = time.perf_counter()
         try:
             self.last_path = save(self.root, step, model_state, optimizer_state, trainer_state,
                                   tokenizer=self.tokenizer, param_names=param_names)
+            if best:
+                mark_best(self.root, self.last_path.name)
         except BaseException as e:  # noqa: BLE001 - handed to the loop by wait(), which raises it there
             self._error = e
         else:

@@ -21,6 +21,7 @@ from typing import Any
 from minilmd.fsio import publish_dir, publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
 from minilmd.names import (
+    BEST,
     CORPUS_TOKENIZER,
     LATEST,
     MODEL_FILE,
@@ -38,11 +39,13 @@ class ExportError(ValueError):
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint directory, or from a root: the one `LATEST` names, else the
-    newest `step-*` directory with a manifest."""
+    """A checkpoint directory from a checkpoint directory, from a pointer file (ROOT/LATEST, ROOT/BEST: the one it
+    names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest."""
     from minilmd.checkpoint import list_checkpoints, read_latest
 
     path = Path(path)
+    if path.name in (LATEST, BEST) and path.is_file():  # ROOT/BEST: the lowest val loss (early_stop)
+        path = path.parent / (read_latest(path.parent, path.name) or "")
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
     if not (path / MODEL_FILE).is_file():
