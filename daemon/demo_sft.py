@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from minilmd import scratch as scratchmod
 from minilmd.checkpoint import read_latest
 from minilmd.daemon import demo
 from minilmd.daemon.demo import minilmd, say
-from minilmd.names import TOKENIZER_CONFIG
+from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE
 
 CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
                  "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -77,7 +78,7 @@ hang_timeout = "2m"
 """
 
 
-def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 4) -> None:
+def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3) -> None:
     started = time.monotonic()
     demo.main(root, pretrain_steps)
     root_path = Path(root).resolve()
@@ -97,13 +98,13 @@ def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 4) -> 
         print(f"  {path}: {sum(1 for _ in open(path, encoding='utf-8')):,} conversations")
     tokenizer_dir = root_path / "sft-tokenizer"
     tokenizer_dir.mkdir()
-    (tokenizer_dir / "tokenizer.json").write_bytes((root_path / "tokenizer.json").read_bytes())
+    (tokenizer_dir / TOKENIZER_FILE).write_bytes((root_path / TOKENIZER_FILE).read_bytes())
     (tokenizer_dir / TOKENIZER_CONFIG).write_text(json.dumps(
         {"chat_template": CHAT_TEMPLATE, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
          "pad_token": "<|endoftext|>"}, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     print(f"  the demo tokenizer with a ChatML template: {tokenizer_dir}")
     minilmd("prepare", *chats, "--tokenizer", str(tokenizer_dir), "--format", "chat", "--out",
-            str(root_path / "sft-prepared"), "--seq-len", "128", "--batch-size", "16")
+            str(root_path / "sft-prepared"), "--seq-len", "128", "--batch-size", "16", "--val-fraction", "0.02")
 
     say("7. Fine-tuning under the supervisor from the pretrained model; a SIGKILL hits the trainer at step 60")
     config = root_path / "demo-sft.toml"
@@ -117,10 +118,11 @@ def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 4) -> 
     minilmd("verify", str(root_path / "nfs-sft" / latest))
 
     say("8. Talking to the fine-tuned model (each line on stdin is a user message)")
-    question = "你好"
-    print(f"$ echo {question} | minilmd chat {root_path / 'nfs-sft'} --seed 0 --temperature 0.7", flush=True)
-    answered = subprocess.run([sys.executable, "-m", "minilmd.cli", "chat", str(root_path / "nfs-sft"), "--seed", "0",
-                               "--temperature", "0.7", "--max-new-tokens", "60"], input=question + "\n", text=True)
+    questions = ["你好", "Hello, how are you?"]  # one conversation of two turns
+    chat = ["chat", str(root_path / "nfs-sft"), "--seed", "0", "--temperature", "0.7", "--max-new-tokens", "60"]
+    print(f"$ printf '%s\\n' {' '.join(shlex.quote(q) for q in questions)} | minilmd {shlex.join(chat)}", flush=True)
+    answered = subprocess.run([sys.executable, "-m", "minilmd.cli", *chat], input="".join(q + "\n" for q in questions),
+                              text=True)
     if answered.returncode != 0:
         sys.exit(f"demo: `minilmd chat` failed with exit status {answered.returncode}")
     print(f"\ndemo-sft finished in {time.monotonic() - started:.0f} s; everything is under {root_path}/ "
