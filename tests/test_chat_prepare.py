@@ -152,6 +152,7 @@ def test_long_conversations_are_cut_or_dropped_and_those_without_targets_left_ar
     assert meta["chat"]["cut"] == 1 and meta["chat"]["dropped_no_target"] == 1 and meta["chat"]["dropped_long"] == 0
     cut_mask = np.asarray(pc.train.document_mask(1))
     assert _runs(cut_mask)[-1][1] == seq_len  # a run of targets that reaches the cut, not ending in EOS
+    _prepare([src], chat_tokenizer, tmp_path / "cut", seq_len=seq_len, force=True)  # --force: its own files only
     meta = _prepare([src], chat_tokenizer, tmp_path / "drop", seq_len=seq_len, on_long="drop")
     assert meta["chat"]["dropped_long"] == 2 and meta["chat"]["cut"] == 0
     assert open_prepared(tmp_path / "drop").train.n_docs == 1
@@ -220,3 +221,21 @@ def test_staging_copies_and_verifies_the_mask_and_the_template(chat_corpus, tmp_
     assert (staged / "tokenizer_config.json").is_file() and verify_staged(staged) == []
     (staged / "val" / "loss_mask.bin").write_bytes(b"")
     assert any("loss_mask.bin" in p for p in verify_staged(staged, full_hash=False))
+
+
+def test_demo_corpus_chat_writes_alternating_dialogs_that_end_with_a_reply(tmp_path, chat_jsonl):
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    got = CliRunner().invoke(app, ["demo-corpus", "--chat", str(tmp_path), "--max-docs", "40"])
+    assert got.exit_code == 0, got.output
+    paths = sorted(tmp_path.glob("chat_*.jsonl"))
+    assert [p.name for p in paths] == ["chat_chinese.jsonl", "chat_english.jsonl"]
+    conversations = read_conversations(paths)
+    assert len(conversations) == 80
+    whole = read_conversations(chat_jsonl)
+    assert sum(len(c) > 2 for c in whole) >= 10  # multi-turn dialogs, odd ones cut to end with a reply
+    for c in conversations + whole:
+        assert [m["role"] for m in c] == ["user", "assistant"] * (len(c) // 2) and len(c) % 2 == 0
+        assert all(isinstance(m["content"], str) and m["content"] for m in c)
