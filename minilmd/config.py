@@ -161,8 +161,10 @@ class TrainSection:
 @dataclass
 class InitSection:
     from_: str = ""
-    """TOML key `from`. Where a fresh run takes its weights instead of the seeded init: a checkpoint directory
-    (step-XXXXXXXX/), a run's checkpoint root or remote (the checkpoint its LATEST names), or a MiniMind .pth. The
+    """TOML key `from`. Where a fresh run takes its weights instead of the seeded init: another run's config file or
+    run directory (its final synced checkpoint, once it has finished: the supervisor waits in waiting_init, and stops
+    with exit 2 if that run failed), a checkpoint directory (step-XXXXXXXX/), a run's checkpoint root or remote (the
+    checkpoint its LATEST names), or a MiniMind .pth. The
     optimizer starts fresh at step 0; the source's fingerprint is recorded in every checkpoint of this run. Its
     model config must be this run's. Read once: a run that has a checkpoint resumes from it and never reads this
     again (the source may be deleted then). Empty: the seeded init."""
@@ -720,7 +722,7 @@ def _check_init(cfg: RunConfig) -> list[str]:
     scratch or on a local remote): that run resumes and never reads init.from again. A supervised trainer looks at
     scratch only (it never touches the remote; staging has fetched the remote's newest checkpoint into scratch)."""
     from minilmd.checkpoint import list_checkpoints
-    from minilmd.init_source import InitSourceError, model_problems
+    from minilmd.init_source import InitSourceError, model_problems, predecessor, predecessor_outcome
 
     roots = [cfg.checkpoint_dir]
     if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
@@ -728,6 +730,9 @@ def _check_init(cfg: RunConfig) -> list[str]:
     if any(list_checkpoints(root) for root in roots):
         return []
     try:
+        pred = predecessor(cfg.init.from_)
+        if pred is not None and predecessor_outcome(pred)[0] == "waiting":
+            return []  # the supervisor waits for it (waiting_init); its final checkpoint is checked then
         return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict())]
     except InitSourceError as e:
         return [f"init.from = {cfg.init.from_!r}: {e}"]
