@@ -394,6 +394,10 @@ def run_command(
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
+        from minilmd.update_share import share_lines
+
+        for line in share_lines(cfg):
+            typer.echo(line)
         raise typer.Exit(0)
     from minilmd.daemon.supervisor import run_supervisor
 

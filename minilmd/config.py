@@ -188,6 +188,9 @@ class EvalSection:
     """`status` warns when the val loss rose this many validations in a row."""
     warn_gap: float = 0.5
     """`status` warns when the val loss exceeds the train loss of the same epoch by more than this."""
+    update_share_warn: float = 0.1
+    """`run --check` warns when this run's sample updates exceed this share of those of the run init.from comes
+    from (the seed's style SFT took 0.24 and erased the base's abilities)."""
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -507,6 +510,7 @@ RANGES: dict[str, tuple[Range, str]] = {
     "early_stop.min_delta": (AT_LEAST_0, ""),
     "eval.warn_rising": (AT_LEAST_1, ""),
     "eval.warn_gap": (AT_LEAST_0, ""),
+    "eval.update_share_warn": (AT_LEAST_0, ""),
     "gpu.count": (AT_LEAST_1, ""),
     "gpu.max_used_mib": (AT_LEAST_0, ""),
     "gpu.max_utilization": (Range(0, 100), "a percentage"),

@@ -88,6 +88,8 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_META = "optimizer.json"
 TRAINER_STATE = "trainer_state.json"
 TOKENIZER_FILE = "tokenizer.json"  # a checkpoint's copy of the run's tokenizer, and the prepared corpus's own
+PEFT_WEIGHTS = "adapter_model.safetensors"  # `export --format peft`: the adapters under PEFT's key names
+PEFT_CONFIG = "adapter_config.json"  # `export --format peft`: PEFT's LoraConfig fields
 
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _TMP_DIR = re.compile(r"^\.tmp-.*-(\d+)$")

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import tree_digest
 from minilmd import checkpoint
 from minilmd.config import ConfigError, LoraSection, config_from_dict, load_config
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
@@ -101,6 +100,15 @@ def test_lora_config_problems_are_reported_together(tmp_path):
     raw["lora"] = {"rank": 4, "targets": "q_proj"}
     with pytest.raises(ConfigError, match=r"lora\.targets = 'q_proj': expected a list of str"):
         config_from_dict(raw, check_paths=False)
+
+
+def tree_digest(root) -> str:
+    """sha256 over every file's relative path and bytes under root (the base must be read, never written)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(root)).encode() + p.read_bytes())
+    return h.hexdigest()
 
 
 def _file_sha(path) -> str:

@@ -18,12 +18,10 @@ from typing import Any
 
 from minilmd.checkpoint import saved_lora
 from minilmd.fsio import publish_dir
-from minilmd.names import TRAINER_STATE, export_tmp_name
+from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE, export_tmp_name
 
 PEFT_PREFIX = "base_model.model."
 """What PeftModel puts before the wrapped model's own parameter names in a saved adapter."""
-PEFT_WEIGHTS = "adapter_model.safetensors"
-PEFT_CONFIG = "adapter_config.json"
 
 
 def lora_state(path: str | Path) -> dict | None:
