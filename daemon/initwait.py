@@ -78,7 +78,7 @@ class InitWaiter:
 def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:
     """The chain of init.from behind this run's newest checkpoint: each step's source, its step and fingerprint,
     read from the trainer_state.json of each checkpoint in turn (as far as they can be read)."""
-    chain = []
+    chain: list[str] = []
     found = list_checkpoints(checkpoint_dir)
     path: Path | None = found[-1] if found else None
     while path is not None and len(chain) < limit:

@@ -14,6 +14,7 @@ the base keys of the state dict are the base checkpoint's, and the adapter keys 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,13 @@ ADAPTER_PARTS = (".lora_A.", ".lora_B.")
 class LoraLinear(nn.Module):
     """A frozen Linear (no bias, as every MiniMind projection) plus the bypass B A scaled by alpha / rank."""
 
+    weight: nn.Parameter
+    lora_A: nn.Linear
+    lora_B: nn.Linear
+    lora_dropout: nn.Module
+    scaling: float
+    active: bool
+
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
         super().__init__()
         if base.bias is not None:
@@ -38,7 +46,7 @@ class LoraLinear(nn.Module):
         like = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.lora_A = nn.Linear(self.in_features, rank, bias=False, **like)
         self.lora_B = nn.Linear(rank, self.out_features, bias=False, **like)
-        self.lora_dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.scaling = alpha / rank
         self.active = True
         """False: the base alone (`minilmd sample --no-lora`, or set_active)."""
@@ -57,7 +65,7 @@ class LoraLinear(nn.Module):
         return self.weight + (self.lora_B.weight @ self.lora_A.weight) * self.scaling
 
 
-def target_layers(model: nn.Module, targets: list[str]) -> list[tuple[nn.Module, str]]:
+def target_layers(model: Any, targets: list[str]) -> list[tuple[nn.Module, str]]:
     """(parent module, attribute) of every target Linear, block by block, in TARGET_MODULES order."""
     found = []
     for block in model.model.layers:
