@@ -24,6 +24,12 @@ class Infra:
             return nvml
         return gpu.GpuAdmission(nvml, cfg.gpu, run_name=cfg.run.name)
 
+    def open_nvml(self):
+        """The bare NVML backend (Slurm's allocated cards are only checked, never leased), or why there is none."""
+        from minilmd.daemon import gpu
+
+        return gpu.open_nvml_or_reason()
+
     def stage(self, cfg: RunConfig, progress, log) -> Path:
         from minilmd.daemon import staging
 

@@ -36,11 +36,13 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon import child as childmod
-from minilmd.daemon import initwait, trainerwatch
+from minilmd.daemon import initwait, orphans, registry, trainerwatch
+from minilmd.daemon import slurm as slurmjob
 from minilmd.daemon.child import Child, Death
 from minilmd.daemon.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.policy import Decision, backoff_seconds, decide
+from minilmd.daemon.prometheus import Textfile
 from minilmd.daemon.rundirwatch import RunDirWatch, full_at_start
 from minilmd.daemon.runstate import (
     EventLog,
@@ -72,6 +74,7 @@ class Signals:
 
     stop: int = 0  # count of SIGTERM/SIGINT received
     hup: bool = False
+    usr1: bool = False  # Slurm's --signal warning: preemption or the time limit is near (daemon/slurm.py)
 
     def install(self) -> None:
         def on_stop(signum, frame):
@@ -80,9 +83,13 @@ class Signals:
         def on_hup(signum, frame):
             self.hup = True
 
+        def on_usr1(signum, frame):
+            self.usr1 = True
+
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
+        signal.signal(signal.SIGUSR1, on_usr1)
 
 
 class Supervisor:
@@ -106,6 +113,7 @@ class Supervisor:
         self.attempt = 0
         self.backoff_until = 0.0
         self.after_backoff = Phase.STARTING
+        self.last_cause: Cause | None = None
         # run() sets up, once the run directory is ours: events, metrics, state, room, inbox, gpu, staging, sync, space
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
@@ -176,12 +184,16 @@ class Supervisor:
         self.state["sync"]["state"] = SyncState.IDLE if self.cfg.run.remote else SyncState.OFF
         emit = self.events.emit
         self.inbox = Inbox(emit)  # messages from the worker threads, emitted by the loop
-        self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit)
+        self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit,
+                             own_pids=lambda: orphans.find_orphans(self.run_dir))
         self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox)
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
                                      self.rng)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
         self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
+        self.textfile = Textfile(self.cfg.log.prometheus_textfile, self.state, emit)  # [log] prometheus_textfile
+        registry.register_quietly(self.cfg.run.name, self.run_dir, self.config_path, emit)  # for `status --all`
+        self.slurm = slurmjob.for_supervisor(self.state, emit)  # None outside a Slurm job
 
     def _adopt_previous_state(self) -> None:
         self.state.adopt(read_state(self.run_dir))
@@ -211,8 +223,11 @@ class Supervisor:
             self.sync.make_room()  # before the trainer's next save needs it
         self.notifier.watchdog()
         self.room.tick(self.phase)  # state.json when due; says once that run.dir is full, once that it has room
+        self.textfile.tick(self.phase)
 
     def _handle_signals(self) -> None:
+        if self.signals.usr1 or (self.signals.stop and self.slurm):
+            slurmjob.on_signal(self.slurm, self.signals, self.events.emit)  # a preemption: a stop, then a requeue
         if self.signals.hup:
             self.signals.hup = False
             self.events.reopen()
@@ -251,7 +266,8 @@ class Supervisor:
             self._go(Phase.WAITING_GPU, f"init.from is ready: {why}" if why else "init.from is ready")
 
     def _tick_waiting(self) -> None:
-        outcome = self.gpu.tick()
+        outcome = self.slurm.gpu_outcome(self.cfg.train.device, self.infra.open_nvml) if self.slurm \
+            else self.gpu.tick()
         if isinstance(outcome, GpuUnavailable):
             self._fail(outcome.exit_status, outcome.error)
         elif outcome is not None:
@@ -284,12 +300,16 @@ class Supervisor:
             self._enter_stopping(self.room.stop(f"attempt {self.attempt + 1} cannot start"))
             return
         self.attempt += 1
+        nproc, devices = (self.slurm.nproc, self.slurm.devices_env) if self.slurm else \
+            (self.gpu.nproc, self.gpu.devices_env)
         command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, self.state["overrides"],
-                                               self.cli_overrides, self.gpu.nproc)
+                                               self.cli_overrides, nproc)
+        if self.slurm:
+            command = self.slurm.command(command, self.attempt, self.cfg, self.staging.staged)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)
         (self.run_dir / names.FAULT).unlink(missing_ok=True)
         try:
-            self.child = self.infra.launch(command, self.run_dir, self.attempt, self.gpu.devices_env)
+            self.child = self.infra.launch(command, self.run_dir, self.attempt, devices)
         except OSError as e:
             if not is_disk_full(e):
                 raise
@@ -323,6 +343,7 @@ class Supervisor:
         assert child is not None  # it has just ended
         self._read_progress()
         death = childmod.classify(child, rc, self.run_dir, self.stop_requested)
+        self.last_cause = death.cause
         self.child = None
         self.state["child"] = None
         made_progress = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1) > child.newest_at_launch
@@ -428,7 +449,8 @@ class Supervisor:
             return
         if self.child is not None and self.child.poll() is None:
             self.child.stop_sent = now()
-            self.child.signal_group(signal.SIGTERM)
+            if not (self.slurm and self.slurm.stop_step(self.child.command)):  # srun: its step is signalled
+                self.child.signal_group(signal.SIGTERM)
             reason += f"; SIGTERM sent to trainer pid {self.child.pid}"
         self._go(Phase.STOPPING, reason)
 
@@ -457,6 +479,11 @@ class Supervisor:
 
     def _finish(self, sync_problem: str) -> None:
         kept = f"the checkpoint stays in {self.cfg.checkpoint_dir}"
+        if self.slurm:
+            self.slurm.finishing(self.cfg, sync_problem)  # frees this job's node scratch once the remote has it
+            if self.slurm.preempted_by:
+                self._finish_preempted(sync_problem)
+                return
         if self.stop_requested:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
@@ -469,6 +496,21 @@ class Supervisor:
         else:
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
                                                          else ""))
+
+    def _finish_preempted(self, sync_problem: str) -> None:
+        """Slurm preempted the job: state.json says so first, then `scontrol requeue` (which ends this job). The
+        step it names is the synced one, where the requeued job resumes."""
+        assert self.slurm is not None  # only a Slurm job is preempted
+        resumes_at = (self.state["remote_checkpoint"] or {}).get("step", self.state["progress"]["step"])
+        reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at, sync_problem)
+        if problem:
+            self._fail(1, problem)
+            return
+        self._go(Phase.DONE, reason)
+        if requeue and (problem := self.slurm.requeue()) is not None:
+            self.exit_status = 1
+            self.state.record_error(problem)
+            self.state.save()
 
     def _read_progress(self) -> None:
         self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
@@ -487,6 +529,7 @@ class Supervisor:
         self.state["outcome"] = {"exit": self.exit_status, "phase": self.phase, "time": now(),
                                  "reason": self.state["reason"]}
         self.state.save()
+        self.textfile.close(self.phase)
         self.events.emit("exit", f"supervisor exits with status {self.exit_status} ({self.phase})",
                          exit=self.exit_status)
         self.events.close()

@@ -3,8 +3,9 @@
 Two runs sharing one scratch would stage over each other's corpus and prune each other's checkpoints; a directory
 another user made first, or a symbolic link put where scratch goes, would receive a run's files or refuse them at
 launch. So:
-- the default `run.scratch` is `/dev/shm/minilmd-<uid>/<run.name>`: the per-user root and the scratch in it are
-  created 0700, and each must be a real directory (not a symbolic link) owned by this user;
+- the default `run.scratch` is `/dev/shm/minilmd-<uid>/<run.name>` (in a Slurm job `<$TMPDIR or /dev/shm>/minilmd-
+  <uid>/<run.name>-slurm<job id>`): the per-user root and the scratch in it are created 0700, and each must be a
+  real directory (not a symbolic link) owned by this user;
 - a scratch carries `owner.json` (names.SCRATCH_OWNER) naming the run directory it belongs to; any other run
   (another `run.dir` with the same `run.name`, a copied config, another user) is refused with the name of the
   owner: at `minilmd run --check`, at launch and by `minilmd train` (exit 2, final);
@@ -24,7 +25,14 @@ import socket
 import stat
 from pathlib import Path
 
-from minilmd.names import SCRATCH_BASE, SCRATCH_BASE_ENV, SCRATCH_OWNER, atomic_tmp_prefix, default_scratch
+from minilmd.names import (
+    SCRATCH_BASE,
+    SCRATCH_BASE_ENV,
+    SCRATCH_OWNER,
+    SLURM_JOB_ENV,
+    atomic_tmp_prefix,
+    default_scratch,
+)
 
 PRIVATE = 0o700
 
@@ -38,13 +46,20 @@ class ScratchRefused(ValueError):
 
 
 def base() -> str:
-    """Where the per-user roots go: /dev/shm (tests point it elsewhere)."""
-    return os.environ.get(SCRATCH_BASE_ENV) or SCRATCH_BASE
+    """Where the per-user roots go: /dev/shm, in a Slurm job the node's $TMPDIR if set (tests point it elsewhere)."""
+    if os.environ.get(SCRATCH_BASE_ENV):
+        return os.environ[SCRATCH_BASE_ENV]
+    if os.environ.get(SLURM_JOB_ENV) and os.environ.get("TMPDIR"):
+        return os.environ["TMPDIR"].rstrip("/") or SCRATCH_BASE
+    return SCRATCH_BASE
 
 
 def default_path(run_name: str, uid: int | None = None) -> Path:
-    """The default run.scratch of this user (or of `uid`)."""
-    return Path(default_scratch(os.geteuid() if uid is None else uid, run_name, base()))
+    """The default run.scratch of this user (or of `uid`); in a Slurm job one per job, `<run.name>-slurm<job id>`:
+    a node's scratch is the job's alone (daemon/slurm.py removes it once the remote holds the last checkpoint)."""
+    job = os.environ.get(SLURM_JOB_ENV, "")
+    name = f"{run_name}-slurm{job}" if job.isdigit() else run_name
+    return Path(default_scratch(os.geteuid() if uid is None else uid, name, base()))
 
 
 def _user(uid: int) -> str:

@@ -1,0 +1,151 @@
+"""minilmd as a Slurm job, on a real one-node Slurm started for the session (tests/slurm_cluster.py), each run
+ending with the same weights, bit for bit, as conftest's undisturbed run of the same config:
+- submitted with `sbatch deploy/slurm/minilmd.sbatch`, preempted mid-training twice, the first time with the
+  time-limit warning (`scancel --batch --signal=USR1`, what `#SBATCH --signal=B:USR1@300` sends), the second time
+  by an admin's `scontrol requeue`; it resumes each time from the remote (the job's node scratch is removed when
+  it is requeued);
+- submitted with `sbatch --nodes=1 deploy/slurm/minilmd-multinode.sbatch`: every attempt is an srun step (the node
+  step stages the corpus, then one torchrun with the c10d rendezvous on the first node); a rank SIGKILLed in it
+  ends the step, the supervisor classifies the death through srun as on one server and relaunches the step.
+
+Where this machine cannot run Slurm (not root, slurm-wlm or munge missing), the tests skip and say why.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import slurm_cluster
+from minilmd import checkpoint
+from minilmd.config import load_config
+from supervisor_helpers import cli, env_for, events, state, wait_for
+
+pytestmark = pytest.mark.slow
+SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
+MULTINODE_SBATCH = SBATCH.with_name("minilmd-multinode.sbatch")
+SLOW_STEPS = {"train": {"eval_every": 1}, "data": {"val_windows": 256}}
+"""An evaluation after every step: a run slow enough to be preempted mid-way on a fast machine; evaluation reads
+only the validation split and draws no random numbers, so the weights are those of the undisturbed run."""
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    if isinstance(cluster, str):
+        print(f"\nSlurm tests skipped: {cluster}")
+        pytest.skip(cluster)
+    print(f"\nlocal Slurm up in {cluster.setup_s:.1f}s (node {cluster.node}, {cluster.conf})")
+    yield cluster
+    cluster.stop()
+
+
+def model_sha(ckpt: Path) -> str:
+    return json.loads((ckpt / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
+
+
+def submit(slurm, script: Path, config: Path, tmp: Path, *options: str, **extra_env: str) -> str:
+    env = slurm.env(**{k: v for k, v in env_for(fake=False, **extra_env).items() if not k.startswith("SLURM_")})
+    env.pop("MINILMD_SCRATCH_BASE", None)
+    env["TMPDIR"] = str(tmp / "node-tmp")  # the node's local scratch, as a cluster's prolog would set it
+    env["MINILMD"] = str(Path(sys.executable).with_name("minilmd"))
+    (tmp / "node-tmp").mkdir()
+    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp}", f"--output={tmp / 'job.out'}", *options,
+                          str(script), str(config)], capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def beating_in_start(run_dir: Path, job: str, restart: int) -> bool:
+    """Whether the trainer of the job's start number `restart` has written its heartbeat (at once, not at the
+    supervisor's next state.json)."""
+    st = state(run_dir)
+    slurm = st.get("slurm") or {}
+    if slurm.get("job_id") != job or slurm.get("restart_count") != restart or not st.get("child"):
+        return False
+    beat = run_dir / "heartbeat"
+    return beat.exists() and beat.stat().st_mtime >= st["child"]["started"]
+
+
+def wait_requeued(slurm, job: str, restarts: int) -> None:
+    """Until Slurm holds the job pending after its requeue; then start it now (Slurm delays a requeued job by
+    two minutes)."""
+    wait_for(lambda: slurm.job_field(job, "JobState") == "PENDING" and slurm.job_field(job, "Restarts") ==
+             str(restarts), 90, f"job {job} pending after requeue {restarts}")
+    slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
+
+
+def test_slurm_job_scripts_are_accepted_by_sbatch(slurm, tmp_path):
+    # the multi-node script asks for 2 nodes, which this 1-node cluster cannot give: --nodes=1 as the test below
+    for script, options in ((SBATCH, []), (MULTINODE_SBATCH, ["--nodes=1"])):
+        out = subprocess.run(["sbatch", "--test-only", f"--chdir={tmp_path}", *options, str(script), "run.toml"],
+                             capture_output=True, text=True, env=slurm.env(), timeout=30)
+        assert out.returncode == 0 and "to start at" in out.stdout + out.stderr, out.stdout + out.stderr
+    for name in (SBATCH, MULTINODE_SBATCH):
+        text = name.read_text()
+        for directive in ("--signal=B:USR1@300", "--requeue", "--open-mode=append"):
+            assert f"#SBATCH {directive}" in text, (name, directive)
+        assert 'exec "${MINILMD:-minilmd}" run "$config"' in text
+
+
+def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_weights(tmp_path, undisturbed, slurm):
+    straight = undisturbed()
+    config = straight.config_like(tmp_path, "sl", remote=True, run={"scratch": ""}, **SLOW_STEPS)
+    cfg = load_config(config)
+    # the multi-node script on one node: every attempt an srun step; sigkill@15 fires after both preemptions
+    job = submit(slurm, MULTINODE_SBATCH, config, tmp_path, "--nodes=1", MINILMD_FAULT="sigkill@15")
+    try:
+        # 1. the time-limit warning: save, sync, requeue itself
+        wait_for(lambda: beating_in_start(cfg.run_dir, job, 0), 120, "training in the first start")
+        slurm.run("scancel", "--batch", "--signal=USR1", job)
+        wait_for(lambda: state(cfg.run_dir).get("outcome") and state(cfg.run_dir)["phase"] == "done", 90,
+                 "the first start's end")
+        first = state(cfg.run_dir)
+        preempted_at = first["slurm"]["preempted_at_step"]
+        assert first["reason"] == f"requeued by Slurm (preempted at step {preempted_at})"
+        assert 0 < preempted_at < 15 and first["slurm"]["requeued"] and first["outcome"]["exit"] == 0
+        wait_requeued(slurm, job, 1)
+        status = cli("status", str(cfg.run_dir), SLURM_CONF=str(slurm.conf))  # as on a login node
+        print(status.stdout)
+        assert f"why: requeued by Slurm (preempted at step {preempted_at})" in status.stdout, status.stdout
+        assert f"Slurm job {job} on 1 node(s) {slurm.node}: PENDING (now)" in status.stdout, status.stdout
+        # 2. an admin requeues the running job: Slurm's SIGTERM; the job is not requeued a second time by itself
+        wait_for(lambda: beating_in_start(cfg.run_dir, job, 1), 120, "training in the second start")
+        slurm.run("scontrol", "requeue", job)
+        wait_requeued(slurm, job, 2)
+        second = state(cfg.run_dir)
+        # Slurm's SIGTERM reaches srun too, which SIGKILLs its tasks: the step resumes from the last synced one
+        assert preempted_at <= second["slurm"]["preempted_at_step"] < 15, second["slurm"]
+        assert "requeued by Slurm" in second["reason"] and second["restarts"] == []
+        # 3. the third start: a rank SIGKILLed at step 15 ends the srun step; relaunched, it ends the budget
+        wait_for(lambda: slurm.job_field(job, "JobState") == "COMPLETED", 180, "the job's completion")
+    finally:
+        slurm.run("scancel", job, check=False)
+        print((tmp_path / "job.out").read_text(errors="replace")[-3000:] if (tmp_path / "job.out").exists() else "")
+    final = state(cfg.run_dir)
+    assert final["phase"] == "done" and final["outcome"]["exit"] == 0, final["reason"]
+    assert final["slurm"]["restart_count"] == 2 and not final["slurm"]["requeued"]
+    # the SIGKILL seen through srun and torchrun, classified as on one server, and the step relaunched
+    assert [(r["cause"], r["action"]) for r in final["restarts"]] == [("killed", "restart")], final["restarts"]
+    logs = sorted((cfg.run_dir / "logs").iterdir())
+    header = logs[0].read_text().splitlines()[0]
+    assert header.startswith("# attempt 1: srun --nodes 1") and "--rdzv-backend c10d" in header, header
+    assert f"--rdzv-endpoint {slurm.node}:" in header and "--kill-on-bad-exit=1" in header, header
+    assert f"minilmd node {slurm.node}: corpus at" in logs[0].read_text()
+    assert "resumed from" in logs[-1].read_text()
+    starts = [line for line in (tmp_path / "job.out").read_text().splitlines() if line.startswith("minilmd-")]
+    assert len(starts) == 3, starts
+    # each start found its node scratch empty and fetched the newest checkpoint from the remote
+    fetched = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "fetch" and "fetched" in e["message"]]
+    assert len(fetched) == 2, [e.get("message") for e in events(cfg.run_dir) if e.get("event") == "fetch"]
+    node_scratch = tmp_path / "node-tmp" / f"minilmd-{os.geteuid()}" / f"sl-slurm{job}"
+    assert any(str(node_scratch) in m for m in fetched), fetched
+    assert not node_scratch.exists()  # removed at the end, the remote holding the last checkpoint
+    remote = Path(cfg.run.remote)
+    assert checkpoint.read_latest(remote) == "step-00000016"
+    assert model_sha(remote / "step-00000016") == model_sha(straight.checkpoint)
+
