@@ -64,7 +64,8 @@ class Infra:
             data_fp, tok_fp = corpus.data_fingerprint, corpus.tokenizer_fingerprint
         except Exception:  # noqa: BLE001 - fingerprints are an extra check; the trainer refuses bad data itself
             pass
-        return checkpoint.Expectation(model=cfg.model_dict(), data_fingerprint=data_fp, tokenizer_fingerprint=tok_fp)
+        return checkpoint.Expectation(model=cfg.model_dict(), data_fingerprint=data_fp, tokenizer_fingerprint=tok_fp,
+                                      lora=cfg.lora_dict())
 
     def syncer(self, cfg: RunConfig, expected, log):
         from minilmd.daemon import sync

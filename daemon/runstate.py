@@ -116,6 +116,7 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
         "child": None,
         "devices": [],
         "gpu_wait": None,
+        "init_wait": None,
         "space_wait": None,
         "progress": {"step": None, "total_steps": None, "loss": None, "val_loss": None, "lr": None,
                      "tok_s": None, "tokens_seen": None, "eta_s": None, "heartbeat": None, "updated": None},

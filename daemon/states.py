@@ -20,6 +20,7 @@ class Named(str, Enum):
 
 
 class Phase(Named):
+    WAITING_INIT = "waiting_init"  # init.from names another run that has not finished: polling its state.json
     WAITING_GPU = "waiting_gpu"  # polling NVML until enough devices look free for stable_polls polls
     STAGING = "staging"  # copying/verifying the prepared corpus into scratch (and fetching a remote checkpoint)
     STARTING = "starting"  # the trainer is launched; no heartbeat from it yet
@@ -35,6 +36,7 @@ FINAL_PHASES = frozenset({Phase.DONE, Phase.FAILED})
 
 # Every allowed transition and the name it is logged under. STOPPING and FAILED are reachable from every live phase.
 TRANSITIONS: dict[tuple[Phase, Phase], str] = {
+    (Phase.WAITING_INIT, Phase.WAITING_GPU): "init_ready",
     (Phase.WAITING_GPU, Phase.STAGING): "gpu_ready",
     (Phase.STAGING, Phase.STARTING): "staged",
     (Phase.STAGING, Phase.BACKOFF): "staging_failed",
@@ -50,7 +52,8 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (Phase.WAITING_SPACE, Phase.STAGING): "restage",
     (Phase.STOPPING, Phase.DONE): "stopped",
 }
-for _live in (Phase.WAITING_GPU, Phase.STAGING, Phase.STARTING, Phase.TRAINING, Phase.BACKOFF, Phase.WAITING_SPACE):
+for _live in (Phase.WAITING_INIT, Phase.WAITING_GPU, Phase.STAGING, Phase.STARTING, Phase.TRAINING, Phase.BACKOFF,
+              Phase.WAITING_SPACE):
     TRANSITIONS[(_live, Phase.STOPPING)] = "stopping"
     TRANSITIONS[(_live, Phase.FAILED)] = "gave_up"
 TRANSITIONS[(Phase.STOPPING, Phase.FAILED)] = "gave_up"

@@ -36,7 +36,7 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon import child as childmod
-from minilmd.daemon import orphans, registry, trainerwatch
+from minilmd.daemon import initwait, orphans, registry, trainerwatch
 from minilmd.daemon import slurm as slurmjob
 from minilmd.daemon.child import Child, Death
 from minilmd.daemon.gpuwait import GpuUnavailable, GpuWaiter
@@ -142,6 +142,8 @@ class Supervisor:
         try:
             self.signals.install()
             self._adopt_previous_state()
+            if initwait.must_wait(self.cfg):  # init.from names a run that has not finished: wait for it first
+                self.phase = self.state["phase"] = Phase.WAITING_INIT
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
@@ -188,6 +190,7 @@ class Supervisor:
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
                                      self.rng)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
+        self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
         self.textfile = Textfile(self.cfg.log.prometheus_textfile, self.state, emit)  # [log] prometheus_textfile
         registry.register_quietly(self.cfg.run.name, self.run_dir, self.config_path, emit)  # for `status --all`
         self.slurm = slurmjob.for_supervisor(self.state, emit)  # None outside a Slurm job
@@ -202,6 +205,7 @@ class Supervisor:
         self.inbox.drain()
         self._handle_signals()
         handler = {
+            Phase.WAITING_INIT: self._tick_waiting_init,
             Phase.WAITING_GPU: self._tick_waiting,
             Phase.STAGING: self._tick_staging,
             Phase.STARTING: self._tick_child,
@@ -252,7 +256,15 @@ class Supervisor:
         self.state.record_error(message)
         self._go(Phase.FAILED, message, exit=status)
 
-    # --- waiting for a GPU, staging ---------------------------------------------------------------------------------
+    # --- waiting for the run init.from names, for a GPU, staging -----------------------------------------------------
+    def _tick_waiting_init(self) -> None:
+        outcome = self.init_wait.tick()
+        if outcome is not None and outcome.failed:
+            self._fail(protocol.SUPERVISOR_CONFIG, outcome.failed)
+        elif outcome is not None:
+            why = (self.state["init_wait"] or {}).get("why", "")
+            self._go(Phase.WAITING_GPU, f"init.from is ready: {why}" if why else "init.from is ready")
+
     def _tick_waiting(self) -> None:
         outcome = self.slurm.gpu_outcome(self.cfg.train.device, self.infra.open_nvml) if self.slurm \
             else self.gpu.tick()

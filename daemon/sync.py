@@ -13,7 +13,8 @@ fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sy
    files go straight to `step-XXXXXXXX/` and the manifest is written last: a directory without a manifest does
    not exist for any reader;
 5. replace the remote `LATEST` (temp name + rename where possible), only ever with a verified checkpoint;
-6. retention: keep the newest `keep` intact checkpoints (and whatever LATEST names), delete older ones.
+6. retention: keep the newest `keep` intact checkpoints (and whatever LATEST and BEST name), delete older ones;
+   the checkpoint a local BEST names (early_stop) is copied too, and the remote BEST then names it.
 
 `fetch_latest()` does the way back for a resume when the local scratch has nothing. Everything is blocking and
 raises SyncError with its cause; the supervisor runs it in a worker thread and retries with backoff. Torch-free.
@@ -34,6 +35,7 @@ from pathlib import Path
 from minilmd import checkpoint as ck
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
+    BEST,
     LATEST,
     MANIFEST,
     TMP_PREFIX,
@@ -172,11 +174,11 @@ class _Remote:
         atomic rename)."""
         publish_dir(self.path(src), self.path(dst))
 
-    def write_latest(self, name: str) -> None:
+    def write_latest(self, name: str, pointer: str = LATEST) -> None:
         if self.local:
-            atomic_write_text(self.path(LATEST), name + "\n")  # temp file, fsync, rename
+            atomic_write_text(self.path(pointer), name + "\n")  # temp file, fsync, rename
         else:
-            self.fs.pipe_file(self.path(LATEST), (name + "\n").encode())  # one PUT: atomic on object stores
+            self.fs.pipe_file(self.path(pointer), (name + "\n").encode())  # one PUT: atomic on object stores
 
     def intact(self, name: str, full_hash: bool = False) -> tuple[dict | None, list[str]]:
         """(manifest, problems) of a remote checkpoint; sizes always, sha256 when full_hash."""
@@ -259,6 +261,7 @@ class Syncer:
         return self._finish(remote_newest, verified=True, copied=False, nbytes=0, started=started)
 
     def _finish(self, step: int, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
+        self._sync_best()
         removed = self._retention()
         name = step_name(step)
         if copied:
@@ -303,6 +306,24 @@ class Syncer:
                                 + "; ".join(problems[:3]))
         return nbytes
 
+    def _sync_best(self) -> None:
+        """The checkpoint the local BEST names (early_stop's lowest val loss) on the remote too, copied and verified
+        like the newest, and the remote BEST naming it once it is there."""
+        remote, name = self.remote, ck.read_best(self.local_root)
+        if not name or (remote.read_text(BEST) or "").strip() == name:
+            return
+        if name not in remote.steps() or remote.intact(name)[1]:
+            local = self.local_root / name
+            try:
+                ck.validate(local, self.expected)
+            except ck.CheckpointError as e:
+                self.log(f"sync: BEST {local} not copied: {'; '.join(e.problems[:3])}")
+                return
+            self.copying = local
+            self._copy_up(local)
+            self.log(f"sync: BEST {name} copied to {remote.show(name)} and verified")
+        remote.write_latest(name, BEST)
+
     def _point_latest(self, name: str, verify: bool) -> None:
         """Point the remote LATEST at `name` unless it already names a newer intact checkpoint."""
         remote = self.remote
@@ -330,6 +351,7 @@ class Syncer:
         directories without a manifest are leftovers of an interrupted copy on a store without rename."""
         remote = self.remote
         latest = (remote.read_text(LATEST) or "").strip()
+        best = (remote.read_text(BEST) or "").strip()
         kept, removed = 0, []
         for name in reversed(remote.steps()):
             manifest, problems = remote.intact(name)
@@ -340,6 +362,8 @@ class Syncer:
             if problems:
                 self.log(f"sync: remote {remote.show(name)} is damaged: {'; '.join(problems[:3])}")
                 continue  # kept for inspection, not counted
+            if name == best:
+                continue  # the lowest val loss stays, not counted among the newest
             if kept < self.keep or name == latest:
                 kept += 1
                 continue

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from minilmd import names, protocol
+from minilmd.daemon.fitwatch import fit_lines
 from minilmd.daemon.runstate import fmt_time, process_alive, read_state
 from minilmd.daemon.states import SyncState
 from minilmd.fmt import fmt_duration
@@ -66,6 +67,11 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
     lines += _progress_lines(state.get("progress") or {}, alive)
     if state.get("child") and alive:
         lines.append(_trainer_line(state, t))
+    if state.get("init_wait") and state.get("phase") == "waiting_init":
+        w = state["init_wait"]
+        lines.append(f"  waiting for init.from: {w.get('why')} (run dir {w.get('run_dir')}; checked {w.get('checks')} "
+                     f"times since {_ago(t, w['since']) if w.get('since') else '-'}); starts from {w.get('root')} "
+                     f"once it has finished")
     if state.get("gpu_wait") and state.get("phase") == "waiting_gpu":
         lines += _gpu_lines(state["gpu_wait"], t)
     if state.get("space_wait") and state.get("phase") == "waiting_space":
@@ -203,7 +209,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
-    lines = summary_lines(state, alive)
+    lines = summary_lines(state, alive) + _lineage_lines(run_dir) + fit_lines(run_dir)
     from minilmd.daemon.curves import sparkline_line
 
     spark = sparkline_line(run_dir, alive)
@@ -211,6 +217,18 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
         lines.insert(next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1, spark)
     print("\n".join(lines), file=out)
     return 0
+
+
+def _lineage_lines(run_dir: Path) -> list[str]:
+    """init.from behind the newest local checkpoint, stage by stage (daemon/initwait.py lineage)."""
+    from minilmd.config import ConfigError, load_config
+    from minilmd.daemon.initwait import lineage
+
+    try:
+        chain = lineage(load_config(run_dir / names.RUN_CONFIG_COPY, check_paths=False).checkpoint_dir)
+    except (ConfigError, OSError):
+        return []
+    return [f"  lineage: {' <- '.join(chain)}"] if chain else []
 
 
 def _attempt_logs(run_dir: Path) -> list[Path]:

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from minilmd.fsio import sha256_file, table_problems
-from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 from minilmd.names import (
+    BEST,
     LATEST,
     MANIFEST,
     MODEL_FILE,
@@ -50,6 +50,7 @@ from minilmd.names import (
     step_of,
     tmp_owner_pid,
 )
+from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -100,17 +101,25 @@ class Expectation:
     """PreparedCorpus.data_fingerprint of the run's corpus."""
     tokenizer_fingerprint: str | None = None
     """PreparedCorpus.tokenizer_fingerprint (sha256 of tokenizer.json)."""
+    lora: dict | None = None
+    """The run's [lora] section when LoRA is on (RunConfig.lora_dict()), else None; compared whenever `model` is:
+    a LoRA checkpoint holds adapters of that rank and those targets only."""
 
 
 # --- finding -------------------------------------------------------------------------------------------------------
 
-def read_latest(root: str | os.PathLike) -> str | None:
-    """The directory name `LATEST` points to, or None when there is none yet."""
+def read_latest(root: str | os.PathLike, pointer: str = LATEST) -> str | None:
+    """The directory name `LATEST` (or another pointer file: BEST) points to, or None when there is none yet."""
     try:
-        name = (Path(root) / LATEST).read_text(encoding="utf-8").strip()
+        name = (Path(root) / pointer).read_text(encoding="utf-8").strip()
     except (FileNotFoundError, NotADirectoryError):
         return None
     return name or None
+
+
+def read_best(root: str | os.PathLike) -> str | None:
+    """The directory name `BEST` points to (the lowest val loss of an early_stop run), or None."""
+    return read_latest(root, BEST)
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -252,7 +261,8 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     _check_expectation(ckpt_dir, state, expected)
-    problems = _tensor_problems(ckpt_dir, scans, opt_meta, _model_config(ckpt_dir, state, expected), step)
+    problems = _tensor_problems(ckpt_dir, scans, opt_meta, _model_config(ckpt_dir, state, expected),
+                                _lora_config(state, expected), step)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     return state
@@ -320,11 +330,22 @@ def _model_config(ckpt_dir: Path, state: dict, expected: Expectation | None) -> 
     return model_cfg
 
 
+def saved_lora(state: dict) -> dict | None:
+    """The [lora] section a checkpoint's trainer_state records when its run trained LoRA adapters, else None."""
+    lora = (state.get("config") or {}).get("lora")
+    return lora if isinstance(lora, dict) and lora.get("rank", 0) else None
+
+
+def _lora_config(state: dict, expected: Expectation | None) -> dict | None:
+    """The LoRA config the tensors must fit: the run's when a model is expected, else the checkpoint's own."""
+    return expected.lora if expected and expected.model is not None else saved_lora(state)
+
+
 def _tensor_problems(ckpt_dir: Path, scans: dict[str, tuple], opt_meta: dict, model_cfg: dict,
-                     step: int) -> list[str]:
-    """Keys, shapes and dtypes of the weights and the optimizer state against the model config; the optimizer's
-    step against the checkpoint's; every tensor finite."""
-    expected_shapes = _expected_shapes(ckpt_dir, model_cfg)
+                     lora_cfg: dict | None, step: int) -> list[str]:
+    """Keys, shapes and dtypes of the weights (the full model's, or a LoRA run's adapters) and the optimizer state
+    against the config; the optimizer's step against the checkpoint's; every tensor finite."""
+    expected_shapes = _expected_shapes(ckpt_dir, model_cfg, lora_cfg)
     problems = _shape_problems(MODEL_FILE, scans[MODEL_FILE][1], expected_shapes)
     problems += _optimizer_problems(scans[OPTIMIZER_FILE], opt_meta, expected_shapes, step)
     for name in (MODEL_FILE, OPTIMIZER_FILE):
@@ -333,11 +354,12 @@ def _tensor_problems(ckpt_dir: Path, scans: dict[str, tuple], opt_meta: dict, mo
     return problems
 
 
-def _expected_shapes(ckpt_dir: Path, model_cfg: dict) -> dict[str, tuple[int, ...]]:
-    from minilmd.model_shapes import expected_state_shapes
+def _expected_shapes(ckpt_dir: Path, model_cfg: dict, lora_cfg: dict | None) -> dict[str, tuple[int, ...]]:
+    from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 
     try:
-        return {k: tuple(v) for k, v in expected_state_shapes(model_cfg).items()}
+        shapes = expected_adapter_shapes(model_cfg, lora_cfg) if lora_cfg else expected_state_shapes(model_cfg)
+        return {k: tuple(v) for k, v in shapes.items()}
     except (ValueError, TypeError) as e:
         raise CheckpointInvalid(ckpt_dir, f"{TRAINER_STATE}: model config unusable: {e}") from None
 
@@ -351,11 +373,19 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
                 for k in sorted(set(saved) | set(expected.model)) if saved.get(k) != expected.model.get(k)]
         if diff:
             raise CheckpointMismatch(ckpt_dir, ["saved by a different model config: " + ", ".join(diff)], "model")
+        lora = saved_lora(state)
+        if lora != expected.lora:
+            raise CheckpointMismatch(ckpt_dir, [f"saved with [lora] {_lora_text(lora)}, the run has "
+                                                f"{_lora_text(expected.lora)}"], "model")
     prints = state.get("fingerprints") or {}
     for kind, want in (("tokenizer", expected.tokenizer_fingerprint), ("data", expected.data_fingerprint)):
         if want is not None and prints.get(kind) != want:
             raise CheckpointMismatch(ckpt_dir, [f"{kind} fingerprint differs: checkpoint {prints.get(kind)!r}, "
                                                 f"run {want!r} (a different {kind} than this run uses)"], kind)
+
+
+def _lora_text(lora: dict | None) -> str:
+    return "off (full weights)" if lora is None else ", ".join(f"{k} = {v!r}" for k, v in sorted(lora.items()))
 
 
 def _shape_problems(file: str, found: dict, expected: dict[str, tuple[int, ...]]) -> list[str]:
@@ -444,7 +474,7 @@ def expectation_from_config(config_path: str | os.PathLike, log: Callable[[str],
     from minilmd.config import load_config
 
     cfg = load_config(config_path, check_paths=False)
-    expected = Expectation(model=cfg.model_dict())
+    expected = Expectation(model=cfg.model_dict(), lora=cfg.lora_dict())
     try:
         from minilmd.corpus import data_fingerprint, read_meta
 
@@ -514,12 +544,16 @@ def _is_valid_cached(path: Path) -> tuple[bool, str]:
 
 def prune(root: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = (),
           log: Callable[[str], None] = print) -> list[Path]:
-    """Keep the newest `keep` (at least 1) valid checkpoints; delete the older ones, except `protect`ed ones.
+    """Keep the newest `keep` (at least 1) valid checkpoints; delete the older ones, except `protect`ed ones and
+    the one BEST names.
 
     Walks newest first; a damaged checkpoint met before `keep` valid ones were found is quarantined and does not
     count. So the newest valid checkpoint is never deleted. Returns the deleted directories."""
     root = Path(root)
     protected = {Path(p).resolve() for p in protect}
+    best = read_best(root)
+    if best:  # the best checkpoint by val loss stays as long as BEST names it
+        protected.add((root / best).resolve())
     keep = max(1, keep)
     kept, deleted = 0, []
     for path in reversed(list_checkpoints(root)):

@@ -262,6 +262,11 @@ def bench_checkpoint_command(
 # === end checkpoints ===
 
 # === weights: sample, export ===
+LORA_HELP = ("A LoRA run's checkpoint (or its root) to put on CHECKPOINT, which must be the base it was trained on. "
+             "A LoRA checkpoint given as CHECKPOINT brings its own recorded base.")
+NO_LORA_HELP = "With a LoRA checkpoint: the base alone, its adapters switched off."
+
+
 @app.command()
 def sample(
     checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
@@ -278,6 +283,8 @@ def sample(
     chat: bool = typer.Option(False, "--chat", help="Render --prompt as a user message with the model's chat "
                               "template and print only the reply (it stops at <|im_end|>)."),
     system: str = typer.Option("", "--system", help="With --chat: a system message before the prompt."),
+    lora: str = typer.Option("", "--lora", help=LORA_HELP),
+    no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
 ) -> None:
     """Generate text from a checkpoint with a KV cache."""
     from minilmd.trainer.model.export import ExportError
@@ -288,13 +295,13 @@ def sample(
             from minilmd.trainer.model.chat import ChatSession
 
             session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
-                                  seed)
+                                  seed, lora or None, no_lora)
             messages = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": prompt}]
             typer.echo(session.reply(messages))
             return
         text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
-                           seed, device)
+                           seed, device, lora or None, no_lora)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
         raise typer.Exit(1) from None
@@ -313,6 +320,8 @@ def chat_command(
                                   "chat template beside it (default: the checkpoint's, or the corpus's)."),
     seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    lora: str = typer.Option("", "--lora", help=LORA_HELP),
+    no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
 ) -> None:
     """Talk to a fine-tuned checkpoint: each line on stdin is a user message, each reply is printed on stdout
     (`/reset` starts over, `/exit` or end of input ends). The conversation is rendered by the model's own chat
@@ -324,7 +333,7 @@ def chat_command(
 
     try:
         session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
-                              seed)
+                              seed, lora or None, no_lora)
         converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt())
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd chat: {e}", err=True)
@@ -334,12 +343,15 @@ def chat_command(
 @app.command()
 def export(
     checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
-    format: str = typer.Option(..., "--format", help="minimind (a .pth for MiniMind's eval_llm.py) or hf "
-                                                     "(a Qwen3ForCausalLM directory)."),
+    format: str = typer.Option(..., "--format", help="minimind (a .pth for MiniMind's eval_llm.py), hf "
+                                                     "(a Qwen3ForCausalLM directory) or peft (a LoRA run's "
+                                                     "adapters as a PEFT adapter directory)."),
     out: str = typer.Option(..., "--out", help="FILE.pth for minimind, a new directory for hf."),
     tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json for hf (default: the checkpoint's, or "
                                                           "the prepared corpus's)."),
     dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
+    merge: bool = typer.Option(False, "--merge", help="A LoRA checkpoint with --format hf or minimind: the full "
+                               "weights, its adapters merged into its base."),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers."""
     from minilmd.trainer.model.export import (
@@ -353,15 +365,21 @@ def export(
 
     try:
         if format == "minimind":
-            path = export_minimind(checkpoint, out)
-            _, model_cfg, _ = read_checkpoint(checkpoint, validate=False)
+            path = export_minimind(checkpoint, out, merge)
+            _, model_cfg, _ = read_checkpoint(checkpoint, validate=False, merge=merge)
             chat = find_chat_config(checkpoint, tokenizer or None) is not None
             typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg, chat)}")
         elif format == "hf":
-            path = export_hf(checkpoint, out, tokenizer or None, dtype)
+            path = export_hf(checkpoint, out, tokenizer or None, dtype, merge)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
+        elif format == "peft":
+            from minilmd.trainer.model.adapter import export_peft
+
+            path = export_peft(checkpoint, out)
+            typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
+                       f"{str(path)!r})")
         else:
-            raise ExportError(f"--format {format!r}: use minimind or hf")
+            raise ExportError(f"--format {format!r}: use minimind, hf or peft")
     except ExportError as e:
         typer.echo(f"minilmd export: {e}", err=True)
         raise typer.Exit(1) from None
@@ -390,6 +408,10 @@ def run_command(
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
+        from minilmd.update_share import share_lines
+
+        for line in share_lines(cfg):
+            typer.echo(line)
         raise typer.Exit(0)
     from minilmd.daemon.supervisor import run_supervisor
 

@@ -162,11 +162,57 @@ class TrainSection:
 @dataclass
 class InitSection:
     from_: str = ""
-    """TOML key `from`. Where a fresh run takes its weights instead of the seeded init: a checkpoint directory
-    (step-XXXXXXXX/), a run's checkpoint root or remote (the checkpoint its LATEST names), or a MiniMind .pth. The
+    """TOML key `from`. Where a fresh run takes its weights instead of the seeded init: another run's config file or
+    run directory (its final synced checkpoint, once it has finished: the supervisor waits in waiting_init, and stops
+    with exit 2 if that run failed), a checkpoint directory (step-XXXXXXXX/), a run's checkpoint root or remote (the
+    checkpoint its LATEST names), or a MiniMind .pth. The
     optimizer starts fresh at step 0; the source's fingerprint is recorded in every checkpoint of this run. Its
     model config must be this run's. Read once: a run that has a checkpoint resumes from it and never reads this
     again (the source may be deleted then). Empty: the seeded init."""
+
+
+@dataclass
+class EarlyStopSection:
+    patience: int = 0
+    """Stop (exit 0, saved and synced like a finished run) after this many validations in a row without a new best
+    val loss; 0: never stop early. Validation runs every train.eval_every steps and at each epoch's end."""
+    min_delta: float = 0.0
+    """A val loss counts as a new best only if it is below the best by more than this."""
+
+
+@dataclass
+class EvalSection:
+    probe: str = ""
+    """A prepared corpus of an earlier stage (its val split, e.g. the pretraining corpus): its loss is evaluated
+    with the val loss and shown by `status`, so that forgetting shows as the probe loss rising. Empty: none."""
+    warn_rising: int = 3
+    """`status` warns when the val loss rose this many validations in a row."""
+    warn_gap: float = 0.5
+    """`status` warns when the val loss exceeds the train loss of the same epoch by more than this."""
+    update_share_warn: float = 0.1
+    """`run --check` warns when this run's sample updates exceed this share of those of the run init.from comes
+    from (the seed's style SFT took 0.24 and erased the base's abilities)."""
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The Linear layers of a MiniMind-3 block a LoRA adapter may wrap (the names of HF Qwen3 and PEFT's target_modules)."""
+
+
+@dataclass
+class LoraSection:
+    rank: int = 0
+    """Rank r of the low-rank bypass B A added to each target (PEFT's `r`). 0: no LoRA, every weight trains. Above
+    0: init.from names the base, which is frozen; only the adapters train and only they are checkpointed."""
+    alpha: float = 16.0
+    """The bypass is scaled by alpha / rank (PEFT's `lora_alpha`)."""
+    dropout: float = 0.0
+    """Dropout on the input of A while training (PEFT's `lora_dropout`)."""
+    targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    """The Linear layers of every block that get an adapter, among LORA_TARGETS (PEFT's `target_modules`)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
 
 
 @dataclass
@@ -227,6 +273,9 @@ class RunConfig:
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     init: InitSection = field(default_factory=InitSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    early_stop: EarlyStopSection = field(default_factory=EarlyStopSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     gpu: GpuSection = field(default_factory=GpuSection)
     sync: SyncSection = field(default_factory=SyncSection)
     restart: RestartSection = field(default_factory=RestartSection)
@@ -271,6 +320,10 @@ class RunConfig:
     def model_dict(self) -> dict:
         return dataclasses.asdict(self.model)
 
+    def lora_dict(self) -> dict | None:
+        """The [lora] section as a dict when LoRA is on, else None (what checkpoints are checked against)."""
+        return dataclasses.asdict(self.lora) if self.lora.enabled else None
+
 
 SECTIONS = {f.name: f.type for f in fields(RunConfig) if f.name != "source"}
 
@@ -307,6 +360,8 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         return True
     if get_origin(annotation) is Union:
         return any(_type_ok(value, a) for a in get_args(annotation))
+    if get_origin(annotation) is list:
+        return isinstance(value, list) and all(_type_ok(v, get_args(annotation)[0]) for v in value)
     if annotation is bool:
         return isinstance(value, bool)
     if annotation is int:
@@ -319,6 +374,8 @@ def _type_ok(value: Any, annotation: Any) -> bool:
 def _type_name(annotation: Any) -> str:
     if annotation is Duration:
         return 'a duration (seconds, or a string like "5m")'
+    if get_origin(annotation) is list:
+        return f"a list of {_type_name(get_args(annotation)[0])}"
     return getattr(annotation, "__name__", str(annotation))
 
 
@@ -461,6 +518,14 @@ RANGES: dict[str, tuple[Range, str]] = {
     "train.eval_every": (AT_LEAST_0, "0: only at the end"),
     "train.checkpoint_every": (ABOVE_0, "steps as an integer, else a duration"),
     "train.keep_local": (AT_LEAST_1, ""),
+    "lora.rank": (AT_LEAST_0, "0: no LoRA"),
+    "lora.alpha": (ABOVE_0, ""),
+    "lora.dropout": (Range(0, 1, high_open=True), ""),
+    "early_stop.patience": (AT_LEAST_0, "0: never stop early"),
+    "early_stop.min_delta": (AT_LEAST_0, ""),
+    "eval.warn_rising": (AT_LEAST_1, ""),
+    "eval.warn_gap": (AT_LEAST_0, ""),
+    "eval.update_share_warn": (AT_LEAST_0, ""),
     "gpu.count": (AT_LEAST_1, ""),
     "gpu.max_used_mib": (AT_LEAST_0, ""),
     "gpu.max_utilization": (Range(0, 100), "a percentage"),
@@ -530,6 +595,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if not t.max_steps and not t.max_tokens and not t.max_epochs:
         p.append(budget_problem(cfg))
+    p += _lora_problems(cfg)
     textfile = cfg.log.prometheus_textfile
     if textfile and not textfile.endswith(".prom"):
         p.append(f"log.prometheus_textfile = {textfile!r}: node_exporter's textfile collector reads only *.prom files")
@@ -541,6 +607,20 @@ def _check_values(cfg: RunConfig) -> list[str]:
     if ABOVE_0.holds(initial) and ABOVE_0.holds(cap) and initial > cap:
         p.append(f"restart.backoff_initial {rs.backoff_initial!r} is longer than restart.backoff_max "
                  f"{rs.backoff_max!r}")
+    return p
+
+
+def _lora_problems(cfg: RunConfig) -> list[str]:
+    lora = cfg.lora
+    p = [f"lora.targets: {t!r} is not a target (known: {', '.join(LORA_TARGETS)})"
+         for t in lora.targets if t not in LORA_TARGETS]
+    if len(set(lora.targets)) != len(lora.targets):
+        p.append(f"lora.targets = {lora.targets!r}: a target is named twice")
+    if lora.enabled and not lora.targets:
+        p.append("lora.targets is empty: name at least one of " + ", ".join(LORA_TARGETS))
+    if lora.enabled and not cfg.init.from_:
+        p.append(f"lora.rank = {lora.rank} but init.from is empty: a LoRA run trains adapters on a base, which "
+                 f"init.from names (a checkpoint, a run's checkpoint root or remote, a MiniMind .pth)")
     return p
 
 
@@ -669,7 +749,7 @@ def _check_init(cfg: RunConfig) -> list[str]:
     scratch or on a local remote): that run resumes and never reads init.from again. A supervised trainer looks at
     scratch only (it never touches the remote; staging has fetched the remote's newest checkpoint into scratch)."""
     from minilmd.checkpoint import list_checkpoints
-    from minilmd.init_source import InitSourceError, model_problems
+    from minilmd.init_source import InitSourceError, model_problems, predecessor, predecessor_outcome
 
     roots = [cfg.checkpoint_dir]
     if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
@@ -677,6 +757,9 @@ def _check_init(cfg: RunConfig) -> list[str]:
     if any(list_checkpoints(root) for root in roots):
         return []
     try:
+        pred = predecessor(cfg.init.from_)
+        if pred is not None and predecessor_outcome(pred)[0] == "waiting":
+            return []  # the supervisor waits for it (waiting_init); its final checkpoint is checked then
         return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict())]
     except InitSourceError as e:
         return [f"init.from = {cfg.init.from_!r}: {e}"]

@@ -1,6 +1,7 @@
 """`[init] from`: what a fresh run starts from, found and checked without torch (for `run --check` and the trainer).
 
 A source is one of:
+- another run, by its config file or run directory (`predecessor`): its final checkpoint once it has finished;
 - a checkpoint directory `step-XXXXXXXX/` (its manifest.json is there);
 - a checkpoint root, a run's scratch checkpoints or its remote: the checkpoint its `LATEST` names;
 - a MiniMind `.pth` state dict (MiniMind's key names are ours; `lm_head.weight` is the tied embedding).
@@ -32,12 +33,71 @@ class InitSource:
     """The checkpoint directory, or the .pth file."""
 
 
+@dataclass(frozen=True)
+class Predecessor:
+    """Another run that init.from names by its config file or its run directory: this run starts from its final,
+    verified, synced checkpoint once it has finished (the supervisor waits for that: daemon/initwait.py)."""
+
+    name: str
+    run_dir: Path
+    root: Path
+    """Where its final checkpoint is: its run.remote (a local path), else its scratch checkpoints."""
+
+
+def predecessor(spec: str) -> Predecessor | None:
+    """The run init.from names, when it names a run's config file (.toml) or run directory (holding run.toml);
+    None for a checkpoint, a checkpoint root or a .pth. InitSourceError for a run config that cannot be read."""
+    from minilmd.config import ConfigError, load_config
+    from minilmd.names import RUN_CONFIG_COPY
+
+    path = Path(spec)
+    if path.is_dir() and (path / RUN_CONFIG_COPY).is_file():
+        path = path / RUN_CONFIG_COPY
+    elif not (path.is_file() and path.suffix == ".toml"):
+        return None
+    try:
+        cfg = load_config(path, check_paths=False)
+    except ConfigError as e:
+        raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
+    remote = cfg.run.remote.removeprefix("file://")
+    if "://" in remote:
+        raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
+    return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir)
+
+
+def predecessor_outcome(pred: Predecessor) -> tuple[str, str]:
+    """("done" | "waiting" | "failed", why), from the run's state.json: done once its supervisor ended with the run
+    finished (its last checkpoint synced); failed once it ended with a final exit status; waiting otherwise (not
+    started, running, stopped on request, or killed: a restart goes on)."""
+    from minilmd.names import STATE
+    from minilmd.protocol import FINAL_EXIT_STATUSES
+
+    try:
+        state = json.loads((pred.run_dir / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "waiting", f"run {pred.name} has not started ({pred.run_dir / STATE} not there yet)"
+    phase, outcome = state.get("phase"), state.get("outcome") or {}
+    step = (state.get("progress") or {}).get("step")
+    if phase == "done" and outcome.get("exit") == 0 and not str(state.get("reason", "")).startswith("stopped"):
+        return "done", f"run {pred.name} finished at step {step}"
+    if phase == "failed" and outcome.get("exit") in FINAL_EXIT_STATUSES:
+        return "failed", (f"run {pred.name} failed with exit {outcome.get('exit')}: "
+                          f"{state.get('last_error') or state.get('reason')}")
+    return "waiting", f"run {pred.name} is {phase}" + (f" at step {step}" if step is not None else "")
+
+
 def resolve(spec: str) -> InitSource:
     """The source init.from names; raises InitSourceError saying what is wrong."""
     from minilmd.checkpoint import read_latest
 
     if "://" in spec:
         raise InitSourceError("must be a local path (an NFS mount is one); URLs are not read")
+    pred = predecessor(spec)
+    if pred is not None:
+        outcome, why = predecessor_outcome(pred)
+        if outcome != "done":
+            raise InitSourceError(f"names the run {pred.name}, which has not finished ({why})")
+        spec = str(pred.root)
     path = Path(spec)
     if path.is_file():
         if path.suffix != ".pth":
@@ -94,3 +154,21 @@ def fingerprint(source: InitSource) -> dict:
         return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
                 "manifest_sha256": sha256_file(source.path / MANIFEST)}
     return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sha256_file(source.path)}
+
+
+def same_source(recorded: dict | None, current: dict | None) -> bool:
+    """Whether two fingerprint records name the same weights (the hashes, wherever the files now lie)."""
+    if not recorded or not current or recorded.get("kind") != current.get("kind"):
+        return False
+    keys = ("manifest_sha256", "step") if current.get("kind") == "checkpoint" else ("sha256",)
+    return all(recorded.get(k) == current.get(k) for k in keys)
+
+
+def describe(record: dict | None) -> str:
+    """A fingerprint record in one phrase, for messages and `status`."""
+    if not record:
+        return "nothing recorded"
+    if record.get("kind") == "checkpoint":
+        sha = str(record.get("manifest_sha256"))[:12]
+        return f"{record.get('path')} (step {record.get('step')}, manifest sha256 {sha})"
+    return f"{record.get('path')} (sha256 {str(record.get('sha256'))[:12]})"

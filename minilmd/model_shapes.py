@@ -12,13 +12,17 @@ models do the same). A checkpoint stores that matrix ONCE, under `model.embed_to
   `model.state_dict()` IS the checkpoint's weight set and loads back with `strict=True`;
 - the exports (`trainer/model/export.py`) add `lm_head.weight` back, because MiniMind's loader and HF Qwen3 expect it.
 Weights are saved in float32 whatever the training precision (bf16 autocast keeps fp32 master weights).
+
+A LoRA run ([lora] rank > 0) checkpoints its adapters only: `expected_adapter_shapes` gives, for each target of
+each block, `<module>.lora_A.weight` (rank, in) and `<module>.lora_B.weight` (out, rank), PEFT's names without its
+`base_model.model.` prefix; the base stays where init.from names it.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from minilmd.config import ModelSection
+from minilmd.config import LoraSection, ModelSection
 
 TIED_HEAD_KEY = "lm_head.weight"
 """Left out of checkpoints (see the module docstring); exports write it, equal to EMBED_KEY."""
@@ -61,3 +65,36 @@ def expected_state_shapes(model: dict[str, Any] | ModelSection) -> dict[str, tup
     shapes["model.norm.weight"] = (hidden,)
     return shapes
 
+
+
+TARGET_MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+                  "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+"""Where each LoRA target lives in a block."""
+
+
+def as_lora_section(lora: dict[str, Any] | LoraSection) -> LoraSection:
+    """A LoraSection from itself or its dict form (trainer_state["config"]["lora"]); unknown keys are refused."""
+    if isinstance(lora, LoraSection):
+        return lora
+    known = {f.name for f in dataclasses.fields(LoraSection)}
+    unknown = sorted(set(lora) - known)
+    if unknown:
+        raise ValueError(f"lora config has unknown keys {unknown} (known: {sorted(known)})")
+    return LoraSection(**lora)
+
+
+def expected_adapter_shapes(model: dict[str, Any] | ModelSection,
+                            lora: dict[str, Any] | LoraSection) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a LoRA checkpoint's model weights (the adapters) and its shape, block by block."""
+    base = expected_state_shapes(model)
+    cfg = as_lora_section(lora)
+    if cfg.rank < 1 or any(t not in TARGET_MODULES for t in cfg.targets):
+        raise ValueError(f"lora config needs rank >= 1 and targets among {sorted(TARGET_MODULES)}: {cfg}")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(as_model_section(model).num_hidden_layers):
+        for target in [t for t in TARGET_MODULES if t in cfg.targets]:
+            module = f"model.layers.{i}.{TARGET_MODULES[target]}.{target}"
+            out_features, in_features = base[module + ".weight"]
+            shapes[module + ".lora_A.weight"] = (cfg.rank, in_features)
+            shapes[module + ".lora_B.weight"] = (out_features, cfg.rank)
+    return shapes

@@ -87,6 +87,7 @@ def default_scratch(uid: int, run_name: str, base: str = SCRATCH_BASE) -> str:
 
 # --- A checkpoint root (scratch/checkpoints, or the remote) and one checkpoint ----------------------------------
 LATEST = "LATEST"  # the name of the newest checkpoint, for humans and scripts
+BEST = "BEST"  # the name of the checkpoint of the lowest val loss (early_stop); pruning and retention keep it
 QUARANTINE = "quarantine"  # quarantine/<name>-<time>/: damaged checkpoints set aside, never deleted
 REASON_FILE = "reason.txt"  # in a quarantined checkpoint: why it was set aside
 TMP_PREFIX = ".tmp-"  # every temporary directory in a checkpoint root
@@ -97,6 +98,8 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_META = "optimizer.json"
 TRAINER_STATE = "trainer_state.json"
 TOKENIZER_FILE = "tokenizer.json"  # a checkpoint's copy of the run's tokenizer, and the prepared corpus's own
+PEFT_WEIGHTS = "adapter_model.safetensors"  # `export --format peft`: the adapters under PEFT's key names
+PEFT_CONFIG = "adapter_config.json"  # `export --format peft`: PEFT's LoraConfig fields
 
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _TMP_DIR = re.compile(r"^\.tmp-.*-(\d+)$")

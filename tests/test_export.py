@@ -98,7 +98,7 @@ def test_export_cli_both_formats_and_bad_input(trained, tmp_path):
     assert ok.exit_code == 0, ok.output
     assert (tmp_path / "hf" / "config.json").is_file()
     bad = runner.invoke(app, ["export", str(root / "ckpt"), "--format", "gguf", "--out", str(tmp_path / "g")])
-    assert bad.exit_code == 1 and "use minimind or hf" in bad.output
+    assert bad.exit_code == 1 and "use minimind, hf or peft" in bad.output
     empty = tmp_path / "empty"
     empty.mkdir()
     none = runner.invoke(app, ["export", str(empty), "--format", "hf", "--out", str(tmp_path / "h2")])

@@ -193,6 +193,14 @@ def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state
     fsync_dir(root)
 
 
+def mark_best(root: str | os.PathLike, name: str) -> None:
+    """Point BEST at a published checkpoint (atomically, like LATEST)."""
+    from minilmd.names import BEST
+
+    atomic_write_text(Path(root) / BEST, name + "\n")
+    fsync_dir(Path(root))
+
+
 # --- reading (torch) ---------------------------------------------------------------------------------------------
 
 def load(ckpt_dir: str | os.PathLike, device: str = "cpu") -> tuple[dict, dict, dict]:
@@ -275,10 +283,11 @@ def _copy_to_cpu(t, buffers: dict | None, key: str):
     return buf
 
 
-def snapshot_model(model, buffers: dict | None = None) -> dict:
-    """A CPU copy of the model's state dict, which the loop may then go on changing. Pass the bare model, not a
-    DDP or torch.compile wrapper (their state_dict keys carry a prefix)."""
-    return {k: _copy_to_cpu(v, buffers, "model." + k) for k, v in model.state_dict().items()}
+def snapshot_model(model, buffers: dict | None = None, state_of: Callable | None = None) -> dict:
+    """A CPU copy of the model's state dict (or of `state_of(model)`: a LoRA run's adapters), which the loop may
+    then go on changing. Pass the bare model, not a DDP or torch.compile wrapper (their keys carry a prefix)."""
+    state = state_of(model) if state_of is not None else model.state_dict()
+    return {k: _copy_to_cpu(v, buffers, "model." + k) for k, v in state.items()}
 
 
 def snapshot_optimizer(optimizer, buffers: dict | None = None) -> dict:
@@ -307,8 +316,9 @@ class AsyncCheckpointer:
     failure of the writer)."""
 
     def __init__(self, root: str | os.PathLike, keep: int | None, tokenizer: str | os.PathLike | None = None,
-                 background: bool = True, log: Callable[[str], None] = print):
+                 background: bool = True, log: Callable[[str], None] = print, state_of: Callable | None = None):
         self.root, self.keep, self.tokenizer, self.background, self.log = Path(root), keep, tokenizer, background, log
+        self.state_of = state_of  # what of the model is saved: its state_dict, or (LoRA) its adapters
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._buffers: dict = {}  # CPU snapshot buffers, reused from one save to the next (one save in flight)
@@ -316,15 +326,16 @@ class AsyncCheckpointer:
         self.last_write_s: float = 0.0
         self.last_wait_s: float = 0.0
 
-    def save(self, step: int, model, optimizer, trainer_state: dict) -> float:
-        """Snapshot now, write in the background. Returns the seconds the caller was blocked: the wait for the
-        previous write (also in `last_wait_s`: saves coming faster than writes show here) plus the snapshot."""
+    def save(self, step: int, model, optimizer, trainer_state: dict, best: bool = False) -> float:
+        """Snapshot now, write in the background (then, with `best`, point BEST at it). Returns the seconds the
+        caller was blocked: the wait for the previous write (also in `last_wait_s`: saves coming faster than writes
+        show here) plus the snapshot."""
         t0 = time.perf_counter()
         self.wait()
         self.last_wait_s = time.perf_counter() - t0
-        args = (step, snapshot_model(model, self._buffers), snapshot_optimizer(optimizer, self._buffers),
+        args = (step, snapshot_model(model, self._buffers, self.state_of), snapshot_optimizer(optimizer, self._buffers),
                 copy.deepcopy(trainer_state),
-                optimizer_param_names(model, optimizer))
+                optimizer_param_names(model, optimizer), best)
         if self.background:
             self._thread = threading.Thread(target=self._write, args=args, name=f"checkpoint-{step}")
             self._thread.start()
@@ -333,11 +344,13 @@ class AsyncCheckpointer:
             self.wait()
         return time.perf_counter() - t0
 
-    def _write(self, step, model_state, optimizer_state, trainer_state, param_names) -> None:
+    def _write(self, step, model_state, optimizer_state, trainer_state, param_names, best=False) -> None:
         t0 = time.perf_counter()
         try:
             self.last_path = save(self.root, step, model_state, optimizer_state, trainer_state,
                                   tokenizer=self.tokenizer, param_names=param_names)
+            if best:
+                mark_best(self.root, self.last_path.name)
         except BaseException as e:  # noqa: BLE001 - handed to the loop by wait(), which raises it there
             self._error = e
         else:

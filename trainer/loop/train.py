@@ -62,6 +62,7 @@ from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.loop import multinode, tensorboard
+from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.trainer.loop.mfu import flops_per_token, mfu, peak_flops
@@ -226,21 +227,26 @@ class Trainer:
                                     train.loss_mask, t.micro_batch_size)
         self.val_batches = validation_batches(cfg.data.mode, val.tokens, val.doc_starts, t.seq_len,
                                               cfg.data.val_windows, t.micro_batch_size, val.loss_mask)
+        self.probe_batches = probe_batches(cfg)
+        self.early = EarlyStop.from_config(cfg)
         self.global_batch = t.micro_batch_size * t.grad_accum * dist.world_size
         self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
 
         torch.manual_seed(t.seed)  # the init is drawn on CPU: the same weights on every device and rank
+        self.init_record: dict | None = None  # what [init] from was, carried from checkpoint to checkpoint
         try:
-            self.model = MiniMindForCausalLM(cfg.model).to(self.device)
+            self.model = MiniMindForCausalLM(cfg.model)
+            if cfg.lora.enabled:
+                self.start_lora()
+            self.model.to(self.device)
             self.optimizer = build_optimizer(self.model, cfg, self.device)
         except ValueError as e:  # torch refusing a value of the config ("Invalid learning rate"): the same next time
             raise ConfigError([f"the model or its optimizer refused the config: {e}"], cfg.source) from e
         self.step, self.tokens_seen = 0, 0
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
-        self.init_record: dict | None = None  # what [init] from was, carried from checkpoint to checkpoint
         self.resume()
-        if self.resumed_from is None and cfg.init.from_:
+        if self.resumed_from is None and cfg.init.from_ and not cfg.lora.enabled:
             self.start_from_init()
         self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
@@ -249,7 +255,10 @@ class Trainer:
         # synced and what it is copying right now; the trainer neither prunes nor re-validates its checkpoints
         # (a read of every byte: 0.5 s per save of a 767 MB one). On its own it keeps the newest keep_local.
         keep = None if os.environ.get(RUN_DIR_ENV) else t.keep_local
-        self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_path)
+        from minilmd.trainer.model.lora import adapter_state_dict
+
+        self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_path,
+                                              state_of=adapter_state_dict if cfg.lora.enabled else None)
         self.loss_guard = LossGuard(self.device)
 
         self.autocast = self._autocast_context()
@@ -290,7 +299,7 @@ class Trainer:
         from minilmd.checkpoint import Expectation
 
         return Expectation(model=self.cfg.model_dict(), data_fingerprint=self.corpus.data_fingerprint,
-                           tokenizer_fingerprint=self.corpus.tokenizer_fingerprint)
+                           tokenizer_fingerprint=self.corpus.tokenizer_fingerprint, lora=self.cfg.lora_dict())
 
     def checkpoint_roots(self) -> list[Path]:
         roots = [self.cfg.checkpoint_dir]
@@ -314,14 +323,18 @@ class Trainer:
         if found[0] is None:
             return
         model_state, optimizer_state, state = multinode.load_checkpoint(Path(found[0]), self.dist)
-        self.model.load_state_dict(model_state, strict=True)
+        if self.cfg.lora.enabled:
+            self.resume_adapter(Path(found[0]), model_state, state.get("init"))
+        else:
+            self.model.load_state_dict(model_state, strict=True)
+            self.init_record = state.get("init")
         self.optimizer.load_state_dict(optimizer_state)
         if state.get("rng"):
             ckpt_io.restore_rng(state["rng"])
         self.step = self.step_base = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.rows_base = int(state.get("rows_seen", self.step * self.global_batch))
-        self.init_record = state.get("init")
+        self.early.restore(state.get("early_stop"))
         self.resumed_from = Path(found[0])
         if self.dist.is_main:
             old = state.get("global_batch")
@@ -339,6 +352,34 @@ class Trainer:
         if self.dist.is_main:
             print(f"minilmd: initialised from {self.init_record['path']} ({self.init_record['kind']})", flush=True)
 
+    def start_lora(self) -> None:
+        """A LoRA run, at every start: the base init.from names, validated and fingerprinted anew, loaded and
+        frozen; then the adapters on it (drawn from the seeded RNG; a resume overwrites them)."""
+        from minilmd.trainer.checkpoint.init_weights import load_init
+        from minilmd.trainer.model.lora import apply_lora
+
+        weights, self.init_record = load_init(self.cfg)
+        self.model.load_state_dict(weights, strict=True)
+        n = apply_lora(self.model, self.cfg.lora)
+        if self.dist.is_main:
+            print(f"minilmd: LoRA rank {self.cfg.lora.rank} on {', '.join(self.cfg.lora.targets)}: {n:,} trainable "
+                  f"parameters on the frozen base {self.init_record['path']}", flush=True)
+
+    def resume_adapter(self, path: Path, adapter: dict, recorded_base: dict | None) -> None:
+        """A LoRA checkpoint resumes only on the base it was trained on: the one init.from names now must have the
+        fingerprint every checkpoint of this run records."""
+        from minilmd.init_source import describe, same_source
+        from minilmd.trainer.model.lora import load_adapter
+
+        if not same_source(recorded_base, self.init_record):
+            raise CheckpointMismatch(path, [f"its adapters were trained on the base {describe(recorded_base)}, but "
+                                            f"init.from now gives {describe(self.init_record)}"], "model")
+        load_adapter(self.model, adapter)
+
+    def epoch_of(self, step: int) -> int:
+        """The epoch optimizer step `step` starts in (its first row's pass over the train split)."""
+        return self.first_row(step) // self.sampler.items_per_epoch
+
     def first_row(self, step: int) -> int:
         return self.rows_base + (step - self.step_base) * self.global_batch
 
@@ -349,7 +390,8 @@ class Trainer:
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "rows_seen": self.first_row(self.step),
-            "epoch": self.first_row(self.step) // self.sampler.items_per_epoch,
+            "epoch": self.epoch_of(self.step),
+            "early_stop": self.early.state(),
             "config": self.cfg.to_dict(),
             "fingerprints": {"data": self.corpus.data_fingerprint, "tokenizer": self.corpus.tokenizer_fingerprint},
             "init": self.init_record,
@@ -359,15 +401,16 @@ class Trainer:
             "total_steps": self.total_steps,
         }
 
-    def save(self) -> None:
+    def save(self, best: bool = False) -> None:
         """Rank 0 snapshots the weights to CPU and writes them in a background thread (AsyncCheckpointer,
-        which also prunes when unsupervised); the other ranks wait at a barrier (their weights are the same)."""
+        which also prunes when unsupervised; with `best` it then points BEST at it); the other ranks wait at a
+        barrier (their weights are the same)."""
         t0 = time.perf_counter()  # blocking_s: the whole stall the loop sees, from here to the return
         self.log.heartbeat(self.step, force=True)
         self.loss_guard.flush()
         self.barrier()
         if self.dist.is_main:
-            self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state())
+            self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state(), best)
         self.barrier()
         if self.dist.is_main:
             blocking, waited = time.perf_counter() - t0, self.checkpointer.last_wait_s
@@ -463,11 +506,12 @@ class Trainer:
         return loss_sum, grad_norm, n_real
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean loss over every target of the fixed validation rows (rank 0 alone; no collectives)."""
+    def evaluate(self, batches: list | None = None) -> float:
+        """Mean loss over every target of the fixed validation rows, or of `batches` (rank 0 alone; no
+        collectives)."""
         self.model.eval()
         total, count = 0.0, 0
-        for batch in self.val_batches:
+        for batch in self.val_batches if batches is None else batches:
             x, y = self.to_device(batch)
             with self.autocast():
                 total += float(next_token_loss(self.model(x).logits, y, reduction="sum"))
@@ -484,7 +528,7 @@ class Trainer:
         fields = dict(step=self.step, tokens_seen=self.tokens_seen, loss=round(loss, 6),
                       lr=self.current_lr, grad_norm=round(float(grad_norm), 6), tok_s=round(tok_s, 1),
                       step_time=round(step_time, 5), total_steps=self.total_steps,
-                      epoch=self.first_row(self.step) // self.sampler.items_per_epoch)
+                      epoch=self.epoch_of(self.step - 1))
         if self.device.type == "cuda":
             if self.peak_flops:
                 fields["mfu"] = round(mfu(tok_s, self.flops_per_token, self.peak_flops, self.dist.world_size), 4)
@@ -494,12 +538,54 @@ class Trainer:
             print(f"step {self.step}/{self.total_steps} loss {loss:.4f} lr {self.current_lr:.2e} "
                   f"grad_norm {float(grad_norm):.3f} {tok_s:,.0f} tok/s", flush=True)
 
-    def log_eval(self) -> None:
+    def log_eval(self) -> bool:
+        """Validate (rank 0), follow the best (EarlyStop) and keep its checkpoint (BEST) when early_stop is on.
+        Returns whether the run stops early, the same on every rank."""
+        improved = stop = False
         if self.dist.is_main:
             self.log.heartbeat(self.step, force=True)  # an evaluation can outlast many steps
             val_loss = self.evaluate()
-            self.log.write("eval", step=self.step, val_loss=round(val_loss, 6))
-            print(f"step {self.step} val_loss {val_loss:.4f}", flush=True)
+            improved = self.early.update(self.step, val_loss)
+            stop = self.early.should_stop
+            probe = {"probe_loss": round(self.evaluate(self.probe_batches), 6)} if self.probe_batches else {}
+            self.log.write("eval", step=self.step, epoch=self.epoch_of(self.step - 1), val_loss=round(val_loss, 6),
+                           best_val_loss=round(self.early.best_val_loss or val_loss, 6), **probe)
+            print(f"step {self.step} val_loss {val_loss:.4f}"
+                  + (f" probe_loss {probe['probe_loss']:.4f}" if probe else "")
+                  + (" (best)" if improved else f" (best {self.early.best_val_loss:.4f} at step "
+                                                f"{self.early.best_step})"), flush=True)
+        if self.dist.active:
+            flags = [improved, stop]
+            torch_dist.broadcast_object_list(flags, src=0)
+            improved, stop = flags
+        if improved and self.early.enabled:
+            if self.step != self.last_saved_step:
+                self.save(best=True)
+            elif self.dist.is_main:  # this step is saved (or being saved): BEST names it once it is on disk
+                from minilmd.trainer.checkpoint.save import mark_best
+
+                self.checkpointer.wait()
+                mark_best(self.cfg.checkpoint_dir, step_name(self.step))
+        return stop
+
+    def eval_due(self) -> bool:
+        """Every eval_every steps and at each epoch's end (but the last step, validated after the final save)."""
+        every = self.cfg.train.eval_every
+        if self.step == self.total_steps:
+            return False
+        return bool(every and self.step % every == 0) or self.epoch_of(self.step) != self.epoch_of(self.step - 1)
+
+    def stop_early(self) -> None:
+        """early_stop.patience validations without a new best: save (if this step is not saved) and finish."""
+        e = self.early
+        if self.dist.is_main:
+            self.log.write("early_stop", step=self.step, best_step=e.best_step, best_val_loss=e.best_val_loss,
+                           patience=e.patience)
+            print(f"minilmd: early stop at step {self.step}: no new best val loss for {e.since_best} validations; "
+                  f"the best, {e.best_val_loss:.4f} at step {e.best_step}, is BEST", flush=True)
+        if self.step != self.last_saved_step:
+            self.save()
+        self.finish_saves()
 
     # --- the loop -------------------------------------------------------------------------------------------------
     def train(self) -> int:
@@ -547,8 +633,9 @@ class Trainer:
             self.log.heartbeat(self.step)  # at most once a second (and at once after the compiling step)
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 self.log_train(loss_sum, grad_norm, meter)
-            if t.eval_every and self.step % t.eval_every == 0 and self.step != self.total_steps:
-                self.log_eval()
+            if self.eval_due() and self.log_eval():
+                self.stop_early()
+                return EXIT_DONE
 
 
 def run(cfg: RunConfig) -> int:

@@ -34,7 +34,7 @@ class ChatSession:
 
     def __init__(self, checkpoint: str | Path, tokenizer: str | Path | None = None, device: str = "auto",
                  max_new_tokens: int = 256, temperature: float = 0.85, top_p: float = 0.85, top_k: int = 50,
-                 seed: int | None = None):
+                 seed: int | None = None, lora: str | None = None, no_lora: bool = False):
         from tokenizers import Tokenizer
 
         from minilmd.trainer.model.export import ExportError, find_chat_config, find_tokenizer, load_model
@@ -46,7 +46,7 @@ class ChatSession:
             raise ExportError(f"{checkpoint}: no chat template found (a model trained on a chat corpus carries its "
                               "tokenizer_config.json); pass --tokenizer DIR/tokenizer.json of a tokenizer with one")
         self.template = ChatTemplate.from_config(config)
-        self.model, _ = load_model(checkpoint, device)
+        self.model, _ = load_model(checkpoint, device, lora, no_lora)
         self.tok = Tokenizer.from_file(str(find_tokenizer(checkpoint, tokenizer)))
         self.limit = self.model.config.max_position_embeddings
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k

@@ -21,6 +21,7 @@ from typing import Any
 from minilmd.fsio import publish_dir, publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
 from minilmd.names import (
+    BEST,
     CORPUS_TOKENIZER,
     LATEST,
     MODEL_FILE,
@@ -38,11 +39,13 @@ class ExportError(ValueError):
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint directory, or from a root: the one `LATEST` names, else the
-    newest `step-*` directory with a manifest."""
+    """A checkpoint directory from a checkpoint directory, from a pointer file (ROOT/LATEST, ROOT/BEST: the one it
+    names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest."""
     from minilmd.checkpoint import list_checkpoints, read_latest
 
     path = Path(path)
+    if path.name in (LATEST, BEST) and path.is_file():  # ROOT/BEST: the lowest val loss (early_stop)
+        path = path.parent / (read_latest(path.parent, path.name) or "")
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
     if not (path / MODEL_FILE).is_file():
@@ -67,11 +70,20 @@ def _validate(ckpt: Path) -> None:
         raise ExportError(f"checkpoint is invalid: {e}") from None
 
 
-def read_checkpoint(path: str | Path, validate: bool = True) -> tuple[dict, dict[str, Any], dict[str, Any]]:
-    """(weights as fp32 tensors, model config dict, trainer_state) of a checkpoint (or of LATEST under a root)."""
+def read_checkpoint(path: str | Path, validate: bool = True,
+                    merge: bool = False) -> tuple[dict, dict[str, Any], dict[str, Any]]:
+    """(weights as fp32 tensors, model config dict, trainer_state) of a checkpoint (or of LATEST under a root).
+    A LoRA checkpoint (adapters only) gives its base with the adapters merged in with `merge`, else is refused."""
     from safetensors.torch import load_file
 
+    from minilmd.trainer.model.adapter import lora_state, merged_weights
+
     ckpt = resolve_checkpoint(path)
+    if lora_state(ckpt) is not None:
+        if not merge:
+            raise ExportError(f"{ckpt}: a LoRA checkpoint holds adapters only: export them with --format peft, "
+                              f"or the full weights with --merge")
+        return merged_weights(ckpt)
     if validate:
         _validate(ckpt)
     try:
@@ -93,10 +105,17 @@ def read_checkpoint(path: str | Path, validate: bool = True) -> tuple[dict, dict
     return weights, model_cfg, state
 
 
-def load_model(path: str | Path, device: str = "cpu"):
-    """A MiniMindForCausalLM in eval mode with a checkpoint's weights, and the trainer_state."""
+def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = None, no_lora: bool = False):
+    """A MiniMindForCausalLM in eval mode with a checkpoint's weights, and the trainer_state. With `lora` (a LoRA
+    checkpoint), `path` is its base and the adapters go on it; a LoRA checkpoint as `path` brings its recorded
+    base; `no_lora` switches the adapters off (the base alone)."""
+    from minilmd.trainer.model.adapter import load_lora_model, lora_state
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
+    if lora:
+        return load_lora_model(lora, device, base=path, active=not no_lora)
+    if lora_state(path) is not None:
+        return load_lora_model(path, device, active=not no_lora)
     weights, model_cfg, state = read_checkpoint(path)
     model = MiniMindForCausalLM(model_cfg)
     model.load_state_dict(weights, strict=True)
@@ -157,11 +176,11 @@ def with_tied_head(weights: dict) -> dict:
     return out
 
 
-def export_minimind(path: str | Path, out: str | Path) -> Path:
+def export_minimind(path: str | Path, out: str | Path, merge: bool = False) -> Path:
     """Write MiniMind's .pth: fp16 state dict, both names for the tied head. Returns the file written."""
     import torch
 
-    weights, _, _ = read_checkpoint(path)
+    weights, _, _ = read_checkpoint(path, merge=merge)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
@@ -247,7 +266,7 @@ def _tokenizer_config(max_length: int) -> dict[str, Any]:
 
 
 def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None,
-              dtype: str = "float32") -> Path:
+              dtype: str = "float32", merge: bool = False) -> Path:
     """Write an HF Qwen3 directory. Written under a temporary name and renamed, so a half export never looks
     finished. Refuses to overwrite a non-empty directory."""
     import torch
@@ -255,7 +274,7 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
 
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    weights, model_cfg, _ = read_checkpoint(path)
+    weights, model_cfg, _ = read_checkpoint(path, merge=merge)
     tokenizer_path = find_tokenizer(path, tokenizer)
     chat = find_chat_config(path, tokenizer)
     out_dir = Path(out_dir)

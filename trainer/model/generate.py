@@ -74,7 +74,7 @@ def generate(model: MiniMindForCausalLM, ids: torch.Tensor | list[int], max_new_
 
 def sample_text(checkpoint: str | Path, prompt: str, tokenizer: str | Path | None = None,
                 max_new_tokens: int = 128, temperature: float = 0.85, top_p: float = 0.85, top_k: int = 50,
-                seed: int | None = None, device: str = "auto") -> str:
+                seed: int | None = None, device: str = "auto", lora: str | None = None, no_lora: bool = False) -> str:
     """The continuation of BOS + prompt by the model of a checkpoint, decoded (prompt not repeated)."""
     from tokenizers import Tokenizer
 
@@ -82,7 +82,7 @@ def sample_text(checkpoint: str | Path, prompt: str, tokenizer: str | Path | Non
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, _ = load_model(checkpoint, device)
+    model, _ = load_model(checkpoint, device, lora, no_lora)
     tok = Tokenizer.from_file(str(find_tokenizer(checkpoint, tokenizer)))
     prompt_ids = [BOS_ID] + tok.encode(prompt, add_special_tokens=False).ids
     generator = None

@@ -1,0 +1,135 @@
+"""`minilmd status`'s view of fitting: train and val loss per epoch, and the signs of overfitting and forgetting.
+
+Read from metrics.jsonl (the trainer's train, eval and early_stop lines, each with its epoch) and [eval] of the
+run's config copy:
+- per epoch: the mean train loss over its logged steps and their spread (min-max and standard deviation: the
+  seed's "0.08 ~ 2.5 jumping" signature of a fine-tune overfitting), the last val loss, the probe loss;
+- "val loss rising for N evals": the last eval.warn_rising validations each above the one before;
+- "train/val gap > X": the last val loss above its epoch's mean train loss by more than eval.warn_gap;
+- "probe loss rising": the retention probe ([eval] probe) above its first value by more than the gap;
+- the early stop, and which checkpoint is BEST.
+Torch-free and light, like the rest of the views.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from minilmd import names
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass
+class Epoch:
+    epoch: int
+    train: list[float]
+    val: float | None = None
+    probe: float | None = None
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.train) / len(self.train) if self.train else None
+
+    @property
+    def std(self) -> float:
+        m = self.mean
+        return math.sqrt(sum((x - m) ** 2 for x in self.train) / len(self.train)) if self.train and m else 0.0
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    try:
+        text = (run_dir / names.METRICS).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn last line
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def warn_settings(run_dir: Path) -> tuple[int, float]:
+    """(eval.warn_rising, eval.warn_gap) of the run's config copy, the defaults where it says nothing."""
+    from minilmd.config import EvalSection
+
+    defaults = EvalSection()
+    try:
+        section = tomllib.loads((run_dir / names.RUN_CONFIG_COPY).read_text(encoding="utf-8")).get("eval") or {}
+    except (OSError, ValueError):
+        section = {}
+    return int(section.get("warn_rising", defaults.warn_rising)), float(section.get("warn_gap", defaults.warn_gap))
+
+
+def epochs(records: list[dict]) -> list[Epoch]:
+    by_epoch: dict[int, Epoch] = {}
+    for r in records:
+        if "epoch" not in r or r.get("kind") not in ("train", "eval"):
+            continue
+        e = by_epoch.setdefault(int(r["epoch"]), Epoch(int(r["epoch"]), []))
+        if r["kind"] == "train" and isinstance(r.get("loss"), (int, float)):
+            e.train.append(float(r["loss"]))
+        elif r["kind"] == "eval":
+            e.val = r.get("val_loss", e.val)
+            e.probe = r.get("probe_loss", e.probe)
+    return [by_epoch[k] for k in sorted(by_epoch)]
+
+
+def warnings(records: list[dict], warn_rising: int, warn_gap: float) -> list[str]:
+    """The overfitting and forgetting warnings the records show now (see the module docstring)."""
+    out = []
+    evals = [r for r in records if r.get("kind") == "eval" and isinstance(r.get("val_loss"), (int, float))]
+    vals = [float(r["val_loss"]) for r in evals]
+    rising = 0
+    for before, after in zip(reversed(vals[:-1]), reversed(vals), strict=False):
+        if after <= before:
+            break
+        rising += 1
+    if rising >= warn_rising:
+        out.append(f"val loss rising for {rising} evals ({vals[-rising - 1]:.4f} -> {vals[-1]:.4f} at step "
+                   f"{evals[-1].get('step')})")
+    done = epochs(records)
+    last = next((e for e in reversed(done) if e.val is not None and e.mean is not None), None)
+    if last is not None and last.val is not None and last.mean is not None and last.val - last.mean > warn_gap:
+        out.append(f"train/val gap {last.val - last.mean:.3f} > {warn_gap:g} in epoch {last.epoch} (train "
+                   f"{last.mean:.4f}, val {last.val:.4f})")
+    probes = [float(r["probe_loss"]) for r in evals if isinstance(r.get("probe_loss"), (int, float))]
+    if len(probes) > 1 and probes[-1] - probes[0] > warn_gap:
+        out.append(f"probe loss rising: {probes[0]:.4f} -> {probes[-1]:.4f} (forgetting the earlier stage)")
+    return out
+
+
+def fit_lines(run_dir: str | Path) -> list[str]:
+    """status's lines: one per epoch (the last 5), the warnings, the early stop."""
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    done = epochs(records)
+    if not done:
+        return []
+    lines = []
+    for e in done[-5:]:
+        parts = [f"  epoch {e.epoch}:"]
+        if e.mean is not None:
+            parts.append(f"train {e.mean:.4f} (per-batch {min(e.train):.3f}..{max(e.train):.3f}, std {e.std:.3f}, "
+                         f"{len(e.train)} logs)")
+        if e.val is not None:
+            parts.append(f"val {e.val:.4f}")
+        if e.probe is not None:
+            parts.append(f"probe {e.probe:.4f}")
+        lines.append("  ".join(parts))
+    lines += [f"  WARNING: {w}" for w in warnings(records, *warn_settings(run_dir))]
+    stop = next((r for r in reversed(records) if r.get("kind") == "early_stop"), None)
+    if stop:
+        lines.append(f"  early stop at step {stop.get('step')}: best val loss {stop.get('best_val_loss'):.4f} at "
+                     f"step {stop.get('best_step')} (the checkpoint BEST names)")
+    return lines

@@ -1,0 +1,75 @@
+"""Early stop against overfitting: a tiny corpus trained for many epochs under `minilmd run` stops itself (exit 0,
+final sync) once the val loss stops improving; BEST names the checkpoint of the lowest val loss, locally and on the
+remote, pruning and retention keep it, `export` takes ROOT/BEST; `status` shows train and val loss per epoch with the
+per-batch spread and warned before the stop. The EarlyStop counter and the warnings are also checked alone."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minilmd import checkpoint as ck
+from minilmd.config import load_config
+from minilmd.daemon.fitwatch import warnings
+from minilmd.names import BEST
+from minilmd.trainer.loop.early_stop import EarlyStop
+from supervisor_helpers import cli, run_supervisor, write_config
+from trainer_corpus import TINY_MODEL, read_metrics, real_text_prepared
+
+
+def test_early_stop_counts_validations_without_a_new_best():
+    e = EarlyStop(patience=2, min_delta=0.01)
+    assert [e.update(s, v) for s, v in ((1, 3.0), (2, 2.5), (3, 2.495), (4, 2.6))] == [True, True, False, False]
+    assert e.should_stop and (e.best_step, e.best_val_loss) == (2, 2.5)
+    again = EarlyStop(patience=2, min_delta=0.01)
+    again.restore(e.state())
+    assert again.should_stop and again.state() == e.state()
+    assert not EarlyStop(patience=0, min_delta=0).should_stop
+
+
+def test_warnings_rising_gap_and_probe():
+    evals = [{"kind": "eval", "step": s, "epoch": s, "val_loss": v, "probe_loss": p}
+             for s, v, p in ((1, 2.0, 3.0), (2, 1.8, 3.1), (3, 1.9, 3.3), (4, 2.1, 3.9))]
+    trains = [{"kind": "train", "step": 4, "epoch": 4, "loss": x} for x in (0.1, 2.4, 0.05)]
+    found = warnings(evals + trains, warn_rising=2, warn_gap=0.5)
+    assert any("val loss rising for 2 evals (1.8000 -> 2.1000" in w for w in found), found
+    assert any("train/val gap 1.250 > 0.5 in epoch 4" in w for w in found), found
+    assert any("probe loss rising: 3.0000 -> 3.9000" in w for w in found), found
+    assert warnings(evals[:2], warn_rising=2, warn_gap=0.5) == []
+
+
+@pytest.mark.slow
+def test_a_tiny_corpus_overfits_stops_itself_and_keeps_its_best(tmp_path):
+    tiny, vocab = real_text_prepared(tmp_path / "tiny", n_docs=80, vocab_size=300)  # 72 reviews to learn by heart
+    config = write_config(tmp_path, (tiny, vocab), name="overfit", model=dict(TINY_MODEL),
+                          data={"mode": "padded", "prepared": str(tiny)},
+                          train={"seq_len": 64, "max_steps": 0, "max_epochs": 80, "lr": 1.5e-2, "min_lr_ratio": 1.0,
+                                 "warmup_steps": 0, "eval_every": 0, "checkpoint_every": 40, "log_every": 2,
+                                 "device": "cpu"},
+                          early_stop={"patience": 3}, eval={"warn_rising": 2, "warn_gap": 0.5})
+    assert run_supervisor(config, tmp_path, timeout=240, fake=False) == 0
+    cfg = load_config(config)
+    records = read_metrics(cfg.run_dir)
+    stop = next(r for r in records if r["kind"] == "early_stop")
+    evals = [r for r in records if r["kind"] == "eval"]
+    total = next(r["total_steps"] for r in records if r["kind"] == "train")
+    assert stop["step"] < total / 2, (stop, total)  # it stopped itself, long before its 80 epochs
+    best = min(evals, key=lambda r: r["val_loss"])
+    assert stop["best_step"] == best["step"] and stop["best_val_loss"] == pytest.approx(best["val_loss"], abs=1e-6)
+    assert len({r["epoch"] for r in evals}) == len(evals) >= 4  # one validation per epoch's end
+    for root in (cfg.checkpoint_dir, cfg.run.remote):
+        name = ck.read_best(root)
+        assert name == f"step-{best['step']:08d}", (root, name)
+        assert ck.validate(f"{root}/{name}")["early_stop"]["best_step"] == best["step"]
+    assert ck.read_latest(cfg.run.remote) == f"step-{stop['step']:08d}"  # the final sync: the last one too
+
+    # status warned before the stop: at the validation before it, the records already showed overfitting
+    before = [r for r in records if r["step"] <= evals[-2]["step"] and r["kind"] in ("train", "eval")]
+    assert warnings(before, warn_rising=2, warn_gap=0.5), before[-3:]
+    shown = cli("status", str(cfg.run_dir), fake=False).stdout
+    assert "WARNING: train/val gap" in shown and "per-batch" in shown and "early stop at step" in shown, shown
+
+    out = cli("export", f"{cfg.run.remote}/{BEST}", "--format", "hf", "--out", str(tmp_path / "best-hf"),
+              fake=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "best-hf" / "config.json").read_text())["hidden_size"] == TINY_MODEL["hidden_size"]

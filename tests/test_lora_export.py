@@ -1,0 +1,82 @@
+"""A LoRA run's adapters outside minilmd: `export --format peft` loads with `PeftModel.from_pretrained` onto the HF
+export of the base and gives the logits of minilmd's model with the adapter on; `--merge` gives full weights of
+those logits; `sample --lora` / `--no-lora` switch the adapter; a base other than the adapter's is refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from minilmd.cli import app
+from minilmd.config import load_config
+from minilmd.protocol import EXIT_DONE
+from minilmd.trainer.loop.train import Dist, Trainer
+from minilmd.trainer.model.export import ExportError, load_model
+from trainer_corpus import write_config
+from weights_helpers import save_checkpoint, tiny_model
+
+pytestmark = pytest.mark.slow  # a Trainer, four exports, transformers and peft: ~10 s
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def invoke(*args: str) -> str:
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_peft_round_trip_merge_and_switching_the_adapter(tmp_path, corpus):
+    from peft import PeftModel
+    from transformers import Qwen3ForCausalLM
+
+    prepared, vocab = corpus
+    tokenizer = prepared / "tokenizer.json"
+    base = save_checkpoint(tmp_path / "base" / "checkpoints", tiny_model(seed=5, vocab_size=vocab), step=2)
+    cfg = load_config(write_config(tmp_path, corpus, name="lora", init={"from": str(base)},
+                                   lora={"rank": 4, "alpha": 8.0, "dropout": 0.05, "targets": ALL},
+                                   train={"max_steps": 3, "lr": 2e-2, "checkpoint_every": 100}))
+    assert Trainer(cfg, Dist(0, 1, 0, torch.device("cpu"))).train() == EXIT_DONE
+    adapter = cfg.checkpoint_dir / "step-00000003"
+
+    invoke("export", adapter, "--format", "peft", "--out", tmp_path / "peft")
+    invoke("export", base, "--format", "hf", "--out", tmp_path / "hf", "--tokenizer", tokenizer)
+    invoke("export", adapter, "--format", "hf", "--merge", "--out", tmp_path / "merged")
+    refused = CliRunner().invoke(app, ["export", str(adapter), "--format", "hf", "--out", str(tmp_path / "x")])
+    assert refused.exit_code == 1 and "--format peft" in refused.output and "--merge" in refused.output
+
+    keys = set(load_file(tmp_path / "peft" / "adapter_model.safetensors"))
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in keys
+    assert len(keys) == 2 * len(ALL) * cfg.model.num_hidden_layers
+    peft_cfg = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert (peft_cfg["r"], peft_cfg["lora_alpha"], peft_cfg["target_modules"]) == (4, 8.0, ALL)
+
+    ids = torch.randint(3, vocab, (2, 24))
+    ours, _ = load_model(adapter)
+    plain, _ = load_model(base)
+    switched_off, _ = load_model(adapter, no_lora=True)
+    on_named_base, _ = load_model(base, lora=adapter)
+    peft_model = PeftModel.from_pretrained(Qwen3ForCausalLM.from_pretrained(tmp_path / "hf"), tmp_path / "peft")
+    peft_model.eval()
+    merged = Qwen3ForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        want = ours(ids).logits
+        assert not torch.allclose(want, plain(ids).logits, atol=1e-3)  # the adapter changes the model
+        torch.testing.assert_close(peft_model(input_ids=ids).logits, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(merged(input_ids=ids).logits, want, atol=1e-4, rtol=1e-4)
+        assert torch.equal(on_named_base(ids).logits, want)
+        assert torch.equal(switched_off(ids).logits, plain(ids).logits)
+        with peft_model.disable_adapter():
+            torch.testing.assert_close(peft_model(input_ids=ids).logits, plain(ids).logits, atol=1e-4, rtol=1e-4)
+
+    other = save_checkpoint(tmp_path / "other", tiny_model(seed=9, vocab_size=vocab), step=1)
+    with pytest.raises(ExportError, match="trained on the base"):
+        load_model(other, lora=adapter)
+
+    greedy = ("--prompt", "好", "--temperature", "0", "--max-new-tokens", "6", "--tokenizer", tokenizer,
+              "--device", "cpu")
+    assert invoke("sample", base, "--lora", adapter, *greedy) == invoke("sample", adapter, *greedy)
+    assert invoke("sample", adapter, "--no-lora", *greedy) == invoke("sample", base, *greedy)

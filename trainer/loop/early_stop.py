@@ -1,0 +1,72 @@
+"""Early stopping on the validation loss, and the retention probe evaluated beside it.
+
+`EarlyStop` follows the val loss of every validation (every train.eval_every steps and at each epoch's end): a
+new best (below the best by more than early_stop.min_delta) resets the count; `patience` validations in a row
+without one stop the run cleanly (exit 0, like a finished budget). Its state travels in trainer_state.json, so a
+resumed run counts on where it left off. The trainer keeps the checkpoint of each new best (BEST, which pruning,
+the sync and the remote's retention keep besides the newest).
+
+`probe_batches`: the val split of an earlier stage's prepared corpus ([eval] probe), whose loss shows forgetting.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minilmd.config import ConfigError, RunConfig
+
+
+@dataclass
+class EarlyStop:
+    patience: int
+    """0: never stop (the best is still followed, for the metrics)."""
+    min_delta: float
+    best_step: int | None = None
+    best_val_loss: float | None = None
+    since_best: int = 0
+    """Validations since the best one."""
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> EarlyStop:
+        return cls(cfg.early_stop.patience, cfg.early_stop.min_delta)
+
+    @property
+    def enabled(self) -> bool:
+        return self.patience > 0
+
+    def update(self, step: int, val_loss: float) -> bool:
+        """Count one validation; True when it is a new best."""
+        if self.best_val_loss is None or val_loss < self.best_val_loss - self.min_delta:
+            self.best_step, self.best_val_loss, self.since_best = step, val_loss, 0
+            return True
+        self.since_best += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.enabled and self.since_best >= self.patience
+
+    def state(self) -> dict:
+        return {"best_step": self.best_step, "best_val_loss": self.best_val_loss, "since_best": self.since_best}
+
+    def restore(self, state: dict | None) -> None:
+        if state:
+            self.best_step, self.best_val_loss = state.get("best_step"), state.get("best_val_loss")
+            self.since_best = int(state.get("since_best", 0))
+
+
+def probe_batches(cfg: RunConfig) -> list:
+    """The fixed validation rows of [eval] probe's val split (packed windows of a text corpus, padded rows of a
+    chat corpus), or [] without a probe. Its vocabulary must be the model's."""
+    from minilmd.corpus import open_prepared
+    from minilmd.trainer.data.samplers import validation_batches
+
+    if not cfg.eval.probe:
+        return []
+    corpus = open_prepared(cfg.eval.probe)
+    if corpus.vocab_size != cfg.model.vocab_size:
+        raise ConfigError([f"eval.probe = {cfg.eval.probe!r} was tokenized with a vocabulary of {corpus.vocab_size}, "
+                           f"the model has {cfg.model.vocab_size}"], cfg.source)
+    val = corpus.val
+    mode = "padded" if corpus.data_format == "chat" else "packed"
+    return validation_batches(mode, val.tokens, val.doc_starts, cfg.train.seq_len, cfg.data.val_windows,
+                              cfg.train.micro_batch_size, val.loss_mask)

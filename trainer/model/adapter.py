@@ -1,0 +1,145 @@
+"""A LoRA run's checkpoints outside training: the base + adapter as one model, PEFT's adapter format, merged weights.
+
+A LoRA checkpoint holds the adapters only (trainer/model/lora.py); its trainer_state records the base
+(`init`: the path and fingerprint of the checkpoint or .pth the run was trained on) and its [lora] config.
+- `load_lora_model(adapter, base=None)`: the base (the recorded one, or `base` given by `sample BASE --lora
+  ADAPTER`), validated and checked against the recorded fingerprint, wrapped and loaded with the adapters.
+- `export_peft(adapter, out_dir)`: `adapter_model.safetensors` under PEFT's key names
+  (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`) and an `adapter_config.json` of PEFT's
+  LoraConfig fields, which `PeftModel.from_pretrained(Qwen3ForCausalLM.from_pretrained(<hf export of the base>),
+  out_dir)` loads: the same logits as `load_lora_model` (tests/test_lora_export.py).
+- `merged_weights(adapter)`: the base with every adapter folded in, for `export --merge --format hf|minimind`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from minilmd.checkpoint import saved_lora
+from minilmd.fsio import publish_dir
+from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE, export_tmp_name
+
+PEFT_PREFIX = "base_model.model."
+"""What PeftModel puts before the wrapped model's own parameter names in a saved adapter."""
+
+
+def lora_state(path: str | Path) -> dict | None:
+    """The trainer_state of a LoRA checkpoint (or of LATEST under a root), None for a full-weights checkpoint."""
+    from minilmd.trainer.model.export import resolve_checkpoint
+
+    try:
+        state = json.loads((resolve_checkpoint(path) / TRAINER_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and saved_lora(state) else None
+
+
+def _base_weights(state: dict, base: str | Path | None) -> dict:
+    """The base weights of a LoRA checkpoint: `base`, else its recorded init path, validated strictly, and with the
+    fingerprint the adapter was trained on."""
+    from minilmd.config import ConfigError, RunConfig
+    from minilmd.init_source import describe, same_source
+    from minilmd.model_shapes import as_model_section
+    from minilmd.trainer.checkpoint.init_weights import load_init
+    from minilmd.trainer.model.export import ExportError
+
+    recorded = state.get("init") or {}
+    source = str(base) if base else recorded.get("path", "")
+    cfg = RunConfig(source="the adapter's base")
+    cfg.model = as_model_section(state["config"]["model"])
+    cfg.init.from_ = source
+    try:
+        weights, found = load_init(cfg)
+    except ConfigError as e:
+        raise ExportError(f"the base of this adapter: {'; '.join(e.problems)}") from None
+    if not same_source(recorded, found):
+        raise ExportError(f"the adapter was trained on the base {describe(recorded)}, but {source} is "
+                          f"{describe(found)}")
+    return weights
+
+
+def load_lora_model(adapter: str | Path, device: str = "cpu", base: str | Path | None = None,
+                    active: bool = True):
+    """(MiniMindForCausalLM in eval mode with the adapters on it, the adapter's trainer_state); active=False: the
+    base alone (`--no-lora`)."""
+    from safetensors.torch import load_file
+
+    from minilmd.names import MODEL_FILE
+    from minilmd.trainer.model.export import _validate, resolve_checkpoint
+    from minilmd.trainer.model.lora import apply_lora, load_adapter, set_active
+    from minilmd.trainer.model.minimind import MiniMindForCausalLM
+
+    ckpt = resolve_checkpoint(adapter)
+    _validate(ckpt)
+    state = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))
+    model = MiniMindForCausalLM(state["config"]["model"])
+    model.load_state_dict(_base_weights(state, base), strict=True)
+    apply_lora(model, saved_lora(state) or {})
+    load_adapter(model, load_file(str(ckpt / MODEL_FILE)))
+    set_active(model, active)
+    return model.to(device).eval(), state
+
+
+def merged_weights(adapter: str | Path) -> tuple[dict, dict[str, Any], dict[str, Any]]:
+    """(full fp32 weights with the adapters merged in, model config, trainer_state): read_checkpoint's answer for
+    `export --merge`."""
+    from minilmd.trainer.model.lora import merged_state_dict
+
+    model, state = load_lora_model(adapter)
+    return merged_state_dict(model), state["config"]["model"], state
+
+
+def peft_config(state: dict, base_name: str) -> dict[str, Any]:
+    """adapter_config.json: PEFT's LoraConfig fields for this adapter (plain LoRA: no DoRA, no rsLoRA)."""
+    lora = saved_lora(state) or {}
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_name,
+        "r": lora["rank"],
+        "lora_alpha": lora["alpha"],
+        "lora_dropout": lora["dropout"],
+        "target_modules": list(lora["targets"]),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "revision": None,
+    }
+
+
+def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -> Path:
+    """Write a PEFT adapter directory (see the module docstring); `base_name` goes into base_model_name_or_path
+    (default: the base checkpoint's path). Published by a rename; an existing non-empty directory is refused."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from minilmd.names import MODEL_FILE
+    from minilmd.trainer.model.export import ExportError, _validate, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(adapter)
+    state = lora_state(ckpt)
+    if state is None:
+        raise ExportError(f"{ckpt}: not a LoRA checkpoint (its run has no [lora] rank); export it with --format hf "
+                          f"or minimind")
+    _validate(ckpt)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
+    tmp = out_dir.with_name(export_tmp_name(out_dir.name))
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in load_file(str(ckpt / MODEL_FILE)).items()}
+    save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+    config = peft_config(state, base_name or str((state.get("init") or {}).get("path", "")))
+    (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return publish_dir(tmp, out_dir)
