@@ -183,6 +183,26 @@ def wait_bounded(popen, seconds: float, while_waiting=None, interval: float = 0.
         time.sleep(interval)
 
 
+def trainer_threads(command: list[str], devices: str, environ, cores: int | None = None,
+                    load: float | None = None) -> tuple[str, str]:
+    """OMP_NUM_THREADS for a trainer, and why. A value set for the supervisor is never overridden. A torchrun rank
+    and a GPU trainer get 1 (their CPU work is the Python host loop, which threads do not speed up; more threads only
+    contend with the other ranks and with other users' jobs). A single CPU trainer gets the cores that are idle at
+    launch: all it may run on (`cores`) less the 1-minute load average (`load`), at least 1. OpenMP threads on cores
+    that other work keeps busy are far slower than one thread (docs/training.md has the measurement: 2 threads ran
+    at 0.06-0.31x of 1 on a loaded 2-core host)."""
+    if environ.get("OMP_NUM_THREADS"):
+        return environ["OMP_NUM_THREADS"], "set for the supervisor, kept"
+    if "torch.distributed.run" in command:
+        return "1", "one thread per torchrun rank"
+    if devices:
+        return "1", "a GPU trainer: its host loop is one thread"
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    load = os.getloadavg()[0] if load is None else load
+    idle = max(1, min(cores, round(cores - load)))
+    return str(idle), f"a single CPU trainer: the idle cores, {cores} cores less load {load:.1f}"
+
+
 def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None) -> Child:
     """Start the trainer in its own session, output appended to its attempt log."""
     log_path = attempt_log_path(run_dir, attempt)
@@ -193,9 +213,10 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
     env[LAUNCH_ID_ENV] = record_launch(run_dir, attempt)
     env["CUDA_VISIBLE_DEVICES"] = devices
     env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env["OMP_NUM_THREADS"], threads_why = trainer_threads(command, devices, env)
     with open(log_path, "ab") as log:
-        log.write(f"# attempt {attempt}: {shlex.join(command)}\n# CUDA_VISIBLE_DEVICES={devices!r}\n".encode())
+        log.write(f"# attempt {attempt}: {shlex.join(command)}\n# CUDA_VISIBLE_DEVICES={devices!r}\n"
+                  f"# OMP_NUM_THREADS={env['OMP_NUM_THREADS']} ({threads_why})\n".encode())
         log.flush()
         popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True, close_fds=True)

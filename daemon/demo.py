@@ -4,7 +4,8 @@
 2. trains a byte-level BPE tokenizer (vocab 6400, MiniMind's special ids) and prepares the packed token stream,
 3. runs the supervisor on a small model: it stages the corpus into scratch, trains, syncs checkpoints to a local
    directory standing for NFS, and survives a real SIGBUS injected into the trainer halfway,
-4. shows `minilmd status`, verifies the synced checkpoint and samples from it.
+4. shows `minilmd status`, verifies the synced checkpoint and samples from it,
+5. draws the curves of both attempts with `minilmd plot`.
 
 Every step is a real `minilmd` command, printed before it runs, so the output doubles as a tutorial.
 """
@@ -130,6 +131,9 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
 
     say("5. Text from the model the run left on the 'NFS' share")
     minilmd("sample", str(root_path / "nfs"), "--prompt", "这本书", "--max-new-tokens", "40", "--temperature", "0.8")
+
+    say("6. The curves of both attempts, the SIGBUS restart marked (needs matplotlib: minilmd[plot])")
+    minilmd("plot", str(root_path / "run"), "--out", str(root_path / "curves.png"), check=False)
 
     print(f"\ndemo finished in {time.monotonic() - started:.0f} s; everything is under {root_path}/ "
           f"(the config: {config})")

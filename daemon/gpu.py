@@ -11,7 +11,10 @@ safe to use is busy, and says why). Nothing here signals any process.
 Usage, once per `gpu.poll_interval`:
     report = admission.poll()                 # optional: the view for state.json / the log
     lease = admission.try_acquire(gpu.count)  # polls itself unless poll() was just called
-Torch-free; NVML comes from nvidia-ml-py (`pynvml`), imported only in `open_nvml_or_reason()`.
+Each poll states the numbers it compared (`DeviceStatus.checks`: "used 7 MiB <= 200") and any fallback the
+driver forced (`DeviceStatus.fallbacks`: v1 memory, an older process listing, memory alone); daemon/nvml.py chooses
+the versions. A card in MIG mode is never admitted (MIG_REFUSED says why). Torch-free; NVML comes from nvidia-ml-py
+(`pynvml`), imported only in `open_nvml_or_reason()` (daemon/nvml.py).
 """
 from __future__ import annotations
 
@@ -25,84 +28,36 @@ from typing import Protocol
 from minilmd.config import GpuSection
 from minilmd.daemon import leases
 from minilmd.daemon.leases import LeaseFile
+from minilmd.daemon.nvml import MemoryReading, ProcessListing, open_nvml_or_reason
 from minilmd.fmt import fmt_duration
 
-MIB = 1024 * 1024
+__all__ = ["GpuAdmission", "DeviceLease", "PollReport", "DeviceStatus", "cuda_visible_devices",
+           "open_nvml_or_reason"]
 
 
 class Nvml(Protocol):
-    """The few NVML queries admission needs; `PynvmlBackend` is the real one, tests use tests/fakes_nvml.py."""
+    """The few NVML queries admission needs; `PynvmlBackend` (daemon/nvml.py) is the real one, tests use
+    tests/fakes_nvml.py (a scripted Nvml, and a fake NVML library under the real pynvml)."""
 
     def device_count(self) -> int: ...
 
     def name(self, i: int) -> str: ...
 
-    def memory_used_mib(self, i: int) -> int: ...
+    def memory(self, i: int) -> MemoryReading:
+        """Used memory, from the v2 query where the driver has it (v1 counts the driver's reserve as used)."""
 
     def utilization(self, i: int) -> int | None:
-        """GPU utilisation in percent, or None where the device cannot report it (MIG slices)."""
+        """GPU utilisation in percent, or None where the device cannot report it."""
 
-    def compute_processes(self, i: int) -> list[tuple[int, int]]:
-        """(pid, used MiB) of every compute process on device i."""
+    def processes(self, i: int) -> ProcessListing:
+        """(pid, used MiB) of every compute process on device i, or None where no listing call works."""
 
-
-class PynvmlBackend:
-    """Nvml over nvidia-ml-py. Device handles are looked up by index on every call: cheap, and robust against a
-    device that disappears and comes back."""
-
-    def __init__(self, pynvml_module):
-        self._nv = pynvml_module
-
-    def _h(self, i: int):
-        return self._nv.nvmlDeviceGetHandleByIndex(i)
-
-    def device_count(self) -> int:
-        return int(self._nv.nvmlDeviceGetCount())
-
-    def name(self, i: int) -> str:
-        n = self._nv.nvmlDeviceGetName(self._h(i))
-        return n.decode() if isinstance(n, bytes) else str(n)
-
-    def uuid(self, i: int) -> str:
-        u = self._nv.nvmlDeviceGetUUID(self._h(i))
-        return u.decode() if isinstance(u, bytes) else str(u)
-
-    def memory_used_mib(self, i: int) -> int:
-        return int(self._nv.nvmlDeviceGetMemoryInfo(self._h(i)).used // MIB)
-
-    def utilization(self, i: int) -> int | None:
-        try:
-            return int(self._nv.nvmlDeviceGetUtilizationRates(self._h(i)).gpu)
-        except self._nv.NVMLError_NotSupported:
-            return None
-
-    def compute_processes(self, i: int) -> list[tuple[int, int]]:
-        procs = self._nv.nvmlDeviceGetComputeRunningProcesses(self._h(i))
-        # usedGpuMemory is None where the driver hides it (containers without the pid namespace of the host).
-        return [(int(p.pid), int((p.usedGpuMemory or 0) // MIB)) for p in procs]
-
-    def close(self) -> None:
-        try:
-            self._nv.nvmlShutdown()
-        except self._nv.NVMLError:
-            pass
+    def mig_enabled(self, i: int) -> bool: ...
 
 
-def open_nvml_or_reason() -> PynvmlBackend | str:
-    """The NVML backend, or a sentence saying why there is none (no library, no driver, no device)."""
-    try:
-        import pynvml
-    except ImportError:
-        return "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError_LibraryNotFound:
-        return "no NVIDIA driver: the NVML library (libnvidia-ml.so.1) was not found"
-    except pynvml.NVMLError_DriverNotLoaded:
-        return "the NVIDIA driver is not loaded"
-    except pynvml.NVMLError as e:
-        return f"NVML failed to start: {e}"
-    return PynvmlBackend(pynvml)
+MIG_REFUSED = ("MIG mode is enabled: minilmd does not admit MIG instances (a CUDA process sees one instance, so "
+               "neither DDP nor the card's whole memory is available); disable MIG (nvidia-smi -i {i} -mig 0, as "
+               "root, then reset the card) or use a card without MIG")
 
 
 @dataclass
@@ -123,6 +78,15 @@ class DeviceStatus:
     since: float
     """Unix time since which the device has been in its current state (free or busy)."""
     leased_by_us: bool = False
+    checks: list[str] = field(default_factory=list)
+    """Every comparison of this poll with its numbers, e.g. "used 7 MiB <= 200", "utilisation 0% <= 0%"."""
+    fallbacks: list[str] = field(default_factory=list)
+    """What the driver made admission do instead of the best query (v1 memory, an older listing, memory alone)."""
+    own_processes: list[tuple[int, int]] = field(default_factory=list)
+    """(pid, MiB) of compute processes that are this run's (`GpuAdmission.own_pids`)."""
+    mig: bool = False
+    allowed_mib: int = 0
+    """The used memory this poll allowed: gpu.max_used_mib, plus the driver's reserve with v1 memory."""
 
 
 @dataclass
@@ -150,10 +114,11 @@ class PollReport:
             if d.leased_by_us:
                 state = "leased by this run"
             elif d.free:
-                state = f"free for {d.stable_polls}/{self.stable_polls_needed} polls ({age})"
+                state = f"free for {d.stable_polls}/{self.stable_polls_needed} polls ({age}): " + ", ".join(d.checks)
             else:
                 state = f"busy for {age}: " + "; ".join(d.reasons)
             lines.append(f"GPU {d.index} ({d.name}): {state}")
+            lines += [f"  fallback: {f}" for f in d.fallbacks]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -197,6 +162,19 @@ def cuda_visible_devices(lease: DeviceLease) -> str:
     if lease.uuids and all(u.startswith(("GPU-", "MIG-")) for u in lease.uuids):
         return ",".join(lease.uuids)
     return ",".join(str(i) for i in lease.devices)
+
+
+def taken_from_us(d: DeviceStatus) -> str | None:
+    """Why device d counts as taken from this run (after a CUDA OOM): a foreign process on it, or more used memory
+    than the poll allowed beyond what this run's own processes hold (a process NVML does not list to us, or no
+    listing at all). None when it is ours alone."""
+    if d.foreign_processes:
+        return f"GPU {d.index}: foreign " + ", ".join(f"pid {p} ({m} MiB)" for p, m in d.foreign_processes)
+    own_mib = sum(mib for _, mib in d.own_processes)
+    if d.used_mib - own_mib > d.allowed_mib:
+        return (f"GPU {d.index}: {d.used_mib} MiB used, {own_mib} MiB of it by this run's processes "
+                f"{[p for p, _ in d.own_processes]}: {d.used_mib - own_mib} MiB > {d.allowed_mib} MiB")
+    return None
 
 
 def _lease_key(index: int, uuid: str) -> str:
@@ -245,17 +223,43 @@ class GpuAdmission:
 
     def _poll_device(self, i: int, now: float, leased_by_us: bool) -> DeviceStatus:
         uuid = _uuid(self.nvml, i)
-        used = int(self.nvml.memory_used_mib(i))
+        mem = self.nvml.memory(i)
         util = self.nvml.utilization(i)
-        foreign = [(pid, mib) for pid, mib in self.nvml.compute_processes(i) if pid not in self.own_pids]
-        reasons = []
+        listing = self.nvml.processes(i)
+        mig = bool(self.nvml.mig_enabled(i))
+        procs = listing.processes or []
+        foreign = [(pid, mib) for pid, mib in procs if pid not in self.own_pids]
+        own = [(pid, mib) for pid, mib in procs if pid in self.own_pids]
+        reasons, checks, fallbacks = [], [], []
+        if mig:
+            reasons.append(MIG_REFUSED.format(i=i))
         if foreign:
             listed = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in foreign)
             reasons.append(f"{len(foreign)} foreign process{'es' if len(foreign) > 1 else ''}: {listed}")
-        if used > self.gpu.max_used_mib:
-            reasons.append(f"{used} MiB used > {self.gpu.max_used_mib} MiB allowed")
-        if util is not None and util > self.gpu.max_utilization:
-            reasons.append(f"utilisation {util}% > {self.gpu.max_utilization}%")
+        if listing.processes is not None:
+            checks.append(f"{len(foreign)} foreign process{'' if len(foreign) == 1 else 'es'}"
+                          + (f" ({len(own)} of this run)" if own else ""))
+        limit = self.gpu.max_used_mib + mem.allowance_mib
+        allowed = (f"{self.gpu.max_used_mib}" if not mem.allowance_mib else
+                   f"{self.gpu.max_used_mib} + {mem.allowance_mib} (v1 counts the driver's reserve)")
+        checks.append(f"used {mem.used_mib} MiB {'<=' if mem.used_mib <= limit else '>'} {allowed}")
+        if mem.used_mib > limit:
+            reasons.append(f"{mem.used_mib} MiB used > {allowed} MiB allowed")
+        if util is None:
+            checks.append("utilisation not reported")
+        else:
+            checks.append(f"utilisation {util}% {'<=' if util <= self.gpu.max_utilization else '>'} "
+                          f"{self.gpu.max_utilization}%")
+            if util > self.gpu.max_utilization:
+                reasons.append(f"utilisation {util}% > {self.gpu.max_utilization}%")
+        if mem.source != "v2":
+            fallbacks.append(f"memory {mem.source}: {mem.note}; used judged against gpu.max_used_mib + "
+                             f"{mem.allowance_mib} MiB for the driver's reserve")
+        if listing.processes is None:
+            fallbacks.append(f"no compute-process listing ({listing.note}): admission by memory and "
+                             f"utilisation alone")
+        elif listing.source != "v3":
+            fallbacks.append(f"compute processes listed with {listing.source} ({listing.note})")
         if not leased_by_us:
             busy = self._lease_busy(_lease_key(i, uuid))
             if busy is not None:
@@ -265,9 +269,11 @@ class GpuAdmission:
         prev = self._state_since.get(i)
         if prev is None or prev[0] != free:
             self._state_since[i] = (free, now)
-        return DeviceStatus(index=i, name=self.nvml.name(i), uuid=uuid, free=free, reasons=reasons, used_mib=used,
-                            utilization=util, foreign_processes=foreign, stable_polls=self._stable[i],
-                            since=self._state_since[i][1], leased_by_us=leased_by_us)
+        return DeviceStatus(index=i, name=self.nvml.name(i), uuid=uuid, free=free, reasons=reasons,
+                            used_mib=mem.used_mib, utilization=util, foreign_processes=foreign,
+                            stable_polls=self._stable[i], since=self._state_since[i][1], leased_by_us=leased_by_us,
+                            checks=checks, fallbacks=fallbacks, own_processes=own, mig=mig,
+                            allowed_mib=limit)
 
     # --- leasing -------------------------------------------------------------------------------------------------
     def try_acquire(self, count: int) -> DeviceLease | None:

@@ -278,15 +278,24 @@ class MetricsTail:
 
 
 def read_heartbeat(run_dir: Path) -> tuple[float, int | None] | None:
-    """(mtime, step) of the trainer's heartbeat, or None if there is none."""
+    """(mtime, step) of the trainer's heartbeat, or None if there is none. Its body is "STEP" or "STEP PHASE"."""
     path = run_dir / names.HEARTBEAT
     try:
         mtime = path.stat().st_mtime
-        body = path.read_text().strip()
+        body = path.read_text().split()
     except OSError:
         return None
     try:
-        step = int(body)
+        step = int(body[0]) if body else None
     except ValueError:
         step = None
     return mtime, step
+
+
+def heartbeat_phase(run_dir: Path) -> str:
+    """The phase the trainer's heartbeat names ("compiling" during its first torch.compile'd step), or ""."""
+    try:
+        body = (run_dir / names.HEARTBEAT).read_text().split()
+    except OSError:
+        return ""
+    return body[1] if len(body) > 1 else ""

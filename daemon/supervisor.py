@@ -36,11 +36,12 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon import child as childmod
-from minilmd.daemon import trainerwatch
+from minilmd.daemon import orphans, registry, trainerwatch
 from minilmd.daemon.child import Child, Death
 from minilmd.daemon.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.policy import Decision, backoff_seconds, decide
+from minilmd.daemon.prometheus import Textfile
 from minilmd.daemon.rundirwatch import RunDirWatch, full_at_start
 from minilmd.daemon.runstate import (
     EventLog,
@@ -174,11 +175,14 @@ class Supervisor:
         self.state["sync"]["state"] = SyncState.IDLE if self.cfg.run.remote else SyncState.OFF
         emit = self.events.emit
         self.inbox = Inbox(emit)  # messages from the worker threads, emitted by the loop
-        self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit)
+        self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit,
+                             own_pids=lambda: orphans.find_orphans(self.run_dir))
         self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox)
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
                                      self.rng)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
+        self.textfile = Textfile(self.cfg.log.prometheus_textfile, self.state, emit)  # [log] prometheus_textfile
+        registry.register_quietly(self.cfg.run.name, self.run_dir, self.config_path, emit)  # for `status --all`
 
     def _adopt_previous_state(self) -> None:
         self.state.adopt(read_state(self.run_dir))
@@ -207,6 +211,7 @@ class Supervisor:
             self.sync.make_room()  # before the trainer's next save needs it
         self.notifier.watchdog()
         self.room.tick(self.phase)  # state.json when due; says once that run.dir is full, once that it has room
+        self.textfile.tick(self.phase)
 
     def _handle_signals(self) -> None:
         if self.signals.hup:
@@ -475,6 +480,7 @@ class Supervisor:
         self.state["outcome"] = {"exit": self.exit_status, "phase": self.phase, "time": now(),
                                  "reason": self.state["reason"]}
         self.state.save()
+        self.textfile.close(self.phase)
         self.events.emit("exit", f"supervisor exits with status {self.exit_status} ({self.phase})",
                          exit=self.exit_status)
         self.events.close()

@@ -14,7 +14,7 @@ from minilmd.config import RunConfig, parse_duration, parse_overrides
 from minilmd.daemon import child as childmod
 from minilmd.daemon import orphans, stackdump
 from minilmd.daemon.child import Child, Death
-from minilmd.daemon.runstate import now
+from minilmd.daemon.runstate import heartbeat_phase, now
 from minilmd.daemon.states import Cause
 
 STARTUP_GRACE_S = 60.0
@@ -49,11 +49,23 @@ def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_ove
     return childmod.build_command(run_dir / names.RUN_CONFIG_COPY, merged, nproc)
 
 
+def hang_limit(cfg: RunConfig, child: Child, beat) -> float:
+    """Seconds of silence that make this trainer hung: restart.hang_timeout, or restart.compile_timeout (if longer)
+    while its own heartbeat says it is compiling: a cold torch.compile of the first step takes minutes."""
+    limit = parse_duration(cfg.restart.hang_timeout)
+    if child.beats(beat) and heartbeat_phase(cfg.run_dir) == "compiling":
+        limit = max(limit, parse_duration(cfg.restart.compile_timeout))
+    return limit
+
+
 def kill_if_hung(cfg: RunConfig, child: Child, beat, emit) -> None:
     """A trainer silent too long: dump its stack into its log, then SIGKILL (the next ticks poll for its end)."""
-    detail = child.silence(beat, parse_duration(cfg.restart.hang_timeout), STARTUP_GRACE_S)
+    limit = hang_limit(cfg, child, beat)
+    detail = child.silence(beat, limit, STARTUP_GRACE_S)
     if not detail:
         return
+    if limit > parse_duration(cfg.restart.hang_timeout):
+        detail += " while compiling (restart.compile_timeout)"
     emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
     dumped = stackdump.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
     child.killed_for_hang = True
@@ -74,14 +86,14 @@ def report_unreaped(child: Child, emit) -> None:
 
 def death_facts(death: Death, staging, gpu, emit) -> dict:
     """What the restart policy needs to know about this death beyond its cause: whether the staged corpus is damaged
-    (`staging` the StagingWorker), whether foreign processes hold our card (`gpu` the GpuWaiter)."""
+    (`staging` the StagingWorker), whether the GPU was taken from us (`gpu` the GpuWaiter: foreign processes, or memory
+    our own processes do not account for)."""
     facts = {}
     if death.cause in (Cause.SIGBUS, Cause.DATA_ERROR) and (problems := staging.problems()) is not None:
         facts["staged_damaged"] = bool(problems)
         if problems:
             emit("staging", f"the staged corpus fails verification: {'; '.join(problems[:3])}")
-    if death.cause == Cause.CUDA_OOM:
-        busy = gpu.foreign_on_ours()
-        if busy is not None:
-            facts["gpu_busy"] = busy
+    if death.cause == Cause.CUDA_OOM and (taken := gpu.gpu_taken()) is not None:
+        facts["gpu_busy"], why = taken
+        emit("gpu", f"after the CUDA OOM the GPU {'was taken' if taken[0] else 'is ours alone'}: {why}")
     return facts

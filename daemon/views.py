@@ -43,6 +43,11 @@ def _is_a_run(run_dir: Path) -> bool:
     return problem is None
 
 
+def is_run_dir(run_dir: str | os.PathLike) -> bool:
+    """Whether run_dir is a run directory; if not, says why on stderr."""
+    return _is_a_run(Path(run_dir))
+
+
 def supervisor_alive(state: dict | None) -> bool:
     sup = (state or {}).get("supervisor") or {}
     return process_alive(sup.get("pid"), sup.get("start_ticks"))
@@ -116,8 +121,10 @@ def _trainer_line(state: dict, t: float) -> str:
 def _gpu_lines(gpu_wait: dict, t: float) -> list[str]:
     lines = []
     for d in gpu_wait.get("devices") or []:
-        why = "free" if d.get("free") else "; ".join(d.get("reasons") or ["busy"])
+        why = ("free: " + ", ".join(d.get("checks") or []) if d.get("free")
+               else "; ".join(d.get("reasons") or ["busy"]))
         lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_duration(t - d['since']) if d.get('since') else '-'})")
+        lines += [f"    fallback: {f}" for f in d.get("fallbacks") or []]
     return lines
 
 
@@ -192,7 +199,13 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
-    print("\n".join(summary_lines(state, alive)), file=out)
+    lines = summary_lines(state, alive)
+    from minilmd.daemon.curves import sparkline_line
+
+    spark = sparkline_line(run_dir, alive)
+    if spark:
+        lines.insert(next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1, spark)
+    print("\n".join(lines), file=out)
     return 0
 
 

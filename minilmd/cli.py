@@ -159,7 +159,7 @@ def demo_corpus_command(
         typer.echo(str(p))
 # === end data ===
 
-# === trainer: train, bench packing ===
+# === trainer: train, bench packing, bench step ===
 @app.command("train")
 def train_command(
     config: str = typer.Argument(..., help="The run config (TOML)."),
@@ -185,6 +185,20 @@ def bench_packing_command(
     from minilmd.trainer.bench.packing import main as bench_main
 
     raise typer.Exit(bench_main(prepared, config, steps, set_))
+
+
+@bench_app.command("step")
+def bench_step_command(
+    config: str = typer.Option("", "--config", help="A run config: its model, seq_len, batch, dtype, device "
+                                                    "(default: a small MiniMind-3-shaped model)."),
+    steps: int = typer.Option(10, "--steps", help="Optimizer steps timed in each mode."),
+    backend: str = typer.Option("inductor", "--backend", help="torch.compile backend (eager: trace only)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """One model, eager vs torch.compile, steps interleaved: tok/s and host time per step of each, the ratio."""
+    from minilmd.trainer.bench.step import main as bench_main
+
+    raise typer.Exit(bench_main(config or None, steps, set_, backend))
 # === end trainer ===
 
 # === checkpoints: verify, bench checkpoint ===
@@ -368,13 +382,60 @@ def run_command(
 
 @app.command("status")
 def status_command(
-    run_dir: str = typer.Argument(".", help="The run directory (run.dir of the config)."),
-    as_json: bool = typer.Option(False, "--json", help="state.json plus whether the supervisor runs, as JSON."),
+    run_dir: str | None = typer.Argument(None, help="The run directory (run.dir of the config); none: every run."),
+    all_: bool = typer.Option(False, "--all", help="Every run of this machine you may see, one line each."),
+    as_json: bool = typer.Option(False, "--json", help="state.json plus whether the supervisor runs, as JSON "
+                                                       "(with --all: the rows)."),
 ) -> None:
-    """Where a run stands: phase, step, loss, tok/s, ETA, checkpoints local and remote, restarts, last error."""
+    """Where a run stands: phase, step, loss (and a sparkline of it), tok/s, ETA, checkpoints local and remote,
+    restarts, last error. With no run directory, or --all: every registered run you may see."""
+    if all_ or run_dir is None:
+        from minilmd.daemon.overview import status_all
+
+        raise typer.Exit(status_all(as_json))
     from minilmd.daemon.views import status
 
     raise typer.Exit(status(run_dir, as_json))
+
+
+@app.command("forget")
+def forget_command(
+    run: str = typer.Argument(..., help="A run's name or its run directory, as `minilmd status --all` lists it."),
+) -> None:
+    """Remove a run from the registry that `minilmd status --all` lists (a vanished run directory, say); the run
+    directory itself is not touched. Exit status: 0 forgotten, 1 no such run of yours."""
+    from minilmd.daemon.overview import forget
+
+    raise typer.Exit(forget(run))
+
+
+@app.command("plot")
+def plot_command(
+    run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: overlaid)."),
+    out: str = typer.Option(..., "--out", help="FILE.png or FILE.svg"),
+    x: str = typer.Option("step", "--x", help="step or tokens (tokens trained on)."),
+    title: str = typer.Option("", "--title", help="The figure's title (default: the runs' names)."),
+) -> None:
+    """Loss (raw, smoothed, val), learning rate, tok/s and grad norm of every attempt, with restarts (by cause),
+    failing syncs and epoch boundaries marked. Needs matplotlib: pip install 'minilmd[plot]'.
+
+    Exit status: 0 written, 1 matplotlib missing, 2 bad arguments or not a run directory."""
+    from minilmd.daemon.plot import PlotUnavailable, plot
+    from minilmd.daemon.views import is_run_dir
+
+    if not all(is_run_dir(d) for d in run_dirs):
+        raise typer.Exit(2)
+    try:
+        summary = plot(run_dirs, out, x=x, title=title or None)
+    except PlotUnavailable as e:
+        typer.echo(f"minilmd plot: {e}", err=True)
+        raise typer.Exit(1) from None
+    except ValueError as e:
+        typer.echo(f"minilmd plot: {e}", err=True)
+        raise typer.Exit(2) from None
+    marks = ", ".join(f"{cause} at {at:,.0f}" for _, at, cause in summary.restart_marks) or "none"
+    typer.echo(f"wrote {summary.path} ({summary.size_px[0]}x{summary.size_px[1]} px): {', '.join(summary.runs)}; "
+               f"restarts: {marks}")
 
 
 @app.command("logs")

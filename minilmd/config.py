@@ -149,8 +149,9 @@ class TrainSection:
     """Save a local checkpoint every N steps (an integer) or every duration (a string such as "5m")."""
     keep_local: int = 2
     """Number of valid local checkpoints kept in scratch."""
-    compile: bool = False
-    """Use torch.compile on the model."""
+    compile: Union[bool, str] = "auto"  # noqa: UP007 - _type_ok matches typing.Union
+    """torch.compile the model: "auto" (on CUDA, not on CPU), true or false. Its first step compiles; the
+    supervisor allows restart.compile_timeout for it."""
 
 
 @dataclass
@@ -189,6 +190,19 @@ class RestartSection:
     """Give up after this many restarts in a row that produced no new checkpoint."""
     hang_timeout: Duration = "10m"
     """A trainer whose heartbeat is older than this is hung: its stack is dumped and its group killed."""
+    compile_timeout: Duration = "30m"
+    """While the trainer's heartbeat says it is compiling (its first torch.compile'd step), it is hung only
+    after this long (or hang_timeout, if longer)."""
+
+
+@dataclass
+class LogSection:
+    tensorboard: bool = False
+    """Write the trainer's scalars (loss, val loss, lr, grad norm, tok/s, MFU, restarts) as TensorBoard event files
+    under <run.dir>/tensorboard (rank 0; needs the `tensorboard` package: pip install 'minilmd[tensorboard]')."""
+    prometheus_textfile: str = ""
+    """A file the supervisor rewrites atomically with `minilmd_*` gauges for node_exporter's textfile collector
+    (e.g. /var/lib/node_exporter/textfile/minilmd-NAME.prom; the name must end in .prom). Empty: none."""
 
 
 @dataclass
@@ -200,6 +214,7 @@ class RunConfig:
     gpu: GpuSection = field(default_factory=GpuSection)
     sync: SyncSection = field(default_factory=SyncSection)
     restart: RestartSection = field(default_factory=RestartSection)
+    log: LogSection = field(default_factory=LogSection)
     source: str = ""
     """The file this config was read from (not a TOML key)."""
 
@@ -404,6 +419,7 @@ RANGES: dict[str, tuple[Range, str]] = {
     "restart.backoff_max": (ABOVE_0, "0 would restart in a tight loop"),
     "restart.no_progress_limit": (AT_LEAST_1, ""),
     "restart.hang_timeout": (ABOVE_0, "0 would kill every attempt as hung"),
+    "restart.compile_timeout": (ABOVE_0, "0 would kill every compiling attempt as hung"),
 }
 """Every number of the schema (ints, floats, durations in seconds) and where it must lie, with why when it is not
 obvious. tests/test_check_catches.py checks that every numeric field has its row."""
@@ -454,10 +470,15 @@ def _check_values(cfg: RunConfig) -> list[str]:
                  f"{m.max_position_embeddings}")
     if t.dtype not in ("auto", "bf16", "fp32"):
         p.append(f"train.dtype = {t.dtype!r}: must be \"auto\", \"bf16\" or \"fp32\"")
+    if isinstance(t.compile, str) and t.compile != "auto":
+        p.append(f"train.compile = {t.compile!r}: must be \"auto\", true or false")
     if t.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if not t.max_steps and not t.max_tokens:
         p.append(budget_problem(cfg))
+    textfile = cfg.log.prometheus_textfile
+    if textfile and not textfile.endswith(".prom"):
+        p.append(f"log.prometheus_textfile = {textfile!r}: node_exporter's textfile collector reads only *.prom files")
     rs = cfg.restart
     try:
         initial, cap = parse_duration(rs.backoff_initial), parse_duration(rs.backoff_max)
@@ -518,6 +539,8 @@ def _check_paths(cfg: RunConfig) -> list[str]:
             p += _check_protocol("data.prepared", cfg.data.prepared)
         else:
             p += _shared_storage_check(_check_prepared_dir, cfg)
+    if cfg.log.prometheus_textfile:
+        p += _check_writable("log.prometheus_textfile", Path(cfg.log.prometheus_textfile).parent)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)

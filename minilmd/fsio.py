@@ -45,14 +45,17 @@ def publish_file(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     fsync_dir(Path(final).parent)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> None:
     """Write a file so that a reader sees the old content or the new, never a half: temp file, fsync, rename.
     The directory is not fsynced (state.json is rewritten every second): after a power loss the old content
-    may be back; callers that need the name itself durable fsync_dir the parent."""
+    may be back; callers that need the name itself durable fsync_dir the parent. The file is 0600 (mkstemp's)
+    unless `mode` says otherwise (set before the rename: no moment with the wrong one)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=atomic_tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -30,6 +30,7 @@ from chat_helpers import chat_tokenizer_dir, chatterbot_slice, prepared_chat
 from data_helpers import demo_slice, small_tokenizer
 from faults_fixtures import faultfs, memory_cgroup, small_tmpfs  # noqa: F401 - fixtures, shared here
 from minilmd.config import load_config
+from minilmd.names import SYSTEM_REGISTRY_ENV
 from reliability_helpers import undisturbed_fake_weights
 from supervisor_helpers import BASELINE, train_undisturbed, write_config
 from trainer_corpus import real_text_prepared
@@ -161,6 +162,23 @@ def fake_undisturbed_weights(corpus, tmp_path_factory) -> int:
     through and unsupervised (reliability_helpers.undisturbed_fake_weights)."""
     return undisturbed_fake_weights(write_config(tmp_path_factory.mktemp("fake-undisturbed"), corpus, name="u",
                                                  remote=False))
+
+
+# --- the registry of runs (`minilmd status --all`) ------------------------------------------------------------------
+@pytest.fixture(autouse=True, scope="session")
+def private_run_registry(tmp_path_factory):
+    """The supervisors tests start register their runs here, not in the tester's ~/.local/state or the machine's
+    /var/lib/minilmd (daemon/registry.py); subprocesses inherit it through the environment."""
+    root = tmp_path_factory.mktemp("registry")
+    saved = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", SYSTEM_REGISTRY_ENV)}
+    os.environ["XDG_STATE_HOME"] = str(root / "state")
+    os.environ[SYSTEM_REGISTRY_ENV] = str(root / "no-system-registry")
+    yield root
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 # --- a directory nobody may write into -----------------------------------------------------------------------------

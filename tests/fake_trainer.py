@@ -11,7 +11,8 @@ last, atomic rename, LATEST), saves and exits 75 on SIGTERM, exits 0 at the budg
 each step: a run interrupted anywhere and resumed ends with the same value as an undisturbed one.
 
 Environment: FAKE_STEP_S seconds per step (default 0.02); FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
-train.micro_batch_size is above this (a GPU too small for the micro-batch).
+train.micro_batch_size is above this (a GPU too small for the micro-batch); FAKE_COMPILE_S: before its first step,
+a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile).
 """
 from __future__ import annotations
 
@@ -156,6 +157,10 @@ def main(argv: list[str]) -> int:
     heartbeat = run_dir / names.HEARTBEAT
     metrics = open(run_dir / names.METRICS, "a", buffering=1)
     total = cfg.train.max_steps
+    compile_s = float(os.environ.get("FAKE_COMPILE_S", "0"))
+    if compile_s and step < total:
+        heartbeat.write_text(f"{step} compiling\n")
+        time.sleep(compile_s)
     while step < total:
         kind = faults.due(step + 1)
         if kind == "oom":

@@ -5,10 +5,22 @@ Each device gets a script: a list of `GpuState`, one per poll; the last state re
 with. States can also be changed on the fly with `set(i, state)` (it then holds until the next `set`).
 
     nvml = FakeNvml([[busy(used_mib=49500, procs=[(4242, 49500)]), FREE], [FREE]])
+
+`FakeNvmlLib` goes one level lower: a stand-in for libnvidia-ml.so itself under the real pynvml module (its ctypes
+wrappers, version arguments, error classes and `throwOnVersionMismatch`), answering from a FakeNvml's states like a
+driver of a chosen age would: with or without `nvmlDeviceGetMemoryInfo_v2` (v1 `used` then includes the driver's
+reserve), with or without the v3 / v2 process listings, MIG mode on or off. `with FakeNvmlLib(...).installed() as
+nv:` gives the pynvml module to build a `PynvmlBackend` on.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from dataclasses import dataclass, field
+
+from minilmd.daemon.nvml import MemoryReading, ProcessListing
+
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -17,19 +29,23 @@ class GpuState:
     utilization: int | None = 0
     processes: tuple[tuple[int, int], ...] = ()
     """(pid, MiB) of compute processes."""
+    mig: bool = False
+    """MIG mode enabled."""
 
 
 FREE = GpuState()
 
 
-def busy(used_mib: int = 0, utilization: int | None = 0, procs=()) -> GpuState:
-    return GpuState(used_mib, utilization, tuple((int(p), int(m)) for p, m in procs))
+def busy(used_mib: int = 0, utilization: int | None = 0, procs=(), mig: bool = False) -> GpuState:
+    return GpuState(used_mib, utilization, tuple((int(p), int(m)) for p, m in procs), mig)
 
 
 @dataclass
 class FakeNvml:
     scripts: list[list[GpuState]]
     names: list[str] | None = None
+    total_mib: int = 143771
+    """Each card's memory (an H200's, as NVML reports it)."""
     polls: int = 0
     """Number of polls started so far (calls of device_count())."""
     calls: list[str] = field(default_factory=list)
@@ -55,11 +71,145 @@ class FakeNvml:
     def uuid(self, i: int) -> str:
         return f"GPU-fake-{i:04d}"
 
-    def memory_used_mib(self, i: int) -> int:
-        return self.state(i).used_mib
+    def memory(self, i: int) -> MemoryReading:
+        return MemoryReading(self.state(i).used_mib, self.total_mib, "v2")
 
     def utilization(self, i: int) -> int | None:
         return self.state(i).utilization
 
-    def compute_processes(self, i: int) -> list[tuple[int, int]]:
-        return list(self.state(i).processes)
+    def processes(self, i: int) -> ProcessListing:
+        return ProcessListing(list(self.state(i).processes), "v3")
+
+    def mig_enabled(self, i: int) -> bool:
+        return self.state(i).mig
+
+
+NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INSUFFICIENT_SIZE = 0, 3, 7
+
+
+@dataclass
+class FakeNvmlLib:
+    """libnvidia-ml.so as a driver of a given age answers it, over a FakeNvml's scripted states. Attributes that a
+    real library of that age lacks are absent (pynvml's `_nvmlGetFunctionPointer` raises FunctionNotFound)."""
+
+    nvml: FakeNvml
+    memory_v2: bool = True
+    """Whether nvmlDeviceGetMemoryInfo_v2 exists (drivers >= R510)."""
+    reserved_mib: int = 900
+    """What the driver keeps for itself: in v1 `used`, in v2 `reserved`."""
+    listings: tuple[str, ...] = ("v3", "v2")
+    """Which of nvmlDeviceGetComputeRunningProcesses_v3 / _v2 exist."""
+    mig_supported: bool = True
+    calls: list[str] = field(default_factory=list)
+
+    def __getattr__(self, name: str):
+        fn = _LIB_FUNCTIONS.get(name)
+        if fn is None or not fn[1](self):
+            raise AttributeError(name)
+        self.calls.append(name)
+        return lambda *args: fn[0](self, *args)
+
+    def index(self, handle) -> int:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0) - 1
+
+    @contextlib.contextmanager
+    def installed(self):
+        """The real pynvml module with this library loaded in place of libnvidia-ml.so (and restored after)."""
+        import pynvml
+
+        saved = pynvml.nvmlLib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml.nvmlLib = self
+        try:
+            yield pynvml
+        finally:
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+            pynvml.nvmlLib = saved
+
+
+def _out(ref):
+    """The ctypes object a byref() argument points at."""
+    return ref._obj
+
+
+def _lib_count(lib, count_ref):
+    _out(count_ref).value = lib.nvml.device_count()
+    return NVML_SUCCESS
+
+
+def _lib_handle(lib, index, device_ref):
+    ptr = _out(device_ref)
+    ctypes.memmove(ctypes.addressof(ptr), ctypes.byref(ctypes.c_void_p(index.value + 1)), ctypes.sizeof(ptr))
+    return NVML_SUCCESS
+
+
+def _lib_string(value_of):
+    def fn(lib, handle, buf, size):
+        buf.value = value_of(lib, lib.index(handle)).encode()[: size.value - 1]
+        return NVML_SUCCESS
+    return fn
+
+
+def _lib_memory(version: int):
+    def fn(lib, handle, mem_ref):
+        i = lib.index(handle)
+        m, total = _out(mem_ref), lib.nvml.total_mib * MIB
+        used = lib.nvml.state(i).used_mib * MIB
+        if version == 1:
+            m.used = used + lib.reserved_mib * MIB
+        else:
+            import pynvml
+
+            if m.version != pynvml.nvmlMemory_v2:
+                return 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+            m.used, m.reserved = used, lib.reserved_mib * MIB
+        m.total, m.free = total, total - m.used
+        return NVML_SUCCESS
+    return fn
+
+
+def _lib_processes(lib, handle, count_ref, procs):
+    listed = lib.nvml.state(lib.index(handle)).processes
+    count = _out(count_ref)
+    if procs is None or count.value < len(listed):
+        count.value = len(listed)
+        return NVML_SUCCESS if not listed else NVML_ERROR_INSUFFICIENT_SIZE
+    for k, (pid, mib) in enumerate(listed):
+        procs[k].pid, procs[k].usedGpuMemory = pid, mib * MIB
+    count.value = len(listed)
+    return NVML_SUCCESS
+
+
+def _lib_utilization(lib, handle, util_ref):
+    value = lib.nvml.state(lib.index(handle)).utilization
+    if value is None:
+        return NVML_ERROR_NOT_SUPPORTED
+    _out(util_ref).gpu = value
+    return NVML_SUCCESS
+
+
+def _lib_mig_mode(lib, handle, current_ref, pending_ref):
+    if not lib.mig_supported:
+        return NVML_ERROR_NOT_SUPPORTED
+    mig = int(lib.nvml.state(lib.index(handle)).mig)
+    _out(current_ref).value, _out(pending_ref).value = mig, mig
+    return NVML_SUCCESS
+
+
+def _always(lib) -> bool:
+    return True
+
+
+_LIB_FUNCTIONS = {
+    "nvmlDeviceGetCount_v2": (_lib_count, _always),
+    "nvmlDeviceGetHandleByIndex_v2": (_lib_handle, _always),
+    "nvmlDeviceGetName": (_lib_string(lambda lib, i: lib.nvml.name(i)), _always),
+    "nvmlDeviceGetUUID": (_lib_string(lambda lib, i: lib.nvml.uuid(i)), _always),
+    "nvmlDeviceGetMemoryInfo": (_lib_memory(1), _always),
+    "nvmlDeviceGetMemoryInfo_v2": (_lib_memory(2), lambda lib: lib.memory_v2),
+    "nvmlDeviceGetComputeRunningProcesses_v3": (_lib_processes, lambda lib: "v3" in lib.listings),
+    "nvmlDeviceGetComputeRunningProcesses_v2": (_lib_processes, lambda lib: "v2" in lib.listings),
+    "nvmlDeviceGetUtilizationRates": (_lib_utilization, _always),
+    "nvmlDeviceGetMigMode": (_lib_mig_mode, _always),
+    "nvmlShutdown": (lambda lib: NVML_SUCCESS, _always),
+}

@@ -24,7 +24,7 @@ DOCS = sorted([REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("deploy/*
 SECTIONS = {f.name: {g.name for g in fields(f.default_factory())} for f in fields(RunConfig) if f.name != "source"}
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 INLINE_COMMAND = re.compile(r"`(minilmd [^`]+)`")
-CONFIG_KEY = re.compile(r"`\[?(run|data|model|train|gpu|sync|restart)\]?\.([a-z_]+)")
+CONFIG_KEY = re.compile(r"`\[?(run|data|model|train|gpu|sync|restart|log)\]?\.([a-z_]+)")
 
 
 def command_lines(text: str) -> list[str]:

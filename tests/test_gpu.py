@@ -196,10 +196,10 @@ class BrokenNvml(FakeNvml):
             raise RuntimeError("Driver Not Loaded")
         return super().device_count()
 
-    def memory_used_mib(self, i: int) -> int:
+    def memory(self, i: int):
         if i == 1:
             raise RuntimeError("GPU is lost")
-        return super().memory_used_mib(i)
+        return super().memory(i)
 
 
 def test_nvml_errors_make_devices_busy_without_stopping_the_wait(tmp_path):

@@ -235,7 +235,11 @@ def capture_rng() -> dict:
     return out
 
 
-def restore_rng(state: dict) -> None:
+def restore_rng(state: dict, log: Callable[[str], None] = print) -> None:
+    """Set the RNG states `capture_rng` returned. CUDA states are restored per device index, as many as both the
+    checkpoint and this process have: a checkpoint written with 2 GPUs visible resumes on 1 (the sampler allows a
+    different world size) with device 0's state, and one written with 1 resumes on 2 leaving device 1 at its
+    seed. With the count unchanged every device gets its own state back, bit for bit."""
     import torch
 
     version, mt, gauss = state["python"]
@@ -244,8 +248,13 @@ def restore_rng(state: dict) -> None:
     np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
-                                      for s in state["cuda"]])
+        saved, visible = state["cuda"], torch.cuda.device_count()
+        for index, encoded in enumerate(saved[:visible]):
+            torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(encoded)), dtype=torch.uint8),
+                                     index)
+        if len(saved) != visible:
+            log(f"minilmd: the checkpoint holds CUDA RNG states of {len(saved)} device(s), {visible} visible now: "
+                f"restored {min(len(saved), visible)}")
 
 
 # --- saving without stalling the training loop -------------------------------------------------------------------
@@ -305,11 +314,14 @@ class AsyncCheckpointer:
         self._buffers: dict = {}  # CPU snapshot buffers, reused from one save to the next (one save in flight)
         self.last_path: Path | None = None
         self.last_write_s: float = 0.0
+        self.last_wait_s: float = 0.0
 
     def save(self, step: int, model, optimizer, trainer_state: dict) -> float:
-        """Snapshot now, write in the background. Returns the seconds the caller was blocked."""
-        self.wait()
+        """Snapshot now, write in the background. Returns the seconds the caller was blocked: the wait for the
+        previous write (also in `last_wait_s`: saves coming faster than writes show here) plus the snapshot."""
         t0 = time.perf_counter()
+        self.wait()
+        self.last_wait_s = time.perf_counter() - t0
         args = (step, snapshot_model(model, self._buffers), snapshot_optimizer(optimizer, self._buffers),
                 copy.deepcopy(trainer_state),
                 optimizer_param_names(model, optimizer))

@@ -1,11 +1,13 @@
-"""What the trainer tells the outside world: metrics.jsonl lines, the heartbeat, throughput and MFU.
+"""What the trainer tells the outside world: metrics.jsonl lines, the heartbeat, throughput (MFU: mfu.py).
 
 metrics.jsonl gets one JSON object per line, each with a "kind":
   {"kind": "train", "step", "tokens_seen", "loss", "lr", "grad_norm", "tok_s", "step_time", "total_steps", "time"}
   (+ "mfu" and "peak_mem_gib" on CUDA), {"kind": "eval", "step", "val_loss", "time"},
   {"kind": "checkpoint", "step", "blocking_s", "path", "time"}.
-"step" is the number of optimizer steps completed. The heartbeat file's body is that number too; it is
-rewritten (temp file + rename, no fsync: it is a liveness signal, not data) after every step.
+"step" is the number of optimizer steps completed. The heartbeat file's body is that number too, followed by
+" compiling" while the first torch.compile'd step runs (the supervisor then allows restart.compile_timeout instead
+of restart.hang_timeout); it is rewritten (temp file + rename, no fsync: it is a liveness signal, not data) after
+a step at most once a second, and always at a save, an evaluation, a phase change and the exit.
 """
 from __future__ import annotations
 
@@ -16,39 +18,43 @@ from pathlib import Path
 
 from minilmd.names import HEARTBEAT, METRICS
 
-# Dense bf16 peak of one device, FLOP/s (tensor cores, no sparsity). Unknown devices get no MFU.
-PEAK_BF16_FLOPS = {
-    "H200": 989e12,
-    "H100 SXM": 989e12,
-    "H100 80GB HBM3": 989e12,
-    "H100 PCIe": 756e12,
-    "H100": 989e12,
-    "A100": 312e12,
-}
+HEARTBEAT_INTERVAL_S = 1.0
+"""The heartbeat is rewritten at most this often between forced beats: a step of a few milliseconds must not cost
+a file write each (a supervisor's hang_timeout is minutes). The trainer uses less under a short hang_timeout
+(heartbeat_interval)."""
 
 
-def peak_bf16_flops(device_name: str) -> float | None:
-    """Peak bf16 FLOP/s from the table, matched on the device name torch reports; None if unknown."""
-    for key, flops in PEAK_BF16_FLOPS.items():  # most specific keys first
-        if key in device_name:
-            return flops
-    return None
-
-
-def flops_per_token(n_params: int, n_layers: int, hidden_size: int, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward): 6 N for the matrices (N counts the tied lm_head once, which
-    the output projection uses), plus 12 L d T for attention scores and values (PaLM appendix B)."""
-    return 6.0 * n_params + 12.0 * n_layers * hidden_size * seq_len
+def heartbeat_interval(hang_timeout_s: float) -> float:
+    """About once a second, and at least ten times per hang_timeout: the throttle never brings a healthy trainer
+    near the supervisor's limit (tests run with hang_timeout = 2 s)."""
+    return min(HEARTBEAT_INTERVAL_S, hang_timeout_s / 10)
 
 
 class MetricsLog:
     """Appends lines to <run dir>/metrics.jsonl and refreshes <run dir>/heartbeat. Inactive on ranks != 0."""
 
-    def __init__(self, run_dir: str | os.PathLike, active: bool = True):
+    def __init__(self, run_dir: str | os.PathLike, active: bool = True,
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL_S):
         self.run_dir = Path(run_dir)
         self.active = active
+        self.heartbeat_interval = heartbeat_interval
+        self._last_beat: tuple[float, str] | None = None  # (monotonic time, phase) of the last heartbeat written
         if active:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._end_torn_line()
+
+    def _end_torn_line(self) -> None:
+        """Every attempt appends (a resume never truncates the curve); one killed mid-line must not glue this
+        attempt's first line to its torn last one."""
+        try:
+            with open(self.run_dir / METRICS, "rb+") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
+        except FileNotFoundError:
+            pass
 
     def write(self, kind: str, **fields) -> None:
         if not self.active:
@@ -57,13 +63,21 @@ class MetricsLog:
         with open(self.run_dir / METRICS, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
-    def heartbeat(self, step: int) -> None:
+    def heartbeat(self, step: int, phase: str = "", force: bool = False) -> bool:
+        """Refresh the heartbeat file with `step` (and `phase`, "" or "compiling"): when forced, when the phase
+        changed, or when the last one is heartbeat_interval seconds old. Returns whether it was written."""
         if not self.active:
-            return
+            return False
+        now = time.monotonic()
+        last = self._last_beat
+        if not force and last is not None and phase == last[1] and now - last[0] < self.heartbeat_interval:
+            return False
         path = self.run_dir / HEARTBEAT
         tmp = path.with_name(f".{HEARTBEAT}.{os.getpid()}.tmp")
-        tmp.write_text(f"{step}\n", encoding="utf-8")
+        tmp.write_text(f"{step} {phase}\n" if phase else f"{step}\n", encoding="utf-8")
         os.replace(tmp, path)
+        self._last_beat = (now, phase)
+        return True
 
 
 class Throughput:

@@ -6,19 +6,19 @@ The loop, top to bottom (Trainer.train):
         agree across ranks on "stop requested?" and "checkpoint due?";  stop -> save, exit 75
         one optimizer step: micro-batches of the pure-function sampler, loss weighted by predictions,
             backward (no DDP sync until the last micro-batch), clip, AdamW at the cosine rate for this step
-        a non-finite loss stops the run; heartbeat; every log_every steps a metrics line; every eval_every
-            steps the validation loss
+        a non-finite loss stops the run; heartbeat (about once a second; "compiling" over the first compiled
+            step); every log_every steps a metrics line; every eval_every steps the validation loss
     save, validation loss, exit 0.
 Everything the math depends on derives from (seed, step) or from restored state, never from the wall clock (a
 duration-based checkpoint_every only changes when saves happen), so on CPU a killed-and-resumed run ends with the
 same weights, bit for bit, as an uninterrupted one.
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
-boundary; 76 CUDA out of memory (fault.json written first); 2 bad config (also: the newest checkpoint is of another
-model config; model.vocab_size other than the corpus's; a ValueError from building the model or its optimizer,
-which would come again on every restart; scratch belonging to another run); 65 bad data (also: it was trained on
-another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found when the corpus is opened);
-1 anything else, which the supervisor retries.
+boundary; 76 CUDA out of memory in any of its shapes (trainer/loop/oom.py; fault.json written first); 2 bad config
+(also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
+building the model or its optimizer, which would come again on every restart; scratch belonging to another run); 65
+bad data (also: it was trained on another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found
+when the corpus is opened); 1 anything else, which the supervisor retries.
 Signal handlers only set a flag. SIGUSR1 dumps every thread's stack to stderr (faulthandler) so that a supervisor
 can see where a hung trainer is stuck before killing it.
 """
@@ -59,8 +59,11 @@ from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
+from minilmd.trainer.loop import tensorboard
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
-from minilmd.trainer.loop.metrics import MetricsLog, Throughput, flops_per_token, peak_bf16_flops
+from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_interval
+from minilmd.trainer.loop.mfu import flops_per_token, mfu, peak_flops
+from minilmd.trainer.loop.oom import cuda_oom_source, first_line
 from minilmd.trainer.loop.schedule import lr_at
 
 
@@ -72,6 +75,8 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
+    control_group: Any = None
+    """The process group of agree()'s flags: a CPU (gloo) group beside NCCL; None: the default group (gloo)."""
 
     @property
     def is_main(self) -> bool:
@@ -93,14 +98,24 @@ def resolve_device(cfg: RunConfig, local_rank: int) -> torch.device:
 
 
 def init_distributed(cfg: RunConfig) -> Dist:
-    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK; join the process group (nccl on CUDA, gloo on CPU)."""
+    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK; join the process group (nccl on CUDA, gloo on CPU), and on CUDA
+    a gloo group beside it for the per-step control flags (agree())."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(cfg, local_rank)
+    control_group = None
     if world_size > 1 and not torch_dist.is_initialized():
         torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=(
             device if device.type == "cuda" else None))
-    return Dist(rank, world_size, local_rank, device)
+    if world_size > 1 and torch_dist.get_backend() != "gloo":
+        control_group = torch_dist.new_group(backend="gloo")  # every rank calls it, in the same order
+    return Dist(rank, world_size, local_rank, device, control_group)
+
+
+def compile_enabled(setting: bool | str, device: torch.device) -> bool:
+    """train.compile: true, false, or "auto": on CUDA, where eager mode is host-bound (docs/training.md), and not
+    on CPU, where a cold compile costs minutes that a short CPU run never wins back."""
+    return setting is True or (setting == "auto" and device.type == "cuda")
 
 
 def total_steps_for_budget(cfg: RunConfig, global_batch: int) -> int:
@@ -189,7 +204,8 @@ class Trainer:
         self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()
         t = cfg.train
         self.device = dist.device
-        self.log = MetricsLog(cfg.run_dir, active=dist.is_main)
+        self.log = MetricsLog(cfg.run_dir, active=dist.is_main,
+                              heartbeat_interval=heartbeat_interval(parse_duration(cfg.restart.hang_timeout)))
         self.faults = FaultInjector(cfg.run_dir, enabled=dist.is_main)
 
         self.corpus = open_prepared(cfg.data.prepared)
@@ -213,6 +229,7 @@ class Trainer:
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
         self.resume()
+        self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
         # Under a supervisor (it sets RUN_DIR_ENV) scratch is pruned by the supervisor, which knows what is
@@ -227,21 +244,32 @@ class Trainer:
         if dist.active:
             from torch.nn.parallel import DistributedDataParallel
 
+            # No buffer broadcast: the only buffers are the RoPE tables, computed identically on every rank (and
+            # non-persistent), so broadcasting them before every synced forward was pure traffic. Gradients as
+            # views of the allreduce buckets: no copy into and out of the buckets, and no second gradient-sized
+            # allocation.
             forward_model = DistributedDataParallel(
-                self.model, device_ids=[dist.local_rank] if self.device.type == "cuda" else None)
+                self.model, device_ids=[dist.local_rank] if self.device.type == "cuda" else None,
+                broadcast_buffers=False, gradient_as_bucket_view=True)
         # Any: torch.compile is typed as returning a plain callable; it returns a module that passes attribute
         # lookups (DDP's no_sync) through to the one it wraps.
-        self.forward_model: Any = torch.compile(forward_model) if t.compile else forward_model
+        self.compiled = compile_enabled(t.compile, self.device)
+        self.forward_model: Any = torch.compile(forward_model) if self.compiled else forward_model
 
         self.flops_per_token = flops_per_token(self.model.num_parameters(), cfg.model.num_hidden_layers,
                                                cfg.model.hidden_size, t.seq_len)
-        self.peak_flops = (peak_bf16_flops(torch.cuda.get_device_name(self.device))
+        self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device), self.matmul_dtype(),
+                                      tf32=torch.get_float32_matmul_precision() != "highest")
                            if self.device.type == "cuda" else None)
 
     # --- components ---------------------------------------------------------------------------------------------
-    def _autocast_context(self):
+    def matmul_dtype(self) -> str:
+        """"bf16" (autocast) or "fp32": what the matrices run in, and so which peak MFU is measured against."""
         dtype = self.cfg.train.dtype
-        if dtype == "bf16" or (dtype == "auto" and self.device.type == "cuda"):
+        return "bf16" if dtype == "bf16" or (dtype == "auto" and self.device.type == "cuda") else "fp32"
+
+    def _autocast_context(self):
+        if self.matmul_dtype() == "bf16":
             return lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext
 
@@ -309,14 +337,20 @@ class Trainer:
     def save(self) -> None:
         """Rank 0 snapshots the weights to CPU and writes them in a background thread (AsyncCheckpointer,
         which also prunes when unsupervised); the other ranks wait at a barrier (their weights are the same)."""
+        t0 = time.perf_counter()  # blocking_s: the whole stall the loop sees, from here to the return
+        self.log.heartbeat(self.step, force=True)
         self.loss_guard.flush()
         self.barrier()
         if self.dist.is_main:
-            blocking = self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state())
-            path = self.cfg.checkpoint_dir / step_name(self.step)
-            self.log.write("checkpoint", step=self.step, blocking_s=round(blocking, 4), path=str(path))
-            print(f"minilmd: saving {path} (loop blocked {blocking:.3f}s)", flush=True)
+            self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state())
         self.barrier()
+        if self.dist.is_main:
+            blocking, waited = time.perf_counter() - t0, self.checkpointer.last_wait_s
+            path = self.cfg.checkpoint_dir / step_name(self.step)
+            self.log.write("checkpoint", step=self.step, blocking_s=round(blocking, 4), waited_s=round(waited, 4),
+                           path=str(path))
+            print(f"minilmd: saving {path} (loop blocked {blocking:.3f}s, {waited:.3f}s of it waiting for the "
+                  f"previous write)", flush=True)
         self.last_saved_step, self.last_save_time = self.step, time.monotonic()
 
     def finish_saves(self) -> None:
@@ -337,12 +371,19 @@ class Trainer:
         return time.monotonic() - self.last_save_time >= parse_duration(every)
 
     def agree(self, stop: bool, save_due: bool) -> tuple[bool, bool]:
-        """All ranks act on the same step: any rank's stop request stops all, rank 0's clock decides saves."""
+        """All ranks act on the same step: any rank's stop request stops all, rank 0's clock decides saves.
+
+        The flags travel as a CPU tensor through a gloo group (Dist.control_group beside NCCL): reading the result
+        waits only for the other ranks' host threads, never for this GPU's queue of kernels, so the host keeps
+        running ahead of the device. A CUDA tensor through NCCL made `.item()` a full host-device sync every step.
+        Agreeing every N steps instead would also avoid the sync but delay a stop or a duration-based save by up
+        to N steps, and add a rule for choosing N; a localhost gloo all-reduce of 8 bytes costs tens of
+        microseconds of host time per step, off the device's critical path."""
         if not self.dist.active:
             return stop, save_due
-        flags = torch.tensor([float(stop), float(save_due and self.dist.is_main)], device=self.device)
-        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX)
-        return bool(flags[0].item()), bool(flags[1].item())
+        flags = torch.tensor([int(stop), int(save_due and self.dist.is_main)], dtype=torch.int32)
+        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX, group=self.dist.control_group)
+        return bool(flags[0]), bool(flags[1])
 
     def to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = torch.from_numpy(batch.input_ids), torch.from_numpy(batch.labels)
@@ -404,10 +445,11 @@ class Trainer:
         tok_s, step_time = meter.report()
         fields = dict(step=self.step, tokens_seen=self.tokens_seen, loss=round(loss, 6),
                       lr=self.current_lr, grad_norm=round(float(grad_norm), 6), tok_s=round(tok_s, 1),
-                      step_time=round(step_time, 5), total_steps=self.total_steps)
+                      step_time=round(step_time, 5), total_steps=self.total_steps,
+                      epoch=self.first_row(self.step) // self.sampler.items_per_epoch)
         if self.device.type == "cuda":
             if self.peak_flops:
-                fields["mfu"] = round(tok_s * self.flops_per_token / (self.peak_flops * self.dist.world_size), 4)
+                fields["mfu"] = round(mfu(tok_s, self.flops_per_token, self.peak_flops, self.dist.world_size), 4)
             fields["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
         self.log.write("train", **fields)
         if self.dist.is_main:
@@ -416,6 +458,7 @@ class Trainer:
 
     def log_eval(self) -> None:
         if self.dist.is_main:
+            self.log.heartbeat(self.step, force=True)  # an evaluation can outlast many steps
             val_loss = self.evaluate()
             self.log.write("eval", step=self.step, val_loss=round(val_loss, 6))
             print(f"step {self.step} val_loss {val_loss:.4f}", flush=True)
@@ -428,7 +471,8 @@ class Trainer:
             print(f"minilmd: training {self.model.num_parameters():,} parameters on {self.device} x "
                   f"{self.dist.world_size}, {self.cfg.data.mode} rows of {t.seq_len}, global batch "
                   f"{self.global_batch} rows, steps {self.step} -> {self.total_steps}", flush=True)
-        self.log.heartbeat(self.step)
+        self.log.heartbeat(self.step, force=True)
+        compiling = self.compiled  # torch.compile compiles on the first call: the first step of this process
         meter = Throughput()
         self.model.train()
         while True:
@@ -438,6 +482,7 @@ class Trainer:
                     self.save()
                     self.log_eval()
                 self.finish_saves()
+                self.log.heartbeat(self.step, force=True)
                 return EXIT_DONE
             if stop:
                 if self.dist.is_main:
@@ -446,16 +491,20 @@ class Trainer:
                 if self.step != self.last_saved_step:
                     self.save()
                 self.finish_saves()
+                self.log.heartbeat(self.step, force=True)
                 return EXIT_STOPPED
             if save_due:
                 self.save()
             self.faults.maybe_fire(self.step)
+            if compiling:  # the supervisor allows restart.compile_timeout for this step, not hang_timeout
+                self.log.heartbeat(self.step, phase="compiling", force=True)
             loss_sum, grad_norm, n_real = self.train_step()
+            compiling = False
             self.step += 1
             self.tokens_seen += n_real
             meter.add(n_real)
             self.loss_guard.check(self.step, loss_sum)
-            self.log.heartbeat(self.step)
+            self.log.heartbeat(self.step)  # at most once a second (and at once after the compiling step)
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 self.log_train(loss_sum, grad_norm, meter)
             if t.eval_every and self.step % t.eval_every == 0 and self.step != self.total_steps:
@@ -495,12 +544,6 @@ def run(cfg: RunConfig) -> int:
     except CheckpointMismatch as e:  # resuming another model, tokenizer or corpus: final, never a fresh start
         print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
         return EXIT_CONFIG if e.kind == "model" else EXIT_DATA
-    except torch.OutOfMemoryError as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else "CUDA out of memory"
-        write_fault(cfg.run_dir, "cuda_oom", message, step=step, micro_batch_size=cfg.train.micro_batch_size,
-                    device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0)
-        print(f"minilmd train: CUDA out of memory at step {step}: {message}", file=sys.stderr)
-        return EXIT_CUDA_OOM
     except ckpt_io.ScratchFull as e:  # the supervisor makes room or waits for it; a restart now would only repeat
         try:
             write_fault(cfg.run_dir, "scratch_full", str(e), step=step, checkpoint_step=e.step, needs=e.needs,
@@ -509,9 +552,16 @@ def run(cfg: RunConfig) -> int:
             pass  # run.dir on the same full disk: the exit status alone says it
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_SCRATCH_FULL
-    except Exception:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
-        traceback.print_exc()
-        return EXIT_CRASH
+    except Exception as e:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
+        source = cuda_oom_source(e)  # torch.OutOfMemoryError, and the CUDA/cuBLAS/NCCL OOMs that are not one
+        if source is None:
+            traceback.print_exc()
+            return EXIT_CRASH
+        message = first_line(e)
+        write_fault(cfg.run_dir, "cuda_oom", message, step=step, micro_batch_size=cfg.train.micro_batch_size,
+                    device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0, source=source)
+        print(f"minilmd train: CUDA out of memory ({source}) at step {step}: {message}", file=sys.stderr)
+        return EXIT_CUDA_OOM
     finally:
         if dist is not None and dist.active and torch_dist.is_initialized():
             torch_dist.destroy_process_group()

@@ -1,0 +1,150 @@
+"""`[log] prometheus_textfile = PATH`: the supervisor's view as `minilmd_*` gauges for node_exporter's textfile
+collector (`--collector.textfile.directory`), rewritten atomically (temp file + rename: the collector never reads
+half a file) at most every WRITE_EVERY_S seconds, at every phase change and at exit. Every sample carries the
+label run="<run.name>": one file per run, many runs in one directory.
+
+`render(state, t, gpu_waited_s)` is a pure function of state.json; `Textfile` is the supervisor's writer. Ages are
+given twice: as a timestamp (`*_timestamp_seconds`, right even when the supervisor is gone and the file went stale:
+alert on `time() - ...`) and as an age at the time of writing (`*_age_seconds`, for dashboards). Torch-free.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+from minilmd.daemon.states import Phase
+from minilmd.fsio import atomic_write_text
+
+WRITE_EVERY_S = 5.0
+TEXTFILE_MODE = 0o644
+"""node_exporter runs as its own user: it must be able to read the file (it holds no secrets: numbers and the
+run's name)."""
+
+GAUGES: dict[str, str] = {
+    "minilmd_up": "1 while the run's supervisor runs (0 in the file it writes at exit)",
+    "minilmd_phase": "1 for the supervisor's current phase, 0 for the others (label phase)",
+    "minilmd_step": "optimizer steps completed",
+    "minilmd_total_steps": "steps of the budget",
+    "minilmd_tokens_seen": "tokens trained on",
+    "minilmd_loss": "latest training loss",
+    "minilmd_val_loss": "latest validation loss",
+    "minilmd_tokens_per_second": "real (non-PAD) tokens per second over the last logged interval",
+    "minilmd_progress_timestamp_seconds": "when the trainer last logged a training step (Unix time)",
+    "minilmd_heartbeat_timestamp_seconds": "the trainer's last heartbeat (Unix time)",
+    "minilmd_restarts": "restarts of the trainer since the run last ended cleanly, by cause (label cause)",
+    "minilmd_last_sync_timestamp_seconds": "when a sync to run.remote last succeeded, or when the supervisor started "
+                                           "while none has (Unix time)",
+    "minilmd_last_sync_age_seconds": "seconds since a sync last succeeded, when the file was written",
+    "minilmd_sync_failing": "1 while the sync is failing, stalled or the remote unavailable",
+    "minilmd_local_checkpoint_timestamp_seconds": "when the newest local checkpoint was saved (Unix time)",
+    "minilmd_local_checkpoint_age_seconds": "age of the newest local checkpoint when the file was written",
+    "minilmd_remote_checkpoint_timestamp_seconds": "when the newest remote checkpoint was synced (Unix time)",
+    "minilmd_remote_checkpoint_age_seconds": "age of the newest remote checkpoint when the file was written",
+    "minilmd_gpu_waited_seconds": "seconds this supervisor has spent waiting for free GPUs",
+    "minilmd_textfile_timestamp_seconds": "when this file was written (Unix time)",
+}
+FAILING_SYNC = ("failed", "stalled", "unavailable")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(run: str, **extra: str) -> str:
+    pairs = {"run": run, **extra}
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in pairs.items()) + "}"
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) -> str:
+    """The textfile for one run's state.json at time t: HELP and TYPE for every gauge, samples for what is known
+    (a value not known yet, such as the loss before the first logged step, has no sample)."""
+    run = str(state.get("run") or "?")
+    progress = state.get("progress") or {}
+    sync = state.get("sync") or {}
+    local, remote = state.get("local_checkpoint") or {}, state.get("remote_checkpoint") or {}
+    samples: dict[str, list[tuple[str, float]]] = {name: [] for name in GAUGES}
+
+    def put(name: str, value, **labels: str) -> None:
+        number = _number(value)
+        if number is not None:
+            samples[name].append((_labels(run, **labels), number))
+
+    put("minilmd_up", 1 if up else 0)
+    for phase in Phase:
+        put("minilmd_phase", 1 if state.get("phase") == phase.value else 0, phase=phase.value)
+    put("minilmd_step", progress.get("step"))
+    put("minilmd_total_steps", progress.get("total_steps"))
+    put("minilmd_tokens_seen", progress.get("tokens_seen"))
+    put("minilmd_loss", progress.get("loss"))
+    put("minilmd_val_loss", progress.get("val_loss"))
+    put("minilmd_tokens_per_second", progress.get("tok_s"))
+    put("minilmd_progress_timestamp_seconds", progress.get("updated"))
+    put("minilmd_heartbeat_timestamp_seconds", progress.get("heartbeat"))
+    causes = Counter(str(r.get("cause")) for r in state.get("restarts") or [])
+    put("minilmd_restarts", sum(causes.values()), cause="all")
+    for cause, n in sorted(causes.items()):
+        put("minilmd_restarts", n, cause=cause)
+    if sync.get("state") != "off":
+        started = _number((state.get("supervisor") or {}).get("started"))
+        last_ok = _number(sync.get("last_ok")) or _number(remote.get("time")) or started
+        put("minilmd_last_sync_timestamp_seconds", last_ok)
+        put("minilmd_last_sync_age_seconds", t - last_ok if last_ok else None)
+        put("minilmd_sync_failing", 1 if sync.get("state") in FAILING_SYNC else 0)
+    for name, ckpt in (("local", local), ("remote", remote)):
+        when = _number(ckpt.get("time"))
+        put(f"minilmd_{name}_checkpoint_timestamp_seconds", when)
+        put(f"minilmd_{name}_checkpoint_age_seconds", t - when if when else None)
+    put("minilmd_gpu_waited_seconds", round(gpu_waited_s, 3))
+    put("minilmd_textfile_timestamp_seconds", round(t, 3))
+    lines = []
+    for name, help_text in GAUGES.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        lines += [f"{name}{labels} {value:.17g}" for labels, value in samples[name]]
+    return "\n".join(lines) + "\n"
+
+
+class Textfile:
+    """The supervisor's writer: `tick(phase)` every loop turn, `close(phase)` at exit. A failed write (a full or
+    missing directory) is said once through `emit` and tried again at the next turn; it never stops the run."""
+
+    def __init__(self, path: str, state, emit, clock=time.monotonic):
+        self.clock = clock
+        self.path = Path(path) if path else None
+        self.state = state
+        self.emit = emit
+        self.written_at = 0.0
+        self.phase: str | None = None  # the phase of the last write
+        self.current: str | None = None  # the phase of the last tick
+        self.gpu_waited = 0.0
+        self.last_tick = clock()
+        self.problem: str | None = None
+
+    def tick(self, phase: str, force: bool = False, up: bool = True) -> None:
+        clock = self.clock()
+        if self.current == Phase.WAITING_GPU:
+            self.gpu_waited += clock - self.last_tick
+        self.last_tick, self.current = clock, phase
+        if self.path is None:
+            return
+        if not force and phase == self.phase and clock - self.written_at < WRITE_EVERY_S:
+            return
+        self.phase = phase
+        self.written_at = clock
+        try:
+            atomic_write_text(self.path, render(self.state.data, time.time(), self.gpu_waited, up), TEXTFILE_MODE)
+        except OSError as e:
+            if self.problem is None:
+                self.emit("prometheus", f"cannot write the Prometheus textfile {self.path}: {e}; retrying")
+            self.problem = str(e)
+            return
+        if self.problem is not None:
+            self.emit("prometheus", f"the Prometheus textfile {self.path} is written again")
+            self.problem = None
+
+    def close(self, phase: str) -> None:
+        self.tick(phase, force=True, up=False)

@@ -1,0 +1,67 @@
+"""The supervisor's hang watch and a compiling trainer: while the trainer's own heartbeat says "compiling" (its
+first torch.compile'd step), it is hung only after restart.compile_timeout; a real `minilmd run` whose fake trainer
+compiles for longer than hang_timeout is not killed, and one that overstays compile_timeout is."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd.config import load_config
+from minilmd.daemon import trainerwatch
+from minilmd.daemon.runstate import heartbeat_phase, read_heartbeat
+from minilmd.names import HEARTBEAT
+from minilmd.protocol import SUPERVISOR_GAVE_UP
+from supervisor_helpers import events, run_supervisor, state, write_config
+
+
+class FakeChild:
+    """What hang_limit asks of a daemon.child.Child: whether a heartbeat is this attempt's."""
+
+    def __init__(self, started: float):
+        self.started = started
+
+    def beats(self, beat) -> bool:
+        return beat is not None and beat[0] >= self.started - 1
+
+
+def test_a_compiling_heartbeat_of_this_attempt_gets_compile_timeout(tmp_path, corpus):
+    cfg = load_config(write_config(tmp_path, corpus, remote=False,
+                                   restart={"hang_timeout": "90s", "compile_timeout": "20m"}))
+    cfg.run_dir.mkdir(parents=True)
+    hb = cfg.run_dir / HEARTBEAT
+    hb.write_text("12 compiling\n")
+    assert read_heartbeat(cfg.run_dir)[1] == 12 and heartbeat_phase(cfg.run_dir) == "compiling"
+    ours = FakeChild(started=time.time())
+    assert trainerwatch.hang_limit(cfg, ours, read_heartbeat(cfg.run_dir)) == 1200.0
+    earlier = FakeChild(started=time.time() + 3600)  # the file is an earlier attempt's: no allowance
+    assert trainerwatch.hang_limit(cfg, earlier, read_heartbeat(cfg.run_dir)) == 90.0
+    hb.write_text("13\n")
+    assert heartbeat_phase(cfg.run_dir) == "" and read_heartbeat(cfg.run_dir)[1] == 13
+    assert trainerwatch.hang_limit(cfg, ours, read_heartbeat(cfg.run_dir)) == 90.0
+    cfg.restart.compile_timeout = "1m"  # shorter than hang_timeout: never less than hang_timeout
+    hb.write_text("13 compiling\n")
+    assert trainerwatch.hang_limit(cfg, ours, read_heartbeat(cfg.run_dir)) == 90.0
+
+
+def hangs(run_dir: Path) -> list[dict]:
+    return [e for e in events(run_dir) if e["event"] == "hang"]
+
+
+@pytest.mark.slow
+def test_a_compile_longer_than_hang_timeout_is_not_a_hang_but_one_past_compile_timeout_is(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, remote=False, train={"max_steps": 10, "checkpoint_every": 5},
+                          restart={"hang_timeout": "1s", "compile_timeout": "30s", "backoff_initial": "0.1s"})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path, FAKE_COMPILE_S="4") == 0
+    assert hangs(cfg.run_dir) == [] and state(cfg.run_dir)["restarts"] == []
+
+    config = write_config(tmp_path, corpus, name="over", remote=False, train={"max_steps": 10},
+                          restart={"hang_timeout": "1s", "compile_timeout": "2s", "backoff_initial": "0.1s",
+                                   "max_restarts": 0})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path, FAKE_COMPILE_S="30") == SUPERVISOR_GAVE_UP  # no restarts allowed
+    (hang,) = hangs(cfg.run_dir)
+    assert "while compiling (restart.compile_timeout)" in hang["message"]
+    assert [e["cause"] for e in events(cfg.run_dir) if e["event"] == "child_exit"] == ["hang"]

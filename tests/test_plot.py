@@ -1,0 +1,107 @@
+"""The curves of a run (daemon/curves.py) and their picture (daemon/plot.py), from metrics.jsonl and events.jsonl
+written as the trainer and the supervisor write them: a run resumed twice, a supervisor killed, a sync failing for a
+while, an epoch boundary; two runs overlaid. The real run with a SIGBUS is tests/test_watch_real.py."""
+from __future__ import annotations
+
+import builtins
+import json
+from pathlib import Path
+
+import pytest
+
+from minilmd import names
+from minilmd.daemon import curves
+from minilmd.trainer.loop.metrics import MetricsLog
+
+
+def write_lines(path: Path, records: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+
+
+def train(step: int, attempt: int, t0: float = 1000.0, per_epoch: int = 25) -> dict:
+    return {"kind": "train", "step": step, "tokens_seen": step * 128, "loss": 5.0 - step / 20 + attempt / 1000,
+            "lr": 1e-3, "grad_norm": 1.0, "tok_s": 500.0 + attempt, "step_time": 0.5, "total_steps": 60,
+            "epoch": step // per_epoch, "time": t0 + step}
+
+
+def resumed_run(root: Path, name: str = "r") -> Path:
+    """Attempt 1 logs 1-30 and dies of sigbus at 30; attempt 2 resumes from 20, logs 21-45, is killed with its
+    supervisor (no child_exit); attempt 3 resumes from 40 and finishes at 60. The sync fails from step 10 to 15."""
+    run_dir = root / name
+    run_dir.mkdir()
+    (run_dir / names.STATE).write_text(json.dumps({"run": name}))
+    write_lines(run_dir / names.METRICS, [train(s, 1) for s in range(1, 31)] + [
+        {"kind": "eval", "step": 20, "val_loss": 4.2, "time": 1020.0}, {"kind": "train", "step": 31}])
+    with open(run_dir / names.METRICS, "a") as f:
+        f.write('{"kind": "train", "step": 3')  # torn by the SIGBUS
+    MetricsLog(run_dir)  # what the trainer's next attempt does first: ends the torn line
+    write_lines(run_dir / names.METRICS, [train(s, 2) for s in range(21, 46)] + [train(s, 3) for s in range(41, 61)])
+    write_lines(run_dir / names.EVENTS, [
+        {"time": 999.0, "event": "start", "message": "supervisor pid 1 owns ..."},
+        {"time": 1010.0, "event": "sync", "message": "sync failed (EIO); retry in 5s"},
+        {"time": 1012.0, "event": "sync", "message": "the sync looks stalled (no progress); training goes on"},
+        {"time": 1015.0, "event": "sync", "message": "synced step 15 to /remote (verified: True) in 0.1s"},
+        {"time": 1030.5, "event": "child_exit", "message": "...", "cause": "sigbus", "exit": -7, "step": 30},
+        {"time": 1041.0, "event": "start", "message": "supervisor pid 2 owns ..."},
+        {"time": 1060.0, "event": "child_exit", "message": "...", "cause": "done", "exit": 0, "step": 60},
+    ])
+    return run_dir
+
+
+def test_every_step_once_the_last_attempt_wins_restarts_sync_failures_and_epochs(tmp_path):
+    run = curves.load(resumed_run(tmp_path))
+    assert [r["step"] for r in run.train] == list(range(1, 61))
+    assert [r["tok_s"] for r in run.train if r["step"] in (25, 42)] == [502.0, 503.0]  # attempt 2's, attempt 3's
+    assert run.repeated_steps == 11 + 5  # 21-31 (31: a line without a loss), 41-45
+    assert run.train[20]["tok_s"] == 502.0  # attempt 2's first line survived attempt 1's torn last one
+    assert [(m.cause, m.step) for m in run.restarts] == [("sigbus", 30.0), ("supervisor", 41.0)]
+    assert run.sync_failures == [(10.0, 15.0)]
+    assert run.epochs == [25, 50]
+    assert run.tokens_at(30) == 30 * 128 and run.tokens_at(30.5) == 30.5 * 128
+    assert [r["val_loss"] for r in run.evals] == [4.2]
+
+
+@pytest.mark.slow
+def test_the_plot_draws_what_the_curves_hold_for_two_runs_against_tokens(tmp_path):
+    pytest.importorskip("matplotlib")
+    from minilmd.daemon.plot import plot
+
+    a, b = resumed_run(tmp_path, "a"), resumed_run(tmp_path, "b")
+    summary = plot([a, b], tmp_path / "ab.png", x="tokens")
+    assert (tmp_path / "ab.png").read_bytes()[:4] == b"\x89PNG"
+    assert summary.runs == ["a", "b"] and summary.points == {"a": 60, "b": 60}
+    assert summary.restart_marks == [("a", 30 * 128.0, "sigbus"), ("a", 41 * 128.0, "supervisor"),
+                                     ("b", 30 * 128.0, "sigbus"), ("b", 41 * 128.0, "supervisor")]
+    assert summary.sync_spans == [("a", 10.0, 15.0), ("b", 10.0, 15.0)]  # in steps, as curves.py gave them
+    assert summary.epoch_marks == [("a", 25 * 128.0), ("a", 50 * 128.0), ("b", 25 * 128.0), ("b", 50 * 128.0)]
+    with pytest.raises(ValueError, match="png or .svg"):
+        plot([a], tmp_path / "ab.jpg")
+
+
+def test_without_matplotlib_plot_says_how_to_install_it(tmp_path, monkeypatch):
+    from minilmd.daemon import plot as plot_mod
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(plot_mod.PlotUnavailable, match=r"pip install 'minilmd\[plot\]'"):
+        plot_mod.plot([resumed_run(tmp_path)], tmp_path / "x.png")
+
+
+def test_the_status_sparkline_reads_the_end_of_metrics_and_gives_the_eta(tmp_path):
+    run_dir = resumed_run(tmp_path)
+    line = curves.sparkline_line(run_dir, alive=True)
+    assert line is not None and line.startswith("  loss ") and "steps " in line
+    spark = line.split()[1]
+    assert set(spark) <= set(curves.SPARKS) and spark[0] == curves.SPARKS[-1] and spark[-1] == curves.SPARKS[0]
+    assert line.endswith("ETA to the budget (step 60) 0s")  # the last line is step 60 of 60
+    assert "ETA" not in curves.sparkline_line(run_dir, alive=False)
+    assert curves.sparkline([1.0, 1.0]) == curves.SPARKS[0] * 2 and curves.sparkline([]) == ""
+    assert curves.sparkline_line(tmp_path, alive=True) is None  # nothing logged

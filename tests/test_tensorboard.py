@@ -1,0 +1,66 @@
+"""[log]: the config keys, and the trainer's TensorBoard tee (trainer/loop/tensorboard.py) on its own: off by default
+and then not imported at all, a missing package as a config error with the install line, purge_step on resume. The
+read-back of a real killed and resumed run with TensorBoard's own reader is in tests/test_watch_real.py."""
+from __future__ import annotations
+
+import builtins
+import sys
+
+import pytest
+
+from minilmd.config import ConfigError, config_from_dict
+from minilmd.trainer.loop import tensorboard
+from minilmd.trainer.loop.metrics import MetricsLog
+
+
+def config(tmp_path, **log):
+    raw = {"run": {"name": "t", "dir": str(tmp_path / "run")}, "data": {"prepared": str(tmp_path / "p")},
+           "train": {"max_steps": 4}, "log": log}
+    return config_from_dict(raw, check_paths=False)
+
+
+def test_the_log_section_is_checked_like_the_others(tmp_path):
+    assert config(tmp_path).log.tensorboard is False and config(tmp_path).log.prometheus_textfile == ""
+    with pytest.raises(ConfigError) as e:
+        config(tmp_path, tensorboard="yes", prometheus_textfile=str(tmp_path / "x.txt"), grafana=True)
+    text = str(e.value)
+    assert "log.tensorboard = 'yes': expected bool" in text and "unknown key log.grafana" in text
+    assert "reads only *.prom files" in text
+
+
+def test_off_it_is_the_plain_log_and_on_a_missing_package_says_how_to_install_it(tmp_path, monkeypatch):
+    log = MetricsLog(tmp_path / "run")
+    assert tensorboard.tee(log, config(tmp_path), 0) is log
+    other_rank = MetricsLog(tmp_path / "run", active=False)
+    assert tensorboard.tee(other_rank, config(tmp_path, tensorboard=True), 0) is other_rank  # rank 0 alone writes
+    real_import = builtins.__import__
+
+    def without_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("TensorBoard logging requires TensorBoard")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
+    monkeypatch.setattr(builtins, "__import__", without_tensorboard)
+    with pytest.raises(ConfigError, match=r"pip install 'minilmd\[tensorboard\]'"):
+        tensorboard.tee(log, config(tmp_path, tensorboard=True), 0)
+
+
+@pytest.mark.slow
+def test_on_it_writes_the_lines_and_a_resume_purges_what_came_after_its_step(tmp_path):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    cfg = config(tmp_path, tensorboard=True)
+    first = tensorboard.tee(MetricsLog(cfg.run_dir), cfg, 0)
+    for step in range(1, 7):
+        first.write("train", step=step, loss=10.0 - step, lr=0.1, tok_s=5.0, epoch=0)
+    first.write("eval", step=6, val_loss=3.5)
+    first.write("checkpoint", step=4, path="x")  # not a scalar
+    resumed = tensorboard.tee(MetricsLog(cfg.run_dir), cfg, 4)  # a new attempt from the checkpoint of step 4
+    for step in range(5, 9):
+        resumed.write("train", step=step, loss=100.0 + step)
+    acc = event_accumulator.EventAccumulator(str(cfg.run_dir / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
+        (1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0), (5, 105.0), (6, 106.0), (7, 107.0), (8, 108.0)]
+    assert acc.Scalars("val/loss") == []  # step 6's eval came after the resumed step: purged
+    assert [e.step for e in acc.Scalars("train/lr")] == [1, 2, 3, 4]

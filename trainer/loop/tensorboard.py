@@ -1,0 +1,73 @@
+"""`[log] tensorboard = true`: the trainer's metrics.jsonl lines also as TensorBoard scalars, rank 0 only.
+
+The event files go to <run.dir>/tensorboard, one file per attempt, all in the same directory: TensorBoard shows
+them as one run. A resumed attempt opens its writer with purge_step = the resumed step + 1, so TensorBoard drops
+what an earlier attempt logged beyond the checkpoint this one resumed from (those steps are logged again, by the
+attempt that went on): every step shows once, with the value of the attempt the run kept. The writer flushes after
+every line, so a trainer killed by SIGBUS or SIGKILL loses none that metrics.jsonl has.
+
+The writer is torch.utils.tensorboard's, which needs the `tensorboard` package (`pip install
+'minilmd[tensorboard]'`); it is imported only when the option is on, so the trainer's import path gains nothing.
+"""
+from __future__ import annotations
+
+import json
+
+from minilmd.config import ConfigError, RunConfig
+from minilmd.names import STATE, TENSORBOARD_DIR
+from minilmd.trainer.loop.metrics import MetricsLog
+
+SCALARS = {
+    "train": {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "tok_s": "train/tok_s",
+              "mfu": "train/mfu", "peak_mem_gib": "train/peak_mem_gib", "epoch": "train/epoch"},
+    "eval": {"val_loss": "val/loss"},
+}
+"""metrics.jsonl field -> TensorBoard tag, per kind of line; "run/restarts" is added to every train line."""
+INSTALL_HINT = "pip install 'minilmd[tensorboard]'  (or: pip install tensorboard)"
+
+
+def restarts_so_far(cfg: RunConfig) -> int:
+    """The supervisor's count of restarts (state.json; 0 without a supervisor or a readable state)."""
+    try:
+        state = json.loads((cfg.run_dir / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0
+    restarts = state.get("restarts") if isinstance(state, dict) else None
+    return len(restarts) if isinstance(restarts, list) else 0
+
+
+class TensorBoardLog(MetricsLog):
+    """A MetricsLog that also writes its train and eval lines to a SummaryWriter (rank 0's log only)."""
+
+    def __init__(self, log: MetricsLog, writer, restarts: int):
+        super().__init__(log.run_dir, log.active)
+        self.writer = writer
+        self.restarts = restarts
+
+    def write(self, kind: str, **fields) -> None:
+        super().write(kind, **fields)
+        tags = SCALARS.get(kind)
+        step = fields.get("step")
+        if not tags or not isinstance(step, int):
+            return
+        for key, tag in tags.items():
+            value = fields.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(tag, value, step)
+        if kind == "train":
+            self.writer.add_scalar("run/restarts", self.restarts, step)
+        self.writer.flush()
+
+
+def tee(log: MetricsLog, cfg: RunConfig, resumed_step: int) -> MetricsLog:
+    """log itself, or (with [log] tensorboard on rank 0) log that also writes TensorBoard scalars. Raises
+    ConfigError (exit 2: final, a restart would not help) when the tensorboard package is missing."""
+    if not cfg.log.tensorboard or not log.active:
+        return log
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        raise ConfigError([f"log.tensorboard = true but TensorBoard's writer cannot be imported ({e}): "
+                           f"{INSTALL_HINT}"], cfg.source) from None
+    writer = SummaryWriter(log_dir=str(cfg.run_dir / TENSORBOARD_DIR), purge_step=resumed_step + 1)
+    return TensorBoardLog(log, writer, restarts_so_far(cfg))
