@@ -396,6 +396,7 @@ def export(
         ExportError,
         export_hf,
         export_minimind,
+        find_chat_config,
         minimind_eval_command,
         read_checkpoint,
     )
@@ -404,7 +405,8 @@ def export(
         if format == "minimind":
             path = export_minimind(checkpoint, out)
             _, model_cfg, _ = read_checkpoint(checkpoint, validate=False)
-            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg)}")
+            chat = find_chat_config(checkpoint, tokenizer or None) is not None
+            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg, chat)}")
         elif format == "hf":
             path = export_hf(checkpoint, out, tokenizer or None, dtype)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")

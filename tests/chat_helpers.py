@@ -17,27 +17,27 @@ from data_helpers import MINIMIND_TOKENIZER
 
 TEST_TEMPLATE = """{%- set ns = namespace(first=0) %}
 {% if messages[0]['role'] == 'system' %}
-    {{- bos_token + 'system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
-    {% set ns.first = 1 %}
+    {{- bos_token + 'system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- set ns.first = 1 %}
 {% else %}
-    {{- bos_token + 'system\\nYou are a helpful assistant.<|im_end|>\\n' }}
-{% endif %}
+    {{- bos_token + 'system\n你是助手<|im_end|>\n' }}
+{%- endif %}
 {% for message in messages[ns.first:] %}
     {% if message['role'] == 'assistant' %}
-        {{- '<|im_start|>assistant\\n' }}
+        {{- '<|im_start|>assistant\n' }}
         {%- generation %}
-        {{- '<think>\\n\\n</think>\\n\\n' + message['content'] | trim + '<|im_end|>' }}
+        {{- '<think>\n\n</think>\n\n' + message['content'] | trim + '<|im_end|>' }}
         {%- endgeneration %}
-        {{- '\\n' }}
-    {% elif message['role'] in ['user', 'system'] %}
-        {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}
-    {% else %}
+        {{- '\n' }}
+    {%- elif message['role'] in ['user', 'system'] %}
+        {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
+    {%- else %}
         {{- raise_exception('unknown role: ' + message['role']) }}
-    {% endif %}
+    {%- endif %}
 {% endfor %}
 {% if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}
-{% endif %}
+    {{- '<|im_start|>assistant\n<think>\n\n</think>\n\n' }}
+{%- endif %}
 """
 
 MINIMIND_DIR = MINIMIND_TOKENIZER.parent
@@ -52,6 +52,23 @@ def chat_tokenizer_dir(tokenizer_json: Path, out: Path, template: str = TEST_TEM
               "add_eos_token": False, "clean_up_tokenization_spaces": False, "model_max_length": 4096,
               "chat_template": template}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+    return out
+
+
+CHAT_SCAFFOLD = "system\n你是助手 user\n assistant\n<think>\n\n</think>\n\n"
+"""The template's own text, so that a tokenizer trained for chat has tokens for it (repeated in its training)."""
+
+
+def chat_bpe(text_jsonl: list[str], chat_jsonl: list[Path], out: Path, vocab_size: int = 2048) -> Path:
+    """A byte-level BPE (MiniMind's special ids) trained on text JSONL, the messages of chat JSONL and the
+    template's scaffolding: with 2048 entries a chatterbot dialog is a few dozen tokens (with 512 most of them
+    would be cut at 128)."""
+    from data_helpers import read_texts
+    from minilmd.trainer.data.tokenizer import train_tokenizer
+
+    texts = read_texts(text_jsonl) + ["\n".join(m["content"] for m in c) for c in read_conversations(chat_jsonl)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(iter(texts + [CHAT_SCAFFOLD] * 50), vocab_size, out)
     return out
 
 

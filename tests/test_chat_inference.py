@@ -105,3 +105,16 @@ def test_hf_export_renders_and_generates_the_same_in_transformers(chat_checkpoin
                                    pad_token_id=0)[0, prompt.shape[1]:].tolist()
     ours = generate(session.model, prompt[0].tolist(), 12, temperature=0)[0, prompt.shape[1]:].tolist()
     assert reply_ids(theirs) == reply_ids(ours) and len(reply_ids(ours)) >= 3, (theirs, ours)
+
+
+def test_minimind_export_of_a_chat_model_points_eval_llm_at_full_sft(chat_corpus, tmp_path):
+    from minilmd.config import ModelSection
+    from minilmd.trainer.model.minimind import MiniMindForCausalLM
+
+    root, _ = chat_corpus
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(ModelSection(hidden_size=64, num_hidden_layers=2))  # MiniMind's defaults otherwise
+    ckpt = save_checkpoint(tmp_path / "ckpt", model, step=1, tokenizer=root / "tokenizer.json")
+    out = CliRunner().invoke(app, ["export", str(ckpt), "--format", "minimind", "--out", str(tmp_path / "m.pth")])
+    assert out.exit_code == 0, out.output
+    assert "out/full_sft_64.pth" in out.output and "--weight full_sft --hidden_size 64" in out.output

@@ -221,3 +221,21 @@ def test_staging_copies_and_verifies_the_mask_and_the_template(chat_corpus, tmp_
     assert (staged / "tokenizer_config.json").is_file() and verify_staged(staged) == []
     (staged / "val" / "loss_mask.bin").write_bytes(b"")
     assert any("loss_mask.bin" in p for p in verify_staged(staged, full_hash=False))
+
+
+def test_demo_corpus_chat_writes_alternating_dialogs_that_end_with_a_reply(tmp_path, chat_jsonl):
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    got = CliRunner().invoke(app, ["demo-corpus", "--chat", str(tmp_path), "--max-docs", "40"])
+    assert got.exit_code == 0, got.output
+    paths = sorted(tmp_path.glob("chat_*.jsonl"))
+    assert [p.name for p in paths] == ["chat_chinese.jsonl", "chat_english.jsonl"]
+    conversations = read_conversations(paths)
+    assert len(conversations) == 80
+    whole = read_conversations(chat_jsonl)
+    assert sum(len(c) > 2 for c in whole) >= 10  # multi-turn dialogs, odd ones cut to end with a reply
+    for c in conversations + whole:
+        assert [m["role"] for m in c] == ["user", "assistant"] * (len(c) // 2) and len(c) % 2 == 0
+        assert all(isinstance(m["content"], str) and m["content"] for m in c)

@@ -171,12 +171,13 @@ def export_minimind(path: str | Path, out: str | Path) -> Path:
     return out
 
 
-def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any]) -> str:
+def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False) -> str:
     """How to run an exported .pth with MiniMind's eval_llm.py. It loads `out/<weight>_<hidden_size>.pth` (relative
     to the MiniMind checkout) into MiniMindConfig(hidden_size, num_hidden_layers) with MiniMind's defaults for every
     other field, and decodes with the tokenizer in its model/ directory; `--weight pretrain` prompts with BOS + text
     (no chat template), as this model was trained. A model whose other fields differ from those defaults does not
-    load there: then the answer says which, and points to --format hf."""
+    load there: then the answer says which, and points to --format hf. chat (a model fine-tuned on a chat corpus):
+    `--weight full_sft`, which eval_llm.py prompts through the chat template of its model/ tokenizer."""
     from minilmd.config import ModelSection
 
     m = as_model_section(model_cfg)
@@ -189,11 +190,12 @@ def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any]) -> str:
         return (f"MiniMind's eval_llm.py builds its model from --hidden_size and --num_hidden_layers alone, with its "
                 f"defaults for the rest; this model differs in {', '.join(differ)}, so eval_llm.py cannot load it. "
                 f"Use `minilmd export --format hf` (Qwen3ForCausalLM) instead.")
-    name = f"pretrain_{m.hidden_size}.pth"
+    weight = "full_sft" if chat else "pretrain"
+    name = f"{weight}_{m.hidden_size}.pth"
     return (f"In a MiniMind checkout (its model/ must hold the tokenizer this run used, MiniMind's own for a run "
             f"prepared with it):\n"
             f"  cp {shlex.quote(str(pth))} out/{name}\n"
-            f"  python eval_llm.py --load_from model --save_dir out --weight pretrain --hidden_size {m.hidden_size} "
+            f"  python eval_llm.py --load_from model --save_dir out --weight {weight} --hidden_size {m.hidden_size} "
             f"--num_hidden_layers {m.num_hidden_layers}")
 
 
