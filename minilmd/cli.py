@@ -74,9 +74,11 @@ def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.js
 def prepare_command(
     corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line, or {\"conversations\": "
                                        "[...]} with --format chat); .gz/.zst, fsspec URLs."),
-    tokenizer: str = typer.Option(..., "--tokenizer", help="tokenizer.json or its directory (checked for "
+    tokenizer: str = typer.Option(None, "--tokenizer", help="tokenizer.json or its directory (checked for "
                                   "MiniMind's special ids; chat: its tokenizer_config.json's chat_template)."),
     out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
+    append: bool = typer.Option(False, "--append", help="Append CORPUS to the prepared text corpus --out (its "
+                                "tokenizer and rules): only the new lines are tokenised; a new version."),
     val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
     seq_len: int = typer.Option(340, "--seq-len", help="Sequence length of the padding/packing figures printed "
@@ -109,6 +111,20 @@ def prepare_command(
         raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    if append:
+        from minilmd.trainer.data.append import append as append_to
+
+        try:
+            append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line)
+        except (InputError, CorpusError, ValueError) as e:
+            raise _data_error_exit(e) from None
+        except KeyboardInterrupt:
+            typer.echo("prepare --append: interrupted; the corpus is its last complete version", err=True)
+            raise typer.Exit(130) from None
+        typer.echo(f"appended to {out}")
+        return
+    if not tokenizer:
+        raise _data_error_exit(ValueError("--tokenizer is required (except with --append)"))
     try:
         prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
                 batch_size=batch_size, workers=None if workers < 0 else workers, force=force,

@@ -5,9 +5,10 @@ worker processes read independently:
 - a plain local JSONL file: byte ranges; a shard holds the lines that START in its range (it skips the partial
   line at its start, which belongs to the shard before, and reads past its end to finish its last line). A
   compressed or remote file is one shard, read as a stream.
-- a prepared corpus: ranges of documents of each split, decoded with the corpus's own tokenizer (special tokens
-  skipped), so a pattern is counted in the text the model is trained on. A chat corpus decodes to its rendered
-  conversations without the <|im_start|>/<|im_end|> markers.
+- a prepared corpus: ranges of documents of each split (the first meta.json's `documents` of it), decoded with the
+  corpus's own tokenizer, so a pattern is counted in the text the model is trained on: a text document is its ids
+  between BOS and EOS, decoded back to its exact text (byte-level BPE); a chat one decodes to its rendered
+  conversations without the <|im_start|>/<|im_end|> markers (special tokens skipped).
 A line's text is its "text" field; a chat line's ({"conversations": [...]}) is its messages' "content" joined by
 newlines. Lines that are not JSON or have neither are counted as bad, never read.
 
@@ -187,11 +188,13 @@ def _prepared_batches(corpus: Corpus, shard: Shard):
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_str(corpus.tokenizer_json or "")
+    text = (corpus.meta or {}).get("data_format", "text") == "text"
     split_dir = Path(corpus.path) / shard.split
-    lengths = np.load(split_dir / DOC_LENGTHS).astype(np.int64)
+    n_docs = int((corpus.meta or {})["splits"][shard.split]["documents"])
+    lengths = np.load(split_dir / DOC_LENGTHS)[:n_docs].astype(np.int64)  # a longer one: an append publishing
     starts = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
-    if int(starts[-1]) * 2 != (split_dir / TOKENS).stat().st_size:
+    if int(starts[-1]) * 2 > (split_dir / TOKENS).stat().st_size:
         raise CorpusError(f"{split_dir / TOKENS}: its size disagrees with {split_dir / DOC_LENGTHS}")
     if not starts[-1]:
         return
@@ -199,6 +202,9 @@ def _prepared_batches(corpus: Corpus, shard: Shard):
     for lo in range(shard.start, shard.end, BLOCK_DOCS):
         hi = min(lo + BLOCK_DOCS, shard.end)
         docs = [np.asarray(tokens[starts[d]:starts[d + 1]]) for d in range(lo, hi)]
-        texts = tok.decode_batch([d.tolist() for d in docs], skip_special_tokens=True)
+        if text:  # between BOS and EOS, every id: a literal "<|endoftext|>" in a text is part of it
+            texts = tok.decode_batch([d[1:-1].tolist() for d in docs], skip_special_tokens=False)
+        else:
+            texts = tok.decode_batch([d.tolist() for d in docs], skip_special_tokens=True)
         digests = np.array([digest64(d.tobytes()) for d in docs], dtype=np.uint64)
         yield Batch(texts, digests, lengths[lo:hi].copy())

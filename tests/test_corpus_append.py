@@ -1,0 +1,113 @@
+"""`prepare --append` (trainer/data/append.py): only the new lines are encoded, the result is byte-identical to a
+full prepare of the concatenated input except for the one documented case (a new train document repeating an old
+val one), the version chain, and readers that see the old version or the new one at every moment of an append."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from data_helpers import read_texts, write_jsonl
+from minilmd.corpus import open_prepared
+from minilmd.trainer.data.append import append
+from minilmd.trainer.data.jsonl import InputError
+from minilmd.trainer.data.prepare import prepare, split_is_val
+
+VF = 0.05
+SPLIT_FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy")
+
+
+def _prepare(paths, tokenizer, out):
+    return prepare([str(p) for p in paths], tokenizer, out, val_fraction=VF, workers=0, progress=False,
+                   log=lambda m: None)
+
+
+def _same_files(a, b) -> list[str]:
+    return [f for f in SPLIT_FILES if (a / f).read_bytes() != (b / f).read_bytes()]
+
+
+@pytest.fixture
+def texts(demo_jsonl):
+    return read_texts(demo_jsonl)[:300]
+
+
+def test_append_is_a_full_prepare_of_the_concatenation(tmp_path, texts, tokenizer):
+    old, new = texts[:200], texts[200:]
+    old_val = next(t for t in old if split_is_val(t, VF))
+    old_train = next(t for t in old if not split_is_val(t, VF))
+    # a whitespace variant of an old train document that the split rule sends to val: a leak in both ways
+    leak = next(v for v in (old_train + " " * k for k in range(1, 400)) if split_is_val(v, VF))
+    new = [*new, leak, old_train]  # and an exact duplicate (train, like its original)
+    a = write_jsonl(tmp_path / "a.jsonl", old)
+    b = write_jsonl(tmp_path / "b.jsonl", new)
+    with open(b, "a") as f:
+        f.write("\n")  # a blank line: counted, not a document
+    both = write_jsonl(tmp_path / "ab.jsonl", old + new)
+    root = tmp_path / "corpus"
+    _prepare([a], tokenizer, root)
+    before = (root / "meta.json").read_bytes()
+    reader = open_prepared(root)  # a trainer that has the old version open keeps reading the same prefix
+    old_train_tokens = np.array(reader.train.tokens)
+
+    meta = append([str(b)], root, workers=0, progress=False, log=lambda m: None)
+    full = _prepare([both], tokenizer, tmp_path / "full")
+    assert _same_files(root, tmp_path / "full") == []
+    assert meta["splits"] == full["splits"]
+    v1, v2 = meta["versions"]
+    assert (v1["version"], v1["documents"], v2["version"]) == (1, 200, 2)
+    assert v2["previous_meta_sha256"] == hashlib.sha256(before).hexdigest()
+    assert v2["documents_added"] == len(new) - 1 and v2["leaked_val_removed"] == 1
+    src = meta["sources"][-1]
+    assert src["lines"] == src["documents"] + src["blank_lines"] + src["bad_lines"] == len(new) + 1
+    assert np.array_equal(np.asarray(reader.train.tokens), old_train_tokens)
+    assert open_prepared(root, verify_hash=True).train.n_docs == full["splits"]["train"]["documents"]
+
+    # the one difference: a new train document that repeats an old val one is left out of train; a full prepare
+    # keeps it and removes the old val document instead
+    variant = next(v for v in (old_val + " " * k for k in range(1, 400)) if not split_is_val(v, VF))
+    c = write_jsonl(tmp_path / "c.jsonl", [variant])
+    v2_meta = (root / "meta.json").read_bytes()
+    with pytest.raises(InputError, match="no documents"):  # the one document is left out: nothing to append
+        append([str(c)], root, workers=0, progress=False, log=lambda m: None)
+    assert (root / "meta.json").read_bytes() == v2_meta
+    c = write_jsonl(tmp_path / "c.jsonl", [variant, "一个全新的句子，用来追加。"])
+    meta3 = append([str(c)], root, workers=0, progress=False, log=lambda m: None)
+    assert meta3["versions"][-1]["train_repeating_old_val_dropped"] == 1
+    full3 = _prepare([both, c], tokenizer, tmp_path / "full3")
+    assert full3["splits"]["train"]["documents"] == meta3["splits"]["train"]["documents"] + 1
+    assert full3["splits"]["val"]["documents"] == meta3["splits"]["val"]["documents"] - 1
+
+
+def test_a_reader_sees_one_version_at_every_step(tmp_path, texts, tokenizer):
+    a = write_jsonl(tmp_path / "a.jsonl", texts[:150])
+    b = write_jsonl(tmp_path / "b.jsonl", texts[150:])
+    root = tmp_path / "corpus"
+    _prepare([a], tokenizer, root)
+    v1 = {f: (root / f).read_bytes() for f in SPLIT_FILES}
+    # after step 1 (the tail written) and between the renames of step 3 (doc_lengths.npy already longer): the
+    # old meta.json still describes a complete version, and that is what a reader gets
+    with open(root / "train" / "tokens.bin", "ab") as f:
+        f.write(b"\x07\x00" * 1000)  # also what an interrupted append leaves behind
+    lengths = np.load(root / "train" / "doc_lengths.npy")
+    np.save(root / "train" / "doc_lengths.npy", np.concatenate([lengths, [1000]]).astype(np.int32))
+    c = open_prepared(root, verify_hash=True)
+    assert c.train.n_docs == lengths.size and c.train.n_tokens * 2 == len(v1["train/tokens.bin"])
+    np.save(root / "train" / "doc_lengths.npy", lengths)
+
+    append([str(b)], root, workers=0, progress=False, log=lambda m: None)  # cuts the stale tail first
+    full = tmp_path / "full"
+    _prepare([write_jsonl(tmp_path / "ab.jsonl", texts)], tokenizer, full)
+    assert _same_files(root, full) == []
+    for f in ("train/tokens.bin", "val/tokens.bin"):
+        assert (root / f).read_bytes()[:len(v1[f])] == v1[f]
+
+
+def test_append_refuses_a_chat_corpus(tmp_path, chat_corpus, chat_jsonl):
+    root = tmp_path / "chat"
+    shutil.copytree(chat_corpus[0], root)
+    with pytest.raises(ValueError, match="text corpora"):
+        append([str(chat_jsonl[0])], root, workers=0, progress=False, log=lambda m: None)
+    assert json.loads((root / "meta.json").read_text()) == json.loads((chat_corpus[0] / "meta.json").read_text())
