@@ -210,6 +210,23 @@ def bench_prepare_command(
     bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch)
 
 
+@bench_app.command("append")
+def bench_append_command(
+    tokenizer: str = typer.Option(..., "--tokenizer", help="The tokenizer (a tokenizer.json)."),
+    old: str = typer.Option(None, "--old", help="The corpus to grow (JSONL); default: generated, --size-mb."),
+    new: str = typer.Option(None, "--new", help="The lines to append (JSONL); default: generated, --new-lines."),
+    size_mb: float = typer.Option(1024, "--size-mb", help="Size of the generated OLD corpus."),
+    new_lines: int = typer.Option(10_000, "--new-lines", help="Lines of the generated NEW corpus."),
+    workers: int = typer.Option(-1, "--workers", help="prepare's encoding processes; -1: one per core."),
+    scratch: str = typer.Option(None, "--scratch", help="Where the corpora go (deleted after)."),
+) -> None:
+    """prepare --append NEW against a full prepare of OLD+NEW: time, CPU, peak disk, side by side in one run,
+    and whether the two results are byte-identical."""
+    from minilmd.trainer.bench.append import bench_append
+
+    bench_append(tokenizer, old, new, size_mb, new_lines, None if workers < 0 else workers, scratch)
+
+
 @app.command("demo-corpus")
 def demo_corpus_command(
     out: str = typer.Argument(..., help="Directory for the JSONL files."),

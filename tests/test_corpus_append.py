@@ -111,3 +111,17 @@ def test_append_refuses_a_chat_corpus(tmp_path, chat_corpus, chat_jsonl):
     with pytest.raises(ValueError, match="text corpora"):
         append([str(chat_jsonl[0])], root, workers=0, progress=False, log=lambda m: None)
     assert json.loads((root / "meta.json").read_text()) == json.loads((chat_corpus[0] / "meta.json").read_text())
+
+
+def test_bench_append_side_by_side(tmp_path, texts, tokenizer):
+    from minilmd.trainer.bench.append import bench_append
+
+    old = write_jsonl(tmp_path / "old.jsonl", texts[:250])
+    new = write_jsonl(tmp_path / "new.jsonl", texts[250:])
+    lines = []
+    r = bench_append(str(tokenizer), str(old), str(new), workers=0, scratch=str(tmp_path), log=lines.append,
+                     val_fraction=VF)
+    assert r["differing_files"] == [] and "byte-identical" in lines[-1]
+    # the append writes only the new documents (and doc_lengths.npy again); the full prepare writes everything
+    assert 0 < r["append"]["peak_disk_bytes"] < r["full"]["peak_disk_bytes"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("minilmd-bench")] == []
