@@ -265,6 +265,14 @@ def data_fingerprint(meta: dict) -> str:
     return hashlib.sha256("".join(f"{p}\0{h}\n" for p, h in pairs).encode()).hexdigest()
 
 
+def earlier_versions(meta: dict) -> dict[str, dict]:
+    """{data fingerprint: its `versions` entry} of every version before this one (`prepare --append`): a
+    checkpoint of a run on one of them may resume on this corpus (trainer/data/growth.py)."""
+    current = data_fingerprint(meta)
+    return {v["data_fingerprint"]: v for v in meta.get("versions", [])
+            if isinstance(v, dict) and v.get("data_fingerprint") not in (None, current)}
+
+
 class PreparedCorpus:
     """An opened prepared corpus: `.root`, `.meta`, `.data_format` ("text" | "chat"), `.train`, `.val`,
     `.vocab_size`, fingerprints, tokenizer (`.tokenizer_config_path`: the chat template's file, None for text)."""
@@ -309,6 +317,7 @@ class PreparedCorpus:
                 raise CorpusError(f"{stream.dir}: {stream.target_tokens} target tokens but meta.json records "
                                   f"{want.get('target_tokens')}")
         self.data_fingerprint = data_fingerprint(self.meta)
+        self.earlier_versions = earlier_versions(self.meta)
 
     def __repr__(self) -> str:
         return f"PreparedCorpus({str(self.root)!r}, train={self.train.n_tokens}, val={self.val.n_tokens} tokens)"

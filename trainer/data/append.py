@@ -21,8 +21,10 @@ train document that equals an old val document is dropped (the old val cannot ch
 counted. A full prepare of the concatenated input would instead remove that old val document: this is the one
 way an appended corpus differs from the full prepare (docs/formats.md, "Growing a corpus").
 
-meta.json gains `versions`: one entry per version, {version, documents, tokens, previous_meta_sha256, created,
-sources}; the statistics are recomputed over all documents' lengths.
+meta.json gains `versions`: one entry per version, {version, documents, tokens, splits, data_fingerprint,
+previous_meta_sha256, created, sources, and what was added and left out}; the statistics are recomputed over all
+documents' lengths. A run resumed on the grown corpus finds the corpus it started on among `versions` by its data
+fingerprint and reads that version's prefix of train until its epoch ends (trainer/data/growth.py).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus import open_prepared
+from minilmd.corpus import data_fingerprint, open_prepared
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import DOC_LENGTHS, LEAK_KEYS, SPLITS, TOKENS, prepare_tmp_name
@@ -206,6 +208,7 @@ def _new_meta(meta: dict, files: dict, lengths: dict[str, np.ndarray], new: _New
     m = json.loads(json.dumps(meta))  # a deep copy
     versions = m.get("versions") or [{"version": 1, "documents": sum(meta["splits"][s]["documents"] for s in SPLITS),
                                       "tokens": sum(meta["splits"][s]["tokens"] for s in SPLITS),
+                                      "splits": meta["splits"], "data_fingerprint": data_fingerprint(meta),
                                       "created": meta.get("created"), "sources": [s["path"] for s in
                                                                                   meta["sources"]]}]
     keep = new.keep
@@ -225,6 +228,8 @@ def _new_meta(meta: dict, files: dict, lengths: dict[str, np.ndarray], new: _New
     m["created"] = versions[-1]["created"]
     m["files"] = files
     m["splits"] = {s: {"documents": int(lengths[s].size), "tokens": int(lengths[s].sum())} for s in SPLITS}
+    versions[-1]["splits"] = m["splits"]
+    versions[-1]["data_fingerprint"] = data_fingerprint(m)
     m["sources"] = meta["sources"] + found.sources
     stats = m["stats"]
     for split in SPLITS:
