@@ -87,3 +87,25 @@ def test_resume_across_an_append_is_bit_exact_until_the_next_epoch(tmp_path, dem
     assert before and after
     assert [got[s] for s in before] == [ref[s] for s in before]  # bit-exact: the same rows, the same floats
     assert any(got[s] != ref[s] for s in after)  # the new documents came in
+
+
+def test_staging_fetches_only_the_appended_part(tmp_path, demo_jsonl, tokenizer):
+    import json
+
+    from daemon.staging import stage, verify_staged
+
+    root, new = _grow(tmp_path, demo_jsonl, tokenizer)
+    scratch = tmp_path / "scratch"
+    final = stage(str(root), scratch)
+    old_files = json.loads((root / "meta.json").read_text())["files"]
+    append([str(new)], root, workers=0, progress=False, log=lambda m: None)
+    files = json.loads((root / "meta.json").read_text())["files"]
+    seen = []
+    final = stage(str(root), scratch, progress=seen.append)
+    # the grown tokens.bin files: only their tails; doc_lengths.npy (rewritten by the append): whole
+    tails = sum(files[f]["size"] - old_files[f]["size"] for f in ("train/tokens.bin", "val/tokens.bin"))
+    whole = sum(files[f]["size"] for f in ("train/doc_lengths.npy", "val/doc_lengths.npy"))
+    assert seen and seen[-1].total_bytes == tails + whole == seen[-1].done_bytes
+    assert verify_staged(final) == []
+    for f in files:
+        assert (final / f).read_bytes() == (root / f).read_bytes()
