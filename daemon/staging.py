@@ -33,7 +33,7 @@ from minilmd.corpus import FORMAT as CORPUS_FORMAT
 from minilmd.corpus import verify_prepared
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
-from minilmd.names import CORPUS_TOKENIZER, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX
+from minilmd.names import CORPUS_TOKENIZER, LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
 
 CHUNK = 8 * 1024 * 1024
 MIB = 1024 ** 2
@@ -131,7 +131,7 @@ def _intact(path: Path, rel: str, entry: dict) -> bool:
         return False
 
 
-APPENDABLE = ("tokens.bin", "loss_mask.bin")
+APPENDABLE = (TOKENS, LOSS_MASK)
 """The split files `prepare --append` grows in place (trainer/data/append.py): an earlier version's copy of one is
 the prefix of the new one."""
 

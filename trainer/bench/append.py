@@ -20,7 +20,9 @@ import threading
 import time
 from pathlib import Path
 
-SPLIT_FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy")
+from minilmd.names import DOC_LENGTHS, SPLITS, TOKENS, split_file
+
+SPLIT_FILES = tuple(split_file(s, n) for s in SPLITS for n in (TOKENS, DOC_LENGTHS))
 
 
 def _allocated(root: Path) -> int:

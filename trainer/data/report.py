@@ -66,9 +66,10 @@ def report(path: str, *, tokenizer: str | None = None, params: int | None = None
     if tokenizer and corpus.kind == "jsonl":
         from pathlib import Path
 
+        from minilmd.names import CORPUS_TOKENIZER
         from minilmd.tokenizer import load_tokenizer
 
-        tp = Path(tokenizer) / "tokenizer.json" if Path(tokenizer).is_dir() else Path(tokenizer)
+        tp = Path(tokenizer) / CORPUS_TOKENIZER if Path(tokenizer).is_dir() else Path(tokenizer)
         load_tokenizer(tp)
         tok_json = tp.read_text(encoding="utf-8")
     parts = scan.run(corpus, ReportTask(tok_json), workers)
