@@ -34,6 +34,7 @@ def texts(demo_jsonl):
     return read_texts(demo_jsonl)[:300]
 
 
+@pytest.mark.slow  # four prepares and two appends
 def test_append_is_a_full_prepare_of_the_concatenation(tmp_path, texts, tokenizer):
     old, new = texts[:200], texts[200:]
     old_val = next(t for t in old if split_is_val(t, VF))

@@ -80,7 +80,7 @@ def test_report_count_and_drop_scripts(tmp_path, demo_jsonl, tokenizer):
     # the prepared corpus reports and counts the same as the JSONL it holds (decoded by its own tokenizer)
     kept_src = write_jsonl(tmp_path / "kept.jsonl", kept)
     from_jsonl = report(str(kept_src), tokenizer=str(tokenizer), workers=0)
-    from_prep = report(str(out), workers=2, params=1000)
+    from_prep = report(str(out), workers=0, params=1000)
     for key in ("documents", "tokens", "lengths", "scripts", "duplicates"):
         assert from_jsonl[key] == from_prep[key], key
     assert from_prep["documents"] == len(kept)
@@ -110,8 +110,18 @@ def test_cli_and_chinchilla(tmp_path, corpus):
     assert m["budget_tokens"] == 100 * per_step and m["epochs"] == pytest.approx(100 * per_step / train_tokens)
 
     src = write_jsonl(tmp_path / "c.jsonl", ["我是OpenAI训练的", "干净的句子"])
-    gate = runner.invoke(app, ["corpus", "count", "我是OpenAI", "我是通义", str(src), "--fail-if-found"])
+    gate = runner.invoke(app, ["corpus", "count", "我是OpenAI", "我是通义", str(src), "--fail-if-found",
+                               "--workers", "2"])  # worker processes (one shard here: a small file)
     assert gate.exit_code == 1 and re.search(r"我是OpenAI\s+1\s+1", gate.output), gate.output
     assert runner.invoke(app, ["corpus", "count", "--regex", "(", str(src)]).exit_code == 2
     assert runner.invoke(app, ["corpus", "count", "x", str(tmp_path / "missing.jsonl")]).exit_code == 65
     assert runner.invoke(app, ["corpus", "count", str(src)]).exit_code == 2
+
+    # the worker pool: 7 shards over 2 processes, every occurrence counted once
+    from minilmd.trainer.data.count import CountTask
+
+    texts = [f"第{i}行 " + "字" * (i % 37) for i in range(500)]
+    corpus7 = scan.open_corpus(str(write_jsonl(tmp_path / "s.jsonl", texts)), parts=7, min_bytes=1)
+    parts = scan.run(corpus7, CountTask(["字", "行"]), workers=2)
+    assert len(parts) == 7
+    assert [sum(p.occurrences[i] for p in parts) for i in (0, 1)] == [sum(i % 37 for i in range(500)), 500]
