@@ -114,6 +114,10 @@ def prepare_command(
     if append:
         from minilmd.trainer.data.append import append as append_to
 
+        if tokenizer or drop_scripts or data_format != "text":
+            raise _data_error_exit(ValueError("--append uses the corpus's own tokenizer, format and rules (its "
+                                              "meta.json): leave out --tokenizer, --format and --drop-scripts"))
+
         try:
             append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line)
         except (InputError, CorpusError, ValueError) as e:

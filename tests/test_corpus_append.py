@@ -126,3 +126,21 @@ def test_bench_append_side_by_side(tmp_path, texts, tokenizer):
     # the append writes only the new documents (and doc_lengths.npy again); the full prepare writes everything
     assert 0 < r["append"]["peak_disk_bytes"] < r["full"]["peak_disk_bytes"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("minilmd-bench")] == []
+
+
+def test_cli_append_refuses_other_rules_and_counts_its_lines(tmp_path, texts, tokenizer):
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    root = tmp_path / "corpus"
+    _prepare([write_jsonl(tmp_path / "a.jsonl", texts[:100])], tokenizer, root)
+    new = write_jsonl(tmp_path / "b.jsonl", texts[100:120])
+    runner = CliRunner()
+    bad = runner.invoke(app, ["prepare", "--append", str(new), "--out", str(root), "--tokenizer", str(tokenizer)])
+    assert bad.exit_code == 2 and "own tokenizer" in bad.output
+    ok = runner.invoke(app, ["prepare", "--append", str(new), "--out", str(root), "--workers", "0"])
+    assert ok.exit_code == 0, ok.output
+    meta = json.loads((root / "meta.json").read_text())
+    assert meta["versions"][-1]["sources"] == [str(new)] and meta["sources"][-1]["lines"] == 20
+    assert sum(meta["splits"][s]["documents"] for s in ("train", "val")) == 120
