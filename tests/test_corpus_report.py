@@ -3,6 +3,7 @@ report.py, count.py): scripts by code point, shards that read every line exactly
 agree between a JSONL file and the corpus prepared from it, and the line accounting of prepare."""
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -60,6 +61,9 @@ def test_report_count_and_drop_scripts(tmp_path, demo_jsonl, tokenizer):
         assert p["occurrences"] == sum(t.count(p["pattern"]) for t in all_texts)
         assert p["documents"] == sum(p["pattern"] in t for t in all_texts) > 0
     assert r["documents"] == len(all_texts) and r["bad_lines"] == 1
+    gz = tmp_path / "mix.jsonl.gz"  # a compressed file: one stream, the same counts
+    gz.write_bytes(gzip.compress(src.read_bytes()))
+    assert count(str(gz), ["阿里云", "我是"], workers=0)["patterns"] == r["patterns"]
     rx = count(str(src), ["我是.{0,3}阿里", "Привет|Γειά"], regex=True, workers=0)
     assert [p["occurrences"] for p in rx["patterns"]] == [2, 2]
 
