@@ -77,8 +77,8 @@ def prepare_command(
     tokenizer: str = typer.Option(None, "--tokenizer", help="tokenizer.json or its directory (checked for "
                                   "MiniMind's special ids; chat: its tokenizer_config.json's chat_template)."),
     out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
-    append: bool = typer.Option(False, "--append", help="Append CORPUS to the prepared text corpus --out (its "
-                                "tokenizer and rules): only the new lines are tokenised; a new version."),
+    append: bool = typer.Option(False, "--append", help="Append CORPUS to the prepared corpus --out (its "
+                                "tokenizer, format and rules): only the new lines are tokenised; a new version."),
     val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
     seq_len: int = typer.Option(340, "--seq-len", help="Sequence length of the padding/packing figures printed "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -106,12 +105,27 @@ def test_a_reader_sees_one_version_at_every_step(tmp_path, texts, tokenizer):
         assert (root / f).read_bytes()[:len(v1[f])] == v1[f]
 
 
-def test_append_refuses_a_chat_corpus(tmp_path, chat_corpus, chat_jsonl):
-    root = tmp_path / "chat"
-    shutil.copytree(chat_corpus[0], root)
-    with pytest.raises(ValueError, match="text corpora"):
-        append([str(chat_jsonl[0])], root, workers=0, progress=False, log=lambda m: None)
-    assert json.loads((root / "meta.json").read_text()) == json.loads((chat_corpus[0] / "meta.json").read_text())
+def test_append_to_a_chat_corpus(tmp_path, chat_jsonl, chat_tokenizer):
+    def chat_prepare(paths, out):
+        return prepare([str(p) for p in paths], chat_tokenizer, out, val_fraction=0.1, workers=0, progress=False,
+                       log=lambda m: None, data_format="chat", seq_len=128)
+
+    lines = [ln for p in chat_jsonl for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text("\n".join(lines[300:]) + "\n", encoding="utf-8")
+    (tmp_path / "ab.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    root = tmp_path / "corpus"
+    chat_prepare([tmp_path / "a.jsonl"], root)
+    meta = append([str(tmp_path / "b.jsonl")], root, workers=0, progress=False, log=lambda m: None)
+    full = chat_prepare([tmp_path / "ab.jsonl"], tmp_path / "full")
+    files = [*SPLIT_FILES, "train/loss_mask.bin", "val/loss_mask.bin"]
+    assert [f for f in files if (root / f).read_bytes() != (tmp_path / "full" / f).read_bytes()] == []
+    assert meta["splits"] == full["splits"]  # target tokens included
+    for split in ("train", "val"):
+        assert meta["stats"][split] == full["stats"][split], split
+    assert {k: meta["chat"][k] for k in ("cut", "dropped_long")} == {k: full["chat"][k] for k in ("cut",
+                                                                                                 "dropped_long")}
+    assert open_prepared(root, verify_hash=True).train.target_tokens == full["splits"]["train"]["target_tokens"]
 
 
 def test_bench_append_side_by_side(tmp_path, texts, tokenizer):

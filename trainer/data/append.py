@@ -1,4 +1,4 @@
-"""`minilmd prepare --append NEW.jsonl --out EXISTING`: grow a prepared text corpus without re-tokenising it.
+"""`minilmd prepare --append NEW.jsonl --out EXISTING`: grow a prepared corpus without re-tokenising it.
 
 Only the new lines are read and encoded, by prepare's own pipeline (the same workers, split rule, bad-line
 policy and --drop-scripts rule as the corpus was prepared with, from its meta.json), into a temporary directory
@@ -19,7 +19,8 @@ corpus's tokenizer (decode(encode(text)) == text for a byte-level BPE; trainer/d
 val document that equals (whitespace aside) a train document, old or new, is removed from the new val; a new
 train document that equals an old val document is dropped (the old val cannot change without a rewrite), and
 counted. A full prepare of the concatenated input would instead remove that old val document: this is the one
-way an appended corpus differs from the full prepare (docs/formats.md, "Growing a corpus").
+way an appended corpus differs from the full prepare (docs/formats.md, "Growing a corpus"). A chat corpus
+(append_chat.py) grows its loss_mask.bin with tokens.bin, and compares with its old documents by their tokens.
 
 meta.json gains `versions`: one entry per version, {version, documents, tokens, splits, data_fingerprint,
 previous_meta_sha256, created, sources, and what was added and left out}; the statistics are recomputed over all
@@ -28,6 +29,7 @@ fingerprint and reads that version's prefix of train until its epoch ends (train
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -37,11 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus import data_fingerprint, open_prepared
+from minilmd.corpus import CorpusError, data_fingerprint, open_prepared
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
-from minilmd.names import DOC_LENGTHS, LEAK_KEYS, SPLITS, TOKENS, prepare_tmp_name
-from minilmd.trainer.data import corpus_stats, scan
+from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_name
+from minilmd.trainer.data import append_chat, corpus_stats, scan
 from minilmd.trainer.data.collect import Collector, _copy_kept
 from minilmd.trainer.data.encode import leak_key
 from minilmd.trainer.data.jsonl import InputError
@@ -88,39 +90,44 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
     root = Path(out)
     corpus = open_prepared(root)
     meta = corpus.meta
-    if corpus.data_format != "text":
-        raise ValueError(f"{root}: --append grows text corpora; this one is {corpus.data_format!r}: prepare it "
-                         "again from the concatenated input")
+    chat = corpus.data_format == "chat"
     if not sources:
         raise ValueError("no corpus files given")
     old_meta_sha = sha256_file(root / META)
     opts = prep.PrepareOptions(
         val_fraction=float(meta["split_rule"]["val_fraction"]),
         on_bad_line=on_bad_line or meta["bad_lines"]["policy"],
-        seq_len=int(meta["stats"]["train"].get("seq_len", 340)),
+        seq_len=int(meta["chat"]["seq_len"] if chat else meta["stats"]["train"].get("seq_len", 340)),
         batch_size=int(meta["stats"]["train"].get("batch_size", 32)),
         workers=default_workers() if workers is None else workers,
         block_bytes=block_bytes or prep.BLOCK_BYTES,
+        data_format=corpus.data_format,
+        on_long=meta["chat"]["on_long"] if chat else "cut",
         drop_scripts=frozenset(meta.get("dropped_scripts", {}).get("scripts", [])),
     )
     problems = opts.problems()
     if problems:
         raise ValueError("; ".join(problems))
     assert opts.workers is not None
-    tok = prep._Tokenizer.load(corpus.tokenizer_path)
+    tok = prep._Tokenizer.load(corpus.tokenizer_path, chat)
+    if chat and tok.chat_config is not None:
+        template = hashlib.sha256(tok.chat_config["chat_template"].encode("utf-8")).hexdigest()
+        if template != meta["chat"]["template_sha256"]:
+            raise CorpusError(f"{root}: its tokenizer_config.json's chat template is not the one it was rendered "
+                              "with (meta.json chat.template_sha256)")
     tmp = root.parent / prepare_tmp_name(root.name + APPEND_SUFFIX, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     for split in SPLITS:
         (tmp / split).mkdir(parents=True)
     try:
         opened = prep._open_sources(sources)
-        found = Collector(tmp, opened, opts.on_bad_line)
+        found = Collector(tmp, opened, opts.on_bad_line, chat=chat)
         prep._encode_all(opened, found, tok, opts, progress)
         check_line_counts(found)
         if found.documents == 0:
             raise InputError(f"{', '.join(sources)}: no documents to append (every line was blank, bad or "
                              "dropped); the corpus is unchanged")
-        old_keys = old_leak_keys(root, opts.workers)
+        old_keys = append_chat.old_digests(root, opts.workers) if chat else old_leak_keys(root, opts.workers)
         new = _new_documents(tmp, found, old_keys)
         if not sum(int(x.size) for x in new.lengths.values()):
             raise InputError(f"{', '.join(sources)}: no documents to append: all {found.documents:,} repeat "
@@ -139,28 +146,46 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
 
 
 class _New:
-    """The new documents kept per split (their tokens in tmp/<split>/tokens.bin): lengths, leak keys, and the
-    keep flags over what the workers sent (the counts of what was left out)."""
+    """The new documents kept per split (their tokens in tmp/<split>/tokens.bin, a chat corpus's mask beside):
+    lengths, the keys they are compared by with the old documents' (old_keys), the keep flags over what the
+    workers sent (the counts of what was left out), and a chat corpus's per-conversation facts."""
 
-    def __init__(self, lengths: dict, keys: dict, keep: dict, old_keys: dict):
+    def __init__(self, lengths: dict, keys: dict, keep: dict, old_keys: dict, facts: dict | None = None):
         self.lengths, self.keys, self.keep, self.old_keys = lengths, keys, keep, old_keys
+        self.facts = facts
 
 
 def _new_documents(tmp: Path, found: Collector, old_keys: dict[str, np.ndarray]) -> _New:
-    """New val documents not in any train, new train documents not in the old val (the module docstring)."""
+    """New val documents not in any train, new train documents not in the old val (the module docstring; a chat
+    corpus compares with the old documents by their tokens, append_chat.py)."""
     train_keys = np.fromfile(tmp / SPLITS[0] / LEAK_KEYS, dtype=np.uint64)
     val_keys = np.concatenate(found.val_keys) if found.val_keys else np.zeros(0, dtype=np.uint64)
-    keep_val = ~np.isin(val_keys, np.concatenate([train_keys, old_keys["train"]]))
-    keep_train = ~np.isin(train_keys, old_keys["val"])
     train_lengths = found.train.all_lengths().astype(np.int64)
     val_lengths = found.val_raw.all_lengths().astype(np.int64)
-    kept_train = tmp / SPLITS[0] / (TOKENS + ".kept")
-    _copy_kept(found.train.path, train_lengths, keep_train, kept_train)
-    _copy_kept(found.val_raw.path, val_lengths, keep_val, tmp / SPLITS[1] / TOKENS)
-    os.replace(kept_train, tmp / SPLITS[0] / TOKENS)
+    keep_val = ~np.isin(val_keys, train_keys)
+    if found.chat:  # against the old documents: their token digests
+        train_cmp = append_chat.file_digests(found.train.path, train_lengths)
+        val_cmp = append_chat.file_digests(found.val_raw.path, val_lengths)
+    else:
+        train_cmp, val_cmp = train_keys, val_keys
+    keep_val &= ~np.isin(val_cmp, old_keys["train"])
+    keep_train = ~np.isin(train_cmp, old_keys["val"])
+    for raw, lengths, keep, split, names in ((found.train, train_lengths, keep_train, SPLITS[0], (TOKENS, LOSS_MASK)),
+                                             (found.val_raw, val_lengths, keep_val, SPLITS[1], (TOKENS, LOSS_MASK))):
+        kept = tmp / split / (TOKENS + ".kept")
+        _copy_kept(raw.path, lengths, keep, kept)
+        raw.path.unlink()
+        os.replace(kept, tmp / split / names[0])
+        if raw.mask_path is not None:
+            kept = tmp / split / (LOSS_MASK + ".kept")
+            _copy_kept(raw.mask_path, lengths, keep, kept, itemsize=1)
+            raw.mask_path.unlink()
+            os.replace(kept, tmp / split / names[1])
+    facts = ({"train": found.train.all_facts()[keep_train], "val": found.val_raw.all_facts()[keep_val]}
+             if found.chat else None)
     return _New({"train": train_lengths[keep_train].astype(np.int32), "val": val_lengths[keep_val].astype(np.int32)},
-                {"train": train_keys[keep_train], "val": val_keys[keep_val]},
-                {"train": keep_train, "val": keep_val}, old_keys)
+                {"train": train_cmp[keep_train], "val": val_cmp[keep_val]},
+                {"train": keep_train, "val": keep_val}, old_keys, facts)
 
 
 def _append_bytes(src: Path, dst: Path, keep_size: int, chunk: int = 8 << 20) -> None:
@@ -182,6 +207,11 @@ def _publish(root: Path, meta: dict, tmp: Path, new: _New, found: Collector, opt
     for split in SPLITS:
         rel_tokens = f"{split}/{TOKENS}"
         _append_bytes(tmp / split / TOKENS, root / split / TOKENS, int(files[rel_tokens]["size"]))
+        if found.chat:
+            rel_mask = f"{split}/{LOSS_MASK}"
+            _append_bytes(tmp / split / LOSS_MASK, root / split / LOSS_MASK, int(files[rel_mask]["size"]))
+            files[rel_mask] = {"size": (root / split / LOSS_MASK).stat().st_size,
+                               "sha256": sha256_file(root / split / LOSS_MASK)}
         old = np.load(root / split / DOC_LENGTHS, allow_pickle=False)[:int(meta["splits"][split]["documents"])]
         lengths[split] = np.concatenate([old.astype(np.int32), new.lengths[split]])
         part = root / split / (DOC_LENGTHS + f".append-{os.getpid()}.npy")
@@ -228,15 +258,20 @@ def _new_meta(meta: dict, files: dict, lengths: dict[str, np.ndarray], new: _New
     m["created"] = versions[-1]["created"]
     m["files"] = files
     m["splits"] = {s: {"documents": int(lengths[s].size), "tokens": int(lengths[s].sum())} for s in SPLITS}
+    stats = m["stats"]
+    if found.chat:
+        assert new.facts is not None
+        append_chat.merge_chat_meta(m, lengths, new.facts, found.chat_counts, opts.seq_len, opts.batch_size)
+    else:
+        for split in SPLITS:
+            stats[split] = corpus_stats.split_stats(lengths[split], opts.seq_len, opts.batch_size)
     versions[-1]["splits"] = m["splits"]
     versions[-1]["data_fingerprint"] = data_fingerprint(m)
     m["sources"] = meta["sources"] + found.sources
-    stats = m["stats"]
-    for split in SPLITS:
-        stats[split] = corpus_stats.split_stats(lengths[split], opts.seq_len, opts.batch_size)
     stats["lengths"] = length_stats(np.concatenate([lengths[s] for s in SPLITS]).astype(np.int64))
     all_keys = np.concatenate([new.old_keys["train"], new.old_keys["val"], new.keys["train"], new.keys["val"]])
-    stats["duplicates"] = {**duplicate_stats(all_keys), "key": "the leak key: exact after removing all whitespace"}
+    key = "the token ids, exactly" if found.chat else "the leak key: exact after removing all whitespace"
+    stats["duplicates"] = {**duplicate_stats(all_keys), "key": key}
     stats["documents_with_special_ids_inside"] += found.special_docs
     stats["special_ids_inside_examples"] = (stats["special_ids_inside_examples"] + found.special_examples)[:20]
     stats["input_text_bytes"] += found.text_bytes
