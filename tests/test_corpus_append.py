@@ -3,8 +3,10 @@ full prepare of the concatenated input except for the one documented case (a new
 val one), the version chain, and readers that see the old version or the new one at every moment of an append."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -97,7 +99,15 @@ def test_a_reader_sees_one_version_at_every_step(tmp_path, texts, tokenizer):
     assert c.train.n_docs == lengths.size and c.train.n_tokens * 2 == len(v1["train/tokens.bin"])
     np.save(root / "train" / "doc_lengths.npy", lengths)
 
+    stray = root / "train" / "doc_lengths.npy.append-999999.npy"  # an append killed before its renames
+    np.save(stray, lengths)
+    fd = os.open(root, os.O_RDONLY)  # an append running on it holds this lock
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    with pytest.raises(ValueError, match="another `prepare --append` is running"):
+        append([str(b)], root, workers=0, progress=False, log=lambda m: None)
+    os.close(fd)
     append([str(b)], root, workers=0, progress=False, log=lambda m: None)  # cuts the stale tail first
+    assert not stray.exists()
     full = tmp_path / "full"
     _prepare([write_jsonl(tmp_path / "ab.jsonl", texts)], tokenizer, full)
     assert _same_files(root, full) == []

@@ -82,12 +82,41 @@ def old_leak_keys(root: Path, workers: int) -> dict[str, np.ndarray]:
 def append(sources: list[str], out: str | Path, *, workers: int | None = None, progress=None, log=None,
            on_bad_line: str | None = None, block_bytes: int | None = None) -> dict:
     """Append `sources` to the prepared corpus `out`; returns the new meta.json. InputError (bad input, exit 65),
-    CorpusError (the corpus), ValueError (a chat corpus: not supported yet)."""
+    CorpusError (the corpus), ValueError (bad arguments, another append running on it)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    root = Path(out)
+    lock = _lock(root)
+    try:
+        return _append(sources, root, workers, progress, log, on_bad_line, block_bytes)
+    finally:
+        os.close(lock)
+
+
+def _lock(root: Path) -> int:
+    """An exclusive flock on the corpus directory itself (no file added to the corpus): one append at a time.
+    Leftovers of an append that was killed (its temporary doc_lengths.npy) are removed under it."""
+    import fcntl
+
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise CorpusError(f"{root}: cannot open ({e.strerror}); is it a prepared corpus?") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"{root}: another `prepare --append` is running on it; wait for it to end") from None
+    for split in SPLITS:
+        for stale in (root / split).glob(DOC_LENGTHS + ".append-*.npy"):
+            stale.unlink(missing_ok=True)
+    return fd
+
+
+def _append(sources: list[str], root: Path, workers: int | None, progress, log, on_bad_line: str | None,
+            block_bytes: int | None) -> dict:
     from minilmd.trainer.data import prepare as prep
     from minilmd.trainer.data.encode import default_workers
 
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    root = Path(out)
     corpus = open_prepared(root)
     meta = corpus.meta
     chat = corpus.data_format == "chat"
