@@ -57,15 +57,17 @@ class Infra:
         from minilmd import checkpoint
 
         data_fp = tok_fp = None
+        ancestors: tuple[str, ...] = ()
         try:
             from minilmd.corpus import open_prepared
 
             corpus = open_prepared(staged)
             data_fp, tok_fp = corpus.data_fingerprint, corpus.tokenizer_fingerprint
+            ancestors = tuple(corpus.earlier_versions)
         except Exception:  # noqa: BLE001 - fingerprints are an extra check; the trainer refuses bad data itself
             pass
         return checkpoint.Expectation(model=cfg.model_dict(), data_fingerprint=data_fp, tokenizer_fingerprint=tok_fp,
-                                      lora=cfg.lora_dict())
+                                      lora=cfg.lora_dict(), data_ancestors=ancestors)
 
     def syncer(self, cfg: RunConfig, expected, log):
         from minilmd.daemon import sync

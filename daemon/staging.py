@@ -33,7 +33,7 @@ from minilmd.corpus import FORMAT as CORPUS_FORMAT
 from minilmd.corpus import verify_prepared
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
-from minilmd.names import CORPUS_TOKENIZER, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX
+from minilmd.names import CORPUS_TOKENIZER, LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
 
 CHUNK = 8 * 1024 * 1024
 MIB = 1024 ** 2
@@ -129,6 +129,27 @@ def _intact(path: Path, rel: str, entry: dict) -> bool:
         return not dir_table_problems(path, {rel: entry}, listed_in=META)
     except OSError:
         return False
+
+
+APPENDABLE = (TOKENS, LOSS_MASK)
+"""The split files `prepare --append` grows in place (trainer/data/append.py): an earlier version's copy of one is
+the prefix of the new one."""
+
+
+def _earlier_files(old: Path, meta: dict) -> dict[str, dict]:
+    """The appendable files of the staged copy at `old` when its meta.json is an earlier version of `meta` (the
+    new meta's `versions` chain names its sha256), else {}."""
+    try:
+        raw = (old / META).read_bytes()
+        old_meta = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    digest = hashlib.sha256(raw).hexdigest()
+    chain = {v.get("previous_meta_sha256") for v in meta.get("versions", []) if isinstance(v, dict)}
+    if digest not in chain or not isinstance(old_meta, dict) or not isinstance(old_meta.get("files"), dict):
+        return {}
+    return {rel: e for rel, e in old_meta["files"].items()
+            if PurePosixPath(rel).name in APPENDABLE and isinstance(e, dict) and isinstance(e.get("size"), int)}
 
 
 # --- will it fit? ---------------------------------------------------------------------------------------------------
@@ -345,7 +366,9 @@ class _Copier:
         self.progress, self.retries, self.backoff_s, self.log = progress, retries, backoff_s, log
         self.started = time.monotonic()
 
-    def copy(self, rel: str, entry: dict, dest: Path) -> None:
+    def copy(self, rel: str, entry: dict, dest: Path, keep: int = 0) -> None:
+        """Copy `rel` to `dest`; keep > 0: dest already holds the file's first `keep` bytes (a staged copy of an
+        earlier version of an appended corpus, verified): only the rest is fetched."""
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -355,7 +378,7 @@ class _Copier:
                 time.sleep(wait)
             done_before = self.done
             try:
-                size, digest = self._copy_once(rel, dest)
+                size, digest = self._copy_once(rel, dest, entry["size"], keep)
             except OSError as e:
                 last = f"{type(e).__name__}: {e}"
                 self.done = done_before
@@ -369,14 +392,27 @@ class _Copier:
         dest.unlink(missing_ok=True)
         raise StagingError(f"staging {self.source}/{rel} failed after {self.retries + 1} attempts: {last}")
 
-    def _copy_once(self, rel: str, dest: Path) -> tuple[int, str]:
+    def _copy_once(self, rel: str, dest: Path, listed: int, keep: int = 0) -> tuple[int, str]:
+        """Copy the first `listed` bytes of the source file (it may be longer: an append writes its tail before
+        its meta.json); with keep, after dest's first `keep` bytes, which are hashed, not fetched."""
         h = hashlib.sha256()
         size = 0
         part = dest.with_name(dest.name + ".part")
         part.parent.mkdir(parents=True, exist_ok=True)
+        if keep:
+            with open(dest, "rb") as f:
+                while size < keep and (chunk := f.read(min(CHUNK, keep - size))):
+                    h.update(chunk)
+                    size += len(chunk)
+            part.unlink(missing_ok=True)
+            os.link(dest, part)  # the same file: a failed attempt leaves dest's prefix (the next cuts it back)
         try:
-            with self.fs.open(f"{self.root}/{rel}", "rb") as src, open(part, "wb") as out:
-                while chunk := src.read(CHUNK):
+            with self.fs.open(f"{self.root}/{rel}", "rb") as src, open(part, "r+b" if keep else "wb") as out:
+                if keep:
+                    src.seek(keep)
+                    out.truncate(keep)
+                    out.seek(keep)
+                while size < listed and (chunk := src.read(min(CHUNK, listed - size))):
                     out.write(chunk)
                     h.update(chunk)
                     size += len(chunk)
@@ -424,21 +460,28 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
     try:
         tmp.mkdir()
         to_copy = {}
+        kept: dict[str, int] = {}  # rel -> bytes of an earlier version's copy, kept: only its tail is fetched
+        earlier = _earlier_files(old, meta) if old is not None else {}
         for rel, entry in files.items():
             if old is not None and (old / META).is_file() and _intact(old, rel, entry):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 os.rename(old / rel, tmp / rel)  # verified good: no need to fetch it again
-            else:
-                to_copy[rel] = entry
+                continue
+            if (old is not None and rel in earlier and earlier[rel]["size"] < entry["size"]
+                    and _intact(old, rel, earlier[rel])):
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.rename(old / rel, tmp / rel)  # the corpus grew by an append: the old bytes are its prefix
+                kept[rel] = earlier[rel]["size"]
+            to_copy[rel] = entry
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        needed = sum(e["size"] for e in to_copy.values())
+        needed = sum(e["size"] - kept.get(rel, 0) for rel, e in to_copy.items())
         check_fit(needed, scratch, memory_headroom_bytes)
         if to_copy:
             log(f"staging: copying {len(to_copy)} file(s), {_mb(needed)}, from {source} to {scratch}")
         copier = _Copier(fs, root, source, needed, progress, retries, backoff_s, log)
         for rel, entry in to_copy.items():
-            copier.copy(rel, entry, tmp / rel)
+            copier.copy(rel, entry, tmp / rel, kept.get(rel, 0))
         (tmp / META).write_bytes(meta_raw)
         problems = verify_prepared(tmp)
         if problems:

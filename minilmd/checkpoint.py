@@ -104,6 +104,9 @@ class Expectation:
     lora: dict | None = None
     """The run's [lora] section when LoRA is on (RunConfig.lora_dict()), else None; compared whenever `model` is:
     a LoRA checkpoint holds adapters of that rank and those targets only."""
+    data_ancestors: tuple[str, ...] = ()
+    """Data fingerprints of the corpus's earlier versions (corpus.earlier_versions): the corpus grew by
+    `prepare --append` since the checkpoint, which is still resumable (trainer/data/growth.py)."""
 
 
 # --- finding -------------------------------------------------------------------------------------------------------
@@ -379,6 +382,8 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
                                                 f"{_lora_text(expected.lora)}"], "model")
     prints = state.get("fingerprints") or {}
     for kind, want in (("tokenizer", expected.tokenizer_fingerprint), ("data", expected.data_fingerprint)):
+        if kind == "data" and prints.get(kind) in expected.data_ancestors:
+            continue  # saved on an earlier version of this corpus: it only grew
         if want is not None and prints.get(kind) != want:
             raise CheckpointMismatch(ckpt_dir, [f"{kind} fingerprint differs: checkpoint {prints.get(kind)!r}, "
                                                 f"run {want!r} (a different {kind} than this run uses)"], kind)
@@ -476,10 +481,11 @@ def expectation_from_config(config_path: str | os.PathLike, log: Callable[[str],
     cfg = load_config(config_path, check_paths=False)
     expected = Expectation(model=cfg.model_dict(), lora=cfg.lora_dict())
     try:
-        from minilmd.corpus import data_fingerprint, read_meta
+        from minilmd.corpus import data_fingerprint, earlier_versions, read_meta
 
         meta = read_meta(cfg.data.prepared)
         expected.data_fingerprint = data_fingerprint(meta)
+        expected.data_ancestors = tuple(earlier_versions(meta))
         expected.tokenizer_fingerprint = meta["tokenizer_sha256"]
     except Exception as e:  # noqa: BLE001 - the corpus may be staged elsewhere or gone: check what can be checked
         log(f"note: fingerprints not checked, cannot read data.prepared = {cfg.data.prepared!r}: {e}")

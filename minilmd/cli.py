@@ -14,6 +14,8 @@ tokenizer_app = typer.Typer(no_args_is_help=True, help="Train or inspect a token
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, printed side by side in one run.")
 app.add_typer(tokenizer_app, name="tokenizer")
 app.add_typer(bench_app, name="bench")
+corpus_app = typer.Typer(no_args_is_help=True, help="Look into a corpus: its report, pattern counts.")
+app.add_typer(corpus_app, name="corpus")
 
 
 # === data: tokenizer, prepare, bench prepare ===
@@ -72,9 +74,11 @@ def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.js
 def prepare_command(
     corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line, or {\"conversations\": "
                                        "[...]} with --format chat); .gz/.zst, fsspec URLs."),
-    tokenizer: str = typer.Option(..., "--tokenizer", help="tokenizer.json or its directory (checked for "
+    tokenizer: str = typer.Option(None, "--tokenizer", help="tokenizer.json or its directory (checked for "
                                   "MiniMind's special ids; chat: its tokenizer_config.json's chat_template)."),
     out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
+    append: bool = typer.Option(False, "--append", help="Append CORPUS to the prepared corpus --out (its "
+                                "tokenizer, format and rules): only the new lines are tokenised; a new version."),
     val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
     seq_len: int = typer.Option(340, "--seq-len", help="Sequence length of the padding/packing figures printed "
@@ -86,6 +90,8 @@ def prepare_command(
     on_long: str = typer.Option("cut", "--on-long", help="chat: a conversation longer than --seq-len is cut "
                                 "(counted) or dropped (drop)."),
     workers: int = typer.Option(-1, "--workers", help="Encoding processes; -1: one per core, 0: in-process."),
+    drop_scripts: str = typer.Option("", "--drop-scripts", help="Drop (and count) every document with a character "
+                                     "of these scripts, e.g. greek,cyrillic,arabic,hangul (text corpora)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing prepared corpus (or fill an empty "
                                "directory); anything else is refused."),
 ) -> None:
@@ -99,21 +105,99 @@ def prepare_command(
     from minilmd.tokenizer import TokenizerError
     from minilmd.trainer.data.jsonl import InputError
     from minilmd.trainer.data.prepare import prepare
+    from minilmd.trainer.data.scripts import parse_scripts
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    if append:
+        from minilmd.trainer.data.append import append as append_to
+
+        if tokenizer or drop_scripts or data_format != "text":
+            raise _data_error_exit(ValueError("--append uses the corpus's own tokenizer, format and rules (its "
+                                              "meta.json): leave out --tokenizer, --format and --drop-scripts"))
+
+        try:
+            append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line)
+        except (InputError, CorpusError, ValueError) as e:
+            raise _data_error_exit(e) from None
+        except KeyboardInterrupt:
+            typer.echo("prepare --append: interrupted; the corpus is its last complete version", err=True)
+            raise typer.Exit(130) from None
+        typer.echo(f"appended to {out}")
+        return
+    if not tokenizer:
+        raise _data_error_exit(ValueError("--tokenizer is required (except with --append)"))
     try:
         prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
                 batch_size=batch_size, workers=None if workers < 0 else workers, force=force,
-                data_format=data_format, on_long=on_long)
+                data_format=data_format, on_long=on_long, drop_scripts=parse_scripts(drop_scripts))
     except (InputError, CorpusError, TokenizerError, ValueError) as e:
         raise _data_error_exit(e) from None
     except KeyboardInterrupt:
         typer.echo("prepare: interrupted, nothing written", err=True)
         raise typer.Exit(130) from None
     typer.echo(f"wrote {out}")
+
+
+# === corpus: report, count (trainer/data/report.py, count.py) ===
+@corpus_app.command("report")
+def report_command(
+    corpus: str = typer.Argument(..., help="A prepared corpus directory or a JSONL file (.gz/.zst: one stream)."),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="JSONL: count tokens with this tokenizer (otherwise "
+                                  "lengths are characters). A prepared corpus uses its own."),
+    config: str = typer.Option(None, "--config", help="A run config: its model's parameters and its budget "
+                               "(train.max_tokens, or max_steps x tokens per step)."),
+    params: int = typer.Option(0, "--params", help="The model's parameters (instead of --config's)."),
+    budget_tokens: int = typer.Option(0, "--budget-tokens", help="Tokens to train on (instead of --config's)."),
+    workers: int = typer.Option(-1, "--workers", help="Reading processes; -1: one per core, 0: in-process."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Documents, tokens, length percentiles, documents by script, exact duplicates, and tokens per parameter
+    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments."""
+    import json
+
+    from minilmd.config import ConfigError
+    from minilmd.trainer.data.report import format_report, report
+
+    try:
+        r = report(corpus, tokenizer=tokenizer, params=params or None, config=config,
+                   budget_tokens=budget_tokens or None, workers=None if workers < 0 else workers)
+    except ConfigError as e:
+        raise _data_error_exit(ValueError(str(e))) from None
+    except (ValueError, OSError) as e:
+        raise _data_error_exit(e) from None
+    typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_report(r))
+
+
+@corpus_app.command("count")
+def count_command(
+    args: list[str] = typer.Argument(..., help="PATTERN [PATTERN ...] CORPUS: the last is the corpus (a prepared "
+                                     "directory or a JSONL file)."),
+    regex: bool = typer.Option(False, "--regex", help="Patterns are Python regular expressions (default: "
+                               "literal strings)."),
+    workers: int = typer.Option(-1, "--workers", help="Reading processes; -1: one per core, 0: in-process."),
+    fail_if_found: bool = typer.Option(False, "--fail-if-found", help="Exit 1 when any pattern occurs: a "
+                                       "cleaning gate for scripts."),
+    as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
+) -> None:
+    """Occurrences (non-overlapping) and documents of each pattern, read in parallel over the corpus.
+    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments."""
+    import json
+
+    from minilmd.trainer.data.count import count, format_count
+
+    if len(args) < 2:
+        raise _data_error_exit(ValueError("give at least one PATTERN and the CORPUS (last)"))
+    *patterns, corpus = args
+    try:
+        r = count(corpus, patterns, regex=regex, workers=None if workers < 0 else workers)
+    except (ValueError, OSError) as e:
+        raise _data_error_exit(e) from None
+    typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_count(r))
+    if fail_if_found and any(p["occurrences"] for p in r["patterns"]):
+        raise typer.Exit(1)
 
 
 @bench_app.command("prepare")
@@ -128,6 +212,23 @@ def bench_prepare_command(
     from minilmd.trainer.bench.prepare import bench_prepare
 
     bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch)
+
+
+@bench_app.command("append")
+def bench_append_command(
+    tokenizer: str = typer.Option(..., "--tokenizer", help="The tokenizer (a tokenizer.json)."),
+    old: str = typer.Option(None, "--old", help="The corpus to grow (JSONL); default: generated, --size-mb."),
+    new: str = typer.Option(None, "--new", help="The lines to append (JSONL); default: generated, --new-lines."),
+    size_mb: float = typer.Option(1024, "--size-mb", help="Size of the generated OLD corpus."),
+    new_lines: int = typer.Option(10_000, "--new-lines", help="Lines of the generated NEW corpus."),
+    workers: int = typer.Option(-1, "--workers", help="prepare's encoding processes; -1: one per core."),
+    scratch: str = typer.Option(None, "--scratch", help="Where the corpora go (deleted after)."),
+) -> None:
+    """prepare --append NEW against a full prepare of OLD+NEW: time, CPU, peak disk, side by side in one run,
+    and whether the two results are byte-identical."""
+    from minilmd.trainer.bench.append import bench_append
+
+    bench_append(tokenizer, old, new, size_mb, new_lines, None if workers < 0 else workers, scratch)
 
 
 @app.command("demo-corpus")

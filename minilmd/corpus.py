@@ -90,11 +90,13 @@ class TokenStream:
                 raise CorpusError(f"{p}: missing")
         meta = None
         self.data_format = "chat" if (self.dir / LOSS_MASK).is_file() else "text"
+        listed_docs = None  # meta.json's documents of this split: the prefix of the files to read (appends)
         if (self.dir.parent / META).is_file():
             meta = read_meta(self.dir.parent)
             self.data_format = data_format_of(meta)
             if vocab_size is None:
                 vocab_size = meta.get("vocab_size")
+            listed_docs = meta.get("splits", {}).get(self.dir.name, {}).get("documents")
             self._check_files(meta, verify_hash)
         try:
             lengths = np.load(lengths_path, allow_pickle=False)
@@ -102,6 +104,8 @@ class TokenStream:
             raise CorpusError(f"{lengths_path}: not a readable .npy file ({e})") from None
         if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
             raise CorpusError(f"{lengths_path}: expected a 1-D integer array, got {lengths.dtype} {lengths.shape}")
+        if isinstance(listed_docs, int) and lengths.size > listed_docs:
+            lengths = lengths[:listed_docs]  # the doc_lengths.npy of an append being published: its prefix
         self.doc_lengths = lengths.astype(np.int64, copy=False)
         if self.doc_lengths.size and self.doc_lengths.min() < 2:
             d = int(np.argmin(self.doc_lengths))
@@ -113,7 +117,8 @@ class TokenStream:
 
         size = tokens_path.stat().st_size
         expected = int(self.doc_starts[-1])
-        if size % 2 or size // 2 != expected:
+        self._grown = listed_docs is not None  # with meta.json, a longer file is an append's tail: read the prefix
+        if (size % 2 or size // 2 != expected) and not (self._grown and size // 2 >= expected):
             raise CorpusError(
                 f"{tokens_path} holds {size / 2:g} tokens ({size} bytes) but {lengths_path} sums to {expected} "
                 f"tokens over {self.n_docs} documents: they did not come from the same run"
@@ -137,12 +142,12 @@ class TokenStream:
         if not mask_path.is_file():
             raise CorpusError(f"{mask_path}: missing (a chat corpus has one beside {tokens_path})")
         size = mask_path.stat().st_size
-        if size != self.n_tokens:
+        if size != self.n_tokens and not (self._grown and size > self.n_tokens):
             raise CorpusError(f"{mask_path} holds {size} bytes but {tokens_path} holds {self.n_tokens} tokens (one "
                               "mask byte per token): they did not come from the same run")
-        if not size:
+        if not self.n_tokens:
             return np.zeros(0, dtype=np.uint8)
-        return np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(size,))
+        return np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(self.n_tokens,))
 
     def _check_mask(self, mask_path: Path) -> None:
         """The chat invariants of the class docstring, in blocks of _SCAN tokens (bounded temporaries)."""
@@ -193,8 +198,22 @@ class TokenStream:
         names = (TOKENS, DOC_LENGTHS, LOSS_MASK) if self.data_format == "chat" else (TOKENS, DOC_LENGTHS)
         keys = {name: split_file(self.dir.name, name) for name in names}
         table = {name: files[key] for name, key in keys.items() if key in files}
-        problems = table_problems(table, lambda name: local_size(self.dir / name),
-                                  (lambda name: sha256_file(self.dir / name)) if verify_hash else None,
+
+        def size_of(name: str) -> int | None:
+            # An append writes the new tail of tokens.bin (loss_mask.bin) before meta.json and renames a longer
+            # doc_lengths.npy in just before it: the prefix meta.json lists is this version (docs/formats.md).
+            size = local_size(self.dir / name)
+            grown = size is not None and name in table and size > table[name]["size"]
+            if grown and name == DOC_LENGTHS:
+                table.pop(name)  # checked by its prefix: the lengths sum to meta.json's tokens (PreparedCorpus)
+            return table[name]["size"] if grown and name in table else size
+
+        def sha256_of(name: str) -> str:
+            return sha256_file(self.dir / name, limit=table[name]["size"])
+
+        for name in list(table):
+            size_of(name)
+        problems = table_problems(table, size_of, sha256_of if verify_hash else None,
                                   listed_in=META, label=lambda name: str(self.dir / name))
         if problems:
             raise CorpusError(f"{problems[0]}: they did not come from the same run (or the copy is incomplete)")
@@ -246,6 +265,14 @@ def data_fingerprint(meta: dict) -> str:
     return hashlib.sha256("".join(f"{p}\0{h}\n" for p, h in pairs).encode()).hexdigest()
 
 
+def earlier_versions(meta: dict) -> dict[str, dict]:
+    """{data fingerprint: its `versions` entry} of every version before this one (`prepare --append`): a
+    checkpoint of a run on one of them may resume on this corpus (trainer/data/growth.py)."""
+    current = data_fingerprint(meta)
+    return {v["data_fingerprint"]: v for v in meta.get("versions", [])
+            if isinstance(v, dict) and v.get("data_fingerprint") not in (None, current)}
+
+
 class PreparedCorpus:
     """An opened prepared corpus: `.root`, `.meta`, `.data_format` ("text" | "chat"), `.train`, `.val`,
     `.vocab_size`, fingerprints, tokenizer (`.tokenizer_config_path`: the chat template's file, None for text)."""
@@ -290,6 +317,7 @@ class PreparedCorpus:
                 raise CorpusError(f"{stream.dir}: {stream.target_tokens} target tokens but meta.json records "
                                   f"{want.get('target_tokens')}")
         self.data_fingerprint = data_fingerprint(self.meta)
+        self.earlier_versions = earlier_versions(self.meta)
 
     def __repr__(self) -> str:
         return f"PreparedCorpus({str(self.root)!r}, train={self.train.n_tokens}, val={self.val.n_tokens} tokens)"

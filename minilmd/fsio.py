@@ -98,12 +98,15 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
 
 # --- checking -----------------------------------------------------------------------------------------------------
 
-def sha256_file(path: str | os.PathLike, chunk: int = CHUNK) -> str:
-    """Hex sha256 of a file, read in chunks (corpus files and checkpoints can be GBs)."""
+def sha256_file(path: str | os.PathLike, chunk: int = CHUNK, limit: int | None = None) -> str:
+    """Hex sha256 of a file (of its first `limit` bytes when given), read in chunks (corpus files and checkpoints
+    can be GBs)."""
     h = hashlib.sha256()
+    left = -1 if limit is None else limit
     with open(path, "rb") as f:
-        while block := f.read(chunk):
+        while left and (block := f.read(chunk if left < 0 else min(chunk, left))):
             h.update(block)
+            left -= len(block) if left > 0 else 0
     return h.hexdigest()
 
 

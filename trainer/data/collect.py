@@ -125,6 +125,7 @@ class LongEnd:
     digest: int
     leak_key: int
     text_bytes: int
+    scripts: np.ndarray | None = None  # its script_matrix row (scripts.py), summed over its pieces
 
 
 class Collector:
@@ -148,7 +149,11 @@ class Collector:
         self.text_bytes = 0
         self.train_min_digest = NO_DIGEST  # the train document closest to the val side of the split rule
         self.sources = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0,
-                         "bad_lines": 0} for s in opened]
+                         "bad_lines": 0} for s in opened]  # and "dropped" once --drop-scripts drops one
+        from minilmd.trainer.data.scripts import ScriptTally
+
+        self.scripts = ScriptTally()  # the kept documents of a text corpus, by script
+        self.drop_scripts: frozenset[str] = frozenset()  # set by _encode_all: --drop-scripts
         self.spool = Spool(tmp / LONG_DOCUMENT_SPOOL)
         self.threshold = 0  # set by _encode_all: the split rule's
 
@@ -175,6 +180,10 @@ class Collector:
     def add(self, src_idx: int, block: EncodedBlock) -> None:
         self._lines(src_idx, block.n_lines, block.blank, block.bad)
         self.sources[src_idx]["documents"] += int(block.train_lengths.size + block.val_lengths.size)
+        if block.dropped:
+            self._dropped(src_idx, block.dropped)
+        if block.scripts is not None:
+            self.scripts.merge(block.scripts)
         self.text_bytes += block.text_bytes
         self.train_min_digest = min(self.train_min_digest, block.train_min_digest)
         self._special(src_idx, block.special_inside)
@@ -196,6 +205,15 @@ class Collector:
         if verdict.blank or verdict.bad:
             self.spool.reset()
             return
+        if end.scripts is not None:
+            from minilmd.trainer.data.scripts import containing
+
+            row = end.scripts.reshape(1, -1)
+            if containing(row, self.drop_scripts)[0]:
+                self._dropped(src_idx, 1)
+                self.spool.reset()
+                return
+            self.scripts.add(row)
         if self.spool.ids + 2 > np.iinfo(np.int32).max:
             raise InputError(f"{self.opened[src_idx].path}:{end.line}: a document of {self.spool.ids:,} tokens; "
                              f"doc_lengths.npy holds int32 lengths: split it into documents of fewer tokens")
@@ -212,6 +230,10 @@ class Collector:
             self.train_keys.write(key.tobytes())
             self.train_min_digest = min(self.train_min_digest, end.digest)
         self.spool.reset()
+
+    def _dropped(self, src_idx: int, n: int) -> None:
+        sm = self.sources[src_idx]
+        sm["dropped"] = sm.get("dropped", 0) + n
 
     def _lines(self, src_idx: int, n_lines: int, blank: int, bad: list) -> None:
         name = self.opened[src_idx].path

@@ -22,6 +22,7 @@ from minilmd.corpus import CorpusError
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.trainer.data.jsonl import parse_block
 from minilmd.trainer.data.longdoc import split_pieces
+from minilmd.trainer.data.scripts import ScriptTally, containing, script_matrix
 
 NO_DIGEST = 2**64  # above every split digest
 
@@ -67,13 +68,18 @@ class EncodedBlock:
     train_facts: np.ndarray | None = None  # (documents, len(chat_encode.FACTS)) int64
     val_facts: np.ndarray | None = None
     chat_counts: dict | None = None  # chat_encode.COUNTS
+    # Text blocks: the kept documents by script (scripts.ScriptTally), and the lines --drop-scripts dropped.
+    scripts: ScriptTally | None = None
+    dropped: int = 0
 
 
 class BlockEncoder:
     """Parse, split and encode one block of lines. Lives in each worker process (or inline with workers=0)."""
 
-    def __init__(self, tokenizer_json: str, val_fraction: float):
+    def __init__(self, tokenizer_json: str, val_fraction: float, drop_scripts: frozenset[str] = frozenset()):
         from tokenizers import Tokenizer
+
+        self.drop_scripts = drop_scripts
 
         self.tok = Tokenizer.from_str(tokenizer_json)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
@@ -83,6 +89,7 @@ class BlockEncoder:
 
     def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
         parsed = parse_block(blob, first_line)
+        tally, dropped = self._scripts(parsed)
         texts = parsed.texts
         utf8 = [t.encode("utf-8") for t in texts]
         digests = [digest64(b) for b in utf8]
@@ -112,8 +119,19 @@ class BlockEncoder:
             train_tokens=tokens[~token_is_val], train_lengths=lengths[~is_val].astype(np.int32),
             train_keys=keys[~is_val],
             val_tokens=tokens[token_is_val], val_lengths=lengths[is_val].astype(np.int32), val_keys=keys[is_val],
-            val_lines=lines[is_val], train_min_digest=train_min,
+            val_lines=lines[is_val], train_min_digest=train_min, scripts=tally, dropped=dropped,
         )
+
+    def _scripts(self, parsed) -> tuple[ScriptTally, int]:
+        """The block's documents by script; those holding a --drop-scripts script are taken out of `parsed`."""
+        matrix = script_matrix(parsed.texts)
+        drop = containing(matrix, self.drop_scripts)
+        tally = ScriptTally()
+        tally.add(matrix[~drop])
+        if drop.any():
+            parsed.texts = [t for t, d in zip(parsed.texts, drop, strict=True) if not d]
+            parsed.lines = [n for n, d in zip(parsed.lines, drop, strict=True) if not d]
+        return tally, int(drop.sum())
 
 
     def _encode_texts(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -147,15 +165,17 @@ class Encoders:
     """BlockEncoder in `workers` processes, or in this one for workers=0: `submit(method, *args)` returns a Future
     of BlockEncoder.<method>(*args) ("__call__" for a block of lines, "encode_piece" for a piece of a long one)."""
 
-    def __init__(self, tokenizer_json: str, val_fraction: float, workers: int, chat=None):
+    def __init__(self, tokenizer_json: str, val_fraction: float, workers: int, chat=None,
+                 drop_scripts: frozenset[str] = frozenset()):
         self.pool: ProcessPoolExecutor | None = None
         self.inline = None  # a BlockEncoder, or a chat_encode.ChatBlockEncoder when `chat` (a ChatSpec) is given
         if workers > 0:
             self.pool = ProcessPoolExecutor(workers, initializer=_worker_init,
-                                            initargs=(tokenizer_json, val_fraction, os.getpid(), chat),
+                                            initargs=(tokenizer_json, val_fraction, os.getpid(), chat,
+                                                      drop_scripts),
                                             mp_context=_spawn_context())
         else:
-            self.inline = _encoder(tokenizer_json, val_fraction, chat)
+            self.inline = _encoder(tokenizer_json, val_fraction, chat, drop_scripts)
 
     def submit(self, method: str, *args) -> Future:
         if self.pool is not None:
@@ -178,22 +198,23 @@ def done(value) -> Future:
 _worker_encoder = None
 
 
-def _encoder(tokenizer_json: str, val_fraction: float, chat):
+def _encoder(tokenizer_json: str, val_fraction: float, chat, drop_scripts: frozenset[str] = frozenset()):
     if chat is None:
-        return BlockEncoder(tokenizer_json, val_fraction)
+        return BlockEncoder(tokenizer_json, val_fraction, drop_scripts)
     from minilmd.trainer.data.chat_encode import ChatBlockEncoder
 
     return ChatBlockEncoder(tokenizer_json, val_fraction, chat)
 
 
-def _worker_init(tokenizer_json: str, val_fraction: float, parent: int, chat=None) -> None:
+def _worker_init(tokenizer_json: str, val_fraction: float, parent: int, chat=None,
+                 drop_scripts: frozenset[str] = frozenset()) -> None:
     import signal
 
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     global _worker_encoder
-    _worker_encoder = _encoder(tokenizer_json, val_fraction, chat)
+    _worker_encoder = _encoder(tokenizer_json, val_fraction, chat, drop_scripts)
 
 
 def _die_with_parent(parent: int) -> None:

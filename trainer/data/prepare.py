@@ -60,6 +60,8 @@ from minilmd.trainer.data.encode import leak_key as leak_key  # the split rule: 
 from minilmd.trainer.data.encode import split_is_val as split_is_val
 from minilmd.trainer.data.jsonl import BAD_LINE_POLICIES, InputError, LongLine, Source
 from minilmd.trainer.data.longdoc import PieceCutter, parse_chunks
+from minilmd.trainer.data.report import add_report_meta, check_line_counts, duplicates_of, prepare_summary
+from minilmd.trainer.data.scripts import script_matrix
 
 BLOCK_BYTES = 1 << 20
 
@@ -131,6 +133,8 @@ class PrepareOptions:
     """"text": {"text": ...} lines, loss on every token; "chat": conversations and a loss mask (`--format`)."""
     on_long: str = "cut"
     """chat: a conversation longer than seq_len is cut to seq_len tokens ("cut") or dropped ("drop")."""
+    drop_scripts: frozenset[str] = frozenset()
+    """text: a document with any character of these scripts (trainer/data/scripts.py) is dropped and counted."""
 
     def problems(self) -> list[str]:
         """Every invalid option at once, each naming its flag."""
@@ -139,6 +143,8 @@ class PrepareOptions:
         found = []
         if self.data_format not in DATA_FORMATS:
             found.append(f"--format {self.data_format!r}: choose one of {', '.join(DATA_FORMATS)}")
+        if self.drop_scripts and self.data_format == "chat":
+            found.append("--drop-scripts: applies to text corpora (--format text) only")
         if self.on_long not in ON_LONG:
             found.append(f"--on-long {self.on_long!r}: choose one of {', '.join(ON_LONG)}")
         if self.on_bad_line not in BAD_LINE_POLICIES:
@@ -187,12 +193,13 @@ class _Tokenizer:
 def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_fraction: float = 0.005,
             on_bad_line: str = "error", seq_len: int = 340, batch_size: int = 32, workers: int | None = None,
             block_bytes: int = BLOCK_BYTES, force: bool = False, progress: Progress | bool | None = None,
-            log=None, data_format: str = "text", on_long: str = "cut") -> dict:
+            log=None, data_format: str = "text", on_long: str = "cut",
+            drop_scripts: frozenset[str] = frozenset()) -> dict:
     """Prepare `sources` into `out`; returns meta.json's content. Raises InputError (bad input) or ValueError
     (chat.ChatError for a tokenizer without a chat template, with --format chat)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     opts = PrepareOptions(val_fraction, on_bad_line, seq_len, batch_size, workers, block_bytes, data_format,
-                          on_long)
+                          on_long, frozenset(drop_scripts))
     problems = opts.problems() + ([] if sources else ["no corpus files given"])
     if problems:
         raise ValueError("; ".join(problems))
@@ -283,10 +290,13 @@ def _prepare_into(tmp: Path, sources: list[str], tok: _Tokenizer, opts: PrepareO
         dropped = sum(found.chat_counts.get(k, 0) for k in ("dropped_long", "dropped_no_target"))
         why = f"; {dropped:,} conversations dropped for length at --seq-len {opts.seq_len}" if dropped else ""
         raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad{why})")
+    check_line_counts(found)
+    duplicates = duplicates_of(tmp, found)  # before leak_check, which deletes train's keys
     leaked, leak_examples = leak_check(tmp, found, opened)
     _check_splits(found, leaked, opts.val_fraction)
     train_lengths, val_lengths = write_splits(tmp, found, leaked)
     meta = _meta(tmp, tok, opts, found, train_lengths, val_lengths, leaked, leak_examples)
+    add_report_meta(meta, found, duplicates, train_lengths, val_lengths, opts.drop_scripts)
     if found.chat:
         _add_chat_meta(meta, tok, opts, found, train_lengths, val_lengths, leaked)
     atomic_write_json(tmp / META, meta)
@@ -347,8 +357,9 @@ def _encode_all(opened: list[Source], found: Collector, tok: _Tokenizer, opts: P
     elif progress is False:
         progress = None
     workers = default_workers() if opts.workers is None else opts.workers
-    encoders = Encoders(tok.json, opts.val_fraction, workers, tok.chat_spec(opts))
+    encoders = Encoders(tok.json, opts.val_fraction, workers, tok.chat_spec(opts), opts.drop_scripts)
     found.threshold = int(opts.val_fraction * 2**64)
+    found.drop_scripts = opts.drop_scripts
     pending: deque = deque()
     max_in_flight = 2 * max(workers, 1) + 1
     done_before = 0  # raw bytes of the sources already finished
@@ -407,7 +418,7 @@ def _stream_long_line(long: LongLine, src_idx: int, encoders: Encoders, submit) 
     verdict = parse_chunks(long.chunks(), doc.add, restart)
     doc.finish()
     submit(src_idx, "long_end", done(LongEnd(long.line, verdict, _digest_int(doc.digest), _digest_int(doc.key),
-                                              doc.text_bytes)))
+                                              doc.text_bytes, doc.scripts)))
 
 
 class _LongText:
@@ -423,6 +434,7 @@ class _LongText:
         self.digest = hashlib.blake2b(digest_size=8)
         self.key = hashlib.blake2b(digest_size=8)
         self.text_bytes = 0
+        self.scripts = script_matrix([])[:1].sum(axis=0)  # its characters by script, piece by piece
         self.encodable = True  # no lone surrogate so far (with one, the line is bad: nothing more is encoded)
 
     def add(self, fragment: str) -> None:
@@ -444,6 +456,7 @@ class _LongText:
         self.digest.update(data)
         self.key.update("".join(piece.split()).encode("utf-8"))
         self.text_bytes += len(data)
+        self.scripts = self.scripts + script_matrix([piece])[0]
         self.send(piece)
 
 
@@ -549,6 +562,8 @@ def _report(meta: dict, log) -> None:
         _report_chat(meta, log)
     else:
         log(corpus_stats.format_report("train", stats["train"]))
+    for line in prepare_summary(meta):
+        log(line)
     v = meta["splits"]["val"]
     fraction = meta["split_rule"]["val_fraction"]
     log(f"val: {v['documents']:,} documents, {v['tokens']:,} tokens (val fraction {fraction})")

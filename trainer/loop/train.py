@@ -60,6 +60,7 @@ from minilmd.protocol import (
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.trainer.data import growth
 from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.loop import multinode, tensorboard
 from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
@@ -299,7 +300,8 @@ class Trainer:
         from minilmd.checkpoint import Expectation
 
         return Expectation(model=self.cfg.model_dict(), data_fingerprint=self.corpus.data_fingerprint,
-                           tokenizer_fingerprint=self.corpus.tokenizer_fingerprint, lora=self.cfg.lora_dict())
+                           tokenizer_fingerprint=self.corpus.tokenizer_fingerprint, lora=self.cfg.lora_dict(),
+                           data_ancestors=tuple(self.corpus.earlier_versions))
 
     def checkpoint_roots(self) -> list[Path]:
         roots = [self.cfg.checkpoint_dir]
@@ -335,6 +337,9 @@ class Trainer:
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.rows_base = int(state.get("rows_seen", self.step * self.global_batch))
         self.early.restore(state.get("early_stop"))
+        # A corpus grown by `prepare --append` since: the planned rows stay, new documents from the next epoch
+        self.sampler = growth.resume_sampler(state, self.corpus, self.cfg.data.mode, self.cfg.train.seq_len,
+                                             self.cfg.train.seed, self.sampler, self.cfg.train.micro_batch_size)
         self.resumed_from = Path(found[0])
         if self.dist.is_main:
             old = state.get("global_batch")
@@ -395,6 +400,7 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "fingerprints": {"data": self.corpus.data_fingerprint, "tokenizer": self.corpus.tokenizer_fingerprint},
             "init": self.init_record,
+            "data_segments": growth.segments_of(self.sampler, self.corpus),
             "rng": capture_rng(),
             "world_size": self.dist.world_size,
             "global_batch": self.global_batch,
