@@ -47,6 +47,14 @@ def test_segments_keep_the_planned_rows(tmp_path, demo_jsonl, tokenizer):
     assert np.array_equal(sampler.rows(after).input_ids, plain.rows(after - n_old + plain.items_per_epoch).input_ids)
     # the new documents are read from then on: some window starts past the old train split's end
     assert (plain.window_starts(after - n_old + plain.items_per_epoch) >= before.train.n_tokens).any()
+    # a batch that straddles the boundary: each row from its own version, one uint16 array, targets as packed rows
+    across = np.arange(n_old - 2, n_old + 2, dtype=np.int64)
+    both = sampler.rows(across)
+    assert both.input_ids.dtype == np.uint16
+    assert np.array_equal(both.input_ids[:2], old_sampler.rows(across[:2]).input_ids)
+    assert np.array_equal(both.input_ids[2:], plain.rows(across[2:] - n_old + plain.items_per_epoch).input_ids)
+    assert both.targets is not None and not both.targets[:, 0].any() and both.targets[:, 1:].all()
+    assert both.n_targets == int(both.targets.sum()) == 4 * (SEQ - 1)
     # a resume after the boundary keeps the same segments (they travel in trainer_state.json)
     later = {**state, "fingerprints": {"data": grown.data_fingerprint}, "data_segments": sampler.segments}
     assert growth.resume_sampler(later, grown, "packed", SEQ, 7, plain).segments == sampler.segments
