@@ -1,8 +1,9 @@
 """More than one server without Slurm, on loopback: two "nodes" are two torchrun processes on this machine joined
 by torchrun's c10d rendezvous on 127.0.0.1 (`--nnodes 2`), exactly the commands docs/operations.md gives for two
-servers. One gloo rank per node, not the issue's 2: this machine has 2 cores, and 2 x 2 ranks would be too slow;
-the global batch is the same as one node x 2 ranks and as the single-process undisturbed run (8 rows a step).
+servers. The global batch is the same in every case, and the same as the single-process undisturbed run (8 rows a
+step).
 
+- 2 nodes x 2 gloo ranks train as 1 node x 4 ranks, and as one process, within float tolerance;
 - 2 nodes x 1 rank train as 1 node x 2 ranks, and as one process, within float tolerance;
 - a rank SIGKILLed on one node (MINILMD_FAULT=sigkill@10 fires on rank 0): its torchrun exits, the other node's
   rank fails on its next collective and that torchrun exits too (torchrun's own restarts are off, as under the
@@ -30,6 +31,8 @@ from supervisor_helpers import env_for
 pytestmark = pytest.mark.slow
 TWO_RANKS = {"train": {"micro_batch_size": 4, "grad_accum": 1}}
 """BASELINE's global batch of 8 rows over 2 ranks: 4 rows x 1 micro-batch each."""
+FOUR_RANKS = {"train": {"micro_batch_size": 2, "grad_accum": 1}}
+"""The same global batch over 4 ranks: 2 rows x 1 micro-batch each."""
 
 
 def free_port() -> int:
@@ -102,3 +105,26 @@ def test_multinode_on_loopback_matches_one_node_and_a_killed_rank_restarts_from_
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5)  # 2 nodes x 1 = 1 node x 2
         torch.testing.assert_close(one[name], single[name], rtol=1e-4, atol=1e-5)  # = one process, same batch
         assert torch.equal(two[name], one[name]), f"{name}: the restarted job's weights differ from the undisturbed"
+
+
+def test_multinode_two_nodes_of_two_ranks_train_as_one_node_of_four(tmp_path, undisturbed):
+    straight = undisturbed()
+    one_node = straight.config_like(tmp_path, "one", **FOUR_RANKS)
+    two_nodes = straight.config_like(tmp_path, "two", **FOUR_RANKS)
+    for config in (one_node, two_nodes):
+        load_config(config).run_dir.mkdir(parents=True)
+    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                  "-m", "minilmd.cli", "train", str(one_node)]
+    port = free_port()
+    codes = run_nodes([(node_command(two_nodes, port, nproc=2), {}), (node_command(two_nodes, port, nproc=2), {}),
+                       (standalone, {})], tmp_path / "logs")
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").iterdir()))
+    assert codes == [0, 0, 0], logs[-4000:]
+    assert "x 4, packed rows" in logs  # every job trained with 4 ranks (the trainer's start line)
+    one_ckpt, one = final_weights(one_node)
+    two_ckpt, two = final_weights(two_nodes)
+    single = load_file(straight.checkpoint / "model.safetensors")
+    assert one_ckpt.name == two_ckpt.name == straight.checkpoint.name == "step-00000016"
+    for name in single:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5)  # 2 nodes x 2 = 1 node x 4
+        torch.testing.assert_close(one[name], single[name], rtol=1e-4, atol=1e-5)  # = one process, same batch
