@@ -300,8 +300,11 @@ class Syncer:
                     ck.quarantine(Path(remote.path(name)), "damaged; replaced by a verified copy during sync")
                     self.log(f"sync: damaged remote {remote.show(name)} quarantined, replaced by a verified copy")
             remote.rename_dir(target, name)
-            _, problems = remote.intact(name)
-            if problems:  # a filesystem that acknowledged the rename without doing it (a flaky NFS server)
+            # A filesystem may acknowledge the rename without doing it (a flaky NFS server). The client's caches can
+            # still answer for the new name (FUSE and NFS cache attributes and pages), so ask the listing first.
+            problems = [] if name in remote.names() else [f"{name} is not in the listing of {remote.url}"]
+            problems = problems or remote.intact(name)[1]
+            if problems:
                 raise SyncError(f"rename of {remote.show(target)} to {name} did not take effect: "
                                 + "; ".join(problems[:3]))
         return nbytes
