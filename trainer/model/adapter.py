@@ -18,7 +18,7 @@ from typing import Any
 
 from minilmd.checkpoint import saved_lora
 from minilmd.fsio import publish_dir
-from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE, export_tmp_name
+from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE
 
 PEFT_PREFIX = "base_model.model."
 """What PeftModel puts before the wrapped model's own parameter names in a saved adapter."""
@@ -119,12 +119,11 @@ def peft_config(state: dict, base_name: str) -> dict[str, Any]:
 def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -> Path:
     """Write a PEFT adapter directory (see the module docstring); `base_name` goes into base_model_name_or_path
     (default: the base checkpoint's path). Published by a rename; an existing non-empty directory is refused."""
-    import shutil
 
     from safetensors.torch import load_file, save_file
 
     from minilmd.names import MODEL_FILE
-    from minilmd.trainer.model.export import ExportError, _validate, resolve_checkpoint
+    from minilmd.trainer.model.export import ExportError, _validate, fresh_export_dir, resolve_checkpoint
 
     ckpt = resolve_checkpoint(adapter)
     state = lora_state(ckpt)
@@ -132,12 +131,7 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
         raise ExportError(f"{ckpt}: not a LoRA checkpoint (its run has no [lora] rank); export it with --format hf "
                           f"or minimind")
     _validate(ckpt)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
-    tmp = out_dir.with_name(export_tmp_name(out_dir.name))
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    out_dir, tmp = fresh_export_dir(out_dir)
     tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in load_file(str(ckpt / MODEL_FILE)).items()}
     save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
     config = peft_config(state, base_name or str((state.get("init") or {}).get("path", "")))

@@ -38,6 +38,18 @@ class ExportError(ValueError):
     """A checkpoint that cannot be read or a destination that cannot be written; the message says which file."""
 
 
+def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
+    """(the export's directory, an empty temporary directory beside it to fill and publish_dir onto it); an
+    existing --out that is not an empty directory is refused."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
+    tmp = out_dir.with_name(export_tmp_name(out_dir.name))
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return out_dir, tmp
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint directory, from a pointer file (ROOT/LATEST, ROOT/BEST: the one it
     names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest."""
@@ -277,12 +289,7 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     weights, model_cfg, _ = read_checkpoint(path, merge=merge)
     tokenizer_path = find_tokenizer(path, tokenizer)
     chat = find_chat_config(path, tokenizer)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
-    tmp = out_dir.with_name(export_tmp_name(out_dir.name))
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    out_dir, tmp = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
     save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})  # HF's name happens to be ours
