@@ -70,13 +70,7 @@ class LeakKeyTask:
 
 def old_leak_keys(root: Path, workers: int) -> dict[str, np.ndarray]:
     """{split: the leak key of each of its documents}, from the documents decoded by the corpus's tokenizer."""
-    corpus = scan.open_corpus(str(root), max(workers, 1) * 4)
-    parts = scan.run(corpus, LeakKeyTask(), workers)
-    out = {}
-    for split in SPLITS:
-        got = [k for shard, k in zip(corpus.shards, parts, strict=True) if shard.split == split]
-        out[split] = np.concatenate(got) if got else np.zeros(0, dtype=np.uint64)
-    return out
+    return scan.per_split(root, LeakKeyTask(), workers)
 
 
 def append(sources: list[str], out: str | Path, *, workers: int | None = None, progress=None, log=None,

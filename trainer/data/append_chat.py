@@ -40,13 +40,7 @@ class DigestTask:
 
 def old_digests(root: Path, workers: int) -> dict[str, np.ndarray]:
     """{split: the token digest of each of its documents}."""
-    corpus = scan.open_corpus(str(root), max(workers, 1) * 4)
-    parts = scan.run(corpus, DigestTask(), workers)
-    out = {}
-    for split in SPLITS:
-        got = [d for shard, d in zip(corpus.shards, parts, strict=True) if shard.split == split]
-        out[split] = np.concatenate(got) if got else np.zeros(0, dtype=np.uint64)
-    return out
+    return scan.per_split(root, DigestTask(), workers)
 
 
 def file_digests(tokens_path: Path, lengths: np.ndarray) -> np.ndarray:

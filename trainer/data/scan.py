@@ -208,3 +208,14 @@ def _prepared_batches(corpus: Corpus, shard: Shard):
             texts = tok.decode_batch([d.tolist() for d in docs], skip_special_tokens=True)
         digests = np.array([digest64(d.tobytes()) for d in docs], dtype=np.uint64)
         yield Batch(texts, digests, lengths[lo:hi].copy())
+
+
+def per_split(root: Path, task, workers: int) -> dict[str, np.ndarray]:
+    """{split: the uint64 `task` gives each of its documents, in order}: the corpus scanned in parallel shards."""
+    corpus = open_corpus(str(root), max(workers, 1) * 4)
+    parts = run(corpus, task, workers)
+    out = {}
+    for split in SPLITS:
+        got = [k for shard, k in zip(corpus.shards, parts, strict=True) if shard.split == split]
+        out[split] = np.concatenate(got) if got else np.zeros(0, dtype=np.uint64)
+    return out
