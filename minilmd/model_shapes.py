@@ -29,18 +29,23 @@ TIED_HEAD_KEY = "lm_head.weight"
 EMBED_KEY = "model.embed_tokens.weight"
 
 
+def _section(cls, value, what: str):
+    """`value` if it is a `cls` already, else a `cls` from its dict form; unknown keys are refused by name."""
+    if isinstance(value, cls):
+        return value
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{what} config has unknown keys {unknown} (known: {sorted(known)})")
+    return cls(**value)
+
+
 def as_model_section(model: dict[str, Any] | ModelSection) -> ModelSection:
     """A ModelSection from a ModelSection or from its dict form (trainer_state["config"]["model"]).
 
     Keys this version does not know are refused with their names, so that a checkpoint written by a newer
     minilmd is not silently read with a different architecture."""
-    if isinstance(model, ModelSection):
-        return model
-    known = {f.name for f in dataclasses.fields(ModelSection)}
-    unknown = sorted(set(model) - known)
-    if unknown:
-        raise ValueError(f"model config has unknown keys {unknown} (known: {sorted(known)})")
-    return ModelSection(**model)
+    return _section(ModelSection, model, "model")
 
 
 def expected_state_shapes(model: dict[str, Any] | ModelSection) -> dict[str, tuple[int, ...]]:
@@ -66,7 +71,6 @@ def expected_state_shapes(model: dict[str, Any] | ModelSection) -> dict[str, tup
     return shapes
 
 
-
 TARGET_MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
                   "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 """Where each LoRA target lives in a block."""
@@ -74,13 +78,7 @@ TARGET_MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_
 
 def as_lora_section(lora: dict[str, Any] | LoraSection) -> LoraSection:
     """A LoraSection from itself or its dict form (trainer_state["config"]["lora"]); unknown keys are refused."""
-    if isinstance(lora, LoraSection):
-        return lora
-    known = {f.name for f in dataclasses.fields(LoraSection)}
-    unknown = sorted(set(lora) - known)
-    if unknown:
-        raise ValueError(f"lora config has unknown keys {unknown} (known: {sorted(known)})")
-    return LoraSection(**lora)
+    return _section(LoraSection, lora, "lora")
 
 
 def expected_adapter_shapes(model: dict[str, Any] | ModelSection,
