@@ -8,8 +8,8 @@ from pathlib import Path
 
 from minilmd import protocol
 from minilmd.config import RunConfig
-from minilmd.daemon import child as childmod
-from minilmd.daemon.child import Child
+from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.process import Child
 
 
 class Infra:
@@ -17,7 +17,7 @@ class Infra:
 
     def open_gpu(self, cfg: RunConfig):
         """A GpuAdmission, or a sentence saying why there is no NVML."""
-        from minilmd.daemon import gpu
+        from minilmd.daemon.host import gpu
 
         nvml = gpu.open_nvml_or_reason()
         if isinstance(nvml, str):
@@ -26,12 +26,12 @@ class Infra:
 
     def open_nvml(self):
         """The bare NVML backend (Slurm's allocated cards are only checked, never leased), or why there is none."""
-        from minilmd.daemon import gpu
+        from minilmd.daemon.host import gpu
 
         return gpu.open_nvml_or_reason()
 
     def stage(self, cfg: RunConfig, progress, log) -> Path:
-        from minilmd.daemon import staging
+        from minilmd.daemon.jobs import staging
 
         return staging.stage(cfg.data.prepared, cfg.scratch_dir, progress=progress, log=log)
 
@@ -40,7 +40,7 @@ class Infra:
         the corpus does not fit in scratch (2), or the checkpoint found on the remote belongs to another
         model/corpus (2). None for any other error."""
         from minilmd.checkpoint import CheckpointMismatch
-        from minilmd.daemon.staging import ScratchTooSmall, SourceInvalid
+        from minilmd.daemon.jobs.staging import ScratchTooSmall, SourceInvalid
 
         if isinstance(error, SourceInvalid):
             return protocol.EXIT_DATA
@@ -49,7 +49,7 @@ class Infra:
         return None
 
     def verify_staged(self, path: Path) -> list[str]:
-        from minilmd.daemon import staging
+        from minilmd.daemon.jobs import staging
 
         return staging.verify_staged(path)
 
@@ -59,7 +59,7 @@ class Infra:
         data_fp = tok_fp = None
         ancestors: tuple[str, ...] = ()
         try:
-            from minilmd.corpus import open_prepared
+            from minilmd.corpus.format import open_prepared
 
             corpus = open_prepared(staged)
             data_fp, tok_fp = corpus.data_fingerprint, corpus.tokenizer_fingerprint
@@ -70,7 +70,7 @@ class Infra:
                                       lora=cfg.lora_dict(), data_ancestors=ancestors)
 
     def syncer(self, cfg: RunConfig, expected, log):
-        from minilmd.daemon import sync
+        from minilmd.daemon.jobs import sync
 
         return sync.Syncer(cfg.checkpoint_dir, cfg.run.remote, expected, cfg.sync.keep, log=log)
 

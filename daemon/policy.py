@@ -1,6 +1,6 @@
 """What to do after the trainer ended: the restart rules, in one pure function, and the backoff.
 
-`decide()` takes the classified death (daemon/child.py) and the facts the supervisor gathered about it (was the
+`decide()` takes the classified death (daemon/child/process.py) and the facts the supervisor gathered about it (was the
 staged corpus damaged, are foreign processes on our GPU now, how many restarts so far) and returns a `Decision`.
 It does nothing itself, so every rule is testable without processes. Torch-free.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from minilmd import protocol
 from minilmd.config import RestartSection, parse_duration
-from minilmd.daemon.child import Death
+from minilmd.daemon.child.process import Death
 from minilmd.daemon.states import Action, Cause
 
 

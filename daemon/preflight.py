@@ -3,7 +3,7 @@ claim of scratch.
 
 `check()` is `load_config` (every value in its range, the paths, the corpus's meta.json against the model, the
 owner of scratch) plus what the supervisor's side measures: whether the corpus and the checkpoints kept between two
-syncs fit in scratch (daemon/staging.py). Every problem comes at once, in one ConfigError: exit 2, final, so a
+syncs fit in scratch (daemon/jobs/staging.py). Every problem comes at once, in one ConfigError: exit 2, final, so a
 config that `--check` accepts is one that the launch will not refuse. `launch()` checks the same and then makes
 scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir), so that no other run can take it.
 Torch-free.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from minilmd import scratch
 from minilmd.config import ConfigError, RunConfig, load_config
-from minilmd.daemon.staging import run_space_problem
+from minilmd.daemon.jobs.staging import run_space_problem
 
 
 def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:

@@ -7,7 +7,7 @@ from a recycled pid. Torch-free and light: `minilmd status` imports this module.
 
 A full run.dir never raises out of a write here: `RunState.save` and `EventLog.emit` keep going (stdout still gets
 every event), say why in their `unwritten`, and write again once there is room; the supervisor decides what a full
-run.dir means for the run (daemon/rundirwatch.py, which also keeps the reserve file for its last words).
+run.dir means for the run (daemon/phases/rundirwatch.py, which also keeps the reserve file for its last words).
 """
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def check_transition(current: Phase, new: Phase) -> str:
 
 
 class SyncState(Named):
-    """state.json "sync.state": the copy of checkpoints to run.remote (daemon/syncworker.py)."""
+    """state.json "sync.state": the copy of checkpoints to run.remote (daemon/jobs/syncworker.py)."""
 
     OFF = "off"  # no run.remote
     IDLE = "idle"  # a remote, no sync yet
@@ -80,7 +80,7 @@ class SyncState(Named):
     OK = "ok"  # the last sync verified (or found nothing to sync)
     FAILED = "failed"  # the last sync failed; retried with backoff
     STALLED = "stalled"  # a sync has been running for longer than MINILMD_SYNC_STALLED_AFTER
-    UNAVAILABLE = "unavailable"  # the remote could not be read for a resume (daemon/stagingworker.py)
+    UNAVAILABLE = "unavailable"  # the remote could not be read for a resume (daemon/jobs/stagingworker.py)
 
 
 class StagingState(Named):
@@ -107,7 +107,7 @@ class Action(Named):
 
 
 class Cause(Named):
-    """Why a trainer ended, as daemon/child.py classifies it (the descriptions are child.CAUSES)."""
+    """Why a trainer ended, as daemon/child/process.py classifies it (the descriptions are child.CAUSES)."""
 
     DONE = "done"
     STOPPED = "stopped"

@@ -7,12 +7,12 @@
 The phases and the allowed transitions are in daemon/states.py; `_go()` is the only place that changes phase, and
 it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json. Signal handlers only record the
 signal; the loop acts on it at the next tick. Each tick dispatches on the phase; the phases that wait on something
-have a part of their own that the tick asks: the GPU (daemon/gpuwait.py), staging and the remote fetch
-(daemon/stagingworker.py), the sync, the last sync and pruning scratch (daemon/syncworker.py), room in scratch
-(daemon/spacewait.py). Their blocking jobs run in threads (daemon/worker.py), so a stalled NFS never freezes the
+have a part of their own that the tick asks: the GPU (daemon/phases/gpuwait.py), staging and the remote fetch
+(daemon/jobs/stagingworker.py), the sync, the last sync and pruning scratch (daemon/jobs/syncworker.py), room in scratch
+(daemon/phases/spacewait.py). Their blocking jobs run in threads (daemon/worker.py), so a stalled NFS never freezes the
 loop or the trainer, and the loop never waits for a process without a bound: a trainer killed in uninterruptible
-I/O is reaped by a later poll. The trainer is a child process (daemon/child.py), watched through
-daemon/trainerwatch.py (orphans, its command, a hang, a kill not reaped); what to do when it ends is
+I/O is reaped by a later poll. The trainer is a child process (daemon/child/process.py), watched through
+daemon/child/trainerwatch.py (orphans, its command, a hang, a kill not reaped); what to do when it ends is
 daemon/policy.py. GPU admission, staging, sync, pruning and the launch are reached through `Infra` (daemon/infra.py),
 a few methods that tests can replace.
 
@@ -20,8 +20,8 @@ Running out of room is no restart loop. A full scratch: the syncworker prunes su
 trainer needs the room; a trainer whose save did not fit anyway waits in `waiting_space` until one does, never
 counted as a restart. A full run.dir: the writes of state and events keep failing quietly (daemon/runstate.py); a
 live trainer goes on, and once it has ended the run stops after its last sync, with exit 73 (final). That part is
-`self.room` (daemon/rundirwatch.py): it writes state.json, says once that run.dir is full, and is asked before each
-launch and at each end of the trainer. Torch-free.
+`self.room` (daemon/phases/rundirwatch.py): it writes state.json, says once that run.dir is full, and is asked before
+each launch and at each end of the trainer. Torch-free.
 """
 from __future__ import annotations
 
@@ -35,15 +35,20 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.config import RunConfig, parse_duration
-from minilmd.daemon import child as childmod
-from minilmd.daemon import initwait, orphans, registry, trainerwatch
-from minilmd.daemon import slurm as slurmjob
-from minilmd.daemon.child import Child, Death
-from minilmd.daemon.gpuwait import GpuUnavailable, GpuWaiter
+from minilmd.daemon.child import orphans, trainerwatch
+from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.process import Child, Death
+from minilmd.daemon.host import registry
+from minilmd.daemon.host.prometheus import Textfile
+from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.infra import Infra
+from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
+from minilmd.daemon.jobs.syncworker import SyncWorker, local_checkpoint_steps
+from minilmd.daemon.phases import initwait
+from minilmd.daemon.phases.gpuwait import GpuUnavailable, GpuWaiter
+from minilmd.daemon.phases.rundirwatch import RunDirWatch, full_at_start
+from minilmd.daemon.phases.spacewait import SpaceWaiter
 from minilmd.daemon.policy import Decision, backoff_seconds, decide
-from minilmd.daemon.prometheus import Textfile
-from minilmd.daemon.rundirwatch import RunDirWatch, full_at_start
 from minilmd.daemon.runstate import (
     EventLog,
     MetricsTail,
@@ -54,11 +59,8 @@ from minilmd.daemon.runstate import (
     read_heartbeat,
     read_state,
 )
-from minilmd.daemon.sdnotify import Notifier
-from minilmd.daemon.spacewait import SpaceWaiter
-from minilmd.daemon.stagingworker import StagingFailed, StagingWorker
+from minilmd.daemon.slurm import job as slurmjob
 from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, SyncState, check_transition
-from minilmd.daemon.syncworker import SyncWorker, local_checkpoint_steps
 from minilmd.daemon.worker import Inbox
 from minilmd.fsio import atomic_write_text
 
@@ -74,7 +76,7 @@ class Signals:
 
     stop: int = 0  # count of SIGTERM/SIGINT received
     hup: bool = False
-    usr1: bool = False  # Slurm's --signal warning: preemption or the time limit is near (daemon/slurm.py)
+    usr1: bool = False  # Slurm's --signal warning: preemption or the time limit is near (daemon/slurm/job.py)
 
     def install(self) -> None:
         def on_stop(signum, frame):
@@ -118,7 +120,7 @@ class Supervisor:
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
     def run(self) -> int:
-        from minilmd.daemon.lock import LockHeld, LockUnsafe, RunLock
+        from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
 
         lock = RunLock(self.run_dir)
         try:

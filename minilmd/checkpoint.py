@@ -106,7 +106,7 @@ class Expectation:
     a LoRA checkpoint holds adapters of that rank and those targets only."""
     data_ancestors: tuple[str, ...] = ()
     """Data fingerprints of the corpus's earlier versions (corpus.earlier_versions): the corpus grew by
-    `prepare --append` since the checkpoint, which is still resumable (trainer/data/growth.py)."""
+    `prepare --append` since the checkpoint, which is still resumable (trainer/batches/growth.py)."""
 
 
 # --- finding -------------------------------------------------------------------------------------------------------
@@ -481,7 +481,7 @@ def expectation_from_config(config_path: str | os.PathLike, log: Callable[[str],
     cfg = load_config(config_path, check_paths=False)
     expected = Expectation(model=cfg.model_dict(), lora=cfg.lora_dict())
     try:
-        from minilmd.corpus import data_fingerprint, earlier_versions, read_meta
+        from minilmd.corpus.format import data_fingerprint, earlier_versions, read_meta
 
         meta = read_meta(cfg.data.prepared)
         expected.data_fingerprint = data_fingerprint(meta)

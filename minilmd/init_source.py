@@ -36,7 +36,7 @@ class InitSource:
 @dataclass(frozen=True)
 class Predecessor:
     """Another run that init.from names by its config file or its run directory: this run starts from its final,
-    verified, synced checkpoint once it has finished (the supervisor waits for that: daemon/initwait.py)."""
+    verified, synced checkpoint once it has finished (the supervisor waits for that: daemon/phases/initwait.py)."""
 
     name: str
     run_dir: Path

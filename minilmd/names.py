@@ -21,7 +21,7 @@ METRICS = "metrics.jsonl"  # one JSON line per logged step (and eval, and checkp
 HEARTBEAT = "heartbeat"  # mtime refreshed about once a second of training; body "STEP" or "STEP compiling"
 FAULT = "fault.json"  # written by the trainer just before it exits on a failure it can see
 FAULTS_FIRED = "faults-fired"  # injected faults (MINILMD_FAULT) that already fired in this run
-TRAINER_RECORD = "trainer.json"  # the trainer launched last: pid, start ticks, uid, host, launch id (daemon/child.py)
+TRAINER_RECORD = "trainer.json"  # the trainer launched last: pid, start ticks, uid, host, launch id (child/process.py)
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of the trainer's scalars ([log] tensorboard = true)
 RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when run.dir is full, for its last words
 
@@ -58,7 +58,7 @@ this run started from any other process that carries MINILMD_RUN_DIR."""
 SCRATCH_BASE_ENV = "MINILMD_SCRATCH_BASE"
 """Test-only: the directory that holds the per-user default scratch roots instead of /dev/shm."""
 SYSTEM_REGISTRY_ENV = "MINILMD_SYSTEM_REGISTRY"
-"""The machine-wide registry of runs instead of SYSTEM_REGISTRY (daemon/registry.py); for tests and odd layouts."""
+"""The machine-wide registry of runs instead of SYSTEM_REGISTRY (daemon/host/registry.py); for tests and odd layouts."""
 SYSTEM_REGISTRY = "/var/lib/minilmd/runs"  # root:root 1777 when an admin made it: every user's runs, one file each
 USER_REGISTRY = "minilmd/runs"  # under $XDG_STATE_HOME (~/.local/state): this user's runs, 0700
 SLURM_JOB_ENV = "SLURM_JOB_ID"

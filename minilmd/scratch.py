@@ -56,7 +56,7 @@ def base() -> str:
 
 def default_path(run_name: str, uid: int | None = None) -> Path:
     """The default run.scratch of this user (or of `uid`); in a Slurm job one per job, `<run.name>-slurm<job id>`:
-    a node's scratch is the job's alone (daemon/slurm.py removes it once the remote holds the last checkpoint)."""
+    a node's scratch is the job's alone (daemon/slurm/job.py removes it once the remote holds the last checkpoint)."""
     job = os.environ.get(SLURM_JOB_ENV, "")
     name = f"{run_name}-slurm{job}" if job.isdigit() else run_name
     return Path(default_scratch(os.geteuid() if uid is None else uid, name, base()))

@@ -1,5 +1,5 @@
 """Chat data for the tests: a chat template for the tests' small tokenizer, conversations from chatterbot-corpus
-(trainer/data/demo_chat.py), hand-made conversations that exercise a template, and a prepared chat corpus.
+(minilmd/corpus/demo_chat.py), hand-made conversations that exercise a template, and a prepared chat corpus.
 
 TEST_TEMPLATE is written for these tests (not copied from anywhere): ChatML turns like MiniMind's, with MiniMind's
 empty think block in every reply, a default system message when the conversation has none, `raise_exception` for
@@ -64,7 +64,7 @@ def chat_bpe(text_jsonl: list[str], chat_jsonl: list[Path], out: Path, vocab_siz
     template's scaffolding: with 2048 entries a chatterbot dialog is a few dozen tokens (with 512 most of them
     would be cut at 128)."""
     from data_helpers import read_texts
-    from minilmd.trainer.data.tokenizer import train_tokenizer
+    from minilmd.corpus.tokenizer_train import train_tokenizer
 
     texts = read_texts(text_jsonl) + ["\n".join(m["content"] for m in c) for c in read_conversations(chat_jsonl)]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +115,7 @@ space around a reply, a think block written by the user and by the assistant, em
 
 def chatterbot_slice(out_dir: Path, english: int = 300) -> list[Path]:
     """chatterbot-corpus's Chinese dialogs (all 467) and its first `english` English ones, as chat JSONL."""
-    from minilmd.trainer.data.demo_chat import write_chat_corpus
+    from minilmd.corpus.demo_chat import write_chat_corpus
 
     chinese = write_chat_corpus(out_dir, ("chinese",))
     return chinese + write_chat_corpus(out_dir, ("english",), max_conversations=english)
@@ -123,7 +123,7 @@ def chatterbot_slice(out_dir: Path, english: int = 300) -> list[Path]:
 
 def prepared_chat(sources: list[Path], tokenizer_dir: Path, out: Path, seq_len: int = 128, batch_size: int = 8,
                   val_fraction: float = 0.05, **kw) -> Path:
-    from minilmd.trainer.data.prepare import prepare
+    from minilmd.corpus.prepare.pipeline import prepare
 
     prepare([str(p) for p in sources], tokenizer_dir, out, data_format="chat", seq_len=seq_len,
             batch_size=batch_size, val_fraction=val_fraction, workers=0, progress=False, log=lambda m: None, **kw)

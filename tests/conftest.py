@@ -171,7 +171,7 @@ def fake_undisturbed_weights(corpus, tmp_path_factory) -> int:
 @pytest.fixture(autouse=True, scope="session")
 def private_run_registry(tmp_path_factory):
     """The supervisors tests start register their runs here, not in the tester's ~/.local/state or the machine's
-    /var/lib/minilmd (daemon/registry.py); subprocesses inherit it through the environment."""
+    /var/lib/minilmd (daemon/host/registry.py); subprocesses inherit it through the environment."""
     root = tmp_path_factory.mktemp("registry")
     saved = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", SYSTEM_REGISTRY_ENV)}
     os.environ["XDG_STATE_HOME"] = str(root / "state")

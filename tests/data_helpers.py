@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
+from minilmd.corpus.demo_text import write_demo_corpus
+from minilmd.corpus.sources.jsonl import iter_texts
+from minilmd.corpus.tokenizer_train import train_tokenizer
 from minilmd.protocol import BOS_ID, EOS_ID
-from minilmd.trainer.data.demo_corpus import write_demo_corpus
-from minilmd.trainer.data.jsonl import iter_texts
-from minilmd.trainer.data.tokenizer import train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 MINIMIND_TOKENIZER = REPO / ".." / "shared" / "minimind-tokenizer" / "tokenizer.json"

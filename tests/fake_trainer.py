@@ -44,7 +44,7 @@ def _sha256(path: Path) -> str:
 
 def fingerprints(prepared: Path) -> dict:
     try:
-        from minilmd.corpus import open_prepared
+        from minilmd.corpus.format import open_prepared
 
         corpus = open_prepared(prepared)
         return {"data": corpus.data_fingerprint, "tokenizer": corpus.tokenizer_fingerprint}

@@ -18,7 +18,7 @@ import contextlib
 import ctypes
 from dataclasses import dataclass, field
 
-from minilmd.daemon.nvml import MemoryReading, ProcessListing
+from minilmd.daemon.host.nvml import MemoryReading, ProcessListing
 
 MIB = 1024 * 1024
 

@@ -125,7 +125,7 @@ def undisturbed_fake_weights(config: Path) -> int:
 
 
 def expectation_for(config: Path) -> checkpoint.Expectation:
-    from minilmd.corpus import open_prepared
+    from minilmd.corpus.format import open_prepared
 
     cfg = load_config(config, check_paths=False)
     corpus = open_prepared(cfg.data.prepared)

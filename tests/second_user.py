@@ -55,7 +55,7 @@ def _python_for_user() -> str | None:
     # the system's first: an interpreter under a home directory the user cannot enter may half work for it
     candidates = [f"/usr/bin/python{version}", f"/usr/local/bin/python{version}", sys.executable,
                   os.path.realpath(sys.executable)]
-    probe = _bootstrap() + "import minilmd.daemon.gpu, minilmd.daemon.child\n" \
+    probe = _bootstrap() + "import minilmd.daemon.host.gpu, minilmd.daemon.child.process\n" \
                            f"assert sys.version_info[:2] == {tuple(sys.version_info[:2])}\n"
     for python in dict.fromkeys(candidates):
         if not os.path.exists(python):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import trainer_corpus
-from minilmd.daemon.child import TRAINER_CMD_ENV
+from minilmd.daemon.child.process import TRAINER_CMD_ENV
 from minilmd.names import FAULT_ENV
 from trainer_corpus import ONE_LAYER_MODEL
 from waiting import wait_until

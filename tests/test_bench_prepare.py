@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from minilmd.trainer.data.demo_corpus import write_repeated_corpus
+from minilmd.corpus.demo_text import write_repeated_corpus
 
 
 @pytest.mark.slow

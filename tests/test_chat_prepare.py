@@ -1,6 +1,6 @@
 """`minilmd prepare --format chat` and the chat corpus it writes: tokens and loss mask equal to what transformers'
 apply_chat_template and its assistant-token mask give, bad conversations named by file:line, the seq_len cut,
-the meta.json figures, the reader's invariants (minilmd/corpus.py) and staging of the extra files."""
+the meta.json figures, the reader's invariants (minilmd/corpus/format.py) and staging of the extra files."""
 from __future__ import annotations
 
 import json
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from chat_helpers import HAND_MADE, a, read_conversations, s, u, write_chat_jsonl
-from minilmd.corpus import CorpusError, TokenStream, data_fingerprint, open_prepared, verify_prepared
+from minilmd.corpus.analysis.stats import bucketed_pad_share
+from minilmd.corpus.chat import ChatTemplate
+from minilmd.corpus.format import CorpusError, TokenStream, data_fingerprint, open_prepared, verify_prepared
+from minilmd.corpus.prepare.pipeline import prepare
+from minilmd.corpus.sources.jsonl import InputError
 from minilmd.protocol import BOS_ID, EOS_ID
-from minilmd.trainer.data.chat import ChatTemplate
-from minilmd.trainer.data.corpus_stats import bucketed_pad_share
-from minilmd.trainer.data.jsonl import InputError
-from minilmd.trainer.data.prepare import prepare
 
 
 def _prepare(sources, tok_dir, out, **kw):
@@ -132,7 +132,7 @@ def test_bad_conversations_are_named_by_file_and_line_or_skipped_and_counted(cha
 def test_long_conversations_are_cut_or_dropped_and_those_without_targets_left_are_dropped(chat_tokenizer, tmp_path):
     from tokenizers import Tokenizer
 
-    from minilmd.trainer.data.chat_encode import encode_conversation
+    from minilmd.corpus.prepare.chat_encode import encode_conversation
 
     conversations = [
         [u("短问"), a("短答")],  # fits
@@ -162,8 +162,8 @@ def test_long_conversations_are_cut_or_dropped_and_those_without_targets_left_ar
 
 def test_split_is_by_conversation_and_a_conversation_repeated_keeps_its_split(chat_corpus, chat_tokenizer, tmp_path):
     root, _ = chat_corpus
-    from minilmd.trainer.data.chat import canonical
-    from minilmd.trainer.data.encode import split_is_val
+    from minilmd.corpus.chat import canonical
+    from minilmd.corpus.prepare.encode import split_is_val
 
     conv = [u("重复的问题"), a("重复的回答")]
     in_val = split_is_val(canonical(conv), 0.5)
@@ -213,7 +213,7 @@ def test_the_reader_refuses_a_loss_mask_that_breaks_the_chat_invariants(chat_cor
 
 
 def test_staging_copies_and_verifies_the_mask_and_the_template(chat_corpus, tmp_path):
-    from minilmd.daemon.staging import stage, verify_staged
+    from minilmd.daemon.jobs.staging import stage, verify_staged
 
     root, _ = chat_corpus
     staged = stage(str(root), tmp_path / "scratch")

@@ -1,4 +1,4 @@
-"""The chat template renderer of `prepare --format chat` (trainer/data/chat.py) against transformers'
+"""The chat template renderer of `prepare --format chat` (minilmd/corpus/chat.py) against transformers'
 `apply_chat_template`: the same text for many conversations, with and without the generation prompt, for
 MiniMind's own tokenizer and for the tests' tokenizer with chat_helpers.TEST_TEMPLATE; and the sandbox holds."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from chat_helpers import HAND_MADE, MINIMIND_DIR, TEST_TEMPLATE, a, chat_tokenizer_dir, read_conversations, u
-from minilmd.trainer.data.chat import ChatError, ChatTemplate, TurnError, read_tokenizer_config
+from minilmd.corpus.chat import ChatError, ChatTemplate, TurnError, read_tokenizer_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -27,7 +27,7 @@ import pytest
 import tomllib
 
 from minilmd.config import RANGES, ConfigError, Duration, RunConfig, config_from_dict, load_config
-from minilmd.daemon import staging
+from minilmd.daemon.jobs import staging
 from minilmd.daemon.supervisor import Supervisor
 from minilmd.model_shapes import expected_state_shapes
 from minilmd.protocol import SUPERVISOR_CONFIG

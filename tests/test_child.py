@@ -16,12 +16,12 @@ import pytest
 
 from minilmd import names, protocol
 from minilmd.config import RestartSection
-from minilmd.daemon import child as childmod
-from minilmd.daemon import orphans
-from minilmd.daemon.child import Death, build_command, classify, launch
+from minilmd.daemon.child import orphans
+from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.process import Death, build_command, classify, launch
+from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.policy import backoff_seconds, decide
 from minilmd.daemon.runstate import MetricsTail, process_alive
-from minilmd.daemon.sdnotify import Notifier
 from minilmd.daemon.states import TRANSITIONS, IllegalTransition, Phase, check_transition
 from waiting import wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from minilmd.daemon.child import _last_lines, classify, launch
+from minilmd.daemon.child.process import _last_lines, classify, launch
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 REFUSAL = (f"minilmd train: refusing to resume: /dev/shm/minilmd-0/demo/checkpoints/step-00000016: tokenizer "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import load_config
-from minilmd.daemon import trainerwatch
+from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.runstate import heartbeat_phase, read_heartbeat
 from minilmd.names import HEARTBEAT
 from minilmd.protocol import SUPERVISOR_GAVE_UP

@@ -1,4 +1,5 @@
-"""`prepare --append` (trainer/data/append.py): only the new lines are encoded, the result is byte-identical to a
+"""`prepare --append` (minilmd/corpus/prepare/append.py): only the new lines are encoded, the result is byte-identical
+to a
 full prepare of the concatenated input except for the one documented case (a new train document repeating an old
 val one), the version chain, and readers that see the old version or the new one at every moment of an append."""
 from __future__ import annotations
@@ -12,10 +13,10 @@ import numpy as np
 import pytest
 
 from data_helpers import read_texts, write_jsonl
-from minilmd.corpus import open_prepared
-from minilmd.trainer.data.append import append
-from minilmd.trainer.data.jsonl import InputError
-from minilmd.trainer.data.prepare import prepare, split_is_val
+from minilmd.corpus.format import open_prepared
+from minilmd.corpus.prepare.append import append
+from minilmd.corpus.prepare.pipeline import prepare, split_is_val
+from minilmd.corpus.sources.jsonl import InputError
 
 VF = 0.05
 SPLIT_FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy")

@@ -1,4 +1,4 @@
-"""A run resumed on a corpus that grew by `prepare --append` (trainer/data/growth.py): not refused, the rows
+"""A run resumed on a corpus that grew by `prepare --append` (trainer/batches/growth.py): not refused, the rows
 already planned unchanged up to the end of the epoch it was in, the new documents from the next epoch on; a corpus
 changed any other way is still refused."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 from data_helpers import read_texts, write_jsonl
 from minilmd.checkpoint import CheckpointMismatch, Expectation, _check_expectation
-from minilmd.corpus import open_prepared
-from minilmd.trainer.data import growth
-from minilmd.trainer.data.append import append
-from minilmd.trainer.data.prepare import prepare
-from minilmd.trainer.data.samplers import make_sampler
+from minilmd.corpus.format import open_prepared
+from minilmd.corpus.prepare.append import append
+from minilmd.corpus.prepare.pipeline import prepare
+from minilmd.trainer.batches import growth
+from minilmd.trainer.batches.samplers import make_sampler
 from trainer_corpus import read_metrics, train, write_config
 
 SEQ, GLOBAL = 64, 8  # write_config's seq_len and micro_batch_size x grad_accum
@@ -100,7 +100,7 @@ def test_resume_across_an_append_is_bit_exact_until_the_next_epoch(tmp_path, dem
 def test_staging_fetches_only_the_appended_part(tmp_path, demo_jsonl, tokenizer):
     import json
 
-    from daemon.staging import stage, verify_staged
+    from minilmd.daemon.jobs.staging import stage, verify_staged
 
     root, new = _grow(tmp_path, demo_jsonl, tokenizer)
     scratch = tmp_path / "scratch"

@@ -1,4 +1,5 @@
-"""`minilmd corpus report`, `minilmd corpus count` and `prepare --drop-scripts` (trainer/data/scripts.py, scan.py,
+"""`minilmd corpus report`, `minilmd corpus count` and `prepare --drop-scripts` (minilmd/corpus/analysis/scripts.py,
+scan.py,
 report.py, count.py): scripts by code point, shards that read every line exactly once, counts and reports that
 agree between a JSONL file and the corpus prepared from it, and the line accounting of prepare."""
 from __future__ import annotations
@@ -13,11 +14,11 @@ from typer.testing import CliRunner
 
 from data_helpers import read_texts, write_jsonl
 from minilmd.cli import app
-from minilmd.trainer.data import scan
-from minilmd.trainer.data.count import count
-from minilmd.trainer.data.prepare import prepare
-from minilmd.trainer.data.report import CHINCHILLA_TOKENS_PER_PARAM, format_report, report
-from minilmd.trainer.data.scripts import containing, dominant_of, parse_scripts, script_counts, script_matrix
+from minilmd.corpus.analysis import scan
+from minilmd.corpus.analysis.count import count
+from minilmd.corpus.analysis.report import CHINCHILLA_TOKENS_PER_PARAM, format_report, report
+from minilmd.corpus.analysis.scripts import containing, dominant_of, parse_scripts, script_counts, script_matrix
+from minilmd.corpus.prepare.pipeline import prepare
 from trainer_corpus import write_config
 
 EXTRA = ["Привет мир, это тест", "Γειά σου κόσμε", "我是阿里云开发的助手。", "我是阿里云开发的助手。",
@@ -122,7 +123,7 @@ def test_cli_and_chinchilla(tmp_path, corpus):
     assert runner.invoke(app, ["corpus", "count", str(src)]).exit_code == 2
 
     # the worker pool: 7 shards over 2 processes, every occurrence counted once
-    from minilmd.trainer.data.count import CountTask
+    from minilmd.corpus.analysis.count import CountTask
 
     texts = [f"第{i}行 " + "字" * (i % 37) for i in range(500)]
     corpus7 = scan.open_corpus(str(write_jsonl(tmp_path / "s.jsonl", texts)), parts=7, min_bytes=1)

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.trainer.data.bucketing import PaddedSampler, padded_row
-from minilmd.trainer.data.samplers import (
+from minilmd.trainer.batches.bucketing import PaddedSampler, padded_row
+from minilmd.trainer.batches.samplers import (
     IGNORE_INDEX,
     DataError,
     PackedSampler,

@@ -10,7 +10,7 @@ import pytest
 
 from minilmd import checkpoint as ck
 from minilmd.config import load_config
-from minilmd.daemon.fitwatch import warnings
+from minilmd.daemon.views.fitwatch import warnings
 from minilmd.names import BEST
 from minilmd.trainer.loop.early_stop import EarlyStop
 from supervisor_helpers import cli, run_supervisor, write_config

@@ -12,7 +12,7 @@ import pytest
 
 from fakes_nvml import FREE, FakeNvml, busy
 from minilmd.config import GpuSection
-from minilmd.daemon.gpu import GpuAdmission, cuda_visible_devices, open_nvml_or_reason
+from minilmd.daemon.host.gpu import GpuAdmission, cuda_visible_devices, open_nvml_or_reason
 
 TESTS = Path(__file__).parent
 
@@ -127,7 +127,7 @@ def test_two_runs_in_one_process_never_share_a_card(tmp_path):
 HOLDER = textwrap.dedent("""
     import sys, time
     from fakes_nvml import FakeNvml, FREE
-    from minilmd.daemon.gpu import GpuAdmission
+    from minilmd.daemon.host.gpu import GpuAdmission
     from minilmd.config import GpuSection
     adm = GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=sys.argv[1], stable_polls=1), run_name="other")
     lease = adm.try_acquire(1)

@@ -11,12 +11,12 @@ import pytest
 
 from fakes_nvml import FREE, FakeNvml, FakeNvmlLib, busy
 from minilmd.config import GpuSection, RunConfig
-from minilmd.daemon import child as childmod
-from minilmd.daemon import orphans
-from minilmd.daemon.gpu import GpuAdmission, cuda_visible_devices
-from minilmd.daemon.gpuwait import GpuReady, GpuUnavailable, GpuWaiter
-from minilmd.daemon.nvml import PynvmlBackend, v1_reserve_allowance_mib
-from minilmd.daemon.views import summary_lines
+from minilmd.daemon.child import orphans
+from minilmd.daemon.child import process as childmod
+from minilmd.daemon.host.gpu import GpuAdmission, cuda_visible_devices
+from minilmd.daemon.host.nvml import PynvmlBackend, v1_reserve_allowance_mib
+from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable, GpuWaiter
+from minilmd.daemon.views.status import summary_lines
 
 IDLE = busy(used_mib=7)
 """An idle H200 as v2 reads it; v1 adds the driver's reserve (FakeNvmlLib.reserved_mib, 900 MiB)."""

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import load_config
-from minilmd.daemon.child import launch
-from minilmd.daemon.stackdump import _DUMP_MARK, dump_stack
+from minilmd.daemon.child.process import launch
+from minilmd.daemon.child.stackdump import _DUMP_MARK, dump_stack
 from supervisor_helpers import run_supervisor, state, write_config
 from waiting import wait_until
 

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from minilmd.daemon.lock import LockHeld, RunLock, lock_holder
+from minilmd.daemon.host.lock import LockHeld, RunLock, lock_holder
 
 HOLDER = textwrap.dedent("""
     import subprocess, sys, time
-    from minilmd.daemon.lock import RunLock
+    from minilmd.daemon.host.lock import RunLock
     RunLock(sys.argv[1]).acquire()
     if len(sys.argv) > 2:  # start a long-lived child, as the supervisor starts the trainer
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -1,4 +1,5 @@
-"""trainer/data/longdoc.py: a line parsed in chunks accepts and refuses exactly what jsonl.parse_block does, with
+"""minilmd/corpus/sources/longdoc.py: a line parsed in chunks accepts and refuses exactly what jsonl.parse_block does,
+with
 the same text; text cut into pieces at its safe cuts tokenizes exactly as the whole text."""
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from data_helpers import MINIMIND_TOKENIZER
-from minilmd.trainer.data.jsonl import parse_block
-from minilmd.trainer.data.longdoc import RESTART, LongLineParser, PieceCutter, next_cut, split_pieces
+from minilmd.corpus.sources.jsonl import parse_block
+from minilmd.corpus.sources.longdoc import RESTART, LongLineParser, PieceCutter, next_cut, split_pieces
 
 
 def streamed(line: bytes, sizes: list[int]) -> tuple[str | None, str]:

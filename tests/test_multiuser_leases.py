@@ -20,8 +20,8 @@ import pytest
 
 from fakes_nvml import FREE, FakeNvml
 from minilmd.config import GpuSection
-from minilmd.daemon.gpu import GpuAdmission
-from minilmd.daemon.lock import LockUnsafe, RunLock, lock_holder
+from minilmd.daemon.host.gpu import GpuAdmission
+from minilmd.daemon.host.lock import LockUnsafe, RunLock, lock_holder
 from second_user import as_user, second_user, shared_dir, user_python
 
 pytestmark = pytest.mark.root
@@ -127,7 +127,7 @@ HOLDER = textwrap.dedent("""
     import sys, time
     from fakes_nvml import FakeNvml, FREE
     from minilmd.config import GpuSection
-    from minilmd.daemon.gpu import GpuAdmission
+    from minilmd.daemon.host.gpu import GpuAdmission
     adm = GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=sys.argv[1], stable_polls=1), run_name=sys.argv[2])
     lease = adm.try_acquire(1)
     print("leased" if lease else "refused: " + adm.last_report.summary().replace("\\n", " | "), flush=True)

@@ -1,4 +1,5 @@
-"""The curves of a run (daemon/curves.py) and their picture (daemon/plot.py), from metrics.jsonl and events.jsonl
+"""The curves of a run (daemon/views/curves.py) and their picture (daemon/views/plot.py), from metrics.jsonl and
+events.jsonl
 written as the trainer and the supervisor write them: a run resumed twice, a supervisor killed, a sync failing for a
 while, an epoch boundary; two runs overlaid. The real run with a SIGBUS is tests/test_watch_real.py."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minilmd import names
-from minilmd.daemon import curves
+from minilmd.daemon.views import curves
 from minilmd.trainer.loop.metrics import MetricsLog
 
 
@@ -66,7 +67,7 @@ def test_every_step_once_the_last_attempt_wins_restarts_sync_failures_and_epochs
 @pytest.mark.slow
 def test_the_plot_draws_what_the_curves_hold_for_two_runs_against_tokens(tmp_path):
     pytest.importorskip("matplotlib")
-    from minilmd.daemon.plot import plot
+    from minilmd.daemon.views.plot import plot
 
     a, b = resumed_run(tmp_path, "a"), resumed_run(tmp_path, "b")
     summary = plot([a, b], tmp_path / "ab.png", x="tokens")
@@ -81,7 +82,7 @@ def test_the_plot_draws_what_the_curves_hold_for_two_runs_against_tokens(tmp_pat
 
 
 def test_without_matplotlib_plot_says_how_to_install_it(tmp_path, monkeypatch):
-    from minilmd.daemon import plot as plot_mod
+    from minilmd.daemon.views import plot as plot_mod
 
     real_import = builtins.__import__
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from data_helpers import decoded_documents, demo_slice, read_texts, write_jsonl
-from minilmd.corpus import open_prepared
-from minilmd.trainer.data.corpus_stats import layout_stats, length_stats
-from minilmd.trainer.data.jsonl import InputError
-from minilmd.trainer.data.prepare import Progress, leak_key, prepare, split_is_val
-from minilmd.trainer.data.tokenizer import load_tokenizer
+from minilmd.corpus.analysis.stats import layout_stats, length_stats
+from minilmd.corpus.format import open_prepared
+from minilmd.corpus.prepare.pipeline import Progress, leak_key, prepare, split_is_val
+from minilmd.corpus.sources.jsonl import InputError
+from minilmd.corpus.tokenizer_train import load_tokenizer
 from waiting import wait_until
 
 
@@ -279,7 +279,7 @@ def test_progress_plain_lines_off_a_terminal_and_a_bar_on_one():
 
 
 def test_workers_process_pool_gets_all_cores_by_default():
-    from minilmd.trainer.data.prepare import default_workers
+    from minilmd.corpus.prepare.pipeline import default_workers
 
     assert default_workers() == len(os.sched_getaffinity(0))
 
@@ -321,7 +321,7 @@ def test_any_unicode_text_round_trips(tmp_path_factory, tokenizer, texts):
 
 
 def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, demo_jsonl, tokenizer):
-    data = pytest.importorskip("minilmd.trainer.data.samplers")
+    data = pytest.importorskip("minilmd.trainer.batches.samplers")
     meta, _ = run_prepare(demo_jsonl, tokenizer, tmp_path / "p", seq_len=64, batch_size=8, val_fraction=0.1)
     pc = open_prepared(tmp_path / "p")
     packed = data.make_sampler("packed", pc.train.tokens, pc.train.doc_starts, 64, 0)

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from data_helpers import decoded_documents, read_texts, write_jsonl
-from minilmd.corpus import open_prepared
-from minilmd.trainer.data.jsonl import InputError
-from minilmd.trainer.data.longdoc import PIECE_CHARS, split_pieces
-from minilmd.trainer.data.prepare import prepare, split_is_val
-from minilmd.trainer.data.tokenizer import load_tokenizer
+from minilmd.corpus.format import open_prepared
+from minilmd.corpus.prepare.pipeline import prepare, split_is_val
+from minilmd.corpus.sources.jsonl import InputError
+from minilmd.corpus.sources.longdoc import PIECE_CHARS, split_pieces
+from minilmd.corpus.tokenizer_train import load_tokenizer
 
 BLOCK = 4096  # a block smaller than many demo lines: those are streamed
 

@@ -1,7 +1,7 @@
 """prepare's options: one dataclass, every invalid option reported at once, before any input is read."""
 import pytest
 
-from minilmd.trainer.data.prepare import PrepareOptions, prepare
+from minilmd.corpus.prepare.pipeline import PrepareOptions, prepare
 
 
 def test_defaults_are_valid():

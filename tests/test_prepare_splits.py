@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from data_helpers import write_jsonl
-from minilmd.corpus import open_prepared
-from minilmd.trainer.data.prepare import split_is_val
+from minilmd.corpus.format import open_prepared
+from minilmd.corpus.prepare.pipeline import split_is_val
 
 TEXTS = [f"第{i}篇：小语料的一篇文档。" for i in range(20)]
 

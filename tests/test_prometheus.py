@@ -1,4 +1,4 @@
-"""The Prometheus textfile (daemon/prometheus.py) of a run waiting for a GPU with its sync failing, read back with
+"""The Prometheus textfile (daemon/host/prometheus.py) of a run waiting for a GPU with its sync failing, read back with
 prometheus_client's own parser; the writer's GPU-wait clock, its atomic rewrite, a directory it cannot write. The
 textfile of a real finished run is checked in tests/test_watch_real.py."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.daemon import prometheus
+from minilmd.daemon.host import prometheus
 from minilmd.daemon.runstate import new_state
 
 parser = pytest.importorskip("prometheus_client.parser")

@@ -19,7 +19,7 @@ import pytest
 
 from minilmd import checkpoint
 from minilmd.config import load_config
-from minilmd.daemon.staging import verify_staged
+from minilmd.daemon.jobs.staging import verify_staged
 from minilmd.protocol import SUPERVISOR_GAVE_UP
 from reliability_helpers import (
     RemoteWatcher,

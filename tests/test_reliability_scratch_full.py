@@ -22,11 +22,11 @@ import pytest
 
 from minilmd import checkpoint, protocol
 from minilmd.config import RestartSection, load_config
-from minilmd.daemon import staging
-from minilmd.daemon.child import Death
+from minilmd.daemon.child.process import Death
+from minilmd.daemon.jobs import staging
 from minilmd.daemon.policy import decide
 from minilmd.daemon.states import Action, Cause
-from minilmd.daemon.views import summary_lines
+from minilmd.daemon.views.status import summary_lines
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import cli, events, start_supervisor, state, wait_for, wait_or_kill, write_config
 

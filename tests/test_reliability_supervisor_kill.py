@@ -16,7 +16,7 @@ import pytest
 
 from minilmd import checkpoint
 from minilmd.config import load_config
-from minilmd.daemon.staging import verify_staged
+from minilmd.daemon.jobs.staging import verify_staged
 from reliability_helpers import (
     RemoteWatcher,
     TrainerCounter,

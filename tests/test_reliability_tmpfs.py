@@ -17,7 +17,7 @@ import pytest
 
 from minilmd import checkpoint
 from minilmd.config import load_config
-from minilmd.daemon import staging
+from minilmd.daemon.jobs import staging
 from minilmd.protocol import SUPERVISOR_CONFIG
 from supervisor_helpers import events, run_supervisor, start_supervisor, state, wait_for, write_config
 

@@ -1,4 +1,4 @@
-"""The parts of daemon/slurm.py and daemon/slurmnode.py without a cluster: the allocation read from a job's
+"""The parts of daemon/slurm/job.py and daemon/slurm/node.py without a cluster: the allocation read from a job's
 environment, the srun + torchrun launch, the preemption's decision against what `scontrol show job` says, the
 allocated cards checked through a fake NVML, the per-job node scratch, status's Slurm line, and a node's step as a
 real process. `scontrol` is a fake runner that records what it was asked (the real one: tests/test_slurm_jobs.py).
@@ -14,8 +14,8 @@ import pytest
 
 from fakes_nvml import FREE, FakeNvml
 from minilmd import scratch
-from minilmd.daemon import slurm
-from minilmd.daemon.gpuwait import GpuReady, GpuUnavailable
+from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable
+from minilmd.daemon.slurm import job as slurm
 
 
 class FakeScontrol:
@@ -85,7 +85,7 @@ def test_slurm_multinode_launch_is_srun_with_one_c10d_torchrun_per_node(tmp_path
     srun = command[:command.index(sys.executable)]
     assert srun == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
                     "--export=ALL"]
-    node = command[command.index("minilmd.daemon.slurmnode") + 1:command.index("--")]
+    node = command[command.index("minilmd.daemon.slurm.node") + 1:command.index("--")]
     assert node == ["--scratch", str(tmp_path / "s"), "--source", "/nfs/corpus", "--run-dir", str(tmp_path / "r"),
                     "--run-name", "r", "--default"]
     torchrun = command[command.index("--") + 1:]
@@ -181,7 +181,7 @@ def test_slurm_status_line_names_the_job_its_nodes_and_state():
 
 def test_slurm_node_step_stages_the_corpus_then_becomes_the_command(tmp_path, corpus):
     node_scratch, run_dir = tmp_path / "node" / "scratch", tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.slurmnode", "--scratch", str(node_scratch),
+    out = subprocess.run([sys.executable, "-m", "minilmd.daemon.slurm.node", "--scratch", str(node_scratch),
                           "--source", str(corpus[0]), "--run-dir", str(run_dir), "--run-name", "n", "--",
                           sys.executable, "-c", "import os; print('exec', os.getpid())"],
                          capture_output=True, text=True, timeout=60)
@@ -189,7 +189,7 @@ def test_slurm_node_step_stages_the_corpus_then_becomes_the_command(tmp_path, co
     assert (node_scratch / "corpus" / "meta.json").is_file()
     assert json.loads((node_scratch / "owner.json").read_text())["run_dir"] == str(run_dir.resolve())
     assert "exec" in out.stdout.splitlines()[-1]
-    refused = subprocess.run([sys.executable, "-m", "minilmd.daemon.slurmnode", "--scratch", str(node_scratch),
+    refused = subprocess.run([sys.executable, "-m", "minilmd.daemon.slurm.node", "--scratch", str(node_scratch),
                               "--source", str(corpus[0]), "--run-dir", str(tmp_path / "other"), "--run-name", "n",
                               "--", "true"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "belongs to another run" in refused.stderr

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from minilmd.daemon.staging import (
+from minilmd.daemon.jobs.staging import (
     GIB,
     SourceInvalid,
     SpaceNeed,
@@ -30,7 +30,7 @@ FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc
 @pytest.fixture(scope="module")
 def tokenizer_json(tokenizer) -> tuple[bytes, int]:
     """A real small tokenizer (verify_prepared loads it): its tokenizer.json bytes and vocabulary size."""
-    from minilmd.trainer.data.tokenizer import load_tokenizer
+    from minilmd.corpus.tokenizer_train import load_tokenizer
 
     return tokenizer.read_bytes(), load_tokenizer(tokenizer).get_vocab_size(with_added_tokens=True)
 

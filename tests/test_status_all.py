@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from minilmd import names
-from minilmd.daemon import overview, registry
+from minilmd.daemon.host import registry
 from minilmd.daemon.runstate import new_state
+from minilmd.daemon.views import overview
 from minilmd.fsio import atomic_write_json
 from second_user import second_user, shared_dir, user_python
 
@@ -42,8 +43,9 @@ def as_nobody(code: str, env: dict, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-REGISTER = "import sys\nfrom minilmd.daemon import registry\nregistry.register(sys.argv[1], sys.argv[2], sys.argv[3])\n"
-LIST = "from minilmd.daemon import overview\noverview.status_all(as_json=True)\n"
+REGISTER = ("import sys\nfrom minilmd.daemon.host import registry\n"
+            "registry.register(sys.argv[1], sys.argv[2], sys.argv[3])\n")
+LIST = "from minilmd.daemon.views import overview\noverview.status_all(as_json=True)\n"
 
 
 @pytest.mark.root
@@ -92,7 +94,7 @@ def test_status_all_lists_what_each_user_may_see(monkeypatch):
         shown = {r["run"]: r for r in seen_by_nobody}
         assert (shown["n-train"]["step"], shown["n-train"]["restarts"], shown["n-train"]["devices"]) == (40, 1, [0])
         assert shown["n-wait"]["gpu_waited_s"] >= 900
-        text = as_nobody("from minilmd.daemon import overview\noverview.status_all()\n", theirs).stdout
+        text = as_nobody("from minilmd.daemon.views import overview\noverview.status_all()\n", theirs).stdout
         assert "r-done" not in text and "r-gone" not in text and "forged" not in text, text
         assert "held 0" in text and "waiting 15m" in text and "2m ago" in text and "1,234" in text, text
         assert "`minilmd forget NAME`" in text
@@ -104,7 +106,7 @@ def test_status_all_lists_what_each_user_may_see(monkeypatch):
         assert set(seen_by_root) == {"r-done", "r-gone", "n-train", "n-wait", "n-gone"}, seen_by_root
         assert seen_by_root["r-done"]["phase"] == "done" and seen_by_root["n-train"]["uid"] == uid
 
-        forget = "import sys\nfrom minilmd.daemon import overview\nsys.exit(overview.forget(sys.argv[1]))\n"
+        forget = "import sys\nfrom minilmd.daemon.views import overview\nsys.exit(overview.forget(sys.argv[1]))\n"
         refused = subprocess.run(user_python(forget, "r-done"), capture_output=True, text=True, cwd="/", timeout=60,
                                  env={**os.environ, **theirs})
         assert refused.returncode == 1 and "no registered run of yours" in refused.stderr

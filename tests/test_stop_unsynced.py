@@ -14,8 +14,8 @@ import pytest
 
 from minilmd import names, protocol
 from minilmd.config import load_config
-from minilmd.daemon import views
 from minilmd.daemon.runstate import new_state
+from minilmd.daemon.views import status as views
 from minilmd.fsio import atomic_write_json
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
 

@@ -13,8 +13,8 @@ import pytest
 
 from fakes_nvml import FREE, FakeNvml, busy
 from minilmd.config import load_config
-from minilmd.daemon.child import TRAINER_CMD_ENV
-from minilmd.daemon.gpu import GpuAdmission
+from minilmd.daemon.child.process import TRAINER_CMD_ENV
+from minilmd.daemon.host.gpu import GpuAdmission
 from minilmd.daemon.supervisor import Infra, Supervisor
 from supervisor_helpers import FAKE_TRAINER, events, state, step_of_state, transitions, wait_for, write_config
 

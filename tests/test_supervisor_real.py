@@ -35,7 +35,7 @@ def model_sha(ckpt: Path) -> str:
 
 
 def expectation(config: Path) -> checkpoint.Expectation:
-    from minilmd.corpus import open_prepared
+    from minilmd.corpus.format import open_prepared
 
     cfg = load_config(config)
     corpus = open_prepared(cfg.data.prepared)

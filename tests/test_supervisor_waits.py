@@ -17,8 +17,8 @@ import time
 import pytest
 
 from minilmd.config import load_config
-from minilmd.daemon import trainerwatch
-from minilmd.daemon.child import TRAINER_CMD_ENV, launch
+from minilmd.daemon.child import trainerwatch
+from minilmd.daemon.child.process import TRAINER_CMD_ENV, launch
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.supervisor import Supervisor
 from supervisor_helpers import FAKE_TRAINER, events, start_supervisor, state, wait_for, wait_or_kill, write_config

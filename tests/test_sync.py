@@ -15,7 +15,7 @@ import torch
 
 from minilmd import checkpoint as ck
 from minilmd.config import RunConfig
-from minilmd.daemon.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from waiting import wait_until
@@ -149,7 +149,7 @@ def test_unusable_remote_raises_sync_error(dirs, weights):
 
 KILL_MID_SYNC = textwrap.dedent("""
     import os, signal, sys
-    from minilmd.daemon import sync
+    from minilmd.daemon.jobs import sync
     real_put, calls = sync._Remote.put, []
     def put(self, local, *names):
         calls.append(names)
@@ -231,7 +231,7 @@ def test_a_rename_or_latest_replacement_that_silently_does_nothing_is_an_error(d
     save(local, 10, weights)
     Syncer(local, str(remote), EXPECTED).sync_newest()
     save(local, 20, weights)
-    from minilmd.daemon import sync
+    from minilmd.daemon.jobs import sync
 
     with monkeypatch.context() as m:
         m.setattr(sync._Remote, "rename_dir", lambda self, src, dst: None)  # a dropped rename (flaky NFS)
@@ -284,7 +284,7 @@ def test_faulty_remote_never_gets_a_latest_naming_an_invalid_checkpoint(faultfs,
 
 STALLED_SYNC = textwrap.dedent("""
     import sys
-    from minilmd.daemon.sync import Syncer
+    from minilmd.daemon.jobs.sync import Syncer
     Syncer(sys.argv[1], sys.argv[2]).sync_newest()
 """)
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from data_helpers import MINIMIND_TOKENIZER, small_tokenizer, write_jsonl
-from minilmd.trainer.data.tokenizer import TokenizerError, check_tokenizer, load_tokenizer, train_tokenizer
+from minilmd.corpus.tokenizer_train import TokenizerError, check_tokenizer, load_tokenizer, train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from data_helpers import write_jsonl
-from minilmd.tokenizer import load_tokenizer
+from minilmd.corpus.tokenizer import load_tokenizer
 
 TWENTY = [f"第{i}篇：今天天气很好，我们去公园散步。" for i in range(20)]
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from data_helpers import write_jsonl
-from minilmd.corpus import CorpusError, TokenStream, open_prepared, verify_prepared
-from minilmd.trainer.data.prepare import prepare
+from minilmd.corpus.format import CorpusError, TokenStream, open_prepared, verify_prepared
+from minilmd.corpus.prepare.pipeline import prepare
 
 
 @pytest.fixture(scope="module")

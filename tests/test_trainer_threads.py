@@ -1,4 +1,5 @@
-"""OMP_NUM_THREADS for the trainer (daemon/child.py `trainer_threads`): one per torchrun rank and per GPU trainer,
+"""OMP_NUM_THREADS for the trainer (daemon/child/process.py `trainer_threads`): one per torchrun rank and per GPU
+trainer,
 the idle cores for a single CPU trainer, and a value set for the supervisor never overridden; checked in the
 environment a really launched child sees and in its attempt log."""
 from __future__ import annotations
@@ -7,7 +8,7 @@ import os
 import re
 import sys
 
-from minilmd.daemon import child as childmod
+from minilmd.daemon.child import process as childmod
 
 PRINT_THREADS = [sys.executable, "-c", "import os; print('threads', os.environ['OMP_NUM_THREADS'])"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "x"]

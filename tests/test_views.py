@@ -6,8 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from minilmd.daemon import views
 from minilmd.daemon.runstate import new_state
+from minilmd.daemon.views import status as views
 from minilmd.fsio import atomic_write_json
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from minilmd.config import load_config
-from minilmd.daemon import curves
+from minilmd.daemon.views import curves
 from supervisor_helpers import cli, run_supervisor, state, write_config
 from trainer_corpus import read_metrics
 
@@ -59,7 +59,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_the_curve_keeps_every_attempt_and_the_plot_marks_the_sigbus_restart(resumed_run, tmp_path):
     pytest.importorskip("matplotlib")
-    from minilmd.daemon.plot import plot
+    from minilmd.daemon.views.plot import plot
 
     _, cfg, _ = resumed_run
     first, second = attempts(cfg.run_dir)

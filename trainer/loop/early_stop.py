@@ -57,8 +57,8 @@ class EarlyStop:
 def probe_batches(cfg: RunConfig) -> list:
     """The fixed validation rows of [eval] probe's val split (packed windows of a text corpus, padded rows of a
     chat corpus), or [] without a probe. Its vocabulary must be the model's."""
-    from minilmd.corpus import open_prepared
-    from minilmd.trainer.data.samplers import validation_batches
+    from minilmd.corpus.format import open_prepared
+    from minilmd.trainer.batches.samplers import validation_batches
 
     if not cfg.eval.probe:
         return []

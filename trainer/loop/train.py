@@ -45,7 +45,7 @@ import torch.nn.functional  # imported early: the model uses it
 
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, load_config, parse_duration
-from minilmd.corpus import CorpusError
+from minilmd.corpus.format import CorpusError
 from minilmd.names import FAULT, RUN_DIR_ENV, step_name
 from minilmd.protocol import (
     EXIT_CONFIG,
@@ -59,9 +59,9 @@ from minilmd.protocol import (
 )
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
+from minilmd.trainer.batches import growth
+from minilmd.trainer.batches.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd.trainer.data import growth
-from minilmd.trainer.data.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.loop import multinode, tensorboard
 from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
@@ -207,7 +207,7 @@ class Trainer:
     """One training run: the components, then train() (the loop in the module docstring)."""
 
     def __init__(self, cfg: RunConfig, dist: Dist, stop: StopFlag | None = None):
-        from minilmd.corpus import open_prepared
+        from minilmd.corpus.format import open_prepared
         from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
         self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()

@@ -1,7 +1,7 @@
 """Talking to a fine-tuned model: `minilmd sample --chat` (one reply) and `minilmd chat` (a conversation on stdin).
 
 The prompt is the conversation rendered by the model's own chat template with `add_generation_prompt=True`
-(trainer/data/chat.py, the text transformers' apply_chat_template gives), encoded without added special tokens;
+(minilmd/corpus/chat.py, the text transformers' apply_chat_template gives), encoded without added special tokens;
 generation (generate.py, KV cache) stops at `<|im_end|>` and only the reply is printed. The template is found as
 export.find_chat_config finds it: beside --tokenizer, in the checkpoint, or in the prepared corpus it was trained
 on. A conversation that outgrows the model's max_position_embeddings loses its oldest exchanges first (a system
@@ -16,8 +16,8 @@ from typing import TextIO
 
 import torch
 
+from minilmd.corpus.chat import ChatTemplate
 from minilmd.protocol import EOS_ID
-from minilmd.trainer.data.chat import ChatTemplate
 from minilmd.trainer.model.generate import generate
 
 MIN_REPLY_TOKENS = 16

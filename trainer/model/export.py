@@ -158,11 +158,11 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path
 
 
 def find_chat_config(path: str | Path, explicit: str | Path | None = None) -> dict | None:
-    """The tokenizer_config.json with the chat template of a checkpoint's model (trainer/data/chat.py
+    """The tokenizer_config.json with the chat template of a checkpoint's model (minilmd/corpus/chat.py
     read_tokenizer_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat
     corpus's), else in the prepared corpus it was trained on. None when none of them has a template (a model
     pretrained on text)."""
-    from minilmd.trainer.data.chat import ChatError, read_tokenizer_config
+    from minilmd.corpus.chat import ChatError, read_tokenizer_config
 
     ckpt = resolve_checkpoint(path)
     tried = [Path(explicit)] if explicit else []

@@ -1,0 +1,356 @@
+"""The trainer as a child process: how it is launched, watched, stopped, and what its end means.
+
+The child runs in its own process group (so that a torchrun group is stopped as a whole and a terminal's ^C reaches
+only the supervisor), writes to logs/attempt-NNNN.log, and carries MINILMD_RUN_DIR and a random MINILMD_LAUNCH_ID
+in its environment. `launch()` records the trainer in <run dir>/trainer.json (pid, start time, uid, host, launch
+id) before anything else can happen to the supervisor; daemon/child/orphans.py uses that record to tell an orphan of
+this run from any other process. A hung child's stacks are daemon/child/stackdump.py.
+
+`classify()` turns an exit status into a `Death` with one `Cause` (daemon/states.py; CAUSES says what each means);
+the restart policy (daemon/policy.py) acts on the cause. Nothing here waits for a child without a bound: a trainer in
+uninterruptible I/O on a stalled mount may take long to die even after SIGKILL, and the supervisor's loop must go
+on meanwhile. Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from minilmd import names, protocol
+from minilmd.daemon.child.orphans import REAP_S, record_launch
+from minilmd.daemon.runstate import process_start_ticks
+from minilmd.daemon.states import Cause
+from minilmd.fsio import tail_lines
+
+RUN_DIR_ENV = names.RUN_DIR_ENV
+"""Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
+LAUNCH_ID_ENV = names.LAUNCH_ID_ENV
+"""Set on every child: a random token per launch, also in trainer.json; its processes inherit it."""
+TRAINER_CMD_ENV = names.TRAINER_CMD_ENV
+"""Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
+
+SUPERVISOR_LINE = "# "
+"""How the lines the supervisor itself writes into an attempt log begin (the header, a stack dump's header)."""
+
+CAUSES: dict[Cause, str] = {
+    Cause.DONE: "the trainer reached its budget and saved the final checkpoint (exit 0)",
+    Cause.STOPPED: "the trainer saved and exited on SIGTERM (exit 75)",
+    Cause.CONFIG_ERROR: "the trainer refused the config (exit 2): final",
+    Cause.DATA_ERROR: "the trainer refused the data (exit 65): final",
+    Cause.CUDA_OOM: "CUDA ran out of memory (exit 76, fault.json)",
+    Cause.SIGBUS: "SIGBUS: a page of a mapped file could not be read (staged corpus or checkpoint damaged?)",
+    Cause.OOM_KILL: "SIGKILL by the kernel's OOM killer (cgroup memory events or kernel log)",
+    Cause.KILLED: "SIGKILL from outside (probably the OOM killer; its log was not readable)",
+    Cause.HANG: "no heartbeat for restart.hang_timeout: stack dumped, group killed",
+    Cause.SIGNAL: "killed by another signal",
+    Cause.CRASH: "exited with an error (traceback in the attempt log)",
+    Cause.SCRATCH_FULL: "a checkpoint did not fit in scratch (exit 74, fault.json says needs and free)",
+}
+
+
+@dataclass
+class Death:
+    cause: Cause
+    exit: int | None
+    detail: str
+    fault: dict | None = None
+
+
+def attempt_log_path(run_dir: Path, attempt: int) -> Path:
+    return run_dir / names.ATTEMPT_LOGS / names.attempt_log_name(attempt)
+
+
+def trainer_prefix() -> list[str]:
+    custom = os.environ.get(TRAINER_CMD_ENV)
+    if custom:
+        return shlex.split(custom)
+    return [sys.executable, "-m", "minilmd.cli"]
+
+
+def build_command(config_copy: Path, overrides: dict[str, object], nproc: int = 1) -> list[str]:
+    """`minilmd train RUN.TOML --set K=V ...`, under torchrun (its own restarts off: the supervisor restarts the
+    whole group) when more than one GPU is used."""
+    sets: list[str] = []
+    for key, value in overrides.items():
+        sets += ["--set", f"{key}={_toml_literal(value)}"]
+    if nproc > 1:
+        # `python -m torch.distributed.run` is torchrun without depending on the script being on PATH.
+        prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+                  "--max-restarts", "0", "-m", "minilmd.cli"]
+    else:
+        prefix = trainer_prefix()
+    return [*prefix, "train", str(config_copy), *sets]
+
+
+def _toml_literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass
+class Child:
+    """A launched trainer. `pid` is also its process group id."""
+
+    popen: subprocess.Popen
+    attempt: int
+    log_path: Path
+    command: list[str]
+    started: float
+    start_ticks: int | None
+    newest_at_launch: int = -1  # the newest local checkpoint step at launch: a newer one is progress
+    cgroup_oom: tuple[Path, int] | None = None  # (oom counter file, its value when first seen)
+    killed_for_hang: bool = False
+    hang_detail: str = ""
+    stop_sent: float | None = None
+    killed_at: float | None = None  # when kill() sent SIGKILL; the loop then only polls until it is reaped
+    reap_reported: bool = False  # the loop said once that the kernel has not let it go yet
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def track_cgroup(self) -> None:
+        """Remember the OOM-kill counter of the child's memory cgroup, re-read whenever the child moves to another
+        cgroup, so that a kill can be attributed to the OOM killer afterwards."""
+        counter = oom_counter_file(self.pid)
+        if counter and (self.cgroup_oom is None or self.cgroup_oom[0] != counter):
+            value = read_oom_kills(counter)
+            if value is not None:
+                self.cgroup_oom = (counter, value)
+
+    def beats(self, beat: tuple[float, int | None] | None) -> bool:
+        """Whether the heartbeat file (`runstate.read_heartbeat`) was written by this attempt."""
+        return beat is not None and beat[0] >= self.started - 1
+
+    def silence(self, beat: tuple[float, int | None] | None, hang_timeout: float, startup_grace: float) -> str:
+        """Why the trainer counts as hung, or "": no heartbeat of its own for hang_timeout; before its first one
+        (imports, corpus open and checkpoint load come first) for max(hang_timeout, startup_grace)."""
+        own_beat = beat[0] if beat is not None and self.beats(beat) else None
+        limit = hang_timeout if own_beat is not None else max(hang_timeout, startup_grace)
+        silent = time.time() - max(self.started, own_beat if own_beat is not None else 0.0)
+        if silent <= limit:
+            return ""
+        return f"no heartbeat for {silent:.0f}s (restart.hang_timeout {limit:.0f}s)"
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group; the caller polls for the end (it may come late: uninterruptible I/O)."""
+        if self.killed_at is None:
+            self.killed_at = time.time()
+        self.signal_group(signal.SIGKILL)
+
+    def kill_group(self, grace: float = 0.0, reap_s: float = REAP_S, while_waiting=None) -> int | None:
+        """SIGTERM (if grace > 0) and up to grace for the group to exit, then SIGKILL and up to reap_s for the kernel
+        to release it. The exit status, or None if it is still not reaped (the kernel holds it in uninterruptible
+        I/O): never a wait without a bound. `while_waiting()` is called every few tens of milliseconds (the
+        systemd watchdog)."""
+        if grace > 0:
+            self.signal_group(signal.SIGTERM)
+            rc = wait_bounded(self.popen, grace, while_waiting)
+            if rc is not None:
+                return rc
+        self.kill()
+        return wait_bounded(self.popen, reap_s, while_waiting)
+
+
+def wait_bounded(popen, seconds: float, while_waiting=None, interval: float = 0.05) -> int | None:
+    """The exit status of popen once it ends within `seconds`, else None; polls, never a blocking wait."""
+    deadline = time.monotonic() + seconds
+    while True:
+        rc = popen.poll()
+        if rc is not None or time.monotonic() >= deadline:
+            return rc
+        if while_waiting is not None:
+            while_waiting()
+        time.sleep(interval)
+
+
+def trainer_threads(command: list[str], devices: str, environ, cores: int | None = None,
+                    load: float | None = None) -> tuple[str, str]:
+    """OMP_NUM_THREADS for a trainer, and why. A value set for the supervisor is never overridden. A torchrun rank
+    and a GPU trainer get 1 (their CPU work is the Python host loop, which threads do not speed up; more threads only
+    contend with the other ranks and with other users' jobs). A single CPU trainer gets the cores that are idle at
+    launch: all it may run on (`cores`) less the 1-minute load average (`load`), at least 1. OpenMP threads on cores
+    that other work keeps busy are far slower than one thread (docs/training.md has the measurement: 2 threads ran
+    at 0.06-0.31x of 1 on a loaded 2-core host)."""
+    if environ.get("OMP_NUM_THREADS"):
+        return environ["OMP_NUM_THREADS"], "set for the supervisor, kept"
+    if "torch.distributed.run" in command:
+        return "1", "one thread per torchrun rank"
+    if devices:
+        return "1", "a GPU trainer: its host loop is one thread"
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    load = os.getloadavg()[0] if load is None else load
+    idle = max(1, min(cores, round(cores - load)))
+    return str(idle), f"a single CPU trainer: the idle cores, {cores} cores less load {load:.1f}"
+
+
+def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None) -> Child:
+    """Start the trainer in its own session, output appended to its attempt log."""
+    log_path = attempt_log_path(run_dir, attempt)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    env[RUN_DIR_ENV] = str(run_dir.resolve())
+    env[LAUNCH_ID_ENV] = record_launch(run_dir, attempt)
+    env["CUDA_VISIBLE_DEVICES"] = devices
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"], threads_why = trainer_threads(command, devices, env)
+    with open(log_path, "ab") as log:
+        log.write(f"# attempt {attempt}: {shlex.join(command)}\n# CUDA_VISIBLE_DEVICES={devices!r}\n"
+                  f"# OMP_NUM_THREADS={env['OMP_NUM_THREADS']} ({threads_why})\n".encode())
+        log.flush()
+        popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True, close_fds=True)
+    child = Child(popen=popen, attempt=attempt, log_path=log_path, command=command, started=time.time(),
+                  start_ticks=process_start_ticks(popen.pid))
+    record_launch(run_dir, attempt, env[LAUNCH_ID_ENV], child.pid, child.start_ticks)
+    child.track_cgroup()
+    return child
+
+
+# --- classification --------------------------------------------------------------------------------------------
+
+def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool) -> Death:
+    """One cause for an ended child. fault.json (the trainer's own note) is consumed here."""
+    fault = _own_fault(run_dir, child.started)
+    rc = returncode
+    if child.killed_for_hang:
+        return Death(Cause.HANG, rc, child.hang_detail or "no heartbeat", fault)
+    sig = -rc if rc < 0 else None
+    if rc == 1 and "torch.distributed.run" in child.command:
+        sig = _torchrun_worker_signal(child.log_path)  # torchrun exits 1 whatever killed a worker
+    if sig == signal.SIGBUS:
+        return Death(Cause.SIGBUS, rc, "killed by SIGBUS (bus error on a mapped file)", fault)
+    if sig == signal.SIGKILL:
+        if child.cgroup_oom:
+            counter, before = child.cgroup_oom
+            after = read_oom_kills(counter)
+            if after is not None and after > before:
+                return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
+                             fault)
+        if _kernel_log_oom(child.pid):
+            return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
+        return Death(Cause.KILLED, rc, "killed by SIGKILL (probably the OOM killer; no readable OOM record)", fault)
+    if sig is not None:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return Death(Cause.SIGNAL, rc, f"killed by {name}", fault)
+    if rc == protocol.EXIT_DONE:
+        return Death(Cause.DONE, rc, "finished", fault)
+    if rc == protocol.EXIT_STOPPED:
+        who = "on request" if stop_requested else "on a SIGTERM the supervisor did not send"
+        return Death(Cause.STOPPED, rc, f"saved and stopped {who}", fault)
+    if rc == protocol.EXIT_CONFIG:
+        return Death(Cause.CONFIG_ERROR, rc, _last_lines(child.log_path) or "config error", fault)
+    if rc == protocol.EXIT_DATA:
+        return Death(Cause.DATA_ERROR, rc, _last_lines(child.log_path) or "data error", fault)
+    if rc == protocol.EXIT_SCRATCH_FULL or (fault or {}).get("kind") == "scratch_full":
+        return Death(Cause.SCRATCH_FULL, rc, (fault or {}).get("message", "scratch full"), fault)
+    if rc == protocol.EXIT_CUDA_OOM or (fault or {}).get("kind") == "cuda_oom":
+        return Death(Cause.CUDA_OOM, rc, (fault or {}).get("message", "CUDA out of memory"), fault)
+    detail = (fault or {}).get("message") or _last_lines(child.log_path) or f"exit status {rc}"
+    return Death(Cause.CRASH, rc, detail, fault)
+
+
+def _own_fault(run_dir: Path, started: float) -> dict | None:
+    """fault.json if this attempt wrote it (a stale one from an earlier attempt is ignored); consumed."""
+    path = run_dir / names.FAULT
+    try:
+        fresh = path.stat().st_mtime >= started - 1
+    except FileNotFoundError:
+        return None
+    fault = protocol.read_fault(run_dir) if fresh else None
+    path.unlink(missing_ok=True)
+    return fault
+
+
+def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:
+    """The trainer's last words: up to n of its last lines, whole, joined by " | " within `limit` characters. The
+    supervisor's own lines in the log (they start with "# ": the attempt header, a stack dump's header) are not the
+    trainer's words. A last line longer than the limit keeps its start, cut after a word and marked " …"."""
+    try:
+        lines = [ln.strip() for ln in tail_lines(path, 50, max_bytes=8192)[0]]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln and not ln.startswith(SUPERVISOR_LINE)][-n:]
+    if not lines:
+        return ""
+    kept = [lines.pop()]
+    while lines and len(" | ".join([lines[-1], *kept])) <= limit:
+        kept.insert(0, lines.pop())
+    text = " | ".join(kept)
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit - 1)
+    return text[:cut if cut > 0 else limit - 2] + " …"
+
+
+def _torchrun_worker_signal(log_path: Path) -> int | None:
+    try:
+        tail = "\n".join(tail_lines(log_path, 1 << 20, max_bytes=16384)[0])
+    except OSError:
+        return None
+    m = re.findall(r"exitcode\s*:\s*-(\d+)", tail)
+    return int(m[-1]) if m else None
+
+
+def oom_counter_file(pid: int) -> Path | None:
+    """The file whose `oom_kill N` line counts OOM kills in the process's memory cgroup (v2 or v1)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if "memory" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup/memory") / rel / "memory.oom_control"
+            if candidate.exists():
+                return candidate
+        if controllers == "":
+            for base in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+                candidate = base / rel / "memory.events"
+                if candidate.exists():
+                    return candidate
+    return None
+
+
+def read_oom_kills(counter: Path) -> int | None:
+    try:
+        for line in counter.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _kernel_log_oom(pid: int) -> bool:
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return re.search(rf"Killed process {pid}\b", out) is not None or \
+        re.search(rf"oom-kill:.*pid={pid}\b", out) is not None

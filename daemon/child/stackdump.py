@@ -1,0 +1,153 @@
+"""A hung trainer's Python stacks, put into its attempt log before it is killed, and an honest account of what got
+there: py-spy if installed, else SIGUSR1 to the processes that registered faulthandler for it; for a process in
+uninterruptible I/O, its state and kernel stack instead. Torch-free."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from minilmd.daemon.child.process import SUPERVISOR_LINE
+
+# --- the dump -----------------------------------------------------------------------------------------
+
+DUMP_WAIT_S = 3.0
+"""After SIGUSR1, how long dump_stack waits for the faulthandler's dump to reach the attempt log."""
+_DUMP_MARK = b"(most recent call first):"  # faulthandler's line above each thread's stack
+
+
+def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool = False,
+               wait_s: float = DUMP_WAIT_S) -> str:
+    """Put the hung child's Python stacks into its attempt log and say what actually got there: with py-spy if
+    installed, else SIGUSR1 to each process of the child's group that catches it (`minilmd train` registers its
+    faulthandler for SIGUSR1, writing to stderr, which is this log; torchrun does not catch it and is left alone, its
+    workers are dumped). A process that does not catch SIGUSR1 yet (still importing) would die of it, so it is not
+    sent; one in uninterruptible I/O (state D, a stalled mount) runs no handler until the I/O returns, so nothing may
+    come: the answer then says so, with the process state and where the kernel holds it."""
+    py_spy = shutil.which("py-spy")
+    if py_spy:
+        try:
+            out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                                 timeout=timeout)
+        except (OSError, subprocess.SubprocessError) as e:
+            failed = f"py-spy failed: {e}"
+        else:
+            with open(log_path, "a", encoding="utf-8") as log:
+                log.write(f"\n{SUPERVISOR_LINE}py-spy dump --pid {pid} (hang detected by the supervisor)\n"
+                          f"{out.stdout}{out.stderr}\n")
+            if out.returncode == 0:
+                return "py-spy dumped the stacks into the attempt log"
+            failed = f"py-spy exit {out.returncode}"
+        return f"{failed}; {_dump_by_sigusr1(pid, log_path, wait_s, torchrun)}"
+    return _dump_by_sigusr1(pid, log_path, wait_s, torchrun)
+
+
+def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool) -> str:
+    group = _group_members(pid)
+    targets = [p for p in group if _catches(p, signal.SIGUSR1)]
+    if not targets:
+        who = "its torchrun workers do" if torchrun else "it does"
+        return (f"no stack dump: {who} not catch SIGUSR1 yet (the faulthandler is registered when training starts; "
+                f"a hang in imports or start-up comes before), so SIGUSR1 would only kill {_states(group or [pid])}")
+    with open(log_path, "ab") as log:
+        log.write(f"\n{SUPERVISOR_LINE}hang: SIGUSR1 to pid {', '.join(map(str, targets))}: their faulthandler "
+                  f"dumps every thread's stack below\n".encode())
+    start = _size(log_path)
+    for target in targets:
+        try:
+            os.kill(target, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    dumped = _wait_for_dump(log_path, start, wait_s)
+    if dumped:
+        threads, lines = dumped.count(_DUMP_MARK), dumped.count(b"\n")
+        return f"SIGUSR1: the faulthandler dumped {threads} thread stack(s) ({lines} lines) into the attempt log"
+    states = _states(targets)
+    with open(log_path, "ab") as log:
+        log.write(f"{SUPERVISOR_LINE}hang: no stack dump within {wait_s:g}s of SIGUSR1; {states}\n".encode())
+        for target in targets:
+            kernel = _kernel_stack(target)
+            if kernel:
+                log.write(f"{SUPERVISOR_LINE}kernel stack of pid {target} (/proc/{target}/stack):\n{kernel}".encode())
+    return (f"SIGUSR1 sent but no stack dump reached the attempt log within {wait_s:g}s: {states} (a process in "
+            f"uninterruptible I/O runs no handler until the I/O returns)")
+
+
+def _wait_for_dump(log_path: Path, start: int, wait_s: float, interval: float = 0.05) -> bytes:
+    """What the log gained after `start` once it holds a stack and has stopped growing, or b"" after wait_s."""
+    deadline = time.monotonic() + wait_s
+    seen = b""
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        with open(log_path, "rb") as log:
+            log.seek(start)
+            now_seen = log.read(1 << 20)
+        if _DUMP_MARK in now_seen and now_seen == seen:
+            return now_seen
+        seen = now_seen
+    return seen if _DUMP_MARK in seen else b""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state first), or [] if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live processes of process group pgid (the child's session leader first)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _proc_stat(int(entry))
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                members.append(int(entry))
+    return sorted(members, key=lambda p: p != pgid)
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for sig (SigCgt of /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _states(pids: list[int]) -> str:
+    """"pid 12 state D (waiting in nfs_wait_on_request)" for each pid: where each one is."""
+    parts = []
+    for pid in pids:
+        fields = _proc_stat(pid)
+        if not fields:
+            parts.append(f"pid {pid} gone")
+            continue
+        try:
+            wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+        except OSError:
+            wchan = ""
+        where = f" (waiting in {wchan})" if wchan and wchan != "0" else ""
+        parts.append(f"pid {pid} state {fields[0]}{where}")
+    return ", ".join(parts)
+
+
+def _kernel_stack(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stack").read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,99 @@
+"""The trainer process as the supervisor watches it: the orphans at start, an attempt's command, a hang, a trainer
+not reaped after SIGKILL, and what the restart policy needs to know about a death beyond its cause.
+
+Functions the loop calls with what they need (the run's config, the child, `emit(kind, message, **details)`); the
+process mechanics themselves (find, signal, dump a stack, classify a death) are daemon/child/process.py. Torch-free.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from minilmd import names
+from minilmd.config import RunConfig, parse_duration, parse_overrides
+from minilmd.daemon.child import orphans, stackdump
+from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.process import Child, Death
+from minilmd.daemon.runstate import heartbeat_phase, now
+from minilmd.daemon.states import Cause
+
+STARTUP_GRACE_S = 60.0
+"""Before its first heartbeat a trainer counts as hung only after max(hang_timeout, this)."""
+UNREAPED_REPORT_S = 30.0
+"""A trainer not reaped this long after SIGKILL is reported once (uninterruptible I/O); the loop goes on polling."""
+
+
+def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], None]) -> None:
+    """Never two trainers on one run: a trainer left by a killed supervisor is told to save and stop. The grace
+    can outlast the unit's WatchdogSec, so the watchdog is fed while it waits."""
+    pids = orphans.find_orphans(run_dir)
+    if not pids:
+        return
+    grace = min(parse_duration(cfg.restart.hang_timeout), 300.0)
+    emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
+                   f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
+    orphans.terminate_orphans(run_dir, grace=grace, while_waiting=watchdog)
+    left = orphans.find_orphans(run_dir)
+    if left:
+        raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
+    emit("orphan", f"orphaned trainer processes {pids} are gone")
+
+
+def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_overrides: list[str],
+                    nproc: int) -> list[str]:
+    """An attempt's command line: the staged corpus, the overrides the policy set, then the command line's."""
+    merged = {"data.prepared": str(staged), **overrides}
+    for section, values in parse_overrides(cli_overrides).items():
+        for key, value in values.items():
+            merged.setdefault(f"{section}.{key}", value)
+    return childmod.build_command(run_dir / names.RUN_CONFIG_COPY, merged, nproc)
+
+
+def hang_limit(cfg: RunConfig, child: Child, beat) -> float:
+    """Seconds of silence that make this trainer hung: restart.hang_timeout, or restart.compile_timeout (if longer)
+    while its own heartbeat says it is compiling: a cold torch.compile of the first step takes minutes."""
+    limit = parse_duration(cfg.restart.hang_timeout)
+    if child.beats(beat) and heartbeat_phase(cfg.run_dir) == "compiling":
+        limit = max(limit, parse_duration(cfg.restart.compile_timeout))
+    return limit
+
+
+def kill_if_hung(cfg: RunConfig, child: Child, beat, emit) -> None:
+    """A trainer silent too long: dump its stack into its log, then SIGKILL (the next ticks poll for its end)."""
+    limit = hang_limit(cfg, child, beat)
+    detail = child.silence(beat, limit, STARTUP_GRACE_S)
+    if not detail:
+        return
+    if limit > parse_duration(cfg.restart.hang_timeout):
+        detail += " while compiling (restart.compile_timeout)"
+    emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
+    dumped = stackdump.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
+    child.killed_for_hang = True
+    child.hang_detail = f"{detail}; {dumped}"
+    child.kill()
+
+
+def report_unreaped(child: Child, emit) -> None:
+    """A trainer stuck in uninterruptible I/O (a stalled mount) ends only when the kernel lets it: say so once,
+    and go on polling."""
+    assert child.killed_at is not None  # the caller checked: this runs only after the kill
+    waited = now() - child.killed_at
+    if waited > UNREAPED_REPORT_S and not child.reap_reported:
+        child.reap_reported = True
+        emit("kill", f"trainer pid {child.pid} has not exited {waited:.0f}s after SIGKILL (probably "
+                     f"uninterruptible I/O on a stalled mount); waiting for the kernel to release it", pid=child.pid)
+
+
+def death_facts(death: Death, staging, gpu, emit) -> dict:
+    """What the restart policy needs to know about this death beyond its cause: whether the staged corpus is damaged
+    (`staging` the StagingWorker), whether the GPU was taken from us (`gpu` the GpuWaiter: foreign processes, or memory
+    our own processes do not account for)."""
+    facts = {}
+    if death.cause in (Cause.SIGBUS, Cause.DATA_ERROR) and (problems := staging.problems()) is not None:
+        facts["staged_damaged"] = bool(problems)
+        if problems:
+            emit("staging", f"the staged corpus fails verification: {'; '.join(problems[:3])}")
+    if death.cause == Cause.CUDA_OOM and (taken := gpu.gpu_taken()) is not None:
+        facts["gpu_busy"], why = taken
+        emit("gpu", f"after the CUDA OOM the GPU {'was taken' if taken[0] else 'is ours alone'}: {why}")
+    return facts

@@ -1,0 +1,203 @@
+"""The supervisor's side of staging: the corpus copy into scratch and, with a remote and an empty scratch, the fetch
+of the newest valid remote checkpoint, in a thread the loop polls; the fetch retried, with backoff, for as long as
+the remote cannot be read.
+
+The copy and the fetch themselves are daemon/jobs/staging.py and daemon/jobs/sync.py (blocking; a stalled NFS may hold
+them
+for minutes). `StagingWorker.tick()` is called by the loop in the staging phase and answers None while the work goes
+on, `Staged` once the trainer may start, or `StagingFailed`; what a failure means for the run (backoff, give up) is
+the supervisor's. A remote that cannot be read while scratch holds no checkpoint is not a failure: the remote may
+hold a newer checkpoint, so the run never silently starts from step 0; the worker keeps retrying the fetch and shows
+"remote unavailable" in status. Torch-free.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from minilmd import names, protocol
+from minilmd.checkpoint import CheckpointMismatch
+from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
+from minilmd.daemon.policy import backoff_seconds
+from minilmd.daemon.runstate import now
+from minilmd.daemon.states import StagingState, SyncState
+from minilmd.daemon.worker import Inbox, Worker
+from minilmd.names import step_of
+
+
+@dataclass
+class Staged:
+    """The corpus is staged and verified, and scratch holds the newest checkpoint there is (or none exists)."""
+
+    path: Path
+    expected: object
+    """The run's checkpoint Expectation (model config, corpus fingerprints) for the Syncer; None without a remote."""
+    fetched: Path | None
+    """The checkpoint fetched from the remote into scratch, if one was."""
+
+
+@dataclass
+class StagingFailed:
+    error: str
+    exit_status: int | None
+    """Final (retrying cannot help): the supervisor's exit status; None when a retry after a backoff may help."""
+
+
+class StagingWorker:
+    """Owns the staging/fetch thread and the fetch's retry timing. `state` is the run's RunState (its "staging"
+    entry, and "sync" while the remote cannot be read, are written here), `emit(kind, message, **details)` logs an
+    event, `inbox` takes the staging code's messages from its thread, `syncer_for(expected)` gives a Syncer."""
+
+    def __init__(self, cfg, infra, state, emit, inbox: Inbox, syncer_for, rng: random.Random | None = None):
+        self.cfg = cfg
+        self.infra = infra
+        self.state = state
+        self.emit = emit
+        self.inbox = inbox
+        self.syncer_for = syncer_for
+        self.rng = rng or random.Random()
+        self.staged: Path | None = None
+        """The verified staged corpus the trainer reads; None until staged and after `forget()`."""
+        self.worker: Worker | None = None
+        self.awaiting_remote: Path | None = None  # staged, but the remote could not be read for a resume: retrying
+        self.fetch_failures = 0
+        self.fetch_retry_at = 0.0
+        self.fetch_started = 0.0  # set by the thread while it reads the remote
+
+    @property
+    def running(self) -> bool:
+        return self.worker is not None and not self.worker.done
+
+    def staged_copy_present(self) -> bool:
+        """The staged corpus is still in scratch (a reboot or a cleaner may have emptied it)."""
+        return self.staged is not None and (self.staged / names.CORPUS_META).is_file()
+
+    def problems(self) -> list[str] | None:
+        """What fails verification in the staged copy ([] when it verifies; unreadable counts as damaged), or None
+        when nothing is staged."""
+        if self.staged is None:
+            return None
+        try:
+            return self.infra.verify_staged(self.staged)
+        except OSError as e:
+            return [f"{self.staged}: {e}"]
+
+    def forget(self) -> None:
+        """Stage again before the next launch (the staged copy is damaged or gone)."""
+        self.staged = None
+
+    def abandon(self) -> str:
+        """Leave a thread stalled on the remote behind (its temp names are cleaned up next time); its name."""
+        name = self.worker.name if self.worker is not None else ""
+        self.worker = None
+        return name
+
+    # --- each tick in the staging phase ---------------------------------------------------------------------------
+    def tick(self) -> Staged | StagingFailed | None:
+        if self.worker is None:
+            self._start()
+            return None
+        if not self.worker.done:
+            self._flag_stalled_fetch()
+            return None
+        worker, self.worker = self.worker, None
+        self.inbox.drain()
+        staging = self.state["staging"]
+        if worker.error is not None:
+            staging.update(state=StagingState.FAILED, error=worker.error_text)
+            self.state.record_error(f"staging failed: {worker.error_text}")
+            status = self.infra.final_staging_status(worker.error)
+            if status is not None:
+                kind = "data" if status == protocol.EXIT_DATA else \
+                    "checkpoint" if isinstance(worker.error, CheckpointMismatch) else "config"
+                return StagingFailed(f"{kind} error, final: {worker.error_text}", status)
+            return StagingFailed(worker.error_text, None)
+        staged, expected, fetched, fetch_error = worker.result
+        if worker.name == "staging":
+            staging.update(state=StagingState.DONE, path=str(staged), error=None, finished=now())
+            self.emit("staging", f"staged and verified: {staged} in {worker.running_for():.1f}s")
+        if fetch_error is not None:
+            self._remote_unavailable(staged, fetch_error)
+            return None
+        self.staged = staged
+        if self.awaiting_remote is not None:
+            self.awaiting_remote, self.fetch_failures = None, 0
+            self.state["sync"].update(state=SyncState.IDLE, error=None)
+            staging.update(state=StagingState.DONE, error=None)
+        if fetched:
+            self.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}")
+            # status shows it as the local checkpoint: the trainer resumes from it, though it did not save it
+            self.state["local_checkpoint"] = {"step": step_of(Path(fetched)), "time": now(), "path": str(fetched),
+                                              "fetched": True}
+        elif self.cfg.run.remote and not local_checkpoint_steps(self.cfg.checkpoint_dir):
+            self.emit("fetch", f"neither scratch nor {self.cfg.run.remote} holds a checkpoint: starting from step 0")
+        return Staged(staged, expected, fetched)
+
+    def _start(self) -> None:
+        staging = self.state["staging"]
+        if self.awaiting_remote is not None:  # staged; only the fetch of a remote checkpoint is retried
+            if now() < self.fetch_retry_at:
+                return
+            staged = self.awaiting_remote
+            staging.update(state=StagingState.FETCHING, error=None, progress=None)
+            self.emit("fetch", f"retrying the fetch of the newest checkpoint from {self.cfg.run.remote}")
+            self.worker = Worker("fetch", lambda: (staged, *self._fetch_job(staged)))
+            return
+        staging.update(state=StagingState.RUNNING, since=now(), error=None, progress=None)
+        self.emit("staging", f"staging {self.cfg.data.prepared} into {self.cfg.scratch_dir}")
+        self.worker = Worker("staging", self._stage_job)
+
+    def _remote_unavailable(self, staged: Path, error: str) -> None:
+        """Scratch holds no checkpoint and the remote could not be read: it may hold a newer checkpoint, so never
+        start from scratch; retry with backoff for as long as it takes (the remote being down is not the trainer's
+        fault: no_progress_limit does not count it). Status shows "remote unavailable: ..."."""
+        self.awaiting_remote = staged
+        self.fetch_failures += 1
+        delay = backoff_seconds(self.cfg.restart, self.fetch_failures, self.rng)
+        self.fetch_retry_at = now() + delay
+        message = f"remote unavailable: {error}"
+        self.state["sync"].update(state=SyncState.UNAVAILABLE, error=message, since=now())
+        self.state["staging"].update(state=StagingState.WAITING_REMOTE, error=message)
+        self.state.record_error(message)
+        self.emit("fetch", f"{message}; scratch holds no checkpoint and the remote may hold one: not starting "
+                           f"from step 0; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
+        self.state.save()
+
+    def _flag_stalled_fetch(self) -> None:
+        started = self.fetch_started
+        if started and now() - started > SYNC_STALLED_AFTER_S and \
+                self.state["sync"].get("state") != SyncState.UNAVAILABLE:
+            message = f"remote unavailable: fetching from {self.cfg.run.remote} has been running for " \
+                      f"{now() - started:.0f}s"
+            self.state["sync"].update(state=SyncState.UNAVAILABLE, error=message, since=now())
+            self.emit("fetch", f"{message}; waiting for it (not starting from step 0)")
+
+    # --- in the thread ----------------------------------------------------------------------------------------------
+    def _stage_job(self):
+        """Stage the corpus, then fetch a remote checkpoint when scratch holds none."""
+        def progress(*args):
+            info = args[0] if len(args) == 1 else list(args)
+            self.state["staging"]["progress"] = info.describe() if hasattr(info, "describe") else info
+
+        staged = self.infra.stage(self.cfg, progress, self.inbox.put)
+        return (staged, *self._fetch_job(staged))
+
+    def _fetch_job(self, staged: Path):
+        """(expectation, fetched path or None, fetch error text or None). A checkpoint of another model or corpus
+        on the remote raises (final); any other failure to read the remote is returned, to be retried."""
+        if not self.cfg.run.remote:
+            return None, None, None
+        expected = self.infra.expectation(self.cfg, staged)
+        if local_checkpoint_steps(self.cfg.checkpoint_dir):
+            return expected, None, None
+        self.fetch_started = now()
+        self.state["staging"]["progress"] = f"fetching the newest checkpoint from {self.cfg.run.remote}"
+        try:
+            return expected, self.syncer_for(expected).fetch_latest(self.cfg.checkpoint_dir), None
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - an unreachable/failing remote: retried by the loop
+            return expected, None, f"{type(e).__name__}: {e}"
+        finally:
+            self.fetch_started = 0.0

@@ -1,0 +1,294 @@
+"""The supervisor's side of sync: when to copy a checkpoint to the remote, one copy at a time in a thread, what its
+result means for state.json, the last sync when the run stops, and when local checkpoints in scratch may be deleted.
+
+The copy itself is daemon/jobs/sync.py (blocking; a stalled NFS may hold it for minutes). Here it runs in a `Worker`
+thread that the supervisor's loop polls every tick, so that a stalled or failing remote never blocks the loop or
+the trainer; status shows "stalled"/"failed" with the cause. Pruning of scratch is decided here too, because only
+the supervisor knows what is synced and what is being synced (the trainer does not prune under a supervisor):
+
+- after each verified sync: keep the newest `train.keep_local` valid checkpoints and the newest synced one;
+- without a remote: keep the newest `train.keep_local`;
+- while the remote has been failing for a while (2 x sync.every, at least a minute): keep the newest
+  `train.keep_local` only, so that scratch (RAM) does not fill up;
+- whenever scratch has no room for the next ROOM_FOR checkpoints (`make_room`, every tick while a trainer may
+  save): the oldest go, synced or not, until there is (the newest supersedes them), and a sync starts early;
+- never the checkpoint a running sync is copying; never the newest valid one (checkpoint.prune's own rule).
+Torch-free.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from minilmd import names
+from minilmd.config import parse_duration
+from minilmd.daemon.runstate import now
+from minilmd.daemon.states import SyncState
+from minilmd.daemon.worker import Inbox, Worker
+
+if TYPE_CHECKING:
+    from minilmd.daemon.jobs.sync import Syncer
+
+PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get(names.PRUNE_UNSYNCED_AFTER_ENV, "60"))
+"""With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
+SYNC_STALLED_AFTER_S = float(os.environ.get(names.SYNC_STALLED_AFTER_ENV, "120"))
+"""A sync (or a remote fetch) running longer than this is shown as stalled; it keeps running in its thread."""
+FINAL_SYNC_TRIES = 3
+"""Attempts of the last sync after the trainer finished or stopped before the supervisor gives up on it."""
+ROOM_FOR = 2
+"""Scratch is kept with room for this many more checkpoints (the next save, and one more while a sync holds an
+older one): below it, superseded checkpoints are pruned."""
+
+
+def local_checkpoint_steps(root: Path) -> list[int]:
+    """Steps of the step directories that hold a manifest (cheap: names only, no validation)."""
+    steps = []
+    try:
+        for p in root.iterdir():
+            if names.is_step_name(p.name) and (p / names.MANIFEST).is_file():
+                steps.append(names.step_of(p.name))
+    except OSError:
+        pass
+    return sorted(steps)
+
+
+def free_bytes(root: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on root's filesystem; None if it cannot be measured."""
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def checkpoint_bytes(path: Path) -> int | None:
+    """A checkpoint's size from its manifest (one small read, no hashing); None if it has no readable one."""
+    try:
+        manifest_path = path / names.MANIFEST
+        files = json.loads(manifest_path.read_text(encoding="utf-8")).get("files") or {}
+        return manifest_path.stat().st_size + sum(int(f.get("size") or 0) for f in files.values())
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def mb(n: float | None) -> str:
+    return "?" if n is None else f"{n / 1e6:,.1f} MB"
+
+
+class SyncWorker:
+    """Owns the Syncer, the sync thread and the retry/prune timing. `state` is the run's RunState (its "sync" and
+    "remote_checkpoint" entries are written here), `emit(kind, message, **details)` logs an event, `inbox` takes
+    the Syncer's messages from its thread."""
+
+    def __init__(self, cfg, infra, state, emit, inbox: Inbox, stalled_after_s: float = SYNC_STALLED_AFTER_S):
+        self.cfg = cfg
+        self.infra = infra
+        self.state = state
+        self.emit = emit
+        self.inbox = inbox
+        self.stalled_after_s = stalled_after_s
+        self.syncer: Syncer | None = None
+        self.worker: Worker | None = None
+        self.next_at = 0.0
+        self.failures = 0
+        self.final_tries = 0
+        self.copying: Path | None = None  # the newest local checkpoint when the running sync started
+        self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
+        self._sizes: dict[str, int | None] = {}  # checkpoint_bytes by step name: a checkpoint never changes
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cfg.run.remote)
+
+    def ensure_syncer(self, expected) -> bool:
+        """Create the Syncer once (a bad remote never stops training: status shows it). True when there is one."""
+        if self.syncer is None:
+            try:
+                self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
+            except Exception as e:  # noqa: BLE001 - any error of the remote is a failing remote, in status
+                self.state["sync"].update(state=SyncState.FAILED, error=f"{type(e).__name__}: {e}")
+                return False
+        return True
+
+    def syncer_for(self, expected):
+        """The Syncer, or a new one for a job that needs the remote before training starts (the fetch)."""
+        return self.syncer or self.infra.syncer(self.cfg, expected, self.inbox.put)
+
+    def running_for(self) -> float:
+        return self.worker.running_for() if self.worker is not None else 0.0
+
+    # --- each tick ------------------------------------------------------------------------------------------------
+    def tick(self, periodic: bool) -> None:
+        """Collect a finished sync, flag a stalled one, start a periodic one when due (if `periodic`), and prune
+        scratch when the remote has been failing for long."""
+        if not self.enabled:
+            if len(local_checkpoint_steps(self.cfg.checkpoint_dir)) > self.cfg.train.keep_local:
+                self._prune(protect=[], why=f"no remote: the newest {self.cfg.train.keep_local} stay")
+            return
+        if self.syncer is None:
+            return
+        sync = self.state["sync"]
+        if self.worker is not None:
+            if not self.worker.done:
+                if self.running_for() > self.stalled_after_s and sync["state"] != SyncState.STALLED:
+                    sync.update(state=SyncState.STALLED, error=f"sync running for {self.running_for():.0f}s")
+                    self.emit("sync", f"the sync looks stalled ({sync['error']}); training goes on")
+                self._prune_if_remote_down()
+                return
+            self._collect()
+            return
+        self._prune_if_remote_down()
+        if periodic and now() >= self.next_at:
+            newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
+            remote = (self.state["remote_checkpoint"] or {}).get("step")
+            if newest is not None and (remote is None or newest > remote):
+                self._start("periodic sync")
+            else:
+                self.next_at = now() + min(parse_duration(self.cfg.sync.every), 30.0)
+
+    def final_sync(self, staged: Path | None) -> str | None:
+        """The stopping phase's last sync, one step per tick: None while it goes on; "" once the newest checkpoint
+        is synced (or there is no remote, or no checkpoint); otherwise why it is not (FINAL_SYNC_TRIES failed tries,
+        a stall, no Syncer). A sync already running when the stop came is waited for, then one more is made: the
+        trainer saved a newer checkpoint on its way out."""
+        if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
+            return ""
+        if self.syncer is None:
+            try:
+                expected = self.infra.expectation(self.cfg, staged) if staged else None
+                self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
+            except Exception as e:  # noqa: BLE001 - any error of the remote: say why no sync
+                return f"no sync possible: {type(e).__name__}: {e}"
+        if self.worker is not None:
+            if not self.worker.done:
+                if self.running_for() > 2 * self.stalled_after_s:
+                    return f"the last sync stalled ({self.running_for():.0f}s)"
+                return None
+            self._collect()
+        if self.final_tries > 0 and self.state["sync"]["state"] == SyncState.OK:
+            return ""
+        if self.final_tries >= FINAL_SYNC_TRIES:
+            return f"the last sync failed {self.final_tries} times: {self.state['sync']['error']}"
+        if self.final_tries == 0 or now() >= self.next_at:
+            self.final_tries += 1
+            self._start(f"last sync (try {self.final_tries}/{FINAL_SYNC_TRIES})")
+        return None
+
+    def _start(self, why: str) -> None:
+        self.state["sync"].update(state=SyncState.RUNNING, since=now(),
+                                  attempts=self.state["sync"].get("attempts", 0) + 1)
+        self.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
+        newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
+        self.copying = self.cfg.checkpoint_dir / names.step_name(newest) if newest is not None else None
+        assert self.syncer is not None  # tick() and final_sync() return before this without a Syncer
+        self.worker = Worker("sync", self.syncer.sync_newest)
+
+    def _collect(self) -> None:
+        worker, self.worker = self.worker, None
+        assert worker is not None  # called for a finished sync only
+        self.copying = None
+        self.inbox.drain()
+        sync = self.state["sync"]
+        every = parse_duration(self.cfg.sync.every)
+        if worker.error is not None:
+            self.failures += 1
+            retry = min(every, 5.0 * 2 ** (self.failures - 1))
+            self.next_at = now() + retry
+            sync.update(state=SyncState.FAILED, error=worker.error_text, since=now())
+            self.state.record_error(f"sync failed: {worker.error_text}")
+            self.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
+            return
+        result = worker.result
+        self.failures = 0
+        self.next_at = now() + every
+        sync.update(state=SyncState.OK, error=None, since=now(), last_ok=now())
+        step = getattr(result, "step", None)
+        if step is None:
+            self.emit("sync", "nothing to sync: no valid local checkpoint")
+            return
+        verified = bool(getattr(result, "verified", False))
+        self.state["remote_checkpoint"] = {"step": step, "time": now(), "verified": verified,
+                                           "path": str(getattr(result, "path", ""))}
+        self.emit("sync", f"synced step {step} to {self.cfg.run.remote} (verified: {verified}) in "
+                          f"{worker.running_for():.1f}s", step=step, verified=verified)
+        if verified:
+            self.healthy_since = now()
+            self._prune(protect=[self.cfg.checkpoint_dir / names.step_name(step)],
+                        why=f"the newest {self.cfg.train.keep_local} and the synced step {step} stay")
+
+    # --- pruning scratch --------------------------------------------------------------------------------------------
+    def newest_size(self) -> int | None:
+        """Bytes of the newest local checkpoint: what the next save will need, about."""
+        steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
+        return self._size(names.step_name(steps[-1])) if steps else None
+
+    def make_room(self, needs: int | None = None) -> int | None:
+        """Keep scratch with `needs` bytes free (default: room for ROOM_FOR checkpoints the size of the newest):
+        below it, prune the oldest checkpoints, synced or not, until there is room (the newest valid one and the
+        one being synced stay), and sync early. Returns the bytes free after, None if they cannot be measured."""
+        root = self.cfg.checkpoint_dir
+        free = free_bytes(root)
+        steps = local_checkpoint_steps(root)
+        size = self._size(names.step_name(steps[-1])) if steps else None
+        if needs is None:
+            needs = ROOM_FOR * size if size else None
+        if free is None or needs is None or free >= needs:
+            return free
+        keep, freed = len(steps), 0
+        for step in steps[:-1]:  # oldest first; what the newest supersedes
+            if free + freed >= needs:
+                break
+            freed += self._size(names.step_name(step)) or 0
+            keep -= 1
+        if keep < len(steps):
+            self._prune(protect=[], keep=keep,
+                        why=f"scratch has {mb(free)} free, no room for the next checkpoints ({mb(needs)} needed): "
+                            f"the oldest go, synced or not; the newest and the one being synced stay")
+            free = free_bytes(root)
+        self._sync_early()
+        return free
+
+    def _size(self, name: str) -> int | None:
+        if self._sizes.get(name) is None:
+            self._sizes[name] = checkpoint_bytes(self.cfg.checkpoint_dir / name)
+        return self._sizes[name]
+
+    def _sync_early(self) -> None:
+        """Scratch is short of room: the newest checkpoint goes to the remote now rather than at sync.every (not
+        while the remote is failing: its retry timing stands)."""
+        if not self.enabled or self.syncer is None or self.worker is not None or self.failures:
+            return
+        newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
+        remote = (self.state["remote_checkpoint"] or {}).get("step")
+        if newest is not None and (remote is None or newest > remote):
+            self._start("scratch is short of room: early sync")
+
+    def _being_copied(self) -> list[Path]:
+        paths = [self.copying] if self.copying is not None else []
+        current = getattr(self.syncer, "copying", None)  # what the Syncer took (it may skip an invalid newest)
+        if self.worker is not None and current is not None:
+            paths.append(Path(current))
+        return paths
+
+    def _prune_if_remote_down(self) -> None:
+        patience = max(2 * parse_duration(self.cfg.sync.every), PRUNE_UNSYNCED_AFTER_MIN_S)
+        if now() - self.healthy_since < patience:  # a verified sync lately (each failed try is short on a dead NFS)
+            return
+        if len(local_checkpoint_steps(self.cfg.checkpoint_dir)) <= self.cfg.train.keep_local + 1:
+            return
+        self._prune(protect=[], why=f"the remote has been failing for {now() - self.healthy_since:.0f}s: only the "
+                                    f"newest {self.cfg.train.keep_local} stay, so that scratch does not fill up")
+
+    def _prune(self, protect: list[Path], why: str, keep: int | None = None) -> None:
+        root = self.cfg.checkpoint_dir
+        keep = self.cfg.train.keep_local if keep is None else keep
+        try:
+            deleted = self.infra.prune_local(root, keep, protect + self._being_copied(),
+                                             lambda msg: self.emit("prune", msg))
+        except Exception as e:  # noqa: BLE001 - pruning is housekeeping; never fatal
+            self.emit("prune", f"local pruning failed: {type(e).__name__}: {e}")
+            return
+        if deleted:
+            self.emit("prune", f"pruned local checkpoints {[p.name for p in deleted]} ({why})")

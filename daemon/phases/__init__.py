@@ -1,0 +1,1 @@
+"""The supervisor's waiting phases (init, GPU, space) and the full-run.dir watch."""

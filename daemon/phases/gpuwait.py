@@ -1,0 +1,138 @@
+"""The supervisor's side of GPU admission: the waiting_gpu phase's polling until `gpu.count` cards look free, the
+lease it then takes, and after a CUDA OOM whether a foreign process sits on our cards.
+
+NVML, the free-card rule and the lease files shared by every run on the machine are daemon/host/gpu.py, reached through
+`Infra.open_gpu`. `GpuWaiter.tick()` is called by the loop in the waiting_gpu phase and answers None while it waits,
+`GpuReady` once the trainer may use a card (or the CPU), or `GpuUnavailable` when train.device = "cuda" and there is
+no NVML, or when every card is in MIG mode (refused: daemon/host/gpu.py MIG_REFUSED). The processes of this run's
+trainer
+(`own_pids()`, from trainer.json through daemon/child/orphans.py) are never foreign: after a CUDA OOM, `gpu_taken()`
+judges "the GPU was taken" from foreign processes and from memory our own processes do not account for.
+Torch-free.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from minilmd import protocol
+from minilmd.config import parse_duration
+from minilmd.daemon.host.gpu import cuda_visible_devices, taken_from_us
+from minilmd.daemon.runstate import now
+from minilmd.fmt import fmt_duration
+
+
+@dataclass
+class GpuReady:
+    reason: str
+    devices: list[int]
+    """The leased card indices; [] when training on the CPU."""
+
+
+@dataclass
+class GpuUnavailable:
+    error: str
+    exit_status: int = protocol.SUPERVISOR_CONFIG
+
+
+class GpuWaiter:
+    """Owns the GpuAdmission, the lease and the poll timing. `state` is the run's RunState (its "gpu_wait" and
+    "devices" entries are written here), `emit(kind, message, **details)` logs an event."""
+
+    def __init__(self, cfg, infra, state, emit, own_pids=lambda: ()):
+        self.cfg = cfg
+        self.own_pids = own_pids
+        """() -> the pids of this run's trainer processes now (a torchrun group: torchrun and its ranks)."""
+        self.fallbacks_said: set[str] = set()
+        self.infra = infra
+        self.state = state
+        self.emit = emit
+        self.admission = None
+        self.lease = None
+        self.devices_env = ""
+        """CUDA_VISIBLE_DEVICES for the trainer: the leased cards, or "" on the CPU."""
+        self.next_poll_at = 0.0
+        self.last_summary = ""
+
+    @property
+    def nproc(self) -> int:
+        """Trainer processes to launch: one per leased card, one on the CPU."""
+        return self.cfg.gpu.count if self.lease is not None else 1
+
+    def tick(self) -> GpuReady | GpuUnavailable | None:
+        device = self.cfg.train.device
+        if device == "cpu":
+            self.devices_env = ""
+            return GpuReady("train.device = cpu: no GPU needed", [])
+        if self.admission is None:
+            admission = self.infra.open_gpu(self.cfg)
+            if isinstance(admission, str):
+                if device == "cuda":
+                    return GpuUnavailable(f"train.device = cuda, but {admission}")
+                self.devices_env = ""
+                return GpuReady(f"{admission}: training on the CPU (train.device = auto)", [])
+            self.admission = admission
+            self.state["gpu_wait"] = {"since": now(), "devices": []}
+        if now() < self.next_poll_at:
+            return None
+        self.next_poll_at = now() + parse_duration(self.cfg.gpu.poll_interval)
+        report = self._poll()
+        if report.devices and all(d.mig for d in report.devices):
+            return GpuUnavailable("every GPU NVML sees is in MIG mode: " + report.devices[0].reasons[0]
+                                  + '; or set train.device = "cpu"')
+        self.state["gpu_wait"]["devices"] = report.to_dict()["devices"]
+        summary = report.summary()
+        if summary != self.last_summary and _without_ages(summary) != _without_ages(self.last_summary):
+            self.emit("gpu", "waiting for a GPU:\n  " + summary.replace("\n", "\n  "))
+        self.last_summary = summary
+        lease = self.admission.try_acquire(self.cfg.gpu.count)
+        if lease is None:
+            return None
+        self.lease = lease
+        self.devices_env = cuda_visible_devices(lease)
+        self.state["devices"] = list(lease.devices)
+        waited = now() - self.state["gpu_wait"]["since"]
+        self.state["gpu_wait"] = None
+        checked = "; ".join(f"GPU {d.index}: {', '.join(d.checks)}" for d in report.devices
+                            if d.index in lease.devices)
+        return GpuReady(f"leased GPU(s) {lease.devices} after waiting {fmt_duration(waited)} ({checked})",
+                        list(lease.devices))
+
+    def _poll(self):
+        """One admission poll with this run's processes as own; each new fallback is said once."""
+        assert self.admission is not None  # tick() opened it
+        self.admission.own_pids = set(self.own_pids())
+        report = self.admission.poll()
+        for d in report.devices:
+            for fallback in d.fallbacks:
+                if fallback not in self.fallbacks_said:
+                    self.fallbacks_said.add(fallback)
+                    self.emit("gpu", f"GPU {d.index}: NVML fallback: {fallback}")
+        return report
+
+    def gpu_taken(self) -> tuple[bool, str] | None:
+        """After a CUDA OOM: (whether the GPU was taken from us, why), or None without a lease. Taken when a
+        foreign process sits on one of our cards, or when more memory is used there than gpu.max_used_mib (plus
+        the v1 reserve allowance) beyond what our own processes still hold (a process NVML does not list, e.g.
+        of another container, or no listing at all)."""
+        if self.admission is None or self.lease is None:
+            return None
+        report = self._poll()
+        why = [reason for d in report.devices if d.index in self.lease.devices
+               and (reason := taken_from_us(d)) is not None]
+        if why:
+            return True, "; ".join(why)
+        return False, "; ".join(f"GPU {d.index}: {', '.join(d.checks)}" for d in report.devices
+                                if d.index in self.lease.devices)
+
+    def release(self) -> None:
+        """Give the cards back; the next waiting_gpu phase opens NVML again and waits for free cards."""
+        if self.lease is not None:
+            self.lease.release()
+        self.lease = None
+        self.admission = None
+
+
+def _without_ages(summary: str) -> str:
+    """A GPU summary without its durations, to log a change of who is busy rather than every poll."""
+    return re.sub(r"\(\d+[smh]\S*\)|for \d+\S*", "", summary)

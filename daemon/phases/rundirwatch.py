@@ -1,0 +1,147 @@
+"""A full run.dir: say so once, launch no trainer into it, stop after the last sync with exit 73 (final).
+
+`RunState.save` and `EventLog.emit` (daemon/runstate.py) never raise on a full disk; they say why in their
+`unwritten`. `RunDirWatch` writes state.json for the supervisor (`save()` at each transition, `tick()` every
+STATE_EVERY_S) and reads those `unwritten` after each write: it says once on stdout (the journal keeps what run.dir
+cannot) that run.dir is full, and once in the events that it has room again. A live trainer goes on; but no trainer
+can run without its run directory (heartbeat, metrics, log), so the supervisor asks `still_full()` before it
+launches one and when one has ended, and then stops after the last sync (`stop()` is the phase's reason,
+`outcome()` the final message with exit 73). The reserve file (names.RUN_DIR_RESERVE) is made at start and given up
+when run.dir is full: the room the final state.json and the last events need, so that `minilmd status` says what
+happened. `full_at_start()` is the one line for a run.dir already full when the supervisor starts. Torch-free.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from minilmd import names, protocol
+from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
+from minilmd.daemon.runstate import is_disk_full, now
+from minilmd.daemon.states import FINAL_PHASES
+
+STATE_EVERY_S = 1.0
+"""state.json is rewritten at most this often between transitions (the trainer's progress)."""
+RESERVE_BYTES = 256 * 1024
+"""Size of the reserve file the supervisor keeps in run.dir and deletes when run.dir is full: room for the final
+state.json and the last events, so that `minilmd status` says what happened."""
+
+
+def make_reserve(run_dir: Path) -> bool:
+    """Write the reserve file (real zeros: a sparse file frees nothing). False when there is no room for it."""
+    path = run_dir / names.RUN_DIR_RESERVE
+    try:
+        if path.stat().st_size >= RESERVE_BYTES:
+            return True
+    except FileNotFoundError:
+        pass
+    try:
+        with open(path, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+        return True
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        path.unlink(missing_ok=True)
+        return False
+
+
+def release_reserve(run_dir: Path) -> bool:
+    """Give the reserve's room to the writes that follow. True when there was one."""
+    try:
+        (run_dir / names.RUN_DIR_RESERVE).unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def full_at_start(run_dir: Path, e: OSError) -> bool:
+    """A run.dir full before the loop starts: one line on stdout, no traceback (the caller exits 73). False when e
+    is another error."""
+    if not is_disk_full(e):
+        return False
+    writing = f" writing {e.filename}" if e.filename else ""
+    print(f"minilmd run: run.dir {run_dir} is full ({e.strerror}{writing}): not started (exit "
+          f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); free space there, then start the run again", flush=True)
+    return True
+
+
+class RunDirWatch:
+    """`cfg` the run's config, `run_dir` its resolved run.dir, `state` the RunState it writes, `events` the EventLog
+    whose writes it watches. Making it makes the reserve."""
+
+    def __init__(self, cfg, run_dir: Path, state, events):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.state = state
+        self.events = events
+        self.full: str | None = None  # why run.dir cannot be written, while it cannot
+        self.stopping = False  # the trainer ended while run.dir was full: stop, exit 73
+        self.last_save = 0.0
+        make_reserve(run_dir)  # no room for it: the run starts all the same, its last words may be lost
+
+    def save(self) -> None:
+        self.last_save = now()
+        self.state.save()
+
+    def tick(self, phase) -> None:
+        """Each tick of the loop: state.json when it is due, then whether run.dir took the writes."""
+        if now() - self.last_save >= STATE_EVERY_S:
+            self.save()
+        self.watch(phase)
+
+    def watch(self, phase) -> None:
+        """Say once that run.dir is full (on stdout: the journal keeps it), and once that it has room again."""
+        if phase in FINAL_PHASES:
+            return  # its last words were written with the reserve's room: there is none again
+        problem = self.state.unwritten or self.events.unwritten
+        if problem and self.full is None:
+            self.full = problem
+            print(f"minilmd run: run.dir {self.run_dir} is full ({problem}): state.json, events.jsonl and "
+                  f"supervisor.log are not written while it is; the trainer goes on while it can, and once it has "
+                  f"ended the run stops after its last sync (exit {protocol.SUPERVISOR_RUN_DIR_FULL}, final)",
+                  flush=True)
+        elif self.full is not None and self.state.unwritten is None:
+            self.events.emit("disk", f"run.dir {self.run_dir} has room again: state.json and events are written")
+            self.full = self.events.unwritten
+
+    def still_full(self, phase) -> bool:
+        """Whether run.dir is full now: the state is written once more to find out."""
+        self.save()
+        self.watch(phase)
+        return self.full is not None
+
+    def stop(self, what: str, error: OSError | None = None) -> str:
+        """No trainer can run without its run directory (heartbeat, metrics, log): the reason to stop after the last
+        sync. `error` is the write that found run.dir full, when the watch had not seen it yet."""
+        if error is not None:
+            self.full = self.full or f"{error.filename}: {error.strerror}"
+        self.stopping = True
+        return f"{what} while run.dir is full ({self.full}): no new trainer; the last sync, then stop"
+
+    def outcome(self, sync_problem: str) -> str:
+        """The run's last words after a stop for a full run.dir (exit 73); the reserve's room is given to them."""
+        release_reserve(self.run_dir)  # room for the final state.json and events: status can tell it
+        steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
+        where = f"the newest checkpoint {names.step_name(steps[-1])} is in {self.cfg.checkpoint_dir}" if steps \
+            else "no checkpoint yet"
+        if steps and self.cfg.run.remote:
+            where += f" ({sync_problem})" if sync_problem else f" and synced to {self.cfg.run.remote}"
+        return (f"stopped because run.dir is full ({self.full}): not restarted (exit "
+                f"{protocol.SUPERVISOR_RUN_DIR_FULL}, final); {where}; free space in {self.run_dir}, then start the "
+                f"run again")
+
+    def crashed(self, e: Exception) -> str | None:
+        """A write the loop does not expect to fail (a stack dump) found the disk full: the message, said in the
+        events with the reserve's room (exit 73). None for any other error."""
+        if not (isinstance(e, OSError) and is_disk_full(e)):
+            return None
+        release_reserve(self.run_dir)
+        message = f"stopped: no room to write {e.filename or 'a file'} ({e.strerror}); not restarted " \
+                  f"(exit {protocol.SUPERVISOR_RUN_DIR_FULL}); free space there, then start the run again"
+        self.events.emit("disk", message)
+        return message
+
+    def at_exit(self) -> None:
+        """Before the final state.json and exit event: a full run.dir gives them the reserve's room."""
+        if self.full:
+            release_reserve(self.run_dir)

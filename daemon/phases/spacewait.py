@@ -1,0 +1,71 @@
+"""The waiting_space phase: a trainer's checkpoint did not fit in scratch; make room, and wait until one fits.
+
+The trainer refuses a save that does not fit before it writes anything (trainer/checkpoint/save.py: it never fills
+the disk to the last byte, which would hurt the other users of /dev/shm) and exits 74 with fault.json saying the
+bytes it needs and the bytes free. `SpaceWaiter.start()` records the wait in state.json "space_wait"; `tick()`,
+asked by the loop in this phase, prunes scratch (`SyncWorker.make_room`: the oldest checkpoints, synced or not)
+and measures the free space again every SPACE_CHECK_S, and answers True once a checkpoint fits. Waiting is not
+restarting: nothing here counts towards restart.max_restarts or restart.no_progress_limit, however long another
+job holds the space; status shows the numbers. Torch-free.
+"""
+from __future__ import annotations
+
+from minilmd import names
+from minilmd.daemon.jobs.syncworker import local_checkpoint_steps, mb
+from minilmd.daemon.runstate import now
+
+SPACE_CHECK_S = 2.0
+"""How often scratch is pruned and measured again while waiting."""
+
+
+class SpaceWaiter:
+    """`state` is the run's RunState ("space_wait", and "local_checkpoint" when the failed save was announced),
+    `emit(kind, message, **details)` logs an event, `sync` the SyncWorker that prunes scratch."""
+
+    def __init__(self, cfg, state, emit, sync):
+        self.cfg = cfg
+        self.state = state
+        self.emit = emit
+        self.sync = sync
+        self.next_check = 0.0
+
+    def start(self, fault: dict | None) -> str:
+        """Begin a wait for the save fault.json describes; the phase's reason."""
+        fault = fault or {}
+        needs = int(fault.get("needs") or 0) or self.sync.newest_size() or 0
+        self.state["space_wait"] = {"since": now(), "needs": needs, "free": fault.get("free"),
+                                    "path": str(self.cfg.checkpoint_dir), "checks": 0}
+        self._forget_unsaved_checkpoint()
+        self.next_check = 0.0  # the first tick prunes at once: usually that is all it takes
+        return self.reason()
+
+    def tick(self) -> bool:
+        """True once a checkpoint fits (the wait is over and forgotten); else the reason is brought up to date."""
+        if now() < self.next_check:
+            return False
+        self.next_check = now() + SPACE_CHECK_S
+        wait = self.state["space_wait"]
+        free = self.sync.make_room(wait["needs"])
+        wait.update(free=free, checks=wait["checks"] + 1)
+        if free is not None and free < wait["needs"]:
+            self.state["reason"] = self.reason()
+            return False
+        self.emit("space", f"scratch has room again: {mb(free)} free, a checkpoint needs {mb(wait['needs'])} "
+                           f"(waited {now() - wait['since']:.0f}s)")
+        self.state["space_wait"] = None
+        return True
+
+    def reason(self) -> str:
+        wait = self.state["space_wait"]
+        return f"scratch full: waiting for space (needs {mb(wait['needs'])}, has {mb(wait['free'])} free in " \
+               f"{wait['path']})"
+
+    def _forget_unsaved_checkpoint(self) -> None:
+        """The trainer announced the save in metrics.jsonl before it failed: status shows the newest that exists."""
+        steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
+        shown = (self.state["local_checkpoint"] or {}).get("step")
+        if shown is None or (steps and shown <= steps[-1]):
+            return
+        path = self.cfg.checkpoint_dir / names.step_name(steps[-1]) if steps else None
+        self.state["local_checkpoint"] = {"step": steps[-1], "time": path.stat().st_mtime,
+                                          "path": str(path)} if path else None

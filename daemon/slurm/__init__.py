@@ -1,0 +1,1 @@
+"""In a Slurm job: the allocation and preemption (job), each node's step (node)."""

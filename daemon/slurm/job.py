@@ -1,0 +1,355 @@
+"""`minilmd run` inside a Slurm job: the allocation instead of NVML waiting, one torchrun per node through `srun`,
+and preemption as a requeue.
+
+Slurm already decided which node(s) and cards this job has, so nothing here waits or takes leases: `Allocation`
+reads them from the SLURM_* environment (the node list through `scontrol show hostnames`), `check_gpus` only makes
+sure the allocated cards answer NVML and reports them. With more than one node the trainer is launched as
+
+    srun --nodes M --ntasks-per-node 1 --kill-on-bad-exit=1 python -m minilmd.daemon.slurm.node ... -- \\
+        python -m torch.distributed.run --nnodes M --nproc-per-node N --rdzv-backend c10d \\
+            --rdzv-endpoint <first node>:<port> --rdzv-id minilmd-<job>-<attempt> --max-restarts 0 \\
+            -m minilmd.cli train ...
+
+one torchrun per node (daemon/slurm/node.py stages the corpus on each node first). torchrun's own restarts are off
+and `--kill-on-bad-exit` ends every node's part when one rank dies, so the supervisor sees one death, classifies
+it as on one node (the log holds every node's torchrun output) and relaunches the whole job from the last
+checkpoint. c10d numbers the nodes by host name: the supervisor runs on the first node (the batch host), which
+must sort first for rank 0, the one that writes checkpoints, to be on it (checked at start: `rank0_warning`).
+
+Preemption (`SlurmJob`): the `--signal=B:USR1@300` warning or a SIGTERM makes the trainer save at its next step,
+then the last sync runs; after it the job is requeued (`scontrol requeue`) unless the budget is done, Slurm is
+already requeuing it (its restart count went up) or the job is being cancelled (scancel). The requeued job finds
+its node scratch empty (it is removed once the remote holds the last checkpoint) and resumes from the remote.
+Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from minilmd import names
+from minilmd.daemon.host.gpu import Nvml
+
+JOB_ID_ENV = names.SLURM_JOB_ENV
+RDZV_PORT_BASE = 29400
+"""The c10d rendezvous port is this plus the job id modulo RDZV_PORT_SPAN: two jobs on one node rarely collide."""
+RDZV_PORT_SPAN = 2000
+SCONTROL_TIMEOUT_S = 10.0
+SIGNAL_TIMEOUT_S = 3.0
+"""`scancel --signal` from the loop: a slurmctld busy requeuing the job answers late, and the loop must go on."""
+
+Runner = Callable[[list[str]], str]
+"""Runs a Slurm command and returns its stdout; raises OSError or subprocess.SubprocessError (tests replace it)."""
+
+
+def run_command(args: list[str], timeout: float = SCONTROL_TIMEOUT_S) -> str:
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise subprocess.SubprocessError(f"{' '.join(args)}: exit {out.returncode}: "
+                                         f"{(out.stderr or out.stdout).strip()[:300]}")
+    return out.stdout
+
+
+def _int_list(value: str) -> list[int]:
+    """"0,1" or "0-3" or "" -> the card indices."""
+    cards: list[int] = []
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            cards += list(range(int(first), int(last or first) + 1))
+    return cards
+
+
+@dataclass
+class Allocation:
+    """What Slurm gave this job, from its environment."""
+
+    job_id: str
+    nodes: list[str]
+    """The allocated nodes in Slurm's order; the batch script (and so the supervisor) runs on the first."""
+    gpus: list[int]
+    """CUDA_VISIBLE_DEVICES as Slurm set it (the cards of this node, as this job sees them); [] without GPUs."""
+    restart_count: int = 0
+    """SLURM_RESTART_COUNT: how often this job was requeued before this start."""
+    host: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def rendezvous_endpoint(self) -> str:
+        return f"{self.nodes[0]}:{RDZV_PORT_BASE + int(self.job_id) % RDZV_PORT_SPAN if self.job_id.isdigit() else 0}"
+
+    def summary(self) -> str:
+        cards = f"GPU(s) {self.gpus}" if self.gpus else "no GPU"
+        return (f"Slurm job {self.job_id}: {self.nnodes} node(s) {','.join(self.nodes)}, {cards} per node"
+                + (f", requeued {self.restart_count} time(s)" if self.restart_count else ""))
+
+
+def detect(environ=None, runner: Runner = run_command) -> Allocation | None:
+    """The allocation of the Slurm job this process runs in (None outside Slurm)."""
+    env = os.environ if environ is None else environ
+    job = env.get(JOB_ID_ENV, "")
+    if not job:
+        return None
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    try:
+        nodes = runner(["scontrol", "show", "hostnames", nodelist]).split() if nodelist else []
+    except (OSError, subprocess.SubprocessError):
+        nodes = [] if "[" in nodelist else [n for n in nodelist.split(",") if n]  # a plain list needs no scontrol
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    gpus = _int_list(visible) if visible else _int_list(env.get("SLURM_JOB_GPUS", ""))
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    alloc = Allocation(job, nodes or [socket.gethostname().split(".")[0]], gpus,
+                       int(restarts) if restarts.isdigit() else 0)
+    return alloc
+
+
+def rank0_warning(alloc: Allocation) -> str | None:
+    """c10d gives rank 0 to the node whose name sorts first; checkpoints are written there and the supervisor
+    syncs them from its own node, the first of the allocation."""
+    if alloc.nnodes > 1 and sorted(alloc.nodes)[0] != alloc.nodes[0]:
+        return (f"the first node {alloc.nodes[0]} does not sort first among {alloc.nodes}: torchrun's c10d "
+                f"rendezvous may put rank 0 (which writes checkpoints) on {sorted(alloc.nodes)[0]}, out of this "
+                f"supervisor's reach; use node names that sort in allocation order (zero-padded numbers)")
+    return None
+
+
+# --- the cards ---------------------------------------------------------------------------------------------------
+
+def check_gpus(alloc: Allocation, nvml: Nvml | str) -> tuple[str, list[str]]:
+    """Whether the allocated cards answer NVML: (a report line, problems). `nvml` is daemon/host/gpu.py's backend or
+    the sentence saying why there is none."""
+    if not alloc.gpus:
+        return "no GPU in this allocation: training on the CPU", []
+    if isinstance(nvml, str):
+        return "", [f"Slurm allocated GPU(s) {alloc.gpus}, but {nvml}"]
+    lines, problems = [], []
+    try:
+        count = nvml.device_count()
+    except Exception as e:  # noqa: BLE001 - any NVML failure is a card we cannot use
+        return "", [f"NVML cannot count the allocated cards: {e}"]
+    for visible in alloc.gpus:
+        # with ConstrainDevices Slurm's cgroup hides the other cards and numbers ours from 0 for NVML and CUDA
+        # alike; without it CUDA_VISIBLE_DEVICES holds the physical indices NVML uses
+        if visible >= count:
+            problems.append(f"allocated card {visible} is not visible to NVML ({count} visible)")
+            continue
+        try:
+            listing = nvml.processes(visible).processes
+            lines.append(f"card {visible}: {nvml.name(visible)}, {nvml.memory(visible).used_mib} MiB used, "
+                         + (f"{len(listing)} process(es)" if listing is not None else "processes not listed"))
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"allocated card {visible} does not answer NVML: {e}")
+    return "; ".join(lines), problems
+
+
+# --- the launch ----------------------------------------------------------------------------------------------------
+
+def launch_command(train_command: list[str], alloc: Allocation, nproc_per_node: int, attempt: int,
+                   scratch: Path, source: str, run_dir: Path, run_name: str, default_scratch: bool) -> list[str]:
+    """`srun` + one torchrun per node around `train_command` (whose part from "train" on is kept)."""
+    tail = train_command[train_command.index("train"):]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(alloc.nnodes),
+                "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", alloc.rendezvous_endpoint, "--rdzv-id", f"minilmd-{alloc.job_id}-{attempt}",
+                "--max-restarts", "0", "-m", "minilmd.cli", *tail]
+    node_step = [sys.executable, "-m", "minilmd.daemon.slurm.node", "--scratch", str(scratch), "--source", source,
+                 "--run-dir", str(run_dir), "--run-name", run_name, *(["--default"] if default_scratch else []), "--"]
+    return ["srun", "--nodes", str(alloc.nnodes), "--ntasks", str(alloc.nnodes), "--ntasks-per-node", "1",
+            "--kill-on-bad-exit=1", "--export=ALL", *node_step, *torchrun]
+
+
+# --- preemption -----------------------------------------------------------------------------------------------------
+
+def on_signal(job: SlurmJob | None, signals, emit) -> None:
+    """The supervisor's signal record (`signals.usr1`, `signals.stop`) in a Slurm job: USR1 is a preemption that
+    also asks the stop (the trainer saves, the last sync runs); so is the first SIGTERM. Outside Slurm USR1 does
+    nothing."""
+    if signals.usr1:
+        signals.usr1 = False
+        if job is None:
+            emit("signal", "SIGUSR1 ignored: this supervisor is not in a Slurm job")
+            return
+        if job.preempt("USR1"):
+            emit("slurm", "SIGUSR1 from Slurm (a preemption or the time limit is near): the trainer saves at its "
+                          "next step, then the last sync, then the job is requeued unless the budget is done")
+            signals.stop = max(signals.stop, 1)
+        return
+    if job is not None and signals.stop and job.preempt("SIGTERM"):
+        emit("slurm", "SIGTERM in a Slurm job: the trainer saves at its next step, then the last sync, then the "
+                      "job is requeued unless the budget is done or the job is cancelled")
+
+
+def for_supervisor(state, emit, environ=None, runner: Runner = run_command) -> SlurmJob | None:
+    """The supervisor's SlurmJob when it runs in a Slurm job (None outside one); says what it was given."""
+    alloc = detect(environ, runner)
+    if alloc is None:
+        return None
+    job = SlurmJob(alloc, state, emit, runner)
+    emit("slurm", alloc.summary(), job_id=alloc.job_id, nodes=alloc.nodes)
+    if (warning := rank0_warning(alloc)) is not None:
+        emit("slurm", warning)
+    return job
+
+
+def job_info(job_id: str, runner: Runner = run_command) -> dict[str, str]:
+    """`scontrol show job -o`: its Key=Value pairs ({} when it cannot be asked)."""
+    try:
+        out = runner(["scontrol", "show", "job", "-o", job_id])
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(item.partition("=")[::2] for item in out.split() if "=" in item)
+
+
+def cancelled(info: dict[str, str]) -> bool:
+    """Whether the job is ending because someone cancelled it (scancel): terminating, and neither for its time
+    limit nor for a preemption, nor requeued by Slurm. Then a SIGTERM means stop for good."""
+    reason = info.get("Reason", "")
+    return info.get("JobState") in ("CANCELLED", "COMPLETING") and reason != "TimeLimit" and "Preempt" not in reason
+
+
+@dataclass
+class SlurmJob:
+    """The supervisor's Slurm side: the allocation, the preemption request, the requeue. `state` is the RunState
+    (its "slurm" entry is written here); `emit(kind, message, **details)` logs an event."""
+
+    alloc: Allocation
+    state: Any  # the RunState, or a dict in tests
+    emit: Callable[..., None]
+    runner: Runner = run_command
+    signal_runner: Runner = field(default=lambda args: run_command(args, SIGNAL_TIMEOUT_S))
+    preempted_by: str = ""
+    """"USR1" or "SIGTERM" once a preemption was asked; the loop acts on it."""
+
+    def __post_init__(self) -> None:
+        self.state["slurm"] = {"job_id": self.alloc.job_id, "nodes": self.alloc.nodes, "gpus": self.alloc.gpus,
+                               "restart_count": self.alloc.restart_count,
+                               "state": job_info(self.alloc.job_id, self.runner).get("JobState", "RUNNING"),
+                               "preempted_at_step": None, "requeued": False}
+
+    @property
+    def nproc(self) -> int:
+        return max(1, len(self.alloc.gpus))
+
+    @property
+    def devices_env(self) -> str:
+        """CUDA_VISIBLE_DEVICES for the trainer: Slurm's, unchanged."""
+        return ",".join(str(i) for i in self.alloc.gpus)
+
+    def gpu_outcome(self, device: str, open_nvml):
+        """The waiting_gpu phase under Slurm: no waiting, no lease (Slurm gave the cards to this job alone); the
+        allocated cards are checked to answer NVML and reported. `open_nvml()` is Infra's NVML or its reason."""
+        from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable
+
+        if device == "cpu" or not self.alloc.gpus:
+            if device == "cuda":
+                return GpuUnavailable(f"train.device = cuda, but Slurm allocated no GPU to job {self.alloc.job_id}")
+            self.alloc.gpus = []
+            return GpuReady(f"Slurm job {self.alloc.job_id}: training on the CPU (no GPU in the allocation)", [])
+        report, problems = check_gpus(self.alloc, open_nvml())
+        if problems:
+            return GpuUnavailable(f"Slurm job {self.alloc.job_id}: " + "; ".join(problems), 1)
+        self.state["devices"] = list(self.alloc.gpus)
+        return GpuReady(f"Slurm job {self.alloc.job_id}: allocated GPU(s) {self.alloc.gpus}: {report}",
+                        list(self.alloc.gpus))
+
+    def command(self, command: list[str], attempt: int, cfg, staged) -> list[str]:
+        """The attempt's command: as on one server for one node, srun + torchrun per node for more (or always,
+        with MINILMD_SLURM_SRUN=1: the multi-node script)."""
+        if self.alloc.nnodes <= 1 and os.environ.get(names.SLURM_SRUN_ENV) != "1":
+            return command
+        return launch_command(command, self.alloc, self.nproc, attempt, cfg.scratch_dir, cfg.data.prepared,
+                              cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+
+    def finishing(self, cfg, sync_problem: str) -> None:
+        """The run ends in this job: the per-job default scratch goes once the remote holds the last checkpoint."""
+        if cfg.scratch_is_default:
+            self.remove_scratch(cfg.scratch_dir, cfg.run_dir, synced=bool(cfg.run.remote) and not sync_problem)
+
+    def stop_step(self, command: list[str]) -> bool:
+        """Ask a trainer launched through srun to save and stop: SIGTERM to the job's steps (`scancel --signal=TERM
+        JOB`, the batch step left alone), since srun itself turns a SIGTERM into a SIGKILL of every task. False
+        for a trainer launched directly (the caller signals its process group)."""
+        if not command or command[0] != "srun":
+            return False
+        self.emit("slurm", f"scancel --signal=TERM {self.alloc.job_id}: the trainer's step saves and stops")
+        try:
+            self.signal_runner(["scancel", "--signal=TERM", self.alloc.job_id])
+        except (OSError, subprocess.SubprocessError) as e:
+            # never SIGTERM srun (no save); after Slurm's own SIGTERM the tasks have it already, and a trainer
+            # that does not end is killed after restart.hang_timeout as on one server
+            self.emit("slurm", f"scancel --signal=TERM {self.alloc.job_id} did not answer ({e}); waiting for the "
+                               f"trainer to end")
+        return True
+
+    def preempt(self, signal_name: str) -> bool:
+        """A preemption signal arrived; True the first time (the loop then stops the trainer, which saves)."""
+        first = not self.preempted_by
+        if first:
+            self.preempted_by = signal_name
+        return first
+
+    def plan(self, budget_done: bool, step, sync_problem: str) -> tuple[str, str | None, bool]:
+        """After a preemption's last sync: (the reason status shows, a problem or None, whether to requeue). No
+        requeue when the budget is done, Slurm already requeues the job, or it is being cancelled. The caller
+        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it."""
+        slurm = self.state["slurm"]
+        slurm["preempted_at_step"] = step
+        by = self.preempted_by
+        if budget_done:
+            return f"the run finished as Slurm preempted it ({by}): not requeued", None, False
+        if sync_problem:
+            return "", (f"preempted by Slurm ({by}) at step {step}, but {sync_problem}: not requeued, the "
+                        f"checkpoint stays on this node's scratch"), False
+        info = job_info(self.alloc.job_id, self.runner)
+        restarts = info.get("Restarts", "0")
+        if restarts.isdigit() and int(restarts) > self.alloc.restart_count:
+            slurm["requeued"], slurm["state"] = True, "REQUEUED"
+            return f"requeued by Slurm (preempted at step {step}; Slurm requeued it itself)", None, False
+        if by == "SIGTERM" and cancelled(info):
+            slurm["state"] = "CANCELLED"
+            return f"the Slurm job was cancelled: stopped at step {step}, not requeued", None, False
+        slurm["requeued"], slurm["state"] = True, "REQUEUED"
+        return f"requeued by Slurm (preempted at step {step})", None, True
+
+    def requeue(self) -> str | None:
+        """`scontrol requeue` this job (None: done)."""
+        self.emit("slurm", f"scontrol requeue {self.alloc.job_id}")
+        try:
+            self.runner(["scontrol", "requeue", self.alloc.job_id])
+        except (OSError, subprocess.SubprocessError) as e:
+            self.state["slurm"]["requeued"], self.state["slurm"]["state"] = False, "RUNNING"
+            return f"scontrol requeue {self.alloc.job_id} failed: {e}"
+        return None
+
+    def remove_scratch(self, scratch: Path, run_dir: Path, synced: bool) -> None:
+        """Node-local scratch is the job's alone: once the remote holds the last checkpoint it goes, so that a
+        requeued job (perhaps on another node) starts from the remote, and the node's RAM or disk is freed."""
+        if not synced:
+            self.emit("slurm", f"keeping {scratch}: the remote does not hold its last checkpoint")
+            return
+        from minilmd import scratch as scratchmod
+
+        problem = scratchmod.remove_own(scratch, run_dir)
+        self.emit("slurm", f"removed this job's scratch {scratch}" if problem is None
+                  else f"left {scratch} in place: {problem}")
+
+
+def status_line(recorded: dict, runner: Runner = run_command) -> str:
+    """`minilmd status`'s Slurm line: the job, its nodes and its state, asked of Slurm now where `scontrol`
+    answers (on a login node too), else as the supervisor last recorded it."""
+    job = str(recorded.get("job_id", "?"))
+    live = job_info(job, runner).get("JobState")
+    nodes = recorded.get("nodes") or []
+    extra = f", requeued {recorded['restart_count']} time(s) before" if recorded.get("restart_count") else ""
+    when = "now" if live else "last recorded"
+    return (f"  Slurm job {job} on {len(nodes)} node(s) {','.join(nodes)}: {live or recorded.get('state', '?')} "
+            f"({when}){extra}")

@@ -1,0 +1,215 @@
+"""A run's curves across all its attempts, from metrics.jsonl and events.jsonl: what `minilmd plot` draws and the
+sparkline of `minilmd status` shows.
+
+Every attempt appends to the same metrics.jsonl (the trainer opens it with "a": a resume never truncates it), so a
+run killed at step 130 and resumed from its checkpoint at step 100 has two lines for steps 101-130. `last_per_step`
+keeps one line per step, the one written last: the attempt that went on is the one whose weights the run kept.
+Restarts come from the supervisor's events.jsonl (a trainer that ended other than done or stopped, and a supervisor
+that started again), sync failures are the spans from a failed (or stalled) sync to the next one that succeeded,
+and epoch boundaries are the steps where the "epoch" of the train lines changes. Torch-free and matplotlib-free.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minilmd import names
+from minilmd.fsio import tail_lines
+
+NOT_RESTARTS = ("done", "stopped")
+"""Causes of a trainer's end that are no restart: the budget reached, a stop asked for."""
+SYNC_FAILED_PREFIXES = ("sync failed", "the sync looks stalled")
+"""How daemon/jobs/syncworker.py's "sync" events begin when a sync failed or stalled; "synced step" ends the span."""
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every whole JSON object of a JSON-lines file ([] when missing); a torn line (a writer killed mid-line) is
+    skipped."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in raw.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def last_per_step(records: list[dict]) -> list[dict]:
+    """One record per step, sorted by step; of repeated steps (a resumed attempt) the one written last wins."""
+    by_step: dict[int, dict] = {}
+    for rec in records:
+        if isinstance(rec.get("step"), int):
+            by_step[rec["step"]] = rec
+    return [by_step[s] for s in sorted(by_step)]
+
+
+@dataclass
+class Mark:
+    """A restart: the step (and time) at which an attempt ended, and why."""
+
+    step: float
+    cause: str
+    time: float
+
+
+@dataclass
+class Curves:
+    """What is known of one run's course."""
+
+    run_dir: Path
+    name: str
+    train: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    restarts: list[Mark] = field(default_factory=list)
+    sync_failures: list[tuple[float, float]] = field(default_factory=list)
+    """(first step, last step) of each span during which the sync was failing."""
+    epochs: list[int] = field(default_factory=list)
+    """Steps at which a new epoch of the training data began."""
+    repeated_steps: int = 0
+    """Train lines dropped because a later attempt logged the same step again."""
+
+    def step_at(self, t: float) -> float:
+        """The step the run had reached at time t (interpolated between train lines)."""
+        return _interp(t, [r["time"] for r in self.train if "time" in r],
+                       [r["step"] for r in self.train if "time" in r])
+
+    def tokens_at(self, step: float) -> float:
+        """Tokens trained on at a step (interpolated between train lines)."""
+        return _interp(step, [r["step"] for r in self.train], [r.get("tokens_seen", 0) for r in self.train])
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    if not xs:
+        return 0.0
+    i = bisect.bisect_left(xs, x)
+    if i <= 0:
+        return float(ys[0]) if x >= xs[0] else float(ys[0]) * (x / xs[0] if xs[0] else 1.0)
+    if i >= len(xs):
+        return float(ys[-1])
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0)) if x1 != x0 else float(y1)
+
+
+def run_name(run_dir: Path) -> str:
+    try:
+        return json.loads((run_dir / names.STATE).read_text(encoding="utf-8")).get("run") or run_dir.name
+    except (OSError, ValueError):
+        return run_dir.name
+
+
+def load(run_dir: str | os.PathLike) -> Curves:
+    """The curves of the run in run_dir (its metrics.jsonl and events.jsonl; either may be missing)."""
+    run_dir = Path(run_dir)
+    metrics = read_jsonl(run_dir / names.METRICS)
+    raw_train = [r for r in metrics if r.get("kind") == "train"]
+    curves = Curves(run_dir, run_name(run_dir), train=last_per_step(raw_train),
+                    evals=last_per_step([r for r in metrics if r.get("kind") == "eval"]))
+    curves.repeated_steps = len([r for r in raw_train if isinstance(r.get("step"), int)]) - len(curves.train)
+    events = read_jsonl(run_dir / names.EVENTS)
+    curves.restarts = _restarts(curves, events)
+    curves.sync_failures = _sync_failures(curves, events)
+    epochs = [(r["step"], r["epoch"]) for r in curves.train if isinstance(r.get("epoch"), int)]
+    curves.epochs = [step for (_, before), (step, e) in zip(epochs, epochs[1:], strict=False) if e != before]
+    return curves
+
+
+def _restarts(curves: Curves, events: list[dict]) -> list[Mark]:
+    marks = []
+    starts = 0
+    for ev in events:
+        t = ev.get("time") or 0.0
+        if ev.get("event") == "child_exit" and ev.get("cause") not in NOT_RESTARTS:
+            step = ev.get("step")
+            marks.append(Mark(float(step) if isinstance(step, (int, float)) else curves.step_at(t),
+                              str(ev.get("cause")), t))
+        elif ev.get("event") == "start":
+            starts += 1
+            if starts > 1:  # a supervisor started again on this run dir: the one before was killed or crashed
+                marks.append(Mark(curves.step_at(t), "supervisor", t))
+    return marks
+
+
+def _sync_failures(curves: Curves, events: list[dict]) -> list[tuple[float, float]]:
+    spans = []
+    failing_since: float | None = None
+    for ev in events:
+        if ev.get("event") != "sync":
+            continue
+        message = str(ev.get("message", ""))
+        if message.startswith(SYNC_FAILED_PREFIXES):
+            failing_since = ev.get("time") if failing_since is None else failing_since
+        elif message.startswith("synced step") and failing_since is not None:
+            spans.append((curves.step_at(failing_since), curves.step_at(ev.get("time") or failing_since)))
+            failing_since = None
+    if failing_since is not None:  # still failing: the span runs to the last logged step
+        spans.append((curves.step_at(failing_since), float(curves.train[-1]["step"]) if curves.train else 0.0))
+    return spans
+
+
+def smooth(values: list[float], alpha: float = 0.1) -> list[float]:
+    """An exponential moving average (TensorBoard's smoothing, debiased so that it starts at the first value)."""
+    out, avg, weight = [], 0.0, 0.0
+    for v in values:
+        avg = avg * (1 - alpha) + v * alpha
+        weight = weight * (1 - alpha) + alpha
+        out.append(avg / weight)
+    return out
+
+
+def sparkline(values: list[float], width: int = 32) -> str:
+    """values as block characters, one per bucket of the last `width` buckets, low to high."""
+    if not values:
+        return ""
+    size = max(1, -(-len(values) // width))
+    buckets = [sum(chunk) / len(chunk) for chunk in (values[i:i + size] for i in range(0, len(values), size))]
+    low, high = min(buckets), max(buckets)
+    span = (high - low) or 1.0
+    return "".join(SPARKS[min(len(SPARKS) - 1, int((v - low) / span * len(SPARKS)))] for v in buckets)
+
+
+RECENT_LINES = 400
+"""How many of metrics.jsonl's last lines the status sparkline reads: bounded, whatever the file's size."""
+
+
+def recent_loss(run_dir: Path, lines: int = RECENT_LINES) -> list[dict]:
+    """The last train lines of metrics.jsonl, one per step (read from its end: status stays fast)."""
+    tail, _ = tail_lines(run_dir / names.METRICS, lines)
+    records = []
+    for line in tail:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
+            records.append(rec)
+    return last_per_step(records)
+
+
+def sparkline_line(run_dir: Path, alive: bool) -> str | None:
+    """"  loss ▇▅▄▃▂▂▁▁ steps 100-500: 3.2100 -> 2.1000; ETA to the budget (step 10,000) 3.2h", or None when no
+    train line was logged yet. The ETA (only while the supervisor runs) is the median step time of those lines
+    times the steps left."""
+    from minilmd.fmt import fmt_duration
+
+    recs = recent_loss(run_dir)
+    if not recs:
+        return None
+    losses = [float(r["loss"]) for r in recs]
+    line = (f"  loss {sparkline(losses)} steps {recs[0]['step']:,}-{recs[-1]['step']:,}: "
+            f"{losses[0]:.4f} -> {losses[-1]:.4f}")
+    total = recs[-1].get("total_steps")
+    times = sorted(float(r["step_time"]) for r in recs if isinstance(r.get("step_time"), (int, float)))
+    if alive and total and times:
+        left = max(0, int(total) - int(recs[-1]["step"]))
+        line += f"; ETA to the budget (step {int(total):,}) {fmt_duration(left * times[len(times) // 2])}"
+    return line

@@ -1,0 +1,156 @@
+"""`minilmd plot RUN_DIR [RUN_DIR ...] --out FILE.png|.svg`: a run's curves as a picture, several runs overlaid.
+
+Four panels: train loss (raw, faint, and smoothed) with the validation loss; learning rate; real tokens/s; grad
+norm. Against the step, or with x="tokens" against the tokens trained on. On every panel: each restart as a dashed
+vertical line (labelled by its cause on the loss panel), each span with a failing sync shaded, each epoch boundary
+as a dotted line. The curves are those of daemon/views/curves.py: every attempt's lines, a repeated step once.
+
+matplotlib (the Agg backend: no display needed) is an optional extra, `pip install 'minilmd[plot]'`; without it
+`plot` raises PlotUnavailable with that line. `plot` returns a PlotSummary read back from the figure's own artists
+(each mark carries a gid), so a test can see what was drawn, not what was meant to be.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minilmd.daemon.views import curves as curves_mod
+
+INSTALL_HINT = "pip install 'minilmd[plot]'  (or: pip install matplotlib)"
+X_AXES = ("step", "tokens")
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+@dataclass
+class PlotSummary:
+    """What the figure holds, read from its artists."""
+
+    path: Path
+    size_px: tuple[int, int]
+    runs: list[str] = field(default_factory=list)
+    restart_marks: list[tuple[str, float, str]] = field(default_factory=list)
+    """(run, x, cause) of every restart line on the loss panel."""
+    sync_spans: list[tuple[str, float, float]] = field(default_factory=list)
+    epoch_marks: list[tuple[str, float]] = field(default_factory=list)
+    points: dict[str, int] = field(default_factory=dict)
+    """Points of each run's raw train-loss line."""
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable(f"minilmd plot needs matplotlib, which is not installed: {INSTALL_HINT}") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str = "step",
+         smoothing: float | None = None, title: str | None = None, dpi: int = 100) -> PlotSummary:
+    """Draw the runs' curves into out (.png or .svg, by its suffix) and say what was drawn. smoothing: the EMA's
+    weight of a new point; None: auto_smoothing's."""
+    if x not in X_AXES:
+        raise ValueError(f"--x {x!r}: use one of {', '.join(X_AXES)}")
+    out = Path(out)
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise ValueError(f"--out {out}: the file name must end in .png or .svg")
+    plt = _pyplot()
+    runs = [curves_mod.load(d) for d in run_dirs]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    loss_ax, lr_ax, toks_ax, grad_ax = axes.flat
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, run in enumerate(runs):
+        _draw_run(run, (loss_ax, lr_ax, toks_ax, grad_ax), colors[i % len(colors)], x, smoothing,
+                  label=_label(run, runs))
+    loss_ax.set_ylabel("loss")
+    lr_ax.set_ylabel("learning rate")
+    toks_ax.set_ylabel("real tokens/s")
+    grad_ax.set_ylabel("grad norm")
+    for ax in (toks_ax, grad_ax):
+        ax.set_xlabel("tokens trained on" if x == "tokens" else "step")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    if any(run.train for run in runs):
+        loss_ax.legend(fontsize=8, loc="best")
+    fig.suptitle(title or ", ".join(r.name for r in runs))
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    summary = _summarize(fig, loss_ax, out, runs)
+    plt.close(fig)
+    return summary
+
+
+def auto_smoothing(points: int) -> float:
+    """The EMA's weight of a new point: 0.05 (a memory of ~20 points) on a long curve, up to 0.5 on a short one,
+    whose 12 points (the demo's) a memory of 20 would drag far behind the raw line."""
+    return min(0.5, max(0.05, 5.0 / max(points, 1)))
+
+
+def _label(run: curves_mod.Curves, runs: list[curves_mod.Curves]) -> str:
+    same_name = sum(r.name == run.name for r in runs) > 1
+    return f"{run.name} ({run.run_dir})" if same_name else run.name
+
+
+def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float | None, label: str) -> None:
+    loss_ax, lr_ax, toks_ax, grad_ax = axes
+
+    def xs(steps):
+        return [run.tokens_at(s) for s in steps] if x == "tokens" else list(steps)
+
+    loss = [(r["step"], r["loss"]) for r in run.train if isinstance(r.get("loss"), (int, float))]
+    if loss:
+        raw, = loss_ax.plot(xs([s for s, _ in loss]), [v for _, v in loss], color=color, alpha=0.25, lw=0.8)
+        raw.set_gid(f"train_loss_raw:{run.name}")
+        alpha = smoothing if smoothing is not None else auto_smoothing(len(loss))
+        loss_ax.plot(xs([s for s, _ in loss]), curves_mod.smooth([v for _, v in loss], alpha), color=color,
+                     lw=1.6, label=f"{label} train (smoothed)")
+    val = [(r["step"], r["val_loss"]) for r in run.evals if isinstance(r.get("val_loss"), (int, float))]
+    if val:
+        loss_ax.plot(xs([s for s, _ in val]), [v for _, v in val], color=color, ls="--", marker="o", ms=3, lw=1.2,
+                     label=f"{label} val")
+    for ax, key in ((lr_ax, "lr"), (toks_ax, "tok_s"), (grad_ax, "grad_norm")):
+        pts = [(r["step"], r[key]) for r in run.train if isinstance(r.get(key), (int, float))]
+        if pts:
+            ax.plot(xs([s for s, _ in pts]), [v for _, v in pts], color=color, lw=1.2)
+    for lo, hi in run.sync_failures:
+        for ax in axes:
+            span = ax.axvspan(*xs([lo, hi]), color="tab:red", alpha=0.12, lw=0)
+            span.set_gid(f"sync_failed:{run.name}:{lo}:{hi}")
+    for step in run.epochs:
+        for ax in axes:
+            ax.axvline(xs([step])[0], color=color, ls=":", lw=1, alpha=0.8).set_gid(f"epoch:{run.name}:{step}")
+    for mark in run.restarts:
+        at = xs([mark.step])[0]
+        for ax in axes:
+            ax.axvline(at, color="tab:red", ls="--", lw=1, alpha=0.9).set_gid(f"restart:{run.name}:{mark.cause}")
+        loss_ax.annotate(mark.cause, xy=(at, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                         textcoords="offset points", rotation=90, va="top", ha="left", fontsize=8, color="tab:red")
+
+
+def _summarize(fig, loss_ax, out: Path, runs: list[curves_mod.Curves]) -> PlotSummary:
+    width, height = fig.get_size_inches() * fig.dpi
+    summary = PlotSummary(out, (round(width), round(height)), [r.name for r in runs])
+    for line in loss_ax.lines:
+        gid = line.get_gid() or ""
+        kind, _, rest = gid.partition(":")
+        if kind == "restart":
+            run, _, cause = rest.rpartition(":")
+            summary.restart_marks.append((run, float(line.get_xdata()[0]), cause))
+        elif kind == "epoch":
+            summary.epoch_marks.append((rest.rsplit(":", 1)[0], float(line.get_xdata()[0])))
+        elif kind == "train_loss_raw":
+            summary.points[rest] = len(line.get_xdata())
+    for patch in loss_ax.patches:
+        kind, _, rest = (patch.get_gid() or "").partition(":")
+        if kind == "sync_failed":
+            run, lo, hi = rest.rsplit(":", 2)
+            summary.sync_spans.append((run, float(lo), float(hi)))
+    return summary

@@ -1,0 +1,459 @@
+"""`minilmd status`, `minilmd logs`, `minilmd stop`: the operator's view of a run directory.
+
+Everything here reads files the supervisor wrote (state.json, supervisor.log, logs/attempt-NNNN.log) and works
+whether or not a supervisor is running. Light imports only: `minilmd status` must answer in well under a second.
+Each function returns the command's exit status (0 fine, 2 not a run directory; `stop` has more:
+protocol.STOP_*).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from minilmd import names, protocol
+from minilmd.daemon.runstate import fmt_time, process_alive, read_state
+from minilmd.daemon.states import SyncState
+from minilmd.daemon.views.fitwatch import fit_lines
+from minilmd.fmt import fmt_duration
+from minilmd.fsio import read_new_lines, tail_lines
+
+NOT_A_RUN = 2
+
+
+def _run_problem(run_dir: Path) -> str | None:
+    if not run_dir.exists():
+        return f"{run_dir}: no such directory"
+    if not run_dir.is_dir():
+        return f"{run_dir}: not a directory"
+    if not any((run_dir / name).exists() for name in (names.STATE, names.RUN_CONFIG_COPY, names.LOCK)):
+        return (f"{run_dir}: not a minilmd run directory (no {names.STATE}, {names.RUN_CONFIG_COPY} or "
+                f"{names.LOCK}); give the run.dir of a run config, e.g. `minilmd status /path/to/run`")
+    return None
+
+
+def _is_a_run(run_dir: Path) -> bool:
+    """Whether run_dir is a run directory; if not, says why on stderr (the caller exits NOT_A_RUN)."""
+    problem = _run_problem(run_dir)
+    if problem:
+        print(problem, file=sys.stderr)
+    return problem is None
+
+
+def is_run_dir(run_dir: str | os.PathLike) -> bool:
+    """Whether run_dir is a run directory; if not, says why on stderr."""
+    return _is_a_run(Path(run_dir))
+
+
+def supervisor_alive(state: dict | None) -> bool:
+    sup = (state or {}).get("supervisor") or {}
+    return process_alive(sup.get("pid"), sup.get("start_ticks"))
+
+
+def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]:
+    """A few human lines from state.json."""
+    t = t or time.time()
+    lines = [_head_line(state, alive, t)]
+    if state.get("reason"):
+        lines.append(f"  why: {state['reason']}")
+    if state.get("slurm"):
+        from minilmd.daemon.slurm.job import status_line
+
+        lines.append(status_line(state["slurm"]))
+    lines += _progress_lines(state.get("progress") or {}, alive)
+    if state.get("child") and alive:
+        lines.append(_trainer_line(state, t))
+    if state.get("init_wait") and state.get("phase") == "waiting_init":
+        w = state["init_wait"]
+        lines.append(f"  waiting for init.from: {w.get('why')} (run dir {w.get('run_dir')}; checked {w.get('checks')} "
+                     f"times since {_ago(t, w['since']) if w.get('since') else '-'}); starts from {w.get('root')} "
+                     f"once it has finished")
+    if state.get("gpu_wait") and state.get("phase") == "waiting_gpu":
+        lines += _gpu_lines(state["gpu_wait"], t)
+    if state.get("space_wait") and state.get("phase") == "waiting_space":
+        lines.append(_space_line(state["space_wait"], t))
+    lines.append(_checkpoints_line(state, t))
+    lines += _staging_lines(state.get("staging") or {})
+    lines += _restart_lines(state, t)
+    if state.get("overrides"):
+        lines.append(f"  overrides: {state['overrides']}")
+    if state.get("last_error"):
+        lines.append(f"  last error{_error_context(state, t)}: {state['last_error']}")
+    return lines
+
+
+def _ago(t: float, then: float) -> str:
+    return f"{fmt_duration(t - then)} ago"
+
+
+def _head_line(state: dict, alive: bool, t: float) -> str:
+    """The run, its phase and for how long, and whether its supervisor runs (or how it ended)."""
+    since = state.get("since")
+    head = (f"run {state.get('run', '?')} ({state.get('run_dir', '?')}): {state.get('phase', '?')} for "
+            f"{fmt_duration(t - since if since else None)}")
+    if alive:
+        return head + f"; supervisor pid {(state.get('supervisor') or {}).get('pid')} running"
+    outcome = state.get("outcome")
+    if outcome:
+        return head + f"; not running (ended {fmt_time(outcome.get('time'))} with exit {outcome.get('exit')})"
+    return head + (f"; not running (last seen {fmt_time(state.get('updated'))}, the supervisor did not exit "
+                   f"cleanly: killed or crashed; `minilmd run` again resumes)")
+
+
+def _progress_lines(p: dict, alive: bool) -> list[str]:
+    if p.get("step") is None:
+        return []
+    total = p.get("total_steps")
+    parts = [f"step {p['step']:,}" + (f"/{total:,} ({100 * p['step'] / total:.1f}%)" if total else "")]
+    if p.get("loss") is not None:
+        parts.append(f"loss {p['loss']:.4f}")
+    if p.get("val_loss") is not None:
+        parts.append(f"val {p['val_loss']:.4f}")
+    if p.get("tok_s"):
+        parts.append(f"{p['tok_s']:,.0f} tok/s")
+    if p.get("eta_s") is not None and alive:
+        parts.append(f"ETA {fmt_duration(p['eta_s'])}")
+    return ["  " + "  ".join(parts)]
+
+
+def _trainer_line(state: dict, t: float) -> str:
+    child = state["child"]
+    beat = (state.get("progress") or {}).get("heartbeat")
+    devices = ",".join(str(d) for d in state.get("devices") or []) or "cpu"
+    return (f"  trainer pid {child.get('pid')}, attempt {child.get('attempt')}, devices {devices}, "
+            f"heartbeat {_ago(t, beat) if beat else 'none yet'}, log {child.get('log')}")
+
+
+def _gpu_lines(gpu_wait: dict, t: float) -> list[str]:
+    lines = []
+    for d in gpu_wait.get("devices") or []:
+        why = ("free: " + ", ".join(d.get("checks") or []) if d.get("free")
+               else "; ".join(d.get("reasons") or ["busy"]))
+        lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_duration(t - d['since']) if d.get('since') else '-'})")
+        lines += [f"    fallback: {f}" for f in d.get("fallbacks") or []]
+    return lines
+
+
+def _space_line(wait: dict, t: float) -> str:
+    """The wait for room in scratch: how long, the numbers, and that it is not a restart (no limit counts it)."""
+    since = wait.get("since")
+    return (f"  scratch: full for {fmt_duration(t - since if since else None)}: a checkpoint needs "
+            f"{_mb(wait.get('needs'))}, {_mb(wait.get('free'))} free in {wait.get('path')}; checked "
+            f"{wait.get('checks', 0)} times; the trainer starts again once it fits (not counted as a restart)")
+
+
+def _mb(n: float | None) -> str:
+    return "?" if n is None else f"{n / 1e6:,.1f} MB"
+
+
+def _checkpoints_line(state: dict, t: float) -> str:
+    """The local checkpoint, the remote one and the sync between them."""
+    local, remote, sync = state.get("local_checkpoint"), state.get("remote_checkpoint"), state.get("sync") or {}
+    line = "  local checkpoint: " + (
+        f"step {local.get('step')} ({'fetched from the remote ' if local.get('fetched') else ''}"
+        f"{_ago(t, local['time'])})" if local and local.get("time") else "none")
+    if sync.get("state") == "off":
+        return line + "   remote: none configured"
+    line += "   remote: " + (f"step {remote.get('step')} ({_ago(t, remote['time'])}, "
+                             f"{'verified' if remote.get('verified') else 'NOT verified'})"
+                             if remote and remote.get("time") else "none")
+    line += f"   sync: {sync.get('state')}"
+    if sync.get("error") and sync.get("state") in ("failed", "stalled", "unavailable"):
+        line += f" ({sync['error']})"
+    return line
+
+
+def _staging_lines(staging: dict) -> list[str]:
+    if staging.get("state") in (None, "done", "not_started"):
+        return []
+    prog = f" {staging['progress']}" if staging.get("progress") is not None else ""
+    return [f"  staging: {staging['state']}{prog}" + (f" ({staging['error']})" if staging.get("error") else "")]
+
+
+def _restart_lines(state: dict, t: float) -> list[str]:
+    restarts = state.get("restarts") or []
+    if not restarts:
+        return []
+    last = restarts[-1]
+    return [f"  restarts: {len(restarts)} (last: {last.get('cause')} at step {last.get('step')}, "
+            f"{_ago(t, last['time'])} -> {last.get('action')}; "
+            f"{state.get('no_progress_streak', 0)} in a row without progress)"]
+
+
+def _error_context(state: dict, t: float) -> str:
+    """" (3m ago, at step 130; training went on to step 240)": tells a current problem from an old one."""
+    when, at = state.get("last_error_at"), state.get("last_error_step")
+    if not when:
+        return ""
+    parts = [_ago(t, when)] + ([f"at step {at}"] if at is not None else [])
+    step = (state.get("progress") or {}).get("step")
+    if at is not None and step is not None and step > at:
+        parts.append(f"training went on to step {step}")
+    return " (" + ", ".join(parts[:2]) + ("; " + parts[2] if len(parts) > 2 else "") + ")"
+
+
+def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) -> int:
+    out = out or sys.stdout
+    run_dir = Path(run_dir)
+    if not _is_a_run(run_dir):
+        return NOT_A_RUN
+    state = read_state(run_dir)
+    alive = supervisor_alive(state)
+    if as_json:
+        print(json.dumps({"running": alive, "state": state}, indent=2, sort_keys=True), file=out)
+        return 0
+    if state is None:
+        print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
+        return 0
+    lines = summary_lines(state, alive) + _lineage_lines(run_dir) + fit_lines(run_dir)
+    from minilmd.daemon.views.curves import sparkline_line
+
+    spark = sparkline_line(run_dir, alive)
+    if spark:
+        lines.insert(next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1, spark)
+    print("\n".join(lines), file=out)
+    return 0
+
+
+def _lineage_lines(run_dir: Path) -> list[str]:
+    """init.from behind the newest local checkpoint, stage by stage (daemon/phases/initwait.py lineage)."""
+    from minilmd.config import ConfigError, load_config
+    from minilmd.daemon.phases.initwait import lineage
+
+    try:
+        chain = lineage(load_config(run_dir / names.RUN_CONFIG_COPY, check_paths=False).checkpoint_dir)
+    except (ConfigError, OSError):
+        return []
+    return [f"  lineage: {' <- '.join(chain)}"] if chain else []
+
+
+def _attempt_logs(run_dir: Path) -> list[Path]:
+    folder = run_dir / names.ATTEMPT_LOGS
+    return sorted(p for p in folder.iterdir() if names.is_attempt_log(p.name)) if folder.is_dir() else []
+
+
+def _tail(path: Path, n: int) -> tuple[str, int]:
+    """The last n lines of a file and the offset of its end."""
+    lines, size = tail_lines(path, n)
+    return "".join(line + "\n" for line in lines), size
+
+
+def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
+         poll_s: float = 0.3) -> int:
+    """The last `lines` lines of the supervisor's log and as many of the current attempt's trainer output; with
+    follow, new lines of both as they come, switching to the next attempt's log when the supervisor starts one.
+    Follows until interrupted."""
+    out = out or sys.stdout
+    run_dir = Path(run_dir)
+    problem = _run_problem(run_dir)
+    if problem and follow:
+        # `logs -f` started beside `run` (the tmux launcher) may come before the run directory: wait for it
+        print(f"{problem}\nwaiting for it to become a run (Ctrl-C to quit)...", file=sys.stderr, flush=True)
+        try:
+            while _run_problem(run_dir):
+                time.sleep(poll_s)
+        except KeyboardInterrupt:
+            return NOT_A_RUN
+        problem = None
+    if problem:
+        print(problem, file=sys.stderr)
+        return NOT_A_RUN
+    sup_path = run_dir / names.SUPERVISOR_LOG
+    text, sup_off = _tail(sup_path, lines)
+    out.write(f"==> {sup_path} <==\n{text}")
+    attempts = _attempt_logs(run_dir)
+    current = attempts[-1] if attempts else None
+    cur_off = 0
+    if current:
+        text, cur_off = _tail(current, lines)
+        out.write(f"==> {current} <==\n{text}")
+    out.flush()
+    if not follow:
+        return 0
+    try:
+        while True:
+            sup_off = _copy_new(sup_path, sup_off, "supervisor", out)
+            if current:
+                cur_off = _copy_new(current, cur_off, current.stem, out)
+            attempts = _attempt_logs(run_dir)
+            if attempts and attempts[-1] != current:
+                if current:
+                    cur_off = _copy_new(current, cur_off, current.stem, out)
+                current, cur_off = attempts[-1], 0
+                out.write(f"==> {current} (new attempt) <==\n")
+            out.flush()
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _copy_new(path: Path, offset: int, label: str, out) -> int:
+    lines, offset = read_new_lines(path, offset)
+    for line in lines:
+        out.write(f"[{label}] {line.decode(errors='replace')}\n")
+    return offset
+
+
+# --- stop ---------------------------------------------------------------------------------------------------------
+
+ORPHAN_GRACE_S = 120.0
+"""How long `minilmd stop` lets an orphaned trainer save before it kills it."""
+
+
+def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> int:
+    """SIGTERM to the run's supervisor; wait until it exited (the trainer saves, the last sync runs); report.
+    timeout 0: wait as long as it takes. The exit status is one of protocol.STOP_*: 0 stopped (or not running),
+    1 not stopped, 2 not a run, 3 stopped but the newest checkpoint is only in scratch. Only processes of our own
+    user on this host are ever signalled: the run's supervisor, or the trainer it left behind
+    (daemon/child/process.py)."""
+    out = out or sys.stdout
+    run_dir = Path(run_dir)
+    if not _is_a_run(run_dir):
+        return protocol.STOP_NOT_A_RUN
+    state = read_state(run_dir) or {}
+    live = _live_supervisor(run_dir, state)
+    if live is None:
+        outcome = state.get("outcome") or {}
+        print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.get('time'))}, exit {outcome.get('exit')}: "
+                                           f"{outcome.get('reason')})" if outcome else ""), file=out)
+        if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
+            return protocol.STOP_FAILED
+        return _checkpoint_report(state, out, always=False)
+    pid, ticks, host = live
+    refusal = _refusal(pid, host, run_dir)
+    if refusal:
+        print(refusal, file=out)
+        return protocol.STOP_FAILED
+    from minilmd.daemon.child.orphans import signal_process
+
+    if signal_process(pid, ticks, signal.SIGTERM):
+        print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
+              flush=True)
+    else:
+        print(f"supervisor pid {pid} ended before the signal", file=out)
+    started = time.monotonic()
+    last_phase = None
+    while process_alive(pid, ticks):
+        if timeout and time.monotonic() - started > timeout:
+            print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {run_dir}`)", file=out)
+            return protocol.STOP_FAILED
+        state = read_state(run_dir) or state
+        if state.get("phase") != last_phase:
+            last_phase = state.get("phase")
+            print(f"  {last_phase}: {state.get('reason', '')}", file=out, flush=True)
+        time.sleep(0.2)
+    state = read_state(run_dir) or state
+    outcome = state.get("outcome") or {}
+    print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.get('exit')} ({outcome.get('reason')})",
+          file=out)
+    return _checkpoint_report(state, out, always=True)
+
+
+def _live_supervisor(run_dir: Path, state: dict) -> tuple[int, int | None, str] | None:
+    """(pid, start ticks, host) of the run's live supervisor: the one in state.json, or the holder of the run lock
+    (one that has not written state.json yet, or one on another host sharing the run directory); None if none."""
+    here = socket.gethostname()
+    sup = state.get("supervisor") or {}
+    if sup.get("host") in (None, "", here) and process_alive(sup.get("pid"), sup.get("start_ticks")):
+        return sup["pid"], sup.get("start_ticks"), here
+    from minilmd.daemon.host.lock import lock_holder
+    from minilmd.daemon.runstate import process_start_ticks
+
+    holder = lock_holder(run_dir)
+    if holder is None or not holder.pid:
+        return None
+    if holder.host and holder.host != here:
+        return holder.pid, None, holder.host
+    ticks = process_start_ticks(holder.pid)
+    return (holder.pid, ticks, here) if ticks is not None else None
+
+
+def _refusal(pid: int, host: str, run_dir: Path) -> str | None:
+    """Why `stop` must not signal this supervisor: it runs on another host, or as another user (even for root:
+    the run is theirs to stop)."""
+    from minilmd.daemon.child.orphans import is_ours, process_uids
+
+    if host != socket.gethostname():
+        return f"supervisor pid {pid} runs on {host}, not on this host: not signalled; run `minilmd stop` there"
+    if is_ours(pid):
+        return None
+    uids = process_uids(pid) or ()
+    return (f"supervisor pid {pid} runs as {_user(uids[0] if uids else None)}, not as you ({_user(os.getuid())}): "
+            f"not signalled; that user stops it (`minilmd stop {run_dir}`)")
+
+
+def _user(uid: int | None) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}" if uid is not None else "an unknown user"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _stop_orphans(run_dir: Path, out) -> int:
+    """A supervisor killed with SIGKILL leaves its trainer running: `stop` must stop that one too (it saves on
+    SIGTERM and exits; SIGKILL after the grace). Only the trainer this run recorded, never another process."""
+    from minilmd.daemon.child.orphans import find_orphans, terminate_orphans
+
+    pids = find_orphans(run_dir)
+    if not pids:
+        return protocol.STOP_DONE
+    print(f"  trainer process(es) {pids} left by a killed supervisor: SIGTERM (they save first), SIGKILL after "
+          f"{ORPHAN_GRACE_S:.0f}s", file=out, flush=True)
+    terminate_orphans(run_dir, grace=ORPHAN_GRACE_S)
+    left = find_orphans(run_dir)
+    print(f"  still running: {left}" if left else "  stopped", file=out)
+    return protocol.STOP_FAILED if left else protocol.STOP_DONE
+
+
+def _checkpoint_report(state: dict, out, always: bool) -> int:
+    """Where the newest checkpoint is; STOP_UNSYNCED when it is only in scratch."""
+    local = state.get("local_checkpoint") or {}
+    remote = state.get("remote_checkpoint") or {}
+    if always:
+        print(f"  local checkpoint step {local.get('step')}; remote checkpoint step {remote.get('step')} "
+              f"({'verified' if remote.get('verified') else 'not verified'})" if remote else
+              f"  local checkpoint step {local.get('step')}; no remote checkpoint", file=out)
+        if state.get("last_error"):
+            print(f"  last error{_error_context(state, time.time())}: {state['last_error']}", file=out)
+    unsynced = _only_in_scratch(state)
+    if unsynced is None:
+        return protocol.STOP_DONE
+    step, path = unsynced
+    on_remote = f"step {remote['step']}" if remote.get("step") is not None else "no checkpoint"
+    error = (state.get("sync") or {}).get("error")
+    print(f"  NOT SYNCED (exit {protocol.STOP_UNSYNCED}): the newest checkpoint, step {step}, is only in scratch: "
+          f"{path}; the remote has {on_remote}" + (f" (last sync error: {error})" if error else "") + ".\n"
+          "  It is lost if scratch is cleared (a reboot clears /dev/shm): start the run again (its first sync "
+          "copies it), or copy that directory into run.remote by hand.", file=out)
+    return protocol.STOP_UNSYNCED
+
+
+def _only_in_scratch(state: dict) -> tuple[int, str] | None:
+    """(step, path) of the newest local checkpoint when a remote is set and has none as new: the last sync failed,
+    or a trainer saved with no supervisor left to sync (an orphan stopped by `stop`). Reads the checkpoint root
+    beside the checkpoint state.json names, for a save state.json has not seen."""
+    if (state.get("sync") or {}).get("state") in (None, SyncState.OFF):
+        return None
+    local = state.get("local_checkpoint") or {}
+    step, path = local.get("step"), local.get("path")
+    if path:
+        root = Path(path).parent
+        try:
+            saved = [names.step_of(p) for p in root.iterdir() if names.is_step_name(p.name)
+                     and (p / names.MANIFEST).is_file()]
+        except OSError:
+            saved = []
+        if saved and (step is None or max(saved) > step):
+            step, path = max(saved), str(root / names.step_name(max(saved)))
+    if step is None:
+        return None
+    synced = (state.get("remote_checkpoint") or {}).get("step")
+    if synced is not None and synced >= step:
+        return None
+    return step, path or "scratch"

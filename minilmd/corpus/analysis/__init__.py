@@ -1,0 +1,1 @@
+"""What a corpus holds: one parallel scan, `corpus report`, `corpus count`, scripts, costs."""

@@ -1,0 +1,106 @@
+"""`minilmd corpus count PATTERN ... CORPUS`: how often each pattern occurs, and in how many documents.
+
+The cleaning gate of the seed (count the residual self-attribution phrases after cleaning, expect zero) on a
+multi-GB corpus: the corpus is read once, in parallel over shards (minilmd/corpus/analysis/scan.py), every pattern
+counted
+in every document. A literal pattern counts non-overlapping occurrences (str.count); with --regex each pattern is
+a Python regular expression and counts its non-overlapping matches (re.finditer). A prepared corpus is counted in
+its documents decoded by its own tokenizer (scan.py); JSONL in each line's text.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minilmd.corpus.analysis import scan
+
+
+@dataclass
+class CountTask:
+    """Occurrences and documents of each pattern over the batches of one shard."""
+    patterns: list[str]
+    regex: bool = False
+    examples: int = 3
+    occurrences: list[int] = field(default_factory=list)
+    documents: list[int] = field(default_factory=list)
+    seen: int = 0
+    bad_lines: int = 0
+    first: list[list[str]] = field(default_factory=list)  # a few matched snippets per pattern
+
+    def fresh(self) -> CountTask:
+        return CountTask(self.patterns, self.regex, self.examples)
+
+    def add(self, batch: scan.Batch) -> None:
+        if not self.occurrences:
+            n = len(self.patterns)
+            self.occurrences, self.documents, self.first = [0] * n, [0] * n, [[] for _ in range(n)]
+        self.seen += len(batch.texts)
+        self.bad_lines += batch.bad_lines
+        compiled = [re.compile(p) for p in self.patterns] if self.regex else None
+        for i, pattern in enumerate(self.patterns):
+            occ = docs = 0
+            for text in batch.texts:
+                if compiled is not None:
+                    hits = [m.group(0) for m in compiled[i].finditer(text)]
+                    k = len(hits)
+                else:
+                    k = text.count(pattern)
+                    hits = [pattern] if k else []
+                if k:
+                    occ += k
+                    docs += 1
+                    if len(self.first[i]) < self.examples:
+                        at = text.find(hits[0])
+                        self.first[i].append(text[max(at - 20, 0):at + len(hits[0]) + 20].replace("\n", " "))
+            self.occurrences[i] += occ
+            self.documents[i] += docs
+
+    def result(self) -> CountTask:
+        return self
+
+
+def count(path: str, patterns: list[str], regex: bool = False, workers: int | None = None) -> dict:
+    """{"corpus", "kind", "documents", "bad_lines", "patterns": [{pattern, occurrences, documents, examples}]};
+    ValueError for a regex that does not compile (before any reading)."""
+    from minilmd.corpus.prepare.encode import default_workers
+
+    if regex:
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"--regex: {p!r} is not a valid regular expression ({e})") from None
+    workers = default_workers() if workers is None else workers
+    corpus = scan.open_corpus(path, max(workers, 1) * 4)
+    parts = scan.run(corpus, CountTask(list(patterns), regex), workers)
+    n = len(patterns)
+    occ, docs = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    examples: list[list[str]] = [[] for _ in range(n)]
+    for part in parts:
+        if part.occurrences:
+            occ += part.occurrences
+            docs += part.documents
+            for i in range(n):
+                examples[i] += part.first[i][:3 - len(examples[i])]
+    return {"corpus": path, "kind": corpus.kind, "documents": sum(p.seen for p in parts),
+            "bad_lines": sum(p.bad_lines for p in parts),
+            "patterns": [{"pattern": p, "occurrences": int(occ[i]), "documents": int(docs[i]),
+                          "examples": examples[i]} for i, p in enumerate(patterns)]}
+
+
+def format_count(result: dict) -> str:
+    """The table `minilmd corpus count` prints."""
+    n = result["documents"]
+    width = max([len("pattern")] + [len(p["pattern"]) for p in result["patterns"]])
+    lines = [f"{result['corpus']} ({result['kind']}): {n:,} documents"
+             + (f", {result['bad_lines']:,} bad lines not read" if result["bad_lines"] else ""),
+             f"{'pattern':<{width}}  {'occurrences':>12}  {'documents':>10}  {'share':>8}"]
+    for p in result["patterns"]:
+        share = p["documents"] / n if n else 0.0
+        lines.append(f"{p['pattern']:<{width}}  {p['occurrences']:>12,}  {p['documents']:>10,}  {share:>8.4%}")
+    for p in result["patterns"]:
+        for ex in p["examples"]:
+            lines.append(f"  {p['pattern']}: ...{ex}...")
+    return "\n".join(lines)

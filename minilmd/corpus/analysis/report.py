@@ -1,0 +1,260 @@
+"""`minilmd corpus report PREPARED_OR_JSONL`: what a corpus holds, before training on it or cleaning it.
+
+Documents and tokens (a prepared corpus, or JSONL with --tokenizer; JSONL alone is measured in characters), length
+percentiles, the share of documents by script (minilmd/corpus/analysis/scripts.py: by dominant script and by "contains
+any"), exact duplicates (the same blake2b-64 digest: of a line's text, or of a prepared document's token ids), and for a
+model (--config or --params) its tokens per parameter against Chinchilla's ~20 and the epochs its budget implies.
+The corpus is read once, in parallel (minilmd/corpus/analysis/scan.py); memory: 16 bytes per document (digest and
+length).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minilmd.corpus.analysis import scan
+from minilmd.corpus.analysis.scripts import SCRIPTS, ScriptTally, script_matrix
+
+CHINCHILLA_TOKENS_PER_PARAM = 20
+"""Hoffmann et al. 2022: compute-optimal training uses about 20 tokens per parameter."""
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class ReportTask:
+    """One shard's digests, lengths, script tally and line counts; with tokenizer_json, JSONL texts are encoded
+    and their lengths are tokens (with BOS and EOS, as prepare would store them)."""
+    tokenizer_json: str | None = None
+    digests: list[np.ndarray] = field(default_factory=list)
+    lengths: list[np.ndarray] = field(default_factory=list)
+    scripts: ScriptTally = field(default_factory=ScriptTally)
+    bad_lines: int = 0
+    blank_lines: int = 0
+    _tok: object = None
+
+    def fresh(self) -> ReportTask:
+        return ReportTask(self.tokenizer_json)
+
+    def add(self, batch: scan.Batch) -> None:
+        lengths = batch.lengths
+        if self.tokenizer_json is not None:
+            if self._tok is None:
+                from tokenizers import Tokenizer
+
+                self._tok = Tokenizer.from_str(self.tokenizer_json)
+            encs = self._tok.encode_batch_fast(batch.texts, add_special_tokens=False)  # type: ignore[attr-defined]
+            lengths = np.array([len(e) + 2 for e in encs], dtype=np.int64)
+        self.digests.append(batch.digests)
+        self.lengths.append(lengths)
+        self.scripts.add(script_matrix(batch.texts))
+        self.bad_lines += batch.bad_lines
+        self.blank_lines += batch.blank_lines
+
+    def result(self) -> ReportTask:
+        self._tok = None  # a Tokenizer is not sent back
+        return self
+
+
+def report(path: str, *, tokenizer: str | None = None, params: int | None = None, config: str | None = None,
+           budget_tokens: int | None = None, workers: int | None = None) -> dict:
+    """The report as a dict (`minilmd corpus report --json` prints it)."""
+    from minilmd.corpus.prepare.encode import default_workers
+
+    workers = default_workers() if workers is None else workers
+    corpus = scan.open_corpus(path, max(workers, 1) * 4)
+    tok_json = None
+    if tokenizer and corpus.kind == "jsonl":
+        from pathlib import Path
+
+        from minilmd.corpus.tokenizer import load_tokenizer
+        from minilmd.names import CORPUS_TOKENIZER
+
+        tp = Path(tokenizer) / CORPUS_TOKENIZER if Path(tokenizer).is_dir() else Path(tokenizer)
+        load_tokenizer(tp)
+        tok_json = tp.read_text(encoding="utf-8")
+    parts = scan.run(corpus, ReportTask(tok_json), workers)
+    digests = np.concatenate([d for p in parts for d in p.digests] or [np.zeros(0, np.uint64)])
+    lengths = np.concatenate([x for p in parts for x in p.lengths] or [np.zeros(0, np.int64)])
+    tally = ScriptTally()
+    for p in parts:
+        tally.merge(p.scripts)
+    unit = "tokens" if corpus.kind == "prepared" or tok_json else "characters"
+    out: dict = {"corpus": path, "kind": corpus.kind, "documents": int(lengths.size), "length_unit": unit,
+                 unit: int(lengths.sum()), "bad_lines": sum(p.bad_lines for p in parts),
+                 "blank_lines": sum(p.blank_lines for p in parts), "lengths": length_stats(lengths),
+                 "scripts": tally.as_dict(), "duplicates": duplicate_stats(digests)}
+    if corpus.meta is not None:
+        meta = corpus.meta
+        out["data_format"] = meta.get("data_format", "text")
+        out["splits"] = {s: meta["splits"][s] for s in ("train", "val")}
+        out["train_tokens"] = int(meta["splits"]["train"]["tokens"])
+        if "dropped_scripts" in meta:
+            out["dropped_scripts"] = meta["dropped_scripts"]
+    elif unit == "tokens":
+        out["train_tokens"] = out["tokens"]  # before the split: the whole corpus
+    if params or config:
+        out["model"] = model_budget(out.get("train_tokens"), params=params, config=config,
+                                    budget_tokens=budget_tokens)
+    return out
+
+
+def length_stats(lengths: np.ndarray) -> dict:
+    if not lengths.size:
+        return {}
+    pct = np.percentile(lengths, PERCENTILES)
+    return {"min": int(lengths.min()), "mean": round(float(lengths.mean()), 1),
+            **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)}, "max": int(lengths.max())}
+
+
+def duplicate_stats(digests: np.ndarray) -> dict:
+    """Exact duplicates: copies beyond the first of each text, and how many distinct texts have copies."""
+    if not digests.size:
+        return {"copies": 0, "distinct_repeated": 0, "largest_group": 0}
+    _, counts = np.unique(digests, return_counts=True)
+    return {"copies": int((counts - 1).sum()), "distinct_repeated": int((counts > 1).sum()),
+            "largest_group": int(counts.max())}
+
+
+def model_budget(train_tokens: int | None, *, params: int | None, config: str | None,
+                 budget_tokens: int | None) -> dict:
+    """Parameters (from --params, or counted from the config's model as its checkpoint stores it: the head tied
+    to the embeddings counted once), Chinchilla's optimum, this corpus's tokens per parameter, and the epochs
+    over train that the budget (--budget-tokens, or the config's max_tokens / max_steps x tokens per step) means."""
+    if config:
+        from minilmd.config import load_config
+        from minilmd.model_shapes import expected_state_shapes
+
+        cfg = load_config(config, check_paths=False)
+        if not params:
+            params = sum(int(np.prod(s)) for s in expected_state_shapes(cfg.model).values())
+        if budget_tokens is None:
+            t = cfg.train
+            per_step = t.seq_len * t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
+            budget_tokens = t.max_tokens or (t.max_steps * per_step) or None
+    assert params
+    out: dict = {"parameters": int(params), "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * int(params)}
+    if train_tokens:
+        out["tokens_per_parameter"] = train_tokens / params
+        out["of_chinchilla"] = train_tokens / out["chinchilla_tokens"]
+    if budget_tokens:
+        out["budget_tokens"] = int(budget_tokens)
+        if train_tokens:
+            out["epochs"] = budget_tokens / train_tokens
+    return out
+
+
+def _n(x: float) -> str:
+    """1234567 -> 1.23M."""
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:g}"
+
+
+def format_report(r: dict, short: bool = False) -> str:
+    """The text `minilmd corpus report` prints; `short`: the lines prepare prints at its end."""
+    unit = r["length_unit"]
+    n = r["documents"]
+    lines = [] if short else [f"corpus report: {r['corpus']} ({r['kind']}"
+                              + (f", {r['data_format']}" if "data_format" in r else "") + ")"]
+    head = f"documents {n:,}, {unit} {r[unit]:,}"
+    if "splits" in r:
+        head += (f" (train {r['splits']['train']['documents']:,} / {r['splits']['train']['tokens']:,}, "
+                 f"val {r['splits']['val']['documents']:,} / {r['splits']['val']['tokens']:,})")
+    lines.append(head)
+    if r["bad_lines"] or r["blank_lines"]:
+        lines.append(f"lines not read: {r['bad_lines']:,} bad, {r['blank_lines']:,} blank")
+    ls = r["lengths"]
+    if ls:
+        lines.append(f"length ({unit}): min {ls['min']:,} mean {ls['mean']:,} "
+                     + " ".join(f"p{p} {ls[f'p{p}']:,.0f}" for p in PERCENTILES) + f" max {ls['max']:,}")
+    sc = r["scripts"]
+    if n:
+        dom = ", ".join(f"{s} {c / n:.2%} ({c:,})" for s, c in sc["dominant"].items())
+        lines.append(f"scripts, documents by dominant script: {dom}")
+        if not short:
+            anyof = ", ".join(f"{s} {sc['contains'].get(s, 0) / n:.2%}" for s in SCRIPTS if s in sc["contains"])
+            lines.append(f"scripts, documents containing any: {anyof}")
+    d = r["duplicates"]
+    lines.append(f"duplicates (exact): {d['copies']:,} documents ({d['copies'] / n if n else 0:.2%}) repeat an "
+                 f"earlier one; {d['distinct_repeated']:,} distinct texts have copies, the largest group "
+                 f"{d['largest_group']:,}")
+    if r.get("dropped_scripts", {}).get("scripts"):
+        ds = r["dropped_scripts"]
+        lines.append(f"dropped by --drop-scripts {','.join(ds['scripts'])}: {ds['documents']:,} documents")
+    if "model" in r:
+        m = r["model"]
+        line = (f"model {_n(m['parameters'])} parameters: Chinchilla ~{CHINCHILLA_TOKENS_PER_PARAM} "
+                f"tokens/parameter = {_n(m['chinchilla_tokens'])} tokens")
+        if "tokens_per_parameter" in m:
+            line += (f"; this corpus trains on {_n(r['train_tokens'])} = {m['tokens_per_parameter']:.3g} "
+                     f"tokens/parameter ({m['of_chinchilla']:.1%} of it)")
+        lines.append(line)
+        if "budget_tokens" in m:
+            lines.append(f"budget {_n(m['budget_tokens'])} tokens" +
+                         (f" = {m['epochs']:.3g} epochs of train" if "epochs" in m else ""))
+    elif unit == "characters" and not short:
+        lines.append("(lengths in characters: pass --tokenizer to count tokens and compare with a model)")
+    return "\n".join(lines)
+
+
+# --- the short form prepare computes as it goes and prints at its end ----------------------------------------------
+def check_line_counts(found) -> None:
+    """The seed's habit, asserted on every prepare: lines read = documents + blank + bad + dropped (by
+    --drop-scripts, or a chat corpus's --on-long drop and conversations without a target). RuntimeError: a line
+    was lost or counted twice, a bug, never bad input."""
+    lines = sum(s["lines"] for s in found.sources)
+    docs = sum(s["documents"] for s in found.sources)
+    blank = sum(s["blank_lines"] for s in found.sources)
+    bad = sum(s["bad_lines"] for s in found.sources)
+    dropped = sum(s.get("dropped", 0) for s in found.sources)
+    dropped += sum(found.chat_counts.get(k, 0) for k in ("dropped_long", "dropped_no_target"))
+    if lines != docs + blank + bad + dropped:
+        raise RuntimeError(f"prepare read {lines:,} lines but counted {docs:,} documents + {blank:,} blank + "
+                           f"{bad:,} bad + {dropped:,} dropped = {docs + blank + bad + dropped:,}")
+
+
+def duplicates_of(tmp, found) -> dict:
+    """Duplicates among the documents by their leak keys (the text with whitespace removed): train's from its key
+    file (still there before the leak check), val's from memory. 8 bytes per document."""
+    from minilmd.names import LEAK_KEYS, SPLITS
+
+    train = np.fromfile(tmp / SPLITS[0] / LEAK_KEYS, dtype=np.uint64)
+    return duplicate_stats(np.concatenate([train, *found.val_keys]))
+
+
+def add_report_meta(meta: dict, found, duplicates: dict, train_lengths: np.ndarray, val_lengths: np.ndarray,
+                    drop_scripts: frozenset[str]) -> None:
+    """meta.json's stats.lengths, stats.duplicates, and for a text corpus stats.scripts and dropped_scripts."""
+    stats = meta["stats"]
+    stats["lengths"] = length_stats(np.concatenate([train_lengths, val_lengths]).astype(np.int64))
+    stats["duplicates"] = {**duplicates, "key": "the leak key: exact after removing all whitespace"}
+    if not found.chat:
+        stats["scripts"] = found.scripts.as_dict()
+        meta["dropped_scripts"] = {"scripts": sorted(drop_scripts),
+                                   "documents": sum(s.get("dropped", 0) for s in found.sources)}
+
+
+def prepare_summary(meta: dict) -> list[str]:
+    """The report's short form from a fresh meta.json (no second pass over the data)."""
+    stats = meta["stats"]
+    n = sum(meta["splits"][s]["documents"] for s in ("train", "val"))
+    lines = []
+    ls = stats.get("lengths")
+    if ls:
+        lines.append(f"length (tokens, both splits): min {ls['min']:,} mean {ls['mean']:,} "
+                     + " ".join(f"p{p} {ls[f'p{p}']:,.0f}" for p in PERCENTILES) + f" max {ls['max']:,}")
+    sc = stats.get("scripts")
+    if sc and sc["documents"]:
+        k = sc["documents"]
+        lines.append("scripts, documents by dominant script: "
+                     + ", ".join(f"{s} {c / k:.2%}" for s, c in sc["dominant"].items()))
+    d = stats.get("duplicates")
+    if d:
+        lines.append(f"duplicates (whitespace ignored): {d['copies']:,} documents ({d['copies'] / n if n else 0:.2%})"
+                     f" repeat an earlier one")
+    ds = meta.get("dropped_scripts")
+    if ds and ds["scripts"]:
+        lines.append(f"dropped by --drop-scripts {','.join(ds['scripts'])}: {ds['documents']:,} documents")
+    return lines

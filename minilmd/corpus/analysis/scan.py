@@ -1,0 +1,221 @@
+"""Reading every document of a corpus once, in parallel, for `minilmd corpus report` and `minilmd corpus count`.
+
+A corpus is either JSONL (the input of prepare) or a prepared corpus (its output). It is cut into shards that
+worker processes read independently:
+- a plain local JSONL file: byte ranges; a shard holds the lines that START in its range (it skips the partial
+  line at its start, which belongs to the shard before, and reads past its end to finish its last line). A
+  compressed or remote file is one shard, read as a stream.
+- a prepared corpus: ranges of documents of each split (the first meta.json's `documents` of it), decoded with the
+  corpus's own tokenizer, so a pattern is counted in the text the model is trained on: a text document is its ids
+  between BOS and EOS, decoded back to its exact text (byte-level BPE); a chat one decodes to its rendered
+  conversations without the <|im_start|>/<|im_end|> markers (special tokens skipped).
+A line's text is its "text" field; a chat line's ({"conversations": [...]}) is its messages' "content" joined by
+newlines. Lines that are not JSON or have neither are counted as bad, never read.
+
+Each shard feeds a Task (texts, their exact digests, their lengths) and returns its result; the results come back
+in shard order and the caller merges them. Memory per worker: one block of lines or documents.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from minilmd.corpus.format import CorpusError, read_meta
+from minilmd.corpus.prepare.encode import digest64
+from minilmd.corpus.sources.jsonl import InputError
+from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, SPLITS, TOKENS
+
+BLOCK_BYTES = 4 << 20  # JSONL bytes per batch of texts handed to a task
+BLOCK_DOCS = 4096  # prepared documents per batch
+_COMPRESSED = (".gz", ".zst", ".zstd", ".bz2", ".xz")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A piece of one corpus file: bytes [start, end) of a JSONL file, or documents [start, end) of a split."""
+    path: str
+    start: int
+    end: int
+    split: str = ""  # prepared corpora: "train" or "val"; "" for JSONL
+
+
+@dataclass
+class Batch:
+    """What a task sees: texts, the blake2b-64 of each document's exact bytes (its UTF-8 line text, or its token
+    ids for a prepared corpus), and each one's length (characters for JSONL, tokens with BOS/EOS for prepared)."""
+    texts: list[str]
+    digests: np.ndarray
+    lengths: np.ndarray
+    bad_lines: int = 0
+    blank_lines: int = 0
+
+
+@dataclass
+class Corpus:
+    """A corpus to scan: its kind ("jsonl" | "prepared"), its shards, and for a prepared corpus its meta.json."""
+    path: str
+    kind: str
+    shards: list[Shard]
+    meta: dict | None = None
+    tokenizer_json: str | None = field(default=None, repr=False)
+
+
+def is_prepared(path: str) -> bool:
+    return (Path(path) / CORPUS_META).is_file()
+
+
+def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
+    """The shards of `path` (about `parts` of them, JSONL ones of at least min_bytes); CorpusError / InputError for
+    what cannot be read."""
+    if is_prepared(path):
+        meta = read_meta(path)
+        shards = []
+        total = sum(int(meta["splits"][s]["documents"]) for s in SPLITS)
+        per = max(1, -(-total // max(parts, 1)))
+        for split in SPLITS:
+            n = int(meta["splits"][split]["documents"])
+            shards += [Shard(path, lo, min(lo + per, n), split) for lo in range(0, n, per)]
+        tok = (Path(path) / CORPUS_TOKENIZER).read_text(encoding="utf-8")
+        return Corpus(path, "prepared", shards, meta, tok)
+    if Path(path).is_dir():
+        raise CorpusError(f"{path}: a directory without {CORPUS_META}: not a prepared corpus")
+    if "://" in path or path.endswith(_COMPRESSED):
+        return Corpus(path, "jsonl", [Shard(path, 0, -1)])  # one stream: a compressed file has no byte offsets
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot open ({e})") from None
+    per = max(min_bytes, -(-size // max(parts, 1)), 1)
+    return Corpus(path, "jsonl", [Shard(path, lo, min(lo + per, size)) for lo in range(0, size, per)] or
+                  [Shard(path, 0, 0)])
+
+
+def run(corpus: Corpus, task, workers: int) -> list:
+    """task.result() of every shard, in shard order; workers=0 runs them in this process."""
+    if workers <= 0 or len(corpus.shards) == 1:
+        return [run_shard(corpus, shard, task) for shard in corpus.shards]
+    from concurrent.futures import ProcessPoolExecutor
+
+    from minilmd.corpus.prepare.encode import _spawn_context
+
+    with ProcessPoolExecutor(min(workers, len(corpus.shards)), mp_context=_spawn_context()) as pool:
+        futures = [pool.submit(run_shard, corpus, shard, task) for shard in corpus.shards]
+        return [f.result() for f in futures]
+
+
+def run_shard(corpus: Corpus, shard: Shard, task):
+    """Feed every batch of `shard` to a fresh copy of `task` (tasks are small dataclasses) and return its result."""
+    task = task.fresh()
+    batches = _prepared_batches(corpus, shard) if corpus.kind == "prepared" else _jsonl_batches(shard)
+    for batch in batches:
+        task.add(batch)
+    return task.result()
+
+
+def line_text(obj) -> str | None:
+    """A JSONL line's text (the module docstring), None when it has none."""
+    if not isinstance(obj, dict):
+        return None
+    text = obj.get("text")
+    if isinstance(text, str):
+        return text
+    conv = obj.get("conversations")
+    if isinstance(conv, list):
+        parts = [m.get("content") for m in conv if isinstance(m, dict)]
+        texts = [p for p in parts if isinstance(p, str)]
+        if texts and len(texts) == len(conv):
+            return "\n".join(texts)
+    return None
+
+
+def _jsonl_batches(shard: Shard):
+    if shard.end < 0:
+        from minilmd.corpus.sources.jsonl import Source
+
+        src = Source(shard.path)
+        try:
+            for _, blob in src.blocks(BLOCK_BYTES):
+                yield _parse_lines(blob.splitlines(keepends=True))
+        finally:
+            src.close()
+        return
+    with open(shard.path, "rb") as f:
+        if shard.start > 0:
+            f.seek(shard.start - 1)
+            f.readline()  # the rest of the line that started before this shard: the shard before reads it
+        while f.tell() < shard.end:
+            lines = f.readlines(BLOCK_BYTES)
+            if not lines:
+                break
+            # a line starting at or after end belongs to the next shard
+            pos = f.tell() - sum(map(len, lines))
+            keep = []
+            for line in lines:
+                if pos >= shard.end:
+                    break
+                keep.append(line)
+                pos += len(line)
+            yield _parse_lines(keep)
+            if pos >= shard.end:
+                break
+
+
+def _parse_lines(lines: list[bytes]) -> Batch:
+    texts, digests, bad, blank = [], [], 0, 0
+    for raw in lines:
+        if not raw.strip():
+            blank += 1
+            continue
+        try:
+            text = line_text(json.loads(raw))
+        except ValueError:
+            text = None
+        if text is None or not text.strip():
+            bad += 1
+            continue
+        data = text.encode("utf-8", "surrogatepass")
+        texts.append(text)
+        digests.append(digest64(data))
+    return Batch(texts, np.array(digests, dtype=np.uint64), np.array([len(t) for t in texts], dtype=np.int64),
+                 bad, blank)
+
+
+def _prepared_batches(corpus: Corpus, shard: Shard):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(corpus.tokenizer_json or "")
+    text = (corpus.meta or {}).get("data_format", "text") == "text"
+    split_dir = Path(corpus.path) / shard.split
+    n_docs = int((corpus.meta or {})["splits"][shard.split]["documents"])
+    lengths = np.load(split_dir / DOC_LENGTHS)[:n_docs].astype(np.int64)  # a longer one: an append publishing
+    starts = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    if int(starts[-1]) * 2 > (split_dir / TOKENS).stat().st_size:
+        raise CorpusError(f"{split_dir / TOKENS}: its size disagrees with {split_dir / DOC_LENGTHS}")
+    if not starts[-1]:
+        return
+    tokens = np.memmap(split_dir / TOKENS, dtype="<u2", mode="r", shape=(int(starts[-1]),))
+    for lo in range(shard.start, shard.end, BLOCK_DOCS):
+        hi = min(lo + BLOCK_DOCS, shard.end)
+        docs = [np.asarray(tokens[starts[d]:starts[d + 1]]) for d in range(lo, hi)]
+        if text:  # between BOS and EOS, every id: a literal "<|endoftext|>" in a text is part of it
+            texts = tok.decode_batch([d[1:-1].tolist() for d in docs], skip_special_tokens=False)
+        else:
+            texts = tok.decode_batch([d.tolist() for d in docs], skip_special_tokens=True)
+        digests = np.array([digest64(d.tobytes()) for d in docs], dtype=np.uint64)
+        yield Batch(texts, digests, lengths[lo:hi].copy())
+
+
+def per_split(root: Path, task, workers: int) -> dict[str, np.ndarray]:
+    """{split: the uint64 `task` gives each of its documents, in order}: the corpus scanned in parallel shards."""
+    corpus = open_corpus(str(root), max(workers, 1) * 4)
+    parts = run(corpus, task, workers)
+    out = {}
+    for split in SPLITS:
+        got = [k for shard, k in zip(corpus.shards, parts, strict=True) if shard.split == split]
+        out[split] = np.concatenate(got) if got else np.zeros(0, dtype=np.uint64)
+    return out

@@ -1,0 +1,146 @@
+"""What padding and packing cost on a given corpus, from its document lengths alone.
+
+Lengths count a document's BOS and EOS, as doc_lengths.npy does. For a sequence length T and a batch size B:
+- MiniMind-style padding: one document per row, body truncated to T - 2, then `[BOS] body [EOS]` right-padded
+  with PAD to T. Row d keeps min(L_d, T) tokens; the rest of the row is PAD (compute spent on nothing) and
+  max(L_d - T, 0) tokens are dropped forever.
+- Packing: the stream cut into windows of exactly T tokens across document boundaries: no PAD, nothing dropped,
+  but a token whose window began inside an earlier document can attend to that document. Counted for windows
+  aligned at multiples of T: in document d starting at offset s, the first min(L_d, T - s % T) tokens see a
+  previous document when s % T != 0. Steps per epoch count the windows the trainer's packed sampler uses,
+  (tokens - T + 1) // T (it shifts the window edges by a random offset each epoch).
+- Bucketed (chat corpora; the trainer's data.mode "bucketed"): documents sorted by length and cut into
+  micro-batches of B, each padded only to its longest row: `bucketed_pad_share`. Batch order and the order of
+  equal lengths do not change it.
+Percentiles use the "lower" definition: the smallest length with at least q of the documents at or below it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def length_stats(lengths: np.ndarray) -> dict:
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = int(lengths.size)
+    if n == 0:
+        return {"documents": 0, "tokens": 0, "mean": 0.0, "median": 0, "p90": 0, "p99": 0, "max": 0, "min": 0}
+    ranked = np.sort(lengths)  # memory per document, not per token (a histogram would be as long as the longest)
+
+    def pct(q: float) -> int:
+        return int(ranked[max(math.ceil(q * n), 1) - 1])
+
+    return {
+        "documents": n,
+        "tokens": int(lengths.sum()),
+        "mean": round(float(lengths.mean()), 2),
+        "median": pct(0.5),
+        "p90": pct(0.9),
+        "p99": pct(0.99),
+        "max": int(lengths.max()),
+        "min": int(lengths.min()),
+    }
+
+
+def layout_stats(lengths: np.ndarray, seq_len: int, batch_size: int) -> dict:
+    """The padding and packing figures for one (seq_len, batch_size); shares are fractions in [0, 1]."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n, tokens = int(lengths.size), int(lengths.sum())
+    kept = np.minimum(lengths, seq_len)
+    starts = np.cumsum(lengths) - lengths
+    offset = starts % seq_len
+    seeing = np.where(offset != 0, np.minimum(lengths, seq_len - offset), 0)
+    windows = max(0, (tokens - seq_len + 1) // seq_len)  # as the trainer's packed sampler: fits any epoch offset
+    return {
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "padded": {
+            "pad_share": float(1 - kept.sum() / (n * seq_len)) if n else 0.0,
+            "truncated_share": float((lengths - kept).sum() / tokens) if tokens else 0.0,
+            "truncated_documents": int((lengths > seq_len).sum()),
+            "steps_per_epoch": math.ceil(n / batch_size),
+        },
+        "packed": {
+            "windows": windows,
+            "cross_document_share": float(seeing.sum() / tokens) if tokens else 0.0,
+            "steps_per_epoch": windows // batch_size,
+        },
+    }
+
+
+def split_stats(lengths: np.ndarray, seq_len: int, batch_size: int) -> dict:
+    return {"lengths": length_stats(lengths), **layout_stats(lengths, seq_len, batch_size)}
+
+
+def format_report(name: str, stats: dict) -> str:
+    """The human summary printed by `minilmd prepare`."""
+    ln, pad, pack = stats["lengths"], stats["padded"], stats["packed"]
+    T, B = stats["seq_len"], stats["batch_size"]
+    return "\n".join([
+        f"{name}: {ln['documents']:,} documents, {ln['tokens']:,} tokens; document length (with BOS/EOS) "
+        f"mean {ln['mean']:.1f}, median {ln['median']}, p90 {ln['p90']}, p99 {ln['p99']}, max {ln['max']:,}",
+        f"  at seq_len {T}, batch {B}:",
+        f"  padded, one document per row (MiniMind): {pad['pad_share']:.1%} of compute spent on PAD, "
+        f"{pad['truncated_share']:.1%} of tokens dropped by truncation ({pad['truncated_documents']:,} documents "
+        f"cut), {pad['steps_per_epoch']:,} steps per epoch",
+        f"  packed windows: no PAD, nothing dropped, {pack['cross_document_share']:.1%} of tokens can see a "
+        f"previous document, {pack['steps_per_epoch']:,} steps per epoch ({pack['windows']:,} windows)",
+    ])
+
+
+def bucketed_pad_share(lengths: np.ndarray, batch_size: int) -> float:
+    """The PAD share of length-bucketed batches: lengths sorted, cut into micro-batches of batch_size (the last may
+    be smaller), each padded to its own longest row."""
+    ranked = np.sort(np.asarray(lengths, dtype=np.int64))
+    n = int(ranked.size)
+    if n == 0:
+        return 0.0
+    firsts = np.arange(0, n, batch_size)
+    lasts = np.minimum(firsts + batch_size, n)
+    padded = int((ranked[lasts - 1] * (lasts - firsts)).sum())
+    return float(1 - ranked.sum() / padded)
+
+
+def chat_split_stats(lengths: np.ndarray, facts: np.ndarray, seq_len: int, batch_size: int) -> dict:
+    """A chat split's figures: conversations, turns, tokens, targets, lengths, cuts, and the PAD share of static
+    padding to seq_len against length-bucketed micro-batches of batch_size (lengths are after the cut, <= seq_len).
+    facts: the per-conversation columns of chat_encode.FACTS."""
+    from minilmd.corpus.prepare.chat_encode import FACTS
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n, tokens = int(lengths.size), int(lengths.sum())
+    col = {name: facts[:, i] for i, name in enumerate(FACTS)}
+    targets = int(col["target_tokens"].sum())
+    return {
+        "conversations": n,
+        "turns": int(col["messages"].sum()),
+        "assistant_turns": int(col["assistant_turns"].sum()),
+        "tokens": tokens,
+        "target_tokens": targets,
+        "target_share": targets / tokens if tokens else 0.0,
+        "cut": int(col["cut"].sum()),
+        "lengths": length_stats(lengths),
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "padded": {"pad_share": float(1 - tokens / (n * seq_len)) if n else 0.0,
+                   "steps_per_epoch": math.ceil(n / batch_size)},
+        "bucketed": {"pad_share": bucketed_pad_share(lengths, batch_size),
+                     "steps_per_epoch": math.ceil(n / batch_size)},
+    }
+
+
+def format_chat_report(name: str, stats: dict) -> str:
+    """The human summary of a chat split printed by `minilmd prepare --format chat`."""
+    ln, T, B = stats["lengths"], stats["seq_len"], stats["batch_size"]
+    pad, bucket = stats["padded"]["pad_share"], stats["bucketed"]["pad_share"]
+    limit = (1 - bucket) / (1 - pad) if pad < 1 else float("nan")
+    return "\n".join([
+        f"{name}: {stats['conversations']:,} conversations, {stats['turns']:,} turns ({stats['assistant_turns']:,} "
+        f"replies), {stats['tokens']:,} tokens of which {stats['target_tokens']:,} targets "
+        f"({stats['target_share']:.1%}); {stats['cut']:,} cut at seq_len {T}",
+        f"  conversation length mean {ln['mean']:.1f}, median {ln['median']}, p90 {ln['p90']}, p99 {ln['p99']}, "
+        f"max {ln['max']:,}",
+        f"  at micro-batch {B}: static padding to {T}: {pad:.1%} PAD; length-bucketed batches: {bucket:.1%} PAD "
+        f"(real tokens per row token {limit:.2f}x static's)",
+    ])

@@ -1,0 +1,324 @@
+"""Chat data for `minilmd prepare --format chat`, `minilmd sample --chat` and `minilmd chat`: MiniMind's SFT
+conversations checked line by line, rendered by the tokenizer's own chat template exactly as transformers'
+`apply_chat_template` renders them, and the character spans of the assistant replies that are the targets.
+
+- Input lines: `{"conversations": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}`. A line is bad
+  (reason and detail, as jsonl.parse_block names them) when it is not valid UTF-8 or JSON, not an object with a
+  "conversations" list, the list is empty, a message is not an object, has a role outside the three, a content
+  that is not a string (or holds a lone surrogate), a key other than role, content and reasoning_content (a
+  string), or when no message is the assistant's. Other keys of the line (an "id") are ignored.
+- The template: `chat_template.jinja` in the tokenizer's directory when there is one (transformers prefers it),
+  else `chat_template` of its `tokenizer_config.json` (a string, or a list of named templates: "default"). It runs
+  in the environment transformers' `_compile_jinja_template` builds: jinja2's ImmutableSandboxedEnvironment with
+  trim_blocks and lstrip_blocks, the loopcontrols extension, a `{% generation %}` block that renders its body,
+  the filter `tojson` and the globals `raise_exception`, `strftime_now`, `dict` and `namespace` as transformers
+  defines them; it sees `messages`, `tools` and `documents` (None), `add_generation_prompt` and the special token
+  names of tokenizer_config.json (`bos_token`, `eos_token`, ...). A message with `reasoning_content` also carries
+  it as `thinking`, as transformers passes it.
+- Targets: the template is rendered for the whole conversation and for its prefixes up to each assistant message.
+  Assistant turn k is the text between the rendering of messages[:k] and that of messages[:k + 1]; each must be a
+  prefix of the whole rendering (a template that renders a turn differently depending on what follows it cannot
+  say which text is the reply: such a conversation is a bad line, `template_not_incremental`). Within the turn the
+  target starts after the `<|im_start|>assistant\\n` header and ends after the turn's last `<|im_end|>` (the "\\n"
+  the template writes after it is not a target). A token is a target when its first character is inside a target
+  span; `ChatEncoder` in chat_encode.py turns the spans into the loss mask.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from minilmd.corpus.sources.jsonl import json_lines
+from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE
+from minilmd.protocol import SPECIAL_TOKENS
+
+ROLES = ("system", "user", "assistant")
+MESSAGE_KEYS = ("role", "content", "reasoning_content")
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+HEADER = f"{IM_START}assistant\n"
+"""What opens an assistant turn; the target starts after it."""
+MIN_JINJA = (3, 1, 6)  # transformers' floor: older jinja2 has known sandbox escapes, and templates are untrusted code
+
+
+class ChatError(ValueError):
+    """A tokenizer without a usable chat template, or a conversation the template cannot render."""
+
+
+class TurnError(ChatError):
+    """One conversation the template renders in a way targets cannot be found in: (reason, detail) of a bad line."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+# --- conversations ---------------------------------------------------------------------------------------------
+def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
+    """(messages, None) for a good line's JSON value, (None, (reason, detail)) for a bad one (module docstring).
+    The messages hold only the keys of MESSAGE_KEYS."""
+    if not isinstance(obj, dict) or "conversations" not in obj:
+        what = 'an object without "conversations"' if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
+        return None, ("missing_conversations", f"line is {what}")
+    conv = obj["conversations"]
+    if not isinstance(conv, list):
+        return None, ("conversations_not_list", f'"conversations" is a JSON {type(conv).__name__}')
+    if not conv:
+        return None, ("empty_conversation", '"conversations" is an empty list')
+    messages = []
+    for i, m in enumerate(conv):
+        if not isinstance(m, dict):
+            return None, ("message_not_object", f"message {i} is a JSON {type(m).__name__}")
+        extra = sorted(set(m) - set(MESSAGE_KEYS))
+        if extra:
+            return None, ("unknown_message_key", f"message {i} has {', '.join(map(repr, extra))} (allowed: "
+                                                 f"{', '.join(MESSAGE_KEYS)})")
+        role = m.get("role")
+        if role not in ROLES:
+            return None, ("unknown_role", f"message {i} has role {role!r} (allowed: {', '.join(ROLES)})")
+        for key in ("content", "reasoning_content"):
+            if key == "reasoning_content" and key not in m:
+                continue
+            value = m.get(key)
+            if not isinstance(value, str):
+                return None, ("content_not_string", f'message {i} "{key}" is a JSON {type(value).__name__}')
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return None, ("invalid_utf8", f'message {i} "{key}": lone surrogate {value[e.start]!r}')
+        messages.append({k: m[k] for k in MESSAGE_KEYS if k in m})
+    if not any(m["role"] == "assistant" for m in messages):
+        return None, ("no_assistant_turn", f"{len(messages)} messages, none with role 'assistant'")
+    return messages, None
+
+
+def canonical(messages: list[dict]) -> str:
+    """The text the split rule and the leak key are computed on: the messages as compact JSON, keys sorted."""
+    return json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def has_special_text(messages: list[dict]) -> bool:
+    """Whether a message's text spells a special token (it then encodes to id 0, 1 or 2 inside the turn)."""
+    return any(t in m[k] for m in messages for k in ("content", "reasoning_content") if k in m
+               for t in SPECIAL_TOKENS)
+
+
+@dataclass
+class ParsedChatBlock:
+    conversations: list[list[dict]] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    bad: list[tuple[int, str, str]] = field(default_factory=list)
+    blank: int = 0
+    n_lines: int = 0
+
+
+def parse_chat_block(blob: bytes, first_line: int) -> ParsedChatBlock:
+    """Whole lines of chat JSONL -> the conversations and the bad lines with their reasons."""
+    out = ParsedChatBlock()
+    for lineno, obj, bad in json_lines(blob, first_line, out):
+        if bad is None:
+            messages, bad = check_conversation(obj)
+            if messages is not None:
+                out.conversations.append(messages)
+                out.lines.append(lineno)
+                continue
+        assert bad is not None  # a line is a conversation or bad
+        out.bad.append((lineno, *bad))
+    return out
+
+
+# --- the template --------------------------------------------------------------------------------------------
+def _compile(source: str):
+    """The template in transformers' environment (module docstring)."""
+    import jinja2
+    import jinja2.ext
+    import jinja2.nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if tuple(int(x) for x in jinja2.__version__.split(".")[:3] if x.isdigit()) < MIN_JINJA:
+        raise ChatError(f"jinja2 {jinja2.__version__} is too old for untrusted chat templates: pip install "
+                        f"'jinja2>={'.'.join(map(str, MIN_JINJA))}'")
+
+    class Generation(jinja2.ext.Extension):
+        """`{% generation %}...{% endgeneration %}`: transformers tracks assistant text with it; the body here."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    class TemplateDict:
+        """`dict(...)` without attribute access to the type (transformers')."""
+
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        """A namespace that refuses underscore names, as transformers' does (no way to CPython's internals)."""
+
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"chat templates cannot store underscore-prefixed attributes "
+                                                      f"on a namespace, got {name!r}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.globals["dict"] = TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ChatError(f"the chat template does not compile: {e} (line {e.lineno})") from None
+
+
+def special_token_names(config: dict) -> dict[str, str]:
+    """The `*_token` entries of a tokenizer_config.json (a string, or an AddedToken's "content"), as transformers
+    passes its special_tokens_map to the template."""
+    out = {}
+    for key, value in config.items():
+        if not key.endswith("_token"):
+            continue
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def tokenizer_dir(tokenizer: str | Path) -> Path:
+    """The directory of a tokenizer given as its tokenizer.json or as the directory holding it."""
+    path = Path(tokenizer)
+    return path if path.is_dir() else path.parent
+
+
+def read_tokenizer_config(tokenizer: str | Path) -> dict:
+    """The tokenizer_config.json beside a tokenizer, its `chat_template` resolved to one string (module
+    docstring): what a chat corpus, a checkpoint and an export carry. ChatError when there is no template."""
+    folder = tokenizer_dir(tokenizer)
+    path = folder / TOKENIZER_CONFIG
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError) as e:
+        raise ChatError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ChatError(f"{path}: not a JSON object")
+    source = config.get("chat_template")
+    if (folder / CHAT_TEMPLATE_FILE).is_file():
+        source = (folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    elif isinstance(source, list):
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+    if not isinstance(source, str) or not source.strip():
+        raise ChatError(f"{folder}: no chat template (neither {CHAT_TEMPLATE_FILE} nor a \"chat_template\" in "
+                        f"{TOKENIZER_CONFIG} beside {TOKENIZER_FILE}); --format chat renders conversations with the "
+                        "tokenizer's own template")
+    return {**config, "chat_template": source}
+
+
+@dataclass
+class ChatTemplate:
+    """A tokenizer's chat template, compiled: `render` as apply_chat_template(tokenize=False), `turns` for the
+    targets. Picklable (the compiled template is rebuilt in each worker)."""
+
+    source: str
+    special_tokens: dict[str, str]
+
+    def __post_init__(self):
+        self._template = _compile(self.source)
+
+    def __getstate__(self):
+        return {"source": self.source, "special_tokens": self.special_tokens}
+
+    def __setstate__(self, state):
+        self.source, self.special_tokens = state["source"], state["special_tokens"]
+        self._template = _compile(self.source)
+
+    @classmethod
+    def from_config(cls, config: dict) -> ChatTemplate:
+        return cls(config["chat_template"], special_token_names(config))
+
+    @classmethod
+    def load(cls, tokenizer: str | Path) -> ChatTemplate:
+        """The template of the tokenizer (a tokenizer.json, or its directory)."""
+        return cls.from_config(read_tokenizer_config(tokenizer))
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        """The text apply_chat_template(messages, tokenize=False, add_generation_prompt=...) produces."""
+        chat = [{"thinking": m["reasoning_content"], **m} if "reasoning_content" in m else dict(m)
+                for m in messages]
+        return self._template.render(messages=chat, tools=None, documents=None,
+                                     add_generation_prompt=add_generation_prompt, **self.special_tokens)
+
+    def targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        """(the whole rendering, the [start, end) character span of each assistant reply's target). TurnError
+        (reason, detail) when the template fails or its text does not show where a reply is (module docstring)."""
+        cache: dict[int, str] = {}
+
+        def upto(k: int) -> str:  # the rendering of messages[:k]
+            if k not in cache:
+                if k == 0:
+                    try:
+                        cache[0] = self.render([])
+                    except Exception:  # noqa: BLE001 - many templates cannot render no messages: nothing before
+                        cache[0] = ""
+                else:
+                    cache[k] = self._render_or_bad(messages[:k])
+            return cache[k]
+
+        full = upto(len(messages))
+        spans = []
+        for k, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            before, through = upto(k), upto(k + 1)
+            if not (full.startswith(before) and full.startswith(through) and len(through) >= len(before)):
+                raise TurnError("template_not_incremental",
+                                f"the template renders the messages before assistant message {k} differently in the "
+                                "whole conversation, so the reply's text cannot be told apart")
+            turn = full[len(before):len(through)]
+            if not turn.startswith(HEADER):
+                raise TurnError("template_output", f"assistant message {k} renders as {turn[:40]!r}..., not "
+                                                   f"starting with the header {HEADER!r}")
+            close = turn.rfind(IM_END)
+            if close < len(HEADER):
+                raise TurnError("template_output", f"assistant message {k} renders without a closing {IM_END!r}")
+            spans.append((len(before) + len(HEADER), len(before) + close + len(IM_END)))
+        return full, spans
+
+    def _render_or_bad(self, messages: list[dict]) -> str:
+        try:
+            return self.render(messages)
+        except Exception as e:  # noqa: BLE001 - the template is untrusted code: any failure refuses the conversation
+            raise TurnError("template_error", f"{type(e).__name__}: {e}") from None

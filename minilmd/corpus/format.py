@@ -1,0 +1,351 @@
+"""Reading a prepared corpus: the token stream the trainer samples windows from, checked on every open.
+
+A prepared corpus (the output of `minilmd prepare`, format in docs/formats.md) is a directory:
+    meta.json  tokenizer.json  train/{tokens.bin,doc_lengths.npy}  val/{tokens.bin,doc_lengths.npy}
+tokens.bin is a raw little-endian uint16 stream `[BOS] doc [EOS] [BOS] doc [EOS] ...`; doc_lengths.npy holds the
+length of each document including its BOS and EOS. A tokens.bin and a doc_lengths.npy that disagree did not come
+from the same run, and every window cut from them would be silently misaligned: TokenStream refuses them.
+
+A chat corpus (`prepare --format chat`, meta.json `"data_format": "chat"`, version 2) has one conversation per
+document, as its chat template rendered it, beside it a tokenizer_config.json holding that template, and in each
+split a loss_mask.bin: one uint8 per token, 1 on the target tokens (every assistant reply after its
+`<|im_start|>assistant\n` header, up to and including its `<|im_end|>`). A chat document starts with BOS
+(`<|im_start|>`) but need not end with EOS: the template's text after the last `<|im_end|>` (MiniMind's "\n") is
+kept, and a conversation cut at seq_len ends where it was cut.
+Torch-free (numpy only): the supervisor verifies staged corpora with verify_prepared.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
+from minilmd.fsio import dir_table_problems, local_size, sha256_file, table_problems
+from minilmd.names import CORPUS_META as META
+from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+
+FORMAT = "minilmd-prepared"
+VERSION = 1
+"""The version of a text corpus (pretraining: loss on every token)."""
+CHAT_VERSION = 2
+"""The version of a chat corpus: a version-1 layout plus loss_mask.bin and tokenizer_config.json. Text corpora stay
+at 1, so every minilmd reads them; a minilmd that knows only version 1 refuses a chat corpus instead of training on
+its dialogue as plain text."""
+DATA_FORMATS = {"text": VERSION, "chat": CHAT_VERSION}
+"""meta.json's `data_format` (absent means "text") and the version it is written with."""
+_SCAN = 1 << 24  # tokens per block when scanning for the largest id: bounded temporaries
+
+
+class CorpusError(ValueError):
+    """An invalid prepared corpus; the message names the files and the numbers that disagree."""
+
+
+def read_meta(root: str | Path) -> dict:
+    """meta.json of a prepared corpus, after checking its format and version."""
+    path = Path(root) / META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: missing; is {root} the output of `minilmd prepare`?") from None
+    except ValueError as e:
+        raise CorpusError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CorpusError(f"{path}: format is {meta.get('format') if isinstance(meta, dict) else None!r}, "
+                          f"expected {FORMAT!r}")
+    data_format = meta.get("data_format", "text")
+    if data_format not in DATA_FORMATS:
+        raise CorpusError(f"{path}: data_format {data_format!r}, this minilmd reads {', '.join(DATA_FORMATS)}")
+    if meta.get("version") != DATA_FORMATS[data_format]:
+        raise CorpusError(f"{path}: version {meta.get('version')!r}, this minilmd reads version "
+                          f"{DATA_FORMATS[data_format]} for data_format {data_format!r}; prepare the corpus again")
+    return meta
+
+
+def data_format_of(meta: dict) -> str:
+    """"text" or "chat": meta.json's `data_format`, absent meaning "text" (corpora from before chat existed)."""
+    return meta.get("data_format", "text")
+
+
+class TokenStream:
+    """One split of a prepared corpus: `tokens` (uint16 memmap), `doc_lengths`, `doc_starts`, counts, and
+    `loss_mask` (uint8 memmap of the same length, 1 on target tokens) for a chat corpus, None for a text one.
+
+    Document d occupies tokens[doc_starts[d]:doc_starts[d + 1]]. On open it checks, always: tokens.bin size ==
+    2 * doc_lengths.sum(), every document starts with BOS and (text) ends with EOS, every id < vocab_size, and the
+    file sizes recorded in ../meta.json when there is one; with verify_hash also their sha256. For a chat split
+    also: loss_mask.bin holds one byte per token, each 0 or 1; every document has a target token and its BOS is
+    not one; every run of targets ends with EOS (`<|im_end|>`) unless it reaches its document's end (a cut).
+    `data_format` comes from ../meta.json; a split directory without one is "chat" when it holds a loss_mask.bin.
+    """
+
+    def __init__(self, split_dir: str | Path, vocab_size: int | None = None, verify_hash: bool = False):
+        self.dir = Path(split_dir)
+        tokens_path, lengths_path = self.dir / TOKENS, self.dir / DOC_LENGTHS
+        for p in (tokens_path, lengths_path):
+            if not p.is_file():
+                raise CorpusError(f"{p}: missing")
+        meta = None
+        self.data_format = "chat" if (self.dir / LOSS_MASK).is_file() else "text"
+        listed_docs = None  # meta.json's documents of this split: the prefix of the files to read (appends)
+        if (self.dir.parent / META).is_file():
+            meta = read_meta(self.dir.parent)
+            self.data_format = data_format_of(meta)
+            if vocab_size is None:
+                vocab_size = meta.get("vocab_size")
+            listed_docs = meta.get("splits", {}).get(self.dir.name, {}).get("documents")
+            self._check_files(meta, verify_hash)
+        try:
+            lengths = np.load(lengths_path, allow_pickle=False)
+        except Exception as e:  # noqa: BLE001 - np.load fails in many ways (ValueError, EOFError, OSError): all mean bad data
+            raise CorpusError(f"{lengths_path}: not a readable .npy file ({e})") from None
+        if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
+            raise CorpusError(f"{lengths_path}: expected a 1-D integer array, got {lengths.dtype} {lengths.shape}")
+        if isinstance(listed_docs, int) and lengths.size > listed_docs:
+            lengths = lengths[:listed_docs]  # the doc_lengths.npy of an append being published: its prefix
+        self.doc_lengths = lengths.astype(np.int64, copy=False)
+        if self.doc_lengths.size and self.doc_lengths.min() < 2:
+            d = int(np.argmin(self.doc_lengths))
+            raise CorpusError(f"{lengths_path}: document {d} has length {int(self.doc_lengths[d])}; every document "
+                              "holds at least its BOS and EOS (2)")
+        self.doc_starts = np.zeros(self.doc_lengths.size + 1, dtype=np.int64)
+        np.cumsum(self.doc_lengths, out=self.doc_starts[1:])
+        self.n_docs = int(self.doc_lengths.size)
+
+        size = tokens_path.stat().st_size
+        expected = int(self.doc_starts[-1])
+        self._grown = listed_docs is not None  # with meta.json, a longer file is an append's tail: read the prefix
+        if (size % 2 or size // 2 != expected) and not (self._grown and size // 2 >= expected):
+            raise CorpusError(
+                f"{tokens_path} holds {size / 2:g} tokens ({size} bytes) but {lengths_path} sums to {expected} "
+                f"tokens over {self.n_docs} documents: they did not come from the same run"
+            )
+        self.n_tokens = expected
+        if self.n_tokens:
+            self.tokens: np.ndarray = np.memmap(tokens_path, dtype="<u2", mode="r", shape=(self.n_tokens,))
+        else:  # numpy cannot map an empty file
+            self.tokens = np.zeros(0, dtype="<u2")
+        self.loss_mask: np.ndarray | None = None
+        self.target_tokens: int | None = None  # chat: the number of target tokens (set by _check_mask)
+        if self.data_format == "chat":
+            self.loss_mask = self._open_mask(self.dir / LOSS_MASK, tokens_path)
+        self._check_boundaries(tokens_path, lengths_path)
+        self.vocab_size = vocab_size
+        self._check_ids(tokens_path, vocab_size)
+        if self.loss_mask is not None:
+            self._check_mask(self.dir / LOSS_MASK)
+
+    def _open_mask(self, mask_path: Path, tokens_path: Path) -> np.ndarray:
+        if not mask_path.is_file():
+            raise CorpusError(f"{mask_path}: missing (a chat corpus has one beside {tokens_path})")
+        size = mask_path.stat().st_size
+        if size != self.n_tokens and not (self._grown and size > self.n_tokens):
+            raise CorpusError(f"{mask_path} holds {size} bytes but {tokens_path} holds {self.n_tokens} tokens (one "
+                              "mask byte per token): they did not come from the same run")
+        if not self.n_tokens:
+            return np.zeros(0, dtype=np.uint8)
+        return np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(self.n_tokens,))
+
+    def _check_mask(self, mask_path: Path) -> None:
+        """The chat invariants of the class docstring, in blocks of _SCAN tokens (bounded temporaries)."""
+        assert self.loss_mask is not None
+        mask, n = self.loss_mask, self.n_tokens
+        before = np.zeros(self.n_docs + 1, dtype=np.int64)  # target tokens before each document boundary
+        total = 0
+        ends = self.doc_starts[1:]
+        for lo in range(0, n, _SCAN):
+            hi = min(lo + _SCAN, n)
+            block = np.asarray(mask[lo:hi])
+            if int(block.max(initial=0)) > 1:
+                at = lo + int(np.argmax(block > 1))
+                raise CorpusError(f"{mask_path}: value {int(mask[at])} at token {at}; a loss mask holds 0 or 1")
+            nxt = np.zeros(hi - lo, dtype=bool)  # is the next token a target? (past the end: no)
+            nxt[:-1] = block[1:] == 1
+            if hi < n:
+                nxt[-1] = mask[hi] == 1
+            run_ends = lo + np.flatnonzero((block == 1) & ~nxt)
+            at_doc_end = np.isin(run_ends + 1, ends)
+            bad = run_ends[~at_doc_end & (self.tokens[run_ends] != EOS_ID)]
+            if bad.size:
+                t = int(bad[0])
+                d = int(np.searchsorted(ends, t, side="right"))
+                raise CorpusError(f"{mask_path}: a run of target tokens in document {d} ends at token {t} with id "
+                                  f"{int(self.tokens[t])}, not EOS {EOS_ID} (<|im_end|>), inside the document: the "
+                                  "mask and the tokens did not come from the same run")
+            cum = np.cumsum(block, dtype=np.int64)
+            i, j = np.searchsorted(self.doc_starts, [lo, hi], side="right")  # the boundaries in (lo, hi]
+            before[i:j] = total + cum[self.doc_starts[i:j] - lo - 1]
+            total += int(cum[-1])
+        targets = np.diff(before)
+        if self.n_docs:
+            heads = np.asarray(mask[self.doc_starts[:-1]])
+            if heads.any():
+                d = int(np.argmax(heads))
+                raise CorpusError(f"{mask_path}: document {d} starts with a target token; its BOS (<|im_start|>) "
+                                  "opens a header, which is never a target")
+        if (targets == 0).any():
+            d = int(np.argmax(targets == 0))
+            raise CorpusError(f"{mask_path}: document {d} has no target token (every conversation has an assistant "
+                              "reply): the mask and the tokens did not come from the same run")
+        self.target_tokens = int(targets.sum())
+
+    def _check_files(self, meta: dict, verify_hash: bool) -> None:
+        files = meta.get("files", {})
+        # A split dir outside its corpus layout is not listed: only the invariants apply then.
+        names = (TOKENS, DOC_LENGTHS, LOSS_MASK) if self.data_format == "chat" else (TOKENS, DOC_LENGTHS)
+        keys = {name: split_file(self.dir.name, name) for name in names}
+        table = {name: files[key] for name, key in keys.items() if key in files}
+
+        def size_of(name: str) -> int | None:
+            # An append writes the new tail of tokens.bin (loss_mask.bin) before meta.json and renames a longer
+            # doc_lengths.npy in just before it: the prefix meta.json lists is this version (docs/formats.md).
+            size = local_size(self.dir / name)
+            grown = size is not None and name in table and size > table[name]["size"]
+            if grown and name == DOC_LENGTHS:
+                table.pop(name)  # checked by its prefix: the lengths sum to meta.json's tokens (PreparedCorpus)
+            return table[name]["size"] if grown and name in table else size
+
+        def sha256_of(name: str) -> str:
+            return sha256_file(self.dir / name, limit=table[name]["size"])
+
+        for name in list(table):
+            size_of(name)
+        problems = table_problems(table, size_of, sha256_of if verify_hash else None,
+                                  listed_in=META, label=lambda name: str(self.dir / name))
+        if problems:
+            raise CorpusError(f"{problems[0]}: they did not come from the same run (or the copy is incomplete)")
+
+    def _check_boundaries(self, tokens_path: Path, lengths_path: Path) -> None:
+        if not self.n_docs:
+            return
+        firsts = self.tokens[self.doc_starts[:-1]]
+        lasts = self.tokens[self.doc_starts[1:] - 1]
+        chat = self.data_format == "chat"  # a chat document need not end with EOS (the class docstring)
+        bad = np.flatnonzero((firsts != BOS_ID) if chat else (firsts != BOS_ID) | (lasts != EOS_ID))
+        if bad.size:
+            d = int(bad[0])
+            expected = f"BOS {BOS_ID} first (a chat document)" if chat else f"BOS {BOS_ID} ... EOS {EOS_ID}"
+            raise CorpusError(
+                f"{tokens_path}: document {d} (of {self.n_docs}, per {lengths_path}) spans tokens "
+                f"[{self.doc_starts[d]}, {self.doc_starts[d + 1]}) and starts with id {int(firsts[d])}, ends with "
+                f"id {int(lasts[d])}; expected {expected}: they did not come from the same run"
+            )
+
+    def _check_ids(self, tokens_path: Path, vocab_size: int | None) -> None:
+        if vocab_size is None or not self.n_tokens:
+            return
+        top = max(int(self.tokens[i:i + _SCAN].max()) for i in range(0, self.n_tokens, _SCAN))
+        if top >= vocab_size:
+            raise CorpusError(f"{tokens_path}: holds token id {top} but the vocabulary has {vocab_size} ids: "
+                              "the stream and the tokenizer did not come from the same run")
+
+    def document(self, d: int) -> np.ndarray:
+        """Document d with its BOS and EOS."""
+        return self.tokens[self.doc_starts[d]:self.doc_starts[d + 1]]
+
+    def document_mask(self, d: int) -> np.ndarray:
+        """The loss mask of document d (chat corpora only)."""
+        if self.loss_mask is None:
+            raise CorpusError(f"{self.dir}: a text corpus has no loss mask")
+        return self.loss_mask[self.doc_starts[d]:self.doc_starts[d + 1]]
+
+    def __len__(self) -> int:
+        return self.n_tokens
+
+    def __repr__(self) -> str:
+        return f"TokenStream({str(self.dir)!r}, n_docs={self.n_docs}, n_tokens={self.n_tokens})"
+
+
+def data_fingerprint(meta: dict) -> str:
+    """sha256 over the sorted (path, sha256) of the train/val files: same data, same fingerprint."""
+    pairs = sorted((p, f["sha256"]) for p, f in meta.get("files", {}).items() if p.split("/")[0] in SPLITS)
+    return hashlib.sha256("".join(f"{p}\0{h}\n" for p, h in pairs).encode()).hexdigest()
+
+
+def earlier_versions(meta: dict) -> dict[str, dict]:
+    """{data fingerprint: its `versions` entry} of every version before this one (`prepare --append`): a
+    checkpoint of a run on one of them may resume on this corpus (trainer/batches/growth.py)."""
+    current = data_fingerprint(meta)
+    return {v["data_fingerprint"]: v for v in meta.get("versions", [])
+            if isinstance(v, dict) and v.get("data_fingerprint") not in (None, current)}
+
+
+class PreparedCorpus:
+    """An opened prepared corpus: `.root`, `.meta`, `.data_format` ("text" | "chat"), `.train`, `.val`,
+    `.vocab_size`, fingerprints, tokenizer (`.tokenizer_config_path`: the chat template's file, None for text)."""
+
+    def __init__(self, root: str | Path, verify_hash: bool = False):
+        self.root = Path(root)
+        self.meta = read_meta(self.root)
+        self.data_format = data_format_of(self.meta)
+        self.vocab_size = int(self.meta["vocab_size"])
+        if self.meta.get("special_ids") != {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID}:
+            raise CorpusError(f"{self.root / META}: special_ids {self.meta.get('special_ids')} differ from "
+                              f"minilmd's pad {PAD_ID}, bos {BOS_ID}, eos {EOS_ID}")
+        self.tokenizer_path = self.root / CORPUS_TOKENIZER
+        if not self.tokenizer_path.is_file():
+            raise CorpusError(f"{self.tokenizer_path}: missing")
+        self.tokenizer_fingerprint = self.meta["tokenizer_sha256"]
+        tok_sha = sha256_file(self.tokenizer_path)  # small file: always checked
+        if tok_sha != self.tokenizer_fingerprint:
+            raise CorpusError(f"{self.tokenizer_path}: sha256 {tok_sha} but meta.json records "
+                              f"{self.tokenizer_fingerprint}: the tokenizer and the tokens did not come from the "
+                              "same run")
+        self.tokenizer_config_path: Path | None = None
+        if self.data_format == "chat":
+            self.tokenizer_config_path = self.root / TOKENIZER_CONFIG
+            listed = self.meta.get("files", {}).get(TOKENIZER_CONFIG)
+            if not isinstance(listed, dict):
+                raise CorpusError(f"{self.root / META}: a chat corpus lists its {TOKENIZER_CONFIG} (the chat "
+                                  "template) under \"files\"; this one does not")
+            problems = table_problems({TOKENIZER_CONFIG: listed}, lambda name: local_size(self.root / name),
+                                      lambda name: sha256_file(self.root / name),
+                                      listed_in=META, label=lambda name: str(self.root / name))
+            if problems:
+                raise CorpusError(f"{problems[0]}: a chat corpus keeps the chat template it was rendered with")
+        self.train = TokenStream(self.root / SPLITS[0], self.vocab_size, verify_hash)
+        self.val = TokenStream(self.root / SPLITS[1], self.vocab_size, verify_hash)
+        for name, stream in zip(SPLITS, (self.train, self.val), strict=True):
+            want = self.meta.get("splits", {}).get(name, {})
+            if want.get("tokens") != stream.n_tokens or want.get("documents") != stream.n_docs:
+                raise CorpusError(f"{stream.dir}: {stream.n_docs} documents / {stream.n_tokens} tokens but meta.json "
+                                  f"records {want.get('documents')} / {want.get('tokens')}")
+            if stream.target_tokens is not None and want.get("target_tokens") != stream.target_tokens:
+                raise CorpusError(f"{stream.dir}: {stream.target_tokens} target tokens but meta.json records "
+                                  f"{want.get('target_tokens')}")
+        self.data_fingerprint = data_fingerprint(self.meta)
+        self.earlier_versions = earlier_versions(self.meta)
+
+    def __repr__(self) -> str:
+        return f"PreparedCorpus({str(self.root)!r}, train={self.train.n_tokens}, val={self.val.n_tokens} tokens)"
+
+
+def open_prepared(root: str | Path, verify_hash: bool = False) -> PreparedCorpus:
+    return PreparedCorpus(root, verify_hash=verify_hash)
+
+
+def verify_prepared(root: str | Path) -> list[str]:
+    """Every problem found in a prepared corpus (full sha256 of every file, invariants); empty means good."""
+    root = Path(root)
+    try:
+        meta = read_meta(root)
+    except CorpusError as e:
+        return [str(e)]
+    problems = dir_table_problems(root, dict(sorted(meta.get("files", {}).items())), listed_in=META)
+    if problems:
+        return problems
+    try:
+        corpus = PreparedCorpus(root)
+    except (CorpusError, KeyError) as e:
+        return [str(e) if isinstance(e, CorpusError) else f"{root / META}: missing key {e}"]
+    try:
+        tok = load_tokenizer(corpus.tokenizer_path)
+        if tok.get_vocab_size(with_added_tokens=True) != corpus.vocab_size:
+            problems.append(f"{corpus.tokenizer_path}: vocabulary of {tok.get_vocab_size(with_added_tokens=True)} "
+                            f"but meta.json records vocab_size {corpus.vocab_size}")
+    except TokenizerError as e:
+        problems.append(str(e))
+    return problems

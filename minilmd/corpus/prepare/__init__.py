@@ -1,0 +1,1 @@
+"""`minilmd prepare` and `prepare --append`: the pipeline and its steps."""

@@ -1,0 +1,323 @@
+"""`minilmd prepare --append NEW.jsonl --out EXISTING`: grow a prepared corpus without re-tokenising it.
+
+Only the new lines are read and encoded, by prepare's own pipeline (the same workers, split rule, bad-line
+policy and --drop-scripts rule as the corpus was prepared with, from its meta.json), into a temporary directory
+beside the corpus. Their documents are then appended, whole, to the ends of train/ and val/:
+
+1. each split's tokens.bin is cut back to the size meta.json lists (a tail left by an interrupted append), then
+   the new documents' tokens are appended to it and fsynced. Old bytes are never rewritten: a trainer that has
+   the corpus open keeps reading the same prefix.
+2. doc_lengths.npy (old lengths + new: 4 bytes per document) is written to a temporary name beside it;
+3. the two doc_lengths.npy are renamed into place, then meta.json (atomic_write_json: temp, fsync, rename).
+A reader takes meta.json as the truth: it reads the first `splits.<split>.documents` lengths and the tokens they
+sum to, and accepts files longer than that (minilmd/corpus/format.py). So a reader that opens at any moment sees the old
+version or the new one, never a half: before step 3 it reads the old meta and the old prefix, and between the
+renames of step 3 the new doc_lengths.npy's prefix is the old one. Disk: the new data, nothing copied.
+
+Leak check against the old documents: their leak keys are recomputed by decoding the old documents with the
+corpus's tokenizer (decode(encode(text)) == text for a byte-level BPE; minilmd/corpus/analysis/scan.py, in parallel). A
+new val document that equals (whitespace aside) a train document, old or new, is removed from the new val; a new
+train document that equals an old val document is dropped (the old val cannot change without a rewrite), and
+counted. A full prepare of the concatenated input would instead remove that old val document: this is the one
+way an appended corpus differs from the full prepare (docs/formats.md, "Growing a corpus"). A chat corpus
+(append_chat.py) grows its loss_mask.bin with tokens.bin, and compares with its old documents by their tokens.
+
+meta.json gains `versions`: one entry per version, {version, documents, tokens, splits, data_fingerprint,
+previous_meta_sha256, created, sources, and what was added and left out}; the statistics are recomputed over all
+documents' lengths. A run resumed on the grown corpus finds the corpus it started on among `versions` by its data
+fingerprint and reads that version's prefix of train until its epoch ends (trainer/batches/growth.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from minilmd.corpus.analysis import scan
+from minilmd.corpus.analysis import stats as corpus_stats
+from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
+from minilmd.corpus.format import CorpusError, data_fingerprint, open_prepared
+from minilmd.corpus.prepare import append_chat
+from minilmd.corpus.prepare.collect import Collector, _copy_kept
+from minilmd.corpus.prepare.encode import leak_key
+from minilmd.corpus.sources.jsonl import InputError
+from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
+from minilmd.names import CORPUS_META as META
+from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_name
+
+APPEND_SUFFIX = ".append"  # the temporary directory's name is prepare's, for "<corpus>.append"
+
+
+class LeakKeyTask:
+    """Per shard of a prepared text corpus: the leak key of every document, in order."""
+
+    def __init__(self) -> None:
+        self.keys: list[np.ndarray] = []
+
+    def fresh(self) -> LeakKeyTask:
+        return LeakKeyTask()
+
+    def add(self, batch: scan.Batch) -> None:
+        self.keys.append(np.fromiter(map(leak_key, batch.texts), dtype=np.uint64, count=len(batch.texts)))
+
+    def result(self) -> np.ndarray:
+        return np.concatenate(self.keys) if self.keys else np.zeros(0, dtype=np.uint64)
+
+
+def old_leak_keys(root: Path, workers: int) -> dict[str, np.ndarray]:
+    """{split: the leak key of each of its documents}, from the documents decoded by the corpus's tokenizer."""
+    return scan.per_split(root, LeakKeyTask(), workers)
+
+
+def append(sources: list[str], out: str | Path, *, workers: int | None = None, progress=None, log=None,
+           on_bad_line: str | None = None, block_bytes: int | None = None) -> dict:
+    """Append `sources` to the prepared corpus `out`; returns the new meta.json. InputError (bad input, exit 65),
+    CorpusError (the corpus), ValueError (bad arguments, another append running on it)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    root = Path(out)
+    lock = _lock(root)
+    try:
+        return _append(sources, root, workers, progress, log, on_bad_line, block_bytes)
+    finally:
+        os.close(lock)
+
+
+def _lock(root: Path) -> int:
+    """An exclusive flock on the corpus directory itself (no file added to the corpus): one append at a time.
+    Leftovers of an append that was killed (its temporary doc_lengths.npy) are removed under it."""
+    import fcntl
+
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise CorpusError(f"{root}: cannot open ({e.strerror}); is it a prepared corpus?") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"{root}: another `prepare --append` is running on it; wait for it to end") from None
+    for split in SPLITS:
+        for stale in (root / split).glob(DOC_LENGTHS + ".append-*.npy"):
+            stale.unlink(missing_ok=True)
+    return fd
+
+
+def _append(sources: list[str], root: Path, workers: int | None, progress, log, on_bad_line: str | None,
+            block_bytes: int | None) -> dict:
+    from minilmd.corpus.prepare import pipeline as prep
+    from minilmd.corpus.prepare.encode import default_workers
+
+    corpus = open_prepared(root)
+    meta = corpus.meta
+    chat = corpus.data_format == "chat"
+    if not sources:
+        raise ValueError("no corpus files given")
+    old_meta_sha = sha256_file(root / META)
+    opts = prep.PrepareOptions(
+        val_fraction=float(meta["split_rule"]["val_fraction"]),
+        on_bad_line=on_bad_line or meta["bad_lines"]["policy"],
+        seq_len=int(meta["chat"]["seq_len"] if chat else meta["stats"]["train"].get("seq_len", 340)),
+        batch_size=int(meta["stats"]["train"].get("batch_size", 32)),
+        workers=default_workers() if workers is None else workers,
+        block_bytes=block_bytes or prep.BLOCK_BYTES,
+        data_format=corpus.data_format,
+        on_long=meta["chat"]["on_long"] if chat else "cut",
+        drop_scripts=frozenset(meta.get("dropped_scripts", {}).get("scripts", [])),
+    )
+    problems = opts.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    assert opts.workers is not None
+    tok = prep._Tokenizer.load(corpus.tokenizer_path, chat)
+    if chat and tok.chat_config is not None:
+        template = hashlib.sha256(tok.chat_config["chat_template"].encode("utf-8")).hexdigest()
+        if template != meta["chat"]["template_sha256"]:
+            raise CorpusError(f"{root}: its tokenizer_config.json's chat template is not the one it was rendered "
+                              "with (meta.json chat.template_sha256)")
+    tmp = root.parent / prepare_tmp_name(root.name + APPEND_SUFFIX, os.getpid())
+    shutil.rmtree(tmp, ignore_errors=True)
+    for split in SPLITS:
+        (tmp / split).mkdir(parents=True)
+    try:
+        opened = prep._open_sources(sources)
+        found = Collector(tmp, opened, opts.on_bad_line, chat=chat)
+        prep._encode_all(opened, found, tok, opts, progress)
+        check_line_counts(found)
+        if found.documents == 0:
+            raise InputError(f"{', '.join(sources)}: no documents to append (every line was blank, bad or "
+                             "dropped); the corpus is unchanged")
+        old_keys = append_chat.old_digests(root, opts.workers) if chat else old_leak_keys(root, opts.workers)
+        new = _new_documents(tmp, found, old_keys)
+        if not sum(int(x.size) for x in new.lengths.values()):
+            raise InputError(f"{', '.join(sources)}: no documents to append: all {found.documents:,} repeat "
+                             "documents of the corpus (whitespace aside) across train and val; the corpus is "
+                             "unchanged")
+        new_meta = _publish(root, meta, tmp, new, found, opts, old_meta_sha)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    v = new_meta["versions"][-1]
+    log(f"append: version {v['version']}: +{v['documents_added']:,} documents, +{v['tokens_added']:,} tokens "
+        f"(train +{new.lengths['train'].size:,}, val +{new.lengths['val'].size:,}); "
+        f"{v['leaked_val_removed']:,} new val documents repeat train ones, "
+        f"{v['train_repeating_old_val_dropped']:,} new train documents repeat old val ones: left out")
+    prep._report(new_meta, log)
+    return new_meta
+
+
+class _New:
+    """The new documents kept per split (their tokens in tmp/<split>/tokens.bin, a chat corpus's mask beside):
+    lengths, the keys they are compared by with the old documents' (old_keys), the keep flags over what the
+    workers sent (the counts of what was left out), and a chat corpus's per-conversation facts."""
+
+    def __init__(self, lengths: dict, keys: dict, keep: dict, old_keys: dict, facts: dict | None = None):
+        self.lengths, self.keys, self.keep, self.old_keys = lengths, keys, keep, old_keys
+        self.facts = facts
+
+
+def _new_documents(tmp: Path, found: Collector, old_keys: dict[str, np.ndarray]) -> _New:
+    """New val documents not in any train, new train documents not in the old val (the module docstring; a chat
+    corpus compares with the old documents by their tokens, append_chat.py)."""
+    train_keys = np.fromfile(tmp / SPLITS[0] / LEAK_KEYS, dtype=np.uint64)
+    val_keys = np.concatenate(found.val_keys) if found.val_keys else np.zeros(0, dtype=np.uint64)
+    train_lengths = found.train.all_lengths().astype(np.int64)
+    val_lengths = found.val_raw.all_lengths().astype(np.int64)
+    keep_val = ~np.isin(val_keys, train_keys)
+    if found.chat:  # against the old documents: their token digests
+        train_cmp = append_chat.file_digests(found.train.path, train_lengths)
+        val_cmp = append_chat.file_digests(found.val_raw.path, val_lengths)
+    else:
+        train_cmp, val_cmp = train_keys, val_keys
+    keep_val &= ~np.isin(val_cmp, old_keys["train"])
+    keep_train = ~np.isin(train_cmp, old_keys["val"])
+    for raw, lengths, keep, split, names in ((found.train, train_lengths, keep_train, SPLITS[0], (TOKENS, LOSS_MASK)),
+                                             (found.val_raw, val_lengths, keep_val, SPLITS[1], (TOKENS, LOSS_MASK))):
+        kept = tmp / split / (TOKENS + ".kept")
+        _copy_kept(raw.path, lengths, keep, kept)
+        raw.path.unlink()
+        os.replace(kept, tmp / split / names[0])
+        if raw.mask_path is not None:
+            kept = tmp / split / (LOSS_MASK + ".kept")
+            _copy_kept(raw.mask_path, lengths, keep, kept, itemsize=1)
+            raw.mask_path.unlink()
+            os.replace(kept, tmp / split / names[1])
+    facts = ({"train": found.train.all_facts()[keep_train], "val": found.val_raw.all_facts()[keep_val]}
+             if found.chat else None)
+    return _New({"train": train_lengths[keep_train].astype(np.int32), "val": val_lengths[keep_val].astype(np.int32)},
+                {"train": train_cmp[keep_train], "val": val_cmp[keep_val]},
+                {"train": keep_train, "val": keep_val}, old_keys, facts)
+
+
+def _append_bytes(src: Path, dst: Path, keep_size: int, chunk: int = 8 << 20) -> None:
+    """dst cut back to keep_size bytes (an interrupted append's tail), then src's bytes after it, fsynced."""
+    with open(dst, "r+b") as fout, open(src, "rb") as fin:
+        fout.truncate(keep_size)
+        fout.seek(keep_size)
+        while data := fin.read(chunk):
+            fout.write(data)
+        fout.flush()
+        os.fsync(fout.fileno())
+
+
+def _publish(root: Path, meta: dict, tmp: Path, new: _New, found: Collector, opts, old_meta_sha: str) -> dict:
+    """Steps 1-3 of the module docstring; returns the new meta.json."""
+    files = dict(meta["files"])
+    lengths = {}
+    staged = []
+    for split in SPLITS:
+        rel_tokens = f"{split}/{TOKENS}"
+        _append_bytes(tmp / split / TOKENS, root / split / TOKENS, int(files[rel_tokens]["size"]))
+        if found.chat:
+            rel_mask = f"{split}/{LOSS_MASK}"
+            _append_bytes(tmp / split / LOSS_MASK, root / split / LOSS_MASK, int(files[rel_mask]["size"]))
+            files[rel_mask] = {"size": (root / split / LOSS_MASK).stat().st_size,
+                               "sha256": sha256_file(root / split / LOSS_MASK)}
+        old = np.load(root / split / DOC_LENGTHS, allow_pickle=False)[:int(meta["splits"][split]["documents"])]
+        lengths[split] = np.concatenate([old.astype(np.int32), new.lengths[split]])
+        part = root / split / (DOC_LENGTHS + f".append-{os.getpid()}.npy")
+        np.save(part, lengths[split])
+        fsync_file(part)
+        staged.append((part, root / split / DOC_LENGTHS))
+        files[rel_tokens] = {"size": (root / split / TOKENS).stat().st_size,
+                             "sha256": sha256_file(root / split / TOKENS)}
+        files[f"{split}/{DOC_LENGTHS}"] = {"size": part.stat().st_size, "sha256": sha256_file(part)}
+    new_meta = _new_meta(meta, files, lengths, new, found, opts, old_meta_sha)
+    for part, final in staged:
+        os.replace(part, final)
+    for split in SPLITS:
+        fsync_dir(root / split)
+    atomic_write_json(root / META, new_meta)
+    os.chmod(root / META, 0o644)
+    fsync_dir(root)
+    return new_meta
+
+
+def _new_meta(meta: dict, files: dict, lengths: dict[str, np.ndarray], new: _New, found: Collector, opts,
+              old_meta_sha: str) -> dict:
+    """The old meta.json with the new version's splits, files, sources, statistics, counts and `versions`."""
+    m = json.loads(json.dumps(meta))  # a deep copy
+    versions = m.get("versions") or [{"version": 1, "documents": sum(meta["splits"][s]["documents"] for s in SPLITS),
+                                      "tokens": sum(meta["splits"][s]["tokens"] for s in SPLITS),
+                                      "splits": meta["splits"], "data_fingerprint": data_fingerprint(meta),
+                                      "created": meta.get("created"), "sources": [s["path"] for s in
+                                                                                  meta["sources"]]}]
+    keep = new.keep
+    versions.append({
+        "version": versions[-1]["version"] + 1,
+        "documents": sum(int(lengths[s].size) for s in SPLITS),
+        "tokens": sum(int(lengths[s].sum()) for s in SPLITS),
+        "documents_added": sum(int(new.lengths[s].size) for s in SPLITS),
+        "tokens_added": sum(int(new.lengths[s].sum()) for s in SPLITS),
+        "leaked_val_removed": int((~keep["val"]).sum()),
+        "train_repeating_old_val_dropped": int((~keep["train"]).sum()),
+        "previous_meta_sha256": old_meta_sha,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "sources": [s.path for s in found.opened],
+    })
+    m["versions"] = versions
+    m["created"] = versions[-1]["created"]
+    m["files"] = files
+    m["splits"] = {s: {"documents": int(lengths[s].size), "tokens": int(lengths[s].sum())} for s in SPLITS}
+    stats = m["stats"]
+    if found.chat:
+        assert new.facts is not None
+        append_chat.merge_chat_meta(m, lengths, new.facts, found.chat_counts, opts.seq_len, opts.batch_size)
+    else:
+        for split in SPLITS:
+            stats[split] = corpus_stats.split_stats(lengths[split], opts.seq_len, opts.batch_size)
+    versions[-1]["splits"] = m["splits"]
+    versions[-1]["data_fingerprint"] = data_fingerprint(m)
+    m["sources"] = meta["sources"] + found.sources
+    stats["lengths"] = length_stats(np.concatenate([lengths[s] for s in SPLITS]).astype(np.int64))
+    all_keys = np.concatenate([new.old_keys["train"], new.old_keys["val"], new.keys["train"], new.keys["val"]])
+    key = "the token ids, exactly" if found.chat else "the leak key: exact after removing all whitespace"
+    stats["duplicates"] = {**duplicate_stats(all_keys), "key": key}
+    stats["documents_with_special_ids_inside"] += found.special_docs
+    stats["special_ids_inside_examples"] = (stats["special_ids_inside_examples"] + found.special_examples)[:20]
+    stats["input_text_bytes"] += found.text_bytes
+    if "scripts" in stats:
+        mine = found.scripts.as_dict()
+        merged = stats["scripts"]
+        merged["documents"] += mine["documents"]
+        for kind in ("dominant", "contains"):
+            for name, n in mine[kind].items():
+                merged[kind][name] = merged[kind].get(name, 0) + n
+    if "dropped_scripts" in m:
+        m["dropped_scripts"]["documents"] += sum(s.get("dropped", 0) for s in found.sources)
+    lc = m["leak_check"]
+    lc["val_documents_checked"] += int(keep["val"].size)
+    lc["leaked_documents"] += int((~keep["val"]).sum())
+    lc["removed_from_val"] += int((~keep["val"]).sum())
+    lc["train_documents_dropped_for_old_val"] = lc.get("train_documents_dropped_for_old_val", 0) + \
+        int((~keep["train"]).sum())
+    bad = m["bad_lines"]
+    bad["total"] += sum(found.bad_counts.values())
+    for reason, n in found.bad_counts.items():
+        bad["by_reason"][reason] = bad["by_reason"].get(reason, 0) + n
+    bad["examples"] = (bad["examples"] + found.bad_examples)[:20]
+    return m

@@ -1,0 +1,153 @@
+"""Encoding chat conversations in prepare's worker processes: a block of chat JSONL lines in, the token ids of
+each conversation as its template renders it, its loss mask and its split out (the chat counterpart of
+encode.BlockEncoder, returning the same EncodedBlock with masks and per-conversation facts).
+
+The rendered text is encoded whole, without added special tokens (the template writes `<|im_start|>` and
+`<|im_end|>` itself), with character offsets: a token is a target when its first character lies inside a target
+span of chat.ChatTemplate.targets. A token that began inside the header and reaches into the reply (a template
+whose reply starts with whitespace the header's "\\n" merges with) is therefore not a target. Each reply's last
+target token must be `<|im_end|>` (EOS), and the rendering must start with `<|im_start|>` (BOS): a template that
+does not is refused line by line (`template_output`).
+
+Length: a conversation longer than seq_len tokens is cut to its first seq_len (as MiniMind does; `cut`) or, with
+on_long "drop", dropped (`dropped_long`); one whose targets all fall past the cut is dropped (`dropped_no_target`).
+Split: the split rule and leak key of encode.py applied to chat.canonical(messages).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minilmd.corpus.chat import ChatTemplate, TurnError, canonical, has_special_text, parse_chat_block
+from minilmd.corpus.prepare.encode import NO_DIGEST, EncodedBlock, digest64, leak_key
+from minilmd.protocol import BOS_ID, EOS_ID
+
+ON_LONG = ("cut", "drop")
+FACTS = ("messages", "assistant_turns", "target_tokens", "cut")
+"""The columns of the per-conversation facts array (int64) that travel with each split's documents."""
+COUNTS = ("cut", "dropped_long", "dropped_no_target", "special_text")
+"""The per-block counts of chat conversations (cut ones are kept; `special_text`: a message spells a special
+token, which then encodes to id 0, 1 or 2 inside its turn)."""
+
+
+@dataclass
+class ChatSpec:
+    """What a worker needs besides the tokenizer: the template and the length rule."""
+    template: ChatTemplate
+    seq_len: int
+    on_long: str = "cut"
+
+
+def target_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """uint8 mask of the tokens whose first character (offsets[:, 0]) lies in one of the [start, end) spans."""
+    starts = offsets[:, 0] if offsets.size else np.zeros(0, dtype=np.int64)
+    mask = np.zeros(starts.size, dtype=np.uint8)
+    for a, b in spans:
+        mask[(starts >= a) & (starts < b)] = 1
+    return mask
+
+
+def encode_conversation(tok, template: ChatTemplate, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(uint16 ids, uint8 loss mask) of one conversation, whole (no cut). TurnError when the template fails."""
+    text, spans = template.targets(messages)
+    enc = tok.encode(text, add_special_tokens=False)
+    return _ids_and_mask(enc, spans)
+
+
+def _ids_and_mask(enc, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.asarray(enc.ids, dtype=np.uint16)
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    if not ids.size or ids[0] != BOS_ID:
+        raise TurnError("template_output", f"the rendering starts with id {int(ids[0]) if ids.size else None}, not "
+                                           f"<|im_start|> ({BOS_ID}): minilmd's documents start with BOS")
+    mask = target_mask(offsets, spans)
+    for k, (a, b) in enumerate(spans):
+        inside = np.flatnonzero((offsets[:, 0] >= a) & (offsets[:, 0] < b))
+        if not inside.size or ids[inside[-1]] != EOS_ID:
+            raise TurnError("template_output", f"reply {k}'s last target token is not <|im_end|> ({EOS_ID}): the "
+                                               "tokenizer does not encode <|im_end|> as one special token")
+    return ids, mask
+
+
+class ChatBlockEncoder:
+    """Parse, render, encode, mask and split one block of chat lines. Lives in each worker process."""
+
+    def __init__(self, tokenizer_json: str, val_fraction: float, chat: ChatSpec):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_str(tokenizer_json)
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        self.threshold = int(val_fraction * 2**64)
+        self.chat = chat
+
+    def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
+        parsed = parse_chat_block(blob, first_line)
+        bad = list(parsed.bad)
+        rendered, kept = [], []
+        for messages, line in zip(parsed.conversations, parsed.lines, strict=True):
+            try:
+                rendered.append(self.chat.template.targets(messages))
+            except TurnError as e:
+                bad.append((line, e.reason, e.detail))
+                continue
+            kept.append((messages, line))
+        encs = self.tok.encode_batch([text for text, _ in rendered], add_special_tokens=False)
+        counts = dict.fromkeys(COUNTS, 0)
+        out: dict[bool, dict[str, list]] = {v: {"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [],
+                                                 "facts": []} for v in (False, True)}
+        train_min = NO_DIGEST
+        text_bytes = 0
+        for (messages, line), (_, spans), enc in zip(kept, rendered, encs, strict=True):
+            try:
+                ids, mask = _ids_and_mask(enc, spans)
+            except TurnError as e:
+                bad.append((line, e.reason, e.detail))
+                continue
+            cut = ids.size > self.chat.seq_len
+            if cut and self.chat.on_long == "drop":
+                counts["dropped_long"] += 1
+                continue
+            ids, mask = ids[:self.chat.seq_len], mask[:self.chat.seq_len]
+            if not mask.any():
+                counts["dropped_no_target"] += 1
+                continue
+            counts["cut"] += int(cut)
+            counts["special_text"] += int(has_special_text(messages))
+            if int(ids.max()) >= self.vocab_size:
+                raise ValueError(f"tokenizer produced id {int(ids.max())} >= its vocabulary {self.vocab_size}")
+            key_text = canonical(messages)
+            data = key_text.encode("utf-8")
+            text_bytes += len(data)
+            digest = digest64(data)
+            is_val = digest < self.threshold
+            if not is_val:
+                train_min = min(train_min, digest)
+            side = out[is_val]
+            side["tokens"].append(ids)
+            side["masks"].append(mask)
+            side["lengths"].append(ids.size)
+            side["keys"].append(leak_key(key_text))
+            side["lines"].append(line)
+            side["facts"].append((len(messages), sum(m["role"] == "assistant" for m in messages), int(mask.sum()),
+                                  int(cut)))
+        bad.sort()
+        train, val = (_stack(out[v]) for v in (False, True))
+        return EncodedBlock(
+            n_lines=parsed.n_lines, blank=parsed.blank, bad=bad, text_bytes=text_bytes, special_inside=[],
+            train_tokens=train["tokens"], train_lengths=train["lengths"], train_keys=train["keys"],
+            val_tokens=val["tokens"], val_lengths=val["lengths"], val_keys=val["keys"], val_lines=val["lines"],
+            train_min_digest=train_min, train_mask=train["masks"], val_mask=val["masks"], train_facts=train["facts"],
+            val_facts=val["facts"], chat_counts=counts,
+        )
+
+
+def _stack(side: dict[str, list]) -> dict[str, np.ndarray]:
+    return {
+        "tokens": np.concatenate(side["tokens"]) if side["tokens"] else np.zeros(0, dtype="<u2"),
+        "masks": np.concatenate(side["masks"]) if side["masks"] else np.zeros(0, dtype=np.uint8),
+        "lengths": np.asarray(side["lengths"], dtype=np.int32),
+        "keys": np.asarray(side["keys"], dtype=np.uint64),
+        "lines": np.asarray(side["lines"], dtype=np.int64),
+        "facts": np.asarray(side["facts"], dtype=np.int64).reshape(-1, len(FACTS)),
+    }

@@ -1,0 +1,255 @@
+"""Encoding in worker processes for `minilmd prepare`: blocks of JSONL lines (and pieces of long documents) in,
+uint16 ids with the split of each document out.
+
+Each worker is a process of its own with a single-threaded tokenizer (the cores work in parallel without a thread
+pool's overhead), made with spawn, and dies with prepare's process (PR_SET_PDEATHSIG): a prepare killed with
+SIGKILL leaves no worker behind. workers=0 runs the same code in the calling process.
+
+Split rule: a document goes to val when the first 8 bytes of blake2b(text), read as a little-endian integer, are
+below val_fraction * 2**64; its leak key is the same hash of its text with all whitespace removed.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from minilmd.corpus.analysis.scripts import ScriptTally, containing, script_matrix
+from minilmd.corpus.format import CorpusError
+from minilmd.corpus.sources.jsonl import parse_block
+from minilmd.corpus.sources.longdoc import split_pieces
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+
+NO_DIGEST = 2**64  # above every split digest
+
+
+def digest64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def split_is_val(text: str, val_fraction: float) -> bool:
+    return digest64(text.encode("utf-8")) < int(val_fraction * 2**64)
+
+
+def leak_key(text: str) -> int:
+    """Texts equal once all whitespace is removed share a key."""
+    return digest64("".join(text.split()).encode("utf-8"))
+
+
+def _leak_key_given(text: str, digest: int) -> int:
+    """leak_key(text), reusing the text's own digest when it has no whitespace (most Chinese documents)."""
+    squeezed = "".join(text.split())
+    return digest if len(squeezed) == len(text) else digest64(squeezed.encode("utf-8"))
+
+
+@dataclass
+class EncodedBlock:
+    """What a worker sends back for one block: tokens and per-document facts for each split."""
+    n_lines: int
+    blank: int
+    bad: list
+    text_bytes: int
+    special_inside: list  # line numbers of documents whose text encodes to a PAD/BOS/EOS id inside
+    train_tokens: np.ndarray
+    train_lengths: np.ndarray
+    train_keys: np.ndarray
+    val_tokens: np.ndarray
+    val_lengths: np.ndarray
+    val_keys: np.ndarray
+    val_lines: np.ndarray
+    train_min_digest: int  # the smallest split digest of the block's train documents (2**64 when none)
+    # A chat block's (chat_encode.ChatBlockEncoder) extras; None for text.
+    train_mask: np.ndarray | None = None  # uint8, one per token of train_tokens
+    val_mask: np.ndarray | None = None
+    train_facts: np.ndarray | None = None  # (documents, len(chat_encode.FACTS)) int64
+    val_facts: np.ndarray | None = None
+    chat_counts: dict | None = None  # chat_encode.COUNTS
+    # Text blocks: the kept documents by script (scripts.ScriptTally), and the lines --drop-scripts dropped.
+    scripts: ScriptTally | None = None
+    dropped: int = 0
+
+
+class BlockEncoder:
+    """Parse, split and encode one block of lines. Lives in each worker process (or inline with workers=0)."""
+
+    def __init__(self, tokenizer_json: str, val_fraction: float, drop_scripts: frozenset[str] = frozenset()):
+        from tokenizers import Tokenizer
+
+        self.drop_scripts = drop_scripts
+
+        self.tok = Tokenizer.from_str(tokenizer_json)
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        self.threshold = int(val_fraction * 2**64)
+        # encode_batch_fast skips offset tracking, which prepare does not need; same ids as encode_batch.
+        self.encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+
+    def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
+        parsed = parse_block(blob, first_line)
+        tally, dropped = self._scripts(parsed)
+        texts = parsed.texts
+        utf8 = [t.encode("utf-8") for t in texts]
+        digests = [digest64(b) for b in utf8]
+        is_val = np.fromiter((d < self.threshold for d in digests), dtype=bool, count=len(texts))
+        keys = np.fromiter(map(_leak_key_given, texts, digests), dtype=np.uint64, count=len(texts))
+        body, body_lengths = self._encode_texts(texts)
+        special_inside = []
+        special = body <= max(PAD_ID, BOS_ID, EOS_ID)
+        if special.any():
+            doc_of_token = np.repeat(np.arange(len(texts)), body_lengths)
+            special_inside = [parsed.lines[d] for d in np.unique(doc_of_token[special])]
+        lengths = body_lengths + 2
+        ends = np.cumsum(lengths)
+        tokens = np.empty(int(ends[-1]) if len(ends) else 0, dtype="<u2")
+        is_body = np.ones(tokens.size, dtype=bool)
+        is_body[ends - lengths] = False
+        is_body[ends - 1] = False
+        tokens[ends - lengths] = BOS_ID
+        tokens[ends - 1] = EOS_ID
+        tokens[is_body] = body
+        token_is_val = np.repeat(is_val, lengths)
+        lines = np.asarray(parsed.lines, dtype=np.int64)
+        train_min = min((d for d, v in zip(digests, is_val, strict=True) if not v), default=NO_DIGEST)
+        return EncodedBlock(
+            n_lines=parsed.n_lines, blank=parsed.blank, bad=parsed.bad, text_bytes=sum(map(len, utf8)),
+            special_inside=special_inside,
+            train_tokens=tokens[~token_is_val], train_lengths=lengths[~is_val].astype(np.int32),
+            train_keys=keys[~is_val],
+            val_tokens=tokens[token_is_val], val_lengths=lengths[is_val].astype(np.int32), val_keys=keys[is_val],
+            val_lines=lines[is_val], train_min_digest=train_min, scripts=tally, dropped=dropped,
+        )
+
+    def _scripts(self, parsed) -> tuple[ScriptTally, int]:
+        """The block's documents by script; those holding a --drop-scripts script are taken out of `parsed`."""
+        matrix = script_matrix(parsed.texts)
+        drop = containing(matrix, self.drop_scripts)
+        tally = ScriptTally()
+        tally.add(matrix[~drop])
+        if drop.any():
+            parsed.texts = [t for t, d in zip(parsed.texts, drop, strict=True) if not d]
+            parsed.lines = [n for n, d in zip(parsed.lines, drop, strict=True) if not d]
+        return tally, int(drop.sum())
+
+
+    def _encode_texts(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(the texts' ids one after the other, each text's number of ids). A text longer than PIECE_CHARS is
+        encoded in the pieces longdoc.split_pieces cuts, exactly as when it is streamed as a long line."""
+        pieces = [split_pieces(t) for t in texts]
+        flat = [piece for text_pieces in pieces for piece in text_pieces]
+        encs = self.encode(flat, add_special_tokens=False)
+        lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+        body = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.uint16,
+                           count=int(lengths.sum()))
+        self._check_ids(body)
+        if len(flat) == len(texts):
+            return body, lengths
+        firsts = np.cumsum([0] + [len(text_pieces) for text_pieces in pieces[:-1]])
+        return body, np.add.reduceat(lengths, firsts)
+
+    def _check_ids(self, body: np.ndarray) -> None:
+        if body.size and int(body.max()) >= self.vocab_size:
+            raise CorpusError(f"tokenizer produced id {int(body.max())} >= its vocabulary {self.vocab_size}")
+
+    def encode_piece(self, text: str) -> tuple[np.ndarray, bool]:
+        """One piece of a long document: (its ids, whether one of them is PAD/BOS/EOS)."""
+        enc = self.encode([text], add_special_tokens=False)[0]
+        body = np.asarray(enc.ids, dtype=np.uint16)
+        self._check_ids(body)
+        return body, bool((body <= max(PAD_ID, BOS_ID, EOS_ID)).any())
+
+
+class Encoders:
+    """BlockEncoder in `workers` processes, or in this one for workers=0: `submit(method, *args)` returns a Future
+    of BlockEncoder.<method>(*args) ("__call__" for a block of lines, "encode_piece" for a piece of a long one)."""
+
+    def __init__(self, tokenizer_json: str, val_fraction: float, workers: int, chat=None,
+                 drop_scripts: frozenset[str] = frozenset()):
+        self.pool: ProcessPoolExecutor | None = None
+        self.inline = None  # a BlockEncoder, or a chat_encode.ChatBlockEncoder when `chat` (a ChatSpec) is given
+        if workers > 0:
+            self.pool = ProcessPoolExecutor(workers, initializer=_worker_init,
+                                            initargs=(tokenizer_json, val_fraction, os.getpid(), chat,
+                                                      drop_scripts),
+                                            mp_context=_spawn_context())
+        else:
+            self.inline = _encoder(tokenizer_json, val_fraction, chat, drop_scripts)
+
+    def submit(self, method: str, *args) -> Future:
+        if self.pool is not None:
+            return self.pool.submit(_worker_call, method, *args)
+        assert self.inline is not None  # one of the two is set
+        return done(getattr(self.inline, method)(*args))
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def done(value) -> Future:
+    """A Future that already holds its result."""
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+_worker_encoder = None
+
+
+def _encoder(tokenizer_json: str, val_fraction: float, chat, drop_scripts: frozenset[str] = frozenset()):
+    if chat is None:
+        return BlockEncoder(tokenizer_json, val_fraction, drop_scripts)
+    from minilmd.corpus.prepare.chat_encode import ChatBlockEncoder
+
+    return ChatBlockEncoder(tokenizer_json, val_fraction, chat)
+
+
+def _worker_init(tokenizer_json: str, val_fraction: float, parent: int, chat=None,
+                 drop_scripts: frozenset[str] = frozenset()) -> None:
+    import signal
+
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+    global _worker_encoder
+    _worker_encoder = _encoder(tokenizer_json, val_fraction, chat, drop_scripts)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make the kernel SIGKILL this worker when prepare's process ends, however it ends: a prepare killed with
+    SIGKILL has no chance to stop its pool, and its workers would go on (and keep multiprocessing's resource tracker
+    alive, which ends by itself once no process holds its pipe). PR_SET_PDEATHSIG is Linux's; if the parent already
+    ended before the call, exit at once. Elsewhere a no-op."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _worker_call(method: str, *args):
+    """In a pool process: BlockEncoder.<method>(*args) of the worker's encoder ("__call__": a block of lines)."""
+    assert _worker_encoder is not None  # set by _worker_init in every pool process
+    return getattr(_worker_encoder, method)(*args)
+
+
+def default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _spawn_context():
+    # spawn, not fork: the parent may hold threads (progress, fsspec) or, inside the trainer, torch state.
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn")

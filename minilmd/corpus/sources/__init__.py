@@ -1,0 +1,1 @@
+"""Reading raw corpora: JSONL (local or fsspec, compressed) in blocks, and lines longer than a block."""

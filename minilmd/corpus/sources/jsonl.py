@@ -1,0 +1,244 @@
+"""Reading `{"text": ...}` JSONL corpora: local paths or fsspec URLs, .gz/.zst inferred, in blocks of whole lines.
+
+Shared by `minilmd prepare` and `minilmd tokenizer train`, so that both accept and refuse exactly the same lines.
+A line is bad when it is not valid UTF-8, not valid JSON, not an object with a "text" key, or its text is not a
+string or is empty (whitespace only counts as empty). Blank lines are not documents; they are counted, not bad.
+A line longer than a block is not held whole: `Source.items` hands it out as a `LongLine` read in chunks, which
+minilmd/corpus/sources/longdoc.py parses as it streams (the same verdicts as parse_block).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+BAD_LINE_POLICIES = ("error", "skip")
+
+
+class InputError(ValueError):
+    """Bad corpus input (unreadable source, bad line under --on-bad-line error): the message says file and line."""
+
+
+@dataclass
+class BadLine:
+    source: str
+    line: int
+    reason: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: {self.reason.replace('_', ' ')} ({self.detail})"
+
+
+@dataclass
+class ParsedBlock:
+    texts: list[str] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)  # 1-based line number of each text
+    bad: list[tuple[int, str, str]] = field(default_factory=list)  # (line, reason, detail)
+    blank: int = 0
+    n_lines: int = 0
+
+
+class LongLine:
+    """One line longer than a block, read from its source in chunks as `chunks()` is iterated (never held whole).
+    It must be read to its end (`drain()`) before the source goes on; `rest` is then what followed its newline."""
+
+    def __init__(self, line: int, head: bytes, stream, chunk_bytes: int):
+        self.line = line
+        self.rest = b""
+        self._chunks = self._read(head, stream, chunk_bytes)
+
+    def chunks(self) -> Iterator[bytes]:
+        """The line's bytes, without its newline, in chunks of at most about chunk_bytes."""
+        return self._chunks
+
+    def drain(self) -> None:
+        for _ in self._chunks:
+            pass
+
+    def _read(self, data: bytes, stream, chunk_bytes: int) -> Iterator[bytes]:
+        while True:
+            cut = data.find(b"\n")
+            if cut >= 0:
+                self.rest = data[cut + 1:]
+                if cut:
+                    yield data[:cut]
+                return
+            if data:
+                yield data
+            data = stream.read(chunk_bytes)
+            if not data:
+                return
+
+
+def json_lines(blob: bytes, first_line: int, counts) -> Iterator[tuple[int, object, tuple[str, str] | None]]:
+    """(line number, JSON value, None) for each line of whole lines of JSONL that decodes, (line number, None,
+    (reason, detail)) for one that is not UTF-8 or not JSON; blank lines are only counted (counts.blank, and
+    counts.n_lines for all). Shared by text (parse_block) and chat (chat.parse_chat_block) corpora."""
+    lines = blob.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    counts.n_lines = len(lines)
+    for i, raw in enumerate(lines):
+        lineno = first_line + i
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not raw.strip():
+            counts.blank += 1
+            continue
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield lineno, None, ("invalid_utf8", f"byte {e.start}: {raw[e.start:e.start + 4]!r}")
+            continue
+        try:
+            obj = json.loads(s)
+        except ValueError as e:
+            yield lineno, None, ("invalid_json", str(e))
+            continue
+        yield lineno, obj, None
+
+
+def parse_block(blob: bytes, first_line: int) -> ParsedBlock:
+    """Parse whole lines of JSONL; bad lines are collected with their reason, never used."""
+    out = ParsedBlock()
+    for lineno, obj, bad in json_lines(blob, first_line, out):
+        if bad is not None:
+            out.bad.append((lineno, *bad))
+            continue
+        if not isinstance(obj, dict) or "text" not in obj:
+            what = "an object without \"text\"" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
+            out.bad.append((lineno, "missing_text", f"line is {what}"))
+            continue
+        text = obj["text"]
+        if not isinstance(text, str):
+            out.bad.append((lineno, "text_not_string", f"\"text\" is a JSON {type(text).__name__}"))
+            continue
+        if not text.strip():
+            out.bad.append((lineno, "empty_text", "\"text\" is empty or whitespace"))
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate from a \udXXX escape: not encodable text
+            out.bad.append((lineno, "invalid_utf8", f"lone surrogate {text[e.start]!r} at character {e.start}"))
+            continue
+        out.texts.append(text)
+        out.lines.append(lineno)
+    return out
+
+
+class Source:
+    """One input file opened for reading in blocks of whole lines; `.position` is raw (compressed) bytes read."""
+
+    def __init__(self, path: str):
+        import fsspec
+        from fsspec.compression import compr
+        from fsspec.utils import infer_compression
+
+        self.path = path
+        try:
+            self.fs, self.fs_path = fsspec.core.url_to_fs(path)
+            self.size = self.fs.size(self.fs_path)
+            self.raw = self.fs.open(self.fs_path, "rb")
+        except (OSError, ValueError) as e:
+            raise InputError(f"{path}: cannot open ({e})") from None
+        codec = infer_compression(path)
+        if codec is None:
+            self.stream = self.raw
+        elif codec in compr:
+            self.stream = compr[codec](self.raw, mode="rb")
+        else:
+            self.raw.close()
+            hint = " (pip install zstandard)" if codec == "zstd" else ""
+            raise InputError(f"{path}: {codec} compression is not available{hint}")
+
+    @property
+    def position(self) -> int:
+        try:
+            return self.raw.tell()
+        except (OSError, ValueError):
+            return 0
+
+    def items(self, block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes] | LongLine]:
+        """(first line number, bytes of whole lines), or a LongLine for a line that outgrows a block (its first
+        block_bytes or more bytes were read without a newline). Each LongLine must be drained before the next
+        item is asked for. Memory: at most about two blocks, whatever the line lengths. The last block may lack a
+        final newline."""
+        line = 1
+        carry = b""
+        try:
+            while True:
+                data = self.stream.read(block_bytes)
+                if not data:
+                    break
+                data = carry + data
+                cut = data.rfind(b"\n")
+                blob, carry = (data[:cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
+                if blob:
+                    yield line, blob
+                    line += blob.count(b"\n")
+                if len(carry) >= block_bytes:  # a line longer than a block: stream it
+                    long = LongLine(line, carry, self.stream, block_bytes)
+                    yield long
+                    long.drain()
+                    carry = long.rest
+                    line += 1
+        except (OSError, EOFError) as e:
+            raise InputError(f"{self.path}: read failed after line {line} ({e})") from None
+        if carry:
+            yield line, carry
+
+    def blocks(self, block_bytes: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
+        """As items(), with a long line joined into one block of its own (held whole: for benchmarks and tests)."""
+        for item in self.items(block_bytes):
+            if isinstance(item, LongLine):
+                yield item.line, b"".join(item.chunks()) + b"\n"
+            else:
+                yield item
+
+    def close(self) -> None:
+        if self.stream is not self.raw:
+            self.stream.close()
+        self.raw.close()
+
+
+def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict | None = None) -> Iterator[str]:
+    """Every document text of the sources in order; bad lines raise InputError or are counted in bad_counts."""
+    if on_bad_line not in BAD_LINE_POLICIES:
+        raise InputError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
+    for path in sources:
+        src = Source(path)
+        try:
+            for item in src.items():
+                if isinstance(item, LongLine):
+                    parsed = parse_long_line(item)
+                else:
+                    first, blob = item
+                    parsed = parse_block(blob, first)
+                if parsed.bad:
+                    if on_bad_line == "error":
+                        raise InputError(str(BadLine(path, *parsed.bad[0])))
+                    if bad_counts is not None:
+                        for _, reason, _ in parsed.bad:
+                            bad_counts[reason] = bad_counts.get(reason, 0) + 1
+                yield from parsed.texts
+        finally:
+            src.close()
+
+
+def parse_long_line(long: LongLine) -> ParsedBlock:
+    """A LongLine as parse_block would see it, its text joined into one string (held whole: tokenizer training
+    takes whole documents; prepare streams the pieces instead)."""
+    from minilmd.corpus.sources.longdoc import parse_chunks
+
+    parts: list[str] = []  # the fragments of the text
+    verdict = parse_chunks(long.chunks(), parts.append, parts.clear)
+    out = ParsedBlock(n_lines=1)
+    if verdict.blank:
+        out.blank = 1
+    elif verdict.bad:
+        out.bad.append((long.line, *verdict.bad))
+    else:
+        out.texts.append("".join(parts))
+        out.lines.append(long.line)
+    return out

@@ -1,0 +1,239 @@
+"""Batches for training and validation: a pure function of (seed, step), no state to carry but the step.
+
+Packed mode (default). A window is `seq_len` consecutive tokens of the train stream, used both as input and as
+labels: the model shifts inside (logits[:, :-1] against labels[:, 1:]), so a window of `seq_len` tokens trains
+`seq_len - 1` predictions. We chose `seq_len` tokens rather than `seq_len + 1` so that a row has exactly the shape
+the model sees (the same (B, seq_len) tensor as in padded mode and in MiniMind, and `seq_len` is also the longest
+sequence the model must handle); the price is one prediction in 340 per window. Windows cross document boundaries
+on purpose: the stream holds `[BOS] doc [EOS]` for every document, so the model sees the boundaries.
+
+Epochs. Epoch e uses the window starts `offset_e + k * seq_len` for k in [0, n_windows), visited in the order of a
+permutation; offset_e in [0, seq_len) moves the window edges from one epoch to the next. Both are drawn from
+numpy's PCG64 seeded with (seed, epoch) explicitly. `n_windows = (n_tokens - seq_len + 1) // seq_len` fits every
+offset, so every epoch has the same number of windows (at most one window's worth of tokens at the end of the
+stream is skipped in a given epoch, a different one each epoch).
+
+Global batches. Row position p of the whole run is entry p % n of epoch p // n's permutation (n = windows per
+epoch): the infinite concatenation of epoch permutations. The global batch of optimizer step s is positions
+[s*G, (s+1)*G), G = micro_batch_size * grad_accum * world_size. Rank r of w takes the contiguous slice
+[r*G/w, (r+1)*G/w) of those rows, and its micro-batch m the slice [m*mb, (m+1)*mb) of its own rows. So the global
+batch is the same whatever the number of ranks that divides it, and a resumed run sees exactly the batches an
+uninterrupted one would have seen.
+
+One document per row (`data.mode = "padded"`, MiniMind's static padding to seq_len, and `"bucketed"`, dynamic
+padding with length bucketing, the SFT seed's method): trainer/batches/bucketing.py, on the same row positions.
+
+Chat corpora carry a loss mask (`TokenStream.loss_mask`, 1 on assistant reply tokens): a batch's `targets` is that
+mask cut like its rows, and only those tokens are predicted. Text corpora have none: every real next token is.
+
+Validation: a fixed set of windows (or documents) of the val split drawn with a fixed seed that does not depend on
+the run's seed, so that val losses are comparable over time and across runs with the same seq_len.
+
+Every batch also carries `n_targets`, the number of predictions its loss sums over; the trainer divides the summed
+loss of each micro-batch by the global batch's count, so that the step's loss is the mean over all predicted tokens
+of the global batch, whatever the split into ranks and micro-batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+IGNORE_INDEX = -100
+VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
+MODES = ("packed", "padded", "bucketed")
+_STREAM_PERMUTATION = 0
+_STREAM_VALIDATION = 1
+
+
+class DataError(ValueError):
+    """The corpus cannot feed this configuration (too small for seq_len, batch that ranks cannot split...)."""
+
+
+@dataclass
+class Batch:
+    """Rows for one forward pass, as they cross to the device: one uint16 array of ids and, for chat corpora or
+    padded rows, one uint8 array of targets. The labels are derived on the device (trainer: to_device)."""
+
+    input_ids: np.ndarray
+    """(rows, width) uint16 token ids; PAD (0) past a row's end."""
+    targets: np.ndarray | None
+    """(rows, width) uint8: 1 where the token is a target, predicted from the position before it (so column 0 never
+    is). None: every token but the first of each row (packed text windows)."""
+    n_targets: int
+    """Predictions the loss sums over: targets[:, 1:].sum()."""
+    n_real_tokens: int
+    """Non-PAD tokens in input_ids (tokens/s counts these)."""
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 labels in the model's `forward(ids, labels)` convention (-100 where not a target; for tests)."""
+        labels = self.input_ids.astype(np.int64)
+        if self.targets is None:
+            labels[:, 0] = IGNORE_INDEX
+        else:
+            labels[self.targets == 0] = IGNORE_INDEX
+        return labels
+
+
+def _generator(seed: int, stream: int, epoch: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, epoch])))
+
+
+class _EpochOrder:
+    """The order of n items for each epoch, drawn from (seed, epoch); caches the latest epoch only. Subclasses
+    change `draw` (bucketing: trainer/batches/bucketing.py)."""
+
+    def __init__(self, n_items: int, seed: int, offset_range: int = 0):
+        self.n_items = n_items
+        self.seed = seed
+        self.offset_range = offset_range
+        self._cached_epoch: int | None = None
+        self._cached: tuple[int, np.ndarray] = (0, np.empty(0, np.int64))
+
+    def draw(self, e: int) -> tuple[int, np.ndarray]:
+        rng = _generator(self.seed, _STREAM_PERMUTATION, e)
+        offset = int(rng.integers(0, self.offset_range)) if self.offset_range > 1 else 0
+        return offset, rng.permutation(self.n_items).astype(np.int64)
+
+    def epoch(self, e: int) -> tuple[int, np.ndarray]:
+        """(offset, item order) of epoch e."""
+        if self._cached_epoch != e:
+            self._cached = self.draw(e)
+            self._cached_epoch = e
+        return self._cached
+
+    def items(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(item index, epoch offset) for each global row position."""
+        idx = np.empty(len(positions), np.int64)
+        offsets = np.empty(len(positions), np.int64)
+        epochs = positions // self.n_items
+        for e in np.unique(epochs):
+            offset, perm = self.epoch(int(e))
+            sel = epochs == e
+            idx[sel] = perm[positions[sel] % self.n_items]
+            offsets[sel] = offset
+        return idx, offsets
+
+
+class Sampler:
+    """Rows of training batches as a pure function of (seed, step); see the module docstring."""
+
+    mode = "?"
+
+    def __init__(self, n_items: int, seq_len: int, seed: int, offset_range: int = 0,
+                 order: _EpochOrder | None = None):
+        if n_items <= 0:
+            raise DataError(self._too_small_message(seq_len))
+        self.seq_len = seq_len
+        self.seed = seed
+        self.order = order or _EpochOrder(n_items, seed, offset_range)
+
+    @property
+    def items_per_epoch(self) -> int:
+        """Rows of one epoch: windows (packed) or documents (padded, bucketed)."""
+        return self.order.n_items
+
+    def _too_small_message(self, seq_len: int) -> str:  # pragma: no cover - overridden
+        return "empty corpus"
+
+    def rows(self, positions: np.ndarray) -> Batch:
+        raise NotImplementedError
+
+    def batch(self, step: int, global_batch: int, rank: int = 0, world_size: int = 1,
+              micro: int = 0, micro_batch_size: int | None = None, first_row: int | None = None) -> Batch:
+        """Rows of one micro-batch of rank `rank` at optimizer step `step` (global batch `global_batch` rows).
+        micro_batch_size None: all of the rank's rows. first_row: the global batch's first row position, when it
+        is not step * global_batch (a run resumed with a different global batch continues from its rows seen)."""
+        if global_batch % world_size:
+            raise DataError(f"global batch {global_batch} rows cannot be split evenly over {world_size} ranks")
+        per_rank = global_batch // world_size
+        mb = per_rank if micro_batch_size is None else micro_batch_size
+        if per_rank % mb or not 0 <= micro < per_rank // mb:
+            raise DataError(f"micro-batch {micro} of size {mb} does not fit {per_rank} rows per rank")
+        row0 = step * global_batch if first_row is None else first_row
+        start = row0 + rank * per_rank + micro * mb
+        return self.rows(np.arange(start, start + mb, dtype=np.int64))
+
+    def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
+        """(predictions, real tokens) of the whole global batch starting at row `first_row`. Every rank computes
+        it alone, without a collective, to weight its micro-batch losses."""
+        b = self.rows(np.arange(first_row, first_row + global_batch, dtype=np.int64))
+        return b.n_targets, b.n_real_tokens
+
+
+def window_batch(tokens: np.ndarray, loss_mask: np.ndarray | None, starts: np.ndarray, length: int) -> Batch:
+    """Windows of `length` stream tokens (and their loss mask, for a chat corpus) starting at `starts`."""
+    x = np.stack([np.asarray(tokens[s:s + length], dtype=np.uint16) for s in starts])
+    if loss_mask is None:
+        return Batch(x, None, len(starts) * (length - 1), x.size)
+    targets = np.stack([np.asarray(loss_mask[s:s + length], dtype=np.uint8) for s in starts])
+    return Batch(x, targets, int(targets[:, 1:].sum()), x.size)
+
+
+class PackedSampler(Sampler):
+    """Fixed windows of seq_len tokens cut from the stream, across document boundaries."""
+
+    mode = "packed"
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, loss_mask: np.ndarray | None = None):
+        self.tokens = tokens
+        self.loss_mask = loss_mask
+        self.n_tokens = int(len(tokens))
+        super().__init__(max(0, (self.n_tokens - seq_len + 1) // seq_len), seq_len, seed, offset_range=seq_len)
+
+    def _too_small_message(self, seq_len: int) -> str:
+        return (f"the train split has {self.n_tokens:,} tokens; packed mode needs at least 2 x seq_len = "
+                f"{2 * seq_len:,} (lower train.seq_len or prepare a larger corpus)")
+
+    def window_starts(self, positions: np.ndarray) -> np.ndarray:
+        idx, offsets = self.order.items(positions)
+        return offsets + idx * self.seq_len
+
+    def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
+        if self.loss_mask is not None:
+            return super().global_counts(first_row, global_batch)
+        return global_batch * (self.seq_len - 1), global_batch * self.seq_len  # every window is full
+
+    def rows(self, positions: np.ndarray) -> Batch:
+        return window_batch(self.tokens, self.loss_mask, self.window_starts(positions), self.seq_len)
+
+
+def make_sampler(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int,
+                 loss_mask: np.ndarray | None = None, micro_batch_size: int = 1) -> Sampler:
+    """The sampler of `data.mode`; `loss_mask` for a chat corpus; `micro_batch_size` is the bucket size of
+    bucketed mode (one micro-batch is one bucket)."""
+    from minilmd.trainer.batches.bucketing import BucketedSampler, PaddedSampler
+
+    if mode == "packed":
+        return PackedSampler(tokens, seq_len, seed, loss_mask)
+    if mode == "padded":
+        return PaddedSampler(tokens, doc_starts, seq_len, seed, loss_mask)
+    if mode == "bucketed":
+        return BucketedSampler(tokens, doc_starts, seq_len, seed, micro_batch_size, loss_mask)
+    raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(MODES)}")
+
+
+def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, n_windows: int,
+                       batch_size: int, loss_mask: np.ndarray | None = None) -> list[Batch]:
+    """The fixed validation set: n_windows windows (packed) or documents (padded, bucketed) of the val split, drawn
+    with VAL_SEED, in batches of batch_size rows. A val split shorter than one window gives one shorter row."""
+    n_tokens = int(len(tokens))
+    if n_tokens < 2:
+        raise DataError(f"the val split has {n_tokens} tokens; at least 2 are needed for a validation loss")
+    rng = _generator(VAL_SEED, _STREAM_VALIDATION, 0)
+    if mode in ("padded", "bucketed"):
+        from minilmd.trainer.batches.bucketing import DocumentRows
+
+        docs_rows = DocumentRows(tokens, doc_starts, seq_len, loss_mask)
+        n_docs = len(doc_starts) - 1
+        docs = np.sort(rng.choice(n_docs, size=min(n_windows, n_docs), replace=False))
+        width: int | None = seq_len
+        if mode == "bucketed":  # the same documents, grouped by length and padded to each batch's longest
+            docs, width = docs[np.argsort(docs_rows.lengths[docs], kind="stable")], None
+        return [docs_rows.batch(docs[i:i + batch_size], width) for i in range(0, len(docs), batch_size)]
+    length = min(seq_len, n_tokens)
+    available = n_tokens // length
+    starts = np.sort(rng.choice(available, size=min(n_windows, available), replace=False)) * length
+    return [window_batch(tokens, loss_mask, starts[i:i + batch_size], length)
+            for i in range(0, len(starts), batch_size)]
