@@ -19,7 +19,11 @@ from minilmd.config import RestartSection
 from minilmd.daemon.child import orphans
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Death, build_command, classify, launch
+from minilmd.daemon.child.trainerwatch import death_facts
 from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.infra import Infra
+from minilmd.daemon.jobs.staging import stage
+from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.policy import backoff_seconds, decide
 from minilmd.daemon.runstate import MetricsTail, process_alive
 from minilmd.daemon.states import TRANSITIONS, IllegalTransition, Phase, check_transition
@@ -146,6 +150,33 @@ def test_policy_rules():
     assert (gave_up.action, gave_up.exit_status) == ("fail", protocol.SUPERVISOR_GAVE_UP)
     assert rule("crash", restarts_so_far=10).exit_status == protocol.SUPERVISOR_GAVE_UP
     assert rule("config_error", restarts_so_far=10).exit_status == 2  # the cause, not the count, is reported
+
+
+@pytest.mark.parametrize("damaged", [True, False])
+def test_a_data_error_restages_a_damaged_staged_corpus_and_is_final_on_an_intact_one(tmp_path, corpus, damaged):
+    """The trainer's exit 65 is final only when the staged copy verifies: a copy that broke in scratch (here a
+    truncated tokens.bin) is the supervisor's to repair, not the source's fault."""
+    staged = stage(str(corpus[0]), tmp_path / "shm")
+    if damaged:
+        tokens = staged / "train" / "tokens.bin"
+        os.truncate(tokens, tokens.stat().st_size // 2)
+    staging = StagingWorker(cfg=None, infra=Infra(), state=None, emit=None, inbox=None, syncer_for=None)
+    staging.staged = staged  # what the staging phase left for the trainer
+    c, rc = run_child(tmp_path, "import sys; sys.exit(65)")
+    death = classify(c, rc, tmp_path, stop_requested=False)
+    assert death.cause == "data_error"
+    emitted = []
+    facts = death_facts(death, staging, gpu=None, emit=lambda kind, message, **_: emitted.append((kind, message)))
+    assert facts == {"staged_damaged": damaged}
+    decision = decide(death, restart=RESTART, restarts_so_far=0, no_progress_streak=1, stop_requested=False,
+                      micro_batch_size=32, grad_accum=1, **facts)
+    if damaged:
+        assert decision.action == "restage" and decision.counts_as_restart
+        assert "staged corpus fails verification: re-staging it" in decision.message
+        assert [kind for kind, _ in emitted] == ["staging"] and "train/tokens.bin" in emitted[0][1]
+    else:  # the source itself is bad: final, the supervisor exits 65 without a restart
+        assert (decision.action, decision.exit_status, decision.counts_as_restart) == ("fail", 65, False)
+        assert decision.message.startswith("data error, final: ") and emitted == []
 
 
 def test_backoff_doubles_with_jitter_up_to_the_cap():
