@@ -172,6 +172,38 @@ def test_optimizer_step_disagreement(tmp_path, run):
     assert "optimizer step 3 (state.0.step" in refused(path) and "disagrees with checkpoint step 5" in refused(path)
 
 
+def rewrite_trainer_state(path: Path, change) -> None:
+    """Edit trainer_state.json and enter its new size and sha256 in the manifest: every hash still matches."""
+    state_file = path / ck.TRAINER_STATE
+    state = json.loads(state_file.read_text())
+    change(state)
+    state_file.write_text(json.dumps(state))
+    manifest = json.loads((path / ck.MANIFEST).read_text())
+    manifest["files"][ck.TRAINER_STATE] = {"sha256": ck.sha256_file(state_file), "size": state_file.stat().st_size}
+    (path / ck.MANIFEST).write_text(json.dumps(manifest))
+
+
+def files_intact(path: Path) -> bool:
+    manifest = json.loads((path / ck.MANIFEST).read_text())
+    return ck.verify_manifest(manifest, lambda n: (path / n).stat().st_size, lambda n: ck.sha256_file(path / n)) == []
+
+
+def test_a_trainer_state_naming_another_step_than_the_manifest_is_invalid(tmp_path, run):
+    path = save_run(tmp_path, 3, *run)  # the optimizer made 3 steps too
+    rewrite_trainer_state(path, lambda state: state.update(step=4))
+    assert files_intact(path)
+    msg = refused(path)
+    assert "trainer_state.json says step 4, manifest.json says 3" in msg and "directory name" not in msg
+
+
+def test_a_directory_name_naming_another_step_than_the_manifest_is_invalid(tmp_path, run):
+    path = save_run(tmp_path, 3, *run)  # manifest, trainer_state and optimizer all say step 3
+    path = path.rename(path.with_name("step-00000004"))
+    assert files_intact(path)
+    msg = refused(path)
+    assert "directory name says step 4, manifest.json says 3" in msg and "trainer_state.json" not in msg
+
+
 @pytest.mark.parametrize("kind", ["data", "tokenizer"])
 def test_fingerprint_mismatch(tmp_path, run, kind):
     path = save_run(tmp_path, 3, *run)
