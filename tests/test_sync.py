@@ -247,6 +247,31 @@ def test_a_rename_or_latest_replacement_that_silently_does_nothing_is_an_error(d
     assert (result.step, ck.read_latest(remote)) == (20, "step-00000020")
 
 
+def test_latest_never_moves_back_past_a_newer_intact_checkpoint(dirs, weights, monkeypatch):
+    """A syncer that was slow (a thread left stalled on NFS, a supervisor that came back) finishes copying step 10
+    after another has put step 20 on the remote and pointed LATEST at it: LATEST stays on step 20."""
+    local, remote = dirs
+    newer_scratch = local.parent / "newer"
+    save(local, 10, weights)
+    save(newer_scratch, 20, weights)
+    newer = Syncer(newer_scratch, str(remote), EXPECTED)
+    from minilmd.daemon.jobs import sync
+
+    real_rename, overtaken = sync._Remote.rename_dir, []
+
+    def rename_then_overtaken(self, src, dst):
+        real_rename(self, src, dst)
+        if dst == "step-00000010":  # in place, its LATEST not yet written: the other syncer gets there first
+            overtaken.append(newer.sync_newest())
+
+    monkeypatch.setattr(sync._Remote, "rename_dir", rename_then_overtaken)
+    result = Syncer(local, str(remote), EXPECTED).sync_newest()
+    assert [(r.step, r.copied) for r in overtaken] == [(20, True)]
+    assert (result.step, result.copied) == (10, True)
+    assert ck.read_latest(remote) == "step-00000020"
+    assert [ck.validate(remote / n, EXPECTED)["step"] for n in ("step-00000010", "step-00000020")] == [10, 20]
+
+
 # --- against a real misbehaving remote (tests/faultfs.py over FUSE; skipped where FUSE is unavailable) -----------
 
 def synced_once(local: Path, remote: Path, weights) -> Syncer:
