@@ -28,6 +28,10 @@ from reliability_helpers import copy_corpus
 from supervisor_helpers import cli, env_for, start_supervisor, state, step_of_state, wait_for, write_config
 from trainer_corpus import child_env
 
+# Every test runs real `minilmd` processes (about 0.4 s each for a prepare, seconds for a run): the slow tier. The
+# fast tier keeps each bad-line kind in process and one exit 65 through the CLI (test_prepare.py).
+pytestmark = pytest.mark.slow
+
 TOKENIZER_OF = lambda corpus: corpus[0] / "tokenizer.json"
 
 
@@ -65,7 +69,6 @@ seq_len = 256
     return path, expected
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "train"])
 def test_a_config_with_every_kind_of_problem_is_refused_at_once_and_creates_nothing(tmp_path, read_only_dir,
                                                                                      command):
@@ -80,7 +83,6 @@ def test_a_config_with_every_kind_of_problem_is_refused_at_once_and_creates_noth
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.toml", "ro"]
 
 
-@pytest.mark.slow
 def test_a_config_that_is_not_toml_or_does_not_exist(tmp_path):
     broken = tmp_path / "broken.toml"
     broken.write_text("[run\nname = \n", encoding="utf-8")
@@ -120,7 +122,6 @@ def test_each_bad_line_kind_is_named_with_file_and_line_and_nothing_is_written(t
     assert meta["bad_lines"]["by_reason"] == {reason: 1}
 
 
-@pytest.mark.slow
 def test_a_100_mb_single_line_that_is_not_json_is_named_without_echoing_it(tmp_path, corpus):
     src = tmp_path / "huge.jsonl"
     with open(src, "wb") as f:
@@ -182,7 +183,6 @@ def wrong_version(root: Path) -> str:
     return "version"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("damage", [damage_lengths, ids_beyond_vocab, wrong_version])
 def test_bad_prepared_data_is_a_final_data_error_in_train_and_run(tmp_path, corpus, damage):
     bad = copy_corpus(corpus[0], tmp_path / "bad-corpus")
@@ -202,7 +202,6 @@ def test_bad_prepared_data_is_a_final_data_error_in_train_and_run(tmp_path, corp
 
 
 # --- operator -------------------------------------------------------------------------------------------------------
-@pytest.mark.slow
 def test_operator_commands_on_a_directory_that_is_not_a_run(tmp_path):
     (tmp_path / "some-file").write_text("x")
     for target in (tmp_path, tmp_path / "missing", tmp_path / "some-file"):
@@ -213,7 +212,6 @@ def test_operator_commands_on_a_directory_that_is_not_a_run(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["some-file"]
 
 
-@pytest.mark.slow
 def test_a_stale_lock_and_an_orphan_of_a_killed_supervisor(tmp_path, corpus):
     """SIGKILL leaves the lock file (not held), state.json saying "running" and the trainer running. status tells
     the truth, stop stops the orphan (it saves first), and a new `minilmd run` takes the run over."""
