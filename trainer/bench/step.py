@@ -149,7 +149,7 @@ def main(config_path: str | None, steps: int = 10, overrides: list[str] | None =
     if steps < 1:
         print("minilmd bench step: --steps must be at least 1", file=sys.stderr)
         return 2
-    from minilmd.trainer.loop.train import resolve_device
+    from minilmd.trainer.loop.distributed import resolve_device
 
     try:
         device = resolve_device(cfg, 0)

@@ -2,7 +2,7 @@
 
 The loop, top to bottom (Trainer.train):
     resume from the newest valid checkpoint (model, optimizer, RNG, step), or start at step 0 from the weights of
-        [init] from (a fresh optimizer) or from the seeded init;
+        [init] from (a fresh optimizer) or from the seeded init (trainer/loop/resume.py);
     until the budget is spent:
         agree across ranks on "stop requested?" and "checkpoint due?";  stop -> save, exit 75
         one optimizer step: micro-batches of the pure-function sampler, each loss summed over its targets and
@@ -14,6 +14,7 @@ The loop, top to bottom (Trainer.train):
 Everything the math depends on derives from (seed, step) or from restored state, never from the wall clock (a
 duration-based checkpoint_every only changes when saves happen), so on CPU a killed-and-resumed run ends with the
 same weights, bit for bit, as an uninterrupted one.
+The ranks, their process groups and DDP: trainer/loop/distributed.py.
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
 boundary; 76 CUDA out of memory in any of its shapes (trainer/loop/oom.py; fault.json written first); 2 bad config
@@ -27,15 +28,12 @@ can see where a hung trainer is stuck before killing it.
 from __future__ import annotations
 
 import faulthandler
-import math
 import os
 import signal
 import sys
 import time
 import traceback
-from collections import deque
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,145 +60,18 @@ from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.batches import growth
 from minilmd.trainer.batches.samplers import Batch, DataError, make_sampler, validation_batches
 from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd.trainer.loop import multinode, tensorboard
+from minilmd.trainer.loop import tensorboard
+from minilmd.trainer.loop.components import build_optimizer, compile_enabled, total_steps_for_budget
+from minilmd.trainer.loop.distributed import Dist, init_distributed, wrap_ddp
 from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
+from minilmd.trainer.loop.guards import LossGuard, StopFlag
 from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.trainer.loop.mfu import flops_per_token, mfu, peak_flops
 from minilmd.trainer.loop.oom import cuda_oom_source, first_line
+from minilmd.trainer.loop.resume import resume, start_from_init, start_lora
 from minilmd.trainer.loop.schedule import lr_at
 from minilmd.trainer.model.minimind import next_token_labels, next_token_loss
-
-
-@dataclass
-class Dist:
-    """Where this process sits: rank of world_size (1 without torchrun) and its device."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    control_group: Any = None
-    """The process group of agree()'s flags: a CPU (gloo) group beside NCCL; None: the default group (gloo)."""
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def active(self) -> bool:
-        return self.world_size > 1
-
-
-def resolve_device(cfg: RunConfig, local_rank: int) -> torch.device:
-    want = cfg.train.device
-    if want == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(["train.device = \"cuda\" but torch finds no CUDA device"], cfg.source)
-    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def init_distributed(cfg: RunConfig) -> Dist:
-    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK; join the process group (nccl on CUDA, gloo on CPU), and on CUDA
-    a gloo group beside it for the per-step control flags (agree())."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(cfg, local_rank)
-    control_group = None
-    if world_size > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=(
-            device if device.type == "cuda" else None))
-    if world_size > 1 and torch_dist.get_backend() != "gloo":
-        control_group = torch_dist.new_group(backend="gloo")  # every rank calls it, in the same order
-    return Dist(rank, world_size, local_rank, device, control_group)
-
-
-def compile_enabled(setting: bool | str, device: torch.device) -> bool:
-    """train.compile: true, false, or "auto": on CUDA, where eager mode is host-bound (docs/training.md), and not
-    on CPU, where a cold compile costs minutes that a short CPU run never wins back."""
-    return setting is True or (setting == "auto" and device.type == "cuda")
-
-
-def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> int:
-    """max_steps, ceil(max_tokens / tokens per step), ceil(max_epochs * rows per epoch / rows per step); with
-    several, whichever ends first."""
-    t = cfg.train
-    budgets = []
-    if t.max_steps:
-        budgets.append(t.max_steps)
-    if t.max_tokens:
-        budgets.append(math.ceil(t.max_tokens / (global_batch * t.seq_len)))
-    if t.max_epochs and rows_per_epoch:
-        budgets.append(max(1, math.ceil(t.max_epochs * rows_per_epoch / global_batch)))
-    if not budgets:
-        raise ConfigError(["a budget is required: set train.max_steps, train.max_tokens or train.max_epochs"],
-                          cfg.source)
-    return min(budgets)
-
-
-def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW, weight decay on matrices (>= 2-D) only, fused on CUDA."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.train.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    extra = {"fused": True} if device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(0.9, 0.95), eps=1e-8, **extra)
-
-
-class StopFlag:
-    """SIGTERM/SIGINT handlers only record the request; the loop acts on it at the next step boundary."""
-
-    def __init__(self):
-        self.requested = False
-        self.signal_name = ""
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
-
-
-class LossGuard:
-    """Stops the run at the first non-finite training loss, checked every step, without a host sync per step.
-
-    On the CPU the loss is read at once: there is no device to wait for. On CUDA reading it would stall the loop
-    until the GPU catches up, so each step's loss is copied into pinned host memory without blocking and read at
-    a later step, once a CUDA event says the copy has landed (asking never waits); `flush()` waits for the pending
-    ones, and the loop calls it before every save: a non-finite model is never saved."""
-
-    def __init__(self, device: torch.device):
-        self.lazy = device.type == "cuda"
-        self.pending: deque = deque()  # (step, pinned host copy of the loss, CUDA event after the copy)
-
-    def check(self, step: int, loss: torch.Tensor) -> None:
-        if not self.lazy:
-            self.require_finite(step, float(loss))
-            return
-        host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
-        host.copy_(loss.detach(), non_blocking=True)
-        landed = torch.cuda.Event()
-        landed.record()
-        self.pending.append((step, host, landed))
-        while self.pending and self.pending[0][2].query():
-            done_step, value, _ = self.pending.popleft()
-            self.require_finite(done_step, float(value))
-
-    def flush(self) -> None:
-        while self.pending:
-            step, value, landed = self.pending.popleft()
-            landed.synchronize()
-            self.require_finite(step, float(value))
-
-    @staticmethod
-    def require_finite(step: int, loss: float) -> None:
-        if not math.isfinite(loss):
-            raise RuntimeError(f"the training loss is {loss} at step {step}: refusing to continue and to save a "
-                               f"non-finite model (lower train.lr or check the data)")
 
 
 class Trainer:
@@ -238,7 +109,7 @@ class Trainer:
         try:
             self.model = MiniMindForCausalLM(cfg.model)
             if cfg.lora.enabled:
-                self.start_lora()
+                start_lora(self)
             self.model.to(self.device)
             self.optimizer = build_optimizer(self.model, cfg, self.device)
         except ValueError as e:  # torch refusing a value of the config ("Invalid learning rate"): the same next time
@@ -246,9 +117,9 @@ class Trainer:
         self.step, self.tokens_seen = 0, 0
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
-        self.resume()
+        resume(self)
         if self.resumed_from is None and cfg.init.from_ and not cfg.lora.enabled:
-            self.start_from_init()
+            start_from_init(self)
         self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
@@ -263,17 +134,7 @@ class Trainer:
         self.loss_guard = LossGuard(self.device)
 
         self.autocast = self._autocast_context()
-        forward_model: torch.nn.Module = self.model
-        if dist.active:
-            from torch.nn.parallel import DistributedDataParallel
-
-            # No buffer broadcast: the only buffers are the RoPE tables, computed identically on every rank (and
-            # non-persistent), so broadcasting them before every synced forward was pure traffic. Gradients as
-            # views of the allreduce buckets: no copy into and out of the buckets, and no second gradient-sized
-            # allocation.
-            forward_model = DistributedDataParallel(
-                self.model, device_ids=[dist.local_rank] if self.device.type == "cuda" else None,
-                broadcast_buffers=False, gradient_as_bucket_view=True)
+        forward_model = wrap_ddp(self.model, dist)
         # Any: torch.compile is typed as returning a plain callable; it returns a module that passes attribute
         # lookups (DDP's no_sync) through to the one it wraps.
         self.compiled = compile_enabled(t.compile, self.device)
@@ -302,84 +163,6 @@ class Trainer:
         return Expectation(model=self.cfg.model_dict(), data_fingerprint=self.corpus.data_fingerprint,
                            tokenizer_fingerprint=self.corpus.tokenizer_fingerprint, lora=self.cfg.lora_dict(),
                            data_ancestors=tuple(self.corpus.earlier_versions))
-
-    def checkpoint_roots(self) -> list[Path]:
-        roots = [self.cfg.checkpoint_dir]
-        remote = self.cfg.run.remote
-        # A supervisor has already fetched from the remote (in a thread): a stalled NFS must not hang the trainer.
-        if remote and not os.environ.get(RUN_DIR_ENV) and ("://" not in remote or remote.startswith("file://")):
-            roots.append(Path(remote.removeprefix("file://")))
-        return roots
-
-    def resume(self) -> None:
-        """Load the newest valid checkpoint, if any: rank 0 finds it (and quarantines bad ones), all ranks load."""
-        from minilmd import checkpoint
-
-        found: list[str | None] = [None]
-        if self.dist.is_main:
-            checkpoint.clean_stale_tmp(self.cfg.checkpoint_dir)  # debris of a save killed mid-way
-            path = checkpoint.find_latest(self.checkpoint_roots(), self.expectation(), log=print)
-            found = [str(path) if path else None]
-        if self.dist.active:
-            torch_dist.broadcast_object_list(found, src=0)
-        if found[0] is None:
-            return
-        model_state, optimizer_state, state = multinode.load_checkpoint(Path(found[0]), self.dist)
-        if self.cfg.lora.enabled:
-            self.resume_adapter(Path(found[0]), model_state, state.get("init"))
-        else:
-            self.model.load_state_dict(model_state, strict=True)
-            self.init_record = state.get("init")
-        self.optimizer.load_state_dict(optimizer_state)
-        if state.get("rng"):
-            ckpt_io.restore_rng(state["rng"])
-        self.step = self.step_base = int(state["step"])
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.rows_base = int(state.get("rows_seen", self.step * self.global_batch))
-        self.early.restore(state.get("early_stop"))
-        # A corpus grown by `prepare --append` since: the planned rows stay, new documents from the next epoch
-        self.sampler = growth.resume_sampler(state, self.corpus, self.cfg.data.mode, self.cfg.train.seq_len,
-                                             self.cfg.train.seed, self.sampler, self.cfg.train.micro_batch_size)
-        self.resumed_from = Path(found[0])
-        if self.dist.is_main:
-            old = state.get("global_batch")
-            note = f" (global batch was {old} rows, now {self.global_batch})" if old not in (None,
-                                                                                             self.global_batch) else ""
-            print(f"minilmd: resumed from {found[0]} at step {self.step}{note}", flush=True)
-
-    def start_from_init(self) -> None:
-        """A fresh run (no checkpoint) takes the weights of [init] from; the optimizer and step stay fresh. Only
-        here is init.from read: every later start resumes from this run's own checkpoints."""
-        from minilmd.trainer.checkpoint.init_weights import load_init
-
-        weights, self.init_record = load_init(self.cfg)
-        self.model.load_state_dict(weights, strict=True)
-        if self.dist.is_main:
-            print(f"minilmd: initialised from {self.init_record['path']} ({self.init_record['kind']})", flush=True)
-
-    def start_lora(self) -> None:
-        """A LoRA run, at every start: the base init.from names, validated and fingerprinted anew, loaded and
-        frozen; then the adapters on it (drawn from the seeded RNG; a resume overwrites them)."""
-        from minilmd.trainer.checkpoint.init_weights import load_init
-        from minilmd.trainer.model.lora import apply_lora
-
-        weights, self.init_record = load_init(self.cfg)
-        self.model.load_state_dict(weights, strict=True)
-        n = apply_lora(self.model, self.cfg.lora)
-        if self.dist.is_main:
-            print(f"minilmd: LoRA rank {self.cfg.lora.rank} on {', '.join(self.cfg.lora.targets)}: {n:,} trainable "
-                  f"parameters on the frozen base {self.init_record['path']}", flush=True)
-
-    def resume_adapter(self, path: Path, adapter: dict, recorded_base: dict | None) -> None:
-        """A LoRA checkpoint resumes only on the base it was trained on: the one init.from names now must have the
-        fingerprint every checkpoint of this run records."""
-        from minilmd.init_source import describe, same_source
-        from minilmd.trainer.model.lora import load_adapter
-
-        if not same_source(recorded_base, self.init_record):
-            raise CheckpointMismatch(path, [f"its adapters were trained on the base {describe(recorded_base)}, but "
-                                            f"init.from now gives {describe(self.init_record)}"], "model")
-        load_adapter(self.model, adapter)
 
     def epoch_of(self, step: int) -> int:
         """The epoch optimizer step `step` starts in (its first row's pass over the train split)."""

@@ -110,8 +110,10 @@ def _lock(root: Path) -> int:
 
 def _append(sources: list[str], root: Path, workers: int | None, progress, log, on_bad_line: str | None,
             block_bytes: int | None) -> dict:
-    from minilmd.corpus.prepare import pipeline as prep
     from minilmd.corpus.prepare.encode import default_workers
+    from minilmd.corpus.prepare.meta import report
+    from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
+    from minilmd.corpus.prepare.stream import encode_all, open_sources
 
     corpus = open_prepared(root)
     meta = corpus.meta
@@ -119,13 +121,13 @@ def _append(sources: list[str], root: Path, workers: int | None, progress, log, 
     if not sources:
         raise ValueError("no corpus files given")
     old_meta_sha = sha256_file(root / META)
-    opts = prep.PrepareOptions(
+    opts = PrepareOptions(
         val_fraction=float(meta["split_rule"]["val_fraction"]),
         on_bad_line=on_bad_line or meta["bad_lines"]["policy"],
         seq_len=int(meta["chat"]["seq_len"] if chat else meta["stats"]["train"].get("seq_len", 340)),
         batch_size=int(meta["stats"]["train"].get("batch_size", 32)),
         workers=default_workers() if workers is None else workers,
-        block_bytes=block_bytes or prep.BLOCK_BYTES,
+        block_bytes=block_bytes or BLOCK_BYTES,
         data_format=corpus.data_format,
         on_long=meta["chat"]["on_long"] if chat else "cut",
         drop_scripts=frozenset(meta.get("dropped_scripts", {}).get("scripts", [])),
@@ -134,7 +136,7 @@ def _append(sources: list[str], root: Path, workers: int | None, progress, log, 
     if problems:
         raise ValueError("; ".join(problems))
     assert opts.workers is not None
-    tok = prep._Tokenizer.load(corpus.tokenizer_path, chat)
+    tok = PrepareTokenizer.load(corpus.tokenizer_path, chat)
     if chat and tok.chat_config is not None:
         template = hashlib.sha256(tok.chat_config["chat_template"].encode("utf-8")).hexdigest()
         if template != meta["chat"]["template_sha256"]:
@@ -145,9 +147,9 @@ def _append(sources: list[str], root: Path, workers: int | None, progress, log, 
     for split in SPLITS:
         (tmp / split).mkdir(parents=True)
     try:
-        opened = prep._open_sources(sources)
+        opened = open_sources(sources)
         found = Collector(tmp, opened, opts.on_bad_line, chat=chat)
-        prep._encode_all(opened, found, tok, opts, progress)
+        encode_all(opened, found, tok, opts, progress)
         check_line_counts(found)
         if found.documents == 0:
             raise InputError(f"{', '.join(sources)}: no documents to append (every line was blank, bad or "
@@ -166,7 +168,7 @@ def _append(sources: list[str], root: Path, workers: int | None, progress, log, 
         f"(train +{new.lengths['train'].size:,}, val +{new.lengths['val'].size:,}); "
         f"{v['leaked_val_removed']:,} new val documents repeat train ones, "
         f"{v['train_repeating_old_val_dropped']:,} new train documents repeat old val ones: left out")
-    prep._report(new_meta, log)
+    report(new_meta, log)
     return new_meta
 
 

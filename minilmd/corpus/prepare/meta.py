@@ -1,0 +1,137 @@
+"""meta.json of a prepared corpus as `minilmd prepare` builds it (minilmd/corpus/prepare/pipeline.py): the file
+table, the splits, the split rule, the leak check, the figures (a chat corpus's own), and the report prepare and
+`prepare --append` print from it."""
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import numpy as np
+
+from minilmd.corpus.analysis import stats as corpus_stats
+from minilmd.corpus.analysis.report import prepare_summary
+from minilmd.corpus.format import DATA_FORMATS, FORMAT
+from minilmd.corpus.prepare.collect import Collector
+from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
+from minilmd.fsio import sha256_file
+from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
+from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+
+
+def file_table(tmp: Path, train_tokens_sha: str, chat: bool = False) -> dict[str, dict]:
+    """Size and sha256 of every file, as meta.json lists them (train tokens were hashed while written)."""
+    files = {}
+    names = (TOKENS, DOC_LENGTHS, LOSS_MASK) if chat else (TOKENS, DOC_LENGTHS)
+    top = [CORPUS_TOKENIZER, TOKENIZER_CONFIG] if chat else [CORPUS_TOKENIZER]
+    for rel in [split_file(s, n) for s in SPLITS for n in names] + top:
+        path = tmp / rel
+        sha = train_tokens_sha if rel == split_file(SPLITS[0], TOKENS) else sha256_file(path)
+        files[rel] = {"size": path.stat().st_size, "sha256": sha}
+    return files
+
+
+def build_meta(tmp: Path, tok: PrepareTokenizer, opts: PrepareOptions, found: Collector, train_lengths: np.ndarray,
+          val_lengths: np.ndarray, leaked: np.ndarray, leak_examples: list[str]) -> dict:
+    """meta.json's content."""
+    stats = {
+        "train": corpus_stats.split_stats(train_lengths, opts.seq_len, opts.batch_size),
+        "val": corpus_stats.split_stats(val_lengths, opts.seq_len, opts.batch_size),
+        "documents_with_special_ids_inside": found.special_docs,
+        "special_ids_inside_examples": found.special_examples,
+        "input_text_bytes": found.text_bytes,
+    }
+    return {
+        "format": FORMAT,
+        "version": DATA_FORMATS[opts.data_format],
+        "data_format": opts.data_format,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "vocab_size": tok.vocab_size,
+        "special_ids": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "tokenizer_sha256": sha256_file(tmp / CORPUS_TOKENIZER),
+        "token_dtype": "uint16 little-endian",
+        "doc_lengths_dtype": "int32",
+        "document_layout": "[BOS] ids [EOS], no PAD stored; doc length counts BOS and EOS",
+        "splits": {
+            "train": {"documents": int(train_lengths.size), "tokens": int(train_lengths.sum())},
+            "val": {"documents": int(val_lengths.size), "tokens": int(val_lengths.sum())},
+        },
+        "files": file_table(tmp, found.train.sha.hexdigest(), found.chat),
+        "sources": found.sources,
+        "split_rule": {
+            "rule": "val iff int.from_bytes(blake2b(text.encode('utf-8'), digest_size=8).digest(), 'little') "
+                    "< val_fraction * 2**64",
+            "val_fraction": opts.val_fraction,
+        },
+        "leak_check": {
+            "key": "blake2b-64 of the text with all whitespace removed (exact duplicates share a split by the rule)",
+            "val_documents_checked": int(leaked.size),
+            "leaked_documents": int(leaked.sum()),
+            "removed_from_val": int(leaked.sum()),
+            "examples": leak_examples,
+        },
+        "stats": stats,
+        "bad_lines": {"policy": opts.on_bad_line, "total": sum(found.bad_counts.values()),
+                      "by_reason": dict(sorted(found.bad_counts.items())), "examples": found.bad_examples},
+    }
+
+
+def add_chat_meta(meta: dict, tok: PrepareTokenizer, opts: PrepareOptions, found: Collector,
+                   train_lengths: np.ndarray, val_lengths: np.ndarray, leaked: np.ndarray) -> None:
+    """A chat corpus's meta.json: its figures per split replace the text ones (packing does not apply), the
+    target tokens per split, the length rule and what it cut and dropped."""
+    assert tok.chat_config is not None
+    facts = {"train": found.train.all_facts(), "val": found.val_raw.all_facts()[~leaked]}
+    lengths = {"train": train_lengths, "val": val_lengths}
+    stats = meta["stats"]
+    for split in SPLITS:
+        stats[split] = corpus_stats.chat_split_stats(lengths[split], facts[split], opts.seq_len, opts.batch_size)
+        meta["splits"][split]["target_tokens"] = stats[split]["target_tokens"]
+    counts = found.chat_counts
+    meta["chat"] = {
+        "seq_len": opts.seq_len,
+        "on_long": opts.on_long,
+        "cut": sum(stats[split]["cut"] for split in SPLITS),
+        "dropped_long": counts.get("dropped_long", 0),
+        "dropped_no_target": counts.get("dropped_no_target", 0),
+        "conversations_with_special_text": counts.get("special_text", 0),
+        "template_sha256": hashlib.sha256(tok.chat_config["chat_template"].encode("utf-8")).hexdigest(),
+        "target_rule": "every token of an assistant reply after its '<|im_start|>assistant\\n' header up to and "
+                       "including its '<|im_end|>'; a token counts where its first character is",
+    }
+    meta["split_rule"]["text"] = "a conversation's canonical JSON: its messages, keys sorted, compact, UTF-8"
+
+
+def _report_chat(meta: dict, log) -> None:
+    for split in SPLITS:
+        log(corpus_stats.format_chat_report(split, meta["stats"][split]))
+    c = meta["chat"]
+    if c["dropped_long"] or c["dropped_no_target"]:
+        log(f"dropped: {c['dropped_long']:,} conversations longer than seq_len {c['seq_len']} (--on-long drop), "
+            f"{c['dropped_no_target']:,} whose replies all fall past the cut")
+
+
+def report(meta: dict, log) -> None:
+    stats = meta["stats"]
+    if meta["data_format"] == "chat":
+        _report_chat(meta, log)
+    else:
+        log(corpus_stats.format_report("train", stats["train"]))
+    for line in prepare_summary(meta):
+        log(line)
+    v = meta["splits"]["val"]
+    fraction = meta["split_rule"]["val_fraction"]
+    log(f"val: {v['documents']:,} documents, {v['tokens']:,} tokens (val fraction {fraction})")
+    lc = meta["leak_check"]
+    log(f"leak check: {lc['leaked_documents']:,} of {lc['val_documents_checked']:,} val documents also in train "
+        f"(whitespace ignored), removed from val" + (f": {', '.join(lc['examples'])}" if lc["examples"] else ""))
+    if v["documents"] == 0:
+        log("warning: --val-fraction 0: no val split; `minilmd train` refuses a corpus without one")
+    bad = meta["bad_lines"]
+    if bad["total"]:
+        counts = ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in bad["by_reason"].items())
+        log(f"skipped {bad['total']:,} bad lines: {counts}")
+    if stats["documents_with_special_ids_inside"]:
+        log(f"warning: {stats['documents_with_special_ids_inside']:,} documents contain a literal special token "
+            f"(<|endoftext|>, <|im_start|> or <|im_end|>) that encodes to id 0/1/2 inside the document, e.g. "
+            f"{', '.join(stats['special_ids_inside_examples'][:3])}")

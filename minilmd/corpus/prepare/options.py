@@ -1,0 +1,92 @@
+"""How `minilmd prepare` and `prepare --append` (minilmd/corpus/prepare/pipeline.py, append.py) split, check and
+report, each option the flag of the same name, and the tokenizer they encode with."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from minilmd.corpus.format import DATA_FORMATS
+from minilmd.corpus.sources.jsonl import BAD_LINE_POLICIES
+from minilmd.corpus.tokenizer import load_tokenizer
+from minilmd.names import CORPUS_TOKENIZER
+
+BLOCK_BYTES = 1 << 20
+
+
+@dataclass
+class PrepareOptions:
+    """How `prepare` splits, checks and reports; each field is the `minilmd prepare` flag of the same name."""
+
+    val_fraction: float = 0.005
+    """Share of documents for validation, by the hash rule of pipeline.py's docstring; in [0, 1)."""
+    on_bad_line: str = "error"
+    """"error": stop at the first bad line and write nothing; "skip": count it, keep a few examples, go on."""
+    seq_len: int = 340
+    """Sequence length of the padding/packing report (a text corpus does not depend on it); a chat corpus's
+    conversations are cut at it (or dropped: on_long)."""
+    batch_size: int = 32
+    """Batch size of the steps-per-epoch report; a chat corpus's micro-batch of the bucketed PAD share."""
+    workers: int | None = None
+    """Encoding processes; None: one per core, 0: in this process."""
+    block_bytes: int = BLOCK_BYTES
+    """Input bytes per work item; a few blocks per worker are in flight, so memory is bounded by this."""
+    data_format: str = "text"
+    """"text": {"text": ...} lines, loss on every token; "chat": conversations and a loss mask (`--format`)."""
+    on_long: str = "cut"
+    """chat: a conversation longer than seq_len is cut to seq_len tokens ("cut") or dropped ("drop")."""
+    drop_scripts: frozenset[str] = frozenset()
+    """text: a document with any character of these scripts (minilmd/corpus/analysis/scripts.py) is dropped and
+    counted."""
+
+    def problems(self) -> list[str]:
+        """Every invalid option at once, each naming its flag."""
+        from minilmd.corpus.prepare.chat_encode import ON_LONG
+
+        found = []
+        if self.data_format not in DATA_FORMATS:
+            found.append(f"--format {self.data_format!r}: choose one of {', '.join(DATA_FORMATS)}")
+        if self.drop_scripts and self.data_format == "chat":
+            found.append("--drop-scripts: applies to text corpora (--format text) only")
+        if self.on_long not in ON_LONG:
+            found.append(f"--on-long {self.on_long!r}: choose one of {', '.join(ON_LONG)}")
+        if self.on_bad_line not in BAD_LINE_POLICIES:
+            found.append(f"--on-bad-line {self.on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
+        if not 0 <= self.val_fraction < 1:
+            found.append(f"--val-fraction {self.val_fraction}: must be in [0, 1)")
+        if self.seq_len < 2 or self.batch_size < 1:
+            found.append(f"--seq-len {self.seq_len} / --batch-size {self.batch_size}: need seq_len >= 2, "
+                         f"batch_size >= 1")
+        return found
+
+
+@dataclass
+class PrepareTokenizer:
+    """The tokenizer, checked by load_tokenizer, with the JSON text the workers build theirs from."""
+
+    path: Path
+    json: str
+    vocab_size: int
+    chat_config: dict | None = None
+    """chat: its tokenizer_config.json, the template resolved (chat.read_tokenizer_config)."""
+
+    @classmethod
+    def load(cls, tokenizer: str | Path, chat: bool = False) -> PrepareTokenizer:
+        from minilmd.corpus.chat import ChatTemplate, read_tokenizer_config
+
+        path = Path(tokenizer)
+        if path.is_dir():
+            path = path / CORPUS_TOKENIZER
+        tok = load_tokenizer(path)
+        config = None
+        if chat:
+            config = read_tokenizer_config(path)
+            ChatTemplate.from_config(config)  # compiles: a broken template fails here, before any work
+        return cls(path, path.read_text(encoding="utf-8"), tok.get_vocab_size(with_added_tokens=True), config)
+
+    def chat_spec(self, opts: PrepareOptions):
+        from minilmd.corpus.chat import ChatTemplate
+        from minilmd.corpus.prepare.chat_encode import ChatSpec
+
+        if self.chat_config is None:
+            return None
+        return ChatSpec(ChatTemplate.from_config(self.chat_config), opts.seq_len, opts.on_long)

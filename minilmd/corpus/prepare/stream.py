@@ -1,0 +1,185 @@
+"""The streaming half of `minilmd prepare` and `prepare --append` (minilmd/corpus/prepare/pipeline.py, append.py):
+the sources opened, read in blocks of whole lines (a line longer than a block parsed as it is read:
+minilmd/corpus/sources/longdoc.py, its text sent in pieces), encoded by the worker processes
+(minilmd/corpus/prepare/encode.py) and collected in input order (minilmd/corpus/prepare/collect.py), a bounded
+number in flight; the progress line on stderr."""
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from collections import deque
+from concurrent.futures import Future
+
+from minilmd.corpus.analysis.scripts import script_matrix
+from minilmd.corpus.prepare.collect import Collector, LongEnd
+from minilmd.corpus.prepare.encode import Encoders, default_workers, done
+from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
+from minilmd.corpus.sources.jsonl import InputError, LongLine, Source
+from minilmd.corpus.sources.longdoc import PieceCutter, parse_chunks
+
+
+class Progress:
+    """A bar with bytes/s and ETA on a terminal; a plain line every `interval` seconds otherwise (stderr)."""
+
+    def __init__(self, total_bytes: int, stream=None, tty: bool | None = None, interval: float = 10.0):
+        self.total = total_bytes
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.interval = 0.2 if self.tty else interval
+        self.start = self.last = time.monotonic()
+
+    def update(self, done_bytes: int, tokens: int, docs: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        elapsed = max(now - self.start, 1e-9)
+        rate = done_bytes / elapsed
+        frac = done_bytes / self.total if self.total else 0.0
+        eta = (self.total - done_bytes) / rate if rate > 0 and self.total else float("nan")
+        eta_s = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta == eta else "?"
+        text = (f"{frac:6.1%} {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB {rate / 1e6:.2f} MB/s "
+                f"ETA {eta_s}  {docs:,} docs {tokens:,} tokens ({tokens / elapsed:,.0f} tok/s)")
+        if self.tty:
+            width = 24
+            filled = int(width * min(frac, 1.0))
+            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\x1b[K")
+        else:
+            self.stream.write(f"prepare: {text}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def open_sources(sources: list[str]) -> list[Source]:
+    """Every source opened up front: a missing file fails in a second, not in an hour."""
+    opened: list[Source] = []
+    try:
+        for path in sources:
+            opened.append(Source(path))
+    except InputError:
+        for source in opened:
+            source.close()
+        raise
+    return opened
+
+
+def encode_all(opened: list[Source], found: Collector, tok: PrepareTokenizer, opts: PrepareOptions,
+                progress: Progress | bool | None) -> None:
+    """Blocks of whole lines, and the pieces of long lines, -> worker processes -> `found`, in input order, a
+    bounded number in flight."""
+    total_bytes = sum(s.size for s in opened)
+    if progress is None or progress is True:
+        progress = Progress(total_bytes)
+    elif progress is False:
+        progress = None
+    workers = default_workers() if opts.workers is None else opts.workers
+    encoders = Encoders(tok.json, opts.val_fraction, workers, tok.chat_spec(opts), opts.drop_scripts)
+    found.threshold = int(opts.val_fraction * 2**64)
+    found.drop_scripts = opts.drop_scripts
+    pending: deque = deque()
+    max_in_flight = 2 * max(workers, 1) + 1
+    done_before = 0  # raw bytes of the sources already finished
+    src: Source | None = None
+
+    def submit(src_idx: int, kind: str, future: Future) -> None:
+        pending.append((src_idx, kind, future))
+        while len(pending) >= max_in_flight:
+            found.take(*_result(pending.popleft()))
+            if progress and src is not None:
+                progress.update(done_before + src.position, found.tokens, found.documents)
+
+    try:
+        for src_idx, src in enumerate(opened):
+            try:
+                # A chat line is held whole (pipeline.py's docstring): blocks() joins a long one.
+                items = src.blocks(opts.block_bytes) if found.chat else src.items(opts.block_bytes)
+                for item in items:
+                    if isinstance(item, LongLine):
+                        _stream_long_line(item, src_idx, encoders, submit)
+                    else:
+                        first_line, blob = item
+                        submit(src_idx, "block", encoders.submit("__call__", blob, first_line))
+                done_before += src.size
+            finally:
+                src.close()
+        while pending:
+            found.take(*_result(pending.popleft()))
+        if progress:
+            progress.update(total_bytes, found.tokens, found.documents, force=True)
+    finally:
+        for _, _, f in pending:
+            f.cancel()
+        encoders.shutdown()
+        if progress:
+            progress.close()
+        for s in opened:
+            s.close()
+        found.close()
+
+
+def _result(entry: tuple[int, str, Future]) -> tuple[int, str, object]:
+    src_idx, kind, future = entry
+    return src_idx, kind, future.result()
+
+
+def _stream_long_line(long: LongLine, src_idx: int, encoders: Encoders, submit) -> None:
+    """A line too long to hold, as it is read: parsed in chunks, its text cut into pieces for the workers; its
+    end, with the verdict and the hashes of the whole text, follows its pieces."""
+    doc = _LongText(lambda piece: submit(src_idx, "piece", encoders.submit("encode_piece", piece)))
+
+    def restart() -> None:  # another top-level "text": the last one is the document
+        doc.reset()
+        submit(src_idx, "restart", done(None))
+
+    verdict = parse_chunks(long.chunks(), doc.add, restart)
+    doc.finish()
+    submit(src_idx, "long_end", done(LongEnd(long.line, verdict, _digest_int(doc.digest), _digest_int(doc.key),
+                                              doc.text_bytes, doc.scripts)))
+
+
+class _LongText:
+    """The text of a long line as it streams by: cut into pieces (handed to `send`), hashed on the way for the split
+    rule and the leak key of the whole text (blake2b is the same fed in parts)."""
+
+    def __init__(self, send):
+        self.send = send
+        self.reset()
+
+    def reset(self) -> None:
+        self.cutter = PieceCutter()
+        self.digest = hashlib.blake2b(digest_size=8)
+        self.key = hashlib.blake2b(digest_size=8)
+        self.text_bytes = 0
+        self.scripts = script_matrix([])[:1].sum(axis=0)  # its characters by script, piece by piece
+        self.encodable = True  # no lone surrogate so far (with one, the line is bad: nothing more is encoded)
+
+    def add(self, fragment: str) -> None:
+        for piece in self.cutter.add(fragment):
+            self._piece(piece)
+
+    def finish(self) -> None:
+        for piece in self.cutter.finish():
+            self._piece(piece)
+
+    def _piece(self, piece: str) -> None:
+        if not self.encodable:
+            return
+        try:
+            data = piece.encode("utf-8")
+        except UnicodeEncodeError:
+            self.encodable = False
+            return
+        self.digest.update(data)
+        self.key.update("".join(piece.split()).encode("utf-8"))
+        self.text_bytes += len(data)
+        self.scripts = self.scripts + script_matrix([piece])[0]
+        self.send(piece)
+
+
+def _digest_int(h) -> int:
+    return int.from_bytes(h.digest(), "little")

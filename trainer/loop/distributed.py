@@ -1,0 +1,73 @@
+"""Where a training process sits under torchrun, and the set-up that follows from it (trainer/loop/train.py runs
+it): torchrun's RANK/WORLD_SIZE/LOCAL_RANK, the device, the process group (nccl on CUDA, gloo on CPU) with a gloo
+control group beside NCCL, and the DDP wrapping of the model. Without torchrun: one rank, no process group."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from minilmd.config import ConfigError, RunConfig
+
+
+@dataclass
+class Dist:
+    """Where this process sits: rank of world_size (1 without torchrun) and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    control_group: Any = None
+    """The process group of agree()'s flags: a CPU (gloo) group beside NCCL; None: the default group (gloo)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(cfg: RunConfig, local_rank: int) -> torch.device:
+    want = cfg.train.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(["train.device = \"cuda\" but torch finds no CUDA device"], cfg.source)
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(cfg: RunConfig) -> Dist:
+    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK; join the process group (nccl on CUDA, gloo on CPU), and on CUDA
+    a gloo group beside it for the per-step control flags (agree())."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(cfg, local_rank)
+    control_group = None
+    if world_size > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=(
+            device if device.type == "cuda" else None))
+    if world_size > 1 and torch_dist.get_backend() != "gloo":
+        control_group = torch_dist.new_group(backend="gloo")  # every rank calls it, in the same order
+    return Dist(rank, world_size, local_rank, device, control_group)
+
+
+def wrap_ddp(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+    """The module the loop runs forward and backward through: `model` itself on one rank, under DDP on several."""
+    if not dist.active:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    # No buffer broadcast: the only buffers are the RoPE tables, computed identically on every rank (and
+    # non-persistent), so broadcasting them before every synced forward was pure traffic. Gradients as
+    # views of the allreduce buckets: no copy into and out of the buckets, and no second gradient-sized
+    # allocation.
+    return DistributedDataParallel(
+        model, device_ids=[dist.local_rank] if dist.device.type == "cuda" else None,
+        broadcast_buffers=False, gradient_as_bucket_view=True)

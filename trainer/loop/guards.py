@@ -1,0 +1,63 @@
+"""What stops trainer/loop/train.py's loop between two steps: a SIGTERM/SIGINT (StopFlag: its handlers only record
+it) and a non-finite training loss (LossGuard: checked every step, read without a host sync per step on CUDA)."""
+from __future__ import annotations
+
+import math
+import signal
+from collections import deque
+
+import torch
+
+
+class StopFlag:
+    """SIGTERM/SIGINT handlers only record the request; the loop acts on it at the next step boundary."""
+
+    def __init__(self):
+        self.requested = False
+        self.signal_name = ""
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+
+class LossGuard:
+    """Stops the run at the first non-finite training loss, checked every step, without a host sync per step.
+
+    On the CPU the loss is read at once: there is no device to wait for. On CUDA reading it would stall the loop
+    until the GPU catches up, so each step's loss is copied into pinned host memory without blocking and read at
+    a later step, once a CUDA event says the copy has landed (asking never waits); `flush()` waits for the pending
+    ones, and the loop calls it before every save: a non-finite model is never saved."""
+
+    def __init__(self, device: torch.device):
+        self.lazy = device.type == "cuda"
+        self.pending: deque = deque()  # (step, pinned host copy of the loss, CUDA event after the copy)
+
+    def check(self, step: int, loss: torch.Tensor) -> None:
+        if not self.lazy:
+            self.require_finite(step, float(loss))
+            return
+        host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
+        host.copy_(loss.detach(), non_blocking=True)
+        landed = torch.cuda.Event()
+        landed.record()
+        self.pending.append((step, host, landed))
+        while self.pending and self.pending[0][2].query():
+            done_step, value, _ = self.pending.popleft()
+            self.require_finite(done_step, float(value))
+
+    def flush(self) -> None:
+        while self.pending:
+            step, value, landed = self.pending.popleft()
+            landed.synchronize()
+            self.require_finite(step, float(value))
+
+    @staticmethod
+    def require_finite(step: int, loss: float) -> None:
+        if not math.isfinite(loss):
+            raise RuntimeError(f"the training loss is {loss} at step {step}: refusing to continue and to save a "
+                               f"non-finite model (lower train.lr or check the data)")
