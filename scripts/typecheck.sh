@@ -9,7 +9,10 @@ py="${1:-$root/.venv/bin/python}"
 tree="$root/build/typecheck"
 rm -rf "$tree"
 mkdir -p "$tree/minilmd"
-ln -s "$root"/minilmd/*.py "$root/minilmd/corpus" "$tree/minilmd/"
+ln -s "$root"/minilmd/*.py "$tree/minilmd/"
+for init in "$root"/minilmd/*/__init__.py; do  # every subpackage (corpus/, cli/, ...)
+  ln -s "$(dirname "$init")" "$tree/minilmd/"
+done
 ln -s "$root/daemon" "$tree/minilmd/daemon"
 ln -s "$root/trainer" "$tree/minilmd/trainer"
 cd "$root"

@@ -2,13 +2,20 @@
 
 - `minilmd/` (the torch-free core) and `daemon/` (the supervisor) never import torch, nor anything of
   `minilmd.trainer`: checked on the import statements of every module (module level and inside functions), and
-  at run time by importing every module with torch made unimportable. The one exception is `minilmd/cli.py`, the
-  command line, whose trainer commands import their implementation inside the command's body.
+  at run time by importing every module with torch made unimportable. The one exception is the command line's
+  trainer commands (`minilmd/cli/trainer.py`, `minilmd/cli/bench.py`), which import their implementation inside
+  the command's body.
+- The command line's modules import only typer, the stdlib and `minilmd.names` at module level, so that loading
+  it (`minilmd status`) costs nothing else.
+- The corpus commands (`prepare`, `corpus ...`, `tokenizer ...`, `demo-corpus`: `minilmd/cli/data.py`) never reach
+  the trainer: neither that module nor anything it imports, transitively, names `minilmd.trainer`; and they run in a
+  process where torch and `minilmd.trainer` are unimportable.
 - "Where things live" in docs/architecture.md names every package and module there is, and no other.
 """
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -22,8 +29,14 @@ TORCH_FREE = {"minilmd": REPO / "minilmd", "minilmd.daemon": REPO / "daemon"}
 CODE_FOLDERS = {"minilmd": REPO / "minilmd", "daemon": REPO / "daemon", "trainer": REPO / "trainer"}
 PULLS_IN_TORCH = ("torch", "safetensors.torch", "transformers", "peft", "accelerate", "minilmd.trainer")
 """Import names (and their submodules) that load torch, or the trainer that does."""
-MAY_REACH_THE_TRAINER = {REPO / "minilmd" / "cli.py"}
-"""Modules allowed to import `minilmd.trainer` inside a function body (never at module level)."""
+CLI = REPO / "minilmd" / "cli"
+MAY_REACH_THE_TRAINER = {CLI / "trainer.py", CLI / "bench.py"}
+"""The command-line modules of the trainer's commands: allowed to import `minilmd.trainer` inside a function body
+(never at module level)."""
+CORPUS_COMMANDS = "minilmd.cli.data"
+"""The command-line module of `prepare`, `corpus ...` and `tokenizer ...`: it never reaches the trainer."""
+CLI_MODULE_LEVEL = ("typer", "minilmd.cli", "minilmd.names")
+"""What a command-line module may import at module level besides the stdlib (names.py: constants, `os` and `re`)."""
 
 
 def modules_of(package: str, folder: Path) -> dict[str, Path]:
@@ -109,6 +122,133 @@ def test_every_module_imports_with_torch_unimportable(package):
             "print('ok', len(%r))" % (modules,))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
+
+
+# --- the command line -----------------------------------------------------------------------------------------
+
+def every_module() -> dict[str, Path]:
+    return {name: module for package, folder in (*TORCH_FREE.items(), ("minilmd.trainer", REPO / "trainer"))
+            for name, module in modules_of(package, folder).items()}
+
+
+def module_level_strays(path: Path, module: str) -> list[str]:
+    """The module-level imports of a command-line module that are neither the stdlib nor CLI_MODULE_LEVEL."""
+    def allowed(name: str) -> bool:
+        return (name.split(".")[0] in sys.stdlib_module_names or name == "__future__"
+                or any(name == ok or name.startswith(ok + ".") for ok in CLI_MODULE_LEVEL))
+
+    return [f"{path.relative_to(path.parents[2])}:{line}: imports {name} at module level"
+            for name, line, top in imports(path, module) if top and not allowed(name)]
+
+
+def test_the_command_line_imports_only_typer_and_the_stdlib_at_module_level():
+    modules = modules_of("minilmd.cli", CLI)
+    assert {"minilmd.cli", "minilmd.cli.data", "minilmd.cli.trainer"} <= set(modules), sorted(modules)
+    problems = [p for module, path in modules.items() for p in module_level_strays(path, module)]
+    assert not problems, "import these inside the command's body:\n" + "\n".join(problems)
+
+
+def test_the_module_level_rule_can_fail(tmp_path):
+    """A core module imported at module level is named; typer, names.py, the stdlib and a function's imports are
+    not."""
+    fake = tmp_path / "minilmd" / "cli" / "fake.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("import json\nimport typer\nfrom minilmd.names import STATE\nfrom minilmd.config import load\n\n"
+                    "def f():\n    import numpy\n", encoding="utf-8")
+    assert module_level_strays(fake, "minilmd.cli.fake") == [
+        "minilmd/cli/fake.py:4: imports minilmd.config.load at module level",
+        "minilmd/cli/fake.py:4: imports minilmd.config at module level"]
+
+
+def trainer_reached_from(start: str, modules: dict[str, Path]) -> list[str]:
+    """Every import that names `minilmd.trainer` (module level or inside a function) in `start` or in any module
+    of `modules` it imports, transitively (the packages above an imported module too: they run first)."""
+    found: list[str] = []
+    seen, todo = {start}, [(start, start)]
+    while todo:
+        module, chain = todo.pop()
+        for name, line, _ in imports(modules[module], module):
+            if name == "minilmd.trainer" or name.startswith("minilmd.trainer."):
+                found.append(f"{chain}: line {line} imports {name}")
+                continue
+            parts = name.split(".")
+            for target in (".".join(parts[:n]) for n in range(1, len(parts) + 1)):
+                if target in modules and target not in seen:
+                    seen.add(target)
+                    todo.append((target, f"{chain} -> {target}"))
+    return sorted(found)
+
+
+def test_the_corpus_commands_import_nothing_of_the_trainer():
+    modules = every_module()
+    assert CORPUS_COMMANDS in modules and "minilmd.corpus.prepare.pipeline" in modules
+    problems = trainer_reached_from(CORPUS_COMMANDS, modules)
+    assert not problems, "prepare, corpus and tokenizer must not reach trainer/:\n" + "\n".join(problems)
+
+
+def test_the_reach_rule_can_fail(tmp_path):
+    """Through a function-level import and through the package above an imported module; a module that is not
+    imported is not followed."""
+    files = {"minilmd.cli.fake": "from minilmd.helper import go\nimport minilmd.pkg.mod\n",
+             "minilmd.helper": "def go():\n    from minilmd.deep import x\n",
+             "minilmd.deep": "import os\nfrom minilmd.trainer.loop import train\n",
+             "minilmd.pkg": "from ..trainer import model\n",
+             "minilmd.pkg.mod": "import json\n",
+             "minilmd.unused": "import minilmd.trainer\n"}
+    modules = {}
+    for name, text in files.items():
+        path = tmp_path / (name.replace(".", "_") + (".py" if name != "minilmd.pkg" else "/__init__.py"))
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        modules[name] = path
+    assert trainer_reached_from("minilmd.cli.fake", modules) == [
+        "minilmd.cli.fake -> minilmd.helper -> minilmd.deep: line 2 imports minilmd.trainer.loop",
+        "minilmd.cli.fake -> minilmd.helper -> minilmd.deep: line 2 imports minilmd.trainer.loop.train",
+        "minilmd.cli.fake -> minilmd.pkg: line 1 imports minilmd.trainer",
+        "minilmd.cli.fake -> minilmd.pkg: line 1 imports minilmd.trainer.model"]
+    assert trainer_reached_from("minilmd.pkg.mod", modules) == []
+
+
+UNIMPORTABLE_RUN = """
+import json, sys
+for name in json.loads(sys.argv[1]): sys.modules[name] = None  # `import torch` (or the trainer) now fails
+from typer.testing import CliRunner
+from minilmd.cli import app
+done = []
+for argv in json.loads(sys.argv[2]):
+    r = CliRunner().invoke(app, argv)
+    failure = None if r.exception is None or isinstance(r.exception, SystemExit) else repr(r.exception)
+    done.append({"argv": argv, "exit": r.exit_code, "failure": failure, "output": r.output})
+print(json.dumps(done))
+"""
+
+
+def run_without_the_trainer(*commands: list[str]) -> list[dict]:
+    """Each command through the CLI, in one process where torch and `minilmd.trainer` cannot be imported."""
+    done = subprocess.run([sys.executable, "-c", UNIMPORTABLE_RUN, json.dumps(PULLS_IN_TORCH), json.dumps(commands)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_the_corpus_commands_run_with_torch_and_the_trainer_unimportable(tmp_path):
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"text": f"第{i}行 some text, number {i} 的文字"}, ensure_ascii=False) + "\n"
+                           for i in range(40)), encoding="utf-8")
+    tok, out = tmp_path / "tokenizer.json", tmp_path / "prepared"
+    results = run_without_the_trainer(
+        ["tokenizer", "train", str(src), "--vocab-size", "300", "--out", str(tok)],
+        ["prepare", str(src), "--tokenizer", str(tok), "--out", str(out), "--val-fraction", "0.5", "--workers", "0"],
+        ["corpus", "report", str(out), "--workers", "0", "--json"])
+    for r in results:
+        assert (r["exit"], r["failure"]) == (0, None), r
+    assert json.loads(results[2]["output"])["documents"] == 40
+
+
+def test_the_unimportable_run_sees_a_command_that_reaches_the_trainer(tmp_path):
+    """The run-time rule can fail: `train` imports the trainer in its body, and that import fails there."""
+    [r] = run_without_the_trainer(["train", str(tmp_path / "run.toml")])
+    assert r["exit"] != 0 and "ModuleNotFoundError" in r["failure"] and "minilmd.trainer" in r["failure"], r
 
 
 # --- "Where things live" ---------------------------------------------------------------------------------------

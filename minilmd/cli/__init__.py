@@ -1,0 +1,27 @@
+"""The `minilmd` command line: the app, and the command groups registered on it, one module each.
+
+- data.py: `tokenizer`, `prepare`, `corpus`, `demo-corpus` (torch-free all the way down)
+- trainer.py: `train`, `verify`, `sample`, `chat`, `export`; bench.py: `bench ...` (they run the trainer's code)
+- run.py: `run` (the supervisor, `run --check`); views.py: `status`, `forget`, `plot`, `logs`, `stop`
+
+Each command imports its implementation inside its body, so that `minilmd status` never pays for torch: the group
+modules import only typer (and the stdlib) at module level. `python -m minilmd.cli` is this app too (__main__.py).
+"""
+from __future__ import annotations
+
+import typer
+
+from minilmd.cli import bench, data, run, trainer, views
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="minilmd: resilient training of small LMs.")
+# The order of registration is the order `minilmd --help` lists them in: the top-level commands group by group,
+# then the sub-command groups.
+for group in (data, trainer, run, views):
+    app.registered_commands += group.commands.registered_commands
+app.add_typer(data.tokenizer_app, name="tokenizer")
+app.add_typer(bench.bench_app, name="bench")
+app.add_typer(data.corpus_app, name="corpus")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,93 @@
+"""`minilmd bench ...`: the benchmarks (prepare, append, packing, step, sft, checkpoint), each printed side by side
+in one run. Each imports its implementation under `minilmd.trainer.bench` inside its body.
+"""
+from __future__ import annotations
+
+import typer
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, printed side by side in one run.")
+
+
+@bench_app.command("prepare")
+def bench_prepare_command(
+    corpus: list[str] = typer.Argument(..., help="JSONL files to prepare (a few hundred MB for a fair figure)."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="The tokenizer (a tokenizer.json)."),
+    workers: int = typer.Option(-1, "--workers", help="prepare's encoding processes; -1: one per core."),
+    scratch: str = typer.Option(None, "--scratch", help="Where the prepared output goes (deleted after)."),
+) -> None:
+    """prepare throughput (MB/s, tokens/s) beside the tokenizer's raw encode_batch on the same data and cores,
+    and prepare's peak RSS. Goal: >= 0.9x raw, < 1 GiB."""
+    from minilmd.trainer.bench.prepare import bench_prepare
+
+    bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch)
+
+
+@bench_app.command("append")
+def bench_append_command(
+    tokenizer: str = typer.Option(..., "--tokenizer", help="The tokenizer (a tokenizer.json)."),
+    old: str = typer.Option(None, "--old", help="The corpus to grow (JSONL); default: generated, --size-mb."),
+    new: str = typer.Option(None, "--new", help="The lines to append (JSONL); default: generated, --new-lines."),
+    size_mb: float = typer.Option(1024, "--size-mb", help="Size of the generated OLD corpus."),
+    new_lines: int = typer.Option(10_000, "--new-lines", help="Lines of the generated NEW corpus."),
+    workers: int = typer.Option(-1, "--workers", help="prepare's encoding processes; -1: one per core."),
+    scratch: str = typer.Option(None, "--scratch", help="Where the corpora go (deleted after)."),
+) -> None:
+    """prepare --append NEW against a full prepare of OLD+NEW: time, CPU, peak disk, side by side in one run,
+    and whether the two results are byte-identical."""
+    from minilmd.trainer.bench.append import bench_append
+
+    bench_append(tokenizer, old, new, size_mb, new_lines, None if workers < 0 else workers, scratch)
+
+
+@bench_app.command("packing")
+def bench_packing_command(
+    prepared: str = typer.Option(..., "--prepared", help="A prepared corpus directory."),
+    config: str = typer.Option(..., "--config", help="A run config: model, seq_len, batch, device."),
+    steps: int = typer.Option(20, "--steps", help="Optimizer steps timed in each mode."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """Same model, same steps, packed vs padded rows: real tokens/s of each, the ratio, the PAD share."""
+    from minilmd.trainer.bench.packing import main as bench_main
+
+    raise typer.Exit(bench_main(prepared, config, steps, set_))
+
+
+@bench_app.command("step")
+def bench_step_command(
+    config: str = typer.Option("", "--config", help="A run config: its model, seq_len, batch, dtype, device "
+                                                    "(default: a small MiniMind-3-shaped model)."),
+    steps: int = typer.Option(10, "--steps", help="Optimizer steps timed in each mode."),
+    backend: str = typer.Option("inductor", "--backend", help="torch.compile backend (eager: trace only)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """One model, eager vs torch.compile, steps interleaved: tok/s and host time per step of each, the ratio."""
+    from minilmd.trainer.bench.step import main as bench_main
+
+    raise typer.Exit(bench_main(config or None, steps, set_, backend))
+
+
+@bench_app.command("sft")
+def bench_sft_command(
+    prepared: str = typer.Option(..., "--prepared", help="A prepared (chat) corpus directory."),
+    config: str = typer.Option(..., "--config", help="A run config: model, seq_len, batch, device."),
+    steps: int = typer.Option(10, "--steps", help="Optimizer steps timed in each mode."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """Same model, same steps: static padding vs length bucketing (and packed): real and target tokens/s, PAD share,
+    the ratio bucketed/static and its limit."""
+    from minilmd.trainer.bench.sft import main as bench_main
+
+    raise typer.Exit(bench_main(prepared, config, steps, set_))
+
+@bench_app.command("checkpoint")
+def bench_checkpoint_command(
+    out_dir: str = typer.Option("/dev/shm/minilmd-bench-checkpoint", "--dir", help="Where to write (removed after)."),
+    hidden: int = typer.Option(768, "--hidden", help="model.hidden_size"),
+    layers: int = typer.Option(8, "--layers", help="model.num_hidden_layers"),
+    repeats: int = typer.Option(5, "--repeats", min=1, help="Saves timed per method (the median is reported)."),
+) -> None:
+    """Time a checkpoint save of a real model + AdamW state: blocking time of the async saver, a synchronous save,
+    and a plain torch.save of the same state; sizes on disk."""
+    from minilmd.trainer.bench.checkpoint import main as bench_main
+
+    raise typer.Exit(bench_main(out_dir, hidden, layers, repeats))

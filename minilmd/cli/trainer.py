@@ -1,0 +1,179 @@
+"""The commands that run the trainer's code: `train`, `verify`, `sample`, `chat`, `export`.
+
+Each imports its implementation (`minilmd.trainer`, hence torch) inside its body, so that loading the command line
+costs none of it.
+"""
+from __future__ import annotations
+
+import typer
+
+commands = typer.Typer()
+"""The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
+
+
+@commands.command("train")
+def train_command(
+    config: str = typer.Argument(..., help="The run config (TOML)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+) -> None:
+    """Train (or resume) one run in the foreground; under torchrun, one rank per device.
+
+    Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 76 CUDA out of memory, 2 bad config,
+    65 bad data, 1 crash."""
+    from minilmd.trainer.loop.train import main as train_main
+
+    raise typer.Exit(train_main(config, set_))
+
+
+@commands.command("verify")
+def verify_command(
+    path: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a root holding several."),
+    json_: bool = typer.Option(False, "--json", help="Print a JSON report (for scripts)."),
+    config: str = typer.Option("", "--config", help="A run config: also check its model config and corpus "
+                                                    "fingerprints."),
+) -> None:
+    """Validate checkpoints strictly (manifest, sizes, sha256, shapes, finiteness, steps); nothing is moved.
+
+    Exit status: 0 every checkpoint is valid, 1 otherwise (the reasons are printed), 2 a bad --config."""
+    import json
+
+    from minilmd.checkpoint import expectation_from_config, verify_report
+    from minilmd.config import ConfigError
+
+    try:
+        expected = expectation_from_config(config, log=lambda s: typer.echo(s, err=True)) if config else None
+    except ConfigError as e:
+        typer.echo(f"minilmd verify: {e}", err=True)
+        raise typer.Exit(2) from None
+    report = verify_report(path, expected)
+    if json_:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        for entry in report["checkpoints"]:
+            typer.echo(f"{entry['path']}: {'ok' if entry['ok'] else 'INVALID'}")
+            for problem in entry["problems"]:
+                typer.echo(f"  - {problem}")
+    raise typer.Exit(0 if report["ok"] else 1)
+
+
+LORA_HELP = ("A LoRA run's checkpoint (or its root) to put on CHECKPOINT, which must be the base it was trained on. "
+             "A LoRA checkpoint given as CHECKPOINT brings its own recorded base.")
+NO_LORA_HELP = "With a LoRA checkpoint: the base alone, its adapters switched off."
+
+
+@commands.command()
+def sample(
+    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    prompt: str = typer.Option(..., "--prompt", help="Text to continue; the model sees BOS + text (with --chat: "
+                               "the user's message)."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
+    temperature: float = typer.Option(0.85, "--temperature", min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(0.85, "--top-p", min=0.0, max=1.0),
+    top_k: int = typer.Option(50, "--top-k", min=0, help="0 = no top-k filter."),
+    tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json (default: the checkpoint's, or the "
+                                                          "prepared corpus's)."),
+    seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    chat: bool = typer.Option(False, "--chat", help="Render --prompt as a user message with the model's chat "
+                              "template and print only the reply (it stops at <|im_end|>)."),
+    system: str = typer.Option("", "--system", help="With --chat: a system message before the prompt."),
+    lora: str = typer.Option("", "--lora", help=LORA_HELP),
+    no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
+) -> None:
+    """Generate text from a checkpoint with a KV cache."""
+    from minilmd.trainer.model.export import ExportError
+    from minilmd.trainer.model.generate import sample_text
+
+    try:
+        if chat:
+            from minilmd.trainer.model.chat import ChatSession
+
+            session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
+                                  seed, lora or None, no_lora)
+            messages = ([{"role": "system", "content": system}] if system else []) + \
+                [{"role": "user", "content": prompt}]
+            typer.echo(session.reply(messages))
+            return
+        text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
+                           seed, device, lora or None, no_lora)
+    except (ExportError, ValueError) as e:
+        typer.echo(f"minilmd sample: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(prompt + text)
+
+
+@commands.command("chat")
+def chat_command(
+    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    system: str = typer.Option("", "--system", help="A system message opening the conversation."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="The longest reply, in tokens."),
+    temperature: float = typer.Option(0.85, "--temperature", min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(0.85, "--top-p", min=0.0, max=1.0),
+    top_k: int = typer.Option(50, "--top-k", min=0, help="0 = no top-k filter."),
+    tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json with a tokenizer_config.json holding the "
+                                  "chat template beside it (default: the checkpoint's, or the corpus's)."),
+    seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    lora: str = typer.Option("", "--lora", help=LORA_HELP),
+    no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
+) -> None:
+    """Talk to a fine-tuned checkpoint: each line on stdin is a user message, each reply is printed on stdout
+    (`/reset` starts over, `/exit` or end of input ends). The conversation is rendered by the model's own chat
+    template; the oldest exchanges are dropped when it outgrows the model."""
+    import sys
+
+    from minilmd.trainer.model.chat import ChatSession, converse, interactive_prompt
+    from minilmd.trainer.model.export import ExportError
+
+    try:
+        session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
+                              seed, lora or None, no_lora)
+        converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt())
+    except (ExportError, ValueError) as e:
+        typer.echo(f"minilmd chat: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+@commands.command()
+def export(
+    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    format: str = typer.Option(..., "--format", help="minimind (a .pth for MiniMind's eval_llm.py), hf "
+                                                     "(a Qwen3ForCausalLM directory) or peft (a LoRA run's "
+                                                     "adapters as a PEFT adapter directory)."),
+    out: str = typer.Option(..., "--out", help="FILE.pth for minimind, a new directory for hf."),
+    tokenizer: str = typer.Option("", "--tokenizer", help="tokenizer.json for hf (default: the checkpoint's, or "
+                                                          "the prepared corpus's)."),
+    dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
+    merge: bool = typer.Option(False, "--merge", help="A LoRA checkpoint with --format hf or minimind: the full "
+                               "weights, its adapters merged into its base."),
+) -> None:
+    """Export a checkpoint's weights for MiniMind or HF transformers."""
+    from minilmd.trainer.model.export import (
+        ExportError,
+        export_hf,
+        export_minimind,
+        find_chat_config,
+        minimind_eval_command,
+        read_checkpoint,
+    )
+
+    try:
+        if format == "minimind":
+            path = export_minimind(checkpoint, out, merge)
+            _, model_cfg, _ = read_checkpoint(checkpoint, validate=False, merge=merge)
+            chat = find_chat_config(checkpoint, tokenizer or None) is not None
+            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg, chat)}")
+        elif format == "hf":
+            path = export_hf(checkpoint, out, tokenizer or None, dtype, merge)
+            typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
+        elif format == "peft":
+            from minilmd.trainer.model.adapter import export_peft
+
+            path = export_peft(checkpoint, out)
+            typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
+                       f"{str(path)!r})")
+        else:
+            raise ExportError(f"--format {format!r}: use minimind, hf or peft")
+    except ExportError as e:
+        typer.echo(f"minilmd export: {e}", err=True)
+        raise typer.Exit(1) from None

@@ -1,0 +1,94 @@
+"""The operator's views of runs: `status`, `forget`, `plot`, `logs`, `stop` (daemon/views/).
+
+`minilmd status` is run often and by scripts: nothing is imported here beyond typer until a command runs.
+"""
+from __future__ import annotations
+
+import typer
+
+commands = typer.Typer()
+"""The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
+
+
+@commands.command("status")
+def status_command(
+    run_dir: str | None = typer.Argument(None, help="The run directory (run.dir of the config); none: every run."),
+    all_: bool = typer.Option(False, "--all", help="Every run of this machine you may see, one line each."),
+    as_json: bool = typer.Option(False, "--json", help="state.json plus whether the supervisor runs, as JSON "
+                                                       "(with --all: the rows)."),
+) -> None:
+    """Where a run stands: phase, step, loss (and a sparkline of it), tok/s, ETA, checkpoints local and remote,
+    restarts, last error. With no run directory, or --all: every registered run you may see."""
+    if all_ or run_dir is None:
+        from minilmd.daemon.views.overview import status_all
+
+        raise typer.Exit(status_all(as_json))
+    from minilmd.daemon.views.status import status
+
+    raise typer.Exit(status(run_dir, as_json))
+
+
+@commands.command("forget")
+def forget_command(
+    run: str = typer.Argument(..., help="A run's name or its run directory, as `minilmd status --all` lists it."),
+) -> None:
+    """Remove a run from the registry that `minilmd status --all` lists (a vanished run directory, say); the run
+    directory itself is not touched. Exit status: 0 forgotten, 1 no such run of yours."""
+    from minilmd.daemon.views.overview import forget
+
+    raise typer.Exit(forget(run))
+
+
+@commands.command("plot")
+def plot_command(
+    run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: overlaid)."),
+    out: str = typer.Option(..., "--out", help="FILE.png or FILE.svg"),
+    x: str = typer.Option("step", "--x", help="step or tokens (tokens trained on)."),
+    title: str = typer.Option("", "--title", help="The figure's title (default: the runs' names)."),
+) -> None:
+    """Loss (raw, smoothed, val), learning rate, tok/s and grad norm of every attempt, with restarts (by cause),
+    failing syncs and epoch boundaries marked. Needs matplotlib: pip install 'minilmd[plot]'.
+
+    Exit status: 0 written, 1 matplotlib missing, 2 bad arguments or not a run directory."""
+    from minilmd.daemon.views.plot import PlotUnavailable, plot
+    from minilmd.daemon.views.status import is_run_dir
+
+    if not all(is_run_dir(d) for d in run_dirs):
+        raise typer.Exit(2)
+    try:
+        summary = plot(run_dirs, out, x=x, title=title or None)
+    except PlotUnavailable as e:
+        typer.echo(f"minilmd plot: {e}", err=True)
+        raise typer.Exit(1) from None
+    except ValueError as e:
+        typer.echo(f"minilmd plot: {e}", err=True)
+        raise typer.Exit(2) from None
+    marks = ", ".join(f"{cause} at {at:,.0f}" for _, at, cause in summary.restart_marks) or "none"
+    typer.echo(f"wrote {summary.path} ({summary.size_px[0]}x{summary.size_px[1]} px): {', '.join(summary.runs)}; "
+               f"restarts: {marks}")
+
+
+@commands.command("logs")
+def logs_command(
+    run_dir: str = typer.Argument(".", help="The run directory."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (next attempts too)."),
+    lines: int = typer.Option(20, "--lines", "-n", help="Lines of each log to show first."),
+) -> None:
+    """The supervisor's events and the current attempt's trainer output."""
+    from minilmd.daemon.views.status import logs
+
+    raise typer.Exit(logs(run_dir, follow, lines))
+
+
+@commands.command("stop")
+def stop_command(
+    run_dir: str = typer.Argument(".", help="The run directory."),
+    timeout: float = typer.Option(0.0, "--timeout", help="Give up waiting after this many seconds (0: wait)."),
+) -> None:
+    """Ask the supervisor to stop: the trainer saves at the next step, the last sync runs, then it exits 0.
+
+    Exit status: 0 stopped, 1 not stopped (timeout, another user's supervisor), 2 not a run directory, 3 stopped but
+    the newest checkpoint is only in scratch (the last sync failed; its path is printed)."""
+    from minilmd.daemon.views.status import stop
+
+    raise typer.Exit(stop(run_dir, timeout))
