@@ -16,6 +16,7 @@ from pathlib import Path
 from minilmd.checkpoint import list_checkpoints
 from minilmd.config import RunConfig
 from minilmd.daemon.runstate import now
+from minilmd.daemon.statesections import InitWait
 from minilmd.init_source import InitSourceError, predecessor, predecessor_outcome
 from minilmd.names import TRAINER_STATE
 
@@ -61,10 +62,10 @@ class InitWaiter:
         if pred is None:
             return InitOutcome(done=True)
         outcome, why = predecessor_outcome(pred)
-        wait = self.state["init_wait"] or {"since": now(), "checks": 0}
-        wait.update(run=pred.name, run_dir=str(pred.run_dir), root=str(pred.root), why=why,
-                    checks=wait.get("checks", 0) + 1)
-        self.state["init_wait"] = wait
+        wait = self.state.init_wait or InitWait(since=now(), checks=0)
+        wait.run, wait.run_dir, wait.root, wait.why = pred.name, str(pred.run_dir), str(pred.root), why
+        wait.checks += 1
+        self.state.init_wait = wait
         if why != self.last_why:
             self.emit("init_wait", f"init.from: {why}")
             self.last_why = why
