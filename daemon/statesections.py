@@ -10,7 +10,6 @@ that is missing or of another type (an older or a damaged file): a reader never 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -49,9 +48,13 @@ class Section:
         return cls(**values)
 
 
-@functools.cache
-def _hints(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def _plain(value):

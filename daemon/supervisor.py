@@ -5,7 +5,8 @@
                                                                                          any live phase -> failed
 
 The phases and the allowed transitions are in daemon/states.py; `_go()` is the only place that changes phase, and
-it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json. Signal handlers only record the
+it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json (those files, the Prometheus
+textfile and the registry entry: daemon/runfiles.py). Signal handlers (daemon/host/signals.py) only record the
 signal; the loop acts on it at the next tick. Each tick dispatches on the phase; the phases that wait on something
 have a part of their own that the tick asks: the GPU (daemon/phases/gpuwait.py), staging and the remote fetch
 (daemon/jobs/stagingworker.py), the sync, the last sync and pruning scratch (daemon/jobs/syncworker.py), room in scratch
@@ -30,7 +31,6 @@ import random
 import signal
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol
@@ -38,9 +38,8 @@ from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death
-from minilmd.daemon.host import registry
-from minilmd.daemon.host.prometheus import Textfile
 from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker, local_checkpoint_steps
@@ -49,50 +48,17 @@ from minilmd.daemon.phases.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch, full_at_start
 from minilmd.daemon.phases.spacewait import SpaceWaiter
 from minilmd.daemon.policy import Decision, backoff_seconds, decide
-from minilmd.daemon.runstate import (
-    EventLog,
-    MetricsTail,
-    RunState,
-    is_disk_full,
-    new_state,
-    now,
-    read_heartbeat,
-    read_state,
-)
+from minilmd.daemon.runfiles import RunFiles
+from minilmd.daemon.runstate import is_disk_full, now, read_heartbeat
 from minilmd.daemon.slurm import job as slurmjob
-from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, SyncState, check_transition
-from minilmd.daemon.statesections import ChildInfo, Outcome, Restart
+from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, check_transition
+from minilmd.daemon.statesections import ChildInfo, Restart
 from minilmd.daemon.worker import Inbox
-from minilmd.fsio import atomic_write_text
 
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""
 STOP_WAITS_FOR_STAGING_S = 30.0
 """On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it)."""
-
-
-@dataclass
-class Signals:
-    """What the handlers saw; only the loop acts on it."""
-
-    stop: int = 0  # count of SIGTERM/SIGINT received
-    hup: bool = False
-    usr1: bool = False  # Slurm's --signal warning: preemption or the time limit is near (daemon/slurm/job.py)
-
-    def install(self) -> None:
-        def on_stop(signum, frame):
-            self.stop += 1
-
-        def on_hup(signum, frame):
-            self.hup = True
-
-        def on_usr1(signum, frame):
-            self.usr1 = True
-
-        signal.signal(signal.SIGTERM, on_stop)
-        signal.signal(signal.SIGINT, on_stop)
-        signal.signal(signal.SIGHUP, on_hup)
-        signal.signal(signal.SIGUSR1, on_usr1)
 
 
 class Supervisor:
@@ -144,7 +110,7 @@ class Supervisor:
             return 1
         try:
             self.signals.install()
-            self._adopt_previous_state()
+            self.files.adopt_previous_state()
             if initwait.must_wait(self.cfg):  # init.from names a run that has not finished: wait for it first
                 self.phase = self.state.phase = Phase.WAITING_INIT
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
@@ -172,19 +138,10 @@ class Supervisor:
         return self.exit_status
 
     def _prepare_files(self) -> None:
-        (self.run_dir / names.ATTEMPT_LOGS).mkdir(exist_ok=True)
-        copy = self.run_dir / names.RUN_CONFIG_COPY
-        if self.config_path.resolve() != copy.resolve():
-            atomic_write_text(copy, self.config_path.read_text(encoding="utf-8"))
-        self.events = EventLog(self.run_dir, echo=self.echo)
-        self.metrics = MetricsTail(self.run_dir / names.METRICS)
-        self.state = RunState(self.run_dir / names.STATE,
-                              new_state(self.cfg.run.name, self.run_dir, str(self.config_path.resolve())))
+        self.files = RunFiles(self.cfg, self.run_dir, self.config_path, self.echo)
+        self.events, self.state = self.files.events, self.files.state
         self.room = RunDirWatch(self.cfg, self.run_dir, self.state, self.events)  # makes the reserve
-        existing = sorted(p for p in (self.run_dir / names.ATTEMPT_LOGS).iterdir() if names.is_attempt_log(p.name))
-        if existing:
-            self.attempt = int(existing[-1].stem.split("-")[1])
-        self.state.sync.state = SyncState.IDLE if self.cfg.run.remote else SyncState.OFF
+        self.attempt = self.files.last_attempt()
         emit = self.events.emit
         self.inbox = Inbox(emit)  # messages from the worker threads, emitted by the loop
         self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit,
@@ -194,14 +151,8 @@ class Supervisor:
                                      self.rng)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
         self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
-        self.textfile = Textfile(self.cfg.log.prometheus_textfile, self.state, emit)  # [log] prometheus_textfile
-        registry.register_quietly(self.cfg.run.name, self.run_dir, self.config_path, emit)  # for `status --all`
+        self.files.publish(self.cfg, self.config_path)  # the Prometheus textfile, the registry entry
         self.slurm = slurmjob.for_supervisor(self.state, emit)  # None outside a Slurm job
-
-    def _adopt_previous_state(self) -> None:
-        self.state.adopt(read_state(self.run_dir))
-        if self.state.overrides:
-            self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state.overrides}")
 
     # --- one tick of the loop -------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -219,14 +170,14 @@ class Supervisor:
         }.get(self.phase)
         if handler:
             handler()
-        self._read_progress()
+        self.files.read_progress()
         live = self.phase in (Phase.STARTING, Phase.TRAINING, Phase.BACKOFF)
         self.sync.tick(periodic=live or self.phase == Phase.WAITING_SPACE)
         if live:
             self.sync.make_room()  # before the trainer's next save needs it
         self.notifier.watchdog()
         self.room.tick(self.phase)  # state.json when due; says once that run.dir is full, once that it has room
-        self.textfile.tick(self.phase)
+        self.files.tick(self.phase)  # the Prometheus textfile
 
     def _handle_signals(self) -> None:
         if self.signals.usr1 or (self.signals.stop and self.slurm):
@@ -344,7 +295,7 @@ class Supervisor:
     def _on_child_end(self, rc: int) -> None:
         child = self.child
         assert child is not None  # it has just ended
-        self._read_progress()
+        self.files.read_progress()
         death = childmod.classify(child, rc, self.run_dir, self.stop_requested)
         self.last_cause = death.cause
         self.child = None
@@ -517,9 +468,6 @@ class Supervisor:
             self.state.record_error(problem)
             self.state.save()
 
-    def _read_progress(self) -> None:
-        self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
-
     # --- the end ------------------------------------------------------------------------------------------------------
     def _shutdown(self, lock) -> None:
         child = self.child
@@ -531,12 +479,7 @@ class Supervisor:
                                          f"I/O?): exiting without it", pid=child.pid)
         self.gpu.release()
         self.room.at_exit()
-        self.state.outcome = Outcome(exit=self.exit_status, phase=self.phase, time=now(), reason=self.state.reason)
-        self.state.save()
-        self.textfile.close(self.phase)
-        self.events.emit("exit", f"supervisor exits with status {self.exit_status} ({self.phase})",
-                         exit=self.exit_status)
-        self.events.close()
+        self.files.close(self.exit_status, self.phase)
         self.notifier.stopping()
         lock.release()
 

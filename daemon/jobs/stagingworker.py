@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol
-from minilmd.checkpoint import CheckpointMismatch
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
 from minilmd.daemon.policy import backoff_seconds
-from minilmd.daemon.runstate import now
+from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import StagingState, SyncState
 from minilmd.daemon.statesections import LocalCheckpoint
 from minilmd.daemon.worker import Inbox, Worker
@@ -50,7 +49,7 @@ class StagingWorker:
     entry, and "sync" while the remote cannot be read, are written here), `emit(kind, message, **details)` logs an
     event, `inbox` takes the staging code's messages from its thread, `syncer_for(expected)` gives a Syncer."""
 
-    def __init__(self, cfg, infra, state, emit, inbox: Inbox, syncer_for, rng: random.Random | None = None):
+    def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, syncer_for, rng: random.Random | None = None):
         self.cfg = cfg
         self.infra = infra
         self.state = state
@@ -110,6 +109,8 @@ class StagingWorker:
             self.state.record_error(f"staging failed: {worker.error_text}")
             status = self.infra.final_staging_status(worker.error)
             if status is not None:
+                from minilmd.checkpoint import CheckpointMismatch  # numpy: only where a checkpoint is read
+
                 kind = "data" if status == protocol.EXIT_DATA else \
                     "checkpoint" if isinstance(worker.error, CheckpointMismatch) else "config"
                 return StagingFailed(f"{kind} error, final: {worker.error_text}", status)
@@ -191,6 +192,8 @@ class StagingWorker:
         on the remote raises (final); any other failure to read the remote is returned, to be retried."""
         if not self.cfg.run.remote:
             return None, None, None
+        from minilmd.checkpoint import CheckpointMismatch  # numpy: only where a checkpoint is read
+
         expected = self.infra.expectation(self.cfg, staged)
         if local_checkpoint_steps(self.cfg.checkpoint_dir):
             return expected, None, None

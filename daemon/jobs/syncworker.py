@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from minilmd import names
 from minilmd.config import parse_duration
-from minilmd.daemon.runstate import now
+from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import RemoteCheckpoint
 from minilmd.daemon.worker import Inbox, Worker
@@ -83,7 +83,7 @@ class SyncWorker:
     "remote_checkpoint" entries are written here), `emit(kind, message, **details)` logs an event, `inbox` takes
     the Syncer's messages from its thread."""
 
-    def __init__(self, cfg, infra, state, emit, inbox: Inbox, stalled_after_s: float = SYNC_STALLED_AFTER_S):
+    def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, stalled_after_s: float = SYNC_STALLED_AFTER_S):
         self.cfg = cfg
         self.infra = infra
         self.state = state

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from minilmd import protocol
 from minilmd.config import parse_duration
-from minilmd.daemon.host.gpu import cuda_visible_devices, taken_from_us
-from minilmd.daemon.runstate import now
+from minilmd.daemon.host.gpu import DeviceLease, GpuAdmission, cuda_visible_devices, taken_from_us
+from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.statesections import GpuWait
 from minilmd.fmt import fmt_duration
 
@@ -40,7 +40,7 @@ class GpuWaiter:
     """Owns the GpuAdmission, the lease and the poll timing. `state` is the run's RunState (its "gpu_wait" and
     "devices" entries are written here), `emit(kind, message, **details)` logs an event."""
 
-    def __init__(self, cfg, infra, state, emit, own_pids=lambda: ()):
+    def __init__(self, cfg, infra, state: RunState, emit, own_pids=lambda: ()):
         self.cfg = cfg
         self.own_pids = own_pids
         """() -> the pids of this run's trainer processes now (a torchrun group: torchrun and its ranks)."""
@@ -48,8 +48,8 @@ class GpuWaiter:
         self.infra = infra
         self.state = state
         self.emit = emit
-        self.admission = None
-        self.lease = None
+        self.admission: GpuAdmission | None = None
+        self.lease: DeviceLease | None = None
         self.devices_env = ""
         """CUDA_VISIBLE_DEVICES for the trainer: the leased cards, or "" on the CPU."""
         self.next_poll_at = 0.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from minilmd import names
 from minilmd.daemon.jobs.syncworker import local_checkpoint_steps, mb
-from minilmd.daemon.runstate import now
+from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.statesections import LocalCheckpoint, SpaceWait
 
 SPACE_CHECK_S = 2.0
@@ -23,7 +23,7 @@ class SpaceWaiter:
     """`state` is the run's RunState ("space_wait", and "local_checkpoint" when the failed save was announced),
     `emit(kind, message, **details)` logs an event, `sync` the SyncWorker that prunes scratch."""
 
-    def __init__(self, cfg, state, emit, sync):
+    def __init__(self, cfg, state: RunState, emit, sync):
         self.cfg = cfg
         self.state = state
         self.emit = emit
