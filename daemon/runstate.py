@@ -165,7 +165,7 @@ class RunState(StateJson):
         read = StateJson.from_dict(old)
         self.overrides = read.overrides
         self.remote_checkpoint = read.remote_checkpoint
-        if not old.get("outcome"):
+        if read.outcome is None or not old.get("outcome"):  # that supervisor did not end (or its outcome is bad)
             self.restarts = read.restarts
             self.no_progress_streak = read.no_progress_streak
         child = old.get("child")

@@ -300,8 +300,8 @@ class StateJson(Section):
     """The resolved run.dir."""
     config: str = ""
     """The config file the supervisor was started with."""
-    phase: str = "waiting_gpu"
-    """The supervisor's phase (Phase); only Supervisor._go() changes it."""
+    phase: str = ""
+    """The supervisor's phase (Phase; "" in a file that lacks it); only Supervisor._go() changes it."""
     since: float | None = None
     """When that phase began."""
     reason: str = ""
