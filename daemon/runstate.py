@@ -1,9 +1,9 @@
 """The files through which a run is watched: state.json, events.jsonl, supervisor.log, and the trainer's outputs.
 
-`RunState` is the supervisor's view (a plain dict, rewritten atomically so that `minilmd status` never reads half a
-file). `EventLog` appends one JSON line per event and one human line per event to supervisor.log (and stdout, for
-the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally. `process_alive` tells a live process
-from a recycled pid. Torch-free and light: `minilmd status` imports this module.
+`RunState` is the supervisor's view (typed sections, daemon/statesections.py, rewritten atomically so that
+`minilmd status` never reads half a file). `EventLog` appends one JSON line per event and one human line per event
+to supervisor.log (and stdout, for the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally.
+`process_alive` tells a live process from a recycled pid. Torch-free and light: `minilmd status` imports this module.
 
 A full run.dir never raises out of a write here: `RunState.save` and `EventLog.emit` keep going (stdout still gets
 every event), say why in their `unwritten`, and write again once there is room; the supervisor decides what a full
@@ -11,6 +11,7 @@ run.dir means for the run (daemon/phases/rundirwatch.py, which also keeps the re
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.daemon.states import Phase, StagingState, SyncState
+from minilmd.daemon.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
 from minilmd.fsio import atomic_write_json, read_new_lines
 
 STATE_VERSION = 1
@@ -103,100 +105,100 @@ def read_state(run_dir: str | os.PathLike) -> dict | None:
 
 def new_state(name: str, run_dir: Path, config_path: str) -> dict:
     """The shape of state.json; every key is always present so that readers need no guessing."""
-    return {
-        "version": STATE_VERSION,
-        "run": name,
-        "run_dir": str(run_dir),
-        "config": config_path,
-        "phase": Phase.WAITING_GPU,
-        "since": now(),
-        "reason": "",
-        "supervisor": {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid()),
-                       "host": socket.gethostname(), "started": now()},
-        "child": None,
-        "devices": [],
-        "gpu_wait": None,
-        "init_wait": None,
-        "space_wait": None,
-        "progress": {"step": None, "total_steps": None, "loss": None, "val_loss": None, "lr": None,
-                     "tok_s": None, "tokens_seen": None, "eta_s": None, "heartbeat": None, "updated": None},
-        "local_checkpoint": None,
-        "remote_checkpoint": None,
-        "sync": {"state": SyncState.OFF, "since": None, "error": None, "attempts": 0},
-        "staging": {"state": StagingState.NOT_STARTED, "path": None, "since": None, "error": None},
-        "restarts": [],
-        "no_progress_streak": 0,
-        "overrides": {},
-        "last_error": None,
-        "last_error_at": None,
-        "last_error_step": None,
-        "outcome": None,
-        "updated": now(),
-    }
+    t = now()
+    return StateJson(version=STATE_VERSION, run=name, run_dir=str(run_dir), config=config_path,
+                     phase=Phase.WAITING_GPU, since=t,
+                     supervisor=SupervisorInfo(pid=os.getpid(), start_ticks=process_start_ticks(os.getpid()),
+                                               host=socket.gethostname(), started=t),
+                     sync=Sync(state=SyncState.OFF), staging=Staging(state=StagingState.NOT_STARTED),
+                     updated=t).to_dict()
 
 
-class RunState:
-    """state.json held in memory; `save()` rewrites it atomically."""
+class RunState(StateJson):
+    """state.json held in memory, its sections as attributes (daemon/statesections.py); `save()` rewrites it
+    atomically."""
 
     def __init__(self, path: Path, data: dict):
+        read = StateJson.from_dict(data)
+        super().__init__(**{f.name: getattr(read, f.name) for f in dataclasses.fields(StateJson)})
         self.path = path
-        self.data = data
+        self.previous_child: dict | None = None
+        """The trainer the previous supervisor ran, once `adopt` has read its state.json (key only then)."""
+        self.adopted = False
         self.unwritten: str | None = None
         """Why the last save did not reach the disk (its filesystem is full); None when it did."""
 
-    def __getitem__(self, key):
-        return self.data[key]
+    def __getitem__(self, key: str):
+        """state["devices"], state["slurm"]: for daemon/slurm/job.py, which its tests hand a plain dict."""
+        return getattr(self, self._field(key))
 
-    def __setitem__(self, key, value):
-        self.data[key] = value
+    def __setitem__(self, key: str, value) -> None:
+        setattr(self, self._field(key), value)
+
+    @staticmethod
+    def _field(key: str) -> str:
+        if key not in {f.name for f in dataclasses.fields(StateJson)}:
+            raise KeyError(key)
+        return key
+
+    @property
+    def data(self) -> dict:
+        """state.json as `save()` writes it."""
+        out = self.to_dict()
+        if self.adopted:
+            out["previous_child"] = self.previous_child
+        return out
 
     def record_error(self, message: str) -> None:
         """The latest failure, stamped with when and at which step, so that status can tell a current problem
         from one the run has long recovered from."""
-        self.data["last_error"] = message
-        self.data["last_error_at"] = now()
-        self.data["last_error_step"] = (self.data.get("progress") or {}).get("step")
+        self.last_error = message
+        self.last_error_at = now()
+        self.last_error_step = self.progress.step
 
     def adopt(self, old: dict | None) -> None:
         """Keep from the previous supervisor's state.json what must survive a restart: the micro-batch the GPU
         fits, the last remote checkpoint, the restart history if that supervisor did not end (it crashed or was
-        killed), and which trainer it ran."""
-        if not old:
+        killed), and which trainer it ran. A field of the wrong type there counts as missing."""
+        if not old or not isinstance(old, dict):
             return
-        self.data["overrides"] = old.get("overrides") or {}
-        self.data["remote_checkpoint"] = old.get("remote_checkpoint")
-        if not old.get("outcome"):
-            self.data["restarts"] = old.get("restarts") or []
-            self.data["no_progress_streak"] = old.get("no_progress_streak") or 0
-        self.data["previous_child"] = old.get("child")
+        read = StateJson.from_dict(old)
+        self.overrides = read.overrides
+        self.remote_checkpoint = read.remote_checkpoint
+        if read.outcome is None or not old.get("outcome"):  # that supervisor did not end (or its outcome is bad)
+            self.restarts = read.restarts
+            self.no_progress_streak = read.no_progress_streak
+        child = old.get("child")
+        self.previous_child = child if isinstance(child, dict) else None
+        self.adopted = True
 
     def apply_progress(self, records: list[dict], beat: tuple[float, int | None] | None) -> None:
         """Fold the trainer's new metrics.jsonl lines and its heartbeat (`read_heartbeat`) into "progress" and
         "local_checkpoint"."""
-        progress = self.data["progress"]
+        progress = self.progress
         for rec in records:
             kind = rec.get("kind")
             if kind == "train":
                 for key in ("step", "total_steps", "loss", "lr", "tokens_seen"):
                     if rec.get(key) is not None:
-                        progress[key] = rec[key]
-                progress["tok_s"] = rec.get("tok_s")
+                        setattr(progress, key, rec[key])
+                progress.tok_s = rec.get("tok_s")
                 step_time = rec.get("step_time")
-                if step_time and progress.get("total_steps") and progress.get("step") is not None:
-                    progress["eta_s"] = max(0, progress["total_steps"] - progress["step"]) * step_time
-                progress["updated"] = rec.get("time") or now()
+                if step_time and progress.total_steps and progress.step is not None:
+                    progress.eta_s = max(0, progress.total_steps - progress.step) * step_time
+                progress.updated = rec.get("time") or now()
             elif kind == "eval":
-                progress["val_loss"] = rec.get("val_loss")
+                progress.val_loss = rec.get("val_loss")
             elif kind == "checkpoint":
-                self.data["local_checkpoint"] = {"step": rec.get("step"), "time": rec.get("time") or now(),
-                                                 "path": rec.get("path"), "blocking_s": rec.get("blocking_s")}
+                self.local_checkpoint = LocalCheckpoint(step=rec.get("step"), time=rec.get("time") or now(),
+                                                        path=rec.get("path"), blocking_s=rec.get("blocking_s"))
         if beat is not None:
-            progress["heartbeat"] = beat[0]
-            if beat[1] is not None and (progress.get("step") is None or beat[1] > progress["step"]):
-                progress["step"] = beat[1]
+            progress.heartbeat = beat[0]
+            if beat[1] is not None and (progress.step is None or beat[1] > progress.step):
+                progress.step = beat[1]
 
     def save(self) -> None:
-        self.data["updated"] = now()
+        self.updated = now()
         try:
             atomic_write_json(self.path, self.data)  # a failed write leaves the previous state.json whole
         except OSError as e:

@@ -5,7 +5,8 @@
                                                                                          any live phase -> failed
 
 The phases and the allowed transitions are in daemon/states.py; `_go()` is the only place that changes phase, and
-it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json. Signal handlers only record the
+it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json (those files, the Prometheus
+textfile and the registry entry: daemon/runfiles.py). Signal handlers (daemon/host/signals.py) only record the
 signal; the loop acts on it at the next tick. Each tick dispatches on the phase; the phases that wait on something
 have a part of their own that the tick asks: the GPU (daemon/phases/gpuwait.py), staging and the remote fetch
 (daemon/jobs/stagingworker.py), the sync, the last sync and pruning scratch (daemon/jobs/syncworker.py), room in scratch
@@ -30,7 +31,6 @@ import random
 import signal
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol
@@ -38,9 +38,8 @@ from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death
-from minilmd.daemon.host import registry
-from minilmd.daemon.host.prometheus import Textfile
 from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker, local_checkpoint_steps
@@ -49,49 +48,17 @@ from minilmd.daemon.phases.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch, full_at_start
 from minilmd.daemon.phases.spacewait import SpaceWaiter
 from minilmd.daemon.policy import Decision, backoff_seconds, decide
-from minilmd.daemon.runstate import (
-    EventLog,
-    MetricsTail,
-    RunState,
-    is_disk_full,
-    new_state,
-    now,
-    read_heartbeat,
-    read_state,
-)
+from minilmd.daemon.runfiles import RunFiles
+from minilmd.daemon.runstate import is_disk_full, now, read_heartbeat
 from minilmd.daemon.slurm import job as slurmjob
-from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, SyncState, check_transition
+from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, check_transition
+from minilmd.daemon.statesections import ChildInfo, Restart
 from minilmd.daemon.worker import Inbox
-from minilmd.fsio import atomic_write_text
 
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""
 STOP_WAITS_FOR_STAGING_S = 30.0
 """On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it)."""
-
-
-@dataclass
-class Signals:
-    """What the handlers saw; only the loop acts on it."""
-
-    stop: int = 0  # count of SIGTERM/SIGINT received
-    hup: bool = False
-    usr1: bool = False  # Slurm's --signal warning: preemption or the time limit is near (daemon/slurm/job.py)
-
-    def install(self) -> None:
-        def on_stop(signum, frame):
-            self.stop += 1
-
-        def on_hup(signum, frame):
-            self.hup = True
-
-        def on_usr1(signum, frame):
-            self.usr1 = True
-
-        signal.signal(signal.SIGTERM, on_stop)
-        signal.signal(signal.SIGINT, on_stop)
-        signal.signal(signal.SIGHUP, on_hup)
-        signal.signal(signal.SIGUSR1, on_usr1)
 
 
 class Supervisor:
@@ -143,9 +110,9 @@ class Supervisor:
             return 1
         try:
             self.signals.install()
-            self._adopt_previous_state()
+            self.files.adopt_previous_state()
             if initwait.must_wait(self.cfg):  # init.from names a run that has not finished: wait for it first
-                self.phase = self.state["phase"] = Phase.WAITING_INIT
+                self.phase = self.state.phase = Phase.WAITING_INIT
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
@@ -171,19 +138,10 @@ class Supervisor:
         return self.exit_status
 
     def _prepare_files(self) -> None:
-        (self.run_dir / names.ATTEMPT_LOGS).mkdir(exist_ok=True)
-        copy = self.run_dir / names.RUN_CONFIG_COPY
-        if self.config_path.resolve() != copy.resolve():
-            atomic_write_text(copy, self.config_path.read_text(encoding="utf-8"))
-        self.events = EventLog(self.run_dir, echo=self.echo)
-        self.metrics = MetricsTail(self.run_dir / names.METRICS)
-        self.state = RunState(self.run_dir / names.STATE,
-                              new_state(self.cfg.run.name, self.run_dir, str(self.config_path.resolve())))
+        self.files = RunFiles(self.cfg, self.run_dir, self.config_path, self.echo)
+        self.events, self.state = self.files.events, self.files.state
         self.room = RunDirWatch(self.cfg, self.run_dir, self.state, self.events)  # makes the reserve
-        existing = sorted(p for p in (self.run_dir / names.ATTEMPT_LOGS).iterdir() if names.is_attempt_log(p.name))
-        if existing:
-            self.attempt = int(existing[-1].stem.split("-")[1])
-        self.state["sync"]["state"] = SyncState.IDLE if self.cfg.run.remote else SyncState.OFF
+        self.attempt = self.files.last_attempt()
         emit = self.events.emit
         self.inbox = Inbox(emit)  # messages from the worker threads, emitted by the loop
         self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit,
@@ -193,14 +151,8 @@ class Supervisor:
                                      self.rng)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
         self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
-        self.textfile = Textfile(self.cfg.log.prometheus_textfile, self.state, emit)  # [log] prometheus_textfile
-        registry.register_quietly(self.cfg.run.name, self.run_dir, self.config_path, emit)  # for `status --all`
+        self.files.publish(self.cfg, self.config_path)  # the Prometheus textfile, the registry entry
         self.slurm = slurmjob.for_supervisor(self.state, emit)  # None outside a Slurm job
-
-    def _adopt_previous_state(self) -> None:
-        self.state.adopt(read_state(self.run_dir))
-        if self.state["overrides"]:
-            self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state['overrides']}")
 
     # --- one tick of the loop -------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -218,14 +170,14 @@ class Supervisor:
         }.get(self.phase)
         if handler:
             handler()
-        self._read_progress()
+        self.files.read_progress()
         live = self.phase in (Phase.STARTING, Phase.TRAINING, Phase.BACKOFF)
         self.sync.tick(periodic=live or self.phase == Phase.WAITING_SPACE)
         if live:
             self.sync.make_room()  # before the trainer's next save needs it
         self.notifier.watchdog()
         self.room.tick(self.phase)  # state.json when due; says once that run.dir is full, once that it has room
-        self.textfile.tick(self.phase)
+        self.files.tick(self.phase)  # the Prometheus textfile
 
     def _handle_signals(self) -> None:
         if self.signals.usr1 or (self.signals.stop and self.slurm):
@@ -246,9 +198,9 @@ class Supervisor:
     def _go(self, new: Phase, reason: str, **details) -> None:
         name = check_transition(self.phase, new)
         old, self.phase = self.phase, new
-        self.state["phase"] = new
-        self.state["since"] = now()
-        self.state["reason"] = reason
+        self.state.phase = new
+        self.state.since = now()
+        self.state.reason = reason
         self.events.emit(name, f"{old} -> {new}: {reason}", transition=name, old=old, new=new, **details)
         self.notifier.status(f"{self.cfg.run.name}: {new} ({reason})"[:200])
         self.room.save()
@@ -264,7 +216,7 @@ class Supervisor:
         if outcome is not None and outcome.failed:
             self._fail(protocol.SUPERVISOR_CONFIG, outcome.failed)
         elif outcome is not None:
-            why = (self.state["init_wait"] or {}).get("why", "")
+            why = self.state.init_wait.why if self.state.init_wait else ""
             self._go(Phase.WAITING_GPU, f"init.from is ready: {why}" if why else "init.from is ready")
 
     def _tick_waiting(self) -> None:
@@ -283,8 +235,8 @@ class Supervisor:
             if outcome.exit_status is not None:
                 self._fail(outcome.exit_status, outcome.error)
                 return
-            streak = self.state["no_progress_streak"] + 1
-            self.state["no_progress_streak"] = streak
+            streak = self.state.no_progress_streak + 1
+            self.state.no_progress_streak = streak
             if streak >= self.cfg.restart.no_progress_limit:
                 self._fail(protocol.SUPERVISOR_GAVE_UP, f"gave up: staging failed {streak} times in a row "
                                                          f"(restart.no_progress_limit): {outcome.error}")
@@ -304,7 +256,7 @@ class Supervisor:
         self.attempt += 1
         nproc, devices = (self.slurm.nproc, self.slurm.devices_env) if self.slurm else \
             (self.gpu.nproc, self.gpu.devices_env)
-        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, self.state["overrides"],
+        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, self.state.overrides,
                                                self.cli_overrides, nproc)
         if self.slurm:
             command = self.slurm.command(command, self.attempt, self.cfg, self.staging.staged)
@@ -318,8 +270,8 @@ class Supervisor:
             self._enter_stopping(self.room.stop(f"attempt {self.attempt} cannot write its log", error=e))
             return
         self.child.newest_at_launch = newest
-        self.state["child"] = {"pid": self.child.pid, "start_ticks": self.child.start_ticks, "attempt": self.attempt,
-                               "started": self.child.started, "log": str(self.child.log_path), "command": command}
+        self.state.child = ChildInfo(pid=self.child.pid, start_ticks=self.child.start_ticks, attempt=self.attempt,
+                                     started=self.child.started, log=str(self.child.log_path), command=command)
         self._go(Phase.STARTING, f"attempt {self.attempt}: trainer pid {self.child.pid} "
                                  f"(log {self.child.log_path.relative_to(self.run_dir)})",
                  pid=self.child.pid, attempt=self.attempt)
@@ -343,13 +295,13 @@ class Supervisor:
     def _on_child_end(self, rc: int) -> None:
         child = self.child
         assert child is not None  # it has just ended
-        self._read_progress()
+        self.files.read_progress()
         death = childmod.classify(child, rc, self.run_dir, self.stop_requested)
         self.last_cause = death.cause
         self.child = None
-        self.state["child"] = None
+        self.state.child = None
         made_progress = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1) > child.newest_at_launch
-        step = self.state["progress"]["step"]
+        step = self.state.progress.step
         self.events.emit("child_exit", f"attempt {child.attempt} (pid {child.pid}) ended: {death.cause} "
                                        f"(exit {rc}): {death.detail}", cause=death.cause, exit=rc, step=step)
         if self.phase == Phase.STOPPING:
@@ -358,8 +310,8 @@ class Supervisor:
             self.state.record_error(f"{death.cause}: {death.detail}")
             self._enter_stopping(self.room.stop(f"the trainer ended ({death.cause})"))
             return
-        streak = 0 if made_progress else self.state["no_progress_streak"] + 1
-        decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state["restarts"]),
+        streak = 0 if made_progress else self.state.no_progress_streak + 1
+        decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state.restarts),
                           no_progress_streak=streak, stop_requested=self.stop_requested,
                           micro_batch_size=self._effective("micro_batch_size"),
                           grad_accum=self._effective("grad_accum"),
@@ -367,7 +319,7 @@ class Supervisor:
         self._act(death, decision, streak, step)
 
     def _effective(self, key: str) -> int:
-        return int(self.state["overrides"].get(f"train.{key}", getattr(self.cfg.train, key)))
+        return int(self.state.overrides.get(f"train.{key}", getattr(self.cfg.train, key)))
 
     def _act(self, death: Death, decision: Decision, streak: int, step) -> None:
         if decision.action == Action.FINISH:
@@ -380,13 +332,13 @@ class Supervisor:
             self._wait_for_space(death, decision.message)
             return
         if decision.counts_as_restart:
-            self.state["no_progress_streak"] = streak
+            self.state.no_progress_streak = streak
         if decision.action == Action.FAIL:
             assert decision.exit_status is not None  # policy.decide gives every FAIL its status
             self._fail(decision.exit_status, decision.message)
             return
         if decision.overrides:
-            self.state["overrides"].update(decision.overrides)
+            self.state.overrides.update(decision.overrides)
             self.events.emit("overrides", decision.message, overrides=decision.overrides)
         next_phase = {Action.RESTART: Phase.STARTING, Action.RESTAGE: Phase.STAGING,
                       Action.WAIT_GPU: Phase.WAITING_GPU}[decision.action]
@@ -394,11 +346,11 @@ class Supervisor:
             self.staging.forget()
         if next_phase == Phase.WAITING_GPU:
             self.gpu.release()
-            self.state["devices"] = []
+            self.state.devices = []
         delay = backoff_seconds(self.cfg.restart, max(1, streak), self.rng)
-        self.state["restarts"].append({"time": now(), "attempt": self.attempt, "cause": death.cause,
-                                       "exit": death.exit, "step": step, "detail": death.detail,
-                                       "action": decision.action, "delay_s": round(delay, 2)})
+        self.state.restarts.append(Restart(time=now(), attempt=self.attempt, cause=death.cause, exit=death.exit,
+                                           step=step, detail=death.detail, action=decision.action,
+                                           delay_s=round(delay, 2)))
         self.state.record_error(f"{death.cause}: {death.detail}")
         self._start_backoff(next_phase, decision.message, streak, delay)
 
@@ -426,7 +378,7 @@ class Supervisor:
             self.staging.forget()
             self._go(Phase.STAGING, "the staged corpus is missing from scratch")
             return
-        if self.cfg.run.remote and self.state["remote_checkpoint"] and \
+        if self.cfg.run.remote and self.state.remote_checkpoint and \
                 not local_checkpoint_steps(self.cfg.checkpoint_dir):
             # the trainer would start from step 0: fetch the synced checkpoint first (staging reuses the copy)
             self._go(Phase.STAGING, "scratch lost its checkpoints: fetching the newest from the remote")
@@ -438,8 +390,9 @@ class Supervisor:
         """The trainer's save did not fit (it wrote nothing): make room, launch again once a checkpoint fits."""
         self.state.record_error(message)
         reason = self.space.start(death.fault)
-        wait = self.state["space_wait"]
-        self._go(Phase.WAITING_SPACE, reason, needs=wait["needs"], free=wait["free"])
+        wait = self.state.space_wait
+        assert wait is not None  # space.start() began it
+        self._go(Phase.WAITING_SPACE, reason, needs=wait.needs, free=wait.free)
 
     def _tick_waiting_space(self) -> None:
         if self.space.tick():
@@ -470,7 +423,7 @@ class Supervisor:
                 return
             self._on_child_end(rc)
         if self.staging.running:
-            if now() - self.state["since"] < STOP_WAITS_FOR_STAGING_S:
+            if now() - (self.state.since or 0.0) < STOP_WAITS_FOR_STAGING_S:
                 return  # let a half-done copy end before we exit (it would be cleaned up next time anyway)
             # a copy or fetch stalled on the remote: leave its thread behind (its temp names are cleaned next time)
             self.events.emit("stop", f"the {self.staging.abandon()} thread has not ended after "
@@ -503,7 +456,8 @@ class Supervisor:
         """Slurm preempted the job: state.json says so first, then `scontrol requeue` (which ends this job). The
         step it names is the synced one, where the requeued job resumes."""
         assert self.slurm is not None  # only a Slurm job is preempted
-        resumes_at = (self.state["remote_checkpoint"] or {}).get("step", self.state["progress"]["step"])
+        remote = self.state.remote_checkpoint
+        resumes_at = remote.step if remote is not None else self.state.progress.step
         reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at, sync_problem)
         if problem:
             self._fail(1, problem)
@@ -513,9 +467,6 @@ class Supervisor:
             self.exit_status = 1
             self.state.record_error(problem)
             self.state.save()
-
-    def _read_progress(self) -> None:
-        self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
 
     # --- the end ------------------------------------------------------------------------------------------------------
     def _shutdown(self, lock) -> None:
@@ -528,13 +479,7 @@ class Supervisor:
                                          f"I/O?): exiting without it", pid=child.pid)
         self.gpu.release()
         self.room.at_exit()
-        self.state["outcome"] = {"exit": self.exit_status, "phase": self.phase, "time": now(),
-                                 "reason": self.state["reason"]}
-        self.state.save()
-        self.textfile.close(self.phase)
-        self.events.emit("exit", f"supervisor exits with status {self.exit_status} ({self.phase})",
-                         exit=self.exit_status)
-        self.events.close()
+        self.files.close(self.exit_status, self.phase)
         self.notifier.stopping()
         lock.release()
 

@@ -29,8 +29,6 @@ import psutil
 
 from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig, out_of_range, parse_duration, read_corpus_meta
-from minilmd.corpus.format import FORMAT as CORPUS_FORMAT
-from minilmd.corpus.format import verify_prepared
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
@@ -84,6 +82,8 @@ def _mb(n: float) -> str:
 
 def _listed_files(meta: dict, where: str) -> dict[str, dict]:
     """meta["files"] checked for shape and for paths that stay inside the corpus directory."""
+    from minilmd.corpus.format import FORMAT as CORPUS_FORMAT  # numpy: not in the supervisor before it stages
+
     if meta.get("format") != CORPUS_FORMAT:
         raise SourceInvalid(f"{where}: meta.json has format {meta.get('format')!r}, expected {CORPUS_FORMAT!r} "
                             f"(is this the output of `minilmd prepare`?)")
@@ -118,6 +118,8 @@ def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
         problems = dir_table_problems(root, files, full_hash=False, listed_in=META)
         if problems or not full_hash:
             return problems
+        from minilmd.corpus.format import verify_prepared
+
         return verify_prepared(root)  # hashes every file itself
     except OSError as e:  # a read error (EIO from a failing disk or mount): damaged, not a crash
         return [f"{root}: unreadable ({e})"]
@@ -483,6 +485,8 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
         for rel, entry in to_copy.items():
             copier.copy(rel, entry, tmp / rel, kept.get(rel, 0))
         (tmp / META).write_bytes(meta_raw)
+        from minilmd.corpus.format import verify_prepared
+
         problems = verify_prepared(tmp)
         if problems:
             raise SourceInvalid(f"{source}: the copied corpus fails its checks: " + "; ".join(problems[:5]))

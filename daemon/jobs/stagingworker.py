@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol
-from minilmd.checkpoint import CheckpointMismatch
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
 from minilmd.daemon.policy import backoff_seconds
-from minilmd.daemon.runstate import now
+from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import StagingState, SyncState
+from minilmd.daemon.statesections import LocalCheckpoint
 from minilmd.daemon.worker import Inbox, Worker
 from minilmd.names import step_of
 
@@ -49,7 +49,7 @@ class StagingWorker:
     entry, and "sync" while the remote cannot be read, are written here), `emit(kind, message, **details)` logs an
     event, `inbox` takes the staging code's messages from its thread, `syncer_for(expected)` gives a Syncer."""
 
-    def __init__(self, cfg, infra, state, emit, inbox: Inbox, syncer_for, rng: random.Random | None = None):
+    def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, syncer_for, rng: random.Random | None = None):
         self.cfg = cfg
         self.infra = infra
         self.state = state
@@ -103,19 +103,21 @@ class StagingWorker:
             return None
         worker, self.worker = self.worker, None
         self.inbox.drain()
-        staging = self.state["staging"]
+        staging = self.state.staging
         if worker.error is not None:
-            staging.update(state=StagingState.FAILED, error=worker.error_text)
+            staging.state, staging.error = StagingState.FAILED, worker.error_text
             self.state.record_error(f"staging failed: {worker.error_text}")
             status = self.infra.final_staging_status(worker.error)
             if status is not None:
+                from minilmd.checkpoint import CheckpointMismatch  # numpy: only where a checkpoint is read
+
                 kind = "data" if status == protocol.EXIT_DATA else \
                     "checkpoint" if isinstance(worker.error, CheckpointMismatch) else "config"
                 return StagingFailed(f"{kind} error, final: {worker.error_text}", status)
             return StagingFailed(worker.error_text, None)
         staged, expected, fetched, fetch_error = worker.result
         if worker.name == "staging":
-            staging.update(state=StagingState.DONE, path=str(staged), error=None, finished=now())
+            staging.state, staging.path, staging.error, staging.finished = StagingState.DONE, str(staged), None, now()
             self.emit("staging", f"staged and verified: {staged} in {worker.running_for():.1f}s")
         if fetch_error is not None:
             self._remote_unavailable(staged, fetch_error)
@@ -123,28 +125,28 @@ class StagingWorker:
         self.staged = staged
         if self.awaiting_remote is not None:
             self.awaiting_remote, self.fetch_failures = None, 0
-            self.state["sync"].update(state=SyncState.IDLE, error=None)
-            staging.update(state=StagingState.DONE, error=None)
+            self.state.sync.state, self.state.sync.error = SyncState.IDLE, None
+            staging.state, staging.error = StagingState.DONE, None
         if fetched:
             self.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}")
             # status shows it as the local checkpoint: the trainer resumes from it, though it did not save it
-            self.state["local_checkpoint"] = {"step": step_of(Path(fetched)), "time": now(), "path": str(fetched),
-                                              "fetched": True}
+            self.state.local_checkpoint = LocalCheckpoint(step=step_of(Path(fetched)), time=now(), path=str(fetched),
+                                                          fetched=True)
         elif self.cfg.run.remote and not local_checkpoint_steps(self.cfg.checkpoint_dir):
             self.emit("fetch", f"neither scratch nor {self.cfg.run.remote} holds a checkpoint: starting from step 0")
         return Staged(staged, expected, fetched)
 
     def _start(self) -> None:
-        staging = self.state["staging"]
+        staging = self.state.staging
         if self.awaiting_remote is not None:  # staged; only the fetch of a remote checkpoint is retried
             if now() < self.fetch_retry_at:
                 return
             staged = self.awaiting_remote
-            staging.update(state=StagingState.FETCHING, error=None, progress=None)
+            staging.state, staging.error, staging.progress = StagingState.FETCHING, None, None
             self.emit("fetch", f"retrying the fetch of the newest checkpoint from {self.cfg.run.remote}")
             self.worker = Worker("fetch", lambda: (staged, *self._fetch_job(staged)))
             return
-        staging.update(state=StagingState.RUNNING, since=now(), error=None, progress=None)
+        staging.state, staging.since, staging.error, staging.progress = StagingState.RUNNING, now(), None, None
         self.emit("staging", f"staging {self.cfg.data.prepared} into {self.cfg.scratch_dir}")
         self.worker = Worker("staging", self._stage_job)
 
@@ -157,8 +159,9 @@ class StagingWorker:
         delay = backoff_seconds(self.cfg.restart, self.fetch_failures, self.rng)
         self.fetch_retry_at = now() + delay
         message = f"remote unavailable: {error}"
-        self.state["sync"].update(state=SyncState.UNAVAILABLE, error=message, since=now())
-        self.state["staging"].update(state=StagingState.WAITING_REMOTE, error=message)
+        sync, staging = self.state.sync, self.state.staging
+        sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
+        staging.state, staging.error = StagingState.WAITING_REMOTE, message
         self.state.record_error(message)
         self.emit("fetch", f"{message}; scratch holds no checkpoint and the remote may hold one: not starting "
                            f"from step 0; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
@@ -167,10 +170,11 @@ class StagingWorker:
     def _flag_stalled_fetch(self) -> None:
         started = self.fetch_started
         if started and now() - started > SYNC_STALLED_AFTER_S and \
-                self.state["sync"].get("state") != SyncState.UNAVAILABLE:
+                self.state.sync.state != SyncState.UNAVAILABLE:
             message = f"remote unavailable: fetching from {self.cfg.run.remote} has been running for " \
                       f"{now() - started:.0f}s"
-            self.state["sync"].update(state=SyncState.UNAVAILABLE, error=message, since=now())
+            sync = self.state.sync
+            sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
             self.emit("fetch", f"{message}; waiting for it (not starting from step 0)")
 
     # --- in the thread ----------------------------------------------------------------------------------------------
@@ -178,7 +182,7 @@ class StagingWorker:
         """Stage the corpus, then fetch a remote checkpoint when scratch holds none."""
         def progress(*args):
             info = args[0] if len(args) == 1 else list(args)
-            self.state["staging"]["progress"] = info.describe() if hasattr(info, "describe") else info
+            self.state.staging.progress = info.describe() if hasattr(info, "describe") else info
 
         staged = self.infra.stage(self.cfg, progress, self.inbox.put)
         return (staged, *self._fetch_job(staged))
@@ -188,11 +192,13 @@ class StagingWorker:
         on the remote raises (final); any other failure to read the remote is returned, to be retried."""
         if not self.cfg.run.remote:
             return None, None, None
+        from minilmd.checkpoint import CheckpointMismatch  # numpy: only where a checkpoint is read
+
         expected = self.infra.expectation(self.cfg, staged)
         if local_checkpoint_steps(self.cfg.checkpoint_dir):
             return expected, None, None
         self.fetch_started = now()
-        self.state["staging"]["progress"] = f"fetching the newest checkpoint from {self.cfg.run.remote}"
+        self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
         try:
             return expected, self.syncer_for(expected).fetch_latest(self.cfg.checkpoint_dir), None
         except CheckpointMismatch:

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING
 
 from minilmd import names
 from minilmd.config import parse_duration
-from minilmd.daemon.runstate import now
+from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import SyncState
+from minilmd.daemon.statesections import RemoteCheckpoint
 from minilmd.daemon.worker import Inbox, Worker
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class SyncWorker:
     "remote_checkpoint" entries are written here), `emit(kind, message, **details)` logs an event, `inbox` takes
     the Syncer's messages from its thread."""
 
-    def __init__(self, cfg, infra, state, emit, inbox: Inbox, stalled_after_s: float = SYNC_STALLED_AFTER_S):
+    def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, stalled_after_s: float = SYNC_STALLED_AFTER_S):
         self.cfg = cfg
         self.infra = infra
         self.state = state
@@ -108,7 +109,7 @@ class SyncWorker:
             try:
                 self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
             except Exception as e:  # noqa: BLE001 - any error of the remote is a failing remote, in status
-                self.state["sync"].update(state=SyncState.FAILED, error=f"{type(e).__name__}: {e}")
+                self.state.sync.state, self.state.sync.error = SyncState.FAILED, f"{type(e).__name__}: {e}"
                 return False
         return True
 
@@ -129,12 +130,12 @@ class SyncWorker:
             return
         if self.syncer is None:
             return
-        sync = self.state["sync"]
+        sync = self.state.sync
         if self.worker is not None:
             if not self.worker.done:
-                if self.running_for() > self.stalled_after_s and sync["state"] != SyncState.STALLED:
-                    sync.update(state=SyncState.STALLED, error=f"sync running for {self.running_for():.0f}s")
-                    self.emit("sync", f"the sync looks stalled ({sync['error']}); training goes on")
+                if self.running_for() > self.stalled_after_s and sync.state != SyncState.STALLED:
+                    sync.state, sync.error = SyncState.STALLED, f"sync running for {self.running_for():.0f}s"
+                    self.emit("sync", f"the sync looks stalled ({sync.error}); training goes on")
                 self._prune_if_remote_down()
                 return
             self._collect()
@@ -142,7 +143,7 @@ class SyncWorker:
         self._prune_if_remote_down()
         if periodic and now() >= self.next_at:
             newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
-            remote = (self.state["remote_checkpoint"] or {}).get("step")
+            remote = self._remote_step()
             if newest is not None and (remote is None or newest > remote):
                 self._start("periodic sync")
             else:
@@ -167,18 +168,18 @@ class SyncWorker:
                     return f"the last sync stalled ({self.running_for():.0f}s)"
                 return None
             self._collect()
-        if self.final_tries > 0 and self.state["sync"]["state"] == SyncState.OK:
+        if self.final_tries > 0 and self.state.sync.state == SyncState.OK:
             return ""
         if self.final_tries >= FINAL_SYNC_TRIES:
-            return f"the last sync failed {self.final_tries} times: {self.state['sync']['error']}"
+            return f"the last sync failed {self.final_tries} times: {self.state.sync.error}"
         if self.final_tries == 0 or now() >= self.next_at:
             self.final_tries += 1
             self._start(f"last sync (try {self.final_tries}/{FINAL_SYNC_TRIES})")
         return None
 
     def _start(self, why: str) -> None:
-        self.state["sync"].update(state=SyncState.RUNNING, since=now(),
-                                  attempts=self.state["sync"].get("attempts", 0) + 1)
+        sync = self.state.sync
+        sync.state, sync.since, sync.attempts = SyncState.RUNNING, now(), sync.attempts + 1
         self.emit("sync", f"{why}: syncing the newest valid checkpoint to {self.cfg.run.remote}")
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
         self.copying = self.cfg.checkpoint_dir / names.step_name(newest) if newest is not None else None
@@ -190,27 +191,27 @@ class SyncWorker:
         assert worker is not None  # called for a finished sync only
         self.copying = None
         self.inbox.drain()
-        sync = self.state["sync"]
+        sync = self.state.sync
         every = parse_duration(self.cfg.sync.every)
         if worker.error is not None:
             self.failures += 1
             retry = min(every, 5.0 * 2 ** (self.failures - 1))
             self.next_at = now() + retry
-            sync.update(state=SyncState.FAILED, error=worker.error_text, since=now())
+            sync.state, sync.error, sync.since = SyncState.FAILED, worker.error_text, now()
             self.state.record_error(f"sync failed: {worker.error_text}")
             self.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
             return
         result = worker.result
         self.failures = 0
         self.next_at = now() + every
-        sync.update(state=SyncState.OK, error=None, since=now(), last_ok=now())
+        sync.state, sync.error, sync.since, sync.last_ok = SyncState.OK, None, now(), now()
         step = getattr(result, "step", None)
         if step is None:
             self.emit("sync", "nothing to sync: no valid local checkpoint")
             return
         verified = bool(getattr(result, "verified", False))
-        self.state["remote_checkpoint"] = {"step": step, "time": now(), "verified": verified,
-                                           "path": str(getattr(result, "path", ""))}
+        self.state.remote_checkpoint = RemoteCheckpoint(step=step, time=now(), verified=verified,
+                                                       path=str(getattr(result, "path", "")))
         self.emit("sync", f"synced step {step} to {self.cfg.run.remote} (verified: {verified}) in "
                           f"{worker.running_for():.1f}s", step=step, verified=verified)
         if verified:
@@ -261,9 +262,13 @@ class SyncWorker:
         if not self.enabled or self.syncer is None or self.worker is not None or self.failures:
             return
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
-        remote = (self.state["remote_checkpoint"] or {}).get("step")
+        remote = self._remote_step()
         if newest is not None and (remote is None or newest > remote):
             self._start("scratch is short of room: early sync")
+
+    def _remote_step(self) -> int | None:
+        remote = self.state.remote_checkpoint
+        return remote.step if remote is not None else None
 
     def _being_copied(self) -> list[Path]:
         paths = [self.copying] if self.copying is not None else []

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from minilmd import protocol
 from minilmd.config import parse_duration
-from minilmd.daemon.host.gpu import cuda_visible_devices, taken_from_us
-from minilmd.daemon.runstate import now
+from minilmd.daemon.host.gpu import DeviceLease, GpuAdmission, cuda_visible_devices, taken_from_us
+from minilmd.daemon.runstate import RunState, now
+from minilmd.daemon.statesections import GpuWait
 from minilmd.fmt import fmt_duration
 
 
@@ -39,7 +40,7 @@ class GpuWaiter:
     """Owns the GpuAdmission, the lease and the poll timing. `state` is the run's RunState (its "gpu_wait" and
     "devices" entries are written here), `emit(kind, message, **details)` logs an event."""
 
-    def __init__(self, cfg, infra, state, emit, own_pids=lambda: ()):
+    def __init__(self, cfg, infra, state: RunState, emit, own_pids=lambda: ()):
         self.cfg = cfg
         self.own_pids = own_pids
         """() -> the pids of this run's trainer processes now (a torchrun group: torchrun and its ranks)."""
@@ -47,8 +48,8 @@ class GpuWaiter:
         self.infra = infra
         self.state = state
         self.emit = emit
-        self.admission = None
-        self.lease = None
+        self.admission: GpuAdmission | None = None
+        self.lease: DeviceLease | None = None
         self.devices_env = ""
         """CUDA_VISIBLE_DEVICES for the trainer: the leased cards, or "" on the CPU."""
         self.next_poll_at = 0.0
@@ -72,7 +73,7 @@ class GpuWaiter:
                 self.devices_env = ""
                 return GpuReady(f"{admission}: training on the CPU (train.device = auto)", [])
             self.admission = admission
-            self.state["gpu_wait"] = {"since": now(), "devices": []}
+            self.state.gpu_wait = GpuWait(since=now(), devices=[])
         if now() < self.next_poll_at:
             return None
         self.next_poll_at = now() + parse_duration(self.cfg.gpu.poll_interval)
@@ -80,7 +81,8 @@ class GpuWaiter:
         if report.devices and all(d.mig for d in report.devices):
             return GpuUnavailable("every GPU NVML sees is in MIG mode: " + report.devices[0].reasons[0]
                                   + '; or set train.device = "cpu"')
-        self.state["gpu_wait"]["devices"] = report.to_dict()["devices"]
+        assert self.state.gpu_wait is not None  # set when the admission opened
+        self.state.gpu_wait.devices = report.to_dict()["devices"]
         summary = report.summary()
         if summary != self.last_summary and _without_ages(summary) != _without_ages(self.last_summary):
             self.emit("gpu", "waiting for a GPU:\n  " + summary.replace("\n", "\n  "))
@@ -90,9 +92,9 @@ class GpuWaiter:
             return None
         self.lease = lease
         self.devices_env = cuda_visible_devices(lease)
-        self.state["devices"] = list(lease.devices)
-        waited = now() - self.state["gpu_wait"]["since"]
-        self.state["gpu_wait"] = None
+        self.state.devices = list(lease.devices)
+        waited = now() - (self.state.gpu_wait.since or now())  # the wait began with the admission
+        self.state.gpu_wait = None
         checked = "; ".join(f"GPU {d.index}: {', '.join(d.checks)}" for d in report.devices
                             if d.index in lease.devices)
         return GpuReady(f"leased GPU(s) {lease.devices} after waiting {fmt_duration(waited)} ({checked})",

@@ -13,11 +13,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.checkpoint import list_checkpoints
 from minilmd.config import RunConfig
-from minilmd.daemon.runstate import now
+from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
+from minilmd.daemon.runstate import RunState, now
+from minilmd.daemon.statesections import InitWait
 from minilmd.init_source import InitSourceError, predecessor, predecessor_outcome
-from minilmd.names import TRAINER_STATE
+from minilmd.names import TRAINER_STATE, step_name
 
 POLL_S = 2.0
 """Time between two reads of the predecessor's state.json."""
@@ -32,7 +33,7 @@ class InitOutcome:
 
 def must_wait(cfg: RunConfig) -> bool:
     """Whether this run starts from another run's result that is not there yet (and has no checkpoint of its own)."""
-    if not cfg.init.from_ or list_checkpoints(cfg.checkpoint_dir):
+    if not cfg.init.from_ or local_checkpoint_steps(cfg.checkpoint_dir):
         return False
     try:
         pred = predecessor(cfg.init.from_)
@@ -44,7 +45,7 @@ def must_wait(cfg: RunConfig) -> bool:
 class InitWaiter:
     """Polls the predecessor; its view goes to state.json "init_wait" for `status`."""
 
-    def __init__(self, cfg: RunConfig, state, emit):
+    def __init__(self, cfg: RunConfig, state: RunState, emit):
         self.cfg, self.state, self.emit = cfg, state, emit
         self.last_poll = 0.0
         self.last_why = ""
@@ -61,10 +62,10 @@ class InitWaiter:
         if pred is None:
             return InitOutcome(done=True)
         outcome, why = predecessor_outcome(pred)
-        wait = self.state["init_wait"] or {"since": now(), "checks": 0}
-        wait.update(run=pred.name, run_dir=str(pred.run_dir), root=str(pred.root), why=why,
-                    checks=wait.get("checks", 0) + 1)
-        self.state["init_wait"] = wait
+        wait = self.state.init_wait or InitWait(since=now(), checks=0)
+        wait.run, wait.run_dir, wait.root, wait.why = pred.name, str(pred.run_dir), str(pred.root), why
+        wait.checks += 1
+        self.state.init_wait = wait
         if why != self.last_why:
             self.emit("init_wait", f"init.from: {why}")
             self.last_why = why
@@ -79,8 +80,8 @@ def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:
     """The chain of init.from behind this run's newest checkpoint: each step's source, its step and fingerprint,
     read from the trainer_state.json of each checkpoint in turn (as far as they can be read)."""
     chain: list[str] = []
-    found = list_checkpoints(checkpoint_dir)
-    path: Path | None = found[-1] if found else None
+    found = local_checkpoint_steps(checkpoint_dir)  # names only: `minilmd status` shows the lineage, numpy-free
+    path: Path | None = checkpoint_dir / step_name(found[-1]) if found else None
     while path is not None and len(chain) < limit:
         try:
             init = json.loads((path / TRAINER_STATE).read_text(encoding="utf-8")).get("init")

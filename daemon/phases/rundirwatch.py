@@ -16,7 +16,7 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
-from minilmd.daemon.runstate import is_disk_full, now
+from minilmd.daemon.runstate import RunState, is_disk_full, now
 from minilmd.daemon.states import FINAL_PHASES
 
 STATE_EVERY_S = 1.0
@@ -69,7 +69,7 @@ class RunDirWatch:
     """`cfg` the run's config, `run_dir` its resolved run.dir, `state` the RunState it writes, `events` the EventLog
     whose writes it watches. Making it makes the reserve."""
 
-    def __init__(self, cfg, run_dir: Path, state, events):
+    def __init__(self, cfg, run_dir: Path, state: RunState, events):
         self.cfg = cfg
         self.run_dir = run_dir
         self.state = state

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from minilmd import names
 from minilmd.daemon.jobs.syncworker import local_checkpoint_steps, mb
-from minilmd.daemon.runstate import now
+from minilmd.daemon.runstate import RunState, now
+from minilmd.daemon.statesections import LocalCheckpoint, SpaceWait
 
 SPACE_CHECK_S = 2.0
 """How often scratch is pruned and measured again while waiting."""
@@ -22,7 +23,7 @@ class SpaceWaiter:
     """`state` is the run's RunState ("space_wait", and "local_checkpoint" when the failed save was announced),
     `emit(kind, message, **details)` logs an event, `sync` the SyncWorker that prunes scratch."""
 
-    def __init__(self, cfg, state, emit, sync):
+    def __init__(self, cfg, state: RunState, emit, sync):
         self.cfg = cfg
         self.state = state
         self.emit = emit
@@ -33,8 +34,8 @@ class SpaceWaiter:
         """Begin a wait for the save fault.json describes; the phase's reason."""
         fault = fault or {}
         needs = int(fault.get("needs") or 0) or self.sync.newest_size() or 0
-        self.state["space_wait"] = {"since": now(), "needs": needs, "free": fault.get("free"),
-                                    "path": str(self.cfg.checkpoint_dir), "checks": 0}
+        self.state.space_wait = SpaceWait(since=now(), needs=needs, free=fault.get("free"),
+                                          path=str(self.cfg.checkpoint_dir), checks=0)
         self._forget_unsaved_checkpoint()
         self.next_check = 0.0  # the first tick prunes at once: usually that is all it takes
         return self.reason()
@@ -44,28 +45,30 @@ class SpaceWaiter:
         if now() < self.next_check:
             return False
         self.next_check = now() + SPACE_CHECK_S
-        wait = self.state["space_wait"]
-        free = self.sync.make_room(wait["needs"])
-        wait.update(free=free, checks=wait["checks"] + 1)
-        if free is not None and free < wait["needs"]:
-            self.state["reason"] = self.reason()
+        wait = self.state.space_wait
+        assert wait is not None  # start() began the wait
+        free = self.sync.make_room(wait.needs)
+        wait.free, wait.checks = free, wait.checks + 1
+        if free is not None and free < wait.needs:
+            self.state.reason = self.reason()
             return False
-        self.emit("space", f"scratch has room again: {mb(free)} free, a checkpoint needs {mb(wait['needs'])} "
-                           f"(waited {now() - wait['since']:.0f}s)")
-        self.state["space_wait"] = None
+        self.emit("space", f"scratch has room again: {mb(free)} free, a checkpoint needs {mb(wait.needs)} "
+                           f"(waited {now() - (wait.since or now()):.0f}s)")
+        self.state.space_wait = None
         return True
 
     def reason(self) -> str:
-        wait = self.state["space_wait"]
-        return f"scratch full: waiting for space (needs {mb(wait['needs'])}, has {mb(wait['free'])} free in " \
-               f"{wait['path']})"
+        wait = self.state.space_wait
+        assert wait is not None  # asked during the wait only
+        return f"scratch full: waiting for space (needs {mb(wait.needs)}, has {mb(wait.free)} free in " \
+               f"{wait.path})"
 
     def _forget_unsaved_checkpoint(self) -> None:
         """The trainer announced the save in metrics.jsonl before it failed: status shows the newest that exists."""
         steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
-        shown = (self.state["local_checkpoint"] or {}).get("step")
+        shown = self.state.local_checkpoint.step if self.state.local_checkpoint else None
         if shown is None or (steps and shown <= steps[-1]):
             return
         path = self.cfg.checkpoint_dir / names.step_name(steps[-1]) if steps else None
-        self.state["local_checkpoint"] = {"step": steps[-1], "time": path.stat().st_mtime,
-                                          "path": str(path)} if path else None
+        self.state.local_checkpoint = LocalCheckpoint(step=steps[-1], time=path.stat().st_mtime,
+                                                      path=str(path)) if path else None

@@ -16,6 +16,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.host import registry
 from minilmd.daemon.runstate import read_state
+from minilmd.daemon.statesections import StateJson
 from minilmd.fmt import fmt_duration
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
@@ -31,30 +32,30 @@ def row(entry: registry.Entry, t: float) -> dict:
         return {**base, "phase": "vanished", "running": False}
     if not os.access(entry.run_dir / names.STATE, os.R_OK) and (entry.run_dir / names.STATE).exists():
         return {**base, "phase": "unreadable", "running": False}
-    state = read_state(entry.run_dir)
-    if state is None:
+    raw = read_state(entry.run_dir)
+    if raw is None:
         return {**base, "phase": "not started", "running": False}
-    progress, sync = state.get("progress") or {}, state.get("sync") or {}
+    state = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
+    progress, sync = state.progress, state.sync
     alive = supervisor_alive(state)
-    last_ok = sync.get("last_ok") or (state.get("remote_checkpoint") or {}).get("time")
-    gpu_wait = state.get("gpu_wait") or {}
+    last_ok = sync.last_ok or (state.remote_checkpoint.time if state.remote_checkpoint else None)
+    waited_since = state.gpu_wait.since if state.gpu_wait else None
     return {
         **base,
-        "phase": state.get("phase"),
+        "phase": state.phase,
         "running": alive,
-        "step": progress.get("step"),
-        "total_steps": progress.get("total_steps"),
-        "loss": progress.get("loss"),
-        "val_loss": progress.get("val_loss"),
-        "tok_s": progress.get("tok_s"),
-        "eta_s": progress.get("eta_s") if alive else None,
-        "devices": state.get("devices") or [],
-        "gpu_waited_s": t - gpu_wait["since"] if state.get("phase") == "waiting_gpu" and gpu_wait.get("since")
-        else None,
-        "sync_state": sync.get("state"),
+        "step": progress.step,
+        "total_steps": progress.total_steps,
+        "loss": progress.loss,
+        "val_loss": progress.val_loss,
+        "tok_s": progress.tok_s,
+        "eta_s": progress.eta_s if alive else None,
+        "devices": state.devices,
+        "gpu_waited_s": t - waited_since if state.phase == "waiting_gpu" and waited_since else None,
+        "sync_state": sync.state,
         "last_sync_age_s": t - last_ok if last_ok else None,
-        "restarts": len(state.get("restarts") or []),
-        "last_error": state.get("last_error"),
+        "restarts": len(state.restarts),
+        "last_error": state.last_error,
     }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.daemon.runstate import fmt_time, process_alive, read_state
 from minilmd.daemon.states import SyncState
+from minilmd.daemon.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.fmt import fmt_duration
 from minilmd.fsio import read_new_lines, tail_lines
@@ -49,40 +50,38 @@ def is_run_dir(run_dir: str | os.PathLike) -> bool:
     return _is_a_run(Path(run_dir))
 
 
-def supervisor_alive(state: dict | None) -> bool:
-    sup = (state or {}).get("supervisor") or {}
-    return process_alive(sup.get("pid"), sup.get("start_ticks"))
+def supervisor_alive(state: StateJson | None) -> bool:
+    return state is not None and process_alive(state.supervisor.pid, state.supervisor.start_ticks)
 
 
-def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]:
-    """A few human lines from state.json."""
+def summary_lines(state: StateJson, alive: bool, t: float | None = None) -> list[str]:
+    """A few human lines from state.json (read tolerantly: `StateJson.from_dict`)."""
     t = t or time.time()
     lines = [_head_line(state, alive, t)]
-    if state.get("reason"):
-        lines.append(f"  why: {state['reason']}")
-    if state.get("slurm"):
+    if state.reason:
+        lines.append(f"  why: {state.reason}")
+    if state.slurm:
         from minilmd.daemon.slurm.job import status_line
 
-        lines.append(status_line(state["slurm"]))
-    lines += _progress_lines(state.get("progress") or {}, alive)
-    if state.get("child") and alive:
-        lines.append(_trainer_line(state, t))
-    if state.get("init_wait") and state.get("phase") == "waiting_init":
-        w = state["init_wait"]
-        lines.append(f"  waiting for init.from: {w.get('why')} (run dir {w.get('run_dir')}; checked {w.get('checks')} "
-                     f"times since {_ago(t, w['since']) if w.get('since') else '-'}); starts from {w.get('root')} "
+        lines.append(status_line(state.slurm))
+    lines += _progress_lines(state.progress, alive)
+    if state.child and alive:
+        lines.append(_trainer_line(state.child, state, t))
+    if (w := state.init_wait) and state.phase == "waiting_init":
+        lines.append(f"  waiting for init.from: {w.why} (run dir {w.run_dir}; checked {w.checks} "
+                     f"times since {_ago(t, w.since) if w.since else '-'}); starts from {w.root} "
                      f"once it has finished")
-    if state.get("gpu_wait") and state.get("phase") == "waiting_gpu":
-        lines += _gpu_lines(state["gpu_wait"], t)
-    if state.get("space_wait") and state.get("phase") == "waiting_space":
-        lines.append(_space_line(state["space_wait"], t))
+    if state.gpu_wait and state.phase == "waiting_gpu":
+        lines += _gpu_lines(state.gpu_wait, t)
+    if state.space_wait and state.phase == "waiting_space":
+        lines.append(_space_line(state.space_wait, t))
     lines.append(_checkpoints_line(state, t))
-    lines += _staging_lines(state.get("staging") or {})
+    lines += _staging_lines(state.staging)
     lines += _restart_lines(state, t)
-    if state.get("overrides"):
-        lines.append(f"  overrides: {state['overrides']}")
-    if state.get("last_error"):
-        lines.append(f"  last error{_error_context(state, t)}: {state['last_error']}")
+    if state.overrides:
+        lines.append(f"  overrides: {state.overrides}")
+    if state.last_error:
+        lines.append(f"  last error{_error_context(state, t)}: {state.last_error}")
     return lines
 
 
@@ -90,47 +89,48 @@ def _ago(t: float, then: float) -> str:
     return f"{fmt_duration(t - then)} ago"
 
 
-def _head_line(state: dict, alive: bool, t: float) -> str:
+def _head_line(state: StateJson, alive: bool, t: float) -> str:
     """The run, its phase and for how long, and whether its supervisor runs (or how it ended)."""
-    since = state.get("since")
-    head = (f"run {state.get('run', '?')} ({state.get('run_dir', '?')}): {state.get('phase', '?')} for "
+    since = state.since
+    head = (f"run {state.run or '?'} ({state.run_dir or '?'}): {state.phase or '?'} for "
             f"{fmt_duration(t - since if since else None)}")
     if alive:
-        return head + f"; supervisor pid {(state.get('supervisor') or {}).get('pid')} running"
-    outcome = state.get("outcome")
+        return head + f"; supervisor pid {state.supervisor.pid} running"
+    outcome = state.outcome
     if outcome:
-        return head + f"; not running (ended {fmt_time(outcome.get('time'))} with exit {outcome.get('exit')})"
-    return head + (f"; not running (last seen {fmt_time(state.get('updated'))}, the supervisor did not exit "
+        return head + f"; not running (ended {fmt_time(outcome.time)} with exit {outcome.exit})"
+    return head + (f"; not running (last seen {fmt_time(state.updated)}, the supervisor did not exit "
                    f"cleanly: killed or crashed; `minilmd run` again resumes)")
 
 
-def _progress_lines(p: dict, alive: bool) -> list[str]:
-    if p.get("step") is None:
+def _progress_lines(p: Progress, alive: bool) -> list[str]:
+    if p.step is None:
         return []
-    total = p.get("total_steps")
-    parts = [f"step {p['step']:,}" + (f"/{total:,} ({100 * p['step'] / total:.1f}%)" if total else "")]
-    if p.get("loss") is not None:
-        parts.append(f"loss {p['loss']:.4f}")
-    if p.get("val_loss") is not None:
-        parts.append(f"val {p['val_loss']:.4f}")
-    if p.get("tok_s"):
-        parts.append(f"{p['tok_s']:,.0f} tok/s")
-    if p.get("eta_s") is not None and alive:
-        parts.append(f"ETA {fmt_duration(p['eta_s'])}")
+    total = p.total_steps
+    parts = [f"step {p.step:,}" + (f"/{total:,} ({100 * p.step / total:.1f}%)" if total else "")]
+    if p.loss is not None:
+        parts.append(f"loss {p.loss:.4f}")
+    if p.val_loss is not None:
+        parts.append(f"val {p.val_loss:.4f}")
+    if p.tok_s:
+        parts.append(f"{p.tok_s:,.0f} tok/s")
+    if p.eta_s is not None and alive:
+        parts.append(f"ETA {fmt_duration(p.eta_s)}")
     return ["  " + "  ".join(parts)]
 
 
-def _trainer_line(state: dict, t: float) -> str:
-    child = state["child"]
-    beat = (state.get("progress") or {}).get("heartbeat")
-    devices = ",".join(str(d) for d in state.get("devices") or []) or "cpu"
-    return (f"  trainer pid {child.get('pid')}, attempt {child.get('attempt')}, devices {devices}, "
-            f"heartbeat {_ago(t, beat) if beat else 'none yet'}, log {child.get('log')}")
+def _trainer_line(child: ChildInfo, state: StateJson, t: float) -> str:
+    beat = state.progress.heartbeat
+    devices = ",".join(str(d) for d in state.devices) or "cpu"
+    return (f"  trainer pid {child.pid}, attempt {child.attempt}, devices {devices}, "
+            f"heartbeat {_ago(t, beat) if beat else 'none yet'}, log {child.log}")
 
 
-def _gpu_lines(gpu_wait: dict, t: float) -> list[str]:
+def _gpu_lines(gpu_wait: GpuWait, t: float) -> list[str]:
     lines = []
-    for d in gpu_wait.get("devices") or []:
+    for d in gpu_wait.devices:
+        if not isinstance(d, dict):
+            continue  # a damaged entry
         why = ("free: " + ", ".join(d.get("checks") or []) if d.get("free")
                else "; ".join(d.get("reasons") or ["busy"]))
         lines.append(f"  GPU {d.get('index')}: {why} (since {fmt_duration(t - d['since']) if d.get('since') else '-'})")
@@ -138,59 +138,59 @@ def _gpu_lines(gpu_wait: dict, t: float) -> list[str]:
     return lines
 
 
-def _space_line(wait: dict, t: float) -> str:
+def _space_line(wait: SpaceWait, t: float) -> str:
     """The wait for room in scratch: how long, the numbers, and that it is not a restart (no limit counts it)."""
-    since = wait.get("since")
+    since = wait.since
     return (f"  scratch: full for {fmt_duration(t - since if since else None)}: a checkpoint needs "
-            f"{_mb(wait.get('needs'))}, {_mb(wait.get('free'))} free in {wait.get('path')}; checked "
-            f"{wait.get('checks', 0)} times; the trainer starts again once it fits (not counted as a restart)")
+            f"{_mb(wait.needs)}, {_mb(wait.free)} free in {wait.path}; checked "
+            f"{wait.checks} times; the trainer starts again once it fits (not counted as a restart)")
 
 
 def _mb(n: float | None) -> str:
     return "?" if n is None else f"{n / 1e6:,.1f} MB"
 
 
-def _checkpoints_line(state: dict, t: float) -> str:
+def _checkpoints_line(state: StateJson, t: float) -> str:
     """The local checkpoint, the remote one and the sync between them."""
-    local, remote, sync = state.get("local_checkpoint"), state.get("remote_checkpoint"), state.get("sync") or {}
+    local, remote, sync = state.local_checkpoint, state.remote_checkpoint, state.sync
     line = "  local checkpoint: " + (
-        f"step {local.get('step')} ({'fetched from the remote ' if local.get('fetched') else ''}"
-        f"{_ago(t, local['time'])})" if local and local.get("time") else "none")
-    if sync.get("state") == "off":
+        f"step {local.step} ({'fetched from the remote ' if local.fetched else ''}"
+        f"{_ago(t, local.time)})" if local and local.time else "none")
+    if sync.state == "off":
         return line + "   remote: none configured"
-    line += "   remote: " + (f"step {remote.get('step')} ({_ago(t, remote['time'])}, "
-                             f"{'verified' if remote.get('verified') else 'NOT verified'})"
-                             if remote and remote.get("time") else "none")
-    line += f"   sync: {sync.get('state')}"
-    if sync.get("error") and sync.get("state") in ("failed", "stalled", "unavailable"):
-        line += f" ({sync['error']})"
+    line += "   remote: " + (f"step {remote.step} ({_ago(t, remote.time)}, "
+                             f"{'verified' if remote.verified else 'NOT verified'})"
+                             if remote and remote.time else "none")
+    line += f"   sync: {sync.state}"
+    if sync.error and sync.state in ("failed", "stalled", "unavailable"):
+        line += f" ({sync.error})"
     return line
 
 
-def _staging_lines(staging: dict) -> list[str]:
-    if staging.get("state") in (None, "done", "not_started"):
+def _staging_lines(staging: Staging) -> list[str]:
+    if staging.state in ("done", "not_started"):
         return []
-    prog = f" {staging['progress']}" if staging.get("progress") is not None else ""
-    return [f"  staging: {staging['state']}{prog}" + (f" ({staging['error']})" if staging.get("error") else "")]
+    prog = f" {staging.progress}" if staging.progress is not None else ""
+    return [f"  staging: {staging.state}{prog}" + (f" ({staging.error})" if staging.error else "")]
 
 
-def _restart_lines(state: dict, t: float) -> list[str]:
-    restarts = state.get("restarts") or []
+def _restart_lines(state: StateJson, t: float) -> list[str]:
+    restarts = state.restarts
     if not restarts:
         return []
     last = restarts[-1]
-    return [f"  restarts: {len(restarts)} (last: {last.get('cause')} at step {last.get('step')}, "
-            f"{_ago(t, last['time'])} -> {last.get('action')}; "
-            f"{state.get('no_progress_streak', 0)} in a row without progress)"]
+    return [f"  restarts: {len(restarts)} (last: {last.cause} at step {last.step}, "
+            f"{_ago(t, last.time) if last.time is not None else '-'} -> {last.action}; "
+            f"{state.no_progress_streak} in a row without progress)"]
 
 
-def _error_context(state: dict, t: float) -> str:
+def _error_context(state: StateJson, t: float) -> str:
     """" (3m ago, at step 130; training went on to step 240)": tells a current problem from an old one."""
-    when, at = state.get("last_error_at"), state.get("last_error_step")
+    when, at = state.last_error_at, state.last_error_step
     if not when:
         return ""
     parts = [_ago(t, when)] + ([f"at step {at}"] if at is not None else [])
-    step = (state.get("progress") or {}).get("step")
+    step = state.progress.step
     if at is not None and step is not None and step > at:
         parts.append(f"training went on to step {step}")
     return " (" + ", ".join(parts[:2]) + ("; " + parts[2] if len(parts) > 2 else "") + ")"
@@ -201,10 +201,11 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     run_dir = Path(run_dir)
     if not _is_a_run(run_dir):
         return NOT_A_RUN
-    state = read_state(run_dir)
+    raw = read_state(run_dir)
+    state = StateJson.from_dict(raw) if raw is not None else None  # a wrongly typed field reads as its default
     alive = supervisor_alive(state)
     if as_json:
-        print(json.dumps({"running": alive, "state": state}, indent=2, sort_keys=True), file=out)
+        print(json.dumps({"running": alive, "state": raw}, indent=2, sort_keys=True), file=out)
         return 0
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
@@ -314,12 +315,12 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     run_dir = Path(run_dir)
     if not _is_a_run(run_dir):
         return protocol.STOP_NOT_A_RUN
-    state = read_state(run_dir) or {}
+    state = StateJson.from_dict(read_state(run_dir))
     live = _live_supervisor(run_dir, state)
     if live is None:
-        outcome = state.get("outcome") or {}
-        print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.get('time'))}, exit {outcome.get('exit')}: "
-                                           f"{outcome.get('reason')})" if outcome else ""), file=out)
+        outcome = state.outcome
+        print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
+                                           f"{outcome.reason})" if outcome else ""), file=out)
         if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
@@ -341,25 +342,31 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         if timeout and time.monotonic() - started > timeout:
             print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {run_dir}`)", file=out)
             return protocol.STOP_FAILED
-        state = read_state(run_dir) or state
-        if state.get("phase") != last_phase:
-            last_phase = state.get("phase")
-            print(f"  {last_phase}: {state.get('reason', '')}", file=out, flush=True)
+        state = _reread(run_dir, state)
+        if state.phase != last_phase:
+            last_phase = state.phase
+            print(f"  {last_phase}: {state.reason}", file=out, flush=True)
         time.sleep(0.2)
-    state = read_state(run_dir) or state
-    outcome = state.get("outcome") or {}
-    print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.get('exit')} ({outcome.get('reason')})",
-          file=out)
+    state = _reread(run_dir, state)
+    outcome = state.outcome
+    print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.exit if outcome else None} "
+          f"({outcome.reason if outcome else None})", file=out)
     return _checkpoint_report(state, out, always=True)
 
 
-def _live_supervisor(run_dir: Path, state: dict) -> tuple[int, int | None, str] | None:
+def _reread(run_dir: Path, state: StateJson) -> StateJson:
+    """state.json again; the last one read while there is none (or it cannot be read)."""
+    raw = read_state(run_dir)
+    return StateJson.from_dict(raw) if raw else state
+
+
+def _live_supervisor(run_dir: Path, state: StateJson) -> tuple[int, int | None, str] | None:
     """(pid, start ticks, host) of the run's live supervisor: the one in state.json, or the holder of the run lock
     (one that has not written state.json yet, or one on another host sharing the run directory); None if none."""
     here = socket.gethostname()
-    sup = state.get("supervisor") or {}
-    if sup.get("host") in (None, "", here) and process_alive(sup.get("pid"), sup.get("start_ticks")):
-        return sup["pid"], sup.get("start_ticks"), here
+    sup = state.supervisor
+    if sup.host in ("", here) and sup.pid is not None and process_alive(sup.pid, sup.start_ticks):
+        return sup.pid, sup.start_ticks, here
     from minilmd.daemon.host.lock import lock_holder
     from minilmd.daemon.runstate import process_start_ticks
 
@@ -411,22 +418,22 @@ def _stop_orphans(run_dir: Path, out) -> int:
     return protocol.STOP_FAILED if left else protocol.STOP_DONE
 
 
-def _checkpoint_report(state: dict, out, always: bool) -> int:
+def _checkpoint_report(state: StateJson, out, always: bool) -> int:
     """Where the newest checkpoint is; STOP_UNSYNCED when it is only in scratch."""
-    local = state.get("local_checkpoint") or {}
-    remote = state.get("remote_checkpoint") or {}
+    local_step = state.local_checkpoint.step if state.local_checkpoint else None
+    remote = state.remote_checkpoint
     if always:
-        print(f"  local checkpoint step {local.get('step')}; remote checkpoint step {remote.get('step')} "
-              f"({'verified' if remote.get('verified') else 'not verified'})" if remote else
-              f"  local checkpoint step {local.get('step')}; no remote checkpoint", file=out)
-        if state.get("last_error"):
-            print(f"  last error{_error_context(state, time.time())}: {state['last_error']}", file=out)
+        print(f"  local checkpoint step {local_step}; remote checkpoint step {remote.step} "
+              f"({'verified' if remote.verified else 'not verified'})" if remote else
+              f"  local checkpoint step {local_step}; no remote checkpoint", file=out)
+        if state.last_error:
+            print(f"  last error{_error_context(state, time.time())}: {state.last_error}", file=out)
     unsynced = _only_in_scratch(state)
     if unsynced is None:
         return protocol.STOP_DONE
     step, path = unsynced
-    on_remote = f"step {remote['step']}" if remote.get("step") is not None else "no checkpoint"
-    error = (state.get("sync") or {}).get("error")
+    on_remote = f"step {remote.step}" if remote and remote.step is not None else "no checkpoint"
+    error = state.sync.error
     print(f"  NOT SYNCED (exit {protocol.STOP_UNSYNCED}): the newest checkpoint, step {step}, is only in scratch: "
           f"{path}; the remote has {on_remote}" + (f" (last sync error: {error})" if error else "") + ".\n"
           "  It is lost if scratch is cleared (a reboot clears /dev/shm): start the run again (its first sync "
@@ -434,14 +441,14 @@ def _checkpoint_report(state: dict, out, always: bool) -> int:
     return protocol.STOP_UNSYNCED
 
 
-def _only_in_scratch(state: dict) -> tuple[int, str] | None:
+def _only_in_scratch(state: StateJson) -> tuple[int, str] | None:
     """(step, path) of the newest local checkpoint when a remote is set and has none as new: the last sync failed,
     or a trainer saved with no supervisor left to sync (an orphan stopped by `stop`). Reads the checkpoint root
     beside the checkpoint state.json names, for a save state.json has not seen."""
-    if (state.get("sync") or {}).get("state") in (None, SyncState.OFF):
+    if state.sync.state == SyncState.OFF:
         return None
-    local = state.get("local_checkpoint") or {}
-    step, path = local.get("step"), local.get("path")
+    local = state.local_checkpoint
+    step, path = (local.step, local.path) if local else (None, None)
     if path:
         root = Path(path).parent
         try:
@@ -453,7 +460,7 @@ def _only_in_scratch(state: dict) -> tuple[int, str] | None:
             step, path = max(saved), str(root / names.step_name(max(saved)))
     if step is None:
         return None
-    synced = (state.get("remote_checkpoint") or {}).get("step")
+    synced = state.remote_checkpoint.step if state.remote_checkpoint else None
     if synced is not None and synced >= step:
         return None
     return step, path or "scratch"

@@ -1,0 +1,65 @@
+"""What the supervisor writes in its run directory and publishes beyond it: the copy of the config, events.jsonl
+and supervisor.log, state.json, the tail of the trainer's metrics.jsonl, the Prometheus textfile ([log]
+prometheus_textfile, daemon/host/prometheus.py) and the registry entry that `minilmd status --all` finds
+(daemon/host/registry.py). `RunFiles` sets them up once the run directory is the supervisor's, and writes the
+outcome at its end; what changes the phase stays in daemon/supervisor.py. Torch-free.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from minilmd import names
+from minilmd.config import RunConfig
+from minilmd.daemon.host import registry
+from minilmd.daemon.host.prometheus import Textfile
+from minilmd.daemon.runstate import EventLog, MetricsTail, RunState, new_state, now, read_heartbeat, read_state
+from minilmd.daemon.states import SyncState
+from minilmd.daemon.statesections import Outcome
+from minilmd.fsio import atomic_write_text
+
+
+class RunFiles:
+    """The run directory's files, set up (may raise OSError: a full or unwritable run.dir) for `cfg`'s run."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, config_path: Path, echo: bool):
+        self.run_dir = run_dir
+        (run_dir / names.ATTEMPT_LOGS).mkdir(exist_ok=True)
+        copy = run_dir / names.RUN_CONFIG_COPY
+        if config_path.resolve() != copy.resolve():
+            atomic_write_text(copy, config_path.read_text(encoding="utf-8"))
+        self.events = EventLog(run_dir, echo=echo)
+        self.metrics = MetricsTail(run_dir / names.METRICS)
+        self.state = RunState(run_dir / names.STATE, new_state(cfg.run.name, run_dir, str(config_path.resolve())))
+        self.state.sync.state = SyncState.IDLE if cfg.run.remote else SyncState.OFF
+        self.textfile: Textfile | None = None
+
+    def publish(self, cfg: RunConfig, config_path: Path) -> None:
+        """The Prometheus textfile, and the registry entry (for `status --all`)."""
+        self.textfile = Textfile(cfg.log.prometheus_textfile, self.state, self.events.emit)
+        registry.register_quietly(cfg.run.name, self.run_dir, config_path, self.events.emit)
+
+    def last_attempt(self) -> int:
+        """The number of the newest attempt log already there (0: none): the next attempt numbers on from it."""
+        logs = sorted(p for p in (self.run_dir / names.ATTEMPT_LOGS).iterdir() if names.is_attempt_log(p.name))
+        return int(logs[-1].stem.split("-")[1]) if logs else 0
+
+    def adopt_previous_state(self) -> None:
+        self.state.adopt(read_state(self.run_dir))
+        if self.state.overrides:
+            self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state.overrides}")
+
+    def tick(self, phase: str) -> None:
+        if self.textfile is not None:
+            self.textfile.tick(phase)
+
+    def read_progress(self) -> None:
+        self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
+
+    def close(self, exit_status: int, phase: str) -> None:
+        """The supervisor's last words: its outcome in state.json and the textfile, the "exit" event."""
+        self.state.outcome = Outcome(exit=exit_status, phase=phase, time=now(), reason=self.state.reason)
+        self.state.save()
+        if self.textfile is not None:
+            self.textfile.close(phase)
+        self.events.emit("exit", f"supervisor exits with status {exit_status} ({phase})", exit=exit_status)
+        self.events.close()

@@ -1,0 +1,348 @@
+"""The sections of state.json as dataclasses: one per concern, each field documented, written with exactly the keys
+and values state.json has always had, read tolerantly.
+
+`Section.to_dict()` writes every field, except those in `OMIT_WHEN_NONE` while they are None (keys that state.json
+has only once they were set). `Section.from_dict()` takes what fits each field's type and the default for a field
+that is missing or of another type (an older or a damaged file): a reader never gets a traceback from a bad value.
+`StateJson` is the whole file; `RunState` (daemon/runstate.py) is it, held in memory and saved. Torch-free and light:
+`minilmd status` imports this module.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+_UNFIT = object()  # a value that does not fit a field's type
+
+
+class Section:
+    """What every section of state.json can do: be written as today's JSON, and be read back tolerantly."""
+
+    OMIT_WHEN_NONE: ClassVar[tuple[str, ...]] = ()
+    """Fields whose key state.json has only once they hold a value."""
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every Section is a dataclass
+            value = getattr(self, f.name)
+            if value is None and f.name in self.OMIT_WHEN_NONE:
+                continue
+            out[f.name] = _plain(value)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any):
+        """The section `raw` describes; the default for each field that is missing or does not fit its type."""
+        raw = raw if isinstance(raw, dict) else {}
+        hints = _hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in raw:
+                continue  # the dataclass default
+            value = _fit(raw[f.name], hints[f.name])
+            if value is not _UNFIT:
+                values[f.name] = value
+        return cls(**values)
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _plain(value):
+    if isinstance(value, Section):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _fit(value, hint):
+    """`value` if it fits the type `hint` (sections and their lists read in turn), else _UNFIT."""
+    if hint is Any:
+        return value
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None if type(None) in typing.get_args(hint) else _UNFIT
+        for arm in typing.get_args(hint):
+            if arm is not type(None) and (fitted := _fit(value, arm)) is not _UNFIT:
+                return fitted
+        return _UNFIT
+    if origin is list or hint is list:
+        if not isinstance(value, list):
+            return _UNFIT
+        (item,) = typing.get_args(hint) or (Any,)
+        fitted = (_fit(v, item) for v in value)
+        return [v for v in fitted if v is not _UNFIT]
+    if origin is dict or hint is dict:
+        return dict(value) if isinstance(value, dict) else _UNFIT
+    if isinstance(hint, type) and issubclass(hint, Section):
+        return hint.from_dict(value) if isinstance(value, dict) else _UNFIT
+    if hint is float:
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else _UNFIT
+    if hint is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _UNFIT
+    return value if isinstance(value, hint) else _UNFIT
+
+
+# --- the sections ------------------------------------------------------------------------------------------------
+
+@dataclass
+class SupervisorInfo(Section):
+    pid: int | None = None
+    """The supervisor's pid."""
+    start_ticks: int | None = None
+    """Its start time in clock ticks since boot: with the pid, it tells the supervisor from a recycled pid."""
+    host: str = ""
+    """The host it runs on."""
+    started: float | None = None
+    """When it started (epoch seconds)."""
+
+
+@dataclass
+class ChildInfo(Section):
+    pid: int | None = None
+    """The trainer's pid (its process group leader)."""
+    start_ticks: int | None = None
+    """Its start time in clock ticks since boot."""
+    attempt: int = 0
+    """Which attempt of the trainer this is (attempt logs are numbered by it)."""
+    started: float | None = None
+    """When it was launched."""
+    log: str = ""
+    """Its attempt log."""
+    command: list[str] = field(default_factory=list)
+    """The command it was launched with."""
+
+
+@dataclass
+class GpuWait(Section):
+    since: float | None = None
+    """When the wait for a GPU began."""
+    devices: list = field(default_factory=list)
+    """What the last poll saw of each GPU (GpuReport.to_dict()["devices"])."""
+
+
+@dataclass
+class InitWait(Section):
+    since: float | None = None
+    """When the wait for the run init.from names began."""
+    checks: int = 0
+    """How many times that run's state.json was read."""
+    run: str = ""
+    """Its name."""
+    run_dir: str = ""
+    """Its run.dir."""
+    root: str = ""
+    """The runs root it was found in."""
+    why: str = ""
+    """What its state says, in words."""
+
+
+@dataclass
+class SpaceWait(Section):
+    since: float | None = None
+    """When the wait for room in scratch began."""
+    needs: int = 0
+    """Bytes a checkpoint needs."""
+    free: int | None = None
+    """Bytes free at the last check (None: not measured)."""
+    path: str = ""
+    """The checkpoint directory whose filesystem is full."""
+    checks: int = 0
+    """How many times the room was checked."""
+
+
+@dataclass
+class Progress(Section):
+    step: int | None = None
+    """The trainer's latest step (metrics.jsonl or its heartbeat, whichever is newer)."""
+    total_steps: int | None = None
+    """The steps the run will make."""
+    loss: float | None = None
+    """The latest training loss."""
+    val_loss: float | None = None
+    """The latest validation loss."""
+    lr: float | None = None
+    """The latest learning rate."""
+    tok_s: float | None = None
+    """Tokens per second of the latest logged steps."""
+    tokens_seen: int | None = None
+    """Tokens trained on so far."""
+    eta_s: float | None = None
+    """Seconds left, at the latest step time."""
+    heartbeat: float | None = None
+    """The mtime of the trainer's heartbeat file."""
+    updated: float | None = None
+    """When the latest train record was logged."""
+
+
+@dataclass
+class LocalCheckpoint(Section):
+    OMIT_WHEN_NONE = ("blocking_s", "fetched")
+
+    step: int | None = None
+    """The newest checkpoint's step in scratch."""
+    time: float | None = None
+    """When it was saved (or fetched)."""
+    path: str | None = None
+    """Where it is."""
+    blocking_s: float | None = None
+    """How long the save stalled the training loop (as the trainer logged it)."""
+    fetched: bool | None = None
+    """True when it was fetched from the remote rather than saved by this run's trainer."""
+
+
+@dataclass
+class RemoteCheckpoint(Section):
+    step: int | None = None
+    """The newest step synced to the remote."""
+    time: float | None = None
+    """When that sync ended."""
+    verified: bool = False
+    """Whether the copy on the remote was verified."""
+    path: str = ""
+    """Where it is on the remote."""
+
+
+@dataclass
+class Sync(Section):
+    OMIT_WHEN_NONE = ("last_ok",)
+
+    state: str = "off"
+    """The sync's state (SyncState)."""
+    since: float | None = None
+    """Since when it is in that state."""
+    error: str | None = None
+    """Why the last sync failed, or the remote is unavailable."""
+    attempts: int = 0
+    """Syncs started by this supervisor."""
+    last_ok: float | None = None
+    """When the last sync succeeded."""
+
+
+@dataclass
+class Staging(Section):
+    OMIT_WHEN_NONE = ("finished",)
+
+    state: str = "not_started"
+    """Staging's state (StagingState)."""
+    path: str | None = None
+    """The staged corpus in scratch."""
+    since: float | None = None
+    """When the latest staging began."""
+    error: str | None = None
+    """Why staging or the fetch failed."""
+    progress: Any = None
+    """What the copy or the fetch is doing, in words (written from its thread)."""
+    finished: float | None = None
+    """When staging last ended well."""
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if self.state == "not_started" and self.progress is None:
+            del out["progress"]  # state.json has "progress" once staging has begun
+        return out
+
+
+@dataclass
+class Restart(Section):
+    time: float | None = None
+    """When the trainer ended."""
+    attempt: int = 0
+    """The attempt that ended."""
+    cause: str = ""
+    """Why it ended (Cause)."""
+    exit: int | None = None
+    """Its exit status."""
+    step: int | None = None
+    """Its last step."""
+    detail: str = ""
+    """What happened, in words."""
+    action: str = ""
+    """What the supervisor did (Action)."""
+    delay_s: float = 0.0
+    """The backoff before the next phase."""
+
+
+@dataclass
+class Outcome(Section):
+    exit: int | None = None
+    """The supervisor's exit status."""
+    phase: str = ""
+    """Its last phase."""
+    time: float | None = None
+    """When it exited."""
+    reason: str = ""
+    """The reason of its last phase."""
+
+
+@dataclass
+class StateJson(Section):
+    """The whole of state.json; every key but "slurm" and "previous_child" is always there."""
+
+    OMIT_WHEN_NONE = ("slurm",)
+
+    version: int = 1
+    """The format's version (STATE_VERSION)."""
+    run: str = ""
+    """run.name."""
+    run_dir: str = ""
+    """The resolved run.dir."""
+    config: str = ""
+    """The config file the supervisor was started with."""
+    phase: str = ""
+    """The supervisor's phase (Phase; "" in a file that lacks it); only Supervisor._go() changes it."""
+    since: float | None = None
+    """When that phase began."""
+    reason: str = ""
+    """Why the run is in that phase, in words."""
+    supervisor: SupervisorInfo = field(default_factory=SupervisorInfo)
+    """The supervisor process."""
+    child: ChildInfo | None = None
+    """The trainer process, while there is one."""
+    devices: list = field(default_factory=list)
+    """The GPUs the trainer runs on."""
+    gpu_wait: GpuWait | None = None
+    """The wait for a GPU, while waiting_gpu."""
+    init_wait: InitWait | None = None
+    """The wait for the run init.from names, while waiting_init."""
+    space_wait: SpaceWait | None = None
+    """The wait for room in scratch, while waiting_space."""
+    progress: Progress = field(default_factory=Progress)
+    """The trainer's progress."""
+    local_checkpoint: LocalCheckpoint | None = None
+    """The newest checkpoint in scratch."""
+    remote_checkpoint: RemoteCheckpoint | None = None
+    """The newest checkpoint synced to the remote."""
+    sync: Sync = field(default_factory=Sync)
+    """The sync to the remote."""
+    staging: Staging = field(default_factory=Staging)
+    """Staging the corpus into scratch, and fetching a checkpoint."""
+    restarts: list[Restart] = field(default_factory=list)
+    """Each end of the trainer that led to another attempt."""
+    no_progress_streak: int = 0
+    """Attempts in a row that saved no newer checkpoint."""
+    overrides: dict = field(default_factory=dict)
+    """Config overrides the supervisor chose (train.micro_batch_size after an OOM...)."""
+    last_error: str | None = None
+    """The latest failure."""
+    last_error_at: float | None = None
+    """When it happened."""
+    last_error_step: int | None = None
+    """At which step."""
+    outcome: Outcome | None = None
+    """How the supervisor ended (None while it runs, or when it was killed)."""
+    updated: float | None = None
+    """When state.json was last written."""
+    slurm: dict | None = None
+    """The Slurm job (daemon/slurm/job.py), inside one."""
