@@ -11,6 +11,7 @@ Every step is a real `minilmd` command, printed before it runs, so the output do
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -77,12 +78,18 @@ def minilmd(*args: str, env: dict | None = None, check: bool = True) -> int:
     return done.returncode
 
 
+def demo_scratch_name(kind: str, root_path: Path) -> str:
+    """One scratch per demo directory (its path's digest in the name): a second clone, or a demo in another
+    directory, never finds this one's scratch in its way."""
+    return f"{kind}-{hashlib.sha256(str(root_path).encode()).hexdigest()[:8]}"
+
+
 def fresh_start(root_path: Path) -> Path:
     """Remove what an earlier demo of this user left (a leftover scratch would let the run resume and finish at
     once), and only that: `root_path` if it is this user's, and the scratch marked for its run directory, never
     another user's demo or another run's scratch. Returns the scratch for this demo: the per-user default on
     /dev/shm, else a directory beside the run."""
-    default = scratchmod.default_path("demo")
+    default = scratchmod.default_path(demo_scratch_name("demo", root_path))
     scratch = default if default.parent.parent.is_dir() else root_path / "scratch"
     if root_path.exists() and os.lstat(root_path).st_uid != os.geteuid():
         sys.exit(f"demo: {root_path} belongs to uid {os.lstat(root_path).st_uid}, not to you: run the demo in a "

@@ -82,7 +82,7 @@ def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3) -> 
     started = time.monotonic()
     demo.main(root, pretrain_steps)
     root_path = Path(root).resolve()
-    default = scratchmod.default_path("demo-sft")
+    default = scratchmod.default_path(demo.demo_scratch_name("demo-sft", root_path))
     scratch = default if default.parent.parent.is_dir() else root_path / "sft-scratch"
     left = scratchmod.remove_own(scratch, root_path / "sft-run")  # an earlier demo-sft's scratch, and only that
     if left:

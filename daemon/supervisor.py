@@ -33,7 +33,7 @@ import time
 import traceback
 from pathlib import Path
 
-from minilmd import names, protocol
+from minilmd import names, protocol, scratch
 from minilmd.config import RunConfig, parse_duration
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
@@ -451,6 +451,8 @@ class Supervisor:
         else:
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
                                                          else ""))
+            if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
+                self.events.emit("scratch", scratch.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
 
     def _finish_preempted(self, sync_problem: str) -> None:
         """Slurm preempted the job: state.json says so first, then `scontrol requeue` (which ends this job). The

@@ -69,6 +69,10 @@ class RunSection:
     run.dir; any other run is refused). Default /dev/shm/minilmd-<uid>/<name>, private to its user (0700)."""
     remote: str = ""
     """Durable storage for checkpoints (an NFS path or an fsspec URL). Empty: no sync."""
+    keep_scratch: bool = False
+    """Keep scratch once the run has finished. By default a finished run removes its scratch (the staged corpus and
+    the local checkpoints, in RAM on /dev/shm) after its last checkpoint is verified on the remote; without a remote,
+    or when the last sync failed, scratch is always kept."""
 
 
 @dataclass

@@ -13,7 +13,8 @@ launch. So:
 
 `problems()` only reads (the config check calls it); `claim()` creates and marks (the supervisor at launch, the
 trainer when it runs on its own); `remove_own()` deletes a scratch only if it is this user's and marked for the given
-run (the demo). Torch-free.
+run (the demo); `give_back()` is the end of a finished run: scratch is RAM on a shared server, so once the remote
+holds the last checkpoint it goes, and it stays when the remote does not. Torch-free.
 """
 from __future__ import annotations
 
@@ -221,3 +222,33 @@ def remove_own(scratch: Path, run_dir: Path) -> str | None:
         return f"{scratch} belongs to the run directory {owner['run_dir']}, not to {run_dir}: left alone"
     shutil.rmtree(scratch)
     return None
+
+
+def tree_bytes(path: Path) -> int:
+    """Disk (or RAM) held by the files under `path`, links not followed (st_blocks, as du counts)."""
+    total = 0
+    for top, dirs, files in os.walk(path, followlinks=False):
+        for name in dirs + files:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_blocks * 512
+            except OSError:
+                pass  # gone meanwhile
+    return total
+
+
+def give_back(scratch: Path, run_dir: Path, run) -> str:
+    """The end of a run that finished with its last checkpoint synced: remove its scratch, unless `run.keep_scratch`
+    or there is no `run.remote` (scratch then holds the only copy). `run` is the config's [run] section. Returns what
+    was done, for the run's events (the reference notes' rule: the /dev/shm copy goes only after the sync succeeded;
+    a failed last sync never reaches here and keeps it)."""
+    if _lstat(scratch) is None:
+        return f"{scratch} is not there any more"
+    if run.keep_scratch:
+        return f"kept {scratch} (run.keep_scratch = true)"
+    if not run.remote:
+        return f"kept {scratch}: it holds the only copy of the checkpoints (no run.remote)"
+    size = tree_bytes(scratch)
+    problem = remove_own(scratch, run_dir)
+    if problem:
+        return f"left {scratch} in place: {problem}"
+    return f"removed {scratch}: {size / 1e6:,.1f} MB freed"

@@ -111,7 +111,9 @@ def write_config(tmp: Path, corpus: tuple[Path, int], name: str = "t", **section
     """A tiny run config; sections={"train": {...}} override the defaults below."""
     prepared, vocab = corpus
     body = {
-        "run": {"name": name, "dir": str(tmp / name / "run"), "scratch": str(tmp / name / "scratch")},
+        # keep_scratch: tests read a finished run's local checkpoints (tests/test_scratch_give_back.py: the default)
+        "run": {"name": name, "dir": str(tmp / name / "run"), "scratch": str(tmp / name / "scratch"),
+                "keep_scratch": True},
         "data": {"prepared": str(prepared), "val_windows": 8},
         "model": {**TINY_MODEL, "vocab_size": vocab},
         "train": {"seq_len": 64, "micro_batch_size": 4, "grad_accum": 2, "lr": 3e-3, "warmup_steps": 2,

@@ -1,0 +1,70 @@
+"""A finished run gives its scratch back: scratch is RAM (/dev/shm) on a shared server, and a finished stage left
+its staged corpus and checkpoints there for good (issue: every stage finishes unattended).
+
+- `minilmd run` to the end with a remote: scratch is removed once the last checkpoint is verified there, and the
+  run's events say how much was freed; the remote keeps the checkpoint.
+- `run.keep_scratch = true`, or no `run.remote` (scratch holds the only copy): scratch stays, and the events say why.
+- `scratch.give_back` never removes a directory that is not marked for this run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minilmd import checkpoint, scratch
+from minilmd.config import RunSection, load_config
+from supervisor_helpers import events, run_supervisor, write_config
+
+
+def _claimed(tmp_path: Path, name: str = "s") -> tuple[Path, Path]:
+    scratch_dir, run_dir = tmp_path / name / "scratch", tmp_path / name / "run"
+    run_dir.mkdir(parents=True)
+    scratch.claim(scratch_dir, run_dir, name, is_default=False)
+    (scratch_dir / "corpus").mkdir()
+    (scratch_dir / "corpus" / "tokens.bin").write_bytes(b"\0" * 300_000)
+    return scratch_dir, run_dir
+
+
+def test_give_back_removes_a_marked_scratch_and_says_what_it_freed(tmp_path):
+    scratch_dir, run_dir = _claimed(tmp_path)
+    said = scratch.give_back(scratch_dir, run_dir, RunSection(remote="/nfs/x"))
+    assert not scratch_dir.exists()
+    assert said.startswith(f"removed {scratch_dir}: ") and said.endswith(" MB freed")
+    assert float(said.split(": ")[1].split(" MB")[0]) >= 0.3  # the 300 kB file at least
+
+
+@pytest.mark.parametrize("run, kept_because", [
+    (RunSection(remote="/nfs/x", keep_scratch=True), "run.keep_scratch = true"),
+    (RunSection(remote=""), "the only copy of the checkpoints (no run.remote)"),
+])
+def test_give_back_keeps_scratch_when_asked_or_when_it_is_the_only_copy(tmp_path, run, kept_because):
+    scratch_dir, run_dir = _claimed(tmp_path)
+    said = scratch.give_back(scratch_dir, run_dir, run)
+    assert (scratch_dir / "corpus" / "tokens.bin").is_file()
+    assert said.startswith(f"kept {scratch_dir}") and kept_because in said
+
+
+def test_give_back_leaves_a_scratch_of_another_run_or_without_marker(tmp_path):
+    scratch_dir, _ = _claimed(tmp_path)
+    said = scratch.give_back(scratch_dir, tmp_path / "another-run", RunSection(remote="/nfs/x"))
+    assert (scratch_dir / "corpus" / "tokens.bin").is_file() and "left" in said and "another-run" in said
+    unmarked = tmp_path / "unmarked"
+    (unmarked / "notes").mkdir(parents=True)
+    said = scratch.give_back(unmarked, tmp_path / "s" / "run", RunSection(remote="/nfs/x"))
+    assert (unmarked / "notes").is_dir() and "left" in said
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_finished_run_removes_its_scratch_after_the_last_sync_unless_kept(tmp_path, corpus, keep):
+    config = write_config(tmp_path, corpus, run={"keep_scratch": keep})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path) == 0
+    said = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "scratch"]
+    assert len(said) == 1, events(cfg.run_dir)[-5:]
+    assert cfg.scratch_dir.exists() == keep
+    assert said[0].startswith(("kept " if keep else "removed ") + str(cfg.scratch_dir))
+    remote = Path(cfg.run.remote)
+    assert checkpoint.read_latest(remote) == "step-00000030"
+    checkpoint.validate(remote / "step-00000030")
