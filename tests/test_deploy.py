@@ -310,7 +310,7 @@ def test_launcher_refuses_what_it_cannot_run_and_says_why(launcher):
 # --- example run config ---------------------------------------------------------------------------------------------
 
 def test_example_config_is_valid_and_is_the_notes_768x8_run():
-    cfg = config_from_dict(tomllib.loads(EXAMPLE.read_text(encoding="utf-8")), str(EXAMPLE), check_paths=False)
+    cfg = config_from_dict(tomllib.loads(EXAMPLE.read_text(encoding="utf-8")), str(EXAMPLE))
     m, t = cfg.model, cfg.train
     assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads, m.vocab_size) == (
         768, 8, 8, 4, 6400)

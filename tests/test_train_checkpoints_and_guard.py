@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import METRICS, RUN_DIR_ENV
 from minilmd.trainer.checkpoint import save as ckpt_io
@@ -34,7 +34,7 @@ def make_trainer(tmp_path: Path, corpus, **train) -> Trainer:
 
 
 def saved_steps(trainer: Trainer) -> list[int]:
-    return [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(trainer.cfg.checkpoint_dir)]
+    return [checkpoint.step_of(p) for p in checkpoint_dirs.list_checkpoints(trainer.cfg.checkpoint_dir)]
 
 
 @pytest.fixture

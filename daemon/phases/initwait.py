@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.checkpoint import list_checkpoints
+from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import RunConfig
 from minilmd.daemon.runstate import now
 from minilmd.init_source import InitSourceError, predecessor, predecessor_outcome

@@ -44,9 +44,10 @@ import torch.distributed as torch_dist
 import torch.nn.functional  # imported early: the model uses it
 
 from minilmd.checkpoint import CheckpointMismatch
-from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, load_config, parse_duration
+from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, parse_duration
 from minilmd.corpus.format import CorpusError
 from minilmd.names import FAULT, RUN_DIR_ENV, step_name
+from minilmd.probes import load_checked
 from minilmd.protocol import (
     EXIT_CONFIG,
     EXIT_CRASH,
@@ -60,7 +61,8 @@ from minilmd.protocol import (
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.batches import growth
-from minilmd.trainer.batches.samplers import Batch, DataError, make_sampler, validation_batches
+from minilmd.trainer.batches.sampler_base import Batch, DataError
+from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop import multinode, tensorboard
 from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
@@ -299,9 +301,7 @@ class Trainer:
     def expectation(self):
         from minilmd.checkpoint import Expectation
 
-        return Expectation(model=self.cfg.model_dict(), data_fingerprint=self.corpus.data_fingerprint,
-                           tokenizer_fingerprint=self.corpus.tokenizer_fingerprint, lora=self.cfg.lora_dict(),
-                           data_ancestors=tuple(self.corpus.earlier_versions))
+        return Expectation.for_corpus(self.cfg, self.corpus.meta)
 
     def checkpoint_roots(self) -> list[Path]:
         roots = [self.cfg.checkpoint_dir]
@@ -313,12 +313,13 @@ class Trainer:
 
     def resume(self) -> None:
         """Load the newest valid checkpoint, if any: rank 0 finds it (and quarantines bad ones), all ranks load."""
-        from minilmd import checkpoint
+        from minilmd.checkpoint_dirs import clean_stale_tmp
+        from minilmd.checkpoint_select import find_latest
 
         found: list[str | None] = [None]
         if self.dist.is_main:
-            checkpoint.clean_stale_tmp(self.cfg.checkpoint_dir)  # debris of a save killed mid-way
-            path = checkpoint.find_latest(self.checkpoint_roots(), self.expectation(), log=print)
+            clean_stale_tmp(self.cfg.checkpoint_dir)  # debris of a save killed mid-way
+            path = find_latest(self.checkpoint_roots(), self.expectation(), log=print)
             found = [str(path) if path else None]
         if self.dist.active:
             torch_dist.broadcast_object_list(found, src=0)
@@ -703,7 +704,7 @@ def run(cfg: RunConfig) -> int:
 def main(config_path: str, overrides: list[str] | None = None) -> int:
     """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status."""
     try:
-        cfg = load_config(config_path, overrides)
+        cfg = load_checked(config_path, overrides)
         if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
             claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
     except (ConfigError, ScratchRefused) as e:

@@ -53,7 +53,7 @@ def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint directory, from a pointer file (ROOT/LATEST, ROOT/BEST: the one it
     names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest."""
-    from minilmd.checkpoint import list_checkpoints, read_latest
+    from minilmd.checkpoint_dirs import list_checkpoints, read_latest
 
     path = Path(path)
     if path.name in (LATEST, BEST) and path.is_file():  # ROOT/BEST: the lowest val loss (early_stop)
