@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minilmd.corpus.chat import ChatTemplate, TurnError, canonical, has_special_text, parse_chat_block
-from minilmd.corpus.prepare.encode import NO_DIGEST, EncodedBlock, digest64, leak_key
+from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key
 from minilmd.protocol import BOS_ID, EOS_ID
 
 ON_LONG = ("cut", "drop")

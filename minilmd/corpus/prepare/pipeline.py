@@ -41,10 +41,10 @@ from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import add_report_meta, check_line_counts, duplicates_of, prepare_summary
 from minilmd.corpus.analysis.scripts import script_matrix
 from minilmd.corpus.format import DATA_FORMATS, FORMAT, open_prepared
+from minilmd.corpus.prepare.block import leak_key as leak_key  # the split rule: part of prepare's interface
+from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, LongEnd, leak_check, write_splits
 from minilmd.corpus.prepare.encode import Encoders, default_workers, done
-from minilmd.corpus.prepare.encode import leak_key as leak_key  # the split rule: part of prepare's interface
-from minilmd.corpus.prepare.encode import split_is_val as split_is_val
 from minilmd.corpus.sources.jsonl import BAD_LINE_POLICIES, InputError, LongLine, Source
 from minilmd.corpus.sources.longdoc import PieceCutter, parse_chunks
 from minilmd.corpus.tokenizer import load_tokenizer
