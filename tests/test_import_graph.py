@@ -7,6 +7,8 @@ more than one module is reported with the import lines that tie it together.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from test_layers import REPO, imports, modules_of
@@ -127,3 +129,13 @@ def test_the_checker_catches_a_function_level_cycle(tmp_path):
     assert "pkg/b.py:2 imports pkg.a" in report and "pkg/a.py:1 imports pkg.b" in report
     (pkg / "b.py").write_text("def g():\n    return 1\n", encoding="utf-8")
     assert cycles(import_graph(module_files({"pkg": pkg}))) == []
+
+
+def test_finding_checkpoints_loads_no_numpy():
+    """`minilmd status` finds checkpoints (and init.from's lineage) through these modules: importing them must not
+    pull in numpy (~100 ms), which only validating a checkpoint's tensors needs."""
+    code = ("import sys\n"
+            "import minilmd.checkpoint_dirs, minilmd.init_source, minilmd.daemon.phases.initwait\n"
+            "print(sorted(m for m in sys.modules if m == 'numpy' or m.startswith('numpy.')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout[-500:], done.stderr[-2000:])
