@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from minilmd import scratch as scratchmod
-from minilmd.checkpoint import read_latest
+from minilmd.checkpoint_dirs import read_latest
 from minilmd.names import TOKENIZER_FILE
 
 DEMO_CONFIG = """\

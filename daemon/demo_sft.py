@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from minilmd import scratch as scratchmod
-from minilmd.checkpoint import read_latest
+from minilmd.checkpoint_dirs import read_latest
 from minilmd.daemon import demo
 from minilmd.daemon.demo import minilmd, say
 from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE

@@ -54,20 +54,16 @@ class Infra:
         return staging.verify_staged(path)
 
     def expectation(self, cfg: RunConfig, staged: Path):
-        from minilmd import checkpoint
+        from minilmd.checkpoint import Expectation
 
-        data_fp = tok_fp = None
-        ancestors: tuple[str, ...] = ()
+        meta = None
         try:
             from minilmd.corpus.format import open_prepared
 
-            corpus = open_prepared(staged)
-            data_fp, tok_fp = corpus.data_fingerprint, corpus.tokenizer_fingerprint
-            ancestors = tuple(corpus.earlier_versions)
+            meta = open_prepared(staged).meta
         except Exception:  # noqa: BLE001 - fingerprints are an extra check; the trainer refuses bad data itself
             pass
-        return checkpoint.Expectation(model=cfg.model_dict(), data_fingerprint=data_fp, tokenizer_fingerprint=tok_fp,
-                                      lora=cfg.lora_dict(), data_ancestors=ancestors)
+        return Expectation.for_corpus(cfg, meta)
 
     def syncer(self, cfg: RunConfig, expected, log):
         from minilmd.daemon.jobs import sync
@@ -75,9 +71,9 @@ class Infra:
         return sync.Syncer(cfg.checkpoint_dir, cfg.run.remote, expected, cfg.sync.keep, log=log)
 
     def prune_local(self, root: Path, keep: int, protect: list[Path], log) -> list[Path]:
-        from minilmd import checkpoint
+        from minilmd.checkpoint_select import prune
 
-        return checkpoint.prune(root, keep, protect=protect, log=log)
+        return prune(root, keep, protect=protect, log=log)
 
     def launch(self, command: list[str], run_dir: Path, attempt: int, devices: str) -> Child:
         return childmod.launch(command, run_dir, attempt, devices)

@@ -1,23 +1,25 @@
 """What `minilmd run` checks before it creates anything, for `--check` and the launch alike; then, at launch, the
 claim of scratch.
 
-`check()` is `load_config` (every value in its range, the paths, the corpus's meta.json against the model, the
-owner of scratch) plus what the supervisor's side measures: whether the corpus and the checkpoints kept between two
-syncs fit in scratch (daemon/jobs/staging.py). Every problem comes at once, in one ConfigError: exit 2, final, so a
-config that `--check` accepts is one that the launch will not refuse. `launch()` checks the same and then makes
-scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir), so that no other run can take it.
+`check()` is `probes.load_checked` (every value in its range, then minilmd/probes.py's: the paths, the corpus's
+meta.json against the model, the owner of scratch, init.from) plus what the supervisor's side measures: whether the
+corpus and the checkpoints kept between two syncs fit in scratch (daemon/jobs/staging.py). Every problem comes at
+once, in one ConfigError: exit 2, final, so a config that `--check` accepts is one that the launch will not refuse.
+`launch()` checks the same and then makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
+so that no other run can take it.
 Torch-free.
 """
 from __future__ import annotations
 
 from minilmd import scratch
-from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon.jobs.staging import run_space_problem
+from minilmd.probes import load_checked
 
 
 def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:
     """The config, validated as the launch would; raises ConfigError with every problem. Creates nothing."""
-    return load_config(config_path, overrides, more_checks=run_space_problem)
+    return load_checked(config_path, overrides, more_checks=run_space_problem)
 
 
 def launch(config_path: str, overrides: list[str] | None = None) -> RunConfig:

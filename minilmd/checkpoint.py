@@ -14,43 +14,40 @@ Protocol of `save`: write into `.tmp-step-XXXXXXXX-<pid>/`, fsync every file, wr
 directory, rename it to `step-XXXXXXXX/`, fsync the root, then replace `LATEST` atomically. A directory without a
 manifest does not exist for any reader here; `LATEST` is for humans and scripts, readers here scan the directories.
 
-This module is torch-free (json, numpy, plain reads; never mmap, since a checkpoint on NFS must not be able to
-kill the reader with SIGBUS): the supervisor validates before it syncs. The writing half (`save`, `load`,
-`AsyncCheckpointer`, RNG states) needs torch and is `minilmd.trainer.checkpoint.save`.
+This module is the format and its validation, torch-free (json, numpy, plain reads; never mmap, since a checkpoint
+on NFS must not be able to kill the reader with SIGBUS): the supervisor validates before it syncs. Finding the
+checkpoints of a root (listing, LATEST, BEST, quarantine, stale temporaries) is minilmd/checkpoint_dirs.py, without
+numpy; resuming and pruning, which validate as they walk a root, are minilmd/checkpoint_select.py. The writing half
+(`save`, `load`, `AsyncCheckpointer`, RNG states) needs torch and is `minilmd.trainer.checkpoint.save`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import shutil
 import struct
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from minilmd.checkpoint_dirs import read_latest
+from minilmd.config import RunConfig, load_config
+from minilmd.corpus.format import corpus_train_tokens, data_fingerprint, earlier_versions, read_meta
 from minilmd.fsio import sha256_file, table_problems
+from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
+from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 from minilmd.names import (
-    BEST,
-    LATEST,
     MANIFEST,
     MODEL_FILE,
     OPTIMIZER_FILE,
     OPTIMIZER_META,
-    QUARANTINE,
-    REASON_FILE,
     TRAINER_STATE,
-    deleting_name,
     is_step_name,
-    quarantine_name,
     step_of,
-    tmp_owner_pid,
 )
-from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -108,30 +105,16 @@ class Expectation:
     """Data fingerprints of the corpus's earlier versions (corpus.earlier_versions): the corpus grew by
     `prepare --append` since the checkpoint, which is still resumable (trainer/batches/growth.py)."""
 
-
-# --- finding -------------------------------------------------------------------------------------------------------
-
-def read_latest(root: str | os.PathLike, pointer: str = LATEST) -> str | None:
-    """The directory name `LATEST` (or another pointer file: BEST) points to, or None when there is none yet."""
-    try:
-        name = (Path(root) / pointer).read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return name or None
-
-
-def read_best(root: str | os.PathLike) -> str | None:
-    """The directory name `BEST` points to (the lowest val loss of an early_stop run), or None."""
-    return read_latest(root, BEST)
-
-
-def list_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """Step directories holding a manifest, oldest first. Temporary and manifest-less ones do not exist here."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if is_step_name(p.name) and (p / MANIFEST).is_file()]
-    return sorted(found, key=step_of)
+    @classmethod
+    def for_corpus(cls, cfg: RunConfig, meta: dict | None = None) -> Expectation:
+        """What the checkpoints of the run `cfg` must match: its model and [lora] sections and, given the meta.json
+        of its prepared corpus (PreparedCorpus.meta, or read_meta's), that corpus's data and tokenizer fingerprints
+        and its earlier versions. Without `meta` the fingerprints are not checked."""
+        if meta is None:
+            return cls(model=cfg.model_dict(), lora=cfg.lora_dict())
+        return cls(model=cfg.model_dict(), data_fingerprint=data_fingerprint(meta),
+                   tokenizer_fingerprint=meta["tokenizer_sha256"], lora=cfg.lora_dict(),
+                   data_ancestors=tuple(earlier_versions(meta)))
 
 
 # --- hashing and safetensors, torch-free ------------------------------------------------------------------------
@@ -358,8 +341,6 @@ def _tensor_problems(ckpt_dir: Path, scans: dict[str, tuple], opt_meta: dict, mo
 
 
 def _expected_shapes(ckpt_dir: Path, model_cfg: dict, lora_cfg: dict | None) -> dict[str, tuple[int, ...]]:
-    from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
-
     try:
         shapes = expected_adapter_shapes(model_cfg, lora_cfg) if lora_cfg else expected_state_shapes(model_cfg)
         return {k: tuple(v) for k, v in shapes.items()}
@@ -476,140 +457,9 @@ def verify_report(path: str | os.PathLike, expected: Expectation | None = None) 
 def expectation_from_config(config_path: str | os.PathLike, log: Callable[[str], None] = print) -> Expectation:
     """What a run config expects of its checkpoints: its model section and, when its prepared corpus can be
     read, the fingerprints of that corpus's data and tokenizer."""
-    from minilmd.config import load_config
-
-    cfg = load_config(config_path, check_paths=False)
-    expected = Expectation(model=cfg.model_dict(), lora=cfg.lora_dict())
+    cfg = load_config(config_path, train_tokens_of=corpus_train_tokens)
     try:
-        from minilmd.corpus.format import data_fingerprint, earlier_versions, read_meta
-
-        meta = read_meta(cfg.data.prepared)
-        expected.data_fingerprint = data_fingerprint(meta)
-        expected.data_ancestors = tuple(earlier_versions(meta))
-        expected.tokenizer_fingerprint = meta["tokenizer_sha256"]
+        return Expectation.for_corpus(cfg, read_meta(cfg.data.prepared))
     except Exception as e:  # noqa: BLE001 - the corpus may be staged elsewhere or gone: check what can be checked
         log(f"note: fingerprints not checked, cannot read data.prepared = {cfg.data.prepared!r}: {e}")
-    return expected
-
-
-# --- finding, quarantining, pruning ------------------------------------------------------------------------------
-
-def quarantine(ckpt_dir: str | os.PathLike, reason: str) -> Path:
-    """Move a bad checkpoint aside to <root>/quarantine/<name>-<time>/ with a reason.txt; nothing is deleted."""
-    ckpt_dir = Path(ckpt_dir)
-    qdir = ckpt_dir.parent / QUARANTINE
-    qdir.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    n = 1
-    while (dest := qdir / quarantine_name(ckpt_dir.name, stamp, n)).exists():
-        n += 1
-    os.rename(ckpt_dir, dest)
-    (dest / REASON_FILE).write_text(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {reason}\n", encoding="utf-8")
-    return dest
-
-
-def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None = None,
-                log: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint that validates, across roots (on equal steps the earlier root, local, wins).
-
-    One that is damaged is logged with its reason, quarantined, and the next older is tried. One that belongs
-    to a different model config, tokenizer or corpus raises CheckpointMismatch: resuming is refused, not
-    replaced by an older checkpoint or a fresh start. None when no root holds a valid checkpoint."""
-    candidates = [(step_of(p), i, p) for i, root in enumerate(roots) for p in list_checkpoints(root)]
-    for _, _, path in sorted(candidates, key=lambda c: (-c[0], c[1])):
-        try:
-            validate(path, expected)
-            return path
-        except CheckpointInvalid as e:
-            if not path.exists():  # pruned by another process meanwhile: not a damaged checkpoint
-                continue
-            dest = quarantine(path, "; ".join(e.problems))
-            log(f"checkpoint {path} is invalid: {'; '.join(e.problems)} -- moved to {dest}, trying an older one")
-    return None
-
-
-_valid_cache: dict[tuple, bool] = {}
-
-
-def _is_valid_cached(path: Path) -> tuple[bool, str]:
-    """Validation for pruning, remembered per manifest identity so that each checkpoint is read once."""
-    try:
-        st = (path / MANIFEST).stat()
-    except FileNotFoundError:
-        return False, f"no {MANIFEST}"
-    key = (str(path.resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
-    if key in _valid_cache:
-        return True, ""
-    try:
-        validate(path)
-    except CheckpointError as e:
-        return False, "; ".join(e.problems)
-    _valid_cache[key] = True
-    return True, ""
-
-
-def prune(root: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = (),
-          log: Callable[[str], None] = print) -> list[Path]:
-    """Keep the newest `keep` (at least 1) valid checkpoints; delete the older ones, except `protect`ed ones and
-    the one BEST names.
-
-    Walks newest first; a damaged checkpoint met before `keep` valid ones were found is quarantined and does not
-    count. So the newest valid checkpoint is never deleted. Returns the deleted directories."""
-    root = Path(root)
-    protected = {Path(p).resolve() for p in protect}
-    best = read_best(root)
-    if best:  # the best checkpoint by val loss stays as long as BEST names it
-        protected.add((root / best).resolve())
-    keep = max(1, keep)
-    kept, deleted = 0, []
-    for path in reversed(list_checkpoints(root)):
-        # The trainer and the supervisor may both prune this root: whatever vanished meanwhile is skipped.
-        if kept < keep:
-            ok, reason = _is_valid_cached(path)
-            if ok:
-                kept += 1
-            elif path.exists():
-                try:
-                    dest = quarantine(path, reason)
-                    log(f"checkpoint {path} is invalid: {reason} -- moved to {dest}")
-                except FileNotFoundError:
-                    pass
-            continue
-        if path.resolve() in protected:
-            continue
-        # Rename first: readers never see a half-deleted directory with its manifest still in place.
-        doomed = root / deleting_name(path.name, os.getpid())
-        try:
-            os.rename(path, doomed)
-        except FileNotFoundError:
-            continue
-        shutil.rmtree(doomed, ignore_errors=True)
-        deleted.append(path)
-    return deleted
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def clean_stale_tmp(root: str | os.PathLike) -> list[Path]:
-    """Remove `.tmp-*` directories left by a writer that died (its pid is gone, or is this process). Returns
-    them. A temp directory of another live process is left alone: only one trainer writes a root at a time."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    removed = []
-    for p in root.iterdir():
-        pid = tmp_owner_pid(p.name)
-        if pid is None or not p.is_dir():
-            continue
-        if pid == os.getpid() or not _pid_alive(pid):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed
+    return Expectation.for_corpus(cfg)

@@ -1,15 +1,16 @@
 """The run config: one TOML file, one dataclass per section, every problem reported at once.
 
-`load_config(path, overrides)` returns a `RunConfig` or raises `ConfigError` listing every problem found (unknown
-sections and keys, wrong types, every number not finite or out of its range (RANGES, one table), a missing budget,
-paths that cannot be used, a prepared corpus whose vocabulary is not model.vocab_size or whose val split is empty,
-a scratch of another run or user (minilmd/scratch.py)). Torch-free: the supervisor, the trainer and
-`minilmd run --check` use it; daemon/preflight.py adds what only the supervisor's side measures (scratch's room).
+`load_config(path, overrides)` returns a `RunConfig` or raises `ConfigError` listing every problem found in the
+values (unknown sections and keys, wrong types, every number not finite or out of its range (RANGES, one table),
+a missing budget, the rules between fields). It reads the TOML file and nothing else: what touches the machine or
+other runs (paths that cannot be used, a prepared corpus whose vocabulary is not model.vocab_size or whose val
+split is empty, a scratch of another run or user, init.from) is minilmd/probes.py's, given as `more_checks`
+(`probes.load_checked` does both). Torch-free: the supervisor, the trainer and `minilmd run --check` use it;
+daemon/preflight.py adds what only the supervisor's side measures (scratch's room).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from minilmd import scratch
-from minilmd.names import CHECKPOINTS, CORPUS_META, RUN_DIR_ENV
+from minilmd.names import CHECKPOINTS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -401,13 +402,18 @@ def parse_overrides(overrides: list[str] | None) -> dict[str, dict[str, Any]]:
 
 
 ExtraCheck = Callable[["RunConfig"], list[str]]
-"""A further check of a built config (what a launch would hit on this machine); its problems join the others."""
+"""A further check of a built config (what a launch would hit on this machine: minilmd/probes.py); its problems join
+the others, after them."""
+TrainTokens = Callable[[str], "int | None"]
+"""The train-split token count of data.prepared, or None (minilmd.corpus.format.corpus_train_tokens reads it from
+meta.json), for the arithmetic of a missing budget."""
 
 
-def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: bool = True,
-                     more_checks: ExtraCheck | None = None) -> RunConfig:
+def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: ExtraCheck | None = None,
+                     train_tokens_of: TrainTokens | None = None) -> RunConfig:
     """Build and validate a RunConfig; raise ConfigError with every problem at once (those of `more_checks` too,
-    which must cope with values that the problems already found say are out of range)."""
+    which must cope with values that the problems already found say are out of range). Only the values are
+    checked here: the paths, the corpus and init.from are minilmd/probes.py's, given as `more_checks`."""
     problems: list[str] = []
     classes = _section_classes()
     cfg = RunConfig(source=source)
@@ -435,9 +441,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: b
             setattr(target, attrs[key], value)
             explicit.add(f"{section}.{key}")
     cfg._explicit = frozenset(explicit)
-    problems += _check_values(cfg)
-    if check_paths:
-        problems += _check_paths(cfg)
+    problems += _check_values(cfg, train_tokens_of)
     if more_checks is not None:
         problems += more_checks(cfg)
     if problems:
@@ -445,9 +449,10 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", check_paths: b
     return cfg
 
 
-def load_config(path: str | os.PathLike, overrides: list[str] | None = None, check_paths: bool = True,
-                more_checks: ExtraCheck | None = None) -> RunConfig:
-    """Read, merge `--set` overrides, validate. Raises ConfigError (every problem) or nothing."""
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None, more_checks: ExtraCheck | None = None,
+                train_tokens_of: TrainTokens | None = None) -> RunConfig:
+    """Read, merge `--set` overrides, validate the values (config_from_dict). Raises ConfigError (every problem) or
+    nothing. minilmd/probes.py's load_checked adds the checks of the paths, the corpus and init.from."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -460,7 +465,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, che
     for section, values in parse_overrides(overrides).items():
         if isinstance(raw.get(section, {}), dict):
             raw.setdefault(section, {}).update(values)
-    return config_from_dict(raw, str(path), check_paths, more_checks)
+    return config_from_dict(raw, str(path), more_checks, train_tokens_of)
 
 
 @dataclass(frozen=True)
@@ -566,7 +571,7 @@ def out_of_range(cfg: RunConfig) -> list[str]:
     return p
 
 
-def _check_values(cfg: RunConfig) -> list[str]:
+def _check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[str]:
     """Names, choices, every number (RANGES) and the rules between fields."""
     p: list[str] = []
     r, d, m, t = cfg.run, cfg.data, cfg.model, cfg.train
@@ -598,7 +603,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
     if t.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if not t.max_steps and not t.max_tokens and not t.max_epochs:
-        p.append(budget_problem(cfg))
+        p.append(budget_problem(cfg, train_tokens_of(d.prepared) if train_tokens_of and d.prepared else None))
     p += _lora_problems(cfg)
     textfile = cfg.log.prometheus_textfile
     if textfile and not textfile.endswith(".prom"):
@@ -628,165 +633,20 @@ def _lora_problems(cfg: RunConfig) -> list[str]:
     return p
 
 
-def _dig(tree: Any, *keys: str) -> Any:
-    """tree[k1][k2]... or None where a level is missing or not a table."""
-    for key in keys:
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return tree
-
-
-def corpus_train_tokens(prepared: str) -> int | None:
-    """Train-split token count from a local prepared corpus's meta.json, or None if it cannot be read."""
-    tokens = _dig(read_corpus_meta(prepared), "splits", "train", "tokens")
-    return tokens if isinstance(tokens, int) else None
-
-
-def budget_problem(cfg: RunConfig) -> str:
-    """The message for a missing budget, with the arithmetic of what 'no limit' would mean."""
+def budget_problem(cfg: RunConfig, train_tokens: int | None = None) -> str:
+    """The message for a missing budget, with the arithmetic of what 'no limit' would mean (an epoch of the corpus
+    when its train tokens are known)."""
     t = cfg.train
     per_step = t.seq_len * t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
     lines = [f"a budget is required: set train.max_steps, train.max_tokens or train.max_epochs. One step trains "
              f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {max(cfg.gpu.count, 1)} GPU(s) = "
              f"{per_step:,} tokens"]
-    tokens = corpus_train_tokens(cfg.data.prepared) if cfg.data.prepared else None
-    if tokens:
-        steps = tokens // per_step if per_step else 0
-        lines.append(f"; one epoch of {cfg.data.prepared} ({tokens:,} train tokens) is {steps:,} steps. "
+    if train_tokens:
+        steps = train_tokens // per_step if per_step else 0
+        lines.append(f"; one epoch of {cfg.data.prepared} ({train_tokens:,} train tokens) is {steps:,} steps. "
                      f"At the reference run's measured 3,700 tok/s that epoch alone takes "
-                     f"{tokens / 3700 / 3600:.1f} h, so an unlimited default would silently mean that")
+                     f"{train_tokens / 3700 / 3600:.1f} h, so an unlimited default would silently mean that")
     else:
         lines.append("; at 3,700 tok/s (measured on a 768x8 model) a 332M-token corpus is ~25 h per epoch, "
                      "so an unlimited default would silently mean days")
     return "".join(lines)
-
-
-def _is_url(s: str) -> bool:
-    return "://" in s
-
-
-def _check_paths(cfg: RunConfig) -> list[str]:
-    p: list[str] = []
-    if cfg.run.dir:
-        p += _check_writable("run.dir", Path(cfg.run.dir))
-    if cfg.run.name or cfg.run.scratch:
-        p += _check_writable("run.scratch", cfg.scratch_dir)
-        if cfg.run.dir:
-            p += scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default)
-    if cfg.data.prepared:
-        if _is_url(cfg.data.prepared):
-            p += _check_protocol("data.prepared", cfg.data.prepared)
-        else:
-            p += _shared_storage_check(_check_prepared_dir, cfg)
-    if cfg.log.prometheus_textfile:
-        p += _check_writable("log.prometheus_textfile", Path(cfg.log.prometheus_textfile).parent)
-    if cfg.init.from_:
-        p += _shared_storage_check(_check_init, cfg)
-    if cfg.run.remote:
-        if _is_url(cfg.run.remote):
-            p += _check_protocol("run.remote", cfg.run.remote)
-        elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
-            p += _shared_storage_check(_check_writable, "run.remote", Path(cfg.run.remote))
-    return p
-
-
-SHARED_STORAGE_PROBE_S = 5.0
-"""How long the config check waits for the corpus source or the remote (NFS) to answer before leaving it to
-staging and sync, which retry and show "remote unavailable" in status."""
-
-
-def _shared_storage_check(check, *args) -> list[str]:
-    """Run a path check on shared storage (NFS) in a thread: a mount that fails (EIO) or stalls is not a config
-    error (the supervisor retries it and shows it in status), so it yields no problem here rather than a
-    traceback or a hang."""
-    import threading
-
-    result: list[list[str]] = []
-
-    def probe():
-        try:
-            result.append(check(*args))
-        except OSError:
-            pass
-
-    worker = threading.Thread(target=probe, daemon=True)
-    worker.start()
-    worker.join(SHARED_STORAGE_PROBE_S)
-    return result[0] if result else []
-
-
-def read_corpus_meta(prepared: str) -> dict | None:
-    """A local prepared corpus's meta.json, or None if it cannot be read."""
-    try:
-        meta = json.loads((Path(prepared) / CORPUS_META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
-
-
-def _check_prepared_dir(cfg: RunConfig) -> list[str]:
-    """The corpus is a prepared one, and what the trainer would refuse in it after staging is said now: a vocabulary
-    other than model.vocab_size (a config error: the config does not match the data), an empty val split.
-    (Ids beyond its own vocabulary are the corpus's fault, a data error, found when the trainer opens it.)"""
-    prepared = cfg.data.prepared
-    if not Path(prepared).is_dir():
-        return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"]
-    if not (Path(prepared) / CORPUS_META).is_file():
-        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"]
-    meta = read_corpus_meta(prepared) or {}
-    p = []
-    vocab = meta.get("vocab_size")
-    if isinstance(vocab, int) and vocab != cfg.model.vocab_size:
-        p.append(f"model.vocab_size = {cfg.model.vocab_size} but the corpus {prepared} was tokenized with a "
-                 f"vocabulary of {vocab} (its {CORPUS_META}): set model.vocab_size = {vocab}, or prepare the corpus "
-                 f"with the tokenizer this model is for")
-    val_tokens, val_docs = _dig(meta, "splits", "val", "tokens"), _dig(meta, "splits", "val", "documents")
-    if isinstance(val_tokens, int) and (val_tokens < 2 or val_docs == 0):
-        fraction = _dig(meta, "split_rule", "val_fraction")
-        p.append(f"data.prepared = {prepared!r}: its val split is empty ({val_docs} documents, {val_tokens} tokens), "
-                 f"so there is no validation loss: prepare it again with a larger --val-fraction"
-                 + (f" (it was {fraction})" if fraction is not None else ""))
-    return p
-
-
-def _check_init(cfg: RunConfig) -> list[str]:
-    """init.from can be used and holds this run's model config; not checked once the run has a checkpoint (in
-    scratch or on a local remote): that run resumes and never reads init.from again. A supervised trainer looks at
-    scratch only (it never touches the remote; staging has fetched the remote's newest checkpoint into scratch)."""
-    from minilmd.checkpoint import list_checkpoints
-    from minilmd.init_source import InitSourceError, model_problems, predecessor, predecessor_outcome
-
-    roots = [cfg.checkpoint_dir]
-    if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
-        roots.append(Path(cfg.run.remote))
-    if any(list_checkpoints(root) for root in roots):
-        return []
-    try:
-        pred = predecessor(cfg.init.from_)
-        if pred is not None and predecessor_outcome(pred)[0] == "waiting":
-            return []  # the supervisor waits for it (waiting_init); its final checkpoint is checked then
-        return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict())]
-    except InitSourceError as e:
-        return [f"init.from = {cfg.init.from_!r}: {e}"]
-
-
-def _check_writable(name: str, path: Path) -> list[str]:
-    """A path is usable if it is a writable directory, or its nearest existing ancestor is one."""
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        return [f"{name} = {str(path)!r}: {probe} is a file, not a directory"]
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return [f"{name} = {str(path)!r}: {probe} is not writable"]
-    return []
-
-
-def _check_protocol(name: str, url: str) -> list[str]:
-    import fsspec  # light; only when a URL is configured
-
-    protocol = url.split("://", 1)[0]
-    if protocol not in fsspec.available_protocols():
-        return [f"{name} = {url!r}: unknown protocol {protocol!r} (fsspec knows: file, memory, sftp, s3, ...)"]
-    return []

@@ -17,8 +17,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.checkpoint_dirs import read_latest
+from minilmd.config import ConfigError, load_config
 from minilmd.fsio import sha256_file
-from minilmd.names import MANIFEST, TRAINER_STATE
+from minilmd.names import MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE
 
 
 class InitSourceError(ValueError):
@@ -47,8 +49,7 @@ class Predecessor:
 def predecessor(spec: str) -> Predecessor | None:
     """The run init.from names, when it names a run's config file (.toml) or run directory (holding run.toml);
     None for a checkpoint, a checkpoint root or a .pth. InitSourceError for a run config that cannot be read."""
-    from minilmd.config import ConfigError, load_config
-    from minilmd.names import RUN_CONFIG_COPY
+    from minilmd.corpus.format import corpus_train_tokens  # numpy: not for every importer (`minilmd status`)
 
     path = Path(spec)
     if path.is_dir() and (path / RUN_CONFIG_COPY).is_file():
@@ -56,7 +57,7 @@ def predecessor(spec: str) -> Predecessor | None:
     elif not (path.is_file() and path.suffix == ".toml"):
         return None
     try:
-        cfg = load_config(path, check_paths=False)
+        cfg = load_config(path, train_tokens_of=corpus_train_tokens)
     except ConfigError as e:
         raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
     remote = cfg.run.remote.removeprefix("file://")
@@ -88,8 +89,6 @@ def predecessor_outcome(pred: Predecessor) -> tuple[str, str]:
 
 def resolve(spec: str) -> InitSource:
     """The source init.from names; raises InitSourceError saying what is wrong."""
-    from minilmd.checkpoint import read_latest
-
     if "://" in spec:
         raise InitSourceError("must be a local path (an NFS mount is one); URLs are not read")
     pred = predecessor(spec)

@@ -13,13 +13,15 @@ import json
 import math
 from pathlib import Path
 
-from minilmd.config import RunConfig, _dig, read_corpus_meta
+from minilmd.config import RunConfig
+from minilmd.corpus.format import meta_value, read_corpus_meta
+from minilmd.init_source import InitSourceError, resolve
 from minilmd.names import TRAINER_STATE
 
 
 def rows_per_epoch(cfg: RunConfig) -> int | None:
     """Windows (packed) or documents (padded, bucketed) of the train split, from a local corpus's meta.json."""
-    split = _dig(read_corpus_meta(cfg.data.prepared) or {}, "splits", "train") or {}
+    split = meta_value(read_corpus_meta(cfg.data.prepared) or {}, "splits", "train") or {}
     if cfg.data.mode == "packed":
         return split["tokens"] // cfg.train.seq_len if isinstance(split.get("tokens"), int) else None
     return split.get("documents") if isinstance(split.get("documents"), int) else None
@@ -42,8 +44,6 @@ def planned_rows(cfg: RunConfig) -> int | None:
 
 def base_rows(cfg: RunConfig) -> tuple[Path, int] | None:
     """(the base checkpoint, the rows its run trained on), for an init.from that is a minilmd checkpoint."""
-    from minilmd.init_source import InitSourceError, resolve
-
     try:
         source = resolve(cfg.init.from_)
         state = json.loads((source.path / TRAINER_STATE).read_text(encoding="utf-8"))

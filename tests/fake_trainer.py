@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
         return protocol.EXIT_CONFIG
     sets = [argv[i + 1] for i in range(2, len(argv) - 1) if argv[i] == "--set"]
     try:
-        cfg = load_config(argv[1], sets, check_paths=False)
+        cfg = load_config(argv[1], sets)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return protocol.EXIT_CONFIG

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from minilmd import checkpoint, names
+from minilmd import checkpoint, checkpoint_dirs, names
 from minilmd.config import load_config
 from minilmd.daemon.runstate import process_environ
 from supervisor_helpers import FAKE_TRAINER, env_for
@@ -36,7 +36,7 @@ class RemoteWatcher(threading.Thread):
 
     def latest(self) -> str | None:
         try:
-            return (self.remote / checkpoint.LATEST).read_text().strip() or None
+            return (self.remote / names.LATEST).read_text().strip() or None
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -120,14 +120,14 @@ def undisturbed_fake_weights(config: Path) -> int:
     out = subprocess.run([sys.executable, str(FAKE_TRAINER), "train", str(alone)], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    newest = checkpoint.list_checkpoints(tmp / "scratch" / "checkpoints")[-1]
+    newest = checkpoint_dirs.list_checkpoints(tmp / "scratch" / "checkpoints")[-1]
     return fake_weights_of(newest)
 
 
 def expectation_for(config: Path) -> checkpoint.Expectation:
     from minilmd.corpus.format import open_prepared
 
-    cfg = load_config(config, check_paths=False)
+    cfg = load_config(config)
     corpus = open_prepared(cfg.data.prepared)
     return checkpoint.Expectation(cfg.model_dict(), corpus.data_fingerprint, corpus.tokenizer_fingerprint)
 

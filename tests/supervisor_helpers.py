@@ -74,7 +74,7 @@ def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = T
 def train_undisturbed(tmp: Path, corpus: Path, **changes) -> Path:
     """Run the real trainer straight through, without a supervisor or a remote; its last checkpoint, to compare
     a disturbed run's final weights against."""
-    from minilmd import checkpoint
+    from minilmd import checkpoint_dirs
     from minilmd.config import load_config
 
     plain = load_config(write_config(tmp, corpus, name="plain", remote=False, **changes))
@@ -82,7 +82,7 @@ def train_undisturbed(tmp: Path, corpus: Path, **changes) -> Path:
     out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", plain.source], env=env_for(fake=False),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return checkpoint.list_checkpoints(plain.checkpoint_dir)[-1]
+    return checkpoint_dirs.list_checkpoints(plain.checkpoint_dir)[-1]
 
 
 def state(run_dir: Path) -> dict:

@@ -10,7 +10,8 @@ import pytest
 
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.trainer.batches.bucketing import BucketedSampler, DocumentRows, PaddedSampler
-from minilmd.trainer.batches.samplers import DataError, make_sampler, validation_batches
+from minilmd.trainer.batches.sampler_base import DataError
+from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 
 
 def chat_like(n_docs: int, seed: int = 0, seq_len: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -163,7 +163,7 @@ def test_long_conversations_are_cut_or_dropped_and_those_without_targets_left_ar
 def test_split_is_by_conversation_and_a_conversation_repeated_keeps_its_split(chat_corpus, chat_tokenizer, tmp_path):
     root, _ = chat_corpus
     from minilmd.corpus.chat import canonical
-    from minilmd.corpus.prepare.encode import split_is_val
+    from minilmd.corpus.prepare.block import split_is_val
 
     conv = [u("重复的问题"), a("重复的回答")]
     in_val = split_is_val(canonical(conv), 0.5)

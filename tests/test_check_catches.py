@@ -100,7 +100,7 @@ def test_each_number_outside_its_range_is_refused(tmp_path, key):
         raw = minimal(tmp_path)
         raw.setdefault(section, {})[name] = value
         with pytest.raises(ConfigError) as err:
-            config_from_dict(raw, check_paths=False)
+            config_from_dict(raw)
         assert any(p.startswith(f"{key} = ") and "must be" in p for p in err.value.problems), (value, err.value)
 
 
@@ -195,7 +195,7 @@ def test_scratch_too_small_for_the_corpus_and_its_checkpoints_is_refused_with_th
 @pytest.mark.slow
 def test_the_checkpoint_estimate_covers_a_real_checkpoint(undisturbed):
     run = undisturbed()
-    cfg = load_config(run.run_dir.parent.parent / "plain.toml", check_paths=False)  # train_undisturbed's config
+    cfg = load_config(run.run_dir.parent.parent / "plain.toml")  # train_undisturbed's config
     real = tree_bytes(run.checkpoint)
     estimate = staging.checkpoint_bytes(cfg, (run.corpus[0] / "tokenizer.json").stat().st_size)
     assert real <= estimate <= real + staging.CHECKPOINT_OVERHEAD + real // 50

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from minilmd import checkpoint as ck
+from minilmd import checkpoint_dirs, checkpoint_select
 from minilmd.model_shapes import expected_state_shapes
+from minilmd.names import QUARANTINE, REASON_FILE
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from weights_helpers import CHECKPOINT_MODEL, make_run, save_run, trainer_state
@@ -39,7 +41,7 @@ def test_save_layout_latest_and_roundtrip(tmp_path):
     model, opt = make_run(3)  # its own: this test steps it further
     path = ckpt_io.save(tmp_path, 3, model.state_dict(), opt.state_dict(), trainer_state(3))
     assert path.name == "step-00000003" and ck.step_of(path) == 3
-    assert ck.read_latest(tmp_path) == "step-00000003"
+    assert checkpoint_dirs.read_latest(tmp_path) == "step-00000003"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
     manifest = json.loads((path / ck.MANIFEST).read_text())
     assert set(manifest["files"]) == set(ck.REQUIRED_FILES)
@@ -70,8 +72,9 @@ def test_validate_is_torch_free(tmp_path, run):
         import sys
         sys.modules["torch"] = None  # any import of torch now fails
         from minilmd import checkpoint as ck
+        from minilmd import checkpoint_dirs
         state = ck.validate({str(path)!r})
-        print("ok", state["step"], ck.list_checkpoints({str(tmp_path)!r})[0].name)
+        print("ok", state["step"], checkpoint_dirs.list_checkpoints({str(tmp_path)!r})[0].name)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -109,7 +112,7 @@ def test_missing_manifest(tmp_path, run):
     path = save_run(tmp_path, 3, *run)
     (path / ck.MANIFEST).unlink()
     assert "no manifest.json" in refused(path)
-    assert ck.list_checkpoints(tmp_path) == []  # a directory without a manifest does not exist for readers
+    assert checkpoint_dirs.list_checkpoints(tmp_path) == []  # a directory without a manifest does not exist for readers
 
 
 def test_corrupt_manifest(tmp_path, run):
@@ -219,29 +222,29 @@ def test_find_latest_falls_back_and_quarantines(tmp_path, run):
     bad = save_run(root, 4)
     flip_byte(bad / ck.MODEL_FILE, 200)
     logs = []
-    assert ck.find_latest([root], expectation(), log=logs.append) == good
+    assert checkpoint_select.find_latest([root], expectation(), log=logs.append) == good
     assert not bad.exists()
-    (qdir,) = (root / ck.QUARANTINE).iterdir()
+    (qdir,) = (root / QUARANTINE).iterdir()
     assert qdir.name.startswith("step-00000004-")
-    assert "model.safetensors: sha256 mismatch" in (qdir / ck.REASON_FILE).read_text()
+    assert "model.safetensors: sha256 mismatch" in (qdir / REASON_FILE).read_text()
     assert "step-00000004" in logs[0] and "sha256 mismatch" in logs[0]
-    assert ck.find_latest([tmp_path / "nothing-here"], expectation()) is None
+    assert checkpoint_select.find_latest([tmp_path / "nothing-here"], expectation()) is None
 
 
 def test_find_latest_across_roots_local_first(tmp_path, run):
     local, remote = tmp_path / "local", tmp_path / "remote"
     save_run(local, 3, *run)
     same_step_remote = save_run(remote, 3, *run)
-    assert ck.find_latest([local, remote], expectation()) == local / "step-00000003"
+    assert checkpoint_select.find_latest([local, remote], expectation()) == local / "step-00000003"
     newer_remote = save_run(remote, 4)
-    assert ck.find_latest([local, remote], expectation()) == newer_remote
+    assert checkpoint_select.find_latest([local, remote], expectation()) == newer_remote
     assert same_step_remote.exists()
 
 
 def test_find_latest_refuses_a_different_run(tmp_path, run):
     path = save_run(tmp_path, 3, *run, data="e" * 64)
     with pytest.raises(ck.CheckpointMismatch) as info:
-        ck.find_latest([tmp_path], expectation(), log=lambda s: None)
+        checkpoint_select.find_latest([tmp_path], expectation(), log=lambda s: None)
     assert info.value.kind == "data" and path.exists()  # refused, not quarantined
 
 
@@ -251,10 +254,10 @@ def test_prune_keeps_the_newest_valid(tmp_path, run):
         ckpt_io.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
     # The optimizer of `run` made 3 steps, so only step 3 is valid: pruning to 1 must keep it, and the damaged
     # newer ones are moved aside (they never count towards `keep`), not deleted.
-    deleted = ck.prune(tmp_path, keep=1, log=lambda s: None)
+    deleted = checkpoint_select.prune(tmp_path, keep=1, log=lambda s: None)
     assert deleted == []
-    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step-00000003"]
-    assert len(list((tmp_path / ck.QUARANTINE).iterdir())) == 3
+    assert [p.name for p in checkpoint_dirs.list_checkpoints(tmp_path)] == ["step-00000003"]
+    assert len(list((tmp_path / QUARANTINE).iterdir())) == 3
 
 
 def test_prune_deletes_beyond_keep_and_respects_protect(tmp_path):
@@ -266,9 +269,9 @@ def test_prune_deletes_beyond_keep_and_respects_protect(tmp_path):
         opt.step()
         opt.zero_grad()
         paths[step] = ckpt_io.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
-    deleted = ck.prune(tmp_path, keep=2, protect=[paths[1]], log=lambda s: None)
+    deleted = checkpoint_select.prune(tmp_path, keep=2, protect=[paths[1]], log=lambda s: None)
     assert sorted(ck.step_of(p) for p in deleted) == [2, 3]
-    assert [ck.step_of(p) for p in ck.list_checkpoints(tmp_path)] == [1, 4, 5]
+    assert [ck.step_of(p) for p in checkpoint_dirs.list_checkpoints(tmp_path)] == [1, 4, 5]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
@@ -281,7 +284,7 @@ def test_clean_stale_tmp(tmp_path):
     for d in (stale, mine, live):
         d.mkdir()
         (d / "model.safetensors").write_bytes(b"x")
-    assert sorted(ck.clean_stale_tmp(tmp_path)) == sorted([stale, mine])
+    assert sorted(checkpoint_dirs.clean_stale_tmp(tmp_path)) == sorted([stale, mine])
     assert live.exists() and not stale.exists()
 
 
@@ -329,7 +332,7 @@ def test_async_checkpointer_snapshots_and_prunes(tmp_path):
     opt.step()
     saver.save(3, model, opt, trainer_state(3))
     saver.wait()
-    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step-00000003"]  # keep=1 pruned step 2
+    assert [p.name for p in checkpoint_dirs.list_checkpoints(tmp_path)] == ["step-00000003"]  # keep=1 pruned step 2
 
 
 SAVER = """
@@ -355,14 +358,14 @@ def test_sigkill_inside_save_leaves_a_usable_root(tmp_path, point):
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     step4 = root / "step-00000004"
     if point == "before_latest":
-        assert ck.read_latest(root) == "step-00000003" and step4.exists()
+        assert checkpoint_dirs.read_latest(root) == "step-00000003" and step4.exists()
         want = step4  # renamed into place: complete, only the pointer is behind
     else:
         assert not step4.exists() and [p.name for p in root.glob(".tmp-step-00000004-*")]
         want = root / "step-00000003"
-    assert ck.find_latest([root], expectation(), log=lambda s: None) == want
+    assert checkpoint_select.find_latest([root], expectation(), log=lambda s: None) == want
     # The next writer cleans the debris of the dead one.
-    ck.clean_stale_tmp(root)
+    checkpoint_dirs.clean_stale_tmp(root)
     assert not list(root.glob(".tmp-*"))
 
 
@@ -407,7 +410,7 @@ def test_two_concurrent_prunes_never_fail(tmp_path):
 
     def prune():
         try:
-            ck.prune(tmp_path, keep=2, log=lambda s: None)
+            checkpoint_select.prune(tmp_path, keep=2, log=lambda s: None)
         except Exception as e:  # noqa: BLE001 - any error of either thread fails the test below
             errors.append(e)
 
@@ -417,8 +420,8 @@ def test_two_concurrent_prunes_never_fail(tmp_path):
     for t in threads:
         t.join()
     assert errors == []
-    assert [ck.step_of(p) for p in ck.list_checkpoints(tmp_path)] == [5, 6]
-    assert not (tmp_path / ck.QUARANTINE).exists()
+    assert [ck.step_of(p) for p in checkpoint_dirs.list_checkpoints(tmp_path)] == [5, 6]
+    assert not (tmp_path / QUARANTINE).exists()
 
 
 def test_verify_with_a_run_config_shows_the_model_difference(tmp_path, run):

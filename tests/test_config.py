@@ -7,10 +7,10 @@ import pytest
 from minilmd.config import (
     ConfigError,
     config_from_dict,
-    load_config,
     parse_duration,
     parse_overrides,
 )
+from minilmd.probes import checked_from_dict, load_checked
 
 
 def minimal(tmp_path, **train):
@@ -25,7 +25,7 @@ def minimal(tmp_path, **train):
 
 
 def test_minimal_config_gets_documented_defaults(tmp_path):
-    cfg = config_from_dict(minimal(tmp_path))
+    cfg = checked_from_dict(minimal(tmp_path))
     assert cfg.model.ffn_size == 2432  # ceil(768 * pi / 64) * 64, MiniMind's rule
     assert cfg.model.head_dim == 96
     assert str(cfg.scratch_dir) == f"/dev/shm/minilmd-{os.geteuid()}/r1"  # per user: names.default_scratch
@@ -40,7 +40,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     raw["gpu"] = {"poll_interval": "soon"}
     raw["model"] = {"hidden_size": 100, "num_attention_heads": 8}
     with pytest.raises(ConfigError) as err:
-        config_from_dict(raw)
+        checked_from_dict(raw)
     text = str(err.value)
     for fragment in ("train.seq_len = 'long'", "unknown key train.bogus", "unknown section [nonsense]",
                      "data.mode = 'pack'", "gpu.poll_interval", "not divisible"):
@@ -52,17 +52,35 @@ def test_missing_budget_shows_the_arithmetic(tmp_path):
     raw = minimal(tmp_path)
     del raw["train"]["max_steps"]
     with pytest.raises(ConfigError) as err:
-        config_from_dict(raw)
+        checked_from_dict(raw)
     msg = str(err.value)
     assert "10,880 tokens" in msg  # 340 x 32 x 1 x 1
     assert "332,495,324 train tokens" in msg and "30,560 steps" in msg
+
+
+def test_the_values_alone_touch_nothing_on_the_machine(tmp_path):
+    """config_from_dict checks the values only: a corpus that is not there, a remote of an unknown protocol are
+    minilmd/probes.py's to find, and a missing budget's message has no corpus to count."""
+    raw = minimal(tmp_path)
+    raw["data"]["prepared"] = str(tmp_path / "missing")
+    raw["run"]["remote"] = "nosuchproto://bucket/x"
+    assert config_from_dict(raw).data.prepared == str(tmp_path / "missing")
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(raw)
+    first, second = err.value.problems
+    assert first.startswith("data.prepared = ") and "no such directory" in first
+    assert second.startswith("run.remote = ") and "unknown protocol" in second
+    del raw["train"]["max_steps"]
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert len(err.value.problems) == 1 and "332M-token corpus" in err.value.problems[0]
 
 
 def test_seq_len_longer_than_the_model_allows(tmp_path):
     raw = minimal(tmp_path, seq_len=4096)
     raw["model"] = {"max_position_embeddings": 2048}
     with pytest.raises(ConfigError, match="larger than model.max_position_embeddings"):
-        config_from_dict(raw)
+        checked_from_dict(raw)
 
 
 def test_paths_that_cannot_be_used(tmp_path):
@@ -73,7 +91,7 @@ def test_paths_that_cannot_be_used(tmp_path):
     blocker.write_text("")
     raw["run"]["scratch"] = str(blocker / "sub")
     with pytest.raises(ConfigError) as err:
-        config_from_dict(raw)
+        checked_from_dict(raw)
     text = str(err.value)
     assert "no such directory" in text
     assert "unknown protocol 'nosuchproto'" in text
@@ -84,7 +102,7 @@ def test_unwritable_run_dir(tmp_path, read_only_dir):
     raw = minimal(tmp_path)
     raw["run"]["dir"] = str(read_only_dir / "run")
     with pytest.raises(ConfigError, match="is not writable"):
-        config_from_dict(raw)
+        checked_from_dict(raw)
 
 
 def test_load_config_with_overrides_and_nothing_created(tmp_path):
@@ -95,7 +113,7 @@ def test_load_config_with_overrides_and_nothing_created(tmp_path):
         f'[data]\nprepared = "{raw["data"]["prepared"]}"\n'
         "[train]\nmax_steps = 10\nmicro_batch_size = 32\n"
     )
-    cfg = load_config(path, ["train.micro_batch_size=16", "train.grad_accum=2",
+    cfg = load_checked(path, ["train.micro_batch_size=16", "train.grad_accum=2",
                              f"data.prepared={raw['data']['prepared']}"])
     assert (cfg.train.micro_batch_size, cfg.train.grad_accum) == (16, 2)
     assert not (tmp_path / "run").exists()
@@ -105,13 +123,13 @@ def test_load_config_with_overrides_and_nothing_created(tmp_path):
 
 def test_load_config_reports_file_problems(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
-        load_config(tmp_path / "nope.toml")
+        load_checked(tmp_path / "nope.toml")
     with pytest.raises(ConfigError, match="is a directory"):
-        load_config(tmp_path)
+        load_checked(tmp_path)
     bad = tmp_path / "bad.toml"
     bad.write_text("[run\nname=")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        load_config(bad)
+        load_checked(bad)
 
 
 @pytest.mark.parametrize("text,seconds", [(90, 90.0), ("90s", 90.0), ("5m", 300.0), ("1.5h", 5400.0), ("250ms", 0.25)])

@@ -102,7 +102,7 @@ def test_cli_and_chinchilla(tmp_path, corpus):
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
     config = write_config(tmp_path, corpus, train={"max_steps": 100})
-    cfg = load_config(config, check_paths=False)
+    cfg = load_config(config)
     params = sum(p.numel() for p in MiniMindForCausalLM(cfg.model).parameters())  # tied head: counted once
     runner = CliRunner()
     res = runner.invoke(app, ["corpus", "report", str(corpus[0]), "--config", str(config), "--json",

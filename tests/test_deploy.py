@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.config import RunConfig, config_from_dict, load_config, toml_key
+from minilmd.config import RunConfig, config_from_dict, toml_key
 from minilmd.model_shapes import expected_state_shapes
+from minilmd.probes import load_checked
 from minilmd.protocol import FINAL_EXIT_STATUSES
 from waiting import wait_until
 
@@ -310,7 +311,7 @@ def test_launcher_refuses_what_it_cannot_run_and_says_why(launcher):
 # --- example run config ---------------------------------------------------------------------------------------------
 
 def test_example_config_is_valid_and_is_the_notes_768x8_run():
-    cfg = config_from_dict(tomllib.loads(EXAMPLE.read_text(encoding="utf-8")), str(EXAMPLE), check_paths=False)
+    cfg = config_from_dict(tomllib.loads(EXAMPLE.read_text(encoding="utf-8")), str(EXAMPLE))
     m, t = cfg.model, cfg.train
     assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads, m.vocab_size) == (
         768, 8, 8, 4, 6400)
@@ -345,8 +346,8 @@ def test_example_config_validates_with_its_placeholders_replaced(tmp_path):
     prepared = tmp_path / "prepared"
     prepared.mkdir()
     (prepared / "meta.json").write_text("{}")
-    cfg = load_config(EXAMPLE, [f'run.dir="{tmp_path / "run"}"', f'run.scratch="{tmp_path / "scratch"}"',
-                                f'run.remote="{tmp_path / "nfs"}"', f'data.prepared="{prepared}"'])
+    cfg = load_checked(EXAMPLE, [f'run.dir="{tmp_path / "run"}"', f'run.scratch="{tmp_path / "scratch"}"',
+                                 f'run.remote="{tmp_path / "nfs"}"', f'data.prepared="{prepared}"'])
     assert cfg.run.name == "pretrain-768x8" and cfg.data.prepared == str(prepared)
 
 

@@ -95,7 +95,7 @@ def test_every_documented_config_key_exists(doc):
         if lang != "toml":
             continue
         try:
-            config_from_dict(tomllib.loads(body), check_paths=False)
+            config_from_dict(tomllib.loads(body))
         except ConfigError as e:
             problems += [p for p in e.problems if p.startswith("unknown")]
     assert not problems, f"{doc.name} names config keys that do not exist: {problems}"

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from minilmd import checkpoint as ck
+from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.daemon.views.fitwatch import warnings
 from minilmd.names import BEST
@@ -58,10 +59,10 @@ def test_a_tiny_corpus_overfits_stops_itself_and_keeps_its_best(tmp_path):
     assert stop["best_step"] == best["step"] and stop["best_val_loss"] == pytest.approx(best["val_loss"], abs=1e-6)
     assert len({r["epoch"] for r in evals}) == len(evals) >= 4  # one validation per epoch's end
     for root in (cfg.checkpoint_dir, cfg.run.remote):
-        name = ck.read_best(root)
+        name = checkpoint_dirs.read_best(root)
         assert name == f"step-{best['step']:08d}", (root, name)
         assert ck.validate(f"{root}/{name}")["early_stop"]["best_step"] == best["step"]
-    assert ck.read_latest(cfg.run.remote) == f"step-{stop['step']:08d}"  # the final sync: the last one too
+    assert checkpoint_dirs.read_latest(cfg.run.remote) == f"step-{stop['step']:08d}"  # the final sync: the last one too
 
     # status warned before the stop: at the validation before it, the records already showed overfitting
     before = [r for r in records if r["step"] <= evals[-2]["step"] and r["kind"] in ("train", "eval")]

@@ -11,6 +11,7 @@ import torch
 
 from minilmd.config import ConfigError, load_config
 from minilmd.daemon import preflight
+from minilmd.probes import load_checked
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.export import export_minimind
 from trainer_corpus import TINY_MODEL, write_config
@@ -50,4 +51,4 @@ def test_a_fresh_run_starts_from_a_checkpoint_root_or_a_pth(tmp_path, corpus):
     with pytest.raises(ConfigError, match=r"model\.hidden_size: source 64, run 128"):
         trainer(write_config(tmp_path, corpus, name="wide-pth", init={"from": str(pth)}, model=wider))
     with pytest.raises(ConfigError, match="no such file or directory"):
-        load_config(write_config(tmp_path, corpus, name="gone", init={"from": str(tmp_path / "nothing")}))
+        load_checked(write_config(tmp_path, corpus, name="gone", init={"from": str(tmp_path / "nothing")}))

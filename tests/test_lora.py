@@ -92,14 +92,14 @@ def test_lora_config_problems_are_reported_together(tmp_path):
            "train": {"max_steps": 1},
            "lora": {"rank": 8, "dropout": 1.0, "alpha": 0, "targets": ["q_proj", "wq", "q_proj"]}}
     with pytest.raises(ConfigError) as e:
-        config_from_dict(raw, check_paths=False)
+        config_from_dict(raw)
     text = str(e.value)
     for fragment in ("lora.dropout = 1.0", "lora.alpha = 0", "'wq' is not a target", "named twice",
                      "init.from is empty"):
         assert fragment in text, text
     raw["lora"] = {"rank": 4, "targets": "q_proj"}
     with pytest.raises(ConfigError, match=r"lora\.targets = 'q_proj': expected a list of str"):
-        config_from_dict(raw, check_paths=False)
+        config_from_dict(raw)
 
 
 def tree_digest(root) -> str:

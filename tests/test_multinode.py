@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from minilmd import checkpoint
+from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV
 from supervisor_helpers import env_for
@@ -68,7 +68,7 @@ def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
 
 
 def final_weights(config: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    newest = checkpoint.list_checkpoints(load_config(config).checkpoint_dir)[-1]
+    newest = checkpoint_dirs.list_checkpoints(load_config(config).checkpoint_dir)[-1]
     return newest, load_file(newest / "model.safetensors")
 
 

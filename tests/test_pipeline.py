@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from minilmd import checkpoint as ck
+from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import MANIFEST, TRAINER_STATE
 from supervisor_helpers import cli, events, start_supervisor, state, wait_for, wait_or_kill, write_config
@@ -26,7 +27,7 @@ def stage(tmp_path, corpus, name: str, before: Path | None = None, **sections) -
 
 def final_checkpoint(config: Path) -> Path:
     remote = Path(load_config(config).run.remote)
-    return remote / ck.read_latest(remote)
+    return remote / checkpoint_dirs.read_latest(remote)
 
 
 def test_pretrain_sft_lora_started_together_each_from_its_predecessors_final_checkpoint(tmp_path, corpus):
@@ -52,7 +53,7 @@ def test_pretrain_sft_lora_started_together_each_from_its_predecessors_final_che
         restarts = state(cfg.run_dir)["restarts"]
         assert restarts and restarts[0]["cause"] in ("killed", "crash"), restarts  # its fault fired and was survived
         sha = hashlib.sha256((source / MANIFEST).read_bytes()).hexdigest()
-        for ckpt in ck.list_checkpoints(cfg.run.remote):
+        for ckpt in checkpoint_dirs.list_checkpoints(cfg.run.remote):
             init = json.loads((ckpt / TRAINER_STATE).read_text())["init"]
             assert (init["manifest_sha256"], init["step"]) == (sha, 6), (config.stem, ckpt, init)
     assert ck.saved_lora(ck.validate(final_checkpoint(lora)))["rank"] == 4
@@ -60,5 +61,5 @@ def test_pretrain_sft_lora_started_together_each_from_its_predecessors_final_che
     shown = cli("status", str(load_config(lora).run_dir), fake=False).stdout
     lineage = next(line for line in shown.splitlines() if "lineage:" in line)
     assert lineage.count(" <- ") == 1 and "sft" in lineage and "pretrain" in lineage, shown
-    failed = state(load_config(after_doomed, check_paths=False).run_dir)
+    failed = state(load_config(after_doomed).run_dir)
     assert failed["phase"] == "failed" and "run doomed failed with exit 79" in failed["last_error"], failed

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
+from minilmd.names import QUARANTINE, REASON_FILE
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import env_for, run_supervisor, state, write_config
 
@@ -56,9 +57,9 @@ def test_a_corrupted_newest_local_checkpoint_is_quarantined_and_the_previous_one
     out = train(config)
     assert "step-00000012 is invalid" in out.stdout and "sha256" in out.stdout, out.stdout[-2000:]
     assert "resumed from" in out.stdout and "step-00000008" in out.stdout
-    quarantined = list((cfg.checkpoint_dir / checkpoint.QUARANTINE).glob("step-00000012*"))
+    quarantined = list((cfg.checkpoint_dir / QUARANTINE).glob("step-00000012*"))
     assert len(quarantined) == 1
-    assert "model.safetensors" in (quarantined[0] / checkpoint.REASON_FILE).read_text()
+    assert "model.safetensors" in (quarantined[0] / REASON_FILE).read_text()
     redone = cfg.checkpoint_dir / "step-00000012"
     checkpoint.validate(redone)
     assert model_sha(redone) == expected_sha  # step 12 again, bit for bit
@@ -78,12 +79,12 @@ def test_a_corrupted_newest_remote_checkpoint_is_quarantined_and_the_previous_on
     damage(remote / "step-00000020" / "model.safetensors")
 
     assert run_supervisor(config, tmp_path, timeout=120) == 0
-    quarantined = list((remote / checkpoint.QUARANTINE).glob("step-00000020*"))
-    assert len(quarantined) == 1 and "sha256" in (quarantined[0] / checkpoint.REASON_FILE).read_text()
+    quarantined = list((remote / QUARANTINE).glob("step-00000020*"))
+    assert len(quarantined) == 1 and "sha256" in (quarantined[0] / REASON_FILE).read_text()
     assert any("step-00000010" in m for m in event_texts(cfg.run_dir, "fetch"))
     assert "resuming at step 10" in (cfg.run_dir / "logs" / "attempt-0001.log").read_text()
     assert state(cfg.run_dir)["restarts"] == []
-    assert checkpoint.read_latest(remote) == "step-00000040"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000040"
     assert fake_weights_of(remote / "step-00000040") == undisturbed_fake_weights(config)
 
 

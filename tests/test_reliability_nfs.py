@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.daemon.jobs.staging import verify_staged
 from minilmd.protocol import SUPERVISOR_GAVE_UP
@@ -77,7 +77,7 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
             sup.kill()
     assert watcher.stop() == [] and watcher.checks > 0
     remote = faultfs.backing / "remote"
-    assert checkpoint.read_latest(remote) == "step-00000150"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000150"
     assert fake_weights_of(remote / "step-00000150") == undisturbed_fake_weights(config)
     assert {h["action"] for h in faultfs.hits()} >= {"stall", "error"}
 
@@ -162,7 +162,7 @@ def test_staging_from_a_source_that_fails_or_shrinks_mid_copy_is_retried(tmp_pat
     assert seen_staged_while_faulty and not any(seen_staged_while_faulty)
     assert any("retrying train/tokens.bin" in m for m in event_texts(cfg.run_dir))
     assert verify_staged(staged) == []
-    assert fake_weights_of(checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]) == undisturbed_fake_weights(config)
+    assert fake_weights_of(checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]) == undisturbed_fake_weights(config)
 
 
 def test_a_source_that_stays_short_is_never_staged_and_the_run_gives_up_clearly(tmp_path, corpus, faultfs):
@@ -204,7 +204,7 @@ def test_a_mapped_staged_file_that_starts_failing_gives_sigbus_then_restaging_an
     st = state(cfg.run_dir)
     assert [(r["cause"], r["action"]) for r in st["restarts"]] == [("sigbus", "restage")]
     assert any(h["path"] == "scratch/corpus/train/tokens.bin" for h in faultfs.hits("error", "read"))
-    assert fake_weights_of(checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]) == undisturbed_fake_weights(config)
+    assert fake_weights_of(checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]) == undisturbed_fake_weights(config)
 
 
 SYNC_FAULTS = [  # (op, glob, action, params): each breaks the sync at another point of its protocol
@@ -246,8 +246,8 @@ def test_a_sync_broken_at_any_point_never_leaves_latest_naming_an_invalid_checkp
         if sup.poll() is None:
             sup.kill()
     assert watcher.stop() == [] and len(watcher.seen) >= len(SYNC_FAULTS)
-    newest = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
-    assert checkpoint.read_latest(faultfs.backing / "remote") == newest.name
+    newest = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
+    assert checkpoint_dirs.read_latest(faultfs.backing / "remote") == newest.name
     assert not list((faultfs.backing / "remote").glob(".tmp-*"))
     failures = [m for m in event_texts(cfg.run_dir, "sync") if m.startswith("sync failed")]
     assert len(failures) >= len(SYNC_FAULTS)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from reliability_helpers import fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import FAKE_TRAINER, run_supervisor, state, write_config
@@ -33,5 +33,5 @@ def test_a_memory_cgroup_oom_kill_is_classified_as_such_and_survived(tmp_path, c
     restarts = state(cfg.run_dir)["restarts"]
     assert [(r["cause"], r["exit"]) for r in restarts] == [("oom_kill", -9)], restarts
     assert "oom_kill" in restarts[0]["detail"] and str(group.path) in restarts[0]["detail"]
-    final = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    final = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
     assert fake_weights_of(final) == undisturbed_fake_weights(config)

@@ -13,7 +13,7 @@ import errno
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from reliability_helpers import event_texts
 from supervisor_helpers import run_supervisor, start_supervisor, state, wait_for, write_config
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # every test runs a supervised run to its end
 
 
 def local_steps(cfg) -> list[int]:
-    return [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(cfg.checkpoint_dir)]
+    return [checkpoint.step_of(p) for p in checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)]
 
 
 def test_without_a_remote_the_supervisor_keeps_the_newest_keep_local(tmp_path, corpus):
@@ -76,5 +76,5 @@ def test_a_checkpoint_being_synced_is_never_pruned_and_a_failing_remote_does_not
         if sup.poll() is None:
             sup.terminate()
             sup.wait(60)
-    assert checkpoint.read_latest(faultfs.backing / "remote") is not None
-    checkpoint.validate(faultfs.backing / "remote" / checkpoint.read_latest(faultfs.backing / "remote"))
+    assert checkpoint_dirs.read_latest(faultfs.backing / "remote") is not None
+    checkpoint.validate(faultfs.backing / "remote" / checkpoint_dirs.read_latest(faultfs.backing / "remote"))

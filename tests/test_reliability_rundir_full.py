@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint, names, protocol
+from minilmd import checkpoint_dirs, names, protocol
 from minilmd.config import load_config
 from minilmd.daemon.runstate import EventLog, RunState, new_state
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
@@ -105,8 +105,8 @@ def test_a_run_dir_that_fills_up_stops_the_run_cleanly_with_a_final_status(tmp_p
     assert after.count(f"run.dir {cfg.run_dir} is full") == 1, after  # said once, not at every write
     assert len(after.splitlines()) < 40, after
     # the last sync ran: the newest checkpoint in scratch is on the remote too
-    newest = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
-    assert checkpoint.read_latest(cfg.run.remote) == newest.name, (newest, after)
+    newest = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
+    assert checkpoint_dirs.read_latest(cfg.run.remote) == newest.name, (newest, after)
     # the reserve made room for the final state: status tells what happened, even with the disk still full
     st = state(cfg.run_dir)
     assert st["phase"] == "failed" and st["outcome"]["exit"] == protocol.SUPERVISOR_RUN_DIR_FULL, st.get("reason")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint, protocol
+from minilmd import checkpoint, checkpoint_dirs, protocol
 from minilmd.config import RestartSection, load_config
 from minilmd.daemon.child.process import Death
 from minilmd.daemon.jobs import staging
@@ -138,7 +138,7 @@ def test_checkpoints_piling_up_behind_a_failing_remote_are_pruned_before_scratch
     try:
         wait_for(lambda: state(cfg.run_dir).get("phase"), 60, "the supervisor to load the config")
         remote.block()
-        first = wait_for(lambda: checkpoint.list_checkpoints(cfg.checkpoint_dir) or sup.poll() is not None, 60,
+        first = wait_for(lambda: checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir) or sup.poll() is not None, 60,
                          "a first checkpoint")
         assert first is not True, (tmp_path / "sup.out").read_text()[-3000:]
         fill_leaving(disk, int(3.5 * ckpt_bytes(first[0])))  # room for three and a half checkpoints
@@ -153,9 +153,9 @@ def test_checkpoints_piling_up_behind_a_failing_remote_are_pruned_before_scratch
     assert st["restarts"] == [] and st["no_progress_streak"] == 0, st["restarts"]
     assert [e["cause"] for e in events(cfg.run_dir) if e["event"] == "child_exit"] == ["done"]
     assert any("no room for the next" in m for m in event_texts(cfg.run_dir, "prune")), event_texts(cfg.run_dir)
-    final = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    final = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
     assert final.name == "step-00000060" and fake_weights_of(final) == undisturbed_fake_weights(config)
-    assert checkpoint.read_latest(remote.path) == "step-00000060"
+    assert checkpoint_dirs.read_latest(remote.path) == "step-00000060"
 
 
 @pytest.mark.slow
@@ -184,7 +184,7 @@ def test_when_nothing_can_be_pruned_the_run_waits_for_space_says_so_and_then_fin
         assert st["phase"] == "waiting_space" and st["restarts"] == [] and st["no_progress_streak"] == 0
         text = cli("status", str(cfg.run_dir)).stdout
         assert "scratch full: waiting for space (needs " in text and " MB free in " in text, text
-        assert [p.name for p in checkpoint.list_checkpoints(cfg.checkpoint_dir)] == ["step-00000004"]
+        assert [p.name for p in checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)] == ["step-00000004"]
         checkpoint.validate(cfg.checkpoint_dir / "step-00000004")
         assert not list(cfg.checkpoint_dir.glob(".tmp-*"))  # the refused save wrote nothing
         log = (cfg.run_dir / "logs" / "attempt-0001.log").read_text()
@@ -199,6 +199,6 @@ def test_when_nothing_can_be_pruned_the_run_waits_for_space_says_so_and_then_fin
     assert st["restarts"] == []
     assert [e["cause"] for e in events(cfg.run_dir) if e["event"] == "child_exit"] == ["scratch_full", "done"]
     assert any("space_freed" == e.get("transition") for e in events(cfg.run_dir))
-    final = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    final = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
     assert final.name == "step-00000016" and model_sha(final) == model_sha(straight.checkpoint)
-    assert checkpoint.read_latest(remote.path) == "step-00000016"
+    assert checkpoint_dirs.read_latest(remote.path) == "step-00000016"

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.daemon.jobs.staging import verify_staged
 from reliability_helpers import (
@@ -93,7 +93,7 @@ def test_supervisor_killed_while_staging_training_and_syncing_finishes_identical
     assert not list(cfg.scratch_dir.glob(".tmp-corpus-*")) and verify_staged(cfg.scratch_dir / "corpus") == []
     remote = faultfs.backing / "remote"
     assert not list(remote.glob(".tmp-*"))
-    assert checkpoint.read_latest(remote) == "step-00000120"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000120"
     assert fake_weights_of(remote / "step-00000120") == undisturbed_fake_weights(config)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.daemon.jobs import staging
 from minilmd.protocol import SUPERVISOR_CONFIG
@@ -57,7 +57,7 @@ def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_rec
         with open(filler, "wb") as f:  # room for one checkpoint and a half
             f.write(b"\0" * (st.f_bavail * st.f_frsize - int(1.5 * ckpt_bytes)))
         wait_for(lambda: state(cfg.run_dir).get("phase") == "waiting_space", 120, "the wait for space")
-        first = checkpoint.list_checkpoints(cfg.checkpoint_dir)
+        first = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)
         assert [p.name for p in first] == ["step-00000004"]
         checkpoint.validate(first[0])  # the previous checkpoint is intact
         filler.unlink()
@@ -70,6 +70,6 @@ def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_rec
     assert [e["cause"] for e in events(cfg.run_dir) if "cause" in e] == ["scratch_full", "done"]
     assert "No space left on device" in (cfg.run_dir / "logs" / "attempt-0001.log").read_text()
     assert "resumed from" in (cfg.run_dir / "logs" / "attempt-0002.log").read_text()
-    final = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    final = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
     assert final.name == "step-00000016" and model_sha(final) == model_sha(straight.checkpoint)
     assert not list(cfg.checkpoint_dir.glob(".tmp-*"))

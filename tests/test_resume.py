@@ -26,8 +26,9 @@ import torch
 from safetensors.torch import load_file
 
 from minilmd import checkpoint as ck
+from minilmd import checkpoint_dirs, checkpoint_select
 from minilmd.config import load_config
-from minilmd.names import FAULT_ENV, HEARTBEAT, METRICS
+from minilmd.names import FAULT_ENV, HEARTBEAT, METRICS, QUARANTINE
 from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_DONE
 from supervisor_helpers import BASELINE, write_config
 from trainer_corpus import ONE_LAYER_MODEL, synthetic_prepared
@@ -100,8 +101,8 @@ def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, undisturbed, mo
         code, out = attempt(killed, **env)
         assert code == -signal.SIGKILL, f"attempt {i} ({env}) was not killed:\n{out}"
         if "before_latest" in env.get(ck.KILL_ENV, ""):
-            assert ck.read_latest(ckpt_dir) == "step-00000008" and (ckpt_dir / "step-00000012").is_dir()
-        assert ck.find_latest([ckpt_dir], log=lambda s: None).name == resume_from, f"after attempt {i}"
+            assert checkpoint_dirs.read_latest(ckpt_dir) == "step-00000008" and (ckpt_dir / "step-00000012").is_dir()
+        assert checkpoint_select.find_latest([ckpt_dir], log=lambda s: None).name == resume_from, f"after attempt {i}"
     seed = random.randrange(1 << 30)
     if mode == "packed":
         code, out, target = kill_at_random(killed, random.Random(seed))
@@ -128,7 +129,7 @@ def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, undisturbed, mo
         assert losses == reference[step], f"{mode}: step {step} logged {losses}, uninterrupted {reference[step]}"
     # The debris of the killed saves is gone and nothing had to be quarantined: the protocol never left a
     # half-written checkpoint under a final name.
-    assert not list(ckpt_dir.glob(".tmp-*")) and not (ckpt_dir / ck.QUARANTINE).exists()
+    assert not list(ckpt_dir.glob(".tmp-*")) and not (ckpt_dir / QUARANTINE).exists()
 
 
 def test_resume_with_another_model_or_corpus_is_refused(tmp_path, corpus, undisturbed):
@@ -149,4 +150,4 @@ def test_resume_with_another_model_or_corpus_is_refused(tmp_path, corpus, undist
     code, out = attempt(moved)
     assert code == EXIT_DATA, out
     assert "data fingerprint differs" in out
-    assert ckpt.is_dir() and not (ckpt.parent / ck.QUARANTINE).exists()  # refused, nothing moved or lost
+    assert ckpt.is_dir() and not (ckpt.parent / QUARANTINE).exists()  # refused, nothing moved or lost

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from minilmd import checkpoint as ck
+from minilmd import checkpoint_dirs, checkpoint_select
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DONE
 from test_resume import attempt, heartbeat_step, losses_by_step, start
@@ -61,7 +62,7 @@ def test_bucketed_sft_killed_anywhere_resumes_bit_identical(tmp_path, chat_corpu
     code, out = attempt(killed, **{ck.KILL_ENV: "after_model@8"})  # inside the save of step 8
     assert code == -signal.SIGKILL, out
     ckpt_dir = load_config(killed).checkpoint_dir
-    assert ck.find_latest([ckpt_dir], log=lambda s: None).name == "step-00000004"
+    assert checkpoint_select.find_latest([ckpt_dir], log=lambda s: None).name == "step-00000004"
     shutil.rmtree(doomed)  # the init source is gone: the run must not need it any more
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -87,7 +88,7 @@ def test_bucketed_sft_killed_anywhere_resumes_bit_identical(tmp_path, chat_corpu
         diff = [k for k in ta if not torch.equal(ta[k], tb[k])]
         assert ta.keys() == tb.keys() and not diff, f"{name} differs in {diff[:5]} (random kill seed {seed})"
     assert losses_by_step(run_dir) == losses_by_step(load_config(straight).run_dir)
-    states = [json.loads((d / ck.TRAINER_STATE).read_text()) for d in ck.list_checkpoints(ckpt_dir)]
+    states = [json.loads((d / ck.TRAINER_STATE).read_text()) for d in checkpoint_dirs.list_checkpoints(ckpt_dir)]
     assert len(states) == 2 and states[-1]["step"] == steps and states[0]["step"] >= 8
     want = json.loads((a / ck.TRAINER_STATE).read_text())["init"]
     assert want["manifest_sha256"] == ck.sha256_file(source / ck.MANIFEST) and want["step"] == 2

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import slurm_cluster
-from minilmd import checkpoint
+from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from supervisor_helpers import cli, env_for, events, state, wait_for
 
@@ -149,6 +149,6 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
     assert any(str(node_scratch) in m for m in fetched), fetched
     assert not node_scratch.exists()  # removed at the end, the remote holding the last checkpoint
     remote = Path(cfg.run.remote)
-    assert checkpoint.read_latest(remote) == "step-00000016"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000016"
     assert model_sha(remote / "step-00000016") == model_sha(straight.checkpoint)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG, SUPERVISOR_GAVE_UP
 from reliability_helpers import fake_weights_of
@@ -36,7 +36,7 @@ from supervisor_helpers import (
 
 
 def final_weights(config: Path) -> int:
-    return fake_weights_of(checkpoint.list_checkpoints(load_config(config).checkpoint_dir)[-1])
+    return fake_weights_of(checkpoint_dirs.list_checkpoints(load_config(config).checkpoint_dir)[-1])
 
 
 @pytest.mark.slow
@@ -54,7 +54,7 @@ def test_full_run_from_waiting_to_done_leaves_a_valid_remote_latest(tmp_path, co
     assert st["phase"] == "done" and st["outcome"]["exit"] == 0 and st["restarts"] == []
     assert st["progress"]["step"] == 30 and st["progress"]["total_steps"] == 30
     remote = Path(cfg.run.remote)
-    assert checkpoint.read_latest(remote) == "step-00000030"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000030"
     checkpoint.validate(remote / "step-00000030")
     assert st["remote_checkpoint"]["step"] == 30 and st["remote_checkpoint"]["verified"]
     assert final_weights(config) == fake_undisturbed_weights
@@ -166,9 +166,9 @@ def test_stop_leaves_a_synced_checkpoint(tmp_path, corpus):
     assert proc.wait(10) == 0
     st = state(cfg.run_dir)
     assert st["phase"] == "done" and st["outcome"]["exit"] == 0
-    newest = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    newest = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
     assert checkpoint.step_of(newest) >= 5
-    assert checkpoint.read_latest(cfg.run.remote) == newest.name
+    assert checkpoint_dirs.read_latest(cfg.run.remote) == newest.name
     checkpoint.validate(Path(cfg.run.remote) / newest.name)
     assert f"remote checkpoint step {checkpoint.step_of(newest)} (verified)" in out.stdout
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from supervisor_helpers import (
     cli,
@@ -50,7 +50,7 @@ def test_a_real_sigbus_is_survived_with_identical_weights_and_a_valid_remote(tmp
     st = state(cfg.run_dir)
     assert [(r["cause"], r["exit"]) for r in st["restarts"]] == [("sigbus", -signal.SIGBUS)]
     remote = Path(cfg.run.remote)
-    assert checkpoint.read_latest(remote) == "step-00000016"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000016"
     checkpoint.validate(remote / "step-00000016", expectation(config))
     assert model_sha(remote / "step-00000016") == model_sha(straight.checkpoint)
 
@@ -62,7 +62,7 @@ def test_a_real_cuda_oom_halves_the_micro_batch(tmp_path, corpus):
     st = state(cfg.run_dir)
     assert [r["cause"] for r in st["restarts"]] == ["cuda_oom"]
     assert st["overrides"] == {"train.micro_batch_size": 2, "train.grad_accum": 2}
-    final = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
+    final = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
     saved = json.loads((final / "trainer_state.json").read_text())["config"]["train"]
     assert (saved["micro_batch_size"], saved["grad_accum"]) == (2, 2)
     second = (cfg.run_dir / "logs" / "attempt-0002.log").read_text()
@@ -100,8 +100,8 @@ def test_a_killed_supervisor_and_its_orphan_then_stop_leaves_a_synced_checkpoint
     finally:
         if second.poll() is None:
             second.kill()
-    newest = checkpoint.list_checkpoints(cfg.checkpoint_dir)[-1]
-    assert checkpoint.read_latest(cfg.run.remote) == newest.name
+    newest = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
+    assert checkpoint_dirs.read_latest(cfg.run.remote) == newest.name
     checkpoint.validate(Path(cfg.run.remote) / newest.name, expectation(config))
     # the orphan saved on SIGTERM, and the second trainer resumed from that save
     second_log = (cfg.run_dir / "logs" / "attempt-0002.log").read_text()

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from minilmd import checkpoint as ck
+from minilmd import checkpoint_dirs
 from minilmd.config import RunConfig
 from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.names import QUARANTINE
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from waiting import wait_until
@@ -68,7 +70,7 @@ def test_sync_copies_verifies_and_points_latest(dirs, weights):
     assert (result.step, result.copied, result.verified) == (10, True, True)
     assert result.path == f"{remote}/step-00000010" and result.bytes > 0
     assert ck.validate(remote / "step-00000010", EXPECTED)["step"] == 10
-    assert ck.read_latest(remote) == "step-00000010"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
     assert names(remote) == ["LATEST", "step-00000010"]  # no temp names left
     assert any("copied" in m and "verified" in m for m in logs)
 
@@ -83,7 +85,7 @@ def test_newer_checkpoints_are_synced_and_retention_keeps_n(dirs, weights):
         save(local, step, weights)
         assert syncer.sync_newest().step == step
     assert names(remote) == ["LATEST", "step-00000020", "step-00000030"]
-    assert ck.read_latest(remote) == "step-00000030"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000030"
 
 
 def test_invalid_newest_local_checkpoint_is_not_synced(dirs, weights):
@@ -94,7 +96,7 @@ def test_invalid_newest_local_checkpoint_is_not_synced(dirs, weights):
     logs = []
     result = Syncer(local, str(remote), EXPECTED, log=logs.append).sync_newest()
     assert result.step == 10
-    assert ck.read_latest(remote) == "step-00000010"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
     assert not (remote / "step-00000020").exists() and not (remote / "step-00000030").exists()
     assert any("step-00000020" in m and "sha256" in m for m in logs)
     assert any("step-00000030" in m and "data fingerprint" in m for m in logs)
@@ -133,7 +135,7 @@ def test_damaged_remote_copy_is_replaced(dirs, weights):
     os.truncate(remote / "step-00000010" / ck.OPTIMIZER_FILE, 10)
     result = syncer.sync_newest()
     assert result.copied and ck.validate(remote / "step-00000010", EXPECTED)
-    assert len(list((remote / ck.QUARANTINE).iterdir())) == 1
+    assert len(list((remote / QUARANTINE).iterdir())) == 1
 
 
 def test_unusable_remote_raises_sync_error(dirs, weights):
@@ -169,11 +171,11 @@ def test_sync_killed_half_way_never_moves_latest_to_an_invalid_checkpoint(dirs, 
     save(local, 20, weights)
     proc = subprocess.run([sys.executable, "-c", KILL_MID_SYNC, str(local), str(remote), str(kill_at_put)])
     assert proc.returncode == -9
-    assert ck.read_latest(remote) == "step-00000010"
-    assert ck.list_checkpoints(remote) == [remote / "step-00000010"]
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
+    assert checkpoint_dirs.list_checkpoints(remote) == [remote / "step-00000010"]
     assert any(n.startswith(".tmp-step-00000020") for n in names(remote))
     result = Syncer(local, str(remote), EXPECTED).sync_newest()
-    assert result.step == 20 and ck.read_latest(remote) == "step-00000020"
+    assert result.step == 20 and checkpoint_dirs.read_latest(remote) == "step-00000020"
     assert names(remote) == ["LATEST", "step-00000010", "step-00000020"]
 
 
@@ -190,9 +192,9 @@ def test_fetch_latest_skips_and_quarantines_a_corrupt_remote_checkpoint(dirs, we
     fetched = Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest()
     assert fetched == local / "step-00000010"
     assert ck.validate(fetched, EXPECTED)["step"] == 10
-    assert ck.read_latest(local) == "step-00000010"
-    assert not (remote / "step-00000020").exists() and len(list((remote / ck.QUARANTINE).iterdir())) == 1
-    assert ck.read_latest(remote) == "step-00000010"  # LATEST names only what validates
+    assert checkpoint_dirs.read_latest(local) == "step-00000010"
+    assert not (remote / "step-00000020").exists() and len(list((remote / QUARANTINE).iterdir())) == 1
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"  # LATEST names only what validates
     assert any("invalid" in m and "sha256" in m for m in logs)
     assert [n for n in names(local) if n.startswith(".tmp")] == []
 
@@ -200,7 +202,7 @@ def test_fetch_latest_skips_and_quarantines_a_corrupt_remote_checkpoint(dirs, we
 def test_fetch_from_an_empty_remote(dirs):
     local, remote = dirs
     assert Syncer(local, str(remote)).fetch_latest() is None
-    assert ck.read_latest(remote) is None
+    assert checkpoint_dirs.read_latest(remote) is None
 
 
 def test_memory_remote_sync_fetch_and_manifest_last(tmp_path, weights):
@@ -237,14 +239,14 @@ def test_a_rename_or_latest_replacement_that_silently_does_nothing_is_an_error(d
         m.setattr(sync._Remote, "rename_dir", lambda self, src, dst: None)  # a dropped rename (flaky NFS)
         with pytest.raises(SyncError, match="did not take effect"):
             Syncer(local, str(remote), EXPECTED).sync_newest()
-    assert ck.read_latest(remote) == "step-00000010"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
     with monkeypatch.context() as m:
         m.setattr(sync._Remote, "write_latest", lambda self, name: None)
         with pytest.raises(SyncError, match="does not read back as step-00000020"):
             Syncer(local, str(remote), EXPECTED).sync_newest()
-    assert ck.read_latest(remote) == "step-00000010"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
     result = Syncer(local, str(remote), EXPECTED).sync_newest()  # the copy is there already: only LATEST moves
-    assert (result.step, ck.read_latest(remote)) == (20, "step-00000020")
+    assert (result.step, checkpoint_dirs.read_latest(remote)) == (20, "step-00000020")
 
 
 def test_latest_never_moves_back_past_a_newer_intact_checkpoint(dirs, weights, monkeypatch):
@@ -298,11 +300,11 @@ def test_faulty_remote_never_gets_a_latest_naming_an_invalid_checkpoint(faultfs,
     with pytest.raises(SyncError, match=expected_error[1]):
         syncer.sync_newest()
     assert faultfs.hits()
-    assert ck.read_latest(remote) == "step-00000010"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
     ck.validate(remote / "step-00000010", EXPECTED)
     faultfs.clear()
     assert syncer.sync_newest().step == 20
-    assert ck.read_latest(remote) == "step-00000020"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000020"
     ck.validate(remote / "step-00000020", EXPECTED)
     assert [n for n in names(remote) if n.startswith(".")] == []
 
@@ -324,12 +326,12 @@ def test_sync_killed_while_the_remote_stalls(faultfs, weights, tmp_path):
         wait_until(lambda: faultfs.hits("stall") or proc.poll() is not None, 20, "the sync to reach the stall",
                    interval=0.05)
         assert faultfs.hits("stall"), "the sync never reached the stalled write"
-        assert ck.read_latest(remote) == "step-00000010"  # a stalled remote is behind, never wrong
+        assert checkpoint_dirs.read_latest(remote) == "step-00000010"  # a stalled remote is behind, never wrong
     finally:
         proc.kill()
         faultfs.clear()
         proc.wait(timeout=30)
-    assert ck.read_latest(remote) == "step-00000010"
+    assert checkpoint_dirs.read_latest(remote) == "step-00000010"
     result = Syncer(local, str(remote), EXPECTED).sync_newest()
-    assert result.step == 20 and ck.read_latest(remote) == "step-00000020"
+    assert result.step == 20 and checkpoint_dirs.read_latest(remote) == "step-00000020"
     assert [n for n in names(remote) if n.startswith(".")] == []

@@ -16,7 +16,7 @@ from minilmd.trainer.loop.metrics import MetricsLog
 def config(tmp_path, **log):
     raw = {"run": {"name": "t", "dir": str(tmp_path / "run")}, "data": {"prepared": str(tmp_path / "p")},
            "train": {"max_steps": 4}, "log": log}
-    return config_from_dict(raw, check_paths=False)
+    return config_from_dict(raw)
 
 
 def test_the_log_section_is_checked_like_the_others(tmp_path):

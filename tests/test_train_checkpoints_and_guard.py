@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint
+from minilmd import checkpoint, checkpoint_dirs, checkpoint_select
 from minilmd.config import load_config
 from minilmd.names import METRICS, RUN_DIR_ENV
 from minilmd.trainer.checkpoint import save as ckpt_io
@@ -34,15 +34,17 @@ def make_trainer(tmp_path: Path, corpus, **train) -> Trainer:
 
 
 def saved_steps(trainer: Trainer) -> list[int]:
-    return [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(trainer.cfg.checkpoint_dir)]
+    return [checkpoint.step_of(p) for p in checkpoint_dirs.list_checkpoints(trainer.cfg.checkpoint_dir)]
 
 
 @pytest.fixture
 def spies(monkeypatch):
-    """Spies on the pruning the checkpointer calls and on every checkpoint validation (prune validates)."""
+    """Spies on the pruning the checkpointer calls and on every checkpoint validation (prune validates, through
+    checkpoint_select's name for it)."""
     prune, validate = Spy(ckpt_io.prune), Spy(checkpoint.validate)
     monkeypatch.setattr(ckpt_io, "prune", prune)
     monkeypatch.setattr(checkpoint, "validate", validate)
+    monkeypatch.setattr(checkpoint_select, "validate", validate)
     return prune, validate
 
 

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 import psutil
 
 from minilmd import scratch as scratchmod
-from minilmd.config import RunConfig, out_of_range, parse_duration, read_corpus_meta
+from minilmd.config import RunConfig, out_of_range, parse_duration
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
@@ -81,23 +81,13 @@ def _mb(n: float) -> str:
 
 
 def _listed_files(meta: dict, where: str) -> dict[str, dict]:
-    """meta["files"] checked for shape and for paths that stay inside the corpus directory."""
-    from minilmd.corpus.format import FORMAT as CORPUS_FORMAT  # numpy: not in the supervisor before it stages
+    """meta["files"], checked by the prepared-corpus format (minilmd/corpus/format.py); SourceInvalid if bad."""
+    from minilmd.corpus.format import CorpusError, listed_files  # numpy: not in the supervisor before it stages
 
-    if meta.get("format") != CORPUS_FORMAT:
-        raise SourceInvalid(f"{where}: meta.json has format {meta.get('format')!r}, expected {CORPUS_FORMAT!r} "
-                            f"(is this the output of `minilmd prepare`?)")
-    files = meta.get("files")
-    if not isinstance(files, dict) or not files:
-        raise SourceInvalid(f"{where}: meta.json lists no files (key \"files\")")
-    for rel, entry in files.items():
-        p = PurePosixPath(rel)
-        if p.is_absolute() or ".." in p.parts or rel == META:
-            raise SourceInvalid(f"{where}: meta.json lists an unsafe file name {rel!r}")
-        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
-                and isinstance(entry.get("sha256"), str)):
-            raise SourceInvalid(f"{where}: meta.json entry for {rel!r} needs an integer size and a sha256")
-    return files
+    try:
+        return listed_files(meta, where)
+    except CorpusError as e:
+        raise SourceInvalid(str(e)) from None
 
 
 def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
@@ -302,6 +292,8 @@ def _bytes_under(root: Path) -> int:
 def run_space_need(cfg: RunConfig) -> SpaceNeed | None:
     """What the run needs in scratch: the corpus (every file meta.json lists) and the checkpoints kept between two
     syncs. None when it cannot be known before staging (a corpus behind a URL, an unreadable meta.json)."""
+    from minilmd.corpus.format import read_corpus_meta
+
     meta = read_corpus_meta(cfg.data.prepared) if "://" not in cfg.data.prepared else None
     files = meta.get("files") if meta else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int)
@@ -343,6 +335,8 @@ def _open_source(source: str):
 
 
 def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
+    from minilmd.corpus.format import CorpusError, parse_meta
+
     try:
         raw = fs.cat_file(f"{root}/{META}")
     except FileNotFoundError:
@@ -350,12 +344,9 @@ def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
     except OSError as e:
         raise StagingError(f"{source}/{META}: cannot read ({e})") from e
     try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise SourceInvalid(f"{source}/{META}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise SourceInvalid(f"{source}/{META}: not a JSON object")
-    return raw, meta
+        return raw, parse_meta(raw, f"{source}/{META}")
+    except CorpusError as e:
+        raise SourceInvalid(str(e)) from None
 
 
 

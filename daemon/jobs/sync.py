@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import checkpoint as ck
+from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best, read_latest
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
     BEST,
@@ -237,7 +238,7 @@ class Syncer:
         remote_steps = [n for n in remote.steps() if not remote.intact(n)[1]]
         remote_newest = max((step_of(n) for n in remote_steps), default=None)
 
-        for local in reversed(ck.list_checkpoints(self.local_root)):
+        for local in reversed(list_checkpoints(self.local_root)):
             step = step_of(local)
             if remote_newest is not None and step < remote_newest:
                 break  # the remote already holds something newer
@@ -297,7 +298,7 @@ class Syncer:
                 if remote.manifest(name) is None:
                     remote.rm(name)
                 else:
-                    ck.quarantine(Path(remote.path(name)), "damaged; replaced by a verified copy during sync")
+                    quarantine(Path(remote.path(name)), "damaged; replaced by a verified copy during sync")
                     self.log(f"sync: damaged remote {remote.show(name)} quarantined, replaced by a verified copy")
             remote.rename_dir(target, name)
             # A filesystem may acknowledge the rename without doing it (a flaky NFS server). The client's caches can
@@ -312,7 +313,7 @@ class Syncer:
     def _sync_best(self) -> None:
         """The checkpoint the local BEST names (early_stop's lowest val loss) on the remote too, copied and verified
         like the newest, and the remote BEST naming it once it is there."""
-        remote, name = self.remote, ck.read_best(self.local_root)
+        remote, name = self.remote, read_best(self.local_root)
         if not name or (remote.read_text(BEST) or "").strip() == name:
             return
         if name not in remote.steps() or remote.intact(name)[1]:
@@ -409,7 +410,7 @@ class Syncer:
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            if ck.read_latest(local_root) is None or _newer(name, ck.read_latest(local_root)):
+            if read_latest(local_root) is None or _newer(name, read_latest(local_root)):
                 atomic_write_text(local_root / LATEST, name + "\n")
             if skipped:  # LATEST may name one that just failed: it must only name a verified checkpoint
                 remote.write_latest(name)
@@ -436,7 +437,7 @@ class Syncer:
         remote = self.remote
         reason = "; ".join(problems[:5])
         if remote.local:
-            dest = ck.quarantine(Path(remote.path(name)), f"fetch: {reason}")
+            dest = quarantine(Path(remote.path(name)), f"fetch: {reason}")
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); moved to {dest}")
         else:
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped")

@@ -12,7 +12,7 @@ the supervisor knows what is synced and what is being synced (the trainer does n
   `train.keep_local` only, so that scratch (RAM) does not fill up;
 - whenever scratch has no room for the next ROOM_FOR checkpoints (`make_room`, every tick while a trainer may
   save): the oldest go, synced or not, until there is (the newest supersedes them), and a sync starts early;
-- never the checkpoint a running sync is copying; never the newest valid one (checkpoint.prune's own rule).
+- never the checkpoint a running sync is copying; never the newest valid one (checkpoint_select.prune's own rule).
 Torch-free.
 """
 from __future__ import annotations

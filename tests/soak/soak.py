@@ -50,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the helper modules in tests/
 
 from faults_fixtures import mounted_faultfs
-from minilmd import checkpoint
+from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from reliability_helpers import RemoteWatcher, TrainerCounter, expectation_for
 from supervisor_helpers import env_for, state
@@ -139,7 +139,7 @@ class Soak:
         log(f"supervisor #{self.sup_count} pid {self.sup.pid}, fault plan {plan}")
 
     def local_step(self) -> int:
-        steps = [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(self.cfg.checkpoint_dir)]
+        steps = [checkpoint.step_of(p) for p in checkpoint_dirs.list_checkpoints(self.cfg.checkpoint_dir)]
         return max(steps, default=0)
 
     def child_pid(self) -> int | None:
@@ -184,21 +184,21 @@ class Soak:
             self.lift = (rule, time.monotonic() + self.rng.uniform(2, 12), record)
             record["needs_sync_after"] = float("inf")
         elif kind == "corrupt_local":
-            newest = checkpoint.list_checkpoints(self.cfg.checkpoint_dir)
+            newest = checkpoint_dirs.list_checkpoints(self.cfg.checkpoint_dir)
             if not newest:
                 return False
             damage(newest[-1] / "model.safetensors")
             send(pid, signal.SIGKILL)  # if it ended just now, its next resume meets the damage all the same
             record["step"] = checkpoint.step_of(newest[-1])
         elif kind == "corrupt_remote":
-            remote_steps = checkpoint.list_checkpoints(self.remote)
+            remote_steps = checkpoint_dirs.list_checkpoints(self.remote)
             if len(remote_steps) < 2:
                 return False
             newest = remote_steps[-1]
             self.corrupted.add(newest.name)
             damage(newest / "model.safetensors")
             send(pid, signal.SIGKILL)
-            for p in checkpoint.list_checkpoints(self.cfg.checkpoint_dir):
+            for p in checkpoint_dirs.list_checkpoints(self.cfg.checkpoint_dir):
                 shutil.rmtree(p, ignore_errors=True)  # a new machine: scratch holds nothing
         self.faults.append(record)
         log(f"fault {len(self.faults)}: {kind} at step {step}")
@@ -338,8 +338,8 @@ class Soak:
                                 f"{want['sha256'][:16]}")
         except (OSError, KeyError, ValueError) as e:
             problems.append(f"cannot compare the final weights: {e}")
-        if checkpoint.read_latest(self.remote) != final:
-            problems.append(f"remote LATEST is {checkpoint.read_latest(self.remote)}, not {final}")
+        if checkpoint_dirs.read_latest(self.remote) != final:
+            problems.append(f"remote LATEST is {checkpoint_dirs.read_latest(self.remote)}, not {final}")
         problems += violations[:5] + two_trainers[:5]
         unrecovered = [f for f in self.faults if f["recovered_at"] is None]
         if unrecovered:

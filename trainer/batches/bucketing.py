@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.trainer.batches.samplers import Batch, DataError, Sampler, _EpochOrder, _generator
+from minilmd.trainer.batches.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 
 _STREAM_BUCKETS = 2
 

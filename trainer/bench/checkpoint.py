@@ -25,6 +25,7 @@ def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> 
     import torch
 
     from minilmd import checkpoint as ck
+    from minilmd import checkpoint_select
     from minilmd.config import RunConfig
     from minilmd.trainer.checkpoint import save as ckpt_io
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
@@ -70,7 +71,7 @@ def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> 
             t0 = time.perf_counter()
             path = ckpt_io.save(out / "sync", step, model.state_dict(), opt.state_dict(), state())
             sync.append(time.perf_counter() - t0)
-            ck.prune(out / "sync", keep=1, log=lambda s: None)
+            checkpoint_select.prune(out / "sync", keep=1, log=lambda s: None)
 
         plain = []
         torch_file = out / "plain.pt"

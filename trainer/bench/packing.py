@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd.config import ConfigError, RunConfig
+from minilmd.probes import load_checked
 
 
 @dataclass
@@ -101,7 +102,7 @@ def report(packed: ModeResult, padded: ModeResult, cfg: RunConfig) -> str:
 
 def main(prepared: str, config_path: str, steps: int = 20, overrides: list[str] | None = None) -> int:
     try:
-        cfg = load_config(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
+        cfg = load_checked(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
     except ConfigError as e:
         print(f"minilmd bench packing: {e}", file=sys.stderr)
         return 2

@@ -19,7 +19,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd.config import ConfigError, RunConfig
+from minilmd.probes import load_checked
 from minilmd.trainer.bench.packing import build_trainer, timed_step
 
 MODES = ("padded", "bucketed", "packed")
@@ -101,7 +102,7 @@ def report(results: dict[str, SftResult], cfg: RunConfig) -> str:
 
 def main(prepared: str, config_path: str, steps: int = 10, overrides: list[str] | None = None) -> int:
     try:
-        cfg = load_config(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
+        cfg = load_checked(config_path, [*(overrides or []), f"data.prepared={json.dumps(prepared)}"])
     except ConfigError as e:
         print(f"minilmd bench sft: {e}", file=sys.stderr)
         return 2

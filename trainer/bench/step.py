@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
+from minilmd.corpus.format import corpus_train_tokens
 
 SMALL: dict[str, dict[str, Any]] = {
     "run": {"name": "bench-step", "dir": "/nonexistent"},
@@ -132,11 +133,11 @@ def report(eager: ModeResult, compiled: ModeResult, first: ModeResult, cfg: RunC
 def load(config_path: str | None, overrides: list[str]) -> RunConfig:
     """The run config's model and train sections (its paths are not used), or SMALL; then the overrides."""
     if config_path:
-        return load_config(config_path, overrides, check_paths=False)
+        return load_config(config_path, overrides, train_tokens_of=corpus_train_tokens)
     raw: dict[str, Any] = copy.deepcopy(SMALL)
     for section, values in parse_overrides(overrides).items():
         raw.setdefault(section, {}).update(values)
-    return config_from_dict(raw, "bench step defaults", check_paths=False)
+    return config_from_dict(raw, "bench step defaults", train_tokens_of=corpus_train_tokens)
 
 
 def main(config_path: str | None, steps: int = 10, overrides: list[str] | None = None,

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.checkpoint import FORMAT, VERSION, prune, read_manifest
+from minilmd.checkpoint import FORMAT, VERSION, read_manifest
+from minilmd.checkpoint_select import prune
 from minilmd.fsio import atomic_write_text, fsync_dir, publish_dir
 from minilmd.names import (
     CHECKPOINT_KILL_ENV,

@@ -32,12 +32,13 @@ def checkpoint_roots(cfg: RunConfig) -> list[Path]:
 
 def resume(trainer: Trainer) -> None:
     """Load the newest valid checkpoint, if any: rank 0 finds it (and quarantines bad ones), all ranks load."""
-    from minilmd import checkpoint
+    from minilmd.checkpoint_dirs import clean_stale_tmp
+    from minilmd.checkpoint_select import find_latest
 
     found: list[str | None] = [None]
     if trainer.dist.is_main:
-        checkpoint.clean_stale_tmp(trainer.cfg.checkpoint_dir)  # debris of a save killed mid-way
-        path = checkpoint.find_latest(checkpoint_roots(trainer.cfg), trainer.expectation(), log=print)
+        clean_stale_tmp(trainer.cfg.checkpoint_dir)  # debris of a save killed mid-way
+        path = find_latest(checkpoint_roots(trainer.cfg), trainer.expectation(), log=print)
         found = [str(path) if path else None]
     if trainer.dist.active:
         torch_dist.broadcast_object_list(found, src=0)

@@ -42,9 +42,10 @@ import torch.distributed as torch_dist
 import torch.nn.functional  # imported early: the model uses it
 
 from minilmd.checkpoint import CheckpointMismatch
-from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, load_config, parse_duration
+from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, parse_duration
 from minilmd.corpus.format import CorpusError
 from minilmd.names import FAULT, RUN_DIR_ENV, step_name
+from minilmd.probes import load_checked
 from minilmd.protocol import (
     EXIT_CONFIG,
     EXIT_CRASH,
@@ -58,7 +59,8 @@ from minilmd.protocol import (
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.batches import growth
-from minilmd.trainer.batches.samplers import Batch, DataError, make_sampler, validation_batches
+from minilmd.trainer.batches.sampler_base import Batch, DataError
+from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop import tensorboard
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled, total_steps_for_budget
@@ -160,9 +162,7 @@ class Trainer:
     def expectation(self):
         from minilmd.checkpoint import Expectation
 
-        return Expectation(model=self.cfg.model_dict(), data_fingerprint=self.corpus.data_fingerprint,
-                           tokenizer_fingerprint=self.corpus.tokenizer_fingerprint, lora=self.cfg.lora_dict(),
-                           data_ancestors=tuple(self.corpus.earlier_versions))
+        return Expectation.for_corpus(self.cfg, self.corpus.meta)
 
     def epoch_of(self, step: int) -> int:
         """The epoch optimizer step `step` starts in (its first row's pass over the train split)."""
@@ -486,7 +486,7 @@ def run(cfg: RunConfig) -> int:
 def main(config_path: str, overrides: list[str] | None = None) -> int:
     """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status."""
     try:
-        cfg = load_config(config_path, overrides)
+        cfg = load_checked(config_path, overrides)
         if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
             claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
     except (ConfigError, ScratchRefused) as e:

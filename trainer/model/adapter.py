@@ -19,6 +19,7 @@ from typing import Any
 from minilmd.checkpoint import saved_lora
 from minilmd.fsio import publish_dir
 from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE
+from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, resolve_checkpoint
 
 PEFT_PREFIX = "base_model.model."
 """What PeftModel puts before the wrapped model's own parameter names in a saved adapter."""
@@ -26,8 +27,6 @@ PEFT_PREFIX = "base_model.model."
 
 def lora_state(path: str | Path) -> dict | None:
     """The trainer_state of a LoRA checkpoint (or of LATEST under a root), None for a full-weights checkpoint."""
-    from minilmd.trainer.model.export import resolve_checkpoint
-
     try:
         state = json.loads((resolve_checkpoint(path) / TRAINER_STATE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -42,7 +41,6 @@ def _base_weights(state: dict, base: str | Path | None) -> dict:
     from minilmd.init_source import describe, same_source
     from minilmd.model_shapes import as_model_section
     from minilmd.trainer.checkpoint.init_weights import load_init
-    from minilmd.trainer.model.export import ExportError
 
     recorded = state.get("init") or {}
     source = str(base) if base else recorded.get("path", "")
@@ -66,7 +64,6 @@ def load_lora_model(adapter: str | Path, device: str = "cpu", base: str | Path |
     from safetensors.torch import load_file
 
     from minilmd.names import MODEL_FILE
-    from minilmd.trainer.model.export import _validate, resolve_checkpoint
     from minilmd.trainer.model.lora import apply_lora, load_adapter, set_active
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
@@ -123,7 +120,6 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
     from safetensors.torch import load_file, save_file
 
     from minilmd.names import MODEL_FILE
-    from minilmd.trainer.model.export import ExportError, _validate, fresh_export_dir, resolve_checkpoint
 
     ckpt = resolve_checkpoint(adapter)
     state = lora_state(ckpt)

@@ -21,65 +21,16 @@ from typing import Any
 from minilmd.fsio import publish_dir, publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
 from minilmd.names import (
-    BEST,
     CORPUS_TOKENIZER,
-    LATEST,
     MODEL_FILE,
     TOKENIZER_FILE,
     TRAINER_STATE,
     export_tmp_name,
 )
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
+from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, resolve_checkpoint
 
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-class ExportError(ValueError):
-    """A checkpoint that cannot be read or a destination that cannot be written; the message says which file."""
-
-
-def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
-    """(the export's directory, an empty temporary directory beside it to fill and publish_dir onto it); an
-    existing --out that is not an empty directory is refused."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
-    tmp = out_dir.with_name(export_tmp_name(out_dir.name))
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return out_dir, tmp
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint directory, from a pointer file (ROOT/LATEST, ROOT/BEST: the one it
-    names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest."""
-    from minilmd.checkpoint import list_checkpoints, read_latest
-
-    path = Path(path)
-    if path.name in (LATEST, BEST) and path.is_file():  # ROOT/BEST: the lowest val loss (early_stop)
-        path = path.parent / (read_latest(path.parent, path.name) or "")
-    if not path.is_dir():
-        raise ExportError(f"{path}: no such checkpoint directory")
-    if not (path / MODEL_FILE).is_file():
-        name = read_latest(path)
-        steps = list_checkpoints(path)
-        if name and (path / name / MODEL_FILE).is_file():
-            path = path / name
-        elif steps:
-            path = steps[-1]
-        else:
-            raise ExportError(f"{path}: not a checkpoint (no {MODEL_FILE}) and no {LATEST} or step-* "
-                              f"checkpoint under it")
-    return path
-
-
-def _validate(ckpt: Path) -> None:
-    from minilmd.checkpoint import CheckpointError, validate
-
-    try:
-        validate(ckpt)
-    except CheckpointError as e:
-        raise ExportError(f"checkpoint is invalid: {e}") from None
 
 
 def read_checkpoint(path: str | Path, validate: bool = True,

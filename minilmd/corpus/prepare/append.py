@@ -44,8 +44,8 @@ from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
 from minilmd.corpus.format import CorpusError, data_fingerprint, open_prepared
 from minilmd.corpus.prepare import append_chat
+from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
-from minilmd.corpus.prepare.encode import leak_key
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META

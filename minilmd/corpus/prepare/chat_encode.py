@@ -11,7 +11,7 @@ does not is refused line by line (`template_output`).
 
 Length: a conversation longer than seq_len tokens is cut to its first seq_len (as MiniMind does; `cut`) or, with
 on_long "drop", dropped (`dropped_long`); one whose targets all fall past the cut is dropped (`dropped_no_target`).
-Split: the split rule and leak key of encode.py applied to chat.canonical(messages).
+Split: the split rule and leak key of block.py applied to chat.canonical(messages).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minilmd.corpus.chat import ChatTemplate, TurnError, canonical, has_special_text, parse_chat_block
-from minilmd.corpus.prepare.encode import NO_DIGEST, EncodedBlock, digest64, leak_key
+from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key
 from minilmd.protocol import BOS_ID, EOS_ID
 
 ON_LONG = ("cut", "drop")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from minilmd.corpus.format import CorpusError
-from minilmd.corpus.prepare.encode import NO_DIGEST, EncodedBlock
+from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock
 from minilmd.corpus.sources.jsonl import BadLine, InputError, Source
 from minilmd.corpus.sources.longdoc import LineVerdict
 from minilmd.names import (

@@ -5,72 +5,22 @@ Each worker is a process of its own with a single-threaded tokenizer (the cores 
 pool's overhead), made with spawn, and dies with prepare's process (PR_SET_PDEATHSIG): a prepare killed with
 SIGKILL leaves no worker behind. workers=0 runs the same code in the calling process.
 
-Split rule: a document goes to val when the first 8 bytes of blake2b(text), read as a little-endian integer, are
-below val_fraction * 2**64; its leak key is the same hash of its text with all whitespace removed.
+The split rule and the EncodedBlock a worker sends back are block.py's (chat_encode.py applies the same).
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
 from minilmd.corpus.analysis.scripts import ScriptTally, containing, script_matrix
 from minilmd.corpus.format import CorpusError
+from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, _leak_key_given, digest64
 from minilmd.corpus.sources.jsonl import parse_block
 from minilmd.corpus.sources.longdoc import split_pieces
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-
-NO_DIGEST = 2**64  # above every split digest
-
-
-def digest64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-def split_is_val(text: str, val_fraction: float) -> bool:
-    return digest64(text.encode("utf-8")) < int(val_fraction * 2**64)
-
-
-def leak_key(text: str) -> int:
-    """Texts equal once all whitespace is removed share a key."""
-    return digest64("".join(text.split()).encode("utf-8"))
-
-
-def _leak_key_given(text: str, digest: int) -> int:
-    """leak_key(text), reusing the text's own digest when it has no whitespace (most Chinese documents)."""
-    squeezed = "".join(text.split())
-    return digest if len(squeezed) == len(text) else digest64(squeezed.encode("utf-8"))
-
-
-@dataclass
-class EncodedBlock:
-    """What a worker sends back for one block: tokens and per-document facts for each split."""
-    n_lines: int
-    blank: int
-    bad: list
-    text_bytes: int
-    special_inside: list  # line numbers of documents whose text encodes to a PAD/BOS/EOS id inside
-    train_tokens: np.ndarray
-    train_lengths: np.ndarray
-    train_keys: np.ndarray
-    val_tokens: np.ndarray
-    val_lengths: np.ndarray
-    val_keys: np.ndarray
-    val_lines: np.ndarray
-    train_min_digest: int  # the smallest split digest of the block's train documents (2**64 when none)
-    # A chat block's (chat_encode.ChatBlockEncoder) extras; None for text.
-    train_mask: np.ndarray | None = None  # uint8, one per token of train_tokens
-    val_mask: np.ndarray | None = None
-    train_facts: np.ndarray | None = None  # (documents, len(chat_encode.FACTS)) int64
-    val_facts: np.ndarray | None = None
-    chat_counts: dict | None = None  # chat_encode.COUNTS
-    # Text blocks: the kept documents by script (scripts.ScriptTally), and the lines --drop-scripts dropped.
-    scripts: ScriptTally | None = None
-    dropped: int = 0
 
 
 class BlockEncoder:

@@ -35,10 +35,10 @@ import numpy as np
 
 from minilmd.corpus.analysis.report import add_report_meta, check_line_counts, duplicates_of
 from minilmd.corpus.format import FORMAT, open_prepared
+from minilmd.corpus.prepare.block import leak_key as leak_key  # the split rule: part of prepare's interface
+from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
 from minilmd.corpus.prepare.encode import default_workers
-from minilmd.corpus.prepare.encode import leak_key as leak_key  # the split rule: part of prepare's interface
-from minilmd.corpus.prepare.encode import split_is_val as split_is_val
 from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources

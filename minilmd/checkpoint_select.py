@@ -1,0 +1,94 @@
+"""Which checkpoints a run resumes from and which it keeps: the newest one that validates (a damaged one is
+quarantined and the next older tried, one of another run refused), and pruning down to the newest valid ones.
+Both walk a root newest first and validate (minilmd/checkpoint.py). Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from minilmd.checkpoint import CheckpointError, CheckpointInvalid, Expectation, validate
+from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best
+from minilmd.names import MANIFEST, deleting_name, step_of
+
+
+def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None = None,
+                log: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint that validates, across roots (on equal steps the earlier root, local, wins).
+
+    One that is damaged is logged with its reason, quarantined, and the next older is tried. One that belongs
+    to a different model config, tokenizer or corpus raises CheckpointMismatch: resuming is refused, not
+    replaced by an older checkpoint or a fresh start. None when no root holds a valid checkpoint."""
+    candidates = [(step_of(p), i, p) for i, root in enumerate(roots) for p in list_checkpoints(root)]
+    for _, _, path in sorted(candidates, key=lambda c: (-c[0], c[1])):
+        try:
+            validate(path, expected)
+            return path
+        except CheckpointInvalid as e:
+            if not path.exists():  # pruned by another process meanwhile: not a damaged checkpoint
+                continue
+            dest = quarantine(path, "; ".join(e.problems))
+            log(f"checkpoint {path} is invalid: {'; '.join(e.problems)} -- moved to {dest}, trying an older one")
+    return None
+
+
+_valid_cache: dict[tuple, bool] = {}
+
+
+def _is_valid_cached(path: Path) -> tuple[bool, str]:
+    """Validation for pruning, remembered per manifest identity so that each checkpoint is read once."""
+    try:
+        st = (path / MANIFEST).stat()
+    except FileNotFoundError:
+        return False, f"no {MANIFEST}"
+    key = (str(path.resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
+    if key in _valid_cache:
+        return True, ""
+    try:
+        validate(path)
+    except CheckpointError as e:
+        return False, "; ".join(e.problems)
+    _valid_cache[key] = True
+    return True, ""
+
+
+def prune(root: str | os.PathLike, keep: int, protect: Iterable[str | os.PathLike] = (),
+          log: Callable[[str], None] = print) -> list[Path]:
+    """Keep the newest `keep` (at least 1) valid checkpoints; delete the older ones, except `protect`ed ones and
+    the one BEST names.
+
+    Walks newest first; a damaged checkpoint met before `keep` valid ones were found is quarantined and does not
+    count. So the newest valid checkpoint is never deleted. Returns the deleted directories."""
+    root = Path(root)
+    protected = {Path(p).resolve() for p in protect}
+    best = read_best(root)
+    if best:  # the best checkpoint by val loss stays as long as BEST names it
+        protected.add((root / best).resolve())
+    keep = max(1, keep)
+    kept, deleted = 0, []
+    for path in reversed(list_checkpoints(root)):
+        # The trainer and the supervisor may both prune this root: whatever vanished meanwhile is skipped.
+        if kept < keep:
+            ok, reason = _is_valid_cached(path)
+            if ok:
+                kept += 1
+            elif path.exists():
+                try:
+                    dest = quarantine(path, reason)
+                    log(f"checkpoint {path} is invalid: {reason} -- moved to {dest}")
+                except FileNotFoundError:
+                    pass
+            continue
+        if path.resolve() in protected:
+            continue
+        # Rename first: readers never see a half-deleted directory with its manifest still in place.
+        doomed = root / deleting_name(path.name, os.getpid())
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
+        deleted.append(path)
+    return deleted

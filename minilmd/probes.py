@@ -1,0 +1,159 @@
+"""What a run config names on this machine and in other runs, checked before anything starts: paths that cannot
+be used (run.dir, run.scratch, the Prometheus textfile, run.remote), a scratch of another run or user
+(minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
+is empty, an init.from that cannot initialise this model (minilmd/init_source.py).
+
+minilmd/config.py checks the values alone; `load_checked` and `checked_from_dict` are its loaders with these checks
+after the values' (one ConfigError with every problem) and a missing budget's arithmetic over the corpus's train
+tokens. The trainer (`minilmd train`), `minilmd run --check` and the launch (daemon/preflight.py) load through
+them. Shared storage (NFS) is probed in a thread for SHARED_STORAGE_PROBE_S at most. Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from minilmd import scratch
+from minilmd.checkpoint_dirs import list_checkpoints
+from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config
+from minilmd.corpus.format import corpus_train_tokens, meta_value, read_corpus_meta
+from minilmd.init_source import InitSourceError, model_problems, predecessor, predecessor_outcome
+from minilmd.names import CORPUS_META, RUN_DIR_ENV
+
+
+def _with_paths(more_checks: ExtraCheck | None) -> ExtraCheck:
+    """path_problems, then `more_checks`' (the order of the one ConfigError)."""
+    return lambda cfg: path_problems(cfg) + (more_checks(cfg) if more_checks is not None else [])
+
+
+def load_checked(path: str | os.PathLike, overrides: list[str] | None = None,
+                 more_checks: ExtraCheck | None = None) -> RunConfig:
+    """load_config, then path_problems and `more_checks`: every problem in one ConfigError."""
+    return load_config(path, overrides, _with_paths(more_checks), train_tokens_of=corpus_train_tokens)
+
+
+def checked_from_dict(raw: dict[str, Any], source: str = "config", more_checks: ExtraCheck | None = None) -> RunConfig:
+    """config_from_dict, then path_problems and `more_checks`: every problem in one ConfigError."""
+    return config_from_dict(raw, source, _with_paths(more_checks), train_tokens_of=corpus_train_tokens)
+
+
+def _is_url(s: str) -> bool:
+    return "://" in s
+
+
+def path_problems(cfg: RunConfig) -> list[str]:
+    """What the config names on this machine and cannot be used, in the config's order: run.dir, scratch (and whose
+    it is), the prepared corpus, the Prometheus textfile, init.from, the remote."""
+    p: list[str] = []
+    if cfg.run.dir:
+        p += _check_writable("run.dir", Path(cfg.run.dir))
+    if cfg.run.name or cfg.run.scratch:
+        p += _check_writable("run.scratch", cfg.scratch_dir)
+        if cfg.run.dir:
+            p += scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default)
+    if cfg.data.prepared:
+        if _is_url(cfg.data.prepared):
+            p += _check_protocol("data.prepared", cfg.data.prepared)
+        else:
+            p += _shared_storage_check(_check_prepared_dir, cfg)
+    if cfg.log.prometheus_textfile:
+        p += _check_writable("log.prometheus_textfile", Path(cfg.log.prometheus_textfile).parent)
+    if cfg.init.from_:
+        p += _shared_storage_check(_check_init, cfg)
+    if cfg.run.remote:
+        if _is_url(cfg.run.remote):
+            p += _check_protocol("run.remote", cfg.run.remote)
+        elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
+            p += _shared_storage_check(_check_writable, "run.remote", Path(cfg.run.remote))
+    return p
+
+
+SHARED_STORAGE_PROBE_S = 5.0
+"""How long the config check waits for the corpus source or the remote (NFS) to answer before leaving it to
+staging and sync, which retry and show "remote unavailable" in status."""
+
+
+def _shared_storage_check(check, *args) -> list[str]:
+    """Run a path check on shared storage (NFS) in a thread: a mount that fails (EIO) or stalls is not a config
+    error (the supervisor retries it and shows it in status), so it yields no problem here rather than a
+    traceback or a hang."""
+    result: list[list[str]] = []
+
+    def probe():
+        try:
+            result.append(check(*args))
+        except OSError:
+            pass
+
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(SHARED_STORAGE_PROBE_S)
+    return result[0] if result else []
+
+
+def _check_prepared_dir(cfg: RunConfig) -> list[str]:
+    """The corpus is a prepared one, and what the trainer would refuse in it after staging is said now: a vocabulary
+    other than model.vocab_size (a config error: the config does not match the data), an empty val split.
+    (Ids beyond its own vocabulary are the corpus's fault, a data error, found when the trainer opens it.)"""
+    prepared = cfg.data.prepared
+    if not Path(prepared).is_dir():
+        return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"]
+    if not (Path(prepared) / CORPUS_META).is_file():
+        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"]
+    meta = read_corpus_meta(prepared) or {}
+    p = []
+    vocab = meta.get("vocab_size")
+    if isinstance(vocab, int) and vocab != cfg.model.vocab_size:
+        p.append(f"model.vocab_size = {cfg.model.vocab_size} but the corpus {prepared} was tokenized with a "
+                 f"vocabulary of {vocab} (its {CORPUS_META}): set model.vocab_size = {vocab}, or prepare the corpus "
+                 f"with the tokenizer this model is for")
+    val_tokens, val_docs = meta_value(meta, "splits", "val", "tokens"), meta_value(meta, "splits", "val", "documents")
+    if isinstance(val_tokens, int) and (val_tokens < 2 or val_docs == 0):
+        fraction = meta_value(meta, "split_rule", "val_fraction")
+        p.append(f"data.prepared = {prepared!r}: its val split is empty ({val_docs} documents, {val_tokens} tokens), "
+                 f"so there is no validation loss: prepare it again with a larger --val-fraction"
+                 + (f" (it was {fraction})" if fraction is not None else ""))
+    return p
+
+
+def _check_init(cfg: RunConfig) -> list[str]:
+    """init.from can be used and holds this run's model config; not checked once the run has a checkpoint (in
+    scratch or on a local remote): that run resumes and never reads init.from again. A supervised trainer looks at
+    scratch only (it never touches the remote; staging has fetched the remote's newest checkpoint into scratch)."""
+    roots = [cfg.checkpoint_dir]
+    if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
+        roots.append(Path(cfg.run.remote))
+    if any(list_checkpoints(root) for root in roots):
+        return []
+    try:
+        pred = predecessor(cfg.init.from_)
+        if pred is not None and predecessor_outcome(pred)[0] == "waiting":
+            return []  # the supervisor waits for it (waiting_init); its final checkpoint is checked then
+        return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict())]
+    except InitSourceError as e:
+        return [f"init.from = {cfg.init.from_!r}: {e}"]
+
+
+def _check_writable(name: str, path: Path) -> list[str]:
+    """A path is usable if it is a writable directory, or its nearest existing ancestor is one."""
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        return [f"{name} = {str(path)!r}: {probe} is a file, not a directory"]
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return [f"{name} = {str(path)!r}: {probe} is not writable"]
+    return []
+
+
+def _check_protocol(name: str, url: str) -> list[str]:
+    import fsspec  # light; only when a URL is configured
+
+    protocol = url.split("://", 1)[0]
+    if protocol not in fsspec.available_protocols():
+        return [f"{name} = {url!r}: unknown protocol {protocol!r} (fsspec knows: file, memory, sftp, s3, ...)"]
+    return []
