@@ -35,7 +35,8 @@ import numpy as np
 
 from minilmd.checkpoint_dirs import read_latest
 from minilmd.config import RunConfig, load_config
-from minilmd.corpus.format import corpus_train_tokens, data_fingerprint, earlier_versions, read_meta
+from minilmd.corpus.format import data_fingerprint, earlier_versions
+from minilmd.corpus.meta import corpus_train_tokens, read_meta
 from minilmd.fsio import sha256_file, table_problems
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)

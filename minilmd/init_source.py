@@ -49,7 +49,7 @@ class Predecessor:
 def predecessor(spec: str) -> Predecessor | None:
     """The run init.from names, when it names a run's config file (.toml) or run directory (holding run.toml);
     None for a checkpoint, a checkpoint root or a .pth. InitSourceError for a run config that cannot be read."""
-    from minilmd.corpus.format import corpus_train_tokens  # numpy: not for every importer (`minilmd status`)
+    from minilmd.corpus.meta import corpus_train_tokens
 
     path = Path(spec)
     if path.is_dir() and (path / RUN_CONFIG_COPY).is_file():

@@ -18,7 +18,7 @@ from typing import Any
 from minilmd import scratch
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config
-from minilmd.corpus.format import corpus_train_tokens, meta_value, read_corpus_meta
+from minilmd.corpus.meta import corpus_train_tokens, meta_value, read_corpus_meta
 from minilmd.init_source import InitSourceError, model_problems, predecessor, predecessor_outcome
 from minilmd.names import CORPUS_META, RUN_DIR_ENV
 

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from minilmd.config import RunConfig
-from minilmd.corpus.format import meta_value, read_corpus_meta
+from minilmd.corpus.meta import meta_value, read_corpus_meta
 from minilmd.init_source import InitSourceError, resolve
 from minilmd.names import TRAINER_STATE
 

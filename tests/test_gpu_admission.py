@@ -16,6 +16,8 @@ from minilmd.daemon.child import process as childmod
 from minilmd.daemon.host.gpu import GpuAdmission, cuda_visible_devices
 from minilmd.daemon.host.nvml import PynvmlBackend, v1_reserve_allowance_mib
 from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable, GpuWaiter
+from minilmd.daemon.runstate import RunState
+from minilmd.daemon.statesections import StateJson
 from minilmd.daemon.views.status import summary_lines
 
 IDLE = busy(used_mib=7)
@@ -82,7 +84,8 @@ def test_a_mig_card_is_refused_with_the_reason_and_the_others_admitted(tmp_path)
     cfg.gpu = section(tmp_path)
     all_mig = FakeNvmlLib(FakeNvml([[busy(mig=True)]]))
     with all_mig.installed() as nv:
-        waiter = GpuWaiter(cfg, _Infra(PynvmlBackend(nv)), {}, lambda *a, **k: None)
+        waiter = GpuWaiter(cfg, _Infra(PynvmlBackend(nv)), RunState(tmp_path / "state.json", {}),
+                           lambda *a, **k: None)
         outcome = waiter.tick()
     assert isinstance(outcome, GpuUnavailable) and "every GPU NVML sees is in MIG mode" in outcome.error
 
@@ -94,12 +97,13 @@ def test_status_shows_the_numbers_compared_and_the_fallback(tmp_path):
     events = []
     cfg = RunConfig()
     cfg.gpu = section(tmp_path, stable_polls=3, poll_interval="0s")
-    state = {}
+    state = RunState(tmp_path / "state.json", {})
     with FakeNvmlLib(FakeNvml([[IDLE]]), memory_v2=False, listings=("v2",)).installed() as nv:
         waiter = GpuWaiter(cfg, _Infra(PynvmlBackend(nv)), state, lambda kind, msg, **d: events.append(msg))
         assert waiter.tick() is None
         now = time.time()
-        lines = summary_lines({"phase": "waiting_gpu", "gpu_wait": state["gpu_wait"], "run": "r"}, True, now)
+        shown = StateJson(phase="waiting_gpu", gpu_wait=state.gpu_wait, run="r")
+        lines = summary_lines(shown, True, now)
         assert waiter.tick() is None
         ready = waiter.tick()
     text = "\n".join(lines)
@@ -125,7 +129,7 @@ def test_after_a_cuda_oom_the_gpu_is_judged_from_foreign_and_own_processes(tmp_p
         nvml = FakeNvml([[busy(used_mib=30000, procs=[mine])]])
         cfg = RunConfig()
         cfg.gpu = section(tmp_path, poll_interval="0s")
-        waiter = GpuWaiter(cfg, _Infra(nvml), {}, lambda *a, **k: None,
+        waiter = GpuWaiter(cfg, _Infra(nvml), RunState(tmp_path / "state.json", {}), lambda *a, **k: None,
                            own_pids=lambda: orphans.find_orphans(run_dir))
         nvml.set(0, FREE)
         assert isinstance(waiter.tick(), GpuReady)

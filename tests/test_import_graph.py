@@ -7,6 +7,7 @@ more than one module is reported with the import lines that tie it together.
 """
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -33,13 +34,26 @@ def target(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
+def type_checking_lines(path: Path) -> set[int]:
+    """Lines inside `if TYPE_CHECKING:` blocks: imports for annotations only, never run, so never a cycle."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            lines |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno")}
+    return lines
+
+
 def import_graph(known: dict[str, Path]) -> dict[str, dict[str, list[int]]]:
-    """{module: {imported module of ours: [line, ...]}}, module-level and function-level imports alike."""
+    """{module: {imported module of ours: [line, ...]}}, module-level and function-level imports alike (those
+    under `if TYPE_CHECKING:` excepted)."""
     graph: dict[str, dict[str, list[int]]] = {}
     for module, path in known.items():
         edges: dict[str, list[int]] = {}
+        typing_only = type_checking_lines(path)
         for name, line, _ in imports(path, module):
             dest = target(name, known)
+            if line in typing_only:
+                continue
             if dest is not None and dest != module and line not in edges.setdefault(dest, []):
                 edges[dest].append(line)
         graph[module] = {dest: lines for dest, lines in edges.items() if lines}

@@ -26,6 +26,7 @@ from minilmd.daemon.child.process import Death
 from minilmd.daemon.jobs import staging
 from minilmd.daemon.policy import decide
 from minilmd.daemon.states import Action, Cause
+from minilmd.daemon.statesections import StateJson
 from minilmd.daemon.views.status import summary_lines
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import cli, events, start_supervisor, state, wait_for, wait_or_kill, write_config
@@ -83,7 +84,7 @@ def test_status_shows_the_wait_for_space():
           "space_wait": {"since": 100.0, "needs": 1_200_000, "free": 300_000, "path": "/dev/shm/x/checkpoints",
                          "checks": 12},
           "progress": {}, "sync": {"state": "off"}, "staging": {}, "restarts": []}
-    text = "\n".join(summary_lines(st, alive=True, t=160.0))
+    text = "\n".join(summary_lines(StateJson.from_dict(st), alive=True, t=160.0))
     assert "waiting_space" in text
     assert "scratch full: waiting for space (needs 1.2 MB, has 0.3 MB free" in text
     assert "scratch: full for 60s" in text and "not counted as a restart" in text, text

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from data_helpers import write_jsonl
-from minilmd.corpus.format import CorpusError, TokenStream, open_prepared, verify_prepared
+from minilmd.corpus.format import TokenStream, open_prepared, verify_prepared
+from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.pipeline import prepare
 
 

@@ -29,6 +29,7 @@ import psutil
 
 from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig, out_of_range, parse_duration
+from minilmd.corpus.meta import CorpusError, listed_files, parse_meta, read_corpus_meta
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
@@ -79,11 +80,8 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
-
 def _listed_files(meta: dict, where: str) -> dict[str, dict]:
-    """meta["files"], checked by the prepared-corpus format (minilmd/corpus/format.py); SourceInvalid if bad."""
-    from minilmd.corpus.format import CorpusError, listed_files  # numpy: not in the supervisor before it stages
-
+    """meta["files"], checked by the prepared-corpus format (minilmd/corpus/meta.py); SourceInvalid if bad."""
     try:
         return listed_files(meta, where)
     except CorpusError as e:
@@ -292,8 +290,6 @@ def _bytes_under(root: Path) -> int:
 def run_space_need(cfg: RunConfig) -> SpaceNeed | None:
     """What the run needs in scratch: the corpus (every file meta.json lists) and the checkpoints kept between two
     syncs. None when it cannot be known before staging (a corpus behind a URL, an unreadable meta.json)."""
-    from minilmd.corpus.format import read_corpus_meta
-
     meta = read_corpus_meta(cfg.data.prepared) if "://" not in cfg.data.prepared else None
     files = meta.get("files") if meta else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int)
@@ -335,8 +331,6 @@ def _open_source(source: str):
 
 
 def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
-    from minilmd.corpus.format import CorpusError, parse_meta
-
     try:
         raw = fs.cat_file(f"{root}/{META}")
     except FileNotFoundError:

@@ -17,7 +17,7 @@ corpus_app = typer.Typer(no_args_is_help=True, help="Look into a corpus: its rep
 
 def _data_error_exit(e: Exception) -> typer.Exit:
     """Bad input data -> 65 (EX_DATAERR, final); a bad argument or tokenizer -> 2."""
-    from minilmd.corpus.format import CorpusError
+    from minilmd.corpus.meta import CorpusError
     from minilmd.corpus.sources.jsonl import InputError
     from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
 
@@ -98,7 +98,7 @@ def prepare_command(
     import signal
 
     from minilmd.corpus.analysis.scripts import parse_scripts
-    from minilmd.corpus.format import CorpusError
+    from minilmd.corpus.meta import CorpusError
     from minilmd.corpus.prepare.pipeline import prepare
     from minilmd.corpus.sources.jsonl import InputError
     from minilmd.corpus.tokenizer import TokenizerError

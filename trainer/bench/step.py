@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
-from minilmd.corpus.format import corpus_train_tokens
+from minilmd.corpus.meta import corpus_train_tokens
 
 SMALL: dict[str, dict[str, Any]] = {
     "run": {"name": "bench-step", "dir": "/nonexistent"},

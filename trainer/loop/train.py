@@ -43,7 +43,7 @@ import torch.nn.functional  # imported early: the model uses it
 
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, parse_duration
-from minilmd.corpus.format import CorpusError
+from minilmd.corpus.meta import CorpusError
 from minilmd.names import FAULT, RUN_DIR_ENV, step_name
 from minilmd.probes import load_checked
 from minilmd.protocol import (

@@ -123,7 +123,7 @@ def model_budget(train_tokens: int | None, *, params: int | None, config: str | 
     over train that the budget (--budget-tokens, or the config's max_tokens / max_steps x tokens per step) means."""
     if config:
         from minilmd.config import load_config
-        from minilmd.corpus.format import corpus_train_tokens
+        from minilmd.corpus.meta import corpus_train_tokens
         from minilmd.model_shapes import expected_state_shapes
 
         cfg = load_config(config, train_tokens_of=corpus_train_tokens)

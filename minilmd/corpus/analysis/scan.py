@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus.format import CorpusError, read_meta
+from minilmd.corpus.meta import CorpusError, read_meta
 from minilmd.corpus.prepare.block import digest64
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, SPLITS, TOKENS

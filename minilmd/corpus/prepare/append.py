@@ -42,7 +42,8 @@ import numpy as np
 from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
-from minilmd.corpus.format import CorpusError, data_fingerprint, open_prepared
+from minilmd.corpus.format import data_fingerprint, open_prepared
+from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept

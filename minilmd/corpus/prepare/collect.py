@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus.format import CorpusError
+from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock
 from minilmd.corpus.sources.jsonl import BadLine, InputError, Source
 from minilmd.corpus.sources.longdoc import LineVerdict

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import numpy as np
 
 from minilmd.corpus.analysis.scripts import ScriptTally, containing, script_matrix
-from minilmd.corpus.format import CorpusError
+from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, _leak_key_given, digest64
 from minilmd.corpus.sources.jsonl import parse_block
 from minilmd.corpus.sources.longdoc import split_pieces

@@ -11,7 +11,7 @@ import numpy as np
 
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import prepare_summary
-from minilmd.corpus.format import DATA_FORMATS, FORMAT
+from minilmd.corpus.meta import DATA_FORMATS, FORMAT
 from minilmd.corpus.prepare.collect import Collector
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
 from minilmd.fsio import sha256_file

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.corpus.format import DATA_FORMATS
+from minilmd.corpus.meta import DATA_FORMATS
 from minilmd.corpus.sources.jsonl import BAD_LINE_POLICIES
 from minilmd.corpus.tokenizer import load_tokenizer
 from minilmd.names import CORPUS_TOKENIZER

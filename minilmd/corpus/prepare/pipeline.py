@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from minilmd.corpus.analysis.report import add_report_meta, check_line_counts, duplicates_of
-from minilmd.corpus.format import FORMAT, open_prepared
+from minilmd.corpus.format import open_prepared
+from minilmd.corpus.meta import FORMAT
 from minilmd.corpus.prepare.block import leak_key as leak_key  # the split rule: part of prepare's interface
 from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits

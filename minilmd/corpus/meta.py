@@ -1,0 +1,106 @@
+"""A prepared corpus's meta.json: read, its format and version checked, its file list checked for paths that stay
+inside the corpus. Numpy-free, unlike the token stream (minilmd/corpus/format.py): the supervisor and the config
+probes read meta.json before anything is staged, and `minilmd status` and the supervisor stay light. Format in
+docs/formats.md.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from minilmd.names import CORPUS_META as META
+
+FORMAT = "minilmd-prepared"
+VERSION = 1
+"""The version of a text corpus (pretraining: loss on every token)."""
+CHAT_VERSION = 2
+"""The version of a chat corpus: a version-1 layout plus loss_mask.bin and tokenizer_config.json. Text corpora stay
+at 1, so every minilmd reads them; a minilmd that knows only version 1 refuses a chat corpus instead of training on
+its dialogue as plain text."""
+DATA_FORMATS = {"text": VERSION, "chat": CHAT_VERSION}
+"""meta.json's `data_format` (absent means "text") and the version it is written with."""
+
+
+class CorpusError(ValueError):
+    """An invalid prepared corpus; the message names the files and the numbers that disagree."""
+
+
+def read_meta(root: str | Path) -> dict:
+    """meta.json of a prepared corpus, after checking its format and version."""
+    path = Path(root) / META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: missing; is {root} the output of `minilmd prepare`?") from None
+    except ValueError as e:
+        raise CorpusError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CorpusError(f"{path}: format is {meta.get('format') if isinstance(meta, dict) else None!r}, "
+                          f"expected {FORMAT!r}")
+    data_format = meta.get("data_format", "text")
+    if data_format not in DATA_FORMATS:
+        raise CorpusError(f"{path}: data_format {data_format!r}, this minilmd reads {', '.join(DATA_FORMATS)}")
+    if meta.get("version") != DATA_FORMATS[data_format]:
+        raise CorpusError(f"{path}: version {meta.get('version')!r}, this minilmd reads version "
+                          f"{DATA_FORMATS[data_format]} for data_format {data_format!r}; prepare the corpus again")
+    return meta
+
+
+def read_corpus_meta(prepared: str | Path) -> dict | None:
+    """A local prepared corpus's meta.json, or None if it cannot be read (no format check: for what the config
+    check and the space estimate take from it before staging)."""
+    try:
+        meta = json.loads((Path(prepared) / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def meta_value(meta: Any, *keys: str) -> Any:
+    """meta[k1][k2]... or None where a level is missing or not a table (a meta.json read leniently)."""
+    for key in keys:
+        meta = meta.get(key) if isinstance(meta, dict) else None
+    return meta
+
+
+def corpus_train_tokens(prepared: str) -> int | None:
+    """Train-split token count from a local prepared corpus's meta.json, or None if it cannot be read."""
+    tokens = meta_value(read_corpus_meta(prepared), "splits", "train", "tokens")
+    return tokens if isinstance(tokens, int) else None
+
+
+def parse_meta(raw: bytes, where: str) -> dict:
+    """meta.json's bytes as fetched from a corpus source (`where` names the file); CorpusError if not a JSON
+    object."""
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CorpusError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CorpusError(f"{where}: not a JSON object")
+    return meta
+
+
+def listed_files(meta: dict, where: str) -> dict[str, dict]:
+    """meta["files"] checked for shape and for paths that stay inside the corpus directory (what staging copies);
+    CorpusError naming `where` otherwise."""
+    if meta.get("format") != FORMAT:
+        raise CorpusError(f"{where}: meta.json has format {meta.get('format')!r}, expected {FORMAT!r} "
+                          f"(is this the output of `minilmd prepare`?)")
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        raise CorpusError(f"{where}: meta.json lists no files (key \"files\")")
+    for rel, entry in files.items():
+        p = PurePosixPath(rel)
+        if p.is_absolute() or ".." in p.parts or rel == META:
+            raise CorpusError(f"{where}: meta.json lists an unsafe file name {rel!r}")
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("sha256"), str)):
+            raise CorpusError(f"{where}: meta.json entry for {rel!r} needs an integer size and a sha256")
+    return files
+
+
+def data_format_of(meta: dict) -> str:
+    """"text" or "chat": meta.json's `data_format`, absent meaning "text" (corpora from before chat existed)."""
+    return meta.get("data_format", "text")
