@@ -115,7 +115,7 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
 
 def _os_why(e: OSError) -> str:
     if e.errno in (errno.EACCES, errno.EPERM):
-        return "not readable by you (permission denied)"
+        return "permission denied"
     return f"cannot be read: {e.strerror or e}"
 
 

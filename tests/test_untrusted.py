@@ -197,3 +197,25 @@ def test_printable_keeps_every_script_and_escapes_what_moves_a_terminal():
     assert untrusted.printable("训练 run-1") == "训练 run-1"
     assert untrusted.printable("a\nb\x1b[31m\x7f\u202e") == "a\\nb\\x1b[31m\\x7f\\u202e"
     assert untrusted.loads("1.5", expect=float) == 1.5
+
+
+STATE_KEYS = ["phase", "progress", "supervisor", "sync", "remote_checkpoint", "gpu_wait", "devices", "restarts",
+              "last_error", "step", "loss", "pid", "since", "last_ok", "time", "state", "start_ticks"]
+state_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.sampled_from(STATE_KEYS), children,
+                                                                      max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.sampled_from(STATE_KEYS), state_values, max_size=8))
+def test_the_overview_shows_any_state_json_object_without_a_traceback(tmp_path, state):
+    """`status --all` of a run whose state.json holds any value of any type where a number or a dict belongs."""
+    from minilmd.daemon.host.registry import Entry
+    from minilmd.daemon.views import overview
+
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    row = overview.row(Entry("r", tmp_path, "", os.geteuid(), tmp_path / "r.json"), 1e9)
+    assert len(overview.table([row])) == 2
+    json.dumps(row)
