@@ -3,7 +3,8 @@ claim of scratch.
 
 `check()` is `load_config` (every value in its range, the paths, the corpus's meta.json against the model, the
 owner of scratch) plus what the supervisor's side measures: whether the corpus and the checkpoints kept between two
-syncs fit in scratch (daemon/jobs/staging.py). Every problem comes at once, in one ConfigError: exit 2, final, so a
+syncs fit in scratch (daemon/jobs/staging.py), and that gpu.lock_dir is safe to lease in (daemon/host/gpu.py).
+Every problem comes at once, in one ConfigError: exit 2, final, so a
 config that `--check` accepts is one that the launch will not refuse. `launch()` checks the same and then makes
 scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir), so that no other run can take it.
 Torch-free.
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 from minilmd import scratch
 from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd.daemon.host.gpu import lock_dir_problems
 from minilmd.daemon.jobs.staging import run_space_problem
 
 
 def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:
     """The config, validated as the launch would; raises ConfigError with every problem. Creates nothing."""
-    return load_config(config_path, overrides, more_checks=run_space_problem)
+    return load_config(config_path, overrides,
+                       more_checks=lambda cfg: run_space_problem(cfg) + lock_dir_problems(cfg))
 
 
 def launch(config_path: str, overrides: list[str] | None = None) -> RunConfig:
