@@ -530,8 +530,8 @@ class Supervisor:
         self.room.at_exit()
         self.state["outcome"] = {"exit": self.exit_status, "phase": self.phase, "time": now(),
                                  "reason": self.state["reason"]}
+        self.textfile.close(self.phase)  # first: a textfile it cannot write is in the final state.json
         self.state.save()
-        self.textfile.close(self.phase)
         self.events.emit("exit", f"supervisor exits with status {self.exit_status} ({self.phase})",
                          exit=self.exit_status)
         self.events.close()

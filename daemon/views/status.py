@@ -77,6 +77,10 @@ def summary_lines(state: dict, alive: bool, t: float | None = None) -> list[str]
     if state.get("space_wait") and state.get("phase") == "waiting_space":
         lines.append(_space_line(state["space_wait"], t))
     lines.append(_checkpoints_line(state, t))
+    textfile = state.get("prometheus")
+    if isinstance(textfile, dict) and textfile.get("problem"):
+        lines.append(f"  prometheus textfile {textfile.get('path')} {textfile['problem']}: this run's current "
+                     f"gauges are not in it")
     lines += _staging_lines(state.get("staging") or {})
     lines += _restart_lines(state, t)
     if state.get("overrides"):
