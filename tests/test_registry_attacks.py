@@ -62,11 +62,12 @@ class Place:
         assert not check or done.returncode == 0, done.stderr
         return done
 
-    def nobody_registers(self, name: str, run_dir: Path) -> str:
-        """nobody's supervisor registering its run; its events on stdout."""
+    def nobody_registers(self, name: str, run_dir: Path, *more: str) -> str:
+        """nobody's supervisors registering their runs (more: further name, run dir pairs); events on stdout."""
         return self.as_nobody("import sys\nfrom minilmd.daemon.host import registry\n"
-                              "registry.register_quietly(sys.argv[1], sys.argv[2], 'x.toml', "
-                              "lambda kind, message: print(kind, message))\n", name, str(run_dir)).stdout
+                              "for name, run_dir in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+                              "    registry.register_quietly(name, run_dir, 'x.toml', "
+                              "lambda kind, message: print(kind, message))\n", name, str(run_dir), *more).stdout
 
     def nobody_writes(self, path: Path, text: str) -> None:
         self.as_nobody("import sys\nopen(sys.argv[1], 'w').write(sys.argv[2])\n", str(path), text)
@@ -94,6 +95,7 @@ def key(run_dir: Path) -> str:
     return registry.entry_name("x", run_dir)[len("x-"):-len(".json")]
 
 
+@pytest.mark.slow
 def test_one_bad_entry_blinds_nobody(place):
     place.nobody_registers("n-run", place.run_dir("n-run", "nobody"))
     registry.register("r-run", place.run_dir("r-run"), "x.toml")
@@ -119,10 +121,12 @@ def test_one_bad_entry_blinds_nobody(place):
 
 def test_a_state_json_that_hangs_or_lies_is_unreadable_in_the_overview(place):
     runs = {"n-fifo": "a FIFO", "n-zero": "a symbolic link", "n-list": "a list, not an object"}
+    pairs = []
     for name in (*runs, "n-lies"):
         run_dir = place.run_dir(name, "nobody")
         (run_dir / names.STATE).unlink()
-        place.nobody_registers(name, run_dir)
+        pairs += [name, str(run_dir)]
+    place.nobody_registers(*pairs)
     code = ("import json, os, sys\nd = sys.argv[1]\nos.mkfifo(d + '/n-fifo/state.json')\n"
             "os.symlink('/dev/zero', d + '/n-zero/state.json')\n"
             "open(d + '/n-list/state.json', 'w').write('[1]')\n"
