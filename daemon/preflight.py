@@ -6,20 +6,23 @@ meta.json against the model, the owner of scratch, init.from) plus what the supe
 corpus and the checkpoints kept between two syncs fit in scratch (daemon/jobs/staging.py). Every problem comes at
 once, in one ConfigError: exit 2, final, so a config that `--check` accepts is one that the launch will not refuse.
 `launch()` checks the same and then makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
-so that no other run can take it.
+so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
+to lease in (daemon/host/gpu.py).
 Torch-free.
 """
 from __future__ import annotations
 
 from minilmd import scratch
 from minilmd.config import ConfigError, RunConfig
+from minilmd.daemon.host.gpu import lock_dir_problems
 from minilmd.daemon.jobs.staging import run_space_problem
 from minilmd.probes import load_checked
 
 
 def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:
     """The config, validated as the launch would; raises ConfigError with every problem. Creates nothing."""
-    return load_checked(config_path, overrides, more_checks=run_space_problem)
+    return load_checked(config_path, overrides,
+                        more_checks=lambda cfg: run_space_problem(cfg) + lock_dir_problems(cfg))
 
 
 def launch(config_path: str, overrides: list[str] | None = None) -> RunConfig:

@@ -58,8 +58,8 @@ class RunFiles:
     def close(self, exit_status: int, phase: str) -> None:
         """The supervisor's last words: its outcome in state.json and the textfile, the "exit" event."""
         self.state.outcome = Outcome(exit=exit_status, phase=phase, time=now(), reason=self.state.reason)
-        self.state.save()
         if self.textfile is not None:
-            self.textfile.close(phase)
+            self.textfile.close(phase)  # first: a textfile it cannot write is in the final state.json
+        self.state.save()
         self.events.emit("exit", f"supervisor exits with status {exit_status} ({phase})", exit=exit_status)
         self.events.close()

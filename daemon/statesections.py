@@ -133,6 +133,16 @@ class GpuWait(Section):
 
 
 @dataclass
+class TextfileState(Section):
+    path: str = ""
+    """[log] prometheus_textfile."""
+    problem: str | None = None
+    """Why the supervisor cannot write it (another user's file, a link, a write error); None while it writes it."""
+    since: float | None = None
+    """When that problem was first seen."""
+
+
+@dataclass
 class InitWait(Section):
     since: float | None = None
     """When the wait for the run init.from names began."""
@@ -290,7 +300,7 @@ class Outcome(Section):
 class StateJson(Section):
     """The whole of state.json; every key but "slurm" and "previous_child" is always there."""
 
-    OMIT_WHEN_NONE = ("slurm",)
+    OMIT_WHEN_NONE = ("slurm", "prometheus")
 
     version: int = 1
     """The format's version (STATE_VERSION)."""
@@ -346,3 +356,5 @@ class StateJson(Section):
     """When state.json was last written."""
     slurm: dict | None = None
     """The Slurm job (daemon/slurm/job.py), inside one."""
+    prometheus: TextfileState | None = None
+    """[log] prometheus_textfile and whether the supervisor can write it (key only with a textfile)."""

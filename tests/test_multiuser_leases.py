@@ -54,6 +54,14 @@ def precious(shared: Path) -> Path:
     return victim
 
 
+def admin_lock_dir(shared: Path) -> Path:
+    """The shared lock directory as an admin makes it (docs/operations.md): root's, 1777."""
+    locks = shared / "locks"
+    locks.mkdir()
+    locks.chmod(0o1777)
+    return locks
+
+
 def assert_untouched(victim: Path) -> None:
     st = victim.stat()
     assert victim.read_text() == "precious\n" and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 0
@@ -61,7 +69,8 @@ def assert_untouched(victim: Path) -> None:
 
 def test_a_symlink_planted_as_a_lease_file_is_not_followed(shared):
     victim = precious(shared)
-    as_nobody(f"mkdir -m 1777 locks && ln -s {victim} locks/{LEASE}", shared)
+    admin_lock_dir(shared)
+    as_nobody(f"ln -s {victim} locks/{LEASE}", shared)
     adm = admission(shared / "locks")
     assert adm.try_acquire(1) is None
     reasons = " ".join(adm.last_report.devices[0].reasons)
@@ -84,7 +93,8 @@ def test_a_lock_directory_another_user_can_rearrange_is_refused(shared, mode):
 
 
 def test_a_fifo_planted_as_a_lease_file_neither_blocks_nor_is_chmodded(shared):
-    as_nobody(f"mkdir -m 1777 locks && mkfifo -m 0600 locks/{LEASE}", shared)
+    admin_lock_dir(shared)
+    as_nobody(f"mkfifo -m 0600 locks/{LEASE}", shared)
     adm = admission(shared / "locks")
     assert adm.try_acquire(1) is None
     assert "not a regular file" in " ".join(adm.last_report.devices[0].reasons)
@@ -157,12 +167,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 def test_two_users_never_hold_one_device_and_neither_writes_the_others_lease(shared):
     uid, _ = second_user()
-    locks = shared / "locks"
-    holder = nobody_run(locks, "nobody-run", hold=True)  # nobody comes first: it makes the directory
+    locks = admin_lock_dir(shared)
+    holder = nobody_run(locks, "nobody-run", hold=True)  # nobody comes first: it makes the lease file
     try:
         assert first_line(holder) == "leased"
-        st_dir, st_file = locks.stat(), (locks / LEASE).stat()
-        assert st_dir.st_uid == uid and stat.S_IMODE(st_dir.st_mode) == 0o1777
+        st_file = (locks / LEASE).stat()
         assert st_file.st_uid == uid and stat.S_IMODE(st_file.st_mode) == 0o644
         adm = admission(locks, "root-run")
         assert adm.try_acquire(1) is None

@@ -25,14 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from minilmd.config import GpuSection
+from minilmd.config import GpuSection, RunConfig
 from minilmd.daemon.host import leases
 from minilmd.daemon.host.leases import LeaseFile
 from minilmd.daemon.host.nvml import MemoryReading, ProcessListing, open_nvml_or_reason
 from minilmd.fmt import fmt_duration
 
 __all__ = ["GpuAdmission", "DeviceLease", "PollReport", "DeviceStatus", "cuda_visible_devices",
-           "open_nvml_or_reason"]
+           "open_nvml_or_reason", "lock_dir_problems"]
 
 
 class Nvml(Protocol):
@@ -175,6 +175,18 @@ def taken_from_us(d: DeviceStatus) -> str | None:
         return (f"GPU {d.index}: {d.used_mib} MiB used, {own_mib} MiB of it by this run's processes "
                 f"{[p for p, _ in d.own_processes]}: {d.used_mib - own_mib} MiB > {d.allowed_mib} MiB")
     return None
+
+
+def lock_dir_problems(cfg: RunConfig) -> list[str]:
+    """For `run --check` and the launch (daemon/preflight.py): gpu.lock_dir refused as unsafe (leases.py
+    lock_dir_problem), when this run leases GPUs: train.device = "cuda", or "auto" where NVML is there. A final
+    exit 2, not a wait: every device would stay busy for as long as the directory is what it is."""
+    if cfg.train.device == "cpu":
+        return []
+    problem = leases.lock_dir_problem(cfg.gpu.lock_dir)
+    if problem is None or (cfg.train.device == "auto" and isinstance(open_nvml_or_reason(), str)):
+        return []  # auto without NVML trains on the CPU: no lease is taken
+    return [f"gpu.lock_dir: {problem}"]
 
 
 def _lease_key(index: int, uuid: str) -> str:

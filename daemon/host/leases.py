@@ -5,8 +5,11 @@ The directory is like /tmp: whoever comes first creates it 01777 (sticky: each u
 their own files in it), and anyone may have made it first, with anything inside. So no name is trusted:
 - the directory and every lease file are opened with O_NOFOLLOW (a symlink named like a lease file is refused,
   never followed), O_NONBLOCK (a FIFO planted there cannot block us), O_NOCTTY and close-on-exec;
-- a directory another user could rearrange is refused: one not owned by root or by us unless it is sticky, and
-  one writable by other users unless it is sticky;
+- a lock directory is used only when it is root's or ours, sticky if other users may write to it, and no
+  directory above it can be rearranged by another user (each root's or ours, sticky where others may write; a
+  symlink on the way must be root's or ours, and where it leads is held to the same rule): the owner of a sticky
+  directory, or of any directory above it, could still remove or swap every lease in it. `lock_dir_problem` says
+  why one is refused; `run --check` and the launch refuse it (exit 2, daemon/preflight.py) rather than wait;
 - a lease file is created O_EXCL by its first user, who owns it (0644 whatever the umask: every user's runs must
   be able to open it). An existing one must be a regular file with a single link (fstat after the open): a FIFO,
   a device or a hard link to some other file is refused;
@@ -33,7 +36,8 @@ SHARED_DIR_MODE = 0o1777
 """The lock directory as its first user creates it: every user's runs create their lease files in it, like /tmp."""
 LEASE_MODE = 0o644
 """A lease file as its owner creates it: read (and flocked) by every other user's runs, written by its owner only."""
-ADVICE = "remove it, or set gpu.lock_dir to a directory in which no other user can replace files"
+ADVICE = ("remove it, or set gpu.lock_dir to a directory in which no other user can replace files (an admin makes "
+          "the shared one: install -d -m 1777 -o root -g root /var/lib/minilmd-gpu-locks; docs/operations.md)")
 
 
 class LeaseUnsafe(Exception):
@@ -110,7 +114,55 @@ def lease_body(run: str, host: str) -> dict:
 
 # --- opening without trusting a name ---------------------------------------------------------------------------
 
+def lock_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why the lock directory at path must not be used, or None. A missing one is fine when the directories
+    above it are (it is made at the first lease); nothing is created here."""
+    path = Path(os.path.abspath(path))
+    above = _chain_problem(path.parent)
+    if above:
+        return f"the lock directory {path} is inside {above}; {ADVICE}"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"the lock directory {path} cannot be checked: {e.strerror or e}"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"the lock directory {path} is a symbolic link or not a directory (never followed); {ADVICE}"
+    problem = _dir_problem(st)
+    return f"the lock directory {path} {problem}; {ADVICE}" if problem else None
+
+
+def _chain_problem(path: Path, links: int = 0) -> str | None:
+    """"DIR, which ..." for the first of path and the directories above it that another user could rearrange."""
+    for here in [*reversed(path.parents), path]:
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return None  # made by us, from here down
+        except OSError as e:
+            return f"{here}, which cannot be checked: {e.strerror or e}"
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (0, os.geteuid()):
+                return f"{here}, which is a symbolic link of {_user(st.st_uid)}: that user could point it anywhere"
+            if links >= 8:
+                return f"{here}, which leads through too many symbolic links"
+            problem = _chain_problem(Path(os.path.realpath(here)), links + 1)
+            if problem:
+                return problem
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{here}, which is not a directory"
+        problem = _dir_problem(st)
+        if problem:
+            return f"{here}, which {problem}"
+    return None
+
+
 def _open_dir(path: Path) -> int:
+    problem = _chain_problem(Path(os.path.abspath(path)).parent)
+    if problem:
+        raise LeaseUnsafe(f"the lock directory {path} is inside {problem}; {ADVICE}")
     created = False
     try:
         fd = _open_dir_fd(path)
@@ -147,9 +199,13 @@ def _open_dir_fd(path: Path) -> int:
 
 
 def _dir_problem(st: os.stat_result) -> str | None:
+    """Why a directory (the lock directory or one above it) could be rearranged by another user, or None."""
     sticky = bool(st.st_mode & stat.S_ISVTX)
     if not sticky and st.st_uid not in (0, os.geteuid()):
         return f"belongs to {_user(st.st_uid)} and is not sticky: that user could swap the lease files"
+    if st.st_uid not in (0, os.geteuid()):
+        return (f"belongs to {_user(st.st_uid)}, not to root or you: sticky or not, its owner could remove or swap "
+                f"any lease file in it")
     if not sticky and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return (f"is writable by other users and not sticky (mode {stat.S_IMODE(st.st_mode):04o}): anyone could "
                 f"swap the lease files")

@@ -9,11 +9,15 @@ alert on `time() - ...`) and as an age at the time of writing (`*_age_seconds`, 
 """
 from __future__ import annotations
 
+import os
+import pwd
+import stat
 import time
 from collections import Counter
 from pathlib import Path
 
 from minilmd.daemon.states import Phase
+from minilmd.daemon.statesections import TextfileState
 from minilmd.fsio import atomic_write_text
 
 WRITE_EVERY_S = 5.0
@@ -110,7 +114,13 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
 
 class Textfile:
     """The supervisor's writer: `tick(phase)` every loop turn, `close(phase)` at exit. A failed write (a full or
-    missing directory) is said once through `emit` and tried again at the next turn; it never stops the run."""
+    missing directory) is said once through `emit` and tried again at the next turn; it never stops the run.
+
+    The textfile directory may be one other users write too, so a file at the path that is not this run's user's
+    (another user's, or a symlink or anything but a regular file: someone squatted the name) is never written
+    through or replaced: its gauges are not this run's, and would stay there for ever. That, like a failed write,
+    is kept in state.json's "prometheus" ({path, problem, since}; problem None while the file is written) for
+    `minilmd status` and the run's final state, and said once as an event."""
 
     def __init__(self, path: str, state, emit, clock=time.monotonic):
         self.clock = clock
@@ -123,6 +133,8 @@ class Textfile:
         self.gpu_waited = 0.0
         self.last_tick = clock()
         self.problem: str | None = None
+        if self.path is not None:
+            self.state.prometheus = TextfileState(path=str(self.path))
 
     def tick(self, phase: str, force: bool = False, up: bool = True) -> None:
         clock = self.clock()
@@ -135,16 +147,48 @@ class Textfile:
             return
         self.phase = phase
         self.written_at = clock
-        try:
-            atomic_write_text(self.path, render(self.state.data, time.time(), self.gpu_waited, up), TEXTFILE_MODE)
-        except OSError as e:
-            if self.problem is None:
-                self.emit("prometheus", f"cannot write the Prometheus textfile {self.path}: {e}; retrying")
-            self.problem = str(e)
+        problem = squatted = not_ours(self.path)
+        if problem is None:
+            try:
+                atomic_write_text(self.path, render(self.state.data, time.time(), self.gpu_waited, up), TEXTFILE_MODE)
+            except OSError as e:
+                problem = f"cannot be written: {e}"
+                if self.problem is None:
+                    self.emit("prometheus", f"cannot write the Prometheus textfile {self.path}: {e}; retrying")
+        elif squatted != self.problem:
+            self.emit("prometheus", f"the Prometheus textfile {self.path} {squatted}; what it holds is not this "
+                                    f"run's gauges; retrying")
+        if problem is not None:
+            if problem != self.problem:
+                self.state.prometheus = TextfileState(path=str(self.path), problem=problem, since=time.time())
+            self.problem = problem
             return
         if self.problem is not None:
             self.emit("prometheus", f"the Prometheus textfile {self.path} is written again")
+            self.state.prometheus = TextfileState(path=str(self.path))
             self.problem = None
 
     def close(self, phase: str) -> None:
         self.tick(phase, force=True, up=False)
+
+
+def not_ours(path: Path) -> str | None:
+    """Why the file at path must not be replaced by this run (it belongs to another user, or is a symlink or
+    not a regular file: a squatted name), or None (missing, or a regular file of ours)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be checked: {e.strerror or e}"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link (not this run's: never followed nor replaced)"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (not this run's: never replaced)"
+    if st.st_uid != os.geteuid():
+        try:
+            owner = f"user {pwd.getpwuid(st.st_uid).pw_name}"
+        except KeyError:
+            owner = f"uid {st.st_uid}"
+        return f"belongs to {owner}, not to this run's user: never replaced"
+    return None

@@ -3,38 +3,57 @@ run, written by each supervisor when it starts.
 
 Two places:
   per-user   $XDG_STATE_HOME/minilmd/runs/ (default ~/.local/state/minilmd/runs): the directory 0700, each entry
-             0600 and written atomically; a user's own runs.
+             0600 and written atomically; a user's own runs, <name>-<hash>.json.
   system     /var/lib/minilmd/runs (or $MINILMD_SYSTEM_REGISTRY), only if an admin made it, as root:root with mode
              1777 (sticky, like /tmp): every supervisor also leaves its entry there, <uid>-<name>-<hash>.json,
              owned by its own user. This is the variant for units started by root under `User=`, and lets root see
-             every user's runs. A directory that is not root's (or the euid's), or not sticky, is never written to.
-
-An entry is {"name", "run_dir", "config", "uid", "host", "registered"}. The safety rules when reading:
-  - an entry is opened with O_NOFOLLOW and must be a regular file of at most MAX_ENTRY_BYTES: a symlink or a FIFO
-    planted by another user is skipped, never followed;
-  - the user an entry speaks for is its file's owner (st_uid), not what it says; a non-root reader takes only its
-    own entries, root takes everyone's;
-  - the run directory it names must belong to that same user: nobody can make another user's run show up as
-    theirs (and status reads that run directory's state.json with the reader's own permissions anyway);
-  - the per-user directory must be the reader's own and not a symlink.
-Torch-free and light: `minilmd status` imports it.
+             every user's runs. A directory that is not root's (or the euid's), or not sticky, is never used.
+<hash> is the start of the sha256 of the run directory. Anyone may write into the system registry, so:
+  - a name is never trusted to be free: when another user made this run's name first (squatting), the run
+    registers under <uid>-<name>-<hash>-<8 hex>.json and says so (an event); another user's file is never replaced;
+  - an entry {"name", "run_dir", "config", "uid", "host", "registered"} is read through minilmd/untrusted.py: a
+    regular file (no symlink, FIFO or device is opened), its owner checked before it is parsed, at most
+    MAX_ENTRY_BYTES, a JSON object of little depth;
+  - the user it speaks for is its file's owner, and its file name, its body's uid and its body's name and run
+    directory must all agree with that (a forged or misnamed entry is unreadable, and said so);
+  - its name is a run name (config.py's rule), so it never makes a path and never holds a control character;
+  - a non-root reader reads only its own entries (by name first, then by owner); root reads everyone's;
+  - the run directory it names must belong to its owner (or be gone; root's entries excepted): nobody can make
+    another user's run show up as theirs; runs are told apart by (owner, run directory);
+  - at most MAX_ENTRIES_PER_USER entries of one user are read: a flood slows down only its author's listing.
+What is skipped comes back as notes (`Scan.notes`, escaped for a terminal). Torch-free and light: `minilmd status`
+imports it.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import pwd
+import re
+import secrets
 import socket
 import stat
+import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names
 from minilmd.fsio import atomic_write_text
+from minilmd.untrusted import Unreadable, printable, read_json
 
 MAX_ENTRY_BYTES = 64 * 1024
+MAX_ENTRY_DEPTH = 4
+MAX_ENTRIES_PER_USER = 1000
+"""Entries of one user read per listing, per registry directory: a user has far fewer runs, a flood is cut here."""
+NOTES_PER_USER = 3
+"""Unreadable entries named one by one per user; the rest are counted."""
 ENTRY_SUFFIX = ".json"
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""What config.py accepts as run.name: what an entry may be called."""
+_UNIQUE = re.compile(r"-[0-9a-f]{8}")
 
 
 def user_dir() -> Path:
@@ -68,6 +87,14 @@ class Entry:
     registered: float = 0.0
 
 
+@dataclass
+class Scan:
+    entries: list[Entry] = field(default_factory=list)
+    """What the reader may see, once per (owner, run directory), sorted by name."""
+    notes: list[str] = field(default_factory=list)
+    """What was skipped and why (unreadable, shadowing, over the cap), escaped for a terminal."""
+
+
 class RegistryUnsafe(RuntimeError):
     """A registry directory that must not be used (another user's, a symlink, not sticky)."""
 
@@ -85,8 +112,8 @@ def _own_private_dir(path: Path) -> None:
 
 
 def _safe_shared_dir(path: Path) -> bool:
-    """Whether the system registry exists and may be written to: a real directory of root's (or our own, for
-    tests run as a user), sticky when others may write to it."""
+    """Whether the system registry exists and may be used: a real directory of root's (or our own, for tests run
+    as a user), sticky when others may write to it."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -96,9 +123,19 @@ def _safe_shared_dir(path: Path) -> bool:
     return not (st.st_mode & 0o022) or bool(st.st_mode & stat.S_ISVTX)
 
 
-def register(name: str, run_dir: str | os.PathLike, config: str | os.PathLike) -> list[Path]:
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
+
+
+# --- writing ---------------------------------------------------------------------------------------------------
+
+def register(name: str, run_dir: str | os.PathLike, config: str | os.PathLike, say=None) -> list[Path]:
     """Write this run's entry into the user's registry, and into the system one when it is there and safe.
-    Returns the files written; raises OSError or RegistryUnsafe for the user's registry only."""
+    Returns the files written; raises OSError or RegistryUnsafe for the user's registry only. `say(message)` hears
+    of a system entry name another user took first (the run is then registered under a fresh one)."""
     run_dir = Path(run_dir).resolve()
     body = json.dumps({"name": name, "run_dir": str(run_dir), "config": str(Path(config).resolve()),
                        "uid": os.geteuid(), "host": socket.gethostname(), "registered": round(time.time(), 3)},
@@ -109,44 +146,101 @@ def register(name: str, run_dir: str | os.PathLike, config: str | os.PathLike) -
     atomic_write_text(written[0], body)  # 0600
     shared = system_dir()
     if _safe_shared_dir(shared):
-        path = shared / entry_name(name, run_dir, os.geteuid())
         try:
-            atomic_write_text(path, body, mode=0o644)  # a rename over another user's file fails: sticky
-            written.append(path)
+            written.append(_register_shared(shared, name, run_dir, body, say or (lambda message: None)))
         except OSError:
             pass
     return written
 
 
-def register_quietly(name: str, run_dir: Path, config: str | os.PathLike, emit) -> None:
-    """register(), for the supervisor: a registry it cannot write is said once and never stops the run."""
+def _register_shared(shared: Path, name: str, run_dir: Path, body: str, say) -> Path:
+    """Our entry in the system registry: the usual name if it is free or ours, else a fresh one of ours (the one
+    an earlier start chose, if any). Never replaces another user's file, not even as root."""
+    uid = os.geteuid()
+    path = shared / entry_name(name, run_dir, uid)
+    taker = _taken_by(path, uid)
+    if taker is None:
+        if _publish(path, body, replace=path.exists()):
+            return path
+        taker = _taken_by(path, uid) or "another user"  # made just now, between our look and our link
+    stem = entry_name(name, run_dir, uid)[:-len(ENTRY_SUFFIX)]
+    earlier = [p for p in sorted(shared.glob(f"{glob_escape(stem)}-*{ENTRY_SUFFIX}"))
+               if _UNIQUE.fullmatch(p.name[len(stem):-len(ENTRY_SUFFIX)]) and _taken_by(p, uid) is None]
+    fresh = earlier[0] if earlier else shared / f"{stem}-{secrets.token_hex(4)}{ENTRY_SUFFIX}"
+    if not _publish(fresh, body, replace=bool(earlier)):
+        raise FileExistsError(f"{fresh} was taken too")
+    say(f"the system registry entry {printable(path)} belongs to {taker}, who made it first: this run is "
+        f"registered as {printable(fresh.name)} instead")
+    return fresh
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def _taken_by(path: Path, uid: int) -> str | None:
+    """Who has path if it is not free for us: another user's file, or anything that is not a regular file."""
     try:
-        register(name, run_dir, config)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if st.st_uid != uid:
+        return _user(st.st_uid)
+    return None if stat.S_ISREG(st.st_mode) else f"something that is not a regular file ({_user(st.st_uid)})"
+
+
+def _publish(path: Path, body: str, replace: bool) -> bool:
+    """Write body to path (0644) atomically: over our own file when replace, else only if the name is free (a
+    hard link of the temp file: it fails where rename would replace). False when the name was taken."""
+    fd, tmp = tempfile.mkstemp(prefix=names.atomic_tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(body)
+        if replace:
+            os.replace(tmp, path)  # our own file: another user cannot have replaced it in a sticky directory
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+def register_quietly(name: str, run_dir: Path, config: str | os.PathLike, emit) -> None:
+    """register(), for the supervisor: a registry it cannot write is said once and never stops the run; a name
+    another user took first is said too."""
+    try:
+        register(name, run_dir, config, say=lambda message: emit("registry", message))
     except (OSError, RegistryUnsafe) as e:
         emit("registry", f"not registered for `minilmd status --all`: {e}")
 
 
-def _read_entry(path: Path) -> Entry | None:
-    """The entry in path, or None: a symlink, a non-regular file, a big or broken one (never followed or trusted)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
-            return None
-        raw = os.read(fd, MAX_ENTRY_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        body = json.loads(raw)
-        return Entry(str(body["name"]), Path(body["run_dir"]), str(body.get("config", "")), st.st_uid, path,
-                     float(body.get("registered") or 0.0))
-    except (ValueError, KeyError, TypeError):
-        return None
+# --- reading ---------------------------------------------------------------------------------------------------
+
+def _read_entry(path: Path, owner: int, shared: bool) -> Entry:
+    """The entry in path, owned by `owner`; Unreadable when it is not one, or does not agree with its name."""
+    body = read_json(path, max_bytes=MAX_ENTRY_BYTES, max_depth=MAX_ENTRY_DEPTH, owner=owner)
+    name, run_dir, uid = body.get("name"), body.get("run_dir"), body.get("uid")
+    if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
+        raise Unreadable("its name is not a run name", path)
+    if not isinstance(run_dir, str) or not run_dir.startswith("/"):
+        raise Unreadable("its run_dir is not an absolute path", path)
+    if type(uid) is not int or uid != owner:
+        raise Unreadable(f"says uid {printable(repr(uid))} but belongs to uid {owner}", path)
+    stem = entry_name(name, Path(run_dir), owner if shared else None)[:-len(ENTRY_SUFFIX)]
+    rest = path.name[len(stem):-len(ENTRY_SUFFIX)] if path.name.startswith(stem) else None
+    if rest is None or (rest and not _UNIQUE.fullmatch(rest)):
+        raise Unreadable("its file name disagrees with the run it names", path)
+    registered = body.get("registered")
+    config = body.get("config")
+    return Entry(name, Path(run_dir), config if isinstance(config, str) else "", owner, path,
+                 float(registered) if type(registered) in (int, float) else 0.0)
 
 
 def _run_dir_owner(run_dir: Path) -> int | None:
@@ -156,70 +250,102 @@ def _run_dir_owner(run_dir: Path) -> int | None:
         return None
 
 
-def visible(entry: Entry, reader_uid: int) -> bool:
-    """Whether a reader may see this entry: root sees all; anyone else only entries of their own, naming a run
-    directory of their own (or one that vanished)."""
-    if reader_uid == 0:
-        return True
-    if entry.uid != reader_uid:
-        return False
-    owner = _run_dir_owner(entry.run_dir)
-    return owner is None or owner == reader_uid
-
-
-def _entries_in(folder: Path, reader_uid: int) -> list[Entry]:
+def _entries_in(folder: Path, reader_uid: int, shared: bool, notes: list[str]) -> list[Entry]:
+    """The readable entries in folder a reader may see; notes say what was skipped."""
     try:
-        names_here = sorted(os.listdir(folder))
+        listed = sorted(os.listdir(folder))
     except OSError:
         return []
+    prefix = f"{reader_uid}-" if shared and reader_uid != 0 else ""
+    per_user: Counter[int] = Counter()
+    unreadable: dict[int, list[str]] = defaultdict(list)
     found = []
-    for name in names_here:
-        if not name.endswith(ENTRY_SUFFIX) or name.startswith("."):
+    for file_name in listed:
+        if not file_name.endswith(ENTRY_SUFFIX) or file_name.startswith(".") or not file_name.startswith(prefix):
             continue
-        entry = _read_entry(folder / name)
-        if entry is not None and visible(entry, reader_uid):
-            found.append(entry)
+        path = folder / file_name
+        try:
+            owner = os.lstat(path).st_uid
+        except OSError:
+            continue
+        if reader_uid != 0 and owner != reader_uid:
+            continue  # another user's file under our name: never read
+        per_user[owner] += 1
+        if per_user[owner] > MAX_ENTRIES_PER_USER:
+            continue
+        try:
+            if shared and file_name.split("-", 1)[0] != str(owner):
+                raise Unreadable(f"named for uid {file_name.split('-', 1)[0]} but belongs to uid {owner}")
+            entry = _read_entry(path, owner, shared)
+        except Unreadable as e:
+            unreadable[owner].append(f"{printable(file_name)} ({e.why})")
+            continue
+        run_owner = _run_dir_owner(entry.run_dir)
+        if entry.uid != 0 and run_owner not in (None, entry.uid):
+            notes.append(f"{printable(path)}: the entry of {_user(entry.uid)} names a run directory of "
+                         f"{_user(run_owner)} ({printable(entry.run_dir)}): ignored")
+            continue
+        found.append(entry)
+    for owner, whys in sorted(unreadable.items()):
+        more = f"; and {len(whys) - NOTES_PER_USER} more" if len(whys) > NOTES_PER_USER else ""
+        notes.append(f"{printable(folder)}: {len(whys)} entr{'y' if len(whys) == 1 else 'ies'} of {_user(owner)} "
+                     f"unreadable, skipped: {'; '.join(whys[:NOTES_PER_USER])}{more}")
+    for owner, count in sorted(per_user.items()):
+        if count > MAX_ENTRIES_PER_USER:
+            notes.append(f"{printable(folder)}: {_user(owner)} has {count} entries, more than any user needs: only "
+                         f"the first {MAX_ENTRIES_PER_USER} (by name) are read")
     return found
 
 
-def entries(reader_uid: int | None = None) -> list[Entry]:
-    """Every run this user may see, once each (by run directory), sorted by name: the user's own registry (if it
-    is theirs), then the system registry."""
-    uid = os.geteuid() if reader_uid is None else reader_uid
+def _all_entries(reader_uid: int, notes: list[str]) -> list[Entry]:
+    """Every entry the reader may see, in both places (the user's own registry if it is theirs, then the system
+    one if it is safe), duplicates included."""
     found: list[Entry] = []
     mine = user_dir()
     try:
         st = os.lstat(mine)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
-            found += _entries_in(mine, uid)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == reader_uid:
+            found += _entries_in(mine, reader_uid, False, notes)
     except OSError:
         pass
-    found += _entries_in(system_dir(), uid)
-    unique: dict[str, Entry] = {}
-    for entry in found:
-        unique.setdefault(str(entry.run_dir), entry)
-    return sorted(unique.values(), key=lambda e: (e.name, str(e.run_dir)))
+    if _safe_shared_dir(system_dir()):
+        found += _entries_in(system_dir(), reader_uid, True, notes)
+    return found
+
+
+def scan(reader_uid: int | None = None) -> Scan:
+    """Every run this user may see, once each (by owner and run directory), sorted by name, and the notes."""
+    uid = os.geteuid() if reader_uid is None else reader_uid
+    result = Scan()
+    unique: dict[tuple[int, str], Entry] = {}
+    for entry in _all_entries(uid, result.notes):
+        unique.setdefault((entry.uid, str(entry.run_dir)), entry)
+    result.entries = sorted(unique.values(), key=lambda e: (e.name, str(e.run_dir), e.uid))
+    return result
+
+
+def entries(reader_uid: int | None = None) -> list[Entry]:
+    return scan(reader_uid).entries
 
 
 def forget(target: str) -> list[Path]:
     """Remove this user's entries of the run named target, or of the run directory target; returns the files
-    removed. Only files the user owns are touched (the system registry is sticky; root's forget removes any)."""
+    removed. Only files found in the registry directories are touched, never a path made from a name; only those
+    the user owns (root's forget removes anyone's)."""
     uid = os.geteuid()
     as_dir = str(Path(target).resolve()) if ("/" in target or Path(target).exists()) else None
+    found = _all_entries(uid, [])
+    runs = {(e.uid, str(e.run_dir)) for e in found if e.name == target or str(e.run_dir) == as_dir}
     removed = []
-    for entry in entries(uid):
-        if entry.name != target and str(entry.run_dir) != as_dir:
+    for entry in found:
+        if (entry.uid, str(entry.run_dir)) not in runs or entry.path.parent not in (user_dir(), system_dir()):
             continue
-        paths = [entry.path]
-        for folder, owner in ((user_dir(), None), (system_dir(), entry.uid)):  # the run's entry in the other place
-            paths.append(folder / entry_name(entry.name, entry.run_dir, owner))
-        for path in dict.fromkeys(paths):
-            try:
-                st = os.lstat(path)
-                if uid not in (0, st.st_uid):
-                    continue
-                os.unlink(path)
-                removed.append(path)
-            except OSError:
+        try:
+            st = os.lstat(entry.path)
+            if uid not in (0, st.st_uid):
                 continue
+            os.unlink(entry.path)
+            removed.append(entry.path)
+        except OSError:
+            continue
     return removed

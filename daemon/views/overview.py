@@ -2,39 +2,50 @@
 from the registry (daemon/host/registry.py); `minilmd forget RUN`.
 
 Each row: name, phase (with "not running" when its supervisor is gone before the end, "vanished" when its run
-directory is gone, "unreadable" when its state.json cannot be read), step/total, loss, tok/s, ETA, the GPUs held or
-how long it has waited for them, the last successful sync's age, restarts. `--json` gives the same rows as a list.
+directory is gone, "unreadable (why)" when its state.json is not a file its owner wrote: a FIFO, a link, too big,
+not a JSON object), step/total, loss, tok/s, ETA, the GPUs held or how long it has waited for them, the last
+successful sync's age, restarts. `--json` gives the same rows as a list. Everything shown came from files other
+users may have written: every name and path is escaped for the terminal (minilmd/untrusted.py `printable`), and
+the registry's notes on what it skipped follow the table.
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 from minilmd import names
 from minilmd.daemon.host import registry
-from minilmd.daemon.runstate import read_state
 from minilmd.daemon.statesections import StateJson
 from minilmd.fmt import fmt_duration
+from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
 FINAL = ("done", "failed")
 
 
-def row(entry: registry.Entry, t: float) -> dict:
-    """One run's line as data (what --json prints, and what the table shows)."""
-    from minilmd.daemon.views.status import supervisor_alive
+STATE_MAX_BYTES = 8 << 20
+"""state.json is a few KB; one that is bigger is not one (a link to /dev/zero is never opened at all)."""
+PHASE_WIDTH = 40
+"""A phase longer than this is cut in the table: it came from a file that is not what it says."""
 
+
+def row(entry: registry.Entry, t: float) -> dict:
+    """One run's line as data (what --json prints, and what the table shows). state.json is read as a file its
+    run's owner wrote (minilmd/untrusted.py): "unreadable" with why when it is not one; any value of the wrong
+    type in it is None."""
     base = {"run": entry.name, "run_dir": str(entry.run_dir), "uid": entry.uid, "registered": entry.registered}
     if not entry.run_dir.is_dir():
         return {**base, "phase": "vanished", "running": False}
-    if not os.access(entry.run_dir / names.STATE, os.R_OK) and (entry.run_dir / names.STATE).exists():
-        return {**base, "phase": "unreadable", "running": False}
-    raw = read_state(entry.run_dir)
-    if raw is None:
-        return {**base, "phase": "not started", "running": False}
+    try:  # another user's file (root's overview reads everyone's): the hardened reader, its owner checked first
+        raw = read_json(entry.run_dir / names.STATE, max_bytes=STATE_MAX_BYTES, owner=entry.uid)
+    except Unreadable as e:
+        if e.missing:
+            return {**base, "phase": "not started", "running": False}
+        return {**base, "phase": "unreadable", "why": e.why, "running": False}
+    from minilmd.daemon.views.status import supervisor_alive
+
     state = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
     progress, sync = state.progress, state.sync
     alive = supervisor_alive(state)
@@ -60,8 +71,10 @@ def row(entry: registry.Entry, t: float) -> dict:
 
 
 def _cells(r: dict) -> list[str]:
-    phase = str(r.get("phase"))
-    if r.get("phase") not in FINAL + ("vanished", "unreadable", "not started") and not r.get("running"):
+    phase = printable(str(r.get("phase")))[:PHASE_WIDTH]
+    if r.get("phase") == "unreadable" and r.get("why"):
+        phase += f" ({r['why']})"
+    elif r.get("phase") not in FINAL + ("vanished", "unreadable", "not started") and not r.get("running"):
         phase += " (not running)"
     step = "-" if r.get("step") is None else f"{r['step']:,}" + (f"/{r['total_steps']:,}" if r.get("total_steps")
                                                                   else "")
@@ -77,9 +90,9 @@ def _cells(r: dict) -> list[str]:
         sync = f"{fmt_duration(r['last_sync_age_s'])} ago" if r.get("last_sync_age_s") is not None else "-"
         if r.get("sync_state") in ("failed", "stalled", "unavailable"):
             sync += f" ({r['sync_state']})"
-    return [r["run"], phase, step, f"{r['loss']:.4f}" if r.get("loss") is not None else "-",
+    return [printable(r["run"]), phase, step, f"{r['loss']:.4f}" if r.get("loss") is not None else "-",
             f"{r['tok_s']:,.0f}" if r.get("tok_s") else "-", fmt_duration(r.get("eta_s")), gpu, sync,
-            str(r.get("restarts", "-")), r["run_dir"]]
+            str(r.get("restarts", "-")), printable(r["run_dir"])]
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -89,22 +102,33 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def status_all(as_json: bool = False, out=None) -> int:
+    """The table (or --json's list) of the runs the registry shows this user, then its notes: entries skipped as
+    unreadable, shadowing another user's run or over the per-user cap (on stderr with --json)."""
     out = out or sys.stdout
     t = time.time()
-    rows = [row(e, t) for e in registry.entries()]
+    scan = registry.scan()
+    rows = [row(e, t) for e in scan.entries]
     if as_json:
         print(json.dumps(rows, indent=2, sort_keys=True), file=out)
+        _notes(scan.notes, sys.stderr)
         return 0
     if not rows:
-        print(f"no runs registered for you on this machine (registry: {registry.user_dir()}; a supervisor "
-              f"registers its run when it starts)", file=out)
+        print(f"no runs registered for you on this machine (registry: {printable(registry.user_dir())}; a "
+              f"supervisor registers its run when it starts)", file=out)
+        _notes(scan.notes, out)
         return 0
     print("\n".join(table(rows)), file=out)
     vanished = [r["run"] for r in rows if r["phase"] == "vanished"]
     if vanished:
         print(f"run directories gone: {', '.join(vanished)}: `minilmd forget NAME` removes them from this list",
               file=out)
+    _notes(scan.notes, out)
     return 0
+
+
+def _notes(notes: list[str], out) -> None:
+    for note in notes:
+        print(f"registry: {note}", file=out)
 
 
 def forget(target: str, out=None) -> int:
@@ -116,8 +140,8 @@ def forget(target: str, out=None) -> int:
               file=sys.stderr)
         return 1
     for path in removed:
-        print(f"forgot {target}: removed {path}", file=out)
+        print(f"forgot {printable(target)}: removed {printable(path)}", file=out)
     still = Path(target)
     if still.is_dir() and (still / names.STATE).exists():
-        print(f"  {target} still exists: it is listed again when its supervisor starts", file=out)
+        print(f"  {printable(target)} still exists: it is listed again when its supervisor starts", file=out)
     return 0

@@ -76,6 +76,9 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None) -> list
     if state.space_wait and state.phase == "waiting_space":
         lines.append(_space_line(state.space_wait, t))
     lines.append(_checkpoints_line(state, t))
+    if (textfile := state.prometheus) is not None and textfile.problem:
+        lines.append(f"  prometheus textfile {textfile.path} {textfile.problem}: this run's current gauges are not "
+                     f"in it")
     lines += _staging_lines(state.staging)
     lines += _restart_lines(state, t)
     if state.overrides:

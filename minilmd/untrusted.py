@@ -1,0 +1,216 @@
+"""Reading a file that another user, another run or another machine may have written: one reader, one rule.
+
+Such a file may be a symlink to /dev/zero, a FIFO nobody writes, a directory, gigabytes, 60 KB of `[` (which makes
+json.loads raise RecursionError), a JSON list where an object belongs, or simply someone else's. So:
+- `read_bytes` looks before it opens (lstat: a regular file only, so that no FIFO, device or socket is ever
+  opened), opens with O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, checks with fstat that it opened that same
+  regular file, checks its owner (when the caller names the ones it accepts) before a byte is read, and reads at
+  most max_bytes + 1 bytes whatever the size says;
+- `loads` decodes UTF-8, bounds the nesting depth by a scan of the brackets outside strings before json.loads sees
+  the text, and checks the parsed value's type; it also serves one line of a JSON-lines file;
+- `read_json` is the two together.
+Every failure is one exception, `Unreadable`, whose `why` is a few words for a view ("a FIFO", "owned by uid 1001",
+"over 1 MiB", "nested deeper than 64", "a list, not an object", "not JSON"); a caller shows "unreadable (why)",
+skips a bad line or quarantines a checkpoint, and never sees another exception from here. `printable` escapes
+what such a file says before it reaches a terminal. Torch-free, standard library only.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+import unicodedata
+from collections.abc import Collection
+
+DEFAULT_MAX_DEPTH = 64
+OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[{]|[\]}]', re.DOTALL)
+"""What the depth scan looks at: a whole string (its brackets do not count; an unterminated one runs to the end),
+an opening or a closing bracket."""
+
+
+class Unreadable(ValueError):
+    """A file or line that is not what its reader accepts; `why` says what it is instead, in a few words."""
+
+    def __init__(self, why: str, path: str | os.PathLike | None = None, missing: bool = False):
+        self.why = why
+        self.path = None if path is None else str(path)
+        self.missing = missing
+        """The file does not exist (a reader may treat that as "not yet" rather than as a fault)."""
+        super().__init__(f"{printable(self.path)}: {why}" if self.path is not None else why)
+
+
+def size_text(n: int) -> str:
+    """1048576 -> "1 MiB", 65536 -> "64 KiB", 300 -> "300 bytes"."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor:
+            return f"{n / factor:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def file_kind(mode: int) -> str:
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def _owner_problem(uid: int, owner: int | Collection[int] | None) -> str | None:
+    if owner is None:
+        return None
+    accepted = (owner,) if isinstance(owner, int) else owner
+    return None if uid in accepted else f"owned by uid {uid}"
+
+
+def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collection[int] | None = None) -> bytes:
+    """The bytes of a regular file of at most max_bytes, owned by `owner` (a uid or some uids) when given."""
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        raise Unreadable("missing", path, missing=True) from None
+    except OSError as e:
+        raise Unreadable(_os_why(e), path) from None
+    if not stat.S_ISREG(before.st_mode):
+        raise Unreadable(file_kind(before.st_mode), path)
+    problem = _owner_problem(before.st_uid, owner)
+    if problem:
+        raise Unreadable(problem, path)
+    try:
+        fd = os.open(path, OPEN_FLAGS)
+    except FileNotFoundError:
+        raise Unreadable("missing", path, missing=True) from None
+    except OSError as e:
+        raise Unreadable("a symbolic link" if e.errno == errno.ELOOP else _os_why(e), path) from None
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+            raise Unreadable("replaced while being opened", path)
+        if not stat.S_ISREG(st.st_mode):  # pragma: no cover - the same inode as the regular file lstat saw
+            raise Unreadable(file_kind(st.st_mode), path)
+        problem = _owner_problem(st.st_uid, owner)
+        if problem:
+            raise Unreadable(problem, path)
+        if st.st_size > max_bytes:
+            raise Unreadable(f"over {size_text(max_bytes)}", path)
+        chunks, got = [], 0
+        while got <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if got > max_bytes:
+            raise Unreadable(f"over {size_text(max_bytes)}", path)  # it grew after the fstat
+        return b"".join(chunks)
+    except OSError as e:
+        raise Unreadable(_os_why(e), path) from None
+    finally:
+        os.close(fd)
+
+
+def _os_why(e: OSError) -> str:
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return f"cannot be read: {e.strerror or e}"
+
+
+def too_deep(text: str, max_depth: int) -> bool:
+    """Whether [ and { nest deeper than max_depth outside strings (unbalanced text too: json.loads judges it
+    after). Text with no more brackets than max_depth is not scanned; the scan stops at the first level too deep."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return False
+    level = 0
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            level += 1
+            if level > max_depth:
+                return True
+        elif token in ("]", "}"):
+            level = max(level - 1, 0)
+    return False
+
+
+def kind_of(value) -> str:
+    """What a parsed JSON value is, in the words of a refusal: "an object", "a list", "a string", ..."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "null" if value is None else type(value).__name__
+
+
+def _expected(value, expect: type | tuple[type, ...] | None) -> bool:
+    if expect is None:
+        return True
+    wanted = expect if isinstance(expect, tuple) else (expect,)
+    if isinstance(value, bool) and bool not in wanted:
+        return False  # True is an int to isinstance, never a number to a reader
+    return isinstance(value, wanted)
+
+
+def _wanted_text(expect: type | tuple[type, ...]) -> str:
+    samples = {dict: {}, list: [], str: "", int: 0, float: 0.0, bool: True, type(None): None}
+    wanted = expect if isinstance(expect, tuple) else (expect,)
+    return " or ".join(dict.fromkeys(kind_of(samples.get(t)) if t in samples else t.__name__ for t in wanted))
+
+
+def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, expect: type | tuple[type, ...] | None = dict,
+          path: str | os.PathLike | None = None):
+    """One JSON document (a whole file, or one line of a JSON-lines file) of at most max_depth levels, of type
+    `expect` (None: any). Raises Unreadable only."""
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Unreadable("not UTF-8", path) from None
+    else:
+        text = data
+    if too_deep(text, max_depth):
+        raise Unreadable(f"nested deeper than {max_depth}", path)
+    try:
+        value = json.loads(text)
+    except RecursionError:  # pragma: no cover - only a caller's max_depth beyond the interpreter's stack
+        raise Unreadable(f"nested deeper than this reader can follow (max_depth {max_depth})", path) from None
+    except ValueError:  # JSONDecodeError, and an integer of more digits than int() accepts
+        raise Unreadable("not JSON", path) from None
+    if not _expected(value, expect):
+        raise Unreadable(f"{kind_of(value)}, not {_wanted_text(expect)}", path)  # type: ignore[arg-type]
+    return value
+
+
+def read_json(path: str | os.PathLike, *, max_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH,
+              expect: type | tuple[type, ...] | None = dict, owner: int | Collection[int] | None = None):
+    """read_bytes then loads: the JSON value of a file another user, run or machine may have written."""
+    return loads(read_bytes(path, max_bytes=max_bytes, owner=owner), max_depth=max_depth, expect=expect,
+                 path=path)
+
+
+def printable(text: str | os.PathLike | None) -> str:
+    """text with every control or format character (newline, ESC, DEL, C1, bidi overrides, ...) written as an
+    escape (\\n, \\x1b, \\u202e), so that a name from someone else's file cannot move the cursor, recolour or
+    reorder a terminal; letters of every script stay as they are."""
+    text = "" if text is None else str(os.fspath(text))
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    if ch in "\n\r\t":
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch]
+    code = ord(ch)
+    if code < 0x100 and unicodedata.category(ch) == "Cc":
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

@@ -1,0 +1,103 @@
+"""gpu.lock_dir is used only when no other user can rearrange it: root's or ours, and every directory above it
+root's or ours (sticky where others may write). Each attack below let the other user (nobody, a real Unix user
+through setpriv) unlink a lease, so that two runs took one GPU; now the lease is refused, and `run --check` and the
+launch end with exit 2 naming the directory instead of waiting for ever.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fakes_nvml import FREE, FakeNvml
+from minilmd import protocol
+from minilmd.config import ConfigError, GpuSection
+from minilmd.daemon import preflight
+from minilmd.daemon.host import leases
+from minilmd.daemon.host.gpu import GpuAdmission, open_nvml_or_reason
+from second_user import as_user, second_user, shared_dir
+from supervisor_helpers import write_config
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def shared():
+    second_user()
+    path = shared_dir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def as_nobody(script: str, cwd: Path) -> None:
+    subprocess.run(as_user(["sh", "-c", script]), check=True, cwd=cwd, timeout=30)
+
+
+def refused(lock_dir: Path) -> str:
+    """Why root's run cannot lease the one free device through lock_dir (it must not)."""
+    adm = GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=str(lock_dir), stable_polls=1), run_name="victim")
+    lease = adm.try_acquire(1)
+    if lease is not None:
+        lease.release()
+        pytest.fail(f"leased through {lock_dir}, which another user can rearrange")
+    reasons = " ".join(adm.last_report.devices[0].reasons)
+    assert reasons.startswith("lease not taken safely") and reasons == f"lease not taken safely: " \
+        f"{leases.lock_dir_problem(lock_dir)}", reasons
+    return reasons
+
+
+def test_a_sticky_lock_dir_another_user_made_first_is_refused(shared):
+    as_nobody("mkdir -m 1777 locks", shared)  # anyone can make /tmp/minilmd-gpu-locks first
+    assert "belongs to user nobody, not to root or you" in refused(shared / "locks")
+    assert list((shared / "locks").iterdir()) == []  # no lease file made in there
+
+
+def test_a_lock_dir_inside_a_directory_another_user_owns_is_refused(shared):
+    as_nobody("mkdir -m 0755 his", shared)
+    (shared / "his" / "locks").mkdir()
+    (shared / "his" / "locks").chmod(0o1777)  # root's and sticky, but nobody can rename it away and put his own
+    assert f"is inside {shared}/his, which belongs to user nobody" in refused(shared / "his" / "locks")
+
+
+def test_a_lock_dir_inside_a_world_writable_directory_that_is_not_sticky_is_refused(shared):
+    (shared / "open" / "locks").mkdir(parents=True)
+    (shared / "open").chmod(0o777)
+    (shared / "open" / "locks").chmod(0o1777)
+    assert "open, which is writable by other users and not sticky" in refused(shared / "open" / "locks")
+    (shared / "open").chmod(0o1777)  # sticky and root's, like /tmp: fine
+    assert leases.lock_dir_problem(shared / "open" / "locks") is None
+
+
+def test_a_symlink_of_another_user_on_the_way_is_refused(shared):
+    (shared / "real" / "locks").mkdir(parents=True)
+    (shared / "real" / "locks").chmod(0o1777)
+    as_nobody("ln -s real link", shared)  # nobody can point it elsewhere at any time
+    assert "link, which is a symbolic link of user nobody" in refused(shared / "link" / "locks")
+    (shared / "mine").symlink_to(shared / "real")  # root's own link to a safe place: fine
+    assert leases.lock_dir_problem(shared / "mine" / "locks") is None
+
+
+def test_the_admins_lock_dir_and_a_missing_one_under_safe_parents_are_accepted(shared):
+    (shared / "locks").mkdir()
+    (shared / "locks").chmod(0o1777)
+    assert leases.lock_dir_problem(shared / "locks") is None
+    assert leases.lock_dir_problem(shared / "not-yet" / "locks") is None  # made at the first lease
+
+
+def test_run_check_and_the_launch_refuse_an_unsafe_lock_dir_with_exit_2(shared, tmp_path, corpus):
+    from minilmd.daemon.supervisor import run_supervisor
+
+    as_nobody("mkdir -m 1777 locks", shared)
+    config = write_config(tmp_path, corpus, remote=False, train={"device": "cuda"},
+                          gpu={"lock_dir": str(shared / "locks")})
+    with pytest.raises(ConfigError, match="gpu.lock_dir: the lock directory .* belongs to user nobody"):
+        preflight.check(str(config))
+    assert run_supervisor(str(config)) == protocol.SUPERVISOR_CONFIG
+    assert not (tmp_path / "s" / "run").exists() or not any((tmp_path / "s" / "run").iterdir())
+    preflight.check(str(config), ["train.device=\"cpu\""])  # no GPU: no lease, no refusal
+    if isinstance(open_nvml_or_reason(), str):
+        preflight.check(str(config), ["train.device=\"auto\""])  # auto without NVML trains on the CPU
