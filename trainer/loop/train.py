@@ -46,7 +46,7 @@ import torch.nn.functional  # imported early: the model uses it
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, load_config, parse_duration
 from minilmd.corpus.format import CorpusError
-from minilmd.names import FAULT, RUN_DIR_ENV, step_name
+from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
 from minilmd.protocol import (
     EXIT_CONFIG,
     EXIT_CRASH,
@@ -614,7 +614,7 @@ class Trainer:
                     self.save()
                     self.log_eval()
                 self.finish_saves()
-                self.log.heartbeat(self.step, force=True)
+                self.log.heartbeat(self.step, phase=HEARTBEAT_EXITING, force=True)  # teardown: restart.exit_timeout
                 return EXIT_DONE
             if stop:
                 if self.dist.is_main:
@@ -641,6 +641,7 @@ class Trainer:
                 self.log_train(loss_sum, grad_norm, meter)
             if self.eval_due() and self.log_eval():
                 self.stop_early()
+                self.log.heartbeat(self.step, phase=HEARTBEAT_EXITING, force=True)
                 return EXIT_DONE
 
 
