@@ -66,7 +66,7 @@ def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_pr
     if restarts_so_far >= restart.max_restarts:
         return Decision(Action.FAIL, f"gave up: {restarts_so_far} restarts reached restart.max_restarts "
                                 f"{restart.max_restarts} (last: {cause}: {death.detail})", protocol.SUPERVISOR_GAVE_UP)
-    if cause == Cause.CRASH and cache_cleared:
+    if cause in (Cause.CRASH, Cause.SIGBUS) and cache_cleared and not staged_damaged:
         # a kernel truncated by an earlier kill, now removed: not the run's failure (max_restarts still bounds it)
         return Decision(Action.RESTART, f"the trainer died on a damaged compile-cache entry, now removed: "
                                         f"restarting ({death.detail})", counts_as_restart=False)

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from minilmd.config import RestartSection, load_config
@@ -50,31 +51,69 @@ def test_a_launched_trainer_gets_the_runs_own_caches_unless_the_user_set_them(tm
     assert f"# TORCHINDUCTOR_CACHE_DIR={tmp_path / 'mine'} (set for the supervisor, kept)" in log
 
 
-def test_a_corrupt_entry_is_recognised_only_inside_the_runs_own_cache(tmp_path, monkeypatch):
+def real_kernel() -> bytes:
+    """A whole shared object as ld wrote it (numpy's smallest extension module) to cut short."""
+    return min(Path(np.__file__).parent.rglob("*.so"), key=lambda p: p.stat().st_size).read_bytes()
+
+
+def test_a_shared_object_cut_anywhere_is_damaged_and_a_whole_one_is_not(tmp_path):
+    whole = real_kernel()
+    path = tmp_path / "k.so"
+    for size in (0, 5, 63, 64, 200, 1000, len(whole) // 2, len(whole) - 1):
+        path.write_bytes(whole[:size])
+        assert compilecache.damaged_elf(path), size
+    path.write_bytes(b"\0" * len(whole))  # what a power loss leaves on some filesystems
+    assert compilecache.damaged_elf(path)
+    path.write_bytes(whole)
+    assert not compilecache.damaged_elf(path)
+
+
+def test_only_damaged_kernels_of_the_runs_own_cache_are_removed(tmp_path, monkeypatch):
     for var in CACHE_VARS:
         monkeypatch.delenv(var, raising=False)
     root = tmp_path / "scratch" / COMPILE_CACHE
-    entry = root / "inductor" / "q7" / "cq7.main.so"
-    entry.parent.mkdir(parents=True)
-    entry.write_bytes(b"\x7fELF")
-    log = tmp_path / "attempt.log"
-
-    def found(text: str, environ=None) -> Path | None:
-        log.write_text("# attempt 1: minilmd train run.toml\nresuming at step 0\n" + text)
-        return compilecache.corrupt_entry(log, root, os.environ if environ is None else environ)
-
-    assert found(inductor_error(entry)) == entry
-    assert found(inductor_error(entry, "invalid ELF header")) == entry
-    assert found(inductor_error(entry, "cannot open shared object file: No such file or directory")) is None
+    whole = real_kernel()
+    named = root / "inductor" / "q7" / "cq7.main.so"
+    cut = root / "triton" / "abc" / "__triton_launcher.so"
+    healthy = root / "inductor" / "h1" / "ch1.so"
+    for path, body in ((named, b"\x7fELF"), (cut, whole[:4096]), (healthy, whole)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
     outside = tmp_path / "elsewhere.so"
     outside.write_bytes(b"\x7fELF")
-    assert found(inductor_error(outside)) is None
-    assert found(inductor_error(root / "inductor" / ".." / ".." / "elsewhere.so")) is None  # climbs out
-    link = root / "inductor" / "q7" / "link.so"
-    link.symlink_to(outside)
-    assert found(inductor_error(link)) is None  # a link is never followed, nor removed
-    assert found(inductor_error(entry), {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}) is None  # the user's
-    assert outside.exists() and entry.exists()
+    (root / "inductor" / "ln").symlink_to(tmp_path, target_is_directory=True)  # a link into elsewhere
+    (root / "inductor" / "q7" / "link.so").symlink_to(outside)
+    log = tmp_path / "attempt.log"
+    said: list[dict] = []
+
+    def cleared(text: str, sigbus: bool = False, environ=None) -> bool:
+        log.write_text("# attempt 1: minilmd train run.toml\nresuming at step 0\n" + text)
+        return compilecache.clear_damaged(log, root, os.environ if environ is None else environ, sigbus,
+                                          lambda kind, message, **details: said.append(details))
+
+    assert not cleared("RuntimeError: something else\n")  # a crash that is not the loader's: nothing looked at
+    assert named.exists() and cut.exists()
+    users = {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
+    assert not cleared(inductor_error(named), environ=users)  # the user's caches: never touched
+    assert named.exists() and cut.exists()
+    assert not cleared(inductor_error(outside))  # a file outside the run's own cache: never touched
+    assert outside.exists()
+    assert not cleared(inductor_error(root / "inductor" / ".." / ".." / ".." / "elsewhere.so"))  # climbs out
+    assert not cleared(inductor_error(root / "inductor" / "ln" / "elsewhere.so"))  # through a link out of it
+    assert not cleared(inductor_error(root / "inductor" / "q7" / "link.so"))  # a link in it, to elsewhere
+    assert outside.exists() and named.exists() and cut.exists()
+    (tmp_path / "alias").symlink_to(tmp_path / "scratch", target_is_directory=True)
+    assert cleared(inductor_error(tmp_path / "alias" / COMPILE_CACHE / "inductor" / "q7" / "cq7.main.so"))
+    assert sorted(said[-1]["paths"]) == sorted([str(named), str(cut)])
+    named.write_bytes(b"\x7fELF")
+    cut.write_bytes(whole[:4096])
+    assert cleared(inductor_error(named))
+    assert sorted(said[-1]["paths"]) == sorted([str(named), str(cut)])
+    assert not named.exists() and not cut.exists() and healthy.exists() and outside.exists()
+    assert (root / "inductor" / "q7" / "link.so").is_symlink() and (root / "inductor" / "ln").is_symlink()
+    cut.write_bytes(whole[:4096])
+    assert cleared("Fatal Python error: Bus error\n", sigbus=True) and not cut.exists() and healthy.exists()
+    assert not cleared("Fatal Python error: Bus error\n", sigbus=True)  # nothing damaged left: a SIGBUS as any
 
 
 def test_the_policy_retries_a_cleared_cache_without_counting_it_but_within_max_restarts():
@@ -103,12 +142,26 @@ def test_an_attempt_that_dies_on_a_truncated_kernel_has_it_cleared_and_is_retrie
     env = {"FAKE_CORRUPT_CACHE": "1", "TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": "", "TRITON_CACHE_DIR": ""}
     assert run_supervisor(config, tmp_path, **env) == 0
     (cleared,) = cache_events(cfg.run_dir)
-    entry = Path(cleared["path"])
+    (entry,) = map(Path, cleared["paths"])
     assert entry.is_relative_to(cfg.scratch_dir / COMPILE_CACHE / "inductor") and not entry.exists()
     assert [e["cause"] for e in events(cfg.run_dir) if e["event"] == "child_exit"] == ["crash", "done"]
     st = state(cfg.run_dir)
     assert st["phase"] == "done" and st["no_progress_streak"] == 0
     assert [r["cause"] for r in st["restarts"]] == ["crash"]
+
+
+@pytest.mark.slow
+def test_a_kernel_cut_mid_segment_kills_with_sigbus_and_is_cleared_too(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 10}, restart={"backoff_initial": "0.1s",
+                                                                          "no_progress_limit": 1})
+    cfg = load_config(config)
+    env = {"FAKE_CORRUPT_CACHE": "sigbus", "TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": "",
+           "TRITON_CACHE_DIR": ""}
+    assert run_supervisor(config, tmp_path, **env) == 0
+    (cleared,) = cache_events(cfg.run_dir)
+    assert "SIGBUS" in cleared["message"]
+    assert [e["cause"] for e in events(cfg.run_dir) if e["event"] == "child_exit"] == ["sigbus", "done"]
+    assert state(cfg.run_dir)["no_progress_streak"] == 0
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
 
 def compile_cache_root(cfg: RunConfig) -> Path:
     """The run's own torch.compile caches (inductor's and triton's), under scratch: kept across restarts."""
-    return cfg.scratch_dir / names.COMPILE_CACHE
+    return Path(os.path.abspath(cfg.scratch_dir)) / names.COMPILE_CACHE  # absolute: the trainer names it in errors
 
 
 def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_overrides: list[str],
@@ -122,15 +122,15 @@ def finished_before_end(cfg: RunConfig, child: Child, state, emit) -> bool:
 
 def death_facts(death: Death, child: Child, cfg: RunConfig, state, staging, gpu, emit) -> dict:
     """What the restart policy needs to know about this death beyond its cause: whether the trainer had finished
-    before it ended (`finished_before_end`), whether it died on a corrupt entry of the run's own compile cache (then
+    before it ended (`finished_before_end`), whether it died on a damaged kernel of the run's own compile cache (then
     removed: daemon/child/compilecache.py), whether the staged corpus is damaged (`staging` the StagingWorker),
     whether the GPU was taken from us (`gpu` the GpuWaiter: foreign processes, or memory our own processes do not
     account for)."""
     if death.cause != Cause.DONE and finished_before_end(cfg, child, state, emit):
         return {"finished": True}
     facts = {}
-    if death.cause == Cause.CRASH and compilecache.clear_corrupt_entry(child.log_path, compile_cache_root(cfg),
-                                                                       os.environ, emit):
+    if death.cause in (Cause.CRASH, Cause.SIGBUS) and compilecache.clear_damaged(
+            child.log_path, compile_cache_root(cfg), os.environ, death.cause == Cause.SIGBUS, emit):
         facts["cache_cleared"] = True
     if death.cause in (Cause.SIGBUS, Cause.DATA_ERROR) and (problems := staging.problems()) is not None:
         facts["staged_damaged"] = bool(problems)
