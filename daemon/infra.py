@@ -75,5 +75,6 @@ class Infra:
 
         return prune(root, keep, protect=protect, log=log)
 
-    def launch(self, command: list[str], run_dir: Path, attempt: int, devices: str) -> Child:
-        return childmod.launch(command, run_dir, attempt, devices)
+    def launch(self, command: list[str], run_dir: Path, attempt: int, devices: str,
+               compile_cache: Path | None = None) -> Child:
+        return childmod.launch(command, run_dir, attempt, devices, compile_cache=compile_cache)

@@ -38,11 +38,16 @@ def backoff_seconds(restart: RestartSection, streak: int, rng: random.Random | N
 
 def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_progress_streak: int,
            stop_requested: bool, micro_batch_size: int, grad_accum: int, staged_damaged: bool = False,
-           gpu_busy: bool = False) -> Decision:
+           gpu_busy: bool = False, finished: bool = False, cache_cleared: bool = False) -> Decision:
     """The rule for one death. `no_progress_streak` counts this attempt already (0 if it saved a new checkpoint)."""
     cause = death.cause
     if cause == Cause.DONE:
         return Decision(Action.FINISH, "the trainer finished its budget", counts_as_restart=False)
+    if finished:
+        # its heartbeat said `exiting` and the final checkpoint is saved: killed in a slow teardown, say; a restart
+        # would start at the final step, save nothing new and count toward no_progress_limit until we gave up
+        return Decision(Action.FINISH, f"the trainer had finished its budget before it ended ({cause}: "
+                                       f"{death.detail})", counts_as_restart=False)
     if stop_requested:
         return Decision(Action.STOP, f"stopped on request ({death.detail})", counts_as_restart=False)
     if cause == Cause.CONFIG_ERROR:
@@ -61,6 +66,10 @@ def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_pr
     if restarts_so_far >= restart.max_restarts:
         return Decision(Action.FAIL, f"gave up: {restarts_so_far} restarts reached restart.max_restarts "
                                 f"{restart.max_restarts} (last: {cause}: {death.detail})", protocol.SUPERVISOR_GAVE_UP)
+    if cause in (Cause.CRASH, Cause.SIGBUS) and cache_cleared and not staged_damaged:
+        # a kernel truncated by an earlier kill, now removed: not the run's failure (max_restarts still bounds it)
+        return Decision(Action.RESTART, f"the trainer died on a damaged compile-cache entry, now removed: "
+                                        f"restarting ({death.detail})", counts_as_restart=False)
     if no_progress_streak >= restart.no_progress_limit:
         return Decision(Action.FAIL, f"gave up: {no_progress_streak} attempts in a row without a new checkpoint "
                                 f"(restart.no_progress_limit {restart.no_progress_limit}; last: {cause}: "

@@ -263,7 +263,8 @@ class Supervisor:
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)
         (self.run_dir / names.FAULT).unlink(missing_ok=True)
         try:
-            self.child = self.infra.launch(command, self.run_dir, self.attempt, devices)
+            self.child = self.infra.launch(command, self.run_dir, self.attempt, devices,
+                                           compile_cache=trainerwatch.compile_cache_root(self.cfg))
         except OSError as e:
             if not is_disk_full(e):
                 raise
@@ -315,7 +316,8 @@ class Supervisor:
                           no_progress_streak=streak, stop_requested=self.stop_requested,
                           micro_batch_size=self._effective("micro_batch_size"),
                           grad_accum=self._effective("grad_accum"),
-                          **trainerwatch.death_facts(death, self.staging, self.gpu, self.events.emit))
+                          **trainerwatch.death_facts(death, child, self.cfg, self.state, self.staging, self.gpu,
+                                                     self.events.emit))
         self._act(death, decision, streak, step)
 
     def _effective(self, key: str) -> int:

@@ -259,6 +259,9 @@ class RestartSection:
     compile_timeout: Duration = "30m"
     """While the trainer's heartbeat says it is compiling (its first torch.compile'd step), it is hung only
     after this long (or hang_timeout, if longer)."""
+    exit_timeout: Duration = "10m"
+    """Once the trainer's heartbeat says it is exiting (training over, the final checkpoint saved), it is hung only
+    after this long (or hang_timeout, if longer): a torchrun group's teardown (NCCL) can take minutes."""
 
 
 @dataclass
@@ -548,6 +551,7 @@ RANGES: dict[str, tuple[Range, str]] = {
     "restart.no_progress_limit": (AT_LEAST_1, ""),
     "restart.hang_timeout": (ABOVE_0, "0 would kill every attempt as hung"),
     "restart.compile_timeout": (ABOVE_0, "0 would kill every compiling attempt as hung"),
+    "restart.exit_timeout": (ABOVE_0, "0 would kill every finishing attempt as hung"),
 }
 """Every number of the schema (ints, floats, durations in seconds) and where it must lie, with why when it is not
 obvious. tests/test_check_catches.py checks that every numeric field has its row."""

@@ -12,7 +12,13 @@ each step: a run interrupted anywhere and resumed ends with the same value as an
 
 Environment: FAKE_STEP_S seconds per step (default 0.02); FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
 train.micro_batch_size is above this (a GPU too small for the micro-batch); FAKE_COMPILE_S: before its first step,
-a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile).
+a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile). At the budget it writes a
+"STEP exiting" heartbeat, like the real trainer, then exits 0 after FAKE_EXIT_LINGER_S seconds more of silence
+(default 0: a slow teardown, e.g. NCCL's). FAKE_CORRUPT_CACHE: the first time, leave a truncated kernel in its
+inductor cache dir (TORCHINDUCTOR_CACHE_DIR, else torch's default under the temp dir), as a kill in the middle of a
+compile does; every attempt that finds it there dies on it as torch does: "1" (or an absolute path, where the file
+is put instead) 5 bytes and the InductorError `file too short` (exit 1); "sigbus" a real shared object cut in half
+and SIGBUS (the loader maps a segment past the end of the file).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import mmap
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,6 +120,31 @@ class Faults:
         return None
 
 
+def corrupt_cache(run_dir: Path, how: str) -> str:
+    """The last words of a trainer that loads a truncated kernel from its compile cache ("" if there is none; it
+    dies of SIGBUS itself for "sigbus"). The first time (a marker in the run dir) it leaves one there."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or \
+        os.path.join(tempfile.gettempdir(), f"torchinductor_{os.environ.get('USER', 'user')}")
+    entry = Path(how) if how.startswith("/") else Path(root) / "q7" / "cq7fakekernel.main.so"
+    marker = run_dir / "fake-cache-corrupted"
+    if not marker.exists():
+        marker.write_text(f"{entry}\n")
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        if how == "sigbus":
+            real = min(Path(np.__file__).parent.rglob("*.so"), key=lambda p: p.stat().st_size).read_bytes()
+            entry.write_bytes(real[:len(real) // 2])
+        else:
+            entry.write_bytes(b"\x7fELF\x02")
+    if not entry.is_file():
+        return ""
+    if how == "sigbus":
+        os.kill(os.getpid(), signal.SIGBUS)
+    return ("Traceback (most recent call last):\n  File \"torch/_inductor/codecache.py\", line 2466, in load\n"
+            f"torch._inductor.exc.InductorError: ImportError: {entry}: file too short\n\n"
+            "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please do this especially if you're reporting "
+            "a bug to PyTorch). For even more developer context, set TORCH_LOGS=\"+dynamo\"")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] != "train":
         print("usage: fake_trainer.py train CONFIG [--set K=V ...]", file=sys.stderr)
@@ -138,6 +170,10 @@ def main(argv: list[str]) -> int:
         protocol.write_fault(run_dir, "cuda_oom", f"CUDA out of memory at micro_batch_size {mb}", step=0,
                              micro_batch_size=mb)
         return protocol.EXIT_CUDA_OOM
+
+    if os.environ.get("FAKE_CORRUPT_CACHE") and (crash := corrupt_cache(run_dir, os.environ["FAKE_CORRUPT_CACHE"])):
+        print(crash, file=sys.stderr, flush=True)
+        return protocol.EXIT_CRASH
 
     tokens_file = open(prepared / "train" / "tokens.bin", "rb")
     tokens = mmap.mmap(tokens_file.fileno(), 0, prot=mmap.PROT_READ)
@@ -202,6 +238,8 @@ def main(argv: list[str]) -> int:
             print(f"stopped at step {step}", flush=True)
             return protocol.EXIT_STOPPED
     print(f"done at step {step}: weights {weights}", flush=True)
+    heartbeat.write_text(f"{step} {names.HEARTBEAT_EXITING}\n")  # training is over: what is left is teardown
+    time.sleep(float(os.environ.get("FAKE_EXIT_LINGER_S", "0")))
     return protocol.EXIT_DONE
 
 

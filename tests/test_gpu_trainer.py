@@ -239,7 +239,7 @@ def test_the_first_compiled_step_runs_under_a_compiling_heartbeat_and_later_ones
     assert trainer.train() == 0
     assert seen[:2] == ["0 compiling\n"] * 2  # both micro-batches of the first step
     assert all("compiling" not in body for body in seen[2:]) and len(seen) == 6
-    assert (cfg.run_dir / HEARTBEAT).read_text() == "3\n"  # the exit's beat is forced
+    assert (cfg.run_dir / HEARTBEAT).read_text() == "3 exiting\n"  # the exit's beat: forced, training is over
 
 
 # --- the heartbeat, about once a second ---------------------------------------------------------------------------

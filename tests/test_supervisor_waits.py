@@ -121,8 +121,8 @@ class FirstAttemptUnreaped(Infra):
     def __init__(self):
         self.held: UnreapedPopen | None = None
 
-    def launch(self, command, run_dir, attempt, devices):
-        child = super().launch(command, run_dir, attempt, devices)
+    def launch(self, command, run_dir, attempt, devices, compile_cache=None):
+        child = super().launch(command, run_dir, attempt, devices, compile_cache)
         if attempt == 1:
             child.popen = self.held = UnreapedPopen(child.popen)
         return child

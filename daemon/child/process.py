@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol
+from minilmd.daemon.child import compilecache
 from minilmd.daemon.child.orphans import REAP_S, record_launch
 from minilmd.daemon.runstate import process_start_ticks
 from minilmd.daemon.states import Cause
@@ -203,8 +204,10 @@ def trainer_threads(command: list[str], devices: str, environ, cores: int | None
     return str(idle), f"a single CPU trainer: the idle cores, {cores} cores less load {load:.1f}"
 
 
-def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None) -> Child:
-    """Start the trainer in its own session, output appended to its attempt log."""
+def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None,
+           compile_cache: Path | None = None) -> Child:
+    """Start the trainer in its own session, output appended to its attempt log. `compile_cache`: the run's own
+    torch.compile caches go under it (daemon/child/compilecache.py), unless set for the supervisor."""
     log_path = attempt_log_path(run_dir, attempt)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -214,9 +217,12 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
     env["CUDA_VISIBLE_DEVICES"] = devices
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"], threads_why = trainer_threads(command, devices, env)
+    caches = compilecache.trainer_env(compile_cache, env) if compile_cache is not None else {}
+    env.update({var: value for var, (value, _) in caches.items()})
     with open(log_path, "ab") as log:
         log.write(f"# attempt {attempt}: {shlex.join(command)}\n# CUDA_VISIBLE_DEVICES={devices!r}\n"
                   f"# OMP_NUM_THREADS={env['OMP_NUM_THREADS']} ({threads_why})\n".encode())
+        log.write("".join(f"# {var}={value} ({why})\n" for var, (value, why) in caches.items()).encode())
         log.flush()
         popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True, close_fds=True)

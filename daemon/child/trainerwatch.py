@@ -6,15 +6,17 @@ process mechanics themselves (find, signal, dump a stack, classify a death) are 
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import names
 from minilmd.config import RunConfig, parse_duration, parse_overrides
-from minilmd.daemon.child import orphans, stackdump
+from minilmd.daemon.child import compilecache, orphans, stackdump
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death
-from minilmd.daemon.runstate import heartbeat_phase, now
+from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
+from minilmd.daemon.runstate import heartbeat_phase, now, read_heartbeat
 from minilmd.daemon.states import Cause
 
 STARTUP_GRACE_S = 60.0
@@ -39,6 +41,11 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
     emit("orphan", f"orphaned trainer processes {pids} are gone")
 
 
+def compile_cache_root(cfg: RunConfig) -> Path:
+    """The run's own torch.compile caches (inductor's and triton's), under scratch: kept across restarts."""
+    return Path(os.path.abspath(cfg.scratch_dir)) / names.COMPILE_CACHE  # absolute: the trainer names it in errors
+
+
 def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_overrides: list[str],
                     nproc: int) -> list[str]:
     """An attempt's command line: the staged corpus, the overrides the policy set, then the command line's."""
@@ -49,12 +56,23 @@ def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_ove
     return childmod.build_command(run_dir / names.RUN_CONFIG_COPY, merged, nproc)
 
 
+PHASE_ALLOWANCES = {names.HEARTBEAT_COMPILING: "compile_timeout", names.HEARTBEAT_EXITING: "exit_timeout"}
+"""The heartbeat phases that allow more silence than restart.hang_timeout, and the restart key that says how much."""
+
+
+def _allowance(cfg: RunConfig, child: Child, beat) -> tuple[str, str] | None:
+    """(phase, restart key) when this attempt's own heartbeat names a phase with an allowance of its own."""
+    phase = heartbeat_phase(cfg.run_dir) if child.beats(beat) else ""
+    return (phase, PHASE_ALLOWANCES[phase]) if phase in PHASE_ALLOWANCES else None
+
+
 def hang_limit(cfg: RunConfig, child: Child, beat) -> float:
-    """Seconds of silence that make this trainer hung: restart.hang_timeout, or restart.compile_timeout (if longer)
-    while its own heartbeat says it is compiling: a cold torch.compile of the first step takes minutes."""
+    """Seconds of silence that make this trainer hung: restart.hang_timeout, or (if longer) restart.compile_timeout
+    while its own heartbeat says it is compiling (a cold torch.compile of the first step takes minutes) and
+    restart.exit_timeout once it says it is exiting (training is over; a torchrun group's teardown can be slow)."""
     limit = parse_duration(cfg.restart.hang_timeout)
-    if child.beats(beat) and heartbeat_phase(cfg.run_dir) == "compiling":
-        limit = max(limit, parse_duration(cfg.restart.compile_timeout))
+    if (allowed := _allowance(cfg, child, beat)) is not None:
+        limit = max(limit, parse_duration(getattr(cfg.restart, allowed[1])))
     return limit
 
 
@@ -64,8 +82,8 @@ def kill_if_hung(cfg: RunConfig, child: Child, beat, emit) -> None:
     detail = child.silence(beat, limit, STARTUP_GRACE_S)
     if not detail:
         return
-    if limit > parse_duration(cfg.restart.hang_timeout):
-        detail += " while compiling (restart.compile_timeout)"
+    if limit > parse_duration(cfg.restart.hang_timeout) and (allowed := _allowance(cfg, child, beat)) is not None:
+        detail += f" while {allowed[0]} (restart.{allowed[1]})"
     emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
     dumped = stackdump.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
     child.killed_for_hang = True
@@ -84,11 +102,36 @@ def report_unreaped(child: Child, emit) -> None:
                      f"uninterruptible I/O on a stalled mount); waiting for the kernel to release it", pid=child.pid)
 
 
-def death_facts(death: Death, staging, gpu, emit) -> dict:
-    """What the restart policy needs to know about this death beyond its cause: whether the staged corpus is damaged
-    (`staging` the StagingWorker), whether the GPU was taken from us (`gpu` the GpuWaiter: foreign processes, or memory
-    our own processes do not account for)."""
+def finished_before_end(cfg: RunConfig, child: Child, state, emit) -> bool:
+    """Whether this attempt's trainer had finished before it ended: its own last heartbeat says `exiting` (it writes
+    that once training is over and its final checkpoint is saved, before the teardown) and the checkpoint of that
+    step is in scratch or on the remote (state.json's remote_checkpoint). Then a kill in a slow teardown, or any
+    other end, is the run's finish: a restart would start at the final step and save nothing new."""
+    beat = read_heartbeat(cfg.run_dir)
+    if not child.beats(beat) or heartbeat_phase(cfg.run_dir) != names.HEARTBEAT_EXITING:
+        return False
+    assert beat is not None  # child.beats() says it is there
+    step = beat[1]
+    remote = (state["remote_checkpoint"] or {}).get("step")
+    if step is None or (step not in local_checkpoint_steps(cfg.checkpoint_dir) and remote != step):
+        return False
+    emit("finish", f"attempt {child.attempt} had finished: its heartbeat said exiting at step "
+                   f"{step}, whose checkpoint is saved; its end is the run's finish, not a restart", step=step)
+    return True
+
+
+def death_facts(death: Death, child: Child, cfg: RunConfig, state, staging, gpu, emit) -> dict:
+    """What the restart policy needs to know about this death beyond its cause: whether the trainer had finished
+    before it ended (`finished_before_end`), whether it died on a damaged kernel of the run's own compile cache (then
+    removed: daemon/child/compilecache.py), whether the staged corpus is damaged (`staging` the StagingWorker),
+    whether the GPU was taken from us (`gpu` the GpuWaiter: foreign processes, or memory our own processes do not
+    account for)."""
+    if death.cause != Cause.DONE and finished_before_end(cfg, child, state, emit):
+        return {"finished": True}
     facts = {}
+    if death.cause in (Cause.CRASH, Cause.SIGBUS) and compilecache.clear_damaged(
+            child.log_path, compile_cache_root(cfg), os.environ, death.cause == Cause.SIGBUS, emit):
+        facts["cache_cleared"] = True
     if death.cause in (Cause.SIGBUS, Cause.DATA_ERROR) and (problems := staging.problems()) is not None:
         facts["staged_damaged"] = bool(problems)
         if problems:

@@ -6,8 +6,10 @@ metrics.jsonl gets one JSON object per line, each with a "kind":
   {"kind": "checkpoint", "step", "blocking_s", "path", "time"}.
 "step" is the number of optimizer steps completed. The heartbeat file's body is that number too, followed by
 " compiling" while the first torch.compile'd step runs (the supervisor then allows restart.compile_timeout instead
-of restart.hang_timeout); it is rewritten (temp file + rename, no fsync: it is a liveness signal, not data) after
-a step at most once a second, and always at a save, an evaluation, a phase change and the exit.
+of restart.hang_timeout) and by " exiting" once training is over and the final checkpoint is saved, before the
+teardown (restart.exit_timeout then; a trainer that ends in any way after it has finished). It is rewritten (temp
+file + rename, no fsync: it is a liveness signal, not data) after a step at most once a second, and always at a
+save, an evaluation, a phase change and the exit.
 """
 from __future__ import annotations
 
@@ -64,8 +66,9 @@ class MetricsLog:
             f.write(line + "\n")
 
     def heartbeat(self, step: int, phase: str = "", force: bool = False) -> bool:
-        """Refresh the heartbeat file with `step` (and `phase`, "" or "compiling"): when forced, when the phase
-        changed, or when the last one is heartbeat_interval seconds old. Returns whether it was written."""
+        """Refresh the heartbeat file with `step` (and `phase`: "", "compiling" or "exiting", names.HEARTBEAT_*):
+        when forced, when the phase changed, or when the last one is heartbeat_interval seconds old. Returns whether
+        it was written."""
         if not self.active:
             return False
         now = time.monotonic()

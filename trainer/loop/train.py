@@ -44,7 +44,7 @@ import torch.nn.functional  # imported early: the model uses it
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, parse_duration
 from minilmd.corpus.meta import CorpusError
-from minilmd.names import FAULT, RUN_DIR_ENV, step_name
+from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
 from minilmd.probes import load_checked
 from minilmd.protocol import (
     EXIT_CONFIG,
@@ -397,7 +397,7 @@ class Trainer:
                     self.save()
                     self.log_eval()
                 self.finish_saves()
-                self.log.heartbeat(self.step, force=True)
+                self.log.heartbeat(self.step, phase=HEARTBEAT_EXITING, force=True)  # teardown: restart.exit_timeout
                 return EXIT_DONE
             if stop:
                 if self.dist.is_main:
@@ -424,6 +424,7 @@ class Trainer:
                 self.log_train(loss_sum, grad_norm, meter)
             if self.eval_due() and self.log_eval():
                 self.stop_early()
+                self.log.heartbeat(self.step, phase=HEARTBEAT_EXITING, force=True)
                 return EXIT_DONE
 
 
