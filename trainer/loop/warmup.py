@@ -4,8 +4,9 @@ heartbeat before each step that brings a new width, and the CUDA allocator's set
 In `data.mode = "bucketed"` micro-batches come in up to 32 widths (minilmd/corpus/analysis/stats.py width_class),
 the widest at a random step, perhaps hours in. So, before the first optimizer step of every attempt (after the
 resume), one forward+backward of micro_batch_size rows at the widest width class: a CUDA OOM then happens at start,
-not after hours of work. Its gradients are dropped (None again, as after optimizer.zero_grad), no optimizer step is
-taken and the RNG states are put back (LoRA dropout draws from them), so training and a resume stay bit-exact.
+not after hours of work (a fresh optimizer, whose moments do not exist yet, has room held for them meanwhile). Its
+gradients are dropped (None again, as after optimizer.zero_grad), no optimizer step is taken and the RNG states are
+put back (LoRA dropout draws from them), so training and a resume stay bit-exact.
 
 Under torch.compile the input's width is marked dynamic (mark_dynamic): one graph serves every width. Measured on
 CPU (tests/test_bucketed_compile.py, dynamo's counters): 1 graph with the mark; without it, 2 (dynamo compiles the
@@ -76,6 +77,14 @@ def mark_width_dynamic(trainer: Any, ids: torch.Tensor) -> torch.Tensor:
     return ids
 
 
+def _adam_moments_room(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """A fresh AdamW creates its two moments per parameter at its first step: until then, room for them (left
+    uninitialised, never read), so that the warm-up's peak is a later step's. None needed after a resume."""
+    if optimizer.state:
+        return []
+    return [torch.empty_like(p) for group in optimizer.param_groups for p in group["params"] for _ in range(2)]
+
+
 def widest_micro_batch(trainer: Any, watch: WidthWatch) -> None:
     """Bucketed: one forward+backward at the widest width with the real micro-batch size, then the gradients
     dropped and the RNG states restored (module docstring). Other modes: nothing (every step is that wide)."""
@@ -88,9 +97,11 @@ def widest_micro_batch(trainer: Any, watch: WidthWatch) -> None:
     x, y = trainer.to_device(sampler.widest_batch(trainer.cfg.train.micro_batch_size))
     devices = [trainer.device] if trainer.device.type == "cuda" else []
     model = trainer.forward_model
+    moments = _adam_moments_room(trainer.optimizer)
     with torch.random.fork_rng(devices=devices):
         with (model.no_sync() if trainer.dist.active else nullcontext()), trainer.autocast():
             loss = next_token_loss(model(x).logits, y, reduction="sum")
         loss.backward()
+    del loss, moments
     trainer.model.zero_grad(set_to_none=True)  # None, as optimizer.zero_grad leaves them after every step
     trainer.log.heartbeat(trainer.step, force=True)
