@@ -8,6 +8,7 @@ counts the loss is weighted by (global_counts) are those of the rows. Chat rows 
 import numpy as np
 import pytest
 
+from minilmd.corpus.analysis.stats import width_class
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.trainer.batches.bucketing import BucketedSampler, DocumentRows, PaddedSampler
 from minilmd.trainer.batches.sampler_base import DataError
@@ -47,10 +48,14 @@ def test_a_bucketed_epoch_visits_each_document_once_in_tight_buckets():
     assert not np.array_equal(epochs[0], epochs[1])  # another tie order, other left-outs, another bucket order
     b = s.batch(5, 16, micro=1, micro_batch_size=8)  # one micro-batch is one bucket
     docs, _ = s.order.items(np.arange(5 * 16 + 8, 5 * 16 + 16))
-    assert b.input_ids.shape == (8, int(lengths[docs].max()))
+    longest = int(lengths[docs].max())
+    assert b.input_ids.shape == (8, width_class(longest, 64)) and width_class(longest, 64) % 8 == 0
+    assert (b.input_ids[:, longest:] == PAD_ID).all() and (b.targets[:, longest:] == 0).all()  # no loss on them
     assert b.n_real_tokens == int((b.input_ids != PAD_ID).sum()) == int(lengths[docs].sum())
     padded = PaddedSampler(tokens, starts, 64, seed=3, loss_mask=mask)
-    assert s.pad_share(micro_batch_size=8) < 0.1 < padded.pad_share()
+    # Widths rounded up to multiples of 8 at seq_len 64 cost some PAD on these short rows (~18 tokens), still a
+    # fraction of static padding's.
+    assert s.pad_share(micro_batch_size=8) < 0.25 < 0.5 < padded.pad_share()
 
 
 def test_bucketed_order_is_a_pure_function_of_seed_and_step_and_splits_like_packing():

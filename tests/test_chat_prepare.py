@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from chat_helpers import HAND_MADE, a, read_conversations, s, u, write_chat_jsonl
-from minilmd.corpus.analysis.stats import bucketed_pad_share
+from minilmd.corpus.analysis.stats import bucketed_pad_share, width_class
 from minilmd.corpus.chat import ChatTemplate
 from minilmd.corpus.format import TokenStream, data_fingerprint, open_prepared, verify_prepared
 from minilmd.corpus.meta import CorpusError
@@ -81,21 +81,24 @@ def test_the_session_chat_corpus_meets_the_reader_contract(chat_corpus, chat_tok
     assert stats["tokens"] == pc.train.n_tokens and 0 < stats["cut"] <= int((pc.train.doc_lengths == 128).sum())
     assert 0 < stats["bucketed"]["pad_share"] < stats["padded"]["pad_share"] < 1
     assert stats["padded"]["pad_share"] == pytest.approx(1 - pc.train.n_tokens / (pc.train.n_docs * 128))
-    assert stats["bucketed"]["pad_share"] == bucketed_pad_share(pc.train.doc_lengths, 8)
+    assert stats["bucketed"]["pad_share"] == bucketed_pad_share(pc.train.doc_lengths, 8, 128)
     # The mask is part of the data: a corpus differing only in it has another fingerprint.
     changed = json.loads(json.dumps(meta))
     changed["files"]["train/loss_mask.bin"]["sha256"] = "0" * 64
     assert data_fingerprint(changed) != pc.data_fingerprint
 
 
-def test_bucketed_pad_share_pads_each_sorted_micro_batch_to_its_longest():
-    assert bucketed_pad_share(np.array([10, 1, 3, 2]), 2) == pytest.approx(1 - 16 / (2 * 2 + 10 * 2))
-    assert bucketed_pad_share(np.array([5, 5, 5]), 2) == 0.0
+def test_bucketed_pad_share_pads_each_sorted_micro_batch_to_its_longest_rows_width_class():
+    # The trainer's rounding: multiples of 8 at seq_len <= 256, of 24 at 768, capped at seq_len.
+    assert [width_class(w, 768) for w in (1, 24, 25, 760, 768)] == [24, 24, 48, 768, 768]
+    assert [width_class(w, 100) for w in (3, 8, 9, 97, 100)] == [8, 8, 16, 100, 100]
+    assert bucketed_pad_share(np.array([10, 1, 3, 2]), 2, 64) == pytest.approx(1 - 16 / (8 * 2 + 16 * 2))
+    assert bucketed_pad_share(np.array([5, 5, 5]), 2, 5) == 0.0  # capped at seq_len: no rounding past it
     rng = np.random.default_rng(0)
     lengths = rng.integers(2, 300, size=101)
     ranked = np.sort(lengths)
-    padded = sum(int(b.max()) * b.size for b in np.array_split(ranked, range(7, 101, 7)))
-    assert bucketed_pad_share(lengths, 7) == pytest.approx(1 - lengths.sum() / padded)
+    padded = sum(min(-(-int(b.max()) // 16) * 16, 300) * b.size for b in np.array_split(ranked, range(7, 101, 7)))
+    assert bucketed_pad_share(lengths, 7, 300) == pytest.approx(1 - lengths.sum() / padded)
 
 
 BAD = [

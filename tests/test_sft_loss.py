@@ -47,7 +47,7 @@ def test_bucketed_and_static_padding_give_the_same_loss_and_gradients(tmp_path, 
     assert static.sampler.global_counts(0, 96) == bucketed.sampler.global_counts(0, 96)  # the same targets
     pad_static = static.sampler.pad_share(micro_batch_size=8)
     pad_bucketed = bucketed.sampler.pad_share(micro_batch_size=8)
-    assert pad_static > 0.5 and pad_bucketed < pad_static / 4, (pad_static, pad_bucketed)  # the rows differ
+    assert pad_static > 0.5 and pad_bucketed < pad_static / 3, (pad_static, pad_bucketed)  # the rows differ
 
     loss_s, grads_s = gradients(static)
     loss_b, grads_b = gradients(bucketed)
@@ -92,7 +92,8 @@ def test_bench_sft_measures_the_three_modes_on_the_same_model(tmp_path, chat):
     results = compare(cfg, steps=3, warmup=0)
     static, bucketed, packed = results["padded"], results["bucketed"], results["packed"]
     assert all(r.steps == 3 and r.seconds > 0 for r in results.values())
-    assert packed.pad_share == 0.0 and bucketed.pad_share < 0.1 < 0.5 < static.pad_share
+    # Bucketed rows rounded up to a multiple of 8 (width_class): on these ~20-token rows that is most of its PAD.
+    assert packed.pad_share == 0.0 and bucketed.pad_share < 0.3 < 0.5 < static.pad_share
     assert all(0 < r.target_tokens < r.real_tokens for r in results.values())  # user turns are context only
     text = report(results, cfg)
     limit = (1 - bucketed.pad_share) / (1 - static.pad_share)

@@ -15,7 +15,9 @@ Bucketed (`data.mode = "bucketed"`): each epoch e, from numpy's PCG64 seeded wit
      break);
   3. cut into buckets of micro_batch_size consecutive documents: each is one micro-batch;
   4. the buckets in a random order (a second draw of the same generator).
-Each micro-batch is padded only to its longest row. Row position p is slot p % mb of bucket p // mb of that
+Each micro-batch is padded to the width class of its longest row (minilmd/corpus/analysis/stats.py
+width_class: the next multiple of about seq_len / 32, so that torch.compile sees a few shapes, not one per bucket;
+`prepare` and `bench sft` count their PAD the same way). Row position p is slot p % mb of bucket p // mb of that
 epoch's list, exactly the row positions the packed sampler uses, so the global batch of step s, its split over
 ranks and micro-batches, and a bit-exact resume from (seed, step) are the same machinery. A micro-batch starts on a
 bucket's first row as long as micro_batch_size stays what it was (a run resumed with another one, after a CUDA
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minilmd.corpus.analysis.stats import width_class
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.trainer.batches.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 
@@ -121,12 +124,23 @@ class PaddedSampler(Sampler):
     def _too_small_message(self, seq_len: int) -> str:
         return "the train split has no documents"
 
-    def width(self) -> int | None:
+    def width_of(self, docs: np.ndarray) -> int:
+        """Width of the micro-batch of these documents: seq_len."""
         return self.seq_len
+
+    def widest(self) -> int:
+        """The widest micro-batch this run's data can give."""
+        return self.seq_len
+
+    def micro_batch_widths(self, first_row: int, global_batch: int, micro_batch_size: int) -> set[int]:
+        """Widths of the micro-batches of the global batch starting at row first_row, over every rank (each rank
+        computes it alone: a rank meeting a new width compiles while the others wait for it)."""
+        docs, _ = self.order.items(np.arange(first_row, first_row + global_batch, dtype=np.int64))
+        return {self.width_of(docs[i:i + micro_batch_size]) for i in range(0, len(docs), micro_batch_size)}
 
     def rows(self, positions: np.ndarray) -> Batch:
         docs, _ = self.order.items(positions)
-        return self.docs.batch(docs, self.width())
+        return self.docs.batch(docs, self.width_of(docs))
 
     def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
         docs, _ = self.order.items(np.arange(first_row, first_row + global_batch, dtype=np.int64))
@@ -140,7 +154,7 @@ class PaddedSampler(Sampler):
         real = slots = 0
         for start in range(0, n_rows, mb):
             docs, _ = self.order.items(np.arange(start, min(start + mb, n_rows), dtype=np.int64))
-            width = self.width() or int(self.docs.lengths[docs].max())
+            width = self.width_of(docs)
             real += int(self.docs.lengths[docs].sum())
             slots += width * len(docs)
         return 1.0 - real / slots
@@ -162,7 +176,8 @@ class _BucketOrder(_EpochOrder):
 
 
 class BucketedSampler(PaddedSampler):
-    """One document per row, micro-batches of documents of similar length, each padded to its longest row."""
+    """One document per row, micro-batches of documents of similar length, each padded to its longest row's width
+    class."""
 
     mode = "bucketed"
 
@@ -178,5 +193,13 @@ class BucketedSampler(PaddedSampler):
         super().__init__(tokens, doc_starts, seq_len, seed, loss_mask, order=_BucketOrder(lengths, seed,
                                                                                           micro_batch_size))
 
-    def width(self) -> int | None:
-        return None
+    def width_of(self, docs: np.ndarray) -> int:
+        """The width class of the longest of them."""
+        return width_class(int(self.docs.lengths[docs].max()), self.seq_len)
+
+    def widest(self) -> int:
+        return width_class(int(self.docs.lengths.max()), self.seq_len)
+
+    def widest_batch(self, micro_batch_size: int) -> Batch:
+        """The longest document micro_batch_size times, at the widest width: what the widest micro-batch costs."""
+        return self.docs.batch(np.full(micro_batch_size, int(np.argmax(self.docs.lengths)), np.int64), self.widest())

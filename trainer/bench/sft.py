@@ -6,7 +6,8 @@ seed's), and packed windows for reference; through the trainer's own step (Train
 interleaved (the order rotates every step) so that a machine whose speed drifts slows all alike.
 
 For each mode: real tokens/s (non-PAD tokens), target tokens/s (the assistant tokens the loss is taken on) and the
-PAD share of the rows it trained. A row token costs the same compute whether it is PAD or not (up to attention's
+PAD share of the rows it trained (the sampler's own rows: bucketed ones at their width class, as the trainer runs
+them). A row token costs the same compute whether it is PAD or not (up to attention's
 quadratic term, which favours the shorter bucketed rows), so bucketed can at best beat static padding by
 (1 - PAD_bucketed) / (1 - PAD_static): the bench prints the ratio of their real tokens/s, that limit, and how close
 the ratio comes to it (the goal is >= 95 %: anything less is overhead of the bucketed path).

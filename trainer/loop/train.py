@@ -3,13 +3,14 @@
 The loop, top to bottom (Trainer.train):
     resume from the newest valid checkpoint (model, optimizer, RNG, step), or start at step 0 from the weights of
         [init] from (a fresh optimizer) or from the seeded init (trainer/loop/resume.py);
+    bucketed: one forward+backward at the widest width, no step (trainer/loop/warmup.py);
     until the budget is spent:
         agree across ranks on "stop requested?" and "checkpoint due?";  stop -> save, exit 75
         one optimizer step: micro-batches of the pure-function sampler, each loss summed over its targets and
             divided by the global batch's count of targets (the mean over the global batch),
             backward (no DDP sync until the last micro-batch), clip, AdamW at the cosine rate for this step
-        a non-finite loss stops the run; heartbeat (about once a second; "compiling" over the first compiled
-            step); every log_every steps a metrics line; every eval_every steps the validation loss
+        a non-finite loss stops the run; heartbeat (about once a second; "compiling" over each compiled step
+            that brings a new width); every log_every steps a metrics line; every eval_every steps the validation loss
     save, validation loss, exit 0.
 Everything the math depends on derives from (seed, step) or from restored state, never from the wall clock (a
 duration-based checkpoint_every only changes when saves happen), so on CPU a killed-and-resumed run ends with the
@@ -62,7 +63,7 @@ from minilmd.trainer.batches import growth
 from minilmd.trainer.batches.sampler_base import Batch, DataError
 from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd.trainer.loop import tensorboard
+from minilmd.trainer.loop import tensorboard, warmup
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled, total_steps_for_budget
 from minilmd.trainer.loop.distributed import Dist, init_distributed, wrap_ddp
 from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
@@ -252,7 +253,7 @@ class Trainer:
             ids = ids.pin_memory().to(self.device, non_blocking=True)
             if targets is not None:
                 targets = targets.pin_memory().to(self.device, non_blocking=True)
-        ids = ids.to(torch.int32)
+        ids = warmup.mark_width_dynamic(self, ids.to(torch.int32))
         return ids, next_token_labels(ids, targets)
 
     # --- one optimizer step ---------------------------------------------------------------------------------------
@@ -387,9 +388,10 @@ class Trainer:
             if self.sft_defaults:
                 print(f"minilmd: chat corpus, SFT defaults: {', '.join(self.sft_defaults)}", flush=True)
         self.log.heartbeat(self.step, force=True)
-        compiling = self.compiled  # torch.compile compiles on the first call: the first step of this process
+        widths = warmup.WidthWatch(self)  # torch.compile compiles on the first call, and for a new shape
         meter = Throughput()
         self.model.train()
+        warmup.widest_micro_batch(self, widths)  # bucketed: an OOM at the widest width comes now, not hours in
         while True:
             stop, save_due = self.agree(self.stop.requested, self.checkpoint_due())
             if self.step >= self.total_steps:
@@ -411,10 +413,9 @@ class Trainer:
             if save_due:
                 self.save()
             self.faults.maybe_fire(self.step)
-            if compiling:  # the supervisor allows restart.compile_timeout for this step, not hang_timeout
+            if widths.new_at(self.step):  # the supervisor allows restart.compile_timeout for this step
                 self.log.heartbeat(self.step, phase="compiling", force=True)
             loss_sum, grad_norm, n_real = self.train_step()
-            compiling = False
             self.step += 1
             self.tokens_seen += n_real
             meter.add(n_real)
@@ -442,6 +443,7 @@ def run(cfg: RunConfig) -> int:
         pass
     dist = None
     step = 0
+    warmup.set_cuda_alloc_conf(cfg.train.device)  # before CUDA is initialised
     try:
         dist = init_distributed(cfg)
         trainer = Trainer(cfg, dist, stop)

@@ -10,8 +10,8 @@ Lengths count a document's BOS and EOS, as doc_lengths.npy does. For a sequence 
   previous document when s % T != 0. Steps per epoch count the windows the trainer's packed sampler uses,
   (tokens - T + 1) // T (it shifts the window edges by a random offset each epoch).
 - Bucketed (chat corpora; the trainer's data.mode "bucketed"): documents sorted by length and cut into
-  micro-batches of B, each padded only to its longest row: `bucketed_pad_share`. Batch order and the order of
-  equal lengths do not change it.
+  micro-batches of B, each padded to the width class of its longest row (`width_class`, the trainer's own
+  rounding): `bucketed_pad_share`. Batch order and the order of equal lengths do not change it.
 Percentiles use the "lower" definition: the smallest length with at least q of the documents at or below it.
 """
 from __future__ import annotations
@@ -89,16 +89,42 @@ def format_report(name: str, stats: dict) -> str:
     ])
 
 
-def bucketed_pad_share(lengths: np.ndarray, batch_size: int) -> float:
-    """The PAD share of length-bucketed batches: lengths sorted, cut into micro-batches of batch_size (the last may
-    be smaller), each padded to its own longest row."""
+WIDTH_CLASSES = 32
+"""At most this many widths of bucketed micro-batches per seq_len (width_class)."""
+
+
+def width_step(seq_len: int) -> int:
+    """The spacing of the width classes: seq_len / WIDTH_CLASSES rounded up to a multiple of 8 (at least 8; 24
+    at seq_len 768)."""
+    return max(8, -(-seq_len // (WIDTH_CLASSES * 8)) * 8)
+
+
+def width_classes(widths: np.ndarray, seq_len: int) -> np.ndarray:
+    """Each width rounded up to its width class: the next multiple of width_step(seq_len), capped at seq_len.
+
+    Why round: a bucketed micro-batch padded to its own longest row has one of hundreds of widths, and each new
+    width is a new shape for torch.compile; rounded, a run has at most WIDTH_CLASSES shapes, each announced by a
+    "compiling" heartbeat the first time it comes (trainer/loop/warmup.py). The price is the PAD of the rounding,
+    about step / 2 per row (+4 % PAD at seq_len 768 on MiniMind-like lengths; multiples of 64 would cost +11 %)."""
+    step = width_step(seq_len)
+    return np.minimum(-(-np.asarray(widths, dtype=np.int64) // step) * step, seq_len)
+
+
+def width_class(width: int, seq_len: int) -> int:
+    """width_classes of one width."""
+    return int(width_classes(np.asarray([width]), seq_len)[0])
+
+
+def bucketed_pad_share(lengths: np.ndarray, batch_size: int, seq_len: int) -> float:
+    """The PAD share of length-bucketed batches as the trainer builds them: lengths sorted, cut into micro-batches
+    of batch_size (the last may be smaller), each padded to the width class of its own longest row."""
     ranked = np.sort(np.asarray(lengths, dtype=np.int64))
     n = int(ranked.size)
     if n == 0:
         return 0.0
     firsts = np.arange(0, n, batch_size)
     lasts = np.minimum(firsts + batch_size, n)
-    padded = int((ranked[lasts - 1] * (lasts - firsts)).sum())
+    padded = int((width_classes(ranked[lasts - 1], seq_len) * (lasts - firsts)).sum())
     return float(1 - ranked.sum() / padded)
 
 
@@ -125,7 +151,7 @@ def chat_split_stats(lengths: np.ndarray, facts: np.ndarray, seq_len: int, batch
         "batch_size": batch_size,
         "padded": {"pad_share": float(1 - tokens / (n * seq_len)) if n else 0.0,
                    "steps_per_epoch": math.ceil(n / batch_size)},
-        "bucketed": {"pad_share": bucketed_pad_share(lengths, batch_size),
+        "bucketed": {"pad_share": bucketed_pad_share(lengths, batch_size, seq_len),
                      "steps_per_epoch": math.ceil(n / batch_size)},
     }
 

@@ -1,0 +1,107 @@
+"""What a bucketed run's shapes cost, paid at start: the widest micro-batch before the first step, a "compiling"
+heartbeat before each step that brings a new width, and the CUDA allocator's setting.
+
+In `data.mode = "bucketed"` micro-batches come in up to 32 widths (minilmd/corpus/analysis/stats.py width_class),
+the widest at a random step, perhaps hours in. So, before the first optimizer step of every attempt (after the
+resume), one forward+backward of micro_batch_size rows at the widest width class: a CUDA OOM then happens at start,
+not after hours of work (a fresh optimizer, whose moments do not exist yet, has room held for them meanwhile). Its
+gradients are dropped (None again, as after optimizer.zero_grad), no optimizer step is taken and the RNG states are
+put back (LoRA dropout draws from them), so training and a resume stay bit-exact.
+
+Under torch.compile the input's width is marked dynamic (mark_dynamic): one graph serves every width. Measured on
+CPU (tests/test_bucketed_compile.py, dynamo's counters): 1 graph with the mark; without it, 2 (dynamo compiles the
+first width static, then recompiles dynamic at the second width, outside any allowance). Each step whose micro-batch
+widths are new to this process still runs under the "compiling" heartbeat (restart.compile_timeout): on another
+torch or model a width may specialise the graph, and then it compiles once per width class, never unannounced.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from minilmd.trainer.batches.bucketing import BucketedSampler, PaddedSampler
+from minilmd.trainer.model.minimind import next_token_loss
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE = "expandable_segments:True"
+
+
+def cuda_alloc_conf(device_setting: str, environ: Mapping[str, str]) -> str | None:
+    """The PYTORCH_CUDA_ALLOC_CONF the trainer sets, or None to leave it: expandable segments (memory freed by one
+    width is reused by another instead of fragmenting the cache) unless the user set it (or torch's newer name,
+    PYTORCH_ALLOC_CONF), or the run is on the CPU."""
+    if device_setting == "cpu" or ALLOC_CONF in environ or "PYTORCH_ALLOC_CONF" in environ:
+        return None
+    return EXPANDABLE
+
+
+def set_cuda_alloc_conf(device_setting: str) -> None:
+    """Before CUDA is initialised: the allocator reads the variable once, at its first use."""
+    value = cuda_alloc_conf(device_setting, os.environ)
+    if value is not None:
+        os.environ[ALLOC_CONF] = value
+
+
+class WidthWatch:
+    """The micro-batch widths this process has run: a step that brings a new one may compile."""
+
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+        self.seen: set[int] = set()
+
+    def widths(self, step: int) -> set[int]:
+        t = self.trainer
+        if isinstance(t.sampler, PaddedSampler):
+            return t.sampler.micro_batch_widths(t.first_row(step), t.global_batch, t.cfg.train.micro_batch_size)
+        return {t.sampler.seq_len}  # packed windows
+
+    def new_at(self, step: int) -> bool:
+        """Whether step `step` runs a width this process has not run yet (it may compile, under torch.compile)."""
+        if not self.trainer.compiled:
+            return False
+        widths = self.widths(step)
+        new = not widths <= self.seen
+        self.seen |= widths
+        return new
+
+
+def mark_width_dynamic(trainer: Any, ids: torch.Tensor) -> torch.Tensor:
+    """Bucketed and compiled: the input's width (dimension 1) is dynamic, so that one graph serves every width
+    (maybe_: a model that needs the width static gets a graph per width class rather than an error)."""
+    if trainer.compiled and isinstance(trainer.sampler, BucketedSampler):
+        torch._dynamo.maybe_mark_dynamic(ids, 1)
+    return ids
+
+
+def _adam_moments_room(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """A fresh AdamW creates its two moments per parameter at its first step: until then, room for them (left
+    uninitialised, never read), so that the warm-up's peak is a later step's. None needed after a resume."""
+    if optimizer.state:
+        return []
+    return [torch.empty_like(p) for group in optimizer.param_groups for p in group["params"] for _ in range(2)]
+
+
+def widest_micro_batch(trainer: Any, watch: WidthWatch) -> None:
+    """Bucketed: one forward+backward at the widest width with the real micro-batch size, then the gradients
+    dropped and the RNG states restored (module docstring). Other modes: nothing (every step is that wide)."""
+    sampler = trainer.sampler
+    if not isinstance(sampler, BucketedSampler) or trainer.step >= trainer.total_steps:
+        return
+    if trainer.compiled:  # the first compile of this process happens here
+        watch.seen.add(sampler.widest())
+        trainer.log.heartbeat(trainer.step, phase="compiling", force=True)
+    x, y = trainer.to_device(sampler.widest_batch(trainer.cfg.train.micro_batch_size))
+    devices = [trainer.device] if trainer.device.type == "cuda" else []
+    model = trainer.forward_model
+    moments = _adam_moments_room(trainer.optimizer)
+    with torch.random.fork_rng(devices=devices):
+        with (model.no_sync() if trainer.dist.active else nullcontext()), trainer.autocast():
+            loss = next_token_loss(model(x).logits, y, reduction="sum")
+        loss.backward()
+    del loss, moments
+    trainer.model.zero_grad(set_to_none=True)  # None, as optimizer.zero_grad leaves them after every step
+    trainer.log.heartbeat(trainer.step, force=True)
