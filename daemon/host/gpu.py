@@ -261,16 +261,22 @@ class GpuAdmission:
         found = list(get(i)) if get else []
         instances = [self._poll_device(first + k, now, first + k in ours, m.uuid, m.name, m.memory, None,
                                        m.processes, mig_parent=i) for k, m in enumerate(found)]
-        reason = (MIG_PARENT.format(n=len(found), s="s" if len(found) > 1 else "", are="are" if len(found) > 1
-                                    else "is", first=f"{first}-{first + len(found) - 1}" if len(found) > 1
-                                    else first) if found else MIG_NO_INSTANCE)
+        many = len(found) > 1
+        reason = MIG_PARENT.format(n=len(found), s="s" if many else "", are="are" if many else "is",
+                                   first=f"{first}-{first + len(found) - 1}" if many else first)
+        if not found:
+            reason = MIG_NO_INSTANCE
         self._stable[i] = 0
         prev = self._state_since.get(i)
         if prev is None or prev[0]:
             self._state_since[i] = (False, now)
+        try:
+            used = self.nvml.memory(i).used_mib
+        except Exception:  # noqa: BLE001 - the card's own figure is only shown; its instances are what is leased
+            used = -1
         card = DeviceStatus(index=i, name=self.nvml.name(i), uuid=_uuid(self.nvml, i), free=False, reasons=[reason],
-                            used_mib=self.nvml.memory(i).used_mib, utilization=None, foreign_processes=[],
-                            stable_polls=0, since=self._state_since[i][1], mig=True)
+                            used_mib=used, utilization=None, foreign_processes=[], stable_polls=0,
+                            since=self._state_since[i][1], mig=True)
         return card, instances
 
     def _poll_device(self, i: int, now: float, leased_by_us: bool, uuid: str, name: str, mem: MemoryReading,
