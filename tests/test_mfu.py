@@ -90,3 +90,11 @@ def test_an_interval_of_only_the_compiling_step_reports_that_step_compile_includ
     meter.add(500, timed=False)
     tok_s, step_time, apart = meter.report()
     assert tok_s == pytest.approx(25) and step_time == pytest.approx(20) and apart["compile_s"] == 20
+
+
+def test_a_mig_instance_gets_no_mfu_rather_than_the_whole_cards_peak():
+    from minilmd.trainer.loop.mfu import peak_flops
+
+    assert peak_flops("NVIDIA H200", "bf16") == pytest.approx(989e12)
+    assert peak_flops("NVIDIA H200 MIG 1g.18gb", "bf16") is None
+    assert peak_flops("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "bf16") is None

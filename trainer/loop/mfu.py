@@ -15,7 +15,8 @@ The convention (docs/training.md, "MFU"): MFU = tokens/s x FLOPs per token / (pe
   bf16 autocast; for fp32, the TF32 tensor-core peak if torch lets matmuls use TF32, else the plain FP32 peak.
 torch.cuda.get_device_name names are matched exactly on whole words after dropping "NVIDIA"/"GeForce", the
 longest entry winning: "H100 NVL" is its own entry, never H100 SXM's, and "H20" never matches "H200".
-An unknown device gets no MFU rather than a wrong one.
+An unknown device gets no MFU rather than a wrong one, and so does a MIG instance (CUDA names it "NVIDIA H200 MIG
+1g.18gb": a slice with a fraction of the card's SMs, which the table does not have).
 """
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ def _words(name: str) -> list[str]:
 def match_device(device_name: str) -> str | None:
     """The PEAKS entry for a device name: the longest entry whose words begin the name's words; None if none."""
     words = _words(device_name)
+    if "mig" in words:  # "NVIDIA H200 MIG 1g.18gb": a slice of the card, whose peak is not the table's
+        return None
     best: str | None = None
     for key in PEAKS:
         key_words = _words(key)
