@@ -2,6 +2,8 @@
 tiny LoRA model, and the train line's intervals over training time only (eval, save and compile apart)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -98,3 +100,36 @@ def test_a_mig_instance_gets_no_mfu_rather_than_the_whole_cards_peak():
     assert peak_flops("NVIDIA H200", "bf16") == pytest.approx(989e12)
     assert peak_flops("NVIDIA H200 MIG 1g.18gb", "bf16") is None
     assert peak_flops("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "bf16") is None
+
+
+def test_the_trainer_times_apart_only_its_evaluations_saves_and_compiling_step(tmp_path, corpus, monkeypatch):
+    """The loop's call sites: a block is apart (and, on CUDA, synced) only when it evaluates, saves or compiles,
+    never around an ordinary step (steps never sync). torch.compile stands in for itself (a real one takes
+    minutes on the CPU)."""
+    from minilmd.config import load_config
+    from minilmd.trainer.loop import train as train_mod
+    from trainer_corpus import write_config
+
+    kinds: list[str | None] = []
+
+    class Recording(Throughput):
+        def apart(self, kind):
+            kinds.append(kind)
+            return super().apart(kind)
+
+    def fake_compile(module, **kwargs):
+        def call(*args, **kw):
+            return module(*args, **kw)
+        call.no_sync = getattr(module, "no_sync", None)
+        return call
+
+    monkeypatch.setattr(train_mod, "Throughput", Recording)
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    cfg = load_config(write_config(tmp_path, corpus, train={"max_steps": 6, "compile": True, "log_every": 1,
+                                                            "eval_every": 3, "checkpoint_every": 4}))
+    assert train_mod.Trainer(cfg, train_mod.init_distributed(cfg)).train() == 0
+    assert [k for k in kinds if k] == ["compile_s", "eval_s", "checkpoint_s"]  # step 1; after step 3; before 5
+    lines = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = {m["step"]: m for m in lines if m["kind"] == "train"}
+    assert train[1]["compile_s"] > 0 and train[4]["eval_s"] > 0 and train[5]["checkpoint_s"] > 0
+    assert all(train[s][k] == 0 for s in (2, 3, 6) for k in ("eval_s", "checkpoint_s", "compile_s"))

@@ -424,8 +424,9 @@ class Trainer:
             self.log.heartbeat(self.step)  # at most once a second (and at once after the compiling step)
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 self.log_train(loss_sum, grad_norm, meter)
-            with meter.apart("eval_s"):
-                stop_early = self.eval_due() and self.log_eval()
+            due = self.eval_due()
+            with meter.apart("eval_s" if due else None):  # apart (and synced) only when it evaluates: no sync a step
+                stop_early = due and self.log_eval()
             if stop_early:
                 self.stop_early()
                 return EXIT_DONE
