@@ -9,8 +9,9 @@ with. States can also be changed on the fly with `set(i, state)` (it then holds 
 `FakeNvmlLib` goes one level lower: a stand-in for libnvidia-ml.so itself under the real pynvml module (its ctypes
 wrappers, version arguments, error classes and `throwOnVersionMismatch`), answering from a FakeNvml's states like a
 driver of a chosen age would: with or without `nvmlDeviceGetMemoryInfo_v2` (v1 `used` then includes the driver's
-reserve), with or without the v3 / v2 process listings, MIG mode on or off. `with FakeNvmlLib(...).installed() as
-nv:` gives the pynvml module to build a `PynvmlBackend` on.
+reserve), with or without the v3 / v2 process listings, MIG mode on or off, and a MIG card's instances behind MIG
+device handles (`GpuState.mig_instances`: each `MigState` has its own memory and processes). `with
+FakeNvmlLib(...).installed() as nv:` gives the pynvml module to build a `PynvmlBackend` on.
 """
 from __future__ import annotations
 
@@ -18,9 +19,23 @@ import contextlib
 import ctypes
 from dataclasses import dataclass, field
 
-from minilmd.daemon.host.nvml import MemoryReading, ProcessListing
+from minilmd.daemon.host.nvml import MemoryReading, MigInstance, ProcessListing
 
 MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MigState:
+    """One MIG instance of a card in MIG mode (an H200's 1g.18gb slice by default)."""
+
+    used_mib: int = 0
+    processes: tuple[tuple[int, int], ...] = ()
+    total_mib: int = 16384
+    profile: str = "1g.18gb"
+
+
+def mig(used_mib: int = 0, procs=(), total_mib: int = 16384, profile: str = "1g.18gb") -> MigState:
+    return MigState(used_mib, tuple((int(p), int(m)) for p, m in procs), total_mib, profile)
 
 
 @dataclass(frozen=True)
@@ -31,13 +46,16 @@ class GpuState:
     """(pid, MiB) of compute processes."""
     mig: bool = False
     """MIG mode enabled."""
+    mig_instances: tuple[MigState, ...] = ()
+    """The MIG instances configured on a card in MIG mode."""
 
 
 FREE = GpuState()
 
 
-def busy(used_mib: int = 0, utilization: int | None = 0, procs=(), mig: bool = False) -> GpuState:
-    return GpuState(used_mib, utilization, tuple((int(p), int(m)) for p, m in procs), mig)
+def busy(used_mib: int = 0, utilization: int | None = 0, procs=(), mig: bool = False, instances=()) -> GpuState:
+    return GpuState(used_mib, utilization, tuple((int(p), int(m)) for p, m in procs), mig or bool(instances),
+                    tuple(instances))
 
 
 @dataclass
@@ -83,8 +101,21 @@ class FakeNvml:
     def mig_enabled(self, i: int) -> bool:
         return self.state(i).mig
 
+    def mig_uuid(self, i: int, k: int) -> str:
+        return f"MIG-fake-{i:04d}-{k}"
 
-NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INSUFFICIENT_SIZE = 0, 3, 7
+    def mig_name(self, i: int, k: int) -> str:
+        return f"{self.name(i)} MIG {self.state(i).mig_instances[k].profile}"
+
+    def mig_instances(self, i: int) -> list[MigInstance]:
+        return [MigInstance(k, self.mig_uuid(i, k), self.mig_name(i, k), MemoryReading(m.used_mib, m.total_mib, "v2"),
+                            ProcessListing(list(m.processes), "v3"))
+                for k, m in enumerate(self.state(i).mig_instances)]
+
+
+NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_FOUND, NVML_ERROR_INSUFFICIENT_SIZE = 0, 3, 6, 7
+MIG_HANDLE = 1000
+"""A MIG device handle of the fake is (card + 1) * MIG_HANDLE + instance + 1; a card's is card + 1."""
 
 
 @dataclass
@@ -110,7 +141,23 @@ class FakeNvmlLib:
         return lambda *args: fn[0](self, *args)
 
     def index(self, handle) -> int:
-        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0) - 1
+        """The card of a handle (of the card itself or of one of its MIG instances)."""
+        value = int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+        return (value // MIG_HANDLE if value >= MIG_HANDLE else value) - 1
+
+    def instance(self, handle) -> int | None:
+        """The MIG instance a MIG device handle stands for; None for a card's handle."""
+        value = int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+        return value % MIG_HANDLE - 1 if value >= MIG_HANDLE else None
+
+    def reading(self, handle) -> tuple[int, tuple[tuple[int, int], ...], int]:
+        """(used MiB, processes, total MiB) of the card or MIG instance behind a handle."""
+        i, k = self.index(handle), self.instance(handle)
+        if k is None:
+            state = self.nvml.state(i)
+            return state.used_mib, state.processes, self.nvml.total_mib
+        m = self.nvml.state(i).mig_instances[k]
+        return m.used_mib, m.processes, m.total_mib
 
     @contextlib.contextmanager
     def installed(self):
@@ -143,18 +190,33 @@ def _lib_handle(lib, index, device_ref):
     return NVML_SUCCESS
 
 
-def _lib_string(value_of):
+def _lib_string(value_of, mig_value_of):
     def fn(lib, handle, buf, size):
-        buf.value = value_of(lib, lib.index(handle)).encode()[: size.value - 1]
+        i, k = lib.index(handle), lib.instance(handle)
+        buf.value = (value_of(lib, i) if k is None else mig_value_of(lib, i, k)).encode()[: size.value - 1]
         return NVML_SUCCESS
     return fn
 
 
+def _lib_max_mig(lib, handle, count_ref):
+    _out(count_ref).value = 7 if lib.nvml.state(lib.index(handle)).mig else 0  # an H200 holds up to 7 instances
+    return NVML_SUCCESS
+
+
+def _lib_mig_handle(lib, handle, index, device_ref):
+    i = lib.index(handle)
+    if index.value >= len(lib.nvml.state(i).mig_instances):
+        return NVML_ERROR_NOT_FOUND
+    ptr = _out(device_ref)
+    value = ctypes.c_void_p((i + 1) * MIG_HANDLE + index.value + 1)
+    ctypes.memmove(ctypes.addressof(ptr), ctypes.byref(value), ctypes.sizeof(ptr))
+    return NVML_SUCCESS
+
+
 def _lib_memory(version: int):
     def fn(lib, handle, mem_ref):
-        i = lib.index(handle)
-        m, total = _out(mem_ref), lib.nvml.total_mib * MIB
-        used = lib.nvml.state(i).used_mib * MIB
+        used_mib, _, total_mib = lib.reading(handle)
+        m, total, used = _out(mem_ref), total_mib * MIB, used_mib * MIB
         if version == 1:
             m.used = used + lib.reserved_mib * MIB
         else:
@@ -169,7 +231,7 @@ def _lib_memory(version: int):
 
 
 def _lib_processes(lib, handle, count_ref, procs):
-    listed = lib.nvml.state(lib.index(handle)).processes
+    listed = lib.reading(handle)[1]
     count = _out(count_ref)
     if procs is None or count.value < len(listed):
         count.value = len(listed)
@@ -181,6 +243,8 @@ def _lib_processes(lib, handle, count_ref, procs):
 
 
 def _lib_utilization(lib, handle, util_ref):
+    if lib.instance(handle) is not None:
+        return NVML_ERROR_NOT_SUPPORTED  # NVML reports no utilisation per MIG instance
     value = lib.nvml.state(lib.index(handle)).utilization
     if value is None:
         return NVML_ERROR_NOT_SUPPORTED
@@ -203,8 +267,12 @@ def _always(lib) -> bool:
 _LIB_FUNCTIONS = {
     "nvmlDeviceGetCount_v2": (_lib_count, _always),
     "nvmlDeviceGetHandleByIndex_v2": (_lib_handle, _always),
-    "nvmlDeviceGetName": (_lib_string(lambda lib, i: lib.nvml.name(i)), _always),
-    "nvmlDeviceGetUUID": (_lib_string(lambda lib, i: lib.nvml.uuid(i)), _always),
+    "nvmlDeviceGetName": (_lib_string(lambda lib, i: lib.nvml.name(i), lambda lib, i, k: lib.nvml.mig_name(i, k)),
+                          _always),
+    "nvmlDeviceGetUUID": (_lib_string(lambda lib, i: lib.nvml.uuid(i), lambda lib, i, k: lib.nvml.mig_uuid(i, k)),
+                          _always),
+    "nvmlDeviceGetMaxMigDeviceCount": (_lib_max_mig, _always),
+    "nvmlDeviceGetMigDeviceHandleByIndex": (_lib_mig_handle, _always),
     "nvmlDeviceGetMemoryInfo": (_lib_memory(1), _always),
     "nvmlDeviceGetMemoryInfo_v2": (_lib_memory(2), lambda lib: lib.memory_v2),
     "nvmlDeviceGetComputeRunningProcesses_v3": (_lib_processes, lambda lib: "v3" in lib.listings),

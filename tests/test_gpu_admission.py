@@ -68,14 +68,15 @@ def test_process_listing_falls_back_from_v3_to_v2_to_memory_alone(tmp_path):
     assert "admission by memory and utilisation alone" in first.fallbacks[0]
 
 
-def test_a_mig_card_is_refused_with_the_reason_and_the_others_admitted(tmp_path):
+def test_a_mig_card_without_instances_is_refused_with_the_reason_and_the_others_admitted(tmp_path):
     lib = FakeNvmlLib(FakeNvml([[busy(mig=True)], [IDLE]]))
     with lib.installed() as nv:
         adm = GpuAdmission(PynvmlBackend(nv), section(tmp_path), run_name="r")
         mig, plain = adm.poll().devices
         lease = adm.try_acquire(1)
     assert mig.mig and not mig.free and "MIG mode is enabled" in mig.reasons[0]
-    assert "nvidia-smi -i 0 -mig 0" in mig.reasons[0]
+    assert "no MIG instance is configured" in mig.reasons[0]
+    assert "-mig 0" not in mig.reasons[0]  # never the advice to disable MIG: it harms the card's other users
     assert plain.free and not plain.mig
     assert lease is not None and cuda_visible_devices(lease) == "GPU-fake-0001"
     lease.release()

@@ -1,16 +1,123 @@
-"""scripts/gpu-check --dry-run: every part of the device check runs on the CPU with a tiny model, so the script
-never rots between the runs on a GPU. The table's rows, and part 5 for real: a supervised run SIGKILLed at step 8,
-resumed, done, its weights bit-exact against an undisturbed run."""
+"""scripts/gpu-check --dry-run: every part of the device check runs on the CPU with a tiny model and CUDA faked, so
+the script never rots between the runs on a GPU and no name it calls fails for the first time on one. Each part's
+GPU branch reached (the branches it reports), the table and summary.json written when a part fails or its process
+dies, part 6's MiniMind side by side over a stand-in trainer, and part 5 for real: a supervised run SIGKILLed at
+step 8, resumed, done, its weights bit-exact against an undisturbed run."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPT = SCRIPTS / "gpu-check"
+
+
+def gpu_check(tmp_path, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--work", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    rows = {r["part"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
+    return done, rows
+
+
+@pytest.mark.slow
+def test_the_dry_run_takes_each_parts_gpu_branch_with_cuda_faked(tmp_path):
+    done, rows = gpu_check(tmp_path, "--only", "1 versions,2 admission,3 attention,6 minimind")
+    versions, admission, attention, minimind = (rows[n] for n in ("1 versions", "2 admission", "3 attention",
+                                                                   "6 minimind"))
+    # the line that failed on every GPU (metrics.peak_bf16_flops) now runs here: the H200's bf16 entry
+    assert versions["status"] == "ok" and versions["branches"] == ["cuda"], versions
+    assert "NVIDIA H200; peak entry 'H200': 989 TFLOP/s bf16" in versions["figures"]
+    assert admission["status"] == "ok", admission
+    assert admission["branches"] in (["fake nvml"], ["nvml"]) and "MIG instances" in admission["figures"]
+    if admission["branches"] == ["fake nvml"]:
+        assert "MIG instances 2" in admission["figures"] and ": busy (1 foreign process: pid" in admission["figures"]
+    assert attention["status"] == "ok" and attention["branches"] == ["cuda"], attention
+    assert "bf16 causal on cpu: " in attention["figures"]  # the GPU's dtype, the CPU's tensors
+    assert minimind["status"] == "skip"
+    assert minimind["branches"] in (["command checked"], ["minimind absent"]), minimind
+    if minimind["branches"] == ["command checked"]:
+        assert "--hidden_size 768 --num_hidden_layers 8 --max_seq_len 1024 --batch_size 64" in minimind["figures"]
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_failing_part_still_gets_its_row_and_the_table_and_summary_are_written(tmp_path):
+    # part 1 raises, part 6 after it dies without a result line: both rows, the table, summary.json, exit 1
+    done, rows = gpu_check(tmp_path, "--only", "1 versions,6 minimind",
+                           env={"MINILMD_GPU_CHECK_FAIL": "1 versions,6 minimind:exit"})
+    assert list(rows) == ["1 versions", "6 minimind"]
+    assert rows["1 versions"]["status"] == "fail", rows
+    assert rows["1 versions"]["figures"].startswith("RuntimeError: injected failure")
+    assert rows["6 minimind"]["status"] == "fail" and rows["6 minimind"]["figures"].startswith("exit 3, no result line")
+    assert "part           status  seconds  figures" in done.stdout and done.returncode == 1
+
+
+def read_train_lines(run_dir: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [m for m in lines if m["kind"] == "train"]
+
+
+# --- part 6 over a stand-in for MiniMind's trainer ---------------------------------------------------------------
+STAND_IN = """
+import pathlib, sys, time
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+assert pathlib.Path.cwd().name == "trainer" and args["--max_seq_len"] == "64" and args["--accumulation_steps"] == "1"
+for step in range(10, 101, 10):
+    print(f"Epoch:[1/1]({step}/100), loss: 5.0000, logits_loss: 5.0000, aux_loss: 0.0000, lr: 0.0005", flush=True)
+    time.sleep(0.05)
+pathlib.Path("../reached-the-epoch-end").write_text("it would save into ../checkpoints now")
+"""
+
+
+def test_the_side_by_side_times_minimind_and_stops_it_before_its_epoch_end(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    src, work = tmp_path / "minimind", tmp_path / "work"
+    (src / "trainer").mkdir(parents=True)
+    (src / "model").mkdir()
+    flags = ["data_path", "save_dir", "hidden_size", "num_hidden_layers", "max_seq_len", "batch_size",
+             "accumulation_steps", "epochs", "dtype", "num_workers", "log_interval", "save_interval", "use_compile",
+             "from_resume", "device"]
+    (src / "trainer" / "train_pretrain.py").write_text(
+        "".join(f"# parser.add_argument('--{f}')\n" for f in flags) + STAND_IN)
+    (src / "model" / "model_minimind.py").write_text(
+        'self.num_attention_heads = kwargs.get("num_attention_heads", 8)\n'
+        'self.num_key_value_heads = kwargs.get("num_key_value_heads", 4)\n')
+    tok = Tokenizer(WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(src / "model" / "tokenizer.json"))
+    (work / "eager" / "run").mkdir(parents=True)
+    (work / "text.jsonl").write_text(json.dumps({"text": "a " * 10}) + "\n" + json.dumps({"text": "a " * 200}) + "\n")
+    (work / "eager" / "run" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"kind": "train", "step": s, "tok_s": 1000.0 * s}) + "\n" for s in range(1, 8)))
+    monkeypatch.setenv("MINILMD_MINIMIND", str(src))
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import gpu_check_sidebyside as side
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    monkeypatch.setattr(side, "NEEDS", "json")
+    p = {"model": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4},
+         "seq_len": 64, "micro_batch_size": 4, "warm_steps": 2, "timed_steps": 40}
+    took: list[str] = []
+
+    def read_metrics(run_dir, kind):
+        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    status, figures = side.side_by_side(work, p, False, took.append, read_metrics)
+    assert status == "ok", figures
+    assert took == ["command checked", "minimind run"]
+    # real tokens per row: 12 (BOS + 10 + EOS) and 64 (cut at seq_len): 38 a row, 152 a step of 4 rows
+    assert side.mean_real_tokens(src, work / "text.jsonl", 64) == 38
+    assert "minilmd 5,000 real tok/s (part 4 eager)" in figures and "steps 10-50 of 100" in figures
+    assert "minilmd/MiniMind " in figures and "with its padding" in figures
+    assert not (src / "reached-the-epoch-end").exists()  # stopped at step 50, long before step 100
 
 
 @pytest.mark.slow
@@ -19,14 +126,19 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
                           text=True, timeout=600)
     rows = {r["part"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
     assert list(rows) == ["0 corpus", "1 versions", "2 admission", "3 attention", "4 eager", "4 compiled",
-                          "4 bench step", "5 run"]
+                          "4 bench step", "5 run", "6 minimind"]
     assert "part           status  seconds  figures" in done.stdout  # the table, printed
     status = {name: r["status"] for name, r in rows.items()}
     assert status["0 corpus"] == status["1 versions"] == status["3 attention"] == status["4 eager"] == "ok", rows
-    assert status["2 admission"] == "skip" and rows["2 admission"]["figures"].startswith("no NVML: ")
+    assert status["2 admission"] == "ok" and rows["2 admission"]["figures"].startswith("no NVML (")
     assert "on cpu: " in rows["3 attention"]["figures"] and "no SDPA kernel" not in rows["3 attention"]["figures"]
     assert "tok/s" in rows["4 eager"]["figures"] and "checkpoint blocking_s 0." in rows["4 eager"]["figures"]
-    assert status["4 compiled"] == "skip"
+    # the compile path of the trainer with TORCHDYNAMO_DISABLE=1: its compiling step timed apart
+    assert status["4 compiled"] == "ok" and rows["4 compiled"]["branches"] == ["compiled", "compile disabled"]
+    compiled, eager = (read_train_lines(tmp_path / name / "run") for name in ("compiled", "eager"))
+    assert compiled[0]["compile_s"] > 0 and all(m["compile_s"] == 0 for m in compiled[1:] + eager)
+    assert "compile_s " in rows["4 compiled"]["figures"]
+    assert status["6 minimind"] == "skip"
     bench = rows["4 bench step"]
     assert bench["status"] == "ok", bench
     run = rows["5 run"]

@@ -13,8 +13,12 @@ Usage, once per `gpu.poll_interval`:
     lease = admission.try_acquire(gpu.count)  # polls itself unless poll() was just called
 Each poll states the numbers it compared (`DeviceStatus.checks`: "used 7 MiB <= 200") and any fallback the
 driver forced (`DeviceStatus.fallbacks`: v1 memory, an older process listing, memory alone); daemon/host/nvml.py chooses
-the versions. A card in MIG mode is never admitted (MIG_REFUSED says why). Torch-free; NVML comes from nvidia-ml-py
-(`pynvml`), imported only in `open_nvml_or_reason()` (daemon/host/nvml.py).
+the versions. A card in MIG mode is never leased whole: each of its MIG instances is a device of its own, leased by its
+UUID (`CUDA_VISIBLE_DEVICES=MIG-...`) and judged by its own memory and compute processes (NVML reports no utilisation
+per instance). Instances get the indices after the whole cards' (`DeviceStatus.mig_parent` names their card). A run
+asking for more than one device is never given MIG instances (a CUDA process sees one instance, so DDP cannot span
+them): with fewer whole cards than `gpu.count`, `mig_refusal()` says why the run can never start. Torch-free; NVML
+comes from nvidia-ml-py (`pynvml`), imported only in `open_nvml_or_reason()` (daemon/host/nvml.py).
 """
 from __future__ import annotations
 
@@ -28,10 +32,10 @@ from typing import Protocol
 from minilmd.config import GpuSection, RunConfig
 from minilmd.daemon.host import leases
 from minilmd.daemon.host.leases import LeaseFile
-from minilmd.daemon.host.nvml import MemoryReading, ProcessListing, open_nvml_or_reason
+from minilmd.daemon.host.nvml import MemoryReading, MigInstance, ProcessListing, open_nvml_or_reason
 from minilmd.fmt import fmt_duration
 
-__all__ = ["GpuAdmission", "DeviceLease", "PollReport", "DeviceStatus", "cuda_visible_devices",
+__all__ = ["GpuAdmission", "DeviceLease", "PollReport", "DeviceStatus", "cuda_visible_devices", "mig_refusal",
            "open_nvml_or_reason", "lock_dir_problems"]
 
 
@@ -54,10 +58,17 @@ class Nvml(Protocol):
 
     def mig_enabled(self, i: int) -> bool: ...
 
+    def mig_instances(self, i: int) -> list[MigInstance]:
+        """The MIG instances of card i (in MIG mode): each one's UUID, name, memory and compute processes."""
 
-MIG_REFUSED = ("MIG mode is enabled: minilmd does not admit MIG instances (a CUDA process sees one instance, so "
-               "neither DDP nor the card's whole memory is available); disable MIG (nvidia-smi -i {i} -mig 0, as "
-               "root, then reset the card) or use a card without MIG")
+
+MIG_PARENT = ("MIG mode is enabled: the card is not leased whole; {n} MIG instance{s} on it "
+              "{are} leased one by one (GPU {first})")
+MIG_NO_INSTANCE = ("MIG mode is enabled and no MIG instance is configured on it (nvidia-smi mig -lgi): "
+                   "nothing to lease until its administrator creates one")
+MIG_NO_DDP = ("gpu.count = {count} needs {count} whole GPUs, NVML sees {whole}: the other {mig} device(s) are MIG "
+              "instances, and DDP cannot span MIG instances (a CUDA process sees one instance, NCCL none across "
+              "them); set gpu.count = 1 to train on one MIG instance")
 
 
 @dataclass
@@ -85,6 +96,9 @@ class DeviceStatus:
     own_processes: list[tuple[int, int]] = field(default_factory=list)
     """(pid, MiB) of compute processes that are this run's (`GpuAdmission.own_pids`)."""
     mig: bool = False
+    """A card in MIG mode: never leased whole (its instances are devices of their own)."""
+    mig_parent: int | None = None
+    """For a MIG instance: the NVML index of its card (its own `index` follows the whole cards')."""
     allowed_mib: int = 0
     """The used memory this poll allowed: gpu.max_used_mib, plus the driver's reserve with v1 memory."""
 
@@ -117,7 +131,8 @@ class PollReport:
                 state = f"free for {d.stable_polls}/{self.stable_polls_needed} polls ({age}): " + ", ".join(d.checks)
             else:
                 state = f"busy for {age}: " + "; ".join(d.reasons)
-            lines.append(f"GPU {d.index} ({d.name}): {state}")
+            of = f", MIG instance of GPU {d.mig_parent}" if d.mig_parent is not None else ""
+            lines.append(f"GPU {d.index} ({d.name}{of}): {state}")
             lines += [f"  fallback: {f}" for f in d.fallbacks]
         return "\n".join(lines)
 
@@ -190,7 +205,18 @@ def lock_dir_problems(cfg: RunConfig) -> list[str]:
 
 
 def _lease_key(index: int, uuid: str) -> str:
-    return uuid if uuid else f"index-{index}"
+    # Drivers before R470 named MIG instances "MIG-GPU-<uuid>/<gi>/<ci>": no "/" in a lock file's name.
+    return uuid.replace("/", "-") if uuid else f"index-{index}"
+
+
+def mig_refusal(report: PollReport, count: int) -> str | None:
+    """Why a run asking for `count` devices can never be admitted on these cards, where MIG is the cause: more than
+    one device, fewer whole cards than that, and MIG instances (or MIG cards) for the rest. None otherwise."""
+    whole = [d for d in report.devices if not d.mig and d.mig_parent is None]
+    mig = [d for d in report.devices if d.mig_parent is not None]
+    if count > 1 and len(whole) < count and (mig or any(d.mig for d in report.devices)):
+        return MIG_NO_DDP.format(count=count, whole=len(whole), mig=len(mig))
+    return None
 
 
 class GpuAdmission:
@@ -220,31 +246,57 @@ class GpuAdmission:
         except Exception as e:  # noqa: BLE001 - NVML errors (driver reload, GPU lost) must not end a days-long wait
             count, error = 0, f"{type(e).__name__}: {e}"
             self._stable.clear()
+        instances: list[DeviceStatus] = []
         for i in range(count):
             try:
-                statuses.append(self._poll_device(i, now, i in ours))
+                card, mig = self._poll_card(i, now, i in ours, count + len(instances), ours)
+                statuses.append(card)
+                instances += mig
             except Exception as e:  # noqa: BLE001 - one lost device is busy, the others may still be free
                 self._stable[i] = 0
                 statuses.append(DeviceStatus(index=i, name="?", uuid="", free=False,
                                              reasons=[f"NVML query failed: {type(e).__name__}: {e}"], used_mib=-1,
                                              utilization=None, foreign_processes=[], stable_polls=0, since=now,
                                              leased_by_us=i in ours))
+        statuses += instances
         self.last_report = PollReport(now, statuses, self.gpu.stable_polls, error)
         self._fresh = True
         return self.last_report
 
-    def _poll_device(self, i: int, now: float, leased_by_us: bool) -> DeviceStatus:
-        uuid = _uuid(self.nvml, i)
-        mem = self.nvml.memory(i)
-        util = self.nvml.utilization(i)
-        listing = self.nvml.processes(i)
-        mig = bool(self.nvml.mig_enabled(i))
+    def _poll_card(self, i: int, now: float, leased_by_us: bool, first: int,
+                   ours: set[int]) -> tuple[DeviceStatus, list[DeviceStatus]]:
+        """Card i, and where it is in MIG mode its instances as devices `first`, `first` + 1, ..."""
+        if not self.nvml.mig_enabled(i):
+            return self._poll_device(i, now, leased_by_us, _uuid(self.nvml, i), self.nvml.name(i),
+                                     self.nvml.memory(i), self.nvml.utilization(i), self.nvml.processes(i)), []
+        get = getattr(self.nvml, "mig_instances", None)
+        found = list(get(i)) if get else []
+        instances = [self._poll_device(first + k, now, first + k in ours, m.uuid, m.name, m.memory, None,
+                                       m.processes, mig_parent=i) for k, m in enumerate(found)]
+        many = len(found) > 1
+        reason = MIG_PARENT.format(n=len(found), s="s" if many else "", are="are" if many else "is",
+                                   first=f"{first}-{first + len(found) - 1}" if many else first)
+        if not found:
+            reason = MIG_NO_INSTANCE
+        self._stable[i] = 0
+        prev = self._state_since.get(i)
+        if prev is None or prev[0]:
+            self._state_since[i] = (False, now)
+        try:
+            used = self.nvml.memory(i).used_mib
+        except Exception:  # noqa: BLE001 - the card's own figure is only shown; its instances are what is leased
+            used = -1
+        card = DeviceStatus(index=i, name=self.nvml.name(i), uuid=_uuid(self.nvml, i), free=False, reasons=[reason],
+                            used_mib=used, utilization=None, foreign_processes=[], stable_polls=0,
+                            since=self._state_since[i][1], mig=True)
+        return card, instances
+
+    def _poll_device(self, i: int, now: float, leased_by_us: bool, uuid: str, name: str, mem: MemoryReading,
+                     util: int | None, listing: ProcessListing, mig_parent: int | None = None) -> DeviceStatus:
         procs = listing.processes or []
         foreign = [(pid, mib) for pid, mib in procs if pid not in self.own_pids]
         own = [(pid, mib) for pid, mib in procs if pid in self.own_pids]
         reasons, checks, fallbacks = [], [], []
-        if mig:
-            reasons.append(MIG_REFUSED.format(i=i))
         if foreign:
             listed = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in foreign)
             reasons.append(f"{len(foreign)} foreign process{'es' if len(foreign) > 1 else ''}: {listed}")
@@ -258,7 +310,8 @@ class GpuAdmission:
         if mem.used_mib > limit:
             reasons.append(f"{mem.used_mib} MiB used > {allowed} MiB allowed")
         if util is None:
-            checks.append("utilisation not reported")
+            checks.append("utilisation not reported per MIG instance" if mig_parent is not None
+                          else "utilisation not reported")
         else:
             checks.append(f"utilisation {util}% {'<=' if util <= self.gpu.max_utilization else '>'} "
                           f"{self.gpu.max_utilization}%")
@@ -281,10 +334,10 @@ class GpuAdmission:
         prev = self._state_since.get(i)
         if prev is None or prev[0] != free:
             self._state_since[i] = (free, now)
-        return DeviceStatus(index=i, name=self.nvml.name(i), uuid=uuid, free=free, reasons=reasons,
+        return DeviceStatus(index=i, name=name, uuid=uuid, free=free, reasons=reasons,
                             used_mib=mem.used_mib, utilization=util, foreign_processes=foreign,
                             stable_polls=self._stable[i], since=self._state_since[i][1], leased_by_us=leased_by_us,
-                            checks=checks, fallbacks=fallbacks, own_processes=own, mig=mig,
+                            checks=checks, fallbacks=fallbacks, own_processes=own, mig_parent=mig_parent,
                             allowed_mib=limit)
 
     # --- leasing -------------------------------------------------------------------------------------------------
@@ -294,7 +347,8 @@ class GpuAdmission:
         report = self.last_report if self._fresh and self.last_report else self.poll()
         self._fresh = False
         candidates = [d for d in report.devices
-                      if not d.leased_by_us and d.free and d.stable_polls >= report.stable_polls_needed]
+                      if not d.leased_by_us and d.free and d.stable_polls >= report.stable_polls_needed
+                      and (count == 1 or d.mig_parent is None)]  # DDP cannot span MIG instances
         if len(candidates) < count:
             return None
         taken: list[tuple[DeviceStatus, LeaseFile]] = []

@@ -4,7 +4,8 @@ lease it then takes, and after a CUDA OOM whether a foreign process sits on our 
 NVML, the free-card rule and the lease files shared by every run on the machine are daemon/host/gpu.py, reached through
 `Infra.open_gpu`. `GpuWaiter.tick()` is called by the loop in the waiting_gpu phase and answers None while it waits,
 `GpuReady` once the trainer may use a card (or the CPU), or `GpuUnavailable` when train.device = "cuda" and there is
-no NVML, or when every card is in MIG mode (refused: daemon/host/gpu.py MIG_REFUSED). The processes of this run's
+no NVML, when every card is in MIG mode without an instance, or when gpu.count > 1 cannot be met without MIG
+instances (daemon/host/gpu.py `mig_refusal`). The processes of this run's
 trainer
 (`own_pids()`, from trainer.json through daemon/child/orphans.py) are never foreign: after a CUDA OOM, `gpu_taken()`
 judges "the GPU was taken" from foreign processes and from memory our own processes do not account for.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from minilmd import protocol
 from minilmd.config import parse_duration
-from minilmd.daemon.host.gpu import DeviceLease, GpuAdmission, cuda_visible_devices, taken_from_us
+from minilmd.daemon.host.gpu import DeviceLease, GpuAdmission, cuda_visible_devices, mig_refusal, taken_from_us
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.statesections import GpuWait
 from minilmd.fmt import fmt_duration
@@ -81,6 +82,9 @@ class GpuWaiter:
         if report.devices and all(d.mig for d in report.devices):
             return GpuUnavailable("every GPU NVML sees is in MIG mode: " + report.devices[0].reasons[0]
                                   + '; or set train.device = "cpu"')
+        refused = mig_refusal(report, self.cfg.gpu.count)
+        if refused:
+            return GpuUnavailable(refused + '; or set train.device = "cpu"')
         assert self.state.gpu_wait is not None  # set when the admission opened
         self.state.gpu_wait.devices = report.to_dict()["devices"]
         summary = report.summary()

@@ -1,8 +1,9 @@
 """What the trainer tells the outside world: metrics.jsonl lines, the heartbeat, throughput (MFU: mfu.py).
 
 metrics.jsonl gets one JSON object per line, each with a "kind":
-  {"kind": "train", "step", "tokens_seen", "loss", "lr", "grad_norm", "tok_s", "step_time", "total_steps", "time"}
-  (+ "mfu" and "peak_mem_gib" on CUDA), {"kind": "eval", "step", "val_loss", "time"},
+  {"kind": "train", "step", "tokens_seen", "loss", "lr", "grad_norm", "tok_s", "step_time", "eval_s",
+  "checkpoint_s", "compile_s", "total_steps", "time"} (+ "mfu" and "peak_mem_gib" on CUDA),
+  {"kind": "eval", "step", "val_loss", "time"},
   {"kind": "checkpoint", "step", "blocking_s", "path", "time"}.
 "step" is the number of optimizer steps completed. The heartbeat file's body is that number too, followed by
 " compiling" while the first torch.compile'd step runs (the supervisor then allows restart.compile_timeout instead
@@ -10,12 +11,19 @@ of restart.hang_timeout) and by " exiting" once training is over and the final c
 teardown (restart.exit_timeout then; a trainer that ends in any way after it has finished). It is rewritten (temp
 file + rename, no fsync: it is a liveness signal, not data) after a step at most once a second, and always at a
 save, an evaluation, a phase change and the exit.
+"tok_s" (real tokens per second), "step_time" and so "mfu" cover the training time of the interval since the
+previous train line only: the seconds spent since then in evaluations ("eval_s"), checkpoint saves ("checkpoint_s":
+the loop's whole stall, as blocking_s) and the first torch.compile'd step of the process ("compile_s": compile plus
+that one step, whose tokens are left out too) are measured and reported apart (`Throughput`). A line whose interval
+holds nothing but the compile step reports that step's figures, compile included (its compile_s says how much of
+step_time that is).
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from minilmd.names import HEARTBEAT, METRICS
@@ -83,24 +91,64 @@ class MetricsLog:
         return True
 
 
-class Throughput:
-    """Real tokens per second and step time over the interval since the last report."""
+APART = ("eval_s", "checkpoint_s", "compile_s")
+"""What the train line reports apart from the training time (seconds in the interval)."""
 
-    def __init__(self):
+
+class Throughput:
+    """Real tokens per second and step time over the training time of the interval since the last report: what
+    ran inside `apart(kind)` (an evaluation, a save, the compiling step) is timed on its own and left out."""
+
+    def __init__(self, clock=time.perf_counter, sync=None):
+        self.clock = clock
+        self.sync = sync
+        """torch.cuda.synchronize on CUDA: the steps queued before a block apart are training, not the block's
+        (steps never sync; an evaluation's first float() would wait for them), and the block's own kernels are
+        its own. Called twice per block apart: a few per run."""
         self.reset()
 
     def reset(self) -> None:
-        self.t0 = time.perf_counter()
+        self.t0 = self.clock()
         self.tokens = 0
         self.steps = 0
+        self.apart_s = dict.fromkeys(APART, 0.0)
+        self.untimed_tokens = 0
+        self.untimed_steps = 0
 
-    def add(self, real_tokens: int) -> None:
-        self.tokens += real_tokens
-        self.steps += 1
+    @contextmanager
+    def apart(self, kind: str | None):
+        """Time the block as `kind` (one of APART), not as training; None: an ordinary block."""
+        if kind is None:
+            yield
+            return
+        if self.sync:
+            self.sync()
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            if self.sync:
+                self.sync()
+            self.apart_s[kind] += self.clock() - t0
 
-    def report(self) -> tuple[float, float]:
-        """(tokens/s, seconds per step) since the last reset, then reset."""
-        dt = max(time.perf_counter() - self.t0, 1e-9)
-        tok_s, step_time = self.tokens / dt, dt / max(self.steps, 1)
+    def add(self, real_tokens: int, timed: bool = True) -> None:
+        """One optimizer step; `timed` False for the compiling step (its tokens left out with its time)."""
+        if timed:
+            self.tokens += real_tokens
+            self.steps += 1
+        else:
+            self.untimed_tokens += real_tokens
+            self.untimed_steps += 1
+
+    def report(self) -> tuple[float, float, dict[str, float]]:
+        """(tokens/s, seconds per step, {eval_s, checkpoint_s, compile_s}) since the last reset, then reset."""
+        wall = self.clock() - self.t0
+        apart = {k: round(v, 4) for k, v in self.apart_s.items()}
+        if self.steps:
+            dt = max(wall - sum(self.apart_s.values()), 1e-9)
+            tok_s, step_time = self.tokens / dt, dt / self.steps
+        else:  # only the compiling step: its own figures, compile included (compile_s says how much)
+            dt = max(wall - self.apart_s["eval_s"] - self.apart_s["checkpoint_s"], 1e-9)
+            tok_s, step_time = self.untimed_tokens / dt, dt / max(self.untimed_steps, 1)
         self.reset()
-        return tok_s, step_time
+        return tok_s, step_time, apart

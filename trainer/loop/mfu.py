@@ -1,14 +1,22 @@
 """Model FLOPs utilisation: the FLOPs a training token costs, and the peak of the device for the dtype in use.
 
 The convention (docs/training.md, "MFU"): MFU = tokens/s x FLOPs per token / (peak x devices), where
-- FLOPs per token = 6 N (forward + backward through every weight matrix; N counts the tied lm_head once) plus
-  6 L d T for attention scores and values: PaLM's 12 L d T (appendix B) halved, because a causal kernel
-  (FlashAttention, cuDNN) computes only the lower triangle of each T x T score matrix;
+- FLOPs per token = 6 N_trainable + 4 N_frozen + 12 L d T (`flops_per_token`):
+  * a trainable weight matrix costs 2 per parameter forward, 2 for the input gradient and 2 for its weight gradient;
+    a frozen one (a LoRA run's base) has no weight gradient: 2 forward + 2 input gradient. N counts the tied lm_head
+    once (its matmul is the one that costs; the embedding lookup costs none);
+  * attention scores and values: PaLM's 12 L d T (appendix B; d = heads x head_dim), over the full T x T matrix,
+    NOT halved for causal attention. That is nanochat's convention (`estimate_flops`: 12 * l * h * q * t) and
+    torchtitan's (`get_num_flop_per_token`: 6 N + 12 l h q t), and what torch.utils.flop_counter counts for SDPA,
+    so an MFU from here compares with theirs. (Until 2026-12 minilmd halved it, because a causal kernel computes
+    only the lower triangle: that figure was ~4 % lower at seq 1024 for MiniMind-3, and comparable with nothing.)
+    A packed row's document mask is ignored alike: the FLOPs are the model's, not the kernel's;
 - the peak is the dense (no 2:4 sparsity) tensor-core peak of the dtype the matrices actually run in: bf16 under
   bf16 autocast; for fp32, the TF32 tensor-core peak if torch lets matmuls use TF32, else the plain FP32 peak.
 torch.cuda.get_device_name names are matched exactly on whole words after dropping "NVIDIA"/"GeForce", the
 longest entry winning: "H100 NVL" is its own entry, never H100 SXM's, and "H20" never matches "H200".
-An unknown device gets no MFU rather than a wrong one.
+An unknown device gets no MFU rather than a wrong one, and so does a MIG instance (CUDA names it "NVIDIA H200 MIG
+1g.18gb": a slice with a fraction of the card's SMs, which the table does not have).
 """
 from __future__ import annotations
 
@@ -65,6 +73,8 @@ def _words(name: str) -> list[str]:
 def match_device(device_name: str) -> str | None:
     """The PEAKS entry for a device name: the longest entry whose words begin the name's words; None if none."""
     words = _words(device_name)
+    if "mig" in words:  # "NVIDIA H200 MIG 1g.18gb": a slice of the card, whose peak is not the table's
+        return None
     best: str | None = None
     for key in PEAKS:
         key_words = _words(key)
@@ -87,11 +97,17 @@ def peak_flops(device_name: str, dtype: str, tf32: bool = False) -> float | None
     raise ValueError(f"no peak for dtype {dtype!r} (bf16 or fp32)")
 
 
-def flops_per_token(n_params: int, n_layers: int, hidden_size: int, seq_len: int, causal: bool = True) -> float:
-    """Training FLOPs per token (forward + backward): 6 N for the matrices, plus 12 L d T for attention scores
-    and values over the full T x T matrix, of which a causal kernel computes half."""
-    attention = 12.0 * n_layers * hidden_size * seq_len
-    return 6.0 * n_params + (attention / 2 if causal else attention)
+def flops_per_token(n_trainable: int, n_frozen: int, n_layers: int, attention_dim: int, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward): 6 per trainable and 4 per frozen parameter, plus
+    12 L d T for attention scores and values over the full T x T matrix (d = heads x head_dim; not halved for a
+    causal mask, as nanochat and torchtitan count it: the module docstring)."""
+    return 6.0 * n_trainable + 4.0 * n_frozen + 12.0 * n_layers * attention_dim * seq_len
+
+
+def parameter_split(model) -> tuple[int, int]:
+    """(trainable, frozen) parameters of a model, each counted once (a tied weight is one parameter)."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters()) - trainable
 
 
 def mfu(tok_s: float, flops_per_tok: float, peak: float, devices: int = 1) -> float:

@@ -70,7 +70,7 @@ from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.guards import LossGuard, StopFlag
 from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_interval
-from minilmd.trainer.loop.mfu import flops_per_token, mfu, peak_flops
+from minilmd.trainer.loop.mfu import flops_per_token, mfu, parameter_split, peak_flops
 from minilmd.trainer.loop.oom import cuda_oom_source, first_line
 from minilmd.trainer.loop.resume import resume, start_from_init, start_lora
 from minilmd.trainer.loop.schedule import lr_at
@@ -143,8 +143,8 @@ class Trainer:
         self.compiled = compile_enabled(t.compile, self.device)
         self.forward_model: Any = torch.compile(forward_model) if self.compiled else forward_model
 
-        self.flops_per_token = flops_per_token(self.model.num_parameters(), cfg.model.num_hidden_layers,
-                                               cfg.model.hidden_size, t.seq_len)
+        self.flops_per_token = flops_per_token(*parameter_split(self.model), cfg.model.num_hidden_layers,
+                                               cfg.model.num_attention_heads * cfg.model.head_dim, t.seq_len)
         self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device), self.matmul_dtype(),
                                       tf32=torch.get_float32_matmul_precision() != "highest")
                            if self.device.type == "cuda" else None)
@@ -314,10 +314,10 @@ class Trainer:
             torch_dist.all_reduce(loss_sum)  # each rank holds its share of the global mean
         loss = float(loss_sum)
         self.loss_guard.require_finite(self.step, loss)  # the mean over ranks: any rank's share non-finite
-        tok_s, step_time = meter.report()
+        tok_s, step_time, apart = meter.report()  # training time only: eval, save, compile apart (metrics.py)
         fields = dict(step=self.step, tokens_seen=self.tokens_seen, loss=round(loss, 6),
                       lr=self.current_lr, grad_norm=round(float(grad_norm), 6), tok_s=round(tok_s, 1),
-                      step_time=round(step_time, 5), total_steps=self.total_steps,
+                      step_time=round(step_time, 5), **apart, total_steps=self.total_steps,
                       epoch=self.epoch_of(self.step - 1))
         if self.device.type == "cuda":
             if self.peak_flops:
@@ -389,7 +389,7 @@ class Trainer:
                 print(f"minilmd: chat corpus, SFT defaults: {', '.join(self.sft_defaults)}", flush=True)
         self.log.heartbeat(self.step, force=True)
         widths = warmup.WidthWatch(self)  # torch.compile compiles on the first call, and for a new shape
-        meter = Throughput()
+        meter = Throughput(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.model.train()
         warmup.widest_micro_batch(self, widths)  # bucketed: an OOM at the widest width comes now, not hours in
         while True:
@@ -411,19 +411,25 @@ class Trainer:
                 self.log.heartbeat(self.step, force=True)
                 return EXIT_STOPPED
             if save_due:
-                self.save()
+                with meter.apart("checkpoint_s"):
+                    self.save()
             self.faults.maybe_fire(self.step)
-            if widths.new_at(self.step):  # the supervisor allows restart.compile_timeout for this step
+            compiling = widths.new_at(self.step)
+            if compiling:  # the supervisor allows restart.compile_timeout for this step
                 self.log.heartbeat(self.step, phase="compiling", force=True)
-            loss_sum, grad_norm, n_real = self.train_step()
+            with meter.apart("compile_s" if compiling else None):
+                loss_sum, grad_norm, n_real = self.train_step()
             self.step += 1
             self.tokens_seen += n_real
-            meter.add(n_real)
+            meter.add(n_real, timed=not compiling)
             self.loss_guard.check(self.step, loss_sum)
             self.log.heartbeat(self.step)  # at most once a second (and at once after the compiling step)
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 self.log_train(loss_sum, grad_norm, meter)
-            if self.eval_due() and self.log_eval():
+            due = self.eval_due()
+            with meter.apart("eval_s" if due else None):  # apart (and synced) only when it evaluates: no sync a step
+                stop_early = due and self.log_eval()
+            if stop_early:
                 self.stop_early()
                 self.log.heartbeat(self.step, phase=HEARTBEAT_EXITING, force=True)
                 return EXIT_DONE

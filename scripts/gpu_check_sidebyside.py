@@ -1,0 +1,139 @@
+"""scripts/gpu-check part 6: MiniMind's own trainer/train_pretrain.py beside minilmd's trainer.
+
+MiniMind's source (jingyaogong/minimind, Apache-2.0) lives in ../shared/minimind, never in this project: it is run
+there, unmodified, from its trainer/ folder, as its ABOUT.md says. Same GPU, same model (hidden_size x layers from
+the check's config; MiniMind's defaults give the same 8 query / 4 KV heads, checked in its source), same text
+(WORK/text.jsonl, each trainer with its own tokenizer), same seq_len and micro-batch, bf16, eager on both sides
+(part 4 eager is minilmd's figure). MiniMind prints no throughput: its log lines ("(step/iters), loss ...") are
+timed as they arrive (unbuffered), and its real tokens per step are the micro-batch times the mean real tokens per
+row of the corpus under its tokenizer (BOS + text + EOS, cut at seq_len; the rest of each row is padding it
+computes but does not learn from). The run is stopped before its epoch ends: at the epoch's end it would save into
+../checkpoints of the shared folder, which is not ours to write.
+In the dry run the command is checked against the trainer's own argparse flags and model defaults, not run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOG_LINE = re.compile(r"\((\d+)/(\d+)\), loss")
+LOG_INTERVAL = 10
+NEEDS = "datasets, transformers"
+"""What MiniMind's trainer imports beside torch (its requirements.txt): without them the part skips, saying so."""
+
+
+def find_minimind() -> Path | None:
+    """MiniMind's source: $MINILMD_MINIMIND, ../shared/minimind beside this checkout (or beside the main checkout
+    of a git worktree), or shared/minimind inside it (a device machine's copy)."""
+    candidates = [Path(os.environ["MINILMD_MINIMIND"])] if os.environ.get("MINILMD_MINIMIND") else []
+    candidates += [ROOT.parent / "shared" / "minimind", ROOT / "shared" / "minimind"]
+    try:
+        common = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        if common:
+            candidates.append(Path(common).parent.parent / "shared" / "minimind")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return next((c for c in candidates if (c / "trainer" / "train_pretrain.py").is_file()), None)
+
+
+def minimind_command(work: Path, p: dict) -> list[str]:
+    m = p["model"]
+    return [sys.executable, "train_pretrain.py", "--data_path", str(work / "text.jsonl"),
+            "--save_dir", str(work / "minimind-out"), "--hidden_size", str(m["hidden_size"]),
+            "--num_hidden_layers", str(m["num_hidden_layers"]), "--max_seq_len", str(p["seq_len"]),
+            "--batch_size", str(p["micro_batch_size"]), "--accumulation_steps", "1", "--epochs", "1",
+            "--dtype", "bfloat16", "--num_workers", "4", "--log_interval", str(LOG_INTERVAL),
+            "--save_interval", "1000000000", "--use_compile", "0", "--from_resume", "0", "--device", "cuda:0"]
+
+
+def check_command(src: Path, cmd: list[str], p: dict) -> list[str]:
+    """What is wrong with the command against MiniMind's source: flags its argparse lacks, other head counts."""
+    accepted = set(re.findall(r"add_argument\(\s*[\"'](--[\w-]+)", (src / "trainer" / "train_pretrain.py").read_text()))
+    problems = [f"train_pretrain.py has no {flag}" for flag in cmd if flag.startswith("--") and flag not in accepted]
+    model = (src / "model" / "model_minimind.py").read_text()
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        found = re.search(rf"{key}\s*=\s*kwargs\.get\(\"{key}\",\s*(\d+)\)", model)
+        if not found or int(found.group(1)) != p["model"][key]:
+            problems.append(f"MiniMind's default {key} {found.group(1) if found else '?'} != {p['model'][key]}")
+    return problems
+
+
+def mean_real_tokens(src: Path, jsonl: Path, seq_len: int) -> float:
+    """MiniMind's real tokens per row of this corpus: BOS + the text's tokens + EOS, cut at seq_len."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(src / "model" / "tokenizer.json"))
+    lengths = [min(len(tok.encode(str(json.loads(line)["text"]), add_special_tokens=False).ids), seq_len - 2) + 2
+               for line in jsonl.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sum(lengths) / max(len(lengths), 1)
+
+
+def run_minimind(src: Path, cmd: list[str], stop_at: int, timeout: float) -> tuple[list[tuple[int, float]], int, str]:
+    """Run it from its trainer/ folder until its log shows step `stop_at` (or it ends): ((step, arrival time) of
+    each log line, steps per epoch, the output's tail)."""
+    proc = subprocess.Popen(cmd, cwd=src / "trainer", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    seen: list[tuple[int, float]] = []
+    iters, tail, deadline = 0, [], time.monotonic() + timeout
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            now = time.monotonic()
+            print(line, end="", flush=True)
+            tail = (tail + [line.rstrip()])[-5:]
+            found = LOG_LINE.search(line)
+            if found:
+                seen.append((int(found.group(1)), now))
+                iters = int(found.group(2))
+                if seen[-1][0] >= stop_at or seen[-1][0] >= iters - LOG_INTERVAL:
+                    break  # before the epoch's end and its save into the shared folder
+            if now > deadline:
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # with its DataLoader workers
+        proc.wait()
+    return seen, iters, " | ".join(tail)[-300:]
+
+
+def side_by_side(work: Path, p: dict, dry: bool, took, read_metrics) -> tuple[str, str]:
+    src = find_minimind()
+    if src is None:
+        took("minimind absent")
+        return "skip", "no MiniMind source (../shared/minimind absent, or set MINILMD_MINIMIND): nothing to compare"
+    cmd = minimind_command(work, p)
+    shown = f"(cd {src}/trainer && python {' '.join(cmd[1:])})"
+    problems = check_command(src, cmd, p)
+    if problems:
+        return "fail", f"{shown}: " + "; ".join(problems)
+    took("command checked")
+    if dry:
+        return "skip", f"--dry-run: not run; the command, its flags and model defaults checked: {shown}"
+    deps = subprocess.run([sys.executable, "-c", f"import {NEEDS}"], capture_output=True, text=True)
+    if deps.returncode != 0:
+        return "skip", f"MiniMind's trainer needs {NEEDS}: {deps.stderr.strip().splitlines()[-1]}"
+    eager = [m for m in read_metrics(work / "eager" / "run", "train") if m["step"] > p["warm_steps"]] \
+        if (work / "eager" / "run" / "metrics.jsonl").exists() else []
+    if not eager:
+        return "fail", "no minilmd figure: part 4 eager did not run"
+    ours = sorted(m["tok_s"] for m in eager)[len(eager) // 2]
+    took("minimind run")
+    warm = LOG_INTERVAL * max(1, p["warm_steps"] // LOG_INTERVAL)
+    seen, iters, tail = run_minimind(src, cmd, warm + p["timed_steps"], timeout=200)
+    timed = [(s, t) for s, t in seen if s >= warm]
+    if len(timed) < 2:
+        return "fail", f"MiniMind logged {[s for s, _ in seen]} of {iters} steps: {tail}"
+    (s0, t0), (s1, t1) = timed[0], timed[-1]
+    real = mean_real_tokens(src, work / "text.jsonl", p["seq_len"]) * p["micro_batch_size"]
+    theirs = real * (s1 - s0) / (t1 - t0)
+    padded = p["micro_batch_size"] * p["seq_len"] * (s1 - s0) / (t1 - t0)
+    return "ok", (f"MiniMind {theirs:,.0f} real tok/s ({padded:,.0f} with its padding; steps {s0}-{s1} of {iters}, "
+                  f"eager bf16), minilmd {ours:,.0f} real tok/s (part 4 eager): minilmd/MiniMind {ours / theirs:.2f}x")
