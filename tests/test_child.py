@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from minilmd import names, protocol
-from minilmd.config import RestartSection
+from minilmd.config import RestartSection, RunConfig
 from minilmd.daemon.child import orphans
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Death, build_command, classify, launch
@@ -25,7 +25,7 @@ from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.staging import stage
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.policy import backoff_seconds, decide
-from minilmd.daemon.runstate import MetricsTail, process_alive
+from minilmd.daemon.runstate import MetricsTail, RunState, process_alive
 from minilmd.daemon.states import TRANSITIONS, IllegalTransition, Phase, check_transition
 from waiting import wait_until
 
@@ -166,7 +166,11 @@ def test_a_data_error_restages_a_damaged_staged_corpus_and_is_final_on_an_intact
     death = classify(c, rc, tmp_path, stop_requested=False)
     assert death.cause == "data_error"
     emitted = []
-    facts = death_facts(death, staging, gpu=None, emit=lambda kind, message, **_: emitted.append((kind, message)))
+    cfg = RunConfig()
+    cfg.run.dir, cfg.run.scratch = str(tmp_path), str(tmp_path / "shm")
+    state = RunState(tmp_path / "state.json", {})
+    facts = death_facts(death, c, cfg, state, staging, gpu=None,
+                        emit=lambda kind, message, **_: emitted.append((kind, message)))
     assert facts == {"staged_damaged": damaged}
     decision = decide(death, restart=RESTART, restarts_so_far=0, no_progress_streak=1, stop_requested=False,
                       micro_batch_size=32, grad_accum=1, **facts)

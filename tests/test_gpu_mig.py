@@ -13,6 +13,7 @@ from minilmd.daemon.host import nvml as nvmlmod
 from minilmd.daemon.host.gpu import GpuAdmission, cuda_visible_devices, mig_refusal
 from minilmd.daemon.host.nvml import PynvmlBackend, open_nvml_or_reason
 from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable, GpuWaiter
+from minilmd.daemon.runstate import RunState
 
 IDLE = busy(used_mib=7)
 
@@ -65,7 +66,7 @@ def test_a_run_asking_for_two_devices_is_never_given_mig_instances_and_is_refuse
         report = adm.poll()
         assert adm.try_acquire(2) is None  # one whole card and two free instances: not two devices for DDP
         why = mig_refusal(report, 2)
-        waiter = GpuWaiter(cfg, _Infra(PynvmlBackend(nv)), {}, lambda *a, **k: None)
+        waiter = GpuWaiter(cfg, _Infra(PynvmlBackend(nv)), RunState(tmp_path / "state.json", {}), lambda *a, **k: None)
         outcome = waiter.tick()
     assert why is not None and "DDP cannot span MIG instances" in why and "NVML sees 1" in why
     assert isinstance(outcome, GpuUnavailable) and "set gpu.count = 1" in outcome.error
@@ -73,7 +74,7 @@ def test_a_run_asking_for_two_devices_is_never_given_mig_instances_and_is_refuse
 
     cfg.gpu = section(tmp_path, count=1, poll_interval="0s")
     with lib.installed() as nv:
-        waiter = GpuWaiter(cfg, _Infra(PynvmlBackend(nv)), {}, lambda *a, **k: None)
+        waiter = GpuWaiter(cfg, _Infra(PynvmlBackend(nv)), RunState(tmp_path / "state.json", {}), lambda *a, **k: None)
         ready = waiter.tick()
     assert isinstance(ready, GpuReady) and waiter.devices_env in ("GPU-fake-0001", "MIG-fake-0000-0")
     waiter.release()
@@ -110,7 +111,7 @@ def test_a_binding_lacking_a_name_is_nvml_too_old_not_a_busy_card(tmp_path, monk
         def open_gpu(self, cfg):
             return open_nvml_or_reason()
 
-    outcome = GpuWaiter(cfg, Infra(), {}, lambda *a, **k: None).tick()
+    outcome = GpuWaiter(cfg, Infra(), RunState(tmp_path / "state.json", {}), lambda *a, **k: None).tick()
     assert isinstance(outcome, GpuUnavailable) and outcome.exit_status == 2 and "NVML too old" in outcome.error
 
 

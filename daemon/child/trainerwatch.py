@@ -112,7 +112,7 @@ def finished_before_end(cfg: RunConfig, child: Child, state, emit) -> bool:
         return False
     assert beat is not None  # child.beats() says it is there
     step = beat[1]
-    remote = (state["remote_checkpoint"] or {}).get("step")
+    remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
     if step is None or (step not in local_checkpoint_steps(cfg.checkpoint_dir) and remote != step):
         return False
     emit("finish", f"attempt {child.attempt} had finished: its heartbeat said exiting at step "
