@@ -14,7 +14,7 @@ from minilmd.config import RestartSection, load_config
 from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.process import Death
 from minilmd.daemon.policy import decide
-from minilmd.daemon.runstate import read_heartbeat
+from minilmd.daemon.runstate import RunState, read_heartbeat
 from minilmd.daemon.states import Action, Cause
 from minilmd.names import HEARTBEAT, MANIFEST, step_name
 from supervisor_helpers import events, run_supervisor, state, write_config
@@ -63,7 +63,7 @@ def test_an_end_after_the_exiting_heartbeat_with_the_final_checkpoint_saved_is_f
 
     def finished(child, body: str) -> bool:
         (cfg.run_dir / HEARTBEAT).write_text(body)
-        return trainerwatch.finished_before_end(cfg, child, {"remote_checkpoint": None},
+        return trainerwatch.finished_before_end(cfg, child, RunState(tmp_path / "state.json", {}),
                                                 lambda kind, message, **_: said.append(message))
 
     assert finished(ours, "30 exiting\n")
@@ -74,7 +74,8 @@ def test_an_end_after_the_exiting_heartbeat_with_the_final_checkpoint_saved_is_f
     assert not finished(earlier, "30 exiting\n")  # an earlier attempt said it
     (saved / MANIFEST).unlink()
     assert not finished(ours, "30 exiting\n")  # gone from scratch and not on the remote
-    assert trainerwatch.finished_before_end(cfg, ours, {"remote_checkpoint": {"step": 30}}, lambda *a, **k: None)
+    on_remote = RunState(tmp_path / "state.json", {"remote_checkpoint": {"step": 30}})
+    assert trainerwatch.finished_before_end(cfg, ours, on_remote, lambda *a, **k: None)
 
 
 def test_the_policy_finishes_a_run_whose_trainer_had_finished():
