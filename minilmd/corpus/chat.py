@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from minilmd.corpus.sources.jsonl import json_lines
+from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE
 from minilmd.protocol import SPECIAL_TOKENS
 
@@ -229,7 +229,7 @@ def read_tokenizer_config(tokenizer: str | Path) -> dict:
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG
     try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        config = loads_bounded(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, ValueError) as e:
         raise ChatError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(config, dict):
