@@ -19,8 +19,9 @@ refused (`minilmd train` needs both), except for val with --val-fraction 0.
 `--format chat` (data_format "chat"): each line is a conversation (minilmd/corpus/chat.py), rendered by the
 tokenizer's chat template, encoded with its loss mask and cut at seq_len (minilmd/corpus/prepare/chat_encode.py); the
 split rule and the leak key apply to its canonical JSON. A chat line is held whole (no streaming of long lines: a
-conversation is bounded by what the template renders, and seq_len cuts it). The template travels with the corpus:
-its tokenizer_config.json is written beside tokenizer.json, listed in meta.json's files.
+conversation is bounded by what the template renders, and seq_len cuts it; chat_encode.py bounds its length). The
+template travels with the corpus: its tokenizer_config.json is written beside tokenizer.json, listed in meta.json's
+files.
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import add_report_meta, check_line_counts, duplicates_of, prepare_summary
 from minilmd.corpus.analysis.scripts import script_matrix
 from minilmd.corpus.format import DATA_FORMATS, FORMAT, open_prepared
+from minilmd.corpus.prepare.chat_encode import chat_blocks, longest_token, text_limit
 from minilmd.corpus.prepare.collect import Collector, LongEnd, leak_check, write_splits
-from minilmd.corpus.prepare.encode import Encoders, default_workers, done
+from minilmd.corpus.prepare.encode import EncodedBlock, Encoders, default_workers, done
 from minilmd.corpus.prepare.encode import leak_key as leak_key  # the split rule: part of prepare's interface
 from minilmd.corpus.prepare.encode import split_is_val as split_is_val
 from minilmd.corpus.sources.jsonl import BAD_LINE_POLICIES, InputError, LongLine, Source
@@ -359,7 +361,8 @@ def _encode_all(opened: list[Source], found: Collector, tok: _Tokenizer, opts: P
     elif progress is False:
         progress = None
     workers = default_workers() if opts.workers is None else opts.workers
-    encoders = Encoders(tok.json, opts.val_fraction, workers, tok.chat_spec(opts), opts.drop_scripts)
+    chat = tok.chat_spec(opts)
+    encoders = Encoders(tok.json, opts.val_fraction, workers, chat, opts.drop_scripts)
     found.threshold = int(opts.val_fraction * 2**64)
     found.drop_scripts = opts.drop_scripts
     pending: deque = deque()
@@ -377,11 +380,14 @@ def _encode_all(opened: list[Source], found: Collector, tok: _Tokenizer, opts: P
     try:
         for src_idx, src in enumerate(opened):
             try:
-                # A chat line is held whole (the module docstring): blocks() joins a long one.
-                items = src.blocks(opts.block_bytes) if found.chat else src.items(opts.block_bytes)
+                # A chat line is held whole (the module docstring), up to chat_encode's bound.
+                items = src.items(opts.block_bytes) if chat is None else chat_blocks(
+                    src, opts.block_bytes, text_limit(chat.seq_len, longest_token(tok.json)))
                 for item in items:
                     if isinstance(item, LongLine):
                         _stream_long_line(item, src_idx, encoders, submit)
+                    elif isinstance(item, EncodedBlock):  # a chat line too long to hold: a bad line
+                        submit(src_idx, "block", done(item))
                     else:
                         first_line, blob = item
                         submit(src_idx, "block", encoders.submit("__call__", blob, first_line))
