@@ -11,9 +11,10 @@ and the memory of every rendering, since a template is untrusted code (a nested 
 - Memory (TemplateLimits.chars): no string, list or output the template builds may exceed it. Operations whose
   result can be far larger than their operands are checked BEFORE they run: `*` (repetition), `**`, `%`
   formatting widths, `str.format` widths, `center`/`ljust`/`rjust`/`zfill`/`expandtabs`/`replace`/`join` (methods
-  and filters), `indent`, `wordwrap`, `sum`, `tojson` and `strftime_now`; every other call, operator and filter
-  result, the output, every `{% set %}`/macro buffer and every `~` concatenation are checked as they are made (each
-  is at most a few times its already bounded inputs). A value stored in a namespace or passed to a call may not
+  and filters), `indent`, `wordwrap`, `sum`, `tojson` and `strftime_now`; every other call, `*`/`**`/`%` and
+  filter result, the output, every `{% set %}`/macro buffer and every `~` concatenation are checked as they are
+  made (each is at most a few times its already bounded inputs; `+` is not even intercepted, as its result is kept
+  only through a namespace, a call or the output). A value stored in a namespace or passed to a call may not
   hold more than `chars` elements counted as a tree (a list that holds itself twice, 32 levels deep, would print
   and compare as 2^32 elements).
 A rendering that exceeds a bound raises Exceeded (a BaseException, so that neither jinja2 nor the template can
@@ -69,6 +70,10 @@ class Budget:
     def check_tree(self, value) -> int:
         """The number of elements of value counted as a tree (shared parts counted each time); Exceeded beyond
         the bound. Linear in the distinct objects (their counts are memoized)."""
+        if not isinstance(value, (list, tuple, dict, set, frozenset)):  # the usual case, at once
+            n = 1 + len(value) if isinstance(value, str) else 1
+            self.check_size(n, "a value")
+            return n
         memo: dict[int, int] = {}
 
         def size(v) -> int:
@@ -333,7 +338,9 @@ def compile_template(source: str, limits: TemplateLimits):
             self.write("))")
 
     class BoundedSandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**", "%", "+"})
+        # `+` is not intercepted: its result is at most its two bounded operands, and it is kept only through a
+        # namespace, a call or the output, which are checked.
+        intercepted_binops = frozenset({"*", "**", "%"})
         code_generator_class = BoundedCodeGenerator
 
         def call_binop(self, context, operator, left, right):
