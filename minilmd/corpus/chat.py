@@ -14,7 +14,8 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
   the filter `tojson` and the globals `raise_exception`, `strftime_now`, `dict` and `namespace` as transformers
   defines them; it sees `messages`, `tools` and `documents` (None), `add_generation_prompt` and the special token
   names of tokenizer_config.json (`bos_token`, `eos_token`, ...). A message with `reasoning_content` also carries
-  it as `thinking`, as transformers passes it.
+  it as `thinking`, as transformers passes it. The template is untrusted code: its renderings are bounded in time
+  and size (chat_sandbox.py); a conversation that goes beyond is a bad line, `template_limit`.
 - Targets: the template is rendered for the whole conversation and for its prefixes up to each assistant message.
   Assistant turn k is the text between the rendering of messages[:k] and that of messages[:k + 1]; each must be a
   prefix of the whole rendering (a template that renders a turn differently depending on what follows it cannot
@@ -27,10 +28,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
-from minilmd.corpus.sources.jsonl import json_lines
+from minilmd.corpus.chat_sandbox import Exceeded, TemplateLimits, compile_template, limited
+from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE
 from minilmd.protocol import SPECIAL_TOKENS
 
@@ -39,11 +40,14 @@ MESSAGE_KEYS = ("role", "content", "reasoning_content")
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 HEADER = f"{IM_START}assistant\n"
 """What opens an assistant turn; the target starts after it."""
-MIN_JINJA = (3, 1, 6)  # transformers' floor: older jinja2 has known sandbox escapes, and templates are untrusted code
 
 
 class ChatError(ValueError):
     """A tokenizer without a usable chat template, or a conversation the template cannot render."""
+
+
+class TemplateLimitError(ChatError):
+    """A rendering went beyond the template's TemplateLimits (time or size: chat_sandbox.py)."""
 
 
 class TurnError(ChatError):
@@ -129,78 +133,12 @@ def parse_chat_block(blob: bytes, first_line: int) -> ParsedChatBlock:
 
 
 # --- the template --------------------------------------------------------------------------------------------
-def _compile(source: str):
-    """The template in transformers' environment (module docstring)."""
-    import jinja2
-    import jinja2.ext
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    if tuple(int(x) for x in jinja2.__version__.split(".")[:3] if x.isdigit()) < MIN_JINJA:
-        raise ChatError(f"jinja2 {jinja2.__version__} is too old for untrusted chat templates: pip install "
-                        f"'jinja2>={'.'.join(map(str, MIN_JINJA))}'")
-
-    class Generation(jinja2.ext.Extension):
-        """`{% generation %}...{% endgeneration %}`: transformers tracks assistant text with it; the body here."""
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(format):
-        return datetime.now().strftime(format)
-
-    class TemplateDict:
-        """`dict(...)` without attribute access to the type (transformers')."""
-
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
-
-    class TemplateNamespace(jinja2.utils.Namespace):
-        """A namespace that refuses underscore names, as transformers' does (no way to CPython's internals)."""
-
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attrs = dict(*args, **kwargs)
-            for name in attrs:
-                TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
-
-        def __setitem__(self, name, value):
-            TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check_name(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"chat templates cannot store underscore-prefixed attributes "
-                                                      f"on a namespace, got {name!r}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    env.globals["dict"] = TemplateDict()
-    env.globals["namespace"] = TemplateNamespace
+def _compile(source: str, limits: TemplateLimits):
+    """The template in transformers' environment (module docstring), bounded (chat_sandbox.py)."""
     try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as e:
-        raise ChatError(f"the chat template does not compile: {e} (line {e.lineno})") from None
+        return compile_template(source, limits)
+    except ValueError as e:
+        raise ChatError(str(e)) from None
 
 
 def special_token_names(config: dict) -> dict[str, str]:
@@ -229,7 +167,7 @@ def read_tokenizer_config(tokenizer: str | Path) -> dict:
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG
     try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        config = loads_bounded(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, ValueError) as e:
         raise ChatError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(config, dict):
@@ -254,20 +192,21 @@ class ChatTemplate:
 
     source: str
     special_tokens: dict[str, str]
+    limits: TemplateLimits = field(default_factory=TemplateLimits)
 
     def __post_init__(self):
-        self._template = _compile(self.source)
+        self._template, self._budget = _compile(self.source, self.limits)
 
     def __getstate__(self):
-        return {"source": self.source, "special_tokens": self.special_tokens}
+        return {"source": self.source, "special_tokens": self.special_tokens, "limits": self.limits}
 
     def __setstate__(self, state):
-        self.source, self.special_tokens = state["source"], state["special_tokens"]
-        self._template = _compile(self.source)
+        self.source, self.special_tokens, self.limits = state["source"], state["special_tokens"], state["limits"]
+        self._template, self._budget = _compile(self.source, self.limits)
 
     @classmethod
-    def from_config(cls, config: dict) -> ChatTemplate:
-        return cls(config["chat_template"], special_token_names(config))
+    def from_config(cls, config: dict, limits: TemplateLimits | None = None) -> ChatTemplate:
+        return cls(config["chat_template"], special_token_names(config), limits or TemplateLimits())
 
     @classmethod
     def load(cls, tokenizer: str | Path) -> ChatTemplate:
@@ -275,7 +214,15 @@ class ChatTemplate:
         return cls.from_config(read_tokenizer_config(tokenizer))
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        """The text apply_chat_template(messages, tokenize=False, add_generation_prompt=...) produces."""
+        """The text apply_chat_template(messages, tokenize=False, add_generation_prompt=...) produces.
+        TemplateLimitError when the rendering goes beyond self.limits."""
+        try:
+            with limited(self._budget):
+                return self._render(messages, add_generation_prompt)
+        except Exceeded as e:
+            raise TemplateLimitError(f"the chat template went beyond its bound: {e}") from None
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         chat = [{"thinking": m["reasoning_content"], **m} if "reasoning_content" in m else dict(m)
                 for m in messages]
         return self._template.render(messages=chat, tools=None, documents=None,
@@ -283,18 +230,28 @@ class ChatTemplate:
 
     def targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         """(the whole rendering, the [start, end) character span of each assistant reply's target). TurnError
-        (reason, detail) when the template fails or its text does not show where a reply is (module docstring)."""
+        (reason, detail) when the template fails or its text does not show where a reply is (module docstring);
+        `template_limit` when its renderings together go beyond self.limits."""
+        try:
+            with limited(self._budget):
+                return self._targets(messages)
+        except Exceeded as e:
+            raise TurnError("template_limit", str(e)) from None
+
+    def _targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         cache: dict[int, str] = {}
 
-        def upto(k: int) -> str:  # the rendering of messages[:k]
+        def upto(k: int) -> str:  # the rendering of messages[:k]; only the last two are kept (memory)
             if k not in cache:
                 if k == 0:
                     try:
-                        cache[0] = self.render([])
+                        cache[0] = self._render([])
                     except Exception:  # noqa: BLE001 - many templates cannot render no messages: nothing before
                         cache[0] = ""
                 else:
                     cache[k] = self._render_or_bad(messages[:k])
+                for old in [j for j in cache if j < k - 1]:
+                    del cache[old]
             return cache[k]
 
         full = upto(len(messages))
@@ -319,6 +276,6 @@ class ChatTemplate:
 
     def _render_or_bad(self, messages: list[dict]) -> str:
         try:
-            return self.render(messages)
+            return self._render(messages)
         except Exception as e:  # noqa: BLE001 - the template is untrusted code: any failure refuses the conversation
             raise TurnError("template_error", f"{type(e).__name__}: {e}") from None

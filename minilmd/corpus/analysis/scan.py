@@ -10,14 +10,14 @@ worker processes read independently:
   between BOS and EOS, decoded back to its exact text (byte-level BPE); a chat one decodes to its rendered
   conversations without the <|im_start|>/<|im_end|> markers (special tokens skipped).
 A line's text is its "text" field; a chat line's ({"conversations": [...]}) is its messages' "content" joined by
-newlines. Lines that are not JSON or have neither are counted as bad, never read.
+newlines. Lines that are not JSON (or nest deeper than jsonl.MAX_JSON_DEPTH) or have neither are counted as bad,
+never read.
 
 Each shard feeds a Task (texts, their exact digests, their lengths) and returns its result; the results come back
 in shard order and the caller merges them. Memory per worker: one block of lines or documents.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +26,7 @@ import numpy as np
 
 from minilmd.corpus.meta import CorpusError, read_meta
 from minilmd.corpus.prepare.block import digest64
-from minilmd.corpus.sources.jsonl import InputError
+from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, SPLITS, TOKENS
 
 BLOCK_BYTES = 4 << 20  # JSONL bytes per batch of texts handed to a task
@@ -171,7 +171,7 @@ def _parse_lines(lines: list[bytes]) -> Batch:
             blank += 1
             continue
         try:
-            text = line_text(json.loads(raw))
+            text = line_text(loads_bounded(raw))  # too deep: bad, as in prepare
         except ValueError:
             text = None
         if text is None or not text.strip():

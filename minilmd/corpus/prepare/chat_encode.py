@@ -12,6 +12,17 @@ does not is refused line by line (`template_output`).
 Length: a conversation longer than seq_len tokens is cut to its first seq_len (as MiniMind does; `cut`) or, with
 on_long "drop", dropped (`dropped_long`); one whose targets all fall past the cut is dropped (`dropped_no_target`).
 Split: the split rule and leak key of block.py applied to chat.canonical(messages).
+
+Bounds (chat templates are untrusted code, and a conversation is held whole):
+- A conversation whose messages hold more text than `text_limit` characters (4 x seq_len x the tokenizer's longest
+  token, at least 64 Ki: far more than seq_len tokens can hold, so the cut at seq_len takes only its start) is a bad
+  line, `conversation_too_long`, before it is rendered: rendering and encoding cost about 100 bytes per character.
+  A line longer than 16 x text_limit bytes is that bad line without being held (`chat_blocks`). Every conversation
+  within the bound renders and encodes exactly as before.
+- The template renders in the bounded sandbox (minilmd/corpus/chat_sandbox.py), its size bound 4 x text_limit (at
+  least 1 Mi); a conversation whose renderings go beyond a bound is a bad line, `template_limit`. When, within one
+  block of lines, at least TEMPLATE_STRIKES conversations and more than half of those rendered so far went beyond
+  it, the template is the problem, not the lines: prepare stops (InputError, exit 65) saying so.
 """
 from __future__ import annotations
 
@@ -20,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from minilmd.corpus.chat import ChatTemplate, TurnError, canonical, has_special_text, parse_chat_block
+from minilmd.corpus.chat_sandbox import TemplateLimits
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key
+from minilmd.corpus.sources.jsonl import InputError, LongLine
 from minilmd.protocol import BOS_ID, EOS_ID
 
 ON_LONG = ("cut", "drop")
@@ -29,6 +42,63 @@ FACTS = ("messages", "assistant_turns", "target_tokens", "cut")
 COUNTS = ("cut", "dropped_long", "dropped_no_target", "special_text")
 """The per-block counts of chat conversations (cut ones are kept; `special_text`: a message spells a special
 token, which then encodes to id 0, 1 or 2 inside its turn)."""
+
+
+TEMPLATE_STRIKES = 4
+"""Conversations of one block beyond the template's bound (and more than half of those rendered) that stop prepare."""
+MIN_TEXT_LIMIT = 1 << 16
+
+
+def longest_token(tokenizer_json: str) -> int:
+    """The most characters one token of the tokenizer stands for (byte-level BPE: bytes; added tokens: their text)."""
+    from tokenizers import Tokenizer
+
+    return max(map(len, Tokenizer.from_str(tokenizer_json).get_vocab(with_added_tokens=True)), default=1)
+
+
+def text_limit(seq_len: int, longest: int) -> int:
+    """The most characters of message text a conversation may hold (module docstring)."""
+    return max(MIN_TEXT_LIMIT, 4 * seq_len * max(longest, 1))
+
+
+def _too_long(line: int, what: str, limit: int) -> tuple[int, str, str]:
+    return (line, "conversation_too_long", f"{what}, more than the {limit:,} characters of text that seq_len tokens "
+                                           "are far from holding; split it into shorter conversations")
+
+
+def chat_blocks(src, block_bytes: int, limit: int):
+    """Source.blocks for chat: (first line, bytes of whole lines), a long line joined into a block of its own, but a
+    line longer than 16 x limit bytes is read through and comes as an EncodedBlock holding it as a bad line."""
+    for item in src.items(block_bytes):
+        if not isinstance(item, LongLine):
+            yield item
+            continue
+        parts, size = [], 0
+        for chunk in item.chunks():
+            size += len(chunk)
+            if size <= 16 * limit:
+                parts.append(chunk)
+            elif parts:
+                parts = []
+        if size <= 16 * limit:
+            yield item.line, b"".join(parts) + b"\n"
+        else:
+            yield bad_block(item.line, _too_long(item.line, f"a line of {size:,} bytes", limit))
+
+
+def bad_block(line: int, bad: tuple[int, str, str]) -> EncodedBlock:
+    """The EncodedBlock of one line that is bad."""
+    empty = _stack({"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [], "facts": []})
+    return EncodedBlock(
+        n_lines=1, blank=0, bad=[bad], text_bytes=0, special_inside=[], train_tokens=empty["tokens"],
+        train_lengths=empty["lengths"], train_keys=empty["keys"], val_tokens=empty["tokens"],
+        val_lengths=empty["lengths"], val_keys=empty["keys"], val_lines=empty["lines"], train_min_digest=NO_DIGEST,
+        train_mask=empty["masks"], val_mask=empty["masks"], train_facts=empty["facts"], val_facts=empty["facts"],
+        chat_counts=dict.fromkeys(COUNTS, 0))
+
+
+def message_chars(messages: list[dict]) -> int:
+    return sum(len(m["content"]) + len(m.get("reasoning_content", "")) for m in messages)
 
 
 @dataclass
@@ -79,17 +149,32 @@ class ChatBlockEncoder:
         self.tok = Tokenizer.from_str(tokenizer_json)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         self.threshold = int(val_fraction * 2**64)
-        self.chat = chat
+        self.text_limit = text_limit(chat.seq_len, longest_token(tokenizer_json))
+        template = chat.template
+        limits = TemplateLimits(template.limits.seconds, max(template.limits.chars, 4 * self.text_limit))
+        self.chat = ChatSpec(ChatTemplate(template.source, template.special_tokens, limits), chat.seq_len,
+                             chat.on_long)
 
     def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
         parsed = parse_chat_block(blob, first_line)
         bad = list(parsed.bad)
         rendered, kept = [], []
+        tried = over = 0  # conversations rendered, and those beyond the template's bound
         for messages, line in zip(parsed.conversations, parsed.lines, strict=True):
+            chars = message_chars(messages)
+            if chars > self.text_limit:
+                bad.append(_too_long(line, f"{chars:,} characters of message text", self.text_limit))
+                continue
+            tried += 1
             try:
                 rendered.append(self.chat.template.targets(messages))
             except TurnError as e:
                 bad.append((line, e.reason, e.detail))
+                over += e.reason == "template_limit"
+                if over >= TEMPLATE_STRIKES and 2 * over > tried:
+                    raise InputError(f"lines {first_line}-{line}: the chat template went beyond its bound on {over} "
+                                     f"of {tried} conversations ({e.detail}): the template is the problem, not the "
+                                     "lines; nothing was written") from None
                 continue
             kept.append((messages, line))
         encs = self.tok.encode_batch([text for text, _ in rendered], add_special_tokens=False)

@@ -20,8 +20,9 @@ refused (`minilmd train` needs both), except for val with --val-fraction 0.
 `--format chat` (data_format "chat"): each line is a conversation (minilmd/corpus/chat.py), rendered by the
 tokenizer's chat template, encoded with its loss mask and cut at seq_len (minilmd/corpus/prepare/chat_encode.py); the
 split rule and the leak key apply to its canonical JSON. A chat line is held whole (no streaming of long lines: a
-conversation is bounded by what the template renders, and seq_len cuts it). The template travels with the corpus:
-its tokenizer_config.json is written beside tokenizer.json, listed in meta.json's files.
+conversation is bounded by what the template renders, and seq_len cuts it; chat_encode.py bounds its length). The
+template travels with the corpus: its tokenizer_config.json is written beside tokenizer.json, listed in meta.json's
+files.
 """
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ from collections import deque
 from concurrent.futures import Future
 
 from minilmd.corpus.analysis.scripts import script_matrix
+from minilmd.corpus.prepare.block import EncodedBlock
+from minilmd.corpus.prepare.chat_encode import chat_blocks, longest_token, text_limit
 from minilmd.corpus.prepare.collect import Collector, LongEnd
 from minilmd.corpus.prepare.encode import Encoders, default_workers, done
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
@@ -78,7 +80,8 @@ def encode_all(opened: list[Source], found: Collector, tok: PrepareTokenizer, op
     elif progress is False:
         progress = None
     workers = default_workers() if opts.workers is None else opts.workers
-    encoders = Encoders(tok.json, opts.val_fraction, workers, tok.chat_spec(opts), opts.drop_scripts)
+    chat = tok.chat_spec(opts)
+    encoders = Encoders(tok.json, opts.val_fraction, workers, chat, opts.drop_scripts)
     found.threshold = int(opts.val_fraction * 2**64)
     found.drop_scripts = opts.drop_scripts
     pending: deque = deque()
@@ -96,11 +99,14 @@ def encode_all(opened: list[Source], found: Collector, tok: PrepareTokenizer, op
     try:
         for src_idx, src in enumerate(opened):
             try:
-                # A chat line is held whole (pipeline.py's docstring): blocks() joins a long one.
-                items = src.blocks(opts.block_bytes) if found.chat else src.items(opts.block_bytes)
+                # A chat line is held whole (pipeline.py's docstring), up to chat_encode's bound.
+                items = src.items(opts.block_bytes) if chat is None else chat_blocks(
+                    src, opts.block_bytes, text_limit(chat.seq_len, longest_token(tok.json)))
                 for item in items:
                     if isinstance(item, LongLine):
                         _stream_long_line(item, src_idx, encoders, submit)
+                    elif isinstance(item, EncodedBlock):  # a chat line too long to hold: a bad line
+                        submit(src_idx, "block", done(item))
                     else:
                         first_line, blob = item
                         submit(src_idx, "block", encoders.submit("__call__", blob, first_line))

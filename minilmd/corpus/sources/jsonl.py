@@ -2,17 +2,44 @@
 
 Shared by `minilmd prepare` and `minilmd tokenizer train`, so that both accept and refuse exactly the same lines.
 A line is bad when it is not valid UTF-8, not valid JSON, not an object with a "text" key, or its text is not a
-string or is empty (whitespace only counts as empty). Blank lines are not documents; they are counted, not bad.
+string or is empty (whitespace only counts as empty). JSON nested deeper than MAX_JSON_DEPTH arrays and objects is
+not valid JSON here (`invalid_json`): json.loads would recurse once per level and raise RecursionError, so every
+reader parses with `loads_bounded`, which counts the depth first. Blank lines are not documents; they are counted,
+not bad.
 A line longer than a block is not held whole: `Source.items` hands it out as a `LongLine` read in chunks, which
 minilmd/corpus/sources/longdoc.py parses as it streams (the same verdicts as parse_block).
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 BAD_LINE_POLICIES = ("error", "skip")
+MAX_JSON_DEPTH = 100
+"""The deepest nesting of arrays and objects a line may have (a conversation needs 3); deeper is `invalid_json`."""
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+class JSONTooDeep(ValueError):
+    """A JSON text nested deeper than MAX_JSON_DEPTH: malformed for minilmd, like any other ValueError of json."""
+
+
+def loads_bounded(s: str | bytes, max_depth: int = MAX_JSON_DEPTH):
+    """json.loads(s), refusing (JSONTooDeep, a ValueError) a text whose arrays and objects nest deeper than
+    max_depth, before json.loads could recurse into a RecursionError. Counting the brackets is one C pass; only a
+    text holding more than max_depth opening brackets is scanned for its depth (outside strings)."""
+    if isinstance(s, (bytes, bytearray)):
+        s = s.decode(json.detect_encoding(s), "surrogatepass")  # what json.loads does with bytes
+    if s.count("[") + s.count("{") > max_depth:
+        depth = 0
+        for m in _BRACKET.finditer(_STRING.sub("", s)):
+            depth += 1 if m.group() in "[{" else -1
+            if depth > max_depth:
+                raise JSONTooDeep(f"nested deeper than {max_depth} arrays and objects")
+    return json.loads(s)
 
 
 class InputError(ValueError):
@@ -92,7 +119,7 @@ def json_lines(blob: bytes, first_line: int, counts) -> Iterator[tuple[int, obje
             yield lineno, None, ("invalid_utf8", f"byte {e.start}: {raw[e.start:e.start + 4]!r}")
             continue
         try:
-            obj = json.loads(s)
+            obj = loads_bounded(s)
         except ValueError as e:
             yield lineno, None, ("invalid_json", str(e))
             continue

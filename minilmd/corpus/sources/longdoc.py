@@ -3,8 +3,9 @@
 `minilmd prepare` reads whole lines in blocks; a line longer than a block (a 50 MB book on one line) goes through
 here instead, so that memory stays bounded by the block and piece sizes whatever the document's size:
 - `LongLineParser` checks one line fed in raw chunks against exactly what `jsonl.parse_block` accepts (UTF-8, one
-  JSON value, an object with a string "text" that is not blank, no lone surrogate; the last "text" key wins, as
-  with json.loads) and hands out the decoded text in fragments; only a few characters of the line are ever kept.
+  JSON value nested at most MAX_JSON_DEPTH deep, an object with a string "text" that is not blank, no lone
+  surrogate; the last "text" key wins, as with json.loads) and hands out the decoded text in fragments; only a
+  few characters of the line are ever kept.
 - `next_cut` decides where a text is cut into pieces of at most PIECE_CHARS characters for the tokenizer, the same
   way for a text held whole (in a block) and for one streamed here, so that a document's tokens do not depend on
   the path it took. Cuts are made in the second half of the piece, in order of preference: after a newline that
@@ -23,6 +24,8 @@ import re
 import sys
 from dataclasses import dataclass
 from json import decoder as _json_decoder
+
+from minilmd.corpus.sources.jsonl import MAX_JSON_DEPTH
 
 PIECE_CHARS = 1 << 18
 """The most characters the tokenizer is given at once (its working memory is a few hundred bytes per character)."""
@@ -280,6 +283,8 @@ class LongLineParser:
             self._typed("str")
             self.string = "text" if self.value_is_text else "other"
         elif c in "{[":
+            if len(self.stack) >= MAX_JSON_DEPTH:  # as jsonl.loads_bounded refuses it
+                self._fail(f"nested deeper than {MAX_JSON_DEPTH} arrays and objects", i)
             self._typed("dict" if c == "{" else "list")
             self.stack.append(c)
             self.expect = "key_or_end" if c == "{" else "value_or_end"
