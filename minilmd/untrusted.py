@@ -25,6 +25,9 @@ import unicodedata
 from collections.abc import Collection
 
 DEFAULT_MAX_DEPTH = 64
+MAX_LINE_DEPTH = 100
+"""The deepest nesting of arrays and objects a corpus line may have (a conversation needs 3): deeper is a bad line
+(minilmd/corpus/sources/jsonl.py, longdoc.py), never a RecursionError."""
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),

@@ -12,15 +12,13 @@ minilmd/corpus/sources/longdoc.py parses as it streams (the same verdicts as par
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from minilmd.untrusted import MAX_LINE_DEPTH, too_deep
+
 BAD_LINE_POLICIES = ("error", "skip")
-MAX_JSON_DEPTH = 100
-"""The deepest nesting of arrays and objects a line may have (a conversation needs 3); deeper is `invalid_json`."""
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
-_BRACKET = re.compile(r"[\[\]{}]")
+MAX_JSON_DEPTH = MAX_LINE_DEPTH
 
 
 class JSONTooDeep(ValueError):
@@ -29,16 +27,12 @@ class JSONTooDeep(ValueError):
 
 def loads_bounded(s: str | bytes, max_depth: int = MAX_JSON_DEPTH):
     """json.loads(s), refusing (JSONTooDeep, a ValueError) a text whose arrays and objects nest deeper than
-    max_depth, before json.loads could recurse into a RecursionError. Counting the brackets is one C pass; only a
-    text holding more than max_depth opening brackets is scanned for its depth (outside strings)."""
+    max_depth, before json.loads could recurse into a RecursionError (the depth scan of minilmd/untrusted.py: only a
+    text holding more than max_depth opening brackets is scanned)."""
     if isinstance(s, (bytes, bytearray)):
         s = s.decode(json.detect_encoding(s), "surrogatepass")  # what json.loads does with bytes
-    if s.count("[") + s.count("{") > max_depth:
-        depth = 0
-        for m in _BRACKET.finditer(_STRING.sub("", s)):
-            depth += 1 if m.group() in "[{" else -1
-            if depth > max_depth:
-                raise JSONTooDeep(f"nested deeper than {max_depth} arrays and objects")
+    if too_deep(s, max_depth):
+        raise JSONTooDeep(f"nested deeper than {max_depth} arrays and objects")
     return json.loads(s)
 
 

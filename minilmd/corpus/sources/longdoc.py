@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from json import decoder as _json_decoder
 
-from minilmd.corpus.sources.jsonl import MAX_JSON_DEPTH
+from minilmd.untrusted import MAX_LINE_DEPTH as MAX_JSON_DEPTH
 
 PIECE_CHARS = 1 << 18
 """The most characters the tokenizer is given at once (its working memory is a few hundred bytes per character)."""
