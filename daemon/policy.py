@@ -10,7 +10,8 @@ import random
 from dataclasses import dataclass, field
 
 from minilmd import protocol
-from minilmd.config import RestartSection, parse_duration
+from minilmd.config import RestartSection
+from minilmd.config_values import parse_duration
 from minilmd.daemon.child.process import Death
 from minilmd.daemon.states import Action, Cause
 

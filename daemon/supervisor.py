@@ -4,25 +4,23 @@
                                starting | training -> waiting_space -> starting (a checkpoint did not fit in scratch)
                                                                                          any live phase -> failed
 
-The phases and the allowed transitions are in daemon/states.py; `_go()` is the only place that changes phase, and
-it logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json (those files, the Prometheus
-textfile and the registry entry: daemon/runfiles.py). Signal handlers (daemon/host/signals.py) only record the
-signal; the loop acts on it at the next tick. Each tick dispatches on the phase; the phases that wait on something
-have a part of their own that the tick asks: the GPU (daemon/phases/gpuwait.py), staging and the remote fetch
-(daemon/jobs/stagingworker.py), the sync, the last sync and pruning scratch (daemon/jobs/syncworker.py), room in scratch
-(daemon/phases/spacewait.py). Their blocking jobs run in threads (daemon/worker.py), so a stalled NFS never freezes the
-loop or the trainer, and the loop never waits for a process without a bound: a trainer killed in uninterruptible
-I/O is reaped by a later poll. The trainer is a child process (daemon/child/process.py), watched through
-daemon/child/trainerwatch.py (orphans, its command, a hang, a kill not reaped); what to do when it ends is
-daemon/policy.py. GPU admission, staging, sync, pruning and the launch are reached through `Infra` (daemon/infra.py),
-a few methods that tests can replace.
+The phases and the allowed transitions are in daemon/states.py; `_go()` is the only place that changes phase, and it
+logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json (the run's files: daemon/runfiles.py).
+Signal handlers (daemon/host/signals.py) only record the signal; the loop acts on it at the next tick. Each tick
+dispatches on the phase; the phases that wait on something have a part of their own that the tick asks: the GPU,
+staging and the remote fetch, the sync and pruning, room in scratch (daemon/phases/, daemon/jobs/). Their blocking
+jobs run in threads (daemon/worker.py), so a stalled NFS never freezes the loop or the trainer, and the loop never
+waits for a process without a bound: a trainer killed in uninterruptible I/O is reaped by a later poll. The trainer is
+a child process (daemon/child/process.py), watched through daemon/child/trainerwatch.py (orphans, its command, a hang,
+a kill not reaped); what to do when it ends is daemon/policy.py. GPU admission, staging, sync, pruning and the launch
+are reached through `Infra` (daemon/infra.py), a few methods that tests can replace.
 
 Running out of room is no restart loop. A full scratch: the syncworker prunes superseded checkpoints before the
-trainer needs the room; a trainer whose save did not fit anyway waits in `waiting_space` until one does, never
-counted as a restart. A full run.dir: the writes of state and events keep failing quietly (daemon/runstate.py); a
-live trainer goes on, and once it has ended the run stops after its last sync, with exit 73 (final). That part is
-`self.room` (daemon/phases/rundirwatch.py): it writes state.json, says once that run.dir is full, and is asked before
-each launch and at each end of the trainer. Torch-free.
+trainer needs the room; a trainer whose save did not fit anyway waits in `waiting_space` until one does, never counted
+as a restart. A full run.dir: the writes of state and events keep failing quietly (daemon/runstate.py); a live trainer
+goes on, and once it has ended the run stops after its last sync, with exit 73 (final). That part is `self.room`
+(daemon/phases/rundirwatch.py): it writes state.json, says once that run.dir is full, and is asked before each launch
+and at each end of the trainer. Torch-free.
 """
 from __future__ import annotations
 
@@ -34,7 +32,8 @@ import traceback
 from pathlib import Path
 
 from minilmd import names, protocol, scratch
-from minilmd.config import RunConfig, parse_duration
+from minilmd.config import RunConfig
+from minilmd.config_values import parse_duration
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death

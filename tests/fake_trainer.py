@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from minilmd import fsio, names, protocol
-from minilmd.config import ConfigError, load_config, parse_duration
+from minilmd.config import ConfigError, load_config
+from minilmd.config_values import parse_duration
 from minilmd.model_shapes import expected_state_shapes
 
 STOP = {"requested": False}

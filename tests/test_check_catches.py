@@ -2,7 +2,7 @@
 exit 2, final, before anything is staged or started. Each observation goes through `minilmd run CONFIG --check` and
 through a real `minilmd run` (with the fake trainer behind it: a launch that got past the checks would train):
 
-- every number finite and in its range (one table, config.RANGES), every problem at once;
+- every number finite and in its range (one table, config_values.RANGES), every problem at once;
 - model.vocab_size other than the prepared corpus's vocabulary (its meta.json);
 - an empty val split;
 - scratch too small for the corpus plus the checkpoints kept between syncs, the whole sum in the refusal, margin
@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 import tomllib
 
-from minilmd.config import RANGES, ConfigError, Duration, RunConfig, config_from_dict, load_config
+from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config
+from minilmd.config_values import RANGES, Duration
 from minilmd.daemon.jobs import staging
 from minilmd.daemon.supervisor import Supervisor
 from minilmd.model_shapes import expected_state_shapes

@@ -4,12 +4,8 @@ import os
 
 import pytest
 
-from minilmd.config import (
-    ConfigError,
-    config_from_dict,
-    parse_duration,
-    parse_overrides,
-)
+from minilmd.config import ConfigError, config_from_dict, parse_overrides
+from minilmd.config_values import parse_duration
 from minilmd.probes import checked_from_dict, load_checked
 
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import names
-from minilmd.config import RunConfig, parse_duration, parse_overrides
+from minilmd.config import RunConfig, parse_overrides
+from minilmd.config_values import parse_duration
 from minilmd.daemon.child import compilecache, orphans, stackdump
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death

@@ -28,7 +28,8 @@ from pathlib import Path, PurePosixPath
 import psutil
 
 from minilmd import scratch as scratchmod
-from minilmd.config import RunConfig, out_of_range, parse_duration
+from minilmd.config import RunConfig
+from minilmd.config_values import out_of_range, parse_duration
 from minilmd.corpus.meta import CorpusError, listed_files, parse_meta, read_corpus_meta
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META

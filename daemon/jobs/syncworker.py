@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names
-from minilmd.config import parse_duration
+from minilmd.config_values import parse_duration
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import RemoteCheckpoint

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from minilmd import protocol
-from minilmd.config import parse_duration
+from minilmd.config_values import parse_duration
 from minilmd.daemon.host.gpu import DeviceLease, GpuAdmission, cuda_visible_devices, mig_refusal, taken_from_us
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.statesections import GpuWait

@@ -14,8 +14,7 @@ The loop, top to bottom (Trainer.train):
     save, validation loss, exit 0.
 Everything the math depends on derives from (seed, step) or from restored state, never from the wall clock (a
 duration-based checkpoint_every only changes when saves happen), so on CPU a killed-and-resumed run ends with the
-same weights, bit for bit, as an uninterrupted one.
-The ranks, their process groups and DDP: trainer/loop/distributed.py.
+same weights, bit for bit, as an uninterrupted one. Ranks, process groups and DDP: trainer/loop/distributed.py.
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
 boundary; 76 CUDA out of memory in any of its shapes (trainer/loop/oom.py; fault.json written first); 2 bad config
@@ -28,6 +27,7 @@ can see where a hung trainer is stuck before killing it.
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -43,7 +43,8 @@ import torch.distributed as torch_dist
 import torch.nn.functional  # imported early: the model uses it
 
 from minilmd.checkpoint import CheckpointMismatch
-from minilmd.config import ConfigError, RunConfig, apply_sft_defaults, parse_duration
+from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
+from minilmd.config_values import parse_duration
 from minilmd.corpus.meta import CorpusError
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
 from minilmd.probes import load_checked
@@ -443,10 +444,8 @@ def run(cfg: RunConfig) -> int:
     stop = StopFlag()
     stop.install()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    try:
+    with contextlib.suppress(OSError):
         (cfg.run_dir / FAULT).unlink(missing_ok=True)  # a fault note describes the attempt that wrote it
-    except OSError:
-        pass
     dist = None
     step = 0
     warmup.set_cuda_alloc_conf(cfg.train.device)  # before CUDA is initialised
@@ -457,10 +456,7 @@ def run(cfg: RunConfig) -> int:
             return trainer.train()
         finally:
             step = trainer.step
-    except ConfigError as e:
-        print(f"minilmd train: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    except FaultSpecError as e:
+    except (ConfigError, FaultSpecError) as e:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_CONFIG
     except (DataError, CorpusError) as e:

@@ -1,0 +1,229 @@
+"""The values of a run config, checked: every number finite and in its range (RANGES, one table), the names, the
+durations, the rules between fields, and the message for a missing budget; every problem as a line, none raised.
+minilmd/config.py (the schema and its parsing) calls `check_values` once every key is read. Torch-free, and it reads
+nothing: what the paths hold is minilmd/probes.py's.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:  # the schema imports this module: types only
+    from minilmd.config import RunConfig
+
+Duration = Union[int, float, str]  # noqa: UP007 - _type_ok matches typing.Union; `int | str` would let a bool pass
+"""Seconds as a number, or a string such as "90s", "5m", "15m", "2h"."""
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Duration) -> float:
+    """Seconds in a duration: 90, "90s", "5m", "1.5h". Raises ValueError with the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative: {value!r}")
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError(f"not a duration: {value!r} (use seconds, or a string like \"90s\", \"5m\", \"2h\")")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The Linear layers of a MiniMind-3 block a LoRA adapter may wrap (the names of HF Qwen3 and PEFT's target_modules)."""
+
+TrainTokens = Callable[[str], "int | None"]
+"""The train-split token count of data.prepared, or None (minilmd.corpus.format.corpus_train_tokens reads it from
+meta.json), for the arithmetic of a missing budget."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """Where a number must lie; it must also be finite (TOML has nan and inf). Bounds are included unless open."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if math.isinf(self.high):
+            return f"{'>' if self.low_open else '>='} {_num(self.low)}"
+        return (f"within {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
+                f"{')' if self.high_open else ']'}")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+AT_LEAST_1 = Range(1)
+AT_LEAST_0 = Range(0)
+ABOVE_0 = Range(0, low_open=True)
+
+RANGES: dict[str, tuple[Range, str]] = {
+    "data.val_windows": (AT_LEAST_1, ""),
+    "model.hidden_size": (AT_LEAST_1, ""),
+    "model.num_hidden_layers": (AT_LEAST_1, ""),
+    "model.num_attention_heads": (AT_LEAST_1, ""),
+    "model.num_key_value_heads": (AT_LEAST_1, ""),
+    "model.vocab_size": (Range(3, 65536), "PAD, BOS and EOS are ids 0-2, and the token stream is uint16"),
+    "model.intermediate_size": (AT_LEAST_0, "0: MiniMind's rule"),
+    "model.max_position_embeddings": (Range(1, 1 << 20), "the RoPE tables hold max_position_embeddings x head_dim "
+                                                         "floats"),
+    "model.rope_theta": (ABOVE_0, ""),
+    "model.rms_norm_eps": (Range(0, 1, low_open=True, high_open=True), ""),
+    "train.seq_len": (AT_LEAST_1, ""),
+    "train.micro_batch_size": (AT_LEAST_1, ""),
+    "train.grad_accum": (AT_LEAST_1, ""),
+    "train.lr": (Range(0, 1, low_open=True), "AdamW moves each weight by about lr per step"),
+    "train.min_lr_ratio": (Range(0, 1), ""),
+    "train.warmup_steps": (AT_LEAST_0, ""),
+    "train.weight_decay": (AT_LEAST_0, ""),
+    "train.grad_clip": (AT_LEAST_0, "0: no clipping"),
+    "train.max_steps": (AT_LEAST_0, "0: not set"),
+    "train.max_tokens": (AT_LEAST_0, "0: not set"),
+    "train.max_epochs": (AT_LEAST_0, "0: not set"),
+    "train.seed": (Range(0, 2 ** 64 - 1), ""),
+    "train.log_every": (AT_LEAST_1, ""),
+    "train.eval_every": (AT_LEAST_0, "0: only at the end"),
+    "train.checkpoint_every": (ABOVE_0, "steps as an integer, else a duration"),
+    "train.keep_local": (AT_LEAST_1, ""),
+    "lora.rank": (AT_LEAST_0, "0: no LoRA"),
+    "lora.alpha": (ABOVE_0, ""),
+    "lora.dropout": (Range(0, 1, high_open=True), ""),
+    "early_stop.patience": (AT_LEAST_0, "0: never stop early"),
+    "early_stop.min_delta": (AT_LEAST_0, ""),
+    "eval.warn_rising": (AT_LEAST_1, ""),
+    "eval.warn_gap": (AT_LEAST_0, ""),
+    "eval.update_share_warn": (AT_LEAST_0, ""),
+    "gpu.count": (AT_LEAST_1, ""),
+    "gpu.max_used_mib": (AT_LEAST_0, ""),
+    "gpu.max_utilization": (Range(0, 100), "a percentage"),
+    "gpu.poll_interval": (ABOVE_0, ""),
+    "gpu.stable_polls": (AT_LEAST_1, ""),
+    "sync.every": (ABOVE_0, ""),
+    "sync.keep": (AT_LEAST_1, ""),
+    "restart.max_restarts": (AT_LEAST_0, ""),
+    "restart.backoff_initial": (ABOVE_0, "0 would restart in a tight loop"),
+    "restart.backoff_max": (ABOVE_0, "0 would restart in a tight loop"),
+    "restart.no_progress_limit": (AT_LEAST_1, ""),
+    "restart.hang_timeout": (ABOVE_0, "0 would kill every attempt as hung"),
+    "restart.compile_timeout": (ABOVE_0, "0 would kill every compiling attempt as hung"),
+    "restart.exit_timeout": (ABOVE_0, "0 would kill every finishing attempt as hung"),
+}
+"""Every number of the schema (ints, floats, durations in seconds) and where it must lie, with why when it is not
+obvious. tests/test_check_catches.py checks that every numeric field has its row."""
+
+
+def out_of_range(cfg: RunConfig) -> list[str]:
+    """Every number (RANGES) that is not finite or not in its range, one problem each."""
+    p = []
+    for key, (allowed, why) in RANGES.items():
+        section, name = key.split(".")
+        written = value = getattr(getattr(cfg, section), name)
+        if isinstance(value, str):
+            try:
+                value = parse_duration(value)
+            except ValueError as e:
+                p.append(f"{key}: {e}")
+                continue
+        if not allowed.holds(value):
+            p.append(f"{key} = {written!r}: must be {'finite and ' if isinstance(value, float) else ''}{allowed}"
+                     + (f" ({why})" if why else ""))
+    return p
+
+
+def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[str]:
+    """Names, choices, every number (RANGES) and the rules between fields."""
+    p: list[str] = []
+    r, d, m, t = cfg.run, cfg.data, cfg.model, cfg.train
+    if not r.name:
+        p.append("run.name is required")
+    elif not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", r.name):
+        p.append(f"run.name = {r.name!r}: use letters, digits, '.', '_' and '-' (it names files and units)")
+    if not r.dir:
+        p.append("run.dir is required (the local run directory)")
+    if not d.prepared:
+        p.append("data.prepared is required (the output directory of `minilmd prepare`)")
+    if d.mode not in ("packed", "padded", "bucketed"):
+        p.append(f"data.mode = {d.mode!r}: must be \"packed\", \"padded\" or \"bucketed\"")
+    p += out_of_range(cfg)
+    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
+        p.append(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
+    elif m.num_attention_heads > 0 and m.head_dim % 2:
+        p.append(f"model head_dim {m.head_dim} must be even for RoPE")
+    if m.num_key_value_heads > 0 and m.num_attention_heads % m.num_key_value_heads:
+        p.append(f"model.num_attention_heads {m.num_attention_heads} is not a multiple of "
+                 f"num_key_value_heads {m.num_key_value_heads}")
+    if t.seq_len > m.max_position_embeddings:
+        p.append(f"train.seq_len {t.seq_len} is larger than model.max_position_embeddings "
+                 f"{m.max_position_embeddings}")
+    if t.dtype not in ("auto", "bf16", "fp32"):
+        p.append(f"train.dtype = {t.dtype!r}: must be \"auto\", \"bf16\" or \"fp32\"")
+    if isinstance(t.compile, str) and t.compile != "auto":
+        p.append(f"train.compile = {t.compile!r}: must be \"auto\", true or false")
+    if t.device not in ("auto", "cpu", "cuda"):
+        p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
+    if not t.max_steps and not t.max_tokens and not t.max_epochs:
+        p.append(budget_problem(cfg, train_tokens_of(d.prepared) if train_tokens_of and d.prepared else None))
+    p += _lora_problems(cfg)
+    textfile = cfg.log.prometheus_textfile
+    if textfile and not textfile.endswith(".prom"):
+        p.append(f"log.prometheus_textfile = {textfile!r}: node_exporter's textfile collector reads only *.prom files")
+    rs = cfg.restart
+    try:
+        initial, cap = parse_duration(rs.backoff_initial), parse_duration(rs.backoff_max)
+    except ValueError:
+        initial = cap = math.nan  # reported above
+    if ABOVE_0.holds(initial) and ABOVE_0.holds(cap) and initial > cap:
+        p.append(f"restart.backoff_initial {rs.backoff_initial!r} is longer than restart.backoff_max "
+                 f"{rs.backoff_max!r}")
+    return p
+
+
+def _lora_problems(cfg: RunConfig) -> list[str]:
+    lora = cfg.lora
+    p = [f"lora.targets: {t!r} is not a target (known: {', '.join(LORA_TARGETS)})"
+         for t in lora.targets if t not in LORA_TARGETS]
+    if len(set(lora.targets)) != len(lora.targets):
+        p.append(f"lora.targets = {lora.targets!r}: a target is named twice")
+    if lora.enabled and not lora.targets:
+        p.append("lora.targets is empty: name at least one of " + ", ".join(LORA_TARGETS))
+    if lora.enabled and not cfg.init.from_:
+        p.append(f"lora.rank = {lora.rank} but init.from is empty: a LoRA run trains adapters on a base, which "
+                 f"init.from names (a checkpoint, a run's checkpoint root or remote, a MiniMind .pth)")
+    return p
+
+
+def budget_problem(cfg: RunConfig, train_tokens: int | None = None) -> str:
+    """The message for a missing budget, with the arithmetic of what 'no limit' would mean (an epoch of the corpus
+    when its train tokens are known)."""
+    t = cfg.train
+    per_step = t.seq_len * t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
+    lines = [f"a budget is required: set train.max_steps, train.max_tokens or train.max_epochs. One step trains "
+             f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {max(cfg.gpu.count, 1)} GPU(s) = "
+             f"{per_step:,} tokens"]
+    if train_tokens:
+        steps = train_tokens // per_step if per_step else 0
+        lines.append(f"; one epoch of {cfg.data.prepared} ({train_tokens:,} train tokens) is {steps:,} steps. "
+                     f"At the reference run's measured 3,700 tok/s that epoch alone takes "
+                     f"{train_tokens / 3700 / 3600:.1f} h, so an unlimited default would silently mean that")
+    else:
+        lines.append("; at 3,700 tok/s (measured on a 768x8 model) a 332M-token corpus is ~25 h per epoch, "
+                     "so an unlimited default would silently mean days")
+    return "".join(lines)
