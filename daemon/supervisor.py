@@ -32,8 +32,9 @@ import traceback
 from pathlib import Path
 
 from minilmd import names, protocol, scratch
-from minilmd.config import RunConfig
+from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import parse_duration
+from minilmd.daemon import preflight
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death
@@ -490,9 +491,6 @@ class Supervisor:
 def run_supervisor(config_path: str, overrides: list[str] | None = None) -> int:
     """`minilmd run CONFIG`: load, validate as --check does and claim scratch (exit 2 on problems), supervise until
     done/failed/stopped."""
-    from minilmd.config import ConfigError
-    from minilmd.daemon import preflight
-
     try:
         cfg = preflight.launch(config_path, overrides)  # what --check checks, then scratch is claimed for this run
     except ConfigError as e:
