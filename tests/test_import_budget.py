@@ -18,7 +18,7 @@ from minilmd.daemon.runstate import new_state
 from minilmd.fsio import atomic_write_json
 from supervisor_helpers import env_for, write_config
 
-HEAVY = {"numpy", "torch", "fsspec", "jinja2", "tokenizers", "safetensors"}
+HEAVY = {"numpy", "torch", "fsspec", "jinja2", "tokenizers", "safetensors", "pydantic"}
 """What neither `minilmd status` nor the supervisor up to its first tick may import."""
 
 STATUS_MODULES = """
