@@ -5,7 +5,8 @@ setpriv). `as_user(argv)` runs argv as that user. `user_python(code, *args)` is 
 that user with minilmd importable: the test's own interpreter when that user can execute it, else a system
 interpreter of the same version that adds this venv's site-packages (a pyenv interpreter under /root is not
 reachable by another user). `shared_dir()` is a fresh directory under /tmp both users can reach (pytest's
-tmp_path lives under a root-only 0700 directory); the caller removes it.
+tmp_path lives under a root-only 0700 directory); the caller removes it. The fixture `shared` is such a directory,
+removed afterwards; `sh_as_user(script, cwd)` runs a shell script as that user.
 """
 from __future__ import annotations
 
@@ -80,3 +81,18 @@ def shared_dir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="minilmd-2users-", dir="/tmp"))
     path.chmod(0o1777)
     return path
+
+
+@pytest.fixture
+def shared():
+    """shared_dir() for one test (skipped where there is no second user), removed afterwards."""
+    second_user()
+    path = shared_dir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def sh_as_user(script: str, cwd: str | os.PathLike) -> None:
+    subprocess.run(as_user(["sh", "-c", script]), check=True, cwd=cwd, timeout=30)

@@ -5,8 +5,6 @@ launch end with exit 2 naming the directory instead of waiting for ever.
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,24 +15,11 @@ from minilmd.config import ConfigError, GpuSection
 from minilmd.daemon import preflight
 from minilmd.daemon.host import leases
 from minilmd.daemon.host.gpu import GpuAdmission, open_nvml_or_reason
-from second_user import as_user, second_user, shared_dir
+from second_user import sh_as_user as as_nobody
+from second_user import shared  # noqa: F401 - a fixture
 from supervisor_helpers import write_config
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture
-def shared():
-    second_user()
-    path = shared_dir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
-
-
-def as_nobody(script: str, cwd: Path) -> None:
-    subprocess.run(as_user(["sh", "-c", script]), check=True, cwd=cwd, timeout=30)
 
 
 def refused(lock_dir: Path) -> str:

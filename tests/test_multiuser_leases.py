@@ -9,7 +9,6 @@ the device cannot be leased safely; and two users never hold one device.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -22,25 +21,16 @@ from fakes_nvml import FREE, FakeNvml
 from minilmd.config import GpuSection
 from minilmd.daemon.host.gpu import GpuAdmission
 from minilmd.daemon.host.lock import LockUnsafe, RunLock, lock_holder
-from second_user import as_user, second_user, shared_dir, user_python
+from second_user import (
+    second_user,
+    shared,  # noqa: F401 - a fixture
+    user_python,
+)
+from second_user import sh_as_user as as_nobody
 
 pytestmark = pytest.mark.root
 
 LEASE = "gpu-GPU-fake-0000.lock"  # the lease file of FakeNvml's device 0
-
-
-@pytest.fixture
-def shared():
-    second_user()
-    path = shared_dir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
-
-
-def as_nobody(script: str, cwd: Path) -> None:
-    subprocess.run(as_user(["sh", "-c", script]), check=True, cwd=cwd, timeout=30)
 
 
 def admission(lock_dir: Path, run: str = "victim") -> GpuAdmission:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -17,7 +16,12 @@ from minilmd import names
 from minilmd.daemon.host import prometheus
 from minilmd.daemon.runstate import RunState, new_state
 from minilmd.daemon.views.status import summary_lines
-from second_user import as_user, second_user, shared_dir, user_python
+from second_user import (
+    second_user,
+    shared,  # noqa: F401 - a fixture
+    user_python,
+)
+from second_user import sh_as_user as as_nobody
 from supervisor_helpers import run_supervisor, write_config
 
 pytestmark = pytest.mark.root
@@ -26,18 +30,9 @@ HIS = 'minilmd_up{run="s"} 1\nminilmd_loss{run="s"} 0.01\n'
 
 
 @pytest.fixture
-def collector():
+def collector(shared):
     """A textfile directory every user may write, sticky and root's."""
-    second_user()
-    path = shared_dir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
-
-
-def as_nobody(script: str, cwd) -> None:
-    subprocess.run(as_user(["sh", "-c", script]), check=True, cwd=cwd, timeout=30)
+    return shared
 
 
 @pytest.mark.parametrize("squat", ["file", "symlink"])
