@@ -22,20 +22,23 @@ from minilmd.init_source import InitSourceError, resolve
 from minilmd.names import TRAINER_STATE
 
 
-def as_trained(cfg: RunConfig) -> RunConfig:
+def as_trained(cfg: RunConfig, meta: dict | None = None) -> RunConfig:
     """The config as the trainer will run it: on a chat corpus with the SFT defaults (minilmd/config.py) applied,
-    as the trainer applies them once it has opened the corpus. A copy: `cfg` is left as it is."""
-    if meta_value(read_corpus_meta(cfg.data.prepared) or {}, "data_format") != "chat":
+    as the trainer applies them once it has opened the corpus. A copy: `cfg` is left as it is. `meta`: the
+    corpus's meta.json (None: read from data.prepared)."""
+    meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
+    if meta_value(meta or {}, "data_format") != "chat":
         return cfg
     trained = copy.deepcopy(cfg)
     apply_sft_defaults(trained)
     return trained
 
 
-def rows_per_epoch(cfg: RunConfig) -> int | None:
-    """Rows of one epoch of the train split, from a local corpus's meta.json, as the trainer's samplers count them
-    (trainer/batches: `items_per_epoch`). `cfg` as trained (as_trained)."""
-    split = meta_value(read_corpus_meta(cfg.data.prepared) or {}, "splits", "train") or {}
+def rows_per_epoch(cfg: RunConfig, meta: dict | None = None) -> int | None:
+    """Rows of one epoch of the train split, from a local corpus's meta.json (or `meta`), as the trainer's samplers
+    count them (trainer/batches: `items_per_epoch`). `cfg` as trained (as_trained)."""
+    meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
+    split = meta_value(meta or {}, "splits", "train") or {}
     if cfg.data.mode == "packed":
         tokens, seq_len = split.get("tokens"), cfg.train.seq_len
         return max(0, (tokens - seq_len + 1) // seq_len) if isinstance(tokens, int) else None
@@ -47,10 +50,11 @@ def rows_per_epoch(cfg: RunConfig) -> int | None:
     return documents
 
 
-def planned_rows(cfg: RunConfig) -> int | None:
+def planned_rows(cfg: RunConfig, meta: dict | None = None) -> int | None:
     """The rows (sample updates) this run's budget trains on, or None when it cannot be told: its steps (the
-    trainer's total_steps_for_budget: whichever budget ends first) times its global batch."""
-    cfg = as_trained(cfg)
+    trainer's total_steps_for_budget: whichever budget ends first) times its global batch. `meta`: the corpus's
+    meta.json (None: read from data.prepared)."""
+    cfg = as_trained(cfg, meta)
     t = cfg.train
     batch = t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
     steps = []
@@ -58,7 +62,7 @@ def planned_rows(cfg: RunConfig) -> int | None:
         steps.append(t.max_steps)
     if t.max_tokens:
         steps.append(math.ceil(t.max_tokens / (batch * t.seq_len)))
-    per_epoch = rows_per_epoch(cfg)
+    per_epoch = rows_per_epoch(cfg, meta)
     if t.max_epochs and per_epoch:
         steps.append(max(1, math.ceil(t.max_epochs * per_epoch / batch)))
     return min(steps) * batch if steps else None

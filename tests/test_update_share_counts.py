@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from minilmd.config import load_config
 from minilmd.update_share import planned_rows, share_lines
 from trainer_corpus import write_config
@@ -78,3 +80,40 @@ def test_a_base_without_rows_seen_counts_its_steps_times_its_global_batch(tmp_pa
     base = fake_checkpoint(tmp_path / "base" / "step-00000100", {"step": 100, "global_batch": 32})
     lines = share_lines(style_config(tmp_path, "chat", base=base, train={"max_epochs": 0, "max_steps": 10}))
     assert lines == [f"update share: this run trains 160 sample updates, 5.0 % of the 3,200 of its base {base}"]
+
+
+# --- `corpus report --config`: the epochs a budget means, rows counted as the trainer will (issue 24) -------------
+def report_budget(tmp_path: Path, data_format: str, **train):
+    from minilmd.corpus.analysis.report import format_report, model_budget
+
+    # the test chat corpus's shape (tests/conftest.py chat_corpus): 735 train conversations of 37,485 tokens
+    corpus = fake_corpus(tmp_path / f"corpus-{data_format}", data_format, 735, 37_485)
+    meta = json.loads((corpus / "meta.json").read_text(encoding="utf-8"))
+    config = write_config(tmp_path, (corpus, 512), name=f"r-{data_format}",
+                          train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, **train})
+    m = model_budget(37_485, params=None, config=str(config), budget_tokens=None, meta=meta)
+    text = format_report({"corpus": str(corpus), "kind": "prepared", "documents": 767, "length_unit": "tokens",
+                          "tokens": 39_000, "bad_lines": 0, "blank_lines": 0, "lengths": {},
+                          "scripts": {"dominant": {}, "contains": {}},
+                          "duplicates": {"copies": 0, "distinct_repeated": 0, "largest_group": 0},
+                          "train_tokens": 37_485, "model": m})
+    return m, text
+
+
+def test_a_chat_budget_in_steps_counts_conversations_not_windows(tmp_path):
+    m, text = report_budget(tmp_path, "chat", max_steps=30)
+    # 30 steps x 8 = 240 conversations of the 735 - 735 % 8 = 728 an epoch: 0.33 epochs (not 30 x 8 x 128 tokens
+    # = 30,720 = 0.82 epochs of 37,485)
+    assert m["rows"] == 240 and m["rows_per_epoch"] == 728 and m["epochs"] == pytest.approx(240 / 728)
+    assert "240 conversations" in text and "= 0.33 epochs of train" in text, text
+
+
+def test_an_epoch_budget_shows_its_epochs(tmp_path):
+    m, text = report_budget(tmp_path, "chat", max_steps=0, max_epochs=2)
+    assert m["rows"] == 2 * 728 and m["epochs"] == pytest.approx(2.0), m  # ceil(2 x 728 / 8) = 182 steps of 8
+    assert "= 2 epochs of train" in text, text
+
+
+def test_a_text_budget_stays_in_windows(tmp_path):
+    m, _ = report_budget(tmp_path, "text", max_steps=30)
+    assert m["budget_tokens"] == 30 * 8 * 128 and m["epochs"] == pytest.approx(30 * 8 * 128 / 37_485)
