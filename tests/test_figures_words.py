@@ -76,3 +76,34 @@ def test_stop_of_a_waiting_stage_prints_no_empty_reason_nor_step_none(tmp_path):
     text = out.getvalue()
     assert "  waiting_init\n" in text and "waiting_init: " not in text, text
     assert "step None" not in text and "no local checkpoint" in text, text
+
+
+# --- the train/val gap warning: overfitting, not a gap there from the start (issue 24) -----------------------------
+def fit_records(per_epoch: list[tuple[list[float], list[float]]]) -> list[dict]:
+    """metrics.jsonl lines: for each epoch, its train losses and its val losses (one eval each)."""
+    out, step = [], 0
+    for epoch, (trains, vals) in enumerate(per_epoch):
+        for loss in trains:
+            step += 1
+            out.append({"kind": "train", "step": step, "epoch": epoch, "loss": loss})
+        for val in vals:
+            out.append({"kind": "eval", "step": step, "epoch": epoch, "val_loss": val})
+    return out
+
+
+def test_a_gap_there_from_the_start_with_a_flat_val_loss_is_not_overfitting():
+    from minilmd.daemon.views.fitwatch import warnings
+
+    # a LoRA run on another distribution: train 1.0, val 2.50 (gap 1.5 > 0.5) from epoch 0, val flat
+    lora = fit_records([([1.1, 0.9, 1.0], [2.50, 2.49, 2.50])])
+    assert warnings(lora, warn_rising=3, warn_gap=0.5) == []
+
+
+def test_a_gap_that_grows_across_epochs_warns():
+    from minilmd.daemon.views.fitwatch import warnings
+
+    # epoch 0: train 2.0, val 2.1 (gap 0.1); epoch 2: train 0.5, val 2.0 (gap 1.5, grown by 1.4); val not rising
+    grows = fit_records([([2.0, 2.0], [2.1]), ([1.2, 1.2], [2.05]), ([0.5, 0.5], [2.0])])
+    found = warnings(grows, warn_rising=3, warn_gap=0.5)
+    assert found == ["train/val gap 1.500 > 0.5 in epoch 2 (train 0.5000, val 2.0000; grown from 0.100 in "
+                     "epoch 0)"], found
