@@ -105,7 +105,8 @@ def test_a_chat_budget_in_steps_counts_conversations_not_windows(tmp_path):
     # 30 steps x 8 = 240 conversations of the 735 - 735 % 8 = 728 an epoch: 0.33 epochs (not 30 x 8 x 128 tokens
     # = 30,720 = 0.82 epochs of 37,485)
     assert m["rows"] == 240 and m["rows_per_epoch"] == 728 and m["epochs"] == pytest.approx(240 / 728)
-    assert "240 conversations" in text and "= 0.33 epochs of train" in text, text
+    assert "budget 12.4k tokens (240 conversations of 728 an epoch, one a row: bucketed) = 0.33 epochs of train" \
+        in text, text
 
 
 def test_an_epoch_budget_shows_its_epochs(tmp_path):

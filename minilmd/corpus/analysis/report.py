@@ -219,8 +219,8 @@ def format_report(r: dict, short: bool = False) -> str:
                      f"tokens/parameter ({m['of_chinchilla']:.1%} of it)")
         lines.append(line)
         if "budget_tokens" in m:
-            rows = (f" ({m['rows']:,} {m['row_unit']}, one a row ({m['mode']}), of {m['rows_per_epoch']:,} an "
-                    f"epoch)" if "rows_per_epoch" in m else "")
+            rows = (f" ({m['rows']:,} {m['row_unit']} of {m['rows_per_epoch']:,} an epoch, one a row: "
+                    f"{m['mode']})" if "rows_per_epoch" in m else "")
             lines.append(f"budget {_n(m['budget_tokens'])} tokens{rows}" +
                          (f" = {m['epochs']:.3g} epochs of train" if "epochs" in m else ""))
     elif unit == "characters" and not short:
