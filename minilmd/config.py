@@ -173,7 +173,8 @@ class EvalSection:
     warn_rising: int = 3
     """`status` warns when the val loss rose this many validations in a row."""
     warn_gap: float = 0.5
-    """`status` warns when the val loss exceeds the train loss of the same epoch by more than this."""
+    """`status` warns when the val loss exceeds the train loss of the same epoch by more than this, and the gap grew
+    by more than this since the first epoch or the val loss rose above its lowest (daemon/views/fitwatch.py)."""
     update_share_warn: float = 0.1
     """`run --check` warns when this run's sample updates exceed this share of those of the run init.from comes
     from (the seed's style SFT took 0.24 and erased the base's abilities)."""

@@ -84,7 +84,10 @@ def predecessor_outcome(pred: Predecessor) -> tuple[str, str]:
     if phase == "failed" and outcome.get("exit") in FINAL_EXIT_STATUSES:
         return "failed", (f"run {pred.name} failed with exit {outcome.get('exit')}: "
                           f"{state.get('last_error') or state.get('reason')}")
-    return "waiting", f"run {pred.name} is {phase}" + (f" at step {step}" if step is not None else "")
+    at = f" at step {step}" if step is not None else ""
+    if phase == "done":  # done but not finished: stopped on request (or preempted); it waits for a restart
+        return "waiting", f"run {pred.name} was stopped{at}"
+    return "waiting", f"run {pred.name} is {phase}{at}"
 
 
 def resolve(spec: str) -> InitSource:

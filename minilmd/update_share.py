@@ -2,55 +2,88 @@
 
 The seed's style SFT (section 3): 87,940 conversations x 5 epochs = 439,700 sample updates on top of a base SFT of
 1,809,958, i.e. 24 % of the updates, on a very different distribution at an unchanged learning rate: the textbook
-setting of catastrophic forgetting. Here: this run's planned rows (its budget: max_steps x global batch,
-max_tokens / seq_len, max_epochs x rows per epoch of its corpus; whichever ends first) against the rows the base
-checkpoint's run trained on (`rows_seen` in its trainer_state.json), a warning above eval.update_share_warn.
+setting of catastrophic forgetting. Here: the rows (sample updates) this run's budget trains on, counted as the
+trainer will count them (the SFT defaults applied first on a chat corpus, so a chat run is bucketed unless its
+config says otherwise; packed: windows of seq_len; padded: one document per row; bucketed: one document per row, the
+last partial bucket of micro_batch_size left out), against the rows the base checkpoint's run trained on (`rows_seen`
+in its trainer_state.json: what it did train, not what it planned), a warning above eval.update_share_warn.
 Torch-free.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
 
-from minilmd.config import RunConfig
+from minilmd.config import RunConfig, apply_sft_defaults
 from minilmd.corpus.meta import meta_value, read_corpus_meta
 from minilmd.init_source import InitSourceError, resolve
 from minilmd.names import TRAINER_STATE
 
 
-def rows_per_epoch(cfg: RunConfig) -> int | None:
-    """Windows (packed) or documents (padded, bucketed) of the train split, from a local corpus's meta.json."""
-    split = meta_value(read_corpus_meta(cfg.data.prepared) or {}, "splits", "train") or {}
+def as_trained(cfg: RunConfig, meta: dict | None = None) -> RunConfig:
+    """The config as the trainer will run it: on a chat corpus with the SFT defaults (minilmd/config.py) applied,
+    as the trainer applies them once it has opened the corpus. A copy: `cfg` is left as it is. `meta`: the
+    corpus's meta.json (None: read from data.prepared)."""
+    meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
+    if meta_value(meta or {}, "data_format") != "chat":
+        return cfg
+    trained = copy.deepcopy(cfg)
+    apply_sft_defaults(trained)
+    return trained
+
+
+def rows_per_epoch(cfg: RunConfig, meta: dict | None = None) -> int | None:
+    """Rows of one epoch of the train split, from a local corpus's meta.json (or `meta`), as the trainer's samplers
+    count them (trainer/batches: `items_per_epoch`). `cfg` as trained (as_trained)."""
+    meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
+    split = meta_value(meta or {}, "splits", "train") or {}
     if cfg.data.mode == "packed":
-        return split["tokens"] // cfg.train.seq_len if isinstance(split.get("tokens"), int) else None
-    return split.get("documents") if isinstance(split.get("documents"), int) else None
+        tokens, seq_len = split.get("tokens"), cfg.train.seq_len
+        return max(0, (tokens - seq_len + 1) // seq_len) if isinstance(tokens, int) else None
+    documents = split.get("documents")
+    if not isinstance(documents, int):
+        return None
+    if cfg.data.mode == "bucketed":
+        return documents - documents % max(cfg.train.micro_batch_size, 1)
+    return documents
 
 
-def planned_rows(cfg: RunConfig) -> int | None:
-    """The rows (sample updates) this run's budget trains on, or None when it cannot be told."""
+def planned_rows(cfg: RunConfig, meta: dict | None = None) -> int | None:
+    """The rows (sample updates) this run's budget trains on, or None when it cannot be told: its steps (the
+    trainer's total_steps_for_budget: whichever budget ends first) times its global batch. `meta`: the corpus's
+    meta.json (None: read from data.prepared)."""
+    cfg = as_trained(cfg, meta)
     t = cfg.train
     batch = t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
-    budgets = []
+    steps = []
     if t.max_steps:
-        budgets.append(t.max_steps * batch)
+        steps.append(t.max_steps)
     if t.max_tokens:
-        budgets.append(math.ceil(t.max_tokens / (batch * t.seq_len)) * batch)
-    per_epoch = rows_per_epoch(cfg)
+        steps.append(math.ceil(t.max_tokens / (batch * t.seq_len)))
+    per_epoch = rows_per_epoch(cfg, meta)
     if t.max_epochs and per_epoch:
-        budgets.append(max(1, math.ceil(t.max_epochs * per_epoch / batch)) * batch)
-    return min(budgets) if budgets else None
+        steps.append(max(1, math.ceil(t.max_epochs * per_epoch / batch)))
+    return min(steps) * batch if steps else None
 
 
 def base_rows(cfg: RunConfig) -> tuple[Path, int] | None:
-    """(the base checkpoint, the rows its run trained on), for an init.from that is a minilmd checkpoint."""
+    """(the base checkpoint, the rows its run trained on), for an init.from that is a minilmd checkpoint: its
+    `rows_seen` (the rows up to that checkpoint), or for a checkpoint older than that field its step times its
+    global batch (as a resume reads it: trainer/loop/resume.py)."""
     try:
         source = resolve(cfg.init.from_)
         state = json.loads((source.path / TRAINER_STATE).read_text(encoding="utf-8"))
     except (InitSourceError, OSError, ValueError):
         return None
+    if source.kind != "checkpoint" or not isinstance(state, dict):
+        return None
     rows = state.get("rows_seen")
-    return (source.path, rows) if source.kind == "checkpoint" and isinstance(rows, int) and rows > 0 else None
+    if not isinstance(rows, int):
+        step, batch = state.get("step"), state.get("global_batch")
+        rows = step * batch if isinstance(step, int) and isinstance(batch, int) else None
+    return (source.path, rows) if isinstance(rows, int) and rows > 0 else None
 
 
 def share_lines(cfg: RunConfig) -> list[str]:
@@ -64,8 +97,12 @@ def share_lines(cfg: RunConfig) -> list[str]:
     share = planned / rows
     line = (f"update share: this run trains {planned:,} sample updates, {100 * share:.1f} % of the {rows:,} of its "
             f"base {path}")
-    if share > cfg.eval.update_share_warn:
-        return [f"WARNING: {line}, above eval.update_share_warn = {cfg.eval.update_share_warn:g}: a fine-tune this "
-                f"large on other data at this learning rate erases what the base learnt (the seed's style SFT took "
-                f"24 %); lower train.lr or the epochs, use [lora], or watch [eval] probe"]
-    return [line]
+    if share <= cfg.eval.update_share_warn:
+        return [line]
+    head = f"WARNING: {line}, above eval.update_share_warn = {cfg.eval.update_share_warn:g}: "
+    if cfg.lora.enabled:  # already the remedy: the base stays as it is, but the model with the adapter on drifts
+        return [head + "the base's weights stay frozen, but with the adapter on, this many updates on other data "
+                "at this learning rate override what the base learnt (the seed's style SFT took 24 %); lower "
+                "train.lr, the epochs or lora.rank, or watch [eval] probe"]
+    return [head + "a fine-tune this large on other data at this learning rate erases what the base learnt (the "
+            "seed's style SFT took 24 %); lower train.lr or the epochs, use [lora], or watch [eval] probe"]

@@ -48,7 +48,8 @@ CAUSES: dict[Cause, str] = {
     Cause.CUDA_OOM: "CUDA ran out of memory (exit 76, fault.json)",
     Cause.SIGBUS: "SIGBUS: a page of a mapped file could not be read (staged corpus or checkpoint damaged?)",
     Cause.OOM_KILL: "SIGKILL by the kernel's OOM killer (cgroup memory events or kernel log)",
-    Cause.KILLED: "SIGKILL from outside (probably the OOM killer; its log was not readable)",
+    Cause.KILLED: "SIGKILL from outside with no OOM record (a kill -9, an injected fault, or an OOM kill whose record "
+                  "could not be read: the detail says which records were read)",
     Cause.HANG: "no heartbeat for restart.hang_timeout: stack dumped, group killed",
     Cause.SIGNAL: "killed by another signal",
     Cause.CRASH: "exited with an error (traceback in the attempt log)",
@@ -240,22 +241,16 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
     fault = _own_fault(run_dir, child.started)
     rc = returncode
     if child.killed_for_hang:
-        return Death(Cause.HANG, rc, child.hang_detail or "no heartbeat", fault)
+        return Death(Cause.HANG, rc, (child.hang_detail or "no heartbeat") + _injected(run_dir, child.started, "hang"),
+                     fault)
     sig = -rc if rc < 0 else None
     if rc == 1 and "torch.distributed.run" in child.command:
         sig = _torchrun_worker_signal(child.log_path)  # torchrun exits 1 whatever killed a worker
     if sig == signal.SIGBUS:
-        return Death(Cause.SIGBUS, rc, "killed by SIGBUS (bus error on a mapped file)", fault)
+        return Death(Cause.SIGBUS, rc, "killed by SIGBUS (bus error on a mapped file)"
+                     + _injected(run_dir, child.started, "sigbus"), fault)
     if sig == signal.SIGKILL:
-        if child.cgroup_oom:
-            counter, before = child.cgroup_oom
-            after = read_oom_kills(counter)
-            if after is not None and after > before:
-                return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
-                             fault)
-        if _kernel_log_oom(child.pid):
-            return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
-        return Death(Cause.KILLED, rc, "killed by SIGKILL (probably the OOM killer; no readable OOM record)", fault)
+        return _sigkill_death(child, rc, run_dir, fault)
     if sig is not None:
         try:
             name = signal.Signals(sig).name
@@ -277,6 +272,49 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
         return Death(Cause.CUDA_OOM, rc, (fault or {}).get("message", "CUDA out of memory"), fault)
     detail = (fault or {}).get("message") or _last_lines(child.log_path) or f"exit status {rc}"
     return Death(Cause.CRASH, rc, detail, fault)
+
+
+def _sigkill_death(child: Child, rc: int, run_dir: Path, fault: dict | None) -> Death:
+    """OOM_KILL only with evidence: the child's memory cgroup counted an OOM kill during it, or the kernel log
+    records the OOM killer taking its pid. Otherwise KILLED, and the detail says what was read: an injected fault
+    (faults-fired) names itself; a readable kernel log without a record of the pid says it was not the OOM killer
+    (a hand-sent kill, a scheduler); with nothing readable it says that it cannot be told."""
+    counter_words = ""
+    if child.cgroup_oom:
+        counter, before = child.cgroup_oom
+        after = read_oom_kills(counter)
+        if after is not None and after > before:
+            return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
+                         fault)
+        if after is not None:
+            counter_words = f"the memory cgroup's oom_kill counter stayed at {after} ({counter})"
+    in_log = _kernel_log_oom(child.pid)
+    if in_log:
+        return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
+    injected = _injected(run_dir, child.started, "sigkill")
+    if injected:
+        return Death(Cause.KILLED, rc, "killed by SIGKILL" + injected, fault)
+    records = [w for w in (counter_words, "the kernel log holds no OOM record of pid "
+                           f"{child.pid}" if in_log is not None else "") if w]
+    if records:
+        return Death(Cause.KILLED, rc, f"killed by SIGKILL from outside, not by the OOM killer ({'; '.join(records)})",
+                     fault)
+    return Death(Cause.KILLED, rc, "killed by SIGKILL from outside; whether by the OOM killer cannot be told (the "
+                 "kernel log is not readable here and no memory cgroup counts OOM kills)", fault)
+
+
+def _injected(run_dir: Path, started: float, kind: str) -> str:
+    """" (injected by MINILMD_FAULT: sigkill@15)" when this attempt fired a fault of `kind` as its last one (the
+    trainer appends it to faults-fired just before it fires: trainer/loop/faults.py); "" otherwise."""
+    path = run_dir / names.FAULTS_FIRED
+    try:
+        if path.stat().st_mtime < started - 1:
+            return ""  # an earlier attempt's
+        last = tail_lines(path, 1, max_bytes=4096)[0]
+    except OSError:
+        return ""
+    fired = last[-1].strip() if last else ""
+    return f" (injected by {names.FAULT_ENV}: {fired})" if fired.partition("@")[0] == kind else ""
 
 
 def _own_fault(run_dir: Path, started: float) -> dict | None:
@@ -353,10 +391,15 @@ def read_oom_kills(counter: Path) -> int | None:
     return None
 
 
-def _kernel_log_oom(pid: int) -> bool:
+def _kernel_log_oom(pid: int) -> bool | None:
+    """Whether the kernel log records the OOM killer taking `pid`; None when it cannot be read (dmesg missing, or
+    refused: kernel.dmesg_restrict)."""
     try:
-        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
+        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
-        return False
+        return None
+    if done.returncode != 0:
+        return None
+    out = done.stdout
     return re.search(rf"Killed process {pid}\b", out) is not None or \
         re.search(rf"oom-kill:.*pid={pid}\b", out) is not None

@@ -195,21 +195,12 @@ def recent_loss(run_dir: Path, lines: int = RECENT_LINES) -> list[dict]:
     return last_per_step(records)
 
 
-def sparkline_line(run_dir: Path, alive: bool) -> str | None:
-    """"  loss ▇▅▄▃▂▂▁▁ steps 100-500: 3.2100 -> 2.1000; ETA to the budget (step 10,000) 3.2h", or None when no
-    train line was logged yet. The ETA (only while the supervisor runs) is the median step time of those lines
-    times the steps left."""
-    from minilmd.fmt import fmt_duration
-
+def sparkline_line(run_dir: Path) -> str | None:
+    """"  loss ▇▅▄▃▂▂▁▁ steps 100-500: 3.2100 -> 2.1000", or None when no train line was logged yet. No ETA here:
+    the step line above it gives the run's one ETA (state.json's, as `status --all` does)."""
     recs = recent_loss(run_dir)
     if not recs:
         return None
     losses = [float(r["loss"]) for r in recs]
-    line = (f"  loss {sparkline(losses)} steps {recs[0]['step']:,}-{recs[-1]['step']:,}: "
+    return (f"  loss {sparkline(losses)} steps {recs[0]['step']:,}-{recs[-1]['step']:,}: "
             f"{losses[0]:.4f} -> {losses[-1]:.4f}")
-    total = recs[-1].get("total_steps")
-    times = sorted(float(r["step_time"]) for r in recs if isinstance(r.get("step_time"), (int, float)))
-    if alive and total and times:
-        left = max(0, int(total) - int(recs[-1]["step"]))
-        line += f"; ETA to the budget (step {int(total):,}) {fmt_duration(left * times[len(times) // 2])}"
-    return line

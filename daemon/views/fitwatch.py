@@ -5,7 +5,10 @@ run's config copy:
 - per epoch: the mean train loss over its logged steps and their spread (min-max and standard deviation: the
   seed's "0.08 ~ 2.5 jumping" signature of a fine-tune overfitting), the last val loss, the probe loss;
 - "val loss rising for N evals": the last eval.warn_rising validations each above the one before;
-- "train/val gap > X": the last val loss above its epoch's mean train loss by more than eval.warn_gap;
+- "train/val gap > X": the last val loss above its epoch's mean train loss by more than eval.warn_gap, and a sign
+  of overfitting with it: the gap has grown by more than warn_gap since the first epoch that had one, or the val
+  loss is above its lowest (by more than VAL_NOISE of it). A gap there from the start with a flat val loss is a
+  difference between the train and val distributions (a LoRA run on a style corpus), not overfitting: no warning;
 - "probe loss rising": the retention probe ([eval] probe) above its first value by more than the gap;
 - the early stop, and which checkpoint is BEST.
 Torch-free and light, like the rest of the views.
@@ -24,6 +27,10 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+
+VAL_NOISE = 0.01
+"""A val loss within 1 % above its lowest is flat: the validation windows are few, their loss moves that much."""
 
 
 @dataclass
@@ -98,15 +105,31 @@ def warnings(records: list[dict], warn_rising: int, warn_gap: float) -> list[str
     if rising >= warn_rising:
         out.append(f"val loss rising for {rising} evals ({vals[-rising - 1]:.4f} -> {vals[-1]:.4f} at step "
                    f"{evals[-1].get('step')})")
-    done = epochs(records)
-    last = next((e for e in reversed(done) if e.val is not None and e.mean is not None), None)
-    if last is not None and last.val is not None and last.mean is not None and last.val - last.mean > warn_gap:
-        out.append(f"train/val gap {last.val - last.mean:.3f} > {warn_gap:g} in epoch {last.epoch} (train "
-                   f"{last.mean:.4f}, val {last.val:.4f})")
+    gap = gap_warning(epochs(records), vals, warn_gap)
+    if gap:
+        out.append(gap)
     probes = [float(r["probe_loss"]) for r in evals if isinstance(r.get("probe_loss"), (int, float))]
     if len(probes) > 1 and probes[-1] - probes[0] > warn_gap:
         out.append(f"probe loss rising: {probes[0]:.4f} -> {probes[-1]:.4f} (forgetting the earlier stage)")
     return out
+
+
+def gap_warning(done: list[Epoch], vals: list[float], warn_gap: float) -> str | None:
+    """The train/val gap warning (the module docstring), or None: a gap above warn_gap that grew since the first
+    epoch with one, or with the val loss above its lowest."""
+    gaps = [(e, e.val - e.mean) for e in done if e.val is not None and e.mean is not None]
+    if not gaps or gaps[-1][1] <= warn_gap:
+        return None
+    (first, first_gap), (last, last_gap) = gaps[0], gaps[-1]
+    best = min(vals) if vals else None
+    if last_gap - first_gap > warn_gap:
+        sign = f"grown from {first_gap:.3f} in epoch {first.epoch}"
+    elif best is not None and vals[-1] > best + VAL_NOISE * abs(best):
+        sign = f"val above its lowest, {best:.4f}"
+    else:
+        return None  # there from the start, val flat: the distributions differ; the model is not overfitting
+    return (f"train/val gap {last_gap:.3f} > {warn_gap:g} in epoch {last.epoch} (train {last.mean:.4f}, val "
+            f"{last.val:.4f}; {sign})")
 
 
 def fit_lines(run_dir: str | Path) -> list[str]:

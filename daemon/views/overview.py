@@ -54,6 +54,7 @@ def row(entry: registry.Entry, t: float) -> dict:
     return {
         **base,
         "phase": state.phase,
+        "reason": state.reason,
         "running": alive,
         "step": progress.step,
         "total_steps": progress.total_steps,
@@ -70,8 +71,24 @@ def row(entry: registry.Entry, t: float) -> dict:
     }
 
 
+def shown_phase(r: dict) -> str:
+    """The phase as the table shows it: "done" is told apart by how the run ended, "stopped" (on request: `stop`,
+    SIGTERM), "early-stopped" (it finished before its budget: early_stop) or "done" (its budget reached); the raw
+    phase stays in --json's "phase"."""
+    phase = str(r.get("phase"))
+    if phase != "done":
+        return phase
+    reason = str(r.get("reason") or "")
+    if reason.startswith("stopped"):
+        return "stopped"
+    step, total = r.get("step"), r.get("total_steps")
+    if reason.startswith("the run finished") and isinstance(step, int) and isinstance(total, int) and step < total:
+        return "early-stopped"
+    return phase
+
+
 def _cells(r: dict) -> list[str]:
-    phase = printable(str(r.get("phase")))[:PHASE_WIDTH]
+    phase = printable(shown_phase(r))[:PHASE_WIDTH]
     if r.get("phase") == "unreadable" and r.get("why"):
         phase += f" ({r['why']})"
     elif r.get("phase") not in FINAL + ("vanished", "unreadable", "not started") and not r.get("running"):

@@ -216,7 +216,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     lines = summary_lines(state, alive) + _lineage_lines(run_dir) + fit_lines(run_dir)
     from minilmd.daemon.views.curves import sparkline_line
 
-    spark = sparkline_line(run_dir, alive)
+    spark = sparkline_line(run_dir)
     if spark:
         lines.insert(next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1, spark)
     print("\n".join(lines), file=out)
@@ -348,7 +348,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         state = _reread(run_dir, state)
         if state.phase != last_phase:
             last_phase = state.phase
-            print(f"  {last_phase}: {state.reason}", file=out, flush=True)
+            print(f"  {last_phase}" + (f": {state.reason}" if state.reason else ""), file=out, flush=True)
         time.sleep(0.2)
     state = _reread(run_dir, state)
     outcome = state.outcome
@@ -425,10 +425,11 @@ def _checkpoint_report(state: StateJson, out, always: bool) -> int:
     """Where the newest checkpoint is; STOP_UNSYNCED when it is only in scratch."""
     local_step = state.local_checkpoint.step if state.local_checkpoint else None
     remote = state.remote_checkpoint
-    if always:
-        print(f"  local checkpoint step {local_step}; remote checkpoint step {remote.step} "
-              f"({'verified' if remote.verified else 'not verified'})" if remote else
-              f"  local checkpoint step {local_step}; no remote checkpoint", file=out)
+    if always:  # a stage stopped while it waited has no checkpoint yet: "none", never "step None"
+        local_words = f"local checkpoint step {local_step}" if local_step is not None else "no local checkpoint"
+        print(f"  {local_words}; remote checkpoint step {remote.step} "
+              f"({'verified' if remote.verified else 'not verified'})" if remote and remote.step is not None else
+              f"  {local_words}; no remote checkpoint", file=out)
         if state.last_error:
             print(f"  last error{_error_context(state, time.time())}: {state.last_error}", file=out)
     unsynced = _only_in_scratch(state)

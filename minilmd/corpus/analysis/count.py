@@ -5,7 +5,8 @@ multi-GB corpus: the corpus is read once, in parallel over shards (minilmd/corpu
 counted
 in every document. A literal pattern counts non-overlapping occurrences (str.count); with --regex each pattern is
 a Python regular expression and counts its non-overlapping matches (re.finditer). A prepared corpus is counted in
-its documents decoded by its own tokenizer (scan.py); JSONL in each line's text.
+its documents decoded by its own tokenizer (scan.py; a chat corpus in its messages' content: the replies under the
+loss mask and the user turns, not the template's role names); JSONL in each line's text.
 """
 from __future__ import annotations
 

@@ -94,8 +94,10 @@ def report(path: str, *, tokenizer: str | None = None, params: int | None = None
     elif unit == "tokens":
         out["train_tokens"] = out["tokens"]  # before the split: the whole corpus
     if params or config:
+        meta = corpus.meta if corpus.meta is not None else {
+            "splits": {"train": {"documents": out["documents"], "tokens": out.get("train_tokens")}}}
         out["model"] = model_budget(out.get("train_tokens"), params=params, config=config,
-                                    budget_tokens=budget_tokens)
+                                    budget_tokens=budget_tokens, meta=meta)
     return out
 
 
@@ -117,10 +119,11 @@ def duplicate_stats(digests: np.ndarray) -> dict:
 
 
 def model_budget(train_tokens: int | None, *, params: int | None, config: str | None,
-                 budget_tokens: int | None) -> dict:
+                 budget_tokens: int | None, meta: dict | None = None) -> dict:
     """Parameters (from --params, or counted from the config's model as its checkpoint stores it: the head tied
     to the embeddings counted once), Chinchilla's optimum, this corpus's tokens per parameter, and the epochs
-    over train that the budget (--budget-tokens, or the config's max_tokens / max_steps x tokens per step) means."""
+    over train that the budget (--budget-tokens, or the config's: config_budget) means."""
+    budget: dict = {}
     if config:
         from minilmd.config import load_config
         from minilmd.corpus.meta import corpus_train_tokens
@@ -130,9 +133,8 @@ def model_budget(train_tokens: int | None, *, params: int | None, config: str | 
         if not params:
             params = sum(int(np.prod(s)) for s in expected_state_shapes(cfg.model).values())
         if budget_tokens is None:
-            t = cfg.train
-            per_step = t.seq_len * t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
-            budget_tokens = t.max_tokens or (t.max_steps * per_step) or None
+            budget = config_budget(cfg, meta or {}, train_tokens)
+            budget_tokens = budget.pop("budget_tokens", None)
     assert params
     out: dict = {"parameters": int(params), "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * int(params)}
     if train_tokens:
@@ -142,7 +144,31 @@ def model_budget(train_tokens: int | None, *, params: int | None, config: str | 
         out["budget_tokens"] = int(budget_tokens)
         if train_tokens:
             out["epochs"] = budget_tokens / train_tokens
+        out.update(budget)
     return out
+
+
+def config_budget(cfg, meta: dict, train_tokens: int | None) -> dict:
+    """The rows the config's budget trains on, counted as the trainer will (minilmd/update_share.py: the SFT
+    defaults first, so a chat run is bucketed; whichever of max_steps, max_tokens, max_epochs ends first), and
+    the tokens they hold: a packed row is a full window of seq_len tokens; a row of one document (padded,
+    bucketed: a conversation of a chat corpus) holds its own tokens, train's tokens per row on average, so its
+    budget is its epochs (rows / rows of an epoch) times train's tokens. {} when it cannot be told."""
+    from minilmd.update_share import as_trained, planned_rows, rows_per_epoch
+
+    trained = as_trained(cfg, meta)
+    rows = planned_rows(trained, meta)
+    if not rows:
+        return {}
+    if trained.data.mode == "packed":
+        return {"budget_tokens": rows * trained.train.seq_len, "rows": rows, "row_unit": "windows"}
+    per_epoch = rows_per_epoch(trained, meta)
+    if not per_epoch or not train_tokens:
+        return {}
+    return {"budget_tokens": round(rows / per_epoch * train_tokens), "epochs": rows / per_epoch, "rows": rows,
+            "rows_per_epoch": per_epoch,
+            "row_unit": "conversations" if meta.get("data_format") == "chat" else "documents",
+            "mode": trained.data.mode}
 
 
 def _n(x: float) -> str:
@@ -193,7 +219,9 @@ def format_report(r: dict, short: bool = False) -> str:
                      f"tokens/parameter ({m['of_chinchilla']:.1%} of it)")
         lines.append(line)
         if "budget_tokens" in m:
-            lines.append(f"budget {_n(m['budget_tokens'])} tokens" +
+            rows = (f" ({m['rows']:,} {m['row_unit']} of {m['rows_per_epoch']:,} an epoch, one a row: "
+                    f"{m['mode']})" if "rows_per_epoch" in m else "")
+            lines.append(f"budget {_n(m['budget_tokens'])} tokens{rows}" +
                          (f" = {m['epochs']:.3g} epochs of train" if "epochs" in m else ""))
     elif unit == "characters" and not short:
         lines.append("(lengths in characters: pass --tokenizer to count tokens and compare with a model)")

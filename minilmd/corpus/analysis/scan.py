@@ -7,8 +7,15 @@ worker processes read independently:
   compressed or remote file is one shard, read as a stream.
 - a prepared corpus: ranges of documents of each split (the first meta.json's `documents` of it), decoded with the
   corpus's own tokenizer, so a pattern is counted in the text the model is trained on: a text document is its ids
-  between BOS and EOS, decoded back to its exact text (byte-level BPE); a chat one decodes to its rendered
-  conversations without the <|im_start|>/<|im_end|> markers (special tokens skipped).
+  between BOS and EOS, decoded back to its exact text (byte-level BPE). A chat one is its messages' content, not
+  the template around it (role names, a default system prompt, empty think blocks are in every conversation and
+  would count as content: "assistant" in 100 % of documents, every corpus "latin"): the conversation is cut at its
+  special tokens (<|im_start|>, <|im_end|>, BOS ...) into turns; a turn with tokens under the loss mask gives those
+  tokens (the assistant's reply, an empty <think></think> block before it dropped, and so is the start of one where
+  seq_len cut the conversation); a turn without any whose first
+  line is `user` gives the rest of it (the user's message). Other unmasked turns (system prompts: the template's
+  default one cannot be told from the data's; assistant turns the template does not train on) are not counted:
+  the JSONL, read as below, has every message's content.
 A line's text is its "text" field; a chat line's ({"conversations": [...]}) is its messages' "content" joined by
 newlines. Lines that are not JSON (or nest deeper than jsonl.MAX_JSON_DEPTH) or have neither are counted as bad,
 never read.
@@ -19,6 +26,7 @@ in shard order and the caller merges them. Memory per worker: one block of lines
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +35,7 @@ import numpy as np
 from minilmd.corpus.meta import CorpusError, read_meta
 from minilmd.corpus.prepare.block import digest64
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded
-from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, SPLITS, TOKENS
+from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENS
 
 BLOCK_BYTES = 4 << 20  # JSONL bytes per batch of texts handed to a task
 BLOCK_DOCS = 4096  # prepared documents per batch
@@ -199,15 +207,50 @@ def _prepared_batches(corpus: Corpus, shard: Shard):
     if not starts[-1]:
         return
     tokens = np.memmap(split_dir / TOKENS, dtype="<u2", mode="r", shape=(int(starts[-1]),))
+    mask = None if text else np.memmap(split_dir / LOSS_MASK, dtype=np.uint8, mode="r", shape=(int(starts[-1]),))
+    special = np.array([i for i, t in tok.get_added_tokens_decoder().items() if t.special], dtype=np.int64)
     for lo in range(shard.start, shard.end, BLOCK_DOCS):
         hi = min(lo + BLOCK_DOCS, shard.end)
         docs = [np.asarray(tokens[starts[d]:starts[d + 1]]) for d in range(lo, hi)]
-        if text:  # between BOS and EOS, every id: a literal "<|endoftext|>" in a text is part of it
+        if mask is None:  # between BOS and EOS, every id: a literal "<|endoftext|>" in a text is part of it
             texts = tok.decode_batch([d[1:-1].tolist() for d in docs], skip_special_tokens=False)
         else:
-            texts = tok.decode_batch([d.tolist() for d in docs], skip_special_tokens=True)
+            masks = [np.asarray(mask[starts[d]:starts[d + 1]]) for d in range(lo, hi)]
+            texts = chat_content(tok, docs, masks, special)
         digests = np.array([digest64(d.tobytes()) for d in docs], dtype=np.uint64)
         yield Batch(texts, digests, lengths[lo:hi].copy())
+
+
+EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
+"""The empty reasoning block a MiniMind template writes before every reply (under the loss mask: the model learns
+to write it), not content."""
+
+
+def chat_content(tok, docs: list[np.ndarray], masks: list[np.ndarray], special: np.ndarray) -> list[str]:
+    """Each conversation's content as the module docstring says: the replies under the loss mask and the user
+    turns, joined by newlines. One decode_batch over every turn of the block."""
+    turns: list[tuple[int, bool, np.ndarray]] = []  # (conversation, a reply, its ids)
+    for i, (ids, mask) in enumerate(zip(docs, masks, strict=True)):
+        cuts = [-1, *np.flatnonzero(np.isin(ids, special)).tolist(), len(ids)]
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            if b - a > 1:
+                trained = mask[a + 1:b].astype(bool)
+                turn = ids[a + 1:b]
+                turns.append((i, True, turn[trained]) if trained.any() else (i, False, turn))
+    decoded = tok.decode_batch([t.tolist() for _, _, t in turns], skip_special_tokens=True)
+    parts: list[list[str]] = [[] for _ in docs]
+    for (i, reply, _), text in zip(turns, decoded, strict=True):
+        if reply:
+            text = EMPTY_THINK.sub("", text)
+            if "<think></think>".startswith("".join(text.split())):
+                continue  # only the start of that block: the conversation was cut at seq_len inside it
+        else:
+            role, newline, text = text.partition("\n")
+            if not newline or role.strip() != "user":
+                continue
+        if text.strip():
+            parts[i].append(text)
+    return ["\n".join(p) for p in parts]
 
 
 def per_split(root: Path, task, workers: int) -> dict[str, np.ndarray]:

@@ -1,0 +1,120 @@
+"""The update share `run --check` prints, against hand counts (issue 24): a chat run's rows are conversations
+(bucketed by the SFT default, which the trainer applies; the last partial bucket left out), a packed run's are
+windows; the base's are the rows its checkpoint records; a LoRA run is not told to use LoRA. Torch-free: a corpus is
+only its meta.json here, a checkpoint only its manifest.json and trainer_state.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minilmd.config import load_config
+from minilmd.update_share import planned_rows, share_lines
+from trainer_corpus import write_config
+
+# The seed's style SFT (section 3): 87,940 conversations x 5 epochs on top of a base SFT of 1,809,958 updates.
+STYLE_CONVERSATIONS, STYLE_TOKENS, BASE_ROWS = 87_940, 10_552_800, 1_809_958
+
+
+def fake_corpus(root: Path, data_format: str, documents: int, tokens: int) -> Path:
+    root.mkdir(parents=True)
+    meta = {"format": "minilmd-prepared", "version": 2 if data_format == "chat" else 1, "data_format": data_format,
+            "vocab_size": 512, "splits": {"train": {"documents": documents, "tokens": tokens},
+                                          "val": {"documents": 10, "tokens": 1000}}}
+    (root / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    return root
+
+
+def fake_checkpoint(root: Path, state: dict) -> Path:
+    root.mkdir(parents=True)
+    (root / "manifest.json").write_text(json.dumps({"step": state.get("step", 1), "files": {}}), encoding="utf-8")
+    (root / "trainer_state.json").write_text(json.dumps(state), encoding="utf-8")
+    return root
+
+
+def style_config(tmp_path: Path, data_format: str, base: Path | None = None, **sections):
+    corpus = fake_corpus(tmp_path / f"corpus-{data_format}", data_format, STYLE_CONVERSATIONS, STYLE_TOKENS)
+    train = {"seq_len": 768, "micro_batch_size": 16, "grad_accum": 1, "max_steps": 0, "max_epochs": 5}
+    train.update(sections.pop("train", {}))
+    init = {"init": {"from": str(base)}} if base else {}
+    return load_config(write_config(tmp_path, (corpus, 512), name=f"style-{data_format}", train=train,
+                                    model={"max_position_embeddings": 768}, **init, **sections))
+
+
+def test_a_chat_run_counts_conversations_in_buckets_as_the_trainer_will(tmp_path):
+    # bucketed (the SFT default, not written in the config): 87,940 - 87,940 % 16 = 87,936 rows an epoch;
+    # 5 epochs = 439,680 rows = 27,480 steps of 16
+    assert planned_rows(style_config(tmp_path, "chat")) == 439_680
+
+
+def test_a_chat_run_in_padded_or_packed_mode_counts_as_that_mode(tmp_path):
+    padded = style_config(tmp_path / "p", "chat", data={"mode": "padded"})
+    # every conversation: 5 x 87,940 = 439,700 rows, ceil(439,700 / 16) = 27,482 steps of 16
+    assert planned_rows(padded) == 27_482 * 16
+    packed = style_config(tmp_path / "k", "chat", data={"mode": "packed"})
+    # windows: (10,552,800 - 767) // 768 = 13,739 an epoch; ceil(5 x 13,739 / 16) = 4,294 steps of 16
+    assert planned_rows(packed) == 4_294 * 16
+
+
+def test_a_text_run_stays_packed(tmp_path):
+    assert planned_rows(style_config(tmp_path, "text")) == 4_294 * 16
+
+
+def test_the_seeds_style_sft_is_the_24_percent_warning(tmp_path):
+    base = fake_checkpoint(tmp_path / "base" / "step-00113122", {"step": 113_122, "rows_seen": BASE_ROWS})
+    lines = share_lines(style_config(tmp_path, "chat", base=base))
+    assert len(lines) == 1 and lines[0].startswith(
+        "WARNING: update share: this run trains 439,680 sample updates, 24.3 % of the 1,809,958 of its base"), lines
+    assert "use [lora]" in lines[0]
+
+
+def test_a_lora_run_is_not_told_to_use_lora(tmp_path):
+    base = fake_checkpoint(tmp_path / "base" / "step-00113122", {"step": 113_122, "rows_seen": BASE_ROWS})
+    lines = share_lines(style_config(tmp_path, "chat", base=base, lora={"rank": 8}))
+    assert len(lines) == 1 and "24.3 % of the 1,809,958" in lines[0], lines
+    assert "[lora]" not in lines[0] and "lora.rank" in lines[0]
+
+
+def test_a_base_without_rows_seen_counts_its_steps_times_its_global_batch(tmp_path):
+    base = fake_checkpoint(tmp_path / "base" / "step-00000100", {"step": 100, "global_batch": 32})
+    lines = share_lines(style_config(tmp_path, "chat", base=base, train={"max_epochs": 0, "max_steps": 10}))
+    assert lines == [f"update share: this run trains 160 sample updates, 5.0 % of the 3,200 of its base {base}"]
+
+
+# --- `corpus report --config`: the epochs a budget means, rows counted as the trainer will (issue 24) -------------
+def report_budget(tmp_path: Path, data_format: str, **train):
+    from minilmd.corpus.analysis.report import format_report, model_budget
+
+    # the test chat corpus's shape (tests/conftest.py chat_corpus): 735 train conversations of 37,485 tokens
+    corpus = fake_corpus(tmp_path / f"corpus-{data_format}", data_format, 735, 37_485)
+    meta = json.loads((corpus / "meta.json").read_text(encoding="utf-8"))
+    config = write_config(tmp_path, (corpus, 512), name=f"r-{data_format}",
+                          train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, **train})
+    m = model_budget(37_485, params=None, config=str(config), budget_tokens=None, meta=meta)
+    text = format_report({"corpus": str(corpus), "kind": "prepared", "documents": 767, "length_unit": "tokens",
+                          "tokens": 39_000, "bad_lines": 0, "blank_lines": 0, "lengths": {},
+                          "scripts": {"dominant": {}, "contains": {}},
+                          "duplicates": {"copies": 0, "distinct_repeated": 0, "largest_group": 0},
+                          "train_tokens": 37_485, "model": m})
+    return m, text
+
+
+def test_a_chat_budget_in_steps_counts_conversations_not_windows(tmp_path):
+    m, text = report_budget(tmp_path, "chat", max_steps=30)
+    # 30 steps x 8 = 240 conversations of the 735 - 735 % 8 = 728 an epoch: 0.33 epochs (not 30 x 8 x 128 tokens
+    # = 30,720 = 0.82 epochs of 37,485)
+    assert m["rows"] == 240 and m["rows_per_epoch"] == 728 and m["epochs"] == pytest.approx(240 / 728)
+    assert "budget 12.4k tokens (240 conversations of 728 an epoch, one a row: bucketed) = 0.33 epochs of train" \
+        in text, text
+
+
+def test_an_epoch_budget_shows_its_epochs(tmp_path):
+    m, text = report_budget(tmp_path, "chat", max_steps=0, max_epochs=2)
+    assert m["rows"] == 2 * 728 and m["epochs"] == pytest.approx(2.0), m  # ceil(2 x 728 / 8) = 182 steps of 8
+    assert "= 2 epochs of train" in text, text
+
+
+def test_a_text_budget_stays_in_windows(tmp_path):
+    m, _ = report_budget(tmp_path, "text", max_steps=30)
+    assert m["budget_tokens"] == 30 * 8 * 128 and m["epochs"] == pytest.approx(30 * 8 * 128 / 37_485)
