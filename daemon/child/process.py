@@ -282,7 +282,7 @@ def _sigkill_death(child: Child, rc: int, run_dir: Path, fault: dict | None) -> 
     counter_words = ""
     if child.cgroup_oom:
         counter, before = child.cgroup_oom
-        after = read_oom_kills(counter)
+        after = _oom_kills_after(counter, before)
         if after is not None and after > before:
             return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
                          fault)
@@ -389,6 +389,20 @@ def read_oom_kills(counter: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+OOM_COUNTER_LAG_S = 1.0
+"""How long a dead child's cgroup oom_kill counter is re-read before it counts as not risen: the kernel signals the
+victim before it counts the kill, and a supervisor can reap the victim in between."""
+
+
+def _oom_kills_after(counter: Path, before: int) -> int | None:
+    after = read_oom_kills(counter)
+    deadline = time.monotonic() + OOM_COUNTER_LAG_S
+    while after is not None and after <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = read_oom_kills(counter)
+    return after
 
 
 def _kernel_log_oom(pid: int) -> bool | None:
