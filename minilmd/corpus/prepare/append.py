@@ -12,7 +12,10 @@ beside the corpus. Their documents are then appended, whole, to the ends of trai
 A reader takes meta.json as the truth: it reads the first `splits.<split>.documents` lengths and the tokens they
 sum to, and accepts files longer than that (minilmd/corpus/format.py). So a reader that opens at any moment sees the old
 version or the new one, never a half: before step 3 it reads the old meta and the old prefix, and between the
-renames of step 3 the new doc_lengths.npy's prefix is the old one. Disk: the new data, nothing copied.
+renames of step 3 the new doc_lengths.npy's prefix is the old one. Disk: the new data, nothing copied. One writer at a
+time: the lock of every prepare of this --out (lock.py); the corpus directory is opened under it and written
+through that open directory, and the append refuses (exit 2) when the name no longer leads there, or when the
+corpus is another user's.
 
 Leak check against the old documents: their leak keys are recomputed by decoding the old documents with the
 corpus's tokenizer (decode(encode(text)) == text for a byte-level BPE; minilmd/corpus/analysis/scan.py, in parallel). A
