@@ -162,6 +162,15 @@ def test_a_planted_lock_file_is_refused(tmp_path, texts, tokenizer, planted):
     assert not out.exists() and target.read_text() == "her notes\n"
 
 
+def test_a_users_own_file_of_the_lock_name_is_never_overwritten(tmp_path, texts, tokenizer):
+    lock = tmp_path / "corpus.lock"
+    lock.write_text("my notes on locks\n")
+    done = run(prepare_cli([write_jsonl(tmp_path / "a.jsonl", texts[:50])], tmp_path / "corpus", "--tokenizer",
+                           str(tokenizer)))
+    assert done.returncode == 2 and "not a lock file of minilmd's" in done.stderr, done.stderr
+    assert lock.read_text() == "my notes on locks\n" and not (tmp_path / "corpus").exists()
+
+
 @pytest.mark.root
 def test_append_to_another_users_corpus_is_exit_2_not_a_traceback(tmp_path, texts, tokenizer):
     from second_user import shared_dir, user_python

@@ -8,10 +8,11 @@ since), which a second writer prints. A second writer fails at once, exit 2, nam
 corpus runs for hours, and a command that waits silently that long looks hung.
 
 The lock file may sit in a directory other users can write (a shared /tmp-like parent): it is opened without
-following a link, without blocking, must be a regular file owned by the current user, and is refused (exit 2)
-otherwise. The parent directory is opened once (no symbolic link as its last component) and everything is done
-relative to it: `parent_path` names it through /proc/self/fd, so that a writer works in the directory it locked
-even if the name is moved meanwhile; `check_parent` refuses (exit 2) when the name no longer leads there.
+following a link, without blocking, must be a regular file owned by the current user holding nothing but a holder
+line (a file of the user's own of that name is never overwritten), and is refused (exit 2) otherwise. The parent
+directory is opened once (no symbolic link as its last component): `check_parent` refuses (exit 2) when its name
+no longer leads there, and an append opens the corpus directory through it (`open_locked_dir`), writes through
+that open directory and refuses when `--out` no longer leads to it (`check_same_dir`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import socket
 import stat
 import time
 from pathlib import Path
+
+from minilmd.untrusted import printable
 
 LOCK_SUFFIX = ".lock"
 HOLDER_BYTES = 4096  # what is read of a lock file's holder line, at most
@@ -74,6 +77,10 @@ class CorpusLock:
             self.close()
             raise ValueError(f"{self.out}: another prepare is writing it ({holder}); nothing was changed. Wait for "
                              f"it to end and run this again") from None
+        if _holder_line(self.fd) is None:  # somebody's own file of that name: never overwritten
+            self.close()
+            raise ValueError(f"{path}: exists and is not a lock file of minilmd's (the lock of {self.out} is "
+                             "this name); nothing was changed. Move it away, or choose another --out")
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
                                         "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
@@ -87,11 +94,6 @@ class CorpusLock:
             if fd >= 0:
                 os.close(fd)
         self.fd = self.parent_fd = -1
-
-    @property
-    def parent_path(self) -> Path:
-        """The locked parent directory, by its open descriptor (not by name)."""
-        return Path(f"/proc/self/fd/{self.parent_fd}")
 
     def check_parent(self) -> None:
         """ValueError (exit 2) when --out's directory is no longer the one that was locked."""
@@ -139,11 +141,23 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _holder_line(fd: int) -> dict | None:
+    """The holder line a writer left in the lock file ({} for an empty file); None for anything else."""
+    data = os.pread(fd, HOLDER_BYTES + 1, 0)
+    if not data:
+        return {}
+    try:
+        h = json.loads(data.decode("utf-8")) if len(data) <= HOLDER_BYTES else None
+    except ValueError:
+        return None
+    return h if isinstance(h, dict) and {"pid", "host", "command", "since"} <= h.keys() else None
+
+
 def _holder(fd: int) -> str:
     """Who holds the lock, from the line it wrote: "pid 123 on host, prepare --append, since ..."."""
     try:
-        data = os.pread(fd, HOLDER_BYTES, 0)
-        h = json.loads(data.decode("utf-8"))
-        return f"pid {int(h['pid'])} on {str(h['host'])[:64]}, {str(h['command'])[:64]}, since {str(h['since'])[:32]}"
+        h = _holder_line(fd) or {}
+        return printable(f"pid {int(h['pid'])} on {str(h['host'])[:64]}, {str(h['command'])[:64]}, "
+                         f"since {str(h['since'])[:32]}")
     except (OSError, ValueError, KeyError, TypeError):
         return "a process that has not said who it is yet"
