@@ -192,3 +192,19 @@ def test_append_to_another_users_corpus_is_exit_2_not_a_traceback(tmp_path, text
         report_ok(root)
     finally:
         shutil.rmtree(shared)
+
+
+def test_a_link_of_ones_own_to_the_data_directory_still_works(tmp_path, texts, tokenizer):
+    """`--out data/corpus` where data is the user's own link to the real directory (an NFS mount, a bigger disk):
+    prepare and append go through it; the lock and the corpus are in the real directory."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "data").symlink_to(real)
+    out = tmp_path / "data" / "corpus"
+    assert run(prepare_cli([write_jsonl(tmp_path / "a.jsonl", texts[:100])], out, "--tokenizer",
+                           str(tokenizer))).returncode == 0
+    appended = run(prepare_cli([write_jsonl(tmp_path / "b.jsonl", texts[100:150])], out, "--append"))
+    assert appended.returncode == 0, appended.stderr
+    assert (real / "corpus.lock").is_file() and len(json.loads((real / "corpus" / "meta.json").read_text())[
+        "versions"]) == 2
+    report_ok(out)

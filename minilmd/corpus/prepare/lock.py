@@ -10,9 +10,10 @@ corpus runs for hours, and a command that waits silently that long looks hung.
 The lock file may sit in a directory other users can write (a shared /tmp-like parent): it is opened without
 following a link, without blocking, must be a regular file owned by the current user holding nothing but a holder
 line (a file of the user's own of that name is never overwritten), and is refused (exit 2) otherwise. The parent
-directory is opened once (no symbolic link as its last component): `check_parent` refuses (exit 2) when its name
-no longer leads there, and an append opens the corpus directory through it (`open_locked_dir`), writes through
-that open directory and refuses when `--out` no longer leads to it (`check_same_dir`).
+directory is opened once (a symbolic link followed only when it is the user's own or root's): `check_parent`
+refuses (exit 2) when its name no longer leads there, and an append opens the corpus directory through it
+(`open_locked_dir`), writes through that open directory and refuses when `--out` no longer leads to it
+(`check_same_dir`).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class CorpusLock:
 
         parent = self.out.parent
         try:
-            self.parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self.parent_fd = _open_dir(parent)
         except OSError as e:
             raise ValueError(f"{parent}: cannot open the directory of --out ({e.strerror})") from None
         self.parent_id = _identity(os.fstat(self.parent_fd))
@@ -98,7 +99,7 @@ class CorpusLock:
     def check_parent(self) -> None:
         """ValueError (exit 2) when --out's directory is no longer the one that was locked."""
         try:
-            now = _identity(os.stat(self.out.parent, follow_symlinks=False))
+            now = _identity(os.stat(self.out.parent))
         except OSError:
             now = None
         if now != self.parent_id:
@@ -109,11 +110,10 @@ class CorpusLock:
 def open_locked_dir(lock: CorpusLock) -> tuple[int, tuple[int, int]]:
     """The corpus directory --out itself, opened through the locked parent (no link followed): (fd, identity)."""
     try:
-        fd = os.open(lock.out.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     dir_fd=lock.parent_fd)
+        fd = _open_dir(lock.out.name, lock.parent_fd)
     except OSError as e:
-        raise ValueError(f"{lock.out}: cannot open ({e.strerror}); is it a prepared corpus (a directory, not a "
-                         "link)?") from None
+        raise ValueError(f"{lock.out}: cannot open ({e.strerror}); is it a prepared corpus (a directory, or a "
+                         "link of yours to one)?") from None
     return fd, _identity(os.fstat(fd))
 
 
@@ -121,7 +121,7 @@ def check_same_dir(lock: CorpusLock, identity: tuple[int, int]) -> None:
     """ValueError (exit 2) when the name --out no longer leads to the directory that was opened under the lock."""
     lock.check_parent()
     try:
-        now = _identity(os.stat(lock.out.name, dir_fd=lock.parent_fd, follow_symlinks=False))
+        now = _identity(os.stat(lock.out.name, dir_fd=lock.parent_fd))
     except OSError:
         now = None
     if now != identity:
@@ -135,6 +135,16 @@ def hold_for_test() -> None:
     if path:
         with open(path, "rb") as fifo:
             fifo.read()
+
+
+def _open_dir(path: str | os.PathLike, dir_fd: int | None = None) -> int:
+    """A directory opened for the lock: a symbolic link as its last component is followed only when it is the
+    current user's or root's (a link planted by another user, e.g. in /tmp, is refused: ELOOP)."""
+    st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    if not stat.S_ISLNK(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+        flags |= os.O_NOFOLLOW
+    return os.open(path, flags, dir_fd=dir_fd)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
