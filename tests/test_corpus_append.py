@@ -102,9 +102,9 @@ def test_a_reader_sees_one_version_at_every_step(tmp_path, texts, tokenizer):
 
     stray = root / "train" / "doc_lengths.npy.append-999999.npy"  # an append killed before its renames
     np.save(stray, lengths)
-    fd = os.open(root, os.O_RDONLY)  # an append running on it holds this lock
+    fd = os.open(tmp_path / "corpus.lock", os.O_RDWR | os.O_CREAT)  # an append running on it holds this lock
     fcntl.flock(fd, fcntl.LOCK_EX)
-    with pytest.raises(ValueError, match="another `prepare --append` is running"):
+    with pytest.raises(ValueError, match="another prepare is writing it"):
         append([str(b)], root, workers=0, progress=False, log=lambda m: None)
     os.close(fd)
     append([str(b)], root, workers=0, progress=False, log=lambda m: None)  # cuts the stale tail first

@@ -82,3 +82,32 @@ def test_force_fills_an_empty_directory(tmp_path, demo_jsonl, tokenizer):
     empty.mkdir()
     assert prepare_cli(demo_jsonl[:1], tokenizer, empty, "--force").returncode == 0
     assert (empty / "meta.json").is_file() and not leftovers(empty)
+
+
+@pytest.mark.parametrize("where", ["train/tokens.bin", "meta_sibling"])
+def test_force_refuses_a_corpus_whose_own_file_is_a_directory_of_other_files(tmp_path, demo_jsonl, tokenizer, where):
+    """A `tokens.bin` (or tokenizer.json) that is a directory holding someone's files is not the corpus's own file:
+    --force must not delete it (issue 21)."""
+    out = tmp_path / "p"
+    assert prepare_cli(demo_jsonl[:1], tokenizer, out).returncode == 0
+    own = out / ("train/tokens.bin" if where == "train/tokens.bin" else "tokenizer.json")
+    own.unlink()
+    own.mkdir()
+    (own / "notes.txt").write_text("not a token in sight\n")
+    before = tree_digest(out)
+    done = prepare_cli(demo_jsonl[1:], tokenizer, out, "--force")
+    assert done.returncode == 2, done.stderr
+    assert "other files in it" in done.stderr and own.name in done.stderr and "nothing was changed" in done.stderr
+    assert tree_digest(out) == before and (own / "notes.txt").read_text() == "not a token in sight\n"
+    assert not leftovers(out)
+
+
+def test_force_refuses_a_split_directory_that_is_a_link(tmp_path, demo_jsonl, tokenizer):
+    out = tmp_path / "p"
+    assert prepare_cli(demo_jsonl[:1], tokenizer, out).returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    (out / "val").rename(elsewhere)
+    (out / "val").symlink_to(elsewhere)
+    done = prepare_cli(demo_jsonl[1:], tokenizer, out, "--force")
+    assert done.returncode == 2 and "val" in done.stderr, done.stderr
+    assert (out / "val").is_symlink() and (elsewhere / "tokens.bin").is_file()

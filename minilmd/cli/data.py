@@ -76,7 +76,9 @@ def prepare_command(
     append: bool = typer.Option(False, "--append", help="Append CORPUS to the prepared corpus --out (its "
                                 "tokenizer, format and rules): only the new lines are tokenised; a new version."),
     val_fraction: float = typer.Option(0.005, "--val-fraction", help="Share of documents for validation."),
-    on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted)."),
+    on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65, no output) or skip (counted); "
+                                    "either way every bad line is named (the first 20 here, all in "
+                                    "OUT.bad-lines.txt beside --out when there are more)."),
     seq_len: int = typer.Option(340, "--seq-len", help="Sequence length of the padding/packing figures printed "
                                 "(text: only those); chat: conversations are cut at it."),
     batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the steps-per-epoch figures printed "
@@ -93,8 +95,9 @@ def prepare_command(
 ) -> None:
     """JSONL -> prepared corpus: train/ and val/ uint16 token streams, meta.json with statistics, tokenizer copy.
 
-    Exit status: 0 done, 65 bad input (file:line:reason named; or a split would be empty), 2 bad arguments or
-    tokenizer, or an --out that --force may not replace; nothing is written unless 0."""
+    Exit status: 0 done, 65 bad input (every bad line named as file:line: reason, the whole input read first; or a
+    split would be empty), 2 bad arguments or tokenizer, an --out that --force may not replace, another prepare
+    writing --out (OUT.lock beside it), or another user's corpus for --append; nothing is written unless 0."""
     import signal
 
     from minilmd.corpus.analysis.scripts import parse_scripts

@@ -12,7 +12,10 @@ beside the corpus. Their documents are then appended, whole, to the ends of trai
 A reader takes meta.json as the truth: it reads the first `splits.<split>.documents` lengths and the tokens they
 sum to, and accepts files longer than that (minilmd/corpus/format.py). So a reader that opens at any moment sees the old
 version or the new one, never a half: before step 3 it reads the old meta and the old prefix, and between the
-renames of step 3 the new doc_lengths.npy's prefix is the old one. Disk: the new data, nothing copied.
+renames of step 3 the new doc_lengths.npy's prefix is the old one. Disk: the new data, nothing copied. One writer at a
+time: the lock of every prepare of this --out (lock.py); the corpus directory is opened under it and written
+through that open directory, and the append refuses (exit 2) when the name no longer leads there, or when the
+corpus is another user's.
 
 Leak check against the old documents: their leak keys are recomputed by decoding the old documents with the
 corpus's tokenizer (decode(encode(text)) == text for a byte-level BPE; minilmd/corpus/analysis/scan.py, in parallel). A
@@ -47,6 +50,7 @@ from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
+from minilmd.corpus.prepare.lock import CorpusLock, check_same_dir, hold_for_test, open_locked_dir
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
@@ -79,49 +83,64 @@ def old_leak_keys(root: Path, workers: int) -> dict[str, np.ndarray]:
 def append(sources: list[str], out: str | Path, *, workers: int | None = None, progress=None, log=None,
            on_bad_line: str | None = None, block_bytes: int | None = None) -> dict:
     """Append `sources` to the prepared corpus `out`; returns the new meta.json. InputError (bad input, exit 65),
-    CorpusError (the corpus), ValueError (bad arguments, another append running on it)."""
+    CorpusError (the corpus), ValueError (bad arguments, another user's corpus, another prepare writing it, the
+    directory replaced meanwhile: exit 2)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     root = Path(out)
-    lock = _lock(root)
     try:
-        return _append(sources, root, workers, progress, log, on_bad_line, block_bytes)
-    finally:
-        os.close(lock)
-
-
-def _lock(root: Path) -> int:
-    """An exclusive flock on the corpus directory itself (no file added to the corpus): one append at a time.
-    Leftovers of an append that was killed (its temporary doc_lengths.npy) are removed under it."""
-    import fcntl
-
-    try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        _check_owner(root, os.lstat(root))
     except OSError as e:
         raise CorpusError(f"{root}: cannot open ({e.strerror}); is it a prepared corpus?") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ValueError(f"{root}: another `prepare --append` is running on it; wait for it to end") from None
+    with CorpusLock(root, "prepare --append") as lock:  # the one writer of this corpus (lock.py)
+        fd, identity = open_locked_dir(lock)
+        try:
+            _check_owner(root, os.fstat(fd))
+            locked = Path(f"/proc/self/fd/{fd}")  # the directory that was locked, whatever its name leads to now
+            _remove_stale_parts(locked)
+            hold_for_test()
+            try:
+                return _append(sources, root, locked, lambda: check_same_dir(lock, identity), workers, progress,
+                               log, on_bad_line, block_bytes)
+            except PermissionError as e:
+                raise ValueError(f"{root}: cannot write {e.filename or 'a file'} ({e.strerror}); nothing was "
+                                 "appended") from None
+        finally:
+            os.close(fd)
+
+
+def _check_owner(root: Path, st: os.stat_result) -> None:
+    """ValueError (exit 2) for a corpus of another user: an append changes it in place, and only its owner may."""
+    owner = st.st_uid
+    if owner != os.geteuid():
+        raise ValueError(f"{root}: the corpus belongs to another user (uid {owner}); `prepare --append` changes a "
+                         "corpus in place, which only its owner may do. Prepare a corpus of your own (--out "
+                         "elsewhere)")
+
+
+def _remove_stale_parts(locked: Path) -> None:
+    """Leftovers of an append that was killed (its temporary doc_lengths.npy), removed under the lock."""
     for split in SPLITS:
-        for stale in (root / split).glob(DOC_LENGTHS + ".append-*.npy"):
-            stale.unlink(missing_ok=True)
-    return fd
+        for stale in (locked / split).glob(DOC_LENGTHS + ".append-*.npy"):
+            if stale.is_file() and not stale.is_symlink():
+                stale.unlink(missing_ok=True)
 
 
-def _append(sources: list[str], root: Path, workers: int | None, progress, log, on_bad_line: str | None,
-            block_bytes: int | None) -> dict:
+def _append(sources: list[str], root: Path, locked: Path, check_same, workers: int | None, progress, log,
+            on_bad_line: str | None, block_bytes: int | None) -> dict:
+    """The append; `locked` names the corpus directory by its descriptor (every write goes there), `root` by the
+    name the user gave (for messages and the readers); check_same() refuses when the two part."""
     from minilmd.corpus.prepare.encode import default_workers
     from minilmd.corpus.prepare.meta import report
     from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
     from minilmd.corpus.prepare.stream import encode_all, open_sources
 
     corpus = open_prepared(root)
+    check_same()  # what was read is the locked directory's
     meta = corpus.meta
     chat = corpus.data_format == "chat"
     if not sources:
         raise ValueError("no corpus files given")
-    old_meta_sha = sha256_file(root / META)
+    old_meta_sha = sha256_file(locked / META)
     opts = PrepareOptions(
         val_fraction=float(meta["split_rule"]["val_fraction"]),
         on_bad_line=on_bad_line or meta["bad_lines"]["policy"],
@@ -151,6 +170,8 @@ def _append(sources: list[str], root: Path, workers: int | None, progress, log, 
         opened = open_sources(sources)
         found = Collector(tmp, opened, opts.on_bad_line, chat=chat)
         encode_all(opened, found, tok, opts, progress)
+        found.bad.publish(root)
+        found.check_bad_lines()
         check_line_counts(found)
         if found.documents == 0:
             raise InputError(f"{', '.join(sources)}: no documents to append (every line was blank, bad or "
@@ -161,7 +182,10 @@ def _append(sources: list[str], root: Path, workers: int | None, progress, log, 
             raise InputError(f"{', '.join(sources)}: no documents to append: all {found.documents:,} repeat "
                              "documents of the corpus (whitespace aside) across train and val; the corpus is "
                              "unchanged")
-        new_meta = _publish(root, meta, tmp, new, found, opts, old_meta_sha)
+        check_same()
+        if sha256_file(locked / META) != old_meta_sha:
+            raise CorpusError(f"{root / META}: changed while this append ran; nothing was appended")
+        new_meta = _publish(locked, meta, tmp, new, found, opts, old_meta_sha)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     v = new_meta["versions"][-1]
@@ -170,6 +194,7 @@ def _append(sources: list[str], root: Path, workers: int | None, progress, log, 
         f"{v['leaked_val_removed']:,} new val documents repeat train ones, "
         f"{v['train_repeating_old_val_dropped']:,} new train documents repeat old val ones: left out")
     report(new_meta, log)
+    found.bad.log_skipped(log)
     return new_meta
 
 
@@ -228,7 +253,8 @@ def _append_bytes(src: Path, dst: Path, keep_size: int, chunk: int = 8 << 20) ->
 
 
 def _publish(root: Path, meta: dict, tmp: Path, new: _New, found: Collector, opts, old_meta_sha: str) -> dict:
-    """Steps 1-3 of the module docstring; returns the new meta.json."""
+    """Steps 1-3 of the module docstring, in `root` (the locked directory, by its descriptor); returns the new
+    meta.json."""
     files = dict(meta["files"])
     lengths = {}
     staged = []

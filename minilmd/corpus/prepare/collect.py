@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from minilmd.corpus.meta import CorpusError
+from minilmd.corpus.prepare.badlines import SHOWN, SPOOL, BadLines
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock
-from minilmd.corpus.sources.jsonl import BadLine, InputError, Source
+from minilmd.corpus.sources.jsonl import InputError, Source
 from minilmd.corpus.sources.longdoc import LineVerdict
 from minilmd.names import (
     DOC_LENGTHS,
@@ -31,7 +32,7 @@ from minilmd.names import (
 )
 from minilmd.protocol import BOS_ID, EOS_ID
 
-MAX_EXAMPLES = 20  # bad lines and leaks listed by name in meta.json; all of them are counted
+MAX_EXAMPLES = SHOWN  # bad lines and leaks listed by name in meta.json; all of them are counted
 
 
 class SplitWriter:
@@ -142,8 +143,7 @@ class Collector:
         self.train_keys = open(tmp / SPLITS[0] / LEAK_KEYS, "wb")
         self.val_keys: list[np.ndarray] = []
         self.val_where: list[np.ndarray] = []  # (source index, line) of each val document, for the leak report
-        self.bad_counts: dict[str, int] = {}
-        self.bad_examples: list[str] = []
+        self.bad = BadLines(tmp / SPOOL)  # every bad line, named (badlines.py)
         self.special_examples: list[str] = []
         self.special_docs = 0
         self.text_bytes = 0
@@ -165,6 +165,26 @@ class Collector:
     def tokens(self) -> int:
         return self.train.tokens + self.val_raw.tokens
 
+    @property
+    def bad_counts(self) -> dict[str, int]:
+        return self.bad.counts
+
+    @property
+    def bad_examples(self) -> list[str]:
+        return self.bad.first
+
+    @property
+    def failing(self) -> bool:
+        """--on-bad-line error and a bad line seen: the rest is only read for its bad lines, nothing more is
+        written (the run ends in exit 65 naming them all)."""
+        return self.on_bad_line == "error" and self.bad.total > 0
+
+    def check_bad_lines(self) -> None:
+        """InputError naming every bad line under --on-bad-line error (call once the input is read and the list
+        published: BadLines.publish)."""
+        if self.failing:
+            raise self.bad.error()
+
     def take(self, src_idx: int, kind: str, result) -> None:
         """One result, in input order: a block ("block"), a piece of a long document ("piece"), the long line
         starting over at another "text" key ("restart"), or its end ("long_end")."""
@@ -179,6 +199,8 @@ class Collector:
 
     def add(self, src_idx: int, block: EncodedBlock) -> None:
         self._lines(src_idx, block.n_lines, block.blank, block.bad)
+        if self.failing:
+            return
         self.sources[src_idx]["documents"] += int(block.train_lengths.size + block.val_lengths.size)
         if block.dropped:
             self._dropped(src_idx, block.dropped)
@@ -202,7 +224,7 @@ class Collector:
         verdict = end.verdict
         bad = [(end.line, *verdict.bad)] if verdict.bad else []
         self._lines(src_idx, 1, int(verdict.blank), bad)
-        if verdict.blank or verdict.bad:
+        if verdict.blank or verdict.bad or self.failing:
             self.spool.reset()
             return
         if end.scripts is not None:
@@ -237,14 +259,8 @@ class Collector:
 
     def _lines(self, src_idx: int, n_lines: int, blank: int, bad: list) -> None:
         name = self.opened[src_idx].path
-        if bad:
-            if self.on_bad_line == "error":
-                raise InputError(str(BadLine(name, *bad[0])) + "; nothing was written. Fix the line or "
-                                 "pass --on-bad-line skip to skip bad lines and count them")
-            for line, reason, detail in bad:
-                self.bad_counts[reason] = self.bad_counts.get(reason, 0) + 1
-                if len(self.bad_examples) < MAX_EXAMPLES:
-                    self.bad_examples.append(str(BadLine(name, line, reason, detail)))
+        for line, reason, detail in bad:
+            self.bad.add(name, line, reason, detail)
         sm = self.sources[src_idx]
         sm["lines"] += n_lines
         sm["blank_lines"] += blank
@@ -260,6 +276,7 @@ class Collector:
         self.val_raw.close()
         self.train_keys.close()
         self.spool.close()
+        self.bad.close()
 
 
 def leak_check(tmp: Path, found: Collector, opened: list[Source]) -> tuple[np.ndarray, list[str]]:

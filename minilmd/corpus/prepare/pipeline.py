@@ -8,8 +8,10 @@ to the workers in pieces. The results are collected in input order (minilmd/corp
 does not depend on the number of workers or the block size. At most a few blocks or pieces are in flight: memory
 stays bounded by the block and piece sizes, not by the corpus or a document. Everything is written into a temporary
 directory beside DIR and published at the end (every file fsynced, then one rename): an interrupted or failed prepare
-leaves nothing under DIR, and `--force` replaces only a prepared corpus or an empty directory. meta.json and the
-report printed from it: minilmd/corpus/prepare/meta.py; the options and the tokenizer: options.py.
+leaves nothing under DIR, and `--force` replaces only a prepared corpus or an empty directory. One writer of DIR at
+a time (this, `--force`, `--append`): the flock on DIR.lock beside it (minilmd/corpus/prepare/lock.py). Every bad
+line is named, the whole input read first (minilmd/corpus/prepare/badlines.py). meta.json and the report printed
+from it: minilmd/corpus/prepare/meta.py; the options and the tokenizer: options.py.
 
 Split: a document goes to val when the first 8 bytes of blake2b(text) read as an integer are below val_fraction *
 2**64. The split of a document therefore depends on its text alone (stable when lines are appended), and exact
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -41,10 +44,11 @@ from minilmd.corpus.prepare.block import leak_key as leak_key  # the split rule:
 from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
 from minilmd.corpus.prepare.encode import default_workers
+from minilmd.corpus.prepare.lock import CorpusLock, hold_for_test
 from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
-from minilmd.corpus.sources.jsonl import InputError
+from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.fsio import atomic_write_json, publish_dir
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
@@ -58,15 +62,22 @@ from minilmd.names import (
     prepare_tmp_name,
     prepare_tmp_owner_pid,
 )
+from minilmd.untrusted import Unreadable, printable, read_bytes
+
+MAX_META_BYTES = 64 << 20  # a meta.json read to decide whether --force may replace a directory
 
 
 def _remove_stale_tmp(out: Path) -> None:
-    """Temp dirs of prepares that were killed (SIGKILL leaves no chance to clean up)."""
+    """Temp dirs of this user's prepares that were killed (SIGKILL leaves no chance to clean up); never another
+    user's, never through a link."""
     import psutil
 
     for p in out.parent.iterdir():
         pid = prepare_tmp_owner_pid(out.name, p.name)
-        if pid is not None and not psutil.pid_exists(pid):
+        if pid is None or psutil.pid_exists(pid):
+            continue
+        st = p.lstat()
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -93,17 +104,24 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
         opts.workers = default_workers()
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(out)
-    tmp = out.parent / prepare_tmp_name(out.name, os.getpid())
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        meta = _prepare_into(tmp, sources, tok, opts, progress, log)
-        open_prepared(tmp)  # the invariants, checked by the same code the trainer runs
-        if out.exists() or out.is_symlink():
-            _check_replaceable(out)  # again: something may have been put there meanwhile
-        publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, os.getpid()))
-    finally:
+    with CorpusLock(out, "prepare --force" if force else "prepare") as lock:  # one writer of --out (lock.py)
+        if out.exists() or out.is_symlink():  # again, under the lock: another prepare may have made it meanwhile
+            if not force:
+                raise ValueError(f"{out} already exists; pass --force to replace it")
+            _check_replaceable(out)
+        _remove_stale_tmp(out)
+        hold_for_test()
+        tmp = out.parent / prepare_tmp_name(out.name, os.getpid())
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            meta = _prepare_into(tmp, out, sources, tok, opts, progress, log)
+            open_prepared(tmp)  # the invariants, checked by the same code the trainer runs
+            lock.check_parent()
+            if out.exists() or out.is_symlink():
+                _check_replaceable(out)  # again: something may have been put there meanwhile
+            publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, os.getpid()))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return meta
 
 
@@ -124,29 +142,42 @@ def _check_replaceable(out: Path) -> None:
 
 
 def _foreign_content(out: Path) -> str:
-    """Why out is not replaceable ("" when it is)."""
+    """Why out is not replaceable ("" when it is). Its own files must be regular files (a `tokens.bin` that is a
+    directory of someone's files is not the corpus's) and its split directories real directories, not links."""
     if out.is_symlink():
-        return f"a symbolic link (to {os.readlink(out)})"
+        return f"a symbolic link (to {printable(os.readlink(out))})"
     if not out.is_dir():
         return "not a directory"
+    owner = out.lstat().st_uid
+    if owner != os.geteuid():
+        return f"a directory of another user (uid {owner})"
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return ""
     try:
-        meta = json.loads((out / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        meta = loads_bounded(read_bytes(out / META, max_bytes=MAX_META_BYTES))
+    except (Unreadable, ValueError):
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         return f"not a prepared corpus (no {META} of format {FORMAT!r}; it holds {_listing(entries)})"
-    foreign = [name for name in entries if name not in CORPUS_ENTRIES]
+    foreign = [name for name in entries if name not in CORPUS_ENTRIES or
+               (name not in SPLITS and not _regular(out / name))]
     for split in SPLITS:
-        if (out / split).is_dir():
-            foreign += [f"{split}/{p.name}" for p in sorted((out / split).iterdir()) if p.name not in SPLIT_FILES]
-        elif (out / split).exists():
+        if (out / split).is_symlink() or not (out / split).exists():
+            foreign += [split] if (out / split).is_symlink() else []
+        elif (out / split).is_dir():
+            foreign += [f"{split}/{p.name}" for p in sorted((out / split).iterdir())
+                        if p.name not in SPLIT_FILES or not _regular(p)]
+        else:
             foreign.append(split)
     if foreign:
-        return f"a prepared corpus with other files in it: {_listing(foreign)}"
+        return f"a prepared corpus with other files in it: {_listing(sorted(set(foreign)))}"
     return ""
+
+
+def _regular(path: Path) -> bool:
+    """A regular file, not a link, a directory or anything else."""
+    return stat.S_ISREG(path.lstat().st_mode)
 
 
 def _listing(names: list[str], most: int = 5) -> str:
@@ -154,9 +185,10 @@ def _listing(names: list[str], most: int = 5) -> str:
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def _prepare_into(tmp: Path, sources: list[str], tok: PrepareTokenizer, opts: PrepareOptions,
+def _prepare_into(tmp: Path, out: Path, sources: list[str], tok: PrepareTokenizer, opts: PrepareOptions,
                   progress: Progress | bool | None, log) -> dict:
-    """The whole pipeline into the temporary directory `tmp`: encode, leak check, splits, meta.json."""
+    """The whole pipeline into the temporary directory `tmp`: encode, leak check, splits, meta.json. The list of
+    bad lines goes beside `out` (badlines.py); under --on-bad-line error a bad line ends it here (InputError)."""
     for split in SPLITS:
         (tmp / split).mkdir(parents=True)
     shutil.copyfile(tok.path, tmp / CORPUS_TOKENIZER)
@@ -166,6 +198,8 @@ def _prepare_into(tmp: Path, sources: list[str], tok: PrepareTokenizer, opts: Pr
     opened = open_sources(sources)
     found = Collector(tmp, opened, opts.on_bad_line, chat=tok.chat_config is not None)
     encode_all(opened, found, tok, opts, progress)
+    found.bad.publish(out)
+    found.check_bad_lines()
     if found.documents == 0:
         dropped = sum(found.chat_counts.get(k, 0) for k in ("dropped_long", "dropped_no_target"))
         why = f"; {dropped:,} conversations dropped for length at --seq-len {opts.seq_len}" if dropped else ""
@@ -182,6 +216,7 @@ def _prepare_into(tmp: Path, sources: list[str], tok: PrepareTokenizer, opts: Pr
     atomic_write_json(tmp / META, meta)
     os.chmod(tmp / META, 0o644)  # atomic_write_json's temp file is private; the corpus is for every reader
     report(meta, log)
+    found.bad.log_skipped(log)
     return meta
 
 

@@ -1,0 +1,101 @@
+"""Every bad line of a prepare (or `prepare --append`), named at once (issue 24: a 13 GB corpus cannot be fixed one
+line per run).
+
+The whole input is read whatever `--on-bad-line`; each bad line is counted by reason, the first SHOWN are kept in
+memory (the screen, and meta.json's `bad_lines.examples`), and every one is streamed as `file:line: reason
+(detail)` to a file in the prepare's own temporary directory, so memory stays bounded whatever their number. With
+more than SHOWN, that file is moved beside --out as `<out>.bad-lines.txt` (a rename: no link is followed, and a
+name this user may not replace there gets a fresh unique one, printed) before anything is published; otherwise it is
+removed. `--on-bad-line error` then exits 65 listing them, publishing nothing; `skip` lists them and goes on.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TextIO
+
+from minilmd.corpus.sources.jsonl import BadLine, InputError
+from minilmd.untrusted import printable
+
+SHOWN = 20  # bad lines named on the screen and in meta.json; all of them are in the list file
+LIST_SUFFIX = ".bad-lines.txt"
+SPOOL = "bad-lines.txt"  # in the temporary directory, never published inside the corpus
+
+
+def list_name(out_name: str) -> str:
+    return out_name + LIST_SUFFIX
+
+
+class BadLines:
+    """The bad lines seen so far: counts by reason, the first SHOWN as text, all of them in the spool file."""
+
+    def __init__(self, spool: Path, shown: int = SHOWN):
+        self.spool = spool
+        self.shown = shown
+        self.counts: dict[str, int] = {}
+        self.first: list[str] = []
+        self.total = 0
+        self.file: TextIO | None = None
+        self.listing: Path | None = None  # where the list went, once published
+
+    def add(self, source: str, line: int, reason: str, detail: str) -> None:
+        text = printable(str(BadLine(source, line, reason, detail)))
+        self.total += 1
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        if len(self.first) < self.shown:
+            self.first.append(text)
+        if self.file is None:
+            self.file = open(self.spool, "x", encoding="utf-8")
+        self.file.write(text + "\n")
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def publish(self, out: Path) -> Path | None:
+        """The list file beside `out` when there are more bad lines than are shown (its path); the spool removed
+        either way (it must not be published inside the corpus)."""
+        self.close()
+        if not self.spool.exists():
+            return None
+        if self.total <= self.shown:
+            self.spool.unlink()
+            return None
+        os.chmod(self.spool, 0o644)  # beside the corpus, readable as the corpus is
+        target = out.parent / list_name(out.name)
+        try:
+            os.rename(self.spool, target)  # replaces a list of an earlier run; never follows a link
+        except OSError:  # a directory there, or another user's file in a sticky directory: a fresh name
+            fd, name = tempfile.mkstemp(prefix=list_name(out.name)[:-4] + "-", suffix=".txt", dir=out.parent)
+            os.close(fd)
+            target = Path(name)
+            os.replace(self.spool, target)
+        self.listing = target
+        return target
+
+    def by_reason(self) -> str:
+        return ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in sorted(self.counts.items()))
+
+    def named(self) -> list[str]:
+        """The lines that name them: the first SHOWN, then where all of them are."""
+        lines = list(self.first)
+        if self.total > len(self.first):
+            where = f"all {self.total:,} in {self.listing}" if self.listing else f"{self.total:,} in all"
+            lines.append(f"... and {self.total - len(self.first):,} more: {where}")
+        return lines
+
+    def error(self) -> InputError:
+        """The exit-65 error of --on-bad-line error: every bad line named (the first SHOWN, then the file)."""
+        advice = "pass --on-bad-line skip to skip bad lines and count them"
+        if self.total == 1:
+            return InputError(f"{self.first[0]}; nothing was written. Fix the line or {advice}")
+        return InputError(f"{self.total:,} bad lines ({self.by_reason()}); nothing was written. Fix them or "
+                          f"{advice}:\n" + "\n".join(self.named()))
+
+    def log_skipped(self, log) -> None:
+        """--on-bad-line skip: the bad lines this run skipped, by name (the counts are in prepare's report)."""
+        if self.total:
+            log(f"bad lines skipped by this run ({self.by_reason()}):")
+            for line in self.named():
+                log(f"  {line}")

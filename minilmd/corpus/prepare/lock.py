@@ -1,0 +1,173 @@
+"""One writer at a time for a prepared corpus: `prepare` into an --out, `prepare --force`, `prepare --append`.
+
+The lock is an exclusive `flock` on `<out>.lock`, a file beside the corpus directory, not on the directory itself:
+`prepare --force` replaces the directory by a rename, and a lock on the old inode would not exclude a writer of the
+new one (issue 21: an append and a --force on one --out both exited 0 and left a corpus whose sizes disagree). The
+lock file stays (removing it would race with the next writer's open); it holds who took it last (pid, command,
+since), which a second writer prints. A second writer fails at once, exit 2, naming the holder: a prepare of a big
+corpus runs for hours, and a command that waits silently that long looks hung.
+
+The lock file may sit in a directory other users can write (a shared /tmp-like parent): it is opened without
+following a link, without blocking, must be a regular file owned by the current user holding nothing but a holder
+line (a file of the user's own of that name is never overwritten), and is refused (exit 2) otherwise. The parent
+directory is opened once (a symbolic link followed only when it is the user's own or root's): `check_parent`
+refuses (exit 2) when its name no longer leads there, and an append opens the corpus directory through it
+(`open_locked_dir`), writes through that open directory and refuses when `--out` no longer leads to it
+(`check_same_dir`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+
+from minilmd.untrusted import printable
+
+LOCK_SUFFIX = ".lock"
+HOLDER_BYTES = 4096  # what is read of a lock file's holder line, at most
+HOLD_FOR_TEST = "MINILMD_TEST_HOLD_CORPUS_LOCK"
+"""A test hook (tests/test_prepare_lock.py): a FIFO that a writer reads to its end once it holds the lock and has
+opened what it writes, so that a test can run a second writer while the first one provably holds it."""
+
+
+def lock_name(out_name: str) -> str:
+    """`<out>.lock` beside the corpus directory `<out>`."""
+    return out_name + LOCK_SUFFIX
+
+
+class CorpusLock:
+    """The exclusive lock of one corpus --out; `with CorpusLock(out, "prepare --append"):`. ValueError (exit 2)
+    when another writer holds it or the lock file is not safe to use."""
+
+    def __init__(self, out: str | os.PathLike, command: str):
+        self.out = Path(out)
+        self.command = command
+        self.parent_fd = -1
+        self.fd = -1
+
+    def __enter__(self) -> CorpusLock:
+        import fcntl
+
+        parent = self.out.parent
+        try:
+            self.parent_fd = _open_dir(parent)
+        except OSError as e:
+            raise ValueError(f"{parent}: cannot open the directory of --out ({e.strerror})") from None
+        self.parent_id = _identity(os.fstat(self.parent_fd))
+        path = parent / lock_name(self.out.name)
+        try:
+            self.fd = os.open(lock_name(self.out.name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                              | os.O_NOCTTY | os.O_CLOEXEC, 0o644, dir_fd=self.parent_fd)
+        except OSError as e:
+            self.close()
+            raise ValueError(f"{path}: cannot open the lock file of {self.out} ({e.strerror}); it must be a regular "
+                             "file of yours (remove it, or choose another --out)") from None
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            self.close()
+            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"owned by uid {st.st_uid}"
+            raise ValueError(f"{path}: the lock file of {self.out} is {what}, not yours; nothing was changed. "
+                             "Remove it, or choose another --out")
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(self.fd)
+            self.close()
+            raise ValueError(f"{self.out}: another prepare is writing it ({holder}); nothing was changed. Wait for "
+                             f"it to end and run this again") from None
+        if _holder_line(self.fd) is None:  # somebody's own file of that name: never overwritten
+            self.close()
+            raise ValueError(f"{path}: exists and is not a lock file of minilmd's (the lock of {self.out} is "
+                             "this name); nothing was changed. Move it away, or choose another --out")
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
+                                        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in (self.fd, self.parent_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.parent_fd = -1
+
+    def check_parent(self) -> None:
+        """ValueError (exit 2) when --out's directory is no longer the one that was locked."""
+        try:
+            now = _identity(os.stat(self.out.parent))
+        except OSError:
+            now = None
+        if now != self.parent_id:
+            raise ValueError(f"{self.out.parent}: the directory of --out was replaced while this prepare ran; "
+                             "nothing was published. Check who moves it, then run this again")
+
+
+def open_locked_dir(lock: CorpusLock) -> tuple[int, tuple[int, int]]:
+    """The corpus directory --out itself, opened through the locked parent (no link followed): (fd, identity)."""
+    try:
+        fd = _open_dir(lock.out.name, lock.parent_fd)
+    except OSError as e:
+        raise ValueError(f"{lock.out}: cannot open ({e.strerror}); is it a prepared corpus (a directory, or a "
+                         "link of yours to one)?") from None
+    return fd, _identity(os.fstat(fd))
+
+
+def check_same_dir(lock: CorpusLock, identity: tuple[int, int]) -> None:
+    """ValueError (exit 2) when the name --out no longer leads to the directory that was opened under the lock."""
+    lock.check_parent()
+    try:
+        now = _identity(os.stat(lock.out.name, dir_fd=lock.parent_fd))
+    except OSError:
+        now = None
+    if now != identity:
+        raise ValueError(f"{lock.out}: it was replaced or moved while this prepare --append ran (it is no longer "
+                         "the directory it locked); nothing was appended. Check who moves it, then run this again")
+
+
+def hold_for_test() -> None:
+    """The HOLD_FOR_TEST hook: wait here until the test closes its FIFO (nothing happens without the variable)."""
+    path = os.environ.get(HOLD_FOR_TEST)
+    if path:
+        with open(path, "rb") as fifo:
+            fifo.read()
+
+
+def _open_dir(path: str | os.PathLike, dir_fd: int | None = None) -> int:
+    """A directory opened for the lock: a symbolic link as its last component is followed only when it is the
+    current user's or root's (a link planted by another user, e.g. in /tmp, is refused: ELOOP)."""
+    st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    if not stat.S_ISLNK(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+        flags |= os.O_NOFOLLOW
+    return os.open(path, flags, dir_fd=dir_fd)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _holder_line(fd: int) -> dict | None:
+    """The holder line a writer left in the lock file ({} for an empty file); None for anything else."""
+    data = os.pread(fd, HOLDER_BYTES + 1, 0)
+    if not data:
+        return {}
+    try:
+        h = json.loads(data.decode("utf-8")) if len(data) <= HOLDER_BYTES else None
+    except ValueError:
+        return None
+    return h if isinstance(h, dict) and {"pid", "host", "command", "since"} <= h.keys() else None
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, from the line it wrote: "pid 123 on host, prepare --append, since ..."."""
+    try:
+        h = _holder_line(fd) or {}
+        return printable(f"pid {int(h['pid'])} on {str(h['host'])[:64]}, {str(h['command'])[:64]}, "
+                         f"since {str(h['since'])[:32]}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that has not said who it is yet"
