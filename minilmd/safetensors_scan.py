@@ -66,7 +66,7 @@ def _entry_problem(e: Any) -> str | None:
     each other and the file by the caller)."""
     if not isinstance(e, dict):
         return f"is {kind_of(e)}, not an object with dtype, shape and data_offsets"
-    if e.get("dtype") not in _NP_DTYPES or not isinstance(e.get("dtype"), str):
+    if not isinstance(e.get("dtype"), str) or e["dtype"] not in _NP_DTYPES:
         return f"has unsupported dtype {printable(repr(e.get('dtype')))[:40]}"
     shape, offsets = e.get("shape"), e.get("data_offsets")
     if not isinstance(shape, list) or len(shape) > 8 or not all(is_count(d) for d in shape):
