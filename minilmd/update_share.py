@@ -45,7 +45,7 @@ def planned_rows(cfg: RunConfig) -> int | None:
 def base_rows(cfg: RunConfig) -> tuple[Path, int] | None:
     """(the base checkpoint, the rows its run trained on), for an init.from that is a minilmd checkpoint."""
     try:
-        source = resolve(cfg.init.from_)
+        source = resolve(cfg.init.from_, cfg.init.checkpoint)
         state = json.loads((source.path / TRAINER_STATE).read_text(encoding="utf-8"))
     except (InitSourceError, OSError, ValueError):
         return None

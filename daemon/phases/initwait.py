@@ -85,11 +85,12 @@ def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:
     while path is not None and len(chain) < limit:
         try:
             init = json.loads((path / TRAINER_STATE).read_text(encoding="utf-8")).get("init")
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError, AttributeError):  # a malformed checkpoint ends the chain
             break
-        if not init:
+        if not isinstance(init, dict) or not init:
             break
         sha = init.get("manifest_sha256") or init.get("sha256") or ""
-        chain.append(f"{init.get('path')} (step {init.get('step', '-')}, sha256 {sha[:12]})")
+        via = f", its {init['pointer']}" if init.get("pointer") in ("BEST", "LATEST") else ""
+        chain.append(f"{init.get('path')} (step {init.get('step', '-')}{via}, sha256 {sha[:12]})")
         path = Path(init["path"]) if init.get("kind") == "checkpoint" and init.get("path") else None
     return chain
