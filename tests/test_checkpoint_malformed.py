@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from minilmd import checkpoint, checkpoint_dirs
@@ -229,3 +231,39 @@ def test_a_run_fetches_the_good_step_beside_a_malformed_remote_latest(tmp_path, 
     assert "resuming at step 10" in (cfg.run_dir / "logs" / "attempt-0001.log").read_text()
     assert state(cfg.run_dir)["restarts"] == []
     assert checkpoint_dirs.read_latest(remote) == "step-00000030"
+
+
+# --- fuzz: any JSON where the format has an object, behind matching hashes -------------------------------------
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-3, 1 << 40) | st.floats(allow_nan=True)
+                           | st.text(max_size=6),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                       max_size=3), max_leaves=10)
+FIELDS = {"model.safetensors": ("dtype", "shape", "data_offsets", None),
+          "trainer_state.json": ("step", "config", "fingerprints", "init", "early_stop"),
+          "optimizer.json": ("param_groups", "param_names", "scalars", "tuple_keys")}
+
+
+@pytest.mark.slow  # 120 checkpoints validated
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(sorted(FIELDS)), st.integers(0, 63), st.integers(0, 63), json_values)
+def test_validate_raises_only_checkpoint_invalid_for_any_json_in_any_part(good, tmp_path, name, which, pick, value):
+    ckpt = tmp_path / "fuzz"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    shutil.copytree(good / "step-00000002", ckpt)
+    field = FIELDS[name][which % len(FIELDS[name])]
+    if name == "model.safetensors":
+        def edit(h):
+            key = tensors(h)[pick % len(tensors(h))]
+            if field is None:
+                h[key] = value
+            else:
+                h[key][field] = value
+            return h
+        rewrite_header(ckpt, edit)
+    else:
+        rewrite_json(ckpt, name, lambda s: {**s, field: value})
+    try:
+        checkpoint.validate(ckpt)
+    except checkpoint.CheckpointInvalid as e:
+        assert e.problems
