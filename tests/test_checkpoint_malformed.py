@@ -183,12 +183,9 @@ def test_a_malformed_remote_latest_is_set_aside_and_the_good_one_beside_it_fetch
 # --- real runs ---------------------------------------------------------------------------------------------------
 
 
-def header_a_list(ckpt: Path) -> None:
-    rewrite_header(ckpt, lambda h: [h])
-
-
 @pytest.mark.slow
-def test_a_run_resumes_past_a_malformed_newest_checkpoint_in_scratch(tmp_path, corpus):
+@pytest.mark.parametrize("how", ["header is a list", "manifest nested deep"])
+def test_a_run_resumes_past_a_malformed_newest_checkpoint_in_scratch(tmp_path, corpus, how):
     from supervisor_helpers import env_for, run_supervisor, state, write_config
 
     config = write_config(tmp_path, corpus, remote=False,
@@ -198,7 +195,7 @@ def test_a_run_resumes_past_a_malformed_newest_checkpoint_in_scratch(tmp_path, c
     out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", str(config)], env=env_for(fake=False),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    header_a_list(cfg.checkpoint_dir / "step-00000012")
+    TAMPERINGS[how](cfg.checkpoint_dir / "step-00000012")
 
     assert run_supervisor(config, tmp_path, timeout=300, fake=False) == 0
     log = (cfg.run_dir / "logs" / "attempt-0001.log").read_text()

@@ -126,7 +126,7 @@ class _Remote:
 
     def read_text(self, *names: str) -> str | None:
         try:
-            return self.fs.cat_file(self.path(*names)).decode("utf-8")
+            return self.fs.cat_file(self.path(*names)).decode("utf-8", errors="replace")  # a pointer: a name
         except FileNotFoundError:
             return None
 
