@@ -18,7 +18,7 @@ from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.statesections import InitWait
 from minilmd.init_source import InitSourceError, predecessor, predecessor_outcome
-from minilmd.names import TRAINER_STATE, step_name
+from minilmd.names import BEST, LATEST, TRAINER_STATE, step_name
 
 POLL_S = 2.0
 """Time between two reads of the predecessor's state.json."""
@@ -90,7 +90,7 @@ def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:
         if not isinstance(init, dict) or not init:
             break
         sha = init.get("manifest_sha256") or init.get("sha256") or ""
-        via = f", its {init['pointer']}" if init.get("pointer") in ("BEST", "LATEST") else ""
+        via = f", its {init['pointer']}" if init.get("pointer") in (BEST, LATEST) else ""
         chain.append(f"{init.get('path')} (step {init.get('step', '-')}{via}, sha256 {sha[:12]})")
         path = Path(init["path"]) if init.get("kind") == "checkpoint" and init.get("path") else None
     return chain
