@@ -15,25 +15,22 @@ directory, rename it to `step-XXXXXXXX/`, fsync the root, then replace `LATEST` 
 manifest does not exist for any reader here; `LATEST` is for humans and scripts, readers here scan the directories.
 
 This module is the format and its validation, torch-free (json, numpy, plain reads; never mmap, since a checkpoint
-on NFS must not be able to kill the reader with SIGBUS): the supervisor validates before it syncs. Finding the
+on NFS must not be able to kill the reader with SIGBUS; the safetensors reading is minilmd/safetensors_scan.py):
+the supervisor validates before it syncs. Every part of a checkpoint is untrusted, even when its hash matches the
+manifest: a malformed one is CheckpointInvalid with the reason, never another exception. Finding the
 checkpoints of a root (listing, LATEST, BEST, quarantine, stale temporaries) is minilmd/checkpoint_dirs.py, without
 numpy; resuming and pruning, which validate as they walk a root, are minilmd/checkpoint_select.py. The writing half
 (`save`, `load`, `AsyncCheckpointer`, RNG states) needs torch and is `minilmd.trainer.checkpoint.save`.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from minilmd.checkpoint_dirs import read_latest
+from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_latest
 from minilmd.config import RunConfig, load_config
 from minilmd.corpus.format import data_fingerprint, earlier_versions
 from minilmd.corpus.meta import corpus_train_tokens, read_meta
@@ -49,6 +46,8 @@ from minilmd.names import (
     is_step_name,
     step_of,
 )
+from minilmd.safetensors_scan import is_count, scan_safetensors
+from minilmd.untrusted import Unreadable, kind_of, loads, printable, read_bytes
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -58,12 +57,9 @@ REQUIRED_FILES = (MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TRAINER_STATE)
 # step, so that tests can kill deterministically mid-save.
 KILL_POINTS = ("after_model", "before_manifest", "before_rename", "before_latest")
 
-_MAX_HEADER = 64 << 20
-_READ_CHUNK = 16 << 20
-# safetensors dtype name -> (numpy dtype used to read it, is floating point)
-_NP_DTYPES = {"F64": ("<f8", True), "F32": ("<f4", True), "F16": ("<f2", True), "BF16": ("<u2", True),
-              "I64": ("<i8", False), "I32": ("<i4", False), "I16": ("<i2", False), "I8": ("i1", False),
-              "U8": ("u1", False), "BOOL": ("u1", False)}
+_MAX_MANIFEST = 1 << 20
+_MAX_JSON_PART = 64 << 20
+"""trainer_state.json and optimizer.json: a few hundred KB at the reference size (RNG states, param groups)."""
 
 
 class CheckpointError(Exception):
@@ -118,80 +114,6 @@ class Expectation:
                    data_ancestors=tuple(earlier_versions(meta)))
 
 
-# --- hashing and safetensors, torch-free ------------------------------------------------------------------------
-
-
-def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: int, name: str) -> tuple[dict, int]:
-    """(tensor entries sorted by offset, data start). Raises ValueError naming what is wrong."""
-    if len(raw8) < 8:
-        raise ValueError(f"{name}: shorter than a safetensors header")
-    (n,) = struct.unpack("<Q", raw8)
-    if n > _MAX_HEADER or 8 + n > size:
-        raise ValueError(f"{name}: header length {n} does not fit a {size}-byte file")
-    try:
-        header = json.loads(read(n))
-    except ValueError as err:
-        raise ValueError(f"{name}: header is not JSON ({err})") from None
-    header.pop("__metadata__", None)
-    entries = dict(sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]))
-    expected_start = 0
-    for key, e in entries.items():
-        begin, end = e["data_offsets"]
-        if e["dtype"] not in _NP_DTYPES:
-            raise ValueError(f"{name}: tensor {key} has unsupported dtype {e['dtype']}")
-        itemsize = np.dtype(_NP_DTYPES[e["dtype"]][0]).itemsize
-        if begin != expected_start or end - begin != int(np.prod(e["shape"], dtype=np.int64)) * itemsize:
-            raise ValueError(f"{name}: tensor {key} has inconsistent offsets {e['data_offsets']}")
-        expected_start = end
-    if 8 + n + expected_start != size:
-        raise ValueError(f"{name}: tensors end at byte {8 + n + expected_start}, file has {size}")
-    return entries, 8 + n
-
-
-def _nonfinite_count(buf: bytes, dtype: str) -> int:
-    np_dtype, is_float = _NP_DTYPES[dtype]
-    if not is_float:
-        return 0
-    a = np.frombuffer(buf, dtype=np_dtype)
-    if dtype == "BF16":  # numpy has no bfloat16: an all-ones exponent is inf or NaN
-        return int(np.count_nonzero((a & 0x7F80) == 0x7F80))
-    return int(a.size - np.count_nonzero(np.isfinite(a)))
-
-
-def scan_safetensors(path: str | os.PathLike) -> tuple[str, dict, dict[str, int], dict[str, float]]:
-    """One sequential read of a safetensors file: (sha256, {name: {"dtype", "shape"}}, {name: non-finite count}
-    for tensors that have any, {name: value} of one-element tensors). Raises ValueError for a malformed file."""
-    path = Path(path)
-    size = path.stat().st_size
-    h = hashlib.sha256()
-    nonfinite: dict[str, int] = {}
-    scalars: dict[str, float] = {}
-    with open(path, "rb") as f:
-        def read(n: int) -> bytes:
-            b = f.read(n)
-            h.update(b)
-            return b
-
-        entries, _ = _parse_safetensors_header(read(8), read, size, path.name)
-        for key, e in entries.items():
-            begin, end = e["data_offsets"]
-            itemsize = np.dtype(_NP_DTYPES[e["dtype"]][0]).itemsize
-            remaining, bad = end - begin, 0
-            chunk = max(itemsize, _READ_CHUNK // itemsize * itemsize)
-            while remaining:
-                buf = read(min(chunk, remaining))
-                if not buf:
-                    raise ValueError(f"{path.name}: ends inside tensor {key}")
-                remaining -= len(buf)
-                bad += _nonfinite_count(buf, e["dtype"])
-                if end - begin == itemsize and e["dtype"] != "BF16":
-                    scalars[key] = float(np.frombuffer(buf, dtype=_NP_DTYPES[e["dtype"]][0])[0])
-            if bad:
-                nonfinite[key] = bad
-    shapes = {k: {"dtype": e["dtype"], "shape": tuple(e["shape"])} for k, e in entries.items()}
-    return h.hexdigest(), shapes, nonfinite, scalars
-
-
 def verify_manifest(manifest: dict, size_of: Callable[[str], int | None],
                     sha256_of: Callable[[str], str]) -> list[str]:
     """Problems of a copy against its manifest (empty: good), through callbacks so that the sync can check a
@@ -219,17 +141,19 @@ def manifest_problems(manifest: Any) -> list[str]:
 # --- validation --------------------------------------------------------------------------------------------------
 
 def read_manifest(ckpt_dir: str | os.PathLike) -> dict:
+    """The manifest as parsed JSON (not yet checked: manifest_problems), read as untrusted: a regular file, no link
+    followed, size and depth bounded. Raises CheckpointInvalid."""
     ckpt_dir = Path(ckpt_dir)
     try:
-        text = (ckpt_dir / MANIFEST).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CheckpointInvalid(ckpt_dir, f"no {MANIFEST} (an unfinished or partial checkpoint)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointInvalid(ckpt_dir, f"cannot read {MANIFEST}: {e}") from None
+        raw = read_bytes(ckpt_dir / MANIFEST, max_bytes=_MAX_MANIFEST)
+    except Unreadable as e:
+        if e.missing:
+            raise CheckpointInvalid(ckpt_dir, f"no {MANIFEST} (an unfinished or partial checkpoint)") from None
+        raise CheckpointInvalid(ckpt_dir, f"cannot read {MANIFEST}: {e.why}") from None
     try:
-        return json.loads(text)
-    except ValueError as e:
-        raise CheckpointInvalid(ckpt_dir, f"{MANIFEST} is not valid JSON: {e}") from None
+        return loads(raw, expect=None)
+    except Unreadable as e:
+        raise CheckpointInvalid(ckpt_dir, f"{MANIFEST} is not valid JSON: {e.why}") from None
 
 
 def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -> dict:
@@ -238,13 +162,17 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
 
     Checked: manifest, every file's size then sha256, step agreement (name, manifest, trainer_state, optimizer),
     model config and fingerprints against `expected`, keys/shapes/dtypes against the model config, every tensor
-    finite. Without `expected` the checkpoint is checked against the config it records itself."""
+    finite. Without `expected` the checkpoint is checked against the config it records itself.
+
+    Its contents are untrusted even when every hash matches (the manifest is as easy to write as the rest): the
+    JSON parts are parsed with a depth bound and their types checked (_structure_problems) before they are used,
+    so that a malformed checkpoint is CheckpointInvalid, never another exception."""
     ckpt_dir = Path(ckpt_dir)
     manifest = read_manifest(ckpt_dir)
     scans = _verify_files(ckpt_dir, manifest)
     step = manifest["step"]
     state, opt_meta = _read_json_parts(ckpt_dir)
-    problems = _step_problems(ckpt_dir, step, state)
+    problems = _structure_problems(state, opt_meta) or _step_problems(ckpt_dir, step, state)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     _check_expectation(ckpt_dir, state, expected)
@@ -289,13 +217,45 @@ def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
 
 
 def _read_json_parts(ckpt_dir: Path) -> tuple[dict, dict]:
-    """(trainer_state, optimizer meta): their hashes matched, so a JSON error here is a writer's bug."""
-    try:
-        state = json.loads((ckpt_dir / TRAINER_STATE).read_text(encoding="utf-8"))
-        opt_meta = json.loads((ckpt_dir / OPTIMIZER_META).read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise CheckpointInvalid(ckpt_dir, f"unreadable JSON despite a matching hash: {e}") from None
-    return state, opt_meta
+    """(trainer_state, optimizer meta), each a JSON object of bounded size and depth; their hashes matched, but a
+    manifest can be rewritten to match anything."""
+    parts = []
+    for name in (TRAINER_STATE, OPTIMIZER_META):
+        try:
+            parts.append(loads(read_bytes(ckpt_dir / name, max_bytes=_MAX_JSON_PART), expect=dict))
+        except Unreadable as e:
+            raise CheckpointInvalid(ckpt_dir, f"{name}: unreadable despite a matching hash: {e.why}") from None
+    return parts[0], parts[1]
+
+
+def _structure_problems(state: dict, opt_meta: dict) -> list[str]:
+    """The parts of trainer_state.json and optimizer.json that validation and loading use, of the types they need."""
+    problems = []
+    config = state.get("config")
+    if config is not None and not isinstance(config, dict):
+        problems.append(f"{TRAINER_STATE}: config is {kind_of(config)}, not an object")
+    elif config:
+        problems += [f"{TRAINER_STATE}: config.{key} is {kind_of(config[key])}, not an object"
+                     for key in ("model", "lora", "data") if config.get(key) is not None
+                     and not isinstance(config[key], dict)]
+    problems += [f"{TRAINER_STATE}: {key} is {kind_of(state[key])}, not an object"
+                 for key in ("fingerprints", "init") if state.get(key) is not None
+                 and not isinstance(state[key], dict)]
+    groups, names, scalars = opt_meta.get("param_groups"), opt_meta.get("param_names"), opt_meta.get("scalars")
+    if groups is not None and not (isinstance(groups, list) and all(
+            isinstance(g, dict) and isinstance(g.get("params", []), list)
+            and all(is_count(i) for i in g.get("params", [])) for g in groups)):
+        problems.append(f"{OPTIMIZER_META}: param_groups is not a list of groups with integer params")
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        problems.append(f"{OPTIMIZER_META}: param_names is not a list of names")
+    if scalars is not None and not (isinstance(scalars, dict) and all(isinstance(v, dict)
+                                                                      for v in scalars.values())):
+        problems.append(f"{OPTIMIZER_META}: scalars is not a table of tables")
+    tuple_keys = opt_meta.get("tuple_keys")
+    if tuple_keys is not None and not (isinstance(tuple_keys, list) and all(isinstance(k, list)
+                                                                            for k in tuple_keys)):
+        problems.append(f"{OPTIMIZER_META}: tuple_keys is not a list of lists")
+    return problems
 
 
 def _step_problems(ckpt_dir: Path, step: int, state: dict) -> list[str]:
@@ -319,7 +279,8 @@ def _model_config(ckpt_dir: Path, state: dict, expected: Expectation | None) -> 
 
 def saved_lora(state: dict) -> dict | None:
     """The [lora] section a checkpoint's trainer_state records when its run trained LoRA adapters, else None."""
-    lora = (state.get("config") or {}).get("lora")
+    config = state.get("config") if isinstance(state, dict) else None
+    lora = config.get("lora") if isinstance(config, dict) else None  # also asked of unvalidated checkpoints
     return lora if isinstance(lora, dict) and lora.get("rank", 0) else None
 
 
@@ -345,7 +306,7 @@ def _expected_shapes(ckpt_dir: Path, model_cfg: dict, lora_cfg: dict | None) -> 
     try:
         shapes = expected_adapter_shapes(model_cfg, lora_cfg) if lora_cfg else expected_state_shapes(model_cfg)
         return {k: tuple(v) for k, v in shapes.items()}
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
         raise CheckpointInvalid(ckpt_dir, f"{TRAINER_STATE}: model config unusable: {e}") from None
 
 
@@ -420,16 +381,22 @@ def _optimizer_problems(scan: tuple, meta: dict, expected: dict[str, tuple[int, 
     wrong = {k: v for k, v in steps.items() if v != step}
     if wrong:
         k, v = next(iter(wrong.items()))
-        problems.append(f"{OPTIMIZER_FILE}: optimizer step {v:g} ({k}, {len(wrong)} tensor(s)) disagrees with "
+        shown = f"{v:g}" if isinstance(v, (int, float)) else printable(repr(v))[:40]
+        problems.append(f"{OPTIMIZER_FILE}: optimizer step {shown} ({k}, {len(wrong)} tensor(s)) disagrees with "
                         f"checkpoint step {step}")
     return problems
 
 
 def verify_report(path: str | os.PathLike, expected: Expectation | None = None) -> dict:
-    """`minilmd verify`: validate one checkpoint, or every step directory under a root (those without a
-    manifest included, as failures). Nothing is moved. {"ok": bool, "checkpoints": [{"path", "step", "ok",
-    "problems", "mismatch"}]}; ok is False when there is no checkpoint at all."""
-    path = Path(path)
+    """`minilmd verify`: validate one checkpoint (a step directory, or the pointer file LATEST or BEST naming one),
+    or every step directory under a root (those without a manifest included, as failures). Nothing is moved.
+    {"ok": bool, "checkpoints": [{"path", "step", "ok", "problems", "mismatch"}]}; ok is False when there is no
+    checkpoint at all."""
+    try:
+        path = named_checkpoint(path)  # ROOT/LATEST, ROOT/BEST: the step directory it names
+    except PointerError as e:
+        return {"ok": False, "latest": read_latest(Path(path).parent), "checkpoints": [
+            {"path": str(path), "step": None, "ok": False, "mismatch": None, "problems": [str(e)]}]}
     if (path / MANIFEST).exists() or is_step_name(path.name):
         dirs = [path]
     elif path.is_dir():

@@ -21,15 +21,39 @@ from minilmd.names import (
     step_of,
     tmp_owner_pid,
 )
+from minilmd.untrusted import Unreadable, printable, read_bytes
+
+_MAX_POINTER = 4096
+
+
+class PointerError(ValueError):
+    """A pointer file (ROOT/LATEST, ROOT/BEST) that names no checkpoint directory."""
 
 
 def read_latest(root: str | os.PathLike, pointer: str = LATEST) -> str | None:
-    """The directory name `LATEST` (or another pointer file: BEST) points to, or None when there is none yet."""
+    """The directory name `LATEST` (or another pointer file: BEST) points to, or None when there is none yet (or
+    it is not a small regular file: a pointer is written by rename, never a link, a FIFO or a directory)."""
     try:
-        name = (Path(root) / pointer).read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, NotADirectoryError):
+        name = read_bytes(Path(root) / pointer, max_bytes=_MAX_POINTER).decode("utf-8").strip()
+    except (Unreadable, UnicodeDecodeError):
         return None
     return name or None
+
+
+def named_checkpoint(path: str | os.PathLike) -> Path:
+    """What a path given for a checkpoint means: a pointer file (ROOT/LATEST, ROOT/BEST) stands for the step
+    directory it names, as if that directory had been given; any other path is itself. The one resolver of
+    `verify`, `init.from`, `sample` and `export`. PointerError when a pointer names no step directory."""
+    path = Path(path)
+    if path.name not in (LATEST, BEST) or not os.path.lexists(path) or path.is_dir():
+        return path
+    name = read_latest(path.parent, path.name)
+    if name is None or not is_step_name(name):
+        raise PointerError(f"{printable(path)} names no checkpoint ({printable(repr(name))[:80]}, not a "
+                           f"step-XXXXXXXX name)")
+    if not (path.parent / name / MANIFEST).is_file():
+        raise PointerError(f"{printable(path)} names {name}, which holds no {MANIFEST}")
+    return path.parent / name
 
 
 def read_best(root: str | os.PathLike) -> str | None:

@@ -154,6 +154,10 @@ class InitSection:
     optimizer starts fresh at step 0; the source's fingerprint is recorded in every checkpoint of this run. Its
     model config must be this run's. Read once: a run that has a checkpoint resumes from it and never reads this
     again (the source may be deleted then). Empty: the seeded init."""
+    checkpoint: str = "best"
+    """Which checkpoint of a run or checkpoint root init.from takes: "best", the one its BEST names when it has one
+    (the lowest val loss of a run with [early_stop]; an early-stopped run's LATEST is `patience` evals past it),
+    else its LATEST; "last", always its LATEST. A checkpoint directory, a pointer file or a .pth is taken as named."""
 
 
 @dataclass

@@ -181,6 +181,8 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if not t.max_steps and not t.max_tokens and not t.max_epochs:
         p.append(budget_problem(cfg, train_tokens_of(d.prepared) if train_tokens_of and d.prepared else None))
+    if cfg.init.checkpoint not in ("best", "last"):
+        p.append(f"init.checkpoint = {cfg.init.checkpoint!r}: must be \"best\" or \"last\"")
     p += _lora_problems(cfg)
     textfile = cfg.log.prometheus_textfile
     if textfile and not textfile.endswith(".prom"):

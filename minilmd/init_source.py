@@ -3,7 +3,10 @@
 A source is one of:
 - another run, by its config file or run directory (`predecessor`): its final checkpoint once it has finished;
 - a checkpoint directory `step-XXXXXXXX/` (its manifest.json is there);
-- a checkpoint root, a run's scratch checkpoints or its remote: the checkpoint its `LATEST` names;
+- a checkpoint root, a run's scratch checkpoints or its remote: the checkpoint its `BEST` names when it has one
+  (the lowest val loss of a run with [early_stop]) unless `[init] checkpoint = "last"`, else the one its `LATEST`
+  names (a run named by its config or run directory: the same, of its remote or scratch root);
+- a pointer file `ROOT/BEST` or `ROOT/LATEST`: the checkpoint it names, as if that directory were given;
 - a MiniMind `.pth` state dict (MiniMind's key names are ours; `lm_head.weight` is the tied embedding).
 A minilmd checkpoint carries its model config (trainer_state.json), so a mismatch is named field by field before
 anything starts; a .pth carries only tensors, so the trainer compares their shapes when it loads them.
@@ -17,10 +20,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.checkpoint_dirs import read_latest
+from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_best, read_latest
 from minilmd.config import ConfigError, load_config
 from minilmd.fsio import sha256_file
-from minilmd.names import MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE
+from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE
+from minilmd.untrusted import read_json
+
+_MAX_STATE = 64 << 20
 
 
 class InitSourceError(ValueError):
@@ -33,6 +39,9 @@ class InitSource:
     """"checkpoint" or "minimind"."""
     path: Path
     """The checkpoint directory, or the .pth file."""
+    pointer: str | None = None
+    """BEST or LATEST when the checkpoint was found through that pointer (a run, a root, a pointer file): said in
+    the trainer's "initialised from" line and recorded with the fingerprint; None when named directly."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +99,11 @@ def predecessor_outcome(pred: Predecessor) -> tuple[str, str]:
     return "waiting", f"run {pred.name} is {phase}{at}"
 
 
-def resolve(spec: str) -> InitSource:
-    """The source init.from names; raises InitSourceError saying what is wrong."""
+def resolve(spec: str, checkpoint: str = "best") -> InitSource:
+    """The source init.from names; raises InitSourceError saying what is wrong. `checkpoint` is init.checkpoint:
+    of a run or a checkpoint root, "best" takes the checkpoint its BEST names when it has one (early_stop's lowest
+    val loss), else its LATEST; "last" takes its LATEST. A pointer file (ROOT/BEST, ROOT/LATEST) is taken as the
+    step directory it names."""
     if "://" in spec:
         raise InitSourceError("must be a local path (an NFS mount is one); URLs are not read")
     pred = predecessor(spec)
@@ -100,23 +112,38 @@ def resolve(spec: str) -> InitSource:
         if outcome != "done":
             raise InitSourceError(f"names the run {pred.name}, which has not finished ({why})")
         spec = str(pred.root)
-    path = Path(spec)
+    try:
+        path = named_checkpoint(spec)
+    except PointerError as e:
+        raise InitSourceError(str(e)) from None
+    pointer = Path(spec).name if path != Path(spec) else None
     if path.is_file():
         if path.suffix != ".pth":
             raise InitSourceError("a file, but not a MiniMind .pth (give a checkpoint directory, a checkpoint root "
-                                  "with LATEST, or a .pth)")
+                                  "with LATEST, its LATEST or BEST, or a .pth)")
         return InitSource("minimind", path)
     if not path.is_dir():
         raise InitSourceError("no such file or directory")
     if (path / MANIFEST).is_file():
-        return InitSource("checkpoint", path)
-    latest = read_latest(path)
+        return InitSource("checkpoint", path, pointer)
+    return _from_root(path, checkpoint)
+
+
+def _from_root(root: Path, checkpoint: str) -> InitSource:
+    """The checkpoint of a root init.checkpoint chooses: BEST (when there is one, with "best"), else LATEST."""
+    best = read_best(root) if checkpoint == "best" else None
+    if best is not None:
+        try:
+            return InitSource("checkpoint", named_checkpoint(root / BEST), BEST)
+        except PointerError as e:
+            raise InitSourceError(f"{e} (init.checkpoint = \"last\" takes its LATEST instead)") from None
+    latest = read_latest(root)
     if latest is None:
         raise InitSourceError(f"a directory without {MANIFEST} (not a checkpoint) and without LATEST (not a "
                               "checkpoint root)")
-    if not (path / latest / MANIFEST).is_file():
+    if not (root / latest / MANIFEST).is_file():
         raise InitSourceError(f"its LATEST names {latest}, which holds no {MANIFEST}")
-    return InitSource("checkpoint", path / latest)
+    return InitSource("checkpoint", root / latest, LATEST)
 
 
 def source_model(source: InitSource) -> dict | None:
@@ -124,9 +151,9 @@ def source_model(source: InitSource) -> dict | None:
     if source.kind != "checkpoint":
         return None
     try:
-        state = json.loads((source.path / TRAINER_STATE).read_text(encoding="utf-8"))
+        state = read_json(source.path / TRAINER_STATE, max_bytes=_MAX_STATE)
         model = state["config"]["model"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:  # Unreadable (a ValueError): missing, too deep, not an object
         raise InitSourceError(f"{source.path / TRAINER_STATE}: no readable config.model ({e})") from None
     if not isinstance(model, dict):
         raise InitSourceError(f"{source.path / TRAINER_STATE}: config.model is not a table")
@@ -139,9 +166,9 @@ def model_differences(source_cfg: dict, run_cfg: dict) -> list[str]:
             for k in sorted(set(source_cfg) | set(run_cfg)) if source_cfg.get(k) != run_cfg.get(k)]
 
 
-def model_problems(spec: str, run_model: dict) -> list[str]:
+def model_problems(spec: str, run_model: dict, checkpoint: str = "best") -> list[str]:
     """What keeps init.from from initialising a model of `run_model` (empty: nothing found without torch)."""
-    source = resolve(spec)
+    source = resolve(spec, checkpoint)
     saved = source_model(source)
     if saved is None:
         return []
@@ -153,8 +180,9 @@ def fingerprint(source: InitSource) -> dict:
     """What the new run records of its source, in every checkpoint's trainer_state.json ("init")."""
     if source.kind == "checkpoint":
         manifest = json.loads((source.path / MANIFEST).read_text(encoding="utf-8"))
+        pointer = {"pointer": source.pointer} if source.pointer else {}
         return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
-                "manifest_sha256": sha256_file(source.path / MANIFEST)}
+                "manifest_sha256": sha256_file(source.path / MANIFEST), **pointer}
     return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sha256_file(source.path)}
 
 
@@ -172,5 +200,20 @@ def describe(record: dict | None) -> str:
         return "nothing recorded"
     if record.get("kind") == "checkpoint":
         sha = str(record.get("manifest_sha256"))[:12]
-        return f"{record.get('path')} (step {record.get('step')}, manifest sha256 {sha})"
+        return f"{record.get('path')} (step {record.get('step')}{_via(record)}, manifest sha256 {sha})"
     return f"{record.get('path')} (sha256 {str(record.get('sha256'))[:12]})"
+
+
+def _via(record: dict) -> str:
+    """", its BEST" when the record says the checkpoint was taken through its root's BEST (or LATEST)."""
+    pointer = record.get("pointer")
+    return f", its {pointer}" if pointer in (BEST, LATEST) else ""
+
+
+def chosen(record: dict | None) -> str:
+    """What the trainer's "initialised from" line says of the checkpoint it took: "" or " (BEST: the lowest val
+    loss)" / " (LATEST)"."""
+    pointer = (record or {}).get("pointer")
+    if pointer == BEST:
+        return " (its BEST: the lowest val loss)"
+    return f" (its {LATEST})" if pointer == LATEST else ""

@@ -131,7 +131,8 @@ def _check_init(cfg: RunConfig) -> list[str]:
         pred = predecessor(cfg.init.from_)
         if pred is not None and predecessor_outcome(pred)[0] == "waiting":
             return []  # the supervisor waits for it (waiting_init); its final checkpoint is checked then
-        return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict())]
+        return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict(),
+                                                                                   cfg.init.checkpoint)]
     except InitSourceError as e:
         return [f"init.from = {cfg.init.from_!r}: {e}"]
 

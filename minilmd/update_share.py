@@ -73,7 +73,7 @@ def base_rows(cfg: RunConfig) -> tuple[Path, int] | None:
     `rows_seen` (the rows up to that checkpoint), or for a checkpoint older than that field its step times its
     global batch (as a resume reads it: trainer/loop/resume.py)."""
     try:
-        source = resolve(cfg.init.from_)
+        source = resolve(cfg.init.from_, cfg.init.checkpoint)
         state = json.loads((source.path / TRAINER_STATE).read_text(encoding="utf-8"))
     except (InitSourceError, OSError, ValueError):
         return None

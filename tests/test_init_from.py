@@ -36,7 +36,7 @@ def test_a_fresh_run_starts_from_a_checkpoint_root_or_a_pth(tmp_path, corpus):
     assert all(torch.equal(got[k], weights[k]) for k in weights)
     manifest_sha = hashlib.sha256((ckpt / "manifest.json").read_bytes()).hexdigest()
     assert t.trainer_state()["init"] == {"from": str(ckpt.parent), "kind": "checkpoint", "path": str(ckpt.resolve()),
-                                         "step": 3, "manifest_sha256": manifest_sha}
+                                         "step": 3, "manifest_sha256": manifest_sha, "pointer": "LATEST"}
 
     pth = export_minimind(ckpt, tmp_path / "full_sft_64.pth")  # MiniMind's format: fp16, lm_head.weight too
     t = trainer(write_config(tmp_path, corpus, name="from-pth", init={"from": str(pth)}))

@@ -48,6 +48,7 @@ from minilmd.names import (
     step_or_none,
     sync_tmp_name,
 )
+from minilmd.untrusted import Unreadable, loads
 
 CHUNK = 8 * 1024 * 1024
 
@@ -125,19 +126,26 @@ class _Remote:
 
     def read_text(self, *names: str) -> str | None:
         try:
-            return self.fs.cat_file(self.path(*names)).decode("utf-8")
+            return self.fs.cat_file(self.path(*names)).decode("utf-8", errors="replace")  # a pointer: a name
         except FileNotFoundError:
             return None
 
     def manifest(self, name: str) -> dict | None:
-        text = self.read_text(name, MANIFEST)
-        if text is None:
-            return None
+        return self.manifest_or_problems(name)[0]
+
+    def manifest_or_problems(self, name: str) -> tuple[dict | None, list[str]]:
+        """(the manifest of a remote checkpoint, []) or (None, what is wrong with it: [] when there is none, which
+        on a store without rename is a copy in progress). Parsed as untrusted: depth bounded, its shape checked."""
         try:
-            manifest = json.loads(text)
-        except ValueError:
-            return None
-        return manifest if not ck.manifest_problems(manifest) else None
+            raw = self.fs.cat_file(self.path(name, MANIFEST))
+        except FileNotFoundError:
+            return None, []
+        try:
+            manifest = loads(raw, expect=None)
+        except Unreadable as e:
+            return None, [f"{MANIFEST} is not valid JSON: {e.why}"]
+        problems = ck.manifest_problems(manifest)
+        return (None, problems) if problems else (manifest, [])
 
     def put(self, local: Path, *names: str) -> int:
         with open(local, "rb") as src, self.fs.open(self.path(*names), "wb") as out:
@@ -392,31 +400,57 @@ class Syncer:
         local_root.mkdir(parents=True, exist_ok=True)
         skipped = []
         for name in reversed(remote.steps()):
-            manifest = remote.manifest(name)
-            if manifest is None:
+            final, set_aside = self._fetch_one(name, local_root)
+            if final is None:
+                skipped += [name] if set_aside else []
                 continue
-            final = local_root / name
-            tmp = local_root / fetch_tmp_name(name, os.getpid())
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-            try:
-                problems = self._download(name, manifest, tmp)
-                if problems:
-                    self._set_aside_remote(name, problems)
-                    skipped.append(name)
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    continue
-                publish_dir(tmp, final)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
             if read_latest(local_root) is None or _newer(name, read_latest(local_root)):
                 atomic_write_text(local_root / LATEST, name + "\n")
             if skipped:  # LATEST may name one that just failed: it must only name a verified checkpoint
                 remote.write_latest(name)
             self.log(f"sync: fetched {remote.show(name)} to {final}")
+            self._fetch_best(name, local_root)
             return final
         return None
+
+    def _fetch_one(self, name: str, local_root: Path) -> tuple[Path | None, bool]:
+        """Download one remote checkpoint into local_root and validate it there: (its local path, False), or (None,
+        whether it was set aside as invalid; not when it has no manifest yet)."""
+        remote = self.remote
+        manifest, problems = remote.manifest_or_problems(name)
+        if manifest is None:
+            if problems:
+                self._set_aside_remote(name, problems)
+            return None, bool(problems)
+        final = local_root / name
+        tmp = local_root / fetch_tmp_name(name, os.getpid())
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            problems = self._download(name, manifest, tmp)
+            if problems:
+                self._set_aside_remote(name, problems)
+                shutil.rmtree(tmp, ignore_errors=True)
+                return None, True
+            publish_dir(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final, False
+
+    def _fetch_best(self, latest: str, local_root: Path) -> None:
+        """The checkpoint the remote BEST names (early_stop's lowest val loss), fetched beside the newest when it is
+        another one, and the local BEST naming it: a run resumed on a new machine keeps its best, for init.from of
+        the next stage, `sample` and `export`. A BEST that does not validate is logged and left out."""
+        best = (self.remote.read_text(BEST) or "").strip()
+        if not best or not is_step_name(best) or best not in self.remote.steps():
+            return
+        if best != latest and not (local_root / best / MANIFEST).is_file():
+            if self._fetch_one(best, local_root)[0] is None:
+                self.log(f"sync: BEST {self.remote.show(best)} is not usable: not fetched")
+                return
+            self.log(f"sync: fetched BEST {self.remote.show(best)} to {local_root / best}")
+        atomic_write_text(local_root / BEST, best + "\n")
 
     def _download(self, name: str, manifest: dict, tmp: Path) -> list[str]:
         """Download a remote checkpoint into tmp, hashing while downloading, and validate it strictly there.

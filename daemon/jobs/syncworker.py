@@ -17,7 +17,6 @@ Torch-free.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +27,7 @@ from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import RemoteCheckpoint
 from minilmd.daemon.worker import Inbox, Worker
+from minilmd.untrusted import loads, read_bytes
 
 if TYPE_CHECKING:
     from minilmd.daemon.jobs.sync import Syncer
@@ -68,9 +68,9 @@ def checkpoint_bytes(path: Path) -> int | None:
     """A checkpoint's size from its manifest (one small read, no hashing); None if it has no readable one."""
     try:
         manifest_path = path / names.MANIFEST
-        files = json.loads(manifest_path.read_text(encoding="utf-8")).get("files") or {}
+        files = loads(read_bytes(manifest_path, max_bytes=1 << 20)).get("files") or {}  # untrusted: bounded
         return manifest_path.stat().st_size + sum(int(f.get("size") or 0) for f in files.values())
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (OSError, ValueError, AttributeError, TypeError):  # Unreadable is a ValueError
         return None
 
 

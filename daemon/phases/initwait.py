@@ -18,7 +18,7 @@ from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.statesections import InitWait
 from minilmd.init_source import InitSourceError, predecessor, predecessor_outcome
-from minilmd.names import TRAINER_STATE, step_name
+from minilmd.names import BEST, LATEST, TRAINER_STATE, step_name
 
 POLL_S = 2.0
 """Time between two reads of the predecessor's state.json."""
@@ -85,11 +85,12 @@ def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:
     while path is not None and len(chain) < limit:
         try:
             init = json.loads((path / TRAINER_STATE).read_text(encoding="utf-8")).get("init")
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError, AttributeError):  # a malformed checkpoint ends the chain
             break
-        if not init:
+        if not isinstance(init, dict) or not init:
             break
         sha = init.get("manifest_sha256") or init.get("sha256") or ""
-        chain.append(f"{init.get('path')} (step {init.get('step', '-')}, sha256 {sha[:12]})")
+        via = f", its {init['pointer']}" if init.get("pointer") in (BEST, LATEST) else ""
+        chain.append(f"{init.get('path')} (step {init.get('step', '-')}{via}, sha256 {sha[:12]})")
         path = Path(init["path"]) if init.get("kind") == "checkpoint" and init.get("path") else None
     return chain

@@ -22,7 +22,7 @@ def _refuse(cfg: RunConfig, problem: str) -> ConfigError:
 def load_init(cfg: RunConfig) -> tuple[dict, dict]:
     """(fp32 weights for MiniMindForCausalLM.load_state_dict, the fingerprint record) of cfg.init.from_."""
     try:
-        source = resolve(cfg.init.from_)
+        source = resolve(cfg.init.from_, cfg.init.checkpoint)
         weights = _checkpoint_weights(cfg, source) if source.kind == "checkpoint" else _pth_weights(cfg, source)
         return weights, {"from": cfg.init.from_, **fingerprint(source)}
     except InitSourceError as e:

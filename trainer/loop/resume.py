@@ -72,12 +72,14 @@ def resume(trainer: Trainer) -> None:
 def start_from_init(trainer: Trainer) -> None:
     """A fresh run (no checkpoint) takes the weights of [init] from; the optimizer and step stay fresh. Only
     here is init.from read: every later start resumes from this run's own checkpoints."""
+    from minilmd.init_source import chosen
     from minilmd.trainer.checkpoint.init_weights import load_init
 
     weights, trainer.init_record = load_init(trainer.cfg)
     trainer.model.load_state_dict(weights, strict=True)
     if trainer.dist.is_main:
-        print(f"minilmd: initialised from {trainer.init_record['path']} ({trainer.init_record['kind']})", flush=True)
+        print(f"minilmd: initialised from {trainer.init_record['path']} ({trainer.init_record['kind']})"
+              f"{chosen(trainer.init_record)}", flush=True)
 
 
 def start_lora(trainer: Trainer) -> None:

@@ -29,7 +29,7 @@ def lora_state(path: str | Path) -> dict | None:
     """The trainer_state of a LoRA checkpoint (or of LATEST under a root), None for a full-weights checkpoint."""
     try:
         state = json.loads((resolve_checkpoint(path) / TRAINER_STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # malformed: validation (export_paths._validate) says why
         return None
     return state if isinstance(state, dict) and saved_lora(state) else None
 

@@ -31,6 +31,20 @@ from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, resolve_checkpoint
 
 DTYPES = ("float32", "bfloat16", "float16")
+_MAX_STATE = 64 << 20
+
+
+def _read_state(ckpt: Path) -> Any:
+    """A checkpoint's trainer_state.json, parsed as untrusted (size and depth bounded); Unreadable, a ValueError,
+    for one that cannot be (FileNotFoundError when it is not there)."""
+    from minilmd.untrusted import Unreadable, read_json
+
+    try:
+        return read_json(ckpt / TRAINER_STATE, max_bytes=_MAX_STATE)
+    except Unreadable as e:
+        if e.missing:
+            raise FileNotFoundError(str(ckpt / TRAINER_STATE)) from None
+        raise
 
 
 def read_checkpoint(path: str | Path, validate: bool = True,
@@ -42,15 +56,15 @@ def read_checkpoint(path: str | Path, validate: bool = True,
     from minilmd.trainer.model.adapter import lora_state, merged_weights
 
     ckpt = resolve_checkpoint(path)
+    if validate:
+        _validate(ckpt)  # first: nothing of an unvalidated checkpoint is parsed (its JSON may be hostile)
     if lora_state(ckpt) is not None:
         if not merge:
             raise ExportError(f"{ckpt}: a LoRA checkpoint holds adapters only: export them with --format peft, "
                               f"or the full weights with --merge")
         return merged_weights(ckpt)
-    if validate:
-        _validate(ckpt)
     try:
-        state = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))
+        state = _read_state(ckpt)
         model_cfg = state["config"]["model"]
         as_model_section(model_cfg)
     except FileNotFoundError:
@@ -95,7 +109,7 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path
     ckpt = resolve_checkpoint(path)
     tried = [ckpt / TOKENIZER_FILE]
     try:
-        state = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))
+        state = _read_state(ckpt)
         prepared = state["config"]["data"]["prepared"]
         if prepared and "://" not in prepared:
             tried.append(Path(prepared) / CORPUS_TOKENIZER)
@@ -119,7 +133,7 @@ def find_chat_config(path: str | Path, explicit: str | Path | None = None) -> di
     tried = [Path(explicit)] if explicit else []
     tried.append(ckpt / TOKENIZER_FILE)
     try:
-        prepared = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))["config"]["data"]["prepared"]
+        prepared = _read_state(ckpt)["config"]["data"]["prepared"]
         if prepared and "://" not in prepared:
             tried.append(Path(prepared) / CORPUS_TOKENIZER)
     except (OSError, ValueError, KeyError, TypeError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from minilmd.names import BEST, LATEST, MODEL_FILE, export_tmp_name
+from minilmd.names import LATEST, MODEL_FILE, export_tmp_name
 
 
 class ExportError(ValueError):
@@ -29,11 +29,12 @@ def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint directory, from a pointer file (ROOT/LATEST, ROOT/BEST: the one it
     names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest."""
-    from minilmd.checkpoint_dirs import list_checkpoints, read_latest
+    from minilmd.checkpoint_dirs import PointerError, list_checkpoints, named_checkpoint, read_latest
 
-    path = Path(path)
-    if path.name in (LATEST, BEST) and path.is_file():  # ROOT/BEST: the lowest val loss (early_stop)
-        path = path.parent / (read_latest(path.parent, path.name) or "")
+    try:
+        path = named_checkpoint(path)  # ROOT/BEST: the lowest val loss (early_stop)
+    except PointerError as e:
+        raise ExportError(str(e)) from None
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
     if not (path / MODEL_FILE).is_file():

@@ -1,0 +1,121 @@
+"""Reading a safetensors file without torch, numpy only and one sequential read (never mmap: a file on NFS must not
+be able to kill its reader with SIGBUS): its sha256, the dtype and shape of each tensor, the non-finite values
+and the one-element tensors, for minilmd/checkpoint.py's validation. The header is untrusted even when the file's
+hash matches a manifest: it is parsed with minilmd/untrusted.py's `loads` (depth bound, an object) and every entry
+must have exactly the shape the format defines, the tensors tiling the data in order to the last byte.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from minilmd.untrusted import Unreadable, kind_of, loads, printable
+
+_MAX_HEADER = 64 << 20
+_READ_CHUNK = 16 << 20
+# safetensors dtype name -> (numpy dtype used to read it, is floating point)
+_NP_DTYPES = {"F64": ("<f8", True), "F32": ("<f4", True), "F16": ("<f2", True), "BF16": ("<u2", True),
+              "I64": ("<i8", False), "I32": ("<i4", False), "I16": ("<i2", False), "I8": ("i1", False),
+              "U8": ("u1", False), "BOOL": ("u1", False)}
+
+
+def _parse_safetensors_header(raw8: bytes, read: Callable[[int], bytes], size: int, name: str) -> tuple[dict, int]:
+    """(tensor entries sorted by offset, data start). Raises ValueError naming what is wrong: the header is read
+    as untrusted JSON (depth bound, an object), and every entry must be {"dtype", "shape", "data_offsets"} with
+    the tensors tiling the data exactly, in order, without gaps or overlaps, to the last byte of the file."""
+    if len(raw8) < 8:
+        raise ValueError(f"{name}: shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", raw8)
+    if n > _MAX_HEADER or 8 + n > size:
+        raise ValueError(f"{name}: header length {n} does not fit a {size}-byte file")
+    try:
+        header = loads(read(n), expect=dict)
+    except Unreadable as err:
+        raise ValueError(f"{name}: header is not a JSON object ({err.why})") from None
+    header.pop("__metadata__", None)
+    for key, e in header.items():
+        problem = _entry_problem(e)
+        if problem:
+            raise ValueError(f"{name}: tensor {printable(key)!r} {problem}")
+    entries = dict(sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]))
+    expected_start = 0
+    for key, e in entries.items():
+        begin, end = e["data_offsets"]
+        itemsize = np.dtype(_NP_DTYPES[e["dtype"]][0]).itemsize
+        if begin != expected_start or end - begin != math.prod(e["shape"]) * itemsize:
+            raise ValueError(f"{name}: tensor {printable(key)!r} has inconsistent offsets {e['data_offsets']}")
+        expected_start = end
+    if 8 + n + expected_start != size:
+        raise ValueError(f"{name}: tensors end at byte {8 + n + expected_start}, file has {size}")
+    return entries, 8 + n
+
+
+def is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _entry_problem(e: Any) -> str | None:
+    """What is wrong with one safetensors header entry (None: its shape is right; the offsets are checked against
+    each other and the file by the caller)."""
+    if not isinstance(e, dict):
+        return f"is {kind_of(e)}, not an object with dtype, shape and data_offsets"
+    if not isinstance(e.get("dtype"), str) or e["dtype"] not in _NP_DTYPES:
+        return f"has unsupported dtype {printable(repr(e.get('dtype')))[:40]}"
+    shape, offsets = e.get("shape"), e.get("data_offsets")
+    if not isinstance(shape, list) or len(shape) > 8 or not all(is_count(d) for d in shape):
+        return "has no valid shape (a list of non-negative integers)"
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(is_count(o) for o in offsets) \
+            or offsets[0] > offsets[1]:
+        return "has no valid data_offsets (two non-negative integers, begin <= end)"
+    return None
+
+
+def _nonfinite_count(buf: bytes, dtype: str) -> int:
+    np_dtype, is_float = _NP_DTYPES[dtype]
+    if not is_float:
+        return 0
+    a = np.frombuffer(buf, dtype=np_dtype)
+    if dtype == "BF16":  # numpy has no bfloat16: an all-ones exponent is inf or NaN
+        return int(np.count_nonzero((a & 0x7F80) == 0x7F80))
+    return int(a.size - np.count_nonzero(np.isfinite(a)))
+
+
+def scan_safetensors(path: str | os.PathLike) -> tuple[str, dict, dict[str, int], dict[str, float]]:
+    """One sequential read of a safetensors file: (sha256, {name: {"dtype", "shape"}}, {name: non-finite count}
+    for tensors that have any, {name: value} of one-element tensors). Raises ValueError for a malformed file."""
+    path = Path(path)
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    nonfinite: dict[str, int] = {}
+    scalars: dict[str, float] = {}
+    with open(path, "rb") as f:
+        def read(n: int) -> bytes:
+            b = f.read(n)
+            h.update(b)
+            return b
+
+        entries, _ = _parse_safetensors_header(read(8), read, size, path.name)
+        for key, e in entries.items():
+            begin, end = e["data_offsets"]
+            itemsize = np.dtype(_NP_DTYPES[e["dtype"]][0]).itemsize
+            remaining, bad = end - begin, 0
+            chunk = max(itemsize, _READ_CHUNK // itemsize * itemsize)
+            while remaining:
+                buf = read(min(chunk, remaining))
+                if not buf:
+                    raise ValueError(f"{path.name}: ends inside tensor {key}")
+                remaining -= len(buf)
+                bad += _nonfinite_count(buf, e["dtype"])
+                if end - begin == itemsize and e["dtype"] != "BF16":
+                    scalars[key] = float(np.frombuffer(buf, dtype=_NP_DTYPES[e["dtype"]][0])[0])
+            if bad:
+                nonfinite[key] = bad
+    shapes = {k: {"dtype": e["dtype"], "shape": tuple(e["shape"])} for k, e in entries.items()}
+    return h.hexdigest(), shapes, nonfinite, scalars
