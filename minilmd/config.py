@@ -154,6 +154,9 @@ class InitSection:
     optimizer starts fresh at step 0; the source's fingerprint is recorded in every checkpoint of this run. Its
     model config must be this run's. Read once: a run that has a checkpoint resumes from it and never reads this
     again (the source may be deleted then). Empty: the seeded init."""
+    staged: str = ""
+    """Set by the supervisor, not by hand: the verified copy of init.from's weights in scratch
+    (daemon/jobs/initstage.py), which the trainer reads instead; init.from stays what the run records."""
 
 
 @dataclass
@@ -170,6 +173,8 @@ class EvalSection:
     probe: str = ""
     """A prepared corpus of an earlier stage (its val split, e.g. the pretraining corpus): its loss is evaluated
     with the val loss and shown by `status`, so that forgetting shows as the probe loss rising. Empty: none."""
+    probe_staged: str = ""
+    """Set by the supervisor, not by hand: the verified copy of the probe's val split in scratch, read instead."""
     warn_rising: int = 3
     """`status` warns when the val loss rose this many validations in a row."""
     warn_gap: float = 0.5

@@ -171,3 +171,20 @@ def describe(record: dict | None) -> str:
         sha = str(record.get("manifest_sha256"))[:12]
         return f"{record.get('path')} (step {record.get('step')}, manifest sha256 {sha})"
     return f"{record.get('path')} (sha256 {str(record.get('sha256'))[:12]})"
+
+
+STAGED_RECORD = "source.json"
+"""In the staged copy of init.from (`<scratch>/init`, daemon/jobs/initstage.py): the source's fingerprint record."""
+STAGED_CHECKPOINT, STAGED_PTH = "checkpoint", "weights.pth"
+
+
+def staged_copy(staged: Path) -> Path:
+    """The weights inside a staged init.from: its checkpoint directory or its .pth."""
+    return staged / STAGED_CHECKPOINT if (staged / STAGED_CHECKPOINT).is_dir() else staged / STAGED_PTH
+
+
+def staged_record(staged: Path) -> dict:
+    """The source's fingerprint record staging wrote beside the copy (this run's own file in its scratch)."""
+    from minilmd.untrusted import read_json
+
+    return read_json(staged / STAGED_RECORD, max_bytes=64 * 1024)

@@ -21,6 +21,8 @@ def _refuse(cfg: RunConfig, problem: str) -> ConfigError:
 
 def load_init(cfg: RunConfig) -> tuple[dict, dict]:
     """(fp32 weights for MiniMindForCausalLM.load_state_dict, the fingerprint record) of cfg.init.from_."""
+    if cfg.init.staged:
+        return _staged_weights(cfg, Path(cfg.init.staged))
     try:
         source = resolve(cfg.init.from_)
         weights = _checkpoint_weights(cfg, source) if source.kind == "checkpoint" else _pth_weights(cfg, source)
@@ -29,6 +31,27 @@ def load_init(cfg: RunConfig) -> tuple[dict, dict]:
         raise _refuse(cfg, str(e)) from None
     except OSError as e:
         raise _refuse(cfg, f"cannot be read: {e}") from None
+
+
+def _staged_weights(cfg: RunConfig, staged: Path) -> tuple[dict, dict]:
+    """init.from's copy the supervisor staged in scratch (daemon/jobs/initstage.py): only scratch is read. The
+    record is the source's as init.from names it (its path, its hashes), so lineage and a LoRA resume's
+    `same_source` see the source itself. A copy whose hashes are not the record's is damaged scratch, a data
+    error (65): the supervisor verifies it, stages it again and restarts, where a config error would be final."""
+    from minilmd.corpus.meta import CorpusError
+    from minilmd.init_source import same_source, staged_copy, staged_record
+
+    try:
+        record = staged_record(staged)
+        source = InitSource(str(record.get("kind")), staged_copy(staged))
+        found = fingerprint(source)
+    except Exception as e:  # noqa: BLE001 - unreadable or missing scratch: stage again
+        raise CorpusError(f"the staged copy of init.from at {staged} cannot be read: {e}") from None
+    if record.get("from") != cfg.init.from_ or not same_source(record, found):
+        raise CorpusError(f"the staged copy of init.from at {staged} is not the source's ({record.get('from')!r}): "
+                          "damaged or stale scratch")
+    weights = _checkpoint_weights(cfg, source) if source.kind == "checkpoint" else _pth_weights(cfg, source)
+    return weights, {**record, "from": cfg.init.from_}
 
 
 def _checkpoint_weights(cfg: RunConfig, source: InitSource) -> dict:
