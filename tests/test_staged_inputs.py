@@ -19,8 +19,16 @@ from minilmd.daemon.jobs.staging import SourceInvalid
 from minilmd.init_source import InitSourceError, fingerprint, resolve
 from minilmd.names import FAULTS_FIRED, TRAINER_STATE
 from reliability_helpers import trainers_of
-from supervisor_helpers import (cli, run_supervisor, start_supervisor, state, step_of_state, wait_for, wait_or_kill,
-                                write_config)
+from supervisor_helpers import (
+    cli,
+    run_supervisor,
+    start_supervisor,
+    state,
+    step_of_state,
+    wait_for,
+    wait_or_kill,
+    write_config,
+)
 
 
 def _files_under(root: Path) -> set[str]:
@@ -92,7 +100,7 @@ def test_the_staged_state_field_round_trips_and_status_shows_it():
     assert "init source unreachable since 2001-09-09" in line and "retrying" in line and "/nfs/probe" in line
 
 
-# --- under the supervisor ----------------------------------------------------------------------------------------------
+# --- under the supervisor ------------------------------------------------------------------------------------------
 def test_a_probe_unreachable_at_the_first_start_is_waited_for_then_the_run_proceeds(tmp_path, corpus):
     probe = tmp_path / "share" / "probe"
     config = write_config(tmp_path, corpus, remote=False, eval={"probe": str(probe)},
@@ -126,7 +134,8 @@ def test_a_lora_run_whose_probe_or_base_is_gone_at_a_restart_finishes(tmp_path, 
     probe = shutil.copytree(corpus[0], share / "probe")
     config = write_config(tmp_path, corpus, remote=False, init={"from": str(base)}, eval={"probe": str(probe)},
                           lora={"rank": 4, "alpha": 8.0},
-                          train={"max_steps": 12, "checkpoint_every": 4, "eval_every": 4}, restart={"hang_timeout": "120s"})
+                          train={"max_steps": 12, "checkpoint_every": 4, "eval_every": 4},
+                          restart={"hang_timeout": "120s"})
     cfg = load_config(config)
     proc = start_supervisor(config, tmp_path / "supervisor.out", fake=False, MINILMD_FAULT="hang@6")
     try:  # the trainer hangs at step 6, past its first checkpoint: the share goes, then the trainer is killed
@@ -157,3 +166,56 @@ def test_a_run_without_probe_or_init_stages_nothing_more(tmp_path, corpus):
     assert run_supervisor(config, tmp_path) == 0
     scratch = load_config(config).scratch_dir
     assert not (scratch / "probe").exists() and not (scratch / "init").exists()
+
+
+def test_a_supervisor_restarted_while_the_share_is_gone_resumes_from_scratch_alone(tmp_path, corpus, undisturbed):
+    """systemd restarts a killed supervisor during the outage: the base and the probe staged by the first one are
+    reused from scratch (verified), the source is not needed, the run finishes."""
+    share = tmp_path / "share"
+    base = shutil.copytree(undisturbed().checkpoint, share / "base")
+    probe = shutil.copytree(corpus[0], share / "probe")
+    config = write_config(tmp_path, corpus, remote=False, init={"from": str(base)}, eval={"probe": str(probe)},
+                          lora={"rank": 4, "alpha": 8.0})
+    cfg = load_config(config)
+    first = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
+    try:
+        wait_for(lambda: step_of_state(cfg.run_dir) >= 12, 60, "a first checkpoint")
+        first.kill()
+        first.wait()
+        for pid in [p for pids in trainers_of(cfg.run_dir).values() for p in pids]:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    os.rename(share, tmp_path / "share.gone")
+    assert run_supervisor(config, tmp_path, FAKE_STEP_S="0.05") == 0, (tmp_path / "supervisor.out").read_text()
+    text = (tmp_path / "supervisor.out").read_text()
+    assert "reusing the verified copy of init.from" in text and "reusing its verified copy" in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_staged_base_damaged_in_scratch_is_fetched_again_and_the_run_finishes(tmp_path, corpus, undisturbed):
+    """A bad page in scratch's copy of the LoRA base: the restarted trainer refuses it as data (65), the copy fails
+    verification, the supervisor stages it again from the source and the run goes on (a config error, final,
+    would have ended it)."""
+    base = shutil.copytree(undisturbed().checkpoint, tmp_path / "share" / "base")
+    config = write_config(tmp_path, corpus, remote=False, init={"from": str(base)}, lora={"rank": 4, "alpha": 8.0},
+                          train={"max_steps": 12, "checkpoint_every": 4}, restart={"hang_timeout": "120s"})
+    cfg = load_config(config)
+    proc = start_supervisor(config, tmp_path / "supervisor.out", fake=False, MINILMD_FAULT="hang@6")
+    try:
+        wait_for(lambda: (cfg.run_dir / FAULTS_FIRED).is_file(), 180, "the trainer to reach step 6")
+        weights = next((cfg.scratch_dir / "init" / "checkpoint").glob("*.safetensors"))
+        data = bytearray(weights.read_bytes())
+        data[-8:] = b"\0" * 8
+        weights.write_bytes(bytes(data))
+        for pid in [p for pids in trainers_of(cfg.run_dir).values() for p in pids]:
+            os.kill(pid, signal.SIGKILL)
+        code = wait_or_kill(proc, 300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = (tmp_path / "supervisor.out").read_text()
+    assert code == 0, out[-3000:]
+    assert "staged copy of init.from" in out and "re-staging" in out, out[-3000:]
+    assert initstage.init_problems(cfg.scratch_dir / "init") == []

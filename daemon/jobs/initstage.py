@@ -10,6 +10,9 @@ Layout in scratch (docs/architecture.md, "The files of a run"):
   the copy: `checkpoint/` (a checkpoint directory, every file its manifest lists) or `weights.pth`.
 
 Each is published by a rename only once verified, reused while it verifies, copied again when it does not.
+init.from is fetched once per run: a verified copy of the same `from` is reused without reading the source (a LoRA
+run's base must stay the one its checkpoints record anyway); the probe's source is read for a changed meta.json,
+and its verified copy used while the source cannot be read.
 A source that cannot be read (gone, EIO, a stalled mount that errors) raises SourceUnreachable: the staging worker
 waits and retries with backoff; a source that is read and wrong raises SourceInvalid (exit 65) or InitSourceError
 (exit 2), final as before. Torch-free; the blocking job of daemon/jobs/stagingworker.py.
@@ -113,7 +116,13 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None) -> Path:
     """`<scratch>/probe`: the probe corpus's meta.json and val split, verified; an earlier copy reused if it is of
     the same meta.json and verifies."""
     root, final = Path(source), scratch / PROBE_DIR
-    raw = _read_source(root / CORPUS_META, MAX_META_BYTES, "prepared corpus's meta.json")
+    try:
+        raw = _read_source(root / CORPUS_META, MAX_META_BYTES, "prepared corpus's meta.json")
+    except SourceUnreachable as e:
+        if (final / CORPUS_META).is_file() and not probe_problems(final):
+            log(f"staging: the probe source cannot be read ({e}): reusing its verified copy at {final}")
+            return final
+        raise
     try:
         meta = parse_meta(raw, f"{source}/{CORPUS_META}")
     except CorpusError as e:
@@ -199,8 +208,15 @@ def stage_init(spec: str, scratch: Path, log=lambda msg: None) -> Path:
     earlier copy reused while it is of the same source and verifies."""
     from minilmd.init_source import fingerprint
 
-    source = _resolve(spec)
     final = scratch / INIT_DIR
+    try:
+        staged_from = read_init_record(final).get("from")
+    except Exception:  # noqa: BLE001 - no earlier copy, or one not ours to reuse: stage anew
+        staged_from = None
+    if staged_from == spec and not init_problems(final):  # fetched once per run: the source is not read again
+        log(f"staging: reusing the verified copy of init.from at {final}")
+        return final
+    source = _resolve(spec)
     try:
         record = {"from": spec, **fingerprint(source)}
         manifest = json.loads(_read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest")) \
@@ -210,13 +226,6 @@ def stage_init(spec: str, scratch: Path, log=lambda msg: None) -> Path:
         raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
     except OSError as e:
         raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
-    try:
-        same = read_init_record(final) == record
-    except Exception:  # noqa: BLE001 - no earlier copy, or one not ours to reuse: stage anew
-        same = False
-    if same and not init_problems(final):
-        log(f"staging: reusing the verified copy of init.from at {final}")
-        return final
     tmp = _fresh_tmp(scratch, INIT_DIR)
     try:
         try:
