@@ -75,6 +75,14 @@ class StagingWorker:
     def running(self) -> bool:
         return self.worker is not None and not self.worker.done
 
+    def inputs_for(self, slurm) -> dict[str, str]:
+        """The `--set`s naming the staged probe and init.from, for this attempt's command. None in a Slurm job over
+        several nodes: the other nodes' scratch holds only what daemon/slurm/node.py stages there (the corpus), so
+        their trainers read the probe and init.from from their own paths, as before."""
+        if slurm is not None and slurm.alloc.nnodes > 1:
+            return {}
+        return self.inputs
+
     def staged_copy_present(self) -> bool:
         """The staged corpus, and the staged probe and init.from this start reads, are still in scratch (a reboot
         or a cleaner may have emptied it)."""
