@@ -58,6 +58,9 @@ def test_the_probe_stages_its_val_split_only_reuses_a_good_copy_and_recopies_a_d
 def test_a_probe_gone_is_unreachable_a_probe_there_and_wrong_is_invalid(tmp_path, corpus):
     with pytest.raises(initstage.SourceUnreachable, match="No such file"):
         initstage.stage_probe(str(tmp_path / "gone"), tmp_path / "scratch")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceInvalid, match="no meta.json"):
+        initstage.stage_probe(str(tmp_path / "empty"), tmp_path / "scratch")
     wrong = shutil.copytree(corpus[0], tmp_path / "wrong")
     (wrong / "val" / "tokens.bin").write_bytes(b"\x01\x00" * 10)  # not what its meta.json lists
     with pytest.raises(SourceInvalid, match="meta.json"):
@@ -219,3 +222,10 @@ def test_a_staged_base_damaged_in_scratch_is_fetched_again_and_the_run_finishes(
     assert code == 0, out[-3000:]
     assert "staged copy of init.from" in out and "re-staging" in out, out[-3000:]
     assert initstage.init_problems(cfg.scratch_dir / "init") == []
+
+
+def test_a_probe_there_and_not_a_corpus_stays_a_final_data_error(tmp_path, corpus):
+    (tmp_path / "not-a-corpus").mkdir()
+    config = write_config(tmp_path, corpus, remote=False, eval={"probe": str(tmp_path / "not-a-corpus")})
+    assert run_supervisor(config, tmp_path) == 65, (tmp_path / "supervisor.out").read_text()[-2000:]
+    assert "no meta.json" in state(load_config(config).run_dir)["last_error"]

@@ -119,6 +119,8 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None) -> Path:
     try:
         raw = _read_source(root / CORPUS_META, MAX_META_BYTES, "prepared corpus's meta.json")
     except SourceUnreachable as e:
+        if root.is_dir() and not (root / CORPUS_META).exists():  # there, and not a prepared corpus: final
+            raise SourceInvalid(f"{source}: no {CORPUS_META} (not an output of `minilmd prepare`)") from None
         if (final / CORPUS_META).is_file() and not probe_problems(final):
             log(f"staging: the probe source cannot be read ({e}): reusing its verified copy at {final}")
             return final
