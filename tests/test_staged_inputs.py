@@ -229,3 +229,18 @@ def test_a_probe_there_and_not_a_corpus_stays_a_final_data_error(tmp_path, corpu
     config = write_config(tmp_path, corpus, remote=False, eval={"probe": str(tmp_path / "not-a-corpus")})
     assert run_supervisor(config, tmp_path) == 65, (tmp_path / "supervisor.out").read_text()[-2000:]
     assert "no meta.json" in state(load_config(config).run_dir)["last_error"]
+
+
+def test_the_probe_reads_its_val_split_only(tmp_path, corpus):
+    """The trainer's probe rows come from meta.json and val/ alone: a copy without its train split (what staging
+    puts in scratch) gives the same rows as the whole corpus; on main the train split was mapped and scanned."""
+    from minilmd.trainer.loop.early_stop import probe_batches
+
+    whole = load_config(write_config(tmp_path, corpus, remote=False, eval={"probe": str(corpus[0])}))
+    val_only = shutil.copytree(corpus[0], tmp_path / "val-only")
+    shutil.rmtree(val_only / "train")
+    staged = load_config(write_config(tmp_path, corpus, name="t", remote=False,
+                                      eval={"probe": str(corpus[0]), "probe_staged": str(val_only)}))
+    expected, got = probe_batches(whole), probe_batches(staged)
+    assert expected and len(got) == len(expected)
+    assert all((a.input_ids == b.input_ids).all() for a, b in zip(expected, got, strict=True))
