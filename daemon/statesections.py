@@ -242,7 +242,7 @@ class Sync(Section):
 
 @dataclass
 class Staging(Section):
-    OMIT_WHEN_NONE = ("finished",)
+    OMIT_WHEN_NONE = ("finished", "unreachable", "unreachable_since")
 
     state: str = "not_started"
     """Staging's state (StagingState)."""
@@ -256,6 +256,10 @@ class Staging(Section):
     """What the copy or the fetch is doing, in words (written from its thread)."""
     finished: float | None = None
     """When staging last ended well."""
+    unreachable: str | None = None
+    """Why the probe corpus or init.from cannot be read now (daemon/jobs/initstage.py): waited for, retried."""
+    unreachable_since: float | None = None
+    """When that began; None while they can be read."""
 
     def to_dict(self) -> dict:
         out = super().to_dict()

@@ -256,8 +256,8 @@ class Supervisor:
         self.attempt += 1
         nproc, devices = (self.slurm.nproc, self.slurm.devices_env) if self.slurm else \
             (self.gpu.nproc, self.gpu.devices_env)
-        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, self.state.overrides,
-                                               self.cli_overrides, nproc)
+        sets = {**self.staging.inputs_for(self.slurm), **self.state.overrides}  # + the staged probe, init.from
+        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, sets, self.cli_overrides, nproc)
         if self.slurm:
             command = self.slurm.command(command, self.attempt, self.cfg, self.staging.staged)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)

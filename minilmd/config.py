@@ -158,6 +158,9 @@ class InitSection:
     """Which checkpoint of a run or checkpoint root init.from takes: "best", the one its BEST names when it has one
     (the lowest val loss of a run with [early_stop]; an early-stopped run's LATEST is `patience` evals past it),
     else its LATEST; "last", always its LATEST. A checkpoint directory, a pointer file or a .pth is taken as named."""
+    staged: str = ""
+    """Set by the supervisor, not by hand: the verified copy of init.from's weights in scratch
+    (daemon/jobs/initstage.py), which the trainer reads instead; init.from stays what the run records."""
 
 
 @dataclass
@@ -174,6 +177,8 @@ class EvalSection:
     probe: str = ""
     """A prepared corpus of an earlier stage (its val split, e.g. the pretraining corpus): its loss is evaluated
     with the val loss and shown by `status`, so that forgetting shows as the probe loss rising. Empty: none."""
+    probe_staged: str = ""
+    """Set by the supervisor, not by hand: the verified copy of the probe's val split in scratch, read instead."""
     warn_rising: int = 3
     """`status` warns when the val loss rose this many validations in a row."""
     warn_gap: float = 0.5

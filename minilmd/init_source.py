@@ -217,3 +217,20 @@ def chosen(record: dict | None) -> str:
     if pointer == BEST:
         return " (its BEST: the lowest val loss)"
     return f" (its {LATEST})" if pointer == LATEST else ""
+
+
+STAGED_RECORD = "source.json"
+"""In the staged copy of init.from (`<scratch>/init`, daemon/jobs/initstage.py): the source's fingerprint record."""
+STAGED_CHECKPOINT, STAGED_PTH = "checkpoint", "weights.pth"
+
+
+def staged_copy(staged: Path) -> Path:
+    """The weights inside a staged init.from: its checkpoint directory or its .pth."""
+    return staged / STAGED_CHECKPOINT if (staged / STAGED_CHECKPOINT).is_dir() else staged / STAGED_PTH
+
+
+def staged_record(staged: Path) -> dict:
+    """The source's fingerprint record staging wrote beside the copy (this run's own file in its scratch)."""
+    from minilmd.untrusted import read_json
+
+    return read_json(staged / STAGED_RECORD, max_bytes=64 * 1024)

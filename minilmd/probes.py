@@ -60,7 +60,7 @@ def path_problems(cfg: RunConfig) -> list[str]:
             p += _shared_storage_check(_check_prepared_dir, cfg)
     if cfg.log.prometheus_textfile:
         p += _check_writable("log.prometheus_textfile", Path(cfg.log.prometheus_textfile).parent)
-    if cfg.init.from_:
+    if cfg.init.from_ and not cfg.init.staged:  # staged: the supervisor verified it; its copy is what is read
         p += _shared_storage_check(_check_init, cfg)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol
+from minilmd.daemon.jobs import initstage
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
 from minilmd.daemon.policy import backoff_seconds
 from minilmd.daemon.runstate import RunState, now
@@ -64,14 +65,29 @@ class StagingWorker:
         self.fetch_failures = 0
         self.fetch_retry_at = 0.0
         self.fetch_started = 0.0  # set by the thread while it reads the remote
+        self.inputs: dict[str, str] = {}
+        """The `--set` overrides naming the staged probe and init.from (daemon/jobs/initstage.py) for the trainer."""
+        self.pending: Staged | None = None  # corpus staged (and fetched): the probe and init.from still to stage
+        self.source_failures = 0
+        self.source_retry_at = 0.0
 
     @property
     def running(self) -> bool:
         return self.worker is not None and not self.worker.done
 
+    def inputs_for(self, slurm) -> dict[str, str]:
+        """The `--set`s naming the staged probe and init.from, for this attempt's command. None in a Slurm job over
+        several nodes: the other nodes' scratch holds only what daemon/slurm/node.py stages there (the corpus), so
+        their trainers read the probe and init.from from their own paths, as before."""
+        if slurm is not None and slurm.alloc.nnodes > 1:
+            return {}
+        return self.inputs
+
     def staged_copy_present(self) -> bool:
-        """The staged corpus is still in scratch (a reboot or a cleaner may have emptied it)."""
-        return self.staged is not None and (self.staged / names.CORPUS_META).is_file()
+        """The staged corpus, and the staged probe and init.from this start reads, are still in scratch (a reboot
+        or a cleaner may have emptied it)."""
+        return self.staged is not None and (self.staged / names.CORPUS_META).is_file() and \
+            initstage.present(self.cfg, self.inputs)
 
     def problems(self) -> list[str] | None:
         """What fails verification in the staged copy ([] when it verifies; unreadable counts as damaged), or None
@@ -79,13 +95,13 @@ class StagingWorker:
         if self.staged is None:
             return None
         try:
-            return self.infra.verify_staged(self.staged)
+            return self.infra.verify_staged(self.staged) + initstage.problems(self.inputs)
         except OSError as e:
             return [f"{self.staged}: {e}"]
 
     def forget(self) -> None:
         """Stage again before the next launch (the staged copy is damaged or gone)."""
-        self.staged = None
+        self.staged, self.pending, self.inputs = None, None, {}
 
     def abandon(self) -> str:
         """Leave a thread stalled on the remote behind (its temp names are cleaned up next time); its name."""
@@ -103,6 +119,8 @@ class StagingWorker:
             return None
         worker, self.worker = self.worker, None
         self.inbox.drain()
+        if worker.name == "inputs":
+            return self._inputs_done(worker)
         staging = self.state.staging
         if worker.error is not None:
             staging.state, staging.error = StagingState.FAILED, worker.error_text
@@ -134,10 +152,55 @@ class StagingWorker:
                                                           fetched=True)
         elif self.cfg.run.remote and not local_checkpoint_steps(self.cfg.checkpoint_dir):
             self.emit("fetch", f"neither scratch nor {self.cfg.run.remote} holds a checkpoint: starting from step 0")
+        if initstage.needed(self.cfg):  # the probe and init.from next, in a thread of their own
+            self.pending = Staged(staged, expected, fetched)
+            self._start()
+            return None
+        self.inputs = {}
         return Staged(staged, expected, fetched)
+
+    def _inputs_done(self, worker: Worker) -> Staged | StagingFailed | None:
+        """The probe and init.from staged (the trainer gets their copies), unreachable (wait, retry: never
+        final), or read and wrong (final, as when the trainer refused them: 65 for the probe, 2 for init.from)."""
+        from minilmd.init_source import InitSourceError
+
+        staging, error = self.state.staging, worker.error
+        if isinstance(error, initstage.SourceUnreachable):
+            self.source_failures += 1
+            delay = backoff_seconds(self.cfg.restart, self.source_failures, self.rng)
+            self.source_retry_at = now() + delay
+            if staging.unreachable_since is None:
+                staging.unreachable_since = now()
+            staging.unreachable = str(error)
+            self.state.record_error(f"init source unreachable: {error}")
+            self.emit("staging", f"init source unreachable: {error}; try {self.source_failures} failed, next in "
+                                 f"{delay:.1f}s (not a failure: waiting for it)")
+            self.state.save()
+            return None
+        if error is not None:
+            staging.state, staging.error = StagingState.FAILED, worker.error_text
+            self.state.record_error(f"staging failed: {worker.error_text}")
+            status = protocol.SUPERVISOR_CONFIG if isinstance(error, InitSourceError) else \
+                self.infra.final_staging_status(error)
+            if status is not None:
+                kind = "data" if status == protocol.EXIT_DATA else "config"
+                return StagingFailed(f"{kind} error, final: {worker.error_text}", status)
+            return StagingFailed(worker.error_text, None)
+        if staging.unreachable_since is not None:
+            self.emit("staging", f"init source reachable again after {now() - staging.unreachable_since:.0f}s")
+        staging.unreachable = staging.unreachable_since = None
+        self.source_failures, self.inputs = 0, worker.result
+        pending, self.pending = self.pending, None
+        assert pending is not None  # set when this worker started
+        return pending
 
     def _start(self) -> None:
         staging = self.state.staging
+        if self.pending is not None:  # the corpus is staged; the probe and init.from (again, after a backoff)
+            if now() < self.source_retry_at:
+                return
+            self.worker = Worker("inputs", lambda: initstage.stage_inputs(self.cfg, self.inbox.put))
+            return
         if self.awaiting_remote is not None:  # staged; only the fetch of a remote checkpoint is retried
             if now() < self.fetch_retry_at:
                 return

@@ -171,6 +171,9 @@ def _checkpoints_line(state: StateJson, t: float) -> str:
 
 
 def _staging_lines(staging: Staging) -> list[str]:
+    if staging.unreachable_since is not None:
+        return [f"  init source unreachable since {fmt_time(staging.unreachable_since)}, retrying "
+                f"({staging.unreachable})"]
     if staging.state in ("done", "not_started"):
         return []
     prog = f" {staging.progress}" if staging.progress is not None else ""

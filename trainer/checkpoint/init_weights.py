@@ -21,6 +21,8 @@ def _refuse(cfg: RunConfig, problem: str) -> ConfigError:
 
 def load_init(cfg: RunConfig) -> tuple[dict, dict]:
     """(fp32 weights for MiniMindForCausalLM.load_state_dict, the fingerprint record) of cfg.init.from_."""
+    if cfg.init.staged:
+        return _staged_weights(cfg, Path(cfg.init.staged))
     try:
         source = resolve(cfg.init.from_, cfg.init.checkpoint)
         weights = _checkpoint_weights(cfg, source) if source.kind == "checkpoint" else _pth_weights(cfg, source)
@@ -31,7 +33,34 @@ def load_init(cfg: RunConfig) -> tuple[dict, dict]:
         raise _refuse(cfg, f"cannot be read: {e}") from None
 
 
-def _checkpoint_weights(cfg: RunConfig, source: InitSource) -> dict:
+def _staged_weights(cfg: RunConfig, staged: Path) -> tuple[dict, dict]:
+    """init.from's copy the supervisor staged in scratch (daemon/jobs/initstage.py): only scratch is read. The
+    record is the source's as init.from names it (its path, its hashes), so lineage and a LoRA resume's
+    `same_source` see the source itself. A copy whose hashes are not the record's is damaged scratch, a data
+    error (65): the supervisor verifies it, stages it again and restarts, where a config error would be final.
+    (Raised as a CheckpointMismatch of kind "data": a ValueError would be taken for the model refusing the config.)"""
+    from minilmd.init_source import same_source, staged_copy, staged_record
+
+    try:
+        record = staged_record(staged)
+        source = InitSource(str(record.get("kind")), staged_copy(staged))
+        found = fingerprint(source)
+    except Exception as e:  # noqa: BLE001 - unreadable or missing scratch: stage again
+        raise _damaged(staged, f"cannot be read: {e}") from None
+    if record.get("from") != cfg.init.from_ or not same_source(record, found):
+        raise _damaged(staged, f"not the source's ({record.get('from')!r}): damaged or stale scratch")
+    weights = _checkpoint_weights(cfg, source, staged=True) if source.kind == "checkpoint" else \
+        _pth_weights(cfg, source)
+    return weights, {**record, "from": cfg.init.from_}
+
+
+def _damaged(staged: Path, problem: str):
+    from minilmd.checkpoint import CheckpointMismatch
+
+    return CheckpointMismatch(staged, [f"the staged copy of init.from is {problem}"], "data")
+
+
+def _checkpoint_weights(cfg: RunConfig, source: InitSource, staged: bool = False) -> dict:
     from safetensors.torch import load_file
 
     from minilmd.checkpoint import CheckpointError, CheckpointMismatch, Expectation, validate
@@ -42,6 +71,8 @@ def _checkpoint_weights(cfg: RunConfig, source: InitSource) -> dict:
     except CheckpointMismatch as e:
         raise _refuse(cfg, "; ".join(e.problems).replace("checkpoint", "source")) from None
     except CheckpointError as e:
+        if staged:  # it verified when staged: scratch damaged since, a data error (staged again), not the config
+            raise _damaged(source.path, f"damaged: {'; '.join(e.problems)}") from None
         raise _refuse(cfg, f"the checkpoint is invalid: {'; '.join(e.problems)}") from None
     return load_file(str(Path(source.path) / MODEL_FILE))
 

@@ -11,6 +11,7 @@ the sync and the remote's retention keep besides the newest).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from minilmd.config import ConfigError, RunConfig
 
@@ -56,17 +57,27 @@ class EarlyStop:
 
 def probe_batches(cfg: RunConfig) -> list:
     """The fixed validation rows of [eval] probe's val split (packed windows of a text corpus, padded rows of a
-    chat corpus), or [] without a probe. Its vocabulary must be the model's."""
-    from minilmd.corpus.format import open_prepared
+    chat corpus), or [] without a probe. Its vocabulary must be the model's. Only the val split is opened (its
+    files checked against meta.json): under a supervisor from its staged copy in scratch (eval.probe_staged),
+    which holds nothing else; the train split is never mapped nor scanned."""
+    from minilmd.corpus.format import TokenStream
+    from minilmd.corpus.meta import CorpusError, data_format_of, read_meta
+    from minilmd.names import SPLITS
     from minilmd.trainer.batches.samplers import validation_batches
 
     if not cfg.eval.probe:
         return []
-    corpus = open_prepared(cfg.eval.probe)
-    if corpus.vocab_size != cfg.model.vocab_size:
-        raise ConfigError([f"eval.probe = {cfg.eval.probe!r} was tokenized with a vocabulary of {corpus.vocab_size}, "
+    root = Path(cfg.eval.probe_staged or cfg.eval.probe)
+    meta = read_meta(root)
+    vocab = meta.get("vocab_size")
+    if vocab != cfg.model.vocab_size:
+        raise ConfigError([f"eval.probe = {cfg.eval.probe!r} was tokenized with a vocabulary of {vocab}, "
                            f"the model has {cfg.model.vocab_size}"], cfg.source)
-    val = corpus.val
-    mode = "padded" if corpus.data_format == "chat" else "packed"
+    val = TokenStream(root / SPLITS[1], cfg.model.vocab_size)
+    want = meta.get("splits", {}).get(SPLITS[1], {})
+    if want.get("tokens") != val.n_tokens or want.get("documents") != val.n_docs:
+        raise CorpusError(f"{val.dir}: {val.n_docs} documents / {val.n_tokens} tokens but meta.json records "
+                          f"{want.get('documents')} / {want.get('tokens')}")
+    mode = "padded" if data_format_of(meta) == "chat" else "packed"
     return validation_batches(mode, val.tokens, val.doc_starts, cfg.train.seq_len, cfg.data.val_windows,
                               cfg.train.micro_batch_size, val.loss_mask)

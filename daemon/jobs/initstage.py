@@ -1,0 +1,286 @@
+"""Staging what a trainer start reads besides the corpus: the val split of `[eval] probe` and the weights
+`[init] from` names, copied into scratch and verified, so that a trainer (re)start never reads shared storage.
+
+Layout in scratch (docs/architecture.md, "The files of a run"):
+- `probe/`: the probe corpus's meta.json (byte for byte) and its val split only (tokens.bin, doc_lengths.npy, and
+  loss_mask.bin for a chat corpus), each file's size and sha256 those meta.json lists; the train split, which the
+  probe never reads, is neither copied nor opened;
+- `init/`: `source.json`, the fingerprint record of the source as init.from names it (its own path, its hashes:
+  what every checkpoint of the run records, so lineage and `same_source` compare as if the source were read), and
+  the copy: `checkpoint/` (a checkpoint directory, every file its manifest lists) or `weights.pth`.
+
+Each is published by a rename only once verified, reused while it verifies, copied again when it does not.
+init.from is fetched once per run: a verified copy of the same `from` is reused without reading the source (a LoRA
+run's base must stay the one its checkpoints record anyway); the probe's source is read for a changed meta.json,
+and its verified copy used while the source cannot be read.
+A source that cannot be read (gone, EIO, a stalled mount that errors) raises SourceUnreachable: the staging worker
+waits and retries with backoff; a source that is read and wrong raises SourceInvalid (exit 65) or InitSourceError
+(exit 2), final as before. Torch-free; the blocking job of daemon/jobs/stagingworker.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path, PurePosixPath
+
+from minilmd.corpus.meta import CorpusError, listed_files, parse_meta
+from minilmd.daemon.jobs.staging import SourceInvalid, StagingError
+from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
+from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
+from minilmd.init_source import STAGED_PTH as INIT_PTH
+from minilmd.init_source import STAGED_RECORD as INIT_RECORD
+from minilmd.init_source import staged_copy as staged_init_source
+from minilmd.init_source import staged_record as read_init_record
+from minilmd.names import CORPUS_META, MANIFEST, SPLITS, STAGING_TMP_PREFIX
+
+PROBE_DIR = "probe"
+INIT_DIR = "init"
+CHUNK = 8 * 1024 * 1024
+MAX_META_BYTES = 64 * 1024 * 1024
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+
+
+class SourceUnreachable(StagingError):
+    """The probe corpus or init.from cannot be read now (gone, an I/O error): not final; retried with backoff."""
+
+
+def _copy(src: Path, dest: Path, size: int | None = None) -> tuple[int, str]:
+    """Copy src (its first `size` bytes when given: an append writes a split's tail before its meta.json) to dest,
+    hashing as it goes; (bytes, sha256). OSError (the source's) for the caller to call unreachable."""
+    h, done = hashlib.sha256(), 0
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as f, open(dest, "wb") as out:
+        while size is None or done < size:
+            chunk = f.read(CHUNK if size is None else min(CHUNK, size - done))
+            if not chunk:
+                break
+            out.write(chunk)
+            h.update(chunk)
+            done += len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    return done, h.hexdigest()
+
+
+def _read_source(path: Path, max_bytes: int, what: str) -> bytes:
+    try:
+        if os.stat(path).st_size > max_bytes:
+            raise SourceInvalid(f"{path}: larger than {max_bytes} bytes; not a {what}")
+        return path.read_bytes()
+    except FileNotFoundError as e:
+        raise SourceUnreachable(f"{path}: {e.strerror}") from None
+    except OSError as e:
+        raise SourceUnreachable(f"{path}: cannot be read ({e})") from None
+
+
+def _fresh_tmp(scratch: Path, name: str) -> Path:
+    tmp = scratch / f"{STAGING_TMP_PREFIX}{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)  # one supervisor per run: anything here is from a dead attempt
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+# --- the probe's val split ------------------------------------------------------------------------------------------
+def _val_files(meta: dict, where: str) -> dict[str, dict]:
+    try:
+        files = listed_files(meta, where)
+    except CorpusError as e:
+        raise SourceInvalid(str(e)) from None
+    val = {rel: e for rel, e in files.items() if PurePosixPath(rel).parts[0] == SPLITS[1]}
+    if not val:
+        raise SourceInvalid(f"{where}: meta.json lists no {SPLITS[1]}/ files: the probe has no val split")
+    return val
+
+
+def probe_problems(staged: Path) -> list[str]:
+    """What fails in a staged probe (empty: good): meta.json there, every val file its meta.json lists with that
+    size and sha256."""
+    try:
+        meta = parse_meta((staged / CORPUS_META).read_bytes(), str(staged / CORPUS_META))
+        files = _val_files(meta, str(staged))
+    except (OSError, CorpusError, SourceInvalid) as e:
+        return [f"{staged}: {e}"]
+    problems = []
+    for rel, entry in files.items():
+        try:
+            if os.stat(staged / rel).st_size != entry["size"] or sha256_file(staged / rel) != entry["sha256"]:
+                problems.append(f"{staged / rel}: differs from its {CORPUS_META} entry")
+        except OSError as e:
+            problems.append(f"{staged / rel}: {e}")
+    return problems
+
+
+def stage_probe(source: str, scratch: Path, log=lambda msg: None) -> Path:
+    """`<scratch>/probe`: the probe corpus's meta.json and val split, verified; an earlier copy reused if it is of
+    the same meta.json and verifies."""
+    root, final = Path(source), scratch / PROBE_DIR
+    try:
+        raw = _read_source(root / CORPUS_META, MAX_META_BYTES, "prepared corpus's meta.json")
+    except SourceUnreachable as e:
+        if root.is_dir() and not (root / CORPUS_META).exists():  # there, and not a prepared corpus: final
+            raise SourceInvalid(f"{source}: no {CORPUS_META} (not an output of `minilmd prepare`)") from None
+        if (final / CORPUS_META).is_file() and not probe_problems(final):
+            log(f"staging: the probe source cannot be read ({e}): reusing its verified copy at {final}")
+            return final
+        raise
+    try:
+        meta = parse_meta(raw, f"{source}/{CORPUS_META}")
+    except CorpusError as e:
+        raise SourceInvalid(str(e)) from None
+    files = _val_files(meta, source)
+    try:
+        same = (final / CORPUS_META).read_bytes() == raw
+    except OSError:
+        same = False
+    if same and not probe_problems(final):
+        log(f"staging: reusing the verified probe copy at {final}")
+        return final
+    tmp = _fresh_tmp(scratch, PROBE_DIR)
+    try:
+        for rel, entry in files.items():
+            try:
+                size, digest = _copy(root / rel, tmp / rel, entry["size"])
+            except OSError as e:
+                raise SourceUnreachable(f"{root / rel}: cannot be read ({e})") from None
+            if size != entry["size"] or digest != entry["sha256"]:
+                raise SourceInvalid(f"{root / rel}: {size} bytes, sha256 {digest[:12]}, but its {CORPUS_META} "
+                                    f"lists {entry['size']} bytes, sha256 {entry['sha256'][:12]}")
+        (tmp / CORPUS_META).write_bytes(raw)
+        publish_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"staging: the probe's val split of {source} staged and verified at {final}")
+    return final
+
+
+# --- init.from ------------------------------------------------------------------------------------------------------
+def init_problems(staged: Path) -> list[str]:
+    """What fails in a staged init (empty: good): the copy's hashes are the record's (a checkpoint's manifest
+    sha256, and every file the manifest lists; a .pth's sha256)."""
+    from minilmd.untrusted import Unreadable
+
+    try:
+        record = read_init_record(staged)
+        copy = staged_init_source(staged)
+        if record.get("kind") == "minimind":
+            return [] if sha256_file(copy) == record.get("sha256") else [f"{copy}: sha256 differs from the source's"]
+        if sha256_file(copy / MANIFEST) != record.get("manifest_sha256"):
+            return [f"{copy / MANIFEST}: differs from the source's"]
+        manifest = json.loads((copy / MANIFEST).read_text(encoding="utf-8"))
+        return [f"{copy / rel}: differs from its {MANIFEST}" for rel, entry in _manifest_files(manifest).items()
+                if sha256_file(copy / rel) != entry.get("sha256")]
+    except (OSError, ValueError, Unreadable) as e:
+        return [f"{staged}: {e}"]
+
+
+def _manifest_files(manifest) -> dict[str, dict]:
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("sha256"), str)
+                                              for e in files.values()):
+        raise ValueError(f"{MANIFEST}: no table of files with their sha256")
+    for rel in files:
+        p = PurePosixPath(rel)
+        if p.is_absolute() or ".." in p.parts or rel == MANIFEST:
+            raise ValueError(f"{MANIFEST}: an unsafe file name {rel!r}")
+    return files
+
+
+def _resolve(spec: str):
+    """init.from's source; a path that is not there (yet, or any more: a share gone) is unreachable, a path that
+    is there and wrong stays the InitSourceError it was (final)."""
+    from minilmd.init_source import InitSourceError, predecessor, resolve
+
+    try:
+        if predecessor(spec) is None and not os.path.lexists(spec):
+            raise SourceUnreachable(f"{spec}: no such file or directory")
+        return resolve(spec)
+    except InitSourceError as e:
+        if "no such file or directory" in str(e):
+            raise SourceUnreachable(f"{spec}: {e}") from None
+        raise
+    except OSError as e:
+        raise SourceUnreachable(f"{spec}: cannot be read ({e})") from None
+
+
+def stage_init(spec: str, scratch: Path, log=lambda msg: None) -> Path:
+    """`<scratch>/init`: the weights init.from names, copied and verified, with their fingerprint record; an
+    earlier copy reused while it is of the same source and verifies."""
+    from minilmd.init_source import fingerprint
+
+    final = scratch / INIT_DIR
+    try:
+        staged_from = read_init_record(final).get("from")
+    except Exception:  # noqa: BLE001 - no earlier copy, or one not ours to reuse: stage anew
+        staged_from = None
+    if staged_from == spec and not init_problems(final):  # fetched once per run: the source is not read again
+        log(f"staging: reusing the verified copy of init.from at {final}")
+        return final
+    source = _resolve(spec)
+    try:
+        record = {"from": spec, **fingerprint(source)}
+        manifest = json.loads(_read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest")) \
+            if source.kind == "checkpoint" else None
+        files = _manifest_files(manifest) if manifest is not None else {}
+    except ValueError as e:
+        raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
+    except OSError as e:
+        raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
+    tmp = _fresh_tmp(scratch, INIT_DIR)
+    try:
+        try:
+            if source.kind == "checkpoint":
+                for rel in [MANIFEST, *files]:
+                    _copy(source.path / rel, tmp / INIT_CHECKPOINT / rel)
+            else:
+                _copy(source.path, tmp / INIT_PTH)
+        except OSError as e:
+            raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
+        atomic_write_json(tmp / INIT_RECORD, record)
+        problems = init_problems(tmp)
+        if problems:  # read while it changed (a predecessor's retention?): try again later, never train on it
+            raise SourceUnreachable(f"init.from = {spec!r}: the copy does not verify: {problems[0]}")
+        publish_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"staging: init.from {spec} staged and verified at {final}")
+    return final
+
+
+# --- what the staging worker asks ------------------------------------------------------------------------------------
+def needed(cfg) -> list[str]:
+    """What this start reads besides the corpus: "probe" with an [eval] probe; "init" for a LoRA run (its base, at
+    every start) or a run with init.from and no checkpoint yet in scratch (a resumed run never reads it again)."""
+    from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
+
+    out = ["probe"] if cfg.eval.probe else []
+    if cfg.init.from_ and (cfg.lora.enabled or not local_checkpoint_steps(cfg.checkpoint_dir)):
+        out.append("init")
+    return out
+
+
+def present(cfg, staged: dict[str, str]) -> bool:
+    """Every input this start needs is staged and still in scratch (a cleaner or a reboot may have emptied it)."""
+    marks = {"eval.probe_staged": CORPUS_META, "init.staged": INIT_RECORD}
+    wanted = {"probe": "eval.probe_staged", "init": "init.staged"}
+    return all(wanted[n] in staged and (Path(staged[wanted[n]]) / marks[wanted[n]]).is_file() for n in needed(cfg))
+
+
+def problems(staged: dict[str, str]) -> list[str]:
+    """What fails verification in the staged inputs (their sizes and hashes)."""
+    out = probe_problems(Path(staged["eval.probe_staged"])) if "eval.probe_staged" in staged else []
+    return out + (init_problems(Path(staged["init.staged"])) if "init.staged" in staged else [])
+
+
+def stage_inputs(cfg, log=lambda msg: None) -> dict[str, str]:
+    """Stage what `needed` names; the `--set` overrides that give the trainer the staged copies."""
+    what = needed(cfg)
+    sets = {}
+    if "probe" in what:
+        sets["eval.probe_staged"] = str(stage_probe(cfg.eval.probe, cfg.scratch_dir, log))
+    if "init" in what:
+        sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, log))
+    return sets
