@@ -188,15 +188,15 @@ def _manifest_files(manifest) -> dict[str, dict]:
     return files
 
 
-def _resolve(spec: str):
-    """init.from's source; a path that is not there (yet, or any more: a share gone) is unreachable, a path that
-    is there and wrong stays the InitSourceError it was (final)."""
+def _resolve(spec: str, checkpoint: str):
+    """init.from's source (`checkpoint`: init.checkpoint, "best" or "last"); a path that is not there (yet, or any
+    more: a share gone) is unreachable, a path that is there and wrong stays the InitSourceError it was (final)."""
     from minilmd.init_source import InitSourceError, predecessor, resolve
 
     try:
         if predecessor(spec) is None and not os.path.lexists(spec):
             raise SourceUnreachable(f"{spec}: no such file or directory")
-        return resolve(spec)
+        return resolve(spec, checkpoint)
     except InitSourceError as e:
         if "no such file or directory" in str(e):
             raise SourceUnreachable(f"{spec}: {e}") from None
@@ -205,9 +205,11 @@ def _resolve(spec: str):
         raise SourceUnreachable(f"{spec}: cannot be read ({e})") from None
 
 
-def stage_init(spec: str, scratch: Path, log=lambda msg: None) -> Path:
-    """`<scratch>/init`: the weights init.from names, copied and verified, with their fingerprint record; an
-    earlier copy reused while it is of the same source and verifies."""
+def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda msg: None) -> Path:
+    """`<scratch>/init`: the weights init.from names (of a run or a root: its BEST or LATEST, as init.checkpoint
+    says), copied and verified, with their fingerprint record; an earlier copy reused while it is of the same source
+    and verifies (a run that changes init.checkpoint later resumes from its own checkpoints, or, with LoRA, is
+    refused for a changed base)."""
     from minilmd.init_source import fingerprint
 
     final = scratch / INIT_DIR
@@ -218,7 +220,7 @@ def stage_init(spec: str, scratch: Path, log=lambda msg: None) -> Path:
     if staged_from == spec and not init_problems(final):  # fetched once per run: the source is not read again
         log(f"staging: reusing the verified copy of init.from at {final}")
         return final
-    source = _resolve(spec)
+    source = _resolve(spec, checkpoint)
     try:
         record = {"from": spec, **fingerprint(source)}
         manifest = json.loads(_read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest")) \
@@ -282,5 +284,5 @@ def stage_inputs(cfg, log=lambda msg: None) -> dict[str, str]:
     if "probe" in what:
         sets["eval.probe_staged"] = str(stage_probe(cfg.eval.probe, cfg.scratch_dir, log))
     if "init" in what:
-        sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, log))
+        sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, cfg.init.checkpoint, log))
     return sets
