@@ -157,7 +157,7 @@ class InitWait(Section):
     why: str = ""
     """What its state says, in words."""
     running: bool | None = None
-    """Whether its supervisor runs (its lock held or its pid alive, its state.json fresh); None: not judged (it
+    """Whether its supervisor runs (its pid alive, its state.json fresh); None: not judged (it
     has not started, or its state.json cannot be read)."""
     not_running_since: float | None = None
     """When it was last seen running (its state.json's last write), while it is not."""

@@ -5,8 +5,8 @@ final exit) ends this run too, with a final status saying so. And the lineage `s
 So a whole pipeline starts at once (`systemctl --user start minilmd@pretrain minilmd@sft minilmd@style`) and each
 stage begins when the one before it is done. The predecessor's state.json says where it is
 (minilmd.init_source.predecessor_report, read as another user's file): polled every POLL_S, shown in state.json
-"init_wait". Whether it is alive too: its supervisor holds its lock (daemon/host/lock.py) or its recorded pid still
-runs, and its state.json was written within STALE_S; one that is not is "not running since" its state.json's last
+"init_wait". Whether it is alive too: its recorded supervisor pid still runs (with its start time: never a recycled
+pid), and its state.json was written within STALE_S; one that is not is "not running since" its state.json's last
 write (systemd may restart it: still a wait, never a failure). The wait is logged when the predecessor's phase or
 liveness changes, not at every step it makes. A run that already has a checkpoint of its own resumes from it and
 does not wait. Torch-free.
@@ -67,22 +67,17 @@ class Liveness:
 
 
 def predecessor_liveness(pred: Predecessor, state: dict | None, t: float | None = None) -> Liveness | None:
-    """Whether the supervisor of the predecessor runs: its lock held (a probe, daemon/host/lock.py) or its recorded
-    pid alive with its start time (on this host), and its state.json written within STALE_S. None when it has no
+    """Whether the supervisor of the predecessor runs: its recorded pid alive with its start time (on this host; on
+    another host sharing the run directory its state.json alone decides), and its state.json written within
+    STALE_S. Its lock is not probed: a probe every POLL_S, even a shared one of microseconds, could meet that
+    supervisor restarting and make its own non-blocking acquire fail, a final exit 2. None when there is no
     state.json to judge by (not started, or unreadable: the why says so already)."""
-    from minilmd.daemon.host.lock import lock_holder
-
     if state is None:
         return None
     t = now() if t is None else t
     read = StateJson.from_dict(state)
-    try:
-        held = lock_holder(pred.run_dir) is not None
-    except OSError:
-        held = False  # a lock file we may not open: the pid in state.json decides
     sup = read.supervisor
-    here = sup.host in ("", socket.gethostname())
-    alive = held or (here and process_alive(sup.pid, sup.start_ticks))
+    alive = process_alive(sup.pid, sup.start_ticks) if sup.host in ("", socket.gethostname()) else True
     updated = read.updated
     if read.outcome is not None:  # it ended, and not finished (stopped, or a status systemd restarts)
         return Liveness(False, read.outcome.time or updated, f"its supervisor ended with exit {read.outcome.exit}")
