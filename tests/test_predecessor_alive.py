@@ -35,8 +35,8 @@ def test_a_waiting_stage_sees_its_predecessor_die_and_logs_only_changes(tmp_path
     trainer = None
     try:
         wait_until(lambda: (state(second_dir).get("init_wait") or {}).get("running") is True
-                   and state(first_dir).get("phase") == "training", timeout=120, what="the wait on a live run")
-        wait_until(lambda: state(first_dir)["progress"]["step"], timeout=120, what="a first step")
+                   and state(second_dir)["init_wait"]["why"].startswith("run sft is training at step "),
+                   timeout=120, what="the wait on a run that trains")
         step_then = state(first_dir)["progress"]["step"]
         checks_then = state(second_dir)["init_wait"]["checks"]
         said_then = [e for e in events(second_dir) if e["event"] == "init_wait"]
@@ -56,6 +56,8 @@ def test_a_waiting_stage_sees_its_predecessor_die_and_logs_only_changes(tmp_path
         assert state(second_dir)["phase"] == "waiting_init" and succ.poll() is None  # a wait, not a failure
         shown = cli("status", str(second_dir)).stdout
         assert "  predecessor sft is not running since " in shown, shown
+        overview = cli("status").stdout  # every run of this user: the note under the table
+        assert "lora: waiting for init.from: predecessor sft is not running since " in overview, overview
         wait_until(lambda: prom.exists() and 'minilmd_predecessor_up{run="lora",predecessor="sft"} 0'
                    in prom.read_text(), timeout=60, what="the gauge")
         assert "minilmd_predecessor_down_timestamp_seconds{" in prom.read_text()
