@@ -115,9 +115,9 @@ def predecessor_report(pred: Predecessor) -> PredecessorReport:
             return PredecessorReport("waiting", f"run {pred.name} has not started ({pred.run_dir / STATE} not there "
                                                 f"yet)")
         return PredecessorReport("waiting", f"run {pred.name}'s {STATE} is unreadable ({e.why})")
-    phase = state.get("phase") if isinstance(state.get("phase"), str) else ""
-    outcome = state.get("outcome") if isinstance(state.get("outcome"), dict) else {}
-    progress = state.get("progress") if isinstance(state.get("progress"), dict) else {}
+    phase = state["phase"] if isinstance(state.get("phase"), str) else ""
+    outcome: dict = state["outcome"] if isinstance(state.get("outcome"), dict) else {}
+    progress: dict = state["progress"] if isinstance(state.get("progress"), dict) else {}
     step = progress.get("step")
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
     exit_status = outcome.get("exit")
