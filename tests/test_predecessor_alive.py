@@ -13,17 +13,60 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from minilmd import names
 from minilmd.config import load_config
+from minilmd.daemon.host.prometheus import render
+from minilmd.daemon.phases import initwait
+from minilmd.daemon.runstate import RunState, new_state, process_start_ticks
+from minilmd.fsio import atomic_write_json
 from supervisor_helpers import cli, events, start_supervisor, state, wait_or_kill, write_config
 from waiting import wait_until
 
-pytestmark = pytest.mark.slow  # two supervisors, a fake trainer of a few hundred steps: ~30 s
+
+def test_the_waiter_logs_phase_and_liveness_changes_not_steps(tmp_path, corpus, monkeypatch):
+    """InitWaiter against a predecessor whose "supervisor" is a real process: its steps are not news, its phase
+    and its death are; the gauge follows."""
+    monkeypatch.setattr(initwait, "POLL_S", 0.0)
+    first = write_config(tmp_path, corpus, name="sft")
+    second = load_config(write_config(tmp_path, corpus, name="lora", init={"from": str(first)}))
+    pred_dir = load_config(first).run_dir
+    pred_dir.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        body = new_state("sft", pred_dir, str(first))
+        wait_until(lambda: process_start_ticks(sleeper.pid), what="the sleeper's start time")
+        body["supervisor"].update(pid=sleeper.pid, start_ticks=process_start_ticks(sleeper.pid))
+        said: list[str] = []
+        waiter = initwait.InitWaiter(second, RunState(tmp_path / names.STATE, new_state("lora", tmp_path, "x")),
+                                     lambda event, message, **_: said.append(message))
+        for phase, step in (("staging", None), ("training", 1), ("training", 2), ("training", 3)):
+            body.update(phase=phase, progress={"step": step}, updated=time.time())
+            atomic_write_json(pred_dir / names.STATE, body)
+            assert waiter.tick() is None
+        assert said == ["init.from: run sft is staging", "init.from: run sft is training at step 1"], said
+        assert waiter.state.init_wait.running is True and waiter.state.init_wait.checks == 4
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    waiter.tick()
+    waiter.tick()
+    wait = waiter.state.init_wait
+    assert wait.running is False and wait.not_running_since == body["updated"], wait
+    assert len(said) == 3 and said[-1].startswith("init.from: run sft is training at step 3; predecessor sft is not "
+                                                  "running since "), said
+    gauges = render({**waiter.state.data, "phase": "waiting_init"}, time.time())
+    assert 'minilmd_predecessor_up{run="lora",predecessor="sft"} 0' in gauges, gauges
+    assert 'minilmd_predecessor_down_timestamp_seconds{run="lora",predecessor="sft"} ' in gauges, gauges
 
 
+@pytest.mark.slow  # two supervisors, a fake trainer of a few hundred steps: ~30 s
 def test_a_waiting_stage_sees_its_predecessor_die_and_logs_only_changes(tmp_path, corpus):
     first = write_config(tmp_path, corpus, name="sft", train={"max_steps": 100_000, "checkpoint_every": 1000})
     prom = tmp_path / "lora.prom"
