@@ -6,6 +6,7 @@ Torch-free, light imports.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -33,6 +34,12 @@ def orphan_lines(run_dir: Path, state: StateJson, alive: bool) -> list[str]:
     processes of ours that carry this run's launch id), with the step its heartbeat says."""
     if alive or state.outcome is not None:
         return []
+    try:
+        ours = os.lstat(run_dir).st_uid == os.getuid()
+    except OSError:
+        ours = False
+    if not ours:
+        return []  # the orphan hunt sees only our own processes: of another user's run it could say nothing true
     from minilmd.daemon.child.orphans import find_orphans
 
     pids = find_orphans(run_dir)
