@@ -23,9 +23,19 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.states import Phase, StagingState, SyncState
 from minilmd.daemon.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
-from minilmd.fsio import atomic_write_json, read_new_lines
+from minilmd.fsio import atomic_write_json
+from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular, read_json
 
 STATE_VERSION = 1
+STATE_MAX_BYTES = 8 << 20
+"""state.json is a few KB; one that is bigger is not one (a link to /dev/zero is never opened at all)."""
+HEARTBEAT_MAX_BYTES = 4096
+"""The heartbeat is "STEP PHASE": more is not a heartbeat."""
+TAIL_MAX_BYTES = 1 << 20
+"""The most of a log's or metrics.jsonl's end that a view reads for its last lines."""
+NEW_LINES_MAX_BYTES = 16 << 20
+"""The most that one read of a followed file (metrics.jsonl, a log) takes in: what was appended beyond that since
+the last read is skipped, never held (a file someone made huge, or a sparse one of gigabytes)."""
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -96,10 +106,27 @@ def process_environ(pid: int) -> dict[str, str]:
 
 # --- state.json ------------------------------------------------------------------------------------------------
 
-def read_state(run_dir: str | os.PathLike) -> dict | None:
+def state_owners(run_dir: str | os.PathLike) -> tuple[int, ...]:
+    """Whose state.json of run_dir is read: the run directory's owner's (its supervisor runs as that user), or
+    our own. Anyone else's file there is another user's doing, never the supervisor's."""
     try:
-        return json.loads((Path(run_dir) / names.STATE).read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
+        owner = os.lstat(run_dir).st_uid
+    except OSError:
+        return (os.getuid(),)
+    return tuple(sorted({owner, os.getuid()}))
+
+
+def load_state(run_dir: str | os.PathLike) -> dict:
+    """state.json of run_dir through the hardened reader (minilmd/untrusted.py: a regular file of its owner, at most
+    STATE_MAX_BYTES, a JSON object of bounded depth). Raises Unreadable (`missing` when there is none)."""
+    return read_json(Path(run_dir) / names.STATE, max_bytes=STATE_MAX_BYTES, owner=state_owners(run_dir))
+
+
+def read_state(run_dir: str | os.PathLike) -> dict | None:
+    """state.json of run_dir, None when there is none or it is not one (`load_state` says why)."""
+    try:
+        return load_state(run_dir)
+    except Unreadable:
         return None
 
 
@@ -262,32 +289,131 @@ class EventLog:
 
 # --- the trainer's outputs -------------------------------------------------------------------------------------
 
+def _pread_all(fd: int, size: int, offset: int) -> bytes:
+    chunks, got = [], 0
+    while got < size:
+        chunk = os.pread(fd, min(size - got, 1 << 20), offset + got)
+        if not chunk:
+            break  # truncated meanwhile
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _open_or_none(path: str | os.PathLike) -> int | None:
+    """A descriptor of the regular file at path, None when there is none; Unreadable when it is not one."""
+    try:
+        return open_regular(path)
+    except Unreadable as e:
+        if e.missing:
+            return None
+        raise
+
+
+def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = TAIL_MAX_BYTES) -> tuple[list[str], int]:
+    """(the last n lines of a file, its size when read), from at most its last max_bytes: minilmd.fsio.tail_lines
+    for a file anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
+    ([], 0) for a missing file."""
+    fd = _open_or_none(path)
+    if fd is None:
+        return [], 0
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - max_bytes)
+        data = _pread_all(fd, size - start, start)
+    except OSError as e:
+        raise Unreadable(f"cannot be read: {e.strerror or e}", path) from None
+    finally:
+        os.close(fd)
+    lines = data.decode(errors="replace").splitlines()
+    if start > 0 and lines:
+        lines = lines[1:]  # the first one is cut: it began before what was read
+    return (lines[-n:] if n > 0 else []), size
+
+
+def new_lines(path: str | os.PathLike, offset: int,
+              max_bytes: int = NEW_LINES_MAX_BYTES) -> tuple[list[bytes], int]:
+    """(complete lines added since `offset`, the offset after the last of them), as minilmd.fsio.read_new_lines,
+    but never more than the last max_bytes of what was added (the rest is skipped) and only from a regular file
+    (Unreadable otherwise). A file that shrank is read from its start again; a missing one gives ([], offset)."""
+    fd = _open_or_none(path)
+    if fd is None:
+        return [], offset
+    try:
+        size = os.fstat(fd).st_size
+        offset = 0 if size < offset else offset
+        skipped = size - offset > max_bytes
+        if skipped:
+            offset = size - max_bytes
+        data = _pread_all(fd, size - offset, offset)
+    except OSError as e:
+        raise Unreadable(f"cannot be read: {e.strerror or e}", path) from None
+    finally:
+        os.close(fd)
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    lines = data[:end].splitlines()
+    return (lines[1:] if skipped else lines), offset + end + 1  # after a skip the first line is cut
+
+
+def json_records(lines: list[bytes] | list[str]) -> list[dict]:
+    """The JSON objects among lines of a JSON-lines file (depth-bounded: minilmd/untrusted.py `loads`); a torn or
+    foreign line is skipped."""
+    records = []
+    for line in lines:
+        try:
+            records.append(loads(line, max_depth=MAX_LINE_DEPTH, expect=dict))
+        except Unreadable:
+            continue  # a torn line from a trainer killed mid-write: skip it, the next one is whole
+    return records
+
+
 class MetricsTail:
     """Reads complete new lines of metrics.jsonl since the last call (the trainer may be mid-line)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.offset = 0
+        self.problem: str | None = None
+        """Why metrics.jsonl could not be read at the last call (it is not a regular file); None when it could."""
 
     def read_new(self) -> list[dict]:
-        lines, self.offset = read_new_lines(self.path, self.offset)
-        records = []
-        for line in lines:
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue  # a torn line from a trainer killed mid-write: skip it, the next one is whole
-        return records
+        try:
+            lines, self.offset = new_lines(self.path, self.offset)
+        except Unreadable as e:
+            self.problem = e.why
+            return []
+        self.problem = None
+        return json_records(lines)
+
+
+def _heartbeat(run_dir: Path) -> tuple[float, list[str]] | None:
+    """(mtime, words) of the heartbeat file, None when there is none or it is not a small regular file."""
+    try:
+        fd = _open_or_none(run_dir / names.HEARTBEAT)
+    except Unreadable:
+        return None
+    if fd is None:
+        return None
+    try:
+        mtime = os.fstat(fd).st_mtime
+        body = os.pread(fd, HEARTBEAT_MAX_BYTES + 1, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(body) > HEARTBEAT_MAX_BYTES:
+        return None
+    return mtime, body.decode(errors="replace").split()
 
 
 def read_heartbeat(run_dir: Path) -> tuple[float, int | None] | None:
     """(mtime, step) of the trainer's heartbeat, or None if there is none. Its body is "STEP" or "STEP PHASE"."""
-    path = run_dir / names.HEARTBEAT
-    try:
-        mtime = path.stat().st_mtime
-        body = path.read_text().split()
-    except OSError:
+    beat = _heartbeat(Path(run_dir))
+    if beat is None:
         return None
+    mtime, body = beat
     try:
         step = int(body[0]) if body else None
     except ValueError:
@@ -297,8 +423,5 @@ def read_heartbeat(run_dir: Path) -> tuple[float, int | None] | None:
 
 def heartbeat_phase(run_dir: Path) -> str:
     """The phase the trainer's heartbeat names ("compiling" during its first torch.compile'd step), or ""."""
-    try:
-        body = (run_dir / names.HEARTBEAT).read_text().split()
-    except OSError:
-        return ""
-    return body[1] if len(body) > 1 else ""
+    beat = _heartbeat(Path(run_dir))
+    return beat[1][1] if beat is not None and len(beat[1]) > 1 else ""

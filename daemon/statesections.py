@@ -156,6 +156,13 @@ class InitWait(Section):
     """The runs root it was found in."""
     why: str = ""
     """What its state says, in words."""
+    running: bool | None = None
+    """Whether its supervisor runs (its pid alive, its state.json fresh); None: not judged (it
+    has not started, or its state.json cannot be read)."""
+    not_running_since: float | None = None
+    """When it was last seen running (its state.json's last write), while it is not."""
+    not_running: str = ""
+    """"predecessor X is not running since T (...)" while it is not; "" while it runs."""
 
 
 @dataclass

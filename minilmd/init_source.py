@@ -75,28 +75,77 @@ def predecessor(spec: str) -> Predecessor | None:
     return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir)
 
 
-def predecessor_outcome(pred: Predecessor) -> tuple[str, str]:
-    """("done" | "waiting" | "failed", why), from the run's state.json: done once its supervisor ended with the run
-    finished (its last checkpoint synced); failed once it ended with a final exit status; waiting otherwise (not
-    started, running, stopped on request, or killed: a restart goes on)."""
+PREDECESSOR_STATE_MAX_BYTES = 8 << 20
+"""The predecessor's state.json is a few KB; a bigger one is not one (a link to /dev/zero is never opened)."""
+
+
+@dataclass(frozen=True)
+class PredecessorReport:
+    """What the predecessor's state.json says: its outcome for this run, in words, its phase and the state itself."""
+
+    outcome: str
+    """"done", "waiting" or "failed"."""
+    why: str
+    phase: str = ""
+    """Its phase ("" when it has not started or its state.json cannot be read)."""
+    state: dict | None = None
+    """Its state.json, when it could be read."""
+
+
+def predecessor_state(pred: Predecessor) -> dict:
+    """The predecessor's state.json, read as a file of another user (minilmd/untrusted.py: a regular file of its run
+    directory's owner, size and depth bounded, an object): Unreadable otherwise, with `missing` when there is none."""
+    import os
+
     from minilmd.names import STATE
-    from minilmd.protocol import FINAL_EXIT_STATUSES
+    from minilmd.untrusted import Unreadable, read_json
 
     try:
-        state = json.loads((pred.run_dir / STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "waiting", f"run {pred.name} has not started ({pred.run_dir / STATE} not there yet)"
-    phase, outcome = state.get("phase"), state.get("outcome") or {}
-    step = (state.get("progress") or {}).get("step")
-    if phase == "done" and outcome.get("exit") == 0 and not str(state.get("reason", "")).startswith("stopped"):
-        return "done", f"run {pred.name} finished at step {step}"
-    if phase == "failed" and outcome.get("exit") in FINAL_EXIT_STATUSES:
-        return "failed", (f"run {pred.name} failed with exit {outcome.get('exit')}: "
-                          f"{state.get('last_error') or state.get('reason')}")
+        owner = os.lstat(pred.run_dir).st_uid
+    except FileNotFoundError:
+        raise Unreadable("missing", pred.run_dir / STATE, missing=True) from None
+    except OSError as e:
+        raise Unreadable(f"its run directory cannot be read: {e.strerror or e}", pred.run_dir / STATE) from None
+    return read_json(pred.run_dir / STATE, max_bytes=PREDECESSOR_STATE_MAX_BYTES, owner=(owner, os.getuid()))
+
+
+def predecessor_report(pred: Predecessor) -> PredecessorReport:
+    """The predecessor's outcome from its state.json: done once its supervisor ended with the run finished (its last
+    checkpoint synced); failed once it ended with a final exit status; waiting otherwise (not started, running,
+    stopped on request, killed: a restart goes on; or a state.json that is not one, said as "unreadable (why)")."""
+    from minilmd.names import STATE
+    from minilmd.protocol import FINAL_EXIT_STATUSES
+    from minilmd.untrusted import Unreadable, printable
+
+    try:
+        state = predecessor_state(pred)
+    except Unreadable as e:
+        if e.missing:
+            return PredecessorReport("waiting", f"run {pred.name} has not started ({pred.run_dir / STATE} not there "
+                                                f"yet)")
+        return PredecessorReport("waiting", f"run {pred.name}'s {STATE} is unreadable ({e.why})")
+    phase = state["phase"] if isinstance(state.get("phase"), str) else ""
+    outcome: dict = state["outcome"] if isinstance(state.get("outcome"), dict) else {}
+    progress: dict = state["progress"] if isinstance(state.get("progress"), dict) else {}
+    step = progress.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    exit_status = outcome.get("exit")
+    reason = printable(str(state.get("reason", "")))
+    if phase == "done" and exit_status == 0 and not reason.startswith("stopped"):
+        return PredecessorReport("done", f"run {pred.name} finished at step {step}", phase, state)
+    if phase == "failed" and exit_status in FINAL_EXIT_STATUSES:
+        return PredecessorReport("failed", f"run {pred.name} failed with exit {exit_status}: "
+                                           f"{printable(str(state.get('last_error') or reason))}", phase, state)
     at = f" at step {step}" if step is not None else ""
     if phase == "done":  # done but not finished: stopped on request (or preempted); it waits for a restart
-        return "waiting", f"run {pred.name} was stopped{at}"
-    return "waiting", f"run {pred.name} is {phase}{at}"
+        return PredecessorReport("waiting", f"run {pred.name} was stopped{at}", phase, state)
+    return PredecessorReport("waiting", f"run {pred.name} is {printable(phase)[:40]}{at}", phase, state)
+
+
+def predecessor_outcome(pred: Predecessor) -> tuple[str, str]:
+    """("done" | "waiting" | "failed", why): `predecessor_report` in short."""
+    report = predecessor_report(pred)
+    return report.outcome, report.why
 
 
 def resolve(spec: str, checkpoint: str = "best") -> InitSource:

@@ -116,6 +116,38 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
         os.close(fd)
 
 
+def open_regular(path: str | os.PathLike, *, owner: int | Collection[int] | None = None) -> int:
+    """A descriptor of a regular file, opened as `read_bytes` opens one (looked at first, no link followed, never
+    blocked, the same file checked after the open, its owner when given), for a reader that reads only a bounded
+    part of it (the tail of a log or of metrics.jsonl). The caller closes it. Raises Unreadable only."""
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        raise Unreadable("missing", path, missing=True) from None
+    except OSError as e:
+        raise Unreadable(_os_why(e), path) from None
+    if not stat.S_ISREG(before.st_mode):
+        raise Unreadable(file_kind(before.st_mode), path)
+    problem = _owner_problem(before.st_uid, owner)
+    if problem:
+        raise Unreadable(problem, path)
+    try:
+        fd = os.open(path, OPEN_FLAGS)
+    except FileNotFoundError:
+        raise Unreadable("missing", path, missing=True) from None
+    except OSError as e:
+        raise Unreadable("a symbolic link" if e.errno == errno.ELOOP else _os_why(e), path) from None
+    try:
+        st = os.fstat(fd)
+    except OSError as e:  # pragma: no cover - fstat of a descriptor just opened
+        os.close(fd)
+        raise Unreadable(_os_why(e), path) from None
+    if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino) or not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise Unreadable("replaced while being opened", path)
+    return fd
+
+
 def _os_why(e: OSError) -> str:
     if e.errno in (errno.EACCES, errno.EPERM):
         return "permission denied"

@@ -4,7 +4,6 @@ carry this run's directory and launch id and started no earlier than the recorde
 MINILMD_RUN_DIR in an environment; nobody else's process is ever signalled, even by root. Torch-free."""
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -15,8 +14,11 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
 from minilmd.fsio import atomic_write_json
+from minilmd.untrusted import Unreadable, read_json
 
 REAP_S = 10.0
+TRAINER_RECORD_MAX_BYTES = 64 << 10
+"""trainer.json is a few hundred bytes."""
 """After SIGKILL, how long kill_group waits for the kernel to let the process go before it gives up on reaping it."""
 
 
@@ -35,9 +37,9 @@ def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid
 
 def _read_record(run_dir: Path) -> dict | None:
     """trainer.json if it names a trainer that this user launched on this host, else None."""
-    try:
-        record = json.loads((run_dir / names.TRAINER_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a regular file of ours only (minilmd/untrusted.py): never a FIFO or a link to /dev/zero read whole
+        record = read_json(run_dir / names.TRAINER_RECORD, max_bytes=TRAINER_RECORD_MAX_BYTES, owner=os.getuid())
+    except Unreadable:
         return None
     if not isinstance(record, dict) or not isinstance(record.get("launch_id"), str) or not record["launch_id"]:
         return None

@@ -46,6 +46,10 @@ GAUGES: dict[str, str] = {
     "minilmd_remote_checkpoint_timestamp_seconds": "when the newest remote checkpoint was synced (Unix time)",
     "minilmd_remote_checkpoint_age_seconds": "age of the newest remote checkpoint when the file was written",
     "minilmd_gpu_waited_seconds": "seconds this supervisor has spent waiting for free GPUs",
+    "minilmd_predecessor_up": "while waiting for init.from: 1 while the run it starts from has a running supervisor, "
+                              "0 while it has not (label predecessor)",
+    "minilmd_predecessor_down_timestamp_seconds": "while waiting for init.from on a predecessor that is not "
+                                                  "running: since when (its state.json's last write, Unix time)",
     "minilmd_textfile_timestamp_seconds": "when this file was written (Unix time)",
 }
 FAILING_SYNC = ("failed", "stalled", "unavailable")
@@ -104,6 +108,13 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
         put(f"minilmd_{name}_checkpoint_timestamp_seconds", when)
         put(f"minilmd_{name}_checkpoint_age_seconds", t - when if when else None)
     put("minilmd_gpu_waited_seconds", round(gpu_waited_s, 3))
+    wait = state.get("init_wait")
+    if (state.get("phase") == Phase.WAITING_INIT.value and isinstance(wait, dict)
+            and isinstance(wait.get("running"), bool)):
+        pred = str(wait.get("run") or "?")
+        put("minilmd_predecessor_up", 1 if wait["running"] else 0, predecessor=pred)
+        if not wait["running"]:
+            put("minilmd_predecessor_down_timestamp_seconds", wait.get("not_running_since"), predecessor=pred)
     put("minilmd_textfile_timestamp_seconds", round(t, 3))
     lines = []
     for name, help_text in GAUGES.items():

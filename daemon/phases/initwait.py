@@ -4,24 +4,39 @@ final exit) ends this run too, with a final status saying so. And the lineage `s
 
 So a whole pipeline starts at once (`systemctl --user start minilmd@pretrain minilmd@sft minilmd@style`) and each
 stage begins when the one before it is done. The predecessor's state.json says where it is
-(minilmd.init_source.predecessor_outcome): polled every POLL_S, shown in state.json "init_wait". A run that already
-has a checkpoint of its own resumes from it and does not wait. Torch-free.
+(minilmd.init_source.predecessor_report, read as another user's file): polled every POLL_S, shown in state.json
+"init_wait". Whether it is alive too: its recorded supervisor pid still runs (with its start time: never a recycled
+pid), and its state.json was written within STALE_S; one that is not is "not running since" its state.json's last
+write (systemd may restart it: still a wait, never a failure). The wait is logged when the predecessor's phase or
+liveness changes, not at every step it makes. A run that already has a checkpoint of its own resumes from it and
+does not wait. Torch-free.
 """
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.config import RunConfig
 from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
-from minilmd.daemon.runstate import RunState, now
-from minilmd.daemon.statesections import InitWait
-from minilmd.init_source import InitSourceError, predecessor, predecessor_outcome
+from minilmd.daemon.runstate import RunState, fmt_time, now, process_alive
+from minilmd.daemon.statesections import InitWait, StateJson
+from minilmd.init_source import (
+    InitSourceError,
+    Predecessor,
+    PredecessorReport,
+    predecessor,
+    predecessor_outcome,
+    predecessor_report,
+)
 from minilmd.names import BEST, LATEST, TRAINER_STATE, step_name
 
 POLL_S = 2.0
 """Time between two reads of the predecessor's state.json."""
+STALE_S = 60.0
+"""A live supervisor rewrites its state.json every second or so (daemon/phases/rundirwatch.py): one not written for
+this long is not running, whatever its lock says (a stopped or hung process)."""
 
 
 @dataclass
@@ -42,13 +57,53 @@ def must_wait(cfg: RunConfig) -> bool:
     return pred is not None and predecessor_outcome(pred)[0] != "done"
 
 
+@dataclass(frozen=True)
+class Liveness:
+    """Whether the predecessor's supervisor runs, and since when it does not (its state.json's last write)."""
+
+    running: bool
+    since: float | None = None
+    detail: str = ""
+
+
+def predecessor_liveness(pred: Predecessor, state: dict | None, t: float | None = None) -> Liveness | None:
+    """Whether the supervisor of the predecessor runs: its recorded pid alive with its start time (on this host; on
+    another host sharing the run directory its state.json alone decides), and its state.json written within
+    STALE_S. Its lock is not probed: a probe every POLL_S, even a shared one of microseconds, could meet that
+    supervisor restarting and make its own non-blocking acquire fail, a final exit 2. None when there is no
+    state.json to judge by (not started, or unreadable: the why says so already)."""
+    if state is None:
+        return None
+    t = now() if t is None else t
+    read = StateJson.from_dict(state)
+    sup = read.supervisor
+    alive = process_alive(sup.pid, sup.start_ticks) if sup.host in ("", socket.gethostname()) else True
+    updated = read.updated
+    if read.outcome is not None:  # it ended, and not finished (stopped, or a status systemd restarts)
+        return Liveness(False, read.outcome.time or updated, f"its supervisor ended with exit {read.outcome.exit}")
+    if not alive:
+        return Liveness(False, updated, "its supervisor is gone")
+    if updated is not None and t - updated > STALE_S:
+        return Liveness(False, updated, "its supervisor has not written state.json since")
+    return Liveness(True)
+
+
+def liveness_text(run: str, live: Liveness | None) -> str:
+    """"predecessor X is not running since T" (or "" while it runs, or cannot be judged)."""
+    if live is None or live.running:
+        return ""
+    return (f"predecessor {run} is not running since {fmt_time(live.since)} ({live.detail}; it may be restarted: "
+            f"this run waits)")
+
+
 class InitWaiter:
     """Polls the predecessor; its view goes to state.json "init_wait" for `status`."""
 
     def __init__(self, cfg: RunConfig, state: RunState, emit):
         self.cfg, self.state, self.emit = cfg, state, emit
         self.last_poll = 0.0
-        self.last_why = ""
+        self.last_said: tuple | None = None
+        """(outcome, phase, running, unreadable why) at the last line logged: a new line only when one changes."""
 
     def tick(self) -> InitOutcome | None:
         """None while waiting; an InitOutcome once the predecessor is done or failed."""
@@ -61,19 +116,31 @@ class InitWaiter:
             return InitOutcome(failed=f"init.from = {self.cfg.init.from_!r}: {e}")
         if pred is None:
             return InitOutcome(done=True)
-        outcome, why = predecessor_outcome(pred)
+        report = predecessor_report(pred)
+        live = predecessor_liveness(pred, report.state) if report.outcome == "waiting" else None
         wait = self.state.init_wait or InitWait(since=now(), checks=0)
-        wait.run, wait.run_dir, wait.root, wait.why = pred.name, str(pred.run_dir), str(pred.root), why
+        wait.run, wait.run_dir, wait.root, wait.why = pred.name, str(pred.run_dir), str(pred.root), report.why
+        wait.running = None if live is None else live.running
+        wait.not_running_since = live.since if live is not None and not live.running else None
+        wait.not_running = liveness_text(pred.name, live)
         wait.checks += 1
         self.state.init_wait = wait
-        if why != self.last_why:
-            self.emit("init_wait", f"init.from: {why}")
-            self.last_why = why
-        if outcome == "done":
+        said = _change_key(report, live)
+        if said != self.last_said:
+            self.emit("init_wait", f"init.from: {report.why}" + (f"; {wait.not_running}" if wait.not_running else ""))
+            self.last_said = said
+        if report.outcome == "done":
             return InitOutcome(done=True)
-        if outcome == "failed":
-            return InitOutcome(failed=f"the run this one starts from failed, so this one cannot start: {why}")
+        if report.outcome == "failed":
+            return InitOutcome(failed=f"the run this one starts from failed, so this one cannot start: {report.why}")
         return None
+
+
+def _change_key(report: PredecessorReport, live: Liveness | None) -> tuple:
+    """What a new [init_wait] line is for: the predecessor's outcome, phase and liveness, or a new why when there
+    is no phase (not started, unreadable); never its step alone."""
+    return (report.outcome, report.phase, None if live is None else live.running,
+            report.why if not report.phase else "")
 
 
 def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:

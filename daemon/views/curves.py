@@ -11,37 +11,51 @@ and epoch boundaries are the steps where the "epoch" of the train lines changes.
 from __future__ import annotations
 
 import bisect
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names
-from minilmd.fsio import tail_lines
+from minilmd.daemon.runstate import json_records, read_state, tail_lines
+from minilmd.untrusted import Unreadable
 
 NOT_RESTARTS = ("done", "stopped")
 """Causes of a trainer's end that are no restart: the budget reached, a stop asked for."""
 SYNC_FAILED_PREFIXES = ("sync failed", "the sync looks stalled")
 """How daemon/jobs/syncworker.py's "sync" events begin when a sync failed or stalled; "synced step" ends the span."""
 SPARKS = "▁▂▃▄▅▆▇█"
+PLOT_MAX_BYTES = 256 << 20
+"""The most of metrics.jsonl or events.jsonl that `plot` reads, from its end: a run of millions of steps logs far
+less; a file someone made huge (or a sparse one of terabytes) is never read whole."""
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Every whole JSON object of a JSON-lines file ([] when missing); a torn line (a writer killed mid-line) is
-    skipped."""
+def read_jsonl(path: Path, max_bytes: int = PLOT_MAX_BYTES, problems: list[str] | None = None) -> list[dict]:
+    """Every whole JSON object of a JSON-lines file, of at most its last max_bytes ([] when missing); a torn line (a
+    writer killed mid-line) is skipped. A file that is not a regular one (a FIFO, a link) gives [] and its
+    "NAME: unreadable (why)" in `problems`."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        lines, _ = tail_lines(path, 1 << 62, max_bytes=max_bytes)
+    except Unreadable as e:
+        if problems is not None:
+            problems.append(f"{path.name}: unreadable ({e.why})")
         return []
-    records = []
-    for line in raw.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
-    return records
+    return json_records(lines)
+
+
+NUMERIC_KEYS = ("step", "time", "tokens_seen", "total_steps", "loss", "val_loss", "lr", "tok_s", "grad_norm",
+                "step_time", "epoch")
+"""The fields of a metrics or events line that are numbers; one that is not (a string, true) is dropped."""
+
+
+def numbers_only(records: list[dict]) -> list[dict]:
+    """records without the NUMERIC_KEYS whose value is not a number: a line someone wrote with "step": "x" is
+    drawn without that field rather than failing the plot."""
+    out = []
+    for rec in records:
+        bad = [k for k in NUMERIC_KEYS if k in rec and (isinstance(rec[k], bool)
+                                                          or not isinstance(rec[k], (int, float)))]
+        out.append({k: v for k, v in rec.items() if k not in bad} if bad else rec)
+    return out
 
 
 def last_per_step(records: list[dict]) -> list[dict]:
@@ -77,6 +91,8 @@ class Curves:
     """Steps at which a new epoch of the training data began."""
     repeated_steps: int = 0
     """Train lines dropped because a later attempt logged the same step again."""
+    unreadable: list[str] = field(default_factory=list)
+    """"metrics.jsonl: unreadable (a FIFO)": the files that could not be read, so that what is drawn is not all."""
 
     def step_at(self, t: float) -> float:
         """The step the run had reached at time t (interpolated between train lines)."""
@@ -101,21 +117,22 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
 
 
 def run_name(run_dir: Path) -> str:
-    try:
-        return json.loads((run_dir / names.STATE).read_text(encoding="utf-8")).get("run") or run_dir.name
-    except (OSError, ValueError):
-        return run_dir.name
+    """The run's name in its state.json (read as daemon/runstate.py reads it), else its directory's name."""
+    name = (read_state(run_dir) or {}).get("run")
+    return name if isinstance(name, str) and name else run_dir.name
 
 
 def load(run_dir: str | os.PathLike) -> Curves:
     """The curves of the run in run_dir (its metrics.jsonl and events.jsonl; either may be missing)."""
     run_dir = Path(run_dir)
-    metrics = read_jsonl(run_dir / names.METRICS)
+    problems: list[str] = []
+    metrics = numbers_only(read_jsonl(run_dir / names.METRICS, problems=problems))
     raw_train = [r for r in metrics if r.get("kind") == "train"]
     curves = Curves(run_dir, run_name(run_dir), train=last_per_step(raw_train),
                     evals=last_per_step([r for r in metrics if r.get("kind") == "eval"]))
     curves.repeated_steps = len([r for r in raw_train if isinstance(r.get("step"), int)]) - len(curves.train)
-    events = read_jsonl(run_dir / names.EVENTS)
+    events = numbers_only(read_jsonl(run_dir / names.EVENTS, problems=problems))
+    curves.unreadable = problems
     curves.restarts = _restarts(curves, events)
     curves.sync_failures = _sync_failures(curves, events)
     epochs = [(r["step"], r["epoch"]) for r in curves.train if isinstance(r.get("epoch"), int)]
@@ -183,22 +200,18 @@ RECENT_LINES = 400
 
 def recent_loss(run_dir: Path, lines: int = RECENT_LINES) -> list[dict]:
     """The last train lines of metrics.jsonl, one per step (read from its end: status stays fast)."""
-    tail, _ = tail_lines(run_dir / names.METRICS, lines)
-    records = []
-    for line in tail:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("kind") == "train" and isinstance(rec.get("loss"), (int, float)):
-            records.append(rec)
-    return last_per_step(records)
+    try:
+        tail, _ = tail_lines(run_dir / names.METRICS, lines)
+    except Unreadable:
+        return []  # not a file the trainer wrote (a FIFO, a link): no sparkline
+    return last_per_step([rec for rec in json_records(tail) if rec.get("kind") == "train"
+                          and isinstance(rec.get("loss"), (int, float)) and not isinstance(rec.get("loss"), bool)])
 
 
 def sparkline_line(run_dir: Path) -> str | None:
     """"  loss ▇▅▄▃▂▂▁▁ steps 100-500: 3.2100 -> 2.1000", or None when no train line was logged yet. No ETA here:
     the step line above it gives the run's one ETA (state.json's, as `status --all` does)."""
-    recs = recent_loss(run_dir)
+    recs = numbers_only(recent_loss(run_dir))
     if not recs:
         return None
     losses = [float(r["loss"]) for r in recs]

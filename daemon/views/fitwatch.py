@@ -15,7 +15,6 @@ Torch-free and light, like the rest of the views.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -51,19 +50,11 @@ class Epoch:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    try:
-        text = (run_dir / names.METRICS).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a torn last line
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+    """metrics.jsonl's objects, from at most its last PLOT_MAX_BYTES and only from a regular file (daemon/views/
+    curves.py read_jsonl: never a FIFO, a link to /dev/zero nor a file someone made huge read whole)."""
+    from minilmd.daemon.views.curves import numbers_only, read_jsonl
+
+    return numbers_only(read_jsonl(run_dir / names.METRICS))
 
 
 def warn_settings(run_dir: Path) -> tuple[int, float]:

@@ -68,6 +68,8 @@ def row(entry: registry.Entry, t: float) -> dict:
         "last_sync_age_s": t - last_ok if last_ok else None,
         "restarts": len(state.restarts),
         "last_error": state.last_error,
+        "predecessor": (state.init_wait.not_running or None) if state.init_wait and alive
+        and state.phase == "waiting_init" else None,
     }
 
 
@@ -135,6 +137,9 @@ def status_all(as_json: bool = False, out=None) -> int:
         _notes(scan.notes, out)
         return 0
     print("\n".join(table(rows)), file=out)
+    for r in rows:
+        if r.get("predecessor"):
+            print(f"{printable(r['run'])}: waiting for init.from: {printable(r['predecessor'])}", file=out)
     vanished = [r["run"] for r in rows if r["phase"] == "vanished"]
     if vanished:
         print(f"run directories gone: {', '.join(vanished)}: `minilmd forget NAME` removes them from this list",

@@ -39,6 +39,8 @@ class PlotSummary:
     epoch_marks: list[tuple[str, float]] = field(default_factory=list)
     points: dict[str, int] = field(default_factory=dict)
     """Points of each run's raw train-loss line."""
+    unreadable: list[str] = field(default_factory=list)
+    """"RUN: metrics.jsonl: unreadable (a FIFO)" for each file that could not be read (its curves are missing)."""
 
 
 def _pyplot():
@@ -138,6 +140,7 @@ def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float
 def _summarize(fig, loss_ax, out: Path, runs: list[curves_mod.Curves]) -> PlotSummary:
     width, height = fig.get_size_inches() * fig.dpi
     summary = PlotSummary(out, (round(width), round(height)), [r.name for r in runs])
+    summary.unreadable = [f"{r.name}: {problem}" for r in runs for problem in r.unreadable]
     for line in loss_ax.lines:
         gid = line.get_gid() or ""
         kind, _, rest = gid.partition(":")

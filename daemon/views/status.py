@@ -16,22 +16,27 @@ import time
 from pathlib import Path
 
 from minilmd import names, protocol
-from minilmd.daemon.runstate import fmt_time, process_alive, read_state
+from minilmd.daemon.runstate import fmt_time, new_lines, process_alive, tail_lines
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
+from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
 from minilmd.fmt import fmt_duration
-from minilmd.fsio import read_new_lines, tail_lines
+from minilmd.untrusted import Unreadable
 
 NOT_A_RUN = 2
 
 
 def _run_problem(run_dir: Path) -> str | None:
-    if not run_dir.exists():
-        return f"{run_dir}: no such directory"
-    if not run_dir.is_dir():
-        return f"{run_dir}: not a directory"
-    if not any((run_dir / name).exists() for name in (names.STATE, names.RUN_CONFIG_COPY, names.LOCK)):
+    try:
+        if not run_dir.exists():
+            return f"{run_dir}: no such directory"
+        if not run_dir.is_dir():
+            return f"{run_dir}: not a directory"
+        found = any((run_dir / name).exists() for name in (names.STATE, names.RUN_CONFIG_COPY, names.LOCK))
+    except OSError as e:  # a directory of another user we may not look into
+        return f"{run_dir}: cannot be read ({e.strerror or e})"
+    if not found:
         return (f"{run_dir}: not a minilmd run directory (no {names.STATE}, {names.RUN_CONFIG_COPY} or "
                 f"{names.LOCK}); give the run.dir of a run config, e.g. `minilmd status /path/to/run`")
     return None
@@ -48,10 +53,6 @@ def _is_a_run(run_dir: Path) -> bool:
 def is_run_dir(run_dir: str | os.PathLike) -> bool:
     """Whether run_dir is a run directory; if not, says why on stderr."""
     return _is_a_run(Path(run_dir))
-
-
-def supervisor_alive(state: StateJson | None) -> bool:
-    return state is not None and process_alive(state.supervisor.pid, state.supervisor.start_ticks)
 
 
 def summary_lines(state: StateJson, alive: bool, t: float | None = None) -> list[str]:
@@ -71,6 +72,8 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None) -> list
         lines.append(f"  waiting for init.from: {w.why} (run dir {w.run_dir}; checked {w.checks} "
                      f"times since {_ago(t, w.since) if w.since else '-'}); starts from {w.root} "
                      f"once it has finished")
+        if w.not_running and alive:
+            lines.append(f"  {w.not_running}")
     if state.gpu_wait and state.phase == "waiting_gpu":
         lines += _gpu_lines(state.gpu_wait, t)
     if state.space_wait and state.phase == "waiting_space":
@@ -207,16 +210,21 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     run_dir = Path(run_dir)
     if not _is_a_run(run_dir):
         return NOT_A_RUN
-    raw = read_state(run_dir)
+    raw, unreadable = load(run_dir)
     state = StateJson.from_dict(raw) if raw is not None else None  # a wrongly typed field reads as its default
     alive = supervisor_alive(state)
     if as_json:
-        print(json.dumps({"running": alive, "state": raw}, indent=2, sort_keys=True), file=out)
+        print(json.dumps({"running": alive, "state": raw, **({"unreadable": unreadable} if unreadable else {})},
+                         indent=2, sort_keys=True), file=out)
+        return 0
+    if unreadable:
+        print(f"{run_dir}: {names.STATE} unreadable ({unreadable})", file=out)
         return 0
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
-    lines = summary_lines(state, alive) + _lineage_lines(run_dir) + fit_lines(run_dir)
+    lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir)
+    lines += fit_lines(run_dir)
     from minilmd.daemon.views.curves import sparkline_line
 
     spark = sparkline_line(run_dir)
@@ -244,8 +252,12 @@ def _attempt_logs(run_dir: Path) -> list[Path]:
 
 
 def _tail(path: Path, n: int) -> tuple[str, int]:
-    """The last n lines of a file and the offset of its end."""
-    lines, size = tail_lines(path, n)
+    """The last n lines of a file and the offset of its end (read from at most its last MiB, a regular file only:
+    daemon/runstate.py tail_lines); a file that is not one is "unreadable (why)"."""
+    try:
+        lines, size = tail_lines(path, n)
+    except Unreadable as e:
+        return f"unreadable ({e.why})\n", 0
     return "".join(line + "\n" for line in lines), size
 
 
@@ -299,7 +311,10 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
 
 
 def _copy_new(path: Path, offset: int, label: str, out) -> int:
-    lines, offset = read_new_lines(path, offset)
+    try:
+        lines, offset = new_lines(path, offset)
+    except Unreadable:
+        return offset  # said once by _tail; a file that becomes one again is followed from where it was
     for line in lines:
         out.write(f"[{label}] {line.decode(errors='replace')}\n")
     return offset
@@ -321,7 +336,10 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     run_dir = Path(run_dir)
     if not _is_a_run(run_dir):
         return protocol.STOP_NOT_A_RUN
-    state = StateJson.from_dict(read_state(run_dir))
+    raw, unreadable = load(run_dir)
+    if unreadable:
+        print(f"{run_dir}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
+    state = StateJson.from_dict(raw)
     live = _live_supervisor(run_dir, state)
     if live is None:
         outcome = state.outcome
@@ -362,7 +380,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
 
 def _reread(run_dir: Path, state: StateJson) -> StateJson:
     """state.json again; the last one read while there is none (or it cannot be read)."""
-    raw = read_state(run_dir)
+    raw, _ = load(run_dir)
     return StateJson.from_dict(raw) if raw else state
 
 

@@ -52,6 +52,7 @@ def plot_command(
     Exit status: 0 written, 1 matplotlib missing, 2 bad arguments or not a run directory."""
     from minilmd.daemon.views.plot import PlotUnavailable, plot
     from minilmd.daemon.views.status import is_run_dir
+    from minilmd.untrusted import printable
 
     if not all(is_run_dir(d) for d in run_dirs):
         raise typer.Exit(2)
@@ -63,6 +64,8 @@ def plot_command(
     except ValueError as e:
         typer.echo(f"minilmd plot: {e}", err=True)
         raise typer.Exit(2) from None
+    for problem in summary.unreadable:
+        typer.echo(f"minilmd plot: {printable(problem)}", err=True)
     marks = ", ".join(f"{cause} at {at:,.0f}" for _, at, cause in summary.restart_marks) or "none"
     typer.echo(f"wrote {summary.path} ({summary.size_px[0]}x{summary.size_px[1]} px): {', '.join(summary.runs)}; "
                f"restarts: {marks}")

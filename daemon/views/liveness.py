@@ -1,0 +1,52 @@
+"""Whether a run is alive, read from files its owner (or anyone) may have made: its state.json through the hardened
+reader (daemon/runstate.py load_state: "unreadable (why)" rather than a hang or a traceback), its supervisor by pid
+and start time, and, once that supervisor was killed, the trainer it left running (daemon/child/orphans.py, read
+only) with the step of its heartbeat. For `minilmd status` and `stop` (daemon/views/status.py) and the overview.
+Torch-free, light imports.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from minilmd.daemon.runstate import load_state, process_alive, read_heartbeat
+from minilmd.daemon.statesections import StateJson
+from minilmd.fmt import fmt_duration
+from minilmd.untrusted import Unreadable
+
+
+def supervisor_alive(state: StateJson | None) -> bool:
+    return state is not None and process_alive(state.supervisor.pid, state.supervisor.start_ticks)
+
+
+def load(run_dir: Path) -> tuple[dict | None, str]:
+    """(state.json, "") or (None, why it cannot be read: "a FIFO", "permission denied", ...); (None, "") when there
+    is none yet."""
+    try:
+        return load_state(run_dir), ""
+    except Unreadable as e:
+        return None, "" if e.missing else e.why
+
+
+def orphan_lines(run_dir: Path, state: StateJson, alive: bool) -> list[str]:
+    """After a supervisor was killed: whether the trainer it ran still runs (daemon/child/orphans.py, read only: the
+    processes of ours that carry this run's launch id), with the step its heartbeat says."""
+    if alive or state.outcome is not None:
+        return []
+    try:
+        ours = os.lstat(run_dir).st_uid == os.getuid()
+    except OSError:
+        ours = False
+    if not ours:
+        return []  # the orphan hunt sees only our own processes: of another user's run it could say nothing true
+    from minilmd.daemon.child.orphans import find_orphans
+
+    pids = find_orphans(run_dir)
+    if not pids:
+        return ["  no trainer of this run is running"] if state.child else []
+    beat = read_heartbeat(run_dir)
+    said = (f"heartbeat at step {beat[1]} {fmt_duration(time.time() - beat[0])} ago" if beat and beat[1] is not None
+            else "no heartbeat step")
+    return [f"  trainer still running without its supervisor: pid {', '.join(map(str, pids))} ({said}); "
+            f"`minilmd stop {run_dir}` stops it (it saves first)"]

@@ -1,0 +1,119 @@
+"""A waiting stage knows whether its predecessor is alive. Two real supervisors (the fake trainer): the later
+stage waits in waiting_init while the earlier one trains, then the earlier supervisor is SIGKILLed and its trainer
+trains on as an orphan.
+
+Before: the waiting stage kept saying `run ... is training at step N` for ever (it read only state.json's phase),
+wrote an `[init_wait]` line at every poll (the step is in the text), and the killed supervisor's own `status`
+said nothing of the trainer still running. Now the waiting stage's status, its state.json and its Prometheus
+gauges say "predecessor X is not running since T" (a wait, not a failure: systemd may restart it), a line is
+logged only when the predecessor's phase or liveness changes, and the killed supervisor's status names its
+trainer's pid and heartbeat step.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd import names
+from minilmd.config import load_config
+from minilmd.daemon.host.prometheus import render
+from minilmd.daemon.phases import initwait
+from minilmd.daemon.runstate import RunState, new_state, process_start_ticks
+from minilmd.fsio import atomic_write_json
+from supervisor_helpers import cli, events, start_supervisor, state, wait_or_kill, write_config
+from waiting import wait_until
+
+
+def test_the_waiter_logs_phase_and_liveness_changes_not_steps(tmp_path, corpus, monkeypatch):
+    """InitWaiter against a predecessor whose "supervisor" is a real process: its steps are not news, its phase
+    and its death are; the gauge follows."""
+    monkeypatch.setattr(initwait, "POLL_S", 0.0)
+    first = write_config(tmp_path, corpus, name="sft")
+    second = load_config(write_config(tmp_path, corpus, name="lora", init={"from": str(first)}))
+    pred_dir = load_config(first).run_dir
+    pred_dir.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        body = new_state("sft", pred_dir, str(first))
+        wait_until(lambda: process_start_ticks(sleeper.pid), what="the sleeper's start time")
+        body["supervisor"].update(pid=sleeper.pid, start_ticks=process_start_ticks(sleeper.pid))
+        said: list[str] = []
+        waiter = initwait.InitWaiter(second, RunState(tmp_path / names.STATE, new_state("lora", tmp_path, "x")),
+                                     lambda event, message, **_: said.append(message))
+        for phase, step in (("staging", None), ("training", 1), ("training", 2), ("training", 3)):
+            body.update(phase=phase, progress={"step": step}, updated=time.time())
+            atomic_write_json(pred_dir / names.STATE, body)
+            assert waiter.tick() is None
+        assert said == ["init.from: run sft is staging", "init.from: run sft is training at step 1"], said
+        assert waiter.state.init_wait.running is True and waiter.state.init_wait.checks == 4
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    waiter.tick()
+    waiter.tick()
+    wait = waiter.state.init_wait
+    assert wait.running is False and wait.not_running_since == body["updated"], wait
+    assert len(said) == 3 and said[-1].startswith("init.from: run sft is training at step 3; predecessor sft is not "
+                                                  "running since "), said
+    gauges = render({**waiter.state.data, "phase": "waiting_init"}, time.time())
+    assert 'minilmd_predecessor_up{run="lora",predecessor="sft"} 0' in gauges, gauges
+    assert 'minilmd_predecessor_down_timestamp_seconds{run="lora",predecessor="sft"} ' in gauges, gauges
+
+
+@pytest.mark.slow  # two supervisors, a fake trainer of a few hundred steps: ~30 s
+def test_a_waiting_stage_sees_its_predecessor_die_and_logs_only_changes(tmp_path, corpus):
+    first = write_config(tmp_path, corpus, name="sft", train={"max_steps": 100_000, "checkpoint_every": 1000})
+    prom = tmp_path / "lora.prom"
+    second = write_config(tmp_path, corpus, name="lora", init={"from": str(first)},
+                          log={"prometheus_textfile": str(prom)})
+    first_dir, second_dir = load_config(first).run_dir, load_config(second).run_dir
+    pred = start_supervisor(first, tmp_path / "sft.out", FAKE_STEP_S="0.05")
+    succ = start_supervisor(second, tmp_path / "lora.out")
+    trainer = None
+    try:
+        wait_until(lambda: (state(second_dir).get("init_wait") or {}).get("running") is True
+                   and state(second_dir)["init_wait"]["why"].startswith("run sft is training at step "),
+                   timeout=120, what="the wait on a run that trains")
+        step_then = state(first_dir)["progress"]["step"]
+        checks_then = state(second_dir)["init_wait"]["checks"]
+        said_then = [e for e in events(second_dir) if e["event"] == "init_wait"]
+        wait_until(lambda: state(second_dir)["init_wait"]["checks"] >= checks_then + 3
+                   and state(first_dir)["progress"]["step"] > step_then + 10, timeout=120,
+                   what="three more polls while the predecessor steps on")
+        said = [e for e in events(second_dir) if e["event"] == "init_wait"]
+        assert said == said_then and said[-1]["message"].startswith("init.from: run sft is training"), said
+
+        trainer = state(first_dir)["child"]["pid"]
+        os.kill(pred.pid, signal.SIGKILL)
+        pred.wait(timeout=60)
+        wait_until(lambda: state(second_dir)["init_wait"].get("running") is False, timeout=120,
+                   what="the waiting stage to see its predecessor gone")
+        wait = state(second_dir)["init_wait"]
+        assert wait["not_running"].startswith("predecessor sft is not running since "), wait
+        assert state(second_dir)["phase"] == "waiting_init" and succ.poll() is None  # a wait, not a failure
+        shown = cli("status", str(second_dir)).stdout
+        assert "  predecessor sft is not running since " in shown, shown
+        overview = cli("status").stdout  # every run of this user: the note under the table
+        assert "lora: waiting for init.from: predecessor sft is not running since " in overview, overview
+        wait_until(lambda: prom.exists() and 'minilmd_predecessor_up{run="lora",predecessor="sft"} 0'
+                   in prom.read_text(), timeout=60, what="the gauge")
+        assert "minilmd_predecessor_down_timestamp_seconds{" in prom.read_text()
+        said_after = [e for e in events(second_dir) if e["event"] == "init_wait"]
+        assert "is not running since" in said_after[-1]["message"], said_after
+
+        killed = cli("status", str(first_dir)).stdout
+        assert f"trainer still running without its supervisor: pid {trainer} (heartbeat at step " in killed, killed
+    finally:
+        for proc in (pred, succ):
+            if proc.poll() is None:
+                proc.terminate()
+        wait_or_kill(succ, 120)
+        stopped = cli("stop", str(first_dir), timeout=180)  # the orphaned trainer: SIGTERM, it saves and exits
+        assert stopped.returncode in (0, 3), stopped
+    assert "Traceback" not in Path(tmp_path / "lora.out").read_text()
