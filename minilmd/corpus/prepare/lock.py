@@ -24,13 +24,12 @@ import stat
 import time
 from pathlib import Path
 
+from minilmd.names import HOLD_CORPUS_LOCK_ENV
 from minilmd.untrusted import printable
 
 LOCK_SUFFIX = ".lock"
 HOLDER_BYTES = 4096  # what is read of a lock file's holder line, at most
-HOLD_FOR_TEST = "MINILMD_TEST_HOLD_CORPUS_LOCK"
-"""A test hook (tests/test_prepare_lock.py): a FIFO that a writer reads to its end once it holds the lock and has
-opened what it writes, so that a test can run a second writer while the first one provably holds it."""
+HOLD_FOR_TEST = HOLD_CORPUS_LOCK_ENV  # tests/test_prepare_lock.py
 
 
 def lock_name(out_name: str) -> str:
