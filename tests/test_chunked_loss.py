@@ -69,18 +69,22 @@ def test_several_chunks_agree_within_rounding_and_report_the_difference():
 
 def test_no_logits_of_the_whole_micro_batch_exist():
     """The head's outputs, forward and backward's recompute, are at most one chunk of rows: no (rows x vocab)
-    tensor of the whole micro-batch, in fp32 or any dtype; the model returns no logits on this path."""
+    tensor of the whole micro-batch, in fp32 or any dtype; the model returns no logits on this path. The last chunk
+    is not recomputed (its backward runs first), and so neither is a micro-batch of one chunk."""
     model, (ids, labels) = tiny_model(), fixed_batch()
     shapes: list[tuple[int, ...]] = []
     model.lm_head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
     out = model(ids, next_labels=labels, chunk_rows=1)
     assert out.logits is None
     out.loss.backward()
-    assert shapes == [(1, WIDTH, TINY["vocab_size"])] * (2 * ROWS)  # each chunk once forward, once recomputed
+    assert shapes == [(1, WIDTH, TINY["vocab_size"])] * (2 * ROWS - 1)  # each chunk once, recomputed but the last
     shapes.clear()
     with torch.no_grad():
         model(ids, next_labels=labels, chunk_rows=2)
     assert shapes == [(2, WIDTH, TINY["vocab_size"])] * 2  # no recompute without a backward
+    shapes.clear()
+    model(ids, next_labels=labels, chunk_rows=ROWS).loss.backward()
+    assert shapes == [(ROWS, WIDTH, TINY["vocab_size"])]
 
 
 def test_chunk_rows_keep_about_the_chunk_tokens_and_at_least_one_row():

@@ -2,9 +2,10 @@
 
 Why chunks: scoring a whole micro-batch at once materialises its logits in fp32 (64 x 1024 rows x 6400 = 1.68 GB),
 and keeps them alive for the backward. Here the head and the loss run on `chunk_rows` sequences at a time (about
-CHUNK_TOKENS tokens), each chunk under activation checkpointing: the forward keeps only the chunk's scalar loss, the
-backward recomputes that chunk's logits (one more head matmul, ~2.5 % of a 768 x 8 model's step FLOPs) and frees
-them before the next. So at most one chunk of fp32 logits (and of compute-dtype logits) exists at any time.
+CHUNK_TOKENS tokens), each chunk but the last under activation checkpointing: the forward keeps only the chunk's
+scalar loss, the backward recomputes that chunk's logits (one more head matmul for it; in all at most ~2.5 % of a
+768 x 8 model's step FLOPs) and frees them before the next. The last chunk keeps what its backward needs, which runs
+first; so at most about two chunks of logits exist at any time, and a micro-batch of one chunk recomputes nothing.
 
 Why chunks of whole sequences (dimension 0), not of flattened tokens: the batch dimension is static while a bucketed
 run's width is dynamic under torch.compile (trainer/loop/warmup.py); a chunk count that depends on the width would
@@ -52,7 +53,8 @@ def chunked_loss_sum(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch
     total: torch.Tensor | None = None
     for start in range(0, rows, chunk_rows):
         h, y = hidden[start:start + chunk_rows], next_labels[start:start + chunk_rows]
-        if torch.is_grad_enabled():
+        last = start + chunk_rows >= rows  # its backward runs first, at once: nothing to gain by recomputing it
+        if torch.is_grad_enabled() and not last:
             part = checkpoint(_chunk_loss, head, h, y, use_reentrant=False, preserve_rng_state=False)
         else:
             part = _chunk_loss(head, h, y)
