@@ -1,5 +1,6 @@
-"""`minilmd bench step` on a tiny model: both modes are timed on the same steps and reported side by side, and
-the compiled copy computes what the eager one does (same init, same rows, same losses)."""
+"""`minilmd bench step` on a tiny model: the four modes (eager and compiled, the loss in the model or outside) are
+timed on the same steps and reported side by side; the compiled copy computes what the eager one does (same init,
+same rows, same losses), and the step is the trainer's own (trainer/loop/step.py)."""
 from __future__ import annotations
 
 import re
@@ -23,11 +24,14 @@ def test_bench_step_prints_both_modes_and_their_ratios(capsys):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "model 64x2 (heads 4/2, vocab 512), seq_len 32, 2 rows x 1 micro-batches, cpu" in out
-    rows = {m.group(1): m.groups()[1:] for m in re.finditer(r"^(eager|compiled) +([\d,]+) +([\d.]+) +([\d.]+)$",
-                                                             out, re.M)}
-    assert set(rows) == {"eager", "compiled"} and all(float(v[0].replace(",", "")) > 0 for v in rows.values())
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^((?:eager|compiled)(?:-outside)?) +(in model|outside) +([\d,]+) +([\d.]+) +([\d.]+)$", out, re.M)}
+    assert set(rows) == set(bench_step.MODES) and all(float(v[1].replace(",", "")) > 0 for v in rows.values())
+    assert {mode: v[0] for mode, v in rows.items()} == {mode: loss for mode, (_, loss) in bench_step.MODES.items()}
     assert re.search(r"compiled/eager tok/s: [\d.]+x; host time per step: [\d.]+x; the first compiled step "
                      r"\(compile\) took [\d.]+ s", out)
+    assert re.search(r"loss in the model/outside tok/s: compiled [\d.]+x, eager [\d.]+x; compiled \(loss in the "
+                     r"graph\)/eager-outside [\d.]+x", out)
 
     cfg = bench_step.load(None, TINY)
     eager = bench_step.StepModel(cfg, torch.device("cpu"), compiled=False, backend="eager")
@@ -36,6 +40,37 @@ def test_bench_step_prints_both_modes_and_their_ratios(capsys):
         eager.step(), compiled.step()
     for a, b in zip(eager.model.parameters(), compiled.model.parameters(), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_bench_step_runs_the_trainers_step(monkeypatch):
+    """The timed step is trainer/loop/step.py's micro_batch_loss and optimizer_update; the "-outside" copies
+    alone score the logits outside the model; both give one model the same update (one loss chunk here)."""
+    from minilmd.trainer.loop import step as trainer_step
+
+    calls: list[str] = []
+    real_loss, real_update = trainer_step.micro_batch_loss, trainer_step.optimizer_update
+
+    def micro_batch_loss(*args):
+        calls.append("loss")
+        return real_loss(*args)
+
+    def optimizer_update(*args):
+        calls.append("update")
+        return real_update(*args)
+
+    monkeypatch.setattr(trainer_step, "micro_batch_loss", micro_batch_loss)
+    monkeypatch.setattr(trainer_step, "optimizer_update", optimizer_update)
+    cfg = bench_step.load(None, TINY)
+    inside = bench_step.StepModel(cfg, torch.device("cpu"), compiled=False, backend="eager")
+    outside = bench_step.StepModel(cfg, torch.device("cpu"), compiled=False, backend="eager",
+                                   loss=bench_step.LOSS_OUTSIDE)
+    inside.step()
+    assert calls == ["loss", "update"]
+    calls.clear()
+    outside.step()
+    assert calls == ["update"]
+    for a, b in zip(inside.model.parameters(), outside.model.parameters(), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_bench_step_refuses_a_bad_config_and_no_steps(capsys):

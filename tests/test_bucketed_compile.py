@@ -84,10 +84,10 @@ def test_the_first_forward_is_the_widest_micro_batch_and_leaves_no_trace(tmp_pat
     calls: list[tuple[str, tuple[int, ...]]] = []
     model = t.forward_model
 
-    def forward(x):
+    def forward(x, **kwargs):
         calls.append(("forward", tuple(x.shape)))
         torch.rand(1)  # as LoRA dropout would: the warm-up must put the RNG back
-        return model(x)
+        return model(x, **kwargs)
 
     real_step = t.optimizer.step
 

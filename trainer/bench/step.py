@@ -1,10 +1,13 @@
 """`minilmd bench step`: one model's training step, eager against torch.compile, on this machine.
 
-Two copies of the same model (same config, same seeded init) train on the same random token rows in one process:
-one eager, one through torch.compile, their steps interleaved (eager, compiled, compiled, eager, ...) so that a
-machine whose speed drifts slows both alike. The step is the trainer's: autocast by the same rule
-(Trainer.matmul_dtype), the model's own loss, backward, clip, AdamW from build_optimizer. The first compiled call
-compiles; it is timed apart ("compile") and both copies get the same untimed warm-up steps.
+Copies of the same model (same config, same seeded init) train on the same random token rows in one process, their
+steps interleaved (one order, then the reverse) so that a machine whose speed drifts slows all alike. The step is
+the trainer's own (trainer/loop/step.py): autocast by the same rule (Trainer.matmul_dtype), the loss summed over the
+targets inside the model's forward (so inside the compiled graph), divided by the batch's targets, backward, then
+optimizer_update (clip, AdamW from build_optimizer). Two more copies score the whole micro-batch's logits outside
+the model, as the trainer did before the loss moved into the forward: one run shows both, eager and compiled
+(MODES). The first call of each compiled copy compiles; it is timed apart ("compile") and every copy gets the same
+untimed warm-up steps.
 
 Per mode it prints tokens/s and two times per step: host (the Python thread's time until the step has been
 issued: on CUDA the launch overhead that eager mode pays per op; on CPU all of the work) and wall (until the device
@@ -16,6 +19,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +27,7 @@ import torch
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
 from minilmd.corpus.meta import corpus_train_tokens
+from minilmd.trainer.model.loss import IGNORE_INDEX, chunk_rows_for, next_token_loss
 
 SMALL: dict[str, dict[str, Any]] = {
     "run": {"name": "bench-step", "dir": "/nonexistent"},
@@ -55,78 +60,105 @@ class ModeResult:
         return 1000 * self.wall_s / self.steps
 
 
-class StepModel:
-    """A model, its optimizer and the trainer's step on fixed rows of random tokens."""
+LOSS_IN_MODEL, LOSS_OUTSIDE = "in model", "outside"
+MODES = {"eager": (False, LOSS_IN_MODEL), "compiled": (True, LOSS_IN_MODEL),
+         "eager-outside": (False, LOSS_OUTSIDE), "compiled-outside": (True, LOSS_OUTSIDE)}
+"""mode -> (compiled, where the loss is computed). The first two are the trainer's step as it is; the "-outside"
+two score the whole micro-batch's logits outside the model (as the trainer did before the loss moved into the
+forward), so that one run shows what the move is worth."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device, compiled: bool, backend: str):
+
+class StepModel:
+    """A model, its optimizer and the trainer's step (trainer/loop/step.py) on fixed rows of random tokens."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device, compiled: bool, backend: str,
+                 loss: str = LOSS_IN_MODEL):
+        from minilmd.trainer.loop import step as trainer_step
         from minilmd.trainer.loop.train import build_optimizer
-        from minilmd.trainer.model.minimind import MiniMindForCausalLM
+        from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
 
         torch.manual_seed(cfg.train.seed)
         self.model = MiniMindForCausalLM(cfg.model).to(device)
         self.optimizer = build_optimizer(self.model, cfg, device)
         self.forward = torch.compile(self.model, backend=backend) if compiled else self.model
+        self.trainer_step, self.loss = trainer_step, loss
         g = torch.Generator().manual_seed(cfg.train.seed)
         t = cfg.train
         self.x = torch.randint(0, cfg.model.vocab_size, (t.micro_batch_size, t.seq_len), generator=g).to(device)
+        self.y = next_token_labels(self.x)
+        self.chunk_rows = chunk_rows_for(t.seq_len)
+        self.n_targets = int((self.y != IGNORE_INDEX).sum()) * t.grad_accum  # the global batch's targets
         self.tokens = t.micro_batch_size * t.seq_len * t.grad_accum
         bf16 = t.dtype == "bf16" or (t.dtype == "auto" and device.type == "cuda")
-        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else None
-        self.grad_accum, self.clip = t.grad_accum, t.grad_clip if t.grad_clip > 0 else float("inf")
+        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+        self.grad_accum, self.grad_clip = t.grad_accum, t.grad_clip
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def micro_batch_loss(self) -> torch.Tensor:
+        if self.loss == LOSS_OUTSIDE:
+            return next_token_loss(self.forward(self.x).logits, self.y, reduction="sum")
+        return self.trainer_step.micro_batch_loss(self.forward, self.x, self.y, self.chunk_rows)
 
     def step(self) -> tuple[float, float]:
         """(host seconds, wall seconds) of one optimizer step."""
         self.sync()
         t0 = time.perf_counter()
         for _ in range(self.grad_accum):
-            if self.autocast is not None:
-                with self.autocast():
-                    loss = self.forward(self.x, labels=self.x).loss
-            else:
-                loss = self.forward(self.x, labels=self.x).loss
-            (loss / self.grad_accum).backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            with self.autocast():
+                part = self.micro_batch_loss() / self.n_targets
+            part.backward()
+        self.trainer_step.optimizer_update(self.model, self.optimizer, self.grad_clip)
         host = time.perf_counter() - t0
         self.sync()
         return host, time.perf_counter() - t0
 
 
 def compare(cfg: RunConfig, device: torch.device, steps: int, warmup: int = 2,
-            backend: str = "inductor") -> tuple[ModeResult, ModeResult, ModeResult]:
-    """(eager, compiled, compile) results: the timed steps of each mode interleaved; "compile" is the first
-    compiled step alone (tracing and code generation)."""
-    models = {"eager": StepModel(cfg, device, False, backend), "compiled": StepModel(cfg, device, True, backend)}
-    first = ModeResult("compile", steps=1)
-    first.host_s, first.wall_s = models["compiled"].step()
-    first.tokens = models["compiled"].tokens
+            backend: str = "inductor") -> tuple[dict[str, ModeResult], dict[str, ModeResult]]:
+    """(results of the timed steps per mode, their steps interleaved; the first step of each compiled mode alone:
+    tracing and code generation)."""
+    models = {mode: StepModel(cfg, device, compiled, backend, loss) for mode, (compiled, loss) in MODES.items()}
+    firsts: dict[str, ModeResult] = {}
+    for mode, (compiled, _) in MODES.items():
+        if compiled:
+            first = firsts[mode] = ModeResult(mode, steps=1, tokens=models[mode].tokens)
+            first.host_s, first.wall_s = models[mode].step()
     for model in models.values():
         for _ in range(warmup):
             model.step()
     results = {mode: ModeResult(mode) for mode in models}
+    order = list(models)
     for i in range(steps):
-        for mode in (("eager", "compiled") if i % 2 == 0 else ("compiled", "eager")):
+        for mode in (order if i % 2 == 0 else order[::-1]):
             host, wall = models[mode].step()
             r = results[mode]
             r.steps, r.tokens, r.host_s, r.wall_s = r.steps + 1, r.tokens + models[mode].tokens, r.host_s + host, \
                 r.wall_s + wall
-    return results["eager"], results["compiled"], first
+    return results, firsts
 
 
-def report(eager: ModeResult, compiled: ModeResult, first: ModeResult, cfg: RunConfig, device: torch.device,
+def report(results: dict[str, ModeResult], firsts: dict[str, ModeResult], cfg: RunConfig, device: torch.device,
            backend: str) -> str:
     m, t = cfg.model, cfg.train
+    r = results
+
+    def ratio(a: str, b: str) -> str:
+        return f"{r[a].tok_s / r[b].tok_s:.2f}x"
+
     return "\n".join([
         f"bench step: model {m.hidden_size}x{m.num_hidden_layers} (heads {m.num_attention_heads}/"
         f"{m.num_key_value_heads}, vocab {m.vocab_size}), seq_len {t.seq_len}, {t.micro_batch_size} rows x "
         f"{t.grad_accum} micro-batches, {device}, torch threads {torch.get_num_threads()}, compile backend "
-        f"{backend}, {eager.steps} timed steps each",
-        f"{'mode':9} {'tok/s':>10} {'host ms/step':>13} {'wall ms/step':>13}",
-        *(f"{r.mode:9} {r.tok_s:10,.0f} {r.host_ms:13.1f} {r.wall_ms:13.1f}" for r in (eager, compiled)),
-        f"compiled/eager tok/s: {compiled.tok_s / eager.tok_s:.2f}x; host time per step: "
-        f"{compiled.host_ms / eager.host_ms:.2f}x; the first compiled step (compile) took {first.wall_s:.1f} s",
+        f"{backend}, {r['eager'].steps} timed steps each",
+        f"{'mode':16} {'loss':>8} {'tok/s':>10} {'host ms/step':>13} {'wall ms/step':>13}",
+        *(f"{mode:16} {MODES[mode][1]:>8} {x.tok_s:10,.0f} {x.host_ms:13.1f} {x.wall_ms:13.1f}"
+          for mode, x in r.items()),
+        f"compiled/eager tok/s: {ratio('compiled', 'eager')}; host time per step: "
+        f"{r['compiled'].host_ms / r['eager'].host_ms:.2f}x; the first compiled step (compile) took "
+        f"{firsts['compiled'].wall_s:.1f} s",
+        f"loss in the model/outside tok/s: compiled {ratio('compiled', 'compiled-outside')}, eager "
+        f"{ratio('eager', 'eager-outside')}; compiled (loss in the graph)/eager-outside "
+        f"{ratio('compiled', 'eager-outside')}",
     ])
 
 
@@ -157,6 +189,6 @@ def main(config_path: str | None, steps: int = 10, overrides: list[str] | None =
     except ConfigError as e:
         print(f"minilmd bench step: {e}", file=sys.stderr)
         return 2
-    eager, compiled, first = compare(cfg, device, steps, backend=backend)
-    print(report(eager, compiled, first, cfg, device, backend), flush=True)
+    results, firsts = compare(cfg, device, steps, backend=backend)
+    print(report(results, firsts, cfg, device, backend), flush=True)
     return 0

@@ -6,8 +6,8 @@ The loop, top to bottom (Trainer.train):
     bucketed: one forward+backward at the widest width, no step (trainer/loop/warmup.py);
     until the budget is spent:
         agree across ranks on "stop requested?" and "checkpoint due?";  stop -> save, exit 75
-        one optimizer step: micro-batches of the pure-function sampler, each loss summed over its targets and
-            divided by the global batch's count of targets (the mean over the global batch),
+        one optimizer step (trainer/loop/step.py): micro-batches of the pure-function sampler, each loss summed
+            over its targets inside the (compiled) forward and divided by the global batch's count of targets,
             backward (no DDP sync until the last micro-batch), clip, AdamW at the cosine rate for this step
         a non-finite loss stops the run; heartbeat (about once a second; "compiling" over each compiled step
             that brings a new width); every log_every steps a metrics line; every eval_every steps the validation loss
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -64,6 +65,7 @@ from minilmd.trainer.batches import growth
 from minilmd.trainer.batches.sampler_base import Batch, DataError
 from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop import tensorboard, warmup
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled, total_steps_for_budget
 from minilmd.trainer.loop.distributed import Dist, init_distributed, wrap_ddp
@@ -74,8 +76,7 @@ from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_inter
 from minilmd.trainer.loop.mfu import flops_per_token, mfu, parameter_split, peak_flops
 from minilmd.trainer.loop.oom import cuda_oom_source, first_line
 from minilmd.trainer.loop.resume import resume, start_from_init, start_lora
-from minilmd.trainer.loop.schedule import lr_at
-from minilmd.trainer.model.minimind import next_token_labels, next_token_loss
+from minilmd.trainer.model.minimind import next_token_labels
 
 
 class Trainer:
@@ -119,6 +120,7 @@ class Trainer:
         except ValueError as e:  # torch refusing a value of the config ("Invalid learning rate"): the same next time
             raise ConfigError([f"the model or its optimizer refused the config: {e}"], cfg.source) from e
         self.step, self.tokens_seen = 0, 0
+        self.current_lr = 0.0  # the rate of the step just taken (step.train_step sets it)
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
         resume(self)
@@ -255,60 +257,18 @@ class Trainer:
             if targets is not None:
                 targets = targets.pin_memory().to(self.device, non_blocking=True)
         ids = warmup.mark_width_dynamic(self, ids.to(torch.int32))
-        return ids, next_token_labels(ids, targets)
+        return ids, warmup.mark_width_dynamic(self, next_token_labels(ids, targets))  # both: the loss is in the graph
 
-    # --- one optimizer step ---------------------------------------------------------------------------------------
+    # --- one optimizer step (trainer/loop/step.py) ---------------------------------------------------------------
     def accumulate_gradients(self, step: int) -> tuple[torch.Tensor, int]:
-        """Forward/backward over this rank's micro-batches of optimizer step `step`.
-
-        Each micro-batch's loss is summed over its targets and divided by the number of targets of the whole
-        global batch (sampler.global_counts: every rank computes it alone), times world_size because DDP averages
-        gradients over ranks: the gradients are those of the mean loss over every target of the global batch,
-        however it is split over ranks and micro-batches, and whatever the padding. Returns (this rank's part of
-        the loss, real tokens of the global batch)."""
-        t = self.cfg.train
-        row0 = self.first_row(step)
-        n_targets, n_real = self.sampler.global_counts(row0, self.global_batch)
-        loss_sum = torch.zeros((), device=self.device)
-        for micro in range(t.grad_accum):
-            batch = self.sampler.batch(step, self.global_batch, self.dist.rank, self.dist.world_size, micro,
-                                       t.micro_batch_size, first_row=row0)
-            x, y = self.to_device(batch)
-            sync = micro == t.grad_accum - 1 or not self.dist.active
-            with (nullcontext() if sync else self.forward_model.no_sync()), self.autocast():
-                part = next_token_loss(self.forward_model(x).logits, y, reduction="sum") / max(n_targets, 1)
-            (part * self.dist.world_size).backward()
-            loss_sum += part.detach()
-        return loss_sum, n_real
+        return optimizer_step.accumulate_gradients(self, step)
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Gradients of this step's global batch (accumulate_gradients) and one AdamW update at this step's rate.
-        Returns (this rank's part of the loss, grad norm, real tokens of the global batch)."""
-        t, step = self.cfg.train, self.step
-        lr = lr_at(step, self.total_steps, t.lr, t.min_lr_ratio, t.warmup_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.current_lr = lr
-        loss_sum, n_real = self.accumulate_gradients(step)
-        clip = t.grad_clip if t.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, grad_norm, n_real
+        return optimizer_step.train_step(self)
 
-    @torch.no_grad()
     def evaluate(self, batches: list | None = None) -> float:
-        """Mean loss over every target of the fixed validation rows, or of `batches` (rank 0 alone; no
-        collectives)."""
-        self.model.eval()
-        total, count = 0.0, 0
-        for batch in self.val_batches if batches is None else batches:
-            x, y = self.to_device(batch)
-            with self.autocast():
-                total += float(next_token_loss(self.model(x).logits, y, reduction="sum"))
-            count += batch.n_targets
-        self.model.train()
-        return total / max(count, 1)
+        """Mean loss over every target of the fixed validation rows, or of `batches`."""
+        return optimizer_step.evaluate(self, self.val_batches if batches is None else batches)
 
     def log_train(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, meter: Throughput) -> None:
         if self.dist.active:
@@ -393,6 +353,7 @@ class Trainer:
         meter = Throughput(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.model.train()
         warmup.widest_micro_batch(self, widths)  # bucketed: an OOM at the widest width comes now, not hours in
+        first_step = self.step
         while True:
             stop, save_due = self.agree(self.stop.requested, self.checkpoint_due())
             if self.step >= self.total_steps:
@@ -420,6 +381,9 @@ class Trainer:
                 self.log.heartbeat(self.step, phase="compiling", force=True)
             with meter.apart("compile_s" if compiling else None):
                 loss_sum, grad_norm, n_real = self.train_step()
+            if self.step == first_step:  # what exists now lives all run: the collector need not scan it again
+                gc.collect()
+                gc.freeze()
             self.step += 1
             self.tokens_seen += n_real
             meter.add(n_real, timed=not compiling)

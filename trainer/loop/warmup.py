@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from minilmd.trainer.batches.bucketing import BucketedSampler, PaddedSampler
-from minilmd.trainer.model.minimind import next_token_loss
+from minilmd.trainer.loop import step
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"
@@ -100,7 +100,7 @@ def widest_micro_batch(trainer: Any, watch: WidthWatch) -> None:
     moments = _adam_moments_room(trainer.optimizer)
     with torch.random.fork_rng(devices=devices):
         with (model.no_sync() if trainer.dist.active else nullcontext()), trainer.autocast():
-            loss = next_token_loss(model(x).logits, y, reduction="sum")
+            loss = step.micro_batch_loss(model, x, y, step.loss_chunk_rows(trainer))  # the training step's graph
         loss.backward()
     del loss, moments
     trainer.model.zero_grad(set_to_none=True)  # None, as optimizer.zero_grad leaves them after every step

@@ -15,6 +15,8 @@ Choices that matter elsewhere:
   -100). The labels are shifted, not the logits: `logits[:, :-1]` would be a strided view that the loss copies
   (twice with the fp32 cast under bf16); `next_token_loss` scores the whole contiguous logits in one fp32 pass, the
   last position ignored. The trainer builds its shifted labels on the device (`next_token_labels`).
+- `forward(ids, next_labels=...)` is the trainer's: the summed loss computed inside the forward (so inside the
+  compiled graph), head and cross-entropy in chunks of rows, no logits of the whole batch (trainer/model/loss.py).
 """
 from __future__ import annotations
 
@@ -26,8 +28,7 @@ from torch import nn
 
 from minilmd.config import ModelSection
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section
-
-IGNORE_INDEX = -100
+from minilmd.trainer.model.loss import IGNORE_INDEX, chunk_rows_for, chunked_loss_sum, next_token_loss
 
 
 def next_token_labels(ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
@@ -40,17 +41,12 @@ def next_token_labels(ids: torch.Tensor, targets: torch.Tensor | None = None) ->
     return labels
 
 
-def next_token_loss(logits: torch.Tensor, next_labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy in fp32 of (batch, time, vocab) logits against already shifted labels (next_token_labels)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), next_labels.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction=reduction)
-
-
 class CausalLMOutput(NamedTuple):
-    logits: torch.Tensor
-    """(batch, time, vocab), in the compute dtype (bf16 under autocast)."""
+    logits: torch.Tensor | None
+    """(batch, time, vocab), in the compute dtype (bf16 under autocast); None with next_labels (never built whole)."""
     loss: torch.Tensor | None
-    """Mean cross-entropy over the labelled positions after the shift, or None without labels."""
+    """With labels: the mean cross-entropy over the labelled positions after the shift; with next_labels: the sum
+    over their targets; None without either."""
 
 
 class RMSNorm(nn.Module):
@@ -239,10 +235,20 @@ class MiniMindForCausalLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> CausalLMOutput:
+                cache: KVCache | None = None, next_labels: torch.Tensor | None = None,
+                chunk_rows: int | None = None) -> CausalLMOutput:
         """input_ids (batch, time) int64 or int32. With labels (same shape; -100 = ignore), the loss compares the logits
-        at position i with the label at i + 1. With a cache, input_ids continue the cached sequence."""
-        logits = self.lm_head(self.model(input_ids, cache))
+        at position i with the label at i + 1. With a cache, input_ids continue the cached sequence.
+
+        The trainer's path: with next_labels (already shifted, next_token_labels; the loss mask is their
+        IGNORE_INDEX) the loss is the fp32 cross-entropy summed over their targets, computed `chunk_rows` sequences
+        at a time (default: about CHUNK_TOKENS tokens) so that no logits of the whole batch exist
+        (trainer/model/loss.py); logits is then None."""
+        hidden = self.model(input_ids, cache)
+        if next_labels is not None:
+            rows = chunk_rows or chunk_rows_for(input_ids.shape[1])
+            return CausalLMOutput(None, chunked_loss_sum(self.lm_head, hidden, next_labels, rows))
+        logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
             loss = next_token_loss(logits, F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX))

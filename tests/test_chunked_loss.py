@@ -1,0 +1,134 @@
+"""The loss inside the model's forward, in chunks of rows (trainer/model/loss.py), against the computation it
+replaced (the whole micro-batch's logits, then `next_token_loss(logits.float(), labels, "sum")` outside the model).
+
+On CPU in fp32: with one chunk the loss and every gradient are bit-identical to the old computation; with several
+the summation order changes and they agree within float rounding. The head never produces logits of more rows
+than one chunk; the trainer's own step (Trainer.accumulate_gradients) gives the old loss and gradients, bit for bit.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minilmd.config import load_config
+from minilmd.trainer.loop import step as optimizer_step
+from minilmd.trainer.loop.train import Dist, Trainer
+from minilmd.trainer.model.loss import chunk_rows_for, next_token_loss
+from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
+from trainer_corpus import write_config
+
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "max_position_embeddings": 64}
+ROWS, WIDTH = 4, 16
+
+
+def tiny_model() -> MiniMindForCausalLM:
+    torch.manual_seed(0)
+    return MiniMindForCausalLM(TINY)
+
+
+def fixed_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, TINY["vocab_size"], (ROWS, WIDTH), generator=g)
+    targets = (torch.rand(ROWS, WIDTH, generator=g) > 0.3).to(torch.uint8)  # a loss mask, as a chat corpus has
+    return ids, next_token_labels(ids, targets)
+
+
+def old_loss(model, ids, labels) -> torch.Tensor:
+    return next_token_loss(model(ids).logits, labels, reduction="sum")
+
+
+def new_loss(model, ids, labels, chunk_rows) -> torch.Tensor:
+    return optimizer_step.micro_batch_loss(model, ids, labels, chunk_rows)
+
+
+def loss_and_grads(model, compute) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = compute()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_one_chunk_is_bit_identical_to_the_loss_outside_the_model():
+    model, (ids, labels) = tiny_model(), fixed_batch()
+    want, want_grads = loss_and_grads(model, lambda: old_loss(model, ids, labels))
+    got, grads = loss_and_grads(model, lambda: new_loss(model, ids, labels, ROWS))
+    assert torch.equal(got, want)
+    assert all(torch.equal(grads[n], want_grads[n]) for n in want_grads)
+
+
+def test_several_chunks_agree_within_rounding_and_report_the_difference():
+    model, (ids, labels) = tiny_model(), fixed_batch()
+    want, want_grads = loss_and_grads(model, lambda: old_loss(model, ids, labels))
+    got, grads = loss_and_grads(model, lambda: new_loss(model, ids, labels, 1))  # 4 chunks of one row
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    worst = max(float((grads[n] - want_grads[n]).abs().max()) for n in want_grads)
+    print(f"4 chunks vs the whole batch: loss {float(got - want):+.3e}, worst gradient element {worst:.3e}")
+    assert worst <= 1e-6 * max(float(g.abs().max()) for g in want_grads.values())
+
+
+def test_no_logits_of_the_whole_micro_batch_exist():
+    """The head's outputs, forward and backward's recompute, are at most one chunk of rows: no (rows x vocab)
+    tensor of the whole micro-batch, in fp32 or any dtype; the model returns no logits on this path. The last chunk
+    is not recomputed (its backward runs first), and so neither is a micro-batch of one chunk."""
+    model, (ids, labels) = tiny_model(), fixed_batch()
+    shapes: list[tuple[int, ...]] = []
+    model.lm_head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    out = model(ids, next_labels=labels, chunk_rows=1)
+    assert out.logits is None
+    out.loss.backward()
+    assert shapes == [(1, WIDTH, TINY["vocab_size"])] * (2 * ROWS - 1)  # each chunk once, recomputed but the last
+    shapes.clear()
+    with torch.no_grad():
+        model(ids, next_labels=labels, chunk_rows=2)
+    assert shapes == [(2, WIDTH, TINY["vocab_size"])] * 2  # no recompute without a backward
+    shapes.clear()
+    model(ids, next_labels=labels, chunk_rows=ROWS).loss.backward()
+    assert shapes == [(ROWS, WIDTH, TINY["vocab_size"])]
+
+
+def test_chunk_rows_keep_about_the_chunk_tokens_and_at_least_one_row():
+    assert chunk_rows_for(1024) == 8 and chunk_rows_for(128) == 64
+    assert chunk_rows_for(100_000) == 1 and chunk_rows_for(0) >= 1
+
+
+def test_bf16_autocast_on_cpu_matches_within_bf16_tolerance():
+    model, (ids, labels) = tiny_model(), fixed_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = old_loss(model, ids, labels)
+        got = new_loss(model, ids, labels, 1)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=0)
+
+
+@pytest.mark.slow
+def test_the_loss_is_inside_one_compiled_graph():
+    """fullgraph=True: the chunked loss and its checkpointing trace without a graph break (aot_eager: no code
+    generation on a CPU test), to the same loss and gradients."""
+    model, (ids, labels) = tiny_model(), fixed_batch()
+    want, want_grads = loss_and_grads(model, lambda: new_loss(model, ids, labels, 2))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    got, grads = loss_and_grads(model, lambda: new_loss(compiled, ids, labels, 2))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    for n in want_grads:
+        torch.testing.assert_close(grads[n], want_grads[n], rtol=1e-5, atol=1e-7)
+
+
+def test_the_trainers_step_gives_the_old_loss_and_gradients_bit_for_bit(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, name="chunked",
+                          train={"seq_len": 64, "micro_batch_size": 4, "grad_accum": 2, "max_steps": 1})
+    t = Trainer(load_config(config), Dist(0, 1, 0, torch.device("cpu")))
+    assert optimizer_step.loss_chunk_rows(t) >= 4  # one chunk per micro-batch: the bit-exact case
+    n_targets, _ = t.sampler.global_counts(t.first_row(0), t.global_batch)
+    want = torch.zeros(())
+    for micro in range(2):
+        batch = t.sampler.batch(0, t.global_batch, micro=micro, micro_batch_size=4, first_row=t.first_row(0))
+        x, y = t.to_device(batch)
+        part = next_token_loss(t.model(x).logits, y, reduction="sum") / n_targets
+        part.backward()
+        want += part.detach()
+    want_grads = {n: p.grad.clone() for n, p in t.model.named_parameters()}
+    t.model.zero_grad(set_to_none=True)
+    loss, _ = t.accumulate_gradients(0)
+    assert torch.equal(loss, want)
+    assert all(torch.equal(p.grad, want_grads[n]) for n, p in t.model.named_parameters())

@@ -1,0 +1,63 @@
+"""The training loss inside the model's forward: next-token cross-entropy summed over the targets, in chunks of rows.
+
+Why chunks: scoring a whole micro-batch at once materialises its logits in fp32 (64 x 1024 rows x 6400 = 1.68 GB),
+and keeps them alive for the backward. Here the head and the loss run on `chunk_rows` sequences at a time (about
+CHUNK_TOKENS tokens), each chunk but the last under activation checkpointing: the forward keeps only the chunk's
+scalar loss, the backward recomputes that chunk's logits (one more head matmul for it; in all at most ~2.5 % of a
+768 x 8 model's step FLOPs) and frees them before the next. The last chunk keeps what its backward needs, which runs
+first; so at most about two chunks of logits exist at any time, and a micro-batch of one chunk recomputes nothing.
+
+Why chunks of whole sequences (dimension 0), not of flattened tokens: the batch dimension is static while a bucketed
+run's width is dynamic under torch.compile (trainer/loop/warmup.py); a chunk count that depends on the width would
+recompile the graph for every width class. `chunk_rows` comes from the configured seq_len, a constant of the run.
+
+Bit-exactness: with one chunk (chunk_rows >= rows of the micro-batch, as in every tiny test) the ops are those of
+`next_token_loss(logits, labels, "sum")` on the whole batch, and the loss and gradients are bit-identical to it.
+With several chunks the sum over targets and the head's weight gradient are added up chunk by chunk: another
+summation order, equal within float rounding (tests/test_chunked_loss.py measures it), the same on every run.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+IGNORE_INDEX = -100
+CHUNK_TOKENS = 8192
+"""About this many tokens' logits per chunk: 8192 x 6400 x 4 B = 210 MB of fp32 (nanochat/Liger use 4-8k)."""
+
+
+def chunk_rows_for(seq_len: int, chunk_tokens: int = CHUNK_TOKENS) -> int:
+    """Sequences per loss chunk for rows of `seq_len` tokens: at least one."""
+    return max(1, chunk_tokens // max(seq_len, 1))
+
+
+def next_token_loss(logits: torch.Tensor, next_labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy in fp32 of (batch, time, vocab) logits against already shifted labels (next_token_labels)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), next_labels.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction=reduction)
+
+
+def _chunk_loss(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                next_labels: torch.Tensor) -> torch.Tensor:
+    return next_token_loss(head(hidden), next_labels, reduction="sum")
+
+
+def chunked_loss_sum(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, next_labels: torch.Tensor,
+                     chunk_rows: int) -> torch.Tensor:
+    """Sum over targets of the fp32 cross-entropy of head(hidden) (batch, time, hidden) against next_labels
+    (batch, time; IGNORE_INDEX = no target), `chunk_rows` sequences at a time (module docstring)."""
+    rows = hidden.shape[0]
+    total: torch.Tensor | None = None
+    for start in range(0, rows, chunk_rows):
+        h, y = hidden[start:start + chunk_rows], next_labels[start:start + chunk_rows]
+        last = start + chunk_rows >= rows  # its backward runs first, at once: nothing to gain by recomputing it
+        if torch.is_grad_enabled() and not last:
+            part = checkpoint(_chunk_loss, head, h, y, use_reentrant=False, preserve_rng_state=False)
+        else:
+            part = _chunk_loss(head, h, y)
+        total = part if total is None else total + part
+    assert total is not None, "an empty micro-batch"
+    return total
