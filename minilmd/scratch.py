@@ -18,10 +18,11 @@ launch. So:
   whose identity (device, inode, owner) changed since this process first claimed it is a final error naming the
   change (ScratchChanged), and `ensure_held()` is asked right before staging removes anything in it.
 
-`problems()` only reads (the config check calls it); `claim()` creates and marks (the supervisor at launch, the
-trainer when it runs on its own); `remove_own()` deletes a scratch only if it is this user's and marked for the given
-run (the demo); `give_back()` is the end of a finished run: scratch is RAM on a shared server, so once the remote
-holds the last checkpoint it goes, and it stays when the remote does not. Torch-free.
+`problems()` only reads (the config check calls it); `claim()` creates and marks (the supervisor at launch and
+again before each staging and trainer start, a Slurm node, the trainer when it runs on its own); `remove_own()`
+deletes a scratch only if it is this user's and marked for the given run (the demo); `give_back()` is the end of a
+finished run: scratch is RAM on a shared server, so once the remote holds the last checkpoint it goes, and it stays
+when the remote does not. Torch-free.
 """
 from __future__ import annotations
 
@@ -144,6 +145,13 @@ def read_owner(scratch: Path) -> dict | None:
     return owner
 
 
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
 def _others_can_write(st: os.stat_result) -> bool:
     """Another user can create, rename or remove entries in this directory (group members count as others)."""
     sticky_and_safe = bool(st.st_mode & stat.S_ISVTX) and st.st_uid in (0, os.geteuid())
@@ -161,7 +169,7 @@ def _ancestry_problem(label: str, scratch: Path) -> str | None:
             return None
         where = f"{label} {scratch}: the directory {above} above it"
         if stat.S_ISLNK(st.st_mode):
-            return (f"{where} is a symbolic link (to {os.readlink(above)}): minilmd follows no link on the way to "
+            return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
                     f"scratch, since whoever can change it chooses where the run's files go; set run.scratch to "
                     f"the real path")
         if not stat.S_ISDIR(st.st_mode):
@@ -224,7 +232,9 @@ def problems(scratch: Path, run_dir: Path, is_default: bool) -> list[str]:
             if st is None:
                 return []  # created at launch, 0700
             problem = _dir_problem(what, path, st)
-            if problem is None and path == scratch and _others_can_write(st):  # claim() makes the root 0700
+            # the scratch itself: no other user may even add a name (a sticky bit does not help); claim() makes the
+            # per-user root 0700
+            if problem is None and path == scratch and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 problem = (f"{what} {path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}), who "
                            f"could swap what the run stages there; chmod go-w {path}, or set run.scratch")
             if problem:
@@ -321,11 +331,7 @@ def _check_held(scratch: Path, now: Identity | None = None) -> None:
             _held.pop(_key(scratch), None)
             return
         if stat.S_ISLNK(st.st_mode):
-            try:
-                target = os.readlink(scratch)
-            except OSError:
-                target = "?"
-            raise ScratchChanged([_changed(scratch, before, f"a symbolic link to {target}")])
+            raise ScratchChanged([_changed(scratch, before, f"a symbolic link to {_link_target(scratch)}")])
         now = Identity.of(st)
     if now != before:
         raise ScratchChanged([_changed(scratch, before, f"a directory of {now.describe()}")])
