@@ -13,7 +13,9 @@ Each test first reproduced the attack on the code before the fix (issue 21, "Dat
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -88,7 +90,7 @@ def test_check_of_a_scratch_inside_another_users_private_directory_says_so(share
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("swap", ["link to her data", "his own 0777 directory"])
+@pytest.mark.parametrize("swap", ["link to her data", "his own 0777 directory", "a copy of it"])
 def test_a_scratch_swapped_mid_run_stops_the_run_before_anything_is_staged_or_deleted(shared, swap):
     home = shared.home("root")
     data = victims_data(home / "data")
@@ -102,6 +104,8 @@ def test_a_scratch_swapped_mid_run_stops_the_run_before_anything_is_staged_or_de
         os.rename(where, home / "scr-was")
         if swap == "link to her data":
             where.symlink_to(data)
+        elif swap == "a copy of it":  # the staged corpus is there: no re-staging, the next trainer start re-claims
+            shutil.copytree(home / "scr-was", where, symlinks=True)
         else:
             owned_by_nobody(where).chmod(0o777)
         os.kill(state(run_dir)["child"]["pid"], signal.SIGKILL)  # the next attempt: re-claimed before its start
@@ -114,12 +118,15 @@ def test_a_scratch_swapped_mid_run_stops_the_run_before_anything_is_staged_or_de
     assert f"run.scratch {where} changed since this run claimed it: it was the directory of " in said, said
     if swap == "link to her data":
         assert f"it is now a symbolic link to {data};" in said, said
+    elif swap == "a copy of it":
+        assert "it is now a directory of device" in said and "owner root (uid 0);" in said, said
+        assert final["child"] is None and len(final["restarts"]) == 1  # no second attempt started in the copy
     else:
         assert "it is now a directory of device" in said and f"owner nobody (uid {NOBODY.pw_uid});" in said, said
     assert final["phase"] == "failed" and final["outcome"]["exit"] == SUPERVISOR_CONFIG
     assert "changed since this run claimed it" in (run_dir / "events.jsonl").read_text()
     assert untouched(data)
-    if swap != "link to her data":
+    if swap == "his own 0777 directory":
         assert list(where.iterdir()) == []  # nothing of hers was copied into his directory
 
 
@@ -140,3 +147,46 @@ def test_staging_deletes_nothing_in_a_scratch_that_changed_since_the_claim(tmp_p
     with pytest.raises(scratch.ScratchChanged):
         staging.stage(str(corpus[0]), where)
     assert untouched(data) and untouched(where)
+
+
+def _problems(where: Path, run_dir: Path) -> str:
+    return "; ".join(scratch.problems(where, run_dir, False))
+
+
+def test_no_link_on_the_way_and_no_directory_above_that_another_user_can_change(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give a directory to another user (nobody)")
+    run_dir = tmp_path / "run"
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "via").symlink_to(real)
+    assert f"the directory {tmp_path / 'via'} above it is a symbolic link (to {real})" in \
+        _problems(tmp_path / "via" / "a" / "scr", run_dir)
+    his = tmp_path / "his"
+    his.mkdir()
+    os.chown(his, NOBODY.pw_uid, NOBODY.pw_gid)
+    assert f"the directory {his} above it belongs to nobody" in _problems(his / "scr", run_dir)
+    for mode, refused in ((0o777, True), (0o775, True), (0o1777, False), (0o755, False)):
+        open_dir = tmp_path / f"open-{mode:o}"
+        open_dir.mkdir()
+        open_dir.chmod(mode)
+        said = _problems(open_dir / "scr", run_dir)
+        assert ("can be written by other users" in said) == refused, (mode, said)
+    mine_but_open = tmp_path / "mine-but-open"
+    mine_but_open.mkdir()
+    mine_but_open.chmod(0o1777)  # a sticky bit on the scratch itself does not keep others from adding names
+    assert f"run.scratch {mine_but_open} can be written by other users (mode 1777)" in \
+        _problems(mine_but_open, run_dir)
+    with pytest.raises(scratch.ScratchRefused, match="symbolic link"):
+        scratch.claim(tmp_path / "via" / "scr", run_dir, "r", False)
+    assert list(real.iterdir()) == []
+
+
+def test_a_scratch_that_is_gone_is_made_again_and_claimed_afresh(tmp_path):
+    where, run_dir = tmp_path / "scr", tmp_path / "run"
+    first = scratch.claim(where, run_dir, "r", False)
+    assert scratch.claim(where, run_dir, "r", False) == first  # claimed again: the same directory
+    shutil.rmtree(where)  # a cleaner emptied it: no one else's directory stands there
+    scratch.claim(where, run_dir, "r", False)  # no ScratchChanged (the inode number may even be reused)
+    assert (where / "owner.json").is_file() and json.loads((where / "owner.json").read_text())["run_dir"] == \
+        str(run_dir.resolve())
