@@ -41,10 +41,11 @@ class Infra:
         model/corpus (2). None for any other error."""
         from minilmd.checkpoint import CheckpointMismatch
         from minilmd.daemon.jobs.staging import ScratchTooSmall, SourceInvalid
+        from minilmd.scratch import ScratchRefused
 
         if isinstance(error, SourceInvalid):
             return protocol.EXIT_DATA
-        if isinstance(error, (CheckpointMismatch, ScratchTooSmall)):
+        if isinstance(error, (CheckpointMismatch, ScratchTooSmall, ScratchRefused)):  # ScratchRefused: swapped
             return protocol.SUPERVISOR_CONFIG
         return None
 

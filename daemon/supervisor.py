@@ -253,6 +253,8 @@ class Supervisor:
         if self.room.still_full(self.phase):
             self._enter_stopping(self.room.stop(f"attempt {self.attempt + 1} cannot start"))
             return
+        if refused := self.staging.reclaim():  # scratch is claimed again before every trainer start
+            return self._fail(protocol.SUPERVISOR_CONFIG, f"config error, final: {refused}")
         self.attempt += 1
         nproc, devices = (self.slurm.nproc, self.slurm.devices_env) if self.slurm else \
             (self.gpu.nproc, self.gpu.devices_env)
@@ -489,8 +491,7 @@ class Supervisor:
 
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None) -> int:
-    """`minilmd run CONFIG`: load, validate as --check does and claim scratch (exit 2 on problems), supervise until
-    done/failed/stopped."""
+    """`minilmd run CONFIG`: load, check as --check does, claim scratch (exit 2 on problems), supervise to the end."""
     try:
         cfg = preflight.launch(config_path, overrides)  # what --check checks, then scratch is claimed for this run
     except ConfigError as e:

@@ -140,10 +140,13 @@ def _check_init(cfg: RunConfig) -> list[str]:
 def _check_writable(name: str, path: Path) -> list[str]:
     """A path is usable if it is a writable directory, or its nearest existing ancestor is one."""
     probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
+    try:
+        while not probe.exists():
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+    except PermissionError:  # a directory on the way that this user may not enter (another user's 0700 one)
+        return [f"{name} = {str(path)!r}: {probe} cannot be examined (permission denied on a directory above it)"]
     if probe.exists() and not probe.is_dir():
         return [f"{name} = {str(path)!r}: {probe} is a file, not a directory"]
     if not os.access(probe, os.W_OK | os.X_OK):

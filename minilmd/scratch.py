@@ -9,12 +9,20 @@ launch. So:
 - a scratch carries `owner.json` (names.SCRATCH_OWNER) naming the run directory it belongs to; any other run
   (another `run.dir` with the same `run.name`, a copied config, another user) is refused with the name of the
   owner: at `minilmd run --check`, at launch and by `minilmd train` (exit 2, final);
-- a scratch without a marker (chosen by hand, or made by an older minilmd) is adopted by the first run that claims it.
+- a scratch without a marker (chosen by hand, or made by an older minilmd) is adopted by the first run that claims it,
+  and only while it is empty: a directory holding anything else (someone's `corpus/`) is refused, never emptied;
+- no component of the path is a symbolic link, and no directory above the scratch belongs to or can be written by
+  another user (unless it is sticky and root's or this user's, like /tmp and /dev/shm), nor the scratch itself:
+  such a user could swap the scratch for a link to the owner's data, or for his own directory, at any time;
+- the claim is made again before every staging and every trainer start (daemon/jobs/stagingworker.py); a scratch
+  whose identity (device, inode, owner) changed since this process first claimed it is a final error naming the
+  change (ScratchChanged), and `ensure_held()` is asked right before staging removes anything in it.
 
-`problems()` only reads (the config check calls it); `claim()` creates and marks (the supervisor at launch, the
-trainer when it runs on its own); `remove_own()` deletes a scratch only if it is this user's and marked for the given
-run (the demo); `give_back()` is the end of a finished run: scratch is RAM on a shared server, so once the remote
-holds the last checkpoint it goes, and it stays when the remote does not. Torch-free.
+`problems()` only reads (the config check calls it); `claim()` creates and marks (the supervisor at launch and
+again before each staging and trainer start, a Slurm node, the trainer when it runs on its own); `remove_own()`
+deletes a scratch only if it is this user's and marked for the given run (the demo); `give_back()` is the end of a
+finished run: scratch is RAM on a shared server, so once the remote holds the last checkpoint it goes, and it stays
+when the remote does not. Torch-free.
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ import pwd
 import shutil
 import socket
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.names import (
@@ -44,6 +53,31 @@ class ScratchRefused(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         super().__init__("; ".join(self.problems))
+
+
+class ScratchChanged(ScratchRefused):
+    """The scratch is not the directory this process claimed (another one, or a link, put in its place): final."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a claimed scratch is: the directory itself, not its name."""
+
+    dev: int
+    ino: int
+    uid: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Identity:
+        return cls(st.st_dev, st.st_ino, st.st_uid)
+
+    def describe(self) -> str:
+        return f"device {self.dev}, inode {self.ino}, owner {_user(self.uid)}"
+
+
+_held: dict[str, Identity] = {}
+"""Scratch paths this process has claimed, with what they were at the first claim: a later claim that finds another
+directory there is ScratchChanged. A scratch that is gone (a cleaner emptied /dev/shm) is made and claimed afresh."""
 
 
 def base() -> str:
@@ -111,6 +145,65 @@ def read_owner(scratch: Path) -> dict | None:
     return owner
 
 
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def _others_can_write(st: os.stat_result) -> bool:
+    """Another user can create, rename or remove entries in this directory (group members count as others)."""
+    sticky_and_safe = bool(st.st_mode & stat.S_ISVTX) and st.st_uid in (0, os.geteuid())
+    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and not sticky_and_safe
+
+
+def _ancestry_problem(label: str, scratch: Path) -> str | None:
+    """Why someone else could put another directory (or a link) where `scratch` is: a symbolic link on the way, or a
+    directory above it that another user owns or can write (sticky ones of root or of this user excepted). Missing
+    directories are fine: claim() makes them. None: the path stays where it is."""
+    path = Path(os.path.abspath(scratch))
+    for above in reversed(path.parents):
+        st = _lstat(above)
+        if st is None:
+            return None
+        where = f"{label} {scratch}: the directory {above} above it"
+        if stat.S_ISLNK(st.st_mode):
+            return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
+                    f"scratch, since whoever can change it chooses where the run's files go; set run.scratch to "
+                    f"the real path")
+        if not stat.S_ISDIR(st.st_mode):
+            return None  # the config check says that a file is in the way
+        if st.st_uid not in (0, os.geteuid()):
+            return (f"{where} belongs to {_user(st.st_uid)}, who could replace the scratch by a link to your files "
+                    f"or by a directory of his; set run.scratch to a place only you (and root) can change")
+        if _others_can_write(st):
+            return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
+                    f"could replace the scratch by a link to your files or by a directory of theirs; set "
+                    f"run.scratch to a place only you (and root) can change, or chmod go-w {above}")
+    return None
+
+
+def _foreign_entries(scratch: Path) -> list[str]:
+    """What a scratch without a marker holds (names, sorted), besides a marker being written by a racing claim."""
+    try:
+        names = os.listdir(scratch)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if not n.startswith(atomic_tmp_prefix(SCRATCH_OWNER)))
+
+
+def _adoption_problem(scratch: Path) -> str | None:
+    """A scratch without a marker is adopted only when empty: what is in it is nobody's run's to replace."""
+    found = _foreign_entries(scratch)
+    if not found:
+        return None
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    return (f"run.scratch {scratch} already holds files ({shown}) and no {SCRATCH_OWNER}: minilmd adopts only an "
+            f"empty directory or one marked for this run, since staging would replace or delete what is there; "
+            f"set run.scratch to a new or empty directory")
+
+
 def _owner_problem(scratch: Path, run_dir: Path) -> str | None:
     try:
         owner = read_owner(scratch)
@@ -130,21 +223,31 @@ def problems(scratch: Path, run_dir: Path, is_default: bool) -> list[str]:
     """Why the run in `run_dir` may not use `scratch` (empty: it may). Reads only; creates nothing."""
     label = "run.scratch (the default)" if is_default else "run.scratch"
     paths = [("the per-user scratch root", scratch.parent), (label, scratch)] if is_default else [(label, scratch)]
-    for what, path in paths:
-        try:
-            st = _lstat(path)
-        except OSError as e:
-            return [f"{what} {path} cannot be examined ({e.strerror})"]
-        if st is None:
-            return []  # created at launch, 0700
-        problem = _dir_problem(what, path, st)
+    try:
+        problem = _ancestry_problem(paths[0][0], paths[0][1])
         if problem:
             return [problem]
-    problem = _owner_problem(scratch, run_dir.absolute().resolve())
+        for what, path in paths:
+            st = _lstat(path)
+            if st is None:
+                return []  # created at launch, 0700
+            problem = _dir_problem(what, path, st)
+            # the scratch itself: no other user may even add a name (a sticky bit does not help); claim() makes the
+            # per-user root 0700
+            if problem is None and path == scratch and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                problem = (f"{what} {path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}), who "
+                           f"could swap what the run stages there; chmod go-w {path}, or set run.scratch")
+            if problem:
+                return [problem]
+        problem = _owner_problem(scratch, run_dir.absolute().resolve())
+        if problem is None and read_owner(scratch) is None:
+            problem = _adoption_problem(scratch)
+    except OSError as e:
+        return [f"{label} {scratch} cannot be examined ({e.strerror or e})"]
     return [problem] if problem else []
 
 
-def _make_private_dir(path: Path, label: str, tighten: bool) -> None:
+def _make_private_dir(path: Path, label: str, tighten: bool) -> Identity:
     """mkdir 0700 unless present; then check what is there without following a link (and make it 0700 if
     `tighten`)."""
     try:
@@ -163,14 +266,18 @@ def _make_private_dir(path: Path, label: str, tighten: bool) -> None:
             raise ScratchRefused([problem])
         if tighten and stat.S_IMODE(st.st_mode) != PRIVATE:
             os.fchmod(fd, PRIVATE)  # ours: nobody else may list or enter it
+        return Identity.of(st)
     finally:
         os.close(fd)
 
 
-def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> None:
+def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> Identity:
     """Make `scratch` this run's: create it (0700; and the per-user root 0700 for the default) and write the marker
-    if there is none. Raises ScratchRefused when `problems()` has any, or another run won a race for it."""
+    if there is none. Raises ScratchRefused when `problems()` has any, or another run won a race for it, and
+    ScratchChanged when another directory stands where this process claimed one before. Called again before each
+    staging and trainer start; returns what the scratch is."""
     run_dir = run_dir.absolute().resolve()
+    _check_held(scratch)  # a swap is named as one, before problems() finds a link or a stranger's directory
     found = problems(scratch, run_dir, is_default)
     if found:
         raise ScratchRefused(found)
@@ -178,12 +285,18 @@ def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> None
         _make_private_dir(scratch.parent, "the per-user scratch root", tighten=True)
     else:
         scratch.parent.mkdir(parents=True, exist_ok=True)
-    _make_private_dir(scratch, "run.scratch", tighten=False)
-    if os.path.lexists(scratch / SCRATCH_OWNER):
-        problem = _owner_problem(scratch, run_dir)  # another run may have marked it since problems()
-        if problem:
-            raise ScratchRefused([problem])
-        return
+    identity = _make_private_dir(scratch, "run.scratch", tighten=False)
+    found = problems(scratch, run_dir, is_default)  # again, now that every directory on the way exists
+    if found:
+        raise ScratchRefused(found)
+    _check_held(scratch, identity)
+    if not os.path.lexists(scratch / SCRATCH_OWNER):
+        _write_marker(scratch, run_dir, run_name)
+    _held.setdefault(_key(scratch), identity)
+    return identity
+
+
+def _write_marker(scratch: Path, run_dir: Path, run_name: str) -> None:
     owner = {"run_dir": str(run_dir), "run_name": run_name, "uid": os.geteuid(), "host": socket.gethostname()}
     tmp = scratch / f"{atomic_tmp_prefix(SCRATCH_OWNER)}{os.getpid()}"
     try:
@@ -200,6 +313,45 @@ def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> None
                 raise ScratchRefused([problem]) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _key(scratch: Path) -> str:
+    return os.path.abspath(scratch)
+
+
+def _check_held(scratch: Path, now: Identity | None = None) -> None:
+    """ScratchChanged if another directory (or a link, or nothing we can open) stands where this process claimed
+    `scratch`. A scratch that is simply gone is no change (it is made again, 0700, and claimed afresh)."""
+    before = _held.get(_key(scratch))
+    if before is None:
+        return
+    if now is None:
+        st = _lstat(scratch)
+        if st is None:
+            _held.pop(_key(scratch), None)
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise ScratchChanged([_changed(scratch, before, f"a symbolic link to {_link_target(scratch)}")])
+        now = Identity.of(st)
+    if now != before:
+        raise ScratchChanged([_changed(scratch, before, f"a directory of {now.describe()}")])
+
+
+def _changed(scratch: Path, before: Identity, now: str) -> str:
+    return (f"run.scratch {scratch} changed since this run claimed it: it was the directory of {before.describe()}, "
+            f"it is now {now}; someone replaced it, so the run stops rather than stage into, delete from or train "
+            f"in what stands there now (final); check who can change {scratch.parent}")
+
+
+def ensure_held(scratch: Path) -> None:
+    """Right before staging removes anything in `scratch`: raise ScratchChanged if this process claimed another
+    directory there, and ScratchRefused unless the path is a directory of this user's that nobody else can swap.
+    (Staging without a claim, as a tool or a test may call it, gets the second part only.)"""
+    _check_held(scratch)
+    st = _lstat(scratch)
+    problem = _ancestry_problem("run.scratch", scratch) or (st and _dir_problem("run.scratch", scratch, st))
+    if problem:
+        raise ScratchRefused([problem])
 
 
 def remove_own(scratch: Path, run_dir: Path) -> str | None:
@@ -221,6 +373,7 @@ def remove_own(scratch: Path, run_dir: Path) -> str | None:
     if owner["run_dir"] != str(run_dir):
         return f"{scratch} belongs to the run directory {owner['run_dir']}, not to {run_dir}: left alone"
     shutil.rmtree(scratch)
+    _held.pop(_key(scratch), None)  # gone on purpose: a later claim makes a new one
     return None
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint, checkpoint_dirs, protocol
+from minilmd import checkpoint, checkpoint_dirs, protocol, scratch
 from minilmd.config import RestartSection, load_config
 from minilmd.daemon.child.process import Death
 from minilmd.daemon.jobs import staging
@@ -134,7 +134,8 @@ def test_checkpoints_piling_up_behind_a_failing_remote_are_pruned_before_scratch
                           train={"max_steps": 60, "checkpoint_every": 5, "keep_local": 3},
                           sync={"every": "10s"}, restart={"no_progress_limit": 1})
     cfg = load_config(config)
-    staging.stage(str(corpus[0]), cfg.scratch_dir)
+    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, False)  # this run's (a marker-less one holding files
+    staging.stage(str(corpus[0]), cfg.scratch_dir)  # would not be adopted), staged before the run starts
     sup = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.1")
     try:
         wait_for(lambda: state(cfg.run_dir).get("phase"), 60, "the supervisor to load the config")
@@ -168,7 +169,8 @@ def test_when_nothing_can_be_pruned_the_run_waits_for_space_says_so_and_then_fin
     config = straight.config_like(tmp_path, "s", run={"scratch": str(disk / "scratch"), "remote": str(remote.path)},
                                   sync={"every": "10s"}, restart={"no_progress_limit": 1, "max_restarts": 1})
     cfg = load_config(config)
-    staging.stage(str(corpus[0]), cfg.scratch_dir)
+    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, False)  # this run's (a marker-less one holding files
+    staging.stage(str(corpus[0]), cfg.scratch_dir)  # would not be adopted), staged before the run starts
     sup = start_supervisor(config, tmp_path / "sup.out", fake=False)
     try:
         # another job takes the space once the launch's own check of scratch has passed (a full scratch at launch

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint, checkpoint_dirs
+from minilmd import checkpoint, checkpoint_dirs, scratch
 from minilmd.config import load_config
 from minilmd.daemon.jobs import staging
 from minilmd.protocol import SUPERVISOR_CONFIG
@@ -47,6 +47,7 @@ def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_rec
     disk = small_tmpfs("80m")
     config = straight.config_like(tmp_path, "s", run={"scratch": str(disk / "scratch")})
     cfg = load_config(config)
+    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, False)  # this run's: a marker-less one is not adopted
     staging.stage(str(corpus[0]), cfg.scratch_dir)  # staged while there is room; the supervisor reuses it
     sup = start_supervisor(config, tmp_path / "sup.out", fake=False)
     filler = disk / "another-job"

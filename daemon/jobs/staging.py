@@ -10,7 +10,9 @@ is to train from a copy in RAM (or on local disk). Rules:
 - the final name `<scratch>/corpus` only ever holds a copy whose sizes and sha256 matched `meta.json` and whose
   invariants `minilmd.corpus.format.verify_prepared` accepted (the whole directory is published by a rename at the end);
 - an existing staged copy is reused only after verification; after a SIGBUS the supervisor calls
-  `verify_staged()` and stages again, which copies only the damaged files.
+  `verify_staged()` and stages again, which copies only the damaged files;
+- nothing is removed in scratch unless it is still the directory the run claimed (minilmd/scratch.py
+  `ensure_held`, asked right before each removal; the supervisor claims it again before each staging).
 Torch-free.
 """
 from __future__ import annotations
@@ -430,6 +432,7 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
     files = _listed_files(meta, source)
 
     scratch.mkdir(parents=True, exist_ok=True)
+    scratchmod.ensure_held(scratch)  # the scratch claimed (owner, no link, nobody else can swap it), and still it
     for stale in list(scratch.glob(STAGING_TMP_PREFIX + "*")) + list(scratch.glob(STAGING_OLD_PREFIX + "*")):
         shutil.rmtree(stale, ignore_errors=True)  # one supervisor per run: anything here is from a dead one
 
@@ -441,6 +444,9 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
             log(f"staging: reusing verified copy at {final}")
             return final
         log(f"staging: existing copy at {final} is not usable: " + "; ".join(problems[:5]))
+        scratchmod.ensure_held(scratch)  # again right before the removal: it must be this run's scratch still
+        if os.path.islink(final) or not final.is_dir():
+            raise StagingError(f"{final} is not a directory: staging replaces only a copy it made; remove it")
         old = scratch / f"{STAGING_OLD_PREFIX}{os.getpid()}"
         os.rename(final, old)
 
@@ -462,6 +468,7 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
                 kept[rel] = earlier[rel]["size"]
             to_copy[rel] = entry
         if old is not None:
+            scratchmod.ensure_held(scratch)
             shutil.rmtree(old, ignore_errors=True)
         needed = sum(e["size"] - kept.get(rel, 0) for rel, e in to_copy.items())
         check_fit(needed, scratch, memory_headroom_bytes)

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd import names, protocol
+from minilmd import names, protocol, scratch
 from minilmd.daemon.jobs import initstage
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
 from minilmd.daemon.policy import backoff_seconds
@@ -110,8 +110,23 @@ class StagingWorker:
         return name
 
     # --- each tick in the staging phase ---------------------------------------------------------------------------
+    def reclaim(self) -> str | None:
+        """Claim scratch again (minilmd/scratch.py), before each staging, fetch and trainer start: None while it is
+        still this run's own directory; else why not (a final config error: it was swapped, or can be)."""
+        cfg = self.cfg
+        try:
+            scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+        except scratch.ScratchRefused as e:
+            return "; ".join(e.problems)
+        except OSError as e:
+            return f"run.scratch {cfg.scratch_dir} cannot be claimed again: {e}"
+        return None
+
     def tick(self) -> Staged | StagingFailed | None:
         if self.worker is None:
+            if (self.awaiting_remote is None or now() >= self.fetch_retry_at) and (refused := self.reclaim()):
+                self.state.staging.state, self.state.staging.error = StagingState.FAILED, refused
+                return StagingFailed(f"config error, final: {refused}", protocol.SUPERVISOR_CONFIG)
             self._start()
             return None
         if not self.worker.done:

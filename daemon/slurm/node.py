@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except staging.SourceInvalid as e:
         print(f"minilmd node {host}: {e}", file=sys.stderr, flush=True)
         return protocol.EXIT_DATA
+    except scratch.ScratchRefused as e:  # the scratch changed since the claim above (staging checks before removing)
+        print(f"minilmd node {host}: scratch {where}: {e}", file=sys.stderr, flush=True)
+        return protocol.EXIT_CONFIG
     except (staging.StagingError, OSError) as e:
         print(f"minilmd node {host}: staging failed: {e}", file=sys.stderr, flush=True)
         return protocol.EXIT_CRASH
