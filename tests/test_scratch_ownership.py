@@ -190,12 +190,20 @@ def test_the_demo_removes_only_its_own_scratch(shared, first, second):
 
 
 def test_the_demo_leaves_a_scratch_of_another_run_alone(shared):
-    base = shared.base
-    assert demo_start(shared, "root", shared.home("root") / "one" / "demo-run").returncode == 0
-    # the same default scratch, for another run directory
+    one = demo_start(shared, "root", shared.home("root") / "one" / "demo-run")
+    assert one.returncode == 0, text_of(one)
+    first = Path(one.stdout.split()[-1])
+    # a second demo directory of the same user (a second clone) gets a scratch of its own: the first's stays
+    two = demo_start(shared, "root", shared.home("root") / "two" / "demo-run")
+    assert two.returncode == 0, text_of(two)
+    second = Path(two.stdout.split()[-1])
+    assert second != first and (first / "checkpoints").is_dir() and (second / "checkpoints").is_dir()
+    # where that demo's scratch goes, a scratch marked for another run directory is left alone
+    marker = second / SCRATCH_OWNER
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "run_dir": "/elsewhere/run"}))
     other = demo_start(shared, "root", shared.home("root") / "two" / "demo-run")
     assert other.returncode != 0 and "belongs to the run directory" in text_of(other) and "left alone" in text_of(other)
-    assert (base / "minilmd-0" / "demo" / "checkpoints").is_dir()
+    assert (second / "checkpoints").is_dir() and (first / "checkpoints").is_dir()
     # and a demo directory of another user is never removed
     theirs = owned_by_nobody(shared.root / "theirs" / "demo-run")
     (theirs / "keep").write_text("x")
