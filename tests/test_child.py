@@ -231,3 +231,18 @@ def test_sd_notify_sends_ready_status_and_watchdog(tmp_path):
     n.status("x")
     assert server.recv(100) == b"STATUS=x"
     assert Notifier({}).send("READY=1") is False
+
+
+def test_a_heartbeat_of_the_previous_attempt_never_counts_as_the_new_ones(tmp_path):
+    """Found by the pipeline soak: attempt N's last heartbeat, written within a second of attempt N+1's launch,
+    passed for N+1's own; its start-up grace became hang_timeout and it was killed as hung while importing."""
+    from minilmd.daemon.runstate import read_heartbeat
+
+    (tmp_path / names.HEARTBEAT).write_text("40\n")  # the previous attempt's, just now
+    child = launch([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, 2, "")
+    try:
+        assert not child.beats(read_heartbeat(tmp_path))
+        assert child.silence(read_heartbeat(tmp_path), hang_timeout=0.0, startup_grace=60.0) == ""
+    finally:
+        child.kill()
+        child.popen.wait()

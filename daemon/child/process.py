@@ -220,6 +220,9 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
     env["OMP_NUM_THREADS"], threads_why = trainer_threads(command, devices, env)
     caches = compilecache.trainer_env(compile_cache, env) if compile_cache is not None else {}
     env.update({var: value for var, (value, _) in caches.items()})
+    # A heartbeat the previous attempt wrote in its last second would pass for this one's (beats() allows the clock
+    # a second) and cut its start-up grace to hang_timeout: every heartbeat from here on is this attempt's.
+    (run_dir / names.HEARTBEAT).unlink(missing_ok=True)
     with open(log_path, "ab") as log:
         log.write(f"# attempt {attempt}: {shlex.join(command)}\n# CUDA_VISIBLE_DEVICES={devices!r}\n"
                   f"# OMP_NUM_THREADS={env['OMP_NUM_THREADS']} ({threads_why})\n".encode())
