@@ -77,6 +77,7 @@ def calibrate(work: Path, corpora: Path, vocab: int, minutes: float) -> int:
     """Total steps such that the undisturbed pipeline alone would take about 40 % of the fault phase (restarts,
     hangs and outages take the rest), from a short plain `minilmd train` of the pretraining stage."""
     where = work / "calibrate"
+    where.mkdir(parents=True, exist_ok=True)
     sections = stage_sections("pretrain", 40, corpora / CORPUS_OF["pretrain"], where / "remote", None, None)
     del sections["run"]["remote"]
     config = write_config(where, (corpora / CORPUS_OF["pretrain"], vocab), "calibrate", **sections)
