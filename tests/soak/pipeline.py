@@ -178,6 +178,7 @@ class PipelineSoak:
         """Make backing/<rel> unreachable through the mount for a while: EIO on every operation, or renamed away."""
         variant = self.rng.choice(["eio", "renamed"])
         rec["variant"], rec["lifted"] = f"{variant} {rel}", False
+        log(f"  {rec['kind']}: {rec['variant']}")
         if variant == "eio":
             rule = self.fs.add_rule("*", f"{rel}*", "error", errno=5)
 
@@ -210,7 +211,7 @@ class PipelineSoak:
             deadline = time.monotonic() + 30
             while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            rec["oom_kills"] = group.oom_kills()
+            rec["oom_kills"], rec["failcnt"] = group.oom_kills(), group.failcnt()
             if alive(pid):
                 rec["variant"] = "not killed in 30 s: moved out and SIGKILLed"
                 send(pid, signal.SIGKILL)
@@ -284,7 +285,7 @@ class PipelineSoak:
                 if (stage.name, item) not in self.planned_seen:
                     self.planned_seen.add((stage.name, item))
                     kind, _, at = item.partition("@")
-                    self.record(f"planned_{kind}", stage, step=int(at) - 1)
+                    self.record(f"planned_{kind}", stage, step=int(at))  # fired at `at`: a later save recovers
 
     def update_recoveries(self) -> None:
         now = time.monotonic()
@@ -342,11 +343,13 @@ class PipelineSoak:
                 log(f"{stage.name}: done")
                 continue
             if rc in FINAL_EXITS:
-                recent = [f"{f['kind']}@{f['step']}" for f in self.faults if f["stage"] == stage.name][-3:]
-                self.failures.append({"stage": stage.name, "exit": rc, "phase": st.get("phase"),
-                                      "why": str(st.get("last_error") or st.get("reason") or "")[:300],
-                                      "after_faults": recent})
-                log(f"STAGE FAILURE: {stage.name} exit {rc}: {self.failures[-1]['why']} (after {recent})")
+                why = str(st.get("last_error") or st.get("reason") or "")[:300]
+                # one fault at a time over the pipeline: the last ones before the failure, whatever their stage
+                recent = [f"{f['kind']}@{f['stage']}:{f['step']}" for f in self.faults][-3:]
+                cascade = "the run this one starts from failed" in why
+                self.failures.append({"stage": stage.name, "exit": rc, "phase": st.get("phase"), "why": why,
+                                      "after_faults": recent, "cascade": cascade})
+                log(f"STAGE FAILURE: {stage.name} exit {rc}: {why} (after {recent})")
                 if stage.revives >= MAX_REVIVES:
                     stage.ended = True
                     continue

@@ -85,7 +85,7 @@ def report(soak, checks: dict, elapsed: float) -> int:
         by_kind[f["kind"]].append(f)
     failed_after: dict[str, int] = defaultdict(int)
     for failure in soak.failures:
-        if failure["after_faults"]:
+        if failure["after_faults"] and not failure["cascade"]:  # a cascade is its predecessor's failure
             failed_after[failure["after_faults"][-1].split("@")[0]] += 1
     problems = problems_of(soak, checks)
     summary = {
