@@ -354,6 +354,9 @@ class PipelineSoak:
                     stage.ended = True
                     continue
                 stage.revives += 1
+                # as an operator would: once the outages in force are over (a revive into one fails again at once)
+                stage.restart_at = max([now + 1.0] + [when + 1.0 for when, _ in self.lifts])
+                continue
             stage.restart_at = now + 1.0
 
     def run(self) -> int:
@@ -419,7 +422,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="default: /tmp/minilmd-pipeline-soak-<time>")
     parser.add_argument("--steps", type=int, default=0, help="training steps of the three stages together "
-                        "(default: calibrated so that the undisturbed pipeline takes about 40 %% of the fault phase)")
+                        "(default: calibrated so that the undisturbed pipeline takes about 60 %% of the fault phase)")
     parser.add_argument("--kinds", default="", help=f"comma-separated subset of {','.join(INJECTED)},slow_exit,"
                         "planned (default: all)")
     args = parser.parse_args()
