@@ -45,3 +45,12 @@ def test_pick_chooses_only_eligible_pairs_and_every_kind_comes_up():
     assert kinds == set(INJECTED) - {"init_source_unreachable", "probe_unreachable"}
     assert {p[1] for p in picked if p and p[0] == "supervisor_sigkill"} == {"pretrain", "sft", "lora"}
     assert pick(["trainer_sigkill"], stages[1:], rng) is None
+
+
+def test_a_kind_not_injected_yet_comes_first():
+    stages = [view("pretrain", "done", trainer_alive=False), view("sft", has_init=True, has_probe=True)]
+    rng = random.Random(1)
+    seen = {kind: 1 for kind in INJECTED if kind != "probe_unreachable"}
+    assert all(pick(list(INJECTED), stages, rng, seen) == ("probe_unreachable", "sft") for _ in range(20))
+    seen["probe_unreachable"] = 1
+    assert len({pick(list(INJECTED), stages, rng, seen)[0] for _ in range(300)}) > 5  # then all at random again

@@ -387,7 +387,8 @@ class PipelineSoak:
                     self.note_planned()
                     self.update_recoveries()
                     if self.injecting and now >= next_at:
-                        choice = pick([k for k in self.kinds if k in INJECTED], self.views(), self.rng)
+                        counts = {k: sum(f["kind"] == k for f in self.faults) for k in INJECTED}
+                        choice = pick([k for k in self.kinds if k in INJECTED], self.views(), self.rng, counts)
                         if choice is not None:
                             try:
                                 self.inject(choice[0], self.stage(choice[1]))

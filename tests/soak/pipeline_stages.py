@@ -16,7 +16,7 @@ from supervisor_helpers import env_for
 from trainer_corpus import ONE_LAYER_MODEL, read_metrics, real_text_prepared, write_config
 
 STAGES = ("pretrain", "sft", "lora")
-SHARES = {"pretrain": 0.6, "sft": 0.4, "lora": 0.3}  # of the steps budget; the LoRA stops early (about step 30)
+SHARES = {"pretrain": 0.4, "sft": 0.3, "lora": 0.3}  # of the steps budget; the LoRA stops early, near step 90
 HANG_TIMEOUT_S = 5
 CORPUS_OF = {"pretrain": "corpus-pretrain", "sft": "corpus-chat", "lora": "corpus-style"}
 PROBE_OF = {"sft": "corpus-pretrain", "lora": "corpus-chat"}

@@ -54,12 +54,17 @@ def eligible(kind: str, stage: StageView) -> bool:
     raise ValueError(f"unknown fault kind {kind!r}")
 
 
-def pick(kinds: list[str], stages: list[StageView], rng: random.Random) -> tuple[str, str] | None:
+def pick(kinds: list[str], stages: list[StageView], rng: random.Random,
+         injected: dict[str, int] | None = None) -> tuple[str, str] | None:
     """A random (kind, stage name) among those eligible now, each kind equally likely whatever the number of
-    stages that can take it; None when nothing can be injected at this moment."""
+    stages that can take it, except that a kind not injected yet (`injected`: counts so far) comes first: the
+    faults that a stage allows only for a while (an outage needs the SFT or LoRA stage training) are not missed by
+    chance. None when nothing can be injected at this moment."""
     choices = {kind: [s.name for s in stages if eligible(kind, s)] for kind in kinds}
     open_kinds = [kind for kind in kinds if choices[kind]]
     if not open_kinds:
         return None
+    fresh = [kind for kind in open_kinds if not (injected or {}).get(kind)]
+    open_kinds = fresh or open_kinds
     kind = rng.choice(open_kinds)
     return kind, rng.choice(choices[kind])
