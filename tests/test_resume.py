@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from minilmd import checkpoint as ck
-from minilmd import checkpoint_dirs, checkpoint_select
+from minilmd import checkpoint_dirs, checkpoint_select, scratch
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV, HEARTBEAT, METRICS, QUARANTINE
 from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_DONE
@@ -135,7 +135,9 @@ def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, undisturbed, mo
 def test_resume_with_another_model_or_corpus_is_refused(tmp_path, corpus, undisturbed):
     straight = undisturbed()
     config = straight.config_like(tmp_path, "run")
-    ckpt = load_config(config).checkpoint_dir / "step-00000012"  # a run part-way: a copy of the undisturbed one's
+    cfg = load_config(config)
+    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, False)  # this run's: a marker-less one is not adopted
+    ckpt = cfg.checkpoint_dir / "step-00000012"  # a run part-way: a copy of the undisturbed one's
     shutil.copytree(straight.checkpoint.parent / ckpt.name, ckpt)
 
     hidden = ONE_LAYER_MODEL["hidden_size"]

@@ -104,6 +104,7 @@ def test_the_staged_state_field_round_trips_and_status_shows_it():
 
 
 # --- under the supervisor ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_probe_unreachable_at_the_first_start_is_waited_for_then_the_run_proceeds(tmp_path, corpus):
     probe = tmp_path / "share" / "probe"
     config = write_config(tmp_path, corpus, remote=False, eval={"probe": str(probe)},
@@ -171,6 +172,7 @@ def test_a_run_without_probe_or_init_stages_nothing_more(tmp_path, corpus):
     assert not (scratch / "probe").exists() and not (scratch / "init").exists()
 
 
+@pytest.mark.slow
 def test_a_supervisor_restarted_while_the_share_is_gone_resumes_from_scratch_alone(tmp_path, corpus, undisturbed):
     """systemd restarts a killed supervisor during the outage: the base and the probe staged by the first one are
     reused from scratch (verified), the source is not needed, the run finishes."""
