@@ -1,11 +1,26 @@
 """The pipeline soak's fault scheduler (tests/soak/schedule.py): a fault is picked only where it can happen."""
 from __future__ import annotations
 
+import importlib.util
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
-from soak.schedule import INJECTED, StageView, eligible, pick
+
+def _load_schedule():
+    """tests/soak/schedule.py by its path: `soak` may already name tests/soak/soak.py in this process."""
+    spec = importlib.util.spec_from_file_location("soak_schedule", Path(__file__).parent / "soak" / "schedule.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+_schedule = _load_schedule()
+INJECTED, StageView, eligible, pick = _schedule.INJECTED, _schedule.StageView, _schedule.eligible, _schedule.pick
 
 
 def view(name: str, phase: str = "training", **kw) -> StageView:
