@@ -22,6 +22,8 @@ from minilmd.init_source import InitSourceError, fingerprint, resolve
 from minilmd.names import BEST, LATEST, MANIFEST, TRAINER_STATE
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 
+pytestmark = pytest.mark.slow  # real runs and checkpoints behind each case
+
 torch.set_num_threads(1)
 
 

@@ -77,6 +77,7 @@ def test_a_compiled_bucketed_run_compiles_one_graph_and_only_under_a_compiling_h
     assert sum(1 for _, phase, _ in beats if phase == "compiling") >= 1
 
 
+@pytest.mark.slow
 def test_the_first_forward_is_the_widest_micro_batch_and_leaves_no_trace(tmp_path, chat):
     t = make_trainer(tmp_path, chat, "widest")
     widest = t.sampler.widest()

@@ -21,6 +21,8 @@ from minilmd.corpus.chat import ChatError, ChatTemplate, TurnError
 from minilmd.corpus.chat_sandbox import TemplateLimits
 from minilmd.corpus.prepare.chat_encode import MIN_TEXT_LIMIT
 
+pytestmark = pytest.mark.slow  # each hostile template renders until its bound trips (about a second each)
+
 HOSTILE = {
     "repeat": "{{ 'a' * 4000000000 }}",
     "list_repeat": "{{ ([1] * 100000) * 100000 }}",

@@ -59,6 +59,7 @@ def test_a_process_without_the_handler_is_not_sent_sigusr1_and_the_message_says_
         child.kill_group()
 
 
+@pytest.mark.slow
 def test_a_process_blocked_in_a_stalled_read_gets_no_dump_and_the_message_says_why(tmp_path, faultfs):
     (faultfs.backing / "tokens.bin").write_bytes(b"\0" * 65536)
     faultfs.stall("tokens.bin", 300)

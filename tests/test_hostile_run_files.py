@@ -24,6 +24,8 @@ from minilmd.daemon.runstate import new_state
 from minilmd.fsio import atomic_write_json
 from waiting import wait_until
 
+pytestmark = pytest.mark.slow  # every test runs the real CLI against hostile files (hangs bounded by timeouts)
+
 MEMORY_LIMIT = 2 << 30
 """Address space for each command: minilmd's views need a fraction; a read of /dev/zero hits it in seconds."""
 HOSTILE = {"fifo": "a FIFO", "zero": "a symbolic link", "directory": "a directory", "list": "a list, not an object"}
@@ -118,6 +120,7 @@ def test_a_state_json_with_values_of_the_wrong_type(tmp_path):
 CURVES = """
 import sys
 from minilmd.daemon.views import curves
+
 c = curves.load(sys.argv[1])
 print(c.name, len(c.train), len(c.restarts), c.unreadable)
 """

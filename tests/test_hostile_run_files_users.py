@@ -23,7 +23,7 @@ from supervisor_helpers import cli, start_supervisor, state, write_config
 from test_hostile_run_files import make_hostile, minilmd
 from waiting import wait_until
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]  # real users, real CLI processes
 
 THIRD_UID = 54321
 STATUS = "import sys; sys.argv[0] = 'minilmd'; from minilmd.cli import main; main()"

@@ -16,6 +16,8 @@ from data_helpers import read_texts
 from minilmd.corpus.prepare.pipeline import prepare
 from minilmd.corpus.sources.jsonl import InputError
 
+pytestmark = pytest.mark.slow  # every test runs a real prepare over its input
+
 BAD = {  # a bad line of each reason: what it holds
     "invalid_json": b'{"text": "unterminated',
     "missing_text": b'{"title": "no text"}',

@@ -21,6 +21,8 @@ import pytest
 from data_helpers import read_texts, write_jsonl
 from minilmd.corpus.prepare.lock import HOLD_FOR_TEST
 
+pytestmark = pytest.mark.slow  # every test races real `minilmd prepare` processes
+
 CLI = [sys.executable, "-m", "minilmd.cli"]
 
 

@@ -30,6 +30,8 @@ from supervisor_helpers import (
     write_config,
 )
 
+pytestmark = pytest.mark.slow  # most tests stage real corpora and checkpoints or run a real supervisor
+
 
 def _files_under(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}

@@ -123,6 +123,7 @@ def test_a_hang_is_detected_and_the_trainer_killed(tmp_path, corpus, fake_undist
     assert final_weights(config) == fake_undisturbed_weights
 
 
+@pytest.mark.slow
 def test_a_config_error_is_final_without_restarts(tmp_path, corpus):
     config = write_config(tmp_path, corpus)
     cfg = load_config(config)
@@ -133,6 +134,7 @@ def test_a_config_error_is_final_without_restarts(tmp_path, corpus):
     assert "config error" in st["last_error"]
 
 
+@pytest.mark.slow
 def test_a_source_that_is_not_a_corpus_is_a_final_data_error(tmp_path, corpus):
     bogus = tmp_path / "bogus"
     bogus.mkdir()

@@ -82,6 +82,7 @@ class UnreapedPopen:
         raise subprocess.TimeoutExpired(self.real.args, timeout)
 
 
+@pytest.mark.slow
 def test_kill_group_gives_a_child_that_catches_sigterm_its_grace_then_kills_it(tmp_path):
     code = ("import signal, time; signal.signal(signal.SIGTERM, lambda *a: print('SIGTERM caught', flush=True)); "
             "print('ready', flush=True); time.sleep(60)")
@@ -100,6 +101,7 @@ def test_kill_group_gives_a_child_that_catches_sigterm_its_grace_then_kills_it(t
             c.popen.wait()
 
 
+@pytest.mark.slow
 def test_kill_group_gives_up_on_a_child_the_kernel_does_not_release_instead_of_blocking(tmp_path):
     c = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, 1, devices="")
     held = c.popen = UnreapedPopen(c.popen)
