@@ -72,33 +72,9 @@ def _owner_problem(uid: int, owner: int | Collection[int] | None) -> str | None:
 
 def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collection[int] | None = None) -> bytes:
     """The bytes of a regular file of at most max_bytes, owned by `owner` (a uid or some uids) when given."""
+    fd = open_regular(path, owner=owner)
     try:
-        before = os.lstat(path)
-    except FileNotFoundError:
-        raise Unreadable("missing", path, missing=True) from None
-    except OSError as e:
-        raise Unreadable(_os_why(e), path) from None
-    if not stat.S_ISREG(before.st_mode):
-        raise Unreadable(file_kind(before.st_mode), path)
-    problem = _owner_problem(before.st_uid, owner)
-    if problem:
-        raise Unreadable(problem, path)
-    try:
-        fd = os.open(path, OPEN_FLAGS)
-    except FileNotFoundError:
-        raise Unreadable("missing", path, missing=True) from None
-    except OSError as e:
-        raise Unreadable("a symbolic link" if e.errno == errno.ELOOP else _os_why(e), path) from None
-    try:
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
-            raise Unreadable("replaced while being opened", path)
-        if not stat.S_ISREG(st.st_mode):  # pragma: no cover - the same inode as the regular file lstat saw
-            raise Unreadable(file_kind(st.st_mode), path)
-        problem = _owner_problem(st.st_uid, owner)
-        if problem:
-            raise Unreadable(problem, path)
-        if st.st_size > max_bytes:
+        if os.fstat(fd).st_size > max_bytes:
             raise Unreadable(f"over {size_text(max_bytes)}", path)
         chunks, got = [], 0
         while got <= max_bytes:
