@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names
+from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config_values import parse_duration
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import SyncState
@@ -44,15 +45,11 @@ older one): below it, superseded checkpoints are pruned."""
 
 
 def local_checkpoint_steps(root: Path) -> list[int]:
-    """Steps of the step directories that hold a manifest (cheap: names only, no validation)."""
-    steps = []
+    """Steps of checkpoint_dirs.list_checkpoints (cheap: names only, no validation); none when root cannot be read."""
     try:
-        for p in root.iterdir():
-            if names.is_step_name(p.name) and (p / names.MANIFEST).is_file():
-                steps.append(names.step_of(p.name))
+        return [names.step_of(p.name) for p in list_checkpoints(root)]
     except OSError:
-        pass
-    return sorted(steps)
+        return []
 
 
 def free_bytes(root: Path) -> int | None:
