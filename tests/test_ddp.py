@@ -1,5 +1,6 @@
 """DDP: a 2-rank gloo run under torchrun trains on the same global batch as a 1-rank run and matches its losses
-and weights within float tolerance; rank 0 alone writes metrics and checkpoints."""
+and weights within float tolerance; rank 0 alone writes metrics and checkpoints; at the end every rank has left
+its process group: no gloo thread is left to race the interpreter's exit (trainer/loop/distributed.py `release`)."""
 from __future__ import annotations
 
 import subprocess
@@ -12,6 +13,18 @@ from safetensors.torch import load_file
 from minilmd.protocol import EXIT_DONE
 from trainer_corpus import child_env, read_metrics, run_paths, train, write_config
 
+COUNT_GLOO_THREADS_AT_EXIT = """
+import atexit, os, pathlib, sys
+def count():  # the threads gloo names, still running once the trainer has returned and the interpreter exits
+    names = [p.read_text().strip() for p in pathlib.Path("/proc/self/task").glob("*/comm")]
+    print(f"rank {os.environ['RANK']}: gloo threads at exit: {sum('gloo' in n for n in names)}", flush=True)
+atexit.register(count)
+from minilmd.cli import main
+sys.argv[0] = "minilmd"
+main()
+"""
+"""`python -m minilmd.cli` with an exit hook that counts gloo's threads (the train command itself is unchanged)."""
+
 
 @pytest.mark.slow
 def test_two_gloo_ranks_match_one_rank_on_the_same_global_batch(tmp_path, corpus):
@@ -20,11 +33,16 @@ def test_two_gloo_ranks_match_one_rank_on_the_same_global_batch(tmp_path, corpus
     one = write_config(tmp_path, corpus, name="one", train={"max_steps": steps, "micro_batch_size": 4})
     two = write_config(tmp_path, corpus, name="two", train={"max_steps": steps, "micro_batch_size": 2})
     assert train(one).returncode == EXIT_DONE
+    wrapper = tmp_path / "minilmd_counting_threads.py"
+    wrapper.write_text(COUNT_GLOO_THREADS_AT_EXIT)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        "-m", "minilmd.cli", "train", str(two)], capture_output=True, text=True,
+                        str(wrapper), "train", str(two)], capture_output=True, text=True,
                        timeout=300, env=child_env())
     assert p.returncode == EXIT_DONE, p.stdout[-3000:] + p.stderr[-3000:]
     assert "cpu x 2" in p.stdout
+    # DDP's lazy import of torch.distributed.nn once held the group for ever: 3 gloo threads per rank at exit
+    assert sorted(line for line in p.stdout.splitlines() if "gloo threads at exit" in line) == [
+        "rank 0: gloo threads at exit: 0", "rank 1: gloo threads at exit: 0"], p.stdout[-3000:]
 
     lines_one = read_metrics(run_paths(one)[0], "train")
     lines_two = read_metrics(run_paths(two)[0], "train")

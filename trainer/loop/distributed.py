@@ -3,12 +3,19 @@ it): torchrun's RANK/WORLD_SIZE/LOCAL_RANK, the device, the process group (nccl 
 control group beside NCCL, and the DDP wrapping of the model. Without torchrun: one rank, no process group."""
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
+
+# Imported before any process group exists, on purpose: its functions take `group=group.WORLD` as a default
+# argument, evaluated at import. DDP imports it lazily, after init_process_group, and then those defaults hold
+# the default group for ever: destroy_process_group cannot free it, its gloo threads outlive the training and
+# race the C++ teardown at exit (an abort or SIGSEGV of one rank in about 150 finished runs).
+import torch.distributed.nn.functional
 
 from minilmd.config import ConfigError, RunConfig
 
@@ -56,6 +63,18 @@ def init_distributed(cfg: RunConfig) -> Dist:
     if world_size > 1 and torch_dist.get_backend() != "gloo":
         control_group = torch_dist.new_group(backend="gloo")  # every rank calls it, in the same order
     return Dist(rank, world_size, local_rank, device, control_group)
+
+
+def release(dist: Dist | None) -> None:
+    """Leave the process group at the end of a run, after the last reference to the DDP model is gone: DDP holds
+    the group, so only then does destroy_process_group stop gloo's threads before the interpreter exits. The run's
+    objects are unfrozen first (the loop froze them, gc.freeze) so that collect() frees the ones DDP's own hooks
+    keep in reference cycles."""
+    if dist is None or not dist.active or not torch_dist.is_initialized():
+        return
+    gc.unfreeze()
+    gc.collect()
+    torch_dist.destroy_process_group()
 
 
 def wrap_ddp(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:

@@ -68,7 +68,7 @@ from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop import tensorboard, warmup
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled, total_steps_for_budget
-from minilmd.trainer.loop.distributed import Dist, init_distributed, wrap_ddp
+from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.guards import LossGuard, StopFlag
@@ -420,6 +420,7 @@ def run(cfg: RunConfig) -> int:
             return trainer.train()
         finally:
             step = trainer.step
+            del trainer  # its DDP model holds the process group that release() below leaves
     except (ConfigError, FaultSpecError) as e:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -448,8 +449,7 @@ def run(cfg: RunConfig) -> int:
         print(f"minilmd train: CUDA out of memory ({source}) at step {step}: {message}", file=sys.stderr)
         return EXIT_CUDA_OOM
     finally:
-        if dist is not None and dist.active and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+        release(dist)
 
 
 def main(config_path: str, overrides: list[str] | None = None) -> int:
