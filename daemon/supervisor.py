@@ -432,7 +432,7 @@ class Supervisor:
             # a copy or fetch stalled on the remote: leave its thread behind (its temp names are cleaned next time)
             self.events.emit("stop", f"the {self.staging.abandon()} thread has not ended after "
                                      f"{STOP_WAITS_FOR_STAGING_S:.0f}s: exiting without it")
-        problem = self.sync.final_sync(self.staging.staged)
+        problem = self.sync.final_sync(self.staging.staged, not (self.stop_requested or self.room.stopping))
         if problem is not None:
             self._finish(problem)
 

@@ -103,3 +103,22 @@ def test_export_cli_both_formats_and_bad_input(trained, tmp_path):
     empty.mkdir()
     none = runner.invoke(app, ["export", str(empty), "--format", "hf", "--out", str(tmp_path / "h2")])
     assert none.exit_code == 1 and "not a checkpoint" in none.output
+
+
+@pytest.mark.parametrize("fmt, name", [("minimind", "m.pth"), ("hf", "hf")])
+@pytest.mark.parametrize("linked", ["out", "tmp"])
+def test_export_to_a_symbolic_link_is_refused_naming_it_and_leaves_nothing_behind(trained, tmp_path, fmt, name,
+                                                                                  linked):
+    """--out a dangling symbolic link was a traceback (hf: the rename onto the link) that left `.NAME.tmp` beside
+    it. An export never writes through a link nor renames onto one, --out or the temporary name beside it: exit 2,
+    the path named, nothing written."""
+    root, _ = trained
+    out, target = tmp_path / "out" / name, tmp_path / "elsewhere" / name
+    out.parent.mkdir()
+    link = out if linked == "out" else out.with_name(f".{name}.tmp")
+    link.symlink_to(target)  # dangling: nothing there yet
+    result = CliRunner().invoke(app, ["export", str(root / "ckpt"), "--format", fmt, "--out", str(out)])
+    assert result.exit_code == 2 and not isinstance(result.exception, Exception), (result.output, result.exception)
+    assert f"minilmd export: {link}: is a symbolic link" in result.output, result.output
+    assert [p.name for p in out.parent.iterdir()] == [link.name] and link.is_symlink()  # nothing else left
+    assert not target.parent.exists()

@@ -47,6 +47,10 @@ def test_peft_round_trip_merge_and_switching_the_adapter(tmp_path, corpus):
     invoke("export", adapter, "--format", "hf", "--merge", "--out", tmp_path / "merged")
     refused = CliRunner().invoke(app, ["export", str(adapter), "--format", "hf", "--out", str(tmp_path / "x")])
     assert refused.exit_code == 1 and "--format peft" in refused.output and "--merge" in refused.output
+    (tmp_path / "peft-link").symlink_to(tmp_path / "nowhere")  # a dangling link: refused, nothing written
+    linked = CliRunner().invoke(app, ["export", str(adapter), "--format", "peft", "--out", str(tmp_path / "peft-link")])
+    assert linked.exit_code == 2 and f"{tmp_path / 'peft-link'}: is a symbolic link" in linked.output, linked.output
+    assert not (tmp_path / ".peft-link.tmp").exists() and not (tmp_path / "nowhere").exists()
 
     keys = set(load_file(tmp_path / "peft" / "adapter_model.safetensors"))
     assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in keys

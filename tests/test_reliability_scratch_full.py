@@ -16,20 +16,27 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from minilmd import checkpoint, checkpoint_dirs, protocol, scratch
-from minilmd.config import RestartSection, load_config
+from minilmd.config import RestartSection, RunConfig, load_config
 from minilmd.daemon.child.process import Death
+from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs import staging
+from minilmd.daemon.jobs.sync import RemoteFull, SyncResult
+from minilmd.daemon.jobs.syncworker import FINAL_SYNC_TRIES, SyncWorker
 from minilmd.daemon.policy import decide
+from minilmd.daemon.runstate import RunState
 from minilmd.daemon.states import Action, Cause
 from minilmd.daemon.statesections import StateJson
 from minilmd.daemon.views.status import summary_lines
+from minilmd.daemon.worker import Inbox
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import cli, events, start_supervisor, state, wait_for, wait_or_kill, write_config
+from waiting import wait_until
 
 
 def ckpt_bytes(ckpt: Path) -> int:
@@ -205,3 +212,96 @@ def test_when_nothing_can_be_pruned_the_run_waits_for_space_says_so_and_then_fin
     final = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
     assert final.name == "step-00000016" and model_sha(final) == model_sha(straight.checkpoint)
     assert checkpoint_dirs.read_latest(remote.path) == "step-00000016"
+
+
+# --- a full remote at the last sync -----------------------------------------------------------------------------
+class FullRemote:
+    """A Syncer whose remote is full until `room` is set: each sync raises RemoteFull, as sync.py does on ENOSPC."""
+
+    def __init__(self):
+        self.tries, self.room = 0, False
+
+    def sync_newest(self) -> SyncResult:
+        self.tries += 1
+        if not self.room:
+            raise RemoteFull("sync to /nfs/r failed: OSError: [Errno 28] No space left on device", free=1000)
+        return SyncResult(step=4, path="/nfs/r/step-00000004", verified=True, copied=True)
+
+
+class OneSyncer(Infra):
+    def __init__(self, syncer: FullRemote):
+        self.the_syncer = syncer
+
+    def syncer(self, cfg, expected, log):
+        return self.the_syncer
+
+
+def last_sync_of(tmp_path: Path, remote: FullRemote) -> tuple[SyncWorker, list[str]]:
+    cfg = RunConfig()
+    cfg.run.scratch, cfg.run.remote, cfg.sync.every = str(tmp_path / "scratch"), "/nfs/r", "0.01s"
+    ckpt = cfg.checkpoint_dir / "step-00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text(json.dumps({"files": {"model.safetensors": {"size": 2_000_000}}}))
+    said: list[str] = []
+    state_ = RunState(tmp_path / "state.json", {})
+    return SyncWorker(cfg, OneSyncer(remote), state_, lambda kind, msg, **d: said.append(msg),
+                      Inbox(lambda *a, **k: None)), said
+
+
+def test_a_full_remote_at_the_last_sync_counts_no_try_and_a_stop_ends_the_wait(tmp_path):
+    remote = FullRemote()
+    sync, said = last_sync_of(tmp_path, remote)
+    wait_until(lambda: sync.final_sync(None, True) is not None or remote.tries > FINAL_SYNC_TRIES + 2, 30,
+               "more tries than FINAL_SYNC_TRIES")
+    assert remote.tries > FINAL_SYNC_TRIES and sync.final_sync(None, True) is None  # still waiting, no give-up
+    assert sync.state.reason == "final sync waiting: remote full (needs 2.0 MB, free 0.0 MB)", sync.state.reason
+    assert len([m for m in said if m.startswith("final sync waiting")]) == 1, said  # said once, not per try
+    remote.room = True
+    wait_until(lambda: sync.final_sync(None, True) == "", 30, "the last sync once it fits")
+    assert sync.state.remote_checkpoint is not None and sync.state.remote_checkpoint.step == 4
+
+    stopped = FullRemote()
+    sync, _ = last_sync_of(tmp_path / "stopped", stopped)
+    wait_until(lambda: sync.final_sync(None, True) is None and sync.waited_for_room, 30, "the wait for room")
+    problem = wait_until(lambda: sync.final_sync(None, False), 30, "the stop to end the wait")
+    assert problem.startswith("the last sync found the remote full (needs 2.0 MB, free 0.0 MB): RemoteFull: "), problem
+    assert "No space left on device" in problem
+
+
+# --- a full remote at the last sync, through `minilmd run` (a real tmpfs as the remote) -------------------------
+@pytest.mark.slow
+def test_a_full_remote_at_the_last_sync_waits_for_room_keeps_scratch_then_finishes(tmp_path, corpus, small_tmpfs):
+    """Observed before: the last sync failed 3 times on ENOSPC, the run exited 1 (systemd restarts it) and left
+    its half-copied `.tmp-step-*` on the remote. Now the run waits for room as a sync during the run does, says so,
+    keeps scratch (it holds the only copy), and finishes once another job frees the remote."""
+    disk = small_tmpfs("8m")
+    remote = disk / "remote"
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": str(remote), "keep_scratch": False},
+                          sync={"every": "2s"})
+    cfg = load_config(config)
+    remote.mkdir()
+    filler = fill_leaving(disk, 32 << 10)  # another job's file: less room than one checkpoint
+    sup = start_supervisor(config, tmp_path / "sup.out")
+    try:
+        wait_for(lambda: "final sync waiting" in (state(cfg.run_dir).get("reason") or "") or sup.poll() is not None,
+                 120, "the last sync to wait for room")
+        assert sup.poll() is None, (tmp_path / "sup.out").read_text()[-3000:]
+        st = state(cfg.run_dir)
+        assert st["phase"] == "stopping", st["phase"]
+        assert re.search(r"final sync waiting: remote full \(needs [\d.,]+ MB, free [\d.,]+ MB\)", st["reason"]), st
+        text = cli("status", str(cfg.run_dir)).stdout
+        assert "final sync waiting: remote full (needs " in text, text
+        newest = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
+        assert newest.name == "step-00000030"  # scratch is kept while the remote has no copy
+        filler.unlink()
+        assert wait_or_kill(sup, 120) == 0, (tmp_path / "sup.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    st = state(cfg.run_dir)
+    assert st["phase"] == "done" and st["restarts"] == [], st
+    assert checkpoint_dirs.read_latest(remote) == "step-00000030"
+    checkpoint.validate(remote / "step-00000030")
+    assert not list(remote.glob(".tmp-*"))
+    assert not cfg.scratch_dir.exists()  # given back once the remote has the last checkpoint
+    assert any("remote full" in m for m in event_texts(cfg.run_dir, "sync")), event_texts(cfg.run_dir)

@@ -16,7 +16,7 @@ import torch
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
 from minilmd.config import RunConfig
-from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
 from minilmd.names import QUARANTINE
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
@@ -203,6 +203,28 @@ def test_fetch_from_an_empty_remote(dirs):
     local, remote = dirs
     assert Syncer(local, str(remote)).fetch_latest() is None
     assert checkpoint_dirs.read_latest(remote) is None
+
+
+def test_a_full_remote_is_remote_full_and_leaves_no_half_copy(tmp_path, weights, small_tmpfs):
+    """A real tmpfs as the remote, another job's file leaving less room than a checkpoint: the sync fails as
+    RemoteFull with the room left, and its half copy (`.tmp-step-*`) is gone at once, not at the next sync (a last
+    sync has no next one); once there is room the same checkpoint syncs."""
+    local, disk = tmp_path / "shm" / "checkpoints", small_tmpfs("1m")
+    ckpt = save(local, 10, weights)
+    remote = disk / "run"
+    remote.mkdir()
+    st = os.statvfs(disk)
+    (disk / "another-job").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - (8 << 10)))
+    with pytest.raises(RemoteFull) as caught:
+        Syncer(local, str(remote), EXPECTED).sync_newest()
+    assert "No space left on device" in str(caught.value)
+    needs = sum(p.stat().st_size for p in ckpt.iterdir())
+    assert caught.value.free is not None and 0 < caught.value.free < needs, (caught.value.free, needs)
+    assert names(remote) == []  # nothing of the failed copy
+    assert ck.validate(ckpt, EXPECTED)["step"] == 10
+    (disk / "another-job").unlink()
+    assert Syncer(local, str(remote), EXPECTED).sync_newest().step == 10
+    assert names(remote) == ["LATEST", "step-00000010"]
 
 
 def test_memory_remote_sync_fetch_and_manifest_last(tmp_path, weights):

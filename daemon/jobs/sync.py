@@ -21,6 +21,7 @@ raises SyncError with its cause; the supervisor runs it in a worker thread and r
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best, read_latest
+from minilmd.daemon.runstate import is_disk_full
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
     BEST,
@@ -55,6 +57,14 @@ CHUNK = 8 * 1024 * 1024
 
 class SyncError(RuntimeError):
     """A sync or fetch failed; the message names the checkpoint, the remote and the cause. Retry later."""
+
+
+class RemoteFull(SyncError):
+    """No room on the remote (ENOSPC, EDQUOT); `free`: bytes left there once the half copy went (None: unknown)."""
+
+    def __init__(self, message: str, free: int | None):
+        super().__init__(message)
+        self.free = free
 
 
 @dataclass
@@ -169,6 +179,12 @@ class _Remote:
             os.fsync(out.fileno())
         return h.hexdigest()
 
+    def free(self) -> int | None:
+        """Bytes an unprivileged writer may still use here (None: not a local path, or not measurable)."""
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(self.root).free if self.local else None
+        return None
+
     def makedirs(self, *names: str) -> None:
         self.fs.makedirs(self.path(*names), exist_ok=True)
 
@@ -198,7 +214,6 @@ class _Remote:
             return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f),
                                                 lambda f: self.sha256(name, f))
         return manifest, table_problems(manifest["files"], lambda f: self.size(name, f), listed_in=MANIFEST)
-
 
 
 class Syncer:
@@ -234,7 +249,8 @@ class Syncer:
         except SyncError:
             raise
         except Exception as e:  # an OSError from NFS, a backend error from fsspec: all mean "retry later"
-            raise SyncError(f"sync to {self.remote_url} failed: {type(e).__name__}: {e}") from e
+            message = f"sync to {self.remote_url} failed: {type(e).__name__}: {e}"
+            raise (RemoteFull(message, self.remote.free()) if is_disk_full(e) else SyncError(message)) from e
         finally:
             self.copying = None
 
@@ -289,18 +305,20 @@ class Syncer:
             target = name  # no rename on this store: the manifest, written last, makes it exist
         remote.rm(target)
         remote.makedirs(target)
-        nbytes = 0
-        for f in manifest["files"]:
-            nbytes += remote.put(local / f, target, f)
-        problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f), lambda f: remote.sha256(target, f))
-        if problems:
-            remote.rm(target)
-            raise SyncError(f"remote copy of {name} at {remote.show(target)} does not match its manifest: "
-                            + "; ".join(problems[:3]))
-        nbytes += remote.put(local / MANIFEST, target, MANIFEST)
-        if remote.read_text(target, MANIFEST) != (local / MANIFEST).read_text(encoding="utf-8"):
-            remote.rm(target)
-            raise SyncError(f"remote {MANIFEST} of {name} at {remote.show(target)} reads back differently")
+        try:
+            nbytes = sum(remote.put(local / f, target, f) for f in manifest["files"])
+            problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f),
+                                          lambda f: remote.sha256(target, f))
+            if problems:
+                raise SyncError(f"remote copy of {name} at {remote.show(target)} does not match its manifest: "
+                                + "; ".join(problems[:3]))
+            nbytes += remote.put(local / MANIFEST, target, MANIFEST)
+            if remote.read_text(target, MANIFEST) != (local / MANIFEST).read_text(encoding="utf-8"):
+                raise SyncError(f"remote {MANIFEST} of {name} at {remote.show(target)} reads back differently")
+        except BaseException:
+            with contextlib.suppress(OSError):  # the copy's own error is the one raised
+                remote.rm(target)  # this sync's half copy (a full remote, EIO): never left behind
+            raise
         if remote.local:
             if name in remote.names():  # a damaged earlier copy: set it aside, never overwrite in place
                 if remote.manifest(name) is None:

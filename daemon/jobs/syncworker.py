@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from minilmd import names
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config_values import parse_duration
+from minilmd.daemon.jobs.sync import RemoteFull
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import RemoteCheckpoint
@@ -92,6 +93,8 @@ class SyncWorker:
         self.next_at = 0.0
         self.failures = 0
         self.final_tries = 0
+        self.remote_full: tuple[int | None, int | None] | None = None  # (needs, free) when the last sync found no room
+        self.waited_for_room = False  # the last sync has waited for room on the remote
         self.copying: Path | None = None  # the newest local checkpoint when the running sync started
         self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
         self._sizes: dict[str, int | None] = {}  # checkpoint_bytes by step name: a checkpoint never changes
@@ -146,11 +149,13 @@ class SyncWorker:
             else:
                 self.next_at = now() + min(parse_duration(self.cfg.sync.every), 30.0)
 
-    def final_sync(self, staged: Path | None) -> str | None:
+    def final_sync(self, staged: Path | None, wait_for_room: bool = False) -> str | None:
         """The stopping phase's last sync, one step per tick: None while it goes on; "" once the newest checkpoint
         is synced (or there is no remote, or no checkpoint); otherwise why it is not (FINAL_SYNC_TRIES failed tries,
         a stall, no Syncer). A sync already running when the stop came is waited for, then one more is made: the
-        trainer saved a newer checkpoint on its way out."""
+        trainer saved a newer checkpoint on its way out. A remote that is full (ENOSPC, EDQUOT), with
+        `wait_for_room` (the run finished; no stop was asked for), counts no try: the sync is tried again at the
+        retry backoff of a sync during the run, for as long as it takes, and state.json's reason says so."""
         if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
             return ""
         if self.syncer is None:
@@ -167,12 +172,31 @@ class SyncWorker:
             self._collect()
         if self.final_tries > 0 and self.state.sync.state == SyncState.OK:
             return ""
+        if self.remote_full is not None and wait_for_room:
+            self._wait_for_room()
+            return None
+        if self.remote_full is not None and self.waited_for_room:  # a stop while waiting: not held up for hours
+            return f"the last sync found the {self._remote_full()}: {self.state.sync.error}"
         if self.final_tries >= FINAL_SYNC_TRIES:
             return f"the last sync failed {self.final_tries} times: {self.state.sync.error}"
         if self.final_tries == 0 or now() >= self.next_at:
             self.final_tries += 1
             self._start(f"last sync (try {self.final_tries}/{FINAL_SYNC_TRIES})")
         return None
+
+    def _remote_full(self) -> str:
+        needs, free = self.remote_full or (None, None)
+        return f"remote full (needs {mb(needs)}, free {mb(free)})"
+
+    def _wait_for_room(self) -> None:
+        reason = f"final sync waiting: {self._remote_full()}"
+        if not self.waited_for_room:
+            self.waited_for_room = True
+            self.emit("sync", f"{reason}: the last sync is tried again until it fits, no try counts; the "
+                              f"checkpoint stays in {self.cfg.checkpoint_dir}")
+        self.state.reason = reason  # status and state.json: the numbers of the latest try
+        if now() >= self.next_at:
+            self._start("last sync (waiting for room on the remote)")
 
     def _start(self, why: str) -> None:
         sync = self.state.sync
@@ -186,7 +210,9 @@ class SyncWorker:
     def _collect(self) -> None:
         worker, self.worker = self.worker, None
         assert worker is not None  # called for a finished sync only
+        copied = self.copying
         self.copying = None
+        self.remote_full = None
         self.inbox.drain()
         sync = self.state.sync
         every = parse_duration(self.cfg.sync.every)
@@ -196,6 +222,8 @@ class SyncWorker:
             self.next_at = now() + retry
             sync.state, sync.error, sync.since = SyncState.FAILED, worker.error_text, now()
             self.state.record_error(f"sync failed: {worker.error_text}")
+            if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
+                self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
             self.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
             return
         result = worker.result

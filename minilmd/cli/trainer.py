@@ -176,4 +176,4 @@ def export(
             raise ExportError(f"--format {format!r}: use minimind, hf or peft")
     except ExportError as e:
         typer.echo(f"minilmd export: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(e.exit_status) from None  # 2: an --out it must not write (a symbolic link)

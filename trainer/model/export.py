@@ -25,10 +25,9 @@ from minilmd.names import (
     MODEL_FILE,
     TOKENIZER_FILE,
     TRAINER_STATE,
-    export_tmp_name,
 )
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
-from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, resolve_checkpoint
+from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, out_and_tmp, resolve_checkpoint
 
 DTYPES = ("float32", "bfloat16", "float16")
 _MAX_STATE = 64 << 20
@@ -158,10 +157,9 @@ def export_minimind(path: str | Path, out: str | Path, merge: bool = False) -> P
     import torch
 
     weights, _, _ = read_checkpoint(path, merge=merge)
-    out = Path(out)
+    out, tmp = out_and_tmp(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
-    tmp = out.with_name(export_tmp_name(out.name))
     torch.save(state, tmp)
     publish_file(tmp, out)
     return out

@@ -13,14 +13,32 @@ from minilmd.names import LATEST, MODEL_FILE, export_tmp_name
 class ExportError(ValueError):
     """A checkpoint that cannot be read or a destination that cannot be written; the message says which file."""
 
+    exit_status = 1
+
+
+class OutRefused(ExportError):
+    """An --out an export must not write: a usage error (exit 2), refused before anything is written."""
+
+    exit_status = 2
+
+
+def out_and_tmp(out: str | Path) -> tuple[Path, Path]:
+    """(--out, the temporary name beside it that is renamed onto it); OutRefused when either is a symbolic link,
+    dangling or not: an export never writes through a link, nor renames onto one."""
+    out = Path(out)
+    tmp = out.with_name(export_tmp_name(out.name))
+    for path in (out, tmp):
+        if path.is_symlink():
+            raise OutRefused(f"{path}: is a symbolic link; an export never writes through one: choose another --out")
+    return out, tmp
+
 
 def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
     """(the export's directory, an empty temporary directory beside it to fill and publish_dir onto it); an
     existing --out that is not an empty directory is refused."""
-    out_dir = Path(out_dir)
+    out_dir, tmp = out_and_tmp(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
-    tmp = out_dir.with_name(export_tmp_name(out_dir.name))
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     return out_dir, tmp
