@@ -12,7 +12,7 @@ Torch-free.
 """
 from __future__ import annotations
 
-from minilmd import scratch
+from minilmd import perms, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon.host.gpu import lock_dir_problems
 from minilmd.daemon.jobs.staging import run_space_problem
@@ -28,6 +28,7 @@ def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:
 def launch(config_path: str, overrides: list[str] | None = None) -> RunConfig:
     """check(), then claim scratch for this run; raises ConfigError (exit 2) if either refuses."""
     cfg = check(config_path, overrides)
+    perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     try:
         scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
     except scratch.ScratchRefused as e:

@@ -54,6 +54,11 @@ class RunSection:
     """Keep scratch once the run has finished. By default a finished run removes its scratch (the staged corpus and
     the local checkpoints, in RAM on /dev/shm) after its last checkpoint is verified on the remote; without a remote,
     or when the last sync failed, scratch is always kept."""
+    share: str = "private"
+    """Who may read what the run writes (run.dir, its logs, metrics and TensorBoard files, scratch, the checkpoints
+    on the remote, LATEST and BEST): "private" (directories 0700, files 0600), "group" (0750, 0640: your group
+    may read them, e.g. for the next stage's init.from or TensorBoard) or "all" (0755, 0644). Applied as they are
+    created; your umask can only make them stricter (docs/operations.md, "File permissions")."""
 
 
 @dataclass

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
+from minilmd import perms
+
 if TYPE_CHECKING:  # the schema imports this module: types only
     from minilmd.config import RunConfig
 
@@ -158,6 +160,8 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append(f"run.name = {r.name!r}: use letters, digits, '.', '_' and '-' (it names files and units)")
     if not r.dir:
         p.append("run.dir is required (the local run directory)")
+    if share_problem := perms.problem(r.share):
+        p.append(share_problem)
     if not d.prepared:
         p.append("data.prepared is required (the output directory of `minilmd prepare`)")
     if d.mode not in ("packed", "padded", "bucketed"):

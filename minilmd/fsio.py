@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from minilmd import perms
 from minilmd.names import atomic_tmp_prefix, replaced_name
 
 CHUNK = 1 << 22
@@ -48,13 +49,15 @@ def publish_file(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> None:
     """Write a file so that a reader sees the old content or the new, never a half: temp file, fsync, rename.
     The directory is not fsynced (state.json is rewritten every second): after a power loss the old content
-    may be back; callers that need the name itself durable fsync_dir the parent. The file is 0600 (mkstemp's)
-    unless `mode` says otherwise (set before the rename: no moment with the wrong one)."""
+    may be back; callers that need the name itself durable fsync_dir the parent. The file gets `mode`, by default
+    what open() would give under the process umask, which carries the file permissions policy (minilmd/perms.py:
+    0600 unless the run or export shares it), set on the temp file before the rename: no moment with another."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=atomic_tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
+    mode = perms.file_mode() if mode is None else mode
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            if mode is not None:
+            if mode != 0o600:  # mkstemp's
                 os.fchmod(f.fileno(), mode)
             f.write(text)
             f.flush()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd import fsio, names, protocol
+from minilmd import fsio, names, perms, protocol
 from minilmd.config import ConfigError, load_config
 from minilmd.config_values import parse_duration
 from minilmd.model_shapes import expected_state_shapes
@@ -71,6 +71,8 @@ def save(root: Path, step: int, weights: int, cfg, prints: dict, keep: int) -> P
                for k, shape in expected_state_shapes(cfg.model).items()}
     save_file(tensors, str(tmp / "model.safetensors"))
     save_file({}, str(tmp / "optimizer.safetensors"))
+    for made in ("model.safetensors", "optimizer.safetensors"):  # born 0600: the run's policy, as the real trainer's
+        perms.settle_new_file(tmp / made)
     (tmp / "optimizer.json").write_text(json.dumps({"param_groups": [], "scalars": {}}))
     state = {"step": step, "tokens_seen": step * cfg.train.seq_len, "config": cfg.to_dict(), "fingerprints": prints,
              "fake_weights": weights, "world_size": 1, "total_steps": cfg.train.max_steps}

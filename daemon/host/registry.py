@@ -143,7 +143,7 @@ def register(name: str, run_dir: str | os.PathLike, config: str | os.PathLike, s
     folder = user_dir()
     _own_private_dir(folder)
     written = [folder / entry_name(name, run_dir)]
-    atomic_write_text(written[0], body)  # 0600
+    atomic_write_text(written[0], body, 0o600)  # in the user's own 0700 directory, whatever run.share says
     shared = system_dir()
     if _safe_shared_dir(shared):
         try:

@@ -146,8 +146,17 @@ def export(
     dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
     merge: bool = typer.Option(False, "--merge", help="A LoRA checkpoint with --format hf or minimind: the full "
                                "weights, its adapters merged into its base."),
+    share: str = typer.Option("private", "--share", help="Who may read the export: private (0700/0600), "
+                                                         "group (0750/0640) or all (0755/0644); your umask only "
+                                                         "tightens it."),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers."""
+    from minilmd import perms
+
+    if share_problem := perms.problem(share, "--share"):
+        typer.echo(f"minilmd export: {share_problem}", err=True)
+        raise typer.Exit(2)
+    perms.apply(share)  # before anything is created
     from minilmd.trainer.model.export import (
         ExportError,
         export_hf,

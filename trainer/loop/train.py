@@ -43,6 +43,7 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn.functional  # imported early: the model uses it
 
+from minilmd import perms
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
 from minilmd.config_values import parse_duration
@@ -456,6 +457,7 @@ def main(config_path: str, overrides: list[str] | None = None) -> int:
     """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status."""
     try:
         cfg = load_checked(config_path, overrides)
+        perms.apply(cfg.run.share)  # under a supervisor, its umask already; on its own, before creating anything
         if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
             claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
     except (ConfigError, ScratchRefused) as e:

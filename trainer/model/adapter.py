@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from minilmd import perms
 from minilmd.checkpoint import saved_lora
 from minilmd.fsio import publish_dir
 from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE
@@ -130,6 +131,7 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
     out_dir, tmp = fresh_export_dir(out_dir)
     tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in load_file(str(ckpt / MODEL_FILE)).items()}
     save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+    perms.settle_new_file(tmp / PEFT_WEIGHTS)  # safetensors makes it 0600 whatever --share says
     config = peft_config(state, base_name or str((state.get("init") or {}).get("path", "")))
     (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return publish_dir(tmp, out_dir)

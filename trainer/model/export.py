@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from minilmd import perms
 from minilmd.fsio import publish_dir, publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
 from minilmd.names import (
@@ -256,6 +257,7 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
     save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})  # HF's name happens to be ours
+    perms.settle_new_file(tmp / MODEL_FILE)  # safetensors makes it 0600 whatever --share says
     max_len = as_model_section(model_cfg).max_position_embeddings
     files = {
         "config.json": hf_config(model_cfg, dtype),

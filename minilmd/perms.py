@@ -1,0 +1,77 @@
+"""Who may read what a run writes: one policy for every file and directory of a run and of an export.
+
+A run (`run.share`) and an export (`--share`) are "private" by default: directories 0700, files 0600, the owner
+alone. "group" shares them read-only with the owner's group (0750, 0640), "all" with every user (0755, 0644).
+
+The policy is applied as things are created, never by a chmod afterwards: `apply()` adds the policy's bits to the
+process umask, once, at the start of `minilmd run`, `minilmd train` and `minilmd export`, before any thread and
+before anything is created. Every mkdir and open() after it gets the policy's mode, in the libraries too
+(TensorBoard's event files, torch.save) and in the children, which inherit the umask (the trainer). The user's
+own umask is kept: it can only make things stricter (a umask 077 keeps a "group" run private). A file born 0600
+whatever the umask (a mkstemp temp file, a safetensors file) is given `file_mode()`, what open() would have given,
+on its descriptor before it is published. Nothing made by someone else, or before this run, is ever chmodded, and
+no link is followed. Scratch itself stays 0700 whatever the policy (minilmd/scratch.py).
+
+Torch-free: the supervisor imports it.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+SHARES = ("private", "group", "all")
+"""The values of `run.share` and `--share`."""
+
+MASKS = {"private": 0o077, "group": 0o027, "all": 0o022}
+"""The umask bits each policy adds: 0700/0600, 0750/0640, 0755/0644 under a permissive umask."""
+
+
+def problem(share: object, key: str = "run.share") -> str | None:
+    """The config error for a value that is not a policy, None for a good one."""
+    if share in SHARES:
+        return None
+    return f"{key} = {share!r}: must be \"private\", \"group\" or \"all\" (who may read what the run writes)"
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (Linux's /proc/self/status); elsewhere swapped with 0o777 and
+    back, never through a value looser than it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o777)
+    os.umask(old)
+    return old
+
+
+def apply(share: str) -> int:
+    """Make everything this process (and its children) creates from now on follow `share`; returns the umask set.
+    Only ever adds bits to the umask: never looser than the user's own. Call it before starting any thread."""
+    if share not in MASKS:
+        raise ValueError(problem(share))
+    mask = current_umask() | MASKS[share]
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a file created now should have: what open() gives under the process umask, which carries the
+    policy (apply() here, or inherited from the supervisor)."""
+    return 0o666 & ~current_umask()
+
+
+def settle_new_file(path: str | os.PathLike) -> None:
+    """Give a file this process has just written, in a directory it has just made (a safetensors file, born 0600
+    whatever the umask), the policy's file mode: through a descriptor opened without following a link, and only a
+    regular file that is ours."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != file_mode():
+            os.fchmod(fd, file_mode())
+    finally:
+        os.close(fd)
