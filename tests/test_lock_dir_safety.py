@@ -86,3 +86,21 @@ def test_run_check_and_the_launch_refuse_an_unsafe_lock_dir_with_exit_2(shared, 
     preflight.check(str(config), ["train.device=\"cpu\""])  # no GPU: no lease, no refusal
     if isinstance(open_nvml_or_reason(), str):
         preflight.check(str(config), ["train.device=\"auto\""])  # auto without NVML trains on the CPU
+
+
+def test_a_missing_lock_dir_and_its_parents_made_under_the_private_policy_stay_reachable_by_every_user(shared):
+    """The run's private umask (minilmd/perms.py) would make the missing parents 0700: nobody else's run could
+    reach the lock directory through them."""
+    import os
+
+    old = os.umask(0o077)
+    try:
+        lease = leases.open_lease(shared / "not-yet" / "deeper" / "locks", "GPU-a")
+        lease.close()
+    finally:
+        os.umask(old)
+    for directory in (shared / "not-yet", shared / "not-yet" / "deeper"):
+        assert directory.stat().st_mode & 0o777 == 0o755, directory
+    names = [p.name for p in (shared / "not-yet" / "deeper" / "locks").iterdir()]
+    assert len(names) == 1
+    as_nobody(f"test -r not-yet/deeper/locks/{names[0]}", shared)  # another user reaches the lease (or raises)

@@ -159,6 +159,26 @@ def _chain_problem(path: Path, links: int = 0) -> str | None:
     return None
 
 
+def _make_parents(parent: Path) -> None:
+    """The missing directories above a new lock directory, made 0755 whatever the umask (the run's permission
+    policy, minilmd/perms.py, would make them 0700): every user's runs must reach the lock directory through
+    them. Only a directory made here and now is chmodded, never one that exists."""
+    missing = []
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o755)
+        except FileExistsError:
+            continue  # another run made it just now: its mode is its maker's
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, 0o755)
+        finally:
+            os.close(fd)
+
+
 def _open_dir(path: Path) -> int:
     problem = _chain_problem(Path(os.path.abspath(path)).parent)
     if problem:
@@ -167,7 +187,7 @@ def _open_dir(path: Path) -> int:
     try:
         fd = _open_dir_fd(path)
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(path.parent)
         try:
             os.mkdir(path, 0o700)  # private until it is opened and checked, then shared
             created = True
