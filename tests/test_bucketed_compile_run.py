@@ -89,6 +89,9 @@ def test_a_bucketed_compile_longer_than_hang_timeout_is_one_attempt_and_one_grap
     widest, widths = widths_of_the_run(tmp_path, chat)
     new = steps_with_a_new_width(widest, widths)
     assert len(set(widths) | {widest}) >= 3 and new, widths  # the run meets several width classes
+    # Step 1 brings a new width: the gc.collect() after it (seconds after a compile, on a loaded machine) then runs
+    # under "compiling" too, so that the test does not depend on how fast the collector is.
+    assert 1 in new, widths
     # compile_s is measured exactly over the steps the trainer announces with a "compiling" heartbeat
     assert {m["step"] for m in train if m["compile_s"] > 0} == new, (widths, train)
     graphs = dynamo_counters(logs[0])["stats"]["unique_graphs"]
