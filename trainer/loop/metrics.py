@@ -14,7 +14,8 @@ save, an evaluation, a phase change and the exit.
 "tok_s" (real tokens per second), "step_time" and so "mfu" cover the training time of the interval since the
 previous train line only: the seconds spent since then in evaluations ("eval_s"), checkpoint saves ("checkpoint_s":
 the loop's whole stall, as blocking_s) and the first torch.compile'd step of the process ("compile_s": compile plus
-that one step, whose tokens are left out too) are measured and reported apart (`Throughput`). A line whose interval
+that one step, whose tokens are left out too; bucketed, also the warm-up at the widest width before it and each step
+with a new width) are measured and reported apart (`Throughput`). A line whose interval
 holds nothing but the compile step reports that step's figures, compile included (its compile_s says how much of
 step_time that is).
 """

@@ -353,7 +353,8 @@ class Trainer:
         widths = warmup.WidthWatch(self)  # torch.compile compiles on the first call, and for a new shape
         meter = Throughput(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.model.train()
-        warmup.widest_micro_batch(self, widths)  # bucketed: an OOM at the widest width comes now, not hours in
+        with meter.apart("compile_s" if warmup.compiles_first(self) else None):
+            warmup.widest_micro_batch(self, widths)  # bucketed: an OOM at the widest width comes now, not hours in
         first_step = self.step
         while True:
             stop, save_due = self.agree(self.stop.requested, self.checkpoint_due())

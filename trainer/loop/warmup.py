@@ -85,6 +85,12 @@ def _adam_moments_room(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [torch.empty_like(p) for group in optimizer.param_groups for p in group["params"] for _ in range(2)]
 
 
+def compiles_first(trainer: Any) -> bool:
+    """Whether widest_micro_batch runs under torch.compile: the process's first compile is then its (compile_s)."""
+    return bool(trainer.compiled and isinstance(trainer.sampler, BucketedSampler)
+                and trainer.step < trainer.total_steps)
+
+
 def widest_micro_batch(trainer: Any, watch: WidthWatch) -> None:
     """Bucketed: one forward+backward at the widest width with the real micro-batch size, then the gradients
     dropped and the RNG states restored (module docstring). Other modes: nothing (every step is that wide)."""
