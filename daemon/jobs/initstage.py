@@ -189,20 +189,15 @@ def _manifest_files(manifest) -> dict[str, dict]:
 
 
 def _resolve(spec: str, checkpoint: str):
-    """init.from's source (`checkpoint`: init.checkpoint, "best" or "last"); a path that is not there (yet, or any
-    more: a share gone) is unreachable, a path that is there and wrong stays the InitSourceError it was (final)."""
-    from minilmd.init_source import InitSourceError, predecessor, resolve
+    """init.from's source (`checkpoint`: init.checkpoint, "best" or "last"). What cannot be reached now is
+    unreachable, what is there and wrong stays the InitSourceError it was (final): minilmd.init_source.resolve
+    decides, as it does for the config check at the first launch."""
+    from minilmd.init_source import InitSourceUnreachable, resolve
 
     try:
-        if predecessor(spec) is None and not os.path.lexists(spec):
-            raise SourceUnreachable(f"{spec}: no such file or directory")
         return resolve(spec, checkpoint)
-    except InitSourceError as e:
-        if "no such file or directory" in str(e):
-            raise SourceUnreachable(f"{spec}: {e}") from None
-        raise
-    except OSError as e:
-        raise SourceUnreachable(f"{spec}: cannot be read ({e})") from None
+    except InitSourceUnreachable as e:
+        raise SourceUnreachable(f"{spec}: {e}") from None
 
 
 def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda msg: None) -> Path:
