@@ -343,3 +343,41 @@ def test_an_init_from_failing_with_eio_at_the_first_launch_is_waited_for(tmp_pat
     finally:
         faultfs.clear()
     assert faultfs.hits("error")
+
+
+def test_an_init_from_that_stalls_at_the_first_launch_shows_stalled_and_is_waited_for(tmp_path, corpus, faultfs):
+    """Every operation on the base blocks (a hung mount): `run --check` says it waits, the supervisor's loop is
+    not held by it, status says "init.from ... not answering since T (stalled)"; on main status said nothing and
+    --check nothing either."""
+    _fake_pth(faultfs.backing / "base.pth")
+    config = write_config(tmp_path, corpus, remote=False, init={"from": str(faultfs.root / "base.pth")})
+    try:
+        _waits_then_finishes(tmp_path, config, lambda: faultfs.stall("base.pth", 600, op="*"), faultfs.clear,
+                             f"init.from {faultfs.root / 'base.pth'} not answering since",
+                             MINILMD_SYNC_STALLED_AFTER="1")
+    finally:
+        faultfs.clear()
+    assert faultfs.hits("stall")
+
+
+def test_a_corpus_source_whose_reads_stall_mid_copy_shows_stalled(tmp_path, corpus, faultfs):
+    """The corpus's tokens.bin answers its stat but its reads block: status says so until they return."""
+    from reliability_helpers import copy_corpus
+
+    copy_corpus(corpus[0], faultfs.backing / "corpus")
+    config = write_config(tmp_path, (faultfs.root / "corpus", corpus[1]), remote=False)
+    cfg = load_config(config)
+    faultfs.stall("corpus/train/tokens.bin", 600)
+    proc = start_supervisor(config, tmp_path / "supervisor.out", MINILMD_SYNC_STALLED_AFTER="1")
+    try:
+        wait_for(lambda: (state(cfg.run_dir).get("staging") or {}).get("stalled"), 120, "the stall shown")
+        shown = cli("status", str(cfg.run_dir)).stdout
+        assert f"the corpus source {faultfs.root / 'corpus'} not answering since" in shown and "(stalled)" in shown
+        faultfs.clear()
+        assert wait_or_kill(proc, 180) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
+    finally:
+        faultfs.clear()
+        if proc.poll() is None:
+            proc.kill()
+    assert "stalled" not in state(cfg.run_dir)["staging"]
+    assert "answering again" in (tmp_path / "supervisor.out").read_text()
