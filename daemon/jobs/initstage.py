@@ -263,6 +263,37 @@ def needed(cfg) -> list[str]:
     return out
 
 
+def space_parts(cfg) -> list[tuple[int, str]]:
+    """(bytes, what for) of the copies `needed` names, as their sources list them before anything is staged: the
+    probe's meta.json and val split (its meta.json's sizes), init.from's checkpoint (its manifest's sizes) or .pth
+    (its size); for the space check of the launch (daemon/jobs/staging.py `run_space_need`). A source that cannot
+    be read or is wrong counts as nothing here: staging waits for it, or the config check refuses it."""
+    from minilmd.init_source import InitSourceError, resolve
+    from minilmd.untrusted import Unreadable, read_bytes
+
+    what, parts = needed(cfg), []
+    if "probe" in what:
+        try:
+            raw = read_bytes(Path(cfg.eval.probe) / CORPUS_META, max_bytes=MAX_META_BYTES)
+            files = _val_files(parse_meta(raw, f"{cfg.eval.probe}/{CORPUS_META}"), cfg.eval.probe)
+            parts.append((len(raw) + sum(e["size"] for e in files.values()), "for the probe's val split"))
+        except (Unreadable, CorpusError, SourceInvalid):
+            pass
+    if "init" in what:
+        try:
+            source = resolve(cfg.init.from_, cfg.init.checkpoint)
+            if source.kind == "checkpoint":
+                raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+                entries = _manifest_files(json.loads(raw)).values()
+                size = len(raw) + sum(e["size"] for e in entries if isinstance(e.get("size"), int))
+            else:
+                size = os.stat(source.path).st_size
+            parts.append((size, "for the staged copy of init.from"))
+        except (InitSourceError, ValueError, OSError):  # Unreadable and a bad manifest are ValueErrors too
+            pass
+    return parts
+
+
 def present(cfg, staged: dict[str, str]) -> bool:
     """Every input this start needs is staged and still in scratch (a cleaner or a reboot may have emptied it)."""
     marks = {"eval.probe_staged": CORPUS_META, "init.staged": INIT_RECORD}
