@@ -248,8 +248,16 @@ class Sync(Section):
 
 
 @dataclass
+class StagingStall(Section):
+    what: str = ""
+    """What staging reads that does not answer: "the corpus source PATH", "[eval] probe PATH", "init.from PATH"."""
+    since: float | None = None
+    """When a read of it last returned: it has not answered since."""
+
+
+@dataclass
 class Staging(Section):
-    OMIT_WHEN_NONE = ("finished", "unreachable", "unreachable_since")
+    OMIT_WHEN_NONE = ("finished", "unreachable", "unreachable_since", "stalled")
 
     state: str = "not_started"
     """Staging's state (StagingState)."""
@@ -267,6 +275,9 @@ class Staging(Section):
     """Why the probe corpus or init.from cannot be read now (daemon/jobs/initstage.py): waited for, retried."""
     unreachable_since: float | None = None
     """When that began; None while they can be read."""
+    stalled: StagingStall | None = None
+    """A source staging reads whose reads block (a stalled mount: no error, no answer) for longer than
+    SYNC_STALLED_AFTER_S (daemon/jobs/stagingworker.py); None while its reads return."""
 
     def to_dict(self) -> dict:
         out = super().to_dict()

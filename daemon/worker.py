@@ -4,7 +4,8 @@ hand their log lines to the loop.
 Staging, a remote fetch and a sync may block for minutes on a stalled NFS. Each runs as a `Worker`; the loop looks
 at `done` every tick and reads `result` or `error` once it is, so the loop, the heartbeat check and the trainer never
 wait for the remote. Only the loop writes events: a thread puts its messages into an `Inbox` and the loop emits them.
-Torch-free.
+A `ReadWatch` says what a thread reads on shared storage and when a read last returned, so that the loop can tell
+a stalled source from a slow one. Torch-free.
 """
 from __future__ import annotations
 
@@ -56,3 +57,22 @@ class Inbox:
     def drain(self) -> None:
         while self._messages:
             self._emit("info", self._messages.popleft())
+
+
+class ReadWatch:
+    """What a worker thread reads on shared storage ("" while nothing) and when a read of it last returned. Written
+    by the thread, read by the loop: each is one attribute store, `answered` first, so the loop never pairs a new
+    source with an old time."""
+
+    def __init__(self):
+        self.answered = now()
+        self.what = ""
+
+    def reading(self, what: str) -> None:
+        """Now reading `what` ("": nothing on shared storage any more)."""
+        self.answered = now()
+        self.what = what
+
+    def answer(self) -> None:
+        """A read of it returned (a chunk copied)."""
+        self.answered = now()

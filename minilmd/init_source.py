@@ -16,7 +16,9 @@ the sha256 of every file of it, so it names the whole checkpoint) and its step; 
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,21 @@ _MAX_STATE = 64 << 20
 
 class InitSourceError(ValueError):
     """init.from cannot be used: missing, not a checkpoint nor a .pth, no LATEST, unreadable."""
+
+
+class InitSourceUnreachable(InitSourceError):
+    """init.from cannot be reached now: not there (a share gone, its mount vanished) or the storage fails (EIO, a
+    dead FUSE daemon, a stale NFS handle, a timeout). Not final under the supervisor: staging waits for it with
+    backoff, at the first launch as at a restart (`run --check` says so). A reader that cannot wait (the
+    trainer alone) sees it as the InitSourceError it is."""
+
+
+UNREACHABLE_ERRNOS = frozenset({
+    errno.ENOENT, errno.EIO, errno.ETIMEDOUT, errno.ENOTCONN, errno.ESTALE, errno.EHOSTDOWN, errno.EHOSTUNREACH,
+    errno.ENETDOWN, errno.ENETUNREACH, errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EAGAIN,
+    errno.EINTR, errno.ENOLINK, errno.EREMOTEIO, errno.ENOMEDIUM, errno.EKEYEXPIRED})
+"""The errors of a source that cannot be reached now (the storage, not the source, is at fault). Any other OSError
+(permission denied, not a directory, a link loop, a name too long) is of a source there and wrong: final."""
 
 
 @dataclass(frozen=True)
@@ -55,16 +72,26 @@ class Predecessor:
     """Where its final checkpoint is: its run.remote (a local path), else its scratch checkpoints."""
 
 
+def _unreadable(e: OSError) -> InitSourceError:
+    """An OSError met on init.from's path, as the one decision has it: unreachable now, or there and wrong."""
+    cls = InitSourceUnreachable if e.errno in UNREACHABLE_ERRNOS else InitSourceError
+    return cls(f"cannot be read ({e})")
+
+
 def predecessor(spec: str) -> Predecessor | None:
     """The run init.from names, when it names a run's config file (.toml) or run directory (holding run.toml);
-    None for a checkpoint, a checkpoint root or a .pth. InitSourceError for a run config that cannot be read."""
+    None for a checkpoint, a checkpoint root or a .pth. InitSourceError for a run config that cannot be read
+    (InitSourceUnreachable when its storage cannot be reached now)."""
     from minilmd.corpus.meta import corpus_train_tokens
 
     path = Path(spec)
-    if path.is_dir() and (path / RUN_CONFIG_COPY).is_file():
-        path = path / RUN_CONFIG_COPY
-    elif not (path.is_file() and path.suffix == ".toml"):
-        return None
+    try:
+        if path.is_dir() and (path / RUN_CONFIG_COPY).is_file():
+            path = path / RUN_CONFIG_COPY
+        elif not (path.is_file() and path.suffix == ".toml"):
+            return None
+    except OSError as e:
+        raise _unreadable(e) from None
     try:
         cfg = load_config(path, train_tokens_of=corpus_train_tokens)
     except ConfigError as e:
@@ -149,10 +176,18 @@ def predecessor_outcome(pred: Predecessor) -> tuple[str, str]:
 
 
 def resolve(spec: str, checkpoint: str = "best") -> InitSource:
-    """The source init.from names; raises InitSourceError saying what is wrong. `checkpoint` is init.checkpoint:
-    of a run or a checkpoint root, "best" takes the checkpoint its BEST names when it has one (early_stop's lowest
-    val loss), else its LATEST; "last" takes its LATEST. A pointer file (ROOT/BEST, ROOT/LATEST) is taken as the
-    step directory it names."""
+    """The source init.from names; raises InitSourceError saying what is wrong, InitSourceUnreachable (one) when
+    it cannot be reached now (UNREACHABLE_ERRNOS; the one decision of the config check and of staging).
+    `checkpoint` is init.checkpoint: of a run or a checkpoint root, "best" takes the checkpoint its BEST names
+    when it has one (early_stop's lowest val loss), else its LATEST; "last" takes its LATEST. A pointer file
+    (ROOT/BEST, ROOT/LATEST) is taken as the step directory it names."""
+    try:
+        return _resolve(spec, checkpoint)
+    except OSError as e:
+        raise _unreadable(e) from None
+
+
+def _resolve(spec: str, checkpoint: str) -> InitSource:
     if "://" in spec:
         raise InitSourceError("must be a local path (an NFS mount is one); URLs are not read")
     pred = predecessor(spec)
@@ -172,7 +207,9 @@ def resolve(spec: str, checkpoint: str = "best") -> InitSource:
                                   "with LATEST, its LATEST or BEST, or a .pth)")
         return InitSource("minimind", path)
     if not path.is_dir():
-        raise InitSourceError("no such file or directory")
+        if os.path.exists(path):  # a FIFO, a socket, a device: there, and no source
+            raise InitSourceError("neither a file nor a directory")
+        raise InitSourceUnreachable("no such file or directory")  # not there (yet, or any more: a share gone)
     if (path / MANIFEST).is_file():
         return InitSource("checkpoint", path, pointer)
     return _from_root(path, checkpoint)

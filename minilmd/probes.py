@@ -19,19 +19,20 @@ from minilmd import scratch
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config
 from minilmd.corpus.meta import corpus_train_tokens, meta_value, read_corpus_meta
-from minilmd.init_source import InitSourceError, model_problems, predecessor, predecessor_outcome
+from minilmd.init_source import InitSourceError, InitSourceUnreachable, model_problems, predecessor, predecessor_outcome
 from minilmd.names import CORPUS_META, RUN_DIR_ENV
 
 
-def _with_paths(more_checks: ExtraCheck | None) -> ExtraCheck:
+def _with_paths(more_checks: ExtraCheck | None, init_waits: list[str] | None = None) -> ExtraCheck:
     """path_problems, then `more_checks`' (the order of the one ConfigError)."""
-    return lambda cfg: path_problems(cfg) + (more_checks(cfg) if more_checks is not None else [])
+    return lambda cfg: path_problems(cfg, init_waits) + (more_checks(cfg) if more_checks is not None else [])
 
 
 def load_checked(path: str | os.PathLike, overrides: list[str] | None = None,
-                 more_checks: ExtraCheck | None = None) -> RunConfig:
-    """load_config, then path_problems and `more_checks`: every problem in one ConfigError."""
-    return load_config(path, overrides, _with_paths(more_checks), train_tokens_of=corpus_train_tokens)
+                 more_checks: ExtraCheck | None = None, init_waits: list[str] | None = None) -> RunConfig:
+    """load_config, then path_problems and `more_checks`: every problem in one ConfigError. With `init_waits` (the
+    supervisor's check: it waits), an init.from that cannot be reached now is no problem but a line there."""
+    return load_config(path, overrides, _with_paths(more_checks, init_waits), train_tokens_of=corpus_train_tokens)
 
 
 def checked_from_dict(raw: dict[str, Any], source: str = "config", more_checks: ExtraCheck | None = None) -> RunConfig:
@@ -43,9 +44,9 @@ def _is_url(s: str) -> bool:
     return "://" in s
 
 
-def path_problems(cfg: RunConfig) -> list[str]:
+def path_problems(cfg: RunConfig, init_waits: list[str] | None = None) -> list[str]:
     """What the config names on this machine and cannot be used, in the config's order: run.dir, scratch (and whose
-    it is), the prepared corpus, the Prometheus textfile, init.from, the remote."""
+    it is), the prepared corpus, the Prometheus textfile, init.from, the remote. `init_waits`: see load_checked."""
     p: list[str] = []
     if cfg.run.dir:
         p += _check_writable("run.dir", Path(cfg.run.dir))
@@ -61,7 +62,7 @@ def path_problems(cfg: RunConfig) -> list[str]:
     if cfg.log.prometheus_textfile:
         p += _check_writable("log.prometheus_textfile", Path(cfg.log.prometheus_textfile).parent)
     if cfg.init.from_ and not cfg.init.staged:  # staged: the supervisor verified it; its copy is what is read
-        p += _shared_storage_check(_check_init, cfg)
+        p += _init_problems(cfg, init_waits)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
@@ -71,26 +72,38 @@ def path_problems(cfg: RunConfig) -> list[str]:
 
 
 SHARED_STORAGE_PROBE_S = 5.0
-"""How long the config check waits for the corpus source or the remote (NFS) to answer before leaving it to
-staging and sync, which retry and show "remote unavailable" in status."""
+"""How long the config check waits for the corpus source, the remote or init.from (NFS) to answer before leaving it
+to staging and sync, which retry and show "remote unavailable" (init.from: "init source unreachable", or stalled)
+in status."""
 
 
 def _shared_storage_check(check, *args) -> list[str]:
     """Run a path check on shared storage (NFS) in a thread: a mount that fails (EIO) or stalls is not a config
     error (the supervisor retries it and shows it in status), so it yields no problem here rather than a
     traceback or a hang."""
-    result: list[list[str]] = []
+    answered, result, _ = bounded_probe(check, *args)
+    return result if answered else []
+
+
+def bounded_probe(fn, *args) -> tuple[bool, Any, str]:
+    """fn(*args) on shared storage, in a thread for SHARED_STORAGE_PROBE_S at most: (True, its result, "") when it
+    returned; (False, None, why) when it raised an OSError or did not answer (a stalled mount: the thread is left
+    behind, a daemon)."""
+    result: list = []
+    failed: list[str] = []
 
     def probe():
         try:
-            result.append(check(*args))
-        except OSError:
-            pass
+            result.append(fn(*args))
+        except OSError as e:
+            failed.append(f"cannot be read ({e})")
 
     worker = threading.Thread(target=probe, daemon=True)
     worker.start()
     worker.join(SHARED_STORAGE_PROBE_S)
-    return result[0] if result else []
+    if result:
+        return True, result[0], ""
+    return False, None, failed[0] if failed else f"did not answer within {SHARED_STORAGE_PROBE_S:g} s (stalled)"
 
 
 def _check_prepared_dir(cfg: RunConfig) -> list[str]:
@@ -118,23 +131,42 @@ def _check_prepared_dir(cfg: RunConfig) -> list[str]:
     return p
 
 
-def _check_init(cfg: RunConfig) -> list[str]:
+def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
+    """_check_init on shared storage. A source that cannot be reached now (minilmd.init_source.resolve decides:
+    InitSourceUnreachable), or that does not answer: with `waits`, no problem, a line there (the supervisor waits
+    for it in staging, as at a restart); without, the problem it is to a reader that cannot wait (a stall is left
+    to the trainer's own read, as before)."""
+    answered, found, why = bounded_probe(_check_init, cfg)
+    problems, unreachable = found if answered else ([], why)
+    if unreachable is None:
+        return problems
+    if waits is None:
+        return problems + ([f"init.from = {cfg.init.from_!r}: {unreachable}"] if answered else [])
+    waits.append(f"init.from = {cfg.init.from_!r} cannot be reached now ({unreachable}): the run waits for it, "
+                 f"retrying with backoff (`minilmd status`: \"init source unreachable since ..., retrying\")")
+    return problems
+
+
+def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
     """init.from can be used and holds this run's model config; not checked once the run has a checkpoint (in
     scratch or on a local remote): that run resumes and never reads init.from again. A supervised trainer looks at
-    scratch only (it never touches the remote; staging has fetched the remote's newest checkpoint into scratch)."""
+    scratch only (it never touches the remote; staging has fetched the remote's newest checkpoint into scratch).
+    (problems, why it cannot be reached now or None)."""
     roots = [cfg.checkpoint_dir]
     if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
         roots.append(Path(cfg.run.remote))
     if any(list_checkpoints(root) for root in roots):
-        return []
+        return [], None
     try:
         pred = predecessor(cfg.init.from_)
         if pred is not None and predecessor_outcome(pred)[0] == "waiting":
-            return []  # the supervisor waits for it (waiting_init); its final checkpoint is checked then
+            return [], None  # the supervisor waits for it (waiting_init); its final checkpoint is checked then
         return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict(),
-                                                                                   cfg.init.checkpoint)]
+                                                                                   cfg.init.checkpoint)], None
+    except InitSourceUnreachable as e:
+        return [], str(e)
     except InitSourceError as e:
-        return [f"init.from = {cfg.init.from_!r}: {e}"]
+        return [f"init.from = {cfg.init.from_!r}: {e}"], None
 
 
 def _check_writable(name: str, path: Path) -> list[str]:

@@ -5,8 +5,9 @@ through a real `minilmd run` (with the fake trainer behind it: a launch that got
 - every number finite and in its range (one table, config_values.RANGES), every problem at once;
 - model.vocab_size other than the prepared corpus's vocabulary (its meta.json);
 - an empty val split;
-- scratch too small for the corpus plus the checkpoints kept between syncs, the whole sum in the refusal, margin
-  included; the same refusal from staging itself (space taken after the launch's check) is final too;
+- scratch too small for the corpus plus the staged probe val split and init.from copy plus the checkpoints kept
+  between syncs, the whole sum in the refusal, margin included; the same refusal from staging itself (space taken
+  after the launch's check) is final too;
 - scratch not writable by this user (a real second user, nobody);
 - a ValueError from the optimizer, on a value the config check cannot see, makes the real trainer exit 2, which the
   supervisor takes as final: one attempt, not restart.no_progress_limit of them.
@@ -191,6 +192,26 @@ def test_scratch_too_small_for_the_corpus_and_its_checkpoints_is_refused_with_th
     assert abs(total_mb - (corpus_mb + all_mb + 67.1)) <= 0.2
     st = os.statvfs(disk)
     assert free_mb == mb(st.f_bavail * st.f_frsize) and total_mb > free_mb
+
+
+@pytest.mark.slow
+def test_scratch_that_fits_the_corpus_but_not_the_staged_init_copy_is_refused_with_it_in_the_sum(tmp_path, corpus,
+                                                                                                 small_tmpfs):
+    """The staged probe val split and init.from copy count, at their sources' sizes: on main a scratch with room
+    for the corpus and the checkpoints but not for the init copy passed, and staging then filled it."""
+    base = tmp_path / "base.pth"
+    with open(base, "wb") as f:
+        f.truncate(16 * staging.MIB)  # sparse: its size is what the copy will take
+    plain = staging.run_space_need(load_config(write_config(tmp_path, corpus, name="plain", remote=False)))
+    assert plain is not None
+    disk = small_tmpfs(plain.total + 8 * staging.MIB)
+    fits = write_config(tmp_path, corpus, name="fits", remote=False, run={"scratch": str(disk / "a")})
+    assert staging.run_space_problem(load_config(fits)) == []  # the corpus and its checkpoints fit
+    config = write_config(tmp_path, corpus, remote=False, init={"from": str(base)}, eval={"probe": str(corpus[0])},
+                          run={"scratch": str(disk / "s")})
+    text = assert_refused_before_anything(config, "MB for the corpus + ", " MB for the probe's val split + ",
+                                          "16.8 MB for the staged copy of init.from + ", "set run.scratch to")
+    assert text.index("for the corpus") < text.index("for the staged copy") < text.index("checkpoints of")
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from minilmd.corpus.meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.jobs.staging import SourceInvalid, StagingError
+from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
 from minilmd.init_source import STAGED_PTH as INIT_PTH
@@ -46,9 +47,10 @@ class SourceUnreachable(StagingError):
     """The probe corpus or init.from cannot be read now (gone, an I/O error): not final; retried with backoff."""
 
 
-def _copy(src: Path, dest: Path, size: int | None = None) -> tuple[int, str]:
+def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None) -> tuple[int, str]:
     """Copy src (its first `size` bytes when given: an append writes a split's tail before its meta.json) to dest,
-    hashing as it goes; (bytes, sha256). OSError (the source's) for the caller to call unreachable."""
+    hashing as it goes, `answered()` after each chunk read; (bytes, sha256). OSError (the source's) for the caller
+    to call unreachable."""
     h, done = hashlib.sha256(), 0
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as f, open(dest, "wb") as out:
@@ -56,6 +58,7 @@ def _copy(src: Path, dest: Path, size: int | None = None) -> tuple[int, str]:
             chunk = f.read(CHUNK if size is None else min(CHUNK, size - done))
             if not chunk:
                 break
+            answered()
             out.write(chunk)
             h.update(chunk)
             done += len(chunk)
@@ -112,9 +115,9 @@ def probe_problems(staged: Path) -> list[str]:
     return problems
 
 
-def stage_probe(source: str, scratch: Path, log=lambda msg: None) -> Path:
+def stage_probe(source: str, scratch: Path, log=lambda msg: None, answered=lambda: None) -> Path:
     """`<scratch>/probe`: the probe corpus's meta.json and val split, verified; an earlier copy reused if it is of
-    the same meta.json and verifies."""
+    the same meta.json and verifies. `answered()` after each chunk read from the source."""
     root, final = Path(source), scratch / PROBE_DIR
     try:
         raw = _read_source(root / CORPUS_META, MAX_META_BYTES, "prepared corpus's meta.json")
@@ -141,7 +144,7 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None) -> Path:
     try:
         for rel, entry in files.items():
             try:
-                size, digest = _copy(root / rel, tmp / rel, entry["size"])
+                size, digest = _copy(root / rel, tmp / rel, entry["size"], answered)
             except OSError as e:
                 raise SourceUnreachable(f"{root / rel}: cannot be read ({e})") from None
             if size != entry["size"] or digest != entry["sha256"]:
@@ -189,27 +192,23 @@ def _manifest_files(manifest) -> dict[str, dict]:
 
 
 def _resolve(spec: str, checkpoint: str):
-    """init.from's source (`checkpoint`: init.checkpoint, "best" or "last"); a path that is not there (yet, or any
-    more: a share gone) is unreachable, a path that is there and wrong stays the InitSourceError it was (final)."""
-    from minilmd.init_source import InitSourceError, predecessor, resolve
+    """init.from's source (`checkpoint`: init.checkpoint, "best" or "last"). What cannot be reached now is
+    unreachable, what is there and wrong stays the InitSourceError it was (final): minilmd.init_source.resolve
+    decides, as it does for the config check at the first launch."""
+    from minilmd.init_source import InitSourceUnreachable, resolve
 
     try:
-        if predecessor(spec) is None and not os.path.lexists(spec):
-            raise SourceUnreachable(f"{spec}: no such file or directory")
         return resolve(spec, checkpoint)
-    except InitSourceError as e:
-        if "no such file or directory" in str(e):
-            raise SourceUnreachable(f"{spec}: {e}") from None
-        raise
-    except OSError as e:
-        raise SourceUnreachable(f"{spec}: cannot be read ({e})") from None
+    except InitSourceUnreachable as e:
+        raise SourceUnreachable(f"{spec}: {e}") from None
 
 
-def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda msg: None) -> Path:
+def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda msg: None,
+               answered=lambda: None) -> Path:
     """`<scratch>/init`: the weights init.from names (of a run or a root: its BEST or LATEST, as init.checkpoint
     says), copied and verified, with their fingerprint record; an earlier copy reused while it is of the same source
     and verifies (a run that changes init.checkpoint later resumes from its own checkpoints, or, with LoRA, is
-    refused for a changed base)."""
+    refused for a changed base). `answered()` after each chunk read from the source."""
     from minilmd.init_source import fingerprint
 
     final = scratch / INIT_DIR
@@ -235,9 +234,9 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
         try:
             if source.kind == "checkpoint":
                 for rel in [MANIFEST, *files]:
-                    _copy(source.path / rel, tmp / INIT_CHECKPOINT / rel)
+                    _copy(source.path / rel, tmp / INIT_CHECKPOINT / rel, answered=answered)
             else:
-                _copy(source.path, tmp / INIT_PTH)
+                _copy(source.path, tmp / INIT_PTH, answered=answered)
         except OSError as e:
             raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
         atomic_write_json(tmp / INIT_RECORD, record)
@@ -264,6 +263,37 @@ def needed(cfg) -> list[str]:
     return out
 
 
+def space_parts(cfg) -> list[tuple[int, str]]:
+    """(bytes, what for) of the copies `needed` names, as their sources list them before anything is staged: the
+    probe's meta.json and val split (its meta.json's sizes), init.from's checkpoint (its manifest's sizes) or .pth
+    (its size); for the space check of the launch (daemon/jobs/staging.py `run_space_need`). A source that cannot
+    be read or is wrong counts as nothing here: staging waits for it, or the config check refuses it."""
+    from minilmd.init_source import InitSourceError, resolve
+    from minilmd.untrusted import Unreadable, read_bytes
+
+    what, parts = needed(cfg), []
+    if "probe" in what:
+        try:
+            raw = read_bytes(Path(cfg.eval.probe) / CORPUS_META, max_bytes=MAX_META_BYTES)
+            files = _val_files(parse_meta(raw, f"{cfg.eval.probe}/{CORPUS_META}"), cfg.eval.probe)
+            parts.append((len(raw) + sum(e["size"] for e in files.values()), "for the probe's val split"))
+        except (Unreadable, CorpusError, SourceInvalid):
+            pass
+    if "init" in what:
+        try:
+            source = resolve(cfg.init.from_, cfg.init.checkpoint)
+            if source.kind == "checkpoint":
+                raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+                entries = _manifest_files(json.loads(raw)).values()
+                size = len(raw) + sum(e["size"] for e in entries if isinstance(e.get("size"), int))
+            else:
+                size = os.stat(source.path).st_size
+            parts.append((size, "for the staged copy of init.from"))
+        except (InitSourceError, ValueError, OSError):  # Unreadable and a bad manifest are ValueErrors too
+            pass
+    return parts
+
+
 def present(cfg, staged: dict[str, str]) -> bool:
     """Every input this start needs is staged and still in scratch (a cleaner or a reboot may have emptied it)."""
     marks = {"eval.probe_staged": CORPUS_META, "init.staged": INIT_RECORD}
@@ -277,12 +307,19 @@ def problems(staged: dict[str, str]) -> list[str]:
     return out + (init_problems(Path(staged["init.staged"])) if "init.staged" in staged else [])
 
 
-def stage_inputs(cfg, log=lambda msg: None) -> dict[str, str]:
-    """Stage what `needed` names; the `--set` overrides that give the trainer the staged copies."""
-    what = needed(cfg)
+def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None) -> dict[str, str]:
+    """Stage what `needed` names; the `--set` overrides that give the trainer the staged copies. `reads` is told
+    which source is read, and each chunk read from it (the worker shows a source whose reads block as stalled)."""
+    what, reads = needed(cfg), reads or ReadWatch()
     sets = {}
-    if "probe" in what:
-        sets["eval.probe_staged"] = str(stage_probe(cfg.eval.probe, cfg.scratch_dir, log))
-    if "init" in what:
-        sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, cfg.init.checkpoint, log))
+    try:
+        if "probe" in what:
+            reads.reading(f"[eval] probe {cfg.eval.probe}")
+            sets["eval.probe_staged"] = str(stage_probe(cfg.eval.probe, cfg.scratch_dir, log, reads.answer))
+        if "init" in what:
+            reads.reading(f"init.from {cfg.init.from_}")
+            sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, cfg.init.checkpoint, log,
+                                                 reads.answer))
+    finally:
+        reads.reading("")
     return sets

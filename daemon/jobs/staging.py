@@ -5,7 +5,7 @@ is to train from a copy in RAM (or on local disk). Rules:
 - check first that the copy fits: free space of the scratch filesystem and, for a tmpfs, available memory with
   headroom left for training; refuse with the whole arithmetic and a local-disk alternative otherwise (final:
   ScratchTooSmall). Before that, `run_space_problem()` (for `minilmd run --check` and the launch) checks that the
-  corpus AND the checkpoints kept between two syncs fit;
+  corpus, the staged probe val split and init.from copy AND the checkpoints kept between two syncs fit;
 - copy each file to a temporary name, hashing while copying; retry a failed or short copy with backoff;
 - the final name `<scratch>/corpus` only ever holds a copy whose sizes and sha256 matched `meta.json` and whose
   invariants `minilmd.corpus.format.verify_prepared` accepted (the whole directory is published by a rename at the end);
@@ -291,8 +291,12 @@ def _bytes_under(root: Path) -> int:
 
 
 def run_space_need(cfg: RunConfig) -> SpaceNeed | None:
-    """What the run needs in scratch: the corpus (every file meta.json lists) and the checkpoints kept between two
-    syncs. None when it cannot be known before staging (a corpus behind a URL, an unreadable meta.json)."""
+    """What the run needs in scratch: the corpus (every file meta.json lists), the staged probe val split and
+    init.from copy (daemon/jobs/initstage.py `space_parts`: their sources' sizes) and the checkpoints kept between
+    two syncs. None when the corpus's cannot be known before staging (a corpus behind a URL, an unreadable
+    meta.json). Reads shared storage: `run_space_problem` asks it in a bounded thread."""
+    from minilmd.daemon.jobs.initstage import space_parts
+
     meta = read_corpus_meta(cfg.data.prepared) if "://" not in cfg.data.prepared else None
     files = meta.get("files") if meta else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int)
@@ -304,7 +308,8 @@ def run_space_need(cfg: RunConfig) -> SpaceNeed | None:
     one = checkpoint_bytes(cfg, tokenizer)
     scratch = cfg.scratch_dir
     ours = scratch.is_dir() and not scratchmod.problems(scratch, cfg.run_dir, cfg.scratch_is_default)
-    return SpaceNeed([(corpus, "for the corpus"), (count * one, f"for {count} checkpoints of {_mb(one)} ({why})")],
+    return SpaceNeed([(corpus, "for the corpus"), *space_parts(cfg),
+                      (count * one, f"for {count} checkpoints of {_mb(one)} ({why})")],
                      held=_bytes_under(scratch) if ours else 0)
 
 
@@ -314,9 +319,11 @@ def run_space_problem(cfg: RunConfig) -> list[str]:
     range (the config check says so) or the corpus cannot be read yet."""
     if out_of_range(cfg) or not cfg.data.prepared or not cfg.run.dir:
         return []
+    from minilmd.probes import bounded_probe
+
+    answered, need, _ = bounded_probe(run_space_need, cfg)  # a stalled source: staging's to wait for and show
     try:
-        need = run_space_need(cfg)
-        problem = space_problem(need, cfg.scratch_dir) if need is not None else None
+        problem = space_problem(need, cfg.scratch_dir) if answered and need is not None else None
     except OSError:
         return []  # the paths are the config check's to report
     return [problem] if problem else []

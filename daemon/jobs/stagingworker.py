@@ -8,7 +8,9 @@ for minutes). `StagingWorker.tick()` is called by the loop in the staging phase 
 on, `Staged` once the trainer may start, or `StagingFailed`; what a failure means for the run (backoff, give up) is
 the supervisor's. A remote that cannot be read while scratch holds no checkpoint is not a failure: the remote may
 hold a newer checkpoint, so the run never silently starts from step 0; the worker keeps retrying the fetch and shows
-"remote unavailable" in status. Torch-free.
+"remote unavailable" in status. A source whose reads block (a stalled mount: no error, no answer) for longer than
+SYNC_STALLED_AFTER_S, while the corpus, the probe or init.from is staged, is shown as stalled (state.json
+"staging.stalled": "<what> not answering since T (stalled)") until a read of it returns. Torch-free.
 """
 from __future__ import annotations
 
@@ -20,10 +22,10 @@ from minilmd import names, protocol, scratch
 from minilmd.daemon.jobs import initstage
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
 from minilmd.daemon.policy import backoff_seconds
-from minilmd.daemon.runstate import RunState, now
+from minilmd.daemon.runstate import RunState, fmt_time, now
 from minilmd.daemon.states import StagingState, SyncState
-from minilmd.daemon.statesections import LocalCheckpoint
-from minilmd.daemon.worker import Inbox, Worker
+from minilmd.daemon.statesections import LocalCheckpoint, StagingStall
+from minilmd.daemon.worker import Inbox, ReadWatch, Worker
 from minilmd.names import step_of
 
 
@@ -70,6 +72,8 @@ class StagingWorker:
         self.pending: Staged | None = None  # corpus staged (and fetched): the probe and init.from still to stage
         self.source_failures = 0
         self.source_retry_at = 0.0
+        self.reads = ReadWatch()
+        """What the staging thread reads on shared storage, and when a read last returned (a stall shows)."""
 
     @property
     def running(self) -> bool:
@@ -131,9 +135,11 @@ class StagingWorker:
             return None
         if not self.worker.done:
             self._flag_stalled_fetch()
+            self._flag_stalled_read()
             return None
         worker, self.worker = self.worker, None
         self.inbox.drain()
+        self._answered_again()
         if worker.name == "inputs":
             return self._inputs_done(worker)
         staging = self.state.staging
@@ -214,7 +220,7 @@ class StagingWorker:
         if self.pending is not None:  # the corpus is staged; the probe and init.from (again, after a backoff)
             if now() < self.source_retry_at:
                 return
-            self.worker = Worker("inputs", lambda: initstage.stage_inputs(self.cfg, self.inbox.put))
+            self.worker = Worker("inputs", lambda: initstage.stage_inputs(self.cfg, self.inbox.put, self.reads))
             return
         if self.awaiting_remote is not None:  # staged; only the fetch of a remote checkpoint is retried
             if now() < self.fetch_retry_at:
@@ -255,14 +261,42 @@ class StagingWorker:
             sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
             self.emit("fetch", f"{message}; waiting for it (not starting from step 0)")
 
+    def _flag_stalled_read(self) -> None:
+        """A source whose reads have not returned for SYNC_STALLED_AFTER_S: stalled, in state.json and the log
+        (once); a read that returns again ends it."""
+        what, answered = self.reads.what, self.reads.answered
+        if not what or now() - answered <= SYNC_STALLED_AFTER_S:
+            self._answered_again()
+            return
+        staging = self.state.staging
+        if staging.stalled is not None and staging.stalled.what == what and staging.stalled.since == answered:
+            return
+        staging.stalled = StagingStall(what=what, since=answered)
+        self.state.record_error(f"{what} not answering since {fmt_time(answered)} (stalled)")
+        self.emit("staging", f"{what} not answering since {fmt_time(answered)} (stalled): waiting for it (not a "
+                             f"failure)")
+        self.state.save()
+
+    def _answered_again(self) -> None:
+        stall = self.state.staging.stalled
+        if stall is None:
+            return
+        self.state.staging.stalled = None
+        self.emit("staging", f"{stall.what} answering again after {now() - (stall.since or now()):.0f}s")
+
     # --- in the thread ----------------------------------------------------------------------------------------------
     def _stage_job(self):
         """Stage the corpus, then fetch a remote checkpoint when scratch holds none."""
         def progress(*args):
+            self.reads.answer()  # a chunk copied from the source
             info = args[0] if len(args) == 1 else list(args)
             self.state.staging.progress = info.describe() if hasattr(info, "describe") else info
 
-        staged = self.infra.stage(self.cfg, progress, self.inbox.put)
+        self.reads.reading(f"the corpus source {self.cfg.data.prepared}")
+        try:
+            staged = self.infra.stage(self.cfg, progress, self.inbox.put)
+        finally:
+            self.reads.reading("")  # the fetch has its own stall report ("remote unavailable")
         return (staged, *self._fetch_job(staged))
 
     def _fetch_job(self, staged: Path):

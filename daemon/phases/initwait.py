@@ -24,6 +24,7 @@ from minilmd.daemon.runstate import RunState, fmt_time, now, process_alive
 from minilmd.daemon.statesections import InitWait, StateJson
 from minilmd.init_source import (
     InitSourceError,
+    InitSourceUnreachable,
     Predecessor,
     PredecessorReport,
     predecessor,
@@ -31,6 +32,7 @@ from minilmd.init_source import (
     predecessor_report,
 )
 from minilmd.names import BEST, LATEST, TRAINER_STATE, step_name
+from minilmd.probes import bounded_probe
 
 POLL_S = 2.0
 """Time between two reads of the predecessor's state.json."""
@@ -47,11 +49,18 @@ class InitOutcome:
 
 
 def must_wait(cfg: RunConfig) -> bool:
-    """Whether this run starts from another run's result that is not there yet (and has no checkpoint of its own)."""
+    """Whether this run starts from another run's result that is not there yet (and has no checkpoint of its own).
+    Asked on shared storage in a bounded thread: an init.from that fails or does not answer is no predecessor to
+    wait for here; staging waits for it in its own thread and `status` says so."""
     if not cfg.init.from_ or local_checkpoint_steps(cfg.checkpoint_dir):
         return False
+    answered, waits, _ = bounded_probe(_unfinished_predecessor, cfg.init.from_)
+    return bool(answered and waits)
+
+
+def _unfinished_predecessor(spec: str) -> bool:
     try:
-        pred = predecessor(cfg.init.from_)
+        pred = predecessor(spec)
     except InitSourceError:
         return False  # the config check reports it
     return pred is not None and predecessor_outcome(pred)[0] != "done"
@@ -112,6 +121,8 @@ class InitWaiter:
         self.last_poll = now()
         try:
             pred = predecessor(self.cfg.init.from_)
+        except InitSourceUnreachable:
+            return None  # its share cannot be reached now: still a wait, never a failure
         except InitSourceError as e:
             return InitOutcome(failed=f"init.from = {self.cfg.init.from_!r}: {e}")
         if pred is None:

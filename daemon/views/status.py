@@ -174,6 +174,9 @@ def _checkpoints_line(state: StateJson, t: float) -> str:
 
 
 def _staging_lines(staging: Staging) -> list[str]:
+    if staging.stalled is not None:
+        return [f"  {staging.stalled.what} not answering since {fmt_time(staging.stalled.since)} (stalled), "
+                f"waiting for it"]
     if staging.unreachable_since is not None:
         return [f"  init source unreachable since {fmt_time(staging.unreachable_since)}, retrying "
                 f"({staging.unreachable})"]

@@ -24,14 +24,16 @@ def run_command(
         from minilmd.daemon import preflight
 
         try:
-            cfg = preflight.check(config, set_)
+            cfg, waits = preflight.check_with_waits(config, set_)
         except ConfigError as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
+        for line in waits:
+            typer.echo(f"waits: {line}")
         from minilmd.update_share import share_lines
 
-        for line in share_lines(cfg):
+        for line in share_lines(cfg) if not waits else []:  # the share reads init.from: not while it cannot be read
             typer.echo(line)
         raise typer.Exit(0)
     from minilmd.daemon.supervisor import run_supervisor
