@@ -18,7 +18,6 @@ Torch-free.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -32,10 +31,11 @@ import psutil
 from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig
 from minilmd.config_values import out_of_range, parse_duration
-from minilmd.corpus.meta import CorpusError, listed_files, parse_meta, read_corpus_meta
+from minilmd.corpus.meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta, read_corpus_meta
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
+from minilmd.untrusted import Unreadable, read_bytes
 
 CHUNK = 8 * 1024 * 1024
 MIB = 1024 ** 2
@@ -97,10 +97,14 @@ def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
     quick check of sizes only (a truncated file, the SIGBUS story, shows up there)."""
     root = Path(path)
     try:
-        meta = json.loads((root / META).read_text(encoding="utf-8"))
+        meta = loads_meta(read_bytes(root / META, max_bytes=MAX_META_BYTES))  # never a FIFO, never too deep
+        if not isinstance(meta, dict):
+            return [f"{root / META}: not a JSON object"]
         files = _listed_files(meta, str(root))
-    except FileNotFoundError:
-        return [f"{root / META}: missing"]
+    except Unreadable as e:
+        if e.missing:
+            return [f"{root / META}: missing"]
+        return [f"{root / META}: unreadable ({e.os_error or e.why})"]
     except (OSError, ValueError) as e:
         return [f"{root / META}: unreadable ({e})"]
     except SourceInvalid as e:
@@ -133,8 +137,8 @@ def _earlier_files(old: Path, meta: dict) -> dict[str, dict]:
     """The appendable files of the staged copy at `old` when its meta.json is an earlier version of `meta` (the
     new meta's `versions` chain names its sha256), else {}."""
     try:
-        raw = (old / META).read_bytes()
-        old_meta = json.loads(raw.decode("utf-8"))
+        raw = read_bytes(old / META, max_bytes=MAX_META_BYTES)
+        old_meta = loads_meta(raw)
     except (OSError, ValueError):
         return {}
     digest = hashlib.sha256(raw).hexdigest()
