@@ -151,7 +151,13 @@ def local_size(path: str | os.PathLike) -> int | None:
         return None
 
 
-def _not_regular(path: Path) -> str | None:
+def is_local_fs(fs) -> bool:
+    """Whether an fsspec filesystem is local paths (an NFS mount is one): another user's files there may be FIFOs
+    or links, so they are looked at before they are opened."""
+    return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+
+
+def not_regular(path: str | os.PathLike) -> str | None:
     """What a path that exists is when it is not a regular file (links followed), else None."""
     try:
         mode = os.stat(path).st_mode
@@ -166,7 +172,7 @@ def dir_table_problems(root: str | os.PathLike, table: FileTable, full_hash: boo
     regular file (a FIFO listed with size 0 would block the hash, a link to /dev/zero never end it) is a problem
     before anything is read."""
     root = Path(root)
-    odd = [f"{root / name}: {kind}, not a regular file" for name in table if (kind := _not_regular(root / name))]
+    odd = [f"{root / name}: {kind}, not a regular file" for name in table if (kind := not_regular(root / name))]
     if odd:
         return odd
     return table_problems(table, lambda name: local_size(root / name),
