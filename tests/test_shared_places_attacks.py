@@ -149,3 +149,28 @@ def test_another_users_lease_whose_body_is_deep_json_is_described_not_a_crash(sh
         assert f"pid {holder.pid}" in adm.last_report.summary()
     finally:
         stop(holder)
+
+
+class _RunsCode:
+    """What a hostile .pth pickles: unpickling it would call os.mkdir(marker)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_init_from_a_pth_that_pickles_code_is_refused_and_runs_none_of_it(tmp_path):
+    import torch
+
+    from minilmd.config import ConfigError, RunConfig
+    from minilmd.trainer.checkpoint.init_weights import load_init
+
+    marker = tmp_path / "it-ran"
+    torch.save({"model.embed_tokens.weight": _RunsCode(str(marker))}, tmp_path / "theirs.pth")
+    cfg = RunConfig(source="test")
+    cfg.init.from_ = str(tmp_path / "theirs.pth")
+    with pytest.raises(ConfigError, match="not a loadable state dict"):
+        load_init(cfg)  # torch.load(weights_only=True): no code of the file runs
+    assert not marker.exists()
