@@ -22,6 +22,7 @@ from minilmd.checkpoint import CheckpointInvalid, read_manifest, validate
 from minilmd.corpus import chat, meta
 from minilmd.corpus.prepare import lock as prepare_lock
 from minilmd.corpus.sources import jsonl
+from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
 from minilmd.daemon import runstate
 from minilmd.daemon.child import orphans
 from minilmd.daemon.host import leases, registry
@@ -99,6 +100,7 @@ READERS = {
     "LATEST pointer (named_checkpoint)": Reader(names.LATEST, lambda d: checkpoint_dirs.named_checkpoint(
         d / names.LATEST), (checkpoint_dirs.PointerError,)),
     "BEST pointer": Reader(names.BEST, checkpoint_dirs.read_best),
+    "tokenizer.json": Reader(names.TOKENIZER_FILE, load_tokenizer, (TokenizerError,)),
     "tokenizer_config.json": Reader(names.TOKENIZER_CONFIG, chat.read_tokenizer_config, (chat.ChatError,)),
     "remote LATEST pointer": Reader(names.LATEST, lambda d: sync._Remote(str(d)).read_text(names.LATEST)),
     "remote checkpoint manifest": Reader(f"{names.step_name(1)}/{names.MANIFEST}",
