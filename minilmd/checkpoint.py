@@ -25,6 +25,7 @@ numpy; resuming and pruning, which validate as they walk a root, are minilmd/che
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ from minilmd.names import (
     step_of,
 )
 from minilmd.safetensors_scan import is_count, scan_safetensors
-from minilmd.untrusted import Unreadable, kind_of, loads, printable, read_bytes
+from minilmd.untrusted import Unreadable, file_kind, kind_of, loads, printable, read_bytes
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -190,9 +191,12 @@ def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
 
     def size_of(name: str) -> int | None:
         try:
-            return (ckpt_dir / name).stat().st_size
+            st = os.stat(ckpt_dir / name)
         except FileNotFoundError:
             return None
+        if not stat.S_ISREG(st.st_mode):  # a FIFO listed with size 0 would block the hash, /dev/zero never end it
+            raise CheckpointInvalid(ckpt_dir, f"{name} is {file_kind(st.st_mode)}, not a regular file")
+        return st.st_size
 
     def sha256_of(name: str) -> str:
         if name.endswith(".safetensors"):

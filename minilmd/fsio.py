@@ -13,12 +13,14 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from minilmd import perms
 from minilmd.names import atomic_tmp_prefix, replaced_name
+from minilmd.untrusted import file_kind
 
 CHUNK = 1 << 22
 
@@ -152,10 +154,30 @@ def local_size(path: str | os.PathLike) -> int | None:
         return None
 
 
+def is_local_fs(fs) -> bool:
+    """Whether an fsspec filesystem is local paths (an NFS mount is one): another user's files there may be FIFOs
+    or links, so they are looked at before they are opened."""
+    return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+
+
+def not_regular(path: str | os.PathLike) -> str | None:
+    """What a path that exists is when it is not a regular file (links followed), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # missing or unreadable: table_problems says so as before
+    return None if stat.S_ISREG(mode) else file_kind(mode)
+
+
 def dir_table_problems(root: str | os.PathLike, table: FileTable, full_hash: bool = True,
                        listed_in: str = "the manifest") -> list[str]:
-    """table_problems for the files of a local directory, each named by its path."""
+    """table_problems for the files of a local directory, each named by its path. A listed name that is not a
+    regular file (a FIFO listed with size 0 would block the hash, a link to /dev/zero never end it) is a problem
+    before anything is read."""
     root = Path(root)
+    odd = [f"{root / name}: {kind}, not a regular file" for name in table if (kind := not_regular(root / name))]
+    if odd:
+        return odd
     return table_problems(table, lambda name: local_size(root / name),
                           (lambda name: sha256_file(root / name)) if full_hash else None, listed_in,
                           label=lambda name: str(root / name))

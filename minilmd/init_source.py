@@ -17,7 +17,7 @@ the sha256 of every file of it, so it names the whole checkpoint) and its step; 
 from __future__ import annotations
 
 import errno
-import json
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,8 @@ from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE
 from minilmd.untrusted import read_json
 
 _MAX_STATE = 64 << 20
+MAX_MANIFEST_BYTES = 16 << 20
+"""The largest checkpoint manifest of an init.from source read (daemon/jobs/initstage.py copies at most as much)."""
 
 
 class InitSourceError(ValueError):
@@ -265,10 +267,18 @@ def model_problems(spec: str, run_model: dict, checkpoint: str = "best") -> list
 def fingerprint(source: InitSource) -> dict:
     """What the new run records of its source, in every checkpoint's trainer_state.json ("init")."""
     if source.kind == "checkpoint":
-        manifest = json.loads((source.path / MANIFEST).read_text(encoding="utf-8"))
+        from minilmd.untrusted import Unreadable, loads, read_bytes
+
+        try:  # another user's manifest, read once (a FIFO, /dev/zero or 60 KB of `[` is refused) and hashed as read
+            raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+            manifest = loads(raw, path=source.path / MANIFEST)
+        except Unreadable as e:
+            if e.os_error is not None:
+                raise e.os_error from None
+            raise InitSourceError(f"{source.path / MANIFEST} is unreadable ({e.why})") from None
         pointer = {"pointer": source.pointer} if source.pointer else {}
         return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
-                "manifest_sha256": sha256_file(source.path / MANIFEST), **pointer}
+                "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
     return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sha256_file(source.path)}
 
 

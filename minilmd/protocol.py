@@ -6,12 +6,14 @@ the supervisor imports it.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from minilmd.fsio import atomic_write_json
 from minilmd.names import FAULT
+from minilmd.untrusted import Unreadable, read_json
+
+FAULT_MAX_BYTES = 1 << 20
 
 # --- Special token ids (MiniMind's): PAD <|endoftext|>, BOS <|im_start|>, EOS <|im_end|>. -----------------------
 PAD_ID = 0
@@ -55,7 +57,9 @@ def write_fault(run_dir: str | os.PathLike, kind: str, message: str, **details) 
 
 
 def read_fault(run_dir: str | os.PathLike) -> dict | None:
-    try:
-        return json.loads((Path(run_dir) / FAULT).read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
+    try:  # the run directory's file, read as one another user may have written (minilmd/untrusted.py)
+        return read_json(Path(run_dir) / FAULT, max_bytes=FAULT_MAX_BYTES)
+    except Unreadable as e:
+        if e.os_error is not None:
+            raise e.os_error from None
         return None

@@ -43,8 +43,11 @@ from minilmd.names import (
     atomic_tmp_prefix,
     default_scratch,
 )
+from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
+OWNER_MAX_BYTES = 64 << 10
+"""The largest owner.json read (it names a run directory)."""
 
 
 class ScratchRefused(ValueError):
@@ -137,9 +140,9 @@ def read_owner(scratch: Path) -> dict | None:
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{marker} is not a regular file")
     try:
-        owner = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{marker} cannot be read ({e})") from None
+        owner = read_json(marker, max_bytes=OWNER_MAX_BYTES, expect=None)
+    except Unreadable as e:
+        raise ValueError(f"{marker} cannot be read ({e.why})") from None
     if not isinstance(owner, dict) or not isinstance(owner.get("run_dir"), str):
         raise ValueError(f"{marker} does not name a run directory")
     return owner

@@ -40,11 +40,15 @@ an opening or a closing bracket."""
 class Unreadable(ValueError):
     """A file or line that is not what its reader accepts; `why` says what it is instead, in a few words."""
 
-    def __init__(self, why: str, path: str | os.PathLike | None = None, missing: bool = False):
+    def __init__(self, why: str, path: str | os.PathLike | None = None, missing: bool = False,
+                 os_error: OSError | None = None):
         self.why = why
         self.path = None if path is None else str(path)
         self.missing = missing
         """The file does not exist (a reader may treat that as "not yet" rather than as a fault)."""
+        self.os_error = os_error
+        """The error of a file that is what the reader accepts but could not be read (EIO, EACCES): a reader that
+        retries a failing mount may raise it again."""
         super().__init__(f"{printable(self.path)}: {why}" if self.path is not None else why)
 
 
@@ -87,7 +91,7 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
             raise Unreadable(f"over {size_text(max_bytes)}", path)  # it grew after the fstat
         return b"".join(chunks)
     except OSError as e:
-        raise Unreadable(_os_why(e), path) from None
+        raise Unreadable(_os_why(e), path, os_error=e) from None
     finally:
         os.close(fd)
 
@@ -101,7 +105,7 @@ def open_regular(path: str | os.PathLike, *, owner: int | Collection[int] | None
     except FileNotFoundError:
         raise Unreadable("missing", path, missing=True) from None
     except OSError as e:
-        raise Unreadable(_os_why(e), path) from None
+        raise Unreadable(_os_why(e), path, os_error=e) from None
     if not stat.S_ISREG(before.st_mode):
         raise Unreadable(file_kind(before.st_mode), path)
     problem = _owner_problem(before.st_uid, owner)
@@ -112,7 +116,9 @@ def open_regular(path: str | os.PathLike, *, owner: int | Collection[int] | None
     except FileNotFoundError:
         raise Unreadable("missing", path, missing=True) from None
     except OSError as e:
-        raise Unreadable("a symbolic link" if e.errno == errno.ELOOP else _os_why(e), path) from None
+        if e.errno == errno.ELOOP:
+            raise Unreadable("a symbolic link", path) from None
+        raise Unreadable(_os_why(e), path, os_error=e) from None
     try:
         st = os.fstat(fd)
     except OSError as e:  # pragma: no cover - fstat of a descriptor just opened

@@ -12,7 +12,6 @@ Torch-free.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from pathlib import Path
 
@@ -20,6 +19,9 @@ from minilmd.config import RunConfig, apply_sft_defaults
 from minilmd.corpus.meta import meta_value, read_corpus_meta
 from minilmd.init_source import InitSourceError, resolve
 from minilmd.names import TRAINER_STATE
+from minilmd.untrusted import read_json
+
+TRAINER_STATE_MAX_BYTES = 16 << 20
 
 
 def as_trained(cfg: RunConfig, meta: dict | None = None) -> RunConfig:
@@ -74,8 +76,8 @@ def base_rows(cfg: RunConfig) -> tuple[Path, int] | None:
     global batch (as a resume reads it: trainer/loop/resume.py)."""
     try:
         source = resolve(cfg.init.from_, cfg.init.checkpoint)
-        state = json.loads((source.path / TRAINER_STATE).read_text(encoding="utf-8"))
-    except (InitSourceError, OSError, ValueError):
+        state = read_json(source.path / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES, expect=None)
+    except (InitSourceError, ValueError):  # Unreadable too: another user's checkpoint, read as hostile
         return None
     if source.kind != "checkpoint" or not isinstance(state, dict):
         return None

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.names import LOCK
+from minilmd.untrusted import loads
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 """Never through a symlink, never blocked on a FIFO, never a controlling terminal, never inherited by the trainer."""
@@ -59,7 +60,7 @@ def _read_body(fd: int) -> LockInfo:
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         raw = os.read(fd, 4096)
-        body = json.loads(raw.decode("utf-8")) if raw.strip() else {}
+        body = loads(raw, expect=None) if raw.strip() else {}  # bounded depth: never RecursionError
     except (OSError, ValueError):
         body = {}
     if not isinstance(body, dict):

@@ -20,7 +20,6 @@ waits and retries with backoff; a source that is read and wrong raises SourceInv
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from pathlib import Path, PurePosixPath
@@ -35,6 +34,7 @@ from minilmd.init_source import STAGED_RECORD as INIT_RECORD
 from minilmd.init_source import staged_copy as staged_init_source
 from minilmd.init_source import staged_record as read_init_record
 from minilmd.names import CORPUS_META, MANIFEST, SPLITS, STAGING_TMP_PREFIX
+from minilmd.untrusted import loads
 
 PROBE_DIR = "probe"
 INIT_DIR = "init"
@@ -172,7 +172,7 @@ def init_problems(staged: Path) -> list[str]:
             return [] if sha256_file(copy) == record.get("sha256") else [f"{copy}: sha256 differs from the source's"]
         if sha256_file(copy / MANIFEST) != record.get("manifest_sha256"):
             return [f"{copy / MANIFEST}: differs from the source's"]
-        manifest = json.loads((copy / MANIFEST).read_text(encoding="utf-8"))
+        manifest = loads((copy / MANIFEST).read_bytes(), expect=None)
         return [f"{copy / rel}: differs from its {MANIFEST}" for rel, entry in _manifest_files(manifest).items()
                 if sha256_file(copy / rel) != entry.get("sha256")]
     except (OSError, ValueError, Unreadable) as e:
@@ -222,7 +222,7 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     source = _resolve(spec, checkpoint)
     try:
         record = {"from": spec, **fingerprint(source)}
-        manifest = json.loads(_read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest")) \
+        manifest = loads(_read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest"), expect=None) \
             if source.kind == "checkpoint" else None
         files = _manifest_files(manifest) if manifest is not None else {}
     except ValueError as e:
@@ -284,7 +284,7 @@ def space_parts(cfg) -> list[tuple[int, str]]:
             source = resolve(cfg.init.from_, cfg.init.checkpoint)
             if source.kind == "checkpoint":
                 raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
-                entries = _manifest_files(json.loads(raw)).values()
+                entries = _manifest_files(loads(raw, path=source.path / MANIFEST)).values()
                 size = len(raw) + sum(e["size"] for e in entries if isinstance(e.get("size"), int))
             else:
                 size = os.stat(source.path).st_size

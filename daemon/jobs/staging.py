@@ -18,7 +18,6 @@ Torch-free.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -32,10 +31,11 @@ import psutil
 from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig
 from minilmd.config_values import out_of_range, parse_duration
-from minilmd.corpus.meta import CorpusError, listed_files, parse_meta, read_corpus_meta
-from minilmd.fsio import dir_table_problems, publish_dir, table_problems
+from minilmd.corpus.meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta, read_corpus_meta
+from minilmd.fsio import dir_table_problems, is_local_fs, not_regular, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
+from minilmd.untrusted import Unreadable, read_bytes
 
 CHUNK = 8 * 1024 * 1024
 MIB = 1024 ** 2
@@ -97,10 +97,10 @@ def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
     quick check of sizes only (a truncated file, the SIGBUS story, shows up there)."""
     root = Path(path)
     try:
-        meta = json.loads((root / META).read_text(encoding="utf-8"))
-        files = _listed_files(meta, str(root))
-    except FileNotFoundError:
-        return [f"{root / META}: missing"]
+        meta = loads_meta(read_bytes(root / META, max_bytes=MAX_META_BYTES))  # never a FIFO, never too deep
+        files = _listed_files(meta if isinstance(meta, dict) else {}, str(root))
+    except Unreadable as e:
+        return [f"{root / META}: " + ("missing" if e.missing else f"unreadable ({e.os_error or e.why})")]
     except (OSError, ValueError) as e:
         return [f"{root / META}: unreadable ({e})"]
     except SourceInvalid as e:
@@ -133,8 +133,8 @@ def _earlier_files(old: Path, meta: dict) -> dict[str, dict]:
     """The appendable files of the staged copy at `old` when its meta.json is an earlier version of `meta` (the
     new meta's `versions` chain names its sha256), else {}."""
     try:
-        raw = (old / META).read_bytes()
-        old_meta = json.loads(raw.decode("utf-8"))
+        raw = read_bytes(old / META, max_bytes=MAX_META_BYTES)
+        old_meta = loads_meta(raw)
     except (OSError, ValueError):
         return {}
     digest = hashlib.sha256(raw).hexdigest()
@@ -341,8 +341,14 @@ def _open_source(source: str):
 
 
 def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
-    try:
-        raw = fs.cat_file(f"{root}/{META}")
+    try:  # a local source's meta.json as untrusted (minilmd/untrusted.py): never a FIFO or /dev/zero read whole
+        path = f"{root}/{META}"
+        raw = read_bytes(path, max_bytes=MAX_META_BYTES) if is_local_fs(fs) else fs.cat_file(path)
+    except Unreadable as e:  # as cat_file's errors below, but a FIFO, a link, a directory, too big: final
+        if e.os_error is not None:
+            raise StagingError(f"{source}/{META}: cannot read ({e.os_error})") from e.os_error
+        raise SourceInvalid(f"{source}: no meta.json (run `minilmd prepare` first)" if e.missing
+                            else f"{source}/{META}: {e.why}") from None
     except FileNotFoundError:
         raise SourceInvalid(f"{source}: no meta.json (run `minilmd prepare` first)") from None
     except OSError as e:
@@ -403,6 +409,8 @@ class _Copier:
                     size += len(chunk)
             part.unlink(missing_ok=True)
             os.link(dest, part)  # the same file: a failed attempt leaves dest's prefix (the next cuts it back)
+        if is_local_fs(self.fs) and (kind := not_regular(f"{self.root}/{rel}")):  # a FIFO would block the copy
+            raise SourceInvalid(f"{self.source}/{rel}: {kind}, not a regular file")
         try:
             with self.fs.open(f"{self.root}/{rel}", "rb") as src, open(part, "r+b" if keep else "wb") as out:
                 if keep:

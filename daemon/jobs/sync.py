@@ -50,7 +50,9 @@ from minilmd.names import (
     step_or_none,
     sync_tmp_name,
 )
-from minilmd.untrusted import Unreadable, loads
+from minilmd.untrusted import Unreadable, loads, read_bytes
+
+POINTER_MAX_BYTES, MANIFEST_MAX_BYTES = 4096, 1 << 20  # as a local checkpoint's are read (minilmd/checkpoint.py)
 
 CHUNK = 8 * 1024 * 1024
 
@@ -134,10 +136,22 @@ class _Remote:
         with self.fs.open(self.path(*names), "rb") as f:
             return _sha256_stream(f)
 
-    def read_text(self, *names: str) -> str | None:
+    def cat(self, path: str, max_bytes: int) -> bytes:
+        """A small file of the remote; a local one read as untrusted (minilmd/untrusted.py: never a FIFO nobody
+        writes, a link to /dev/zero or more than max_bytes). Raises FileNotFoundError, Unreadable or OSError."""
+        if not self.local:
+            return self.fs.cat_file(path)
         try:
-            return self.fs.cat_file(self.path(*names)).decode("utf-8", errors="replace")  # a pointer: a name
-        except FileNotFoundError:
+            return read_bytes(path, max_bytes=max_bytes)
+        except Unreadable as e:
+            if e.missing:
+                raise FileNotFoundError(path) from None
+            raise e.os_error or e from None  # a failing mount stays an OSError: the remote is retried
+
+    def read_text(self, *names: str) -> str | None:
+        try:  # a pointer: a name; none when it is not a small regular file (as checkpoint_dirs.read_latest)
+            return self.cat(self.path(*names), POINTER_MAX_BYTES).decode("utf-8", errors="replace")
+        except (FileNotFoundError, Unreadable):
             return None
 
     def manifest(self, name: str) -> dict | None:
@@ -147,9 +161,11 @@ class _Remote:
         """(the manifest of a remote checkpoint, []) or (None, what is wrong with it: [] when there is none, which
         on a store without rename is a copy in progress). Parsed as untrusted: depth bounded, its shape checked."""
         try:
-            raw = self.fs.cat_file(self.path(name, MANIFEST))
+            raw = self.cat(self.path(name, MANIFEST), MANIFEST_MAX_BYTES)
         except FileNotFoundError:
             return None, []
+        except Unreadable as e:
+            return None, [f"cannot read {MANIFEST}: {e.why}"]
         try:
             manifest = loads(raw, expect=None)
         except Unreadable as e:

@@ -34,7 +34,10 @@ from minilmd.corpus.chat_sandbox import Exceeded, TemplateLimits, compile_templa
 from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE
 from minilmd.protocol import SPECIAL_TOKENS
+from minilmd.untrusted import Unreadable, read_bytes
 
+TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
+"""The largest tokenizer_config.json or chat template read (a tokenizer from elsewhere may be a huge file)."""
 ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = ("role", "content", "reasoning_content")
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -161,20 +164,32 @@ def tokenizer_dir(tokenizer: str | Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
+def _read_text(path: Path) -> str:
+    """A tokenizer's small text file, its links resolved first (a Hugging Face cache is links into its blobs) and
+    the file itself then read as untrusted (minilmd/untrusted.py: regular, bounded). Raises Unreadable."""
+    try:
+        return read_bytes(path.resolve(), max_bytes=TOKENIZER_CONFIG_MAX_BYTES).decode("utf-8")
+    except UnicodeDecodeError:
+        raise Unreadable("not UTF-8", path) from None
+
+
 def read_tokenizer_config(tokenizer: str | Path) -> dict:
     """The tokenizer_config.json beside a tokenizer, its `chat_template` resolved to one string (module
     docstring): what a chat corpus, a checkpoint and an export carry. ChatError when there is no template."""
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG
     try:
-        config = loads_bounded(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError) as e:
+        config = loads_bounded(_read_text(path)) if path.is_file() else {}
+    except (OSError, ValueError) as e:  # Unreadable too
         raise ChatError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(config, dict):
         raise ChatError(f"{path}: not a JSON object")
     source = config.get("chat_template")
     if (folder / CHAT_TEMPLATE_FILE).is_file():
-        source = (folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+        try:
+            source = _read_text(folder / CHAT_TEMPLATE_FILE)
+        except Unreadable as e:
+            raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.why})") from None
     elif isinstance(source, list):
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")

@@ -10,6 +10,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from minilmd.names import CORPUS_META as META
+from minilmd.untrusted import DEFAULT_MAX_DEPTH, Unreadable, read_bytes, too_deep
+
+MAX_META_BYTES = 64 << 20
+"""The largest meta.json read (a corpus from elsewhere, another user's or on NFS, may be a link to /dev/zero)."""
 
 FORMAT = "minilmd-prepared"
 VERSION = 1
@@ -30,9 +34,13 @@ def read_meta(root: str | Path) -> dict:
     """meta.json of a prepared corpus, after checking its format and version."""
     path = Path(root) / META
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CorpusError(f"{path}: missing; is {root} the output of `minilmd prepare`?") from None
+        meta = loads_meta(read_bytes(path, max_bytes=MAX_META_BYTES))
+    except Unreadable as e:
+        if e.missing:
+            raise CorpusError(f"{path}: missing; is {root} the output of `minilmd prepare`?") from None
+        if e.os_error is not None:  # a failing disk or mount, as before: the caller's retry or crash-restart
+            raise e.os_error from None
+        raise CorpusError(f"{path}: unreadable ({e.why})") from None
     except ValueError as e:
         raise CorpusError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -51,10 +59,19 @@ def read_corpus_meta(prepared: str | Path) -> dict | None:
     """A local prepared corpus's meta.json, or None if it cannot be read (no format check: for what the config
     check and the space estimate take from it before staging)."""
     try:
-        meta = json.loads((Path(prepared) / META).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        meta = loads_meta(read_bytes(Path(prepared) / META, max_bytes=MAX_META_BYTES))
+    except ValueError:  # Unreadable too
         return None
     return meta if isinstance(meta, dict) else None
+
+
+def loads_meta(raw: bytes):
+    """json.loads of meta.json's bytes, with json's own messages, but ValueError rather than RecursionError for
+    brackets nested deeper than any meta.json (the depth bound of minilmd/untrusted.py)."""
+    text = raw.decode("utf-8")
+    if too_deep(text, DEFAULT_MAX_DEPTH):
+        raise ValueError(f"nested deeper than {DEFAULT_MAX_DEPTH}")
+    return json.loads(text)
 
 
 def meta_value(meta: Any, *keys: str) -> Any:
@@ -74,8 +91,8 @@ def parse_meta(raw: bytes, where: str) -> dict:
     """meta.json's bytes as fetched from a corpus source (`where` names the file); CorpusError if not a JSON
     object."""
     try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        meta = loads_meta(raw)
+    except ValueError as e:  # UnicodeDecodeError too
         raise CorpusError(f"{where}: not valid JSON ({e})") from None
     if not isinstance(meta, dict):
         raise CorpusError(f"{where}: not a JSON object")

@@ -43,6 +43,10 @@ def check_tokenizer(tok, where: str = "tokenizer") -> None:
         )
 
 
+TOKENIZER_MAX_BYTES = 256 << 20
+"""The largest tokenizer.json loaded (a large vocabulary's is tens of MiB)."""
+
+
 def load_tokenizer(path: str | Path):
     """Load a tokenizer.json (a file, or a directory holding one) and check it with check_tokenizer."""
     from tokenizers import Tokenizer
@@ -52,6 +56,8 @@ def load_tokenizer(path: str | Path):
         path = path / TOKENIZER_FILE
     if not path.is_file():
         raise TokenizerError(f"{path}: no such tokenizer file")
+    if path.stat().st_size > TOKENIZER_MAX_BYTES:  # a tokenizer from elsewhere: never a gigabyte read whole
+        raise TokenizerError(f"{path}: larger than {TOKENIZER_MAX_BYTES >> 20} MiB; not a tokenizer.json")
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # the Rust side raises a plain Exception for malformed JSON

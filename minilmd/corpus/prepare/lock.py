@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
-from minilmd.untrusted import printable
+from minilmd.untrusted import loads, printable
 
 LOCK_SUFFIX = ".lock"
 HOLDER_BYTES = 4096  # what is read of a lock file's holder line, at most
@@ -156,7 +156,7 @@ def _holder_line(fd: int) -> dict | None:
     if not data:
         return {}
     try:
-        h = json.loads(data.decode("utf-8")) if len(data) <= HOLDER_BYTES else None
+        h = loads(data, expect=None) if len(data) <= HOLDER_BYTES else None  # bounded depth: never RecursionError
     except ValueError:
         return None
     return h if isinstance(h, dict) and {"pid", "host", "command", "since"} <= h.keys() else None
