@@ -16,6 +16,7 @@ import torch
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
 from minilmd.config import RunConfig
+from minilmd.daemon.jobs import remote as remote_mod
 from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
 from minilmd.names import QUARANTINE
 from minilmd.trainer.checkpoint import save as ckpt_io
@@ -151,14 +152,14 @@ def test_unusable_remote_raises_sync_error(dirs, weights):
 
 KILL_MID_SYNC = textwrap.dedent("""
     import os, signal, sys
-    from minilmd.daemon.jobs import sync
-    real_put, calls = sync._Remote.put, []
+    from minilmd.daemon.jobs import remote, sync
+    real_put, calls = remote.Remote.put, []
     def put(self, local, *names):
         calls.append(names)
         if len(calls) == int(sys.argv[3]):
             os.kill(os.getpid(), signal.SIGKILL)
         return real_put(self, local, *names)
-    sync._Remote.put = put
+    remote.Remote.put = put
     sync.Syncer(sys.argv[1], sys.argv[2]).sync_newest()
 """)
 
@@ -197,6 +198,42 @@ def test_fetch_latest_skips_and_quarantines_a_corrupt_remote_checkpoint(dirs, we
     assert checkpoint_dirs.read_latest(remote) == "step-00000010"  # LATEST names only what validates
     assert any("invalid" in m and "sha256" in m for m in logs)
     assert [n for n in names(local) if n.startswith(".tmp")] == []
+
+
+def test_a_fifo_listed_in_a_remote_checkpoint_never_blocks_the_fetch_nor_the_check(dirs, weights, tmp_path):
+    """Another machine (or user) of a shared remote lists a FIFO with size 0 and the empty file's sha256 in the
+    newest checkpoint: its check and its download opened the FIFO and waited for a writer for ever. It is an
+    invalid checkpoint now (quarantined as any other), and the step before it is fetched."""
+    import hashlib
+    import threading
+
+    local, remote = dirs
+    syncer = Syncer(tmp_path / "old-scratch", str(remote), EXPECTED, keep=3)
+    for step in (10, 20):
+        save(tmp_path / "old-scratch", step, weights)
+        syncer.sync_newest()
+    newest = remote / "step-00000020"
+    manifest = json.loads((newest / ck.MANIFEST).read_text())
+    (newest / ck.TRAINER_STATE).unlink()
+    os.mkfifo(newest / ck.TRAINER_STATE)
+    manifest["files"][ck.TRAINER_STATE] = {"size": 0, "sha256": hashlib.sha256(b"").hexdigest()}
+    (newest / ck.MANIFEST).write_text(json.dumps(manifest))
+
+    results: dict = {}
+    def check_then_fetch():
+        results["intact"] = remote_mod.Remote(str(remote)).intact("step-00000020", full_hash=True)[1]
+        results["fetched"] = Syncer(local, str(remote), EXPECTED).fetch_latest()
+    worker = threading.Thread(target=check_then_fetch, daemon=True)
+    worker.start()
+    worker.join(120)  # not a timing: the old code never returned
+    if worker.is_alive():
+        with open(newest / ck.TRAINER_STATE, "wb"):  # a writer releases the blocked open, and the test ends
+            pass
+        worker.join(30)
+        pytest.fail("opening the listed FIFO blocked the check or the fetch")
+    assert results["intact"] == [f"{remote}/step-00000020/{ck.TRAINER_STATE}: a FIFO, not a regular file"]
+    assert results["fetched"] == local / "step-00000010"
+    assert not newest.exists() and len(list((remote / QUARANTINE).iterdir())) == 1
 
 
 def test_fetch_from_an_empty_remote(dirs):
@@ -255,15 +292,14 @@ def test_a_rename_or_latest_replacement_that_silently_does_nothing_is_an_error(d
     save(local, 10, weights)
     Syncer(local, str(remote), EXPECTED).sync_newest()
     save(local, 20, weights)
-    from minilmd.daemon.jobs import sync
 
     with monkeypatch.context() as m:
-        m.setattr(sync._Remote, "rename_dir", lambda self, src, dst: None)  # a dropped rename (flaky NFS)
+        m.setattr(remote_mod.Remote, "rename_dir", lambda self, src, dst: None)  # a dropped rename (flaky NFS)
         with pytest.raises(SyncError, match="did not take effect"):
             Syncer(local, str(remote), EXPECTED).sync_newest()
     assert checkpoint_dirs.read_latest(remote) == "step-00000010"
     with monkeypatch.context() as m:
-        m.setattr(sync._Remote, "write_latest", lambda self, name: None)
+        m.setattr(remote_mod.Remote, "write_latest", lambda self, name: None)
         with pytest.raises(SyncError, match="does not read back as step-00000020"):
             Syncer(local, str(remote), EXPECTED).sync_newest()
     assert checkpoint_dirs.read_latest(remote) == "step-00000010"
@@ -279,16 +315,15 @@ def test_latest_never_moves_back_past_a_newer_intact_checkpoint(dirs, weights, m
     save(local, 10, weights)
     save(newer_scratch, 20, weights)
     newer = Syncer(newer_scratch, str(remote), EXPECTED)
-    from minilmd.daemon.jobs import sync
 
-    real_rename, overtaken = sync._Remote.rename_dir, []
+    real_rename, overtaken = remote_mod.Remote.rename_dir, []
 
     def rename_then_overtaken(self, src, dst):
         real_rename(self, src, dst)
         if dst == "step-00000010":  # in place, its LATEST not yet written: the other syncer gets there first
             overtaken.append(newer.sync_newest())
 
-    monkeypatch.setattr(sync._Remote, "rename_dir", rename_then_overtaken)
+    monkeypatch.setattr(remote_mod.Remote, "rename_dir", rename_then_overtaken)
     result = Syncer(local, str(remote), EXPECTED).sync_newest()
     assert [(r.step, r.copied) for r in overtaken] == [(20, True)]
     assert (result.step, result.copied) == (10, True)

@@ -22,7 +22,6 @@ raises SyncError with its cause; the supervisor runs it in a worker thread and r
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best, read_latest
+from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.runstate import is_disk_full
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
@@ -50,11 +50,6 @@ from minilmd.names import (
     step_or_none,
     sync_tmp_name,
 )
-from minilmd.untrusted import Unreadable, loads, read_bytes
-
-POINTER_MAX_BYTES, MANIFEST_MAX_BYTES = 4096, 1 << 20  # as a local checkpoint's are read (minilmd/checkpoint.py)
-
-CHUNK = 8 * 1024 * 1024
 
 
 class SyncError(RuntimeError):
@@ -90,148 +85,6 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
 
-def _sha256_stream(f) -> str:
-    h = hashlib.sha256()
-    while chunk := f.read(CHUNK):
-        h.update(chunk)
-    return h.hexdigest()
-
-
-class _Remote:
-    """The few file operations sync needs, over fsspec, with atomic renames where the store has them."""
-
-    def __init__(self, url: str):
-        import fsspec
-        from fsspec.implementations.local import LocalFileSystem
-
-        self.url = url.rstrip("/")
-        self.fs, root = fsspec.core.url_to_fs(url)
-        self.root = root.rstrip("/") or "/"
-        self.local = isinstance(self.fs, LocalFileSystem)
-        """Local paths (NFS included) have atomic rename and fsync; other stores do not."""
-
-    def path(self, *names: str) -> str:
-        return "/".join([self.root, *names])
-
-    def show(self, *names: str) -> str:
-        return "/".join([self.url, *names])
-
-    def names(self) -> list[str]:
-        try:
-            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
-        except FileNotFoundError:
-            return []
-
-    def steps(self) -> list[str]:
-        """Step directory names on the remote, oldest first (with or without a manifest)."""
-        return sorted((n for n in self.names() if is_step_name(n)), key=step_of)
-
-    def size(self, *names: str) -> int | None:
-        try:
-            return int(self.fs.size(self.path(*names)))
-        except FileNotFoundError:
-            return None
-
-    def sha256(self, *names: str) -> str:
-        with self.fs.open(self.path(*names), "rb") as f:
-            return _sha256_stream(f)
-
-    def cat(self, path: str, max_bytes: int) -> bytes:
-        """A small file of the remote; a local one read as untrusted (minilmd/untrusted.py: never a FIFO nobody
-        writes, a link to /dev/zero or more than max_bytes). Raises FileNotFoundError, Unreadable or OSError."""
-        if not self.local:
-            return self.fs.cat_file(path)
-        try:
-            return read_bytes(path, max_bytes=max_bytes)
-        except Unreadable as e:
-            if e.missing:
-                raise FileNotFoundError(path) from None
-            raise e.os_error or e from None  # a failing mount stays an OSError: the remote is retried
-
-    def read_text(self, *names: str) -> str | None:
-        try:  # a pointer: a name; none when it is not a small regular file (as checkpoint_dirs.read_latest)
-            return self.cat(self.path(*names), POINTER_MAX_BYTES).decode("utf-8", errors="replace")
-        except (FileNotFoundError, Unreadable):
-            return None
-
-    def manifest(self, name: str) -> dict | None:
-        return self.manifest_or_problems(name)[0]
-
-    def manifest_or_problems(self, name: str) -> tuple[dict | None, list[str]]:
-        """(the manifest of a remote checkpoint, []) or (None, what is wrong with it: [] when there is none, which
-        on a store without rename is a copy in progress). Parsed as untrusted: depth bounded, its shape checked."""
-        try:
-            raw = self.cat(self.path(name, MANIFEST), MANIFEST_MAX_BYTES)
-        except FileNotFoundError:
-            return None, []
-        except Unreadable as e:
-            return None, [f"cannot read {MANIFEST}: {e.why}"]
-        try:
-            manifest = loads(raw, expect=None)
-        except Unreadable as e:
-            return None, [f"{MANIFEST} is not valid JSON: {e.why}"]
-        problems = ck.manifest_problems(manifest)
-        return (None, problems) if problems else (manifest, [])
-
-    def put(self, local: Path, *names: str) -> int:
-        with open(local, "rb") as src, self.fs.open(self.path(*names), "wb") as out:
-            n = 0
-            while chunk := src.read(CHUNK):
-                out.write(chunk)
-                n += len(chunk)
-            if self.local:
-                out.flush()
-                os.fsync(out.fileno())
-        return n
-
-    def get(self, names: tuple[str, ...], local: Path) -> str:
-        """Download to `local`, returning the sha256 of the bytes written."""
-        h = hashlib.sha256()
-        with self.fs.open(self.path(*names), "rb") as src, open(local, "wb") as out:
-            while chunk := src.read(CHUNK):
-                out.write(chunk)
-                h.update(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        return h.hexdigest()
-
-    def free(self) -> int | None:
-        """Bytes an unprivileged writer may still use here (None: not a local path, or not measurable)."""
-        with contextlib.suppress(OSError):
-            return shutil.disk_usage(self.root).free if self.local else None
-        return None
-
-    def makedirs(self, *names: str) -> None:
-        self.fs.makedirs(self.path(*names), exist_ok=True)
-
-    def rm(self, *names: str) -> None:
-        try:
-            self.fs.rm(self.path(*names), recursive=True)
-        except FileNotFoundError:
-            pass
-
-    def rename_dir(self, src: str, dst: str) -> None:
-        """Publish a complete temporary directory under its final name, durably (local paths only: fsspec has no
-        atomic rename)."""
-        publish_dir(self.path(src), self.path(dst))
-
-    def write_latest(self, name: str, pointer: str = LATEST) -> None:
-        if self.local:
-            atomic_write_text(self.path(pointer), name + "\n")  # temp file, fsync, rename
-        else:
-            self.fs.pipe_file(self.path(pointer), (name + "\n").encode())  # one PUT: atomic on object stores
-
-    def intact(self, name: str, full_hash: bool = False) -> tuple[dict | None, list[str]]:
-        """(manifest, problems) of a remote checkpoint; sizes always, sha256 when full_hash."""
-        manifest = self.manifest(name)
-        if manifest is None:
-            return None, [f"{self.show(name)}: no valid {MANIFEST}"]
-        if full_hash:
-            return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f),
-                                                lambda f: self.sha256(name, f))
-        return manifest, table_problems(manifest["files"], lambda f: self.size(name, f), listed_in=MANIFEST)
-
-
 class Syncer:
     """Copies checkpoints between a local root (scratch) and a remote (path or fsspec URL). Blocking; one at a
     time per run (the supervisor's sync worker)."""
@@ -243,16 +96,16 @@ class Syncer:
         self.expected = expected
         self.keep = max(1, keep)
         self.log = log
-        self._remote: _Remote | None = None
+        self._remote: Remote | None = None
         self.copying: Path | None = None
         """The local checkpoint a running sync_newest() is validating or copying (read by the supervisor's pruning
         from another thread: it must not delete it)."""
 
     @property
-    def remote(self) -> _Remote:
+    def remote(self) -> Remote:
         if self._remote is None:
             try:
-                self._remote = _Remote(self.remote_url)
+                self._remote = Remote(self.remote_url)
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
         return self._remote
@@ -489,6 +342,9 @@ class Syncer:
     def _download(self, name: str, manifest: dict, tmp: Path) -> list[str]:
         """Download a remote checkpoint into tmp, hashing while downloading, and validate it strictly there.
         Returns its problems (empty: good)."""
+        odd = self.remote.not_regular(name, manifest["files"])
+        if odd:
+            return odd
         observed = {f: (self.remote.get((name, f), tmp / f), (tmp / f).stat().st_size) for f in manifest["files"]}
         problems = table_problems(manifest["files"], lambda f: observed[f][1], lambda f: observed[f][0],
                                   listed_in=f"the remote {MANIFEST}", label=lambda f: f"{f} (downloaded)")

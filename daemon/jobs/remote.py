@@ -1,0 +1,176 @@
+"""The remote of a run's checkpoints (daemon/jobs/sync.py's one view of it): the few file operations sync needs,
+over fsspec (an NFS path or any fsspec URL), with atomic renames and fsync where the store has them. A local
+remote (NFS included) is a place other users and machines may write: its small files are read as untrusted
+(minilmd/untrusted.py), and a listed file that is not a regular file (a FIFO would block a hash, a link to
+/dev/zero never end one) is a problem of its checkpoint before anything of it is read. Torch-free.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from minilmd import checkpoint as ck
+from minilmd.fsio import atomic_write_text, not_regular, publish_dir, table_problems
+from minilmd.names import LATEST, MANIFEST, is_step_name, step_of
+from minilmd.untrusted import Unreadable, loads, read_bytes
+
+POINTER_MAX_BYTES, MANIFEST_MAX_BYTES = 4096, 1 << 20  # as a local checkpoint's are read (minilmd/checkpoint.py)
+
+CHUNK = 8 * 1024 * 1024
+
+
+def _sha256_stream(f) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+class Remote:
+    """The few file operations sync needs, over fsspec, with atomic renames where the store has them."""
+
+    def __init__(self, url: str):
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
+        self.url = url.rstrip("/")
+        self.fs, root = fsspec.core.url_to_fs(url)
+        self.root = root.rstrip("/") or "/"
+        self.local = isinstance(self.fs, LocalFileSystem)
+        """Local paths (NFS included) have atomic rename and fsync; other stores do not."""
+
+    def path(self, *names: str) -> str:
+        return "/".join([self.root, *names])
+
+    def show(self, *names: str) -> str:
+        return "/".join([self.url, *names])
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
+        except FileNotFoundError:
+            return []
+
+    def steps(self) -> list[str]:
+        """Step directory names on the remote, oldest first (with or without a manifest)."""
+        return sorted((n for n in self.names() if is_step_name(n)), key=step_of)
+
+    def size(self, *names: str) -> int | None:
+        try:
+            return int(self.fs.size(self.path(*names)))
+        except FileNotFoundError:
+            return None
+
+    def sha256(self, *names: str) -> str:
+        with self.fs.open(self.path(*names), "rb") as f:
+            return _sha256_stream(f)
+
+    def cat(self, path: str, max_bytes: int) -> bytes:
+        """A small file of the remote; a local one read as untrusted (minilmd/untrusted.py: never a FIFO nobody
+        writes, a link to /dev/zero or more than max_bytes). Raises FileNotFoundError, Unreadable or OSError."""
+        if not self.local:
+            return self.fs.cat_file(path)
+        try:
+            return read_bytes(path, max_bytes=max_bytes)
+        except Unreadable as e:
+            if e.missing:
+                raise FileNotFoundError(path) from None
+            raise e.os_error or e from None  # a failing mount stays an OSError: the remote is retried
+
+    def read_text(self, *names: str) -> str | None:
+        try:  # a pointer: a name; none when it is not a small regular file (as checkpoint_dirs.read_latest)
+            return self.cat(self.path(*names), POINTER_MAX_BYTES).decode("utf-8", errors="replace")
+        except (FileNotFoundError, Unreadable):
+            return None
+
+    def manifest(self, name: str) -> dict | None:
+        return self.manifest_or_problems(name)[0]
+
+    def manifest_or_problems(self, name: str) -> tuple[dict | None, list[str]]:
+        """(the manifest of a remote checkpoint, []) or (None, what is wrong with it: [] when there is none, which
+        on a store without rename is a copy in progress). Parsed as untrusted: depth bounded, its shape checked."""
+        try:
+            raw = self.cat(self.path(name, MANIFEST), MANIFEST_MAX_BYTES)
+        except FileNotFoundError:
+            return None, []
+        except Unreadable as e:
+            return None, [f"cannot read {MANIFEST}: {e.why}"]
+        try:
+            manifest = loads(raw, expect=None)
+        except Unreadable as e:
+            return None, [f"{MANIFEST} is not valid JSON: {e.why}"]
+        problems = ck.manifest_problems(manifest)
+        return (None, problems) if problems else (manifest, [])
+
+    def put(self, local: Path, *names: str) -> int:
+        with open(local, "rb") as src, self.fs.open(self.path(*names), "wb") as out:
+            n = 0
+            while chunk := src.read(CHUNK):
+                out.write(chunk)
+                n += len(chunk)
+            if self.local:
+                out.flush()
+                os.fsync(out.fileno())
+        return n
+
+    def get(self, names: tuple[str, ...], local: Path) -> str:
+        """Download to `local`, returning the sha256 of the bytes written."""
+        h = hashlib.sha256()
+        with self.fs.open(self.path(*names), "rb") as src, open(local, "wb") as out:
+            while chunk := src.read(CHUNK):
+                out.write(chunk)
+                h.update(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        return h.hexdigest()
+
+    def free(self) -> int | None:
+        """Bytes an unprivileged writer may still use here (None: not a local path, or not measurable)."""
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(self.root).free if self.local else None
+        return None
+
+    def makedirs(self, *names: str) -> None:
+        self.fs.makedirs(self.path(*names), exist_ok=True)
+
+    def rm(self, *names: str) -> None:
+        try:
+            self.fs.rm(self.path(*names), recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        """Publish a complete temporary directory under its final name, durably (local paths only: fsspec has no
+        atomic rename)."""
+        publish_dir(self.path(src), self.path(dst))
+
+    def write_latest(self, name: str, pointer: str = LATEST) -> None:
+        if self.local:
+            atomic_write_text(self.path(pointer), name + "\n")  # temp file, fsync, rename
+        else:
+            self.fs.pipe_file(self.path(pointer), (name + "\n").encode())  # one PUT: atomic on object stores
+
+    def not_regular(self, name: str, files) -> list[str]:
+        """The files of a local remote checkpoint that are there but are not regular files (a FIFO listed with
+        size 0 would block its hash and its download for ever): problems of the checkpoint, found before any of
+        it is opened. Nothing to look at on an object store, which holds only objects."""
+        if not self.local:
+            return []
+        return [f"{self.show(name, f)}: {kind}, not a regular file" for f in files
+                if (kind := not_regular(self.path(name, f)))]
+
+    def intact(self, name: str, full_hash: bool = False) -> tuple[dict | None, list[str]]:
+        """(manifest, problems) of a remote checkpoint; sizes always, sha256 when full_hash."""
+        manifest = self.manifest(name)
+        if manifest is None:
+            return None, [f"{self.show(name)}: no valid {MANIFEST}"]
+        odd = self.not_regular(name, manifest["files"])
+        if odd:
+            return manifest, odd
+        if full_hash:
+            return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f),
+                                                lambda f: self.sha256(name, f))
+        return manifest, table_problems(manifest["files"], lambda f: self.size(name, f), listed_in=MANIFEST)
