@@ -105,3 +105,14 @@ def test_the_status_sparkline_reads_the_end_of_metrics_and_gives_no_second_eta(t
     assert "ETA" not in line  # the step line above it has the run's one ETA (issue 24: two differed)
     assert curves.sparkline([1.0, 1.0]) == curves.SPARKS[0] * 2 and curves.sparkline([]) == ""
     assert curves.sparkline_line(tmp_path) is None  # nothing logged
+
+
+def test_plot_help_shows_the_extra_to_install(monkeypatch):
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    monkeypatch.setenv("COLUMNS", "200")  # one line, so the words are not wrapped apart
+    result = CliRunner().invoke(app, ["plot", "--help"])
+    assert result.exit_code == 0
+    assert "pip install 'minilmd[plot]'" in result.output  # rich markup once ate "[plot]" (issue 24)
