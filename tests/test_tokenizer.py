@@ -91,6 +91,7 @@ def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, demo_jsonl):
     done = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", *demo_jsonl,
                            "--vocab-size", "300", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    assert done.stdout == f"wrote {out}: vocabulary of 300\n"  # no empty progress-bar lines when piped (issue 24)
     assert json.loads(out.read_text())["added_tokens"][2]["content"] == "<|im_end|>"
     assert load_tokenizer(out).get_vocab_size() == 300
 

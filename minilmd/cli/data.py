@@ -36,6 +36,7 @@ def tokenizer_train_command(
 ) -> None:
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind)."""
     import itertools
+    import sys
 
     from minilmd.corpus.sources.jsonl import InputError, iter_texts
     from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
@@ -45,7 +46,8 @@ def tokenizer_train_command(
     if max_docs > 0:
         texts = itertools.islice(texts, max_docs)
     try:
-        tok = train_tokenizer(texts, vocab_size, out, show_progress=True)
+        # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
+        tok = train_tokenizer(texts, vocab_size, out, show_progress=sys.stdout.isatty())
     except (InputError, TokenizerError) as e:
         raise _data_error_exit(e) from None
     if bad:
