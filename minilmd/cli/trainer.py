@@ -119,7 +119,10 @@ def chat_command(
 ) -> None:
     """Talk to a fine-tuned checkpoint: each line on stdin is a user message, each reply is printed on stdout
     (`/reset` starts over, `/exit` or end of input ends). The conversation is rendered by the model's own chat
-    template; the oldest exchanges are dropped when it outgrows the model."""
+    template; the oldest exchanges are dropped when it outgrows the model.
+
+    With stdin piped (`minilmd chat CKPT < questions.txt`) stdout is a transcript: each message as `> MESSAGE`,
+    then its reply, then an empty line."""
     import sys
 
     from minilmd.trainer.model.chat import ChatSession, converse, interactive_prompt
@@ -128,7 +131,7 @@ def chat_command(
     try:
         session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
                               seed, lora or None, no_lora)
-        converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt())
+        converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt(), echo=not sys.stdin.isatty())
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd chat: {e}", err=True)
         raise typer.Exit(1) from None
