@@ -63,6 +63,31 @@ def test_sample_chat_prints_only_the_reply_and_a_text_model_is_refused(chat_chec
     assert refused.exit_code == 1 and "no chat template" in refused.output
 
 
+def ends_at_once(vocab_size: int):
+    """A tiny model whose every next token is <|im_end|>: the layers add nothing, the final norm keeps only
+    dimension 0, where every token's embedding is 1 and <|im_end|>'s 2 (the head is tied to the embedding)."""
+    model = tiny_model(seed=3, vocab_size=vocab_size)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        model.model.embed_tokens.weight[EOS_ID, 0] = 2.0
+    return model
+
+
+def test_sample_chat_says_empty_reply_when_the_model_ends_at_once(chat_corpus, tmp_path):
+    root, vocab = chat_corpus
+    ckpt = save_checkpoint(tmp_path / "eos", ends_at_once(vocab), step=0, tokenizer=root / "tokenizer.json")
+    assert ChatSession(ckpt, device="cpu", temperature=0).reply([u("你好")]) == ""
+    got = CliRunner().invoke(app, ["sample", str(ckpt), "--chat", "--prompt", "你好", "--temperature", "0",
+                                   "--device", "cpu"])
+    assert got.exit_code == 0, got.output
+    assert got.output == "(empty reply)\n"  # not an empty line that looks like a hang (issue 24)
+
+
 class ScriptedSession:
     """A ChatSession's `reply` without a model: the given replies in turn, and the conversations it was asked."""
 
@@ -82,6 +107,9 @@ def test_a_piped_chat_prints_a_transcript_that_delimits_every_turn():
     assert converse(session, ["hi\n", "\n", "/reset\n", "and you?\n", "/exit\n", "unread\n"], out,
                     echo=True) == 2  # type: ignore[arg-type]
     assert out.getvalue() == "> hi\nline one\nline two\n\n> /reset\n\n> and you?\nfine\n\n"
+    empty = io.StringIO()
+    converse(ScriptedSession([" \n"]), ["hi\n"], empty, echo=True)  # type: ignore[arg-type]
+    assert empty.getvalue() == "> hi\n(empty reply)\n\n"
     assert session.asked[1] == [u("and you?")]  # /reset forgot the first exchange
     typed = io.StringIO()  # at a terminal: the replies alone, the person saw what they typed
     converse(ScriptedSession(["a", "b"]), ["x\n", "y\n"], typed)  # type: ignore[arg-type]

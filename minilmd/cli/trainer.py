@@ -75,7 +75,8 @@ def sample(
     seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     chat: bool = typer.Option(False, "--chat", help="Render --prompt as a user message with the model's chat "
-                              "template and print only the reply (it stops at <|im_end|>)."),
+                              "template and print only the reply (it stops at <|im_end|>; one that ends at once "
+                              "prints (empty reply))."),
     system: str = typer.Option("", "--system", help="With --chat: a system message before the prompt."),
     lora: str = typer.Option("", "--lora", help=LORA_HELP),
     no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
@@ -86,13 +87,13 @@ def sample(
 
     try:
         if chat:
-            from minilmd.trainer.model.chat import ChatSession
+            from minilmd.trainer.model.chat import ChatSession, shown
 
             session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
                                   seed, lora or None, no_lora)
             messages = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": prompt}]
-            typer.echo(session.reply(messages))
+            typer.echo(shown(session.reply(messages)))  # "(empty reply)" rather than nothing
             return
         text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
                            seed, device, lora or None, no_lora)

@@ -106,13 +106,23 @@ def converse(session: ChatSession, lines: Iterable[str], out: TextIO, system: st
             messages.append({"role": "user", "content": text})
             answer = session.reply(messages)
             messages.append({"role": "assistant", "content": answer})
-            out.write(answer + "\n" + ("\n" if echo else ""))
+            out.write(shown(answer) + "\n" + ("\n" if echo else ""))
             out.flush()
             replies += 1
         if prompt:
             prompt.write("> ")
             prompt.flush()
     return replies
+
+
+EMPTY_REPLY = "(empty reply)"
+"""What is printed for a reply with nothing to show (the model ended it at once): printing nothing looked like a
+hang or a crash."""
+
+
+def shown(answer: str) -> str:
+    """A reply as printed: itself, or EMPTY_REPLY when it is empty or only white space."""
+    return answer if answer.strip() else EMPTY_REPLY
 
 
 def interactive_prompt() -> TextIO | None:
