@@ -162,3 +162,14 @@ def test_lora_run_trains_adapters_only_resumes_bit_exact_and_checks_its_base(tmp
     save_checkpoint(base_ckpt.parent, tiny_model(seed=6, vocab_size=vocab), step=4)
     with pytest.raises(checkpoint.CheckpointMismatch, match="were trained on the base .* init.from now gives"):
         Trainer(load_config(killed), Dist(0, 1, 0, torch.device("cpu")))
+
+
+def test_a_missing_lora_base_is_named_not_blamed_on_the_model_or_optimizer(tmp_path, corpus):
+    missing = tmp_path / "no-such-base" / "checkpoints"
+    config = write_config(tmp_path, corpus, name="orphan", init={"from": str(missing)},
+                          lora={"rank": 4, "alpha": 8.0, "targets": ["q_proj"]}, train={"max_steps": 2})
+    with pytest.raises(ConfigError) as e:
+        Trainer(load_config(config), Dist(0, 1, 0, torch.device("cpu")))
+    assert e.value.problems == [f"init.from = '{missing}': no such file or directory (the base this LoRA run "
+                                "trains its adapters on)"]
+    assert "refused the config" not in str(e.value)  # issue 24: it once read as the model's or optimizer's doing

@@ -118,6 +118,8 @@ class Trainer:
                 start_lora(self)
             self.model.to(self.device)
             self.optimizer = build_optimizer(self.model, cfg, self.device)
+        except ConfigError:  # a LoRA base that init.from cannot give: its own words, which name it
+            raise
         except ValueError as e:  # torch refusing a value of the config ("Invalid learning rate"): the same next time
             raise ConfigError([f"the model or its optimizer refused the config: {e}"], cfg.source) from e
         self.step, self.tokens_seen = 0, 0
