@@ -116,7 +116,7 @@ def _file_sha(path) -> str:
 
 
 @pytest.mark.slow
-def test_lora_run_trains_adapters_only_resumes_bit_exact_and_checks_its_base(tmp_path, corpus):
+def test_lora_run_trains_adapters_only_resumes_bit_exact_and_checks_its_base(tmp_path, corpus, capsys):
     _, vocab = corpus
     base_model = tiny_model(seed=5, vocab_size=vocab)
     base_ckpt = save_checkpoint(tmp_path / "base" / "checkpoints", base_model, step=2)
@@ -138,6 +138,11 @@ def test_lora_run_trains_adapters_only_resumes_bit_exact_and_checks_its_base(tmp
     adapter = load_file(final / MODEL_FILE)
     assert {k: tuple(v.shape) for k, v in adapter.items()} == expected_adapter_shapes(cfg.model, cfg.lora)
     full = sum(math.prod(s) for s in expected_state_shapes(cfg.model).values())
+    trainable = sum(math.prod(s) for s in expected_adapter_shapes(cfg.model, cfg.lora).values())
+    full_tied = sum(p.numel() for p in base_model.parameters())  # the tied head once, as the trainer counts
+    # the adapters apart from the frozen base they ride on (issue 24: "training <the total> parameters")
+    said = f"training {trainable:,} of {full_tied + trainable:,} parameters (LoRA) on cpu x 1"
+    assert said in capsys.readouterr().out
     assert (final / MODEL_FILE).stat().st_size < 0.25 * 4 * full  # a fraction of the fp32 base
     assert state["init"]["manifest_sha256"] == _file_sha(base_ckpt / "manifest.json")
     assert any(float(v.abs().max()) > 0 for k, v in adapter.items() if "lora_B" in k)  # it did train

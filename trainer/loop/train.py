@@ -346,7 +346,11 @@ class Trainer:
         t = self.cfg.train
         self.last_saved_step, self.last_save_time = self.step, time.monotonic()
         if self.dist.is_main:
-            print(f"minilmd: training {self.model.num_parameters():,} parameters on {self.device} x "
+            total = self.model.num_parameters()
+            trained = f"{total:,} parameters"
+            if self.cfg.lora.enabled:  # the frozen base is most of the total: say how much of it trains
+                trained = f"{sum(p.numel() for p in self.model.parameters() if p.requires_grad):,} of {trained} (LoRA)"
+            print(f"minilmd: training {trained} on {self.device} x "
                   f"{self.dist.world_size}, {self.cfg.data.mode} rows of {t.seq_len}, global batch "
                   f"{self.global_batch} rows, steps {self.step} -> {self.total_steps}", flush=True)
             if self.sft_defaults:
