@@ -150,6 +150,10 @@ def export(
     dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
     merge: bool = typer.Option(False, "--merge", help="A LoRA checkpoint with --format hf or minimind: the full "
                                "weights, its adapters merged into its base."),
+    base_name: str = typer.Option("", "--base-name", help="peft only: the adapter_config.json's "
+                                  "base_model_name_or_path, what AutoPeftModelForCausalLM loads the base from: the "
+                                  "base's --format hf export (its path) or a hub id (default: the minilmd "
+                                  "checkpoint of the base, which transformers cannot load)."),
     share: str = typer.Option("private", "--share", help="Who may read the export: private (0700/0600), "
                                                          "group (0750/0640) or all (0755/0644); your umask only "
                                                          "tightens it."),
@@ -182,9 +186,13 @@ def export(
         elif format == "peft":
             from minilmd.trainer.model.adapter import export_peft
 
-            path = export_peft(checkpoint, out)
-            typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
-                       f"{str(path)!r})")
+            path = export_peft(checkpoint, out, base_name)
+            if base_name:
+                typer.echo(f"wrote {path}: AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) (its base: "
+                           f"{base_name})")
+            else:
+                typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
+                           f"{str(path)!r}); --base-name names that base for AutoPeftModelForCausalLM")
         else:
             raise ExportError(f"--format {format!r}: use minimind, hf or peft")
     except ExportError as e:
