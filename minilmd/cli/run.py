@@ -29,6 +29,9 @@ def run_command(
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
+        if wait := _init_wait(cfg):
+            typer.echo(f"  it will wait for init.from = {cfg.init.from_!r}: {wait}; its final checkpoint is "
+                       f"checked when that run has finished")
         from minilmd.update_share import share_lines
 
         for line in share_lines(cfg):
@@ -37,3 +40,15 @@ def run_command(
     from minilmd.daemon.supervisor import run_supervisor
 
     raise typer.Exit(run_supervisor(config, set_))
+
+
+def _init_wait(cfg) -> str:
+    """Why a launch would first wait in waiting_init (the run init.from names has not finished: the check passes
+    without its final checkpoint), as the supervisor decides it (daemon/phases/initwait.py); "" when it would not."""
+    from minilmd.daemon.phases.initwait import must_wait
+    from minilmd.init_source import predecessor, predecessor_outcome
+
+    if not must_wait(cfg):
+        return ""
+    pred = predecessor(cfg.init.from_)
+    return predecessor_outcome(pred)[1] if pred is not None else ""
