@@ -144,7 +144,7 @@ def test_count_table_columns_align_by_display_width_with_cjk_patterns():
     # a terminal shows a CJK character two columns wide: every row is as wide, every number column starts at the
     # same column, the one after the widest pattern (10: "我是阿里云") and two spaces (issue 24)
     assert {display_width(row) for row in table} == {display_width(table[0])}
-    for row, first in zip(table, ["pattern", "我是阿里云", "ab", "Ｆｕｌｌ"]):
+    for row, first in zip(table, ["pattern", "我是阿里云", "ab", "Ｆｕｌｌ"], strict=True):
         assert row.startswith(first)
         rest = row[len(first):]
         assert display_width(first) + len(rest) - len(rest.lstrip(" ")) == 10 + 2 + 12 - len(rest.split()[0]), row
