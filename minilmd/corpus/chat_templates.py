@@ -65,9 +65,10 @@ def template_text(spec: str) -> str:
             config = loads_bounded(text)
         except ValueError as e:
             raise ChatTemplateError(f"--chat-template {spec}: not readable JSON ({e})") from None
-        text = config.get("chat_template") if isinstance(config, dict) else None
-        if not isinstance(text, str):
+        found = config.get("chat_template") if isinstance(config, dict) else None
+        if not isinstance(found, str):
             raise ChatTemplateError(f"--chat-template {spec}: no \"chat_template\" string in it")
+        text = found
     if not text.strip():
         raise ChatTemplateError(f"--chat-template {spec}: empty")
     return text
