@@ -116,6 +116,7 @@ def test_cli_tokenizer_train_max_docs_reads_only_the_first_documents(tmp_path):
     assert all(set("".join(m if isinstance(m, str) else "".join(m))) <= set("ab ") for m in merges)
 
 
+@pytest.mark.slow  # three tokenizers trained and a chat corpus prepared: ~2 s
 def test_tokenizer_train_chat_template_makes_a_tokenizer_prepare_format_chat_takes(tmp_path, demo_jsonl):
     """issue 24: a tokenizer from `tokenizer train` had no chat template, so `prepare --format chat` with it failed."""
     from typer.testing import CliRunner
@@ -149,12 +150,19 @@ def test_tokenizer_train_chat_template_makes_a_tokenizer_prepare_format_chat_tak
         assert done.exit_code == 0, done.output
         assert json.loads(out.with_name("tokenizer_config.json").read_text())["chat_template"] == own
 
-    # a template that does not compile, or a name that is none: exit 2 before any training, nothing written
+
+def test_tokenizer_train_refuses_a_chat_template_that_does_not_load_before_it_trains(tmp_path, demo_jsonl):
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
     (tmp_path / "broken.jinja").write_text("{{ broken")
-    for given in (str(tmp_path / "broken.jinja"), "chatml-of-nowhere"):
-        refused = runner.invoke(app, [*train, "--out", str(tmp_path / "no" / "t.json"), "--chat-template", given])
+    (tmp_path / "no_template.json").write_text('{"bos_token": "<s>"}')
+    for given in (str(tmp_path / "broken.jinja"), str(tmp_path / "no_template.json"), "chatml-of-nowhere"):
+        refused = CliRunner().invoke(app, ["tokenizer", "train", *demo_jsonl, "--out", str(tmp_path / "no" / "t.json"),
+                                           "--chat-template", given])
         assert refused.exit_code == 2 and f"--chat-template {given}:" in refused.output, refused.output
-        assert not (tmp_path / "no").exists()
+        assert not (tmp_path / "no").exists()  # exit 2 before any training: nothing written
 
 
 MINIMIND_CONFIG = MINIMIND_TOKENIZER.parent / "tokenizer_config.json"
