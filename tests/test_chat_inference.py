@@ -108,8 +108,8 @@ def test_a_piped_chat_prints_a_transcript_that_delimits_every_turn():
                     echo=True) == 2  # type: ignore[arg-type]
     assert out.getvalue() == "> hi\nline one\nline two\n\n> /reset\n\n> and you?\nfine\n\n"
     empty = io.StringIO()
-    converse(ScriptedSession([" \n"]), ["hi\n"], empty, echo=True)  # type: ignore[arg-type]
-    assert empty.getvalue() == "> hi\n(empty reply)\n\n"
+    converse(ScriptedSession(["", "\n"]), ["hi\n", "again\n"], empty, echo=True)  # type: ignore[arg-type]
+    assert empty.getvalue() == "> hi\n(empty reply)\n\n> again\n\n\n\n"  # white space is the model's own
     assert session.asked[1] == [u("and you?")]  # /reset forgot the first exchange
     typed = io.StringIO()  # at a terminal: the replies alone, the person saw what they typed
     converse(ScriptedSession(["a", "b"]), ["x\n", "y\n"], typed)  # type: ignore[arg-type]

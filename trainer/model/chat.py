@@ -116,13 +116,13 @@ def converse(session: ChatSession, lines: Iterable[str], out: TextIO, system: st
 
 
 EMPTY_REPLY = "(empty reply)"
-"""What is printed for a reply with nothing to show (the model ended it at once): printing nothing looked like a
+"""What is printed for an empty reply (the model ended it at once): printing nothing looked like a
 hang or a crash."""
 
 
 def shown(answer: str) -> str:
-    """A reply as printed: itself, or EMPTY_REPLY when it is empty or only white space."""
-    return answer if answer.strip() else EMPTY_REPLY
+    """A reply as printed: itself (white space too: the model's own), or EMPTY_REPLY when it is empty."""
+    return answer if answer else EMPTY_REPLY
 
 
 def interactive_prompt() -> TextIO | None:
