@@ -1,6 +1,9 @@
 """The size of a LoRA checkpoint of MiniMind-3 (768 x 8, 63.9M), rank 8 on all seven targets, measured with the real
-code: the model, the adapters, one AdamW step, a real checkpoint save. `.venv/bin/python scripts/lora_size.py`."""
+code: the model, the adapters, one AdamW step, a real checkpoint save.
+`.venv/bin/python scripts/lora_size.py [TOKENIZER.json]`: with a tokenizer, the checkpoint carries its copy (and the
+tokenizer_config.json beside it, a chat corpus's template), as every checkpoint of a run does."""
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -24,6 +27,7 @@ model(ids, labels=ids).loss.backward()
 opt.step()
 root = Path(tempfile.mkdtemp(prefix="lora-size-"))
 ck = ckpt_io.save(root, 1, adapter_state_dict(model), opt.state_dict(), {"step": 1, "config": cfg.to_dict()},
+                  tokenizer=sys.argv[1] if len(sys.argv) > 1 else None,
                   param_names=ckpt_io.optimizer_param_names(model, opt))
 sizes = {p.name: p.stat().st_size for p in ck.iterdir()}
 shutil.rmtree(root)

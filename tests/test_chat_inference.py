@@ -15,7 +15,7 @@ from chat_helpers import a, s, u
 from minilmd.checkpoint import validate
 from minilmd.cli import app
 from minilmd.protocol import EOS_ID
-from minilmd.trainer.model.chat import MIN_REPLY_TOKENS, ChatSession, reply_ids
+from minilmd.trainer.model.chat import MIN_REPLY_TOKENS, ChatSession, converse, reply_ids
 from weights_helpers import save_checkpoint, tiny_model
 
 torch.set_num_threads(1)
@@ -63,6 +63,59 @@ def test_sample_chat_prints_only_the_reply_and_a_text_model_is_refused(chat_chec
     assert refused.exit_code == 1 and "no chat template" in refused.output
 
 
+def ends_at_once(vocab_size: int):
+    """A tiny model whose every next token is <|im_end|>: the layers add nothing, the final norm keeps only
+    dimension 0, where every token's embedding is 1 and <|im_end|>'s 2 (the head is tied to the embedding)."""
+    model = tiny_model(seed=3, vocab_size=vocab_size)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        model.model.embed_tokens.weight[EOS_ID, 0] = 2.0
+    return model
+
+
+def test_sample_chat_says_empty_reply_when_the_model_ends_at_once(chat_corpus, tmp_path):
+    root, vocab = chat_corpus
+    ckpt = save_checkpoint(tmp_path / "eos", ends_at_once(vocab), step=0, tokenizer=root / "tokenizer.json")
+    assert ChatSession(ckpt, device="cpu", temperature=0).reply([u("你好")]) == ""
+    got = CliRunner().invoke(app, ["sample", str(ckpt), "--chat", "--prompt", "你好", "--temperature", "0",
+                                   "--device", "cpu"])
+    assert got.exit_code == 0, got.output
+    assert got.output == "(empty reply)\n"  # not an empty line that looks like a hang (issue 24)
+
+
+class ScriptedSession:
+    """A ChatSession's `reply` without a model: the given replies in turn, and the conversations it was asked."""
+
+    def __init__(self, replies: list[str]):
+        self.replies, self.asked = list(replies), []
+
+    def reply(self, messages: list[dict]) -> str:
+        self.asked.append(list(messages))
+        return self.replies.pop(0)
+
+
+def test_a_piped_chat_prints_a_transcript_that_delimits_every_turn():
+    import io
+
+    out = io.StringIO()
+    session = ScriptedSession(["line one\nline two", "fine"])
+    assert converse(session, ["hi\n", "\n", "/reset\n", "and you?\n", "/exit\n", "unread\n"], out,
+                    echo=True) == 2  # type: ignore[arg-type]
+    assert out.getvalue() == "> hi\nline one\nline two\n\n> /reset\n\n> and you?\nfine\n\n"
+    empty = io.StringIO()
+    converse(ScriptedSession(["", "\n"]), ["hi\n", "again\n"], empty, echo=True)  # type: ignore[arg-type]
+    assert empty.getvalue() == "> hi\n(empty reply)\n\n> again\n\n\n\n"  # white space is the model's own
+    assert session.asked[1] == [u("and you?")]  # /reset forgot the first exchange
+    typed = io.StringIO()  # at a terminal: the replies alone, the person saw what they typed
+    converse(ScriptedSession(["a", "b"]), ["x\n", "y\n"], typed)  # type: ignore[arg-type]
+    assert typed.getvalue() == "a\nb\n"
+
+
 @pytest.mark.slow  # a real `minilmd chat` process (imports torch)
 def test_minilmd_chat_answers_each_stdin_line_with_the_conversation_so_far(chat_checkpoint):
     session = ChatSession(chat_checkpoint, device="cpu", max_new_tokens=8, temperature=0)
@@ -80,7 +133,10 @@ def test_minilmd_chat_answers_each_stdin_line_with_the_conversation_so_far(chat_
                           input="你好\nhow are you?\n\n/reset\n再来\n/exit\n没有回答\n", capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "".join(r + "\n" for r in want)
+    # piped: a transcript, each message echoed after "> ", its reply, an empty line (issue 24)
+    questions = ["你好", "how are you?", "/reset", "再来"]
+    assert proc.stdout == "".join(f"> {q}\n" + (f"{want.pop(0)}\n" if q != "/reset" else "") + "\n"
+                                  for q in questions)
     assert "> " not in proc.stderr  # no prompt on a pipe
 
 

@@ -22,9 +22,8 @@ from minilmd.protocol import BOS_ID, EOS_ID
 
 
 def _prepare(sources, tok_dir, out, **kw):
-    kw = {"val_fraction": 0.0, "seq_len": 128, "batch_size": 4, "workers": 0, **kw}
-    return prepare([str(p) for p in sources], tok_dir, out, data_format="chat", progress=False, log=lambda m: None,
-                   **kw)
+    kw = {"val_fraction": 0.0, "seq_len": 128, "batch_size": 4, "workers": 0, "log": lambda m: None, **kw}
+    return prepare([str(p) for p in sources], tok_dir, out, data_format="chat", progress=False, **kw)
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -243,3 +242,24 @@ def test_demo_corpus_chat_writes_alternating_dialogs_that_end_with_a_reply(tmp_p
     for c in conversations + whole:
         assert [m["role"] for m in c] == ["user", "assistant"] * (len(c) // 2) and len(c) % 2 == 0
         assert all(isinstance(m["content"], str) and m["content"] for m in c)
+
+
+def test_a_val_split_of_few_conversations_is_warned_of_with_the_fraction_that_gives_enough(chat_tokenizer, tmp_path):
+    from minilmd.corpus.chat import canonical
+    from minilmd.corpus.prepare.block import split_is_val
+    from minilmd.corpus.prepare.meta import MIN_VAL_CONVERSATIONS
+
+    conversations = [[u(f"问题 {i}"), a(f"回答 {i}")] for i in range(300)]
+    in_val = sum(split_is_val(canonical(c), 0.02) for c in conversations)  # the hand count of the split rule
+    assert 0 < in_val < MIN_VAL_CONVERSATIONS
+    src = write_chat_jsonl(tmp_path / "few.jsonl", conversations)
+    said: list[str] = []
+    meta = _prepare([src], chat_tokenizer, tmp_path / "few", val_fraction=0.02, log=said.append)
+    assert meta["splits"]["val"]["documents"] == in_val
+    warning = [line for line in said if line.startswith("warning: val holds only")]
+    assert warning == [f"warning: val holds only {in_val} of 300 conversations (val fraction 0.02): its loss, which "
+                       f"early stopping and the best checkpoint follow, is that few conversations' noise; "
+                       f"--val-fraction {MIN_VAL_CONVERSATIONS / 300:.2g} gives about {MIN_VAL_CONVERSATIONS}"]
+    enough: list[str] = []
+    _prepare([src], chat_tokenizer, tmp_path / "enough", val_fraction=0.4, log=enough.append)
+    assert not [line for line in enough if "val holds only" in line]  # ~120 conversations: no warning

@@ -130,3 +130,21 @@ def test_cli_and_chinchilla(tmp_path, corpus):
     parts = scan.run(corpus7, CountTask(["字", "行"]), workers=2)
     assert len(parts) == 7
     assert [sum(p.occurrences[i] for p in parts) for i in (0, 1)] == [sum(i % 37 for i in range(500)), 500]
+
+
+
+def test_count_table_columns_align_by_display_width_with_cjk_patterns():
+    from minilmd.corpus.analysis.count import display_width, format_count
+
+    patterns = [{"pattern": p, "occurrences": o, "documents": d, "examples": []}
+                for p, o, d in [("我是阿里云", 3, 2), ("ab", 12, 5), ("Ｆｕｌｌ", 1, 1)]]
+    table = format_count({"corpus": "c.jsonl", "kind": "jsonl", "documents": 10, "bad_lines": 0,
+                          "patterns": patterns}).splitlines()[1:]
+    assert display_width("我是a") == 5 and display_width("Ｆ") == 2 and display_width("é") == 1
+    # a terminal shows a CJK character two columns wide: every row is as wide, every number column starts at the
+    # same column, the one after the widest pattern (10: "我是阿里云") and two spaces (issue 24)
+    assert {display_width(row) for row in table} == {display_width(table[0])}
+    for row, first in zip(table, ["pattern", "我是阿里云", "ab", "Ｆｕｌｌ"], strict=True):
+        assert row.startswith(first)
+        rest = row[len(first):]
+        assert display_width(first) + len(rest) - len(rest.lstrip(" ")) == 10 + 2 + 12 - len(rest.split()[0]), row

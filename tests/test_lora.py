@@ -116,7 +116,7 @@ def _file_sha(path) -> str:
 
 
 @pytest.mark.slow
-def test_lora_run_trains_adapters_only_resumes_bit_exact_and_checks_its_base(tmp_path, corpus):
+def test_lora_run_trains_adapters_only_resumes_bit_exact_and_checks_its_base(tmp_path, corpus, capsys):
     _, vocab = corpus
     base_model = tiny_model(seed=5, vocab_size=vocab)
     base_ckpt = save_checkpoint(tmp_path / "base" / "checkpoints", base_model, step=2)
@@ -138,6 +138,11 @@ def test_lora_run_trains_adapters_only_resumes_bit_exact_and_checks_its_base(tmp
     adapter = load_file(final / MODEL_FILE)
     assert {k: tuple(v.shape) for k, v in adapter.items()} == expected_adapter_shapes(cfg.model, cfg.lora)
     full = sum(math.prod(s) for s in expected_state_shapes(cfg.model).values())
+    trainable = sum(math.prod(s) for s in expected_adapter_shapes(cfg.model, cfg.lora).values())
+    full_tied = sum(p.numel() for p in base_model.parameters())  # the tied head once, as the trainer counts
+    # the adapters apart from the frozen base they ride on (issue 24: "training <the total> parameters")
+    said = f"training {trainable:,} of {full_tied + trainable:,} parameters (LoRA) on cpu x 1"
+    assert said in capsys.readouterr().out
     assert (final / MODEL_FILE).stat().st_size < 0.25 * 4 * full  # a fraction of the fp32 base
     assert state["init"]["manifest_sha256"] == _file_sha(base_ckpt / "manifest.json")
     assert any(float(v.abs().max()) > 0 for k, v in adapter.items() if "lora_B" in k)  # it did train
@@ -162,3 +167,14 @@ def test_lora_run_trains_adapters_only_resumes_bit_exact_and_checks_its_base(tmp
     save_checkpoint(base_ckpt.parent, tiny_model(seed=6, vocab_size=vocab), step=4)
     with pytest.raises(checkpoint.CheckpointMismatch, match="were trained on the base .* init.from now gives"):
         Trainer(load_config(killed), Dist(0, 1, 0, torch.device("cpu")))
+
+
+def test_a_missing_lora_base_is_named_not_blamed_on_the_model_or_optimizer(tmp_path, corpus):
+    missing = tmp_path / "no-such-base" / "checkpoints"
+    config = write_config(tmp_path, corpus, name="orphan", init={"from": str(missing)},
+                          lora={"rank": 4, "alpha": 8.0, "targets": ["q_proj"]}, train={"max_steps": 2})
+    with pytest.raises(ConfigError) as e:
+        Trainer(load_config(config), Dist(0, 1, 0, torch.device("cpu")))
+    assert e.value.problems == [f"init.from = '{missing}': no such file or directory (the base this LoRA run "
+                                "trains its adapters on)"]
+    assert "refused the config" not in str(e.value)  # issue 24: it once read as the model's or optimizer's doing

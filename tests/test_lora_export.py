@@ -57,6 +57,11 @@ def test_peft_round_trip_merge_and_switching_the_adapter(tmp_path, corpus):
     assert len(keys) == 2 * len(ALL) * cfg.model.num_hidden_layers
     peft_cfg = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert (peft_cfg["r"], peft_cfg["lora_alpha"], peft_cfg["target_modules"]) == (4, 8.0, ALL)
+    assert peft_cfg["base_model_name_or_path"] == str(base)  # the minilmd checkpoint: transformers cannot load it
+    said = invoke("export", adapter, "--format", "peft", "--out", tmp_path / "auto", "--base-name", tmp_path / "hf")
+    assert "AutoPeftModelForCausalLM.from_pretrained(" in said  # issue 24: the base named for AutoPeft
+    auto_cfg = json.loads((tmp_path / "auto" / "adapter_config.json").read_text())
+    assert auto_cfg == {**peft_cfg, "base_model_name_or_path": str(tmp_path / "hf")}
 
     ids = torch.randint(3, vocab, (2, 24))
     ours, _ = load_model(adapter)
@@ -75,6 +80,10 @@ def test_peft_round_trip_merge_and_switching_the_adapter(tmp_path, corpus):
         assert torch.equal(switched_off(ids).logits, plain(ids).logits)
         with peft_model.disable_adapter():
             torch.testing.assert_close(peft_model(input_ids=ids).logits, plain(ids).logits, atol=1e-4, rtol=1e-4)
+        from peft import AutoPeftModelForCausalLM
+
+        auto = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "auto").eval()  # finds its base by itself
+        torch.testing.assert_close(auto(input_ids=ids).logits, want, atol=1e-4, rtol=1e-4)
 
     other = save_checkpoint(tmp_path / "other", tiny_model(seed=9, vocab_size=vocab), step=1)
     with pytest.raises(ExportError, match="trained on the base"):

@@ -77,8 +77,41 @@ def test_the_plot_draws_what_the_curves_hold_for_two_runs_against_tokens(tmp_pat
                                      ("b", 30 * 128.0, "sigbus"), ("b", 41 * 128.0, "supervisor")]
     assert summary.sync_spans == [("a", 10.0, 15.0), ("b", 10.0, 15.0)]  # in steps, as curves.py gave them
     assert summary.epoch_marks == [("a", 25 * 128.0), ("a", 50 * 128.0), ("b", 25 * 128.0), ("b", 50 * 128.0)]
+    # issue 24: whose each restart is, one label where they coincide, and a legend over no panel
+    assert summary.restart_labels == [(30 * 128.0, "a: sigbus, b: sigbus"),
+                                      (41 * 128.0, "a: supervisor, b: supervisor")]
+    assert summary.legend_overlaps == []
     with pytest.raises(ValueError, match="png or .svg"):
         plot([a], tmp_path / "ab.jpg")
+
+
+def test_a_stopped_and_relaunched_run_is_marked_stop_and_a_killed_supervisor_supervisor(tmp_path):
+    run_dir = resumed_run(tmp_path)
+    write_lines(run_dir / names.EVENTS, [  # after the finish at 60: stopped at 70, then launched again
+        {"time": 1061.0, "event": "exit", "message": "supervisor exits with status 0 (done)", "exit": 0},
+        {"time": 1062.0, "event": "start", "message": "supervisor pid 3 owns ..."},
+        {"time": 1070.0, "event": "child_exit", "message": "...", "cause": "stopped", "exit": 75, "step": 70},
+        {"time": 1071.0, "event": "exit", "message": "supervisor exits with status 0 (done)", "exit": 0},
+        {"time": 1072.0, "event": "start", "message": "supervisor pid 4 owns ..."},
+        {"time": 1073.0, "event": "start", "message": "supervisor pid 5 owns ..."},  # pid 4 killed: no exit
+    ])
+    causes = [m.cause for m in curves.load(run_dir).restarts]
+    assert causes == ["sigbus", "supervisor", "exit 0", "stop", "supervisor"]  # issue 24: a stop read "supervisor"
+
+
+@pytest.mark.slow
+def test_restarts_at_one_step_share_one_label_and_the_legend_covers_no_panel(tmp_path):
+    pytest.importorskip("matplotlib")
+    from minilmd.daemon.views.plot import plot
+
+    run_dir = resumed_run(tmp_path)
+    write_lines(run_dir / names.EVENTS, [
+        {"time": 1050.0, "event": "child_exit", "message": "...", "cause": cause, "exit": -9, "step": 50}
+        for cause in ("sigkill", "hang", "sigkill")] + [
+        {"time": 1050.5, "event": "child_exit", "message": "...", "cause": "oom", "exit": 76, "step": 50.5}])
+    summary = plot([run_dir], tmp_path / "r.svg")
+    assert summary.restart_labels == [(30.0, "sigbus"), (41.0, "supervisor"), (50.0, "sigkill x2, hang, oom")]
+    assert summary.legend_overlaps == []
 
 
 def test_without_matplotlib_plot_says_how_to_install_it(tmp_path, monkeypatch):
@@ -105,3 +138,14 @@ def test_the_status_sparkline_reads_the_end_of_metrics_and_gives_no_second_eta(t
     assert "ETA" not in line  # the step line above it has the run's one ETA (issue 24: two differed)
     assert curves.sparkline([1.0, 1.0]) == curves.SPARKS[0] * 2 and curves.sparkline([]) == ""
     assert curves.sparkline_line(tmp_path) is None  # nothing logged
+
+
+def test_plot_help_shows_the_extra_to_install(monkeypatch):
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    monkeypatch.setenv("COLUMNS", "200")  # one line, so the words are not wrapped apart
+    result = CliRunner().invoke(app, ["plot", "--help"])
+    assert result.exit_code == 0
+    assert "pip install 'minilmd[plot]'" in result.output  # rich markup once ate "[plot]" (issue 24)

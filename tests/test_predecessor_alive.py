@@ -117,3 +117,24 @@ def test_a_waiting_stage_sees_its_predecessor_die_and_logs_only_changes(tmp_path
         stopped = cli("stop", str(first_dir), timeout=180)  # the orphaned trainer: SIGTERM, it saves and exits
         assert stopped.returncode in (0, 3), stopped
     assert "Traceback" not in Path(tmp_path / "lora.out").read_text()
+
+
+def test_check_of_a_stage_whose_predecessor_has_not_finished_says_it_will_wait_and_on_what(tmp_path, corpus):
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    first = write_config(tmp_path, corpus, name="pre")
+    second = write_config(tmp_path, corpus, name="sft", init={"from": str(first)})
+    not_started = CliRunner().invoke(app, ["run", "--check", str(second)])
+    assert not_started.exit_code == 0, not_started.output
+    pred_dir = load_config(first).run_dir
+    assert (f"waits: init.from = '{first}': run pre has not started ({pred_dir / names.STATE} not there "
+            f"yet)") in not_started.output  # issue 24: it said only OK
+    pred_dir.mkdir(parents=True)
+    atomic_write_json(pred_dir / names.STATE, {"phase": "training", "progress": {"step": 12}})
+    training = CliRunner().invoke(app, ["run", "--check", str(second)])
+    assert training.exit_code == 0, training.output
+    assert f"waits: init.from = '{first}': run pre is training at step 12;" in training.output
+    alone = CliRunner().invoke(app, ["run", "--check", str(first)])
+    assert alone.exit_code == 0 and "wait" not in alone.output  # no init.from: nothing to wait for

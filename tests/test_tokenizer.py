@@ -91,6 +91,7 @@ def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, demo_jsonl):
     done = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", *demo_jsonl,
                            "--vocab-size", "300", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    assert done.stdout == f"wrote {out}: vocabulary of 300\n"  # no empty progress-bar lines when piped (issue 24)
     assert json.loads(out.read_text())["added_tokens"][2]["content"] == "<|im_end|>"
     assert load_tokenizer(out).get_vocab_size() == 300
 
@@ -113,3 +114,70 @@ def test_cli_tokenizer_train_max_docs_reads_only_the_first_documents(tmp_path):
     merges = json.loads(out.read_text())["model"]["merges"]
     assert merges, "some merges were learned"
     assert all(set("".join(m if isinstance(m, str) else "".join(m))) <= set("ab ") for m in merges)
+
+
+@pytest.mark.slow  # three tokenizers trained and a chat corpus prepared: ~2 s
+def test_tokenizer_train_chat_template_makes_a_tokenizer_prepare_format_chat_takes(tmp_path, demo_jsonl):
+    """issue 24: a tokenizer from `tokenizer train` had no chat template, so `prepare --format chat` with it failed."""
+    from typer.testing import CliRunner
+
+    from chat_helpers import HAND_MADE, write_chat_jsonl
+    from minilmd.cli import app
+    from minilmd.corpus.chat import ChatTemplate
+    from minilmd.corpus.chat_templates import MINIMIND_TEMPLATE
+
+    runner = CliRunner()
+    tok = tmp_path / "tok" / "tokenizer.json"
+    train = ["tokenizer", "train", *demo_jsonl, "--vocab-size", "300", "--max-docs", "300"]
+    done = runner.invoke(app, [*train, "--out", str(tok), "--chat-template", "minimind"])
+    assert done.exit_code == 0, done.output
+    assert f"wrote {tok.with_name('tokenizer_config.json')}: chat template minimind" in done.output
+    assert json.loads(tok.with_name("tokenizer_config.json").read_text())["chat_template"] == MINIMIND_TEMPLATE
+    conversations = write_chat_jsonl(tmp_path / "chat.jsonl", HAND_MADE * 30)
+    prepared = runner.invoke(app, ["prepare", str(conversations), "--tokenizer", str(tok), "--format", "chat",
+                                   "--out", str(tmp_path / "corpus"), "--workers", "0", "--val-fraction", "0.3"])
+    assert prepared.exit_code == 0, prepared.output
+    assert ChatTemplate.load(tmp_path / "corpus").render([{"role": "user", "content": "q"}], True) == \
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+    # your own: a Jinja file, or a tokenizer_config.json whose chat_template is taken
+    own = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+    (tmp_path / "own.jinja").write_text(own)
+    (tmp_path / "their_config.json").write_text(json.dumps({"chat_template": own, "bos_token": "<s>"}))
+    for given in ("own.jinja", "their_config.json"):
+        out = tmp_path / given.split(".")[0] / "tokenizer.json"
+        done = runner.invoke(app, [*train, "--out", str(out), "--chat-template", str(tmp_path / given)])
+        assert done.exit_code == 0, done.output
+        assert json.loads(out.with_name("tokenizer_config.json").read_text())["chat_template"] == own
+
+
+def test_tokenizer_train_refuses_a_chat_template_that_does_not_load_before_it_trains(tmp_path, demo_jsonl):
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    (tmp_path / "broken.jinja").write_text("{{ broken")
+    (tmp_path / "no_template.json").write_text('{"bos_token": "<s>"}')
+    for given in (str(tmp_path / "broken.jinja"), str(tmp_path / "no_template.json"), "chatml-of-nowhere"):
+        refused = CliRunner().invoke(app, ["tokenizer", "train", *demo_jsonl, "--out", str(tmp_path / "no" / "t.json"),
+                                           "--chat-template", given])
+        assert refused.exit_code == 2 and f"--chat-template {given}:" in refused.output, refused.output
+        assert not (tmp_path / "no").exists()  # exit 2 before any training: nothing written
+
+
+MINIMIND_CONFIG = MINIMIND_TOKENIZER.parent / "tokenizer_config.json"
+
+
+@pytest.mark.skipif(not MINIMIND_CONFIG.is_file(), reason=f"MiniMind's tokenizer_config.json is not at "
+                                                             f"{MINIMIND_CONFIG} (no ../shared)")
+def test_the_minimind_template_renders_what_minimind_s_own_renders():
+    from chat_helpers import HAND_MADE
+    from minilmd.corpus.chat import ChatTemplate
+    from minilmd.corpus.chat_templates import MINIMIND_TEMPLATE, tokenizer_config
+
+    theirs = ChatTemplate.from_config(json.loads(MINIMIND_CONFIG.read_text(encoding="utf-8")))
+    ours = ChatTemplate.from_config(tokenizer_config(MINIMIND_TEMPLATE))
+    for conversation in HAND_MADE:
+        for prompt in (False, True):
+            assert ours.render(conversation, prompt) == theirs.render(conversation, prompt), conversation
+        assert ours.targets(conversation) == theirs.targets(conversation)

@@ -5,8 +5,9 @@ Every attempt appends to the same metrics.jsonl (the trainer opens it with "a": 
 run killed at step 130 and resumed from its checkpoint at step 100 has two lines for steps 101-130. `last_per_step`
 keeps one line per step, the one written last: the attempt that went on is the one whose weights the run kept.
 Restarts come from the supervisor's events.jsonl (a trainer that ended other than done or stopped, and a supervisor
-that started again), sync failures are the spans from a failed (or stalled) sync to the next one that succeeded,
-and epoch boundaries are the steps where the "epoch" of the train lines changes. Torch-free and matplotlib-free.
+that started again: "supervisor" when the one before was killed, "stop" after a stop), sync failures are the spans
+from a failed (or stalled) sync to the next one that succeeded, and epoch boundaries are the steps where the "epoch"
+of the train lines changes. Torch-free and matplotlib-free.
 """
 from __future__ import annotations
 
@@ -141,18 +142,28 @@ def load(run_dir: str | os.PathLike) -> Curves:
 
 
 def _restarts(curves: Curves, events: list[dict]) -> list[Mark]:
+    """A trainer's end other than done or stopped, by its cause; and each supervisor start after the first, by how
+    the one before ended: "supervisor" when it was killed or crashed (it wrote no "exit" event), "stop" after a
+    clean exit of a stopped run, "exit N" after any other exit it wrote."""
     marks = []
     starts = 0
+    last_cause = ""
+    previous_end = ""  # how the last supervisor ended, from its "exit" event; "" when it wrote none
     for ev in events:
         t = ev.get("time") or 0.0
-        if ev.get("event") == "child_exit" and ev.get("cause") not in NOT_RESTARTS:
-            step = ev.get("step")
-            marks.append(Mark(float(step) if isinstance(step, (int, float)) else curves.step_at(t),
-                              str(ev.get("cause")), t))
+        if ev.get("event") == "child_exit":
+            last_cause = str(ev.get("cause"))
+            if last_cause not in NOT_RESTARTS:
+                step = ev.get("step")
+                marks.append(Mark(float(step) if isinstance(step, (int, float)) else curves.step_at(t), last_cause,
+                                  t))
+        elif ev.get("event") == "exit":
+            previous_end = "stop" if last_cause == "stopped" else f"exit {ev.get('exit')}"
         elif ev.get("event") == "start":
             starts += 1
-            if starts > 1:  # a supervisor started again on this run dir: the one before was killed or crashed
-                marks.append(Mark(curves.step_at(t), "supervisor", t))
+            if starts > 1:  # a supervisor started again on this run dir
+                marks.append(Mark(curves.step_at(t), previous_end or "supervisor", t))
+            previous_end, last_cause = "", ""
     return marks
 
 

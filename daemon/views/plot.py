@@ -2,8 +2,10 @@
 
 Four panels: train loss (raw, faint, and smoothed) with the validation loss; learning rate; real tokens/s; grad
 norm. Against the step, or with x="tokens" against the tokens trained on. On every panel: each restart as a dashed
-vertical line (labelled by its cause on the loss panel), each span with a failing sync shaded, each epoch boundary
-as a dotted line. The curves are those of daemon/views/curves.py: every attempt's lines, a repeated step once.
+vertical line (labelled by its cause on the loss panel; restarts at about the same x share one label, and with
+several runs each cause is prefixed by its run's name, in its colour), each span with a failing sync shaded, each
+epoch boundary as a dotted line. The legend is below the panels, where it covers no curve. The curves are those of
+daemon/views/curves.py: every attempt's lines, a repeated step once.
 
 matplotlib (the Agg backend: no display needed) is an optional extra, `pip install 'minilmd[plot]'`; without it
 `plot` raises PlotUnavailable with that line. `plot` returns a PlotSummary read back from the figure's own artists
@@ -35,6 +37,10 @@ class PlotSummary:
     runs: list[str] = field(default_factory=list)
     restart_marks: list[tuple[str, float, str]] = field(default_factory=list)
     """(run, x, cause) of every restart line on the loss panel."""
+    restart_labels: list[tuple[float, str]] = field(default_factory=list)
+    """(x, text) of each restart label on the loss panel: one per group of restarts at about the same x."""
+    legend_overlaps: list[str] = field(default_factory=list)
+    """The panels (by y label) whose area the legend covers: none, it is below them."""
     sync_spans: list[tuple[str, float, float]] = field(default_factory=list)
     epoch_marks: list[tuple[str, float]] = field(default_factory=list)
     points: dict[str, int] = field(default_factory=dict)
@@ -68,9 +74,11 @@ def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str =
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     loss_ax, lr_ax, toks_ax, grad_ax = axes.flat
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    restart_labels: list[tuple[float, str, str]] = []
     for i, run in enumerate(runs):
-        _draw_run(run, (loss_ax, lr_ax, toks_ax, grad_ax), colors[i % len(colors)], x, smoothing,
-                  label=_label(run, runs))
+        label = _label(run, runs)
+        restart_labels += _draw_run(run, (loss_ax, lr_ax, toks_ax, grad_ax), colors[i % len(colors)], x, smoothing,
+                                    label=label, whose=label if len(runs) > 1 else "")
     loss_ax.set_ylabel("loss")
     lr_ax.set_ylabel("learning rate")
     toks_ax.set_ylabel("real tokens/s")
@@ -79,10 +87,15 @@ def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str =
         ax.set_xlabel("tokens trained on" if x == "tokens" else "step")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    if any(run.train for run in runs):
-        loss_ax.legend(fontsize=8, loc="best")
+    _label_restarts(loss_ax, restart_labels)
+    handles, labels = loss_ax.get_legend_handles_labels()
+    legend_rows = 0
+    if handles:  # below the panels, never over a curve
+        columns = min(len(handles), 4)
+        legend_rows = -(-len(handles) // columns)
+        fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=columns, frameon=False)
     fig.suptitle(title or ", ".join(r.name for r in runs))
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, min(0.3, 0.035 * legend_rows + 0.01 * bool(legend_rows)), 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
     summary = _summarize(fig, loss_ax, out, runs)
@@ -101,7 +114,10 @@ def _label(run: curves_mod.Curves, runs: list[curves_mod.Curves]) -> str:
     return f"{run.name} ({run.run_dir})" if same_name else run.name
 
 
-def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float | None, label: str) -> None:
+def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float | None, label: str,
+              whose: str = "") -> list[tuple[float, str, str]]:
+    """Draw one run; returns its restart labels as (x, text, color) for _label_restarts (`whose` prefixes the text
+    when several runs share the picture)."""
     loss_ax, lr_ax, toks_ax, grad_ax = axes
 
     def xs(steps):
@@ -129,12 +145,38 @@ def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float
     for step in run.epochs:
         for ax in axes:
             ax.axvline(xs([step])[0], color=color, ls=":", lw=1, alpha=0.8).set_gid(f"epoch:{run.name}:{step}")
+    labels = []
     for mark in run.restarts:
         at = xs([mark.step])[0]
         for ax in axes:
             ax.axvline(at, color="tab:red", ls="--", lw=1, alpha=0.9).set_gid(f"restart:{run.name}:{mark.cause}")
-        loss_ax.annotate(mark.cause, xy=(at, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
-                         textcoords="offset points", rotation=90, va="top", ha="left", fontsize=8, color="tab:red")
+        labels.append((at, f"{whose}: {mark.cause}" if whose else mark.cause, color if whose else "tab:red"))
+    return labels
+
+
+LABEL_GAP = 0.02
+"""Restart labels closer than this share of the x axis are written as one (they would overprint)."""
+
+
+def _label_restarts(loss_ax, labels: list[tuple[float, str, str]]) -> None:
+    """One vertical label per group of restarts at (about) the same x: their causes joined, each once with a count
+    ("sigkill x3"), in the run's colour when one run's alone, else red."""
+    lo, hi = loss_ax.get_xlim()
+    gap = LABEL_GAP * (hi - lo if hi > lo else 1.0)
+    groups: list[list[tuple[float, str, str]]] = []
+    for label in sorted(labels, key=lambda item: item[0]):
+        if groups and label[0] - groups[-1][0][0] <= gap:
+            groups[-1].append(label)
+        else:
+            groups.append([label])
+    for group in groups:
+        texts = [text for _, text, _ in group]
+        counted = [f"{t} x{texts.count(t)}" if texts.count(t) > 1 else t for t in dict.fromkeys(texts)]
+        colors = {color for _, _, color in group}
+        text = ", ".join(counted)
+        loss_ax.annotate(text, xy=(group[0][0], 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                         textcoords="offset points", rotation=90, va="top", ha="left", fontsize=8,
+                         color=colors.pop() if len(colors) == 1 else "tab:red").set_gid(f"restart_label:{text}")
 
 
 def _summarize(fig, loss_ax, out: Path, runs: list[curves_mod.Curves]) -> PlotSummary:
@@ -151,6 +193,14 @@ def _summarize(fig, loss_ax, out: Path, runs: list[curves_mod.Curves]) -> PlotSu
             summary.epoch_marks.append((rest.rsplit(":", 1)[0], float(line.get_xdata()[0])))
         elif kind == "train_loss_raw":
             summary.points[rest] = len(line.get_xdata())
+    for text in loss_ax.texts:
+        kind, _, rest = (text.get_gid() or "").partition(":")
+        if kind == "restart_label":
+            summary.restart_labels.append((float(text.xy[0]), rest))
+    renderer = fig.canvas.get_renderer()
+    for legend in fig.legends:
+        box = legend.get_window_extent(renderer)
+        summary.legend_overlaps += [ax.get_ylabel() for ax in fig.axes if box.overlaps(ax.get_window_extent(renderer))]
     for patch in loss_ax.patches:
         kind, _, rest = (patch.get_gid() or "").partition(":")
         if kind == "sync_failed":

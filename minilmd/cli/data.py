@@ -33,25 +33,42 @@ def tokenizer_train_command(
     on_bad_line: str = typer.Option("error", "--on-bad-line", help="error (exit 65) or skip (count and go on)."),
     max_docs: int = typer.Option(0, "--max-docs", help="Train on the first N documents only (0: all); BPE "
                                  "training memory grows with the distinct words seen."),
+    chat_template: str = typer.Option("", "--chat-template", help="Also write tokenizer_config.json beside --out "
+                                      "with a chat template, for prepare --format chat: minimind (MiniMind's "
+                                      "ChatML, think block included) or FILE (a Jinja template, or a "
+                                      "tokenizer_config.json whose chat_template is taken)."),
 ) -> None:
-    """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind)."""
-    import itertools
+    """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind).
 
+    Exit status: 0, 65 bad input, 2 bad arguments (a --chat-template that does not load or render)."""
+    import itertools
+    import sys
+
+    from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside
     from minilmd.corpus.sources.jsonl import InputError, iter_texts
     from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
 
+    template_config = None
+    if chat_template:
+        try:
+            template_config = checked_config(chat_template)  # a template that fails is said before the training
+        except ChatTemplateError as e:
+            raise _data_error_exit(e) from None
     bad: dict[str, int] = {}
     texts = iter_texts(corpus, on_bad_line, bad)
     if max_docs > 0:
         texts = itertools.islice(texts, max_docs)
     try:
-        tok = train_tokenizer(texts, vocab_size, out, show_progress=True)
+        # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
+        tok = train_tokenizer(texts, vocab_size, out, show_progress=sys.stdout.isatty())
     except (InputError, TokenizerError) as e:
         raise _data_error_exit(e) from None
     if bad:
         typer.echo(f"skipped bad lines: {bad}", err=True)
     actual = tok.get_vocab_size(with_added_tokens=True)
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
+    if template_config is not None:
+        typer.echo(f"wrote {write_beside(out, template_config)}: chat template {chat_template}")
 
 
 @tokenizer_app.command("check")

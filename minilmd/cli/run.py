@@ -31,6 +31,9 @@ def run_command(
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
         for line in waits:
             typer.echo(f"waits: {line}")
+        if not waits and (wait := _init_wait(cfg)):  # reachable: it may still be a run that has not finished
+            typer.echo(f"waits: init.from = {cfg.init.from_!r}: {wait}; the run waits for it to finish, then "
+                       f"checks its final checkpoint")
         from minilmd.update_share import share_lines
 
         for line in share_lines(cfg) if not waits else []:  # the share reads init.from: not while it cannot be read
@@ -39,3 +42,15 @@ def run_command(
     from minilmd.daemon.supervisor import run_supervisor
 
     raise typer.Exit(run_supervisor(config, set_))
+
+
+def _init_wait(cfg) -> str:
+    """Why a launch would first wait in waiting_init (the run init.from names has not finished: the check passes
+    without its final checkpoint), as the supervisor decides it (daemon/phases/initwait.py); "" when it would not."""
+    from minilmd.daemon.phases.initwait import must_wait
+    from minilmd.init_source import predecessor, predecessor_outcome
+
+    if not must_wait(cfg):
+        return ""
+    pred = predecessor(cfg.init.from_)
+    return predecessor_outcome(pred)[1] if pred is not None else ""

@@ -75,7 +75,8 @@ def sample(
     seed: int = typer.Option(None, "--seed", help="Seed for sampling (default: random)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     chat: bool = typer.Option(False, "--chat", help="Render --prompt as a user message with the model's chat "
-                              "template and print only the reply (it stops at <|im_end|>)."),
+                              "template and print only the reply (it stops at <|im_end|>; one that ends at once "
+                              "prints (empty reply))."),
     system: str = typer.Option("", "--system", help="With --chat: a system message before the prompt."),
     lora: str = typer.Option("", "--lora", help=LORA_HELP),
     no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
@@ -86,13 +87,13 @@ def sample(
 
     try:
         if chat:
-            from minilmd.trainer.model.chat import ChatSession
+            from minilmd.trainer.model.chat import ChatSession, shown
 
             session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
                                   seed, lora or None, no_lora)
             messages = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": prompt}]
-            typer.echo(session.reply(messages))
+            typer.echo(shown(session.reply(messages)))  # "(empty reply)" rather than nothing
             return
         text = sample_text(checkpoint, prompt, tokenizer or None, max_new_tokens, temperature, top_p, top_k,
                            seed, device, lora or None, no_lora)
@@ -119,7 +120,10 @@ def chat_command(
 ) -> None:
     """Talk to a fine-tuned checkpoint: each line on stdin is a user message, each reply is printed on stdout
     (`/reset` starts over, `/exit` or end of input ends). The conversation is rendered by the model's own chat
-    template; the oldest exchanges are dropped when it outgrows the model."""
+    template; the oldest exchanges are dropped when it outgrows the model.
+
+    With stdin piped (`minilmd chat CKPT < questions.txt`) stdout is a transcript: each message as `> MESSAGE`,
+    then its reply, then an empty line."""
     import sys
 
     from minilmd.trainer.model.chat import ChatSession, converse, interactive_prompt
@@ -128,7 +132,7 @@ def chat_command(
     try:
         session = ChatSession(checkpoint, tokenizer or None, device, max_new_tokens, temperature, top_p, top_k,
                               seed, lora or None, no_lora)
-        converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt())
+        converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt(), echo=not sys.stdin.isatty())
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd chat: {e}", err=True)
         raise typer.Exit(1) from None
@@ -146,6 +150,10 @@ def export(
     dtype: str = typer.Option("float32", "--dtype", help="hf only: float32, bfloat16 or float16."),
     merge: bool = typer.Option(False, "--merge", help="A LoRA checkpoint with --format hf or minimind: the full "
                                "weights, its adapters merged into its base."),
+    base_name: str = typer.Option("", "--base-name", help="peft only: the adapter_config.json's "
+                                  "base_model_name_or_path, what AutoPeftModelForCausalLM loads the base from: the "
+                                  "base's --format hf export (its path) or a hub id (default: the minilmd "
+                                  "checkpoint of the base, which transformers cannot load)."),
     share: str = typer.Option("private", "--share", help="Who may read the export: private (0700/0600), "
                                                          "group (0750/0640) or all (0755/0644); your umask only "
                                                          "tightens it."),
@@ -178,9 +186,13 @@ def export(
         elif format == "peft":
             from minilmd.trainer.model.adapter import export_peft
 
-            path = export_peft(checkpoint, out)
-            typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
-                       f"{str(path)!r})")
+            path = export_peft(checkpoint, out, base_name)
+            if base_name:
+                typer.echo(f"wrote {path}: AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) (its base: "
+                           f"{base_name})")
+            else:
+                typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
+                           f"{str(path)!r}); --base-name names that base for AutoPeftModelForCausalLM")
         else:
             raise ExportError(f"--format {format!r}: use minimind, hf or peft")
     except ExportError as e:

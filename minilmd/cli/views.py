@@ -47,9 +47,10 @@ def plot_command(
     title: str = typer.Option("", "--title", help="The figure's title (default: the runs' names)."),
 ) -> None:
     """Loss (raw, smoothed, val), learning rate, tok/s and grad norm of every attempt, with restarts (by cause),
-    failing syncs and epoch boundaries marked. Needs matplotlib: pip install 'minilmd[plot]'.
+    failing syncs and epoch boundaries marked. Needs matplotlib: pip install 'minilmd\\[plot]'.
 
     Exit status: 0 written, 1 matplotlib missing, 2 bad arguments or not a run directory."""
+    # (the backslash: typer's rich markup would read "[plot]" as a style tag and drop it)
     from minilmd.daemon.views.plot import PlotUnavailable, plot
     from minilmd.daemon.views.status import is_run_dir
     from minilmd.untrusted import printable

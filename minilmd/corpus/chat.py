@@ -196,7 +196,7 @@ def read_tokenizer_config(tokenizer: str | Path) -> dict:
     if not isinstance(source, str) or not source.strip():
         raise ChatError(f"{folder}: no chat template (neither {CHAT_TEMPLATE_FILE} nor a \"chat_template\" in "
                         f"{TOKENIZER_CONFIG} beside {TOKENIZER_FILE}); --format chat renders conversations with the "
-                        "tokenizer's own template")
+                        "tokenizer's own template (`minilmd tokenizer train --chat-template minimind` writes one)")
     return {**config, "chat_template": source}
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as torch_dist
 
 from minilmd.checkpoint import CheckpointMismatch
-from minilmd.config import RunConfig
+from minilmd.config import ConfigError, RunConfig
 from minilmd.names import RUN_DIR_ENV
 from minilmd.trainer.batches import growth
 from minilmd.trainer.checkpoint import save as ckpt_io
@@ -88,7 +88,11 @@ def start_lora(trainer: Trainer) -> None:
     from minilmd.trainer.checkpoint.init_weights import load_init
     from minilmd.trainer.model.lora import apply_lora
 
-    weights, trainer.init_record = load_init(trainer.cfg)
+    try:
+        weights, trainer.init_record = load_init(trainer.cfg)
+    except ConfigError as e:
+        raise ConfigError([f"{p} (the base this LoRA run trains its adapters on)" for p in e.problems],
+                          e.source) from None
     trainer.model.load_state_dict(weights, strict=True)
     n = apply_lora(trainer.model, trainer.cfg.lora)
     if trainer.dist.is_main:

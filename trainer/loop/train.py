@@ -118,6 +118,8 @@ class Trainer:
                 start_lora(self)
             self.model.to(self.device)
             self.optimizer = build_optimizer(self.model, cfg, self.device)
+        except ConfigError:  # a LoRA base that init.from cannot give: its own words, which name it
+            raise
         except ValueError as e:  # torch refusing a value of the config ("Invalid learning rate"): the same next time
             raise ConfigError([f"the model or its optimizer refused the config: {e}"], cfg.source) from e
         self.step, self.tokens_seen = 0, 0
@@ -344,7 +346,11 @@ class Trainer:
         t = self.cfg.train
         self.last_saved_step, self.last_save_time = self.step, time.monotonic()
         if self.dist.is_main:
-            print(f"minilmd: training {self.model.num_parameters():,} parameters on {self.device} x "
+            total = self.model.num_parameters()
+            trained = f"{total:,} parameters"
+            if self.cfg.lora.enabled:  # the frozen base is most of the total: say how much of it trains
+                trained = f"{sum(p.numel() for p in self.model.parameters() if p.requires_grad):,} of {trained} (LoRA)"
+            print(f"minilmd: training {trained} on {self.device} x "
                   f"{self.dist.world_size}, {self.cfg.data.mode} rows of {t.seq_len}, global batch "
                   f"{self.global_batch} rows, steps {self.step} -> {self.total_steps}", flush=True)
             if self.sft_defaults:

@@ -79,9 +79,13 @@ class ChatSession:
 
 
 def converse(session: ChatSession, lines: Iterable[str], out: TextIO, system: str | None = None,
-             prompt: TextIO | None = None) -> int:
+             prompt: TextIO | None = None, echo: bool = False) -> int:
     """`minilmd chat`: each line read is a user message, each reply printed on its own line(s); `/reset` forgets
-    the conversation, `/exit` (or the end of input) ends it. Returns the number of replies."""
+    the conversation, `/exit` (or the end of input) ends it. Returns the number of replies.
+
+    `echo` (stdin is not a terminal: a file of questions piped in) makes stdout a transcript that says where each
+    turn starts and ends, a reply holding line breaks or nothing: each message as `> MESSAGE` (a `/reset` too),
+    then its reply, then an empty line."""
     messages: list[dict] = [{"role": "system", "content": system}] if system else []
     start = list(messages)
     replies = 0
@@ -92,19 +96,33 @@ def converse(session: ChatSession, lines: Iterable[str], out: TextIO, system: st
         text = line.rstrip("\n")
         if text.strip() == "/exit":
             break
+        if echo and text.strip():
+            out.write(f"> {text}\n")
         if text.strip() == "/reset":
             messages = list(start)
+            if echo:
+                out.write("\n")
         elif text.strip():
             messages.append({"role": "user", "content": text})
             answer = session.reply(messages)
             messages.append({"role": "assistant", "content": answer})
-            out.write(answer + "\n")
+            out.write(shown(answer) + "\n" + ("\n" if echo else ""))
             out.flush()
             replies += 1
         if prompt:
             prompt.write("> ")
             prompt.flush()
     return replies
+
+
+EMPTY_REPLY = "(empty reply)"
+"""What is printed for an empty reply (the model ended it at once): printing nothing looked like a
+hang or a crash."""
+
+
+def shown(answer: str) -> str:
+    """A reply as printed: itself (white space too: the model's own), or EMPTY_REPLY when it is empty."""
+    return answer if answer else EMPTY_REPLY
 
 
 def interactive_prompt() -> TextIO | None:

@@ -11,6 +11,7 @@ loss mask and the user turns, not the template's role names); JSONL in each line
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,14 +95,24 @@ def count(path: str, patterns: list[str], regex: bool = False, workers: int | No
 def format_count(result: dict) -> str:
     """The table `minilmd corpus count` prints."""
     n = result["documents"]
-    width = max([len("pattern")] + [len(p["pattern"]) for p in result["patterns"]])
+    width = max([len("pattern")] + [display_width(p["pattern"]) for p in result["patterns"]])
     lines = [f"{result['corpus']} ({result['kind']}): {n:,} documents"
              + (f", {result['bad_lines']:,} bad lines not read" if result["bad_lines"] else ""),
-             f"{'pattern':<{width}}  {'occurrences':>12}  {'documents':>10}  {'share':>8}"]
+             f"{_pad('pattern', width)}  {'occurrences':>12}  {'documents':>10}  {'share':>8}"]
     for p in result["patterns"]:
         share = p["documents"] / n if n else 0.0
-        lines.append(f"{p['pattern']:<{width}}  {p['occurrences']:>12,}  {p['documents']:>10,}  {share:>8.4%}")
+        lines.append(f"{_pad(p['pattern'], width)}  {p['occurrences']:>12,}  {p['documents']:>10,}  {share:>8.4%}")
     for p in result["patterns"]:
         for ex in p["examples"]:
             lines.append(f"  {p['pattern']}: ...{ex}...")
     return "\n".join(lines)
+
+
+def display_width(text: str) -> int:
+    """The columns a terminal gives `text`: two for a wide or full-width character (CJK), none for a combining
+    mark, one for the rest; str.ljust counts characters, and misaligned the table for CJK patterns."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - display_width(text))

@@ -18,6 +18,10 @@ from minilmd.fsio import sha256_file
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 
+MIN_VAL_CONVERSATIONS = 64
+"""Fewer val conversations than this (data.val_windows' default: the rows a val loss reads) are warned of: a
+chat corpus's val rows are whole conversations, and the default --val-fraction of a small one leaves a handful."""
+
 
 def file_table(tmp: Path, train_tokens_sha: str, chat: bool = False) -> dict[str, dict]:
     """Size and sha256 of every file, as meta.json lists them (train tokens were hashed while written)."""
@@ -127,6 +131,11 @@ def report(meta: dict, log) -> None:
         f"(whitespace ignored), removed from val" + (f": {', '.join(lc['examples'])}" if lc["examples"] else ""))
     if v["documents"] == 0:
         log("warning: --val-fraction 0: no val split; `minilmd train` refuses a corpus without one")
+    elif meta["data_format"] == "chat" and v["documents"] < MIN_VAL_CONVERSATIONS:
+        total = v["documents"] + meta["splits"]["train"]["documents"]
+        log(f"warning: val holds only {v['documents']:,} of {total:,} conversations (val fraction {fraction}): its "
+            f"loss, which early stopping and the best checkpoint follow, is that few conversations' noise; "
+            f"--val-fraction {min(0.5, MIN_VAL_CONVERSATIONS / total):.2g} gives about {MIN_VAL_CONVERSATIONS}")
     bad = meta["bad_lines"]
     if bad["total"]:
         counts = ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in bad["by_reason"].items())

@@ -1,0 +1,109 @@
+"""The chat template `minilmd tokenizer train --chat-template` puts beside a new tokenizer, so that `prepare --format
+chat`, `sample --chat`, `chat` and the HF export find one (minilmd/corpus/chat.py reads it from there).
+
+`minimind` is ChatML as MiniMind renders a conversation: `<|im_start|>ROLE\\n` ... `<|im_end|>\\n` per message, and
+every reply opened by the think block, empty unless the reply brings its own (`<think>...</think>` at its start, or
+`reasoning_content`), the generation prompt ending with the empty block. Written here, in our own words, for the
+three roles minilmd's conversations have: for those it renders the text MiniMind's own tokenizer_config.json
+template renders (tests/test_tokenizer.py compares the two where MiniMind's is at hand); its tool calls are left
+out (minilmd's conversations have no tools). Any other template is brought as a file: `--chat-template FILE` (a
+Jinja template, or a tokenizer_config.json whose chat_template is taken), or written later as
+`chat_template.jinja` beside tokenizer.json.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from minilmd.corpus.sources.jsonl import loads_bounded
+
+MINIMIND_TEMPLATE = """\
+{%- for message in messages %}
+    {%- if message.role == 'assistant' %}
+        {%- set content = message.content %}
+        {%- set reasoning = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+        {%- endif %}
+        {{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' }}
+        {{- content.lstrip('\\n') + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}
+{%- endif %}"""
+
+BUILT_IN = {"minimind": MINIMIND_TEMPLATE}
+
+TEMPLATE_FILE_MAX_BYTES = 1 << 20
+"""A chat template is a few KB; a bigger file given as one is refused rather than read whole."""
+
+
+class ChatTemplateError(ValueError):
+    """--chat-template names no built-in template and no readable template file."""
+
+
+def template_text(spec: str) -> str:
+    """The template `--chat-template SPEC` names: a built-in one by name, or a file's (a tokenizer_config.json:
+    its "chat_template")."""
+    if spec in BUILT_IN:
+        return BUILT_IN[spec]
+    from minilmd.untrusted import Unreadable, read_bytes
+
+    path = Path(spec)
+    try:  # a regular file, bounded, no link followed, never a blocking open (a FIFO)
+        text = read_bytes(path, max_bytes=TEMPLATE_FILE_MAX_BYTES).decode("utf-8")
+    except (Unreadable, UnicodeDecodeError) as e:
+        raise ChatTemplateError(f"--chat-template {spec}: not {' or '.join(BUILT_IN)}, and not a readable template "
+                                f"file ({e})") from None
+    if path.suffix == ".json":
+        try:
+            config = loads_bounded(text)
+        except ValueError as e:
+            raise ChatTemplateError(f"--chat-template {spec}: not readable JSON ({e})") from None
+        found = config.get("chat_template") if isinstance(config, dict) else None
+        if not isinstance(found, str):
+            raise ChatTemplateError(f"--chat-template {spec}: no \"chat_template\" string in it")
+        text = found
+    if not text.strip():
+        raise ChatTemplateError(f"--chat-template {spec}: empty")
+    return text
+
+
+def tokenizer_config(template: str) -> dict:
+    """A tokenizer_config.json that transformers loads beside a tokenizer.json of MiniMind's special ids, holding
+    `template`."""
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_bos_token": False,
+            "add_eos_token": False, "clean_up_tokenization_spaces": False, "chat_template": template}
+
+
+def checked_config(spec: str) -> dict:
+    """The tokenizer_config.json for `spec`'s template, once the template has compiled and rendered a conversation
+    whose reply it shows (chat.py's check); ChatTemplateError otherwise."""
+    import jinja2
+
+    from minilmd.corpus.chat import ChatError, ChatTemplate
+
+    config = tokenizer_config(template_text(spec))
+    try:
+        ChatTemplate.from_config(config).targets([{"role": "user", "content": "你好"},
+                                                  {"role": "assistant", "content": "你好！"}])
+    except (ChatError, jinja2.TemplateError) as e:
+        raise ChatTemplateError(f"--chat-template {spec}: {e}") from None
+    return config
+
+
+def write_beside(tokenizer_json: str | Path, config: dict) -> Path:
+    """Write `config` as the tokenizer_config.json beside `tokenizer_json`, where chat.py looks for the template."""
+    import json
+
+    from minilmd.names import TOKENIZER_CONFIG
+
+    path = Path(tokenizer_json).with_name(TOKENIZER_CONFIG)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
