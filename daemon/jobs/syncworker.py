@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from minilmd import names
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config_values import parse_duration
-from minilmd.daemon.jobs.sync import RemoteFull
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import RemoteCheckpoint
@@ -222,6 +221,8 @@ class SyncWorker:
             self.next_at = now() + retry
             sync.state, sync.error, sync.since = SyncState.FAILED, worker.error_text, now()
             self.state.record_error(f"sync failed: {worker.error_text}")
+            from minilmd.daemon.jobs.sync import RemoteFull  # loaded by the worker by now: sync imports numpy
+
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
             self.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
