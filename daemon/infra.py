@@ -40,7 +40,7 @@ class Infra:
         the corpus does not fit in scratch (2), or the checkpoint found on the remote belongs to another
         model/corpus (2). None for any other error."""
         from minilmd.checkpoint import CheckpointMismatch
-        from minilmd.daemon.jobs.staging import ScratchTooSmall, SourceInvalid
+        from minilmd.daemon.jobs.staging_errors import ScratchTooSmall, SourceInvalid
         from minilmd.scratch import ScratchRefused
 
         if isinstance(error, SourceInvalid):

@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from minilmd.corpus.meta import CorpusError, listed_files, parse_meta
-from minilmd.daemon.jobs.staging import SourceInvalid, StagingError
+from minilmd.daemon.jobs.staging_errors import SourceInvalid, StagingError
 from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT

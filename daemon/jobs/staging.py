@@ -32,6 +32,7 @@ from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig
 from minilmd.config_values import out_of_range, parse_duration
 from minilmd.corpus.meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta, read_corpus_meta
+from minilmd.daemon.jobs.staging_errors import ScratchTooSmall, SourceInvalid, StagingError
 from minilmd.fsio import dir_table_problems, is_local_fs, not_regular, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
@@ -47,19 +48,6 @@ CHECKPOINT_BYTES_PER_PARAMETER = 12
 """fp32 weights (4) and AdamW's two fp32 moments (8), whatever the training precision."""
 CHECKPOINT_OVERHEAD = 256 * 1024
 """A checkpoint's small files and safetensors headers, beyond its tensors and its tokenizer copy."""
-
-
-class StagingError(RuntimeError):
-    """Staging failed; the message says what, where and with which numbers. Worth retrying later."""
-
-
-class ScratchTooSmall(StagingError):
-    """The corpus does not fit in scratch: retrying cannot make room; a config error (run.scratch), final (2)."""
-
-
-class SourceInvalid(StagingError):
-    """The source is not a usable prepared corpus (no meta.json, wrong format, broken invariants): retrying will
-    not help; this is a data error (final)."""
 
 
 @dataclass
