@@ -17,6 +17,10 @@ Choices that matter elsewhere:
   last position ignored. The trainer builds its shifted labels on the device (`next_token_labels`).
 - `forward(ids, next_labels=...)` is the trainer's: the summed loss computed inside the forward (so inside the
   compiled graph), head and cross-entropy in chunks of rows, no logits of the whole batch (trainer/model/loss.py).
+- `forward(ids, ..., positions=...)` is packed training with `data.doc_mask` (trainer/batches/docmask.py): each
+  token's rotary position within its document piece, from which `document_mask` derives block-causal attention on
+  the device, so that every piece of a row computes what it would alone. Without positions (the default, and every
+  export and generation) the forward is the plain causal one, unchanged.
 """
 from __future__ import annotations
 
@@ -76,9 +80,19 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, heads, time, head_dim); cos/sin: (time, head_dim)."""
+    """x: (batch, heads, time, head_dim); cos/sin: (time, head_dim), or (batch, 1, time, head_dim) per row."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + rotate_half(x) * sin
+
+
+def document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """(batch, 1, time, time) bool, True where query i may attend key j: j <= i and both in the same document piece.
+    positions: (batch, time) int, 0 where a piece starts (trainer/batches/docmask.py). Built on the device from
+    the positions alone: no host sync, the same graph for every batch."""
+    piece = torch.cumsum(positions == 0, dim=1)
+    t = positions.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=positions.device).tril()
+    return ((piece[:, :, None] == piece[:, None, :]) & causal)[:, None]
 
 
 class LayerCache:
@@ -124,13 +138,16 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: LayerCache | None = None, pos: int = 0) -> torch.Tensor:
+                cache: LayerCache | None = None, pos: int = 0, doc_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """doc_mask: document_mask's block-causal mask (training only, never with a cache); None: causal."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         mask, causal = None, True
+        if doc_mask is not None:
+            mask, causal = doc_mask, False
         if cache is not None:
             k, v = cache.update(pos, k, v)
             if pos > 0:
@@ -167,8 +184,8 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache: LayerCache | None = None, pos: int = 0):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, pos)
+    def forward(self, x, cos, sin, cache: LayerCache | None = None, pos: int = 0, doc_mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, pos, doc_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -187,13 +204,20 @@ class Backbone(nn.Module):
         self.register_buffer("rope_cos", torch.empty(cfg.max_position_embeddings, cfg.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(cfg.max_position_embeddings, cfg.head_dim), persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         pos = cache.pos if cache is not None else 0
         t = input_ids.shape[1]
         cos, sin = self.rope_cos[pos:pos + t], self.rope_sin[pos:pos + t]
+        doc_mask = None
+        if positions is not None:  # data.doc_mask: each piece's own positions, attention within it
+            if cache is not None:
+                raise ValueError("positions (a document mask) are for training rows, not for a cached generation")
+            cos, sin = self.rope_cos[positions][:, None], self.rope_sin[positions][:, None]
+            doc_mask = document_mask(positions)
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, pos)
+            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, pos, doc_mask)
         if cache is not None:
             cache.pos = pos + t
         return self.norm(x)
@@ -236,15 +260,18 @@ class MiniMindForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 cache: KVCache | None = None, next_labels: torch.Tensor | None = None,
-                chunk_rows: int | None = None) -> CausalLMOutput:
+                chunk_rows: int | None = None, positions: torch.Tensor | None = None) -> CausalLMOutput:
         """input_ids (batch, time) int64 or int32. With labels (same shape; -100 = ignore), the loss compares the logits
         at position i with the label at i + 1. With a cache, input_ids continue the cached sequence.
 
         The trainer's path: with next_labels (already shifted, next_token_labels; the loss mask is their
         IGNORE_INDEX) the loss is the fp32 cross-entropy summed over their targets, computed `chunk_rows` sequences
         at a time (default: about CHUNK_TOKENS tokens) so that no logits of the whole batch exist
-        (trainer/model/loss.py); logits is then None."""
-        hidden = self.model(input_ids, cache)
+        (trainer/model/loss.py); logits is then None.
+
+        positions (batch, time) int, with data.doc_mask: each token's position within its document piece (0 at a
+        piece's start); attention stays within each piece (document_mask). None: one sequence per row."""
+        hidden = self.model(input_ids, cache, positions)
         if next_labels is not None:
             rows = chunk_rows or chunk_rows_for(input_ids.shape[1])
             return CausalLMOutput(None, chunked_loss_sum(self.lm_head, hidden, next_labels, rows))
