@@ -214,3 +214,23 @@ def test_sigkilled_masked_run_resumes_bit_identical_and_refuses_the_other_settin
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     losses = [json.loads(line) for line in (load_config(killed).run_dir / METRICS).read_text().splitlines()]
     assert {r["step"] for r in losses if r.get("kind") == "train"} == set(range(1, 17))
+
+
+def test_rows_of_two_corpus_versions_keep_their_pieces(corpus):
+    from minilmd.corpus.format import open_prepared
+    from minilmd.trainer.batches.growth import SegmentedSampler
+
+    train = open_prepared(corpus[0]).train
+    half = train.n_docs // 2
+    old_tokens = int(train.doc_starts[half])
+    old = make_sampler("packed", train.tokens[:old_tokens], train.doc_starts[:half + 1], 64, 5, doc_mask=True)
+    new = make_sampler("packed", train.tokens, train.doc_starts, 64, 5, doc_mask=True)
+    segments = [{"first_row": 0, "first_epoch": 0}, {"first_row": old.items_per_epoch, "first_epoch": 1}]
+    both = SegmentedSampler(segments, [old, new])
+    rows = np.arange(old.items_per_epoch - 2, old.items_per_epoch + 2)  # two rows of each version
+    batch = both.rows(rows)
+    assert batch.positions is not None
+    want_old, want_new = old.rows(rows[:2]), new.rows(rows[2:] - old.items_per_epoch + new.items_per_epoch)
+    np.testing.assert_array_equal(batch.positions, np.concatenate([want_old.positions, want_new.positions]))
+    np.testing.assert_array_equal(batch.targets, np.concatenate([want_old.targets, want_new.targets]))
+    assert batch.n_targets == want_old.n_targets + want_new.n_targets

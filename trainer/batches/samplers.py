@@ -6,6 +6,8 @@ labels: the model shifts inside (logits[:, :-1] against labels[:, 1:]), so a win
 the model sees (the same (B, seq_len) tensor as in padded mode and in MiniMind, and `seq_len` is also the longest
 sequence the model must handle); the price is one prediction in 340 per window. Windows cross document boundaries
 on purpose: the stream holds `[BOS] doc [EOS]` for every document, so the model sees the boundaries.
+With `data.doc_mask` the same windows also carry their document pieces (trainer/batches/docmask.py): attention
+and rotary positions stay within each document, and the EOS -> next BOS prediction is no target.
 
 Epochs. Epoch e uses the window starts `offset_e + k * seq_len` for k in [0, n_windows), visited in the order of a
 permutation; offset_e in [0, seq_len) moves the window edges from one epoch to the next. Both are drawn from

@@ -271,7 +271,7 @@ class MiniMindForCausalLM(nn.Module):
 
         positions (batch, time) int, with data.doc_mask: each token's position within its document piece (0 at a
         piece's start); attention stays within each piece (document_mask). None: one sequence per row."""
-        hidden = self.model(input_ids, cache, positions)
+        hidden = self.model(input_ids, cache) if positions is None else self.model(input_ids, positions=positions)
         if next_labels is not None:
             rows = chunk_rows or chunk_rows_for(input_ids.shape[1])
             return CausalLMOutput(None, chunked_loss_sum(self.lm_head, hidden, next_labels, rows))
