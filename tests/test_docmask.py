@@ -29,7 +29,8 @@ from minilmd.protocol import EXIT_CONFIG, EXIT_DONE
 from minilmd.trainer.batches.docmask import window_positions
 from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.loop.train import Dist, Trainer
-from minilmd.trainer.model.minimind import MiniMindForCausalLM, document_mask
+from minilmd.trainer.model.docattention import document_mask
+from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from supervisor_helpers import BASELINE, train_undisturbed
 from supervisor_helpers import write_config as supervised_config
 from trainer_corpus import TINY_MODEL, write_config
@@ -234,3 +235,24 @@ def test_rows_of_two_corpus_versions_keep_their_pieces(corpus):
     np.testing.assert_array_equal(batch.positions, np.concatenate([want_old.positions, want_new.positions]))
     np.testing.assert_array_equal(batch.targets, np.concatenate([want_old.targets, want_new.targets]))
     assert batch.n_targets == want_old.n_targets + want_new.n_targets
+
+
+def test_the_flex_attention_path_computes_what_the_dense_mask_does(monkeypatch):
+    """The block mask CUDA uses inside torch.compile, forced here on CPU (eager flex_attention, its reference
+    implementation, forward only: it has no CPU backward): the same logits as the dense mask."""
+    import warnings
+
+    from minilmd.trainer.model import docattention
+
+    row = torch.randint(3, VOCAB, (2, 64), generator=torch.Generator().manual_seed(3))
+    positions = torch.from_numpy(window_positions(np.array([0, 30]), 64, np.array([0, 9, 32, 36, 51, 80, 128])))
+    model = tiny_model()
+    logits = {}
+    for flex in (False, True):
+        monkeypatch.setattr(docattention, "use_flex", lambda positions, flex=flex: flex)
+        assert isinstance(docattention.masks_for(positions), docattention.BlockMask) == flex
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager flex_attention warns that it is slow
+            logits[flex] = model(row, positions=positions).logits
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(logits[False], model(row).logits.detach(), atol=1e-4)  # the mask is in effect

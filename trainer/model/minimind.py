@@ -18,9 +18,9 @@ Choices that matter elsewhere:
 - `forward(ids, next_labels=...)` is the trainer's: the summed loss computed inside the forward (so inside the
   compiled graph), head and cross-entropy in chunks of rows, no logits of the whole batch (trainer/model/loss.py).
 - `forward(ids, ..., positions=...)` is packed training with `data.doc_mask` (trainer/batches/docmask.py): each
-  token's rotary position within its document piece, from which `document_mask` derives block-causal attention on
-  the device, so that every piece of a row computes what it would alone. Without positions (the default, and every
-  export and generation) the forward is the plain causal one, unchanged.
+  token's rotary position within its document piece, from which trainer/model/docattention.py derives
+  block-causal attention on the device, so that every piece of a row computes what it would alone. Without
+  positions (the default, and every export and generation) the forward is the plain causal one, unchanged.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from torch import nn
 
 from minilmd.config import ModelSection
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section
+from minilmd.trainer.model.docattention import DocumentMask, attend, masks_for
 from minilmd.trainer.model.loss import IGNORE_INDEX, chunk_rows_for, chunked_loss_sum, next_token_loss
 
 
@@ -85,16 +86,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-def document_mask(positions: torch.Tensor) -> torch.Tensor:
-    """(batch, 1, time, time) bool, True where query i may attend key j: j <= i and both in the same document piece.
-    positions: (batch, time) int, 0 where a piece starts (trainer/batches/docmask.py). Built on the device from
-    the positions alone: no host sync, the same graph for every batch."""
-    piece = torch.cumsum(positions == 0, dim=1)
-    t = positions.shape[1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=positions.device).tril()
-    return ((piece[:, :, None] == piece[:, None, :]) & causal)[:, None]
-
-
 class LayerCache:
     """Keys and values of one layer for generation, preallocated: (batch, kv_heads, max_len, head_dim)."""
 
@@ -138,16 +129,18 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: LayerCache | None = None, pos: int = 0, doc_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """doc_mask: document_mask's block-causal mask (training only, never with a cache); None: causal."""
+                cache: LayerCache | None = None, pos: int = 0, doc_mask: DocumentMask | None = None) -> torch.Tensor:
+        """doc_mask: the rows' block-causal mask (docattention.masks_for; training only, never with a cache);
+        None: causal."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if doc_mask is not None:  # data.doc_mask: attention within each document piece
+            y = attend(q, k, v, doc_mask, gqa=self.n_kv_heads != self.n_heads)
+            return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
         mask, causal = None, True
-        if doc_mask is not None:
-            mask, causal = doc_mask, False
         if cache is not None:
             k, v = cache.update(pos, k, v)
             if pos > 0:
@@ -214,7 +207,7 @@ class Backbone(nn.Module):
             if cache is not None:
                 raise ValueError("positions (a document mask) are for training rows, not for a cached generation")
             cos, sin = self.rope_cos[positions][:, None], self.rope_sin[positions][:, None]
-            doc_mask = document_mask(positions)
+            doc_mask = masks_for(positions)
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, pos, doc_mask)
