@@ -75,7 +75,9 @@ class DataSection:
     """Packed mode only: each token attends only to earlier tokens of its own document and its rotary positions
     restart at the document's BOS, so a packed window computes what its documents would alone (block-causal
     attention; the EOS -> next BOS prediction is dropped). Costs a dense mask per row on CPU (docs/training.md,
-    "Document masking"). Recorded in checkpoints: a resume with the other setting is refused."""
+    "Document masking"). On a chat corpus: padding-free SFT, whole conversations packed into rows (then data.mode
+    stays "packed", not SFT_DEFAULTS' "bucketed"). Recorded in checkpoints: a resume with the other setting is
+    refused."""
 
 
 @dataclass

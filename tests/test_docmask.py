@@ -237,6 +237,7 @@ def test_rows_of_two_corpus_versions_keep_their_pieces(corpus):
     assert batch.n_targets == want_old.n_targets + want_new.n_targets
 
 
+@pytest.mark.slow
 def test_the_flex_attention_path_computes_what_the_dense_mask_does(monkeypatch):
     """The block mask CUDA uses inside torch.compile, forced here on CPU (eager flex_attention, its reference
     implementation, forward only: it has no CPU backward): the same logits as the dense mask."""

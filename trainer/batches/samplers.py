@@ -41,6 +41,7 @@ import numpy as np
 
 from minilmd.trainer.batches.bucketing import BucketedSampler, DocumentRows, PaddedSampler
 from minilmd.trainer.batches.docmask import piece_targets, window_positions
+from minilmd.trainer.batches.docpacking import PackedConversationsSampler
 from minilmd.trainer.batches.sampler_base import Batch, DataError, Sampler, _generator
 
 VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
@@ -100,7 +101,10 @@ class PackedSampler(Sampler):
 def make_sampler(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int,
                  loss_mask: np.ndarray | None = None, micro_batch_size: int = 1, doc_mask: bool = False) -> Sampler:
     """The sampler of `data.mode`; `loss_mask` for a chat corpus; `micro_batch_size` is the bucket size of
-    bucketed mode (one micro-batch is one bucket); `doc_mask` (packed only) gives rows their document pieces."""
+    bucketed mode (one micro-batch is one bucket); `doc_mask` (packed only) gives rows their document pieces, and
+    on a chat corpus packs whole conversations instead of cutting windows (padding-free SFT: docpacking.py)."""
+    if mode == "packed" and doc_mask and loss_mask is not None:
+        return PackedConversationsSampler(tokens, doc_starts, seq_len, seed, loss_mask)
     if mode == "packed":
         return PackedSampler(tokens, seq_len, seed, loss_mask, doc_starts if doc_mask else None)
     if mode == "padded":
@@ -114,11 +118,15 @@ def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, se
                        batch_size: int, loss_mask: np.ndarray | None = None, doc_mask: bool = False) -> list[Batch]:
     """The fixed validation set: n_windows windows (packed) or documents (padded, bucketed) of the val split, drawn
     with VAL_SEED, in batches of batch_size rows. A val split shorter than one window gives one shorter row.
-    doc_mask: packed windows carry their document pieces (the same windows, scored as the run trains)."""
+    doc_mask: packed windows carry their document pieces (the same windows, scored as the run trains); on a chat
+    corpus (padding-free SFT) the padded mode's rows, one conversation each: the masked rows compute the same loss,
+    comparable with a bucketed or padded run's."""
     n_tokens = int(len(tokens))
     if n_tokens < 2:
         raise DataError(f"the val split has {n_tokens} tokens; at least 2 are needed for a validation loss")
     rng = _generator(VAL_SEED, _STREAM_VALIDATION, 0)
+    if mode == "packed" and doc_mask and loss_mask is not None:
+        mode = "padded"
     if mode in ("padded", "bucketed"):
         docs_rows = DocumentRows(tokens, doc_starts, seq_len, loss_mask)
         n_docs = len(doc_starts) - 1
