@@ -74,8 +74,8 @@ def bench_sft_command(
     steps: int = typer.Option(10, "--steps", help="Optimizer steps timed in each mode."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
 ) -> None:
-    """Same model, same steps: static padding vs length bucketing (and packed): real and target tokens/s, PAD share,
-    the ratio bucketed/static and its limit."""
+    """Same model, same steps: static padding vs length bucketing (and packed, and padding-free): real and target
+    tokens/s, PAD share, the ratio bucketed/static and its limit."""
     from minilmd.trainer.bench.sft import main as bench_main
 
     raise typer.Exit(bench_main(prepared, config, steps, set_))
