@@ -5,7 +5,8 @@ document pieces run alone (rotary positions from 0, plain causal attention), and
 loss equal the sum of theirs; through the trainer, the masked windows' loss is the sum over their pieces. Without
 doc_mask nothing changes: the same batches (no positions), the same call into the model. Around it: the pieces'
 positions from doc_lengths (not from the ids), the config rule (packed only), the checkpoint's record of the
-setting (a resume with the other one is refused) and a SIGKILLed masked run resuming bit for bit.
+setting (a resume with the other one is refused), a SIGKILLed masked run resuming bit for bit, 2 gloo ranks
+matching 1, and the flex_attention block mask (CUDA, compiled) computing what the dense mask does.
 """
 from __future__ import annotations
 
@@ -257,3 +258,23 @@ def test_the_flex_attention_path_computes_what_the_dense_mask_does(monkeypatch):
             logits[flex] = model(row, positions=positions).logits
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(logits[False], model(row).logits.detach(), atol=1e-4)  # the mask is in effect
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_match_one_rank_with_the_mask(tmp_path, corpus):
+    from minilmd.protocol import EXIT_DONE as DONE
+    from trainer_corpus import child_env, read_metrics, run_paths, train
+
+    steps, data = 4, {"mode": "packed", "doc_mask": True}
+    one = write_config(tmp_path, corpus, name="one", data=data, train={"max_steps": steps, "micro_batch_size": 4})
+    two = write_config(tmp_path, corpus, name="two", data=data, train={"max_steps": steps, "micro_batch_size": 2})
+    assert train(one).returncode == DONE
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "minilmd.cli", "train", str(two)], capture_output=True, text=True, timeout=300,
+                       env=child_env())
+    assert p.returncode == DONE, p.stdout[-3000:] + p.stderr[-3000:]
+    lines_one, lines_two = read_metrics(run_paths(one)[0], "train"), read_metrics(run_paths(two)[0], "train")
+    assert len(lines_one) == len(lines_two) == steps
+    for a, b in zip(lines_one, lines_two, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-5)
+        assert b["tokens_seen"] == a["tokens_seen"]
