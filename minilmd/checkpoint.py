@@ -102,6 +102,9 @@ class Expectation:
     data_ancestors: tuple[str, ...] = ()
     """Data fingerprints of the corpus's earlier versions (corpus.earlier_versions): the corpus grew by
     `prepare --append` since the checkpoint, which is still resumable (trainer/batches/growth.py)."""
+    doc_mask: bool | None = None
+    """The run's data.doc_mask: a checkpoint records it in its config (absent: false, saved before it existed);
+    the attention it was trained with is part of what a resume continues, so the other setting is refused."""
 
     @classmethod
     def for_corpus(cls, cfg: RunConfig, meta: dict | None = None) -> Expectation:
@@ -109,10 +112,10 @@ class Expectation:
         of its prepared corpus (PreparedCorpus.meta, or read_meta's), that corpus's data and tokenizer fingerprints
         and its earlier versions. Without `meta` the fingerprints are not checked."""
         if meta is None:
-            return cls(model=cfg.model_dict(), lora=cfg.lora_dict())
+            return cls(model=cfg.model_dict(), lora=cfg.lora_dict(), doc_mask=cfg.data.doc_mask)
         return cls(model=cfg.model_dict(), data_fingerprint=data_fingerprint(meta),
                    tokenizer_fingerprint=meta["tokenizer_sha256"], lora=cfg.lora_dict(),
-                   data_ancestors=tuple(earlier_versions(meta)))
+                   data_ancestors=tuple(earlier_versions(meta)), doc_mask=cfg.data.doc_mask)
 
 
 def verify_manifest(manifest: dict, size_of: Callable[[str], int | None],
@@ -327,6 +330,12 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
         if lora != expected.lora:
             raise CheckpointMismatch(ckpt_dir, [f"saved with [lora] {_lora_text(lora)}, the run has "
                                                 f"{_lora_text(expected.lora)}"], "model")
+    if expected.doc_mask is not None:
+        saved_mask = ((state.get("config") or {}).get("data") or {}).get("doc_mask", False)
+        if saved_mask != expected.doc_mask:
+            raise CheckpointMismatch(ckpt_dir, [f"saved with data.doc_mask = {str(saved_mask).lower()}, the run has "
+                                                f"{str(expected.doc_mask).lower()} (the attention it trained with)"],
+                                     "model")
     prints = state.get("fingerprints") or {}
     for kind, want in (("tokenizer", expected.tokenizer_fingerprint), ("data", expected.data_fingerprint)):
         if kind == "data" and prints.get(kind) in expected.data_ancestors:

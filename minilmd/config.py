@@ -71,6 +71,13 @@ class DataSection:
     row (the SFT default: see SFT_DEFAULTS)."""
     val_windows: int = 64
     """Number of fixed validation windows (or documents, in padded mode) for the validation loss."""
+    doc_mask: bool = False
+    """Packed mode only: each token attends only to earlier tokens of its own document and its rotary positions
+    restart at the document's BOS, so a packed window computes what its documents would alone (block-causal
+    attention; the EOS -> next BOS prediction is dropped). Costs a dense mask per row on CPU (docs/training.md,
+    "Document masking"). On a chat corpus: padding-free SFT, whole conversations packed into rows (then data.mode
+    stays "packed", not SFT_DEFAULTS' "bucketed"). Recorded in checkpoints: a resume with the other setting is
+    refused."""
 
 
 @dataclass
@@ -344,6 +351,8 @@ def apply_sft_defaults(cfg: RunConfig) -> list[str]:
     by the trainer once it knows the corpus is a chat corpus (and by `bench sft`)."""
     applied = []
     for key, value in SFT_DEFAULTS.items():
+        if key == "data.mode" and cfg.data.doc_mask:
+            continue  # data.doc_mask asks for packed rows (checked with the other values: packed only)
         if not cfg.is_set(key):
             section, name = key.split(".")
             setattr(getattr(cfg, section), name, value)

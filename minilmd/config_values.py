@@ -166,6 +166,9 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append("data.prepared is required (the output directory of `minilmd prepare`)")
     if d.mode not in ("packed", "padded", "bucketed"):
         p.append(f"data.mode = {d.mode!r}: must be \"packed\", \"padded\" or \"bucketed\"")
+    elif d.doc_mask and d.mode != "packed":
+        p.append(f"data.doc_mask = true needs data.mode = \"packed\" (data.mode = {d.mode!r} already keeps one "
+                 "document per row)")
     p += out_of_range(cfg)
     if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads:
         p.append(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")

@@ -98,7 +98,8 @@ def test_bench_sft_measures_the_three_modes_on_the_same_model(tmp_path, chat):
     text = report(results, cfg)
     limit = (1 - bucketed.pad_share) / (1 - static.pad_share)
     assert f"limit (1 - PAD_bucketed)/(1 - PAD_static) = {limit:.2f}x" in text
-    assert {line.split()[0] for line in text.splitlines()[2:5]} == {"static", "bucketed", "packed"}
+    assert {line.split()[0] for line in text.splitlines()[2:6]} == {"static", "bucketed", "packed", "padfree"}
+    assert results["masked"].pad_share < static.pad_share  # padding-free: whole conversations, PAD only at row ends
 
 
 def test_sft_defaults_fill_only_what_the_config_leaves_out_and_epochs_are_a_budget(tmp_path, chat):

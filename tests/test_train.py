@@ -142,8 +142,9 @@ def test_bench_packing_reports_both_modes_side_by_side(tmp_path, corpus):
     p = subprocess.run([*train_cmd(config)[:3], "bench", "packing", "--prepared", str(corpus[0]), "--config",
                         str(config), "--steps", "2"], capture_output=True, text=True, timeout=300, env=child_env())
     assert p.returncode == 0, p.stderr
-    rows = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(packed|padded)\s+[\d,]+\s+[\d.]+\s+([\d.]+)%",
-                                                                p.stdout, re.M)}
-    assert rows["packed"] == 0.0 and 0.0 < rows["padded"] < 100.0, p.stdout
+    rows = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"^(packed|masked|padded)\s+[\d,]+\s+[\d.]+\s+([\d.]+)%", p.stdout, re.M)}
+    assert rows["packed"] == rows["masked"] == 0.0 and 0.0 < rows["padded"] < 100.0, p.stdout
+    assert re.search(r"masked/packed real tokens/s: [\d.]+x", p.stdout), p.stdout
     limit = float(re.search(r"limit 1/\(1 - PAD share\) = ([\d.]+)x", p.stdout).group(1))
     assert limit == pytest.approx(1 / (1 - rows["padded"] / 100), rel=0.01)

@@ -46,7 +46,8 @@ def bench_packing_command(
     steps: int = typer.Option(20, "--steps", help="Optimizer steps timed in each mode."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
 ) -> None:
-    """Same model, same steps, packed vs padded rows: real tokens/s of each, the ratio, the PAD share."""
+    """Same model, same steps, packed (unmasked and data.doc_mask) vs padded rows: real tokens/s of each, the ratios,
+    the PAD share."""
     from minilmd.trainer.bench.packing import main as bench_main
 
     raise typer.Exit(bench_main(prepared, config, steps, set_))
@@ -73,8 +74,8 @@ def bench_sft_command(
     steps: int = typer.Option(10, "--steps", help="Optimizer steps timed in each mode."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
 ) -> None:
-    """Same model, same steps: static padding vs length bucketing (and packed): real and target tokens/s, PAD share,
-    the ratio bucketed/static and its limit."""
+    """Same model, same steps: static padding vs length bucketing (and packed, and padding-free): real and target
+    tokens/s, PAD share, the ratio bucketed/static and its limit."""
     from minilmd.trainer.bench.sft import main as bench_main
 
     raise typer.Exit(bench_main(prepared, config, steps, set_))

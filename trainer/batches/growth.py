@@ -53,6 +53,8 @@ class SegmentedSampler(Sampler):
         width = max(b.input_ids.shape[1] for _, b in parts)
         ids = np.zeros((positions.size, width), dtype=np.uint16)
         targets = np.zeros((positions.size, width), dtype=np.uint8)
+        masked = parts[0][1].positions is not None  # doc_mask: every segment's rows carry their pieces
+        pieces = np.zeros((positions.size, width), dtype=np.int32) if masked else None
         for sel, b in parts:
             w = b.input_ids.shape[1]
             ids[sel, :w] = b.input_ids
@@ -60,7 +62,10 @@ class SegmentedSampler(Sampler):
                 targets[sel, 1:w] = 1
             else:
                 targets[sel, :w] = b.targets
-        return Batch(ids, targets, sum(b.n_targets for _, b in parts), sum(b.n_real_tokens for _, b in parts))
+            if pieces is not None and b.positions is not None:
+                pieces[sel, :w] = b.positions
+        return Batch(ids, targets, sum(b.n_targets for _, b in parts), sum(b.n_real_tokens for _, b in parts),
+                     pieces)
 
     def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
         b = self.rows(np.arange(first_row, first_row + global_batch, dtype=np.int64))
@@ -103,7 +108,7 @@ def resumed_segments(state: dict, corpus, sampler_of) -> list[dict] | None:
 
 
 def resume_sampler(state: dict, corpus, mode: str, seq_len: int, seed: int, sampler: Sampler,
-                   micro_batch_size: int = 1) -> Sampler:
+                   micro_batch_size: int = 1, doc_mask: bool = False) -> Sampler:
     """`sampler` (over the whole train split) when the run needs no segments, else a SegmentedSampler."""
     train = corpus.train
 
@@ -116,7 +121,7 @@ def resume_sampler(state: dict, corpus, mode: str, seq_len: int, seed: int, samp
                             f"tokens, not a prefix of this corpus's train split")
         mask = None if train.loss_mask is None else train.loss_mask[:tokens]
         return make_sampler(mode, train.tokens[:tokens], train.doc_starts[:docs + 1], seq_len, seed, mask,
-                            micro_batch_size)
+                            micro_batch_size, doc_mask)
 
     segments = resumed_segments(state, corpus, sampler_of)
     if segments is None:

@@ -25,11 +25,14 @@ class Batch:
     """(rows, width) uint16 token ids; PAD (0) past a row's end."""
     targets: np.ndarray | None
     """(rows, width) uint8: 1 where the token is a target, predicted from the position before it (so column 0 never
-    is). None: every token but the first of each row (packed text windows)."""
+    is). None: every token but the first of each row (packed text windows without data.doc_mask)."""
     n_targets: int
     """Predictions the loss sums over: targets[:, 1:].sum()."""
     n_real_tokens: int
     """Non-PAD tokens in input_ids (tokens/s counts these)."""
+    positions: np.ndarray | None = None
+    """(rows, width) int32 rotary position of each token within its document piece, for packed rows with
+    `data.doc_mask` (trainer/batches/docmask.py); None: positions 0..width-1 and plain causal attention."""
 
     @property
     def labels(self) -> np.ndarray:

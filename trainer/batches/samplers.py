@@ -6,6 +6,8 @@ labels: the model shifts inside (logits[:, :-1] against labels[:, 1:]), so a win
 the model sees (the same (B, seq_len) tensor as in padded mode and in MiniMind, and `seq_len` is also the longest
 sequence the model must handle); the price is one prediction in 340 per window. Windows cross document boundaries
 on purpose: the stream holds `[BOS] doc [EOS]` for every document, so the model sees the boundaries.
+With `data.doc_mask` the same windows also carry their document pieces (trainer/batches/docmask.py): attention
+and rotary positions stay within each document, and the EOS -> next BOS prediction is no target.
 
 Epochs. Epoch e uses the window starts `offset_e + k * seq_len` for k in [0, n_windows), visited in the order of a
 permutation; offset_e in [0, seq_len) moves the window edges from one epoch to the next. Both are drawn from
@@ -38,6 +40,8 @@ from __future__ import annotations
 import numpy as np
 
 from minilmd.trainer.batches.bucketing import BucketedSampler, DocumentRows, PaddedSampler
+from minilmd.trainer.batches.docmask import piece_targets, window_positions
+from minilmd.trainer.batches.docpacking import PackedConversationsSampler
 from minilmd.trainer.batches.sampler_base import Batch, DataError, Sampler, _generator
 
 VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
@@ -45,23 +49,34 @@ MODES = ("packed", "padded", "bucketed")
 _STREAM_VALIDATION = 1
 
 
-def window_batch(tokens: np.ndarray, loss_mask: np.ndarray | None, starts: np.ndarray, length: int) -> Batch:
-    """Windows of `length` stream tokens (and their loss mask, for a chat corpus) starting at `starts`."""
+def window_batch(tokens: np.ndarray, loss_mask: np.ndarray | None, starts: np.ndarray, length: int,
+                 doc_starts: np.ndarray | None = None) -> Batch:
+    """Windows of `length` stream tokens (and their loss mask, for a chat corpus) starting at `starts`; with
+    `doc_starts` (data.doc_mask) also the positions of their document pieces (trainer/batches/docmask.py)."""
     x = np.stack([np.asarray(tokens[s:s + length], dtype=np.uint16) for s in starts])
-    if loss_mask is None:
+    targets = None
+    if loss_mask is not None:
+        targets = np.stack([np.asarray(loss_mask[s:s + length], dtype=np.uint8) for s in starts])
+    if doc_starts is not None:
+        positions = window_positions(starts, length, doc_starts)
+        targets = piece_targets(positions, targets)
+        return Batch(x, targets, int(targets[:, 1:].sum()), x.size, positions)
+    if targets is None:
         return Batch(x, None, len(starts) * (length - 1), x.size)
-    targets = np.stack([np.asarray(loss_mask[s:s + length], dtype=np.uint8) for s in starts])
     return Batch(x, targets, int(targets[:, 1:].sum()), x.size)
 
 
 class PackedSampler(Sampler):
-    """Fixed windows of seq_len tokens cut from the stream, across document boundaries."""
+    """Fixed windows of seq_len tokens cut from the stream, across document boundaries; with `doc_starts`
+    (data.doc_mask) each row also carries its document pieces' positions."""
 
     mode = "packed"
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, loss_mask: np.ndarray | None = None):
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, loss_mask: np.ndarray | None = None,
+                 doc_starts: np.ndarray | None = None):
         self.tokens = tokens
         self.loss_mask = loss_mask
+        self.doc_starts = doc_starts
         self.n_tokens = int(len(tokens))
         super().__init__(max(0, (self.n_tokens - seq_len + 1) // seq_len), seq_len, seed, offset_range=seq_len)
 
@@ -74,20 +89,24 @@ class PackedSampler(Sampler):
         return offsets + idx * self.seq_len
 
     def global_counts(self, first_row: int, global_batch: int) -> tuple[int, int]:
-        if self.loss_mask is not None:
+        if self.loss_mask is not None or self.doc_starts is not None:
             return super().global_counts(first_row, global_batch)
         return global_batch * (self.seq_len - 1), global_batch * self.seq_len  # every window is full
 
     def rows(self, positions: np.ndarray) -> Batch:
-        return window_batch(self.tokens, self.loss_mask, self.window_starts(positions), self.seq_len)
+        return window_batch(self.tokens, self.loss_mask, self.window_starts(positions), self.seq_len,
+                            self.doc_starts)
 
 
 def make_sampler(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int,
-                 loss_mask: np.ndarray | None = None, micro_batch_size: int = 1) -> Sampler:
+                 loss_mask: np.ndarray | None = None, micro_batch_size: int = 1, doc_mask: bool = False) -> Sampler:
     """The sampler of `data.mode`; `loss_mask` for a chat corpus; `micro_batch_size` is the bucket size of
-    bucketed mode (one micro-batch is one bucket)."""
+    bucketed mode (one micro-batch is one bucket); `doc_mask` (packed only) gives rows their document pieces, and
+    on a chat corpus packs whole conversations instead of cutting windows (padding-free SFT: docpacking.py)."""
+    if mode == "packed" and doc_mask and loss_mask is not None:
+        return PackedConversationsSampler(tokens, doc_starts, seq_len, seed, loss_mask)
     if mode == "packed":
-        return PackedSampler(tokens, seq_len, seed, loss_mask)
+        return PackedSampler(tokens, seq_len, seed, loss_mask, doc_starts if doc_mask else None)
     if mode == "padded":
         return PaddedSampler(tokens, doc_starts, seq_len, seed, loss_mask)
     if mode == "bucketed":
@@ -96,13 +115,18 @@ def make_sampler(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len:
 
 
 def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, n_windows: int,
-                       batch_size: int, loss_mask: np.ndarray | None = None) -> list[Batch]:
+                       batch_size: int, loss_mask: np.ndarray | None = None, doc_mask: bool = False) -> list[Batch]:
     """The fixed validation set: n_windows windows (packed) or documents (padded, bucketed) of the val split, drawn
-    with VAL_SEED, in batches of batch_size rows. A val split shorter than one window gives one shorter row."""
+    with VAL_SEED, in batches of batch_size rows. A val split shorter than one window gives one shorter row.
+    doc_mask: packed windows carry their document pieces (the same windows, scored as the run trains); on a chat
+    corpus (padding-free SFT) the padded mode's rows, one conversation each: the masked rows compute the same loss,
+    comparable with a bucketed or padded run's."""
     n_tokens = int(len(tokens))
     if n_tokens < 2:
         raise DataError(f"the val split has {n_tokens} tokens; at least 2 are needed for a validation loss")
     rng = _generator(VAL_SEED, _STREAM_VALIDATION, 0)
+    if mode == "packed" and doc_mask and loss_mask is not None:
+        mode = "padded"
     if mode in ("padded", "bucketed"):
         docs_rows = DocumentRows(tokens, doc_starts, seq_len, loss_mask)
         n_docs = len(doc_starts) - 1
@@ -114,5 +138,5 @@ def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, se
     length = min(seq_len, n_tokens)
     available = n_tokens // length
     starts = np.sort(rng.choice(available, size=min(n_windows, available), replace=False)) * length
-    return [window_batch(tokens, loss_mask, starts[i:i + batch_size], length)
+    return [window_batch(tokens, loss_mask, starts[i:i + batch_size], length, doc_starts if doc_mask else None)
             for i in range(0, len(starts), batch_size)]

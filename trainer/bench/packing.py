@@ -1,12 +1,14 @@
 """`minilmd bench packing`: what packing saves over MiniMind's padded rows, measured on your corpus and hardware.
 
-The same model (same config, same seeded init) trains the same number of optimizer steps twice in one process,
-once on packed windows and once on padded one-document rows, through the trainer's own step (Trainer.train_step),
-their steps interleaved.
+The same model (same config, same seeded init) trains the same number of optimizer steps three times in one
+process, on packed windows, on the same windows with `data.doc_mask` (block-causal attention per document,
+"masked") and on padded one-document rows, through the trainer's own step (Trainer.train_step), their steps
+interleaved (the order rotating every step).
 Real tokens are the non-PAD ones. Padded rows cost as much compute as packed rows, so padding can at best reach
 (1 - PAD share) of packing's real tokens/s: the packed/padded ratio cannot exceed 1 / (1 - PAD share). The bench
 prints both rates, the ratio, the PAD share it measured over the rows it trained, that limit, and how close the
-ratio comes to it (the goal is >= 95 %: anything less is overhead of the packed path).
+ratio comes to it (the goal is >= 95 %: anything less is overhead of the packed path). The masked/packed ratio is
+what the document mask costs (on CPU a dense mask through SDPA: no kernel skips the masked blocks).
 """
 from __future__ import annotations
 
@@ -41,13 +43,18 @@ class ModeResult:
         return 1.0 - self.real_tokens / self.row_tokens
 
 
+MODES = ("packed", "masked", "padded")
+"""The rows compared: packed windows, the same with data.doc_mask, padded documents."""
+
+
 def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
-    """A Trainer for `mode` writing only under `tmp` (its run dir and scratch)."""
+    """A Trainer for `mode` (one of MODES) writing only under `tmp` (its run dir and scratch)."""
     from minilmd.trainer.loop.train import Trainer, init_distributed
 
     cfg = copy.deepcopy(cfg)
     cfg.run.dir, cfg.run.scratch, cfg.run.remote = f"{tmp}/{mode}/run", f"{tmp}/{mode}/scratch", ""
-    cfg.override("data.mode", mode)
+    cfg.override("data.mode", "padded" if mode == "padded" else "packed")
+    cfg.override("data.doc_mask", mode == "masked")
     cfg.train.max_steps, cfg.train.max_tokens = total_steps, 0
     return Trainer(cfg, init_distributed(cfg))
 
@@ -64,29 +71,29 @@ def timed_step(trainer) -> tuple[float, int]:
     return time.perf_counter() - t0, n_real
 
 
-def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> tuple[ModeResult, ModeResult]:
-    """Both modes side by side, their steps interleaved (packed, padded, padded, packed, ...) so that a machine
-    whose speed drifts (other jobs, clocks) slows both alike."""
+def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> tuple[ModeResult, ModeResult, ModeResult]:
+    """Every mode of MODES side by side, their steps interleaved (packed, masked, padded, then masked, padded,
+    packed, ...) so that a machine whose speed drifts (other jobs, clocks) slows them alike."""
     with tempfile.TemporaryDirectory(prefix="minilmd-bench-") as tmp:
-        trainers = {mode: build_trainer(cfg, mode, warmup + steps, tmp) for mode in ("packed", "padded")}
+        trainers = {mode: build_trainer(cfg, mode, warmup + steps, tmp) for mode in MODES}
         for trainer in trainers.values():
             for _ in range(warmup):
                 timed_step(trainer)
         seconds = dict.fromkeys(trainers, 0.0)
         real = dict.fromkeys(trainers, 0)
         for i in range(steps):
-            for mode in (("packed", "padded") if i % 2 == 0 else ("padded", "packed")):
+            for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
                 dt, n = timed_step(trainers[mode])
                 seconds[mode] += dt
                 real[mode] += n
         row_tokens = trainers["packed"].global_batch * cfg.train.seq_len * steps
         del trainers
         gc.collect()
-    packed, padded = (ModeResult(m, steps, seconds[m], real[m], row_tokens) for m in ("packed", "padded"))
-    return packed, padded
+    packed, masked, padded = (ModeResult(m, steps, seconds[m], real[m], row_tokens) for m in MODES)
+    return packed, masked, padded
 
 
-def report(packed: ModeResult, padded: ModeResult, cfg: RunConfig) -> str:
+def report(packed: ModeResult, masked: ModeResult, padded: ModeResult, cfg: RunConfig) -> str:
     ratio = packed.tok_s / padded.tok_s
     limit = 1.0 / (1.0 - padded.pad_share)
     t = cfg.train
@@ -94,9 +101,11 @@ def report(packed: ModeResult, padded: ModeResult, cfg: RunConfig) -> str:
         f"bench packing: {cfg.data.prepared}, model {cfg.model.hidden_size}x{cfg.model.num_hidden_layers}, "
         f"seq_len {t.seq_len}, {t.micro_batch_size} rows x {t.grad_accum} micro-batches, {packed.steps} timed steps",
         f"{'mode':8} {'real tok/s':>12} {'s/step':>8} {'PAD share':>10}",
-        *(f"{r.mode:8} {r.tok_s:12,.0f} {r.seconds / r.steps:8.3f} {r.pad_share:10.1%}" for r in (packed, padded)),
+        *(f"{r.mode:8} {r.tok_s:12,.0f} {r.seconds / r.steps:8.3f} {r.pad_share:10.1%}"
+          for r in (packed, masked, padded)),
         f"packed/padded real tokens/s: {ratio:.2f}x; limit 1/(1 - PAD share) = {limit:.2f}x; "
         f"reached {ratio / limit:.1%} of the limit (goal >= 95%)",
+        f"masked/packed real tokens/s: {masked.tok_s / packed.tok_s:.2f}x (the cost of data.doc_mask)",
     ])
 
 
@@ -109,6 +118,6 @@ def main(prepared: str, config_path: str, steps: int = 20, overrides: list[str] 
     if steps < 1:
         print("minilmd bench packing: --steps must be at least 1", file=sys.stderr)
         return 2
-    packed, padded = compare(cfg, steps)
-    print(report(packed, padded, cfg), flush=True)
+    packed, masked, padded = compare(cfg, steps)
+    print(report(packed, masked, padded, cfg), flush=True)
     return 0

@@ -1,8 +1,9 @@
 """`minilmd bench sft`: what length bucketing saves over static padding, measured on your chat corpus and hardware.
 
-The same model (same config, same seeded init) trains the same number of optimizer steps three times in one
+The same model (same config, same seeded init) trains the same number of optimizer steps four times in one
 process: static padding to seq_len ("padded", MiniMind's), dynamic padding with length bucketing ("bucketed", the
-seed's), and packed windows for reference; through the trainer's own step (Trainer.train_step), their steps
+seed's), packed windows for reference, and padding-free rows of whole conversations ("padfree": packed mode with
+data.doc_mask, trainer/batches/docpacking.py); through the trainer's own step (Trainer.train_step), their steps
 interleaved (the order rotates every step) so that a machine whose speed drifts slows all alike.
 
 For each mode: real tokens/s (non-PAD tokens), target tokens/s (the assistant tokens the loss is taken on) and the
@@ -10,7 +11,9 @@ PAD share of the rows it trained (the sampler's own rows: bucketed ones at their
 them). A row token costs the same compute whether it is PAD or not (up to attention's
 quadratic term, which favours the shorter bucketed rows), so bucketed can at best beat static padding by
 (1 - PAD_bucketed) / (1 - PAD_static): the bench prints the ratio of their real tokens/s, that limit, and how close
-the ratio comes to it (the goal is >= 95 %: anything less is overhead of the bucketed path).
+the ratio comes to it (the goal is >= 95 %: anything less is overhead of the bucketed path). The padfree/bucketed
+ratio is what padding-free packing gains or loses against bucketing (less PAD, but the document mask's cost and
+rows of the full seq_len).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from minilmd.config import ConfigError, RunConfig
 from minilmd.probes import load_checked
 from minilmd.trainer.bench.packing import build_trainer, timed_step
 
-MODES = ("padded", "bucketed", "packed")
+MODES = ("padded", "bucketed", "packed", "masked")
 
 
 @dataclass
@@ -62,7 +65,7 @@ def step_rows(trainer, step: int) -> tuple[int, int]:
 
 
 def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> dict[str, SftResult]:
-    """The three modes side by side, their steps interleaved; warmup steps of each first, untimed."""
+    """The modes side by side, their steps interleaved; warmup steps of each first, untimed."""
     with tempfile.TemporaryDirectory(prefix="minilmd-bench-sft-") as tmp:
         trainers = {mode: build_trainer(cfg, mode, warmup + steps, tmp) for mode in MODES}
         for trainer in trainers.values():
@@ -70,7 +73,7 @@ def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> dict[str, SftResult]
                 timed_step(trainer)
         results = {mode: SftResult(mode) for mode in MODES}
         for i in range(steps):
-            for mode in MODES[i % 3:] + MODES[:i % 3]:
+            for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
                 trainer, r = trainers[mode], results[mode]
                 rows, targets = step_rows(trainer, trainer.step)
                 dt, n_real = timed_step(trainer)
@@ -89,7 +92,7 @@ def report(results: dict[str, SftResult], cfg: RunConfig) -> str:
     ratio = b.tok_s / s.tok_s
     limit = (1.0 - b.pad_share) / (1.0 - s.pad_share)
     t = cfg.train
-    names = {"padded": "static", "bucketed": "bucketed", "packed": "packed"}
+    names = {"padded": "static", "bucketed": "bucketed", "packed": "packed", "masked": "padfree"}
     return "\n".join([
         f"bench sft: {cfg.data.prepared}, model {cfg.model.hidden_size}x{cfg.model.num_hidden_layers}, "
         f"seq_len {t.seq_len}, {t.micro_batch_size} rows x {t.grad_accum} micro-batches, {s.steps} timed steps",
@@ -98,6 +101,7 @@ def report(results: dict[str, SftResult], cfg: RunConfig) -> str:
           for r in results.values()),
         f"bucketed/static real tokens/s: {ratio:.2f}x; limit (1 - PAD_bucketed)/(1 - PAD_static) = {limit:.2f}x; "
         f"reached {ratio / limit:.1%} of the limit (goal >= 95%)",
+        f"padfree/bucketed real tokens/s: {results['masked'].tok_s / b.tok_s:.2f}x",
     ])
 
 

@@ -80,4 +80,4 @@ def probe_batches(cfg: RunConfig) -> list:
                           f"{want.get('documents')} / {want.get('tokens')}")
     mode = "padded" if data_format_of(meta) == "chat" else "packed"
     return validation_batches(mode, val.tokens, val.doc_starts, cfg.train.seq_len, cfg.data.val_windows,
-                              cfg.train.micro_batch_size, val.loss_mask)
+                              cfg.train.micro_batch_size, val.loss_mask, cfg.data.doc_mask and mode == "packed")

@@ -60,7 +60,7 @@ def resume(trainer: Trainer) -> None:
     # A corpus grown by `prepare --append` since: the planned rows stay, new documents from the next epoch
     trainer.sampler = growth.resume_sampler(state, trainer.corpus, trainer.cfg.data.mode, trainer.cfg.train.seq_len,
                                             trainer.cfg.train.seed, trainer.sampler,
-                                            trainer.cfg.train.micro_batch_size)
+                                            trainer.cfg.train.micro_batch_size, trainer.cfg.data.doc_mask)
     trainer.resumed_from = Path(found[0])
     if trainer.dist.is_main:
         old = state.get("global_batch")

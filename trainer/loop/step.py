@@ -16,10 +16,24 @@ from minilmd.trainer.loop.schedule import lr_at
 from minilmd.trainer.model.loss import chunk_rows_for
 
 
-def micro_batch_loss(forward: Any, x: torch.Tensor, next_labels: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+def micro_batch_loss(forward: Any, x: torch.Tensor, next_labels: torch.Tensor, chunk_rows: int,
+                     positions: torch.Tensor | None = None) -> torch.Tensor:
     """The sum over this micro-batch's targets of the fp32 cross-entropy, computed by `forward` (the model, or its
-    DDP/compiled wrapper) itself."""
-    return forward(x, next_labels=next_labels, chunk_rows=chunk_rows).loss
+    DDP/compiled wrapper) itself. positions: the rows' document pieces (data.doc_mask), else None."""
+    if positions is None:  # the call as it is without data.doc_mask, to the letter
+        return forward(x, next_labels=next_labels, chunk_rows=chunk_rows).loss
+    return forward(x, next_labels=next_labels, chunk_rows=chunk_rows, positions=positions).loss
+
+
+def positions_to_device(trainer: Any, batch: Any) -> torch.Tensor | None:
+    """The batch's document-piece positions (data.doc_mask: trainer/batches/docmask.py) on the device, copied like
+    its ids (pinned, non-blocking on CUDA); None without them."""
+    if batch.positions is None:
+        return None
+    positions = torch.from_numpy(batch.positions)
+    if trainer.device.type == "cuda":
+        return positions.pin_memory().to(trainer.device, non_blocking=True)
+    return positions
 
 
 def loss_chunk_rows(trainer: Any) -> int:
@@ -45,9 +59,10 @@ def accumulate_gradients(trainer: Any, step: int) -> tuple[torch.Tensor, int]:
         batch = trainer.sampler.batch(step, trainer.global_batch, dist.rank, dist.world_size, micro,
                                       t.micro_batch_size, first_row=row0)
         x, y = trainer.to_device(batch)
+        positions = positions_to_device(trainer, batch)
         sync = micro == t.grad_accum - 1 or not dist.active
         with (nullcontext() if sync else trainer.forward_model.no_sync()), trainer.autocast():
-            part = micro_batch_loss(trainer.forward_model, x, y, chunk_rows) / max(n_targets, 1)
+            part = micro_batch_loss(trainer.forward_model, x, y, chunk_rows, positions) / max(n_targets, 1)
         (part * dist.world_size).backward()
         loss_sum += part.detach()
     return loss_sum, n_real
@@ -83,7 +98,7 @@ def evaluate(trainer: Any, batches: list) -> float:
     for batch in batches:
         x, y = trainer.to_device(batch)
         with trainer.autocast():
-            total += float(micro_batch_loss(trainer.model, x, y, chunk_rows))
+            total += float(micro_batch_loss(trainer.model, x, y, chunk_rows, positions_to_device(trainer, batch)))
         count += batch.n_targets
     trainer.model.train()
     return total / max(count, 1)

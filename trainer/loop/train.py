@@ -102,9 +102,10 @@ class Trainer:
         self.sft_defaults = apply_sft_defaults(cfg) if self.corpus.data_format == "chat" else []
         train, val = self.corpus.train, self.corpus.val
         self.sampler = make_sampler(cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed,
-                                    train.loss_mask, t.micro_batch_size)
+                                    train.loss_mask, t.micro_batch_size, cfg.data.doc_mask)
         self.val_batches = validation_batches(cfg.data.mode, val.tokens, val.doc_starts, t.seq_len,
-                                              cfg.data.val_windows, t.micro_batch_size, val.loss_mask)
+                                              cfg.data.val_windows, t.micro_batch_size, val.loss_mask,
+                                              cfg.data.doc_mask)
         self.probe_batches = probe_batches(cfg)
         self.early = EarlyStop.from_config(cfg)
         self.global_batch = t.micro_batch_size * t.grad_accum * dist.world_size

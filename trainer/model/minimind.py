@@ -17,6 +17,10 @@ Choices that matter elsewhere:
   last position ignored. The trainer builds its shifted labels on the device (`next_token_labels`).
 - `forward(ids, next_labels=...)` is the trainer's: the summed loss computed inside the forward (so inside the
   compiled graph), head and cross-entropy in chunks of rows, no logits of the whole batch (trainer/model/loss.py).
+- `forward(ids, ..., positions=...)` is packed training with `data.doc_mask` (trainer/batches/docmask.py): each
+  token's rotary position within its document piece, from which trainer/model/docattention.py derives
+  block-causal attention on the device, so that every piece of a row computes what it would alone. Without
+  positions (the default, and every export and generation) the forward is the plain causal one, unchanged.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from torch import nn
 
 from minilmd.config import ModelSection
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section
+from minilmd.trainer.model.docattention import DocumentMask, attend, masks_for
 from minilmd.trainer.model.loss import IGNORE_INDEX, chunk_rows_for, chunked_loss_sum, next_token_loss
 
 
@@ -76,7 +81,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, heads, time, head_dim); cos/sin: (time, head_dim)."""
+    """x: (batch, heads, time, head_dim); cos/sin: (time, head_dim), or (batch, 1, time, head_dim) per row."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + rotate_half(x) * sin
 
@@ -124,12 +129,17 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: LayerCache | None = None, pos: int = 0) -> torch.Tensor:
+                cache: LayerCache | None = None, pos: int = 0, doc_mask: DocumentMask | None = None) -> torch.Tensor:
+        """doc_mask: the rows' block-causal mask (docattention.masks_for; training only, never with a cache);
+        None: causal."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if doc_mask is not None:  # data.doc_mask: attention within each document piece
+            y = attend(q, k, v, doc_mask, gqa=self.n_kv_heads != self.n_heads)
+            return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
         mask, causal = None, True
         if cache is not None:
             k, v = cache.update(pos, k, v)
@@ -167,8 +177,8 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache: LayerCache | None = None, pos: int = 0):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, pos)
+    def forward(self, x, cos, sin, cache: LayerCache | None = None, pos: int = 0, doc_mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, pos, doc_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -187,13 +197,20 @@ class Backbone(nn.Module):
         self.register_buffer("rope_cos", torch.empty(cfg.max_position_embeddings, cfg.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(cfg.max_position_embeddings, cfg.head_dim), persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         pos = cache.pos if cache is not None else 0
         t = input_ids.shape[1]
         cos, sin = self.rope_cos[pos:pos + t], self.rope_sin[pos:pos + t]
+        doc_mask = None
+        if positions is not None:  # data.doc_mask: each piece's own positions, attention within it
+            if cache is not None:
+                raise ValueError("positions (a document mask) are for training rows, not for a cached generation")
+            cos, sin = self.rope_cos[positions][:, None], self.rope_sin[positions][:, None]
+            doc_mask = masks_for(positions)
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, pos)
+            x = layer(x, cos, sin, cache.layers[i] if cache is not None else None, pos, doc_mask)
         if cache is not None:
             cache.pos = pos + t
         return self.norm(x)
@@ -236,15 +253,18 @@ class MiniMindForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 cache: KVCache | None = None, next_labels: torch.Tensor | None = None,
-                chunk_rows: int | None = None) -> CausalLMOutput:
+                chunk_rows: int | None = None, positions: torch.Tensor | None = None) -> CausalLMOutput:
         """input_ids (batch, time) int64 or int32. With labels (same shape; -100 = ignore), the loss compares the logits
         at position i with the label at i + 1. With a cache, input_ids continue the cached sequence.
 
         The trainer's path: with next_labels (already shifted, next_token_labels; the loss mask is their
         IGNORE_INDEX) the loss is the fp32 cross-entropy summed over their targets, computed `chunk_rows` sequences
         at a time (default: about CHUNK_TOKENS tokens) so that no logits of the whole batch exist
-        (trainer/model/loss.py); logits is then None."""
-        hidden = self.model(input_ids, cache)
+        (trainer/model/loss.py); logits is then None.
+
+        positions (batch, time) int, with data.doc_mask: each token's position within its document piece (0 at a
+        piece's start); attention stays within each piece (document_mask). None: one sequence per row."""
+        hidden = self.model(input_ids, cache) if positions is None else self.model(input_ids, positions=positions)
         if next_labels is not None:
             rows = chunk_rows or chunk_rows_for(input_ids.shape[1])
             return CausalLMOutput(None, chunked_loss_sum(self.lm_head, hidden, next_labels, rows))
