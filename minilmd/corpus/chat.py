@@ -27,6 +27,7 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,13 +233,31 @@ class ChatTemplate:
         """(the whole rendering, the [start, end) character span of each assistant reply's target). TurnError
         (reason, detail) when the template fails or its text does not show where a reply is (module docstring);
         `template_limit` when its renderings together go beyond self.limits."""
+        full, spans, _ = self.targets_and_turns(messages)
+        return full, spans
+
+    def targets_and_turns(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+        """targets() and the [start, end) of each assistant message's whole turn in the rendering (the lengths of
+        the renderings before and through it): what chat_spans.py learns a conversation shape's layout from."""
+        with self.bounded():
+            return self._targets(messages)
+
+    @contextmanager
+    def bounded(self):
+        """The renderings inside the block bounded together by self.limits (re-entrant); beyond them, TurnError
+        `template_limit`."""
         try:
             with limited(self._budget):
-                return self._targets(messages)
+                yield
         except Exceeded as e:
             raise TurnError("template_limit", str(e)) from None
 
-    def _targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    def whole(self, messages: list[dict]) -> str:
+        """The rendering of the whole conversation, as targets() renders it first (TurnError as it raises)."""
+        with self.bounded():
+            return self._render_or_bad(messages)
+
+    def _targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         cache: dict[int, str] = {}
 
         def upto(k: int) -> str:  # the rendering of messages[:k]; only the last two are kept (memory)
@@ -255,7 +274,7 @@ class ChatTemplate:
             return cache[k]
 
         full = upto(len(messages))
-        spans = []
+        spans, turns = [], []
         for k, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
@@ -272,7 +291,8 @@ class ChatTemplate:
             if close < len(HEADER):
                 raise TurnError("template_output", f"assistant message {k} renders without a closing {IM_END!r}")
             spans.append((len(before) + len(HEADER), len(before) + close + len(IM_END)))
-        return full, spans
+            turns.append((len(before), len(through)))
+        return full, spans, turns
 
     def _render_or_bad(self, messages: list[dict]) -> str:
         try:

@@ -27,11 +27,13 @@ Bounds (chat templates are untrusted code, and a conversation is held whole):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
-from minilmd.corpus.chat import ChatTemplate, TurnError, canonical, has_special_text, parse_chat_block
+from minilmd.corpus.chat import ChatTemplate, ParsedChatBlock, TurnError, canonical, has_special_text, parse_chat_block
 from minilmd.corpus.chat_sandbox import TemplateLimits
+from minilmd.corpus.chat_spans import BlockSpans, Layouts
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key
 from minilmd.corpus.sources.jsonl import InputError, LongLine
 from minilmd.protocol import BOS_ID, EOS_ID
@@ -109,13 +111,23 @@ class ChatSpec:
     on_long: str = "cut"
 
 
-def target_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
-    """uint8 mask of the tokens whose first character (offsets[:, 0]) lies in one of the [start, end) spans."""
-    starts = offsets[:, 0] if offsets.size else np.zeros(0, dtype=np.int64)
+def target_mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[int | None]]:
+    """(uint8 mask of the tokens whose first character, `starts`, lies in one of the [start, end) spans, the index
+    of each span's last such token or None). Tokens in text order (byte-level BPE: starts never decrease) are cut
+    by binary search; any other order by a scan, with the same result."""
     mask = np.zeros(starts.size, dtype=np.uint8)
+    last: list[int | None] = []
+    ordered = bool((starts[1:] >= starts[:-1]).all())
     for a, b in spans:
-        mask[(starts >= a) & (starts < b)] = 1
-    return mask
+        if ordered:
+            lo, hi = (int(x) for x in np.searchsorted(starts, (a, b), side="left"))
+            mask[lo:hi] = 1
+            last.append(hi - 1 if hi > lo else None)
+        else:
+            inside = np.flatnonzero((starts >= a) & (starts < b))
+            mask[inside] = 1
+            last.append(int(inside[-1]) if inside.size else None)
+    return mask, last
 
 
 def encode_conversation(tok, template: ChatTemplate, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -127,14 +139,13 @@ def encode_conversation(tok, template: ChatTemplate, messages: list[dict]) -> tu
 
 def _ids_and_mask(enc, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(enc.ids, dtype=np.uint16)
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
     if not ids.size or ids[0] != BOS_ID:
         raise TurnError("template_output", f"the rendering starts with id {int(ids[0]) if ids.size else None}, not "
                                            f"<|im_start|> ({BOS_ID}): minilmd's documents start with BOS")
-    mask = target_mask(offsets, spans)
-    for k, (a, b) in enumerate(spans):
-        inside = np.flatnonzero((offsets[:, 0] >= a) & (offsets[:, 0] < b))
-        if not inside.size or ids[inside[-1]] != EOS_ID:
+    starts = np.fromiter(chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * ids.size)[::2]
+    mask, last = target_mask(starts, spans)
+    for k, end in enumerate(last):
+        if end is None or ids[end] != EOS_ID:
             raise TurnError("template_output", f"reply {k}'s last target token is not <|im_end|> ({EOS_ID}): the "
                                                "tokenizer does not encode <|im_end|> as one special token")
     return ids, mask
@@ -143,7 +154,7 @@ def _ids_and_mask(enc, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.nda
 class ChatBlockEncoder:
     """Parse, render, encode, mask and split one block of chat lines. Lives in each worker process."""
 
-    def __init__(self, tokenizer_json: str, val_fraction: float, chat: ChatSpec):
+    def __init__(self, tokenizer_json: str, val_fraction: float, chat: ChatSpec, one_render: bool = True):
         from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_str(tokenizer_json)
@@ -154,9 +165,21 @@ class ChatBlockEncoder:
         limits = TemplateLimits(template.limits.seconds, max(template.limits.chars, 4 * self.text_limit))
         self.chat = ChatSpec(ChatTemplate(template.source, template.special_tokens, limits), chat.seq_len,
                              chat.on_long)
+        # One rendering per conversation where the template allows it (chat_spans.py); None: the prefix way for all.
+        self.layouts = Layouts(self.chat.template) if one_render else None
+        self.renders_saved = 0
 
     def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
         parsed = parse_chat_block(blob, first_line)
+        finder = BlockSpans(self.chat.template, self.layouts)
+        bad, rendered, kept = self._render(parsed, first_line, finder)
+        if finder.mismatch:  # the template is not laid out by the shape of a conversation: the prefix way throughout
+            bad, rendered, kept = self._render(parsed, first_line, BlockSpans(self.chat.template, None))
+        self.renders_saved += 0 if finder.mismatch else finder.renders_saved
+        return self._encode(parsed, bad, rendered, kept)
+
+    def _render(self, parsed: ParsedChatBlock, first_line: int, finder: BlockSpans):
+        """(bad lines, (text, spans) and (messages, line) of each conversation rendered)."""
         bad = list(parsed.bad)
         rendered, kept = [], []
         tried = over = 0  # conversations rendered, and those beyond the template's bound
@@ -167,7 +190,7 @@ class ChatBlockEncoder:
                 continue
             tried += 1
             try:
-                rendered.append(self.chat.template.targets(messages))
+                rendered.append(finder.targets(messages))
             except TurnError as e:
                 bad.append((line, e.reason, e.detail))
                 over += e.reason == "template_limit"
@@ -177,6 +200,9 @@ class ChatBlockEncoder:
                                      "lines; nothing was written") from None
                 continue
             kept.append((messages, line))
+        return bad, rendered, kept
+
+    def _encode(self, parsed: ParsedChatBlock, bad: list, rendered: list, kept: list) -> EncodedBlock:
         encs = self.tok.encode_batch([text for text, _ in rendered], add_special_tokens=False)
         counts = dict.fromkeys(COUNTS, 0)
         out: dict[bool, dict[str, list]] = {v: {"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [],
