@@ -96,6 +96,7 @@ def test_one_rendering_gives_the_prefix_spans_or_the_same_refusal(name, chat_tok
     assert finder.renders_saved > 0.9 * len(conversations), "most conversations took one rendering"
 
 
+@pytest.mark.slow  # twelve block-by-block comparisons of a few hundred conversations
 @pytest.mark.parametrize("name", ["test", "synthetic", "minimind", "not-incremental", "by-text", "skips-empty"])
 @pytest.mark.parametrize("block_bytes", [1 << 20, 8192])
 def test_block_encoder_writes_the_same_tokens_and_masks_byte_for_byte(name, block_bytes, chat_tokenizer,
