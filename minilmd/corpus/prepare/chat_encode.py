@@ -140,15 +140,70 @@ def encode_conversation(tok, template: ChatTemplate, messages: list[dict]) -> tu
 def _ids_and_mask(enc, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(enc.ids, dtype=np.uint16)
     if not ids.size or ids[0] != BOS_ID:
-        raise TurnError("template_output", f"the rendering starts with id {int(ids[0]) if ids.size else None}, not "
-                                           f"<|im_start|> ({BOS_ID}): minilmd's documents start with BOS")
+        raise _no_bos(ids)
     starts = np.fromiter(chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * ids.size)[::2]
+    return ids, _mask_checked(ids, starts, spans)
+
+
+def _no_bos(ids: np.ndarray) -> TurnError:
+    return TurnError("template_output", f"the rendering starts with id {int(ids[0]) if ids.size else None}, not "
+                                        f"<|im_start|> ({BOS_ID}): minilmd's documents start with BOS")
+
+
+def _no_eos(k: int) -> TurnError:
+    return TurnError("template_output", f"reply {k}'s last target token is not <|im_end|> ({EOS_ID}): the "
+                                        "tokenizer does not encode <|im_end|> as one special token")
+
+
+def _mask_checked(ids: np.ndarray, starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
     mask, last = target_mask(starts, spans)
     for k, end in enumerate(last):
         if end is None or ids[end] != EOS_ID:
-            raise TurnError("template_output", f"reply {k}'s last target token is not <|im_end|> ({EOS_ID}): the "
-                                               "tokenizer does not encode <|im_end|> as one special token")
-    return ids, mask
+            raise _no_eos(k)
+    return mask
+
+
+def block_ids_and_masks(encs, texts: list[str], spans: list[list[tuple[int, int]]]) -> list:
+    """What _ids_and_mask gives each conversation of a block ((ids, mask), or the TurnError it raises), for all of
+    them at once: the ids and token starts converted once, and, when every conversation's tokens are in text order
+    (byte-level BPE's are), one binary search for all the spans, each conversation's starts offset past the
+    previous conversation's text so that the block's starts are in order too; else conversation by conversation."""
+    counts = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    total = int(bounds[-1])
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.uint16, count=total)
+    starts = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets) for e in encs), dtype=np.int64,
+                         count=2 * total)[::2]
+    base = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])])[:len(texts)]
+    placed = starts + np.repeat(base, counts)
+    out: list = []
+    if not bool((placed[1:] >= placed[:-1]).all()):
+        for i, sp in enumerate(spans):
+            one, one_starts = ids[bounds[i]:bounds[i + 1]], starts[bounds[i]:bounds[i + 1]]
+            try:
+                if not one.size or one[0] != BOS_ID:
+                    raise _no_bos(one)
+                out.append((one, _mask_checked(one, one_starts, sp)))
+            except TurnError as e:
+                out.append(e)
+        return out
+    queries = np.asarray([(base[i] + a, base[i] + b) for i, sp in enumerate(spans) for a, b in sp],
+                         dtype=np.int64).reshape(-1, 2)
+    lo, hi = np.searchsorted(placed, queries[:, 0], side="left"), np.searchsorted(placed, queries[:, 1], side="left")
+    edges = np.zeros(total + 1, dtype=np.int64)
+    np.add.at(edges, lo, 1)
+    np.add.at(edges, hi, -1)
+    mask = (np.cumsum(edges[:-1]) > 0).astype(np.uint8)
+    q = 0
+    for i, sp in enumerate(spans):
+        b, e = int(bounds[i]), int(bounds[i + 1])
+        error = _no_bos(ids[b:e]) if e == b or ids[b] != BOS_ID else None
+        for k in range(len(sp)):
+            if error is None and (hi[q + k] <= lo[q + k] or ids[hi[q + k] - 1] != EOS_ID):
+                error = _no_eos(k)
+        q += len(sp)
+        out.append(error if error is not None else (ids[b:e], mask[b:e]))
+    return out
 
 
 class ChatBlockEncoder:
@@ -203,18 +258,19 @@ class ChatBlockEncoder:
         return bad, rendered, kept
 
     def _encode(self, parsed: ParsedChatBlock, bad: list, rendered: list, kept: list) -> EncodedBlock:
-        encs = self.tok.encode_batch([text for text, _ in rendered], add_special_tokens=False)
+        texts = [text for text, _ in rendered]
+        encoded = block_ids_and_masks(self.tok.encode_batch(texts, add_special_tokens=False), texts,
+                                      [spans for _, spans in rendered])
         counts = dict.fromkeys(COUNTS, 0)
         out: dict[bool, dict[str, list]] = {v: {"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [],
                                                  "facts": []} for v in (False, True)}
         train_min = NO_DIGEST
         text_bytes = 0
-        for (messages, line), (_, spans), enc in zip(kept, rendered, encs, strict=True):
-            try:
-                ids, mask = _ids_and_mask(enc, spans)
-            except TurnError as e:
-                bad.append((line, e.reason, e.detail))
+        for (messages, line), got in zip(kept, encoded, strict=True):
+            if isinstance(got, TurnError):
+                bad.append((line, got.reason, got.detail))
                 continue
+            ids, mask = got
             cut = ids.size > self.chat.seq_len
             if cut and self.chat.on_long == "drop":
                 counts["dropped_long"] += 1
