@@ -27,7 +27,6 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -239,23 +238,21 @@ class ChatTemplate:
     def targets_and_turns(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         """targets() and the [start, end) of each assistant message's whole turn in the rendering (the lengths of
         the renderings before and through it): what chat_spans.py learns a conversation shape's layout from."""
-        with self.bounded():
-            return self._targets(messages)
+        return self.bounded(self._targets, messages)
 
-    @contextmanager
-    def bounded(self):
-        """The renderings inside the block bounded together by self.limits (re-entrant); beyond them, TurnError
-        `template_limit`."""
+    def bounded(self, fn, *args):
+        """fn(*args), the renderings it makes bounded together by self.limits (re-entrant: inside another call's
+        bound, that one's); beyond them, TurnError `template_limit`. The except encloses the bound's clean-up, where
+        a late alarm may land."""
         try:
             with limited(self._budget):
-                yield
+                return fn(*args)
         except Exceeded as e:
             raise TurnError("template_limit", str(e)) from None
 
     def whole(self, messages: list[dict]) -> str:
         """The rendering of the whole conversation, as targets() renders it first (TurnError as it raises)."""
-        with self.bounded():
-            return self._render_or_bad(messages)
+        return self.bounded(self._render_or_bad, messages)
 
     def _targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         cache: dict[int, str] = {}

@@ -134,11 +134,13 @@ class BlockSpans:
             return self.template.targets(messages)
         if self.verified < VERIFIED_PER_BLOCK:
             return self._verify(layout, messages)
-        with self.template.bounded():
-            full = self.template.whole(messages)  # the prefix way renders the whole first: the same refusal
-            spans = spans_by_layout(full, layout)
-            if spans is None:
-                return self.template.targets(messages)
+        return self.template.bounded(self._once, layout, messages)
+
+    def _once(self, layout: Layout, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        full = self.template.whole(messages)  # the prefix way renders the whole first: the same refusal
+        spans = spans_by_layout(full, layout)
+        if spans is None:
+            return self.template.targets(messages)
         self.renders_saved += 1
         return full, spans
 
