@@ -17,7 +17,14 @@ from chat_synthetic import TEMPLATE_CONFIG
 from minilmd.corpus.chat import ChatTemplate, TurnError, read_tokenizer_config
 from minilmd.corpus.chat_spans import UNLEARNT, VERIFIED_PER_BLOCK, BlockSpans, Layouts, shape
 from minilmd.corpus.demo_text import write_repeated_chat_corpus
-from minilmd.corpus.prepare.chat_encode import ChatBlockEncoder, ChatSpec, target_mask
+from minilmd.corpus.prepare.chat_encode import (
+    ChatBlockEncoder,
+    ChatSpec,
+    _ids_and_mask,
+    block_ids_and_masks,
+    target_mask,
+)
+from minilmd.protocol import BOS_ID, EOS_ID
 
 SPECIALS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
 NOT_INCREMENTAL = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
@@ -172,3 +179,46 @@ def test_target_mask_by_binary_search_equals_the_scan():
         assert last == [max((i for i, t in enumerate(shuffled.tolist()) if x <= t < y), default=None)
                         for x, y in spans]
 
+
+
+class FakeEncoding:
+    """What block_ids_and_masks reads of a tokenizers Encoding."""
+
+    def __init__(self, ids, offsets):
+        self.ids, self.offsets = ids, offsets
+
+    def __len__(self):
+        return len(self.ids)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_block_converted_at_once_equals_each_conversation_alone(in_order):
+    rng = np.random.default_rng(1)
+    encs, texts, spans = [], [], []
+    for c in range(60):
+        n = int(rng.integers(0, 30))
+        ids = [BOS_ID, *rng.integers(3, 50, max(n - 1, 0)).tolist()][:n]
+        starts = np.sort(rng.integers(0, 40, n)).tolist()
+        if not in_order and c == 30 and n > 2:
+            starts[0], starts[-1] = starts[-1], starts[0]
+        sp = sorted({tuple(sorted(rng.integers(0, 45, 2).tolist())) for _ in range(int(rng.integers(0, 3)))})
+        for x, y in sp:  # most replies end with EOS, as a template writes them
+            ends = [i for i, t in enumerate(starts) if x <= t < y]
+            if ends and rng.random() < 0.8:
+                ids[ends[-1]] = EOS_ID
+        encs.append(FakeEncoding(ids, [(t, t + 1) for t in starts]))
+        texts.append("x" * 45)
+        spans.append(sp)
+    got = block_ids_and_masks(encs, texts, spans)
+    kinds = set()
+    for enc, sp, g in zip(encs, spans, got, strict=True):
+        try:
+            want = _ids_and_mask(enc, sp)
+        except TurnError as e:
+            assert isinstance(g, TurnError) and (g.reason, g.detail) == (e.reason, e.detail)
+            kinds.add(e.detail.split(" ")[0])
+            continue
+        assert not isinstance(g, TurnError)
+        assert g[0].tobytes() == want[0].tobytes() and g[1].tobytes() == want[1].tobytes()
+        kinds.add("ok")
+    assert kinds == {"ok", "the", "reply"}, kinds  # kept ones, refused for BOS and for EOS

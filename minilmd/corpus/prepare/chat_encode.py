@@ -184,8 +184,8 @@ def block_ids_and_masks(encs, texts: list[str], spans: list[list[tuple[int, int]
                 if not one.size or one[0] != BOS_ID:
                     raise _no_bos(one)
                 out.append((one, _mask_checked(one, one_starts, sp)))
-            except TurnError as e:
-                out.append(e)
+            except TurnError as refused:
+                out.append(refused)
         return out
     queries = np.asarray([(base[i] + a, base[i] + b) for i, sp in enumerate(spans) for a, b in sp],
                          dtype=np.int64).reshape(-1, 2)
@@ -196,13 +196,13 @@ def block_ids_and_masks(encs, texts: list[str], spans: list[list[tuple[int, int]
     mask = (np.cumsum(edges[:-1]) > 0).astype(np.uint8)
     q = 0
     for i, sp in enumerate(spans):
-        b, e = int(bounds[i]), int(bounds[i + 1])
-        error = _no_bos(ids[b:e]) if e == b or ids[b] != BOS_ID else None
+        first, end = int(bounds[i]), int(bounds[i + 1])
+        error = _no_bos(ids[first:end]) if end == first or ids[first] != BOS_ID else None
         for k in range(len(sp)):
             if error is None and (hi[q + k] <= lo[q + k] or ids[hi[q + k] - 1] != EOS_ID):
                 error = _no_eos(k)
         q += len(sp)
-        out.append(error if error is not None else (ids[b:e], mask[b:e]))
+        out.append(error if error is not None else (ids[first:end], mask[first:end]))
     return out
 
 
