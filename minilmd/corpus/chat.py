@@ -22,7 +22,8 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
   say which text is the reply: such a conversation is a bad line, `template_not_incremental`). Within the turn the
   target starts after the `<|im_start|>assistant\\n` header and ends after the turn's last `<|im_end|>` (the "\\n"
   the template writes after it is not a target). A token is a target when its first character is inside a target
-  span; `ChatEncoder` in chat_encode.py turns the spans into the loss mask.
+  span; `ChatEncoder` in chat_encode.py turns the spans into the loss mask. This rule is the definition: prepare
+  finds the same spans from one rendering where the template allows it (chat_spans.py), checked against it.
 """
 from __future__ import annotations
 

@@ -4,10 +4,11 @@ encode.BlockEncoder, returning the same EncodedBlock with masks and per-conversa
 
 The rendered text is encoded whole, without added special tokens (the template writes `<|im_start|>` and
 `<|im_end|>` itself), with character offsets: a token is a target when its first character lies inside a target
-span of chat.ChatTemplate.targets. A token that began inside the header and reaches into the reply (a template
-whose reply starts with whitespace the header's "\\n" merges with) is therefore not a target. Each reply's last
-target token must be `<|im_end|>` (EOS), and the rendering must start with `<|im_start|>` (BOS): a template that
-does not is refused line by line (`template_output`).
+span of chat.ChatTemplate.targets (found from one rendering where the template allows it: chat_spans.py). A token
+that began inside the header and reaches into the reply (a template whose reply starts with whitespace the
+header's "\\n" merges with) is therefore not a target. A block's ids, starts and masks are converted and cut at
+once (block_ids_and_masks). Each reply's last target token must be `<|im_end|>` (EOS), and the rendering must
+start with `<|im_start|>` (BOS): a template that does not is refused line by line (`template_output`).
 
 Length: a conversation longer than seq_len tokens is cut to its first seq_len (as MiniMind does; `cut`) or, with
 on_long "drop", dropped (`dropped_long`); one whose targets all fall past the cut is dropped (`dropped_no_target`).
