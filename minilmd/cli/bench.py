@@ -14,12 +14,19 @@ def bench_prepare_command(
     tokenizer: str = typer.Option(..., "--tokenizer", help="The tokenizer (a tokenizer.json)."),
     workers: int = typer.Option(-1, "--workers", help="prepare's encoding processes; -1: one per core."),
     scratch: str = typer.Option(None, "--scratch", help="Where the prepared output goes (deleted after)."),
+    data_format: str = typer.Option("text", "--format", help="text, or chat: prepare --format chat beside its floor "
+                                                            "(one rendering + encode_batch)."),
+    seq_len: int = typer.Option(512, "--seq-len", help="chat: prepare's --seq-len (the cut)."),
 ) -> None:
     """prepare throughput (MB/s, tokens/s) beside the tokenizer's raw encode_batch on the same data and cores,
-    and prepare's peak RSS. Goal: >= 0.9x raw, < 1 GiB."""
+    and prepare's peak RSS. Goal: >= 0.9x raw, < 1 GiB. --format chat: MB and tokens per CPU second of prepare
+    --format chat beside its floor. Goal: >= 0.9x."""
     from minilmd.trainer.bench.prepare import bench_prepare
 
-    bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch)
+    if data_format not in ("text", "chat"):
+        raise typer.BadParameter("text or chat", param_hint="--format")
+    bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch,
+                  data_format=data_format, seq_len=seq_len)
 
 
 @bench_app.command("append")

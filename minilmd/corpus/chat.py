@@ -22,7 +22,8 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
   say which text is the reply: such a conversation is a bad line, `template_not_incremental`). Within the turn the
   target starts after the `<|im_start|>assistant\\n` header and ends after the turn's last `<|im_end|>` (the "\\n"
   the template writes after it is not a target). A token is a target when its first character is inside a target
-  span; `ChatEncoder` in chat_encode.py turns the spans into the loss mask.
+  span; `ChatEncoder` in chat_encode.py turns the spans into the loss mask. This rule is the definition: prepare
+  finds the same spans from one rendering where the template allows it (chat_spans.py), checked against it.
 """
 from __future__ import annotations
 
@@ -247,13 +248,29 @@ class ChatTemplate:
         """(the whole rendering, the [start, end) character span of each assistant reply's target). TurnError
         (reason, detail) when the template fails or its text does not show where a reply is (module docstring);
         `template_limit` when its renderings together go beyond self.limits."""
+        full, spans, _ = self.targets_and_turns(messages)
+        return full, spans
+
+    def targets_and_turns(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+        """targets() and the [start, end) of each assistant message's whole turn in the rendering (the lengths of
+        the renderings before and through it): what chat_spans.py learns a conversation shape's layout from."""
+        return self.bounded(self._targets, messages)
+
+    def bounded(self, fn, *args):
+        """fn(*args), the renderings it makes bounded together by self.limits (re-entrant: inside another call's
+        bound, that one's); beyond them, TurnError `template_limit`. The except encloses the bound's clean-up, where
+        a late alarm may land."""
         try:
             with limited(self._budget):
-                return self._targets(messages)
+                return fn(*args)
         except Exceeded as e:
             raise TurnError("template_limit", str(e)) from None
 
-    def _targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    def whole(self, messages: list[dict]) -> str:
+        """The rendering of the whole conversation, as targets() renders it first (TurnError as it raises)."""
+        return self.bounded(self._render_or_bad, messages)
+
+    def _targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         cache: dict[int, str] = {}
 
         def upto(k: int) -> str:  # the rendering of messages[:k]; only the last two are kept (memory)
@@ -270,7 +287,7 @@ class ChatTemplate:
             return cache[k]
 
         full = upto(len(messages))
-        spans = []
+        spans, turns = [], []
         for k, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
@@ -287,7 +304,8 @@ class ChatTemplate:
             if close < len(HEADER):
                 raise TurnError("template_output", f"assistant message {k} renders without a closing {IM_END!r}")
             spans.append((len(before) + len(HEADER), len(before) + close + len(IM_END)))
-        return full, spans
+            turns.append((len(before), len(through)))
+        return full, spans, turns
 
     def _render_or_bad(self, messages: list[dict]) -> str:
         try:

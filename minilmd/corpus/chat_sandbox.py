@@ -17,6 +17,10 @@ and the memory of every rendering, since a template is untrusted code (a nested 
   only through a namespace, a call or the output). A value stored in a namespace or passed to a call may not
   hold more than `chars` elements counted as a tree (a list that holds itself twice, 32 levels deep, would print
   and compare as 2^32 elements).
+- Speed, with the same answers as jinja2's sandbox: an item of a plain dict read as an attribute (`message.role`)
+  without the failed attribute lookup first, is_safe_attribute remembered per (type, name) for the builtin value
+  types, the loop and the namespace (its answer depends on nothing else), and the loop variables jinja2 adds to
+  every call inside a loop not measured at each call (the callee never receives them).
 A rendering that exceeds a bound raises Exceeded (a BaseException, so that neither jinja2 nor the template can
 swallow it); chat.py turns it into a bad line (`template_limit`) or a ChatError.
 """
@@ -235,6 +239,11 @@ class _NotFolded(Exception):
 
 
 _SIZED = (str, list, tuple, dict, set, frozenset)
+_PLAIN_TYPES = frozenset({str, dict, list, tuple, int, float, bool, type(None)})
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+_JINJA_SCOPES = frozenset({"_loop_vars", "_block_vars"})
+"""What jinja2 adds to every call inside a loop or block: the variables the template already holds, taken out
+before the callee is called (only a pass_context callee sees them, as its context): not measured at each call."""
 
 
 def _bounded_filter(budget: Budget, name: str, func):
@@ -265,6 +274,7 @@ def compile_template(source: str, limits: TemplateLimits):
     import jinja2.compiler
     import jinja2.ext
     import jinja2.nodes
+    import jinja2.runtime
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     if tuple(int(x) for x in jinja2.__version__.split(".")[:3] if x.isdigit()) < MIN_JINJA:
@@ -342,6 +352,31 @@ def compile_template(source: str, limits: TemplateLimits):
         # namespace, a call or the output, which are checked.
         intercepted_binops = frozenset({"*", "**", "%"})
         code_generator_class = BoundedCodeGenerator
+        safe_attributes: dict[tuple[type, str], bool] = {}
+
+        def getattr(self, obj, attribute):
+            """`message.role` on a plain dict (what every template does for every message) without the failed
+            attribute lookup jinja2 tries first: a dict instance has no attribute outside dir(dict), so the item
+            (or undefined) is what jinja2 returns too."""
+            if type(obj) is dict and attribute not in _DICT_ATTRIBUTES and isinstance(attribute, str):
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return self.undefined(obj=obj, name=attribute)
+            return super().getattr(obj, attribute)
+
+        def is_safe_attribute(self, obj, attr, value):
+            """jinja2's answer, remembered for the builtin value types: it depends on the type and the name only
+            (a leading underscore, the internal attributes of a type, the methods that modify a list or a dict)."""
+            kind = type(obj)
+            if kind not in plain_types or not isinstance(attr, str):
+                return super().is_safe_attribute(obj, attr, value)
+            known = self.safe_attributes.get((kind, attr))
+            if known is None:
+                known = super().is_safe_attribute(obj, attr, value)
+                if len(self.safe_attributes) < 4096:
+                    self.safe_attributes[(kind, attr)] = known
+            return known
 
         def call_binop(self, context, operator, left, right):
             budget.check_time()
@@ -367,8 +402,11 @@ def compile_template(source: str, limits: TemplateLimits):
                 args = (list(args[0]), *args[1:])  # a generator: measured, then joined
             if isinstance(owner, str):
                 _check_str_method(budget, owner, getattr(__obj, "__name__", ""), args, kwargs)
-            for a in (*args, *kwargs.values()):
+            for a in args:
                 budget.check_tree(a)
+            for name, a in kwargs.items():
+                if name not in _JINJA_SCOPES:
+                    budget.check_tree(a)
             result = ImmutableSandboxedEnvironment.call(__self, __context, __obj, *args, **kwargs)
             budget.check_result(result)
             return result
@@ -413,6 +451,7 @@ def compile_template(source: str, limits: TemplateLimits):
         budget.check_tree(value)
         return value
 
+    plain_types = _PLAIN_TYPES | {jinja2.runtime.LoopContext, TemplateNamespace}
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols],
                          finalize=finalize)
     env.filters["tojson"] = tojson

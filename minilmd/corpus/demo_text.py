@@ -131,3 +131,40 @@ def write_repeated_corpus(sources: Sequence[str | Path], out: str | Path, target
                     break
             rep += 1
     return out
+
+
+CHAT_SYSTEMS = ("你是一个乐于助人的助手。", "You are a helpful assistant.", "请用简洁的中文回答。", "")
+
+
+def write_repeated_chat_corpus(sources: Sequence[str | Path], out: str | Path, target_mb: float,
+                               seed: int = 0) -> Path:
+    """A chat benchmark corpus (MiniMind SFT JSONL) of `target_mb` MB from the sources' documents: one to three
+    turns, a question and a reply each a random document cut at a random length, a system message in 40 % of the
+    conversations (a quarter of them empty), and in a fifth of the replies a thought (reasoning_content, or a
+    `<think>` block in the content as MiniMind's data writes it). For benchmarks in /tmp only: never commit it."""
+    import random
+
+    rng = random.Random(seed)
+    texts: list[str] = []
+    for src in sources:
+        with open(src, encoding="utf-8") as f:
+            texts.extend(json.loads(line)["text"] for line in f if line.strip())
+    if not texts:
+        raise DemoCorpusError(f"no documents in {', '.join(map(str, sources))}")
+    target, written = int(target_mb * 1e6), 0
+    out = Path(out)
+    with open(out, "w", encoding="utf-8") as f:
+        while written < target:
+            messages = [{"role": "system", "content": rng.choice(CHAT_SYSTEMS)}] if rng.random() < 0.4 else []
+            for _ in range(rng.choice((1, 1, 1, 2, 2, 3))):
+                reply = {"role": "assistant", "content": rng.choice(texts)[:rng.randrange(50, 2500)]}
+                thought = rng.random()
+                if thought < 0.1:
+                    reply["reasoning_content"] = rng.choice(texts)[:300]
+                elif thought < 0.2:
+                    reply["content"] = f"<think>\n{rng.choice(texts)[:200]}\n</think>\n\n{reply['content']}"
+                messages += [{"role": "user", "content": rng.choice(texts)[:rng.randrange(20, 600)]}, reply]
+            line = json.dumps({"conversations": messages}, ensure_ascii=False) + "\n"
+            f.write(line)
+            written += len(line.encode("utf-8"))
+    return out

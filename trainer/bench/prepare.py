@@ -55,6 +55,36 @@ def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -
             for name, s in seconds.items()}
 
 
+def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
+    """The floor of `prepare --format chat`: each conversation rendered once by the tokenizer's chat template, in
+    the same bounded sandbox (chat.ChatTemplate.render), and the renderings encoded by encode_batch; only those two
+    are timed (no reading, no JSON, no masks, no writing)."""
+    from minilmd.corpus.chat import ChatTemplate, parse_chat_block
+    from minilmd.corpus.sources.jsonl import Source
+    from minilmd.corpus.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    template = ChatTemplate.load(tokenizer)
+    seconds = cpu = 0.0
+    input_bytes = tokens = conversations = 0
+    for path in sources:
+        src = Source(path)
+        try:
+            for first, blob in src.blocks(block_bytes):
+                input_bytes += len(blob)
+                convs = parse_chat_block(blob, first).conversations
+                t0, c0 = time.perf_counter(), time.process_time()
+                encs = tok.encode_batch([template.render(m) for m in convs], add_special_tokens=False)
+                seconds += time.perf_counter() - t0
+                cpu += time.process_time() - c0
+                tokens += sum(len(e) for e in encs)
+                conversations += len(convs)
+        finally:
+            src.close()
+    return {"seconds": seconds, "cpu_seconds": cpu, "input_bytes": input_bytes, "tokens": tokens,
+            "conversations": conversations}
+
+
 def _tree_rss(proc) -> int:
     import psutil
 
@@ -71,14 +101,15 @@ def _tree_rss(proc) -> int:
     return total
 
 
-def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | None = None) -> dict:
-    """Run `minilmd prepare` as a subprocess; wall time, peak tree RSS, and its meta.json."""
+def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | None = None,
+                extra: tuple[str, ...] = ()) -> dict:
+    """Run `minilmd prepare` (with `extra` options) as a subprocess; wall time, peak tree RSS, and its meta.json."""
     import json
 
     import psutil
 
     cmd = [sys.executable, "-m", "minilmd.cli", "prepare", *sources, "--tokenizer", str(tokenizer),
-           "--out", str(out), "--force"]
+           "--out", str(out), "--force", *extra]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     import resource
@@ -107,10 +138,12 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
 
 
 def bench_prepare(sources: list[str], tokenizer: str, workers: int | None = None, scratch: str | None = None,
-                  log=print) -> dict:
+                  log=print, data_format: str = "text", seq_len: int = 512) -> dict:
     from minilmd.corpus.prepare.pipeline import default_workers
 
     cores = default_workers()
+    if data_format == "chat":
+        return bench_chat_prepare(sources, tokenizer, workers, scratch, log, seq_len, cores)
     log(f"bench prepare: {', '.join(sources)} on {cores} cores; raw encode first (also warms the page cache)")
     raw = raw_encode(sources, tokenizer)
     tmp = Path(tempfile.mkdtemp(prefix="minilmd-bench-prepare-", dir=scratch))
@@ -139,3 +172,30 @@ def bench_prepare(sources: list[str], tokenizer: str, workers: int | None = None
     return {"raw": raw, "prepare": prep, "ratio": ratio, "cpu_ratio": cpu_ratio, "cores": cores,
             "meets_goal": ratio >= GOAL_RATIO and prep["peak_rss"] < GOAL_RSS}
 
+
+
+def bench_chat_prepare(sources: list[str], tokenizer: str, workers: int | None, scratch: str | None, log,
+                       seq_len: int, cores: int) -> dict:
+    """`prepare --format chat` beside its floor (chat_floor), in JSONL MB and tokens per CPU second: the floor is
+    one process, prepare its workers, so only CPU seconds compare them."""
+    log(f"bench prepare --format chat: {', '.join(sources)} on {cores} cores; the floor first (also warms the page "
+        "cache)")
+    floor = chat_floor(sources, tokenizer)
+    tmp = Path(tempfile.mkdtemp(prefix="minilmd-bench-prepare-", dir=scratch))
+    try:
+        prep = run_prepare(sources, tokenizer, tmp / "prepared", workers,
+                           ("--format", "chat", "--seq-len", str(seq_len)))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = [("floor: render once + encode_batch", floor), (f"prepare --format chat ({workers or cores} workers)", prep)]
+    log(f"{'':40} {'JSONL MB/CPU-s':>15} {'tokens/CPU-s':>13} {'CPU s':>8} {'wall s':>8}")
+    for name, r in rows:
+        cpu = max(r["cpu_seconds"], 1e-9)
+        log(f"{name:40} {r['input_bytes'] / 1e6 / cpu:15.2f} {r['tokens'] / cpu:13,.0f} {r['cpu_seconds']:8.1f} "
+            f"{r['seconds']:8.1f}")
+    ratio = (prep["input_bytes"] / max(prep["cpu_seconds"], 1e-9)) / (floor["input_bytes"] / max(floor["cpu_seconds"],
+                                                                                                 1e-9))
+    log(f"chat prepare / its floor: {ratio:.2f}x per CPU second (goal >= {GOAL_RATIO}x)   peak RSS of prepare and its "
+        f"workers: {prep['peak_rss'] / 2**20:,.0f} MiB   corpus {prep['input_bytes'] / 1e6:,.1f} MB, "
+        f"{floor['conversations']:,} conversations, {prep['tokens']:,} tokens after the cut at {seq_len}")
+    return {"floor": floor, "prepare": prep, "cpu_ratio": ratio, "cores": cores, "meets_goal": ratio >= GOAL_RATIO}

@@ -4,10 +4,11 @@ encode.BlockEncoder, returning the same EncodedBlock with masks and per-conversa
 
 The rendered text is encoded whole, without added special tokens (the template writes `<|im_start|>` and
 `<|im_end|>` itself), with character offsets: a token is a target when its first character lies inside a target
-span of chat.ChatTemplate.targets. A token that began inside the header and reaches into the reply (a template
-whose reply starts with whitespace the header's "\\n" merges with) is therefore not a target. Each reply's last
-target token must be `<|im_end|>` (EOS), and the rendering must start with `<|im_start|>` (BOS): a template that
-does not is refused line by line (`template_output`).
+span of chat.ChatTemplate.targets (found from one rendering where the template allows it: chat_spans.py). A token
+that began inside the header and reaches into the reply (a template whose reply starts with whitespace the
+header's "\\n" merges with) is therefore not a target. A block's ids, starts and masks are converted and cut at
+once (block_ids_and_masks). Each reply's last target token must be `<|im_end|>` (EOS), and the rendering must
+start with `<|im_start|>` (BOS): a template that does not is refused line by line (`template_output`).
 
 Length: a conversation longer than seq_len tokens is cut to its first seq_len (as MiniMind does; `cut`) or, with
 on_long "drop", dropped (`dropped_long`); one whose targets all fall past the cut is dropped (`dropped_no_target`).
@@ -27,11 +28,13 @@ Bounds (chat templates are untrusted code, and a conversation is held whole):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
-from minilmd.corpus.chat import ChatTemplate, TurnError, canonical, has_special_text, parse_chat_block
+from minilmd.corpus.chat import ChatTemplate, ParsedChatBlock, TurnError, canonical, has_special_text, parse_chat_block
 from minilmd.corpus.chat_sandbox import TemplateLimits
+from minilmd.corpus.chat_spans import BlockSpans, Layouts
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key
 from minilmd.corpus.sources.jsonl import InputError, LongLine
 from minilmd.protocol import BOS_ID, EOS_ID
@@ -109,13 +112,23 @@ class ChatSpec:
     on_long: str = "cut"
 
 
-def target_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
-    """uint8 mask of the tokens whose first character (offsets[:, 0]) lies in one of the [start, end) spans."""
-    starts = offsets[:, 0] if offsets.size else np.zeros(0, dtype=np.int64)
+def target_mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[int | None]]:
+    """(uint8 mask of the tokens whose first character, `starts`, lies in one of the [start, end) spans, the index
+    of each span's last such token or None). Tokens in text order (byte-level BPE: starts never decrease) are cut
+    by binary search; any other order by a scan, with the same result."""
     mask = np.zeros(starts.size, dtype=np.uint8)
+    last: list[int | None] = []
+    ordered = bool((starts[1:] >= starts[:-1]).all())
     for a, b in spans:
-        mask[(starts >= a) & (starts < b)] = 1
-    return mask
+        if ordered:
+            lo, hi = (int(x) for x in np.searchsorted(starts, (a, b), side="left"))
+            mask[lo:hi] = 1
+            last.append(hi - 1 if hi > lo else None)
+        else:
+            inside = np.flatnonzero((starts >= a) & (starts < b))
+            mask[inside] = 1
+            last.append(int(inside[-1]) if inside.size else None)
+    return mask, last
 
 
 def encode_conversation(tok, template: ChatTemplate, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -127,23 +140,77 @@ def encode_conversation(tok, template: ChatTemplate, messages: list[dict]) -> tu
 
 def _ids_and_mask(enc, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(enc.ids, dtype=np.uint16)
-    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
     if not ids.size or ids[0] != BOS_ID:
-        raise TurnError("template_output", f"the rendering starts with id {int(ids[0]) if ids.size else None}, not "
-                                           f"<|im_start|> ({BOS_ID}): minilmd's documents start with BOS")
-    mask = target_mask(offsets, spans)
-    for k, (a, b) in enumerate(spans):
-        inside = np.flatnonzero((offsets[:, 0] >= a) & (offsets[:, 0] < b))
-        if not inside.size or ids[inside[-1]] != EOS_ID:
-            raise TurnError("template_output", f"reply {k}'s last target token is not <|im_end|> ({EOS_ID}): the "
-                                               "tokenizer does not encode <|im_end|> as one special token")
-    return ids, mask
+        raise _no_bos(ids)
+    starts = np.fromiter(chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * ids.size)[::2]
+    return ids, _mask_checked(ids, starts, spans)
+
+
+def _no_bos(ids: np.ndarray) -> TurnError:
+    return TurnError("template_output", f"the rendering starts with id {int(ids[0]) if ids.size else None}, not "
+                                        f"<|im_start|> ({BOS_ID}): minilmd's documents start with BOS")
+
+
+def _no_eos(k: int) -> TurnError:
+    return TurnError("template_output", f"reply {k}'s last target token is not <|im_end|> ({EOS_ID}): the "
+                                        "tokenizer does not encode <|im_end|> as one special token")
+
+
+def _mask_checked(ids: np.ndarray, starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    mask, last = target_mask(starts, spans)
+    for k, end in enumerate(last):
+        if end is None or ids[end] != EOS_ID:
+            raise _no_eos(k)
+    return mask
+
+
+def block_ids_and_masks(encs, texts: list[str], spans: list[list[tuple[int, int]]]) -> list:
+    """What _ids_and_mask gives each conversation of a block ((ids, mask), or the TurnError it raises), for all of
+    them at once: the ids and token starts converted once, and, when every conversation's tokens are in text order
+    (byte-level BPE's are), one binary search for all the spans, each conversation's starts offset past the
+    previous conversation's text so that the block's starts are in order too; else conversation by conversation."""
+    counts = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    total = int(bounds[-1])
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.uint16, count=total)
+    starts = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets) for e in encs), dtype=np.int64,
+                         count=2 * total)[::2]
+    base = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])])[:len(texts)]
+    placed = starts + np.repeat(base, counts)
+    out: list = []
+    if not bool((placed[1:] >= placed[:-1]).all()):
+        for i, sp in enumerate(spans):
+            one, one_starts = ids[bounds[i]:bounds[i + 1]], starts[bounds[i]:bounds[i + 1]]
+            try:
+                if not one.size or one[0] != BOS_ID:
+                    raise _no_bos(one)
+                out.append((one, _mask_checked(one, one_starts, sp)))
+            except TurnError as refused:
+                out.append(refused)
+        return out
+    queries = np.asarray([(base[i] + a, base[i] + b) for i, sp in enumerate(spans) for a, b in sp],
+                         dtype=np.int64).reshape(-1, 2)
+    lo, hi = np.searchsorted(placed, queries[:, 0], side="left"), np.searchsorted(placed, queries[:, 1], side="left")
+    edges = np.zeros(total + 1, dtype=np.int64)
+    np.add.at(edges, lo, 1)
+    np.add.at(edges, hi, -1)
+    mask = (np.cumsum(edges[:-1]) > 0).astype(np.uint8)
+    q = 0
+    for i, sp in enumerate(spans):
+        first, end = int(bounds[i]), int(bounds[i + 1])
+        error = _no_bos(ids[first:end]) if end == first or ids[first] != BOS_ID else None
+        for k in range(len(sp)):
+            if error is None and (hi[q + k] <= lo[q + k] or ids[hi[q + k] - 1] != EOS_ID):
+                error = _no_eos(k)
+        q += len(sp)
+        out.append(error if error is not None else (ids[first:end], mask[first:end]))
+    return out
 
 
 class ChatBlockEncoder:
     """Parse, render, encode, mask and split one block of chat lines. Lives in each worker process."""
 
-    def __init__(self, tokenizer_json: str, val_fraction: float, chat: ChatSpec):
+    def __init__(self, tokenizer_json: str, val_fraction: float, chat: ChatSpec, one_render: bool = True):
         from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_str(tokenizer_json)
@@ -154,9 +221,21 @@ class ChatBlockEncoder:
         limits = TemplateLimits(template.limits.seconds, max(template.limits.chars, 4 * self.text_limit))
         self.chat = ChatSpec(ChatTemplate(template.source, template.special_tokens, limits), chat.seq_len,
                              chat.on_long)
+        # One rendering per conversation where the template allows it (chat_spans.py); None: the prefix way for all.
+        self.layouts = Layouts(self.chat.template) if one_render else None
+        self.renders_saved = 0
 
     def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
         parsed = parse_chat_block(blob, first_line)
+        finder = BlockSpans(self.chat.template, self.layouts)
+        bad, rendered, kept = self._render(parsed, first_line, finder)
+        if finder.mismatch:  # the template is not laid out by the shape of a conversation: the prefix way throughout
+            bad, rendered, kept = self._render(parsed, first_line, BlockSpans(self.chat.template, None))
+        self.renders_saved += 0 if finder.mismatch else finder.renders_saved
+        return self._encode(parsed, bad, rendered, kept)
+
+    def _render(self, parsed: ParsedChatBlock, first_line: int, finder: BlockSpans):
+        """(bad lines, (text, spans) and (messages, line) of each conversation rendered)."""
         bad = list(parsed.bad)
         rendered, kept = [], []
         tried = over = 0  # conversations rendered, and those beyond the template's bound
@@ -167,7 +246,7 @@ class ChatBlockEncoder:
                 continue
             tried += 1
             try:
-                rendered.append(self.chat.template.targets(messages))
+                rendered.append(finder.targets(messages))
             except TurnError as e:
                 bad.append((line, e.reason, e.detail))
                 over += e.reason == "template_limit"
@@ -177,18 +256,22 @@ class ChatBlockEncoder:
                                      "lines; nothing was written") from None
                 continue
             kept.append((messages, line))
-        encs = self.tok.encode_batch([text for text, _ in rendered], add_special_tokens=False)
+        return bad, rendered, kept
+
+    def _encode(self, parsed: ParsedChatBlock, bad: list, rendered: list, kept: list) -> EncodedBlock:
+        texts = [text for text, _ in rendered]
+        encoded = block_ids_and_masks(self.tok.encode_batch(texts, add_special_tokens=False), texts,
+                                      [spans for _, spans in rendered])
         counts = dict.fromkeys(COUNTS, 0)
         out: dict[bool, dict[str, list]] = {v: {"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [],
                                                  "facts": []} for v in (False, True)}
         train_min = NO_DIGEST
         text_bytes = 0
-        for (messages, line), (_, spans), enc in zip(kept, rendered, encs, strict=True):
-            try:
-                ids, mask = _ids_and_mask(enc, spans)
-            except TurnError as e:
-                bad.append((line, e.reason, e.detail))
+        for (messages, line), got in zip(kept, encoded, strict=True):
+            if isinstance(got, TurnError):
+                bad.append((line, got.reason, got.detail))
                 continue
+            ids, mask = got
             cut = ids.size > self.chat.seq_len
             if cut and self.chat.on_long == "drop":
                 counts["dropped_long"] += 1

@@ -1,0 +1,224 @@
+"""One rendering per conversation (minilmd/corpus/chat_spans.py) against the prefix renderings of
+ChatTemplate.targets, the definition: the same spans or the same refusal for every conversation, and the same
+tokens, loss masks, bad lines and counts byte for byte from ChatBlockEncoder, for the tests' template, the
+synthetic corpora's template and MiniMind's (skipped without it; MINIMIND_TOKENIZER_DIR names another place), and
+for templates that are not laid out by the shape of a conversation (the block falls back to the prefix way)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chat_helpers import HAND_MADE, MINIMIND_DIR, a, read_conversations, s, u
+from chat_synthetic import TEMPLATE_CONFIG
+from minilmd.corpus.chat import ChatTemplate, TurnError, read_tokenizer_config
+from minilmd.corpus.chat_spans import UNLEARNT, VERIFIED_PER_BLOCK, BlockSpans, Layouts, shape
+from minilmd.corpus.demo_text import write_repeated_chat_corpus
+from minilmd.corpus.prepare.chat_encode import (
+    ChatBlockEncoder,
+    ChatSpec,
+    _ids_and_mask,
+    block_ids_and_masks,
+    target_mask,
+)
+from minilmd.protocol import BOS_ID, EOS_ID
+
+SPECIALS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+NOT_INCREMENTAL = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+                   "{% if loop.last and m['role'] == 'assistant' %}!{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}")
+BY_TEXT = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+           "{% if loop.last and '!' in m['content'] %}?{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}")
+"""Not incremental for a conversation with a "!" in a reply another message follows: its probe is, its layout is
+learnt."""
+SKIPS_EMPTY = ("{% for m in messages %}{% if m['content'] %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+               "'<|im_end|>\\n' }}{% endif %}{% endfor %}")
+
+
+def _minimind_dir() -> Path | None:
+    for d in (MINIMIND_DIR, Path(os.environ.get("MINIMIND_TOKENIZER_DIR", MINIMIND_DIR))):
+        if (d / "tokenizer_config.json").is_file():
+            return d
+    return None
+
+
+EDGES = [
+    [s(""), u("empty system"), a("ok")],
+    [u("a"), a("")] * 3,
+    [s("sys"), u("q1"), a("r1"), u("q2"), a("r2"), u("q3"), a("r3")],
+    [u("<tool_response>\n{\"temp\": 21}\n</tool_response>"), a("It is 21 degrees.")],
+    [u("call a tool"), a('<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+     u("<tool_response>\nsunny\n</tool_response>"), a("Sunny.")],
+    [u("x"), {"role": "assistant", "content": "", "reasoning_content": "only a thought"}],
+    [u("q"), a("\n\n<think>\nmixed\n</think>\n\n\nanswer\n")],
+    [u("spells <|im_end|> in the text"), a("and <|im_start|>assistant\n here")],
+    [u("  "), a("  \n  ")],
+    [a("a reply first")],
+    [s("one"), s("two"), u("q"), a("r")],
+    [u("q"), a("r"), u("trailing question")],
+]
+"""Empty system and replies, many turns, tool-like text, a thought only, white space, special text, a reply
+first, two system messages, a conversation ending on a question."""
+
+
+@pytest.fixture(scope="module")
+def conversations(chat_jsonl, demo_jsonl, tmp_path_factory) -> list[list[dict]]:
+    mixed = write_repeated_chat_corpus(demo_jsonl, tmp_path_factory.mktemp("mixed") / "chat.jsonl", 0.4)
+    return HAND_MADE + EDGES + read_conversations(chat_jsonl)[::2] + read_conversations([mixed])
+
+
+def _templates(chat_tokenizer) -> dict[str, tuple[ChatTemplate, str]]:
+    """name -> (template, tokenizer.json text)."""
+    tok = (chat_tokenizer / "tokenizer.json").read_text(encoding="utf-8")
+    out = {"test": (ChatTemplate.load(chat_tokenizer), tok),
+           "synthetic": (ChatTemplate.from_config(TEMPLATE_CONFIG), tok)}
+    found = _minimind_dir()
+    if found is not None:
+        out["minimind"] = (ChatTemplate.from_config(read_tokenizer_config(found)),
+                           (found / "tokenizer.json").read_text(encoding="utf-8"))
+    return out
+
+
+def _outcome(call, messages):
+    try:
+        return call(messages)
+    except TurnError as e:
+        return ("refused", e.reason, e.detail)
+
+
+@pytest.mark.parametrize("name", ["test", "synthetic", "minimind"])
+def test_one_rendering_gives_the_prefix_spans_or_the_same_refusal(name, chat_tokenizer, conversations):
+    templates = _templates(chat_tokenizer)
+    if name not in templates:
+        pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR} (set MINIMIND_TOKENIZER_DIR)")
+    template = templates[name][0]
+    finder = BlockSpans(template, Layouts(template))
+    finder.verified = VERIFIED_PER_BLOCK  # no sample: every conversation one rendering where it can
+    assert len(conversations) > 600
+    for messages in conversations:
+        assert _outcome(finder.targets, messages) == _outcome(template.targets, messages), messages
+    assert not finder.mismatch
+    assert finder.renders_saved > 0.9 * len(conversations), "most conversations took one rendering"
+
+
+@pytest.mark.slow  # twelve block-by-block comparisons of a few hundred conversations
+@pytest.mark.parametrize("name", ["test", "synthetic", "minimind", "not-incremental", "by-text", "skips-empty"])
+@pytest.mark.parametrize("block_bytes", [1 << 20, 8192])
+def test_block_encoder_writes_the_same_tokens_and_masks_byte_for_byte(name, block_bytes, chat_tokenizer,
+                                                                      conversations):
+    templates = _templates(chat_tokenizer)
+    tok = templates["test"][1]
+    templates |= {"not-incremental": (ChatTemplate(NOT_INCREMENTAL, SPECIALS), tok),
+                  "by-text": (ChatTemplate(BY_TEXT, SPECIALS), tok),
+                  "skips-empty": (ChatTemplate(SKIPS_EMPTY, SPECIALS), tok)}
+    if name not in templates:
+        pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR} (set MINIMIND_TOKENIZER_DIR)")
+    template, tok = templates[name]
+    convs = conversations
+    if name == "by-text":  # its turns follow the text, in the block's first conversation: the sample sees it
+        if block_bytes < 1 << 20:
+            pytest.skip("one block: a block whose sample does not hold such a conversation is not proven")
+        convs = [[u("q"), a("r!"), u("q"), a("r")]] + conversations
+    lines = [json.dumps({"conversations": c}, ensure_ascii=False).encode() for c in convs]
+    blocks, block, size = [], [], 0
+    for line in lines:
+        block.append(line)
+        size += len(line) + 1
+        if size >= block_bytes:
+            blocks.append(block)
+            block, size = [], 0
+    blocks.append(block)
+    encoders = [ChatBlockEncoder(tok, 0.1, ChatSpec(template, 256), one_render=one) for one in (False, True)]
+    first = 1
+    for block in blocks:
+        blob = b"\n".join(block) + b"\n"
+        old, new = (e(blob, first) for e in encoders)
+        first += len(block)
+        for field in ("train_tokens", "train_mask", "train_lengths", "train_keys", "train_facts", "val_tokens",
+                      "val_mask", "val_lengths", "val_keys", "val_lines", "val_facts"):
+            want, got = getattr(old, field), getattr(new, field)
+            assert want.dtype == got.dtype and want.tobytes() == got.tobytes(), (name, field)
+        assert (old.bad, old.chat_counts, old.text_bytes, old.train_min_digest) == \
+            (new.bad, new.chat_counts, new.text_bytes, new.train_min_digest)
+    if name in ("test", "synthetic", "minimind", "skips-empty"):
+        assert encoders[1].renders_saved > 0.8 * (len(convs) - VERIFIED_PER_BLOCK * len(blocks))  # beside the samples
+    elif name == "by-text":
+        assert len(blocks) == 1 and encoders[1].renders_saved == 0, "the block went the prefix way"
+    assert encoders[0].renders_saved == 0
+
+
+def test_a_template_that_is_not_incremental_learns_no_layout_and_a_sample_that_differs_marks_the_block(tokenizer):
+    template = ChatTemplate(NOT_INCREMENTAL, SPECIALS)
+    layouts = Layouts(template)
+    assert layouts.get(shape([u("a"), a("b"), u("c"), a("d")])) is UNLEARNT
+    assert layouts.get(shape([u("a"), a("b")])) is not UNLEARNT  # one reply: nothing follows it
+    by_text = ChatTemplate(BY_TEXT, SPECIALS)
+    finder = BlockSpans(by_text, Layouts(by_text))
+    with pytest.raises(TurnError) as e:
+        finder.targets([u("q"), a("r!"), u("q"), a("r")])
+    assert e.value.reason == "template_not_incremental" and finder.mismatch
+    assert finder.targets([u("q"), a("r")]) == by_text.targets([u("q"), a("r")])  # the prefix way from now on
+    assert finder.renders_saved == 0
+
+
+def test_target_mask_by_binary_search_equals_the_scan():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 60))
+        ordered = np.sort(rng.integers(0, 80, n))
+        spans = [tuple(sorted(rng.integers(0, 90, 2).tolist())) for _ in range(int(rng.integers(0, 4)))]
+        shuffled = rng.permutation(ordered)
+        mask, last = target_mask(ordered, spans)
+        assert mask.tolist() == [int(any(x <= t < y for x, y in spans)) for t in ordered.tolist()]
+        want_last = [max((i for i, t in enumerate(ordered.tolist()) if x <= t < y), default=None) for x, y in spans]
+        assert last == want_last
+        mask, last = target_mask(shuffled, spans)  # not in order: the scan
+        assert mask.tolist() == [int(any(x <= t < y for x, y in spans)) for t in shuffled.tolist()]
+        assert last == [max((i for i, t in enumerate(shuffled.tolist()) if x <= t < y), default=None)
+                        for x, y in spans]
+
+
+
+class FakeEncoding:
+    """What block_ids_and_masks reads of a tokenizers Encoding."""
+
+    def __init__(self, ids, offsets):
+        self.ids, self.offsets = ids, offsets
+
+    def __len__(self):
+        return len(self.ids)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_block_converted_at_once_equals_each_conversation_alone(in_order):
+    rng = np.random.default_rng(1)
+    encs, texts, spans = [], [], []
+    for c in range(60):
+        n = int(rng.integers(0, 30))
+        ids = [BOS_ID, *rng.integers(3, 50, max(n - 1, 0)).tolist()][:n]
+        starts = np.sort(rng.integers(0, 40, n)).tolist()
+        if not in_order and c == 30 and n > 2:
+            starts[0], starts[-1] = starts[-1], starts[0]
+        sp = sorted({tuple(sorted(rng.integers(0, 45, 2).tolist())) for _ in range(int(rng.integers(0, 3)))})
+        for x, y in sp:  # most replies end with EOS, as a template writes them
+            ends = [i for i, t in enumerate(starts) if x <= t < y]
+            if ends and rng.random() < 0.8:
+                ids[ends[-1]] = EOS_ID
+        encs.append(FakeEncoding(ids, [(t, t + 1) for t in starts]))
+        texts.append("x" * 45)
+        spans.append(sp)
+    got = block_ids_and_masks(encs, texts, spans)
+    kinds = set()
+    for enc, sp, g in zip(encs, spans, got, strict=True):
+        try:
+            want = _ids_and_mask(enc, sp)
+        except TurnError as e:
+            assert isinstance(g, TurnError) and (g.reason, g.detail) == (e.reason, e.detail)
+            kinds.add(e.detail.split(" ")[0])
+            continue
+        assert not isinstance(g, TurnError)
+        assert g[0].tobytes() == want[0].tobytes() and g[1].tobytes() == want[1].tobytes()
+        kinds.add("ok")
+    assert kinds == {"ok", "the", "reply"}, kinds  # kept ones, refused for BOS and for EOS
