@@ -131,32 +131,41 @@ class Undisturbed:
     run_dir: Path
     checkpoint: Path
     """The final checkpoint (step BASELINE's max_steps); the one before it is kept beside it."""
+    doc_mask: bool = False
 
     def config_like(self, tmp: Path, name: str, remote: bool = False, **sections) -> Path:
         """A config of this same run under another name (its own run dir and scratch, a remote if asked for);
         sections={"run": {...}} change it further (what a trainer then computes must not depend on them)."""
-        body = {"data": {"mode": self.mode}, **{s: dict(kv) for s, kv in BASELINE.items()}}
+        body = {"data": run_data(self.mode, self.doc_mask), **{s: dict(kv) for s, kv in BASELINE.items()}}
         for section, values in sections.items():
             body.setdefault(section, {}).update(values)
         return write_config(tmp, self.corpus, name, remote=remote, **body)
 
 
+def run_data(mode: str, doc_mask: bool) -> dict:
+    """The data section of an undisturbed run (doc_mask named only when set: the plain runs' configs as before)."""
+    return {"mode": mode, "doc_mask": True} if doc_mask else {"mode": mode}
+
+
 @pytest.fixture(scope="session")
-def undisturbed(corpus, tmp_path_factory):
-    """undisturbed(mode="packed") -> Undisturbed: trained the first time a mode is asked for, then reused."""
+def undisturbed(corpus, tmp_path_factory, request):
+    """undisturbed(mode="packed", doc_mask=False, chat=False) -> Undisturbed: trained the first time a run is asked
+    for, then reused; chat=True trains on chat_corpus (made only then) instead of corpus."""
     runs: dict[str, tuple[Undisturbed, Path, str]] = {}
 
-    def get(mode: str = "packed") -> Undisturbed:
-        if mode not in runs:
-            tmp = tmp_path_factory.mktemp(f"undisturbed-{mode}")
-            final = train_undisturbed(tmp, corpus, data={"mode": mode}, **BASELINE)
+    def get(mode: str = "packed", doc_mask: bool = False, chat: bool = False) -> Undisturbed:
+        key = mode + ("-doc_mask" if doc_mask else "") + ("-chat" if chat else "")
+        if key not in runs:
+            on = request.getfixturevalue("chat_corpus") if chat else corpus
+            tmp = tmp_path_factory.mktemp(f"undisturbed-{key}")
+            final = train_undisturbed(tmp, on, data=run_data(mode, doc_mask), **BASELINE)
             run_dir = load_config(tmp / "plain.toml").run_dir
-            runs[mode] = Undisturbed(mode, corpus, run_dir, final), tmp, tree_digest(tmp)
-        return runs[mode][0]
+            runs[key] = Undisturbed(mode, on, run_dir, final, doc_mask), tmp, tree_digest(tmp)
+        return runs[key][0]
 
     yield get
-    for mode, (_, tmp, digest) in runs.items():
-        assert_unchanged(f"undisturbed {mode} run", digest, tmp)
+    for key, (_, tmp, digest) in runs.items():
+        assert_unchanged(f"undisturbed {key} run", digest, tmp)
 
 
 @pytest.fixture(scope="session")

@@ -25,13 +25,16 @@ def test_bench_step_prints_both_modes_and_their_ratios(capsys):
     out = result.output
     assert "model 64x2 (heads 4/2, vocab 512), seq_len 32, 2 rows x 1 micro-batches, cpu" in out
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(
-        r"^((?:eager|compiled)(?:-outside)?) +(in model|outside) +([\d,]+) +([\d.]+) +([\d.]+)$", out, re.M)}
-    assert set(rows) == set(bench_step.MODES) and all(float(v[1].replace(",", "")) > 0 for v in rows.values())
-    assert {mode: v[0] for mode, v in rows.items()} == {mode: loss for mode, (_, loss) in bench_step.MODES.items()}
+        r"^((?:eager|compiled)(?:-outside|-masked)?) +(in model|outside) +([\d,]+) +([\d.]+) +([\d.]+)$", out, re.M)}
+    assert set(rows) == {*bench_step.MODES, *bench_step.MASKED_MODES}
+    assert all(float(v[1].replace(",", "")) > 0 for v in rows.values())
+    assert {mode: v[0] for mode, v in rows.items()} == {**{mode: loss for mode, (_, loss) in bench_step.MODES.items()},
+                                                        **dict.fromkeys(bench_step.MASKED_MODES, "in model")}
     assert re.search(r"compiled/eager tok/s: [\d.]+x; host time per step: [\d.]+x; the first compiled step "
                      r"\(compile\) took [\d.]+ s", out)
     assert re.search(r"loss in the model/outside tok/s: compiled [\d.]+x, eager [\d.]+x; compiled \(loss in the "
                      r"graph\)/eager-outside [\d.]+x", out)
+    assert re.search(r"masked/unmasked tok/s \(the cost of data.doc_mask\): compiled [\d.]+x, eager [\d.]+x", out)
 
     cfg = bench_step.load(None, TINY)
     eager = bench_step.StepModel(cfg, torch.device("cpu"), compiled=False, backend="eager")
@@ -77,3 +80,16 @@ def test_bench_step_refuses_a_bad_config_and_no_steps(capsys):
     assert bench_step.main(None, 2, ["train.compile=\"maybe\""]) == 2
     assert "train.compile = 'maybe'" in capsys.readouterr().err
     assert bench_step.main(None, 0, TINY) == 2
+
+
+def test_bench_step_masked_copies_train_on_document_pieces():
+    """The "-masked" copies: the same rows with document pieces of MiniMind-like lengths, whose first tokens are no
+    targets (as the trainer's masked batches), through the same step with the positions."""
+    cfg = bench_step.load(None, [*TINY, "train.seq_len=512"])
+    plain = bench_step.StepModel(cfg, torch.device("cpu"), compiled=False, backend="eager")
+    masked = bench_step.StepModel(cfg, torch.device("cpu"), compiled=False, backend="eager", masked=True)
+    assert plain.positions is None and masked.positions is not None and torch.equal(plain.x, masked.x)
+    inner_starts = int((masked.positions[:, 1:] == 0).sum())
+    assert inner_starts > 0 and bool((masked.positions[:, 0] == 0).all())
+    assert plain.n_targets - masked.n_targets == inner_starts
+    assert not torch.allclose(plain.micro_batch_loss(), masked.micro_batch_loss())

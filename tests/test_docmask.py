@@ -32,7 +32,7 @@ from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.docattention import document_mask
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
-from supervisor_helpers import BASELINE, train_undisturbed
+from supervisor_helpers import BASELINE
 from supervisor_helpers import write_config as supervised_config
 from trainer_corpus import TINY_MODEL, write_config
 
@@ -199,10 +199,9 @@ def run_train(config: Path, *sets: str, **env) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-def test_sigkilled_masked_run_resumes_bit_identical_and_refuses_the_other_setting(tmp_path, corpus):
+def test_sigkilled_masked_run_resumes_bit_identical_and_refuses_the_other_setting(tmp_path, corpus, undisturbed):
     masked = {"data": {"mode": "packed", "doc_mask": True}, **BASELINE}
-    (tmp_path / "straight").mkdir()
-    final = train_undisturbed(tmp_path / "straight", corpus, **masked)
+    final = undisturbed("packed", doc_mask=True).checkpoint  # shared with test_docmask_run.py
     killed = supervised_config(tmp_path, corpus, "killed", remote=False, **masked)
     code, out = run_train(killed, **{FAULT_ENV: "sigkill@10"})
     assert code == -signal.SIGKILL, out

@@ -109,7 +109,7 @@ def test_padding_free_and_static_padding_give_the_same_loss_and_gradients(tmp_pa
 
 
 @pytest.mark.slow
-def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_corpus):
+def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_corpus, undisturbed):
     import json
     import os
     import signal
@@ -121,7 +121,7 @@ def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_cor
     from minilmd import checkpoint as ck
     from minilmd.names import FAULT_ENV, METRICS
     from minilmd.protocol import EXIT_DONE
-    from supervisor_helpers import BASELINE, train_undisturbed
+    from supervisor_helpers import BASELINE
     from supervisor_helpers import write_config as supervised_config
 
     def run_train(config, **env):
@@ -131,8 +131,7 @@ def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_cor
         return p.returncode, p.stdout + p.stderr
 
     padding_free = {"data": {"mode": "packed", "doc_mask": True}, **BASELINE}
-    (tmp_path / "straight").mkdir()
-    final = train_undisturbed(tmp_path / "straight", chat_corpus, **padding_free)
+    final = undisturbed("packed", doc_mask=True, chat=True).checkpoint  # shared with test_docmask_run.py
     killed = supervised_config(tmp_path, chat_corpus, "killed", remote=False, **padding_free)
     code, out = run_train(killed, **{FAULT_ENV: "sigkill@10"})
     assert code == -signal.SIGKILL, out

@@ -6,8 +6,9 @@ the trainer's own (trainer/loop/step.py): autocast by the same rule (Trainer.mat
 targets inside the model's forward (so inside the compiled graph), divided by the batch's targets, backward, then
 optimizer_update (clip, AdamW from build_optimizer). Two more copies score the whole micro-batch's logits outside
 the model, as the trainer did before the loss moved into the forward: one run shows both, eager and compiled
-(MODES). The first call of each compiled copy compiles; it is timed apart ("compile") and every copy gets the same
-untimed warm-up steps.
+(MODES). Two more train with the document mask (data.doc_mask, "-masked"): the same rows cut into documents of
+MiniMind-like lengths (DOC_MEAN), each token attending only to its own document. The first call of each compiled
+copy compiles; it is timed apart ("compile") and every copy gets the same untimed warm-up steps.
 
 Per mode it prints tokens/s and two times per step: host (the Python thread's time until the step has been
 issued: on CUDA the launch overhead that eager mode pays per op; on CPU all of the work) and wall (until the device
@@ -23,6 +24,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
@@ -66,13 +68,29 @@ MODES = {"eager": (False, LOSS_IN_MODEL), "compiled": (True, LOSS_IN_MODEL),
 """mode -> (compiled, where the loss is computed). The first two are the trainer's step as it is; the "-outside"
 two score the whole micro-batch's logits outside the model (as the trainer did before the loss moved into the
 forward), so that one run shows what the move is worth."""
+MASKED_MODES = {"eager-masked": False, "compiled-masked": True}
+"""mode -> compiled: the trainer's step as it is, on rows with document pieces (data.doc_mask)."""
+DOC_MEAN = 262.0
+"""Mean document length (BOS and EOS included) of the masked rows' documents, lognormal (sigma 0.75) as
+MiniMind's pretraining corpus (tests/trainer_corpus.py: synthetic_prepared)."""
+
+
+def document_positions(rows: int, seq_len: int, seed: int) -> torch.Tensor:
+    """(rows, seq_len) int32 positions of consecutive windows over a stream of lognormal-length documents."""
+    from minilmd.trainer.batches.docmask import window_positions
+
+    rng = np.random.default_rng(seed)
+    mu = np.log(DOC_MEAN) - 0.75 ** 2 / 2
+    lengths = np.maximum(rng.lognormal(mu, 0.75, size=rows * seq_len // 2 + 1).astype(np.int64), 2)
+    doc_starts = np.concatenate([[0], np.cumsum(lengths)])
+    return torch.from_numpy(window_positions(np.arange(rows) * seq_len, seq_len, doc_starts))
 
 
 class StepModel:
     """A model, its optimizer and the trainer's step (trainer/loop/step.py) on fixed rows of random tokens."""
 
     def __init__(self, cfg: RunConfig, device: torch.device, compiled: bool, backend: str,
-                 loss: str = LOSS_IN_MODEL):
+                 loss: str = LOSS_IN_MODEL, masked: bool = False):
         from minilmd.trainer.loop import step as trainer_step
         from minilmd.trainer.loop.train import build_optimizer
         from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
@@ -85,7 +103,9 @@ class StepModel:
         g = torch.Generator().manual_seed(cfg.train.seed)
         t = cfg.train
         self.x = torch.randint(0, cfg.model.vocab_size, (t.micro_batch_size, t.seq_len), generator=g).to(device)
-        self.y = next_token_labels(self.x)
+        self.positions = document_positions(t.micro_batch_size, t.seq_len, t.seed).to(device) if masked else None
+        # masked: a piece's first token is no target (batches/docmask.py: piece_targets), as in the trainer
+        self.y = next_token_labels(self.x, None if self.positions is None else (self.positions != 0).to(torch.uint8))
         self.chunk_rows = chunk_rows_for(t.seq_len)
         self.n_targets = int((self.y != IGNORE_INDEX).sum()) * t.grad_accum  # the global batch's targets
         self.tokens = t.micro_batch_size * t.seq_len * t.grad_accum
@@ -97,7 +117,7 @@ class StepModel:
     def micro_batch_loss(self) -> torch.Tensor:
         if self.loss == LOSS_OUTSIDE:
             return next_token_loss(self.forward(self.x).logits, self.y, reduction="sum")
-        return self.trainer_step.micro_batch_loss(self.forward, self.x, self.y, self.chunk_rows)
+        return self.trainer_step.micro_batch_loss(self.forward, self.x, self.y, self.chunk_rows, self.positions)
 
     def step(self) -> tuple[float, float]:
         """(host seconds, wall seconds) of one optimizer step."""
@@ -118,9 +138,11 @@ def compare(cfg: RunConfig, device: torch.device, steps: int, warmup: int = 2,
     """(results of the timed steps per mode, their steps interleaved; the first step of each compiled mode alone:
     tracing and code generation)."""
     models = {mode: StepModel(cfg, device, compiled, backend, loss) for mode, (compiled, loss) in MODES.items()}
+    models.update({mode: StepModel(cfg, device, compiled, backend, masked=True)
+                   for mode, compiled in MASKED_MODES.items()})
     firsts: dict[str, ModeResult] = {}
-    for mode, (compiled, _) in MODES.items():
-        if compiled:
+    for mode, model in models.items():
+        if model.forward is not model.model:  # compiled
             first = firsts[mode] = ModeResult(mode, steps=1, tokens=models[mode].tokens)
             first.host_s, first.wall_s = models[mode].step()
     for model in models.values():
@@ -151,7 +173,8 @@ def report(results: dict[str, ModeResult], firsts: dict[str, ModeResult], cfg: R
         f"{t.grad_accum} micro-batches, {device}, torch threads {torch.get_num_threads()}, compile backend "
         f"{backend}, {r['eager'].steps} timed steps each",
         f"{'mode':16} {'loss':>8} {'tok/s':>10} {'host ms/step':>13} {'wall ms/step':>13}",
-        *(f"{mode:16} {MODES[mode][1]:>8} {x.tok_s:10,.0f} {x.host_ms:13.1f} {x.wall_ms:13.1f}"
+        *(f"{mode:16} {MODES.get(mode, (None, LOSS_IN_MODEL))[1]:>8} {x.tok_s:10,.0f} {x.host_ms:13.1f} "
+          f"{x.wall_ms:13.1f}"
           for mode, x in r.items()),
         f"compiled/eager tok/s: {ratio('compiled', 'eager')}; host time per step: "
         f"{r['compiled'].host_ms / r['eager'].host_ms:.2f}x; the first compiled step (compile) took "
@@ -159,6 +182,8 @@ def report(results: dict[str, ModeResult], firsts: dict[str, ModeResult], cfg: R
         f"loss in the model/outside tok/s: compiled {ratio('compiled', 'compiled-outside')}, eager "
         f"{ratio('eager', 'eager-outside')}; compiled (loss in the graph)/eager-outside "
         f"{ratio('compiled', 'eager-outside')}",
+        f"masked/unmasked tok/s (the cost of data.doc_mask): compiled {ratio('compiled-masked', 'compiled')}, "
+        f"eager {ratio('eager-masked', 'eager')}",
     ])
 
 
