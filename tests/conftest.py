@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,22 @@ from trainer_corpus import real_text_prepared
 
 SLOW_S = 2.0
 """A test whose call takes longer than this belongs to the slow tier (`-m slow`; `make test-fast` runs the rest)."""
+
+
+@pytest.fixture(autouse=True)
+def process_wide_settings_restored():
+    """What a command run in-process (typer's CliRunner) sets for its whole process, as it should in a process of
+    its own, is given back after each test: the umask (`run`, `train` and `export` add the file permissions
+    policy's bits, minilmd/perms.py) and the handlers of the stop signals (`prepare`'s SIGTERM handler). Without
+    it, one test's private umask made the next tests' directories unreachable for the second user."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    os.umask(umask)
+    for sig, handler in handlers.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)
 
 
 def tree_digest(*roots: Path) -> str:
