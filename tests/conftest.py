@@ -40,6 +40,13 @@ SLOW_S = 2.0
 """A test whose call takes longer than this belongs to the slow tier (`-m slow`; `make test-fast` runs the rest)."""
 
 
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # Started in the background of a shell without job control (`nohup ... &`), the suite inherits SIGINT ignored,
+    # and so would every command it starts: `logs -f` and the others that a test stops with Ctrl-C (SIGINT) would
+    # never stop. Python's own handler here gives the children SIGINT's default, as in a foreground run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True)
 def process_wide_settings_restored():
     """What a command run in-process (typer's CliRunner) sets for its whole process, as it should in a process of
