@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from minilmd import checkpoint as ck
 from minilmd.config import ConfigError, load_config
@@ -35,6 +34,7 @@ from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from supervisor_helpers import BASELINE
 from supervisor_helpers import write_config as supervised_config
 from trainer_corpus import TINY_MODEL, write_config
+from weights_helpers import assert_same_weights_and_optimizer
 
 VOCAB = 97
 
@@ -210,9 +210,7 @@ def test_sigkilled_masked_run_resumes_bit_identical_and_refuses_the_other_settin
     code, out = run_train(killed)
     assert code == EXIT_DONE and "resumed from" in out, out
     mine = load_config(killed).checkpoint_dir / final.name
-    for name in (ck.MODEL_FILE, ck.OPTIMIZER_FILE):
-        a, b = load_file(final / name), load_file(mine / name)
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    assert_same_weights_and_optimizer(final, mine)
     losses = [json.loads(line) for line in (load_config(killed).run_dir / METRICS).read_text().splitlines()]
     assert {r["step"] for r in losses if r.get("kind") == "train"} == set(range(1, 17))
 

@@ -20,8 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
@@ -30,6 +28,7 @@ from minilmd.names import FAULT_ENV
 from supervisor_helpers import run_supervisor, state
 from test_resume import losses_by_step
 from trainer_corpus import ONE_LAYER_MODEL, write_config
+from weights_helpers import assert_same_weights_and_optimizer
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -49,10 +48,7 @@ def test_sigkilled_under_the_supervisor_ends_bit_identical(tmp_path, undisturbed
         assert "packed rows" in second, second[-2000:]
 
     final = cfg.checkpoint_dir / straight.checkpoint.name
-    for name in (ck.MODEL_FILE, ck.OPTIMIZER_FILE):
-        a, b = load_file(straight.checkpoint / name), load_file(final / name)
-        diff = [k for k in a if not torch.equal(a[k], b[k])]
-        assert a.keys() == b.keys() and not diff, f"{name} differs in {diff[:5]}"
+    assert_same_weights_and_optimizer(straight.checkpoint, final)
     assert losses_by_step(cfg.run_dir) == losses_by_step(straight.run_dir)
     assert checkpoint_dirs.read_latest(cfg.run.remote) == final.name
     saved = json.loads((final / ck.TRAINER_STATE).read_text())["config"]["data"]

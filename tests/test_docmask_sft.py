@@ -19,6 +19,7 @@ from minilmd.trainer.batches.docpacking import PackedConversationsSampler, pack_
 from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.loop.train import Dist, Trainer
 from trainer_corpus import write_config
+from weights_helpers import assert_same_weights_and_optimizer
 
 N_CONVERSATIONS = 96
 SEQ_LEN = 128
@@ -116,8 +117,6 @@ def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_cor
     import subprocess
     import sys
 
-    from safetensors.torch import load_file
-
     from minilmd import checkpoint as ck
     from minilmd.names import FAULT_ENV, METRICS
     from minilmd.protocol import EXIT_DONE
@@ -138,9 +137,7 @@ def test_sigkilled_padding_free_sft_run_resumes_bit_identical(tmp_path, chat_cor
     code, out = run_train(killed)
     assert code == EXIT_DONE and "resumed from" in out and "packed rows" in out, out
     mine = load_config(killed).checkpoint_dir / final.name
-    for name in (ck.MODEL_FILE, ck.OPTIMIZER_FILE):
-        a, b = load_file(final / name), load_file(mine / name)
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    assert_same_weights_and_optimizer(final, mine)
     lines = [json.loads(line) for line in (load_config(killed).run_dir / METRICS).read_text().splitlines()]
     assert {r["step"] for r in lines if r.get("kind") == "train"} == set(range(1, 17))
 

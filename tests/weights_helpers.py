@@ -85,3 +85,16 @@ def save_run(root: Path, step: int = 3, model=None, opt=None, **kw) -> Path:
         model, opt = make_run(step)
     return ckpt_io.save(root, step, model.state_dict(), opt.state_dict(), trainer_state(step, **kw),
                         param_names=ckpt_io.optimizer_param_names(model, opt))
+
+
+def assert_same_weights_and_optimizer(expected_dir: Path, actual_dir: Path) -> None:
+    """Two checkpoints' model and optimizer tensors are bit for bit the same (a resumed run against the run
+    undisturbed); names the first tensors that differ."""
+    from safetensors.torch import load_file
+
+    from minilmd import checkpoint as ck
+
+    for name in (ck.MODEL_FILE, ck.OPTIMIZER_FILE):
+        a, b = load_file(expected_dir / name), load_file(actual_dir / name)
+        diff = [k for k in a if k not in b or not torch.equal(a[k], b[k])]
+        assert a.keys() == b.keys() and not diff, f"{name} differs in {diff[:5]}"

@@ -106,12 +106,7 @@ def write_repeated_corpus(sources: Sequence[str | Path], out: str | Path, target
     import random
 
     rng = random.Random(seed)
-    texts: list[str] = []
-    for src in sources:
-        with open(src, encoding="utf-8") as f:
-            texts.extend(json.loads(line)["text"] for line in f if line.strip())
-    if not texts:
-        raise DemoCorpusError(f"no documents in {', '.join(map(str, sources))}")
+    texts = _source_texts(sources)
     target = int(target_mb * 1e6)
     out = Path(out)
     written = 0
@@ -133,6 +128,17 @@ def write_repeated_corpus(sources: Sequence[str | Path], out: str | Path, target
     return out
 
 
+def _source_texts(sources: Sequence[str | Path]) -> list[str]:
+    """The "text" of every line of the sources (JSONL the demo wrote: ours, not another user's)."""
+    texts: list[str] = []
+    for src in sources:
+        with open(src, encoding="utf-8") as f:
+            texts.extend(json.loads(line)["text"] for line in f if line.strip())
+    if not texts:
+        raise DemoCorpusError(f"no documents in {', '.join(map(str, sources))}")
+    return texts
+
+
 CHAT_SYSTEMS = ("你是一个乐于助人的助手。", "You are a helpful assistant.", "请用简洁的中文回答。", "")
 
 
@@ -145,12 +151,7 @@ def write_repeated_chat_corpus(sources: Sequence[str | Path], out: str | Path, t
     import random
 
     rng = random.Random(seed)
-    texts: list[str] = []
-    for src in sources:
-        with open(src, encoding="utf-8") as f:
-            texts.extend(json.loads(line)["text"] for line in f if line.strip())
-    if not texts:
-        raise DemoCorpusError(f"no documents in {', '.join(map(str, sources))}")
+    texts = _source_texts(sources)
     target, written = int(target_mb * 1e6), 0
     out = Path(out)
     with open(out, "w", encoding="utf-8") as f:
