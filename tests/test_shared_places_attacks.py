@@ -122,6 +122,15 @@ def test_a_corpus_meta_json_from_elsewhere_is_a_corpus_error_or_an_invalid_sourc
         parse_meta(DEEP, "elsewhere/meta.json")  # as fetched from an fsspec URL
 
 
+@pytest.mark.parametrize("kind", ["a FIFO nobody writes", "a link to /dev/zero"])
+def test_init_from_a_checkpoint_listing_a_fifo_or_dev_zero_is_refused_without_being_copied(tmp_path, kind):
+    """Staging init.from copied every listed file with a plain open(): a FIFO in another user's checkpoint
+    blocked the staging for ever."""
+    ckpt = _checkpoint_listing(tmp_path / "step-00000001", "extra", HOSTILE[kind])
+    with pytest.raises(SourceInvalid, match="not a regular file"):
+        without_blocking(lambda: stage_init(str(ckpt), tmp_path / "shm"), ckpt / "extra")
+
+
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_init_from_a_checkpoint_whose_manifest_is_hostile_is_refused_without_a_hang(tmp_path, kind):
     ckpt = tmp_path / "theirs" / "step_00000001"

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 from minilmd.corpus.meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, StagingError
 from minilmd.daemon.worker import ReadWatch
-from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
+from minilmd.fsio import atomic_write_json, not_regular, publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
 from minilmd.init_source import STAGED_PTH as INIT_PTH
 from minilmd.init_source import STAGED_RECORD as INIT_RECORD
@@ -51,6 +51,9 @@ def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None)
     """Copy src (its first `size` bytes when given: an append writes a split's tail before its meta.json) to dest,
     hashing as it goes, `answered()` after each chunk read; (bytes, sha256). OSError (the source's) for the caller
     to call unreachable."""
+    kind = not_regular(src)  # another user's run or share: a FIFO would block the copy, /dev/zero never end it
+    if kind:
+        raise SourceInvalid(f"{src}: {kind}, not a regular file")
     h, done = hashlib.sha256(), 0
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as f, open(dest, "wb") as out:
