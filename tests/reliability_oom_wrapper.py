@@ -2,12 +2,16 @@
 
     MINILMD_TRAINER_CMD="python tests/reliability_oom_wrapper.py CGROUP_DIR MARKER tests/fake_trainer.py"
 
-The supervisor appends `train CONFIG --set ...`. Once per run (MARKER absent), when the supervisor's state.json
-shows step 3, a thread allocates memory until the kernel's OOM killer kills the process: a real memory-cgroup OOM
-kill of the trainer, which the supervisor must classify as such (not as a generic crash or SIGKILL). The supervisor
-reads the child's cgroup on each tick before it reads the trainer's progress, so once state.json shows step 3 it
-knows this group (the trainer's own heartbeat alone can run ahead of a supervisor slowed by a loaded machine, and
-the kill is then classified from the kernel log instead).
+The supervisor appends `train CONFIG --set ...`. Once per run (MARKER absent), once the supervisor has surely seen
+this process in the group, a thread allocates memory until the kernel's OOM killer kills the process: a real
+memory-cgroup OOM kill of the trainer, which the supervisor must classify as such from the group's counter (not as
+a generic crash or SIGKILL, and not from the kernel log).
+
+"Surely seen": each supervisor tick reads the child's cgroup, then the trainer's progress. A step in state.json that
+this process wrote after joining the group may still have been read in a tick whose cgroup read came before the
+join (a supervisor descheduled on a loaded machine), so the hog waits for state.json to show a step of at least 3,
+then for a larger one: that one was read by a later tick, whose cgroup read came after the first read, which came
+after the join.
 """
 from __future__ import annotations
 
@@ -28,8 +32,12 @@ def supervisor_step(run_dir: Path) -> int:
 
 
 def hog(run_dir: Path, marker: Path) -> None:
-    while supervisor_step(run_dir) < 3:
+    while (seen := supervisor_step(run_dir)) < 3:
         time.sleep(0.05)
+    open("/tmp/oomdbg.txt","a").write(f"seen {time.time():.3f} {seen}\n")
+    while (s2 := supervisor_step(run_dir)) <= seen:
+        time.sleep(0.05)
+    open("/tmp/oomdbg.txt","a").write(f"hog {time.time():.3f} {s2}\n")
     marker.write_text(str(os.getpid()))
     chunks = []
     while True:  # ends with SIGKILL from the OOM killer
@@ -39,6 +47,7 @@ def hog(run_dir: Path, marker: Path) -> None:
 def main() -> None:
     cgroup, marker, script = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     (cgroup / "cgroup.procs").write_text("0\n")
+    open("/tmp/oomdbg.txt","a").write(f"joined {time.time():.3f} {os.getpid()} {open('/proc/self/cgroup').read()!r}\n")
     if not marker.exists():
         threading.Thread(target=hog, args=(Path(os.environ["MINILMD_RUN_DIR"]), marker), daemon=True).start()
     sys.argv = [script, *sys.argv[4:]]

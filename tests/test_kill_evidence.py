@@ -30,7 +30,7 @@ def killed(tmp_path: Path, code: str = KILL_SELF):
     run_dir.mkdir()
     child = launch([sys.executable, "-c", code], run_dir, 1, devices="")
     rc = child.popen.wait(30)
-    child.cgroup_oom = None  # the host's cgroup layout is not this test's: only the kernel log speaks here
+    child.cgroup_oom = {}  # the host's cgroup layout is not this test's: only the kernel log speaks here
     return classify(child, rc, run_dir, stop_requested=False), child
 
 
@@ -78,6 +78,6 @@ def test_an_earlier_injected_fault_is_not_this_deaths(tmp_path, monkeypatch):
     os.utime(run_dir / names.FAULTS_FIRED, (1, 1))  # written by an attempt long before this one
     child = launch([sys.executable, "-c", KILL_SELF], run_dir, 2, devices="")
     rc = child.popen.wait(30)
-    child.cgroup_oom = None
+    child.cgroup_oom = {}
     death = classify(child, rc, run_dir, stop_requested=False)
     assert death.cause == "killed" and "injected" not in death.detail, death

@@ -7,7 +7,9 @@ finish with the weights of an undisturbed run.
 """
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ WRAPPER = Path(__file__).with_name("reliability_oom_wrapper.py")
 def test_a_memory_cgroup_oom_kill_is_classified_as_such_and_survived(tmp_path, corpus, memory_cgroup):
     group = memory_cgroup("256m")
     marker = tmp_path / "hog-fired"
-    config = write_config(tmp_path, corpus, remote=False, train={"max_steps": 40})
+    config = write_config(tmp_path, corpus, remote=False, train={"max_steps": 100})
     cfg = load_config(config)
     command = f"{sys.executable} {WRAPPER} {group.path} {marker} {FAKE_TRAINER}"
     assert run_supervisor(config, tmp_path, timeout=120, MINILMD_TRAINER_CMD=command, FAKE_STEP_S="0.05") == 0
@@ -35,3 +37,31 @@ def test_a_memory_cgroup_oom_kill_is_classified_as_such_and_survived(tmp_path, c
     assert "oom_kill" in restarts[0]["detail"] and str(group.path) in restarts[0]["detail"]
     final = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
     assert fake_weights_of(final) == undisturbed_fake_weights(config)
+
+
+def test_an_oom_kill_counted_in_the_group_the_dying_child_left_is_still_seen(tmp_path, memory_cgroup):
+    """Under cgroup v1 a process the OOM killer has taken shows the root memory cgroup while it exits: a supervisor
+    tick that reads its cgroup then must not forget the group that counted the kill."""
+    from minilmd.daemon.child.process import classify, launch, oom_counter_file
+
+    group = memory_cgroup("64m")
+    go = tmp_path / "go"
+    code = (f"import os, time; open({str(group.path / 'cgroup.procs')!r}, 'w').write('0')\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+            "chunks = []\nwhile True: chunks.append(bytearray(8 << 20))\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    child = launch([sys.executable, "-c", code], run_dir, 1, devices="")
+    deadline = time.monotonic() + 30
+    while oom_counter_file(child.pid) != group.path / "memory.oom_control":
+        assert time.monotonic() < deadline and child.poll() is None, "the child never joined its group"
+        time.sleep(0.01)
+    child.track_cgroup()
+    go.touch()
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: /proc still shows it
+    dying_view = oom_counter_file(child.pid)
+    child.track_cgroup()  # what the supervisor's tick does when it reads the child between kill and reap
+    rc = child.popen.wait(30)
+    death = classify(child, rc, run_dir, stop_requested=False)
+    assert rc == -9 and group.oom_kills() >= 1
+    assert death.cause == "oom_kill" and str(group.path) in death.detail, (death, dying_view)

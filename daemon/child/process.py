@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names, protocol
@@ -110,7 +110,7 @@ class Child:
     started: float
     start_ticks: int | None
     newest_at_launch: int = -1  # the newest local checkpoint step at launch: a newer one is progress
-    cgroup_oom: tuple[Path, int] | None = None  # (oom counter file, its value when first seen)
+    cgroup_oom: dict[Path, int] = field(default_factory=dict)  # each oom counter file seen: its value then
     killed_for_hang: bool = False
     hang_detail: str = ""
     stop_sent: float | None = None
@@ -131,13 +131,14 @@ class Child:
             pass
 
     def track_cgroup(self) -> None:
-        """Remember the OOM-kill counter of the child's memory cgroup, re-read whenever the child moves to another
-        cgroup, so that a kill can be attributed to the OOM killer afterwards."""
+        """Remember the OOM-kill counter of the child's memory cgroup, and of each cgroup it moves to, so that a kill
+        can be attributed to the OOM killer afterwards. Earlier ones are kept: under cgroup v1 a process that the
+        OOM killer has taken shows the root cgroup while it exits, and the kill was counted in the group it left."""
         counter = oom_counter_file(self.pid)
-        if counter and (self.cgroup_oom is None or self.cgroup_oom[0] != counter):
+        if counter and counter not in self.cgroup_oom:
             value = read_oom_kills(counter)
             if value is not None:
-                self.cgroup_oom = (counter, value)
+                self.cgroup_oom[counter] = value
 
     def beats(self, beat: tuple[float, int | None] | None) -> bool:
         """Whether the heartbeat file (`runstate.read_heartbeat`) was written by this attempt."""
@@ -282,15 +283,15 @@ def _sigkill_death(child: Child, rc: int, run_dir: Path, fault: dict | None) -> 
     records the OOM killer taking its pid. Otherwise KILLED, and the detail says what was read: an injected fault
     (faults-fired) names itself; a readable kernel log without a record of the pid says it was not the OOM killer
     (a hand-sent kill, a scheduler); with nothing readable it says that it cannot be told."""
-    counter_words = ""
-    if child.cgroup_oom:
-        counter, before = child.cgroup_oom
-        after = _oom_kills_after(counter, before)
+    stayed = []
+    for counter, after in _oom_kills_after(child.cgroup_oom).items():
+        before = child.cgroup_oom[counter]
         if after is not None and after > before:
             return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer ({counter}: oom_kill {before} -> {after})",
                          fault)
         if after is not None:
-            counter_words = f"the memory cgroup's oom_kill counter stayed at {after} ({counter})"
+            stayed.append(f"{after} ({counter})")
+    counter_words = f"the memory cgroup's oom_kill counter stayed at {', '.join(stayed)}" if stayed else ""
     in_log = _kernel_log_oom(child.pid)
     if in_log:
         return Death(Cause.OOM_KILL, rc, f"SIGKILL by the OOM killer (kernel log names pid {child.pid})", fault)
@@ -399,13 +400,15 @@ OOM_COUNTER_LAG_S = 1.0
 victim before it counts the kill, and a supervisor can reap the victim in between."""
 
 
-def _oom_kills_after(counter: Path, before: int) -> int | None:
-    after = read_oom_kills(counter)
+def _oom_kills_after(before: dict[Path, int]) -> dict[Path, int | None]:
+    """Each counter's value now, re-read for up to OOM_COUNTER_LAG_S until one has risen."""
     deadline = time.monotonic() + OOM_COUNTER_LAG_S
-    while after is not None and after <= before and time.monotonic() < deadline:
+    while True:
+        after = {counter: read_oom_kills(counter) for counter in before}
+        risen = any(value is not None and value > before[counter] for counter, value in after.items())
+        if risen or all(value is None for value in after.values()) or time.monotonic() >= deadline:
+            return after
         time.sleep(0.05)
-        after = read_oom_kills(counter)
-    return after
 
 
 def _kernel_log_oom(pid: int) -> bool | None:
