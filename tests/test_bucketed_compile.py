@@ -114,6 +114,7 @@ def test_the_first_forward_is_the_widest_micro_batch_and_leaves_no_trace(tmp_pat
     assert calls[0] == ("forward", (MICRO_BATCH, widest)) and calls.index(("step", ())) > 0  # before any step
 
 
+@pytest.mark.slow
 def test_the_warm_up_changes_nothing_the_run_learns(tmp_path, chat, monkeypatch):
     from minilmd.trainer.loop import warmup
 

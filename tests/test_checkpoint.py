@@ -374,6 +374,7 @@ def run_cli(*args) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_verify_command(tmp_path, run):
     good = save_run(tmp_path / "root", 3, *run)
     out = run_cli("verify", str(good))

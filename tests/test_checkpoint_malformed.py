@@ -140,6 +140,7 @@ def test_a_malformed_checkpoint_with_matching_hashes_is_invalid_with_the_reason(
     checkpoint.validate(root / "step-00000001")  # the one beside it is fine
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", sorted(TAMPERINGS))
 def test_verify_sample_and_export_say_invalid_without_a_traceback(good, tmp_path, how):
     root = tampered_root(good, tmp_path, how)
@@ -167,6 +168,7 @@ def test_find_latest_quarantines_it_and_takes_the_one_before(good, tmp_path, how
     assert any("step-00000002 is invalid" in line for line in logged), logged
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", sorted(TAMPERINGS))
 def test_a_malformed_remote_latest_is_set_aside_and_the_good_one_beside_it_fetched(good, tmp_path, how):
     remote = tampered_root(good, tmp_path, how)

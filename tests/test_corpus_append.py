@@ -116,6 +116,7 @@ def test_a_reader_sees_one_version_at_every_step(tmp_path, texts, tokenizer):
         assert (root / f).read_bytes()[:len(v1[f])] == v1[f]
 
 
+@pytest.mark.slow
 def test_append_to_a_chat_corpus(tmp_path, chat_jsonl, chat_tokenizer):
     def chat_prepare(paths, out):
         return prepare([str(p) for p in paths], chat_tokenizer, out, val_fraction=0.1, workers=0, progress=False,

@@ -233,6 +233,7 @@ def launcher_config(path: Path, name: str | None, run_dir: str | None) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervisor(launcher):
     run_dir = launcher.root / "runs" / "demo"
     config = launcher_config(launcher.root / "demo.toml", "demo.run", str(run_dir))
@@ -351,6 +352,7 @@ def test_example_config_validates_with_its_placeholders_replaced(tmp_path):
     assert cfg.run.name == "pretrain-768x8" and cfg.data.prepared == str(prepared)
 
 
+@pytest.mark.slow
 def test_minilmd_run_check_accepts_the_example_and_names_a_placeholder_it_cannot_use(tmp_path):
     """`minilmd run --check` (validate only) on the example, as the README tells a new operator to run it."""
     prepared = tmp_path / "prepared"

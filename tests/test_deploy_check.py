@@ -8,6 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from test_deploy import launcher, launcher_config  # noqa: F401 - the launcher fixture, shared
 
 MINILMD = Path(sys.executable).with_name("minilmd")
@@ -22,6 +24,7 @@ def test_a_bad_config_is_refused_with_the_checks_message_and_nothing_starts(laun
     assert launcher.tmux("list-sessions").returncode != 0  # no session, no dead pane
 
 
+@pytest.mark.slow
 def test_a_dead_supervisor_window_is_checked_again_before_it_is_restarted(launcher):
     config = launcher_config(launcher.root / "c.toml", "c", str(launcher.root / "runs" / "c"))
     assert launcher("--no-attach", str(config)).returncode == 0  # the stand-in minilmd accepts it

@@ -148,6 +148,7 @@ def _read(d: Path, reader: Reader):
 FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", sorted(READERS))
 @FUZZ
 @given(data=contents)

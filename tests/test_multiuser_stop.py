@@ -86,6 +86,7 @@ def decoys(tmp_path):
         d.end()
 
 
+@pytest.mark.slow
 def test_stop_on_a_finished_run_spares_processes_that_only_carry_its_run_dir(tmp_path, decoys):
     run_dir = finished_run(tmp_path)
     mine, theirs = decoys(run_dir, other_user=False), decoys(run_dir, other_user=True)

@@ -56,6 +56,7 @@ def test_round_trip_each_document_decodes_to_its_text(tmp_path, demo_jsonl, toke
          "doc_lengths.npy"])
 
 
+@pytest.mark.slow
 def test_output_does_not_depend_on_workers_or_block_size(tmp_path, demo_jsonl, tokenizer):
     run_prepare(demo_jsonl, tokenizer, tmp_path / "inline", val_fraction=0.1)
     run_prepare(demo_jsonl, tokenizer, tmp_path / "pool", val_fraction=0.1, workers=2, block_bytes=4096)
@@ -300,6 +301,7 @@ _any_text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max
     lambda t: t.strip() and "<|" not in t)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=st.lists(_any_text, min_size=1, max_size=12))
 def test_any_unicode_text_round_trips(tmp_path_factory, tokenizer, texts):

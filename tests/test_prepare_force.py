@@ -44,6 +44,7 @@ def test_force_refuses_a_directory_that_is_not_a_prepared_corpus(tmp_path, demo_
     assert not leftovers(out)
 
 
+@pytest.mark.slow
 def test_force_refuses_a_prepared_corpus_holding_a_foreign_file(tmp_path, demo_jsonl, tokenizer):
     out = tmp_path / "p"
     assert prepare_cli(demo_jsonl[:1], tokenizer, out).returncode == 0
@@ -54,6 +55,7 @@ def test_force_refuses_a_prepared_corpus_holding_a_foreign_file(tmp_path, demo_j
     assert tree_digest(out) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["file", "symlink"])
 def test_force_refuses_a_file_or_a_link(tmp_path, demo_jsonl, tokenizer, kind):
     target = tmp_path / "elsewhere"
@@ -68,6 +70,7 @@ def test_force_refuses_a_file_or_a_link(tmp_path, demo_jsonl, tokenizer, kind):
     assert (out.read_text() == "not a directory\n") if kind == "file" else (out.is_symlink() and target.is_dir())
 
 
+@pytest.mark.slow
 def test_force_replaces_a_prepared_corpus(tmp_path, demo_jsonl, tokenizer):
     out = tmp_path / "p"
     assert prepare_cli(demo_jsonl[:1], tokenizer, out).returncode == 0
@@ -77,6 +80,7 @@ def test_force_replaces_a_prepared_corpus(tmp_path, demo_jsonl, tokenizer):
     assert not leftovers(out)
 
 
+@pytest.mark.slow
 def test_force_fills_an_empty_directory(tmp_path, demo_jsonl, tokenizer):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -84,6 +88,7 @@ def test_force_fills_an_empty_directory(tmp_path, demo_jsonl, tokenizer):
     assert (empty / "meta.json").is_file() and not leftovers(empty)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["train/tokens.bin", "meta_sibling"])
 def test_force_refuses_a_corpus_whose_own_file_is_a_directory_of_other_files(tmp_path, demo_jsonl, tokenizer, where):
     """A `tokens.bin` (or tokenizer.json) that is a directory holding someone's files is not the corpus's own file:
@@ -102,6 +107,7 @@ def test_force_refuses_a_corpus_whose_own_file_is_a_directory_of_other_files(tmp
     assert not leftovers(out)
 
 
+@pytest.mark.slow
 def test_force_refuses_a_split_directory_that_is_a_link(tmp_path, demo_jsonl, tokenizer):
     out = tmp_path / "p"
     assert prepare_cli(demo_jsonl[:1], tokenizer, out).returncode == 0

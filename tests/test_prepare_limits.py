@@ -44,6 +44,7 @@ def long_texts(demo_jsonl, n: int, chars: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_streamed_lines_give_the_corpus_of_whole_lines(tmp_path, demo_jsonl, tokenizer):
     texts = read_texts(demo_jsonl)[:400] + long_texts(demo_jsonl, 3, 20_000)  # 3 lines of ~60 kB
     src = write_jsonl(tmp_path / "c.jsonl", texts)

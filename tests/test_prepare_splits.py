@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from data_helpers import write_jsonl
 from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare.pipeline import split_is_val
@@ -19,6 +21,7 @@ def prepare_cli(src, tokenizer, out, *extra: str) -> subprocess.CompletedProcess
                            "--out", str(out), "--workers", "0", *extra], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_an_empty_val_split_is_refused_and_the_suggested_fraction_works(tmp_path, tokenizer):
     assert not any(split_is_val(t, 0.005) for t in TEXTS)  # the observation: 20 documents, none in val
     src = write_jsonl(tmp_path / "small.jsonl", TEXTS)

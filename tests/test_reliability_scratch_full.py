@@ -248,6 +248,7 @@ def last_sync_of(tmp_path: Path, remote: FullRemote) -> tuple[SyncWorker, list[s
                       Inbox(lambda *a, **k: None)), said
 
 
+@pytest.mark.slow
 def test_a_full_remote_at_the_last_sync_counts_no_try_and_a_stop_ends_the_wait(tmp_path):
     remote = FullRemote()
     sync, said = last_sync_of(tmp_path, remote)

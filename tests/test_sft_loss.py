@@ -84,6 +84,7 @@ def test_on_text_the_loss_is_still_the_mean_over_every_prediction(tmp_path, corp
     assert float(loss) == pytest.approx(float(sum(parts) / 2), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_bench_sft_measures_the_three_modes_on_the_same_model(tmp_path, chat):
     from minilmd.trainer.bench.sft import compare, report
 

@@ -48,6 +48,7 @@ REGISTER = ("import sys\nfrom minilmd.daemon.host import registry\n"
 LIST = "from minilmd.daemon.views import overview\noverview.status_all(as_json=True)\n"
 
 
+@pytest.mark.slow
 @pytest.mark.root
 def test_status_all_lists_what_each_user_may_see(monkeypatch):
     uid, gid = second_user()

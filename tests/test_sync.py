@@ -164,6 +164,7 @@ KILL_MID_SYNC = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at_put", [1, 3, 5])  # first file, middle, the manifest itself
 def test_sync_killed_half_way_never_moves_latest_to_an_invalid_checkpoint(dirs, weights, kill_at_put):
     local, remote = dirs
@@ -341,6 +342,7 @@ def synced_once(local: Path, remote: Path, weights) -> Syncer:
     return syncer
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 @pytest.mark.parametrize("fault", ["enospc", "drop_dir_rename", "drop_latest_rename", "shrink", "eio_readback"])
 def test_faulty_remote_never_gets_a_latest_naming_an_invalid_checkpoint(faultfs, weights, tmp_path, fault):
@@ -373,6 +375,7 @@ STALLED_SYNC = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 def test_sync_killed_while_the_remote_stalls(faultfs, weights, tmp_path):
     local, remote = tmp_path / "shm", faultfs.root / "nfs" / "run"

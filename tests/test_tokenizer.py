@@ -86,6 +86,7 @@ def test_minimind_tokenizer_is_accepted():
     assert tok.decode(ids) == "如何才能摆脱拖延症？"
 
 
+@pytest.mark.slow
 def test_cli_tokenizer_train_and_bad_line_exit_status(tmp_path, demo_jsonl):
     out = tmp_path / "tok.json"
     done = subprocess.run([sys.executable, "-m", "minilmd.cli", "tokenizer", "train", *demo_jsonl,

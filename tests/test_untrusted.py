@@ -208,6 +208,7 @@ state_values = st.recursive(
     max_leaves=20)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(st.sampled_from(STATE_KEYS), state_values, max_size=8))
 def test_the_overview_shows_any_state_json_object_without_a_traceback(tmp_path, state):
