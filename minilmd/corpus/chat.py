@@ -41,6 +41,7 @@ TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
 """The largest tokenizer_config.json or chat template read (a tokenizer from elsewhere may be a huge file)."""
 ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = ("role", "content", "reasoning_content")
+ALLOWED_KEYS = frozenset(MESSAGE_KEYS)
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 HEADER = f"{IM_START}assistant\n"
 """What opens an assistant turn; the target starts after it."""
@@ -78,7 +79,7 @@ def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
     for i, m in enumerate(conv):
         if not isinstance(m, dict):
             return None, ("message_not_object", f"message {i} is a JSON {type(m).__name__}")
-        extra = sorted(set(m) - set(MESSAGE_KEYS))
+        extra = [] if m.keys() <= ALLOWED_KEYS else sorted(set(m) - ALLOWED_KEYS)
         if extra:
             return None, ("unknown_message_key", f"message {i} has {', '.join(map(repr, extra))} (allowed: "
                                                  f"{', '.join(MESSAGE_KEYS)})")
@@ -106,10 +107,19 @@ def canonical(messages: list[dict]) -> str:
     return json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
+SPECIAL_MARK = "<|"
+"""What every special token's text holds: a text without it spells none (one search instead of one per token)."""
+assert all(SPECIAL_MARK in t for t in SPECIAL_TOKENS)
+
+
 def has_special_text(messages: list[dict]) -> bool:
     """Whether a message's text spells a special token (it then encodes to id 0, 1 or 2 inside the turn)."""
-    return any(t in m[k] for m in messages for k in ("content", "reasoning_content") if k in m
-               for t in SPECIAL_TOKENS)
+    for m in messages:
+        for k in ("content", "reasoning_content"):
+            text = m.get(k)
+            if text and SPECIAL_MARK in text and any(t in text for t in SPECIAL_TOKENS):
+                return True
+    return False
 
 
 @dataclass
