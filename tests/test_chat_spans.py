@@ -268,7 +268,8 @@ def test_spans_looked_up_at_their_ends_equal_the_offsets_of_every_token_on_fakes
 
 
 SPACED = [[u("q"), a(" leading space")], [u("q"), a("  two spaces  ")], [u("q"), a(" ")], [u("q"), a("\n\nx \n")],
-          [u("q"), a("尾 ")], [u("问"), a(" 答，😀 x")], [u("q"), a("\t tab")], [s(" "), u(" "), a(" a "), u(" "), a("  ")]]
+          [u("q"), a("尾 ")], [u("问"), a(" 答，😀 x")], [u("q"), a("\t tab")],
+          [s(" "), u(" "), a(" a "), u(" "), a("  ")]]
 """Replies whose first or last characters are white space a token of the header or of the next turn may take."""
 
 

@@ -86,9 +86,7 @@ def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
         role = m.get("role")
         if role not in ROLES:
             return None, ("unknown_role", f"message {i} has role {role!r} (allowed: {', '.join(ROLES)})")
-        for key in ("content", "reasoning_content"):
-            if key == "reasoning_content" and key not in m:
-                continue
+        for key in ("content", "reasoning_content") if "reasoning_content" in m else ("content",):
             value = m.get(key)
             if not isinstance(value, str):
                 return None, ("content_not_string", f'message {i} "{key}" is a JSON {type(value).__name__}')
@@ -102,9 +100,13 @@ def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
     return messages, None
 
 
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+"""json.dumps with these options, made once (json.dumps makes an encoder at every call given options)."""
+
+
 def canonical(messages: list[dict]) -> str:
     """The text the split rule and the leak key are computed on: the messages as compact JSON, keys sorted."""
-    return json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _CANONICAL.encode(messages)
 
 
 SPECIAL_MARK = "<|"
@@ -279,6 +281,10 @@ class ChatTemplate:
     def whole(self, messages: list[dict]) -> str:
         """The rendering of the whole conversation, as targets() renders it first (TurnError as it raises)."""
         return self.bounded(self._render_or_bad, messages)
+
+    def whole_within_bound(self, messages: list[dict]) -> str:
+        """whole() for a caller already inside bounded(), whose bound covers it (one bound set up, not two)."""
+        return self._render_or_bad(messages)
 
     def _targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         cache: dict[int, str] = {}
