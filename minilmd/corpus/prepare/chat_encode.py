@@ -7,7 +7,9 @@ The rendered text is encoded whole, without added special tokens (the template w
 span of chat.ChatTemplate.targets (found from one rendering where the template allows it: chat_spans.py). A token
 that began inside the header and reaches into the reply (a template whose reply starts with whitespace the
 header's "\\n" merges with) is therefore not a target. A block's ids, starts and masks are converted and cut at
-once (block_ids_and_masks). Each reply's last target token must be `<|im_end|>` (EOS), and the rendering must
+once (block_ids_and_masks); for a tokenizer whose token starts never decrease (no normalizer: starts_in_order) only
+the tokens at each span's two ends are looked up, not every token's offsets (block_ids_and_masks_by_lookup, the
+same masks). Each reply's last target token must be `<|im_end|>` (EOS), and the rendering must
 start with `<|im_start|>` (BOS): a template that does not is refused line by line (`template_output`).
 
 Length: a conversation longer than seq_len tokens is cut to its first seq_len (as MiniMind does; `cut`) or, with
@@ -242,8 +244,9 @@ def block_ids_and_masks_by_lookup(encs, texts: list[str], spans: list[list[tuple
         if end == first or one[0] != BOS_ID:
             out.append(_no_bos(one))
             continue
-        cuts = [_tokens_before(enc, end - first, len(text), at) for span in sp for at in span]
-        if None in cuts:
+        found = [_tokens_before(enc, end - first, len(text), at) for span in sp for at in span]
+        cuts = [c for c in found if c is not None]
+        if len(cuts) < len(found):
             starts = np.fromiter(chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * one.size)[::2]
             try:
                 out.append((one, _mask_checked(one, starts, sp)))
