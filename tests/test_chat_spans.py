@@ -294,3 +294,49 @@ def test_spans_looked_up_at_their_ends_equal_the_offsets_of_every_token(name, ch
     encs = tok.encode_batch(texts, add_special_tokens=False)
     assert "ok" in _same_results(block_ids_and_masks(encs, texts, spans),
                                  block_ids_and_masks_by_lookup(encs, texts, spans))
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "byte-level-trimmed", "metaspace-unigram", "whitespace-wordpiece"])
+def test_spans_looked_up_at_their_ends_equal_the_offsets_under_other_pre_tokenizers(kind):
+    """Tokenizers without a normalizer (starts_in_order) of other kinds than the tests' byte-level BPE: random
+    ChatML renderings of white space, CJK and emoji, the same masks and refusals both ways."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    rng = np.random.default_rng(3)
+    words = ["hello", "world", "你好", "世界", "😀", "a", "  ", " ", "\n", "\t", "x y", "éé", "...", "<", ">"]
+
+    def text() -> str:
+        return "".join(rng.choice(words) for _ in range(int(rng.integers(0, 12))))
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # MiniMind's ids 0, 1, 2
+    if kind.startswith("byte-level"):
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        if kind == "byte-level-trimmed":
+            tok.post_processor = processors.ByteLevel(trim_offsets=True)
+        trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    elif kind == "metaspace-unigram":
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token=specials[0])
+    else:
+        tok = Tokenizer(models.WordPiece(unk_token=specials[0]))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials)
+    tok.train_from_iterator([text() for _ in range(2000)], trainer)
+    assert starts_in_order(tok)
+    texts, spans = [], []
+    for _ in range(600):
+        rendering, sp = f"<|im_start|>user\n{text()}<|im_end|>\n", []
+        for _ in range(int(rng.integers(1, 4))):
+            start = len(rendering) + len("<|im_start|>assistant\n")
+            rendering += f"<|im_start|>assistant\n{text()}<|im_end|>"
+            sp.append((start, len(rendering)))
+            rendering += str(rng.choice(["\n", "", " ", "\n\n"]))
+        texts.append(rendering)
+        spans.append(sp)
+    encs = tok.encode_batch(texts, add_special_tokens=False)
+    assert "ok" in _same_results(block_ids_and_masks(encs, texts, spans),
+                                 block_ids_and_masks_by_lookup(encs, texts, spans))
