@@ -22,6 +22,8 @@ from minilmd.corpus.prepare.chat_encode import (
     ChatSpec,
     _ids_and_mask,
     block_ids_and_masks,
+    block_ids_and_masks_by_lookup,
+    starts_in_order,
     target_mask,
 )
 from minilmd.protocol import BOS_ID, EOS_ID
@@ -182,13 +184,32 @@ def test_target_mask_by_binary_search_equals_the_scan():
 
 
 class FakeEncoding:
-    """What block_ids_and_masks reads of a tokenizers Encoding."""
+    """What block_ids_and_masks and block_ids_and_masks_by_lookup read of a tokenizers Encoding."""
 
     def __init__(self, ids, offsets):
         self.ids, self.offsets = ids, offsets
 
     def __len__(self):
         return len(self.ids)
+
+    def char_to_token(self, at):  # as tokenizers' Encoding: the first token whose offsets hold the character
+        return next((i for i, (b, e) in enumerate(self.offsets) if b <= at < e), None)
+
+    def token_to_chars(self, i):
+        return self.offsets[i]
+
+
+def _same_results(want: list, got: list) -> set[str]:
+    kinds = set()
+    for w, g in zip(want, got, strict=True):
+        if isinstance(w, TurnError):
+            assert isinstance(g, TurnError) and (g.reason, g.detail) == (w.reason, w.detail)
+            kinds.add(w.detail.split(" ")[0])
+            continue
+        assert not isinstance(g, TurnError)
+        assert g[0].tobytes() == w[0].tobytes() and g[1].tobytes() == w[1].tobytes()
+        kinds.add("ok")
+    return kinds
 
 
 @pytest.mark.parametrize("in_order", [True, False])
@@ -222,3 +243,100 @@ def test_a_block_converted_at_once_equals_each_conversation_alone(in_order):
         assert g[0].tobytes() == want[0].tobytes() and g[1].tobytes() == want[1].tobytes()
         kinds.add("ok")
     assert kinds == {"ok", "the", "reply"}, kinds  # kept ones, refused for BOS and for EOS
+
+
+def test_spans_looked_up_at_their_ends_equal_the_offsets_of_every_token_on_fakes():
+    """Token starts in order, with repeated starts (a character cut across tokens), tokens of no width (a trimmed
+    space) and characters no token covers: the lookups give each conversation what its offsets give."""
+    rng = np.random.default_rng(2)
+    encs, texts, spans = [], [], []
+    for _ in range(400):
+        n = int(rng.integers(0, 25))
+        starts = np.sort(rng.integers(0, 40, n)).tolist()
+        ends = [min(t + int(rng.integers(0, 3)), 40) for t in starts]
+        ids = [BOS_ID, *rng.integers(3, 50, max(n - 1, 0)).tolist()][:n]
+        sp = sorted({tuple(sorted(rng.integers(0, 41, 2).tolist())) for _ in range(int(rng.integers(0, 3)))})
+        for x, y in sp:
+            inside = [i for i, t in enumerate(starts) if x <= t < y]
+            if inside and rng.random() < 0.8:
+                ids[inside[-1]] = EOS_ID
+        encs.append(FakeEncoding(ids, list(zip(starts, ends, strict=True))))
+        texts.append("x" * 40)
+        spans.append(sp)
+    kinds = _same_results(block_ids_and_masks(encs, texts, spans), block_ids_and_masks_by_lookup(encs, texts, spans))
+    assert kinds == {"ok", "the", "reply"}, kinds
+
+
+SPACED = [[u("q"), a(" leading space")], [u("q"), a("  two spaces  ")], [u("q"), a(" ")], [u("q"), a("\n\nx \n")],
+          [u("q"), a("尾 ")], [u("问"), a(" 答，😀 x")], [u("q"), a("\t tab")],
+          [s(" "), u(" "), a(" a "), u(" "), a("  ")]]
+"""Replies whose first or last characters are white space a token of the header or of the next turn may take."""
+
+
+@pytest.mark.parametrize("name", ["test", "synthetic", "minimind"])
+def test_spans_looked_up_at_their_ends_equal_the_offsets_of_every_token(name, chat_tokenizer, conversations):
+    from tokenizers import Tokenizer
+
+    templates = _templates(chat_tokenizer)
+    if name not in templates:
+        pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR} (set MINIMIND_TOKENIZER_DIR)")
+    template, tok_json = templates[name]
+    tok = Tokenizer.from_str(tok_json)
+    assert starts_in_order(tok)
+    texts, spans = [], []
+    for messages in SPACED + conversations:
+        try:
+            text, sp = template.targets(messages)
+        except TurnError:
+            continue
+        texts.append(text)
+        spans.append(sp)
+    encs = tok.encode_batch(texts, add_special_tokens=False)
+    assert "ok" in _same_results(block_ids_and_masks(encs, texts, spans),
+                                 block_ids_and_masks_by_lookup(encs, texts, spans))
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "byte-level-trimmed", "metaspace-unigram", "whitespace-wordpiece"])
+def test_spans_looked_up_at_their_ends_equal_the_offsets_under_other_pre_tokenizers(kind):
+    """Tokenizers without a normalizer (starts_in_order) of other kinds than the tests' byte-level BPE: random
+    ChatML renderings of white space, CJK and emoji, the same masks and refusals both ways."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    rng = np.random.default_rng(3)
+    words = ["hello", "world", "你好", "世界", "😀", "a", "  ", " ", "\n", "\t", "x y", "éé", "...", "<", ">"]
+
+    def text() -> str:
+        return "".join(rng.choice(words) for _ in range(int(rng.integers(0, 12))))
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # MiniMind's ids 0, 1, 2
+    if kind.startswith("byte-level"):
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        if kind == "byte-level-trimmed":
+            tok.post_processor = processors.ByteLevel(trim_offsets=True)
+        trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    elif kind == "metaspace-unigram":
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token=specials[0])
+    else:
+        tok = Tokenizer(models.WordPiece(unk_token=specials[0]))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials)
+    tok.train_from_iterator([text() for _ in range(2000)], trainer)
+    assert starts_in_order(tok)
+    texts, spans = [], []
+    for _ in range(600):
+        rendering, sp = f"<|im_start|>user\n{text()}<|im_end|>\n", []
+        for _ in range(int(rng.integers(1, 4))):
+            start = len(rendering) + len("<|im_start|>assistant\n")
+            rendering += f"<|im_start|>assistant\n{text()}<|im_end|>"
+            sp.append((start, len(rendering)))
+            rendering += str(rng.choice(["\n", "", " ", "\n\n"]))
+        texts.append(rendering)
+        spans.append(sp)
+    encs = tok.encode_batch(texts, add_special_tokens=False)
+    assert "ok" in _same_results(block_ids_and_masks(encs, texts, spans),
+                                 block_ids_and_masks_by_lookup(encs, texts, spans))

@@ -41,6 +41,7 @@ TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
 """The largest tokenizer_config.json or chat template read (a tokenizer from elsewhere may be a huge file)."""
 ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = ("role", "content", "reasoning_content")
+ALLOWED_KEYS = frozenset(MESSAGE_KEYS)
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 HEADER = f"{IM_START}assistant\n"
 """What opens an assistant turn; the target starts after it."""
@@ -78,16 +79,14 @@ def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
     for i, m in enumerate(conv):
         if not isinstance(m, dict):
             return None, ("message_not_object", f"message {i} is a JSON {type(m).__name__}")
-        extra = sorted(set(m) - set(MESSAGE_KEYS))
+        extra = [] if m.keys() <= ALLOWED_KEYS else sorted(set(m) - ALLOWED_KEYS)
         if extra:
             return None, ("unknown_message_key", f"message {i} has {', '.join(map(repr, extra))} (allowed: "
                                                  f"{', '.join(MESSAGE_KEYS)})")
         role = m.get("role")
         if role not in ROLES:
             return None, ("unknown_role", f"message {i} has role {role!r} (allowed: {', '.join(ROLES)})")
-        for key in ("content", "reasoning_content"):
-            if key == "reasoning_content" and key not in m:
-                continue
+        for key in ("content", "reasoning_content") if "reasoning_content" in m else ("content",):
             value = m.get(key)
             if not isinstance(value, str):
                 return None, ("content_not_string", f'message {i} "{key}" is a JSON {type(value).__name__}')
@@ -101,15 +100,28 @@ def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
     return messages, None
 
 
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+"""json.dumps with these options, made once (json.dumps makes an encoder at every call given options)."""
+
+
 def canonical(messages: list[dict]) -> str:
     """The text the split rule and the leak key are computed on: the messages as compact JSON, keys sorted."""
-    return json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _CANONICAL.encode(messages)
+
+
+SPECIAL_MARK = "<|"
+"""What every special token's text holds: a text without it spells none (one search instead of one per token)."""
+assert all(SPECIAL_MARK in t for t in SPECIAL_TOKENS)
 
 
 def has_special_text(messages: list[dict]) -> bool:
     """Whether a message's text spells a special token (it then encodes to id 0, 1 or 2 inside the turn)."""
-    return any(t in m[k] for m in messages for k in ("content", "reasoning_content") if k in m
-               for t in SPECIAL_TOKENS)
+    for m in messages:
+        for k in ("content", "reasoning_content"):
+            text = m.get(k)
+            if text and SPECIAL_MARK in text and any(t in text for t in SPECIAL_TOKENS):
+                return True
+    return False
 
 
 @dataclass
@@ -269,6 +281,10 @@ class ChatTemplate:
     def whole(self, messages: list[dict]) -> str:
         """The rendering of the whole conversation, as targets() renders it first (TurnError as it raises)."""
         return self.bounded(self._render_or_bad, messages)
+
+    def whole_within_bound(self, messages: list[dict]) -> str:
+        """whole() for a caller already inside bounded(), whose bound covers it (one bound set up, not two)."""
+        return self._render_or_bad(messages)
 
     def _targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         cache: dict[int, str] = {}

@@ -137,7 +137,8 @@ class BlockSpans:
         return self.template.bounded(self._once, layout, messages)
 
     def _once(self, layout: Layout, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-        full = self.template.whole(messages)  # the prefix way renders the whole first: the same refusal
+        # whole(): the prefix way renders the whole first, the same refusal; called inside bounded() already.
+        full = self.template.whole_within_bound(messages)
         spans = spans_by_layout(full, layout)
         if spans is None:
             return self.template.targets(messages)

@@ -7,7 +7,9 @@ The rendered text is encoded whole, without added special tokens (the template w
 span of chat.ChatTemplate.targets (found from one rendering where the template allows it: chat_spans.py). A token
 that began inside the header and reaches into the reply (a template whose reply starts with whitespace the
 header's "\\n" merges with) is therefore not a target. A block's ids, starts and masks are converted and cut at
-once (block_ids_and_masks). Each reply's last target token must be `<|im_end|>` (EOS), and the rendering must
+once (block_ids_and_masks); for a tokenizer whose token starts never decrease (no normalizer: starts_in_order) only
+the tokens at each span's two ends are looked up, not every token's offsets (block_ids_and_masks_by_lookup, the
+same masks). Each reply's last target token must be `<|im_end|>` (EOS), and the rendering must
 start with `<|im_start|>` (BOS): a template that does not is refused line by line (`template_output`).
 
 Length: a conversation longer than seq_len tokens is cut to its first seq_len (as MiniMind does; `cut`) or, with
@@ -35,7 +37,7 @@ import numpy as np
 from minilmd.corpus.chat import ChatTemplate, ParsedChatBlock, TurnError, canonical, has_special_text, parse_chat_block
 from minilmd.corpus.chat_sandbox import TemplateLimits
 from minilmd.corpus.chat_spans import BlockSpans, Layouts
-from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key
+from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, _leak_key_given, digest64
 from minilmd.corpus.sources.jsonl import InputError, LongLine
 from minilmd.protocol import BOS_ID, EOS_ID
 
@@ -207,6 +209,60 @@ def block_ids_and_masks(encs, texts: list[str], spans: list[list[tuple[int, int]
     return out
 
 
+def starts_in_order(tok) -> bool:
+    """Whether every encoding of `tok` has token starts that never decrease, so that a span's tokens may be found
+    by looking up the tokens at its two ends (block_ids_and_masks_by_lookup): a tokenizer without a normalizer
+    encodes each special token and each piece its pre-tokenizer cuts one after the other, and its post-processor's
+    offset trimming (ByteLevel's trim_offsets) only moves a token's start towards its own end."""
+    return tok.normalizer is None
+
+
+def _tokens_before(enc, n: int, text_len: int, at: int) -> int | None:
+    """How many of the n tokens of enc start before character `at`, their starts never decreasing, from at most
+    three lookups; None where those do not show it (a token of no width at `at`, a character no token covers)."""
+    t = enc.char_to_token(at) if at < text_len else n
+    if t is None:
+        return None
+    if t < n and enc.token_to_chars(t)[0] < at:  # the token holding `at` began before it
+        t += 1
+        return t if t == n or enc.token_to_chars(t)[0] >= at else None
+    return t if t == 0 or enc.token_to_chars(t - 1)[0] < at else None
+
+
+def block_ids_and_masks_by_lookup(encs, texts: list[str], spans: list[list[tuple[int, int]]]) -> list:
+    """block_ids_and_masks for a tokenizer whose starts are in order (starts_in_order), without reading every
+    token's offsets: each span's first and last target tokens are looked up at its two ends (_tokens_before), and
+    a conversation whose lookups do not show them reads its offsets as before."""
+    counts = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.uint16, count=int(bounds[-1]))
+    mask = np.zeros(ids.size, dtype=np.uint8)
+    out: list = []
+    for i, (enc, text, sp) in enumerate(zip(encs, texts, spans, strict=True)):
+        first, end = int(bounds[i]), int(bounds[i + 1])
+        one = ids[first:end]
+        if end == first or one[0] != BOS_ID:
+            out.append(_no_bos(one))
+            continue
+        found = [_tokens_before(enc, end - first, len(text), at) for span in sp for at in span]
+        cuts = [c for c in found if c is not None]
+        if len(cuts) < len(found):
+            starts = np.fromiter(chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * one.size)[::2]
+            try:
+                out.append((one, _mask_checked(one, starts, sp)))
+            except TurnError as refused:
+                out.append(refused)
+            continue
+        error = None
+        for k in range(len(sp)):
+            lo, hi = cuts[2 * k], cuts[2 * k + 1]
+            mask[first + lo:first + hi] = 1
+            if error is None and (hi <= lo or one[hi - 1] != EOS_ID):
+                error = _no_eos(k)
+        out.append(error if error is not None else (one, mask[first:end]))
+    return out
+
+
 class ChatBlockEncoder:
     """Parse, render, encode, mask and split one block of chat lines. Lives in each worker process."""
 
@@ -224,6 +280,7 @@ class ChatBlockEncoder:
         # One rendering per conversation where the template allows it (chat_spans.py); None: the prefix way for all.
         self.layouts = Layouts(self.chat.template) if one_render else None
         self.renders_saved = 0
+        self.masks = block_ids_and_masks_by_lookup if starts_in_order(self.tok) else block_ids_and_masks
 
     def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
         parsed = parse_chat_block(blob, first_line)
@@ -260,45 +317,50 @@ class ChatBlockEncoder:
 
     def _encode(self, parsed: ParsedChatBlock, bad: list, rendered: list, kept: list) -> EncodedBlock:
         texts = [text for text, _ in rendered]
-        encoded = block_ids_and_masks(self.tok.encode_batch(texts, add_special_tokens=False), texts,
-                                      [spans for _, spans in rendered])
+        encoded = self.masks(self.tok.encode_batch(texts, add_special_tokens=False), texts,
+                             [spans for _, spans in rendered])
         counts = dict.fromkeys(COUNTS, 0)
         out: dict[bool, dict[str, list]] = {v: {"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [],
                                                  "facts": []} for v in (False, True)}
         train_min = NO_DIGEST
         text_bytes = 0
+        seq_len, drop_long = self.chat.seq_len, self.chat.on_long == "drop"
+        # One check of the block's largest id: below the vocabulary, no kept conversation's can reach it.
+        check_ids = max((int(got[0].max()) for got in encoded if not isinstance(got, TurnError) and got[0].size),
+                        default=0) >= self.vocab_size
         for (messages, line), got in zip(kept, encoded, strict=True):
             if isinstance(got, TurnError):
                 bad.append((line, got.reason, got.detail))
                 continue
             ids, mask = got
-            cut = ids.size > self.chat.seq_len
-            if cut and self.chat.on_long == "drop":
-                counts["dropped_long"] += 1
-                continue
-            ids, mask = ids[:self.chat.seq_len], mask[:self.chat.seq_len]
-            if not mask.any():
+            cut = ids.size > seq_len
+            if cut:
+                if drop_long:
+                    counts["dropped_long"] += 1
+                    continue
+                ids, mask = ids[:seq_len], mask[:seq_len]
+            targets = int(np.count_nonzero(mask))
+            if not targets:
                 counts["dropped_no_target"] += 1
                 continue
             counts["cut"] += int(cut)
             counts["special_text"] += int(has_special_text(messages))
-            if int(ids.max()) >= self.vocab_size:
+            if check_ids and int(ids.max()) >= self.vocab_size:
                 raise ValueError(f"tokenizer produced id {int(ids.max())} >= its vocabulary {self.vocab_size}")
             key_text = canonical(messages)
             data = key_text.encode("utf-8")
             text_bytes += len(data)
             digest = digest64(data)
             is_val = digest < self.threshold
-            if not is_val:
-                train_min = min(train_min, digest)
+            if not is_val and digest < train_min:
+                train_min = digest
             side = out[is_val]
             side["tokens"].append(ids)
             side["masks"].append(mask)
             side["lengths"].append(ids.size)
-            side["keys"].append(leak_key(key_text))
+            side["keys"].append(_leak_key_given(key_text, digest))
             side["lines"].append(line)
-            side["facts"].append((len(messages), sum(m["role"] == "assistant" for m in messages), int(mask.sum()),
-                                  int(cut)))
+            side["facts"].append((len(messages), sum(m["role"] == "assistant" for m in messages), targets, int(cut)))
         bad.sort()
         train, val = (_stack(out[v]) for v in (False, True))
         return EncodedBlock(
