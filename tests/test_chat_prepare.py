@@ -215,6 +215,25 @@ def test_the_reader_refuses_a_loss_mask_that_breaks_the_chat_invariants(chat_cor
         open_prepared(copy)
 
 
+def test_the_readers_target_counts_do_not_depend_on_its_scan_blocks(chat_corpus, tmp_path, monkeypatch):
+    """The mask is scanned in blocks of _SCAN tokens: a block's edge inside a document changes neither the count of
+    targets nor the refusal of a document without targets that straddles it."""
+    import minilmd.corpus.format as corpus_format
+
+    root, _ = chat_corpus
+    mask = np.fromfile(root / "train" / "loss_mask.bin", dtype=np.uint8)
+    starts = open_prepared(root).train.doc_starts
+    for scan in (7, 64, 1 << 24):
+        monkeypatch.setattr(corpus_format, "_SCAN", scan)
+        assert open_prepared(root).train.target_tokens == int(mask.sum())
+    copy, m = _damaged(root, tmp_path, "straddled")
+    m[int(starts[1]):int(starts[2])] = 0
+    m.tofile(copy / "train" / "loss_mask.bin")
+    monkeypatch.setattr(corpus_format, "_SCAN", int(starts[1]) + 1)  # a block edge just inside document 1
+    with pytest.raises(CorpusError, match="document 1 has no target token"):
+        TokenStream(copy / "train")
+
+
 def test_staging_copies_and_verifies_the_mask_and_the_template(chat_corpus, tmp_path):
     from minilmd.daemon.jobs.staging import stage, verify_staged
 

@@ -134,10 +134,12 @@ class TokenStream:
                 raise CorpusError(f"{mask_path}: a run of target tokens in document {d} ends at token {t} with id "
                                   f"{int(self.tokens[t])}, not EOS {EOS_ID} (<|im_end|>), inside the document: the "
                                   "mask and the tokens did not come from the same run")
-            cum = np.cumsum(block, dtype=np.int64)
+            # The targets before each boundary by a search among the targets' positions (numpy's cumsum of the
+            # uint8 mask into a wider type cost 0.3 CPU s per 10 M tokens).
+            targets_at = np.flatnonzero(block)
             i, j = np.searchsorted(self.doc_starts, [lo, hi], side="right")  # the boundaries in (lo, hi]
-            before[i:j] = total + cum[self.doc_starts[i:j] - lo - 1]
-            total += int(cum[-1])
+            before[i:j] = total + np.searchsorted(targets_at, self.doc_starts[i:j] - lo, side="left")
+            total += int(targets_at.size)
         targets = np.diff(before)
         if self.n_docs:
             heads = np.asarray(mask[self.doc_starts[:-1]])
