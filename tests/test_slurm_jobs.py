@@ -73,11 +73,22 @@ def beating_in_start(run_dir: Path, job: str, restart: int) -> bool:
 
 
 def wait_requeued(slurm, job: str, restarts: int) -> None:
-    """Until Slurm holds the job pending after its requeue; then start it now (Slurm delays a requeued job by
-    two minutes)."""
+    """Until Slurm holds the job pending after its requeue (`release` then starts it)."""
     wait_for(lambda: slurm.job_field(job, "JobState") == "PENDING" and slurm.job_field(job, "Restarts") ==
              str(restarts), 90, f"job {job} pending after requeue {restarts}")
-    slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
+
+
+def release(slurm, job: str, restarts: int) -> None:
+    """Start the requeued job now: Slurm delays a requeued job by two minutes. It sets that delay when the requeue
+    has finished (the old batch step ended), which on a loaded machine can come after the job already shows PENDING
+    and overwrite a StartTime=now given then: it is given again until the job leaves PENDING."""
+    def started() -> bool:
+        if slurm.job_field(job, "JobState") != "PENDING":
+            return True
+        slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
+        return False
+
+    wait_for(started, 90, f"job {job} started again after requeue {restarts}", interval=3)
 
 
 def test_slurm_job_scripts_are_accepted_by_sbatch(slurm, tmp_path):
@@ -113,9 +124,10 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
         status = cli("status", str(cfg.run_dir), SLURM_CONF=str(slurm.conf))  # as on a login node
         print(status.stdout)
         assert f"why: requeued by Slurm (preempted at step {preempted_at})" in status.stdout, status.stdout
-        # the live state from Slurm: wait_requeued has just released the job, so it may already run again
+        # the live state from Slurm: the job waits for its release
         live = re.search(rf"Slurm job {job} on 1 node\(s\) {slurm.node}: (\w+) \(now\)", status.stdout)
-        assert live and live[1] in ("PENDING", "CONFIGURING", "RUNNING"), status.stdout
+        assert live and live[1] == "PENDING", status.stdout
+        release(slurm, job, 1)
         # 2. an admin requeues the running job: Slurm's SIGTERM; the job is not requeued a second time by itself
         wait_for(lambda: beating_in_start(cfg.run_dir, job, 1), 120, "training in the second start")
         slurm.run("scontrol", "requeue", job)
@@ -124,6 +136,7 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
         # Slurm's SIGTERM reaches srun too, which SIGKILLs its tasks: the step resumes from the last synced one
         assert preempted_at <= second["slurm"]["preempted_at_step"] < 15, second["slurm"]
         assert "requeued by Slurm" in second["reason"] and second["restarts"] == []
+        release(slurm, job, 2)
         # 3. the third start: a rank SIGKILLed at step 15 ends the srun step; relaunched, it ends the budget
         wait_for(lambda: slurm.job_field(job, "JobState") == "COMPLETED", 180, "the job's completion")
     finally:

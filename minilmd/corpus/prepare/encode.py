@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
@@ -134,8 +135,21 @@ class Encoders:
         return done(getattr(self.inline, method)(*args))
 
     def shutdown(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.pool is None:
+            return
+        # A stop (SIGTERM raises KeyboardInterrupt) that lands inside submit() while the pool starts its manager
+        # thread leaves that thread not yet marked started, and joining it raises RuntimeError: the interrupt then
+        # ended as a traceback, not as prepare's exit 130. Asked again once the thread has marked itself started, the
+        # pool shuts down cleanly; the workers die with this process in any case (PR_SET_PDEATHSIG).
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self.pool.shutdown(wait=True, cancel_futures=True)
+                return
+            except RuntimeError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.05)
 
 
 def done(value) -> Future:
