@@ -29,7 +29,7 @@ def leak_key(text: str) -> int:
     return digest64("".join(text.split()).encode("utf-8"))
 
 
-def _leak_key_given(text: str, digest: int) -> int:
+def leak_key_given(text: str, digest: int) -> int:
     """leak_key(text), reusing the text's own digest when it has no whitespace (most Chinese documents)."""
     squeezed = "".join(text.split())
     return digest if len(squeezed) == len(text) else digest64(squeezed.encode("utf-8"))

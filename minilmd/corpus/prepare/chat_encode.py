@@ -37,7 +37,7 @@ import numpy as np
 from minilmd.corpus.chat import ChatTemplate, ParsedChatBlock, TurnError, canonical, has_special_text, parse_chat_block
 from minilmd.corpus.chat_sandbox import TemplateLimits
 from minilmd.corpus.chat_spans import BlockSpans, Layouts
-from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, _leak_key_given, digest64
+from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.sources.jsonl import InputError, LongLine
 from minilmd.protocol import BOS_ID, EOS_ID
 
@@ -358,7 +358,7 @@ class ChatBlockEncoder:
             side["tokens"].append(ids)
             side["masks"].append(mask)
             side["lengths"].append(ids.size)
-            side["keys"].append(_leak_key_given(key_text, digest))
+            side["keys"].append(leak_key_given(key_text, digest))
             side["lines"].append(line)
             side["facts"].append((len(messages), sum(m["role"] == "assistant" for m in messages), targets, int(cut)))
         bad.sort()

@@ -18,7 +18,7 @@ import numpy as np
 
 from minilmd.corpus.analysis.scripts import ScriptTally, containing, script_matrix
 from minilmd.corpus.meta import CorpusError
-from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, _leak_key_given, digest64
+from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.sources.jsonl import parse_block
 from minilmd.corpus.sources.longdoc import split_pieces
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
@@ -45,7 +45,7 @@ class BlockEncoder:
         utf8 = [t.encode("utf-8") for t in texts]
         digests = [digest64(b) for b in utf8]
         is_val = np.fromiter((d < self.threshold for d in digests), dtype=bool, count=len(texts))
-        keys = np.fromiter(map(_leak_key_given, texts, digests), dtype=np.uint64, count=len(texts))
+        keys = np.fromiter(map(leak_key_given, texts, digests), dtype=np.uint64, count=len(texts))
         body, body_lengths = self._encode_texts(texts)
         special_inside = []
         special = body <= max(PAD_ID, BOS_ID, EOS_ID)
