@@ -17,12 +17,13 @@ from chat_synthetic import TEMPLATE_CONFIG
 from minilmd.corpus.chat import ChatTemplate, TurnError, read_tokenizer_config
 from minilmd.corpus.chat_spans import UNLEARNT, VERIFIED_PER_BLOCK, BlockSpans, Layouts, shape
 from minilmd.corpus.demo_text import write_repeated_chat_corpus
-from minilmd.corpus.prepare.chat_encode import (
-    ChatBlockEncoder,
-    ChatSpec,
-    _ids_and_mask,
+from minilmd.corpus.prepare.chat_encode import ChatBlockEncoder, ChatSpec
+from minilmd.corpus.prepare.chat_masks import (
+    ByteStarts,
     block_ids_and_masks,
     block_ids_and_masks_by_lookup,
+    ids_and_mask,
+    same_results,
     starts_in_order,
     target_mask,
 )
@@ -132,7 +133,9 @@ def test_block_encoder_writes_the_same_tokens_and_masks_byte_for_byte(name, bloc
             blocks.append(block)
             block, size = [], 0
     blocks.append(block)
-    encoders = [ChatBlockEncoder(tok, 0.1, ChatSpec(template, 256), one_render=one) for one in (False, True)]
+    # Today's way beside the prefix way with every token's offsets: the same output.
+    encoders = [ChatBlockEncoder(tok, 0.1, ChatSpec(template, 256), one_render=one, by_bytes=one)
+                for one in (False, True)]
     first = 1
     for block in blocks:
         blob = b"\n".join(block) + b"\n"
@@ -148,7 +151,8 @@ def test_block_encoder_writes_the_same_tokens_and_masks_byte_for_byte(name, bloc
         assert encoders[1].renders_saved > 0.8 * (len(convs) - VERIFIED_PER_BLOCK * len(blocks))  # beside the samples
     elif name == "by-text":
         assert len(blocks) == 1 and encoders[1].renders_saved == 0, "the block went the prefix way"
-    assert encoders[0].renders_saved == 0
+    assert encoders[0].renders_saved == 0 and encoders[0].byte_starts is None
+    assert encoders[1].byte_starts is not None and encoders[1].byte_starts.fallbacks == 0, "masks from the ids"
 
 
 def test_a_template_that_is_not_incremental_learns_no_layout_and_a_sample_that_differs_marks_the_block(tokenizer):
@@ -232,7 +236,7 @@ def test_a_block_converted_at_once_equals_each_conversation_alone(in_order):
         spans.append(sp)
     def alone(enc, sp):
         try:
-            return _ids_and_mask(enc, sp)
+            return ids_and_mask(enc, sp)
         except TurnError as e:
             return e
 
@@ -292,17 +296,9 @@ def test_spans_looked_up_at_their_ends_equal_the_offsets_of_every_token(name, ch
                                  block_ids_and_masks_by_lookup(encs, texts, spans))
 
 
-@pytest.mark.parametrize("kind", ["byte-level", "byte-level-trimmed", "metaspace-unigram", "whitespace-wordpiece"])
-def test_spans_looked_up_at_their_ends_equal_the_offsets_under_other_pre_tokenizers(kind):
-    """Tokenizers without a normalizer (starts_in_order) of other kinds than the tests' byte-level BPE: random
-    ChatML renderings of white space, CJK and emoji, the same masks and refusals both ways."""
+def _trained(kind: str, text):
+    """A small tokenizer of `kind` trained on text(), MiniMind's special ids, no normalizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    rng = np.random.default_rng(3)
-    words = ["hello", "world", "你好", "世界", "😀", "a", "  ", " ", "\n", "\t", "x y", "éé", "...", "<", ">"]
-
-    def text() -> str:
-        return "".join(rng.choice(words) for _ in range(int(rng.integers(0, 12))))
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # MiniMind's ids 0, 1, 2
     if kind.startswith("byte-level"):
@@ -322,6 +318,21 @@ def test_spans_looked_up_at_their_ends_equal_the_offsets_under_other_pre_tokeniz
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
         trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials)
     tok.train_from_iterator([text() for _ in range(2000)], trainer)
+    return tok
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "byte-level-trimmed", "metaspace-unigram", "whitespace-wordpiece"])
+def test_spans_looked_up_at_their_ends_equal_the_offsets_under_other_pre_tokenizers(kind):
+    """Tokenizers without a normalizer (starts_in_order) of other kinds than the tests' byte-level BPE: random
+    ChatML renderings of white space, CJK and emoji, the same masks and refusals both ways; and from the ids alone
+    (ByteStarts) for the plain byte-level BPE, the only one of them it takes."""
+    rng = np.random.default_rng(3)
+    words = ["hello", "world", "你好", "世界", "😀", "a", "  ", " ", "\n", "\t", "x y", "éé", "...", "<", ">"]
+
+    def text() -> str:
+        return "".join(rng.choice(words) for _ in range(int(rng.integers(0, 12))))
+
+    tok = _trained(kind, text)
     assert starts_in_order(tok)
     texts, spans = [], []
     for _ in range(600):
@@ -334,5 +345,98 @@ def test_spans_looked_up_at_their_ends_equal_the_offsets_under_other_pre_tokeniz
         texts.append(rendering)
         spans.append(sp)
     encs = tok.encode_batch(texts, add_special_tokens=False)
-    assert "ok" in _same_results(block_ids_and_masks(encs, texts, spans),
-                                 block_ids_and_masks_by_lookup(encs, texts, spans))
+    want = block_ids_and_masks(encs, texts, spans)
+    assert "ok" in _same_results(want, block_ids_and_masks_by_lookup(encs, texts, spans))
+    byte_starts = ByteStarts.of(tok, tok.to_str())
+    assert (byte_starts is not None) == (kind == "byte-level")
+    if byte_starts is not None:
+        fast = tok.encode_batch_fast(texts, add_special_tokens=False)
+        assert "ok" in _same_results(want, byte_starts._from_ids(fast, texts, spans))
+
+
+@pytest.mark.parametrize("name", ["test", "synthetic", "minimind"])
+def test_masks_from_the_ids_byte_lengths_equal_the_lookup(name, chat_tokenizer, conversations):
+    """Every conversation of the tests (white space at a reply's ends, CJK, emoji, special text, refusals) from
+    encode_batch_fast and the ids' byte lengths alone: the masks and refusals of the lookup on encode_batch."""
+    from tokenizers import Tokenizer
+
+    templates = _templates(chat_tokenizer)
+    if name not in templates:
+        pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR} (set MINIMIND_TOKENIZER_DIR)")
+    template, tok_json = templates[name]
+    tok = Tokenizer.from_str(tok_json)
+    byte_starts = ByteStarts.of(tok, tok_json)
+    assert byte_starts is not None
+    texts, spans = [], []
+    for messages in SPACED + conversations + [[u("😀" * 5), a("尾 \n")], [a("<|im_start|>x<|im_end|>")]]:
+        try:
+            text, sp = template.targets(messages)
+        except TurnError:
+            continue
+        texts.append(text)
+        spans.append(sp)
+    want = block_ids_and_masks_by_lookup(tok.encode_batch(texts, add_special_tokens=False), texts, spans)
+    got = byte_starts._from_ids(tok.encode_batch_fast(texts, add_special_tokens=False), texts, spans)
+    assert got is not None and _same_results(want, got) == _same_results(want, want) and "ok" in _same_results(
+        want, got)
+    assert same_results(want, byte_starts.masks(tok, texts, spans, block_ids_and_masks_by_lookup))
+    assert byte_starts.fallbacks == 0
+
+
+class _Shifted:
+    """A tokenizer whose encode_batch_fast gives other ids than encode_batch (as a tokenizer ByteStarts misjudged
+    might), that still spell as many bytes: each conversation's tokens in reverse order."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def encode_batch(self, texts, add_special_tokens):
+        return self.tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+
+    def encode_batch_fast(self, texts, add_special_tokens):
+        return [FakeEncoding(e.ids[::-1], e.offsets)
+                for e in self.tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+
+def test_a_block_whose_ids_do_not_spell_its_text_or_whose_sample_differs_goes_the_lookup_way(chat_tokenizer):
+    from tokenizers import Tokenizer
+
+    template, tok_json = _templates(chat_tokenizer)["test"]
+    tok = Tokenizer.from_str(tok_json)
+    rendered = [template.targets(m) for m in [[u("q"), a("回答 one")], [u("问"), a("r"), u("q2"), a("r2")]] * 6]
+    texts, spans = [t for t, _ in rendered], [sp for _, sp in rendered]
+    want = block_ids_and_masks_by_lookup(tok.encode_batch(texts, add_special_tokens=False), texts, spans)
+    assert "ok" in _same_results(want, want)
+
+    lying = ByteStarts.of(tok, tok_json)
+    common = int(np.bincount(np.concatenate([w[0] for w in want])).argmax())
+    lying.lengths[common] += 1  # a token said to be a byte longer than it is: the ids do not spell the text
+    assert lying._from_ids(tok.encode_batch_fast(texts, add_special_tokens=False), texts, spans) is None
+    assert same_results(want, lying.masks(tok, texts, spans, block_ids_and_masks_by_lookup))
+    assert lying.fallbacks == 1
+
+    honest = ByteStarts.of(tok, tok_json)
+    shifted = _Shifted(tok)
+    assert not same_results(want, honest._from_ids(shifted.encode_batch_fast(texts, False), texts, spans))
+    assert same_results(want, honest.masks(shifted, texts, spans, block_ids_and_masks_by_lookup))
+    assert honest.fallbacks == 1, "the sample saw it: the whole block by lookup"
+
+
+def test_byte_starts_takes_only_tokenizers_whose_tokens_spell_the_text_bytes(chat_tokenizer):
+    from tokenizers import AddedToken, Tokenizer, normalizers, processors
+
+    tok_json = (chat_tokenizer / "tokenizer.json").read_text(encoding="utf-8")
+    assert ByteStarts.of(Tokenizer.from_str(tok_json), tok_json) is not None
+    for change in ("normalizer", "post_processor", "lstrip", "prefix_space"):
+        tok = Tokenizer.from_str(tok_json)
+        if change == "normalizer":
+            tok.normalizer = normalizers.NFC()
+        elif change == "post_processor":
+            tok.post_processor = processors.ByteLevel(trim_offsets=True)
+        elif change == "lstrip":
+            tok.add_special_tokens([AddedToken("<mask>", lstrip=True)])
+        else:
+            spec = json.loads(tok_json)
+            spec["pre_tokenizer"]["add_prefix_space"] = True
+            tok = Tokenizer.from_str(json.dumps(spec))
+        assert ByteStarts.of(tok, tok.to_str()) is None, change

@@ -3,14 +3,8 @@ each conversation as its template renders it, its loss mask and its split out (t
 encode.BlockEncoder, returning the same EncodedBlock with masks and per-conversation facts).
 
 The rendered text is encoded whole, without added special tokens (the template writes `<|im_start|>` and
-`<|im_end|>` itself), with character offsets: a token is a target when its first character lies inside a target
-span of chat.ChatTemplate.targets (found from one rendering where the template allows it: chat_spans.py). A token
-that began inside the header and reaches into the reply (a template whose reply starts with whitespace the
-header's "\\n" merges with) is therefore not a target. A block's ids, starts and masks are converted and cut at
-once (block_ids_and_masks); for a tokenizer whose token starts never decrease (no normalizer: starts_in_order) only
-the tokens at each span's two ends are looked up, not every token's offsets (block_ids_and_masks_by_lookup, the
-same masks). Each reply's last target token must be `<|im_end|>` (EOS), and the rendering must
-start with `<|im_start|>` (BOS): a template that does not is refused line by line (`template_output`).
+`<|im_end|>` itself), and its loss mask found from the encoding (chat_masks.py: the targets of
+chat.ChatTemplate.targets, whose spans come from one rendering where the template allows it, chat_spans.py).
 
 Length: a conversation longer than seq_len tokens is cut to its first seq_len (as MiniMind does; `cut`) or, with
 on_long "drop", dropped (`dropped_long`); one whose targets all fall past the cut is dropped (`dropped_no_target`).
@@ -30,7 +24,6 @@ Bounds (chat templates are untrusted code, and a conversation is held whole):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
@@ -38,8 +31,14 @@ from minilmd.corpus.chat import ChatTemplate, ParsedChatBlock, TurnError, canoni
 from minilmd.corpus.chat_sandbox import TemplateLimits
 from minilmd.corpus.chat_spans import BlockSpans, Layouts
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
+from minilmd.corpus.prepare.chat_masks import (
+    ByteStarts,
+    block_ids_and_masks,
+    block_ids_and_masks_by_lookup,
+    ids_and_mask,
+    starts_in_order,
+)
 from minilmd.corpus.sources.jsonl import InputError, LongLine
-from minilmd.protocol import BOS_ID, EOS_ID
 
 ON_LONG = ("cut", "drop")
 FACTS = ("messages", "assistant_turns", "target_tokens", "cut")
@@ -114,159 +113,18 @@ class ChatSpec:
     on_long: str = "cut"
 
 
-def target_mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[int | None]]:
-    """(uint8 mask of the tokens whose first character, `starts`, lies in one of the [start, end) spans, the index
-    of each span's last such token or None). Tokens in text order (byte-level BPE: starts never decrease) are cut
-    by binary search; any other order by a scan, with the same result."""
-    mask = np.zeros(starts.size, dtype=np.uint8)
-    last: list[int | None] = []
-    ordered = bool((starts[1:] >= starts[:-1]).all())
-    for a, b in spans:
-        if ordered:
-            lo, hi = (int(x) for x in np.searchsorted(starts, (a, b), side="left"))
-            mask[lo:hi] = 1
-            last.append(hi - 1 if hi > lo else None)
-        else:
-            inside = np.flatnonzero((starts >= a) & (starts < b))
-            mask[inside] = 1
-            last.append(int(inside[-1]) if inside.size else None)
-    return mask, last
-
-
 def encode_conversation(tok, template: ChatTemplate, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(uint16 ids, uint8 loss mask) of one conversation, whole (no cut). TurnError when the template fails."""
     text, spans = template.targets(messages)
     enc = tok.encode(text, add_special_tokens=False)
-    return _ids_and_mask(enc, spans)
-
-
-def _ids_and_mask(enc, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.asarray(enc.ids, dtype=np.uint16)
-    if not ids.size or ids[0] != BOS_ID:
-        raise _no_bos(ids)
-    starts = np.fromiter(chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * ids.size)[::2]
-    return ids, _mask_checked(ids, starts, spans)
-
-
-def _no_bos(ids: np.ndarray) -> TurnError:
-    return TurnError("template_output", f"the rendering starts with id {int(ids[0]) if ids.size else None}, not "
-                                        f"<|im_start|> ({BOS_ID}): minilmd's documents start with BOS")
-
-
-def _no_eos(k: int) -> TurnError:
-    return TurnError("template_output", f"reply {k}'s last target token is not <|im_end|> ({EOS_ID}): the "
-                                        "tokenizer does not encode <|im_end|> as one special token")
-
-
-def _mask_checked(ids: np.ndarray, starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
-    mask, last = target_mask(starts, spans)
-    for k, end in enumerate(last):
-        if end is None or ids[end] != EOS_ID:
-            raise _no_eos(k)
-    return mask
-
-
-def block_ids_and_masks(encs, texts: list[str], spans: list[list[tuple[int, int]]]) -> list:
-    """What _ids_and_mask gives each conversation of a block ((ids, mask), or the TurnError it raises), for all of
-    them at once: the ids and token starts converted once, and, when every conversation's tokens are in text order
-    (byte-level BPE's are), one binary search for all the spans, each conversation's starts offset past the
-    previous conversation's text so that the block's starts are in order too; else conversation by conversation."""
-    counts = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    total = int(bounds[-1])
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.uint16, count=total)
-    starts = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets) for e in encs), dtype=np.int64,
-                         count=2 * total)[::2]
-    base = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])])[:len(texts)]
-    placed = starts + np.repeat(base, counts)
-    out: list = []
-    if not bool((placed[1:] >= placed[:-1]).all()):
-        for i, sp in enumerate(spans):
-            one, one_starts = ids[bounds[i]:bounds[i + 1]], starts[bounds[i]:bounds[i + 1]]
-            try:
-                if not one.size or one[0] != BOS_ID:
-                    raise _no_bos(one)
-                out.append((one, _mask_checked(one, one_starts, sp)))
-            except TurnError as refused:
-                out.append(refused)
-        return out
-    queries = np.asarray([(base[i] + a, base[i] + b) for i, sp in enumerate(spans) for a, b in sp],
-                         dtype=np.int64).reshape(-1, 2)
-    lo, hi = np.searchsorted(placed, queries[:, 0], side="left"), np.searchsorted(placed, queries[:, 1], side="left")
-    edges = np.zeros(total + 1, dtype=np.int64)
-    np.add.at(edges, lo, 1)
-    np.add.at(edges, hi, -1)
-    mask = (np.cumsum(edges[:-1]) > 0).astype(np.uint8)
-    q = 0
-    for i, sp in enumerate(spans):
-        first, end = int(bounds[i]), int(bounds[i + 1])
-        error = _no_bos(ids[first:end]) if end == first or ids[first] != BOS_ID else None
-        for k in range(len(sp)):
-            if error is None and (hi[q + k] <= lo[q + k] or ids[hi[q + k] - 1] != EOS_ID):
-                error = _no_eos(k)
-        q += len(sp)
-        out.append(error if error is not None else (ids[first:end], mask[first:end]))
-    return out
-
-
-def starts_in_order(tok) -> bool:
-    """Whether every encoding of `tok` has token starts that never decrease, so that a span's tokens may be found
-    by looking up the tokens at its two ends (block_ids_and_masks_by_lookup): a tokenizer without a normalizer
-    encodes each special token and each piece its pre-tokenizer cuts one after the other, and its post-processor's
-    offset trimming (ByteLevel's trim_offsets) only moves a token's start towards its own end."""
-    return tok.normalizer is None
-
-
-def _tokens_before(enc, n: int, text_len: int, at: int) -> int | None:
-    """How many of the n tokens of enc start before character `at`, their starts never decreasing, from at most
-    three lookups; None where those do not show it (a token of no width at `at`, a character no token covers)."""
-    t = enc.char_to_token(at) if at < text_len else n
-    if t is None:
-        return None
-    if t < n and enc.token_to_chars(t)[0] < at:  # the token holding `at` began before it
-        t += 1
-        return t if t == n or enc.token_to_chars(t)[0] >= at else None
-    return t if t == 0 or enc.token_to_chars(t - 1)[0] < at else None
-
-
-def block_ids_and_masks_by_lookup(encs, texts: list[str], spans: list[list[tuple[int, int]]]) -> list:
-    """block_ids_and_masks for a tokenizer whose starts are in order (starts_in_order), without reading every
-    token's offsets: each span's first and last target tokens are looked up at its two ends (_tokens_before), and
-    a conversation whose lookups do not show them reads its offsets as before."""
-    counts = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.uint16, count=int(bounds[-1]))
-    mask = np.zeros(ids.size, dtype=np.uint8)
-    out: list = []
-    for i, (enc, text, sp) in enumerate(zip(encs, texts, spans, strict=True)):
-        first, end = int(bounds[i]), int(bounds[i + 1])
-        one = ids[first:end]
-        if end == first or one[0] != BOS_ID:
-            out.append(_no_bos(one))
-            continue
-        found = [_tokens_before(enc, end - first, len(text), at) for span in sp for at in span]
-        cuts = [c for c in found if c is not None]
-        if len(cuts) < len(found):
-            starts = np.fromiter(chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * one.size)[::2]
-            try:
-                out.append((one, _mask_checked(one, starts, sp)))
-            except TurnError as refused:
-                out.append(refused)
-            continue
-        error = None
-        for k in range(len(sp)):
-            lo, hi = cuts[2 * k], cuts[2 * k + 1]
-            mask[first + lo:first + hi] = 1
-            if error is None and (hi <= lo or one[hi - 1] != EOS_ID):
-                error = _no_eos(k)
-        out.append(error if error is not None else (one, mask[first:end]))
-    return out
+    return ids_and_mask(enc, spans)
 
 
 class ChatBlockEncoder:
     """Parse, render, encode, mask and split one block of chat lines. Lives in each worker process."""
 
-    def __init__(self, tokenizer_json: str, val_fraction: float, chat: ChatSpec, one_render: bool = True):
+    def __init__(self, tokenizer_json: str, val_fraction: float, chat: ChatSpec, one_render: bool = True,
+                 by_bytes: bool = True):
         from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_str(tokenizer_json)
@@ -281,6 +139,8 @@ class ChatBlockEncoder:
         self.layouts = Layouts(self.chat.template) if one_render else None
         self.renders_saved = 0
         self.masks = block_ids_and_masks_by_lookup if starts_in_order(self.tok) else block_ids_and_masks
+        # Masks from the ids where the tokenizer allows it (no offsets to compute); None: from the offsets.
+        self.byte_starts = ByteStarts.of(self.tok, tokenizer_json) if by_bytes else None
 
     def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
         parsed = parse_chat_block(blob, first_line)
@@ -317,8 +177,11 @@ class ChatBlockEncoder:
 
     def _encode(self, parsed: ParsedChatBlock, bad: list, rendered: list, kept: list) -> EncodedBlock:
         texts = [text for text, _ in rendered]
-        encoded = self.masks(self.tok.encode_batch(texts, add_special_tokens=False), texts,
-                             [spans for _, spans in rendered])
+        spans = [spans for _, spans in rendered]
+        if self.byte_starts is not None:
+            encoded = self.byte_starts.masks(self.tok, texts, spans, self.masks)
+        else:
+            encoded = self.masks(self.tok.encode_batch(texts, add_special_tokens=False), texts, spans)
         counts = dict.fromkeys(COUNTS, 0)
         out: dict[bool, dict[str, list]] = {v: {"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [],
                                                  "facts": []} for v in (False, True)}
