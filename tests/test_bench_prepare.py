@@ -42,7 +42,8 @@ def test_bench_prepare_chat_prints_the_floor_and_prepare_side_by_side(tmp_path, 
                            str(chat_tokenizer / "tokenizer.json"), "--format", "chat", "--seq-len", "1024",
                            "--workers", "1", "--scratch", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    for needle in ("floor: render once + encode_batch", "prepare --format chat (1 workers)", "JSONL MB/CPU-s",
+    for needle in ("floor: render once + encode_batch", "the same, one thread", "prepare --format chat (1 workers)",
+                   "JSONL MB/CPU-s", "prepare/this",
                    "chat prepare / its floor:", f"{len(lines):,} conversations"):
         assert needle in done.stdout, done.stdout
     assert not list(tmp_path.glob("minilmd-bench-prepare-*")), "the bench removes its prepared output"

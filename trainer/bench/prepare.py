@@ -55,34 +55,58 @@ def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -
             for name, s in seconds.items()}
 
 
+FLOORS = {"threads": ("encode_batch", True), "one thread": ("encode_batch", False),
+          "fast, one thread": ("encode_batch_fast", False)}
+"""The chat floors: the encode method and whether the tokenizer's own thread pool runs it. "threads" is the floor
+the goal is set against; "one thread" is the same work without the pool's overhead (prepare's workers encode on one
+thread each); "fast, one thread" is the least the tokenizer can do (no offsets), what prepare's workers run for a
+byte-level BPE (chat_masks.ByteStarts)."""
+
+
 def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -> dict:
-    """The floor of `prepare --format chat`: each conversation rendered once by the tokenizer's chat template, in
-    the same bounded sandbox (chat.ChatTemplate.render), and the renderings encoded by encode_batch; only those two
-    are timed (no reading, no JSON, no masks, no writing)."""
+    """The floors of `prepare --format chat`: each conversation rendered once by the tokenizer's chat template, in
+    the same bounded sandbox (chat.ChatTemplate.render), and the renderings encoded by each way of FLOORS; only the
+    renders and the encodes are timed (no reading, no JSON, no masks, no writing). CPU seconds of each floor: the
+    renders' plus its encodes'."""
+    import os
+
     from minilmd.corpus.chat import ChatTemplate, parse_chat_block
     from minilmd.corpus.sources.jsonl import Source
     from minilmd.corpus.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     template = ChatTemplate.load(tokenizer)
-    seconds = cpu = 0.0
+    floors = {name: how for name, how in FLOORS.items() if hasattr(tok, how[0])}
+    seconds, cpu = dict.fromkeys(floors, 0.0), dict.fromkeys(floors, 0.0)
     input_bytes = tokens = conversations = 0
-    for path in sources:
-        src = Source(path)
-        try:
-            for first, blob in src.blocks(block_bytes):
-                input_bytes += len(blob)
-                convs = parse_chat_block(blob, first).conversations
-                t0, c0 = time.perf_counter(), time.process_time()
-                encs = tok.encode_batch([template.render(m) for m in convs], add_special_tokens=False)
-                seconds += time.perf_counter() - t0
-                cpu += time.process_time() - c0
-                tokens += sum(len(e) for e in encs)
-                conversations += len(convs)
-        finally:
-            src.close()
-    return {"seconds": seconds, "cpu_seconds": cpu, "input_bytes": input_bytes, "tokens": tokens,
-            "conversations": conversations}
+    was = os.environ.get("TOKENIZERS_PARALLELISM")
+    try:
+        for path in sources:
+            src = Source(path)
+            try:
+                for first, blob in src.blocks(block_bytes):
+                    input_bytes += len(blob)
+                    convs = parse_chat_block(blob, first).conversations
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    texts = [template.render(m) for m in convs]
+                    render_s, render_cpu = time.perf_counter() - t0, time.process_time() - c0
+                    for name, (method, threads) in floors.items():
+                        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads else "false"  # read at each call
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        encs = getattr(tok, method)(texts, add_special_tokens=False)
+                        seconds[name] += render_s + time.perf_counter() - t0
+                        cpu[name] += render_cpu + time.process_time() - c0
+                    tokens += sum(len(e) for e in encs)
+                    conversations += len(convs)
+            finally:
+                src.close()
+    finally:
+        if was is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = was
+    return {name: {"seconds": seconds[name], "cpu_seconds": cpu[name], "input_bytes": input_bytes, "tokens": tokens,
+                   "conversations": conversations} for name in floors}
 
 
 def _tree_rss(proc) -> int:
@@ -176,26 +200,36 @@ def bench_prepare(sources: list[str], tokenizer: str, workers: int | None = None
 
 def bench_chat_prepare(sources: list[str], tokenizer: str, workers: int | None, scratch: str | None, log,
                        seq_len: int, cores: int) -> dict:
-    """`prepare --format chat` beside its floor (chat_floor), in JSONL MB and tokens per CPU second: the floor is
-    one process, prepare its workers, so only CPU seconds compare them."""
-    log(f"bench prepare --format chat: {', '.join(sources)} on {cores} cores; the floor first (also warms the page "
+    """`prepare --format chat` beside its floors (chat_floor), in JSONL MB and tokens per CPU second: a floor is
+    one process, prepare its workers, so only CPU seconds compare them. The goal is against the "threads" floor;
+    the ratio to each floor is printed."""
+    log(f"bench prepare --format chat: {', '.join(sources)} on {cores} cores; the floors first (also warm the page "
         "cache)")
-    floor = chat_floor(sources, tokenizer)
+    floors = chat_floor(sources, tokenizer)
     tmp = Path(tempfile.mkdtemp(prefix="minilmd-bench-prepare-", dir=scratch))
     try:
         prep = run_prepare(sources, tokenizer, tmp / "prepared", workers,
                            ("--format", "chat", "--seq-len", str(seq_len)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    rows = [("floor: render once + encode_batch", floor), (f"prepare --format chat ({workers or cores} workers)", prep)]
-    log(f"{'':40} {'JSONL MB/CPU-s':>15} {'tokens/CPU-s':>13} {'CPU s':>8} {'wall s':>8}")
-    for name, r in rows:
+    names = {"threads": "floor: render once + encode_batch", "one thread": "  the same, one thread",
+             "fast, one thread": "  encode_batch_fast, one thread"}
+    rows = [(names[name], r) for name, r in floors.items()]
+    rows.append((f"prepare --format chat ({workers or cores} workers)", prep))
+    log(f"{'':40} {'JSONL MB/CPU-s':>15} {'tokens/CPU-s':>13} {'CPU s':>8} {'wall s':>8} {'prepare/this':>13}")
+
+    def per_cpu(r: dict) -> float:
+        return r["input_bytes"] / max(r["cpu_seconds"], 1e-9)
+
+    ratios = {name: per_cpu(prep) / per_cpu(r) for name, r in floors.items()}
+    for (name, r), key in zip(rows, [*floors, None], strict=True):
         cpu = max(r["cpu_seconds"], 1e-9)
+        versus = f"{ratios[key]:12.2f}x" if key else f"{'':13}"
         log(f"{name:40} {r['input_bytes'] / 1e6 / cpu:15.2f} {r['tokens'] / cpu:13,.0f} {r['cpu_seconds']:8.1f} "
-            f"{r['seconds']:8.1f}")
-    ratio = (prep["input_bytes"] / max(prep["cpu_seconds"], 1e-9)) / (floor["input_bytes"] / max(floor["cpu_seconds"],
-                                                                                                 1e-9))
+            f"{r['seconds']:8.1f} {versus}")
+    ratio = ratios["threads"]
     log(f"chat prepare / its floor: {ratio:.2f}x per CPU second (goal >= {GOAL_RATIO}x)   peak RSS of prepare and its "
         f"workers: {prep['peak_rss'] / 2**20:,.0f} MiB   corpus {prep['input_bytes'] / 1e6:,.1f} MB, "
-        f"{floor['conversations']:,} conversations, {prep['tokens']:,} tokens after the cut at {seq_len}")
-    return {"floor": floor, "prepare": prep, "cpu_ratio": ratio, "cores": cores, "meets_goal": ratio >= GOAL_RATIO}
+        f"{floors['threads']['conversations']:,} conversations, {prep['tokens']:,} tokens after the cut at {seq_len}")
+    return {"floor": floors["threads"], "floors": floors, "prepare": prep, "cpu_ratio": ratio, "ratios": ratios,
+            "cores": cores, "meets_goal": ratio >= GOAL_RATIO}
