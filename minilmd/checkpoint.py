@@ -55,7 +55,8 @@ VERSION = 1
 REQUIRED_FILES = (MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TRAINER_STATE)
 
 # Test-only: KILL_ENV="point@step" makes `save` SIGKILL its own process at that point of the protocol for that
-# step, so that tests can kill deterministically mid-save.
+# step, so that tests can kill deterministically mid-save. The trainer's AsyncCheckpointer has one more,
+# "before_prune": the checkpoint saved whole, the older ones not yet pruned.
 KILL_POINTS = ("after_model", "before_manifest", "before_rename", "before_latest")
 
 _MAX_MANIFEST = 1 << 20

@@ -92,6 +92,22 @@ def losses_by_step(run_dir: Path) -> dict[int, set[float]]:
     return seen
 
 
+def test_a_kill_between_the_last_save_and_its_prune_is_pruned_when_the_finished_run_is_resumed(tmp_path, corpus,
+                                                                                              undisturbed):
+    """The budget's last checkpoint saved whole, the process killed before the older ones were pruned: the resumed
+    run finds nothing left to train and saves nothing, so it prunes there (keep_local 2), else the extra checkpoint
+    stays for ever."""
+    config = undisturbed("packed").config_like(tmp_path, "pruned")
+    ckpt_dir = load_config(config).checkpoint_dir
+    code, out = attempt(config, **{ck.KILL_ENV: f"before_prune@{STEPS}"})
+    assert code == -signal.SIGKILL, out
+    names = [f"step-{s:08d}" for s in (STEPS - 8, STEPS - 4, STEPS)]
+    assert [d.name for d in checkpoint_dirs.list_checkpoints(ckpt_dir)] == names
+    code, out = attempt(config)
+    assert code == EXIT_DONE and "resumed from" in out, out
+    assert [d.name for d in checkpoint_dirs.list_checkpoints(ckpt_dir)] == names[1:]
+
+
 @pytest.mark.parametrize("mode", sorted(CHAINS))
 def test_killed_anywhere_resumes_bit_identical(tmp_path, corpus, undisturbed, mode):
     straight = undisturbed(mode)

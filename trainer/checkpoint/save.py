@@ -355,10 +355,12 @@ class AsyncCheckpointer:
         except BaseException as e:  # noqa: BLE001 - handed to the loop by wait(), which raises it there
             self._error = e
         else:
-            self._prune()
+            _maybe_kill("before_prune", step)
+            self.prune()
         self.last_write_s = time.perf_counter() - t0
 
-    def _prune(self) -> None:
+    def prune(self) -> None:
+        """Prune the root to `keep` valid checkpoints (nothing with keep None); a failure is logged, not raised."""
         if self.keep is None:
             return
         try:

@@ -369,6 +369,10 @@ class Trainer:
                 if self.step != self.last_saved_step:
                     self.save()
                     self.log_eval()
+                elif self.dist.is_main and self.step == first_step:
+                    # Resumed into a finished budget: no save comes whose prune would remove what a kill between
+                    # the last save and its prune left.
+                    self.checkpointer.prune()
                 self.finish_saves()
                 self.log.heartbeat(self.step, phase=HEARTBEAT_EXITING, force=True)  # teardown: restart.exit_timeout
                 return EXIT_DONE
