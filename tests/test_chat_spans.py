@@ -273,6 +273,19 @@ SPACED = [[u("q"), a(" leading space")], [u("q"), a("  two spaces  ")], [u("q"),
 """Replies whose first or last characters are white space a token of the header or of the next turn may take."""
 
 
+def _rendered(template: ChatTemplate, conversations: list[list[dict]]) -> tuple[list[str], list]:
+    """(renderings, target spans) of the conversations the template does not refuse."""
+    texts, spans = [], []
+    for messages in conversations:
+        try:
+            text, sp = template.targets(messages)
+        except TurnError:
+            continue
+        texts.append(text)
+        spans.append(sp)
+    return texts, spans
+
+
 @pytest.mark.parametrize("name", ["test", "synthetic", "minimind"])
 def test_spans_looked_up_at_their_ends_equal_the_offsets_of_every_token(name, chat_tokenizer, conversations):
     from tokenizers import Tokenizer
@@ -283,14 +296,7 @@ def test_spans_looked_up_at_their_ends_equal_the_offsets_of_every_token(name, ch
     template, tok_json = templates[name]
     tok = Tokenizer.from_str(tok_json)
     assert starts_in_order(tok)
-    texts, spans = [], []
-    for messages in SPACED + conversations:
-        try:
-            text, sp = template.targets(messages)
-        except TurnError:
-            continue
-        texts.append(text)
-        spans.append(sp)
+    texts, spans = _rendered(template, SPACED + conversations)
     encs = tok.encode_batch(texts, add_special_tokens=False)
     assert "ok" in _same_results(block_ids_and_masks(encs, texts, spans),
                                  block_ids_and_masks_by_lookup(encs, texts, spans))
@@ -367,18 +373,11 @@ def test_masks_from_the_ids_byte_lengths_equal_the_lookup(name, chat_tokenizer, 
     tok = Tokenizer.from_str(tok_json)
     byte_starts = ByteStarts.of(tok, tok_json)
     assert byte_starts is not None
-    texts, spans = [], []
-    for messages in SPACED + conversations + [[u("😀" * 5), a("尾 \n")], [a("<|im_start|>x<|im_end|>")]]:
-        try:
-            text, sp = template.targets(messages)
-        except TurnError:
-            continue
-        texts.append(text)
-        spans.append(sp)
+    texts, spans = _rendered(template, SPACED + conversations + [[u("😀" * 5), a("尾 \n")],
+                                                                 [a("<|im_start|>x<|im_end|>")]])
     want = block_ids_and_masks_by_lookup(tok.encode_batch(texts, add_special_tokens=False), texts, spans)
     got = byte_starts._from_ids(tok.encode_batch_fast(texts, add_special_tokens=False), texts, spans)
-    assert got is not None and _same_results(want, got) == _same_results(want, want) and "ok" in _same_results(
-        want, got)
+    assert got is not None and "ok" in _same_results(want, got)
     assert same_results(want, byte_starts.masks(tok, texts, spans, block_ids_and_masks_by_lookup))
     assert byte_starts.fallbacks == 0
 

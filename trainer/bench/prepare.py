@@ -55,9 +55,11 @@ def raw_encode(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -
             for name, s in seconds.items()}
 
 
-FLOORS = {"threads": ("encode_batch", True), "one thread": ("encode_batch", False),
-          "fast, one thread": ("encode_batch_fast", False)}
-"""The chat floors: the encode method and whether the tokenizer's own thread pool runs it. "threads" is the floor
+FLOORS = {"threads": ("encode_batch", True, "floor: render once + encode_batch"),
+          "one thread": ("encode_batch", False, "  the same, one thread"),
+          "fast, one thread": ("encode_batch_fast", False, "  encode_batch_fast, one thread")}
+"""The chat floors: the encode method, whether the tokenizer's own thread pool runs it, and the bench's label for
+it. "threads" is the floor
 the goal is set against; "one thread" is the same work without the pool's overhead (prepare's workers encode on one
 thread each); "fast, one thread" is the least the tokenizer can do (no offsets), what prepare's workers run for a
 byte-level BPE (chat_masks.ByteStarts)."""
@@ -90,7 +92,7 @@ def chat_floor(sources: list[str], tokenizer: str, block_bytes: int = 1 << 20) -
                     t0, c0 = time.perf_counter(), time.process_time()
                     texts = [template.render(m) for m in convs]
                     render_s, render_cpu = time.perf_counter() - t0, time.process_time() - c0
-                    for name, (method, threads) in floors.items():
+                    for name, (method, threads, _) in floors.items():
                         os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads else "false"  # read at each call
                         t0, c0 = time.perf_counter(), time.process_time()
                         encs = getattr(tok, method)(texts, add_special_tokens=False)
@@ -212,19 +214,15 @@ def bench_chat_prepare(sources: list[str], tokenizer: str, workers: int | None, 
                            ("--format", "chat", "--seq-len", str(seq_len)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    names = {"threads": "floor: render once + encode_batch", "one thread": "  the same, one thread",
-             "fast, one thread": "  encode_batch_fast, one thread"}
-    rows = [(names[name], r) for name, r in floors.items()]
-    rows.append((f"prepare --format chat ({workers or cores} workers)", prep))
-    log(f"{'':40} {'JSONL MB/CPU-s':>15} {'tokens/CPU-s':>13} {'CPU s':>8} {'wall s':>8} {'prepare/this':>13}")
-
     def per_cpu(r: dict) -> float:
         return r["input_bytes"] / max(r["cpu_seconds"], 1e-9)
 
     ratios = {name: per_cpu(prep) / per_cpu(r) for name, r in floors.items()}
-    for (name, r), key in zip(rows, [*floors, None], strict=True):
+    rows = [(FLOORS[name][2], r, f"{ratios[name]:12.2f}x") for name, r in floors.items()]
+    rows.append((f"prepare --format chat ({workers or cores} workers)", prep, f"{'':13}"))
+    log(f"{'':40} {'JSONL MB/CPU-s':>15} {'tokens/CPU-s':>13} {'CPU s':>8} {'wall s':>8} {'prepare/this':>13}")
+    for name, r, versus in rows:
         cpu = max(r["cpu_seconds"], 1e-9)
-        versus = f"{ratios[key]:12.2f}x" if key else f"{'':13}"
         log(f"{name:40} {r['input_bytes'] / 1e6 / cpu:15.2f} {r['tokens'] / cpu:13,.0f} {r['cpu_seconds']:8.1f} "
             f"{r['seconds']:8.1f} {versus}")
     ratio = ratios["threads"]

@@ -74,19 +74,23 @@ def _mask_checked(ids: np.ndarray, starts: np.ndarray, spans: list[tuple[int, in
     return mask
 
 
+def _block_ids(encs) -> tuple[np.ndarray, np.ndarray]:
+    """(the block's ids, one after the other, as uint16; the index of each encoding's first id, then the total)."""
+    counts = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.uint16, count=int(bounds[-1])), bounds
+
+
 def block_ids_and_masks(encs, texts: list[str], spans: list[list[tuple[int, int]]]) -> list:
     """What ids_and_mask gives each conversation of a block ((ids, mask), or the TurnError it raises), for all of
     them at once: the ids and token starts converted once, and, when every conversation's tokens are in text order
     (byte-level BPE's are), one binary search for all the spans, each conversation's starts offset past the
     previous conversation's text so that the block's starts are in order too; else conversation by conversation."""
-    counts = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    total = int(bounds[-1])
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.uint16, count=total)
+    ids, bounds = _block_ids(encs)
     starts = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets) for e in encs), dtype=np.int64,
-                         count=2 * total)[::2]
+                         count=2 * ids.size)[::2]
     base = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])])[:len(texts)]
-    placed = starts + np.repeat(base, counts)
+    placed = starts + np.repeat(base, np.diff(bounds))
     if not bool((placed[1:] >= placed[:-1]).all()):
         out: list = []
         for i, sp in enumerate(spans):
@@ -150,9 +154,7 @@ def block_ids_and_masks_by_lookup(encs, texts: list[str], spans: list[list[tuple
     """block_ids_and_masks for a tokenizer whose starts are in order (starts_in_order), without reading every
     token's offsets: each span's first and last target tokens are looked up at its two ends (_tokens_before), and
     a conversation whose lookups do not show them reads its offsets as before."""
-    counts = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.uint16, count=int(bounds[-1]))
+    ids, bounds = _block_ids(encs)
     mask = np.zeros(ids.size, dtype=np.uint8)
     out: list = []
     for i, (enc, text, sp) in enumerate(zip(encs, texts, spans, strict=True)):
@@ -239,9 +241,7 @@ class ByteStarts:
         first byte lies in a span's bytes, which holds exactly when its first character lies in the span's
         characters (a span's ends are character boundaries; a token that starts inside a character starts inside
         it by both counts)."""
-        counts = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.uint16, count=int(bounds[-1]))
+        ids, bounds = _block_ids(encs)
         if ids.size and int(ids.max()) >= self.lengths.size:
             return None
         token_bytes = np.concatenate([[0], np.cumsum(self.lengths[ids])])  # each token's first byte, then the end
