@@ -78,17 +78,21 @@ def wait_requeued(slurm, job: str, restarts: int) -> None:
              str(restarts), 90, f"job {job} pending after requeue {restarts}")
 
 
-def release(slurm, job: str, restarts: int) -> None:
-    """Start the requeued job now: Slurm delays a requeued job by two minutes. It sets that delay when the requeue
-    has finished (the old batch step ended), which on a loaded machine can come after the job already shows PENDING
-    and overwrite a StartTime=now given then: it is given again until the job leaves PENDING."""
-    def started() -> bool:
-        if slurm.job_field(job, "JobState") != "PENDING":
-            return True
-        slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
-        return False
+def nudge(slurm, job: str) -> bool:
+    """StartTime=now for the job while Slurm holds it PENDING: Slurm delays a requeued job by two minutes. It sets
+    that delay when the requeue has finished (the old batch step ended), which on a loaded machine can come after
+    the job already shows PENDING and overwrite a StartTime=now given then, so waits give it again. False, for
+    wait_for predicates."""
+    if slurm.job_field(job, "JobState") == "PENDING":
+        slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)  # a refusal: asked again
+    return False
 
-    wait_for(started, 90, f"job {job} started again after requeue {restarts}", interval=3)
+
+def release(slurm, job: str, restarts: int) -> None:
+    """Start the requeued job now (nudge), until Slurm shows it in another state than PENDING; an empty state is
+    a `scontrol show job` that did not answer (a loaded slurmctld), not a start."""
+    wait_for(lambda: slurm.job_field(job, "JobState") not in ("PENDING", "") or nudge(slurm, job), 90,
+             f"job {job} started again after requeue {restarts}", interval=3)
 
 
 def test_slurm_job_scripts_are_accepted_by_sbatch(slurm, tmp_path):
@@ -129,7 +133,9 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
         assert live and live[1] == "PENDING", status.stdout
         release(slurm, job, 1)
         # 2. an admin requeues the running job: Slurm's SIGTERM; the job is not requeued a second time by itself
-        wait_for(lambda: beating_in_start(cfg.run_dir, job, 1), 120, "training in the second start")
+        # (polled often: the admin's requeue must come before the fault at step 15)
+        wait_for(lambda: beating_in_start(cfg.run_dir, job, 1) or nudge(slurm, job), 120,
+                 "training in the second start")
         slurm.run("scontrol", "requeue", job)
         wait_requeued(slurm, job, 2)
         second = state(cfg.run_dir)
@@ -138,7 +144,8 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
         assert "requeued by Slurm" in second["reason"] and second["restarts"] == []
         release(slurm, job, 2)
         # 3. the third start: a rank SIGKILLed at step 15 ends the srun step; relaunched, it ends the budget
-        wait_for(lambda: slurm.job_field(job, "JobState") == "COMPLETED", 180, "the job's completion")
+        wait_for(lambda: slurm.job_field(job, "JobState") == "COMPLETED" or nudge(slurm, job), 180,
+                 "the job's completion", interval=1)
     finally:
         slurm.run("scancel", job, check=False)
         print((tmp_path / "job.out").read_text(errors="replace")[-3000:] if (tmp_path / "job.out").exists() else "")
