@@ -145,3 +145,68 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
     assert run["status"] == "ok", run
     assert "['killed', 'done']" in run["figures"] and "bit-exact" in run["figures"]
     assert done.returncode == (0 if "fail" not in status.values() else 1)
+
+
+def test_under_a_spent_budget_no_part_starts_and_each_gets_a_skip_row(tmp_path):
+    done, rows = gpu_check(tmp_path, "--only", "1 versions,0 corpus", "--budget", "0")
+    assert list(rows) == ["1 versions", "0 corpus"]  # the order given, not PARTS' order
+    for row in rows.values():
+        assert row["status"] == "skip" and row["figures"] == "not started: under 20s left of the --budget of 0s", row
+    assert not (tmp_path / "1-versions.log").exists()  # never spawned
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_parts_timeout_is_cut_to_the_budget_left():
+    import importlib.util
+    from importlib.machinery import SourceFileLoader
+
+    loader = SourceFileLoader("gpu_check_script", str(SCRIPT))  # a script without .py: named, loaded, not run
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    check = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        loader.exec_module(check)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    assert check.part_timeout("4 compiled", None) == check.TIMEOUTS["4 compiled"] == 300
+    assert check.part_timeout("4 compiled", 1000.0) == 300
+    assert check.part_timeout("4 compiled", 75.5) == 75.5
+    assert check.part_timeout("4 compiled", check.MIN_PART_S - 0.1) is None
+
+
+@pytest.mark.slow
+def test_the_device_wrapper_runs_on_a_bare_python_and_leaves_the_table_and_logs_in_out(tmp_path):
+    # a device machine's image: torch and the rest importable, minilmd not installed
+    import site
+    import venv
+
+    image = tmp_path / "image"
+    venv.create(image, with_pip=False)
+    python = image / "bin" / "python"
+    site_dir = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    # the test's own packages as plain path entries: their .pth files, minilmd's editable finder among them, unread
+    (Path(site_dir) / "image.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    assert subprocess.run([str(python), "-c", "import torch, tokenizers"], cwd=tmp_path).returncode == 0
+    assert subprocess.run([str(python), "-c", "import minilmd"], cwd=tmp_path, capture_output=True).returncode != 0
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "TMPDIR": str(tmp_path),
+           "GPU_CHECK_CARRIED": str(tmp_path / "nothing-carried"), "GPU_CHECK_ARGS": "--dry-run",
+           "GPU_CHECK_ONLY": "1 versions,0 corpus"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(["bash", str(SCRIPTS / "gpu-check-device"), "run"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "requirements.txt", "setup.log",
+                                                     "summary.json", "table.txt"]  # within the tool's 8 files
+    assert (out / "setup.log").read_text().startswith("minilmd linked into "), (out / "setup.log").read_text()
+    *requirements, layout = (out / "requirements.txt").read_text().splitlines()
+    assert requirements[0].startswith("torch ") and all(r.endswith(" ok") for r in requirements), requirements
+    root = SCRIPTS.parent
+    assert f"daemon {root / 'daemon'}, trainer {root / 'trainer'}" in layout, layout  # package-dir's mapping
+    rows = json.loads((out / "summary.json").read_text())
+    assert [(r["part"], r["status"]) for r in rows] == [("1 versions", "ok"), ("0 corpus", "ok")], rows
+    assert "part           status  seconds  figures" in (out / "table.txt").read_text()
+    listed = subprocess.run(["tar", "tzf", str(out / "logs.tar.gz")], capture_output=True, text=True).stdout
+    assert {"./1-versions.log", "./0-corpus.log"} <= set(listed.split()) and "text.jsonl" not in listed
