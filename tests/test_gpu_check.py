@@ -126,7 +126,7 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
                           text=True, timeout=600)
     rows = {r["part"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
     assert list(rows) == ["0 corpus", "1 versions", "2 admission", "3 attention", "4 eager", "4 compiled",
-                          "4 bench step", "5 run", "6 minimind"]
+                          "4 bench step", "5 run", "6 minimind", "7 oom"]
     assert "part           status  seconds  figures" in done.stdout  # the table, printed
     status = {name: r["status"] for name, r in rows.items()}
     assert status["0 corpus"] == status["1 versions"] == status["3 attention"] == status["4 eager"] == "ok", rows
@@ -144,6 +144,9 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
     run = rows["5 run"]
     assert run["status"] == "ok", run
     assert "['killed', 'done']" in run["figures"] and "bit-exact" in run["figures"]
+    oom = rows["7 oom"]  # the trainer's OOM handler, through its injected torch.OutOfMemoryError
+    assert oom["status"] == "ok" and oom["branches"] == ["injected oom"], oom
+    assert oom["figures"].startswith("exit 76; fault.json {") and '"source": "allocator"' in oom["figures"], oom
     assert done.returncode == (0 if "fail" not in status.values() else 1)
 
 
