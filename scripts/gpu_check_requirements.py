@@ -3,7 +3,6 @@ image holds, read before the check runs (scripts/gpu-check-device). A missing on
 carried; one outside its range is only named, since the image cannot be changed there and it may well run."""
 from __future__ import annotations
 
-import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -13,28 +12,23 @@ if sys.version_info >= (3, 11):
 else:  # minilmd's own requirement there
     import tomli as tomllib
 
-try:
-    from packaging.requirements import Requirement
-except ImportError:  # the versions alone then
-    Requirement = None  # type: ignore[assignment,misc]
+from packaging.requirements import Requirement  # in the device image, and pulled in here by the test extra
 
 
 def report(pyproject: Path) -> tuple[list[str], bool]:
     lines, missing = [], False
     for spec in tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["dependencies"]:
-        req = Requirement(spec) if Requirement is not None else None
-        if req is not None and req.marker is not None and not req.marker.evaluate():
+        req = Requirement(spec)
+        if req.marker is not None and not req.marker.evaluate():
             continue
-        name = req.name if req is not None else re.split(r"[\s;<>=!~\[]", spec, maxsplit=1)[0]
         try:
-            found = version(name)
+            found = version(req.name)
         except PackageNotFoundError:
-            lines.append(f"{name:<16} {spec:<28} {'-':<14} MISSING: carry its wheel")
+            lines.append(f"{req.name:<16} {spec:<28} {'-':<14} MISSING: carry its wheel")
             missing = True
             continue
-        verdict = ("range not checked (no packaging)" if req is None else
-                   "ok" if req.specifier.contains(found, prereleases=True) else "outside the range (runs as is)")
-        lines.append(f"{name:<16} {spec:<28} {found:<14} {verdict}")
+        verdict = "ok" if req.specifier.contains(found, prereleases=True) else "outside the range (runs as is)"
+        lines.append(f"{req.name:<16} {spec:<28} {found:<14} {verdict}")
     return lines, missing
 
 
