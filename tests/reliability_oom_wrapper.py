@@ -34,10 +34,8 @@ def supervisor_step(run_dir: Path) -> int:
 def hog(run_dir: Path, marker: Path) -> None:
     while (seen := supervisor_step(run_dir)) < 3:
         time.sleep(0.05)
-    open("/tmp/oomdbg.txt","a").write(f"seen {time.time():.3f} {seen}\n")
-    while (s2 := supervisor_step(run_dir)) <= seen:
+    while supervisor_step(run_dir) <= seen:
         time.sleep(0.05)
-    open("/tmp/oomdbg.txt","a").write(f"hog {time.time():.3f} {s2}\n")
     marker.write_text(str(os.getpid()))
     chunks = []
     while True:  # ends with SIGKILL from the OOM killer
@@ -47,7 +45,6 @@ def hog(run_dir: Path, marker: Path) -> None:
 def main() -> None:
     cgroup, marker, script = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     (cgroup / "cgroup.procs").write_text("0\n")
-    open("/tmp/oomdbg.txt","a").write(f"joined {time.time():.3f} {os.getpid()} {open('/proc/self/cgroup').read()!r}\n")
     if not marker.exists():
         threading.Thread(target=hog, args=(Path(os.environ["MINILMD_RUN_DIR"]), marker), daemon=True).start()
     sys.argv = [script, *sys.argv[4:]]

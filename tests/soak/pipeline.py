@@ -33,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -123,7 +124,8 @@ class PipelineSoak:
         self.args = args
         self.rng = random.Random(args.seed)
         self.kinds = args.kinds.split(",") if args.kinds else list(INJECTED) + ["slow_exit", "planned"]
-        self.work = Path(args.workdir or f"/tmp/minilmd-pipeline-soak-{int(time.time())}").resolve()
+        # without --workdir a new private directory (mkdtemp: 0700, never a name another user made first)
+        self.work = Path(args.workdir or tempfile.mkdtemp(prefix="minilmd-pipeline-soak-")).resolve()
         self.faults: list[dict] = []
         self.failures: list[dict] = []  # stage failures: a final exit before the run was done
         self.lifts: list[tuple[float, object]] = []  # (when, how to lift) of the outages in force
@@ -421,7 +423,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="wall time of the fault phase")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", default=None, help="default: /tmp/minilmd-pipeline-soak-<time>")
+    parser.add_argument("--workdir", default=None, help="default: a new $TMPDIR/minilmd-pipeline-soak-XXXXXXXX")
     parser.add_argument("--steps", type=int, default=0, help="training steps of the three stages together "
                         "(default: calibrated so that the undisturbed pipeline takes about 60 %% of the fault phase)")
     parser.add_argument("--kinds", default="", help=f"comma-separated subset of {','.join(INJECTED)},slow_exit,"

@@ -43,6 +43,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -86,7 +87,8 @@ class Soak:
         self.args = args
         self.rng = random.Random(args.seed)
         self.kinds = args.kinds.split(",") if args.kinds else KINDS
-        self.work = Path(args.workdir or f"/tmp/minilmd-soak-{int(time.time())}").resolve()
+        # without --workdir a new private directory (mkdtemp: 0700, never a name another user made first)
+        self.work = Path(args.workdir or tempfile.mkdtemp(prefix="minilmd-soak-")).resolve()
         self.faults: list[dict] = []  # {kind, time, step, recovered_at}
         self.corrupted: set[str] = set()
         self.sup: subprocess.Popen | None = None
@@ -375,7 +377,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="wall time of the soak")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", default=None, help="default: /tmp/minilmd-soak-<time>")
+    parser.add_argument("--workdir", default=None, help="default: a new $TMPDIR/minilmd-soak-XXXXXXXX")
     parser.add_argument("--steps", type=int, default=0,
                         help="training steps (default: calibrated so that an undisturbed run takes about half the "
                              "wall time; on a loaded machine the calibration is short, so give it here)")
