@@ -9,11 +9,16 @@ demo:
 demo-sft:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo_sft
 
+# Both run on TEST_WORKERS pytest-xdist processes: most slow tests wait on child processes, timeouts and faults
+# rather than compute, so a second worker on the 2-core test machine uses the idle core. TEST_WORKERS=0 runs the
+# suite in this one process, serially.
+TEST_WORKERS ?= 2
+
 test:
-	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m pytest -q $(PYTEST_ARGS)
+	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast:
-	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m pytest -q -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 # ruff (lint; import order with `ruff check --fix`) and mypy over minilmd, daemon/ and trainer/ (scripts/typecheck.sh).
 lint:

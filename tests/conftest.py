@@ -1,9 +1,11 @@
 """Shared test set-up: the corpora, the tokenizer and the undisturbed training runs that many test modules use,
 each made once per session.
 
-Tests run on CPU, on 2 cores: torch keeps to one thread per process. The session fixtures are shared by every
-test that asks for them: a test that changes one works on a copy (shutil.copytree), and each fixture checks at
-the end of the session that nothing changed it (a changed one is reported as an error of that fixture).
+Tests run on CPU, on 2 cores: torch keeps to one thread per process. `make test` runs them on two pytest-xdist
+workers, so a test never assumes it is alone on the machine: every path, port, cgroup and lock dir is its own
+(tmp_path, a free port). The session fixtures are shared by every test of one worker that asks for them: a test
+that changes one works on a copy (shutil.copytree), and each fixture checks at the end of the session that nothing
+changed it (a changed one is reported as an error of that fixture).
 
 Plain helpers (functions a test calls, also used by the soak script) stay in modules of their own:
 trainer_corpus.py (prepared corpora, tiny model configs, run configs, `minilmd train`), supervisor_helpers.py
