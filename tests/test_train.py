@@ -2,6 +2,7 @@
 at a step boundary, a run killed mid-way resumes bit-exactly, and every failure has its exit status."""
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -57,7 +58,9 @@ def test_killed_run_resumes_to_bit_identical_weights(tmp_path, undisturbed):
     assert first.returncode == -signal.SIGKILL
     second = train(killed, **{FAULT_ENV: "sigkill@9"})  # fired already: not again
     assert second.returncode == EXIT_DONE, second.stderr
-    assert "resumed from" in second.stdout and "step-00000008" in second.stdout
+    # step 8's background write may still be under way at the kill on a loaded machine: then it resumes from 4
+    resumed = re.search(r"resumed from \S*step-(\d{8}) at step (\d+)\b", second.stdout)
+    assert resumed and int(resumed[1]) == int(resumed[2]) in (4, 8), second.stdout
     a_dir, b_dir = straight.checkpoint, run_paths(killed)[1] / straight.checkpoint.name
     for name in ("model.safetensors", "optimizer.safetensors"):
         a, b = load_file(a_dir / name), load_file(b_dir / name)
