@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,13 @@ def child_env(**extra) -> dict:
 def train(config: Path, *sets: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
     return subprocess.run(train_cmd(config, *sets), capture_output=True, text=True, timeout=timeout,
                           env=child_env(**env))
+
+
+def resumed_step(log: str) -> int | None:
+    """The step of the trainer's "resumed from .../step-N at step N" line (trainer/loop/resume.py) in log; None
+    when there is none, or when the checkpoint's name and the step disagree."""
+    found = re.search(r"resumed from \S*step-(\d{8}) at step (\d+)\b", log)
+    return int(found[2]) if found and int(found[1]) == int(found[2]) else None
 
 
 def run_paths(config: Path) -> tuple[Path, Path]:
