@@ -18,7 +18,8 @@ def run_command(
     """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
 
     Exit status: 0 finished (or stopped on request), 2 bad config or run owned by another supervisor, 65 bad data,
-    79 gave up after too many restarts (2, 65 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
+    73 run.dir's disk full (stopped after the last sync), 79 gave up after too many restarts (2, 65, 73 and 79 are
+    final: list them in systemd's RestartPreventExitStatus=)."""
     if check:
         from minilmd.config import ConfigError
         from minilmd.daemon import preflight

@@ -18,8 +18,8 @@ def train_command(
 ) -> None:
     """Train (or resume) one run in the foreground; under torchrun, one rank per device.
 
-    Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 76 CUDA out of memory, 2 bad config,
-    65 bad data, 1 crash."""
+    Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 76 CUDA out of memory, 74 scratch full
+    (a checkpoint did not fit), 2 bad config, 65 bad data, 1 crash."""
     from minilmd.trainer.loop.train import main as train_main
 
     raise typer.Exit(train_main(config, set_))
