@@ -5,8 +5,9 @@ claim of scratch.
 meta.json against the model, the owner of scratch, init.from) plus what the supervisor's side measures: whether the
 corpus and the checkpoints kept between two syncs fit in scratch (daemon/jobs/staging.py). Every problem comes at
 once, in one ConfigError: exit 2, final, so a config that `--check` accepts is one that the launch will not refuse.
-An init.from that cannot be reached now (a share gone, EIO, a stall) is no problem: the run waits for it in
-staging, as at a restart, and `--check` says so (`check_with_waits`).
+An init.from that cannot be reached now (a share gone, EIO, a stall), and a scratch big enough for the run whose
+space others hold now, are no problem: the run waits for them in staging, as at a restart, and `--check` says so
+(`check_with_waits`).
 `launch()` checks the same and then makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
 to lease in (daemon/host/gpu.py).
@@ -17,7 +18,7 @@ from __future__ import annotations
 from minilmd import perms, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon.host.gpu import lock_dir_problems
-from minilmd.daemon.jobs.staging import run_space_problem
+from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.probes import load_checked
 
 
@@ -27,11 +28,12 @@ def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:
 
 
 def check_with_waits(config_path: str, overrides: list[str] | None = None) -> tuple[RunConfig, list[str]]:
-    """check(), and what the run will wait for rather than refuse (an init.from that cannot be reached now: the
-    supervisor waits for it in staging), one line each, for `run --check` to say."""
+    """check(), and what the run will wait for rather than refuse (an init.from that cannot be reached now, a
+    scratch big enough whose space others hold now: the supervisor waits for them in staging), one line each, for
+    `run --check` to say."""
     waits: list[str] = []
     cfg = load_checked(config_path, overrides, init_waits=waits,
-                       more_checks=lambda cfg: run_space_problem(cfg) + lock_dir_problems(cfg))
+                       more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg))
     return cfg, waits
 
 

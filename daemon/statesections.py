@@ -257,7 +257,7 @@ class StagingStall(Section):
 
 @dataclass
 class Staging(Section):
-    OMIT_WHEN_NONE = ("finished", "unreachable", "unreachable_since", "stalled")
+    OMIT_WHEN_NONE = ("finished", "unreachable", "unreachable_since", "waiting", "stalled")
 
     state: str = "not_started"
     """Staging's state (StagingState)."""
@@ -272,9 +272,13 @@ class Staging(Section):
     finished: float | None = None
     """When staging last ended well."""
     unreachable: str | None = None
-    """Why the probe corpus or init.from cannot be read now (daemon/jobs/initstage.py): waited for, retried."""
+    """Why staging cannot go on now, waited for and retried, never counted (daemon/jobs/stagingworker.py
+    `_wait_for`): the corpus, the probe corpus or init.from cannot be read, or scratch has no room now."""
     unreachable_since: float | None = None
-    """When that began; None while they can be read."""
+    """When that began; None while staging can go on."""
+    waiting: str | None = None
+    """What staging waits for, as status says it: "corpus source unreachable", "init source unreachable" (also
+    when absent, as state.json had it before), "no room in scratch"."""
     stalled: StagingStall | None = None
     """A source staging reads whose reads block (a stalled mount: no error, no answer) for longer than
     SYNC_STALLED_AFTER_S (daemon/jobs/stagingworker.py); None while its reads return."""

@@ -29,7 +29,7 @@ import tomllib
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config
 from minilmd.config_values import RANGES, Duration
-from minilmd.daemon.jobs import staging
+from minilmd.daemon.jobs import scratch_room
 from minilmd.daemon.supervisor import Supervisor
 from minilmd.model_shapes import expected_state_shapes
 from minilmd.protocol import SUPERVISOR_CONFIG
@@ -180,7 +180,7 @@ def test_scratch_too_small_for_the_corpus_and_its_checkpoints_is_refused_with_th
     params = sum(math.prod(s) for s in expected_state_shapes({**MIDDLE_MODEL, "vocab_size": vocab}).values())
     corpus_bytes = tree_bytes(root)
     # room for the corpus, the margin and one checkpoint and a half: what staging alone used to check fits
-    disk = small_tmpfs(corpus_bytes + staging.SPACE_MARGIN + 18 * params)
+    disk = small_tmpfs(corpus_bytes + scratch_room.SPACE_MARGIN + 18 * params)
     config = write_config(tmp_path, corpus, remote=False, model=MIDDLE_MODEL, run={"scratch": str(disk / "s")})
     text = assert_refused_before_anything(config, "for 3 checkpoints of", "train.keep_local 2 + 1 being written",
                                           "a 64 MiB margin (67.1 MB)", "(tmpfs) has", "set run.scratch to")
@@ -201,12 +201,12 @@ def test_scratch_that_fits_the_corpus_but_not_the_staged_init_copy_is_refused_wi
     for the corpus and the checkpoints but not for the init copy passed, and staging then filled it."""
     base = tmp_path / "base.pth"
     with open(base, "wb") as f:
-        f.truncate(16 * staging.MIB)  # sparse: its size is what the copy will take
-    plain = staging.run_space_need(load_config(write_config(tmp_path, corpus, name="plain", remote=False)))
+        f.truncate(16 * scratch_room.MIB)  # sparse: its size is what the copy will take
+    plain = scratch_room.run_space_need(load_config(write_config(tmp_path, corpus, name="plain", remote=False)))
     assert plain is not None
-    disk = small_tmpfs(plain.total + 8 * staging.MIB)
+    disk = small_tmpfs(plain.total + 8 * scratch_room.MIB)
     fits = write_config(tmp_path, corpus, name="fits", remote=False, run={"scratch": str(disk / "a")})
-    assert staging.run_space_problem(load_config(fits)) == []  # the corpus and its checkpoints fit
+    assert scratch_room.run_space_problem(load_config(fits)) == []  # the corpus and its checkpoints fit
     config = write_config(tmp_path, corpus, remote=False, init={"from": str(base)}, eval={"probe": str(corpus[0])},
                           run={"scratch": str(disk / "s")})
     text = assert_refused_before_anything(config, "MB for the corpus + ", " MB for the probe's val split + ",
@@ -219,13 +219,14 @@ def test_the_checkpoint_estimate_covers_a_real_checkpoint(undisturbed):
     run = undisturbed()
     cfg = load_config(run.run_dir.parent.parent / "plain.toml")  # train_undisturbed's config
     real = tree_bytes(run.checkpoint)
-    estimate = staging.checkpoint_bytes(cfg, (run.corpus[0] / "tokenizer.json").stat().st_size)
-    assert real <= estimate <= real + staging.CHECKPOINT_OVERHEAD + real // 50
+    estimate = scratch_room.checkpoint_bytes(cfg, (run.corpus[0] / "tokenizer.json").stat().st_size)
+    assert real <= estimate <= real + scratch_room.CHECKPOINT_OVERHEAD + real // 50
 
 
 @pytest.mark.slow
 def test_staging_that_finds_no_room_is_final_not_retried(tmp_path, corpus, small_tmpfs, monkeypatch):
-    """The launch's check passed, then another job took the space: staging's own refusal ends the run with 2."""
+    """Staging's own check, with the launch's skipped: a scratch that can never hold the corpus (an 8 MiB tmpfs)
+    ends the run with 2. (One big enough whose space others hold is waited for: tests/test_staging.py.)"""
     from supervisor_helpers import FAKE_TRAINER
 
     monkeypatch.setenv("MINILMD_TRAINER_CMD", f"{sys.executable} {FAKE_TRAINER}")

@@ -381,3 +381,52 @@ def test_a_corpus_source_whose_reads_stall_mid_copy_shows_stalled(tmp_path, corp
             proc.kill()
     assert "stalled" not in state(cfg.run_dir)["staging"]
     assert "answering again" in (tmp_path / "supervisor.out").read_text()
+
+
+def test_a_corpus_source_failing_with_eio_is_waited_for_past_the_no_progress_limit(tmp_path, corpus, faultfs):
+    """The NFS behind the corpus answers EIO while the supervisor stages: on main every try counted towards
+    restart.no_progress_limit, and a few minutes of outage ended the run with 79, final."""
+    import errno
+
+    from reliability_helpers import copy_corpus
+
+    copy_corpus(corpus[0], faultfs.backing / "corpus")
+    config = write_config(tmp_path, (faultfs.root / "corpus", corpus[1]), remote=False,
+                          restart={"backoff_initial": "0.1s", "backoff_max": "0.3s", "no_progress_limit": 2})
+    cfg = load_config(config)
+    faultfs.add_rule("*", "corpus/meta.json", "error", errno=errno.EIO)
+    proc = start_supervisor(config, tmp_path / "supervisor.out")
+    try:
+        waits = lambda: [m for m in (tmp_path / "supervisor.out").read_text().splitlines()
+                         if "corpus source unreachable" in m and "not a failure" in m]
+        wait_for(lambda: len(waits()) > 3, 120, "more tries than restart.no_progress_limit, each waited for")
+        shown = cli("status", str(cfg.run_dir)).stdout
+        assert "corpus source unreachable since" in shown and "retrying" in shown, shown
+        st = state(cfg.run_dir)
+        assert proc.poll() is None and st["phase"] == "staging" and st["no_progress_streak"] == 0, st
+        faultfs.clear()  # the NFS answers again
+        assert wait_or_kill(proc, 180) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
+    finally:
+        faultfs.clear()
+        if proc.poll() is None:
+            proc.kill()
+    assert faultfs.hits("error")
+    st = state(cfg.run_dir)
+    assert st["restarts"] == [] and "unreachable_since" not in st["staging"], st
+    assert "corpus source reachable again after" in (tmp_path / "supervisor.out").read_text()
+
+
+def test_a_probe_meta_json_that_is_a_fifo_or_dev_zero_is_refused_without_blocking(tmp_path, corpus):
+    """Another run's probe corpus with a FIFO or a link to /dev/zero as meta.json: on main staging blocked on the
+    FIFO for ever, or read /dev/zero until memory ran out, inside the supervisor."""
+    probe = tmp_path / "probe"
+    shutil.copytree(corpus[0], probe)
+    (probe / "meta.json").unlink()
+    os.mkfifo(probe / "meta.json")
+    with pytest.raises(SourceInvalid, match="not a prepared corpus's meta.json"):
+        initstage.stage_probe(str(probe), tmp_path / "scratch")
+    (probe / "meta.json").unlink()
+    (probe / "meta.json").symlink_to("/dev/zero")
+    with pytest.raises(SourceInvalid, match="not a prepared corpus's meta.json"):
+        initstage.stage_probe(str(probe), tmp_path / "scratch")
+    assert not (tmp_path / "scratch" / "probe").exists()

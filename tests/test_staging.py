@@ -13,16 +13,9 @@ import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from minilmd.daemon.jobs.staging import (
-    GIB,
-    SourceInvalid,
-    SpaceNeed,
-    StagingError,
-    fit_problem,
-    memory_headroom,
-    stage,
-    verify_staged,
-)
+from minilmd.daemon.jobs.scratch_room import GIB, MIB, SPACE_MARGIN, SpaceNeed, ever_fits, fit_problem, memory_headroom
+from minilmd.daemon.jobs.staging import SourceInvalid, StagingError, stage, verify_staged
+from minilmd.daemon.jobs.staging_errors import ScratchFull, ScratchTooSmall, SourceUnreachable
 
 FILES = ("train/tokens.bin", "train/doc_lengths.npy", "val/tokens.bin", "val/doc_lengths.npy", "tokenizer.json")
 
@@ -183,11 +176,28 @@ def test_failing_and_short_reads_are_retried(flaky_source, tmp_path):
     assert len(retries) == 2 and "Input/output error" in retries[0] and "truncated or changed" in retries[1]
 
 
-def test_source_failing_every_time_leaves_nothing_staged(flaky_source, tmp_path):
+def test_source_failing_every_time_leaves_nothing_staged_and_is_unreachable(flaky_source, tmp_path):
+    """An EIO on every read: the source cannot be read now (waited for by the supervisor, never counted)."""
     FlakyFS.faults["/flaky-corpus/val/doc_lengths.npy"] = ["eio"] * 5
-    with pytest.raises(StagingError, match="val/doc_lengths.npy failed after 2 attempts: OSError"):
+    with pytest.raises(SourceUnreachable, match="val/doc_lengths.npy failed after 2 attempts: OSError"):
         stage(flaky_source, tmp_path / "shm", retries=1, backoff_s=0.01)
     assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_a_source_gone_is_unreachable_and_a_verified_staged_copy_is_trained_from(source, tmp_path):
+    """The share gone (its directory too, as an NFS automount that is down looks): on main this was "no meta.json",
+    a final data error (65), though scratch held a verified copy."""
+    staged = stage(str(source), tmp_path / "shm")
+    os.rename(source, source.with_name("gone"))
+    logs: list[str] = []
+    assert stage(str(source), tmp_path / "shm", log=logs.append) == staged
+    assert any("cannot be read" in m and "training from its verified copy" in m for m in logs), logs
+    (staged / "val" / "tokens.bin").write_bytes(b"")  # a damaged copy is not trained from: waited for instead
+    with pytest.raises(SourceUnreachable, match="not there"):
+        stage(str(source), tmp_path / "shm")
+    with pytest.raises(SourceUnreachable, match="not there"):
+        stage(str(source), tmp_path / "empty-shm")  # nothing staged yet: waited for
+    assert not (tmp_path / "empty-shm" / "corpus").exists()
 
 
 def test_memory_url_source(tmp_path, tokenizer_json):
@@ -210,6 +220,30 @@ def test_corpus_that_does_not_fit_is_refused_before_copying(source, tmp_path):
     msg = str(err.value)
     assert "needs 1,000,000,000.0 MB" in msg and "MB free" in msg and "run.scratch" in msg
     assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_a_shortage_is_a_wait_when_scratch_could_hold_it_else_final():
+    mb = 1_000_000
+    corpus = SpaceNeed([(665 * mb, "for the corpus")])  # 732.1 MB with the margin
+    assert ever_fits(corpus, "ext4", 800 * mb, 4 * GIB, 2 * GIB)  # others hold the space: wait
+    assert not ever_fits(corpus, "ext4", 700 * mb, 64 * GIB, 2 * GIB)  # the filesystem is too small: final
+    assert ever_fits(corpus, "tmpfs", 10 * GIB, 64 * GIB, 12 * GIB)
+    assert not ever_fits(corpus, "tmpfs", 10 * GIB, 12 * GIB + 600 * mb, 12 * GIB)  # RAM less headroom too small
+    assert ever_fits(corpus, "ext4", 10 * GIB, 12 * GIB + 600 * mb, 12 * GIB)  # memory counts on a RAM disk only
+
+
+def test_a_scratch_others_filled_is_full_and_one_too_small_is_too_small(source, tmp_path, small_tmpfs):
+    need = sum((source / rel).stat().st_size for rel in FILES)
+    roomy = small_tmpfs(need + SPACE_MARGIN + 16 * MIB)
+    with open(roomy / "another-jobs-file", "wb") as f:  # another job's file fills it
+        f.write(b"\0" * (24 * MIB))
+    with pytest.raises(ScratchFull, match="has .* MB free"):
+        stage(str(source), roomy / "s")
+    (roomy / "another-jobs-file").unlink()  # its job ended
+    assert verify_staged(stage(str(source), roomy / "s")) == []
+    tiny = small_tmpfs(need + SPACE_MARGIN // 2)
+    with pytest.raises(ScratchTooSmall, match="needs"):
+        stage(str(source), tiny / "s")
 
 
 def test_fit_arithmetic_for_a_ram_disk():

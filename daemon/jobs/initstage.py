@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from minilmd.corpus.meta import CorpusError, listed_files, parse_meta
-from minilmd.daemon.jobs.staging_errors import SourceInvalid, StagingError
+from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import atomic_write_json, not_regular, publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
@@ -41,10 +41,6 @@ INIT_DIR = "init"
 CHUNK = 8 * 1024 * 1024
 MAX_META_BYTES = 64 * 1024 * 1024
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
-
-
-class SourceUnreachable(StagingError):
-    """The probe corpus or init.from cannot be read now (gone, an I/O error): not final; retried with backoff."""
 
 
 def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None) -> tuple[int, str]:
@@ -71,12 +67,18 @@ def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None)
 
 
 def _read_source(path: Path, max_bytes: int, what: str) -> bytes:
+    """A source's small file, as untrusted (another run's or user's share): never a link, a FIFO or /dev/zero read
+    whole. Missing or an I/O error: SourceUnreachable; not a regular file, or too big: SourceInvalid."""
+    from minilmd.untrusted import Unreadable, read_bytes
+
     try:
-        if os.stat(path).st_size > max_bytes:
-            raise SourceInvalid(f"{path}: larger than {max_bytes} bytes; not a {what}")
-        return path.read_bytes()
-    except FileNotFoundError as e:
-        raise SourceUnreachable(f"{path}: {e.strerror}") from None
+        return read_bytes(path, max_bytes=max_bytes)
+    except Unreadable as e:
+        if e.missing:
+            raise SourceUnreachable(f"{path}: No such file or directory") from None
+        if e.os_error is not None:
+            raise SourceUnreachable(f"{path}: cannot be read ({e.os_error})") from None
+        raise SourceInvalid(f"{path}: {e.why}; not a {what}") from None
     except OSError as e:
         raise SourceUnreachable(f"{path}: cannot be read ({e})") from None
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from minilmd import names, protocol, scratch
 from minilmd.daemon.jobs import initstage
+from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceUnreachable
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
 from minilmd.daemon.policy import backoff_seconds
 from minilmd.daemon.runstate import RunState, fmt_time, now
@@ -128,7 +129,9 @@ class StagingWorker:
 
     def tick(self) -> Staged | StagingFailed | None:
         if self.worker is None:
-            if (self.awaiting_remote is None or now() >= self.fetch_retry_at) and (refused := self.reclaim()):
+            if now() < (self.fetch_retry_at if self.awaiting_remote is not None else self.source_retry_at):
+                return None  # waiting for the remote, a source or room, to try again
+            if refused := self.reclaim():
                 self.state.staging.state, self.state.staging.error = StagingState.FAILED, refused
                 return StagingFailed(f"config error, final: {refused}", protocol.SUPERVISOR_CONFIG)
             self._start()
@@ -143,6 +146,12 @@ class StagingWorker:
         if worker.name == "inputs":
             return self._inputs_done(worker)
         staging = self.state.staging
+        if isinstance(worker.error, SourceUnreachable):
+            self._wait_for("corpus source unreachable", str(worker.error))
+            return None
+        if isinstance(worker.error, ScratchFull):
+            self._wait_for("no room in scratch", str(worker.error))
+            return None
         if worker.error is not None:
             staging.state, staging.error = StagingState.FAILED, worker.error_text
             self.state.record_error(f"staging failed: {worker.error_text}")
@@ -156,6 +165,7 @@ class StagingWorker:
             return StagingFailed(worker.error_text, None)
         staged, expected, fetched, fetch_error = worker.result
         if worker.name == "staging":
+            self._waited_enough()
             staging.state, staging.path, staging.error, staging.finished = StagingState.DONE, str(staged), None, now()
             self.emit("staging", f"staged and verified: {staged} in {worker.running_for():.1f}s")
         if fetch_error is not None:
@@ -186,17 +196,8 @@ class StagingWorker:
         from minilmd.init_source import InitSourceError
 
         staging, error = self.state.staging, worker.error
-        if isinstance(error, initstage.SourceUnreachable):
-            self.source_failures += 1
-            delay = backoff_seconds(self.cfg.restart, self.source_failures, self.rng)
-            self.source_retry_at = now() + delay
-            if staging.unreachable_since is None:
-                staging.unreachable_since = now()
-            staging.unreachable = str(error)
-            self.state.record_error(f"init source unreachable: {error}")
-            self.emit("staging", f"init source unreachable: {error}; try {self.source_failures} failed, next in "
-                                 f"{delay:.1f}s (not a failure: waiting for it)")
-            self.state.save()
+        if isinstance(error, SourceUnreachable):
+            self._wait_for("init source unreachable", str(error))
             return None
         if error is not None:
             staging.state, staging.error = StagingState.FAILED, worker.error_text
@@ -207,24 +208,43 @@ class StagingWorker:
                 kind = "data" if status == protocol.EXIT_DATA else "config"
                 return StagingFailed(f"{kind} error, final: {worker.error_text}", status)
             return StagingFailed(worker.error_text, None)
-        if staging.unreachable_since is not None:
-            self.emit("staging", f"init source reachable again after {now() - staging.unreachable_since:.0f}s")
-        staging.unreachable = staging.unreachable_since = None
-        self.source_failures, self.inputs = 0, worker.result
+        self._waited_enough()
+        self.inputs = worker.result
         pending, self.pending = self.pending, None
         assert pending is not None  # set when this worker started
         return pending
 
+    def _wait_for(self, what: str, error: str) -> None:
+        """Staging cannot go on now, and no retry counts (`what`: "corpus source unreachable", "init source
+        unreachable", "no room in scratch"): another try after a backoff, for as long as it takes; status says so."""
+        staging = self.state.staging
+        self.source_failures += 1
+        delay = backoff_seconds(self.cfg.restart, self.source_failures, self.rng)
+        self.source_retry_at = now() + delay
+        if staging.unreachable_since is None or staging.waiting not in (None, what):
+            staging.unreachable_since = now()
+        staging.unreachable, staging.waiting = error, what
+        self.state.record_error(f"{what}: {error}")
+        self.emit("staging", f"{what}: {error}; try {self.source_failures} failed, next in {delay:.1f}s (not a "
+                             f"failure: waiting for it)")
+        self.state.save()
+
+    def _waited_enough(self) -> None:
+        """A try after `_wait_for` went through: the wait is over."""
+        staging = self.state.staging
+        if staging.unreachable_since is not None:
+            over = "room in scratch again" if staging.waiting == "no room in scratch" else \
+                f"{(staging.waiting or 'init source unreachable').replace(' unreachable', '')} reachable again"
+            self.emit("staging", f"{over} after {now() - staging.unreachable_since:.0f}s")
+        staging.unreachable = staging.unreachable_since = staging.waiting = None
+        self.source_failures = 0
+
     def _start(self) -> None:
         staging = self.state.staging
         if self.pending is not None:  # the corpus is staged; the probe and init.from (again, after a backoff)
-            if now() < self.source_retry_at:
-                return
             self.worker = Worker("inputs", lambda: initstage.stage_inputs(self.cfg, self.inbox.put, self.reads))
             return
         if self.awaiting_remote is not None:  # staged; only the fetch of a remote checkpoint is retried
-            if now() < self.fetch_retry_at:
-                return
             staged = self.awaiting_remote
             staging.state, staging.error, staging.progress = StagingState.FETCHING, None, None
             self.emit("fetch", f"retrying the fetch of the newest checkpoint from {self.cfg.run.remote}")

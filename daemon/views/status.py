@@ -178,8 +178,8 @@ def _staging_lines(staging: Staging) -> list[str]:
         return [f"  {staging.stalled.what} not answering since {fmt_time(staging.stalled.since)} (stalled), "
                 f"waiting for it"]
     if staging.unreachable_since is not None:
-        return [f"  init source unreachable since {fmt_time(staging.unreachable_since)}, retrying "
-                f"({staging.unreachable})"]
+        return [f"  {staging.waiting or 'init source unreachable'} since {fmt_time(staging.unreachable_since)}, "
+                f"retrying ({staging.unreachable})"]
     if staging.state in ("done", "not_started"):
         return []
     prog = f" {staging.progress}" if staging.progress is not None else ""

@@ -32,12 +32,13 @@ def run_command(
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
         for line in waits:
             typer.echo(f"waits: {line}")
-        if not waits and (wait := _init_wait(cfg)):  # reachable: it may still be a run that has not finished
+        init_unreachable = any(line.startswith("init.from") for line in waits)  # the others: scratch's room
+        if not init_unreachable and (wait := _init_wait(cfg)):  # reachable: it may be a run not finished yet
             typer.echo(f"waits: init.from = {cfg.init.from_!r}: {wait}; the run waits for it to finish, then "
                        f"checks its final checkpoint")
         from minilmd.update_share import share_lines
 
-        for line in share_lines(cfg) if not waits else []:  # the share reads init.from: not while it cannot be read
+        for line in share_lines(cfg) if not init_unreachable else []:  # it reads init.from: not while unreachable
             typer.echo(line)
         raise typer.Exit(0)
     from minilmd.daemon.supervisor import run_supervisor
