@@ -148,6 +148,14 @@ def corrupt_cache(run_dir: Path, how: str) -> str:
             "a bug to PyTorch). For even more developer context, set TORCH_LOGS=\"+dynamo\"")
 
 
+def _beat(heartbeat: Path, text: str) -> None:
+    """The heartbeat replaced whole, as the real trainer does (trainer/loop/metrics.py): a reader never sees it
+    empty halfway through a write (a status under load once read "no heartbeat step" there)."""
+    tmp = heartbeat.with_name(f".{heartbeat.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, heartbeat)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] != "train":
         print("usage: fake_trainer.py train CONFIG [--set K=V ...]", file=sys.stderr)
@@ -198,7 +206,7 @@ def main(argv: list[str]) -> int:
     total = cfg.train.max_steps
     compile_s = float(os.environ.get("FAKE_COMPILE_S", "0"))
     if compile_s and step < total:
-        heartbeat.write_text(f"{step} compiling\n")
+        _beat(heartbeat, f"{step} compiling\n")
         time.sleep(compile_s)
     while step < total:
         kind = faults.due(step + 1)
@@ -220,7 +228,7 @@ def main(argv: list[str]) -> int:
         token = int.from_bytes(tokens[2 * i:2 * i + 2], "little")  # a page fault: SIGBUS if the file shrank
         weights = (weights * 1000003 + token + 1) % (1 << 61)
         step += 1
-        heartbeat.write_text(str(step))
+        _beat(heartbeat, str(step))
         dt = time.monotonic() - t0
         if step % cfg.train.log_every == 0 or step == total:
             metrics.write(json.dumps({"kind": "train", "step": step,
@@ -241,7 +249,7 @@ def main(argv: list[str]) -> int:
             print(f"stopped at step {step}", flush=True)
             return protocol.EXIT_STOPPED
     print(f"done at step {step}: weights {weights}", flush=True)
-    heartbeat.write_text(f"{step} {names.HEARTBEAT_EXITING}\n")  # training is over: what is left is teardown
+    _beat(heartbeat, f"{step} {names.HEARTBEAT_EXITING}\n")  # training is over: what is left is teardown
     time.sleep(float(os.environ.get("FAKE_EXIT_LINGER_S", "0")))
     return protocol.EXIT_DONE
 
