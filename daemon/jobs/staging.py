@@ -267,8 +267,6 @@ def _source_reads(rel: str):
     """OSErrors of the source's open, seek and reads as _SourceReadError, told apart from scratch's writes."""
     try:
         yield
-    except _SourceReadError:
-        raise
     except OSError as e:
         raise _SourceReadError(e.errno, f"reading {rel}: {e.strerror or e}") from e
 

@@ -29,6 +29,10 @@ from minilmd.daemon.statesections import LocalCheckpoint, StagingStall
 from minilmd.daemon.worker import Inbox, ReadWatch, Worker
 from minilmd.names import step_of
 
+WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",
+             "init source unreachable": "init source reachable again", "no room in scratch": "room in scratch again"}
+"""What `_wait_for` waits for -> the event that says the wait is over."""
+
 
 @dataclass
 class Staged:
@@ -233,8 +237,7 @@ class StagingWorker:
         """A try after `_wait_for` went through: the wait is over."""
         staging = self.state.staging
         if staging.unreachable_since is not None:
-            over = "room in scratch again" if staging.waiting == "no room in scratch" else \
-                f"{(staging.waiting or 'init source unreachable').replace(' unreachable', '')} reachable again"
+            over = WAIT_OVER.get(staging.waiting or "init source unreachable", "staging can go on again")
             self.emit("staging", f"{over} after {now() - staging.unreachable_since:.0f}s")
         staging.unreachable = staging.unreachable_since = staging.waiting = None
         self.source_failures = 0
