@@ -48,14 +48,15 @@ def publish_file(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     fsync_dir(Path(final).parent)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> None:
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None, tag: str = "") -> None:
     """Write a file so that a reader sees the old content or the new, never a half: temp file, fsync, rename.
     The directory is not fsynced (state.json is rewritten every second): after a power loss the old content
     may be back; callers that need the name itself durable fsync_dir the parent. The file gets `mode`, by default
     what open() would give under the process umask, which carries the file permissions policy (minilmd/perms.py:
-    0600 unless the run or export shares it), set on the temp file before the rename: no moment with another."""
+    0600 unless the run or export shares it), set on the temp file before the rename: no moment with another.
+    `tag` goes into the temp file's name, for a directory where a writer must know its own leftovers."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=atomic_tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=atomic_tmp_prefix(path.name) + tag, suffix=".tmp", dir=path.parent)
     mode = perms.file_mode() if mode is None else mode
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -150,6 +150,19 @@ def sync_tmp_name(name: str, host: str, pid: int) -> str:
     return f"{TMP_PREFIX}{name}-{host}-{pid}"
 
 
+def remote_tmp_owner(name: str, host: str) -> int | None:
+    """The pid of this host's sync that made a temporary name on the remote (a checkpoint copy, sync_tmp_name,
+    or a pointer's temp file, pointer_tmp_tag), None for any other name: another host's, or no sync's."""
+    m = re.fullmatch(rf"(?:{re.escape(TMP_PREFIX)}step-\d{{8,}}-|\.(?:{LATEST}|{BEST})\.){re.escape(host)}-(\d+)"
+                     r"(?:-\w+\.tmp)?", name)
+    return int(m.group(1)) if m else None
+
+
+def pointer_tmp_tag(host: str, pid: int) -> str:
+    """What a sync puts into the temp file that replaces a remote LATEST or BEST: `.LATEST.<host>-<pid>-...`."""
+    return f"{host}-{pid}-"
+
+
 def deleting_name(name: str, pid: int) -> str:
     """A checkpoint being pruned: renamed first, so that no reader sees a half-deleted one with its manifest."""
     return f"{TMP_PREFIX}deleting-{name}-{pid}"

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import fsspec
@@ -17,8 +18,9 @@ from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
 from minilmd.config import RunConfig
 from minilmd.daemon.jobs import remote as remote_mod
+from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
-from minilmd.names import QUARANTINE
+from minilmd.names import QUARANTINE, sync_tmp_name
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from waiting import wait_until
@@ -115,17 +117,28 @@ def test_nothing_to_sync_and_nothing_older_than_the_remote(dirs, weights):
     assert not (remote / "step-00000040").exists()
 
 
-def test_leftovers_of_an_interrupted_sync_are_cleaned(dirs, weights):
+def test_leftovers_of_an_interrupted_sync_are_cleaned_and_another_hosts_live_copy_is_left(dirs, weights):
     local, remote = dirs
     save(local, 10, weights)
     syncer = Syncer(local, str(remote), EXPECTED)
     syncer.sync_newest()
-    tmp = remote / ".tmp-step-00000020-otherhost-4242"
-    tmp.mkdir()
-    (tmp / ck.MODEL_FILE).write_bytes(b"half")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ours = remote / sync_tmp_name("step-00000020", sync_module._host(), dead.pid)
+    live_elsewhere = remote / sync_tmp_name("step-00000020", "otherhost", os.getpid())
+    old_elsewhere = remote / sync_tmp_name("step-00000015", "otherhost", 4242)
+    old_pointer_tmp = remote / ".LATEST.abc123.tmp"
+    for tmp in (ours, live_elsewhere, old_elsewhere):
+        tmp.mkdir()
+        (tmp / ck.MODEL_FILE).write_bytes(b"half")
+    old_pointer_tmp.write_text("step-00000015\n")
+    day_ago = time.time() - sync_module.STALE_TMP_SECONDS - 60
+    for stale in (old_elsewhere, old_pointer_tmp):
+        os.utime(stale, (day_ago, day_ago))
     save(local, 20, weights)
     assert syncer.sync_newest().step == 20
-    assert names(remote) == ["LATEST", "step-00000010", "step-00000020"]
+    assert names(remote) == [live_elsewhere.name, "LATEST", "step-00000010", "step-00000020"]
+    assert (live_elsewhere / ck.MODEL_FILE).read_bytes() == b"half"
 
 
 def test_damaged_remote_copy_is_replaced(dirs, weights):

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 from minilmd import checkpoint as ck
@@ -32,7 +33,7 @@ def _sha256_stream(f) -> str:
 class Remote:
     """The few file operations sync needs, over fsspec, with atomic renames where the store has them."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, tmp_tag: str = ""):
         import fsspec
         from fsspec.implementations.local import LocalFileSystem
 
@@ -41,6 +42,8 @@ class Remote:
         self.root = root.rstrip("/") or "/"
         self.local = isinstance(self.fs, LocalFileSystem)
         """Local paths (NFS included) have atomic rename and fsync; other stores do not."""
+        self.tmp_tag = tmp_tag
+        """Goes into the name of a pointer's temp file: whose it is, on a remote other hosts write too."""
 
     def path(self, *names: str) -> str:
         return "/".join([self.root, *names])
@@ -142,6 +145,15 @@ class Remote:
         except FileNotFoundError:
             pass
 
+    def age(self, name: str) -> float:
+        """Seconds since `name` was last modified, from its own entry (no link followed); 0 where unknown."""
+        if not self.local:
+            return 0.0
+        try:
+            return max(0.0, time.time() - os.lstat(self.path(name)).st_mtime)
+        except OSError:
+            return 0.0
+
     def rename_dir(self, src: str, dst: str) -> None:
         """Publish a complete temporary directory under its final name, durably (local paths only: fsspec has no
         atomic rename)."""
@@ -149,7 +161,7 @@ class Remote:
 
     def write_latest(self, name: str, pointer: str = LATEST) -> None:
         if self.local:
-            atomic_write_text(self.path(pointer), name + "\n")  # temp file, fsync, rename
+            atomic_write_text(self.path(pointer), name + "\n", tag=self.tmp_tag)  # temp file, fsync, rename
         else:
             self.fs.pipe_file(self.path(pointer), (name + "\n").encode())  # one PUT: atomic on object stores
 

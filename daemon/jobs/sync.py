@@ -4,7 +4,7 @@ The user's procedure after the SIGBUS crash, automated: every 15 minutes, copy t
 disk back to NFS, so that local copies may be deleted only after a verified sync. The remote is an NFS path or any
 fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sync_newest()`:
 
-1. remove `.tmp-*` left by an interrupted sync (a remote belongs to one run, and one supervisor owns the run);
+1. remove the `.tmp-*` an interrupted sync of this host left (its pid gone); another host's, only once a day old;
 2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote
    already holds intact is not copied again, nor is anything older than the remote's newest;
 3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>/`, manifest last, then read the remote copy back
@@ -35,7 +35,7 @@ from pathlib import Path
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best, read_latest
 from minilmd.daemon.jobs.remote import Remote
-from minilmd.daemon.runstate import is_disk_full
+from minilmd.daemon.runstate import is_disk_full, process_alive
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
     BEST,
@@ -45,6 +45,8 @@ from minilmd.names import (
     atomic_tmp_prefix,
     fetch_tmp_name,
     is_step_name,
+    pointer_tmp_tag,
+    remote_tmp_owner,
     step_name,
     step_of,
     step_or_none,
@@ -81,6 +83,10 @@ class SyncResult:
     """Remote checkpoints deleted by retention."""
 
 
+STALE_TMP_SECONDS = 24 * 3600
+"""A temporary name on the remote that no live sync of this host made is removed once it is this old."""
+
+
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
@@ -105,7 +111,7 @@ class Syncer:
     def remote(self) -> Remote:
         if self._remote is None:
             try:
-                self._remote = Remote(self.remote_url)
+                self._remote = Remote(self.remote_url, pointer_tmp_tag(_host(), os.getpid()))
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
         return self._remote
@@ -241,8 +247,15 @@ class Syncer:
             raise SyncError(f"{remote.show(LATEST)} does not read back as {name} after replacing it")
 
     def _clean_remote_tmp(self) -> None:
+        """Remove the temporary copies an interrupted sync of this host left (its pid gone, or this process's).
+        The remote is a shared path: a temporary name of another host, or one without a host (publish_dir's),
+        may be a copy in progress there, and is removed only once it is a day old."""
         for n in self.remote.names():
-            if n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST))):
+            if not n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST), atomic_tmp_prefix(BEST))):
+                continue
+            pid = remote_tmp_owner(n, _host())
+            if (pid is not None and (pid == os.getpid() or not process_alive(pid))) \
+                    or self.remote.age(n) > STALE_TMP_SECONDS:
                 self.remote.rm(n)
 
     def _retention(self) -> list[str]:
