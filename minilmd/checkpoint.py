@@ -60,7 +60,7 @@ REQUIRED_FILES = (MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TRAINER_STATE)
 KILL_POINTS = ("after_model", "before_manifest", "before_rename", "before_latest")
 
 _MAX_MANIFEST = 1 << 20
-_MAX_JSON_PART = 64 << 20
+MAX_JSON_PART = 64 << 20
 """trainer_state.json and optimizer.json: a few hundred KB at the reference size (RNG states, param groups)."""
 
 
@@ -230,7 +230,7 @@ def _read_json_parts(ckpt_dir: Path) -> tuple[dict, dict]:
     parts = []
     for name in (TRAINER_STATE, OPTIMIZER_META):
         try:
-            parts.append(loads(read_bytes(ckpt_dir / name, max_bytes=_MAX_JSON_PART), expect=dict))
+            parts.append(loads(read_bytes(ckpt_dir / name, max_bytes=MAX_JSON_PART), expect=dict))
         except Unreadable as e:
             raise CheckpointInvalid(ckpt_dir, f"{name}: unreadable despite a matching hash: {e.why}") from None
     return parts[0], parts[1]

@@ -451,17 +451,29 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
     return cfg
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A run config is a few KB; a bigger file is not one (and is never read whole)."""
+
+
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None, more_checks: ExtraCheck | None = None,
-                train_tokens_of: TrainTokens | None = None) -> RunConfig:
+                train_tokens_of: TrainTokens | None = None, untrusted: bool = False) -> RunConfig:
     """Read, merge `--set` overrides, validate the values (config_from_dict). Raises ConfigError (every problem) or
-    nothing. minilmd/probes.py's load_checked adds the checks of the paths, the corpus and init.from."""
+    nothing. minilmd/probes.py's load_checked adds the checks of the paths, the corpus and init.from. The file is
+    read bounded and never blocks (a FIFO is refused unopened); `untrusted` (another run's copy, which another run
+    may have rewritten): no link followed, and it must be this user's."""
+    from minilmd.untrusted import Unreadable, read_bytes
+
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError([f"no such file: {path}"], str(path)) from None
-    except IsADirectoryError:
-        raise ConfigError([f"{path} is a directory, not a TOML file"], str(path)) from None
+        if path.is_dir():
+            raise ConfigError([f"{path} is a directory, not a TOML file"], str(path))
+        raw = tomllib.loads(read_bytes(path if untrusted else os.path.realpath(path), max_bytes=MAX_CONFIG_BYTES,
+                                       owner=os.getuid() if untrusted else None).decode("utf-8"))
+    except Unreadable as e:
+        if e.os_error is not None:  # there and could not be read now (EIO, EACCES): the caller's to retry or say
+            raise e.os_error from None
+        problem = f"no such file: {path}" if e.missing else f"{path}: unreadable ({e.why})"
+        raise ConfigError([problem], str(path)) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError([f"not valid TOML: {e}"], str(path)) from None
     for section, values in parse_overrides(overrides).items():

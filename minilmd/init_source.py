@@ -86,18 +86,20 @@ def predecessor(spec: str) -> Predecessor | None:
     (InitSourceUnreachable when its storage cannot be reached now)."""
     from minilmd.corpus.meta import corpus_train_tokens
 
-    path = Path(spec)
+    path, copy = Path(spec), False
     try:
         if path.is_dir() and (path / RUN_CONFIG_COPY).is_file():
-            path = path / RUN_CONFIG_COPY
+            path, copy = path / RUN_CONFIG_COPY, True
         elif not (path.is_file() and path.suffix == ".toml"):
             return None
     except OSError as e:
         raise _unreadable(e) from None
     try:
-        cfg = load_config(path, train_tokens_of=corpus_train_tokens)
+        cfg = load_config(path, train_tokens_of=corpus_train_tokens, untrusted=copy)
     except ConfigError as e:
         raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
+    except OSError as e:
+        raise _unreadable(e) from None
     remote = cfg.run.remote.removeprefix("file://")
     if "://" in remote:
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from minilmd.config import ConfigError, config_from_dict, parse_overrides
+from minilmd.config import MAX_CONFIG_BYTES, ConfigError, config_from_dict, load_config, parse_overrides
 from minilmd.config_values import parse_duration
 from minilmd.probes import checked_from_dict, load_checked
 
@@ -18,6 +18,11 @@ def minimal(tmp_path, **train):
         "data": {"prepared": str(prepared)},
         "train": {"max_steps": 10, **train},
     }
+
+
+def _minimal_toml(tmp_path) -> str:
+    return f'[run]\nname = "t"\ndir = "{tmp_path / "run"}"\n[data]\nprepared = "{tmp_path / "prepared"}"\n' \
+           '[train]\nmax_steps = 10\n'
 
 
 def test_minimal_config_gets_documented_defaults(tmp_path):
@@ -126,6 +131,29 @@ def test_load_config_reports_file_problems(tmp_path):
     bad.write_text("[run\nname=")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_checked(bad)
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # nobody writes it: an open for reading would block for ever
+    with pytest.raises(ConfigError, match="unreadable.*FIFO"):
+        load_config(fifo)
+    with pytest.raises(ConfigError, match=r"unreadable \(over 1 MiB\)"):
+        load_config(_sparse(tmp_path / "huge.toml", MAX_CONFIG_BYTES + 1))
+
+
+def _sparse(path, size):
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def test_a_link_is_followed_for_ones_own_config_and_refused_for_another_runs_copy(tmp_path):
+    """A user's config may be a link they made; a run directory's run.toml (read by status and by init.from of
+    a later stage) is another run's, which may have replaced it with a link to a file of a third user."""
+    (tmp_path / "real.toml").write_text(_minimal_toml(tmp_path))
+    (tmp_path / "run.toml").symlink_to(tmp_path / "real.toml")
+    assert load_config(tmp_path / "run.toml").run.name == "t"
+    with pytest.raises(ConfigError, match="unreadable.*link"):
+        load_config(tmp_path / "run.toml", untrusted=True)
+    assert load_config(tmp_path / "real.toml", untrusted=True).run.name == "t"
 
 
 @pytest.mark.parametrize("text,seconds", [(90, 90.0), ("90s", 90.0), ("5m", 300.0), ("1.5h", 5400.0), ("250ms", 0.25)])

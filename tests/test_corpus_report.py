@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis.count import count
 from minilmd.corpus.analysis.report import CHINCHILLA_TOKENS_PER_PARAM, format_report, report
 from minilmd.corpus.analysis.scripts import containing, dominant_of, parse_scripts, script_counts, script_matrix
+from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.pipeline import prepare
 from trainer_corpus import write_config
 
@@ -131,6 +133,23 @@ def test_cli_and_chinchilla(tmp_path, corpus):
     assert len(parts) == 7
     assert [sum(p.occurrences[i] for p in parts) for i in (0, 1)] == [sum(i % 37 for i in range(500)), 500]
 
+
+
+def test_a_prepared_corpus_whose_tokenizer_is_a_fifo_is_refused_without_blocking(tmp_path, corpus):
+    """`corpus report` of another user's prepared corpus: its tokenizer.json is read bounded, never opened if it
+    is a FIFO nobody writes (the report blocked for ever) or a link (to /dev/zero: read until memory ran out)."""
+    import shutil
+
+    damaged = tmp_path / "corpus"
+    shutil.copytree(corpus[0], damaged)
+    (damaged / "tokenizer.json").unlink()
+    os.mkfifo(damaged / "tokenizer.json")
+    with pytest.raises(CorpusError, match="tokenizer.json cannot be read: a FIFO"):
+        scan.open_corpus(str(damaged), parts=2)
+    (damaged / "tokenizer.json").unlink()
+    (damaged / "tokenizer.json").symlink_to("/dev/zero")
+    with pytest.raises(CorpusError, match="tokenizer.json cannot be read: a symbolic link"):
+        scan.open_corpus(str(damaged), parts=2)
 
 
 def test_count_table_columns_align_by_display_width_with_cjk_patterns():

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from minilmd import checkpoint_dirs, init_source, names, protocol, scratch
 from minilmd.checkpoint import CheckpointInvalid, read_manifest, validate
+from minilmd.config import ConfigError, load_config
 from minilmd.corpus import chat, meta
 from minilmd.corpus.prepare import lock as prepare_lock
 from minilmd.corpus.sources import jsonl
@@ -74,6 +75,17 @@ def _checkpoint(d: Path):
     return init_source.InitSource("checkpoint", d)
 
 
+def _run_config_copy(d: Path):
+    return load_config(d / names.RUN_CONFIG_COPY, untrusted=True)
+
+
+def _lora_state(d: Path):
+    from minilmd.trainer.model.adapter import lora_state  # imports torch: only where used
+
+    (d / names.MODEL_FILE).touch()  # a checkpoint directory: its trainer_state.json is the file made hostile
+    return lora_state(d)
+
+
 READERS = {
     "registry entry": Reader("e.json", _entry, (Unreadable,)),
     "state.json": Reader(names.STATE, runstate.load_state, (Unreadable,)),
@@ -94,6 +106,11 @@ READERS = {
         names.TRAINER_STATE, lambda d: init_source.source_model(_checkpoint(d)), (init_source.InitSourceError,)),
     "checkpoint trainer_state.json (lineage)": Reader(
         f"{names.step_name(1)}/{names.TRAINER_STATE}", initwait.lineage),
+    "another run's run.toml (load_config untrusted)": Reader(names.RUN_CONFIG_COPY, _run_config_copy,
+                                                             (ConfigError,)),
+    "another run's run.toml (init.from predecessor)": Reader(
+        names.RUN_CONFIG_COPY, lambda d: init_source.predecessor(str(d)), (init_source.InitSourceError,)),
+    "LoRA trainer_state.json (lora_state)": Reader(names.TRAINER_STATE, _lora_state),
     "predecessor state.json": Reader(names.STATE, _predecessor, (Unreadable,)),
     "staged init record": Reader(init_source.STAGED_RECORD, init_source.staged_record, (Unreadable,)),
     "LATEST pointer": Reader(names.LATEST, checkpoint_dirs.read_latest),

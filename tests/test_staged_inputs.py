@@ -17,6 +17,7 @@ from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.daemon.jobs import initstage
 from minilmd.daemon.jobs.staging import SourceInvalid
+from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.init_source import InitSourceError, fingerprint, resolve
 from minilmd.names import FAULTS_FIRED, TRAINER_STATE
 from reliability_helpers import trainers_of
@@ -430,3 +431,20 @@ def test_a_probe_meta_json_that_is_a_fifo_or_dev_zero_is_refused_without_blockin
     with pytest.raises(SourceInvalid, match="not a prepared corpus's meta.json"):
         initstage.stage_probe(str(probe), tmp_path / "scratch")
     assert not (tmp_path / "scratch" / "probe").exists()
+
+
+def test_a_source_file_that_grows_while_copied_whole_is_unreachable_not_copied_without_end(tmp_path):
+    """A file copied whole (a checkpoint part, a probe split) that another process appends to as it is read: the
+    copy stops one byte past the size it had (the room counted in scratch) and says so; the staging worker waits
+    and copies it again, as for any source it cannot read now."""
+    src = tmp_path / "part.bin"
+    src.write_bytes(b"x" * (initstage.CHUNK + 10))
+
+    def append():
+        with open(src, "ab") as f:
+            f.write(b"y" * initstage.CHUNK)
+
+    with pytest.raises(SourceUnreachable, match="grew while being copied"):
+        initstage._copy(src, tmp_path / "dest" / "part.bin", answered=append)
+    assert initstage._copy(src, tmp_path / "again.bin")[0] == src.stat().st_size  # still now: copied whole
+    assert (tmp_path / "again.bin").read_bytes() == src.read_bytes()

@@ -46,21 +46,26 @@ MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None) -> tuple[int, str]:
     """Copy src (its first `size` bytes when given: an append writes a split's tail before its meta.json) to dest,
     hashing as it goes, `answered()` after each chunk read; (bytes, sha256). OSError (the source's) for the caller
-    to call unreachable."""
+    to call unreachable; SourceUnreachable for a file that grows while copied whole (never copied without end)."""
     kind = not_regular(src)  # another user's run or share: a FIFO would block the copy, /dev/zero never end it
     if kind:
         raise SourceInvalid(f"{src}: {kind}, not a regular file")
     h, done = hashlib.sha256(), 0
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as f, open(dest, "wb") as out:
-        while size is None or done < size:
-            chunk = f.read(CHUNK if size is None else min(CHUNK, size - done))
+        # Whole: the size it has now (what the room in scratch was counted for) and one byte more, to see it grow.
+        limit = size if size is not None else os.fstat(f.fileno()).st_size
+        read_up_to = limit if size is not None else limit + 1
+        while done < read_up_to:
+            chunk = f.read(min(CHUNK, read_up_to - done))
             if not chunk:
                 break
             answered()
             out.write(chunk)
             h.update(chunk)
             done += len(chunk)
+        if done > limit:
+            raise SourceUnreachable(f"{src}: grew while being copied (written to now?)")
         out.flush()
         os.fsync(out.fileno())
     return done, h.hexdigest()

@@ -243,7 +243,7 @@ def _lineage_lines(run_dir: Path) -> list[str]:
     from minilmd.daemon.phases.initwait import lineage
 
     try:
-        chain = lineage(load_config(run_dir / names.RUN_CONFIG_COPY).checkpoint_dir)
+        chain = lineage(load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True).checkpoint_dir)
     except (ConfigError, OSError):
         return []
     return [f"  lineage: {' <- '.join(chain)}"] if chain else []

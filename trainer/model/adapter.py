@@ -28,11 +28,14 @@ PEFT_PREFIX = "base_model.model."
 
 def lora_state(path: str | Path) -> dict | None:
     """The trainer_state of a LoRA checkpoint (or of LATEST under a root), None for a full-weights checkpoint."""
-    try:
-        state = json.loads((resolve_checkpoint(path) / TRAINER_STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # malformed: validation (export_paths._validate) says why
+    from minilmd.checkpoint import MAX_JSON_PART
+    from minilmd.untrusted import read_json
+
+    try:  # read before the checkpoint is validated: bounded, no link followed, no FIFO opened
+        state = read_json(resolve_checkpoint(path) / TRAINER_STATE, max_bytes=MAX_JSON_PART)
+    except (OSError, ValueError):  # malformed or unreadable (Unreadable): validation (export_paths._validate) says why
         return None
-    return state if isinstance(state, dict) and saved_lora(state) else None
+    return state if saved_lora(state) else None
 
 
 def _base_weights(state: dict, base: str | Path | None) -> dict:

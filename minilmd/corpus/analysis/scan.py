@@ -35,7 +35,9 @@ import numpy as np
 from minilmd.corpus.meta import CorpusError, read_meta
 from minilmd.corpus.prepare.block import digest64
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded
+from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENS
+from minilmd.untrusted import Unreadable, read_bytes
 
 BLOCK_BYTES = 4 << 20  # JSONL bytes per batch of texts handed to a task
 BLOCK_DOCS = 4096  # prepared documents per batch
@@ -87,7 +89,12 @@ def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
         for split in SPLITS:
             n = int(meta["splits"][split]["documents"])
             shards += [Shard(path, lo, min(lo + per, n), split) for lo in range(0, n, per)]
-        tok = (Path(path) / CORPUS_TOKENIZER).read_text(encoding="utf-8")
+        try:  # a corpus another user may have written: bounded, no link followed, no FIFO opened
+            tok = read_bytes(Path(path) / CORPUS_TOKENIZER, max_bytes=TOKENIZER_MAX_BYTES).decode("utf-8")
+        except Unreadable as e:
+            raise CorpusError(f"{path}: its {CORPUS_TOKENIZER} cannot be read: {e.why}") from None
+        except UnicodeDecodeError:
+            raise CorpusError(f"{path}: its {CORPUS_TOKENIZER} is not UTF-8 text") from None
         return Corpus(path, "prepared", shards, meta, tok)
     if Path(path).is_dir():
         raise CorpusError(f"{path}: a directory without {CORPUS_META}: not a prepared corpus")
