@@ -317,6 +317,8 @@ def chosen(record: dict | None) -> str:
     return f" (its {LATEST})" if pointer == LATEST else ""
 
 
+STAGED_DIR = "init"
+"""The staged copy of init.from: `<scratch>/init`; a LoRA run's durable copy of it too, `<remote>/init`."""
 STAGED_RECORD = "source.json"
 """In the staged copy of init.from (`<scratch>/init`, daemon/jobs/initstage.py): the source's fingerprint record."""
 STAGED_CHECKPOINT, STAGED_PTH = "checkpoint", "weights.pth"

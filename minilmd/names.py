@@ -151,10 +151,11 @@ def sync_tmp_name(name: str, host: str, pid: int) -> str:
 
 
 def remote_tmp_owner(name: str, host: str) -> int | None:
-    """The pid of this host's sync that made a temporary name on the remote (a checkpoint copy, sync_tmp_name,
-    or a pointer's temp file, pointer_tmp_tag), None for any other name: another host's, or no sync's."""
-    m = re.fullmatch(rf"(?:{re.escape(TMP_PREFIX)}step-\d{{8,}}-|\.(?:{LATEST}|{BEST})\.){re.escape(host)}-(\d+)"
-                     r"(?:-\w+\.tmp)?", name)
+    """The pid of this host's sync that made a temporary name on the remote (a checkpoint's or the LoRA base's
+    copy, sync_tmp_name, or a pointer's temp file, pointer_tmp_tag), None for any other name: another host's, or
+    no sync's."""
+    copy = rf"{re.escape(TMP_PREFIX)}(?:step-\d{{8,}}|init)-"
+    m = re.fullmatch(rf"(?:{copy}|\.(?:{LATEST}|{BEST})\.){re.escape(host)}-(\d+)(?:-\w+\.tmp)?", name)
     return int(m.group(1)) if m else None
 
 

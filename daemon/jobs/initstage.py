@@ -29,6 +29,7 @@ from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import atomic_write_json, not_regular, publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
+from minilmd.init_source import STAGED_DIR as INIT_DIR
 from minilmd.init_source import STAGED_PTH as INIT_PTH
 from minilmd.init_source import STAGED_RECORD as INIT_RECORD
 from minilmd.init_source import staged_copy as staged_init_source
@@ -37,7 +38,6 @@ from minilmd.names import CORPUS_META, MANIFEST, SPLITS, STAGING_TMP_PREFIX
 from minilmd.untrusted import loads
 
 PROBE_DIR = "probe"
-INIT_DIR = "init"
 CHUNK = 8 * 1024 * 1024
 MAX_META_BYTES = 64 * 1024 * 1024
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
@@ -183,13 +183,14 @@ def init_problems(staged: Path) -> list[str]:
         if sha256_file(copy / MANIFEST) != record.get("manifest_sha256"):
             return [f"{copy / MANIFEST}: differs from the source's"]
         manifest = loads((copy / MANIFEST).read_bytes(), expect=None)
-        return [f"{copy / rel}: differs from its {MANIFEST}" for rel, entry in _manifest_files(manifest).items()
+        return [f"{copy / rel}: differs from its {MANIFEST}" for rel, entry in manifest_files(manifest).items()
                 if sha256_file(copy / rel) != entry.get("sha256")]
     except (OSError, ValueError, Unreadable) as e:
         return [f"{staged}: {e}"]
 
 
-def _manifest_files(manifest) -> dict[str, dict]:
+def manifest_files(manifest) -> dict[str, dict]:
+    """The files a checkpoint manifest lists (name: entry with its sha256), their names checked safe."""
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("sha256"), str)
                                               for e in files.values()):
@@ -214,11 +215,13 @@ def _resolve(spec: str, checkpoint: str):
 
 
 def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda msg: None,
-               answered=lambda: None) -> Path:
+               answered=lambda: None, durable=None, trained_on: dict | None = None) -> Path:
     """`<scratch>/init`: the weights init.from names (of a run or a root: its BEST or LATEST, as init.checkpoint
     says), copied and verified, with their fingerprint record; an earlier copy reused while it is of the same source
     and verifies (a run that changes init.checkpoint later resumes from its own checkpoints, or, with LoRA, is
-    refused for a changed base). `answered()` after each chunk read from the source."""
+    refused for a changed base). A LoRA run resuming `trained_on` (the base its checkpoint records) takes the base
+    from its durable copy on the remote (`durable`, daemon/jobs/basecopy.py) before it reads init.from again.
+    `answered()` after each chunk read from the source."""
     from minilmd.init_source import fingerprint
 
     final = scratch / INIT_DIR
@@ -229,12 +232,14 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     if staged_from == spec and not init_problems(final):  # fetched once per run: the source is not read again
         log(f"staging: reusing the verified copy of init.from at {final}")
         return final
+    if durable is not None and trained_on and _from_durable(durable, spec, trained_on, scratch, log, answered):
+        return final
     source = _resolve(spec, checkpoint)
     try:
         record = {"from": spec, **fingerprint(source)}
         manifest = loads(_read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest"), expect=None) \
             if source.kind == "checkpoint" else None
-        files = _manifest_files(manifest) if manifest is not None else {}
+        files = manifest_files(manifest) if manifest is not None else {}
     except ValueError as e:
         raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
     except OSError as e:
@@ -259,6 +264,56 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
         raise
     log(f"staging: init.from {spec} staged and verified at {final}")
     return final
+
+
+def _from_durable(remote, spec: str, trained_on: dict, scratch: Path, log, answered) -> bool:
+    """The LoRA base this run trained on, from `<remote>/init` into `<scratch>/init`, verified; False (logged
+    when there was a copy) when the remote holds no usable one: init.from is read then, as at the first start."""
+    from minilmd.daemon.jobs import basecopy
+
+    tmp = _fresh_tmp(scratch, INIT_DIR)
+    try:
+        problems = basecopy.fetch(remote, spec, trained_on, tmp, answered)
+        if problems == []:
+            publish_dir(tmp, scratch / INIT_DIR)
+            log(f"staging: the LoRA base this run trained on fetched from {remote.show(basecopy.REMOTE_BASE)} "
+                f"and verified at {scratch / INIT_DIR}")
+            return True
+    except Exception as e:  # noqa: BLE001 - a remote that fails now: init.from may still be there
+        problems = [f"{type(e).__name__}: {e}"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if problems:
+        log(f"staging: the LoRA base's copy on the remote is not usable ({problems[0]}): reading init.from")
+    return False
+
+
+def _trained_on(cfg) -> dict | None:
+    """The base the newest local checkpoint of a LoRA run was trained on (its trainer_state's init record)."""
+    from minilmd.checkpoint import MAX_JSON_PART
+    from minilmd.checkpoint_dirs import list_checkpoints
+    from minilmd.names import TRAINER_STATE
+    from minilmd.untrusted import read_json
+
+    for ckpt in reversed(list_checkpoints(cfg.checkpoint_dir)):
+        try:
+            init = read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART).get("init")
+        except (OSError, ValueError):  # Unreadable: an older one may still say
+            continue
+        return init if isinstance(init, dict) else None
+    return None
+
+
+def _durable(cfg):
+    """The remote that holds a LoRA run's durable base copy, None without one (or when it cannot be opened)."""
+    from minilmd.daemon.jobs.remote import Remote
+
+    if not (cfg.lora.enabled and cfg.run.remote):
+        return None
+    try:
+        return Remote(cfg.run.remote)
+    except (ValueError, ImportError, OSError):
+        return None
 
 
 # --- what the staging worker asks ------------------------------------------------------------------------------------
@@ -294,7 +349,7 @@ def space_parts(cfg) -> list[tuple[int, str]]:
             source = resolve(cfg.init.from_, cfg.init.checkpoint)
             if source.kind == "checkpoint":
                 raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
-                entries = _manifest_files(loads(raw, path=source.path / MANIFEST)).values()
+                entries = manifest_files(loads(raw, path=source.path / MANIFEST)).values()
                 size = len(raw) + sum(e["size"] for e in entries if isinstance(e.get("size"), int))
             else:
                 size = os.stat(source.path).st_size
@@ -328,8 +383,9 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None) -> d
             sets["eval.probe_staged"] = str(stage_probe(cfg.eval.probe, cfg.scratch_dir, log, reads.answer))
         if "init" in what:
             reads.reading(f"init.from {cfg.init.from_}")
+            durable = _durable(cfg)
             sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, cfg.init.checkpoint, log,
-                                                 reads.answer))
+                                                 reads.answer, durable, _trained_on(cfg) if durable else None))
     finally:
         reads.reading("")
     return sets

@@ -15,6 +15,7 @@ fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sy
 5. replace the remote `LATEST` (temp name + rename where possible), only ever with a verified checkpoint;
 6. retention: keep the newest `keep` intact checkpoints (and whatever LATEST and BEST name), delete older ones;
    the checkpoint a local BEST names (early_stop) is copied too, and the remote BEST then names it.
+A LoRA run's staged base goes to `<remote>/init` once, before its first checkpoint (daemon/jobs/basecopy.py).
 
 `fetch_latest()` does the way back for a resume when the local scratch has nothing. Everything is blocking and
 raises SyncError with its cause; the supervisor runs it in a worker thread and retries with backoff. Torch-free.
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best, read_latest
+from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.runstate import is_disk_full, process_alive
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
@@ -96,8 +98,10 @@ class Syncer:
     time per run (the supervisor's sync worker)."""
 
     def __init__(self, local_root: str | os.PathLike, remote: str, expected: ck.Expectation | None = None,
-                 keep: int = 3, log: Callable[[str], None] = lambda msg: None):
+                 keep: int = 3, log: Callable[[str], None] = lambda msg: None, base: Path | None = None):
         self.local_root = Path(local_root)
+        self.base = base
+        """A LoRA run's staged base (`<scratch>/init`): copied once to `<remote>/init` (daemon/jobs/basecopy.py)."""
         self.remote_url = remote
         self.expected = expected
         self.keep = max(1, keep)
@@ -133,6 +137,7 @@ class Syncer:
         remote = self.remote
         remote.makedirs()
         self._clean_remote_tmp()
+        self._sync_base()
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
         remote_steps = [n for n in remote.steps() if not remote.intact(n)[1]]
         remote_newest = max((step_of(n) for n in remote_steps), default=None)
@@ -210,6 +215,15 @@ class Syncer:
                 raise SyncError(f"rename of {remote.show(target)} to {name} did not take effect: "
                                 + "; ".join(problems[:3]))
         return nbytes
+
+    def _sync_base(self) -> None:
+        """The LoRA base beside the checkpoints, before the first of them: they cannot resume without it."""
+        if self.base is None or not (self.base / basecopy.INIT_RECORD).is_file():
+            return
+        nbytes = basecopy.push(self.remote, self.base, _host(), os.getpid())
+        if nbytes:
+            self.log(f"sync: the LoRA base copied to {self.remote.show(basecopy.REMOTE_BASE)} and verified "
+                     f"({nbytes / 1e6:,.1f} MB)")
 
     def _sync_best(self) -> None:
         """The checkpoint the local BEST names (early_stop's lowest val loss) on the remote too, copied and verified

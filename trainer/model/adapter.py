@@ -3,7 +3,8 @@
 A LoRA checkpoint holds the adapters only (trainer/model/lora.py); its trainer_state records the base
 (`init`: the path and fingerprint of the checkpoint or .pth the run was trained on) and its [lora] config.
 - `load_lora_model(adapter, base=None)`: the base (the recorded one, or `base` given by `sample BASE --lora
-  ADAPTER`), validated and checked against the recorded fingerprint, wrapped and loaded with the adapters.
+  ADAPTER`; the recorded one gone or changed, the copy its run kept beside its checkpoints), validated and
+  checked against the recorded fingerprint, wrapped and loaded with the adapters.
 - `export_peft(adapter, out_dir)`: `adapter_model.safetensors` under PEFT's key names
   (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`) and an `adapter_config.json` of PEFT's
   LoraConfig fields, which `PeftModel.from_pretrained(Qwen3ForCausalLM.from_pretrained(<hf export of the base>),
@@ -12,6 +13,7 @@ A LoRA checkpoint holds the adapters only (trainer/model/lora.py); its trainer_s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -38,23 +40,46 @@ def lora_state(path: str | Path) -> dict | None:
     return state if saved_lora(state) else None
 
 
-def _base_weights(state: dict, base: str | Path | None) -> dict:
-    """The base weights of a LoRA checkpoint: `base`, else its recorded init path, validated strictly, and with the
-    fingerprint the adapter was trained on."""
+def _base_weights(ckpt: Path, state: dict, base: str | Path | None) -> dict:
+    """The base weights of a LoRA checkpoint: `base`, else its recorded init path, else (that path gone, or other
+    weights now) the durable copy its run kept beside its checkpoints (`<remote>/init`, `<scratch>/init`:
+    daemon/jobs/basecopy.py); validated strictly, and with the fingerprint the adapter was trained on."""
+    from minilmd.init_source import STAGED_DIR, STAGED_RECORD
+    from minilmd.names import CHECKPOINTS
+
+    recorded = state.get("init") or {}
+    if base:
+        return _load_base(state, str(base), recorded)
+    try:
+        return _load_base(state, str(recorded.get("path", "")), recorded)
+    except ExportError as first:
+        copies = [ckpt.parent / STAGED_DIR]  # <remote>/step-X: <remote>/init
+        if ckpt.parent.name == CHECKPOINTS:  # <scratch>/checkpoints/step-X: <scratch>/init
+            copies.append(ckpt.parent.parent / STAGED_DIR)
+        for copy in copies:
+            if (copy / STAGED_RECORD).is_file():
+                with contextlib.suppress(ExportError):
+                    return _load_base(state, str(recorded.get("from", "")), recorded, staged=copy)
+        raise first
+
+
+def _load_base(state: dict, source: str, recorded: dict, staged: Path | None = None) -> dict:
+    from minilmd.checkpoint import CheckpointError
     from minilmd.config import ConfigError, RunConfig
     from minilmd.init_source import describe, same_source
     from minilmd.model_shapes import as_model_section
     from minilmd.trainer.checkpoint.init_weights import load_init
 
-    recorded = state.get("init") or {}
-    source = str(base) if base else recorded.get("path", "")
     cfg = RunConfig(source="the adapter's base")
     cfg.model = as_model_section(state["config"]["model"])
     cfg.init.from_ = source
+    cfg.init.staged = str(staged) if staged else ""
     try:
         weights, found = load_init(cfg)
     except ConfigError as e:
         raise ExportError(f"the base of this adapter: {'; '.join(e.problems)}") from None
+    except CheckpointError as e:  # a durable copy that does not verify
+        raise ExportError(f"the base of this adapter at {staged}: {'; '.join(e.problems)}") from None
     if not same_source(recorded, found):
         raise ExportError(f"the adapter was trained on the base {describe(recorded)}, but {source} is "
                           f"{describe(found)}")
@@ -75,7 +100,7 @@ def load_lora_model(adapter: str | Path, device: str = "cpu", base: str | Path |
     _validate(ckpt)
     state = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))
     model = MiniMindForCausalLM(state["config"]["model"])
-    model.load_state_dict(_base_weights(state, base), strict=True)
+    model.load_state_dict(_base_weights(ckpt, state, base), strict=True)
     apply_lora(model, saved_lora(state) or {})
     load_adapter(model, load_file(str(ckpt / MODEL_FILE)))
     set_active(model, active)

@@ -1,0 +1,130 @@
+"""The LoRA base's durable copy: `<remote>/init`, beside the run's checkpoints on run.remote.
+
+A LoRA checkpoint holds the adapters alone: resuming one needs the very base it was trained on. Its staged copy
+(`<scratch>/init`, daemon/jobs/initstage.py) goes with /dev/shm at a reboot, and by then init.from may give other
+weights (the predecessor run again: its BEST moved on) or none (retention deleted the step, the share is gone).
+The run then could not finish: a changed base is refused (exit 2), a gone one waited for without end. So the sync
+copies the staged base once to the remote (the same layout: `source.json` and `checkpoint/` or `weights.pth`;
+files first, read back and hashed, the record last, then renamed into place where the store can rename), and a
+LoRA start with a checkpoint to resume stages the base from there when its record is the one that checkpoint was
+trained on, before it reads init.from again. `export --merge` and `sample` of an adapter whose recorded base is
+gone read it there too (trainer/model/adapter.py). Torch-free.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, init_problems, manifest_files
+from minilmd.daemon.jobs.remote import Remote
+from minilmd.fsio import sha256_file
+from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, staged_record
+from minilmd.names import MANIFEST, sync_tmp_name
+from minilmd.untrusted import Unreadable, loads, read_bytes
+
+REMOTE_BASE = INIT_DIR
+"""Its name on the remote (never a step name: the sync's retention and listing pass it by)."""
+MAX_RECORD_BYTES, MAX_MANIFEST_BYTES = 64 * 1024, 16 * 1024 * 1024  # as staged_record and initstage read them
+
+
+class BaseCopyError(RuntimeError):
+    """The copy to the remote failed to verify; retried with the next sync."""
+
+
+def _rel_files(record: dict, manifest: dict | None) -> list[str]:
+    """The files of a staged base, relative to it, the record last (what makes a copy exist)."""
+    if record.get("kind") == "minimind":
+        return [STAGED_PTH, INIT_RECORD]
+    files = [f"{STAGED_CHECKPOINT}/{rel}" for rel in manifest_files(manifest)]
+    return [*files, f"{STAGED_CHECKPOINT}/{MANIFEST}", INIT_RECORD]
+
+
+def _local_files(staged: Path) -> list[str]:
+    record = staged_record(staged)
+    manifest = None if record.get("kind") == "minimind" else \
+        loads(read_bytes(staged / STAGED_CHECKPOINT / MANIFEST, max_bytes=MAX_MANIFEST_BYTES), expect=None)
+    return _rel_files(record, manifest)
+
+
+def _parts(rel: str) -> tuple[str, ...]:
+    return tuple(rel.split("/"))
+
+
+def on_remote(remote: Remote, staged: Path) -> bool:
+    """The remote holds this staged base: the same record, every file of the local size."""
+    try:
+        if remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES) != (staged / INIT_RECORD).read_bytes():
+            return False
+    except (FileNotFoundError, Unreadable):
+        return False
+    return all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size
+               for rel in _local_files(staged))
+
+
+def push(remote: Remote, staged: Path, host: str, pid: int) -> int:
+    """Copy the staged base to `<remote>/init` unless it is there already; the bytes copied (0: it was there).
+    OSError or BaseCopyError for the sync to retry; a half copy is never left behind."""
+    if on_remote(remote, staged):
+        return 0
+    rels = _local_files(staged)
+    target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
+    remote.rm(target)
+    remote.makedirs(target, STAGED_CHECKPOINT)
+    try:
+        nbytes = 0
+        for rel in rels[:-1]:
+            nbytes += remote.put(staged / rel, target, *_parts(rel))
+            if remote.sha256(target, *_parts(rel)) != sha256_file(staged / rel):
+                raise BaseCopyError(f"the copy of the LoRA base's {rel} at {remote.show(target)} reads back "
+                                    f"differently")
+        nbytes += remote.put(staged / INIT_RECORD, target, INIT_RECORD)
+    except BaseException:
+        with contextlib.suppress(OSError):  # the copy's own error is the one raised
+            remote.rm(target)
+        raise
+    if remote.local:  # an earlier copy (of another base, or damaged) is replaced whole: a reader sees one or the other
+        remote.rename_dir(target, REMOTE_BASE)
+    return nbytes
+
+
+def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lambda: None) -> list[str] | None:
+    """Download `<remote>/init` into the empty directory dest when it is a copy of init.from `spec` with the
+    fingerprint `trained_on` (what the checkpoint to resume records): None when the remote holds no such copy,
+    else what fails to verify in the download (empty: good). The remote is a shared place: its small files read
+    bounded, every file checked regular and of its listed size before it is read, every hash checked."""
+    import hashlib
+
+    from minilmd.init_source import same_source
+
+    try:
+        raw = remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES)
+    except FileNotFoundError:
+        return None
+    except Unreadable as e:
+        return [f"{remote.show(REMOTE_BASE, INIT_RECORD)}: {e.why}"]
+    try:
+        record = loads(raw, expect=dict)
+        if record.get("from") != spec or not same_source(trained_on, record):
+            return None
+        sizes: dict[str, int | None] = {STAGED_PTH: None}
+        if record.get("kind") != "minimind":
+            listed = remote.cat(remote.path(REMOTE_BASE, STAGED_CHECKPOINT, MANIFEST), MAX_MANIFEST_BYTES)
+            if hashlib.sha256(listed).hexdigest() != record.get("manifest_sha256"):
+                return [f"{remote.show(REMOTE_BASE, STAGED_CHECKPOINT, MANIFEST)}: not the manifest its record hashes"]
+            sizes = {f"{STAGED_CHECKPOINT}/{rel}": e.get("size")
+                     for rel, e in manifest_files(loads(listed, expect=dict)).items()}
+            sizes[f"{STAGED_CHECKPOINT}/{MANIFEST}"] = len(listed)
+    except (FileNotFoundError, ValueError) as e:  # Unreadable is a ValueError
+        return [f"{remote.show(REMOTE_BASE)}: {e}"]
+    problems = remote.not_regular(REMOTE_BASE, list(sizes))
+    problems += [f"{remote.show(REMOTE_BASE, rel)}: {remote.size(REMOTE_BASE, *_parts(rel))} bytes, its manifest "
+                 f"lists {size}" for rel, size in sizes.items()
+                 if size is not None and remote.size(REMOTE_BASE, *_parts(rel)) != size]
+    if problems:
+        return problems
+    for rel in sizes:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        remote.get((REMOTE_BASE, *_parts(rel)), dest / rel)
+        answered()
+    (dest / INIT_RECORD).write_bytes(raw)
+    return init_problems(dest)

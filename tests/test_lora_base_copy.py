@@ -1,0 +1,129 @@
+"""A LoRA run's base kept beside its checkpoints on the remote (daemon/jobs/basecopy.py): a reboot empties
+/dev/shm, and by then init.from may give other weights or none; the run still finishes on the base it trained on,
+and `export --merge` of its adapters still finds that base."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from minilmd import checkpoint_dirs, names
+from minilmd.config import load_config
+from minilmd.daemon.jobs import basecopy, initstage
+from minilmd.daemon.jobs.remote import Remote
+from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD
+from reliability_helpers import trainers_of
+from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
+
+pytestmark = pytest.mark.slow  # real staged checkpoints; the last test runs the real trainer under a supervisor
+
+
+def _staged_base(tmp_path: Path, checkpoint: Path) -> tuple[Path, dict]:
+    share = shutil.copytree(checkpoint, tmp_path / "share" / "base")
+    staged = initstage.stage_init(str(share), tmp_path / "scratch")
+    return staged, json.loads((staged / STAGED_RECORD).read_text())
+
+
+def test_the_base_is_copied_once_read_back_and_fetched_only_for_the_base_a_checkpoint_records(tmp_path,
+                                                                                             undisturbed):
+    staged, record = _staged_base(tmp_path, undisturbed().checkpoint)
+    remote = Remote(str(tmp_path / "remote"))
+    assert basecopy.push(remote, staged, "h", 1) > 0
+    assert basecopy.on_remote(remote, staged) and basecopy.push(remote, staged, "h", 1) == 0  # once
+    assert remote.names() == [basecopy.REMOTE_BASE]  # no temporary copy left, no step name: retention passes it by
+
+    spec = record["from"]
+    dest = tmp_path / "fetched"
+    dest.mkdir()
+    assert basecopy.fetch(remote, spec, record, dest) == []
+    assert sorted(p.relative_to(dest) for p in dest.rglob("*")) == sorted(p.relative_to(staged)
+                                                                         for p in staged.rglob("*"))
+    other = {**record, "manifest_sha256": "0" * 64}  # a checkpoint trained on other weights
+    for args in ((spec, other), ("/another/init/from", record)):
+        empty = tmp_path / f"empty-{len(args[0])}"
+        empty.mkdir()
+        assert basecopy.fetch(remote, *args, empty) is None and not any(empty.iterdir())
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "fifo", "forged manifest"])
+def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, undisturbed, damage):
+    """The remote is a place other users and machines write: a copy there is used only when every hash is the
+    one the run's checkpoint records; a FIFO in it is refused unopened."""
+    staged, record = _staged_base(tmp_path, undisturbed().checkpoint)
+    remote = Remote(str(tmp_path / "remote"))
+    basecopy.push(remote, staged, "h", 1)
+    copy = tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_CHECKPOINT
+    weights = copy / names.MODEL_FILE
+    if damage == "flipped byte":
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    elif damage == "fifo":
+        weights.unlink()
+        os.mkfifo(weights)
+    else:
+        manifest = json.loads((copy / names.MANIFEST).read_text())
+        manifest["step"] = -1
+        (copy / names.MANIFEST).write_text(json.dumps(manifest))
+    dest = tmp_path / "fetched"
+    dest.mkdir()
+    problems = basecopy.fetch(remote, record["from"], record, dest)
+    assert problems, damage
+    expected = {"flipped byte": "differs", "fifo": "not a regular file", "forged manifest": "not the manifest"}
+    assert expected[damage] in problems[0], problems
+
+
+def test_an_interrupted_base_copy_of_this_host_is_cleaned_by_the_next_sync():
+    assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "h", 123), "h") == 123
+    assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "other", 123), "h") is None
+
+
+def _kill_trainers(run_dir: Path) -> None:
+    for pid in [p for pids in trainers_of(run_dir).values() for p in pids]:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_lora_run_rebooted_after_its_base_changed_finishes_on_its_own_base_and_merges(tmp_path, corpus,
+                                                                                        undisturbed):
+    """The machine reboots (supervisor and trainer killed, /dev/shm emptied) after the predecessor was run again:
+    init.from now gives other weights. Before the durable copy the restarted run refused the changed base (exit 2);
+    it now fetches its own from the remote, finishes, and `export --merge` finds it with the share gone."""
+    run = undisturbed()
+    share = tmp_path / "share"
+    base = shutil.copytree(run.checkpoint, share / "base")
+    config = write_config(tmp_path, corpus, init={"from": str(base)}, lora={"rank": 4, "alpha": 8.0},
+                          train={"max_steps": 12, "checkpoint_every": 4}, restart={"hang_timeout": "120s"})
+    cfg = load_config(config)
+    remote = Path(cfg.run.remote)
+    first = start_supervisor(config, tmp_path / "first.out", fake=False, MINILMD_FAULT="hang@6")
+    try:  # hangs at step 6: step 4 synced, and the base beside it
+        wait_for(lambda: (cfg.run_dir / names.FAULTS_FIRED).is_file() and (remote / "step-00000004").is_dir()
+                 and (remote / basecopy.REMOTE_BASE / STAGED_RECORD).is_file(), 180, "step 4 and the base synced")
+        first.kill()
+        first.wait()
+        _kill_trainers(cfg.run_dir)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    shutil.rmtree(cfg.scratch_dir)  # the reboot
+    shutil.rmtree(base)
+    shutil.copytree(run.checkpoint.parent / "step-00000012", base)  # the predecessor, run again: other weights
+
+    proc = start_supervisor(config, tmp_path / "supervisor.out", fake=False)
+    code = wait_or_kill(proc, 300)
+    out = (tmp_path / "supervisor.out").read_text()
+    assert code == 0, out[-3000:]
+    assert "the LoRA base this run trained on fetched from" in out, out[-3000:]
+    assert state(cfg.run_dir)["phase"] == "done"
+    final = checkpoint_dirs.list_checkpoints(remote)[-1]
+    assert final.name == "step-00000012"
+
+    shutil.rmtree(share)  # export --merge of the remote's adapter: the recorded base is gone, its copy is not
+    merged = cli("export", str(final), "--format", "minimind", "--merge", "--out", str(tmp_path / "merged.pth"),
+                 timeout=180)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert (tmp_path / "merged.pth").stat().st_size > 0
