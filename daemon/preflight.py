@@ -32,7 +32,7 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None) -> tu
     scratch big enough whose space others hold now: the supervisor waits for them in staging), one line each, for
     `run --check` to say."""
     waits: list[str] = []
-    cfg = load_checked(config_path, overrides, init_waits=waits,
+    cfg = load_checked(config_path, overrides, waits=waits,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg))
     return cfg, waits
 

@@ -11,6 +11,7 @@ them. Shared storage (NFS) is probed in a thread for SHARED_STORAGE_PROBE_S at m
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,19 +21,20 @@ from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config
 from minilmd.corpus.meta import corpus_train_tokens, meta_value, read_corpus_meta
 from minilmd.init_source import InitSourceError, InitSourceUnreachable, model_problems, predecessor, predecessor_outcome
-from minilmd.names import CORPUS_META, RUN_DIR_ENV
+from minilmd.names import CORPUS_META, RUN_DIR_ENV, STATE
 
 
-def _with_paths(more_checks: ExtraCheck | None, init_waits: list[str] | None = None) -> ExtraCheck:
+def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
     """path_problems, then `more_checks`' (the order of the one ConfigError)."""
-    return lambda cfg: path_problems(cfg, init_waits) + (more_checks(cfg) if more_checks is not None else [])
+    return lambda cfg: path_problems(cfg, waits) + (more_checks(cfg) if more_checks is not None else [])
 
 
 def load_checked(path: str | os.PathLike, overrides: list[str] | None = None,
-                 more_checks: ExtraCheck | None = None, init_waits: list[str] | None = None) -> RunConfig:
-    """load_config, then path_problems and `more_checks`: every problem in one ConfigError. With `init_waits` (the
-    supervisor's check: it waits), an init.from that cannot be reached now is no problem but a line there."""
-    return load_config(path, overrides, _with_paths(more_checks, init_waits), train_tokens_of=corpus_train_tokens)
+                 more_checks: ExtraCheck | None = None, waits: list[str] | None = None) -> RunConfig:
+    """load_config, then path_problems and `more_checks`: every problem in one ConfigError. With `waits` (the
+    supervisor's check: it waits), an init.from that cannot be reached now, and the corpus of a run that has
+    started before gone with its share, are no problem but a line there."""
+    return load_config(path, overrides, _with_paths(more_checks, waits), train_tokens_of=corpus_train_tokens)
 
 
 def checked_from_dict(raw: dict[str, Any], source: str = "config", more_checks: ExtraCheck | None = None) -> RunConfig:
@@ -44,9 +46,9 @@ def _is_url(s: str) -> bool:
     return "://" in s
 
 
-def path_problems(cfg: RunConfig, init_waits: list[str] | None = None) -> list[str]:
+def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     """What the config names on this machine and cannot be used, in the config's order: run.dir, scratch (and whose
-    it is), the prepared corpus, the Prometheus textfile, init.from, the remote. `init_waits`: see load_checked."""
+    it is), the prepared corpus, the Prometheus textfile, init.from, the remote. `waits`: see load_checked."""
     p: list[str] = []
     if cfg.run.dir:
         p += _check_writable("run.dir", Path(cfg.run.dir))
@@ -58,11 +60,11 @@ def path_problems(cfg: RunConfig, init_waits: list[str] | None = None) -> list[s
         if _is_url(cfg.data.prepared):
             p += _check_protocol("data.prepared", cfg.data.prepared)
         else:
-            p += _shared_storage_check(_check_prepared_dir, cfg)
+            p += _corpus_problems(cfg, waits)
     if cfg.log.prometheus_textfile:
         p += _check_writable("log.prometheus_textfile", Path(cfg.log.prometheus_textfile).parent)
     if cfg.init.from_ and not cfg.init.staged:  # staged: the supervisor verified it; its copy is what is read
-        p += _init_problems(cfg, init_waits)
+        p += _init_problems(cfg, waits)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
@@ -106,15 +108,42 @@ def bounded_probe(fn, *args) -> tuple[bool, Any, str]:
     return False, None, failed[0] if failed else f"did not answer within {SHARED_STORAGE_PROBE_S:g} s (stalled)"
 
 
-def _check_prepared_dir(cfg: RunConfig) -> list[str]:
-    """The corpus is a prepared one, and what the trainer would refuse in it after staging is said now: a vocabulary
-    other than model.vocab_size (a config error: the config does not match the data), an empty val split.
-    (Ids beyond its own vocabulary are the corpus's fault, a data error, found when the trainer opens it.)"""
+def _corpus_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
+    """_check_prepared_dir on shared storage. A corpus that is not there at all is a typo at a first launch, but
+    its share gone (an NFS outage, a mount not back yet after a reboot) at the restart of a run that has started
+    before (its state.json is there): with `waits`, no problem but a line there, since staging trains from the
+    verified copy in scratch or waits for the share (daemon/jobs/staging.py), as at any other restart."""
+    answered, found, _ = bounded_probe(_check_prepared_dir, cfg)
+    if not answered:
+        return []
+    problems, gone = found
+    if gone and waits is not None and _has_started(cfg):
+        waits.append(f"data.prepared = {cfg.data.prepared!r} is not there now (its share gone?): this run has "
+                     f"started before, so it trains from the verified copy in scratch, or waits for the share "
+                     f"(`minilmd status`: \"corpus source unreachable since ..., retrying\")")
+        return []
+    return problems
+
+
+def _has_started(cfg: RunConfig) -> bool:
+    """A supervisor has run this run before: its state.json is a regular file in run.dir (not a link)."""
+    try:
+        return bool(cfg.run.dir) and stat.S_ISREG(os.lstat(cfg.run_dir / STATE).st_mode)
+    except OSError:
+        return False
+
+
+def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], bool]:
+    """(What is wrong with the corpus, whether it is not there at all.) The corpus is a prepared one, and what the
+    trainer would refuse in it after staging is said now: a vocabulary other than model.vocab_size (a config error:
+    the config does not match the data), an empty val split. (Ids beyond its own vocabulary are the corpus's fault,
+    a data error, found when the trainer opens it.)"""
     prepared = cfg.data.prepared
     if not Path(prepared).is_dir():
-        return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"]
+        return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"], \
+            not os.path.lexists(prepared)
     if not (Path(prepared) / CORPUS_META).is_file():
-        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"]
+        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], False
     meta = read_corpus_meta(prepared) or {}
     p = []
     vocab = meta.get("vocab_size")
@@ -128,7 +157,7 @@ def _check_prepared_dir(cfg: RunConfig) -> list[str]:
         p.append(f"data.prepared = {prepared!r}: its val split is empty ({val_docs} documents, {val_tokens} tokens), "
                  f"so there is no validation loss: prepare it again with a larger --val-fraction"
                  + (f" (it was {fraction})" if fraction is not None else ""))
-    return p
+    return p, False
 
 
 def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:

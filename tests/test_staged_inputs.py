@@ -448,3 +448,32 @@ def test_a_source_file_that_grows_while_copied_whole_is_unreachable_not_copied_w
         initstage._copy(src, tmp_path / "dest" / "part.bin", answered=append)
     assert initstage._copy(src, tmp_path / "again.bin")[0] == src.stat().st_size  # still now: copied whole
     assert (tmp_path / "again.bin").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_supervisor_restarted_while_the_corpus_share_is_gone_trains_from_its_staged_copy(tmp_path, corpus):
+    """systemd restarts a killed supervisor while the corpus's share is gone: on main the launch check refused it
+    ("data.prepared ...: no such directory", exit 2, final) though staging trains from the verified copy in
+    scratch. A first launch with no such corpus stays a config error."""
+    share = shutil.copytree(corpus[0], tmp_path / "share" / "corpus")
+    config = write_config(tmp_path, (share, corpus[1]), remote=False)
+    cfg = load_config(config)
+    first = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
+    try:
+        wait_for(lambda: step_of_state(cfg.run_dir) >= 12, 60, "a first checkpoint")
+        first.kill()
+        first.wait()
+        for pid in [p for pids in trainers_of(cfg.run_dir).values() for p in pids]:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    os.rename(tmp_path / "share", tmp_path / "share.gone")
+    shown = cli("run", "--check", str(config))
+    assert shown.returncode == 0 and "waits: data.prepared" in shown.stdout, shown.stdout + shown.stderr
+    assert run_supervisor(config, tmp_path, FAKE_STEP_S="0.05") == 0, (tmp_path / "supervisor.out").read_text()
+    assert "training from its verified copy" in (tmp_path / "supervisor.out").read_text()
+
+    fresh = write_config(tmp_path, (share, corpus[1]), name="fresh", remote=False)
+    refused = cli("run", "--check", str(fresh))
+    assert refused.returncode == 2 and "no such directory" in refused.stderr, refused.stdout + refused.stderr
