@@ -41,6 +41,7 @@ from minilmd.daemon.child.process import Child, Death
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
+from minilmd.daemon.jobs.initstage import PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker, local_checkpoint_steps
 from minilmd.daemon.phases import initwait
@@ -484,10 +485,22 @@ class Supervisor:
                 self.events.emit("kill", f"trainer pid {child.pid} is not reaped after SIGKILL (uninterruptible "
                                          f"I/O?): exiting without it", pid=child.pid)
         self.gpu.release()
+        if self.phase == Phase.FAILED and self.exit_status in protocol.FINAL_EXIT_STATUSES:
+            self._release_inputs()
         self.room.at_exit()
         self.files.close(self.exit_status, self.phase)
         self.notifier.stopping()
         lock.release()
+
+
+    def _release_inputs(self) -> None:
+        """A final failure gives the staged corpus back to the machine (scratch.release_inputs). Not in a Slurm job
+        (its scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
+        if self.slurm or self.staging.running:
+            return
+        done = scratch.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR), self.cfg.run)
+        if done:
+            self.events.emit("scratch", done)
 
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None) -> int:

@@ -51,9 +51,10 @@ class RunSection:
     remote: str = ""
     """Durable storage for checkpoints (an NFS path or an fsspec URL). Empty: no sync."""
     keep_scratch: bool = False
-    """Keep scratch once the run has finished. By default a finished run removes its scratch (the staged corpus and
+    """Keep scratch once the run has ended. By default a finished run removes its scratch (the staged corpus and
     the local checkpoints, in RAM on /dev/shm) after its last checkpoint is verified on the remote; without a remote,
-    or when the last sync failed, scratch is always kept."""
+    or when the last sync failed, scratch is always kept. A run that failed for good removes its staged corpus and
+    probe split alone (its checkpoints stay)."""
     share: str = "private"
     """Who may read what the run writes (run.dir, its logs, metrics and TensorBoard files, scratch, the checkpoints
     on the remote, LATEST and BEST): "private" (directories 0700, files 0600), "group" (0750, 0640: your group

@@ -158,6 +158,26 @@ def test_restarts_without_progress_give_up_with_status_79(tmp_path, corpus):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("keep_scratch", [False, True])
+def test_a_run_that_fails_for_good_gives_its_staged_corpus_back_and_keeps_its_checkpoints(tmp_path, corpus,
+                                                                                          keep_scratch):
+    """A final failure (79 here) after checkpoints: on main the staged corpus stayed in /dev/shm until its user came
+    back, days of RAM held from the machine's other users. The corpus goes (a copy of what is on the share), the
+    checkpoints stay (the newest may not be synced); run.keep_scratch keeps it all."""
+    config = write_config(tmp_path, corpus, remote=False, run={"keep_scratch": keep_scratch}, train={"max_steps": 20})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path) == 0
+    kept = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)
+    longer = write_config(tmp_path, corpus, remote=False, run={"keep_scratch": keep_scratch}, train={"max_steps": 40},
+                          restart={"no_progress_limit": 2, "backoff_initial": "0.05s"})
+    assert run_supervisor(longer, tmp_path, FAKE_OOM_ABOVE_MB="0") == SUPERVISOR_GAVE_UP
+    assert kept and checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir) == kept
+    assert (cfg.scratch_dir / "corpus").is_dir() == keep_scratch
+    released = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "scratch" and "failed" in e["message"]]
+    assert bool(released) != keep_scratch, released
+
+
+@pytest.mark.slow
 def test_stop_leaves_a_synced_checkpoint(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 100000, "checkpoint_every": 1000})
     cfg = load_config(config)
