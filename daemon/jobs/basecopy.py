@@ -13,11 +13,12 @@ gone read it there too (trainer/model/adapter.py). Torch-free.
 from __future__ import annotations
 
 import contextlib
+import shutil
 from pathlib import Path
 
-from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, init_problems, manifest_files
+from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
 from minilmd.daemon.jobs.remote import Remote
-from minilmd.fsio import sha256_file
+from minilmd.fsio import publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, staged_record
 from minilmd.names import MANIFEST, sync_tmp_name
 from minilmd.untrusted import Unreadable, loads, read_bytes
@@ -128,3 +129,59 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
         answered()
     (dest / INIT_RECORD).write_bytes(raw)
     return init_problems(dest)
+
+
+# --- what staging asks (daemon/jobs/initstage.py stage_inputs) -------------------------------------------------------
+def stage_from_remote(cfg, log=lambda msg: None, answered=lambda: None) -> bool:
+    """The base a LoRA run's newest local checkpoint was trained on, from `<remote>/init` into `<scratch>/init`,
+    verified; False when there is nothing to resume, no remote, or no usable copy there (logged when there was
+    one): staging reads init.from then, as at the first start."""
+    remote = _remote_of(cfg)
+    trained_on = _trained_on(cfg) if remote is not None else None
+    if remote is None or not trained_on:
+        return False
+    tmp = fresh_tmp(cfg.scratch_dir, INIT_DIR)
+    try:
+        problems = fetch(remote, cfg.init.from_, trained_on, tmp, answered)
+        if problems == []:
+            publish_dir(tmp, cfg.scratch_dir / INIT_DIR)
+            log(f"staging: the LoRA base this run trained on fetched from {remote.show(REMOTE_BASE)} and verified "
+                f"at {cfg.scratch_dir / INIT_DIR}")
+            return True
+    except Exception as e:  # noqa: BLE001 - a remote that fails now: init.from may still be there
+        problems = [f"{type(e).__name__}: {e}"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if problems:
+        log(f"staging: the LoRA base's copy on the remote is not usable ({problems[0]}): reading init.from")
+    return False
+
+
+def _trained_on(cfg) -> dict | None:
+    """The base the newest local checkpoint of a LoRA run was trained on (its trainer_state's init record)."""
+    from minilmd.checkpoint import MAX_JSON_PART
+    from minilmd.checkpoint_dirs import list_checkpoints
+    from minilmd.names import TRAINER_STATE
+    from minilmd.untrusted import read_json
+
+    try:
+        ckpts = list_checkpoints(cfg.checkpoint_dir)
+    except OSError:  # scratch not readable: nothing to resume here (staging says what is wrong with it)
+        return None
+    for ckpt in reversed(ckpts):
+        try:
+            init = read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART).get("init")
+        except (OSError, ValueError):  # Unreadable: an older one may still say
+            continue
+        return init if isinstance(init, dict) else None
+    return None
+
+
+def _remote_of(cfg) -> Remote | None:
+    """The remote that holds a LoRA run's base copy, None without one (or when it cannot be opened)."""
+    if not (cfg.lora.enabled and cfg.run.remote):
+        return None
+    try:
+        return Remote(cfg.run.remote)
+    except (ValueError, ImportError, OSError):
+        return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from minilmd.corpus.meta import CorpusError, listed_files, parse_meta
@@ -88,7 +89,7 @@ def _read_source(path: Path, max_bytes: int, what: str) -> bytes:
         raise SourceUnreachable(f"{path}: cannot be read ({e})") from None
 
 
-def _fresh_tmp(scratch: Path, name: str) -> Path:
+def fresh_tmp(scratch: Path, name: str) -> Path:
     tmp = scratch / f"{STAGING_TMP_PREFIX}{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)  # one supervisor per run: anything here is from a dead attempt
     tmp.mkdir(parents=True)
@@ -150,7 +151,7 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None, answered=lambd
     if same and not probe_problems(final):
         log(f"staging: reusing the verified probe copy at {final}")
         return final
-    tmp = _fresh_tmp(scratch, PROBE_DIR)
+    tmp = fresh_tmp(scratch, PROBE_DIR)
     try:
         for rel, entry in files.items():
             try:
@@ -215,12 +216,12 @@ def _resolve(spec: str, checkpoint: str):
 
 
 def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda msg: None,
-               answered=lambda: None, durable=None, trained_on: dict | None = None) -> Path:
+               answered=lambda: None, from_remote: Callable[[], bool] | None = None) -> Path:
     """`<scratch>/init`: the weights init.from names (of a run or a root: its BEST or LATEST, as init.checkpoint
     says), copied and verified, with their fingerprint record; an earlier copy reused while it is of the same source
     and verifies (a run that changes init.checkpoint later resumes from its own checkpoints, or, with LoRA, is
-    refused for a changed base). A LoRA run resuming `trained_on` (the base its checkpoint records) takes the base
-    from its durable copy on the remote (`durable`, daemon/jobs/basecopy.py) before it reads init.from again.
+    refused for a changed base). `from_remote()`, tried before init.from is read again, stages the base a LoRA
+    run's checkpoint was trained on from its copy on the remote (True when it did: daemon/jobs/basecopy.py).
     `answered()` after each chunk read from the source."""
     from minilmd.init_source import fingerprint
 
@@ -232,7 +233,7 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     if staged_from == spec and not init_problems(final):  # fetched once per run: the source is not read again
         log(f"staging: reusing the verified copy of init.from at {final}")
         return final
-    if durable is not None and trained_on and _from_durable(durable, spec, trained_on, scratch, log, answered):
+    if from_remote is not None and from_remote():
         return final
     source = _resolve(spec, checkpoint)
     try:
@@ -244,7 +245,7 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
         raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
     except OSError as e:
         raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
-    tmp = _fresh_tmp(scratch, INIT_DIR)
+    tmp = fresh_tmp(scratch, INIT_DIR)
     try:
         try:
             if source.kind == "checkpoint":
@@ -266,66 +267,23 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     return final
 
 
-def _from_durable(remote, spec: str, trained_on: dict, scratch: Path, log, answered) -> bool:
-    """The LoRA base this run trained on, from `<remote>/init` into `<scratch>/init`, verified; False (logged
-    when there was a copy) when the remote holds no usable one: init.from is read then, as at the first start."""
-    from minilmd.daemon.jobs import basecopy
-
-    tmp = _fresh_tmp(scratch, INIT_DIR)
-    try:
-        problems = basecopy.fetch(remote, spec, trained_on, tmp, answered)
-        if problems == []:
-            publish_dir(tmp, scratch / INIT_DIR)
-            log(f"staging: the LoRA base this run trained on fetched from {remote.show(basecopy.REMOTE_BASE)} "
-                f"and verified at {scratch / INIT_DIR}")
-            return True
-    except Exception as e:  # noqa: BLE001 - a remote that fails now: init.from may still be there
-        problems = [f"{type(e).__name__}: {e}"]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if problems:
-        log(f"staging: the LoRA base's copy on the remote is not usable ({problems[0]}): reading init.from")
-    return False
-
-
-def _trained_on(cfg) -> dict | None:
-    """The base the newest local checkpoint of a LoRA run was trained on (its trainer_state's init record)."""
-    from minilmd.checkpoint import MAX_JSON_PART
-    from minilmd.checkpoint_dirs import list_checkpoints
-    from minilmd.names import TRAINER_STATE
-    from minilmd.untrusted import read_json
-
-    for ckpt in reversed(list_checkpoints(cfg.checkpoint_dir)):
-        try:
-            init = read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART).get("init")
-        except (OSError, ValueError):  # Unreadable: an older one may still say
-            continue
-        return init if isinstance(init, dict) else None
-    return None
-
-
-def _durable(cfg):
-    """The remote that holds a LoRA run's durable base copy, None without one (or when it cannot be opened)."""
-    from minilmd.daemon.jobs.remote import Remote
-
-    if not (cfg.lora.enabled and cfg.run.remote):
-        return None
-    try:
-        return Remote(cfg.run.remote)
-    except (ValueError, ImportError, OSError):
-        return None
-
-
 # --- what the staging worker asks ------------------------------------------------------------------------------------
 def needed(cfg) -> list[str]:
     """What this start reads besides the corpus: "probe" with an [eval] probe; "init" for a LoRA run (its base, at
     every start) or a run with init.from and no checkpoint yet in scratch (a resumed run never reads it again)."""
-    from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
+    from minilmd.checkpoint_dirs import list_checkpoints
 
     out = ["probe"] if cfg.eval.probe else []
-    if cfg.init.from_ and (cfg.lora.enabled or not local_checkpoint_steps(cfg.checkpoint_dir)):
+    if cfg.init.from_ and (cfg.lora.enabled or not _any_checkpoint(cfg.checkpoint_dir, list_checkpoints)):
         out.append("init")
     return out
+
+
+def _any_checkpoint(root: Path, list_checkpoints) -> bool:
+    try:
+        return bool(list_checkpoints(root))
+    except OSError:  # scratch not readable: as none (staging itself says what is wrong)
+        return False
 
 
 def space_parts(cfg) -> list[tuple[int, str]]:
@@ -372,9 +330,10 @@ def problems(staged: dict[str, str]) -> list[str]:
     return out + (init_problems(Path(staged["init.staged"])) if "init.staged" in staged else [])
 
 
-def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None) -> dict[str, str]:
+def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base_from_remote=None) -> dict[str, str]:
     """Stage what `needed` names; the `--set` overrides that give the trainer the staged copies. `reads` is told
-    which source is read, and each chunk read from it (the worker shows a source whose reads block as stalled)."""
+    which source is read, and each chunk read from it (the worker shows a source whose reads block as stalled).
+    `base_from_remote(cfg, log, answered)`: stage_init's from_remote (basecopy.stage_from_remote)."""
     what, reads = needed(cfg), reads or ReadWatch()
     sets = {}
     try:
@@ -383,9 +342,10 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None) -> d
             sets["eval.probe_staged"] = str(stage_probe(cfg.eval.probe, cfg.scratch_dir, log, reads.answer))
         if "init" in what:
             reads.reading(f"init.from {cfg.init.from_}")
-            durable = _durable(cfg)
+            from_remote = None if base_from_remote is None else \
+                (lambda: base_from_remote(cfg, log, reads.answer))
             sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, cfg.init.checkpoint, log,
-                                                 reads.answer, durable, _trained_on(cfg) if durable else None))
+                                                 reads.answer, from_remote))
     finally:
         reads.reading("")
     return sets
