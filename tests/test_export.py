@@ -122,3 +122,17 @@ def test_export_to_a_symbolic_link_is_refused_naming_it_and_leaves_nothing_behin
     assert f"minilmd export: {link}: is a symbolic link" in result.output, result.output
     assert [p.name for p in out.parent.iterdir()] == [link.name] and link.is_symlink()  # nothing else left
     assert not target.parent.exists()
+
+
+@pytest.mark.parametrize("fmt, name", [("minimind", "m.pth"), ("hf", "hf")])
+def test_an_export_onto_a_full_disk_says_so_and_leaves_nothing_behind(trained, small_tmpfs, fmt, name):
+    """--out on a disk that fills up while the export writes (a real 16 KiB tmpfs): on main a traceback (torch's
+    "unexpected pos", safetensors' SafetensorError) with the half-written `.NAME.tmp` left beside --out. Now exit
+    74, the path, the reason and the room left; nothing written there."""
+    root, _ = trained
+    disk = small_tmpfs("16k")
+    result = CliRunner().invoke(app, ["export", str(root / "ckpt"), "--format", fmt, "--out", str(disk / name)])
+    assert result.exit_code == 74 and not isinstance(result.exception, Exception), (result.output, result.exception)
+    assert f"minilmd export: {disk / name}: the export could not be written" in result.output, result.output
+    assert "MB free there" in result.output and "nothing was left behind" in result.output, result.output
+    assert list(disk.iterdir()) == []

@@ -93,3 +93,18 @@ def test_peft_round_trip_merge_and_switching_the_adapter(tmp_path, corpus):
               "--device", "cpu")
     assert invoke("sample", base, "--lora", adapter, *greedy) == invoke("sample", adapter, *greedy)
     assert invoke("sample", adapter, "--no-lora", *greedy) == invoke("sample", base, *greedy)
+
+
+def test_a_peft_export_onto_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path, corpus, small_tmpfs):
+    """The adapter's export onto a disk that fills up (a real 16 KiB tmpfs): exit 74 with the reason, no
+    `.NAME.tmp` left; before, a SafetensorError traceback and the half export."""
+    base = save_checkpoint(tmp_path / "base" / "checkpoints", tiny_model(seed=5, vocab_size=corpus[1]), step=2)
+    cfg = load_config(write_config(tmp_path, corpus, name="lora", init={"from": str(base)},
+                                   lora={"rank": 4, "alpha": 8.0, "targets": ALL},
+                                   train={"max_steps": 1, "checkpoint_every": 100}))
+    assert Trainer(cfg, Dist(0, 1, 0, torch.device("cpu"))).train() == EXIT_DONE
+    disk = small_tmpfs("16k")
+    result = CliRunner().invoke(app, ["export", str(cfg.checkpoint_dir), "--format", "peft", "--out",
+                                      str(disk / "peft")])
+    assert result.exit_code == 74 and not isinstance(result.exception, Exception), (result.output, result.exception)
+    assert "the export could not be written" in result.output and list(disk.iterdir()) == [], result.output

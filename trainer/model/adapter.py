@@ -22,7 +22,7 @@ from minilmd import perms
 from minilmd.checkpoint import saved_lora
 from minilmd.fsio import publish_dir
 from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE
-from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, resolve_checkpoint
+from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, resolve_checkpoint, writing
 
 PEFT_PREFIX = "base_model.model."
 """What PeftModel puts before the wrapped model's own parameter names in a saved adapter."""
@@ -156,10 +156,12 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
         raise ExportError(f"{ckpt}: not a LoRA checkpoint (its run has no [lora] rank); export it with --format hf "
                           f"or minimind")
     _validate(ckpt)
-    out_dir, tmp = fresh_export_dir(out_dir)
     tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in load_file(str(ckpt / MODEL_FILE)).items()}
-    save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
-    perms.settle_new_file(tmp / PEFT_WEIGHTS)  # safetensors makes it 0600 whatever --share says
-    config = peft_config(state, base_name or str((state.get("init") or {}).get("path", "")))
-    (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return publish_dir(tmp, out_dir)
+    out_dir, tmp = fresh_export_dir(out_dir)
+    with writing(out_dir, tmp):
+        save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+        perms.settle_new_file(tmp / PEFT_WEIGHTS)  # safetensors makes it 0600 whatever --share says
+        config = peft_config(state, base_name or str((state.get("init") or {}).get("path", "")))
+        (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        published = publish_dir(tmp, out_dir)
+    return published

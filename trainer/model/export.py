@@ -28,7 +28,14 @@ from minilmd.names import (
     TRAINER_STATE,
 )
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
-from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, out_and_tmp, resolve_checkpoint
+from minilmd.trainer.model.export_paths import (
+    ExportError,
+    _validate,
+    fresh_export_dir,
+    out_and_tmp,
+    resolve_checkpoint,
+    writing,
+)
 
 DTYPES = ("float32", "bfloat16", "float16")
 _MAX_STATE = 64 << 20
@@ -159,10 +166,11 @@ def export_minimind(path: str | Path, out: str | Path, merge: bool = False) -> P
 
     weights, _, _ = read_checkpoint(path, merge=merge)
     out, tmp = out_and_tmp(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
-    torch.save(state, tmp)
-    publish_file(tmp, out)
+    with writing(out, tmp):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, tmp)
+        publish_file(tmp, out)
     return out
 
 
@@ -246,7 +254,6 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     """Write an HF Qwen3 directory. Written under a temporary name and renamed, so a half export never looks
     finished. Refuses to overwrite a non-empty directory."""
     import torch
-    from safetensors.torch import save_file
 
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
@@ -256,6 +263,15 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     out_dir, tmp = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
+    with writing(out_dir, tmp):
+        _write_hf(tmp, tensors, model_cfg, dtype, chat, tokenizer_path)
+        published = publish_dir(tmp, out_dir)  # an existing out_dir is empty (checked above)
+    return published
+
+
+def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict | None, tokenizer_path: Path) -> None:
+    from safetensors.torch import save_file
+
     save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})  # HF's name happens to be ours
     perms.settle_new_file(tmp / MODEL_FILE)  # safetensors makes it 0600 whatever --share says
     max_len = as_model_section(model_cfg).max_position_embeddings
@@ -269,4 +285,3 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     for name, body in files.items():
         (tmp / name).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
     shutil.copyfile(tokenizer_path, tmp / TOKENIZER_FILE)
-    return publish_dir(tmp, out_dir)  # an existing out_dir is empty (checked above)

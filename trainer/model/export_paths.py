@@ -1,10 +1,12 @@
 """Where an export reads and writes, for export.py (MiniMind's .pth, HF Qwen3) and adapter.py (PEFT) alike: the
 checkpoint a path names (a step directory, a root's LATEST or newest, a pointer file), strictly validated; the
-fresh --out directory and the temporary one beside it; ExportError. Torch-free.
+fresh --out directory and the temporary one beside it, written or removed whole (`writing`); ExportError. Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from minilmd.names import LATEST, MODEL_FILE, export_tmp_name
@@ -20,6 +22,45 @@ class OutRefused(ExportError):
     """An --out an export must not write: a usage error (exit 2), refused before anything is written."""
 
     exit_status = 2
+
+
+class ExportNotWritten(ExportError):
+    """Writing the export failed (the disk full, a quota, EIO): its temporary copy removed, nothing at --out; 74,
+    EX_IOERR, as the trainer's own write failures."""
+
+    exit_status = 74
+
+
+def _is_write_error(e: Exception) -> bool:
+    """An error of writing a file: an OSError, and what torch.save (a RuntimeError: "unexpected pos") and
+    safetensors (SafetensorError: "I/O error") make of one."""
+    if isinstance(e, (OSError, RuntimeError)):
+        return True
+    from safetensors import SafetensorError
+
+    return isinstance(e, SafetensorError)
+
+
+@contextlib.contextmanager
+def writing(out: Path, tmp: Path) -> Iterator[None]:
+    """Around the writing of an export into `tmp` and its publishing as `out`: a write that fails removes `tmp` and
+    becomes ExportNotWritten, which says why and how much room is left, instead of a traceback with a half export
+    beside --out."""
+    try:
+        yield
+    except Exception as e:  # narrowed by _is_write_error: anything else is re-raised as it was
+        if not _is_write_error(e):
+            raise
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        try:
+            free = f"; {shutil.disk_usage(out.parent).free / 1e6:,.1f} MB free there"
+        except OSError:
+            free = ""
+        raise ExportNotWritten(f"{out}: the export could not be written ({e}){free}; nothing was left behind, so "
+                               f"free some space (or choose another --out) and export again") from None
 
 
 def out_and_tmp(out: str | Path) -> tuple[Path, Path]:
@@ -40,7 +81,8 @@ def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    with writing(out_dir, tmp):
+        tmp.mkdir(parents=True)
     return out_dir, tmp
 
 
