@@ -37,15 +37,18 @@ class Infra:
 
     def final_staging_status(self, error: BaseException) -> int | None:
         """The supervisor's exit status when retrying cannot help: the source is not a usable prepared corpus (65),
-        the corpus does not fit in scratch (2), or the checkpoint found on the remote belongs to another
-        model/corpus (2). None for any other error."""
+        the corpus does not fit in scratch (2), or the checkpoint found on the remote belongs to another model (2)
+        or to other data or another tokenizer (65: the trainer's own statuses for them). None for any other
+        error."""
         from minilmd.checkpoint import CheckpointMismatch
         from minilmd.daemon.jobs.staging_errors import ScratchTooSmall, SourceInvalid
         from minilmd.scratch import ScratchRefused
 
         if isinstance(error, SourceInvalid):
             return protocol.EXIT_DATA
-        if isinstance(error, (CheckpointMismatch, ScratchTooSmall, ScratchRefused)):  # ScratchRefused: swapped
+        if isinstance(error, CheckpointMismatch):
+            return error.exit_status
+        if isinstance(error, (ScratchTooSmall, ScratchRefused)):  # ScratchRefused: swapped
             return protocol.SUPERVISOR_CONFIG
         return None
 

@@ -86,6 +86,14 @@ class CheckpointMismatch(CheckpointError):
         self.kind = kind
         super().__init__(path, problems)
 
+    @property
+    def exit_status(self) -> int:
+        """What refusing it ends the run with, for the trainer and the supervisor's fetch alike: another model is
+        the config's fault (2), another tokenizer or corpus the data's (65)."""
+        from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
+
+        return EXIT_CONFIG if self.kind == "model" else EXIT_DATA
+
 
 @dataclass
 class Expectation:

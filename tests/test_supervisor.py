@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -175,6 +176,24 @@ def test_a_run_that_fails_for_good_gives_its_staged_corpus_back_and_keeps_its_ch
     assert (cfg.scratch_dir / "corpus").is_dir() == keep_scratch
     released = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "scratch" and "failed" in e["message"]]
     assert bool(released) != keep_scratch, released
+
+
+@pytest.mark.slow
+def test_a_remote_checkpoint_of_another_corpus_is_refused_with_the_trainers_status(tmp_path, corpus):
+    """The run's config pointed at another corpus after its scratch went: the newest remote checkpoint, fetched at
+    staging, was trained on other data. On main staging ended that with 2 where the trainer's own refusal of the
+    same checkpoint is 65 (docs/failure-modes.md); now both say 65, and nothing on the remote is moved."""
+    from trainer_corpus import synthetic_prepared
+
+    config = write_config(tmp_path, corpus)
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path) == 0
+    shutil.rmtree(cfg.scratch_dir)  # a reboot emptied /dev/shm
+    remote = sorted(p.name for p in Path(cfg.run.remote).iterdir())
+    other = synthetic_prepared(tmp_path / "other-corpus", corpus[0] / "tokenizer.json", corpus[1])
+    assert run_supervisor(write_config(tmp_path, (other, corpus[1])), tmp_path) == EXIT_DATA
+    assert "data fingerprint differs" in state(cfg.run_dir)["last_error"]
+    assert sorted(p.name for p in Path(cfg.run.remote).iterdir()) == remote
 
 
 @pytest.mark.slow

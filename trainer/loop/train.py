@@ -442,7 +442,7 @@ def run(cfg: RunConfig) -> int:
         return EXIT_DATA
     except CheckpointMismatch as e:  # resuming another model, tokenizer or corpus: final, never a fresh start
         print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
-        return EXIT_CONFIG if e.kind == "model" else EXIT_DATA
+        return e.exit_status
     except ckpt_io.ScratchFull as e:  # the supervisor makes room or waits for it; a restart now would only repeat
         try:
             write_fault(cfg.run_dir, "scratch_full", str(e), step=step, checkpoint_step=e.step, needs=e.needs,
