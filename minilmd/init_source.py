@@ -19,7 +19,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_best, read_latest
@@ -72,6 +72,8 @@ class Predecessor:
     run_dir: Path
     root: Path
     """Where its final checkpoint is: its run.remote (a local path), else its scratch checkpoints."""
+    model: dict = field(default_factory=dict)
+    """Its [model] section: what its final checkpoint will hold (a stage of another model is refused at once)."""
 
 
 def _unreadable(e: OSError) -> InitSourceError:
@@ -103,7 +105,7 @@ def predecessor(spec: str) -> Predecessor | None:
     remote = cfg.run.remote.removeprefix("file://")
     if "://" in remote:
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
-    return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir)
+    return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict())
 
 
 PREDECESSOR_STATE_MAX_BYTES = 8 << 20

@@ -20,7 +20,14 @@ from minilmd import scratch
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config
 from minilmd.corpus.meta import corpus_train_tokens, meta_value, read_corpus_meta
-from minilmd.init_source import InitSourceError, InitSourceUnreachable, model_problems, predecessor, predecessor_outcome
+from minilmd.init_source import (
+    InitSourceError,
+    InitSourceUnreachable,
+    model_differences,
+    model_problems,
+    predecessor,
+    predecessor_outcome,
+)
 from minilmd.names import CORPUS_META, RUN_DIR_ENV, STATE
 
 
@@ -188,8 +195,10 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
         return [], None
     try:
         pred = predecessor(cfg.init.from_)
-        if pred is not None and predecessor_outcome(pred)[0] == "waiting":
-            return [], None  # the supervisor waits for it (waiting_init); its final checkpoint is checked then
+        if pred is not None and predecessor_outcome(pred)[0] == "waiting":  # the supervisor waits for it
+            diff = model_differences(pred.model, cfg.model_dict())  # its final checkpoint's is checked then too
+            return [f"init.from = {cfg.init.from_!r}: run {pred.name} trains another model config: "
+                    + ", ".join(diff)] if diff else [], None
         return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict(),
                                                                                    cfg.init.checkpoint)], None
     except InitSourceUnreachable as e:

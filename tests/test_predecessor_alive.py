@@ -138,3 +138,21 @@ def test_check_of_a_stage_whose_predecessor_has_not_finished_says_it_will_wait_a
     assert f"waits: init.from = '{first}': run pre is training at step 12;" in training.output
     alone = CliRunner().invoke(app, ["run", "--check", str(first)])
     assert alone.exit_code == 0 and "wait" not in alone.output  # no init.from: nothing to wait for
+
+
+def test_check_of_a_stage_of_another_model_than_its_unfinished_predecessor_is_refused_now(tmp_path, corpus):
+    """A stage whose [model] differs from its predecessor's config: on main `--check` said OK (the predecessor had
+    not finished, so nothing was compared), and the stage failed with exit 2 only when it had finished, hours
+    later with nobody watching. The predecessor's config is what its final checkpoint will hold: refused now."""
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    first = write_config(tmp_path, corpus, name="pre")
+    hidden = load_config(first).model.hidden_size
+    second = write_config(tmp_path, corpus, name="sft", init={"from": str(first)},
+                          model={"hidden_size": 2 * hidden})
+    refused = CliRunner().invoke(app, ["run", "--check", str(second)])
+    assert refused.exit_code == 2, refused.output
+    assert f"model.hidden_size: source {hidden}, run {2 * hidden}" in refused.output, refused.output
+    assert "run pre" in refused.output, refused.output
