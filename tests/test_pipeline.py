@@ -50,6 +50,8 @@ def test_pretrain_sft_lora_started_together_each_from_its_predecessors_final_che
     for config, before in ((sft, pretrain), (lora, sft)):
         cfg, source = load_config(config), final_checkpoint(before)
         assert "init_ready" in [e.get("transition") for e in events(cfg.run_dir)]
+        said = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "update_share"]  # --check could not
+        assert len(said) == 1 and said[0].startswith(("update share: this run trains", "WARNING: update share")), said
         restarts = state(cfg.run_dir)["restarts"]
         assert restarts and restarts[0]["cause"] in ("killed", "crash"), restarts  # its fault fired and was survived
         sha = hashlib.sha256((source / MANIFEST).read_bytes()).hexdigest()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -44,7 +45,9 @@ def test_status_of_a_live_training_run(tmp_path):
     assert "demo" in text and "training for 10m" in text and "running" in text
     assert "step 1,200/5,000 (24.0%)" in text and "loss 3.2100" in text and "4,500 tok/s" in text
     assert "ETA 14m" in text and "trainer pid 4242, attempt 3" in text
-    assert "local checkpoint: step 1000 (2m ago)" in text and "remote: step 1000 (60s ago, verified)" in text
+    # ages in seconds tick on while the test runs (a loaded machine takes more than 0.5 s): the unit, not the digit
+    assert "local checkpoint: step 1000 (2m ago)" in text
+    assert re.search(r"remote: step 1000 \(6\ds ago, verified\)", text), text
     assert "restarts: 1 (last: sigbus at step 800" in text and "-> restage" in text
     assert "train.micro_batch_size" in text
 
@@ -120,4 +123,4 @@ def test_status_tells_an_old_error_from_a_current_one(tmp_path):
     current = write_run(tmp_path, phase="backoff", progress=dict(progress, step=130), last_error="hang: no heartbeat",
                         last_error_at=t - 5, last_error_step=130)
     _, text = status_text(current)
-    assert "last error (5s ago, at step 130): hang" in text and "went on" not in text
+    assert re.search(r"last error \(\d+s ago, at step 130\): hang", text) and "went on" not in text, text

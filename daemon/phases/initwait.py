@@ -143,10 +143,22 @@ class InitWaiter:
             self.emit("init_wait", f"init.from: {report.why}" + (f"; {wait.not_running}" if wait.not_running else ""))
             self.last_said = said
         if report.outcome == "done":
+            self._say_update_share()
             return InitOutcome(done=True)
         if report.outcome == "failed":
             return InitOutcome(failed=f"the run this one starts from failed, so this one cannot start: {report.why}")
         return None
+
+
+    def _say_update_share(self) -> None:
+        """The update share `run --check` could not say while the predecessor had not finished (the stages started
+        together): said now, once, into the run's log (a WARNING above eval.update_share_warn). Its base's
+        trainer_state is read in a thread, bounded: a stalled share never holds the loop up."""
+        from minilmd.update_share import share_lines
+
+        answered, lines, _ = bounded_probe(share_lines, self.cfg)
+        for line in lines if answered else []:
+            self.emit("update_share", line)
 
 
 def _change_key(report: PredecessorReport, live: Liveness | None) -> tuple:
