@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol, scratch
-from minilmd.daemon.jobs import basecopy, initstage
+from minilmd.daemon.jobs import initstage
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceUnreachable
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
 from minilmd.daemon.policy import backoff_seconds
@@ -246,7 +246,7 @@ class StagingWorker:
         staging = self.state.staging
         if self.pending is not None:  # the corpus is staged; the probe and init.from (again, after a backoff)
             self.worker = Worker("inputs", lambda: initstage.stage_inputs(self.cfg, self.inbox.put, self.reads,
-                                                                            basecopy.stage_from_remote))
+                                                                            _base_from_remote))
             return
         if self.awaiting_remote is not None:  # staged; only the fetch of a remote checkpoint is retried
             staged = self.awaiting_remote
@@ -343,3 +343,11 @@ class StagingWorker:
             return expected, None, f"{type(e).__name__}: {e}"
         finally:
             self.fetch_started = 0.0
+
+
+def _base_from_remote(cfg, log, answered) -> bool:
+    """basecopy.stage_from_remote, imported only in the staging thread: it reads checkpoints (numpy), which the
+    supervisor never imports before staging (tests/test_import_budget.py)."""
+    from minilmd.daemon.jobs import basecopy
+
+    return basecopy.stage_from_remote(cfg, log, answered)
