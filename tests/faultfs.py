@@ -87,9 +87,10 @@ def check_rule(rule: dict) -> None:
 def read_hits(control_path: str | os.PathLike) -> list[dict]:
     """Every fault fired so far: [{"id", "op", "path", "action", "time"}], oldest first."""
     try:
-        lines = Path(str(control_path) + ".hits").read_text().splitlines()
+        text = Path(str(control_path) + ".hits").read_text()
     except FileNotFoundError:
         return []
+    lines = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]  # a line being appended: not yet
     return [json.loads(line) for line in lines if line.strip()]
 
 

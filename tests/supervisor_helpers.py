@@ -94,9 +94,11 @@ def state(run_dir: Path) -> dict:
 
 def events(run_dir: Path) -> list[dict]:
     try:
-        return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        text = (run_dir / "events.jsonl").read_text()
     except FileNotFoundError:
         return []
+    lines = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]  # a line being appended: not yet
+    return [json.loads(line) for line in lines]
 
 
 def transitions(run_dir: Path) -> list[str]:

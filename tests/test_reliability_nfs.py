@@ -64,8 +64,10 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
         faultfs.add_rule("*", "remote*", "error", errno=errno.EIO)
         faultfs.remove(stall)
         wait_for(lambda: state(cfg.run_dir).get("sync", {}).get("state") == "failed", 60, "the sync shown failed")
-        text = status_text(cfg.run_dir)
-        assert "sync: failed" in text and "Input/output error" in text, text
+        # each retry shows "running" for up to a second (state.json is written once a second): wait for "failed"
+        text = wait_for(lambda: next((t for t in [status_text(cfg.run_dir)] if "sync: failed" in t), None), 60,
+                        "status to show the sync failed")
+        assert "Input/output error" in text, text
         step_at_failure = step_of_state(cfg.run_dir)
         wait_for(lambda: step_of_state(cfg.run_dir) >= step_at_failure + 10, 60, "training going on under EIO")
         assert sup.poll() is None and state(cfg.run_dir)["restarts"] == []

@@ -62,15 +62,17 @@ def test_supervisor_killed_while_staging_training_and_syncing_finishes_identical
         kill(procs[-1], faultfs, stall)
         assert list(cfg.scratch_dir.glob(".tmp-corpus-*")), "expected a half-done staging copy"
 
-        # 2. while training, at a random step
-        procs.append(start_supervisor(config, out, **env))
+        # 2. while training, at a random step. The trainers this kill and the next leave behind as orphans step
+        # slowly: the next supervisor must find them before they finish, also on a loaded machine
+        orphaned = {**env, "FAKE_STEP_S": "0.2"}
+        procs.append(start_supervisor(config, out, **orphaned))
         target = rng.randint(12, 40)
         wait_for(lambda: step_of_state(cfg.run_dir) >= target, 60, f"training to step {target}")
         orphan = state(cfg.run_dir)["child"]["pid"]
         kill(procs[-1])
 
         # 3. while syncing: the copy of the weights to the remote hangs
-        procs.append(start_supervisor(config, out, **env))
+        procs.append(start_supervisor(config, out, **orphaned))
         wait_for(lambda: any(e == [orphan] for e in orphan_pids(cfg.run_dir)), 60, "the orphan to be found")
         stall = faultfs.stall("remote/.tmp-step-*/model.safetensors", 600, op="write")
         wait_for(lambda: faultfs.hits("stall", "write"), 60, "a sync to reach the remote")
