@@ -77,7 +77,36 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     assert expected[damage] in problems[0], problems
 
 
-def test_an_interrupted_base_copy_of_this_host_is_cleaned_by_the_next_sync():
+def test_a_remote_copy_of_another_base_is_never_replaced(tmp_path, undisturbed):
+    """The remote's `init` may be the only copy of the base older checkpoints were trained on: a staged base of
+    other weights (init.from edited, a predecessor re-run) is not pushed over it."""
+    staged, record = _staged_base(tmp_path, undisturbed().checkpoint)
+    remote = Remote(str(tmp_path / "remote"))
+    basecopy.push(remote, staged, "h", 1)
+    theirs = tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_RECORD
+    theirs.write_text(json.dumps({**record, "manifest_sha256": "0" * 64}))  # the record of another base
+    before = theirs.read_bytes()
+    assert basecopy.push(remote, staged, "h", 1) == 0 and theirs.read_bytes() == before
+
+
+def test_a_base_copy_that_fails_never_holds_the_checkpoints_sync_up(tmp_path, undisturbed):
+    """`<remote>/init` that cannot be written (here a file where its directory goes; a quota the base exceeds is
+    the same): on main every sync failed with it, so a finished run never got its last checkpoint synced."""
+    from minilmd.daemon.jobs.sync import Syncer
+
+    trained = undisturbed().checkpoint
+    staged, _ = _staged_base(tmp_path, trained)
+    local = tmp_path / "scratch" / "checkpoints"
+    shutil.copytree(trained, local / trained.name)
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote" / basecopy.REMOTE_BASE).write_text("not a directory")
+    said: list[str] = []
+    Syncer(local, str(tmp_path / "remote"), keep=2, log=said.append, base=staged).sync_newest()
+    assert checkpoint_dirs.read_latest(tmp_path / "remote") == trained.name
+    assert any("the LoRA base not copied" in m for m in said), said
+
+
+def test_a_base_copys_temporary_name_names_its_host_and_pid():
     assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "h", 123), "h") == 123
     assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "other", 123), "h") is None
 

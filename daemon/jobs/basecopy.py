@@ -62,10 +62,23 @@ def on_remote(remote: Remote, staged: Path) -> bool:
                for rel in _local_files(staged))
 
 
+def _holds_another(remote: Remote, staged: Path) -> bool:
+    """The remote's `init` has a record, and not this staged base's (a record that cannot be read counts too)."""
+    try:
+        return remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES) != \
+            (staged / INIT_RECORD).read_bytes()
+    except FileNotFoundError:
+        return False
+    except Unreadable as e:
+        return not e.missing
+
+
 def push(remote: Remote, staged: Path, host: str, pid: int) -> int:
-    """Copy the staged base to `<remote>/init` unless it is there already; the bytes copied (0: it was there).
-    OSError or BaseCopyError for the sync to retry; a half copy is never left behind."""
-    if on_remote(remote, staged):
+    """Copy the staged base to `<remote>/init` unless it is there already; the bytes copied (0: it was there, or
+    the remote holds the copy of another base, which is never replaced: it may be the only copy of the weights
+    older checkpoints were trained on). OSError or BaseCopyError for the sync to retry; a half copy is never left
+    behind."""
+    if on_remote(remote, staged) or _holds_another(remote, staged):
         return 0
     rels = _local_files(staged)
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE

@@ -217,10 +217,17 @@ class Syncer:
         return nbytes
 
     def _sync_base(self) -> None:
-        """The LoRA base beside the checkpoints, before the first of them: they cannot resume without it."""
+        """The LoRA base beside the checkpoints, before the first of them: they cannot resume without it. A copy
+        that fails (a quota the base exceeds, a remote `init` that cannot be replaced) is logged and tried again at
+        the next sync, never a failed sync: the checkpoints go on being synced as without it."""
         if self.base is None or not (self.base / basecopy.INIT_RECORD).is_file():
             return
-        nbytes = basecopy.push(self.remote, self.base, _host(), os.getpid())
+        try:
+            nbytes = basecopy.push(self.remote, self.base, _host(), os.getpid())
+        except Exception as e:  # noqa: BLE001 - an OSError, a backend error, BaseCopyError: all "try again later"
+            self.log(f"sync: the LoRA base not copied to {self.remote.show(basecopy.REMOTE_BASE)} "
+                     f"({type(e).__name__}: {e}); the checkpoints are synced without it, retried at the next sync")
+            return
         if nbytes:
             self.log(f"sync: the LoRA base copied to {self.remote.show(basecopy.REMOTE_BASE)} and verified "
                      f"({nbytes / 1e6:,.1f} MB)")
