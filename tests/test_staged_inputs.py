@@ -40,6 +40,20 @@ def _files_under(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
 
 
+def _kill_a_supervisor_after_its_first_checkpoint(config: Path, cfg, out: Path) -> None:
+    """A supervisor SIGKILLed past its first checkpoint, its trainers too (systemd's restart comes next)."""
+    first = start_supervisor(config, out, FAKE_STEP_S="0.05")
+    try:
+        wait_for(lambda: step_of_state(cfg.run_dir) >= 12, 60, "a first checkpoint")
+        first.kill()
+        first.wait()
+        for pid in [p for pids in trainers_of(cfg.run_dir).values() for p in pids]:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        if first.poll() is None:
+            first.kill()
+
+
 # --- the staging itself -------------------------------------------------------------------------------------------
 def test_the_probe_stages_its_val_split_only_reuses_a_good_copy_and_recopies_a_damaged_one(tmp_path, corpus):
     source = shutil.copytree(corpus[0], tmp_path / "share" / "probe")
@@ -187,16 +201,7 @@ def test_a_supervisor_restarted_while_the_share_is_gone_resumes_from_scratch_alo
     config = write_config(tmp_path, corpus, remote=False, init={"from": str(base)}, eval={"probe": str(probe)},
                           lora={"rank": 4, "alpha": 8.0})
     cfg = load_config(config)
-    first = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
-    try:
-        wait_for(lambda: step_of_state(cfg.run_dir) >= 12, 60, "a first checkpoint")
-        first.kill()
-        first.wait()
-        for pid in [p for pids in trainers_of(cfg.run_dir).values() for p in pids]:
-            os.kill(pid, signal.SIGKILL)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    _kill_a_supervisor_after_its_first_checkpoint(config, cfg, tmp_path / "first.out")
     os.rename(share, tmp_path / "share.gone")
     assert run_supervisor(config, tmp_path, FAKE_STEP_S="0.05") == 0, (tmp_path / "supervisor.out").read_text()
     text = (tmp_path / "supervisor.out").read_text()
@@ -458,16 +463,7 @@ def test_a_supervisor_restarted_while_the_corpus_share_is_gone_trains_from_its_s
     share = shutil.copytree(corpus[0], tmp_path / "share" / "corpus")
     config = write_config(tmp_path, (share, corpus[1]), remote=False)
     cfg = load_config(config)
-    first = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
-    try:
-        wait_for(lambda: step_of_state(cfg.run_dir) >= 12, 60, "a first checkpoint")
-        first.kill()
-        first.wait()
-        for pid in [p for pids in trainers_of(cfg.run_dir).values() for p in pids]:
-            os.kill(pid, signal.SIGKILL)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    _kill_a_supervisor_after_its_first_checkpoint(config, cfg, tmp_path / "first.out")
     os.rename(tmp_path / "share", tmp_path / "share.gone")
     shown = cli("run", "--check", str(config))
     assert shown.returncode == 0 and "waits: data.prepared" in shown.stdout, shown.stdout + shown.stderr
