@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from minilmd import names
 from minilmd.daemon.states import Phase, StagingState, SyncState
@@ -199,7 +200,7 @@ class RunState(StateJson):
         self.previous_child = child if isinstance(child, dict) else None
         self.adopted = True
 
-    def apply_progress(self, records: list[dict], beat: tuple[float, int | None] | None) -> None:
+    def apply_progress(self, records: list[dict], beat: Heartbeat | None) -> None:
         """Fold the trainer's new metrics.jsonl lines and its heartbeat (`read_heartbeat`) into "progress" and
         "local_checkpoint"."""
         progress = self.progress
@@ -220,9 +221,9 @@ class RunState(StateJson):
                 self.local_checkpoint = LocalCheckpoint(step=rec.get("step"), time=rec.get("time") or now(),
                                                         path=rec.get("path"), blocking_s=rec.get("blocking_s"))
         if beat is not None:
-            progress.heartbeat = beat[0]
-            if beat[1] is not None and (progress.step is None or beat[1] > progress.step):
-                progress.step = beat[1]
+            progress.heartbeat = beat.mtime
+            if beat.step is not None and (progress.step is None or beat.step > progress.step):
+                progress.step = beat.step
 
     def save(self) -> None:
         self.updated = now()
@@ -408,8 +409,19 @@ def _heartbeat(run_dir: Path) -> tuple[float, list[str]] | None:
     return mtime, body.decode(errors="replace").split()
 
 
-def read_heartbeat(run_dir: Path) -> tuple[float, int | None] | None:
-    """(mtime, step) of the trainer's heartbeat, or None if there is none. Its body is "STEP" or "STEP PHASE"."""
+class Heartbeat(NamedTuple):
+    """One reading of the trainer's heartbeat file: its mtime and its body, "STEP" or "STEP PHASE". The supervisor
+    reads it once per tick and judges everything by that one reading: a second read may find the next heartbeat
+    (a compile that has just ended: a fresh step, no phase) and pair its phase with the first one's mtime."""
+
+    mtime: float
+    step: int | None
+    phase: str
+    """"compiling" during the trainer's first torch.compile'd step, "exiting" once training is over, else ""."""
+
+
+def read_heartbeat(run_dir: Path) -> Heartbeat | None:
+    """The trainer's heartbeat, or None if there is none."""
     beat = _heartbeat(Path(run_dir))
     if beat is None:
         return None
@@ -418,10 +430,4 @@ def read_heartbeat(run_dir: Path) -> tuple[float, int | None] | None:
         step = int(body[0]) if body else None
     except ValueError:
         step = None
-    return mtime, step
-
-
-def heartbeat_phase(run_dir: Path) -> str:
-    """The phase the trainer's heartbeat names ("compiling" during its first torch.compile'd step), or ""."""
-    beat = _heartbeat(Path(run_dir))
-    return beat[1][1] if beat is not None and len(beat[1]) > 1 else ""
+    return Heartbeat(mtime, step, body[1] if len(body) > 1 else "")

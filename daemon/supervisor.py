@@ -290,9 +290,9 @@ class Supervisor:
         if child.killed_at is not None:
             trainerwatch.report_unreaped(child, self.events.emit)
             return
-        beat = read_heartbeat(self.run_dir)
+        beat = read_heartbeat(self.run_dir)  # once a tick: the hang watch judges its mtime and phase together
         if self.phase == Phase.STARTING and beat is not None and child.beats(beat):
-            self._go(Phase.TRAINING, f"first heartbeat from attempt {self.attempt} (step {beat[1]})")
+            self._go(Phase.TRAINING, f"first heartbeat from attempt {self.attempt} (step {beat.step})")
         child.track_cgroup()
         trainerwatch.kill_if_hung(self.cfg, child, beat, self.events.emit)  # the next ticks poll for its end
 

@@ -3,14 +3,18 @@ first torch.compile'd step), it is hung only after restart.compile_timeout; a re
 compiles for longer than hang_timeout is not killed, and one that overstays compile_timeout is."""
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from minilmd.config import load_config
+from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child import trainerwatch
-from minilmd.daemon.runstate import heartbeat_phase, read_heartbeat
+from minilmd.daemon.runstate import read_heartbeat
 from minilmd.names import HEARTBEAT
 from minilmd.protocol import SUPERVISOR_GAVE_UP
 from supervisor_helpers import events, run_supervisor, state, write_config
@@ -32,13 +36,13 @@ def test_a_compiling_heartbeat_of_this_attempt_gets_compile_timeout(tmp_path, co
     cfg.run_dir.mkdir(parents=True)
     hb = cfg.run_dir / HEARTBEAT
     hb.write_text("12 compiling\n")
-    assert read_heartbeat(cfg.run_dir)[1] == 12 and heartbeat_phase(cfg.run_dir) == "compiling"
+    assert read_heartbeat(cfg.run_dir)[1:] == (12, "compiling")
     ours = FakeChild(started=time.time())
     assert trainerwatch.hang_limit(cfg, ours, read_heartbeat(cfg.run_dir)) == 1200.0
     earlier = FakeChild(started=time.time() + 3600)  # the file is an earlier attempt's: no allowance
     assert trainerwatch.hang_limit(cfg, earlier, read_heartbeat(cfg.run_dir)) == 90.0
     hb.write_text("13\n")
-    assert heartbeat_phase(cfg.run_dir) == "" and read_heartbeat(cfg.run_dir)[1] == 13
+    assert read_heartbeat(cfg.run_dir)[1:] == (13, "")
     assert trainerwatch.hang_limit(cfg, ours, read_heartbeat(cfg.run_dir)) == 90.0
     cfg.restart.compile_timeout = "1m"  # shorter than hang_timeout: never less than hang_timeout
     hb.write_text("13 compiling\n")
@@ -65,3 +69,30 @@ def test_a_compile_longer_than_hang_timeout_is_not_a_hang_but_one_past_compile_t
     (hang,) = hangs(cfg.run_dir)
     assert "while compiling (restart.compile_timeout)" in hang["message"]
     assert [e["cause"] for e in events(cfg.run_dir) if e["event"] == "child_exit"] == ["hang"]
+
+
+def test_a_compile_that_ends_between_two_reads_of_the_heartbeat_is_not_a_hang(tmp_path, corpus):
+    """The tick reads the heartbeat once: on main kill_if_hung read it again for its phase, so a trainer whose
+    "compiling" heartbeat (300 s old, within compile_timeout) was replaced by its first step's in between was
+    judged by that old mtime against hang_timeout (90 s), and killed as hung though it had just beaten."""
+    cfg = load_config(write_config(tmp_path, corpus, remote=False,
+                                   restart={"hang_timeout": "90s", "compile_timeout": "20m"}))
+    cfg.run_dir.mkdir(parents=True)
+    child = childmod.launch([sys.executable, "-c", "import time; time.sleep(600)"], cfg.run_dir, 1, "")
+    try:
+        child.started -= 600  # launched ten minutes ago; compiling for the last five
+        hb = cfg.run_dir / HEARTBEAT
+        hb.write_text("12 compiling\n")
+        os.utime(hb, (time.time() - 300, time.time() - 300))
+        beat = read_heartbeat(cfg.run_dir)  # the tick's one reading
+        hb.write_text("13\n")  # the compile ends: the first step's heartbeat, between the tick's reads on main
+        said = []
+        trainerwatch.kill_if_hung(cfg, child, beat, lambda kind, message, **_: said.append(message))
+        assert child.killed_at is None and said == []
+        os.utime(hb, (time.time() - 300, time.time() - 300))  # silent since that step: hung, by one reading too
+        trainerwatch.kill_if_hung(cfg, child, read_heartbeat(cfg.run_dir), lambda kind, message, **_: said.append(
+            message))
+        assert child.killed_at is not None and "no heartbeat for 300s" in said[0], said
+    finally:
+        child.signal_group(signal.SIGKILL)
+        child.popen.wait()

@@ -26,7 +26,7 @@ from pathlib import Path
 from minilmd import names, protocol
 from minilmd.daemon.child import compilecache
 from minilmd.daemon.child.orphans import REAP_S, record_launch
-from minilmd.daemon.runstate import process_start_ticks
+from minilmd.daemon.runstate import Heartbeat, process_start_ticks
 from minilmd.daemon.states import Cause
 from minilmd.fsio import tail_lines
 
@@ -140,11 +140,11 @@ class Child:
             if value is not None:
                 self.cgroup_oom[counter] = value
 
-    def beats(self, beat: tuple[float, int | None] | None) -> bool:
-        """Whether the heartbeat file (`runstate.read_heartbeat`) was written by this attempt."""
+    def beats(self, beat: Heartbeat | None) -> bool:
+        """Whether the heartbeat file (one `runstate.read_heartbeat`) was written by this attempt."""
         return beat is not None and beat[0] >= self.started - 1
 
-    def silence(self, beat: tuple[float, int | None] | None, hang_timeout: float, startup_grace: float) -> str:
+    def silence(self, beat: Heartbeat | None, hang_timeout: float, startup_grace: float) -> str:
         """Why the trainer counts as hung, or "": no heartbeat of its own for hang_timeout; before its first one
         (imports, corpus open and checkpoint load come first) for max(hang_timeout, startup_grace)."""
         own_beat = beat[0] if beat is not None and self.beats(beat) else None

@@ -17,7 +17,7 @@ from minilmd.daemon.child import compilecache, orphans, stackdump
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death
 from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
-from minilmd.daemon.runstate import heartbeat_phase, now, read_heartbeat
+from minilmd.daemon.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.states import Cause
 
 STARTUP_GRACE_S = 60.0
@@ -61,29 +61,31 @@ PHASE_ALLOWANCES = {names.HEARTBEAT_COMPILING: "compile_timeout", names.HEARTBEA
 """The heartbeat phases that allow more silence than restart.hang_timeout, and the restart key that says how much."""
 
 
-def _allowance(cfg: RunConfig, child: Child, beat) -> tuple[str, str] | None:
-    """(phase, restart key) when this attempt's own heartbeat names a phase with an allowance of its own."""
-    phase = heartbeat_phase(cfg.run_dir) if child.beats(beat) else ""
+def _allowance(child: Child, beat: Heartbeat | None) -> tuple[str, str] | None:
+    """(phase, restart key) when this attempt's own heartbeat names a phase with an allowance of its own. The phase
+    is the tick's one reading's (`beat`), never read again: the file may hold the next heartbeat by now."""
+    phase = beat.phase if beat is not None and child.beats(beat) else ""
     return (phase, PHASE_ALLOWANCES[phase]) if phase in PHASE_ALLOWANCES else None
 
 
-def hang_limit(cfg: RunConfig, child: Child, beat) -> float:
+def hang_limit(cfg: RunConfig, child: Child, beat: Heartbeat | None) -> float:
     """Seconds of silence that make this trainer hung: restart.hang_timeout, or (if longer) restart.compile_timeout
     while its own heartbeat says it is compiling (a cold torch.compile of the first step takes minutes) and
     restart.exit_timeout once it says it is exiting (training is over; a torchrun group's teardown can be slow)."""
     limit = parse_duration(cfg.restart.hang_timeout)
-    if (allowed := _allowance(cfg, child, beat)) is not None:
+    if (allowed := _allowance(child, beat)) is not None:
         limit = max(limit, parse_duration(getattr(cfg.restart, allowed[1])))
     return limit
 
 
-def kill_if_hung(cfg: RunConfig, child: Child, beat, emit) -> None:
-    """A trainer silent too long: dump its stack into its log, then SIGKILL (the next ticks poll for its end)."""
+def kill_if_hung(cfg: RunConfig, child: Child, beat: Heartbeat | None, emit) -> None:
+    """A trainer silent too long: dump its stack into its log, then SIGKILL (the next ticks poll for its end).
+    `beat` is the tick's one reading of the heartbeat: its mtime and its phase judged together."""
     limit = hang_limit(cfg, child, beat)
     detail = child.silence(beat, limit, STARTUP_GRACE_S)
     if not detail:
         return
-    if limit > parse_duration(cfg.restart.hang_timeout) and (allowed := _allowance(cfg, child, beat)) is not None:
+    if limit > parse_duration(cfg.restart.hang_timeout) and (allowed := _allowance(child, beat)) is not None:
         detail += f" while {allowed[0]} (restart.{allowed[1]})"
     emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
     dumped = stackdump.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command)
@@ -108,11 +110,10 @@ def finished_before_end(cfg: RunConfig, child: Child, state, emit) -> bool:
     that once training is over and its final checkpoint is saved, before the teardown) and the checkpoint of that
     step is in scratch or on the remote (state.json's remote_checkpoint). Then a kill in a slow teardown, or any
     other end, is the run's finish: a restart would start at the final step and save nothing new."""
-    beat = read_heartbeat(cfg.run_dir)
-    if not child.beats(beat) or heartbeat_phase(cfg.run_dir) != names.HEARTBEAT_EXITING:
+    beat = read_heartbeat(cfg.run_dir)  # once: its phase and its step from the same heartbeat
+    if beat is None or not child.beats(beat) or beat.phase != names.HEARTBEAT_EXITING:
         return False
-    assert beat is not None  # child.beats() says it is there
-    step = beat[1]
+    step = beat.step
     remote = state.remote_checkpoint.step if state.remote_checkpoint is not None else None
     if step is None or (step not in local_checkpoint_steps(cfg.checkpoint_dir) and remote != step):
         return False
