@@ -116,18 +116,19 @@ def bounded_probe(fn, *args) -> tuple[bool, Any, str]:
 
 
 def _corpus_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
-    """_check_prepared_dir on shared storage. A corpus that is not there at all is a typo at a first launch, but
-    its share gone (an NFS outage, a mount not back yet after a reboot) at the restart of a run that has started
-    before (its state.json is there): with `waits`, no problem but a line there, since staging trains from the
-    verified copy in scratch or waits for the share (daemon/jobs/staging.py), as at any other restart."""
+    """_check_prepared_dir on shared storage. A corpus that is not there at all, or an empty directory, is a typo
+    at a first launch, but its share gone or not mounted (an NFS outage, a mount not back yet after a reboot) at
+    the restart of a run that has started before (its state.json is there): with `waits`, no problem but a line
+    there, since staging trains from the verified copy in scratch or waits for the share (daemon/jobs/staging.py),
+    as at any other restart."""
     answered, found, _ = bounded_probe(_check_prepared_dir, cfg)
     if not answered:
         return []
-    problems, gone = found
-    if gone and waits is not None and _has_started(cfg):
-        waits.append(f"data.prepared = {cfg.data.prepared!r} is not there now (its share gone?): this run has "
-                     f"started before, so it trains from the verified copy in scratch, or waits for the share "
-                     f"(`minilmd status`: \"corpus source unreachable since ..., retrying\")")
+    problems, absent = found
+    if absent and waits is not None and _has_started(cfg):
+        waits.append(f"data.prepared = {cfg.data.prepared!r} {absent}: this run has started before, so it trains "
+                     f"from the verified copy in scratch, or waits for the share (`minilmd status`: \"corpus "
+                     f"source unreachable since ..., retrying\")")
         return []
     return problems
 
@@ -140,17 +141,23 @@ def _has_started(cfg: RunConfig) -> bool:
         return False
 
 
-def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], bool]:
-    """(What is wrong with the corpus, whether it is not there at all.) The corpus is a prepared one, and what the
-    trainer would refuse in it after staging is said now: a vocabulary other than model.vocab_size (a config error:
-    the config does not match the data), an empty val split. (Ids beyond its own vocabulary are the corpus's fault,
-    a data error, found when the trainer opens it.)"""
+def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
+    """(What is wrong with the corpus, how it is absent: "" when it is there.) The corpus is a prepared one, and
+    what the trainer would refuse in it after staging is said now: a vocabulary other than model.vocab_size (a
+    config error: the config does not match the data), an empty val split. (Ids beyond its own vocabulary are the
+    corpus's fault, a data error, found when the trainer opens it.) Absent: not there at all (its share gone), or an
+    empty directory (a mount point whose share is not mounted reads as its empty stub); a directory holding other
+    files but no meta.json is there, and not a prepared corpus."""
     prepared = cfg.data.prepared
     if not Path(prepared).is_dir():
+        gone = not os.path.lexists(prepared)
         return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"], \
-            not os.path.lexists(prepared)
+            "is not there now (its share gone?)" if gone else ""
     if not (Path(prepared) / CORPUS_META).is_file():
-        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], False
+        if not os.listdir(prepared):
+            return [f"data.prepared = {prepared!r}: an empty directory (its share not mounted?); run `minilmd "
+                    f"prepare` first"], "is an empty directory now (its share not mounted?)"
+        return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], ""
     meta = read_corpus_meta(prepared) or {}
     p = []
     vocab = meta.get("vocab_size")
@@ -164,7 +171,7 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], bool]:
         p.append(f"data.prepared = {prepared!r}: its val split is empty ({val_docs} documents, {val_tokens} tokens), "
                  f"so there is no validation loss: prepare it again with a larger --val-fraction"
                  + (f" (it was {fraction})" if fraction is not None else ""))
-    return p, False
+    return p, ""
 
 
 def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:

@@ -456,15 +456,22 @@ def test_a_source_file_that_grows_while_copied_whole_is_unreachable_not_copied_w
 
 
 @pytest.mark.slow
-def test_a_supervisor_restarted_while_the_corpus_share_is_gone_trains_from_its_staged_copy(tmp_path, corpus):
+@pytest.mark.parametrize("outage", ["gone", "unmounted"])
+def test_a_supervisor_restarted_while_the_corpus_share_is_gone_trains_from_its_staged_copy(tmp_path, corpus, outage):
     """systemd restarts a killed supervisor while the corpus's share is gone: on main the launch check refused it
     ("data.prepared ...: no such directory", exit 2, final) though staging trains from the verified copy in
-    scratch. A first launch with no such corpus stays a config error."""
+    scratch. The same when the corpus directory is a mount point and its share is not mounted: an empty directory
+    (on main "no meta.json there", exit 2, and staging's "no meta.json", 65). A first launch with no such corpus
+    stays a config error, and so does a directory holding other files but no meta.json."""
     share = shutil.copytree(corpus[0], tmp_path / "share" / "corpus")
     config = write_config(tmp_path, (share, corpus[1]), remote=False)
     cfg = load_config(config)
     _kill_a_supervisor_after_its_first_checkpoint(config, cfg, tmp_path / "first.out")
-    os.rename(tmp_path / "share", tmp_path / "share.gone")
+    if outage == "gone":
+        os.rename(tmp_path / "share", tmp_path / "share.gone")
+    else:
+        os.rename(share, tmp_path / "share.gone")
+        share.mkdir()  # the mount point's stub
     shown = cli("run", "--check", str(config))
     assert shown.returncode == 0 and "waits: data.prepared" in shown.stdout, shown.stdout + shown.stderr
     assert run_supervisor(config, tmp_path, FAKE_STEP_S="0.05") == 0, (tmp_path / "supervisor.out").read_text()
@@ -472,4 +479,9 @@ def test_a_supervisor_restarted_while_the_corpus_share_is_gone_trains_from_its_s
 
     fresh = write_config(tmp_path, (share, corpus[1]), name="fresh", remote=False)
     refused = cli("run", "--check", str(fresh))
-    assert refused.returncode == 2 and "no such directory" in refused.stderr, refused.stdout + refused.stderr
+    said = "no such directory" if outage == "gone" else "an empty directory"
+    assert refused.returncode == 2 and said in refused.stderr, refused.stdout + refused.stderr
+    if outage == "unmounted":
+        (share / "notes.txt").write_text("not a corpus")
+        refused = cli("run", "--check", str(config))
+        assert refused.returncode == 2 and "no meta.json there" in refused.stderr, refused.stdout + refused.stderr

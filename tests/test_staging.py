@@ -200,6 +200,23 @@ def test_a_source_gone_is_unreachable_and_a_verified_staged_copy_is_trained_from
     assert not (tmp_path / "empty-shm" / "corpus").exists()
 
 
+def test_an_empty_source_directory_is_an_unmounted_share_and_one_with_other_files_is_no_corpus(source, tmp_path):
+    """A corpus directory that is a mount point reads as an empty directory while its share is not mounted: on main
+    that was "no meta.json", a final data error (65), though scratch held a verified copy. A directory holding
+    other files and no meta.json stays what it is, not a prepared corpus (final)."""
+    staged = stage(str(source), tmp_path / "shm")
+    os.rename(source, source.with_name("mounted-elsewhere"))
+    source.mkdir()  # the mount point's stub
+    logs: list[str] = []
+    assert stage(str(source), tmp_path / "shm", log=logs.append) == staged
+    assert any("empty directory" in m and "training from its verified copy" in m for m in logs), logs
+    with pytest.raises(SourceUnreachable, match="empty directory"):
+        stage(str(source), tmp_path / "empty-shm")  # nothing staged yet: waited for
+    (source / "notes.txt").write_text("not a corpus")
+    with pytest.raises(SourceInvalid, match="no meta.json"):
+        stage(str(source), tmp_path / "empty-shm")
+
+
 def test_memory_url_source(tmp_path, tokenizer_json):
     fs = fsspec.filesystem("memory")
     for rel, data in corpus_files(tokenizer_json, seed=4).items():
@@ -271,6 +288,7 @@ def test_fit_arithmetic_for_a_ram_disk():
 def test_sources_that_are_not_prepared_corpora_are_refused(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
+    (empty / "notes.txt").write_text("not a corpus")  # (an empty directory is a share not mounted: waited for)
     with pytest.raises(SourceInvalid, match="no meta.json"):
         stage(str(empty), tmp_path / "shm")
     (empty / "meta.json").write_text(json.dumps({"format": "something-else", "files": {}}))

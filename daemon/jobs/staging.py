@@ -9,9 +9,10 @@ is to train from a copy in RAM (or on local disk). Rules:
   checks that the corpus, the staged probe val split and init.from copy AND the checkpoints kept between two
   syncs fit;
 - copy each file to a temporary name, hashing while copying; retry a failed or short copy with backoff;
-- a source that cannot be read (its meta.json, or a file after the retries: EIO, ESTALE, the share gone) raises
-  SourceUnreachable, waited for by the supervisor, unless a verified staged copy is there to train from; a source
-  that is read and wrong (a directory without meta.json, a file that stays short) is SourceInvalid or StagingError;
+- a source that cannot be read (its meta.json, or a file after the retries: EIO, ESTALE, the share gone, an empty
+  directory: a mount point whose share is not mounted) raises SourceUnreachable, waited for by the supervisor,
+  unless a verified staged copy is there to train from; a source that is read and wrong (a directory of other files
+  without meta.json, a file that stays short) is SourceInvalid or StagingError;
 - the final name `<scratch>/corpus` only ever holds a copy whose sizes and sha256 matched `meta.json` and whose
   invariants `minilmd.corpus.format.verify_prepared` accepted (the whole directory is published by a rename at the end);
 - an existing staged copy is reused only after verification; after a SIGBUS the supervisor calls
@@ -139,22 +140,18 @@ def _open_source(source: str):
 
 
 def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
-    """The source's meta.json, raw and parsed. Missing while its directory is there: SourceInvalid (not a prepared
-    corpus); missing with its directory (a share gone), or an I/O error: SourceUnreachable."""
-    missing = f"{source}: no meta.json (run `minilmd prepare` first)"
+    """The source's meta.json, raw and parsed. Missing: see `_meta_missing`; an I/O error: SourceUnreachable."""
     try:  # a local source's meta.json as untrusted (minilmd/untrusted.py): never a FIFO or /dev/zero read whole
         path = f"{root}/{META}"
         raw = read_bytes(path, max_bytes=MAX_META_BYTES) if is_local_fs(fs) else fs.cat_file(path)
     except Unreadable as e:  # as cat_file's errors below, but a FIFO, a link, a directory, too big: final
         if e.os_error is not None:
             raise SourceUnreachable(f"{source}/{META}: cannot be read ({e.os_error})") from e.os_error
-        if e.missing and not _is_dir(fs, root):
-            raise SourceUnreachable(f"{source}: not there (its share gone?)") from None
-        raise SourceInvalid(missing if e.missing else f"{source}/{META}: {e.why}") from None
+        if e.missing:
+            raise _meta_missing(fs, root, source) from None
+        raise SourceInvalid(f"{source}/{META}: {e.why}") from None
     except FileNotFoundError:
-        if not _is_dir(fs, root):
-            raise SourceUnreachable(f"{source}: not there (its share gone?)") from None
-        raise SourceInvalid(missing) from None
+        raise _meta_missing(fs, root, source) from None
     except OSError as e:
         raise SourceUnreachable(f"{source}/{META}: cannot be read ({e})") from e
     try:
@@ -169,6 +166,21 @@ def _is_dir(fs, root: str) -> bool:
         return bool(fs.isdir(root))
     except OSError:
         return False
+
+
+def _meta_missing(fs, root: str, source: str) -> StagingError:
+    """What a source without meta.json is. No directory (its share gone), or an empty one (a mount point whose share
+    is not mounted reads as its empty stub; or a listing that fails): SourceUnreachable, waited for. A directory
+    holding other files: SourceInvalid, not a prepared corpus (final)."""
+    if not _is_dir(fs, root):
+        return SourceUnreachable(f"{source}: not there (its share gone?)")
+    try:
+        empty = not fs.ls(root, detail=False)
+    except OSError:
+        empty = True
+    if empty:
+        return SourceUnreachable(f"{source}: an empty directory (its share not mounted?)")
+    return SourceInvalid(f"{source}: no meta.json (run `minilmd prepare` first)")
 
 
 class _SourceReadError(OSError):
