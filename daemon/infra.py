@@ -30,10 +30,10 @@ class Infra:
 
         return gpu.open_nvml_or_reason()
 
-    def stage(self, cfg: RunConfig, progress, log) -> Path:
+    def stage(self, cfg: RunConfig, progress, log, from_copy=lambda why: None) -> Path:
         from minilmd.daemon.jobs import staging
 
-        return staging.stage(cfg.data.prepared, cfg.scratch_dir, progress=progress, log=log)
+        return staging.stage(cfg.data.prepared, cfg.scratch_dir, progress=progress, log=log, from_copy=from_copy)
 
     def final_staging_status(self, error: BaseException) -> int | None:
         """The supervisor's exit status when retrying cannot help: the source is not a usable prepared corpus (65),

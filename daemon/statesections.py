@@ -257,7 +257,7 @@ class StagingStall(Section):
 
 @dataclass
 class Staging(Section):
-    OMIT_WHEN_NONE = ("finished", "unreachable", "unreachable_since", "waiting", "stalled")
+    OMIT_WHEN_NONE = ("finished", "unreachable", "unreachable_since", "waiting", "stalled", "from_copy")
 
     state: str = "not_started"
     """Staging's state (StagingState)."""
@@ -282,6 +282,10 @@ class Staging(Section):
     stalled: StagingStall | None = None
     """A source staging reads whose reads block (a stalled mount: no error, no answer) for longer than
     SYNC_STALLED_AFTER_S (daemon/jobs/stagingworker.py); None while its reads return."""
+    from_copy: str | None = None
+    """Why the latest staging trained from the verified copy already in scratch instead of its source: the source
+    could not be read (its share gone or not mounted, EIO); None when it staged from the source. That copy may be
+    the only one within reach, so a final failure keeps it (minilmd/scratch.py `release_inputs`)."""
 
     def to_dict(self) -> dict:
         out = super().to_dict()

@@ -492,13 +492,17 @@ class Supervisor:
         self.notifier.stopping()
         lock.release()
 
-
     def _release_inputs(self) -> None:
-        """A final failure gives the staged corpus back to the machine (scratch.release_inputs). Not in a Slurm job
-        (its scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
+        """A final failure gives the staged corpus back to the machine (scratch.release_inputs), unless the last
+        staging trained from it because its source could not be read (Staging.from_copy): then it stays, the only
+        copy within reach. Not in a Slurm job (its scratch is the job's, removed with it) nor while the staging
+        thread may still be writing there."""
         if self.slurm or self.staging.running:
             return
-        done = scratch.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR), self.cfg.run)
+        why = self.state.staging.from_copy
+        keep = {names.STAGED_CORPUS: f"the last staging trained from it, its source could not be read ({why}): it "
+                                     f"may be the only copy within reach"} if why else None
+        done = scratch.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR), self.cfg.run, keep)
         if done:
             self.events.emit("scratch", done)
 

@@ -392,41 +392,46 @@ def tree_bytes(path: Path) -> int:
     return total
 
 
-def release_inputs(scratch: Path, names: tuple[str, ...], run) -> str | None:
+def release_inputs(scratch: Path, names: tuple[str, ...], run, keep: dict[str, str] | None = None) -> str | None:
     """The end of a run that failed for good (a final exit: nothing restarts it until its user does): remove the
     staged copies `names` (the corpus, the probe's val split: copies of prepared corpora that stay on their shares)
     from scratch, so that a dead run does not hold /dev/shm's RAM from the machine's other users for days. The
     checkpoints stay (the newest may not be synced), and so does a LoRA base (without a remote, its staged copy may
-    be the only one of the weights its adapters were trained on). Nothing with `run.keep_scratch`. Returns what was
-    done, None when there was nothing to remove."""
+    be the only one of the weights its adapters were trained on), and each of `names` that `keep` names, with why
+    (the corpus the last staging trained from because its share could not be read: the only copy within reach, and
+    the next start would have to wait for the share). Nothing with `run.keep_scratch`. Returns what was done, None
+    when there was nothing to remove or keep."""
     if run.keep_scratch or _lstat(scratch) is None:
         return None
     try:
         ensure_held(scratch)
     except (ScratchChanged, ScratchRefused) as e:
         return f"left {scratch} alone: {'; '.join(e.problems)}"
-    removed, size, problems = [], 0, []
+    removed, size, notes = [], 0, []
     for name in names:
         path = scratch / name
         st = _lstat(path)
         if st is None:
             continue
+        if keep and name in keep:
+            notes.append(f"kept the staged {name} in {scratch}: {keep[name]}")
+            continue
         if not stat.S_ISDIR(st.st_mode):  # only what staging makes there, a directory; never a link followed
-            problems.append(f"{path} is not a directory: left alone")
+            notes.append(f"{path} is not a directory: left alone")
             continue
         held = tree_bytes(path)
         try:
             shutil.rmtree(path)
         except OSError as e:
-            problems.append(f"{path} could not be removed: {e}")
+            notes.append(f"{path} could not be removed: {e}")
             continue
         removed.append(name)
         size += held
-    if not removed and not problems:
+    if not removed and not notes:
         return None
     said = [f"removed the staged {', '.join(removed)} from {scratch} ({size / 1e6:,.1f} MB freed; the run failed "
             f"for good, its checkpoints stay)"] if removed else []
-    return "; ".join(said + problems)
+    return "; ".join(said + notes)
 
 
 def give_back(scratch: Path, run_dir: Path, run) -> str:

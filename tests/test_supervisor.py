@@ -179,6 +179,29 @@ def test_a_run_that_fails_for_good_gives_its_staged_corpus_back_and_keeps_its_ch
 
 
 @pytest.mark.slow
+def test_a_run_that_fails_for_good_keeps_the_staged_corpus_it_trained_from_while_its_share_was_gone(tmp_path,
+                                                                                                    corpus):
+    """The last staging trained from the verified copy in scratch because the corpus's share was gone; then the run
+    failed for good (79). On main that copy was given back too, the only one within reach, and the next start had
+    to wait for the share; now it stays, and the events say why."""
+    share = shutil.copytree(corpus[0], tmp_path / "share" / "corpus")
+    config = write_config(tmp_path, (share, corpus[1]), remote=False, run={"keep_scratch": False},
+                          train={"max_steps": 20})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path) == 0  # no remote: its scratch stays (the only copy of its checkpoints)
+    os.rename(tmp_path / "share", tmp_path / "share.gone")
+    longer = write_config(tmp_path, (share, corpus[1]), remote=False, run={"keep_scratch": False},
+                          train={"max_steps": 40},
+                          restart={"no_progress_limit": 2, "backoff_initial": "0.05s"})
+    assert run_supervisor(longer, tmp_path, FAKE_OOM_ABOVE_MB="0") == SUPERVISOR_GAVE_UP
+    out = (tmp_path / "supervisor.out").read_text()
+    assert "training from its verified copy" in out, out[-3000:]
+    assert (cfg.scratch_dir / "corpus" / "meta.json").is_file()
+    said = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "scratch"]
+    assert any("kept the staged corpus" in m and "not there (its share gone?)" in m for m in said), said
+
+
+@pytest.mark.slow
 def test_a_remote_checkpoint_of_another_corpus_is_refused_with_the_trainers_status(tmp_path, corpus):
     """The run's config pointed at another corpus after its scratch went: the newest remote checkpoint, fetched at
     staging, was trained on other data. On main staging ended that with 2 where the trainer's own refusal of the

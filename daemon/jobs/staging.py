@@ -285,11 +285,12 @@ def _source_reads(rel: str):
 
 def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[StageProgress], None] | None = None,
           *, retries: int = 3, backoff_s: float = 1.0, memory_headroom_bytes: int | None = None,
-          log: Callable[[str], None] = lambda msg: None) -> Path:
+          log: Callable[[str], None] = lambda msg: None, from_copy: Callable[[str], None] = lambda why: None) -> Path:
     """Stage the prepared corpus at `source` (path or fsspec URL) into `<scratch_dir>/corpus` and return that path.
 
     Reuses a verified existing copy; otherwise copies what is missing or damaged (good files of a damaged copy are
-    kept), verifies, and renames into place. Raises SourceInvalid (final) or StagingError (retry later)."""
+    kept), verifies, and renames into place. Raises SourceInvalid (final) or StagingError (retry later). A source
+    that cannot be read with a verified copy in scratch: that copy is returned, and `from_copy` told why."""
     scratch = Path(scratch_dir)
     final = scratch / STAGED_CORPUS
     fs, root = _open_source(source)
@@ -302,6 +303,7 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
         if verify_staged(final):
             raise
         log(f"staging: the corpus source cannot be read ({e}): training from its verified copy at {final}")
+        from_copy(str(e))
         return final
     files = _listed_files(meta, source)
 

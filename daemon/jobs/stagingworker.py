@@ -255,6 +255,7 @@ class StagingWorker:
             self.worker = Worker("fetch", lambda: (staged, *self._fetch_job(staged)))
             return
         staging.state, staging.since, staging.error, staging.progress = StagingState.RUNNING, now(), None, None
+        staging.from_copy = None  # set by the thread if the source cannot be read and the staged copy is used
         self.emit("staging", f"staging {self.cfg.data.prepared} into {self.cfg.scratch_dir}")
         self.worker = Worker("staging", self._stage_job)
 
@@ -318,7 +319,8 @@ class StagingWorker:
 
         self.reads.reading(f"the corpus source {self.cfg.data.prepared}")
         try:
-            staged = self.infra.stage(self.cfg, progress, self.inbox.put)
+            staged = self.infra.stage(self.cfg, progress, self.inbox.put,
+                                      lambda why: setattr(self.state.staging, "from_copy", why))
         finally:
             self.reads.reading("")  # the fetch has its own stall report ("remote unavailable")
         return (staged, *self._fetch_job(staged))
