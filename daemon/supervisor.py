@@ -494,14 +494,17 @@ class Supervisor:
 
     def _release_inputs(self) -> None:
         """A final failure gives the staged corpus back to the machine (scratch.release_inputs), unless the last
-        staging trained from it because its source could not be read (Staging.from_copy): then it stays, the only
-        copy within reach. Not in a Slurm job (its scratch is the job's, removed with it) nor while the staging
-        thread may still be writing there."""
+        staging trained from it because its source could not be read (Staging.from_copy), or its source cannot be
+        reached now (its share gone since): then it stays, the only copy within reach. Not in a Slurm job (its
+        scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
         if self.slurm or self.staging.running:
             return
+        from minilmd.probes import corpus_out_of_reach
+
         why = self.state.staging.from_copy
-        keep = {names.STAGED_CORPUS: f"the last staging trained from it, its source could not be read ({why}): it "
-                                     f"may be the only copy within reach"} if why else None
+        why = f"the last staging trained from it, its source could not be read ({why})" if why else \
+            (f"its source data.prepared {absent}" if (absent := corpus_out_of_reach(self.cfg)) else "")
+        keep = {names.STAGED_CORPUS: f"{why}: it may be the only copy within reach"} if why else None
         done = scratch.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR), self.cfg.run, keep)
         if done:
             self.events.emit("scratch", done)

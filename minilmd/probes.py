@@ -133,6 +133,16 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     return problems
 
 
+def corpus_out_of_reach(cfg: RunConfig) -> str:
+    """How the run's corpus source cannot be reached now ("is not there now ...", "is an empty directory now ...",
+    "did not answer ..."), "" when it can, or when it is a URL (not probed here). Asked before a final failure
+    gives the staged copy back (daemon/supervisor.py): with its share gone, that copy is the only one within reach."""
+    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+        return ""
+    answered, found, why = bounded_probe(_check_prepared_dir, cfg)
+    return found[1] if answered else why
+
+
 def _has_started(cfg: RunConfig) -> bool:
     """A supervisor has run this run before: its state.json is a regular file in run.dir (not a link)."""
     try:

@@ -177,6 +177,8 @@ def main(argv: list[str]) -> int:
     oom_above = os.environ.get("FAKE_OOM_ABOVE_MB")
     mb, accum = cfg.train.micro_batch_size, cfg.train.grad_accum
     print(f"fake trainer pid {os.getpid()}: micro_batch_size {mb}, grad_accum {accum}", flush=True)
+    if (share := os.environ.get("FAKE_SHARE_GOES")) and os.path.isdir(share):  # its NFS share goes while it trains
+        os.rename(share, f"{share}.gone")
     if oom_above and mb > int(oom_above):
         protocol.write_fault(run_dir, "cuda_oom", f"CUDA out of memory at micro_batch_size {mb}", step=0,
                              micro_batch_size=mb)

@@ -202,6 +202,23 @@ def test_a_run_that_fails_for_good_keeps_the_staged_corpus_it_trained_from_while
 
 
 @pytest.mark.slow
+def test_a_run_that_fails_for_good_after_its_share_went_keeps_the_staged_corpus(tmp_path, corpus):
+    """The last staging read the corpus from its share; the share went while the trainer ran, then the run failed
+    for good (79). The staged copy is the only one within reach now: it stays, and the events say why."""
+    share = shutil.copytree(corpus[0], tmp_path / "share" / "corpus")
+    config = write_config(tmp_path, (share, corpus[1]), remote=False, run={"keep_scratch": False},
+                          train={"max_steps": 40}, restart={"no_progress_limit": 2, "backoff_initial": "0.05s"})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path, FAKE_OOM_ABOVE_MB="0", FAKE_SHARE_GOES=str(tmp_path / "share")) == \
+        SUPERVISOR_GAVE_UP
+    assert not (tmp_path / "share").exists() and (tmp_path / "share.gone").is_dir()
+    assert "training from its verified copy" not in (tmp_path / "supervisor.out").read_text()
+    assert (cfg.scratch_dir / "corpus" / "meta.json").is_file()
+    said = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "scratch"]
+    assert any("kept the staged corpus" in m and "data.prepared is not there now" in m for m in said), said
+
+
+@pytest.mark.slow
 def test_a_remote_checkpoint_of_another_corpus_is_refused_with_the_trainers_status(tmp_path, corpus):
     """The run's config pointed at another corpus after its scratch went: the newest remote checkpoint, fetched at
     staging, was trained on other data. On main staging ended that with 2 where the trainer's own refusal of the
