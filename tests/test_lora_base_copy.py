@@ -13,9 +13,10 @@ import pytest
 
 from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
-from minilmd.daemon.jobs import basecopy, initstage
+from minilmd.daemon.jobs import basecopy, initstage, stagingworker
 from minilmd.daemon.jobs.remote import Remote
-from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD
+from minilmd.daemon.jobs.staging_errors import SourceUnreachable
+from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD, same_source
 from reliability_helpers import trainers_of
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
 
@@ -109,6 +110,53 @@ def test_a_base_copy_that_fails_never_holds_the_checkpoints_sync_up(tmp_path, un
 def test_a_base_copys_temporary_name_names_its_host_and_pid():
     assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "h", 123), "h") == 123
     assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "other", 123), "h") is None
+
+
+def _resumed_lora_run(tmp_path: Path, corpus, undisturbed, remote: str):
+    """A LoRA run whose base is on `remote` and whose checkpoint in scratch records that base, after its init.from
+    changed (the predecessor run again: other weights). -> (cfg, the base's record)"""
+    run = undisturbed()
+    staged, record = _staged_base(tmp_path, run.checkpoint)
+    basecopy.push(Remote(remote), staged, "h", 1)
+    cfg = load_config(write_config(tmp_path, corpus, init={"from": record["from"]}, run={"remote": remote},
+                                   lora={"rank": 4, "alpha": 8.0}))
+    ckpt = cfg.checkpoint_dir / "step-00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / names.MANIFEST).write_text("{}")
+    (ckpt / names.TRAINER_STATE).write_text(json.dumps({"init": record}))
+    shutil.rmtree(record["from"])
+    shutil.copytree(run.checkpoint.parent / "step-00000012", record["from"])
+    return cfg, record
+
+
+def _stage_inputs(cfg, reads=None) -> dict:
+    return initstage.stage_inputs(cfg, reads=reads, base_from_remote=stagingworker._base_from_remote)
+
+
+def _staged_record(sets: dict) -> dict:
+    return json.loads((Path(sets["init.staged"]) / STAGED_RECORD).read_text())
+
+
+def test_a_remote_failing_while_the_base_is_fetched_is_waited_for_never_a_fallback(tmp_path, corpus, undisturbed,
+                                                                                    faultfs):
+    """On main one EIO reading `<remote>/init` fell back to init.from: changed meanwhile, its other base was
+    staged, the trainer refused it (exit 2), and every later start reused it."""
+    cfg, record = _resumed_lora_run(tmp_path, corpus, undisturbed, str(faultfs.root / "remote"))
+    faultfs.fail_reads(f"remote/{basecopy.REMOTE_BASE}/{STAGED_CHECKPOINT}/{names.MODEL_FILE}")
+    with pytest.raises(SourceUnreachable, match=f"{faultfs.root}/remote/init: cannot be read"):
+        _stage_inputs(cfg)
+    assert faultfs.hits("error") and not (cfg.scratch_dir / "init").exists()
+    faultfs.clear()  # the remote answers again: the retry stages the base the checkpoint was trained on
+    assert same_source(record, _staged_record(_stage_inputs(cfg)))
+
+
+def test_a_staged_copy_of_another_base_is_not_reused_for_a_resume(tmp_path, corpus, undisturbed):
+    """What a fallback on main staged (init.from after it changed) is not the base the checkpoint records: the
+    next start fetches that base from the remote instead of reusing the copy the trainer refuses."""
+    cfg, record = _resumed_lora_run(tmp_path, corpus, undisturbed, str(tmp_path / "remote"))
+    other = initstage.stage_init(cfg.init.from_, cfg.scratch_dir)
+    assert not same_source(record, json.loads((other / STAGED_RECORD).read_text()))
+    assert same_source(record, _staged_record(_stage_inputs(cfg)))
 
 
 def _kill_trainers(run_dir: Path) -> None:

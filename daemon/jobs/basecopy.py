@@ -7,7 +7,8 @@ The run then could not finish: a changed base is refused (exit 2), a gone one wa
 copies the staged base once to the remote (the same layout: `source.json` and `checkpoint/` or `weights.pth`;
 files first, read back and hashed, the record last, then renamed into place where the store can rename), and a
 LoRA start with a checkpoint to resume stages the base from there when its record is the one that checkpoint was
-trained on, before it reads init.from again. `export --merge` and `sample` of an adapter whose recorded base is
+trained on, before it reads init.from again (a remote that cannot be read then is waited for: init.from may
+hold other weights by now). `export --merge` and `sample` of an adapter whose recorded base is
 gone read it there too (trainer/model/adapter.py). Torch-free.
 """
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
 from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.staging_errors import SourceUnreachable
+from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, staged_record
 from minilmd.names import MANIFEST, sync_tmp_name
@@ -145,49 +148,32 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
 
 
 # --- what staging asks (daemon/jobs/initstage.py stage_inputs) -------------------------------------------------------
-def stage_from_remote(cfg, log=lambda msg: None, answered=lambda: None) -> bool:
-    """The base a LoRA run's newest local checkpoint was trained on, from `<remote>/init` into `<scratch>/init`,
-    verified; False when there is nothing to resume, no remote, or no usable copy there (logged when there was
-    one): staging reads init.from then, as at the first start."""
+def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads: ReadWatch | None = None) -> bool:
+    """The base a LoRA run's newest local checkpoint was trained on (`trained_on`, initstage.trained_on), from
+    `<remote>/init` into `<scratch>/init`, verified; False when there is nothing to resume, no remote, or no
+    usable copy there (logged when there was one): staging reads init.from then, as at the first start. A remote
+    that cannot be read now raises SourceUnreachable: waited for, never a fallback to init.from, which may hold
+    other weights by now (staged, the trainer would refuse them for good). `reads` is told what is read."""
     remote = _remote_of(cfg)
-    trained_on = _trained_on(cfg) if remote is not None else None
     if remote is None or not trained_on:
         return False
+    reads = reads or ReadWatch()
+    where = remote.show(REMOTE_BASE)
     tmp = fresh_tmp(cfg.scratch_dir, INIT_DIR)
     try:
-        problems = fetch(remote, cfg.init.from_, trained_on, tmp, answered)
+        problems = fetch(remote, cfg.init.from_, trained_on, tmp, reads.answer)
         if problems == []:
             publish_dir(tmp, cfg.scratch_dir / INIT_DIR)
-            log(f"staging: the LoRA base this run trained on fetched from {remote.show(REMOTE_BASE)} and verified "
+            log(f"staging: the LoRA base this run trained on fetched from {where} and verified "
                 f"at {cfg.scratch_dir / INIT_DIR}")
             return True
-    except Exception as e:  # noqa: BLE001 - a remote that fails now: init.from may still be there
-        problems = [f"{type(e).__name__}: {e}"]
+    except Exception as e:  # noqa: BLE001 - an EIO, a stale mount, a store that errors: as a checkpoint fetch
+        raise SourceUnreachable(f"{where}: cannot be read ({type(e).__name__}: {e})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if problems:
         log(f"staging: the LoRA base's copy on the remote is not usable ({problems[0]}): reading init.from")
     return False
-
-
-def _trained_on(cfg) -> dict | None:
-    """The base the newest local checkpoint of a LoRA run was trained on (its trainer_state's init record)."""
-    from minilmd.checkpoint import MAX_JSON_PART
-    from minilmd.checkpoint_dirs import list_checkpoints
-    from minilmd.names import TRAINER_STATE
-    from minilmd.untrusted import read_json
-
-    try:
-        ckpts = list_checkpoints(cfg.checkpoint_dir)
-    except OSError:  # scratch not readable: nothing to resume here (staging says what is wrong with it)
-        return None
-    for ckpt in reversed(ckpts):
-        try:
-            init = read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART).get("init")
-        except (OSError, ValueError):  # Unreadable: an older one may still say
-            continue
-        return init if isinstance(init, dict) else None
-    return None
 
 
 def _remote_of(cfg) -> Remote | None:

@@ -345,9 +345,9 @@ class StagingWorker:
             self.fetch_started = 0.0
 
 
-def _base_from_remote(cfg, log, answered) -> bool:
+def _base_from_remote(cfg, trained_on, log, reads) -> bool:
     """basecopy.stage_from_remote, imported only in the staging thread: it reads checkpoints (numpy), which the
     supervisor never imports before staging (tests/test_import_budget.py)."""
     from minilmd.daemon.jobs import basecopy
 
-    return basecopy.stage_from_remote(cfg, log, answered)
+    return basecopy.stage_from_remote(cfg, trained_on, log, reads)
