@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from minilmd.config import load_config
 from minilmd.daemon.jobs import basecopy, initstage, stagingworker
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
+from minilmd.daemon.worker import ReadWatch
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD, same_source
 from reliability_helpers import trainers_of
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
@@ -157,6 +159,22 @@ def test_a_staged_copy_of_another_base_is_not_reused_for_a_resume(tmp_path, corp
     other = initstage.stage_init(cfg.init.from_, cfg.scratch_dir)
     assert not same_source(record, json.loads((other / STAGED_RECORD).read_text()))
     assert same_source(record, _staged_record(_stage_inputs(cfg)))
+
+
+def test_a_stalled_fetch_of_the_base_names_the_remote_copy_not_init_from(tmp_path, corpus, undisturbed, faultfs):
+    """Status's stall line ("<what> not answering since T") said `init.from ...` while the remote was read."""
+    cfg, _ = _resumed_lora_run(tmp_path, corpus, undisturbed, str(faultfs.root / "remote"))
+    faultfs.stall(f"remote/{basecopy.REMOTE_BASE}/{STAGED_CHECKPOINT}/{names.MODEL_FILE}", 600)
+    reads, done = ReadWatch(), []
+    thread = threading.Thread(target=lambda: done.append(_stage_inputs(cfg, reads)), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: faultfs.hits("stall"), 60, "the fetch of the base stalled")
+        assert reads.what == f"the LoRA base's copy {faultfs.root}/remote/init"
+    finally:
+        faultfs.clear()
+        thread.join(60)
+    assert done and reads.what == ""
 
 
 def _kill_trainers(run_dir: Path) -> None:

@@ -159,6 +159,7 @@ def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads:
         return False
     reads = reads or ReadWatch()
     where = remote.show(REMOTE_BASE)
+    reads.reading(f"the LoRA base's copy {where}")  # what a stall names: this, not init.from, is read now
     tmp = fresh_tmp(cfg.scratch_dir, INIT_DIR)
     try:
         problems = fetch(remote, cfg.init.from_, trained_on, tmp, reads.answer)

@@ -352,7 +352,10 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base
             reads.reading(f"init.from {cfg.init.from_}")
 
             def from_remote() -> bool:
-                return base_from_remote(cfg, base, log, reads)
+                try:
+                    return base_from_remote(cfg, base, log, reads)
+                finally:
+                    reads.reading(f"init.from {cfg.init.from_}")  # read next, when the remote has no copy
 
             sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, cfg.init.checkpoint, log,
                                                  reads.answer, None if base_from_remote is None else from_remote,
