@@ -18,7 +18,7 @@ from minilmd.daemon.jobs import basecopy, initstage, stagingworker
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
-from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD, same_source
+from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, same_source
 from reliability_helpers import trainers_of
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
 
@@ -78,6 +78,50 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     assert problems, damage
     expected = {"flipped byte": "differs", "fifo": "not a regular file", "forged manifest": "not the manifest"}
     assert expected[damage] in problems[0], problems
+
+
+class StaleSizes(Remote):
+    """A remote whose listing lags (an NFS client's attribute cache): every file has the size `sizes` says."""
+
+    def __init__(self, url: str, sizes: dict[str, int]):
+        super().__init__(url)
+        self.sizes = sizes
+
+    def size(self, *names: str) -> int | None:
+        return self.sizes.get("/".join(names), super().size(*names))
+
+
+@pytest.mark.parametrize("recorded", ["size recorded", "a record from before sizes"])
+def test_a_pth_bases_remote_copy_is_read_no_further_than_its_size(tmp_path, recorded):
+    """On main a .pth base's copy had no size: one others append to was downloaded to its end, however long."""
+    pth = tmp_path / "share" / "base.pth"
+    pth.parent.mkdir()
+    pth.write_bytes(os.urandom(4096))
+    staged = initstage.stage_init(str(pth), tmp_path / "scratch")
+    remote = Remote(str(tmp_path / "remote"))
+    basecopy.push(remote, staged, "h", 1)
+    record = json.loads((staged / STAGED_RECORD).read_text())
+    if recorded == "a record from before sizes":
+        assert record.pop("size", 4096) == 4096
+        (tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_RECORD).write_text(json.dumps(record))
+        fetched = tmp_path / "fetched-old"
+        fetched.mkdir()
+        assert basecopy.fetch(remote, str(pth), record, fetched) == []  # still fetched, bounded by its listed size
+    else:
+        assert record["size"] == 4096 and initstage.init_problems(staged) == []
+    with (tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_PTH).open("ab") as copy:
+        copy.write(b"\0" * (8 << 20))  # written to by another user since
+    if recorded == "size recorded":  # refused before any of it is read
+        dest = tmp_path / "listed"
+        dest.mkdir()
+        problems = basecopy.fetch(remote, str(pth), record, dest)
+        assert problems and "listed as 4096" in problems[0] and not (dest / STAGED_PTH).exists()
+    dest = tmp_path / "stale"
+    dest.mkdir()  # still listed at its old size: the download stops one byte past it
+    problems = basecopy.fetch(StaleSizes(remote.url, {f"{basecopy.REMOTE_BASE}/{STAGED_PTH}": 4096}), str(pth),
+                              record, dest)
+    assert (dest / STAGED_PTH).stat().st_size == 4097
+    assert problems and "longer than the 4096 bytes listed" in problems[0], problems
 
 
 def test_a_remote_copy_of_another_base_is_never_replaced(tmp_path, undisturbed):

@@ -123,7 +123,9 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
         record = loads(raw, expect=dict)
         if record.get("from") != spec or not same_source(trained_on, record):
             return None
-        sizes: dict[str, int | None] = {STAGED_PTH: None}
+        # a record written before it held the .pth's size: the size listed now bounds the download
+        sizes = {STAGED_PTH: record["size"] if isinstance(record.get("size"), int) else
+                 remote.size(REMOTE_BASE, STAGED_PTH)}
         if record.get("kind") != "minimind":
             listed = remote.cat(remote.path(REMOTE_BASE, STAGED_CHECKPOINT, MANIFEST), MAX_MANIFEST_BYTES)
             if hashlib.sha256(listed).hexdigest() != record.get("manifest_sha256"):
@@ -133,16 +135,19 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
             sizes[f"{STAGED_CHECKPOINT}/{MANIFEST}"] = len(listed)
     except (FileNotFoundError, ValueError) as e:  # Unreadable is a ValueError
         return [f"{remote.show(REMOTE_BASE)}: {e}"]
+    bounds: dict[str, int] = {rel: size for rel, size in sizes.items() if isinstance(size, int)}
     problems = remote.not_regular(REMOTE_BASE, list(sizes))
-    problems += [f"{remote.show(REMOTE_BASE, rel)}: {remote.size(REMOTE_BASE, *_parts(rel))} bytes, its manifest "
-                 f"lists {size}" for rel, size in sizes.items()
-                 if size is not None and remote.size(REMOTE_BASE, *_parts(rel)) != size]
+    problems += [f"{remote.show(REMOTE_BASE, rel)}: {remote.size(REMOTE_BASE, *_parts(rel))} bytes, listed as "
+                 f"{size}" for rel, size in sizes.items()
+                 if rel not in bounds or remote.size(REMOTE_BASE, *_parts(rel)) != size]
     if problems:
         return problems
-    for rel in sizes:
+    for rel, size in bounds.items():
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        remote.get((REMOTE_BASE, *_parts(rel)), dest / rel)
-        answered()
+        remote.get((REMOTE_BASE, *_parts(rel)), dest / rel, size, answered)  # never more than size + 1 bytes
+        if (got := (dest / rel).stat().st_size) != size:  # written to since its size was listed
+            return [f"{remote.show(REMOTE_BASE, rel)}: {'longer' if got > size else 'shorter'} than the {size} "
+                    f"bytes listed, when read (written to meanwhile?)"]
     (dest / INIT_RECORD).write_bytes(raw)
     return init_problems(dest)
 

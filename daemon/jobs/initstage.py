@@ -180,6 +180,8 @@ def init_problems(staged: Path) -> list[str]:
         record = read_init_record(staged)
         copy = staged_init_source(staged)
         if record.get("kind") == "minimind":
+            if isinstance(record.get("size"), int) and os.stat(copy).st_size != record["size"]:
+                return [f"{copy}: {os.stat(copy).st_size} bytes, its record lists {record['size']}"]
             return [] if sha256_file(copy) == record.get("sha256") else [f"{copy}: sha256 differs from the source's"]
         if sha256_file(copy / MANIFEST) != record.get("manifest_sha256"):
             return [f"{copy / MANIFEST}: differs from the source's"]
@@ -258,8 +260,8 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
             if source.kind == "checkpoint":
                 for rel in [MANIFEST, *files]:
                     _copy(source.path / rel, tmp / INIT_CHECKPOINT / rel, answered=answered)
-            else:
-                _copy(source.path, tmp / INIT_PTH, answered=answered)
+            else:  # its size recorded: what bounds the download of its copy on the remote (basecopy.fetch)
+                record["size"] = _copy(source.path, tmp / INIT_PTH, answered=answered)[0]
         except OSError as e:
             raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
         atomic_write_json(tmp / INIT_RECORD, record)
