@@ -18,6 +18,7 @@ from minilmd.daemon.jobs import basecopy, initstage, stagingworker
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
+from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, same_source
 from reliability_helpers import trainers_of
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
@@ -122,6 +123,40 @@ def test_a_pth_bases_remote_copy_is_read_no_further_than_its_size(tmp_path, reco
                               record, dest)
     assert (dest / STAGED_PTH).stat().st_size == 4097
     assert problems and "longer than the 4096 bytes listed" in problems[0], problems
+
+
+class RestagedWhilePushed(Remote):
+    """Once the first file of a push is copied (and read back), `staged` is staged again from other weights
+    (publish_dir, as staging does: a restart while the sync thread still copies the base)."""
+
+    def __init__(self, url: str, staged: Path, other: Path):
+        super().__init__(url)
+        self.staged, self.other, self.puts = staged, other, 0
+
+    def put(self, local: Path, *names: str) -> int:
+        self.puts += 1
+        if self.puts == 2:
+            publish_dir(self.other, self.staged)
+        return super().put(local, *names)
+
+
+def test_a_base_staged_again_while_pushed_leaves_no_mixed_copy(tmp_path, undisturbed):
+    """On main each file was read back against the local file it was copied from: the files copied after the
+    staged base was replaced were the other base's, and the copy was completed, mixed, under its record."""
+    run = undisturbed()
+    staged, record = _staged_base(tmp_path, run.checkpoint)
+    other = initstage.stage_init(str(shutil.copytree(run.checkpoint.parent / "step-00000012", tmp_path / "other")),
+                                 tmp_path / "other-scratch")
+    other_record = json.loads((other / STAGED_RECORD).read_text())
+    remote = RestagedWhilePushed(str(tmp_path / "remote"), staged, other)
+    with pytest.raises(basecopy.BaseCopyError, match="not the file its record lists"):
+        basecopy.push(remote, staged, "h", 1)
+    assert remote.names() == []  # neither a copy nor its temporary name left
+    assert basecopy.push(remote, staged, "h", 1) > 0  # the next sync copies the base staged now, whole
+    dest = tmp_path / "fetched"
+    dest.mkdir()
+    assert basecopy.fetch(remote, other_record["from"], other_record, dest) == []
+    assert not same_source(record, other_record)
 
 
 def test_a_remote_copy_of_another_base_is_never_replaced(tmp_path, undisturbed):

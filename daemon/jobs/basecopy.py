@@ -14,6 +14,7 @@ gone read it there too (trainer/model/adapter.py). Torch-free.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -21,8 +22,8 @@ from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
-from minilmd.fsio import publish_dir, sha256_file
-from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, staged_record
+from minilmd.fsio import publish_dir
+from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH
 from minilmd.names import MANIFEST, sync_tmp_name
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
@@ -35,19 +36,22 @@ class BaseCopyError(RuntimeError):
     """The copy to the remote failed to verify; retried with the next sync."""
 
 
-def _rel_files(record: dict, manifest: dict | None) -> list[str]:
-    """The files of a staged base, relative to it, the record last (what makes a copy exist)."""
+def _recorded(staged: Path) -> dict[str, str]:
+    """Each file of a staged base, relative to it, with the sha256 its record vouches for (a .pth's directly, a
+    checkpoint's through the manifest the record hashes), the record itself last (what makes a copy exist): read
+    once, so that a base staged again while it is copied never passes for the one recorded."""
+    raw = read_bytes(staged / INIT_RECORD, max_bytes=MAX_RECORD_BYTES)
+    record = loads(raw, expect=dict)
     if record.get("kind") == "minimind":
-        return [STAGED_PTH, INIT_RECORD]
-    files = [f"{STAGED_CHECKPOINT}/{rel}" for rel in manifest_files(manifest)]
-    return [*files, f"{STAGED_CHECKPOINT}/{MANIFEST}", INIT_RECORD]
-
-
-def _local_files(staged: Path) -> list[str]:
-    record = staged_record(staged)
-    manifest = None if record.get("kind") == "minimind" else \
-        loads(read_bytes(staged / STAGED_CHECKPOINT / MANIFEST, max_bytes=MAX_MANIFEST_BYTES), expect=None)
-    return _rel_files(record, manifest)
+        return {STAGED_PTH: str(record.get("sha256")), INIT_RECORD: hashlib.sha256(raw).hexdigest()}
+    listed = read_bytes(staged / STAGED_CHECKPOINT / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+    if hashlib.sha256(listed).hexdigest() != record.get("manifest_sha256"):
+        raise BaseCopyError(f"{staged / STAGED_CHECKPOINT / MANIFEST}: not the manifest its record hashes (staged "
+                            f"again meanwhile?)")
+    files = {f"{STAGED_CHECKPOINT}/{rel}": entry["sha256"]
+             for rel, entry in manifest_files(loads(listed, expect=None)).items()}
+    return {**files, f"{STAGED_CHECKPOINT}/{MANIFEST}": record["manifest_sha256"],
+            INIT_RECORD: hashlib.sha256(raw).hexdigest()}
 
 
 def _parts(rel: str) -> tuple[str, ...]:
@@ -61,8 +65,7 @@ def on_remote(remote: Remote, staged: Path) -> bool:
             return False
     except (FileNotFoundError, Unreadable):
         return False
-    return all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size
-               for rel in _local_files(staged))
+    return all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size for rel in _recorded(staged))
 
 
 def _holds_another(remote: Remote, staged: Path) -> bool:
@@ -83,18 +86,18 @@ def push(remote: Remote, staged: Path, host: str, pid: int) -> int:
     behind."""
     if on_remote(remote, staged) or _holds_another(remote, staged):
         return 0
-    rels = _local_files(staged)
+    hashes = _recorded(staged)
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
     remote.rm(target)
     remote.makedirs(target, STAGED_CHECKPOINT)
     try:
         nbytes = 0
-        for rel in rels[:-1]:
+        # each read back against the record, not the local file: a base staged again meanwhile leaves no mixed copy
+        for rel, digest in hashes.items():
             nbytes += remote.put(staged / rel, target, *_parts(rel))
-            if remote.sha256(target, *_parts(rel)) != sha256_file(staged / rel):
-                raise BaseCopyError(f"the copy of the LoRA base's {rel} at {remote.show(target)} reads back "
-                                    f"differently")
-        nbytes += remote.put(staged / INIT_RECORD, target, INIT_RECORD)
+            if remote.sha256(target, *_parts(rel)) != digest:
+                raise BaseCopyError(f"the copy of the LoRA base's {rel} at {remote.show(target)} is not the file "
+                                    f"its record lists (read back differently, or staged again meanwhile)")
     except BaseException:
         with contextlib.suppress(OSError):  # the copy's own error is the one raised
             remote.rm(target)
@@ -109,8 +112,6 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
     fingerprint `trained_on` (what the checkpoint to resume records): None when the remote holds no such copy,
     else what fails to verify in the download (empty: good). The remote is a shared place: its small files read
     bounded, every file checked regular and of its listed size before it is read, every hash checked."""
-    import hashlib
-
     from minilmd.init_source import same_source
 
     try:
