@@ -7,15 +7,19 @@ import json
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
-from minilmd.daemon.jobs import basecopy, initstage
+from minilmd.daemon.jobs import basecopy, initstage, stagingworker
 from minilmd.daemon.jobs.remote import Remote
-from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD
+from minilmd.daemon.jobs.staging_errors import SourceUnreachable
+from minilmd.daemon.worker import ReadWatch
+from minilmd.fsio import publish_dir
+from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, same_source
 from reliability_helpers import trainers_of
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
 
@@ -77,6 +81,84 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     assert expected[damage] in problems[0], problems
 
 
+class StaleSizes(Remote):
+    """A remote whose listing lags (an NFS client's attribute cache): every file has the size `sizes` says."""
+
+    def __init__(self, url: str, sizes: dict[str, int]):
+        super().__init__(url)
+        self.sizes = sizes
+
+    def size(self, *names: str) -> int | None:
+        return self.sizes.get("/".join(names), super().size(*names))
+
+
+@pytest.mark.parametrize("recorded", ["size recorded", "a record from before sizes"])
+def test_a_pth_bases_remote_copy_is_read_no_further_than_its_size(tmp_path, recorded):
+    """On main a .pth base's copy had no size: one others append to was downloaded to its end, however long."""
+    pth = tmp_path / "share" / "base.pth"
+    pth.parent.mkdir()
+    pth.write_bytes(os.urandom(4096))
+    staged = initstage.stage_init(str(pth), tmp_path / "scratch")
+    remote = Remote(str(tmp_path / "remote"))
+    basecopy.push(remote, staged, "h", 1)
+    record = json.loads((staged / STAGED_RECORD).read_text())
+    if recorded == "a record from before sizes":
+        assert record.pop("size", 4096) == 4096
+        (tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_RECORD).write_text(json.dumps(record))
+        fetched = tmp_path / "fetched-old"
+        fetched.mkdir()
+        assert basecopy.fetch(remote, str(pth), record, fetched) == []  # still fetched, bounded by its listed size
+    else:
+        assert record["size"] == 4096 and initstage.init_problems(staged) == []
+    with (tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_PTH).open("ab") as copy:
+        copy.write(b"\0" * (8 << 20))  # written to by another user since
+    if recorded == "size recorded":  # refused before any of it is read
+        dest = tmp_path / "listed"
+        dest.mkdir()
+        problems = basecopy.fetch(remote, str(pth), record, dest)
+        assert problems and "listed as 4096" in problems[0] and not (dest / STAGED_PTH).exists()
+    dest = tmp_path / "stale"
+    dest.mkdir()  # still listed at its old size: the download stops one byte past it
+    problems = basecopy.fetch(StaleSizes(remote.url, {f"{basecopy.REMOTE_BASE}/{STAGED_PTH}": 4096}), str(pth),
+                              record, dest)
+    assert (dest / STAGED_PTH).stat().st_size == 4097
+    assert problems and "longer than the 4096 bytes listed" in problems[0], problems
+
+
+class RestagedWhilePushed(Remote):
+    """Once the first file of a push is copied (and read back), `staged` is staged again from other weights
+    (publish_dir, as staging does: a restart while the sync thread still copies the base)."""
+
+    def __init__(self, url: str, staged: Path, other: Path):
+        super().__init__(url)
+        self.staged, self.other, self.puts = staged, other, 0
+
+    def put(self, local: Path, *names: str) -> int:
+        self.puts += 1
+        if self.puts == 2:
+            publish_dir(self.other, self.staged)
+        return super().put(local, *names)
+
+
+def test_a_base_staged_again_while_pushed_leaves_no_mixed_copy(tmp_path, undisturbed):
+    """On main each file was read back against the local file it was copied from: the files copied after the
+    staged base was replaced were the other base's, and the copy was completed, mixed, under its record."""
+    run = undisturbed()
+    staged, record = _staged_base(tmp_path, run.checkpoint)
+    other = initstage.stage_init(str(shutil.copytree(run.checkpoint.parent / "step-00000012", tmp_path / "other")),
+                                 tmp_path / "other-scratch")
+    other_record = json.loads((other / STAGED_RECORD).read_text())
+    remote = RestagedWhilePushed(str(tmp_path / "remote"), staged, other)
+    with pytest.raises(basecopy.BaseCopyError, match="not the file its record lists"):
+        basecopy.push(remote, staged, "h", 1)
+    assert remote.names() == []  # neither a copy nor its temporary name left
+    assert basecopy.push(remote, staged, "h", 1) > 0  # the next sync copies the base staged now, whole
+    dest = tmp_path / "fetched"
+    dest.mkdir()
+    assert basecopy.fetch(remote, other_record["from"], other_record, dest) == []
+    assert not same_source(record, other_record)
+
+
 def test_a_remote_copy_of_another_base_is_never_replaced(tmp_path, undisturbed):
     """The remote's `init` may be the only copy of the base older checkpoints were trained on: a staged base of
     other weights (init.from edited, a predecessor re-run) is not pushed over it."""
@@ -109,6 +191,69 @@ def test_a_base_copy_that_fails_never_holds_the_checkpoints_sync_up(tmp_path, un
 def test_a_base_copys_temporary_name_names_its_host_and_pid():
     assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "h", 123), "h") == 123
     assert names.remote_tmp_owner(names.sync_tmp_name(basecopy.REMOTE_BASE, "other", 123), "h") is None
+
+
+def _resumed_lora_run(tmp_path: Path, corpus, undisturbed, remote: str):
+    """A LoRA run whose base is on `remote` and whose checkpoint in scratch records that base, after its init.from
+    changed (the predecessor run again: other weights). -> (cfg, the base's record)"""
+    run = undisturbed()
+    staged, record = _staged_base(tmp_path, run.checkpoint)
+    basecopy.push(Remote(remote), staged, "h", 1)
+    cfg = load_config(write_config(tmp_path, corpus, init={"from": record["from"]}, run={"remote": remote},
+                                   lora={"rank": 4, "alpha": 8.0}))
+    ckpt = cfg.checkpoint_dir / "step-00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / names.MANIFEST).write_text("{}")
+    (ckpt / names.TRAINER_STATE).write_text(json.dumps({"init": record}))
+    shutil.rmtree(record["from"])
+    shutil.copytree(run.checkpoint.parent / "step-00000012", record["from"])
+    return cfg, record
+
+
+def _stage_inputs(cfg, reads=None) -> dict:
+    return initstage.stage_inputs(cfg, reads=reads, base_from_remote=stagingworker._base_from_remote)
+
+
+def _staged_record(sets: dict) -> dict:
+    return json.loads((Path(sets["init.staged"]) / STAGED_RECORD).read_text())
+
+
+def test_a_remote_failing_while_the_base_is_fetched_is_waited_for_never_a_fallback(tmp_path, corpus, undisturbed,
+                                                                                    faultfs):
+    """On main one EIO reading `<remote>/init` fell back to init.from: changed meanwhile, its other base was
+    staged, the trainer refused it (exit 2), and every later start reused it."""
+    cfg, record = _resumed_lora_run(tmp_path, corpus, undisturbed, str(faultfs.root / "remote"))
+    faultfs.fail_reads(f"remote/{basecopy.REMOTE_BASE}/{STAGED_CHECKPOINT}/{names.MODEL_FILE}")
+    with pytest.raises(SourceUnreachable, match=f"{faultfs.root}/remote/init: cannot be read"):
+        _stage_inputs(cfg)
+    assert faultfs.hits("error") and not (cfg.scratch_dir / "init").exists()
+    faultfs.clear()  # the remote answers again: the retry stages the base the checkpoint was trained on
+    assert same_source(record, _staged_record(_stage_inputs(cfg)))
+
+
+def test_a_staged_copy_of_another_base_is_not_reused_for_a_resume(tmp_path, corpus, undisturbed):
+    """What a fallback on main staged (init.from after it changed) is not the base the checkpoint records: the
+    next start fetches that base from the remote instead of reusing the copy the trainer refuses."""
+    cfg, record = _resumed_lora_run(tmp_path, corpus, undisturbed, str(tmp_path / "remote"))
+    other = initstage.stage_init(cfg.init.from_, cfg.scratch_dir)
+    assert not same_source(record, json.loads((other / STAGED_RECORD).read_text()))
+    assert same_source(record, _staged_record(_stage_inputs(cfg)))
+
+
+def test_a_stalled_fetch_of_the_base_names_the_remote_copy_not_init_from(tmp_path, corpus, undisturbed, faultfs):
+    """Status's stall line ("<what> not answering since T") said `init.from ...` while the remote was read."""
+    cfg, _ = _resumed_lora_run(tmp_path, corpus, undisturbed, str(faultfs.root / "remote"))
+    faultfs.stall(f"remote/{basecopy.REMOTE_BASE}/{STAGED_CHECKPOINT}/{names.MODEL_FILE}", 600)
+    reads, done = ReadWatch(), []
+    thread = threading.Thread(target=lambda: done.append(_stage_inputs(cfg, reads)), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: faultfs.hits("stall"), 60, "the fetch of the base stalled")
+        assert reads.what == f"the LoRA base's copy {faultfs.root}/remote/init"
+    finally:
+        faultfs.clear()
+        thread.join(60)
+    assert done and reads.what == ""
 
 
 def _kill_trainers(run_dir: Path) -> None:

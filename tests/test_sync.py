@@ -408,3 +408,20 @@ def test_sync_killed_while_the_remote_stalls(faultfs, weights, tmp_path):
     result = Syncer(local, str(remote), EXPECTED).sync_newest()
     assert result.step == 20 and checkpoint_dirs.read_latest(remote) == "step-00000020"
     assert [n for n in names(remote) if n.startswith(".")] == []
+
+
+def test_a_remote_checkpoint_file_written_past_its_listed_size_is_downloaded_no_further(dirs, weights, tmp_path):
+    """On main a file of a remote checkpoint was downloaded to its end, however long another user made it."""
+    _, remote = dirs
+    syncer = Syncer(tmp_path / "source", str(remote), EXPECTED)
+    save(tmp_path / "source", 10, weights)
+    syncer.sync_newest()
+    victim = remote / "step-00000010" / ck.TRAINER_STATE
+    listed = victim.stat().st_size
+    with victim.open("ab") as f:
+        f.write(b" " * (8 << 20))
+    tmp = tmp_path / "download"
+    tmp.mkdir()
+    problems = syncer._download("step-00000010", syncer.remote.manifest("step-00000010"), tmp)
+    assert (tmp / ck.TRAINER_STATE).stat().st_size == listed + 1
+    assert problems and ck.TRAINER_STATE in problems[0], problems

@@ -7,19 +7,23 @@ The run then could not finish: a changed base is refused (exit 2), a gone one wa
 copies the staged base once to the remote (the same layout: `source.json` and `checkpoint/` or `weights.pth`;
 files first, read back and hashed, the record last, then renamed into place where the store can rename), and a
 LoRA start with a checkpoint to resume stages the base from there when its record is the one that checkpoint was
-trained on, before it reads init.from again. `export --merge` and `sample` of an adapter whose recorded base is
+trained on, before it reads init.from again (a remote that cannot be read then is waited for: init.from may
+hold other weights by now). `export --merge` and `sample` of an adapter whose recorded base is
 gone read it there too (trainer/model/adapter.py). Torch-free.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 from pathlib import Path
 
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
 from minilmd.daemon.jobs.remote import Remote
-from minilmd.fsio import publish_dir, sha256_file
-from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, staged_record
+from minilmd.daemon.jobs.staging_errors import SourceUnreachable
+from minilmd.daemon.worker import ReadWatch
+from minilmd.fsio import publish_dir
+from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH
 from minilmd.names import MANIFEST, sync_tmp_name
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
@@ -32,19 +36,22 @@ class BaseCopyError(RuntimeError):
     """The copy to the remote failed to verify; retried with the next sync."""
 
 
-def _rel_files(record: dict, manifest: dict | None) -> list[str]:
-    """The files of a staged base, relative to it, the record last (what makes a copy exist)."""
+def _recorded(staged: Path) -> dict[str, str]:
+    """Each file of a staged base, relative to it, with the sha256 its record vouches for (a .pth's directly, a
+    checkpoint's through the manifest the record hashes), the record itself last (what makes a copy exist): read
+    once, so that a base staged again while it is copied never passes for the one recorded."""
+    raw = read_bytes(staged / INIT_RECORD, max_bytes=MAX_RECORD_BYTES)
+    record = loads(raw, expect=dict)
     if record.get("kind") == "minimind":
-        return [STAGED_PTH, INIT_RECORD]
-    files = [f"{STAGED_CHECKPOINT}/{rel}" for rel in manifest_files(manifest)]
-    return [*files, f"{STAGED_CHECKPOINT}/{MANIFEST}", INIT_RECORD]
-
-
-def _local_files(staged: Path) -> list[str]:
-    record = staged_record(staged)
-    manifest = None if record.get("kind") == "minimind" else \
-        loads(read_bytes(staged / STAGED_CHECKPOINT / MANIFEST, max_bytes=MAX_MANIFEST_BYTES), expect=None)
-    return _rel_files(record, manifest)
+        return {STAGED_PTH: str(record.get("sha256")), INIT_RECORD: hashlib.sha256(raw).hexdigest()}
+    listed = read_bytes(staged / STAGED_CHECKPOINT / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+    if hashlib.sha256(listed).hexdigest() != record.get("manifest_sha256"):
+        raise BaseCopyError(f"{staged / STAGED_CHECKPOINT / MANIFEST}: not the manifest its record hashes (staged "
+                            f"again meanwhile?)")
+    files = {f"{STAGED_CHECKPOINT}/{rel}": entry["sha256"]
+             for rel, entry in manifest_files(loads(listed, expect=None)).items()}
+    return {**files, f"{STAGED_CHECKPOINT}/{MANIFEST}": record["manifest_sha256"],
+            INIT_RECORD: hashlib.sha256(raw).hexdigest()}
 
 
 def _parts(rel: str) -> tuple[str, ...]:
@@ -58,8 +65,7 @@ def on_remote(remote: Remote, staged: Path) -> bool:
             return False
     except (FileNotFoundError, Unreadable):
         return False
-    return all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size
-               for rel in _local_files(staged))
+    return all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size for rel in _recorded(staged))
 
 
 def _holds_another(remote: Remote, staged: Path) -> bool:
@@ -80,18 +86,18 @@ def push(remote: Remote, staged: Path, host: str, pid: int) -> int:
     behind."""
     if on_remote(remote, staged) or _holds_another(remote, staged):
         return 0
-    rels = _local_files(staged)
+    hashes = _recorded(staged)
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
     remote.rm(target)
     remote.makedirs(target, STAGED_CHECKPOINT)
     try:
         nbytes = 0
-        for rel in rels[:-1]:
+        # each read back against the record, not the local file: a base staged again meanwhile leaves no mixed copy
+        for rel, digest in hashes.items():
             nbytes += remote.put(staged / rel, target, *_parts(rel))
-            if remote.sha256(target, *_parts(rel)) != sha256_file(staged / rel):
-                raise BaseCopyError(f"the copy of the LoRA base's {rel} at {remote.show(target)} reads back "
-                                    f"differently")
-        nbytes += remote.put(staged / INIT_RECORD, target, INIT_RECORD)
+            if remote.sha256(target, *_parts(rel)) != digest:
+                raise BaseCopyError(f"the copy of the LoRA base's {rel} at {remote.show(target)} is not the file "
+                                    f"its record lists (read back differently, or staged again meanwhile)")
     except BaseException:
         with contextlib.suppress(OSError):  # the copy's own error is the one raised
             remote.rm(target)
@@ -106,8 +112,6 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
     fingerprint `trained_on` (what the checkpoint to resume records): None when the remote holds no such copy,
     else what fails to verify in the download (empty: good). The remote is a shared place: its small files read
     bounded, every file checked regular and of its listed size before it is read, every hash checked."""
-    import hashlib
-
     from minilmd.init_source import same_source
 
     try:
@@ -120,7 +124,9 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
         record = loads(raw, expect=dict)
         if record.get("from") != spec or not same_source(trained_on, record):
             return None
-        sizes: dict[str, int | None] = {STAGED_PTH: None}
+        # a record written before it held the .pth's size: the size listed now bounds the download
+        sizes = {STAGED_PTH: record["size"] if isinstance(record.get("size"), int) else
+                 remote.size(REMOTE_BASE, STAGED_PTH)}
         if record.get("kind") != "minimind":
             listed = remote.cat(remote.path(REMOTE_BASE, STAGED_CHECKPOINT, MANIFEST), MAX_MANIFEST_BYTES)
             if hashlib.sha256(listed).hexdigest() != record.get("manifest_sha256"):
@@ -130,64 +136,51 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
             sizes[f"{STAGED_CHECKPOINT}/{MANIFEST}"] = len(listed)
     except (FileNotFoundError, ValueError) as e:  # Unreadable is a ValueError
         return [f"{remote.show(REMOTE_BASE)}: {e}"]
+    bounds: dict[str, int] = {rel: size for rel, size in sizes.items() if isinstance(size, int)}
     problems = remote.not_regular(REMOTE_BASE, list(sizes))
-    problems += [f"{remote.show(REMOTE_BASE, rel)}: {remote.size(REMOTE_BASE, *_parts(rel))} bytes, its manifest "
-                 f"lists {size}" for rel, size in sizes.items()
-                 if size is not None and remote.size(REMOTE_BASE, *_parts(rel)) != size]
+    problems += [f"{remote.show(REMOTE_BASE, rel)}: {remote.size(REMOTE_BASE, *_parts(rel))} bytes, listed as "
+                 f"{size}" for rel, size in sizes.items()
+                 if rel not in bounds or remote.size(REMOTE_BASE, *_parts(rel)) != size]
     if problems:
         return problems
-    for rel in sizes:
+    for rel, size in bounds.items():
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        remote.get((REMOTE_BASE, *_parts(rel)), dest / rel)
-        answered()
+        remote.get((REMOTE_BASE, *_parts(rel)), dest / rel, size, answered)  # never more than size + 1 bytes
+        if (got := (dest / rel).stat().st_size) != size:  # written to since its size was listed
+            return [f"{remote.show(REMOTE_BASE, rel)}: {'longer' if got > size else 'shorter'} than the {size} "
+                    f"bytes listed, when read (written to meanwhile?)"]
     (dest / INIT_RECORD).write_bytes(raw)
     return init_problems(dest)
 
 
 # --- what staging asks (daemon/jobs/initstage.py stage_inputs) -------------------------------------------------------
-def stage_from_remote(cfg, log=lambda msg: None, answered=lambda: None) -> bool:
-    """The base a LoRA run's newest local checkpoint was trained on, from `<remote>/init` into `<scratch>/init`,
-    verified; False when there is nothing to resume, no remote, or no usable copy there (logged when there was
-    one): staging reads init.from then, as at the first start."""
+def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads: ReadWatch | None = None) -> bool:
+    """The base a LoRA run's newest local checkpoint was trained on (`trained_on`, initstage.trained_on), from
+    `<remote>/init` into `<scratch>/init`, verified; False when there is nothing to resume, no remote, or no
+    usable copy there (logged when there was one): staging reads init.from then, as at the first start. A remote
+    that cannot be read now raises SourceUnreachable: waited for, never a fallback to init.from, which may hold
+    other weights by now (staged, the trainer would refuse them for good). `reads` is told what is read."""
     remote = _remote_of(cfg)
-    trained_on = _trained_on(cfg) if remote is not None else None
     if remote is None or not trained_on:
         return False
+    reads = reads or ReadWatch()
+    where = remote.show(REMOTE_BASE)
+    reads.reading(f"the LoRA base's copy {where}")  # what a stall names: this, not init.from, is read now
     tmp = fresh_tmp(cfg.scratch_dir, INIT_DIR)
     try:
-        problems = fetch(remote, cfg.init.from_, trained_on, tmp, answered)
+        problems = fetch(remote, cfg.init.from_, trained_on, tmp, reads.answer)
         if problems == []:
             publish_dir(tmp, cfg.scratch_dir / INIT_DIR)
-            log(f"staging: the LoRA base this run trained on fetched from {remote.show(REMOTE_BASE)} and verified "
+            log(f"staging: the LoRA base this run trained on fetched from {where} and verified "
                 f"at {cfg.scratch_dir / INIT_DIR}")
             return True
-    except Exception as e:  # noqa: BLE001 - a remote that fails now: init.from may still be there
-        problems = [f"{type(e).__name__}: {e}"]
+    except Exception as e:  # noqa: BLE001 - an EIO, a stale mount, a store that errors: as a checkpoint fetch
+        raise SourceUnreachable(f"{where}: cannot be read ({type(e).__name__}: {e})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if problems:
         log(f"staging: the LoRA base's copy on the remote is not usable ({problems[0]}): reading init.from")
     return False
-
-
-def _trained_on(cfg) -> dict | None:
-    """The base the newest local checkpoint of a LoRA run was trained on (its trainer_state's init record)."""
-    from minilmd.checkpoint import MAX_JSON_PART
-    from minilmd.checkpoint_dirs import list_checkpoints
-    from minilmd.names import TRAINER_STATE
-    from minilmd.untrusted import read_json
-
-    try:
-        ckpts = list_checkpoints(cfg.checkpoint_dir)
-    except OSError:  # scratch not readable: nothing to resume here (staging says what is wrong with it)
-        return None
-    for ckpt in reversed(ckpts):
-        try:
-            init = read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART).get("init")
-        except (OSError, ValueError):  # Unreadable: an older one may still say
-            continue
-        return init if isinstance(init, dict) else None
-    return None
 
 
 def _remote_of(cfg) -> Remote | None:

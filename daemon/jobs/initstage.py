@@ -180,6 +180,8 @@ def init_problems(staged: Path) -> list[str]:
         record = read_init_record(staged)
         copy = staged_init_source(staged)
         if record.get("kind") == "minimind":
+            if isinstance(record.get("size"), int) and os.stat(copy).st_size != record["size"]:
+                return [f"{copy}: {os.stat(copy).st_size} bytes, its record lists {record['size']}"]
             return [] if sha256_file(copy) == record.get("sha256") else [f"{copy}: sha256 differs from the source's"]
         if sha256_file(copy / MANIFEST) != record.get("manifest_sha256"):
             return [f"{copy / MANIFEST}: differs from the source's"]
@@ -216,21 +218,28 @@ def _resolve(spec: str, checkpoint: str):
 
 
 def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda msg: None,
-               answered=lambda: None, from_remote: Callable[[], bool] | None = None) -> Path:
+               answered=lambda: None, from_remote: Callable[[], bool] | None = None,
+               trained_on: dict | None = None) -> Path:
     """`<scratch>/init`: the weights init.from names (of a run or a root: its BEST or LATEST, as init.checkpoint
     says), copied and verified, with their fingerprint record; an earlier copy reused while it is of the same source
     and verifies (a run that changes init.checkpoint later resumes from its own checkpoints, or, with LoRA, is
     refused for a changed base). `from_remote()`, tried before init.from is read again, stages the base a LoRA
     run's checkpoint was trained on from its copy on the remote (True when it did: daemon/jobs/basecopy.py).
-    `answered()` after each chunk read from the source."""
-    from minilmd.init_source import fingerprint
+    `trained_on`: the base the newest checkpoint of a LoRA run records (`trained_on(cfg)`); a staged copy of
+    another base is not reused for its resume. `answered()` after each chunk read from the source."""
+    from minilmd.init_source import fingerprint, same_source
 
     final = scratch / INIT_DIR
     try:
-        staged_from = read_init_record(final).get("from")
+        staged = read_init_record(final)
     except Exception:  # noqa: BLE001 - no earlier copy, or one not ours to reuse: stage anew
-        staged_from = None
-    if staged_from == spec and not init_problems(final):  # fetched once per run: the source is not read again
+        staged = {}
+    if staged.get("from") == spec and trained_on is not None and not same_source(trained_on, staged):
+        # init.from changed before it was staged (a remote that failed once, on main): reusing it would have the
+        # trainer refuse the base for good (exit 2) at every start
+        log(f"staging: the copy of init.from at {final} is not the base the newest checkpoint was trained on: "
+            f"staging that base again")
+    elif staged.get("from") == spec and not init_problems(final):  # fetched once per run: not read again
         log(f"staging: reusing the verified copy of init.from at {final}")
         return final
     if from_remote is not None and from_remote():
@@ -251,8 +260,8 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
             if source.kind == "checkpoint":
                 for rel in [MANIFEST, *files]:
                     _copy(source.path / rel, tmp / INIT_CHECKPOINT / rel, answered=answered)
-            else:
-                _copy(source.path, tmp / INIT_PTH, answered=answered)
+            else:  # its size recorded: what bounds the download of its copy on the remote (basecopy.fetch)
+                record["size"] = _copy(source.path, tmp / INIT_PTH, answered=answered)[0]
         except OSError as e:
             raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
         atomic_write_json(tmp / INIT_RECORD, record)
@@ -333,7 +342,7 @@ def problems(staged: dict[str, str]) -> list[str]:
 def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base_from_remote=None) -> dict[str, str]:
     """Stage what `needed` names; the `--set` overrides that give the trainer the staged copies. `reads` is told
     which source is read, and each chunk read from it (the worker shows a source whose reads block as stalled).
-    `base_from_remote(cfg, log, answered)`: stage_init's from_remote (basecopy.stage_from_remote)."""
+    `base_from_remote(cfg, trained_on, log, reads)`: stage_init's from_remote (basecopy.stage_from_remote)."""
     what, reads = needed(cfg), reads or ReadWatch()
     sets = {}
     try:
@@ -341,11 +350,38 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base
             reads.reading(f"[eval] probe {cfg.eval.probe}")
             sets["eval.probe_staged"] = str(stage_probe(cfg.eval.probe, cfg.scratch_dir, log, reads.answer))
         if "init" in what:
+            base = trained_on(cfg) if cfg.lora.enabled else None
             reads.reading(f"init.from {cfg.init.from_}")
-            from_remote = None if base_from_remote is None else \
-                (lambda: base_from_remote(cfg, log, reads.answer))
+
+            def from_remote() -> bool:
+                try:
+                    return base_from_remote(cfg, base, log, reads)
+                finally:
+                    reads.reading(f"init.from {cfg.init.from_}")  # read next, when the remote has no copy
+
             sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, cfg.init.checkpoint, log,
-                                                 reads.answer, from_remote))
+                                                 reads.answer, None if base_from_remote is None else from_remote,
+                                                 base))
     finally:
         reads.reading("")
     return sets
+
+
+def trained_on(cfg) -> dict | None:
+    """The base the newest local checkpoint of a LoRA run was trained on (its trainer_state's init record)."""
+    from minilmd.checkpoint import MAX_JSON_PART  # numpy: only in the staging thread
+    from minilmd.checkpoint_dirs import list_checkpoints
+    from minilmd.names import TRAINER_STATE
+    from minilmd.untrusted import read_json
+
+    try:
+        ckpts = list_checkpoints(cfg.checkpoint_dir)
+    except OSError:  # scratch not readable: nothing to resume here (staging says what is wrong with it)
+        return None
+    for ckpt in reversed(ckpts):
+        try:
+            init = read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART).get("init")
+        except (OSError, ValueError):  # Unreadable: an older one may still say
+            continue
+        return init if isinstance(init, dict) else None
+    return None

@@ -119,11 +119,15 @@ class Remote:
                 os.fsync(out.fileno())
         return n
 
-    def get(self, names: tuple[str, ...], local: Path) -> str:
-        """Download to `local`, returning the sha256 of the bytes written."""
-        h = hashlib.sha256()
+    def get(self, names: tuple[str, ...], local: Path, size: int, answered=lambda: None) -> str:
+        """Download to `local` the `size` bytes a manifest or record lists, and at most one more (a file longer
+        than listed shows as `local` of size + 1: a file others write to as it is read is never copied without
+        end); the sha256 of the bytes written. `answered()` after each chunk read."""
+        h, left = hashlib.sha256(), size + 1
         with self.fs.open(self.path(*names), "rb") as src, open(local, "wb") as out:
-            while chunk := src.read(CHUNK):
+            while left > 0 and (chunk := src.read(min(CHUNK, left))):
+                answered()
+                left -= len(chunk)
                 out.write(chunk)
                 h.update(chunk)
             out.flush()

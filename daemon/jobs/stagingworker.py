@@ -9,8 +9,9 @@ on, `Staged` once the trainer may start, or `StagingFailed`; what a failure mean
 the supervisor's. A remote that cannot be read while scratch holds no checkpoint is not a failure: the remote may
 hold a newer checkpoint, so the run never silently starts from step 0; the worker keeps retrying the fetch and shows
 "remote unavailable" in status. A source whose reads block (a stalled mount: no error, no answer) for longer than
-SYNC_STALLED_AFTER_S, while the corpus, the probe or init.from is staged, is shown as stalled (state.json
-"staging.stalled": "<what> not answering since T (stalled)") until a read of it returns. Torch-free.
+SYNC_STALLED_AFTER_S, while the corpus, the probe or init.from (or a LoRA base's copy on the remote) is staged, is
+shown as stalled (state.json "staging.stalled": "<what> not answering since T (stalled)") until a read of it
+returns. Torch-free.
 """
 from __future__ import annotations
 
@@ -347,9 +348,9 @@ class StagingWorker:
             self.fetch_started = 0.0
 
 
-def _base_from_remote(cfg, log, answered) -> bool:
+def _base_from_remote(cfg, trained_on, log, reads) -> bool:
     """basecopy.stage_from_remote, imported only in the staging thread: it reads checkpoints (numpy), which the
     supervisor never imports before staging (tests/test_import_budget.py)."""
     from minilmd.daemon.jobs import basecopy
 
-    return basecopy.stage_from_remote(cfg, log, answered)
+    return basecopy.stage_from_remote(cfg, trained_on, log, reads)

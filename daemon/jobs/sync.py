@@ -36,7 +36,7 @@ from pathlib import Path
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best, read_latest
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import MANIFEST_MAX_BYTES, Remote
 from minilmd.daemon.runstate import is_disk_full, process_alive
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
@@ -379,12 +379,13 @@ class Syncer:
         odd = self.remote.not_regular(name, manifest["files"])
         if odd:
             return odd
-        observed = {f: (self.remote.get((name, f), tmp / f), (tmp / f).stat().st_size) for f in manifest["files"]}
+        observed = {f: (self.remote.get((name, f), tmp / f, e["size"]), (tmp / f).stat().st_size)
+                    for f, e in manifest["files"].items()}
         problems = table_problems(manifest["files"], lambda f: observed[f][1], lambda f: observed[f][0],
                                   listed_in=f"the remote {MANIFEST}", label=lambda f: f"{f} (downloaded)")
         if problems:
             return problems
-        self.remote.get((name, MANIFEST), tmp / MANIFEST)
+        self.remote.get((name, MANIFEST), tmp / MANIFEST, MANIFEST_MAX_BYTES)  # as big as it was read (validated)
         try:
             ck.validate(tmp, self.expected)
         except ck.CheckpointInvalid as e:
