@@ -19,9 +19,15 @@ from typing import Any
 
 from minilmd import perms
 from minilmd.checkpoint import saved_lora
-from minilmd.fsio import publish_dir
 from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE
-from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, resolve_checkpoint, writing
+from minilmd.trainer.model.export_paths import (
+    ExportError,
+    _validate,
+    fresh_export_dir,
+    publish,
+    resolve_checkpoint,
+    writing_dir,
+)
 
 PEFT_PREFIX = "base_model.model."
 """What PeftModel puts before the wrapped model's own parameter names in a saved adapter."""
@@ -185,10 +191,10 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
     _validate(ckpt)
     tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in load_file(str(ckpt / MODEL_FILE)).items()}
     out_dir, tmp = fresh_export_dir(out_dir)
-    with writing(out_dir, tmp):
+    with writing_dir(out_dir, tmp):
         save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
         perms.settle_new_file(tmp / PEFT_WEIGHTS)  # safetensors makes it 0600 whatever --share says
         config = peft_config(state, base_name or str((state.get("init") or {}).get("path", "")))
         (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        published = publish_dir(tmp, out_dir)
+        published = publish(tmp, out_dir)
     return published
