@@ -8,7 +8,8 @@ json.loads raise RecursionError), a JSON list where an object belongs, or simply
   most max_bytes + 1 bytes whatever the size says;
 - `loads` decodes UTF-8, bounds the nesting depth by a scan of the brackets outside strings before json.loads sees
   the text, and checks the parsed value's type; it also serves one line of a JSON-lines file;
-- `read_json` is the two together.
+- `read_json` is the two together;
+- `copy_regular` copies such a file, opened as `read_bytes` opens one, of its listed size or at most a bound.
 Every failure is one exception, `Unreadable`, whose `why` is a few words for a view ("a FIFO", "owned by uid 1001",
 "over 1 MiB", "nested deeper than 64", "a list, not an object", "not JSON"); a caller shows "unreadable (why)",
 skips a bad line or quarantines a checkpoint, and never sees another exception from here. `printable` escapes
@@ -92,6 +93,37 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
         return b"".join(chunks)
     except OSError as e:
         raise Unreadable(_os_why(e), path, os_error=e) from None
+    finally:
+        os.close(fd)
+
+
+def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_bytes: int | None = None,
+                 chunk: int = 8 << 20) -> int:
+    """Copy a regular file, opened as `read_bytes` opens one, into the binary file object `out` (a file of this
+    process): exactly `size` bytes when its listing gives one, else at most max_bytes; the bytes copied. The size
+    is checked before a byte is read and again as it is read (it may change under us). Raises Unreadable for the
+    source, OSError for `out`."""
+    fd = open_regular(path)
+    try:
+        have = os.fstat(fd).st_size
+        limit = size if size is not None else max_bytes if max_bytes is not None else have
+        if size is not None and have != size:
+            raise Unreadable(f"{have} bytes, listed as {size}", path)
+        if have > limit:
+            raise Unreadable(f"over {size_text(limit)}", path)
+        got = 0
+        while got <= limit:
+            try:
+                block = os.read(fd, min(chunk, limit + 1 - got))
+            except OSError as e:
+                raise Unreadable(_os_why(e), path, os_error=e) from None
+            if not block:
+                break
+            out.write(block)
+            got += len(block)
+        if got > limit or (size is not None and got != size):
+            raise Unreadable("changed while being read", path)
+        return got
     finally:
         os.close(fd)
 

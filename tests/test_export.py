@@ -2,6 +2,11 @@
 ours; MiniMind's fp16 .pth with the tied head under both names; damaged checkpoints refused."""
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+import subprocess
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -10,6 +15,7 @@ from minilmd.cli import app
 from minilmd.model_shapes import expected_state_shapes
 from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from second_user import shared, user_python  # noqa: F401 - shared: a fixture
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 
 torch.set_num_threads(1)
@@ -136,3 +142,49 @@ def test_an_export_onto_a_full_disk_says_so_and_leaves_nothing_behind(trained, s
     assert f"minilmd export: {disk / name}: the export could not be written" in result.output, result.output
     assert "MB free there" in result.output and "nothing was left behind" in result.output, result.output
     assert list(disk.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt, name", [("minimind", "m.pth"), ("hf", "hf")])
+def test_an_export_onto_a_read_only_disk_says_so_not_to_free_space(trained, small_tmpfs, fmt, name):
+    """--out on a read-only file system (a real tmpfs remounted ro): before, the full-disk message (`N MB free
+    there ... free some space`) for a disk with room. Now exit 74 still, saying what it is and what to do."""
+    root, _ = trained
+    disk = small_tmpfs("1m")
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    result = CliRunner().invoke(app, ["export", str(root / "ckpt"), "--format", fmt, "--out", str(disk / name)])
+    assert result.exit_code == 74 and not isinstance(result.exception, Exception), (result.output, result.exception)
+    assert f"minilmd export: {disk / name}: the export could not be written: Read-only file system" in result.output
+    assert "choose an --out on a writable file system" in result.output, result.output
+    assert "free some space" not in result.output and "MB free" not in result.output, result.output
+    assert list(disk.iterdir()) == []
+
+
+@pytest.mark.slow  # a `minilmd export` child as the second user
+@pytest.mark.parametrize("fmt, name", [("minimind", "m.pth"), ("hf", "hf")])
+def test_an_export_where_it_may_not_write_says_permission_denied_not_to_free_space(trained, shared, fmt, name):
+    """A real second user exporting into root's directory (EACCES): before, "N MB free there ... free some
+    space" for a disk with room. Now exit 74 still, saying permission denied and what to do."""
+    root, _ = trained
+    ckpt = shutil.copytree(root / "ckpt", shared / "ckpt")
+    subprocess.run(["chmod", "-R", "a+rX", str(ckpt)], check=True)
+    roots = shared / "roots"
+    roots.mkdir(mode=0o755)  # root's: the second user may read it, not create in it
+    code = "import sys\nfrom minilmd.cli import main\nsys.argv = ['minilmd', *sys.argv[1:]]\nmain()\n"
+    done = subprocess.run(user_python(code, "export", str(ckpt), "--format", fmt, "--out", str(roots / name)),
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert done.returncode == 74, done.stdout + done.stderr
+    assert f"minilmd export: {roots / name}: the export could not be written: Permission denied" in done.stderr
+    assert "choose an --out you may write" in done.stderr, done.stderr
+    assert "free some space" not in done.stderr and "MB free" not in done.stderr, done.stderr
+    assert list(roots.iterdir()) == []
+
+
+@pytest.mark.parametrize("code, said", [(errno.EACCES, "Permission denied: "), (errno.EIO, "Input/output error: "),
+                                        (errno.ENOSPC, "MB free there"), (errno.EDQUOT, "MB free there")])
+def test_only_a_full_disk_or_a_quota_is_told_to_free_space(tmp_path, code, said):
+    """The message of each write error, from the OSError the write raised: EACCES was "free some space" too."""
+    from minilmd.trainer.model.export_paths import not_written
+
+    message = str(not_written(tmp_path / "out", OSError(code, os.strerror(code))))
+    assert said in message
+    assert ("free some space" in message) == (code in (errno.ENOSPC, errno.EDQUOT)), message

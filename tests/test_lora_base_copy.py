@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -301,3 +302,39 @@ def test_a_lora_run_rebooted_after_its_base_changed_finishes_on_its_own_base_and
                  timeout=180)
     assert merged.returncode == 0, merged.stdout + merged.stderr
     assert (tmp_path / "merged.pth").stat().st_size > 0
+
+
+@pytest.mark.parametrize("damage", ["none", "linked file", "linked directory", "forged manifest", "another base"])
+def test_export_reads_a_checkpoint_base_copy_only_as_untrusted(tmp_path, undisturbed, damage):
+    """What `export --merge` and `sample` take from `<remote>/init` (trainer/model/basecopy_read.py): the copy
+    copied into a private directory, no link followed (before, the checkpoint's validation followed them), the
+    manifest the record hashes, the base the adapter records; anything else is an ExportError saying what."""
+    from minilmd.trainer.model.basecopy_read import private_copy
+    from minilmd.trainer.model.export_paths import ExportError
+
+    staged, record = _staged_base(tmp_path, undisturbed().checkpoint)
+    copy = shutil.copytree(staged, tmp_path / "remote" / basecopy.REMOTE_BASE)
+    checkpoint = copy / STAGED_CHECKPOINT
+    model = json.loads((checkpoint / names.TRAINER_STATE).read_text())["config"]["model"]
+    if damage == "linked file":
+        (checkpoint / names.MODEL_FILE).rename(tmp_path / "elsewhere")
+        (checkpoint / names.MODEL_FILE).symlink_to(tmp_path / "elsewhere")
+    elif damage == "linked directory":
+        checkpoint.rename(tmp_path / "elsewhere")
+        checkpoint.symlink_to(tmp_path / "elsewhere")
+    elif damage == "forged manifest":
+        manifest = json.loads((checkpoint / names.MANIFEST).read_text())
+        (checkpoint / names.MANIFEST).write_text(json.dumps({**manifest, "step": -1}))
+    private = tmp_path / "private"
+    private.mkdir()
+    recorded = {**record, "manifest_sha256": "0" * 64} if damage == "another base" else record
+    if damage == "none":
+        assert private_copy(copy, recorded, model, private)
+        assert sorted(p.relative_to(private) for p in private.rglob("*")) == \
+            sorted(p.relative_to(copy) for p in copy.rglob("*"))
+        return
+    said = {"linked file": f"{checkpoint / names.MODEL_FILE}: a symbolic link",
+            "linked directory": f"{checkpoint}: a symbolic link, not a directory",
+            "forged manifest": "not the manifest its source.json hashes", "another base": "a copy of another base"}
+    with pytest.raises(ExportError, match=re.escape(said[damage])):
+        private_copy(copy, recorded, model, private)

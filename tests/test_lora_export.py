@@ -4,6 +4,9 @@ those logits; `sample --lora` / `--no-lora` switch the adapter; a base other tha
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +15,11 @@ from typer.testing import CliRunner
 
 from minilmd.cli import app
 from minilmd.config import load_config
+from minilmd.init_source import STAGED_DIR, STAGED_PTH
 from minilmd.protocol import EXIT_DONE
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.export import ExportError, load_model
+from supervisor_helpers import cli
 from trainer_corpus import write_config
 from weights_helpers import save_checkpoint, tiny_model
 
@@ -108,3 +113,59 @@ def test_a_peft_export_onto_a_full_disk_says_so_and_leaves_nothing_behind(tmp_pa
                                       str(disk / "peft")])
     assert result.exit_code == 74 and not isinstance(result.exception, Exception), (result.output, result.exception)
     assert "the export could not be written" in result.output and list(disk.iterdir()) == [], result.output
+
+
+@pytest.fixture(scope="module")
+def adapter_beside_its_base_copy(tmp_path_factory, corpus) -> Path:
+    """A LoRA adapter trained on a MiniMind .pth, laid out as its run's remote holds it: `<remote>/step-00000001`
+    beside `<remote>/init`, the base as staging copies it (daemon/jobs/initstage.py); the .pth itself gone."""
+    from minilmd.daemon.jobs.initstage import stage_init
+    from minilmd.trainer.model.export import export_minimind
+
+    tmp = tmp_path_factory.mktemp("hostile-base")
+    base = export_minimind(save_checkpoint(tmp / "ckpt", tiny_model(seed=5, vocab_size=corpus[1]), step=1),
+                           tmp / "share" / "base.pth")
+    cfg = load_config(write_config(tmp, corpus, name="lora", init={"from": str(base)},
+                                   lora={"rank": 4, "alpha": 8.0, "targets": ALL},
+                                   train={"max_steps": 1, "checkpoint_every": 100}))
+    assert Trainer(cfg, Dist(0, 1, 0, torch.device("cpu"))).train() == EXIT_DONE
+    remote = tmp / "remote"
+    shutil.copytree(cfg.checkpoint_dir / "step-00000001", remote / "step-00000001")
+    shutil.copytree(stage_init(str(base), tmp / "staging"), remote / STAGED_DIR)
+    base.unlink()  # the share is gone: export and sample fall back to the copy
+    return remote
+
+
+@pytest.mark.parametrize("damage, command", [("none", "export"), ("fifo", "export"), ("fifo", "sample"),
+                                             ("link to /dev/zero", "export"), ("sparse terabyte", "export")])
+def test_a_hostile_base_copy_on_the_remote_is_refused_without_blocking(adapter_beside_its_base_copy, tmp_path,
+                                                                       corpus, damage, command):
+    """The remote is a place others write. Before, `export --merge` and `sample` of an adapter whose base is gone
+    read `<remote>/init/weights.pth` unchecked: a FIFO there blocked them for ever, a link to /dev/zero or a
+    sparse terabyte was read to its end. Now the copy is read as untrusted: exit 1 naming the file and what it is,
+    at once (the timeout only guards the test)."""
+    remote = shutil.copytree(adapter_beside_its_base_copy, tmp_path / "remote")
+    weights = remote / STAGED_DIR / STAGED_PTH
+    if damage != "none":
+        weights.unlink()
+    if damage == "fifo":
+        os.mkfifo(weights)
+    elif damage == "link to /dev/zero":
+        weights.symlink_to("/dev/zero")
+    elif damage == "sparse terabyte":
+        with open(weights, "wb") as f:
+            f.truncate(1 << 40)
+    adapter = remote / "step-00000001"
+    if command == "export":
+        done = cli("export", str(adapter), "--format", "minimind", "--merge", "--out", str(tmp_path / "m.pth"),
+                   timeout=180)
+    else:
+        done = cli("sample", str(adapter), "--prompt", "好", "--max-new-tokens", "2", "--device", "cpu",
+                   "--tokenizer", str(corpus[0] / "tokenizer.json"), timeout=180)
+    if damage == "none":
+        assert done.returncode == 0, done.stderr
+        return
+    said = {"fifo": "a FIFO", "link to /dev/zero": "a symbolic link", "sparse terabyte": "over "}[damage]
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"its copy at {remote / STAGED_DIR} is not usable: {weights}: {said}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "m.pth").exists()

@@ -158,23 +158,38 @@ def export(
                                                          "group (0750/0640) or all (0755/0644); your umask only "
                                                          "tightens it."),
 ) -> None:
-    """Export a checkpoint's weights for MiniMind or HF transformers."""
+    """Export a checkpoint's weights for MiniMind or HF transformers.
+
+    Written as .OUT.tmp beside --out and renamed onto it when complete; that temporary copy is removed on every
+    other way out (an error, Ctrl-C, SIGTERM), and an --out there before is left as it was. Exit status: 0 written,
+    1 a checkpoint or argument that cannot be exported, 2 an --out it must not write (a symbolic link; .OUT.tmp
+    already there: another export's), 74 the export could not be written (the message says why: a full disk or
+    quota with the room left, permission denied, a read-only or failing file system), 130 interrupted (Ctrl-C,
+    SIGTERM)."""
+    import signal
+
     from minilmd import perms
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt  # unwinds through the export's cleanup: its temporary copy removed
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     if share_problem := perms.problem(share, "--share"):
         typer.echo(f"minilmd export: {share_problem}", err=True)
         raise typer.Exit(2)
     perms.apply(share)  # before anything is created
-    from minilmd.trainer.model.export import (
-        ExportError,
-        export_hf,
-        export_minimind,
-        find_chat_config,
-        minimind_eval_command,
-        read_checkpoint,
-    )
+    from minilmd.trainer.model.export_paths import ExportError
 
     try:
+        from minilmd.trainer.model.export import (  # torch: seconds, which a Ctrl-C may interrupt
+            export_hf,
+            export_minimind,
+            find_chat_config,
+            minimind_eval_command,
+            read_checkpoint,
+        )
+
         if format == "minimind":
             path = export_minimind(checkpoint, out, merge)
             _, model_cfg, _ = read_checkpoint(checkpoint, validate=False, merge=merge)
@@ -198,3 +213,6 @@ def export(
     except ExportError as e:
         typer.echo(f"minilmd export: {e}", err=True)
         raise typer.Exit(e.exit_status) from None  # 2: an --out it must not write (a symbolic link)
+    except KeyboardInterrupt:
+        typer.echo(f"minilmd export: interrupted; nothing half-written is left beside {out}", err=True)
+        raise typer.Exit(130) from None

@@ -13,16 +13,21 @@ A LoRA checkpoint holds the adapters only (trainer/model/lora.py); its trainer_s
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 from minilmd import perms
 from minilmd.checkpoint import saved_lora
-from minilmd.fsio import publish_dir
 from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE
-from minilmd.trainer.model.export_paths import ExportError, _validate, fresh_export_dir, resolve_checkpoint, writing
+from minilmd.trainer.model.export_paths import (
+    ExportError,
+    _validate,
+    fresh_export_dir,
+    publish,
+    resolve_checkpoint,
+    writing_dir,
+)
 
 PEFT_PREFIX = "base_model.model."
 """What PeftModel puts before the wrapped model's own parameter names in a saved adapter."""
@@ -43,8 +48,9 @@ def lora_state(path: str | Path) -> dict | None:
 def _base_weights(ckpt: Path, state: dict, base: str | Path | None) -> dict:
     """The base weights of a LoRA checkpoint: `base`, else its recorded init path, else (that path gone, or other
     weights now) the durable copy its run kept beside its checkpoints (`<remote>/init`, `<scratch>/init`:
-    daemon/jobs/basecopy.py); validated strictly, and with the fingerprint the adapter was trained on."""
-    from minilmd.init_source import STAGED_DIR, STAGED_RECORD
+    daemon/jobs/basecopy.py), read as untrusted into a private directory first (basecopy_read.py); validated
+    strictly, and with the fingerprint the adapter was trained on."""
+    from minilmd.init_source import STAGED_DIR
     from minilmd.names import CHECKPOINTS
 
     recorded = state.get("init") or {}
@@ -56,11 +62,38 @@ def _base_weights(ckpt: Path, state: dict, base: str | Path | None) -> dict:
         copies = [ckpt.parent / STAGED_DIR]  # <remote>/step-X: <remote>/init
         if ckpt.parent.name == CHECKPOINTS:  # <scratch>/checkpoints/step-X: <scratch>/init
             copies.append(ckpt.parent.parent / STAGED_DIR)
+        unusable = []
         for copy in copies:
-            if (copy / STAGED_RECORD).is_file():
-                with contextlib.suppress(ExportError):
-                    return _load_base(state, str(recorded.get("from", "")), recorded, staged=copy)
+            try:
+                weights = _from_copy(state, recorded, copy)
+            except ExportError as e:  # said with the first error: why the base's own copy did not serve either
+                unusable.append(f"its copy at {copy} is not usable: {e}")
+                continue
+            if weights is not None:
+                return weights
+        if unusable:
+            raise ExportError(f"{first}; {'; '.join(unusable)}") from None
         raise first
+
+
+def _from_copy(state: dict, recorded: dict, copy: Path) -> dict | None:
+    """The base from its kept copy at `copy`, None when there is none there: copied into a private temporary
+    directory as untrusted, then loaded from there (nothing of the shared copy is opened twice)."""
+    import tempfile
+
+    from minilmd.trainer.model.basecopy_read import private_copy
+
+    with tempfile.TemporaryDirectory(prefix="minilmd-lora-base-") as tmp:
+        private = Path(tmp)
+        try:
+            if not private_copy(copy, recorded, state["config"]["model"], private):
+                return None
+        except OSError as e:  # writing the private copy (TMPDIR full?); reading the shared one is Unreadable
+            raise ExportError(f"it could not be copied into {tmp} ({e}); set TMPDIR to a place with room") from None
+        try:
+            return _load_base(state, str(recorded.get("from", "")), recorded, staged=private)
+        except ExportError as e:  # named by the copy, not by the private directory about to go
+            raise ExportError(str(e).replace(str(private), str(copy))) from None
 
 
 def _load_base(state: dict, source: str, recorded: dict, staged: Path | None = None) -> dict:
@@ -158,10 +191,10 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
     _validate(ckpt)
     tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in load_file(str(ckpt / MODEL_FILE)).items()}
     out_dir, tmp = fresh_export_dir(out_dir)
-    with writing(out_dir, tmp):
+    with writing_dir(out_dir, tmp):
         save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
         perms.settle_new_file(tmp / PEFT_WEIGHTS)  # safetensors makes it 0600 whatever --share says
         config = peft_config(state, base_name or str((state.get("init") or {}).get("path", "")))
         (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        published = publish_dir(tmp, out_dir)
+        published = publish(tmp, out_dir)
     return published

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from minilmd import perms
-from minilmd.fsio import publish_dir, publish_file
+from minilmd.fsio import publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
 from minilmd.names import (
     CORPUS_TOKENIZER,
@@ -33,8 +33,10 @@ from minilmd.trainer.model.export_paths import (
     _validate,
     fresh_export_dir,
     out_and_tmp,
+    publish,
     resolve_checkpoint,
-    writing,
+    writing_dir,
+    writing_file,
 )
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -167,9 +169,9 @@ def export_minimind(path: str | Path, out: str | Path, merge: bool = False) -> P
     weights, _, _ = read_checkpoint(path, merge=merge)
     out, tmp = out_and_tmp(out)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
-    with writing(out, tmp):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, tmp)
+    with writing_file(out, tmp) as f:
+        torch.save(state, f)  # through our file object: a write error reaches us with its errno
+        f.close()
         publish_file(tmp, out)
     return out
 
@@ -263,9 +265,9 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     out_dir, tmp = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
-    with writing(out_dir, tmp):
+    with writing_dir(out_dir, tmp):
         _write_hf(tmp, tensors, model_cfg, dtype, chat, tokenizer_path)
-        published = publish_dir(tmp, out_dir)  # an existing out_dir is empty (checked above)
+        published = publish(tmp, out_dir)  # an existing out_dir is empty (checked above)
     return published
 
 

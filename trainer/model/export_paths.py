@@ -1,14 +1,21 @@
 """Where an export reads and writes, for export.py (MiniMind's .pth, HF Qwen3) and adapter.py (PEFT) alike: the
 checkpoint a path names (a step directory, a root's LATEST or newest, a pointer file), strictly validated; the
-fresh --out directory and the temporary one beside it, written or removed whole (`writing`); ExportError. Torch-free.
+fresh --out and the temporary copy beside it, made by this process and removed again on every way out but its
+publishing (`writing_dir`, `writing_file`); ExportError and its exit statuses. Torch-free.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
+import re
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
+from minilmd.fsio import fsync_dir, fsync_file
 from minilmd.names import LATEST, MODEL_FILE, export_tmp_name
 
 
@@ -25,42 +32,141 @@ class OutRefused(ExportError):
 
 
 class ExportNotWritten(ExportError):
-    """Writing the export failed (the disk full, a quota, EIO): its temporary copy removed, nothing at --out; 74,
-    EX_IOERR, as the trainer's own write failures."""
+    """Writing the export failed (the disk full, a quota, no permission, a read-only or failing file system): its
+    temporary copy removed, nothing at --out; 74, EX_IOERR, as the trainer's own write failures. The message says
+    which: only a full disk or a quota is told to free space."""
 
     exit_status = 74
 
 
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_WHAT_TO_DO = {
+    errno.EACCES: "choose an --out you may write",
+    errno.EPERM: "choose an --out you may write",
+    errno.EROFS: "choose an --out on a writable file system",
+}
+
+
+def _write_errno(e: BaseException) -> int | None:
+    """The errno of a write error: an OSError's; the OSError torch.save's RuntimeError was raised while handling
+    (it writes through the file object it is given); the `(os error N)` a SafetensorError's message ends with."""
+    seen: BaseException | None = e
+    for _ in range(8):  # a chain of causes, never a loop
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno:
+            return seen.errno
+        seen = seen.__cause__ or seen.__context__
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    return int(found.group(1)) if found else None
+
+
 def _is_write_error(e: Exception) -> bool:
-    """An error of writing a file: an OSError, and what torch.save (a RuntimeError: "unexpected pos") and
-    safetensors (SafetensorError: "I/O error") make of one."""
-    if isinstance(e, (OSError, RuntimeError)):
+    """An error of writing a file: an OSError, or what torch.save and safetensors make of one. Anything else (a
+    bug) is not reported as the disk's fault."""
+    if isinstance(e, OSError) or _write_errno(e) is not None:
         return True
     from safetensors import SafetensorError
 
-    return isinstance(e, SafetensorError)
+    return isinstance(e, SafetensorError) and "I/O error" in str(e)
 
 
-@contextlib.contextmanager
-def writing(out: Path, tmp: Path) -> Iterator[None]:
-    """Around the writing of an export into `tmp` and its publishing as `out`: a write that fails removes `tmp` and
-    becomes ExportNotWritten, which says why and how much room is left, instead of a traceback with a half export
-    beside --out."""
-    try:
-        yield
-    except Exception as e:  # narrowed by _is_write_error: anything else is re-raised as it was
-        if not _is_write_error(e):
-            raise
-        if tmp.is_dir() and not tmp.is_symlink():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+def not_written(out: Path, e: BaseException) -> ExportNotWritten:
+    """What a write error means for the export: a full disk or quota with the room left there; anything else (no
+    permission, a read-only file system, EIO) said as what it is."""
+    code = _write_errno(e)
+    if code in SPACE_ERRNOS:
         try:
             free = f"; {shutil.disk_usage(out.parent).free / 1e6:,.1f} MB free there"
         except OSError:
             free = ""
-        raise ExportNotWritten(f"{out}: the export could not be written ({e}){free}; nothing was left behind, so "
-                               f"free some space (or choose another --out) and export again") from None
+        return ExportNotWritten(f"{out}: the export could not be written ({e}){free}; nothing was left behind, so "
+                                f"free some space (or choose another --out) and export again")
+    what = f"{os.strerror(code)}: " if code else ""
+    todo = _WHAT_TO_DO.get(code or 0, "export again, or choose another --out")
+    return ExportNotWritten(f"{out}: the export could not be written: {what}{e}; nothing was left behind; {todo}")
+
+
+@contextlib.contextmanager
+def writing_dir(out: Path, tmp: Path) -> Iterator[None]:
+    """Around writing an export into the directory `tmp`, made here, and publishing it as `out` (`publish`)."""
+    with _writing(out, tmp, directory=True):
+        yield
+
+
+@contextlib.contextmanager
+def writing_file(out: Path, tmp: Path) -> Iterator[BinaryIO]:
+    """Around writing an export into the file `tmp`, made here and given open, and publishing it as `out`."""
+    with _writing(out, tmp, directory=False) as f:
+        assert f is not None
+        yield f
+
+
+@contextlib.contextmanager
+def _writing(out: Path, tmp: Path, directory: bool) -> Iterator[BinaryIO | None]:
+    """`tmp` made for the export, and removed again on every way out but its publishing: a write error (then
+    ExportNotWritten, `not_written`), any other exception, Ctrl-C or SIGTERM (the CLI raises KeyboardInterrupt
+    for it). It is made exclusively, so removing it is ours to do: a name already taken is another export's
+    (running, or killed) and is refused, never reused nor removed. `out` itself is never touched here."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise not_written(out, e) from None
+    f = None
+    try:
+        if directory:
+            tmp.mkdir()
+            made = os.lstat(tmp)
+        else:
+            f = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666),
+                          "wb")
+            made = os.fstat(f.fileno())
+    except FileExistsError:
+        raise OutRefused(f"{tmp}: exists: another export to {out} is writing it, or one was killed before it "
+                         f"finished; remove it if no export is running, or choose another --out") from None
+    except OSError as e:
+        raise not_written(out, e) from None
+    try:
+        yield f
+    except BaseException as e:
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+        _remove_if_made(tmp, made)
+        if isinstance(e, Exception) and _is_write_error(e):
+            raise not_written(out, e) from None
+        raise
+    finally:
+        if f is not None:
+            f.close()
+
+
+def _remove_if_made(tmp: Path, made: os.stat_result) -> None:
+    """Remove `tmp` when it is still the one this export made (published, the name may be another export's)."""
+    try:
+        now = os.lstat(tmp)
+    except OSError:
+        return
+    if (now.st_dev, now.st_ino) != (made.st_dev, made.st_ino):
+        return
+    if stat.S_ISDIR(now.st_mode):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def publish(tmp: Path, out: Path) -> Path:
+    """The complete export directory renamed onto --out, durably. rename(2) replaces an empty directory at once and
+    refuses a non-empty one: an empty --out is never first moved aside (fsio.publish_dir), where an interrupt
+    could leave it."""
+    for where, _dirs, files in os.walk(tmp, topdown=False):
+        for name in files:
+            fsync_file(os.path.join(where, name))
+        fsync_dir(where)
+    os.rename(tmp, out)
+    fsync_dir(out.parent)
+    return out
 
 
 def out_and_tmp(out: str | Path) -> tuple[Path, Path]:
@@ -75,14 +181,11 @@ def out_and_tmp(out: str | Path) -> tuple[Path, Path]:
 
 
 def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
-    """(the export's directory, an empty temporary directory beside it to fill and publish_dir onto it); an
-    existing --out that is not an empty directory is refused."""
+    """(the export's directory, the temporary name beside it that `writing_dir` makes, to fill and `publish`
+    onto it); an existing --out that is not an empty directory is refused."""
     out_dir, tmp = out_and_tmp(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with writing(out_dir, tmp):
-        tmp.mkdir(parents=True)
     return out_dir, tmp
 
 
