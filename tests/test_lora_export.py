@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from minilmd.cli import app
 from minilmd.config import load_config
-from minilmd.init_source import STAGED_DIR, STAGED_PTH
+from minilmd.init_source import STAGED_DIR, STAGED_PTH, STAGED_RECORD
 from minilmd.protocol import EXIT_DONE
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.export import ExportError, load_model
@@ -137,7 +137,8 @@ def adapter_beside_its_base_copy(tmp_path_factory, corpus) -> Path:
 
 
 @pytest.mark.parametrize("damage, command", [("none", "export"), ("fifo", "export"), ("fifo", "sample"),
-                                             ("link to /dev/zero", "export"), ("sparse terabyte", "export")])
+                                             ("link to /dev/zero", "export"), ("sparse terabyte", "export"),
+                                             ("sparse terabyte, a record from before sizes", "export")])
 def test_a_hostile_base_copy_on_the_remote_is_refused_without_blocking(adapter_beside_its_base_copy, tmp_path,
                                                                        corpus, damage, command):
     """The remote is a place others write. Before, `export --merge` and `sample` of an adapter whose base is gone
@@ -152,9 +153,13 @@ def test_a_hostile_base_copy_on_the_remote_is_refused_without_blocking(adapter_b
         os.mkfifo(weights)
     elif damage == "link to /dev/zero":
         weights.symlink_to("/dev/zero")
-    elif damage == "sparse terabyte":
+    elif damage.startswith("sparse terabyte"):
         with open(weights, "wb") as f:
             f.truncate(1 << 40)
+    if damage.endswith("a record from before sizes"):  # then only the model's own size bounds the read
+        record = json.loads((remote / STAGED_DIR / STAGED_RECORD).read_text())
+        assert record.pop("size") > 0
+        (remote / STAGED_DIR / STAGED_RECORD).write_text(json.dumps(record))
     adapter = remote / "step-00000001"
     if command == "export":
         done = cli("export", str(adapter), "--format", "minimind", "--merge", "--out", str(tmp_path / "m.pth"),
@@ -165,7 +170,8 @@ def test_a_hostile_base_copy_on_the_remote_is_refused_without_blocking(adapter_b
     if damage == "none":
         assert done.returncode == 0, done.stderr
         return
-    said = {"fifo": "a FIFO", "link to /dev/zero": "a symbolic link", "sparse terabyte": "over "}[damage]
+    said = {"fifo": "a FIFO", "link to /dev/zero": "a symbolic link", "sparse terabyte": f"{1 << 40} bytes, listed as ",
+            "sparse terabyte, a record from before sizes": "over "}[damage]
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"its copy at {remote / STAGED_DIR} is not usable: {weights}: {said}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "m.pth").exists()

@@ -6,9 +6,10 @@ The remote is a place other users and machines write, so the copy there may hold
 a private directory of this process, every path looked at without following a link (a directory must be one, not
 a link to one), every file opened as minilmd/untrusted.py opens one (regular, no link, never blocked) and read for
 its listed size only: the record (`source.json`) bounded, the manifest bounded and hashed to the record's
-manifest_sha256, each checkpoint file of its manifest's size, a `.pth` (whose record lists no size) no bigger than
-the model's weights can be. The strict validation then reads only the private copy (every hash against the
-record, adapter.py's `_load_base`): what it checked is what gets loaded. Torch-free.
+manifest_sha256, each checkpoint file of its manifest's size, a `.pth` of the size its record lists (a record
+written before records held it: no bigger than the model's weights can be). The strict validation then reads
+only the private copy (every hash against the record, adapter.py's `_load_base`): what it checked is what gets
+loaded. Torch-free.
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def private_copy(copy: Path, recorded: dict, model_cfg: dict, dest: Path) -> boo
         record = loads(raw, path=copy / STAGED_RECORD)
         if record.get("from") != recorded.get("from") or not same_source(recorded, record):
             raise ExportError(f"it is a copy of another base, {describe(record)}")
-        files: dict[str, tuple[int | None, int | None]] = {STAGED_PTH: (None, pth_bound(model_cfg))} \
+        listed = record.get("size") if isinstance(record.get("size"), int) else None  # None: a record from before
+        files: dict[str, tuple[int | None, int | None]] = {STAGED_PTH: (listed, pth_bound(model_cfg))} \
             if record.get("kind") == "minimind" else _checkpoint_files(copy, record, dest)
         for rel, (size, bound) in files.items():
             with open(dest / rel, "xb") as out:
