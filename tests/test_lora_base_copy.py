@@ -231,6 +231,37 @@ def test_a_remote_failing_while_the_base_is_fetched_is_waited_for_never_a_fallba
     assert same_source(record, _staged_record(_stage_inputs(cfg)))
 
 
+@pytest.mark.parametrize("outage", ["gone", "unmounted"])
+def test_a_remote_gone_or_unmounted_is_waited_for_when_checkpoints_record_their_base(tmp_path, corpus, undisturbed,
+                                                                                     outage):
+    """On main a remote root not there, or an empty directory (an NFS remote unmounted: its mount point's stub),
+    read as "no copy": init.from, changed meanwhile, was staged and the trainer refused it for good (exit 2). A
+    remote that answers with no `init` (the first sync had not copied it) still falls back to init.from, and so does
+    a first start, which has no checkpoint to resume."""
+    remote = tmp_path / "remote"
+    cfg, record = _resumed_lora_run(tmp_path, corpus, undisturbed, str(remote))
+    os.rename(remote, tmp_path / "remote.elsewhere")
+    if outage == "unmounted":
+        remote.mkdir()
+    said = "not there" if outage == "gone" else "an empty directory"
+    with pytest.raises(SourceUnreachable, match=said):
+        _stage_inputs(cfg)
+    assert not (cfg.scratch_dir / "init").exists()
+
+    shutil.rmtree(remote, ignore_errors=True)
+    os.rename(tmp_path / "remote.elsewhere", remote)  # the share is back: the base the checkpoint records
+    assert same_source(record, _staged_record(_stage_inputs(cfg)))
+
+    shutil.rmtree(cfg.scratch_dir / "init")
+    shutil.rmtree(remote / basecopy.REMOTE_BASE)  # a remote that answers, with no copy of the base yet
+    (remote / "step-00000004").mkdir()
+    assert not same_source(record, _staged_record(_stage_inputs(cfg)))  # init.from, as before (the trainer says)
+
+    shutil.rmtree(cfg.scratch_dir)  # a first start: nothing to resume, no copy on the remote needed
+    shutil.rmtree(remote)
+    assert _staged_record(_stage_inputs(cfg))["from"] == cfg.init.from_
+
+
 def test_a_staged_copy_of_another_base_is_not_reused_for_a_resume(tmp_path, corpus, undisturbed):
     """What a fallback on main staged (init.from after it changed) is not the base the checkpoint records: the
     next start fetches that base from the remote instead of reusing the copy the trainer refuses."""
