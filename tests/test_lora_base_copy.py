@@ -3,6 +3,7 @@
 and `export --merge` of its adapters still finds that base."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -138,6 +139,38 @@ class RestagedWhilePushed(Remote):
         if self.puts == 2:
             publish_dir(self.other, self.staged)
         return super().put(local, *names)
+
+
+class WrittenToWhilePushed(Remote):
+    """Another user appends to each file of a push as soon as it is copied, before it is read back; what each
+    read-back hashed is kept (digests)."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.digests: list[str] = []
+
+    def put(self, local: Path, *names: str) -> int:
+        n = super().put(local, *names)
+        with open(self.path(*names), "ab") as f:
+            f.write(b"x" * (8 << 20))
+        return n
+
+    def sha256(self, *names: str, **size) -> str:
+        self.digests.append(super().sha256(*names, **size))
+        return self.digests[-1]
+
+
+def test_a_base_copy_written_past_its_size_is_read_back_no_further(tmp_path):
+    """On main the push's read-back hashed a file of the copy to its end, however long another user made it."""
+    pth = tmp_path / "share" / "base.pth"
+    pth.parent.mkdir()
+    pth.write_bytes(os.urandom(4096))
+    staged = initstage.stage_init(str(pth), tmp_path / "scratch")
+    remote = WrittenToWhilePushed(str(tmp_path / "remote"))
+    with pytest.raises(basecopy.BaseCopyError, match="not the file its record lists"):
+        basecopy.push(remote, staged, "h", 1)
+    assert remote.digests == [hashlib.sha256(pth.read_bytes() + b"x").hexdigest()]  # one byte past, no further
+    assert remote.names() == []
 
 
 def test_a_base_staged_again_while_pushed_leaves_no_mixed_copy(tmp_path, undisturbed):

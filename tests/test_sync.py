@@ -2,6 +2,7 @@
 valid checkpoint (also when a sync is SIGKILLed half-way), retention, damaged copies, fetch for a resume."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -425,3 +426,30 @@ def test_a_remote_checkpoint_file_written_past_its_listed_size_is_downloaded_no_
     problems = syncer._download("step-00000010", syncer.remote.manifest("step-00000010"), tmp)
     assert (tmp / ck.TRAINER_STATE).stat().st_size == listed + 1
     assert problems and ck.TRAINER_STATE in problems[0], problems
+
+
+class StaleSizes(remote_mod.Remote):
+    """A remote whose sizes lag (an NFS client's attribute cache): every file has the size it had when listed."""
+
+    def __init__(self, url: str, sizes: dict[tuple[str, ...], int]):
+        super().__init__(url)
+        self.sizes = sizes
+
+    def size(self, *names: str) -> int | None:
+        return self.sizes.get(names, super().size(*names))
+
+
+def test_a_remote_checkpoint_file_written_past_its_listed_size_is_hashed_no_further(dirs, weights, tmp_path):
+    """On main the full check (`intact(full_hash=True)`: LATEST moved to a remote checkpoint, the push's read-back)
+    hashed a file to its end, however long another user made it, when its size still read as listed."""
+    local, remote = dirs
+    save(local, 10, weights)
+    Syncer(local, str(remote), EXPECTED).sync_newest()
+    victim = remote / "step-00000010" / ck.TRAINER_STATE
+    listed = victim.read_bytes()
+    with victim.open("ab") as f:
+        f.write(b"x" * (8 << 20))
+    stale = StaleSizes(str(remote), {("step-00000010", ck.TRAINER_STATE): len(listed)})
+    _, problems = stale.intact("step-00000010", full_hash=True)
+    read = hashlib.sha256(listed + b"x").hexdigest()  # one byte past the listed size, no further
+    assert len(problems) == 1 and f"file has {read[:16]}" in problems[0], problems

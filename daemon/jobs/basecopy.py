@@ -95,8 +95,9 @@ def push(remote: Remote, staged: Path, host: str, pid: int) -> int:
         nbytes = 0
         # each read back against the record, not the local file: a base staged again meanwhile leaves no mixed copy
         for rel, digest in hashes.items():
-            nbytes += remote.put(staged / rel, target, *_parts(rel))
-            if remote.sha256(target, *_parts(rel)) != digest:
+            copied = remote.put(staged / rel, target, *_parts(rel))
+            nbytes += copied
+            if remote.sha256(target, *_parts(rel), size=copied) != digest:  # read no further than it was written
                 raise BaseCopyError(f"the copy of the LoRA base's {rel} at {remote.show(target)} is not the file "
                                     f"its record lists (read back differently, or staged again meanwhile)")
     except BaseException:

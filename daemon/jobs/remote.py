@@ -23,10 +23,13 @@ POINTER_MAX_BYTES, MANIFEST_MAX_BYTES = 4096, 1 << 20  # as a local checkpoint's
 CHUNK = 8 * 1024 * 1024
 
 
-def _sha256_stream(f) -> str:
-    h = hashlib.sha256()
-    while chunk := f.read(CHUNK):
+def _sha256_stream(f, size: int) -> str:
+    """The sha256 of at most size + 1 bytes of f: a file longer than expected hashes as a mismatch, never read to
+    its end (others may write to it as it is read, or make it a sparse terabyte)."""
+    h, left = hashlib.sha256(), size + 1
+    while left > 0 and (chunk := f.read(min(CHUNK, left))):
         h.update(chunk)
+        left -= len(chunk)
     return h.hexdigest()
 
 
@@ -67,9 +70,10 @@ class Remote:
         except FileNotFoundError:
             return None
 
-    def sha256(self, *names: str) -> str:
+    def sha256(self, *names: str, size: int) -> str:
+        """The sha256 of a file expected to hold `size` bytes, read no further than one byte past them."""
         with self.fs.open(self.path(*names), "rb") as f:
-            return _sha256_stream(f)
+            return _sha256_stream(f, size)
 
     def cat(self, path: str, max_bytes: int) -> bytes:
         """A small file of the remote; a local one read as untrusted (minilmd/untrusted.py: never a FIFO nobody
@@ -178,6 +182,10 @@ class Remote:
         return [f"{self.show(name, f)}: {kind}, not a regular file" for f in files
                 if (kind := not_regular(self.path(name, f)))]
 
+    def hasher(self, name: str, manifest: dict):
+        """sha256_of for verify_manifest: each file of checkpoint `name` hashed as far as its manifest's size."""
+        return lambda f: self.sha256(name, f, size=manifest["files"][f]["size"])
+
     def intact(self, name: str, full_hash: bool = False) -> tuple[dict | None, list[str]]:
         """(manifest, problems) of a remote checkpoint; sizes always, sha256 when full_hash."""
         manifest = self.manifest(name)
@@ -187,6 +195,5 @@ class Remote:
         if odd:
             return manifest, odd
         if full_hash:
-            return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f),
-                                                lambda f: self.sha256(name, f))
+            return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f), self.hasher(name, manifest))
         return manifest, table_problems(manifest["files"], lambda f: self.size(name, f), listed_in=MANIFEST)

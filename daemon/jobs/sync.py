@@ -187,8 +187,7 @@ class Syncer:
         remote.makedirs(target)
         try:
             nbytes = sum(remote.put(local / f, target, f) for f in manifest["files"])
-            problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f),
-                                          lambda f: remote.sha256(target, f))
+            problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f), remote.hasher(target, manifest))
             if problems:
                 raise SyncError(f"remote copy of {name} at {remote.show(target)} does not match its manifest: "
                                 + "; ".join(problems[:3]))
