@@ -54,7 +54,7 @@ def test_the_base_is_copied_once_read_back_and_fetched_only_for_the_base_a_check
         assert basecopy.fetch(remote, *args, empty) is None and not any(empty.iterdir())
 
 
-@pytest.mark.parametrize("damage", ["flipped byte", "fifo", "forged manifest"])
+@pytest.mark.parametrize("damage", ["flipped byte", "fifo", "forged manifest", "link"])
 def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, undisturbed, damage):
     """The remote is a place other users and machines write: a copy there is used only when every hash is the
     one the run's checkpoint records; a FIFO in it is refused unopened."""
@@ -70,6 +70,10 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     elif damage == "fifo":
         weights.unlink()
         os.mkfifo(weights)
+    elif damage == "link":  # to another user's file of the same bytes: on main fetched through the link
+        theirs = shutil.copy(weights, tmp_path / "theirs")
+        weights.unlink()
+        weights.symlink_to(theirs)
     else:
         manifest = json.loads((copy / names.MANIFEST).read_text())
         manifest["step"] = -1
@@ -78,7 +82,8 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     dest.mkdir()
     problems = basecopy.fetch(remote, record["from"], record, dest)
     assert problems, damage
-    expected = {"flipped byte": "differs", "fifo": "not a regular file", "forged manifest": "not the manifest"}
+    expected = {"flipped byte": "differs", "fifo": "not a regular file", "forged manifest": "not the manifest",
+                "link": f"a symbolic link to {tmp_path / 'theirs'}, not followed"}
     assert expected[damage] in problems[0], problems
 
 
