@@ -3,6 +3,7 @@
 and `export --merge` of its adapters still finds that base."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -54,7 +55,7 @@ def test_the_base_is_copied_once_read_back_and_fetched_only_for_the_base_a_check
         assert basecopy.fetch(remote, *args, empty) is None and not any(empty.iterdir())
 
 
-@pytest.mark.parametrize("damage", ["flipped byte", "fifo", "forged manifest"])
+@pytest.mark.parametrize("damage", ["flipped byte", "fifo", "forged manifest", "link"])
 def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, undisturbed, damage):
     """The remote is a place other users and machines write: a copy there is used only when every hash is the
     one the run's checkpoint records; a FIFO in it is refused unopened."""
@@ -70,6 +71,10 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     elif damage == "fifo":
         weights.unlink()
         os.mkfifo(weights)
+    elif damage == "link":  # to another user's file of the same bytes: on main fetched through the link
+        theirs = shutil.copy(weights, tmp_path / "theirs")
+        weights.unlink()
+        weights.symlink_to(theirs)
     else:
         manifest = json.loads((copy / names.MANIFEST).read_text())
         manifest["step"] = -1
@@ -78,7 +83,8 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     dest.mkdir()
     problems = basecopy.fetch(remote, record["from"], record, dest)
     assert problems, damage
-    expected = {"flipped byte": "differs", "fifo": "not a regular file", "forged manifest": "not the manifest"}
+    expected = {"flipped byte": "differs", "fifo": "not a regular file", "forged manifest": "not the manifest",
+                "link": f"a symbolic link to {tmp_path / 'theirs'}, not followed"}
     assert expected[damage] in problems[0], problems
 
 
@@ -139,6 +145,38 @@ class RestagedWhilePushed(Remote):
         if self.puts == 2:
             publish_dir(self.other, self.staged)
         return super().put(local, *names)
+
+
+class WrittenToWhilePushed(Remote):
+    """Another user appends to each file of a push as soon as it is copied, before it is read back; what each
+    read-back hashed is kept (digests)."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.digests: list[str] = []
+
+    def put(self, local: Path, *names: str) -> int:
+        n = super().put(local, *names)
+        with open(self.path(*names), "ab") as f:
+            f.write(b"x" * (8 << 20))
+        return n
+
+    def sha256(self, *names: str, **size) -> str:
+        self.digests.append(super().sha256(*names, **size))
+        return self.digests[-1]
+
+
+def test_a_base_copy_written_past_its_size_is_read_back_no_further(tmp_path):
+    """On main the push's read-back hashed a file of the copy to its end, however long another user made it."""
+    pth = tmp_path / "share" / "base.pth"
+    pth.parent.mkdir()
+    pth.write_bytes(os.urandom(4096))
+    staged = initstage.stage_init(str(pth), tmp_path / "scratch")
+    remote = WrittenToWhilePushed(str(tmp_path / "remote"))
+    with pytest.raises(basecopy.BaseCopyError, match="not the file its record lists"):
+        basecopy.push(remote, staged, "h", 1)
+    assert remote.digests == [hashlib.sha256(pth.read_bytes() + b"x").hexdigest()]  # one byte past, no further
+    assert remote.names() == []
 
 
 def test_a_base_staged_again_while_pushed_leaves_no_mixed_copy(tmp_path, undisturbed):
@@ -230,6 +268,37 @@ def test_a_remote_failing_while_the_base_is_fetched_is_waited_for_never_a_fallba
     assert faultfs.hits("error") and not (cfg.scratch_dir / "init").exists()
     faultfs.clear()  # the remote answers again: the retry stages the base the checkpoint was trained on
     assert same_source(record, _staged_record(_stage_inputs(cfg)))
+
+
+@pytest.mark.parametrize("outage", ["gone", "unmounted"])
+def test_a_remote_gone_or_unmounted_is_waited_for_when_checkpoints_record_their_base(tmp_path, corpus, undisturbed,
+                                                                                     outage):
+    """On main a remote root not there, or an empty directory (an NFS remote unmounted: its mount point's stub),
+    read as "no copy": init.from, changed meanwhile, was staged and the trainer refused it for good (exit 2). A
+    remote that answers with no `init` (the first sync had not copied it) still falls back to init.from, and so does
+    a first start, which has no checkpoint to resume."""
+    remote = tmp_path / "remote"
+    cfg, record = _resumed_lora_run(tmp_path, corpus, undisturbed, str(remote))
+    os.rename(remote, tmp_path / "remote.elsewhere")
+    if outage == "unmounted":
+        remote.mkdir()
+    said = "not there" if outage == "gone" else "an empty directory"
+    with pytest.raises(SourceUnreachable, match=said):
+        _stage_inputs(cfg)
+    assert not (cfg.scratch_dir / "init").exists()
+
+    shutil.rmtree(remote, ignore_errors=True)
+    os.rename(tmp_path / "remote.elsewhere", remote)  # the share is back: the base the checkpoint records
+    assert same_source(record, _staged_record(_stage_inputs(cfg)))
+
+    shutil.rmtree(cfg.scratch_dir / "init")
+    shutil.rmtree(remote / basecopy.REMOTE_BASE)  # a remote that answers, with no copy of the base yet
+    (remote / "step-00000004").mkdir()
+    assert not same_source(record, _staged_record(_stage_inputs(cfg)))  # init.from, as before (the trainer says)
+
+    shutil.rmtree(cfg.scratch_dir)  # a first start: nothing to resume, no copy on the remote needed
+    shutil.rmtree(remote)
+    assert _staged_record(_stage_inputs(cfg))["from"] == cfg.init.from_
 
 
 def test_a_staged_copy_of_another_base_is_not_reused_for_a_resume(tmp_path, corpus, undisturbed):

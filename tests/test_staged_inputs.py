@@ -77,14 +77,31 @@ def test_the_probe_stages_its_val_split_only_reuses_a_good_copy_and_recopies_a_d
 def test_a_probe_gone_is_unreachable_a_probe_there_and_wrong_is_invalid(tmp_path, corpus):
     with pytest.raises(initstage.SourceUnreachable, match="No such file"):
         initstage.stage_probe(str(tmp_path / "gone"), tmp_path / "scratch")
-    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a corpus")  # (an empty directory: a share not mounted)
     with pytest.raises(SourceInvalid, match="no meta.json"):
-        initstage.stage_probe(str(tmp_path / "empty"), tmp_path / "scratch")
+        initstage.stage_probe(str(tmp_path / "other"), tmp_path / "scratch")
     wrong = shutil.copytree(corpus[0], tmp_path / "wrong")
     (wrong / "val" / "tokens.bin").write_bytes(b"\x01\x00" * 10)  # not what its meta.json lists
     with pytest.raises(SourceInvalid, match="meta.json"):
         initstage.stage_probe(str(wrong), tmp_path / "scratch")
     assert not (tmp_path / "scratch" / "probe").exists()
+
+
+def test_an_empty_probe_directory_is_an_unmounted_share_waited_for_or_its_copy_used(tmp_path, corpus):
+    """A probe corpus that is a mount point reads as an empty directory while its share is not mounted: on main
+    "no meta.json", a final data error (65), though scratch held a verified copy (the main corpus's rule since
+    651f68c)."""
+    source = shutil.copytree(corpus[0], tmp_path / "share" / "probe")
+    staged = initstage.stage_probe(str(source), tmp_path / "scratch")
+    os.rename(source, source.with_name("mounted-elsewhere"))
+    source.mkdir()  # the mount point's stub
+    logged: list[str] = []
+    assert initstage.stage_probe(str(source), tmp_path / "scratch", logged.append) == staged
+    assert any("empty directory" in m and "reusing its verified copy" in m for m in logged), logged
+    with pytest.raises(initstage.SourceUnreachable, match="empty directory"):
+        initstage.stage_probe(str(source), tmp_path / "empty-scratch")  # nothing staged yet: waited for
+    assert not (tmp_path / "empty-scratch" / "probe").exists()
 
 
 def test_init_from_stages_a_checkpoint_with_the_sources_own_record(tmp_path, undisturbed):
@@ -238,6 +255,7 @@ def test_a_staged_base_damaged_in_scratch_is_fetched_again_and_the_run_finishes(
 
 def test_a_probe_there_and_not_a_corpus_stays_a_final_data_error(tmp_path, corpus):
     (tmp_path / "not-a-corpus").mkdir()
+    (tmp_path / "not-a-corpus" / "notes.txt").write_text("not a corpus")  # empty: a share not mounted, waited for
     config = write_config(tmp_path, corpus, remote=False, eval={"probe": str(tmp_path / "not-a-corpus")})
     assert run_supervisor(config, tmp_path) == 65, (tmp_path / "supervisor.out").read_text()[-2000:]
     assert "no meta.json" in state(load_config(config).run_dir)["last_error"]

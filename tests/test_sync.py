@@ -2,6 +2,7 @@
 valid checkpoint (also when a sync is SIGKILLed half-way), retention, damaged copies, fetch for a resume."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
 from minilmd.names import QUARANTINE, sync_tmp_name
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
+from minilmd.untrusted import Unreadable
 from waiting import wait_until
 
 torch.set_num_threads(1)
@@ -425,3 +427,106 @@ def test_a_remote_checkpoint_file_written_past_its_listed_size_is_downloaded_no_
     problems = syncer._download("step-00000010", syncer.remote.manifest("step-00000010"), tmp)
     assert (tmp / ck.TRAINER_STATE).stat().st_size == listed + 1
     assert problems and ck.TRAINER_STATE in problems[0], problems
+
+
+class StaleSizes(remote_mod.Remote):
+    """A remote whose sizes lag (an NFS client's attribute cache): every file has the size it had when listed."""
+
+    def __init__(self, url: str, sizes: dict[tuple[str, ...], int]):
+        super().__init__(url)
+        self.sizes = sizes
+
+    def size(self, *names: str) -> int | None:
+        return self.sizes.get(names, super().size(*names))
+
+
+def test_a_remote_checkpoint_file_written_past_its_listed_size_is_hashed_no_further(dirs, weights, tmp_path):
+    """On main the full check (`intact(full_hash=True)`: LATEST moved to a remote checkpoint, the push's read-back)
+    hashed a file to its end, however long another user made it, when its size still read as listed."""
+    local, remote = dirs
+    save(local, 10, weights)
+    Syncer(local, str(remote), EXPECTED).sync_newest()
+    victim = remote / "step-00000010" / ck.TRAINER_STATE
+    listed = victim.read_bytes()
+    with victim.open("ab") as f:
+        f.write(b"x" * (8 << 20))
+    stale = StaleSizes(str(remote), {("step-00000010", ck.TRAINER_STATE): len(listed)})
+    _, problems = stale.intact("step-00000010", full_hash=True)
+    read = hashlib.sha256(listed + b"x").hexdigest()  # one byte past the listed size, no further
+    assert len(problems) == 1 and f"file has {read[:16]}" in problems[0], problems
+
+
+def _within(seconds: float, fn):
+    """fn() in a thread, its result; fails (never hangs) when it blocks: a FIFO opened, /dev/zero read."""
+    import threading
+
+    results: list = []
+
+    def run():
+        try:
+            results.append((fn(), None))
+        except Exception as e:  # noqa: BLE001 - raised again in the test's thread
+            results.append((None, e))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)  # not a timing: a regression never returns
+    if worker.is_alive():
+        pytest.fail(f"{fn} blocked (a link followed to a FIFO or /dev/zero?)")
+    value, error = results[0]
+    if error is not None:
+        raise error
+    return value
+
+
+@pytest.mark.parametrize("target", ["another user's file", "fifo", "/dev/zero"])
+def test_a_link_placed_in_a_remote_checkpoint_is_never_followed(dirs, weights, tmp_path, target):
+    """On main a local remote's checks and downloads followed a symlink in a checkpoint: to another user's file of
+    the same bytes, the checkpoint verified and was fetched from it. It is a problem of the checkpoint now, saying
+    what was found, and nothing it points at is opened."""
+    local, remote = dirs
+    save(tmp_path / "old-scratch", 10, weights)
+    Syncer(tmp_path / "old-scratch", str(remote), EXPECTED).sync_newest()
+    victim = remote / "step-00000010" / ck.TRAINER_STATE
+    if target == "another user's file":
+        pointed = tmp_path / "theirs"
+        pointed.write_bytes(victim.read_bytes())
+    elif target == "fifo":
+        pointed = tmp_path / "fifo"
+        os.mkfifo(pointed)
+    else:
+        pointed = Path(target)
+    victim.unlink()
+    victim.symlink_to(pointed)
+    said = f"{victim}: a symbolic link to {pointed}, not followed"
+    assert _within(120, lambda: remote_mod.Remote(str(remote)).intact("step-00000010", full_hash=True)[1]) == [said]
+    opened = remote_mod.Remote(str(remote))  # the opens themselves, past the checks (a link placed meanwhile)
+    for read in (lambda: opened.sha256("step-00000010", ck.TRAINER_STATE, size=1),
+                 lambda: opened.get(("step-00000010", ck.TRAINER_STATE), tmp_path / "got", 1)):
+        with pytest.raises(Unreadable, match="a symbolic link"):
+            _within(120, read)
+    logs: list[str] = []
+    assert _within(120, lambda: Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest()) is None
+    assert any(said in m for m in logs), logs
+    assert not (local / "step-00000010").exists()
+
+
+def test_a_remote_step_directory_that_is_a_link_is_neither_read_moved_nor_deleted(dirs, weights, tmp_path):
+    """A step directory placed on a local remote as a link to another user's checkpoint: on main it was read
+    through (fetched from, counted by retention). Now it is not read, not quarantined (the reason would be written
+    into their directory), not deleted by retention (not this run's), and the run's own checkpoint is fetched."""
+    local, remote = dirs
+    theirs = tmp_path / "theirs"
+    save(theirs, 20, weights)
+    save(tmp_path / "old-scratch", 10, weights)
+    syncer = Syncer(tmp_path / "old-scratch", str(remote), EXPECTED, keep=1)
+    syncer.sync_newest()
+    (remote / "step-00000020").symlink_to(theirs / "step-00000020")
+    before = sorted(p.name for p in (theirs / "step-00000020").iterdir())
+    logs: list[str] = []
+    fetched = Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest()
+    assert fetched == local / "step-00000010", logs
+    assert any(f"{remote}/step-00000020 is a symbolic link to {theirs}/step-00000020" in m for m in logs), logs
+    syncer.sync_newest()  # retention with keep=1
+    assert (remote / "step-00000020").is_symlink() and (remote / "step-00000010").is_dir()
+    assert sorted(p.name for p in (theirs / "step-00000020").iterdir()) == before

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import shutil
 from pathlib import Path
 
@@ -94,8 +95,9 @@ def push(remote: Remote, staged: Path, host: str, pid: int) -> int:
         nbytes = 0
         # each read back against the record, not the local file: a base staged again meanwhile leaves no mixed copy
         for rel, digest in hashes.items():
-            nbytes += remote.put(staged / rel, target, *_parts(rel))
-            if remote.sha256(target, *_parts(rel)) != digest:
+            copied = remote.put(staged / rel, target, *_parts(rel))
+            nbytes += copied
+            if remote.sha256(target, *_parts(rel), size=copied) != digest:  # read no further than it was written
                 raise BaseCopyError(f"the copy of the LoRA base's {rel} at {remote.show(target)} is not the file "
                                     f"its record lists (read back differently, or staged again meanwhile)")
     except BaseException:
@@ -158,8 +160,9 @@ def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads:
     """The base a LoRA run's newest local checkpoint was trained on (`trained_on`, initstage.trained_on), from
     `<remote>/init` into `<scratch>/init`, verified; False when there is nothing to resume, no remote, or no
     usable copy there (logged when there was one): staging reads init.from then, as at the first start. A remote
-    that cannot be read now raises SourceUnreachable: waited for, never a fallback to init.from, which may hold
-    other weights by now (staged, the trainer would refuse them for good). `reads` is told what is read."""
+    that cannot be read now (an error; its root not there or an empty directory) raises SourceUnreachable: waited
+    for, never a fallback to init.from, which may hold other weights by now (staged, the trainer would refuse them
+    for good). `reads` is told what is read."""
     remote = _remote_of(cfg)
     if remote is None or not trained_on:
         return False
@@ -168,12 +171,18 @@ def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads:
     reads.reading(f"the LoRA base's copy {where}")  # what a stall names: this, not init.from, is read now
     tmp = fresh_tmp(cfg.scratch_dir, INIT_DIR)
     try:
+        # "no copy" only from a remote that answers: its share gone or not mounted holds the copy these checkpoints
+        # need, and init.from may hold other weights by now
+        if absent := _absent(remote):
+            raise SourceUnreachable(f"{remote.url}: {absent}")
         problems = fetch(remote, cfg.init.from_, trained_on, tmp, reads.answer)
         if problems == []:
             publish_dir(tmp, cfg.scratch_dir / INIT_DIR)
             log(f"staging: the LoRA base this run trained on fetched from {where} and verified "
                 f"at {cfg.scratch_dir / INIT_DIR}")
             return True
+    except SourceUnreachable:
+        raise
     except Exception as e:  # noqa: BLE001 - an EIO, a stale mount, a store that errors: as a checkpoint fetch
         raise SourceUnreachable(f"{where}: cannot be read ({type(e).__name__}: {e})") from None
     finally:
@@ -181,6 +190,17 @@ def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads:
     if problems:
         log(f"staging: the LoRA base's copy on the remote is not usable ({problems[0]}): reading init.from")
     return False
+
+
+def _absent(remote: Remote) -> str:
+    """How the remote root is absent ("" when it holds anything): not there (its share gone), or an empty directory
+    (a mount point whose share is not mounted reads as its empty stub). A remote that holds checkpoints or anything
+    else and no `init` simply has no copy yet (the first sync had not copied it)."""
+    if remote.names():
+        return ""
+    if remote.local and not os.path.isdir(remote.root):
+        return "not there (its share gone?)"
+    return "an empty directory (its share not mounted?)" if remote.local else "holds nothing (not reachable?)"
 
 
 def _remote_of(cfg) -> Remote | None:

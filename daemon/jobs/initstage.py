@@ -13,9 +13,10 @@ Each is published by a rename only once verified, reused while it verifies, copi
 init.from is fetched once per run: a verified copy of the same `from` is reused without reading the source (a LoRA
 run's base must stay the one its checkpoints record anyway); the probe's source is read for a changed meta.json,
 and its verified copy used while the source cannot be read.
-A source that cannot be read (gone, EIO, a stalled mount that errors) raises SourceUnreachable: the staging worker
-waits and retries with backoff; a source that is read and wrong raises SourceInvalid (exit 65) or InitSourceError
-(exit 2), final as before. Torch-free; the blocking job of daemon/jobs/stagingworker.py.
+A source that cannot be read (gone, EIO, a stalled mount that errors; a probe that is an empty directory too, a
+mount point whose share is not mounted) raises SourceUnreachable: the staging worker waits and retries with backoff;
+a source that is read and wrong raises SourceInvalid (exit 65) or InitSourceError (exit 2), final as before.
+Torch-free; the blocking job of daemon/jobs/stagingworker.py.
 """
 from __future__ import annotations
 
@@ -132,13 +133,12 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None, answered=lambd
     root, final = Path(source), scratch / PROBE_DIR
     try:
         raw = _read_source(root / CORPUS_META, MAX_META_BYTES, "prepared corpus's meta.json")
-    except SourceUnreachable as e:
-        if root.is_dir() and not (root / CORPUS_META).exists():  # there, and not a prepared corpus: final
-            raise SourceInvalid(f"{source}: no {CORPUS_META} (not an output of `minilmd prepare`)") from None
-        if (final / CORPUS_META).is_file() and not probe_problems(final):
-            log(f"staging: the probe source cannot be read ({e}): reusing its verified copy at {final}")
+    except SourceUnreachable as unread:
+        why = _probe_meta_missing(root, source) or unread
+        if isinstance(why, SourceUnreachable) and (final / CORPUS_META).is_file() and not probe_problems(final):
+            log(f"staging: the probe source cannot be read ({why}): reusing its verified copy at {final}")
             return final
-        raise
+        raise why from None
     try:
         meta = parse_meta(raw, f"{source}/{CORPUS_META}")
     except CorpusError as e:
@@ -168,6 +168,22 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None, answered=lambd
         raise
     log(f"staging: the probe's val split of {source} staged and verified at {final}")
     return final
+
+
+def _probe_meta_missing(root: Path, source: str) -> SourceInvalid | SourceUnreachable | None:
+    """What a probe source whose meta.json is missing is (as the corpus's, daemon/jobs/staging.py): a directory
+    holding other files is not a prepared corpus (final); an empty one is a mount point whose share is not mounted
+    (its empty stub), waited for as a share gone; None when there is no directory (the caller's "No such file")
+    or meta.json is there after all (its own read error stands)."""
+    try:
+        if (root / CORPUS_META).exists() or not root.is_dir():
+            return None
+        empty = not os.listdir(root)
+    except OSError:  # a listing that fails: as an unmounted share
+        empty = True
+    if empty:
+        return SourceUnreachable(f"{source}: an empty directory (its share not mounted?)")
+    return SourceInvalid(f"{source}: no {CORPUS_META} (not an output of `minilmd prepare`)")
 
 
 # --- init.from ------------------------------------------------------------------------------------------------------

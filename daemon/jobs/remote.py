@@ -1,8 +1,10 @@
 """The remote of a run's checkpoints (daemon/jobs/sync.py's one view of it): the few file operations sync needs,
 over fsspec (an NFS path or any fsspec URL), with atomic renames and fsync where the store has them. A local
 remote (NFS included) is a place other users and machines may write: its small files are read as untrusted
-(minilmd/untrusted.py), and a listed file that is not a regular file (a FIFO would block a hash, a link to
-/dev/zero never end one) is a problem of its checkpoint before anything of it is read. Torch-free.
+(minilmd/untrusted.py), no link followed from the root down (one placed there may point at another user's file,
+/dev/zero or a FIFO), and a listed file that is not a regular file or lies past a link (a FIFO would block a hash,
+/dev/zero never end one) is a problem of its checkpoint before anything of it is read. A hash reads no further
+than one byte past the size its caller expects. Torch-free.
 """
 from __future__ import annotations
 
@@ -10,23 +12,27 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 
 from minilmd import checkpoint as ck
-from minilmd.fsio import atomic_write_text, not_regular, publish_dir, table_problems
+from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import LATEST, MANIFEST, is_step_name, step_of
-from minilmd.untrusted import Unreadable, loads, read_bytes
+from minilmd.untrusted import Unreadable, file_kind, loads, open_regular, printable, read_bytes
 
 POINTER_MAX_BYTES, MANIFEST_MAX_BYTES = 4096, 1 << 20  # as a local checkpoint's are read (minilmd/checkpoint.py)
 
 CHUNK = 8 * 1024 * 1024
 
 
-def _sha256_stream(f) -> str:
-    h = hashlib.sha256()
-    while chunk := f.read(CHUNK):
+def _sha256_stream(f, size: int) -> str:
+    """The sha256 of at most size + 1 bytes of f: a file longer than expected hashes as a mismatch, never read to
+    its end (others may write to it as it is read, or make it a sparse terabyte)."""
+    h, left = hashlib.sha256(), size + 1
+    while left > 0 and (chunk := f.read(min(CHUNK, left))):
         h.update(chunk)
+        left -= len(chunk)
     return h.hexdigest()
 
 
@@ -67,21 +73,53 @@ class Remote:
         except FileNotFoundError:
             return None
 
-    def sha256(self, *names: str) -> str:
-        with self.fs.open(self.path(*names), "rb") as f:
-            return _sha256_stream(f)
+    def sha256(self, *names: str, size: int) -> str:
+        """The sha256 of a file expected to hold `size` bytes, read no further than one byte past them."""
+        with self.open(*names) as f:
+            return _sha256_stream(f, size)
+
+    def open(self, *names: str):
+        """A file of the remote opened for reading; a local one as untrusted: no link followed from the root down
+        (one placed there may point at another user's file, /dev/zero or a FIFO), a regular file only, never a
+        blocking open. Raises FileNotFoundError, Unreadable (what was found instead) or OSError."""
+        if not self.local:
+            return self.fs.open(self.path(*names), "rb")
+        return os.fdopen(self._untrusted(open_regular, *names), "rb")
 
     def cat(self, path: str, max_bytes: int) -> bytes:
         """A small file of the remote; a local one read as untrusted (minilmd/untrusted.py: never a FIFO nobody
-        writes, a link to /dev/zero or more than max_bytes). Raises FileNotFoundError, Unreadable or OSError."""
+        writes, a link, or more than max_bytes). Raises FileNotFoundError, Unreadable or OSError."""
         if not self.local:
             return self.fs.cat_file(path)
+        return self._untrusted(lambda p: read_bytes(p, max_bytes=max_bytes), *self._names_of(path))
+
+    def _untrusted(self, read, *names: str):
+        """read(path) of a local remote's file, refused (Unreadable) when a directory on its way is a link."""
+        path = self.path(*names)
+        for i in range(1, len(names)):
+            if found := self._link(self.path(*names[:i])):
+                raise Unreadable(f"{self.show(*names[:i])} is {found}", path)
         try:
-            return read_bytes(path, max_bytes=max_bytes)
+            return read(path)
         except Unreadable as e:
             if e.missing:
                 raise FileNotFoundError(path) from None
             raise e.os_error or e from None  # a failing mount stays an OSError: the remote is retried
+
+    def _names_of(self, path: str) -> tuple[str, ...]:
+        """The names below the root of one of its paths (self.path(*names))."""
+        rel = path[len(self.root):].lstrip("/") if path.startswith(self.root) else path
+        return tuple(rel.split("/")) if rel else ()
+
+    @staticmethod
+    def _link(path: str) -> str | None:
+        """"a symbolic link to TARGET" when path is one (never followed), else None."""
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return None
+            return f"a symbolic link to {printable(os.readlink(path))}"
+        except OSError:
+            return None  # missing or unreadable: the read says so
 
     def read_text(self, *names: str) -> str | None:
         try:  # a pointer: a name; none when it is not a small regular file (as checkpoint_dirs.read_latest)
@@ -124,7 +162,7 @@ class Remote:
         than listed shows as `local` of size + 1: a file others write to as it is read is never copied without
         end); the sha256 of the bytes written. `answered()` after each chunk read."""
         h, left = hashlib.sha256(), size + 1
-        with self.fs.open(self.path(*names), "rb") as src, open(local, "wb") as out:
+        with self.open(*names) as src, open(local, "wb") as out:
             while left > 0 and (chunk := src.read(min(CHUNK, left))):
                 answered()
                 left -= len(chunk)
@@ -170,13 +208,36 @@ class Remote:
             self.fs.pipe_file(self.path(pointer), (name + "\n").encode())  # one PUT: atomic on object stores
 
     def not_regular(self, name: str, files) -> list[str]:
-        """The files of a local remote checkpoint that are there but are not regular files (a FIFO listed with
-        size 0 would block its hash and its download for ever): problems of the checkpoint, found before any of
-        it is opened. Nothing to look at on an object store, which holds only objects."""
+        """The files of a local remote checkpoint (`files` relative to `name`, "/" between directories) that are
+        there but are not regular files, or lie past a link (a FIFO listed with size 0 would block its hash and its
+        download for ever; a link may point at another user's file, /dev/zero, a FIFO): problems of the
+        checkpoint, found before any of it is opened, each saying what was found. Nothing to look at on an object
+        store, which holds only objects."""
         if not self.local:
             return []
-        return [f"{self.show(name, f)}: {kind}, not a regular file" for f in files
-                if (kind := not_regular(self.path(name, f)))]
+        found = [self._found(name, *f.split("/")) for f in files]
+        return [f"{where}: {what}" for where, what in filter(None, found)]
+
+    def _found(self, *names: str) -> tuple[str, str] | None:
+        """(where, what) for the first link on the way from the root to names, or names itself when it is there
+        and not a regular file; None for a regular file reached without a link (or missing: its size says so)."""
+        for i in range(1, len(names) + 1):
+            if found := self._link(self.path(*names[:i])):
+                return self.show(*names[:i]), f"{found}, not followed"
+        try:
+            mode = os.lstat(self.path(*names)).st_mode
+        except OSError:
+            return None
+        return None if stat.S_ISREG(mode) else (self.show(*names), f"{file_kind(mode)}, not a regular file")
+
+    def link(self, name: str) -> str | None:
+        """"a symbolic link to TARGET" when the entry `name` of a local remote is one, else None: neither read
+        through, nor moved into quarantine (its reason would be written through it), nor deleted (not this run's)."""
+        return self._link(self.path(name)) if self.local else None
+
+    def hasher(self, name: str, manifest: dict):
+        """sha256_of for verify_manifest: each file of checkpoint `name` hashed as far as its manifest's size."""
+        return lambda f: self.sha256(name, f, size=manifest["files"][f]["size"])
 
     def intact(self, name: str, full_hash: bool = False) -> tuple[dict | None, list[str]]:
         """(manifest, problems) of a remote checkpoint; sizes always, sha256 when full_hash."""
@@ -187,6 +248,5 @@ class Remote:
         if odd:
             return manifest, odd
         if full_hash:
-            return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f),
-                                                lambda f: self.sha256(name, f))
+            return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f), self.hasher(name, manifest))
         return manifest, table_problems(manifest["files"], lambda f: self.size(name, f), listed_in=MANIFEST)

@@ -187,8 +187,7 @@ class Syncer:
         remote.makedirs(target)
         try:
             nbytes = sum(remote.put(local / f, target, f) for f in manifest["files"])
-            problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f),
-                                          lambda f: remote.sha256(target, f))
+            problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f), remote.hasher(target, manifest))
             if problems:
                 raise SyncError(f"remote copy of {name} at {remote.show(target)} does not match its manifest: "
                                 + "; ".join(problems[:3]))
@@ -288,6 +287,9 @@ class Syncer:
         kept, removed = 0, []
         for name in reversed(remote.steps()):
             manifest, problems = remote.intact(name)
+            if manifest is None and (link := remote.link(name)):
+                self.log(f"sync: remote {remote.show(name)} is {link}: left as it is")  # another's: not followed
+                continue
             if manifest is None:
                 remote.rm(name)
                 removed.append(name)
@@ -395,7 +397,7 @@ class Syncer:
     def _set_aside_remote(self, name: str, problems: list[str]) -> None:
         remote = self.remote
         reason = "; ".join(problems[:5])
-        if remote.local:
+        if remote.local and not remote.link(name):
             dest = quarantine(Path(remote.path(name)), f"fetch: {reason}")
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); moved to {dest}")
         else:
