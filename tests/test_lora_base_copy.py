@@ -3,6 +3,7 @@
 and `export --merge` of its adapters still finds that base."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -288,10 +289,19 @@ def test_a_remote_gone_or_unmounted_is_waited_for_when_checkpoints_record_their_
     assert not (cfg.scratch_dir / "init").exists()
 
     shutil.rmtree(remote, ignore_errors=True)
-    os.rename(tmp_path / "remote.elsewhere", remote)  # the share is back: the base the checkpoint records
+    shutil.copytree(tmp_path / "remote.elsewhere", remote)  # the share is back: the base the checkpoint records
     assert same_source(record, _staged_record(_stage_inputs(cfg)))
 
     shutil.rmtree(cfg.scratch_dir / "init")
+    shutil.rmtree(remote)
+    remote.mkdir()  # empty, and no sync of this run has completed: not written yet, not unmounted
+    sets = initstage.stage_inputs(cfg, base_from_remote=functools.partial(stagingworker._base_from_remote,
+                                                                          synced_before=False))
+    assert not same_source(record, _staged_record(sets))  # init.from, as at the first staging
+
+    shutil.rmtree(cfg.scratch_dir / "init")
+    shutil.rmtree(remote)
+    os.rename(tmp_path / "remote.elsewhere", remote)
     shutil.rmtree(remote / basecopy.REMOTE_BASE)  # a remote that answers, with no copy of the base yet
     (remote / "step-00000004").mkdir()
     assert not same_source(record, _staged_record(_stage_inputs(cfg)))  # init.from, as before (the trainer says)

@@ -156,13 +156,16 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
 
 
 # --- what staging asks (daemon/jobs/initstage.py stage_inputs) -------------------------------------------------------
-def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads: ReadWatch | None = None) -> bool:
+def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads: ReadWatch | None = None,
+                      synced_before: bool = True) -> bool:
     """The base a LoRA run's newest local checkpoint was trained on (`trained_on`, initstage.trained_on), from
     `<remote>/init` into `<scratch>/init`, verified; False when there is nothing to resume, no remote, or no
     usable copy there (logged when there was one): staging reads init.from then, as at the first start. A remote
     that cannot be read now (an error; its root not there or an empty directory) raises SourceUnreachable: waited
     for, never a fallback to init.from, which may hold other weights by now (staged, the trainer would refuse them
-    for good). `reads` is told what is read."""
+    for good). `synced_before`: a sync of this run has completed (state.json's remote_checkpoint), so its remote
+    holds something; before that an empty remote is just one not written yet (a base damaged in scratch in the
+    first 15 minutes is staged from init.from again, as it was staged first). `reads` is told what is read."""
     remote = _remote_of(cfg)
     if remote is None or not trained_on:
         return False
@@ -173,7 +176,7 @@ def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads:
     try:
         # "no copy" only from a remote that answers: its share gone or not mounted holds the copy these checkpoints
         # need, and init.from may hold other weights by now
-        if absent := _absent(remote):
+        if synced_before and (absent := _absent(remote)):
             raise SourceUnreachable(f"{remote.url}: {absent}")
         problems = fetch(remote, cfg.init.from_, trained_on, tmp, reads.answer)
         if problems == []:

@@ -15,6 +15,7 @@ returns. Torch-free.
 """
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,8 +247,9 @@ class StagingWorker:
     def _start(self) -> None:
         staging = self.state.staging
         if self.pending is not None:  # the corpus is staged; the probe and init.from (again, after a backoff)
-            self.worker = Worker("inputs", lambda: initstage.stage_inputs(self.cfg, self.inbox.put, self.reads,
-                                                                            _base_from_remote))
+            synced = self.state.remote_checkpoint is not None  # its remote holds something: empty is unmounted
+            self.worker = Worker("inputs", lambda: initstage.stage_inputs(
+                self.cfg, self.inbox.put, self.reads, functools.partial(_base_from_remote, synced_before=synced)))
             return
         if self.awaiting_remote is not None:  # staged; only the fetch of a remote checkpoint is retried
             staged = self.awaiting_remote
@@ -348,9 +350,9 @@ class StagingWorker:
             self.fetch_started = 0.0
 
 
-def _base_from_remote(cfg, trained_on, log, reads) -> bool:
+def _base_from_remote(cfg, trained_on, log, reads, synced_before: bool = True) -> bool:
     """basecopy.stage_from_remote, imported only in the staging thread: it reads checkpoints (numpy), which the
     supervisor never imports before staging (tests/test_import_budget.py)."""
     from minilmd.daemon.jobs import basecopy
 
-    return basecopy.stage_from_remote(cfg, trained_on, log, reads)
+    return basecopy.stage_from_remote(cfg, trained_on, log, reads, synced_before)
