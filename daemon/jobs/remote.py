@@ -4,7 +4,8 @@ remote (NFS included) is a place other users and machines may write: its small f
 (minilmd/untrusted.py), no link followed from the root down (one placed there may point at another user's file,
 /dev/zero or a FIFO), and a listed file that is not a regular file or lies past a link (a FIFO would block a hash,
 /dev/zero never end one) is a problem of its checkpoint before anything of it is read. A hash reads no further
-than one byte past the size its caller expects. Torch-free.
+than one byte past the size its caller expects. What a sync writes there is made new, never through a link
+(daemon/jobs/remote_write.py). Torch-free.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from minilmd import checkpoint as ck
+from minilmd.daemon.jobs import remote_write
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import LATEST, MANIFEST, is_step_name, step_of
 from minilmd.untrusted import Unreadable, file_kind, loads, open_regular, printable, read_bytes
@@ -147,7 +149,12 @@ class Remote:
         return (None, problems) if problems else (manifest, [])
 
     def put(self, local: Path, *names: str) -> int:
-        with open(local, "rb") as src, self.fs.open(self.path(*names), "wb") as out:
+        """Copy a local file to a new file of the remote; the bytes written. On a local remote the file is made new
+        (O_EXCL: never one already there, nor a link placed at its name) below directories none of which is a
+        link (remote_write.py): a link placed there by another user never redirects the write."""
+        out = os.fdopen(remote_write.open_new(self.root, names, self.show), "wb") if self.local else \
+            self.fs.open(self.path(*names), "wb")
+        with out, open(local, "rb") as src:
             n = 0
             while chunk := src.read(CHUNK):
                 out.write(chunk)
@@ -179,7 +186,13 @@ class Remote:
         return None
 
     def makedirs(self, *names: str) -> None:
-        self.fs.makedirs(self.path(*names), exist_ok=True)
+        """The root, made when missing; on a local remote each directory of names below it made new (a name
+        already taken, a link placed there included, is refused: FileExistsError saying what it is), none written
+        through a link. An object store has no links: there they are made as needed."""
+        if not self.local or not names:
+            self.fs.makedirs(self.path(*names), exist_ok=True)
+            return
+        remote_write.mkdir_new(self.root, names, self.show)
 
     def rm(self, *names: str) -> None:
         try:

@@ -1,0 +1,141 @@
+"""A local remote that others write too, against the sync's writes and deletions: a link placed at a name the sync
+is about to write (its temporary copy, the LoRA base's, a file in it, a directory on the way) never redirects a
+write to the file it points at (the victim, here a file of the test standing for ~/.bashrc), and what another user
+made there is never deleted, moved or written into (a real second user, `nobody`, where ownership matters)."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from minilmd.daemon.jobs import basecopy
+from minilmd.daemon.jobs import sync as sync_module
+from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.init_source import STAGED_PTH
+from minilmd.names import LATEST, MODEL_FILE, pointer_tmp_tag, sync_tmp_name
+from test_sync import EXPECTED, _within, save, weights  # noqa: F401 - weights: a fixture
+
+VICTIM_TEXT = "export PATH=/usr/bin\n"
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    """A directory the sync's user may write, holding a file it must never write (~/.bashrc)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text(VICTIM_TEXT)
+    return home
+
+
+def untouched(home: Path) -> bool:
+    return [p.name for p in home.iterdir()] == [".bashrc"] and (home / ".bashrc").read_bytes() == VICTIM_TEXT.encode()
+
+
+class RacedRemote(Remote):
+    """A remote where another user wins each race: right after the sync removes `at` (or makes it, `inside`), a link
+    to `to` appears there (or at `inside` in it)."""
+
+    def __init__(self, url: str, at: str, to: Path, inside: str | None = None):
+        super().__init__(url, pointer_tmp_tag(sync_module._host(), os.getpid()))
+        self.at, self.to, self.inside, self.planted = at, to, inside, False
+
+    def _plant(self, *names: str) -> None:
+        if not self.planted:
+            self.planted = True
+            os.symlink(self.to, self.path(*names))
+
+    def rm(self, *names: str, **kw):
+        out = super().rm(*names, **kw)
+        if names == (self.at,) and self.inside is None:
+            self._plant(self.at)
+        return out
+
+    def makedirs(self, *names: str) -> None:
+        super().makedirs(*names)
+        if names[:1] == (self.at,) and self.inside is not None:
+            self._plant(self.at, self.inside)
+
+
+def raced_syncer(local: Path, remote: Path, **race) -> Syncer:
+    syncer = Syncer(local, str(remote), EXPECTED)
+    syncer._remote = RacedRemote(str(remote), sync_tmp_name("step-00000010", sync_module._host(), os.getpid()),
+                                 **race)
+    return syncer
+
+
+def test_a_link_placed_at_the_temporary_copys_name_is_refused_not_written_through(tmp_path, weights, victim):
+    """On main `makedirs(exist_ok=True)` took a link placed at `.tmp-step-...-<host>-<pid>` between the sync's rm
+    and its makedirs for its own directory: every file of the checkpoint was written into the directory it points
+    at. The directory is made new now: the sync fails saying what was there, nothing written through it."""
+    local, remote = tmp_path / "scratch", tmp_path / "remote"
+    save(local, 10, weights)
+    syncer = raced_syncer(local, remote, to=victim)
+    with pytest.raises(SyncError) as refused:
+        _within(120, syncer.sync_newest)
+    assert untouched(victim)
+    assert f"is already there (a symbolic link to {victim})" in str(refused.value)
+
+
+def test_a_link_placed_at_a_file_name_in_the_temporary_copy_is_refused_not_written_through(tmp_path, weights,
+                                                                                           victim):
+    """On main `fs.open(..., "wb")` followed a link at a file's name in the copy and truncated the file it points at.
+    Each file is opened O_CREAT|O_EXCL|O_NOFOLLOW now; the half copy is removed, the link in it not followed."""
+    local, remote = tmp_path / "scratch", tmp_path / "remote"
+    save(local, 10, weights)
+    syncer = raced_syncer(local, remote, to=victim / ".bashrc", inside=MODEL_FILE)
+    with pytest.raises(SyncError) as refused:
+        _within(120, syncer.sync_newest)
+    assert untouched(victim)
+    assert f"{MODEL_FILE} is already there (a symbolic link to {victim}/.bashrc)" in str(refused.value)
+    assert sorted(os.listdir(remote)) == []  # the half copy removed, with the link in it (itself, not followed)
+
+
+def test_a_directory_on_the_way_that_is_a_link_is_never_written_through(tmp_path, victim):
+    """On main a write below a directory of the remote that is a link landed where the link points."""
+    remote = Remote(str(tmp_path / "remote"))
+    remote.makedirs()
+    os.symlink(victim, remote.path("dir"))
+    (tmp_path / "f").write_text("ours\n")
+    for write in (lambda: remote.put(tmp_path / "f", "dir", "f"), lambda: remote.makedirs("dir", "sub")):
+        with contextlib.suppress(OSError):
+            write()
+    assert untouched(victim)
+    with pytest.raises(OSError, match=f"dir is a symbolic link to {victim}: not followed"):
+        remote.put(tmp_path / "f", "dir", "f")
+    with pytest.raises(OSError, match=f"dir is already there \\(a symbolic link to {victim}\\)"):
+        remote.makedirs("dir", "sub")
+
+
+def test_a_link_placed_at_the_lora_bases_temporary_name_is_refused(tmp_path, victim):
+    """The LoRA base's copy (`.tmp-init-<host>-<pid>/`, then `checkpoint/` in it) is made the same way."""
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    (staged / STAGED_PTH).write_bytes(b"weights")
+    (staged / basecopy.INIT_RECORD).write_text(json.dumps(
+        {"kind": "minimind", "sha256": hashlib.sha256(b"weights").hexdigest()}))
+    remote = RacedRemote(str(tmp_path / "remote"), sync_tmp_name(basecopy.REMOTE_BASE, "h", 1), victim)
+    remote.makedirs()
+    with pytest.raises((OSError, ValueError)) as refused:  # on main: Unreadable at the read-back, too late
+        _within(120, lambda: basecopy.push(remote, staged, "h", 1))
+    assert untouched(victim)
+    assert f"already there (a symbolic link to {victim})" in str(refused.value)
+
+
+def test_a_link_at_a_pointers_temporary_name_is_passed_by(tmp_path, victim, monkeypatch):
+    """A guard, not a change: a pointer's temp file (`.LATEST.<host>-<pid>-XXXX.tmp`) is mkstemp's, made
+    O_CREAT|O_EXCL|O_NOFOLLOW; a link at the name it draws first is passed by for the next, never written through;
+    a LATEST that is a link is replaced itself (rename), its target left."""
+    remote = Remote(str(tmp_path / "remote"), "h-1-")
+    remote.makedirs()
+    os.symlink(victim / ".bashrc", remote.path(".LATEST.h-1-first.tmp"))
+    os.symlink(victim / ".bashrc", remote.path(LATEST))
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: iter(["first", "second"]))
+    remote.write_latest("step-00000010")
+    assert untouched(victim)
+    assert Path(remote.path(LATEST)).read_text() == "step-00000010\n"
