@@ -8,7 +8,9 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,9 @@ from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.init_source import STAGED_PTH
-from minilmd.names import LATEST, MODEL_FILE, pointer_tmp_tag, sync_tmp_name
-from test_sync import EXPECTED, _within, save, weights  # noqa: F401 - weights: a fixture
+from minilmd.names import LATEST, MANIFEST, MODEL_FILE, QUARANTINE, pointer_tmp_tag, sync_tmp_name
+from second_user import second_user, sh_as_user, shared  # noqa: F401 - shared: a fixture
+from test_sync import EXPECTED, _within, corrupt, save, weights  # noqa: F401 - weights: a fixture
 
 VICTIM_TEXT = "export PATH=/usr/bin\n"
 
@@ -139,3 +142,90 @@ def test_a_link_at_a_pointers_temporary_name_is_passed_by(tmp_path, victim, monk
     remote.write_latest("step-00000010")
     assert untouched(victim)
     assert Path(remote.path(LATEST)).read_text() == "step-00000010\n"
+
+
+# --- what another user made is never deleted, moved, nor written into ------------------------------------------------
+def _logged(logs: list[str], remote: Path, name: str, why: str) -> int:
+    return sum(f"{remote}/{name} is {why}" in m and "left as it is" in m for m in logs)
+
+
+def test_retention_and_the_clean_up_leave_what_another_user_made(shared, tmp_path, weights):
+    """On main a remote step directory without a manifest, or with one that does not parse, was deleted by retention,
+    a step beyond `keep` deleted whoever made it, and a day-old temporary name (another host's), or one naming this
+    host and a pid that is gone, removed: another user's all of them (`nobody` here). Only this user's real
+    directories are deleted now; the rest is left and said once, however many syncs."""
+    local, uid = tmp_path / "scratch", second_user()[0]
+    logs: list[str] = []
+    syncer = Syncer(local, str(shared), EXPECTED, keep=1, log=logs.append)
+    save(local, 10, weights)
+    _within(120, syncer.sync_newest)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = sync_module._host()
+    stale_tmp, dead_tmp = sync_tmp_name("step-00000003", "otherhost", 4242), sync_tmp_name("step-00000004", host,
+                                                                                              dead.pid)
+    pointer_tmp = f".LATEST.{pointer_tmp_tag(host, dead.pid)}x.tmp"
+    sh_as_user(f"mkdir step-00000005 step-00000007 {stale_tmp} {dead_tmp} && echo '[[' > step-00000007/{MANIFEST} "
+               f"&& echo half > {stale_tmp}/{MODEL_FILE} && echo step-00000005 > {pointer_tmp} "
+               f"&& cp -r step-00000010 step-00000008", cwd=shared)
+    day_ago = time.time() - sync_module.STALE_TMP_SECONDS - 60
+    for stale in (stale_tmp, pointer_tmp):
+        os.utime(shared / stale, (day_ago, day_ago))
+    theirs = ["step-00000005", "step-00000007", "step-00000008", stale_tmp, dead_tmp, pointer_tmp]
+    save(local, 20, weights)
+    for _ in range(2):
+        _within(120, syncer.sync_newest)
+    assert sorted(os.listdir(shared)) == sorted([*theirs, LATEST, "step-00000020"]), logs  # step 10: ours, gone
+    assert (shared / stale_tmp / MODEL_FILE).read_text() == "half\n"
+    assert (shared / "step-00000007" / MANIFEST).read_text() == "[[\n"
+    for name in theirs:
+        kind = "a regular file" if name == pointer_tmp else "a directory"
+        assert _logged(logs, shared, name, f"{kind} owned by uid {uid}") == 1, (name, logs)
+
+
+def test_a_copy_never_replaces_another_users_entry_at_its_step_name(shared, tmp_path, weights):
+    """On main the sync removed whatever held its step's name without a manifest before its rename (the rename, too,
+    would have replaced it): another user's directory. It is left now and the copy fails saying why; its own
+    verified copy is removed, not left behind."""
+    local, uid = tmp_path / "scratch", second_user()[0]
+    sh_as_user("mkdir step-00000010 && echo theirs > step-00000010/notes", cwd=shared)
+    save(local, 10, weights)
+    with pytest.raises(SyncError) as refused:
+        _within(120, Syncer(local, str(shared), EXPECTED).sync_newest)
+    assert (shared / "step-00000010" / "notes").read_text() == "theirs\n"
+    assert f"{shared}/step-00000010 is a directory owned by uid {uid}: not this run's" in str(refused.value)
+    assert os.listdir(shared) == ["step-00000010"]
+
+
+def _synced(tmp_path: Path, remote: Path, weights, *steps: int) -> None:
+    old = tmp_path / "old-scratch"
+    for step in steps:
+        save(old, step, weights)
+        _within(120, Syncer(old, str(remote), EXPECTED, keep=5).sync_newest)
+
+
+def test_a_damaged_checkpoint_is_never_set_aside_into_a_link(tmp_path, weights, victim):
+    """On main quarantine/ was made with exist_ok: a link placed there took the damaged checkpoint, moved into the
+    directory it points at, and its reason.txt written there. The checkpoint is left now, and the fetch goes on."""
+    local, remote = tmp_path / "scratch", tmp_path / "remote"
+    _synced(tmp_path, remote, weights, 10, 20)
+    corrupt(remote / "step-00000020" / MODEL_FILE)
+    os.symlink(victim, remote / QUARANTINE)
+    logs: list[str] = []
+    fetched = _within(120, Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest)
+    assert fetched == local / "step-00000010"
+    assert untouched(victim) and (remote / "step-00000020" / MODEL_FILE).is_file()
+    assert any(f"not set aside: {remote}/{QUARANTINE} is a symbolic link to {victim}" in m for m in logs), logs
+
+
+def test_another_users_invalid_checkpoint_is_neither_moved_nor_written_into(shared, tmp_path, weights):
+    """On main fetch quarantined any invalid step directory: another user's was moved into quarantine/ and a
+    reason.txt written into it. It is skipped now, left where and as it is."""
+    local, uid = tmp_path / "scratch", second_user()[0]
+    _synced(tmp_path, shared, weights, 10)
+    sh_as_user(f"mkdir step-00000030 && echo '[[' > step-00000030/{MANIFEST}", cwd=shared)
+    logs: list[str] = []
+    assert _within(120, Syncer(local, str(shared), EXPECTED, log=logs.append).fetch_latest) == \
+        local / "step-00000010"
+    assert os.listdir(shared / "step-00000030") == [MANIFEST] and not (shared / QUARANTINE).exists()
+    assert any(f"{shared}/step-00000030 is a directory owned by uid {uid}: not this run's" in m for m in logs), logs

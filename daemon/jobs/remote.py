@@ -10,6 +10,7 @@ than one byte past the size its caller expects. What a sync writes there is made
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -187,18 +188,30 @@ class Remote:
 
     def makedirs(self, *names: str) -> None:
         """The root, made when missing; on a local remote each directory of names below it made new (a name
-        already taken, a link placed there included, is refused: FileExistsError saying what it is), none written
+        already taken, a link placed there included, is refused: NotOurs, an OSError saying what it is), none written
         through a link. An object store has no links: there they are made as needed."""
         if not self.local or not names:
             self.fs.makedirs(self.path(*names), exist_ok=True)
             return
         remote_write.mkdir_new(self.root, names, self.show)
 
-    def rm(self, *names: str) -> None:
+    def rm(self, *names: str, file: bool = False) -> str | None:
+        """Remove what a sync made: None when removed (or not there). On a local remote only a real directory (a
+        regular file when `file`: a pointer's temp file) owned by this user, whatever its name says (others write
+        there too): anything else (another user's, a link, ...) is left, and what it is returned."""
+        if self.local:
+            return remote_write.remove_ours(self.path(*names), file)
         try:
             self.fs.rm(self.path(*names), recursive=True)
         except FileNotFoundError:
             pass
+        return None
+
+    def quarantine(self, name: str, reason: str) -> str:
+        """Set a damaged checkpoint of a local remote aside into quarantine/, with its reason: where it went.
+        NotOurs (an OSError) saying what was found when it or quarantine/ is not this user's real directory
+        (a link, another user's): nothing of theirs is moved, nor written into."""
+        return remote_write.set_aside(self.root, name, reason, self.show)
 
     def age(self, name: str) -> float:
         """Seconds since `name` was last modified, from its own entry (no link followed); 0 where unknown."""
@@ -212,6 +225,8 @@ class Remote:
     def rename_dir(self, src: str, dst: str) -> None:
         """Publish a complete temporary directory under its final name, durably (local paths only: fsspec has no
         atomic rename)."""
+        if self.local and (why := remote_write.not_ours(self.path(dst))):  # publish_dir would delete it
+            raise remote_write.NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
         publish_dir(self.path(src), self.path(dst))
 
     def write_latest(self, name: str, pointer: str = LATEST) -> None:
@@ -242,11 +257,6 @@ class Remote:
         except OSError:
             return None
         return None if stat.S_ISREG(mode) else (self.show(*names), f"{file_kind(mode)}, not a regular file")
-
-    def link(self, name: str) -> str | None:
-        """"a symbolic link to TARGET" when the entry `name` of a local remote is one, else None: neither read
-        through, nor moved into quarantine (its reason would be written through it), nor deleted (not this run's)."""
-        return self._link(self.path(name)) if self.local else None
 
     def hasher(self, name: str, manifest: dict):
         """sha256_of for verify_manifest: each file of checkpoint `name` hashed as far as its manifest's size."""

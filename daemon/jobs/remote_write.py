@@ -1,25 +1,40 @@
-"""Writing to a local remote (daemon/jobs/remote.py) that others may write too: no link followed.
+"""Writing to and removing from a local remote (daemon/jobs/remote.py) that others may write too.
 
 Whoever can write the remote's root can place a link at a name a sync is about to make (its temporary copy, the
 LoRA base's, a file in it), pointing at a file the sync's user may write (~/.bashrc): a write following it would
 land there. So every directory a sync makes is made new (mkdir, never "exist ok": a name already taken is
 refused, saying what it is), every file opened O_CREAT|O_EXCL|O_NOFOLLOW, and each directory on the way from the
 root is opened without following a link (a descriptor, not a path: nothing can be swapped in between). A
-pointer's temp file is mkstemp's (fsio.atomic_write_text): O_EXCL|O_NOFOLLOW already. The root itself is the
-run's configuration, taken as it is. Torch-free.
+pointer's temp file is mkstemp's (fsio.atomic_write_text): O_EXCL|O_NOFOLLOW already. And only what a sync
+of this user makes is ever removed or set aside (quarantine/): a real directory (a pointer's temp file: a regular
+file) owned by this user (lstat st_uid), never a link nor another user's entry, whatever its name says; what is
+left is said. The root itself is the run's configuration, taken as it is. Torch-free.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator
 
+from minilmd.names import QUARANTINE, REASON_FILE, quarantine_name
 from minilmd.untrusted import file_kind, printable
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+
+class NotOurs(OSError):
+    """An entry of the remote a sync would write through, replace, remove or move into, and may not: its message
+    says what it is (an OSError: the sync fails and is retried, as on any error of the remote)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
 
 Show = Callable[..., str]
 """Remote.show: how a path below the root is named in a message."""
@@ -39,6 +54,35 @@ def what_is(path: str) -> str:
     return f"{file_kind(st.st_mode)}{owner}"
 
 
+def not_ours(path: str, file: bool = False) -> str | None:
+    """Why the entry at path is not one a sync of this user makes (a real directory, or a regular file when `file`,
+    owned by this user), None when it is, or is not there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+        return what_is(path)
+    if not (stat.S_ISREG(st.st_mode) if file else stat.S_ISDIR(st.st_mode)):
+        return f"{file_kind(st.st_mode)}, not what a sync makes"
+    return None
+
+
+def remove_ours(path: str, file: bool = False) -> str | None:
+    """Remove the entry at path when a sync of this user made it (not_ours); else leave it and say what it is.
+    None when removed or not there. A directory goes with shutil.rmtree, which follows no link inside it."""
+    if why := not_ours(path, file):
+        return why
+    try:
+        if file:
+            os.unlink(path)
+        else:
+            shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    return None
+
+
 @contextlib.contextmanager
 def parent_fd(root: str, names: tuple[str, ...], show: Show) -> Iterator[int]:
     """A descriptor of the directory that holds names[-1], reached from root one directory at a time, none of them
@@ -52,7 +96,7 @@ def parent_fd(root: str, names: tuple[str, ...], show: Show) -> Iterator[int]:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
                 where = "/".join([root, *names[:i + 1]])
-                raise OSError(e.errno, f"{show(*names[:i + 1])} is {what_is(where)}: not followed") from None
+                raise NotOurs(e.errno, f"{show(*names[:i + 1])} is {what_is(where)}: not followed") from None
             os.close(fd)
             fd = below
         yield fd
@@ -60,9 +104,9 @@ def parent_fd(root: str, names: tuple[str, ...], show: Show) -> Iterator[int]:
         os.close(fd)
 
 
-def _taken(root: str, names: tuple[str, ...], show: Show) -> FileExistsError:
+def _taken(root: str, names: tuple[str, ...], show: Show) -> NotOurs:
     what = what_is("/".join([root, *names]))
-    return FileExistsError(errno.EEXIST, f"{show(*names)} is already there ({what}): not made by this sync, "
+    return NotOurs(errno.EEXIST, f"{show(*names)} is already there ({what}): not made by this sync, "
                                          f"never written into")
 
 
@@ -83,3 +127,35 @@ def open_new(root: str, names: tuple[str, ...], show: Show) -> int:
             return os.open(names[-1], NEW_FILE, 0o666, dir_fd=fd)
         except FileExistsError:
             raise _taken(root, names, show) from None
+
+
+def set_aside(root: str, name: str, reason: str, show: Show) -> str:
+    """Move this user's directory root/name into root/quarantine/ (made new when missing; when there, a real
+    directory of this user) as `<name>-<time>`, with reason.txt saying why, as checkpoint_dirs.quarantine does in
+    scratch: its path. NotOurs, saying what was found, when either is not this user's: nothing
+    is moved into, nor written into, another's directory."""
+    for entry in (name, QUARANTINE):
+        if why := not_ours(os.path.join(root, entry)):
+            raise NotOurs(errno.EEXIST, f"{show(entry)} is {why}: not this run's, left as it is")
+    with contextlib.suppress(NotOurs):  # there already: opened no-follow and its owner checked below
+        mkdir_new(root, (QUARANTINE,), show)
+    with parent_fd(root, (name,), show) as root_fd, parent_fd(root, (QUARANTINE, name), show) as into_fd:
+        if (uid := os.fstat(into_fd).st_uid) != os.getuid():  # made by another between the check and the open
+            raise NotOurs(errno.EEXIST, f"{show(QUARANTINE)} is a directory owned by uid {uid}: not this "
+                                                f"run's, never moved into")
+        stamp, n = time.strftime("%Y%m%dT%H%M%S"), 1
+        while _exists(dest := quarantine_name(name, stamp, n), into_fd):
+            n += 1
+        os.rename(name, dest, src_dir_fd=root_fd, dst_dir_fd=into_fd)  # a link swapped in moves as itself
+    # through directories opened no-follow: a link swapped in for name is refused here, never written through
+    with os.fdopen(open_new(root, (QUARANTINE, dest, REASON_FILE), show), "w", encoding="utf-8") as f:
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {reason}\n")
+    return "/".join([root, QUARANTINE, dest])
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True

@@ -15,6 +15,8 @@ fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sy
 5. replace the remote `LATEST` (temp name + rename where possible), only ever with a verified checkpoint;
 6. retention: keep the newest `keep` intact checkpoints (and whatever LATEST and BEST name), delete older ones;
    the checkpoint a local BEST names (early_stop) is copied too, and the remote BEST then names it.
+On a local remote (others write it too) nothing is written through a link, and only this user's real directories
+(a pointer's temp files) are deleted or quarantined, whatever their names say (daemon/jobs/remote_write.py).
 A LoRA run's staged base goes to `<remote>/init` once, before its first checkpoint (daemon/jobs/basecopy.py).
 
 `fetch_latest()` does the way back for a resume when the local scratch has nothing. Everything is blocking and
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import checkpoint as ck
-from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best, read_latest
+from minilmd.checkpoint_dirs import list_checkpoints, read_best, read_latest
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote import MANIFEST_MAX_BYTES, Remote
 from minilmd.daemon.runstate import is_disk_full, process_alive
@@ -107,6 +109,8 @@ class Syncer:
         self.keep = max(1, keep)
         self.log = log
         self._remote: Remote | None = None
+        self._told: set[tuple[str, str]] = set()
+        """(name, why) of what on the remote was left as not this run's, logged once."""
         self.copying: Path | None = None
         """The local checkpoint a running sync_newest() is validating or copying (read by the supervisor's pruning
         from another thread: it must not delete it)."""
@@ -183,7 +187,7 @@ class Syncer:
             target = sync_tmp_name(name, _host(), os.getpid())
         else:
             target = name  # no rename on this store: the manifest, written last, makes it exist
-        remote.rm(target)
+        remote.rm(target)  # an earlier try's: anything else there is refused by makedirs, saying what it is
         remote.makedirs(target)
         try:
             nbytes = sum(remote.put(local / f, target, f) for f in manifest["files"])
@@ -200,11 +204,12 @@ class Syncer:
             raise
         if remote.local:
             if name in remote.names():  # a damaged earlier copy: set it aside, never overwrite in place
-                if remote.manifest(name) is None:
-                    remote.rm(name)
-                else:
-                    quarantine(Path(remote.path(name)), "damaged; replaced by a verified copy during sync")
-                    self.log(f"sync: damaged remote {remote.show(name)} quarantined, replaced by a verified copy")
+                try:
+                    self._clear_for_copy(name)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        remote.rm(target)  # this sync's verified copy, which has nowhere to go
+                    raise
             remote.rename_dir(target, name)
             # A filesystem may acknowledge the rename without doing it (a flaky NFS server). The client's caches can
             # still answer for the new name (FUSE and NFS cache attributes and pages), so ask the listing first.
@@ -214,6 +219,28 @@ class Syncer:
                 raise SyncError(f"rename of {remote.show(target)} to {name} did not take effect: "
                                 + "; ".join(problems[:3]))
         return nbytes
+
+    def _clear_for_copy(self, name: str) -> None:
+        """Make way for a verified copy of `name`: a leftover without a manifest removed, a damaged copy quarantined;
+        only this user's real directories (remote_write.py): another's entry is never removed, moved nor written
+        into, and the copy fails saying what is there."""
+        remote = self.remote
+        try:
+            if remote.manifest(name) is None:
+                if why := remote.rm(name):
+                    raise SyncError(f"{remote.show(name)} is {why}: not this run's, left as it is; {name} not copied")
+            else:
+                dest = remote.quarantine(name, "damaged; replaced by a verified copy during sync")
+                self.log(f"sync: damaged remote {remote.show(name)} quarantined to {dest}, replaced by a verified "
+                         f"copy")
+        except OSError as e:
+            raise SyncError(f"cannot make way for the copy of {name}: {e}") from e
+
+    def _leave(self, name: str, why: str) -> None:
+        """Say once that an entry of the remote a sync would remove is not this run's and was left."""
+        if (name, why) not in self._told:
+            self._told.add((name, why))
+            self.log(f"sync: remote {self.remote.show(name)} is {why}: not made by this run, left as it is")
 
     def _sync_base(self) -> None:
         """The LoRA base beside the checkpoints, before the first of them: they cannot resume without it. A copy
@@ -276,23 +303,21 @@ class Syncer:
             pid = remote_tmp_owner(n, _host())
             if (pid is not None and (pid == os.getpid() or not process_alive(pid))) \
                     or self.remote.age(n) > STALE_TMP_SECONDS:
-                self.remote.rm(n)
+                if why := self.remote.rm(n, file=not n.startswith(TMP_PREFIX)):  # a pointer's: a file
+                    self._leave(n, why)
 
     def _retention(self) -> list[str]:
         """Delete remote checkpoints beyond the newest `keep` intact ones; never the one LATEST names. Step
-        directories without a manifest are leftovers of an interrupted copy on a store without rename."""
+        directories without a manifest are leftovers of an interrupted copy on a store without rename. On a local
+        remote only this user's real directories are deleted: another's, or a link, is left and said once."""
         remote = self.remote
         latest = (remote.read_text(LATEST) or "").strip()
         best = (remote.read_text(BEST) or "").strip()
         kept, removed = 0, []
         for name in reversed(remote.steps()):
             manifest, problems = remote.intact(name)
-            if manifest is None and (link := remote.link(name)):
-                self.log(f"sync: remote {remote.show(name)} is {link}: left as it is")  # another's: not followed
-                continue
-            if manifest is None:
-                remote.rm(name)
-                removed.append(name)
+            if manifest is None:  # a link has none: its manifest is not read through it
+                self._remove(name, removed)
                 continue
             if problems:
                 self.log(f"sync: remote {remote.show(name)} is damaged: {'; '.join(problems[:3])}")
@@ -302,9 +327,14 @@ class Syncer:
             if kept < self.keep or name == latest:
                 kept += 1
                 continue
-            remote.rm(name)
-            removed.append(name)
+            self._remove(name, removed)
         return removed
+
+    def _remove(self, name: str, removed: list[str]) -> None:
+        if why := self.remote.rm(name):
+            self._leave(name, why)
+        else:
+            removed.append(name)
 
     # --- remote -> local ---------------------------------------------------------------------------------------
     def fetch_latest(self, local_root: str | os.PathLike | None = None) -> Path | None:
@@ -397,8 +427,12 @@ class Syncer:
     def _set_aside_remote(self, name: str, problems: list[str]) -> None:
         remote = self.remote
         reason = "; ".join(problems[:5])
-        if remote.local and not remote.link(name):
-            dest = quarantine(Path(remote.path(name)), f"fetch: {reason}")
+        if remote.local:
+            try:
+                dest = remote.quarantine(name, f"fetch: {reason}")
+            except OSError as e:  # not this user's real directory (a link, another's), or quarantine/ is not
+                self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped, not set aside: {e}")
+                return
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); moved to {dest}")
         else:
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped")
