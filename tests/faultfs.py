@@ -162,10 +162,16 @@ class FaultFilesystem:
 
     use_ns = True  # times as integer nanoseconds (mfusepy's non-deprecated mode)
 
-    def __init__(self, source: str, rules: RuleBook, direct_io: bool = False):
+    def __init__(self, source: str, rules: RuleBook, direct_io: bool = False, squash_uid: int | None = None):
         self.source = os.path.realpath(source)
         self.rulebook = rules
         self.direct_io = direct_io
+        self.squash_uid = squash_uid
+
+    def _squash(self, path: str) -> None:
+        """What is made here belongs to squash_uid, as an NFS server with root_squash makes root's files nobody's."""
+        if self.squash_uid is not None:
+            os.lchown(self._real(path), self.squash_uid, self.squash_uid)
 
     # -- helpers --
     def _real(self, path: str) -> str:
@@ -271,6 +277,7 @@ class FaultFilesystem:
     def mkdir(self, path, mode):
         self._apply("mkdir", path)
         os.mkdir(self._real(path), mode)
+        self._squash(path)
         return 0
 
     def rmdir(self, path):
@@ -313,7 +320,9 @@ class FaultFilesystem:
 
     def create(self, path, mode, flags):
         self._apply("create", path)
-        return os.open(self._real(path), flags | os.O_CREAT, mode)
+        fd = os.open(self._real(path), flags | os.O_CREAT, mode)
+        self._squash(path)
+        return fd
 
     def read(self, path, size, offset, fh):
         self._apply("read", path, span=(offset, size))
@@ -364,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", required=True, help="JSON rule file, re-read when it changes")
     parser.add_argument("--direct-io", action="store_true",
                         help="bypass the kernel page cache (every read reaches the filesystem; no shared mmap)")
+    parser.add_argument("--squash-uid", type=int, help="what is made belongs to this uid (NFS root_squash)")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.source):
@@ -373,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import mfusepy  # lazily: the fixtures import this module for the rule helpers on machines without libfuse
 
-    operations = FaultFilesystem(args.source, RuleBook(os.path.abspath(args.control)), direct_io=args.direct_io)
+    operations = FaultFilesystem(args.source, RuleBook(os.path.abspath(args.control)), direct_io=args.direct_io,
+                                 squash_uid=args.squash_uid)
     # Caching, direct_io and hard_remove are set in init_with_config (libfuse 3 keeps them in fuse_config).
     mfusepy.FUSE(operations, args.mountpoint, foreground=True, nothreads=False, debug=args.debug, fsname="faultfs")
     return 0

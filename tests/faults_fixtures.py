@@ -215,8 +215,10 @@ class FaultMount:
 
 
 @contextlib.contextmanager
-def mounted_faultfs(backing: str | os.PathLike, mountpoint: str | os.PathLike, direct_io: bool = False):
-    """Mount faultfs over `backing` at `mountpoint` (both existing dirs) for the duration of the block."""
+def mounted_faultfs(backing: str | os.PathLike, mountpoint: str | os.PathLike, direct_io: bool = False,
+                    squash_uid: int | None = None):
+    """Mount faultfs over `backing` at `mountpoint` (both existing dirs) for the duration of the block; with
+    squash_uid, what is made there belongs to that uid (an NFS server's root_squash)."""
     reason = unavailable_fuse()
     if reason:
         raise RuntimeError(reason)
@@ -227,6 +229,8 @@ def mounted_faultfs(backing: str | os.PathLike, mountpoint: str | os.PathLike, d
     cmd = [sys.executable, str(FAULTFS_SCRIPT), str(backing), str(mountpoint), "--control", str(control)]
     if direct_io:
         cmd.append("--direct-io")
+    if squash_uid is not None:
+        cmd += ["--squash-uid", str(squash_uid)]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # a Ctrl-C of the test run must not kill it mid-op

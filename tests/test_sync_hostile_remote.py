@@ -229,3 +229,28 @@ def test_another_users_invalid_checkpoint_is_neither_moved_nor_written_into(shar
         local / "step-00000010"
     assert os.listdir(shared / "step-00000030") == [MANIFEST] and not (shared / QUARANTINE).exists()
     assert any(f"{shared}/step-00000030 is a directory owned by uid {uid}: not this run's" in m for m in logs), logs
+
+
+def test_a_run_as_root_on_a_root_squashed_share_deletes_its_own_old_checkpoints(tmp_path, weights, monkeypatch):
+    """NFS's default root_squash makes what root writes the anonymous user's (nobody): a run as root in a container
+    saw its own step directories as another user's and kept every one, filling the share. The owner the server
+    gives this process's own directories counts as its own (learnt from the first one it makes)."""
+    from faults_fixtures import mounted_faultfs, unavailable_fuse
+    from minilmd.daemon.jobs import remote_write
+
+    if (reason := unavailable_fuse()) or os.geteuid() != 0:
+        pytest.skip(reason or "needs root: the share maps root to nobody")
+    nobody = second_user()[0]
+    monkeypatch.setattr(remote_write, "OWN_UIDS", {os.getuid()})  # what this process learns stays in this test
+    backing, share, local = tmp_path / "backing", tmp_path / "share", tmp_path / "scratch"
+    backing.mkdir()
+    share.mkdir()
+    logs: list[str] = []
+    with mounted_faultfs(backing, share, squash_uid=nobody):
+        syncer = Syncer(local, str(share), EXPECTED, keep=1, log=logs.append)
+        for step in (10, 20):
+            save(local, step, weights)
+            _within(120, syncer.sync_newest)
+        assert os.lstat(share / "step-00000020").st_uid == nobody  # the share squashed it
+        assert sorted(os.listdir(share)) == [LATEST, "step-00000020"], logs
+        assert not [m for m in logs if "left as it is" in m], logs

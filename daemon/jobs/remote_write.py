@@ -25,6 +25,11 @@ from minilmd.untrusted import file_kind, printable
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+OWN_UIDS = {os.getuid()}
+"""The owners this process's own entries on a remote show: its uid, and the one a server maps it to, learnt from
+each directory `mkdir_new` makes (NFS's root_squash, the default, makes root's files the anonymous user's: a run as
+root in a container would otherwise never delete its own old checkpoints and fill the share). On such a share the
+anonymous user's entries count as this user's: another squashed root's look the same from here."""
 
 
 
@@ -50,7 +55,7 @@ def what_is(path: str) -> str:
         with contextlib.suppress(OSError):
             return f"a symbolic link to {printable(os.readlink(path))}"
         return "a symbolic link"
-    owner = "" if st.st_uid == os.getuid() else f" owned by uid {st.st_uid}"
+    owner = "" if st.st_uid in OWN_UIDS else f" owned by uid {st.st_uid}"
     return f"{file_kind(st.st_mode)}{owner}"
 
 
@@ -61,7 +66,7 @@ def not_ours(path: str, file: bool = False) -> str | None:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+    if stat.S_ISLNK(st.st_mode) or st.st_uid not in OWN_UIDS:
         return what_is(path)
     if not (stat.S_ISREG(st.st_mode) if file else stat.S_ISDIR(st.st_mode)):
         return f"{file_kind(st.st_mode)}, not what a sync makes"
@@ -118,6 +123,7 @@ def mkdir_new(root: str, names: tuple[str, ...], show: Show) -> None:
                 os.mkdir(names[i - 1], 0o777, dir_fd=fd)
             except FileExistsError:
                 raise _taken(root, names[:i], show) from None
+            OWN_UIDS.add(os.stat(names[i - 1], dir_fd=fd, follow_symlinks=False).st_uid)  # as the server sees us
 
 
 def open_new(root: str, names: tuple[str, ...], show: Show) -> int:
@@ -140,7 +146,7 @@ def set_aside(root: str, name: str, reason: str, show: Show) -> str:
     with contextlib.suppress(NotOurs):  # there already: opened no-follow and its owner checked below
         mkdir_new(root, (QUARANTINE,), show)
     with parent_fd(root, (name,), show) as root_fd, parent_fd(root, (QUARANTINE, name), show) as into_fd:
-        if (uid := os.fstat(into_fd).st_uid) != os.getuid():  # made by another between the check and the open
+        if (uid := os.fstat(into_fd).st_uid) not in OWN_UIDS:  # made by another between the check and the open
             raise NotOurs(errno.EEXIST, f"{show(QUARANTINE)} is a directory owned by uid {uid}: not this "
                                                 f"run's, never moved into")
         stamp, n = time.strftime("%Y%m%dT%H%M%S"), 1
