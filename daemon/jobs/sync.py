@@ -313,7 +313,7 @@ class Syncer:
         remote = self.remote
         latest = (remote.read_text(LATEST) or "").strip()
         best = (remote.read_text(BEST) or "").strip()
-        kept, removed = 0, []
+        kept, removed = 0, list[str]()
         for name in reversed(remote.steps()):
             manifest, problems = remote.intact(name)
             if manifest is None:  # a link has none: its manifest is not read through it
