@@ -238,3 +238,16 @@ def test_a_leftover_not_ours_to_remove_is_left_said_and_the_export_goes_on(check
     else:
         assert theirs.read_bytes() == b"theirs\n"
     assert (elsewhere / "file").read_bytes() == (elsewhere / "dir" / "file").read_bytes() == b"not an export's\n"
+
+
+@pytest.mark.parametrize("fmt", ["minimind", "hf"])
+def test_an_out_name_too_long_for_the_temporary_name_is_refused(checkpoint, tmp_path, fmt):
+    """An --out name the file system takes, but not the temporary name beside it (some 30 characters longer since
+    it names host, pid and start time; 5 as `.NAME.tmp`, for names of 251 to 255 characters): an OSError traceback
+    (ENAMETOOLONG, exit 1). Now exit 2 saying so, nothing written."""
+    out = tmp_path / "out" / ("m" * 240 + (".pth" if fmt == "minimind" else ""))
+    out.parent.mkdir()
+    result = _export(checkpoint, fmt, out)
+    assert result.exit_code == 2 and not isinstance(result.exception, Exception), (result.output, result.exception)
+    assert f"minilmd export: {out}: its name is too long for the temporary copy" in result.output, result.output
+    assert not any(out.parent.iterdir())

@@ -246,7 +246,16 @@ def out_and_tmp(out: str | Path) -> tuple[Path, Path]:
     pid = os.getpid()
     tmp = out.with_name(export_tmp_name(out.name, socket.gethostname(), pid, process_start_ticks(pid) or 0))
     for path in (out, tmp):
-        if path.is_symlink():
+        try:
+            linked = stat.S_ISLNK(os.lstat(path).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            if e.errno == errno.ENAMETOOLONG:  # the temporary name is some 30 characters longer than --out's
+                raise OutRefused(f"{out}: its name is too long for the temporary copy an export writes beside it "
+                                 f"({tmp.name}); choose a shorter --out") from None
+            raise not_written(out, e) from None
+        if linked:
             raise OutRefused(f"{path}: is a symbolic link; an export never writes through one: choose another --out")
     return out, tmp
 
