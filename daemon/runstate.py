@@ -25,6 +25,7 @@ from minilmd import names
 from minilmd.daemon.states import Phase, StagingState, SyncState
 from minilmd.daemon.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
 from minilmd.fsio import atomic_write_json
+from minilmd.procs import process_start_ticks  # here too: the daemon's modules and tests import it from here
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular, read_json
 
 STATE_VERSION = 1
@@ -68,19 +69,6 @@ def _append_whole(fd: int, data: bytes) -> None:
 
 
 # --- Process identity ------------------------------------------------------------------------------------------
-
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if it is gone or a
-    zombie. Together with the pid it identifies a process: a recycled pid has another start time."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    rest = raw[raw.rfind(")") + 2:].split()  # the command name may contain spaces and parentheses
-    if rest[0] in ("Z", "X"):
-        return None
-    return int(rest[19])
-
 
 def process_alive(pid: int | None, start_ticks: int | None = None) -> bool:
     if not pid or pid <= 0:

@@ -230,6 +230,21 @@ def prepare_aside_name(out_name: str, pid: int) -> str:
     return f".{out_name}.tmp-old-{pid}"
 
 
-def export_tmp_name(out_name: str) -> str:
-    """`.<out>.tmp` beside an export's output file or directory, renamed into place when complete."""
+def export_tmp_name(out_name: str, host: str, pid: int, start_ticks: int) -> str:
+    """`.<out>.tmp-<host>-<pid>-<start ticks>` beside an export's output file or directory, renamed into place when
+    complete. The name says which process made it: the next export to <out> removes it once that process is gone
+    (a SIGKILL leaves it), and tells a recycled pid by its start time (minilmd/procs.py). The host: --out may be
+    on a file system other hosts write too, where this host's pids say nothing."""
+    return f".{out_name}.tmp-{host}-{pid}-{start_ticks}"
+
+
+def export_tmp_maker(out_name: str, name: str) -> tuple[str, int, int] | None:
+    """(host, pid, start ticks) of the export that made the export_tmp_name `name` for output `out_name`; None for
+    any other name."""
+    m = re.fullmatch(rf"{re.escape(f'.{out_name}.tmp-')}(.+)-(\d+)-(\d+)", name)
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def old_export_tmp_name(out_name: str) -> str:
+    """`.<out>.tmp`: an export's temporary name before it named its process; whose it is cannot be told."""
     return f".{out_name}.tmp"

@@ -1,7 +1,8 @@
 """`minilmd export` stopped at a known point while it writes, for tests/test_export_way_out.py: the export's files
 are written into its temporary copy, then, as argv[1] says, "raise": an exception that is no write error (a bug),
-or "wait": it says so in the file argv[2] and waits for the test's signal (SIGINT, SIGTERM). The rest of argv is
-the command line: `python export_paused.py MODE READY export CKPT --format F --out OUT`."""
+or "wait": it says so in the file argv[2] and waits for the test's signal (SIGINT, SIGTERM; SIGKILL, which leaves
+its temporary copy for the next export to remove). The rest of argv is the command line:
+`python export_paused.py MODE READY export CKPT --format F --out OUT`."""
 from __future__ import annotations
 
 import sys

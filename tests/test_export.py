@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import socket
 import subprocess
 
 import pytest
@@ -13,6 +14,8 @@ from typer.testing import CliRunner
 
 from minilmd.cli import app
 from minilmd.model_shapes import expected_state_shapes
+from minilmd.names import export_tmp_name
+from minilmd.procs import process_start_ticks
 from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from second_user import shared, user_python  # noqa: F401 - shared: a fixture
@@ -116,12 +119,13 @@ def test_export_cli_both_formats_and_bad_input(trained, tmp_path):
 def test_export_to_a_symbolic_link_is_refused_naming_it_and_leaves_nothing_behind(trained, tmp_path, fmt, name,
                                                                                   linked):
     """--out a dangling symbolic link was a traceback (hf: the rename onto the link) that left `.NAME.tmp` beside
-    it. An export never writes through a link nor renames onto one, --out or the temporary name beside it: exit 2,
-    the path named, nothing written."""
+    it. An export never writes through a link nor renames onto one, --out or the temporary name beside it (this
+    process's own: the export runs in it): exit 2, the path named, nothing written."""
     root, _ = trained
     out, target = tmp_path / "out" / name, tmp_path / "elsewhere" / name
     out.parent.mkdir()
-    link = out if linked == "out" else out.with_name(f".{name}.tmp")
+    ours = export_tmp_name(name, socket.gethostname(), os.getpid(), process_start_ticks(os.getpid()) or 0)
+    link = out if linked == "out" else out.with_name(ours)
     link.symlink_to(target)  # dangling: nothing there yet
     result = CliRunner().invoke(app, ["export", str(root / "ckpt"), "--format", fmt, "--out", str(out)])
     assert result.exit_code == 2 and not isinstance(result.exception, Exception), (result.output, result.exception)

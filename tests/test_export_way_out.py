@@ -1,9 +1,13 @@
-"""An export's every way out: its temporary `.NAME.tmp` beside --out is this process's own, made by it and removed
-again whether the export fails on a bug, is interrupted (Ctrl-C) or stopped (SIGTERM); an --out there before is
-left as it was; a `.NAME.tmp` that is not this export's is never reused nor removed."""
+"""An export's every way out: its temporary `.NAME.tmp-HOST-PID-TICKS` beside --out is this process's own, made
+by it and removed again whether the export fails on a bug, is interrupted (Ctrl-C) or stopped (SIGTERM); an --out
+there before is left as it was. What a SIGKILL leaves is removed by the next export to that --out once its maker is
+gone, when it is this user's file or directory; a live export's copy refuses the second export; another user's
+copy, a link, another host's copy and an older minilmd's `.NAME.tmp` are left and said."""
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +17,8 @@ import torch
 from typer.testing import CliRunner
 
 from minilmd.cli import app
+from minilmd.procs import process_start_ticks
+from second_user import second_user
 from waiting import wait_until
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 
@@ -74,19 +80,174 @@ def test_an_export_stopped_while_writing_leaves_no_temporary_copy_and_out_as_it_
         assert out.is_dir() and not any(out.iterdir())
 
 
+@pytest.fixture
+def sleeper():
+    """A live process: (pid, start ticks); killed and reaped afterwards."""
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        yield child.pid, wait_until(lambda: process_start_ticks(child.pid), 30, "the sleeper's start time")
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.fixture
+def dead() -> tuple[int, int]:
+    """(pid, start ticks) of a process that ran and is gone, reaped: what a SIGKILLed export's name records."""
+    child = subprocess.Popen(["sleep", "600"])
+    ticks = wait_until(lambda: process_start_ticks(child.pid), 30, "the process's start time")
+    child.kill()
+    child.wait()
+    return child.pid, ticks
+
+
+def _tmp_of(out: Path, pid: int, ticks: int, host: str | None = None) -> Path:
+    """The name an export (pid, start ticks) on `host` gives its temporary copy beside `out`: names.export_tmp_name,
+    spelled out as docs/operations.md does."""
+    return out.with_name(f".{out.name}.tmp-{host or socket.gethostname()}-{pid}-{ticks}")
+
+
+def _export(checkpoint: Path, fmt: str, out: Path):
+    return CliRunner().invoke(app, ["export", str(checkpoint), "--format", fmt, "--out", str(out)])
+
+
+def _exported(out: Path, fmt: str) -> bool:
+    """--out holds this export's result, not the earlier one."""
+    if fmt == "minimind":
+        return out.read_bytes() != EARLIER and "lm_head.weight" in torch.load(out, weights_only=True)
+    return (out / "config.json").is_file()
+
+
 @pytest.mark.parametrize("fmt", ["minimind", "hf"])
-def test_a_temporary_name_already_taken_is_refused_and_left_alone(checkpoint, tmp_path, fmt):
-    """`.NAME.tmp` there already is another export's (writing now, or killed): before, hf removed it and minimind
-    wrote through it. Now exit 2 naming it, and it and --out stay as they were."""
+def test_a_live_exports_temporary_copy_is_refused_and_left_alone(checkpoint, tmp_path, fmt, sleeper):
+    """The temporary copy of an export that still runs (its pid alive with the start time its name records; a
+    sleeping process stands in for it): two exports to one --out at once. Before, `.NAME.tmp` refused every later
+    export, the killed one's too. Now exit 2 naming it, and it and --out stay as they were, no copy of ours left."""
     out = _earlier_out(tmp_path, fmt)
-    theirs = out.with_name(f".{out.name}.tmp")
+    theirs = _tmp_of(out, *sleeper)
     theirs.write_bytes(b"another export's\n")
-    result = CliRunner().invoke(app, ["export", str(checkpoint), "--format", fmt, "--out", str(out)])
+    result = _export(checkpoint, fmt, out)
     assert result.exit_code == 2 and not isinstance(result.exception, Exception), (result.output, result.exception)
-    assert f"minilmd export: {theirs}: exists: another export to {out} is writing it" in result.output
+    assert (f"minilmd export: {theirs}: another export to {out} is writing it now (pid {sleeper[0]}); two exports "
+            f"to one --out at once are refused") in result.output, result.output
     assert theirs.read_bytes() == b"another export's\n"
     assert sorted(p.name for p in out.parent.iterdir()) == sorted([out.name, theirs.name])
     if fmt == "minimind":
         assert out.read_bytes() == EARLIER
     else:
         assert not any(out.iterdir())
+
+
+@pytest.mark.slow  # a `minilmd export` child each
+@pytest.mark.parametrize("fmt", ["minimind", "hf"])
+def test_an_export_sigkilled_mid_write_refuses_a_second_while_alive_and_is_cleaned_up_after(checkpoint, tmp_path,
+                                                                                            fmt):
+    """A real `minilmd export` child paused after it wrote its files into its temporary copy: a second export to
+    the same --out meanwhile is refused (exit 2) and leaves the first's copy; then the first is SIGKILLed (no
+    cleanup runs) and its copy stays. Before, that `.NAME.tmp` made every later export refuse (exit 2) until
+    removed by hand. Now the next export removes it, says so, and succeeds: no temporary copy left."""
+    out = _earlier_out(tmp_path, fmt)
+    ready = tmp_path / "ready"
+    with open(tmp_path / "stderr", "wb") as err:
+        child = subprocess.Popen([sys.executable, str(PAUSED), "wait", str(ready), "export", str(checkpoint),
+                                  "--format", fmt, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until(lambda: ready.exists() or child.poll() is not None, 300, "the export to write its files")
+        assert child.poll() is None, (tmp_path / "stderr").read_text()
+        [theirs] = [p for p in out.parent.iterdir() if p.name != out.name]
+        assert theirs.name.startswith(f".{out.name}.tmp-{socket.gethostname()}-{child.pid}-"), theirs
+        second = _export(checkpoint, fmt, out)
+        assert second.exit_code == 2, second.output
+        assert f"{theirs}: another export to {out} is writing it now (pid {child.pid})" in second.output
+        assert sorted(p.name for p in out.parent.iterdir()) == sorted([out.name, theirs.name])
+        child.kill()
+        assert child.wait(300) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert theirs.exists()  # what a SIGKILL leaves
+    result = _export(checkpoint, fmt, out)
+    assert result.exit_code == 0, result.output
+    assert (f"minilmd export: removed {theirs}: the temporary copy of an export (pid {child.pid}) killed before it "
+            f"finished") in result.output, result.output
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary copy: neither its nor ours
+    assert _exported(out, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["minimind", "hf"])
+@pytest.mark.parametrize("kind", ["a file", "a directory"])
+@pytest.mark.parametrize("recycled", [False, True])
+def test_this_users_leftover_of_a_dead_export_is_removed(checkpoint, tmp_path, fmt, kind, recycled, dead, sleeper):
+    """A leftover whose export is gone: its pid not running, or running again as another process (a sleeper's pid
+    with another start time than the name records: a recycled pid). Removed, said, the export done."""
+    out = _earlier_out(tmp_path, fmt)
+    theirs = _tmp_of(out, sleeper[0], sleeper[1] + 1) if recycled else _tmp_of(out, *dead)
+    if kind == "a file":
+        theirs.write_bytes(b"half an export\n")
+    else:
+        (theirs / "sub").mkdir(parents=True)
+        (theirs / "sub" / "model.safetensors").write_bytes(b"half an export\n")
+    result = _export(checkpoint, fmt, out)
+    assert result.exit_code == 0, result.output
+    assert f"minilmd export: removed {theirs}: the temporary copy of an export" in result.output, result.output
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
+    assert _exported(out, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["minimind", "hf"])
+@pytest.mark.parametrize("theirs_is", ["another user's", "a link to a file", "a link to a directory",
+                                       "another host's", "an older minilmd's"])
+def test_a_leftover_not_ours_to_remove_is_left_said_and_the_export_goes_on(checkpoint, tmp_path, fmt, theirs_is,
+                                                                           dead):
+    """A dead export's name on what this export must not delete: another user's copy (a real chown to nobody), a
+    symbolic link (never followed: what it leads to is not looked at either), another host's copy (its pid says
+    nothing here), an older minilmd's `.NAME.tmp` (whose, it does not say). Each is left as it is and said; the
+    export goes on under its own name (the names differ, so nothing of theirs is written) and succeeds."""
+    out = _earlier_out(tmp_path, fmt)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "dir").mkdir(parents=True)
+    (elsewhere / "file").write_bytes(b"not an export's\n")
+    (elsewhere / "dir" / "file").write_bytes(b"not an export's\n")
+    theirs = _tmp_of(out, *dead, host="another-host" if theirs_is == "another host's" else None)
+    said = {"another user's": "but another user's (uid", "a link to a file": "a symbolic link by an export's "
+            "temporary name; left as it is", "another host's": "left as it is: an export's temporary copy on host "
+            "another-host", "an older minilmd's": "an older minilmd's temporary copy"}
+    if theirs_is == "another user's":
+        uid, gid = second_user()
+        (theirs / "sub").mkdir(parents=True)
+        (theirs / "sub" / "file").write_bytes(b"theirs\n")
+        for path in (theirs, theirs / "sub", theirs / "sub" / "file"):
+            os.chown(path, uid, gid)
+    elif theirs_is.startswith("a link"):
+        theirs.symlink_to(elsewhere / ("file" if theirs_is.endswith("file") else "dir"))
+        said[theirs_is] = said["a link to a file"]
+    else:
+        if theirs_is == "an older minilmd's":
+            theirs = out.with_name(f".{out.name}.tmp")
+        theirs.write_bytes(b"theirs\n")
+    result = _export(checkpoint, fmt, out)
+    assert result.exit_code == 0, result.output
+    assert f"minilmd export: {theirs}: " in result.output and said[theirs_is] in result.output, result.output
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([out.name, theirs.name])  # theirs, no copy of ours
+    assert _exported(out, fmt)
+    if theirs_is == "another user's":
+        assert (theirs / "sub" / "file").read_bytes() == b"theirs\n" and os.lstat(theirs).st_uid == uid
+    elif theirs_is.startswith("a link"):
+        assert theirs.is_symlink()
+    else:
+        assert theirs.read_bytes() == b"theirs\n"
+    assert (elsewhere / "file").read_bytes() == (elsewhere / "dir" / "file").read_bytes() == b"not an export's\n"
+
+
+@pytest.mark.parametrize("fmt", ["minimind", "hf"])
+def test_an_out_name_too_long_for_the_temporary_name_is_refused(checkpoint, tmp_path, fmt):
+    """An --out name the file system takes, but not the temporary name beside it (some 30 characters longer since
+    it names host, pid and start time; 5 as `.NAME.tmp`, for names of 251 to 255 characters): an OSError traceback
+    (ENAMETOOLONG, exit 1). Now exit 2 saying so, nothing written."""
+    out = tmp_path / "out" / ("m" * 240 + (".pth" if fmt == "minimind" else ""))
+    out.parent.mkdir()
+    result = _export(checkpoint, fmt, out)
+    assert result.exit_code == 2 and not isinstance(result.exception, Exception), (result.output, result.exception)
+    assert f"minilmd export: {out}: its name is too long for the temporary copy" in result.output, result.output
+    assert not any(out.parent.iterdir())

@@ -160,12 +160,14 @@ def export(
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers.
 
-    Written as .OUT.tmp beside --out and renamed onto it when complete; that temporary copy is removed on every
-    other way out (an error, Ctrl-C, SIGTERM), and an --out there before is left as it was. Exit status: 0 written,
-    1 a checkpoint or argument that cannot be exported, 2 an --out it must not write (a symbolic link; .OUT.tmp
-    already there: another export's), 74 the export could not be written (the message says why: a full disk or
-    quota with the room left, permission denied, a read-only or failing file system), 130 interrupted (Ctrl-C,
-    SIGTERM)."""
+    Written as .OUT.tmp-HOST-PID-TICKS (this host, pid and start time) beside --out and renamed onto it when
+    complete; that temporary copy is removed on every other way out (an error, Ctrl-C, SIGTERM), and an --out there
+    before is left as it was. One a killed export left (SIGKILL, OOM) is removed by the next export to that --out,
+    and said, when its process is gone and it is your own file or directory; another user's, a link, another host's
+    or an older .OUT.tmp is left and said. Exit status: 0 written, 1 a checkpoint or argument that cannot be
+    exported, 2 an --out it must not write (a symbolic link; another export to it still running), 74 the export
+    could not be written (the message says why: a full disk or quota with the room left, permission denied, a
+    read-only or failing file system), 130 interrupted (Ctrl-C, SIGTERM)."""
     import signal
 
     from minilmd import perms
@@ -212,7 +214,7 @@ def export(
             raise ExportError(f"--format {format!r}: use minimind, hf or peft")
     except ExportError as e:
         typer.echo(f"minilmd export: {e}", err=True)
-        raise typer.Exit(e.exit_status) from None  # 2: an --out it must not write (a symbolic link)
+        raise typer.Exit(e.exit_status) from None  # 2: an --out it must not write (a link, a live export's)
     except KeyboardInterrupt:
         typer.echo(f"minilmd export: interrupted; nothing half-written is left beside {out}", err=True)
         raise typer.Exit(130) from None

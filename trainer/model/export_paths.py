@@ -1,7 +1,8 @@
 """Where an export reads and writes, for export.py (MiniMind's .pth, HF Qwen3) and adapter.py (PEFT) alike: the
 checkpoint a path names (a step directory, a root's LATEST or newest, a pointer file), strictly validated; the
-fresh --out and the temporary copy beside it, made by this process and removed again on every way out but its
-publishing (`writing_dir`, `writing_file`); ExportError and its exit statuses. Torch-free.
+fresh --out and the temporary copy beside it, named by this process, made by it and removed again on every way out
+but its publishing (`writing_dir`, `writing_file`), and what killed exports left there (`_clear_leftovers`);
+ExportError and its exit statuses. Torch-free.
 """
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import errno
 import os
 import re
 import shutil
+import socket
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from minilmd.fsio import fsync_dir, fsync_file
-from minilmd.names import LATEST, MODEL_FILE, export_tmp_name
+from minilmd.names import LATEST, MODEL_FILE, export_tmp_maker, export_tmp_name, old_export_tmp_name
+from minilmd.procs import process_start_ticks
 
 
 class ExportError(ValueError):
@@ -106,8 +110,9 @@ def writing_file(out: Path, tmp: Path) -> Iterator[BinaryIO]:
 def _writing(out: Path, tmp: Path, directory: bool) -> Iterator[BinaryIO | None]:
     """`tmp` made for the export, and removed again on every way out but its publishing: a write error (then
     ExportNotWritten, `not_written`), any other exception, Ctrl-C or SIGTERM (the CLI raises KeyboardInterrupt
-    for it). It is made exclusively, so removing it is ours to do: a name already taken is another export's
-    (running, or killed) and is refused, never reused nor removed. `out` itself is never touched here."""
+    for it). It is made exclusively, so removing it is ours to do: a name already taken is never reused nor
+    removed. Then the temporary copies of other exports to `out` are looked at (`_clear_leftovers`): made first,
+    so that of two exports started at once at least one sees the other. `out` itself is never touched here."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -122,11 +127,12 @@ def _writing(out: Path, tmp: Path, directory: bool) -> Iterator[BinaryIO | None]
                           "wb")
             made = os.fstat(f.fileno())
     except FileExistsError:
-        raise OutRefused(f"{tmp}: exists: another export to {out} is writing it, or one was killed before it "
-                         f"finished; remove it if no export is running, or choose another --out") from None
+        raise OutRefused(f"{tmp}: exists, though this export's own name (this host, pid and start time); it is "
+                         f"left as it is: remove it, or choose another --out") from None
     except OSError as e:
         raise not_written(out, e) from None
     try:
+        _clear_leftovers(out, tmp)
         yield f
     except BaseException as e:
         if f is not None:
@@ -156,6 +162,69 @@ def _remove_if_made(tmp: Path, made: os.stat_result) -> None:
             tmp.unlink()
 
 
+def _say(message: str) -> None:
+    print(f"minilmd export: {message}", file=sys.stderr, flush=True)
+
+
+def _clear_leftovers(out: Path, ours: Path) -> None:
+    """The other exports' temporary copies beside `out`, each named by its maker (names.export_tmp_name). One whose
+    export still runs (its pid alive with the start time the name records) is left, and this export refused:
+    two exports to one --out at once would publish over each other. One whose export is gone (a SIGKILL, an OOM
+    kill, a power loss leave it; a recycled pid has another start time) is removed when it is this user's own
+    file or directory, and said. Left as they are, and said, while this export goes on under its own name: a
+    symbolic link (never followed), another user's copy (never deleted for them), anything but a file or a
+    directory, another host's copy (its pid says nothing here), and an older minilmd's `.NAME.tmp`."""
+    try:
+        names = sorted(os.listdir(out.parent))
+    except OSError:
+        return  # a directory we may write but not list: nothing to find, our own copy is made
+    host, me = socket.gethostname(), os.geteuid()
+    for name in names:
+        path = out.parent / name
+        maker = export_tmp_maker(out.name, name)
+        if name == ours.name or (maker is None and name != old_export_tmp_name(out.name)):
+            continue
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # its export published or removed it meanwhile
+        if stat.S_ISLNK(st.st_mode):
+            _say(f"{path}: a symbolic link by an export's temporary name; left as it is (an export never follows "
+                 f"nor removes one)")
+        elif maker is None:
+            _say(f"{path}: an older minilmd's temporary copy, which does not say whose it is; left as it is: remove "
+                 f"it once no export to {out} is running")
+        elif maker[0] != host:
+            _say(f"{path}: left as it is: an export's temporary copy on host {maker[0]}, whether it still runs "
+                 f"cannot be told here; remove it once no export to {out} is running there")
+        elif process_start_ticks(maker[1]) == maker[2]:
+            raise OutRefused(f"{path}: another export to {out} is writing it now (pid {maker[1]}); two exports to "
+                             f"one --out at once are refused: let it finish, or choose another --out")
+        elif st.st_uid != me:
+            _say(f"{path}: left as it is: the temporary copy of a killed export, but another user's (uid "
+                 f"{st.st_uid}), which is theirs to remove")
+        elif not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            _say(f"{path}: left as it is: named as an export's temporary copy but neither a file nor a directory")
+        else:
+            _remove_leftover(path, st, maker[1])
+
+
+def _remove_leftover(path: Path, st: os.stat_result, pid: int) -> None:
+    """A dead export's copy, checked by the caller; rmtree never follows a link inside it, nor one put in its place
+    since (it refuses a link at its top)."""
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        _say(f"{path}: the temporary copy of a killed export (pid {pid}) could not be removed ({e}); left")
+        return
+    _say(f"removed {path}: the temporary copy of an export (pid {pid}) killed before it finished")
+
+
 def publish(tmp: Path, out: Path) -> Path:
     """The complete export directory renamed onto --out, durably. rename(2) replaces an empty directory at once and
     refuses a non-empty one: an empty --out is never first moved aside (fsio.publish_dir), where an interrupt
@@ -170,12 +239,23 @@ def publish(tmp: Path, out: Path) -> Path:
 
 
 def out_and_tmp(out: str | Path) -> tuple[Path, Path]:
-    """(--out, the temporary name beside it that is renamed onto it); OutRefused when either is a symbolic link,
-    dangling or not: an export never writes through a link, nor renames onto one."""
+    """(--out, this process's temporary name beside it that is renamed onto it: names.export_tmp_name, by host, pid
+    and start time); OutRefused when either is a symbolic link, dangling or not: an export never writes through a
+    link, nor renames onto one."""
     out = Path(out)
-    tmp = out.with_name(export_tmp_name(out.name))
+    pid = os.getpid()
+    tmp = out.with_name(export_tmp_name(out.name, socket.gethostname(), pid, process_start_ticks(pid) or 0))
     for path in (out, tmp):
-        if path.is_symlink():
+        try:
+            linked = stat.S_ISLNK(os.lstat(path).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            if e.errno == errno.ENAMETOOLONG:  # the temporary name is some 30 characters longer than --out's
+                raise OutRefused(f"{out}: its name is too long for the temporary copy an export writes beside it "
+                                 f"({tmp.name}); choose a shorter --out") from None
+            raise not_written(out, e) from None
+        if linked:
             raise OutRefused(f"{path}: is a symbolic link; an export never writes through one: choose another --out")
     return out, tmp
 
