@@ -79,20 +79,20 @@ def _damaged(staged: Path, problem: str):
 
 
 def _checkpoint_weights(cfg: RunConfig, source: InitSource, staged: bool = False) -> dict:
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
-    from minilmd.checkpoint import CheckpointError, CheckpointMismatch, Expectation, validate
+    from minilmd.checkpoint import CheckpointError, CheckpointMismatch, Expectation, read_validated, validate
     from minilmd.names import MODEL_FILE
 
     try:
         validate(source.path, Expectation(model=cfg.model_dict()))
+        return load(read_validated(source.path, MODEL_FILE))  # the bytes validated, not a link swapped in since
     except CheckpointMismatch as e:
         raise _refuse(cfg, "; ".join(e.problems).replace("checkpoint", "source")) from None
     except CheckpointError as e:
         if staged:  # it verified when staged: scratch damaged since, a data error (staged again), not the config
             raise _damaged(source.path, f"damaged: {'; '.join(e.problems)}") from None
         raise _refuse(cfg, f"the checkpoint is invalid: {'; '.join(e.problems)}") from None
-    return load_file(str(Path(source.path) / MODEL_FILE))
 
 
 def _pth_weights(cfg: RunConfig, data: BinaryIO) -> dict:
