@@ -328,9 +328,8 @@ def _read_pth(source: InitSource, model: dict | None, sink: _Hashed) -> tuple[io
         copy_regular(source.path, sink, max_bytes=bound)
     except Unreadable as e:
         if e.why.startswith("over "):  # its size, looked at before a byte is read
-            whose = "this run's model" if model is not None else "any model minilmd trains"
-            raise InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than a state dict of {whose} "
-                                   f"can be") from None
+            limit = "a state dict of this run's model can be" if model is not None else "init.from's .pth may be"
+            raise InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}") from None
         raise _untrusted_failure(e) from None
     data = sink.keep if sink.keep is not None else io.BytesIO()
     data.seek(0)
