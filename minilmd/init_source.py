@@ -287,7 +287,9 @@ def fingerprint(source: InitSource, model: dict | None = None) -> dict:
         pointer = {"pointer": source.pointer} if source.pointer else {}
         return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
                 "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
-    return _read_pth(source, model, _Hashed())[1]
+    from minilmd.untrusted import Hashing
+
+    return _read_pth(source, model, Hashing())[1]
 
 
 MAX_PTH_BYTES = 16 << 30
@@ -304,22 +306,12 @@ def read_pth(source: InitSource, model: dict | None = None) -> tuple[io.BytesIO,
     followed, never blocked on a FIFO), no further than a .pth of `model` can be (`pth_bound`), into memory and
     hashed as read; (those bytes, the fingerprint record of exactly them). The caller unpickles the bytes, never
     the path again: what was hashed is what is loaded. Raises as `fingerprint` does."""
-    return _read_pth(source, model, _Hashed(io.BytesIO()))
+    from minilmd.untrusted import Hashing
+
+    return _read_pth(source, model, Hashing(io.BytesIO()))
 
 
-class _Hashed:
-    """A sink for copy_regular: hashes what it is given, and keeps it when given a buffer."""
-
-    def __init__(self, keep: io.BytesIO | None = None):
-        self.sha256, self.keep = hashlib.sha256(), keep
-
-    def write(self, block: bytes) -> None:
-        self.sha256.update(block)
-        if self.keep is not None:
-            self.keep.write(block)
-
-
-def _read_pth(source: InitSource, model: dict | None, sink: _Hashed) -> tuple[io.BytesIO, dict]:
+def _read_pth(source: InitSource, model: dict | None, sink) -> tuple[io.BytesIO, dict]:
     from minilmd.model_shapes import pth_bound
     from minilmd.untrusted import Unreadable, copy_regular, size_text
 

@@ -133,19 +133,21 @@ def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_b
 def sha256_regular(path: str | os.PathLike, *, size: int | None = None, max_bytes: int | None = None) -> str:
     """The sha256 of a regular file opened and read as `copy_regular` reads one (its listed `size`, or at most
     max_bytes); raises Unreadable only."""
-    sink = _Sha256()
+    sink = Hashing()
     copy_regular(path, sink, size=size, max_bytes=max_bytes)
-    return sink.hash.hexdigest()
+    return sink.sha256.hexdigest()
 
 
-class _Sha256:
-    """A file object for copy_regular that only hashes what it is given."""
+class Hashing:
+    """A file object for copy_regular: hashes what it is given, and keeps it too in `keep` when given one."""
 
-    def __init__(self):
-        self.hash = hashlib.sha256()
+    def __init__(self, keep=None):
+        self.sha256, self.keep = hashlib.sha256(), keep
 
     def write(self, block: bytes) -> None:
-        self.hash.update(block)
+        self.sha256.update(block)
+        if self.keep is not None:
+            self.keep.write(block)
 
 
 def open_regular(path: str | os.PathLike, *, owner: int | Collection[int] | None = None) -> int:
