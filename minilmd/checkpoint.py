@@ -35,7 +35,7 @@ from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_latest
 from minilmd.config import RunConfig, load_config
 from minilmd.corpus.format import data_fingerprint, earlier_versions
 from minilmd.corpus.meta import corpus_train_tokens, read_meta
-from minilmd.fsio import sha256_file, table_problems
+from minilmd.fsio import sha256_file, table_problems  # noqa: F401  (sha256_file: the tests' name for it)
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 from minilmd.names import (
@@ -48,7 +48,7 @@ from minilmd.names import (
     step_of,
 )
 from minilmd.safetensors_scan import is_count, scan_safetensors
-from minilmd.untrusted import Unreadable, file_kind, kind_of, loads, printable, read_bytes
+from minilmd.untrusted import Unreadable, file_kind, kind_of, loads, printable, read_bytes, sha256_regular
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -173,7 +173,8 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
     """The trainer_state of a checkpoint that is intact and fits `expected`; else raises CheckpointInvalid (the
     checkpoint is damaged) or CheckpointMismatch (it belongs to another model config, tokenizer or corpus).
 
-    Checked: manifest, every file's size then sha256, step agreement (name, manifest, trainer_state, optimizer),
+    Checked: the directory and every file it lists are what they are, not links (lstat); manifest, every file's
+    size then sha256, step agreement (name, manifest, trainer_state, optimizer),
     model config and fingerprints against `expected`, keys/shapes/dtypes against the model config, every tensor
     finite. Without `expected` the checkpoint is checked against the config it records itself.
 
@@ -181,6 +182,7 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
     JSON parts are parsed with a depth bound and their types checked (_structure_problems) before they are used,
     so that a malformed checkpoint is CheckpointInvalid, never another exception."""
     ckpt_dir = Path(ckpt_dir)
+    _check_directory(ckpt_dir)
     manifest = read_manifest(ckpt_dir)
     scans = _verify_files(ckpt_dir, manifest)
     step = manifest["step"]
@@ -198,27 +200,34 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
 
 def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
     """Every file against the manifest (sizes, then sha256); the safetensors files are scanned in the same read
-    (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name."""
+    (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name. A file is looked
+    at with lstat and opened as minilmd/untrusted.py opens one: a link (even to a regular file: its bytes are
+    another place's), a FIFO listed with size 0 (it would block the hash) or /dev/zero is invalid, never read."""
     scans: dict[str, tuple | ValueError] = {}
 
     def size_of(name: str) -> int | None:
         try:
-            st = os.stat(ckpt_dir / name)
+            st = os.lstat(ckpt_dir / name)
         except FileNotFoundError:
             return None
-        if not stat.S_ISREG(st.st_mode):  # a FIFO listed with size 0 would block the hash, /dev/zero never end it
+        if not stat.S_ISREG(st.st_mode):
             raise CheckpointInvalid(ckpt_dir, f"{name} is {file_kind(st.st_mode)}, not a regular file")
         return st.st_size
 
     def sha256_of(name: str) -> str:
-        if name.endswith(".safetensors"):
-            try:
-                scan = scan_safetensors(ckpt_dir / name)
-                scans[name] = scan
-                return scan[0]
-            except ValueError as e:
-                scans[name] = e
-        return sha256_file(ckpt_dir / name)
+        try:
+            if name.endswith(".safetensors"):
+                try:
+                    scan = scan_safetensors(ckpt_dir / name)
+                    scans[name] = scan
+                    return scan[0]
+                except Unreadable:
+                    raise
+                except ValueError as e:  # malformed: hashed all the same, so that a damaged copy says so
+                    scans[name] = e
+            return sha256_regular(ckpt_dir / name, size=manifest["files"][name]["size"])
+        except Unreadable as e:  # replaced since its lstat, deleted by a concurrent prune, unreadable (EIO)
+            raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
 
     try:
         problems = verify_manifest(manifest, size_of, sha256_of)
@@ -230,6 +239,42 @@ def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
     if damaged:  # every damaged safetensors file, not only the first
         raise CheckpointInvalid(ckpt_dir, damaged)
     return {name: scan for name, scan in scans.items() if isinstance(scan, tuple)}
+
+
+def _check_directory(ckpt_dir: Path) -> None:
+    """The checkpoint directory is one itself: a link to one is refused (its files would be another place's, the
+    link's target free to change between validation and loading). Missing: read_manifest says so."""
+    try:
+        mode = os.lstat(ckpt_dir).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CheckpointInvalid(ckpt_dir, f"cannot be looked at: {e.strerror or e}") from None
+    if not stat.S_ISDIR(mode):
+        raise CheckpointInvalid(ckpt_dir, f"the checkpoint is {file_kind(mode)}, not a directory")
+
+
+def read_validated(ckpt_dir: str | os.PathLike, name: str) -> bytes:
+    """The bytes of one file of a checkpoint validated just before, for its loader (safetensors.torch.load of
+    them, never load_file of the path: no mmap, no link followed): read as untrusted, no more than the size its
+    manifest lists, and only when they are the bytes its manifest hashes. The directory or a file replaced since
+    validation (a link swapped in, other weights) is CheckpointInvalid, never loaded."""
+    import hashlib
+
+    ckpt_dir = Path(ckpt_dir)
+    _check_directory(ckpt_dir)
+    manifest = read_manifest(ckpt_dir)
+    problems = manifest_problems(manifest)
+    if problems or name not in manifest["files"]:
+        raise CheckpointInvalid(ckpt_dir, problems or f"{MANIFEST}: does not list {name}")
+    entry = manifest["files"][name]
+    try:
+        data = read_bytes(ckpt_dir / name, max_bytes=entry["size"])
+    except Unreadable as e:
+        raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointInvalid(ckpt_dir, f"{name}: changed since it was validated")
+    return data
 
 
 def _read_json_parts(ckpt_dir: Path) -> tuple[dict, dict]:

@@ -13,18 +13,21 @@ anything starts; a .pth carries only tensors, so the trainer compares their shap
 
 The fingerprint recorded in the new run's checkpoints: for a checkpoint, the sha256 of its manifest.json (which holds
 the sha256 of every file of it, so it names the whole checkpoint) and its step; for a .pth, the file's sha256.
+A source is another user's or another run's file, often on NFS: its manifest and its .pth are read through
+minilmd/untrusted.py (no link followed, never blocked on a FIFO, size bounded: a .pth no bigger than a state dict of
+the run's model can be), and a .pth is hashed and unpickled from the one read (`read_pth`).
 """
 from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_best, read_latest
 from minilmd.config import ConfigError, load_config
-from minilmd.fsio import sha256_file
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE
 from minilmd.untrusted import read_json
 
@@ -268,8 +271,11 @@ def model_problems(spec: str, run_model: dict, checkpoint: str = "best") -> list
     return [f"{source.path} holds another model config: " + ", ".join(diff)] if diff else []
 
 
-def fingerprint(source: InitSource) -> dict:
-    """What the new run records of its source, in every checkpoint's trainer_state.json ("init")."""
+def fingerprint(source: InitSource, model: dict | None = None) -> dict:
+    """What the new run records of its source, in every checkpoint's trainer_state.json ("init"). A .pth is read
+    as `read_pth` reads one (`model`: the run's [model], which bounds its size), hashed and not kept. Raises
+    InitSourceError for a source that is not what it must be; the OSError of one that cannot be read now (staging
+    waits for it, the trainer alone refuses it)."""
     if source.kind == "checkpoint":
         from minilmd.untrusted import Unreadable, loads, read_bytes
 
@@ -277,13 +283,60 @@ def fingerprint(source: InitSource) -> dict:
             raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
             manifest = loads(raw, path=source.path / MANIFEST)
         except Unreadable as e:
-            if e.os_error is not None:
-                raise e.os_error from None
-            raise InitSourceError(f"{source.path / MANIFEST} is unreadable ({e.why})") from None
+            raise _untrusted_failure(e) from None
         pointer = {"pointer": source.pointer} if source.pointer else {}
         return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
                 "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
-    return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sha256_file(source.path)}
+    from minilmd.untrusted import Hashing
+
+    return _read_pth(source, model, Hashing())[1]
+
+
+MAX_PTH_BYTES = 16 << 30
+"""The largest .pth read when the run's model is not given (staging's fingerprint): 2G weights at 8 bytes, beyond
+any small LM; given the model, `pth_bound` of it bounds the read."""
+
+
+class InitSourceTooBig(InitSourceError):
+    """A .pth larger than a state dict of the run's model can be: refused before it is read (final)."""
+
+
+def read_pth(source: InitSource, model: dict | None = None) -> tuple[io.BytesIO, dict]:
+    """A MiniMind .pth source (another user's, on NFS) read as untrusted: opened once as a regular file (no link
+    followed, never blocked on a FIFO), no further than a .pth of `model` can be (`pth_bound`), into memory and
+    hashed as read; (those bytes, the fingerprint record of exactly them). The caller unpickles the bytes, never
+    the path again: what was hashed is what is loaded. Raises as `fingerprint` does."""
+    from minilmd.untrusted import Hashing
+
+    return _read_pth(source, model, Hashing(io.BytesIO()))
+
+
+def _read_pth(source: InitSource, model: dict | None, sink) -> tuple[io.BytesIO, dict]:
+    from minilmd.model_shapes import pth_bound
+    from minilmd.untrusted import Unreadable, copy_regular, size_text
+
+    bound = pth_bound(model) if model is not None else MAX_PTH_BYTES
+    try:
+        copy_regular(source.path, sink, max_bytes=bound)
+    except Unreadable as e:
+        if e.why.startswith("over "):  # its size, looked at before a byte is read
+            limit = "a state dict of this run's model can be" if model is not None else "init.from's .pth may be"
+            raise InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}") from None
+        raise _untrusted_failure(e) from None
+    data = sink.keep if sink.keep is not None else io.BytesIO()
+    data.seek(0)
+    return data, {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sink.sha256.hexdigest()}
+
+
+def _untrusted_failure(e) -> Exception:
+    """An untrusted.Unreadable of init.from's file as its callers take it: the OSError of one that cannot be read
+    now (missing: its share gone; EIO...) for `_unreadable`'s decision (and staging's wait); else a final
+    InitSourceError saying what the file is ("a FIFO", "a symbolic link")."""
+    if e.os_error is not None:
+        return e.os_error
+    if e.missing:
+        return FileNotFoundError(errno.ENOENT, "No such file or directory", e.path)
+    return InitSourceError(f"{e.path} is unreadable ({e.why})")
 
 
 def same_source(recorded: dict | None, current: dict | None) -> bool:

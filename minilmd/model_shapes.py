@@ -96,3 +96,23 @@ def expected_adapter_shapes(model: dict[str, Any] | ModelSection,
             shapes[module + ".lora_A.weight"] = (cfg.rank, in_features)
             shapes[module + ".lora_B.weight"] = (out_features, cfg.rank)
     return shapes
+
+
+PTH_SLACK_BYTES, PTH_TENSOR_BYTES = 1 << 20, 4096
+"""A MiniMind .pth's framing beyond its tensors' bytes: the zip and pickle of the whole, and of each tensor."""
+
+
+def pth_bound(model: dict[str, Any] | ModelSection) -> int:
+    """The most bytes a MiniMind .pth of this model can hold: every weight (and the tied head again) at 8 bytes
+    (float64, the widest dtype a state dict of it may have), plus the framing. A .pth from elsewhere (init.from, a
+    LoRA base's kept copy) is read no further: a bigger one cannot be of this model."""
+    shapes = expected_state_shapes(model)
+    numel = [_numel(shape) for shape in shapes.values()]
+    return 8 * (sum(numel) + _numel(shapes[EMBED_KEY])) + PTH_SLACK_BYTES + PTH_TENSOR_BYTES * (len(numel) + 1)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n

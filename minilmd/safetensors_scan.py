@@ -1,6 +1,7 @@
 """Reading a safetensors file without torch, numpy only and one sequential read (never mmap: a file on NFS must not
-be able to kill its reader with SIGBUS): its sha256, the dtype and shape of each tensor, the non-finite values
-and the one-element tensors, for minilmd/checkpoint.py's validation. The header is untrusted even when the file's
+be able to kill its reader with SIGBUS), opened as minilmd/untrusted.py opens a file from elsewhere (no link, no
+FIFO): its sha256, the dtype and shape of each tensor, the non-finite values and the one-element tensors, for
+minilmd/checkpoint.py's validation. The header is untrusted even when the file's
 hash matches a manifest: it is parsed with minilmd/untrusted.py's `loads` (depth bound, an object) and every entry
 must have exactly the shape the format defines, the tensors tiling the data in order to the last byte.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from minilmd.untrusted import Unreadable, kind_of, loads, printable
+from minilmd.untrusted import Unreadable, kind_of, loads, open_regular, printable
 
 _MAX_HEADER = 64 << 20
 _READ_CHUNK = 16 << 20
@@ -89,13 +90,16 @@ def _nonfinite_count(buf: bytes, dtype: str) -> int:
 
 def scan_safetensors(path: str | os.PathLike) -> tuple[str, dict, dict[str, int], dict[str, float]]:
     """One sequential read of a safetensors file: (sha256, {name: {"dtype", "shape"}}, {name: non-finite count}
-    for tensors that have any, {name: value} of one-element tensors). Raises ValueError for a malformed file."""
+    for tensors that have any, {name: value} of one-element tensors). Raises ValueError for a malformed file, its
+subclass Unreadable for one that is not a regular file or cannot be opened."""
     path = Path(path)
-    size = path.stat().st_size
+    fd = open_regular(path)  # a checkpoint from elsewhere: no link followed, no FIFO blocked on (Unreadable)
     h = hashlib.sha256()
     nonfinite: dict[str, int] = {}
     scalars: dict[str, float] = {}
-    with open(path, "rb") as f:
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+
         def read(n: int) -> bytes:
             b = f.read(n)
             h.update(b)

@@ -9,7 +9,8 @@ json.loads raise RecursionError), a JSON list where an object belongs, or simply
 - `loads` decodes UTF-8, bounds the nesting depth by a scan of the brackets outside strings before json.loads sees
   the text, and checks the parsed value's type; it also serves one line of a JSON-lines file;
 - `read_json` is the two together;
-- `copy_regular` copies such a file, opened as `read_bytes` opens one, of its listed size or at most a bound.
+- `copy_regular` copies such a file, opened as `read_bytes` opens one, of its listed size or at most a bound;
+  `sha256_regular` hashes one so.
 Every failure is one exception, `Unreadable`, whose `why` is a few words for a view ("a FIFO", "owned by uid 1001",
 "over 1 MiB", "nested deeper than 64", "a list, not an object", "not JSON"); a caller shows "unreadable (why)",
 skips a bad line or quarantines a checkpoint, and never sees another exception from here. `printable` escapes
@@ -18,6 +19,7 @@ what such a file says before it reaches a terminal. Torch-free, standard library
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -126,6 +128,26 @@ def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_b
         return got
     finally:
         os.close(fd)
+
+
+def sha256_regular(path: str | os.PathLike, *, size: int | None = None, max_bytes: int | None = None) -> str:
+    """The sha256 of a regular file opened and read as `copy_regular` reads one (its listed `size`, or at most
+    max_bytes); raises Unreadable only."""
+    sink = Hashing()
+    copy_regular(path, sink, size=size, max_bytes=max_bytes)
+    return sink.sha256.hexdigest()
+
+
+class Hashing:
+    """A file object for copy_regular: hashes what it is given, and keeps it too in `keep` when given one."""
+
+    def __init__(self, keep=None):
+        self.sha256, self.keep = hashlib.sha256(), keep
+
+    def write(self, block: bytes) -> None:
+        self.sha256.update(block)
+        if self.keep is not None:
+            self.keep.write(block)
 
 
 def open_regular(path: str | os.PathLike, *, owner: int | Collection[int] | None = None) -> int:

@@ -1,17 +1,28 @@
 """The weights `[init] from` names, loaded for a fresh run (the torch half of minilmd/init_source.py).
 
 A minilmd checkpoint is validated strictly first (hashes, shapes, finiteness) against the run's model config: a
-damaged one or one of another model is refused, never half-used. A MiniMind .pth is read with
-`torch.load(weights_only=True)` (no code runs from the file); its keys are ours plus `lm_head.weight`, the tied
-embedding, which must equal `model.embed_tokens.weight` (minilmd's model ties them); fp16/bf16 become fp32.
-Every refusal is a ConfigError (exit 2): the config names a source that cannot start this run.
+damaged one or one of another model is refused, never half-used. A MiniMind .pth is read once as untrusted into
+memory, no bigger than a state dict of the run's model can be, and hashed as read (minilmd/init_source.py
+`read_pth`); those bytes are unpickled with `torch.load(weights_only=True)` (no code runs from the file); its keys
+are ours plus `lm_head.weight`, the tied embedding, which must equal `model.embed_tokens.weight` (minilmd's model
+ties them); fp16/bf16 become fp32. Every refusal is a ConfigError (exit 2): the config names a source that cannot
+start this run.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 from minilmd.config import ConfigError, RunConfig
-from minilmd.init_source import InitSource, InitSourceError, fingerprint, model_differences, resolve
+from minilmd.init_source import (
+    InitSource,
+    InitSourceError,
+    InitSourceTooBig,
+    fingerprint,
+    model_differences,
+    read_pth,
+    resolve,
+)
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, expected_state_shapes
 
 
@@ -25,8 +36,10 @@ def load_init(cfg: RunConfig) -> tuple[dict, dict]:
         return _staged_weights(cfg, Path(cfg.init.staged))
     try:
         source = resolve(cfg.init.from_, cfg.init.checkpoint)
-        weights = _checkpoint_weights(cfg, source) if source.kind == "checkpoint" else _pth_weights(cfg, source)
-        return weights, {"from": cfg.init.from_, **fingerprint(source)}
+        if source.kind == "checkpoint":
+            return _checkpoint_weights(cfg, source), {"from": cfg.init.from_, **fingerprint(source)}
+        data, record = read_pth(source, cfg.model_dict())  # hashed as read: the record is of what gets loaded
+        return _pth_weights(cfg, data), {"from": cfg.init.from_, **record}
     except InitSourceError as e:
         raise _refuse(cfg, str(e)) from None
     except OSError as e:
@@ -41,16 +54,21 @@ def _staged_weights(cfg: RunConfig, staged: Path) -> tuple[dict, dict]:
     (Raised as a CheckpointMismatch of kind "data": a ValueError would be taken for the model refusing the config.)"""
     from minilmd.init_source import same_source, staged_copy, staged_record
 
+    data = None
     try:
         record = staged_record(staged)
         source = InitSource(str(record.get("kind")), staged_copy(staged))
-        found = fingerprint(source)
+        if source.kind == "checkpoint":
+            found = fingerprint(source)
+        else:
+            data, found = read_pth(source, cfg.model_dict())
+    except InitSourceTooBig as e:  # the source is (staging copies it byte for byte): this model's config refuses it
+        raise _refuse(cfg, str(e)) from None
     except Exception as e:  # noqa: BLE001 - unreadable or missing scratch: stage again
         raise _damaged(staged, f"cannot be read: {e}") from None
     if record.get("from") != cfg.init.from_ or not same_source(record, found):
         raise _damaged(staged, f"not the source's ({record.get('from')!r}): damaged or stale scratch")
-    weights = _checkpoint_weights(cfg, source, staged=True) if source.kind == "checkpoint" else \
-        _pth_weights(cfg, source)
+    weights = _pth_weights(cfg, data) if data is not None else _checkpoint_weights(cfg, source, staged=True)
     return weights, {**record, "from": cfg.init.from_}
 
 
@@ -61,27 +79,28 @@ def _damaged(staged: Path, problem: str):
 
 
 def _checkpoint_weights(cfg: RunConfig, source: InitSource, staged: bool = False) -> dict:
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
-    from minilmd.checkpoint import CheckpointError, CheckpointMismatch, Expectation, validate
+    from minilmd.checkpoint import CheckpointError, CheckpointMismatch, Expectation, read_validated, validate
     from minilmd.names import MODEL_FILE
 
     try:
         validate(source.path, Expectation(model=cfg.model_dict()))
+        return load(read_validated(source.path, MODEL_FILE))  # the bytes validated, not a link swapped in since
     except CheckpointMismatch as e:
         raise _refuse(cfg, "; ".join(e.problems).replace("checkpoint", "source")) from None
     except CheckpointError as e:
         if staged:  # it verified when staged: scratch damaged since, a data error (staged again), not the config
             raise _damaged(source.path, f"damaged: {'; '.join(e.problems)}") from None
         raise _refuse(cfg, f"the checkpoint is invalid: {'; '.join(e.problems)}") from None
-    return load_file(str(Path(source.path) / MODEL_FILE))
 
 
-def _pth_weights(cfg: RunConfig, source: InitSource) -> dict:
+def _pth_weights(cfg: RunConfig, data: BinaryIO) -> dict:
+    """The weights of a .pth's bytes as `read_pth` read them (never its path again: a file swapped since is not)."""
     import torch
 
     try:
-        state = torch.load(source.path, map_location="cpu", weights_only=True)
+        state = torch.load(data, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a pickle that is not a plain state dict fails in many ways
         raise _refuse(cfg, f"not a loadable state dict ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

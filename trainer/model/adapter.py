@@ -24,6 +24,7 @@ from minilmd.trainer.model.export_paths import (
     ExportError,
     _validate,
     fresh_export_dir,
+    load_validated,
     publish,
     resolve_checkpoint,
     writing_dir,
@@ -43,6 +44,17 @@ def lora_state(path: str | Path) -> dict | None:
     except (OSError, ValueError):  # malformed or unreadable (Unreadable): validation (export_paths._validate) says why
         return None
     return state if saved_lora(state) else None
+
+
+def _validated_state(ckpt: Path) -> dict:
+    """The trainer_state of a checkpoint `_validate` passed, read again as untrusted (no link followed)."""
+    from minilmd.checkpoint import MAX_JSON_PART
+    from minilmd.untrusted import Unreadable, read_json
+
+    try:
+        return read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART)
+    except Unreadable as e:
+        raise ExportError(f"checkpoint is invalid: {e} (changed since it was validated)") from None
 
 
 def _base_weights(ckpt: Path, state: dict, base: str | Path | None) -> dict:
@@ -123,19 +135,16 @@ def load_lora_model(adapter: str | Path, device: str = "cpu", base: str | Path |
                     active: bool = True):
     """(MiniMindForCausalLM in eval mode with the adapters on it, the adapter's trainer_state); active=False: the
     base alone (`--no-lora`)."""
-    from safetensors.torch import load_file
-
-    from minilmd.names import MODEL_FILE
     from minilmd.trainer.model.lora import apply_lora, load_adapter, set_active
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
     ckpt = resolve_checkpoint(adapter)
     _validate(ckpt)
-    state = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))
+    state = _validated_state(ckpt)
     model = MiniMindForCausalLM(state["config"]["model"])
     model.load_state_dict(_base_weights(ckpt, state, base), strict=True)
     apply_lora(model, saved_lora(state) or {})
-    load_adapter(model, load_file(str(ckpt / MODEL_FILE)))
+    load_adapter(model, load_validated(ckpt))
     set_active(model, active)
     return model.to(device).eval(), state
 
@@ -179,9 +188,7 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
     """Write a PEFT adapter directory (see the module docstring); `base_name` goes into base_model_name_or_path
     (default: the base checkpoint's path). Published by a rename; an existing non-empty directory is refused."""
 
-    from safetensors.torch import load_file, save_file
-
-    from minilmd.names import MODEL_FILE
+    from safetensors.torch import save_file
 
     ckpt = resolve_checkpoint(adapter)
     state = lora_state(ckpt)
@@ -189,7 +196,7 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
         raise ExportError(f"{ckpt}: not a LoRA checkpoint (its run has no [lora] rank); export it with --format hf "
                           f"or minimind")
     _validate(ckpt)
-    tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in load_file(str(ckpt / MODEL_FILE)).items()}
+    tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in load_validated(ckpt).items()}
     out_dir, tmp = fresh_export_dir(out_dir)
     with writing_dir(out_dir, tmp):
         save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})

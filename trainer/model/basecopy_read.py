@@ -19,30 +19,12 @@ import stat
 from pathlib import Path
 
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, describe, same_source
+from minilmd.model_shapes import pth_bound
 from minilmd.names import MANIFEST
 from minilmd.trainer.model.export_paths import ExportError
 from minilmd.untrusted import Unreadable, copy_regular, file_kind, loads, read_bytes
 
 MAX_RECORD_BYTES, MAX_MANIFEST_BYTES = 64 * 1024, 16 * 1024 * 1024  # as staging reads them (init_source.py)
-PTH_SLACK_BYTES, PTH_TENSOR_BYTES = 1 << 20, 4096
-"""A .pth's framing beyond its tensors' bytes: the zip and pickle of the whole, and of each tensor."""
-
-
-def pth_bound(model_cfg: dict) -> int:
-    """The most bytes a MiniMind .pth of this model can hold: every weight (and the tied head again) at 8 bytes
-    (float64, the widest dtype a state dict of it may have), plus the framing."""
-    from minilmd.model_shapes import EMBED_KEY, as_model_section, expected_state_shapes
-
-    shapes = expected_state_shapes(as_model_section(model_cfg))
-    numel = [_numel(shape) for shape in shapes.values()]
-    return 8 * (sum(numel) + _numel(shapes[EMBED_KEY])) + PTH_SLACK_BYTES + PTH_TENSOR_BYTES * (len(numel) + 1)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for dim in shape:
-        n *= dim
-    return n
 
 
 def private_copy(copy: Path, recorded: dict, model_cfg: dict, dest: Path) -> bool:

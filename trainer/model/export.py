@@ -32,6 +32,7 @@ from minilmd.trainer.model.export_paths import (
     ExportError,
     _validate,
     fresh_export_dir,
+    load_validated,
     out_and_tmp,
     publish,
     resolve_checkpoint,
@@ -60,8 +61,6 @@ def read_checkpoint(path: str | Path, validate: bool = True,
                     merge: bool = False) -> tuple[dict, dict[str, Any], dict[str, Any]]:
     """(weights as fp32 tensors, model config dict, trainer_state) of a checkpoint (or of LATEST under a root).
     A LoRA checkpoint (adapters only) gives its base with the adapters merged in with `merge`, else is refused."""
-    from safetensors.torch import load_file
-
     from minilmd.trainer.model.adapter import lora_state, merged_weights
 
     ckpt = resolve_checkpoint(path)
@@ -80,7 +79,7 @@ def read_checkpoint(path: str | Path, validate: bool = True,
         raise ExportError(f"{ckpt}: no {TRAINER_STATE}, so the model config is unknown") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ExportError(f"{ckpt / TRAINER_STATE}: no usable config.model ({e})") from None
-    weights = load_file(str(ckpt / MODEL_FILE))
+    weights = load_validated(ckpt)
     expected = expected_state_shapes(model_cfg)
     got = {k: tuple(v.shape) for k, v in weights.items()}
     if got != expected:

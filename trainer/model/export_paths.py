@@ -300,3 +300,16 @@ def _validate(ckpt: Path) -> None:
         validate(ckpt)
     except CheckpointError as e:
         raise ExportError(f"checkpoint is invalid: {e}") from None
+
+
+def load_validated(ckpt: Path) -> dict:
+    """The model weights of a checkpoint `_validate` passed, from the bytes it validated (read_validated: no link
+    followed, no mmap, what its manifest hashes), never load_file of a path that may have been swapped since."""
+    from safetensors.torch import load
+
+    from minilmd.checkpoint import CheckpointError, read_validated
+
+    try:
+        return load(read_validated(ckpt, MODEL_FILE))
+    except CheckpointError as e:
+        raise ExportError(f"checkpoint is invalid: {e}") from None
