@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from minilmd.cli import app
-from minilmd.procs import process_start_ticks
+from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 from second_user import second_user
 from waiting import wait_until
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
@@ -78,27 +78,6 @@ def test_an_export_stopped_while_writing_leaves_no_temporary_copy_and_out_as_it_
         assert out.read_bytes() == EARLIER
     else:
         assert out.is_dir() and not any(out.iterdir())
-
-
-@pytest.fixture
-def sleeper():
-    """A live process: (pid, start ticks); killed and reaped afterwards."""
-    child = subprocess.Popen(["sleep", "600"])
-    try:
-        yield child.pid, wait_until(lambda: process_start_ticks(child.pid), 30, "the sleeper's start time")
-    finally:
-        child.kill()
-        child.wait()
-
-
-@pytest.fixture
-def dead() -> tuple[int, int]:
-    """(pid, start ticks) of a process that ran and is gone, reaped: what a SIGKILLed export's name records."""
-    child = subprocess.Popen(["sleep", "600"])
-    ticks = wait_until(lambda: process_start_ticks(child.pid), 30, "the process's start time")
-    child.kill()
-    child.wait()
-    return child.pid, ticks
 
 
 def _tmp_of(out: Path, pid: int, ticks: int, host: str | None = None) -> Path:

@@ -13,11 +13,11 @@ import re
 import shutil
 import socket
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from minilmd import leftovers
 from minilmd.fsio import fsync_dir, fsync_file
 from minilmd.names import LATEST, MODEL_FILE, export_tmp_maker, export_tmp_name, old_export_tmp_name
 from minilmd.procs import process_start_ticks
@@ -162,8 +162,8 @@ def _remove_if_made(tmp: Path, made: os.stat_result) -> None:
             tmp.unlink()
 
 
-def _say(message: str) -> None:
-    print(f"minilmd export: {message}", file=sys.stderr, flush=True)
+_SAY = leftovers.stderr_say("export")
+_WORDS = leftovers.Words(one="an export", tool="export", thing="temporary copy")
 
 
 def _clear_leftovers(out: Path, ours: Path) -> None:
@@ -173,56 +173,31 @@ def _clear_leftovers(out: Path, ours: Path) -> None:
     kill, a power loss leave it; a recycled pid has another start time) is removed when it is this user's own
     file or directory, and said. Left as they are, and said, while this export goes on under its own name: a
     symbolic link (never followed), another user's copy (never deleted for them), anything but a file or a
-    directory, another host's copy (its pid says nothing here), and an older minilmd's `.NAME.tmp`."""
+    directory, another host's copy (its pid says nothing here), and an older minilmd's `.NAME.tmp`. The rule is
+    minilmd/leftovers.py's, shared with prepare's clean-up."""
     try:
         names = sorted(os.listdir(out.parent))
     except OSError:
         return  # a directory we may write but not list: nothing to find, our own copy is made
-    host, me = socket.gethostname(), os.geteuid()
     for name in names:
         path = out.parent / name
         maker = export_tmp_maker(out.name, name)
         if name == ours.name or (maker is None and name != old_export_tmp_name(out.name)):
             continue
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue  # its export published or removed it meanwhile
-        if stat.S_ISLNK(st.st_mode):
-            _say(f"{path}: a symbolic link by an export's temporary name; left as it is (an export never follows "
-                 f"nor removes one)")
-        elif maker is None:
-            _say(f"{path}: an older minilmd's temporary copy, which does not say whose it is; left as it is: remove "
-                 f"it once no export to {out} is running")
-        elif maker[0] != host:
-            _say(f"{path}: left as it is: an export's temporary copy on host {maker[0]}, whether it still runs "
-                 f"cannot be told here; remove it once no export to {out} is running there")
-        elif process_start_ticks(maker[1]) == maker[2]:
+        if maker is None:  # an older minilmd's `.NAME.tmp`: it names no process
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                leftovers.own(path, st, _WORDS, _SAY)  # says it is a link, left
+            else:
+                _SAY(f"{path}: an older minilmd's temporary copy, which does not say whose it is; left as it is: "
+                     f"remove it once no export to {out} is running")
+            continue
+        if leftovers.clear(path, *maker, out, _WORDS, _SAY) == "running":
             raise OutRefused(f"{path}: another export to {out} is writing it now (pid {maker[1]}); two exports to "
                              f"one --out at once are refused: let it finish, or choose another --out")
-        elif st.st_uid != me:
-            _say(f"{path}: left as it is: the temporary copy of a killed export, but another user's (uid "
-                 f"{st.st_uid}), which is theirs to remove")
-        elif not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-            _say(f"{path}: left as it is: named as an export's temporary copy but neither a file nor a directory")
-        else:
-            _remove_leftover(path, st, maker[1])
-
-
-def _remove_leftover(path: Path, st: os.stat_result, pid: int) -> None:
-    """A dead export's copy, checked by the caller; rmtree never follows a link inside it, nor one put in its place
-    since (it refuses a link at its top)."""
-    try:
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        _say(f"{path}: the temporary copy of a killed export (pid {pid}) could not be removed ({e}); left")
-        return
-    _say(f"removed {path}: the temporary copy of an export (pid {pid}) killed before it finished")
 
 
 def publish(tmp: Path, out: Path) -> Path:

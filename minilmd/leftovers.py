@@ -1,0 +1,107 @@
+"""What a killed process left beside its output: a temporary file or directory named by its maker (host, pid and,
+in the newer names, start time: minilmd/names.py). One rule for every clean-up of such leftovers (an export's
+copy beside --out, a prepare's directory beside DIR, a checkpoint root's `.tmp-*`), because they run in
+directories other users may write too: a leftover is removed only when its maker is gone and it is this user's own
+file or directory; a symbolic link is never followed nor removed, another user's entry never deleted for them
+(unlink needs only write permission on a sticky-less parent), another host's never judged by a pid of this host.
+What is left is said, so that the user knows what to remove by hand. Torch-free, standard library only.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from minilmd.procs import process_start_ticks
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Words:
+    """How the messages name the maker and what it leaves: one="an export", tool="export", thing="temporary copy"."""
+
+    one: str
+    tool: str
+    thing: str
+    files: bool = True  # whether the maker makes files too (an export), or only directories (prepare, a save)
+
+
+def stderr_say(tool: str) -> Say:
+    """`minilmd TOOL: message` on stderr."""
+    return lambda message: print(f"minilmd {tool}: {message}", file=sys.stderr, flush=True)
+
+
+def me() -> tuple[str, int, int]:
+    """(host, pid, start ticks) of this process, as a temporary name records its maker."""
+    pid = os.getpid()
+    return socket.gethostname(), pid, process_start_ticks(pid) or 0
+
+
+def running(pid: int, ticks: int | None) -> bool:
+    """Whether the process that made a name still runs: its pid alive with the start time the name records (a
+    recycled pid has another), or, for an older name that records none, its pid alive at all (a zombie is gone)."""
+    now = process_start_ticks(pid)
+    return now is not None and (ticks is None or now == ticks)
+
+
+def own(path: Path, st: os.stat_result, words: Words, say: Say) -> bool:
+    """Whether `path` (lstat `st`) is this user's own real directory (or file, when the maker makes files): what
+    a clean-up may remove. Anything else is said and left: a link, another user's entry, another kind of file."""
+    if stat.S_ISLNK(st.st_mode):
+        say(f"{path}: a symbolic link by {words.one}'s temporary name; left as it is ({words.one} never follows "
+            f"nor removes one)")
+        return False
+    if st.st_uid != os.geteuid():
+        say(f"{path}: left as it is: the {words.thing} of a killed {words.tool}, but another user's (uid "
+            f"{st.st_uid}), which is theirs to remove")
+        return False
+    if stat.S_ISDIR(st.st_mode) or (words.files and stat.S_ISREG(st.st_mode)):
+        return True
+    kinds = "neither a file nor a directory" if words.files else "not a directory"
+    say(f"{path}: left as it is: named as {words.one}'s {words.thing} but {kinds}")
+    return False
+
+
+def remove(path: Path, st: os.stat_result, pid: int, words: Words, say: Say) -> bool:
+    """Remove a dead maker's leftover that `own` passed; True when it is gone. rmtree never follows a link inside
+    it, nor one put in its place since (it refuses a link at its top)."""
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        say(f"{path}: the {words.thing} of a killed {words.tool} (pid {pid}) could not be removed ({e}); left")
+        return False
+    say(f"removed {path}: the {words.thing} of {words.one} (pid {pid}) killed before it finished")
+    return True
+
+
+def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, words: Words, say: Say) -> str:
+    """Settle one leftover by a maker's name: "running" when its maker still runs (left and not said: the caller
+    decides; an export refuses), "removed", or "left" (said why). `host` None: a name that records no host, taken
+    as this host's (an older minilmd's prepare); `ticks` None: one that records no start time."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "removed"  # its maker published or removed it meanwhile
+    if stat.S_ISLNK(st.st_mode):
+        own(path, st, words, say)  # a link is said as such, whoever's name it has
+        return "left"
+    if host is not None and host != socket.gethostname():
+        say(f"{path}: left as it is: {words.one}'s {words.thing} on host {host}, whether it still runs cannot be "
+            f"told here; remove it once no {words.tool} to {out} is running there")
+        return "left"
+    if running(pid, ticks):
+        return "running"
+    if not own(path, st, words, say):
+        return "left"
+    return "removed" if remove(path, st, pid, words, say) else "left"
