@@ -211,23 +211,29 @@ def split_file(split: str, name: str) -> str:
     return f"{split}/{name}"
 
 
-def prepare_tmp_name(out_name: str, pid: int) -> str:
-    """`.<out>.tmp-<pid>` beside the output directory: a prepare in progress."""
-    return f".{out_name}.tmp-{pid}"
+def prepare_tmp_name(out_name: str, host: str, pid: int, start_ticks: int) -> str:
+    """`.<out>.prepare-<host>-<pid>-<start ticks>` beside the output directory: a prepare in progress. The name says
+    which process made it, as an export's does (export_tmp_name), so that the next prepare removes it only once
+    that process is gone, a recycled pid told by its start time. Not `.<out>.tmp-...`: that is an export's to the
+    same path, which a prepare must never take for its own."""
+    return f".{out_name}.prepare-{host}-{pid}-{start_ticks}"
 
 
-def prepare_tmp_owner_pid(out_name: str, name: str) -> int | None:
-    """The pid of a prepare_tmp_name (or a publish_dir aside of it) for output `out_name`; None for other names."""
-    prefix = f".{out_name}.tmp-"
-    if not name.startswith(prefix):
-        return None
-    tail = name[len(prefix):].rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else None
-
-
-def prepare_aside_name(out_name: str, pid: int) -> str:
+def prepare_aside_name(out_name: str, host: str, pid: int, start_ticks: int) -> str:
     """An older output moved aside by `prepare --force`, removed once the new one is in place."""
-    return f".{out_name}.tmp-old-{pid}"
+    return f"{prepare_tmp_name(out_name, host, pid, start_ticks)}.old"
+
+
+def prepare_tmp_maker(out_name: str, name: str) -> tuple[str | None, int, int | None] | None:
+    """(host, pid, start ticks) of the prepare that made `name` for output `out_name`: a prepare_tmp_name or
+    prepare_aside_name, or an older minilmd's `.<out>.tmp-<pid>` and `.<out>.tmp-old-<pid>` (host and start time
+    None: they record neither). None for any other name, an export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
+    out = re.escape(f".{out_name}.")
+    if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+)(?:\.old)?", name):
+        return m.group(1), int(m.group(2)), int(m.group(3))
+    if m := re.fullmatch(rf"{out}tmp-(?:old-)?(\d+)", name):
+        return None, int(m.group(1)), None
+    return None
 
 
 def export_tmp_name(out_name: str, host: str, pid: int, start_ticks: int) -> str:

@@ -44,11 +44,16 @@ def test_every_temporary_checkpoint_name_is_hidden_and_carries_its_owner():
     assert names.tmp_owner_pid("step-00000012") is None and names.tmp_owner_pid("LATEST") is None
 
 
-def test_prepare_temporaries_carry_their_owner():
-    assert names.prepare_tmp_owner_pid("out", names.prepare_tmp_name("out", 77)) == 77
-    assert names.prepare_tmp_owner_pid("out", names.prepare_aside_name("out", 78)) == 78
-    assert names.prepare_tmp_owner_pid("out", names.prepare_tmp_name("other", 77)) is None
-    assert names.prepare_tmp_owner_pid("out", ".out.tmp-notapid") is None
+def test_prepare_temporaries_carry_their_maker():
+    """A prepare's temporary names say host, pid and start time; an older minilmd's `.out.tmp-PID` is still read
+    (pid only); an export's `.out.tmp-HOST-PID-TICKS` to the same path is no prepare's."""
+    assert names.prepare_tmp_maker("out", names.prepare_tmp_name("out", "h-1", 77, 900)) == ("h-1", 77, 900)
+    assert names.prepare_tmp_maker("out", names.prepare_aside_name("out", "h", 78, 901)) == ("h", 78, 901)
+    assert names.prepare_tmp_maker("out", ".out.tmp-79") == (None, 79, None)
+    assert names.prepare_tmp_maker("out", ".out.tmp-old-80") == (None, 80, None)
+    assert names.prepare_tmp_maker("out", names.prepare_tmp_name("other", "h", 77, 900)) is None
+    assert names.prepare_tmp_maker("out", names.export_tmp_name("out", "h", 77, 900)) is None
+    assert names.prepare_tmp_maker("out", ".out.tmp-notapid") is None
 
 
 def test_attempt_logs():

@@ -208,7 +208,7 @@ def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer):
     child = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "prepare", *big, "--tokenizer",
                               str(tokenizer), "--out", str(out), "--workers", "1"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: list(tmp_path.glob(".out.tmp-*/train/tokens.bin")) or child.poll() is not None, 60,
+    wait_until(lambda: list(tmp_path.glob(".out.prepare-*/train/tokens.bin")) or child.poll() is not None, 60,
                "prepare to write its temporary output", interval=0.02)
     assert child.poll() is None, "prepare ended before it could be stopped"
     child.send_signal(signal.SIGTERM)

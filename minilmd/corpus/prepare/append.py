@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minilmd import leftovers
 from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
@@ -162,8 +163,8 @@ def _append(sources: list[str], root: Path, locked: Path, check_same, workers: i
         if template != meta["chat"]["template_sha256"]:
             raise CorpusError(f"{root}: its tokenizer_config.json's chat template is not the one it was rendered "
                               "with (meta.json chat.template_sha256)")
-    tmp = root.parent / prepare_tmp_name(root.name + APPEND_SUFFIX, os.getpid())
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = root.parent / prepare_tmp_name(root.name + APPEND_SUFFIX, *leftovers.me())
+    tmp.mkdir()  # exclusively: its name is this process's own (host, pid, start time), never one planted there
     for split in SPLITS:
         (tmp / split).mkdir(parents=True)
     try:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minilmd import leftovers
 from minilmd.corpus.analysis.report import add_report_meta, check_line_counts, duplicates_of
 from minilmd.corpus.format import open_prepared
 from minilmd.corpus.meta import FORMAT
@@ -59,26 +60,36 @@ from minilmd.names import (
     TOKENIZER_CONFIG,
     TOKENS,
     prepare_aside_name,
+    prepare_tmp_maker,
     prepare_tmp_name,
-    prepare_tmp_owner_pid,
 )
 from minilmd.untrusted import Unreadable, printable, read_bytes
 
 MAX_META_BYTES = 64 << 20  # a meta.json read to decide whether --force may replace a directory
 
 
-def _remove_stale_tmp(out: Path) -> None:
-    """Temp dirs of this user's prepares that were killed (SIGKILL leaves no chance to clean up); never another
-    user's, never through a link."""
-    import psutil
+_WORDS = leftovers.Words(one="a prepare", tool="prepare", thing="temporary directory", files=False)
 
-    for p in out.parent.iterdir():
-        pid = prepare_tmp_owner_pid(out.name, p.name)
-        if pid is None or psutil.pid_exists(pid):
+
+def _remove_stale_tmp(out: Path, ours: str, say: leftovers.Say) -> None:
+    """What killed prepares to `out` left beside it (a SIGKILL leaves no chance to clean up), by prepare's own
+    names only (names.prepare_tmp_maker: never an export's `.OUT.tmp-HOST-PID-TICKS` to the same path, whose last
+    number is no pid). Removed once its maker is gone (a recycled pid has another start time) when it is this
+    user's own directory; a link, another user's entry, anything but a directory, another host's are left and
+    said (minilmd/leftovers.py). A live maker's is left too: under the corpus lock it is no prepare of this
+    host's to `out`, so only said. Runs under the lock, so no prepare of this `out` on this host starts meanwhile."""
+    try:
+        names = sorted(os.listdir(out.parent))
+    except OSError:
+        return
+    for name in names:
+        maker = prepare_tmp_maker(out.name, name)
+        if maker is None or name == ours:
             continue
-        st = p.lstat()
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-            shutil.rmtree(p, ignore_errors=True)
+        path = out.parent / name
+        if leftovers.clear(path, *maker, out, _WORDS, say) == "running":
+            say(f"{path}: left as it is: named as a prepare's temporary directory, and its process (pid "
+                f"{maker[1]}) still runs")
 
 
 def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_fraction: float = 0.005,
@@ -109,17 +120,22 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
             if not force:
                 raise ValueError(f"{out} already exists; pass --force to replace it")
             _check_replaceable(out)
-        _remove_stale_tmp(out)
+        host, pid, ticks = leftovers.me()
+        tmp = out.parent / prepare_tmp_name(out.name, host, pid, ticks)
+        _remove_stale_tmp(out, tmp.name, leftovers.stderr_say("prepare"))
         hold_for_test()
-        tmp = out.parent / prepare_tmp_name(out.name, os.getpid())
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir()  # exclusively: a name already there (a link planted in a shared parent) is never written into
+        except FileExistsError:
+            raise ValueError(f"{tmp}: exists, though this prepare's own name (this host, pid and start time); it is "
+                             f"left as it is: remove it, or choose another output") from None
         try:
             meta = _prepare_into(tmp, out, sources, tok, opts, progress, log)
             open_prepared(tmp)  # the invariants, checked by the same code the trainer runs
             lock.check_parent()
             if out.exists() or out.is_symlink():
                 _check_replaceable(out)  # again: something may have been put there meanwhile
-            publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, os.getpid()))
+            publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, host, pid, ticks))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return meta
