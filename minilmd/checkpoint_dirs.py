@@ -6,10 +6,11 @@ it and stay fast. Torch-free.
 from __future__ import annotations
 
 import os
-import shutil
+import stat
 import time
 from pathlib import Path
 
+from minilmd import leftovers
 from minilmd.names import (
     BEST,
     LATEST,
@@ -84,28 +85,36 @@ def quarantine(ckpt_dir: str | os.PathLike, reason: str) -> Path:
     return dest
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_WORDS = leftovers.Words(one="a checkpoint writer", tool="checkpoint writer", thing="temporary directory",
+                         files=False)
 
 
-def clean_stale_tmp(root: str | os.PathLike) -> list[Path]:
-    """Remove `.tmp-*` directories left by a writer that died (its pid is gone, or is this process). Returns
-    them. A temp directory of another live process is left alone: only one trainer writes a root at a time."""
+def clean_stale_tmp(root: str | os.PathLike, say: leftovers.Say | None = None) -> list[Path]:
+    """Remove `.tmp-*` directories left by a writer that died (its pid is gone, or is this process: only one
+    trainer writes a root at a time, so the name's pid running here is ours). Returns those removed. A temp
+    directory of another live process is left alone. Only this user's own real directories are removed: a
+    symbolic link, another user's entry (a root may sit in a directory others can write, where unlink needs no
+    ownership) and anything but a directory are left, and said (`say`, default stderr; minilmd/leftovers.py)."""
     root = Path(root)
-    if not root.is_dir():
-        return []
+    say = say or leftovers.stderr_say("checkpoints")
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []  # no root yet (or not a directory): nothing to clean
     removed = []
-    for p in root.iterdir():
-        pid = tmp_owner_pid(p.name)
-        if pid is None or not p.is_dir():
+    for name in names:
+        pid = tmp_owner_pid(name)
+        p = root / name
+        if pid is None:
             continue
-        if pid == os.getpid() or not _pid_alive(pid):
-            shutil.rmtree(p, ignore_errors=True)
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if pid != os.getpid() and leftovers.running(pid, None):
+            continue
+        if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+            continue  # a writer's temporary file (fsio's): not this clean-up's, as before
+        if leftovers.own(p, st, _WORDS, say) and leftovers.remove(p, st, pid, _WORDS, say):
             removed.append(p)
     return removed
