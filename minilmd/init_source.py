@@ -289,12 +289,12 @@ def fingerprint(source: InitSource, model: dict | None = None) -> dict:
                 "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
     from minilmd.untrusted import Hashing
 
-    return _read_pth(source, model, Hashing())[1]
+    return _read_pth(source, model, Hashing())
 
 
 MAX_PTH_BYTES = 16 << 30
-"""The largest .pth read when the run's model is not given (staging's fingerprint): 2G weights at 8 bytes, beyond
-any small LM; given the model, `pth_bound` of it bounds the read."""
+"""The largest .pth read when the run's model is not given (a caller without the run's config): 2G weights at 8
+bytes, beyond any small LM; given the model (the trainer, staging), `pth_bound` of it bounds the read."""
 
 
 class InitSourceTooBig(InitSourceError):
@@ -308,10 +308,23 @@ def read_pth(source: InitSource, model: dict | None = None) -> tuple[io.BytesIO,
     the path again: what was hashed is what is loaded. Raises as `fingerprint` does."""
     from minilmd.untrusted import Hashing
 
-    return _read_pth(source, model, Hashing(io.BytesIO()))
+    sink = Hashing(io.BytesIO())
+    record = _read_pth(source, model, sink)
+    sink.keep.seek(0)
+    return sink.keep, record
 
 
-def _read_pth(source: InitSource, model: dict | None, sink) -> tuple[io.BytesIO, dict]:
+def copy_pth(source: InitSource, model: dict | None, out) -> dict:
+    """read_pth's one read, its bytes written to `out` (a binary file object of this process: staging's copy in
+    scratch) instead of kept in memory; the fingerprint record of exactly the bytes written. Raises as
+    `fingerprint` does; an OSError of `out` as it is."""
+    from minilmd.untrusted import Hashing
+
+    return _read_pth(source, model, Hashing(out))
+
+
+def _read_pth(source: InitSource, model: dict | None, sink) -> dict:
+    """The .pth read once into `sink` (an untrusted.Hashing), bounded by `model`; its fingerprint record."""
     from minilmd.model_shapes import pth_bound
     from minilmd.untrusted import Unreadable, copy_regular, size_text
 
@@ -323,9 +336,7 @@ def _read_pth(source: InitSource, model: dict | None, sink) -> tuple[io.BytesIO,
             limit = "a state dict of this run's model can be" if model is not None else "init.from's .pth may be"
             raise InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}") from None
         raise _untrusted_failure(e) from None
-    data = sink.keep if sink.keep is not None else io.BytesIO()
-    data.seek(0)
-    return data, {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sink.sha256.hexdigest()}
+    return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sink.sha256.hexdigest()}
 
 
 def _untrusted_failure(e) -> Exception:

@@ -20,7 +20,15 @@ from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.init_source import STAGED_PTH
-from minilmd.names import LATEST, MANIFEST, MODEL_FILE, QUARANTINE, pointer_tmp_tag, sync_tmp_name
+from minilmd.names import (
+    LATEST,
+    MANIFEST,
+    MODEL_FILE,
+    QUARANTINE,
+    pointer_tmp_tag,
+    remote_tmp_owner,
+    sync_tmp_name,
+)
 from second_user import second_user, sh_as_user, shared  # noqa: F401 - shared: a fixture
 from test_sync import EXPECTED, _within, corrupt, save, weights  # noqa: F401 - weights: a fixture
 
@@ -72,17 +80,49 @@ def raced_syncer(local: Path, remote: Path, **race) -> Syncer:
     return syncer
 
 
-def test_a_link_placed_at_the_temporary_copys_name_is_refused_not_written_through(tmp_path, weights, victim):
+def test_a_link_placed_at_the_temporary_copys_name_is_passed_by_not_written_through(tmp_path, weights, victim):
     """On main `makedirs(exist_ok=True)` took a link placed at `.tmp-step-...-<host>-<pid>` between the sync's rm
     and its makedirs for its own directory: every file of the checkpoint was written into the directory it points
-    at. The directory is made new now: the sync fails saying what was there, nothing written through it."""
+    at. Then the directory was made new, but the sync failed at that predictable name for ever: one other user kept
+    the run's checkpoints from the remote. Now the link is left, never written through, said once, and the copy
+    made under a fresh name of the same host and pid (`-XXXXXXXX.tmp`)."""
     local, remote = tmp_path / "scratch", tmp_path / "remote"
     save(local, 10, weights)
+    logs: list[str] = []
     syncer = raced_syncer(local, remote, to=victim)
-    with pytest.raises(SyncError) as refused:
-        _within(120, syncer.sync_newest)
+    syncer.log = logs.append
+    _within(120, syncer.sync_newest)
     assert untouched(victim)
-    assert f"is already there (a symbolic link to {victim})" in str(refused.value)
+    at = syncer._remote.at
+    assert sorted(os.listdir(remote)) == sorted([at, LATEST, "step-00000010"])
+    assert os.readlink(remote / at) == str(victim)
+    said = [m for m in logs if f"is already there (a symbolic link to {victim})" in m]
+    assert len(said) == 1 and f"{remote}/{at}-" in said[0] and "copying under" in said[0], logs
+
+
+def test_another_users_entry_at_the_temporary_name_is_left_and_the_sync_goes_on(shared, tmp_path, weights):
+    """A real second user's directory at the predictable temporary name: left as it is, said once, the checkpoint
+    copied under a fresh name that names.remote_tmp_owner reads back as this host's and this pid's (the clean-up of
+    a killed sync's leftovers still takes it)."""
+    local, host = tmp_path / "scratch", sync_module._host()
+    at = sync_tmp_name("step-00000010", host, os.getpid())
+    sh_as_user(f"mkdir {at} && echo theirs > {at}/notes", cwd=shared)
+    save(local, 10, weights)
+    logs: list[str] = []
+    made: list[str] = []
+    syncer = Syncer(local, str(shared), EXPECTED, log=logs.append)
+    real_make_tmp = syncer.remote.make_tmp
+
+    def make_tmp(target, *below, **kw):
+        made.append(real_make_tmp(target, *below, **kw))
+        return made[-1]
+
+    syncer.remote.make_tmp = make_tmp  # type: ignore[method-assign]
+    _within(120, syncer.sync_newest)
+    assert (shared / at / "notes").read_text() == "theirs\n"
+    assert sorted(os.listdir(shared)) == sorted([at, LATEST, "step-00000010"])
+    assert made[0] != at and remote_tmp_owner(made[0], host) == os.getpid()
+    assert sum("is already there" in m for m in logs) == 1, logs
 
 
 def test_a_link_placed_at_a_file_name_in_the_temporary_copy_is_refused_not_written_through(tmp_path, weights,
@@ -115,19 +155,24 @@ def test_a_directory_on_the_way_that_is_a_link_is_never_written_through(tmp_path
         remote.makedirs("dir", "sub")
 
 
-def test_a_link_placed_at_the_lora_bases_temporary_name_is_refused(tmp_path, victim):
-    """The LoRA base's copy (`.tmp-init-<host>-<pid>/`, then `checkpoint/` in it) is made the same way."""
+def test_a_link_placed_at_the_lora_bases_temporary_name_is_passed_by(tmp_path, victim):
+    """The LoRA base's copy (`.tmp-init-<host>-<pid>/`, then `checkpoint/` in it) is made the same way: a link at its
+    temporary name is left, never written through, and the base copied under a fresh name (on main before: the push
+    failed there at every sync)."""
     staged = tmp_path / "staged"
     staged.mkdir()
     (staged / STAGED_PTH).write_bytes(b"weights")
     (staged / basecopy.INIT_RECORD).write_text(json.dumps(
         {"kind": "minimind", "sha256": hashlib.sha256(b"weights").hexdigest()}))
-    remote = RacedRemote(str(tmp_path / "remote"), sync_tmp_name(basecopy.REMOTE_BASE, "h", 1), victim)
+    at = sync_tmp_name(basecopy.REMOTE_BASE, "h", 1)
+    remote = RacedRemote(str(tmp_path / "remote"), at, victim)
     remote.makedirs()
-    with pytest.raises((OSError, ValueError)) as refused:  # on main: Unreadable at the read-back, too late
-        _within(120, lambda: basecopy.push(remote, staged, "h", 1))
+    said: list[tuple[str, str]] = []
+    assert _within(120, lambda: basecopy.push(remote, staged, "h", 1, taken=lambda *a: said.append(a))) > 0
     assert untouched(victim)
-    assert f"already there (a symbolic link to {victim})" in str(refused.value)
+    assert sorted(os.listdir(remote.root)) == sorted([at, basecopy.REMOTE_BASE])
+    assert len(said) == 1 and f"already there (a symbolic link to {victim})" in said[0][0]
+    assert remote_tmp_owner(said[0][1], "h") == 1
 
 
 def test_a_link_at_a_pointers_temporary_name_is_passed_by(tmp_path, victim, monkeypatch):

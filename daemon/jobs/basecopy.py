@@ -80,17 +80,16 @@ def _holds_another(remote: Remote, staged: Path) -> bool:
         return not e.missing
 
 
-def push(remote: Remote, staged: Path, host: str, pid: int) -> int:
+def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> int:
     """Copy the staged base to `<remote>/init` unless it is there already; the bytes copied (0: it was there, or
     the remote holds the copy of another base, which is never replaced: it may be the only copy of the weights
     older checkpoints were trained on). OSError or BaseCopyError for the sync to retry; a half copy is never left
-    behind."""
+    behind. `taken`: Remote.make_tmp's, when the temporary name holds what is not ours."""
     if on_remote(remote, staged) or _holds_another(remote, staged):
         return 0
     hashes = _recorded(staged)
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
-    remote.rm(target)
-    remote.makedirs(target, STAGED_CHECKPOINT)
+    target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken)
     try:
         nbytes = 0
         # each read back against the record, not the local file: a base staged again meanwhile leaves no mixed copy

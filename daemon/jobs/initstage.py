@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from minilmd.corpus.meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
-from minilmd.fsio import atomic_write_json, not_regular, publish_dir, sha256_file
+from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
 from minilmd.init_source import STAGED_DIR as INIT_DIR
 from minilmd.init_source import STAGED_PTH as INIT_PTH
@@ -47,30 +47,87 @@ MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None) -> tuple[int, str]:
     """Copy src (its first `size` bytes when given: an append writes a split's tail before its meta.json) to dest,
-    hashing as it goes, `answered()` after each chunk read; (bytes, sha256). OSError (the source's) for the caller
-    to call unreachable; SourceUnreachable for a file that grows while copied whole (never copied without end)."""
-    kind = not_regular(src)  # another user's run or share: a FIFO would block the copy, /dev/zero never end it
-    if kind:
-        raise SourceInvalid(f"{src}: {kind}, not a regular file")
+    hashing as it goes, `answered()` after each chunk read; (bytes, sha256). Opened as untrusted (another user's
+    run or share: a link swapped in is not followed, a FIFO never opened, so never blocks): `_unusable` says what
+    what it finds is; an OSError (the source's or dest's) for the caller to call unreachable; SourceUnreachable for
+    a file that grows while copied whole (never copied without end)."""
+    from minilmd.untrusted import Unreadable, open_regular
+
+    try:
+        fd = open_regular(src)
+    except Unreadable as e:
+        raise _unusable(e, src) from None
     h, done = hashlib.sha256(), 0
+    with os.fdopen(fd, "rb") as f:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest, "wb") as out:
+            # Whole: the size it has now (what the room in scratch was counted for) and one byte more, to see it
+            # grow.
+            limit = size if size is not None else os.fstat(f.fileno()).st_size
+            read_up_to = limit if size is not None else limit + 1
+            while done < read_up_to:
+                chunk = f.read(min(CHUNK, read_up_to - done))
+                if not chunk:
+                    break
+                answered()
+                out.write(chunk)
+                h.update(chunk)
+                done += len(chunk)
+            if done > limit:
+                raise SourceUnreachable(f"{src}: grew while being copied (written to now?)")
+            out.flush()
+            os.fsync(out.fileno())
+    return done, h.hexdigest()
+
+
+def _unusable(e, src: Path) -> SourceUnreachable | SourceInvalid:
+    """An untrusted.Unreadable of a source file as staging takes it (the decision of the plain open() before):
+    missing or an I/O error, or a file that changed under the read (replaced, another size than listed, grew):
+    unreachable now, waited for (read again later); not a regular file (a FIFO, a link, a directory): final."""
+    if e.missing or e.os_error is not None:
+        return SourceUnreachable(f"{src}: cannot be read ({e.why})")
+    if e.why.startswith("a ") or e.why == "not a regular file":  # untrusted.file_kind's words: what it is
+        return SourceInvalid(f"{src}: {e.why}, not a regular file")
+    return SourceUnreachable(f"{src}: {e.why} (written to now?)")
+
+
+class _Answering:
+    """copy_regular's `out`: writes each block to the copy and says a chunk was read (the worker's stall watch)."""
+
+    def __init__(self, out, answered):
+        self.out, self.answered = out, answered
+
+    def write(self, block: bytes) -> None:
+        self.answered()
+        self.out.write(block)
+
+
+def _copy_listed(src: Path, dest: Path, size: int, answered) -> None:
+    """Copy init.from's checkpoint file src to dest through untrusted.copy_regular: no link followed, never
+    blocked, exactly its manifest's `size` (another size: read while it changes, waited for as `_unusable` says).
+    init_problems then checks its sha256 against the manifest."""
+    from minilmd.untrusted import Unreadable, copy_regular
+
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(src, "rb") as f, open(dest, "wb") as out:
-        # Whole: the size it has now (what the room in scratch was counted for) and one byte more, to see it grow.
-        limit = size if size is not None else os.fstat(f.fileno()).st_size
-        read_up_to = limit if size is not None else limit + 1
-        while done < read_up_to:
-            chunk = f.read(min(CHUNK, read_up_to - done))
-            if not chunk:
-                break
-            answered()
-            out.write(chunk)
-            h.update(chunk)
-            done += len(chunk)
-        if done > limit:
-            raise SourceUnreachable(f"{src}: grew while being copied (written to now?)")
+    with open(dest, "wb") as out:
+        try:
+            copy_regular(src, _Answering(out, answered), size=size, chunk=CHUNK)
+        except Unreadable as e:
+            raise _unusable(e, src) from None
         out.flush()
         os.fsync(out.fileno())
-    return done, h.hexdigest()
+
+
+def _copy_pth(source, model: dict | None, dest: Path, answered) -> dict:
+    """Copy init.from's .pth to dest in the one read that fingerprints it (init_source.copy_pth: no link followed,
+    never blocked, bounded by a state dict of the run's `model`); its record, with the size copied."""
+    from minilmd.init_source import copy_pth
+
+    with open(dest, "wb") as out:
+        record = copy_pth(source, model, _Answering(out, answered))
+        out.flush()
+        os.fsync(out.fileno())
+        return {**record, "size": out.tell()}
 
 
 def _read_source(path: Path, max_bytes: int, what: str) -> bytes:
@@ -235,14 +292,16 @@ def _resolve(spec: str, checkpoint: str):
 
 def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda msg: None,
                answered=lambda: None, from_remote: Callable[[], bool] | None = None,
-               trained_on: dict | None = None) -> Path:
+               trained_on: dict | None = None, model: dict | None = None) -> Path:
     """`<scratch>/init`: the weights init.from names (of a run or a root: its BEST or LATEST, as init.checkpoint
     says), copied and verified, with their fingerprint record; an earlier copy reused while it is of the same source
     and verifies (a run that changes init.checkpoint later resumes from its own checkpoints, or, with LoRA, is
     refused for a changed base). `from_remote()`, tried before init.from is read again, stages the base a LoRA
     run's checkpoint was trained on from its copy on the remote (True when it did: daemon/jobs/basecopy.py).
     `trained_on`: the base the newest checkpoint of a LoRA run records (`trained_on(cfg)`); a staged copy of
-    another base is not reused for its resume. `answered()` after each chunk read from the source."""
+    another base is not reused for its resume. `model`: the run's [model] (cfg.model_dict()), which bounds the
+    size of a .pth read (init_source.pth_bound; without it, MAX_PTH_BYTES). `answered()` after each chunk read
+    from the source."""
     from minilmd.init_source import fingerprint, same_source
 
     final = scratch / INIT_DIR
@@ -261,11 +320,15 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     if from_remote is not None and from_remote():
         return final
     source = _resolve(spec, checkpoint)
+    raw, files = b"", {}
     try:
-        record = {"from": spec, **fingerprint(source)}
-        manifest = loads(_read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest"), expect=None) \
-            if source.kind == "checkpoint" else None
-        files = manifest_files(manifest) if manifest is not None else {}
+        if source.kind == "checkpoint":  # a .pth is fingerprinted by the one read that copies it, below
+            record = {"from": spec, **fingerprint(source, model)}
+            raw = _read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest")
+            files = manifest_files(loads(raw, expect=None))
+            unsized = [rel for rel, e in files.items() if not isinstance(e.get("size"), int)]
+            if unsized:  # the size is what bounds the copy of another user's file
+                raise ValueError(f"{MANIFEST}: lists no size for {unsized[0]}")
     except ValueError as e:
         raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
     except OSError as e:
@@ -274,10 +337,16 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     try:
         try:
             if source.kind == "checkpoint":
-                for rel in [MANIFEST, *files]:
-                    _copy(source.path / rel, tmp / INIT_CHECKPOINT / rel, answered=answered)
+                # the manifest as read above (init_problems checks it is the one fingerprinted: read while it
+                # changed, it is read again later), then each file at the size it lists
+                (tmp / INIT_CHECKPOINT).mkdir()
+                (tmp / INIT_CHECKPOINT / MANIFEST).write_bytes(raw)
+                for rel, entry in files.items():
+                    _copy_listed(source.path / rel, tmp / INIT_CHECKPOINT / rel, entry["size"], answered)
             else:  # its size recorded: what bounds the download of its copy on the remote (basecopy.fetch)
-                record["size"] = _copy(source.path, tmp / INIT_PTH, answered=answered)[0]
+                record = {"from": spec, **_copy_pth(source, model, tmp / INIT_PTH, answered)}
+        except ValueError as e:  # the .pth's InitSourceError: a link, a FIFO, too big for the run's model (final)
+            raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
         except OSError as e:
             raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
         atomic_write_json(tmp / INIT_RECORD, record)
@@ -377,7 +446,7 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base
 
             sets["init.staged"] = str(stage_init(cfg.init.from_, cfg.scratch_dir, cfg.init.checkpoint, log,
                                                  reads.answer, None if base_from_remote is None else from_remote,
-                                                 base))
+                                                 base, cfg.model_dict()))
     finally:
         reads.reading("")
     return sets

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 import time
@@ -194,6 +195,27 @@ class Remote:
             self.fs.makedirs(self.path(*names), exist_ok=True)
             return
         remote_write.mkdir_new(self.root, names, self.show)
+
+    def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None) -> str:
+        """Make the temporary directory `target` (and `below` in it) for a copy, an earlier try's removed first; the
+        name used. On a local remote anyone can predict `target` (host and pid): where it holds what is not this
+        sync's (a link, another user's entry: NotOurs) that is left as it is, never written through, and a fresh
+        name is made instead, `target-XXXXXXXX.tmp` (random): the same host and pid, which names.remote_tmp_owner
+        reads back, so the clean-up of this pid's leftovers still takes it. `taken(what was found, the fresh
+        name)` says so. Without it one other user could keep every checkpoint from ever reaching the remote."""
+        self.rm(target)
+        try:
+            self.makedirs(target, *below)
+            return target
+        except remote_write.NotOurs as e:
+            if not self.local:
+                raise
+            with contextlib.suppress(OSError):
+                self.rm(target)  # ours when what was taken lies below it: only this user's real directory goes
+            fresh = f"{target}-{secrets.token_hex(4)}.tmp"
+            self.makedirs(fresh, *below)
+            taken(str(e), fresh)
+            return fresh
 
     def rm(self, *names: str, file: bool = False) -> str | None:
         """Remove what a sync made: None when removed (or not there). On a local remote only a real directory (a

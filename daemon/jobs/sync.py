@@ -187,8 +187,10 @@ class Syncer:
             target = sync_tmp_name(name, _host(), os.getpid())
         else:
             target = name  # no rename on this store: the manifest, written last, makes it exist
-        remote.rm(target)  # an earlier try's: anything else there is refused by makedirs, saying what it is
-        remote.makedirs(target)
+        # an earlier try's removed; another's entry or a link there is left, and the copy made under a fresh name
+        target = remote.make_tmp(target, taken=lambda found, fresh: self._once(
+            ("taken", target), f"sync: {found}; copying under {remote.show(fresh)} instead (a fresh name each time "
+                               f"it is still there)"))
         try:
             nbytes = sum(remote.put(local / f, target, f) for f in manifest["files"])
             problems = ck.verify_manifest(manifest, lambda f: remote.size(target, f), remote.hasher(target, manifest))
@@ -236,6 +238,11 @@ class Syncer:
         except OSError as e:
             raise SyncError(f"cannot make way for the copy of {name}: {e}") from e
 
+    def _once(self, key: tuple[str, str], msg: str) -> None:
+        if key not in self._told:
+            self._told.add(key)
+            self.log(msg)
+
     def _leave(self, name: str, why: str) -> None:
         """Say once that an entry of the remote a sync would remove is not this run's and was left."""
         if (name, why) not in self._told:
@@ -249,7 +256,10 @@ class Syncer:
         if self.base is None or not (self.base / basecopy.INIT_RECORD).is_file():
             return
         try:
-            nbytes = basecopy.push(self.remote, self.base, _host(), os.getpid())
+            nbytes = basecopy.push(self.remote, self.base, _host(), os.getpid(), taken=lambda found, fresh: self._once(
+                ("taken", basecopy.REMOTE_BASE), f"sync: {found}; the LoRA base copied under "
+                                                 f"{self.remote.show(fresh)} instead (a fresh name each time it is "
+                                                 f"still there)"))
         except Exception as e:  # noqa: BLE001 - an OSError, a backend error, BaseCopyError: all "try again later"
             self.log(f"sync: the LoRA base not copied to {self.remote.show(basecopy.REMOTE_BASE)} "
                      f"({type(e).__name__}: {e}); the checkpoints are synced without it, retried at the next sync")
