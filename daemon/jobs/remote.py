@@ -194,6 +194,7 @@ class Remote:
         if not self.local or not names:
             self.fs.makedirs(self.path(*names), exist_ok=True)
             return
+        os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, taken as it is
         remote_write.mkdir_new(self.root, names, self.show)
 
     def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None) -> str:
