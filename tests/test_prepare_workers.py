@@ -35,7 +35,7 @@ def test_sigkill_of_prepare_takes_its_workers_and_helpers_with_it(tmp_path, toke
                 return 0
 
         # both workers have started (the pool spawns them one by one) and tokens are being written
-        wait_until(lambda: list(tmp_path.glob(".out.tmp-*/train/tokens.bin")) and workers() >= 2
+        wait_until(lambda: list(tmp_path.glob(".out.prepare-*/train/tokens.bin")) and workers() >= 2
                    or child.poll() is not None, 120, "prepare's workers to be at work", interval=0.02)
         assert child.poll() is None, "prepare ended before it could be killed"
         helpers = parent.children(recursive=True)
