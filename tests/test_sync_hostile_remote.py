@@ -273,7 +273,28 @@ def test_another_users_invalid_checkpoint_is_neither_moved_nor_written_into(shar
     assert _within(120, Syncer(local, str(shared), EXPECTED, log=logs.append).fetch_latest) == \
         local / "step-00000010"
     assert os.listdir(shared / "step-00000030") == [MANIFEST] and not (shared / QUARANTINE).exists()
-    assert any(f"{shared}/step-00000030 is a directory owned by uid {uid}: not this run's" in m for m in logs), logs
+    assert any(f"{shared}/step-00000030 is a directory owned by uid {uid}: not made by this run" in m
+               for m in logs), logs
+
+
+def test_another_users_step_by_a_higher_name_neither_stops_the_sync_nor_is_resumed_from(shared, tmp_path, weights):
+    """On main the newest step name on the remote won, whoever made it: another user's intact copy planted as
+    step-99999990 was "newer" than every checkpoint of the run, so the sync pointed LATEST at it and never copied
+    the run's own checkpoints again, and a resume fetched it. Only this user's step directories count now; the
+    other is left, said once."""
+    local, uid = tmp_path / "scratch", second_user()[0]
+    _synced(tmp_path, shared, weights, 10)
+    sh_as_user("cp -r step-00000010 step-99999990", cwd=shared)
+    save(local, 20, weights)
+    logs: list[str] = []
+    syncer = Syncer(local, str(shared), EXPECTED, log=logs.append)
+    for _ in range(2):
+        _within(120, syncer.sync_newest)
+    assert (shared / LATEST).read_text().strip() == "step-00000020" and (shared / "step-00000020").is_dir(), logs
+    assert sum("step-99999990 is a directory owned by" in m for m in logs) == 1, logs
+    fresh = tmp_path / "fresh-scratch"
+    assert _within(120, Syncer(fresh, str(shared), EXPECTED).fetch_latest) == fresh / "step-00000020"
+    assert os.lstat(shared / "step-99999990").st_uid == uid
 
 
 def test_a_run_as_root_on_a_root_squashed_share_deletes_its_own_old_checkpoints(tmp_path, weights, monkeypatch):

@@ -54,6 +54,8 @@ class Remote:
         """Local paths (NFS included) have atomic rename and fsync; other stores do not."""
         self.tmp_tag = tmp_tag
         """Goes into the name of a pointer's temp file: whose it is, on a remote other hosts write too."""
+        self.passed_by: dict[str, str] = {}
+        """Step names `steps` passed by on a local remote (another user's entry, a link): what each is."""
 
     def path(self, *names: str) -> str:
         return "/".join([self.root, *names])
@@ -68,8 +70,21 @@ class Remote:
             return []
 
     def steps(self) -> list[str]:
-        """Step directory names on the remote, oldest first (with or without a manifest)."""
-        return sorted((n for n in self.names() if is_step_name(n)), key=step_of)
+        """Step directory names on the remote, oldest first (with or without a manifest). On a local remote only
+        this user's real directories (remote_write.not_ours): another user's entry or a link by a step name is no
+        checkpoint of this run's, whatever its name and manifest say. Counted, it would stop the sync (a planted
+        step-99999999 is "newer" than every checkpoint of the run), be fetched for a resume, or count towards
+        sync.keep; it is passed by and put in `passed_by` for the sync to say."""
+        names = sorted((n for n in self.names() if is_step_name(n)), key=step_of)
+        if not self.local:
+            return names
+        ours = []
+        for name in names:
+            if why := remote_write.not_ours(self.path(name)):
+                self.passed_by[name] = why
+            else:
+                ours.append(name)
+        return ours
 
     def size(self, *names: str) -> int | None:
         try:

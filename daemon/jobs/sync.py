@@ -143,7 +143,7 @@ class Syncer:
         self._clean_remote_tmp()
         self._sync_base()
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
-        remote_steps = [n for n in remote.steps() if not remote.intact(n)[1]]
+        remote_steps = [n for n in self._steps() if not remote.intact(n)[1]]
         remote_newest = max((step_of(n) for n in remote_steps), default=None)
 
         for local in reversed(list_checkpoints(self.local_root)):
@@ -249,6 +249,13 @@ class Syncer:
             self._told.add((name, why))
             self.log(f"sync: remote {self.remote.show(name)} is {why}: not made by this run, left as it is")
 
+    def _steps(self) -> list[str]:
+        """The remote's steps of this run (Remote.steps); the entries by a step name passed by, said once each."""
+        steps = self.remote.steps()
+        for name, why in self.remote.passed_by.items():
+            self._leave(name, why)
+        return steps
+
     def _sync_base(self) -> None:
         """The LoRA base beside the checkpoints, before the first of them: they cannot resume without it. A copy
         that fails (a quota the base exceeds, a remote `init` that cannot be replaced) is logged and tried again at
@@ -324,7 +331,7 @@ class Syncer:
         latest = (remote.read_text(LATEST) or "").strip()
         best = (remote.read_text(BEST) or "").strip()
         kept, removed = 0, list[str]()
-        for name in reversed(remote.steps()):
+        for name in reversed(self._steps()):
             manifest, problems = remote.intact(name)
             if manifest is None:  # a link has none: its manifest is not read through it
                 self._remove(name, removed)
@@ -362,7 +369,7 @@ class Syncer:
         remote = self.remote
         local_root.mkdir(parents=True, exist_ok=True)
         skipped = []
-        for name in reversed(remote.steps()):
+        for name in reversed(self._steps()):
             final, set_aside = self._fetch_one(name, local_root)
             if final is None:
                 skipped += [name] if set_aside else []
