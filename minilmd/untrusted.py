@@ -102,13 +102,16 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
 def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_bytes: int | None = None,
                  chunk: int = 8 << 20) -> int:
     """Copy a regular file, opened as `read_bytes` opens one, into the binary file object `out` (a file of this
-    process): exactly `size` bytes when its listing gives one, else at most max_bytes; the bytes copied. The size
-    is checked before a byte is read and again as it is read (it may change under us). Raises Unreadable for the
-    source, OSError for `out`."""
+    process): exactly `size` bytes when its listing gives one, else at most max_bytes (with both, a listed size over
+    max_bytes is refused: a listing is as untrusted as the file); the bytes copied. The size is checked before a
+    byte is read and again as it is read (it may change under us). Raises Unreadable for the source, OSError for
+    `out`."""
     fd = open_regular(path)
     try:
         have = os.fstat(fd).st_size
         limit = size if size is not None else max_bytes if max_bytes is not None else have
+        if max_bytes is not None and limit > max_bytes:
+            raise Unreadable(f"over {size_text(max_bytes)}", path)
         if size is not None and have != size:
             raise Unreadable(f"{have} bytes, listed as {size}", path)
         if have > limit:

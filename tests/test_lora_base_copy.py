@@ -417,3 +417,25 @@ def test_export_reads_a_checkpoint_base_copy_only_as_untrusted(tmp_path, undistu
             "forged manifest": "not the manifest its source.json hashes", "another base": "a copy of another base"}
     with pytest.raises(ExportError, match=re.escape(said[damage])):
         private_copy(copy, recorded, model, private)
+
+
+def test_a_pth_bases_record_listing_more_than_the_model_can_hold_is_not_downloaded(tmp_path):
+    """A .pth's size is its record's own word, which no hash covers: a record on the remote listing a sparse
+    terabyte beside one was downloaded into scratch up to that size before its hash failed. The run's model
+    bounds it now (model_shapes.pth_bound): refused before a byte is read."""
+    pth = tmp_path / "share" / "base.pth"
+    pth.parent.mkdir()
+    pth.write_bytes(os.urandom(4096))
+    staged = initstage.stage_init(str(pth), tmp_path / "scratch")
+    remote = Remote(str(tmp_path / "remote"))
+    basecopy.push(remote, staged, "h", 1)
+    record = json.loads((staged / STAGED_RECORD).read_text())
+    kept = tmp_path / "remote" / basecopy.REMOTE_BASE
+    (kept / STAGED_RECORD).write_text(json.dumps({**record, "size": 1 << 40}))
+    with (kept / STAGED_PTH).open("r+b") as f:
+        f.truncate(1 << 40)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    problems = basecopy.fetch(remote, str(pth), record, dest, max_pth=1 << 20)
+    assert problems and "more than a .pth of this run's model can be" in problems[0], problems
+    assert not (dest / STAGED_PTH).exists()

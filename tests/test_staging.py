@@ -200,6 +200,19 @@ def test_a_source_gone_is_unreachable_and_a_verified_staged_copy_is_trained_from
     assert not (tmp_path / "empty-shm" / "corpus").exists()
 
 
+def test_a_source_file_that_is_a_link_is_refused_not_followed(source, tmp_path):
+    """The share is another user's or another run's: on main a corpus file replaced by a link was followed (stat,
+    then open by path), so whatever it pointed at was staged, and one swapped for a FIFO after that stat blocked
+    the copy. Each file is opened as untrusted now (no link followed, never a FIFO opened): final, said."""
+    tokens = source / "train" / "tokens.bin"
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(tokens.read_bytes())  # the same bytes: only the link itself is wrong
+    tokens.unlink()
+    tokens.symlink_to(elsewhere)
+    with pytest.raises(SourceInvalid, match="train/tokens.bin: a symbolic link, not a regular file"):
+        stage(str(source), tmp_path / "shm")
+
+
 def test_an_empty_source_directory_is_an_unmounted_share_and_one_with_other_files_is_no_corpus(source, tmp_path):
     """A corpus directory that is a mount point reads as an empty directory while its share is not mounted: on main
     that was "no meta.json", a final data error (65), though scratch held a verified copy. A directory holding

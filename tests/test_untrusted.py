@@ -220,3 +220,18 @@ def test_the_overview_shows_any_state_json_object_without_a_traceback(tmp_path, 
     row = overview.row(Entry("r", tmp_path, "", os.geteuid(), tmp_path / "r.json"), 1e9)
     assert len(overview.table([row])) == 2
     json.dumps(row)
+
+
+def test_copy_regular_refuses_a_listed_size_over_its_bound(tmp_path):
+    """A listing (a record, a manifest) is as untrusted as the file it lists: a size over max_bytes was copied
+    whole, max_bytes ignored whenever a size was given."""
+    import io
+
+    from minilmd.untrusted import copy_regular
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    with pytest.raises(Unreadable, match="over 10 bytes"):
+        copy_regular(path, io.BytesIO(), size=100, max_bytes=10)
+    out = io.BytesIO()
+    assert copy_regular(path, out, size=100, max_bytes=100) == 100 and out.getvalue() == b"x" * 100

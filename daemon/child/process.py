@@ -142,12 +142,12 @@ class Child:
 
     def beats(self, beat: Heartbeat | None) -> bool:
         """Whether the heartbeat file (one `runstate.read_heartbeat`) was written by this attempt."""
-        return beat is not None and beat[0] >= self.started - 1
+        return beat is not None and beat.mtime >= self.started - 1
 
     def silence(self, beat: Heartbeat | None, hang_timeout: float, startup_grace: float) -> str:
         """Why the trainer counts as hung, or "": no heartbeat of its own for hang_timeout; before its first one
         (imports, corpus open and checkpoint load come first) for max(hang_timeout, startup_grace)."""
-        own_beat = beat[0] if beat is not None and self.beats(beat) else None
+        own_beat = beat.mtime if beat is not None and self.beats(beat) else None
         limit = hang_timeout if own_beat is not None else max(hang_timeout, startup_grace)
         silent = time.time() - max(self.started, own_beat if own_beat is not None else 0.0)
         if silent <= limit:

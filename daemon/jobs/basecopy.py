@@ -25,6 +25,7 @@ from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH
+from minilmd.model_shapes import pth_bound
 from minilmd.names import MANIFEST, sync_tmp_name
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
@@ -108,11 +109,14 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
     return nbytes
 
 
-def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lambda: None) -> list[str] | None:
+def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lambda: None,
+          max_pth: int | None = None) -> list[str] | None:
     """Download `<remote>/init` into the empty directory dest when it is a copy of init.from `spec` with the
     fingerprint `trained_on` (what the checkpoint to resume records): None when the remote holds no such copy,
     else what fails to verify in the download (empty: good). The remote is a shared place: its small files read
-    bounded, every file checked regular and of its listed size before it is read, every hash checked."""
+    bounded, every file checked regular and of its listed size before it is read, every hash checked. A .pth's
+    size is the record's own word, which no hash covers: `max_pth` (model_shapes.pth_bound of the run's model)
+    bounds it, so that a record listing a sparse terabyte never has it downloaded into scratch."""
     from minilmd.init_source import same_source
 
     try:
@@ -138,6 +142,9 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
     except (FileNotFoundError, ValueError) as e:  # Unreadable is a ValueError
         return [f"{remote.show(REMOTE_BASE)}: {e}"]
     bounds: dict[str, int] = {rel: size for rel, size in sizes.items() if isinstance(size, int)}
+    if max_pth is not None and bounds.get(STAGED_PTH, 0) > max_pth:
+        return [f"{remote.show(REMOTE_BASE, STAGED_PTH)}: listed as {bounds[STAGED_PTH]} bytes, more than a .pth of "
+                f"this run's model can be ({max_pth})"]
     problems = remote.not_regular(REMOTE_BASE, list(sizes))
     problems += [f"{remote.show(REMOTE_BASE, rel)}: {remote.size(REMOTE_BASE, *_parts(rel))} bytes, listed as "
                  f"{size}" for rel, size in sizes.items()
@@ -177,7 +184,7 @@ def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads:
         # need, and init.from may hold other weights by now
         if synced_before and (absent := _absent(remote)):
             raise SourceUnreachable(f"{remote.url}: {absent}")
-        problems = fetch(remote, cfg.init.from_, trained_on, tmp, reads.answer)
+        problems = fetch(remote, cfg.init.from_, trained_on, tmp, reads.answer, pth_bound(cfg.model_dict()))
         if problems == []:
             publish_dir(tmp, cfg.scratch_dir / INIT_DIR)
             log(f"staging: the LoRA base this run trained on fetched from {where} and verified "

@@ -48,7 +48,7 @@ MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None) -> tuple[int, str]:
     """Copy src (its first `size` bytes when given: an append writes a split's tail before its meta.json) to dest,
     hashing as it goes, `answered()` after each chunk read; (bytes, sha256). Opened as untrusted (another user's
-    run or share: a link swapped in is not followed, a FIFO never opened, so never blocks): `_unusable` says what
+    run or share: a link swapped in is not followed, a FIFO never opened, so never blocks): `_unusable` says
     what it finds is; an OSError (the source's or dest's) for the caller to call unreachable; SourceUnreachable for
     a file that grows while copied whole (never copied without end)."""
     from minilmd.untrusted import Unreadable, open_regular

@@ -37,10 +37,10 @@ from minilmd import scratch as scratchmod
 from minilmd.corpus.meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
-from minilmd.fsio import dir_table_problems, is_local_fs, not_regular, publish_dir, table_problems
+from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
-from minilmd.untrusted import Unreadable, read_bytes
+from minilmd.untrusted import Unreadable, open_regular, read_bytes
 
 CHUNK = 8 * 1024 * 1024
 
@@ -243,11 +243,9 @@ class _Copier:
                     size += len(chunk)
             part.unlink(missing_ok=True)
             os.link(dest, part)  # the same file: a failed attempt leaves dest's prefix (the next cuts it back)
-        if is_local_fs(self.fs) and (kind := not_regular(f"{self.root}/{rel}")):  # a FIFO would block the copy
-            raise SourceInvalid(f"{self.source}/{rel}: {kind}, not a regular file")
         try:
             with _source_reads(rel):
-                src = self.fs.open(f"{self.root}/{rel}", "rb")
+                src = self._open_source(rel)
             with src, open(part, "r+b" if keep else "wb") as out:
                 if keep:
                     with _source_reads(rel):
@@ -272,6 +270,25 @@ class _Copier:
         finally:
             part.unlink(missing_ok=True)
         return size, h.hexdigest()
+
+    def _open_source(self, rel: str):
+        """The source file, open for reading. On a local fs as untrusted (minilmd/untrusted.py open_regular: the
+        share is another user's or another run's): a link is not followed and a FIFO never opened, so the copy
+        never blocks; either is final (SourceInvalid). Missing, an I/O error, or replaced while opened: the
+        OSError the copy's retries take (then SourceUnreachable)."""
+        path = f"{self.root}/{rel}"
+        if not is_local_fs(self.fs):
+            return self.fs.open(path, "rb")
+        try:
+            return os.fdopen(open_regular(path), "rb")
+        except Unreadable as e:
+            if e.missing:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
+            if e.os_error is not None:
+                raise e.os_error from None
+            if e.why == "replaced while being opened":
+                raise OSError(errno.ESTALE, e.why, path) from None
+            raise SourceInvalid(f"{self.source}/{rel}: {e.why}, not a regular file") from None
 
 
 @contextlib.contextmanager

@@ -11,7 +11,6 @@ import errno
 import os
 import re
 import shutil
-import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import BinaryIO
 from minilmd import leftovers
 from minilmd.fsio import fsync_dir, fsync_file
 from minilmd.names import LATEST, MODEL_FILE, export_tmp_maker, export_tmp_name, old_export_tmp_name
-from minilmd.procs import process_start_ticks
 
 
 class ExportError(ValueError):
@@ -218,8 +216,7 @@ def out_and_tmp(out: str | Path) -> tuple[Path, Path]:
     and start time); OutRefused when either is a symbolic link, dangling or not: an export never writes through a
     link, nor renames onto one."""
     out = Path(out)
-    pid = os.getpid()
-    tmp = out.with_name(export_tmp_name(out.name, socket.gethostname(), pid, process_start_ticks(pid) or 0))
+    tmp = out.with_name(export_tmp_name(out.name, *leftovers.me()))
     for path in (out, tmp):
         try:
             linked = stat.S_ISLNK(os.lstat(path).st_mode)
