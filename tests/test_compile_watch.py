@@ -4,6 +4,7 @@ compiles for longer than hang_timeout is not killed, and one that overstays comp
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -92,7 +93,8 @@ def test_a_compile_that_ends_between_two_reads_of_the_heartbeat_is_not_a_hang(tm
         os.utime(hb, (time.time() - 300, time.time() - 300))  # silent since that step: hung, by one reading too
         trainerwatch.kill_if_hung(cfg, child, read_heartbeat(cfg.run_dir), lambda kind, message, **_: said.append(
             message))
-        assert child.killed_at is not None and "no heartbeat for 300s" in said[0], said
+        # 300 s and whatever a loaded machine took between the utime and the check: the seconds are not asserted
+        assert child.killed_at is not None and re.search(r"no heartbeat for 3\d\ds", said[0]), said
     finally:
         child.signal_group(signal.SIGKILL)
         child.popen.wait()

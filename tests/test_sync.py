@@ -527,6 +527,8 @@ def test_a_remote_step_directory_that_is_a_link_is_neither_read_moved_nor_delete
     fetched = Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest()
     assert fetched == local / "step-00000010", logs
     assert any(f"{remote}/step-00000020 is a symbolic link to {theirs}/step-00000020" in m for m in logs), logs
+    (remote / "step-00000005").symlink_to(theirs / "step-00000020")  # below the kept window: retention's to judge
     syncer.sync_newest()  # retention with keep=1
     assert (remote / "step-00000020").is_symlink() and (remote / "step-00000010").is_dir()
+    assert (remote / "step-00000005").is_symlink()
     assert sorted(p.name for p in (theirs / "step-00000020").iterdir()) == before
