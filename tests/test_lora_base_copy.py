@@ -100,16 +100,22 @@ class StaleSizes(Remote):
         return self.sizes.get("/".join(names), super().size(*names))
 
 
-@pytest.mark.parametrize("recorded", ["size recorded", "a record from before sizes"])
-def test_a_pth_bases_remote_copy_is_read_no_further_than_its_size(tmp_path, recorded):
-    """On main a .pth base's copy had no size: one others append to was downloaded to its end, however long."""
+def _pushed_pth_base(tmp_path: Path) -> tuple[Path, Path, Remote, dict]:
+    """A 4 KiB .pth base staged and pushed to `<tmp_path>/remote`: (its source, its staged copy, the remote, its
+    record)."""
     pth = tmp_path / "share" / "base.pth"
     pth.parent.mkdir()
     pth.write_bytes(os.urandom(4096))
     staged = initstage.stage_init(str(pth), tmp_path / "scratch")
     remote = Remote(str(tmp_path / "remote"))
     basecopy.push(remote, staged, "h", 1)
-    record = json.loads((staged / STAGED_RECORD).read_text())
+    return pth, staged, remote, json.loads((staged / STAGED_RECORD).read_text())
+
+
+@pytest.mark.parametrize("recorded", ["size recorded", "a record from before sizes"])
+def test_a_pth_bases_remote_copy_is_read_no_further_than_its_size(tmp_path, recorded):
+    """On main a .pth base's copy had no size: one others append to was downloaded to its end, however long."""
+    pth, staged, remote, record = _pushed_pth_base(tmp_path)
     if recorded == "a record from before sizes":
         assert record.pop("size", 4096) == 4096
         (tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_RECORD).write_text(json.dumps(record))
@@ -423,13 +429,7 @@ def test_a_pth_bases_record_listing_more_than_the_model_can_hold_is_not_download
     """A .pth's size is its record's own word, which no hash covers: a record on the remote listing a sparse
     terabyte beside one was downloaded into scratch up to that size before its hash failed. The run's model
     bounds it now (model_shapes.pth_bound): refused before a byte is read."""
-    pth = tmp_path / "share" / "base.pth"
-    pth.parent.mkdir()
-    pth.write_bytes(os.urandom(4096))
-    staged = initstage.stage_init(str(pth), tmp_path / "scratch")
-    remote = Remote(str(tmp_path / "remote"))
-    basecopy.push(remote, staged, "h", 1)
-    record = json.loads((staged / STAGED_RECORD).read_text())
+    pth, staged, remote, record = _pushed_pth_base(tmp_path)
     kept = tmp_path / "remote" / basecopy.REMOTE_BASE
     (kept / STAGED_RECORD).write_text(json.dumps({**record, "size": 1 << 40}))
     with (kept / STAGED_PTH).open("r+b") as f:
