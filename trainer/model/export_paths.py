@@ -275,13 +275,16 @@ def _validate(ckpt: Path) -> None:
 
 
 def load_validated(ckpt: Path) -> dict:
-    """The model weights of a checkpoint `_validate` passed, from the bytes it validated (read_validated: no link
-    followed, no mmap, what its manifest hashes), never load_file of a path that may have been swapped since."""
+    """The model weights of a checkpoint, validated strictly and deserialized from the very bytes that validation
+    hashed and scanned (checkpoint.validated_weights: each file read once, no link followed, no mmap), never from
+    its path read again: a checkpoint of another user's or of a shared remote may have a consistent manifest and
+    other weights put in place the moment a validation is done. Its callers' `_validate` before (nothing of an
+    unvalidated checkpoint parsed) does not stand for this one: the weights are only ever those of this read."""
     from safetensors.torch import load
 
-    from minilmd.checkpoint import CheckpointError, read_validated
+    from minilmd.checkpoint import CheckpointError, validated_weights
 
     try:
-        return load(read_validated(ckpt, MODEL_FILE))
+        return load(validated_weights(ckpt).weights)
     except CheckpointError as e:
         raise ExportError(f"checkpoint is invalid: {e}") from None
