@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import shutil
@@ -243,7 +244,10 @@ def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint directory, from a pointer file (ROOT/LATEST, ROOT/BEST: the one it
-    names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest."""
+    names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest. Of a root,
+    only its own step directories (checkpoint_dirs.list_checkpoints): a symbolic link or another user's directory
+    by a step name, planted in a root others can write, is passed by and said, never taken for the newest (nor
+    for the one LATEST names)."""
     from minilmd.checkpoint_dirs import PointerError, list_checkpoints, named_checkpoint, read_latest
 
     try:
@@ -253,16 +257,25 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
     if not (path / MODEL_FILE).is_file():
-        name = read_latest(path)
-        steps = list_checkpoints(path)
-        if name and (path / name / MODEL_FILE).is_file():
-            path = path / name
+        passed_by: dict[str, str] = {}
+        steps = list_checkpoints(path, passed_by)
+        for name, why in sorted(passed_by.items()):
+            _say_once(f"{path / name}: passed by: {why}, not one of this root's checkpoints")
+        latest = {p.name: p for p in steps}.get(read_latest(path) or "")
+        if latest is not None:
+            path = latest
         elif steps:
             path = steps[-1]
         else:
             raise ExportError(f"{path}: not a checkpoint (no {MODEL_FILE}) and no {LATEST} or step-* "
                               f"checkpoint under it")
     return path
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    """On stderr, once: one command resolves its checkpoint several times (weights, tokenizer, chat template)."""
+    leftovers.stderr_say("checkpoints")(message)
 
 
 def _validate(ckpt: Path) -> None:
