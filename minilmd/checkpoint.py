@@ -24,6 +24,7 @@ numpy; resuming and pruning, which validate as they walk a root, are minilmd/che
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Callable
@@ -47,7 +48,7 @@ from minilmd.names import (
     is_step_name,
     step_of,
 )
-from minilmd.safetensors_scan import is_count, scan_safetensors
+from minilmd.safetensors_scan import Scan, is_count, scan_safetensors
 from minilmd.untrusted import Unreadable, file_kind, kind_of, loads, printable, read_bytes, sha256_regular
 
 FORMAT = "minilmd-checkpoint"
@@ -156,7 +157,11 @@ def manifest_problems(manifest: Any) -> list[str]:
 def read_manifest(ckpt_dir: str | os.PathLike) -> dict:
     """The manifest as parsed JSON (not yet checked: manifest_problems), read as untrusted: a regular file, no link
     followed, size and depth bounded. Raises CheckpointInvalid."""
-    ckpt_dir = Path(ckpt_dir)
+    return _read_manifest(Path(ckpt_dir))[0]
+
+
+def _read_manifest(ckpt_dir: Path) -> tuple[Any, str]:
+    """(read_manifest's answer, the sha256 of the bytes it was parsed from: what init.from's record names)."""
     try:
         raw = read_bytes(ckpt_dir / MANIFEST, max_bytes=_MAX_MANIFEST)
     except Unreadable as e:
@@ -164,7 +169,7 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> dict:
             raise CheckpointInvalid(ckpt_dir, f"no {MANIFEST} (an unfinished or partial checkpoint)") from None
         raise CheckpointInvalid(ckpt_dir, f"cannot read {MANIFEST}: {e.why}") from None
     try:
-        return loads(raw, expect=None)
+        return loads(raw, expect=None), hashlib.sha256(raw).hexdigest()
     except Unreadable as e:
         raise CheckpointInvalid(ckpt_dir, f"{MANIFEST} is not valid JSON: {e.why}") from None
 
@@ -180,11 +185,43 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
 
     Its contents are untrusted even when every hash matches (the manifest is as easy to write as the rest): the
     JSON parts are parsed with a depth bound and their types checked (_structure_problems) before they are used,
-    so that a malformed checkpoint is CheckpointInvalid, never another exception."""
-    ckpt_dir = Path(ckpt_dir)
+    so that a malformed checkpoint is CheckpointInvalid, never another exception. A loader of the weights asks
+    validated_weights instead: the same checks, and the bytes they were made on."""
+    return _validate(Path(ckpt_dir), expected)[0]
+
+
+@dataclass(frozen=True)
+class Validated:
+    """A checkpoint as one validation read it, for a loader that must use what was checked and nothing read since
+    (whoever can write a checkpoint of another user's, or of a shared remote, can put a consistent manifest and
+    other weights in place the moment validation is done)."""
+
+    state: dict
+    """trainer_state.json, as validate returns it."""
+    manifest_sha256: str
+    """The sha256 of the manifest validation read: what init.from's record (init_source.fingerprint) must name."""
+    weights: bytes
+    """model.safetensors exactly as hashed against that manifest and scanned (header, shapes, dtypes, finite
+    values): for safetensors.torch.load, never a path read again."""
+
+
+def validated_weights(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -> Validated:
+    """validate(ckpt_dir, expected), keeping the weights file's bytes as they were hashed and scanned: each file is
+    read once, so nothing swapped in after its check (a link, another manifest with other weights, a file grown)
+    is loaded. The weights are held in memory whole (a few hundred MB at our model sizes, which the loader needs
+    anyway), no more than the size the manifest lists. Raises as validate does."""
+    state, manifest_sha256, scans = _validate(Path(ckpt_dir), expected, keep=(MODEL_FILE,))
+    weights = scans[MODEL_FILE].data
+    assert weights is not None  # kept: `keep` names it
+    return Validated(state, manifest_sha256, weights)
+
+
+def _validate(ckpt_dir: Path, expected: Expectation | None,
+              keep: tuple[str, ...] = ()) -> tuple[dict, str, dict[str, Scan]]:
+    """(trainer_state, the manifest's sha256, the safetensors scans, those named in `keep` with their bytes)."""
     _check_directory(ckpt_dir)
-    manifest = read_manifest(ckpt_dir)
-    scans = _verify_files(ckpt_dir, manifest)
+    manifest, manifest_sha256 = _read_manifest(ckpt_dir)
+    scans = _verify_files(ckpt_dir, manifest, keep)
     step = manifest["step"]
     state, opt_meta = _read_json_parts(ckpt_dir)
     problems = _structure_problems(state, opt_meta) or _step_problems(ckpt_dir, step, state)
@@ -195,15 +232,16 @@ def validate(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -
                                 _lora_config(state, expected), step)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    return state
+    return state, manifest_sha256, scans
 
 
-def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
+def _verify_files(ckpt_dir: Path, manifest: dict, keep: tuple[str, ...] = ()) -> dict[str, Scan]:
     """Every file against the manifest (sizes, then sha256); the safetensors files are scanned in the same read
     (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name. A file is looked
     at with lstat and opened as minilmd/untrusted.py opens one: a link (even to a regular file: its bytes are
-    another place's), a FIFO listed with size 0 (it would block the hash) or /dev/zero is invalid, never read."""
-    scans: dict[str, tuple | ValueError] = {}
+    another place's), a FIFO listed with size 0 (it would block the hash) or /dev/zero is invalid, never read.
+    The safetensors files named in `keep` are kept whole in their scan (Scan.data), as hashed."""
+    scans: dict[str, Scan | ValueError] = {}
 
     def size_of(name: str) -> int | None:
         try:
@@ -218,9 +256,10 @@ def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
         try:
             if name.endswith(".safetensors"):
                 try:
-                    scan = scan_safetensors(ckpt_dir / name)
+                    scan = scan_safetensors(ckpt_dir / name, size=manifest["files"][name]["size"],
+                                            keep=name in keep)
                     scans[name] = scan
-                    return scan[0]
+                    return scan.sha256
                 except Unreadable:
                     raise
                 except ValueError as e:  # malformed: hashed all the same, so that a damaged copy says so
@@ -238,7 +277,7 @@ def _verify_files(ckpt_dir: Path, manifest: dict) -> dict[str, tuple]:
     damaged = [str(scan) for scan in scans.values() if isinstance(scan, ValueError)]
     if damaged:  # every damaged safetensors file, not only the first
         raise CheckpointInvalid(ckpt_dir, damaged)
-    return {name: scan for name, scan in scans.items() if isinstance(scan, tuple)}
+    return {name: scan for name, scan in scans.items() if isinstance(scan, Scan)}
 
 
 def _check_directory(ckpt_dir: Path) -> None:
@@ -252,29 +291,6 @@ def _check_directory(ckpt_dir: Path) -> None:
         raise CheckpointInvalid(ckpt_dir, f"cannot be looked at: {e.strerror or e}") from None
     if not stat.S_ISDIR(mode):
         raise CheckpointInvalid(ckpt_dir, f"the checkpoint is {file_kind(mode)}, not a directory")
-
-
-def read_validated(ckpt_dir: str | os.PathLike, name: str) -> bytes:
-    """The bytes of one file of a checkpoint validated just before, for its loader (safetensors.torch.load of
-    them, never load_file of the path: no mmap, no link followed): read as untrusted, no more than the size its
-    manifest lists, and only when they are the bytes its manifest hashes. The directory or a file replaced since
-    validation (a link swapped in, other weights) is CheckpointInvalid, never loaded."""
-    import hashlib
-
-    ckpt_dir = Path(ckpt_dir)
-    _check_directory(ckpt_dir)
-    manifest = read_manifest(ckpt_dir)
-    problems = manifest_problems(manifest)
-    if problems or name not in manifest["files"]:
-        raise CheckpointInvalid(ckpt_dir, problems or f"{MANIFEST}: does not list {name}")
-    entry = manifest["files"][name]
-    try:
-        data = read_bytes(ckpt_dir / name, max_bytes=entry["size"])
-    except Unreadable as e:
-        raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointInvalid(ckpt_dir, f"{name}: changed since it was validated")
-    return data
 
 
 def _read_json_parts(ckpt_dir: Path) -> tuple[dict, dict]:
@@ -350,15 +366,15 @@ def _lora_config(state: dict, expected: Expectation | None) -> dict | None:
     return expected.lora if expected and expected.model is not None else saved_lora(state)
 
 
-def _tensor_problems(ckpt_dir: Path, scans: dict[str, tuple], opt_meta: dict, model_cfg: dict,
+def _tensor_problems(ckpt_dir: Path, scans: dict[str, Scan], opt_meta: dict, model_cfg: dict,
                      lora_cfg: dict | None, step: int) -> list[str]:
     """Keys, shapes and dtypes of the weights (the full model's, or a LoRA run's adapters) and the optimizer state
     against the config; the optimizer's step against the checkpoint's; every tensor finite."""
     expected_shapes = _expected_shapes(ckpt_dir, model_cfg, lora_cfg)
-    problems = _shape_problems(MODEL_FILE, scans[MODEL_FILE][1], expected_shapes)
+    problems = _shape_problems(MODEL_FILE, scans[MODEL_FILE].tensors, expected_shapes)
     problems += _optimizer_problems(scans[OPTIMIZER_FILE], opt_meta, expected_shapes, step)
     for name in (MODEL_FILE, OPTIMIZER_FILE):
-        for key, n in scans[name][2].items():
+        for key, n in scans[name].nonfinite.items():
             problems.append(f"{name}: tensor {key} has {n} non-finite value(s) (NaN or inf)")
     return problems
 
@@ -414,8 +430,8 @@ def _shape_problems(file: str, found: dict, expected: dict[str, tuple[int, ...]]
     return problems
 
 
-def _optimizer_problems(scan: tuple, meta: dict, expected: dict[str, tuple[int, ...]], step: int) -> list[str]:
-    _, found, _, scalars = scan
+def _optimizer_problems(scan: Scan, meta: dict, expected: dict[str, tuple[int, ...]], step: int) -> list[str]:
+    found, scalars = scan.tensors, scan.scalars
     per_param: dict[int, dict[str, tuple]] = {}
     for key, e in found.items():
         parts = key.split(".", 2)

@@ -52,6 +52,8 @@ def named_checkpoint(path: str | os.PathLike) -> Path:
     if name is None or not is_step_name(name):
         raise PointerError(f"{printable(path)} names no checkpoint ({printable(repr(name))[:80]}, not a "
                            f"step-XXXXXXXX name)")
+    if why := not_the_roots(path.parent / name):
+        raise PointerError(f"{printable(path)} names {name}, which is {why}: not one of this root's checkpoints")
     if not (path.parent / name / MANIFEST).is_file():
         raise PointerError(f"{printable(path)} names {name}, which holds no {MANIFEST}")
     return path.parent / name
@@ -62,13 +64,43 @@ def read_best(root: str | os.PathLike) -> str | None:
     return read_latest(root, BEST)
 
 
-def list_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """Step directories holding a manifest, oldest first. Temporary and manifest-less ones do not exist here."""
+def list_checkpoints(root: str | os.PathLike, passed_by: dict[str, str] | None = None) -> list[Path]:
+    """Step directories holding a manifest, oldest first. Temporary and manifest-less ones do not exist here, nor
+    does an entry by a step name that is not the root's own (not_the_roots: a symbolic link, another user's
+    directory): in a root others can write, a planted step-99999999 would otherwise be its newest checkpoint, the
+    one resumed, exported or sampled. Those are put in `passed_by` (name: why) when given, for the caller to say."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if is_step_name(p.name) and (p / MANIFEST).is_file()]
+    found = []
+    for p in root.iterdir():
+        if not is_step_name(p.name):
+            continue
+        if why := not_the_roots(p):
+            if passed_by is not None:
+                passed_by[p.name] = why
+        elif (p / MANIFEST).is_file():
+            found.append(p)
     return sorted(found, key=step_of)
+
+
+def not_the_roots(step_dir: Path) -> str | None:
+    """Why an entry by a step name is no checkpoint of its root (None: it is one, or is not there): a symbolic link
+    (its files are another place's, free to change), or a directory owned by neither the root's owner nor this user
+    (someone else's, planted). The root's owner, not only this user: exporting another user's run root reads their
+    checkpoints; and a share that maps this user to another uid (NFS root_squash) owns the root it made as well."""
+    try:
+        st = os.lstat(step_dir)
+        root_uid = os.stat(step_dir.parent).st_uid
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"not to be looked at ({e.strerror or e})"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if st.st_uid not in (root_uid, os.geteuid()):
+        return f"owned by uid {st.st_uid} (the root is uid {root_uid}'s)"
+    return None
 
 
 def quarantine(ckpt_dir: str | os.PathLike, reason: str) -> Path:

@@ -4,20 +4,25 @@ FIFO): its sha256, the dtype and shape of each tensor, the non-finite values and
 minilmd/checkpoint.py's validation. The header is untrusted even when the file's
 hash matches a manifest: it is parsed with minilmd/untrusted.py's `loads` (depth bound, an object) and every entry
 must have exactly the shape the format defines, the tensors tiling the data in order to the last byte.
+
+A loader asks for the bytes too (`keep`): the file is then read whole, once, and scanned and hashed in memory, so
+that what it loads is exactly what was hashed and scanned; reading the path again would load whatever whoever can
+write the file put there since.
 """
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from minilmd.untrusted import Unreadable, kind_of, loads, open_regular, printable
+from minilmd.untrusted import Unreadable, kind_of, loads, open_regular, printable, size_text
 
 _MAX_HEADER = 64 << 20
 _READ_CHUNK = 16 << 20
@@ -88,24 +93,46 @@ def _nonfinite_count(buf: bytes, dtype: str) -> int:
     return int(a.size - np.count_nonzero(np.isfinite(a)))
 
 
-def scan_safetensors(path: str | os.PathLike) -> tuple[str, dict, dict[str, int], dict[str, float]]:
-    """One sequential read of a safetensors file: (sha256, {name: {"dtype", "shape"}}, {name: non-finite count}
-    for tensors that have any, {name: value} of one-element tensors). Raises ValueError for a malformed file, its
-subclass Unreadable for one that is not a regular file or cannot be opened."""
+class Scan(NamedTuple):
+    """What one read of a safetensors file found."""
+
+    sha256: str
+    tensors: dict[str, dict]
+    """{name: {"dtype", "shape"}} of every tensor."""
+    nonfinite: dict[str, int]
+    """{name: count of NaN and inf values}, for the tensors that have any."""
+    scalars: dict[str, float]
+    """{name: value} of the one-element tensors (an optimizer's step)."""
+    data: bytes | None = None
+    """The whole file exactly as hashed and scanned, when asked for (`keep`); else None."""
+
+
+def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: bool = False) -> Scan:
+    """One sequential read of a safetensors file (see Scan). `size`: the size its manifest lists, the only size
+    read (a file of another size when opened is refused before a byte is read: it was replaced since its size was
+    looked at). `keep`: the file's bytes are kept in Scan.data (read whole once, then scanned in memory: no more
+    than `size` when given, the file's own size else). Raises ValueError for a malformed file, its subclass
+    Unreadable for one that is not a regular file, cannot be opened or has not the size listed."""
     path = Path(path)
     fd = open_regular(path)  # a checkpoint from elsewhere: no link followed, no FIFO blocked on (Unreadable)
     h = hashlib.sha256()
     nonfinite: dict[str, int] = {}
     scalars: dict[str, float] = {}
+    kept = None
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(fd).st_size
+        have = os.fstat(fd).st_size
+        if size is not None and have != size:
+            raise Unreadable(f"{have} bytes, listed as {size}", path)
+        if keep:
+            kept = _read_whole(f, have, path)
+        source: BinaryIO = io.BytesIO(kept) if kept is not None else f  # kept: the file is not read again
 
         def read(n: int) -> bytes:
-            b = f.read(n)
+            b = source.read(n)
             h.update(b)
             return b
 
-        entries, _ = _parse_safetensors_header(read(8), read, size, path.name)
+        entries, _ = _parse_safetensors_header(read(8), read, have, path.name)
         for key, e in entries.items():
             begin, end = e["data_offsets"]
             itemsize = np.dtype(_NP_DTYPES[e["dtype"]][0]).itemsize
@@ -122,4 +149,16 @@ subclass Unreadable for one that is not a regular file or cannot be opened."""
             if bad:
                 nonfinite[key] = bad
     shapes = {k: {"dtype": e["dtype"], "shape": tuple(e["shape"])} for k, e in entries.items()}
-    return h.hexdigest(), shapes, nonfinite, scalars
+    return Scan(h.hexdigest(), shapes, nonfinite, scalars, kept)
+
+
+def _read_whole(f: BinaryIO, size: int, path: Path) -> bytes:
+    """The file's `size` bytes (its size when opened) in one bytes object, held once in memory (the loader
+    deserializes them as they are); one more byte is asked for, so that a file that grew since is refused."""
+    try:
+        data = f.read(size + 1)
+    except OSError as e:
+        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
+    if len(data) != size:
+        raise Unreadable(f"changed while being read ({size_text(size)} when opened)", path)
+    return data

@@ -4,7 +4,10 @@ and the loaders after it never follow a link nor block on a FIFO.
 Reproduced on the code before: the sizes were checked with os.stat (a link to a regular file of the listed size
 and hash passed, as did a checkpoint directory that is a link), the files hashed with a plain open() (a FIFO swapped
 in after its size was looked at blocked the hash for ever), and the weights then loaded with safetensors'
-load_file of the path (a link swapped in after validation loaded another file's weights).
+load_file of the path (a link swapped in after validation loaded another file's weights); later through
+`read_validated`, which read the manifest and the weights file a second time: whoever can write the checkpoint put
+a consistent manifest and other weights in place after validation, and those, never scanned (shapes, dtypes,
+NaN), were loaded. The loaders now take the weights from the validation's own read (`validated_weights`).
 """
 from __future__ import annotations
 
@@ -83,42 +86,158 @@ def test_a_file_swapped_after_its_size_was_looked_at_is_invalid_without_blocking
         without_blocking(lambda: ck.validate(ours), ours / name)
 
 
-def _validate_then_link(monkeypatch, other: Path, tmp_path: Path) -> None:
-    """validate as it is; then, once it passed, model.safetensors replaced by a link to another checkpoint's."""
+def _tensors(model_file: Path) -> dict:
+    from safetensors.torch import load
+
+    return load(model_file.read_bytes())
+
+
+def _same_tensors(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _swap_for_another(ckpt: Path, other: Path) -> None:
+    """The attacker: every file of `ckpt` replaced (each by a rename, as a writer would) by another valid
+    checkpoint's of the same step and model: a manifest and weights consistent with each other, so that a reader
+    of the path finds a valid checkpoint, just not the one that was checked."""
+    for name in os.listdir(other):
+        shutil.copyfile(other / name, ckpt / f".{name}.new")
+        os.replace(ckpt / f".{name}.new", ckpt / name)
+
+
+def _swap_once_the_weights_were_read(monkeypatch, swap) -> None:
+    """`swap()` runs inside the validation, once every file was hashed and scanned (the weights included), before
+    the JSON parts are parsed: where no check is left to see it. The loaders that read the weights file again
+    afterwards (before: read_validated) read what the swap put there."""
+    real = ck._read_json_parts
+
+    def swapped_then_read(ckpt_dir):
+        if not getattr(swapped_then_read, "done", False):
+            swapped_then_read.done = True
+            swap()
+        return real(ckpt_dir)
+
+    monkeypatch.setattr(ck, "_read_json_parts", swapped_then_read)
+
+
+def test_the_weights_validated_are_those_handed_back_whatever_is_swapped_in_after(checkpoints, ours):
+    """validated_weights hands back the bytes it hashed and scanned; a consistent checkpoint swapped in after it
+    returned (which would validate itself) is not what the caller holds."""
+    original = (ours / ck.MODEL_FILE).read_bytes()
+    validated = ck.validated_weights(ours)
+    _swap_for_another(ours, checkpoints[1])
+    ck.validate(ours)  # the swapped-in pair is consistent: a second read would have loaded it
+    assert (ours / ck.MODEL_FILE).read_bytes() != original
+    assert validated.weights == original
+    assert validated.manifest_sha256 == ck.sha256_file(checkpoints[0] / ck.MANIFEST)
+    from safetensors.torch import load
+
+    assert _same_tensors(load(validated.weights), _tensors(checkpoints[0] / ck.MODEL_FILE))
+
+
+def test_validated_weights_refuses_what_validate_refuses(ours):
+    """The same checks as validate: a NaN in the weights is invalid, and no bytes are handed back."""
+    _nan_weights_consistently(ours)
+    with pytest.raises(ck.CheckpointInvalid, match="non-finite"):
+        ck.validated_weights(ours)
+
+
+def _rewrite_consistently(ckpt: Path, name: str, data: bytes) -> None:
+    """`name` rewritten and the manifest updated to match: only the checks on contents can refuse it."""
+    import hashlib
+    import json
+
+    (ckpt / name).write_bytes(data)
+    manifest = json.loads((ckpt / ck.MANIFEST).read_text())
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / ck.MANIFEST).write_text(json.dumps(manifest))
+
+
+def _after_validate(monkeypatch, swap) -> None:
+    """`swap()` runs each time validate has passed a checkpoint: between export's `_validate` and its loading."""
     real = ck.validate
 
-    def validate_then_link(path, *args, **kwargs):
+    def validate_then_swap(path, *args, **kwargs):
         state = real(path, *args, **kwargs)
-        model = Path(path) / ck.MODEL_FILE
-        model.unlink()
-        model.symlink_to(other / ck.MODEL_FILE)
+        swap()
         return state
 
-    monkeypatch.setattr(ck, "validate", validate_then_link)
+    monkeypatch.setattr(ck, "validate", validate_then_swap)
 
 
-def test_init_from_loads_the_weights_it_validated_not_a_link_swapped_in_since(checkpoints, ours, tmp_path,
-                                                                              monkeypatch):
-    from minilmd.trainer.checkpoint.init_weights import load_init
+def _nan_weights_consistently(ckpt: Path) -> None:
+    from safetensors.torch import save
 
-    cfg = RunConfig(source="test")
-    cfg.model = as_model_section(CHECKPOINT_MODEL)
-    cfg.init.from_ = str(ours)
-    _validate_then_link(monkeypatch, checkpoints[1], tmp_path)
-    with pytest.raises(ConfigError, match="cannot read model.safetensors: a symbolic link"):
-        load_init(cfg)
+    weights = _tensors(ckpt / ck.MODEL_FILE)
+    next(iter(weights.values())).view(-1)[0] = float("nan")
+    _rewrite_consistently(ckpt, ck.MODEL_FILE, save(weights))
 
 
-def test_export_reads_the_weights_it_validated_not_a_link_swapped_in_since(checkpoints, ours, tmp_path,
-                                                                           monkeypatch):
-    _validate_then_link(monkeypatch, checkpoints[1], tmp_path)
-    with pytest.raises(ExportError, match="cannot read model.safetensors: a symbolic link"):
+def test_export_never_loads_weights_that_no_validation_scanned(ours, monkeypatch):
+    """Weights with a NaN and a manifest hashing them put in place once export's `_validate` passed: loading
+    validates what it loads (before: read_validated checked the hash against the manifest read again, and the NaN
+    weights, never scanned, were exported)."""
+    _after_validate(monkeypatch, lambda: _nan_weights_consistently(ours))
+    with pytest.raises(ExportError, match="non-finite"):
         read_checkpoint(ours)
 
 
-def test_weights_replaced_in_place_since_validation_are_not_loaded(checkpoints, ours):
-    """Not a link: the file rewritten with another checkpoint's weights (same size) after validation."""
-    ck.validate(ours)
-    shutil.copyfile(checkpoints[1] / ck.MODEL_FILE, ours / ck.MODEL_FILE)
-    with pytest.raises(ck.CheckpointInvalid, match="model.safetensors: changed since it was validated"):
-        ck.read_validated(ours, ck.MODEL_FILE)
+def test_export_loads_the_weights_its_loading_validated_not_a_checkpoint_swapped_in_since(checkpoints, ours,
+                                                                                         monkeypatch):
+    """Another consistent checkpoint swapped in once the loading's own validation read the weights: those
+    validated are loaded, not the path read again."""
+    _swap_once_the_weights_were_read(monkeypatch, lambda: _swap_for_another(ours, checkpoints[1]))
+    weights, _, _ = read_checkpoint(ours, validate=False)  # load_validated's validation alone
+    assert _same_tensors(weights, _tensors(checkpoints[0] / ck.MODEL_FILE))
+
+
+def test_export_loads_no_link_swapped_in_after_validation(checkpoints, ours, monkeypatch):
+    model = ours / ck.MODEL_FILE
+
+    def link_to_the_others():
+        if not model.is_symlink():
+            model.unlink()
+            model.symlink_to(checkpoints[1] / ck.MODEL_FILE)
+
+    _after_validate(monkeypatch, link_to_the_others)
+    with pytest.raises(ExportError, match="model.safetensors is a symbolic link, not a regular file"):
+        read_checkpoint(ours)
+
+
+def _init_from(ours: Path) -> RunConfig:
+    cfg = RunConfig(source="test")
+    cfg.model = as_model_section(CHECKPOINT_MODEL)
+    cfg.init.from_ = str(ours)
+    return cfg
+
+
+def test_init_from_loads_the_weights_it_validated_not_a_link_swapped_in_since(checkpoints, ours, monkeypatch):
+    """The manifest untouched, the weights file swapped for a link once scanned: the weights validated load, and
+    the record names that manifest. Before: `cannot read model.safetensors: a symbolic link`, a refusal."""
+    from minilmd.trainer.checkpoint.init_weights import load_init
+
+    model = ours / ck.MODEL_FILE
+
+    def link_to_the_others():
+        model.unlink()
+        model.symlink_to(checkpoints[1] / ck.MODEL_FILE)
+
+    _swap_once_the_weights_were_read(monkeypatch, link_to_the_others)
+    weights, record = load_init(_init_from(ours))
+    assert _same_tensors(weights, _tensors(checkpoints[0] / ck.MODEL_FILE))
+    assert record["manifest_sha256"] == ck.sha256_file(checkpoints[0] / ck.MANIFEST)
+
+
+def test_init_from_a_checkpoint_swapped_for_another_while_read_loads_nothing_of_either(checkpoints, ours,
+                                                                                      monkeypatch):
+    """Another consistent checkpoint swapped in once the weights were validated: the record init.from keeps (the
+    manifest read for it) would name the other's while the weights are the first's, so nothing is loaded.
+    Before: read_validated read the other's manifest and weights again, and the run started from weights that were
+    never scanned (shapes, dtypes, NaN), under a manifest never validated."""
+    from minilmd.trainer.checkpoint.init_weights import load_init
+
+    _swap_once_the_weights_were_read(monkeypatch, lambda: _swap_for_another(ours, checkpoints[1]))
+    with pytest.raises(ConfigError, match="manifest.json changed while it was read"):
+        load_init(_init_from(ours))

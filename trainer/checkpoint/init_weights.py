@@ -37,7 +37,8 @@ def load_init(cfg: RunConfig) -> tuple[dict, dict]:
     try:
         source = resolve(cfg.init.from_, cfg.init.checkpoint)
         if source.kind == "checkpoint":
-            return _checkpoint_weights(cfg, source), {"from": cfg.init.from_, **fingerprint(source)}
+            weights, record = _checkpoint_weights(cfg, source)
+            return weights, {"from": cfg.init.from_, **record}
         data, record = read_pth(source, cfg.model_dict())  # hashed as read: the record is of what gets loaded
         return _pth_weights(cfg, data), {"from": cfg.init.from_, **record}
     except InitSourceError as e:
@@ -68,7 +69,7 @@ def _staged_weights(cfg: RunConfig, staged: Path) -> tuple[dict, dict]:
         raise _damaged(staged, f"cannot be read: {e}") from None
     if record.get("from") != cfg.init.from_ or not same_source(record, found):
         raise _damaged(staged, f"not the source's ({record.get('from')!r}): damaged or stale scratch")
-    weights = _pth_weights(cfg, data) if data is not None else _checkpoint_weights(cfg, source, staged=True)
+    weights = _pth_weights(cfg, data) if data is not None else _checkpoint_weights(cfg, source, found)[0]
     return weights, {**record, "from": cfg.init.from_}
 
 
@@ -78,15 +79,30 @@ def _damaged(staged: Path, problem: str):
     return CheckpointMismatch(staged, [f"the staged copy of init.from is {problem}"], "data")
 
 
-def _checkpoint_weights(cfg: RunConfig, source: InitSource, staged: bool = False) -> dict:
+def _checkpoint_weights(cfg: RunConfig, source: InitSource, staged_record: dict | None = None) -> tuple[dict, dict]:
+    """(the weights of a checkpoint validated against the run's model, deserialized from the very bytes validation
+    hashed and scanned; its fingerprint record). The record must name the manifest validation read: the record
+    is read apart from it (init_source.fingerprint; staged_record: the staged copy's, taken before), and another
+    manifest there means the checkpoint is being replaced, so nothing of it is used."""
     from safetensors.torch import load
 
-    from minilmd.checkpoint import CheckpointError, CheckpointMismatch, Expectation, read_validated, validate
-    from minilmd.names import MODEL_FILE
+    from minilmd.checkpoint import (
+        CheckpointError,
+        CheckpointInvalid,
+        CheckpointMismatch,
+        Expectation,
+        validated_weights,
+    )
+    from minilmd.names import MANIFEST
 
+    staged = staged_record is not None
     try:
-        validate(source.path, Expectation(model=cfg.model_dict()))
-        return load(read_validated(source.path, MODEL_FILE))  # the bytes validated, not a link swapped in since
+        validated = validated_weights(source.path, Expectation(model=cfg.model_dict()))
+        record = staged_record if staged_record is not None else fingerprint(source)
+        if record.get("manifest_sha256") != validated.manifest_sha256:
+            raise CheckpointInvalid(source.path, f"{MANIFEST} changed while it was read (replaced since it was "
+                                                 f"validated): nothing of it is loaded")
+        return load(validated.weights), record  # the bytes validated, never the path read again
     except CheckpointMismatch as e:
         raise _refuse(cfg, "; ".join(e.problems).replace("checkpoint", "source")) from None
     except CheckpointError as e:

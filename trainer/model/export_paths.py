@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import shutil
@@ -243,7 +244,10 @@ def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint directory, from a pointer file (ROOT/LATEST, ROOT/BEST: the one it
-    names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest."""
+    names), or from a root: the one `LATEST` names, else the newest `step-*` directory with a manifest. Of a root,
+    only its own step directories (checkpoint_dirs.list_checkpoints): a symbolic link or another user's directory
+    by a step name, planted in a root others can write, is passed by and said, never taken for the newest (nor
+    for the one LATEST names)."""
     from minilmd.checkpoint_dirs import PointerError, list_checkpoints, named_checkpoint, read_latest
 
     try:
@@ -253,16 +257,25 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
     if not (path / MODEL_FILE).is_file():
-        name = read_latest(path)
-        steps = list_checkpoints(path)
-        if name and (path / name / MODEL_FILE).is_file():
-            path = path / name
+        passed_by: dict[str, str] = {}
+        steps = list_checkpoints(path, passed_by)
+        for name, why in sorted(passed_by.items()):
+            _say_once(f"{path / name}: passed by: {why}, not one of this root's checkpoints")
+        latest = {p.name: p for p in steps}.get(read_latest(path) or "")
+        if latest is not None:
+            path = latest
         elif steps:
             path = steps[-1]
         else:
             raise ExportError(f"{path}: not a checkpoint (no {MODEL_FILE}) and no {LATEST} or step-* "
                               f"checkpoint under it")
     return path
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    """On stderr, once: one command resolves its checkpoint several times (weights, tokenizer, chat template)."""
+    leftovers.stderr_say("checkpoints")(message)
 
 
 def _validate(ckpt: Path) -> None:
@@ -275,13 +288,16 @@ def _validate(ckpt: Path) -> None:
 
 
 def load_validated(ckpt: Path) -> dict:
-    """The model weights of a checkpoint `_validate` passed, from the bytes it validated (read_validated: no link
-    followed, no mmap, what its manifest hashes), never load_file of a path that may have been swapped since."""
+    """The model weights of a checkpoint, validated strictly and deserialized from the very bytes that validation
+    hashed and scanned (checkpoint.validated_weights: each file read once, no link followed, no mmap), never from
+    its path read again: a checkpoint of another user's or of a shared remote may have a consistent manifest and
+    other weights put in place the moment a validation is done. Its callers' `_validate` before (nothing of an
+    unvalidated checkpoint parsed) does not stand for this one: the weights are only ever those of this read."""
     from safetensors.torch import load
 
-    from minilmd.checkpoint import CheckpointError, read_validated
+    from minilmd.checkpoint import CheckpointError, validated_weights
 
     try:
-        return load(read_validated(ckpt, MODEL_FILE))
+        return load(validated_weights(ckpt).weights)
     except CheckpointError as e:
         raise ExportError(f"checkpoint is invalid: {e}") from None
