@@ -78,18 +78,8 @@ def _remove_stale_tmp(out: Path, ours: str, say: leftovers.Say) -> None:
     user's own directory; a link, another user's entry, anything but a directory, another host's are left and
     said (minilmd/leftovers.py). A live maker's is left too: under the corpus lock it is no prepare of this
     host's to `out`, so only said. Runs under the lock, so no prepare of this `out` on this host starts meanwhile."""
-    try:
-        names = sorted(os.listdir(out.parent))
-    except OSError:
-        return
-    for name in names:
-        maker = prepare_tmp_maker(out.name, name)
-        if maker is None or name == ours:
-            continue
-        path = out.parent / name
-        if leftovers.clear(path, *maker, out, _WORDS, say) == "running":
-            say(f"{path}: left as it is: named as a prepare's temporary directory, and its process (pid "
-                f"{maker[1]}) still runs")
+    leftovers.sweep(out.parent, lambda name: prepare_tmp_maker(out.name, name), _WORDS, say, out=out, skip=ours,
+                    on_running=leftovers.say_running(_WORDS, say))
 
 
 def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_fraction: float = 0.005,
