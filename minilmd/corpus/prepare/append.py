@@ -15,7 +15,8 @@ version or the new one, never a half: before step 3 it reads the old meta and th
 renames of step 3 the new doc_lengths.npy's prefix is the old one. Disk: the new data, nothing copied. One writer at a
 time: the lock of every prepare of this --out (lock.py); the corpus directory is opened under it and written
 through that open directory, and the append refuses (exit 2) when the name no longer leads there, or when the
-corpus is another user's.
+corpus is another user's. What a killed append left (its temporary directory beside the corpus, its temporary
+doc_lengths.npy) is removed by the next one, under the lock.
 
 Leak check against the old documents: their leak keys are recomputed by decoding the old documents with the
 corpus's tokenizer (decode(encode(text)) == text for a byte-level BPE; minilmd/corpus/analysis/scan.py, in parallel). A
@@ -55,9 +56,10 @@ from minilmd.corpus.prepare.lock import CorpusLock, check_same_dir, hold_for_tes
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
-from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_name
+from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_maker, prepare_tmp_name
 
 APPEND_SUFFIX = ".append"  # the temporary directory's name is prepare's, for "<corpus>.append"
+_WORDS = leftovers.Words(one="an append", tool="prepare --append", thing="temporary directory", files=False)
 
 
 class LeakKeyTask:
@@ -98,6 +100,7 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
             _check_owner(root, os.fstat(fd))
             locked = Path(f"/proc/self/fd/{fd}")  # the directory that was locked, whatever its name leads to now
             _remove_stale_parts(locked)
+            _remove_stale_tmp(root)
             hold_for_test()
             try:
                 return _append(sources, root, locked, lambda: check_same_dir(lock, identity), workers, progress,
@@ -124,6 +127,16 @@ def _remove_stale_parts(locked: Path) -> None:
         for stale in (locked / split).glob(DOC_LENGTHS + ".append-*.npy"):
             if stale.is_file() and not stale.is_symlink():
                 stale.unlink(missing_ok=True)
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    """The temporary directories of appends to `root` that were killed (a SIGKILL leaves its new documents' tokens
+    there; nothing else ever removes them), by the leftovers rule: removed once the maker is gone, when this user's
+    own directory; a live one's, a link, another user's or host's are left and said. Under the lock: no append of
+    this corpus on this host runs meanwhile, and this one has made none yet."""
+    say = leftovers.stderr_say("prepare")
+    leftovers.sweep(root.parent, lambda name: prepare_tmp_maker(root.name + APPEND_SUFFIX, name), _WORDS, say,
+                    out=root, on_running=leftovers.say_running(_WORDS, say))
 
 
 def _append(sources: list[str], root: Path, locked: Path, check_same, workers: int | None, progress, log,
