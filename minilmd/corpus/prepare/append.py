@@ -53,6 +53,7 @@ from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_same_dir, hold_for_test, open_locked_dir
+from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
@@ -90,6 +91,7 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
     directory replaced meanwhile: exit 2)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     root = Path(out)
+    check_out_name(root, lambda name: prepare_tmp_name(name + APPEND_SUFFIX, *leftovers.me()))
     try:
         _check_owner(root, os.lstat(root))
     except OSError as e:

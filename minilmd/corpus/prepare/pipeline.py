@@ -47,7 +47,7 @@ from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
 from minilmd.corpus.prepare.encode import default_workers
 from minilmd.corpus.prepare.lock import CorpusLock, hold_for_test
 from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
-from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
+from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.fsio import atomic_write_json, publish_dir
@@ -96,6 +96,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     if problems:
         raise ValueError("; ".join(problems))
     out = Path(out)
+    check_out_name(out, lambda name: prepare_aside_name(name, *leftovers.me()))  # before a first look at out
     if out.exists() or out.is_symlink():
         if not force:
             raise ValueError(f"{out} already exists; pass --force to replace it")
