@@ -25,6 +25,7 @@ from minilmd import names
 from minilmd.daemon.states import Phase, StagingState, SyncState
 from minilmd.daemon.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
 from minilmd.fsio import atomic_write_json
+from minilmd.perms import own_uid
 from minilmd.procs import process_start_ticks  # here too: the daemon's modules and tests import it from here
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular, read_json
 
@@ -101,8 +102,8 @@ def state_owners(run_dir: str | os.PathLike) -> tuple[int, ...]:
     try:
         owner = os.lstat(run_dir).st_uid
     except OSError:
-        return (os.getuid(),)
-    return tuple(sorted({owner, os.getuid()}))
+        return (own_uid(),)
+    return tuple(sorted({owner, own_uid()}))
 
 
 def load_state(run_dir: str | os.PathLike) -> dict:

@@ -6,7 +6,6 @@ it and stay fast. Torch-free.
 from __future__ import annotations
 
 import os
-import stat
 import time
 from pathlib import Path
 
@@ -126,27 +125,14 @@ def clean_stale_tmp(root: str | os.PathLike, say: leftovers.Say | None = None) -
     trainer writes a root at a time, so the name's pid running here is ours). Returns those removed. A temp
     directory of another live process is left alone. Only this user's own real directories are removed: a
     symbolic link, another user's entry (a root may sit in a directory others can write, where unlink needs no
-    ownership) and anything but a directory are left, and said (`say`, default stderr; minilmd/leftovers.py)."""
+    ownership) are left, and said (`say`, default stderr; leftovers.sweep); anything but a directory or a link by
+    such a name (a writer's temporary file) is passed by unsaid."""
     root = Path(root)
-    say = say or leftovers.stderr_say("checkpoints")
-    try:
-        names = sorted(os.listdir(root))
-    except OSError:
-        return []  # no root yet (or not a directory): nothing to clean
-    removed = []
-    for name in names:
-        pid = tmp_owner_pid(name)
-        p = root / name
-        if pid is None:
-            continue
-        try:
-            st = os.lstat(p)
-        except FileNotFoundError:
-            continue
-        if pid != os.getpid() and leftovers.running(pid, None):
-            continue
-        if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-            continue  # a writer's temporary file (fsio's): not this clean-up's, as before
-        if leftovers.own(p, st, _WORDS, say) and leftovers.remove(p, st, pid, _WORDS, say):
-            removed.append(p)
-    return removed
+    return leftovers.sweep(root, _tmp_maker, _WORDS, say or leftovers.stderr_say("checkpoints"), out=root,
+                           mine_is_dead=True, only_dirs_and_links=True)
+
+
+def _tmp_maker(name: str) -> leftovers.Maker | None:
+    """A `.tmp-...-PID` name's maker: this host's (a root's writers are local), no start time recorded."""
+    pid = tmp_owner_pid(name)
+    return None if pid is None else (None, pid, None)

@@ -22,6 +22,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from minilmd import scratch
 from minilmd.config_values import LORA_TARGETS, Duration, TrainTokens, check_values
 from minilmd.names import CHECKPOINTS
+from minilmd.perms import own_uid
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -469,7 +470,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, mor
         if path.is_dir():
             raise ConfigError([f"{path} is a directory, not a TOML file"], str(path))
         raw = tomllib.loads(read_bytes(path if untrusted else os.path.realpath(path), max_bytes=MAX_CONFIG_BYTES,
-                                       owner=os.getuid() if untrusted else None).decode("utf-8"))
+                                       owner=own_uid() if untrusted else None).decode("utf-8"))
     except Unreadable as e:
         if e.os_error is not None:  # there and could not be read now (EIO, EACCES): the caller's to retry or say
             raise e.os_error from None

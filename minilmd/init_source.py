@@ -29,6 +29,7 @@ from pathlib import Path
 from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_best, read_latest
 from minilmd.config import ConfigError, load_config
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE
+from minilmd.perms import own_uid
 from minilmd.untrusted import read_json
 
 _MAX_STATE = 64 << 20
@@ -142,7 +143,7 @@ def predecessor_state(pred: Predecessor) -> dict:
         raise Unreadable("missing", pred.run_dir / STATE, missing=True) from None
     except OSError as e:
         raise Unreadable(f"its run directory cannot be read: {e.strerror or e}", pred.run_dir / STATE) from None
-    return read_json(pred.run_dir / STATE, max_bytes=PREDECESSOR_STATE_MAX_BYTES, owner=(owner, os.getuid()))
+    return read_json(pred.run_dir / STATE, max_bytes=PREDECESSOR_STATE_MAX_BYTES, owner=(owner, own_uid()))
 
 
 def predecessor_report(pred: Predecessor) -> PredecessorReport:

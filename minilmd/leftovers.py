@@ -4,7 +4,9 @@ copy beside --out, a prepare's directory beside DIR, a checkpoint root's `.tmp-*
 directories other users may write too: a leftover is removed only when its maker is gone and it is this user's own
 file or directory; a symbolic link is never followed nor removed, another user's entry never deleted for them
 (unlink needs only write permission on a sticky-less parent), another host's never judged by a pid of this host.
-What is left is said, so that the user knows what to remove by hand. Torch-free, standard library only.
+What is left is said, so that the user knows what to remove by hand. `sweep` is the one loop over a directory
+that every clean-up runs (an export's, a prepare's and an append's, a checkpoint root's). Torch-free, standard
+library only.
 """
 from __future__ import annotations
 
@@ -17,9 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.perms import own_uid
 from minilmd.procs import process_start_ticks
 
 Say = Callable[[str], None]
+Maker = tuple[str | None, int, int | None]
+"""(host, pid, start ticks) a temporary name records of its maker; host None: a name that records no host (this
+host's), ticks None: one that records no start time (names.prepare_tmp_maker, export_tmp_maker, tmp_owner_pid)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ def own(path: Path, st: os.stat_result, words: Words, say: Say) -> bool:
         say(f"{path}: a symbolic link by {words.one}'s temporary name; left as it is ({words.one} never follows "
             f"nor removes one)")
         return False
-    if st.st_uid != os.geteuid():
+    if st.st_uid != own_uid():
         say(f"{path}: left as it is: the {words.thing} of a killed {words.tool}, but another user's (uid "
             f"{st.st_uid}), which is theirs to remove")
         return False
@@ -85,14 +91,18 @@ def remove(path: Path, st: os.stat_result, pid: int, words: Words, say: Say) -> 
     return True
 
 
-def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, words: Words, say: Say) -> str:
+def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, words: Words, say: Say, *,
+          mine_is_dead: bool = False) -> str:
     """Settle one leftover by a maker's name: "running" when its maker still runs (left and not said: the caller
-    decides; an export refuses), "removed", or "left" (said why). `host` None: a name that records no host, taken
-    as this host's (an older minilmd's prepare); `ticks` None: one that records no start time."""
+    decides; an export refuses), "removed", "left" (said why), or "gone" (no longer there: nothing done). `host`
+    None: a name that records no host, taken as this host's (an older minilmd's prepare); `ticks` None: one that
+    records no start time. `mine_is_dead`: a name of this process's pid is taken for a dead maker's (a checkpoint
+    root has one writer at a time: a `.tmp-*` of our pid there is an earlier holder's of a recycled pid, or our
+    own failed save's)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return "removed"  # its maker published or removed it meanwhile
+        return "gone"  # its maker published or removed it meanwhile
     if stat.S_ISLNK(st.st_mode):
         own(path, st, words, say)  # a link is said as such, whoever's name it has
         return "left"
@@ -100,8 +110,51 @@ def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, 
         say(f"{path}: left as it is: {words.one}'s {words.thing} on host {host}, whether it still runs cannot be "
             f"told here; remove it once no {words.tool} to {out} is running there")
         return "left"
-    if running(pid, ticks):
+    if running(pid, ticks) and not (mine_is_dead and pid == os.getpid()):
         return "running"
     if not own(path, st, words, say):
         return "left"
     return "removed" if remove(path, st, pid, words, say) else "left"
+
+
+def sweep(parent: Path, match: Callable[[str], Maker | None], words: Words, say: Say, *, out: Path,
+          skip: str | None = None, on_running: Callable[[Path, int], None] | None = None,
+          mine_is_dead: bool = False, only_dirs_and_links: bool = False) -> list[Path]:
+    """Every leftover in `parent` by a maker's name (`match`: a name -> its maker, None for any other name) settled
+    by `clear`; returns those removed. `skip`: this process's own temporary name, never looked at. A live maker's
+    is left, and `on_running(path, pid)` told (an export refuses; prepare says it). `out`: what the makers write,
+    for the messages. `only_dirs_and_links`: anything else by such a name is another writer's, passed by unsaid (a
+    checkpoint root, where a save makes directories and fsio its files). An unlistable parent: nothing found."""
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        maker = None if name == skip else match(name)
+        if maker is None:
+            continue
+        path = parent / name
+        if only_dirs_and_links and _neither_dir_nor_link(path):
+            continue
+        outcome = clear(path, *maker, out, words, say, mine_is_dead=mine_is_dead)
+        if outcome == "running" and on_running is not None:
+            on_running(path, maker[1])
+        elif outcome == "removed":
+            removed.append(path)
+    return removed
+
+
+def say_running(words: Words, say: Say) -> Callable[[Path, int], None]:
+    """A sweep's `on_running` that leaves a live maker's leftover and says so (a prepare's, an append's: under the
+    corpus lock a live one is no writer of this output on this host, so nothing to refuse)."""
+    return lambda path, pid: say(f"{path}: left as it is: named as {words.one}'s {words.thing}, and its process "
+                                 f"(pid {pid}) still runs")
+
+
+def _neither_dir_nor_link(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True  # gone meanwhile: nothing to settle
+    return not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode))

@@ -26,6 +26,14 @@ MASKS = {"private": 0o077, "group": 0o027, "all": 0o022}
 """The umask bits each policy adds: 0700/0600, 0750/0640, 0755/0644 under a permissive umask."""
 
 
+def own_uid() -> int:
+    """The uid that owns what this process creates, and so what every "is this file ours" check compares with: its
+    effective uid (Linux's file-system uid follows it; minilmd never sets that apart). Not os.getuid(): the real uid
+    differs where the effective one was changed (a setuid wrapper, a service manager dropping privileges by it), and
+    there a check by it would take this process's own files for another user's, and that user's for ours."""
+    return os.geteuid()
+
+
 def problem(share: object, key: str = "run.share") -> str | None:
     """The config error for a value that is not a policy, None for a good one."""
     if share in SHARES:

@@ -14,6 +14,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.runstate import process_alive, process_environ, process_start_ticks
 from minilmd.fsio import atomic_write_json
+from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, read_json
 
 REAP_S = 10.0
@@ -38,12 +39,12 @@ def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid
 def _read_record(run_dir: Path) -> dict | None:
     """trainer.json if it names a trainer that this user launched on this host, else None."""
     try:  # a regular file of ours only (minilmd/untrusted.py): never a FIFO or a link to /dev/zero read whole
-        record = read_json(run_dir / names.TRAINER_RECORD, max_bytes=TRAINER_RECORD_MAX_BYTES, owner=os.getuid())
+        record = read_json(run_dir / names.TRAINER_RECORD, max_bytes=TRAINER_RECORD_MAX_BYTES, owner=own_uid())
     except Unreadable:
         return None
     if not isinstance(record, dict) or not isinstance(record.get("launch_id"), str) or not record["launch_id"]:
         return None
-    if record.get("uid") != os.getuid() or record.get("host") != socket.gethostname():
+    if record.get("uid") != os.getuid() or record.get("host") != socket.gethostname():  # as record_launch wrote it
         return None
     return record
 
@@ -61,6 +62,10 @@ def process_uids(pid: int) -> tuple[int, ...] | None:
 
 def is_ours(pid: int) -> bool:
     """Whether every uid of the process is ours: a process of another user is never signalled, even by root."""
+    # The real uid, not perms.own_uid() (the effective one, which owns what we create): a process belongs to the
+    # user it acts for, its real uid, and kill(2) compares with the target's real and saved uids. The two are one
+    # where minilmd runs; where they differ, no process we started has every uid equal to the real one, so none is
+    # signalled: the safe side.
     uids = process_uids(pid)
     return uids is not None and set(uids) == {os.getuid()}
 

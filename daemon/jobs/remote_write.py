@@ -21,11 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 
 from minilmd.names import QUARANTINE, REASON_FILE, quarantine_name
+from minilmd.perms import own_uid
 from minilmd.untrusted import file_kind, printable
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-OWN_UIDS = {os.getuid()}
+OWN_UIDS = {own_uid()}
 """The owners this process's own entries on a remote show: its uid, and the one a server maps it to, learnt from
 each directory `mkdir_new` makes (NFS's root_squash, the default, makes root's files the anonymous user's: a run as
 root in a container would otherwise never delete its own old checkpoints and fill the share). On such a share the

@@ -172,31 +172,24 @@ def _clear_leftovers(out: Path, ours: Path) -> None:
     kill, a power loss leave it; a recycled pid has another start time) is removed when it is this user's own
     file or directory, and said. Left as they are, and said, while this export goes on under its own name: a
     symbolic link (never followed), another user's copy (never deleted for them), anything but a file or a
-    directory, another host's copy (its pid says nothing here), and an older minilmd's `.NAME.tmp`. The rule is
-    minilmd/leftovers.py's, shared with prepare's clean-up."""
+    directory, another host's copy (its pid says nothing here), and an older minilmd's `.NAME.tmp`. The loop is
+    leftovers.sweep, shared with the clean-ups of prepare, append and a checkpoint root."""
+    def refuse(path: Path, pid: int) -> None:
+        raise OutRefused(f"{path}: another export to {out} is writing it now (pid {pid}); two exports to one --out "
+                         f"at once are refused: let it finish, or choose another --out")
+
+    leftovers.sweep(out.parent, lambda name: export_tmp_maker(out.name, name), _WORDS, _SAY, out=out,
+                    skip=ours.name, on_running=refuse)
+    path = out.parent / old_export_tmp_name(out.name)  # an older minilmd's `.NAME.tmp`: it names no process
     try:
-        names = sorted(os.listdir(out.parent))
+        st = os.lstat(path)
     except OSError:
-        return  # a directory we may write but not list: nothing to find, our own copy is made
-    for name in names:
-        path = out.parent / name
-        maker = export_tmp_maker(out.name, name)
-        if name == ours.name or (maker is None and name != old_export_tmp_name(out.name)):
-            continue
-        if maker is None:  # an older minilmd's `.NAME.tmp`: it names no process
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                leftovers.own(path, st, _WORDS, _SAY)  # says it is a link, left
-            else:
-                _SAY(f"{path}: an older minilmd's temporary copy, which does not say whose it is; left as it is: "
-                     f"remove it once no export to {out} is running")
-            continue
-        if leftovers.clear(path, *maker, out, _WORDS, _SAY) == "running":
-            raise OutRefused(f"{path}: another export to {out} is writing it now (pid {maker[1]}); two exports to "
-                             f"one --out at once are refused: let it finish, or choose another --out")
+        return
+    if stat.S_ISLNK(st.st_mode):
+        leftovers.own(path, st, _WORDS, _SAY)  # says it is a link, left
+    else:
+        _SAY(f"{path}: an older minilmd's temporary copy, which does not say whose it is; left as it is: remove it "
+             f"once no export to {out} is running")
 
 
 def publish(tmp: Path, out: Path) -> Path:

@@ -15,7 +15,8 @@ version or the new one, never a half: before step 3 it reads the old meta and th
 renames of step 3 the new doc_lengths.npy's prefix is the old one. Disk: the new data, nothing copied. One writer at a
 time: the lock of every prepare of this --out (lock.py); the corpus directory is opened under it and written
 through that open directory, and the append refuses (exit 2) when the name no longer leads there, or when the
-corpus is another user's.
+corpus is another user's. What a killed append left (its temporary directory beside the corpus, its temporary
+doc_lengths.npy) is removed by the next one, under the lock.
 
 Leak check against the old documents: their leak keys are recomputed by decoding the old documents with the
 corpus's tokenizer (decode(encode(text)) == text for a byte-level BPE; minilmd/corpus/analysis/scan.py, in parallel). A
@@ -52,12 +53,15 @@ from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_same_dir, hold_for_test, open_locked_dir
+from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
-from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_name
+from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_maker, prepare_tmp_name
+from minilmd.perms import own_uid
 
 APPEND_SUFFIX = ".append"  # the temporary directory's name is prepare's, for "<corpus>.append"
+_WORDS = leftovers.Words(one="an append", tool="prepare --append", thing="temporary directory", files=False)
 
 
 class LeakKeyTask:
@@ -88,6 +92,7 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
     directory replaced meanwhile: exit 2)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     root = Path(out)
+    check_out_name(root, lambda name: prepare_tmp_name(name + APPEND_SUFFIX, *leftovers.me()))
     try:
         _check_owner(root, os.lstat(root))
     except OSError as e:
@@ -98,6 +103,7 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
             _check_owner(root, os.fstat(fd))
             locked = Path(f"/proc/self/fd/{fd}")  # the directory that was locked, whatever its name leads to now
             _remove_stale_parts(locked)
+            _remove_stale_tmp(root)
             hold_for_test()
             try:
                 return _append(sources, root, locked, lambda: check_same_dir(lock, identity), workers, progress,
@@ -112,7 +118,7 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
 def _check_owner(root: Path, st: os.stat_result) -> None:
     """ValueError (exit 2) for a corpus of another user: an append changes it in place, and only its owner may."""
     owner = st.st_uid
-    if owner != os.geteuid():
+    if owner != own_uid():
         raise ValueError(f"{root}: the corpus belongs to another user (uid {owner}); `prepare --append` changes a "
                          "corpus in place, which only its owner may do. Prepare a corpus of your own (--out "
                          "elsewhere)")
@@ -124,6 +130,16 @@ def _remove_stale_parts(locked: Path) -> None:
         for stale in (locked / split).glob(DOC_LENGTHS + ".append-*.npy"):
             if stale.is_file() and not stale.is_symlink():
                 stale.unlink(missing_ok=True)
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    """The temporary directories of appends to `root` that were killed (a SIGKILL leaves its new documents' tokens
+    there; nothing else ever removes them), by the leftovers rule: removed once the maker is gone, when this user's
+    own directory; a live one's, a link, another user's or host's are left and said. Under the lock: no append of
+    this corpus on this host runs meanwhile, and this one has made none yet."""
+    say = leftovers.stderr_say("prepare")
+    leftovers.sweep(root.parent, lambda name: prepare_tmp_maker(root.name + APPEND_SUFFIX, name), _WORDS, say,
+                    out=root, on_running=leftovers.say_running(_WORDS, say))
 
 
 def _append(sources: list[str], root: Path, locked: Path, check_same, workers: int | None, progress, log,

@@ -27,6 +27,15 @@ def list_name(out_name: str) -> str:
     return out_name + LIST_SUFFIX
 
 
+def _fresh_prefix(out_name: str) -> str:
+    return list_name(out_name)[:-4] + "-"
+
+
+def longest_list_name(out_name: str) -> str:
+    """The longest name the list file may get beside --out: the fresh one, mkstemp's 8 random characters in it."""
+    return _fresh_prefix(out_name) + "X" * 8 + ".txt"
+
+
 class BadLines:
     """The bad lines seen so far: counts by reason, the first SHOWN as text, all of them in the spool file."""
 
@@ -67,7 +76,7 @@ class BadLines:
         try:
             os.rename(self.spool, target)  # replaces a list of an earlier run; never follows a link
         except OSError:  # a directory there, or another user's file in a sticky directory: a fresh name
-            fd, name = tempfile.mkstemp(prefix=list_name(out.name)[:-4] + "-", suffix=".txt", dir=out.parent)
+            fd, name = tempfile.mkstemp(prefix=_fresh_prefix(out.name), suffix=".txt", dir=out.parent)
             os.close(fd)
             target = Path(name)
             os.replace(self.spool, target)

@@ -2,15 +2,20 @@
 report, each option the flag of the same name, and the tokenizer they encode with."""
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.corpus.meta import DATA_FORMATS
+from minilmd.corpus.prepare.badlines import longest_list_name
+from minilmd.corpus.prepare.lock import lock_name
 from minilmd.corpus.sources.jsonl import BAD_LINE_POLICIES
 from minilmd.corpus.tokenizer import load_tokenizer
 from minilmd.names import CORPUS_TOKENIZER
 
 BLOCK_BYTES = 1 << 20
+COMMON_NAME_MAX = 255  # bytes a name, where the file system cannot be asked (ext4, xfs, btrfs, NFS all say it)
 
 
 @dataclass
@@ -57,6 +62,35 @@ class PrepareOptions:
             found.append(f"--seq-len {self.seq_len} / --batch-size {self.batch_size}: need seq_len >= 2, "
                          f"batch_size >= 1")
         return found
+
+
+def check_out_name(out: Path, temporary: Callable[[str], str]) -> None:
+    """ValueError (exit 2) when a name prepare makes beside --out is longer than the file system there takes:
+    `temporary(name)`, its temporary directory's (or `--force`'s aside: its maker's host, pid and start time add
+    some 30 bytes), the lock file's, the bad-lines list's. Refused before anything is made, where the OS would
+    stop it midway with a bare ENAMETOOLONG (the lock file made). The limit is on a name's bytes, not characters."""
+    size = len(os.fsencode(out.name))
+    made = [temporary, lock_name, longest_list_name]
+    extra, longest = max((len(os.fsencode(f(out.name))) - size, f("NAME")) for f in made)
+    limit = _name_max(out.parent)
+    if size + extra <= limit:
+        return
+    raise ValueError(f"--out {out}: its name is {size} bytes, too long for the names prepare makes beside it: the "
+                     f"longest, {longest}, adds {extra} bytes to it, and the file system there takes at most {limit} "
+                     f"bytes a name. Choose an --out name of at most {max(limit - extra, 0)} bytes; nothing was made")
+
+
+def _name_max(where: Path) -> int:
+    """The longest name (bytes) of the file system where --out goes, asked of its nearest existing directory
+    (nothing is made to ask)."""
+    for directory in (where, *where.parents):
+        try:
+            return os.pathconf(directory, "PC_NAME_MAX")
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except (OSError, ValueError):
+            break
+    return COMMON_NAME_MAX
 
 
 @dataclass

@@ -47,7 +47,7 @@ from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
 from minilmd.corpus.prepare.encode import default_workers
 from minilmd.corpus.prepare.lock import CorpusLock, hold_for_test
 from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
-from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
+from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.fsio import atomic_write_json, publish_dir
@@ -63,6 +63,7 @@ from minilmd.names import (
     prepare_tmp_maker,
     prepare_tmp_name,
 )
+from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, printable, read_bytes
 
 MAX_META_BYTES = 64 << 20  # a meta.json read to decide whether --force may replace a directory
@@ -78,18 +79,8 @@ def _remove_stale_tmp(out: Path, ours: str, say: leftovers.Say) -> None:
     user's own directory; a link, another user's entry, anything but a directory, another host's are left and
     said (minilmd/leftovers.py). A live maker's is left too: under the corpus lock it is no prepare of this
     host's to `out`, so only said. Runs under the lock, so no prepare of this `out` on this host starts meanwhile."""
-    try:
-        names = sorted(os.listdir(out.parent))
-    except OSError:
-        return
-    for name in names:
-        maker = prepare_tmp_maker(out.name, name)
-        if maker is None or name == ours:
-            continue
-        path = out.parent / name
-        if leftovers.clear(path, *maker, out, _WORDS, say) == "running":
-            say(f"{path}: left as it is: named as a prepare's temporary directory, and its process (pid "
-                f"{maker[1]}) still runs")
+    leftovers.sweep(out.parent, lambda name: prepare_tmp_maker(out.name, name), _WORDS, say, out=out, skip=ours,
+                    on_running=leftovers.say_running(_WORDS, say))
 
 
 def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_fraction: float = 0.005,
@@ -106,6 +97,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     if problems:
         raise ValueError("; ".join(problems))
     out = Path(out)
+    check_out_name(out, lambda name: prepare_aside_name(name, *leftovers.me()))  # before a first look at out
     if out.exists() or out.is_symlink():
         if not force:
             raise ValueError(f"{out} already exists; pass --force to replace it")
@@ -165,7 +157,7 @@ def _foreign_content(out: Path) -> str:
     if not out.is_dir():
         return "not a directory"
     owner = out.lstat().st_uid
-    if owner != os.geteuid():
+    if owner != own_uid():
         return f"a directory of another user (uid {owner})"
     entries = sorted(p.name for p in out.iterdir())
     if not entries:

@@ -1,0 +1,80 @@
+"""leftovers.sweep, the one loop of every clean-up of what killed makers left (export, prepare, append, a checkpoint
+root): on real directories and real processes, what its options change. Its callers' own tests
+(test_export_way_out, test_prepare_leftovers, test_prepare_append_leftovers, test_checkpoint_leftovers) hold the
+rule itself: only this user's own leftovers of a gone maker removed, the rest said."""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from minilmd import leftovers
+from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
+
+WORDS = leftovers.Words(one="a maker", tool="maker", thing="temporary directory", files=False)
+
+
+def _match(name: str) -> leftovers.Maker | None:
+    """`.out.m-HOST-PID-TICKS`, as the makers name theirs."""
+    head, _, rest = name.partition(".out.m-")
+    if head or not rest:
+        return None
+    host, pid, ticks = rest.rsplit("-", 2)
+    return host, int(pid), int(ticks)
+
+
+def _name(pid: int, ticks: int) -> str:
+    return f".out.m-{socket.gethostname()}-{pid}-{ticks}"
+
+
+def test_a_gone_makers_leftovers_are_removed_a_live_ones_told_and_others_untouched(tmp_path, dead, sleeper):
+    gone = tmp_path / _name(*dead)
+    live = tmp_path / _name(*sleeper)
+    other = tmp_path / "out.m-not-a-leftover-1-2"
+    for d in (gone, live, other):
+        (d / "part").mkdir(parents=True)
+    said: list[str] = []
+    told: list[tuple[Path, int]] = []
+    removed = leftovers.sweep(tmp_path, _match, WORDS, said.append, out=tmp_path / "out",
+                              on_running=lambda path, pid: told.append((path, pid)))
+    assert removed == [gone] and not os.path.lexists(gone)
+    assert told == [(live, sleeper[0])] and (live / "part").is_dir() and (other / "part").is_dir()
+    assert said == [f"removed {gone}: the temporary directory of a maker (pid {dead[0]}) killed before it finished"]
+
+
+def test_its_own_name_is_skipped_and_its_own_pid_is_dead_only_when_asked(tmp_path):
+    """A maker's own temporary name (`skip`) is never looked at; one of this process's pid (no start time
+    recorded) is a live maker's, unless `mine_is_dead` (a checkpoint root, written by one process at a time)."""
+    me = (None, os.getpid(), None)
+    mine = tmp_path / ".out.m-mine"
+    mine.mkdir()
+    told: list[Path] = []
+    removed = leftovers.sweep(tmp_path, lambda name: me, WORDS, print, out=tmp_path / "out",
+                              on_running=lambda path, pid: told.append(path))
+    assert removed == [] and told == [mine] and mine.is_dir()
+    assert leftovers.sweep(tmp_path, lambda name: me, WORDS, print, out=tmp_path / "out", skip=mine.name,
+                           mine_is_dead=True) == []
+    assert mine.is_dir()
+    assert leftovers.sweep(tmp_path, lambda name: me, WORDS, print, out=tmp_path / "out", mine_is_dead=True) == [mine]
+    assert not os.path.lexists(mine)
+
+
+@pytest.mark.parametrize("only_dirs_and_links", [False, True])
+def test_a_file_by_a_makers_name_is_said_unless_only_dirs_and_links_are_looked_at(tmp_path, dead,
+                                                                                   only_dirs_and_links):
+    """A maker of directories only: a file by its name is not its leftover. Said and left, or (a checkpoint root,
+    where fsio's temporary files share the names) passed by unsaid; never removed."""
+    f = tmp_path / _name(*dead)
+    f.write_bytes(b"somebody's\n")
+    said: list[str] = []
+    assert leftovers.sweep(tmp_path, _match, WORDS, said.append, out=tmp_path / "out",
+                           only_dirs_and_links=only_dirs_and_links) == []
+    assert f.read_bytes() == b"somebody's\n"
+    assert said == ([] if only_dirs_and_links else
+                    [f"{f}: left as it is: named as a maker's temporary directory but not a directory"])
+
+
+def test_an_unlistable_parent_finds_nothing(tmp_path):
+    assert leftovers.sweep(tmp_path / "missing", _match, WORDS, print, out=tmp_path / "missing" / "out") == []
