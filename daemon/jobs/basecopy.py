@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import shutil
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH
 from minilmd.model_shapes import pth_bound
 from minilmd.names import MANIFEST, sync_tmp_name
+from minilmd.shared_place import Place, look
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
 REMOTE_BASE = INIT_DIR
@@ -202,14 +202,13 @@ def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads:
 
 
 def _absent(remote: Remote) -> str:
-    """How the remote root is absent ("" when it holds anything): not there (its share gone), or an empty directory
-    (a mount point whose share is not mounted reads as its empty stub). A remote that holds checkpoints or anything
-    else and no `init` simply has no copy yet (the first sync had not copied it)."""
-    if remote.names():
-        return ""
-    if remote.local and not os.path.isdir(remote.root):
-        return "not there (its share gone?)"
-    return "an empty directory (its share not mounted?)" if remote.local else "holds nothing (not reachable?)"
+    """How the remote root is absent ("" when it answers; minilmd/shared_place.py decides, as staging does): not
+    there (its share gone), an empty directory (a mount point whose share is not mounted reads as its empty stub),
+    one that cannot be listed, or not a directory at all (the base's copy cannot be there either: waited for, never
+    a fallback to init.from). A remote that holds checkpoints or anything else and no `init` simply has no copy yet
+    (the first sync had not copied it)."""
+    found = look(remote.root, REMOTE_BASE, remote.fs)
+    return "" if found.place in (Place.THERE, Place.LACKS) else str(found)
 
 
 def _remote_of(cfg) -> Remote | None:
