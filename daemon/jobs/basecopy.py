@@ -18,6 +18,15 @@ import hashlib
 import shutil
 from pathlib import Path
 
+from minilmd.base_copy import (
+    MANIFEST_PATH,
+    MAX_MANIFEST_BYTES,
+    MAX_RECORD_BYTES,
+    copy_of,
+    listed_files,
+    needs_manifest,
+    parse_record,
+)
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
@@ -31,7 +40,6 @@ from minilmd.untrusted import Unreadable, loads, read_bytes
 
 REMOTE_BASE = INIT_DIR
 """Its name on the remote (never a step name: the sync's retention and listing pass it by)."""
-MAX_RECORD_BYTES, MAX_MANIFEST_BYTES = 64 * 1024, 16 * 1024 * 1024  # as staged_record and initstage read them
 
 
 class BaseCopyError(RuntimeError):
@@ -113,12 +121,11 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
           max_pth: int | None = None) -> list[str] | None:
     """Download `<remote>/init` into the empty directory dest when it is a copy of init.from `spec` with the
     fingerprint `trained_on` (what the checkpoint to resume records): None when the remote holds no such copy,
-    else what fails to verify in the download (empty: good). The remote is a shared place: its small files read
-    bounded, every file checked regular and of its listed size before it is read, every hash checked. A .pth's
-    size is the record's own word, which no hash covers: `max_pth` (model_shapes.pth_bound of the run's model)
-    bounds it, so that a record listing a sparse terabyte never has it downloaded into scratch."""
-    from minilmd.init_source import same_source
-
+    else what fails to verify in the download (empty: good). The remote is a shared place: its record and manifest
+    read bounded and once, what they list decided as `export --merge` decides it (minilmd/base_copy.py), every file
+    checked regular and of its listed size before it is read, every hash checked. A .pth's size is the record's own
+    word, which no hash covers: `max_pth` (model_shapes.pth_bound of the run's model) bounds it, so that a record
+    listing a sparse terabyte never has it downloaded into scratch."""
     try:
         raw = remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES)
     except FileNotFoundError:
@@ -126,31 +133,30 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
     except Unreadable as e:
         return [f"{remote.show(REMOTE_BASE, INIT_RECORD)}: {e.why}"]
     try:
-        record = loads(raw, expect=dict)
-        if record.get("from") != spec or not same_source(trained_on, record):
+        record = parse_record(raw, remote.show(REMOTE_BASE, INIT_RECORD))
+        if not copy_of(record, spec, trained_on):
             return None
-        # a record written before it held the .pth's size: the size listed now bounds the download
-        sizes = {STAGED_PTH: record["size"] if isinstance(record.get("size"), int) else
-                 remote.size(REMOTE_BASE, STAGED_PTH)}
-        if record.get("kind") != "minimind":
-            listed = remote.cat(remote.path(REMOTE_BASE, STAGED_CHECKPOINT, MANIFEST), MAX_MANIFEST_BYTES)
-            if hashlib.sha256(listed).hexdigest() != record.get("manifest_sha256"):
-                return [f"{remote.show(REMOTE_BASE, STAGED_CHECKPOINT, MANIFEST)}: not the manifest its record hashes"]
-            sizes = {f"{STAGED_CHECKPOINT}/{rel}": e.get("size")
-                     for rel, e in manifest_files(loads(listed, expect=dict)).items()}
-            sizes[f"{STAGED_CHECKPOINT}/{MANIFEST}"] = len(listed)
-    except (FileNotFoundError, ValueError) as e:  # Unreadable is a ValueError
-        return [f"{remote.show(REMOTE_BASE)}: {e}"]
+        listed = remote.cat(remote.path(REMOTE_BASE, *_parts(MANIFEST_PATH)), MAX_MANIFEST_BYTES) \
+            if needs_manifest(record) else None
+        files = listed_files(record, listed, max_pth, remote.show(REMOTE_BASE))
+    except (FileNotFoundError, Unreadable) as e:
+        return [str(e) if isinstance(e, Unreadable) else f"{remote.show(REMOTE_BASE)}: {e}"]
+    # a record written before it held the .pth's size: the size listed now bounds the download
+    sizes = {rel: remote.size(REMOTE_BASE, *_parts(rel)) if size is None else size for rel, (size, _) in files.items()}
     bounds: dict[str, int] = {rel: size for rel, size in sizes.items() if isinstance(size, int)}
-    if max_pth is not None and bounds.get(STAGED_PTH, 0) > max_pth:
-        return [f"{remote.show(REMOTE_BASE, STAGED_PTH)}: listed as {bounds[STAGED_PTH]} bytes, more than a .pth of "
-                f"this run's model can be ({max_pth})"]
+    for rel, (_, most) in files.items():
+        if most is not None and bounds.get(rel, 0) > most:
+            return [f"{remote.show(REMOTE_BASE, rel)}: listed as {bounds[rel]} bytes, more than a .pth of this run's "
+                    f"model can be ({most})"]
     problems = remote.not_regular(REMOTE_BASE, list(sizes))
     problems += [f"{remote.show(REMOTE_BASE, rel)}: {remote.size(REMOTE_BASE, *_parts(rel))} bytes, listed as "
                  f"{size}" for rel, size in sizes.items()
                  if rel not in bounds or remote.size(REMOTE_BASE, *_parts(rel)) != size]
     if problems:
         return problems
+    if listed is not None:  # the manifest as read and checked above, not read again
+        (dest / STAGED_CHECKPOINT).mkdir()
+        (dest / MANIFEST_PATH).write_bytes(listed)
     for rel, size in bounds.items():
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         remote.get((REMOTE_BASE, *_parts(rel)), dest / rel, size, answered)  # never more than size + 1 bytes
