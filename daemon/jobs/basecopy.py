@@ -70,23 +70,30 @@ def _parts(rel: str) -> tuple[str, ...]:
 
 def on_remote(remote: Remote, staged: Path) -> bool:
     """The remote holds this staged base: the same record, every file of the local size."""
-    try:
-        if remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES) != (staged / INIT_RECORD).read_bytes():
-            return False
-    except (FileNotFoundError, Unreadable):
-        return False
-    return all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size for rel in _recorded(staged))
+    return _standing(remote, staged, _recorded(staged), _remote_record(remote)) == "this"
 
 
-def _holds_another(remote: Remote, staged: Path) -> bool:
-    """The remote's `init` has a record, and not this staged base's (a record that cannot be read counts too)."""
+def _remote_record(remote: Remote) -> bytes | Unreadable | None:
+    """The remote's `init` record, read once: its bytes, None when there is none, or what stands there instead
+    (a FIFO, a link, too big: Unreadable)."""
     try:
-        return remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES) != \
-            (staged / INIT_RECORD).read_bytes()
+        return remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES)
     except FileNotFoundError:
-        return False
+        return None
     except Unreadable as e:
-        return not e.missing
+        return None if e.missing else e
+
+
+def _standing(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes | Unreadable | None) -> str:
+    """What the remote's `init` is, from its record as read once (`found`) and the staged base's `hashes`
+    (_recorded): "this" (this staged base, every file of the local size), "another" (another base's copy, or a
+    record that cannot be read as one: never replaced), "" (none, or a damaged copy of this base: copied)."""
+    if found is None:
+        return ""
+    if isinstance(found, Unreadable) or hashlib.sha256(found).hexdigest() != hashes[INIT_RECORD]:
+        return "another"
+    whole = all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size for rel in hashes)
+    return "this" if whole else ""
 
 
 def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> int:
@@ -94,9 +101,11 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
     the remote holds the copy of another base, which is never replaced: it may be the only copy of the weights
     older checkpoints were trained on). OSError or BaseCopyError for the sync to retry; a half copy is never left
     behind. `taken`: Remote.make_tmp's, when the temporary name holds what is not ours."""
-    if on_remote(remote, staged) or _holds_another(remote, staged):
-        return 0
     hashes = _recorded(staged)
+    # the remote's record read once and acted on as read: another machine writes there, so a second read could
+    # find no record where the first found another base's, and that copy would be replaced
+    if _standing(remote, staged, hashes, _remote_record(remote)):
+        return 0
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
     target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken)
     try:
