@@ -29,6 +29,7 @@ from minilmd.init_source import (
     predecessor_outcome,
 )
 from minilmd.names import CORPUS_META, RUN_DIR_ENV, STATE
+from minilmd.shared_place import Place, look
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
@@ -156,17 +157,23 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
     what the trainer would refuse in it after staging is said now: a vocabulary other than model.vocab_size (a
     config error: the config does not match the data), an empty val split. (Ids beyond its own vocabulary are the
     corpus's fault, a data error, found when the trainer opens it.) Absent: not there at all (its share gone), or an
-    empty directory (a mount point whose share is not mounted reads as its empty stub); a directory holding other
-    files but no meta.json is there, and not a prepared corpus."""
+    empty directory (a mount point whose share is not mounted reads as its empty stub), or one that cannot be listed
+    now (minilmd/shared_place.py decides, as staging does); a directory holding other files but no meta.json is
+    there, and not a prepared corpus. One that cannot be listed is no problem here (a mount that fails is not a
+    config error: staging waits for it), as a probe that does not answer."""
     prepared = cfg.data.prepared
-    if not Path(prepared).is_dir():
-        gone = not os.path.lexists(prepared)
-        return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"], \
-            "is not there now (its share gone?)" if gone else ""
-    if not (Path(prepared) / CORPUS_META).is_file():
-        if not os.listdir(prepared):
-            return [f"data.prepared = {prepared!r}: an empty directory (its share not mounted?); run `minilmd "
-                    f"prepare` first"], "is an empty directory now (its share not mounted?)"
+    found = look(prepared, CORPUS_META)
+    absent = f"is {found.what} now ({found.hint})" if found.outage else ""
+    if found.place is Place.GONE:
+        return [f"data.prepared = {prepared!r}: no such directory (run `minilmd prepare` first)"], absent
+    if found.place is Place.EMPTY:
+        return [f"data.prepared = {prepared!r}: an empty directory (its share not mounted?); run `minilmd "
+                f"prepare` first"], absent
+    if found.place is Place.UNREADABLE:
+        return [], absent
+    if found.place is Place.NOT_A_DIRECTORY:
+        return [f"data.prepared = {prepared!r}: {found}; not an output of `minilmd prepare`"], ""
+    if found.place is Place.LACKS or not (Path(prepared) / CORPUS_META).is_file():
         return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], ""
     meta = read_corpus_meta(prepared) or {}
     p = []

@@ -217,6 +217,38 @@ def test_a_remote_copy_of_another_base_is_never_replaced(tmp_path, undisturbed):
     assert basecopy.push(remote, staged, "h", 1) == 0 and theirs.read_bytes() == before
 
 
+class RecordGoneAfterItsFirstRead(Remote):
+    """Another machine at work on `<remote>/init`: right after the first read of its record, the record is gone
+    (a copy rewritten in place writes its record last); every read of the record counted."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.record_reads = 0
+
+    def cat(self, path: str, max_bytes: int) -> bytes:
+        if path != self.path(basecopy.REMOTE_BASE, STAGED_RECORD):
+            return super().cat(path, max_bytes)
+        self.record_reads += 1
+        try:
+            return super().cat(path, max_bytes)
+        finally:
+            if self.record_reads == 1:
+                Path(path).unlink()
+
+
+def test_the_push_acts_on_the_remote_record_as_read_once(tmp_path):
+    """On main the push read `<remote>/init/source.json` twice, to decide "this base" and then "another base":
+    another base's copy whose record was gone by the second read was replaced whole by this one."""
+    pth, staged, remote, record = _pushed_pth_base(tmp_path)
+    kept = tmp_path / "remote" / basecopy.REMOTE_BASE
+    theirs = os.urandom(4096)  # another base's weights, and its record
+    (kept / STAGED_PTH).write_bytes(theirs)
+    (kept / STAGED_RECORD).write_text(json.dumps({**record, "sha256": hashlib.sha256(theirs).hexdigest()}))
+    changing = RecordGoneAfterItsFirstRead(remote.url)
+    assert basecopy.push(changing, staged, "h", 1) == 0
+    assert changing.record_reads == 1 and (kept / STAGED_PTH).read_bytes() == theirs
+
+
 def test_a_base_copy_that_fails_never_holds_the_checkpoints_sync_up(tmp_path, undisturbed):
     """`<remote>/init` that cannot be written (here a file where its directory goes; a quota the base exceeds is
     the same): on main every sync failed with it, so a finished run never got its last checkpoint synced."""

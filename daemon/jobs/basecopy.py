@@ -15,10 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import shutil
 from pathlib import Path
 
+from minilmd.base_copy import (
+    MANIFEST_PATH,
+    MAX_MANIFEST_BYTES,
+    MAX_RECORD_BYTES,
+    copy_of,
+    listed_files,
+    needs_manifest,
+    parse_record,
+)
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
@@ -27,11 +35,11 @@ from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH
 from minilmd.model_shapes import pth_bound
 from minilmd.names import MANIFEST, sync_tmp_name
+from minilmd.shared_place import Place, look
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
 REMOTE_BASE = INIT_DIR
 """Its name on the remote (never a step name: the sync's retention and listing pass it by)."""
-MAX_RECORD_BYTES, MAX_MANIFEST_BYTES = 64 * 1024, 16 * 1024 * 1024  # as staged_record and initstage read them
 
 
 class BaseCopyError(RuntimeError):
@@ -62,23 +70,30 @@ def _parts(rel: str) -> tuple[str, ...]:
 
 def on_remote(remote: Remote, staged: Path) -> bool:
     """The remote holds this staged base: the same record, every file of the local size."""
-    try:
-        if remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES) != (staged / INIT_RECORD).read_bytes():
-            return False
-    except (FileNotFoundError, Unreadable):
-        return False
-    return all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size for rel in _recorded(staged))
+    return _standing(remote, staged, _recorded(staged), _remote_record(remote)) == "this"
 
 
-def _holds_another(remote: Remote, staged: Path) -> bool:
-    """The remote's `init` has a record, and not this staged base's (a record that cannot be read counts too)."""
+def _remote_record(remote: Remote) -> bytes | Unreadable | None:
+    """The remote's `init` record, read once: its bytes, None when there is none, or what stands there instead
+    (a FIFO, a link, too big: Unreadable)."""
     try:
-        return remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES) != \
-            (staged / INIT_RECORD).read_bytes()
+        return remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES)
     except FileNotFoundError:
-        return False
+        return None
     except Unreadable as e:
-        return not e.missing
+        return None if e.missing else e
+
+
+def _standing(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes | Unreadable | None) -> str:
+    """What the remote's `init` is, from its record as read once (`found`) and the staged base's `hashes`
+    (_recorded): "this" (this staged base, every file of the local size), "another" (another base's copy, or a
+    record that cannot be read as one: never replaced), "" (none, or a damaged copy of this base: copied)."""
+    if found is None:
+        return ""
+    if isinstance(found, Unreadable) or hashlib.sha256(found).hexdigest() != hashes[INIT_RECORD]:
+        return "another"
+    whole = all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size for rel in hashes)
+    return "this" if whole else ""
 
 
 def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> int:
@@ -86,9 +101,11 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
     the remote holds the copy of another base, which is never replaced: it may be the only copy of the weights
     older checkpoints were trained on). OSError or BaseCopyError for the sync to retry; a half copy is never left
     behind. `taken`: Remote.make_tmp's, when the temporary name holds what is not ours."""
-    if on_remote(remote, staged) or _holds_another(remote, staged):
-        return 0
     hashes = _recorded(staged)
+    # the remote's record read once and acted on as read: another machine writes there, so a second read could
+    # find no record where the first found another base's, and that copy would be replaced
+    if _standing(remote, staged, hashes, _remote_record(remote)):
+        return 0
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
     target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken)
     try:
@@ -113,12 +130,11 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
           max_pth: int | None = None) -> list[str] | None:
     """Download `<remote>/init` into the empty directory dest when it is a copy of init.from `spec` with the
     fingerprint `trained_on` (what the checkpoint to resume records): None when the remote holds no such copy,
-    else what fails to verify in the download (empty: good). The remote is a shared place: its small files read
-    bounded, every file checked regular and of its listed size before it is read, every hash checked. A .pth's
-    size is the record's own word, which no hash covers: `max_pth` (model_shapes.pth_bound of the run's model)
-    bounds it, so that a record listing a sparse terabyte never has it downloaded into scratch."""
-    from minilmd.init_source import same_source
-
+    else what fails to verify in the download (empty: good). The remote is a shared place: its record and manifest
+    read bounded and once, what they list decided as `export --merge` decides it (minilmd/base_copy.py), every file
+    checked regular and of its listed size before it is read, every hash checked. A .pth's size is the record's own
+    word, which no hash covers: `max_pth` (model_shapes.pth_bound of the run's model) bounds it, so that a record
+    listing a sparse terabyte never has it downloaded into scratch."""
     try:
         raw = remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES)
     except FileNotFoundError:
@@ -126,31 +142,30 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
     except Unreadable as e:
         return [f"{remote.show(REMOTE_BASE, INIT_RECORD)}: {e.why}"]
     try:
-        record = loads(raw, expect=dict)
-        if record.get("from") != spec or not same_source(trained_on, record):
+        record = parse_record(raw, remote.show(REMOTE_BASE, INIT_RECORD))
+        if not copy_of(record, spec, trained_on):
             return None
-        # a record written before it held the .pth's size: the size listed now bounds the download
-        sizes = {STAGED_PTH: record["size"] if isinstance(record.get("size"), int) else
-                 remote.size(REMOTE_BASE, STAGED_PTH)}
-        if record.get("kind") != "minimind":
-            listed = remote.cat(remote.path(REMOTE_BASE, STAGED_CHECKPOINT, MANIFEST), MAX_MANIFEST_BYTES)
-            if hashlib.sha256(listed).hexdigest() != record.get("manifest_sha256"):
-                return [f"{remote.show(REMOTE_BASE, STAGED_CHECKPOINT, MANIFEST)}: not the manifest its record hashes"]
-            sizes = {f"{STAGED_CHECKPOINT}/{rel}": e.get("size")
-                     for rel, e in manifest_files(loads(listed, expect=dict)).items()}
-            sizes[f"{STAGED_CHECKPOINT}/{MANIFEST}"] = len(listed)
-    except (FileNotFoundError, ValueError) as e:  # Unreadable is a ValueError
-        return [f"{remote.show(REMOTE_BASE)}: {e}"]
+        listed = remote.cat(remote.path(REMOTE_BASE, *_parts(MANIFEST_PATH)), MAX_MANIFEST_BYTES) \
+            if needs_manifest(record) else None
+        files = listed_files(record, listed, max_pth, remote.show(REMOTE_BASE))
+    except (FileNotFoundError, Unreadable) as e:
+        return [str(e) if isinstance(e, Unreadable) else f"{remote.show(REMOTE_BASE)}: {e}"]
+    # a record written before it held the .pth's size: the size listed now bounds the download
+    sizes = {rel: remote.size(REMOTE_BASE, *_parts(rel)) if size is None else size for rel, (size, _) in files.items()}
     bounds: dict[str, int] = {rel: size for rel, size in sizes.items() if isinstance(size, int)}
-    if max_pth is not None and bounds.get(STAGED_PTH, 0) > max_pth:
-        return [f"{remote.show(REMOTE_BASE, STAGED_PTH)}: listed as {bounds[STAGED_PTH]} bytes, more than a .pth of "
-                f"this run's model can be ({max_pth})"]
+    for rel, (_, most) in files.items():
+        if most is not None and bounds.get(rel, 0) > most:
+            return [f"{remote.show(REMOTE_BASE, rel)}: listed as {bounds[rel]} bytes, more than a .pth of this run's "
+                    f"model can be ({most})"]
     problems = remote.not_regular(REMOTE_BASE, list(sizes))
     problems += [f"{remote.show(REMOTE_BASE, rel)}: {remote.size(REMOTE_BASE, *_parts(rel))} bytes, listed as "
                  f"{size}" for rel, size in sizes.items()
                  if rel not in bounds or remote.size(REMOTE_BASE, *_parts(rel)) != size]
     if problems:
         return problems
+    if listed is not None:  # the manifest as read and checked above, not read again
+        (dest / STAGED_CHECKPOINT).mkdir()
+        (dest / MANIFEST_PATH).write_bytes(listed)
     for rel, size in bounds.items():
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         remote.get((REMOTE_BASE, *_parts(rel)), dest / rel, size, answered)  # never more than size + 1 bytes
@@ -202,14 +217,13 @@ def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads:
 
 
 def _absent(remote: Remote) -> str:
-    """How the remote root is absent ("" when it holds anything): not there (its share gone), or an empty directory
-    (a mount point whose share is not mounted reads as its empty stub). A remote that holds checkpoints or anything
-    else and no `init` simply has no copy yet (the first sync had not copied it)."""
-    if remote.names():
-        return ""
-    if remote.local and not os.path.isdir(remote.root):
-        return "not there (its share gone?)"
-    return "an empty directory (its share not mounted?)" if remote.local else "holds nothing (not reachable?)"
+    """How the remote root is absent ("" when it answers; minilmd/shared_place.py decides, as staging does): not
+    there (its share gone), an empty directory (a mount point whose share is not mounted reads as its empty stub),
+    one that cannot be listed, or not a directory at all (the base's copy cannot be there either: waited for, never
+    a fallback to init.from). A remote that holds checkpoints or anything else and no `init` simply has no copy yet
+    (the first sync had not copied it)."""
+    found = look(remote.root, REMOTE_BASE, remote.fs)
+    return "" if found.place in (Place.THERE, Place.LACKS) else str(found)
 
 
 def _remote_of(cfg) -> Remote | None:

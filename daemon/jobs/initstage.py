@@ -228,18 +228,20 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None, answered=lambd
 
 
 def _probe_meta_missing(root: Path, source: str) -> SourceInvalid | SourceUnreachable | None:
-    """What a probe source whose meta.json is missing is (as the corpus's, daemon/jobs/staging.py): a directory
-    holding other files is not a prepared corpus (final); an empty one is a mount point whose share is not mounted
-    (its empty stub), waited for as a share gone; None when there is no directory (the caller's "No such file")
-    or meta.json is there after all (its own read error stands)."""
-    try:
-        if (root / CORPUS_META).exists() or not root.is_dir():
-            return None
-        empty = not os.listdir(root)
-    except OSError:  # a listing that fails: as an unmounted share
-        empty = True
-    if empty:
-        return SourceUnreachable(f"{source}: an empty directory (its share not mounted?)")
+    """What a probe source whose meta.json could not be read is (minilmd/shared_place.py decides, as for the main
+    corpus): an empty directory (a mount point whose share is not mounted) or one that cannot be listed is waited
+    for as a share gone; a directory holding other files, or a file where the directory belongs, is not a prepared
+    corpus (final). None when the share is gone (the read's own "No such file", waited for too) or meta.json is
+    there after all (its own read error stands)."""
+    from minilmd.shared_place import Place, look
+
+    found = look(root, CORPUS_META)
+    if found.place in (Place.THERE, Place.GONE):
+        return None
+    if found.outage:
+        return SourceUnreachable(f"{source}: {found}")
+    if found.place is Place.NOT_A_DIRECTORY:
+        return SourceInvalid(f"{source}: {found}")
     return SourceInvalid(f"{source}: no {CORPUS_META} (not an output of `minilmd prepare`)")
 
 

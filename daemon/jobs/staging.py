@@ -40,6 +40,7 @@ from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, Sourc
 from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
+from minilmd.shared_place import Place, look
 from minilmd.untrusted import Unreadable, open_regular, read_bytes
 
 CHUNK = 8 * 1024 * 1024
@@ -145,10 +146,10 @@ def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
         path = f"{root}/{META}"
         raw = read_bytes(path, max_bytes=MAX_META_BYTES) if is_local_fs(fs) else fs.cat_file(path)
     except Unreadable as e:  # as cat_file's errors below, but a FIFO, a link, a directory, too big: final
+        if e.missing or isinstance(e.os_error, NotADirectoryError):  # a file where the corpus's directory belongs
+            raise _meta_missing(fs, root, source) from None
         if e.os_error is not None:
             raise SourceUnreachable(f"{source}/{META}: cannot be read ({e.os_error})") from e.os_error
-        if e.missing:
-            raise _meta_missing(fs, root, source) from None
         raise SourceInvalid(f"{source}/{META}: {e.why}") from None
     except FileNotFoundError:
         raise _meta_missing(fs, root, source) from None
@@ -161,25 +162,18 @@ def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
 
 
 
-def _is_dir(fs, root: str) -> bool:
-    try:
-        return bool(fs.isdir(root))
-    except OSError:
-        return False
-
-
 def _meta_missing(fs, root: str, source: str) -> StagingError:
-    """What a source without meta.json is. No directory (its share gone), or an empty one (a mount point whose share
-    is not mounted reads as its empty stub; or a listing that fails): SourceUnreachable, waited for. A directory
-    holding other files: SourceInvalid, not a prepared corpus (final)."""
-    if not _is_dir(fs, root):
-        return SourceUnreachable(f"{source}: not there (its share gone?)")
-    try:
-        empty = not fs.ls(root, detail=False)
-    except OSError:
-        empty = True
-    if empty:
-        return SourceUnreachable(f"{source}: an empty directory (its share not mounted?)")
+    """What a source without meta.json is (minilmd/shared_place.py decides, as for the probe, the LoRA base's copy
+    and the config check). Its share gone, an empty directory (a mount point whose share is not mounted), or one
+    that cannot be listed: SourceUnreachable, waited for. Not a directory, or one holding other files: SourceInvalid,
+    not a prepared corpus (final)."""
+    found = look(root, META, fs)
+    if found.outage:
+        return SourceUnreachable(f"{source}: {found}")
+    if found.place is Place.NOT_A_DIRECTORY:
+        return SourceInvalid(f"{source}: {found}")
+    if found.place is Place.THERE:  # missing when read, there when looked at: being written; the retry reads it
+        return SourceUnreachable(f"{source}/{META}: missing when read, there just after (written meanwhile?)")
     return SourceInvalid(f"{source}: no meta.json (run `minilmd prepare` first)")
 
 
