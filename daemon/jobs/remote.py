@@ -103,27 +103,37 @@ class Remote:
         blocking open. Raises FileNotFoundError, Unreadable (what was found instead) or OSError."""
         if not self.local:
             return self.fs.open(self.path(*names), "rb")
-        return os.fdopen(self._untrusted(open_regular, *names), "rb")
+        return os.fdopen(self._untrusted(lambda name, fd: open_regular(name, dir_fd=fd), *names), "rb")
 
     def cat(self, path: str, max_bytes: int) -> bytes:
         """A small file of the remote; a local one read as untrusted (minilmd/untrusted.py: never a FIFO nobody
         writes, a link, or more than max_bytes). Raises FileNotFoundError, Unreadable or OSError."""
         if not self.local:
             return self.fs.cat_file(path)
-        return self._untrusted(lambda p: read_bytes(p, max_bytes=max_bytes), *self._names_of(path))
+        return self._untrusted(lambda name, fd: read_bytes(name, max_bytes=max_bytes, dir_fd=fd),
+                               *self._names_of(path))
 
     def _untrusted(self, read, *names: str):
-        """read(path) of a local remote's file, refused (Unreadable) when a directory on its way is a link."""
+        """read(name, dir_fd) of a local remote's file: each directory from the root down opened without following
+        a link (remote_write.parent_fd), the file then opened by its name in the last of them. No path is looked
+        up twice, so a directory on the way swapped for a link after a look is never followed (a lstat of each,
+        then an open by path, followed one swapped in between). A link on the way is refused (Unreadable)."""
         path = self.path(*names)
-        for i in range(1, len(names)):
-            if found := self._link(self.path(*names[:i])):
-                raise Unreadable(f"{self.show(*names[:i])} is {found}", path)
         try:
-            return read(path)
+            with remote_write.parent_fd(self.root, names, self.show) as fd:
+                return read(names[-1], fd)
+        except remote_write.NotOurs as e:
+            if e.errno != errno.ELOOP:
+                raise  # ENOTDIR: a file where a directory belongs, an OSError as its open by path raised
+            raise Unreadable(str(e), path, kind="link") from None
+        except FileNotFoundError:
+            raise FileNotFoundError(path) from None  # the root or a directory on the way
         except Unreadable as e:
             if e.missing:
                 raise FileNotFoundError(path) from None
-            raise e.os_error or e from None  # a failing mount stays an OSError: the remote is retried
+            if e.os_error is not None:
+                raise e.os_error from None  # a failing mount stays an OSError: the remote is retried
+            raise Unreadable(e.why, path, kind=e.kind) from None  # named by its whole path, as by a read by path
 
     def _names_of(self, path: str) -> tuple[str, ...]:
         """The names below the root of one of its paths (self.path(*names))."""
