@@ -12,9 +12,10 @@ json.loads raise RecursionError), a JSON list where an object belongs, or simply
 - `copy_regular` copies such a file, opened as `read_bytes` opens one, of its listed size or at most a bound;
   `sha256_regular` hashes one so.
 Every failure is one exception, `Unreadable`, whose `why` is a few words for a view ("a FIFO", "owned by uid 1001",
-"over 1 MiB", "nested deeper than 64", "a list, not an object", "not JSON"); a caller shows "unreadable (why)",
-skips a bad line or quarantines a checkpoint, and never sees another exception from here. `printable` escapes
-what such a file says before it reaches a terminal. Torch-free, standard library only.
+"over 1 MiB", "nested deeper than 64", "a list, not an object", "not JSON") and whose `kind` says the same for code
+("not_regular", "owner", "too_big", ...: `Kind`), so that no caller decides by the words; a caller shows
+"unreadable (why)", skips a bad line or quarantines a checkpoint, and never sees another exception from here.
+`printable` escapes what such a file says before it reaches a terminal. Torch-free, standard library only.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import re
 import stat
 import unicodedata
 from collections.abc import Collection
+from typing import Literal
 
 DEFAULT_MAX_DEPTH = 64
 MAX_LINE_DEPTH = 100
@@ -40,14 +42,29 @@ _TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[{]|[\]}]', re.DOTALL)
 an opening or a closing bracket."""
 
 
+Kind = Literal["missing", "io", "link", "not_regular", "owner", "too_big", "wrong_size", "changed", "not_utf8",
+               "too_deep", "not_json", "wrong_type", "invalid"]
+"""What an Unreadable is, for a caller to decide by (its `why` is for people):
+- missing: no such file (a reader may take it as "not yet"); io: there, but reading it failed (EIO, EACCES: its
+  `os_error`; a failing mount may be retried);
+- link: a symbolic link, never followed; not_regular: a directory, FIFO, socket or device, never opened;
+- owner: not owned by an owner the reader accepts;
+- too_big: over the reader's bound (or it grew past it while read); wrong_size: another size than its listing
+  says; changed: replaced between the look and the open, or changed while read (it may be being written now);
+- not_utf8, too_deep, not_json, wrong_type: what the bytes say (loads);
+- invalid: what a reader elsewhere refuses for its own reasons (a record that disagrees with its file name)."""
+
+
 class Unreadable(ValueError):
-    """A file or line that is not what its reader accepts; `why` says what it is instead, in a few words."""
+    """A file or line that is not what its reader accepts; `why` says what it is instead, in a few words, `kind`
+    which of the refusals of `Kind` it is."""
 
     def __init__(self, why: str, path: str | os.PathLike | None = None, missing: bool = False,
-                 os_error: OSError | None = None):
+                 os_error: OSError | None = None, kind: Kind | None = None):
         self.why = why
         self.path = None if path is None else str(path)
-        self.missing = missing
+        self.kind: Kind = kind or ("missing" if missing else "io" if os_error is not None else "invalid")
+        self.missing = self.kind == "missing"
         """The file does not exist (a reader may treat that as "not yet" rather than as a fault)."""
         self.os_error = os_error
         """The error of a file that is what the reader accepts but could not be read (EIO, EACCES): a reader that
@@ -70,6 +87,11 @@ def file_kind(mode: int) -> str:
     return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
 
 
+def mode_kind(mode: int) -> Kind:
+    """The Unreadable kind of a file of this mode that is not a regular file: a link or something else."""
+    return "link" if stat.S_ISLNK(mode) else "not_regular"
+
+
 def _owner_problem(uid: int, owner: int | Collection[int] | None) -> str | None:
     if owner is None:
         return None
@@ -77,12 +99,14 @@ def _owner_problem(uid: int, owner: int | Collection[int] | None) -> str | None:
     return None if uid in accepted else f"owned by uid {uid}"
 
 
-def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collection[int] | None = None) -> bytes:
-    """The bytes of a regular file of at most max_bytes, owned by `owner` (a uid or some uids) when given."""
-    fd = open_regular(path, owner=owner)
+def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collection[int] | None = None,
+               dir_fd: int | None = None) -> bytes:
+    """The bytes of a regular file of at most max_bytes, owned by `owner` (a uid or some uids) when given; `path`
+    relative to the directory `dir_fd` when given (open_regular)."""
+    fd = open_regular(path, owner=owner, dir_fd=dir_fd)
     try:
         if os.fstat(fd).st_size > max_bytes:
-            raise Unreadable(f"over {size_text(max_bytes)}", path)
+            raise Unreadable(f"over {size_text(max_bytes)}", path, kind="too_big")
         chunks, got = [], 0
         while got <= max_bytes:
             chunk = os.read(fd, max_bytes + 1 - got)
@@ -91,7 +115,7 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
             chunks.append(chunk)
             got += len(chunk)
         if got > max_bytes:
-            raise Unreadable(f"over {size_text(max_bytes)}", path)  # it grew after the fstat
+            raise Unreadable(f"over {size_text(max_bytes)}", path, kind="too_big")  # it grew after the fstat
         return b"".join(chunks)
     except OSError as e:
         raise Unreadable(_os_why(e), path, os_error=e) from None
@@ -111,11 +135,11 @@ def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_b
         have = os.fstat(fd).st_size
         limit = size if size is not None else max_bytes if max_bytes is not None else have
         if max_bytes is not None and limit > max_bytes:
-            raise Unreadable(f"over {size_text(max_bytes)}", path)
+            raise Unreadable(f"over {size_text(max_bytes)}", path, kind="too_big")
         if size is not None and have != size:
-            raise Unreadable(f"{have} bytes, listed as {size}", path)
+            raise Unreadable(f"{have} bytes, listed as {size}", path, kind="wrong_size")
         if have > limit:
-            raise Unreadable(f"over {size_text(limit)}", path)
+            raise Unreadable(f"over {size_text(limit)}", path, kind="too_big")
         got = 0
         while got <= limit:
             try:
@@ -127,7 +151,7 @@ def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_b
             out.write(block)
             got += len(block)
         if got > limit or (size is not None and got != size):
-            raise Unreadable("changed while being read", path)
+            raise Unreadable("changed while being read", path, kind="changed")
         return got
     finally:
         os.close(fd)
@@ -153,37 +177,40 @@ class Hashing:
             self.keep.write(block)
 
 
-def open_regular(path: str | os.PathLike, *, owner: int | Collection[int] | None = None) -> int:
+def open_regular(path: str | os.PathLike, *, owner: int | Collection[int] | None = None,
+                 dir_fd: int | None = None) -> int:
     """A descriptor of a regular file, opened as `read_bytes` opens one (looked at first, no link followed, never
     blocked, the same file checked after the open, its owner when given), for a reader that reads only a bounded
-    part of it (the tail of a log or of metrics.jsonl). The caller closes it. Raises Unreadable only."""
+    part of it (the tail of a log or of metrics.jsonl). With `dir_fd`, path is a name in that open directory: a
+    reader that walked to it without following a link (a remote's directories) looks up no path again, so no
+    directory on the way can be swapped for a link meanwhile. The caller closes it. Raises Unreadable only."""
     try:
-        before = os.lstat(path)
+        before = os.lstat(path, dir_fd=dir_fd)
     except FileNotFoundError:
         raise Unreadable("missing", path, missing=True) from None
     except OSError as e:
         raise Unreadable(_os_why(e), path, os_error=e) from None
     if not stat.S_ISREG(before.st_mode):
-        raise Unreadable(file_kind(before.st_mode), path)
+        raise Unreadable(file_kind(before.st_mode), path, kind=mode_kind(before.st_mode))
     problem = _owner_problem(before.st_uid, owner)
     if problem:
-        raise Unreadable(problem, path)
+        raise Unreadable(problem, path, kind="owner")
     try:
-        fd = os.open(path, OPEN_FLAGS)
+        fd = os.open(path, OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         raise Unreadable("missing", path, missing=True) from None
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise Unreadable("a symbolic link", path) from None
+            raise Unreadable("a symbolic link", path, kind="link") from None
         raise Unreadable(_os_why(e), path, os_error=e) from None
     try:
         st = os.fstat(fd)
     except OSError as e:  # pragma: no cover - fstat of a descriptor just opened
         os.close(fd)
-        raise Unreadable(_os_why(e), path) from None
+        raise Unreadable(_os_why(e), path, os_error=e) from None
     if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino) or not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise Unreadable("replaced while being opened", path)
+        raise Unreadable("replaced while being opened", path, kind="changed")
     return fd
 
 
@@ -248,19 +275,21 @@ def loads(data: bytes | str, *, max_depth: int = DEFAULT_MAX_DEPTH, expect: type
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            raise Unreadable("not UTF-8", path) from None
+            raise Unreadable("not UTF-8", path, kind="not_utf8") from None
     else:
         text = data
     if too_deep(text, max_depth):
-        raise Unreadable(f"nested deeper than {max_depth}", path)
+        raise Unreadable(f"nested deeper than {max_depth}", path, kind="too_deep")
     try:
         value = json.loads(text)
     except RecursionError:  # pragma: no cover - only a caller's max_depth beyond the interpreter's stack
-        raise Unreadable(f"nested deeper than this reader can follow (max_depth {max_depth})", path) from None
+        raise Unreadable(f"nested deeper than this reader can follow (max_depth {max_depth})", path,
+                         kind="too_deep") from None
     except ValueError:  # JSONDecodeError, and an integer of more digits than int() accepts
-        raise Unreadable("not JSON", path) from None
+        raise Unreadable("not JSON", path, kind="not_json") from None
     if not _expected(value, expect):
-        raise Unreadable(f"{kind_of(value)}, not {_wanted_text(expect)}", path)  # type: ignore[arg-type]
+        raise Unreadable(f"{kind_of(value)}, not {_wanted_text(expect)}", path,  # type: ignore[arg-type]
+                         kind="wrong_type")
     return value
 
 

@@ -424,7 +424,7 @@ def test_a_remote_checkpoint_file_written_past_its_listed_size_is_downloaded_no_
         f.write(b" " * (8 << 20))
     tmp = tmp_path / "download"
     tmp.mkdir()
-    problems = syncer._download("step-00000010", syncer.remote.manifest("step-00000010"), tmp)
+    problems = syncer._download("step-00000010", syncer.remote.read_manifest("step-00000010"), tmp)
     assert (tmp / ck.TRAINER_STATE).stat().st_size == listed + 1
     assert problems and ck.TRAINER_STATE in problems[0], problems
 

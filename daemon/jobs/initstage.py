@@ -83,12 +83,13 @@ def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None)
 def _unusable(e, src: Path) -> SourceUnreachable | SourceInvalid:
     """An untrusted.Unreadable of a source file as staging takes it (the decision of the plain open() before):
     missing or an I/O error, or a file that changed under the read (replaced, another size than listed, grew):
-    unreachable now, waited for (read again later); not a regular file (a FIFO, a link, a directory): final."""
-    if e.missing or e.os_error is not None:
+    unreachable now, waited for (read again later); not a regular file (a FIFO, a link, a directory): final.
+    Decided by the error's kind (untrusted.Kind), never by its words."""
+    if e.kind in ("missing", "io"):
         return SourceUnreachable(f"{src}: cannot be read ({e.why})")
-    if e.why.startswith("a ") or e.why == "not a regular file":  # untrusted.file_kind's words: what it is
+    if e.kind in ("link", "not_regular"):
         return SourceInvalid(f"{src}: {e.why}, not a regular file")
-    return SourceUnreachable(f"{src}: {e.why} (written to now?)")
+    return SourceUnreachable(f"{src}: {e.why} (written to now?)")  # changed, wrong_size, too_big: being written
 
 
 class _Answering:

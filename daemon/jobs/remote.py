@@ -18,6 +18,7 @@ import shutil
 import stat
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from minilmd import checkpoint as ck
 from minilmd.daemon.jobs import remote_write
@@ -40,6 +41,25 @@ def _sha256_stream(f, size: int) -> str:
     return h.hexdigest()
 
 
+class Steps(NamedTuple):
+    """Remote.steps: the step directories of this run, and the entries by a step name passed by."""
+
+    ours: list[str]
+    """Step directory names, oldest first."""
+    passed_by: dict[str, str]
+    """Step names passed by on a local remote (another user's entry, a link): what each is, for the sync to say."""
+
+
+class ListedManifest(NamedTuple):
+    """Remote.read_manifest: a remote checkpoint's manifest read once, its bytes kept for a fetch to write."""
+
+    manifest: dict | None
+    """The manifest, when it is one; None when there is none or it is not valid (`problems` says which)."""
+    problems: list[str]
+    raw: bytes | None
+    """The bytes it was parsed from (None without a manifest): a fetch writes them, never reading the file again."""
+
+
 class Remote:
     """The few file operations sync needs, over fsspec, with atomic renames where the store has them."""
 
@@ -54,8 +74,6 @@ class Remote:
         """Local paths (NFS included) have atomic rename and fsync; other stores do not."""
         self.tmp_tag = tmp_tag
         """Goes into the name of a pointer's temp file: whose it is, on a remote other hosts write too."""
-        self.passed_by: dict[str, str] = {}
-        """Step names `steps` passed by on a local remote (another user's entry, a link): what each is."""
 
     def path(self, *names: str) -> str:
         return "/".join([self.root, *names])
@@ -69,22 +87,22 @@ class Remote:
         except FileNotFoundError:
             return []
 
-    def steps(self) -> list[str]:
+    def steps(self) -> Steps:
         """Step directory names on the remote, oldest first (with or without a manifest). On a local remote only
         this user's real directories (remote_write.not_ours): another user's entry or a link by a step name is no
         checkpoint of this run's, whatever its name and manifest say. Counted, it would stop the sync (a planted
         step-99999999 is "newer" than every checkpoint of the run), be fetched for a resume, or count towards
-        sync.keep; it is passed by and put in `passed_by` for the sync to say."""
+        sync.keep; it is passed by, and returned in `passed_by` with what it is, for the sync to say."""
         names = sorted((n for n in self.names() if is_step_name(n)), key=step_of)
         if not self.local:
-            return names
-        ours = []
+            return Steps(names, {})
+        ours, passed_by = [], {}
         for name in names:
             if why := remote_write.not_ours(self.path(name)):
-                self.passed_by[name] = why
+                passed_by[name] = why
             else:
                 ours.append(name)
-        return ours
+        return Steps(ours, passed_by)
 
     def size(self, *names: str) -> int | None:
         try:
@@ -103,27 +121,37 @@ class Remote:
         blocking open. Raises FileNotFoundError, Unreadable (what was found instead) or OSError."""
         if not self.local:
             return self.fs.open(self.path(*names), "rb")
-        return os.fdopen(self._untrusted(open_regular, *names), "rb")
+        return os.fdopen(self._untrusted(lambda name, fd: open_regular(name, dir_fd=fd), *names), "rb")
 
     def cat(self, path: str, max_bytes: int) -> bytes:
         """A small file of the remote; a local one read as untrusted (minilmd/untrusted.py: never a FIFO nobody
         writes, a link, or more than max_bytes). Raises FileNotFoundError, Unreadable or OSError."""
         if not self.local:
             return self.fs.cat_file(path)
-        return self._untrusted(lambda p: read_bytes(p, max_bytes=max_bytes), *self._names_of(path))
+        return self._untrusted(lambda name, fd: read_bytes(name, max_bytes=max_bytes, dir_fd=fd),
+                               *self._names_of(path))
 
     def _untrusted(self, read, *names: str):
-        """read(path) of a local remote's file, refused (Unreadable) when a directory on its way is a link."""
+        """read(name, dir_fd) of a local remote's file: each directory from the root down opened without following
+        a link (remote_write.parent_fd), the file then opened by its name in the last of them. No path is looked
+        up twice, so a directory on the way swapped for a link after a look is never followed (a lstat of each,
+        then an open by path, followed one swapped in between). A link on the way is refused (Unreadable)."""
         path = self.path(*names)
-        for i in range(1, len(names)):
-            if found := self._link(self.path(*names[:i])):
-                raise Unreadable(f"{self.show(*names[:i])} is {found}", path)
         try:
-            return read(path)
+            with remote_write.parent_fd(self.root, names, self.show) as fd:
+                return read(names[-1], fd)
+        except remote_write.NotOurs as e:
+            if e.errno != errno.ELOOP:
+                raise  # ENOTDIR: a file where a directory belongs, an OSError as its open by path raised
+            raise Unreadable(str(e), path, kind="link") from None
+        except FileNotFoundError:
+            raise FileNotFoundError(path) from None  # the root or a directory on the way
         except Unreadable as e:
             if e.missing:
                 raise FileNotFoundError(path) from None
-            raise e.os_error or e from None  # a failing mount stays an OSError: the remote is retried
+            if e.os_error is not None:
+                raise e.os_error from None  # a failing mount stays an OSError: the remote is retried
+            raise Unreadable(e.why, path, kind=e.kind) from None  # named by its whole path, as by a read by path
 
     def _names_of(self, path: str) -> tuple[str, ...]:
         """The names below the root of one of its paths (self.path(*names))."""
@@ -152,18 +180,22 @@ class Remote:
     def manifest_or_problems(self, name: str) -> tuple[dict | None, list[str]]:
         """(the manifest of a remote checkpoint, []) or (None, what is wrong with it: [] when there is none, which
         on a store without rename is a copy in progress). Parsed as untrusted: depth bounded, its shape checked."""
+        return self.read_manifest(name)[:2]
+
+    def read_manifest(self, name: str) -> ListedManifest:
+        """manifest_or_problems's answer and the bytes read, in one read of the file."""
         try:
             raw = self.cat(self.path(name, MANIFEST), MANIFEST_MAX_BYTES)
         except FileNotFoundError:
-            return None, []
+            return ListedManifest(None, [], None)
         except Unreadable as e:
-            return None, [f"cannot read {MANIFEST}: {e.why}"]
+            return ListedManifest(None, [f"cannot read {MANIFEST}: {e.why}"], None)
         try:
             manifest = loads(raw, expect=None)
         except Unreadable as e:
-            return None, [f"{MANIFEST} is not valid JSON: {e.why}"]
+            return ListedManifest(None, [f"{MANIFEST} is not valid JSON: {e.why}"], raw)
         problems = ck.manifest_problems(manifest)
-        return (None, problems) if problems else (manifest, [])
+        return ListedManifest(None, problems, raw) if problems else ListedManifest(manifest, [], raw)
 
     def put(self, local: Path, *names: str) -> int:
         """Copy a local file to a new file of the remote; the bytes written. On a local remote the file is made new

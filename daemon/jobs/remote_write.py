@@ -92,7 +92,8 @@ def remove_ours(path: str, file: bool = False) -> str | None:
 @contextlib.contextmanager
 def parent_fd(root: str, names: tuple[str, ...], show: Show) -> Iterator[int]:
     """A descriptor of the directory that holds names[-1], reached from root one directory at a time, none of them
-    a link (refused, saying what it is: ELOOP or ENOTDIR, an OSError the sync retries)."""
+    a link (refused, saying what it is: NotOurs, an OSError the sync retries, of errno ELOOP for a link, ENOTDIR for
+    anything else that is not a directory)."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for i, name in enumerate(names[:-1]):
@@ -101,13 +102,22 @@ def parent_fd(root: str, names: tuple[str, ...], show: Show) -> Iterator[int]:
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
+                # Linux says ENOTDIR for a link too (O_DIRECTORY): the entry itself tells a reader which it met
+                found = errno.ELOOP if _is_link(name, fd) else errno.ENOTDIR
                 where = "/".join([root, *names[:i + 1]])
-                raise NotOurs(e.errno, f"{show(*names[:i + 1])} is {what_is(where)}: not followed") from None
+                raise NotOurs(found, f"{show(*names[:i + 1])} is {what_is(where)}: not followed") from None
             os.close(fd)
             fd = below
         yield fd
     finally:
         os.close(fd)
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
 
 
 def _taken(root: str, names: tuple[str, ...], show: Show) -> NotOurs:

@@ -38,7 +38,7 @@ from pathlib import Path
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best, read_latest
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import MANIFEST_MAX_BYTES, Remote
+from minilmd.daemon.jobs.remote import ListedManifest, Remote
 from minilmd.daemon.runstate import is_disk_full, process_alive
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
@@ -86,6 +86,11 @@ class SyncResult:
     removed: tuple[str, ...] = ()
     """Remote checkpoints deleted by retention."""
 
+
+Scan = dict[str, tuple[dict | None, list[str]]]
+"""This run's steps on the remote, each with Remote.intact's (manifest, problems: [] when intact), read once a
+sync (`Syncer._scan`) and judged by from then on: what the sync defers to, whether BEST is there, what retention
+keeps; a copy the sync makes is added once it is verified there."""
 
 STALE_TMP_SECONDS = 24 * 3600
 """A temporary name on the remote that no live sync of this host made is removed once it is this old."""
@@ -143,7 +148,8 @@ class Syncer:
         self._clean_remote_tmp()
         self._sync_base()
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
-        remote_steps = [n for n in self._steps() if not remote.intact(n)[1]]
+        scan = self._scan()
+        remote_steps = [n for n, (_, problems) in scan.items() if not problems]
         remote_newest = max((step_of(n) for n in remote_steps), default=None)
 
         for local in reversed(list_checkpoints(self.local_root)):
@@ -152,26 +158,26 @@ class Syncer:
                 break  # the remote already holds something newer
             self.copying = local
             if local.name in remote_steps:
-                self._point_latest(local.name, verify=False)
-                return self._finish(step, verified=True, copied=False, nbytes=0, started=started)
+                self._point_latest(local.name, scan, verify=False)
+                return self._finish(step, scan, verified=True, copied=False, nbytes=0, started=started)
             try:
                 ck.validate(local, self.expected)
             except ck.CheckpointError as e:
                 self.log(f"sync: skipping local {local}: {'; '.join(e.problems[:3])}")
                 continue
-            nbytes = self._copy_up(local)
-            self._point_latest(local.name, verify=False)
-            return self._finish(step, verified=True, copied=True, nbytes=nbytes, started=started)
+            nbytes = self._copy_up(local, scan)
+            self._point_latest(local.name, scan, verify=False)
+            return self._finish(step, scan, verified=True, copied=True, nbytes=nbytes, started=started)
 
         if remote_newest is None:
             return SyncResult(None, None, False, seconds=time.monotonic() - started)
         name = step_name(remote_newest)
-        self._point_latest(name, verify=True)
-        return self._finish(remote_newest, verified=True, copied=False, nbytes=0, started=started)
+        self._point_latest(name, scan, verify=True)
+        return self._finish(remote_newest, scan, verified=True, copied=False, nbytes=0, started=started)
 
-    def _finish(self, step: int, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
-        self._sync_best()
-        removed = self._retention()
+    def _finish(self, step: int, scan: Scan, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
+        self._sync_best(scan)
+        removed = self._retention(scan)
         name = step_name(step)
         if copied:
             self.log(f"sync: {name} copied to {self.remote.show(name)} and verified "
@@ -179,7 +185,19 @@ class Syncer:
         return SyncResult(step, self.remote.show(name), verified, copied, nbytes, time.monotonic() - started,
                           tuple(removed))
 
-    def _copy_up(self, local: Path) -> int:
+    def _scan(self) -> Scan:
+        """The remote's steps of this run (`_steps`), each with Remote.intact's (manifest, problems): its manifest
+        and sizes read once a sync."""
+        return {name: self.remote.intact(name) for name in self._steps()}
+
+    def _problems(self, name: str, scan: Scan) -> list[str]:
+        """Remote.intact's problems of `name`: this sync's scan's when it holds it (a name that is no step of
+        this run's, a pointer may still name: read)."""
+        return scan[name][1] if name in scan else self.remote.intact(name)[1]
+
+    def _copy_up(self, local: Path, scan: Scan) -> int:
+        """Copy a local checkpoint to the remote and verify it there; the bytes copied. Once verified, it is in
+        `scan` as intact, with the manifest the check read (a local remote) or the one written (elsewhere)."""
         remote = self.remote
         manifest = json.loads((local / MANIFEST).read_text(encoding="utf-8"))
         name = local.name
@@ -215,11 +233,14 @@ class Syncer:
             remote.rename_dir(target, name)
             # A filesystem may acknowledge the rename without doing it (a flaky NFS server). The client's caches can
             # still answer for the new name (FUSE and NFS cache attributes and pages), so ask the listing first.
-            problems = [] if name in remote.names() else [f"{name} is not in the listing of {remote.url}"]
-            problems = problems or remote.intact(name)[1]
+            if name not in remote.names():
+                problems = [f"{name} is not in the listing of {remote.url}"]
+            else:
+                manifest, problems = remote.intact(name)  # what retention then judges it by
             if problems:
                 raise SyncError(f"rename of {remote.show(target)} to {name} did not take effect: "
                                 + "; ".join(problems[:3]))
+        scan[name] = (manifest, [])
         return nbytes
 
     def _clear_for_copy(self, name: str) -> None:
@@ -251,8 +272,8 @@ class Syncer:
 
     def _steps(self) -> list[str]:
         """The remote's steps of this run (Remote.steps); the entries by a step name passed by, said once each."""
-        steps = self.remote.steps()
-        for name, why in self.remote.passed_by.items():
+        steps, passed_by = self.remote.steps()
+        for name, why in passed_by.items():
             self._leave(name, why)
         return steps
 
@@ -275,13 +296,13 @@ class Syncer:
             self.log(f"sync: the LoRA base copied to {self.remote.show(basecopy.REMOTE_BASE)} and verified "
                      f"({nbytes / 1e6:,.1f} MB)")
 
-    def _sync_best(self) -> None:
+    def _sync_best(self, scan: Scan) -> None:
         """The checkpoint the local BEST names (early_stop's lowest val loss) on the remote too, copied and verified
-        like the newest, and the remote BEST naming it once it is there."""
+        like the newest, and the remote BEST naming it once it is there (this sync's scan says whether it is)."""
         remote, name = self.remote, read_best(self.local_root)
         if not name or (remote.read_text(BEST) or "").strip() == name:
             return
-        if name not in remote.steps() or remote.intact(name)[1]:
+        if name not in scan or scan[name][1]:
             local = self.local_root / name
             try:
                 ck.validate(local, self.expected)
@@ -289,18 +310,18 @@ class Syncer:
                 self.log(f"sync: BEST {local} not copied: {'; '.join(e.problems[:3])}")
                 return
             self.copying = local
-            self._copy_up(local)
+            self._copy_up(local, scan)
             self.log(f"sync: BEST {name} copied to {remote.show(name)} and verified")
         remote.write_latest(name, BEST)
 
-    def _point_latest(self, name: str, verify: bool) -> None:
-        """Point the remote LATEST at `name` unless it already names a newer intact checkpoint."""
+    def _point_latest(self, name: str, scan: Scan, verify: bool) -> None:
+        """Point the remote LATEST at `name` unless it already names a newer intact checkpoint (by `scan`)."""
         remote = self.remote
         current = (remote.read_text(LATEST) or "").strip()
         if current == name:
             return
         newer = step_or_none(current)
-        if newer is not None and newer > step_of(name) and not remote.intact(current)[1]:
+        if newer is not None and newer > step_of(name) and not self._problems(current, scan):
             return
         if verify:
             _, problems = remote.intact(name, full_hash=True)
@@ -323,16 +344,17 @@ class Syncer:
                 if why := self.remote.rm(n, file=not n.startswith(TMP_PREFIX)):  # a pointer's: a file
                     self._leave(n, why)
 
-    def _retention(self) -> list[str]:
-        """Delete remote checkpoints beyond the newest `keep` intact ones; never the one LATEST names. Step
-        directories without a manifest are leftovers of an interrupted copy on a store without rename. On a local
-        remote only this user's real directories are deleted: another's, or a link, is left and said once."""
+    def _retention(self, scan: Scan) -> list[str]:
+        """Delete remote checkpoints beyond the newest `keep` intact ones (by this sync's scan); never the one LATEST
+        names. Step directories without a manifest are leftovers of an interrupted copy on a store without rename.
+        On a local remote only this user's real directories are deleted: another's, or a link, is left and said
+        once."""
         remote = self.remote
         latest = (remote.read_text(LATEST) or "").strip()
         best = (remote.read_text(BEST) or "").strip()
         kept, removed = 0, list[str]()
-        for name in reversed(self._steps()):
-            manifest, problems = remote.intact(name)
+        for name in sorted(scan, key=step_of, reverse=True):
+            manifest, problems = scan[name]
             if manifest is None:  # a link has none: its manifest is not read through it
                 self._remove(name, removed)
                 continue
@@ -387,17 +409,17 @@ class Syncer:
         """Download one remote checkpoint into local_root and validate it there: (its local path, False), or (None,
         whether it was set aside as invalid; not when it has no manifest yet)."""
         remote = self.remote
-        manifest, problems = remote.manifest_or_problems(name)
-        if manifest is None:
-            if problems:
-                self._set_aside_remote(name, problems)
-            return None, bool(problems)
+        listed = remote.read_manifest(name)
+        if listed.manifest is None:
+            if listed.problems:
+                self._set_aside_remote(name, listed.problems)
+            return None, bool(listed.problems)
         final = local_root / name
         tmp = local_root / fetch_tmp_name(name, os.getpid())
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            problems = self._download(name, manifest, tmp)
+            problems = self._download(name, listed, tmp)
             if problems:
                 self._set_aside_remote(name, problems)
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -413,7 +435,7 @@ class Syncer:
         another one, and the local BEST naming it: a run resumed on a new machine keeps its best, for init.from of
         the next stage, `sample` and `export`. A BEST that does not validate is logged and left out."""
         best = (self.remote.read_text(BEST) or "").strip()
-        if not best or not is_step_name(best) or best not in self.remote.steps():
+        if not best or not is_step_name(best) or best not in self.remote.steps().ours:
             return
         if best != latest and not (local_root / best / MANIFEST).is_file():
             if self._fetch_one(best, local_root)[0] is None:
@@ -422,9 +444,12 @@ class Syncer:
             self.log(f"sync: fetched BEST {self.remote.show(best)} to {local_root / best}")
         atomic_write_text(local_root / BEST, best + "\n")
 
-    def _download(self, name: str, manifest: dict, tmp: Path) -> list[str]:
-        """Download a remote checkpoint into tmp, hashing while downloading, and validate it strictly there.
-        Returns its problems (empty: good)."""
+    def _download(self, name: str, listed: ListedManifest, tmp: Path) -> list[str]:
+        """Download a remote checkpoint into tmp, hashing while downloading, and validate it strictly there; its
+        manifest is the one `listed` read (a valid one), written from those bytes, never read again. Returns its
+        problems (empty: good)."""
+        manifest, raw = listed.manifest, listed.raw
+        assert manifest is not None and raw is not None  # _fetch_one downloads a checkpoint with a valid manifest
         odd = self.remote.not_regular(name, manifest["files"])
         if odd:
             return odd
@@ -434,7 +459,10 @@ class Syncer:
                                   listed_in=f"the remote {MANIFEST}", label=lambda f: f"{f} (downloaded)")
         if problems:
             return problems
-        self.remote.get((name, MANIFEST), tmp / MANIFEST, MANIFEST_MAX_BYTES)  # as big as it was read (validated)
+        with open(tmp / MANIFEST, "wb") as out:  # the bytes the files were checked against, read once
+            out.write(raw)
+            out.flush()
+            os.fsync(out.fileno())
         try:
             ck.validate(tmp, self.expected)
         except ck.CheckpointInvalid as e:
