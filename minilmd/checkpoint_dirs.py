@@ -6,6 +6,7 @@ it and stay fast. Torch-free.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 
