@@ -22,7 +22,7 @@ from minilmd.config import ConfigError, RunConfig
 from minilmd.model_shapes import as_model_section
 from minilmd.trainer.model.export import read_checkpoint
 from minilmd.trainer.model.export_paths import ExportError
-from test_shared_places_attacks import without_blocking
+from waiting import without_blocking
 from weights_helpers import CHECKPOINT_MODEL, make_run, save_run
 
 

@@ -9,34 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-from minilmd.config import ConfigError, RunConfig
+from init_from_helpers import _config, _pth
+from minilmd.config import ConfigError
 from minilmd.daemon.jobs.initstage import stage_init
 from minilmd.daemon.jobs.staging import SourceInvalid
 from minilmd.init_source import InitSource, InitSourceError, fingerprint, resolve
-from minilmd.model_shapes import expected_state_shapes
 from minilmd.trainer.checkpoint import init_weights
-from test_shared_places_attacks import without_blocking
-from trainer_corpus import ONE_LAYER_MODEL
+from waiting import without_blocking
 
 TERABYTE = 1 << 40
-
-
-def _config(source: Path) -> RunConfig:
-    cfg = RunConfig(source="test")
-    for key, value in {**ONE_LAYER_MODEL, "vocab_size": 64}.items():
-        setattr(cfg.model, key, value)
-    cfg.init.from_ = str(source)
-    return cfg
-
-
-def _pth(path: Path, cfg: RunConfig, fill: float = 0.5) -> Path:
-    torch.save({k: torch.full(s, fill) for k, s in expected_state_shapes(cfg.model).items()}, path)
-    return path
 
 
 def _swapped_after_resolve(monkeypatch, make):

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from init_from_helpers import _config, _pth
 from minilmd.daemon.jobs import initstage
 from minilmd.daemon.jobs.staging import SourceInvalid, SourceUnreachable
 from minilmd.model_shapes import pth_bound
 from minilmd.names import MANIFEST
-from test_init_source_pth import _config, _pth
-from test_shared_places_attacks import without_blocking
+from waiting import without_blocking
 
 
 def test_staging_bounds_a_pth_by_a_state_dict_of_the_runs_model_not_by_16_gib(tmp_path):

@@ -25,6 +25,7 @@ from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, same_source
 from reliability_helpers import trainers_of
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
+from sync_helpers import StaleSizes
 
 pytestmark = pytest.mark.slow  # real staged checkpoints; the last test runs the real trainer under a supervisor
 
@@ -87,17 +88,6 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     expected = {"flipped byte": "differs", "fifo": "not a regular file", "forged manifest": "not the manifest",
                 "link": f"a symbolic link to {tmp_path / 'theirs'}, not followed"}
     assert expected[damage] in problems[0], problems
-
-
-class StaleSizes(Remote):
-    """A remote whose listing lags (an NFS client's attribute cache): every file has the size `sizes` says."""
-
-    def __init__(self, url: str, sizes: dict[str, int]):
-        super().__init__(url)
-        self.sizes = sizes
-
-    def size(self, *names: str) -> int | None:
-        return self.sizes.get("/".join(names), super().size(*names))
 
 
 def _pushed_pth_base(tmp_path: Path) -> tuple[Path, Path, Remote, dict]:

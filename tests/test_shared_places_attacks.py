@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from minilmd.daemon.jobs.staging import SourceInvalid, stage
 from minilmd.init_source import InitSource, InitSourceError, fingerprint
 from minilmd.names import MANIFEST
 from second_user import shared  # noqa: F401 - a fixture
+from waiting import without_blocking
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 DEEP = b"[" * 60_000
@@ -43,28 +43,6 @@ def _deep(path: Path) -> None:
 
 
 HOSTILE = {"a FIFO nobody writes": _fifo, "a link to /dev/zero": _zero, "60 KB of [": _deep}
-
-
-def without_blocking(call: Callable[[], object], fifo: Path | None = None):
-    """call() in a thread: its result or exception; the test fails (after unblocking a FIFO) if it blocks."""
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = call()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout=60)  # a bound on a hang, not a timing assertion
-    if thread.is_alive():
-        if fifo is not None and fifo.exists():
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        pytest.fail("blocked")
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def _checkpoint_listing(d: Path, odd: str, make: Callable[[Path], None]) -> Path:

@@ -13,54 +13,16 @@ from pathlib import Path
 
 import fsspec
 import pytest
-import torch
 
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
-from minilmd.config import RunConfig
 from minilmd.daemon.jobs import remote as remote_mod
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
 from minilmd.names import QUARANTINE, sync_tmp_name
-from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd.trainer.model.minimind import MiniMindForCausalLM
 from minilmd.untrusted import Unreadable
-from waiting import wait_until
-
-torch.set_num_threads(1)
-
-TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=128,
-            intermediate_size=0, max_position_embeddings=64, rope_theta=1e6, rms_norm_eps=1e-6)
-DATA, TOK = "d" * 64, "t" * 64
-EXPECTED = ck.Expectation(model=dict(TINY), data_fingerprint=DATA, tokenizer_fingerprint=TOK)
-
-
-@pytest.fixture(scope="module")
-def weights():
-    torch.manual_seed(0)
-    model = MiniMindForCausalLM(TINY)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # no state yet: valid at any step
-    return model.state_dict(), opt.state_dict()
-
-
-def save(root: Path, step: int, weights, data: str = DATA) -> Path:
-    cfg = RunConfig().to_dict()
-    cfg["model"] = dict(TINY)
-    state = {"step": step, "tokens_seen": step * 64, "epoch": 0, "config": cfg,
-             "fingerprints": {"data": data, "tokenizer": TOK}}
-    return ckpt_io.save(root, step, weights[0], weights[1], state)
-
-
-def corrupt(path: Path) -> None:
-    """Flip bytes in the middle of a file, keeping its size."""
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-@pytest.fixture
-def dirs(tmp_path):
-    return tmp_path / "shm" / "checkpoints", tmp_path / "nfs" / "run"
+from sync_helpers import EXPECTED, StaleSizes, corrupt, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures
+from waiting import wait_until, without_blocking
 
 
 def names(root: Path) -> list[str]:
@@ -429,17 +391,6 @@ def test_a_remote_checkpoint_file_written_past_its_listed_size_is_downloaded_no_
     assert problems and ck.TRAINER_STATE in problems[0], problems
 
 
-class StaleSizes(remote_mod.Remote):
-    """A remote whose sizes lag (an NFS client's attribute cache): every file has the size it had when listed."""
-
-    def __init__(self, url: str, sizes: dict[tuple[str, ...], int]):
-        super().__init__(url)
-        self.sizes = sizes
-
-    def size(self, *names: str) -> int | None:
-        return self.sizes.get(names, super().size(*names))
-
-
 def test_a_remote_checkpoint_file_written_past_its_listed_size_is_hashed_no_further(dirs, weights, tmp_path):
     """On main the full check (`intact(full_hash=True)`: LATEST moved to a remote checkpoint, the push's read-back)
     hashed a file to its end, however long another user made it, when its size still read as listed."""
@@ -450,33 +401,10 @@ def test_a_remote_checkpoint_file_written_past_its_listed_size_is_hashed_no_furt
     listed = victim.read_bytes()
     with victim.open("ab") as f:
         f.write(b"x" * (8 << 20))
-    stale = StaleSizes(str(remote), {("step-00000010", ck.TRAINER_STATE): len(listed)})
+    stale = StaleSizes(str(remote), {f"step-00000010/{ck.TRAINER_STATE}": len(listed)})
     _, problems = stale.intact("step-00000010", full_hash=True)
     read = hashlib.sha256(listed + b"x").hexdigest()  # one byte past the listed size, no further
     assert len(problems) == 1 and f"file has {read[:16]}" in problems[0], problems
-
-
-def _within(seconds: float, fn):
-    """fn() in a thread, its result; fails (never hangs) when it blocks: a FIFO opened, /dev/zero read."""
-    import threading
-
-    results: list = []
-
-    def run():
-        try:
-            results.append((fn(), None))
-        except Exception as e:  # noqa: BLE001 - raised again in the test's thread
-            results.append((None, e))
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)  # not a timing: a regression never returns
-    if worker.is_alive():
-        pytest.fail(f"{fn} blocked (a link followed to a FIFO or /dev/zero?)")
-    value, error = results[0]
-    if error is not None:
-        raise error
-    return value
 
 
 @pytest.mark.parametrize("target", ["another user's file", "fifo", "/dev/zero"])
@@ -499,14 +427,14 @@ def test_a_link_placed_in_a_remote_checkpoint_is_never_followed(dirs, weights, t
     victim.unlink()
     victim.symlink_to(pointed)
     said = f"{victim}: a symbolic link to {pointed}, not followed"
-    assert _within(120, lambda: remote_mod.Remote(str(remote)).intact("step-00000010", full_hash=True)[1]) == [said]
+    assert without_blocking(lambda: remote_mod.Remote(str(remote)).intact("step-00000010", full_hash=True)[1]) == [said]
     opened = remote_mod.Remote(str(remote))  # the opens themselves, past the checks (a link placed meanwhile)
     for read in (lambda: opened.sha256("step-00000010", ck.TRAINER_STATE, size=1),
                  lambda: opened.get(("step-00000010", ck.TRAINER_STATE), tmp_path / "got", 1)):
         with pytest.raises(Unreadable, match="a symbolic link"):
-            _within(120, read)
+            without_blocking(read)
     logs: list[str] = []
-    assert _within(120, lambda: Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest()) is None
+    assert without_blocking(lambda: Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest()) is None
     assert any(said in m for m in logs), logs
     assert not (local / "step-00000010").exists()
 

@@ -30,7 +30,8 @@ from minilmd.names import (
     sync_tmp_name,
 )
 from second_user import second_user, sh_as_user, shared  # noqa: F401 - shared: a fixture
-from test_sync import EXPECTED, _within, corrupt, save, weights  # noqa: F401 - weights: a fixture
+from sync_helpers import EXPECTED, corrupt, save, weights  # noqa: F401 - weights: a fixture
+from waiting import without_blocking
 
 VICTIM_TEXT = "export PATH=/usr/bin\n"
 
@@ -91,7 +92,7 @@ def test_a_link_placed_at_the_temporary_copys_name_is_passed_by_not_written_thro
     logs: list[str] = []
     syncer = raced_syncer(local, remote, to=victim)
     syncer.log = logs.append
-    _within(120, syncer.sync_newest)
+    without_blocking(syncer.sync_newest)
     assert untouched(victim)
     at = syncer._remote.at
     assert sorted(os.listdir(remote)) == sorted([at, LATEST, "step-00000010"])
@@ -118,7 +119,7 @@ def test_another_users_entry_at_the_temporary_name_is_left_and_the_sync_goes_on(
         return made[-1]
 
     syncer.remote.make_tmp = make_tmp  # type: ignore[method-assign]
-    _within(120, syncer.sync_newest)
+    without_blocking(syncer.sync_newest)
     assert (shared / at / "notes").read_text() == "theirs\n"
     assert sorted(os.listdir(shared)) == sorted([at, LATEST, "step-00000010"])
     assert made[0] != at and remote_tmp_owner(made[0], host) == os.getpid()
@@ -133,7 +134,7 @@ def test_a_link_placed_at_a_file_name_in_the_temporary_copy_is_refused_not_writt
     save(local, 10, weights)
     syncer = raced_syncer(local, remote, to=victim / ".bashrc", inside=MODEL_FILE)
     with pytest.raises(SyncError) as refused:
-        _within(120, syncer.sync_newest)
+        without_blocking(syncer.sync_newest)
     assert untouched(victim)
     assert f"{MODEL_FILE} is already there (a symbolic link to {victim}/.bashrc)" in str(refused.value)
     assert sorted(os.listdir(remote)) == []  # the half copy removed, with the link in it (itself, not followed)
@@ -168,7 +169,7 @@ def test_a_link_placed_at_the_lora_bases_temporary_name_is_passed_by(tmp_path, v
     remote = RacedRemote(str(tmp_path / "remote"), at, victim)
     remote.makedirs()
     said: list[tuple[str, str]] = []
-    assert _within(120, lambda: basecopy.push(remote, staged, "h", 1, taken=lambda *a: said.append(a))) > 0
+    assert without_blocking(lambda: basecopy.push(remote, staged, "h", 1, taken=lambda *a: said.append(a))) > 0
     assert untouched(victim)
     assert sorted(os.listdir(remote.root)) == sorted([at, basecopy.REMOTE_BASE])
     assert len(said) == 1 and f"already there (a symbolic link to {victim})" in said[0][0]
@@ -203,7 +204,7 @@ def test_retention_and_the_clean_up_leave_what_another_user_made(shared, tmp_pat
     logs: list[str] = []
     syncer = Syncer(local, str(shared), EXPECTED, keep=1, log=logs.append)
     save(local, 10, weights)
-    _within(120, syncer.sync_newest)
+    without_blocking(syncer.sync_newest)
     dead = subprocess.Popen(["true"])
     dead.wait()
     host = sync_module._host()
@@ -219,7 +220,7 @@ def test_retention_and_the_clean_up_leave_what_another_user_made(shared, tmp_pat
     theirs = ["step-00000005", "step-00000007", "step-00000008", stale_tmp, dead_tmp, pointer_tmp]
     save(local, 20, weights)
     for _ in range(2):
-        _within(120, syncer.sync_newest)
+        without_blocking(syncer.sync_newest)
     assert sorted(os.listdir(shared)) == sorted([*theirs, LATEST, "step-00000020"]), logs  # step 10: ours, gone
     assert (shared / stale_tmp / MODEL_FILE).read_text() == "half\n"
     assert (shared / "step-00000007" / MANIFEST).read_text() == "[[\n"
@@ -236,7 +237,7 @@ def test_a_copy_never_replaces_another_users_entry_at_its_step_name(shared, tmp_
     sh_as_user("mkdir step-00000010 && echo theirs > step-00000010/notes", cwd=shared)
     save(local, 10, weights)
     with pytest.raises(SyncError) as refused:
-        _within(120, Syncer(local, str(shared), EXPECTED).sync_newest)
+        without_blocking(Syncer(local, str(shared), EXPECTED).sync_newest)
     assert (shared / "step-00000010" / "notes").read_text() == "theirs\n"
     assert f"{shared}/step-00000010 is a directory owned by uid {uid}: not this run's" in str(refused.value)
     assert os.listdir(shared) == ["step-00000010"]
@@ -246,7 +247,7 @@ def _synced(tmp_path: Path, remote: Path, weights, *steps: int) -> None:
     old = tmp_path / "old-scratch"
     for step in steps:
         save(old, step, weights)
-        _within(120, Syncer(old, str(remote), EXPECTED, keep=5).sync_newest)
+        without_blocking(Syncer(old, str(remote), EXPECTED, keep=5).sync_newest)
 
 
 def test_a_damaged_checkpoint_is_never_set_aside_into_a_link(tmp_path, weights, victim):
@@ -257,7 +258,7 @@ def test_a_damaged_checkpoint_is_never_set_aside_into_a_link(tmp_path, weights, 
     corrupt(remote / "step-00000020" / MODEL_FILE)
     os.symlink(victim, remote / QUARANTINE)
     logs: list[str] = []
-    fetched = _within(120, Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest)
+    fetched = without_blocking(Syncer(local, str(remote), EXPECTED, log=logs.append).fetch_latest)
     assert fetched == local / "step-00000010"
     assert untouched(victim) and (remote / "step-00000020" / MODEL_FILE).is_file()
     assert any(f"not set aside: {remote}/{QUARANTINE} is a symbolic link to {victim}" in m for m in logs), logs
@@ -270,7 +271,7 @@ def test_another_users_invalid_checkpoint_is_neither_moved_nor_written_into(shar
     _synced(tmp_path, shared, weights, 10)
     sh_as_user(f"mkdir step-00000030 && echo '[[' > step-00000030/{MANIFEST}", cwd=shared)
     logs: list[str] = []
-    assert _within(120, Syncer(local, str(shared), EXPECTED, log=logs.append).fetch_latest) == \
+    assert without_blocking(Syncer(local, str(shared), EXPECTED, log=logs.append).fetch_latest) == \
         local / "step-00000010"
     assert os.listdir(shared / "step-00000030") == [MANIFEST] and not (shared / QUARANTINE).exists()
     assert any(f"{shared}/step-00000030 is a directory owned by uid {uid}: not made by this run" in m
@@ -289,11 +290,11 @@ def test_another_users_step_by_a_higher_name_neither_stops_the_sync_nor_is_resum
     logs: list[str] = []
     syncer = Syncer(local, str(shared), EXPECTED, log=logs.append)
     for _ in range(2):
-        _within(120, syncer.sync_newest)
+        without_blocking(syncer.sync_newest)
     assert (shared / LATEST).read_text().strip() == "step-00000020" and (shared / "step-00000020").is_dir(), logs
     assert sum("step-99999990 is a directory owned by" in m for m in logs) == 1, logs
     fresh = tmp_path / "fresh-scratch"
-    assert _within(120, Syncer(fresh, str(shared), EXPECTED).fetch_latest) == fresh / "step-00000020"
+    assert without_blocking(Syncer(fresh, str(shared), EXPECTED).fetch_latest) == fresh / "step-00000020"
     assert os.lstat(shared / "step-99999990").st_uid == uid
 
 
@@ -316,7 +317,7 @@ def test_a_run_as_root_on_a_root_squashed_share_deletes_its_own_old_checkpoints(
         syncer = Syncer(local, str(share), EXPECTED, keep=1, log=logs.append)
         for step in (10, 20):
             save(local, step, weights)
-            _within(120, syncer.sync_newest)
+            without_blocking(syncer.sync_newest)
         assert os.lstat(share / "step-00000020").st_uid == nobody  # the share squashed it
         assert sorted(os.listdir(share)) == [LATEST, "step-00000020"], logs
         assert not [m for m in logs if "left as it is" in m], logs

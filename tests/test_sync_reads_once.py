@@ -14,7 +14,7 @@ from collections import Counter
 from minilmd.daemon.jobs.remote import Remote, Steps
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.names import MANIFEST
-from test_sync import EXPECTED, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures
+from sync_helpers import EXPECTED, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures
 
 
 class CountingRemote(Remote):

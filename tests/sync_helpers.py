@@ -1,0 +1,62 @@
+"""Helpers for the tests of the sync to a remote and back (daemon/jobs/sync.py, daemon/jobs/remote.py): a tiny
+model's weights (the fixture `weights`), checkpoints of it saved at a step, the run's expectation of them, a local
+scratch and remote (the fixture `dirs`), a file damaged in place, and a remote whose sizes lag."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from minilmd import checkpoint as ck
+from minilmd.config import RunConfig
+from minilmd.daemon.jobs.remote import Remote
+from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.trainer.model.minimind import MiniMindForCausalLM
+
+torch.set_num_threads(1)
+
+TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=128,
+            intermediate_size=0, max_position_embeddings=64, rope_theta=1e6, rms_norm_eps=1e-6)
+DATA, TOK = "d" * 64, "t" * 64
+EXPECTED = ck.Expectation(model=dict(TINY), data_fingerprint=DATA, tokenizer_fingerprint=TOK)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(TINY)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # no state yet: valid at any step
+    return model.state_dict(), opt.state_dict()
+
+
+def save(root: Path, step: int, weights, data: str = DATA) -> Path:
+    cfg = RunConfig().to_dict()
+    cfg["model"] = dict(TINY)
+    state = {"step": step, "tokens_seen": step * 64, "epoch": 0, "config": cfg,
+             "fingerprints": {"data": data, "tokenizer": TOK}}
+    return ckpt_io.save(root, step, weights[0], weights[1], state)
+
+
+def corrupt(path: Path) -> None:
+    """Flip bytes in the middle of a file, keeping its size."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    return tmp_path / "shm" / "checkpoints", tmp_path / "nfs" / "run"
+
+
+class StaleSizes(Remote):
+    """A remote whose sizes lag (an NFS client's attribute cache): a file named in `sizes` ("/" between the names
+    of its path, as in "step-00000010/trainer_state.json") has the size it says, whatever the file has now."""
+
+    def __init__(self, url: str, sizes: dict[str, int]):
+        super().__init__(url)
+        self.sizes = sizes
+
+    def size(self, *names: str) -> int | None:
+        return self.sizes.get("/".join(names), super().size(*names))
