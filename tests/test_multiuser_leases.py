@@ -9,32 +9,20 @@ the device cannot be leased safely; and two users never hold one device.
 from __future__ import annotations
 
 import os
-import signal
 import stat
-import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from fakes_nvml import FREE, FakeNvml
-from minilmd.config import GpuSection
-from minilmd.daemon.host.gpu import GpuAdmission
+from lease_helpers import LEASE, admin_lock_dir, admission, first_line, nobody_run, stop
 from minilmd.daemon.host.lock import LockUnsafe, RunLock, lock_holder
 from second_user import (
     second_user,
     shared,  # noqa: F401 - a fixture
-    user_python,
-)
+    )
 from second_user import sh_as_user as as_nobody
 
 pytestmark = pytest.mark.root
-
-LEASE = "gpu-GPU-fake-0000.lock"  # the lease file of FakeNvml's device 0
-
-
-def admission(lock_dir: Path, run: str = "victim") -> GpuAdmission:
-    return GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=str(lock_dir), stable_polls=1), run_name=run)
 
 
 def precious(shared: Path) -> Path:
@@ -42,14 +30,6 @@ def precious(shared: Path) -> Path:
     victim.write_text("precious\n")
     victim.chmod(0o600)
     return victim
-
-
-def admin_lock_dir(shared: Path) -> Path:
-    """The shared lock directory as an admin makes it (docs/operations.md): root's, 1777."""
-    locks = shared / "locks"
-    locks.mkdir()
-    locks.chmod(0o1777)
-    return locks
 
 
 def assert_untouched(victim: Path) -> None:
@@ -121,38 +101,6 @@ def test_the_first_user_makes_the_directory_shared_and_its_lease_readable_whatev
     finally:
         lease.release()
     assert (tmp_path / "locks" / LEASE).read_bytes() == b""  # our own file: emptied at release
-
-
-HOLDER = textwrap.dedent("""
-    import sys, time
-    from fakes_nvml import FakeNvml, FREE
-    from minilmd.config import GpuSection
-    from minilmd.daemon.host.gpu import GpuAdmission
-    adm = GpuAdmission(FakeNvml([[FREE]]), GpuSection(lock_dir=sys.argv[1], stable_polls=1), run_name=sys.argv[2])
-    lease = adm.try_acquire(1)
-    print("leased" if lease else "refused: " + adm.last_report.summary().replace("\\n", " | "), flush=True)
-    if lease and sys.argv[3:] == ["hold"]:
-        time.sleep(120)
-""")
-
-
-def nobody_run(lock_dir: Path, run: str, hold: bool = False) -> subprocess.Popen:
-    argv = user_python(HOLDER, str(lock_dir), run, *(["hold"] if hold else []))
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
-
-
-def first_line(proc: subprocess.Popen) -> str:
-    line = proc.stdout.readline().strip()
-    assert line, proc.stderr.read() if proc.poll() is not None else "no output"
-    return line
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stdout.close()
-    proc.stderr.close()
 
 
 def test_two_users_never_hold_one_device_and_neither_writes_the_others_lease(shared):

@@ -122,8 +122,8 @@ def test_init_from_a_checkpoint_whose_manifest_is_hostile_is_refused_without_a_h
 
 @pytest.mark.root
 def test_another_users_lease_whose_body_is_deep_json_is_described_not_a_crash(shared):
+    from lease_helpers import LEASE, admin_lock_dir, admission, first_line, nobody_run, stop
     from second_user import sh_as_user
-    from test_multiuser_leases import LEASE, admin_lock_dir, admission, first_line, nobody_run, stop
 
     locks = admin_lock_dir(shared)
     holder = nobody_run(locks, "nobody-run", hold=True)  # nobody leases the device, and holds its flock
