@@ -3,7 +3,6 @@ headless on a private tmux server with a stand-in `minilmd` that records how it 
 config (complete, valid, and its arithmetic true)."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -11,17 +10,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from deploy_helpers import launcher, launcher_config  # noqa: F401 - launcher: a fixture
 from minilmd.config import RunConfig, config_from_dict, toml_key
 from minilmd.model_shapes import expected_state_shapes
 from minilmd.probes import load_checked
 from minilmd.protocol import FINAL_EXIT_STATUSES
-from waiting import wait_until
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,7 +28,6 @@ else:  # pragma: no cover
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "deploy" / "minilmd@.service"
-LAUNCHER = REPO / "deploy" / "minilmd-tmux.sh"
 EXAMPLE = REPO / "deploy" / "example.toml"
 
 
@@ -151,87 +148,6 @@ def test_the_units_path_finds_minilmd_linked_as_documented(tmp_path, unit):
 
 
 # --- tmux launcher --------------------------------------------------------------------------------------------------
-
-STAND_IN = """#!{python}
-# A stand-in for minilmd: records how it was called, then stays alive like a supervisor would.
-import json, os, sys, time
-if "--check" in sys.argv:  # the launcher's check before it starts the supervisor: accept, record nothing
-    print(sys.argv[2] + ": OK"); sys.exit(0)
-with open({record!r}, "a") as f:
-    f.write(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "cwd": os.getcwd(),
-                        "fault": os.environ.get("MINILMD_FAULT")}}) + "\\n")
-time.sleep(600)
-"""
-
-
-class Launcher:
-    """The launcher, a private tmux server, and a stand-in minilmd that appends its argv to a record file."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.record = root / "record.jsonl"
-        bin_dir = root / "bin"
-        bin_dir.mkdir()
-        stand_in = bin_dir / "minilmd"
-        stand_in.write_text(STAND_IN.format(python=sys.executable, record=str(self.record)))
-        stand_in.chmod(0o755)
-        # the launcher reads the config with the python beside minilmd, as in a venv
-        (bin_dir / "python").symlink_to(sys.executable)
-        self.socket = f"minilmd-test-{os.getpid()}"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("TMUX", "MINILMD"))}
-        self.env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", MINILMD_TMUX_SOCKET=self.socket,
-                        TMUX_TMPDIR=str(root), HOME=str(root))
-
-    def __call__(self, *args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(LAUNCHER), *args], capture_output=True, text=True, timeout=60,
-                              cwd=cwd or self.root, env={**self.env, **env}, stdin=subprocess.DEVNULL)
-
-    def tmux(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30,
-                              env=self.env)
-
-    def windows(self, session: str) -> list[tuple[int, str, int, bool]]:
-        """(index, name, pane pid, pane dead) per window."""
-        out = self.tmux("list-panes", "-s", "-t", f"={session}", "-F",
-                        "#{window_index} #{window_name} #{pane_pid} #{pane_dead}")
-        assert out.returncode == 0, out.stderr
-        rows = [line.split() for line in out.stdout.splitlines()]
-        return [(int(i), name, int(pid), dead == "1") for i, name, pid, dead in rows]
-
-    def records(self, count: int) -> list[dict]:
-        """Wait until the stand-ins have recorded `count` calls, then return them all."""
-        lines = lambda: self.record.read_text().splitlines() if self.record.exists() else []
-        wait_until(lambda: len(lines()) >= count, 30, f"{count} recorded calls of minilmd", interval=0.05)
-        return [json.loads(line) for line in lines()]
-
-    def wait_dead(self, session: str, window: str) -> None:
-        wait_until(lambda: any(name == window and dead for _, name, _, dead in self.windows(session)), 30,
-                   f"pane {window} to end", interval=0.05)
-
-
-@pytest.fixture
-def launcher():
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed")
-    # a short private directory: tmux sockets live under TMUX_TMPDIR and a socket path must stay under 108 bytes
-    root = Path(tempfile.mkdtemp(prefix="mtmux-"))
-    launch = Launcher(root)
-    try:
-        yield launch
-    finally:
-        launch.tmux("kill-server")
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def launcher_config(path: Path, name: str | None, run_dir: str | None) -> Path:
-    lines = ["[run]"]
-    if name is not None:
-        lines.append(f'name = "{name}"')
-    if run_dir is not None:
-        lines.append(f'dir = "{run_dir}"')
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
 
 @pytest.mark.slow
 def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervisor(launcher):

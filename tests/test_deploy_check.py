@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_deploy import launcher, launcher_config  # noqa: F401 - the launcher fixture, shared
+from deploy_helpers import launcher, launcher_config  # noqa: F401 - the launcher fixture, shared
 
 MINILMD = Path(sys.executable).with_name("minilmd")
 

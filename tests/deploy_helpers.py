@@ -1,0 +1,98 @@
+"""Helpers for the tests of deploy/'s tmux launcher (deploy/minilmd-tmux.sh): the launcher driven headless on a
+private tmux server with a stand-in `minilmd` that records how it was called (the fixture `launcher`), and the
+smallest run config it accepts."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from waiting import wait_until
+
+LAUNCHER = Path(__file__).resolve().parent.parent / "deploy" / "minilmd-tmux.sh"
+
+STAND_IN = """#!{python}
+# A stand-in for minilmd: records how it was called, then stays alive like a supervisor would.
+import json, os, sys, time
+if "--check" in sys.argv:  # the launcher's check before it starts the supervisor: accept, record nothing
+    print(sys.argv[2] + ": OK"); sys.exit(0)
+with open({record!r}, "a") as f:
+    f.write(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "cwd": os.getcwd(),
+                        "fault": os.environ.get("MINILMD_FAULT")}}) + "\\n")
+time.sleep(600)
+"""
+
+
+class Launcher:
+    """The launcher, a private tmux server, and a stand-in minilmd that appends its argv to a record file."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.record = root / "record.jsonl"
+        bin_dir = root / "bin"
+        bin_dir.mkdir()
+        stand_in = bin_dir / "minilmd"
+        stand_in.write_text(STAND_IN.format(python=sys.executable, record=str(self.record)))
+        stand_in.chmod(0o755)
+        # the launcher reads the config with the python beside minilmd, as in a venv
+        (bin_dir / "python").symlink_to(sys.executable)
+        self.socket = f"minilmd-test-{os.getpid()}"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("TMUX", "MINILMD"))}
+        self.env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", MINILMD_TMUX_SOCKET=self.socket,
+                        TMUX_TMPDIR=str(root), HOME=str(root))
+
+    def __call__(self, *args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(LAUNCHER), *args], capture_output=True, text=True, timeout=60,
+                              cwd=cwd or self.root, env={**self.env, **env}, stdin=subprocess.DEVNULL)
+
+    def tmux(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=30,
+                              env=self.env)
+
+    def windows(self, session: str) -> list[tuple[int, str, int, bool]]:
+        """(index, name, pane pid, pane dead) per window."""
+        out = self.tmux("list-panes", "-s", "-t", f"={session}", "-F",
+                        "#{window_index} #{window_name} #{pane_pid} #{pane_dead}")
+        assert out.returncode == 0, out.stderr
+        rows = [line.split() for line in out.stdout.splitlines()]
+        return [(int(i), name, int(pid), dead == "1") for i, name, pid, dead in rows]
+
+    def records(self, count: int) -> list[dict]:
+        """Wait until the stand-ins have recorded `count` calls, then return them all."""
+        lines = lambda: self.record.read_text().splitlines() if self.record.exists() else []
+        wait_until(lambda: len(lines()) >= count, 30, f"{count} recorded calls of minilmd", interval=0.05)
+        return [json.loads(line) for line in lines()]
+
+    def wait_dead(self, session: str, window: str) -> None:
+        wait_until(lambda: any(name == window and dead for _, name, _, dead in self.windows(session)), 30,
+                   f"pane {window} to end", interval=0.05)
+
+
+@pytest.fixture
+def launcher():
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    # a short private directory: tmux sockets live under TMUX_TMPDIR and a socket path must stay under 108 bytes
+    root = Path(tempfile.mkdtemp(prefix="mtmux-"))
+    launch = Launcher(root)
+    try:
+        yield launch
+    finally:
+        launch.tmux("kill-server")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def launcher_config(path: Path, name: str | None, run_dir: str | None) -> Path:
+    lines = ["[run]"]
+    if name is not None:
+        lines.append(f'name = "{name}"')
+    if run_dir is not None:
+        lines.append(f'dir = "{run_dir}"')
+    path.write_text("\n".join(lines) + "\n")
+    return path
