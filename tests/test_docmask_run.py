@@ -25,8 +25,8 @@ from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV
+from resume_helpers import losses_by_step
 from supervisor_helpers import run_supervisor, state
-from test_resume import losses_by_step
 from trainer_corpus import ONE_LAYER_MODEL, resumed_step, write_config
 from weights_helpers import assert_same_weights_and_optimizer
 

@@ -12,12 +12,9 @@ difference shown, not turned into a fresh start.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,8 +25,9 @@ from safetensors.torch import load_file
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs, checkpoint_select, scratch
 from minilmd.config import load_config
-from minilmd.names import FAULT_ENV, HEARTBEAT, METRICS, QUARANTINE
+from minilmd.names import FAULT_ENV, QUARANTINE
 from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_DONE
+from resume_helpers import attempt, heartbeat_step, losses_by_step, start
 from supervisor_helpers import BASELINE, write_config
 from trainer_corpus import ONE_LAYER_MODEL, synthetic_prepared
 from waiting import wait_until
@@ -45,30 +43,6 @@ CHAINS = {
 }
 
 
-def env_with(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, ck.KILL_ENV)}
-    env.update(OMP_NUM_THREADS="1", **extra)
-    return env
-
-
-def start(config: Path, **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "minilmd.cli", "train", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_with(**env))
-
-
-def attempt(config: Path, **env) -> tuple[int, str]:
-    proc = start(config, **env)
-    out, _ = proc.communicate(timeout=300)
-    return proc.returncode, out
-
-
-def heartbeat_step(run_dir: Path) -> int:
-    try:
-        return int((run_dir / HEARTBEAT).read_text().strip() or -1)
-    except (FileNotFoundError, ValueError):
-        return -1
-
-
 def kill_at_random(config: Path, rng: random.Random) -> tuple[int, str, int]:
     """SIGKILL from outside once the heartbeat reaches a random step, after a random extra delay."""
     run_dir = load_config(config).run_dir
@@ -81,15 +55,6 @@ def kill_at_random(config: Path, rng: random.Random) -> tuple[int, str, int]:
         proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=300)
     return proc.returncode, out, target
-
-
-def losses_by_step(run_dir: Path) -> dict[int, set[float]]:
-    seen: dict[int, set[float]] = {}
-    for line in (run_dir / METRICS).read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("kind") == "train":
-            seen.setdefault(rec["step"], set()).add(rec["loss"])
-    return seen
 
 
 def test_a_kill_between_the_last_save_and_its_prune_is_pruned_when_the_finished_run_is_resumed(tmp_path, corpus,

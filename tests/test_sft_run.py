@@ -26,7 +26,7 @@ from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs, checkpoint_select
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DONE
-from test_resume import attempt, heartbeat_step, losses_by_step, start
+from resume_helpers import attempt, heartbeat_step, losses_by_step, start
 from trainer_corpus import write_config
 from waiting import wait_until
 from weights_helpers import save_checkpoint, tiny_model

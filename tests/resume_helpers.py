@@ -1,0 +1,46 @@
+"""Helpers for the tests that kill `minilmd train` and resume it (test_resume, test_sft_run, test_docmask_run): the
+command as a real process (started, or run to its end), the step its heartbeat last said, and every training loss
+its metrics logged, by step."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from minilmd import checkpoint as ck
+from minilmd.names import FAULT_ENV, HEARTBEAT, METRICS
+
+
+def env_with(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, ck.KILL_ENV)}
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def start(config: Path, **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "minilmd.cli", "train", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_with(**env))
+
+
+def attempt(config: Path, **env) -> tuple[int, str]:
+    proc = start(config, **env)
+    out, _ = proc.communicate(timeout=300)
+    return proc.returncode, out
+
+
+def heartbeat_step(run_dir: Path) -> int:
+    try:
+        return int((run_dir / HEARTBEAT).read_text().strip() or -1)
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def losses_by_step(run_dir: Path) -> dict[int, set[float]]:
+    seen: dict[int, set[float]] = {}
+    for line in (run_dir / METRICS).read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "train":
+            seen.setdefault(rec["step"], set()).add(rec["loss"])
+    return seen
