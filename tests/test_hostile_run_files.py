@@ -10,8 +10,6 @@ take the machine's memory otherwise) and a timeout (a hang fails the test instea
 from __future__ import annotations
 
 import json
-import os
-import resource
 import signal
 import subprocess
 import sys
@@ -19,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hostile_files_helpers import _limit_memory, make_hostile, minilmd
 from minilmd import names
 from minilmd.daemon.runstate import new_state
 from minilmd.fsio import atomic_write_json
@@ -26,35 +25,7 @@ from waiting import wait_until
 
 pytestmark = pytest.mark.slow  # every test runs the real CLI against hostile files (hangs bounded by timeouts)
 
-MEMORY_LIMIT = 2 << 30
-"""Address space for each command: minilmd's views need a fraction; a read of /dev/zero hits it in seconds."""
 HOSTILE = {"fifo": "a FIFO", "zero": "a symbolic link", "directory": "a directory", "list": "a list, not an object"}
-
-
-def make_hostile(path: Path, kind: str) -> None:
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "directory":
-        path.mkdir()
-    elif kind == "list":
-        path.write_text("[1, 2, 3]\n")
-    elif kind == "huge":
-        with open(path, "wb") as f:
-            f.truncate(64 << 30)  # sparse: 64 GiB of NULs that take no disk
-    else:  # pragma: no cover - a typo in a test
-        raise ValueError(kind)
-
-
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
-
-def minilmd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """`minilmd ARGS` as a real process, memory-limited; TimeoutExpired (a failure) if it hangs."""
-    return subprocess.run([sys.executable, "-m", "minilmd.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=_limit_memory, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def run_dir_with(tmp_path: Path, name: str = "run", **state) -> Path:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from hostile_files_helpers import make_hostile, minilmd
 from minilmd import names
 from minilmd.config import load_config
 from minilmd.daemon.runstate import new_state
 from minilmd.fsio import atomic_write_json
 from second_user import second_user, shared_dir, user_python
 from supervisor_helpers import cli, start_supervisor, state, write_config
-from test_hostile_run_files import make_hostile, minilmd
 from waiting import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]  # real users, real CLI processes
