@@ -2,7 +2,7 @@
 
 A function-level import that closes a cycle works only by luck of the order in which things are first imported, and
 hides that two modules are one concern split wrongly: the shared piece belongs in a module both can import. The
-graph is built from the import statements (tests/test_layers.py reads them); every strongly connected component of
+graph is built from the import statements (tests/import_helpers.py reads them); every strongly connected component of
 more than one module is reported with the import lines that tie it together.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_layers import REPO, imports, modules_of
+from import_helpers import REPO, imports, modules_of
 
 PACKAGES = {"minilmd": REPO / "minilmd", "minilmd.daemon": REPO / "daemon", "minilmd.trainer": REPO / "trainer"}
 

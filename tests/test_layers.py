@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import ast
 import json
 import re
 import subprocess
@@ -23,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from import_helpers import REPO, imports, modules_of
+
 DOC = REPO / "docs" / "architecture.md"
 TORCH_FREE = {"minilmd": REPO / "minilmd", "minilmd.daemon": REPO / "daemon"}
 CODE_FOLDERS = {"minilmd": REPO / "minilmd", "daemon": REPO / "daemon", "trainer": REPO / "trainer"}
@@ -37,39 +37,6 @@ CORPUS_COMMANDS = "minilmd.cli.data"
 """The command-line module of `prepare`, `corpus ...` and `tokenizer ...`: it never reaches the trainer."""
 CLI_MODULE_LEVEL = ("typer", "minilmd.cli", "minilmd.names")
 """What a command-line module may import at module level besides the stdlib (names.py: constants, `os` and `re`)."""
-
-
-def modules_of(package: str, folder: Path) -> dict[str, Path]:
-    found = {}
-    for path in sorted(folder.rglob("*.py")):
-        rel = path.relative_to(folder).with_suffix("")
-        parts = [p for p in rel.parts if p != "__init__"]
-        found[".".join([package, *parts])] = path
-    return found
-
-
-def imports(path: Path, module: str) -> list[tuple[str, int, bool]]:
-    """(imported module, line, at module level) for every import statement of a file; relative imports are
-    resolved against `module`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    top_level = {id(node) for node in tree.body}
-    for node in tree.body:  # `if TYPE_CHECKING:` / try blocks at module level still run at import
-        if isinstance(node, (ast.If, ast.Try)):
-            top_level |= {id(n) for n in ast.walk(node)}
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(a.name, node.lineno, id(node) in top_level) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            found += [(f"{base}.{a.name}" if a.name != "*" else base, node.lineno, id(node) in top_level)
-                      for a in node.names]
-            found.append((base, node.lineno, id(node) in top_level))
-    return found
 
 
 def pulls_in_torch(name: str) -> bool:
