@@ -1,5 +1,6 @@
 """Helpers for the tests of scratch and of `--check`: a second real Unix user (`nobody`), a directory both users
-reach, and `minilmd` commands run as either of them.
+reach, and `minilmd` commands run as either of them; the fixture `shared` is that directory with a readable copy of
+the session's corpus, where either user's run config is written (Shared.config).
 
 pytest's tmp_path lies under a root-only (0700) directory, so what `nobody` must reach goes under `TwoUsers.root`:
 a fresh directory in /tmp, 0755, removed with everything in it at the end of the test. `shm/` inside it stands for
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.names import SCRATCH_BASE_ENV
-from supervisor_helpers import FAKE_TRAINER, env_for
+from supervisor_helpers import FAKE_TRAINER, env_for, write_config
 
 NOBODY = pwd.getpwnam("nobody")
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups"]
@@ -113,3 +114,47 @@ def owned_by_nobody(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
     return path
+
+
+@dataclass
+class Shared:
+    """The directory both users reach (TwoUsers), with a readable copy of the corpus in it."""
+
+    users: TwoUsers
+    vocab: int
+
+    @property
+    def root(self) -> Path:
+        return self.users.root
+
+    @property
+    def base(self) -> Path:
+        return self.users.base
+
+    def home(self, user: str) -> Path:
+        home = self.root / user
+        if user == "nobody":
+            return owned_by_nobody(home)
+        home.mkdir(exist_ok=True)
+        return home
+
+    def config(self, user: str, name: str = "same-name", where: str = "", scratch: str = "") -> Path:
+        """A run of `user` (the default scratch unless `scratch`); its files under <root>/<user>/<where or name>/."""
+        home = self.home(user) / (where or name)
+        home.mkdir(exist_ok=True)
+        if user == "nobody":
+            os.chown(home, NOBODY.pw_uid, NOBODY.pw_gid)
+        config = write_config(home, (self.root / "prepared", self.vocab), name, remote=False,
+                              run={"scratch": scratch})
+        config.chmod(0o644)
+        return config
+
+
+@pytest.fixture
+def shared(two_users, corpus):
+    readable_copy(corpus[0], two_users.root / "prepared")
+    return Shared(two_users, corpus[1])
+
+
+def text_of(out) -> str:
+    return out.stdout + out.stderr

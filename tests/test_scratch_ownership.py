@@ -15,68 +15,22 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from minilmd.names import SCRATCH_OWNER
 from minilmd.protocol import SUPERVISOR_CONFIG
-from scratch_helpers import NOBODY, TwoUsers, owned_by_nobody, readable_copy, two_users  # noqa: F401
-from supervisor_helpers import write_config
+from scratch_helpers import NOBODY, Shared, owned_by_nobody, shared, text_of, two_users  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow  # every test launches `minilmd run` or acts as a second user
 
 UID = {"root": 0, "nobody": NOBODY.pw_uid}
 
 
-@dataclass
-class Shared:
-    """The directory both users reach (scratch_helpers.TwoUsers), with a readable copy of the corpus in it."""
-
-    users: TwoUsers
-    vocab: int
-
-    @property
-    def root(self) -> Path:
-        return self.users.root
-
-    @property
-    def base(self) -> Path:
-        return self.users.base
-
-    def home(self, user: str) -> Path:
-        home = self.root / user
-        if user == "nobody":
-            return owned_by_nobody(home)
-        home.mkdir(exist_ok=True)
-        return home
-
-    def config(self, user: str, name: str = "same-name", where: str = "", scratch: str = "") -> Path:
-        """A run of `user` (the default scratch unless `scratch`); its files under <root>/<user>/<where or name>/."""
-        home = self.home(user) / (where or name)
-        home.mkdir(exist_ok=True)
-        if user == "nobody":
-            os.chown(home, NOBODY.pw_uid, NOBODY.pw_gid)
-        config = write_config(home, (self.root / "prepared", self.vocab), name, remote=False,
-                              run={"scratch": scratch})
-        config.chmod(0o644)
-        return config
-
-
-@pytest.fixture
-def shared(two_users, corpus):
-    readable_copy(corpus[0], two_users.root / "prepared")
-    return Shared(two_users, corpus[1])
-
-
 def mode_and_owner(path: Path) -> tuple[int, int]:
     st = os.lstat(path)
     return stat.S_IMODE(st.st_mode), st.st_uid
-
-
-def text_of(out) -> str:
-    return out.stdout + out.stderr
 
 
 def test_the_default_scratch_is_private_to_its_user_and_marked_for_its_run(shared):

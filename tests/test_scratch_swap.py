@@ -24,9 +24,8 @@ import pytest
 from minilmd import scratch
 from minilmd.daemon.jobs import staging
 from minilmd.protocol import SUPERVISOR_CONFIG
-from scratch_helpers import NOBODY, owned_by_nobody, two_users  # noqa: F401
+from scratch_helpers import NOBODY, owned_by_nobody, shared, text_of, two_users  # noqa: F401
 from supervisor_helpers import start_supervisor, state, wait_for, wait_or_kill, write_config
-from test_scratch_ownership import shared, text_of  # noqa: F401
 
 VICTIMS_DATA = {"corpus/raw.jsonl": '{"text": "her only copy"}\n', "corpus/notes.txt": "notes\n"}
 
