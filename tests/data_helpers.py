@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from minilmd.corpus.demo_text import write_demo_corpus
+from minilmd.corpus.prepare.pipeline import prepare
 from minilmd.corpus.sources.jsonl import iter_texts
 from minilmd.corpus.tokenizer_train import train_tokenizer
 from minilmd.protocol import BOS_ID, EOS_ID
@@ -22,6 +23,15 @@ def demo_slice(out_dir: Path, docs_per_file: int) -> list[str]:
 def small_tokenizer(corpus: list[str], out: Path, vocab_size: int = 512) -> Path:
     train_tokenizer(iter_texts(corpus), vocab_size, out)
     return out
+
+
+def run_prepare(sources, tokenizer, out, **kw):
+    """`prepare` in this process (no worker processes, no progress line unless asked): (its meta, what it logged)."""
+    kw.setdefault("workers", 0)
+    kw.setdefault("progress", False)
+    logged = []
+    meta = prepare([str(s) for s in sources], tokenizer, out, log=logged.append, **kw)
+    return meta, "\n".join(logged)
 
 
 def write_jsonl(path: Path, texts: list[str]) -> Path:

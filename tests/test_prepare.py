@@ -14,21 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_helpers import decoded_documents, demo_slice, read_texts, write_jsonl
+from data_helpers import decoded_documents, demo_slice, read_texts, run_prepare, write_jsonl
 from minilmd.corpus.analysis.stats import layout_stats, length_stats
 from minilmd.corpus.format import open_prepared
-from minilmd.corpus.prepare.pipeline import Progress, leak_key, prepare, split_is_val
+from minilmd.corpus.prepare.pipeline import Progress, leak_key, split_is_val
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.corpus.tokenizer_train import load_tokenizer
 from waiting import wait_until
-
-
-def run_prepare(sources, tokenizer, out, **kw):
-    kw.setdefault("workers", 0)
-    kw.setdefault("progress", False)
-    logged = []
-    meta = prepare([str(s) for s in sources], tokenizer, out, log=logged.append, **kw)
-    return meta, "\n".join(logged)
 
 
 def no_leftovers(out: Path) -> bool:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from data_helpers import run_prepare
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 from second_user import second_user, sh_as_user, shared  # noqa: F401 - shared: a fixture
-from test_prepare import run_prepare
 
 
 def _half(path: Path) -> Path:

@@ -14,21 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from data_helpers import decoded_documents, read_texts, write_jsonl
+from data_helpers import decoded_documents, read_texts, run_prepare, write_jsonl
 from minilmd.corpus.format import open_prepared
-from minilmd.corpus.prepare.pipeline import prepare, split_is_val
+from minilmd.corpus.prepare.pipeline import split_is_val
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.corpus.sources.longdoc import PIECE_CHARS, split_pieces
 from minilmd.corpus.tokenizer_train import load_tokenizer
 
 BLOCK = 4096  # a block smaller than many demo lines: those are streamed
-
-
-def run_prepare(sources, tokenizer, out, **kw):
-    kw.setdefault("workers", 0)
-    logged: list[str] = []
-    meta = prepare([str(s) for s in sources], tokenizer, out, progress=False, log=logged.append, **kw)
-    return meta, "\n".join(logged)
 
 
 def long_texts(demo_jsonl, n: int, chars: int) -> list[str]:
