@@ -184,10 +184,21 @@ def test_a_link_at_a_pointers_temporary_name_is_passed_by(tmp_path, victim, monk
     remote.makedirs()
     os.symlink(victim / ".bashrc", remote.path(".LATEST.h-1-first.tmp"))
     os.symlink(victim / ".bashrc", remote.path(LATEST))
-    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: iter(["first", "second"]))
+    drawn: list[str] = []
+
+    def candidates():
+        for name in ("first", "second"):
+            drawn.append(name)
+            yield name
+
+    monkeypatch.setattr(tempfile, "_get_candidate_names", candidates)
     remote.write_latest("step-00000010")
+    assert drawn == ["first", "second"]  # the first name met as taken, so a second one drawn and used
     assert untouched(victim)
     assert Path(remote.path(LATEST)).read_text() == "step-00000010\n"
+    assert not os.path.islink(remote.path(LATEST))
+    assert sorted(os.listdir(remote.root)) == [".LATEST.h-1-first.tmp", LATEST]  # the link left, the second renamed
+    assert os.readlink(remote.path(".LATEST.h-1-first.tmp")) == str(victim / ".bashrc")
 
 
 # --- what another user made is never deleted, moved, nor written into ------------------------------------------------
