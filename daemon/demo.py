@@ -23,6 +23,7 @@ from pathlib import Path
 from minilmd import scratch as scratchmod
 from minilmd.checkpoint_dirs import read_latest
 from minilmd.names import TOKENIZER_FILE
+from minilmd.perms import owned_by_me
 
 DEMO_CONFIG = """\
 # The demo run: a small model (about 2M parameters) so that it trains on a laptop CPU in a few minutes.
@@ -91,7 +92,7 @@ def fresh_start(root_path: Path) -> Path:
     /dev/shm, else a directory beside the run."""
     default = scratchmod.default_path(demo_scratch_name("demo", root_path))
     scratch = default if default.parent.parent.is_dir() else root_path / "scratch"
-    if root_path.exists() and os.lstat(root_path).st_uid != os.geteuid():
+    if root_path.exists() and not owned_by_me(os.lstat(root_path)):
         sys.exit(f"demo: {root_path} belongs to uid {os.lstat(root_path).st_uid}, not to you: run the demo in a "
                  f"directory of yours (python -m minilmd.daemon.demo DIR)")
     left = scratchmod.remove_own(scratch, root_path / "run")

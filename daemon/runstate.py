@@ -312,7 +312,7 @@ def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = TAIL_MAX_BYTES)
         start = max(0, size - max_bytes)
         data = _pread_all(fd, size - start, start)
     except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror or e}", path) from None
+        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
     finally:
         os.close(fd)
     lines = data.decode(errors="replace").splitlines()
@@ -337,7 +337,7 @@ def new_lines(path: str | os.PathLike, offset: int,
             offset = size - max_bytes
         data = _pread_all(fd, size - offset, offset)
     except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror or e}", path) from None
+        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
     finally:
         os.close(fd)
     end = data.rfind(b"\n")

@@ -142,7 +142,8 @@ def predecessor_state(pred: Predecessor) -> dict:
     except FileNotFoundError:
         raise Unreadable("missing", pred.run_dir / STATE, missing=True) from None
     except OSError as e:
-        raise Unreadable(f"its run directory cannot be read: {e.strerror or e}", pred.run_dir / STATE) from None
+        raise Unreadable(f"its run directory cannot be read: {e.strerror or e}", pred.run_dir / STATE,
+                         os_error=e) from None
     return read_json(pred.run_dir / STATE, max_bytes=PREDECESSOR_STATE_MAX_BYTES, owner=(owner, own_uid()))
 
 
@@ -333,7 +334,7 @@ def _read_pth(source: InitSource, model: dict | None, sink) -> dict:
     try:
         copy_regular(source.path, sink, max_bytes=bound)
     except Unreadable as e:
-        if e.why.startswith("over "):  # its size, looked at before a byte is read
+        if e.kind == "too_big":  # its size, looked at before a byte is read
             limit = "a state dict of this run's model can be" if model is not None else "init.from's .pth may be"
             raise InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}") from None
         raise _untrusted_failure(e) from None

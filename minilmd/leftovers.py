@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.perms import own_uid
+from minilmd.perms import owned_by_me
 from minilmd.procs import process_start_ticks
 
 Say = Callable[[str], None]
@@ -63,7 +63,7 @@ def own(path: Path, st: os.stat_result, words: Words, say: Say) -> bool:
         say(f"{path}: a symbolic link by {words.one}'s temporary name; left as it is ({words.one} never follows "
             f"nor removes one)")
         return False
-    if st.st_uid != own_uid():
+    if not owned_by_me(st):
         say(f"{path}: left as it is: the {words.thing} of a killed {words.tool}, but another user's (uid "
             f"{st.st_uid}), which is theirs to remove")
         return False

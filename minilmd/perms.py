@@ -34,6 +34,17 @@ def own_uid() -> int:
     return os.geteuid()
 
 
+def owned_by_me(st: os.stat_result) -> bool:
+    """The file (as lstat or fstat saw it) is this process's user's: the one owner rule of "is this ours"."""
+    return st.st_uid == own_uid()
+
+
+def owned_by_me_or_root(st: os.stat_result) -> bool:
+    """The file is this user's or root's: the owners a directory on the way to ours may have (root's /tmp,
+    /dev/shm, /var/lock), since its owner alone can remove or swap what is in it, sticky or not."""
+    return st.st_uid in (0, own_uid())
+
+
 def problem(share: object, key: str = "run.share") -> str | None:
     """The config error for a value that is not a policy, None for a good one."""
     if share in SHARES:
@@ -79,7 +90,7 @@ def settle_new_file(path: str | os.PathLike) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != file_mode():
+        if stat.S_ISREG(st.st_mode) and owned_by_me(st) and stat.S_IMODE(st.st_mode) != file_mode():
             os.fchmod(fd, file_mode())
     finally:
         os.close(fd)

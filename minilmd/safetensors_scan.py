@@ -122,7 +122,7 @@ def scan_safetensors(path: str | os.PathLike, *, size: int | None = None, keep: 
     with os.fdopen(fd, "rb") as f:
         have = os.fstat(fd).st_size
         if size is not None and have != size:
-            raise Unreadable(f"{have} bytes, listed as {size}", path)
+            raise Unreadable(f"{have} bytes, listed as {size}", path, kind="wrong_size")
         if keep:
             kept = _read_whole(f, have, path)
         source: BinaryIO = io.BytesIO(kept) if kept is not None else f  # kept: the file is not read again
@@ -160,5 +160,5 @@ def _read_whole(f: BinaryIO, size: int, path: Path) -> bytes:
     except OSError as e:
         raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
     if len(data) != size:
-        raise Unreadable(f"changed while being read ({size_text(size)} when opened)", path)
+        raise Unreadable(f"changed while being read ({size_text(size)} when opened)", path, kind="changed")
     return data

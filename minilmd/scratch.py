@@ -43,6 +43,7 @@ from minilmd.names import (
     atomic_tmp_prefix,
     default_scratch,
 )
+from minilmd.perms import own_uid, owned_by_me, owned_by_me_or_root
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
@@ -97,7 +98,7 @@ def default_path(run_name: str, uid: int | None = None) -> Path:
     a node's scratch is the job's alone (daemon/slurm/job.py removes it once the remote holds the last checkpoint)."""
     job = os.environ.get(SLURM_JOB_ENV, "")
     name = f"{run_name}-slurm{job}" if job.isdigit() else run_name
-    return Path(default_scratch(os.geteuid() if uid is None else uid, name, base()))
+    return Path(default_scratch(own_uid() if uid is None else uid, name, base()))
 
 
 def _user(uid: int) -> str:
@@ -118,8 +119,8 @@ def _dir_problem(label: str, path: Path, st: os.stat_result) -> str | None:
                 f"placed it would choose where the run's files go; remove it, or set run.scratch")
     if not stat.S_ISDIR(st.st_mode):
         return f"{label} {path} exists and is not a directory"
-    if st.st_uid != os.geteuid():
-        return (f"{label} {path} belongs to {_user(st.st_uid)}, not to you ({_user(os.geteuid())}): a run never "
+    if not owned_by_me(st):
+        return (f"{label} {path} belongs to {_user(st.st_uid)}, not to you ({_user(own_uid())}): a run never "
                 f"uses another user's scratch; set run.scratch to a directory of yours")
     return None
 
@@ -157,7 +158,7 @@ def _link_target(path: Path) -> str:
 
 def _others_can_write(st: os.stat_result) -> bool:
     """Another user can create, rename or remove entries in this directory (group members count as others)."""
-    sticky_and_safe = bool(st.st_mode & stat.S_ISVTX) and st.st_uid in (0, os.geteuid())
+    sticky_and_safe = bool(st.st_mode & stat.S_ISVTX) and owned_by_me_or_root(st)
     return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and not sticky_and_safe
 
 
@@ -177,7 +178,7 @@ def _ancestry_problem(label: str, scratch: Path) -> str | None:
                     f"the real path")
         if not stat.S_ISDIR(st.st_mode):
             return None  # the config check says that a file is in the way
-        if st.st_uid not in (0, os.geteuid()):
+        if not owned_by_me_or_root(st):
             return (f"{where} belongs to {_user(st.st_uid)}, who could replace the scratch by a link to your files "
                     f"or by a directory of his; set run.scratch to a place only you (and root) can change")
         if _others_can_write(st):
@@ -300,7 +301,7 @@ def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> Iden
 
 
 def _write_marker(scratch: Path, run_dir: Path, run_name: str) -> None:
-    owner = {"run_dir": str(run_dir), "run_name": run_name, "uid": os.geteuid(), "host": socket.gethostname()}
+    owner = {"run_dir": str(run_dir), "run_name": run_name, "uid": own_uid(), "host": socket.gethostname()}
     tmp = scratch / f"{atomic_tmp_prefix(SCRATCH_OWNER)}{os.getpid()}"
     try:
         with open(tmp, "x", encoding="utf-8") as f:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -75,7 +76,8 @@ def test_the_probe_stages_its_val_split_only_reuses_a_good_copy_and_recopies_a_d
 
 
 def test_a_probe_gone_is_unreachable_a_probe_there_and_wrong_is_invalid(tmp_path, corpus):
-    with pytest.raises(initstage.SourceUnreachable, match="No such file"):
+    gone = re.escape(f"{tmp_path / 'gone'}: not there (its share gone?)")  # shared_place's words, as the corpus's
+    with pytest.raises(initstage.SourceUnreachable, match=gone):
         initstage.stage_probe(str(tmp_path / "gone"), tmp_path / "scratch")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("not a corpus")  # (an empty directory: a share not mounted)

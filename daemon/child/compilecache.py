@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from minilmd.fsio import tail_lines
-from minilmd.perms import own_uid
+from minilmd.perms import owned_by_me
 
 CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 """Each cache variable and its directory under the run's compile cache."""
@@ -102,7 +102,7 @@ def _ours(cache: Path, written: str) -> Path | None:
             st = os.lstat(path)
         except OSError:
             return None
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != own_uid():
+        if stat.S_ISLNK(st.st_mode) or not owned_by_me(st):
             return None
         kind_ok = stat.S_ISREG if i == len(chain) - 1 else stat.S_ISDIR
         if not kind_ok(st.st_mode):

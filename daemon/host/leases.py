@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.perms import owned_by_me, owned_by_me_or_root
 from minilmd.untrusted import loads
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -145,7 +146,7 @@ def _chain_problem(path: Path, links: int = 0) -> str | None:
         except OSError as e:
             return f"{here}, which cannot be checked: {e.strerror or e}"
         if stat.S_ISLNK(st.st_mode):
-            if st.st_uid not in (0, os.geteuid()):
+            if not owned_by_me_or_root(st):
                 return f"{here}, which is a symbolic link of {_user(st.st_uid)}: that user could point it anywhere"
             if links >= 8:
                 return f"{here}, which leads through too many symbolic links"
@@ -198,7 +199,7 @@ def _open_dir(path: Path) -> int:
         fd = _open_dir_fd(path)
     try:
         st = os.fstat(fd)
-        if created and st.st_uid == os.geteuid():
+        if created and owned_by_me(st):
             os.fchmod(fd, SHARED_DIR_MODE)
             st = os.fstat(fd)
         problem = _dir_problem(st)
@@ -223,9 +224,9 @@ def _open_dir_fd(path: Path) -> int:
 def _dir_problem(st: os.stat_result) -> str | None:
     """Why a directory (the lock directory or one above it) could be rearranged by another user, or None."""
     sticky = bool(st.st_mode & stat.S_ISVTX)
-    if not sticky and st.st_uid not in (0, os.geteuid()):
+    if not sticky and not owned_by_me_or_root(st):
         return f"belongs to {_user(st.st_uid)} and is not sticky: that user could swap the lease files"
-    if st.st_uid not in (0, os.geteuid()):
+    if not owned_by_me_or_root(st):
         return (f"belongs to {_user(st.st_uid)}, not to root or you: sticky or not, its owner could remove or swap "
                 f"any lease file in it")
     if not sticky and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -258,7 +259,7 @@ def _open_in(dir_fd: int, path: Path, name: str) -> LeaseFile:
     if problem:
         os.close(fd)
         raise LeaseUnsafe(f"{path} (of {_user(st.st_uid)}) {problem}; {ADVICE}")
-    if st.st_uid != os.geteuid():
+    if not owned_by_me(st):
         return LeaseFile(fd, path, writable=False)  # another user's lease file: flocked and read, never written
     try:  # our own file: the same open file again, writable (no second lookup of the name)
         rw = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.names import LOCK
+from minilmd.perms import own_uid, owned_by_me
 from minilmd.untrusted import loads
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -162,6 +163,6 @@ def _not_ours(st: os.stat_result) -> str | None:
         return "is not a regular file"
     if st.st_nlink != 1:
         return f"has {st.st_nlink} hard links (it could be another file's name)"
-    if st.st_uid != os.geteuid():
-        return f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    if not owned_by_me(st):
+        return f"belongs to uid {st.st_uid}, not to you (uid {own_uid()})"
     return None

@@ -19,6 +19,7 @@ from pathlib import Path
 from minilmd.daemon.states import Phase
 from minilmd.daemon.statesections import TextfileState
 from minilmd.fsio import atomic_write_text
+from minilmd.perms import owned_by_me
 
 WRITE_EVERY_S = 5.0
 TEXTFILE_MODE = 0o644
@@ -196,7 +197,7 @@ def not_ours(path: Path) -> str | None:
         return "is a symbolic link (not this run's: never followed nor replaced)"
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file (not this run's: never replaced)"
-    if st.st_uid != os.geteuid():
+    if not owned_by_me(st):
         try:
             owner = f"user {pwd.getpwuid(st.st_uid).pw_name}"
         except KeyError:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.fsio import atomic_write_text
+from minilmd.perms import own_uid, owned_by_me, owned_by_me_or_root
 from minilmd.untrusted import Unreadable, printable, read_json
 
 MAX_ENTRY_BYTES = 64 * 1024
@@ -105,7 +106,7 @@ def _own_private_dir(path: Path) -> None:
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise RegistryUnsafe(f"{path} is not a directory (a symlink?): not used as the registry")
-    if st.st_uid != os.geteuid():
+    if not owned_by_me(st):
         raise RegistryUnsafe(f"{path} belongs to uid {st.st_uid}, not to you: not used as the registry")
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)
@@ -118,7 +119,7 @@ def _safe_shared_dir(path: Path) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+    if not stat.S_ISDIR(st.st_mode) or not owned_by_me_or_root(st):
         return False
     return not (st.st_mode & 0o022) or bool(st.st_mode & stat.S_ISVTX)
 
@@ -138,7 +139,7 @@ def register(name: str, run_dir: str | os.PathLike, config: str | os.PathLike, s
     of a system entry name another user took first (the run is then registered under a fresh one)."""
     run_dir = Path(run_dir).resolve()
     body = json.dumps({"name": name, "run_dir": str(run_dir), "config": str(Path(config).resolve()),
-                       "uid": os.geteuid(), "host": socket.gethostname(), "registered": round(time.time(), 3)},
+                       "uid": own_uid(), "host": socket.gethostname(), "registered": round(time.time(), 3)},
                       sort_keys=True) + "\n"
     folder = user_dir()
     _own_private_dir(folder)
@@ -156,7 +157,7 @@ def register(name: str, run_dir: str | os.PathLike, config: str | os.PathLike, s
 def _register_shared(shared: Path, name: str, run_dir: Path, body: str, say) -> Path:
     """Our entry in the system registry: the usual name if it is free or ours, else a fresh one of ours (the one
     an earlier start chose, if any). Never replaces another user's file, not even as root."""
-    uid = os.geteuid()
+    uid = own_uid()
     path = shared / entry_name(name, run_dir, uid)
     taker = _taken_by(path, uid)
     if taker is None:
@@ -224,7 +225,10 @@ def register_quietly(name: str, run_dir: Path, config: str | os.PathLike, emit) 
 # --- reading ---------------------------------------------------------------------------------------------------
 
 def _read_entry(path: Path, owner: int, shared: bool) -> Entry:
-    """The entry in path, owned by `owner`; Unreadable when it is not one, or does not agree with its name."""
+    """The entry in path, owned by `owner`; Unreadable when it is not one, or does not agree with its name. In the
+    system registry an entry's name begins with its owner's uid: one of another uid is not read."""
+    if shared and (named := path.name.split("-", 1)[0]) != str(owner):
+        raise Unreadable(f"named for uid {named} but belongs to uid {owner}", path, kind="owner")
     body = read_json(path, max_bytes=MAX_ENTRY_BYTES, max_depth=MAX_ENTRY_DEPTH, owner=owner)
     name, run_dir, uid = body.get("name"), body.get("run_dir"), body.get("uid")
     if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
@@ -274,8 +278,6 @@ def _entries_in(folder: Path, reader_uid: int, shared: bool, notes: list[str]) -
         if per_user[owner] > MAX_ENTRIES_PER_USER:
             continue
         try:
-            if shared and file_name.split("-", 1)[0] != str(owner):
-                raise Unreadable(f"named for uid {file_name.split('-', 1)[0]} but belongs to uid {owner}")
             entry = _read_entry(path, owner, shared)
         except Unreadable as e:
             unreadable[owner].append(f"{printable(file_name)} ({e.why})")
@@ -315,7 +317,7 @@ def _all_entries(reader_uid: int, notes: list[str]) -> list[Entry]:
 
 def scan(reader_uid: int | None = None) -> Scan:
     """Every run this user may see, once each (by owner and run directory), sorted by name, and the notes."""
-    uid = os.geteuid() if reader_uid is None else reader_uid
+    uid = own_uid() if reader_uid is None else reader_uid
     result = Scan()
     unique: dict[tuple[int, str], Entry] = {}
     for entry in _all_entries(uid, result.notes):
@@ -332,7 +334,7 @@ def forget(target: str) -> list[Path]:
     """Remove this user's entries of the run named target, or of the run directory target; returns the files
     removed. Only files found in the registry directories are touched, never a path made from a name; only those
     the user owns (root's forget removes anyone's)."""
-    uid = os.geteuid()
+    uid = own_uid()
     as_dir = str(Path(target).resolve()) if ("/" in target or Path(target).exists()) else None
     found = _all_entries(uid, [])
     runs = {(e.uid, str(e.run_dir)) for e in found if e.name == target or str(e.run_dir) == as_dir}

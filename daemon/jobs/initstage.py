@@ -230,14 +230,14 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None, answered=lambd
 
 def _probe_meta_missing(root: Path, source: str) -> SourceInvalid | SourceUnreachable | None:
     """What a probe source whose meta.json could not be read is (minilmd/shared_place.py decides, as for the main
-    corpus): an empty directory (a mount point whose share is not mounted) or one that cannot be listed is waited
-    for as a share gone; a directory holding other files, or a file where the directory belongs, is not a prepared
-    corpus (final). None when the share is gone (the read's own "No such file", waited for too) or meta.json is
-    there after all (its own read error stands)."""
+    corpus): its share gone, an empty directory (a mount point whose share is not mounted) or one that cannot be
+    listed is waited for, said in shared_place's words ("not there (its share gone?)"), as the main corpus's; a
+    directory holding other files, or a file where the directory belongs, is not a prepared corpus (final). None
+    when meta.json is there after all (its own read error stands)."""
     from minilmd.shared_place import Place, look
 
     found = look(root, CORPUS_META)
-    if found.place in (Place.THERE, Place.GONE):
+    if found.place is Place.THERE:
         return None
     if found.outage:
         return SourceUnreachable(f"{source}: {found}")

@@ -20,6 +20,7 @@ from minilmd.corpus.meta import read_corpus_meta
 from minilmd.daemon.jobs.staging_errors import ScratchFull, ScratchTooSmall
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER
+from minilmd.perms import own_uid
 
 MIB = 1024 ** 2
 GIB = 1024 ** 3
@@ -113,7 +114,7 @@ def _alternative_scratch(scratch: Path, needed: int) -> str | None:
                 st = os.statvfs(candidate)
                 free = st.f_bavail * st.f_frsize
                 if free > needed:
-                    return f"{candidate / f'minilmd-{os.geteuid()}' / scratch.name} ({_mb(free)} free)"
+                    return f"{candidate / f'minilmd-{own_uid()}' / scratch.name} ({_mb(free)} free)"
         except OSError:
             continue
     return None

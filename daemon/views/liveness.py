@@ -13,7 +13,7 @@ from pathlib import Path
 from minilmd.daemon.runstate import load_state, process_alive, read_heartbeat
 from minilmd.daemon.statesections import StateJson
 from minilmd.fmt import fmt_duration
-from minilmd.perms import own_uid
+from minilmd.perms import owned_by_me
 from minilmd.untrusted import Unreadable
 
 
@@ -36,7 +36,7 @@ def orphan_lines(run_dir: Path, state: StateJson, alive: bool) -> list[str]:
     if alive or state.outcome is not None:
         return []
     try:
-        ours = os.lstat(run_dir).st_uid == own_uid()
+        ours = owned_by_me(os.lstat(run_dir))
     except OSError:
         ours = False
     if not ours:

@@ -183,7 +183,7 @@ def _read_text(path: Path) -> str:
     try:
         return read_bytes(path.resolve(), max_bytes=TOKENIZER_CONFIG_MAX_BYTES).decode("utf-8")
     except UnicodeDecodeError:
-        raise Unreadable("not UTF-8", path) from None
+        raise Unreadable("not UTF-8", path, kind="not_utf8") from None
 
 
 def read_tokenizer_config(tokenizer: str | Path) -> dict:

@@ -58,7 +58,7 @@ from minilmd.corpus.sources.jsonl import InputError
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_maker, prepare_tmp_name
-from minilmd.perms import own_uid
+from minilmd.perms import owned_by_me
 
 APPEND_SUFFIX = ".append"  # the temporary directory's name is prepare's, for "<corpus>.append"
 _WORDS = leftovers.Words(one="an append", tool="prepare --append", thing="temporary directory", files=False)
@@ -118,7 +118,7 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
 def _check_owner(root: Path, st: os.stat_result) -> None:
     """ValueError (exit 2) for a corpus of another user: an append changes it in place, and only its owner may."""
     owner = st.st_uid
-    if owner != own_uid():
+    if not owned_by_me(st):
         raise ValueError(f"{root}: the corpus belongs to another user (uid {owner}); `prepare --append` changes a "
                          "corpus in place, which only its owner may do. Prepare a corpus of your own (--out "
                          "elsewhere)")

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
-from minilmd.perms import own_uid
+from minilmd.perms import owned_by_me, owned_by_me_or_root
 from minilmd.untrusted import loads, printable
 
 LOCK_SUFFIX = ".lock"
@@ -66,7 +66,7 @@ class CorpusLock:
             raise ValueError(f"{path}: cannot open the lock file of {self.out} ({e.strerror}); it must be a regular "
                              "file of yours (remove it, or choose another --out)") from None
         st = os.fstat(self.fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != own_uid():
+        if not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
             self.close()
             what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"owned by uid {st.st_uid}"
             raise ValueError(f"{path}: the lock file of {self.out} is {what}, not yours; nothing was changed. "
@@ -142,7 +142,7 @@ def _open_dir(path: str | os.PathLike, dir_fd: int | None = None) -> int:
     current user's or root's (a link planted by another user, e.g. in /tmp, is refused: ELOOP)."""
     st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-    if not stat.S_ISLNK(st.st_mode) or st.st_uid not in (own_uid(), 0):
+    if not stat.S_ISLNK(st.st_mode) or not owned_by_me_or_root(st):
         flags |= os.O_NOFOLLOW
     return os.open(path, flags, dir_fd=dir_fd)
 

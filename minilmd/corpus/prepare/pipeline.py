@@ -63,7 +63,7 @@ from minilmd.names import (
     prepare_tmp_maker,
     prepare_tmp_name,
 )
-from minilmd.perms import own_uid
+from minilmd.perms import owned_by_me
 from minilmd.untrusted import Unreadable, printable, read_bytes
 
 MAX_META_BYTES = 64 << 20  # a meta.json read to decide whether --force may replace a directory
@@ -156,9 +156,9 @@ def _foreign_content(out: Path) -> str:
         return f"a symbolic link (to {printable(os.readlink(out))})"
     if not out.is_dir():
         return "not a directory"
-    owner = out.lstat().st_uid
-    if owner != own_uid():
-        return f"a directory of another user (uid {owner})"
+    st = out.lstat()
+    if not owned_by_me(st):
+        return f"a directory of another user (uid {st.st_uid})"
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return ""

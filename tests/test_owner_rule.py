@@ -1,0 +1,176 @@
+"""One owner rule: every "is this file ours" check of minilmd asks minilmd/perms.py (own_uid, owned_by_me,
+owned_by_me_or_root), none asks os.geteuid() itself.
+
+Before, scratch, the supervisor lock, the lease files and their directory, the registry, the Prometheus textfile,
+the demo and perms.settle_new_file each compared with os.geteuid() by hand. Here perms.own_uid is faked to another
+uid (no chown needed: a file of this process is then "another user's"), and each check must follow it. The checks
+that accept root's directories too (the sticky /tmp, /dev/shm, /var/lock above ours) need a directory of neither
+root nor the faked uid: as a user, one of this process's own; as root, one given to another uid (root can).
+"""
+from __future__ import annotations
+
+import ast
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from minilmd import perms
+from minilmd import scratch as scratchmod
+from minilmd.daemon import demo
+from minilmd.daemon.host import leases, prometheus, registry
+from minilmd.daemon.host.lock import LockUnsafe, RunLock
+
+REPO = Path(__file__).resolve().parent.parent
+CODE_FOLDERS = (REPO / "minilmd", REPO / "daemon", REPO / "trainer")
+OTHER_UID = 4242
+"""The owner given to a directory when the tests run as root: neither root nor this process."""
+
+
+def fake_own_uid(monkeypatch, uid: int) -> None:
+    monkeypatch.setattr(perms, "own_uid", lambda: uid)
+
+
+def someone_else(path: Path) -> int:
+    """A uid that is not the owner of path (nor root)."""
+    return os.lstat(path).st_uid + 1
+
+
+@pytest.fixture
+def neither_roots(tmp_path) -> tuple[Path, int]:
+    """(a directory owned by neither root nor, unless faked so, this process; its owner), mode 0755."""
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    os.chmod(folder, 0o755)
+    if os.geteuid() == 0:
+        os.chown(folder, OTHER_UID, OTHER_UID)
+    return folder, os.lstat(folder).st_uid
+
+
+# --- "owned by me": a file or directory of this process is another user's once own_uid says so ----------------------
+
+def test_scratch_of_this_process_is_not_yours_under_another_own_uid(tmp_path, monkeypatch):
+    scratch, run_dir = tmp_path / "scratch", tmp_path / "run"
+    scratch.mkdir(mode=0o700)
+    assert scratchmod.problems(scratch, run_dir, False) == []
+    fake_own_uid(monkeypatch, someone_else(scratch))
+    (problem,) = scratchmod.problems(scratch, run_dir, False)
+    assert f"run.scratch {scratch} belongs to" in problem and "not to you" in problem, problem
+    assert scratchmod.remove_own(scratch, run_dir) and scratch.is_dir()  # left, said
+
+
+def test_the_supervisor_lock_of_this_process_is_not_yours_under_another_own_uid(tmp_path, monkeypatch):
+    fake_own_uid(monkeypatch, someone_else(tmp_path))
+    with pytest.raises(LockUnsafe, match="belongs to uid"):
+        RunLock(tmp_path).acquire()
+
+
+def test_the_user_registry_of_this_process_is_not_yours_under_another_own_uid(tmp_path, monkeypatch):
+    folder = tmp_path / "runs"
+    registry._own_private_dir(folder)  # ours: accepted
+    fake_own_uid(monkeypatch, someone_else(folder))
+    with pytest.raises(registry.RegistryUnsafe, match="not to you"):
+        registry._own_private_dir(folder)
+
+
+def test_a_lease_file_of_this_process_is_read_only_under_another_own_uid(tmp_path, monkeypatch):
+    (tmp_path / "gpu0.lease").write_text("")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        lease = leases._open_in(fd, tmp_path / "gpu0.lease", "gpu0.lease")
+        assert lease.writable
+        lease.close()
+        fake_own_uid(monkeypatch, someone_else(tmp_path / "gpu0.lease"))
+        lease = leases._open_in(fd, tmp_path / "gpu0.lease", "gpu0.lease")
+        assert not lease.writable  # another user's lease file: flocked and read, never written
+        lease.close()
+    finally:
+        os.close(fd)
+
+
+def test_the_prometheus_textfile_of_this_process_is_not_replaced_under_another_own_uid(tmp_path, monkeypatch):
+    textfile = tmp_path / "minilmd.prom"
+    textfile.write_text("")
+    assert prometheus.not_ours(textfile) is None
+    fake_own_uid(monkeypatch, someone_else(textfile))
+    assert "not to this run's user" in (prometheus.not_ours(textfile) or "")
+
+
+def test_the_demo_leaves_a_directory_that_is_not_yours_under_another_own_uid(tmp_path, monkeypatch):
+    root = tmp_path / "demo-run"
+    (root / "kept").mkdir(parents=True)
+    fake_own_uid(monkeypatch, someone_else(root))
+    with pytest.raises(SystemExit, match="not to you"):
+        demo.fresh_start(root)
+    assert (root / "kept").is_dir()
+
+
+def test_a_new_file_is_settled_only_when_yours_by_own_uid(tmp_path, monkeypatch):
+    made = tmp_path / "model.safetensors"
+    made.write_bytes(b"")
+    os.chmod(made, 0o600)
+    monkeypatch.setattr(perms, "file_mode", lambda: 0o644)
+    fake_own_uid(monkeypatch, someone_else(made))
+    perms.settle_new_file(made)
+    assert stat.S_IMODE(os.lstat(made).st_mode) == 0o600  # not ours: never chmodded
+    monkeypatch.setattr(perms, "own_uid", lambda: os.lstat(made).st_uid)
+    perms.settle_new_file(made)
+    assert stat.S_IMODE(os.lstat(made).st_mode) == 0o644
+
+
+# --- "owned by me or root": a directory on the way, judged by own_uid ------------------------------------------------
+
+def test_a_directory_above_scratch_is_judged_by_own_uid(neither_roots, monkeypatch):
+    folder, owner = neither_roots
+    scratch, run_dir = folder / "scratch", folder / "run"
+    fake_own_uid(monkeypatch, owner)
+    assert scratchmod.problems(scratch, run_dir, False) == []
+    fake_own_uid(monkeypatch, owner + 1)
+    (problem,) = scratchmod.problems(scratch, run_dir, False)
+    assert "above it belongs to" in problem, problem  # the first one not root's nor the faked uid's
+
+
+def test_the_lock_directory_is_judged_by_own_uid(neither_roots, monkeypatch):
+    folder, owner = neither_roots
+    os.chmod(folder, 0o1777)  # a sticky lock directory is safe if root's or ours alone: its owner may swap leases
+    fake_own_uid(monkeypatch, owner)
+    assert leases.lock_dir_problem(folder) is None
+    fake_own_uid(monkeypatch, owner + 1)
+    assert "belongs to" in (leases.lock_dir_problem(folder) or "")
+
+
+def test_the_system_registry_is_judged_by_own_uid(neither_roots, monkeypatch):
+    folder, owner = neither_roots
+    fake_own_uid(monkeypatch, owner)
+    assert registry._safe_shared_dir(folder)
+    fake_own_uid(monkeypatch, owner + 1)
+    assert not registry._safe_shared_dir(folder)
+
+
+# --- no module asks os.geteuid() but perms.py ----------------------------------------------------------------------
+
+def geteuid_calls(path: Path) -> list[int]:
+    """The lines of a module that name os.geteuid (called or passed), or import geteuid from os or posix."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "geteuid":
+            found.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module in ("os", "posix"):
+            found += [node.lineno for alias in node.names if alias.name == "geteuid"]
+    return sorted(found)
+
+
+def test_no_module_but_perms_asks_os_geteuid():
+    found = {f"{path.relative_to(REPO)}:{line}"
+             for folder in CODE_FOLDERS for path in sorted(folder.rglob("*.py")) if path.name != "perms.py"
+             for line in geteuid_calls(path)}
+    assert found == set(), "use minilmd.perms (own_uid, owned_by_me, owned_by_me_or_root) instead"
+    assert geteuid_calls(REPO / "minilmd" / "perms.py")  # the one place it is asked
+
+
+def test_the_geteuid_guard_sees_each_spelling(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import os\nfrom os import geteuid\nuid = os.geteuid()\nask = os.geteuid\n")
+    assert geteuid_calls(module) == [2, 3, 4]
