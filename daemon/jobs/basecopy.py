@@ -5,7 +5,8 @@ A LoRA checkpoint holds the adapters alone: resuming one needs the very base it 
 weights (the predecessor run again: its BEST moved on) or none (retention deleted the step, the share is gone).
 The run then could not finish: a changed base is refused (exit 2), a gone one waited for without end. So the sync
 copies the staged base once to the remote (the same layout: `source.json` and `checkpoint/` or `weights.pth`;
-files first, read back and hashed, the record last, then renamed into place where the store can rename), and a
+files first, read back and hashed, the record last, then renamed into place where the store can rename, never
+over a copy another machine published there since the push read it: Remote.publish_unless_taken), and a
 LoRA start with a checkpoint to resume stages the base from there when its record is the one that checkpoint was
 trained on, before it reads init.from again (a remote that cannot be read then is waited for: init.from may
 hold other weights by now). `export --merge` and `sample` of an adapter whose recorded base is
@@ -103,8 +104,11 @@ def _standing(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes
 def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> int:
     """Copy the staged base to `<remote>/init` unless it is there already; the bytes copied (0: it was there, or
     the remote holds the copy of another base, which is never replaced: it may be the only copy of the weights
-    older checkpoints were trained on). OSError or BaseCopyError for the sync to retry; a half copy is never left
-    behind. `taken`: Remote.make_tmp's, when the temporary name holds what is not ours."""
+    older checkpoints were trained on; so is one another machine published after the record's read, by the time
+    this copy is renamed into place on a local remote: only this push's copy is removed then). OSError or
+    BaseCopyError for the sync to retry; a half copy is never left behind. `taken`: Remote.make_tmp's, when the
+    temporary name holds what is not ours. On a store without rename the copy is written in place, after what
+    stands at `init` is removed: another machine's copy published after the read is not kept there."""
     hashes = _recorded(staged)
     # the remote's record read once and acted on as read: another machine writes there, so a second read could
     # find no record where the first found another base's, and that copy would be replaced
