@@ -81,8 +81,9 @@ def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_
         (tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_PTH).write_bytes(b"cut short")
         renames.calls.clear()
     remote = AnotherMachine(url, theirs)
-    assert basecopy.push(remote, staged, "h", 1) == 0  # nothing of this base's published: nothing said copied
+    copied = basecopy.push(remote, staged, "h", 1)
     assert _files(tmp_path / "remote" / basecopy.REMOTE_BASE) == _files(theirs)
+    assert copied == 0  # nothing of this base's published: nothing said copied
     assert remote.names() == [basecopy.REMOTE_BASE]  # neither this push's copy nor anything moved aside left
     # what stood at `init` by then was swapped out, looked at, and swapped back
     assert renames.calls == ([(fsio.RENAME_EXCHANGE, True)] * 2 if renames.flags_done else [])
@@ -190,7 +191,7 @@ def test_what_stood_there_is_kept_when_a_third_writer_takes_the_name_while_it_is
     with pytest.raises(OSError, match="what stood there is kept at .*quarantine"):
         remote.publish_unless_taken("src", basecopy.REMOTE_BASE, replaceable,
                                     ours=lambda name: (root / name / "ours").is_file())
-    kept = [d for d in (root / "quarantine").iterdir()]
+    kept = list((root / "quarantine").iterdir())
     assert len(kept) == 1 and sorted(remote.names()) == [basecopy.REMOTE_BASE, "quarantine"]
     copies = {frozenset(p.name for p in d.iterdir()) - {"reason.txt"} for d in (root / basecopy.REMOTE_BASE, kept[0])}
     assert copies == {frozenset({"first"}), frozenset({"third"})}
