@@ -2,6 +2,8 @@
 
 - Writing: `atomic_write_text`/`atomic_write_json` (one file) and `publish_dir` (a whole directory): a reader sees
   the old version or the new one, never a half, and after a power loss the new one is there or nothing is.
+- Renaming in a place others write: `rename_new` (never over what stands at the name) and `exchange` (swap two
+  entries at once), Linux's renameat2 where the file system does it.
 - Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
 - Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `read_new_lines` (follow a log).
@@ -9,6 +11,9 @@ Torch-free; the supervisor imports it.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import hashlib
 import json
 import os
@@ -87,10 +92,7 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
     the old version or the new one, never a half-deleted one; then tmp_dir is renamed and the parent fsynced. A
     kill before the rename leaves final_dir as it was; after it, the new version is complete on disk."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    for where, _dirs, files in os.walk(tmp_dir, topdown=False):
-        for name in files:
-            fsync_file(os.path.join(where, name))
-        fsync_dir(where)  # bottom-up: tmp_dir itself last
+    fsync_tree(tmp_dir)
     old = None
     if final_dir.exists():
         old = Path(aside) if aside is not None else final_dir.with_name(replaced_name(final_dir.name, os.getpid()))
@@ -101,6 +103,71 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
         shutil.rmtree(old, ignore_errors=True)
     return final_dir
 
+
+def fsync_tree(tmp_dir: str | os.PathLike) -> None:
+    """Flush every file and directory under tmp_dir, tmp_dir itself last: complete on disk before it is renamed."""
+    for where, _dirs, files in os.walk(os.fspath(tmp_dir), topdown=False):
+        for name in files:
+            fsync_file(os.path.join(where, name))
+        fsync_dir(where)
+
+
+# --- renaming in a place others write -----------------------------------------------------------------------------
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
+_AT_FDCWD = -100
+_FLAGS_NOT_DONE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+"""What renameat2 says where the kernel or the file system does not do its flags (NFS: EINVAL)."""
+
+
+@functools.cache
+def _libc_renameat2():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2  # glibc 2.28 and later, musl 1.2.2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def renameat2(src: str | os.PathLike, dst: str | os.PathLike, flags: int) -> bool:
+    """Linux's renameat2(2) of src to dst with `flags`: True when done; False when not done because this kernel,
+    libc or file system does not do those flags (EINVAL from NFS and a few others, ENOSYS, no renameat2 at all):
+    the caller's fallback then. Any other failure raises as os.rename's does (FileExistsError for
+    RENAME_NOREPLACE onto a name taken)."""
+    fn = _libc_renameat2()
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _FLAGS_NOT_DONE:
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(src), None, os.fspath(dst))
+
+
+def rename_new(src_dir: str | os.PathLike, dst: str | os.PathLike) -> bool:
+    """Rename the directory src_dir to dst unless something stands at dst: True when renamed, False when dst is
+    taken (left as it is). RENAME_NOREPLACE; where the file system does not do it (NFS), a plain rename(2), which
+    puts a directory in place of nothing or of an empty directory only: a directory that holds anything, a file or
+    a link at dst fail it (ENOTEMPTY, EEXIST, ENOTDIR), and an empty directory holds nothing to lose."""
+    try:
+        if not renameat2(src_dir, dst, RENAME_NOREPLACE):
+            os.rename(src_dir, dst)
+    except (FileExistsError, NotADirectoryError):
+        return False
+    except OSError as e:
+        if e.errno == errno.ENOTEMPTY:
+            return False
+        raise
+    return True
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swap the entries at a and b in one step (RENAME_EXCHANGE; both must exist): True when swapped, False where
+    the file system does not do it (NFS), nothing changed then."""
+    return renameat2(a, b, RENAME_EXCHANGE)
 
 # --- checking -----------------------------------------------------------------------------------------------------
 

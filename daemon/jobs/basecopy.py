@@ -5,7 +5,8 @@ A LoRA checkpoint holds the adapters alone: resuming one needs the very base it 
 weights (the predecessor run again: its BEST moved on) or none (retention deleted the step, the share is gone).
 The run then could not finish: a changed base is refused (exit 2), a gone one waited for without end. So the sync
 copies the staged base once to the remote (the same layout: `source.json` and `checkpoint/` or `weights.pth`;
-files first, read back and hashed, the record last, then renamed into place where the store can rename), and a
+files first, read back and hashed, the record last, then renamed into place where the store can rename, never
+over a copy another machine published there since the push read it: Remote.publish_unless_taken), and a
 LoRA start with a checkpoint to resume stages the base from there when its record is the one that checkpoint was
 trained on, before it reads init.from again (a remote that cannot be read then is waited for: init.from may
 hold other weights by now). `export --merge` and `sample` of an adapter whose recorded base is
@@ -28,7 +29,7 @@ from minilmd.base_copy import (
     parse_record,
 )
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import LeftAside, Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import publish_dir
@@ -73,15 +74,19 @@ def on_remote(remote: Remote, staged: Path) -> bool:
     return _standing(remote, staged, _recorded(staged), _remote_record(remote)) == "this"
 
 
-def _remote_record(remote: Remote) -> bytes | Unreadable | None:
-    """The remote's `init` record, read once: its bytes, None when there is none, or what stands there instead
-    (a FIFO, a link, too big: Unreadable)."""
+def _remote_record(remote: Remote, name: str = REMOTE_BASE) -> bytes | Unreadable | None:
+    """The record of the remote's `init` (or of the copy at `name`), read once: its bytes, None when there is none,
+    or what stands there instead (a FIFO, a link, too big: Unreadable)."""
     try:
-        return remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES)
+        return remote.cat(remote.path(name, INIT_RECORD), MAX_RECORD_BYTES)
     except FileNotFoundError:
         return None
     except Unreadable as e:
         return None if e.missing else e
+
+
+def _record_hash(found: bytes | Unreadable | None) -> str | None:
+    return hashlib.sha256(found).hexdigest() if isinstance(found, bytes) else None
 
 
 def _standing(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes | Unreadable | None) -> str:
@@ -90,7 +95,7 @@ def _standing(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes
     record that cannot be read as one: never replaced), "" (none, or a damaged copy of this base: copied)."""
     if found is None:
         return ""
-    if isinstance(found, Unreadable) or hashlib.sha256(found).hexdigest() != hashes[INIT_RECORD]:
+    if _record_hash(found) != hashes[INIT_RECORD]:  # an Unreadable record included
         return "another"
     whole = all(remote.size(REMOTE_BASE, *_parts(rel)) == (staged / rel).stat().st_size for rel in hashes)
     return "this" if whole else ""
@@ -99,12 +104,16 @@ def _standing(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes
 def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> int:
     """Copy the staged base to `<remote>/init` unless it is there already; the bytes copied (0: it was there, or
     the remote holds the copy of another base, which is never replaced: it may be the only copy of the weights
-    older checkpoints were trained on). OSError or BaseCopyError for the sync to retry; a half copy is never left
-    behind. `taken`: Remote.make_tmp's, when the temporary name holds what is not ours."""
+    older checkpoints were trained on; so is one another machine published after the record's read, by the time
+    this copy is renamed into place on a local remote: only this push's copy is removed then). OSError or
+    BaseCopyError for the sync to retry; a half copy is never left behind. `taken`: Remote.make_tmp's, when the
+    temporary name holds what is not ours. On a store without rename the copy is written in place, after what
+    stands at `init` is removed: another machine's copy published after the read is not kept there."""
     hashes = _recorded(staged)
     # the remote's record read once and acted on as read: another machine writes there, so a second read could
     # find no record where the first found another base's, and that copy would be replaced
-    if _standing(remote, staged, hashes, _remote_record(remote)):
+    found = _remote_record(remote)
+    if _standing(remote, staged, hashes, found):
         return 0
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
     target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken)
@@ -117,12 +126,19 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
             if remote.sha256(target, *_parts(rel), size=copied) != digest:  # read no further than it was written
                 raise BaseCopyError(f"the copy of the LoRA base's {rel} at {remote.show(target)} is not the file "
                                     f"its record lists (read back differently, or staged again meanwhile)")
+        # in place of what stood there only while that is still what was read (none, or a damaged copy of this
+        # base): another machine's copy of another base published since the read stays, byte for byte
+        if remote.local and not remote.publish_unless_taken(
+                target, REMOTE_BASE, replaceable=lambda name: _remote_record(remote, name) == found,
+                ours=lambda name: _record_hash(_remote_record(remote, name)) == hashes[INIT_RECORD]):
+            remote.rm(target)
+            return 0
+    except LeftAside:
+        raise  # what stood at `init` lies at the name it says: never removed
     except BaseException:
         with contextlib.suppress(OSError):  # the copy's own error is the one raised
             remote.rm(target)
         raise
-    if remote.local:  # an earlier copy (of another base, or damaged) is replaced whole: a reader sees one or the other
-        remote.rename_dir(target, REMOTE_BASE)
     return nbytes
 
 

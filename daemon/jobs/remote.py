@@ -17,12 +17,14 @@ import secrets
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from minilmd import checkpoint as ck
+from minilmd import fsio
 from minilmd.daemon.jobs import remote_write
-from minilmd.fsio import atomic_write_text, publish_dir, table_problems
+from minilmd.fsio import atomic_write_text, fsync_dir, fsync_tree, publish_dir, table_problems
 from minilmd.names import LATEST, MANIFEST, is_step_name, step_of
 from minilmd.untrusted import Unreadable, file_kind, loads, open_regular, printable, read_bytes
 
@@ -58,6 +60,14 @@ class ListedManifest(NamedTuple):
     problems: list[str]
     raw: bytes | None
     """The bytes it was parsed from (None without a manifest): a fetch writes them, never reading the file again."""
+
+
+class LeftAside(OSError):
+    """Remote.publish_unless_taken could not put back what it had moved out of the final name to look at (the name
+    was taken meanwhile): what that was is left under another name, which the message says; never removed."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class Remote:
@@ -298,6 +308,83 @@ class Remote:
         if self.local and (why := remote_write.not_ours(self.path(dst))):  # publish_dir would delete it
             raise remote_write.NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
         publish_dir(self.path(src), self.path(dst))
+
+    def publish_unless_taken(self, src: str, dst: str, replaceable: Callable[[str], bool],
+                             ours: Callable[[str], bool]) -> bool:
+        """Publish the complete temporary directory src under dst, durably (local paths only), in place of what
+        stands at dst only when that is still what the caller decided to replace: True when published; False when
+        dst holds what the caller would not replace (left there as it was; src, the caller's copy, is the caller's
+        to remove). Another machine may publish its own copy at dst between the caller's look and this rename: that
+        one is never replaced nor deleted. So nothing is put over dst unseen: where nothing stands, RENAME_NOREPLACE
+        (a plain rename where the file system lacks it: it replaces no directory holding anything); where something
+        does, it is moved out first, by RENAME_EXCHANGE (swapped with src in one step) or, lacking that, a rename
+        aside, and `replaceable(name)` looks at it under its new name, where no writer of dst changes it any more:
+        what it refuses (or an entry not this user's real directory, or a look that fails) goes back to dst.
+        `ours(name)`: the caller's copy is at name (what a swap back must bring back, before src is removed).
+        LeftAside when what stood at dst cannot go back (dst taken again meanwhile): it is kept in quarantine/.
+        NotOurs when dst is another user's entry or a link."""
+        new, final = self.path(src), self.path(dst)
+        fsync_tree(new)
+        if fsio.rename_new(new, final):
+            fsync_dir(os.path.dirname(final))
+            return True
+        if why := remote_write.not_ours(final):
+            raise remote_write.NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
+        if not fsio.exchange(new, final):
+            return self._publish_aside(src, dst, replaceable)
+        # this copy at dst now, what stood there at src
+        if self._looks(src, replaceable):
+            self._drop(src)
+            fsync_dir(os.path.dirname(final))
+            return True
+        try:
+            fsio.exchange(new, final)
+        except OSError as e:
+            raise self._left_aside(src, dst, f"it could not be swapped back ({e.strerror})") from None
+        if not self._looks(src, ours):  # another writer swapped at dst meanwhile: what came back is not this copy
+            raise self._left_aside(src, dst, "another copy took its place meanwhile")
+        return False
+
+    def _publish_aside(self, src: str, dst: str, replaceable: Callable[[str], bool]) -> bool:
+        """publish_unless_taken where the file system cannot exchange (NFS): what stands at dst is renamed aside,
+        looked at there, then either replaced or renamed back. A reader may find dst missing meanwhile."""
+        aside = f"{src}-replaced"
+        self.rm(aside)  # an earlier try's, when this user's
+        new, final, moved = self.path(src), self.path(dst), self.path(aside)
+        if not fsio.rename_new(final, moved):  # a FileNotFoundError (gone meanwhile): the caller retries
+            raise remote_write.NotOurs(errno.EEXIST, f"{self.show(aside)} is {remote_write.what_is(moved)}: not "
+                                                     f"this run's, never replaced")
+        if not self._looks(aside, replaceable):
+            if fsio.rename_new(moved, final):
+                return False
+            self.rm(src)  # this copy: the caller has nothing to remove
+            raise self._left_aside(aside, dst, "another copy took its place meanwhile")
+        published = fsio.rename_new(new, final)  # False: another copy took the name meanwhile; it stays
+        self._drop(aside)  # what the caller would replace, either way
+        fsync_dir(os.path.dirname(final))
+        return published
+
+    def _looks(self, name: str, like: Callable[[str], bool]) -> bool:
+        """Whether `name` is this user's real directory and like(name) says yes; a look that fails says no."""
+        try:
+            return remote_write.not_ours(self.path(name)) is None and like(name)
+        except (OSError, Unreadable):
+            return False
+
+    def _drop(self, name: str) -> None:
+        """Remove a copy replaced; one that cannot be is a leftover of this host, which a later sync removes."""
+        with contextlib.suppress(OSError):
+            self.rm(name)
+
+    def _left_aside(self, name: str, dst: str, why: str) -> LeftAside:
+        """What stood at dst, now at `name`, could not go back: kept in quarantine/ (no clean-up of temporary names
+        takes it there), or left at name when it cannot be moved."""
+        reason = f"stood at {dst}; not put back there: {why}"
+        try:
+            kept = self.quarantine(name, reason)
+        except OSError:
+            kept = self.show(name)
+        return LeftAside(errno.EEXIST, f"{self.show(dst)}: what stood there is kept at {kept} ({why})")
 
     def write_latest(self, name: str, pointer: str = LATEST) -> None:
         if self.local:

@@ -1,0 +1,197 @@
+"""The LoRA base's push to a local remote (daemon/jobs/basecopy.py) against another machine that publishes its own
+base's copy at `<remote>/init` after the push read the record there: that copy, maybe the only one of the weights
+older checkpoints were trained on, is never replaced nor deleted (Remote.publish_unless_taken, fsio.rename_new and
+fsio.exchange), with renameat2's flags and without them (NFS)."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from minilmd import fsio
+from minilmd.daemon.jobs import basecopy, initstage
+from minilmd.daemon.jobs.remote import Remote
+from minilmd.fsio import publish_dir
+from minilmd.init_source import STAGED_PTH, STAGED_RECORD
+
+
+def _staged_pth(tmp_path: Path, name: str) -> Path:
+    """A 4 KiB .pth base of random weights, staged (`<tmp_path>/<name>-scratch/init`)."""
+    pth = tmp_path / f"{name}.pth"
+    pth.write_bytes(os.urandom(4096))
+    return initstage.stage_init(str(pth), tmp_path / f"{name}-scratch")
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+class AnotherMachine(Remote):
+    """A remote shared with another machine, which publishes its own base's copy (`theirs`) at `<remote>/init`,
+    as a push of its own ends, right when this push copies its last file (the record): after this push read the
+    remote's record, before it renames its copy into place."""
+
+    def __init__(self, url: str, theirs: Path):
+        super().__init__(url)
+        self.theirs = theirs
+
+    def put(self, local: Path, *names: str) -> int:
+        if names[-1] == STAGED_RECORD:
+            arriving = shutil.copytree(self.theirs, self.path(".tmp-init-other-host-7"))
+            publish_dir(arriving, self.path(basecopy.REMOTE_BASE))  # in place of whatever stands there
+        return super().put(local, *names)
+
+
+class Renames:
+    """How the remote renames in a test: with renameat2's flags (`flags_done`), or on a file system that does not
+    do them (NFS: EINVAL); each renameat2 call that answered, with its flags and result, in `calls`."""
+
+    def __init__(self, flags_done: bool):
+        self.flags_done = flags_done
+        self.calls: list[tuple[int, bool]] = []
+
+
+@pytest.fixture(params=["renameat2", "plain rename (NFS)"])
+def renames(request, monkeypatch) -> Renames:
+    seen = Renames(request.param == "renameat2")
+    real = getattr(fsio, "renameat2", None)
+
+    def spy(src, dst, flags):
+        if not seen.flags_done:
+            return False  # as EINVAL: the flags not done here
+        seen.calls.append((flags, ok := real(src, dst, flags)))
+        return ok
+
+    monkeypatch.setattr(fsio, "renameat2", spy, raising=False)  # raising=False: the old code has none
+    return seen
+
+
+@pytest.mark.parametrize("stood", ["nothing", "a damaged copy of this base"])
+def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_byte(tmp_path, renames, stood):
+    """On main the push renamed its copy over `<remote>/init` whatever stood there by then (publish_dir: the other
+    machine's copy moved aside and deleted), as it stood at the record's read: nothing, or a damaged copy of this
+    base, which is what it may replace."""
+    staged = _staged_pth(tmp_path, "ours")
+    theirs = _staged_pth(tmp_path, "theirs")
+    url = str(tmp_path / "remote")
+    if stood != "nothing":
+        assert basecopy.push(Remote(url), staged, "h", 1) > 0
+        (tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_PTH).write_bytes(b"cut short")
+        renames.calls.clear()
+    remote = AnotherMachine(url, theirs)
+    copied = basecopy.push(remote, staged, "h", 1)
+    assert _files(tmp_path / "remote" / basecopy.REMOTE_BASE) == _files(theirs)
+    assert copied == 0  # nothing of this base's published: nothing said copied
+    assert remote.names() == [basecopy.REMOTE_BASE]  # neither this push's copy nor anything moved aside left
+    # what stood at `init` by then was swapped out, looked at, and swapped back
+    assert renames.calls == ([(fsio.RENAME_EXCHANGE, True)] * 2 if renames.flags_done else [])
+
+
+def test_a_base_pushed_where_nothing_stands_is_renamed_into_a_name_never_taken(tmp_path, renames):
+    """Nothing at `<remote>/init`: the copy goes there whole (RENAME_NOREPLACE), nothing left beside it."""
+    staged = _staged_pth(tmp_path, "ours")
+    remote = Remote(str(tmp_path / "remote"))
+    assert basecopy.push(remote, staged, "h", 1) > 0
+    assert _files(tmp_path / "remote" / basecopy.REMOTE_BASE) == _files(staged)
+    assert remote.names() == [basecopy.REMOTE_BASE] and basecopy.on_remote(remote, staged)
+    assert renames.calls == ([(fsio.RENAME_NOREPLACE, True)] if renames.flags_done else [])
+
+
+@pytest.mark.parametrize("damage", ["a file cut short", "its record alone (a copy interrupted on a store without "
+                                                        "rename)"])
+def test_a_damaged_copy_of_this_base_is_still_replaced_whole(tmp_path, renames, damage):
+    staged = _staged_pth(tmp_path, "ours")
+    remote = Remote(str(tmp_path / "remote"))
+    assert basecopy.push(remote, staged, "h", 1) > 0
+    kept = tmp_path / "remote" / basecopy.REMOTE_BASE
+    if damage == "a file cut short":
+        (kept / STAGED_PTH).write_bytes(b"cut short")
+    else:
+        (kept / STAGED_PTH).unlink()
+    assert not basecopy.on_remote(remote, staged)
+    renames.calls.clear()
+    assert basecopy.push(remote, staged, "h", 1) > 0
+    assert _files(kept) == _files(staged) and basecopy.on_remote(remote, staged)
+    assert renames.calls == ([(fsio.RENAME_EXCHANGE, True)] if renames.flags_done else [])  # swapped in one step
+    assert remote.names() == [basecopy.REMOTE_BASE]  # the damaged copy removed, not left beside it
+
+
+def test_a_directory_without_a_record_is_replaced_but_never_one_with_another_record(tmp_path, renames):
+    """A copy exists once its record does (written last): an `init` with none is what a push replaces, as on main;
+    one that holds another base's record by the time the push renames is not."""
+    staged = _staged_pth(tmp_path, "ours")
+    remote = Remote(str(tmp_path / "remote"))
+    leftover = tmp_path / "remote" / basecopy.REMOTE_BASE
+    (leftover / "checkpoint").mkdir(parents=True)
+    (leftover / STAGED_PTH).write_bytes(b"half")
+    assert basecopy.push(remote, staged, "h", 1) > 0
+    assert _files(leftover) == _files(staged) and remote.names() == [basecopy.REMOTE_BASE]
+
+
+@pytest.mark.parametrize("there", ["a directory holding a file", "a file", "a symbolic link", "an empty directory",
+                                   "nothing"])
+def test_rename_new_never_puts_a_directory_over_what_holds_anything(tmp_path, renames, there):
+    """Without renameat2's flags (NFS) a plain rename(2) is the fallback: it too fails onto a directory that
+    holds anything, a file or a link; only an empty directory, which holds nothing to lose, is replaced."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    (src / "ours").write_text("ours")
+    if there == "a directory holding a file":
+        dst.mkdir()
+        (dst / "theirs").write_text("theirs")
+    elif there == "a file":
+        dst.write_text("theirs")
+    elif there == "a symbolic link":
+        (tmp_path / "elsewhere").mkdir()
+        dst.symlink_to(tmp_path / "elsewhere")
+    elif there == "an empty directory":
+        dst.mkdir()
+    replaced = there == "nothing" or (there == "an empty directory" and not renames.flags_done)
+    assert fsio.rename_new(src, dst) == replaced
+    if replaced:
+        assert _files(dst) == {"ours": b"ours"} and not src.exists()
+        return
+    assert _files(src) == {"ours": b"ours"}
+    found = {"a directory holding a file": lambda: _files(dst) == {"theirs": b"theirs"},
+             "a file": lambda: dst.read_text() == "theirs",
+             "a symbolic link": lambda: dst.is_symlink() and not any((tmp_path / "elsewhere").iterdir()),
+             "an empty directory": lambda: dst.is_dir() and not any(dst.iterdir())}
+    assert found[there]()
+
+
+def test_exchange_swaps_two_directories_in_one_step(tmp_path, renames):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / d.name).write_text(d.name)
+    assert fsio.exchange(a, b) == renames.flags_done
+    assert (_files(a), _files(b)) == (({"b": b"b"}, {"a": b"a"}) if renames.flags_done else
+                                      ({"a": b"a"}, {"b": b"b"}))
+
+
+def test_what_stood_there_is_kept_when_a_third_writer_takes_the_name_while_it_is_looked_at(tmp_path, renames):
+    """A writer that replaces whatever stands (as the push did on main) publishes a third copy at `init` while
+    this push looks at what it moved out: neither that nor the third copy is deleted; the one that cannot go back
+    to `init` is kept in quarantine/, and this push's own copy is the only thing removed."""
+    root = tmp_path / "remote"
+    remote = Remote(str(root))
+    for name, marker in (("src", "ours"), (basecopy.REMOTE_BASE, "first")):
+        (root / name).mkdir(parents=True)
+        (root / name / marker).write_text(marker)
+    third = tmp_path / "third"
+    third.mkdir()
+    (third / "third").write_text("third")
+
+    def replaceable(name: str) -> bool:  # as it is looked at, the third writer publishes
+        publish_dir(third, root / basecopy.REMOTE_BASE)
+        return False
+
+    with pytest.raises(OSError, match="what stood there is kept at .*quarantine"):
+        remote.publish_unless_taken("src", basecopy.REMOTE_BASE, replaceable,
+                                    ours=lambda name: (root / name / "ours").is_file())
+    kept = list((root / "quarantine").iterdir())
+    assert len(kept) == 1 and sorted(remote.names()) == [basecopy.REMOTE_BASE, "quarantine"]
+    copies = {frozenset(p.name for p in d.iterdir()) - {"reason.txt"} for d in (root / basecopy.REMOTE_BASE, kept[0])}
+    assert copies == {frozenset({"first"}), frozenset({"third"})}
