@@ -111,15 +111,15 @@ def _swap_once_the_weights_were_read(monkeypatch, swap) -> None:
     """`swap()` runs inside the validation, once every file was hashed and scanned (the weights included), before
     the JSON parts are parsed: where no check is left to see it. The loaders that read the weights file again
     afterwards (before: read_validated) read what the swap put there."""
-    real = ck._read_json_parts
+    real = ck._parse_json_parts
 
-    def swapped_then_read(ckpt_dir):
+    def swapped_then_read(*args):
         if not getattr(swapped_then_read, "done", False):
             swapped_then_read.done = True
             swap()
-        return real(ckpt_dir)
+        return real(*args)
 
-    monkeypatch.setattr(ck, "_read_json_parts", swapped_then_read)
+    monkeypatch.setattr(ck, "_parse_json_parts", swapped_then_read)
 
 
 def test_the_weights_validated_are_those_handed_back_whatever_is_swapped_in_after(checkpoints, ours):
