@@ -186,15 +186,13 @@ def export(
     try:
         from minilmd.trainer.model.export import (  # torch: seconds, which a Ctrl-C may interrupt
             export_hf,
-            export_minimind,
             find_chat_config,
             minimind_eval_command,
-            read_checkpoint,
+            write_minimind,
         )
 
         if format == "minimind":
-            path = export_minimind(checkpoint, out, merge)
-            _, model_cfg, _ = read_checkpoint(checkpoint, validate=False, merge=merge)
+            path, model_cfg = write_minimind(checkpoint, out, merge)
             chat = find_chat_config(checkpoint, tokenizer or None) is not None
             typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg, chat)}")
         elif format == "hf":
