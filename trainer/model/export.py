@@ -113,22 +113,19 @@ def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = 
     return model.to(device).eval(), state
 
 
-def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path:
+def find_tokenizer(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> Path:
     """The tokenizer for a checkpoint: `explicit`, else tokenizer.json in the checkpoint, else the one in the
-    prepared corpus the run was trained on (trainer_state config.data.prepared)."""
+    prepared corpus the run was trained on (`_corpus_tokenizer`; `state`: the checkpoint's validated
+    trainer_state, when the caller has it)."""
     if explicit:
         if not Path(explicit).is_file():
             raise ExportError(f"--tokenizer {explicit}: no such file")
         return Path(explicit)
     ckpt = resolve_checkpoint(path)
     tried = [ckpt / TOKENIZER_FILE]
-    try:
-        state = _read_state(ckpt)
-        prepared = state["config"]["data"]["prepared"]
-        if prepared and "://" not in prepared:
-            tried.append(Path(prepared) / CORPUS_TOKENIZER)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    corpus = _corpus_tokenizer(ckpt, state)
+    if corpus is not None:
+        tried.append(corpus)
     for candidate in tried:
         if candidate.is_file():
             return candidate
@@ -136,27 +133,39 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path
                       f"pass --tokenizer PATH/tokenizer.json")
 
 
-def find_chat_config(path: str | Path, explicit: str | Path | None = None) -> dict | None:
+def find_chat_config(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> dict | None:
     """The tokenizer_config.json with the chat template of a checkpoint's model (minilmd/corpus/chat.py
     read_tokenizer_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat
-    corpus's), else in the prepared corpus it was trained on. None when none of them has a template (a model
-    pretrained on text)."""
+    corpus's), else in the prepared corpus it was trained on (`_corpus_tokenizer`, `state` as find_tokenizer's).
+    None when none of them has a template (a model pretrained on text)."""
     from minilmd.corpus.chat import ChatError, read_tokenizer_config
 
     ckpt = resolve_checkpoint(path)
     tried = [Path(explicit)] if explicit else []
     tried.append(ckpt / TOKENIZER_FILE)
-    try:
-        prepared = _read_state(ckpt)["config"]["data"]["prepared"]
-        if prepared and "://" not in prepared:
-            tried.append(Path(prepared) / CORPUS_TOKENIZER)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    corpus = _corpus_tokenizer(ckpt, state)
+    if corpus is not None:
+        tried.append(corpus)
     for tokenizer in tried:
         try:
             return read_tokenizer_config(tokenizer)  # beside tokenizer: its TOKENIZER_CONFIG or chat_template.jinja
         except ChatError:
             continue
+    return None
+
+
+def _corpus_tokenizer(ckpt: Path, state: dict | None) -> Path | None:
+    """The tokenizer of the prepared corpus the checkpoint's run trained on (trainer_state config.data.prepared), a
+    local one: a hint, not needed. From `state` when the caller validated the checkpoint (an export: its
+    trainer_state is then not read again), else from trainer_state.json read for it as untrusted."""
+    try:
+        if state is None:
+            state = _read_state(ckpt)
+        prepared = state["config"]["data"]["prepared"]
+        if prepared and "://" not in prepared:
+            return Path(prepared) / CORPUS_TOKENIZER
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     return None
 
 
@@ -173,18 +182,18 @@ def export_minimind(path: str | Path, out: str | Path, merge: bool = False) -> P
 
 
 def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tuple[Path, dict[str, Any]]:
-    """(export_minimind's file, the model config it was written from): what `minilmd export` tells of it
-    (minimind_eval_command) without reading and validating the checkpoint a second time."""
+    """(export_minimind's file, the validated trainer_state of the checkpoint it was written from): what
+    `minilmd export` tells of it (minimind_eval_command) without reading the checkpoint a second time."""
     import torch
 
-    weights, model_cfg, _ = read_checkpoint(path, merge=merge)
+    weights, _, trainer_state = read_checkpoint(path, merge=merge)
     out, tmp = out_and_tmp(out)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
     with writing_file(out, tmp) as f:
         torch.save(state, f)  # through our file object: a write error reaches us with its errno
         f.close()
         publish_file(tmp, out)
-    return out, model_cfg
+    return out, trainer_state
 
 
 def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False) -> str:
@@ -270,9 +279,9 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
 
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    weights, model_cfg, _ = read_checkpoint(path, merge=merge)
-    tokenizer_path = find_tokenizer(path, tokenizer)
-    chat = find_chat_config(path, tokenizer)
+    weights, model_cfg, state = read_checkpoint(path, merge=merge)
+    tokenizer_path = find_tokenizer(path, tokenizer, state)
+    chat = find_chat_config(path, tokenizer, state)
     out_dir, tmp = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
