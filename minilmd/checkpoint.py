@@ -25,6 +25,7 @@ numpy; resuming and pruning, which validate as they walk a root, are minilmd/che
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import stat
 from collections.abc import Callable
@@ -49,7 +50,17 @@ from minilmd.names import (
     step_of,
 )
 from minilmd.safetensors_scan import Scan, is_count, scan_safetensors
-from minilmd.untrusted import Unreadable, file_kind, kind_of, loads, printable, read_bytes, sha256_regular
+from minilmd.untrusted import (
+    Hashing,
+    Unreadable,
+    copy_regular,
+    file_kind,
+    kind_of,
+    loads,
+    printable,
+    read_bytes,
+    sha256_regular,
+)
 
 FORMAT = "minilmd-checkpoint"
 VERSION = 1
@@ -221,9 +232,9 @@ def _validate(ckpt_dir: Path, expected: Expectation | None,
     """(trainer_state, the manifest's sha256, the safetensors scans, those named in `keep` with their bytes)."""
     _check_directory(ckpt_dir)
     manifest, manifest_sha256 = _read_manifest(ckpt_dir)
-    scans = _verify_files(ckpt_dir, manifest, keep)
+    scans, json_parts = _verify_files(ckpt_dir, manifest, keep)
     step = manifest["step"]
-    state, opt_meta = _read_json_parts(ckpt_dir)
+    state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
     problems = _structure_problems(state, opt_meta) or _step_problems(ckpt_dir, step, state)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
@@ -235,13 +246,21 @@ def _validate(ckpt_dir: Path, expected: Expectation | None,
     return state, manifest_sha256, scans
 
 
-def _verify_files(ckpt_dir: Path, manifest: dict, keep: tuple[str, ...] = ()) -> dict[str, Scan]:
+JSON_PARTS = (TRAINER_STATE, OPTIMIZER_META)
+"""The files validation parses: kept as they are hashed (no more than MAX_JSON_PART), and parsed from those bytes."""
+
+
+def _verify_files(ckpt_dir: Path, manifest: dict,
+                  keep: tuple[str, ...] = ()) -> tuple[dict[str, Scan], dict[str, bytes]]:
     """Every file against the manifest (sizes, then sha256); the safetensors files are scanned in the same read
-    (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name. A file is looked
-    at with lstat and opened as minilmd/untrusted.py opens one: a link (even to a regular file: its bytes are
-    another place's), a FIFO listed with size 0 (it would block the hash) or /dev/zero is invalid, never read.
-    The safetensors files named in `keep` are kept whole in their scan (Scan.data), as hashed."""
+    (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name, and the bytes of
+    the JSON_PARTS as they were hashed: parsing those, never the path read again, parses what the manifest's hash
+    vouches for (a file swapped after its hash is not what is parsed). A file is looked at with lstat and opened
+    as minilmd/untrusted.py opens one: a link (even to a regular file: its bytes are another place's), a FIFO
+    listed with size 0 (it would block the hash) or /dev/zero is invalid, never read. The safetensors files named
+    in `keep` are kept whole in their scan (Scan.data), as hashed."""
     scans: dict[str, Scan | ValueError] = {}
+    json_parts: dict[str, bytes] = {}
 
     def size_of(name: str) -> int | None:
         try:
@@ -264,6 +283,9 @@ def _verify_files(ckpt_dir: Path, manifest: dict, keep: tuple[str, ...] = ()) ->
                     raise
                 except ValueError as e:  # malformed: hashed all the same, so that a damaged copy says so
                     scans[name] = e
+            if name in JSON_PARTS:
+                digest, json_parts[name] = _hashed_bytes(ckpt_dir / name, manifest["files"][name]["size"])
+                return digest
             return sha256_regular(ckpt_dir / name, size=manifest["files"][name]["size"])
         except Unreadable as e:  # replaced since its lstat, deleted by a concurrent prune, unreadable (EIO)
             raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
@@ -277,7 +299,16 @@ def _verify_files(ckpt_dir: Path, manifest: dict, keep: tuple[str, ...] = ()) ->
     damaged = [str(scan) for scan in scans.values() if isinstance(scan, ValueError)]
     if damaged:  # every damaged safetensors file, not only the first
         raise CheckpointInvalid(ckpt_dir, damaged)
-    return {name: scan for name, scan in scans.items() if isinstance(scan, Scan)}
+    return {name: scan for name, scan in scans.items() if isinstance(scan, Scan)}, json_parts
+
+
+def _hashed_bytes(path: Path, size: int) -> tuple[str, bytes]:
+    """(sha256, the bytes hashed) of a file read once as sha256_regular reads one: its listed `size`, no more than
+    MAX_JSON_PART. Raises Unreadable."""
+    kept = io.BytesIO()
+    sink = Hashing(keep=kept)
+    copy_regular(path, sink, size=size, max_bytes=MAX_JSON_PART)
+    return sink.sha256.hexdigest(), kept.getvalue()
 
 
 def _check_directory(ckpt_dir: Path) -> None:
@@ -293,15 +324,15 @@ def _check_directory(ckpt_dir: Path) -> None:
         raise CheckpointInvalid(ckpt_dir, f"the checkpoint is {file_kind(mode)}, not a directory")
 
 
-def _read_json_parts(ckpt_dir: Path) -> tuple[dict, dict]:
-    """(trainer_state, optimizer meta), each a JSON object of bounded size and depth; their hashes matched, but a
-    manifest can be rewritten to match anything."""
+def _parse_json_parts(ckpt_dir: Path, json_parts: dict[str, bytes]) -> tuple[dict, dict]:
+    """(trainer_state, optimizer meta) from the bytes _verify_files hashed, each a JSON object of bounded depth;
+    their hashes matched, but a manifest can be rewritten to match anything."""
     parts = []
-    for name in (TRAINER_STATE, OPTIMIZER_META):
+    for name in JSON_PARTS:
         try:
-            parts.append(loads(read_bytes(ckpt_dir / name, max_bytes=MAX_JSON_PART), expect=dict))
+            parts.append(loads(json_parts[name], expect=dict))
         except Unreadable as e:
-            raise CheckpointInvalid(ckpt_dir, f"{name}: unreadable despite a matching hash: {e.why}") from None
+            raise CheckpointInvalid(ckpt_dir, f"{name}: {e.why}") from None
     return parts[0], parts[1]
 
 

@@ -79,13 +79,6 @@ def _run_config_copy(d: Path):
     return load_config(d / names.RUN_CONFIG_COPY, untrusted=True)
 
 
-def _lora_state(d: Path):
-    from minilmd.trainer.model.adapter import lora_state  # imports torch: only where used
-
-    (d / names.MODEL_FILE).touch()  # a checkpoint directory: its trainer_state.json is the file made hostile
-    return lora_state(d)
-
-
 READERS = {
     "registry entry": Reader("e.json", _entry, (Unreadable,)),
     "state.json": Reader(names.STATE, runstate.load_state, (Unreadable,)),
@@ -110,7 +103,6 @@ READERS = {
                                                              (ConfigError,)),
     "another run's run.toml (init.from predecessor)": Reader(
         names.RUN_CONFIG_COPY, lambda d: init_source.predecessor(str(d)), (init_source.InitSourceError,)),
-    "LoRA trainer_state.json (lora_state)": Reader(names.TRAINER_STATE, _lora_state),
     "predecessor state.json": Reader(names.STATE, _predecessor, (Unreadable,)),
     "staged init record": Reader(init_source.STAGED_RECORD, init_source.staged_record, (Unreadable,)),
     "LATEST pointer": Reader(names.LATEST, checkpoint_dirs.read_latest),

@@ -186,17 +186,15 @@ def export(
     try:
         from minilmd.trainer.model.export import (  # torch: seconds, which a Ctrl-C may interrupt
             export_hf,
-            export_minimind,
             find_chat_config,
             minimind_eval_command,
-            read_checkpoint,
+            write_minimind,
         )
 
         if format == "minimind":
-            path = export_minimind(checkpoint, out, merge)
-            _, model_cfg, _ = read_checkpoint(checkpoint, validate=False, merge=merge)
-            chat = find_chat_config(checkpoint, tokenizer or None) is not None
-            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, model_cfg, chat)}")
+            path, state = write_minimind(checkpoint, out, merge)
+            chat = find_chat_config(checkpoint, tokenizer or None, state) is not None
+            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, state['config']['model'], chat)}")
         elif format == "hf":
             path = export_hf(checkpoint, out, tokenizer or None, dtype, merge)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")

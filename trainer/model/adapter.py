@@ -4,12 +4,13 @@ A LoRA checkpoint holds the adapters only (trainer/model/lora.py); its trainer_s
 (`init`: the path and fingerprint of the checkpoint or .pth the run was trained on) and its [lora] config.
 - `load_lora_model(adapter, base=None)`: the base (the recorded one, or `base` given by `sample BASE --lora
   ADAPTER`; the recorded one gone or changed, the copy its run kept beside its checkpoints), validated and
-  checked against the recorded fingerprint, wrapped and loaded with the adapters.
+  checked against the recorded fingerprint, wrapped and loaded with the adapters. The adapter's checkpoint is
+  validated once, its trainer_state and adapters taken from that read (export_paths.validated_checkpoint).
 - `export_peft(adapter, out_dir)`: `adapter_model.safetensors` under PEFT's key names
   (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`) and an `adapter_config.json` of PEFT's
   LoraConfig fields, which `PeftModel.from_pretrained(Qwen3ForCausalLM.from_pretrained(<hf export of the base>),
   out_dir)` loads: the same logits as `load_lora_model` (tests/test_lora_export.py).
-- `merged_weights(adapter)`: the base with every adapter folded in, for `export --merge --format hf|minimind`.
+- `merged_weights(ckpt, checked)`: the base with every adapter folded in, for `export --merge --format hf|minimind`.
 """
 from __future__ import annotations
 
@@ -18,43 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from minilmd import perms
-from minilmd.checkpoint import saved_lora
-from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS, TRAINER_STATE
+from minilmd.checkpoint import Validated, saved_lora
+from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS
 from minilmd.trainer.model.export_paths import (
     ExportError,
-    _validate,
     fresh_export_dir,
-    load_validated,
     publish,
     resolve_checkpoint,
+    validated_checkpoint,
+    validated_tensors,
     writing_dir,
 )
 
 PEFT_PREFIX = "base_model.model."
 """What PeftModel puts before the wrapped model's own parameter names in a saved adapter."""
-
-
-def lora_state(path: str | Path) -> dict | None:
-    """The trainer_state of a LoRA checkpoint (or of LATEST under a root), None for a full-weights checkpoint."""
-    from minilmd.checkpoint import MAX_JSON_PART
-    from minilmd.untrusted import read_json
-
-    try:  # read before the checkpoint is validated: bounded, no link followed, no FIFO opened
-        state = read_json(resolve_checkpoint(path) / TRAINER_STATE, max_bytes=MAX_JSON_PART)
-    except (OSError, ValueError):  # malformed or unreadable (Unreadable): validation (export_paths._validate) says why
-        return None
-    return state if saved_lora(state) else None
-
-
-def _validated_state(ckpt: Path) -> dict:
-    """The trainer_state of a checkpoint `_validate` passed, read again as untrusted (no link followed)."""
-    from minilmd.checkpoint import MAX_JSON_PART
-    from minilmd.untrusted import Unreadable, read_json
-
-    try:
-        return read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART)
-    except Unreadable as e:
-        raise ExportError(f"checkpoint is invalid: {e} (changed since it was validated)") from None
 
 
 def _base_weights(ckpt: Path, state: dict, base: str | Path | None) -> dict:
@@ -135,26 +113,32 @@ def load_lora_model(adapter: str | Path, device: str = "cpu", base: str | Path |
                     active: bool = True):
     """(MiniMindForCausalLM in eval mode with the adapters on it, the adapter's trainer_state); active=False: the
     base alone (`--no-lora`)."""
+    ckpt = resolve_checkpoint(adapter)
+    return lora_model(ckpt, validated_checkpoint(ckpt), device, base, active)
+
+
+def lora_model(ckpt: Path, checked: Validated, device: str = "cpu", base: str | Path | None = None,
+               active: bool = True):
+    """load_lora_model's answer for the checkpoint `ckpt` validated once as `checked`: its trainer_state and its
+    adapters are those that validation read."""
     from minilmd.trainer.model.lora import apply_lora, load_adapter, set_active
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
-    ckpt = resolve_checkpoint(adapter)
-    _validate(ckpt)
-    state = _validated_state(ckpt)
+    state = checked.state
     model = MiniMindForCausalLM(state["config"]["model"])
     model.load_state_dict(_base_weights(ckpt, state, base), strict=True)
     apply_lora(model, saved_lora(state) or {})
-    load_adapter(model, load_validated(ckpt))
+    load_adapter(model, validated_tensors(checked))
     set_active(model, active)
     return model.to(device).eval(), state
 
 
-def merged_weights(adapter: str | Path) -> tuple[dict, dict[str, Any], dict[str, Any]]:
-    """(full fp32 weights with the adapters merged in, model config, trainer_state): read_checkpoint's answer for
-    `export --merge`."""
+def merged_weights(ckpt: Path, checked: Validated) -> tuple[dict, dict[str, Any], dict[str, Any]]:
+    """(full fp32 weights with the adapters merged in, model config, trainer_state) of the LoRA checkpoint `ckpt`
+    validated as `checked`: read_checkpoint's answer for `export --merge`."""
     from minilmd.trainer.model.lora import merged_state_dict
 
-    model, state = load_lora_model(adapter)
+    model, state = lora_model(ckpt, checked)
     return merged_state_dict(model), state["config"]["model"], state
 
 
@@ -191,12 +175,12 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
     from safetensors.torch import save_file
 
     ckpt = resolve_checkpoint(adapter)
-    state = lora_state(ckpt)
-    if state is None:
+    checked = validated_checkpoint(ckpt)
+    state = checked.state
+    if saved_lora(state) is None:
         raise ExportError(f"{ckpt}: not a LoRA checkpoint (its run has no [lora] rank); export it with --format hf "
                           f"or minimind")
-    _validate(ckpt)
-    tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in load_validated(ckpt).items()}
+    tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in validated_tensors(checked).items()}
     out_dir, tmp = fresh_export_dir(out_dir)
     with writing_dir(out_dir, tmp):
         save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})

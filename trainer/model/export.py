@@ -1,8 +1,9 @@
 """Use the weights outside minilmd: read a checkpoint, write MiniMind's .pth or an HF Qwen3 directory.
 
 - `read_checkpoint(path)`: a checkpoint directory `step-XXXXXXXX/`, or a root holding `LATEST`, -> its fp32
-  weights, its model config and its trainer state. The checkpoint is strictly validated first
-  (minilmd.checkpoint.validate: hashes, shapes, finiteness): exporting a corrupt checkpoint must fail loudly.
+  weights, its model config and its trainer state. The checkpoint is strictly validated first, and once
+  (minilmd.checkpoint.validated_weights: hashes, shapes, finiteness), everything taken from what that read found:
+  exporting a corrupt checkpoint must fail loudly.
 - `export_minimind(path, out)`: the state dict MiniMind's `eval_llm.py` loads with `strict=True`: its key names
   (the same as ours), fp16, and the tied head under both `model.embed_tokens.weight` and `lm_head.weight`.
 - `export_hf(path, out_dir)`: `config.json` (Qwen3ForCausalLM, tie_word_embeddings), `model.safetensors`,
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from minilmd import perms
+from minilmd.checkpoint import Validated, saved_lora
 from minilmd.fsio import publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
 from minilmd.names import (
@@ -30,12 +32,12 @@ from minilmd.names import (
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import (
     ExportError,
-    _validate,
     fresh_export_dir,
-    load_validated,
     out_and_tmp,
     publish,
     resolve_checkpoint,
+    validated_checkpoint,
+    validated_tensors,
     writing_dir,
     writing_file,
 )
@@ -57,29 +59,31 @@ def _read_state(ckpt: Path) -> Any:
         raise
 
 
-def read_checkpoint(path: str | Path, validate: bool = True,
-                    merge: bool = False) -> tuple[dict, dict[str, Any], dict[str, Any]]:
-    """(weights as fp32 tensors, model config dict, trainer_state) of a checkpoint (or of LATEST under a root).
-    A LoRA checkpoint (adapters only) gives its base with the adapters merged in with `merge`, else is refused."""
-    from minilmd.trainer.model.adapter import lora_state, merged_weights
+def read_checkpoint(path: str | Path, merge: bool = False) -> tuple[dict, dict[str, Any], dict[str, Any]]:
+    """(weights as fp32 tensors, model config dict, trainer_state) of a checkpoint (or of LATEST under a root),
+    all from its one validation. A LoRA checkpoint (adapters only) gives its base with the adapters merged in with
+    `merge`, else is refused."""
+    from minilmd.trainer.model.adapter import merged_weights
 
     ckpt = resolve_checkpoint(path)
-    if validate:
-        _validate(ckpt)  # first: nothing of an unvalidated checkpoint is parsed (its JSON may be hostile)
-    if lora_state(ckpt) is not None:
+    checked = validated_checkpoint(ckpt)
+    if saved_lora(checked.state) is not None:
         if not merge:
             raise ExportError(f"{ckpt}: a LoRA checkpoint holds adapters only: export them with --format peft, "
                               f"or the full weights with --merge")
-        return merged_weights(ckpt)
+        return merged_weights(ckpt, checked)
+    return _full_weights(ckpt, checked)
+
+
+def _full_weights(ckpt: Path, checked: Validated) -> tuple[dict, dict[str, Any], dict[str, Any]]:
+    """read_checkpoint's answer for a full-weights checkpoint validated as `checked`."""
+    state = checked.state
     try:
-        state = _read_state(ckpt)
         model_cfg = state["config"]["model"]
         as_model_section(model_cfg)
-    except FileNotFoundError:
-        raise ExportError(f"{ckpt}: no {TRAINER_STATE}, so the model config is unknown") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ExportError(f"{ckpt / TRAINER_STATE}: no usable config.model ({e})") from None
-    weights = load_validated(ckpt)
+    weights = validated_tensors(checked)
     expected = expected_state_shapes(model_cfg)
     got = {k: tuple(v.shape) for k, v in weights.items()}
     if got != expected:
@@ -93,36 +97,35 @@ def read_checkpoint(path: str | Path, validate: bool = True,
 def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = None, no_lora: bool = False):
     """A MiniMindForCausalLM in eval mode with a checkpoint's weights, and the trainer_state. With `lora` (a LoRA
     checkpoint), `path` is its base and the adapters go on it; a LoRA checkpoint as `path` brings its recorded
-    base; `no_lora` switches the adapters off (the base alone)."""
-    from minilmd.trainer.model.adapter import load_lora_model, lora_state
+    base; `no_lora` switches the adapters off (the base alone). Each checkpoint is validated once."""
+    from minilmd.trainer.model.adapter import load_lora_model, lora_model
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
     if lora:
         return load_lora_model(lora, device, base=path, active=not no_lora)
-    if lora_state(path) is not None:
-        return load_lora_model(path, device, active=not no_lora)
-    weights, model_cfg, state = read_checkpoint(path)
+    ckpt = resolve_checkpoint(path)
+    checked = validated_checkpoint(ckpt)
+    if saved_lora(checked.state) is not None:
+        return lora_model(ckpt, checked, device, active=not no_lora)
+    weights, model_cfg, state = _full_weights(ckpt, checked)
     model = MiniMindForCausalLM(model_cfg)
     model.load_state_dict(weights, strict=True)
     return model.to(device).eval(), state
 
 
-def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path:
+def find_tokenizer(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> Path:
     """The tokenizer for a checkpoint: `explicit`, else tokenizer.json in the checkpoint, else the one in the
-    prepared corpus the run was trained on (trainer_state config.data.prepared)."""
+    prepared corpus the run was trained on (`_corpus_tokenizer`; `state`: the checkpoint's validated
+    trainer_state, when the caller has it)."""
     if explicit:
         if not Path(explicit).is_file():
             raise ExportError(f"--tokenizer {explicit}: no such file")
         return Path(explicit)
     ckpt = resolve_checkpoint(path)
     tried = [ckpt / TOKENIZER_FILE]
-    try:
-        state = _read_state(ckpt)
-        prepared = state["config"]["data"]["prepared"]
-        if prepared and "://" not in prepared:
-            tried.append(Path(prepared) / CORPUS_TOKENIZER)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    corpus = _corpus_tokenizer(ckpt, state)
+    if corpus is not None:
+        tried.append(corpus)
     for candidate in tried:
         if candidate.is_file():
             return candidate
@@ -130,27 +133,39 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None) -> Path
                       f"pass --tokenizer PATH/tokenizer.json")
 
 
-def find_chat_config(path: str | Path, explicit: str | Path | None = None) -> dict | None:
+def find_chat_config(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> dict | None:
     """The tokenizer_config.json with the chat template of a checkpoint's model (minilmd/corpus/chat.py
     read_tokenizer_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat
-    corpus's), else in the prepared corpus it was trained on. None when none of them has a template (a model
-    pretrained on text)."""
+    corpus's), else in the prepared corpus it was trained on (`_corpus_tokenizer`, `state` as find_tokenizer's).
+    None when none of them has a template (a model pretrained on text)."""
     from minilmd.corpus.chat import ChatError, read_tokenizer_config
 
     ckpt = resolve_checkpoint(path)
     tried = [Path(explicit)] if explicit else []
     tried.append(ckpt / TOKENIZER_FILE)
-    try:
-        prepared = _read_state(ckpt)["config"]["data"]["prepared"]
-        if prepared and "://" not in prepared:
-            tried.append(Path(prepared) / CORPUS_TOKENIZER)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    corpus = _corpus_tokenizer(ckpt, state)
+    if corpus is not None:
+        tried.append(corpus)
     for tokenizer in tried:
         try:
             return read_tokenizer_config(tokenizer)  # beside tokenizer: its TOKENIZER_CONFIG or chat_template.jinja
         except ChatError:
             continue
+    return None
+
+
+def _corpus_tokenizer(ckpt: Path, state: dict | None) -> Path | None:
+    """The tokenizer of the prepared corpus the checkpoint's run trained on (trainer_state config.data.prepared), a
+    local one: a hint, not needed. From `state` when the caller validated the checkpoint (an export: its
+    trainer_state is then not read again), else from trainer_state.json read for it as untrusted."""
+    try:
+        if state is None:
+            state = _read_state(ckpt)
+        prepared = state["config"]["data"]["prepared"]
+        if prepared and "://" not in prepared:
+            return Path(prepared) / CORPUS_TOKENIZER
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     return None
 
 
@@ -163,16 +178,22 @@ def with_tied_head(weights: dict) -> dict:
 
 def export_minimind(path: str | Path, out: str | Path, merge: bool = False) -> Path:
     """Write MiniMind's .pth: fp16 state dict, both names for the tied head. Returns the file written."""
+    return write_minimind(path, out, merge)[0]
+
+
+def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tuple[Path, dict[str, Any]]:
+    """(export_minimind's file, the validated trainer_state of the checkpoint it was written from): what
+    `minilmd export` tells of it (minimind_eval_command) without reading the checkpoint a second time."""
     import torch
 
-    weights, _, _ = read_checkpoint(path, merge=merge)
+    weights, _, trainer_state = read_checkpoint(path, merge=merge)
     out, tmp = out_and_tmp(out)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
     with writing_file(out, tmp) as f:
         torch.save(state, f)  # through our file object: a write error reaches us with its errno
         f.close()
         publish_file(tmp, out)
-    return out
+    return out, trainer_state
 
 
 def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False) -> str:
@@ -258,9 +279,9 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
 
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    weights, model_cfg, _ = read_checkpoint(path, merge=merge)
-    tokenizer_path = find_tokenizer(path, tokenizer)
-    chat = find_chat_config(path, tokenizer)
+    weights, model_cfg, state = read_checkpoint(path, merge=merge)
+    tokenizer_path = find_tokenizer(path, tokenizer, state)
+    chat = find_chat_config(path, tokenizer, state)
     out_dir, tmp = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}

@@ -1,5 +1,5 @@
 """Where an export reads and writes, for export.py (MiniMind's .pth, HF Qwen3) and adapter.py (PEFT) alike: the
-checkpoint a path names (a step directory, a root's LATEST or newest, a pointer file), strictly validated; the
+checkpoint a path names (a step directory, a root's LATEST or newest, a pointer file), strictly validated once; the
 fresh --out and the temporary copy beside it, named by this process, made by it and removed again on every way out
 but its publishing (`writing_dir`, `writing_file`), and what killed exports left there (`_clear_leftovers`);
 ExportError and its exit statuses. Torch-free.
@@ -15,11 +15,14 @@ import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from minilmd import leftovers
 from minilmd.fsio import fsync_dir, fsync_file
 from minilmd.names import LATEST, MODEL_FILE, export_tmp_maker, export_tmp_name, old_export_tmp_name
+
+if TYPE_CHECKING:
+    from minilmd.checkpoint import Validated
 
 
 class ExportError(ValueError):
@@ -271,26 +274,23 @@ def _say_once(message: str) -> None:
     leftovers.stderr_say("checkpoints")(message)
 
 
-def _validate(ckpt: Path) -> None:
-    from minilmd.checkpoint import CheckpointError, validate
-
-    try:
-        validate(ckpt)
-    except CheckpointError as e:
-        raise ExportError(f"checkpoint is invalid: {e}") from None
-
-
-def load_validated(ckpt: Path) -> dict:
-    """The model weights of a checkpoint, validated strictly and deserialized from the very bytes that validation
-    hashed and scanned (checkpoint.validated_weights: each file read once, no link followed, no mmap), never from
-    its path read again: a checkpoint of another user's or of a shared remote may have a consistent manifest and
-    other weights put in place the moment a validation is done. Its callers' `_validate` before (nothing of an
-    unvalidated checkpoint parsed) does not stand for this one: the weights are only ever those of this read."""
-    from safetensors.torch import load
-
+def validated_checkpoint(ckpt: Path) -> Validated:
+    """The one strict validation of a checkpoint an export or a loader makes (checkpoint.validated_weights: each
+    file read once, no link followed, no mmap), and what that read found: the trainer_state parsed from the very
+    bytes hashed, the weights file's bytes as hashed and scanned. Everything is then taken from this answer, never
+    from the checkpoint's path read again: a checkpoint of another user's or of a shared remote may have a
+    consistent manifest and other files put in place the moment a validation is done, and on NFS a second read is
+    the seconds of the first again. First, before anything of the checkpoint is parsed (its JSON may be hostile)."""
     from minilmd.checkpoint import CheckpointError, validated_weights
 
     try:
-        return load(validated_weights(ckpt).weights)
+        return validated_weights(ckpt)
     except CheckpointError as e:
         raise ExportError(f"checkpoint is invalid: {e}") from None
+
+
+def validated_tensors(checked: Validated) -> dict:
+    """The weights `validated_checkpoint` read, deserialized from its bytes."""
+    from safetensors.torch import load
+
+    return load(checked.weights)
