@@ -54,7 +54,7 @@ def private_copy(copy: Path, recorded: dict, model_cfg: dict, dest: Path) -> boo
         manifest = None
         if needs_manifest(record):
             if not _is_dir(copy / STAGED_CHECKPOINT):
-                raise Unreadable("missing", copy / STAGED_CHECKPOINT)
+                raise Unreadable("missing", copy / STAGED_CHECKPOINT, missing=True)
             manifest = read_bytes(copy / MANIFEST_PATH, max_bytes=MAX_MANIFEST_BYTES)
         files = listed_files(record, manifest, pth_bound(model_cfg), str(copy))
         if manifest is not None:  # the manifest as read and checked, not read again
@@ -76,7 +76,8 @@ def _is_dir(path: Path) -> bool:
     except FileNotFoundError:
         return False
     except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror or e}", path) from None
+        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
     if not stat.S_ISDIR(mode):
-        raise Unreadable(f"{file_kind(mode)}, not a directory", path)
+        raise Unreadable(f"{file_kind(mode)}, not a directory", path,
+                         kind="link" if stat.S_ISLNK(mode) else None)
     return True
