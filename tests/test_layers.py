@@ -276,3 +276,22 @@ def test_where_things_live_names_every_module():
     missing, stale = sorted(actual - documented), sorted(documented - actual)
     assert not missing and not stale, (f"not in 'Where things live': {missing}; there but gone: {stale}. "
                                        f"The tree as it is:\n{skeleton(actual)}")
+
+
+def imports_of_test_modules(folder: Path) -> list[str]:
+    """Each import of a test module (test_*.py) by another module of the tests folder: what two test modules
+    share lives in a helpers module (tests/conftest.py lists them)."""
+    return sorted(f"{path.relative_to(folder.parent)}:{line}: imports {name}"
+                  for module, path in modules_of("", folder).items()
+                  for name, line, _top in imports(path, module)
+                  if name.rpartition(".")[2].startswith("test_"))
+
+
+def test_no_test_module_imports_another():
+    assert imports_of_test_modules(REPO / "tests") == []
+
+
+def test_the_test_module_rule_can_fail(tmp_path):
+    (tmp_path / "test_a.py").write_text("def helper():\n    return 1\n")
+    (tmp_path / "test_b.py").write_text("from test_a import helper\n\n\ndef test_b():\n    assert helper()\n")
+    assert imports_of_test_modules(tmp_path) == [f"{tmp_path.name}/test_b.py:1: imports test_a"]
