@@ -45,6 +45,14 @@ def owned_by_me_or_root(st: os.stat_result) -> bool:
     return st.st_uid in (0, own_uid())
 
 
+def others_can_rearrange(st: os.stat_result) -> bool:
+    """Another user can create, rename or remove entries in this directory: group or others may write to it, and
+    it is not sticky with an owner in owned_by_me_or_root (sticky: only an entry's owner, the directory's and root
+    may remove or rename it). Group members count as others: a shared server's groups are wide."""
+    sticky_and_safe = bool(st.st_mode & stat.S_ISVTX) and owned_by_me_or_root(st)
+    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and not sticky_and_safe
+
+
 def problem(share: object, key: str = "run.share") -> str | None:
     """The config error for a value that is not a policy, None for a good one."""
     if share in SHARES:

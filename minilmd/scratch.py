@@ -43,7 +43,7 @@ from minilmd.names import (
     atomic_tmp_prefix,
     default_scratch,
 )
-from minilmd.perms import own_uid, owned_by_me, owned_by_me_or_root
+from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
@@ -158,8 +158,7 @@ def _link_target(path: Path) -> str:
 
 def _others_can_write(st: os.stat_result) -> bool:
     """Another user can create, rename or remove entries in this directory (group members count as others)."""
-    sticky_and_safe = bool(st.st_mode & stat.S_ISVTX) and owned_by_me_or_root(st)
-    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and not sticky_and_safe
+    return others_can_rearrange(st)
 
 
 def _ancestry_problem(label: str, scratch: Path) -> str | None:

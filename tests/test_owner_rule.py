@@ -174,3 +174,27 @@ def test_the_geteuid_guard_sees_each_spelling(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("import os\nfrom os import geteuid\nuid = os.geteuid()\nask = os.geteuid\n")
     assert geteuid_calls(module) == [2, 3, 4]
+
+
+# --- "others can rearrange": the one rule for a directory whose entries must stay as this run left them -----------
+
+@pytest.mark.parametrize("mode, sticky_owner_mine, rearrangeable", [
+    (0o755, True, False),   # only its owner writes
+    (0o775, True, True),    # group members count as others
+    (0o777, True, True),
+    (0o1777, True, False),  # sticky, mine (or root's): each entry's owner alone may remove or rename it
+    (0o1777, False, True),  # sticky but another user's: its owner may remove anything in it
+])
+def test_others_can_rearrange_a_directory_writable_to_them_unless_sticky_and_safe(tmp_path, monkeypatch, mode,
+                                                                                   sticky_owner_mine, rearrangeable):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, mode)
+    st = os.lstat(folder)
+    if not sticky_owner_mine:
+        fake_own_uid(monkeypatch, someone_else(folder))
+        if st.st_uid == 0:  # root's counts as safe whoever we are: give it to someone else
+            os.chown(folder, OTHER_UID, OTHER_UID)
+            st = os.lstat(folder)
+    assert perms.others_can_rearrange(st) is rearrangeable
+    assert registry._safe_shared_dir(folder) is (not rearrangeable and perms.owned_by_me_or_root(st))

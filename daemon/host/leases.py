@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.perms import owned_by_me, owned_by_me_or_root
+from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
 from minilmd.untrusted import loads
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -229,7 +229,7 @@ def _dir_problem(st: os.stat_result) -> str | None:
     if not owned_by_me_or_root(st):
         return (f"belongs to {_user(st.st_uid)}, not to root or you: sticky or not, its owner could remove or swap "
                 f"any lease file in it")
-    if not sticky and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if others_can_rearrange(st):
         return (f"is writable by other users and not sticky (mode {stat.S_IMODE(st.st_mode):04o}): anyone could "
                 f"swap the lease files")
     return None

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.fsio import atomic_write_text
-from minilmd.perms import own_uid, owned_by_me, owned_by_me_or_root
+from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root
 from minilmd.untrusted import Unreadable, printable, read_json
 
 MAX_ENTRY_BYTES = 64 * 1024
@@ -121,7 +121,7 @@ def _safe_shared_dir(path: Path) -> bool:
         return False
     if not stat.S_ISDIR(st.st_mode) or not owned_by_me_or_root(st):
         return False
-    return not (st.st_mode & 0o022) or bool(st.st_mode & stat.S_ISVTX)
+    return not others_can_rearrange(st)
 
 
 def _user(uid: int) -> str:
