@@ -9,13 +9,14 @@
 - `export_hf(path, out_dir)`: `config.json` (Qwen3ForCausalLM, tie_word_embeddings), `model.safetensors`,
   `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`; for a
   model trained on a chat corpus `tokenizer_config.json` carries its `chat_template`, so that transformers'
-  `apply_chat_template` renders prompts as the model saw them (`find_chat_config`).
+  `apply_chat_template` renders prompts as the model saw them (`find_chat_config`). The tokenizer files are read
+  once as untrusted (no link followed, no blocking open, bounded) and written from the bytes read:
+  export_tokenizer.py.
 """
 from __future__ import annotations
 
 import json
 import shlex
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,7 @@ from minilmd import perms
 from minilmd.checkpoint import Validated, saved_lora
 from minilmd.fsio import publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
-from minilmd.names import (
-    CORPUS_TOKENIZER,
-    MODEL_FILE,
-    TOKENIZER_FILE,
-    TRAINER_STATE,
-)
+from minilmd.names import MODEL_FILE, TOKENIZER_FILE, TRAINER_STATE
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import (
     ExportError,
@@ -41,28 +37,21 @@ from minilmd.trainer.model.export_paths import (
     writing_dir,
     writing_file,
 )
+from minilmd.trainer.model.export_tokenizer import FoundTokenizer, find_chat_config, find_tokenizer
 
 DTYPES = ("float32", "bfloat16", "float16")
-_MAX_STATE = 64 << 20
-
-
-def _read_state(ckpt: Path) -> Any:
-    """A checkpoint's trainer_state.json, parsed as untrusted (size and depth bounded); Unreadable, a ValueError,
-    for one that cannot be (FileNotFoundError when it is not there)."""
-    from minilmd.untrusted import Unreadable, read_json
-
-    try:
-        return read_json(ckpt / TRAINER_STATE, max_bytes=_MAX_STATE)
-    except Unreadable as e:
-        if e.missing:
-            raise FileNotFoundError(str(ckpt / TRAINER_STATE)) from None
-        raise
 
 
 def read_checkpoint(path: str | Path, merge: bool = False) -> tuple[dict, dict[str, Any], dict[str, Any]]:
     """(weights as fp32 tensors, model config dict, trainer_state) of a checkpoint (or of LATEST under a root),
     all from its one validation. A LoRA checkpoint (adapters only) gives its base with the adapters merged in with
     `merge`, else is refused."""
+    _, checked, weights, model_cfg = _read_checked(path, merge)
+    return weights, model_cfg, checked.state
+
+
+def _read_checked(path: str | Path, merge: bool) -> tuple[Path, Validated, dict, dict[str, Any]]:
+    """(the checkpoint directory, its one validation, read_checkpoint's weights and model config)."""
     from minilmd.trainer.model.adapter import merged_weights
 
     ckpt = resolve_checkpoint(path)
@@ -71,8 +60,10 @@ def read_checkpoint(path: str | Path, merge: bool = False) -> tuple[dict, dict[s
         if not merge:
             raise ExportError(f"{ckpt}: a LoRA checkpoint holds adapters only: export them with --format peft, "
                               f"or the full weights with --merge")
-        return merged_weights(ckpt, checked)
-    return _full_weights(ckpt, checked)
+        weights, model_cfg, _ = merged_weights(ckpt, checked)
+    else:
+        weights, model_cfg, _ = _full_weights(ckpt, checked)
+    return ckpt, checked, weights, model_cfg
 
 
 def _full_weights(ckpt: Path, checked: Validated) -> tuple[dict, dict[str, Any], dict[str, Any]]:
@@ -111,62 +102,6 @@ def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = 
     model = MiniMindForCausalLM(model_cfg)
     model.load_state_dict(weights, strict=True)
     return model.to(device).eval(), state
-
-
-def find_tokenizer(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> Path:
-    """The tokenizer for a checkpoint: `explicit`, else tokenizer.json in the checkpoint, else the one in the
-    prepared corpus the run was trained on (`_corpus_tokenizer`; `state`: the checkpoint's validated
-    trainer_state, when the caller has it)."""
-    if explicit:
-        if not Path(explicit).is_file():
-            raise ExportError(f"--tokenizer {explicit}: no such file")
-        return Path(explicit)
-    ckpt = resolve_checkpoint(path)
-    tried = [ckpt / TOKENIZER_FILE]
-    corpus = _corpus_tokenizer(ckpt, state)
-    if corpus is not None:
-        tried.append(corpus)
-    for candidate in tried:
-        if candidate.is_file():
-            return candidate
-    raise ExportError(f"no tokenizer found for {ckpt} (looked at {', '.join(map(str, tried))}); "
-                      f"pass --tokenizer PATH/tokenizer.json")
-
-
-def find_chat_config(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> dict | None:
-    """The tokenizer_config.json with the chat template of a checkpoint's model (minilmd/corpus/chat.py
-    read_tokenizer_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat
-    corpus's), else in the prepared corpus it was trained on (`_corpus_tokenizer`, `state` as find_tokenizer's).
-    None when none of them has a template (a model pretrained on text)."""
-    from minilmd.corpus.chat import ChatError, read_tokenizer_config
-
-    ckpt = resolve_checkpoint(path)
-    tried = [Path(explicit)] if explicit else []
-    tried.append(ckpt / TOKENIZER_FILE)
-    corpus = _corpus_tokenizer(ckpt, state)
-    if corpus is not None:
-        tried.append(corpus)
-    for tokenizer in tried:
-        try:
-            return read_tokenizer_config(tokenizer)  # beside tokenizer: its TOKENIZER_CONFIG or chat_template.jinja
-        except ChatError:
-            continue
-    return None
-
-
-def _corpus_tokenizer(ckpt: Path, state: dict | None) -> Path | None:
-    """The tokenizer of the prepared corpus the checkpoint's run trained on (trainer_state config.data.prepared), a
-    local one: a hint, not needed. From `state` when the caller validated the checkpoint (an export: its
-    trainer_state is then not read again), else from trainer_state.json read for it as untrusted."""
-    try:
-        if state is None:
-            state = _read_state(ckpt)
-        prepared = state["config"]["data"]["prepared"]
-        if prepared and "://" not in prepared:
-            return Path(prepared) / CORPUS_TOKENIZER
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
 
 
 def with_tied_head(weights: dict) -> dict:
@@ -279,19 +214,22 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
 
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    weights, model_cfg, state = read_checkpoint(path, merge=merge)
-    tokenizer_path = find_tokenizer(path, tokenizer, state)
-    chat = find_chat_config(path, tokenizer, state)
+    ckpt, checked, weights, model_cfg = _read_checked(path, merge)
+    # The tokenizer files of that very checkpoint, read once as untrusted and checked against its validated
+    # trainer_state: what is written below is those bytes (export_tokenizer.py).
+    found = find_tokenizer(ckpt, tokenizer, checked.state)
+    chat = find_chat_config(ckpt, tokenizer, checked.state)
     out_dir, tmp = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
     with writing_dir(out_dir, tmp):
-        _write_hf(tmp, tensors, model_cfg, dtype, chat, tokenizer_path)
+        _write_hf(tmp, tensors, model_cfg, dtype, chat, found)
         published = publish(tmp, out_dir)  # an existing out_dir is empty (checked above)
     return published
 
 
-def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict | None, tokenizer_path: Path) -> None:
+def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict | None,
+              tokenizer: FoundTokenizer) -> None:
     from safetensors.torch import save_file
 
     save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})  # HF's name happens to be ours
@@ -306,4 +244,4 @@ def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict 
     }
     for name, body in files.items():
         (tmp / name).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
-    shutil.copyfile(tokenizer_path, tmp / TOKENIZER_FILE)
+    (tmp / TOKENIZER_FILE).write_bytes(tokenizer.data)  # the bytes read and checked, not the path again
