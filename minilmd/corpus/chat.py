@@ -190,7 +190,7 @@ def read_tokenizer_config(tokenizer: str | Path) -> dict:
     """The tokenizer_config.json beside a tokenizer the user named (an option, a config's path), its `chat_template`
     resolved to one string (module docstring): what a chat corpus, a checkpoint and an export carry. Its links are
     followed, the user's own choice (_read_text); a checkpoint's or a corpus's files, which may be another user's,
-    are read without following one and given to `chat_config` (trainer/model/export_tokenizer.py). ChatError when
+    are read without following one and given to `chat_config` (trainer/model/export.py). ChatError when
     there is no template."""
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG

@@ -42,7 +42,7 @@ class ChatSession:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model, state = load_model(checkpoint, device, lora, no_lora)
-        state = None if lora else state  # with --lora, `state` is the adapter's, not CHECKPOINT's (export_tokenizer)
+        state = None if lora else state  # with --lora, `state` is the adapter's, not CHECKPOINT's (export._state)
         config = find_chat_config(checkpoint, tokenizer, state)
         if config is None:
             raise ExportError(f"{checkpoint}: no chat template found (a model trained on a chat corpus carries its "
