@@ -187,22 +187,40 @@ def _read_text(path: Path) -> str:
 
 
 def read_tokenizer_config(tokenizer: str | Path) -> dict:
-    """The tokenizer_config.json beside a tokenizer, its `chat_template` resolved to one string (module
-    docstring): what a chat corpus, a checkpoint and an export carry. ChatError when there is no template."""
+    """The tokenizer_config.json beside a tokenizer the user named (an option, a config's path), its `chat_template`
+    resolved to one string (module docstring): what a chat corpus, a checkpoint and an export carry. Its links are
+    followed, the user's own choice (_read_text); a checkpoint's or a corpus's files, which may be another user's,
+    are read without following one and given to `chat_config` (trainer/model/export.py). ChatError when
+    there is no template."""
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG
     try:
-        config = loads_bounded(_read_text(path)) if path.is_file() else {}
+        config_text = _read_text(path) if path.is_file() else None
     except (OSError, ValueError) as e:  # Unreadable too
+        raise ChatError(f"{path}: not readable JSON ({e})") from None
+    template = None
+    if (folder / CHAT_TEMPLATE_FILE).is_file():
+        try:
+            template = _read_text(folder / CHAT_TEMPLATE_FILE)
+        except Unreadable as e:
+            raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.why})") from None
+    return chat_config(config_text, template, folder)
+
+
+def chat_config(config_text: str | None, template: str | None, folder: Path) -> dict:
+    """The text of a tokenizer_config.json (None: there is none) and of a chat_template.jinja beside it (None: none,
+    else preferred) -> the config with its `chat_template` resolved to one string; `folder` names them in a
+    ChatError, raised when there is no template."""
+    path = folder / TOKENIZER_CONFIG
+    try:
+        config = loads_bounded(config_text) if config_text is not None else {}
+    except ValueError as e:
         raise ChatError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(config, dict):
         raise ChatError(f"{path}: not a JSON object")
     source = config.get("chat_template")
-    if (folder / CHAT_TEMPLATE_FILE).is_file():
-        try:
-            source = _read_text(folder / CHAT_TEMPLATE_FILE)
-        except Unreadable as e:
-            raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.why})") from None
+    if template is not None:
+        source = template
     elif isinstance(source, list):
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")

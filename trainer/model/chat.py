@@ -41,13 +41,14 @@ class ChatSession:
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        config = find_chat_config(checkpoint, tokenizer)
+        self.model, state = load_model(checkpoint, device, lora, no_lora)
+        state = None if lora else state  # with --lora, `state` is the adapter's, not CHECKPOINT's (export._state)
+        config = find_chat_config(checkpoint, tokenizer, state)
         if config is None:
             raise ExportError(f"{checkpoint}: no chat template found (a model trained on a chat corpus carries its "
                               "tokenizer_config.json); pass --tokenizer DIR/tokenizer.json of a tokenizer with one")
         self.template = ChatTemplate.from_config(config)
-        self.model, _ = load_model(checkpoint, device, lora, no_lora)
-        self.tok = Tokenizer.from_file(str(find_tokenizer(checkpoint, tokenizer)))
+        self.tok = Tokenizer.from_buffer(find_tokenizer(checkpoint, tokenizer, state).data)
         self.limit = self.model.config.max_position_embeddings
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.generator = None

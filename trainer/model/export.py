@@ -10,25 +10,37 @@
   `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`; for a
   model trained on a chat corpus `tokenizer_config.json` carries its `chat_template`, so that transformers'
   `apply_chat_template` renders prompts as the model saw them (`find_chat_config`).
+- The tokenizer files (`find_tokenizer`, `find_chat_config`; `minilmd sample` and `minilmd chat` load them too):
+  looked for in this order: an explicit --tokenizer, the checkpoint, the prepared corpus its run trained on
+  (trainer_state config.data.prepared, a hint). Each file is read once, and what is used (written into an export,
+  loaded) is the bytes read, never the path opened again. --tokenizer is the user's own choice: a symbolic link
+  there is followed (a Hugging Face cache is links into its blobs), and the file it leads to is read as untrusted
+  all the same (regular only, so a FIFO is never opened; bounded). A checkpoint may be another user's or on a
+  shared remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link
+  followed (a link to someone's private file is never copied into an export), regular only, bounded
+  (TOKENIZER_MAX_BYTES, TOKENIZER_CONFIG_MAX_BYTES). A tokenizer.json must have the sha256 the run recorded
+  (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file into
+  each checkpoint) when the run recorded one, so a file swapped in after validation is refused; the manifest is
+  not read again (validation read it once, and Validated does not keep its files table). A file that is not there
+  is passed by (the next place is tried); one that is there but refused is an ExportError naming it and why, never
+  silently replaced by another place's. minilmd's checkpoints and corpora carry the chat template resolved in
+  tokenizer_config.json, so chat_template.jinja is read beside --tokenizer only.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
-import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from minilmd import perms
 from minilmd.checkpoint import Validated, saved_lora
+from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
 from minilmd.fsio import publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
-from minilmd.names import (
-    CORPUS_TOKENIZER,
-    MODEL_FILE,
-    TOKENIZER_FILE,
-    TRAINER_STATE,
-)
+from minilmd.names import MODEL_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TRAINER_STATE
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import (
     ExportError,
@@ -41,28 +53,21 @@ from minilmd.trainer.model.export_paths import (
     writing_dir,
     writing_file,
 )
+from minilmd.untrusted import Unreadable, read_bytes, read_json
 
 DTYPES = ("float32", "bfloat16", "float16")
-_MAX_STATE = 64 << 20
-
-
-def _read_state(ckpt: Path) -> Any:
-    """A checkpoint's trainer_state.json, parsed as untrusted (size and depth bounded); Unreadable, a ValueError,
-    for one that cannot be (FileNotFoundError when it is not there)."""
-    from minilmd.untrusted import Unreadable, read_json
-
-    try:
-        return read_json(ckpt / TRAINER_STATE, max_bytes=_MAX_STATE)
-    except Unreadable as e:
-        if e.missing:
-            raise FileNotFoundError(str(ckpt / TRAINER_STATE)) from None
-        raise
 
 
 def read_checkpoint(path: str | Path, merge: bool = False) -> tuple[dict, dict[str, Any], dict[str, Any]]:
     """(weights as fp32 tensors, model config dict, trainer_state) of a checkpoint (or of LATEST under a root),
     all from its one validation. A LoRA checkpoint (adapters only) gives its base with the adapters merged in with
     `merge`, else is refused."""
+    _, checked, weights, model_cfg = _read_checked(path, merge)
+    return weights, model_cfg, checked.state
+
+
+def _read_checked(path: str | Path, merge: bool) -> tuple[Path, Validated, dict, dict[str, Any]]:
+    """(the checkpoint directory, its one validation, read_checkpoint's weights and model config)."""
     from minilmd.trainer.model.adapter import merged_weights
 
     ckpt = resolve_checkpoint(path)
@@ -71,8 +76,10 @@ def read_checkpoint(path: str | Path, merge: bool = False) -> tuple[dict, dict[s
         if not merge:
             raise ExportError(f"{ckpt}: a LoRA checkpoint holds adapters only: export them with --format peft, "
                               f"or the full weights with --merge")
-        return merged_weights(ckpt, checked)
-    return _full_weights(ckpt, checked)
+        weights, model_cfg, _ = merged_weights(ckpt, checked)
+    else:
+        weights, model_cfg, _ = _full_weights(ckpt, checked)
+    return ckpt, checked, weights, model_cfg
 
 
 def _full_weights(ckpt: Path, checked: Validated) -> tuple[dict, dict[str, Any], dict[str, Any]]:
@@ -113,60 +120,125 @@ def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = 
     return model.to(device).eval(), state
 
 
-def find_tokenizer(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> Path:
-    """The tokenizer for a checkpoint: `explicit`, else tokenizer.json in the checkpoint, else the one in the
-    prepared corpus the run was trained on (`_corpus_tokenizer`; `state`: the checkpoint's validated
-    trainer_state, when the caller has it)."""
+MAX_STATE_BYTES = 64 << 20
+"""trainer_state.json read as a hint without validation (as checkpoint.MAX_JSON_PART bounds it)."""
+
+
+@dataclass(frozen=True)
+class FoundTokenizer:
+    """A tokenizer.json as read once: where (for messages) and its bytes (what is written or loaded)."""
+
+    path: Path
+    data: bytes
+
+
+def find_tokenizer(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> FoundTokenizer:
+    """The tokenizer for a checkpoint (module docstring: the tokenizer files): `explicit`, else tokenizer.json in
+    the checkpoint, else the one of the prepared corpus the run trained on. `state`: the checkpoint's validated
+    trainer_state when the caller has it (else trainer_state.json is read as a hint: `_state`)."""
     if explicit:
-        if not Path(explicit).is_file():
-            raise ExportError(f"--tokenizer {explicit}: no such file")
-        return Path(explicit)
+        return FoundTokenizer(Path(explicit), _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES))
     ckpt = resolve_checkpoint(path)
-    tried = [ckpt / TOKENIZER_FILE]
-    corpus = _corpus_tokenizer(ckpt, state)
-    if corpus is not None:
-        tried.append(corpus)
-    for candidate in tried:
-        if candidate.is_file():
-            return candidate
-    raise ExportError(f"no tokenizer found for {ckpt} (looked at {', '.join(map(str, tried))}); "
-                      f"pass --tokenizer PATH/tokenizer.json")
+    state = _state(ckpt, state)
+    looked: list[str] = []
+    for where in (ckpt, _corpus_dir(state)):
+        if where is None:
+            continue
+        data = _read_untrusted(where / TOKENIZER_FILE, TOKENIZER_MAX_BYTES, looked)
+        if data is not None:
+            _check_fingerprint(where / TOKENIZER_FILE, data, state)
+            return FoundTokenizer(where / TOKENIZER_FILE, data)
+    raise ExportError(f"no tokenizer found for {ckpt} ({'; '.join(looked)}); pass --tokenizer PATH/tokenizer.json")
 
 
 def find_chat_config(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> dict | None:
     """The tokenizer_config.json with the chat template of a checkpoint's model (minilmd/corpus/chat.py
-    read_tokenizer_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat
-    corpus's), else in the prepared corpus it was trained on (`_corpus_tokenizer`, `state` as find_tokenizer's).
-    None when none of them has a template (a model pretrained on text)."""
-    from minilmd.corpus.chat import ChatError, read_tokenizer_config
+    chat_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat corpus's),
+    else in the prepared corpus it was trained on (`state` as find_tokenizer's). None when none of them has a
+    template (a model pretrained on text)."""
+    from minilmd.corpus.chat import TOKENIZER_CONFIG_MAX_BYTES, ChatError, chat_config, read_tokenizer_config
 
-    ckpt = resolve_checkpoint(path)
-    tried = [Path(explicit)] if explicit else []
-    tried.append(ckpt / TOKENIZER_FILE)
-    corpus = _corpus_tokenizer(ckpt, state)
-    if corpus is not None:
-        tried.append(corpus)
-    for tokenizer in tried:
+    if explicit:
         try:
-            return read_tokenizer_config(tokenizer)  # beside tokenizer: its TOKENIZER_CONFIG or chat_template.jinja
+            return read_tokenizer_config(explicit)  # the user's own: its links followed, read bounded
+        except ChatError:
+            pass
+    ckpt = resolve_checkpoint(path)
+    for where in (ckpt, _corpus_dir(_state(ckpt, state))):
+        if where is None:
+            continue
+        data = _read_untrusted(where / TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, [])  # none: a text model
+        if data is None:
+            continue
+        try:
+            return chat_config(_utf8(where / TOKENIZER_CONFIG, data), None, where)
         except ChatError:
             continue
     return None
 
 
-def _corpus_tokenizer(ckpt: Path, state: dict | None) -> Path | None:
-    """The tokenizer of the prepared corpus the checkpoint's run trained on (trainer_state config.data.prepared), a
-    local one: a hint, not needed. From `state` when the caller validated the checkpoint (an export: its
-    trainer_state is then not read again), else from trainer_state.json read for it as untrusted."""
+def _read_explicit(path: Path, max_bytes: int) -> bytes:
+    """--tokenizer's file: its links followed (the user's own choice), then read as untrusted (a regular file, of
+    at most max_bytes: a FIFO or a device named by mistake is refused, never opened)."""
     try:
-        if state is None:
-            state = _read_state(ckpt)
-        prepared = state["config"]["data"]["prepared"]
-        if prepared and "://" not in prepared:
-            return Path(prepared) / CORPUS_TOKENIZER
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+        return read_bytes(path.resolve(), max_bytes=max_bytes)
+    except Unreadable as e:
+        raise ExportError(f"--tokenizer {path}: {'no such file' if e.missing else e.why}") from None
+
+
+def _read_untrusted(path: Path, max_bytes: int, looked: list[str]) -> bytes | None:
+    """A checkpoint's or a corpus's file, read as untrusted (module docstring: the tokenizer files); None, said in
+    `looked`, when it is not there; ExportError when it is there but not a regular file of at most max_bytes."""
+    try:
+        return read_bytes(path, max_bytes=max_bytes)
+    except Unreadable as e:
+        if e.missing:
+            looked.append(f"{path}: missing")
+            return None
+        raise ExportError(f"{path}: {e.why}: not read (a checkpoint's or a prepared corpus's file may be another "
+                          f"user's); pass --tokenizer PATH/tokenizer.json") from None
+
+
+def _check_fingerprint(path: Path, data: bytes, state: dict | None) -> None:
+    """A tokenizer.json must be the one the run trained with, when its trainer_state records which."""
+    try:
+        recorded = state["fingerprints"]["tokenizer"]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return
+    if isinstance(recorded, str) and hashlib.sha256(data).hexdigest() != recorded:
+        raise ExportError(f"{path}: not the tokenizer the checkpoint's run trained with (its sha256 differs from "
+                          f"the run's record, trainer_state fingerprints.tokenizer); pass --tokenizer "
+                          f"PATH/tokenizer.json")
+
+
+def _state(ckpt: Path, state: dict | None) -> dict | None:
+    """The validated trainer_state the caller has, else trainer_state.json read for its corpus hint alone, as
+    untrusted (bounded, no link followed): `minilmd sample/chat --lora` validates the base given as CHECKPOINT
+    where its state is not kept (adapter.py). None when it cannot be read."""
+    if state is not None:
+        return state
+    try:
+        return read_json(ckpt / TRAINER_STATE, max_bytes=MAX_STATE_BYTES)
+    except Unreadable:
+        return None
+
+
+def _corpus_dir(state: dict | None) -> Path | None:
+    """The local prepared corpus the run trained on (config.data.prepared): a hint, not needed."""
+    try:
+        prepared = state["config"]["data"]["prepared"]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return None
+    if isinstance(prepared, str) and prepared and "://" not in prepared:
+        return Path(prepared)
     return None
+
+
+def _utf8(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ExportError(f"{path}: not UTF-8") from None
 
 
 def with_tied_head(weights: dict) -> dict:
@@ -279,19 +351,22 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
 
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    weights, model_cfg, state = read_checkpoint(path, merge=merge)
-    tokenizer_path = find_tokenizer(path, tokenizer, state)
-    chat = find_chat_config(path, tokenizer, state)
+    ckpt, checked, weights, model_cfg = _read_checked(path, merge)
+    # The tokenizer files of that very checkpoint, read once as untrusted and checked against its validated
+    # trainer_state: what is written below is those bytes (module docstring).
+    found = find_tokenizer(ckpt, tokenizer, checked.state)
+    chat = find_chat_config(ckpt, tokenizer, checked.state)
     out_dir, tmp = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
     with writing_dir(out_dir, tmp):
-        _write_hf(tmp, tensors, model_cfg, dtype, chat, tokenizer_path)
+        _write_hf(tmp, tensors, model_cfg, dtype, chat, found)
         published = publish(tmp, out_dir)  # an existing out_dir is empty (checked above)
     return published
 
 
-def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict | None, tokenizer_path: Path) -> None:
+def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict | None,
+              tokenizer: FoundTokenizer) -> None:
     from safetensors.torch import save_file
 
     save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})  # HF's name happens to be ours
@@ -306,4 +381,4 @@ def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict 
     }
     for name, body in files.items():
         (tmp / name).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
-    shutil.copyfile(tokenizer_path, tmp / TOKENIZER_FILE)
+    (tmp / TOKENIZER_FILE).write_bytes(tokenizer.data)  # the bytes read and checked, not the path again
