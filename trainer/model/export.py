@@ -115,6 +115,7 @@ def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = 
     if saved_lora(checked.state) is not None:
         return lora_model(ckpt, checked, device, active=not no_lora)
     weights, model_cfg, state = _full_weights(ckpt, checked)
+    del checked  # its bytes of the weights file: the tensors hold them now; kept, the model would be held thrice
     model = MiniMindForCausalLM(model_cfg)
     model.load_state_dict(weights, strict=True)
     return model.to(device).eval(), state
@@ -352,10 +353,12 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     ckpt, checked, weights, model_cfg = _read_checked(path, merge)
+    state = checked.state
+    del checked  # its bytes of the weights file: the tensors hold them now
     # The tokenizer files of that very checkpoint, read once as untrusted and checked against its validated
     # trainer_state: what is written below is those bytes (module docstring).
-    found = find_tokenizer(ckpt, tokenizer, checked.state)
-    chat = find_chat_config(ckpt, tokenizer, checked.state)
+    found = find_tokenizer(ckpt, tokenizer, state)
+    chat = find_chat_config(ckpt, tokenizer, state)
     out_dir, tmp = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
