@@ -107,13 +107,19 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
     older checkpoints were trained on; so is one another machine published after the record's read, by the time
     this copy is renamed into place on a local remote: only this push's copy is removed then). OSError or
     BaseCopyError for the sync to retry; a half copy is never left behind. `taken`: Remote.make_tmp's, when the
-    temporary name holds what is not ours. On a store without rename the copy is written in place, after what
-    stands at `init` is removed: another machine's copy published after the read is not kept there."""
+    temporary name holds what is not ours. On a store without rename (an fsspec URL) the copy is written in place,
+    after what stands at `init` is removed, and only when the record read again just before that removal is still
+    the one first read (0 otherwise, as for another's): a copy another machine publishes there in the window left,
+    between that second read and the removal (one round trip to the store), is still removed."""
     hashes = _recorded(staged)
     # the remote's record read once and acted on as read: another machine writes there, so a second read could
     # find no record where the first found another base's, and that copy would be replaced
     found = _remote_record(remote)
     if _standing(remote, staged, hashes, found):
+        return 0
+    # no rename on this store, so no way to publish only where nothing else took `init` since the read: the last
+    # look as close to the removal as it can be (see the docstring for what remains)
+    if not remote.local and _remote_record(remote) != found:
         return 0
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
     target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken)
@@ -140,6 +146,29 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
             remote.rm(target)
         raise
     return nbytes
+
+
+def another_base_left(remote: Remote, name: str, staged: Path | None) -> bool:
+    """Whether the temporary directory `name` of a local remote, which the sync's clean-up is about to remove,
+    holds the record of a base copy (what makes one exist) other than `staged`'s, this run's staged base (None:
+    none): what stood at `init` and a push moved out to look at (Remote.publish_unless_taken), left there when that
+    push was killed. It may be the only copy of the base older checkpoints were trained on, so it is never removed.
+    A record that cannot be read as one counts, and so does a look that fails; no record (a half copy of this
+    host's) or this base's own record does not. Another user's entry or a link: no (the removal leaves it)."""
+    if not remote.local or remote.not_ours(name):
+        return False
+    try:
+        found = _remote_record(remote, name)
+    except OSError:
+        return True
+    if found is None:
+        return False
+    try:
+        ours = hashlib.sha256(read_bytes(staged / INIT_RECORD, max_bytes=MAX_RECORD_BYTES)).hexdigest() \
+            if staged is not None else None
+    except (OSError, Unreadable):
+        ours = None
+    return ours is None or _record_hash(found) != ours
 
 
 def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lambda: None,

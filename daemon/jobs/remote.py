@@ -287,6 +287,11 @@ class Remote:
             pass
         return None
 
+    def not_ours(self, name: str) -> str | None:
+        """What `name` is when it is no real directory of this user's (a link, another user's entry:
+        remote_write.not_ours), None when it is, or is not there, or the remote is not a local path."""
+        return remote_write.not_ours(self.path(name)) if self.local else None
+
     def quarantine(self, name: str, reason: str) -> str:
         """Set a damaged checkpoint of a local remote aside into quarantine/, with its reason: where it went.
         NotOurs (an OSError) saying what was found when it or quarantine/ is not this user's real directory

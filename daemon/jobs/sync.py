@@ -334,15 +334,33 @@ class Syncer:
     def _clean_remote_tmp(self) -> None:
         """Remove the temporary copies an interrupted sync of this host left (its pid gone, or this process's).
         The remote is a shared path: a temporary name of another host, or one without a host (publish_dir's),
-        may be a copy in progress there, and is removed only once it is a day old."""
+        may be a copy in progress there, and is removed only once it is a day old. One that holds another LoRA
+        base's copy (what stood at `init`, left by a push killed while it looked at it) is quarantined instead."""
         for n in self.remote.names():
             if not n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST), atomic_tmp_prefix(BEST))):
                 continue
             pid = remote_tmp_owner(n, _host())
-            if (pid is not None and (pid == os.getpid() or not process_alive(pid))) \
-                    or self.remote.age(n) > STALE_TMP_SECONDS:
-                if why := self.remote.rm(n, file=not n.startswith(TMP_PREFIX)):  # a pointer's: a file
-                    self._leave(n, why)
+            if not ((pid is not None and (pid == os.getpid() or not process_alive(pid)))
+                    or self.remote.age(n) > STALE_TMP_SECONDS):
+                continue
+            if n.startswith(TMP_PREFIX) and basecopy.another_base_left(self.remote, n, self.base):
+                self._keep_base_copy(n)
+            elif why := self.remote.rm(n, file=not n.startswith(TMP_PREFIX)):  # a pointer's: a file
+                self._leave(n, why)
+
+    def _keep_base_copy(self, name: str) -> None:
+        """Set aside a temporary name that holds another LoRA base's copy (basecopy.another_base_left): maybe the
+        only copy of what older checkpoints, this run's or another's, were trained on."""
+        remote, init = self.remote, self.remote.show(basecopy.REMOTE_BASE)
+        try:
+            dest = remote.quarantine(name, f"the copy of another LoRA base than this run's, left under a temporary "
+                                           f"name (a push killed while it looked at what stood at {init}?)")
+        except OSError as e:
+            self._once((name, "another base"), f"sync: remote {remote.show(name)} holds the copy of another LoRA "
+                                               f"base than this run's: never removed, left as it is ({e})")
+            return
+        self.log(f"sync: remote {remote.show(name)} holds the copy of another LoRA base than this run's (a push "
+                 f"killed while it looked at what stood at {init}?): quarantined to {dest}, never removed")
 
     def _retention(self, scan: Scan) -> list[str]:
         """Delete remote checkpoints beyond the newest `keep` intact ones (by this sync's scan); never the one LATEST
