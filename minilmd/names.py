@@ -159,6 +159,14 @@ def remote_tmp_owner(name: str, host: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def kept_name(name: str, tag: str, token: str) -> str:
+    """`init.kept-<host>-<pid>-<token>` beside a remote's `init` (tag: pointer_tmp_tag's `<host>-<pid>-`): what stood
+    there, which a push moved out to look at and could neither put back nor move into quarantine/ (another user's
+    entry or a link there). Neither a temporary name (TMP_PREFIX) nor a step name: no clean-up, retention or
+    Remote.make_tmp ever removes it; it may be the only copy of a base older checkpoints were trained on."""
+    return f"{name}.kept-{tag}{token}"
+
+
 def pointer_tmp_tag(host: str, pid: int) -> str:
     """What a sync puts into the temp file that replaces a remote LATEST or BEST: `.LATEST.<host>-<pid>-...`."""
     return f"{host}-{pid}-"

@@ -122,7 +122,10 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
     if not remote.local and _remote_record(remote) != found:
         return 0
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
-    target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken)
+    # what an earlier push of this process left under this name, when it could neither put back nor set aside what
+    # stood at `init`, is another base's copy: a fresh name then, never that one removed
+    target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken,
+                             kept=lambda name: _kept_there(remote, name, staged))
     try:
         nbytes = 0
         # each read back against the record, not the local file: a base staged again meanwhile leaves no mixed copy
@@ -146,6 +149,14 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
             remote.rm(target)
         raise
     return nbytes
+
+
+def _kept_there(remote: Remote, name: str, staged: Path) -> str | None:
+    """What Remote.make_tmp must not remove at `name`, said: another base's copy left there (another_base_left)."""
+    if not another_base_left(remote, name, staged):
+        return None
+    return f"{remote.show(name)} holds the copy of another LoRA base than this run's (left there by a push that " \
+           f"could not put it back at {remote.show(REMOTE_BASE)}): never removed"
 
 
 def another_base_left(remote: Remote, name: str, staged: Path | None) -> bool:

@@ -25,7 +25,7 @@ from minilmd import checkpoint as ck
 from minilmd import fsio
 from minilmd.daemon.jobs import remote_write
 from minilmd.fsio import atomic_write_text, fsync_dir, fsync_tree, publish_dir, table_problems
-from minilmd.names import LATEST, MANIFEST, is_step_name, step_of
+from minilmd.names import LATEST, MANIFEST, is_step_name, kept_name, step_of
 from minilmd.untrusted import Unreadable, file_kind, loads, open_regular, printable, read_bytes
 
 POINTER_MAX_BYTES, MANIFEST_MAX_BYTES = 4096, 1 << 20  # as a local checkpoint's are read (minilmd/checkpoint.py)
@@ -64,7 +64,8 @@ class ListedManifest(NamedTuple):
 
 class LeftAside(OSError):
     """Remote.publish_unless_taken could not put back what it had moved out of the final name to look at (the name
-    was taken meanwhile): what that was is left under another name, which the message says; never removed."""
+    was taken meanwhile, or the rename back failed): what that was is kept under another name, which the message
+    says; never removed."""
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -254,13 +255,19 @@ class Remote:
         os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, taken as it is
         remote_write.mkdir_new(self.root, names, self.show)
 
-    def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None) -> str:
+    def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None,
+                 kept: Callable[[str], str | None] = lambda name: None) -> str:
         """Make the temporary directory `target` (and `below` in it) for a copy, an earlier try's removed first; the
         name used. On a local remote anyone can predict `target` (host and pid): where it holds what is not this
         sync's (a link, another user's entry: NotOurs) that is left as it is, never written through, and a fresh
         name is made instead, `target-XXXXXXXX.tmp` (random): the same host and pid, which names.remote_tmp_owner
         reads back, so the clean-up of this pid's leftovers still takes it. `taken(what was found, the fresh
-        name)` says so. Without it one other user could keep every checkpoint from ever reaching the remote."""
+        name)` says so. Without it one other user could keep every checkpoint from ever reaching the remote.
+        `kept(target)`: what the caller's own earlier try left there that must never be removed (what stood at the
+        final name, which publish_unless_taken could neither put back nor set aside), None when nothing is: a
+        fresh name then too."""
+        if self.local and os.path.lexists(self.path(target)) and (why := kept(target)):
+            return self._fresh_tmp(target, below, why, taken)
         self.rm(target)
         try:
             self.makedirs(target, *below)
@@ -270,10 +277,13 @@ class Remote:
                 raise
             with contextlib.suppress(OSError):
                 self.rm(target)  # ours when what was taken lies below it: only this user's real directory goes
-            fresh = f"{target}-{secrets.token_hex(4)}.tmp"
-            self.makedirs(fresh, *below)
-            taken(str(e), fresh)
-            return fresh
+            return self._fresh_tmp(target, below, str(e), taken)
+
+    def _fresh_tmp(self, target: str, below: tuple[str, ...], found: str, taken) -> str:
+        fresh = f"{target}-{secrets.token_hex(4)}.tmp"
+        self.makedirs(fresh, *below)
+        taken(found, fresh)
+        return fresh
 
     def rm(self, *names: str, file: bool = False) -> str | None:
         """Remove what a sync made: None when removed (or not there). On a local remote only a real directory (a
@@ -326,7 +336,8 @@ class Remote:
         aside, and `replaceable(name)` looks at it under its new name, where no writer of dst changes it any more:
         what it refuses (or an entry not this user's real directory, or a look that fails) goes back to dst.
         `ours(name)`: the caller's copy is at name (what a swap back must bring back, before src is removed).
-        LeftAside when what stood at dst cannot go back (dst taken again meanwhile): it is kept in quarantine/.
+        LeftAside when what stood at dst cannot go back (dst taken again meanwhile, or the rename back failed): it
+        is kept in quarantine/, or beside dst (names.kept_name) where quarantine/ cannot take it, never removed.
         NotOurs when dst is another user's entry or a link."""
         new, final = self.path(src), self.path(dst)
         fsync_tree(new)
@@ -336,7 +347,7 @@ class Remote:
         if why := remote_write.not_ours(final):
             raise remote_write.NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
         if not fsio.exchange(new, final):
-            return self._publish_aside(src, dst, replaceable)
+            return self._publish_aside(src, dst, replaceable, ours)
         # this copy at dst now, what stood there at src
         if self._looks(src, replaceable):
             self._drop(src)
@@ -350,24 +361,38 @@ class Remote:
             raise self._left_aside(src, dst, "another copy took its place meanwhile")
         return False
 
-    def _publish_aside(self, src: str, dst: str, replaceable: Callable[[str], bool]) -> bool:
+    def _publish_aside(self, src: str, dst: str, replaceable: Callable[[str], bool],
+                       ours: Callable[[str], bool]) -> bool:
         """publish_unless_taken where the file system cannot exchange (NFS): what stands at dst is renamed aside,
         looked at there, then either replaced or renamed back. A reader may find dst missing meanwhile."""
-        aside = f"{src}-replaced"
-        self.rm(aside)  # an earlier try's, when this user's
+        aside = self._aside_name(src, lambda name: self._looks(name, ours) or self._looks(name, replaceable))
         new, final, moved = self.path(src), self.path(dst), self.path(aside)
         if not fsio.rename_new(final, moved):  # a FileNotFoundError (gone meanwhile): the caller retries
             raise remote_write.NotOurs(errno.EEXIST, f"{self.show(aside)} is {remote_write.what_is(moved)}: not "
                                                      f"this run's, never replaced")
         if not self._looks(aside, replaceable):
-            if fsio.rename_new(moved, final):
-                return False
-            self.rm(src)  # this copy: the caller has nothing to remove
-            raise self._left_aside(aside, dst, "another copy took its place meanwhile")
+            try:
+                if fsio.rename_new(moved, final):
+                    return False
+                why = "another copy took its place meanwhile"
+            except OSError as e:  # EIO, ESTALE: where it is now is said, never left unsaid at the aside name
+                why = f"it could not be renamed back ({e.strerror})"
+            self._drop(src)  # this copy: the caller has nothing to remove
+            raise self._left_aside(aside, dst, why)
         published = fsio.rename_new(new, final)  # False: another copy took the name meanwhile; it stays
         self._drop(aside)  # what the caller would replace, either way
         fsync_dir(os.path.dirname(final))
         return published
+
+    def _aside_name(self, src: str, removable: Callable[[str], bool]) -> str:
+        """`<src>-replaced`, where what stands at dst is moved to be looked at; an earlier try's removed first when
+        `removable` (this push's copy, or what it would replace anyway). One holding anything else (another base's
+        copy an earlier try could neither put back nor set aside, a look that fails) is left as it is, and a fresh
+        name taken instead: it is never removed."""
+        aside = f"{src}-replaced"
+        if not os.path.lexists(self.path(aside)) or (removable(aside) and self.rm(aside) is None):
+            return aside
+        return f"{aside}-{secrets.token_hex(4)}"
 
     def _looks(self, name: str, like: Callable[[str], bool]) -> bool:
         """Whether `name` is this user's real directory and like(name) says yes; a look that fails says no."""
@@ -383,13 +408,26 @@ class Remote:
 
     def _left_aside(self, name: str, dst: str, why: str) -> LeftAside:
         """What stood at dst, now at `name`, could not go back: kept in quarantine/ (no clean-up of temporary names
-        takes it there), or left at name when it cannot be moved."""
+        takes it there); where quarantine/ cannot take it (another user's entry or a link there), renamed beside
+        dst to names.kept_name, which nothing removes: `name` is this process's temporary name, which its next
+        push would make again; left at name only when that rename fails too (the next push then passes it by:
+        make_tmp's `kept`)."""
         reason = f"stood at {dst}; not put back there: {why}"
         try:
             kept = self.quarantine(name, reason)
         except OSError:
-            kept = self.show(name)
+            kept = self._keep_beside(name, dst)
         return LeftAside(errno.EEXIST, f"{self.show(dst)}: what stood there is kept at {kept} ({why})")
+
+    def _keep_beside(self, name: str, dst: str) -> str:
+        """Rename `name` to a fresh kept_name beside dst (never over anything): where it is now, shown."""
+        kept = kept_name(dst, self.tmp_tag, secrets.token_hex(4))
+        with contextlib.suppress(OSError):
+            if fsio.rename_new(self.path(name), self.path(kept)):
+                with contextlib.suppress(OSError):
+                    fsync_dir(self.root)
+                return self.show(kept)
+        return self.show(name)
 
     def write_latest(self, name: str, pointer: str = LATEST) -> None:
         if self.local:
