@@ -35,8 +35,10 @@ from typing import Any
 
 from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_latest
 from minilmd.config import RunConfig, load_config
+from minilmd.corpus.chat import TOKENIZER_CONFIG_MAX_BYTES
 from minilmd.corpus.format import data_fingerprint, earlier_versions
 from minilmd.corpus.meta import corpus_train_tokens, read_meta
+from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
 from minilmd.fsio import sha256_file, table_problems  # noqa: F401  (sha256_file: the tests' name for it)
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
@@ -45,6 +47,8 @@ from minilmd.names import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     OPTIMIZER_META,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILE,
     TRAINER_STATE,
     is_step_name,
     step_of,
@@ -74,6 +78,9 @@ KILL_POINTS = ("after_model", "before_manifest", "before_rename", "before_latest
 _MAX_MANIFEST = 1 << 20
 MAX_JSON_PART = 64 << 20
 """trainer_state.json and optimizer.json: a few hundred KB at the reference size (RNG states, param groups)."""
+TOKENIZER_FILES = {TOKENIZER_FILE: TOKENIZER_MAX_BYTES, TOKENIZER_CONFIG: TOKENIZER_CONFIG_MAX_BYTES}
+"""The tokenizer files a checkpoint lists when its run had them, with the most of each read: validated_weights keeps
+them as hashed (an export copies them, a loader loads them), and refuses one listed over its bound."""
 
 
 class CheckpointError(Exception):
@@ -214,25 +221,37 @@ class Validated:
     weights: bytes
     """model.safetensors exactly as hashed against that manifest and scanned (header, shapes, dtypes, finite
     values): for safetensors.torch.load, never a path read again."""
+    tokenizer: bytes | None
+    """tokenizer.json exactly as hashed against that manifest (unparsed: still untrusted); None when the manifest
+    does not list one, and then a tokenizer.json in the directory is none of the checkpoint's: the trainer lists
+    every file it writes into a checkpoint, and always has."""
+    tokenizer_config: bytes | None
+    """tokenizer_config.json (a chat corpus's template) exactly as hashed against that manifest (unparsed); None
+    when the manifest does not list one, as for `tokenizer`."""
 
 
 def validated_weights(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -> Validated:
-    """validate(ckpt_dir, expected), keeping the weights file's bytes as they were hashed and scanned: each file is
-    read once, so nothing swapped in after its check (a link, another manifest with other weights, a file grown)
-    is loaded. The weights are held in memory whole (a few hundred MB at our model sizes, which the loader needs
-    anyway), no more than the size the manifest lists. Raises as validate does."""
-    state, manifest_sha256, scans = _validate(Path(ckpt_dir), expected, keep=(MODEL_FILE,))
+    """validate(ckpt_dir, expected), keeping the weights file's bytes as they were hashed and scanned, and those of
+    the tokenizer files the manifest lists (TOKENIZER_FILES): each file is read once, so nothing swapped in after
+    its check (a link, another manifest with other weights or another tokenizer, a file grown) is loaded or
+    exported. The weights are held in memory whole (a few hundred MB at our model sizes, which the loader needs
+    anyway), no more than the size the manifest lists; a tokenizer file listed over its bound makes the checkpoint
+    invalid. Raises as validate does."""
+    state, manifest_sha256, scans, kept = _validate(Path(ckpt_dir), expected, keep=(MODEL_FILE, *TOKENIZER_FILES))
     weights = scans[MODEL_FILE].data
     assert weights is not None  # kept: `keep` names it
-    return Validated(state, manifest_sha256, weights)
+    return Validated(state, manifest_sha256, weights, tokenizer=kept.get(TOKENIZER_FILE),
+                     tokenizer_config=kept.get(TOKENIZER_CONFIG))
 
 
 def _validate(ckpt_dir: Path, expected: Expectation | None,
-              keep: tuple[str, ...] = ()) -> tuple[dict, str, dict[str, Scan]]:
-    """(trainer_state, the manifest's sha256, the safetensors scans, those named in `keep` with their bytes)."""
+              keep: tuple[str, ...] = ()) -> tuple[dict, str, dict[str, Scan], dict[str, bytes]]:
+    """(trainer_state, the manifest's sha256, the safetensors scans, those named in `keep` with their bytes, the
+    bytes of the other files `keep` names that the manifest lists: _verify_files)."""
     _check_directory(ckpt_dir)
     manifest, manifest_sha256 = _read_manifest(ckpt_dir)
-    scans, json_parts = _verify_files(ckpt_dir, manifest, keep)
+    scans, kept = _verify_files(ckpt_dir, manifest, keep)
+    json_parts = {name: kept.pop(name) for name in JSON_PARTS}
     step = manifest["step"]
     state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
     problems = _structure_problems(state, opt_meta) or _step_problems(ckpt_dir, step, state)
@@ -243,7 +262,7 @@ def _validate(ckpt_dir: Path, expected: Expectation | None,
                                 _lora_config(state, expected), step)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    return state, manifest_sha256, scans
+    return state, manifest_sha256, scans, kept
 
 
 JSON_PARTS = (TRAINER_STATE, OPTIMIZER_META)
@@ -258,9 +277,10 @@ def _verify_files(ckpt_dir: Path, manifest: dict,
     vouches for (a file swapped after its hash is not what is parsed). A file is looked at with lstat and opened
     as minilmd/untrusted.py opens one: a link (even to a regular file: its bytes are another place's), a FIFO
     listed with size 0 (it would block the hash) or /dev/zero is invalid, never read. The safetensors files named
-    in `keep` are kept whole in their scan (Scan.data), as hashed."""
+    in `keep` are kept whole in their scan (Scan.data), as hashed; the TOKENIZER_FILES named in it and listed are
+    kept beside the JSON parts, as hashed, each read no further than its bound."""
     scans: dict[str, Scan | ValueError] = {}
-    json_parts: dict[str, bytes] = {}
+    kept: dict[str, bytes] = {}
 
     def size_of(name: str) -> int | None:
         try:
@@ -284,7 +304,11 @@ def _verify_files(ckpt_dir: Path, manifest: dict,
                 except ValueError as e:  # malformed: hashed all the same, so that a damaged copy says so
                     scans[name] = e
             if name in JSON_PARTS:
-                digest, json_parts[name] = _hashed_bytes(ckpt_dir / name, manifest["files"][name]["size"])
+                digest, kept[name] = _hashed_bytes(ckpt_dir / name, manifest["files"][name]["size"], MAX_JSON_PART)
+                return digest
+            if name in keep and name in TOKENIZER_FILES:
+                digest, kept[name] = _hashed_bytes(ckpt_dir / name, manifest["files"][name]["size"],
+                                                   TOKENIZER_FILES[name])
                 return digest
             return sha256_regular(ckpt_dir / name, size=manifest["files"][name]["size"])
         except Unreadable as e:  # replaced since its lstat, deleted by a concurrent prune, unreadable (EIO)
@@ -299,15 +323,15 @@ def _verify_files(ckpt_dir: Path, manifest: dict,
     damaged = [str(scan) for scan in scans.values() if isinstance(scan, ValueError)]
     if damaged:  # every damaged safetensors file, not only the first
         raise CheckpointInvalid(ckpt_dir, damaged)
-    return {name: scan for name, scan in scans.items() if isinstance(scan, Scan)}, json_parts
+    return {name: scan for name, scan in scans.items() if isinstance(scan, Scan)}, kept
 
 
-def _hashed_bytes(path: Path, size: int) -> tuple[str, bytes]:
+def _hashed_bytes(path: Path, size: int, max_bytes: int) -> tuple[str, bytes]:
     """(sha256, the bytes hashed) of a file read once as sha256_regular reads one: its listed `size`, no more than
-    MAX_JSON_PART. Raises Unreadable."""
+    max_bytes. Raises Unreadable."""
     kept = io.BytesIO()
     sink = Hashing(keep=kept)
-    copy_regular(path, sink, size=size, max_bytes=MAX_JSON_PART)
+    copy_regular(path, sink, size=size, max_bytes=max_bytes)
     return sink.sha256.hexdigest(), kept.getvalue()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -94,9 +95,14 @@ def test_a_fifo_as_the_checkpoint_tokenizer_is_refused_without_blocking(tmp_path
 
 
 def test_an_oversize_tokenizer_is_refused_before_a_byte_is_read(tmp_path):
+    """Listed in the manifest with its size (as consistent as a writer of the checkpoint can make it): the
+    validation's one read of it refuses it by its bound."""
     ckpt = _bare(tmp_path)
     with open(ckpt / "tokenizer.json", "wb") as f:
         f.truncate(TOKENIZER_MAX_BYTES + 1)  # sparse: no disk used, and the old copy read it all
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["tokenizer.json"] = {"size": TOKENIZER_MAX_BYTES + 1, "sha256": "0" * 64}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ExportError, match=r"tokenizer\.json: over 256 MiB"):
         export_hf(ckpt, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
@@ -176,3 +182,28 @@ def test_a_normal_export_still_loads_with_transformers(tmp_path, tok):
     loaded = transformers.AutoTokenizer.from_pretrained(out)
     assert (loaded.pad_token_id, loaded.bos_token_id, loaded.eos_token_id) == (0, 1, 2)
     assert loaded.decode(loaded("hello world").input_ids) == "hello world"
+
+
+# --- a checkpoint's own tokenizer files are those its manifest lists ----------------------------------------------
+# Before: export read whatever tokenizer.json or tokenizer_config.json lay in the checkpoint directory, listed in
+# its manifest or not; without a tokenizer fingerprint in the trainer_state (a LoRA or an init.from checkpoint, a
+# test's), a file planted beside a checkpoint was exported as the run's tokenizer or chat template.
+
+def test_a_tokenizer_planted_beside_a_checkpoint_and_not_in_its_manifest_is_refused_unread(tmp_path, tok):
+    ckpt = _bare(tmp_path)
+    (ckpt / "tokenizer.json").write_bytes(tok.read_bytes())
+    with pytest.raises(ExportError, match=r"tokenizer\.json: a regular file that the checkpoint's manifest\.json "
+                                          r"does not list: not read"):
+        export_hf(ckpt, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_chat_config_planted_beside_a_checkpoint_and_not_in_its_manifest_is_refused_unread(tmp_path, tok):
+    """The checkpoint lists its tokenizer and no template (a text model's); a tokenizer_config.json put beside it
+    would have made the export a chat model's, with the planted template."""
+    ckpt = save_checkpoint(tmp_path / "ckpts", tiny_model(seed=8), step=1, tokenizer=tok)
+    (ckpt / "tokenizer_config.json").write_text('{"chat_template": "PLANTED {{ messages }}"}')
+    with pytest.raises(ExportError, match=r"tokenizer_config\.json: a regular file that the checkpoint's "
+                                          r"manifest\.json does not list: not read"):
+        export_hf(ckpt, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from minilmd import checkpoint as ck
 from minilmd.cli import app
+from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.adapter import export_peft
 from minilmd.trainer.model.export import export_hf, export_minimind, read_checkpoint
@@ -158,3 +159,64 @@ def test_a_json_part_over_its_bound_is_refused_by_the_read_that_hashes_it(ours, 
     monkeypatch.setattr(ck, "MAX_JSON_PART", 64)
     with pytest.raises(ck.CheckpointInvalid, match=r"cannot read (optimizer|trainer_state)\.json: over 64 bytes"):
         ck.validate(ours)
+
+
+# --- the tokenizer files a checkpoint lists -------------------------------------------------------------------------
+# Before: validation hashed tokenizer.json and tokenizer_config.json against the manifest, then export_hf opened
+# them again to copy them: two opens each, and a file swapped between the two was exported though no hash vouched
+# for it (a fingerprint in the trainer_state caught another tokenizer.json only when the run recorded one; nothing
+# caught another chat template).
+
+TOKENIZER_NAMES = (TOKENIZER_FILE, TOKENIZER_CONFIG)
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory) -> Path:
+    """A full-weights checkpoint of a chat run: its manifest lists tokenizer.json and tokenizer_config.json."""
+    from minilmd.corpus.chat_templates import tokenizer_config, write_beside
+
+    tmp = tmp_path_factory.mktemp("chat")
+    tok = train_tokenizer(tmp / "tokenizer.json")
+    write_beside(tok, tokenizer_config(TEMPLATE))
+    ckpt = save_checkpoint(tmp / "ckpts", tiny_model(seed=3), step=1, tokenizer=tok)
+    assert set(TOKENIZER_NAMES) <= set(json.loads((ckpt / ck.MANIFEST).read_text())["files"])
+    return ckpt
+
+
+@pytest.fixture
+def ours_chat(chat, tmp_path) -> Path:
+    import shutil
+
+    return shutil.copytree(chat, tmp_path / "theirs" / chat.name)
+
+
+def test_export_hf_reads_the_tokenizer_files_of_the_checkpoint_once(chat, tmp_path, opens):
+    """The tokenizer and the chat template exported are the bytes the validation hashed, not a second read."""
+    out = export_hf(chat, tmp_path / "hf")
+    assert {name: opens[str(chat.absolute() / name)] for name in (*CHECKPOINT_FILES, *TOKENIZER_NAMES)} == \
+        dict.fromkeys((*CHECKPOINT_FILES, *TOKENIZER_NAMES), 1)
+    assert (out / TOKENIZER_FILE).read_bytes() == (chat / TOKENIZER_FILE).read_bytes()
+    assert json.loads((out / TOKENIZER_CONFIG).read_text())["chat_template"] == TEMPLATE
+
+
+def test_a_tokenizer_swapped_after_its_hash_is_not_what_is_exported(ours_chat, tmp_path, monkeypatch):
+    hashed = (ours_chat / TOKENIZER_FILE).read_bytes()
+    _swap_after_its_hash(monkeypatch, ours_chat, TOKENIZER_FILE, b'{"model": "swapped in after its hash"}')
+    out = export_hf(ours_chat, tmp_path / "hf")
+    assert (ours_chat / TOKENIZER_FILE).read_bytes() != hashed  # swapped indeed
+    assert (out / TOKENIZER_FILE).read_bytes() == hashed
+
+
+def test_a_chat_template_swapped_after_its_hash_is_not_what_is_exported(ours_chat, tmp_path, monkeypatch):
+    _swap_after_its_hash(monkeypatch, ours_chat, TOKENIZER_CONFIG, b'{"chat_template": "SWAPPED {{ 1 }}"}')
+    out = export_hf(ours_chat, tmp_path / "hf")
+    assert b"SWAPPED" in (ours_chat / TOKENIZER_CONFIG).read_bytes()  # swapped indeed
+    assert json.loads((out / TOKENIZER_CONFIG).read_text())["chat_template"] == TEMPLATE
+
+
+def test_a_tokenizer_file_listed_over_its_bound_is_refused_by_the_read_that_hashes_it(ours_chat, monkeypatch):
+    """Kept as hashed, each tokenizer file is read no further than its bound (its listed size is untrusted)."""
+    monkeypatch.setitem(ck.TOKENIZER_FILES, TOKENIZER_CONFIG, 64)
+    with pytest.raises(ck.CheckpointInvalid, match=r"cannot read tokenizer_config\.json: over 64 bytes"):
+        ck.validated_weights(ours_chat)

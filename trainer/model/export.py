@@ -18,13 +18,16 @@
   all the same (regular only, so a FIFO is never opened; bounded). A checkpoint may be another user's or on a
   shared remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link
   followed (a link to someone's private file is never copied into an export), regular only, bounded
-  (TOKENIZER_MAX_BYTES, TOKENIZER_CONFIG_MAX_BYTES). A tokenizer.json must have the sha256 the run recorded
-  (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file into
-  each checkpoint) when the run recorded one, so a file swapped in after validation is refused; the manifest is
-  not read again (validation read it once, and Validated does not keep its files table). A file that is not there
-  is passed by (the next place is tried); one that is there but refused is an ExportError naming it and why, never
-  silently replaced by another place's. minilmd's checkpoints and corpora carry the chat template resolved in
-  tokenizer_config.json, so chat_template.jinja is read beside --tokenizer only.
+  (TOKENIZER_MAX_BYTES, TOKENIZER_CONFIG_MAX_BYTES). An export takes the checkpoint's own tokenizer files from
+  its one validation (Validated.tokenizer, .tokenizer_config: the bytes hashed against the manifest as it read
+  them, so a file swapped in after validation is never what is exported); one in the directory that the manifest
+  does not list was not written by the trainer (which lists every file it writes, and always has) and is refused
+  unread. `minilmd sample` and `minilmd chat` keep only the trainer_state of their load, and read the checkpoint's
+  files as untrusted. A tokenizer.json must have the sha256 the run recorded (trainer_state fingerprints.tokenizer,
+  of the validated trainer_state: the trainer copies that very file into each checkpoint) when the run recorded
+  one. A file that is not there is passed by (the next place is tried); one that is there but refused is an
+  ExportError naming it and why, never silently replaced by another place's. minilmd's checkpoints and corpora
+  carry the chat template resolved in tokenizer_config.json, so chat_template.jinja is read beside --tokenizer only.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from minilmd.checkpoint import Validated, saved_lora
 from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
 from minilmd.fsio import publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
-from minilmd.names import MODEL_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TRAINER_STATE
+from minilmd.names import MANIFEST, MODEL_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TRAINER_STATE
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import (
     ExportError,
@@ -53,7 +56,7 @@ from minilmd.trainer.model.export_paths import (
     writing_dir,
     writing_file,
 )
-from minilmd.untrusted import Unreadable, read_bytes, read_json
+from minilmd.untrusted import Unreadable, file_kind, read_bytes, read_json
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -133,30 +136,36 @@ class FoundTokenizer:
     data: bytes
 
 
-def find_tokenizer(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> FoundTokenizer:
+def find_tokenizer(path: str | Path, explicit: str | Path | None = None, state: dict | None = None, *,
+                   checked: Validated | None = None) -> FoundTokenizer:
     """The tokenizer for a checkpoint (module docstring: the tokenizer files): `explicit`, else tokenizer.json in
-    the checkpoint, else the one of the prepared corpus the run trained on. `state`: the checkpoint's validated
-    trainer_state when the caller has it (else trainer_state.json is read as a hint: `_state`)."""
+    the checkpoint, else the one of the prepared corpus the run trained on. `checked`: the checkpoint's one
+    validation when the caller has it (its trainer_state, and its own tokenizer.json as that read hashed it);
+    else `state`, its validated trainer_state (else trainer_state.json is read as a hint: `_state`)."""
     if explicit:
         return FoundTokenizer(Path(explicit), _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES))
     ckpt = resolve_checkpoint(path)
-    state = _state(ckpt, state)
+    state = checked.state if checked is not None else _state(ckpt, state)
     looked: list[str] = []
     for where in (ckpt, _corpus_dir(state)):
         if where is None:
             continue
-        data = _read_untrusted(where / TOKENIZER_FILE, TOKENIZER_MAX_BYTES, looked)
+        if where == ckpt:
+            data = _checkpoint_file(ckpt, TOKENIZER_FILE, TOKENIZER_MAX_BYTES, looked, checked)
+        else:
+            data = _read_untrusted(where / TOKENIZER_FILE, TOKENIZER_MAX_BYTES, looked)
         if data is not None:
             _check_fingerprint(where / TOKENIZER_FILE, data, state)
             return FoundTokenizer(where / TOKENIZER_FILE, data)
     raise ExportError(f"no tokenizer found for {ckpt} ({'; '.join(looked)}); pass --tokenizer PATH/tokenizer.json")
 
 
-def find_chat_config(path: str | Path, explicit: str | Path | None = None, state: dict | None = None) -> dict | None:
+def find_chat_config(path: str | Path, explicit: str | Path | None = None, state: dict | None = None, *,
+                     checked: Validated | None = None) -> dict | None:
     """The tokenizer_config.json with the chat template of a checkpoint's model (minilmd/corpus/chat.py
     chat_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat corpus's),
-    else in the prepared corpus it was trained on (`state` as find_tokenizer's). None when none of them has a
-    template (a model pretrained on text)."""
+    else in the prepared corpus it was trained on (`state` and `checked` as find_tokenizer's). None when none of
+    them has a template (a model pretrained on text)."""
     from minilmd.corpus.chat import TOKENIZER_CONFIG_MAX_BYTES, ChatError, chat_config, read_tokenizer_config
 
     if explicit:
@@ -165,10 +174,13 @@ def find_chat_config(path: str | Path, explicit: str | Path | None = None, state
         except ChatError:
             pass
     ckpt = resolve_checkpoint(path)
-    for where in (ckpt, _corpus_dir(_state(ckpt, state))):
+    for where in (ckpt, _corpus_dir(checked.state if checked is not None else _state(ckpt, state))):
         if where is None:
             continue
-        data = _read_untrusted(where / TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, [])  # none: a text model
+        if where == ckpt:  # none: a text model
+            data = _checkpoint_file(ckpt, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, [], checked)
+        else:
+            data = _read_untrusted(where / TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, [])
         if data is None:
             continue
         try:
@@ -185,6 +197,32 @@ def _read_explicit(path: Path, max_bytes: int) -> bytes:
         return read_bytes(path.resolve(), max_bytes=max_bytes)
     except Unreadable as e:
         raise ExportError(f"--tokenizer {path}: {'no such file' if e.missing else e.why}") from None
+
+
+def _checkpoint_file(ckpt: Path, name: str, max_bytes: int, looked: list[str],
+                     checked: Validated | None) -> bytes | None:
+    """A tokenizer file of the checkpoint itself. With its validation (`checked`): the bytes that read hashed
+    against the manifest, never the path opened again; a file by that name the manifest does not list is no part
+    of the checkpoint (the trainer lists every file it writes into one, and always has), so it is refused unread,
+    never taken for the run's. Without (`minilmd sample`, `minilmd chat`, which keep only the trainer_state of
+    their load): read as untrusted, `_read_untrusted`."""
+    if checked is None:
+        return _read_untrusted(ckpt / name, max_bytes, looked)
+    data = {TOKENIZER_FILE: checked.tokenizer, TOKENIZER_CONFIG: checked.tokenizer_config}[name]
+    if data is not None:
+        return data
+    path = ckpt / name
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        looked.append(f"{path}: missing")
+        return None
+    except OSError as e:
+        raise ExportError(f"{path}: cannot be looked at ({e.strerror or e}); pass --tokenizer PATH/tokenizer.json") \
+            from None
+    raise ExportError(f"{path}: {file_kind(mode)} that the checkpoint's {MANIFEST} does not list: not read (the "
+                      f"trainer lists every file it writes into a checkpoint; this one was put there since, by "
+                      f"whoever can write it); remove it, or pass --tokenizer PATH/tokenizer.json")
 
 
 def _read_untrusted(path: Path, max_bytes: int, looked: list[str]) -> bytes | None:
@@ -353,12 +391,11 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     ckpt, checked, weights, model_cfg = _read_checked(path, merge)
-    state = checked.state
+    # The tokenizer files of that very checkpoint as its validation hashed them against its manifest (or the
+    # corpus's, read once as untrusted): what is written below is those bytes (module docstring).
+    found = find_tokenizer(ckpt, tokenizer, checked=checked)
+    chat = find_chat_config(ckpt, tokenizer, checked=checked)
     del checked  # its bytes of the weights file: the tensors hold them now
-    # The tokenizer files of that very checkpoint, read once as untrusted and checked against its validated
-    # trainer_state: what is written below is those bytes (module docstring).
-    found = find_tokenizer(ckpt, tokenizer, state)
-    chat = find_chat_config(ckpt, tokenizer, state)
     out_dir, tmp = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
