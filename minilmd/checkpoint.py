@@ -29,7 +29,7 @@ import io
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +220,7 @@ class Validated:
     """The sha256 of the manifest validation read: what init.from's record (init_source.fingerprint) must name."""
     weights: bytes
     """model.safetensors exactly as hashed against that manifest and scanned (header, shapes, dtypes, finite
-    values): for safetensors.torch.load, never a path read again."""
+    values): for safetensors.torch.load, never a path read again. Empty in what without_weights returns."""
     tokenizer: bytes | None
     """tokenizer.json exactly as hashed against that manifest (unparsed: still untrusted); None when the manifest
     does not list one, and then a tokenizer.json in the directory is none of the checkpoint's: the trainer lists
@@ -228,6 +228,11 @@ class Validated:
     tokenizer_config: bytes | None
     """tokenizer_config.json (a chat corpus's template) exactly as hashed against that manifest (unparsed); None
     when the manifest does not list one, as for `tokenizer`."""
+
+    def without_weights(self) -> Validated:
+        """This validation once its weights are loaded: what a loader keeps and hands on (the trainer_state, the
+        tokenizer files as hashed) without holding the model's bytes beside its tensors."""
+        return replace(self, weights=b"")
 
 
 def validated_weights(ckpt_dir: str | os.PathLike, expected: Expectation | None = None) -> Validated:

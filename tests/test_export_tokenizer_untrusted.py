@@ -157,7 +157,8 @@ def test_an_explicit_fifo_is_refused_without_blocking(tmp_path):
 
 
 def test_sample_reads_the_trainer_state_once_its_validation_read(tmp_path, tok, monkeypatch):
-    """`minilmd sample` looks for the tokenizer with the trainer_state its load validated, not a second read."""
+    """`minilmd sample` looks for the tokenizer with the trainer_state its load validated, not a second read, and
+    takes the checkpoint's tokenizer.json as that validation hashed it (before: opened again)."""
     from minilmd.trainer.model.generate import sample_text
 
     ckpt = save_checkpoint(tmp_path / "ckpts", tiny_model(seed=6), step=1, tokenizer=tok)
@@ -171,6 +172,7 @@ def test_sample_reads_the_trainer_state_once_its_validation_read(tmp_path, tok, 
     monkeypatch.setattr(os, "open", counting_open)
     sample_text(ckpt, "hello", max_new_tokens=2, seed=0, device="cpu")
     assert opened.count(str((ckpt / "trainer_state.json").absolute())) == 1
+    assert opened.count(str((ckpt / "tokenizer.json").absolute())) == 1
 
 
 @pytest.mark.slow
@@ -207,3 +209,17 @@ def test_a_chat_config_planted_beside_a_checkpoint_and_not_in_its_manifest_is_re
                                           r"manifest\.json does not list: not read"):
         export_hf(ckpt, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_sample_refuses_a_chat_config_planted_beside_a_checkpoint_as_export_does(tmp_path, tok):
+    """`minilmd sample` and `minilmd chat` keep the validation their load made (export.load_model) and so refuse
+    an unlisted tokenizer file as export does (before: they read it as the checkpoint's)."""
+    from minilmd.trainer.model.export import find_chat_config, load_model
+
+    ckpt = save_checkpoint(tmp_path / "ckpts", tiny_model(seed=9), step=1, tokenizer=tok)
+    (ckpt / "tokenizer_config.json").write_text('{"chat_template": "PLANTED {{ messages }}"}')
+    _, checked = load_model(ckpt)
+    assert checked.weights == b"" and checked.tokenizer == tok.read_bytes()  # kept: all but the weights' bytes
+    with pytest.raises(ExportError, match=r"tokenizer_config\.json: a regular file that the checkpoint's "
+                                          r"manifest\.json does not list: not read"):
+        find_chat_config(ckpt, checked=checked)

@@ -192,9 +192,9 @@ def export(
         )
 
         if format == "minimind":
-            path, state = write_minimind(checkpoint, out, merge)
-            chat = find_chat_config(checkpoint, tokenizer or None, state) is not None
-            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, state['config']['model'], chat)}")
+            path, checked = write_minimind(checkpoint, out, merge)
+            chat = find_chat_config(checkpoint, tokenizer or None, checked=checked) is not None
+            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, checked.state['config']['model'], chat)}")
         elif format == "hf":
             path = export_hf(checkpoint, out, tokenizer or None, dtype, merge)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")

@@ -111,8 +111,8 @@ def _load_base(state: dict, source: str, recorded: dict, staged: Path | None = N
 
 def load_lora_model(adapter: str | Path, device: str = "cpu", base: str | Path | None = None,
                     active: bool = True):
-    """(MiniMindForCausalLM in eval mode with the adapters on it, the adapter's trainer_state); active=False: the
-    base alone (`--no-lora`)."""
+    """(MiniMindForCausalLM in eval mode with the adapters on it, the adapter checkpoint's one validation without
+    its weights' bytes: its trainer_state in .state); active=False: the base alone (`--no-lora`)."""
     ckpt = resolve_checkpoint(adapter)
     return lora_model(ckpt, validated_checkpoint(ckpt), device, base, active)
 
@@ -130,7 +130,7 @@ def lora_model(ckpt: Path, checked: Validated, device: str = "cpu", base: str | 
     apply_lora(model, saved_lora(state) or {})
     load_adapter(model, validated_tensors(checked))
     set_active(model, active)
-    return model.to(device).eval(), state
+    return model.to(device).eval(), checked.without_weights()
 
 
 def merged_weights(ckpt: Path, checked: Validated) -> tuple[dict, dict[str, Any], dict[str, Any]]:
@@ -138,8 +138,8 @@ def merged_weights(ckpt: Path, checked: Validated) -> tuple[dict, dict[str, Any]
     validated as `checked`: read_checkpoint's answer for `export --merge`."""
     from minilmd.trainer.model.lora import merged_state_dict
 
-    model, state = lora_model(ckpt, checked)
-    return merged_state_dict(model), state["config"]["model"], state
+    model, kept = lora_model(ckpt, checked)
+    return merged_state_dict(model), kept.state["config"]["model"], kept.state
 
 
 def peft_config(state: dict, base_name: str) -> dict[str, Any]:

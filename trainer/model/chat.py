@@ -41,14 +41,14 @@ class ChatSession:
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model, state = load_model(checkpoint, device, lora, no_lora)
-        state = None if lora else state  # with --lora, `state` is the adapter's, not CHECKPOINT's (export._state)
-        config = find_chat_config(checkpoint, tokenizer, state)
+        self.model, loaded = load_model(checkpoint, device, lora, no_lora)
+        checked = None if lora else loaded  # with --lora, the adapter's validation, not CHECKPOINT's (export._state)
+        config = find_chat_config(checkpoint, tokenizer, checked=checked)
         if config is None:
             raise ExportError(f"{checkpoint}: no chat template found (a model trained on a chat corpus carries its "
                               "tokenizer_config.json); pass --tokenizer DIR/tokenizer.json of a tokenizer with one")
         self.template = ChatTemplate.from_config(config)
-        self.tok = Tokenizer.from_buffer(find_tokenizer(checkpoint, tokenizer, state).data)
+        self.tok = Tokenizer.from_buffer(find_tokenizer(checkpoint, tokenizer, checked=checked).data)
         self.limit = self.model.config.max_position_embeddings
         self.max_new_tokens, self.temperature, self.top_p, self.top_k = max_new_tokens, temperature, top_p, top_k
         self.generator = None

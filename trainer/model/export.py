@@ -104,10 +104,12 @@ def _full_weights(ckpt: Path, checked: Validated) -> tuple[dict, dict[str, Any],
     return weights, model_cfg, state
 
 
-def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = None, no_lora: bool = False):
-    """A MiniMindForCausalLM in eval mode with a checkpoint's weights, and the trainer_state. With `lora` (a LoRA
-    checkpoint), `path` is its base and the adapters go on it; a LoRA checkpoint as `path` brings its recorded
-    base; `no_lora` switches the adapters off (the base alone). Each checkpoint is validated once."""
+def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = None,
+               no_lora: bool = False) -> tuple[Any, Validated]:
+    """(A MiniMindForCausalLM in eval mode with a checkpoint's weights, that checkpoint's one validation without
+    its weights' bytes: its trainer_state and tokenizer files, for find_tokenizer and find_chat_config). With
+    `lora` (a LoRA checkpoint), `path` is its base and the adapters go on it (the validation is the adapter's); a
+    LoRA checkpoint as `path` brings its recorded base; `no_lora` switches the adapters off (the base alone)."""
     from minilmd.trainer.model.adapter import load_lora_model, lora_model
     from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
@@ -117,11 +119,12 @@ def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = 
     checked = validated_checkpoint(ckpt)
     if saved_lora(checked.state) is not None:
         return lora_model(ckpt, checked, device, active=not no_lora)
-    weights, model_cfg, state = _full_weights(ckpt, checked)
+    weights, model_cfg, _ = _full_weights(ckpt, checked)
+    kept = checked.without_weights()
     del checked  # its bytes of the weights file: the tensors hold them now; kept, the model would be held thrice
     model = MiniMindForCausalLM(model_cfg)
     model.load_state_dict(weights, strict=True)
-    return model.to(device).eval(), state
+    return model.to(device).eval(), kept
 
 
 MAX_STATE_BYTES = 64 << 20
@@ -136,16 +139,16 @@ class FoundTokenizer:
     data: bytes
 
 
-def find_tokenizer(path: str | Path, explicit: str | Path | None = None, state: dict | None = None, *,
+def find_tokenizer(path: str | Path, explicit: str | Path | None = None, *,
                    checked: Validated | None = None) -> FoundTokenizer:
     """The tokenizer for a checkpoint (module docstring: the tokenizer files): `explicit`, else tokenizer.json in
     the checkpoint, else the one of the prepared corpus the run trained on. `checked`: the checkpoint's one
     validation when the caller has it (its trainer_state, and its own tokenizer.json as that read hashed it);
-    else `state`, its validated trainer_state (else trainer_state.json is read as a hint: `_state`)."""
+    else trainer_state.json is read as a hint (`_state`)."""
     if explicit:
         return FoundTokenizer(Path(explicit), _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES))
     ckpt = resolve_checkpoint(path)
-    state = checked.state if checked is not None else _state(ckpt, state)
+    state = checked.state if checked is not None else _state(ckpt)
     looked: list[str] = []
     for where in (ckpt, _corpus_dir(state)):
         if where is None:
@@ -160,11 +163,11 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None, state: 
     raise ExportError(f"no tokenizer found for {ckpt} ({'; '.join(looked)}); pass --tokenizer PATH/tokenizer.json")
 
 
-def find_chat_config(path: str | Path, explicit: str | Path | None = None, state: dict | None = None, *,
+def find_chat_config(path: str | Path, explicit: str | Path | None = None, *,
                      checked: Validated | None = None) -> dict | None:
     """The tokenizer_config.json with the chat template of a checkpoint's model (minilmd/corpus/chat.py
     chat_config): beside an explicit --tokenizer, else in the checkpoint (the trainer copies a chat corpus's),
-    else in the prepared corpus it was trained on (`state` and `checked` as find_tokenizer's). None when none of
+    else in the prepared corpus it was trained on (`checked` as find_tokenizer's). None when none of
     them has a template (a model pretrained on text)."""
     from minilmd.corpus.chat import TOKENIZER_CONFIG_MAX_BYTES, ChatError, chat_config, read_tokenizer_config
 
@@ -174,7 +177,7 @@ def find_chat_config(path: str | Path, explicit: str | Path | None = None, state
         except ChatError:
             pass
     ckpt = resolve_checkpoint(path)
-    for where in (ckpt, _corpus_dir(checked.state if checked is not None else _state(ckpt, state))):
+    for where in (ckpt, _corpus_dir(checked.state if checked is not None else _state(ckpt))):
         if where is None:
             continue
         if where == ckpt:  # none: a text model
@@ -250,12 +253,10 @@ def _check_fingerprint(path: Path, data: bytes, state: dict | None) -> None:
                           f"PATH/tokenizer.json")
 
 
-def _state(ckpt: Path, state: dict | None) -> dict | None:
-    """The validated trainer_state the caller has, else trainer_state.json read for its corpus hint alone, as
-    untrusted (bounded, no link followed): `minilmd sample/chat --lora` validates the base given as CHECKPOINT
-    where its state is not kept (adapter.py). None when it cannot be read."""
-    if state is not None:
-        return state
+def _state(ckpt: Path) -> dict | None:
+    """trainer_state.json read for its corpus hint alone, as untrusted (bounded, no link followed), where the
+    caller has no validation of the checkpoint: `minilmd sample/chat --lora` validates the base given as CHECKPOINT
+    where its validation is not kept (adapter.py). None when it cannot be read."""
     try:
         return read_json(ckpt / TRAINER_STATE, max_bytes=MAX_STATE_BYTES)
     except Unreadable:
@@ -292,19 +293,22 @@ def export_minimind(path: str | Path, out: str | Path, merge: bool = False) -> P
     return write_minimind(path, out, merge)[0]
 
 
-def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tuple[Path, dict[str, Any]]:
-    """(export_minimind's file, the validated trainer_state of the checkpoint it was written from): what
-    `minilmd export` tells of it (minimind_eval_command) without reading the checkpoint a second time."""
+def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tuple[Path, Validated]:
+    """(export_minimind's file, the one validation of the checkpoint it was written from, without its weights'
+    bytes): what `minilmd export` tells of it (minimind_eval_command, find_chat_config) without reading the
+    checkpoint a second time."""
     import torch
 
-    weights, _, trainer_state = read_checkpoint(path, merge=merge)
+    _, checked, weights, _ = _read_checked(path, merge)
+    kept = checked.without_weights()
+    del checked  # its bytes of the weights file: the tensors hold them now
     out, tmp = out_and_tmp(out)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
     with writing_file(out, tmp) as f:
         torch.save(state, f)  # through our file object: a write error reaches us with its errno
         f.close()
         publish_file(tmp, out)
-    return out, trainer_state
+    return out, kept
 
 
 def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False) -> str:

@@ -82,9 +82,9 @@ def sample_text(checkpoint: str | Path, prompt: str, tokenizer: str | Path | Non
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, state = load_model(checkpoint, device, lora, no_lora)
-    state = None if lora else state  # with --lora, `state` is the adapter's, not CHECKPOINT's (export._state)
-    tok = Tokenizer.from_buffer(find_tokenizer(checkpoint, tokenizer, state).data)
+    model, loaded = load_model(checkpoint, device, lora, no_lora)
+    checked = None if lora else loaded  # with --lora, the adapter's validation, not CHECKPOINT's (export._state)
+    tok = Tokenizer.from_buffer(find_tokenizer(checkpoint, tokenizer, checked=checked).data)
     prompt_ids = [BOS_ID] + tok.encode(prompt, add_special_tokens=False).ids
     generator = None
     if seed is not None:
