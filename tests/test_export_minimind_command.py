@@ -29,3 +29,18 @@ def test_a_model_eval_llm_cannot_build_is_named_with_its_differences():
     said = minimind_eval_command("m.pth", {**vars(tiny_model().config), "num_key_value_heads": 1})
     assert "eval_llm.py cannot load it" in said and "num_key_value_heads 1 (MiniMind: 4)" in said
     assert "--format hf" in said and "python eval_llm.py" not in said
+
+
+def test_a_chat_template_that_cannot_be_looked_up_does_not_fail_an_export_already_published(tmp_path):
+    """The .pth is written and renamed into place before the chat template is looked up for the advice printed:
+    a template refused then (here: a tokenizer_config.json planted beside the checkpoint, not in its manifest) is
+    said, and the export stands, exit 0 (before: exit 1 with the .pth published)."""
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "ckpt", tiny_model(), step=1,
+                           tokenizer=train_tokenizer(tmp_path / "tokenizer.json"))
+    (ckpt / "tokenizer_config.json").write_text('{"chat_template": "PLANTED"}')
+    out = CliRunner().invoke(app, ["export", str(ckpt), "--format", "minimind", "--out", str(tmp_path / "m.pth")])
+    assert out.exit_code == 0, out.output
+    assert (tmp_path / "m.pth").is_file()
+    assert "the chat template not looked up" in out.output and "does not list" in out.output
+    assert "--weight pretrain" in out.output or "eval_llm.py cannot load it" in out.output

@@ -223,3 +223,17 @@ def test_sample_refuses_a_chat_config_planted_beside_a_checkpoint_as_export_does
     with pytest.raises(ExportError, match=r"tokenizer_config\.json: a regular file that the checkpoint's "
                                           r"manifest\.json does not list: not read"):
         find_chat_config(ckpt, checked=checked)
+
+
+def test_a_corpus_that_cannot_be_read_is_passed_by_as_the_hint_it_is(tmp_path, tok):
+    """The prepared corpus is only named by the trainer_state: another user's private directory, or a path that no
+    longer leads anywhere (here: through a regular file, ENOTDIR; as root, a mode-0700 directory of another user's
+    would still be read) is passed by, and a text model exports with the tokenizer given (before: `permission
+    denied`/`not a directory` ended the export even with --tokenizer)."""
+    (tmp_path / "a-file").write_text("")
+    ckpt = _with_corpus(tmp_path, tmp_path / "a-file" / "corpus", fingerprint=None)
+    out = export_hf(ckpt, tmp_path / "hf", tokenizer=tok)
+    assert (out / "tokenizer.json").read_bytes() == tok.read_bytes()
+    assert "chat_template" not in json.loads((out / "tokenizer_config.json").read_text())
+    with pytest.raises(ExportError, match=r"no tokenizer found .*a-file/corpus/tokenizer\.json: "):
+        export_hf(ckpt, tmp_path / "hf2")  # nowhere else to look: the error says what each place was

@@ -193,7 +193,12 @@ def export(
 
         if format == "minimind":
             path, checked = write_minimind(checkpoint, out, merge)
-            chat = find_chat_config(checkpoint, tokenizer or None, checked=checked) is not None
+            try:  # only for the eval command's advice: the .pth is written and published, whatever this finds
+                chat = find_chat_config(checkpoint, tokenizer or None, checked=checked) is not None
+            except ExportError as e:
+                typer.echo(f"minilmd export: the chat template not looked up ({e}); the command below is a text "
+                           f"model's", err=True)
+                chat = False
             typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, checked.state['config']['model'], chat)}")
         elif format == "hf":
             path = export_hf(checkpoint, out, tokenizer or None, dtype, merge)

@@ -15,19 +15,20 @@
   (trainer_state config.data.prepared, a hint). Each file is read once, and what is used (written into an export,
   loaded) is the bytes read, never the path opened again. --tokenizer is the user's own choice: a symbolic link
   there is followed (a Hugging Face cache is links into its blobs), and the file it leads to is read as untrusted
-  all the same (regular only, so a FIFO is never opened; bounded). A checkpoint may be another user's or on a
-  shared remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link
-  followed (a link to someone's private file is never copied into an export), regular only, bounded
-  (TOKENIZER_MAX_BYTES, TOKENIZER_CONFIG_MAX_BYTES). An export takes the checkpoint's own tokenizer files from
-  its one validation (Validated.tokenizer, .tokenizer_config: the bytes hashed against the manifest as it read
-  them, so a file swapped in after validation is never what is exported); one in the directory that the manifest
-  does not list was not written by the trainer (which lists every file it writes, and always has) and is refused
-  unread. `minilmd sample` and `minilmd chat` keep only the trainer_state of their load, and read the checkpoint's
-  files as untrusted. A tokenizer.json must have the sha256 the run recorded (trainer_state fingerprints.tokenizer,
-  of the validated trainer_state: the trainer copies that very file into each checkpoint) when the run recorded
-  one. A file that is not there is passed by (the next place is tried); one that is there but refused is an
-  ExportError naming it and why, never silently replaced by another place's. minilmd's checkpoints and corpora
-  carry the chat template resolved in tokenizer_config.json, so chat_template.jinja is read beside --tokenizer only.
+  all the same (regular only, so a FIFO is never opened; bounded). A checkpoint may be another user's or on a shared
+  remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link followed
+  (a link to someone's private file is never copied into an export), regular only, bounded (TOKENIZER_MAX_BYTES,
+  TOKENIZER_CONFIG_MAX_BYTES). An export takes the checkpoint's own tokenizer files from its one validation
+  (Validated.tokenizer, .tokenizer_config: the bytes hashed against the manifest as it read them, so a file swapped
+  in after validation is never what is exported); one in the directory that the manifest does not list was not
+  written by the trainer (which lists every file it writes, and always has) and is refused unread; `minilmd sample`
+  and `minilmd chat` keep their load's validation and do the same. A tokenizer.json must have the sha256 the run
+  recorded (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file
+  into each checkpoint) when the run recorded one. A file that is not there is passed by (the next place is tried),
+  and so is the corpus's when it cannot be read (the corpus is only named by the trainer_state: another user's
+  private directory, or gone); one that is there but refused is an ExportError naming it and why, never silently
+  replaced by another place's. minilmd's checkpoints and corpora carry the chat template resolved in
+  tokenizer_config.json, so chat_template.jinja is read beside --tokenizer only.
 """
 from __future__ import annotations
 
@@ -156,7 +157,7 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None, *,
         if where == ckpt:
             data = _checkpoint_file(ckpt, TOKENIZER_FILE, TOKENIZER_MAX_BYTES, looked, checked)
         else:
-            data = _read_untrusted(where / TOKENIZER_FILE, TOKENIZER_MAX_BYTES, looked)
+            data = _read_untrusted(where / TOKENIZER_FILE, TOKENIZER_MAX_BYTES, looked, hint=True)
         if data is not None:
             _check_fingerprint(where / TOKENIZER_FILE, data, state)
             return FoundTokenizer(where / TOKENIZER_FILE, data)
@@ -183,7 +184,7 @@ def find_chat_config(path: str | Path, explicit: str | Path | None = None, *,
         if where == ckpt:  # none: a text model
             data = _checkpoint_file(ckpt, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, [], checked)
         else:
-            data = _read_untrusted(where / TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, [])
+            data = _read_untrusted(where / TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, [], hint=True)
         if data is None:
             continue
         try:
@@ -228,14 +229,16 @@ def _checkpoint_file(ckpt: Path, name: str, max_bytes: int, looked: list[str],
                       f"whoever can write it); remove it, or pass --tokenizer PATH/tokenizer.json")
 
 
-def _read_untrusted(path: Path, max_bytes: int, looked: list[str]) -> bytes | None:
+def _read_untrusted(path: Path, max_bytes: int, looked: list[str], hint: bool = False) -> bytes | None:
     """A checkpoint's or a corpus's file, read as untrusted (module docstring: the tokenizer files); None, said in
-    `looked`, when it is not there; ExportError when it is there but not a regular file of at most max_bytes."""
+    `looked`, when it is not there, or (`hint`: the prepared corpus, a place the trainer_state only names) when it
+    cannot be read: another user's private corpus, a path through a file, EIO. ExportError when it is there but
+    not a regular file of at most max_bytes."""
     try:
         return read_bytes(path, max_bytes=max_bytes)
     except Unreadable as e:
-        if e.missing:
-            looked.append(f"{path}: missing")
+        if e.missing or (hint and e.kind == "io"):
+            looked.append(f"{path}: {'missing' if e.missing else e.why}")
             return None
         raise ExportError(f"{path}: {e.why}: not read (a checkpoint's or a prepared corpus's file may be another "
                           f"user's); pass --tokenizer PATH/tokenizer.json") from None
