@@ -79,8 +79,10 @@ _MAX_MANIFEST = 1 << 20
 MAX_JSON_PART = 64 << 20
 """trainer_state.json and optimizer.json: a few hundred KB at the reference size (RNG states, param groups)."""
 TOKENIZER_FILES = {TOKENIZER_FILE: TOKENIZER_MAX_BYTES, TOKENIZER_CONFIG: TOKENIZER_CONFIG_MAX_BYTES}
-"""The tokenizer files a checkpoint lists when its run had them, with the most of each read: validated_weights keeps
-them as hashed (an export copies them, a loader loads them), and refuses one listed over its bound."""
+"""The tokenizer files a checkpoint lists when its run had them, with the most of each kept: validated_weights keeps
+them as hashed (an export copies them, a loader loads them); one listed over its bound is hashed all the same (the
+checkpoint stays valid: init.from and a LoRA base load its weights, not its tokenizer) and not kept
+(Validated.over_bound), which an export then refuses to copy."""
 
 
 class CheckpointError(Exception):
@@ -228,6 +230,11 @@ class Validated:
     tokenizer_config: bytes | None
     """tokenizer_config.json (a chat corpus's template) exactly as hashed against that manifest (unparsed); None
     when the manifest does not list one, as for `tokenizer`."""
+    path: Path
+    """The checkpoint directory validated: a caller looks there, not at a path resolved again (LATEST moves on)."""
+    over_bound: frozenset[str] = frozenset()
+    """The TOKENIZER_FILES the manifest lists over their bound: hashed, not kept (so `tokenizer` or
+    `tokenizer_config` is None though listed)."""
 
     def without_weights(self) -> Validated:
         """This validation once its weights are loaded: what a loader keeps and hands on (the trainer_state, the
@@ -240,23 +247,25 @@ def validated_weights(ckpt_dir: str | os.PathLike, expected: Expectation | None 
     the tokenizer files the manifest lists (TOKENIZER_FILES): each file is read once, so nothing swapped in after
     its check (a link, another manifest with other weights or another tokenizer, a file grown) is loaded or
     exported. The weights are held in memory whole (a few hundred MB at our model sizes, which the loader needs
-    anyway), no more than the size the manifest lists; a tokenizer file listed over its bound makes the checkpoint
-    invalid. Raises as validate does."""
-    state, manifest_sha256, scans, kept = _validate(Path(ckpt_dir), expected, keep=(MODEL_FILE, *TOKENIZER_FILES))
+    anyway), no more than the size the manifest lists; a tokenizer file listed over its bound is hashed, not kept
+    (Validated.over_bound). Raises as validate does."""
+    path = Path(ckpt_dir)
+    state, manifest_sha256, scans, kept = _validate(path, expected, keep=(MODEL_FILE, *TOKENIZER_FILES))
     weights = scans[MODEL_FILE].data
     assert weights is not None  # kept: `keep` names it
     return Validated(state, manifest_sha256, weights, tokenizer=kept.get(TOKENIZER_FILE),
-                     tokenizer_config=kept.get(TOKENIZER_CONFIG))
+                     tokenizer_config=kept.get(TOKENIZER_CONFIG), path=path,
+                     over_bound=frozenset(name for name, data in kept.items() if data is None))
 
 
 def _validate(ckpt_dir: Path, expected: Expectation | None,
-              keep: tuple[str, ...] = ()) -> tuple[dict, str, dict[str, Scan], dict[str, bytes]]:
+              keep: tuple[str, ...] = ()) -> tuple[dict, str, dict[str, Scan], dict[str, bytes | None]]:
     """(trainer_state, the manifest's sha256, the safetensors scans, those named in `keep` with their bytes, the
     bytes of the other files `keep` names that the manifest lists: _verify_files)."""
     _check_directory(ckpt_dir)
     manifest, manifest_sha256 = _read_manifest(ckpt_dir)
     scans, kept = _verify_files(ckpt_dir, manifest, keep)
-    json_parts = {name: kept.pop(name) for name in JSON_PARTS}
+    json_parts = {name: data for name in JSON_PARTS if (data := kept.pop(name)) is not None}  # all: always kept
     step = manifest["step"]
     state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
     problems = _structure_problems(state, opt_meta) or _step_problems(ckpt_dir, step, state)
@@ -275,7 +284,7 @@ JSON_PARTS = (TRAINER_STATE, OPTIMIZER_META)
 
 
 def _verify_files(ckpt_dir: Path, manifest: dict,
-                  keep: tuple[str, ...] = ()) -> tuple[dict[str, Scan], dict[str, bytes]]:
+                  keep: tuple[str, ...] = ()) -> tuple[dict[str, Scan], dict[str, bytes | None]]:
     """Every file against the manifest (sizes, then sha256); the safetensors files are scanned in the same read
     (scan_safetensors: header, dtypes, shapes, non-finite counts). Returns the scans by file name, and the bytes of
     the JSON_PARTS as they were hashed: parsing those, never the path read again, parses what the manifest's hash
@@ -283,9 +292,9 @@ def _verify_files(ckpt_dir: Path, manifest: dict,
     as minilmd/untrusted.py opens one: a link (even to a regular file: its bytes are another place's), a FIFO
     listed with size 0 (it would block the hash) or /dev/zero is invalid, never read. The safetensors files named
     in `keep` are kept whole in their scan (Scan.data), as hashed; the TOKENIZER_FILES named in it and listed are
-    kept beside the JSON parts, as hashed, each read no further than its bound."""
+    kept beside the JSON parts, as hashed, when listed within their bound (None: listed over it, hashed only)."""
     scans: dict[str, Scan | ValueError] = {}
-    kept: dict[str, bytes] = {}
+    kept: dict[str, bytes | None] = {}
 
     def size_of(name: str) -> int | None:
         try:
@@ -312,9 +321,12 @@ def _verify_files(ckpt_dir: Path, manifest: dict,
                 digest, kept[name] = _hashed_bytes(ckpt_dir / name, manifest["files"][name]["size"], MAX_JSON_PART)
                 return digest
             if name in keep and name in TOKENIZER_FILES:
-                digest, kept[name] = _hashed_bytes(ckpt_dir / name, manifest["files"][name]["size"],
-                                                   TOKENIZER_FILES[name])
-                return digest
+                size = manifest["files"][name]["size"]
+                if size > TOKENIZER_FILES[name]:  # hashed below, not kept: Validated.over_bound
+                    kept[name] = None
+                else:
+                    digest, kept[name] = _hashed_bytes(ckpt_dir / name, size, TOKENIZER_FILES[name])
+                    return digest
             return sha256_regular(ckpt_dir / name, size=manifest["files"][name]["size"])
         except Unreadable as e:  # replaced since its lstat, deleted by a concurrent prune, unreadable (EIO)
             raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None

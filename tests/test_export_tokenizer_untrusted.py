@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
+from minilmd import checkpoint as ck
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.export import ExportError, export_hf
 from waiting import without_blocking
@@ -94,16 +94,13 @@ def test_a_fifo_as_the_checkpoint_tokenizer_is_refused_without_blocking(tmp_path
     assert not (tmp_path / "hf").exists()
 
 
-def test_an_oversize_tokenizer_is_refused_before_a_byte_is_read(tmp_path):
-    """Listed in the manifest with its size (as consistent as a writer of the checkpoint can make it): the
-    validation's one read of it refuses it by its bound."""
-    ckpt = _bare(tmp_path)
-    with open(ckpt / "tokenizer.json", "wb") as f:
-        f.truncate(TOKENIZER_MAX_BYTES + 1)  # sparse: no disk used, and the old copy read it all
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"]["tokenizer.json"] = {"size": TOKENIZER_MAX_BYTES + 1, "sha256": "0" * 64}
-    (ckpt / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ExportError, match=r"tokenizer\.json: over 256 MiB"):
+def test_an_oversize_tokenizer_is_never_kept_nor_exported(tmp_path, tok, monkeypatch):
+    """Listed in the manifest with its size (as consistent as a writer of the checkpoint can make it): over its
+    bound (made small here, so that no test reads 256 MiB), validation hashes it without keeping it, and the export
+    refuses it (before: the old copy read and copied it whole)."""
+    monkeypatch.setitem(ck.TOKENIZER_FILES, "tokenizer.json", 64)
+    ckpt = save_checkpoint(tmp_path / "ckpts", tiny_model(seed=5), step=1, tokenizer=tok)
+    with pytest.raises(ExportError, match=r"tokenizer\.json: listed over 64 bytes"):
         export_hf(ckpt, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 

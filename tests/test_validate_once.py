@@ -27,7 +27,7 @@ from minilmd.cli import app
 from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.adapter import export_peft
-from minilmd.trainer.model.export import export_hf, export_minimind, read_checkpoint
+from minilmd.trainer.model.export import ExportError, export_hf, export_minimind, read_checkpoint
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 
 CHECKPOINT_FILES = (ck.MANIFEST, ck.MODEL_FILE, ck.OPTIMIZER_FILE, ck.OPTIMIZER_META, ck.TRAINER_STATE)
@@ -215,8 +215,16 @@ def test_a_chat_template_swapped_after_its_hash_is_not_what_is_exported(ours_cha
     assert json.loads((out / TOKENIZER_CONFIG).read_text())["chat_template"] == TEMPLATE
 
 
-def test_a_tokenizer_file_listed_over_its_bound_is_refused_by_the_read_that_hashes_it(ours_chat, monkeypatch):
-    """Kept as hashed, each tokenizer file is read no further than its bound (its listed size is untrusted)."""
+def test_a_tokenizer_file_listed_over_its_bound_is_hashed_not_kept_and_not_exported(ours_chat, tmp_path,
+                                                                                      monkeypatch):
+    """A tokenizer file is kept no bigger than its bound (its listed size is untrusted); one listed over it is
+    hashed all the same and the checkpoint stays valid (init.from and a LoRA base load its weights, never its
+    tokenizer: before, it was CheckpointInvalid and such a run ended on a misleading "damaged"), and an export
+    refuses to copy it."""
     monkeypatch.setitem(ck.TOKENIZER_FILES, TOKENIZER_CONFIG, 64)
-    with pytest.raises(ck.CheckpointInvalid, match=r"cannot read tokenizer_config\.json: over 64 bytes"):
-        ck.validated_weights(ours_chat)
+    checked = ck.validated_weights(ours_chat)
+    assert (checked.tokenizer_config, checked.over_bound) == (None, frozenset({TOKENIZER_CONFIG}))
+    assert checked.tokenizer is not None
+    with pytest.raises(ExportError, match=r"tokenizer_config\.json: listed over 64 bytes, the most a tokenizer "
+                                          r"file is read: not read"):
+        export_hf(ours_chat, tmp_path / "hf")

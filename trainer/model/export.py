@@ -57,7 +57,7 @@ from minilmd.trainer.model.export_paths import (
     writing_dir,
     writing_file,
 )
-from minilmd.untrusted import Unreadable, file_kind, read_bytes, read_json
+from minilmd.untrusted import Unreadable, file_kind, read_bytes, read_json, size_text
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -148,7 +148,7 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None, *,
     else trainer_state.json is read as a hint (`_state`)."""
     if explicit:
         return FoundTokenizer(Path(explicit), _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES))
-    ckpt = resolve_checkpoint(path)
+    ckpt = checked.path if checked is not None else resolve_checkpoint(path)  # LATEST may have moved on since
     state = checked.state if checked is not None else _state(ckpt)
     looked: list[str] = []
     for where in (ckpt, _corpus_dir(state)):
@@ -177,7 +177,7 @@ def find_chat_config(path: str | Path, explicit: str | Path | None = None, *,
             return read_tokenizer_config(explicit)  # the user's own: its links followed, read bounded
         except ChatError:
             pass
-    ckpt = resolve_checkpoint(path)
+    ckpt = checked.path if checked is not None else resolve_checkpoint(path)  # LATEST may have moved on since
     for where in (ckpt, _corpus_dir(checked.state if checked is not None else _state(ckpt))):
         if where is None:
             continue
@@ -216,6 +216,11 @@ def _checkpoint_file(ckpt: Path, name: str, max_bytes: int, looked: list[str],
     if data is not None:
         return data
     path = ckpt / name
+    if name in checked.over_bound:
+        from minilmd.checkpoint import TOKENIZER_FILES
+
+        raise ExportError(f"{path}: listed over {size_text(TOKENIZER_FILES[name])}, the most a tokenizer file is "
+                          f"read: not read; pass --tokenizer PATH/tokenizer.json")
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
