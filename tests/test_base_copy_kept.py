@@ -166,3 +166,28 @@ def test_an_earlier_tries_aside_holding_another_base_is_not_removed(tmp_path, mo
     assert basecopy.push(PublishesAtTheRecord(str(root), theirs), ours, "h", 1) == 0
     assert _files(aside) == _files(earlier)
     assert _files(root / basecopy.REMOTE_BASE) == _files(theirs)
+
+
+def test_what_quarantine_took_before_its_reason_failed_is_said_to_be_there(tmp_path, monkeypatch):
+    """quarantine/ takes what stood at `init`, then writing its reason.txt fails (ENOSPC): the LeftAside says to
+    look in quarantine/, where it is (before: it named the push's temporary name, where nothing was any more)."""
+    if why := exchange_not_done(tmp_path):
+        pytest.skip(why)
+    from minilmd.daemon.jobs import remote_write
+
+    ours, theirs, third = (_staged_pth(tmp_path, name) for name in ("ours", "theirs", "third"))
+    root = tmp_path / "remote"
+
+    real_open_new = remote_write.open_new
+
+    def full_disk_for_the_reason(root, names, show, *args, **kwargs):
+        if names[-1] == REASON_FILE:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open_new(root, names, show, *args, **kwargs)
+
+    monkeypatch.setattr(remote_write, "open_new", full_disk_for_the_reason)
+    with pytest.raises(LeftAside) as left:
+        basecopy.push(TwoOtherWriters(str(root), theirs, third), ours, sync_module._host(), os.getpid())
+    assert f"{root / QUARANTINE}/ or " in str(left.value) and "No space left" in str(left.value)
+    (kept,) = (root / QUARANTINE).iterdir()
+    assert _files(kept) == _files(third)

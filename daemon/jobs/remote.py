@@ -415,8 +415,11 @@ class Remote:
         reason = f"stood at {dst}; not put back there: {why}"
         try:
             kept = self.quarantine(name, reason)
-        except OSError:
-            kept = self._keep_beside(name, dst)
+        except OSError as e:
+            if os.path.lexists(self.path(name)):
+                kept = self._keep_beside(name, dst)
+            else:  # moved into quarantine/ before its reason.txt failed (or an NFS rename back did happen)
+                kept = f"{self.show('quarantine')}/ or {self.show(dst)} (moved; then {e.strerror or e})"
         return LeftAside(errno.EEXIST, f"{self.show(dst)}: what stood there is kept at {kept} ({why})")
 
     def _keep_beside(self, name: str, dst: str) -> str:
