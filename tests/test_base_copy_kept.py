@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from base_copy_helpers import files_of, staged_pth
 from minilmd import fsio
-from minilmd.daemon.jobs import basecopy, initstage
+from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote import LeftAside, Remote
 from minilmd.daemon.jobs.sync import Syncer
@@ -22,17 +23,6 @@ from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_RECORD
 from minilmd.names import QUARANTINE, REASON_FILE, sync_tmp_name
 from rename_flags import exchange_not_done
-
-
-def _staged_pth(tmp_path: Path, name: str) -> Path:
-    """A 4 KiB .pth base of random weights, staged (`<tmp_path>/<name>-scratch/init`)."""
-    pth = tmp_path / f"{name}.pth"
-    pth.write_bytes(os.urandom(4096))
-    return initstage.stage_init(str(pth), tmp_path / f"{name}-scratch")
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _kept_at(message: str) -> Path:
@@ -79,36 +69,36 @@ def test_what_cannot_be_put_back_nor_quarantined_survives_the_next_push_and_the_
     third machine's copy was deleted."""
     if why := exchange_not_done(tmp_path):
         pytest.skip(why)  # the NFS path: test_a_put_back_that_fails_leaves_what_stood_there_kept
-    ours, theirs, third = (_staged_pth(tmp_path, name) for name in ("ours", "theirs", "third"))
+    ours, theirs, third = (staged_pth(tmp_path, name) for name in ("ours", "theirs", "third"))
     root = tmp_path / "remote"
     _no_quarantine(root, tmp_path)
     remote = TwoOtherWriters(str(root), theirs, third)
     with pytest.raises(LeftAside) as left:
         basecopy.push(remote, ours, sync_module._host(), os.getpid())
     kept = _kept_at(str(left.value))
-    assert _files(kept) == _files(third) and _files(root / basecopy.REMOTE_BASE) == _files(theirs)
+    assert files_of(kept) == files_of(third) and files_of(root / basecopy.REMOTE_BASE) == files_of(theirs)
     # the machine of `theirs` moves its copy elsewhere: this run's next sync pushes its base again, in this process
     shutil.move(root / basecopy.REMOTE_BASE, tmp_path / "theirs-moved")
     logs: list[str] = []
     for _ in range(2):
         Syncer(tmp_path / "checkpoints", str(root), log=logs.append, base=ours).sync_newest()
-    assert _files(kept) == _files(third), logs
-    assert _files(root / basecopy.REMOTE_BASE) == _files(ours)
+    assert files_of(kept) == files_of(third), logs
+    assert files_of(root / basecopy.REMOTE_BASE) == files_of(ours)
 
 
 def test_a_copy_left_under_the_push_temporary_name_is_not_removed_by_the_next_push(tmp_path):
     """Where neither quarantine/ nor another name could take it, what stood at `init` stays under the push's
     temporary name: the next push of that process copies under a fresh name instead of removing it (on main
     make_tmp removed it first)."""
-    ours, theirs = _staged_pth(tmp_path, "ours"), _staged_pth(tmp_path, "theirs")
+    ours, theirs = staged_pth(tmp_path, "ours"), staged_pth(tmp_path, "theirs")
     root = tmp_path / "remote"
     left = root / sync_tmp_name(basecopy.REMOTE_BASE, "h", 1)
     shutil.copytree(theirs, left)
     taken: list[tuple[str, str]] = []
     remote = Remote(str(root))
     assert basecopy.push(remote, ours, "h", 1, taken=lambda found, fresh: taken.append((found, fresh))) > 0
-    assert _files(left) == _files(theirs)
-    assert _files(root / basecopy.REMOTE_BASE) == _files(ours)
+    assert files_of(left) == files_of(theirs)
+    assert files_of(root / basecopy.REMOTE_BASE) == files_of(ours)
     assert len(taken) == 1 and "another" in taken[0][0]
 
 
@@ -140,8 +130,8 @@ def test_a_put_back_that_fails_leaves_what_stood_there_kept(tmp_path, monkeypatc
         return real_rename_new(src, dst)
 
     monkeypatch.setattr(fsio, "rename_new", rename_new)
-    ours = _staged_pth(tmp_path, "ours")
-    theirs = [_staged_pth(tmp_path, f"theirs{n}") for n in (1, 2)]
+    ours = staged_pth(tmp_path, "ours")
+    theirs = [staged_pth(tmp_path, f"theirs{n}") for n in (1, 2)]
     root = tmp_path / "remote"
     if quarantine == "a link":
         _no_quarantine(root, tmp_path)
@@ -151,7 +141,7 @@ def test_a_put_back_that_fails_leaves_what_stood_there_kept(tmp_path, monkeypatc
             basecopy.push(PublishesAtTheRecord(str(root), copy), ours, "h", 1)
         kept.append(_kept_at(str(left.value)))
     for at, copy in zip(kept, theirs, strict=True):
-        assert {k: v for k, v in _files(at).items() if k != REASON_FILE} == _files(copy)
+        assert {k: v for k, v in files_of(at).items() if k != REASON_FILE} == files_of(copy)
     assert not (root / basecopy.REMOTE_BASE).exists()  # what stood there could not go back: nothing is there
 
 
@@ -159,13 +149,13 @@ def test_an_earlier_tries_aside_holding_another_base_is_not_removed(tmp_path, mo
     """On NFS an earlier try's `<tmp>-replaced` may hold another base's copy that could not go back (nor be set
     aside): on main the next try removed that name first, before renaming what stood at `init` there."""
     monkeypatch.setattr(fsio, "renameat2", lambda src, dst, flags: False)  # NFS: EINVAL
-    ours, theirs, earlier = (_staged_pth(tmp_path, name) for name in ("ours", "theirs", "earlier"))
+    ours, theirs, earlier = (staged_pth(tmp_path, name) for name in ("ours", "theirs", "earlier"))
     root = tmp_path / "remote"
     aside = root / f"{sync_tmp_name(basecopy.REMOTE_BASE, 'h', 1)}-replaced"
     shutil.copytree(earlier, aside)
     assert basecopy.push(PublishesAtTheRecord(str(root), theirs), ours, "h", 1) == 0
-    assert _files(aside) == _files(earlier)
-    assert _files(root / basecopy.REMOTE_BASE) == _files(theirs)
+    assert files_of(aside) == files_of(earlier)
+    assert files_of(root / basecopy.REMOTE_BASE) == files_of(theirs)
 
 
 def test_what_quarantine_took_before_its_reason_failed_is_said_to_be_there(tmp_path, monkeypatch):
@@ -175,7 +165,7 @@ def test_what_quarantine_took_before_its_reason_failed_is_said_to_be_there(tmp_p
         pytest.skip(why)
     from minilmd.daemon.jobs import remote_write
 
-    ours, theirs, third = (_staged_pth(tmp_path, name) for name in ("ours", "theirs", "third"))
+    ours, theirs, third = (staged_pth(tmp_path, name) for name in ("ours", "theirs", "third"))
     root = tmp_path / "remote"
 
     real_open_new = remote_write.open_new
@@ -190,4 +180,4 @@ def test_what_quarantine_took_before_its_reason_failed_is_said_to_be_there(tmp_p
         basecopy.push(TwoOtherWriters(str(root), theirs, third), ours, sync_module._host(), os.getpid())
     assert f"{root / QUARANTINE}/ or " in str(left.value) and "No space left" in str(left.value)
     (kept,) = (root / QUARANTINE).iterdir()
-    assert _files(kept) == _files(third)
+    assert files_of(kept) == files_of(third)

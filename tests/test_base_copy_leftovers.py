@@ -10,29 +10,17 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import fsspec
 import pytest
 
-from minilmd.daemon.jobs import basecopy, initstage
+from base_copy_helpers import files_of, staged_pth
+from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.sync import STALE_TMP_SECONDS, Syncer
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
 from minilmd.names import QUARANTINE, REASON_FILE, sync_tmp_name
-
-
-def _staged_pth(tmp_path: Path, name: str) -> Path:
-    """A 4 KiB .pth base of random weights, staged (`<tmp_path>/<name>-scratch/init`)."""
-    pth = tmp_path / f"{name}.pth"
-    pth.write_bytes(os.urandom(4096))
-    return initstage.stage_init(str(pth), tmp_path / f"{name}-scratch")
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
 
 KILLED_WHILE_LOOKING = textwrap.dedent("""
     import os, shutil, signal, sys
@@ -65,12 +53,12 @@ def test_another_bases_copy_left_by_a_push_killed_while_it_looked_is_quarantined
     """On main the next sync's clean-up removed the killed pid's temporary names whatever they held: the other
     machine's copy, swapped out of `init` (renameat2) or renamed aside (NFS: `<tmp>-replaced`, removed once a day
     old), was deleted. This run's own copy left there, and a half copy without a record, still go."""
-    ours, theirs = _staged_pth(tmp_path, "ours"), _staged_pth(tmp_path, "theirs")
+    ours, theirs = staged_pth(tmp_path, "ours"), staged_pth(tmp_path, "theirs")
     root = tmp_path / "remote"
     proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_LOOKING, str(ours), str(theirs), str(root), renames])
     assert proc.returncode == -9
-    left = {n.name: _files(n) for n in root.iterdir() if n.name.startswith(".tmp-")}
-    assert _files(theirs) in left.values()  # killed in the window: theirs under a temporary name of the dead pid
+    left = {n.name: files_of(n) for n in root.iterdir() if n.name.startswith(".tmp-")}
+    assert files_of(theirs) in left.values()  # killed in the window: theirs under a temporary name of the dead pid
     for name in left:
         os.utime(root / name, (time.time() - STALE_TMP_SECONDS - 60,) * 2)  # `-replaced` names no pid: a day old
     half = root / sync_tmp_name(basecopy.REMOTE_BASE, sync_module._host(), _dead_pid())
@@ -81,8 +69,8 @@ def test_another_bases_copy_left_by_a_push_killed_while_it_looked_is_quarantined
     Syncer(tmp_path / "checkpoints", str(root), log=logs.append, base=ours).sync_newest()
     assert sorted(n.name for n in root.iterdir()) == [basecopy.REMOTE_BASE, QUARANTINE]
     kept = list((root / QUARANTINE).iterdir())
-    assert len(kept) == 1 and {k: v for k, v in _files(kept[0]).items() if k != REASON_FILE} == _files(theirs)
-    assert _files(root / basecopy.REMOTE_BASE) == _files(ours)
+    assert len(kept) == 1 and {k: v for k, v in files_of(kept[0]).items() if k != REASON_FILE} == files_of(theirs)
+    assert files_of(root / basecopy.REMOTE_BASE) == files_of(ours)
     assert [line for line in logs if "another LoRA base" in line and "quarantined" in line]
 
 
@@ -114,16 +102,16 @@ class PublishedAfterTheRead(Remote):
 def test_on_a_store_without_rename_a_copy_published_after_the_read_is_not_removed(tmp_path, stood):
     """On main the push removed what stood at `init` by then (make_tmp's recursive rm) and wrote this base in its
     place: the other machine's copy, published after the one read, was deleted."""
-    ours, theirs = _staged_pth(tmp_path, "ours"), _staged_pth(tmp_path, "theirs")
+    ours, theirs = staged_pth(tmp_path, "ours"), staged_pth(tmp_path, "theirs")
     url = f"memory://basecopy-leftovers-{os.getpid()}-{tmp_path.name}"
     fs = fsspec.filesystem("memory")
     try:
         if stood != "nothing":
             assert basecopy.push(Remote(url), ours, "h", 1) > 0
             fs.pipe_file(f"{url}/{basecopy.REMOTE_BASE}/{STAGED_PTH}", b"cut short")
-        remote = PublishedAfterTheRead(url, _files(theirs))
+        remote = PublishedAfterTheRead(url, files_of(theirs))
         assert basecopy.push(remote, ours, "h", 1) == 0
         init = remote.path(basecopy.REMOTE_BASE)
-        assert {p[len(init) + 1:]: fs.cat_file(p) for p in fs.find(init)} == _files(theirs)
+        assert {p[len(init) + 1:]: fs.cat_file(p) for p in fs.find(init)} == files_of(theirs)
     finally:
         fs.rm(url, recursive=True)

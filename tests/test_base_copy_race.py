@@ -4,29 +4,18 @@ older checkpoints were trained on, is never replaced nor deleted (Remote.publish
 fsio.exchange), with renameat2's flags and without them (NFS)."""
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from base_copy_helpers import files_of, staged_pth
 from minilmd import fsio
-from minilmd.daemon.jobs import basecopy, initstage
+from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
 from rename_flags import exchange_not_done
-
-
-def _staged_pth(tmp_path: Path, name: str) -> Path:
-    """A 4 KiB .pth base of random weights, staged (`<tmp_path>/<name>-scratch/init`)."""
-    pth = tmp_path / f"{name}.pth"
-    pth.write_bytes(os.urandom(4096))
-    return initstage.stage_init(str(pth), tmp_path / f"{name}-scratch")
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 class AnotherMachine(Remote):
@@ -76,8 +65,8 @@ def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_
     """On main the push renamed its copy over `<remote>/init` whatever stood there by then (publish_dir: the other
     machine's copy moved aside and deleted), as it stood at the record's read: nothing, or a damaged copy of this
     base, which is what it may replace."""
-    staged = _staged_pth(tmp_path, "ours")
-    theirs = _staged_pth(tmp_path, "theirs")
+    staged = staged_pth(tmp_path, "ours")
+    theirs = staged_pth(tmp_path, "theirs")
     url = str(tmp_path / "remote")
     if stood != "nothing":
         assert basecopy.push(Remote(url), staged, "h", 1) > 0
@@ -85,7 +74,7 @@ def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_
         renames.calls.clear()
     remote = AnotherMachine(url, theirs)
     copied = basecopy.push(remote, staged, "h", 1)
-    assert _files(tmp_path / "remote" / basecopy.REMOTE_BASE) == _files(theirs)
+    assert files_of(tmp_path / "remote" / basecopy.REMOTE_BASE) == files_of(theirs)
     assert copied == 0  # nothing of this base's published: nothing said copied
     assert remote.names() == [basecopy.REMOTE_BASE]  # neither this push's copy nor anything moved aside left
     # what stood at `init` by then was swapped out, looked at, and swapped back
@@ -94,10 +83,10 @@ def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_
 
 def test_a_base_pushed_where_nothing_stands_is_renamed_into_a_name_never_taken(tmp_path, renames):
     """Nothing at `<remote>/init`: the copy goes there whole (RENAME_NOREPLACE), nothing left beside it."""
-    staged = _staged_pth(tmp_path, "ours")
+    staged = staged_pth(tmp_path, "ours")
     remote = Remote(str(tmp_path / "remote"))
     assert basecopy.push(remote, staged, "h", 1) > 0
-    assert _files(tmp_path / "remote" / basecopy.REMOTE_BASE) == _files(staged)
+    assert files_of(tmp_path / "remote" / basecopy.REMOTE_BASE) == files_of(staged)
     assert remote.names() == [basecopy.REMOTE_BASE] and basecopy.on_remote(remote, staged)
     assert renames.calls == ([(fsio.RENAME_NOREPLACE, True)] if renames.flags_done else [])
 
@@ -105,7 +94,7 @@ def test_a_base_pushed_where_nothing_stands_is_renamed_into_a_name_never_taken(t
 @pytest.mark.parametrize("damage", ["a file cut short", "its record alone (a copy interrupted on a store without "
                                                         "rename)"])
 def test_a_damaged_copy_of_this_base_is_still_replaced_whole(tmp_path, renames, damage):
-    staged = _staged_pth(tmp_path, "ours")
+    staged = staged_pth(tmp_path, "ours")
     remote = Remote(str(tmp_path / "remote"))
     assert basecopy.push(remote, staged, "h", 1) > 0
     kept = tmp_path / "remote" / basecopy.REMOTE_BASE
@@ -116,7 +105,7 @@ def test_a_damaged_copy_of_this_base_is_still_replaced_whole(tmp_path, renames, 
     assert not basecopy.on_remote(remote, staged)
     renames.calls.clear()
     assert basecopy.push(remote, staged, "h", 1) > 0
-    assert _files(kept) == _files(staged) and basecopy.on_remote(remote, staged)
+    assert files_of(kept) == files_of(staged) and basecopy.on_remote(remote, staged)
     assert renames.calls == ([(fsio.RENAME_EXCHANGE, True)] if renames.flags_done else [])  # swapped in one step
     assert remote.names() == [basecopy.REMOTE_BASE]  # the damaged copy removed, not left beside it
 
@@ -124,13 +113,13 @@ def test_a_damaged_copy_of_this_base_is_still_replaced_whole(tmp_path, renames, 
 def test_a_directory_without_a_record_is_replaced_but_never_one_with_another_record(tmp_path, renames):
     """A copy exists once its record does (written last): an `init` with none is what a push replaces, as on main;
     one that holds another base's record by the time the push renames is not."""
-    staged = _staged_pth(tmp_path, "ours")
+    staged = staged_pth(tmp_path, "ours")
     remote = Remote(str(tmp_path / "remote"))
     leftover = tmp_path / "remote" / basecopy.REMOTE_BASE
     (leftover / "checkpoint").mkdir(parents=True)
     (leftover / STAGED_PTH).write_bytes(b"half")
     assert basecopy.push(remote, staged, "h", 1) > 0
-    assert _files(leftover) == _files(staged) and remote.names() == [basecopy.REMOTE_BASE]
+    assert files_of(leftover) == files_of(staged) and remote.names() == [basecopy.REMOTE_BASE]
 
 
 @pytest.mark.parametrize("there", ["a directory holding a file", "a file", "a symbolic link", "an empty directory",
@@ -154,10 +143,10 @@ def test_rename_new_never_puts_a_directory_over_what_holds_anything(tmp_path, re
     replaced = there == "nothing" or (there == "an empty directory" and not renames.flags_done)
     assert fsio.rename_new(src, dst) == replaced
     if replaced:
-        assert _files(dst) == {"ours": b"ours"} and not src.exists()
+        assert files_of(dst) == {"ours": b"ours"} and not src.exists()
         return
-    assert _files(src) == {"ours": b"ours"}
-    found = {"a directory holding a file": lambda: _files(dst) == {"theirs": b"theirs"},
+    assert files_of(src) == {"ours": b"ours"}
+    found = {"a directory holding a file": lambda: files_of(dst) == {"theirs": b"theirs"},
              "a file": lambda: dst.read_text() == "theirs",
              "a symbolic link": lambda: dst.is_symlink() and not any((tmp_path / "elsewhere").iterdir()),
              "an empty directory": lambda: dst.is_dir() and not any(dst.iterdir())}
@@ -170,7 +159,7 @@ def test_exchange_swaps_two_directories_in_one_step(tmp_path, renames):
         d.mkdir()
         (d / d.name).write_text(d.name)
     assert fsio.exchange(a, b) == renames.flags_done
-    assert (_files(a), _files(b)) == (({"b": b"b"}, {"a": b"a"}) if renames.flags_done else
+    assert (files_of(a), files_of(b)) == (({"b": b"b"}, {"a": b"a"}) if renames.flags_done else
                                       ({"a": b"a"}, {"b": b"b"}))
 
 
