@@ -7,6 +7,7 @@ Torch-free, light imports.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -18,7 +19,13 @@ from minilmd.untrusted import Unreadable
 
 
 def supervisor_alive(state: StateJson | None) -> bool:
-    return state is not None and process_alive(state.supervisor.pid, state.supervisor.start_ticks)
+    """Whether the supervisor state.json names runs: that process, by its pid and its start time, on this host. A
+    pid alone is whichever process has it now (recycled, another user's); one of another host means nothing here."""
+    if state is None:
+        return False
+    sup = state.supervisor
+    return (sup.start_ticks is not None and sup.host in ("", socket.gethostname())
+            and process_alive(sup.pid, sup.start_ticks))
 
 
 def load(run_dir: Path) -> tuple[dict | None, str]:

@@ -3,7 +3,8 @@
 Everything here reads files the supervisor wrote (state.json, supervisor.log, logs/attempt-NNNN.log) and works
 whether or not a supervisor is running. Light imports only: `minilmd status` must answer in well under a second.
 Each function returns the command's exit status (0 fine, 2 not a run directory; `stop` has more:
-protocol.STOP_*).
+protocol.STOP_*). What these files say is escaped before it reaches the terminal (minilmd/untrusted.py `printable`):
+another user's run directory holds what that user wrote, escape sequences included.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from minilmd.daemon.statesections import ChildInfo, GpuWait, Progress, SpaceWait
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
 from minilmd.fmt import fmt_duration
-from minilmd.untrusted import Unreadable
+from minilmd.untrusted import Unreadable, printable
 
 NOT_A_RUN = 2
 
@@ -233,7 +234,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     spark = sparkline_line(run_dir)
     if spark:
         lines.insert(next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1, spark)
-    print("\n".join(lines), file=out)
+    print("\n".join(printable(line) for line in lines), file=out)  # each line built from state.json's strings
     return 0
 
 
@@ -261,7 +262,7 @@ def _tail(path: Path, n: int) -> tuple[str, int]:
         lines, size = tail_lines(path, n)
     except Unreadable as e:
         return f"unreadable ({e.why})\n", 0
-    return "".join(line + "\n" for line in lines), size
+    return "".join(printable(line) + "\n" for line in lines), size
 
 
 def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20, out=None,
@@ -319,7 +320,7 @@ def _copy_new(path: Path, offset: int, label: str, out) -> int:
     except Unreadable:
         return offset  # said once by _tail; a file that becomes one again is followed from where it was
     for line in lines:
-        out.write(f"[{label}] {line.decode(errors='replace')}\n")
+        out.write(f"[{label}] {printable(line.decode(errors='replace'))}\n")
     return offset
 
 
@@ -343,11 +344,16 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     if unreadable:
         print(f"{run_dir}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
     state = StateJson.from_dict(raw)
-    live = _live_supervisor(run_dir, state)
+    try:
+        live = _live_supervisor(run_dir, state)
+    except OSError as e:  # supervisor.lock of another user's run, not readable by us
+        print(f"{run_dir}: {names.LOCK} cannot be read ({e.strerror or e}): whether a supervisor holds it is unknown; "
+              f"nothing signalled", file=out)
+        return protocol.STOP_FAILED
     if live is None:
         outcome = state.outcome
         print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
-                                           f"{outcome.reason})" if outcome else ""), file=out)
+                                           f"{printable(outcome.reason)})" if outcome else ""), file=out)
         if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
@@ -372,12 +378,13 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         state = _reread(run_dir, state)
         if state.phase != last_phase:
             last_phase = state.phase
-            print(f"  {last_phase}" + (f": {state.reason}" if state.reason else ""), file=out, flush=True)
+            print(f"  {printable(last_phase)}" + (f": {printable(state.reason)}" if state.reason else ""), file=out,
+                  flush=True)
         time.sleep(0.2)
     state = _reread(run_dir, state)
     outcome = state.outcome
     print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.exit if outcome else None} "
-          f"({outcome.reason if outcome else None})", file=out)
+          f"({printable(outcome.reason) if outcome else None})", file=out)
     return _checkpoint_report(state, out, always=True)
 
 
@@ -389,10 +396,11 @@ def _reread(run_dir: Path, state: StateJson) -> StateJson:
 
 def _live_supervisor(run_dir: Path, state: StateJson) -> tuple[int, int | None, str] | None:
     """(pid, start ticks, host) of the run's live supervisor: the one in state.json, or the holder of the run lock
-    (one that has not written state.json yet, or one on another host sharing the run directory); None if none."""
+    (one that has not written state.json yet, or one on another host sharing the run directory); None if none.
+    OSError when the lock cannot be opened (another user's, private)."""
     here = socket.gethostname()
     sup = state.supervisor
-    if sup.host in ("", here) and sup.pid is not None and process_alive(sup.pid, sup.start_ticks):
+    if sup.pid is not None and supervisor_alive(state):  # by pid and start time: a pid alone may be anyone's
         return sup.pid, sup.start_ticks, here
     from minilmd.daemon.host.lock import lock_holder
     from minilmd.daemon.runstate import process_start_ticks
@@ -455,15 +463,15 @@ def _checkpoint_report(state: StateJson, out, always: bool) -> int:
               f"({'verified' if remote.verified else 'not verified'})" if remote and remote.step is not None else
               f"  {local_words}; no remote checkpoint", file=out)
         if state.last_error:
-            print(f"  last error{_error_context(state, time.time())}: {state.last_error}", file=out)
+            print(f"  last error{_error_context(state, time.time())}: {printable(state.last_error)}", file=out)
     unsynced = _only_in_scratch(state)
     if unsynced is None:
         return protocol.STOP_DONE
     step, path = unsynced
     on_remote = f"step {remote.step}" if remote and remote.step is not None else "no checkpoint"
-    error = state.sync.error
+    error = printable(state.sync.error) if state.sync.error else None
     print(f"  NOT SYNCED (exit {protocol.STOP_UNSYNCED}): the newest checkpoint, step {step}, is only in scratch: "
-          f"{path}; the remote has {on_remote}" + (f" (last sync error: {error})" if error else "") + ".\n"
+          f"{printable(path)}; the remote has {on_remote}" + (f" (last sync error: {error})" if error else "") + ".\n"
           "  It is lost if scratch is cleared (a reboot clears /dev/shm): start the run again (its first sync "
           "copies it), or copy that directory into run.remote by hand.", file=out)
     return protocol.STOP_UNSYNCED

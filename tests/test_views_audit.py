@@ -1,0 +1,117 @@
+"""What `minilmd status`, `stop` and `logs` print of a run directory someone else may have written.
+
+A run directory's files are its user's to write (or anyone's its mode lets in): `status` and `logs` of another
+user's run show what that user put there. Before, status printed state.json's strings (the reason, the last error,
+the run's name...) and logs printed log lines as they were: an escape sequence there reached the reader's terminal
+(retitle it, clear it, hide lines). And a state.json naming a supervisor by its pid alone (no start time) made
+`status` call whichever process has that pid now "running", and `stop` SIGTERM it when it was one of ours.
+"""
+from __future__ import annotations
+
+import io
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd import names, protocol
+from minilmd.daemon.runstate import new_state
+from minilmd.daemon.views import status as views
+from minilmd.fsio import atomic_write_json
+from second_user import second_user, shared, user_python  # noqa: F401  (shared: the fixture)
+
+CLI = "import sys; sys.argv[0] = 'minilmd'; from minilmd.cli import main; main()"
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x9b31m"
+
+
+def hostile_run(tmp_path: Path, **changes) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    st = new_state("demo", run_dir, str(tmp_path / "demo.toml"))
+    st.update(changes)
+    atomic_write_json(run_dir / names.STATE, st)
+    return run_dir
+
+
+def assert_escaped(shown: str) -> None:
+    assert not any(ch in shown for ch in "\x1b\x07\x9b"), repr(shown)
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in shown, shown
+
+
+def test_status_escapes_what_state_json_says_before_the_terminal(tmp_path):
+    t = time.time()
+    run_dir = hostile_run(tmp_path, run="demo" + ESCAPES, reason="why" + ESCAPES, last_error="boom" + ESCAPES,
+                          last_error_at=t, phase="training" + ESCAPES,
+                          sync={"state": "failed", "error": "sync" + ESCAPES},
+                          staging={"state": "failed", "error": "staging" + ESCAPES})
+    out = io.StringIO()
+    assert views.status(run_dir, out=out) == 0
+    assert_escaped(out.getvalue())
+    for said in ("demo", "why", "boom", "sync", "staging", "training"):
+        assert said + "\\x1b]0;owned" in out.getvalue(), (said, out.getvalue())
+
+
+def test_stop_of_an_ended_run_escapes_its_reason_and_error(tmp_path):
+    run_dir = hostile_run(tmp_path, phase="done", last_error="boom" + ESCAPES,
+                          supervisor={"pid": 2 ** 22 + 7, "start_ticks": 1, "host": socket.gethostname()},
+                          outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": "over" + ESCAPES},
+                          sync={"state": "ok", "error": "sync" + ESCAPES},
+                          local_checkpoint={"step": 5, "time": time.time(), "path": "/x/step-5" + ESCAPES})
+    out = io.StringIO()
+    views.stop(run_dir, out=out)
+    assert_escaped(out.getvalue())
+    assert "over\\x1b]0;owned" in out.getvalue() and "/x/step-5\\x1b]0;owned" in out.getvalue(), out.getvalue()
+
+
+def test_logs_escape_what_the_logs_hold_shown_and_followed(tmp_path):
+    run_dir = hostile_run(tmp_path)
+    (run_dir / names.SUPERVISOR_LOG).write_text("event" + ESCAPES + "\n")
+    attempt = run_dir / names.ATTEMPT_LOGS / "attempt-0001.log"
+    attempt.parent.mkdir()
+    attempt.write_text("trainer" + ESCAPES + "\n")
+    out = io.StringIO()
+    assert views.logs(run_dir, lines=5, out=out) == 0
+    assert_escaped(out.getvalue())
+    assert "event\\x1b" in out.getvalue() and "trainer\\x1b" in out.getvalue(), out.getvalue()
+    with open(attempt, "a") as f:
+        f.write("later" + ESCAPES + "\n")
+    followed = io.StringIO()
+    views._copy_new(attempt, len(("trainer" + ESCAPES + "\n").encode()), "attempt-0001", followed)
+    assert_escaped(followed.getvalue())
+    assert "[attempt-0001] later\\x1b" in followed.getvalue(), followed.getvalue()
+
+
+def test_a_supervisor_named_by_its_pid_alone_is_not_running_and_never_signalled(tmp_path):
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)  # ours, and no supervisor of the run
+    try:
+        run_dir = hostile_run(tmp_path, phase="training",
+                              supervisor={"pid": bystander.pid, "host": socket.gethostname()})  # no start_ticks
+        out = io.StringIO()
+        assert views.status(run_dir, out=out) == 0
+        assert "not running" in out.getvalue() and f"supervisor pid {bystander.pid} running" not in out.getvalue()
+        stopped = io.StringIO()
+        views.stop(run_dir, timeout=5, out=stopped)
+        assert "SIGTERM" not in stopped.getvalue() and "not running" in stopped.getvalue(), stopped.getvalue()
+        assert bystander.poll() is None, "stop signalled a process that is not the run's supervisor"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+@pytest.mark.root
+def test_stop_of_another_users_run_whose_lock_it_may_not_read_says_so(shared):
+    second_user()
+    run_dir = shared / "root-run"
+    run_dir.mkdir()
+    run_dir.chmod(0o755)
+    body = new_state("root-run", run_dir, "x.toml")
+    body["supervisor"].update(pid=2 ** 22 + 7, start_ticks=1)  # gone
+    atomic_write_json(run_dir / names.STATE, body)
+    (run_dir / names.STATE).chmod(0o644)
+    (run_dir / names.LOCK).touch(mode=0o600)
+    done = subprocess.run(user_python(CLI, "stop", str(run_dir)), capture_output=True, text=True, cwd="/",
+                          timeout=60)
+    assert "Traceback" not in done.stderr and done.returncode == protocol.STOP_FAILED, done
+    assert f"{names.LOCK} cannot be read (Permission denied)" in done.stdout, done
