@@ -9,20 +9,26 @@ the run's name...) and logs printed log lines as they were: an escape sequence t
 from __future__ import annotations
 
 import io
+import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from faults_fixtures import faultfs  # noqa: F401  (the fixture)
 from minilmd import names, protocol
 from minilmd.daemon.runstate import new_state
 from minilmd.daemon.views import status as views
 from minilmd.fsio import atomic_write_json
 from second_user import second_user, shared, user_python  # noqa: F401  (shared: the fixture)
+from waiting import wait_until
 
 CLI = "import sys; sys.argv[0] = 'minilmd'; from minilmd.cli import main; main()"
+REGISTER = ("import sys\nfrom minilmd.daemon.host import registry\n"
+            "registry.register(sys.argv[1], sys.argv[2], 'x.toml')\n")
 ESCAPES = "\x1b]0;owned\x07\x1b[2J\x9b31m"
 
 
@@ -115,3 +121,33 @@ def test_stop_of_another_users_run_whose_lock_it_may_not_read_says_so(shared):
                           timeout=60)
     assert "Traceback" not in done.stderr and done.returncode == protocol.STOP_FAILED, done
     assert f"{names.LOCK} cannot be read (Permission denied)" in done.stdout, done
+
+
+@pytest.mark.root
+@pytest.mark.slow  # the overview gives the stalled row its 5 s
+def test_a_run_on_stalled_storage_neither_hangs_the_overview_nor_hides_the_other_runs(tmp_path, faultfs):
+    """Before, `status --all` waited on the stalled run directory for as long as the storage stalled."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"),
+           names.SYSTEM_REGISTRY_ENV: str(tmp_path / "no-system-registry")}
+    healthy = tmp_path / "healthy"
+    stuck = faultfs.root / "stuck"
+    for run_dir in (healthy, stuck):
+        run_dir.mkdir()
+        atomic_write_json(run_dir / names.STATE, new_state(run_dir.name, run_dir, "x.toml"))
+        subprocess.run([sys.executable, "-c", REGISTER, run_dir.name, str(run_dir)], env=env, check=True,
+                       timeout=60)
+    faultfs.stall("stuck/state.json", 300, op="getattr")
+    shown = tmp_path / "shown.txt"
+    with open(shown, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "status", "--all"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:  # the table comes while the storage still stalls (the process may only end once it answers)
+        wait_until(lambda: "stuck " in shown.read_text(), 90, "the table while the storage stalls")
+        assert faultfs.hits("stall"), "the stall never fired: the test proves nothing"
+    finally:
+        faultfs.clear()
+        proc.wait(60)
+    lines = {line.split()[0]: line for line in shown.read_text().splitlines()[1:] if line.strip()}
+    assert "waiting_gpu" in lines["healthy"], lines
+    assert "unreadable (no answer within 5 s: its storage stalls)" in lines["stuck"], lines
+    assert proc.returncode == 0

@@ -6,12 +6,14 @@ directory is gone, "unreadable (why)" when its state.json is not a file its owne
 not a JSON object), step/total, loss, tok/s, ETA, the GPUs held or how long it has waited for them, the last
 successful sync's age, restarts. `--json` gives the same rows as a list. Everything shown came from files other
 users may have written: every name and path is escaped for the terminal (minilmd/untrusted.py `printable`), and
-the registry's notes on what it skipped follow the table.
+the registry's notes on what it skipped follow the table. A run directory on storage that stalls (an NFS server
+gone) is given ROW_WAIT_S to answer, then shown "unreadable (did not answer ...)": it never hides the other runs.
 """
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +30,8 @@ FINAL = ("done", "failed")
 STATE_MAX_BYTES = 8 << 20
 """state.json is a few KB; one that is bigger is not one (a link to /dev/zero is never opened at all)."""
 PHASE_WIDTH = 40
+ROW_WAIT_S = 5.0
+"""How long one run's row may take (its run directory and state.json looked at): a stalled mount gets no more."""
 """A phase longer than this is cut in the table: it came from a file that is not what it says."""
 
 
@@ -71,6 +75,19 @@ def row(entry: registry.Entry, t: float) -> dict:
         "predecessor": (state.init_wait.not_running or None) if state.init_wait and alive
         and state.phase == "waiting_init" else None,
     }
+
+
+def row_in_time(entry: registry.Entry, t: float) -> dict:
+    """row(), in a thread given ROW_WAIT_S to answer; a row that does not is "unreadable" (the thread is left
+    behind, a daemon, stuck in the file system: nothing here can end it)."""
+    done: list[dict] = []
+    worker = threading.Thread(target=lambda: done.append(row(entry, t)), daemon=True)
+    worker.start()
+    worker.join(ROW_WAIT_S)
+    if done:
+        return done[0]
+    return {"run": entry.name, "run_dir": str(entry.run_dir), "uid": entry.uid, "registered": entry.registered,
+            "phase": "unreadable", "why": f"no answer within {ROW_WAIT_S:g} s: its storage stalls", "running": False}
 
 
 def shown_phase(r: dict) -> str:
@@ -126,7 +143,7 @@ def status_all(as_json: bool = False, out=None) -> int:
     out = out or sys.stdout
     t = time.time()
     scan = registry.scan()
-    rows = [row(e, t) for e in scan.entries]
+    rows = [row_in_time(e, t) for e in scan.entries]
     if as_json:
         print(json.dumps(rows, indent=2, sort_keys=True), file=out)
         _notes(scan.notes, sys.stderr)
