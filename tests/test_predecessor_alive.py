@@ -156,3 +156,16 @@ def test_check_of_a_stage_of_another_model_than_its_unfinished_predecessor_is_re
     assert refused.exit_code == 2, refused.output
     assert f"model.hidden_size: source {hidden}, run {2 * hidden}" in refused.output, refused.output
     assert "run pre" in refused.output, refused.output
+
+
+def test_a_predecessor_named_by_its_pid_alone_is_not_taken_for_running(tmp_path):
+    """A state.json whose supervisor has a pid and no start time (damaged, hand-made, another user's): that pid is
+    whichever process has it now, here a live process of ours that is no supervisor (before: "running")."""
+    pred_dir = tmp_path / "sft"
+    pred_dir.mkdir()
+    body = new_state("sft", pred_dir, "x")
+    body["supervisor"].update(pid=os.getpid(), start_ticks=None)
+    live = initwait.predecessor_liveness(initwait.Predecessor("sft", pred_dir, tmp_path / "remote"), body)
+    assert live is not None and (live.running, live.detail) == (False, "its supervisor is gone")
+    body["supervisor"].update(start_ticks=process_start_ticks(os.getpid()))  # the same, with its start time
+    assert initwait.predecessor_liveness(initwait.Predecessor("sft", pred_dir, tmp_path / "remote"), body).running
