@@ -151,3 +151,17 @@ def test_a_run_on_stalled_storage_neither_hangs_the_overview_nor_hides_the_other
     assert "waiting_gpu" in lines["healthy"], lines
     assert "unreadable (no answer within 5 s: its storage stalls)" in lines["stuck"], lines
     assert proc.returncode == 0
+
+
+def test_logs_do_not_follow_a_logs_directory_that_is_a_link(tmp_path):
+    """logs/ of a run directory replaced by a link to another directory: its files are not listed as the run's
+    attempts (before: the link was followed, then each file opened without following one)."""
+    run_dir = hostile_run(tmp_path)
+    (run_dir / names.SUPERVISOR_LOG).write_text("event\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "attempt-0001.log").write_text("NOT-THIS-RUNS\n")
+    (run_dir / names.ATTEMPT_LOGS).symlink_to(elsewhere)
+    out = io.StringIO()
+    views.logs(run_dir, lines=5, out=out)
+    assert "event" in out.getvalue() and "NOT-THIS-RUNS" not in out.getvalue(), out.getvalue()

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -251,8 +252,15 @@ def _lineage_lines(run_dir: Path) -> list[str]:
 
 
 def _attempt_logs(run_dir: Path) -> list[Path]:
+    """The attempt logs of a run, from its logs/ directory itself: a link there (to another place's files) is not
+    followed, as each log is opened without following one (tail_lines)."""
     folder = run_dir / names.ATTEMPT_LOGS
-    return sorted(p for p in folder.iterdir() if names.is_attempt_log(p.name)) if folder.is_dir() else []
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return []
+        return sorted(p for p in folder.iterdir() if names.is_attempt_log(p.name))
+    except OSError:  # gone meanwhile, unreadable: no logs to show
+        return []
 
 
 def _tail(path: Path, n: int) -> tuple[str, int]:
