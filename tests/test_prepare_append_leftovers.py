@@ -2,7 +2,7 @@
 (`.CORPUS.append.prepare-HOST-PID-TICKS`, minilmd/corpus/prepare/append.py) is removed by the next append once its
 maker is gone, by the leftovers rule (minilmd/leftovers.py): a live append's, a link and another host's are left
 and said. The kill is a real SIGKILL of a real `minilmd prepare --append`, held where its temporary directory
-exists: its source is a FIFO, whose open blocks until a writer comes, which none does."""
+exists by the test hook of lock.py (a FIFO source, once the hold, is refused now: a source's open never blocks)."""
 from __future__ import annotations
 
 import os
@@ -17,6 +17,7 @@ import pytest
 from data_helpers import read_texts, write_jsonl
 from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare.append import append
+from minilmd.corpus.prepare.lock import HOLD_FOR_TEST
 from minilmd.corpus.prepare.pipeline import prepare
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 from waiting import wait_until
@@ -46,11 +47,11 @@ def test_a_sigkilled_appends_temporary_directory_is_removed_by_the_next_append(c
     """Before, an append killed by SIGKILL left `.c.append.prepare-HOST-PID-TICKS` (its new documents' tokens)
     for good: no append nor prepare ever looked at that name. Now the next append removes it and says so."""
     root, new = corpus
-    fifo = tmp_path / "never-written.jsonl"
-    os.mkfifo(fifo)
-    child = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "prepare", str(fifo), "--append", "--out",
+    hold = tmp_path / "hold.fifo"  # the test hook's FIFO, never written: the append waits there
+    os.mkfifo(hold)
+    child = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "prepare", str(new), "--append", "--out",
                               str(root), "--workers", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, env={**os.environ, HOLD_FOR_TEST: str(hold)})
     try:
         wait_until(lambda: _temp_dirs(root) or child.poll() is not None, 120,
                    "the append to make its temporary directory")

@@ -15,13 +15,28 @@ tokenizer_app = typer.Typer(no_args_is_help=True, help="Train or inspect a token
 corpus_app = typer.Typer(no_args_is_help=True, help="Look into a corpus: its report, pattern counts.")
 
 
+EXIT_IO = 74  # sysexits EX_IOERR: a read or write failed (a full disk, EIO on a share); run it again once fixed
+
+
+def _io_error_exit(e: OSError, what: str, kept: str) -> typer.Exit:
+    """A read or write that failed (ENOSPC on --out, EIO on an NFS source): said in one line, not a traceback;
+    `kept` says what is left of the output (prepare's cleanup ran as the error unwound through it)."""
+    where = f" ({e.filename})" if e.filename else ""
+    typer.echo(f"error: {what}: {e.strerror or e}{where}; {kept}. Fix it (free space, the share) and run it again",
+               err=True)
+    return typer.Exit(EXIT_IO)
+
+
 def _data_error_exit(e: Exception) -> typer.Exit:
-    """Bad input data -> 65 (EX_DATAERR, final); a bad argument or tokenizer -> 2."""
+    """Bad input data -> 65 (EX_DATAERR, final); a source that failed while read -> 74 (EX_IOERR: run it again);
+    a bad argument or tokenizer -> 2."""
     from minilmd.corpus.meta import CorpusError
-    from minilmd.corpus.sources.jsonl import InputError
+    from minilmd.corpus.sources.jsonl import InputError, SourceReadError
     from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
 
     typer.echo(f"error: {e}", err=True)
+    if isinstance(e, SourceReadError):
+        return typer.Exit(EXIT_IO)
     return typer.Exit(EXIT_DATA if isinstance(e, (InputError, CorpusError)) else EXIT_CONFIG)
 
 
@@ -63,6 +78,8 @@ def tokenizer_train_command(
         tok = train_tokenizer(texts, vocab_size, out, show_progress=sys.stdout.isatty())
     except (InputError, TokenizerError) as e:
         raise _data_error_exit(e) from None
+    except OSError as e:
+        raise _io_error_exit(e, "tokenizer train", f"{out} is as it was") from None
     if bad:
         typer.echo(f"skipped bad lines: {bad}", err=True)
     actual = tok.get_vocab_size(with_added_tokens=True)
@@ -112,7 +129,8 @@ def prepare_command(
 ) -> None:
     """JSONL -> prepared corpus: train/ and val/ uint16 token streams, meta.json with statistics, tokenizer copy.
 
-    Exit status: 0 done, 65 bad input (every bad line named as file:line: reason, the whole input read first; or a
+    Exit status: 0 done, 74 a read or write failed (a full disk, EIO: nothing written, run it again), 65 bad
+    input (every bad line named as file:line: reason, the whole input read first; or a
     split would be empty), 2 bad arguments or tokenizer, an --out that --force may not replace, another prepare
     writing --out (OUT.lock beside it), or another user's corpus for --append; nothing is written unless 0."""
     import signal
@@ -127,6 +145,8 @@ def prepare_command(
         raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:  # an SSH session closed under it; nohup's SIG_IGN stays
+        signal.signal(signal.SIGHUP, on_sigterm)
     if append:
         from minilmd.corpus.prepare.append import append as append_to
 
@@ -141,6 +161,8 @@ def prepare_command(
         except KeyboardInterrupt:
             typer.echo("prepare --append: interrupted; the corpus is its last complete version", err=True)
             raise typer.Exit(130) from None
+        except OSError as e:
+            raise _io_error_exit(e, "prepare --append", "the corpus is its last complete version") from None
         typer.echo(f"appended to {out}")
         return
     if not tokenizer:
@@ -154,6 +176,8 @@ def prepare_command(
     except KeyboardInterrupt:
         typer.echo("prepare: interrupted, nothing written", err=True)
         raise typer.Exit(130) from None
+    except OSError as e:
+        raise _io_error_exit(e, "prepare", "nothing written") from None
     typer.echo(f"wrote {out}")
 
 

@@ -102,8 +102,9 @@ def write_beside(tokenizer_json: str | Path, config: dict) -> Path:
     """Write `config` as the tokenizer_config.json beside `tokenizer_json`, where chat.py looks for the template."""
     import json
 
+    from minilmd.fsio import atomic_write_text
     from minilmd.names import TOKENIZER_CONFIG
 
     path = Path(tokenizer_json).with_name(TOKENIZER_CONFIG)
-    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")  # no link followed
     return path

@@ -44,9 +44,13 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 6400, out: str | Pat
     if actual < vocab_size:
         (warn or _warn_stderr)(vocab_shortfall(vocab_size, actual))
     if out is not None:
+        from minilmd.fsio import atomic_write_text
+
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tok.save(str(out))
+        # a temp file renamed over `out`: a kill mid-write leaves the old file, and a link at `out` (planted in a
+        # shared directory) is replaced, never followed into somebody's file
+        atomic_write_text(out, tok.to_str(pretty=True))
     return tok
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from minilmd.corpus.meta import CorpusError, read_meta
 from minilmd.corpus.prepare.block import digest64
-from minilmd.corpus.sources.jsonl import InputError, loads_bounded
+from minilmd.corpus.sources.jsonl import InputError, loads_bounded, open_regular
 from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENS
 from minilmd.untrusted import Unreadable, read_bytes
@@ -101,8 +101,9 @@ def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
     if "://" in path or path.endswith(_COMPRESSED):
         return Corpus(path, "jsonl", [Shard(path, 0, -1)])  # one stream: a compressed file has no byte offsets
     try:
-        size = os.path.getsize(path)
-    except OSError as e:
+        with open_regular(path) as f:  # a FIFO or a device is refused here, never opened blocking
+            size = os.fstat(f.fileno()).st_size
+    except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot open ({e})") from None
     per = max(min_bytes, -(-size // max(parts, 1)), 1)
     return Corpus(path, "jsonl", [Shard(path, lo, min(lo + per, size)) for lo in range(0, size, per)] or
@@ -158,7 +159,7 @@ def _jsonl_batches(shard: Shard):
         finally:
             src.close()
         return
-    with open(shard.path, "rb") as f:
+    with open_regular(shard.path) as f:
         if shard.start > 0:
             f.seek(shard.start - 1)
             f.readline()  # the rest of the line that started before this shard: the shard before reads it

@@ -104,7 +104,6 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
             locked = Path(f"/proc/self/fd/{fd}")  # the directory that was locked, whatever its name leads to now
             _remove_stale_parts(locked)
             _remove_stale_tmp(root)
-            hold_for_test()
             try:
                 return _append(sources, root, locked, lambda: check_same_dir(lock, identity), workers, progress,
                                log, on_bad_line, block_bytes)
@@ -184,6 +183,7 @@ def _append(sources: list[str], root: Path, locked: Path, check_same, workers: i
     for split in SPLITS:
         (tmp / split).mkdir(parents=True)
     try:
+        hold_for_test()  # holding the lock, its temporary directory made (tests/test_prepare_append_leftovers.py)
         opened = open_sources(sources)
         found = Collector(tmp, opened, opts.on_bad_line, chat=chat)
         encode_all(opened, found, tok, opts, progress)

@@ -12,6 +12,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -148,8 +149,9 @@ class Collector:
         self.special_docs = 0
         self.text_bytes = 0
         self.train_min_digest = NO_DIGEST  # the train document closest to the val side of the split rule
-        self.sources = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0, "blank_lines": 0,
-                         "bad_lines": 0} for s in opened]  # and "dropped" once --drop-scripts drops one
+        # per source; "dropped" too once --drop-scripts drops one
+        self.sources: list[dict[str, Any]] = [{"path": s.path, "bytes": s.size, "lines": 0, "documents": 0,
+                                               "blank_lines": 0, "bad_lines": 0} for s in opened]
         from minilmd.corpus.analysis.scripts import ScriptTally
 
         self.scripts = ScriptTally()  # the kept documents of a text corpus, by script

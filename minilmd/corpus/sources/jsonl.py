@@ -12,6 +12,7 @@ minilmd/corpus/sources/longdoc.py parses as it streams (the same verdicts as par
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -38,6 +39,10 @@ def loads_bounded(s: str | bytes, max_depth: int = MAX_JSON_DEPTH):
 
 class InputError(ValueError):
     """Bad corpus input (unreadable source, bad line under --on-bad-line error): the message says file and line."""
+
+
+class SourceReadError(InputError):
+    """A source that failed while read (EIO, a share gone): not bad data, a run later may read it (exit 74)."""
 
 
 @dataclass
@@ -156,11 +161,17 @@ class Source:
         from fsspec.compression import compr
         from fsspec.utils import infer_compression
 
+        from minilmd.fsio import is_local_fs
+
         self.path = path
         try:
             self.fs, self.fs_path = fsspec.core.url_to_fs(path)
-            self.size = self.fs.size(self.fs_path)
-            self.raw = self.fs.open(self.fs_path, "rb")
+            if is_local_fs(self.fs):
+                self.raw = open_regular(self.fs_path)
+                self.size = os.fstat(self.raw.fileno()).st_size
+            else:
+                self.size = self.fs.size(self.fs_path)
+                self.raw = self.fs.open(self.fs_path, "rb")
         except (OSError, ValueError) as e:
             raise InputError(f"{path}: cannot open ({e})") from None
         codec = infer_compression(path)
@@ -205,7 +216,7 @@ class Source:
                     carry = long.rest
                     line += 1
         except (OSError, EOFError) as e:
-            raise InputError(f"{self.path}: read failed after line {line} ({e})") from None
+            raise SourceReadError(f"{self.path}: read failed after line {line} ({e})") from None
         if carry:
             yield line, carry
 
@@ -223,8 +234,35 @@ class Source:
         self.raw.close()
 
 
+def open_regular(path: str):
+    """A local source opened for reading, refused (ValueError) unless a regular file: never a blocking open (a FIFO
+    nobody writes, in a shared directory, would hang the prepare for good), nor a device read. A link the user
+    named is followed; what it leads to is checked on the open file, so no swap between a look and the open."""
+    import stat
+
+    from minilmd.untrusted import file_kind
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{file_kind(mode)}, not a regular file: give the JSONL file itself")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+TRAIN_TEXT_CHARS = 1 << 24
+"""What iter_texts (tokenizer training) takes of one document, at most: its first 16 Mi characters. BPE learns from
+word counts, which a longer text only adds to; holding a 2 GB line whole (and the tokenizers library's copy) is
+what the bound prevents."""
+
+
 def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict | None = None) -> Iterator[str]:
-    """Every document text of the sources in order; bad lines raise InputError or are counted in bad_counts."""
+    """Every document text of the sources in order (a text longer than TRAIN_TEXT_CHARS: its beginning); bad lines
+    raise InputError or are counted in bad_counts."""
     if on_bad_line not in BAD_LINE_POLICIES:
         raise InputError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
     for path in sources:
@@ -232,7 +270,7 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict 
         try:
             for item in src.items():
                 if isinstance(item, LongLine):
-                    parsed = parse_long_line(item)
+                    parsed = parse_long_line(item, TRAIN_TEXT_CHARS)
                 else:
                     first, blob = item
                     parsed = parse_block(blob, first)
@@ -247,13 +285,26 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict 
             src.close()
 
 
-def parse_long_line(long: LongLine) -> ParsedBlock:
-    """A LongLine as parse_block would see it, its text joined into one string (held whole: tokenizer training
-    takes whole documents; prepare streams the pieces instead)."""
+def parse_long_line(long: LongLine, max_chars: int | None = None) -> ParsedBlock:
+    """A LongLine as parse_block would see it (the same verdict), its text joined into one string: the first
+    `max_chars` characters of it when given, so that a 2 GB line is never held whole (tokenizer training takes
+    whole strings; prepare streams the pieces instead)."""
     from minilmd.corpus.sources.longdoc import parse_chunks
 
     parts: list[str] = []  # the fragments of the text
-    verdict = parse_chunks(long.chunks(), parts.append, parts.clear)
+    held = [0]
+
+    def add(fragment: str) -> None:
+        room = len(fragment) if max_chars is None else max_chars - held[0]
+        if room > 0:
+            parts.append(fragment[:room])
+            held[0] += min(room, len(fragment))
+
+    def restart() -> None:
+        parts.clear()
+        held[0] = 0
+
+    verdict = parse_chunks(long.chunks(), add, restart)
     out = ParsedBlock(n_lines=1)
     if verdict.blank:
         out.blank = 1
