@@ -194,7 +194,10 @@ def test_existing_output_is_kept_unless_forced(tmp_path, demo_jsonl, tokenizer):
 
 
 @pytest.mark.slow
-def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer, sig):
+    """SIGHUP too: a closed SSH session (before, it killed prepare outright, its temporary directory left beside
+    --out until a prepare to the same --out came)."""
     big = demo_slice(tmp_path / "big", 4000)
     out = tmp_path / "out"
     child = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "prepare", *big, "--tokenizer",
@@ -203,7 +206,7 @@ def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer):
     wait_until(lambda: list(tmp_path.glob(".out.prepare-*/train/tokens.bin")) or child.poll() is not None, 60,
                "prepare to write its temporary output", interval=0.02)
     assert child.poll() is None, "prepare ended before it could be stopped"
-    child.send_signal(signal.SIGTERM)
+    child.send_signal(sig)
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
     assert "interrupted, nothing written" in err

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from data_helpers import demo_slice, read_texts, run_prepare, write_jsonl
+from data_helpers import read_texts, run_prepare, write_jsonl
 from minilmd.corpus.format import open_prepared
 from minilmd.corpus.sources import jsonl
-from waiting import wait_until
 
 CLI = [sys.executable, "-m", "minilmd.cli"]
 
@@ -96,23 +95,6 @@ def test_force_whose_final_rename_fails_keeps_the_old_corpus_in_place(tmp_path, 
         assert json.loads((out / "meta.json").read_text())["sources"][0]["path"] == demo_jsonl[1]
     open_prepared(out, verify_hash=True)
     assert not list(tmp_path.glob(".c.*"))
-
-
-@pytest.mark.slow
-def test_sighup_mid_prepare_cleans_up_like_sigterm(tmp_path, tokenizer):
-    """Before, a closed SSH session (SIGHUP) killed prepare outright, its temporary directory left beside --out
-    until a prepare to the same --out came. Now SIGHUP unwinds as SIGTERM does: exit 130, nothing left."""
-    big = demo_slice(tmp_path / "big", 4000)
-    out = tmp_path / "out"
-    child = subprocess.Popen([*CLI, "prepare", *big, "--tokenizer", str(tokenizer), "--out", str(out),
-                              "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: list(tmp_path.glob(".out.prepare-*/train/tokens.bin")) or child.poll() is not None, 60,
-               "prepare to write its temporary output", interval=0.02)
-    assert child.poll() is None, "prepare ended before it could be stopped"
-    child.send_signal(signal.SIGHUP)
-    _, err = child.communicate(timeout=60)
-    assert child.returncode == 130, err
-    assert _no_leftovers(out)
 
 
 def test_tokenizer_training_holds_only_the_beginning_of_a_huge_line(tmp_path, monkeypatch):
