@@ -269,7 +269,14 @@ class EventLog:
             problems.append(f"{names.SUPERVISOR_LOG}: {e.strerror}")
         self.unwritten = "; ".join(problems) or None
         if self.echo:
-            print(line, file=sys.stdout, flush=True)
+            try:
+                print(line, file=sys.stdout, flush=True)
+            except OSError:
+                # the terminal is gone (a tmux session closed, an SSH connection hung up: EIO): the run goes on,
+                # its events are in the files above; stdout becomes /dev/null so that no later print, nor the
+                # flush at exit (which would turn the exit status into 120), fails on it again
+                self.echo = False
+                sys.stdout = open(os.devnull, "w")  # for the rest of the process
 
     def close(self) -> None:
         if self._log is not None:

@@ -1,0 +1,57 @@
+"""How minilmd runs as a service, seen from outside: the real supervisor under the real tmux launcher
+(deploy/minilmd-tmux.sh) on a private tmux server, with the fake trainer."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from minilmd.daemon.host.lock import lock_holder
+from supervisor_helpers import env_for, events, state, step_of_state, write_config
+from waiting import wait_until
+
+LAUNCHER = Path(__file__).resolve().parent.parent / "deploy" / "minilmd-tmux.sh"
+MINILMD = Path(sys.executable).with_name("minilmd")
+
+
+@pytest.fixture
+def tmux_root():
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    # short: tmux's socket path under TMUX_TMPDIR must stay under 108 bytes
+    root = Path(tempfile.mkdtemp(prefix="mtaud-"))
+    socket = f"minilmd-audit-{os.getpid()}"
+    try:
+        yield root, socket
+    finally:
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, timeout=30,
+                       env={**os.environ, "TMUX_TMPDIR": str(root)})
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_closing_the_tmux_session_does_not_end_the_run(tmp_path, corpus, tmux_root):
+    """`tmux kill-session` (or the window closed by hand) hangs up the supervisor's terminal: SIGHUP, then every
+    write to it fails with EIO. The supervisor echoes its events there; the run must go on to its end anyway."""
+    root, socket = tmux_root
+    config = write_config(tmp_path, corpus, name="tm", remote=False)
+    run_dir = tmp_path / "tm" / "run"
+    env = env_for(FAKE_STEP_S="0.3", MINILMD=str(MINILMD), MINILMD_TMUX_SOCKET=socket, TMUX_TMPDIR=str(root))
+    env = {k: v for k, v in env.items() if k != "TMUX"}
+    out = subprocess.run(["bash", str(LAUNCHER), "--no-attach", str(config)], capture_output=True, text=True,
+                         timeout=120, env=env, stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    wait_until(lambda: step_of_state(run_dir) >= 2, 120, "the trainer to take two steps")
+
+    subprocess.run(["tmux", "-L", socket, "kill-session", "-t", "=minilmd-tm"], check=True, timeout=30, env=env)
+
+    wait_until(lambda: lock_holder(run_dir) is None, 120, "the supervisor to end")
+    crashes = [e["message"] for e in events(run_dir) if e["event"] == "crash"]
+    assert crashes == [], crashes
+    assert state(run_dir)["phase"] == "done"
+    assert step_of_state(run_dir) == 30
