@@ -5,6 +5,7 @@
 #   window "run"  (0): minilmd run CONFIG         the supervisor
 #   window "logs" (1): minilmd logs -f RUN_DIR    RUN_DIR is run.dir of CONFIG
 # SESSION defaults to minilmd-<run.name>, or minilmd-<config file stem> when the config has no run.name.
+# A session started for another config (two run names that differ only in '.', ':' or '_') is refused, exit 2.
 #
 # Before the supervisor is started (or started again), `minilmd run CONFIG --check` must accept CONFIG: otherwise
 # its message is printed and the launcher exits with its status (2 for a bad config), starting nothing.
@@ -126,11 +127,18 @@ ensure_window() {
 if ! tm has-session -t "=$session" 2>/dev/null; then
     check_config
     # One tmux command queue: remain-on-exit is set before the supervisor can exit, so an early error (a bad
-    # config) stays on screen instead of closing the session.
+    # config) stays on screen instead of closing the session. The session keeps the config it runs (@minilmd_config).
     tm new-session -d -s "$session" -n run -c "$PWD" -- "${run_cmd[@]}" \; \
-        set-option -w -t "=$session:run" remain-on-exit on
+        set-option -w -t "=$session:run" remain-on-exit on \; \
+        set-option -t "=$session:" @minilmd_config "$config"
     echo "minilmd-tmux: $session: started window run: ${run_cmd[*]}"
 else
+    # Runs whose names differ only in '.', ':' and '_' share one session name: never take another config's
+    # supervisor for this one's (a session from an older launcher says nothing: it is taken as this config's).
+    owner=$(tm show-options -qv -t "=$session:" @minilmd_config 2>/dev/null) || owner=""
+    if [[ -n "$owner" && "$owner" != "$config" ]]; then
+        die "session $session runs $owner, not $config: nothing was started; give this run a session name of its own as the second argument" 2
+    fi
     if window_down run; then check_config; fi
     ensure_window run "${run_cmd[@]}"
 fi

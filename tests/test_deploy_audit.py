@@ -1,5 +1,5 @@
 """How minilmd runs as a service, seen from outside: the real supervisor under the real tmux launcher
-(deploy/minilmd-tmux.sh) on a private tmux server, with the fake trainer."""
+(deploy/minilmd-tmux.sh) on a private tmux server, and the launcher itself with a stand-in minilmd."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy_helpers import launcher, launcher_config  # noqa: F401 - a fixture
 from minilmd.daemon.host.lock import lock_holder
 from supervisor_helpers import env_for, events, state, step_of_state, write_config
 from waiting import wait_until
@@ -55,3 +56,22 @@ def test_closing_the_tmux_session_does_not_end_the_run(tmp_path, corpus, tmux_ro
     assert crashes == [], crashes
     assert state(run_dir)["phase"] == "done"
     assert step_of_state(run_dir) == 30
+
+
+def test_a_second_run_whose_name_maps_to_the_same_session_is_refused_not_reported_running(launcher):
+    """tmux names cannot hold '.' or ':', so runs `exp.1` and `exp_1` both get session minilmd-exp_1: the second
+    launch used to find the first run's supervisor alive, say `window run is running` and exit 0, its own run never
+    started."""
+    first = launcher_config(launcher.root / "a.toml", "exp.1", str(launcher.root / "runs" / "a"))
+    second = launcher_config(launcher.root / "b.toml", "exp_1", str(launcher.root / "runs" / "b"))
+    assert launcher("--no-attach", str(first)).returncode == 0
+    launcher.records(2)
+
+    out = launcher("--no-attach", str(second))
+
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"session minilmd-exp_1 runs {first}, not {second}" in out.stderr
+    assert "second argument" in out.stderr  # says how to start it anyway: a session name of its own
+    assert len(launcher.records(2)) == 2  # nothing started for the second config
+    assert launcher("--no-attach", str(second), "minilmd-exp_1-b").returncode == 0
+    assert [r["argv"][1] for r in launcher.records(4) if r["argv"][0] == "run"] == [str(first), str(second)]
