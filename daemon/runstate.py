@@ -269,14 +269,19 @@ class EventLog:
             problems.append(f"{names.SUPERVISOR_LOG}: {e.strerror}")
         self.unwritten = "; ".join(problems) or None
         if self.echo:
-            try:
-                print(line, file=sys.stdout, flush=True)
-            except OSError:
-                # the terminal is gone (a tmux session closed, an SSH connection hung up: EIO): the run goes on,
-                # its events are in the files above; stdout becomes /dev/null so that no later print, nor the
-                # flush at exit (which would turn the exit status into 120), fails on it again
-                self.echo = False
-                sys.stdout = open(os.devnull, "w")  # for the rest of the process
+            self._echo(line)
+
+    def _echo(self, line: str) -> None:
+        """The event on stdout, unless stdout has gone: an SSH session closed under `minilmd run` (EIO on its
+        terminal, EPIPE from an ended `| tee`). The files have every event; a lost terminal must not end the run."""
+        try:
+            print(line, file=sys.stdout, flush=True)
+        except (OSError, ValueError):  # ValueError: stdout closed
+            self.echo = False
+            # what is left in stdout's buffer would fail again at exit (Python's exit status 120 then): /dev/null
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.close(devnull)
 
     def close(self) -> None:
         if self._log is not None:

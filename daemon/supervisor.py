@@ -304,6 +304,9 @@ class Supervisor:
         self.last_cause = death.cause
         self.child = None
         self.state.child = None
+        if left := child.kill_rest():  # torchrun's workers outlive an agent killed alone: never beside the next one
+            self.events.emit("kill", f"attempt {child.attempt}'s trainer pid {child.pid} ended, its processes {left} "
+                                     f"had not: SIGKILL", pids=left)
         made_progress = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1) > child.newest_at_launch
         step = self.state.progress.step
         self.events.emit("child_exit", f"attempt {child.attempt} (pid {child.pid}) ended: {death.cause} "

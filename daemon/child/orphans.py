@@ -76,8 +76,14 @@ def _orphans(run_dir: Path) -> list[tuple[int, int]]:
     record = _read_record(run_dir)
     if record is None:
         return []
-    target, launch_id = str(run_dir.resolve()), record["launch_id"]
-    leader, leader_ticks = record.get("pid"), record.get("start_ticks")
+    return launch_processes(run_dir, record["launch_id"], record.get("pid"), record.get("start_ticks"))
+
+
+def launch_processes(run_dir: Path, launch_id: str, leader: object = None,
+                     leader_ticks: object = None) -> list[tuple[int, int]]:
+    """(pid, start ticks) of each live process of ours that carries this run's directory and `launch_id`, started
+    no earlier than the trainer (`leader`, started at `leader_ticks`, when known)."""
+    target = str(run_dir.resolve())
     me = os.getpid()
     found = []
     for entry in os.listdir("/proc"):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.daemon.child import compilecache
-from minilmd.daemon.child.orphans import REAP_S, record_launch
+from minilmd.daemon.child.orphans import REAP_S, launch_processes, record_launch, signal_process
 from minilmd.daemon.runstate import Heartbeat, process_start_ticks
 from minilmd.daemon.states import Cause
 from minilmd.fsio import tail_lines
@@ -116,6 +116,8 @@ class Child:
     stop_sent: float | None = None
     killed_at: float | None = None  # when kill() sent SIGKILL; the loop then only polls until it is reaped
     reap_reported: bool = False  # the loop said once that the kernel has not let it go yet
+    run_dir: Path | None = None
+    launch_id: str = ""  # MINILMD_LAUNCH_ID: every process of this launch carries it, in the group or not
 
     @property
     def pid(self) -> int:
@@ -155,10 +157,27 @@ class Child:
         return f"no heartbeat for {silent:.0f}s (restart.hang_timeout {limit:.0f}s)"
 
     def kill(self) -> None:
-        """SIGKILL to the whole group; the caller polls for the end (it may come late: uninterruptible I/O)."""
+        """SIGKILL to the whole group and to the rest of the launch; the caller polls for the end (it may come late:
+        uninterruptible I/O)."""
         if self.killed_at is None:
             self.killed_at = time.time()
         self.signal_group(signal.SIGKILL)
+        self.kill_rest()
+
+    def launch_pids(self) -> list[tuple[int, int]]:
+        """(pid, start ticks) of each live process of this launch (ours, its run dir and launch id), whatever its
+        group: torchrun starts each worker in a session of its own (torch.distributed.elastic's
+        SubprocessHandler), out of reach of a signal to the trainer's group."""
+        if self.run_dir is None or not self.launch_id:
+            return []
+        return launch_processes(self.run_dir, self.launch_id, self.pid, self.start_ticks)
+
+    def kill_rest(self) -> list[int]:
+        """SIGKILL each process of this launch that is still alive (a torchrun worker whose agent was killed, or
+        whose agent ended without it): through a pidfd checked against its start time, never a recycled pid.
+        The pids signalled."""
+        killed = [pid for pid, ticks in self.launch_pids() if signal_process(pid, ticks, signal.SIGKILL)]
+        return killed
 
     def kill_group(self, grace: float = 0.0, reap_s: float = REAP_S, while_waiting=None) -> int | None:
         """SIGTERM (if grace > 0) and up to grace for the group to exit, then SIGKILL and up to reap_s for the kernel
@@ -232,7 +251,7 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
         popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True, close_fds=True)
     child = Child(popen=popen, attempt=attempt, log_path=log_path, command=command, started=time.time(),
-                  start_ticks=process_start_ticks(popen.pid))
+                  start_ticks=process_start_ticks(popen.pid), run_dir=run_dir, launch_id=env[LAUNCH_ID_ENV])
     record_launch(run_dir, attempt, env[LAUNCH_ID_ENV], child.pid, child.start_ticks)
     child.track_cgroup()
     return child
