@@ -87,20 +87,30 @@ def publish_dir(tmp_dir: str | os.PathLike, final_dir: str | os.PathLike, aside:
                 ) -> Path:
     """Put a complete temporary directory in place of `final_dir`, durably; returns `final_dir`.
 
-    Every file and directory under tmp_dir is fsynced, then tmp_dir itself; an existing final_dir is first
-    renamed to `aside` (default: `.tmp-replaced-<name>-<pid>` beside it) and removed after, so that a reader sees
-    the old version or the new one, never a half-deleted one; then tmp_dir is renamed and the parent fsynced. A
-    kill before the rename leaves final_dir as it was; after it, the new version is complete on disk."""
+    Every file and directory under tmp_dir is fsynced, then tmp_dir itself; an existing final_dir is swapped with
+    tmp_dir in one step (RENAME_EXCHANGE: the old version then lies at tmp_dir's name, removed after), so that a
+    reader, and a kill at any moment, sees the old version or the new one, never none. Where the file system cannot
+    swap (NFS), the old version is renamed to `aside` (default: `.tmp-replaced-<name>-<pid>` beside it) and put
+    back when the second rename fails or is interrupted (SIGTERM): a caller's clean-up of leftovers would take an
+    aside whose maker is gone for debris, and with it the only version there was. Then the parent is fsynced."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     fsync_tree(tmp_dir)
-    old = None
-    if final_dir.exists():
+    if not final_dir.exists():
+        os.rename(tmp_dir, final_dir)  # never shutil.move: it would nest into an existing directory
+        fsync_dir(final_dir.parent)
+        return final_dir
+    if exchange(tmp_dir, final_dir):
+        old = tmp_dir
+    else:
         old = Path(aside) if aside is not None else final_dir.with_name(replaced_name(final_dir.name, os.getpid()))
         os.rename(final_dir, old)
-    os.rename(tmp_dir, final_dir)  # never shutil.move: it would nest into an existing directory
+        try:
+            os.rename(tmp_dir, final_dir)
+        except BaseException:
+            os.rename(old, final_dir)
+            raise
     fsync_dir(final_dir.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
     return final_dir
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from minilmd.daemon.jobs import initstage
@@ -17,3 +18,14 @@ def staged_pth(tmp_path: Path, name: str) -> Path:
 def files_of(root: Path) -> dict[str, bytes]:
     """Every regular file under root, by its path relative to root, with its bytes."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def replace_whole(src: Path, dst: Path) -> None:
+    """What another machine's writer does that replaces whatever stands at dst (as a push did before
+    Remote.publish_unless_taken): the old entry renamed aside and deleted, src renamed in; plain renames, none of
+    this process's fsio (whose renameat2 calls a test counts)."""
+    aside = dst.with_name(dst.name + ".replaced-by-another")
+    if os.path.lexists(dst):
+        os.rename(dst, aside)
+    os.rename(src, dst)
+    shutil.rmtree(aside, ignore_errors=True)

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from base_copy_helpers import files_of, staged_pth
+from base_copy_helpers import files_of, replace_whole, staged_pth
 from minilmd import fsio
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote import Remote
-from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
 from rename_flags import exchange_not_done
 
@@ -30,7 +29,7 @@ class AnotherMachine(Remote):
     def put(self, local: Path, *names: str) -> int:
         if names[-1] == STAGED_RECORD:
             arriving = shutil.copytree(self.theirs, self.path(".tmp-init-other-host-7"))
-            publish_dir(arriving, self.path(basecopy.REMOTE_BASE))  # in place of whatever stands there
+            replace_whole(Path(arriving), Path(self.path(basecopy.REMOTE_BASE)))  # in place of whatever stands
         return super().put(local, *names)
 
 
@@ -177,7 +176,7 @@ def test_what_stood_there_is_kept_when_a_third_writer_takes_the_name_while_it_is
     (third / "third").write_text("third")
 
     def replaceable(name: str) -> bool:  # as it is looked at, the third writer publishes
-        publish_dir(third, root / basecopy.REMOTE_BASE)
+        replace_whole(third, root / basecopy.REMOTE_BASE)
         return False
 
     with pytest.raises(OSError, match="what stood there is kept at .*quarantine"):

@@ -72,7 +72,7 @@ def test_force_whose_final_rename_fails_keeps_the_old_corpus_in_place(tmp_path, 
     """Before, `--force` moved the old corpus aside, then renamed the new one in: a failure (or a SIGTERM, or a
     SIGKILL) between the two left --out missing, and the next prepare deleted the aside as a dead prepare's
     leftover. Now the two are swapped in one step, or the old one is put back."""
-    from minilmd.corpus.prepare import pipeline
+    from minilmd import fsio
 
     out = tmp_path / "c"
     run_prepare(demo_jsonl[:1], tokenizer, out, val_fraction=0.1)
@@ -86,7 +86,7 @@ def test_force_whose_final_rename_fails_keeps_the_old_corpus_in_place(tmp_path, 
 
     monkeypatch.setattr(os, "rename", rename)
     if swap != "a file system that swaps":
-        monkeypatch.setattr(pipeline, "exchange", lambda a, b: False, raising=False)
+        monkeypatch.setattr(fsio, "exchange", lambda a, b: False)
         with pytest.raises(OSError, match="Input/output error"):
             run_prepare(demo_jsonl[1:], tokenizer, out, val_fraction=0.1, force=True)
         assert (out / "meta.json").read_text() == before

@@ -50,7 +50,7 @@ from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded
-from minilmd.fsio import atomic_write_json, exchange, fsync_dir, fsync_tree, publish_dir
+from minilmd.fsio import atomic_write_json, publish_dir
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_TOKENIZER,
@@ -127,33 +127,12 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
             lock.check_parent()
             if out.exists() or out.is_symlink():
                 _check_replaceable(out)  # again: something may have been put there meanwhile
-            _publish(tmp, out, out.parent / prepare_aside_name(out.name, host, pid, ticks))
+            # never leaves `out` missing (fsio.publish_dir): the next prepare would take the aside of a gone
+            # maker for a leftover and delete it, and with it the only corpus there was
+            publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, host, pid, ticks))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return meta
-
-
-def _publish(tmp: Path, out: Path, aside: Path) -> None:
-    """Put the complete `tmp` in place of `out`, never leaving `out` missing: an existing corpus is swapped with
-    tmp in one step (RENAME_EXCHANGE; tmp's name then holds the old one, which the caller removes). Where the file
-    system cannot swap (NFS), the old corpus goes aside and is put back if the second rename fails or is
-    interrupted (SIGTERM): the next prepare would take an aside whose maker is gone for a leftover and delete it,
-    and with it the only corpus there was."""
-    if not out.exists():
-        publish_dir(tmp, out)
-        return
-    fsync_tree(tmp)
-    if exchange(tmp, out):
-        fsync_dir(out.parent)
-        return
-    os.rename(out, aside)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(aside, out)
-        raise
-    fsync_dir(out.parent)
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 CORPUS_ENTRIES = {META, CORPUS_TOKENIZER, TOKENIZER_CONFIG, *SPLITS}
