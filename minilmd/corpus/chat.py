@@ -33,12 +33,11 @@ from pathlib import Path
 
 from minilmd.corpus.chat_sandbox import Exceeded, TemplateLimits, compile_template, limited
 from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
+from minilmd.corpus.tokenizer import TOKENIZER_CONFIG_MAX_BYTES
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE
 from minilmd.protocol import SPECIAL_TOKENS
 from minilmd.untrusted import Unreadable, read_bytes
 
-TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
-"""The largest tokenizer_config.json or chat template read (a tokenizer from elsewhere may be a huge file)."""
 ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = ("role", "content", "reasoning_content")
 ALLOWED_KEYS = frozenset(MESSAGE_KEYS)

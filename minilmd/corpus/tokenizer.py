@@ -45,6 +45,9 @@ def check_tokenizer(tok, where: str = "tokenizer") -> None:
 
 TOKENIZER_MAX_BYTES = 256 << 20
 """The largest tokenizer.json loaded (a large vocabulary's is tens of MiB)."""
+TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
+"""The largest tokenizer_config.json or chat template read (a tokenizer from elsewhere may be a huge file). Here,
+not in chat.py, so that checkpoint validation (the supervisor imports it) needs no chat machinery for a number."""
 
 
 def load_tokenizer(path: str | Path):
