@@ -156,11 +156,6 @@ def _link_target(path: Path) -> str:
         return "?"
 
 
-def _others_can_write(st: os.stat_result) -> bool:
-    """Another user can create, rename or remove entries in this directory (group members count as others)."""
-    return others_can_rearrange(st)
-
-
 def _ancestry_problem(label: str, scratch: Path) -> str | None:
     """Why someone else could put another directory (or a link) where `scratch` is: a symbolic link on the way, or a
     directory above it that another user owns or can write (sticky ones of root or of this user excepted). Missing
@@ -180,7 +175,7 @@ def _ancestry_problem(label: str, scratch: Path) -> str | None:
         if not owned_by_me_or_root(st):
             return (f"{where} belongs to {_user(st.st_uid)}, who could replace the scratch by a link to your files "
                     f"or by a directory of his; set run.scratch to a place only you (and root) can change")
-        if _others_can_write(st):
+        if others_can_rearrange(st):  # group members count as others
             return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
                     f"could replace the scratch by a link to your files or by a directory of theirs; set "
                     f"run.scratch to a place only you (and root) can change, or chmod go-w {above}")

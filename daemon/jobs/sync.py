@@ -477,10 +477,7 @@ class Syncer:
                                   listed_in=f"the remote {MANIFEST}", label=lambda f: f"{f} (downloaded)")
         if problems:
             return problems
-        with open(tmp / MANIFEST, "wb") as out:  # the bytes the files were checked against, read once
-            out.write(raw)
-            out.flush()
-            os.fsync(out.fileno())
+        (tmp / MANIFEST).write_bytes(raw)  # the bytes the files were checked against, read once; publish_dir fsyncs
         try:
             ck.validate(tmp, self.expected)
         except ck.CheckpointInvalid as e:

@@ -30,9 +30,9 @@ FINAL = ("done", "failed")
 STATE_MAX_BYTES = 8 << 20
 """state.json is a few KB; one that is bigger is not one (a link to /dev/zero is never opened at all)."""
 PHASE_WIDTH = 40
+"""A phase longer than this is cut in the table: it came from a file that is not what it says."""
 ROW_WAIT_S = 5.0
 """How long one run's row may take (its run directory and state.json looked at): a stalled mount gets no more."""
-"""A phase longer than this is cut in the table: it came from a file that is not what it says."""
 
 
 def row(entry: registry.Entry, t: float) -> dict:

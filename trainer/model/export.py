@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from minilmd import perms
-from minilmd.checkpoint import Validated, saved_lora
+from minilmd.checkpoint import MAX_JSON_PART, Validated, saved_lora
 from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
 from minilmd.fsio import publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
@@ -128,8 +128,6 @@ def load_model(path: str | Path, device: str = "cpu", lora: str | Path | None = 
     return model.to(device).eval(), kept
 
 
-MAX_STATE_BYTES = 64 << 20
-"""trainer_state.json read as a hint without validation (as checkpoint.MAX_JSON_PART bounds it)."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +265,7 @@ def _state(ckpt: Path) -> dict | None:
     caller has no validation of the checkpoint: `minilmd sample/chat --lora` validates the base given as CHECKPOINT
     where its validation is not kept (adapter.py). None when it cannot be read."""
     try:
-        return read_json(ckpt / TRAINER_STATE, max_bytes=MAX_STATE_BYTES)
+        return read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART)
     except Unreadable:
         return None
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from minilmd import leftovers
-from minilmd.fsio import fsync_dir, fsync_file
+from minilmd.fsio import fsync_dir, fsync_tree
 from minilmd.names import LATEST, MODEL_FILE, export_tmp_maker, export_tmp_name, old_export_tmp_name
 
 if TYPE_CHECKING:
@@ -199,10 +199,7 @@ def publish(tmp: Path, out: Path) -> Path:
     """The complete export directory renamed onto --out, durably. rename(2) replaces an empty directory at once and
     refuses a non-empty one: an empty --out is never first moved aside (fsio.publish_dir), where an interrupt
     could leave it."""
-    for where, _dirs, files in os.walk(tmp, topdown=False):
-        for name in files:
-            fsync_file(os.path.join(where, name))
-        fsync_dir(where)
+    fsync_tree(tmp)
     os.rename(tmp, out)
     fsync_dir(out.parent)
     return out
