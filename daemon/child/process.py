@@ -156,13 +156,13 @@ class Child:
             return ""
         return f"no heartbeat for {silent:.0f}s (restart.hang_timeout {limit:.0f}s)"
 
-    def kill(self) -> None:
-        """SIGKILL to the whole group and to the rest of the launch; the caller polls for the end (it may come late:
-        uninterruptible I/O)."""
+    def kill(self, launch: list[tuple[int, int]] | None = None) -> None:
+        """SIGKILL to the whole group and to the rest of the launch (`launch`: launch_pids' answer when the caller
+        has it); the caller polls for the end (it may come late: uninterruptible I/O)."""
         if self.killed_at is None:
             self.killed_at = time.time()
         self.signal_group(signal.SIGKILL)
-        self.kill_rest()
+        self.kill_rest(launch)
 
     def launch_pids(self) -> list[tuple[int, int]]:
         """(pid, start ticks) of each live process of this launch (ours, its run dir and launch id), whatever its
@@ -172,11 +172,12 @@ class Child:
             return []
         return launch_processes(self.run_dir, self.launch_id, self.pid, self.start_ticks)
 
-    def kill_rest(self) -> list[int]:
+    def kill_rest(self, launch: list[tuple[int, int]] | None = None) -> list[int]:
         """SIGKILL each process of this launch that is still alive (a torchrun worker whose agent was killed, or
         whose agent ended without it): through a pidfd checked against its start time, never a recycled pid.
         The pids signalled."""
-        killed = [pid for pid, ticks in self.launch_pids() if signal_process(pid, ticks, signal.SIGKILL)]
+        launch = self.launch_pids() if launch is None else launch
+        killed = [pid for pid, ticks in launch if signal_process(pid, ticks, signal.SIGKILL)]
         return killed
 
     def kill_group(self, grace: float = 0.0, reap_s: float = REAP_S, while_waiting=None) -> int | None:

@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from minilmd.daemon.child.orphans import signal_process
 from minilmd.daemon.child.process import SUPERVISOR_LINE
 
 # --- the dump -----------------------------------------------------------------------------------------
@@ -20,14 +21,15 @@ _DUMP_MARK = b"(most recent call first):"  # faulthandler's line above each thre
 
 
 def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool = False,
-               wait_s: float = DUMP_WAIT_S, others: tuple[int, ...] = ()) -> str:
+               wait_s: float = DUMP_WAIT_S, others: tuple[tuple[int, int], ...] = ()) -> str:
     """Put the hung child's Python stacks into its attempt log and say what actually got there: with py-spy if
     installed, else SIGUSR1 to each process of the child's group that catches it (`minilmd train` registers its
     faulthandler for SIGUSR1, writing to stderr, which is this log; torchrun does not catch it and is left alone, its
     workers are dumped). A process that does not catch SIGUSR1 yet (still importing) would die of it, so it is not
     sent; one in uninterruptible I/O (state D, a stalled mount) runs no handler until the I/O returns, so nothing may
     come: the answer then says so, with the process state and where the kernel holds it. `others`: the launch's
-    processes outside the child's group (torchrun's workers: each in a session of its own)."""
+    processes outside the child's group (torchrun's workers: each in a session of its own), (pid, start ticks): each
+    signalled only while it is still that process (orphans.signal_process)."""
     py_spy = shutil.which("py-spy")
     if py_spy:
         try:
@@ -46,9 +48,11 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
     return _dump_by_sigusr1(pid, log_path, wait_s, torchrun, others)
 
 
-def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool, others: tuple[int, ...] = ()) -> str:
+def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool,
+                     others: tuple[tuple[int, int], ...] = ()) -> str:
     group = _group_members(pid)
-    group += [p for p in others if p not in group and _proc_stat(p)[:1] not in ([], ["Z"], ["X"])]
+    started = {p: ticks for p, ticks in others if p not in group and _proc_stat(p)[:1] not in ([], ["Z"], ["X"])}
+    group += list(started)
     targets = [p for p in group if _catches(p, signal.SIGUSR1)]
     if not targets:
         who = "its torchrun workers do" if torchrun else "it does"
@@ -59,6 +63,9 @@ def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool, ot
                   f"dumps every thread's stack below\n".encode())
     start = _size(log_path)
     for target in targets:
+        if target in started:  # outside the group: a pid that may have been recycled since the scan
+            signal_process(target, started[target], signal.SIGUSR1)
+            continue
         try:
             os.kill(target, signal.SIGUSR1)
         except ProcessLookupError:

@@ -88,11 +88,12 @@ def kill_if_hung(cfg: RunConfig, child: Child, beat: Heartbeat | None, emit) -> 
     if limit > parse_duration(cfg.restart.hang_timeout) and (allowed := _allowance(child, beat)) is not None:
         detail += f" while {allowed[0]} (restart.{allowed[1]})"
     emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
+    launch = child.launch_pids()  # one /proc scan for the dump and the kill
     dumped = stackdump.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command,
-                                  others=tuple(pid for pid, _ in child.launch_pids()))
+                                  others=tuple(launch))
     child.killed_for_hang = True
     child.hang_detail = f"{detail}; {dumped}"
-    child.kill()
+    child.kill(launch)
 
 
 def report_unreaped(child: Child, emit) -> None:
