@@ -51,16 +51,18 @@ def _gone(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] in "ZX"
 
 
-def test_a_hung_torchrun_gets_its_workers_stacks_dumped_and_is_killed_whole(tmp_path, corpus):
+def test_a_hung_torchrun_gets_its_workers_stacks_dumped_and_is_killed_whole(tmp_path, corpus, monkeypatch):
     """torchrun starts each worker in a session of its own (torch.distributed.elastic's SubprocessHandler:
     start_new_session=True), out of reach of a signal to the trainer's process group. Before, the hang watch found
     no worker to dump ("its torchrun workers do not catch SIGUSR1 yet") and its SIGKILL killed only the agent: the
     hung ranks went on holding the GPU and the run's files while the next attempt started beside them. Now every
     process of the launch (its launch id) is dumped and killed."""
     from minilmd.config import load_config
-    from minilmd.daemon.child import trainerwatch
+    from minilmd.daemon.child import stackdump, trainerwatch
     from minilmd.daemon.child.process import launch, wait_bounded
     from minilmd.daemon.runstate import read_heartbeat
+
+    monkeypatch.setattr(stackdump.shutil, "which", lambda name: None)  # the SIGUSR1 path, py-spy or not here
 
     cfg = load_config(write_config(tmp_path, corpus, remote=False, restart={"hang_timeout": "1s"}))
     cfg.run_dir.mkdir(parents=True)
@@ -80,7 +82,9 @@ def test_a_hung_torchrun_gets_its_workers_stacks_dumped_and_is_killed_whole(tmp_
         wait_until(lambda: trainerwatch.kill_if_hung(cfg, child, read_heartbeat(cfg.run_dir),
                                                      lambda kind, message, **_: said.append(message))
                    or child.killed_for_hang, 60, "the hang watch to find the heartbeat 1 s old")
-        assert "no stack dump" not in child.hang_detail and "dumped" in child.hang_detail, child.hang_detail
+        assert "SIGUSR1: the faulthandler dumped" in child.hang_detail, child.hang_detail
+        sent = [line for line in child.log_path.read_text().splitlines() if "hang: SIGUSR1 to pid" in line]
+        assert sent and all(str(w) in sent[0] for w in workers), sent
         assert wait_bounded(child.popen, 30) == -signal.SIGKILL
         wait_until(lambda: all(_gone(w) for w in workers), 60, "the workers to die of the SIGKILL sent to them")
     finally:

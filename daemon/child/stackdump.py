@@ -32,18 +32,22 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
     signalled only while it is still that process (orphans.signal_process)."""
     py_spy = shutil.which("py-spy")
     if py_spy:
-        try:
-            out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                 timeout=timeout)
-        except (OSError, subprocess.SubprocessError) as e:
-            failed = f"py-spy failed: {e}"
-        else:
+        failed = ""
+        for target in (pid, *(p for p, _ in others)):  # torchrun's workers too: py-spy of the agent shows only it
+            try:
+                out = subprocess.run([py_spy, "dump", "--pid", str(target)], capture_output=True, text=True,
+                                     timeout=timeout)
+            except (OSError, subprocess.SubprocessError) as e:
+                failed = f"py-spy failed: {e}"
+                break
             with open(log_path, "a", encoding="utf-8") as log:
-                log.write(f"\n{SUPERVISOR_LINE}py-spy dump --pid {pid} (hang detected by the supervisor)\n"
+                log.write(f"\n{SUPERVISOR_LINE}py-spy dump --pid {target} (hang detected by the supervisor)\n"
                           f"{out.stdout}{out.stderr}\n")
-            if out.returncode == 0:
-                return "py-spy dumped the stacks into the attempt log"
-            failed = f"py-spy exit {out.returncode}"
+            if out.returncode != 0 and target == pid:
+                failed = f"py-spy exit {out.returncode}"
+                break
+        if not failed:
+            return "py-spy dumped the stacks into the attempt log"
         return f"{failed}; {_dump_by_sigusr1(pid, log_path, wait_s, torchrun, others)}"
     return _dump_by_sigusr1(pid, log_path, wait_s, torchrun, others)
 
