@@ -80,6 +80,13 @@ def process_alive(pid: int | None, start_ticks: int | None = None) -> bool:
     return start_ticks is None or ticks == start_ticks
 
 
+def supervisor_runs_here(sup: SupervisorInfo) -> bool:
+    """Whether the supervisor a state.json names runs on this host: that process, by its pid and its start time. A
+    pid alone is whichever process has it now (recycled, another user's); the caller decides what another host's
+    means (`sup.host`)."""
+    return sup.start_ticks is not None and process_alive(sup.pid, sup.start_ticks)
+
+
 def process_environ(pid: int) -> dict[str, str]:
     """The environment a process started with ({} if unreadable: not ours, or gone)."""
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from minilmd.config import RunConfig
 from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
-from minilmd.daemon.runstate import RunState, fmt_time, now, process_alive
+from minilmd.daemon.runstate import RunState, fmt_time, now, supervisor_runs_here
 from minilmd.daemon.statesections import InitWait, StateJson
 from minilmd.init_source import (
     InitSourceError,
@@ -88,9 +88,7 @@ def predecessor_liveness(pred: Predecessor, state: dict | None, t: float | None 
     t = now() if t is None else t
     read = StateJson.from_dict(state)
     sup = read.supervisor
-    # a pid without its start time is whichever process has that pid now (recycled, another user's): not it
-    alive = (sup.start_ticks is not None and process_alive(sup.pid, sup.start_ticks)
-             if sup.host in ("", socket.gethostname()) else True)
+    alive = supervisor_runs_here(sup) if sup.host in ("", socket.gethostname()) else True
     updated = read.updated
     if read.outcome is not None:  # it ended, and not finished (stopped, or a status systemd restarts)
         return Liveness(False, read.outcome.time or updated, f"its supervisor ended with exit {read.outcome.exit}")

@@ -11,7 +11,7 @@ import socket
 import time
 from pathlib import Path
 
-from minilmd.daemon.runstate import load_state, process_alive, read_heartbeat
+from minilmd.daemon.runstate import load_state, read_heartbeat, supervisor_runs_here
 from minilmd.daemon.statesections import StateJson
 from minilmd.fmt import fmt_duration
 from minilmd.perms import owned_by_me
@@ -24,8 +24,7 @@ def supervisor_alive(state: StateJson | None) -> bool:
     if state is None:
         return False
     sup = state.supervisor
-    return (sup.start_ticks is not None and sup.host in ("", socket.gethostname())
-            and process_alive(sup.pid, sup.start_ticks))
+    return sup.host in ("", socket.gethostname()) and supervisor_runs_here(sup)
 
 
 def load(run_dir: Path) -> tuple[dict | None, str]:
