@@ -125,7 +125,7 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
     # what an earlier push of this process left under this name, when it could neither put back nor set aside what
     # stood at `init`, is another base's copy: a fresh name then, never that one removed
     target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken,
-                             kept=lambda name: _kept_there(remote, name, staged))
+                             kept=lambda name: _kept_there(remote, name, hashes[INIT_RECORD]))
     try:
         nbytes = 0
         # each read back against the record, not the local file: a base staged again meanwhile leaves no mixed copy
@@ -151,21 +151,33 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
     return nbytes
 
 
-def _kept_there(remote: Remote, name: str, staged: Path) -> str | None:
+def _kept_there(remote: Remote, name: str, ours: str) -> str | None:
     """What Remote.make_tmp must not remove at `name`, said: another base's copy left there (another_base_left)."""
-    if not another_base_left(remote, name, staged):
+    if not another_base_left(remote, name, ours):
         return None
     return f"{remote.show(name)} holds the copy of another LoRA base than this run's (left there by a push that " \
            f"could not put it back at {remote.show(REMOTE_BASE)}): never removed"
 
 
-def another_base_left(remote: Remote, name: str, staged: Path | None) -> bool:
-    """Whether the temporary directory `name` of a local remote, which the sync's clean-up is about to remove,
-    holds the record of a base copy (what makes one exist) other than `staged`'s, this run's staged base (None:
-    none): what stood at `init` and a push moved out to look at (Remote.publish_unless_taken), left there when that
-    push was killed. It may be the only copy of the base older checkpoints were trained on, so it is never removed.
-    A record that cannot be read as one counts, and so does a look that fails; no record (a half copy of this
-    host's) or this base's own record does not. Another user's entry or a link: no (the removal leaves it)."""
+def staged_record_hash(staged: Path | None) -> str | None:
+    """The sha256 of the record of this run's staged base (None: no staged base, or a record that cannot be read):
+    what another_base_left compares with."""
+    if staged is None:
+        return None
+    try:
+        return hashlib.sha256(read_bytes(staged / INIT_RECORD, max_bytes=MAX_RECORD_BYTES)).hexdigest()
+    except (OSError, Unreadable):
+        return None
+
+
+def another_base_left(remote: Remote, name: str, ours: str | None) -> bool:
+    """Whether the temporary directory `name` of a local remote, which the sync's clean-up is about to remove, holds the
+    record of a base copy (what makes one exist) other than the one whose sha256 is `ours` (this run's staged base's
+    record, as push read it or staged_record_hash: None, none): what stood at `init` and a push moved out to look at
+    (Remote.publish_unless_taken), left there when that push was killed. It may be the only copy of the base older
+    checkpoints were trained on, so it is never removed. A record that cannot be read as one counts, and so does a
+    look that fails; no record (a half copy of this host's) or this base's own record does not. Another user's entry
+    or a link: no (the removal leaves it)."""
     if not remote.local or remote.not_ours(name):
         return False
     try:
@@ -174,11 +186,6 @@ def another_base_left(remote: Remote, name: str, staged: Path | None) -> bool:
         return True
     if found is None:
         return False
-    try:
-        ours = hashlib.sha256(read_bytes(staged / INIT_RECORD, max_bytes=MAX_RECORD_BYTES)).hexdigest() \
-            if staged is not None else None
-    except (OSError, Unreadable):
-        ours = None
     return ours is None or _record_hash(found) != ours
 
 

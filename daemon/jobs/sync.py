@@ -336,6 +336,7 @@ class Syncer:
         The remote is a shared path: a temporary name of another host, or one without a host (publish_dir's),
         may be a copy in progress there, and is removed only once it is a day old. One that holds another LoRA
         base's copy (what stood at `init`, left by a push killed while it looked at it) is quarantined instead."""
+        ours = basecopy.staged_record_hash(self.base)  # once, not per leftover
         for n in self.remote.names():
             if not n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST), atomic_tmp_prefix(BEST))):
                 continue
@@ -343,7 +344,7 @@ class Syncer:
             if not ((pid is not None and (pid == os.getpid() or not process_alive(pid)))
                     or self.remote.age(n) > STALE_TMP_SECONDS):
                 continue
-            if n.startswith(TMP_PREFIX) and basecopy.another_base_left(self.remote, n, self.base):
+            if n.startswith(TMP_PREFIX) and basecopy.another_base_left(self.remote, n, ours):
                 self._keep_base_copy(n)
             elif why := self.remote.rm(n, file=not n.startswith(TMP_PREFIX)):  # a pointer's: a file
                 self._leave(n, why)
