@@ -53,3 +53,8 @@ def decoded_documents(stream, tok) -> list[str]:
         assert doc[0] == BOS_ID and doc[-1] == EOS_ID
         out.append(tok.decode(doc[1:-1].tolist(), skip_special_tokens=False))
     return out
+
+
+def no_leftovers(out: Path) -> bool:
+    """Nothing of a prepare to `out` is there: neither `out` nor a temporary or aside name beside it."""
+    return not out.exists() and not list(out.parent.glob(f".{out.name}.*"))

@@ -16,6 +16,8 @@ import pytest
 from waiting import wait_until
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "deploy" / "minilmd-tmux.sh"
+MINILMD = Path(sys.executable).with_name("minilmd")
+"""The minilmd command of this environment (beside its python)."""
 
 STAND_IN = """#!{python}
 # A stand-in for minilmd: records how it was called, then stays alive like a supervisor would.

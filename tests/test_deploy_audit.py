@@ -5,19 +5,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from deploy_helpers import launcher, launcher_config  # noqa: F401 - a fixture
+from deploy_helpers import LAUNCHER, MINILMD, launcher, launcher_config  # noqa: F401 - a fixture
 from minilmd.daemon.host.lock import lock_holder
 from supervisor_helpers import env_for, events, state, step_of_state, write_config
 from waiting import wait_until
-
-LAUNCHER = Path(__file__).resolve().parent.parent / "deploy" / "minilmd-tmux.sh"
-MINILMD = Path(sys.executable).with_name("minilmd")
 
 
 @pytest.fixture

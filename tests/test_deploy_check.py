@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
-from deploy_helpers import launcher, launcher_config  # noqa: F401 - the launcher fixture, shared
-
-MINILMD = Path(sys.executable).with_name("minilmd")
+from deploy_helpers import MINILMD, launcher, launcher_config  # noqa: F401 - the launcher fixture, shared
 
 
 def test_a_bad_config_is_refused_with_the_checks_message_and_nothing_starts(launcher):

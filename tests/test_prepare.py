@@ -14,17 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_helpers import decoded_documents, demo_slice, read_texts, run_prepare, write_jsonl
+from data_helpers import decoded_documents, demo_slice, no_leftovers, read_texts, run_prepare, write_jsonl
 from minilmd.corpus.analysis.stats import layout_stats, length_stats
 from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare.pipeline import Progress, leak_key, split_is_val
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.corpus.tokenizer_train import load_tokenizer
 from waiting import wait_until
-
-
-def no_leftovers(out: Path) -> bool:
-    return not out.exists() and not list(out.parent.glob(f".{out.name}.*"))
 
 
 def test_round_trip_each_document_decodes_to_its_text(tmp_path, demo_jsonl, tokenizer):

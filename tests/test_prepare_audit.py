@@ -13,15 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from data_helpers import read_texts, run_prepare, write_jsonl
+from data_helpers import no_leftovers, read_texts, run_prepare, write_jsonl
 from minilmd.corpus.format import open_prepared
 from minilmd.corpus.sources import jsonl
 
 CLI = [sys.executable, "-m", "minilmd.cli"]
-
-
-def _no_leftovers(out: Path) -> bool:
-    return not out.exists() and not list(out.parent.glob(f".{out.name}.*"))
 
 
 @pytest.mark.parametrize("command", ["prepare", "corpus report", "tokenizer train"])
@@ -38,7 +34,7 @@ def test_a_fifo_named_as_a_source_is_refused_not_waited_on(tmp_path, tokenizer, 
     done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == 65, done.stderr
     assert f"{fifo}: cannot open (a FIFO, not a regular file" in done.stderr
-    assert _no_leftovers(tmp_path / "c")
+    assert no_leftovers(tmp_path / "c")
 
 
 def _file_size_limit(limit: int):
@@ -60,7 +56,7 @@ def test_a_write_error_on_the_output_is_one_line_exit_74_and_a_rerun_works(tmp_p
     assert failed.returncode == 74, failed.stderr
     assert "error: prepare: File too large" in failed.stderr and "nothing written" in failed.stderr
     assert "Traceback" not in failed.stderr
-    assert _no_leftovers(out)
+    assert no_leftovers(out)
     again = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     open_prepared(out, verify_hash=True)
