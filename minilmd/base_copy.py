@@ -17,11 +17,12 @@ from __future__ import annotations
 import hashlib
 
 from minilmd.checkpoint import manifest_problems
+from minilmd.init_source import MAX_MANIFEST_BYTES as MAX_MANIFEST_BYTES  # the bounds staging reads them by
+from minilmd.init_source import MAX_RECORD_BYTES as MAX_RECORD_BYTES
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, same_source
 from minilmd.names import MANIFEST
 from minilmd.untrusted import Unreadable, loads
 
-MAX_RECORD_BYTES, MAX_MANIFEST_BYTES = 64 * 1024, 16 * 1024 * 1024  # as staging reads them (init_source.py)
 MANIFEST_PATH = f"{STAGED_CHECKPOINT}/{MANIFEST}"
 """The manifest of a checkpoint base, relative to the copy."""
 

@@ -35,6 +35,8 @@ from minilmd.untrusted import read_json
 _MAX_STATE = 64 << 20
 MAX_MANIFEST_BYTES = 16 << 20
 """The largest checkpoint manifest of an init.from source read (daemon/jobs/initstage.py copies at most as much)."""
+MAX_RECORD_BYTES = 64 << 10
+"""The largest staged base record (`source.json`) read: a few hundred bytes when it is one."""
 
 
 class InitSourceError(ValueError):
@@ -401,4 +403,4 @@ def staged_record(staged: Path) -> dict:
     """The source's fingerprint record staging wrote beside the copy (this run's own file in its scratch)."""
     from minilmd.untrusted import read_json
 
-    return read_json(staged / STAGED_RECORD, max_bytes=64 * 1024)
+    return read_json(staged / STAGED_RECORD, max_bytes=MAX_RECORD_BYTES)

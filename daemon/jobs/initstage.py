@@ -30,6 +30,7 @@ from minilmd.corpus.meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
+from minilmd.init_source import MAX_MANIFEST_BYTES
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
 from minilmd.init_source import STAGED_DIR as INIT_DIR
 from minilmd.init_source import STAGED_PTH as INIT_PTH
@@ -42,7 +43,6 @@ from minilmd.untrusted import loads
 PROBE_DIR = "probe"
 CHUNK = 8 * 1024 * 1024
 MAX_META_BYTES = 64 * 1024 * 1024
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 
 def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None) -> tuple[int, str]:
