@@ -267,7 +267,8 @@ class Supervisor:
         (self.run_dir / names.FAULT).unlink(missing_ok=True)
         try:
             self.child = self.infra.launch(command, self.run_dir, self.attempt, devices,
-                                           compile_cache=trainerwatch.compile_cache_root(self.cfg))
+                                           compile_cache=trainerwatch.compile_cache_root(self.cfg),
+                                           extra_env=self.slurm.launch_env if self.slurm else None)
         except OSError as e:
             if not is_disk_full(e):
                 raise

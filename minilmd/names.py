@@ -71,6 +71,9 @@ SLURM_JOB_ENV = "SLURM_JOB_ID"
 SLURM_SRUN_ENV = "MINILMD_SLURM_SRUN"
 """"1" (deploy/slurm/minilmd-multinode.sbatch sets it): launch each attempt as an srun step with one torchrun per
 node even on one node, so that the multi-node script behaves the same whatever --nodes it is given."""
+RDZV_SECRET_ENV = "MINILMD_RDZV_SECRET"
+"""A multi-node attempt's rendezvous secret (random per attempt, in the environment only, never on a command line):
+the minilmd-c10d store proves with it that the job's host node serves it (trainer/loop/rendezvous.py)."""
 
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared

@@ -74,6 +74,29 @@ def not_ours(path: str, file: bool = False) -> str | None:
     return None
 
 
+def foreign_entries(root: str, own: dict[str, bool]) -> list[str]:
+    """What stands at the run's own names in a local remote's root (`own`: name -> whether it is a file: LATEST,
+    BEST, the LoRA base's `init`) that a sync of this user would not make, one `NAME there is WHAT` each: another
+    user's entry (in a sticky directory this user may not replace it: every sync would fail; elsewhere it would
+    decide what a resume loads), a link, a FIFO. As root, the owner a share gives root's entries (NFS's root_squash)
+    is learnt first, from a directory made and removed at once, so that a run's own pointer is never taken for
+    another's."""
+    def found() -> list[tuple[str, str]]:
+        return [(name, why) for name, file in own.items() if (why := not_ours(os.path.join(root, name), file))]
+
+    problems = found()
+    if problems and os.geteuid() == 0:
+        probe = os.path.join(root, f".tmp-owner-{os.getpid()}-{os.urandom(4).hex()}")
+        with contextlib.suppress(OSError):
+            os.mkdir(probe, 0o700)
+            try:
+                OWN_UIDS.add(os.lstat(probe).st_uid)
+            finally:
+                os.rmdir(probe)
+        problems = found()
+    return [f"{name} there is {why}" for name, why in problems]
+
+
 def remove_ours(path: str, file: bool = False) -> str | None:
     """Remove the entry at path when a sync of this user made it (not_ours); else leave it and say what it is.
     None when removed or not there. A directory goes with shutil.rmtree, which follows no link inside it."""

@@ -170,7 +170,7 @@ class SyncWorker:
                 return None
             self._collect()
         if self.final_tries > 0 and self.state.sync.state == SyncState.OK:
-            return ""
+            return self._base_problem()
         if self.remote_full is not None and wait_for_room:
             self._wait_for_room()
             return None
@@ -182,6 +182,13 @@ class SyncWorker:
             self.final_tries += 1
             self._start(f"last sync (try {self.final_tries}/{FINAL_SYNC_TRIES})")
         return None
+
+    def _base_problem(self) -> str:
+        """A LoRA run's checkpoints synced without a copy of its base (Syncer.base_problem): not a finished run
+        (its adapters cannot be resumed, merged or loaded once init.from no longer holds the base), said; "" else."""
+        problem = self.syncer.base_problem if self.syncer is not None else None
+        return f"{problem}: the adapters cannot be resumed or merged once init.from no longer holds the base" \
+            if problem else ""
 
     def _remote_full(self) -> str:
         needs, free = self.remote_full or (None, None)
