@@ -452,6 +452,9 @@ class Supervisor:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
             self._go(Phase.DONE, "stopped on request" + (f" ({sync_problem})" if sync_problem else ""))
+            if not self.slurm and not self.staging.running and (said := scratch.give_back_unsaved(
+                    self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run)):
+                self.events.emit("scratch", said)
         elif self.room.stopping:
             self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
         elif sync_problem:

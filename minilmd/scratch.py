@@ -22,7 +22,8 @@ launch. So:
 again before each staging and trainer start, a Slurm node, the trainer when it runs on its own); `remove_own()`
 deletes a scratch only if it is this user's and marked for the given run (the demo); `give_back()` is the end of a
 finished run: scratch is RAM on a shared server, so once the remote holds the last checkpoint it goes, and it stays
-when the remote does not. Torch-free.
+when the remote does not; `give_back_unsaved()` is the end of a run stopped before its first checkpoint, whose
+scratch holds only copies. Torch-free.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.names import (
+    CHECKPOINTS,
     SCRATCH_BASE,
     SCRATCH_BASE_ENV,
     SCRATCH_OWNER,
@@ -427,6 +429,40 @@ def release_inputs(scratch: Path, names: tuple[str, ...], run, keep: dict[str, s
     said = [f"removed the staged {', '.join(removed)} from {scratch} ({size / 1e6:,.1f} MB freed; the run failed "
             f"for good, its checkpoints stay)"] if removed else []
     return "; ".join(said + notes)
+
+
+def give_back_unsaved(scratch: Path, run_dir: Path, run) -> str | None:
+    """The end of a stopped run whose scratch holds no checkpoint (it was stopped before it trained, or before its
+    first save): remove the scratch, which holds nothing but its marker and copies (a staged corpus, a probe split,
+    init.from's weights: each stays where it was staged from), so that it does not hold /dev/shm's RAM until the
+    run is started again. Anything under checkpoints/ (a checkpoint, a save in progress, quarantine) keeps all of it,
+    and so does `run.keep_scratch`: None, nothing to say. Only a scratch this process claimed (ensure_held), of this
+    user and marked for this run (remove_own), is removed; else it is left and the answer says why."""
+    if run.keep_scratch or _lstat(scratch) is None or _holds_checkpoints(scratch):
+        return None
+    try:
+        ensure_held(scratch)
+    except (ScratchChanged, ScratchRefused) as e:
+        return f"left {scratch} alone: {'; '.join(e.problems)}"
+    size = tree_bytes(scratch)
+    problem = remove_own(scratch, run_dir)
+    if problem:
+        return f"left {scratch} in place: {problem}"
+    return f"removed {scratch}: the run stopped before its first checkpoint ({size / 1e6:,.1f} MB freed)"
+
+
+def _holds_checkpoints(scratch: Path) -> bool:
+    """Whether scratch's checkpoint root holds anything, or is something other than a directory (left as it is)."""
+    root = scratch / CHECKPOINTS
+    st = _lstat(root)
+    if st is None:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return True
+    try:
+        return bool(os.listdir(root))
+    except OSError:
+        return True  # not known to be empty: kept
 
 
 def give_back(scratch: Path, run_dir: Path, run) -> str:
