@@ -8,7 +8,8 @@ for minutes). `StagingWorker.tick()` is called by the loop in the staging phase 
 on, `Staged` once the trainer may start, or `StagingFailed`; what a failure means for the run (backoff, give up) is
 the supervisor's. A remote that cannot be read while scratch holds no checkpoint is not a failure: the remote may
 hold a newer checkpoint, so the run never silently starts from step 0; the worker keeps retrying the fetch and shows
-"remote unavailable" in status. A source whose reads block (a stalled mount: no error, no answer) for longer than
+"remote unavailable" in status. So is a remote that lists nothing because it is out of reach (not there, an empty
+mount point, a link to nowhere) when the run has synced before, unless `run --fresh` (daemon/jobs/remotewait.py). A source whose reads block (a stalled mount: no error, no answer) for longer than
 SYNC_STALLED_AFTER_S, while the corpus, the probe or init.from (or a LoRA base's copy on the remote) is staged, is
 shown as stalled (state.json "staging.stalled": "<what> not answering since T (stalled)") until a read of it
 returns. Torch-free.
@@ -355,6 +356,8 @@ class StagingWorker:
         self.from_step_0 = ""
         try:
             fetched = self.syncer_for(expected).fetch_latest(self.cfg.checkpoint_dir)
+            if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
+                return expected, None, self._nothing_fetched()
         except CheckpointMismatch:
             raise
         except Exception as e:  # noqa: BLE001 - an unreachable/failing remote: retried by the loop
@@ -365,7 +368,7 @@ class StagingWorker:
             return expected, None, None
         finally:
             self.fetch_started = 0.0
-        return expected, fetched, self._nothing_fetched() if fetched is None else None
+        return expected, fetched, None
 
     def _nothing_fetched(self) -> str | None:
         """The remote lists no checkpoint: why the fetch must wait, when the remote is absent and the run synced
