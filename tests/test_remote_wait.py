@@ -8,13 +8,16 @@ again from step 0; `run --check` said nothing of it.
 """
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import (
@@ -22,6 +25,7 @@ from supervisor_helpers import (
     env_for,
     run_supervisor,
     start_supervisor,
+    state,
     wait_for,
     wait_or_kill,
     write_config,
@@ -62,6 +66,14 @@ def bring_back(remote: Path, away: Path, how: str, tmp_path: Path) -> None:
     if how == "an empty mount point":
         remote.rmdir()
     away.rename(remote)
+
+
+def gone(pid: int) -> bool:
+    """The process is dead (gone, or a zombie its new parent has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def check_output(config: Path, *flags: str) -> str:
@@ -143,3 +155,38 @@ def test_a_remote_that_is_a_link_to_nowhere_is_said_so_and_the_last_sync_try_pro
     assert failed and all("a link to nowhere (-> " in m and "File exists" not in m for m in failed), failed
     assert "that was the last of 3 tries: no retry" in failed[-1] and "retry in" not in failed[-1], failed
     assert "(try 2/3)" in failed[-2], failed
+
+
+def test_a_killed_run_rebooted_before_its_share_is_mounted_waits_then_resumes_where_the_remote_is(tmp_path, corpus):
+    """The issue's way: supervisor and trainer SIGKILLed mid-run, scratch emptied, the remote an unmounted mount
+    point at the restart."""
+    config = write_config(tmp_path, corpus, train={"max_steps": 60, "checkpoint_every": 5})
+    cfg = load_config(config)
+    first = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
+    try:
+        wait_for(lambda: ((state(cfg.run_dir).get("remote_checkpoint") or {}).get("step") or 0) >= 10, 60,
+                 "a sync of step 10 or later")
+        trainer = state(cfg.run_dir)["child"]["pid"]
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        os.killpg(trainer, signal.SIGKILL)  # the trainer leads its own process group
+    finally:
+        if first.poll() is None:
+            first.kill()
+    wait_for(lambda: gone(trainer), 30, "the trainer gone")
+    remote = Path(cfg.run.remote)
+    synced = checkpoint_dirs.list_checkpoints(remote)[-1]
+    shutil.rmtree(cfg.scratch_dir)
+    away = take_away(remote, "an empty mount point", tmp_path)
+    sup = start_supervisor(config, tmp_path / "restart.out")
+    try:
+        wait_for(lambda: len([m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m]) >= 3, 60,
+                 "three fetch tries waiting for the remote")
+        assert sup.poll() is None and not list((cfg.run_dir / "logs").glob("attempt-0002.log"))
+        bring_back(remote, away, "an empty mount point", tmp_path)
+        assert wait_or_kill(sup) == 0, (tmp_path / "restart.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+    assert f"resuming at step {names.step_of(synced.name)}" in (cfg.run_dir / "logs" / "attempt-0002.log").read_text()
+    assert fake_weights_of(remote / "step-00000060") == undisturbed_fake_weights(config)
