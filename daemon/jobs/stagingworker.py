@@ -9,10 +9,10 @@ on, `Staged` once the trainer may start, or `StagingFailed`; what a failure mean
 the supervisor's. A remote that cannot be read while scratch holds no checkpoint is not a failure: the remote may
 hold a newer checkpoint, so the run never silently starts from step 0; the worker keeps retrying the fetch and shows
 "remote unavailable" in status. So is a remote that lists nothing because it is out of reach (not there, an empty
-mount point, a link to nowhere) when the run has synced before, unless `run --fresh` (daemon/jobs/remotewait.py). A source whose reads block (a stalled mount: no error, no answer) for longer than
-SYNC_STALLED_AFTER_S, while the corpus, the probe or init.from (or a LoRA base's copy on the remote) is staged, is
-shown as stalled (state.json "staging.stalled": "<what> not answering since T (stalled)") until a read of it
-returns. Torch-free.
+mount point, a link to nowhere) when the run has synced before, unless `run --fresh` (daemon/jobs/remotewait.py).
+A source whose reads block (a stalled mount: no error, no answer) for longer than SYNC_STALLED_AFTER_S, while the
+corpus, the probe or init.from (or a LoRA base's copy on the remote) is staged, is shown as stalled (state.json
+"staging.stalled": "<what> not answering since T (stalled)") until a read of it returns. Torch-free.
 """
 from __future__ import annotations
 
