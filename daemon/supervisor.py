@@ -66,8 +66,9 @@ class Supervisor:
     """One run directory's supervisor: `run()` takes the run lock, then ticks until a final phase."""
 
     def __init__(self, cfg: RunConfig, config_path: str, cli_overrides: list[str] | None = None,
-                 infra: Infra | None = None, echo: bool = True):
+                 infra: Infra | None = None, echo: bool = True, fresh: bool = False):
         self.cfg = cfg
+        self.fresh = fresh  # `run --fresh`: no wait for a remote that cannot be read while scratch is empty
         self.config_path = Path(config_path)
         self.cli_overrides = list(cli_overrides or [])
         self.infra = infra or Infra()
@@ -149,7 +150,7 @@ class Supervisor:
                              own_pids=lambda: orphans.find_orphans(self.run_dir))
         self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox)
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
-                                     self.rng)
+                                     self.rng, fresh=self.fresh)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
         self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
         self.files.publish(self.cfg, self.config_path)  # the Prometheus textfile, the registry entry
@@ -517,11 +518,12 @@ class Supervisor:
             self.events.emit("scratch", done)
 
 
-def run_supervisor(config_path: str, overrides: list[str] | None = None) -> int:
-    """`minilmd run CONFIG`: load, check as --check does, claim scratch (exit 2 on problems), supervise to the end."""
+def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False) -> int:
+    """`minilmd run CONFIG`: load, check as --check does, claim scratch (exit 2 on problems), supervise to the end.
+    `fresh`: `run --fresh` (daemon/jobs/remotewait.py)."""
     try:
         cfg = preflight.launch(config_path, overrides)  # what --check checks, then scratch is claimed for this run
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
-    return Supervisor(cfg, config_path, overrides).run()
+    return Supervisor(cfg, config_path, overrides, fresh=fresh).run()
