@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import source_tree
 from import_helpers import REPO, imports, modules_of
 
 PACKAGES = {"minilmd": REPO / "minilmd", "minilmd.daemon": REPO / "daemon", "minilmd.trainer": REPO / "trainer"}
@@ -37,7 +38,7 @@ def target(name: str, known: dict[str, Path]) -> str | None:
 def type_checking_lines(path: Path) -> set[int]:
     """Lines inside `if TYPE_CHECKING:` blocks: imports for annotations only, never run, so never a cycle."""
     lines: set[int] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(source_tree.tree(path)):
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
             lines |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno")}
     return lines
