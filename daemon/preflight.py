@@ -15,8 +15,6 @@ Torch-free.
 """
 from __future__ import annotations
 
-import os
-
 from minilmd import names, perms, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon.host.gpu import lock_dir_problems
@@ -51,7 +49,7 @@ def remote_entry_problems(cfg: RunConfig) -> list[str]:
     and at start, not a sync failing for ever (another user's file in a sticky directory cannot be replaced: EPERM)
     or a LoRA run ending without its base's copy. A remote that does not answer now: no problem (sync waits)."""
     remote = cfg.run.remote
-    if not remote or "://" in remote or not os.path.isdir(remote):
+    if not remote or "://" in remote:
         return []
     answered, found, _ = bounded_probe(remote_write.foreign_entries, remote, REMOTE_OWN)
     return [f"run.remote = {remote!r}: {what}, not this run's: a sync replaces LATEST and BEST and makes init there, "

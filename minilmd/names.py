@@ -170,6 +170,13 @@ def kept_name(name: str, tag: str, token: str) -> str:
     return f"{name}.kept-{tag}{token}"
 
 
+def host_tag() -> str:
+    """This machine's name as the temporary names on a shared remote carry it (only [A-Za-z0-9_.])."""
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
 def pointer_tmp_tag(host: str, pid: int) -> str:
     """What a sync puts into the temp file that replaces a remote LATEST or BEST: `.LATEST.<host>-<pid>-...`."""
     return f"{host}-{pid}-"

@@ -222,6 +222,8 @@ def _owner_problem(scratch: Path, run_dir: Path) -> str | None:
 def problems(scratch: Path, run_dir: Path, is_default: bool) -> list[str]:
     """Why the run in `run_dir` may not use `scratch` (empty: it may). Reads only; creates nothing."""
     label = "run.scratch (the default)" if is_default else "run.scratch"
+    if overlap := _overlap_problem(label, scratch, run_dir):
+        return [overlap]
     paths = [("the per-user scratch root", scratch.parent), (label, scratch)] if is_default else [(label, scratch)]
     try:
         problem = _ancestry_problem(paths[0][0], paths[0][1])
@@ -245,6 +247,16 @@ def problems(scratch: Path, run_dir: Path, is_default: bool) -> list[str]:
     except OSError as e:
         return [f"{label} {scratch} cannot be examined ({e.strerror or e})"]
     return [problem] if problem else []
+
+
+def _overlap_problem(label: str, scratch: Path, run_dir: Path) -> str | None:
+    """A scratch that is the run directory, holds it or lies inside it: giving scratch back (rmtree) would take the
+    run's state, events and logs with it; staging and pruning would mix with them."""
+    scratch, run_dir = scratch.absolute().resolve(), run_dir.absolute().resolve()
+    if scratch == run_dir or scratch in run_dir.parents or run_dir in scratch.parents:
+        return (f"{label} {scratch} and run.dir {run_dir} overlap: scratch is given back (deleted) when the run "
+                f"ends, so it must be a directory of its own, neither holding run.dir nor inside it")
+    return None
 
 
 def _make_private_dir(path: Path, label: str, tighten: bool) -> Identity:
@@ -361,7 +373,7 @@ def remove_own(scratch: Path, run_dir: Path) -> str | None:
     st = _lstat(scratch)
     if st is None:
         return None
-    problem = _dir_problem("scratch", scratch, st)
+    problem = _overlap_problem("scratch", scratch, run_dir) or _dir_problem("scratch", scratch, st)
     if problem:
         return problem
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_another_users_pointer_or_init_in_the_remote_is_final_at_check_and_at_st
 
 @pytest.mark.slow
 def test_a_lora_run_whose_base_copy_another_user_blocks_is_not_done_silently(tmp_path, corpus, undisturbed, shared):
-    second_user()
+    uid, _ = second_user()
     base = shutil.copytree(undisturbed().checkpoint, tmp_path / "share" / "base")
     config = write_config(tmp_path, corpus, run={"remote": str(shared)}, init={"from": str(base)},
                           lora={"rank": 4, "alpha": 8.0}, train={"max_steps": 4, "checkpoint_every": 4})
@@ -84,7 +85,23 @@ def test_a_lora_run_whose_base_copy_another_user_blocks_is_not_done_silently(tmp
     assert "LoRA base" in final["reason"] and "init" in final["reason"], final["reason"]
     assert any("the LoRA base has no durable copy" in e.get("message", "") for e in events(cfg.run_dir)), said[-3000:]
     assert (shared / "step-00000004").is_dir()  # the checkpoints were synced all the same
-    assert not (shared / "init" / "source.json").is_file()  # his FIFO, left as it is
+    left = os.lstat(shared / "init" / "source.json")  # his FIFO, left as it is
+    assert stat.S_ISFIFO(left.st_mode) and left.st_uid == uid
 
     again = run_supervisor(config, tmp_path)  # as systemd would: now refused at the start, final
     assert again == 2, (tmp_path / "supervisor.out").read_text()[-2000:]
+
+
+def test_learning_the_owner_the_share_gives_leaves_nothing_and_uses_a_name_a_syncs_clean_up_knows(tmp_path):
+    from minilmd import names
+    from minilmd.daemon.jobs import remote_write
+
+    remote_write.OWN_UIDS.discard(os.geteuid())
+    try:
+        remote_write.learn_own_uid(str(tmp_path))
+        assert os.geteuid() in remote_write.OWN_UIDS  # what this share gives this process's files
+    finally:
+        remote_write.OWN_UIDS.add(os.geteuid())
+    assert list(tmp_path.iterdir()) == []
+    probe = names.atomic_tmp_prefix(names.LATEST) + names.pointer_tmp_tag(names.host_tag(), os.getpid()) + "owner.tmp"
+    assert names.remote_tmp_owner(probe, names.host_tag()) == os.getpid()  # a killed probe's leftover is swept

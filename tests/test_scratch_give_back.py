@@ -112,3 +112,18 @@ def test_a_run_stopped_before_it_trained_removes_its_scratch(tmp_path, corpus):
     assert not cfg.scratch_dir.exists()
     said = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "scratch"]
     assert len(said) == 1 and said[0].startswith(f"removed {cfg.scratch_dir}: "), said
+
+
+@pytest.mark.parametrize("where", ["the run directory", "inside it", "holding it"])
+def test_a_scratch_overlapping_the_run_directory_is_refused_and_never_given_back(tmp_path, where):
+    """A review found `run.scratch = run.dir` accepted by `--check`, and a stop then deleting the whole run
+    directory (state, events, logs) through the give-back's rmtree."""
+    run_dir = tmp_path / "run"
+    scratch_dir = {"the run directory": run_dir, "inside it": run_dir / "scratch", "holding it": tmp_path}[where]
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text("{}")
+    assert "overlap" in " ".join(scratch.problems(scratch_dir, run_dir, is_default=False))
+    with pytest.raises(scratch.ScratchRefused):
+        scratch.claim(scratch_dir, run_dir, "r", is_default=False)
+    assert "overlap" in (scratch.remove_own(scratch_dir, run_dir) or "")
+    assert (run_dir / "state.json").is_file()
