@@ -370,7 +370,7 @@ class Dir:
 
     # --- removing ---
 
-    def unlink(self, name: str) -> None:
+    def remove_file(self, name: str) -> None:
         os.unlink(name, dir_fd=self.fd)
 
     def remove_tree(self, name: str, expected: Identity) -> bool:

@@ -71,7 +71,7 @@ class BadLines:
         if tmp.lstat(SPOOL) is None:
             return None
         if self.total <= self.shown:
-            tmp.unlink(SPOOL)
+            tmp.remove_file(SPOOL)
             return None
         tmp.mode_file(SPOOL, 0o644)  # beside the corpus, readable as the corpus is
         target = list_name(out_name)
