@@ -167,7 +167,6 @@ class Dir:
         self.path = path
         st = os.fstat(fd)
         self.identity: Identity = (st.st_dev, st.st_ino)
-        self.uid = st.st_uid
 
     @classmethod
     def open(cls, path: str | os.PathLike, label: str, *, group_share: bool = False) -> Dir:
@@ -214,9 +213,6 @@ class Dir:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def others_can_rearrange(self) -> bool:
-        return others_can_rearrange(os.fstat(self.fd))
 
     # --- looking ---
 
