@@ -26,11 +26,14 @@ from pathlib import Path
 import pytest
 
 from data_helpers import run_prepare
+from minilmd.config import ConfigError
 from minilmd.corpus.prepare.append import append
+from minilmd.daemon import preflight
 from minilmd.daemon.host import prometheus
 from minilmd.daemon.runstate import RunState, new_state
 from minilmd.dirfd import dir_problem
 from second_user import second_user, shared, user_python  # noqa: F401 - shared: a fixture
+from supervisor_helpers import write_config
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -231,7 +234,7 @@ with open(path, "w") as f:
 """
 
 
-def test_a_textfile_directory_another_user_owns_is_refused(shared):
+def test_a_textfile_directory_another_user_owns_is_refused(shared, tmp_path, corpus):
     """Before: `log.prometheus_textfile` in a directory of his was accepted and written; after her run ended he
     replaced her final gauges (up=1, loss 0.01). Now it gets the GPU lock directory's rule: `run --check` names
     it, and the supervisor never writes there (state.json's "prometheus" says why)."""
@@ -240,8 +243,12 @@ def test_a_textfile_directory_another_user_owns_is_refused(shared):
     _as_nobody("import os, sys; os.mkdir(sys.argv[1], 0o1777)", str(his))
     assert his.stat().st_uid == uid
     path = his / "s.prom"
-    problem = dir_problem("log.prometheus_textfile", his, "the run's gauges")  # what `run --check` adds
+    problem = dir_problem("log.prometheus_textfile", his, "the run's gauges")
     assert problem and f"belongs to nobody (uid {uid})" in problem, problem
+    config = write_config(tmp_path, corpus, remote=False, log={"prometheus_textfile": str(path)})
+    with pytest.raises(ConfigError) as check:  # `run --check`, and the launch: exit 2
+        preflight.check(str(config))
+    assert problem in str(check.value), check.value
     state = RunState(shared / "state.json", new_state("s", shared / "run", "x.toml"))
     writer = prometheus.Textfile(str(path), state, lambda kind, message: None)
     writer.tick("training", force=True)
