@@ -8,7 +8,10 @@ to the workers in pieces. The results are collected in input order (minilmd/corp
 does not depend on the number of workers or the block size. At most a few blocks or pieces are in flight: memory
 stays bounded by the block and piece sizes, not by the corpus or a document. Everything is written into a temporary
 directory beside DIR and published at the end (every file fsynced, then one rename): an interrupted or failed prepare
-leaves nothing under DIR, and `--force` replaces only a prepared corpus or an empty directory. One writer of DIR at
+leaves nothing under DIR, and `--force` replaces only a prepared corpus or an empty directory, the one whose identity
+it checked under the lock. DIR's directory must be one no other user can rearrange (minilmd/dirfd.py's rule; a team
+directory with `--group-share`), and everything made there goes through its descriptor: the temporary directory has
+a random name, is 0700 and is used through its own descriptor (`Dir.inside`), never by its name. One writer of DIR at
 a time (this, `--force`, `--append`): the flock on DIR.lock beside it (minilmd/corpus/prepare/lock.py). Every bad
 line is named, the whole input read first (minilmd/corpus/prepare/badlines.py). meta.json and the report printed
 from it: minilmd/corpus/prepare/meta.py; the options and the tokenizer: options.py.
