@@ -126,3 +126,18 @@ def test_write_atomic_replaces_a_link_at_the_name_never_what_it_points_to(tmp_pa
     assert victim.read_text() == "hers" and stat.S_IMODE(victim.stat().st_mode) == 0o600
     assert not (tmp_path / "s.prom").is_symlink() and (tmp_path / "s.prom").read_text() == "gauges\n"
     assert stat.S_IMODE((tmp_path / "s.prom").stat().st_mode) == 0o644
+
+
+def test_prepare_makes_the_missing_directories_to_its_out_writable_by_its_user_alone(tmp_path, demo_jsonl,
+                                                                                     tokenizer):
+    """Under a umask of 002 the directories prepare made on the way to --out were group-writable: a place others
+    could rearrange, which the lock's check would refuse right after making it. They are made 0755 now."""
+    from data_helpers import run_prepare
+
+    old = os.umask(0o002)
+    try:
+        run_prepare(demo_jsonl[:1], tokenizer, tmp_path / "new" / "deeper" / "c", val_fraction=0.1)
+    finally:
+        os.umask(old)
+    for made in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "c"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o755, made

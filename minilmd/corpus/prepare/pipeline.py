@@ -112,7 +112,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     if opts.workers is None:
         opts.workers = default_workers()
 
-    out.parent.mkdir(parents=True, exist_ok=True)  # check_out_place: no one else can rearrange the way there
+    _make_parents(out.parent)
     with CorpusLock(out, "prepare --force" if force else "prepare", group_share) as lock:  # one writer (lock.py)
         parent = lock.parent
         assert parent is not None
@@ -139,6 +139,21 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
 
 CORPUS_DIR_MODE = 0o755
 """A prepared corpus's directories: for every reader (as its files), written by its owner alone (umask narrows it)."""
+
+
+def _make_parents(parent: Path) -> None:
+    """The missing directories on the way to --out, made CORPUS_DIR_MODE: writable by this user alone whatever the
+    umask (a umask of 002 would make them group-writable, and the lock would then refuse the very directory just
+    made). check_out_place said before that no one else can rearrange the ones that exist."""
+    missing = []
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, CORPUS_DIR_MODE)
+        except FileExistsError:
+            pass  # made meanwhile: the lock's check of the directory of --out judges it
 
 
 def _replaceable_at(parent: Dir, out: Path, force: bool) -> Identity | None:
