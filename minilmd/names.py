@@ -244,10 +244,11 @@ def prepare_aside_name(out_name: str, host: str, pid: int, start_ticks: int) -> 
 
 def prepare_tmp_maker(out_name: str, name: str) -> tuple[str | None, int, int | None] | None:
     """(host, pid, start ticks) of the prepare that made `name` for output `out_name`: a prepare_tmp_name or
-    prepare_aside_name, or an older minilmd's `.<out>.tmp-<pid>` and `.<out>.tmp-old-<pid>` (host and start time
-    None: they record neither). None for any other name, an export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
+    prepare_aside_name (with or without the random suffix minilmd/dirfd.py's make_temp adds), or an older
+    minilmd's `.<out>.tmp-<pid>` and `.<out>.tmp-old-<pid>` (host and start time None: they record neither). None
+    for any other name, an export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
     out = re.escape(f".{out_name}.")
-    if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+)(?:\.old)?", name):
+    if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+)(?:\.[0-9a-f]{{8}})?(?:\.old)?", name):
         return m.group(1), int(m.group(2)), int(m.group(3))
     if m := re.fullmatch(rf"{out}tmp-(?:old-)?(\d+)", name):
         return None, int(m.group(1)), None

@@ -36,6 +36,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.dirfd import place_problem
 from minilmd.names import (
     CHECKPOINTS,
     SCRATCH_BASE,
@@ -45,7 +46,7 @@ from minilmd.names import (
     atomic_tmp_prefix,
     default_scratch,
 )
-from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root
+from minilmd.perms import own_uid, owned_by_me
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
@@ -161,27 +162,9 @@ def _link_target(path: Path) -> str:
 def _ancestry_problem(label: str, scratch: Path) -> str | None:
     """Why someone else could put another directory (or a link) where `scratch` is: a symbolic link on the way, or a
     directory above it that another user owns or can write (sticky ones of root or of this user excepted). Missing
-    directories are fine: claim() makes them. None: the path stays where it is."""
-    path = Path(os.path.abspath(scratch))
-    for above in reversed(path.parents):
-        st = _lstat(above)
-        if st is None:
-            return None
-        where = f"{label} {scratch}: the directory {above} above it"
-        if stat.S_ISLNK(st.st_mode):
-            return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
-                    f"scratch, since whoever can change it chooses where the run's files go; set run.scratch to "
-                    f"the real path")
-        if not stat.S_ISDIR(st.st_mode):
-            return None  # the config check says that a file is in the way
-        if not owned_by_me_or_root(st):
-            return (f"{where} belongs to {_user(st.st_uid)}, who could replace the scratch by a link to your files "
-                    f"or by a directory of his; set run.scratch to a place only you (and root) can change")
-        if others_can_rearrange(st):  # group members count as others
-            return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
-                    f"could replace the scratch by a link to your files or by a directory of theirs; set "
-                    f"run.scratch to a place only you (and root) can change, or chmod go-w {above}")
-    return None
+    directories are fine: claim() makes them. None: the path stays where it is. The rule of every place minilmd
+    writes in (minilmd/dirfd.py)."""
+    return place_problem(label, scratch, "the scratch", "set run.scratch to a place only you (and root) can change")
 
 
 def _foreign_entries(scratch: Path) -> list[str]:

@@ -126,13 +126,18 @@ def prepare_command(
                                      "of these scripts, e.g. greek,cyrillic,arabic,hangul (text corpora)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing prepared corpus (or fill an empty "
                                "directory); anything else is refused."),
+    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
+                                     "users may write (group-writable, not sticky): use it anyway. Without it such a "
+                                     "directory is refused (they could swap what prepare makes there); with it every "
+                                     "file there is still made, moved and removed through the directory opened once."),
 ) -> None:
     """JSONL -> prepared corpus: train/ and val/ uint16 token streams, meta.json with statistics, tokenizer copy.
 
     Exit status: 0 done, 74 a read or write failed (a full disk, EIO: nothing written, run it again), 65 bad
     input (every bad line named as file:line: reason, the whole input read first; or a
     split would be empty), 2 bad arguments or tokenizer, an --out that --force may not replace, another prepare
-    writing --out (OUT.lock beside it), or another user's corpus for --append; nothing is written unless 0."""
+    writing --out (OUT.lock beside it), another user's corpus for --append, or a directory of --out other users
+    can rearrange (without --group-share); nothing is written unless 0."""
     import signal
 
     from minilmd.corpus.analysis.scripts import parse_scripts
@@ -155,7 +160,8 @@ def prepare_command(
                                               "meta.json): leave out --tokenizer, --format and --drop-scripts"))
 
         try:
-            append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line)
+            append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line,
+                      group_share=group_share)
         except (InputError, CorpusError, ValueError) as e:
             raise _data_error_exit(e) from None
         except KeyboardInterrupt:
@@ -170,7 +176,8 @@ def prepare_command(
     try:
         prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
                 batch_size=batch_size, workers=None if workers < 0 else workers, force=force,
-                data_format=data_format, on_long=on_long, drop_scripts=parse_scripts(drop_scripts))
+                data_format=data_format, on_long=on_long, drop_scripts=parse_scripts(drop_scripts),
+                group_share=group_share)
     except (InputError, CorpusError, TokenizerError, ValueError) as e:
         raise _data_error_exit(e) from None
     except KeyboardInterrupt:
