@@ -122,6 +122,7 @@ def test_a_scratch_overlapping_the_run_directory_is_refused_and_never_given_back
     scratch_dir = {"the run directory": run_dir, "inside it": run_dir / "scratch", "holding it": tmp_path}[where]
     run_dir.mkdir()
     (run_dir / "state.json").write_text("{}")
+    scratch_dir.mkdir(exist_ok=True)
     assert "overlap" in " ".join(scratch.problems(scratch_dir, run_dir, is_default=False))
     with pytest.raises(scratch.ScratchRefused):
         scratch.claim(scratch_dir, run_dir, "r", is_default=False)
