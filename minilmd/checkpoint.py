@@ -130,7 +130,7 @@ class Expectation:
     a LoRA checkpoint holds adapters of that rank and those targets only."""
     data_ancestors: tuple[str, ...] = ()
     """Data fingerprints of the corpus's earlier versions (corpus.earlier_versions): the corpus grew by
-    `prepare --append` since the checkpoint, which is still resumable (trainer/batches/growth.py)."""
+    `prepare --append` since the checkpoint, which is still resumable (minilmd/plan/growth.py)."""
     doc_mask: bool | None = None
     """The run's data.doc_mask: a checkpoint records it in its config (absent: false, saved before it existed);
     the attention it was trained with is part of what a resume continues, so the other setting is refused."""

@@ -38,7 +38,7 @@ def as_trained(cfg: RunConfig, meta: dict | None = None) -> RunConfig:
 
 def rows_per_epoch(cfg: RunConfig, meta: dict | None = None) -> int | None:
     """Rows of one epoch of the train split, from a local corpus's meta.json (or `meta`), as the trainer's samplers
-    count them (trainer/batches: `items_per_epoch`). `cfg` as trained (as_trained)."""
+    count them (minilmd/plan: `items_per_epoch`). `cfg` as trained (as_trained)."""
     meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
     split = meta_value(meta or {}, "splits", "train") or {}
     if cfg.data.mode == "packed":

@@ -228,7 +228,7 @@ def data_fingerprint(meta: dict) -> str:
 
 def earlier_versions(meta: dict) -> dict[str, dict]:
     """{data fingerprint: its `versions` entry} of every version before this one (`prepare --append`): a
-    checkpoint of a run on one of them may resume on this corpus (trainer/batches/growth.py)."""
+    checkpoint of a run on one of them may resume on this corpus (minilmd/plan/growth.py)."""
     current = data_fingerprint(meta)
     return {v["data_fingerprint"]: v for v in meta.get("versions", [])
             if isinstance(v, dict) and v.get("data_fingerprint") not in (None, current)}

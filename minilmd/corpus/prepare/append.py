@@ -29,7 +29,7 @@ way an appended corpus differs from the full prepare (docs/formats.md, "Growing 
 meta.json gains `versions`: one entry per version, {version, documents, tokens, splits, data_fingerprint,
 previous_meta_sha256, created, sources, and what was added and left out}; the statistics are recomputed over all
 documents' lengths. A run resumed on the grown corpus finds the corpus it started on among `versions` by its data
-fingerprint and reads that version's prefix of train until its epoch ends (trainer/batches/growth.py).
+fingerprint and reads that version's prefix of train until its epoch ends (minilmd/plan/growth.py).
 """
 from __future__ import annotations
 

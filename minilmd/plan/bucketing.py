@@ -35,8 +35,8 @@ from __future__ import annotations
 import numpy as np
 
 from minilmd.corpus.analysis.stats import width_class
+from minilmd.plan.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.trainer.batches.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 
 _STREAM_BUCKETS = 2
 

@@ -63,7 +63,7 @@ def probe_batches(cfg: RunConfig) -> list:
     from minilmd.corpus.format import TokenStream
     from minilmd.corpus.meta import CorpusError, data_format_of, read_meta
     from minilmd.names import SPLITS
-    from minilmd.trainer.batches.samplers import validation_batches
+    from minilmd.plan.samplers import validation_batches
 
     if not cfg.eval.probe:
         return []

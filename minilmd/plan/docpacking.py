@@ -3,7 +3,7 @@ a chat corpus).
 
 A row holds whole conversations, one after another, never a part of one (a conversation longer than seq_len is cut
 at seq_len, as in padded mode: bucketing.py's DocumentRows gives each its row); the rest of a row that no next
-conversation fits in is PAD, the only padding. The rows carry their pieces' positions (trainer/batches/docmask.py:
+conversation fits in is PAD, the only padding. The rows carry their pieces' positions (minilmd/plan/docmask.py:
 0 at each conversation's start, and at the PAD tail's), so each conversation attends only to itself and has its own
 rotary positions: it computes what it would alone in a row of its own, with its assistant-only loss mask as
 prepared (tests/test_docmask_sft.py: the loss and gradients of one conversation per row).
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from minilmd.plan.bucketing import DocumentRows
+from minilmd.plan.sampler_base import Batch, Sampler, _generator
 from minilmd.protocol import PAD_ID
-from minilmd.trainer.batches.bucketing import DocumentRows
-from minilmd.trainer.batches.sampler_base import Batch, Sampler, _generator
 
 _STREAM_PACKING = 3
 
