@@ -11,7 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from minilmd.config import LoraSection, ModelSection
 from minilmd.metrics import Throughput
-from minilmd.plan.mfu import flops_per_token, parameter_split
+from minilmd.plan.mfu import flops_per_token
+from minilmd.trainer.loop.components import parameter_split
 from minilmd.trainer.model.lora import apply_lora
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 

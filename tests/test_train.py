@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV, HEARTBEAT
+from minilmd.plan.budget import total_steps_for_budget
 from minilmd.protocol import EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, read_fault
-from minilmd.trainer.loop.train import total_steps_for_budget
 from trainer_corpus import child_env, read_metrics, resumed_step, run_paths, train, train_cmd, write_config
 from waiting import wait_until
 

@@ -49,6 +49,22 @@ MODES = ("packed", "padded", "bucketed")
 _STREAM_VALIDATION = 1
 
 
+def row_kind(mode: str, doc_mask: bool, chat: bool) -> str:
+    """Which sampler cuts the rows of `data.mode`: "windows" (packed), "conversations" (packed with doc_mask on a
+    chat corpus: padding-free SFT), "padded" or "bucketed" (one document per row). make_sampler and the core's
+    count of an epoch (minilmd/plan/epoch.py) both follow it."""
+    if mode == "packed":
+        return "conversations" if doc_mask and chat else "windows"
+    if mode in ("padded", "bucketed"):
+        return mode
+    raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(MODES)}")
+
+
+def packed_windows(n_tokens: int, seq_len: int) -> int:
+    """Windows of one epoch of packed mode: as many as fit every epoch's offset (the module docstring)."""
+    return max(0, (n_tokens - seq_len + 1) // seq_len)
+
+
 def window_batch(tokens: np.ndarray, loss_mask: np.ndarray | None, starts: np.ndarray, length: int,
                  doc_starts: np.ndarray | None = None) -> Batch:
     """Windows of `length` stream tokens (and their loss mask, for a chat corpus) starting at `starts`; with
@@ -78,7 +94,7 @@ class PackedSampler(Sampler):
         self.loss_mask = loss_mask
         self.doc_starts = doc_starts
         self.n_tokens = int(len(tokens))
-        super().__init__(max(0, (self.n_tokens - seq_len + 1) // seq_len), seq_len, seed, offset_range=seq_len)
+        super().__init__(packed_windows(self.n_tokens, seq_len), seq_len, seed, offset_range=seq_len)
 
     def _too_small_message(self, seq_len: int) -> str:
         return (f"the train split has {self.n_tokens:,} tokens; packed mode needs at least 2 x seq_len = "
@@ -103,15 +119,14 @@ def make_sampler(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len:
     """The sampler of `data.mode`; `loss_mask` for a chat corpus; `micro_batch_size` is the bucket size of
     bucketed mode (one micro-batch is one bucket); `doc_mask` (packed only) gives rows their document pieces, and
     on a chat corpus packs whole conversations instead of cutting windows (padding-free SFT: docpacking.py)."""
-    if mode == "packed" and doc_mask and loss_mask is not None:
+    kind = row_kind(mode, doc_mask, loss_mask is not None)
+    if kind == "conversations":
         return PackedConversationsSampler(tokens, doc_starts, seq_len, seed, loss_mask)
-    if mode == "packed":
+    if kind == "windows":
         return PackedSampler(tokens, seq_len, seed, loss_mask, doc_starts if doc_mask else None)
-    if mode == "padded":
+    if kind == "padded":
         return PaddedSampler(tokens, doc_starts, seq_len, seed, loss_mask)
-    if mode == "bucketed":
-        return BucketedSampler(tokens, doc_starts, seq_len, seed, micro_batch_size, loss_mask)
-    raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(MODES)}")
+    return BucketedSampler(tokens, doc_starts, seq_len, seed, micro_batch_size, loss_mask)
 
 
 def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, n_windows: int,

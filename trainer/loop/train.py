@@ -52,8 +52,9 @@ from minilmd.cuda_oom import cuda_oom_source, first_line
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
 from minilmd.plan import growth
+from minilmd.plan.budget import total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
-from minilmd.plan.mfu import flops_per_token, mfu, parameter_split, peak_flops
+from minilmd.plan.mfu import flops_per_token, mfu, peak_flops
 from minilmd.plan.sampler_base import Batch, DataError
 from minilmd.plan.samplers import make_sampler, validation_batches
 from minilmd.probes import load_checked
@@ -72,7 +73,7 @@ from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop import tensorboard, warmup
-from minilmd.trainer.loop.components import build_optimizer, compile_enabled, total_steps_for_budget
+from minilmd.trainer.loop.components import build_optimizer, compile_enabled, parameter_split
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.guards import LossGuard, StopFlag

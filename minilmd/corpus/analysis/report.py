@@ -149,26 +149,23 @@ def model_budget(train_tokens: int | None, *, params: int | None, config: str | 
 
 
 def config_budget(cfg, meta: dict, train_tokens: int | None) -> dict:
-    """The rows the config's budget trains on, counted as the trainer will (minilmd/update_share.py: the SFT
+    """The rows the config's budget trains on, counted as the trainer will (minilmd/plan/budget.py: the SFT
     defaults first, so a chat run is bucketed; whichever of max_steps, max_tokens, max_epochs ends first), and
-    the tokens they hold: a packed row is a full window of seq_len tokens; a row of one document (padded,
-    bucketed: a conversation of a chat corpus) holds its own tokens, train's tokens per row on average, so its
-    budget is its epochs (rows / rows of an epoch) times train's tokens. {} when it cannot be told."""
-    from minilmd.update_share import as_trained, planned_rows, rows_per_epoch
+    the tokens they hold: a packed window is seq_len tokens of the stream; any other row holds whole documents
+    (one, or whole conversations packed), train's tokens per document on average, so its budget is its epochs
+    (rows / rows of an epoch) times train's tokens. {} when it cannot be told."""
+    from minilmd.plan.budget import as_trained, planned
 
-    trained = as_trained(cfg, meta)
-    rows = planned_rows(trained, meta)
-    if not rows:
+    plan = planned(cfg, meta)
+    if plan is None:
         return {}
-    if trained.data.mode == "packed":
-        return {"budget_tokens": rows * trained.train.seq_len, "rows": rows, "row_unit": "windows"}
-    per_epoch = rows_per_epoch(trained, meta)
-    if not per_epoch or not train_tokens:
+    if plan.epoch.kind == "windows" if plan.epoch else as_trained(cfg, meta).data.mode == "packed":
+        return {"budget_tokens": plan.rows * cfg.train.seq_len, "rows": plan.rows, "row_unit": "windows"}
+    if plan.epoch is None or not plan.epochs or not train_tokens:
         return {}
-    return {"budget_tokens": round(rows / per_epoch * train_tokens), "epochs": rows / per_epoch, "rows": rows,
-            "rows_per_epoch": per_epoch,
-            "row_unit": "conversations" if meta.get("data_format") == "chat" else "documents",
-            "mode": trained.data.mode}
+    return {"budget_tokens": round(plan.epochs * train_tokens), "epochs": plan.epochs, "rows": plan.rows,
+            "rows_per_epoch": plan.epoch.rows, "row_holds": plan.epoch.row_holds(), "samples": plan.samples,
+            "unit": plan.epoch.unit}
 
 
 def _n(x: float) -> str:
@@ -219,8 +216,8 @@ def format_report(r: dict, short: bool = False) -> str:
                      f"tokens/parameter ({m['of_chinchilla']:.1%} of it)")
         lines.append(line)
         if "budget_tokens" in m:
-            rows = (f" ({m['rows']:,} {m['row_unit']} of {m['rows_per_epoch']:,} an epoch, one a row: "
-                    f"{m['mode']})" if "rows_per_epoch" in m else "")
+            rows = (f" ({m['rows']:,} rows of {m['rows_per_epoch']:,} an epoch, each {m['row_holds']}: "
+                    f"{m['samples']:,} {m['unit']})" if "rows_per_epoch" in m else "")
             lines.append(f"budget {_n(m['budget_tokens'])} tokens{rows}" +
                          (f" = {m['epochs']:.3g} epochs of train" if "epochs" in m else ""))
     elif unit == "characters" and not short:
