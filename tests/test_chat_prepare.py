@@ -15,9 +15,9 @@ from chat_helpers import HAND_MADE, a, read_conversations, s, u, write_chat_json
 from minilmd.corpus.analysis.stats import bucketed_pad_share, width_class
 from minilmd.corpus.chat import ChatTemplate
 from minilmd.corpus.format import TokenStream, data_fingerprint, open_prepared, verify_prepared
-from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.pipeline import prepare
 from minilmd.corpus.sources.jsonl import InputError
+from minilmd.corpus_meta import CorpusError
 from minilmd.protocol import BOS_ID, EOS_ID
 
 

@@ -19,8 +19,8 @@ from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis.count import count
 from minilmd.corpus.analysis.report import CHINCHILLA_TOKENS_PER_PARAM, format_report, report
 from minilmd.corpus.analysis.scripts import containing, dominant_of, parse_scripts, script_counts, script_matrix
-from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.pipeline import prepare
+from minilmd.corpus_meta import CorpusError
 from trainer_corpus import write_config
 
 EXTRA = ["Привет мир, это тест", "Γειά σου κόσμε", "我是阿里云开发的助手。", "我是阿里云开发的助手。",

@@ -11,7 +11,7 @@ import pytest
 
 from minilmd.config import load_config
 from minilmd.plan.budget import planned
-from minilmd.update_share import share_lines
+from minilmd.plan.update_share import share_lines
 from trainer_corpus import write_config
 
 # The seed's style SFT (section 3): 87,940 conversations x 5 epochs on top of a base SFT of 1,809,958 updates.

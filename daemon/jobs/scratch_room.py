@@ -16,7 +16,7 @@ import psutil
 from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig
 from minilmd.config_values import out_of_range, parse_duration
-from minilmd.corpus.meta import read_corpus_meta
+from minilmd.corpus_meta import read_corpus_meta
 from minilmd.daemon.jobs.staging_errors import ScratchFull, ScratchTooSmall
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER

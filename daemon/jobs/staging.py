@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from minilmd import scratch as scratchmod
-from minilmd.corpus.meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta
+from minilmd.corpus_meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
 from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
@@ -68,7 +68,7 @@ def _mb(n: float) -> str:
 
 
 def _listed_files(meta: dict, where: str) -> dict[str, dict]:
-    """meta["files"], checked by the prepared-corpus format (minilmd/corpus/meta.py); SourceInvalid if bad."""
+    """meta["files"], checked by the prepared-corpus format (minilmd/corpus_meta.py); SourceInvalid if bad."""
     try:
         return listed_files(meta, where)
     except CorpusError as e:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus.meta import CorpusError, data_format_of, read_meta
 from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
+from minilmd.corpus_meta import CorpusError, data_format_of, read_meta
 from minilmd.fsio import dir_table_problems, local_size, sha256_file, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file

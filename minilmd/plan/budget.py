@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
-from minilmd.corpus.meta import meta_value, read_corpus_meta
+from minilmd.corpus_meta import meta_value, read_corpus_meta
 from minilmd.plan.epoch import Epoch, corpus_epoch
 
 

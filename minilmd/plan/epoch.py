@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus.meta import meta_value
+from minilmd.corpus_meta import meta_value
 from minilmd.names import DOC_LENGTHS, SPLITS
 from minilmd.plan.bucketing import full_buckets, row_lengths
 from minilmd.plan.docpacking import packed_rows

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
-from minilmd.corpus.meta import corpus_train_tokens
+from minilmd.corpus_meta import corpus_train_tokens
 from minilmd.trainer.model.loss import IGNORE_INDEX, chunk_rows_for, next_token_loss
 
 SMALL: dict[str, dict[str, Any]] = {

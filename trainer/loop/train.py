@@ -47,7 +47,7 @@ from minilmd import perms
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
 from minilmd.config_values import parse_duration
-from minilmd.corpus.meta import CorpusError
+from minilmd.corpus_meta import CorpusError
 from minilmd.cuda_oom import cuda_oom_source, first_line
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name

@@ -126,7 +126,7 @@ def model_budget(train_tokens: int | None, *, params: int | None, config: str | 
     budget: dict = {}
     if config:
         from minilmd.config import load_config
-        from minilmd.corpus.meta import corpus_train_tokens
+        from minilmd.corpus_meta import corpus_train_tokens
         from minilmd.model_shapes import expected_state_shapes
 
         cfg = load_config(config, train_tokens_of=corpus_train_tokens)

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus.meta import CorpusError, read_meta
 from minilmd.corpus.prepare.block import digest64
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded, open_regular
 from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
+from minilmd.corpus_meta import CorpusError, read_meta
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENS
 from minilmd.untrusted import Unreadable, read_bytes
 

@@ -48,13 +48,13 @@ from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
 from minilmd.corpus.format import data_fingerprint, open_prepared
-from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_same_dir, hold_for_test, open_locked_dir
 from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
+from minilmd.corpus_meta import CorpusError
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_maker, prepare_tmp_name

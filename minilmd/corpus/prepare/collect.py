@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.badlines import SHOWN, SPOOL, BadLines
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock
 from minilmd.corpus.sources.jsonl import InputError, Source
 from minilmd.corpus.sources.longdoc import LineVerdict
+from minilmd.corpus_meta import CorpusError
 from minilmd.names import (
     DOC_LENGTHS,
     LEAK_KEYS,

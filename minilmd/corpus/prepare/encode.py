@@ -17,10 +17,10 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import numpy as np
 
 from minilmd.corpus.analysis.scripts import ScriptTally, containing, script_matrix
-from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.sources.jsonl import parse_block
 from minilmd.corpus.sources.longdoc import split_pieces
+from minilmd.corpus_meta import CorpusError
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 
 

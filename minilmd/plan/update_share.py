@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict
-from minilmd.corpus.meta import read_corpus_meta
+from minilmd.corpus_meta import read_corpus_meta
 from minilmd.init_source import InitSourceError, resolve
 from minilmd.names import TRAINER_STATE
 from minilmd.plan.budget import as_trained, planned
