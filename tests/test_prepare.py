@@ -271,7 +271,7 @@ def test_progress_plain_lines_off_a_terminal_and_a_bar_on_one():
 
 
 def test_workers_process_pool_gets_all_cores_by_default():
-    from minilmd.corpus.prepare.pipeline import default_workers
+    from minilmd.corpus.workers import default_workers
 
     assert default_workers() == len(os.sched_getaffinity(0))
 

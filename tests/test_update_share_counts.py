@@ -88,7 +88,8 @@ def test_a_base_without_rows_seen_counts_its_steps_times_its_global_batch(tmp_pa
 
 # --- `corpus report --config`: the epochs a budget means, rows counted as the trainer will (issue 24) -------------
 def report_budget(tmp_path: Path, data_format: str, **train):
-    from minilmd.corpus.analysis.report import format_report, model_budget
+    from minilmd.corpus.analysis.report import format_report
+    from minilmd.plan.model_budget import model_budget
 
     # the test chat corpus's shape (tests/conftest.py chat_corpus): 735 train conversations of 37,485 tokens
     corpus = fake_corpus(tmp_path / f"corpus-{data_format}", data_format, 735, 37_485)

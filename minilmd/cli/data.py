@@ -200,10 +200,12 @@ def report_command(
 
     from minilmd.config import ConfigError
     from minilmd.corpus.analysis.report import format_report, report
+    from minilmd.plan.model_budget import report_model
 
     try:
-        r = report(corpus, tokenizer=tokenizer, params=params or None, config=config,
-                   budget_tokens=budget_tokens or None, workers=None if workers < 0 else workers)
+        r = report(corpus, tokenizer=tokenizer, workers=None if workers < 0 else workers)
+        if params or config:
+            r["model"] = report_model(r, params=params or None, config=config, budget_tokens=budget_tokens or None)
     except ConfigError as e:
         raise _data_error_exit(ValueError(str(e))) from None
     except (ValueError, OSError) as e:

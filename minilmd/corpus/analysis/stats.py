@@ -20,6 +20,10 @@ import math
 
 import numpy as np
 
+FACTS = ("messages", "assistant_turns", "target_tokens", "cut")
+"""The columns of the per-conversation facts array (int64) that travel with each split's documents: prepare's chat
+workers write them (prepare/chat_encode.py), chat_split_stats reads them."""
+
 
 def length_stats(lengths: np.ndarray) -> dict:
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -131,9 +135,7 @@ def bucketed_pad_share(lengths: np.ndarray, batch_size: int, seq_len: int) -> fl
 def chat_split_stats(lengths: np.ndarray, facts: np.ndarray, seq_len: int, batch_size: int) -> dict:
     """A chat split's figures: conversations, turns, tokens, targets, lengths, cuts, and the PAD share of static
     padding to seq_len against length-bucketed micro-batches of batch_size (lengths are after the cut, <= seq_len).
-    facts: the per-conversation columns of chat_encode.FACTS."""
-    from minilmd.corpus.prepare.chat_encode import FACTS
-
+    facts: the per-conversation columns of FACTS."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n, tokens = int(lengths.size), int(lengths.sum())
     col = {name: facts[:, i] for i, name in enumerate(FACTS)}

@@ -47,14 +47,14 @@ from minilmd import leftovers
 from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
-from minilmd.corpus.format import data_fingerprint, open_prepared
+from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_same_dir, hold_for_test, open_locked_dir
 from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
-from minilmd.corpus_meta import CorpusError
+from minilmd.corpus_meta import CorpusError, data_fingerprint
 from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_maker, prepare_tmp_name
@@ -145,10 +145,10 @@ def _append(sources: list[str], root: Path, locked: Path, check_same, workers: i
             on_bad_line: str | None, block_bytes: int | None) -> dict:
     """The append; `locked` names the corpus directory by its descriptor (every write goes there), `root` by the
     name the user gave (for messages and the readers); check_same() refuses when the two part."""
-    from minilmd.corpus.prepare.encode import default_workers
     from minilmd.corpus.prepare.meta import report
     from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
     from minilmd.corpus.prepare.stream import encode_all, open_sources
+    from minilmd.corpus.workers import default_workers
 
     corpus = open_prepared(root)
     check_same()  # what was read is the locked directory's
