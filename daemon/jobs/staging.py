@@ -37,6 +37,7 @@ from minilmd import scratch as scratchmod
 from minilmd.corpus_meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
+from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
@@ -61,10 +62,6 @@ class StageProgress:
         pct = 100.0 * self.done_bytes / self.total_bytes if self.total_bytes else 100.0
         return (f"staging {self.file}: {_mb(self.done_bytes)} of {_mb(self.total_bytes)} ({pct:.0f}%) "
                 f"at {_mb(self.rate_bytes_s)}/s")
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
 
 
 def _listed_files(meta: dict, where: str) -> dict[str, dict]:

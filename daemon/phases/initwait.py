@@ -17,8 +17,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
-from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
 from minilmd.daemon.runstate import RunState, fmt_time, now, supervisor_runs_here
 from minilmd.daemon.statesections import InitWait, StateJson
 from minilmd.init_source import (
