@@ -1,10 +1,11 @@
 """One epoch of the train split as the run's sampler cuts it: its rows, the documents they train, what a row holds.
 
 The samplers (samplers.py, bucketing.py, docpacking.py) take their rows per epoch from the same functions
-(`packed_windows`, `full_buckets`, `packed_rows`), chosen by the same rule (`row_kind`), so the trainer's
-`items_per_epoch` and the figure `run --check` and `corpus report` print are one count (tests/test_plan_counts.py
-compares them mode by mode). Reading a corpus costs its meta.json only, except for padding-free SFT, whose rows
-depend on every conversation's length: then train's doc_lengths.npy too.
+(`packed_windows`, in corpus/analysis/stats.py with prepare's figures; `full_buckets`; `packed_rows`), chosen by
+the same rule (`row_kind`), so the trainer's `items_per_epoch` and the figure `run --check` and `corpus report`
+print are one count (tests/test_plan_counts.py compares them mode by mode). Reading a corpus costs its meta.json
+only, except for padding-free SFT, whose rows depend on every conversation's length: then train's doc_lengths.npy
+too.
 
 A "sample update" is what the reference notes count: a document (a conversation, in a chat corpus) trained once,
 whatever the mode. A packed window holds pieces of several documents and a packed row several conversations, so an
@@ -19,11 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from minilmd.corpus.analysis.stats import packed_windows
 from minilmd.corpus_meta import meta_value
 from minilmd.names import DOC_LENGTHS, SPLITS
 from minilmd.plan.bucketing import full_buckets, row_lengths
 from minilmd.plan.docpacking import packed_rows
-from minilmd.plan.samplers import packed_windows, row_kind
+from minilmd.plan.samplers import row_kind
 from minilmd.untrusted import Unreadable, read_bytes
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minilmd.corpus.analysis.stats import packed_windows
 from minilmd.plan.bucketing import BucketedSampler, DocumentRows, PaddedSampler
 from minilmd.plan.docmask import piece_targets, window_positions
 from minilmd.plan.docpacking import PackedConversationsSampler
@@ -58,11 +59,6 @@ def row_kind(mode: str, doc_mask: bool, chat: bool) -> str:
     if mode in ("padded", "bucketed"):
         return mode
     raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(MODES)}")
-
-
-def packed_windows(n_tokens: int, seq_len: int) -> int:
-    """Windows of one epoch of packed mode: as many as fit every epoch's offset (the module docstring)."""
-    return max(0, (n_tokens - seq_len + 1) // seq_len)
 
 
 def window_batch(tokens: np.ndarray, loss_mask: np.ndarray | None, starts: np.ndarray, length: int,

@@ -55,7 +55,7 @@ def layout_stats(lengths: np.ndarray, seq_len: int, batch_size: int) -> dict:
     starts = np.cumsum(lengths) - lengths
     offset = starts % seq_len
     seeing = np.where(offset != 0, np.minimum(lengths, seq_len - offset), 0)
-    windows = max(0, (tokens - seq_len + 1) // seq_len)  # as the trainer's packed sampler: fits any epoch offset
+    windows = packed_windows(tokens, seq_len)
     return {
         "seq_len": seq_len,
         "batch_size": batch_size,
@@ -101,6 +101,12 @@ def width_step(seq_len: int) -> int:
     """The spacing of the width classes: seq_len / WIDTH_CLASSES rounded up to a multiple of 8 (at least 8; 24
     at seq_len 768)."""
     return max(8, -(-seq_len // (WIDTH_CLASSES * 8)) * 8)
+
+
+def packed_windows(n_tokens: int, seq_len: int) -> int:
+    """Windows of one epoch of packed mode: as many as fit every epoch's offset (minilmd/plan/samplers.py). Here,
+    below both, so that prepare's figures and the sampler count with one rule (as width_class, for bucketing)."""
+    return max(0, (n_tokens - seq_len + 1) // seq_len)
 
 
 def width_classes(widths: np.ndarray, seq_len: int) -> np.ndarray:
