@@ -166,3 +166,25 @@ def test_a_base_is_counted_in_documents_from_its_own_config_and_corpus(tmp_path)
     assert lines == ["update share: this run trains 160 sample updates (conversations: 160 rows, each one "
                      "conversation, "
                      f"in buckets of like length), 8.0 % of the 2,000 of its base {base}"], lines
+
+
+def test_corpus_report_counts_packed_conversations_as_the_sampler_does(tmp_path):
+    """The same 2-epoch padding-free SFT through `corpus report --config`: the epoch's rows from the conversations'
+    lengths (3,030, where the windows' formula gives 3,017), the conversations they hold."""
+    from minilmd.corpus.analysis.report import format_report
+    from minilmd.plan.model_budget import report_model
+
+    corpus = conversation_corpus(tmp_path / "corpus", [170] * 9_090)
+    config = write_config(tmp_path, (corpus, 512), name="sft", data={"mode": "packed", "doc_mask": True},
+                          train={"seq_len": 512, "micro_batch_size": 4, "grad_accum": 1, "max_steps": 0,
+                                 "max_epochs": 2}, model={"max_position_embeddings": 512})
+    meta = json.loads((corpus / "meta.json").read_text(encoding="utf-8"))
+    r = {"corpus": str(corpus), "kind": "prepared", "documents": 9_100, "length_unit": "tokens",
+         "tokens": 1_546_000, "bad_lines": 0, "blank_lines": 0, "lengths": {},
+         "scripts": {"dominant": {}, "contains": {}},
+         "duplicates": {"copies": 0, "distinct_repeated": 0, "largest_group": 0}, "data_format": "chat",
+         "splits": meta["splits"], "train_tokens": 9_090 * 170}
+    m = report_model(r, params=None, config=str(config), budget_tokens=None)
+    assert (m["rows"], m["rows_per_epoch"], m["samples"], m["epochs"]) == (6_060, 3_030, 18_180, 2.0), m
+    assert ("(6,060 rows of 3,030 an epoch, each whole conversations packed into 512 tokens, 3.0 a row: 18,180 "
+            "conversations) = 2 epochs of train") in format_report({**r, "model": m})
