@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 
 from minilmd import names, protocol, scratch
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import parse_duration
 from minilmd.daemon import preflight
@@ -43,7 +44,7 @@ from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.initstage import PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
-from minilmd.daemon.jobs.syncworker import SyncWorker, local_checkpoint_steps
+from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.phases import initwait
 from minilmd.daemon.phases.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch, full_at_start

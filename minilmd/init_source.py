@@ -93,7 +93,7 @@ def predecessor(spec: str) -> Predecessor | None:
     """The run init.from names, when it names a run's config file (.toml) or run directory (holding run.toml);
     None for a checkpoint, a checkpoint root or a .pth. InitSourceError for a run config that cannot be read
     (InitSourceUnreachable when its storage cannot be reached now)."""
-    from minilmd.corpus.meta import corpus_train_tokens
+    from minilmd.corpus_meta import corpus_train_tokens
 
     path, copy = Path(spec), False
     try:

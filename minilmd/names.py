@@ -217,6 +217,11 @@ DOC_LENGTHS = "doc_lengths.npy"  # in each split: the length of each document, B
 LOSS_MASK = "loss_mask.bin"  # in each split of a chat corpus: uint8, 1 on the target tokens, one per token
 TOKENIZER_CONFIG = "tokenizer_config.json"  # beside a chat corpus's (and a checkpoint's) tokenizer.json: the chat
 # template it was rendered with, and the special token names a template sees
+TOKENIZER_MAX_BYTES = 256 << 20
+"""The largest tokenizer.json loaded (a large vocabulary's is tens of MiB)."""
+TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
+"""The largest tokenizer_config.json or chat template read (a tokenizer from elsewhere may be a huge file). Here,
+beside the names, so that checkpoint validation (the supervisor imports it) needs no tokenizer machinery."""
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a tokenizer directory's template in a file of its own (transformers)
 UNCHECKED_VAL_TOKENS = "tokens.unchecked"  # prepare's val stream before the leak check; never in a finished corpus
 UNCHECKED_VAL_MASK = "loss_mask.unchecked"  # the same for a chat corpus's val loss mask

@@ -19,7 +19,7 @@ from typing import Any
 from minilmd import scratch
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config
-from minilmd.corpus.meta import corpus_train_tokens, meta_value, read_corpus_meta
+from minilmd.corpus_meta import corpus_train_tokens, meta_value, read_corpus_meta
 from minilmd.dirfd import dir_problem
 from minilmd.init_source import (
     InitSourceError,

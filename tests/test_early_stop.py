@@ -13,7 +13,7 @@ from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from minilmd.daemon.views.fitwatch import fit_lines, warnings
 from minilmd.names import BEST
-from minilmd.trainer.loop.early_stop import EarlyStop
+from minilmd.plan.early_stop import EarlyStop
 from supervisor_helpers import cli, run_supervisor, write_config
 from trainer_corpus import TINY_MODEL, read_metrics, real_text_prepared
 

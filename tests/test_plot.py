@@ -12,7 +12,7 @@ import pytest
 
 from minilmd import names
 from minilmd.daemon.views import curves
-from minilmd.trainer.loop.metrics import MetricsLog
+from minilmd.metrics import MetricsLog
 
 
 def write_lines(path: Path, records: list[dict]) -> None:

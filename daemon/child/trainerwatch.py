@@ -11,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import names
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig, parse_overrides
 from minilmd.config_values import parse_duration
 from minilmd.daemon.child import compilecache, orphans, stackdump
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death
-from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
 from minilmd.daemon.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.states import Cause
 

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol, scratch
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.jobs import initstage, remotewait
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceUnreachable
-from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
+from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S
 from minilmd.daemon.policy import backoff_seconds
 from minilmd.daemon.runstate import RunState, fmt_time, now
 from minilmd.daemon.states import StagingState, SyncState

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names
-from minilmd.checkpoint_dirs import list_checkpoints
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config_values import parse_duration
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import RemoteCheckpoint
 from minilmd.daemon.worker import Inbox, Worker
+from minilmd.fmt import fmt_mb as mb
 from minilmd.untrusted import loads, read_bytes
 
 if TYPE_CHECKING:
@@ -42,14 +43,6 @@ FINAL_SYNC_TRIES = 3
 ROOM_FOR = 2
 """Scratch is kept with room for this many more checkpoints (the next save, and one more while a sync holds an
 older one): below it, superseded checkpoints are pruned."""
-
-
-def local_checkpoint_steps(root: Path) -> list[int]:
-    """Steps of checkpoint_dirs.list_checkpoints (cheap: names only, no validation); none when root cannot be read."""
-    try:
-        return [names.step_of(p.name) for p in list_checkpoints(root)]
-    except OSError:
-        return []
 
 
 def free_bytes(root: Path) -> int | None:
@@ -69,10 +62,6 @@ def checkpoint_bytes(path: Path) -> int | None:
         return manifest_path.stat().st_size + sum(int(f.get("size") or 0) for f in files.values())
     except (OSError, ValueError, AttributeError, TypeError):  # Unreadable is a ValueError
         return None
-
-
-def mb(n: float | None) -> str:
-    return "?" if n is None else f"{n / 1e6:,.1f} MB"
 
 
 class SyncWorker:

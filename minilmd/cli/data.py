@@ -30,8 +30,8 @@ def _io_error_exit(e: OSError, what: str, kept: str) -> typer.Exit:
 def _data_error_exit(e: Exception) -> typer.Exit:
     """Bad input data -> 65 (EX_DATAERR, final); a source that failed while read -> 74 (EX_IOERR: run it again);
     a bad argument or tokenizer -> 2."""
-    from minilmd.corpus.meta import CorpusError
     from minilmd.corpus.sources.jsonl import InputError, SourceReadError
+    from minilmd.corpus_meta import CorpusError
     from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
 
     typer.echo(f"error: {e}", err=True)
@@ -141,10 +141,10 @@ def prepare_command(
     import signal
 
     from minilmd.corpus.analysis.scripts import parse_scripts
-    from minilmd.corpus.meta import CorpusError
     from minilmd.corpus.prepare.pipeline import prepare
     from minilmd.corpus.sources.jsonl import InputError
     from minilmd.corpus.tokenizer import TokenizerError
+    from minilmd.corpus_meta import CorpusError
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
@@ -207,10 +207,12 @@ def report_command(
 
     from minilmd.config import ConfigError
     from minilmd.corpus.analysis.report import format_report, report
+    from minilmd.plan.model_budget import report_model
 
     try:
-        r = report(corpus, tokenizer=tokenizer, params=params or None, config=config,
-                   budget_tokens=budget_tokens or None, workers=None if workers < 0 else workers)
+        r = report(corpus, tokenizer=tokenizer, workers=None if workers < 0 else workers)
+        if params or config:
+            r["model"] = report_model(r, params=params or None, config=config, budget_tokens=budget_tokens or None)
     except ConfigError as e:
         raise _data_error_exit(ValueError(str(e))) from None
     except (ValueError, OSError) as e:

@@ -45,7 +45,7 @@ def run_command(
         if not init_unreachable and (wait := _init_wait(cfg)):  # reachable: it may be a run not finished yet
             typer.echo(f"waits: init.from = {cfg.init.from_!r}: {wait}; the run waits for it to finish, then "
                        f"checks its final checkpoint")
-        from minilmd.update_share import share_lines
+        from minilmd.plan.update_share import share_lines
 
         for line in share_lines(cfg) if not init_unreachable else []:  # it reads init.from: not while unreachable
             typer.echo(line)

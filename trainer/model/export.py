@@ -42,10 +42,9 @@ from typing import Any
 
 from minilmd import perms
 from minilmd.checkpoint import MAX_JSON_PART, Validated, saved_lora
-from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
 from minilmd.fsio import publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
-from minilmd.names import MANIFEST, MODEL_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TRAINER_STATE
+from minilmd.names import MANIFEST, MODEL_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TOKENIZER_MAX_BYTES, TRAINER_STATE
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import (
     ExportError,
@@ -170,7 +169,7 @@ def find_chat_config(path: str | Path, explicit: str | Path | None = None, *,
     else in the prepared corpus it was trained on (`checked` as find_tokenizer's). None when none of
     them has a template (a model pretrained on text)."""
     from minilmd.corpus.chat import ChatError, chat_config, read_tokenizer_config
-    from minilmd.corpus.tokenizer import TOKENIZER_CONFIG_MAX_BYTES
+    from minilmd.names import TOKENIZER_CONFIG_MAX_BYTES
 
     if explicit:
         try:

@@ -29,7 +29,7 @@ way an appended corpus differs from the full prepare (docs/formats.md, "Growing 
 meta.json gains `versions`: one entry per version, {version, documents, tokens, splits, data_fingerprint,
 previous_meta_sha256, created, sources, and what was added and left out}; the statistics are recomputed over all
 documents' lengths. A run resumed on the grown corpus finds the corpus it started on among `versions` by its data
-fingerprint and reads that version's prefix of train until its epoch ends (trainer/batches/growth.py).
+fingerprint and reads that version's prefix of train until its epoch ends (minilmd/plan/growth.py).
 """
 from __future__ import annotations
 
@@ -47,14 +47,14 @@ from minilmd import leftovers
 from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
-from minilmd.corpus.format import data_fingerprint, open_prepared
-from minilmd.corpus.meta import CorpusError
+from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, check_same_dir, hold_for_test, open_locked_dir
 from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
+from minilmd.corpus_meta import CorpusError, data_fingerprint
 from minilmd.dirfd import Dir, temp_name
 from minilmd.fsio import atomic_write_text, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
@@ -156,10 +156,10 @@ def _append(sources: list[str], root: Path, locked: Path, parent: Dir, check_sam
     name the user gave (for messages and the readers); check_same() refuses when the two part. `parent`: the
     locked directory of the corpus, where the temporary directory is made (0700, a random name) and used through
     its own descriptor."""
-    from minilmd.corpus.prepare.encode import default_workers
     from minilmd.corpus.prepare.meta import report
     from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
     from minilmd.corpus.prepare.stream import encode_all, open_sources
+    from minilmd.corpus.workers import default_workers
 
     corpus = open_prepared(root)
     check_same()  # what was read is the locked directory's

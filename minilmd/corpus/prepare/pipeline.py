@@ -43,16 +43,16 @@ import numpy as np
 from minilmd import leftovers, perms
 from minilmd.corpus.analysis.report import add_report_meta, check_line_counts, duplicates_of
 from minilmd.corpus.format import open_prepared
-from minilmd.corpus.meta import FORMAT
 from minilmd.corpus.prepare.block import leak_key as leak_key  # the split rule: part of prepare's interface
 from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
-from minilmd.corpus.prepare.encode import default_workers
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, hold_for_test
 from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded
+from minilmd.corpus.workers import default_workers
+from minilmd.corpus_meta import FORMAT
 from minilmd.dirfd import Dir, Identity, Replaced, temp_name
 from minilmd.fsio import atomic_write_text
 from minilmd.names import CORPUS_META as META
