@@ -133,12 +133,12 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor.run", ".mkdir"): 1, ("Supervisor._launch", ".unlink"): 1}),
     "daemon/views/plot.py": ("gap", OWN_OUTPUT, {("plot", ".mkdir"): 1}),
     # --- the trainer ------------------------------------------------------------------------------------------------
-    "trainer/bench/append.py": ("private", "a benchmark's own temporary directory", {
+    "minilmd/corpus/bench/append.py": ("private", "a benchmark's own temporary directory", {
         ("generate", "open"): 1, ("generate", ".unlink"): 1, ("bench_append", ".mkdir"): 1,
         ("bench_append", "shutil.rmtree"): 1, ("bench_append", "tempfile.mkdtemp"): 1}),
     "trainer/bench/checkpoint.py": ("private", "a benchmark's own temporary directory", {
         ("main", "shutil.rmtree"): 2, ("main", ".mkdir"): 1, ("main", "open"): 1}),
-    "trainer/bench/prepare.py": ("private", "a benchmark's own temporary directory", {
+    "minilmd/corpus/bench/prepare.py": ("private", "a benchmark's own temporary directory", {
         ("run_prepare", "open"): 1, ("bench_prepare", "shutil.rmtree"): 1, ("bench_chat_prepare", "shutil.rmtree"): 1,
         ("bench_prepare", "tempfile.mkdtemp"): 1, ("bench_chat_prepare", "tempfile.mkdtemp"): 1}),
     "trainer/checkpoint/save.py": ("private", PRIVATE_SCRATCH + " (a checkpoint being saved)", {
@@ -146,7 +146,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("save", "shutil.rmtree"): 2, ("_write_checkpoint", ".mkdir"): 1}),
     "trainer/loop/faults.py": ("private", "test fault injection (MINILMD_FAULT): the run's own files", {
         ("FaultInjector.maybe_fire", "open"): 1, ("_sigbus", "os.unlink"): 1}),
-    "trainer/loop/metrics.py": ("gap", RUN_DIR + " (metrics.jsonl, the heartbeat)", {
+    "minilmd/metrics.py": ("gap", RUN_DIR + " (metrics.jsonl, the heartbeat)", {
         ("MetricsLog.__init__", ".mkdir"): 1, ("MetricsLog._end_torn_line", "open"): 1, ("MetricsLog.write", "open"): 1,
         ("MetricsLog.heartbeat", ".write_text"): 1, ("MetricsLog.heartbeat", "os.replace"): 1}),
     "trainer/loop/train.py": ("gap", RUN_DIR + "; and scratch", {("run", ".mkdir"): 1, ("run", ".unlink"): 1}),
