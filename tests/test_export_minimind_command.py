@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -34,6 +35,7 @@ MINIMIND = Path(__file__).resolve().parents[1] / ".." / "shared" / "minimind"  #
 LOADS = "ckp = f'./{args.save_dir}/{args.weight}_{args.hidden_size}{moe_suffix}.pth'"
 """Where MiniMind's eval_llm.py reads the weights from: relative to where it runs, under --save_dir."""
 FAKE_EVAL_LLM = f"""import argparse
+import pytest
 import torch
 parser = argparse.ArgumentParser()
 for flag in ("--load_from", "--save_dir", "--weight"):
@@ -49,6 +51,7 @@ print("eval_llm loaded", ckp, len(state), "tensors")
 """
 
 
+@pytest.mark.slow  # a whole export in a subprocess, then bash: about 3 s on an idle machine
 def test_the_advice_runs_as_pasted_in_a_checkout_without_out_from_an_export_made_elsewhere(tmp_path, monkeypatch):
     """Issue 39: exported with a relative --out, the advice said `cp my.pth out/...`, a path relative to where export
     ran, into an out/ a MiniMind checkout does not have: it failed as printed. Pasted in a checkout (a fake one whose
