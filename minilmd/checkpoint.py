@@ -33,6 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from minilmd import checkpoint_contents as contents
+from minilmd.checkpoint_contents import saved_lora  # noqa: F401  (its callers' name for it)
 from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_latest
 from minilmd.config import RunConfig, load_config
 from minilmd.corpus_meta import corpus_train_tokens, data_fingerprint, earlier_versions, read_meta
@@ -52,15 +54,13 @@ from minilmd.names import (
     is_step_name,
     step_of,
 )
-from minilmd.safetensors_scan import Scan, is_count, scan_safetensors
+from minilmd.safetensors_scan import Scan, scan_safetensors
 from minilmd.untrusted import (
     Hashing,
     Unreadable,
     copy_regular,
     file_kind,
-    kind_of,
     loads,
-    printable,
     read_bytes,
     sha256_regular,
 )
@@ -267,12 +267,12 @@ def _validate(ckpt_dir: Path, expected: Expectation | None,
     json_parts = {name: data for name in JSON_PARTS if (data := kept.pop(name)) is not None}  # all: always kept
     step = manifest["step"]
     state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
-    problems = _structure_problems(state, opt_meta) or _step_problems(ckpt_dir, step, state)
+    problems = contents.structure_problems(state, opt_meta) or contents.step_problems(ckpt_dir, step, state)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     _check_expectation(ckpt_dir, state, expected)
-    problems = _tensor_problems(ckpt_dir, scans, opt_meta, _model_config(ckpt_dir, state, expected),
-                                _lora_config(state, expected), step)
+    shapes = _expected_shapes(ckpt_dir, _model_config(ckpt_dir, state, expected), _lora_config(state, expected))
+    problems = contents.tensor_problems(scans, opt_meta, shapes, step)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     return state, manifest_sha256, scans, kept
@@ -376,44 +376,8 @@ def _parse_json_parts(ckpt_dir: Path, json_parts: dict[str, bytes]) -> tuple[dic
     return parts[0], parts[1]
 
 
-def _structure_problems(state: dict, opt_meta: dict) -> list[str]:
-    """The parts of trainer_state.json and optimizer.json that validation and loading use, of the types they need."""
-    problems = []
-    config = state.get("config")
-    if config is not None and not isinstance(config, dict):
-        problems.append(f"{TRAINER_STATE}: config is {kind_of(config)}, not an object")
-    elif config:
-        problems += [f"{TRAINER_STATE}: config.{key} is {kind_of(config[key])}, not an object"
-                     for key in ("model", "lora", "data") if config.get(key) is not None
-                     and not isinstance(config[key], dict)]
-    problems += [f"{TRAINER_STATE}: {key} is {kind_of(state[key])}, not an object"
-                 for key in ("fingerprints", "init") if state.get(key) is not None
-                 and not isinstance(state[key], dict)]
-    groups, names, scalars = opt_meta.get("param_groups"), opt_meta.get("param_names"), opt_meta.get("scalars")
-    if groups is not None and not (isinstance(groups, list) and all(
-            isinstance(g, dict) and isinstance(g.get("params", []), list)
-            and all(is_count(i) for i in g.get("params", [])) for g in groups)):
-        problems.append(f"{OPTIMIZER_META}: param_groups is not a list of groups with integer params")
-    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-        problems.append(f"{OPTIMIZER_META}: param_names is not a list of names")
-    if scalars is not None and not (isinstance(scalars, dict) and all(isinstance(v, dict)
-                                                                      for v in scalars.values())):
-        problems.append(f"{OPTIMIZER_META}: scalars is not a table of tables")
-    tuple_keys = opt_meta.get("tuple_keys")
-    if tuple_keys is not None and not (isinstance(tuple_keys, list) and all(isinstance(k, list)
-                                                                            for k in tuple_keys)):
-        problems.append(f"{OPTIMIZER_META}: tuple_keys is not a list of lists")
-    return problems
 
 
-def _step_problems(ckpt_dir: Path, step: int, state: dict) -> list[str]:
-    """The directory name, the manifest and trainer_state.json must name the same step."""
-    problems = []
-    if is_step_name(ckpt_dir.name) and step_of(ckpt_dir) != step:
-        problems.append(f"directory name says step {step_of(ckpt_dir)}, {MANIFEST} says {step}")
-    if state.get("step") != step:
-        problems.append(f"{TRAINER_STATE} says step {state.get('step')!r}, {MANIFEST} says {step}")
-    return problems
 
 
 def _model_config(ckpt_dir: Path, state: dict, expected: Expectation | None) -> dict:
@@ -425,29 +389,13 @@ def _model_config(ckpt_dir: Path, state: dict, expected: Expectation | None) -> 
     return model_cfg
 
 
-def saved_lora(state: dict) -> dict | None:
-    """The [lora] section a checkpoint's trainer_state records when its run trained LoRA adapters, else None."""
-    config = state.get("config") if isinstance(state, dict) else None
-    lora = config.get("lora") if isinstance(config, dict) else None  # also asked of unvalidated checkpoints
-    return lora if isinstance(lora, dict) and lora.get("rank", 0) else None
 
 
 def _lora_config(state: dict, expected: Expectation | None) -> dict | None:
     """The LoRA config the tensors must fit: the run's when a model is expected, else the checkpoint's own."""
-    return expected.lora if expected and expected.model is not None else saved_lora(state)
+    return expected.lora if expected and expected.model is not None else contents.saved_lora(state)
 
 
-def _tensor_problems(ckpt_dir: Path, scans: dict[str, Scan], opt_meta: dict, model_cfg: dict,
-                     lora_cfg: dict | None, step: int) -> list[str]:
-    """Keys, shapes and dtypes of the weights (the full model's, or a LoRA run's adapters) and the optimizer state
-    against the config; the optimizer's step against the checkpoint's; every tensor finite."""
-    expected_shapes = _expected_shapes(ckpt_dir, model_cfg, lora_cfg)
-    problems = _shape_problems(MODEL_FILE, scans[MODEL_FILE].tensors, expected_shapes)
-    problems += _optimizer_problems(scans[OPTIMIZER_FILE], opt_meta, expected_shapes, step)
-    for name in (MODEL_FILE, OPTIMIZER_FILE):
-        for key, n in scans[name].nonfinite.items():
-            problems.append(f"{name}: tensor {key} has {n} non-finite value(s) (NaN or inf)")
-    return problems
 
 
 def _expected_shapes(ckpt_dir: Path, model_cfg: dict, lora_cfg: dict | None) -> dict[str, tuple[int, ...]]:
@@ -467,10 +415,10 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
                 for k in sorted(set(saved) | set(expected.model)) if saved.get(k) != expected.model.get(k)]
         if diff:
             raise CheckpointMismatch(ckpt_dir, ["saved by a different model config: " + ", ".join(diff)], "model")
-        lora = saved_lora(state)
+        lora = contents.saved_lora(state)
         if lora != expected.lora:
-            raise CheckpointMismatch(ckpt_dir, [f"saved with [lora] {_lora_text(lora)}, the run has "
-                                                f"{_lora_text(expected.lora)}"], "model")
+            raise CheckpointMismatch(ckpt_dir, [f"saved with [lora] {contents.lora_text(lora)}, the run has "
+                                                f"{contents.lora_text(expected.lora)}"], "model")
     if expected.doc_mask is not None:
         saved_mask = ((state.get("config") or {}).get("data") or {}).get("doc_mask", False)
         if saved_mask != expected.doc_mask:
@@ -486,59 +434,10 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
                                                 f"run {want!r} (a different {kind} than this run uses)"], kind)
 
 
-def _lora_text(lora: dict | None) -> str:
-    return "off (full weights)" if lora is None else ", ".join(f"{k} = {v!r}" for k, v in sorted(lora.items()))
 
 
-def _shape_problems(file: str, found: dict, expected: dict[str, tuple[int, ...]]) -> list[str]:
-    problems = [f"{file}: missing tensor {k} {list(s)}" for k, s in expected.items() if k not in found]
-    problems += [f"{file}: unexpected tensor {k} {list(found[k]['shape'])}" for k in found if k not in expected]
-    for k, s in expected.items():
-        if k in found and found[k]["shape"] != s:
-            problems.append(f"{file}: tensor {k} has shape {list(found[k]['shape'])}, the config needs {list(s)}")
-        elif k in found and found[k]["dtype"] != "F32":
-            problems.append(f"{file}: tensor {k} is {found[k]['dtype']}, checkpoints hold F32")
-    return problems
 
 
-def _optimizer_problems(scan: Scan, meta: dict, expected: dict[str, tuple[int, ...]], step: int) -> list[str]:
-    found, scalars = scan.tensors, scan.scalars
-    per_param: dict[int, dict[str, tuple]] = {}
-    for key, e in found.items():
-        parts = key.split(".", 2)
-        if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit():
-            return [f"{OPTIMIZER_FILE}: unexpected tensor name {key!r} (expected state.<index>.<name>)"]
-        per_param.setdefault(int(parts[1]), {})[parts[2]] = e["shape"]
-    groups = meta.get("param_groups") or []
-    indices = [i for g in groups for i in g.get("params", [])]
-    problems = []
-    if per_param and sorted(per_param) != sorted(indices):
-        problems.append(f"{OPTIMIZER_FILE}: state for parameters {sorted(per_param)[:8]}..., param_groups "
-                        f"list {len(indices)} parameters")
-    names = meta.get("param_names")
-    for idx, tensors in sorted(per_param.items()):
-        if names and idx < len(names) and names[idx] in expected:
-            want = expected[names[idx]]
-            label = names[idx]
-        else:
-            want, label = None, f"parameter {idx}"
-        for tname, shape in tensors.items():
-            if tname == "step":
-                continue
-            if want is not None and shape != want:
-                problems.append(f"{OPTIMIZER_FILE}: {tname} of {label} has shape {list(shape)}, needs {list(want)}")
-            elif want is None and shape not in expected.values():
-                problems.append(f"{OPTIMIZER_FILE}: {tname} of {label} has shape {list(shape)}, no model tensor has")
-    steps = {key: v for key, v in scalars.items() if key.endswith(".step")}
-    steps.update({f"state.{i}.step": v for i, d in (meta.get("scalars") or {}).items() for k, v in d.items()
-                  if k == "step"})
-    wrong = {k: v for k, v in steps.items() if v != step}
-    if wrong:
-        k, v = next(iter(wrong.items()))
-        shown = f"{v:g}" if isinstance(v, (int, float)) else printable(repr(v))[:40]
-        problems.append(f"{OPTIMIZER_FILE}: optimizer step {shown} ({k}, {len(wrong)} tensor(s)) disagrees with "
-                        f"checkpoint step {step}")
-    return problems
 
 
 def verify_report(path: str | os.PathLike, expected: Expectation | None = None) -> dict:
