@@ -138,7 +138,8 @@ def _send(pid: int, ticks: int | None, sig: int, proof: Callable[[], str | None]
     except OSError:
         fd = None  # no pidfd here (a kernel before 5.3): a check and a kill, with the tiny window that leaves
     try:
-        if process_start_ticks(pid) is None or (ticks is not None and process_start_ticks(pid) != ticks):
+        now = process_start_ticks(pid)
+        if now is None or (ticks is not None and now != ticks):
             return "it has ended"
         why = proof()
         if why is not None:
