@@ -105,6 +105,12 @@ class Victim:
         assert st["phase"] not in ("stopping", "done"), st["phase"]
 
     def end(self) -> None:
+        if self.supervisor.poll() is None:  # a failed test: her supervisor stops its trainer before it goes
+            self.supervisor.terminate()
+            try:
+                self.supervisor.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
         for proc in (self.supervisor, self.sleep):
             if proc.poll() is None:
                 proc.kill()
@@ -144,7 +150,7 @@ def victim(shared, corpus):
 
 
 def stop_as(argv_prefix: list[str] | None, run_dir: Path, env: dict) -> subprocess.CompletedProcess:
-    """`minilmd stop run_dir` as the victim (argv_prefix None: as root, this test's user)."""
+    """`minilmd stop run_dir`: as her, nobody (argv_prefix None), or through argv_prefix (root's minilmd)."""
     argv = user_python(CLI, "stop", str(run_dir)) if argv_prefix is None else \
         [*argv_prefix, "stop", str(run_dir)]
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/", timeout=120)
