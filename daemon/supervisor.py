@@ -31,8 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
-from minilmd import names, procs, protocol, scratch
-from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd import names, protocol, scratch
+from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import parse_duration
 from minilmd.daemon import preflight
 from minilmd.daemon.child import orphans, trainerwatch
@@ -515,10 +515,6 @@ class Supervisor:
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None) -> int:
     """`minilmd run CONFIG`: load, check as --check does, claim scratch (exit 2 on problems), supervise to the end."""
-    try:  # first, this run's identity in our own environment (re-executed): `stop` proves us by it (procs.py)
-        procs.carry_supervisor_identity(load_config(config_path, overrides).run_dir)
-    except ConfigError:
-        pass  # preflight says what is wrong
     try:
         cfg = preflight.launch(config_path, overrides)  # what --check checks, then scratch is claimed for this run
     except ConfigError as e:
