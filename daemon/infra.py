@@ -82,5 +82,5 @@ class Infra:
         return prune(root, keep, protect=protect, log=log)
 
     def launch(self, command: list[str], run_dir: Path, attempt: int, devices: str,
-               compile_cache: Path | None = None) -> Child:
-        return childmod.launch(command, run_dir, attempt, devices, compile_cache=compile_cache)
+               compile_cache: Path | None = None, extra_env: dict[str, str] | None = None) -> Child:
+        return childmod.launch(command, run_dir, attempt, devices, extra_env=extra_env, compile_cache=compile_cache)

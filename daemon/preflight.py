@@ -11,16 +11,18 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 `launch()` first re-executes the supervisor once with its identity in its environment (minilmd/procs.py), then
 checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
-to lease in (daemon/host/gpu.py).
+to lease in (daemon/host/gpu.py), and that a local run.remote holds no other user's LATEST, BEST or init.
 Torch-free.
 """
 from __future__ import annotations
 
-from minilmd import perms, procs, scratch
+from minilmd import names, perms, procs, scratch
 from minilmd.config import ConfigError, RunConfig, load_config
 from minilmd.daemon.host.gpu import lock_dir_problems
+from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.scratch_room import run_space_problem
-from minilmd.probes import load_checked
+from minilmd.init_source import STAGED_DIR as INIT_DIR
+from minilmd.probes import bounded_probe, load_checked
 
 
 def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:
@@ -34,8 +36,26 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None) -> tu
     `run --check` to say."""
     waits: list[str] = []
     cfg = load_checked(config_path, overrides, waits=waits,
-                       more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg))
+                       more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
+                       + remote_entry_problems(cfg))
     return cfg, waits
+
+
+REMOTE_OWN = {names.LATEST: True, names.BEST: True, INIT_DIR: False}
+"""The names a sync writes in run.remote's root besides the step directories: its pointers and the LoRA base."""
+
+
+def remote_entry_problems(cfg: RunConfig) -> list[str]:
+    """Another user's entry (or a link, a FIFO) at LATEST, BEST or init in a local run.remote: final, at `--check`
+    and at start, not a sync failing for ever (another user's file in a sticky directory cannot be replaced: EPERM)
+    or a LoRA run ending without its base's copy. A remote that does not answer now: no problem (sync waits)."""
+    remote = cfg.run.remote
+    if not remote or "://" in remote:
+        return []
+    answered, found, _ = bounded_probe(remote_write.foreign_entries, remote, REMOTE_OWN)
+    return [f"run.remote = {remote!r}: {what}, not this run's: a sync replaces LATEST and BEST and makes init there, "
+            f"and another user's entry neither may be replaced nor may decide what a resume loads; have it "
+            f"removed, or give run.remote a directory of this run's own" for what in (found if answered else [])]
 
 
 def launch(config_path: str, overrides: list[str] | None = None) -> RunConfig:

@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 
 from minilmd import names, protocol, scratch
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import parse_duration
 from minilmd.daemon import preflight
@@ -43,7 +44,7 @@ from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.initstage import PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
-from minilmd.daemon.jobs.syncworker import SyncWorker, local_checkpoint_steps
+from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.phases import initwait
 from minilmd.daemon.phases.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch, full_at_start
@@ -66,8 +67,9 @@ class Supervisor:
     """One run directory's supervisor: `run()` takes the run lock, then ticks until a final phase."""
 
     def __init__(self, cfg: RunConfig, config_path: str, cli_overrides: list[str] | None = None,
-                 infra: Infra | None = None, echo: bool = True):
+                 infra: Infra | None = None, echo: bool = True, fresh: bool = False):
         self.cfg = cfg
+        self.fresh = fresh  # `run --fresh`: no wait for a remote that cannot be read while scratch is empty
         self.config_path = Path(config_path)
         self.cli_overrides = list(cli_overrides or [])
         self.infra = infra or Infra()
@@ -149,7 +151,7 @@ class Supervisor:
                              own_pids=lambda: orphans.find_orphans(self.run_dir))
         self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox)
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
-                                     self.rng)
+                                     self.rng, fresh=self.fresh)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
         self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
         self.files.publish(self.cfg, self.config_path)  # the Prometheus textfile, the registry entry
@@ -267,7 +269,8 @@ class Supervisor:
         (self.run_dir / names.FAULT).unlink(missing_ok=True)
         try:
             self.child = self.infra.launch(command, self.run_dir, self.attempt, devices,
-                                           compile_cache=trainerwatch.compile_cache_root(self.cfg))
+                                           compile_cache=trainerwatch.compile_cache_root(self.cfg),
+                                           extra_env=self.slurm.launch_env if self.slurm else None)
         except OSError as e:
             if not is_disk_full(e):
                 raise
@@ -451,6 +454,9 @@ class Supervisor:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
             self._go(Phase.DONE, "stopped on request" + (f" ({sync_problem})" if sync_problem else ""))
+            if not self.slurm and not self.staging.running and (said := scratch.give_back_unsaved(
+                    self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run)):
+                self.events.emit("scratch", said)
         elif self.room.stopping:
             self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
         elif sync_problem:
@@ -513,11 +519,12 @@ class Supervisor:
             self.events.emit("scratch", done)
 
 
-def run_supervisor(config_path: str, overrides: list[str] | None = None) -> int:
-    """`minilmd run CONFIG`: load, check as --check does, claim scratch (exit 2 on problems), supervise to the end."""
+def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False) -> int:
+    """`minilmd run CONFIG`: load, check as --check does, claim scratch (exit 2 on problems), supervise to the end.
+    `fresh`: `run --fresh` (daemon/jobs/remotewait.py)."""
     try:
         cfg = preflight.launch(config_path, overrides)  # what --check checks, then scratch is claimed for this run
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
-    return Supervisor(cfg, config_path, overrides).run()
+    return Supervisor(cfg, config_path, overrides, fresh=fresh).run()

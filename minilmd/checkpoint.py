@@ -35,9 +35,7 @@ from typing import Any
 
 from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_latest
 from minilmd.config import RunConfig, load_config
-from minilmd.corpus.format import data_fingerprint, earlier_versions
-from minilmd.corpus.meta import corpus_train_tokens, read_meta
-from minilmd.corpus.tokenizer import TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_MAX_BYTES
+from minilmd.corpus_meta import corpus_train_tokens, data_fingerprint, earlier_versions, read_meta
 from minilmd.fsio import sha256_file, table_problems  # noqa: F401  (sha256_file: the tests' name for it)
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
@@ -47,7 +45,9 @@ from minilmd.names import (
     OPTIMIZER_FILE,
     OPTIMIZER_META,
     TOKENIZER_CONFIG,
+    TOKENIZER_CONFIG_MAX_BYTES,
     TOKENIZER_FILE,
+    TOKENIZER_MAX_BYTES,
     TRAINER_STATE,
     is_step_name,
     step_of,
@@ -130,7 +130,7 @@ class Expectation:
     a LoRA checkpoint holds adapters of that rank and those targets only."""
     data_ancestors: tuple[str, ...] = ()
     """Data fingerprints of the corpus's earlier versions (corpus.earlier_versions): the corpus grew by
-    `prepare --append` since the checkpoint, which is still resumable (trainer/batches/growth.py)."""
+    `prepare --append` since the checkpoint, which is still resumable (minilmd/plan/growth.py)."""
     doc_mask: bool | None = None
     """The run's data.doc_mask: a checkpoint records it in its config (absent: false, saved before it existed);
     the attention it was trained with is part of what a resume continues, so the other setting is refused."""

@@ -65,6 +65,14 @@ def read_best(root: str | os.PathLike) -> str | None:
     return read_latest(root, BEST)
 
 
+def local_checkpoint_steps(root: str | os.PathLike) -> list[int]:
+    """Steps of list_checkpoints (cheap: names only, no validation); none when root cannot be read."""
+    try:
+        return [step_of(p.name) for p in list_checkpoints(root)]
+    except OSError:
+        return []
+
+
 def list_checkpoints(root: str | os.PathLike, passed_by: dict[str, str] | None = None) -> list[Path]:
     """Step directories holding a manifest, oldest first. Temporary and manifest-less ones do not exist here, nor
     does an entry by a step name that is not the root's own (not_the_roots: a symbolic link, another user's

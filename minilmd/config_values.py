@@ -1,6 +1,7 @@
 """The values of a run config, checked: every number finite and in its range (RANGES, one table), the names, the
 durations, the rules between fields, and the message for a missing budget; every problem as a line, none raised.
-minilmd/config.py (the schema and its parsing) calls `check_values` once every key is read. Torch-free, and it reads
+minilmd/config.py (the parsing of the schema, minilmd/config_sections.py) calls `check_values` once every key is
+read. Torch-free, and it reads
 nothing: what the paths hold is minilmd/probes.py's.
 """
 from __future__ import annotations
@@ -9,15 +10,9 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
 
 from minilmd import perms
-
-if TYPE_CHECKING:  # the schema imports this module: types only
-    from minilmd.config import RunConfig
-
-Duration = Union[int, float, str]  # noqa: UP007 - _type_ok matches typing.Union; `int | str` would let a bool pass
-"""Seconds as a number, or a string such as "90s", "5m", "15m", "2h"."""
+from minilmd.config_sections import LORA_TARGETS, Duration, RunConfig
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -37,9 +32,6 @@ def parse_duration(value: Duration) -> float:
     return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
 
 
-
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The Linear layers of a MiniMind-3 block a LoRA adapter may wrap (the names of HF Qwen3 and PEFT's target_modules)."""
 
 TrainTokens = Callable[[str], "int | None"]
 """The train-split token count of data.prepared, or None (minilmd.corpus.format.corpus_train_tokens reads it from

@@ -1,4 +1,5 @@
-"""Numbers for humans: how long something took or has lasted, in the status screen, logs and GPU reports."""
+"""Numbers for humans: how long something took or has lasted, and how large something is, in the status screen,
+logs and GPU reports."""
 from __future__ import annotations
 
 
@@ -14,3 +15,8 @@ def fmt_duration(seconds: float | None) -> str:
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f}h"
     return f"{seconds / 86400:.1f}d"
+
+
+def fmt_mb(n: float | None) -> str:
+    """Bytes in decimal megabytes, "1,234.5 MB"; "?" for None (a size not known)."""
+    return "?" if n is None else f"{n / 1e6:,.1f} MB"

@@ -11,9 +11,7 @@ Torch-free; the supervisor imports it.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
-import functools
 import hashlib
 import json
 import os
@@ -23,7 +21,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from minilmd import perms
+from minilmd import dirfd, perms
+from minilmd.dirfd import RENAME_EXCHANGE, RENAME_NOREPLACE
 from minilmd.names import atomic_tmp_prefix, replaced_name
 from minilmd.untrusted import file_kind
 
@@ -124,37 +123,12 @@ def fsync_tree(tmp_dir: str | os.PathLike) -> None:
 
 # --- renaming in a place others write -----------------------------------------------------------------------------
 
-RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
-_AT_FDCWD = -100
-_FLAGS_NOT_DONE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
-"""What renameat2 says where the kernel or the file system does not do its flags (NFS: EINVAL)."""
-
-
-@functools.cache
-def _libc_renameat2():
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2  # glibc 2.28 and later, musl 1.2.2
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def renameat2(src: str | os.PathLike, dst: str | os.PathLike, flags: int) -> bool:
-    """Linux's renameat2(2) of src to dst with `flags`: True when done; False when not done because this kernel,
-    libc or file system does not do those flags (EINVAL from NFS and a few others, ENOSYS, no renameat2 at all):
-    the caller's fallback then. Any other failure raises as os.rename's does (FileExistsError for
-    RENAME_NOREPLACE onto a name taken)."""
-    fn = _libc_renameat2()
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in _FLAGS_NOT_DONE:
-        return False
-    raise OSError(err, os.strerror(err), os.fspath(src), None, os.fspath(dst))
+    """Linux's renameat2(2) of src to dst with `flags`, by path (minilmd/dirfd.py's, the one home of the call):
+    True when done; False when this kernel, libc or file system does not do those flags (EINVAL from NFS,
+    ENOSYS, no renameat2 at all): the caller's fallback then. Any other failure raises as os.rename's does
+    (FileExistsError for RENAME_NOREPLACE onto a name taken)."""
+    return dirfd.renameat2(dirfd.AT_FDCWD, src, dirfd.AT_FDCWD, dst, flags)
 
 
 def rename_new(src_dir: str | os.PathLike, dst: str | os.PathLike) -> bool:

@@ -30,6 +30,7 @@ from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_best, r
 from minilmd.config import ConfigError, load_config
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE
 from minilmd.perms import own_uid
+from minilmd.shared_place import look
 from minilmd.untrusted import read_json
 
 _MAX_STATE = 64 << 20
@@ -92,7 +93,7 @@ def predecessor(spec: str) -> Predecessor | None:
     """The run init.from names, when it names a run's config file (.toml) or run directory (holding run.toml);
     None for a checkpoint, a checkpoint root or a .pth. InitSourceError for a run config that cannot be read
     (InitSourceUnreachable when its storage cannot be reached now)."""
-    from minilmd.corpus.meta import corpus_train_tokens
+    from minilmd.corpus_meta import corpus_train_tokens
 
     path, copy = Path(spec), False
     try:
@@ -208,6 +209,9 @@ def _resolve(spec: str, checkpoint: str) -> InitSource:
         outcome, why = predecessor_outcome(pred)
         if outcome != "done":
             raise InitSourceError(f"names the run {pred.name}, which has not finished ({why})")
+        if (found := look(pred.root, LATEST)).outage:  # its remote gone or not mounted: not init.from's own path
+            raise InitSourceUnreachable(f"the run {pred.name} has finished, but {pred.root}, which holds its "
+                                        f"checkpoints, is {found}")
         spec = str(pred.root)
     try:
         path = named_checkpoint(spec)

@@ -77,6 +77,9 @@ SLURM_JOB_ENV = "SLURM_JOB_ID"
 SLURM_SRUN_ENV = "MINILMD_SLURM_SRUN"
 """"1" (deploy/slurm/minilmd-multinode.sbatch sets it): launch each attempt as an srun step with one torchrun per
 node even on one node, so that the multi-node script behaves the same whatever --nodes it is given."""
+RDZV_SECRET_ENV = "MINILMD_RDZV_SECRET"
+"""A multi-node attempt's rendezvous secret (random per attempt, in the environment only, never on a command line):
+the minilmd-c10d store proves with it that the job's host node serves it (trainer/loop/rendezvous.py)."""
 
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared
@@ -173,6 +176,13 @@ def kept_name(name: str, tag: str, token: str) -> str:
     return f"{name}.kept-{tag}{token}"
 
 
+def host_tag() -> str:
+    """This machine's name as the temporary names on a shared remote carry it (only [A-Za-z0-9_.])."""
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
 def pointer_tmp_tag(host: str, pid: int) -> str:
     """What a sync puts into the temp file that replaces a remote LATEST or BEST: `.LATEST.<host>-<pid>-...`."""
     return f"{host}-{pid}-"
@@ -213,6 +223,11 @@ DOC_LENGTHS = "doc_lengths.npy"  # in each split: the length of each document, B
 LOSS_MASK = "loss_mask.bin"  # in each split of a chat corpus: uint8, 1 on the target tokens, one per token
 TOKENIZER_CONFIG = "tokenizer_config.json"  # beside a chat corpus's (and a checkpoint's) tokenizer.json: the chat
 # template it was rendered with, and the special token names a template sees
+TOKENIZER_MAX_BYTES = 256 << 20
+"""The largest tokenizer.json loaded (a large vocabulary's is tens of MiB)."""
+TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
+"""The largest tokenizer_config.json or chat template read (a tokenizer from elsewhere may be a huge file). Here,
+beside the names, so that checkpoint validation (the supervisor imports it) needs no tokenizer machinery."""
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a tokenizer directory's template in a file of its own (transformers)
 UNCHECKED_VAL_TOKENS = "tokens.unchecked"  # prepare's val stream before the leak check; never in a finished corpus
 UNCHECKED_VAL_MASK = "loss_mask.unchecked"  # the same for a chat corpus's val loss mask
@@ -240,10 +255,11 @@ def prepare_aside_name(out_name: str, host: str, pid: int, start_ticks: int) -> 
 
 def prepare_tmp_maker(out_name: str, name: str) -> tuple[str | None, int, int | None] | None:
     """(host, pid, start ticks) of the prepare that made `name` for output `out_name`: a prepare_tmp_name or
-    prepare_aside_name, or an older minilmd's `.<out>.tmp-<pid>` and `.<out>.tmp-old-<pid>` (host and start time
-    None: they record neither). None for any other name, an export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
+    prepare_aside_name (with or without the random suffix minilmd/dirfd.py's make_temp adds), or an older
+    minilmd's `.<out>.tmp-<pid>` and `.<out>.tmp-old-<pid>` (host and start time None: they record neither). None
+    for any other name, an export's `.<out>.tmp-<host>-<pid>-<ticks>` too."""
     out = re.escape(f".{out_name}.")
-    if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+)(?:\.old)?", name):
+    if m := re.fullmatch(rf"{out}prepare-(.+)-(\d+)-(\d+)(?:\.[0-9a-f]{{8}})?(?:\.old)?", name):
         return m.group(1), int(m.group(2)), int(m.group(3))
     if m := re.fullmatch(rf"{out}tmp-(?:old-)?(\d+)", name):
         return None, int(m.group(1)), None

@@ -19,7 +19,8 @@ from typing import Any
 from minilmd import scratch
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config
-from minilmd.corpus.meta import corpus_train_tokens, meta_value, read_corpus_meta
+from minilmd.corpus_meta import corpus_train_tokens, meta_value, read_corpus_meta
+from minilmd.dirfd import dir_problem
 from minilmd.init_source import (
     InitSourceError,
     InitSourceUnreachable,
@@ -70,7 +71,9 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
         else:
             p += _corpus_problems(cfg, waits)
     if cfg.log.prometheus_textfile:
-        p += _check_writable("log.prometheus_textfile", Path(cfg.log.prometheus_textfile).parent)
+        textfile_dir = Path(cfg.log.prometheus_textfile).parent
+        p += _check_writable("log.prometheus_textfile", textfile_dir)
+        p += [why] if (why := dir_problem("log.prometheus_textfile", textfile_dir, "the run's gauges")) else []
     if cfg.init.from_ and not cfg.init.staged:  # staged: the supervisor verified it; its copy is what is read
         p += _init_problems(cfg, waits)
     if cfg.run.remote:

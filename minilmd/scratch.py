@@ -22,7 +22,8 @@ launch. So:
 again before each staging and trainer start, a Slurm node, the trainer when it runs on its own); `remove_own()`
 deletes a scratch only if it is this user's and marked for the given run (the demo); `give_back()` is the end of a
 finished run: scratch is RAM on a shared server, so once the remote holds the last checkpoint it goes, and it stays
-when the remote does not. Torch-free.
+when the remote does not; `give_back_unsaved()` is the end of a run stopped before its first checkpoint, whose
+scratch holds only copies. Torch-free.
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.dirfd import place_problem
 from minilmd.names import (
+    CHECKPOINTS,
     SCRATCH_BASE,
     SCRATCH_BASE_ENV,
     SCRATCH_OWNER,
@@ -43,7 +46,7 @@ from minilmd.names import (
     atomic_tmp_prefix,
     default_scratch,
 )
-from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root
+from minilmd.perms import own_uid, owned_by_me
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
@@ -159,27 +162,9 @@ def _link_target(path: Path) -> str:
 def _ancestry_problem(label: str, scratch: Path) -> str | None:
     """Why someone else could put another directory (or a link) where `scratch` is: a symbolic link on the way, or a
     directory above it that another user owns or can write (sticky ones of root or of this user excepted). Missing
-    directories are fine: claim() makes them. None: the path stays where it is."""
-    path = Path(os.path.abspath(scratch))
-    for above in reversed(path.parents):
-        st = _lstat(above)
-        if st is None:
-            return None
-        where = f"{label} {scratch}: the directory {above} above it"
-        if stat.S_ISLNK(st.st_mode):
-            return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
-                    f"scratch, since whoever can change it chooses where the run's files go; set run.scratch to "
-                    f"the real path")
-        if not stat.S_ISDIR(st.st_mode):
-            return None  # the config check says that a file is in the way
-        if not owned_by_me_or_root(st):
-            return (f"{where} belongs to {_user(st.st_uid)}, who could replace the scratch by a link to your files "
-                    f"or by a directory of his; set run.scratch to a place only you (and root) can change")
-        if others_can_rearrange(st):  # group members count as others
-            return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
-                    f"could replace the scratch by a link to your files or by a directory of theirs; set "
-                    f"run.scratch to a place only you (and root) can change, or chmod go-w {above}")
-    return None
+    directories are fine: claim() makes them. None: the path stays where it is. The rule of every place minilmd
+    writes in (minilmd/dirfd.py)."""
+    return place_problem(label, scratch, "the scratch", "set run.scratch to a place only you (and root) can change")
 
 
 def _foreign_entries(scratch: Path) -> list[str]:
@@ -220,6 +205,8 @@ def _owner_problem(scratch: Path, run_dir: Path) -> str | None:
 def problems(scratch: Path, run_dir: Path, is_default: bool) -> list[str]:
     """Why the run in `run_dir` may not use `scratch` (empty: it may). Reads only; creates nothing."""
     label = "run.scratch (the default)" if is_default else "run.scratch"
+    if overlap := _overlap_problem(label, scratch, run_dir):
+        return [overlap]
     paths = [("the per-user scratch root", scratch.parent), (label, scratch)] if is_default else [(label, scratch)]
     try:
         problem = _ancestry_problem(paths[0][0], paths[0][1])
@@ -243,6 +230,16 @@ def problems(scratch: Path, run_dir: Path, is_default: bool) -> list[str]:
     except OSError as e:
         return [f"{label} {scratch} cannot be examined ({e.strerror or e})"]
     return [problem] if problem else []
+
+
+def _overlap_problem(label: str, scratch: Path, run_dir: Path) -> str | None:
+    """A scratch that is the run directory, holds it or lies inside it: giving scratch back (rmtree) would take the
+    run's state, events and logs with it; staging and pruning would mix with them."""
+    scratch, run_dir = scratch.absolute().resolve(), run_dir.absolute().resolve()
+    if scratch == run_dir or scratch in run_dir.parents or run_dir in scratch.parents:
+        return (f"{label} {scratch} and run.dir {run_dir} overlap: scratch is given back (deleted) when the run "
+                f"ends, so it must be a directory of its own, neither holding run.dir nor inside it")
+    return None
 
 
 def _make_private_dir(path: Path, label: str, tighten: bool) -> Identity:
@@ -359,7 +356,7 @@ def remove_own(scratch: Path, run_dir: Path) -> str | None:
     st = _lstat(scratch)
     if st is None:
         return None
-    problem = _dir_problem("scratch", scratch, st)
+    problem = _overlap_problem("scratch", scratch, run_dir) or _dir_problem("scratch", scratch, st)
     if problem:
         return problem
     try:
@@ -427,6 +424,40 @@ def release_inputs(scratch: Path, names: tuple[str, ...], run, keep: dict[str, s
     said = [f"removed the staged {', '.join(removed)} from {scratch} ({size / 1e6:,.1f} MB freed; the run failed "
             f"for good, its checkpoints stay)"] if removed else []
     return "; ".join(said + notes)
+
+
+def give_back_unsaved(scratch: Path, run_dir: Path, run) -> str | None:
+    """The end of a stopped run whose scratch holds no checkpoint (it was stopped before it trained, or before its
+    first save): remove the scratch, which holds nothing but its marker and copies (a staged corpus, a probe split,
+    init.from's weights: each stays where it was staged from), so that it does not hold /dev/shm's RAM until the
+    run is started again. Anything under checkpoints/ (a checkpoint, a save in progress, quarantine) keeps all of it,
+    and so does `run.keep_scratch`: None, nothing to say. Only a scratch this process claimed (ensure_held), of this
+    user and marked for this run (remove_own), is removed; else it is left and the answer says why."""
+    if run.keep_scratch or _lstat(scratch) is None or _holds_checkpoints(scratch):
+        return None
+    try:
+        ensure_held(scratch)
+    except (ScratchChanged, ScratchRefused) as e:
+        return f"left {scratch} alone: {'; '.join(e.problems)}"
+    size = tree_bytes(scratch)
+    problem = remove_own(scratch, run_dir)
+    if problem:
+        return f"left {scratch} in place: {problem}"
+    return f"removed {scratch}: the run stopped before its first checkpoint ({size / 1e6:,.1f} MB freed)"
+
+
+def _holds_checkpoints(scratch: Path) -> bool:
+    """Whether scratch's checkpoint root holds anything, or is something other than a directory (left as it is)."""
+    root = scratch / CHECKPOINTS
+    st = _lstat(root)
+    if st is None:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return True
+    try:
+        return bool(os.listdir(root))
+    except OSError:
+        return True  # not known to be empty: kept
 
 
 def give_back(scratch: Path, run_dir: Path, run) -> str:

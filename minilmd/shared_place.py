@@ -7,7 +7,8 @@ One look for the four readers that ask it: the corpus's staging (daemon/jobs/sta
 directory" to two of them and an error to the others; a link that leads nowhere was a share gone to three and a
 config error to the fourth; a file where the directory belongs was waited for without end. Now:
 - the place is looked at as the config names it: a link there is followed, as every reader of it follows it (a
-  path into the share may well be one: ~/corpus -> /nfs/corpora/wiki); one that leads nowhere is its share gone;
+  path into the share may well be one: ~/corpus -> /nfs/corpora/wiki); one that leads nowhere is its share gone,
+  said as "a link to nowhere (-> its target ...)";
 - nothing there (or a path through a file): GONE; an empty directory (a mount point whose share is not mounted
   reads as its empty stub): EMPTY; a place that cannot be listed or looked into (EACCES, EIO, a stale handle):
   UNREADABLE, said with its reason. These three are an outage (`Look.outage`): waited for, never final;
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from minilmd.fsio import is_local_fs
-from minilmd.untrusted import file_kind
+from minilmd.untrusted import file_kind, printable
 
 
 class Place(Enum):
@@ -91,12 +92,22 @@ def _gone_or_not_a_directory(path: str) -> Look:
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):  # a link that leads nowhere too: its target went with the share
-        return Look(Place.GONE, "not there", "its share gone?")
+        return _nowhere(path) or Look(Place.GONE, "not there", "its share gone?")
     except OSError as e:
         return _unreadable(e)
     if stat.S_ISDIR(mode):  # a directory now: the next attempt looks again
         return Look(Place.UNREADABLE, "unreadable", "changed while looked at")
     return Look(Place.NOT_A_DIRECTORY, "not a directory", file_kind(mode))
+
+
+def _nowhere(path: str) -> Look | None:
+    """A link at `path` whose target is not there, said as what it is (not "a file exists" nor "not there"): its
+    share gone or not mounted; None when `path` is no link."""
+    try:
+        target = os.readlink(path)
+    except OSError:  # no link (not there at all), or it cannot be read: "not there" says it
+        return None
+    return Look(Place.GONE, "a link to nowhere", f"-> {printable(target)}: its share gone or not mounted?")
 
 
 def _unreadable(e: OSError) -> Look:

@@ -1,5 +1,6 @@
 """Shared test set-up: the corpora, the tokenizer and the undisturbed training runs that many test modules use,
-each made once per session.
+each built once: the first pytest worker to ask builds it under a lock, and every other worker and every later run
+of the same code reads it (fixture_cache.py: keyed by the sources that shape it, checked against its digest).
 
 Tests run on CPU, on 2 cores: torch keeps to one thread per process. `make test` runs them on two pytest-xdist
 workers, so a test never assumes it is alone on the machine: every path, port, cgroup and lock dir is its own
@@ -15,12 +16,12 @@ conversations and prepared chat corpora), weights_helpers.py (in-process tiny mo
 checkpoints), waiting.py (wait_until, without_blocking), faults_fixtures.py (FUSE, tmpfs and memory-cgroup
 faults), and one helpers module per topic that several test modules share: sync_helpers.py, lease_helpers.py,
 resume_helpers.py, scratch_helpers.py, deploy_helpers.py, init_from_helpers.py, hostile_files_helpers.py,
-import_helpers.py, rename_flags.py, base_copy_helpers.py. A test module imports no other test module
+import_helpers.py, rename_flags.py, base_copy_helpers.py; source_tree.py reads and parses the project's own source
+once per process for every guard that walks it. A test module imports no other test module
 (tests/test_layers.py checks): what two share lives in a helpers module.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -36,6 +37,7 @@ import pytest
 from chat_helpers import chat_bpe, chat_tokenizer_dir, chatterbot_slice, prepared_chat
 from data_helpers import demo_slice, small_tokenizer
 from faults_fixtures import faultfs, memory_cgroup, small_tmpfs  # noqa: F401 - fixtures, shared here
+from fixture_cache import built_once, tree_digest
 from minilmd.config import load_config
 from minilmd.names import SYSTEM_REGISTRY_ENV
 from reliability_helpers import undisturbed_fake_weights
@@ -72,13 +74,17 @@ def process_wide_settings_restored():
             signal.signal(sig, handler)
 
 
-def tree_digest(*roots: Path) -> str:
-    """sha256 over the relative path and the bytes of every file below roots: what a shared fixture must keep."""
-    h = hashlib.sha256()
-    for root in roots:
-        for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
+def in_order(root: Path, paths: list) -> None:
+    """Keeps the order a builder returned its files in (tokenizer training and prepare read them in that order)."""
+    (root / "order.txt").write_text("\n".join(Path(p).name for p in paths), encoding="utf-8")
+
+
+def as_ordered(root: Path) -> list[Path]:
+    return [root / name for name in (root / "order.txt").read_text(encoding="utf-8").splitlines()]
+
+
+def vocab_of(corpus: Path) -> int:
+    return int(json.loads((corpus / "meta.json").read_text(encoding="utf-8"))["vocab_size"])
 
 
 def assert_unchanged(what: str, digest: str, *roots: Path) -> None:
@@ -88,66 +94,68 @@ def assert_unchanged(what: str, digest: str, *roots: Path) -> None:
 
 # --- corpora and the tokenizer -----------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> tuple[Path, int]:
+def corpus() -> tuple[Path, int]:
     """(prepared corpus directory, vocabulary size): 400 real Chinese reviews under a 512-entry byte-level BPE,
     written directly in the prepared format (trainer_corpus.real_text_prepared). Read-only: copy it to damage it."""
-    made = real_text_prepared(tmp_path_factory.mktemp("corpus"), n_docs=400, vocab_size=512)
+    root = built_once("corpus", lambda out: real_text_prepared(out, n_docs=400, vocab_size=512)) / "corpus"
+    made = root, vocab_of(root)
     digest = tree_digest(made[0])
     yield made
     assert_unchanged("corpus", digest, made[0])
 
 
 @pytest.fixture(scope="session")
-def demo_jsonl(tmp_path_factory) -> list[str]:
+def demo_jsonl() -> list[str]:
     """The demo corpus's JSONL source files, 300 documents each (data_helpers.demo_slice): input of `prepare`
     and of tokenizer training. Read-only."""
-    root = tmp_path_factory.mktemp("demo")
-    paths = demo_slice(root, 300)
+    root = built_once("demo-jsonl", lambda out: in_order(out, demo_slice(out, 300)))
+    paths = [str(p) for p in as_ordered(root)]
     digest = tree_digest(root)
     yield paths
     assert_unchanged("demo JSONL", digest, root)
 
 
 @pytest.fixture(scope="session")
-def tokenizer(demo_jsonl, tmp_path_factory) -> Path:
+def tokenizer(demo_jsonl) -> Path:
     """tokenizer.json of a 512-entry byte-level BPE trained on demo_jsonl, MiniMind's special ids 0, 1, 2."""
-    path = small_tokenizer(demo_jsonl, tmp_path_factory.mktemp("tokenizer") / "tokenizer.json")
+    path = built_once("tokenizer", lambda out: small_tokenizer(demo_jsonl, out / "tokenizer.json")) / "tokenizer.json"
     digest = tree_digest(path.parent)
     yield path
     assert_unchanged("tokenizer", digest, path.parent)
 
 
 @pytest.fixture(scope="session")
-def chat_jsonl(tmp_path_factory) -> list[Path]:
+def chat_jsonl() -> list[Path]:
     """chatterbot-corpus's 467 Chinese dialogs and its first 300 English ones as MiniMind SFT JSONL
     (chat_helpers.chatterbot_slice). Read-only."""
-    root = tmp_path_factory.mktemp("chat-jsonl")
-    paths = chatterbot_slice(root)
+    root = built_once("chat-jsonl", lambda out: in_order(out, chatterbot_slice(out)))
+    paths = as_ordered(root)
     digest = tree_digest(root)
     yield paths
     assert_unchanged("chat JSONL", digest, root)
 
 
 @pytest.fixture(scope="session")
-def chat_tokenizer(demo_jsonl, chat_jsonl, tmp_path_factory) -> Path:
+def chat_tokenizer(demo_jsonl, chat_jsonl) -> Path:
     """A tokenizer directory: a 2048-entry byte-level BPE trained on demo_jsonl and chat_jsonl's messages
     (chat_helpers.chat_bpe; MiniMind's special ids) and a tokenizer_config.json holding chat_helpers.TEST_TEMPLATE
     (ChatML turns, MiniMind's empty think block). Read-only."""
-    root = tmp_path_factory.mktemp("chat-tokenizer")
-    path = chat_tokenizer_dir(chat_bpe(demo_jsonl, chat_jsonl, root / "bpe" / "tokenizer.json"), root / "tok")
+    root = built_once("chat-tokenizer", lambda out: chat_tokenizer_dir(
+        chat_bpe(demo_jsonl, chat_jsonl, out / "bpe" / "tokenizer.json"), out / "tok"))
+    path = root / "tok"
     digest = tree_digest(path)
     yield path
     assert_unchanged("chat tokenizer", digest, path)
 
 
 @pytest.fixture(scope="session")
-def chat_corpus(chat_jsonl, chat_tokenizer, tmp_path_factory) -> tuple[Path, int]:
+def chat_corpus(chat_jsonl, chat_tokenizer) -> tuple[Path, int]:
     """(prepared chat corpus directory, vocabulary size): chat_jsonl prepared with `--format chat` under
     chat_tokenizer, seq_len 128 (conversations cut there), micro-batch 8, val fraction 0.05: 735 + 32
     conversations, median 51 tokens, 48 % PAD when padded to 128 against 0.7 % in length-bucketed micro-batches of 8.
     Read-only: copy it to damage it (chat_helpers.prepared_chat makes one with another seq_len)."""
-    root = prepared_chat(chat_jsonl, chat_tokenizer, tmp_path_factory.mktemp("chat-corpus") / "corpus")
-    made = root, int(json.loads((root / "meta.json").read_text(encoding="utf-8"))["vocab_size"])
+    root = built_once("chat-corpus", lambda out: prepared_chat(chat_jsonl, chat_tokenizer, out / "corpus")) / "corpus"
+    made = root, vocab_of(root)
     digest = tree_digest(root)
     yield made
     assert_unchanged("chat corpus", digest, root)

@@ -149,7 +149,7 @@ def corrupt_cache(run_dir: Path, how: str) -> str:
 
 
 def _beat(heartbeat: Path, text: str) -> None:
-    """The heartbeat replaced whole, as the real trainer does (trainer/loop/metrics.py): a reader never sees it
+    """The heartbeat replaced whole, as the real trainer does (minilmd/metrics.py): a reader never sees it
     empty halfway through a write (a status under load once read "no heartbeat step" there)."""
     tmp = heartbeat.with_name(f".{heartbeat.name}.{os.getpid()}.tmp")
     tmp.write_text(text)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import source_tree
+
+REPO = source_tree.REPO
 
 
 def modules_of(package: str, folder: Path) -> dict[str, Path]:
@@ -20,7 +22,7 @@ def modules_of(package: str, folder: Path) -> dict[str, Path]:
 def imports(path: Path, module: str) -> list[tuple[str, int, bool]]:
     """(imported module, line, at module level) for every import statement of a file; relative imports are
     resolved against `module`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = source_tree.tree(path)
     top_level = {id(node) for node in tree.body}
     for node in tree.body:  # `if TYPE_CHECKING:` / try blocks at module level still run at import
         if isinstance(node, (ast.If, ast.Try)):

@@ -15,8 +15,8 @@ import fsspec
 import pytest
 
 from base_copy_helpers import files_of, staged_pth
+from minilmd import names
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.sync import STALE_TMP_SECONDS, Syncer
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
@@ -26,7 +26,8 @@ KILLED_WHILE_LOOKING = textwrap.dedent("""
     import os, shutil, signal, sys
     from pathlib import Path
     from minilmd import fsio
-    from minilmd.daemon.jobs import basecopy, sync
+    from minilmd.daemon.jobs import basecopy
+    from minilmd.names import host_tag
     from minilmd.daemon.jobs.remote import Remote
     staged, theirs, url, renames = sys.argv[1:]
     if renames == "plain":  # NFS: renameat2's flags not done (EINVAL)
@@ -44,7 +45,7 @@ KILLED_WHILE_LOOKING = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             return super().cat(path, max_bytes)
 
-    basecopy.push(KilledWhileLooking(url), Path(staged), sync._host(), os.getpid())
+    basecopy.push(KilledWhileLooking(url), Path(staged), host_tag(), os.getpid())
 """)
 
 
@@ -61,7 +62,7 @@ def test_another_bases_copy_left_by_a_push_killed_while_it_looked_is_quarantined
     assert files_of(theirs) in left.values()  # killed in the window: theirs under a temporary name of the dead pid
     for name in left:
         os.utime(root / name, (time.time() - STALE_TMP_SECONDS - 60,) * 2)  # `-replaced` names no pid: a day old
-    half = root / sync_tmp_name(basecopy.REMOTE_BASE, sync_module._host(), _dead_pid())
+    half = root / sync_tmp_name(basecopy.REMOTE_BASE, names.host_tag(), _dead_pid())
     half.mkdir()
     (half / STAGED_PTH).write_bytes(b"half a copy, no record yet")
 

@@ -1,4 +1,4 @@
-"""Length bucketing and one-document rows, on numpy arrays: what trainer/batches/bucketing.py promises.
+"""Length bucketing and one-document rows, on numpy arrays: what minilmd/plan/bucketing.py promises.
 
 Each epoch of the bucketed sampler visits every document at most once (all but n % mb), its micro-batches hold
 documents of similar length padded only to their longest, its order is a pure function of (seed, step) that differs
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from minilmd.corpus.analysis.stats import width_class
+from minilmd.plan.bucketing import BucketedSampler, DocumentRows, PaddedSampler
+from minilmd.plan.sampler_base import DataError
+from minilmd.plan.samplers import make_sampler, validation_batches
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.trainer.batches.bucketing import BucketedSampler, DocumentRows, PaddedSampler
-from minilmd.trainer.batches.sampler_base import DataError
-from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 
 
 def chat_like(n_docs: int, seed: int = 0, seq_len: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -14,10 +14,10 @@ import pytest
 from chat_helpers import HAND_MADE, a, read_conversations, s, u, write_chat_jsonl
 from minilmd.corpus.analysis.stats import bucketed_pad_share, width_class
 from minilmd.corpus.chat import ChatTemplate
-from minilmd.corpus.format import TokenStream, data_fingerprint, open_prepared, verify_prepared
-from minilmd.corpus.meta import CorpusError
+from minilmd.corpus.format import TokenStream, open_prepared, verify_prepared
 from minilmd.corpus.prepare.pipeline import prepare
 from minilmd.corpus.sources.jsonl import InputError
+from minilmd.corpus_meta import CorpusError, data_fingerprint
 from minilmd.protocol import BOS_ID, EOS_ID
 
 

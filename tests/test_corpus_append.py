@@ -141,7 +141,7 @@ def test_append_to_a_chat_corpus(tmp_path, chat_jsonl, chat_tokenizer):
 
 
 def test_bench_append_side_by_side(tmp_path, texts, tokenizer):
-    from minilmd.trainer.bench.append import bench_append
+    from minilmd.corpus.bench.append import bench_append
 
     old = write_jsonl(tmp_path / "old.jsonl", texts[:250])
     new = write_jsonl(tmp_path / "new.jsonl", texts[250:])

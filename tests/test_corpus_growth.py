@@ -1,4 +1,4 @@
-"""A run resumed on a corpus that grew by `prepare --append` (trainer/batches/growth.py): not refused, the rows
+"""A run resumed on a corpus that grew by `prepare --append` (minilmd/plan/growth.py): not refused, the rows
 already planned unchanged up to the end of the epoch it was in, the new documents from the next epoch on; a corpus
 changed any other way is still refused."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from minilmd.checkpoint import CheckpointMismatch, Expectation, _check_expectati
 from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare.append import append
 from minilmd.corpus.prepare.pipeline import prepare
-from minilmd.trainer.batches import growth
-from minilmd.trainer.batches.samplers import make_sampler
+from minilmd.plan import growth
+from minilmd.plan.samplers import make_sampler
 from trainer_corpus import read_metrics, resumed_step, train, write_config
 
 SEQ, GLOBAL = 64, 8  # write_config's seq_len and micro_batch_size x grad_accum

@@ -19,8 +19,9 @@ from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis.count import count
 from minilmd.corpus.analysis.report import CHINCHILLA_TOKENS_PER_PARAM, format_report, report
 from minilmd.corpus.analysis.scripts import containing, dominant_of, parse_scripts, script_counts, script_matrix
-from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.pipeline import prepare
+from minilmd.corpus_meta import CorpusError
+from minilmd.plan.model_budget import report_model
 from trainer_corpus import write_config
 
 EXTRA = ["Привет мир, это тест", "Γειά σου κόσμε", "我是阿里云开发的助手。", "我是阿里云开发的助手。",
@@ -87,13 +88,14 @@ def test_report_count_and_drop_scripts(tmp_path, demo_jsonl, tokenizer):
     # the prepared corpus reports and counts the same as the JSONL it holds (decoded by its own tokenizer)
     kept_src = write_jsonl(tmp_path / "kept.jsonl", kept)
     from_jsonl = report(str(kept_src), tokenizer=str(tokenizer), workers=0)
-    from_prep = report(str(out), workers=0, params=1000)
+    from_prep = report(str(out), workers=0)
     for key in ("documents", "tokens", "lengths", "scripts", "duplicates"):
         assert from_jsonl[key] == from_prep[key], key
     assert from_prep["documents"] == len(kept)
     assert from_prep["duplicates"]["copies"] == len(kept) - len(set(kept)) == 1
     assert from_prep["scripts"]["dominant"]["none"] == 1  # "12345 !!!"
-    assert from_prep["model"]["tokens_per_parameter"] == from_prep["train_tokens"] / 1000
+    model = report_model(from_prep, params=1000, config=None, budget_tokens=None)
+    assert model["tokens_per_parameter"] == from_prep["train_tokens"] / 1000
     assert "dropped by --drop-scripts cyrillic,greek: 3 documents" in format_report(from_prep)
     assert count(str(out), ["阿里云"], workers=0)["patterns"][0]["occurrences"] == 2
 

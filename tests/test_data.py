@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
+from minilmd.plan.bucketing import PaddedSampler, padded_row
+from minilmd.plan.sampler_base import IGNORE_INDEX, DataError
+from minilmd.plan.samplers import PackedSampler, make_sampler, validation_batches
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.trainer.batches.bucketing import PaddedSampler, padded_row
-from minilmd.trainer.batches.sampler_base import IGNORE_INDEX, DataError
-from minilmd.trainer.batches.samplers import PackedSampler, make_sampler, validation_batches
 
 
 def synthetic_stream(n_docs: int, seed: int = 0, mean_len: int = 20) -> tuple[np.ndarray, np.ndarray]:

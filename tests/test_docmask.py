@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from minilmd import checkpoint as ck
 from minilmd.config import ConfigError, load_config
 from minilmd.names import FAULT_ENV, METRICS
+from minilmd.plan.docmask import window_positions
+from minilmd.plan.samplers import make_sampler, validation_batches
 from minilmd.protocol import EXIT_CONFIG, EXIT_DONE
-from minilmd.trainer.batches.docmask import window_positions
-from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.docattention import document_mask
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
@@ -217,7 +217,7 @@ def test_sigkilled_masked_run_resumes_bit_identical_and_refuses_the_other_settin
 
 def test_rows_of_two_corpus_versions_keep_their_pieces(corpus):
     from minilmd.corpus.format import open_prepared
-    from minilmd.trainer.batches.growth import SegmentedSampler
+    from minilmd.plan.growth import SegmentedSampler
 
     train = open_prepared(corpus[0]).train
     half = train.n_docs // 2

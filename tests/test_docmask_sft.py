@@ -15,8 +15,8 @@ import torch
 from chat_synthetic import synthetic_chat_prepared
 from minilmd.config import load_config
 from minilmd.corpus.format import open_prepared
-from minilmd.trainer.batches.docpacking import PackedConversationsSampler, pack_longest_fit
-from minilmd.trainer.batches.samplers import make_sampler, validation_batches
+from minilmd.plan.docpacking import PackedConversationsSampler, pack_longest_fit
+from minilmd.plan.samplers import make_sampler, validation_batches
 from minilmd.trainer.loop.train import Dist, Trainer
 from trainer_corpus import write_config
 from weights_helpers import assert_same_weights_and_optimizer

@@ -131,3 +131,17 @@ def test_references_to_tests_name_tests_that_exist():
             elif not re.search(rf"^(?:async )?def {re.escape(name)}\(", current.read_text(encoding="utf-8"), re.M):
                 problems.append(f"{doc.name}: {current.relative_to(REPO)} has no test {name}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_readme_picture_is_made_by_a_script_the_docs_name():
+    """Issue 39: docs/img/demo-curves.png was older than what `plot` draws, and nothing said how to make it again."""
+    import os
+    import subprocess
+
+    script = REPO / "scripts" / "demo-curves.sh"
+    for doc in (REPO / "README.md", REPO / "docs" / "operations.md"):
+        text = doc.read_text(encoding="utf-8")
+        assert "docs/img/demo-curves.png" in text and "scripts/demo-curves.sh" in text, doc.name
+    assert os.access(script, os.X_OK) and subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    body = script.read_text(encoding="utf-8")
+    assert "-m minilmd.daemon.demo" in body and 'plot "$work/demo/run" --out "$root/docs/img/demo-curves.png"' in body

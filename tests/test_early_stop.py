@@ -9,11 +9,11 @@ import json
 import pytest
 
 from minilmd import checkpoint as ck
-from minilmd import checkpoint_dirs
+from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
-from minilmd.daemon.views.fitwatch import warnings
+from minilmd.daemon.views.fitwatch import fit_lines, warnings
 from minilmd.names import BEST
-from minilmd.trainer.loop.early_stop import EarlyStop
+from minilmd.plan.early_stop import EarlyStop
 from supervisor_helpers import cli, run_supervisor, write_config
 from trainer_corpus import TINY_MODEL, read_metrics, real_text_prepared
 
@@ -37,6 +37,19 @@ def test_warnings_rising_gap_and_probe():
     assert any("train/val gap 1.250 > 0.5 in epoch 4" in w for w in found), found
     assert any("probe loss rising: 3.0000 -> 3.9000" in w for w in found), found
     assert warnings(evals[:2], warn_rising=2, warn_gap=0.5) == []
+
+
+def test_status_per_epoch_counts_each_step_once_the_last_attempt_winning(tmp_path):
+    """Issue 39: a resume that logged steps 1-15 again read "30 logs" (and both attempts' losses mixed)."""
+    def train(step, loss):
+        return {"kind": "train", "step": step, "epoch": 0, "loss": loss}
+
+    first = [train(s, 9.0) for s in range(1, 16)] + [{"kind": "eval", "step": 15, "epoch": 0, "val_loss": 8.0}]
+    again = [train(s, 2.0 + s / 100) for s in range(1, 16)] + [
+        {"kind": "eval", "step": 15, "epoch": 0, "val_loss": 3.0}, train(16, 2.0 + 16 / 100)]
+    (tmp_path / names.METRICS).write_text("".join(json.dumps(r) + "\n" for r in first + again))
+    line = next(x for x in fit_lines(tmp_path) if "epoch 0:" in x)
+    assert "16 logs" in line and "per-batch 2.010..2.160" in line and "val 3.0000" in line, line
 
 
 @pytest.mark.slow

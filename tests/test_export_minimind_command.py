@@ -2,6 +2,12 @@
 spelled out (it printed "..." before), or says why eval_llm.py cannot load that model."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -23,6 +29,53 @@ def test_a_model_of_minimind_shape_gets_the_whole_eval_llm_command(tmp_path):
     assert ("python eval_llm.py --load_from model --save_dir out --weight pretrain --hidden_size 64 "
             "--num_hidden_layers 2") in out.output
     assert "..." not in out.output
+
+
+MINIMIND = Path(__file__).resolve().parents[1] / ".." / "shared" / "minimind"  # MiniMind's own code
+LOADS = "ckp = f'./{args.save_dir}/{args.weight}_{args.hidden_size}{moe_suffix}.pth'"
+"""Where MiniMind's eval_llm.py reads the weights from: relative to where it runs, under --save_dir."""
+FAKE_EVAL_LLM = f"""import argparse
+import pytest
+import torch
+parser = argparse.ArgumentParser()
+for flag in ("--load_from", "--save_dir", "--weight"):
+    parser.add_argument(flag, type=str)
+for flag in ("--hidden_size", "--num_hidden_layers", "--use_moe"):
+    parser.add_argument(flag, default=0, type=int)
+args = parser.parse_args()
+moe_suffix = '_moe' if args.use_moe else ''
+{LOADS}
+state = torch.load(ckp, map_location="cpu")
+assert state["model.embed_tokens.weight"].shape[1] == args.hidden_size
+print("eval_llm loaded", ckp, len(state), "tensors")
+"""
+
+
+@pytest.mark.slow  # a whole export in a subprocess, then bash: about 3 s on an idle machine
+def test_the_advice_runs_as_pasted_in_a_checkout_without_out_from_an_export_made_elsewhere(tmp_path, monkeypatch):
+    """Issue 39: exported with a relative --out, the advice said `cp my.pth out/...`, a path relative to where export
+    ran, into an out/ a MiniMind checkout does not have: it failed as printed. Pasted in a checkout (a fake one whose
+    eval_llm.py reads the weights where MiniMind's does), it now runs."""
+    if (MINIMIND / "eval_llm.py").is_file():  # the fake reads where the real one does
+        assert LOADS in (MINIMIND / "eval_llm.py").read_text(encoding="utf-8")
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(ModelSection(hidden_size=64, num_hidden_layers=2))
+    save_checkpoint(tmp_path / "ckpt", model, step=1, tokenizer=train_tokenizer(tmp_path / "tokenizer.json"))
+    (tmp_path / "exports").mkdir()
+    monkeypatch.chdir(tmp_path / "exports")
+    out = CliRunner().invoke(app, ["export", str(tmp_path / "ckpt"), "--format", "minimind", "--out", "my model.pth"])
+    assert out.exit_code == 0, out.output
+    commands = [line.strip() for line in out.output.splitlines() if line.startswith("  ")]
+    assert len(commands) == 2 and commands[1].startswith("python eval_llm.py"), out.output
+    checkout = tmp_path / "minimind"
+    (checkout / "model").mkdir(parents=True)
+    (checkout / "eval_llm.py").write_text(FAKE_EVAL_LLM, encoding="utf-8")
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    ran = subprocess.run(["bash", "-ec", "\n".join(commands)], cwd=checkout, capture_output=True, text=True,
+                         env={**os.environ, "PATH": path}, timeout=300)
+    assert ran.returncode == 0, (out.output, ran.stderr)
+    assert "eval_llm loaded ./out/pretrain_64.pth" in ran.stdout, ran.stdout
+    assert (checkout / "out" / "pretrain_64.pth").read_bytes() == (tmp_path / "exports" / "my model.pth").read_bytes()
 
 
 def test_a_model_eval_llm_cannot_build_is_named_with_its_differences():

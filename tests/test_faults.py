@@ -1,4 +1,5 @@
 """Fault injection (MINILMD_FAULT): each kind dies the way the real failure does, and fires once per run."""
+import os
 import signal
 import subprocess
 import sys
@@ -21,9 +22,9 @@ print("survived", flush=True)
 """
 
 
-def run_injector(run_dir, spec, timeout=60):
+def run_injector(run_dir, spec, timeout=60, env=None):
     return subprocess.run([sys.executable, "-c", FIRE_AT_STEP_3, str(run_dir), spec], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 def test_parse_faults():
@@ -42,11 +43,14 @@ def test_injector_reads_the_environment(tmp_path, monkeypatch):
         inj.maybe_fire(2)
 
 
-def test_sigbus_is_a_real_sigbus(tmp_path):
-    p = run_injector(tmp_path, "sigbus@3")
+def test_sigbus_is_a_real_sigbus_and_leaves_nothing_in_the_temporary_directory(tmp_path):
+    """Issue 39: each injected SIGBUS (every `make demo`) left an empty minilmd-sigbus-* file in $TMPDIR."""
+    (tmp_path / "tmp").mkdir()
+    p = run_injector(tmp_path, "sigbus@3", env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     assert p.returncode == -signal.SIGBUS, p.stderr
     assert "survived" not in p.stdout
     assert (tmp_path / FAULTS_FIRED).read_text().split() == ["sigbus@3"]
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_sigkill_kills_and_is_recorded_first(tmp_path):

@@ -12,13 +12,14 @@ import pytest
 import torch
 import torch.distributed
 
+from minilmd import metrics
 from minilmd.config import ConfigError, load_config
+from minilmd.cuda_oom import cuda_oom_source
 from minilmd.names import FAULT, HEARTBEAT
+from minilmd.plan import mfu
 from minilmd.protocol import EXIT_CUDA_OOM
 from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd.trainer.loop import metrics, mfu
 from minilmd.trainer.loop import train as train_mod
-from minilmd.trainer.loop.oom import cuda_oom_source
 from trainer_corpus import write_config
 
 NCCL_CALLOC = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled system "
@@ -196,7 +197,7 @@ def test_fp32_uses_the_fp32_peak_or_tf32_when_torch_allows_it():
 def test_attention_counts_the_full_score_matrix_as_nanochat_and_torchtitan_do():
     n, layers, d, t = 63_900_000, 8, 768, 1024
     flops = mfu.flops_per_token(n, 0, layers, d, t)
-    assert flops == 6 * n + 12 * layers * d * t  # not halved for the causal mask (trainer/loop/mfu.py says why)
+    assert flops == 6 * n + 12 * layers * d * t  # not halved for the causal mask (minilmd/plan/mfu.py says why)
     assert mfu.mfu(1e6, flops, 989e12, devices=2) == pytest.approx(1e6 * flops / (2 * 989e12))
 
 

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minilmd import checkpoint_dirs, init_source, names, procs, protocol, scratch
+from minilmd import checkpoint_dirs, corpus_meta, init_source, names, procs, protocol, scratch
 from minilmd.checkpoint import CheckpointInvalid, read_manifest, validate
 from minilmd.config import ConfigError, load_config
-from minilmd.corpus import chat, meta
+from minilmd.corpus import chat
 from minilmd.corpus.prepare import lock as prepare_lock
 from minilmd.corpus.sources import jsonl
 from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
@@ -88,8 +88,8 @@ READERS = {
     "trainer.json": Reader(names.TRAINER_RECORD, lambda d: orphans._read_record(procs.scope_of(d))),
     "fault note": Reader(names.FAULT, protocol.read_fault),
     "scratch owner.json": Reader(names.SCRATCH_OWNER, scratch.read_owner, (ValueError,)),
-    "corpus meta.json (read_meta)": Reader(names.CORPUS_META, meta.read_meta, (meta.CorpusError,)),
-    "corpus meta.json (read_corpus_meta)": Reader(names.CORPUS_META, meta.read_corpus_meta),
+    "corpus meta.json (read_meta)": Reader(names.CORPUS_META, corpus_meta.read_meta, (corpus_meta.CorpusError,)),
+    "corpus meta.json (read_corpus_meta)": Reader(names.CORPUS_META, corpus_meta.read_corpus_meta),
     "staged corpus meta.json (verify_staged)": Reader(names.CORPUS_META, lambda d: staging.verify_staged(d, False)),
     "checkpoint manifest": Reader(names.MANIFEST, read_manifest, (CheckpointInvalid,)),
     "checkpoint manifest (validate)": Reader(names.MANIFEST, validate, (CheckpointInvalid,)),

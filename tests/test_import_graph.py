@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import source_tree
 from import_helpers import REPO, imports, modules_of
 
 PACKAGES = {"minilmd": REPO / "minilmd", "minilmd.daemon": REPO / "daemon", "minilmd.trainer": REPO / "trainer"}
@@ -37,19 +38,19 @@ def target(name: str, known: dict[str, Path]) -> str | None:
 def type_checking_lines(path: Path) -> set[int]:
     """Lines inside `if TYPE_CHECKING:` blocks: imports for annotations only, never run, so never a cycle."""
     lines: set[int] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(source_tree.tree(path)):
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
             lines |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno")}
     return lines
 
 
-def import_graph(known: dict[str, Path]) -> dict[str, dict[str, list[int]]]:
+def import_graph(known: dict[str, Path], annotations: bool = False) -> dict[str, dict[str, list[int]]]:
     """{module: {imported module of ours: [line, ...]}}, module-level and function-level imports alike (those
-    under `if TYPE_CHECKING:` excepted)."""
+    under `if TYPE_CHECKING:` excepted, unless `annotations`)."""
     graph: dict[str, dict[str, list[int]]] = {}
     for module, path in known.items():
         edges: dict[str, list[int]] = {}
-        typing_only = type_checking_lines(path)
+        typing_only = set() if annotations else type_checking_lines(path)
         for name, line, _ in imports(path, module):
             dest = target(name, known)
             if line in typing_only:
@@ -126,6 +127,21 @@ def test_no_import_cycle():
         describe(c, graph, known) for c in found)
 
 
+ANNOTATION_CYCLES_LEFT = [["minilmd.trainer.loop.resume", "minilmd.trainer.loop.train"]]
+"""resume.py names the Trainer only for its annotations (issue 43: once resume() returns what it found and the
+Trainer applies it, this goes; remove the entry then)."""
+
+
+def test_no_cycle_through_annotations_either():
+    """An import for annotations only still ties two modules into one concern (config <-> config_values was one:
+    the schema now sits below both, minilmd/config_sections.py)."""
+    known = module_files(PACKAGES)
+    graph = import_graph(known, annotations=True)
+    found = [c for c in cycles(graph) if c not in ANNOTATION_CYCLES_LEFT]
+    assert not found, "cycles through annotation-only imports:\n" + "\n".join(
+        describe(c, graph, known) for c in found)
+
+
 def test_the_checker_catches_a_function_level_cycle(tmp_path):
     """A package whose two modules import each other, one of them only inside a function, is a cycle; a third
     module that imports one of them without being imported back is not in it."""
@@ -143,6 +159,10 @@ def test_the_checker_catches_a_function_level_cycle(tmp_path):
     assert "pkg/b.py:2 imports pkg.a" in report and "pkg/a.py:1 imports pkg.b" in report
     (pkg / "b.py").write_text("def g():\n    return 1\n", encoding="utf-8")
     assert cycles(import_graph(module_files({"pkg": pkg}))) == []
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import X\n",
+                              encoding="utf-8")  # an annotation-only import back: a cycle only when counted
+    assert cycles(import_graph(module_files({"pkg": pkg}))) == []
+    assert cycles(import_graph(module_files({"pkg": pkg}), annotations=True)) == [["pkg.a", "pkg.b"]]
 
 
 def test_finding_checkpoints_loads_no_numpy():

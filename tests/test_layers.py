@@ -11,6 +11,11 @@
   the trainer: neither that module nor anything it imports, transitively, names `minilmd.trainer`; and they run in a
   process where torch and `minilmd.trainer` are unimportable.
 - "Where things live" in docs/architecture.md names every package and module there is, and no other.
+- `trainer/` means "needs torch": every module of it (a package's __init__ aside) imports torch, or a module of
+  ours that does, transitively; a torch-free one belongs in the core (minilmd/plan/ and the like).
+- Folders in layers: FOLDER_LAYERS orders every folder of code bottom to top, and a folder imports only its own
+  modules and those of folders below it (annotation-only and function-level imports count), so no two folders
+  import each other, however indirectly.
 """
 from __future__ import annotations
 
@@ -295,3 +300,128 @@ def test_the_test_module_rule_can_fail(tmp_path):
     (tmp_path / "test_a.py").write_text("def helper():\n    return 1\n")
     (tmp_path / "test_b.py").write_text("from test_a import helper\n\n\ndef test_b():\n    assert helper()\n")
     assert imports_of_test_modules(tmp_path) == [f"{tmp_path.name}/test_b.py:1: imports test_a"]
+
+
+# --- trainer/ needs torch ----------------------------------------------------------------------------------------
+
+NEEDS_TORCH = ("torch", "safetensors.torch", "transformers", "peft", "accelerate")
+
+
+def torch_free_modules(package: str, modules: dict[str, Path]) -> list[str]:
+    """The modules of `package` (its packages' __init__ aside) that neither import torch (or what loads it) nor
+    import, transitively, a module of `modules` that does."""
+    needs: dict[str, bool] = {}
+
+    def reaches_torch(module: str, path: tuple[str, ...] = ()) -> bool:
+        if module not in needs:
+            needs[module] = False  # a module on the current path: its answer comes from the other imports
+            for name, _, _ in imports(modules[module], module):
+                parts = name.split(".")
+                ours = [".".join(parts[:n]) for n in range(1, len(parts) + 1) if ".".join(parts[:n]) in modules]
+                if any(name == t or name.startswith(t + ".") for t in NEEDS_TORCH) or any(
+                        target not in path and reaches_torch(target, (*path, module)) for target in ours):
+                    needs[module] = True
+                    break
+        return needs[module]
+
+    return sorted(m for m, path in modules.items()
+                  if m.startswith(package + ".") and path.name != "__init__.py" and not reaches_torch(m))
+
+
+def test_every_trainer_module_needs_torch():
+    free = torch_free_modules("minilmd.trainer", every_module())
+    assert not free, ("torch-free modules in trainer/ (move them into the core, e.g. minilmd/plan/): "
+                      + ", ".join(free))
+
+
+def test_the_needs_torch_rule_can_fail(tmp_path):
+    """A module importing only the stdlib and the core is found; one that reaches torch through a module of ours
+    (inside a function) is not, nor is a package's __init__."""
+    files = {"minilmd.trainer": "", "minilmd.trainer.plain": "import json\nfrom minilmd.names import STATE\n",
+             "minilmd.trainer.uses": "def f():\n    from minilmd.trainer.model import m\n",
+             "minilmd.trainer.model.m": "import torch.nn\n", "minilmd.names": "import os\n"}
+    modules = {}
+    for name, text in files.items():
+        path = tmp_path / (name + ("/__init__.py" if name == "minilmd.trainer" else ".py"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        modules[name] = path
+    assert torch_free_modules("minilmd.trainer", modules) == ["minilmd.trainer.plain"]
+
+
+# --- folders in layers -------------------------------------------------------------------------------------------
+
+FOLDER_LAYERS = (
+    "minilmd",                  # the core's base: names, config, checkpoint format, meta.json, file I/O
+    "minilmd/corpus/sources",   # raw corpora read
+    "minilmd/corpus",           # a prepared corpus read, tokenizers, chat templates
+    "minilmd/corpus/analysis",  # what a corpus holds
+    "minilmd/corpus/prepare",   # writing one (its report from the analysis)
+    "minilmd/corpus/bench",
+    "minilmd/plan",             # what a run will do: rows, budget, schedule, FLOPs
+    "daemon/host", "daemon/child", "daemon/jobs", "daemon/phases", "daemon/slurm", "daemon", "daemon/views",
+    "trainer", "trainer/checkpoint", "trainer/model", "trainer/loop", "trainer/bench",
+    "minilmd/cli",              # the command line reaches everything, inside its commands' bodies
+)
+"""Every folder of code, bottom to top: a folder imports only itself and the folders before it."""
+DAEMON_ROOT_UNSPLIT = {("daemon/host", "daemon"), ("daemon/child", "daemon"), ("daemon/jobs", "daemon"),
+                       ("daemon/phases", "daemon")}
+"""The one tangle left (issue 43): daemon/ holds both the loop's top (supervisor, preflight, infra) and the bottom
+its subfolders build on (states, statesections, runstate, worker, policy). Split it and empty this set; the test
+fails on any other upward import, and on an entry here that no longer happens."""
+
+
+def folder_of(path: Path, root: Path) -> str:
+    return str(path.parent.relative_to(root))
+
+
+def folder_imports(modules: dict[str, Path], root: Path) -> dict[tuple[str, str], str]:
+    """{(folder, folder it imports): the first import line that does} over every import of every module,
+    annotation-only (`if TYPE_CHECKING:`) and function-level ones included."""
+    found: dict[tuple[str, str], str] = {}
+    for module, path in sorted(modules.items()):
+        for name, line, _ in imports(path, module):
+            parts = name.split(".")
+            ours = [".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules]
+            if ours:
+                pair = (folder_of(path, root), folder_of(modules[ours[0]], root))
+                if pair[0] != pair[1]:
+                    found.setdefault(pair, f"{path.relative_to(root)}:{line} imports {name}")
+    return found
+
+
+def upward_imports(found: dict[tuple[str, str], str], layers: tuple[str, ...]) -> dict[tuple[str, str], str]:
+    """The imports of a folder from a folder at or above it in `layers` (or in no layer): each one half of a
+    folder cycle, or a cycle's beginning."""
+    rank = {folder: i for i, folder in enumerate(layers)}
+    return {pair: where for pair, where in found.items()
+            if pair[0] not in rank or pair[1] not in rank or rank[pair[1]] > rank[pair[0]]}
+
+
+def test_every_folder_of_code_is_in_one_layer():
+    folders = {folder_of(path, REPO) for path in every_module().values()}
+    assert sorted(folders) == sorted(FOLDER_LAYERS) and len(set(FOLDER_LAYERS)) == len(FOLDER_LAYERS)
+
+
+def test_no_folder_imports_one_above_it():
+    upward = upward_imports(folder_imports(every_module(), REPO), FOLDER_LAYERS)
+    new = {pair: where for pair, where in upward.items() if pair not in DAEMON_ROOT_UNSPLIT}
+    assert not new, "imports of a folder above (a folder cycle, or one begun):\n" + "\n".join(
+        f"{a} -> {b}: {where}" for (a, b), where in sorted(new.items()))
+    gone = DAEMON_ROOT_UNSPLIT - set(upward)
+    assert not gone, f"no longer imported: remove from DAEMON_ROOT_UNSPLIT: {sorted(gone)}"
+
+
+def test_the_layers_fail_on_a_folder_cycle(tmp_path):
+    """Two folders that import each other, one only for an annotation, the other inside a function: whichever
+    order the layers list them in, one of the two imports is upward."""
+    files = {"core/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from core.sub.y import Y\n",
+             "core/sub/y.py": "class Y:\n    def f(self):\n        from core.x import X\n",
+             "core/__init__.py": "", "core/sub/__init__.py": ""}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    found = folder_imports(modules_of("core", tmp_path / "core"), tmp_path)
+    assert set(found) == {("core", "core/sub"), ("core/sub", "core")}, found
+    assert set(upward_imports(found, ("core", "core/sub"))) == {("core", "core/sub")}
+    assert set(upward_imports(found, ("core/sub", "core"))) == {("core/sub", "core")}

@@ -10,8 +10,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from minilmd.config import LoraSection, ModelSection
-from minilmd.trainer.loop.metrics import Throughput
-from minilmd.trainer.loop.mfu import flops_per_token, parameter_split
+from minilmd.metrics import Throughput
+from minilmd.plan.mfu import flops_per_token
+from minilmd.trainer.loop.components import parameter_split
 from minilmd.trainer.model.lora import apply_lora
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
@@ -95,7 +96,7 @@ def test_an_interval_of_only_the_compiling_step_reports_that_step_compile_includ
 
 
 def test_a_mig_instance_gets_no_mfu_rather_than_the_whole_cards_peak():
-    from minilmd.trainer.loop.mfu import peak_flops
+    from minilmd.plan.mfu import peak_flops
 
     assert peak_flops("NVIDIA H200", "bf16") == pytest.approx(989e12)
     assert peak_flops("NVIDIA H200 MIG 1g.18gb", "bf16") is None

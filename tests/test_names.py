@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import source_tree
 from minilmd import names
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,7 +124,7 @@ def test_no_module_spells_an_owned_name_or_slices_a_step_name():
             rel = path.relative_to(REPO).as_posix()
             if rel == "minilmd/names.py" or rel in NOT_YET:
                 continue
-            offenders += [f"{rel}: {lit!r}" for lit in _names_spelled(path.read_text(encoding="utf-8"))]
+            offenders += [f"{rel}: {lit!r}" for lit in _names_spelled(source_tree.source(path))]
     assert not offenders, "spell these through minilmd.names:\n" + "\n".join(offenders)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import source_tree
 from minilmd import perms
 from minilmd import scratch as scratchmod
 from minilmd.daemon import demo
@@ -152,7 +153,7 @@ def test_the_system_registry_is_judged_by_own_uid(neither_roots, monkeypatch):
 
 def geteuid_calls(path: Path) -> list[int]:
     """The lines of a module that name os.geteuid (called or passed), or import geteuid from os or posix."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = source_tree.tree(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "geteuid":

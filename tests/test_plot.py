@@ -12,7 +12,7 @@ import pytest
 
 from minilmd import names
 from minilmd.daemon.views import curves
-from minilmd.trainer.loop.metrics import MetricsLog
+from minilmd.metrics import MetricsLog
 
 
 def write_lines(path: Path, records: list[dict]) -> None:
@@ -83,6 +83,25 @@ def test_the_plot_draws_what_the_curves_hold_for_two_runs_against_tokens(tmp_pat
     assert summary.legend_overlaps == []
     with pytest.raises(ValueError, match="png or .svg"):
         plot([a], tmp_path / "ab.jpg")
+
+
+def test_supervisor_restarts_sit_at_the_step_the_run_had_reached_when_a_resume_went_back(tmp_path):
+    """Issue 39: killed with its supervisor after logging steps 100 and 250, each relaunch resumed from an earlier
+    step (10, then 0) and logged those steps again; both restarts were drawn at step 10, the first step the last
+    attempt logged, not where the run was when its supervisor started again."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    clock = iter(range(2000, 10_000, 2))
+    lines = [dict(train(s, a), time=float(next(clock)))
+             for a, steps in ((1, range(10, 101, 10)), (2, range(20, 253, 10)), (3, range(10, 456, 10)))
+             for s in steps]
+    write_lines(run_dir / names.METRICS, lines)
+    first_of = {a: next(r["time"] for r in lines if r["tok_s"] == 500.0 + a) for a in (2, 3)}
+    write_lines(run_dir / names.EVENTS, [{"time": t - 1, "event": "start", "message": "supervisor pid 1 owns ..."}
+                                         for t in (1999.0, first_of[2], first_of[3])])
+    run = curves.load(run_dir)
+    assert [(m.cause, m.step) for m in run.restarts] == [("supervisor", 100.0), ("supervisor", 250.0)]
+    assert run.step_at(1000.0) == 0.0 and run.step_at(first_of[2] + 1) == 25.0  # halfway from 20 to 30
 
 
 def test_a_stopped_and_relaunched_run_is_marked_stop_and_a_killed_supervisor_supervisor(tmp_path):

@@ -271,7 +271,7 @@ def test_progress_plain_lines_off_a_terminal_and_a_bar_on_one():
 
 
 def test_workers_process_pool_gets_all_cores_by_default():
-    from minilmd.corpus.prepare.pipeline import default_workers
+    from minilmd.corpus.workers import default_workers
 
     assert default_workers() == len(os.sched_getaffinity(0))
 
@@ -314,7 +314,7 @@ def test_any_unicode_text_round_trips(tmp_path_factory, tokenizer, texts):
 
 
 def test_reported_epoch_sizes_match_the_trainers_samplers(tmp_path, demo_jsonl, tokenizer):
-    data = pytest.importorskip("minilmd.trainer.batches.samplers")
+    data = pytest.importorskip("minilmd.plan.samplers")
     meta, _ = run_prepare(demo_jsonl, tokenizer, tmp_path / "p", seq_len=64, batch_size=8, val_fraction=0.1)
     pc = open_prepared(tmp_path / "p")
     packed = data.make_sampler("packed", pc.train.tokens, pc.train.doc_starts, 64, 0)

@@ -68,7 +68,7 @@ def test_force_whose_final_rename_fails_keeps_the_old_corpus_in_place(tmp_path, 
     """Before, `--force` moved the old corpus aside, then renamed the new one in: a failure (or a SIGTERM, or a
     SIGKILL) between the two left --out missing, and the next prepare deleted the aside as a dead prepare's
     leftover. Now the two are swapped in one step, or the old one is put back."""
-    from minilmd import fsio
+    from minilmd.dirfd import Dir
 
     out = tmp_path / "c"
     run_prepare(demo_jsonl[:1], tokenizer, out, val_fraction=0.1)
@@ -76,13 +76,15 @@ def test_force_whose_final_rename_fails_keeps_the_old_corpus_in_place(tmp_path, 
     real_rename = os.rename
 
     def rename(src, dst, **kw):
-        if Path(dst) == out and Path(src).name.startswith(".c.prepare-") and not Path(src).name.endswith(".old"):
+        # renames in --out's directory go through its descriptor (minilmd/dirfd.py): names relative to it
+        if Path(dst).name == out.name and Path(src).name.startswith(".c.prepare-") and \
+                not Path(src).name.endswith(".old"):
             raise OSError(5, "Input/output error")  # the new corpus's rename into place fails
         return real_rename(src, dst, **kw)
 
     monkeypatch.setattr(os, "rename", rename)
     if swap != "a file system that swaps":
-        monkeypatch.setattr(fsio, "exchange", lambda a, b: False)
+        monkeypatch.setattr(Dir, "exchange", lambda self, a, b: False)
         with pytest.raises(OSError, match="Input/output error"):
             run_prepare(demo_jsonl[1:], tokenizer, out, val_fraction=0.1, force=True)
         assert (out / "meta.json").read_text() == before

@@ -89,7 +89,7 @@ def test_the_writer_counts_the_gpu_wait_rewrites_atomically_and_says_once_when_i
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big-run.prom"]  # no temp file left
 
-    monkeypatch.setattr(prometheus, "atomic_write_text", _refuse)  # a full or read-only textfile directory
+    monkeypatch.setattr(prometheus, "_write", _refuse)  # a full or read-only textfile directory
     for _ in range(3):
         clock[0] += 10
         writer.tick("training")

@@ -104,6 +104,9 @@ def test_a_remote_unreadable_at_start_is_retried_without_giving_up_and_never_rep
                                                             "backoff_max": "0.3s", "hang_timeout": "30s"})
     cfg = load_config(config)
     faultfs.add_rule("*", "remote*", "error", errno=errno.EIO)
+    check = cli("run", "--check", str(config))  # an unreadable remote fails the fetch itself: waited for
+    assert check.returncode == 0 and "waits: run.remote: " in check.stdout and "is unreadable (Input/output error)" \
+        in check.stdout, check.stdout + check.stderr
     sup = start_supervisor(config, tmp_path / "sup.out")
     try:
         wait_for(lambda: len([m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m]) >= 5, 60,

@@ -51,7 +51,7 @@ def test_a_checkpoint_being_synced_is_never_pruned_and_a_failing_remote_does_not
         hit = wait_for(lambda: faultfs.hits("stall", "write"), 60, "a sync to reach the remote")[0]
         copying = hit["path"].split("/")[1][len(".tmp-"):].rsplit("-", 2)[0]  # .tmp-step-XXXXXXXX-<host>-<pid>
         assert copying.startswith("step-")
-        wait_for(lambda: any("has been failing" in m for m in event_texts(cfg.run_dir, "prune")), 60,
+        wait_for(lambda: any("no verified sync for" in m for m in event_texts(cfg.run_dir, "prune")), 60,
                  "pruning while the remote is stuck")
         for _ in range(20):  # scratch stays small, and the checkpoint being copied stays
             steps = local_steps(cfg)

@@ -218,6 +218,8 @@ def test_when_nothing_can_be_pruned_the_run_waits_for_space_says_so_and_then_fin
 class FullRemote:
     """A Syncer whose remote is full until `room` is set: each sync raises RemoteFull, as sync.py does on ENOSPC."""
 
+    base_problem = None  # no LoRA base to copy
+
     def __init__(self):
         self.tries, self.room = 0, False
 

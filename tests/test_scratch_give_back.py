@@ -5,6 +5,8 @@ its staged corpus and checkpoints there for good (issue: every stage finishes un
   run's events say how much was freed; the remote keeps the checkpoint.
 - `run.keep_scratch = true`, or no `run.remote` (scratch holds the only copy): scratch stays, and the events say why.
 - `scratch.give_back` never removes a directory that is not marked for this run.
+- A run stopped before its first checkpoint removes its scratch (issue 39: it kept it); one with anything under
+  checkpoints/ keeps it, as does `run.keep_scratch`.
 """
 from __future__ import annotations
 
@@ -14,7 +16,16 @@ import pytest
 
 from minilmd import checkpoint, scratch
 from minilmd.config import RunSection, load_config
-from supervisor_helpers import events, run_supervisor, write_config
+from supervisor_helpers import (
+    cli,
+    events,
+    run_supervisor,
+    start_supervisor,
+    state,
+    wait_for,
+    wait_or_kill,
+    write_config,
+)
 
 
 def _claimed(tmp_path: Path, name: str = "s") -> tuple[Path, Path]:
@@ -68,3 +79,52 @@ def test_a_finished_run_removes_its_scratch_after_the_last_sync_unless_kept(tmp_
     remote = Path(cfg.run.remote)
     assert checkpoint.read_latest(remote) == "step-00000030"
     checkpoint.validate(remote / "step-00000030")
+
+
+def test_a_scratch_without_a_checkpoint_goes_back_one_with_anything_under_checkpoints_stays(tmp_path):
+    scratch_dir, run_dir = _claimed(tmp_path)
+    (scratch_dir / "checkpoints" / "quarantine").mkdir(parents=True)
+    assert scratch.give_back_unsaved(scratch_dir, run_dir, RunSection(remote="/nfs/x")) is None
+    assert (scratch_dir / "corpus" / "tokens.bin").is_file()
+    (scratch_dir / "checkpoints" / "quarantine").rmdir()
+    assert scratch.give_back_unsaved(scratch_dir, run_dir, RunSection(keep_scratch=True)) is None
+    said = scratch.give_back_unsaved(scratch_dir, tmp_path / "another-run", RunSection())
+    assert (scratch_dir / "corpus").is_dir() and said is not None and "another-run" in said
+    said = scratch.give_back_unsaved(scratch_dir, run_dir, RunSection())
+    assert not scratch_dir.exists() and said is not None and said.startswith(f"removed {scratch_dir}: "), said
+
+
+@pytest.mark.slow
+def test_a_run_stopped_before_it_trained_removes_its_scratch(tmp_path, corpus):
+    """Issue 39: stopped while it waited for its predecessor (init.from a run not started), the run kept the
+    scratch it had claimed at launch."""
+    before = write_config(tmp_path, corpus, name="before")
+    config = write_config(tmp_path, corpus, name="after", init={"from": str(before)}, run={"keep_scratch": False})
+    cfg = load_config(config)
+    proc = start_supervisor(config, tmp_path / "after.out")
+    try:
+        wait_for(lambda: state(cfg.run_dir).get("phase") == "waiting_init", timeout=120)
+        assert (cfg.scratch_dir / "owner.json").is_file()
+        stopped = cli("stop", str(cfg.run_dir), timeout=120)
+        assert stopped.returncode == 0, stopped
+    finally:
+        assert wait_or_kill(proc) == 0
+    assert not cfg.scratch_dir.exists()
+    said = [e["message"] for e in events(cfg.run_dir) if e.get("event") == "scratch"]
+    assert len(said) == 1 and said[0].startswith(f"removed {cfg.scratch_dir}: "), said
+
+
+@pytest.mark.parametrize("where", ["the run directory", "inside it", "holding it"])
+def test_a_scratch_overlapping_the_run_directory_is_refused_and_never_given_back(tmp_path, where):
+    """A review found `run.scratch = run.dir` accepted by `--check`, and a stop then deleting the whole run
+    directory (state, events, logs) through the give-back's rmtree."""
+    run_dir = tmp_path / "run"
+    scratch_dir = {"the run directory": run_dir, "inside it": run_dir / "scratch", "holding it": tmp_path}[where]
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text("{}")
+    scratch_dir.mkdir(exist_ok=True)
+    assert "overlap" in " ".join(scratch.problems(scratch_dir, run_dir, is_default=False))
+    with pytest.raises(scratch.ScratchRefused):
+        scratch.claim(scratch_dir, run_dir, "r", is_default=False)
+    assert "overlap" in (scratch.remove_own(scratch_dir, run_dir) or "")
+    assert (run_dir / "state.json").is_file()

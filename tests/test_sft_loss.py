@@ -105,7 +105,7 @@ def test_bench_sft_measures_the_three_modes_on_the_same_model(tmp_path, chat):
 
 def test_sft_defaults_fill_only_what_the_config_leaves_out_and_epochs_are_a_budget(tmp_path, chat):
     from minilmd.config import SFT_DEFAULTS, apply_sft_defaults
-    from minilmd.trainer.loop.train import total_steps_for_budget
+    from minilmd.plan.budget import total_steps_for_budget
 
     cfg = load_config(write_config(tmp_path, chat, name="defaults", train={"max_steps": 0, "max_epochs": 1.5}),
                       ["train.min_lr_ratio=0.5"])

@@ -54,7 +54,7 @@ TABLE = [
     ("the file is a link", Place.THERE, ""),
     ("link to a dir with the file", Place.THERE, ""),
     ("link to an empty dir", Place.EMPTY, "an empty directory (its share not mounted?)"),
-    ("link leading nowhere", Place.GONE, "not there (its share gone?)"),
+    ("link leading nowhere", Place.GONE, "a link to nowhere (-> {nfs}/wiki: its share gone or not mounted?)"),
     ("a file where the directory belongs", Place.NOT_A_DIRECTORY, "not a directory (a regular file)"),
 ]
 
@@ -63,7 +63,7 @@ TABLE = [
 def test_the_look_at_a_local_place(tmp_path, case, place, said):
     root = _make(case, tmp_path)
     for found in (look(root, META), look(str(root), META, LOCAL)):  # a path, or fsspec's local filesystem
-        assert (found.place, str(found)) == (place, said), case
+        assert (found.place, str(found)) == (place, said.format(nfs=tmp_path / "nfs")), case
         assert found.outage == (place in (Place.GONE, Place.EMPTY))
 
 
@@ -168,6 +168,8 @@ def test_the_config_check_waits_for_a_corpus_share_gone_behind_a_link(tmp_path, 
     place = _make(case, tmp_path)
     cfg = load_config(write_config(tmp_path, (place, 512), remote=False))
     problems, absent = _check_prepared_dir(cfg)
-    said = "is an empty directory now (its share not mounted?)" if case == "empty dir" else \
-        "is not there now (its share gone?)"
+    said = {"empty dir": "is an empty directory now (its share not mounted?)",
+            "gone": "is not there now (its share gone?)",
+            "link leading nowhere": f"is a link to nowhere now (-> {tmp_path / 'nfs' / 'wiki'}: its share gone or "
+                                    f"not mounted?)"}[case]
     assert absent == said and len(problems) == 1, (problems, absent)

@@ -16,7 +16,7 @@ import pytest
 
 from minilmd.checkpoint import FORMAT, REQUIRED_FILES, VERSION, CheckpointInvalid, validate
 from minilmd.corpus.format import verify_prepared
-from minilmd.corpus.meta import CorpusError, parse_meta, read_meta
+from minilmd.corpus_meta import CorpusError, parse_meta, read_meta
 from minilmd.daemon.jobs.initstage import stage_init
 from minilmd.daemon.jobs.staging import SourceInvalid, stage
 from minilmd.init_source import InitSource, InitSourceError, fingerprint

@@ -156,7 +156,7 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
     assert [(r["cause"], r["action"]) for r in final["restarts"]] == [("killed", "restart")], final["restarts"]
     logs = sorted((cfg.run_dir / "logs").iterdir())
     header = logs[0].read_text().splitlines()[0]
-    assert header.startswith("# attempt 1: srun --nodes 1") and "--rdzv-backend c10d" in header, header
+    assert header.startswith("# attempt 1: srun --nodes 1") and "--rdzv-backend minilmd-c10d" in header, header
     assert f"--rdzv-endpoint {slurm.node}:" in header and "--kill-on-bad-exit=1" in header, header
     assert f"minilmd node {slurm.node}: corpus at" in logs[0].read_text()
     assert "resumed from" in logs[-1].read_text()

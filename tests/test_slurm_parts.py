@@ -14,6 +14,7 @@ import pytest
 
 from fakes_nvml import FREE, FakeNvml
 from minilmd import scratch
+from minilmd.daemon.child.process import is_torchrun
 from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable
 from minilmd.daemon.slurm import job as slurm
 
@@ -56,7 +57,7 @@ def test_slurm_allocation_comes_from_the_job_environment():
     assert alloc is not None
     assert runner.calls == [["scontrol", "show", "hostnames", "gpu[01-02]"]]
     assert (alloc.job_id, alloc.nodes, alloc.gpus, alloc.restart_count) == ("42", ["gpu01", "gpu02"], [0, 1], 1)
-    assert alloc.rendezvous_endpoint == f"gpu01:{slurm.RDZV_PORT_BASE + 42}"
+    assert alloc.rendezvous_endpoint(31234) == "gpu01:31234"
     assert slurm.rank0_warning(alloc) is None
     assert slurm.detect({}, runner) is None  # outside Slurm
     plain = slurm.detect({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "a,b", "SLURM_JOB_GPUS": "2-3"},
@@ -89,13 +90,21 @@ def test_slurm_multinode_launch_is_srun_with_one_c10d_torchrun_per_node(tmp_path
     assert node == ["--scratch", str(tmp_path / "s"), "--source", "/nfs/corpus", "--run-dir", str(tmp_path / "r"),
                     "--run-name", "r", "--default"]
     torchrun = command[command.index("--") + 1:]
-    assert torchrun[:3] == [sys.executable, "-m", "torch.distributed.run"]  # child.classify looks for it
-    assert " ".join(torchrun[3:15]) == (f"--nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "
-                                        f"gpu01:{slurm.RDZV_PORT_BASE + 42} --rdzv-id minilmd-42-3 --max-restarts 0")
+    assert torchrun[:3] == [sys.executable, "-m", "minilmd.trainer.loop.rendezvous"]  # torchrun, own rendezvous
+    assert is_torchrun(command)  # child.classify and the thread count look for it
+    endpoint = torchrun[torchrun.index("--rdzv-endpoint") + 1]
+    assert endpoint.startswith("gpu01:") and int(endpoint.partition(":")[2]) > 0  # a port the kernel gave, now
+    assert " ".join(torchrun[3:15]) == (f"--nnodes 2 --nproc-per-node 2 --rdzv-backend minilmd-c10d --rdzv-endpoint "
+                                        f"{endpoint} --rdzv-id minilmd-42-3 --max-restarts 0")
+    secret = job.launch_env["MINILMD_RDZV_SECRET"]
+    assert len(secret) == 64 and secret not in " ".join(command)  # in the environment only: cmdline is public
+    assert job.command(train, 4, Cfg, None)[:3] == ["srun", "--nodes", "2"]
+    assert job.launch_env["MINILMD_RDZV_SECRET"] != secret  # a new secret each attempt
     assert torchrun[-4:] == train[3:] and torchrun[-6:-4] == ["-m", "minilmd.cli"]
     one = job_for(FakeScontrol(), {**JOB_ENV, "SLURM_JOB_NODELIST": "gpu01"})
     one.alloc.nodes = ["gpu01"]
     assert one.command(train, 1, Cfg, None) == train  # one node: as on one server
+    assert one.launch_env == {}
     monkeypatch.setenv("MINILMD_SLURM_SRUN", "1")  # the multi-node script: srun on one node too
     assert one.command(train, 1, Cfg, None)[:3] == ["srun", "--nodes", "1"]
 

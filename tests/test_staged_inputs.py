@@ -266,7 +266,7 @@ def test_a_probe_there_and_not_a_corpus_stays_a_final_data_error(tmp_path, corpu
 def test_the_probe_reads_its_val_split_only(tmp_path, corpus):
     """The trainer's probe rows come from meta.json and val/ alone: a copy without its train split (what staging
     puts in scratch) gives the same rows as the whole corpus; on main the train split was mapped and scanned."""
-    from minilmd.trainer.loop.early_stop import probe_batches
+    from minilmd.plan.early_stop import probe_batches
 
     whole = load_config(write_config(tmp_path, corpus, remote=False, eval={"probe": str(corpus[0])}))
     val_only = shutil.copytree(corpus[0], tmp_path / "val-only")

@@ -123,7 +123,7 @@ class FirstAttemptUnreaped(Infra):
     def __init__(self):
         self.held: UnreapedPopen | None = None
 
-    def launch(self, command, run_dir, attempt, devices, compile_cache=None):
+    def launch(self, command, run_dir, attempt, devices, compile_cache=None, extra_env=None):
         child = super().launch(command, run_dir, attempt, devices, compile_cache)
         if attempt == 1:
             child.popen = self.held = UnreapedPopen(child.popen)

@@ -19,7 +19,7 @@ from minilmd import checkpoint_dirs
 from minilmd.daemon.jobs import remote as remote_mod
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
-from minilmd.names import QUARANTINE, sync_tmp_name
+from minilmd.names import QUARANTINE, host_tag, sync_tmp_name
 from minilmd.untrusted import Unreadable
 from sync_helpers import EXPECTED, StaleSizes, corrupt, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures
 from waiting import wait_until, without_blocking
@@ -88,7 +88,7 @@ def test_leftovers_of_an_interrupted_sync_are_cleaned_and_another_hosts_live_cop
     syncer.sync_newest()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    ours = remote / sync_tmp_name("step-00000020", sync_module._host(), dead.pid)
+    ours = remote / sync_tmp_name("step-00000020", host_tag(), dead.pid)
     live_elsewhere = remote / sync_tmp_name("step-00000020", "otherhost", os.getpid())
     old_elsewhere = remote / sync_tmp_name("step-00000015", "otherhost", 4242)
     old_pointer_tmp = remote / ".LATEST.abc123.tmp"

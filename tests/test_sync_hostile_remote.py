@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from minilmd import names
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote import Remote
@@ -54,7 +55,7 @@ class RacedRemote(Remote):
     to `to` appears there (or at `inside` in it)."""
 
     def __init__(self, url: str, at: str, to: Path, inside: str | None = None):
-        super().__init__(url, pointer_tmp_tag(sync_module._host(), os.getpid()))
+        super().__init__(url, pointer_tmp_tag(names.host_tag(), os.getpid()))
         self.at, self.to, self.inside, self.planted = at, to, inside, False
 
     def _plant(self, *names: str) -> None:
@@ -76,7 +77,7 @@ class RacedRemote(Remote):
 
 def raced_syncer(local: Path, remote: Path, **race) -> Syncer:
     syncer = Syncer(local, str(remote), EXPECTED)
-    syncer._remote = RacedRemote(str(remote), sync_tmp_name("step-00000010", sync_module._host(), os.getpid()),
+    syncer._remote = RacedRemote(str(remote), sync_tmp_name("step-00000010", names.host_tag(), os.getpid()),
                                  **race)
     return syncer
 
@@ -105,7 +106,7 @@ def test_another_users_entry_at_the_temporary_name_is_left_and_the_sync_goes_on(
     """A real second user's directory at the predictable temporary name: left as it is, said once, the checkpoint
     copied under a fresh name that names.remote_tmp_owner reads back as this host's and this pid's (the clean-up of
     a killed sync's leftovers still takes it)."""
-    local, host = tmp_path / "scratch", sync_module._host()
+    local, host = tmp_path / "scratch", names.host_tag()
     at = sync_tmp_name("step-00000010", host, os.getpid())
     sh_as_user(f"mkdir {at} && echo theirs > {at}/notes", cwd=shared)
     save(local, 10, weights)
@@ -218,7 +219,7 @@ def test_retention_and_the_clean_up_leave_what_another_user_made(shared, tmp_pat
     without_blocking(syncer.sync_newest)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    host = sync_module._host()
+    host = names.host_tag()
     stale_tmp, dead_tmp = sync_tmp_name("step-00000003", "otherhost", 4242), sync_tmp_name("step-00000004", host,
                                                                                               dead.pid)
     pointer_tmp = f".LATEST.{pointer_tmp_tag(host, dead.pid)}x.tmp"

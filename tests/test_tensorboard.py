@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from minilmd.config import ConfigError, config_from_dict
+from minilmd.metrics import MetricsLog
 from minilmd.trainer.loop import tensorboard
-from minilmd.trainer.loop.metrics import MetricsLog
 
 
 def config(tmp_path, **log):

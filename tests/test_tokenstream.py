@@ -10,8 +10,8 @@ import pytest
 
 from data_helpers import write_jsonl
 from minilmd.corpus.format import TokenStream, open_prepared, verify_prepared
-from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.pipeline import prepare
+from minilmd.corpus_meta import CorpusError
 
 
 @pytest.fixture(scope="module")

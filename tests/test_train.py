@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV, HEARTBEAT
+from minilmd.plan.budget import total_steps_for_budget
 from minilmd.protocol import EXIT_CONFIG, EXIT_CUDA_OOM, EXIT_DATA, EXIT_DONE, EXIT_STOPPED, read_fault
-from minilmd.trainer.loop.train import total_steps_for_budget
 from trainer_corpus import child_env, read_metrics, resumed_step, run_paths, train, train_cmd, write_config
 from waiting import wait_until
 
@@ -31,7 +31,7 @@ def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpu
     assert [m["step"] for m in lines] == list(range(1, 41))
     assert set(lines[0]) >= {"step", "tokens_seen", "loss", "lr", "grad_norm", "tok_s", "step_time",
                              "eval_s", "checkpoint_s", "compile_s", "total_steps", "time"}
-    # the evaluation after step 20 is timed apart, in the next line, not in its tok_s (trainer/loop/metrics.py)
+    # the evaluation after step 20 is timed apart, in the next line, not in its tok_s (minilmd/metrics.py)
     assert lines[20]["eval_s"] > 0 and lines[0]["eval_s"] == lines[19]["eval_s"] == 0
     first = sum(m["loss"] for m in lines[:5]) / 5
     last = sum(m["loss"] for m in lines[-5:]) / 5

@@ -30,11 +30,14 @@ def test_check_prints_the_update_share_and_warns_above_the_threshold(tmp_path, c
     big = write_config(tmp_path, corpus, name="big", init={"from": str(base)}, train={"max_steps": 40})
     out = CliRunner().invoke(app, ["run", "--check", str(big)])
     assert out.exit_code == 0, out.output
-    assert "WARNING: update share: this run trains 320 sample updates, 32.0 % of the 1,000" in out.output
+    # 40 steps x 8 packed windows of 64 tokens = 320 rows: 320 / 621 windows an epoch x 380 documents = 196
+    assert ("WARNING: update share: this run trains 196 sample updates (documents: 320 rows, each a window of 64 "
+            "tokens across documents), 19.6 % of the 1,000 rows its base") in out.output
     assert "above eval.update_share_warn = 0.1" in out.output
     small = write_config(tmp_path, corpus, name="small", init={"from": str(base)}, train={"max_steps": 5})
     out = CliRunner().invoke(app, ["run", "--check", str(small)])
-    assert "update share: this run trains 40 sample updates, 4.0 %" in out.output and "WARNING" not in out.output
+    assert "update share: this run trains 24 sample updates (documents: 40 rows" in out.output
+    assert "2.4 % of the 1,000 rows" in out.output and "WARNING" not in out.output
 
 
 @pytest.mark.slow

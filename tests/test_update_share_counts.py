@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import load_config
-from minilmd.update_share import planned_rows, share_lines
+from minilmd.plan.budget import planned
+from minilmd.plan.update_share import share_lines
 from trainer_corpus import write_config
 
 # The seed's style SFT (section 3): 87,940 conversations x 5 epochs on top of a base SFT of 1,809,958 updates.
@@ -45,46 +46,50 @@ def style_config(tmp_path: Path, data_format: str, base: Path | None = None, **s
 def test_a_chat_run_counts_conversations_in_buckets_as_the_trainer_will(tmp_path):
     # bucketed (the SFT default, not written in the config): 87,940 - 87,940 % 16 = 87,936 rows an epoch;
     # 5 epochs = 439,680 rows = 27,480 steps of 16
-    assert planned_rows(style_config(tmp_path, "chat")) == 439_680
+    assert planned(style_config(tmp_path, "chat")).rows == 439_680
 
 
 def test_a_chat_run_in_padded_or_packed_mode_counts_as_that_mode(tmp_path):
     padded = style_config(tmp_path / "p", "chat", data={"mode": "padded"})
     # every conversation: 5 x 87,940 = 439,700 rows, ceil(439,700 / 16) = 27,482 steps of 16
-    assert planned_rows(padded) == 27_482 * 16
+    assert planned(padded).rows == 27_482 * 16
     packed = style_config(tmp_path / "k", "chat", data={"mode": "packed"})
     # windows: (10,552,800 - 767) // 768 = 13,739 an epoch; ceil(5 x 13,739 / 16) = 4,294 steps of 16
-    assert planned_rows(packed) == 4_294 * 16
+    assert planned(packed).rows == 4_294 * 16
 
 
 def test_a_text_run_stays_packed(tmp_path):
-    assert planned_rows(style_config(tmp_path, "text")) == 4_294 * 16
+    assert planned(style_config(tmp_path, "text")).rows == 4_294 * 16
 
 
 def test_the_seeds_style_sft_is_the_24_percent_warning(tmp_path):
     base = fake_checkpoint(tmp_path / "base" / "step-00113122", {"step": 113_122, "rows_seen": BASE_ROWS})
     lines = share_lines(style_config(tmp_path, "chat", base=base))
     assert len(lines) == 1 and lines[0].startswith(
-        "WARNING: update share: this run trains 439,680 sample updates, 24.3 % of the 1,809,958 of its base"), lines
+        "WARNING: update share: this run trains 439,680 sample updates (conversations: 439,680 rows, each one "
+        f"conversation, in buckets of like length), 24.3 % of the 1,809,958 rows its base {base} trained"), lines
     assert "use [lora]" in lines[0]
 
 
 def test_a_lora_run_is_not_told_to_use_lora(tmp_path):
     base = fake_checkpoint(tmp_path / "base" / "step-00113122", {"step": 113_122, "rows_seen": BASE_ROWS})
     lines = share_lines(style_config(tmp_path, "chat", base=base, lora={"rank": 8}))
-    assert len(lines) == 1 and "24.3 % of the 1,809,958" in lines[0], lines
+    assert len(lines) == 1 and "24.3 % of the 1,809,958 rows" in lines[0], lines
     assert "[lora]" not in lines[0] and "lora.rank" in lines[0]
 
 
 def test_a_base_without_rows_seen_counts_its_steps_times_its_global_batch(tmp_path):
     base = fake_checkpoint(tmp_path / "base" / "step-00000100", {"step": 100, "global_batch": 32})
     lines = share_lines(style_config(tmp_path, "chat", base=base, train={"max_epochs": 0, "max_steps": 10}))
-    assert lines == [f"update share: this run trains 160 sample updates, 5.0 % of the 3,200 of its base {base}"]
+    assert lines == ["update share: this run trains 160 sample updates (conversations: 160 rows, each one "
+                     "conversation, "
+                     f"in buckets of like length), 5.0 % of the 3,200 rows its base {base} trained"]
 
 
 # --- `corpus report --config`: the epochs a budget means, rows counted as the trainer will (issue 24) -------------
 def report_budget(tmp_path: Path, data_format: str, **train):
-    from minilmd.corpus.analysis.report import format_report, model_budget
+    from minilmd.corpus.analysis.report import format_report
+    from minilmd.plan.model_budget import model_budget
 
     # the test chat corpus's shape (tests/conftest.py chat_corpus): 735 train conversations of 37,485 tokens
     corpus = fake_corpus(tmp_path / f"corpus-{data_format}", data_format, 735, 37_485)
@@ -105,8 +110,8 @@ def test_a_chat_budget_in_steps_counts_conversations_not_windows(tmp_path):
     # 30 steps x 8 = 240 conversations of the 735 - 735 % 8 = 728 an epoch: 0.33 epochs (not 30 x 8 x 128 tokens
     # = 30,720 = 0.82 epochs of 37,485)
     assert m["rows"] == 240 and m["rows_per_epoch"] == 728 and m["epochs"] == pytest.approx(240 / 728)
-    assert "budget 12.4k tokens (240 conversations of 728 an epoch, one a row: bucketed) = 0.33 epochs of train" \
-        in text, text
+    assert ("budget 12.4k tokens (240 rows of 728 an epoch, each one conversation, in buckets of like length: 240 "
+            "conversations) = 0.33 epochs of train") in text, text
 
 
 def test_an_epoch_budget_shows_its_epochs(tmp_path):
@@ -118,3 +123,68 @@ def test_an_epoch_budget_shows_its_epochs(tmp_path):
 def test_a_text_budget_stays_in_windows(tmp_path):
     m, _ = report_budget(tmp_path, "text", max_steps=30)
     assert m["budget_tokens"] == 30 * 8 * 128 and m["epochs"] == pytest.approx(30 * 8 * 128 / 37_485)
+
+
+# --- padding-free SFT: the conversations trained, whatever a row holds (issue 43) ---------------------------------
+def conversation_corpus(root: Path, lengths: list[int]) -> Path:
+    """A chat corpus's meta.json and train's doc_lengths.npy: what the count of padding-free SFT reads."""
+    import numpy as np
+
+    fake_corpus(root, "chat", len(lengths), sum(lengths))
+    (root / "train").mkdir()
+    np.save(root / "train" / "doc_lengths.npy", np.array(lengths, dtype=np.int64))
+    return root
+
+
+def test_a_two_epoch_packed_chat_fine_tune_announces_its_conversations(tmp_path):
+    """9,090 conversations of 170 tokens pack 3 to a row of 512: 3,030 rows an epoch; 2 epochs = 6,060 rows =
+    18,180 conversations trained (the windows' count, 3,017 an epoch, said "6,036 sample updates")."""
+    corpus = conversation_corpus(tmp_path / "corpus", [170] * 9_090)
+    base = fake_checkpoint(tmp_path / "base" / "step-00001000", {"step": 1_000, "rows_seen": 181_800})
+    cfg = load_config(write_config(tmp_path, (corpus, 512), name="sft", init={"from": str(base)},
+                                   data={"mode": "packed", "doc_mask": True},
+                                   train={"seq_len": 512, "micro_batch_size": 4, "grad_accum": 1, "max_steps": 0,
+                                          "max_epochs": 2},
+                                   model={"max_position_embeddings": 512}))
+    plan = planned(cfg)
+    assert plan is not None and plan.epoch is not None
+    assert (plan.epoch.rows, plan.rows, plan.samples) == (3_030, 6_060, 18_180)
+    assert share_lines(cfg) == [
+        "update share: this run trains 18,180 sample updates (conversations: 6,060 rows, each whole conversations "
+        f"packed into 512 tokens, 3.0 a row), 10.0 % of the 181,800 rows its base {base} trained"]
+
+
+def test_a_base_is_counted_in_documents_from_its_own_config_and_corpus(tmp_path):
+    """A base pretrained in packed windows: its rows_seen converted to the documents they trained (epochs x
+    documents), from the config its checkpoint records and the corpus that names."""
+    pretrain = fake_corpus(tmp_path / "pretrain", "text", 1_000, 512_000)  # 999 windows of 512 an epoch
+    base_cfg = load_config(write_config(tmp_path, (pretrain, 512), name="pre", train={"seq_len": 512},
+                                        model={"max_position_embeddings": 512}))
+    base = fake_checkpoint(tmp_path / "base" / "step-00000100",
+                           {"step": 100, "rows_seen": 1_998, "config": base_cfg.to_dict()})
+    lines = share_lines(style_config(tmp_path, "chat", base=base, train={"max_epochs": 0, "max_steps": 10}))
+    assert lines == ["update share: this run trains 160 sample updates (conversations: 160 rows, each one "
+                     "conversation, "
+                     f"in buckets of like length), 8.0 % of the 2,000 of its base {base}"], lines
+
+
+def test_corpus_report_counts_packed_conversations_as_the_sampler_does(tmp_path):
+    """The same 2-epoch padding-free SFT through `corpus report --config`: the epoch's rows from the conversations'
+    lengths (3,030, where the windows' formula gives 3,017), the conversations they hold."""
+    from minilmd.corpus.analysis.report import format_report
+    from minilmd.plan.model_budget import report_model
+
+    corpus = conversation_corpus(tmp_path / "corpus", [170] * 9_090)
+    config = write_config(tmp_path, (corpus, 512), name="sft", data={"mode": "packed", "doc_mask": True},
+                          train={"seq_len": 512, "micro_batch_size": 4, "grad_accum": 1, "max_steps": 0,
+                                 "max_epochs": 2}, model={"max_position_embeddings": 512})
+    meta = json.loads((corpus / "meta.json").read_text(encoding="utf-8"))
+    r = {"corpus": str(corpus), "kind": "prepared", "documents": 9_100, "length_unit": "tokens",
+         "tokens": 1_546_000, "bad_lines": 0, "blank_lines": 0, "lengths": {},
+         "scripts": {"dominant": {}, "contains": {}},
+         "duplicates": {"copies": 0, "distinct_repeated": 0, "largest_group": 0}, "data_format": "chat",
+         "splits": meta["splits"], "train_tokens": 9_090 * 170}
+    m = report_model(r, params=None, config=str(config), budget_tokens=None)
+    assert (m["rows"], m["rows_per_epoch"], m["samples"], m["epochs"]) == (6_060, 3_030, 18_180, 2.0), m
+    assert ("(6,060 rows of 3,030 an epoch, each whole conversations packed into 512 tokens, 3.0 a row: 18,180 "
+            "conversations) = 2 epochs of train") in format_report({**r, "model": m})

@@ -37,6 +37,15 @@ LAUNCH_ID_ENV = names.LAUNCH_ID_ENV
 TRAINER_CMD_ENV = names.TRAINER_CMD_ENV
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
+TORCHRUN_MODULES = ("torch.distributed.run", "minilmd.trainer.loop.rendezvous")
+"""The modules a command runs torchrun as: torch's own, and torchrun with a Slurm job's own rendezvous."""
+
+
+def is_torchrun(command: list[str]) -> bool:
+    """Whether the command runs torchrun (its workers' deaths read from its log, one OpenMP thread per rank)."""
+    return any(module in command for module in TORCHRUN_MODULES)
+
+
 SUPERVISOR_LINE = "# "
 """How the lines the supervisor itself writes into an attempt log begin (the header, a stack dump's header)."""
 
@@ -225,7 +234,7 @@ def trainer_threads(command: list[str], devices: str, environ, cores: int | None
     at 0.06-0.31x of 1 on a loaded 2-core host)."""
     if environ.get("OMP_NUM_THREADS"):
         return environ["OMP_NUM_THREADS"], "set for the supervisor, kept"
-    if "torch.distributed.run" in command:
+    if is_torchrun(command):
         return "1", "one thread per torchrun rank"
     if devices:
         return "1", "a GPU trainer: its host loop is one thread"
@@ -277,7 +286,7 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
         return Death(Cause.HANG, rc, (child.hang_detail or "no heartbeat") + _injected(run_dir, child.started, "hang"),
                      fault)
     sig = -rc if rc < 0 else None
-    if rc == 1 and "torch.distributed.run" in child.command:
+    if rc == 1 and is_torchrun(child.command):
         sig = _torchrun_worker_signal(child.log_path)  # torchrun exits 1 whatever killed a worker
     if sig == signal.SIGBUS:
         return Death(Cause.SIGBUS, rc, "killed by SIGBUS (bus error on a mapped file)"

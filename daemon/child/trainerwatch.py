@@ -11,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import names
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig, parse_overrides
 from minilmd.config_values import parse_duration
 from minilmd.daemon.child import compilecache, orphans, stackdump
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death
-from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
 from minilmd.daemon.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.states import Cause
 
@@ -89,7 +89,7 @@ def kill_if_hung(cfg: RunConfig, child: Child, beat: Heartbeat | None, emit) -> 
         detail += f" while {allowed[0]} (restart.{allowed[1]})"
     emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
     launch = child.launch_pids()  # one /proc scan for the dump and the kill
-    dumped = stackdump.dump_stack(child.pid, child.log_path, torchrun="torch.distributed.run" in child.command,
+    dumped = stackdump.dump_stack(child.pid, child.log_path, torchrun=childmod.is_torchrun(child.command),
                                   others=tuple(launch), launch=child.launch())
     child.killed_for_hang = True
     child.hang_detail = f"{detail}; {dumped}"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from minilmd.daemon.states import Phase
 from minilmd.daemon.statesections import TextfileState
-from minilmd.fsio import atomic_write_text
+from minilmd.dirfd import Dir, PlaceRefused, dir_problem
 from minilmd.perms import owned_by_me
 
 WRITE_EVERY_S = 5.0
@@ -132,7 +132,9 @@ class Textfile:
     (another user's, or a symlink or anything but a regular file: someone squatted the name) is never written
     through or replaced: its gauges are not this run's, and would stay there for ever. That, like a failed write,
     is kept in state.json's "prometheus" ({path, problem, since}; problem None while the file is written) for
-    `minilmd status` and the run's final state, and said once as an event."""
+    `minilmd status` and the run's final state, and said once as an event. So is a directory another user owns or
+    can rearrange (the GPU lock directory's rule, minilmd/dirfd.py; `run --check` refuses it too): its owner could
+    replace the run's gauges after it ends. The file is written through the directory's descriptor."""
 
     def __init__(self, path: str, state, emit, clock=time.monotonic):
         self.clock = clock
@@ -159,11 +161,11 @@ class Textfile:
             return
         self.phase = phase
         self.written_at = clock
-        problem = squatted = not_ours(self.path)
+        problem = squatted = place_problem(self.path) or not_ours(self.path)
         if problem is None:
             try:
-                atomic_write_text(self.path, render(self.state.data, time.time(), self.gpu_waited, up), TEXTFILE_MODE)
-            except OSError as e:
+                _write(self.path, render(self.state.data, time.time(), self.gpu_waited, up))
+            except (OSError, PlaceRefused) as e:
                 problem = f"cannot be written: {e}"
                 if self.problem is None:
                     self.emit("prometheus", f"cannot write the Prometheus textfile {self.path}: {e}; retrying")
@@ -182,6 +184,19 @@ class Textfile:
 
     def close(self, phase: str) -> None:
         self.tick(phase, force=True, up=False)
+
+
+def place_problem(path: Path) -> str | None:
+    """Why the textfile's directory is not a place for this run's gauges: another user owns or can rearrange it,
+    or one above it (minilmd/dirfd.py's rule, the GPU lock directory's), so he could replace them at any time."""
+    problem = dir_problem("log.prometheus_textfile", path.parent, "the run's gauges")
+    return f"is in a directory others control: {problem}" if problem else None
+
+
+def _write(path: Path, text: str) -> None:
+    """The textfile replaced atomically, through its directory opened once and checked (minilmd/dirfd.py)."""
+    with Dir.open(path.parent, "log.prometheus_textfile's directory") as where:
+        where.write_atomic(path.name, text.encode(), TEXTFILE_MODE)
 
 
 def not_ours(path: Path) -> str | None:

@@ -28,6 +28,7 @@ from minilmd.base_copy import (
     needs_manifest,
     parse_record,
 )
+from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
 from minilmd.daemon.jobs.remote import LeftAside, Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
@@ -72,6 +73,32 @@ def _parts(rel: str) -> tuple[str, ...]:
 def on_remote(remote: Remote, staged: Path) -> bool:
     """The remote holds this staged base: the same record, every file of the local size."""
     return _standing(remote, staged, _recorded(staged), _remote_record(remote)) == "this"
+
+
+def push_or_say(remote: Remote, staged: Path, host: str, pid: int, taken) -> tuple[int, str | None]:
+    """push(), then (the bytes copied, why the remote holds no copy of this base: None when it does); a copy that
+    fails (an OSError, a backend error, BaseCopyError: all "try again at the next sync") is such a why too."""
+    try:
+        return push(remote, staged, host, pid, taken), missing_copy(remote, staged)
+    except Exception as e:  # noqa: BLE001
+        return 0, f"the LoRA base not copied to {remote.show(REMOTE_BASE)} ({type(e).__name__}: {e})"
+
+
+def missing_copy(remote: Remote, staged: Path) -> str | None:
+    """None when the remote holds this staged base (on_remote); else why it does not, saying what stands at `init`
+    instead (another user's entry, a record that cannot be read as one, another base's copy): a LoRA run must not
+    end `done` without its base's copy."""
+    found = _remote_record(remote)
+    if _standing(remote, staged, _recorded(staged), found) == "this":
+        return None
+    init = remote.show(REMOTE_BASE)
+    if remote.local and (why := remote_write.not_ours(remote.path(REMOTE_BASE))):
+        return f"{init} is {why}, not this run's: its copy of the LoRA base cannot be made there"
+    if isinstance(found, Unreadable):
+        return f"{init} holds a {INIT_RECORD} that is not a base copy's record ({found}): never replaced"
+    if found is not None:
+        return f"{init} holds the copy of another LoRA base, never replaced"
+    return f"{init} holds no copy of the LoRA base yet"
 
 
 def _remote_record(remote: Remote, name: str = REMOTE_BASE) -> bytes | Unreadable | None:

@@ -26,7 +26,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from minilmd.corpus.meta import CorpusError, listed_files, parse_meta
+from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
 from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import atomic_write_json, publish_dir, sha256_file

@@ -249,11 +249,17 @@ class Remote:
         """The root, made when missing; on a local remote each directory of names below it made new (a name
         already taken, a link placed there included, is refused: NotOurs, an OSError saying what it is), none written
         through a link. An object store has no links: there they are made as needed."""
-        if not self.local or not names:
+        if not self.local:
             self.fs.makedirs(self.path(*names), exist_ok=True)
             return
-        os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, taken as it is
-        remote_write.mkdir_new(self.root, names, self.show)
+        try:
+            os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, taken as it is
+        except FileExistsError:  # a link to nowhere, a file: say what, not "File exists" for what is not there
+            from minilmd.shared_place import look
+
+            raise FileExistsError(errno.EEXIST, f"{self.url} is {look(self.root, LATEST)}") from None
+        if names:
+            remote_write.mkdir_new(self.root, names, self.show)
 
     def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None,
                  kept: Callable[[str], str | None] = lambda name: None) -> str:

@@ -20,7 +20,15 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 
-from minilmd.names import QUARANTINE, REASON_FILE, quarantine_name
+from minilmd.names import (
+    LATEST,
+    QUARANTINE,
+    REASON_FILE,
+    atomic_tmp_prefix,
+    host_tag,
+    pointer_tmp_tag,
+    quarantine_name,
+)
 from minilmd.perms import own_uid
 from minilmd.untrusted import file_kind, printable
 
@@ -72,6 +80,48 @@ def not_ours(path: str, file: bool = False) -> str | None:
     if not (stat.S_ISREG(st.st_mode) if file else stat.S_ISDIR(st.st_mode)):
         return f"{file_kind(st.st_mode)}, not what a sync makes"
     return None
+
+
+def foreign_entries(root: str, own: dict[str, bool]) -> list[str]:
+    """What stands at the run's own names in a local remote's root (`own`: name -> whether it is a file: LATEST,
+    BEST, the LoRA base's `init`) that a sync of this user would not make, one `NAME there is WHAT` each: another
+    user's entry (in a sticky directory this user may not replace it: every sync would fail; elsewhere it would
+    decide what a resume loads), a link, a FIFO. Where one is found, the owner the share gives this user's files
+    (NFS's root_squash or all_squash, an idmap mismatch) is learnt first (learn_own_uid), so that a run's own
+    pointer is never taken for another's."""
+    if not os.path.isdir(root):  # not there, or not answering: what sync waits for (in a bounded probe's thread)
+        return []
+
+    def found() -> list[tuple[str, str]]:
+        return [(name, why) for name, file in own.items() if (why := not_ours(os.path.join(root, name), file))]
+
+    problems = found()
+    if problems:
+        learn_own_uid(root)
+        problems = found()
+    return [f"{name} there is {why}" for name, why in problems]
+
+
+def learn_own_uid(root: str) -> None:
+    """Add to OWN_UIDS the owner the share gives this process's new files: one file made new (O_EXCL, no link)
+    through the root's descriptor under a pointer's temporary name (names.remote_tmp_owner: a sync's clean-up knows
+    it), its owner read from the open descriptor (nothing to swap), then removed through the descriptor when the
+    name still holds that very file. Nothing learnt when the root cannot be written."""
+    name = atomic_tmp_prefix(LATEST) + pointer_tmp_tag(host_tag(), os.getpid()) + "owner.tmp"
+    with contextlib.suppress(OSError):
+        root_fd = os.open(root, DIR_FLAGS)
+        try:
+            fd = os.open(name, NEW_FILE, 0o600, dir_fd=root_fd)
+            try:
+                made = os.fstat(fd)
+                OWN_UIDS.add(made.st_uid)
+                there = os.lstat(name, dir_fd=root_fd)
+                if (there.st_dev, there.st_ino) == (made.st_dev, made.st_ino):
+                    os.unlink(name, dir_fd=root_fd)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(root_fd)
 
 
 def remove_ours(path: str, file: bool = False) -> str | None:

@@ -16,8 +16,9 @@ import psutil
 from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig
 from minilmd.config_values import out_of_range, parse_duration
-from minilmd.corpus.meta import read_corpus_meta
+from minilmd.corpus_meta import read_corpus_meta
 from minilmd.daemon.jobs.staging_errors import ScratchFull, ScratchTooSmall
+from minilmd.fmt import fmt_mb as _mb
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER
 from minilmd.perms import own_uid
@@ -31,10 +32,6 @@ CHECKPOINT_BYTES_PER_PARAMETER = 12
 """fp32 weights (4) and AdamW's two fp32 moments (8), whatever the training precision."""
 CHECKPOINT_OVERHEAD = 256 * 1024
 """A checkpoint's small files and safetensors headers, beyond its tensors and its tokenizer copy."""
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
 
 
 @dataclass

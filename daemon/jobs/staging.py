@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from minilmd import scratch as scratchmod
-from minilmd.corpus.meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta
+from minilmd.corpus_meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
+from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
@@ -63,12 +64,8 @@ class StageProgress:
                 f"at {_mb(self.rate_bytes_s)}/s")
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
-
-
 def _listed_files(meta: dict, where: str) -> dict[str, dict]:
-    """meta["files"], checked by the prepared-corpus format (minilmd/corpus/meta.py); SourceInvalid if bad."""
+    """meta["files"], checked by the prepared-corpus format (minilmd/corpus_meta.py); SourceInvalid if bad."""
     try:
         return listed_files(meta, where)
     except CorpusError as e:

@@ -8,10 +8,11 @@ for minutes). `StagingWorker.tick()` is called by the loop in the staging phase 
 on, `Staged` once the trainer may start, or `StagingFailed`; what a failure means for the run (backoff, give up) is
 the supervisor's. A remote that cannot be read while scratch holds no checkpoint is not a failure: the remote may
 hold a newer checkpoint, so the run never silently starts from step 0; the worker keeps retrying the fetch and shows
-"remote unavailable" in status. A source whose reads block (a stalled mount: no error, no answer) for longer than
-SYNC_STALLED_AFTER_S, while the corpus, the probe or init.from (or a LoRA base's copy on the remote) is staged, is
-shown as stalled (state.json "staging.stalled": "<what> not answering since T (stalled)") until a read of it
-returns. Torch-free.
+"remote unavailable" in status. So is a remote that lists nothing because it is out of reach (not there, an empty
+mount point, a link to nowhere) when the run has synced before, unless `run --fresh` (daemon/jobs/remotewait.py).
+A source whose reads block (a stalled mount: no error, no answer) for longer than SYNC_STALLED_AFTER_S, while the
+corpus, the probe or init.from (or a LoRA base's copy on the remote) is staged, is shown as stalled (state.json
+"staging.stalled": "<what> not answering since T (stalled)") until a read of it returns. Torch-free.
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol, scratch
-from minilmd.daemon.jobs import initstage
+from minilmd.checkpoint_dirs import local_checkpoint_steps
+from minilmd.daemon.jobs import initstage, remotewait
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceUnreachable
-from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S, local_checkpoint_steps
+from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S
 from minilmd.daemon.policy import backoff_seconds
 from minilmd.daemon.runstate import RunState, fmt_time, now
 from minilmd.daemon.states import StagingState, SyncState
@@ -59,8 +61,14 @@ class StagingWorker:
     entry, and "sync" while the remote cannot be read, are written here), `emit(kind, message, **details)` logs an
     event, `inbox` takes the staging code's messages from its thread, `syncer_for(expected)` gives a Syncer."""
 
-    def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, syncer_for, rng: random.Random | None = None):
+    def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, syncer_for, rng: random.Random | None = None,
+                 fresh: bool = False):
         self.cfg = cfg
+        self.fresh = fresh
+        """`minilmd run --fresh`: with no checkpoint in scratch and a remote that cannot be read, start from step 0
+        rather than wait for the remote (daemon/jobs/remotewait.py)."""
+        self.from_step_0 = ""
+        """Why the last fetch leaves the trainer to start from step 0 (set by the thread; said once staged)."""
         self.infra = infra
         self.state = state
         self.emit = emit
@@ -183,12 +191,17 @@ class StagingWorker:
             self.state.sync.state, self.state.sync.error = SyncState.IDLE, None
             staging.state, staging.error = StagingState.DONE, None
         if fetched:
-            self.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}")
+            self.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}",
+                      step=step_of(Path(fetched)))  # a sign of the remote's step for a later start (remotewait)
             # status shows it as the local checkpoint: the trainer resumes from it, though it did not save it
             self.state.local_checkpoint = LocalCheckpoint(step=step_of(Path(fetched)), time=now(), path=str(fetched),
                                                           fetched=True)
         elif self.cfg.run.remote and not local_checkpoint_steps(self.cfg.checkpoint_dir):
-            self.emit("fetch", f"neither scratch nor {self.cfg.run.remote} holds a checkpoint: starting from step 0")
+            self.emit("fetch", f"{self.from_step_0 or 'scratch holds no checkpoint'}: starting from step 0")
+            if self.fresh and self.state.remote_checkpoint is not None:  # of the run before: not this lineage's
+                self.emit("fetch", f"--fresh: the remote step {self.state.remote_checkpoint.step} state.json "
+                                   f"recorded is forgotten; this run syncs its own checkpoints from now on")
+                self.state.remote_checkpoint = None
         if initstage.needed(self.cfg):  # the probe and init.from next, in a thread of their own
             self.pending = Staged(staged, expected, fetched)
             self._start()
@@ -275,8 +288,9 @@ class StagingWorker:
         sync.state, sync.error, sync.since = SyncState.UNAVAILABLE, message, now()
         staging.state, staging.error = StagingState.WAITING_REMOTE, message
         self.state.record_error(message)
+        fresh = " (`minilmd run --fresh` starts from step 0 instead)" if self.fetch_failures == 1 else ""
         self.emit("fetch", f"{message}; scratch holds no checkpoint and the remote may hold one: not starting "
-                           f"from step 0; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
+                           f"from step 0{fresh}; fetch try {self.fetch_failures} failed, next in {delay:.1f}s")
         self.state.save()
 
     def _flag_stalled_fetch(self) -> None:
@@ -340,14 +354,34 @@ class StagingWorker:
             return expected, None, None
         self.fetch_started = now()
         self.state.staging.progress = f"fetching the newest checkpoint from {self.cfg.run.remote}"
+        self.from_step_0 = ""
         try:
-            return expected, self.syncer_for(expected).fetch_latest(self.cfg.checkpoint_dir), None
+            fetched = self.syncer_for(expected).fetch_latest(self.cfg.checkpoint_dir)
+            if fetched is None:  # a look at the remote's root: a stalled mount shows as a stalled fetch too
+                return expected, None, self._nothing_fetched()
         except CheckpointMismatch:
             raise
         except Exception as e:  # noqa: BLE001 - an unreachable/failing remote: retried by the loop
-            return expected, None, f"{type(e).__name__}: {e}"
+            if not self.fresh:
+                return expected, None, f"{type(e).__name__}: {e}"
+            self.from_step_0 = f"{self.cfg.run.remote} cannot be read ({type(e).__name__}: {e}), and `--fresh` " \
+                               f"was given"
+            return expected, None, None
         finally:
             self.fetch_started = 0.0
+        return expected, fetched, None
+
+    def _nothing_fetched(self) -> str | None:
+        """The remote lists no checkpoint: why the fetch must wait, when the remote is absent and the run synced
+        before (daemon/jobs/remotewait.py); else None, and `from_step_0` says why the run starts from step 0."""
+        remote = self.cfg.run.remote
+        synced = self.state.remote_checkpoint
+        wait, why = remotewait.decision(remote, self.cfg.run_dir, synced.step if synced is not None else None,
+                                        remotewait.remote_absent(remote), self.fresh)
+        if wait:
+            return why
+        self.from_step_0 = why
+        return None
 
 
 def _base_from_remote(cfg, trained_on, log, reads, synced_before: bool = True) -> bool:

@@ -27,9 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +46,7 @@ from minilmd.names import (
     TMP_PREFIX,
     atomic_tmp_prefix,
     fetch_tmp_name,
+    host_tag,
     is_step_name,
     pointer_tmp_tag,
     remote_tmp_owner,
@@ -96,10 +95,6 @@ STALE_TMP_SECONDS = 24 * 3600
 """A temporary name on the remote that no live sync of this host made is removed once it is this old."""
 
 
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
-
-
 class Syncer:
     """Copies checkpoints between a local root (scratch) and a remote (path or fsspec URL). Blocking; one at a
     time per run (the supervisor's sync worker)."""
@@ -116,6 +111,9 @@ class Syncer:
         self._remote: Remote | None = None
         self._told: set[tuple[str, str]] = set()
         """(name, why) of what on the remote was left as not this run's, logged once."""
+        self.base_problem: str | None = None
+        """Why the remote holds no copy of a LoRA run's base after the last sync (None: it does, or no LoRA base):
+        the run does not end `done` while it says something (SyncWorker.final_sync)."""
         self.copying: Path | None = None
         """The local checkpoint a running sync_newest() is validating or copying (read by the supervisor's pruning
         from another thread: it must not delete it)."""
@@ -124,7 +122,7 @@ class Syncer:
     def remote(self) -> Remote:
         if self._remote is None:
             try:
-                self._remote = Remote(self.remote_url, pointer_tmp_tag(_host(), os.getpid()))
+                self._remote = Remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid()))
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
         return self._remote
@@ -202,7 +200,7 @@ class Syncer:
         manifest = json.loads((local / MANIFEST).read_text(encoding="utf-8"))
         name = local.name
         if remote.local:
-            target = sync_tmp_name(name, _host(), os.getpid())
+            target = sync_tmp_name(name, host_tag(), os.getpid())
         else:
             target = name  # no rename on this store: the manifest, written last, makes it exist
         # an earlier try's removed; another's entry or a link there is left, and the copy made under a fresh name
@@ -280,21 +278,23 @@ class Syncer:
     def _sync_base(self) -> None:
         """The LoRA base beside the checkpoints, before the first of them: they cannot resume without it. A copy
         that fails (a quota the base exceeds, a remote `init` that cannot be replaced) is logged and tried again at
-        the next sync, never a failed sync: the checkpoints go on being synced as without it."""
+        the next sync, never a failed sync: the checkpoints go on being synced as without it; `base_problem` says
+        why there is none, and the run's end waits on it."""
         if self.base is None or not (self.base / basecopy.INIT_RECORD).is_file():
             return
-        try:
-            nbytes = basecopy.push(self.remote, self.base, _host(), os.getpid(), taken=lambda found, fresh: self._once(
-                ("taken", basecopy.REMOTE_BASE), f"sync: {found}; the LoRA base copied under "
-                                                 f"{self.remote.show(fresh)} instead (a fresh name each time it is "
-                                                 f"still there)"))
-        except Exception as e:  # noqa: BLE001 - an OSError, a backend error, BaseCopyError: all "try again later"
-            self.log(f"sync: the LoRA base not copied to {self.remote.show(basecopy.REMOTE_BASE)} "
-                     f"({type(e).__name__}: {e}); the checkpoints are synced without it, retried at the next sync")
-            return
-        if nbytes:
+        nbytes, self.base_problem = basecopy.push_or_say(self.remote, self.base, host_tag(), os.getpid(),
+                                                         taken=self._base_taken)
+        if self.base_problem:  # the checkpoints are synced all the same
+            self._once(("base", self.base_problem), f"sync: the LoRA base has no durable copy: {self.base_problem}; "
+                                                    f"tried again at each sync: the run does not end done without it")
+        elif nbytes:
             self.log(f"sync: the LoRA base copied to {self.remote.show(basecopy.REMOTE_BASE)} and verified "
                      f"({nbytes / 1e6:,.1f} MB)")
+
+    def _base_taken(self, found: str, fresh: str) -> None:
+        self._once(("taken", basecopy.REMOTE_BASE), f"sync: {found}; the LoRA base copied under "
+                                                    f"{self.remote.show(fresh)} instead (a fresh name each time it is "
+                                                    f"still there)")
 
     def _sync_best(self, scan: Scan) -> None:
         """The checkpoint the local BEST names (early_stop's lowest val loss) on the remote too, copied and verified
@@ -340,7 +340,7 @@ class Syncer:
         for n in self.remote.names():
             if not n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST), atomic_tmp_prefix(BEST))):
                 continue
-            pid = remote_tmp_owner(n, _host())
+            pid = remote_tmp_owner(n, host_tag())
             if not ((pid is not None and (pid == os.getpid() or not process_alive(pid)))
                     or self.remote.age(n) > STALE_TMP_SECONDS):
                 continue

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names
-from minilmd.checkpoint_dirs import list_checkpoints
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config_values import parse_duration
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import RemoteCheckpoint
 from minilmd.daemon.worker import Inbox, Worker
+from minilmd.fmt import fmt_mb as mb
 from minilmd.untrusted import loads, read_bytes
 
 if TYPE_CHECKING:
@@ -42,14 +43,6 @@ FINAL_SYNC_TRIES = 3
 ROOM_FOR = 2
 """Scratch is kept with room for this many more checkpoints (the next save, and one more while a sync holds an
 older one): below it, superseded checkpoints are pruned."""
-
-
-def local_checkpoint_steps(root: Path) -> list[int]:
-    """Steps of checkpoint_dirs.list_checkpoints (cheap: names only, no validation); none when root cannot be read."""
-    try:
-        return [names.step_of(p.name) for p in list_checkpoints(root)]
-    except OSError:
-        return []
 
 
 def free_bytes(root: Path) -> int | None:
@@ -71,10 +64,6 @@ def checkpoint_bytes(path: Path) -> int | None:
         return None
 
 
-def mb(n: float | None) -> str:
-    return "?" if n is None else f"{n / 1e6:,.1f} MB"
-
-
 class SyncWorker:
     """Owns the Syncer, the sync thread and the retry/prune timing. `state` is the run's RunState (its "sync" and
     "remote_checkpoint" entries are written here), `emit(kind, message, **details)` logs an event, `inbox` takes
@@ -91,7 +80,9 @@ class SyncWorker:
         self.worker: Worker | None = None
         self.next_at = 0.0
         self.failures = 0
+        self.failing_since: float | None = None  # the first of `failures` failed syncs in a row
         self.final_tries = 0
+        self.final_waits_for_room = False  # final_sync's wait_for_room: a full remote counts no try
         self.remote_full: tuple[int | None, int | None] | None = None  # (needs, free) when the last sync found no room
         self.waited_for_room = False  # the last sync has waited for room on the remote
         self.copying: Path | None = None  # the newest local checkpoint when the running sync started
@@ -157,6 +148,7 @@ class SyncWorker:
         retry backoff of a sync during the run, for as long as it takes, and state.json's reason says so."""
         if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
             return ""
+        self.final_waits_for_room = wait_for_room
         if self.syncer is None:
             try:
                 expected = self.infra.expectation(self.cfg, staged) if staged else None
@@ -170,7 +162,7 @@ class SyncWorker:
                 return None
             self._collect()
         if self.final_tries > 0 and self.state.sync.state == SyncState.OK:
-            return ""
+            return self._base_problem()
         if self.remote_full is not None and wait_for_room:
             self._wait_for_room()
             return None
@@ -182,6 +174,26 @@ class SyncWorker:
             self.final_tries += 1
             self._start(f"last sync (try {self.final_tries}/{FINAL_SYNC_TRIES})")
         return None
+
+    def _base_problem(self) -> str:
+        """A LoRA run's checkpoints synced without a copy of its base (Syncer.base_problem): not a finished run
+        (its adapters cannot be resumed, merged or loaded once init.from no longer holds the base), said; "" else."""
+        problem = self.syncer.base_problem if self.syncer is not None else None
+        return f"{problem}: the adapters cannot be resumed or merged once init.from no longer holds the base" \
+            if problem else ""
+
+    def _next_try(self, retry: float, error: BaseException) -> str:
+        """What follows a failed sync: a retry in `retry` s, or none (the last of the final sync's tries; a full
+        remote at the end of a finished run counts no try: retried)."""
+        if not self.final_tries:
+            return f"retry in {retry:.0f}s"
+        from minilmd.daemon.jobs.sync import RemoteFull  # loaded by the worker by now
+
+        if isinstance(error, RemoteFull) and self.final_waits_for_room:
+            return f"retry in {retry:.0f}s (a full remote counts no try)"
+        if self.final_tries >= FINAL_SYNC_TRIES:
+            return f"that was the last of {FINAL_SYNC_TRIES} tries: no retry"
+        return f"retry in {retry:.0f}s (try {self.final_tries}/{FINAL_SYNC_TRIES})"
 
     def _remote_full(self) -> str:
         needs, free = self.remote_full or (None, None)
@@ -217,6 +229,7 @@ class SyncWorker:
         every = parse_duration(self.cfg.sync.every)
         if worker.error is not None:
             self.failures += 1
+            self.failing_since = self.failing_since if self.failures > 1 and self.failing_since else now()
             retry = min(every, 5.0 * 2 ** (self.failures - 1))
             self.next_at = now() + retry
             sync.state, sync.error, sync.since = SyncState.FAILED, worker.error_text, now()
@@ -225,10 +238,10 @@ class SyncWorker:
 
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
-            self.emit("sync", f"sync failed ({worker.error_text}); retry in {retry:.0f}s")
+            self.emit("sync", f"sync failed ({worker.error_text}); {self._next_try(retry, worker.error)}")
             return
         result = worker.result
-        self.failures = 0
+        self.failures, self.failing_since = 0, None
         self.next_at = now() + every
         sync.state, sync.error, sync.since, sync.last_ok = SyncState.OK, None, now(), now()
         step = getattr(result, "step", None)
@@ -309,8 +322,23 @@ class SyncWorker:
             return
         if len(local_checkpoint_steps(self.cfg.checkpoint_dir)) <= self.cfg.train.keep_local + 1:
             return
-        self._prune(protect=[], why=f"the remote has been failing for {now() - self.healthy_since:.0f}s: only the "
-                                    f"newest {self.cfg.train.keep_local} stay, so that scratch does not fill up")
+        self._prune(protect=[], why=f"{self._unsynced_for()}: only the newest {self.cfg.train.keep_local} stay, so "
+                                    f"that scratch does not fill up")
+
+    def _unsynced_for(self) -> str:
+        """How long no sync has been verified, and why, as it is: failing syncs, one running that long, or none
+        failed (nothing newer than the remote's step to sync, or none due yet)."""
+        unsynced = f"no verified sync for {now() - self.healthy_since:.0f}s"
+        if self.worker is not None:
+            return f"{unsynced}: the sync running for {self.running_for():.0f}s has not finished"
+        if self.failures and self.failing_since is not None:
+            return (f"{unsynced}: the remote has been failing for {now() - self.failing_since:.0f}s ({self.failures} "
+                    f"syncs in a row failed: {self.state.sync.error})")
+        remote = self._remote_step()
+        newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=None)
+        why = f"nothing here is newer than the remote's step {remote}" if remote is not None and \
+            (newest is None or newest <= remote) else "none was due"
+        return f"{unsynced}, though no sync has failed ({why}; sync: {self.state.sync.state})"
 
     def _prune(self, protect: list[Path], why: str, keep: int | None = None) -> None:
         root = self.cfg.checkpoint_dir

@@ -17,8 +17,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
-from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
 from minilmd.daemon.runstate import RunState, fmt_time, now, supervisor_runs_here
 from minilmd.daemon.statesections import InitWait, StateJson
 from minilmd.init_source import (
@@ -154,7 +154,7 @@ class InitWaiter:
         """The update share `run --check` could not say while the predecessor had not finished (the stages started
         together): said now, once, into the run's log (a WARNING above eval.update_share_warn). Its base's
         trainer_state is read in a thread, bounded: a stalled share never holds the loop up."""
-        from minilmd.update_share import share_lines
+        from minilmd.plan.update_share import share_lines
 
         answered, lines, _ = bounded_probe(share_lines, self.cfg)
         for line in lines if answered else []:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minilmd import names, protocol
-from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.runstate import RunState, is_disk_full, now
 from minilmd.daemon.states import FINAL_PHASES
 

@@ -11,9 +11,10 @@ job holds the space; status shows the numbers. Torch-free.
 from __future__ import annotations
 
 from minilmd import names
-from minilmd.daemon.jobs.syncworker import local_checkpoint_steps, mb
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.runstate import RunState, now
 from minilmd.daemon.statesections import LocalCheckpoint, SpaceWait
+from minilmd.fmt import fmt_mb as mb
 
 SPACE_CHECK_S = 2.0
 """How often scratch is pruned and measured again while waiting."""

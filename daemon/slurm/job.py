@@ -6,9 +6,14 @@ reads them from the SLURM_* environment (the node list through `scontrol show ho
 sure the allocated cards answer NVML and reports them. With more than one node the trainer is launched as
 
     srun --nodes M --ntasks-per-node 1 --kill-on-bad-exit=1 python -m minilmd.daemon.slurm.node ... -- \\
-        python -m torch.distributed.run --nnodes M --nproc-per-node N --rdzv-backend c10d \\
+        python -m minilmd.trainer.loop.rendezvous --nnodes M --nproc-per-node N --rdzv-backend minilmd-c10d \\
             --rdzv-endpoint <first node>:<port> --rdzv-id minilmd-<job>-<attempt> --max-restarts 0 \\
             -m minilmd.cli train ...
+
+(torchrun with a rendezvous only this job can host, trainer/loop/rendezvous.py: the port is one the kernel gave
+this supervisor on the first node just before the launch, never one derivable from the job id; the first node's
+agent serves the store or fails, and every node checks the store's proof, an HMAC keyed by the attempt's secret,
+which travels in the environment (srun --export=ALL), never on a command line)
 
 one torchrun per node (daemon/slurm/node.py stages the corpus on each node first). torchrun's own restarts are off
 and `--kill-on-bad-exit` ends every node's part when one rank dies, so the supervisor sees one death, classifies
@@ -25,6 +30,7 @@ Torch-free.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -37,9 +43,9 @@ from minilmd import names
 from minilmd.daemon.host.gpu import Nvml
 
 JOB_ID_ENV = names.SLURM_JOB_ENV
-RDZV_PORT_BASE = 29400
-"""The c10d rendezvous port is this plus the job id modulo RDZV_PORT_SPAN: two jobs on one node rarely collide."""
-RDZV_PORT_SPAN = 2000
+RDZV_BACKEND = "minilmd-c10d"
+"""trainer/loop/rendezvous.py's backend: the host node serves the store or fails, clients check its proof."""
+RDZV_LAUNCHER = "minilmd.trainer.loop.rendezvous"
 SCONTROL_TIMEOUT_S = 10.0
 SIGNAL_TIMEOUT_S = 3.0
 """`scancel --signal` from the loop: a slurmctld busy requeuing the job answers late, and the loop must go on."""
@@ -83,9 +89,8 @@ class Allocation:
     def nnodes(self) -> int:
         return len(self.nodes)
 
-    @property
-    def rendezvous_endpoint(self) -> str:
-        return f"{self.nodes[0]}:{RDZV_PORT_BASE + int(self.job_id) % RDZV_PORT_SPAN if self.job_id.isdigit() else 0}"
+    def rendezvous_endpoint(self, port: int) -> str:
+        return f"{self.nodes[0]}:{port}"
 
     def summary(self) -> str:
         cards = f"GPU(s) {self.gpus}" if self.gpus else "no GPU"
@@ -153,13 +158,30 @@ def check_gpus(alloc: Allocation, nvml: Nvml | str) -> tuple[str, list[str]]:
 
 # --- the launch ----------------------------------------------------------------------------------------------------
 
+def rendezvous_port() -> int:
+    """A port free on this node (the first of the allocation, where the rendezvous store listens) now, as the
+    kernel picks one: no other user can know it before the launch, as he could a port derived from the job id.
+    One who takes it in the moment before the store listens makes the first node's agent fail (it never joins his
+    listener) and the attempt restart on another port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def rendezvous_env() -> dict[str, str]:
+    """The attempt's rendezvous secret, for the environment of its srun (never its command line)."""
+    return {names.RDZV_SECRET_ENV: secrets.token_hex(32)}
+
+
 def launch_command(train_command: list[str], alloc: Allocation, nproc_per_node: int, attempt: int,
-                   scratch: Path, source: str, run_dir: Path, run_name: str, default_scratch: bool) -> list[str]:
-    """`srun` + one torchrun per node around `train_command` (whose part from "train" on is kept)."""
+                   scratch: Path, source: str, run_dir: Path, run_name: str, default_scratch: bool,
+                   port: int) -> list[str]:
+    """`srun` + one torchrun per node around `train_command` (whose part from "train" on is kept); the rendezvous
+    on the first node's `port` (rendezvous_port)."""
     tail = train_command[train_command.index("train"):]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(alloc.nnodes),
-                "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", alloc.rendezvous_endpoint, "--rdzv-id", f"minilmd-{alloc.job_id}-{attempt}",
+    torchrun = [sys.executable, "-m", RDZV_LAUNCHER, "--nnodes", str(alloc.nnodes),
+                "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", RDZV_BACKEND,
+                "--rdzv-endpoint", alloc.rendezvous_endpoint(port), "--rdzv-id", f"minilmd-{alloc.job_id}-{attempt}",
                 "--max-restarts", "0", "-m", "minilmd.cli", *tail]
     node_step = [sys.executable, "-m", "minilmd.daemon.slurm.node", "--scratch", str(scratch), "--source", source,
                  "--run-dir", str(run_dir), "--run-name", run_name, *(["--default"] if default_scratch else []), "--"]
@@ -228,6 +250,8 @@ class SlurmJob:
     signal_runner: Runner = field(default=lambda args: run_command(args, SIGNAL_TIMEOUT_S))
     preempted_by: str = ""
     """"USR1" or "SIGTERM" once a preemption was asked; the loop acts on it."""
+    launch_env: dict[str, str] = field(default_factory=dict)
+    """What the last command() needs in its environment: the rendezvous secret of an srun attempt ({} otherwise)."""
 
     def __post_init__(self) -> None:
         self.state["slurm"] = {"job_id": self.alloc.job_id, "nodes": self.alloc.nodes, "gpus": self.alloc.gpus,
@@ -263,11 +287,13 @@ class SlurmJob:
 
     def command(self, command: list[str], attempt: int, cfg, staged) -> list[str]:
         """The attempt's command: as on one server for one node, srun + torchrun per node for more (or always,
-        with MINILMD_SLURM_SRUN=1: the multi-node script)."""
+        with MINILMD_SLURM_SRUN=1: the multi-node script); `launch_env` then holds what its environment needs."""
+        self.launch_env = {}
         if self.alloc.nnodes <= 1 and os.environ.get(names.SLURM_SRUN_ENV) != "1":
             return command
+        self.launch_env = rendezvous_env()  # a new secret and a new port each attempt
         return launch_command(command, self.alloc, self.nproc, attempt, cfg.scratch_dir, cfg.data.prepared,
-                              cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+                              cfg.run_dir, cfg.run.name, cfg.scratch_is_default, rendezvous_port())
 
     def finishing(self, cfg, sync_problem: str) -> None:
         """The run ends in this job: the per-job default scratch goes once the remote holds the last checkpoint."""

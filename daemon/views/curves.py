@@ -5,13 +5,15 @@ Every attempt appends to the same metrics.jsonl (the trainer opens it with "a": 
 run killed at step 130 and resumed from its checkpoint at step 100 has two lines for steps 101-130. `last_per_step`
 keeps one line per step, the one written last: the attempt that went on is the one whose weights the run kept.
 Restarts come from the supervisor's events.jsonl (a trainer that ended other than done or stopped, and a supervisor
-that started again: "supervisor" when the one before was killed, "stop" after a stop), sync failures are the spans
+that started again: "supervisor" when the one before was killed, "stop" after a stop; a supervisor's start at the
+step of the last line logged before it, in file order), sync failures are the spans
 from a failed (or stalled) sync to the next one that succeeded, and epoch boundaries are the steps where the "epoch"
 of the train lines changes. Torch-free and matplotlib-free.
 """
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +86,9 @@ class Curves:
     run_dir: Path
     name: str
     train: list[dict] = field(default_factory=list)
+    logged: list[dict] = field(default_factory=list)
+    """Every train line as written, all attempts in file order: where the run was at a time (a restart's step) is
+    the line logged last before it, which a later attempt's line for the same step (in `train`) does not tell."""
     evals: list[dict] = field(default_factory=list)
     restarts: list[Mark] = field(default_factory=list)
     sync_failures: list[tuple[float, float]] = field(default_factory=list)
@@ -94,11 +99,25 @@ class Curves:
     """Train lines dropped because a later attempt logged the same step again."""
     unreadable: list[str] = field(default_factory=list)
     """"metrics.jsonl: unreadable (a FIFO)": the files that could not be read, so that what is drawn is not all."""
+    _clock: tuple[list[float], list[float]] | None = field(default=None, repr=False)
+    """step_at's (times, steps) of the logged lines, made once."""
 
     def step_at(self, t: float) -> float:
-        """The step the run had reached at time t (interpolated between train lines)."""
-        return _interp(t, [r["time"] for r in self.train if "time" in r],
-                       [r["step"] for r in self.train if "time" in r])
+        """The step the run had reached at time t: the last train line logged by t (0 before the first),
+        interpolated towards the next one while the same attempt goes on (its step higher). Read from the lines as
+        written, not one per step: after a resume from an earlier checkpoint the kept lines of the steps before t
+        are the later attempt's, logged after t."""
+        if self._clock is None:
+            timed = [r for r in self.logged if isinstance(r.get("step"), (int, float)) and "time" in r]
+            # a clock set back makes times go down in file order: each line counts as logged by the latest time so far
+            self._clock = (list(itertools.accumulate((r["time"] for r in timed), max)), [r["step"] for r in timed])
+        times, steps = self._clock
+        i = bisect.bisect_right(times, t) - 1
+        if i < 0:
+            return 0.0
+        if i + 1 == len(times) or steps[i + 1] <= steps[i] or times[i + 1] <= times[i]:
+            return float(steps[i])
+        return float(steps[i] + (steps[i + 1] - steps[i]) * (t - times[i]) / (times[i + 1] - times[i]))
 
     def tokens_at(self, step: float) -> float:
         """Tokens trained on at a step (interpolated between train lines)."""
@@ -129,7 +148,7 @@ def load(run_dir: str | os.PathLike) -> Curves:
     problems: list[str] = []
     metrics = numbers_only(read_jsonl(run_dir / names.METRICS, problems=problems))
     raw_train = [r for r in metrics if r.get("kind") == "train"]
-    curves = Curves(run_dir, run_name(run_dir), train=last_per_step(raw_train),
+    curves = Curves(run_dir, run_name(run_dir), train=last_per_step(raw_train), logged=raw_train,
                     evals=last_per_step([r for r in metrics if r.get("kind") == "eval"]))
     curves.repeated_steps = len([r for r in raw_train if isinstance(r.get("step"), int)]) - len(curves.train)
     events = numbers_only(read_jsonl(run_dir / names.EVENTS, problems=problems))

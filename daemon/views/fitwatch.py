@@ -57,6 +57,18 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return numbers_only(read_jsonl(run_dir / names.METRICS))
 
 
+def once_per_step(records: list[dict]) -> list[dict]:
+    """The train and eval lines one per step, sorted by step, the last attempt's where a resume logged a step again
+    (every attempt appends to metrics.jsonl: a run resumed from step 100 after dying at 130 has two lines for each
+    of 101-130); the other lines (early_stop, checkpoint) as they were."""
+    from minilmd.daemon.views.curves import last_per_step
+
+    kept = [r for r in records if r.get("kind") not in ("train", "eval")]
+    for kind in ("train", "eval"):
+        kept += last_per_step([r for r in records if r.get("kind") == kind])
+    return kept
+
+
 def warn_settings(run_dir: Path) -> tuple[int, float]:
     """(eval.warn_rising, eval.warn_gap) of the run's config copy, the defaults where it says nothing."""
     from minilmd.config import EvalSection
@@ -126,7 +138,7 @@ def gap_warning(done: list[Epoch], vals: list[float], warn_gap: float) -> str | 
 def fit_lines(run_dir: str | Path) -> list[str]:
     """status's lines: one per epoch (the last 5), the warnings, the early stop."""
     run_dir = Path(run_dir)
-    records = read_metrics(run_dir)
+    records = once_per_step(read_metrics(run_dir))
     done = epochs(records)
     if not done:
         return []

@@ -77,6 +77,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         "devices": state.devices,
         "gpu_waited_s": t - waited_since if state.phase == "waiting_gpu" and waited_since else None,
         "sync_state": sync.state,
+        "staging_state": state.staging.state,
         "last_sync_age_s": t - last_ok if last_ok else None,
         "restarts": len(state.restarts),
         "last_error": state.last_error,
@@ -105,9 +106,11 @@ def rows_in_time(entries: list[registry.Entry], t: float) -> list[dict]:
 
 def shown_phase(r: dict) -> str:
     """The phase as the table shows it: "done" is told apart by how the run ended, "stopped" (on request: `stop`,
-    SIGTERM), "early-stopped" (it finished before its budget: early_stop) or "done" (its budget reached); the raw
-    phase stays in --json's "phase"."""
+    SIGTERM), "early-stopped" (it finished before its budget: early_stop) or "done" (its budget reached); staging
+    that waits for the remote is "staging: waiting_remote". The raw phase stays in --json's "phase"."""
     phase = str(r.get("phase"))
+    if phase == "staging" and r.get("staging_state") == "waiting_remote":  # scratch empty, the remote out of reach
+        return "staging: waiting_remote"  # waited for, never a start from step 0 (daemon/jobs/remotewait.py)
     if phase != "done":
         return phase
     reason = str(r.get("reason") or "")

@@ -24,6 +24,7 @@ from minilmd.daemon.statesections import ChildInfo, GpuWait, Progress, SpaceWait
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
 from minilmd.fmt import fmt_duration
+from minilmd.fmt import fmt_mb as _mb
 from minilmd.untrusted import Unreadable, printable
 
 NOT_A_RUN = 2
@@ -152,10 +153,6 @@ def _space_line(wait: SpaceWait, t: float) -> str:
     return (f"  scratch: full for {fmt_duration(t - since if since else None)}: a checkpoint needs "
             f"{_mb(wait.needs)}, {_mb(wait.free)} free in {wait.path}; checked "
             f"{wait.checks} times; the trainer starts again once it fits (not counted as a restart)")
-
-
-def _mb(n: float | None) -> str:
-    return "?" if n is None else f"{n / 1e6:,.1f} MB"
 
 
 def _checkpoints_line(state: StateJson, t: float) -> str:

@@ -21,7 +21,7 @@ def bench_prepare_command(
     """prepare throughput (MB/s, tokens/s) beside the tokenizer's raw encode_batch on the same data and cores,
     and prepare's peak RSS. Goal: >= 0.9x raw, < 1 GiB. --format chat: MB and tokens per CPU second of prepare
     --format chat beside its floor. Goal: >= 0.9x."""
-    from minilmd.trainer.bench.prepare import bench_prepare
+    from minilmd.corpus.bench.prepare import bench_prepare
 
     if data_format not in ("text", "chat"):
         raise typer.BadParameter("text or chat", param_hint="--format")
@@ -41,7 +41,7 @@ def bench_append_command(
 ) -> None:
     """prepare --append NEW against a full prepare of OLD+NEW: time, CPU, peak disk, side by side in one run,
     and whether the two results are byte-identical."""
-    from minilmd.trainer.bench.append import bench_append
+    from minilmd.corpus.bench.append import bench_append
 
     bench_append(tokenizer, old, new, size_mb, new_lines, None if workers < 0 else workers, scratch)
 

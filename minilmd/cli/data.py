@@ -30,8 +30,8 @@ def _io_error_exit(e: OSError, what: str, kept: str) -> typer.Exit:
 def _data_error_exit(e: Exception) -> typer.Exit:
     """Bad input data -> 65 (EX_DATAERR, final); a source that failed while read -> 74 (EX_IOERR: run it again);
     a bad argument or tokenizer -> 2."""
-    from minilmd.corpus.meta import CorpusError
     from minilmd.corpus.sources.jsonl import InputError, SourceReadError
+    from minilmd.corpus_meta import CorpusError
     from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
 
     typer.echo(f"error: {e}", err=True)
@@ -126,20 +126,25 @@ def prepare_command(
                                      "of these scripts, e.g. greek,cyrillic,arabic,hangul (text corpora)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing prepared corpus (or fill an empty "
                                "directory); anything else is refused."),
+    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
+                                     "users may write (group-writable, not sticky): use it anyway. Without it such a "
+                                     "directory is refused (they could swap what prepare makes there); with it every "
+                                     "file there is still made, moved and removed through the directory opened once."),
 ) -> None:
     """JSONL -> prepared corpus: train/ and val/ uint16 token streams, meta.json with statistics, tokenizer copy.
 
     Exit status: 0 done, 74 a read or write failed (a full disk, EIO: nothing written, run it again), 65 bad
     input (every bad line named as file:line: reason, the whole input read first; or a
     split would be empty), 2 bad arguments or tokenizer, an --out that --force may not replace, another prepare
-    writing --out (OUT.lock beside it), or another user's corpus for --append; nothing is written unless 0."""
+    writing --out (OUT.lock beside it), another user's corpus for --append, or a directory of --out other users
+    can rearrange (without --group-share); nothing is written unless 0."""
     import signal
 
     from minilmd.corpus.analysis.scripts import parse_scripts
-    from minilmd.corpus.meta import CorpusError
     from minilmd.corpus.prepare.pipeline import prepare
     from minilmd.corpus.sources.jsonl import InputError
     from minilmd.corpus.tokenizer import TokenizerError
+    from minilmd.corpus_meta import CorpusError
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
@@ -155,7 +160,8 @@ def prepare_command(
                                               "meta.json): leave out --tokenizer, --format and --drop-scripts"))
 
         try:
-            append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line)
+            append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line,
+                      group_share=group_share)
         except (InputError, CorpusError, ValueError) as e:
             raise _data_error_exit(e) from None
         except KeyboardInterrupt:
@@ -170,7 +176,8 @@ def prepare_command(
     try:
         prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
                 batch_size=batch_size, workers=None if workers < 0 else workers, force=force,
-                data_format=data_format, on_long=on_long, drop_scripts=parse_scripts(drop_scripts))
+                data_format=data_format, on_long=on_long, drop_scripts=parse_scripts(drop_scripts),
+                group_share=group_share)
     except (InputError, CorpusError, TokenizerError, ValueError) as e:
         raise _data_error_exit(e) from None
     except KeyboardInterrupt:
@@ -200,10 +207,12 @@ def report_command(
 
     from minilmd.config import ConfigError
     from minilmd.corpus.analysis.report import format_report, report
+    from minilmd.plan.model_budget import report_model
 
     try:
-        r = report(corpus, tokenizer=tokenizer, params=params or None, config=config,
-                   budget_tokens=budget_tokens or None, workers=None if workers < 0 else workers)
+        r = report(corpus, tokenizer=tokenizer, workers=None if workers < 0 else workers)
+        if params or config:
+            r["model"] = report_model(r, params=params or None, config=config, budget_tokens=budget_tokens or None)
     except ConfigError as e:
         raise _data_error_exit(ValueError(str(e))) from None
     except (ValueError, OSError) as e:

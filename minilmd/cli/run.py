@@ -14,6 +14,11 @@ def run_command(
                                                       "model, scratch's owner and space; exit 0, or 2 listing every "
                                                       "problem. Creates nothing."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+    fresh: bool = typer.Option(False, "--fresh", help="With no checkpoint in scratch and a run.remote that cannot "
+                                                      "be read (not there, an empty mount point, a link to "
+                                                      "nowhere, unreadable), start from step 0 instead of waiting "
+                                                      "for the remote (a run that has synced before waits). A "
+                                                      "remote that answers is still resumed from."),
 ) -> None:
     """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
 
@@ -32,18 +37,22 @@ def run_command(
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
         for line in waits:
             typer.echo(f"waits: {line}")
+        from minilmd.daemon.jobs.remotewait import check_line
+
+        if line := check_line(cfg, fresh):  # no checkpoint in scratch, the remote out of reach: wait, or step 0
+            typer.echo(line)
         init_unreachable = any(line.startswith("init.from") for line in waits)  # the others: scratch's room
         if not init_unreachable and (wait := _init_wait(cfg)):  # reachable: it may be a run not finished yet
             typer.echo(f"waits: init.from = {cfg.init.from_!r}: {wait}; the run waits for it to finish, then "
                        f"checks its final checkpoint")
-        from minilmd.update_share import share_lines
+        from minilmd.plan.update_share import share_lines
 
         for line in share_lines(cfg) if not init_unreachable else []:  # it reads init.from: not while unreachable
             typer.echo(line)
         raise typer.Exit(0)
     from minilmd.daemon.supervisor import run_supervisor
 
-    raise typer.Exit(run_supervisor(config, set_))
+    raise typer.Exit(run_supervisor(config, set_, fresh))
 
 
 def _init_wait(cfg) -> str:

@@ -33,8 +33,7 @@ from pathlib import Path
 
 from minilmd.corpus.chat_sandbox import Exceeded, TemplateLimits, compile_template, limited
 from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
-from minilmd.corpus.tokenizer import TOKENIZER_CONFIG_MAX_BYTES
-from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE
+from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
 from minilmd.protocol import SPECIAL_TOKENS
 from minilmd.untrusted import Unreadable, read_bytes
 

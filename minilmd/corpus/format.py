@@ -16,13 +16,12 @@ Torch-free (numpy only): the supervisor verifies staged corpora with verify_prep
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus.meta import CorpusError, data_format_of, read_meta
 from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
+from minilmd.corpus_meta import CorpusError, data_fingerprint, data_format_of, earlier_versions, read_meta
 from minilmd.fsio import dir_table_problems, local_size, sha256_file, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
@@ -218,20 +217,6 @@ class TokenStream:
 
     def __repr__(self) -> str:
         return f"TokenStream({str(self.dir)!r}, n_docs={self.n_docs}, n_tokens={self.n_tokens})"
-
-
-def data_fingerprint(meta: dict) -> str:
-    """sha256 over the sorted (path, sha256) of the train/val files: same data, same fingerprint."""
-    pairs = sorted((p, f["sha256"]) for p, f in meta.get("files", {}).items() if p.split("/")[0] in SPLITS)
-    return hashlib.sha256("".join(f"{p}\0{h}\n" for p, h in pairs).encode()).hexdigest()
-
-
-def earlier_versions(meta: dict) -> dict[str, dict]:
-    """{data fingerprint: its `versions` entry} of every version before this one (`prepare --append`): a
-    checkpoint of a run on one of them may resume on this corpus (trainer/batches/growth.py)."""
-    current = data_fingerprint(meta)
-    return {v["data_fingerprint"]: v for v in meta.get("versions", [])
-            if isinstance(v, dict) and v.get("data_fingerprint") not in (None, current)}
 
 
 class PreparedCorpus:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minilmd.names import TOKENIZER_FILE
+from minilmd.names import TOKENIZER_FILE, TOKENIZER_MAX_BYTES
 from minilmd.protocol import SPECIAL_TOKENS
 
 MAX_VOCAB = 65536  # token ids are stored as uint16
@@ -42,12 +42,6 @@ def check_tokenizer(tok, where: str = "tokenizer") -> None:
             f"BOS <|im_start|>=1, EOS <|im_end|>=2): " + "; ".join(problems)
         )
 
-
-TOKENIZER_MAX_BYTES = 256 << 20
-"""The largest tokenizer.json loaded (a large vocabulary's is tens of MiB)."""
-TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
-"""The largest tokenizer_config.json or chat template read (a tokenizer from elsewhere may be a huge file). Here,
-not in chat.py, so that checkpoint validation (the supervisor imports it) needs no chat machinery for a number."""
 
 
 def load_tokenizer(path: str | Path):

@@ -3,7 +3,7 @@
 The same model (same config, same seeded init) trains the same number of optimizer steps four times in one
 process: static padding to seq_len ("padded", MiniMind's), dynamic padding with length bucketing ("bucketed", the
 seed's), packed windows for reference, and padding-free rows of whole conversations ("padfree": packed mode with
-data.doc_mask, trainer/batches/docpacking.py); through the trainer's own step (Trainer.train_step), their steps
+data.doc_mask, minilmd/plan/docpacking.py); through the trainer's own step (Trainer.train_step), their steps
 interleaved (the order rotates every step) so that a machine whose speed drifts slows all alike.
 
 For each mode: real tokens/s (non-PAD tokens), target tokens/s (the assistant tokens the loss is taken on) and the

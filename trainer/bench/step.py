@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
-from minilmd.corpus.meta import corpus_train_tokens
+from minilmd.corpus_meta import corpus_train_tokens
 from minilmd.trainer.model.loss import IGNORE_INDEX, chunk_rows_for, next_token_loss
 
 SMALL: dict[str, dict[str, Any]] = {
@@ -77,7 +77,7 @@ MiniMind's pretraining corpus (tests/trainer_corpus.py: synthetic_prepared)."""
 
 def document_positions(rows: int, seq_len: int, seed: int) -> torch.Tensor:
     """(rows, seq_len) int32 positions of consecutive windows over a stream of lognormal-length documents."""
-    from minilmd.trainer.batches.docmask import window_positions
+    from minilmd.plan.docmask import window_positions
 
     rng = np.random.default_rng(seed)
     mu = np.log(DOC_MEAN) - 0.75 ** 2 / 2

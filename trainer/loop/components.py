@@ -1,12 +1,10 @@
-"""The parts trainer/loop/train.py's Trainer builds from the config besides the model and the data: the number of
-steps the budget allows, AdamW, and whether torch.compile runs."""
+"""The parts trainer/loop/train.py's Trainer builds from the config besides the model and the data: AdamW, whether
+torch.compile runs, and the parameter split its FLOPs per token counts (the budget: minilmd/plan/budget.py)."""
 from __future__ import annotations
-
-import math
 
 import torch
 
-from minilmd.config import ConfigError, RunConfig
+from minilmd.config import RunConfig
 
 
 def compile_enabled(setting: bool | str, device: torch.device) -> bool:
@@ -15,21 +13,11 @@ def compile_enabled(setting: bool | str, device: torch.device) -> bool:
     return setting is True or (setting == "auto" and device.type == "cuda")
 
 
-def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> int:
-    """max_steps, ceil(max_tokens / tokens per step), ceil(max_epochs * rows per epoch / rows per step); with
-    several, whichever ends first."""
-    t = cfg.train
-    budgets = []
-    if t.max_steps:
-        budgets.append(t.max_steps)
-    if t.max_tokens:
-        budgets.append(math.ceil(t.max_tokens / (global_batch * t.seq_len)))
-    if t.max_epochs and rows_per_epoch:
-        budgets.append(max(1, math.ceil(t.max_epochs * rows_per_epoch / global_batch)))
-    if not budgets:
-        raise ConfigError(["a budget is required: set train.max_steps, train.max_tokens or train.max_epochs"],
-                          cfg.source)
-    return min(budgets)
+def parameter_split(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, frozen) parameters of a model, each counted once (a tied weight is one parameter): the N of
+    minilmd/plan/mfu.py's FLOPs per token."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters()) - trainable
 
 
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.AdamW:

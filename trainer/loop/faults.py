@@ -90,14 +90,14 @@ def _oom(step: int) -> None:
 
 
 def _sigbus(step: int) -> None:
-    fd, path = tempfile.mkstemp(prefix="minilmd-sigbus-")
-    try:
+    # a file with no name (O_TMPFILE, else unlinked at once): the SIGBUS kills us before any clean-up could run,
+    # and a named one was left in the temporary directory at every injected SIGBUS
+    with tempfile.TemporaryFile(prefix="minilmd-sigbus-") as f:
+        fd = f.fileno()
         os.write(fd, b"\0" * mmap.PAGESIZE)
         mapped = mmap.mmap(fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
         os.ftruncate(fd, 0)
         mapped[0]  # the page is beyond the end of the file now: the kernel answers with SIGBUS
-    finally:
-        os.unlink(path)
     procs.signal_self(signal.SIGBUS)  # only if the platform let the read through
 
 

@@ -13,7 +13,7 @@ import torch.distributed as torch_dist
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.names import RUN_DIR_ENV
-from minilmd.trainer.batches import growth
+from minilmd.plan import growth
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop import multinode
 

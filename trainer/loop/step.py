@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from minilmd.trainer.loop.schedule import lr_at
+from minilmd.plan.schedule import lr_at
 from minilmd.trainer.model.loss import chunk_rows_for
 
 
@@ -26,7 +26,7 @@ def micro_batch_loss(forward: Any, x: torch.Tensor, next_labels: torch.Tensor, c
 
 
 def positions_to_device(trainer: Any, batch: Any) -> torch.Tensor | None:
-    """The batch's document-piece positions (data.doc_mask: trainer/batches/docmask.py) on the device, copied like
+    """The batch's document-piece positions (data.doc_mask: minilmd/plan/docmask.py) on the device, copied like
     its ids (pinned, non-blocking on CUDA); None without them."""
     if batch.positions is None:
         return None

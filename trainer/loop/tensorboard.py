@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 
 from minilmd.config import ConfigError, RunConfig
+from minilmd.metrics import MetricsLog
 from minilmd.names import STATE, TENSORBOARD_DIR
-from minilmd.trainer.loop.metrics import MetricsLog
 
 SCALARS = {
     "train": {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "tok_s": "train/tok_s",

@@ -17,7 +17,7 @@ duration-based checkpoint_every only changes when saves happen), so on CPU a kil
 same weights, bit for bit, as an uninterrupted one. Ranks, process groups and DDP: trainer/loop/distributed.py.
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
-boundary; 76 CUDA out of memory in any of its shapes (trainer/loop/oom.py; fault.json written first); 2 bad config
+boundary; 76 CUDA out of memory in any of its shapes (minilmd/cuda_oom.py; fault.json written first); 2 bad config
 (also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
 building the model or its optimizer, which would come again on every restart; scratch belonging to another run); 65
 bad data (also: it was trained on another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found
@@ -47,8 +47,16 @@ from minilmd import perms
 from minilmd.checkpoint import CheckpointMismatch
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
 from minilmd.config_values import parse_duration
-from minilmd.corpus.meta import CorpusError
+from minilmd.corpus_meta import CorpusError
+from minilmd.cuda_oom import cuda_oom_source, first_line
+from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
+from minilmd.plan import growth
+from minilmd.plan.budget import total_steps_for_budget
+from minilmd.plan.early_stop import EarlyStop, probe_batches
+from minilmd.plan.mfu import flops_per_token, mfu, peak_flops
+from minilmd.plan.sampler_base import Batch, DataError
+from minilmd.plan.samplers import make_sampler, validation_batches
 from minilmd.probes import load_checked
 from minilmd.protocol import (
     EXIT_CONFIG,
@@ -62,20 +70,13 @@ from minilmd.protocol import (
 )
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
-from minilmd.trainer.batches import growth
-from minilmd.trainer.batches.sampler_base import Batch, DataError
-from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop import tensorboard, warmup
-from minilmd.trainer.loop.components import build_optimizer, compile_enabled, total_steps_for_budget
+from minilmd.trainer.loop.components import build_optimizer, compile_enabled, parameter_split
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
-from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.guards import LossGuard, StopFlag
-from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_interval
-from minilmd.trainer.loop.mfu import flops_per_token, mfu, parameter_split, peak_flops
-from minilmd.trainer.loop.oom import cuda_oom_source, first_line
 from minilmd.trainer.loop.resume import resume, start_from_init, start_lora
 from minilmd.trainer.model.minimind import next_token_labels
 

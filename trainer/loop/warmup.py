@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from minilmd.trainer.batches.bucketing import BucketedSampler, PaddedSampler
+from minilmd.plan.bucketing import BucketedSampler, PaddedSampler
 from minilmd.trainer.loop import step
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"

@@ -1,6 +1,6 @@
 """Attention within document pieces (`data.doc_mask`): the mask of a packed row, from its tokens' positions.
 
-A row's positions (trainer/batches/docmask.py) are 0 where a document piece starts, so the cumulative count of
+A row's positions (minilmd/plan/docmask.py) are 0 where a document piece starts, so the cumulative count of
 zeros numbers the pieces, and query i may attend key j when j <= i and both are in the same piece. Two forms:
 - `document_mask`: a dense (rows, 1, time, time) boolean mask for SDPA. Eager everywhere, and the tested path
   (CPU): it costs a time x time mask per row and SDPA computes every masked block anyway.

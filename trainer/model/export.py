@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +42,9 @@ from typing import Any
 
 from minilmd import perms
 from minilmd.checkpoint import MAX_JSON_PART, Validated, saved_lora
-from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
 from minilmd.fsio import publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
-from minilmd.names import MANIFEST, MODEL_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TRAINER_STATE
+from minilmd.names import MANIFEST, MODEL_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TOKENIZER_MAX_BYTES, TRAINER_STATE
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import (
     ExportError,
@@ -169,7 +169,7 @@ def find_chat_config(path: str | Path, explicit: str | Path | None = None, *,
     else in the prepared corpus it was trained on (`checked` as find_tokenizer's). None when none of
     them has a template (a model pretrained on text)."""
     from minilmd.corpus.chat import ChatError, chat_config, read_tokenizer_config
-    from minilmd.corpus.tokenizer import TOKENIZER_CONFIG_MAX_BYTES
+    from minilmd.names import TOKENIZER_CONFIG_MAX_BYTES
 
     if explicit:
         try:
@@ -319,11 +319,12 @@ def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tu
 
 
 def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False) -> str:
-    """How to run an exported .pth with MiniMind's eval_llm.py. It loads `out/<weight>_<hidden_size>.pth` (relative
-    to the MiniMind checkout) into MiniMindConfig(hidden_size, num_hidden_layers) with MiniMind's defaults for every
-    other field, and decodes with the tokenizer in its model/ directory; `--weight pretrain` prompts with BOS + text
-    (no chat template), as this model was trained. A model whose other fields differ from those defaults does not
-    load there: then the answer says which, and points to --format hf. chat (a model fine-tuned on a chat corpus):
+    """How to run an exported .pth with MiniMind's eval_llm.py, as commands that work when pasted in the checkout:
+    it loads `./out/<weight>_<hidden_size>.pth` (relative to where it runs, the checkout; `mkdir -p out` first)
+    into MiniMindConfig(hidden_size, num_hidden_layers) with MiniMind's defaults for every other field, and
+    decodes with the tokenizer in its model/ directory; `--weight pretrain` prompts with BOS + text (no chat
+    template), as this model was trained. A model whose other fields differ from those defaults does not load
+    there: then the answer says which, and points to --format hf. chat (a model fine-tuned on a chat corpus):
     `--weight full_sft`, which eval_llm.py prompts through the chat template of its model/ tokenizer."""
     from minilmd.config import ModelSection
 
@@ -339,9 +340,11 @@ def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool
                 f"Use `minilmd export --format hf` (Qwen3ForCausalLM) instead.")
     weight = "full_sft" if chat else "pretrain"
     name = f"{weight}_{m.hidden_size}.pth"
-    return (f"In a MiniMind checkout (its model/ must hold the tokenizer this run used, MiniMind's own for a run "
-            f"prepared with it):\n"
-            f"  cp {shlex.quote(str(pth))} out/{name}\n"
+    # eval_llm.py reads ./out/NAME from where it runs, the checkout's root; a checkout has no out/ until a trainer
+    # of its own saved there, and the .pth's path must hold from there too: absolute, whatever export's cwd was
+    return (f"In a MiniMind checkout, in the directory of its eval_llm.py (its model/ must hold the tokenizer this "
+            f"run used, MiniMind's own for a run prepared with it):\n"
+            f"  mkdir -p out && cp {shlex.quote(os.path.abspath(pth))} out/{name}\n"
             f"  python eval_llm.py --load_from model --save_dir out --weight {weight} --hidden_size {m.hidden_size} "
             f"--num_hidden_layers {m.num_hidden_layers}")
 

@@ -17,7 +17,7 @@ Choices that matter elsewhere:
   last position ignored. The trainer builds its shifted labels on the device (`next_token_labels`).
 - `forward(ids, next_labels=...)` is the trainer's: the summed loss computed inside the forward (so inside the
   compiled graph), head and cross-entropy in chunks of rows, no logits of the whole batch (trainer/model/loss.py).
-- `forward(ids, ..., positions=...)` is packed training with `data.doc_mask` (trainer/batches/docmask.py): each
+- `forward(ids, ..., positions=...)` is packed training with `data.doc_mask` (minilmd/plan/docmask.py): each
   token's rotary position within its document piece, from which trainer/model/docattention.py derives
   block-causal attention on the device, so that every piece of a row computes what it would alone. Without
   positions (the default, and every export and generation) the forward is the plain causal one, unchanged.

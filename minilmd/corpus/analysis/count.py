@@ -66,7 +66,7 @@ class CountTask:
 def count(path: str, patterns: list[str], regex: bool = False, workers: int | None = None) -> dict:
     """{"corpus", "kind", "documents", "bad_lines", "patterns": [{pattern, occurrences, documents, examples}]};
     ValueError for a regex that does not compile (before any reading)."""
-    from minilmd.corpus.prepare.encode import default_workers
+    from minilmd.corpus.workers import default_workers
 
     if regex:
         for p in patterns:

@@ -56,10 +56,10 @@ class ReportTask:
         return self
 
 
-def report(path: str, *, tokenizer: str | None = None, params: int | None = None, config: str | None = None,
-           budget_tokens: int | None = None, workers: int | None = None) -> dict:
-    """The report as a dict (`minilmd corpus report --json` prints it)."""
-    from minilmd.corpus.prepare.encode import default_workers
+def report(path: str, *, tokenizer: str | None = None, workers: int | None = None) -> dict:
+    """The report as a dict (`minilmd corpus report --json` prints it); a model's budget against it (--params,
+    --config) is minilmd/plan/model_budget.py's, which the command adds as "model"."""
+    from minilmd.corpus.workers import default_workers
 
     workers = default_workers() if workers is None else workers
     corpus = scan.open_corpus(path, max(workers, 1) * 4)
@@ -93,11 +93,6 @@ def report(path: str, *, tokenizer: str | None = None, params: int | None = None
             out["dropped_scripts"] = meta["dropped_scripts"]
     elif unit == "tokens":
         out["train_tokens"] = out["tokens"]  # before the split: the whole corpus
-    if params or config:
-        meta = corpus.meta if corpus.meta is not None else {
-            "splits": {"train": {"documents": out["documents"], "tokens": out.get("train_tokens")}}}
-        out["model"] = model_budget(out.get("train_tokens"), params=params, config=config,
-                                    budget_tokens=budget_tokens, meta=meta)
     return out
 
 
@@ -116,59 +111,6 @@ def duplicate_stats(digests: np.ndarray) -> dict:
     _, counts = np.unique(digests, return_counts=True)
     return {"copies": int((counts - 1).sum()), "distinct_repeated": int((counts > 1).sum()),
             "largest_group": int(counts.max())}
-
-
-def model_budget(train_tokens: int | None, *, params: int | None, config: str | None,
-                 budget_tokens: int | None, meta: dict | None = None) -> dict:
-    """Parameters (from --params, or counted from the config's model as its checkpoint stores it: the head tied
-    to the embeddings counted once), Chinchilla's optimum, this corpus's tokens per parameter, and the epochs
-    over train that the budget (--budget-tokens, or the config's: config_budget) means."""
-    budget: dict = {}
-    if config:
-        from minilmd.config import load_config
-        from minilmd.corpus.meta import corpus_train_tokens
-        from minilmd.model_shapes import expected_state_shapes
-
-        cfg = load_config(config, train_tokens_of=corpus_train_tokens)
-        if not params:
-            params = sum(int(np.prod(s)) for s in expected_state_shapes(cfg.model).values())
-        if budget_tokens is None:
-            budget = config_budget(cfg, meta or {}, train_tokens)
-            budget_tokens = budget.pop("budget_tokens", None)
-    assert params
-    out: dict = {"parameters": int(params), "chinchilla_tokens": CHINCHILLA_TOKENS_PER_PARAM * int(params)}
-    if train_tokens:
-        out["tokens_per_parameter"] = train_tokens / params
-        out["of_chinchilla"] = train_tokens / out["chinchilla_tokens"]
-    if budget_tokens:
-        out["budget_tokens"] = int(budget_tokens)
-        if train_tokens:
-            out["epochs"] = budget_tokens / train_tokens
-        out.update(budget)
-    return out
-
-
-def config_budget(cfg, meta: dict, train_tokens: int | None) -> dict:
-    """The rows the config's budget trains on, counted as the trainer will (minilmd/update_share.py: the SFT
-    defaults first, so a chat run is bucketed; whichever of max_steps, max_tokens, max_epochs ends first), and
-    the tokens they hold: a packed row is a full window of seq_len tokens; a row of one document (padded,
-    bucketed: a conversation of a chat corpus) holds its own tokens, train's tokens per row on average, so its
-    budget is its epochs (rows / rows of an epoch) times train's tokens. {} when it cannot be told."""
-    from minilmd.update_share import as_trained, planned_rows, rows_per_epoch
-
-    trained = as_trained(cfg, meta)
-    rows = planned_rows(trained, meta)
-    if not rows:
-        return {}
-    if trained.data.mode == "packed":
-        return {"budget_tokens": rows * trained.train.seq_len, "rows": rows, "row_unit": "windows"}
-    per_epoch = rows_per_epoch(trained, meta)
-    if not per_epoch or not train_tokens:
-        return {}
-    return {"budget_tokens": round(rows / per_epoch * train_tokens), "epochs": rows / per_epoch, "rows": rows,
-            "rows_per_epoch": per_epoch,
-            "row_unit": "conversations" if meta.get("data_format") == "chat" else "documents",
-            "mode": trained.data.mode}
 
 
 def _n(x: float) -> str:
@@ -219,8 +161,8 @@ def format_report(r: dict, short: bool = False) -> str:
                      f"tokens/parameter ({m['of_chinchilla']:.1%} of it)")
         lines.append(line)
         if "budget_tokens" in m:
-            rows = (f" ({m['rows']:,} {m['row_unit']} of {m['rows_per_epoch']:,} an epoch, one a row: "
-                    f"{m['mode']})" if "rows_per_epoch" in m else "")
+            rows = (f" ({m['rows']:,} rows of {m['rows_per_epoch']:,} an epoch, each {m['row_holds']}: "
+                    f"{m['samples']:,} {m['unit']})" if "rows_per_epoch" in m else "")
             lines.append(f"budget {_n(m['budget_tokens'])} tokens{rows}" +
                          (f" = {m['epochs']:.3g} epochs of train" if "epochs" in m else ""))
     elif unit == "characters" and not short:

@@ -32,11 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus.meta import CorpusError, read_meta
-from minilmd.corpus.prepare.block import digest64
+from minilmd.corpus.digest import digest64
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded, open_regular
-from minilmd.corpus.tokenizer import TOKENIZER_MAX_BYTES
-from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENS
+from minilmd.corpus_meta import CorpusError, read_meta
+from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_MAX_BYTES, TOKENS
 from minilmd.untrusted import Unreadable, read_bytes
 
 BLOCK_BYTES = 4 << 20  # JSONL bytes per batch of texts handed to a task
@@ -116,9 +115,9 @@ def run(corpus: Corpus, task, workers: int) -> list:
         return [run_shard(corpus, shard, task) for shard in corpus.shards]
     from concurrent.futures import ProcessPoolExecutor
 
-    from minilmd.corpus.prepare.encode import _spawn_context
+    from minilmd.corpus.workers import spawn_context
 
-    with ProcessPoolExecutor(min(workers, len(corpus.shards)), mp_context=_spawn_context()) as pool:
+    with ProcessPoolExecutor(min(workers, len(corpus.shards)), mp_context=spawn_context()) as pool:
         futures = [pool.submit(run_shard, corpus, shard, task) for shard in corpus.shards]
         return [f.result() for f in futures]
 

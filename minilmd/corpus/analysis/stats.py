@@ -20,6 +20,10 @@ import math
 
 import numpy as np
 
+FACTS = ("messages", "assistant_turns", "target_tokens", "cut")
+"""The columns of the per-conversation facts array (int64) that travel with each split's documents: prepare's chat
+workers write them (prepare/chat_encode.py), chat_split_stats reads them."""
+
 
 def length_stats(lengths: np.ndarray) -> dict:
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -51,7 +55,7 @@ def layout_stats(lengths: np.ndarray, seq_len: int, batch_size: int) -> dict:
     starts = np.cumsum(lengths) - lengths
     offset = starts % seq_len
     seeing = np.where(offset != 0, np.minimum(lengths, seq_len - offset), 0)
-    windows = max(0, (tokens - seq_len + 1) // seq_len)  # as the trainer's packed sampler: fits any epoch offset
+    windows = packed_windows(tokens, seq_len)
     return {
         "seq_len": seq_len,
         "batch_size": batch_size,
@@ -99,6 +103,12 @@ def width_step(seq_len: int) -> int:
     return max(8, -(-seq_len // (WIDTH_CLASSES * 8)) * 8)
 
 
+def packed_windows(n_tokens: int, seq_len: int) -> int:
+    """Windows of one epoch of packed mode: as many as fit every epoch's offset (minilmd/plan/samplers.py). Here,
+    below both, so that prepare's figures and the sampler count with one rule (as width_class, for bucketing)."""
+    return max(0, (n_tokens - seq_len + 1) // seq_len)
+
+
 def width_classes(widths: np.ndarray, seq_len: int) -> np.ndarray:
     """Each width rounded up to its width class: the next multiple of width_step(seq_len), capped at seq_len.
 
@@ -131,9 +141,7 @@ def bucketed_pad_share(lengths: np.ndarray, batch_size: int, seq_len: int) -> fl
 def chat_split_stats(lengths: np.ndarray, facts: np.ndarray, seq_len: int, batch_size: int) -> dict:
     """A chat split's figures: conversations, turns, tokens, targets, lengths, cuts, and the PAD share of static
     padding to seq_len against length-bucketed micro-batches of batch_size (lengths are after the cut, <= seq_len).
-    facts: the per-conversation columns of chat_encode.FACTS."""
-    from minilmd.corpus.prepare.chat_encode import FACTS
-
+    facts: the per-conversation columns of FACTS."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n, tokens = int(lengths.size), int(lengths.sum())
     col = {name: facts[:, i] for i, name in enumerate(FACTS)}

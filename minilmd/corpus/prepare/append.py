@@ -29,14 +29,14 @@ way an appended corpus differs from the full prepare (docs/formats.md, "Growing 
 meta.json gains `versions`: one entry per version, {version, documents, tokens, splits, data_fingerprint,
 previous_meta_sha256, created, sources, and what was added and left out}; the statistics are recomputed over all
 documents' lengths. A run resumed on the grown corpus finds the corpus it started on among `versions` by its data
-fingerprint and reads that version's prefix of train until its epoch ends (trainer/batches/growth.py).
+fingerprint and reads that version's prefix of train until its epoch ends (minilmd/plan/growth.py).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import shutil
+import stat
 import sys
 import time
 from pathlib import Path
@@ -47,18 +47,19 @@ from minilmd import leftovers
 from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
-from minilmd.corpus.format import data_fingerprint, open_prepared
-from minilmd.corpus.meta import CorpusError
+from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
-from minilmd.corpus.prepare.lock import CorpusLock, check_same_dir, hold_for_test, open_locked_dir
+from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, check_same_dir, hold_for_test, open_locked_dir
 from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
-from minilmd.fsio import atomic_write_json, fsync_dir, fsync_file, sha256_file
+from minilmd.corpus_meta import CorpusError, data_fingerprint
+from minilmd.dirfd import Dir, temp_name
+from minilmd.fsio import atomic_write_text, fsync_dir, fsync_file, sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_maker, prepare_tmp_name
-from minilmd.perms import owned_by_me
+from minilmd.perms import others_can_rearrange, owned_by_me
 
 APPEND_SUFFIX = ".append"  # the temporary directory's name is prepare's, for "<corpus>.append"
 _WORDS = leftovers.Words(one="an append", tool="prepare --append", thing="temporary directory", files=False)
@@ -86,27 +87,30 @@ def old_leak_keys(root: Path, workers: int) -> dict[str, np.ndarray]:
 
 
 def append(sources: list[str], out: str | Path, *, workers: int | None = None, progress=None, log=None,
-           on_bad_line: str | None = None, block_bytes: int | None = None) -> dict:
+           on_bad_line: str | None = None, block_bytes: int | None = None, group_share: bool = False) -> dict:
     """Append `sources` to the prepared corpus `out`; returns the new meta.json. InputError (bad input, exit 65),
     CorpusError (the corpus), ValueError (bad arguments, another user's corpus, another prepare writing it, the
-    directory replaced meanwhile: exit 2)."""
+    directory replaced meanwhile, a directory others can rearrange without `group_share`: exit 2)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     root = Path(out)
-    check_out_name(root, lambda name: prepare_tmp_name(name + APPEND_SUFFIX, *leftovers.me()))
+    check_out_name(root, lambda name: temp_name(prepare_tmp_name(name + APPEND_SUFFIX, *leftovers.me()), "0" * 8))
+    check_out_place(root, group_share)  # before anything is made or looked at there
     try:
         _check_owner(root, os.lstat(root))
     except OSError as e:
         raise CorpusError(f"{root}: cannot open ({e.strerror}); is it a prepared corpus?") from None
-    with CorpusLock(root, "prepare --append") as lock:  # the one writer of this corpus (lock.py)
+    with CorpusLock(root, "prepare --append", group_share) as lock:  # the one writer of this corpus (lock.py)
         fd, identity = open_locked_dir(lock)
         try:
             _check_owner(root, os.fstat(fd))
             locked = Path(f"/proc/self/fd/{fd}")  # the directory that was locked, whatever its name leads to now
             _remove_stale_parts(locked)
-            _remove_stale_tmp(root)
+            if not group_share:  # in a team directory a name proves nothing: leftovers are the user's to remove
+                _remove_stale_tmp(root)
+            assert lock.parent is not None
             try:
-                return _append(sources, root, locked, lambda: check_same_dir(lock, identity), workers, progress,
-                               log, on_bad_line, block_bytes)
+                return _append(sources, root, locked, lock.parent, lambda: check_same_dir(lock, identity), workers,
+                               progress, log, on_bad_line, block_bytes)
             except PermissionError as e:
                 raise ValueError(f"{root}: cannot write {e.filename or 'a file'} ({e.strerror}); nothing was "
                                  "appended") from None
@@ -115,12 +119,17 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
 
 
 def _check_owner(root: Path, st: os.stat_result) -> None:
-    """ValueError (exit 2) for a corpus of another user: an append changes it in place, and only its owner may."""
+    """ValueError (exit 2) for a corpus of another user: an append changes it in place, and only its owner may;
+    and for one others can rearrange (its files are written by name inside it)."""
     owner = st.st_uid
     if not owned_by_me(st):
         raise ValueError(f"{root}: the corpus belongs to another user (uid {owner}); `prepare --append` changes a "
                          "corpus in place, which only its owner may do. Prepare a corpus of your own (--out "
                          "elsewhere)")
+    if stat.S_ISDIR(st.st_mode) and others_can_rearrange(st):
+        raise ValueError(f"{root}: the corpus directory can be written by other users (mode "
+                         f"{stat.S_IMODE(st.st_mode):o}), who could swap its files while this appends; chmod go-w "
+                         f"{root}, then run this again; nothing was changed")
 
 
 def _remove_stale_parts(locked: Path) -> None:
@@ -141,14 +150,16 @@ def _remove_stale_tmp(root: Path) -> None:
                     out=root, on_running=leftovers.say_running(_WORDS, say))
 
 
-def _append(sources: list[str], root: Path, locked: Path, check_same, workers: int | None, progress, log,
-            on_bad_line: str | None, block_bytes: int | None) -> dict:
+def _append(sources: list[str], root: Path, locked: Path, parent: Dir, check_same, workers: int | None, progress,
+            log, on_bad_line: str | None, block_bytes: int | None) -> dict:
     """The append; `locked` names the corpus directory by its descriptor (every write goes there), `root` by the
-    name the user gave (for messages and the readers); check_same() refuses when the two part."""
-    from minilmd.corpus.prepare.encode import default_workers
+    name the user gave (for messages and the readers); check_same() refuses when the two part. `parent`: the
+    locked directory of the corpus, where the temporary directory is made (0700, a random name) and used through
+    its own descriptor."""
     from minilmd.corpus.prepare.meta import report
     from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
     from minilmd.corpus.prepare.stream import encode_all, open_sources
+    from minilmd.corpus.workers import default_workers
 
     corpus = open_prepared(root)
     check_same()  # what was read is the locked directory's
@@ -178,16 +189,16 @@ def _append(sources: list[str], root: Path, locked: Path, check_same, workers: i
         if template != meta["chat"]["template_sha256"]:
             raise CorpusError(f"{root}: its tokenizer_config.json's chat template is not the one it was rendered "
                               "with (meta.json chat.template_sha256)")
-    tmp = root.parent / prepare_tmp_name(root.name + APPEND_SUFFIX, *leftovers.me())
-    tmp.mkdir()  # exclusively: its name is this process's own (host, pid, start time), never one planted there
+    tmp_dir, tmp_name = parent.make_temp(prepare_tmp_name(root.name + APPEND_SUFFIX, *leftovers.me()))
+    tmp = tmp_dir.inside  # this process's 0700 directory, whatever its name in the parent leads to now
     for split in SPLITS:
-        (tmp / split).mkdir(parents=True)
+        (tmp / split).mkdir()
     try:
         hold_for_test()  # holding the lock, its temporary directory made (tests/test_prepare_append_leftovers.py)
         opened = open_sources(sources)
         found = Collector(tmp, opened, opts.on_bad_line, chat=chat)
         encode_all(opened, found, tok, opts, progress)
-        found.bad.publish(root)
+        found.bad.publish(tmp_dir, parent, root.name)
         found.check_bad_lines()
         check_line_counts(found)
         if found.documents == 0:
@@ -204,7 +215,7 @@ def _append(sources: list[str], root: Path, locked: Path, check_same, workers: i
             raise CorpusError(f"{root / META}: changed while this append ran; nothing was appended")
         new_meta = _publish(locked, meta, tmp, new, found, opts, old_meta_sha)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        parent.discard(tmp_dir, tmp_name)
     v = new_meta["versions"][-1]
     log(f"append: version {v['version']}: +{v['documents_added']:,} documents, +{v['tokens_added']:,} tokens "
         f"(train +{new.lengths['train'].size:,}, val +{new.lengths['val'].size:,}); "
@@ -297,8 +308,7 @@ def _publish(root: Path, meta: dict, tmp: Path, new: _New, found: Collector, opt
         os.replace(part, final)
     for split in SPLITS:
         fsync_dir(root / split)
-    atomic_write_json(root / META, new_meta)
-    os.chmod(root / META, 0o644)
+    atomic_write_text(root / META, json.dumps(new_meta, indent=2, sort_keys=True) + "\n", mode=0o644)
     fsync_dir(root)
     return new_meta
 

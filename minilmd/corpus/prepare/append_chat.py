@@ -16,7 +16,7 @@ import numpy as np
 
 from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis import stats as corpus_stats
-from minilmd.corpus.prepare.block import digest64
+from minilmd.corpus.digest import digest64
 from minilmd.names import SPLITS
 
 ADDITIVE = ("turns", "assistant_turns", "target_tokens", "cut")

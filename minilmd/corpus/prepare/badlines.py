@@ -4,18 +4,19 @@ line per run).
 The whole input is read whatever `--on-bad-line`; each bad line is counted by reason, the first SHOWN are kept in
 memory (the screen, and meta.json's `bad_lines.examples`), and every one is streamed as `file:line: reason
 (detail)` to a file in the prepare's own temporary directory, so memory stays bounded whatever their number. With
-more than SHOWN, that file is moved beside --out as `<out>.bad-lines.txt` (a rename: no link is followed, and a
-name this user may not replace there gets a fresh unique one, printed) before anything is published; otherwise it is
+more than SHOWN, that file is moved beside --out as `<out>.bad-lines.txt` (a rename between the two directories'
+descriptors, minilmd/dirfd.py: no name is followed, and a name this user may not replace there gets a fresh unique
+one, printed) before anything is published; otherwise it is
 removed. `--on-bad-line error` then exits 65 listing them, publishing nothing; `skip` lists them and goes on.
 """
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import TextIO
 
 from minilmd.corpus.sources.jsonl import BadLine, InputError
+from minilmd.dirfd import Dir
 from minilmd.untrusted import printable
 
 SHOWN = 20  # bad lines named on the screen and in meta.json; all of them are in the list file
@@ -62,26 +63,26 @@ class BadLines:
         if self.file is not None:
             self.file.close()
 
-    def publish(self, out: Path) -> Path | None:
-        """The list file beside `out` when there are more bad lines than are shown (its path); the spool removed
-        either way (it must not be published inside the corpus)."""
+    def publish(self, tmp: Dir, parent: Dir, out_name: str) -> Path | None:
+        """The list file beside the corpus `out_name` in `parent` when there are more bad lines than are shown (its
+        path); the spool (SPOOL in the temporary directory `tmp`) removed either way (it must not be published inside
+        the corpus). Through the two directories' descriptors (minilmd/dirfd.py): no name is followed."""
         self.close()
-        if not self.spool.exists():
+        if tmp.lstat(SPOOL) is None:
             return None
         if self.total <= self.shown:
-            self.spool.unlink()
+            tmp.remove_file(SPOOL)
             return None
-        os.chmod(self.spool, 0o644)  # beside the corpus, readable as the corpus is
-        target = out.parent / list_name(out.name)
+        tmp.mode_file(SPOOL, 0o644)  # beside the corpus, readable as the corpus is
+        target = list_name(out_name)
         try:
-            os.rename(self.spool, target)  # replaces a list of an earlier run; never follows a link
+            tmp.rename(SPOOL, parent, target)  # replaces a list of an earlier run; never follows a link
         except OSError:  # a directory there, or another user's file in a sticky directory: a fresh name
-            fd, name = tempfile.mkstemp(prefix=_fresh_prefix(out.name), suffix=".txt", dir=out.parent)
+            fd, target = parent.create_new(_fresh_prefix(out_name), ".txt")
             os.close(fd)
-            target = Path(name)
-            os.replace(self.spool, target)
-        self.listing = target
-        return target
+            tmp.rename(SPOOL, parent, target)
+        self.listing = parent.path / target
+        return self.listing
 
     def by_reason(self) -> str:
         return ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in sorted(self.counts.items()))

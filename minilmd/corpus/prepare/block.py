@@ -6,18 +6,14 @@ below val_fraction * 2**64; its leak key is the same hash of its text with all w
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from minilmd.corpus.analysis.scripts import ScriptTally
+from minilmd.corpus.digest import digest64
 
 NO_DIGEST = 2**64  # above every split digest
-
-
-def digest64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def split_is_val(text: str, val_fraction: float) -> bool:
@@ -54,7 +50,7 @@ class EncodedBlock:
     # A chat block's (chat_encode.ChatBlockEncoder) extras; None for text.
     train_mask: np.ndarray | None = None  # uint8, one per token of train_tokens
     val_mask: np.ndarray | None = None
-    train_facts: np.ndarray | None = None  # (documents, len(chat_encode.FACTS)) int64
+    train_facts: np.ndarray | None = None  # (documents, len(analysis.stats.FACTS)) int64
     val_facts: np.ndarray | None = None
     chat_counts: dict | None = None  # chat_encode.COUNTS
     # Text blocks: the kept documents by script (scripts.ScriptTally), and the lines --drop-scripts dropped.

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minilmd.corpus.analysis.stats import FACTS
 from minilmd.corpus.chat import ChatTemplate, ParsedChatBlock, TurnError, canonical, has_special_text, parse_chat_block
 from minilmd.corpus.chat_sandbox import TemplateLimits
 from minilmd.corpus.chat_spans import BlockSpans, Layouts
@@ -41,8 +42,6 @@ from minilmd.corpus.prepare.chat_masks import (
 from minilmd.corpus.sources.jsonl import InputError, LongLine
 
 ON_LONG = ("cut", "drop")
-FACTS = ("messages", "assistant_turns", "target_tokens", "cut")
-"""The columns of the per-conversation facts array (int64) that travel with each split's documents."""
 COUNTS = ("cut", "dropped_long", "dropped_no_target", "special_text")
 """The per-block counts of chat conversations (cut ones are kept; `special_text`: a message spells a special
 token, which then encodes to id 0, 1 or 2 inside its turn)."""

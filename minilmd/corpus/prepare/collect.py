@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.badlines import SHOWN, SPOOL, BadLines
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock
 from minilmd.corpus.sources.jsonl import InputError, Source
 from minilmd.corpus.sources.longdoc import LineVerdict
+from minilmd.corpus_meta import CorpusError
 from minilmd.names import (
     DOC_LENGTHS,
     LEAK_KEYS,
@@ -38,7 +38,7 @@ MAX_EXAMPLES = SHOWN  # bad lines and leaks listed by name in meta.json; all of 
 
 class SplitWriter:
     """tokens.bin (hashed as written) and the document lengths of one split; for a chat corpus also its loss mask
-    (mask_path) and the per-conversation facts (chat_encode.FACTS)."""
+    (mask_path) and the per-conversation facts (analysis/stats.py FACTS)."""
 
     def __init__(self, path: Path, mask_path: Path | None = None):
         self.path = path
@@ -82,7 +82,7 @@ class SplitWriter:
         return np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
 
     def all_facts(self) -> np.ndarray:
-        from minilmd.corpus.prepare.chat_encode import FACTS
+        from minilmd.corpus.analysis.stats import FACTS
 
         return np.concatenate(self.facts) if self.facts else np.zeros((0, len(FACTS)), dtype=np.int64)
 

@@ -17,10 +17,11 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import numpy as np
 
 from minilmd.corpus.analysis.scripts import ScriptTally, containing, script_matrix
-from minilmd.corpus.meta import CorpusError
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.sources.jsonl import parse_block
 from minilmd.corpus.sources.longdoc import split_pieces
+from minilmd.corpus.workers import spawn_context
+from minilmd.corpus_meta import CorpusError
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -124,7 +125,7 @@ class Encoders:
             self.pool = ProcessPoolExecutor(workers, initializer=_worker_init,
                                             initargs=(tokenizer_json, val_fraction, os.getpid(), chat,
                                                       drop_scripts),
-                                            mp_context=_spawn_context())
+                                            mp_context=spawn_context())
         else:
             self.inline = _encoder(tokenizer_json, val_fraction, chat, drop_scripts)
 
@@ -205,15 +206,4 @@ def _worker_call(method: str, *args):
     return getattr(_worker_encoder, method)(*args)
 
 
-def default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
-
-def _spawn_context():
-    # spawn, not fork: the parent may hold threads (progress, fsspec) or, inside the trainer, torch state.
-    import multiprocessing
-
-    return multiprocessing.get_context("spawn")

@@ -10,10 +10,12 @@ corpus runs for hours, and a command that waits silently that long looks hung.
 The lock file may sit in a directory other users can write (a shared /tmp-like parent): it is opened without
 following a link, without blocking, must be a regular file owned by the current user holding nothing but a holder
 line (a file of the user's own of that name is never overwritten), and is refused (exit 2) otherwise. The parent
-directory is opened once (a symbolic link followed only when it is the user's own or root's): `check_parent`
-refuses (exit 2) when its name no longer leads there, and an append opens the corpus directory through it
-(`open_locked_dir`), writes through that open directory and refuses when `--out` no longer leads to it
-(`check_same_dir`).
+directory is opened once, as a minilmd/dirfd.py `Dir` (a symbolic link followed only when it is the user's own or
+root's), after the rule of every place minilmd writes in: a parent other users can rearrange (writable by them, not
+sticky) is refused (exit 2) unless the user opted in with `--group-share`. Everything prepare makes beside --out
+goes through that descriptor (`lock.parent`); `check_parent` refuses (exit 2) when its name no longer leads there,
+and an append opens the corpus directory through it (`open_locked_dir`), writes through that open directory and
+refuses when `--out` no longer leads to it (`check_same_dir`).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import stat
 import time
 from pathlib import Path
 
+from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
 from minilmd.perms import owned_by_me, owned_by_me_or_root
 from minilmd.untrusted import loads, printable
@@ -38,13 +41,29 @@ def lock_name(out_name: str) -> str:
     return out_name + LOCK_SUFFIX
 
 
+GROUP_SHARE_ADVICE = ("choose an --out only you (and root) can change, or pass --group-share to prepare into a team "
+                      "directory anyway (docs/operations.md: everything there then goes through the directory opened "
+                      "once)")
+
+
+def check_out_place(out: Path, group_share: bool) -> None:
+    """ValueError (exit 2) before anything is made when someone else could rearrange the directory of --out or one
+    above it (minilmd/dirfd.py's rule, scratch's and the lock directory's); `--group-share` waives it for the
+    directory of --out alone."""
+    problem = place_problem("--out", out, "the corpus", GROUP_SHARE_ADVICE, own_links=True, group_share=group_share)
+    if problem:
+        raise ValueError(f"{problem}; nothing was changed")
+
+
 class CorpusLock:
     """The exclusive lock of one corpus --out; `with CorpusLock(out, "prepare --append"):`. ValueError (exit 2)
     when another writer holds it or the lock file is not safe to use."""
 
-    def __init__(self, out: str | os.PathLike, command: str):
+    def __init__(self, out: str | os.PathLike, command: str, group_share: bool = False):
         self.out = Path(out)
         self.command = command
+        self.group_share = group_share
+        self.parent: Dir | None = None
         self.parent_fd = -1
         self.fd = -1
 
@@ -53,10 +72,13 @@ class CorpusLock:
 
         parent = self.out.parent
         try:
-            self.parent_fd = _open_dir(parent)
+            self.parent = Dir.open(parent, "the directory of --out", group_share=self.group_share)
+        except PlaceRefused as e:
+            raise ValueError(f"{e}; or pass --group-share (docs/operations.md); nothing was changed") from None
         except OSError as e:
             raise ValueError(f"{parent}: cannot open the directory of --out ({e.strerror})") from None
-        self.parent_id = _identity(os.fstat(self.parent_fd))
+        self.parent_fd = self.parent.fd
+        self.parent_id = self.parent.identity
         path = parent / lock_name(self.out.name)
         try:
             self.fd = os.open(lock_name(self.out.name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
@@ -91,9 +113,10 @@ class CorpusLock:
         self.close()
 
     def close(self) -> None:
-        for fd in (self.fd, self.parent_fd):
-            if fd >= 0:
-                os.close(fd)
+        if self.fd >= 0:
+            os.close(self.fd)
+        if self.parent is not None:
+            self.parent.close()
         self.fd = self.parent_fd = -1
 
     def check_parent(self) -> None:

@@ -11,9 +11,9 @@ import numpy as np
 
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import prepare_summary
-from minilmd.corpus.meta import DATA_FORMATS, FORMAT
 from minilmd.corpus.prepare.collect import Collector
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
+from minilmd.corpus_meta import DATA_FORMATS, FORMAT
 from minilmd.fsio import sha256_file
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.corpus.meta import DATA_FORMATS
 from minilmd.corpus.prepare.badlines import longest_list_name
 from minilmd.corpus.prepare.lock import lock_name
 from minilmd.corpus.sources.jsonl import BAD_LINE_POLICIES
 from minilmd.corpus.tokenizer import load_tokenizer
+from minilmd.corpus_meta import DATA_FORMATS
 from minilmd.names import CORPUS_TOKENIZER
 
 BLOCK_BYTES = 1 << 20

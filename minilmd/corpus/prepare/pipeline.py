@@ -8,7 +8,10 @@ to the workers in pieces. The results are collected in input order (minilmd/corp
 does not depend on the number of workers or the block size. At most a few blocks or pieces are in flight: memory
 stays bounded by the block and piece sizes, not by the corpus or a document. Everything is written into a temporary
 directory beside DIR and published at the end (every file fsynced, then one rename): an interrupted or failed prepare
-leaves nothing under DIR, and `--force` replaces only a prepared corpus or an empty directory. One writer of DIR at
+leaves nothing under DIR, and `--force` replaces only a prepared corpus or an empty directory, the one whose identity
+it checked under the lock. DIR's directory must be one no other user can rearrange (minilmd/dirfd.py's rule; a team
+directory with `--group-share`), and everything made there goes through its descriptor: the temporary directory has
+a random name, is 0700 and is used through its own descriptor (`Dir.inside`), never by its name. One writer of DIR at
 a time (this, `--force`, `--append`): the flock on DIR.lock beside it (minilmd/corpus/prepare/lock.py). Every bad
 line is named, the whole input read first (minilmd/corpus/prepare/badlines.py). meta.json and the report printed
 from it: minilmd/corpus/prepare/meta.py; the options and the tokenizer: options.py.
@@ -37,20 +40,21 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd import leftovers
+from minilmd import leftovers, perms
 from minilmd.corpus.analysis.report import add_report_meta, check_line_counts, duplicates_of
 from minilmd.corpus.format import open_prepared
-from minilmd.corpus.meta import FORMAT
 from minilmd.corpus.prepare.block import leak_key as leak_key  # the split rule: part of prepare's interface
 from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
-from minilmd.corpus.prepare.encode import default_workers
-from minilmd.corpus.prepare.lock import CorpusLock, hold_for_test
+from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, hold_for_test
 from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded
-from minilmd.fsio import atomic_write_json, publish_dir
+from minilmd.corpus.workers import default_workers
+from minilmd.corpus_meta import FORMAT
+from minilmd.dirfd import Dir, Identity, Replaced, temp_name
+from minilmd.fsio import atomic_write_text
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_TOKENIZER,
@@ -87,9 +91,10 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
             on_bad_line: str = "error", seq_len: int = 340, batch_size: int = 32, workers: int | None = None,
             block_bytes: int = BLOCK_BYTES, force: bool = False, progress: Progress | bool | None = None,
             log=None, data_format: str = "text", on_long: str = "cut",
-            drop_scripts: frozenset[str] = frozenset()) -> dict:
+            drop_scripts: frozenset[str] = frozenset(), group_share: bool = False) -> dict:
     """Prepare `sources` into `out`; returns meta.json's content. Raises InputError (bad input) or ValueError
-    (chat.ChatError for a tokenizer without a chat template, with --format chat)."""
+    (chat.ChatError for a tokenizer without a chat template, with --format chat; a directory of --out others can
+    rearrange, without `group_share`)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     opts = PrepareOptions(val_fraction, on_bad_line, seq_len, batch_size, workers, block_bytes, data_format,
                           on_long, frozenset(drop_scripts))
@@ -97,7 +102,8 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     if problems:
         raise ValueError("; ".join(problems))
     out = Path(out)
-    check_out_name(out, lambda name: prepare_aside_name(name, *leftovers.me()))  # before a first look at out
+    check_out_name(out, lambda name: temp_name(prepare_aside_name(name, *leftovers.me()), "0" * 8))
+    check_out_place(out, group_share)  # before anything is made or looked at there
     if out.exists() or out.is_symlink():
         if not force:
             raise ValueError(f"{out} already exists; pass --force to replace it")
@@ -106,33 +112,72 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     if opts.workers is None:
         opts.workers = default_workers()
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with CorpusLock(out, "prepare --force" if force else "prepare") as lock:  # one writer of --out (lock.py)
-        if out.exists() or out.is_symlink():  # again, under the lock: another prepare may have made it meanwhile
-            if not force:
-                raise ValueError(f"{out} already exists; pass --force to replace it")
-            _check_replaceable(out)
+    _make_parents(out.parent)
+    with CorpusLock(out, "prepare --force" if force else "prepare", group_share) as lock:  # one writer (lock.py)
+        parent = lock.parent
+        assert parent is not None
+        # again, under the lock, through the locked directory: what --force may replace, by its identity
+        replaces = _replaceable_at(parent, out, force)
         host, pid, ticks = leftovers.me()
-        tmp = out.parent / prepare_tmp_name(out.name, host, pid, ticks)
-        _remove_stale_tmp(out, tmp.name, leftovers.stderr_say("prepare"))
+        if not group_share:  # in a team directory a name proves nothing: leftovers are the user's to remove there
+            _remove_stale_tmp(out, "", leftovers.stderr_say("prepare"))
         hold_for_test()
+        tmp, tmp_name = parent.make_temp(prepare_tmp_name(out.name, host, pid, ticks))  # 0700, a random name
         try:
-            tmp.mkdir()  # exclusively: a name already there (a link planted in a shared parent) is never written into
-        except FileExistsError:
-            raise ValueError(f"{tmp}: exists, though this prepare's own name (this host, pid and start time); it is "
-                             f"left as it is: remove it, or choose another output") from None
-        try:
-            meta = _prepare_into(tmp, out, sources, tok, opts, progress, log)
-            open_prepared(tmp)  # the invariants, checked by the same code the trainer runs
+            meta = _prepare_into(tmp, parent, out, sources, tok, opts, progress, log)
+            open_prepared(tmp.inside)  # the invariants, checked by the same code the trainer runs
             lock.check_parent()
-            if out.exists() or out.is_symlink():
-                _check_replaceable(out)  # again: something may have been put there meanwhile
-            # never leaves `out` missing (fsio.publish_dir): the next prepare would take the aside of a gone
-            # maker for a leftover and delete it, and with it the only corpus there was
-            publish_dir(tmp, out, aside=out.parent / prepare_aside_name(out.name, host, pid, ticks))
+            tmp.mode_self(CORPUS_DIR_MODE & ~perms.current_umask())
+            # only the directory checked above is replaced (its identity), and `out` is never missing
+            parent.publish(tmp, tmp_name, out.name, replaces, aside=tmp_name + ".old")
+        except Replaced as e:
+            raise ValueError(f"{e}; nothing was published. Check who moves things in {out.parent}") from None
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            parent.discard(tmp, tmp_name)
     return meta
+
+
+CORPUS_DIR_MODE = 0o755
+"""A prepared corpus's directories: for every reader (as its files), written by its owner alone (umask narrows it)."""
+
+
+def _make_parents(parent: Path) -> None:
+    """The missing directories on the way to --out, made CORPUS_DIR_MODE: writable by this user alone whatever the
+    umask (a umask of 002 would make them group-writable, and the lock would then refuse the very directory just
+    made). check_out_place said before that no one else can rearrange the ones that exist."""
+    missing = []
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, CORPUS_DIR_MODE)
+        except FileExistsError:
+            pass  # made meanwhile: the lock's check of the directory of --out judges it
+
+
+def _replaceable_at(parent: Dir, out: Path, force: bool) -> Identity | None:
+    """Under the lock: the identity of the directory at --out that --force may replace (None: nothing there).
+    ValueError when something is there without --force, or it is not replaceable (_check_replaceable's rule, read
+    through the directory opened without following a link: what was checked is what is replaced)."""
+    st = parent.lstat(out.name)
+    if st is None:
+        return None
+    if not force:
+        raise ValueError(f"{out} already exists; pass --force to replace it")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        _check_replaceable(out)  # says what it is
+        raise ValueError(f"{out}: not a directory; nothing was changed")
+    try:
+        opened = Dir.at(parent, out.name)
+    except OSError as e:
+        raise ValueError(f"{out}: cannot be opened ({e.strerror}); nothing was changed") from None
+    with opened:
+        what = _foreign_content(opened.inside, os.fstat(opened.fd))
+        if what:
+            raise ValueError(f"{out}: --force replaces only a prepared corpus or an empty directory, and this is "
+                             f"{what}; nothing was changed. Choose another --out, or move it away yourself")
+        return opened.identity
 
 
 CORPUS_ENTRIES = {META, CORPUS_TOKENIZER, TOKENIZER_CONFIG, *SPLITS}
@@ -145,20 +190,21 @@ SPLIT_FILES = {TOKENS, DOC_LENGTHS, LOSS_MASK}
 def _check_replaceable(out: Path) -> None:
     """ValueError unless `--force` may replace `out`: an empty directory, or a prepared corpus holding nothing but
     its own files. Anything else may be somebody's work (a thesis.txt): replacing it would delete it."""
-    what = _foreign_content(out)
+    if out.is_symlink():
+        what = f"a symbolic link (to {printable(os.readlink(out))})"
+    elif not out.is_dir():
+        what = "not a directory"
+    else:
+        what = _foreign_content(out, out.lstat())
     if what:
         raise ValueError(f"{out}: --force replaces only a prepared corpus or an empty directory, and this is {what}; "
                          "nothing was changed. Choose another --out, or move it away yourself")
 
 
-def _foreign_content(out: Path) -> str:
-    """Why out is not replaceable ("" when it is). Its own files must be regular files (a `tokens.bin` that is a
-    directory of someone's files is not the corpus's) and its split directories real directories, not links."""
-    if out.is_symlink():
-        return f"a symbolic link (to {printable(os.readlink(out))})"
-    if not out.is_dir():
-        return "not a directory"
-    st = out.lstat()
+def _foreign_content(out: Path, st: os.stat_result) -> str:
+    """Why the directory at `out` (lstat or fstat `st`) is not replaceable ("" when it is). Its own files must be
+    regular files (a `tokens.bin` that is a directory of someone's files is not the corpus's) and its split
+    directories real directories, not links."""
     if not owned_by_me(st):
         return f"a directory of another user (uid {st.st_uid})"
     entries = sorted(p.name for p in out.iterdir())
@@ -195,12 +241,14 @@ def _listing(names: list[str], most: int = 5) -> str:
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def _prepare_into(tmp: Path, out: Path, sources: list[str], tok: PrepareTokenizer, opts: PrepareOptions,
-                  progress: Progress | bool | None, log) -> dict:
-    """The whole pipeline into the temporary directory `tmp`: encode, leak check, splits, meta.json. The list of
-    bad lines goes beside `out` (badlines.py); under --on-bad-line error a bad line ends it here (InputError)."""
+def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok: PrepareTokenizer,
+                  opts: PrepareOptions, progress: Progress | bool | None, log) -> dict:
+    """The whole pipeline into the temporary directory `tmp_dir` (0700, this process's: reached by its descriptor,
+    whatever its name in `parent` leads to now): encode, leak check, splits, meta.json. The list of bad lines goes
+    beside `out` (badlines.py); under --on-bad-line error a bad line ends it here (InputError)."""
+    tmp = tmp_dir.inside
     for split in SPLITS:
-        (tmp / split).mkdir(parents=True)
+        (tmp / split).mkdir(mode=CORPUS_DIR_MODE)
     shutil.copyfile(tok.path, tmp / CORPUS_TOKENIZER)
     if tok.chat_config is not None:
         (tmp / TOKENIZER_CONFIG).write_text(json.dumps(tok.chat_config, indent=2, ensure_ascii=False) + "\n",
@@ -208,7 +256,7 @@ def _prepare_into(tmp: Path, out: Path, sources: list[str], tok: PrepareTokenize
     opened = open_sources(sources)
     found = Collector(tmp, opened, opts.on_bad_line, chat=tok.chat_config is not None)
     encode_all(opened, found, tok, opts, progress)
-    found.bad.publish(out)
+    found.bad.publish(tmp_dir, parent, out.name)
     found.check_bad_lines()
     if found.documents == 0:
         dropped = sum(found.chat_counts.get(k, 0) for k in ("dropped_long", "dropped_no_target"))
@@ -223,8 +271,8 @@ def _prepare_into(tmp: Path, out: Path, sources: list[str], tok: PrepareTokenize
     add_report_meta(meta, found, duplicates, train_lengths, val_lengths, opts.drop_scripts)
     if found.chat:
         add_chat_meta(meta, tok, opts, found, train_lengths, val_lengths, leaked)
-    atomic_write_json(tmp / META, meta)
-    os.chmod(tmp / META, 0o644)  # atomic_write_json's temp file is private; the corpus is for every reader
+    # atomic_write_text's temp file is private; the corpus is for every reader
+    atomic_write_text(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n", mode=0o644)
     report(meta, log)
     found.bad.log_skipped(log)
     return meta

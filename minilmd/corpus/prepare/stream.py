@@ -15,10 +15,11 @@ from minilmd.corpus.analysis.scripts import script_matrix
 from minilmd.corpus.prepare.block import EncodedBlock
 from minilmd.corpus.prepare.chat_encode import chat_blocks, longest_token, text_limit
 from minilmd.corpus.prepare.collect import Collector, LongEnd
-from minilmd.corpus.prepare.encode import Encoders, default_workers, done
+from minilmd.corpus.prepare.encode import Encoders, done
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
 from minilmd.corpus.sources.jsonl import InputError, LongLine, Source
 from minilmd.corpus.sources.longdoc import PieceCutter, parse_chunks
+from minilmd.corpus.workers import default_workers
 
 
 class Progress:

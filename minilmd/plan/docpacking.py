@@ -3,7 +3,7 @@ a chat corpus).
 
 A row holds whole conversations, one after another, never a part of one (a conversation longer than seq_len is cut
 at seq_len, as in padded mode: bucketing.py's DocumentRows gives each its row); the rest of a row that no next
-conversation fits in is PAD, the only padding. The rows carry their pieces' positions (trainer/batches/docmask.py:
+conversation fits in is PAD, the only padding. The rows carry their pieces' positions (minilmd/plan/docmask.py:
 0 at each conversation's start, and at the PAD tail's), so each conversation attends only to itself and has its own
 rotary positions: it computes what it would alone in a row of its own, with its assistant-only loss mask as
 prepared (tests/test_docmask_sft.py: the loss and gradients of one conversation per row).
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from minilmd.plan.bucketing import DocumentRows
+from minilmd.plan.sampler_base import Batch, Sampler, _generator
 from minilmd.protocol import PAD_ID
-from minilmd.trainer.batches.bucketing import DocumentRows
-from minilmd.trainer.batches.sampler_base import Batch, Sampler, _generator
 
 _STREAM_PACKING = 3
 
@@ -56,6 +56,14 @@ def pack_longest_fit(lengths: np.ndarray, order: np.ndarray, seq_len: int) -> li
         rows.append(np.array(row, np.int64))
 
 
+def packed_rows(lengths: np.ndarray, seq_len: int, seed: int) -> list[np.ndarray]:
+    """The rows of padding-free SFT, once per run: documents of row lengths `lengths` (row_lengths) packed by
+    pack_longest_fit, ties broken in an order drawn from (seed, its own stream). The sampler's rows, and the core's
+    count of an epoch (minilmd/plan/epoch.py)."""
+    order = _generator(seed, _STREAM_PACKING, 0).permutation(len(lengths))
+    return pack_longest_fit(lengths, order, seq_len)
+
+
 class PackedConversationsSampler(Sampler):
     """Rows of whole conversations (the module docstring); `groups[i]` are the documents of packed row i."""
 
@@ -64,8 +72,7 @@ class PackedConversationsSampler(Sampler):
     def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, seed: int,
                  loss_mask: np.ndarray | None):
         self.docs = DocumentRows(tokens, doc_starts, seq_len, loss_mask)
-        order = _generator(seed, _STREAM_PACKING, 0).permutation(self.docs.n_docs)
-        self.groups = pack_longest_fit(self.docs.lengths, order, seq_len)
+        self.groups = packed_rows(self.docs.lengths, seq_len, seed)
         super().__init__(len(self.groups), seq_len, seed)
 
     def _too_small_message(self, seq_len: int) -> str:

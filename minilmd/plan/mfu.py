@@ -104,12 +104,6 @@ def flops_per_token(n_trainable: int, n_frozen: int, n_layers: int, attention_di
     return 6.0 * n_trainable + 4.0 * n_frozen + 12.0 * n_layers * attention_dim * seq_len
 
 
-def parameter_split(model) -> tuple[int, int]:
-    """(trainable, frozen) parameters of a model, each counted once (a tied weight is one parameter)."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return trainable, sum(p.numel() for p in model.parameters()) - trainable
-
-
 def mfu(tok_s: float, flops_per_tok: float, peak: float, devices: int = 1) -> float:
     """Achieved FLOP/s over the peak of `devices` devices."""
     return tok_s * flops_per_tok / (peak * devices)

@@ -1,4 +1,4 @@
-"""What every sampler shares (trainer/batches/samplers.py: packed; bucketing.py: one document per row): the Batch
+"""What every sampler shares (minilmd/plan/samplers.py: packed; bucketing.py: one document per row): the Batch
 that crosses to the device, DataError, the seeded order of row positions epoch by epoch, and the Sampler that cuts
 the global batch of a step into ranks and micro-batches. The scheme itself is described in samplers.py.
 """
@@ -32,7 +32,7 @@ class Batch:
     """Non-PAD tokens in input_ids (tokens/s counts these)."""
     positions: np.ndarray | None = None
     """(rows, width) int32 rotary position of each token within its document piece, for packed rows with
-    `data.doc_mask` (trainer/batches/docmask.py); None: positions 0..width-1 and plain causal attention."""
+    `data.doc_mask` (minilmd/plan/docmask.py); None: positions 0..width-1 and plain causal attention."""
 
     @property
     def labels(self) -> np.ndarray:
@@ -51,7 +51,7 @@ def _generator(seed: int, stream: int, epoch: int) -> np.random.Generator:
 
 class _EpochOrder:
     """The order of n items for each epoch, drawn from (seed, epoch); caches the latest epoch only. Subclasses
-    change `draw` (bucketing: trainer/batches/bucketing.py)."""
+    change `draw` (bucketing: minilmd/plan/bucketing.py)."""
 
     def __init__(self, n_items: int, seed: int, offset_range: int = 0):
         self.n_items = n_items

@@ -35,10 +35,21 @@ from __future__ import annotations
 import numpy as np
 
 from minilmd.corpus.analysis.stats import width_class
+from minilmd.plan.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
-from minilmd.trainer.batches.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 
 _STREAM_BUCKETS = 2
+
+
+def row_lengths(doc_starts: np.ndarray, seq_len: int) -> np.ndarray:
+    """Tokens of each document's row: its length, cut at seq_len (MiniMind's row of a text document is as long,
+    BOS and EOS kept)."""
+    return np.minimum(np.diff(np.asarray(doc_starts, dtype=np.int64)), seq_len)
+
+
+def full_buckets(n_docs: int, bucket: int) -> int:
+    """Rows of one epoch of bucketed mode: the documents of the full buckets (n_docs % bucket sit each epoch out)."""
+    return n_docs - n_docs % bucket
 
 
 class DocumentRows:
@@ -51,7 +62,7 @@ class DocumentRows:
         self.tokens, self.loss_mask, self.seq_len = tokens, loss_mask, seq_len
         self.doc_starts = np.asarray(doc_starts, dtype=np.int64)
         self.n_docs = len(self.doc_starts) - 1
-        self.lengths = np.minimum(np.diff(self.doc_starts), seq_len)
+        self.lengths = row_lengths(self.doc_starts, seq_len)
         if loss_mask is None:
             self.n_targets = self.lengths - 1
         else:
@@ -165,7 +176,7 @@ class _BucketOrder(_EpochOrder):
 
     def __init__(self, lengths: np.ndarray, seed: int, bucket: int):
         self.lengths, self.bucket = lengths, bucket
-        super().__init__(len(lengths) - len(lengths) % bucket, seed)
+        super().__init__(full_buckets(len(lengths), bucket), seed)
 
     def draw(self, e: int) -> tuple[int, np.ndarray]:
         rng = _generator(self.seed, _STREAM_BUCKETS, e)

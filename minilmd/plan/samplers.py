@@ -6,7 +6,7 @@ labels: the model shifts inside (logits[:, :-1] against labels[:, 1:]), so a win
 the model sees (the same (B, seq_len) tensor as in padded mode and in MiniMind, and `seq_len` is also the longest
 sequence the model must handle); the price is one prediction in 340 per window. Windows cross document boundaries
 on purpose: the stream holds `[BOS] doc [EOS]` for every document, so the model sees the boundaries.
-With `data.doc_mask` the same windows also carry their document pieces (trainer/batches/docmask.py): attention
+With `data.doc_mask` the same windows also carry their document pieces (minilmd/plan/docmask.py): attention
 and rotary positions stay within each document, and the EOS -> next BOS prediction is no target.
 
 Epochs. Epoch e uses the window starts `offset_e + k * seq_len` for k in [0, n_windows), visited in the order of a
@@ -23,7 +23,7 @@ batch is the same whatever the number of ranks that divides it, and a resumed ru
 uninterrupted one would have seen.
 
 One document per row (`data.mode = "padded"`, MiniMind's static padding to seq_len, and `"bucketed"`, dynamic
-padding with length bucketing, the SFT seed's method): trainer/batches/bucketing.py, on the same row positions.
+padding with length bucketing, the SFT seed's method): minilmd/plan/bucketing.py, on the same row positions.
 
 Chat corpora carry a loss mask (`TokenStream.loss_mask`, 1 on assistant reply tokens): a batch's `targets` is that
 mask cut like its rows, and only those tokens are predicted. Text corpora have none: every real next token is.
@@ -39,20 +39,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from minilmd.trainer.batches.bucketing import BucketedSampler, DocumentRows, PaddedSampler
-from minilmd.trainer.batches.docmask import piece_targets, window_positions
-from minilmd.trainer.batches.docpacking import PackedConversationsSampler
-from minilmd.trainer.batches.sampler_base import Batch, DataError, Sampler, _generator
+from minilmd.corpus.analysis.stats import packed_windows
+from minilmd.plan.bucketing import BucketedSampler, DocumentRows, PaddedSampler
+from minilmd.plan.docmask import piece_targets, window_positions
+from minilmd.plan.docpacking import PackedConversationsSampler
+from minilmd.plan.sampler_base import Batch, DataError, Sampler, _generator
 
 VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
 MODES = ("packed", "padded", "bucketed")
 _STREAM_VALIDATION = 1
 
 
+def row_kind(mode: str, doc_mask: bool, chat: bool) -> str:
+    """Which sampler cuts the rows of `data.mode`: "windows" (packed), "conversations" (packed with doc_mask on a
+    chat corpus: padding-free SFT), "padded" or "bucketed" (one document per row). make_sampler and the core's
+    count of an epoch (minilmd/plan/epoch.py) both follow it."""
+    if mode == "packed":
+        return "conversations" if doc_mask and chat else "windows"
+    if mode in ("padded", "bucketed"):
+        return mode
+    raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(MODES)}")
+
+
 def window_batch(tokens: np.ndarray, loss_mask: np.ndarray | None, starts: np.ndarray, length: int,
                  doc_starts: np.ndarray | None = None) -> Batch:
     """Windows of `length` stream tokens (and their loss mask, for a chat corpus) starting at `starts`; with
-    `doc_starts` (data.doc_mask) also the positions of their document pieces (trainer/batches/docmask.py)."""
+    `doc_starts` (data.doc_mask) also the positions of their document pieces (minilmd/plan/docmask.py)."""
     x = np.stack([np.asarray(tokens[s:s + length], dtype=np.uint16) for s in starts])
     targets = None
     if loss_mask is not None:
@@ -78,7 +90,7 @@ class PackedSampler(Sampler):
         self.loss_mask = loss_mask
         self.doc_starts = doc_starts
         self.n_tokens = int(len(tokens))
-        super().__init__(max(0, (self.n_tokens - seq_len + 1) // seq_len), seq_len, seed, offset_range=seq_len)
+        super().__init__(packed_windows(self.n_tokens, seq_len), seq_len, seed, offset_range=seq_len)
 
     def _too_small_message(self, seq_len: int) -> str:
         return (f"the train split has {self.n_tokens:,} tokens; packed mode needs at least 2 x seq_len = "
@@ -103,15 +115,14 @@ def make_sampler(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len:
     """The sampler of `data.mode`; `loss_mask` for a chat corpus; `micro_batch_size` is the bucket size of
     bucketed mode (one micro-batch is one bucket); `doc_mask` (packed only) gives rows their document pieces, and
     on a chat corpus packs whole conversations instead of cutting windows (padding-free SFT: docpacking.py)."""
-    if mode == "packed" and doc_mask and loss_mask is not None:
+    kind = row_kind(mode, doc_mask, loss_mask is not None)
+    if kind == "conversations":
         return PackedConversationsSampler(tokens, doc_starts, seq_len, seed, loss_mask)
-    if mode == "packed":
+    if kind == "windows":
         return PackedSampler(tokens, seq_len, seed, loss_mask, doc_starts if doc_mask else None)
-    if mode == "padded":
+    if kind == "padded":
         return PaddedSampler(tokens, doc_starts, seq_len, seed, loss_mask)
-    if mode == "bucketed":
-        return BucketedSampler(tokens, doc_starts, seq_len, seed, micro_batch_size, loss_mask)
-    raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(MODES)}")
+    return BucketedSampler(tokens, doc_starts, seq_len, seed, micro_batch_size, loss_mask)
 
 
 def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, n_windows: int,

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minilmd.trainer.batches.sampler_base import Batch, DataError, Sampler
-from minilmd.trainer.batches.samplers import make_sampler
+from minilmd.plan.sampler_base import Batch, DataError, Sampler
+from minilmd.plan.samplers import make_sampler
 
 
 class SegmentedSampler(Sampler):

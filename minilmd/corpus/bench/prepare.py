@@ -165,7 +165,7 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
 
 def bench_prepare(sources: list[str], tokenizer: str, workers: int | None = None, scratch: str | None = None,
                   log=print, data_format: str = "text", seq_len: int = 512) -> dict:
-    from minilmd.corpus.prepare.pipeline import default_workers
+    from minilmd.corpus.workers import default_workers
 
     cores = default_workers()
     if data_format == "chat":

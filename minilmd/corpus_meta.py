@@ -1,15 +1,17 @@
 """A prepared corpus's meta.json: read, its format and version checked, its file list checked for paths that stay
 inside the corpus. Numpy-free, unlike the token stream (minilmd/corpus/format.py): the supervisor and the config
 probes read meta.json before anything is staged, and `minilmd status` and the supervisor stay light. Format in
-docs/formats.md.
+docs/formats.md. Also the corpus's data fingerprint and its earlier versions', which a checkpoint records.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from minilmd.names import CORPUS_META as META
+from minilmd.names import SPLITS
 from minilmd.untrusted import DEFAULT_MAX_DEPTH, Unreadable, read_bytes, too_deep
 
 MAX_META_BYTES = 64 << 20
@@ -121,3 +123,17 @@ def listed_files(meta: dict, where: str) -> dict[str, dict]:
 def data_format_of(meta: dict) -> str:
     """"text" or "chat": meta.json's `data_format`, absent meaning "text" (corpora from before chat existed)."""
     return meta.get("data_format", "text")
+
+
+def data_fingerprint(meta: dict) -> str:
+    """sha256 over the sorted (path, sha256) of the train/val files: same data, same fingerprint."""
+    pairs = sorted((p, f["sha256"]) for p, f in meta.get("files", {}).items() if p.split("/")[0] in SPLITS)
+    return hashlib.sha256("".join(f"{p}\0{h}\n" for p, h in pairs).encode()).hexdigest()
+
+
+def earlier_versions(meta: dict) -> dict[str, dict]:
+    """{data fingerprint: its `versions` entry} of every version before this one (`prepare --append`): a
+    checkpoint of a run on one of them may resume on this corpus (minilmd/plan/growth.py)."""
+    current = data_fingerprint(meta)
+    return {v["data_fingerprint"]: v for v in meta.get("versions", [])
+            if isinstance(v, dict) and v.get("data_fingerprint") not in (None, current)}

@@ -61,9 +61,9 @@ def probe_batches(cfg: RunConfig) -> list:
     files checked against meta.json): under a supervisor from its staged copy in scratch (eval.probe_staged),
     which holds nothing else; the train split is never mapped nor scanned."""
     from minilmd.corpus.format import TokenStream
-    from minilmd.corpus.meta import CorpusError, data_format_of, read_meta
+    from minilmd.corpus_meta import CorpusError, data_format_of, read_meta
     from minilmd.names import SPLITS
-    from minilmd.trainer.batches.samplers import validation_batches
+    from minilmd.plan.samplers import validation_batches
 
     if not cfg.eval.probe:
         return []

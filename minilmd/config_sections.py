@@ -1,0 +1,323 @@
+"""The run config's schema: one dataclass per TOML section, their defaults and what each key means, and RunConfig,
+which holds them. The bottom of the config's three modules: config_values.py checks the values of a RunConfig and
+config.py reads one from TOML; both import this one, which imports neither.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union
+
+from minilmd import scratch
+from minilmd.names import CHECKPOINTS
+
+Duration = Union[int, float, str]  # noqa: UP007 - _type_ok matches typing.Union; `int | str` would let a bool pass
+"""Seconds as a number, or a string such as "90s", "5m", "15m", "2h"."""
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The Linear layers of a MiniMind-3 block a LoRA adapter may wrap (the names of HF Qwen3 and PEFT's target_modules)."""
+
+
+@dataclass
+class RunSection:
+    name: str = ""
+    """Name of the run; used in the default scratch path, in status and in the systemd instance name."""
+    dir: str = ""
+    """Run directory on local disk: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock."""
+    scratch: str = ""
+    """Fast local storage for the staged corpus and local checkpoints, this run's alone (it carries a marker naming
+    run.dir; any other run is refused). Default /dev/shm/minilmd-<uid>/<name>, private to its user (0700)."""
+    remote: str = ""
+    """Durable storage for checkpoints (an NFS path or an fsspec URL). Empty: no sync."""
+    keep_scratch: bool = False
+    """Keep scratch once the run has ended. By default a finished run removes its scratch (the staged corpus and
+    the local checkpoints, in RAM on /dev/shm) after its last checkpoint is verified on the remote; without a remote,
+    or when the last sync failed, scratch is always kept. A run that failed for good removes its staged corpus and
+    probe split alone (its checkpoints stay)."""
+    share: str = "private"
+    """Who may read what the run writes (run.dir, its logs, metrics and TensorBoard files, scratch, the checkpoints
+    on the remote, LATEST and BEST): "private" (directories 0700, files 0600), "group" (0750, 0640: your group
+    may read them, e.g. for the next stage's init.from or TensorBoard) or "all" (0755, 0644). Applied as they are
+    created; your umask can only make them stricter (docs/operations.md, "File permissions")."""
+
+
+@dataclass
+class DataSection:
+    prepared: str = ""
+    """The output directory of `minilmd prepare` (local path or fsspec URL); the supervisor stages it to scratch."""
+    mode: str = "packed"
+    """"packed": fixed windows across document boundaries (no PAD). "padded": one document per row padded to
+    seq_len (MiniMind's). "bucketed": one document per row, micro-batches of similar lengths padded to their longest
+    row (the SFT default: see SFT_DEFAULTS)."""
+    val_windows: int = 64
+    """Number of fixed validation windows (or documents, in padded mode) for the validation loss."""
+    doc_mask: bool = False
+    """Packed mode only: each token attends only to earlier tokens of its own document and its rotary positions
+    restart at the document's BOS, so a packed window computes what its documents would alone (block-causal
+    attention; the EOS -> next BOS prediction is dropped). Costs a dense mask per row on CPU (docs/training.md,
+    "Document masking"). On a chat corpus: padding-free SFT, whole conversations packed into rows (then data.mode
+    stays "packed", not SFT_DEFAULTS' "bucketed"). Recorded in checkpoints: a resume with the other setting is
+    refused."""
+
+
+@dataclass
+class ModelSection:
+    hidden_size: int = 768
+    """Width of the residual stream."""
+    num_hidden_layers: int = 8
+    """Number of transformer blocks."""
+    num_attention_heads: int = 8
+    """Query heads; head_dim = hidden_size / num_attention_heads."""
+    num_key_value_heads: int = 4
+    """Key/value heads (grouped-query attention); must divide num_attention_heads."""
+    vocab_size: int = 6400
+    """Must equal the tokenizer's vocabulary size."""
+    intermediate_size: int = 0
+    """SwiGLU width; 0 means MiniMind's ceil(hidden_size * pi / 64) * 64 (2432 at 768)."""
+    max_position_embeddings: int = 32768
+    """Longest sequence the model accepts; seq_len may not exceed it."""
+    rope_theta: float = 1e6
+    """RoPE base frequency."""
+    rms_norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
+
+    @property
+    def ffn_size(self) -> int:
+        if self.intermediate_size:
+            return self.intermediate_size
+        return int(math.ceil(self.hidden_size * math.pi / 64) * 64)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass
+class TrainSection:
+    seq_len: int = 340
+    """Tokens per training row (the reference run's corpus: T=340)."""
+    micro_batch_size: int = 32
+    """Rows per forward/backward on one device."""
+    grad_accum: int = 1
+    """Micro-batches accumulated per optimizer step. Global batch = micro_batch_size * grad_accum * world_size."""
+    lr: float = 5e-4
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """The cosine schedule ends at lr * min_lr_ratio."""
+    warmup_steps: int = 0
+    """Linear warmup steps before the cosine decay."""
+    weight_decay: float = 0.1
+    """AdamW weight decay (applied to matrices only, not to norms)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    dtype: str = "auto"
+    """"auto" (bf16 autocast on CUDA, fp32 on CPU), "bf16" or "fp32"."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (0: not set). A budget (max_steps or max_tokens) is required."""
+    max_tokens: int = 0
+    """Stop once this many tokens were trained on (0: not set); converted to steps at start."""
+    max_epochs: float = 0.0
+    """Stop after this many passes over the train split (0: not set; fractions allowed): ceil(max_epochs x rows
+    per epoch / global batch) steps, rows being windows (packed) or documents (padded, bucketed)."""
+    seed: int = 1337
+    """Seed of the model init and of the data order."""
+    device: str = "auto"
+    """"auto" (CUDA if the supervisor or torch finds a GPU, else CPU), "cpu" or "cuda"."""
+    log_every: int = 10
+    """Append a line to metrics.jsonl every this many steps."""
+    eval_every: int = 500
+    """Compute the validation loss every this many steps (0: only at the end)."""
+    checkpoint_every: Duration = "5m"
+    """Save a local checkpoint every N steps (an integer) or every duration (a string such as "5m")."""
+    keep_local: int = 2
+    """Number of valid local checkpoints kept in scratch."""
+    compile: Union[bool, str] = "auto"  # noqa: UP007 - _type_ok matches typing.Union
+    """torch.compile the model: "auto" (on CUDA, not on CPU), true or false. Its first step compiles; the
+    supervisor allows restart.compile_timeout for it."""
+
+
+@dataclass
+class InitSection:
+    from_: str = ""
+    """TOML key `from`. Where a fresh run takes its weights instead of the seeded init: another run's config file or
+    run directory (its final synced checkpoint, once it has finished: the supervisor waits in waiting_init, and stops
+    with exit 2 if that run failed), a checkpoint directory (step-XXXXXXXX/), a run's checkpoint root or remote (the
+    checkpoint its LATEST names), or a MiniMind .pth. The
+    optimizer starts fresh at step 0; the source's fingerprint is recorded in every checkpoint of this run. Its
+    model config must be this run's. Read once: a run that has a checkpoint resumes from it and never reads this
+    again (the source may be deleted then). Empty: the seeded init."""
+    checkpoint: str = "best"
+    """Which checkpoint of a run or checkpoint root init.from takes: "best", the one its BEST names when it has one
+    (the lowest val loss of a run with [early_stop]; an early-stopped run's LATEST is `patience` evals past it),
+    else its LATEST; "last", always its LATEST. A checkpoint directory, a pointer file or a .pth is taken as named."""
+    staged: str = ""
+    """Set by the supervisor, not by hand: the verified copy of init.from's weights in scratch
+    (daemon/jobs/initstage.py), which the trainer reads instead; init.from stays what the run records."""
+
+
+@dataclass
+class EarlyStopSection:
+    patience: int = 0
+    """Stop (exit 0, saved and synced like a finished run) after this many validations in a row without a new best
+    val loss; 0: never stop early. Validation runs every train.eval_every steps and at each epoch's end."""
+    min_delta: float = 0.0
+    """A val loss counts as a new best only if it is below the best by more than this."""
+
+
+@dataclass
+class EvalSection:
+    probe: str = ""
+    """A prepared corpus of an earlier stage (its val split, e.g. the pretraining corpus): its loss is evaluated
+    with the val loss and shown by `status`, so that forgetting shows as the probe loss rising. Empty: none."""
+    probe_staged: str = ""
+    """Set by the supervisor, not by hand: the verified copy of the probe's val split in scratch, read instead."""
+    warn_rising: int = 3
+    """`status` warns when the val loss rose this many validations in a row."""
+    warn_gap: float = 0.5
+    """`status` warns when the val loss exceeds the train loss of the same epoch by more than this, and the gap grew
+    by more than this since the first epoch or the val loss rose above its lowest (daemon/views/fitwatch.py)."""
+    update_share_warn: float = 0.1
+    """`run --check` warns when this run's sample updates exceed this share of those of the run init.from comes
+    from (the seed's style SFT took 0.24 and erased the base's abilities)."""
+
+
+
+
+@dataclass
+class LoraSection:
+    rank: int = 0
+    """Rank r of the low-rank bypass B A added to each target (PEFT's `r`). 0: no LoRA, every weight trains. Above
+    0: init.from names the base, which is frozen; only the adapters train and only they are checkpointed."""
+    alpha: float = 16.0
+    """The bypass is scaled by alpha / rank (PEFT's `lora_alpha`)."""
+    dropout: float = 0.0
+    """Dropout on the input of A while training (PEFT's `lora_dropout`)."""
+    targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    """The Linear layers of every block that get an adapter, among LORA_TARGETS (PEFT's `target_modules`)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass
+class GpuSection:
+    count: int = 1
+    """Number of GPUs to use (torchrun when more than one)."""
+    max_used_mib: int = 200
+    """A GPU is free only if at most this much of its memory is used."""
+    max_utilization: int = 0
+    """A GPU is free only if its utilisation (percent) is at most this."""
+    poll_interval: Duration = "30s"
+    """Time between two NVML polls while waiting."""
+    stable_polls: int = 3
+    """A GPU must look free this many polls in a row before it is taken."""
+    lock_dir: str = "/tmp/minilmd-gpu-locks"
+    """Shared directory of per-device lease files, so that two minilmd runs never take the same card."""
+
+
+@dataclass
+class SyncSection:
+    every: Duration = "15m"
+    """Copy the newest valid local checkpoint to run.remote this often."""
+    keep: int = 3
+    """Valid checkpoints kept on the remote."""
+
+
+@dataclass
+class RestartSection:
+    max_restarts: int = 100
+    """Give up (exit status 79) after this many restarts in total."""
+    backoff_initial: Duration = "5s"
+    """First wait before a restart; doubled each time (with jitter) up to backoff_max."""
+    backoff_max: Duration = "10m"
+    """Longest wait between restarts."""
+    no_progress_limit: int = 5
+    """Give up after this many restarts in a row that produced no new checkpoint."""
+    hang_timeout: Duration = "10m"
+    """A trainer whose heartbeat is older than this is hung: its stack is dumped and its group killed."""
+    compile_timeout: Duration = "30m"
+    """While the trainer's heartbeat says it is compiling (its first torch.compile'd step), it is hung only
+    after this long (or hang_timeout, if longer)."""
+    exit_timeout: Duration = "10m"
+    """Once the trainer's heartbeat says it is exiting (training over, the final checkpoint saved), it is hung only
+    after this long (or hang_timeout, if longer): a torchrun group's teardown (NCCL) can take minutes."""
+
+
+@dataclass
+class LogSection:
+    tensorboard: bool = False
+    """Write the trainer's scalars (loss, val loss, lr, grad norm, tok/s, MFU, restarts) as TensorBoard event files
+    under <run.dir>/tensorboard (rank 0; needs the `tensorboard` package: pip install 'minilmd[tensorboard]')."""
+    prometheus_textfile: str = ""
+    """A file the supervisor rewrites atomically with `minilmd_*` gauges for node_exporter's textfile collector
+    (e.g. /var/lib/node_exporter/textfile/minilmd-NAME.prom; the name must end in .prom). Empty: none."""
+
+
+@dataclass
+class RunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    init: InitSection = field(default_factory=InitSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    early_stop: EarlyStopSection = field(default_factory=EarlyStopSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    gpu: GpuSection = field(default_factory=GpuSection)
+    sync: SyncSection = field(default_factory=SyncSection)
+    restart: RestartSection = field(default_factory=RestartSection)
+    log: LogSection = field(default_factory=LogSection)
+    source: str = ""
+    """The file this config was read from (not a TOML key)."""
+    _explicit = frozenset[str]()  # not a field: "section.key" of every key the TOML or a --set gave
+
+    def is_set(self, key: str) -> bool:
+        """Whether "section.key" was written in the config or given with --set (not left to its default)."""
+        return key in self._explicit
+
+    def override(self, key: str, value: Any) -> None:
+        """Set "section.key" as a --set would (so that defaults such as SFT_DEFAULTS leave it alone)."""
+        section, name = key.split(".")
+        setattr(getattr(self, section), name, value)
+        self._explicit = self._explicit | {key}
+
+    @property
+    def scratch_dir(self) -> Path:
+        return Path(self.run.scratch) if self.run.scratch else scratch.default_path(self.run.name)
+
+    @property
+    def scratch_is_default(self) -> bool:
+        """The per-user default (also when written out): its root must be private to this user."""
+        return not self.run.scratch or Path(self.run.scratch) == scratch.default_path(self.run.name)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Local checkpoints, in scratch."""
+        return self.scratch_dir / CHECKPOINTS
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return {section: {toml_key(k): v for k, v in body.items()} for section, body in d.items()}
+
+    def model_dict(self) -> dict:
+        return dataclasses.asdict(self.model)
+
+    def lora_dict(self) -> dict | None:
+        """The [lora] section as a dict when LoRA is on, else None (what checkpoints are checked against)."""
+        return dataclasses.asdict(self.lora) if self.lora.enabled else None
+
+
+SECTIONS = {f.name: f.type for f in fields(RunConfig) if f.name != "source"}
+
+
+def toml_key(field_name: str) -> str:
+    """The TOML key of a dataclass field: a Python keyword (`from`) is spelt with a trailing underscore in Python."""
+    return field_name.removesuffix("_")

@@ -1,0 +1,1 @@
+"""`minilmd bench prepare` and `bench append`: what preparing and appending a corpus cost (torch-free)."""

@@ -1,0 +1,440 @@
+"""One way to write into a place others can change: a directory opened once, checked, then used only through its
+descriptor.
+
+A name in a directory that another user can write means nothing a moment later: he can rename what stood there and
+put his own directory, or a symbolic link to the owner's private file, in its place (issue 40: a chmod, an append and
+a `--force` of `prepare` each did that to the victim). So everything minilmd creates in such a place goes through a
+`Dir`:
+- `place_problem(label, target, ...)` is the rule, the one scratch (minilmd/scratch.py) and the GPU lock directory
+  keep: every directory on the way to `target` is root's or this user's, and no other user can rearrange it (group
+  members count as others; a sticky directory of root's or ours is fine, like /tmp). A symbolic link on the way is
+  refused, or followed only when root's or ours (`own_links`), where it leads held to the same rule. `group_share`
+  lets the owner opt in to a team directory (group-writable, not sticky) as target's own directory: then only that
+  one directory is waived, and nothing in it is ever touched by its path;
+- `Dir.open` opens the directory once (O_NOFOLLOW, unless a link of root's or ours); every later create, chmod,
+  rename, exchange (renameat2) and delete is relative to its descriptor (`dir_fd=`, O_NOFOLLOW, O_EXCL), never by a
+  path through its name;
+- `Dir.make_temp` makes a temporary directory with a random name inside it, 0700, opened at once: a `Dir` of its
+  own. Code that takes paths (numpy, open) reaches it as `inside` (/proc/self/fd/N: the directory the descriptor
+  holds, whatever its name leads to now); nobody else can write inside a 0700 directory of ours;
+- `Dir.publish` renames such a directory into place (RENAME_NOREPLACE, or RENAME_EXCHANGE with what stood there),
+  checking identities (device, inode) on both sides: it replaces only the directory the caller checked earlier, and
+  a directory that is not the one expected is swapped back and left, never deleted;
+- `Dir.remove_tree` removes a directory only when it is the one expected, its contents through descriptors;
+- `Dir.write_atomic` writes a file (a temporary name O_EXCL, fchmod, fsync, rename), all at the descriptor.
+
+tests/test_shared_write_audit.py lists every call in the project that creates, renames, chmods or deletes by path
+and fails on a new one outside this module (an allowlist of reviewed sites, each with its reason). Torch-free.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+import pwd
+import secrets
+import stat
+from pathlib import Path
+
+from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
+AT_FDCWD = -100
+_FLAGS_NOT_DONE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+"""What renameat2 says where the kernel or the file system does not do its flags (NFS: EINVAL)."""
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+PRIVATE = 0o700
+Identity = tuple[int, int]
+"""(device, inode): what a directory is, not what its name leads to."""
+
+
+class PlaceRefused(ValueError):
+    """A directory minilmd will not create files in (the message says why and what to do): a config error, exit 2."""
+
+
+class Replaced(ValueError):
+    """A name did not lead to the directory expected (someone moved another one there): nothing was replaced."""
+
+
+def user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def place_problem(label: str, target: str | os.PathLike, what: str, advice: str, *, dir_itself: bool = False,
+                  own_links: bool = False, group_share: bool = False, links: int = 0) -> str | None:
+    """Why someone else could put another directory, or a link, where `target` is: a symbolic link on the way
+    (followed only with `own_links`, and only a link of root's or ours), or a directory above it (and target
+    itself with `dir_itself`) that another user owns or can write (sticky ones of root or of this user excepted).
+    `what` names what is at stake in the message ("the scratch"), `advice` ends it. Missing directories are fine:
+    the caller makes them. `group_share`: the last directory checked may be a team directory others write (its
+    owner opted in). None: the path stays where it is."""
+    path = Path(os.path.abspath(target))
+    chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
+    for above in chain:
+        st = _lstat(above)
+        if st is None:
+            return None
+        where = f"{label} {target}: the directory {above}" + ("" if above == path else " above it")
+        if stat.S_ISLNK(st.st_mode):
+            if own_links and owned_by_me_or_root(st) and links < 8:
+                real = Path(os.path.realpath(above))
+                rest = real if above == path else real / path.relative_to(above)
+                return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
+                                     group_share=group_share, links=links + 1)
+            return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
+                    f"{what}, since whoever can change it chooses where the files go; {advice}")
+        if not stat.S_ISDIR(st.st_mode):
+            return None  # the caller says that a file is in the way
+        if group_share and above == chain[-1]:
+            continue
+        if not owned_by_me_or_root(st):
+            return (f"{where} belongs to {user(st.st_uid)}, who could replace {what} by a link to your files "
+                    f"or by a directory of his; {advice}")
+        if others_can_rearrange(st):  # group members count as others
+            return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
+                    f"could replace {what} by a link to your files or by a directory of theirs; {advice}, or "
+                    f"chmod go-w {above}")
+    return None
+
+
+def dir_problem(label: str, path: str | os.PathLike, what: str) -> str | None:
+    """place_problem for a directory minilmd writes files in (a Prometheus textfile directory): it and every
+    directory above it root's or ours, none rearrangeable by other users (sticky is fine); the GPU lock
+    directory's rule (daemon/host/leases.py). A missing one is fine when what is above it is."""
+    return place_problem(label, path, what, "choose a directory only you (and root) can change", dir_itself=True,
+                         own_links=True)
+
+
+# --- renameat2 -----------------------------------------------------------------------------------------------------
+
+@functools.cache
+def _libc_renameat2():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2  # glibc 2.28 and later, musl 1.2.2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def renameat2(src_fd: int, src: str | os.PathLike, dst_fd: int, dst: str | os.PathLike, flags: int) -> bool:
+    """Linux's renameat2(2): True when done; False when this kernel, libc or file system does not do `flags`
+    (EINVAL from NFS, ENOSYS, no renameat2 at all): the caller's fallback then. Any other failure raises as
+    os.rename's does (FileExistsError for RENAME_NOREPLACE onto a name taken)."""
+    fn = _libc_renameat2()
+    if fn is None:
+        return False
+    if fn(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _FLAGS_NOT_DONE:
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(src), None, os.fspath(dst))
+
+
+def temp_name(prefix: str, salt: str | None = None) -> str:
+    """`<prefix>.<8 random hex digits>`: the name Dir.make_temp gives (`salt`: those digits, for the longest)."""
+    return f"{prefix}.{secrets.token_hex(4) if salt is None else salt}"
+
+
+# --- a directory used through its descriptor -------------------------------------------------------------------------
+
+class Dir:
+    """A directory opened once; `path` only names it in messages. Close it (or use `with`)."""
+
+    def __init__(self, fd: int, path: Path):
+        self.fd = fd
+        self.path = path
+        st = os.fstat(fd)
+        self.identity: Identity = (st.st_dev, st.st_ino)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, label: str, *, group_share: bool = False) -> Dir:
+        """The directory at path (a link as its last component followed only when root's or ours), refused
+        (PlaceRefused) unless it and every directory above it pass place_problem's rule; `group_share` waives the
+        rule for this one directory (a team directory, by the owner's choice)."""
+        path = Path(path)
+        what = f"what minilmd makes in {path}"
+        advice = "choose a directory only you (and root) can change"
+        problem = place_problem(label, path, what, advice, dir_itself=True, own_links=True, group_share=group_share)
+        if problem:
+            raise PlaceRefused(problem)
+        st = os.lstat(path)
+        flags = OPEN_DIR
+        if stat.S_ISLNK(st.st_mode) and owned_by_me_or_root(st):
+            flags &= ~os.O_NOFOLLOW
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise PlaceRefused(f"{label} {path} is a symbolic link of another user or not a directory (never "
+                                   f"followed); {advice}") from None
+            raise
+        return cls(fd, path)
+
+    @classmethod
+    def at(cls, parent: Dir, name: str) -> Dir:
+        """The directory `name` in parent, no link followed (OSError ELOOP/ENOTDIR for a link or a file)."""
+        return cls(os.open(name, OPEN_DIR, dir_fd=parent.fd), parent.path / name)
+
+    @property
+    def inside(self) -> Path:
+        """A path through the descriptor, for code that takes paths. Only for a directory no one else can write
+        (a make_temp directory, or one checked so): the names inside it are then ours alone."""
+        return Path(f"/proc/self/fd/{self.fd}")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> Dir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- looking ---
+
+    def lstat(self, name: str) -> os.stat_result | None:
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def identity_of(self, name: str) -> Identity | None:
+        st = self.lstat(name)
+        return None if st is None or stat.S_ISLNK(st.st_mode) else (st.st_dev, st.st_ino)
+
+    # --- creating ---
+
+    def make_temp(self, prefix: str) -> tuple[Dir, str]:
+        """A new directory `<prefix>.<8 random characters>` in this one, 0700, opened: (it, its name)."""
+        for _ in range(100):
+            name = temp_name(prefix)
+            try:
+                os.mkdir(name, PRIVATE, dir_fd=self.fd)
+            except FileExistsError:
+                continue
+            made = Dir.at(self, name)
+            st = os.fstat(made.fd)
+            if not owned_by_me(st) or stat.S_IMODE(st.st_mode) & 0o077:  # swapped between the mkdir and the open
+                made.close()
+                raise Replaced(f"{self.path / name}: the temporary directory just made is not this process's "
+                               f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); someone replaced it")
+            return made, name
+        raise FileExistsError(errno.EEXIST, "no free temporary name", str(self.path / prefix))
+
+    def create_new(self, prefix: str, suffix: str, mode: int = 0o600) -> tuple[int, str]:
+        """A new regular file `<prefix><8 random characters><suffix>`, O_EXCL: (its write descriptor, its name)."""
+        for _ in range(100):
+            name = f"{prefix}{secrets.token_hex(4)}{suffix}"
+            try:
+                return os.open(name, OPEN_NEW, mode, dir_fd=self.fd), name
+            except FileExistsError:
+                continue
+        raise FileExistsError(errno.EEXIST, "no free name", str(self.path / prefix))
+
+    def write_atomic(self, name: str, data: bytes, mode: int) -> None:
+        """`name` replaced by a complete file of `data` with `mode`: a temporary name, fchmod, fsync, a rename, all
+        at the descriptor (a reader sees the old file or the new one, never a half; no link followed)."""
+        fd, tmp = self.create_new(f".{name}.", ".tmp", 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), mode)
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=self.fd)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def mode_file(self, name: str, mode: int) -> None:
+        """chmod a regular file of ours in this directory, through a descriptor opened without following a link
+        (a link or another user's file there raises PermissionError, nothing changed)."""
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
+                raise PermissionError(errno.EPERM, "not a regular file of this user's", str(self.path / name))
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
+    def mode_self(self, mode: int) -> None:
+        os.fchmod(self.fd, mode)
+
+    # --- renaming ---
+
+    def rename(self, name: str, to: Dir, to_name: str) -> None:
+        """rename(2) of `name` here to `to_name` in `to` (replaces a file there, as rename does; no link followed)."""
+        os.rename(name, to_name, src_dir_fd=self.fd, dst_dir_fd=to.fd)
+
+    def rename_new(self, name: str, to_name: str) -> bool:
+        """`name` renamed to `to_name` unless something stands there (False, nothing changed). RENAME_NOREPLACE;
+        without it (NFS) a plain rename, which replaces nothing but an empty directory."""
+        try:
+            if not renameat2(self.fd, name, self.fd, to_name, RENAME_NOREPLACE):
+                os.rename(name, to_name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except (FileExistsError, NotADirectoryError):
+            return False
+        except OSError as e:
+            if e.errno == errno.ENOTEMPTY:
+                return False
+            raise
+        return True
+
+    def exchange(self, a: str, b: str) -> bool:
+        """Swap the entries a and b in one step (both must exist): False where the file system cannot (NFS)."""
+        return renameat2(self.fd, a, self.fd, b, RENAME_EXCHANGE)
+
+    def publish(self, tmp: Dir, tmp_name: str, final: str, replaces: Identity | None, aside: str) -> None:
+        """The complete directory `tmp` (here at `tmp_name`) put at `final`, durably. `replaces`: the identity of
+        the directory at `final` the caller checked (None: nothing may stand there). Replaced, with nothing lost,
+        when a name leads elsewhere than expected; only the checked old version is deleted, after the swap. `tmp`
+        is closed once published."""
+        _fsync_tree(tmp.fd)
+        if self.identity_of(tmp_name) != tmp.identity:
+            raise Replaced(f"{self.path / tmp_name}: the temporary directory was replaced by another one")
+        if replaces is None:
+            if not self.rename_new(tmp_name, final):
+                raise Replaced(f"{self.path / final}: appeared while this ran (it was not there when checked)")
+            if self.identity_of(final) != tmp.identity:  # swapped between the check and the rename: put back
+                self.rename_new(final, tmp_name)
+                raise Replaced(f"{self.path / tmp_name}: the temporary directory was replaced by another one")
+        else:
+            self._replace(tmp, tmp_name, final, replaces, aside)
+        os.fsync(self.fd)
+        tmp.close()  # published: no longer a temporary directory (discard leaves it)
+
+    def _replace(self, tmp: Dir, tmp_name: str, final: str, replaces: Identity, aside: str) -> None:
+        if self.identity_of(final) != replaces:
+            raise Replaced(f"{self.path / final}: not the directory checked when this began (someone moved another "
+                           "one there); nothing was replaced")
+        if self.exchange(tmp_name, final):
+            old = tmp_name
+        else:  # NFS: the old version aside first, put back if the second rename fails
+            if not self.rename_new(final, aside):
+                raise Replaced(f"{self.path / aside}: taken; nothing was replaced")
+            if self.identity_of(aside) != replaces:
+                self.rename_new(aside, final)
+                raise Replaced(f"{self.path / final}: not the directory checked when this began; nothing was "
+                               "replaced")
+            try:
+                self.rename(tmp_name, self, final)
+            except BaseException:
+                self.rename_new(aside, final)
+                raise
+            old = aside
+        if self.identity_of(old) != replaces or self.identity_of(final) != tmp.identity:
+            self._undo(old, final)
+            raise Replaced(f"{self.path / final}: another directory was moved there while this ran; it was put back "
+                           "and nothing was deleted")
+        self.remove_tree(old, replaces)
+
+    def _undo(self, old: str, final: str) -> None:
+        try:
+            if self.exchange(old, final):
+                return
+        except OSError:
+            pass
+        self.rename_new(old, final)
+
+    # --- removing ---
+
+    def remove_file(self, name: str) -> None:
+        os.unlink(name, dir_fd=self.fd)
+
+    def remove_tree(self, name: str, expected: Identity) -> bool:
+        """Remove the directory `name` only when it is `expected`: its contents through descriptors, then its name
+        (rmdir: a directory swapped in meanwhile is removed only when empty). False when it was not `expected`."""
+        try:
+            sub = Dir.at(self, name)
+        except (FileNotFoundError, NotADirectoryError, OSError):
+            return False
+        with sub:
+            if sub.identity != expected:
+                return False
+            sub.empty()
+        try:
+            os.rmdir(name, dir_fd=self.fd)
+        except OSError:
+            return False
+        return True
+
+    def empty(self) -> None:
+        """Everything inside this directory removed through descriptors (no link followed: a link is unlinked)."""
+        _empty(self.fd)
+
+    def discard(self, tmp: Dir, tmp_name: str) -> None:
+        """A make_temp directory that was not published: emptied through its own descriptor, its name removed only
+        while it still leads to it."""
+        if tmp.fd < 0:
+            return
+        try:
+            tmp.empty()
+        except OSError:
+            pass
+        if self.identity_of(tmp_name) == tmp.identity:
+            try:
+                os.rmdir(tmp_name, dir_fd=self.fd)
+            except OSError:
+                pass
+        tmp.close()
+
+
+def _empty(fd: int) -> None:
+    for entry in os.scandir(fd):
+        if entry.is_dir(follow_symlinks=False):
+            sub = os.open(entry.name, OPEN_DIR, dir_fd=fd)
+            try:
+                _empty(sub)
+            finally:
+                os.close(sub)
+            os.rmdir(entry.name, dir_fd=fd)
+        else:
+            os.unlink(entry.name, dir_fd=fd)
+
+
+def _fsync_tree(fd: int) -> None:
+    """Every file and directory under the directory fd, flushed, fd itself last: complete before it is renamed."""
+    for entry in os.scandir(fd):
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        if entry.is_dir(follow_symlinks=False):
+            flags |= os.O_DIRECTORY
+        elif not entry.is_file(follow_symlinks=False):
+            continue
+        sub = os.open(entry.name, flags, dir_fd=fd)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                _fsync_tree(sub)
+            os.fsync(sub)
+        finally:
+            os.close(sub)
+    os.fsync(fd)
+
+

@@ -1,0 +1,83 @@
+"""How many steps a run's budget allows, and what they train: the rule the trainer runs by (`total_steps_for_budget`)
+and the figures `run --check` (update_share.py) and `corpus report --config` print from it (`planned`).
+
+The config as the trainer will run it comes first: on a chat corpus the SFT defaults (minilmd/config.py), which the
+trainer applies once it has opened the corpus, so a chat run is bucketed unless its config says otherwise.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
+from minilmd.corpus_meta import meta_value, read_corpus_meta
+from minilmd.plan.epoch import Epoch, corpus_epoch
+
+
+def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> int:
+    """max_steps, ceil(max_tokens / tokens per step), ceil(max_epochs * rows per epoch / rows per step); with
+    several, whichever ends first."""
+    t = cfg.train
+    budgets = []
+    if t.max_steps:
+        budgets.append(t.max_steps)
+    if t.max_tokens:
+        budgets.append(math.ceil(t.max_tokens / (global_batch * t.seq_len)))
+    if t.max_epochs and rows_per_epoch:
+        budgets.append(max(1, math.ceil(t.max_epochs * rows_per_epoch / global_batch)))
+    if not budgets:
+        raise ConfigError(["a budget is required: set train.max_steps, train.max_tokens or train.max_epochs"],
+                          cfg.source)
+    return min(budgets)
+
+
+def as_trained(cfg: RunConfig, meta: dict | None = None) -> RunConfig:
+    """The config as the trainer will run it: on a chat corpus with the SFT defaults applied. A copy: `cfg` is left
+    as it is. `meta`: the corpus's meta.json (None: read from data.prepared)."""
+    meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
+    if meta_value(meta or {}, "data_format") != "chat":
+        return cfg
+    trained = copy.deepcopy(cfg)
+    apply_sft_defaults(trained)
+    return trained
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a run's budget trains: `steps` of `global_batch` rows, and the `epoch` they are cut from (None when the
+    corpus does not tell, then an epoch budget cannot be counted)."""
+
+    steps: int
+    global_batch: int
+    epoch: Epoch | None
+
+    @property
+    def rows(self) -> int:
+        return self.steps * self.global_batch
+
+    @property
+    def samples(self) -> int | None:
+        """The sample updates: documents (conversations) trained, whatever a row holds."""
+        return self.epoch.samples(self.rows) if self.epoch else None
+
+    @property
+    def epochs(self) -> float | None:
+        return self.rows / self.epoch.rows if self.epoch and self.epoch.rows else None
+
+
+def planned(cfg: RunConfig, meta: dict | None = None, prepared: str | Path | None = None) -> Planned | None:
+    """The run's plan as the trainer will count it (one rank's config: gpu.count ranks), or None when its budget
+    cannot be told (an epoch budget on a corpus that does not say its size). `meta`: the corpus's meta.json (None:
+    read from data.prepared); `prepared`: where the corpus is (default data.prepared)."""
+    meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
+    cfg = as_trained(cfg, meta)
+    t = cfg.train
+    global_batch = t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
+    epoch = corpus_epoch(cfg, meta, prepared)
+    try:
+        steps = total_steps_for_budget(cfg, global_batch, epoch.rows if epoch else None)
+    except ConfigError:
+        return None
+    return Planned(steps, global_batch, epoch)

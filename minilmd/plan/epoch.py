@@ -1,0 +1,99 @@
+"""One epoch of the train split as the run's sampler cuts it: its rows, the documents they train, what a row holds.
+
+The samplers (samplers.py, bucketing.py, docpacking.py) take their rows per epoch from the same functions
+(`packed_windows`, in corpus/analysis/stats.py with prepare's figures; `full_buckets`; `packed_rows`), chosen by
+the same rule (`row_kind`), so the trainer's `items_per_epoch` and the figure `run --check` and `corpus report`
+print are one count (tests/test_plan_counts.py compares them mode by mode). Reading a corpus costs its meta.json
+only, except for padding-free SFT, whose rows depend on every conversation's length: then train's doc_lengths.npy
+too.
+
+A "sample update" is what the reference notes count: a document (a conversation, in a chat corpus) trained once,
+whatever the mode. A packed window holds pieces of several documents and a packed row several conversations, so an
+epoch trains every document of train once, in fewer rows; a bucketed epoch leaves the last partial bucket out.
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from minilmd.corpus.analysis.stats import packed_windows
+from minilmd.corpus_meta import meta_value
+from minilmd.names import DOC_LENGTHS, SPLITS
+from minilmd.plan.bucketing import full_buckets, row_lengths
+from minilmd.plan.docpacking import packed_rows
+from minilmd.plan.samplers import row_kind
+from minilmd.untrusted import Unreadable, read_bytes
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch of train: `rows` (the sampler's items per epoch), the `documents` they train, and `kind`
+    (samplers.row_kind) with the corpus's `unit` ("conversations" or "documents") to say what a row holds."""
+
+    rows: int
+    documents: int
+    kind: str
+    unit: str
+    seq_len: int
+
+    def samples(self, rows: int) -> int:
+        """Documents (conversations) that `rows` rows train: epochs times the documents of one."""
+        return round(rows * self.documents / self.rows) if self.rows else 0
+
+    def row_holds(self) -> str:
+        """What one row holds, for the figures that count rows."""
+        one = self.unit[:-1]
+        if self.kind == "windows":
+            return f"a window of {self.seq_len:,} tokens across {self.unit}"
+        if self.kind == "conversations":
+            return f"whole {self.unit} packed into {self.seq_len:,} tokens, {self.documents / self.rows:.1f} a row"
+        return f"one {one}, " + ("padded to seq_len" if self.kind == "padded" else "in buckets of like length")
+
+
+def epoch_of(kind: str, *, seq_len: int, micro_batch_size: int, seed: int, documents: int, tokens: int,
+             lengths: Callable[[], np.ndarray], unit: str = "documents") -> Epoch:
+    """The epoch of a train split of `documents` and `tokens`; `lengths()`: each document's length (BOS and EOS
+    included), read only for padding-free SFT."""
+    if kind == "windows":
+        rows = packed_windows(tokens, seq_len)
+    elif kind == "conversations":
+        rows = len(packed_rows(row_lengths(np.concatenate([[0], np.cumsum(lengths())]), seq_len), seq_len, seed))
+    elif kind == "bucketed":
+        rows = documents = full_buckets(documents, max(micro_batch_size, 1))
+    else:
+        rows = documents
+    return Epoch(rows, documents, kind, unit, seq_len)
+
+
+def corpus_epoch(cfg, meta: dict | None, prepared: str | Path | None = None) -> Epoch | None:
+    """The epoch of the run `cfg` (as trained: budget.as_trained) on the corpus of `meta` (its meta.json), or None
+    when meta.json does not tell (or, for padding-free SFT, train's doc_lengths.npy under `prepared`, default
+    data.prepared, cannot be read)."""
+    split = meta_value(meta or {}, "splits", "train") or {}
+    documents, tokens = split.get("documents"), split.get("tokens")
+    if not isinstance(documents, int) or not isinstance(tokens, int):
+        return None
+    chat = meta_value(meta or {}, "data_format") == "chat"
+    kind = row_kind(cfg.data.mode, cfg.data.doc_mask, chat)
+    root = Path(prepared if prepared is not None else cfg.data.prepared)
+    try:
+        return epoch_of(kind, seq_len=cfg.train.seq_len, micro_batch_size=cfg.train.micro_batch_size,
+                        seed=cfg.train.seed, documents=documents, tokens=tokens,
+                        lengths=lambda: train_lengths(root, documents),
+                        unit="conversations" if chat else "documents")
+    except (Unreadable, OSError, ValueError):
+        return None
+
+
+def train_lengths(root: Path, documents: int) -> np.ndarray:
+    """The first `documents` lengths of train's doc_lengths.npy (an append being published may have more), read
+    as untrusted (a corpus may sit in a shared place) and bounded by what meta.json says it holds."""
+    raw = read_bytes(root / SPLITS[0] / DOC_LENGTHS, max_bytes=8 * documents + 4096)
+    lengths = np.load(io.BytesIO(raw), allow_pickle=False)
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or lengths.size < documents:
+        raise ValueError(f"{root}: train's {DOC_LENGTHS} is not {documents:,} document lengths")
+    return lengths[:documents].astype(np.int64)

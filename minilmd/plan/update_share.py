@@ -1,0 +1,81 @@
+"""`minilmd run --check`: the share of sample updates a fine-tune takes relative to the run it starts from.
+
+The seed's style SFT (section 3): 87,940 conversations x 5 epochs = 439,700 sample updates on top of a base SFT of
+904,979 x 2 = 1,809,958, i.e. 24 % of the updates, on a very different distribution at an unchanged learning rate:
+the textbook setting of catastrophic forgetting. A sample update is what those notes count: a document (a
+conversation) trained once, whatever the mode packs into a row. This run's: the rows its budget trains, as the
+trainer counts them (minilmd/plan/budget.py, the same functions), times the documents a row holds
+(minilmd/plan/epoch.py). Its base's: the rows its checkpoint records it trained (`rows_seen` in its
+trainer_state.json: what it did train, not what it planned), counted the same way from its own config and corpus
+when that corpus's meta.json is readable here, else as rows. A warning above eval.update_share_warn. Torch-free.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from minilmd.config import ConfigError, RunConfig, config_from_dict
+from minilmd.corpus_meta import read_corpus_meta
+from minilmd.init_source import InitSourceError, resolve
+from minilmd.names import TRAINER_STATE
+from minilmd.plan.budget import as_trained, planned
+from minilmd.plan.epoch import corpus_epoch
+from minilmd.untrusted import read_json
+
+TRAINER_STATE_MAX_BYTES = 16 << 20
+
+
+def base_rows(cfg: RunConfig) -> tuple[Path, int, dict] | None:
+    """(the base checkpoint, the rows its run trained on, its trainer_state), for an init.from that is a minilmd
+    checkpoint: its `rows_seen` (the rows up to that checkpoint), or for a checkpoint older than that field its
+    step times its global batch (as a resume reads it: trainer/loop/resume.py)."""
+    try:
+        source = resolve(cfg.init.from_, cfg.init.checkpoint)
+        state = read_json(source.path / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES, expect=None)
+    except (InitSourceError, ValueError):  # Unreadable too: another user's checkpoint, read as hostile
+        return None
+    if source.kind != "checkpoint" or not isinstance(state, dict):
+        return None
+    rows = state.get("rows_seen")
+    if not isinstance(rows, int):
+        step, batch = state.get("step"), state.get("global_batch")
+        rows = step * batch if isinstance(step, int) and isinstance(batch, int) else None
+    return (source.path, rows, state) if isinstance(rows, int) and rows > 0 else None
+
+
+def base_samples(state: dict, rows: int) -> int | None:
+    """The sample updates of the base's `rows`, counted from the config its checkpoint records (as trained) and
+    the corpus that config names, when its meta.json is readable here; None otherwise."""
+    raw = state.get("config")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        base = config_from_dict(raw, source=TRAINER_STATE)
+    except (ConfigError, TypeError, ValueError):
+        return None
+    meta = read_corpus_meta(base.data.prepared) if base.data.prepared else None
+    epoch = corpus_epoch(as_trained(base, meta), meta) if meta else None
+    return epoch.samples(rows) if epoch else None
+
+
+def share_lines(cfg: RunConfig) -> list[str]:
+    """What `run --check` prints about the update share (nothing without init.from or without the numbers)."""
+    if not cfg.init.from_:
+        return []
+    base, plan = base_rows(cfg), planned(cfg)
+    if base is None or plan is None or plan.epoch is None or plan.samples is None:
+        return []
+    path, rows, state = base
+    of_base = base_samples(state, rows)
+    share = plan.samples / (of_base or rows)
+    line = (f"update share: this run trains {plan.samples:,} sample updates ({plan.epoch.unit}: {plan.rows:,} rows, "
+            f"each {plan.epoch.row_holds()}), {100 * share:.1f} % of the "
+            + (f"{of_base:,} of its base {path}" if of_base else f"{rows:,} rows its base {path} trained"))
+    if share <= cfg.eval.update_share_warn:
+        return [line]
+    head = f"WARNING: {line}, above eval.update_share_warn = {cfg.eval.update_share_warn:g}: "
+    if cfg.lora.enabled:  # already the remedy: the base stays as it is, but the model with the adapter on drifts
+        return [head + "the base's weights stay frozen, but with the adapter on, this many updates on other data "
+                "at this learning rate override what the base learnt (the seed's style SFT took 24 %); lower "
+                "train.lr, the epochs or lora.rank, or watch [eval] probe"]
+    return [head + "a fine-tune this large on other data at this learning rate erases what the base learnt (the "
+            "seed's style SFT took 24 %); lower train.lr or the epochs, use [lora], or watch [eval] probe"]

@@ -1,0 +1,143 @@
+"""minilmd/dirfd.py, the one way to write where others can change, on its own (the attacks by a second user that
+it stops are tests/test_shared_write_attacks.py): the rule of a place, a temporary directory of a random name used
+through its descriptor, a publication that replaces only the directory it was told, a removal only of what is
+expected, and a file replaced atomically without following a link."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from minilmd.dirfd import Dir, PlaceRefused, Replaced, dir_problem, place_problem
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_directory_others_can_rearrange_is_refused_unless_the_owner_opts_in_for_that_one(tmp_path):
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o770)
+    problem = place_problem("--out", team / "corpus", "the corpus", "choose another")
+    assert f"the directory {team} above it can be written by other users (mode 770, not sticky)" in problem
+    assert place_problem("--out", team / "corpus", "the corpus", "x", group_share=True) is None
+    assert place_problem("--out", team / "sub" / "corpus", "the corpus", "x", group_share=True) is not None
+    with pytest.raises(PlaceRefused, match="can be written by other users"):
+        Dir.open(team, "the directory of --out")
+    Dir.open(team, "the directory of --out", group_share=True).close()
+    team.chmod(0o1777)  # sticky and ours (root's in CI): like /tmp
+    assert dir_problem("log.prometheus_textfile", team, "the gauges") is None
+
+
+def test_a_link_on_the_way_is_followed_only_when_it_is_ours_and_leads_to_a_place_that_passes(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "via").symlink_to(real)
+    assert place_problem("--out", tmp_path / "via" / "c", "the corpus", "x", own_links=True) is None
+    assert "is a symbolic link" in place_problem("--out", tmp_path / "via" / "c", "the corpus", "x")
+    real.chmod(0o777)
+    assert "can be written by other users" in place_problem("--out", tmp_path / "via" / "c", "the corpus", "x",
+                                                            own_links=True)
+
+
+def test_a_temporary_directory_is_private_randomly_named_and_reached_by_its_descriptor(tmp_path):
+    with Dir.open(tmp_path, "here") as here:
+        one, name = here.make_temp(".out.prepare-h-1-2")
+        two, other = here.make_temp(".out.prepare-h-1-2")
+        assert name != other and name.startswith(".out.prepare-h-1-2.") and len(name.rsplit(".", 1)[1]) == 8
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o700
+        os.rename(tmp_path / name, tmp_path / "moved")  # renamed: the descriptor still reaches it
+        (one.inside / "f").write_text("mine")
+        assert (tmp_path / "moved" / "f").read_text() == "mine"
+        here.discard(one, name)  # emptied through its descriptor; the name, no longer its, left
+        assert list((tmp_path / "moved").iterdir()) == [] and not (tmp_path / name).exists()
+        here.discard(two, other)
+        assert not (tmp_path / other).exists()
+
+
+def _corpus(root: Path, text: str) -> Path:
+    root.mkdir()
+    (root / "meta.json").write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "NFS: aside and back"])
+def test_publish_replaces_only_the_directory_it_was_told_and_deletes_nothing_else(tmp_path, monkeypatch, exchange):
+    if not exchange:
+        monkeypatch.setattr(Dir, "exchange", lambda self, a, b: False)
+    _corpus(tmp_path / "out", "old")
+    with Dir.open(tmp_path, "here") as here:
+        checked = here.identity_of("out")
+        tmp, name = here.make_temp(".out.prepare-h-1-2")
+        (tmp.inside / "meta.json").write_text("new")
+        os.rename(tmp_path / "out", tmp_path / "out-moved")
+        _corpus(tmp_path / "out", "her other corpus")  # moved to the name meanwhile
+        with pytest.raises(Replaced, match="nothing was replaced"):
+            here.publish(tmp, name, "out", checked, aside=name + ".old")
+        assert _tree(tmp_path / "out") == {"meta.json": b"her other corpus"}
+        assert _tree(tmp_path / "out-moved") == {"meta.json": b"old"}
+        os.rename(tmp_path / "out", tmp_path / "other")
+        os.rename(tmp_path / "out-moved", tmp_path / "out")
+        here.publish(tmp, name, "out", checked, aside=name + ".old")  # the one checked: replaced
+        assert _tree(tmp_path / "out") == {"meta.json": b"new"}
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out"]
+
+
+def test_publish_of_a_new_output_refuses_a_name_taken_meanwhile_and_a_swapped_temporary_directory(tmp_path):
+    with Dir.open(tmp_path, "here") as here:
+        tmp, name = here.make_temp(".out.prepare-h-1-2")
+        _corpus(tmp_path / "out", "appeared")
+        with pytest.raises(Replaced, match="appeared while this ran"):
+            here.publish(tmp, name, "out", None, aside=name + ".old")
+        assert _tree(tmp_path / "out") == {"meta.json": b"appeared"}
+        os.rename(tmp_path / name, tmp_path / "moved")
+        _corpus(tmp_path / name, "his")
+        with pytest.raises(Replaced, match="temporary directory was replaced"):
+            here.publish(tmp, name, "new", None, aside=name + ".old")
+        assert not (tmp_path / "new").exists() and _tree(tmp_path / name) == {"meta.json": b"his"}
+        here.discard(tmp, name)
+        assert _tree(tmp_path / name) == {"meta.json": b"his"}  # not ours: never emptied nor removed
+
+
+def test_remove_tree_removes_only_the_directory_expected(tmp_path):
+    with Dir.open(tmp_path, "here") as here:
+        _corpus(tmp_path / "a", "a")
+        expected = here.identity_of("a")
+        os.rename(tmp_path / "a", tmp_path / "b")
+        _corpus(tmp_path / "a", "another")
+        assert not here.remove_tree("a", expected)
+        assert _tree(tmp_path / "a") == {"meta.json": b"another"}
+        assert here.remove_tree("b", expected) and not (tmp_path / "b").exists()
+
+
+def test_write_atomic_replaces_a_link_at_the_name_never_what_it_points_to(tmp_path):
+    victim = tmp_path / "private.txt"
+    victim.write_text("hers")
+    victim.chmod(0o600)
+    (tmp_path / "s.prom").symlink_to(victim)
+    with Dir.open(tmp_path, "here") as here:
+        here.write_atomic("s.prom", b"gauges\n", 0o644)
+        with pytest.raises(OSError):
+            (tmp_path / "link").symlink_to(victim)
+            here.mode_file("link", 0o644)
+    assert victim.read_text() == "hers" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert not (tmp_path / "s.prom").is_symlink() and (tmp_path / "s.prom").read_text() == "gauges\n"
+    assert stat.S_IMODE((tmp_path / "s.prom").stat().st_mode) == 0o644
+
+
+def test_prepare_makes_the_missing_directories_to_its_out_writable_by_its_user_alone(tmp_path, demo_jsonl,
+                                                                                     tokenizer):
+    """Under a umask of 002 the directories prepare made on the way to --out were group-writable: a place others
+    could rearrange, which the lock's check would refuse right after making it. They are made 0755 now."""
+    from data_helpers import run_prepare
+
+    old = os.umask(0o002)
+    try:
+        run_prepare(demo_jsonl[:1], tokenizer, tmp_path / "new" / "deeper" / "c", val_fraction=0.1)
+    finally:
+        os.umask(old)
+    for made in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "c"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o755, made

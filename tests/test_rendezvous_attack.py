@@ -1,0 +1,125 @@
+"""The Slurm multi-node rendezvous against another user's listener on its port (issue 40): torch's c10d backend
+falls back to a client of whatever listens on the endpoint, so a user who listened there first received the job's
+rendezvous state (and with a corrupt value pre-set, crash-looped it to `failed`, 79).
+
+Each case builds the attempt's command as the supervisor does (daemon/slurm/job.py `SlurmJob.command`, the
+multi-node script's srun path, the first node being 127.0.0.1), runs its torchrun part on the CPU with a tiny
+worker script in place of the trainer, and a real second user (`nobody`, tests/second_user.py) holds a TCPStore
+on the port the command names before it starts (as one who guessed the old `29400 + job id % 2000`, or won the
+race for the port picked now):
+- on the first node the agent refuses to join that store: it fails saying the port is taken, no worker runs,
+  and the other user's store holds no key of hers;
+- on another node the agent refuses the store (it shows no proof of the job's secret), with the same result;
+- without a listener two nodes meet on that port and their workers run (the job's own rendezvous works).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd.daemon.slurm import job as slurm
+from second_user import shared, user_python  # noqa: F401 - `shared` is a fixture
+
+pytestmark = pytest.mark.slow
+
+ATTACKER = """
+import sys, time
+from pathlib import Path
+import torch.distributed as dist
+port, out = int(sys.argv[1]), Path(sys.argv[2])
+store = dist.TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True)
+(out / "listening").write_text("yes")
+while not (out / "stop").exists():
+    time.sleep(0.1)
+(out / "keys").write_text(str(store.num_keys()))
+"""
+"""The other user: a TCPStore on the port, until told to stop; then how many keys others wrote into it."""
+
+WORKER = "import os, pathlib, sys; pathlib.Path(sys.argv[1], 'joined-' + os.environ['RANK']).write_text('1')\n"
+
+
+def free_job_id() -> str:
+    """A job id whose port under the old rule (29400 + id % 2000) is free here: the case reads the same on the
+    code that derived the port from the job id."""
+    for port in range(29400, 31400):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return str(port - 29400)
+    pytest.skip("no free port in 29400-31399")
+
+
+def attempt(tmp_path: Path, monkeypatch, nodes: list[str]) -> tuple[list[str], dict[str, str], int]:
+    """(the torchrun part of attempt 1's command, with the worker script as its entry point; the environment the
+    supervisor launches it with; the rendezvous port it names)."""
+    monkeypatch.setenv("MINILMD_SLURM_SRUN", "1")
+    job_id = free_job_id()
+    alloc = slurm.Allocation(job_id, nodes, [])
+    job = slurm.SlurmJob(alloc, {}, lambda *a, **k: None, runner=lambda args: "")
+
+    class Cfg:
+        scratch_dir, run_dir, scratch_is_default = tmp_path / "s", tmp_path / "r", True
+
+        class data:
+            prepared = "/nfs/corpus"
+
+        class run:
+            name = "r"
+
+    train = [sys.executable, "-m", "minilmd.cli", "train", "/r/run.toml"]
+    command = job.command(train, 1, Cfg, None)
+    torchrun = command[command.index("--") + 1:]
+    torchrun = torchrun[:torchrun.index("minilmd.cli") - 1]  # up to the entry point: the worker script instead
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    endpoint = torchrun[torchrun.index("--rdzv-endpoint") + 1]
+    env = {**os.environ, **getattr(job, "launch_env", {}), "PYTHONUNBUFFERED": "1"}
+    conf = ["--rdzv-conf", "read_timeout=5,join_timeout=120"]
+    return [*torchrun, *conf, str(script), str(tmp_path)], env, int(endpoint.split(":")[1])
+
+
+def wait_file(path: Path, what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {what} after 120 s"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("node", ["127.0.0.1", "node02"], ids=["first-node", "other-node"])
+def test_a_foreign_listener_on_the_rendezvous_port_gets_nothing_of_the_job(tmp_path, monkeypatch, shared, node):
+    command, env, port = attempt(tmp_path, monkeypatch, ["127.0.0.1", "node02"])
+    command[command.index("--nnodes") + 1] = "1"  # one agent is the whole rendezvous: on his store, it would run
+    env["SLURMD_NODENAME"] = node  # which node of the allocation this agent is (Slurm sets it for each task)
+    attacker = subprocess.Popen(user_python(ATTACKER, str(port), str(shared)), cwd="/")
+    try:
+        wait_file(shared / "listening", "listener of the other user")
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        (shared / "stop").write_text("1")
+        attacker.wait(60)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert not list(tmp_path.glob("joined-*")), out[-3000:]  # no worker ran on his rendezvous
+    wait_file(shared / "keys", "key count from the listener")
+    assert (shared / "keys").read_text() == "0", out[-3000:]  # her agent wrote nothing into his store
+    if node == "127.0.0.1":
+        assert f"cannot listen on port {port}" in out and "another process holds it" in out, out[-3000:]
+    else:
+        assert f"the rendezvous store at 127.0.0.1:{port} shows no proof" in out, out[-3000:]
+
+
+def test_the_jobs_own_rendezvous_joins_two_nodes(tmp_path, monkeypatch):
+    command, env, _ = attempt(tmp_path, monkeypatch, ["127.0.0.1", "node02"])
+    nodes = [subprocess.Popen(command, env={**env, "SLURMD_NODENAME": name}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for name in ("node02", "127.0.0.1")]
+    outs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    assert sorted(p.name for p in tmp_path.glob("joined-*")) == ["joined-0", "joined-1"]

@@ -1,0 +1,131 @@
+"""torchrun for a multi-node job whose c10d rendezvous only this job can host.
+
+`python -m minilmd.trainer.loop.rendezvous TORCHRUN-ARGS...` is torchrun (torch.distributed.run) with one more
+rendezvous backend, `minilmd-c10d` (daemon/slurm/job.py launches it on every node of a multi-node attempt).
+torch's own c10d backend hosts its TCPStore on the endpoint's node when the port is free and otherwise falls back to
+a client of whatever listens there: another user who listens on the port first receives the job's rendezvous
+state and answers with anything he likes (a corrupt state: every attempt fails). Here instead:
+- the node the endpoint names is the store's server (`is_host`: the rdzv_conf value when given, else this node's
+  Slurm name SLURMD_NODENAME, or outside Slurm its host name or address, equal to the endpoint's host) and fails
+  at once, saying so, when it cannot listen on the port: it never becomes a client of another's store;
+- the server writes a proof that every client reads before it writes anything: an HMAC of the rendezvous id
+  keyed by the attempt's secret (RDZV_SECRET_ENV, in the job's environment only: a command line is readable by
+  every user of the node), under a key named by the secret too; a client whose store gives no such proof within
+  read_timeout, or another one, refuses that store;
+- the rendezvous keys are named by the secret (the run id given plus an HMAC of it): another user who connects to
+  the job's real store finds no key he can name, to read or to corrupt.
+The store the workers meet in is made by rank 0's agent on a port the kernel picks as it binds (torch's shared
+store), so the rendezvous endpoint is the one port another user could learn in advance.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import sys
+from datetime import timedelta
+
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as dynamic_handler
+from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
+
+from minilmd.names import RDZV_SECRET_ENV
+
+BACKEND = "minilmd-c10d"
+DEFAULT_READ_TIMEOUT_S = 60
+
+
+class RendezvousRefused(RendezvousConnectionError):
+    """The store at the endpoint is not this job's, or this node cannot host it."""
+
+
+class _Backend(C10dRendezvousBackend):
+    """torch's c10d backend over the store given, by this backend's name (torch checks that they agree)."""
+
+    @property
+    def name(self) -> str:
+        return BACKEND
+
+
+def _digest(secret: str, what: str) -> str:
+    return hmac.new(secret.encode(), what.encode(), hashlib.sha256).hexdigest()
+
+
+def _secret() -> str:
+    secret = os.environ.get(RDZV_SECRET_ENV, "")
+    if len(secret) < 32:
+        raise RendezvousRefused(f"{RDZV_SECRET_ENV} is not set (or shorter than 32 characters): the minilmd-c10d "
+                                f"rendezvous needs the attempt's secret in the environment of every node")
+    return secret
+
+
+def is_host(params: RendezvousParameters, host: str) -> bool:
+    """Whether this node serves the store: rdzv_conf's is_host when given; else under Slurm whether this node's
+    Slurm name is the endpoint's host (the supervisor names the first node of the allocation); else torch's test
+    of this machine's host names and addresses."""
+    given = params.get_as_bool("is_host")
+    if given is not None:
+        return given
+    slurm_name = os.environ.get("SLURMD_NODENAME")
+    if slurm_name:
+        return slurm_name == host
+    return _matches_machine_hostname(host)
+
+
+def _serve(host: str, port: int, timeout: timedelta) -> TCPStore:
+    try:
+        return TCPStore(host, port, is_master=True, multi_tenant=True, timeout=timeout)
+    except (ValueError, RuntimeError, TimeoutError) as e:
+        raise RendezvousRefused(
+            f"this node hosts the job's rendezvous but cannot listen on port {port} ({e}): another process holds "
+            f"it; not joining whatever listens there (it is not this job's store). The next attempt picks another "
+            f"port") from e
+
+
+def _join(host: str, port: int, timeout: timedelta, proof_key: str, proof: str) -> TCPStore:
+    """A client of the store at host:port, once the store shows this job's proof."""
+    try:
+        store = TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timeout)
+        found = store.get(proof_key).decode(errors="replace")
+    except (ValueError, RuntimeError, TimeoutError) as e:
+        raise RendezvousRefused(
+            f"the rendezvous store at {host}:{port} shows no proof that this job's host node started it within "
+            f"{timeout.total_seconds():.0f}s ({e}): another process listens there, or the host node failed; "
+            f"refused, nothing written to it") from e
+    if not hmac.compare_digest(found, proof):
+        raise RendezvousRefused(f"the rendezvous store at {host}:{port} shows another proof than this job's: it is "
+                                f"not this job's store; refused, nothing written to it")
+    return store
+
+
+def create_handler(params: RendezvousParameters):
+    """The `minilmd-c10d` handler: torch's dynamic rendezvous over a store proven to be this job's."""
+    secret = _secret()
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=-1)
+    if port <= 0:
+        raise RendezvousError(f"the minilmd-c10d rendezvous needs an endpoint HOST:PORT, not {params.endpoint!r}")
+    read_timeout = params.get_as_int("read_timeout", DEFAULT_READ_TIMEOUT_S) or DEFAULT_READ_TIMEOUT_S
+    timeout = timedelta(seconds=max(1, read_timeout))
+    proof_key = "minilmd.proof." + _digest(secret, "key")[:32]
+    proof = _digest(secret, "host|" + params.run_id)
+    if is_host(params, host):
+        store = _serve(host, port, timeout)
+        store.set(proof_key, proof)
+    else:
+        store = _join(host, port, timeout, proof_key, proof)
+    params.run_id = f"{params.run_id}-{_digest(secret, 'run|' + params.run_id)[:24]}"
+    return dynamic_handler(store, _Backend(store, params.run_id), params)
+
+
+def main(argv: list[str] | None = None) -> None:
+    rendezvous_handler_registry.register(BACKEND, create_handler)
+    from torch.distributed.run import main as torchrun
+
+    torchrun(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()
