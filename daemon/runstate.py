@@ -26,7 +26,7 @@ from minilmd.daemon.states import Phase, StagingState, SyncState
 from minilmd.daemon.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
 from minilmd.fsio import atomic_write_json
 from minilmd.perms import own_uid
-from minilmd.procs import process_start_ticks  # here too: the daemon's modules and tests import it from here
+from minilmd.procs import process_environ, process_start_ticks  # noqa: F401 - here too: tests import them from here
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular, read_json
 
 STATE_VERSION = 1
@@ -85,20 +85,6 @@ def supervisor_runs_here(sup: SupervisorInfo) -> bool:
     pid alone is whichever process has it now (recycled, another user's); the caller decides what another host's
     means (`sup.host`)."""
     return sup.start_ticks is not None and process_alive(sup.pid, sup.start_ticks)
-
-
-def process_environ(pid: int) -> dict[str, str]:
-    """The environment a process started with ({} if unreadable: not ours, or gone)."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
 
 
 # --- state.json ------------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@
 #   MINILMD_TMUX_SOCKET  use a private tmux server (`tmux -L NAME`) instead of the default one
 #   MINILMD_PYTHON       the python that reads CONFIG (default: the python beside minilmd, else python3)
 #   MINILMD_*            passed on to both windows (e.g. MINILMD_FAULT for a demo)
+#   TMUX_TMPDIR          where tmux keeps its sockets (default /tmp); a socket directory there that is not yours
+#                        alone (another user made tmux-UID first) is refused, exit 2, naming TMUX_TMPDIR
 set -euo pipefail
 
 usage() { echo "usage: $(basename "$0") [--no-attach] CONFIG [SESSION]" >&2; exit 2; }
@@ -41,6 +43,17 @@ done
 (( ${#args[@]} >= 1 && ${#args[@]} <= 2 )) || usage
 
 command -v tmux >/dev/null || die "tmux is not installed"
+
+# tmux keeps its sockets in ${TMUX_TMPDIR:-/tmp}/tmux-UID and refuses that directory with a bare "unsafe
+# permissions" when it is not its user's alone: in /tmp, everyone's, another user can make it first. Say so, and
+# the way round it, before anything is started.
+socket_dir="${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)"
+if [[ -e "$socket_dir" || -L "$socket_dir" ]]; then
+    read -r dir_uid dir_user dir_mode < <(stat -c '%u %U %a' -- "$socket_dir")
+    if [[ -L "$socket_dir" || ! -d "$socket_dir" || "$dir_uid" != "$(id -u)" ]] || (( 8#$dir_mode & 8#007 )); then
+        die "tmux's socket directory $socket_dir is not yours alone (owner $dir_user, mode $dir_mode; another user may have made it first), so tmux refuses it (\"unsafe permissions\"). Set TMUX_TMPDIR to a directory of your own, e.g. \`TMUX_TMPDIR=\$XDG_RUNTIME_DIR $(basename "$0") ...\`, and attach with the same TMUX_TMPDIR; nothing was started" 2
+    fi
+fi
 [[ -f "${args[0]}" ]] || die "no such config file: ${args[0]}" 2
 config=$(realpath -- "${args[0]}")
 

@@ -60,6 +60,12 @@ LAUNCH_ID_ENV = "MINILMD_LAUNCH_ID"
 """Set by the supervisor on every trainer it launches: a random token, also in TRAINER_RECORD. Every process of
 that trainer inherits it (torchrun's ranks too): with the uid, the host and the start time it tells the processes
 this run started from any other process that carries MINILMD_RUN_DIR."""
+SUPERVISOR_RUN_DIR_ENV = "MINILMD_SUPERVISOR_RUN_DIR"
+"""In the environment `minilmd run` executes itself with (and its children inherit): the absolute run directory.
+With SUPERVISOR_ID_ENV and the run lock it proves a process is that run's supervisor (minilmd/procs.py). Not
+RUN_DIR_ENV: that one tells a trainer it runs supervised."""
+SUPERVISOR_ID_ENV = "MINILMD_SUPERVISOR_ID"
+"""In the environment `minilmd run` executes itself with: a random token, also in the run lock's body."""
 SCRATCH_BASE_ENV = "MINILMD_SCRATCH_BASE"
 """Test-only: the directory that holds the per-user default scratch roots instead of /dev/shm."""
 SYSTEM_REGISTRY_ENV = "MINILMD_SYSTEM_REGISTRY"

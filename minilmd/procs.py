@@ -1,11 +1,40 @@
-"""A process's identity on this host: its pid and its start time (field 22 of /proc/PID/stat, in clock ticks
-since boot). A pid alone is recycled; the two together name one process, so a record or a temporary name that
-outlives its process (trainer.json, state.json's supervisor, an export's temporary copy) can tell its maker from a
-later process that got the same pid. Linux only, as all of minilmd. Torch-free, standard library only.
+"""A process's identity on this host, and the one way minilmd signals a process.
+
+Identity: a pid alone is recycled; the pid and its start time (field 22 of /proc/PID/stat, in clock ticks since
+boot) together name one process, so a record or a temporary name that outlives its process (trainer.json,
+state.json's supervisor, an export's temporary copy) can tell its maker from a later process with that pid.
+
+Signalling: every signal minilmd sends goes through this module (tests/test_one_way_to_signal.py lists every
+os.kill, os.killpg, pidfd_send_signal, send_signal, terminate and kill call in the source and fails on one outside
+it). A process is signalled only when it is proven to be the run's, never because a file (state.json, trainer.json,
+the lock's body: anyone who can write the run directory writes them) names its pid:
+- the run directory belongs to the caller, or the caller is root (`scope_of`: another user's run directory is
+  refused, its owner named); every uid of the process is the directory's owner (root never signals a process
+  of another user than the run's, whatever a file of that user names);
+- the supervisor holds the flock of <run dir>/supervisor.lock (its /proc/PID/fdinfo says so, not the lock's body)
+  and its environment, as it was started (/proc/PID/environ), carries MINILMD_SUPERVISOR_RUN_DIR=<this run
+  directory> and MINILMD_SUPERVISOR_ID=<the id in the lock's body>: `minilmd run` executes itself again once with
+  both set (`carry_supervisor_identity`), its children inherit them;
+- a trainer's process carries MINILMD_RUN_DIR=<this run directory> and MINILMD_LAUNCH_ID=<the id of its launch,
+  trainer.json's> and started no earlier than the trainer (`Launch`);
+- a process of the supervisor's own child's group: the kernel says the leader is our child, not yet reaped
+  (waitid WNOWAIT), so its pid, the group's id, names no one else's group;
+- and each is signalled through a pidfd opened before these checks: a pid recycled meanwhile is never hit.
+Linux only, as all of minilmd. Torch-free, standard library only.
 """
 from __future__ import annotations
 
+import os
+import pwd
+import secrets
+import signal
+import stat
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+from minilmd import names
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -19,3 +48,290 @@ def process_start_ticks(pid: int) -> int | None:
     if rest[0] in ("Z", "X"):
         return None
     return int(rest[19])
+
+
+def process_uids(pid: int) -> tuple[int, ...] | None:
+    """(real, effective, saved, filesystem) uids of a process, from /proc/PID/status; None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return tuple(int(u) for u in line.split()[1:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def process_environ(pid: int) -> dict[str, str]:
+    """The environment a process started with ({} if unreadable: not ours, or gone). What it set later is not
+    there: /proc shows the block exec gave it."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def user_words(uid: int | None) -> str:
+    """"user alice", "uid 1234" (no such user), "an unknown user"."""
+    if uid is None:
+        return "an unknown user"
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
+
+
+# --- whose run: the caller's, or root's to act on -----------------------------------------------------------
+
+class Refused(Exception):
+    """A run directory of another user: none of its processes is the caller's to signal."""
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """A run directory (resolved) and its owner, whose processes alone may be signalled for it."""
+
+    run_dir: Path
+    owner: int
+
+    def owns(self, pid: int) -> bool:
+        """Every uid of the process is the run directory's owner (kill(2) checks the real and saved ones)."""
+        uids = process_uids(pid)
+        return uids is not None and set(uids) == {self.owner}
+
+    def why_not_owned(self, pid: int) -> str | None:
+        uids = process_uids(pid)
+        if uids is None:
+            return "it has ended"
+        if set(uids) != {self.owner}:
+            return (f"it runs as {user_words(uids[0])}, not as the run directory's owner "
+                    f"({user_words(self.owner)})")
+        return None
+
+
+def scope_of(run_dir: str | os.PathLike) -> RunScope:
+    """The run directory and its owner, when the caller may signal the run's processes: it is the owner, or root.
+    Refused (naming the owner) for another user's run directory; OSError when it cannot be looked at."""
+    resolved = Path(run_dir).resolve()
+    owner = os.stat(resolved).st_uid
+    me = os.getuid()  # the real uid: whom this process acts for (kill(2) compares it, not the effective one)
+    if me not in (0, owner):
+        raise Refused(f"{run_dir}: a run directory of {user_words(owner)}, not yours ({user_words(me)}): nothing "
+                      f"signalled; {user_words(owner)} stops that run (`minilmd stop {run_dir}`)")
+    return RunScope(resolved, owner)
+
+
+# --- the one sending place ---------------------------------------------------------------------------------------
+
+def _send(pid: int, ticks: int | None, sig: int, proof: Callable[[], str | None]) -> str | None:
+    """Send `sig` to `pid` when it still started at `ticks` (None: whichever has the pid now) and `proof()` finds
+    nothing against it, through a pidfd opened before both checks. None when sent, else why not."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return "it has ended"
+    except OSError:
+        fd = None  # no pidfd here (a kernel before 5.3): a check and a kill, with the tiny window that leaves
+    try:
+        now = process_start_ticks(pid)
+        if now is None or (ticks is not None and now != ticks):
+            return "it has ended"
+        why = proof()
+        if why is not None:
+            return why
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return None
+    except ProcessLookupError:
+        return "it has ended"
+    except PermissionError:
+        return "not permitted"
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def signal_self(sig: int) -> None:
+    """The calling process signals itself (the trainer's injected faults: a real SIGKILL, a real SIGBUS)."""
+    os.kill(os.getpid(), sig)
+
+
+# --- a trainer's processes: its launch id --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Launch:
+    """A trainer launch of a run: every process it started carries the run directory and `launch_id` in its
+    environment; `leader` (the trainer, started at `leader_ticks`) when known: nothing started before it is one."""
+
+    scope: RunScope
+    launch_id: str
+    leader: int | None = None
+    leader_ticks: int | None = None
+
+    def _why_not(self, pid: int, ticks: int | None) -> str | None:
+        if isinstance(self.leader_ticks, int) and ticks is not None and (
+                ticks < self.leader_ticks or (pid == self.leader and ticks != self.leader_ticks)):
+            return "it started before this run's trainer"
+        why = self.scope.why_not_owned(pid)
+        if why is not None:
+            return why
+        env = process_environ(pid)
+        if env.get(names.RUN_DIR_ENV) != str(self.scope.run_dir) or env.get(names.LAUNCH_ID_ENV) != self.launch_id:
+            return "its environment does not carry this run's directory and launch id"
+        return None
+
+    def processes(self) -> list[tuple[int, int]]:
+        """(pid, start ticks) of each live process of this launch, other than the caller."""
+        if not self.launch_id:
+            return []
+        me = os.getpid()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == me:
+                continue
+            pid = int(entry)
+            ticks = process_start_ticks(pid)
+            if ticks is None or self._why_not(pid, ticks) is not None:
+                continue
+            if process_start_ticks(pid) == ticks:  # still the process all of the above was read from
+                found.append((pid, ticks))
+        return sorted(found)
+
+    def signal(self, pid: int, ticks: int | None, sig: int) -> bool:
+        """`sig` to that process of this launch, proven again at the moment of sending. Whether it was sent."""
+        return bool(self.launch_id) and _send(pid, ticks, sig, lambda: self._why_not(pid, ticks)) is None
+
+
+# --- the supervisor's own child and its group ----------------------------------------------------------------
+
+def _our_unreaped_child(pid: int) -> bool:
+    """The kernel's word: `pid` is a child of this process that has not been reaped (running or a zombie), so the
+    pid, and the group id it is as a group leader, can name nobody else."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def signal_child_group(leader: int, sig: int) -> bool:
+    """`sig` to the process group our child `leader` leads (it was started in a session of its own), while that
+    child is not reaped. Whether it was sent."""
+    if not _our_unreaped_child(leader):
+        return False
+    try:
+        if os.getpgid(leader) != leader:
+            return False
+        os.killpg(leader, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def signal_child(pid: int, sig: int) -> bool:
+    """`sig` to our own child `pid` while it is not reaped (a Popen the caller started). Whether it was sent."""
+    return _send(pid, None, sig, lambda: None if _our_unreaped_child(pid) else "not our unreaped child") is None
+
+
+def signal_group_member(leader: int, pid: int, ticks: int | None, sig: int) -> bool:
+    """`sig` to one process of our child `leader`'s group (the child itself included), proven a member at the
+    moment of sending. Whether it was sent."""
+    def why_not() -> str | None:
+        try:
+            member = os.getpgid(pid) == leader
+        except ProcessLookupError:
+            return "it has ended"
+        return None if member and _our_unreaped_child(leader) else "not in our child's process group"
+
+    return _send(pid, ticks, sig, why_not) is None
+
+
+# --- the supervisor: it holds the run lock and carries its identity ------------------------------------------
+
+def _flock_line_on(line: str, inode: int) -> bool:
+    """A /proc/PID/fdinfo line of an flock held on `inode`: "lock:\t1: FLOCK  ADVISORY  WRITE 9565 fe:00:2150043
+    0 EOF" (a waiter's line has "->" before FLOCK)."""
+    parts = line.split()
+    return len(parts) >= 7 and parts[0] == "lock:" and parts[2] == "FLOCK" and \
+        parts[6].rsplit(":", 1)[-1] == str(inode)
+
+
+def holds_flock(pid: int, lock: os.stat_result) -> bool:
+    """Whether the process holds an flock on the file `lock` (its stat), through one of its own descriptors: the
+    kernel's record (/proc/PID/fdinfo), not what a file says."""
+    fdinfo = f"/proc/{pid}/fdinfo"
+    try:
+        fds = os.listdir(fdinfo)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            lines = Path(f"{fdinfo}/{fd}").read_text().splitlines()
+        except OSError:
+            continue
+        if not any(_flock_line_on(line, lock.st_ino) for line in lines):
+            continue
+        try:  # the inode number in the lock line is one device's: the descriptor's file itself must be the lock
+            held = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (held.st_dev, held.st_ino) == (lock.st_dev, lock.st_ino):
+            return True
+    return False
+
+
+def _why_not_supervisor(scope: RunScope, pid: int, launch_id: str | None) -> str | None:
+    why = scope.why_not_owned(pid)
+    if why is not None:
+        return why
+    try:
+        lock = os.stat(scope.run_dir / names.LOCK, follow_symlinks=False)
+    except OSError as e:
+        return f"the run's {names.LOCK} cannot be looked at ({e.strerror or e})"
+    if not stat.S_ISREG(lock.st_mode) or lock.st_uid != scope.owner:
+        return f"the run's {names.LOCK} is not a regular file of the run directory's owner"
+    if not holds_flock(pid, lock):
+        return f"it does not hold the run's lock ({names.LOCK})"
+    env = process_environ(pid)
+    if not launch_id or env.get(names.SUPERVISOR_RUN_DIR_ENV) != str(scope.run_dir) or \
+            env.get(names.SUPERVISOR_ID_ENV) != launch_id:
+        return ("its environment does not carry this run's directory and the supervisor id of its lock (a "
+                "supervisor of an older minilmd?)")
+    return None
+
+
+def signal_supervisor(scope: RunScope, pid: int, ticks: int | None, launch_id: str | None, sig: int) -> str | None:
+    """`sig` to the run's supervisor `pid` (started at `ticks`), proven at the moment of sending: the owner's, it
+    holds the run lock, its environment carries this run directory and `launch_id` (the lock body's). None when
+    sent, else why not."""
+    return _send(pid, ticks, sig, lambda: _why_not_supervisor(scope, pid, launch_id))
+
+
+def supervisor_id() -> str:
+    """This supervisor's id as its environment carries it ("" when it carries none)."""
+    return os.environ.get(names.SUPERVISOR_ID_ENV, "")
+
+
+def carry_supervisor_identity(run_dir: str | os.PathLike) -> None:
+    """Make this process's own environment, as /proc shows it, carry the run directory and a fresh supervisor id:
+    executes this same command again with both set (same pid; /proc/PID/environ is the block exec gave, so setting
+    os.environ would not show there). Returns at once when it already carries them. Call it before any thread,
+    lock or open file that matters: exec ends them."""
+    target = str(Path(run_dir).resolve())
+    started_with = process_environ(os.getpid())
+    if started_with.get(names.SUPERVISOR_RUN_DIR_ENV) == target and started_with.get(names.SUPERVISOR_ID_ENV):
+        return
+    if os.environ.get(names.SUPERVISOR_RUN_DIR_ENV) == target and os.environ.get(names.SUPERVISOR_ID_ENV):
+        return  # set here without an exec (a test calling in): go on; `stop` cannot prove this one, and says so
+    env = {**os.environ, names.SUPERVISOR_RUN_DIR_ENV: target, names.SUPERVISOR_ID_ENV: secrets.token_hex(16)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from minilmd import procs
+
 ROOT = Path(__file__).resolve().parents[1]
 LOG_LINE = re.compile(r"\((\d+)/(\d+)\), loss")
 LOG_INTERVAL = 10
@@ -98,8 +100,7 @@ def run_minimind(src: Path, cmd: list[str], stop_at: int, timeout: float) -> tup
             if now > deadline:
                 break
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # with its DataLoader workers
+        procs.signal_child_group(proc.pid, signal.SIGKILL)  # with its DataLoader workers, unless reaped
         proc.wait()
     return seen, iters, " | ".join(tail)[-300:]
 

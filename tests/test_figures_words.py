@@ -4,6 +4,7 @@ waits prints no empty reason and no `step None`; status shows one ETA."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import time
@@ -54,14 +55,19 @@ class ReleaseOnPhase(io.StringIO):
 def test_stop_of_a_waiting_stage_prints_no_empty_reason_nor_step_none(tmp_path):
     release = tmp_path / "release"
     # a supervisor that waits (no checkpoint, no reason yet) and ends on SIGTERM once `stop` has reported its phase
-    code = ("import os, signal, sys, time\n"
+    # (it holds the run lock and carries the run's identity, as `minilmd run` does: stop signals only such a one)
+    code = ("import fcntl, json, os, signal, sys, time\n"
+            f"fd = os.open({str(tmp_path / names.LOCK)!r}, os.O_RDWR | os.O_CREAT, 0o644)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "os.write(fd, json.dumps({'pid': os.getpid(), 'host': '', 'launch_id': 'stage-sup'}).encode())\n"
             "def bye(*_):\n"
             f"    while not os.path.exists({str(release)!r}): time.sleep(0.01)\n"
             "    sys.exit(0)\n"
             "signal.signal(signal.SIGTERM, bye)\n"
             "print('ready', flush=True)\n"
             "while True: time.sleep(1)\n")
-    sup = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, names.SUPERVISOR_RUN_DIR_ENV: str(tmp_path.resolve()), names.SUPERVISOR_ID_ENV: "stage-sup"}
+    sup = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert sup.stdout is not None and sup.stdout.readline().strip() == "ready"
         state = new_state("stage", tmp_path, str(tmp_path / "stage.toml"))

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minilmd import checkpoint_dirs, corpus_meta, init_source, names, protocol, scratch
+from minilmd import checkpoint_dirs, corpus_meta, init_source, names, procs, protocol, scratch
 from minilmd.checkpoint import CheckpointInvalid, read_manifest, validate
 from minilmd.config import ConfigError, load_config
 from minilmd.corpus import chat
@@ -85,7 +85,7 @@ READERS = {
     "state.json (read_state)": Reader(names.STATE, runstate.read_state),
     "heartbeat": Reader(names.HEARTBEAT, runstate.read_heartbeat),
     "metrics.jsonl": Reader(names.METRICS, lambda d: curves.read_jsonl(d / names.METRICS), tail=True),
-    "trainer.json": Reader(names.TRAINER_RECORD, orphans._read_record),
+    "trainer.json": Reader(names.TRAINER_RECORD, lambda d: orphans._read_record(procs.scope_of(d))),
     "fault note": Reader(names.FAULT, protocol.read_fault),
     "scratch owner.json": Reader(names.SCRATCH_OWNER, scratch.read_owner, (ValueError,)),
     "corpus meta.json (read_meta)": Reader(names.CORPUS_META, corpus_meta.read_meta, (corpus_meta.CorpusError,)),

@@ -273,7 +273,9 @@ def test_a_second_supervisor_is_refused_and_says_who_owns_the_run(tmp_path, corp
 def test_a_restarted_supervisor_stops_the_orphaned_trainer_first(tmp_path, corpus, fake_undisturbed_weights):
     config = write_config(tmp_path, corpus)
     cfg = load_config(config)
-    first = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.1")
+    # steps slow enough that the orphan still trains while the second supervisor starts (it executes itself once
+    # more to carry its identity, procs.carry_supervisor_identity): the orphan inherits FAKE_STEP_S
+    first = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.5")
     wait_for(lambda: step_of_state(cfg.run_dir) >= 3, 60, "training")
     orphan = state(cfg.run_dir)["child"]["pid"]
     first.send_signal(signal.SIGKILL)

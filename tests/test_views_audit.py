@@ -107,7 +107,7 @@ def test_a_supervisor_named_by_its_pid_alone_is_not_running_and_never_signalled(
 
 
 @pytest.mark.root
-def test_stop_of_another_users_run_whose_lock_it_may_not_read_says_so(shared):
+def test_stop_of_another_users_run_is_refused_naming_its_owner_before_its_lock_is_read(shared):
     second_user()
     run_dir = shared / "root-run"
     run_dir.mkdir()
@@ -120,7 +120,7 @@ def test_stop_of_another_users_run_whose_lock_it_may_not_read_says_so(shared):
     done = subprocess.run(user_python(CLI, "stop", str(run_dir)), capture_output=True, text=True, cwd="/",
                           timeout=60)
     assert "Traceback" not in done.stderr and done.returncode == protocol.STOP_FAILED, done
-    assert f"{names.LOCK} cannot be read (Permission denied)" in done.stdout, done
+    assert "a run directory of user root, not yours (user nobody): nothing signalled" in done.stdout, done
 
 
 @pytest.mark.root

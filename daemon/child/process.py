@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minilmd import names, protocol
+from minilmd import names, procs, protocol
 from minilmd.daemon.child import compilecache
-from minilmd.daemon.child.orphans import REAP_S, launch_processes, record_launch, signal_process
+from minilmd.daemon.child.orphans import REAP_S, record_launch
 from minilmd.daemon.runstate import Heartbeat, process_start_ticks
 from minilmd.daemon.states import Cause
 from minilmd.fsio import tail_lines
@@ -136,10 +136,9 @@ class Child:
         return self.popen.poll()
 
     def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            pass
+        """`sig` to the trainer's process group, while the trainer is our child not yet reaped (minilmd/procs.py):
+        once reaped, its pid may name another's group."""
+        procs.signal_child_group(self.pid, sig)
 
     def track_cgroup(self) -> None:
         """Remember the OOM-kill counter of the child's memory cgroup, and of each cgroup it moves to, so that a kill
@@ -177,17 +176,27 @@ class Child:
         """(pid, start ticks) of each live process of this launch (ours, its run dir and launch id), whatever its
         group: torchrun starts each worker in a session of its own (torch.distributed.elastic's
         SubprocessHandler), out of reach of a signal to the trainer's group."""
+        launch = self.launch()
+        return launch.processes() if launch is not None else []
+
+    def launch(self) -> procs.Launch | None:
+        """This launch as minilmd/procs.py proves its processes: the run directory, the launch id, the trainer."""
         if self.run_dir is None or not self.launch_id:
-            return []
-        return launch_processes(self.run_dir, self.launch_id, self.pid, self.start_ticks)
+            return None
+        try:
+            return procs.Launch(procs.scope_of(self.run_dir), self.launch_id, self.pid, self.start_ticks)
+        except (procs.Refused, OSError):  # a run directory not ours (and we are not root): none is ours to signal
+            return None
 
     def kill_rest(self, launch: list[tuple[int, int]] | None = None) -> list[int]:
         """SIGKILL each process of this launch that is still alive (a torchrun worker whose agent was killed, or
         whose agent ended without it): through a pidfd checked against its start time, never a recycled pid.
         The pids signalled."""
-        launch = self.launch_pids() if launch is None else launch
-        killed = [pid for pid, ticks in launch if signal_process(pid, ticks, signal.SIGKILL)]
-        return killed
+        proof = self.launch()
+        if proof is None:
+            return []
+        launch = proof.processes() if launch is None else launch
+        return [pid for pid, ticks in launch if proof.signal(pid, ticks, signal.SIGKILL)]
 
     def kill_group(self, grace: float = 0.0, reap_s: float = REAP_S, while_waiting=None) -> int | None:
         """SIGTERM (if grace > 0) and up to grace for the group to exit, then SIGKILL and up to reap_s for the kernel

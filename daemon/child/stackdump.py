@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from minilmd.daemon.child.orphans import signal_process
+from minilmd import procs
 from minilmd.daemon.child.process import SUPERVISOR_LINE
 
 # --- the dump -----------------------------------------------------------------------------------------
@@ -21,7 +21,8 @@ _DUMP_MARK = b"(most recent call first):"  # faulthandler's line above each thre
 
 
 def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool = False,
-               wait_s: float = DUMP_WAIT_S, others: tuple[tuple[int, int], ...] = ()) -> str:
+               wait_s: float = DUMP_WAIT_S, others: tuple[tuple[int, int], ...] = (),
+               launch: procs.Launch | None = None) -> str:
     """Put the hung child's Python stacks into its attempt log and say what actually got there: with py-spy if
     installed, else SIGUSR1 to each process of the child's group that catches it (`minilmd train` registers its
     faulthandler for SIGUSR1, writing to stderr, which is this log; torchrun does not catch it and is left alone, its
@@ -29,7 +30,8 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
     sent; one in uninterruptible I/O (state D, a stalled mount) runs no handler until the I/O returns, so nothing may
     come: the answer then says so, with the process state and where the kernel holds it. `others`: the launch's
     processes outside the child's group (torchrun's workers: each in a session of its own), (pid, start ticks): each
-    signalled only while it is still that process (orphans.signal_process)."""
+    signalled only while `launch` (minilmd/procs.py) proves it is still that process of the launch; the group's
+    members only while the child is ours and unreaped (procs.signal_group_member)."""
     py_spy = shutil.which("py-spy")
     if py_spy:
         failed = ""
@@ -48,12 +50,12 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
                 break
         if not failed:
             return "py-spy dumped the stacks into the attempt log"
-        return f"{failed}; {_dump_by_sigusr1(pid, log_path, wait_s, torchrun, others)}"
-    return _dump_by_sigusr1(pid, log_path, wait_s, torchrun, others)
+        return f"{failed}; {_dump_by_sigusr1(pid, log_path, wait_s, torchrun, others, launch)}"
+    return _dump_by_sigusr1(pid, log_path, wait_s, torchrun, others, launch)
 
 
 def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool,
-                     others: tuple[tuple[int, int], ...] = ()) -> str:
+                     others: tuple[tuple[int, int], ...] = (), launch: procs.Launch | None = None) -> str:
     group = _group_members(pid)
     started = {p: ticks for p, ticks in others if p not in group and _proc_stat(p)[:1] not in ([], ["Z"], ["X"])}
     group += list(started)
@@ -67,13 +69,10 @@ def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool,
                   f"dumps every thread's stack below\n".encode())
     start = _size(log_path)
     for target in targets:
-        if target in started:  # outside the group: a pid that may have been recycled since the scan
-            signal_process(target, started[target], signal.SIGUSR1)
-            continue
-        try:
-            os.kill(target, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
+        if target not in started:
+            procs.signal_group_member(pid, target, None, signal.SIGUSR1)
+        elif launch is not None:  # outside the group: a pid that may have been recycled since the scan
+            launch.signal(target, started[target], signal.SIGUSR1)
     dumped = _wait_for_dump(log_path, start, wait_s)
     if dumped:
         threads, lines = dumped.count(_DUMP_MARK), dumped.count(b"\n")

@@ -90,7 +90,7 @@ def kill_if_hung(cfg: RunConfig, child: Child, beat: Heartbeat | None, emit) -> 
     emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
     launch = child.launch_pids()  # one /proc scan for the dump and the kill
     dumped = stackdump.dump_stack(child.pid, child.log_path, torchrun=childmod.is_torchrun(child.command),
-                                  others=tuple(launch))
+                                  others=tuple(launch), launch=child.launch())
     child.killed_for_hang = True
     child.hang_detail = f"{detail}; {dumped}"
     child.kill(launch)

@@ -2,11 +2,13 @@
 
 The kernel releases an flock when its holder dies, so a lock file left by a dead supervisor (SIGKILL, power cut of
 the process, OOM kill) is simply not held: the next supervisor takes it over without any pid guessing. The body
-({pid, host, since}) is only there to tell a second supervisor, `minilmd status` and `minilmd stop` who owns the
-run. The descriptor is opened close-on-exec, so a trainer child never inherits the lock and cannot keep it alive
-after its supervisor died. The file is opened without following a symlink and checked (a regular file of ours, one
-link) before anything is written to it: a run directory another user can write into must not make the supervisor
-overwrite some other file through a link planted as supervisor.lock. Torch-free.
+({pid, host, since, launch_id}) is only there to tell a second supervisor, `minilmd status` and `minilmd stop` who
+owns the run; `stop` signals the pid it names only once minilmd/procs.py has proven it holds this lock and carries
+the launch id (its supervisor id) in its environment. The descriptor is opened close-on-exec, so a trainer child
+never inherits the lock and cannot keep it alive after its supervisor died. The file is opened without following a
+symlink and checked (a regular file of ours, one link) before anything is written to it: a run directory another
+user can write into must not make the supervisor overwrite some other file through a link planted as
+supervisor.lock. Torch-free.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from minilmd.names import LOCK
 from minilmd.perms import own_uid, owned_by_me
+from minilmd.procs import supervisor_id
 from minilmd.untrusted import loads
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -36,6 +39,8 @@ class LockInfo:
     """Host name of that process: a pid means nothing on another machine."""
     since: float | None
     """Unix time when it took the lock."""
+    launch_id: str = ""
+    """The supervisor id its environment carries (minilmd/procs.py proves the holder by it); "" if none."""
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since)) if self.since else "an unknown time"
@@ -68,8 +73,10 @@ def _read_body(fd: int) -> LockInfo:
         body = {}
     pid = body.get("pid")
     since = body.get("since")
+    launch_id = body.get("launch_id")
     return LockInfo(pid if isinstance(pid, int) else None, str(body.get("host", "")),
-                    float(since) if isinstance(since, (int, float)) else None)
+                    float(since) if isinstance(since, (int, float)) else None,
+                    launch_id if isinstance(launch_id, str) else "")
 
 
 class RunLock:
@@ -108,7 +115,8 @@ class RunLock:
             info = _read_body(fd)
             os.close(fd)
             raise LockHeld(info.pid, info.host, info.since, self.path) from None
-        body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+        body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                           "launch_id": supervisor_id()})
         os.ftruncate(fd, 0)
         os.pwrite(fd, body.encode("utf-8"), 0)
         os.fsync(fd)

@@ -8,19 +8,23 @@ successful sync's age, restarts. `--json` gives the same rows as a list. Everyth
 users may have written: every name and path is escaped for the terminal (minilmd/untrusted.py `printable`), and
 the registry's notes on what it skipped follow the table. A run directory on storage that stalls (an NFS server
 gone) is given ROW_WAIT_S to answer, then shown "unreadable (did not answer ...)": it never hides the other runs.
+Nor does one user's flood of entries: another user with more than GROUP_ABOVE runs is one line after the table.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from minilmd import names
 from minilmd.daemon.host import registry
 from minilmd.daemon.statesections import StateJson
 from minilmd.fmt import fmt_duration
+from minilmd.procs import user_words
 from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
@@ -33,6 +37,10 @@ PHASE_WIDTH = 40
 """A phase longer than this is cut in the table: it came from a file that is not what it says."""
 ROW_WAIT_S = 5.0
 """How long one run's row may take (its run directory and state.json looked at): a stalled mount gets no more."""
+GROUP_ABOVE = 20
+"""Another user with more runs than this shows as one line in the table, not a row each: root's overview reads every
+user's entries, and one user's thousand (up to the registry's per-user cap) would bury everyone else's. --json
+still lists every row; the reader's own runs are never grouped."""
 
 
 def row(entry: registry.Entry, t: float) -> dict:
@@ -161,7 +169,8 @@ def status_all(as_json: bool = False, out=None) -> int:
               f"supervisor registers its run when it starts)", file=out)
         _notes(scan.notes, out)
         return 0
-    print("\n".join(table(rows)), file=out)
+    rows, crowds = grouped(rows, os.getuid())
+    print("\n".join(table(rows) + crowds), file=out)
     for r in rows:
         if r.get("predecessor"):
             print(f"{printable(r['run'])}: waiting for init.from: {printable(r['predecessor'])}", file=out)
@@ -171,6 +180,23 @@ def status_all(as_json: bool = False, out=None) -> int:
               file=out)
     _notes(scan.notes, out)
     return 0
+
+
+def grouped(rows: list[dict], reader: int) -> tuple[list[dict], list[str]]:
+    """(the rows shown one by one, one line for each other user with more than GROUP_ABOVE runs): how many, how
+    many running, their most common phases (escaped and cut: his files say them)."""
+    per_user = Counter(r["uid"] for r in rows)
+    crowded = sorted(uid for uid, n in per_user.items() if n > GROUP_ABOVE and uid != reader)
+    lines = []
+    for uid in crowded:
+        theirs = [r for r in rows if r["uid"] == uid]
+        phases = Counter(printable(shown_phase(r))[:PHASE_WIDTH] for r in theirs).most_common()
+        said = ", ".join(f"{phase} {n}" for phase, n in phases[:5]) + (
+            f", {len(phases) - 5} other phases" if len(phases) > 5 else "")
+        running = sum(1 for r in theirs if r.get("running"))
+        lines.append(f"{user_words(uid)}: {len(theirs)} runs in one line ({running} running; {said}); "
+                     f"`minilmd status --all --json` lists each")
+    return [r for r in rows if r["uid"] not in crowded], lines
 
 
 def _notes(notes: list[str], out) -> None:

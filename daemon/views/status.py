@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from minilmd import names, protocol
+from minilmd import names, procs, protocol
 from minilmd.daemon.runstate import fmt_time, new_lines, process_alive, tail_lines
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
@@ -338,20 +338,26 @@ ORPHAN_GRACE_S = 120.0
 def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> int:
     """SIGTERM to the run's supervisor; wait until it exited (the trainer saves, the last sync runs); report.
     timeout 0: wait as long as it takes. The exit status is one of protocol.STOP_*: 0 stopped (or not running),
-    1 not stopped, 2 not a run, 3 stopped but the newest checkpoint is only in scratch. Only processes of our own
-    user on this host are ever signalled: the run's supervisor, or the trainer it left behind
-    (daemon/child/process.py)."""
+    1 not stopped, 2 not a run, 3 stopped but the newest checkpoint is only in scratch. A run directory of another
+    user is refused, its owner named (root may stop anyone's run). Only a process proven to be the run's is ever
+    signalled (minilmd/procs.py): the supervisor that holds the run's lock and carries its identity, or the trainer
+    it left behind (daemon/child/orphans.py); never one a file of the run names by its pid."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
     if not _is_a_run(run_dir):
         return protocol.STOP_NOT_A_RUN
+    try:
+        scope = procs.scope_of(run_dir)
+    except (procs.Refused, OSError) as e:
+        print(str(e), file=out)
+        return protocol.STOP_FAILED
     raw, unreadable = load(run_dir)
     if unreadable:
         print(f"{run_dir}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
     state = StateJson.from_dict(raw)
     try:
-        live = _live_supervisor(run_dir, state)
-    except OSError as e:  # supervisor.lock of another user's run, not readable by us
+        live = _live_supervisor(run_dir)
+    except OSError as e:  # supervisor.lock not readable (root squashed on NFS, say)
         print(f"{run_dir}: {names.LOCK} cannot be read ({e.strerror or e}): whether a supervisor holds it is unknown; "
               f"nothing signalled", file=out)
         return protocol.STOP_FAILED
@@ -362,18 +368,21 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
-    pid, ticks, host = live
-    refusal = _refusal(pid, host, run_dir)
-    if refusal:
-        print(refusal, file=out)
+    if live.host and live.host != socket.gethostname():
+        print(f"supervisor pid {live.pid} runs on {printable(live.host)}, not on this host: not signalled; run "
+              f"`minilmd stop` there", file=out)
         return protocol.STOP_FAILED
-    from minilmd.daemon.child.orphans import signal_process
-
-    if signal_process(pid, ticks, signal.SIGTERM):
+    pid, ticks = live.pid, procs.process_start_ticks(live.pid)
+    why = procs.signal_supervisor(scope, pid, ticks, live.launch_id, signal.SIGTERM)
+    if why is None:
         print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
               flush=True)
-    else:
+    elif why == "it has ended":
         print(f"supervisor pid {pid} ended before the signal", file=out)
+    else:
+        print(f"pid {pid}, named by {names.LOCK}, is not proven to be this run's supervisor ({why}): not "
+              f"signalled", file=out)
+        return protocol.STOP_FAILED
     started = time.monotonic()
     last_phase = None
     while process_alive(pid, ticks):
@@ -399,47 +408,14 @@ def _reread(run_dir: Path, state: StateJson) -> StateJson:
     return StateJson.from_dict(raw) if raw else state
 
 
-def _live_supervisor(run_dir: Path, state: StateJson) -> tuple[int, int | None, str] | None:
-    """(pid, start ticks, host) of the run's live supervisor: the one in state.json, or the holder of the run lock
-    (one that has not written state.json yet, or one on another host sharing the run directory); None if none.
-    OSError when the lock cannot be opened (another user's, private)."""
-    here = socket.gethostname()
-    sup = state.supervisor
-    if sup.pid is not None and supervisor_alive(state):  # by pid and start time: a pid alone may be anyone's
-        return sup.pid, sup.start_ticks, here
+def _live_supervisor(run_dir: Path):
+    """The holder of the run lock (daemon/host/lock.py LockInfo: pid, host, launch id), None when no process holds
+    it. Never state.json's pid: anyone who can write the run directory writes that. OSError when the lock cannot be
+    opened."""
     from minilmd.daemon.host.lock import lock_holder
-    from minilmd.daemon.runstate import process_start_ticks
 
     holder = lock_holder(run_dir)
-    if holder is None or not holder.pid:
-        return None
-    if holder.host and holder.host != here:
-        return holder.pid, None, holder.host
-    ticks = process_start_ticks(holder.pid)
-    return (holder.pid, ticks, here) if ticks is not None else None
-
-
-def _refusal(pid: int, host: str, run_dir: Path) -> str | None:
-    """Why `stop` must not signal this supervisor: it runs on another host, or as another user (even for root:
-    the run is theirs to stop)."""
-    from minilmd.daemon.child.orphans import is_ours, process_uids
-
-    if host != socket.gethostname():
-        return f"supervisor pid {pid} runs on {host}, not on this host: not signalled; run `minilmd stop` there"
-    if is_ours(pid):
-        return None
-    uids = process_uids(pid) or ()
-    return (f"supervisor pid {pid} runs as {_user(uids[0] if uids else None)}, not as you ({_user(os.getuid())}): "
-            f"not signalled; that user stops it (`minilmd stop {run_dir}`)")
-
-
-def _user(uid: int | None) -> str:
-    import pwd
-
-    try:
-        return f"user {pwd.getpwuid(uid).pw_name}" if uid is not None else "an unknown user"
-    except KeyError:
-        return f"uid {uid}"
+    return holder if holder is not None and holder.pid else None
 
 
 def _stop_orphans(run_dir: Path, out) -> int:

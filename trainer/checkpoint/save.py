@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minilmd import procs
 from minilmd.checkpoint import FORMAT, VERSION, read_manifest
 from minilmd.checkpoint_select import prune
 from minilmd.fsio import atomic_write_text, fsync_dir, publish_dir
@@ -135,7 +136,7 @@ def _flatten_optimizer(optimizer_state: dict) -> tuple[dict, dict]:
 
 def _maybe_kill(point: str, step: int) -> None:
     if os.environ.get(CHECKPOINT_KILL_ENV) == f"{point}@{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+        procs.signal_self(signal.SIGKILL)
 
 
 def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state: dict, trainer_state: dict, *,

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd import procs
 from minilmd.names import FAULT_ENV, FAULTS_FIRED
 from minilmd.protocol import FAULT_KINDS
 
@@ -97,11 +98,11 @@ def _sigbus(step: int) -> None:
         mapped = mmap.mmap(fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
         os.ftruncate(fd, 0)
         mapped[0]  # the page is beyond the end of the file now: the kernel answers with SIGBUS
-    os.kill(os.getpid(), signal.SIGBUS)  # only if the platform let the read through
+    procs.signal_self(signal.SIGBUS)  # only if the platform let the read through
 
 
 def _sigkill(step: int) -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+    procs.signal_self(signal.SIGKILL)
 
 
 def _hang(step: int) -> None:
