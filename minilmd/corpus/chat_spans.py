@@ -6,22 +6,28 @@ the definition, the proof and the fallback.
   messages (not their text), the conversations of one shape (the role of each message, whether it has
   reasoning_content, whether its content is empty) start and end each assistant turn at the same `<|im_start|>` of
   their rendering (or at its end). Layouts learns that layout once per shape from a probe (a conversation of that
-  shape whose texts are all "x") rendered the prefix way. A rendering with as many `<|im_start|>` as the layout's,
-  each of its assistant turns starting with the header, then gives each target exactly as targets() cuts it
-  (after the header, through the turn's last `<|im_end|>`).
+  shape with short texts). A shape of at most PROBED_TURNS assistant turns: the probe rendered the prefix way,
+  every turn (texts "x"). A longer one, in time linear in its length: the probe (message i's text `x{i}x`, its
+  thought `r{i}r`) rendered once, each message placed at the last `<|im_start|>` before its text (the messages in
+  order, each at its own `<|im_start|>`; a message with no text to find leaves the shape unlearnt), and the layout
+  so read checked the prefix way at CHECKED_TURNS of its assistant turns (the first, one in the middle, the last).
+  A rendering with as many `<|im_start|>` as the layout's, each of its assistant turns starting with the header,
+  then gives each target exactly as targets() cuts it (after the header, through the turn's last `<|im_end|>`).
 - The proof, block by block: the first VERIFIED_PER_BLOCK conversations of a block that one rendering would take
-  are rendered the prefix way too and its result kept; a difference (one rendering finding other spans, or spans
-  where the prefix way refuses the conversation) marks the block `mismatch`, and ChatBlockEncoder renders the
-  whole block again the prefix way. So a template that is not incremental, or whose turns follow the text, gives
-  today's output wherever a block's sample shows it; the output of a block depends on its lines only (layouts
-  are a pure function of the template and the shape), whatever worker ran it.
+  and that hold at most PROVED_MESSAGES messages are rendered the prefix way too and its result kept; a difference
+  (one rendering finding other spans, or spans where the prefix way refuses the conversation) marks the block
+  `mismatch`, and ChatBlockEncoder renders the whole block again the prefix way. So a template that is not
+  incremental, or whose turns follow the text, gives today's output wherever a block's sample shows it, and the
+  proof costs a bounded time per block whatever the length of its conversations; the output of a block depends on
+  its lines only (layouts are a pure function of the template and the shape), whatever worker ran it.
 - Always the prefix way: a conversation whose text spells a special token (its `<|im_start|>` would count as a
   turn), a shape whose probe the prefix way refuses or whose turns do not end at an `<|im_start|>`, and a
-  rendering whose `<|im_start|>` count or headers differ from its layout's. The time bound covers one
-  conversation's renderings together, as in targets().
+  rendering whose `<|im_start|>` count or headers differ from its layout's. The bound (CPU time, scaled to the
+  messages rendered: chat_sandbox.py) covers one conversation's renderings together, as in targets().
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from minilmd.corpus.chat import HEADER, IM_END, IM_START, ChatTemplate, TurnError, has_special_text
@@ -29,6 +35,12 @@ from minilmd.corpus.chat import HEADER, IM_END, IM_START, ChatTemplate, TurnErro
 VERIFIED_PER_BLOCK = 8
 """Conversations of each block (the first that one rendering would take) rendered both ways, their prefix result
 kept."""
+PROVED_MESSAGES = 16
+"""The longest conversation (in messages) a block's proof renders the prefix way: the proof's time is bounded."""
+PROBED_TURNS = 8
+"""A shape of at most this many assistant turns learns its layout from the prefix renderings of every turn; a
+longer one from one rendering, checked at CHECKED_TURNS turns (time linear in its length)."""
+CHECKED_TURNS = 3
 MAX_SHAPES = 4096
 """Conversation shapes whose layout a worker keeps; the conversations of any other shape go the prefix way."""
 
@@ -88,9 +100,55 @@ def spans_by_layout(full: str, layout: Layout) -> list[tuple[int, int]] | None:
     return spans
 
 
+def place(full: str, at: list[int], probe: list[dict]) -> list[int] | None:
+    """The index in `at` (the `<|im_start|>` of the probe's rendering `full`) where each message of the probe starts,
+    None where the rendering is not laid out one message after the other, each at its own `<|im_start|>`. A
+    message whose text is found starts at the last `<|im_start|>` before it (and after the text before it); a run
+    of messages without text to find (empty) takes the `<|im_start|>` between its neighbours only when there are
+    exactly as many as it has messages (a run first or last: those next to its one neighbour)."""
+    found = _found(full, at, probe)
+    return None if found is None else _fill(found, len(at))
+
+
+def _found(full: str, at: list[int], probe: list[dict]) -> list[int | None] | None:
+    """The `<|im_start|>` index of each message whose text is found in order (None: no text to find)."""
+    found: list[int | None] = []
+    cursor = 0
+    for m in probe:
+        text = m["content"] or m.get("reasoning_content") or ""
+        where = full.find(text, cursor) if text else -1
+        if where < 0:
+            found.append(None)
+            continue
+        i = bisect_right(at, where) - 1
+        if i < 0 or at[i] < cursor:
+            return None
+        found.append(i)
+        cursor = where + len(text)
+    return found
+
+
+def _fill(found: list[int | None], n_starts: int) -> list[int] | None:
+    """Every message's index: the runs of None given the indexes between their neighbours (place)."""
+    out: list[int] = []
+    for k, i in enumerate(found):
+        if i is None:
+            continue
+        run = k - len(out)  # the messages before k without an index yet
+        if (out and i - out[-1] - 1 != run) or i < run:  # each message of the run at its own `<|im_start|>`
+            return None
+        out.extend(range(i - run, i + 1))
+    tail = len(found) - len(out)
+    if tail:
+        if not out or n_starts - 1 - out[-1] != tail:
+            return None
+        out.extend(range(out[-1] + 1, n_starts))
+    return out
+
+
 class Layouts:
-    """The layout of each conversation shape for one template, learnt once from a probe: a conversation of that
-    shape whose every text is "x" (or empty), rendered the prefix way. A pure function of (template, shape), so
+    """The layout of each conversation shape for one template, learnt once from a probe (module docstring): a
+    conversation of that shape with short texts (or empty ones). A pure function of (template, shape), so
     that it may be kept across blocks; a probe the prefix way refuses, or beyond MAX_SHAPES, is UNLEARNT."""
 
     def __init__(self, template: ChatTemplate):
@@ -105,6 +163,9 @@ class Layouts:
         return self.cache[key]
 
     def _probe(self, key: tuple) -> Layout:
+        replies = [i for i, (role, _, _) in enumerate(key) if role == "assistant"]
+        if len(replies) > PROBED_TURNS:
+            return self.template.bounded(self._read, key, replies)
         probe = [{"role": role, "content": "" if empty else "x", **({"reasoning_content": "x"} if reasoning else {})}
                  for role, reasoning, empty in key]
         try:
@@ -113,6 +174,34 @@ class Layouts:
             return UNLEARNT
         layout = learn(full, turns)
         return layout if layout is not UNLEARNT and spans_by_layout(full, layout) == spans else UNLEARNT
+
+    def _read(self, key: tuple, replies: list[int]) -> Layout:
+        """The layout of a long shape from one rendering of its probe, checked the prefix way at CHECKED_TURNS of
+        its turns (module docstring); called inside bounded()."""
+        probe = [{"role": role, "content": "" if empty else f"x{i}x",
+                  **({"reasoning_content": f"r{i}r"} if reasoning else {})}
+                 for i, (role, reasoning, empty) in enumerate(key)]
+        try:
+            full = self.template.whole_within_bound(probe)
+        except TurnError:
+            return UNLEARNT
+        at = starts(full)
+        first = place(full, at, probe)
+        if first is None:
+            return UNLEARNT
+        layout = Layout(len(at), tuple((first[k], first[k + 1] if k + 1 < len(probe) else None) for k in replies))
+        spans = spans_by_layout(full, layout)
+        if spans is None:
+            return UNLEARNT
+        checked = sorted({0, len(replies) // 2, len(replies) - 1})
+        try:
+            again, want, turns = self.template.turns_within_bound(probe, frozenset(replies[j] for j in checked))
+        except TurnError:
+            return UNLEARNT
+        ends = [(at[b], len(full) if e is None else at[e]) for b, e in layout.turns]
+        if again != full or want != [spans[j] for j in checked] or turns != [ends[j] for j in checked]:
+            return UNLEARNT
+        return layout
 
 
 class BlockSpans:
@@ -132,7 +221,7 @@ class BlockSpans:
         layout = self.layouts.get(shape(messages))
         if layout is UNLEARNT:
             return self.template.targets(messages)
-        if self.verified < VERIFIED_PER_BLOCK:
+        if self.verified < VERIFIED_PER_BLOCK and len(messages) <= PROVED_MESSAGES:
             return self._verify(layout, messages)
         return self.template.bounded(self._once, layout, messages)
 
