@@ -124,6 +124,29 @@ def has_special_text(messages: list[dict]) -> bool:
     return False
 
 
+def starts_as_chat(path: str, probe_bytes: int = 1 << 16) -> bool:
+    """Whether a JSONL file's first line that is a JSON object (within its first probe_bytes) is a conversation
+    ({"conversations": [...]} without "text"): what `corpus report` refuses to count as text for a run's budget."""
+    from minilmd.corpus.sources.jsonl import LongLine, Source
+
+    src = Source(path)
+    try:
+        for item in src.items(probe_bytes):
+            if isinstance(item, LongLine):
+                return False
+            for line in item[1].splitlines():
+                try:
+                    obj = loads_bounded(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    return "conversations" in obj and "text" not in obj
+            return False
+        return False
+    finally:
+        src.close()
+
+
 @dataclass
 class ParsedChatBlock:
     conversations: list[list[dict]] = field(default_factory=list)

@@ -63,6 +63,14 @@ def report(path: str, *, tokenizer: str | None = None, params: int | None = None
 
     workers = default_workers() if workers is None else workers
     corpus = scan.open_corpus(path, max(workers, 1) * 4)
+    if corpus.kind == "jsonl" and (params or config):
+        from minilmd.corpus.chat import starts_as_chat
+
+        if starts_as_chat(path):  # its lines as text are not what a run trains on: the prepared corpus is
+            raise ValueError(f"{path} holds chat conversations: a run trains on what `minilmd prepare {path} "
+                             "--format chat --tokenizer TOKENIZER --out DIR` makes of them (rendered by the "
+                             "template, cut at seq_len), not on its lines as text; prepare it first, then "
+                             "`minilmd corpus report DIR` counts its conversations and tokens for the budget")
     tok_json = None
     if tokenizer and corpus.kind == "jsonl":
         from pathlib import Path
