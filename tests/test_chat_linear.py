@@ -78,10 +78,14 @@ def test_long_conversations_take_work_linear_in_their_length_with_the_prefix_way
     definition = ChatTemplate(templates[name].source, templates[name].special_tokens, TemplateLimits(seconds=600))
     counting = Counting(definition.source, definition.special_tokens)
     finder = BlockSpans(counting, Layouts(counting))  # a fresh block: its proof still to make
-    convs = long_conversations() + [turns(2), [s("sys")] + turns(3)]
+    longs = long_conversations()
+    # The first long shapes read off one rendering of a probe; the later ones predicted from the short shapes.
+    convs = longs[:2] + [turns(2), [s("sys")] + turns(3), [s("")] + turns(1), turns(1, "t")] + longs[2:] + \
+        [lc[:-2] for lc in longs]
     for messages in convs:
         assert _outcome(finder.targets, messages) == _outcome(definition.targets, messages), len(messages)
     assert not finder.mismatch
+    assert finder.layouts is not None and finder.layouts.prelude, "short shapes proved a prediction"
     messages = sum(map(len, convs))
     # Learning each long shape: one rendering and three checked turns (2 prefixes each) of at most its length;
     # the conversation: one rendering. The prefix way renders about n^2 / 2 messages for n.

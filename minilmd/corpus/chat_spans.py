@@ -7,10 +7,14 @@ the definition, the proof and the fallback.
   reasoning_content, whether its content is empty) start and end each assistant turn at the same `<|im_start|>` of
   their rendering (or at its end). Layouts learns that layout once per shape from a probe (a conversation of that
   shape with short texts). A shape of at most PROBED_TURNS assistant turns: the probe rendered the prefix way,
-  every turn (texts "x"). A longer one, in time linear in its length: the probe (message i's text `x{i}x`, its
-  thought `r{i}r`) rendered once, each message placed at the last `<|im_start|>` before its text (the messages in
-  order, each at its own `<|im_start|>`; a message with no text to find leaves the shape unlearnt), and the layout
-  so read checked the prefix way at CHECKED_TURNS of its assistant turns (the first, one in the middle, the last).
+  every turn (texts "x"). A longer one never renders every prefix: when the short shapes learnt so far showed one
+  message at each `<|im_start|>` (after as many as a shape with its first entry had before it) and held each pair
+  of neighbouring entries it holds (its last entry at the end too), that layout, without rendering; else, in time
+  linear in its length, the probe (message i's text `x{i}x`, its thought `r{i}r`) rendered once, each message
+  placed at the last `<|im_start|>` before its text (in order, each at its own; a run of messages with no text to
+  find only where as many `<|im_start|>` are left for it), and the layout so read checked the prefix way at three
+  of its assistant turns (the first, one in the middle, the last). The prediction depends on the short shapes a
+  worker met first; for a template laid out one message per `<|im_start|>` it is what the prefix way learns.
   A rendering with as many `<|im_start|>` as the layout's, each of its assistant turns starting with the header,
   then gives each target exactly as targets() cuts it (after the header, through the turn's last `<|im_end|>`).
 - The proof, block by block: the first VERIFIED_PER_BLOCK conversations of a block that one rendering would take
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import pairwise
 
 from minilmd.corpus.chat import HEADER, IM_END, IM_START, ChatTemplate, TurnError, has_special_text
 
@@ -39,8 +44,7 @@ PROVED_MESSAGES = 16
 """The longest conversation (in messages) a block's proof renders the prefix way: the proof's time is bounded."""
 PROBED_TURNS = 8
 """A shape of at most this many assistant turns learns its layout from the prefix renderings of every turn; a
-longer one from one rendering, checked at CHECKED_TURNS turns (time linear in its length)."""
-CHECKED_TURNS = 3
+longer one from the short shapes or one rendering (module docstring)."""
 MAX_SHAPES = 4096
 """Conversation shapes whose layout a worker keeps; the conversations of any other shape go the prefix way."""
 
@@ -146,6 +150,15 @@ def _fill(found: list[int | None], n_starts: int) -> list[int] | None:
     return out
 
 
+END = ("end",)
+"""The entry after a conversation's last message, in Layouts.pairs."""
+
+
+def per_message(before: int, n: int, replies: list[int]) -> Layout:
+    """The layout of a rendering of n messages, one at each `<|im_start|>` after the first `before` ones."""
+    return Layout(before + n, tuple((before + i, before + i + 1 if i + 1 < n else None) for i in replies))
+
+
 class Layouts:
     """The layout of each conversation shape for one template, learnt once from a probe (module docstring): a
     conversation of that shape with short texts (or empty ones). A pure function of (template, shape), so
@@ -154,6 +167,8 @@ class Layouts:
     def __init__(self, template: ChatTemplate):
         self.template = template
         self.cache: dict[tuple, Layout] = {}
+        self.prelude: dict[tuple, int | None] = {}  # first message's entry -> the `<|im_start|>` before it
+        self.pairs: set[tuple] = set()  # neighbouring entries (the last one beside END) proven one per message
 
     def get(self, key: tuple) -> Layout:
         if key not in self.cache:
@@ -165,7 +180,8 @@ class Layouts:
     def _probe(self, key: tuple) -> Layout:
         replies = [i for i, (role, _, _) in enumerate(key) if role == "assistant"]
         if len(replies) > PROBED_TURNS:
-            return self.template.bounded(self._read, key, replies)
+            predicted = self._predicted(key, replies)
+            return predicted if predicted is not None else self.template.bounded(self._read, key, replies)
         probe = [{"role": role, "content": "" if empty else "x", **({"reasoning_content": "x"} if reasoning else {})}
                  for role, reasoning, empty in key]
         try:
@@ -173,10 +189,34 @@ class Layouts:
         except TurnError:
             return UNLEARNT
         layout = learn(full, turns)
-        return layout if layout is not UNLEARNT and spans_by_layout(full, layout) == spans else UNLEARNT
+        if layout is UNLEARNT or spans_by_layout(full, layout) != spans:
+            return UNLEARNT
+        self._note(key, replies, layout)
+        return layout
+
+    def _note(self, key: tuple, replies: list[int], layout: Layout) -> None:
+        """What a short shape's layout, learnt the prefix way, proves for long ones: where the `<|im_start|>` of
+        its first message is, and that its neighbouring entries render one message at each `<|im_start|>`."""
+        before = layout.n_starts - len(key)
+        if before < 0 or layout != per_message(before, len(key), replies):
+            return
+        known = self.prelude.setdefault(key[0], before)
+        if known != before:
+            self.prelude[key[0]] = None  # shapes that disagree: no prediction from this first entry
+            return
+        self.pairs.update(pairwise(key))
+        self.pairs.add((key[-1], END))
+
+    def _predicted(self, key: tuple, replies: list[int]) -> Layout | None:
+        """A long shape's layout without rendering: one message at each `<|im_start|>` after the prelude its first
+        entry showed in short shapes, when every pair of neighbouring entries it holds was proven in them."""
+        before = self.prelude.get(key[0])
+        if before is None or (key[-1], END) not in self.pairs or not all(p in self.pairs for p in pairwise(key)):
+            return None
+        return per_message(before, len(key), replies)
 
     def _read(self, key: tuple, replies: list[int]) -> Layout:
-        """The layout of a long shape from one rendering of its probe, checked the prefix way at CHECKED_TURNS of
+        """The layout of a long shape from one rendering of its probe, checked the prefix way at three of
         its turns (module docstring); called inside bounded()."""
         probe = [{"role": role, "content": "" if empty else f"x{i}x",
                   **({"reasoning_content": f"r{i}r"} if reasoning else {})}
