@@ -22,8 +22,9 @@ the definition, the proof and the fallback.
   (one rendering finding other spans, or spans where the prefix way refuses the conversation) marks the block
   `mismatch`, and ChatBlockEncoder renders the whole block again the prefix way. So a template that is not
   incremental, or whose turns follow the text, gives today's output wherever a block's sample shows it, and the
-  proof costs a bounded time per block whatever the length of its conversations; the output of a block depends on
-  its lines only (layouts are a pure function of the template and the shape), whatever worker ran it.
+  proof costs a bounded time per block whatever the length of its conversations. The output of a block depends on
+  its lines only, whatever worker ran it, for every template laid out one message per `<|im_start|>` (a long
+  shape's prediction is then its probe's layout) and otherwise wherever the proof holds.
 - Always the prefix way: a conversation whose text spells a special token (its `<|im_start|>` would count as a
   turn), a shape whose probe the prefix way refuses or whose turns do not end at an `<|im_start|>`, and a
   rendering whose `<|im_start|>` count or headers differ from its layout's. The bound (CPU time, scaled to the
@@ -161,8 +162,8 @@ def per_message(before: int, n: int, replies: list[int]) -> Layout:
 
 class Layouts:
     """The layout of each conversation shape for one template, learnt once from a probe (module docstring): a
-    conversation of that shape with short texts (or empty ones). A pure function of (template, shape), so
-    that it may be kept across blocks; a probe the prefix way refuses, or beyond MAX_SHAPES, is UNLEARNT."""
+    conversation of that shape with short texts (or empty ones). Kept across blocks; a probe the prefix way
+    refuses, or beyond MAX_SHAPES, is UNLEARNT."""
 
     def __init__(self, template: ChatTemplate):
         self.template = template
@@ -181,7 +182,12 @@ class Layouts:
         replies = [i for i, (role, _, _) in enumerate(key) if role == "assistant"]
         if len(replies) > PROBED_TURNS:
             predicted = self._predicted(key, replies)
-            return predicted if predicted is not None else self.template.bounded(self._read, key, replies)
+            if predicted is not None:
+                return predicted
+            try:
+                return self.template.bounded(self._read, key, replies)
+            except TurnError:  # beyond the bound: the prefix way decides
+                return UNLEARNT
         probe = [{"role": role, "content": "" if empty else "x", **({"reasoning_content": "x"} if reasoning else {})}
                  for role, reasoning, empty in key]
         try:
