@@ -112,11 +112,14 @@ def _burners(n: int) -> list[subprocess.Popen]:
 
 
 @pytest.mark.slow  # four busy loops on the machine's cores while a worker prepares
-def test_a_400_turn_conversation_prepares_under_cpu_burners_as_it_does_unloaded(tmp_path, chat_tokenizer):
+@pytest.mark.parametrize("name", ["test", "minimind"])
+def test_a_400_turn_conversation_prepares_under_cpu_burners_as_it_does_unloaded(tmp_path, chat_tokenizer, name):
+    tok = chat_tokenizer / "tokenizer.json" if name == "test" else MINIMIND_DIR / "tokenizer.json"
+    if not tok.is_file():
+        pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR}")
     convs = [turns(1, str(i)) for i in range(30)] + [[s("你是助手")] + turns(400), turns(300, "b")] + \
         [turns(400, str(i)) for i in range(4)]
     src = write_chat_jsonl(tmp_path / "c.jsonl", convs)
-    tok = chat_tokenizer / "tokenizer.json"
     quiet = _prepare(src, tok, tmp_path / "quiet")
     assert quiet.exit_code == 0, quiet.output
     burners = _burners(4)
