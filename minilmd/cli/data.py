@@ -206,10 +206,12 @@ def report_command(
     import json
 
     from minilmd.config import ConfigError
-    from minilmd.corpus.analysis.report import format_report, report
+    from minilmd.corpus.analysis.report import format_report, refuse_chat_jsonl, report
     from minilmd.plan.model_budget import report_model
 
     try:
+        if params or config:
+            refuse_chat_jsonl(corpus)
         r = report(corpus, tokenizer=tokenizer, workers=None if workers < 0 else workers)
         if params or config:
             r["model"] = report_model(r, params=params or None, config=config, budget_tokens=budget_tokens or None)

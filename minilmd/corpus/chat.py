@@ -14,8 +14,9 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
   the filter `tojson` and the globals `raise_exception`, `strftime_now`, `dict` and `namespace` as transformers
   defines them; it sees `messages`, `tools` and `documents` (None), `add_generation_prompt` and the special token
   names of tokenizer_config.json (`bos_token`, `eos_token`, ...). A message with `reasoning_content` also carries
-  it as `thinking`, as transformers passes it. The template is untrusted code: its renderings are bounded in time
-  and size (chat_sandbox.py); a conversation that goes beyond is a bad line, `template_limit`.
+  it as `thinking`, as transformers passes it. The template is untrusted code: its renderings are bounded in CPU
+  time (scaled to the messages rendered) and size (chat_sandbox.py); a conversation that goes beyond is a bad line,
+  `template_limit`.
 - Targets: the template is rendered for the whole conversation and for its prefixes up to each assistant message.
   Assistant turn k is the text between the rendering of messages[:k] and that of messages[:k + 1]; each must be a
   prefix of the whole rendering (a template that renders a turn differently depending on what follows it cannot
@@ -120,6 +121,29 @@ def has_special_text(messages: list[dict]) -> bool:
             if text and SPECIAL_MARK in text and any(t in text for t in SPECIAL_TOKENS):
                 return True
     return False
+
+
+def starts_as_chat(path: str, probe_bytes: int = 1 << 16) -> bool:
+    """Whether a JSONL file's first line that is a JSON object (within its first probe_bytes) is a conversation
+    ({"conversations": [...]} without "text"): what `corpus report` refuses to count as text for a run's budget."""
+    from minilmd.corpus.sources.jsonl import LongLine, Source
+
+    src = Source(path)
+    try:
+        for item in src.items(probe_bytes):
+            if isinstance(item, LongLine):
+                return False
+            for line in item[1].splitlines():
+                try:
+                    obj = loads_bounded(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    return "conversations" in obj and "text" not in obj
+            return False
+        return False
+    finally:
+        src.close()
 
 
 @dataclass
@@ -267,6 +291,7 @@ class ChatTemplate:
             raise TemplateLimitError(f"the chat template went beyond its bound: {e}") from None
 
     def _render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        self._budget.allow(len(messages))  # the bound grows with what is rendered (chat_sandbox.TemplateLimits)
         chat = [{"thinking": m["reasoning_content"], **m} if "reasoning_content" in m else dict(m)
                 for m in messages]
         return self._template.render(messages=chat, tools=None, documents=None,
@@ -279,10 +304,13 @@ class ChatTemplate:
         full, spans, _ = self.targets_and_turns(messages)
         return full, spans
 
-    def targets_and_turns(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+    def targets_and_turns(self, messages: list[dict], only: frozenset[int] | None = None
+                          ) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         """targets() and the [start, end) of each assistant message's whole turn in the rendering (the lengths of
-        the renderings before and through it): what chat_spans.py learns a conversation shape's layout from."""
-        return self.bounded(self._targets, messages)
+        the renderings before and through it): what chat_spans.py learns a conversation shape's layout from.
+        `only`: the spans and turns of those assistant messages (their indexes in messages) alone, with the same
+        checks, the prefixes of the others not rendered."""
+        return self.bounded(self._targets, messages, only)
 
     def bounded(self, fn, *args):
         """fn(*args), the renderings it makes bounded together by self.limits (re-entrant: inside another call's
@@ -302,7 +330,13 @@ class ChatTemplate:
         """whole() for a caller already inside bounded(), whose bound covers it (one bound set up, not two)."""
         return self._render_or_bad(messages)
 
-    def _targets(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+    def turns_within_bound(self, messages: list[dict], only: frozenset[int]
+                           ) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+        """targets_and_turns(messages, only) for a caller already inside bounded()."""
+        return self._targets(messages, only)
+
+    def _targets(self, messages: list[dict], only: frozenset[int] | None = None
+                 ) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         cache: dict[int, str] = {}
 
         def upto(k: int) -> str:  # the rendering of messages[:k]; only the last two are kept (memory)
@@ -321,7 +355,7 @@ class ChatTemplate:
         full = upto(len(messages))
         spans, turns = [], []
         for k, m in enumerate(messages):
-            if m["role"] != "assistant":
+            if m["role"] != "assistant" or (only is not None and k not in only):
                 continue
             before, through = upto(k), upto(k + 1)
             if not (full.startswith(before) and full.startswith(through) and len(through) >= len(before)):

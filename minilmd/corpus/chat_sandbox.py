@@ -4,10 +4,15 @@ and the memory of every rendering, since a template is untrusted code (a nested 
 
 - The environment: jinja2's ImmutableSandboxedEnvironment as transformers' `_compile_jinja_template` builds it
   (chat.py's module docstring).
-- Time (TemplateLimits.seconds, all the renderings of one conversation together): checked at every call, operator,
-  filter and output piece, and, in a process's main thread (prepare's workers, the CLI), by an ITIMER_REAL alarm
-  that interrupts a loop doing none of those. signal handlers only run in the main thread; elsewhere only the
-  checks bound the time.
+- Time (TemplateLimits): the template's own work, CPU time of the rendering thread (time.thread_time), not the
+  wall clock, so that other processes on a loaded machine never make a rendering late. The bound of one
+  conversation's renderings together is `seconds` plus `seconds_per_message` for each message rendered (a
+  conversation of n messages rendered once allows n of them; the prefix renderings of chat.py allow what they
+  render), so that it scales with the conversation's size. Checked at every call, operator, filter and output piece
+  (the wall clock first, a cheap bound: a thread's CPU time cannot run ahead of it), and, in a process's main
+  thread (prepare's workers, the CLI), by an ITIMER_PROF alarm on the process's CPU time that interrupts a loop
+  doing none of those (it re-arms itself while the thread's own CPU time is within the bound). Signal handlers only
+  run in the main thread; elsewhere only the checks bound the time.
 - Memory (TemplateLimits.chars): no string, list or output the template builds may exceed it. Operations whose
   result can be far larger than their operands are checked BEFORE they run: `*` (repetition), `**`, `%`
   formatting widths, `str.format` widths, `center`/`ljust`/`rjust`/`zfill`/`expandtabs`/`replace`/`join` (methods
@@ -42,9 +47,12 @@ MIN_JINJA = (3, 1, 6)  # transformers' floor: older jinja2 has known sandbox esc
 @dataclass(frozen=True)
 class TemplateLimits:
     seconds: float = 2.0
-    """All renderings of one conversation together (a conversation renders once per assistant turn, plus one)."""
+    """CPU seconds all renderings of one conversation may take together, beside seconds_per_message."""
     chars: int = 1 << 20
     """The longest string, list or output a rendering may build (characters or elements)."""
+    seconds_per_message: float = 1e-3
+    """CPU seconds more for each message rendered (MiniMind's template takes 11-40 us per message: about 30-90x
+    that), so that a long conversation, and the prefix renderings of one (chat.py), are allowed their size."""
 
 
 class Exceeded(BaseException):
@@ -52,16 +60,45 @@ class Exceeded(BaseException):
 
 
 class Budget:
-    """The limits of one compiled template and the deadline of the rendering under way."""
+    """The limits of one compiled template and the bound of the renderings under way: CPU seconds of the rendering
+    thread (module docstring)."""
 
     def __init__(self, limits: TemplateLimits):
         self.limits = limits
-        self.deadline = float("inf")
         self.active = False
+        self.cpu_deadline = self.wall_deadline = float("inf")
+        self.allowed = 0.0
+        self.messages = 0
+
+    def begin(self) -> None:
+        """A bound starts: `seconds` of CPU time from now."""
+        self.allowed, self.messages = self.limits.seconds, 0
+        self.cpu_deadline = time.thread_time() + self.allowed
+        self.wall_deadline = time.monotonic() + self.allowed
+        self.active = True
+
+    def allow(self, messages: int) -> None:
+        """A rendering of `messages` messages starts: the bound grows by their allowance."""
+        more = self.limits.seconds_per_message * messages
+        self.messages += messages
+        self.allowed += more
+        self.cpu_deadline += more
+        self.wall_deadline += more
+
+    def left(self) -> float:
+        """CPU seconds left before the bound (<= 0: beyond it)."""
+        return self.cpu_deadline - time.thread_time()
 
     def check_time(self) -> None:
-        if self.active and time.monotonic() > self.deadline:
-            raise Exceeded(f"rendering took more than {self.limits.seconds:g} s")
+        if self.active and time.monotonic() > self.wall_deadline:  # the wall clock first: CPU time cannot be ahead
+            left = self.left()
+            if left < 0:
+                raise Exceeded(self.over())
+            self.wall_deadline = time.monotonic() + left
+
+    def over(self) -> str:
+        return (f"rendering took more than {self.allowed:.3g} CPU s, its bound for {self.messages:,} messages "
+                f"rendered ({self.limits.seconds:g} s + {self.limits.seconds_per_message * 1e3:g} ms per message)")
 
     def check_size(self, n: int, what: str = "a value") -> None:
         if n > self.limits.chars:
@@ -104,34 +141,38 @@ class Budget:
 
 @contextmanager
 def limited(budget: Budget):
-    """Bound the renderings inside the block by budget.limits.seconds (re-entrant: an inner block is the outer's)."""
+    """Bound the renderings inside the block by budget.limits (re-entrant: an inner block is the outer's)."""
     if budget.active:
         yield
         return
-    seconds = budget.limits.seconds
     fired: list[bool] = []  # one alarm raises once: a second one could land in the clean-up below
 
     def on_alarm(signum, frame):
-        if budget.active and not fired:
-            fired.append(True)
-            raise Exceeded(f"rendering took more than {seconds:g} s")
+        if not budget.active or fired:
+            return
+        left = budget.left()
+        if left > 0:  # the process's CPU time (other threads' too) ran ahead of the thread's: not yet
+            signal.setitimer(signal.ITIMER_PROF, max(left, 1e-3))
+            return
+        fired.append(True)
+        raise Exceeded(budget.over())
 
     alarm = threading.current_thread() is threading.main_thread()
     old_handler = None
-    started = time.monotonic()
-    budget.deadline, budget.active = started + seconds, True
+    started = time.process_time()
+    budget.begin()
     try:
         if alarm:
-            old_handler = signal.signal(signal.SIGALRM, on_alarm)
-            old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+            old_handler = signal.signal(signal.SIGPROF, on_alarm)
+            old_delay, old_interval = signal.setitimer(signal.ITIMER_PROF, budget.limits.seconds)
         yield
     finally:
         budget.active = False
         if old_handler is not None:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old_handler)
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            signal.signal(signal.SIGPROF, old_handler)
             if old_delay:  # someone else's timer: give it back what is left of it
-                signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - started), 1e-3),
+                signal.setitimer(signal.ITIMER_PROF, max(old_delay - (time.process_time() - started), 1e-3),
                                  old_interval)
 
 

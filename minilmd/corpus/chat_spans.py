@@ -6,29 +6,46 @@ the definition, the proof and the fallback.
   messages (not their text), the conversations of one shape (the role of each message, whether it has
   reasoning_content, whether its content is empty) start and end each assistant turn at the same `<|im_start|>` of
   their rendering (or at its end). Layouts learns that layout once per shape from a probe (a conversation of that
-  shape whose texts are all "x") rendered the prefix way. A rendering with as many `<|im_start|>` as the layout's,
-  each of its assistant turns starting with the header, then gives each target exactly as targets() cuts it
-  (after the header, through the turn's last `<|im_end|>`).
+  shape with short texts). A shape of at most PROBED_TURNS assistant turns: the probe rendered the prefix way,
+  every turn (texts "x"). A longer one never renders every prefix: when the short shapes learnt so far showed one
+  message at each `<|im_start|>` (after as many as a shape with its first entry had before it) and held each pair
+  of neighbouring entries it holds (its last entry at the end too), that layout, without rendering; else, in time
+  linear in its length, the probe (message i's text `x{i}x`, its thought `r{i}r`) rendered once, each message
+  placed at the last `<|im_start|>` before its text (in order, each at its own; a run of messages with no text to
+  find only where as many `<|im_start|>` are left for it), and the layout so read checked the prefix way at three
+  of its assistant turns (the first, one in the middle, the last). The prediction depends on the short shapes a
+  worker met first; for a template laid out one message per `<|im_start|>` it is what the prefix way learns.
+  A rendering with as many `<|im_start|>` as the layout's, each of its assistant turns starting with the header,
+  then gives each target exactly as targets() cuts it (after the header, through the turn's last `<|im_end|>`).
 - The proof, block by block: the first VERIFIED_PER_BLOCK conversations of a block that one rendering would take
-  are rendered the prefix way too and its result kept; a difference (one rendering finding other spans, or spans
-  where the prefix way refuses the conversation) marks the block `mismatch`, and ChatBlockEncoder renders the
-  whole block again the prefix way. So a template that is not incremental, or whose turns follow the text, gives
-  today's output wherever a block's sample shows it; the output of a block depends on its lines only (layouts
-  are a pure function of the template and the shape), whatever worker ran it.
+  and that hold at most PROVED_MESSAGES messages are rendered the prefix way too and its result kept; a difference
+  (one rendering finding other spans, or spans where the prefix way refuses the conversation) marks the block
+  `mismatch`, and ChatBlockEncoder renders the whole block again the prefix way. So a template that is not
+  incremental, or whose turns follow the text, gives today's output wherever a block's sample shows it, and the
+  proof costs a bounded time per block whatever the length of its conversations. The output of a block depends on
+  its lines only, whatever worker ran it, for every template laid out one message per `<|im_start|>` (a long
+  shape's prediction is then its probe's layout) and otherwise wherever the proof holds.
 - Always the prefix way: a conversation whose text spells a special token (its `<|im_start|>` would count as a
   turn), a shape whose probe the prefix way refuses or whose turns do not end at an `<|im_start|>`, and a
-  rendering whose `<|im_start|>` count or headers differ from its layout's. The time bound covers one
-  conversation's renderings together, as in targets().
+  rendering whose `<|im_start|>` count or headers differ from its layout's. The bound (CPU time, scaled to the
+  messages rendered: chat_sandbox.py) covers one conversation's renderings together, as in targets().
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import pairwise
 
 from minilmd.corpus.chat import HEADER, IM_END, IM_START, ChatTemplate, TurnError, has_special_text
 
 VERIFIED_PER_BLOCK = 8
 """Conversations of each block (the first that one rendering would take) rendered both ways, their prefix result
 kept."""
+PROVED_MESSAGES = 16
+"""The longest conversation (in messages) a block's proof renders the prefix way: the proof's time is bounded."""
+PROBED_TURNS = 8
+"""A shape of at most this many assistant turns learns its layout from the prefix renderings of every turn; a
+longer one from the short shapes or one rendering (module docstring)."""
 MAX_SHAPES = 4096
 """Conversation shapes whose layout a worker keeps; the conversations of any other shape go the prefix way."""
 
@@ -88,14 +105,71 @@ def spans_by_layout(full: str, layout: Layout) -> list[tuple[int, int]] | None:
     return spans
 
 
+def place(full: str, at: list[int], probe: list[dict]) -> list[int] | None:
+    """The index in `at` (the `<|im_start|>` of the probe's rendering `full`) where each message of the probe starts,
+    None where the rendering is not laid out one message after the other, each at its own `<|im_start|>`. A
+    message whose text is found starts at the last `<|im_start|>` before it (and after the text before it); a run
+    of messages without text to find (empty) takes the `<|im_start|>` between its neighbours only when there are
+    exactly as many as it has messages (a run first or last: those next to its one neighbour)."""
+    found = _found(full, at, probe)
+    return None if found is None else _fill(found, len(at))
+
+
+def _found(full: str, at: list[int], probe: list[dict]) -> list[int | None] | None:
+    """The `<|im_start|>` index of each message whose text is found in order (None: no text to find)."""
+    found: list[int | None] = []
+    cursor = 0
+    for m in probe:
+        text = m["content"] or m.get("reasoning_content") or ""
+        where = full.find(text, cursor) if text else -1
+        if where < 0:
+            found.append(None)
+            continue
+        i = bisect_right(at, where) - 1
+        if i < 0 or at[i] < cursor:
+            return None
+        found.append(i)
+        cursor = where + len(text)
+    return found
+
+
+def _fill(found: list[int | None], n_starts: int) -> list[int] | None:
+    """Every message's index: the runs of None given the indexes between their neighbours (place)."""
+    out: list[int] = []
+    for k, i in enumerate(found):
+        if i is None:
+            continue
+        run = k - len(out)  # the messages before k without an index yet
+        if (out and i - out[-1] - 1 != run) or i < run:  # each message of the run at its own `<|im_start|>`
+            return None
+        out.extend(range(i - run, i + 1))
+    tail = len(found) - len(out)
+    if tail:
+        if not out or n_starts - 1 - out[-1] != tail:
+            return None
+        out.extend(range(out[-1] + 1, n_starts))
+    return out
+
+
+END = ("end",)
+"""The entry after a conversation's last message, in Layouts.pairs."""
+
+
+def per_message(before: int, n: int, replies: list[int]) -> Layout:
+    """The layout of a rendering of n messages, one at each `<|im_start|>` after the first `before` ones."""
+    return Layout(before + n, tuple((before + i, before + i + 1 if i + 1 < n else None) for i in replies))
+
+
 class Layouts:
-    """The layout of each conversation shape for one template, learnt once from a probe: a conversation of that
-    shape whose every text is "x" (or empty), rendered the prefix way. A pure function of (template, shape), so
-    that it may be kept across blocks; a probe the prefix way refuses, or beyond MAX_SHAPES, is UNLEARNT."""
+    """The layout of each conversation shape for one template, learnt once from a probe (module docstring): a
+    conversation of that shape with short texts (or empty ones). Kept across blocks; a probe the prefix way
+    refuses, or beyond MAX_SHAPES, is UNLEARNT."""
 
     def __init__(self, template: ChatTemplate):
         self.template = template
         self.cache: dict[tuple, Layout] = {}
+        self.prelude: dict[tuple, int | None] = {}  # first message's entry -> the `<|im_start|>` before it
+        self.pairs: set[tuple] = set()  # neighbouring entries (the last one beside END) proven one per message
 
     def get(self, key: tuple) -> Layout:
         if key not in self.cache:
@@ -105,6 +179,15 @@ class Layouts:
         return self.cache[key]
 
     def _probe(self, key: tuple) -> Layout:
+        replies = [i for i, (role, _, _) in enumerate(key) if role == "assistant"]
+        if len(replies) > PROBED_TURNS:
+            predicted = self._predicted(key, replies)
+            if predicted is not None:
+                return predicted
+            try:
+                return self.template.bounded(self._read, key, replies)
+            except TurnError:  # beyond the bound: the prefix way decides
+                return UNLEARNT
         probe = [{"role": role, "content": "" if empty else "x", **({"reasoning_content": "x"} if reasoning else {})}
                  for role, reasoning, empty in key]
         try:
@@ -112,7 +195,59 @@ class Layouts:
         except TurnError:
             return UNLEARNT
         layout = learn(full, turns)
-        return layout if layout is not UNLEARNT and spans_by_layout(full, layout) == spans else UNLEARNT
+        if layout is UNLEARNT or spans_by_layout(full, layout) != spans:
+            return UNLEARNT
+        self._note(key, replies, layout)
+        return layout
+
+    def _note(self, key: tuple, replies: list[int], layout: Layout) -> None:
+        """What a short shape's layout, learnt the prefix way, proves for long ones: where the `<|im_start|>` of
+        its first message is, and that its neighbouring entries render one message at each `<|im_start|>`."""
+        before = layout.n_starts - len(key)
+        if before < 0 or layout != per_message(before, len(key), replies):
+            return
+        known = self.prelude.setdefault(key[0], before)
+        if known != before:
+            self.prelude[key[0]] = None  # shapes that disagree: no prediction from this first entry
+            return
+        self.pairs.update(pairwise(key))
+        self.pairs.add((key[-1], END))
+
+    def _predicted(self, key: tuple, replies: list[int]) -> Layout | None:
+        """A long shape's layout without rendering: one message at each `<|im_start|>` after the prelude its first
+        entry showed in short shapes, when every pair of neighbouring entries it holds was proven in them."""
+        before = self.prelude.get(key[0])
+        if before is None or (key[-1], END) not in self.pairs or not all(p in self.pairs for p in pairwise(key)):
+            return None
+        return per_message(before, len(key), replies)
+
+    def _read(self, key: tuple, replies: list[int]) -> Layout:
+        """The layout of a long shape from one rendering of its probe, checked the prefix way at three of
+        its turns (module docstring); called inside bounded()."""
+        probe = [{"role": role, "content": "" if empty else f"x{i}x",
+                  **({"reasoning_content": f"r{i}r"} if reasoning else {})}
+                 for i, (role, reasoning, empty) in enumerate(key)]
+        try:
+            full = self.template.whole_within_bound(probe)
+        except TurnError:
+            return UNLEARNT
+        at = starts(full)
+        first = place(full, at, probe)
+        if first is None:
+            return UNLEARNT
+        layout = Layout(len(at), tuple((first[k], first[k + 1] if k + 1 < len(probe) else None) for k in replies))
+        spans = spans_by_layout(full, layout)
+        if spans is None:
+            return UNLEARNT
+        checked = sorted({0, len(replies) // 2, len(replies) - 1})
+        try:
+            again, want, turns = self.template.turns_within_bound(probe, frozenset(replies[j] for j in checked))
+        except TurnError:
+            return UNLEARNT
+        ends = [(at[b], len(full) if e is None else at[e]) for b, e in layout.turns]
+        if again != full or want != [spans[j] for j in checked] or turns != [ends[j] for j in checked]:
+            return UNLEARNT
+        return layout
 
 
 class BlockSpans:
@@ -132,7 +267,7 @@ class BlockSpans:
         layout = self.layouts.get(shape(messages))
         if layout is UNLEARNT:
             return self.template.targets(messages)
-        if self.verified < VERIFIED_PER_BLOCK:
+        if self.verified < VERIFIED_PER_BLOCK and len(messages) <= PROVED_MESSAGES:
             return self._verify(layout, messages)
         return self.template.bounded(self._once, layout, messages)
 

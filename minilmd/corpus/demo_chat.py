@@ -73,3 +73,36 @@ def write_chat_corpus(out_dir: str | Path, languages: Sequence[str] = LANGUAGES,
                 f.write(json.dumps(as_conversation(dialog), ensure_ascii=False) + "\n")
         paths.append(path)
     return paths
+
+
+def write_multiturn_chat_corpus(text_sources: Sequence[str | Path], out: str | Path, target_mb: float,
+                                seed: int = 0) -> Path:
+    """A multi-turn chat benchmark corpus (MiniMind SFT JSONL) of `target_mb` MB from real text: chatterbot-corpus's
+    dialogs (both languages) strung together into conversations, and in a third of the replies a passage of the
+    text sources (the demo's People's Daily JSONL, demo_text.write_demo_corpus) cut at a random length. Most
+    conversations hold 1-12 turns; one in 50 holds 50-250 (100-500 messages), so that a block of lines meets long
+    conversations of shapes not seen before; a system message in a third. For benchmarks in /tmp only: never commit
+    it (the text is not ours)."""
+    import random
+
+    from minilmd.corpus.demo_text import CHAT_SYSTEMS, _source_texts
+
+    rng = random.Random(seed)
+    passages = _source_texts(text_sources)
+    pairs = [(d[i].strip(), d[i + 1].strip()) for language in LANGUAGES for d in dialogs(language)
+             for i in range(0, len(d) - 1, 2)]
+    target, written = int(target_mb * 1e6), 0
+    out = Path(out)
+    with open(out, "w", encoding="utf-8") as f:
+        while written < target:
+            turns = rng.randrange(50, 251) if rng.random() < 0.02 else rng.randrange(1, 13)
+            messages = [{"role": "system", "content": rng.choice(CHAT_SYSTEMS)}] if rng.random() < 0.33 else []
+            for _ in range(turns):
+                question, reply = rng.choice(pairs)
+                if rng.random() < 0.33:
+                    reply = rng.choice(passages)[:rng.randrange(50, 1500)]
+                messages += [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+            line = json.dumps({"conversations": messages}, ensure_ascii=False) + "\n"
+            f.write(line)
+            written += len(line.encode("utf-8"))
+    return out

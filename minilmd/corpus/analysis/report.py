@@ -9,6 +9,7 @@ length).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +55,18 @@ class ReportTask:
     def result(self) -> ReportTask:
         self._tok = None  # a Tokenizer is not sent back
         return self
+
+
+def refuse_chat_jsonl(path: str) -> None:
+    """A chat JSONL reported against a model's budget (--params, --config): its lines as text are not what a run
+    trains on, the prepared corpus is; ValueError naming `prepare`."""
+    from minilmd.corpus.chat import starts_as_chat
+
+    if os.path.isfile(path) and starts_as_chat(path):
+        raise ValueError(f"{path} holds chat conversations: a run trains on what `minilmd prepare {path} "
+                         "--format chat --tokenizer TOKENIZER --out DIR` makes of them (rendered by the "
+                         "template, cut at seq_len), not on its lines as text; prepare it first, then "
+                         "`minilmd corpus report DIR` counts its conversations and tokens for the budget")
 
 
 def report(path: str, *, tokenizer: str | None = None, workers: int | None = None) -> dict:

@@ -17,19 +17,20 @@ Bounds (chat templates are untrusted code, and a conversation is held whole):
   A line longer than 16 x text_limit bytes is that bad line without being held (`chat_blocks`). Every conversation
   within the bound renders and encodes exactly as before.
 - The template renders in the bounded sandbox (minilmd/corpus/chat_sandbox.py), its size bound 4 x text_limit (at
-  least 1 Mi); a conversation whose renderings go beyond a bound is a bad line, `template_limit`. When, within one
-  block of lines, at least TEMPLATE_STRIKES conversations and more than half of those rendered so far went beyond
-  it, the template is the problem, not the lines: prepare stops (InputError, exit 65) saying so.
+  least 1 Mi), its time bound the rendering's own CPU time scaled to the messages rendered (so that neither the
+  machine's load nor a conversation's length makes a valid conversation late); a conversation whose renderings go
+  beyond a bound is a bad line, `template_limit`, its detail naming the bound and the messages rendered. When,
+  within one block of lines, at least TEMPLATE_STRIKES conversations and more than half of those rendered so far
+  went beyond it, the template is the problem, not the lines: prepare stops (InputError, exit 65) saying so.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from minilmd.corpus.analysis.stats import FACTS
 from minilmd.corpus.chat import ChatTemplate, ParsedChatBlock, TurnError, canonical, has_special_text, parse_chat_block
-from minilmd.corpus.chat_sandbox import TemplateLimits
 from minilmd.corpus.chat_spans import BlockSpans, Layouts
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.prepare.chat_masks import (
@@ -131,7 +132,7 @@ class ChatBlockEncoder:
         self.threshold = int(val_fraction * 2**64)
         self.text_limit = text_limit(chat.seq_len, longest_token(tokenizer_json))
         template = chat.template
-        limits = TemplateLimits(template.limits.seconds, max(template.limits.chars, 4 * self.text_limit))
+        limits = replace(template.limits, chars=max(template.limits.chars, 4 * self.text_limit))
         self.chat = ChatSpec(ChatTemplate(template.source, template.special_tokens, limits), chat.seq_len,
                              chat.on_long)
         # One rendering per conversation where the template allows it (chat_spans.py); None: the prefix way for all.

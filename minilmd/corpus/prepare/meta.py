@@ -110,9 +110,11 @@ def _report_chat(meta: dict, log) -> None:
     for split in SPLITS:
         log(corpus_stats.format_chat_report(split, meta["stats"][split]))
     c = meta["chat"]
-    if c["dropped_long"] or c["dropped_no_target"]:
-        log(f"dropped: {c['dropped_long']:,} conversations longer than seq_len {c['seq_len']} (--on-long drop), "
-            f"{c['dropped_no_target']:,} whose replies all fall past the cut")
+    dropped = [f"{c['dropped_long']:,} conversations longer than seq_len {c['seq_len']}"] if c["dropped_long"] else []
+    if c["dropped_no_target"]:
+        dropped.append(f"{c['dropped_no_target']:,} whose replies all fall past the cut at {c['seq_len']}")
+    if dropped:  # the policy this prepare ran under, cut (the default) or drop
+        log(f"dropped: {', '.join(dropped)} (--on-long {c['on_long']})")
 
 
 def report(meta: dict, log) -> None:
