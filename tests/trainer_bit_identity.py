@@ -79,7 +79,7 @@ def optimizer_digest(optimizer: torch.optim.Optimizer) -> str:
 
 
 def summary(t: Trainer) -> dict:
-    return {"step": t.step, "tokens_seen": t.tokens_seen,
+    return {"step": t.step, "tokens_seen": t.trainer_state()["tokens_seen"],  # as main's Trainer and this one say
             "model": digest_tensors(sorted(t.model.state_dict().items())),
             "optimizer": optimizer_digest(t.optimizer), "val_loss": repr(t.evaluate())}
 
