@@ -8,11 +8,13 @@ not after hours of work (a fresh optimizer, whose moments do not exist yet, has 
 gradients are dropped (None again, as after optimizer.zero_grad), no optimizer step is taken and the RNG states are
 put back (LoRA dropout draws from them), so training and a resume stay bit-exact.
 
-Under torch.compile the input's width is marked dynamic (mark_dynamic): one graph serves every width. Measured on
-CPU (tests/test_bucketed_compile.py, dynamo's counters): 1 graph with the mark; without it, 2 (dynamo compiles the
-first width static, then recompiles dynamic at the second width, outside any allowance). Each step whose micro-batch
-widths are new to this process still runs under the "compiling" heartbeat (restart.compile_timeout): on another
-torch or model a width may specialise the graph, and then it compiles once per width class, never unannounced.
+Under torch.compile the input's width is marked dynamic (step.mark_width_dynamic): one graph serves every width.
+Measured on CPU (tests/test_bucketed_compile.py, dynamo's counters): 1 graph with the mark; without it, 2 (dynamo
+compiles the first width static, then recompiles dynamic at the second width, outside any allowance). Each step
+whose micro-batch widths are new to this process still runs under the "compiling" heartbeat
+(restart.compile_timeout): on another torch or model a width may specialise the graph, and then it compiles once per
+width class, never unannounced.
+What these need is handed over as typed arguments (step.StepSetup, the sampler, the step), never the Trainer.
 """
 from __future__ import annotations
 
