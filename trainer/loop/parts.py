@@ -46,7 +46,7 @@ class TrainState:
 
     def load_state_dict(self, state: dict) -> None:
         """A record already held wins over the recorded one: a LoRA run reads its base anew at every start (and the
-        resume checks it against the recorded one, resume.check_adapter_base)."""
+        resume checks it against the recorded one, resume.load_model_state)."""
         self.step = self.step_base = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.rows_base = int(state.get("rows_seen", self.step * self.global_batch))
