@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import torch
+
 from minilmd.trainer.batches import growth
 from minilmd.trainer.batches.sampler_base import Sampler
 
@@ -100,7 +102,8 @@ class Found:
     """What resume() found: the newest valid checkpoint and what it holds, for the Trainer to apply."""
 
     path: Path
-    model_state: dict
+    model_state: dict[str, torch.Tensor]
+    """Every weight, or a LoRA run's adapters."""
     optimizer_state: dict
     state: dict
     """Its trainer_state.json, whole: each part reads its own keys."""
