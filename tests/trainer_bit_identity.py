@@ -11,8 +11,9 @@ on the code, the torch build and the CPU's kernels, which the fixture records be
 
 The runs: packed pretraining (with validations, so early stop's state and the validation loss take part), the same
 stopped at step 3 by a stop request and resumed by a new Trainer (the resume path), packed with data.doc_mask,
-length-bucketed SFT on a chat corpus (the widest-batch warm-up and the SFT defaults), and LoRA with dropout on a
-saved base, straight through and resumed (the RNG must come back).
+length-bucketed SFT on a chat corpus (the widest-batch warm-up and the SFT defaults; also resumed), SFT padded to
+seq_len and padding-free (packed conversations, doc_mask), and LoRA with dropout on a saved base, straight through
+and resumed (the RNG must come back).
 """
 from __future__ import annotations
 
@@ -120,6 +121,9 @@ def all_runs(tmp: Path) -> dict[str, dict]:
         "pretrain-doc_mask": straight(write_config(tmp, text, name="doc_mask", train=train,
                                                    data={"doc_mask": True})),
         "sft-bucketed": straight(write_config(tmp, chat, name="sft", train=train, data={"mode": "bucketed"})),
+        "sft-padded": straight(write_config(tmp, chat, name="sft-padded", train=train, data={"mode": "padded"})),
+        "sft-packed-doc_mask": straight(write_config(tmp, chat, name="sft-packed", train=train,
+                                                     data={"mode": "packed", "doc_mask": True})),
         "sft-bucketed-resumed": stopped_and_resumed(write_config(tmp, chat, name="sft-resumed", train=train,
                                                                  data={"mode": "bucketed"})),
         "lora": straight(write_config(tmp, text, name="lora", **lora)),
