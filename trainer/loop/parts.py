@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from minilmd.corpus.format import PreparedCorpus
 from minilmd.trainer.batches import growth
 from minilmd.trainer.batches.sampler_base import Sampler
 
@@ -63,8 +64,8 @@ class SamplerCursor:
     epoch, trainer/batches/growth.py)."""
 
     sampler: Sampler
-    corpus: object
-    """minilmd.corpus.format's opened corpus (its train split, fingerprint and meta)."""
+    corpus: PreparedCorpus
+    """The opened corpus: its train split, fingerprint and meta."""
     mode: str
     seq_len: int
     seed: int
