@@ -15,8 +15,8 @@ import json
 import sys
 import torch
 import torch.distributed as dist
-from types import SimpleNamespace
-from minilmd.trainer.loop.train import Dist, Trainer
+from minilmd.trainer.loop.distributed import Dist
+from minilmd.trainer.loop.guards import agree
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -24,8 +24,8 @@ control = dist.new_group(backend="gloo")
 rounds = [(False, True), (rank == 1, False), (False, rank == 1), (False, False)]
 agreed = {}
 for name, group in (("default", None), ("control", control)):
-    me = SimpleNamespace(dist=Dist(rank, 2, rank, torch.device("cpu"), group))
-    agreed[name] = [Trainer.agree(me, stop, save) for stop, save in rounds]
+    me = Dist(rank, 2, rank, torch.device("cpu"), group)
+    agreed[name] = [agree(me, stop, save) for stop, save in rounds]
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(agreed, f)
 dist.destroy_process_group()

@@ -85,10 +85,10 @@ def test_the_first_forward_is_the_widest_micro_batch_and_leaves_no_trace(tmp_pat
     calls: list[tuple[str, tuple[int, ...]]] = []
     model = t.forward_model
 
-    def forward(x, **kwargs):
-        calls.append(("forward", tuple(x.shape)))
+    def forward(batch):
+        calls.append(("forward", tuple(batch.ids.shape)))
         torch.rand(1)  # as LoRA dropout would: the warm-up must put the RNG back
-        return model(x, **kwargs)
+        return model(batch)
 
     real_step = t.optimizer.step
 
@@ -102,7 +102,8 @@ def test_the_first_forward_is_the_widest_micro_batch_and_leaves_no_trace(tmp_pat
     rng = torch.get_rng_state()
     from minilmd.trainer.loop import warmup
 
-    warmup.widest_micro_batch(t, warmup.WidthWatch(t))
+    watch = warmup.WidthWatch(t.sampler, t.compiled, MICRO_BATCH, t.global_batch)
+    warmup.widest_micro_batch(t.step_setup(), t.sampler, watch, t.log.heartbeat, t.step, t.total_steps)
     assert calls == [("forward", (MICRO_BATCH, widest))]  # the real micro-batch size, the widest width class
     assert all(p.grad is None for p in t.model.parameters()) and not t.optimizer.state
     assert torch.equal(torch.get_rng_state(), rng)
@@ -120,7 +121,7 @@ def test_the_warm_up_changes_nothing_the_run_learns(tmp_path, chat, monkeypatch)
 
     warmed = make_trainer(tmp_path, chat, "warmed", max_steps=3)
     assert warmed.train() == 0
-    monkeypatch.setattr(warmup, "widest_micro_batch", lambda trainer, watch: None)
+    monkeypatch.setattr(warmup, "widest_micro_batch", lambda *args: None)
     cold = make_trainer(tmp_path, chat, "cold", max_steps=3)
     assert cold.train() == 0
     for (name, a), (_, b) in zip(warmed.model.state_dict().items(), cold.model.state_dict().items(), strict=True):

@@ -1,5 +1,6 @@
-"""The loss inside the model's forward, in chunks of rows (trainer/model/loss.py), against the computation it
-replaced (the whole micro-batch's logits, then `next_token_loss(logits.float(), labels, "sum")` outside the model).
+"""The objective's loss in chunks of rows (ChunkedCrossEntropy, trainer/loop/objective.py and trainer/model/loss.py),
+inside the module the trainer compiles (TrainingForward), against the computation it replaced (the whole
+micro-batch's logits, then `next_token_loss(logits.float(), labels, "sum")` outside the model).
 
 On CPU in fp32: with one chunk the loss and every gradient are bit-identical to the old computation; with several
 the summation order changes and they agree within float rounding. The head never produces logits of more rows
@@ -12,6 +13,7 @@ import torch
 
 from minilmd.config import load_config
 from minilmd.trainer.loop import step as optimizer_step
+from minilmd.trainer.loop.objective import ChunkedCrossEntropy, DeviceBatch, TrainingForward
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.loss import chunk_rows_for, next_token_loss
 from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
@@ -38,8 +40,15 @@ def old_loss(model, ids, labels) -> torch.Tensor:
     return next_token_loss(model(ids).logits, labels, reduction="sum")
 
 
-def new_loss(model, ids, labels, chunk_rows) -> torch.Tensor:
-    return optimizer_step.micro_batch_loss(model, ids, labels, chunk_rows)
+def training(model, chunk_rows: int) -> TrainingForward:
+    return TrainingForward(model, ChunkedCrossEntropy(chunk_rows))
+
+
+def new_loss(forward, ids, labels) -> torch.Tensor:
+    """Through the trainer's step function, as the trainer calls it (forward: TrainingForward, maybe compiled)."""
+    loss, metrics = optimizer_step.micro_batch_loss(forward, DeviceBatch(ids, labels, None))
+    assert metrics == {}
+    return loss
 
 
 def loss_and_grads(model, compute) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -52,7 +61,7 @@ def loss_and_grads(model, compute) -> tuple[torch.Tensor, dict[str, torch.Tensor
 def test_one_chunk_is_bit_identical_to_the_loss_outside_the_model():
     model, (ids, labels) = tiny_model(), fixed_batch()
     want, want_grads = loss_and_grads(model, lambda: old_loss(model, ids, labels))
-    got, grads = loss_and_grads(model, lambda: new_loss(model, ids, labels, ROWS))
+    got, grads = loss_and_grads(model, lambda: new_loss(training(model, ROWS), ids, labels))
     assert torch.equal(got, want)
     assert all(torch.equal(grads[n], want_grads[n]) for n in want_grads)
 
@@ -60,7 +69,7 @@ def test_one_chunk_is_bit_identical_to_the_loss_outside_the_model():
 def test_several_chunks_agree_within_rounding_and_report_the_difference():
     model, (ids, labels) = tiny_model(), fixed_batch()
     want, want_grads = loss_and_grads(model, lambda: old_loss(model, ids, labels))
-    got, grads = loss_and_grads(model, lambda: new_loss(model, ids, labels, 1))  # 4 chunks of one row
+    got, grads = loss_and_grads(model, lambda: new_loss(training(model, 1), ids, labels))  # 4 chunks of one row
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
     worst = max(float((grads[n] - want_grads[n]).abs().max()) for n in want_grads)
     print(f"4 chunks vs the whole batch: loss {float(got - want):+.3e}, worst gradient element {worst:.3e}")
@@ -74,16 +83,16 @@ def test_no_logits_of_the_whole_micro_batch_exist():
     model, (ids, labels) = tiny_model(), fixed_batch()
     shapes: list[tuple[int, ...]] = []
     model.lm_head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
-    out = model(ids, next_labels=labels, chunk_rows=1)
-    assert out.logits is None
-    out.loss.backward()
+    out = model(ids, hidden_states=True)  # what the objective asks the model for: no logits
+    assert out.logits is None and out.loss is None and out.hidden is not None and not shapes
+    new_loss(training(model, 1), ids, labels).backward()
     assert shapes == [(1, WIDTH, TINY["vocab_size"])] * (2 * ROWS - 1)  # each chunk once, recomputed but the last
     shapes.clear()
     with torch.no_grad():
-        model(ids, next_labels=labels, chunk_rows=2)
+        new_loss(training(model, 2), ids, labels)
     assert shapes == [(2, WIDTH, TINY["vocab_size"])] * 2  # no recompute without a backward
     shapes.clear()
-    model(ids, next_labels=labels, chunk_rows=ROWS).loss.backward()
+    new_loss(training(model, ROWS), ids, labels).backward()
     assert shapes == [(ROWS, WIDTH, TINY["vocab_size"])]
 
 
@@ -96,7 +105,7 @@ def test_bf16_autocast_on_cpu_matches_within_bf16_tolerance():
     model, (ids, labels) = tiny_model(), fixed_batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = old_loss(model, ids, labels)
-        got = new_loss(model, ids, labels, 1)
+        got = new_loss(training(model, 1), ids, labels)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-2, atol=0)
 
@@ -106,9 +115,9 @@ def test_the_loss_is_inside_one_compiled_graph():
     """fullgraph=True: the chunked loss and its checkpointing trace without a graph break (aot_eager: no code
     generation on a CPU test), to the same loss and gradients."""
     model, (ids, labels) = tiny_model(), fixed_batch()
-    want, want_grads = loss_and_grads(model, lambda: new_loss(model, ids, labels, 2))
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    got, grads = loss_and_grads(model, lambda: new_loss(compiled, ids, labels, 2))
+    want, want_grads = loss_and_grads(model, lambda: new_loss(training(model, 2), ids, labels))
+    compiled = torch.compile(training(model, 2), backend="aot_eager", fullgraph=True)
+    got, grads = loss_and_grads(model, lambda: new_loss(compiled, ids, labels))
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
     for n in want_grads:
         torch.testing.assert_close(grads[n], want_grads[n], rtol=1e-5, atol=1e-7)
@@ -118,12 +127,12 @@ def test_the_trainers_step_gives_the_old_loss_and_gradients_bit_for_bit(tmp_path
     config = write_config(tmp_path, corpus, name="chunked",
                           train={"seq_len": 64, "micro_batch_size": 4, "grad_accum": 2, "max_steps": 1})
     t = Trainer(load_config(config), Dist(0, 1, 0, torch.device("cpu")))
-    assert optimizer_step.loss_chunk_rows(t) >= 4  # one chunk per micro-batch: the bit-exact case
+    assert t.objective.chunk_rows >= 4  # one chunk per micro-batch: the bit-exact case
     n_targets, _ = t.sampler.global_counts(t.first_row(0), t.global_batch)
     want = torch.zeros(())
     for micro in range(2):
         batch = t.sampler.batch(0, t.global_batch, micro=micro, micro_batch_size=4, first_row=t.first_row(0))
-        x, y = t.to_device(batch)
+        x, y, _ = t.to_device(batch)
         part = next_token_loss(t.model(x).logits, y, reduction="sum") / n_targets
         part.backward()
         want += part.detach()

@@ -23,8 +23,11 @@ def test_early_stop_counts_validations_without_a_new_best():
     assert [e.update(s, v) for s, v in ((1, 3.0), (2, 2.5), (3, 2.495), (4, 2.6))] == [True, True, False, False]
     assert e.should_stop and (e.best_step, e.best_val_loss) == (2, 2.5)
     again = EarlyStop(patience=2, min_delta=0.01)
-    again.restore(e.state())
-    assert again.should_stop and again.state() == e.state()
+    again.load_state_dict({"step": 4, "early_stop": e.state_dict()["early_stop"]})  # a trainer_state.json
+    assert again.should_stop and again.state_dict() == e.state_dict()
+    fresh = EarlyStop(patience=2, min_delta=0.01)
+    fresh.load_state_dict({"step": 4})  # a checkpoint from before early stop: nothing to count on
+    assert fresh.state_dict() == {"early_stop": {"best_step": None, "best_val_loss": None, "since_best": 0}}
     assert not EarlyStop(patience=0, min_delta=0).should_stop
 
 

@@ -2,9 +2,10 @@
 
 `EarlyStop` follows the val loss of every validation (every train.eval_every steps and at each epoch's end): a
 new best (below the best by more than early_stop.min_delta) resets the count; `patience` validations in a row
-without one stop the run cleanly (exit 0, like a finished budget). Its state travels in trainer_state.json, so a
-resumed run counts on where it left off. The trainer keeps the checkpoint of each new best (BEST, which pruning,
-the sync and the remote's retention keep besides the newest).
+without one stop the run cleanly (exit 0, like a finished budget). Its state travels in trainer_state.json (a part
+with state_dict/load_state_dict, trainer/loop/parts.py), so a resumed run counts on where it left off. The trainer
+keeps the checkpoint of each new best (BEST, which pruning, the sync and the remote's retention keep besides the
+newest).
 
 `probe_batches`: the val split of an earlier stage's prepared corpus ([eval] probe), whose loss shows forgetting.
 """
@@ -46,13 +47,17 @@ class EarlyStop:
     def should_stop(self) -> bool:
         return self.enabled and self.since_best >= self.patience
 
-    def state(self) -> dict:
-        return {"best_step": self.best_step, "best_val_loss": self.best_val_loss, "since_best": self.since_best}
+    def state_dict(self) -> dict:
+        """Its part of trainer_state.json (trainer/loop/parts.py)."""
+        return {"early_stop": {"best_step": self.best_step, "best_val_loss": self.best_val_loss,
+                               "since_best": self.since_best}}
 
-    def restore(self, state: dict | None) -> None:
-        if state:
-            self.best_step, self.best_val_loss = state.get("best_step"), state.get("best_val_loss")
-            self.since_best = int(state.get("since_best", 0))
+    def load_state_dict(self, state: dict) -> None:
+        """From a checkpoint's trainer_state.json; one written before early stop existed counts from nothing."""
+        mine = state.get("early_stop")
+        if mine:
+            self.best_step, self.best_val_loss = mine.get("best_step"), mine.get("best_val_loss")
+            self.since_best = int(mine.get("since_best", 0))
 
 
 def probe_batches(cfg: RunConfig) -> list:

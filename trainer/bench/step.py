@@ -2,13 +2,14 @@
 
 Copies of the same model (same config, same seeded init) train on the same random token rows in one process, their
 steps interleaved (one order, then the reverse) so that a machine whose speed drifts slows all alike. The step is
-the trainer's own (trainer/loop/step.py): autocast by the same rule (Trainer.matmul_dtype), the loss summed over the
-targets inside the model's forward (so inside the compiled graph), divided by the batch's targets, backward, then
-optimizer_update (clip, AdamW from build_optimizer). Two more copies score the whole micro-batch's logits outside
-the model, as the trainer did before the loss moved into the forward: one run shows both, eager and compiled
-(MODES). Two more train with the document mask (data.doc_mask, "-masked"): the same rows cut into documents of
-MiniMind-like lengths (DOC_MEAN), each token attending only to its own document. The first call of each compiled
-copy compiles; it is timed apart ("compile") and every copy gets the same untimed warm-up steps.
+the trainer's own (trainer/loop/step.py): autocast by the same rule (step.matmul_dtype), the objective's loss
+summed over the targets inside the compiled module (TrainingForward, trainer/loop/objective.py), divided by the
+batch's targets, backward, then optimizer_update (clip, AdamW from build_optimizer). Two more copies score the whole
+micro-batch's logits outside the model, as the trainer did before the loss moved into the compiled graph: one run
+shows both, eager and compiled (MODES). Two more train with the document mask (data.doc_mask, "-masked"): the same
+rows cut into documents of MiniMind-like lengths (DOC_MEAN), each token attending only to its own document. The
+first call of each compiled copy compiles; it is timed apart ("compile") and every copy gets the same untimed
+warm-up steps.
 
 Per mode it prints tokens/s and two times per step: host (the Python thread's time until the step has been
 issued: on CUDA the launch overhead that eager mode pays per op; on CPU all of the work) and wall (until the device
@@ -20,7 +21,6 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,12 +92,16 @@ class StepModel:
     def __init__(self, cfg: RunConfig, device: torch.device, compiled: bool, backend: str,
                  loss: str = LOSS_IN_MODEL, masked: bool = False):
         from minilmd.trainer.loop import step as trainer_step
+        from minilmd.trainer.loop.objective import ChunkedCrossEntropy, DeviceBatch, TrainingForward
         from minilmd.trainer.loop.train import build_optimizer
         from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
 
         torch.manual_seed(cfg.train.seed)
         self.model = MiniMindForCausalLM(cfg.model).to(device)
         self.optimizer = build_optimizer(self.model, cfg, device)
+        # the trainer's objective with the model, compiled as the trainer compiles them (trainer/loop/objective.py)
+        training = TrainingForward(self.model, ChunkedCrossEntropy(chunk_rows_for(cfg.train.seq_len)))
+        self.training_forward: Any = torch.compile(training, backend=backend) if compiled else training
         self.forward = torch.compile(self.model, backend=backend) if compiled else self.model
         self.trainer_step, self.loss = trainer_step, loss
         g = torch.Generator().manual_seed(cfg.train.seed)
@@ -106,18 +110,17 @@ class StepModel:
         self.positions = document_positions(t.micro_batch_size, t.seq_len, t.seed).to(device) if masked else None
         # masked: a piece's first token is no target (batches/docmask.py: piece_targets), as in the trainer
         self.y = next_token_labels(self.x, None if self.positions is None else (self.positions != 0).to(torch.uint8))
-        self.chunk_rows = chunk_rows_for(t.seq_len)
+        self.batch = DeviceBatch(self.x, self.y, self.positions)
         self.n_targets = int((self.y != IGNORE_INDEX).sum()) * t.grad_accum  # the global batch's targets
         self.tokens = t.micro_batch_size * t.seq_len * t.grad_accum
-        bf16 = t.dtype == "bf16" or (t.dtype == "auto" and device.type == "cuda")
-        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+        self.autocast = trainer_step.autocast_for(trainer_step.matmul_dtype(t.dtype, device), device)
         self.grad_accum, self.grad_clip = t.grad_accum, t.grad_clip
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def micro_batch_loss(self) -> torch.Tensor:
         if self.loss == LOSS_OUTSIDE:
             return next_token_loss(self.forward(self.x).logits, self.y, reduction="sum")
-        return self.trainer_step.micro_batch_loss(self.forward, self.x, self.y, self.chunk_rows, self.positions)
+        return self.trainer_step.micro_batch_loss(self.training_forward, self.batch)[0]
 
     def step(self) -> tuple[float, float]:
         """(host seconds, wall seconds) of one optimizer step."""

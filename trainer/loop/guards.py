@@ -1,5 +1,6 @@
 """What stops trainer/loop/train.py's loop between two steps: a SIGTERM/SIGINT (StopFlag: its handlers only record
-it) and a non-finite training loss (LossGuard: checked every step, read without a host sync per step on CUDA)."""
+it), agreed on by every rank (agree), and a non-finite training loss (LossGuard: checked every step, read without a
+host sync per step on CUDA)."""
 from __future__ import annotations
 
 import math
@@ -7,6 +8,9 @@ import signal
 from collections import deque
 
 import torch
+import torch.distributed as torch_dist
+
+from minilmd.trainer.loop.distributed import Dist
 
 
 class StopFlag:
@@ -61,3 +65,19 @@ class LossGuard:
         if not math.isfinite(loss):
             raise RuntimeError(f"the training loss is {loss} at step {step}: refusing to continue and to save a "
                                f"non-finite model (lower train.lr or check the data)")
+
+
+def agree(dist: Dist, stop: bool, save_due: bool) -> tuple[bool, bool]:
+    """All ranks act on the same step: any rank's stop request stops all, rank 0's clock decides saves.
+
+    The flags travel as a CPU tensor through a gloo group (Dist.control_group beside NCCL): reading the result
+    waits only for the other ranks' host threads, never for this GPU's queue of kernels, so the host keeps
+    running ahead of the device. A CUDA tensor through NCCL made `.item()` a full host-device sync every step.
+    Agreeing every N steps instead would also avoid the sync but delay a stop or a duration-based save by up
+    to N steps, and add a rule for choosing N; a localhost gloo all-reduce of 8 bytes costs tens of
+    microseconds of host time per step, off the device's critical path."""
+    if not dist.active:
+        return stop, save_due
+    flags = torch.tensor([int(stop), int(save_due and dist.is_main)], dtype=torch.int32)
+    torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX, group=dist.control_group)
+    return bool(flags[0]), bool(flags[1])

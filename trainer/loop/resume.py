@@ -1,24 +1,22 @@
 """Where a run starts from (trainer/loop/train.py's Trainer calls these while it is built): the newest valid
 checkpoint, found by rank 0 and checked against what this run expects (its model, corpus, tokenizer, LoRA), with
-the model, optimizer, RNG, step and sampler state it recorded; or, for a fresh run, the weights of [init] from;
-and for a LoRA run, the frozen base init.from names at every start, which a resume must match."""
+the model, optimizer and trainer state it recorded (returned as a Found, which the Trainer applies: the state to its
+parts, trainer/loop/parts.py); or, for a fresh run, the weights of [init] from; and for a LoRA run, the frozen base
+init.from names at every start, which a resume must match."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as torch_dist
 
-from minilmd.checkpoint import CheckpointMismatch
+from minilmd.checkpoint import CheckpointMismatch, Expectation
 from minilmd.config import ConfigError, RunConfig
 from minilmd.names import RUN_DIR_ENV
-from minilmd.plan import growth
-from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop import multinode
-
-if TYPE_CHECKING:
-    from minilmd.trainer.loop.train import Trainer
+from minilmd.trainer.loop.distributed import Dist
+from minilmd.trainer.loop.parts import Found
 
 
 def checkpoint_roots(cfg: RunConfig) -> list[Path]:
@@ -30,83 +28,76 @@ def checkpoint_roots(cfg: RunConfig) -> list[Path]:
     return roots
 
 
-def resume(trainer: Trainer) -> None:
-    """Load the newest valid checkpoint, if any: rank 0 finds it (and quarantines bad ones), all ranks load."""
+def resume(cfg: RunConfig, dist: Dist, expectation: Expectation) -> Found | None:
+    """The newest valid checkpoint and what it holds, or None: rank 0 finds it (and quarantines bad ones), all ranks
+    load it. Nothing is applied here: the Trainer does that, in one place (Trainer.apply_resume)."""
     from minilmd.checkpoint_dirs import clean_stale_tmp
     from minilmd.checkpoint_select import find_latest
 
     found: list[str | None] = [None]
-    if trainer.dist.is_main:
-        clean_stale_tmp(trainer.cfg.checkpoint_dir)  # debris of a save killed mid-way
-        path = find_latest(checkpoint_roots(trainer.cfg), trainer.expectation(), log=print)
+    if dist.is_main:
+        clean_stale_tmp(cfg.checkpoint_dir)  # debris of a save killed mid-way
+        path = find_latest(checkpoint_roots(cfg), expectation, log=print)
         found = [str(path) if path else None]
-    if trainer.dist.active:
+    if dist.active:
         torch_dist.broadcast_object_list(found, src=0)
     if found[0] is None:
-        return
-    model_state, optimizer_state, state = multinode.load_checkpoint(Path(found[0]), trainer.dist)
-    if trainer.cfg.lora.enabled:
-        resume_adapter(trainer, Path(found[0]), model_state, state.get("init"))
-    else:
-        trainer.model.load_state_dict(model_state, strict=True)
-        trainer.init_record = state.get("init")
-    trainer.optimizer.load_state_dict(optimizer_state)
-    if state.get("rng"):
-        ckpt_io.restore_rng(state["rng"])
-    trainer.step = trainer.step_base = int(state["step"])
-    trainer.tokens_seen = int(state.get("tokens_seen", 0))
-    trainer.rows_base = int(state.get("rows_seen", trainer.step * trainer.global_batch))
-    trainer.early.restore(state.get("early_stop"))
-    # A corpus grown by `prepare --append` since: the planned rows stay, new documents from the next epoch
-    trainer.sampler = growth.resume_sampler(state, trainer.corpus, trainer.cfg.data.mode, trainer.cfg.train.seq_len,
-                                            trainer.cfg.train.seed, trainer.sampler,
-                                            trainer.cfg.train.micro_batch_size, trainer.cfg.data.doc_mask)
-    trainer.resumed_from = Path(found[0])
-    if trainer.dist.is_main:
-        old = state.get("global_batch")
-        note = f" (global batch was {old} rows, now {trainer.global_batch})" if old not in (
-            None, trainer.global_batch) else ""
-        print(f"minilmd: resumed from {found[0]} at step {trainer.step}{note}", flush=True)
+        return None
+    model_state, optimizer_state, state = multinode.load_checkpoint(Path(found[0]), dist)
+    return Found(Path(found[0]), model_state, optimizer_state, state)
 
 
-def start_from_init(trainer: Trainer) -> None:
+def start_from_init(cfg: RunConfig, model: torch.nn.Module, dist: Dist) -> dict:
     """A fresh run (no checkpoint) takes the weights of [init] from; the optimizer and step stay fresh. Only
-    here is init.from read: every later start resumes from this run's own checkpoints."""
+    here is init.from read: every later start resumes from this run's own checkpoints. Returns its record."""
     from minilmd.init_source import chosen
     from minilmd.trainer.checkpoint.init_weights import load_init
 
-    weights, trainer.init_record = load_init(trainer.cfg)
-    trainer.model.load_state_dict(weights, strict=True)
-    if trainer.dist.is_main:
-        print(f"minilmd: initialised from {trainer.init_record['path']} ({trainer.init_record['kind']})"
-              f"{chosen(trainer.init_record)}", flush=True)
+    weights, record = load_init(cfg)
+    model.load_state_dict(weights, strict=True)
+    if dist.is_main:
+        print(f"minilmd: initialised from {record['path']} ({record['kind']}){chosen(record)}", flush=True)
+    return record
 
 
-def start_lora(trainer: Trainer) -> None:
+def start_lora(cfg: RunConfig, model: torch.nn.Module, dist: Dist) -> dict:
     """A LoRA run, at every start: the base init.from names, validated and fingerprinted anew, loaded and
-    frozen; then the adapters on it (drawn from the seeded RNG; a resume overwrites them)."""
+    frozen; then the adapters on it (drawn from the seeded RNG; a resume overwrites them). Returns the base's
+    record."""
     from minilmd.trainer.checkpoint.init_weights import load_init
     from minilmd.trainer.model.lora import apply_lora
 
     try:
-        weights, trainer.init_record = load_init(trainer.cfg)
+        weights, record = load_init(cfg)
     except ConfigError as e:
         raise ConfigError([f"{p} (the base this LoRA run trains its adapters on)" for p in e.problems],
                           e.source) from None
-    trainer.model.load_state_dict(weights, strict=True)
-    n = apply_lora(trainer.model, trainer.cfg.lora)
-    if trainer.dist.is_main:
-        print(f"minilmd: LoRA rank {trainer.cfg.lora.rank} on {', '.join(trainer.cfg.lora.targets)}: {n:,} "
-              f"trainable parameters on the frozen base {trainer.init_record['path']}", flush=True)
+    model.load_state_dict(weights, strict=True)
+    n = apply_lora(model, cfg.lora)
+    if dist.is_main:
+        print(f"minilmd: LoRA rank {cfg.lora.rank} on {', '.join(cfg.lora.targets)}: {n:,} "
+              f"trainable parameters on the frozen base {record['path']}", flush=True)
+    return record
 
 
-def resume_adapter(trainer: Trainer, path: Path, adapter: dict, recorded_base: dict | None) -> None:
-    """A LoRA checkpoint resumes only on the base it was trained on: the one init.from names now must have the
-    fingerprint every checkpoint of this run records."""
+def load_model_state(model: torch.nn.Module, found: Found, lora: bool, base_now: dict | None) -> None:
+    """The checkpoint's weights into `model`: all of them, or a LoRA run's adapters, which resume only on the base
+    they were trained on: the one init.from gives now (base_now) must have the fingerprint every checkpoint of this
+    run records."""
     from minilmd.init_source import describe, same_source
     from minilmd.trainer.model.lora import load_adapter
 
-    if not same_source(recorded_base, trainer.init_record):
-        raise CheckpointMismatch(path, [f"its adapters were trained on the base {describe(recorded_base)}, but "
-                                        f"init.from now gives {describe(trainer.init_record)}"], "model")
-    load_adapter(trainer.model, adapter)
+    if not lora:
+        model.load_state_dict(found.model_state, strict=True)
+        return
+    recorded_base = found.state.get("init")
+    if not same_source(recorded_base, base_now):
+        raise CheckpointMismatch(found.path, [f"its adapters were trained on the base {describe(recorded_base)}, "
+                                              f"but init.from now gives {describe(base_now)}"], "model")
+    load_adapter(model, found.model_state)
+
+
+def announce(found: Found, step: int, global_batch: int) -> None:
+    old = found.state.get("global_batch")
+    note = f" (global batch was {old} rows, now {global_batch})" if old not in (None, global_batch) else ""
+    print(f"minilmd: resumed from {found.path} at step {step}{note}", flush=True)

@@ -1,71 +1,144 @@
 """One optimizer step of the trainer, and its validation loss: the code `minilmd bench step` times as it is.
 
-The loss is computed inside the module the trainer compiles (MiniMindForCausalLM.forward with next_labels, summed
-over the targets in chunks of rows: trainer/model/loss.py), so under torch.compile the head, the fp32 cast and the
+Everything a step needs is handed over explicitly (StepSetup, the sampler, the step and its first row): no trainer
+object is reached into. The loss is the objective's (trainer/loop/objective.py), computed inside the module the
+trainer compiles (TrainingForward: model and objective as one), so under torch.compile the head, the fp32 cast and the
 cross-entropy are in the graph and no logits of the whole micro-batch are ever built (they were, in fp32, by a loss
 computed outside: 1.68 GB at 64 x 1024 x 6400).
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
 
-from minilmd.plan.schedule import lr_at
-from minilmd.trainer.model.loss import chunk_rows_for
+from minilmd.plan.sampler_base import Batch, Sampler
+from minilmd.trainer.loop.distributed import Dist
+from minilmd.trainer.loop.objective import DeviceBatch, Metrics, Objective
+from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
 
 
-def micro_batch_loss(forward: Any, x: torch.Tensor, next_labels: torch.Tensor, chunk_rows: int,
-                     positions: torch.Tensor | None = None) -> torch.Tensor:
-    """The sum over this micro-batch's targets of the fp32 cross-entropy, computed by `forward` (the model, or its
-    DDP/compiled wrapper) itself. positions: the rows' document pieces (data.doc_mask), else None."""
-    if positions is None:  # the call as it is without data.doc_mask, to the letter
-        return forward(x, next_labels=next_labels, chunk_rows=chunk_rows).loss
-    return forward(x, next_labels=next_labels, chunk_rows=chunk_rows, positions=positions).loss
+class Forward(Protocol):
+    """TrainingForward, maybe under DDP and torch.compile: the batch's (loss, metrics)."""
+
+    def __call__(self, batch: DeviceBatch) -> tuple[torch.Tensor, Metrics]: ...
+
+    def no_sync(self) -> AbstractContextManager: ...
 
 
-def positions_to_device(trainer: Any, batch: Any) -> torch.Tensor | None:
-    """The batch's document-piece positions (data.doc_mask: minilmd/plan/docmask.py) on the device, copied like
-    its ids (pinned, non-blocking on CUDA); None without them."""
-    if batch.positions is None:
-        return None
-    positions = torch.from_numpy(batch.positions)
-    if trainer.device.type == "cuda":
-        return positions.pin_memory().to(trainer.device, non_blocking=True)
-    return positions
+@dataclass(frozen=True)
+class StepSetup:
+    """What every step of this attempt runs with (the Trainer builds it, Trainer.step_setup)."""
+
+    model: torch.nn.Module
+    """The plain model: its parameters are clipped, its gradients dropped."""
+    forward: Forward
+    optimizer: torch.optim.Optimizer
+    dist: Dist
+    autocast: Callable[[], AbstractContextManager]
+    dynamic_width: bool
+    """Bucketed and compiled: the inputs' width is marked dynamic (trainer/loop/warmup.py)."""
+    micro_batch_size: int
+    grad_accum: int
+    global_batch: int
+    grad_clip: float
 
 
-def loss_chunk_rows(trainer: Any) -> int:
-    """Sequences per loss chunk: from the configured seq_len (a constant of the run, so one compiled graph serves
-    every width of a bucketed run)."""
-    return chunk_rows_for(trainer.cfg.train.seq_len)
+class Gradients(NamedTuple):
+    loss_sum: torch.Tensor
+    """This rank's part of the mean loss over the global batch's targets."""
+    n_real: int
+    """Real (non-PAD) tokens of the global batch."""
+    metrics: Metrics
+    """The objective's metrics, averaged over this rank's micro-batches."""
 
 
-def accumulate_gradients(trainer: Any, step: int) -> tuple[torch.Tensor, int]:
-    """Forward/backward over this rank's micro-batches of optimizer step `step`.
+class StepResult(NamedTuple):
+    loss_sum: torch.Tensor
+    grad_norm: torch.Tensor
+    """Before clipping."""
+    n_real: int
+    metrics: Metrics
+
+
+def matmul_dtype(setting: str, device: torch.device) -> str:
+    """"bf16" (autocast) or "fp32" (train.dtype; "auto": bf16 on CUDA): what the matrices run in, and so which peak
+    MFU is measured against."""
+    return "bf16" if setting == "bf16" or (setting == "auto" and device.type == "cuda") else "fp32"
+
+
+def autocast_for(matmul: str, device: torch.device) -> Callable[[], AbstractContextManager]:
+    if matmul == "bf16":
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext
+
+
+def mark_width_dynamic(ids: torch.Tensor, dynamic: bool) -> torch.Tensor:
+    """Bucketed and compiled: the input's width (dimension 1) is dynamic, so that one graph serves every width
+    (maybe_: a model that needs the width static gets a graph per width class rather than an error)."""
+    if dynamic:
+        torch._dynamo.maybe_mark_dynamic(ids, 1)
+    return ids
+
+
+def _pinned(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(array)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+def to_device(batch: Batch, device: torch.device, dynamic_width: bool = False) -> DeviceBatch:
+    """The batch on the device: one host-to-device copy of the ids, as uint16, and one of the targets (uint8) when
+    the batch has them, and of the document-piece positions (data.doc_mask) when it has them; there the ids widen
+    to int32 and the int64 labels are derived: the ids shifted by one, IGNORE_INDEX where the next token is no
+    target."""
+    ids = _pinned(batch.input_ids, device)
+    targets = None if batch.targets is None else _pinned(batch.targets, device)
+    positions = None if batch.positions is None else _pinned(batch.positions, device)
+    ids = mark_width_dynamic(ids.to(torch.int32), dynamic_width)
+    labels = mark_width_dynamic(next_token_labels(ids, targets), dynamic_width)  # both: the loss is in the graph
+    return DeviceBatch(ids, labels, positions)
+
+
+def micro_batch_loss(forward: Forward, batch: DeviceBatch) -> tuple[torch.Tensor, Metrics]:
+    """The objective's (loss, metrics) of one micro-batch, computed by `forward` (TrainingForward, or its
+    DDP/compiled wrapper)."""
+    return forward(batch)
+
+
+def _add(total: Metrics, metrics: Metrics, scale: int) -> None:
+    for name, value in metrics.items():
+        value = value.detach() / scale
+        total[name] = total[name] + value if name in total else value
+
+
+def accumulate_gradients(setup: StepSetup, sampler: Sampler, step: int, first_row: int) -> Gradients:
+    """Forward/backward over this rank's micro-batches of optimizer step `step`, whose global batch starts at row
+    `first_row`.
 
     Each micro-batch's loss is summed over its targets and divided by the number of targets of the whole
     global batch (sampler.global_counts: every rank computes it alone), times world_size because DDP averages
     gradients over ranks: the gradients are those of the mean loss over every target of the global batch,
-    however it is split over ranks and micro-batches, and whatever the padding. Returns (this rank's part of
-    the loss, real tokens of the global batch)."""
-    t, dist = trainer.cfg.train, trainer.dist
-    row0 = trainer.first_row(step)
-    n_targets, n_real = trainer.sampler.global_counts(row0, trainer.global_batch)
-    chunk_rows = loss_chunk_rows(trainer)
-    loss_sum = torch.zeros((), device=trainer.device)
-    for micro in range(t.grad_accum):
-        batch = trainer.sampler.batch(step, trainer.global_batch, dist.rank, dist.world_size, micro,
-                                      t.micro_batch_size, first_row=row0)
-        x, y = trainer.to_device(batch)
-        positions = positions_to_device(trainer, batch)
-        sync = micro == t.grad_accum - 1 or not dist.active
-        with (nullcontext() if sync else trainer.forward_model.no_sync()), trainer.autocast():
-            part = micro_batch_loss(trainer.forward_model, x, y, chunk_rows, positions) / max(n_targets, 1)
+    however it is split over ranks and micro-batches, and whatever the padding."""
+    dist = setup.dist
+    n_targets, n_real = sampler.global_counts(first_row, setup.global_batch)
+    loss_sum = torch.zeros((), device=dist.device)
+    metrics: Metrics = {}
+    for micro in range(setup.grad_accum):
+        batch = sampler.batch(step, setup.global_batch, dist.rank, dist.world_size, micro, setup.micro_batch_size,
+                              first_row=first_row)
+        on_device = to_device(batch, dist.device, setup.dynamic_width)
+        sync = micro == setup.grad_accum - 1 or not dist.active
+        with (nullcontext() if sync else setup.forward.no_sync()), setup.autocast():
+            loss, parts = micro_batch_loss(setup.forward, on_device)
+            part = loss / max(n_targets, 1)
         (part * dist.world_size).backward()
         loss_sum += part.detach()
-    return loss_sum, n_real
+        _add(metrics, parts, setup.grad_accum)
+    return Gradients(loss_sum, n_real, metrics)
 
 
 def optimizer_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
@@ -77,28 +150,46 @@ def optimizer_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, g
     return grad_norm
 
 
-def train_step(trainer: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Gradients of this step's global batch (accumulate_gradients) and one AdamW update at this step's rate.
-    Returns (this rank's part of the loss, grad norm, real tokens of the global batch)."""
-    t, step = trainer.cfg.train, trainer.step
-    lr = lr_at(step, trainer.total_steps, t.lr, t.min_lr_ratio, t.warmup_steps)
-    for group in trainer.optimizer.param_groups:
+def train_step(setup: StepSetup, sampler: Sampler, step: int, first_row: int, lr: float) -> StepResult:
+    """Gradients of this step's global batch (accumulate_gradients) and one AdamW update at the rate `lr`."""
+    for group in setup.optimizer.param_groups:
         group["lr"] = lr
-    trainer.current_lr = lr
-    loss_sum, n_real = accumulate_gradients(trainer, step)
-    return loss_sum, optimizer_update(trainer.model, trainer.optimizer, t.grad_clip), n_real
+    loss_sum, n_real, metrics = accumulate_gradients(setup, sampler, step, first_row)
+    return StepResult(loss_sum, optimizer_update(setup.model, setup.optimizer, setup.grad_clip), n_real, metrics)
+
+
+class Evaluation(NamedTuple):
+    loss: float
+    """The mean loss over every target of the batches."""
+    metrics: dict[str, float]
+    """The objective's metrics, averaged over the batches."""
 
 
 @torch.no_grad()
-def evaluate(trainer: Any, batches: list) -> float:
-    """Mean loss over every target of `batches` (rank 0 alone, the plain model: no collectives)."""
-    trainer.model.eval()
+def evaluate(objective: Objective, model: MiniMindForCausalLM, batches: list[Batch], device: torch.device,
+             autocast: Callable[[], AbstractContextManager]) -> Evaluation:
+    """The objective over `batches` (rank 0 alone, the plain model: no collectives)."""
+    model.eval()
     total, count = 0.0, 0
-    chunk_rows = loss_chunk_rows(trainer)
+    metrics: Metrics = {}
     for batch in batches:
-        x, y = trainer.to_device(batch)
-        with trainer.autocast():
-            total += float(micro_batch_loss(trainer.model, x, y, chunk_rows, positions_to_device(trainer, batch)))
+        with autocast():
+            loss, parts = objective.loss(model, to_device(batch, device))
+        total += float(loss)
         count += batch.n_targets
-    trainer.model.train()
-    return total / max(count, 1)
+        _add(metrics, parts, max(len(batches), 1))
+    model.train()
+    return Evaluation(total / max(count, 1), {name: float(value) for name, value in metrics.items()})
+
+
+def metric_fields(metrics: Metrics | dict[str, float], dist: Dist | None = None, prefix: str = "") -> dict:
+    """The objective's metrics as fields of a metrics.jsonl line (rounded, named with `prefix`); with `dist`, the
+    tensors averaged over the ranks first (each holds its own micro-batches')."""
+    out = {}
+    for name, value in metrics.items():
+        if dist is not None and dist.active and isinstance(value, torch.Tensor):
+            value = value.clone()
+            torch.distributed.all_reduce(value)
+            value = value / dist.world_size
+        out[prefix + name] = round(float(value), 6)
+    return out

@@ -1,13 +1,15 @@
 """`minilmd train CONFIG`: the training loop, on one device or one rank per device under torchrun.
 
 The loop, top to bottom (Trainer.train):
-    resume from the newest valid checkpoint (model, optimizer, RNG, step), or start at step 0 from the weights of
-        [init] from (a fresh optimizer) or from the seeded init (trainer/loop/resume.py);
+    resume from the newest valid checkpoint (model, optimizer, and the parts' state: step, sampler, RNG, early
+        stop; trainer/loop/parts.py), or start at step 0 from the weights of [init] from (a fresh optimizer) or from
+        the seeded init (trainer/loop/resume.py);
     bucketed: one forward+backward at the widest width, no step (trainer/loop/warmup.py);
     until the budget is spent:
         agree across ranks on "stop requested?" and "checkpoint due?";  stop -> save, exit 75
-        one optimizer step (trainer/loop/step.py): micro-batches of the pure-function sampler, each loss summed
-            over its targets inside the (compiled) forward and divided by the global batch's count of targets,
+        one optimizer step (trainer/loop/step.py): micro-batches of the pure-function sampler, each loss the
+            objective's (trainer/loop/objective.py) summed over its targets inside the (compiled) module of model and
+            objective, divided by the global batch's count of targets,
             backward (no DDP sync until the last micro-batch), clip, AdamW at the cosine rate for this step
         a non-finite loss stops the run; heartbeat (about once a second; "compiling" over each compiled step
             that brings a new width); every log_every steps a metrics line; every eval_every steps the validation loss
@@ -35,8 +37,6 @@ import signal
 import sys
 import time
 import traceback
-from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,19 +44,20 @@ import torch.distributed as torch_dist
 import torch.nn.functional  # imported early: the model uses it
 
 from minilmd import perms
-from minilmd.checkpoint import CheckpointMismatch
+from minilmd.checkpoint import CheckpointMismatch, Expectation
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
 from minilmd.config_values import parse_duration
 from minilmd.corpus_meta import CorpusError
 from minilmd.cuda_oom import cuda_oom_source, first_line
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
-from minilmd.plan import growth
+from minilmd.plan.bucketing import BucketedSampler
 from minilmd.plan.budget import total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
 from minilmd.plan.mfu import flops_per_token, mfu, peak_flops
-from minilmd.plan.sampler_base import Batch, DataError
+from minilmd.plan.sampler_base import Batch, DataError, Sampler
 from minilmd.plan.samplers import make_sampler, validation_batches
+from minilmd.plan.schedule import lr_at
 from minilmd.probes import load_checked
 from minilmd.protocol import (
     EXIT_CONFIG,
@@ -76,13 +77,16 @@ from minilmd.trainer.loop import tensorboard, warmup
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled, parameter_split
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
-from minilmd.trainer.loop.guards import LossGuard, StopFlag
-from minilmd.trainer.loop.resume import resume, start_from_init, start_lora
-from minilmd.trainer.model.minimind import next_token_labels
+from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree
+from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
+from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
+from minilmd.trainer.loop.resume import announce, load_model_state, resume, start_from_init, start_lora
 
 
 class Trainer:
-    """One training run: the components, then train() (the loop in the module docstring)."""
+    """One training run: the components, then train() (the loop in the module docstring). What a checkpoint carries
+    of the run besides the model and the optimizer lives in parts that own it (trainer/loop/parts.py): `state`
+    (step, rows, tokens seen, init record), `cursor` (the sampler), `rng` and `early` (early stop)."""
 
     def __init__(self, cfg: RunConfig, dist: Dist, stop: StopFlag | None = None):
         from minilmd.corpus.format import open_prepared
@@ -102,35 +106,39 @@ class Trainer:
         # Before anything reads the mode or the rates; the config recorded in the checkpoints says what was used.
         self.sft_defaults = apply_sft_defaults(cfg) if self.corpus.data_format == "chat" else []
         train, val = self.corpus.train, self.corpus.val
-        self.sampler = make_sampler(cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed,
-                                    train.loss_mask, t.micro_batch_size, cfg.data.doc_mask)
+        self.cursor = SamplerCursor(make_sampler(cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed,
+                                                 train.loss_mask, t.micro_batch_size, cfg.data.doc_mask),
+                                    self.corpus, cfg.data.mode, t.seq_len, t.seed, t.micro_batch_size,
+                                    cfg.data.doc_mask)
         self.val_batches = validation_batches(cfg.data.mode, val.tokens, val.doc_starts, t.seq_len,
                                               cfg.data.val_windows, t.micro_batch_size, val.loss_mask,
                                               cfg.data.doc_mask)
         self.probe_batches = probe_batches(cfg)
         self.early = EarlyStop.from_config(cfg)
-        self.global_batch = t.micro_batch_size * t.grad_accum * dist.world_size
+        self.rng = RngState()
+        self.state = TrainState(global_batch=t.micro_batch_size * t.grad_accum * dist.world_size)
         self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
+        self.objective = build_objective(cfg)
 
         torch.manual_seed(t.seed)  # the init is drawn on CPU: the same weights on every device and rank
-        self.init_record: dict | None = None  # what [init] from was, carried from checkpoint to checkpoint
         try:
             self.model = MiniMindForCausalLM(cfg.model)
             if cfg.lora.enabled:
-                start_lora(self)
+                self.state.init_record = start_lora(cfg, self.model, dist)
             self.model.to(self.device)
             self.optimizer = build_optimizer(self.model, cfg, self.device)
         except ConfigError:  # a LoRA base that init.from cannot give: its own words, which name it
             raise
         except ValueError as e:  # torch refusing a value of the config ("Invalid learning rate"): the same next time
             raise ConfigError([f"the model or its optimizer refused the config: {e}"], cfg.source) from e
-        self.step, self.tokens_seen = 0, 0
-        self.current_lr = 0.0  # the rate of the step just taken (step.train_step sets it)
-        self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
-        self.resumed_from: Path | None = None
-        resume(self)
-        if self.resumed_from is None and cfg.init.from_ and not cfg.lora.enabled:
-            start_from_init(self)
+        self.current_lr = 0.0  # the rate of the step just taken (train_step sets it)
+        self.step_metrics: dict[str, torch.Tensor] = {}  # its objective's metrics (none for cross-entropy)
+        found = resume(cfg, dist, self.expectation())
+        self.resumed_from = found.path if found else None
+        if found:
+            self.apply_resume(found)
+        elif cfg.init.from_ and not cfg.lora.enabled:
+            self.state.init_record = start_from_init(cfg, self.model, dist)
         self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
@@ -144,8 +152,9 @@ class Trainer:
                                               state_of=adapter_state_dict if cfg.lora.enabled else None)
         self.loss_guard = LossGuard(self.device)
 
-        self.autocast = self._autocast_context()
-        forward_model = wrap_ddp(self.model, dist)
+        matmul = optimizer_step.matmul_dtype(t.dtype, self.device)  # bf16 autocast or fp32; MFU's peak
+        self.autocast = optimizer_step.autocast_for(matmul, self.device)
+        forward_model = wrap_ddp(TrainingForward(self.model, self.objective), dist)
         # Any: torch.compile is typed as returning a plain callable; it returns a module that passes attribute
         # lookups (DDP's no_sync) through to the one it wraps.
         self.compiled = compile_enabled(t.compile, self.device)
@@ -153,51 +162,60 @@ class Trainer:
 
         self.flops_per_token = flops_per_token(*parameter_split(self.model), cfg.model.num_hidden_layers,
                                                cfg.model.num_attention_heads * cfg.model.head_dim, t.seq_len)
-        self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device), self.matmul_dtype(),
+        self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device), matmul,
                                       tf32=torch.get_float32_matmul_precision() != "highest")
                            if self.device.type == "cuda" else None)
 
+    def apply_resume(self, found: Found) -> None:
+        """The one place a checkpoint's contents reach the run: the weights (a LoRA run's adapters, on the base
+        they were trained on), the optimizer, then every part's own keys of its trainer_state.json."""
+        load_model_state(self.model, found, self.cfg.lora.enabled, self.state.init_record)
+        self.optimizer.load_state_dict(found.optimizer_state)
+        for part in self.parts():
+            part.load_state_dict(found.state)
+        if self.dist.is_main:
+            announce(found, self.step, self.global_batch)
+
+    def parts(self) -> list[Stateful]:
+        """The parts whose state_dict fragments make up trainer_state.json, in the order a resume loads them."""
+        return [self.rng, self.state, self.early, self.cursor]
+
+    # --- the parts' state, as the loop and the tests name it ------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.state.step = value
+
+    @property
+    def global_batch(self) -> int:
+        return self.state.global_batch
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.cursor.sampler
+
     # --- components ---------------------------------------------------------------------------------------------
-    def matmul_dtype(self) -> str:
-        """"bf16" (autocast) or "fp32": what the matrices run in, and so which peak MFU is measured against."""
-        dtype = self.cfg.train.dtype
-        return "bf16" if dtype == "bf16" or (dtype == "auto" and self.device.type == "cuda") else "fp32"
-
-    def _autocast_context(self):
-        if self.matmul_dtype() == "bf16":
-            return lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return nullcontext
-
-    def expectation(self):
-        from minilmd.checkpoint import Expectation
-
-        return Expectation.for_corpus(self.cfg, self.corpus.meta)
+    def expectation(self) -> Expectation:
+        return Expectation.for_corpus(self.cfg, self.corpus.meta)  # its model, corpus, LoRA: what it may resume
 
     def epoch_of(self, step: int) -> int:
         """The epoch optimizer step `step` starts in (its first row's pass over the train split)."""
-        return self.first_row(step) // self.sampler.items_per_epoch
+        return self.cursor.epoch_of_row(self.first_row(step))
 
     def first_row(self, step: int) -> int:
-        return self.rows_base + (step - self.step_base) * self.global_batch
+        return self.state.first_row(step)
 
     def trainer_state(self) -> dict:
-        from minilmd.trainer.checkpoint.save import capture_rng
-
-        return {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "rows_seen": self.first_row(self.step),
-            "epoch": self.epoch_of(self.step),
-            "early_stop": self.early.state(),
-            "config": self.cfg.to_dict(),
-            "fingerprints": {"data": self.corpus.data_fingerprint, "tokenizer": self.corpus.tokenizer_fingerprint},
-            "init": self.init_record,
-            "data_segments": growth.segments_of(self.sampler, self.corpus),
-            "rng": capture_rng(),
-            "world_size": self.dist.world_size,
-            "global_batch": self.global_batch,
-            "total_steps": self.total_steps,
-        }
+        """trainer_state.json: every part's fragment, and what describes the run (its config, corpus, world)."""
+        out = {"epoch": self.epoch_of(self.step), "config": self.cfg.to_dict(),
+               "fingerprints": {"data": self.corpus.data_fingerprint, "tokenizer": self.corpus.tokenizer_fingerprint},
+               "world_size": self.dist.world_size, "global_batch": self.global_batch, "total_steps": self.total_steps}
+        for part in self.parts():
+            out.update(part.state_dict())
+        return out
 
     def save(self, best: bool = False) -> None:
         """Rank 0 snapshots the weights to CPU and writes them in a background thread (AsyncCheckpointer,
@@ -236,44 +254,42 @@ class Trainer:
             return self.step % every == 0
         return time.monotonic() - self.last_save_time >= parse_duration(every)
 
-    def agree(self, stop: bool, save_due: bool) -> tuple[bool, bool]:
-        """All ranks act on the same step: any rank's stop request stops all, rank 0's clock decides saves.
+    # --- one optimizer step (trainer/loop/step.py), with what it needs handed over ---------------------------------
+    def step_setup(self) -> optimizer_step.StepSetup:
+        t = self.cfg.train
+        return optimizer_step.StepSetup(
+            model=self.model, forward=self.forward_model, optimizer=self.optimizer, dist=self.dist,
+            autocast=self.autocast, dynamic_width=self.compiled and isinstance(self.sampler, BucketedSampler),
+            micro_batch_size=t.micro_batch_size, grad_accum=t.grad_accum, global_batch=self.global_batch,
+            grad_clip=t.grad_clip)
 
-        The flags travel as a CPU tensor through a gloo group (Dist.control_group beside NCCL): reading the result
-        waits only for the other ranks' host threads, never for this GPU's queue of kernels, so the host keeps
-        running ahead of the device. A CUDA tensor through NCCL made `.item()` a full host-device sync every step.
-        Agreeing every N steps instead would also avoid the sync but delay a stop or a duration-based save by up
-        to N steps, and add a rule for choosing N; a localhost gloo all-reduce of 8 bytes costs tens of
-        microseconds of host time per step, off the device's critical path."""
-        if not self.dist.active:
-            return stop, save_due
-        flags = torch.tensor([int(stop), int(save_due and self.dist.is_main)], dtype=torch.int32)
-        torch_dist.all_reduce(flags, op=torch_dist.ReduceOp.MAX, group=self.dist.control_group)
-        return bool(flags[0]), bool(flags[1])
+    def to_device(self, batch: Batch) -> DeviceBatch:
+        """The batch's ids, next-token labels and positions on the device (step.to_device)."""
+        return optimizer_step.to_device(batch, self.device, self.step_setup().dynamic_width)
 
-    def to_device(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input ids, next-token labels) on the device. One host-to-device copy of the ids, as uint16, and one of
-        the targets (uint8) when the batch has them; there the ids widen to int32 and the int64 labels are derived:
-        the ids shifted by one, IGNORE_INDEX where the next token is no target."""
-        ids = torch.from_numpy(batch.input_ids)
-        targets = None if batch.targets is None else torch.from_numpy(batch.targets)
-        if self.device.type == "cuda":
-            ids = ids.pin_memory().to(self.device, non_blocking=True)
-            if targets is not None:
-                targets = targets.pin_memory().to(self.device, non_blocking=True)
-        ids = warmup.mark_width_dynamic(self, ids.to(torch.int32))
-        return ids, warmup.mark_width_dynamic(self, next_token_labels(ids, targets))  # both: the loss is in the graph
-
-    # --- one optimizer step (trainer/loop/step.py) ---------------------------------------------------------------
     def accumulate_gradients(self, step: int) -> tuple[torch.Tensor, int]:
-        return optimizer_step.accumulate_gradients(self, step)
+        loss_sum, n_real, _ = optimizer_step.accumulate_gradients(self.step_setup(), self.sampler, step,
+                                                                  self.first_row(step))
+        return loss_sum, n_real
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        return optimizer_step.train_step(self)
+        """One optimizer step at this step's rate. Returns (this rank's part of the loss, grad norm, real tokens of
+        the global batch)."""
+        t = self.cfg.train
+        self.current_lr = lr_at(self.step, self.total_steps, t.lr, t.min_lr_ratio, t.warmup_steps)
+        result = optimizer_step.train_step(self.step_setup(), self.sampler, self.step, self.first_row(self.step),
+                                           self.current_lr)
+        self.step_metrics = result.metrics  # the objective's, for the next train line
+        return result.loss_sum, result.grad_norm, result.n_real
+
+    def validate(self, batches: list | None = None) -> optimizer_step.Evaluation:
+        """The objective over the fixed validation rows, or over `batches`: mean loss and metrics."""
+        return optimizer_step.evaluate(self.objective, self.model, self.val_batches if batches is None else batches,
+                                       self.device, self.autocast)
 
     def evaluate(self, batches: list | None = None) -> float:
         """Mean loss over every target of the fixed validation rows, or of `batches`."""
-        return optimizer_step.evaluate(self, self.val_batches if batches is None else batches)
+        return self.validate(batches).loss
 
     def log_train(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, meter: Throughput) -> None:
         if self.dist.active:
@@ -281,10 +297,10 @@ class Trainer:
         loss = float(loss_sum)
         self.loss_guard.require_finite(self.step, loss)  # the mean over ranks: any rank's share non-finite
         tok_s, step_time, apart = meter.report()  # training time only: eval, save, compile apart (metrics.py)
-        fields = dict(step=self.step, tokens_seen=self.tokens_seen, loss=round(loss, 6),
+        fields = dict(step=self.step, tokens_seen=self.state.tokens_seen, loss=round(loss, 6),
                       lr=self.current_lr, grad_norm=round(float(grad_norm), 6), tok_s=round(tok_s, 1),
                       step_time=round(step_time, 5), **apart, total_steps=self.total_steps,
-                      epoch=self.epoch_of(self.step - 1))
+                      epoch=self.epoch_of(self.step - 1), **optimizer_step.metric_fields(self.step_metrics, self.dist))
         if self.device.type == "cuda":
             if self.peak_flops:
                 fields["mfu"] = round(mfu(tok_s, self.flops_per_token, self.peak_flops, self.dist.world_size), 4)
@@ -300,12 +316,13 @@ class Trainer:
         improved = stop = False
         if self.dist.is_main:
             self.log.heartbeat(self.step, force=True)  # an evaluation can outlast many steps
-            val_loss = self.evaluate()
+            val_loss, val_metrics = self.validate()
             improved = self.early.update(self.step, val_loss)
             stop = self.early.should_stop
             probe = {"probe_loss": round(self.evaluate(self.probe_batches), 6)} if self.probe_batches else {}
             self.log.write("eval", step=self.step, epoch=self.epoch_of(self.step - 1), val_loss=round(val_loss, 6),
-                           best_val_loss=round(self.early.best_val_loss or val_loss, 6), **probe)
+                           best_val_loss=round(self.early.best_val_loss or val_loss, 6), **probe,
+                           **optimizer_step.metric_fields(val_metrics, prefix="val_"))
             print(f"step {self.step} val_loss {val_loss:.4f}"
                   + (f" probe_loss {probe['probe_loss']:.4f}" if probe else "")
                   + (" (best)" if improved else f" (best {self.early.best_val_loss:.4f} at step "
@@ -358,14 +375,17 @@ class Trainer:
             if self.sft_defaults:
                 print(f"minilmd: chat corpus, SFT defaults: {', '.join(self.sft_defaults)}", flush=True)
         self.log.heartbeat(self.step, force=True)
-        widths = warmup.WidthWatch(self)  # torch.compile compiles on the first call, and for a new shape
+        # torch.compile compiles on the first call, and for a new shape
+        widths = warmup.WidthWatch(self.sampler, self.compiled, t.micro_batch_size, self.global_batch)
         meter = Throughput(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.model.train()
-        with meter.apart("compile_s" if warmup.compiles_first(self) else None):
-            warmup.widest_micro_batch(self, widths)  # bucketed: an OOM at the widest width comes now, not hours in
+        first_compile = warmup.compiles_first(self.compiled, self.sampler, self.step, self.total_steps)
+        with meter.apart("compile_s" if first_compile else None):  # bucketed: an OOM at the widest width now
+            warmup.widest_micro_batch(self.step_setup(), self.sampler, widths, self.log.heartbeat, self.step,
+                                      self.total_steps)
         first_step = self.step
         while True:
-            stop, save_due = self.agree(self.stop.requested, self.checkpoint_due())
+            stop, save_due = agree(self.dist, self.stop.requested, self.checkpoint_due())
             if self.step >= self.total_steps:
                 if self.step != self.last_saved_step:
                     self.save()
@@ -390,7 +410,7 @@ class Trainer:
                 with meter.apart("checkpoint_s"):
                     self.save()
             self.faults.maybe_fire(self.step)
-            compiling = widths.new_at(self.step)
+            compiling = widths.new_at(self.first_row(self.step))
             if compiling:  # the supervisor allows restart.compile_timeout for this step
                 self.log.heartbeat(self.step, phase="compiling", force=True)
             with meter.apart("compile_s" if compiling else None):
@@ -398,8 +418,8 @@ class Trainer:
             if self.step == first_step:  # what exists now lives all run: the collector need not scan it again
                 gc.collect()
                 gc.freeze()
-            self.step += 1
-            self.tokens_seen += n_real
+            self.state.step += 1
+            self.state.tokens_seen += n_real
             meter.add(n_real, timed=not compiling)
             self.loss_guard.check(self.step, loss_sum)
             self.log.heartbeat(self.step)  # at most once a second (and at once after the compiling step)

@@ -8,26 +8,34 @@ not after hours of work (a fresh optimizer, whose moments do not exist yet, has 
 gradients are dropped (None again, as after optimizer.zero_grad), no optimizer step is taken and the RNG states are
 put back (LoRA dropout draws from them), so training and a resume stay bit-exact.
 
-Under torch.compile the input's width is marked dynamic (mark_dynamic): one graph serves every width. Measured on
-CPU (tests/test_bucketed_compile.py, dynamo's counters): 1 graph with the mark; without it, 2 (dynamo compiles the
-first width static, then recompiles dynamic at the second width, outside any allowance). Each step whose micro-batch
-widths are new to this process still runs under the "compiling" heartbeat (restart.compile_timeout): on another
-torch or model a width may specialise the graph, and then it compiles once per width class, never unannounced.
+Under torch.compile the input's width is marked dynamic (step.mark_width_dynamic): one graph serves every width.
+Measured on CPU (tests/test_bucketed_compile.py, dynamo's counters): 1 graph with the mark; without it, 2 (dynamo
+compiles the first width static, then recompiles dynamic at the second width, outside any allowance). Each step
+whose micro-batch widths are new to this process still runs under the "compiling" heartbeat
+(restart.compile_timeout): on another torch or model a width may specialise the graph, and then it compiles once per
+width class, never unannounced.
+What these need is handed over as typed arguments (step.StepSetup, the sampler, the step), never the Trainer.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from contextlib import nullcontext
-from typing import Any
+from typing import Protocol
 
 import torch
 
 from minilmd.plan.bucketing import BucketedSampler, PaddedSampler
-from minilmd.trainer.loop import step
+from minilmd.plan.sampler_base import Sampler
+from minilmd.trainer.loop import step as step_mod
+from minilmd.trainer.loop.step import StepSetup
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"
+
+
+class Heartbeat(Protocol):
+    def __call__(self, step: int, phase: str = "", force: bool = False) -> object: ...
 
 
 def cuda_alloc_conf(device_setting: str, environ: Mapping[str, str]) -> str | None:
@@ -49,32 +57,26 @@ def set_cuda_alloc_conf(device_setting: str) -> None:
 class WidthWatch:
     """The micro-batch widths this process has run: a step that brings a new one may compile."""
 
-    def __init__(self, trainer: Any):
-        self.trainer = trainer
+    def __init__(self, sampler: Sampler, compiled: bool, micro_batch_size: int, global_batch: int):
+        self.sampler, self.compiled = sampler, compiled
+        self.micro_batch_size, self.global_batch = micro_batch_size, global_batch
         self.seen: set[int] = set()
 
-    def widths(self, step: int) -> set[int]:
-        t = self.trainer
-        if isinstance(t.sampler, PaddedSampler):
-            return t.sampler.micro_batch_widths(t.first_row(step), t.global_batch, t.cfg.train.micro_batch_size)
-        return {t.sampler.seq_len}  # packed windows
+    def widths(self, first_row: int) -> set[int]:
+        """The widths of the micro-batches of the step whose global batch starts at row `first_row`."""
+        if isinstance(self.sampler, PaddedSampler):
+            return self.sampler.micro_batch_widths(first_row, self.global_batch, self.micro_batch_size)
+        return {self.sampler.seq_len}  # packed windows
 
-    def new_at(self, step: int) -> bool:
-        """Whether step `step` runs a width this process has not run yet (it may compile, under torch.compile)."""
-        if not self.trainer.compiled:
+    def new_at(self, first_row: int) -> bool:
+        """Whether the step starting at row `first_row` runs a width this process has not run yet (it may compile,
+        under torch.compile)."""
+        if not self.compiled:
             return False
-        widths = self.widths(step)
+        widths = self.widths(first_row)
         new = not widths <= self.seen
         self.seen |= widths
         return new
-
-
-def mark_width_dynamic(trainer: Any, ids: torch.Tensor) -> torch.Tensor:
-    """Bucketed and compiled: the input's width (dimension 1) is dynamic, so that one graph serves every width
-    (maybe_: a model that needs the width static gets a graph per width class rather than an error)."""
-    if trainer.compiled and isinstance(trainer.sampler, BucketedSampler):
-        torch._dynamo.maybe_mark_dynamic(ids, 1)
-    return ids
 
 
 def _adam_moments_room(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -85,29 +87,29 @@ def _adam_moments_room(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [torch.empty_like(p) for group in optimizer.param_groups for p in group["params"] for _ in range(2)]
 
 
-def compiles_first(trainer: Any) -> bool:
+def compiles_first(compiled: bool, sampler: Sampler, step: int, total_steps: int) -> bool:
     """Whether widest_micro_batch runs under torch.compile: the process's first compile is then its (compile_s)."""
-    return bool(trainer.compiled and isinstance(trainer.sampler, BucketedSampler)
-                and trainer.step < trainer.total_steps)
+    return compiled and isinstance(sampler, BucketedSampler) and step < total_steps
 
 
-def widest_micro_batch(trainer: Any, watch: WidthWatch) -> None:
+def widest_micro_batch(setup: StepSetup, sampler: Sampler, watch: WidthWatch, heartbeat: Heartbeat, step: int,
+                       total_steps: int) -> None:
     """Bucketed: one forward+backward at the widest width with the real micro-batch size, then the gradients
-    dropped and the RNG states restored (module docstring). Other modes: nothing (every step is that wide)."""
-    sampler = trainer.sampler
-    if not isinstance(sampler, BucketedSampler) or trainer.step >= trainer.total_steps:
+    dropped and the RNG states restored (module docstring). Other modes: nothing (every step is that wide).
+    heartbeat(step, phase=..., force=...): the run's heartbeat, "compiling" over a first compile."""
+    if not isinstance(sampler, BucketedSampler) or step >= total_steps:
         return
-    if trainer.compiled:  # the first compile of this process happens here
+    if watch.compiled:  # the first compile of this process happens here
         watch.seen.add(sampler.widest())
-        trainer.log.heartbeat(trainer.step, phase="compiling", force=True)
-    x, y = trainer.to_device(sampler.widest_batch(trainer.cfg.train.micro_batch_size))
-    devices = [trainer.device] if trainer.device.type == "cuda" else []
-    model = trainer.forward_model
-    moments = _adam_moments_room(trainer.optimizer)
+        heartbeat(step, phase="compiling", force=True)
+    batch = step_mod.to_device(sampler.widest_batch(setup.micro_batch_size), setup.dist.device, setup.dynamic_width)
+    device = setup.dist.device
+    devices = [device] if device.type == "cuda" else []
+    moments = _adam_moments_room(setup.optimizer)
     with torch.random.fork_rng(devices=devices):
-        with (model.no_sync() if trainer.dist.active else nullcontext()), trainer.autocast():
-            loss = step.micro_batch_loss(model, x, y, step.loss_chunk_rows(trainer))  # the training step's graph
+        with (setup.forward.no_sync() if setup.dist.active else nullcontext()), setup.autocast():
+            loss, _ = step_mod.micro_batch_loss(setup.forward, batch)  # the training step's graph
         loss.backward()
     del loss, moments
-    trainer.model.zero_grad(set_to_none=True)  # None, as optimizer.zero_grad leaves them after every step
-    trainer.log.heartbeat(trainer.step, force=True)
+    setup.model.zero_grad(set_to_none=True)  # None, as optimizer.zero_grad leaves them after every step
+    heartbeat(step, force=True)

@@ -1,4 +1,5 @@
-"""The training loss inside the model's forward: next-token cross-entropy summed over the targets, in chunks of rows.
+"""The training loss: next-token cross-entropy summed over the targets, in chunks of rows, computed by the objective
+(trainer/loop/objective.py, ChunkedCrossEntropy) from the model's hidden states inside the compiled module.
 
 Why chunks: scoring a whole micro-batch at once materialises its logits in fp32 (64 x 1024 rows x 6400 = 1.68 GB),
 and keeps them alive for the backward. Here the head and the loss run on `chunk_rows` sequences at a time (about

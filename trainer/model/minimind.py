@@ -15,8 +15,9 @@ Choices that matter elsewhere:
   -100). The labels are shifted, not the logits: `logits[:, :-1]` would be a strided view that the loss copies
   (twice with the fp32 cast under bf16); `next_token_loss` scores the whole contiguous logits in one fp32 pass, the
   last position ignored. The trainer builds its shifted labels on the device (`next_token_labels`).
-- `forward(ids, next_labels=...)` is the trainer's: the summed loss computed inside the forward (so inside the
-  compiled graph), head and cross-entropy in chunks of rows, no logits of the whole batch (trainer/model/loss.py).
+- `forward(ids, hidden_states=True)` is the trainer's: the final hidden states, no logits; its objective
+  (trainer/loop/objective.py) runs the head and the loss on them in chunks of rows, so that no logits of the whole
+  batch exist (trainer/model/loss.py). The model computes no training loss of its own.
 - `forward(ids, ..., positions=...)` is packed training with `data.doc_mask` (minilmd/plan/docmask.py): each
   token's rotary position within its document piece, from which trainer/model/docattention.py derives
   block-causal attention on the device, so that every piece of a row computes what it would alone. Without
@@ -33,7 +34,7 @@ from torch import nn
 from minilmd.config import ModelSection
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section
 from minilmd.trainer.model.docattention import DocumentMask, attend, masks_for
-from minilmd.trainer.model.loss import IGNORE_INDEX, chunk_rows_for, chunked_loss_sum, next_token_loss
+from minilmd.trainer.model.loss import IGNORE_INDEX, next_token_loss
 
 
 def next_token_labels(ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
@@ -48,10 +49,11 @@ def next_token_labels(ids: torch.Tensor, targets: torch.Tensor | None = None) ->
 
 class CausalLMOutput(NamedTuple):
     logits: torch.Tensor | None
-    """(batch, time, vocab), in the compute dtype (bf16 under autocast); None with next_labels (never built whole)."""
+    """(batch, time, vocab), in the compute dtype (bf16 under autocast); None with hidden_states (never built)."""
     loss: torch.Tensor | None
-    """With labels: the mean cross-entropy over the labelled positions after the shift; with next_labels: the sum
-    over their targets; None without either."""
+    """With labels: the mean cross-entropy over the labelled positions after the shift; else None."""
+    hidden: torch.Tensor | None = None
+    """With hidden_states: (batch, time, hidden), after the final norm, what the head would score; else None."""
 
 
 class RMSNorm(nn.Module):
@@ -252,22 +254,19 @@ class MiniMindForCausalLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                cache: KVCache | None = None, next_labels: torch.Tensor | None = None,
-                chunk_rows: int | None = None, positions: torch.Tensor | None = None) -> CausalLMOutput:
+                cache: KVCache | None = None, positions: torch.Tensor | None = None,
+                hidden_states: bool = False) -> CausalLMOutput:
         """input_ids (batch, time) int64 or int32. With labels (same shape; -100 = ignore), the loss compares the logits
         at position i with the label at i + 1. With a cache, input_ids continue the cached sequence.
 
-        The trainer's path: with next_labels (already shifted, next_token_labels; the loss mask is their
-        IGNORE_INDEX) the loss is the fp32 cross-entropy summed over their targets, computed `chunk_rows` sequences
-        at a time (default: about CHUNK_TOKENS tokens) so that no logits of the whole batch exist
-        (trainer/model/loss.py); logits is then None.
+        The trainer's path: with hidden_states the output holds the final hidden states and neither logits nor loss;
+        the training objective scores them (trainer/loop/objective.py).
 
         positions (batch, time) int, with data.doc_mask: each token's position within its document piece (0 at a
         piece's start); attention stays within each piece (document_mask). None: one sequence per row."""
         hidden = self.model(input_ids, cache) if positions is None else self.model(input_ids, positions=positions)
-        if next_labels is not None:
-            rows = chunk_rows or chunk_rows_for(input_ids.shape[1])
-            return CausalLMOutput(None, chunked_loss_sum(self.lm_head, hidden, next_labels, rows))
+        if hidden_states:
+            return CausalLMOutput(None, None, hidden)
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
