@@ -8,16 +8,16 @@ once, in one ConfigError: exit 2, final, so a config that `--check` accepts is o
 An init.from that cannot be reached now (a share gone, EIO, a stall), and a scratch big enough for the run whose
 space others hold now, are no problem: the run waits for them in staging, as at a restart, and `--check` says so
 (`check_with_waits`).
-`launch()` first re-executes the supervisor once with its identity in its environment (minilmd/procs.py), then
-checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
+`launch()` (after `minilmd run` has re-executed itself once with the run's identity in its environment,
+minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
 to lease in (daemon/host/gpu.py), and that a local run.remote holds no other user's LATEST, BEST or init.
 Torch-free.
 """
 from __future__ import annotations
 
-from minilmd import names, perms, procs, scratch
-from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd import names, perms, scratch
+from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon.host.gpu import lock_dir_problems
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.scratch_room import run_space_problem
@@ -59,13 +59,9 @@ def remote_entry_problems(cfg: RunConfig) -> list[str]:
 
 
 def launch(config_path: str, overrides: list[str] | None = None) -> RunConfig:
-    """This run's identity in the process's own environment (it executes itself once more: minilmd/procs.py
-    `carry_supervisor_identity`, by which `stop` proves it is the run's supervisor), then check(), then claim
-    scratch for this run; raises ConfigError (exit 2) if either refuses."""
-    try:
-        procs.carry_supervisor_identity(load_config(config_path, overrides).run_dir)
-    except ConfigError:
-        pass  # check() says what is wrong
+    """check(), then claim scratch for this run; raises ConfigError (exit 2) if either refuses. The command
+    (`minilmd run`) has given the process the run's identity before this (minilmd/procs.py
+    `carry_supervisor_identity`)."""
     cfg = check(config_path, overrides)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     try:

@@ -50,8 +50,14 @@ def run_command(
         for line in share_lines(cfg) if not init_unreachable else []:  # it reads init.from: not while unreachable
             typer.echo(line)
         raise typer.Exit(0)
+    from minilmd import procs
+    from minilmd.config import ConfigError, load_config
     from minilmd.daemon.supervisor import run_supervisor
 
+    try:  # executes this command once more, its environment carrying the run: how `stop` proves its supervisor
+        procs.carry_supervisor_identity(load_config(config, set_).run_dir)
+    except ConfigError:
+        pass  # run_supervisor's check says what is wrong
     raise typer.Exit(run_supervisor(config, set_, fresh))
 
 
