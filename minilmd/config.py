@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from minilmd import scratch
-from minilmd.config_values import LORA_TARGETS, Duration, TrainTokens, check_values
+from minilmd.config_values import LORA_TARGETS, Duration, TrainTokens, check_values, weights_config
 from minilmd.names import CHECKPOINTS
 from minilmd.perms import own_uid
 
@@ -102,6 +102,10 @@ class ModelSection:
     """RoPE base frequency."""
     rms_norm_eps: float = 1e-6
     """RMSNorm epsilon."""
+    attention: str = "auto"
+    """The SDPA kernel: "auto" (on CUDA the fastest backend, deterministic ones only with train.deterministic, timed
+    at the first start; on the CPU torch's own) or one forced: "flash", "efficient", "cudnn", "math". Recorded in
+    checkpoints and kept by a resume; forcing another one then is refused (trainer/model/attention_choice.py)."""
 
     @property
     def ffn_size(self) -> int:
@@ -153,6 +157,10 @@ class TrainSection:
     """Save a local checkpoint every N steps (an integer) or every duration (a string such as "5m")."""
     keep_local: int = 2
     """Number of valid local checkpoints kept in scratch."""
+    deterministic: bool = True
+    """On CUDA: deterministic algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8 before CUDA starts and deterministic
+    attention kernels, so a killed-and-resumed GPU run ends bit-identical to an undisturbed one (docs/training.md,
+    "Bit-exact on the GPU"); the CPU is bit-exact either way. Recorded in checkpoints: a change on resume is refused."""
     compile: Union[bool, str] = "auto"  # noqa: UP007 - _type_ok matches typing.Union
     """torch.compile the model: "auto" (on CUDA, not on CPU), true or false. Its first step compiles; the
     supervisor allows restart.compile_timeout for it."""
@@ -328,7 +336,9 @@ class RunConfig:
         return {section: {toml_key(k): v for k, v in body.items()} for section, body in d.items()}
 
     def model_dict(self) -> dict:
-        return dataclasses.asdict(self.model)
+        """The [model] keys that make the weights (what checkpoints and init.from are compared on): not the kernel
+        attention runs (KERNEL_KEYS)."""
+        return weights_config(dataclasses.asdict(self.model))
 
     def lora_dict(self) -> dict | None:
         """The [lora] section as a dict when LoRA is on, else None (what checkpoints are checked against)."""

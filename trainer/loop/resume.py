@@ -54,6 +54,7 @@ def resume(trainer: Trainer) -> None:
     if state.get("rng"):
         ckpt_io.restore_rng(state["rng"])
     trainer.step = trainer.step_base = int(state["step"])
+    trainer.recorded_kernels = state.get("kernels")  # the run's attention kernel, kept (attention_choice)
     trainer.tokens_seen = int(state.get("tokens_seen", 0))
     trainer.rows_base = int(state.get("rows_seen", trainer.step * trainer.global_batch))
     trainer.early.restore(state.get("early_stop"))

@@ -66,8 +66,8 @@ from minilmd.trainer.batches import growth
 from minilmd.trainer.batches.sampler_base import Batch, DataError
 from minilmd.trainer.batches.samplers import make_sampler, validation_batches
 from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.trainer.loop import determinism, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
-from minilmd.trainer.loop import tensorboard, warmup
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled, total_steps_for_budget
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.early_stop import EarlyStop, probe_batches
@@ -77,6 +77,7 @@ from minilmd.trainer.loop.metrics import MetricsLog, Throughput, heartbeat_inter
 from minilmd.trainer.loop.mfu import flops_per_token, mfu, parameter_split, peak_flops
 from minilmd.trainer.loop.oom import cuda_oom_source, first_line
 from minilmd.trainer.loop.resume import resume, start_from_init, start_lora
+from minilmd.trainer.model import attention_choice
 from minilmd.trainer.model.minimind import next_token_labels
 
 
@@ -127,9 +128,11 @@ class Trainer:
         self.current_lr = 0.0  # the rate of the step just taken (step.train_step sets it)
         self.rows_base, self.step_base = 0, 0  # the global batch of step s starts at row base + (s-step_base)*G
         self.resumed_from: Path | None = None
+        self.recorded_kernels: dict | None = None  # trainer_state "kernels" of the checkpoint resumed from
         resume(self)
         if self.resumed_from is None and cfg.init.from_ and not cfg.lora.enabled:
             start_from_init(self)
+        self.kernels = attention_choice.settle(cfg, dist, self.matmul_dtype() == "bf16", self.recorded_kernels)
         self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
@@ -196,6 +199,7 @@ class Trainer:
             "world_size": self.dist.world_size,
             "global_batch": self.global_batch,
             "total_steps": self.total_steps,
+            "kernels": self.kernels,
         }
 
     def save(self, best: bool = False) -> None:
@@ -426,8 +430,10 @@ def run(cfg: RunConfig) -> int:
     dist = None
     step = 0
     warmup.set_cuda_alloc_conf(cfg.train.device)  # before CUDA is initialised
+    print(f"minilmd: {determinism.prepare_environment(cfg)}", flush=True)  # before CUDA is initialised too
     try:
         dist = init_distributed(cfg)
+        determinism.apply(cfg, dist.device.type)
         trainer = Trainer(cfg, dist, stop)
         try:
             return trainer.train()
@@ -452,6 +458,9 @@ def run(cfg: RunConfig) -> int:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_SCRATCH_FULL
     except Exception as e:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
+        if (refused := determinism.refusal(e, cfg)) is not None:  # no deterministic kernel: the same next time
+            print(f"minilmd train: {refused}", file=sys.stderr)
+            return EXIT_CONFIG
         source = cuda_oom_source(e)  # torch.OutOfMemoryError, and the CUDA/cuBLAS/NCCL OOMs that are not one
         if source is None:
             traceback.print_exc()
