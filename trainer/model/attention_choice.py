@@ -119,7 +119,7 @@ def settle(cfg: RunConfig, dist: Any, bf16: bool, recorded: dict | None, timer: 
         torch_dist.broadcast_object_list(box, src=0)
     choice: Choice = box[0]
     apply(choice, cfg.train.deterministic)
-    if dist.is_main:
+    if dist.is_main and choice.attention != DEFAULT:  # torch's own choice on the CPU: nothing to say
         times = ", ".join(f"{n} {'-' if ms is None else f'{ms:.3f} ms'}" for n, ms in choice.timings_ms.items())
         print(f"minilmd: attention kernel {choice.attention} ({choice.how}{f': {times}' if times else ''})",
               flush=True)
