@@ -12,7 +12,8 @@ default) the trainer, in every rank:
     attention backward the only op that warned, and model.attention never takes a non-deterministic backend then
     (trainer/model/attention_choice.py), so an op without a deterministic kernel that a later torch or model brings
     is a loud error at the first step (`refusal`), never a run that silently stops being reproducible;
-  * keeps torch.compile: inductor's kernels are deterministic run to run at fixed shapes.
+  * keeps torch.compile (inductor reads the deterministic flag when it traces; a compiled run's bit-exactness is
+    not measured on a GPU yet: docs/training.md, "Bit-exact on the GPU").
 On the CPU nothing is changed: it is bit-exact already, and deterministic mode could only pick other kernels.
 The setting is recorded in every checkpoint (its config); a resume with the other one is refused
 (minilmd/checkpoint.py, Expectation.deterministic).
