@@ -5,7 +5,8 @@ forward+backward at GQA 8/4, head_dim 96, B=8, T=1024) where flash took 3.87 ms 
 scripts/gpu-check); and cuDNN's backward is not deterministic. So with model.attention = "auto", at the run's first
 start on CUDA, forward+backward of the model's own Attention module is timed at the run's micro-batch, seq_len and
 dtype for each backend the device offers (`candidates`: the deterministic ones only with train.deterministic), and
-the fastest is kept. A backend the device or the shape does not serve raises in torch and counts as not offered.
+the fastest is kept. A backend the device or the shape does not serve raises in torch and counts as not offered,
+and so does one whose backward torch refuses in deterministic mode (the timing runs under it).
 On the CPU "auto" is torch's own choice, untimed: CPU runs stay what they were, and a timing on a loaded CPU would
 make two undisturbed runs choose differently. A forced value ("flash", ...) is checked to run here, not timed.
 
