@@ -270,7 +270,8 @@ class Supervisor:
         try:
             self.child = self.infra.launch(command, self.run_dir, self.attempt, devices,
                                            compile_cache=trainerwatch.compile_cache_root(self.cfg),
-                                           extra_env=self.slurm.launch_env if self.slurm else None)
+                                           extra_env={**names.determinism_env(self.cfg.train.deterministic),
+                                                      **(self.slurm.launch_env if self.slurm else {})})
         except OSError as e:
             if not is_disk_full(e):
                 raise

@@ -37,6 +37,7 @@ from minilmd import checkpoint_contents as contents
 from minilmd.checkpoint_contents import saved_lora  # noqa: F401  (its callers' name for it)
 from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_latest
 from minilmd.config import RunConfig, load_config
+from minilmd.config_sections import weights_config
 from minilmd.corpus_meta import corpus_train_tokens, data_fingerprint, earlier_versions, read_meta
 from minilmd.fsio import sha256_file, table_problems  # noqa: F401  (sha256_file: the tests' name for it)
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
@@ -134,6 +135,12 @@ class Expectation:
     doc_mask: bool | None = None
     """The run's data.doc_mask: a checkpoint records it in its config (absent: false, saved before it existed);
     the attention it was trained with is part of what a resume continues, so the other setting is refused."""
+    deterministic: bool | None = None
+    """The run's train.deterministic: a checkpoint records it in its config (absent: saved before it existed, and
+    then the run's setting is taken); bit-exact resume is a property of the whole run, so the other is refused."""
+    attention: str | None = None
+    """The run's model.attention when it forces a backend (None for "auto", which keeps what was recorded): a
+    checkpoint whose trainer_state "kernels" records another one is refused (a resume must not change kernels)."""
 
     @classmethod
     def for_corpus(cls, cfg: RunConfig, meta: dict | None = None) -> Expectation:
@@ -141,10 +148,17 @@ class Expectation:
         of its prepared corpus (PreparedCorpus.meta, or read_meta's), that corpus's data and tokenizer fingerprints
         and its earlier versions. Without `meta` the fingerprints are not checked."""
         if meta is None:
-            return cls(model=cfg.model_dict(), lora=cfg.lora_dict(), doc_mask=cfg.data.doc_mask)
+            return cls(model=cfg.model_dict(), lora=cfg.lora_dict(), doc_mask=cfg.data.doc_mask,
+                       **_kernel_expectation(cfg))
         return cls(model=cfg.model_dict(), data_fingerprint=data_fingerprint(meta),
                    tokenizer_fingerprint=meta["tokenizer_sha256"], lora=cfg.lora_dict(),
-                   data_ancestors=tuple(earlier_versions(meta)), doc_mask=cfg.data.doc_mask)
+                   data_ancestors=tuple(earlier_versions(meta)), doc_mask=cfg.data.doc_mask,
+                   **_kernel_expectation(cfg))
+
+
+def _kernel_expectation(cfg: RunConfig) -> dict:
+    forced = cfg.model.attention if cfg.model.attention != "auto" else None
+    return {"deterministic": cfg.train.deterministic, "attention": forced}
 
 
 def verify_manifest(manifest: dict, size_of: Callable[[str], int | None],
@@ -410,7 +424,7 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
     if expected is None:
         return
     if expected.model is not None:
-        saved = (state.get("config") or {}).get("model") or {}
+        saved = weights_config((state.get("config") or {}).get("model") or {})
         diff = [f"model.{k}: checkpoint {saved.get(k)!r}, run {expected.model.get(k)!r}"
                 for k in sorted(set(saved) | set(expected.model)) if saved.get(k) != expected.model.get(k)]
         if diff:
@@ -425,6 +439,7 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
             raise CheckpointMismatch(ckpt_dir, [f"saved with data.doc_mask = {str(saved_mask).lower()}, the run has "
                                                 f"{str(expected.doc_mask).lower()} (the attention it trained with)"],
                                      "model")
+    _check_kernels(ckpt_dir, state, expected)
     prints = state.get("fingerprints") or {}
     for kind, want in (("tokenizer", expected.tokenizer_fingerprint), ("data", expected.data_fingerprint)):
         if kind == "data" and prints.get(kind) in expected.data_ancestors:
@@ -434,6 +449,22 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
                                                 f"run {want!r} (a different {kind} than this run uses)"], kind)
 
 
+def _check_kernels(ckpt_dir: Path, state: dict, expected: Expectation) -> None:
+    """train.deterministic and a forced model.attention against what the checkpoint recorded."""
+    saved_det = ((state.get("config") or {}).get("train") or {}).get("deterministic")
+    if expected.deterministic is not None and isinstance(saved_det, bool) and saved_det != expected.deterministic:
+        raise CheckpointMismatch(ckpt_dir, [f"saved with train.deterministic = {str(saved_det).lower()}, the run has "
+                                            f"{str(expected.deterministic).lower()} (whether the run is bit-exact "
+                                            f"on the GPU is decided at its start and kept)"], "model")
+    found = state.get("kernels")
+    kernels: dict = found if isinstance(found, dict) else {}
+    saved_attention = kernels.get("attention")
+    if expected.attention is not None and isinstance(saved_attention, str) and saved_attention != expected.attention:
+        how = kernels.get("attention_how", "")
+        raise CheckpointMismatch(ckpt_dir, [f"trained with attention kernel {saved_attention!r}"
+                                            f"{f' ({how})' if how else ''}, the run forces model.attention = "
+                                            f"{expected.attention!r}: a resume must not change kernels (set "
+                                            f"model.attention = \"auto\" to keep {saved_attention!r})"], "model")
 
 
 

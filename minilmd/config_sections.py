@@ -20,6 +20,16 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 """The Linear layers of a MiniMind-3 block a LoRA adapter may wrap (the names of HF Qwen3 and PEFT's target_modules)."""
 
 
+KERNEL_KEYS = ("attention",)
+"""[model] keys that choose how the model computes, not what its weights are: a checkpoint or init.from of the same
+weights is the same model whatever they say (a resume's kernel is checked apart: Expectation.attention)."""
+
+
+def weights_config(model: dict) -> dict:
+    """A [model] dict (a config's, or one a checkpoint recorded) without KERNEL_KEYS."""
+    return {k: v for k, v in model.items() if k not in KERNEL_KEYS}
+
+
 @dataclass
 class RunSection:
     name: str = ""
@@ -82,6 +92,10 @@ class ModelSection:
     """RoPE base frequency."""
     rms_norm_eps: float = 1e-6
     """RMSNorm epsilon."""
+    attention: str = "auto"
+    """The SDPA kernel: "auto" (on CUDA the fastest backend, deterministic ones only with train.deterministic, timed
+    at the first start; on the CPU torch's own) or one forced: "flash", "efficient", "cudnn", "math". Recorded in
+    checkpoints and kept by a resume; forcing another one then is refused (trainer/model/attention_choice.py)."""
 
     @property
     def ffn_size(self) -> int:
@@ -133,6 +147,10 @@ class TrainSection:
     """Save a local checkpoint every N steps (an integer) or every duration (a string such as "5m")."""
     keep_local: int = 2
     """Number of valid local checkpoints kept in scratch."""
+    deterministic: bool = True
+    """On CUDA: deterministic algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8 before CUDA starts and deterministic
+    attention kernels, so a killed-and-resumed GPU run ends bit-identical to an undisturbed one (docs/training.md,
+    "Bit-exact on the GPU"); the CPU is bit-exact either way. Recorded in checkpoints: a change on resume is refused."""
     compile: Union[bool, str] = "auto"  # noqa: UP007 - _type_ok matches typing.Union
     """torch.compile the model: "auto" (on CUDA, not on CPU), true or false. Its first step compiles; the
     supervisor allows restart.compile_timeout for it."""
@@ -308,7 +326,9 @@ class RunConfig:
         return {section: {toml_key(k): v for k, v in body.items()} for section, body in d.items()}
 
     def model_dict(self) -> dict:
-        return dataclasses.asdict(self.model)
+        """The [model] keys that make the weights (what checkpoints and init.from are compared on): not the kernel
+        attention runs (KERNEL_KEYS)."""
+        return weights_config(dataclasses.asdict(self.model))
 
     def lora_dict(self) -> dict | None:
         """The [lora] section as a dict when LoRA is on, else None (what checkpoints are checked against)."""

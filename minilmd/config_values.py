@@ -176,6 +176,7 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append(f"train.dtype = {t.dtype!r}: must be \"auto\", \"bf16\" or \"fp32\"")
     if isinstance(t.compile, str) and t.compile != "auto":
         p.append(f"train.compile = {t.compile!r}: must be \"auto\", true or false")
+    p += attention_problems(m.attention, t.deterministic)
     if t.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if not t.max_steps and not t.max_tokens and not t.max_epochs:
@@ -195,6 +196,24 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append(f"restart.backoff_initial {rs.backoff_initial!r} is longer than restart.backoff_max "
                  f"{rs.backoff_max!r}")
     return p
+
+
+ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
+"""The SDPA backends model.attention may force (torch.nn.attention.SDPBackend's, by their short names)."""
+NONDETERMINISTIC_ATTENTION = ("cudnn",)
+"""Backends whose backward is not deterministic (torch warns: cuDNN attention's backward "defaults to a
+non-deterministic algorithm"; issue 41's measurement): never chosen, nor allowed, with train.deterministic."""
+
+
+def attention_problems(attention: str, deterministic: bool) -> list[str]:
+    if attention != "auto" and attention not in ATTENTION_BACKENDS:
+        return [f"model.attention = {attention!r}: must be \"auto\" or one of "
+                + ", ".join(f'"{b}"' for b in ATTENTION_BACKENDS)]
+    if deterministic and attention in NONDETERMINISTIC_ATTENTION:
+        return [f"model.attention = {attention!r} has a non-deterministic backward, and train.deterministic is "
+                f"true: use \"auto\" (the fastest deterministic one) or another backend, or set "
+                f"train.deterministic = false"]
+    return []
 
 
 def _lora_problems(cfg: RunConfig) -> list[str]:

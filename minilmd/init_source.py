@@ -264,7 +264,10 @@ def source_model(source: InitSource) -> dict | None:
 
 
 def model_differences(source_cfg: dict, run_cfg: dict) -> list[str]:
-    """`model.KEY: source X, run Y` for every field that differs."""
+    """`model.KEY: source X, run Y` for every field of the weights that differs (not the kernel: KERNEL_KEYS)."""
+    from minilmd.config_sections import weights_config
+
+    source_cfg, run_cfg = weights_config(source_cfg), weights_config(run_cfg)
     return [f"model.{k}: source {source_cfg.get(k)!r}, run {run_cfg.get(k)!r}"
             for k in sorted(set(source_cfg) | set(run_cfg)) if source_cfg.get(k) != run_cfg.get(k)]
 

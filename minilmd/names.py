@@ -80,6 +80,18 @@ node even on one node, so that the multi-node script behaves the same whatever -
 RDZV_SECRET_ENV = "MINILMD_RDZV_SECRET"
 """A multi-node attempt's rendezvous secret (random per attempt, in the environment only, never on a command line):
 the minilmd-c10d store proves with it that the job's host node serves it (trainer/loop/rendezvous.py)."""
+CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
+"""cuBLAS's workspace, fixed so that its reductions do not depend on what it finds (train.deterministic): read when
+its first handle is made, so set before CUDA starts, in the supervisor's launch environment and at the trainer's
+entry (trainer/loop/determinism.py)."""
+CUBLAS_WORKSPACE_VALUES = (":4096:8", ":16:8")
+"""The values torch accepts as deterministic; the first is set (the larger workspace, issue 41's measured one)."""
+
+
+def determinism_env(deterministic: bool) -> dict[str, str]:
+    """The environment a trainer of a run with `train.deterministic = deterministic` is launched with."""
+    return {CUBLAS_WORKSPACE_ENV: CUBLAS_WORKSPACE_VALUES[0]} if deterministic else {}
+
 
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared

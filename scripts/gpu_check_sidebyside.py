@@ -4,11 +4,12 @@ MiniMind's source (jingyaogong/minimind, Apache-2.0) lives in ../shared/minimind
 there, unmodified, from its trainer/ folder, as its ABOUT.md says. Same GPU, same model (hidden_size x layers from
 the check's config; MiniMind's defaults give the same 8 query / 4 KV heads, checked in its source), same text
 (WORK/text.jsonl, each trainer with its own tokenizer), same seq_len and micro-batch, bf16, eager on both sides
-(part 4 eager is minilmd's figure). MiniMind prints no throughput: its log lines ("(step/iters), loss ...") are
-timed as they arrive (unbuffered), and its real tokens per step are the micro-batch times the mean real tokens per
-row of the corpus under its tokenizer (BOS + text + EOS, cut at seq_len; the rest of each row is padding it
-computes but does not learn from). The run is stopped before its epoch ends: at the epoch's end it would save into
-../checkpoints of the shared folder, which is not ours to write.
+(part 4 eager is minilmd's figure); then, where part 4 compiled ran, MiniMind with `--use_compile 1` beside it.
+MiniMind prints no throughput: its log lines ("(step/iters), loss ...") are timed as they arrive (unbuffered), and
+its real tokens per step are the micro-batch times the mean real tokens per row of the corpus under its tokenizer
+(BOS + text + EOS, cut at seq_len; the rest of each row is padding it computes but does not learn from). The run is
+stopped before its epoch ends: at the epoch's end it would save into ../checkpoints of the shared folder, which is
+not ours to write.
 In the dry run the command is checked against the trainer's own argparse flags and model defaults, not run.
 """
 from __future__ import annotations
@@ -46,14 +47,15 @@ def find_minimind() -> Path | None:
     return next((c for c in candidates if (c / "trainer" / "train_pretrain.py").is_file()), None)
 
 
-def minimind_command(work: Path, p: dict) -> list[str]:
+def minimind_command(work: Path, p: dict, compiled: bool = False) -> list[str]:
     m = p["model"]
     return [sys.executable, "train_pretrain.py", "--data_path", str(work / "text.jsonl"),
             "--save_dir", str(work / "minimind-out"), "--hidden_size", str(m["hidden_size"]),
             "--num_hidden_layers", str(m["num_hidden_layers"]), "--max_seq_len", str(p["seq_len"]),
             "--batch_size", str(p["micro_batch_size"]), "--accumulation_steps", "1", "--epochs", "1",
             "--dtype", "bfloat16", "--num_workers", "4", "--log_interval", str(LOG_INTERVAL),
-            "--save_interval", "1000000000", "--use_compile", "0", "--from_resume", "0", "--device", "cuda:0"]
+            "--save_interval", "1000000000", "--use_compile", "1" if compiled else "0", "--from_resume", "0",
+            "--device", "cuda:0"]
 
 
 def check_command(src: Path, cmd: list[str], p: dict) -> list[str]:
@@ -112,7 +114,7 @@ def side_by_side(work: Path, p: dict, dry: bool, took, read_metrics) -> tuple[st
         return "skip", "no MiniMind source (../shared/minimind absent, or set MINILMD_MINIMIND): nothing to compare"
     cmd = minimind_command(work, p)
     shown = f"(cd {src}/trainer && python {' '.join(cmd[1:])})"
-    problems = check_command(src, cmd, p)
+    problems = check_command(src, cmd, p) + check_command(src, minimind_command(work, p, compiled=True), p)
     if problems:
         return "fail", f"{shown}: " + "; ".join(problems)
     took("command checked")
@@ -121,20 +123,41 @@ def side_by_side(work: Path, p: dict, dry: bool, took, read_metrics) -> tuple[st
     deps = subprocess.run([sys.executable, "-c", f"import {NEEDS}"], capture_output=True, text=True)
     if deps.returncode != 0:
         return "skip", f"MiniMind's trainer needs {NEEDS}: {deps.stderr.strip().splitlines()[-1]}"
-    eager = [m for m in read_metrics(work / "eager" / "run", "train") if m["step"] > p["warm_steps"]] \
-        if (work / "eager" / "run" / "metrics.jsonl").exists() else []
-    if not eager:
+    eager = minilmd_tok_s(work / "eager" / "run", p, read_metrics)
+    if eager is None:
         return "fail", "no minilmd figure: part 4 eager did not run"
-    ours = sorted(m["tok_s"] for m in eager)[len(eager) // 2]
     took("minimind run")
+    status, figures = timed_minimind(work, src, cmd, p, eager, "eager")
+    compiled = minilmd_tok_s(work / "compiled" / "run", p, read_metrics)
+    if status == "ok" and compiled is not None:  # MiniMind's --use_compile 1 beside part 4 compiled
+        took("minimind compiled run")
+        status, more = timed_minimind(work, src, minimind_command(work, p, compiled=True), p, compiled, "compiled")
+        figures += f" | compiled: {more}"
+    elif status == "ok":
+        figures += " | compiled: no minilmd figure (part 4 compiled did not run), MiniMind compiled not run"
+    return status, figures
+
+
+def minilmd_tok_s(run_dir: Path, p: dict, read_metrics) -> float | None:
+    """The median real tok/s of part 4's run in `run_dir` past its warm-up steps; None when it did not run."""
+    if not (run_dir / "metrics.jsonl").exists():
+        return None
+    timed = sorted(m["tok_s"] for m in read_metrics(run_dir, "train") if m["step"] > p["warm_steps"])
+    return timed[len(timed) // 2] if timed else None
+
+
+def timed_minimind(work: Path, src: Path, cmd: list[str], p: dict, ours: float, mode: str) -> tuple[str, str]:
     warm = LOG_INTERVAL * max(1, p["warm_steps"] // LOG_INTERVAL)
+    if mode == "compiled":
+        warm += 2 * LOG_INTERVAL  # its compile happens in its first steps: timed after them
     seen, iters, tail = run_minimind(src, cmd, warm + p["timed_steps"], timeout=200)
     timed = [(s, t) for s, t in seen if s >= warm]
     if len(timed) < 2:
-        return "fail", f"MiniMind logged {[s for s, _ in seen]} of {iters} steps: {tail}"
+        return "fail", f"MiniMind ({mode}) logged {[s for s, _ in seen]} of {iters} steps: {tail}"
     (s0, t0), (s1, t1) = timed[0], timed[-1]
     real = mean_real_tokens(src, work / "text.jsonl", p["seq_len"]) * p["micro_batch_size"]
     theirs = real * (s1 - s0) / (t1 - t0)
     padded = p["micro_batch_size"] * p["seq_len"] * (s1 - s0) / (t1 - t0)
     return "ok", (f"MiniMind {theirs:,.0f} real tok/s ({padded:,.0f} with its padding; steps {s0}-{s1} of {iters}, "
-                  f"eager bf16), minilmd {ours:,.0f} real tok/s (part 4 eager): minilmd/MiniMind {ours / theirs:.2f}x")
+                  f"{mode} bf16), minilmd {ours:,.0f} real tok/s (part 4 {mode}): minilmd/MiniMind "
+                  f"{ours / theirs:.2f}x")

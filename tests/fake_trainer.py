@@ -177,6 +177,8 @@ def main(argv: list[str]) -> int:
     oom_above = os.environ.get("FAKE_OOM_ABOVE_MB")
     mb, accum = cfg.train.micro_batch_size, cfg.train.grad_accum
     print(f"fake trainer pid {os.getpid()}: micro_batch_size {mb}, grad_accum {accum}", flush=True)
+    print(f"fake trainer environment: CUBLAS_WORKSPACE_CONFIG={os.environ.get('CUBLAS_WORKSPACE_CONFIG')!r}",
+          flush=True)  # train.deterministic's, from the supervisor's launch environment
     if (share := os.environ.get("FAKE_SHARE_GOES")) and os.path.isdir(share):  # its NFS share goes while it trains
         os.rename(share, f"{share}.gone")
     if oom_above and mb > int(oom_above):

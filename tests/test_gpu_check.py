@@ -126,7 +126,7 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
                           text=True, timeout=600)
     rows = {r["part"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
     assert list(rows) == ["0 corpus", "1 versions", "2 admission", "3 attention", "4 eager", "4 compiled",
-                          "4 bench step", "5 run", "6 minimind", "7 oom"]
+                          "4 bench step", "5 run", "5 determinism", "6 minimind", "7 oom", "8 sft"]
     assert "part           status  seconds  figures" in done.stdout  # the table, printed
     status = {name: r["status"] for name, r in rows.items()}
     assert status["0 corpus"] == status["1 versions"] == status["3 attention"] == status["4 eager"] == "ok", rows
@@ -144,6 +144,18 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
     run = rows["5 run"]
     assert run["status"] == "ok", run
     assert "['killed', 'done']" in run["figures"] and "bit-exact" in run["figures"]
+    assert "s from the kill to the first new optimizer step" in run["figures"]  # the restart time
+    det = rows["5 determinism"]  # issue 41: two runs, a killed one, the negative controls, the cost
+    assert det["status"] == "ok", det
+    assert det["figures"].startswith("two undisturbed runs: weights verified, max |diff| 0 ") and \
+        "resumed from step-" in det["figures"], det
+    assert "resume without the AdamW moments: caught as different" in det["figures"]
+    assert "resume without the RNG states: " in det["figures"]
+    assert "cost of determinism: eager deterministic " in det["figures"] and "compiled deterministic " in det["figures"]
+    sft = rows["8 sft"]  # bench sft on a chat corpus beside MiniMind's train_full_sft.py (its command, dry)
+    assert sft["status"] == "ok", sft
+    assert sft["branches"][0] == "bench sft" and sft["branches"][1:] in (["sft command checked"], ["minimind absent"])
+    assert "bucketed/static real tokens/s: " in sft["figures"] and "padfree " in sft["figures"]
     oom = rows["7 oom"]  # the trainer's OOM handler, through its injected torch.OutOfMemoryError
     assert oom["status"] == "ok" and oom["branches"] == ["injected oom"], oom
     assert oom["figures"].startswith("exit 76; fault.json {") and '"source": "allocator"' in oom["figures"], oom

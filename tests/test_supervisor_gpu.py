@@ -53,7 +53,8 @@ def gpu_config(tmp_path, corpus, **train):
                              "lock_dir": str(tmp_path / "gpu-locks")})
 
 
-def test_waits_for_a_stably_free_card_and_never_takes_a_busy_one(tmp_path, corpus, supervise):
+def test_waits_for_a_stably_free_card_and_never_takes_a_busy_one(tmp_path, corpus, supervise, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     foreign = busy(used_mib=49500, procs=[(4242, 49500)])
     # GPU 0: another user's job for 8 polls, then free. GPU 1: flaps free/busy, never 3 free polls in a row.
     nvml = FakeNvml([[foreign] * 8 + [FREE], [FREE, FREE, busy(utilization=90)] * 20 + [busy(utilization=90)]])
@@ -67,6 +68,7 @@ def test_waits_for_a_stably_free_card_and_never_takes_a_busy_one(tmp_path, corpu
     assert acquired["devices"] == [0] and nvml.polls >= 8 + 3
     log = (cfg.run_dir / "logs" / "attempt-0001.log").read_text()
     assert "CUDA_VISIBLE_DEVICES='GPU-fake-0000'" in log
+    assert "CUBLAS_WORKSPACE_CONFIG=':4096:8'" in log  # train.deterministic: set before the trainer's CUDA starts
     assert state(cfg.run_dir)["phase"] == "done"
 
 

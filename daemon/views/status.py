@@ -23,6 +23,7 @@ from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
+from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.untrusted import Unreadable, printable
@@ -227,6 +228,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
         return 0
     lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir)
     lines += fit_lines(run_dir)
+    lines += reproducibility_lines(run_dir, state)  # daemon/views/reproducible.py
     from minilmd.daemon.views.curves import sparkline_line
 
     spark = sparkline_line(run_dir)

@@ -49,6 +49,7 @@ MODES = ("packed", "masked", "padded")
 
 def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
     """A Trainer for `mode` (one of MODES) writing only under `tmp` (its run dir and scratch)."""
+    from minilmd.trainer.loop import determinism
     from minilmd.trainer.loop.train import Trainer, init_distributed
 
     cfg = copy.deepcopy(cfg)
@@ -56,7 +57,10 @@ def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
     cfg.override("data.mode", "padded" if mode == "padded" else "packed")
     cfg.override("data.doc_mask", mode == "masked")
     cfg.train.max_steps, cfg.train.max_tokens = total_steps, 0
-    return Trainer(cfg, init_distributed(cfg))
+    determinism.prepare_environment(cfg)  # the kernels `minilmd train` runs: before CUDA starts, as it does
+    dist = init_distributed(cfg)
+    determinism.apply(cfg, dist.device.type)
+    return Trainer(cfg, dist)
 
 
 def timed_step(trainer) -> tuple[float, int]:

@@ -72,8 +72,8 @@ from minilmd.protocol import (
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.trainer.loop import determinism, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
-from minilmd.trainer.loop import tensorboard, warmup
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled, parameter_split
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
@@ -81,6 +81,7 @@ from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
 from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
 from minilmd.trainer.loop.resume import announce, load_model_state, resume, start_from_init, start_lora
+from minilmd.trainer.model import attention_choice
 
 
 class Trainer:
@@ -139,6 +140,9 @@ class Trainer:
             self.apply_resume(found)
         elif cfg.init.from_ and not cfg.lora.enabled:
             self.state.init_record = start_from_init(cfg, self.model, dist)
+        matmul = optimizer_step.matmul_dtype(cfg.train.dtype, self.device)
+        recorded = found.state.get("kernels") if found else None  # a resume keeps the run's attention kernel
+        self.kernels = attention_choice.settle(cfg, dist, matmul == "bf16", recorded)
         self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
         from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 
@@ -212,7 +216,8 @@ class Trainer:
         """trainer_state.json: every part's fragment, and what describes the run (its config, corpus, world)."""
         out = {"epoch": self.epoch_of(self.step), "config": self.cfg.to_dict(),
                "fingerprints": {"data": self.corpus.data_fingerprint, "tokenizer": self.corpus.tokenizer_fingerprint},
-               "world_size": self.dist.world_size, "global_batch": self.global_batch, "total_steps": self.total_steps}
+               "world_size": self.dist.world_size, "global_batch": self.global_batch, "total_steps": self.total_steps,
+               "kernels": self.kernels}
         for part in self.parts():
             out.update(part.state_dict())
         return out
@@ -447,8 +452,10 @@ def run(cfg: RunConfig) -> int:
     dist = None
     step = 0
     warmup.set_cuda_alloc_conf(cfg.train.device)  # before CUDA is initialised
+    print(f"minilmd: {determinism.prepare_environment(cfg)}", flush=True)  # before CUDA is initialised too
     try:
         dist = init_distributed(cfg)
+        determinism.apply(cfg, dist.device.type)
         trainer = Trainer(cfg, dist, stop)
         try:
             return trainer.train()
@@ -473,6 +480,9 @@ def run(cfg: RunConfig) -> int:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_SCRATCH_FULL
     except Exception as e:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
+        if (refused := determinism.refusal(e, cfg)) is not None:  # no deterministic kernel: the same next time
+            print(f"minilmd train: {refused}", file=sys.stderr)
+            return EXIT_CONFIG
         source = cuda_oom_source(e)  # torch.OutOfMemoryError, and the CUDA/cuBLAS/NCCL OOMs that are not one
         if source is None:
             traceback.print_exc()

@@ -1,0 +1,25 @@
+"""`minilmd status`'s line on whether the run is bit-reproducible: a run killed and resumed ends with the weights an
+undisturbed run would have, bit for bit. Always on the CPU; on the GPU only with train.deterministic (deterministic
+kernels, trainer/loop/determinism.py), read from the run's copy of its config (as another user's file may be)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from minilmd import names
+from minilmd.config import ConfigError, load_config
+from minilmd.daemon.statesections import StateJson
+
+
+def reproducibility_lines(run_dir: Path, state: StateJson) -> list[str]:
+    try:
+        cfg = load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True)
+    except (ConfigError, OSError):
+        return []
+    on_cpu = cfg.train.device == "cpu" or (state.child is not None and not state.devices)
+    if cfg.train.deterministic:
+        return ["  bit-reproducible: yes (train.deterministic: deterministic kernels on the GPU; a resumed run ends "
+                "as an undisturbed one would)"]
+    if on_cpu:
+        return ["  bit-reproducible: yes, on the CPU (train.deterministic = false would not make a GPU run so)"]
+    return ["  bit-reproducible: no on the GPU (train.deterministic = false: torch's default kernels; a resumed run "
+            "ends close to, not equal to, an undisturbed one)"]

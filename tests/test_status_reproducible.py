@@ -1,0 +1,35 @@
+"""`minilmd status` says whether the run is bit-reproducible: always on the CPU, on the GPU only with
+train.deterministic (daemon/views/reproducible.py, from the run's copy of its config)."""
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+from minilmd import names
+from minilmd.daemon.runstate import new_state
+from minilmd.daemon.views import status as views
+from minilmd.fsio import atomic_write_json
+
+
+def status_of(tmp_path: Path, device: str, deterministic: bool | None, devices: list) -> str:
+    run_dir = tmp_path / f"run-{device}-{deterministic}"
+    run_dir.mkdir()
+    st = new_state("demo", run_dir, str(tmp_path / "demo.toml"))
+    st.update(phase="training", since=time.time(), devices=devices,
+              child={"pid": 4242, "attempt": 1, "log": "logs/attempt-0001.log"})
+    atomic_write_json(run_dir / "state.json", st)
+    det = "" if deterministic is None else f"deterministic = {str(deterministic).lower()}\n"
+    (run_dir / names.RUN_CONFIG_COPY).write_text(
+        f'[run]\nname = "demo"\ndir = "{run_dir}"\n[data]\nprepared = "/nowhere"\n'
+        f'[train]\nmax_steps = 10\ndevice = "{device}"\n{det}')
+    out = io.StringIO()
+    assert views.status(run_dir, out=out) == 0
+    return out.getvalue()
+
+
+def test_status_says_whether_the_run_is_bit_reproducible(tmp_path):
+    assert "bit-reproducible: yes (train.deterministic" in status_of(tmp_path, "cuda", None, [0])  # the default
+    assert "bit-reproducible: no on the GPU (train.deterministic = false" in status_of(tmp_path, "cuda", False, [0])
+    assert "bit-reproducible: yes, on the CPU" in status_of(tmp_path, "cpu", False, [])
+    assert "bit-reproducible: yes, on the CPU" in status_of(tmp_path, "auto", False, [])  # no card leased: CPU
