@@ -425,3 +425,14 @@ def test_the_layers_fail_on_a_folder_cycle(tmp_path):
     assert set(found) == {("core", "core/sub"), ("core/sub", "core")}, found
     assert set(upward_imports(found, ("core", "core/sub"))) == {("core", "core/sub")}
     assert set(upward_imports(found, ("core/sub", "core"))) == {("core/sub", "core")}
+
+
+def test_the_architecture_intro_names_the_top_folders_in_their_layer_order():
+    """docs/architecture.md's first paragraph (the layout sentence) drifted once, describing a tree without
+    minilmd/corpus: every top folder and the core's two packages stand in it, bottom to top as in FOLDER_LAYERS."""
+    intro = DOC.read_text(encoding="utf-8").split("\n\n")[1]
+    named = ["minilmd", "minilmd/corpus", "minilmd/plan", "daemon", "trainer"]
+    assert [f for f in FOLDER_LAYERS if f in named] == named  # the order this test reads the intro in
+    at = [intro.find(f"`{folder}/`") for folder in named]
+    assert -1 not in at, f"architecture.md's intro does not name {[f for f, i in zip(named, at, strict=True) if i < 0]}"
+    assert at == sorted(at), "architecture.md's intro names the top folders out of their layer order"
