@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from minilmd.dirtree import MAX_TREE_DEPTH, TooDeep, depth_within, empty_tree, fsync_tree
+from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
 from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
@@ -286,12 +286,9 @@ class Dir:
 
     def mode_file(self, name: str, mode: int) -> None:
         """chmod a regular file of ours in this directory, through a descriptor opened without following a link
-        (a link or another user's file there raises PermissionError, nothing changed)."""
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        (open_own: a link or another user's file there raises PermissionError, nothing changed)."""
+        fd = self.open_own(name)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
-                raise PermissionError(errno.EPERM, "not a regular file of this user's", str(self.path / name))
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
@@ -337,10 +334,9 @@ class Dir:
         return True
 
     def _rename_claimed(self, name: str, to_name: str) -> bool:
-        """rename_new without RENAME_NOREPLACE. A plain rename(2) replaces an empty directory at to_name, which may
-        be a teammate's (a team directory): so to_name is claimed first by an empty directory of ours (mkdir fails
-        when anything stands there), and the rename replaces only that claim, its identity checked just before. A
-        file is linked to its new name (link fails when the name is taken), then unlinked from the old one."""
+        """rename_new without RENAME_NOREPLACE. A plain rename(2) replaces an empty directory at to_name (maybe a
+        teammate's): so to_name is claimed first by an empty directory of ours (mkdir fails when anything stands
+        there), and the rename replaces only that claim. A file is linked to its new name, then unlinked."""
         st = self.lstat(name)
         if st is None:
             raise FileNotFoundError(errno.ENOENT, "gone", str(self.path / name))
@@ -437,7 +433,7 @@ class Dir:
     def _remove_old(self, old: str, replaces: Identity, foreign: Callable[[Dir], str] | None,
                     keep_as: str | None) -> Kept | None:
         """The old version `old` deleted when it still holds only the caller's (`foreign`); else left (at keep_as
-        when free) and said. A tree that cannot be read or is too deep is left too."""
+        when free) and said. A tree that cannot be read, or is too deep for remove_tree, is left too."""
         why = ""
         try:
             with Dir.at(self, old) as opened:
@@ -445,14 +441,15 @@ class Dir:
                     why = "not the directory checked when this began"
                 elif foreign is not None:
                     why = foreign(opened)
-                if not why and not depth_within(opened.fd, MAX_TREE_DEPTH):
-                    why = f"a tree more than {MAX_TREE_DEPTH} directories deep"
         except OSError as e:
             why = f"it cannot be looked at again ({e.strerror or e})"
         if not why:
-            if self.remove_tree(old, replaces):
-                return None
-            why = "it could not be removed whole"
+            try:
+                if self.remove_tree(old, replaces):
+                    return None
+                why = "it could not be removed whole"
+            except OSError as e:  # a part it may not remove (another user's directory inside): the rest is left
+                why = f"it could not be removed whole ({e.strerror or e})"
         if keep_as is not None and self.rename_new(old, keep_as):
             old = keep_as
         return Kept(self.path / old, why)
