@@ -19,8 +19,10 @@ a `--force` of `prepare` each did that to the victim). So everything minilmd cre
   holds, whatever its name leads to now); nobody else can write inside a 0700 directory of ours;
 - `Dir.publish` renames such a directory into place (RENAME_NOREPLACE, or RENAME_EXCHANGE with what stood there),
   checking identities (device, inode) on both sides: it replaces only the directory the caller checked earlier, and
-  a directory that is not the one expected is swapped back and left, never deleted;
-- `Dir.remove_tree` removes a directory only when it is the one expected, its contents through descriptors;
+  a directory that is not the one expected is swapped back and left, never deleted; the old version, looked at
+  again by the caller's rule after the swap (`foreign`), is left whole when it holds more than it did;
+- `Dir.remove_tree` removes a directory only when it is the one expected, its contents through descriptors, a tree
+  at most MAX_TREE_DEPTH deep (minilmd/dirtree.py);
 - `Dir.write_atomic` writes a file (a temporary name O_EXCL, fchmod, fsync, rename), all at the descriptor.
 
 tests/test_shared_write_audit.py lists every call in the project that creates, renames, chmods or deletes by path
@@ -35,8 +37,11 @@ import os
 import pwd
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
 from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
@@ -56,6 +61,12 @@ class PlaceRefused(ValueError):
 
 class Replaced(ValueError):
     """A name did not lead to the directory expected (someone moved another one there): nothing was replaced."""
+
+
+class Kept(NamedTuple):
+    """An old version publish did not delete: where it is now, and why (what the caller's `foreign` said)."""
+    where: Path
+    why: str
 
 
 def user(uid: int) -> str:
@@ -275,15 +286,29 @@ class Dir:
 
     def mode_file(self, name: str, mode: int) -> None:
         """chmod a regular file of ours in this directory, through a descriptor opened without following a link
-        (a link or another user's file there raises PermissionError, nothing changed)."""
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        (open_own: a link or another user's file there raises PermissionError, nothing changed)."""
+        fd = self.open_own(name)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
-                raise PermissionError(errno.EPERM, "not a regular file of this user's", str(self.path / name))
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
+
+    def open_own(self, name: str, flags: int = os.O_RDONLY) -> int:
+        """A descriptor of the regular file `name` of this user's in this directory, opened without following a
+        link or blocking (`flags`: os.O_RDWR to write it); a link (ELOOP), anything but a regular file or another
+        user's file raises PermissionError, nothing opened. The caller closes it."""
+        try:
+            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise PermissionError(errno.EPERM, "a symbolic link or not a regular file",
+                                      str(self.path / name)) from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not owned_by_me(st):
+            os.close(fd)
+            raise PermissionError(errno.EPERM, "not a regular file of this user's", str(self.path / name))
+        return fd
 
     def mode_self(self, mode: int) -> None:
         os.fchmod(self.fd, mode)
@@ -296,10 +321,10 @@ class Dir:
 
     def rename_new(self, name: str, to_name: str) -> bool:
         """`name` renamed to `to_name` unless something stands there (False, nothing changed). RENAME_NOREPLACE;
-        without it (NFS) a plain rename, which replaces nothing but an empty directory."""
+        without it (NFS) see _rename_claimed: never over anything that stands there, an empty directory too."""
         try:
             if not renameat2(self.fd, name, self.fd, to_name, RENAME_NOREPLACE):
-                os.rename(name, to_name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                return self._rename_claimed(name, to_name)
         except (FileExistsError, NotADirectoryError):
             return False
         except OSError as e:
@@ -308,30 +333,62 @@ class Dir:
             raise
         return True
 
+    def _rename_claimed(self, name: str, to_name: str) -> bool:
+        """rename_new without RENAME_NOREPLACE. A plain rename(2) replaces an empty directory at to_name (maybe a
+        teammate's): so to_name is claimed first by an empty directory of ours (mkdir fails when anything stands
+        there), and the rename replaces only that claim. A file is linked to its new name, then unlinked."""
+        st = self.lstat(name)
+        if st is None:
+            raise FileNotFoundError(errno.ENOENT, "gone", str(self.path / name))
+        if not stat.S_ISDIR(st.st_mode):
+            os.link(name, to_name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+            os.unlink(name, dir_fd=self.fd)
+            return True
+        os.mkdir(to_name, PRIVATE, dir_fd=self.fd)  # FileExistsError: taken
+        claim = self.lstat(to_name)
+        if claim is None or not stat.S_ISDIR(claim.st_mode) or not owned_by_me(claim):
+            return False  # taken from us at once: whatever stands there now is not ours to replace
+        claimed = (claim.st_dev, claim.st_ino)
+        try:
+            os.rename(name, to_name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            if self.identity_of(to_name) == claimed:
+                os.rmdir(to_name, dir_fd=self.fd)
+            raise
+        return True
+
     def exchange(self, a: str, b: str) -> bool:
         """Swap the entries a and b in one step (both must exist): False where the file system cannot (NFS)."""
         return renameat2(self.fd, a, self.fd, b, RENAME_EXCHANGE)
 
-    def publish(self, tmp: Dir, tmp_name: str, final: str, replaces: Identity | None, aside: str) -> None:
+    def publish(self, tmp: Dir, tmp_name: str, final: str, replaces: Identity | None, aside: str, *,
+                foreign: Callable[[Dir], str] | None = None, keep_as: str | None = None) -> Kept | None:
         """The complete directory `tmp` (here at `tmp_name`) put at `final`, durably. `replaces`: the identity of
         the directory at `final` the caller checked (None: nothing may stand there). Replaced, with nothing lost,
-        when a name leads elsewhere than expected; only the checked old version is deleted, after the swap. `tmp`
-        is closed once published."""
-        _fsync_tree(tmp.fd)
+        when a name leads elsewhere than expected; only the checked old version is deleted, after the swap, and
+        only when `foreign(old)` (looked at again then, through its descriptor) says it holds nothing but the
+        caller's (""): what was added to it since the caller's check (hours, for a prepare) is never deleted. Such
+        an old version is left, at `keep_as` when that name is free: the Kept returned says where and why. `tmp` is
+        closed once published."""
+        fsync_tree(tmp.fd)
         if self.identity_of(tmp_name) != tmp.identity:
             raise Replaced(f"{self.path / tmp_name}: the temporary directory was replaced by another one")
+        kept = None
         if replaces is None:
             if not self.rename_new(tmp_name, final):
                 raise Replaced(f"{self.path / final}: appeared while this ran (it was not there when checked)")
             if self.identity_of(final) != tmp.identity:  # swapped between the check and the rename: put back
-                self.rename_new(final, tmp_name)
-                raise Replaced(f"{self.path / tmp_name}: the temporary directory was replaced by another one")
+                raise Replaced(f"{self.path / tmp_name}: the temporary directory was replaced by another one; "
+                               + self._put_back(final, tmp_name, "the directory found"))
         else:
-            self._replace(tmp, tmp_name, final, replaces, aside)
+            old = self._replace(tmp, tmp_name, final, replaces, aside)
+            kept = self._remove_old(old, replaces, foreign, keep_as)
         os.fsync(self.fd)
         tmp.close()  # published: no longer a temporary directory (discard leaves it)
+        return kept
 
-    def _replace(self, tmp: Dir, tmp_name: str, final: str, replaces: Identity, aside: str) -> None:
+    def _replace(self, tmp: Dir, tmp_name: str, final: str, replaces: Identity, aside: str) -> str:
+        """The swap: tmp at final, the old version (returned: its name now) beside it, both identities checked."""
         if self.identity_of(final) != replaces:
             raise Replaced(f"{self.path / final}: not the directory checked when this began (someone moved another "
                            "one there); nothing was replaced")
@@ -341,28 +398,61 @@ class Dir:
             if not self.rename_new(final, aside):
                 raise Replaced(f"{self.path / aside}: taken; nothing was replaced")
             if self.identity_of(aside) != replaces:
-                self.rename_new(aside, final)
                 raise Replaced(f"{self.path / final}: not the directory checked when this began; nothing was "
-                               "replaced")
+                               "replaced; " + self._put_back(aside, final, "the directory found"))
             try:
                 self.rename(tmp_name, self, final)
             except BaseException:
-                self.rename_new(aside, final)
+                if not self.rename_new(aside, final):
+                    raise Replaced(f"{self.path / final}: the new version could not be put there, and the old one "
+                                   f"could not be put back: it is at {self.path / aside}") from None
                 raise
             old = aside
         if self.identity_of(old) != replaces or self.identity_of(final) != tmp.identity:
-            self._undo(old, final)
-            raise Replaced(f"{self.path / final}: another directory was moved there while this ran; it was put back "
-                           "and nothing was deleted")
-        self.remove_tree(old, replaces)
+            put_back = self._undo(old, final)
+            raise Replaced(f"{self.path / final}: another directory was moved there while this ran; "
+                           + ("it was put back and nothing was deleted" if put_back else
+                              f"it could not be put back (it is at {self.path / old}); nothing was deleted"))
+        return old
 
-    def _undo(self, old: str, final: str) -> None:
+    def _put_back(self, name: str, to: str, what: str) -> str:
+        """`name` renamed back to `to`; the words that say whether it was."""
+        if self.rename_new(name, to):
+            return f"{what} was put back"
+        return f"{what} could not be put back (it is at {self.path / name}, {self.path / to} is taken)"
+
+    def _undo(self, old: str, final: str) -> bool:
+        """The swap undone: True when `old` is at `final` again."""
         try:
             if self.exchange(old, final):
-                return
+                return True
         except OSError:
             pass
-        self.rename_new(old, final)
+        return self.rename_new(old, final)
+
+    def _remove_old(self, old: str, replaces: Identity, foreign: Callable[[Dir], str] | None,
+                    keep_as: str | None) -> Kept | None:
+        """The old version `old` deleted when it still holds only the caller's (`foreign`); else left (at keep_as
+        when free) and said. A tree that cannot be read, or is too deep for remove_tree, is left too."""
+        why = ""
+        try:
+            with Dir.at(self, old) as opened:
+                if opened.identity != replaces:
+                    why = "not the directory checked when this began"
+                elif foreign is not None:
+                    why = foreign(opened)
+        except OSError as e:
+            why = f"it cannot be looked at again ({e.strerror or e})"
+        if not why:
+            try:
+                if self.remove_tree(old, replaces):
+                    return None
+                why = "it could not be removed whole"
+            except OSError as e:  # a part it may not remove (another user's directory inside): the rest is left
+                why = f"it could not be removed whole ({e.strerror or e})"
+        if keep_as is not None and self.rename_new(old, keep_as):
+            old = keep_as
+        return Kept(self.path / old, why)
 
     # --- removing ---
 
@@ -379,7 +469,10 @@ class Dir:
         with sub:
             if sub.identity != expected:
                 return False
-            sub.empty()
+            try:
+                sub.empty()
+            except TooDeep:
+                return False  # a tree minilmd did not make: what is below the limit is left
         try:
             os.rmdir(name, dir_fd=self.fd)
         except OSError:
@@ -388,7 +481,7 @@ class Dir:
 
     def empty(self) -> None:
         """Everything inside this directory removed through descriptors (no link followed: a link is unlinked)."""
-        _empty(self.fd)
+        empty_tree(self.fd)
 
     def discard(self, tmp: Dir, tmp_name: str) -> None:
         """A make_temp directory that was not published: emptied through its own descriptor, its name removed only
@@ -405,36 +498,3 @@ class Dir:
             except OSError:
                 pass
         tmp.close()
-
-
-def _empty(fd: int) -> None:
-    for entry in os.scandir(fd):
-        if entry.is_dir(follow_symlinks=False):
-            sub = os.open(entry.name, OPEN_DIR, dir_fd=fd)
-            try:
-                _empty(sub)
-            finally:
-                os.close(sub)
-            os.rmdir(entry.name, dir_fd=fd)
-        else:
-            os.unlink(entry.name, dir_fd=fd)
-
-
-def _fsync_tree(fd: int) -> None:
-    """Every file and directory under the directory fd, flushed, fd itself last: complete before it is renamed."""
-    for entry in os.scandir(fd):
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        if entry.is_dir(follow_symlinks=False):
-            flags |= os.O_DIRECTORY
-        elif not entry.is_file(follow_symlinks=False):
-            continue
-        sub = os.open(entry.name, flags, dir_fd=fd)
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                _fsync_tree(sub)
-            os.fsync(sub)
-        finally:
-            os.close(sub)
-    os.fsync(fd)
-
-

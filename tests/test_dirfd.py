@@ -141,3 +141,74 @@ def test_prepare_makes_the_missing_directories_to_its_out_writable_by_its_user_a
         os.umask(old)
     for made in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "c"):
         assert stat.S_IMODE(made.stat().st_mode) == 0o755, made
+
+
+def test_rename_new_without_noreplace_never_replaces_an_empty_directory(tmp_path, monkeypatch):
+    """NFS has no RENAME_NOREPLACE; a plain rename(2) replaces an empty directory at the new name, which in a team
+    directory may be a teammate's. The fallback claims the name first and replaces only its own claim."""
+    monkeypatch.setattr("minilmd.dirfd.renameat2", lambda *args: False)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "f").write_text("mine")
+    (tmp_path / "hers").mkdir()
+    hers = (tmp_path / "hers").stat().st_ino
+    (tmp_path / "a-file").write_text("file")
+    (tmp_path / "taken").write_text("taken")
+    with Dir.open(tmp_path, "here") as here:
+        assert not here.rename_new("mine", "hers")
+        assert (tmp_path / "hers").stat().st_ino == hers and not any((tmp_path / "hers").iterdir())
+        assert not here.rename_new("a-file", "taken") and (tmp_path / "taken").read_text() == "taken"
+        assert here.rename_new("mine", "free") and (tmp_path / "free" / "f").read_text() == "mine"
+        assert here.rename_new("a-file", "free-file") and (tmp_path / "free-file").read_text() == "file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["free", "free-file", "hers", "taken"]
+
+
+def test_publish_says_where_the_old_version_is_when_it_cannot_be_put_back(tmp_path, monkeypatch):
+    """NFS: the old version goes aside, the new one to its name; someone moves another directory there meanwhile
+    and the old one cannot go back (the name is taken). The message said "it was put back"; it says where it is."""
+    monkeypatch.setattr(Dir, "exchange", lambda self, a, b: False)
+    real_rename = Dir.rename
+
+    def rename_then_swap(self, name, to, to_name):
+        real_rename(self, name, to, to_name)
+        os.rename(tmp_path / to_name, tmp_path / "moved-away")
+        _corpus(tmp_path / to_name, "his")
+
+    monkeypatch.setattr(Dir, "rename", rename_then_swap)
+    _corpus(tmp_path / "out", "old")
+    with Dir.open(tmp_path, "here") as here:
+        checked = here.identity_of("out")
+        tmp, name = here.make_temp(".out.prepare-h-1-2")
+        with pytest.raises(Replaced, match=f"could not be put back \\(it is at {tmp_path / (name + '.old')}\\)"):
+            here.publish(tmp, name, "out", checked, aside=name + ".old")
+    assert _tree(tmp_path / (name + ".old")) == {"meta.json": b"old"}  # nothing deleted
+    assert _tree(tmp_path / "out") == {"meta.json": b"his"}
+
+
+def test_publish_leaves_an_old_version_that_changed_since_it_was_checked(tmp_path):
+    """What was checked when the caller began may hold more by the time of the swap (a prepare takes hours): the
+    caller's `foreign` looks again through the descriptor; what it finds is left at `keep_as`, nothing deleted."""
+    _corpus(tmp_path / "out", "old")
+    with Dir.open(tmp_path, "here") as here:
+        checked = here.identity_of("out")
+        tmp, name = here.make_temp(".out.prepare-h-1-2")
+        (tmp.inside / "meta.json").write_text("new")
+        (tmp_path / "out" / "thesis.txt").write_text("hers")
+        kept = here.publish(tmp, name, "out", checked, aside=name + ".old", keep_as="out.kept",
+                            foreign=lambda old: ", ".join(sorted(set(os.listdir(old.fd)) - {"meta.json"})))
+    assert kept == (tmp_path / "out.kept", "thesis.txt")
+    assert _tree(tmp_path / "out.kept") == {"meta.json": b"old", "thesis.txt": b"hers"}
+    assert _tree(tmp_path / "out") == {"meta.json": b"new"}
+
+
+def test_a_tree_deeper_than_the_bound_is_neither_removed_nor_walked(tmp_path):
+    from minilmd.dirtree import MAX_TREE_DEPTH
+
+    deep = tmp_path / "a"
+    (deep / "top.txt").parent.mkdir()
+    (deep / "top.txt").write_text("top")
+    bottom = deep.joinpath(*["d"] * (MAX_TREE_DEPTH + 2))
+    bottom.mkdir(parents=True)
+    (bottom / "bottom.txt").write_text("bottom")
+    with Dir.open(tmp_path, "here") as here:
+        assert not here.remove_tree("a", here.identity_of("a"))
+    assert (deep / "top.txt").read_text() == "top" and (bottom / "bottom.txt").read_text() == "bottom"

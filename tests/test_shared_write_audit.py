@@ -69,9 +69,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/corpus/prepare/append.py": ("private", "inside the corpus directory opened under the lock (refused "
                                          "when others can write it) or the append's temporary directory: "
                                          + PRIVATE_TMP, {
-        ("_remove_stale_parts", ".unlink"): 1, ("_append", ".mkdir"): 1, ("_new_documents", ".unlink"): 2,
-        ("_new_documents", "os.replace"): 2, ("_append_bytes", "open"): 1, ("_publish", "os.replace"): 1,
-        ("_publish", "np.save"): 1}),
+        ("_append", ".mkdir"): 1, ("_new_documents", ".unlink"): 2, ("_new_documents", "os.replace"): 2,
+        ("_publish", "np.save"): 1}),  # np.save: into a file object made O_EXCL at the split's descriptor
     # --- core helpers, by the place their callers give ------------------------------------------------------------
     "minilmd/fsio.py": ("private", "crash-safe writes by path, for places their callers own: state.json in run.dir, "
                         "scratch, a corpus's meta.json inside a checked directory; the remote's pointer "

@@ -8,14 +8,16 @@ beside the corpus. Their documents are then appended, whole, to the ends of trai
    the new documents' tokens are appended to it and fsynced. Old bytes are never rewritten: a trainer that has
    the corpus open keeps reading the same prefix.
 2. doc_lengths.npy (old lengths + new: 4 bytes per document) is written to a temporary name beside it;
-3. the two doc_lengths.npy are renamed into place, then meta.json (atomic_write_json: temp, fsync, rename).
+3. the two doc_lengths.npy are renamed into place, then meta.json (Dir.write_atomic: temp, fsync, rename).
 A reader takes meta.json as the truth: it reads the first `splits.<split>.documents` lengths and the tokens they
 sum to, and accepts files longer than that (minilmd/corpus/format.py). So a reader that opens at any moment sees the old
 version or the new one, never a half: before step 3 it reads the old meta and the old prefix, and between the
 renames of step 3 the new doc_lengths.npy's prefix is the old one. Disk: the new data, nothing copied. One writer at a
-time: the lock of every prepare of this --out (lock.py); the corpus directory is opened under it and written
-through that open directory, and the append refuses (exit 2) when the name no longer leads there, or when the
-corpus is another user's. What a killed append left (its temporary directory beside the corpus, its temporary
+time: the lock of every prepare of this --out (lock.py); the corpus directory and its split directories are opened
+under it and written through those open directories (each file opened without following a link, a regular file of
+this user's, the new doc_lengths.npy made O_EXCL), and the append refuses (exit 2) when the name no longer leads
+there, or when the corpus or a split directory is another user's or others can write it.
+What a killed append left (its temporary directory beside the corpus, its temporary
 doc_lengths.npy) is removed by the next one, under the lock.
 
 Leak check against the old documents: their leak keys are recomputed by decoding the old documents with the
@@ -33,6 +35,7 @@ fingerprint and reads that version's prefix of train until its epoch ends (minil
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -56,11 +59,12 @@ from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
 from minilmd.corpus_meta import CorpusError, data_fingerprint
 from minilmd.dirfd import Dir, temp_name
-from minilmd.fsio import atomic_write_text, fsync_dir, fsync_file, sha256_file
+from minilmd.fsio import sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_maker, prepare_tmp_name
 from minilmd.perms import others_can_rearrange, owned_by_me
 
+STALE_PARTS = DOC_LENGTHS + ".append-*.npy"  # a killed append's part, in a split directory
 APPEND_SUFFIX = ".append"  # the temporary directory's name is prepare's, for "<corpus>.append"
 _WORDS = leftovers.Words(one="an append", tool="prepare --append", thing="temporary directory", files=False)
 
@@ -101,43 +105,67 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
         raise CorpusError(f"{root}: cannot open ({e.strerror}); is it a prepared corpus?") from None
     with CorpusLock(root, "prepare --append", group_share) as lock:  # the one writer of this corpus (lock.py)
         fd, identity = open_locked_dir(lock)
-        try:
+        with Dir(fd, root) as corpus_dir:  # the directory that was locked, whatever its name leads to now
             _check_owner(root, os.fstat(fd))
-            locked = Path(f"/proc/self/fd/{fd}")  # the directory that was locked, whatever its name leads to now
-            _remove_stale_parts(locked)
-            if not group_share:  # in a team directory a name proves nothing: leftovers are the user's to remove
-                _remove_stale_tmp(root)
-            assert lock.parent is not None
+            splits = _open_splits(corpus_dir)
             try:
-                return _append(sources, root, locked, lock.parent, lambda: check_same_dir(lock, identity), workers,
-                               progress, log, on_bad_line, block_bytes)
+                _remove_stale_parts(splits)
+                if not group_share:  # in a team directory a name proves nothing: leftovers are the user's
+                    _remove_stale_tmp(root)
+                assert lock.parent is not None
+                return _append(sources, root, corpus_dir, splits, lock.parent,
+                               lambda: check_same_dir(lock, identity), workers, progress, log, on_bad_line,
+                               block_bytes)
             except PermissionError as e:
                 raise ValueError(f"{root}: cannot write {e.filename or 'a file'} ({e.strerror}); nothing was "
                                  "appended") from None
-        finally:
-            os.close(fd)
+            finally:
+                for split_dir in splits.values():
+                    split_dir.close()
 
 
-def _check_owner(root: Path, st: os.stat_result) -> None:
-    """ValueError (exit 2) for a corpus of another user: an append changes it in place, and only its owner may;
-    and for one others can rearrange (its files are written by name inside it)."""
+def _check_owner(root: Path, st: os.stat_result, what: str = "the corpus") -> None:
+    """ValueError (exit 2) for a corpus (or a split directory of it: `what`) of another user: an append changes it
+    in place, and only its owner may; and for one others can rearrange (its files are written inside it)."""
     owner = st.st_uid
     if not owned_by_me(st):
-        raise ValueError(f"{root}: the corpus belongs to another user (uid {owner}); `prepare --append` changes a "
+        raise ValueError(f"{root}: {what} belongs to another user (uid {owner}); `prepare --append` changes a "
                          "corpus in place, which only its owner may do. Prepare a corpus of your own (--out "
                          "elsewhere)")
     if stat.S_ISDIR(st.st_mode) and others_can_rearrange(st):
-        raise ValueError(f"{root}: the corpus directory can be written by other users (mode "
+        raise ValueError(f"{root}: {what} directory can be written by other users (mode "
                          f"{stat.S_IMODE(st.st_mode):o}), who could swap its files while this appends; chmod go-w "
                          f"{root}, then run this again; nothing was changed")
 
 
-def _remove_stale_parts(locked: Path) -> None:
-    """Leftovers of an append that was killed (its temporary doc_lengths.npy), removed under the lock."""
-    for split in SPLITS:
-        for stale in (locked / split).glob(DOC_LENGTHS + ".append-*.npy"):
-            if stale.is_file() and not stale.is_symlink():
-                stale.unlink(missing_ok=True)
+def _open_splits(corpus: Dir) -> dict[str, Dir]:
+    """Each split directory, opened through the corpus's descriptor (a link there is not followed), refused as the
+    corpus is when another user's or others can rearrange it: the append writes its files in place."""
+    opened: dict[str, Dir] = {}
+    try:
+        for split in SPLITS:
+            try:
+                opened[split] = Dir.at(corpus, split)
+            except OSError as e:
+                raise CorpusError(f"{corpus.path / split}: cannot be opened as the corpus's own split directory "
+                                  f"({e.strerror}; a link is not followed)") from None
+            _check_owner(corpus.path / split, os.fstat(opened[split].fd), "the split")
+    except BaseException:
+        for split_dir in opened.values():
+            split_dir.close()
+        raise
+    return opened
+
+
+def _remove_stale_parts(splits: dict[str, Dir]) -> None:
+    """Leftovers of an append that was killed (its temporary doc_lengths.npy), removed under the lock: only a
+    regular file of this user's, by its name in the split's descriptor."""
+    for split_dir in splits.values():
+        for name in os.listdir(split_dir.fd):
+            if fnmatch.fnmatchcase(name, STALE_PARTS):
+                st = split_dir.lstat(name)
+                if st is not None and stat.S_ISREG(st.st_mode) and owned_by_me(st):
+                    split_dir.remove_file(name)
 
 
 def _remove_stale_tmp(root: Path) -> None:
@@ -150,12 +178,13 @@ def _remove_stale_tmp(root: Path) -> None:
                     out=root, on_running=leftovers.say_running(_WORDS, say))
 
 
-def _append(sources: list[str], root: Path, locked: Path, parent: Dir, check_same, workers: int | None, progress,
-            log, on_bad_line: str | None, block_bytes: int | None) -> dict:
-    """The append; `locked` names the corpus directory by its descriptor (every write goes there), `root` by the
-    name the user gave (for messages and the readers); check_same() refuses when the two part. `parent`: the
-    locked directory of the corpus, where the temporary directory is made (0700, a random name) and used through
-    its own descriptor."""
+def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, Dir], parent: Dir, check_same,
+            workers: int | None, progress, log, on_bad_line: str | None, block_bytes: int | None) -> dict:
+    """The append; `corpus_dir` is the corpus directory opened under the lock and `splits` its split directories
+    opened through it (every write goes there, by descriptor), `root` its name as the user gave it (for messages
+    and the readers); check_same() refuses when the two part. `parent`: the locked directory of the corpus, where
+    the temporary directory is made (0700, a random name) and used through its own descriptor."""
+    locked = corpus_dir.inside
     from minilmd.corpus.prepare.meta import report
     from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer
     from minilmd.corpus.prepare.stream import encode_all, open_sources
@@ -213,7 +242,7 @@ def _append(sources: list[str], root: Path, locked: Path, parent: Dir, check_sam
         check_same()
         if sha256_file(locked / META) != old_meta_sha:
             raise CorpusError(f"{root / META}: changed while this append ran; nothing was appended")
-        new_meta = _publish(locked, meta, tmp, new, found, opts, old_meta_sha)
+        new_meta = _publish(corpus_dir, splits, meta, tmp, new, found, opts, old_meta_sha)
     finally:
         parent.discard(tmp_dir, tmp_name)
     v = new_meta["versions"][-1]
@@ -269,47 +298,80 @@ def _new_documents(tmp: Path, found: Collector, old_keys: dict[str, np.ndarray])
                 {"train": keep_train, "val": keep_val}, old_keys, facts)
 
 
-def _append_bytes(src: Path, dst: Path, keep_size: int, chunk: int = 8 << 20) -> None:
-    """dst cut back to keep_size bytes (an interrupted append's tail), then src's bytes after it, fsynced."""
-    with open(dst, "r+b") as fout, open(src, "rb") as fin:
-        fout.truncate(keep_size)
-        fout.seek(keep_size)
+def _append_bytes(src: Path, dst: int, keep_size: int, chunk: int = 8 << 20) -> None:
+    """The file open at `dst` cut back to keep_size bytes (an interrupted append's tail), then src's bytes after
+    it, fsynced."""
+    os.ftruncate(dst, keep_size)
+    os.lseek(dst, keep_size, os.SEEK_SET)
+    with open(src, "rb") as fin:
         while data := fin.read(chunk):
-            fout.write(data)
-        fout.flush()
-        os.fsync(fout.fileno())
+            view = memoryview(data)
+            while view:
+                view = view[os.write(dst, view):]
+    os.fsync(dst)
 
 
-def _publish(root: Path, meta: dict, tmp: Path, new: _New, found: Collector, opts, old_meta_sha: str) -> dict:
-    """Steps 1-3 of the module docstring, in `root` (the locked directory, by its descriptor); returns the new
-    meta.json."""
+def _sha256_fd(fd: int) -> str:
+    return sha256_file(f"/proc/self/fd/{fd}")  # the file open at fd, whatever its name leads to now
+
+
+def _open_split_files(splits: dict[str, Dir], chat: bool) -> dict[tuple[str, str], int]:
+    """{(split, name): a read-write descriptor} of every file the append grows, each a regular file of this
+    user's opened without following a link (Dir.open_own), all before a byte is written: a link or a stranger's
+    file there is refused (PermissionError) with the corpus unchanged."""
+    names = (TOKENS, LOSS_MASK) if chat else (TOKENS,)
+    opened: dict[tuple[str, str], int] = {}
+    try:
+        for split, split_dir in splits.items():
+            for name in names:
+                opened[split, name] = split_dir.open_own(name, os.O_RDWR)
+    except BaseException:
+        for fd in opened.values():
+            os.close(fd)
+        raise
+    return opened
+
+
+def _old_lengths(split_dir: Dir, documents: int) -> np.ndarray:
+    fd = split_dir.open_own(DOC_LENGTHS)
+    with os.fdopen(fd, "rb") as f:
+        return np.load(f, allow_pickle=False)[:documents].astype(np.int32)
+
+
+def _publish(corpus_dir: Dir, splits: dict[str, Dir], meta: dict, tmp: Path, new: _New, found: Collector, opts,
+             old_meta_sha: str) -> dict:
+    """Steps 1-3 of the module docstring, in the corpus directory and its splits (by their descriptors); returns
+    the new meta.json."""
     files = dict(meta["files"])
     lengths = {}
     staged = []
-    for split in SPLITS:
-        rel_tokens = f"{split}/{TOKENS}"
-        _append_bytes(tmp / split / TOKENS, root / split / TOKENS, int(files[rel_tokens]["size"]))
-        if found.chat:
-            rel_mask = f"{split}/{LOSS_MASK}"
-            _append_bytes(tmp / split / LOSS_MASK, root / split / LOSS_MASK, int(files[rel_mask]["size"]))
-            files[rel_mask] = {"size": (root / split / LOSS_MASK).stat().st_size,
-                               "sha256": sha256_file(root / split / LOSS_MASK)}
-        old = np.load(root / split / DOC_LENGTHS, allow_pickle=False)[:int(meta["splits"][split]["documents"])]
-        lengths[split] = np.concatenate([old.astype(np.int32), new.lengths[split]])
-        part = root / split / (DOC_LENGTHS + f".append-{os.getpid()}.npy")
-        np.save(part, lengths[split])
-        fsync_file(part)
-        staged.append((part, root / split / DOC_LENGTHS))
-        files[rel_tokens] = {"size": (root / split / TOKENS).stat().st_size,
-                             "sha256": sha256_file(root / split / TOKENS)}
-        files[f"{split}/{DOC_LENGTHS}"] = {"size": part.stat().st_size, "sha256": sha256_file(part)}
+    grown = _open_split_files(splits, found.chat)
+    try:
+        for split, split_dir in splits.items():
+            for (of, name), fd in grown.items():
+                if of == split:
+                    _append_bytes(tmp / split / name, fd, int(files[f"{split}/{name}"]["size"]))
+                    files[f"{split}/{name}"] = {"size": os.fstat(fd).st_size, "sha256": _sha256_fd(fd)}
+            lengths[split] = np.concatenate([_old_lengths(split_dir, int(meta["splits"][split]["documents"])),
+                                             new.lengths[split]])
+            part_fd, part = split_dir.create_new(DOC_LENGTHS + ".append-", ".npy", 0o644)  # STALE_PARTS
+            with os.fdopen(part_fd, "wb") as f:
+                np.save(f, lengths[split])
+                f.flush()
+                os.fsync(f.fileno())
+                files[f"{split}/{DOC_LENGTHS}"] = {"size": os.fstat(f.fileno()).st_size,
+                                                   "sha256": _sha256_fd(f.fileno())}
+            staged.append((split_dir, part))
+    finally:
+        for fd in grown.values():
+            os.close(fd)
     new_meta = _new_meta(meta, files, lengths, new, found, opts, old_meta_sha)
-    for part, final in staged:
-        os.replace(part, final)
-    for split in SPLITS:
-        fsync_dir(root / split)
-    atomic_write_text(root / META, json.dumps(new_meta, indent=2, sort_keys=True) + "\n", mode=0o644)
-    fsync_dir(root)
+    for split_dir, part in staged:
+        split_dir.rename(part, split_dir, DOC_LENGTHS)
+    for split_dir in splits.values():
+        os.fsync(split_dir.fd)
+    corpus_dir.write_atomic(META, (json.dumps(new_meta, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+    os.fsync(corpus_dir.fd)
     return new_meta
 
 

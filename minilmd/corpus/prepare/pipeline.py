@@ -9,7 +9,9 @@ does not depend on the number of workers or the block size. At most a few blocks
 stays bounded by the block and piece sizes, not by the corpus or a document. Everything is written into a temporary
 directory beside DIR and published at the end (every file fsynced, then one rename): an interrupted or failed prepare
 leaves nothing under DIR, and `--force` replaces only a prepared corpus or an empty directory, the one whose identity
-it checked under the lock. DIR's directory must be one no other user can rearrange (minilmd/dirfd.py's rule; a team
+it checked under the lock; it deletes that one only when, looked at again through its descriptor after the swap, it
+still holds nothing else (a file put there while this ran: left whole as DIR.kept-by-prepare.XXXXXXXX, and said).
+DIR's directory must be one no other user can rearrange (minilmd/dirfd.py's rule; a team
 directory with `--group-share`), and everything made there goes through its descriptor: the temporary directory has
 a random name, is 0700 and is used through its own descriptor (`Dir.inside`), never by its name. One writer of DIR at
 a time (this, `--force`, `--append`): the flock on DIR.lock beside it (minilmd/corpus/prepare/lock.py). Every bad
@@ -129,7 +131,12 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
             lock.check_parent()
             tmp.mode_self(CORPUS_DIR_MODE & ~perms.current_umask())
             # only the directory checked above is replaced (its identity), and `out` is never missing
-            parent.publish(tmp, tmp_name, out.name, replaces, aside=tmp_name + ".old")
+            kept = parent.publish(tmp, tmp_name, out.name, replaces, aside=tmp_name + ".old",
+                                  foreign=_foreign_now, keep_as=temp_name(f"{out.name}.kept-by-prepare"))
+            if kept is not None:
+                log(f"prepare: {out} is the new corpus; the directory it replaced was not deleted, since it "
+                    f"changed while this ran ({kept.why}): it is at {kept.where}. Take what is yours from it, "
+                    "then remove it yourself")
         except Replaced as e:
             raise ValueError(f"{e}; nothing was published. Check who moves things in {out.parent}") from None
         finally:
@@ -178,6 +185,13 @@ def _replaceable_at(parent: Dir, out: Path, force: bool) -> Identity | None:
             raise ValueError(f"{out}: --force replaces only a prepared corpus or an empty directory, and this is "
                              f"{what}; nothing was changed. Choose another --out, or move it away yourself")
         return opened.identity
+
+
+def _foreign_now(old: Dir) -> str:
+    """Publish's look, after the swap, at the directory --force replaced (through its descriptor): why it is no
+    longer only a prepared corpus ("" when it is). Checked once before the prepare, which may take hours: a file
+    added to it meanwhile (her thesis.txt) is never deleted with it."""
+    return _foreign_content(old.inside, os.fstat(old.fd))
 
 
 CORPUS_ENTRIES = {META, CORPUS_TOKENIZER, TOKENIZER_CONFIG, *SPLITS}
