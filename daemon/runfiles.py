@@ -50,7 +50,8 @@ class RunFiles:
         except Unreadable as e:
             self.state.previous_unreadable = "" if e.missing else e.why
             if not e.missing:
-                self.events.emit("adopt", f"the previous {names.STATE} cannot be read ({e.why}): nothing adopted")
+                self.events.emit("adopt", f"the previous {names.STATE} cannot be read ({e.why}): nothing adopted",
+                                 unreadable=e.why)  # for later starts: its remote step is unknown (remotewait)
         if self.state.overrides:
             self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state.overrides}")
 

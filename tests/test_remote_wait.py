@@ -235,3 +235,38 @@ def test_fresh_does_not_outlive_the_first_staging(tmp_path, corpus):
     attempts = sorted((cfg.run_dir / names.ATTEMPT_LOGS).glob("attempt-*.log"))
     assert f"resuming at step {names.step_of(synced.name)}" in attempts[-1].read_text()
     assert fake_weights_of(remote / "step-00000060") == undisturbed_fake_weights(config)
+
+
+def test_a_restart_whose_records_cannot_be_read_waits_and_so_does_the_one_after(tmp_path, corpus):
+    """state.json torn and events.jsonl rotated away: whether the run synced is unknown, so it waits, saying why
+    (on main: "never synced", step 0); the state.json that supervisor writes holds no remote step, and the next
+    restart still waits (its events.jsonl says an earlier start could not read state.json)."""
+    config, cfg = synced_run(tmp_path, corpus)
+    shutil.rmtree(cfg.scratch_dir)
+    (cfg.run_dir / names.STATE).write_text('{"remote_checkpoint": {"step": 20, "pa')
+    (cfg.run_dir / names.EVENTS).unlink()
+    remote = Path(cfg.run.remote)
+    away = take_away(remote, "not there", tmp_path)
+    for start in ("first", "second"):
+        sup = start_supervisor(config, tmp_path / f"{start}.out")
+        try:
+            tries = len([m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m])
+            wait_for(lambda: len([m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m]) >=
+                     tries + 2, 60, f"two fetch tries of the {start} restart waiting for the remote")
+            said = [m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m][-1]
+            assert "this run's records cannot be read (state.json " in said, said
+            if start == "second":
+                assert "at an earlier start): it may have synced to it before" in said, said
+                bring_back(remote, away, "not there", tmp_path)
+                assert wait_or_kill(sup) == 0, (tmp_path / "second.out").read_text()[-3000:]
+            else:
+                sup.send_signal(signal.SIGTERM)
+                assert wait_or_kill(sup) == 0, (tmp_path / "first.out").read_text()[-3000:]
+        finally:
+            if sup.poll() is None:
+                sup.kill()
+                sup.wait()
+    assert not [m for m in event_texts(cfg.run_dir, "fetch") if m.endswith(": starting from step 0")]
+    attempts = sorted((cfg.run_dir / names.ATTEMPT_LOGS).glob("attempt-*.log"))
+    assert "resuming at step 20" in attempts[-1].read_text()
+    assert fake_weights_of(remote / "step-00000040") == undisturbed_fake_weights(config)

@@ -109,7 +109,7 @@ def test_a_line_too_long_is_skipped_without_being_read_whole(tmp_path, cut):
     sync = json.dumps({"event": "sync", "step": 7, "remote": "/nfs/r"}).encode()
     long = b'{"step": 99, "event": "sync", "remote": "/nfs/r", "pad": "' + b"x" * (3 * remotewait.EVENTS_MAX_LINE)
     (tmp_path / names.EVENTS).write_bytes(long + (b"" if cut else b'"}\n' + sync + b"\n"))
-    assert remotewait.newest_synced_step(tmp_path, "/nfs/r") == (None if cut else 7)
+    assert remotewait.read_events(tmp_path, "/nfs/r") == (None if cut else 7, "")
 
 
 def test_an_events_file_of_another_user_is_not_read(tmp_path):

@@ -74,53 +74,58 @@ def records(url: str, run_dir: Path, remote: RemoteCheckpoint | None, state_unre
     if remote is not None and remote.step is not None and names_remote(remote.path, url):
         return Records(SYNCED, f"{names.STATE} records step {remote.step} on it")
     try:
-        step = newest_synced_step(run_dir, url)
+        step, earlier_unreadable = read_events(run_dir, url)
     except Unreadable as e:
         return Records(UNKNOWN, f"{names.EVENTS} {e.why}")
     if step is not None:
         return Records(SYNCED, f"{names.EVENTS} records step {step} synced to or fetched from it")
     if state_unreadable:
         return Records(UNKNOWN, f"{names.STATE} {state_unreadable}")
+    if earlier_unreadable:
+        return Records(UNKNOWN, f"{names.STATE} {earlier_unreadable}, at an earlier start")
     return Records(NEVER, "")
 
 
-def newest_synced_step(run_dir: Path, url: str) -> int | None:
-    """The newest step of a "sync" (synced step N) or "fetch" (fetched step N) event naming `url` as its remote,
-    after the last `run --fresh` start (a "fetch" event with lineage "fresh": what came before is another lineage);
-    None when there is none or no events.jsonl. The run's own file (its owner checked), read line by line, a line
-    longer than EVENTS_MAX_LINE skipped unread. Raises Unreadable when it is there but cannot be read."""
-    newest = None
+def read_events(run_dir: Path, url: str) -> tuple[int | None, str]:
+    """(the newest step of a "sync" (synced step N) or "fetch" (fetched step N) event naming `url` as its remote,
+    why an earlier start could not read its state.json ("adopt" event: what that one held is unknown, and a
+    state.json written since does not hold it)), both counted after the last `run --fresh` start only (a "fetch"
+    event with lineage "fresh": what came before is another lineage); (None, "") when there is no events.jsonl.
+    The run's own file (its owner checked), read line by line, a line longer than EVENTS_MAX_LINE skipped unread.
+    Raises Unreadable when it is there but cannot be read."""
+    newest, unreadable = None, ""
     path = run_dir / names.EVENTS
     try:
         fd = open_regular(path, owner=state_owners(run_dir))
     except Unreadable as e:
         if e.missing:
-            return None
+            return None, ""
         raise
     with os.fdopen(fd, "rb") as f:
         try:
             for record in _event_records(f):
-                if record.get("event") == "fetch" and record.get("lineage") == "fresh":
-                    newest = None
-                    continue
-                step = record.get("step")
-                if record.get("event") in ("sync", "fetch") and names_remote(record.get("remote"), url) and \
+                event, step = record.get("event"), record.get("step")
+                if event == "fetch" and record.get("lineage") == "fresh":
+                    newest, unreadable = None, ""
+                elif event == "adopt" and isinstance(record.get("unreadable"), str):
+                    unreadable = record["unreadable"]
+                elif event in ("sync", "fetch") and names_remote(record.get("remote"), url) and \
                         isinstance(step, int) and not isinstance(step, bool):
                     newest = step if newest is None else max(newest, step)
         except OSError as e:
             raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
-    return newest
+    return newest, unreadable
 
 
 def _event_records(f) -> Iterator[dict]:
-    """The JSON objects among the lines of `f` that may be sync or fetch records; a line longer than
+    """The JSON objects among the lines of `f` that may be records `read_events` counts; a line longer than
     EVENTS_MAX_LINE is skipped to its end without being held whole, a torn one skipped."""
     while line := f.readline(EVENTS_MAX_LINE + 1):
         if len(line) > EVENTS_MAX_LINE:
             while not line.endswith(b"\n") and (line := f.readline(EVENTS_MAX_LINE)):
                 pass
             continue
-        if b'"step"' not in line and b'"lineage"' not in line:
+        if b'"step"' not in line and b'"lineage"' not in line and b'"unreadable"' not in line:
             continue
         try:
             yield loads(line, max_depth=MAX_LINE_DEPTH, expect=dict)
