@@ -270,3 +270,25 @@ def test_a_restart_whose_records_cannot_be_read_waits_and_so_does_the_one_after(
     attempts = sorted((cfg.run_dir / names.ATTEMPT_LOGS).glob("attempt-*.log"))
     assert "resuming at step 20" in attempts[-1].read_text()
     assert fake_weights_of(remote / "step-00000040") == undisturbed_fake_weights(config)
+
+
+def test_a_run_pointed_at_a_new_empty_remote_does_not_wait_for_the_old_ones_step(tmp_path, corpus):
+    """The records count only when they name the current run.remote: a run moved to a new (empty) place starts
+    from step 0 there (on main: it waited forever, "synced to it before (state.json records step 20 ...)")."""
+    config, cfg = synced_run(tmp_path, corpus)
+    shutil.rmtree(cfg.scratch_dir)
+    new = tmp_path / "new-share" / "remote"
+    new.mkdir(parents=True)
+    config = write_config(tmp_path, corpus, train={"max_steps": 40}, run={"remote": str(new)})
+    sup = start_supervisor(config, tmp_path / "moved.out")
+    try:
+        wait_for(lambda: any(m.endswith(": starting from step 0") and str(new) in m
+                             for m in event_texts(cfg.run_dir, "fetch")), 60, "a start from step 0 on the new remote")
+        assert wait_or_kill(sup) == 0, (tmp_path / "moved.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    said = [m for m in event_texts(cfg.run_dir, "fetch") if str(new) in m]
+    assert "is an empty directory" in said[0] and "this run has never synced to it" in said[0], said
+    assert fake_weights_of(new / "step-00000040") == undisturbed_fake_weights(config)
