@@ -12,10 +12,11 @@ from minilmd import names
 from minilmd.config import RunConfig
 from minilmd.daemon.host import registry
 from minilmd.daemon.host.prometheus import Textfile
-from minilmd.daemon.runstate import EventLog, MetricsTail, RunState, new_state, now, read_heartbeat, read_state
+from minilmd.daemon.runstate import EventLog, MetricsTail, RunState, load_state, new_state, now, read_heartbeat
 from minilmd.daemon.states import SyncState
 from minilmd.daemon.statesections import Outcome
 from minilmd.fsio import atomic_write_text
+from minilmd.untrusted import Unreadable
 
 
 class RunFiles:
@@ -44,7 +45,13 @@ class RunFiles:
         return int(logs[-1].stem.split("-")[1]) if logs else 0
 
     def adopt_previous_state(self) -> None:
-        self.state.adopt(read_state(self.run_dir))
+        try:
+            self.state.adopt(load_state(self.run_dir))
+        except Unreadable as e:
+            self.state.previous_unreadable = "" if e.missing else e.why
+            if not e.missing:
+                self.events.emit("adopt", f"the previous {names.STATE} cannot be read ({e.why}): nothing adopted",
+                                 unreadable=e.why)  # for later starts: its remote step is unknown (remotewait)
         if self.state.overrides:
             self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state.overrides}")
 

@@ -137,6 +137,9 @@ class RunState(StateJson):
         self.adopted = False
         self.unwritten: str | None = None
         """Why the last save did not reach the disk (its filesystem is full); None when it did."""
+        self.previous_unreadable = ""
+        """Why the previous supervisor's state.json could not be read ("" when it could or there was none): its
+        remote checkpoint is then unknown (daemon/jobs/remotewait.py)."""
 
     def __getitem__(self, key: str):
         """state["devices"], state["slurm"]: for daemon/slurm/job.py, which its tests hand a plain dict."""

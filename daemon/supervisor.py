@@ -69,7 +69,7 @@ class Supervisor:
     def __init__(self, cfg: RunConfig, config_path: str, cli_overrides: list[str] | None = None,
                  infra: Infra | None = None, echo: bool = True, fresh: bool = False):
         self.cfg = cfg
-        self.fresh = fresh  # `run --fresh`: no wait for a remote that cannot be read while scratch is empty
+        self.fresh = fresh  # `run --fresh`: no wait for a remote out of reach at the first staging (only)
         self.config_path = Path(config_path)
         self.cli_overrides = list(cli_overrides or [])
         self.infra = infra or Infra()

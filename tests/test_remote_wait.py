@@ -190,3 +190,105 @@ def test_a_killed_run_rebooted_before_its_share_is_mounted_waits_then_resumes_wh
             sup.kill()
     assert f"resuming at step {names.step_of(synced.name)}" in (cfg.run_dir / "logs" / "attempt-0002.log").read_text()
     assert fake_weights_of(remote / "step-00000060") == undisturbed_fake_weights(config)
+
+
+def synced_step(run_dir: Path) -> int:
+    return (state(run_dir).get("remote_checkpoint") or {}).get("step") or 0
+
+
+def test_fresh_does_not_outlive_the_first_staging(tmp_path, corpus):
+    """`run --fresh` holds for the supervisor's first staging only: a run started with it that has synced since,
+    whose scratch then loses its checkpoints while the remote is out of reach, waits and resumes from the step it
+    synced itself (on main: the re-staging started again from step 0 and erased state.json's remote checkpoint,
+    the lineage this very run had synced)."""
+    config = write_config(tmp_path, corpus, train={"max_steps": 60, "checkpoint_every": 5})
+    cfg = load_config(config)
+    log = open(tmp_path / "fresh.out", "ab")
+    sup = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "run", "--fresh", str(config)], stdout=log,
+                           stderr=subprocess.STDOUT, env=env_for(FAKE_STEP_S="0.05"))
+    try:
+        wait_for(lambda: synced_step(cfg.run_dir) >= 10 and state(cfg.run_dir)["sync"]["state"] != "syncing", 60,
+                 "a sync of step 10 or later, not syncing")
+        trainer = state(cfg.run_dir)["child"]["pid"]
+        os.killpg(trainer, signal.SIGSTOP)  # no save while scratch is emptied
+        remote = Path(cfg.run.remote)
+        synced = checkpoint_dirs.list_checkpoints(remote)[-1]
+        away = take_away(remote, "not there", tmp_path)
+        shutil.rmtree(cfg.checkpoint_dir)  # a cleaner emptied scratch's checkpoints
+        os.killpg(trainer, signal.SIGKILL)
+        os.killpg(trainer, signal.SIGCONT)
+        wait_for(lambda: len([m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m]) >= 2, 60,
+                 "two fetch tries waiting for the remote")
+        status = wait_for(lambda: next((out for out in [cli("status", str(cfg.run_dir)).stdout]
+                                        if "staging: waiting_remote" in out), None), 60, "status: waiting_remote")
+        assert "synced to it before (state.json records step" in status, status
+        assert "local checkpoint: none" in status, status  # metrics.jsonl's saves are gone from scratch
+        assert synced_step(cfg.run_dir) == names.step_of(synced.name), state(cfg.run_dir).get("remote_checkpoint")
+        bring_back(remote, away, "not there", tmp_path)
+        assert wait_or_kill(sup) == 0, (tmp_path / "fresh.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    started_over = [m for m in event_texts(cfg.run_dir, "fetch") if m.endswith(": starting from step 0")]
+    assert len(started_over) == 1, started_over  # the first staging's, with --fresh
+    attempts = sorted((cfg.run_dir / names.ATTEMPT_LOGS).glob("attempt-*.log"))
+    assert f"resuming at step {names.step_of(synced.name)}" in attempts[-1].read_text()
+    assert fake_weights_of(remote / "step-00000060") == undisturbed_fake_weights(config)
+
+
+def test_a_restart_whose_records_cannot_be_read_waits_and_so_does_the_one_after(tmp_path, corpus):
+    """state.json torn and events.jsonl rotated away: whether the run synced is unknown, so it waits, saying why
+    (on main: "never synced", step 0); the state.json that supervisor writes holds no remote step, and the next
+    restart still waits (its events.jsonl says an earlier start could not read state.json)."""
+    config, cfg = synced_run(tmp_path, corpus)
+    shutil.rmtree(cfg.scratch_dir)
+    (cfg.run_dir / names.STATE).write_text('{"remote_checkpoint": {"step": 20, "pa')
+    (cfg.run_dir / names.EVENTS).unlink()
+    remote = Path(cfg.run.remote)
+    away = take_away(remote, "not there", tmp_path)
+    for start in ("first", "second"):
+        sup = start_supervisor(config, tmp_path / f"{start}.out")
+        try:
+            tries = len([m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m])
+            wait_for(lambda: len([m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m]) >=
+                     tries + 2, 60, f"two fetch tries of the {start} restart waiting for the remote")
+            said = [m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m][-1]
+            assert "this run's records cannot be read (state.json " in said, said
+            if start == "second":
+                assert "at an earlier start): it may have synced to it before" in said, said
+                bring_back(remote, away, "not there", tmp_path)
+                assert wait_or_kill(sup) == 0, (tmp_path / "second.out").read_text()[-3000:]
+            else:
+                sup.send_signal(signal.SIGTERM)
+                assert wait_or_kill(sup) == 0, (tmp_path / "first.out").read_text()[-3000:]
+        finally:
+            if sup.poll() is None:
+                sup.kill()
+                sup.wait()
+    assert not [m for m in event_texts(cfg.run_dir, "fetch") if m.endswith(": starting from step 0")]
+    attempts = sorted((cfg.run_dir / names.ATTEMPT_LOGS).glob("attempt-*.log"))
+    assert "resuming at step 20" in attempts[-1].read_text()
+    assert fake_weights_of(remote / "step-00000040") == undisturbed_fake_weights(config)
+
+
+def test_a_run_pointed_at_a_new_empty_remote_does_not_wait_for_the_old_ones_step(tmp_path, corpus):
+    """The records count only when they name the current run.remote: a run moved to a new (empty) place starts
+    from step 0 there (on main: it waited forever, "synced to it before (state.json records step 20 ...)")."""
+    config, cfg = synced_run(tmp_path, corpus)
+    shutil.rmtree(cfg.scratch_dir)
+    new = tmp_path / "new-share" / "remote"
+    new.mkdir(parents=True)
+    config = write_config(tmp_path, corpus, train={"max_steps": 40}, run={"remote": str(new)})
+    sup = start_supervisor(config, tmp_path / "moved.out")
+    try:
+        wait_for(lambda: any(m.endswith(": starting from step 0") and str(new) in m
+                             for m in event_texts(cfg.run_dir, "fetch")), 60, "a start from step 0 on the new remote")
+        assert wait_or_kill(sup) == 0, (tmp_path / "moved.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    said = [m for m in event_texts(cfg.run_dir, "fetch") if str(new) in m]
+    assert "is an empty directory" in said[0] and "this run has never synced to it" in said[0], said
+    assert fake_weights_of(new / "step-00000040") == undisturbed_fake_weights(config)

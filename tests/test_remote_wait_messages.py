@@ -105,17 +105,20 @@ def test_the_overview_shows_a_run_waiting_for_its_remote():
 
 def test_a_runs_records_say_whether_it_synced_before(tmp_path):
     from minilmd.daemon.jobs import remotewait  # new: a module of its own
+    from minilmd.daemon.statesections import RemoteCheckpoint
 
-    assert remotewait.synced_before(tmp_path, 194) == "state.json records step 194 on the remote"
-    assert remotewait.synced_before(tmp_path, None) == ""
+    on_it = RemoteCheckpoint(step=194, time=1.0, verified=True, path="/nfs/r/step-00000194")
+    assert remotewait.records("/nfs/r", tmp_path, on_it) == \
+        remotewait.Records("synced", "state.json records step 194 on it")
+    assert remotewait.records("/nfs/r", tmp_path, None).verdict == "never"
     lines = [{"event": "sync", "message": "periodic sync: syncing"},
-             {"event": "sync", "message": "synced step 30", "step": 30, "verified": True},
+             {"event": "sync", "message": "synced step 30", "step": 30, "verified": True, "remote": "/nfs/r"},
              {"event": "prune", "message": "x", "step": 99},
-             {"event": "fetch", "message": "scratch held no checkpoint: fetched", "step": 40}]
+             {"event": "fetch", "message": "scratch held no checkpoint: fetched", "step": 40, "remote": "/nfs/r/"}]
     (tmp_path / names.EVENTS).write_text("".join(json.dumps(rec, sort_keys=True) + "\n" for rec in lines) + "{torn")
-    assert remotewait.synced_before(tmp_path, None) == "events.jsonl records step 40 synced to or fetched from the " \
-                                                       "remote"
-    wait, why = remotewait.decision("/nfs/r", tmp_path, None, "not there (its share gone?)", fresh=False)
+    found = remotewait.records("/nfs/r", tmp_path, None)
+    assert found.why == "events.jsonl records step 40 synced to or fetched from it"
+    wait, why = remotewait.decision("/nfs/r", "not there (its share gone?)", found, fresh=False)
     assert wait and why == "/nfs/r is not there (its share gone?), and this run has synced to it before " \
-                           "(events.jsonl records step 40 synced to or fetched from the remote)"
-    assert not remotewait.decision("/nfs/r", tmp_path, None, "not there (its share gone?)", fresh=True)[0]
+                           "(events.jsonl records step 40 synced to or fetched from it)"
+    assert not remotewait.decision("/nfs/r", "not there (its share gone?)", found, fresh=True)[0]

@@ -6,20 +6,26 @@ A remote that is not there now (its share gone, a link to nowhere), an empty dir
 not mounted reads as its empty stub) or one that cannot be listed lists no checkpoint, like a remote never written.
 Taken at its word after a reboot that emptied scratch, the run would train again from step 0 (a fine-tune from its
 init.from) and its new lineage would later be synced over the old one. So the run's own records are asked first:
-state.json's remote checkpoint, and the steps events.jsonl says were synced to the remote or fetched from it. A run
-that has synced before waits (staging `waiting_remote`, retried with backoff, for as long as it takes) and resumes
-from the remote's newest checkpoint once the remote answers; a run that never synced has nothing there to lose and
-starts from step 0; `minilmd run --fresh` starts from step 0 whatever the records say. Torch-free.
+state.json's remote checkpoint, else the steps events.jsonl says were synced to the remote or fetched from it, each
+counted only when it names the current run.remote (a run pointed at a new place has not synced there), and in
+events.jsonl only after the last `--fresh` start (what came before is a lineage given up). A run that has synced
+before waits (staging `waiting_remote`, retried with backoff, for as long as it takes) and resumes from the remote's
+newest checkpoint once the remote answers; so does one whose records cannot be read (it may have synced); a run that
+never synced has nothing there to lose and starts from step 0; `minilmd run --fresh` starts from step 0 whatever the
+records say. Torch-free.
 """
 from __future__ import annotations
 
-import json
 import os
-import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names
+from minilmd.daemon.runstate import state_owners
+from minilmd.daemon.statesections import RemoteCheckpoint
 from minilmd.shared_place import Place, look
+from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular
 
 EVENTS_MAX_LINE = 1 << 16
 """A line of events.jsonl longer than this is no sync record (one is a few hundred bytes): not parsed."""
@@ -39,52 +45,107 @@ def remote_absent(url: str) -> str:
     return "" if found.place in (Place.THERE, Place.LACKS) else str(found)
 
 
-def synced_before(run_dir: Path, remote_step: int | None) -> str:
-    """Why this run's remote must hold a checkpoint, in words ("" when nothing says so): the remote step state.json
-    records (`remote_step`, adopted from the previous supervisor's), else the newest step events.jsonl says was
-    synced to the remote or fetched from it."""
-    if remote_step is not None:
-        return f"{names.STATE} records step {remote_step} on the remote"
-    step = _newest_synced_step(run_dir / names.EVENTS)
-    return f"{names.EVENTS} records step {step} synced to or fetched from the remote" if step is not None else ""
+SYNCED, NEVER, UNKNOWN = "synced", "never", "unknown"
+"""What the run's records say of its remote: it synced to it before, it never did, or they cannot be read."""
 
 
-def _newest_synced_step(events: Path) -> int | None:
-    """The newest step of a "sync" (synced step N) or "fetch" (fetched step N) event; None when there is none or
-    the file cannot be read. The run's own file, read once per decision, line by line."""
-    newest = None
+@dataclass(frozen=True)
+class Records:
+    verdict: str
+    """SYNCED, NEVER or UNKNOWN."""
+    why: str
+    """In words: the record that says it synced ("state.json records step 194 on it"), or what cannot be read."""
+
+
+def names_remote(path: str | None, url: str) -> bool:
+    """`path` (a RemoteCheckpoint's, a sync/fetch event's remote) is `url` or a checkpoint directly under it: a
+    record of another remote (run.remote changed since) says nothing of this one."""
+    if not path:
+        return False
+    url, path = url.rstrip("/"), str(path).rstrip("/")
+    return path == url or path.rsplit("/", 1)[0] == url
+
+
+def records(url: str, run_dir: Path, remote: RemoteCheckpoint | None, state_unreadable: str = "") -> Records:
+    """Whether this run synced to `url` before: state.json's remote checkpoint (`remote`, adopted from the previous
+    supervisor's) when it is on `url`, else the newest step events.jsonl says was synced to `url` or fetched from
+    it since the last `run --fresh`. UNKNOWN when neither says so and one of them cannot be read
+    (`state_unreadable`: why the previous state.json could not be, "" when it could or there was none)."""
+    if remote is not None and remote.step is not None and names_remote(remote.path, url):
+        return Records(SYNCED, f"{names.STATE} records step {remote.step} on it")
     try:
-        fd = os.open(events, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
+        step, earlier_unreadable = read_events(run_dir, url)
+    except Unreadable as e:
+        return Records(UNKNOWN, f"{names.EVENTS} {e.why}")
+    if step is not None:
+        return Records(SYNCED, f"{names.EVENTS} records step {step} synced to or fetched from it")
+    if state_unreadable:
+        return Records(UNKNOWN, f"{names.STATE} {state_unreadable}")
+    if earlier_unreadable:
+        return Records(UNKNOWN, f"{names.STATE} {earlier_unreadable}, at an earlier start")
+    return Records(NEVER, "")
+
+
+def read_events(run_dir: Path, url: str) -> tuple[int | None, str]:
+    """(the newest step of a "sync" (synced step N) or "fetch" (fetched step N) event naming `url` as its remote,
+    why an earlier start could not read its state.json ("adopt" event: what that one held is unknown, and a
+    state.json written since does not hold it)), both counted after the last `run --fresh` start only (a "fetch"
+    event with lineage "fresh": what came before is another lineage); (None, "") when there is no events.jsonl.
+    The run's own file (its owner checked), read line by line, a line longer than EVENTS_MAX_LINE skipped unread.
+    Raises Unreadable when it is there but cannot be read."""
+    newest, unreadable = None, ""
+    path = run_dir / names.EVENTS
+    try:
+        fd = open_regular(path, owner=state_owners(run_dir))
+    except Unreadable as e:
+        if e.missing:
+            return None, ""
+        raise
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        for line in f:
-            if len(line) > EVENTS_MAX_LINE or b'"step"' not in line:
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(record, dict):
-                continue
-            step = record.get("step")
-            if record.get("event") in ("sync", "fetch") and isinstance(step, int) and not isinstance(step, bool):
-                newest = step if newest is None else max(newest, step)
-    return newest
+        try:
+            for record in _event_records(f):
+                event, step = record.get("event"), record.get("step")
+                if event == "fetch" and record.get("lineage") == "fresh":
+                    newest, unreadable = None, ""
+                elif event == "adopt" and isinstance(record.get("unreadable"), str):
+                    unreadable = record["unreadable"]
+                elif event in ("sync", "fetch") and names_remote(record.get("remote"), url) and \
+                        isinstance(step, int) and not isinstance(step, bool):
+                    newest = step if newest is None else max(newest, step)
+        except OSError as e:
+            raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
+    return newest, unreadable
 
 
-def decision(url: str, run_dir: Path, remote_step: int | None, absent: str, fresh: bool) -> tuple[bool, str]:
+def _event_records(f) -> Iterator[dict]:
+    """The JSON objects among the lines of `f` that may be records `read_events` counts; a line longer than
+    EVENTS_MAX_LINE is skipped to its end without being held whole, a torn one skipped."""
+    while line := f.readline(EVENTS_MAX_LINE + 1):
+        if len(line) > EVENTS_MAX_LINE:
+            while not line.endswith(b"\n") and (line := f.readline(EVENTS_MAX_LINE)):
+                pass
+            continue
+        if b'"step"' not in line and b'"lineage"' not in line and b'"unreadable"' not in line:
+            continue
+        try:
+            yield loads(line, max_depth=MAX_LINE_DEPTH, expect=dict)
+        except Unreadable:
+            continue
+
+
+def decision(url: str, absent: str, found: Records, fresh: bool) -> tuple[bool, str]:
     """(wait, why) for a start whose scratch holds no checkpoint and whose remote `url` lists none: wait when the
-    remote is `absent` (remote_absent's words) and the run synced before, unless `fresh`; else start from step 0."""
+    remote is `absent` (remote_absent's words) and the run's records (`found`) say it synced before or cannot be
+    read, unless `fresh`; else start from step 0."""
     if not absent:
         return False, f"neither scratch nor {url} holds a checkpoint"
-    sign = synced_before(run_dir, remote_step)
     if fresh:
-        return False, f"{url} is {absent}, and `--fresh` was given" + (f" ({sign})" if sign else "")
-    if sign:
-        return True, f"{url} is {absent}, and this run has synced to it before ({sign})"
+        return False, f"{url} is {absent}, and `--fresh` was given" + (f" ({found.why})" if found.why else "")
+    if found.verdict == SYNCED:
+        return True, f"{url} is {absent}, and this run has synced to it before ({found.why})"
+    if found.verdict == UNKNOWN:
+        return True, f"{url} is {absent}, and this run's records cannot be read ({found.why}): it may have " \
+                     f"synced to it before"
     return False, f"{url} is {absent}, and this run has never synced to it"
 
 
@@ -94,7 +155,7 @@ def check_line(cfg, fresh: bool) -> str:
     no remote, or the remote answers (the run resumes from its newest checkpoint, or it has none). A remote that
     cannot be listed (EACCES, EIO) or does not answer fails the fetch itself: waited for, unless `fresh`."""
     from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
-    from minilmd.daemon.runstate import read_state
+    from minilmd.daemon.runstate import load_state
     from minilmd.daemon.statesections import StateJson
     from minilmd.probes import bounded_probe
 
@@ -105,11 +166,15 @@ def check_line(cfg, fresh: bool) -> str:
     absent = absent if answered else failed
     if not absent:
         return ""
-    remote = StateJson.from_dict(read_state(cfg.run_dir) or {}).remote_checkpoint
     if not answered or absent.startswith("unreadable"):
         wait, why = not fresh, f"{url} is {absent}" + (", and `--fresh` was given" if fresh else "")
     else:
-        wait, why = decision(url, cfg.run_dir, remote.step if remote is not None else None, absent, fresh)
+        try:
+            old, unreadable = load_state(cfg.run_dir), ""
+        except Unreadable as e:
+            old, unreadable = {}, "" if e.missing else e.why
+        found = records(url, cfg.run_dir, StateJson.from_dict(old).remote_checkpoint, unreadable)
+        wait, why = decision(url, absent, found, fresh)
     if wait:
         return (f"waits: run.remote: {why}; scratch holds no checkpoint, so the run waits for the remote (`minilmd "
                 f"status`: staging waiting_remote, retried with backoff) and resumes from its newest checkpoint; "

@@ -66,7 +66,10 @@ class StagingWorker:
         self.cfg = cfg
         self.fresh = fresh
         """`minilmd run --fresh`: with no checkpoint in scratch and a remote that cannot be read, start from step 0
-        rather than wait for the remote (daemon/jobs/remotewait.py)."""
+        rather than wait for the remote (daemon/jobs/remotewait.py). For the first staging only: a later one (scratch
+        lost its checkpoints while this supervisor ran) must not start this run's own lineage over."""
+        self.records: remotewait.Records | None = None
+        """What the run's records say of its remote, read once per staging (a fetch retried reads them no more)."""
         self.from_step_0 = ""
         """Why the last fetch leaves the trainer to start from step 0 (set by the thread; said once staged)."""
         self.infra = infra
@@ -191,17 +194,21 @@ class StagingWorker:
             self.state.sync.state, self.state.sync.error = SyncState.IDLE, None
             staging.state, staging.error = StagingState.DONE, None
         if fetched:
+            # a sign of the remote's step for a later start (remotewait), on this remote
             self.emit("fetch", f"scratch held no checkpoint: fetched {fetched} from {self.cfg.run.remote}",
-                      step=step_of(Path(fetched)))  # a sign of the remote's step for a later start (remotewait)
+                      step=step_of(Path(fetched)), remote=self.cfg.run.remote)
             # status shows it as the local checkpoint: the trainer resumes from it, though it did not save it
             self.state.local_checkpoint = LocalCheckpoint(step=step_of(Path(fetched)), time=now(), path=str(fetched),
                                                           fetched=True)
         elif self.cfg.run.remote and not local_checkpoint_steps(self.cfg.checkpoint_dir):
-            self.emit("fetch", f"{self.from_step_0 or 'scratch holds no checkpoint'}: starting from step 0")
+            lineage = {"lineage": "fresh"} if self.fresh else {}  # records before it are another lineage's
+            self.emit("fetch", f"{self.from_step_0 or 'scratch holds no checkpoint'}: starting from step 0",
+                      remote=self.cfg.run.remote, **lineage)
             if self.fresh and self.state.remote_checkpoint is not None:  # of the run before: not this lineage's
                 self.emit("fetch", f"--fresh: the remote step {self.state.remote_checkpoint.step} state.json "
                                    f"recorded is forgotten; this run syncs its own checkpoints from now on")
                 self.state.remote_checkpoint = None
+        self.fresh, self.records = False, None  # the first staging has ended: a later one waits as any run does
         if initstage.needed(self.cfg):  # the probe and init.from next, in a thread of their own
             self.pending = Staged(staged, expected, fetched)
             self._start()
@@ -375,9 +382,12 @@ class StagingWorker:
         """The remote lists no checkpoint: why the fetch must wait, when the remote is absent and the run synced
         before (daemon/jobs/remotewait.py); else None, and `from_step_0` says why the run starts from step 0."""
         remote = self.cfg.run.remote
-        synced = self.state.remote_checkpoint
-        wait, why = remotewait.decision(remote, self.cfg.run_dir, synced.step if synced is not None else None,
-                                        remotewait.remote_absent(remote), self.fresh)
+        absent = remotewait.remote_absent(remote)
+        if absent and self.records is None:
+            self.records = remotewait.records(remote, self.cfg.run_dir, self.state.remote_checkpoint,
+                                              self.state.previous_unreadable)
+        found = self.records or remotewait.Records(remotewait.NEVER, "")
+        wait, why = remotewait.decision(remote, absent, found, self.fresh)
         if wait:
             return why
         self.from_step_0 = why

@@ -252,7 +252,7 @@ class SyncWorker:
         self.state.remote_checkpoint = RemoteCheckpoint(step=step, time=now(), verified=verified,
                                                        path=str(getattr(result, "path", "")))
         self.emit("sync", f"synced step {step} to {self.cfg.run.remote} (verified: {verified}) in "
-                          f"{worker.running_for():.1f}s", step=step, verified=verified)
+                          f"{worker.running_for():.1f}s", step=step, verified=verified, remote=self.cfg.run.remote)
         if verified:
             self.healthy_since = now()
             self._prune(protect=[self.cfg.checkpoint_dir / names.step_name(step)],

@@ -159,6 +159,8 @@ def _space_line(wait: SpaceWait, t: float) -> str:
 def _checkpoints_line(state: StateJson, t: float) -> str:
     """The local checkpoint, the remote one and the sync between them."""
     local, remote, sync = state.local_checkpoint, state.remote_checkpoint, state.sync
+    if state.staging.state in ("fetching", "waiting_remote"):  # scratch holds none (metrics.jsonl's is gone)
+        local = None
     line = "  local checkpoint: " + (
         f"step {local.step} ({'fetched from the remote ' if local.fetched else ''}"
         f"{_ago(t, local.time)})" if local and local.time else "none")
