@@ -18,7 +18,7 @@ SENDS = {"kill", "killpg", "pidfd_send_signal", "send_signal", "terminate"}
 WRAPPER_CALLS = {
     ("daemon/child/process.py", "self.kill"),  # Child.kill_group -> Child.kill: procs.signal_child_group, Launch
     ("daemon/supervisor.py", "self.child.kill"),
-    ("daemon/supervisor.py", "child.kill"),
+    ("daemon/ending.py", "child.kill"),
     ("daemon/child/trainerwatch.py", "child.kill"),
 }
 """Calls of daemon/child/process.py's Child.kill, which signals through procs.py only."""
