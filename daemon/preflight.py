@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from minilmd import names, perms, scratch
 from minilmd.config import ConfigError, RunConfig
+from minilmd.config_values import no_budget
 from minilmd.daemon.host.gpu import lock_dir_problems
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.scratch_room import run_space_problem
@@ -37,8 +38,18 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None) -> tu
     waits: list[str] = []
     cfg = load_checked(config_path, overrides, waits=waits,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
-                       + remote_entry_problems(cfg))
+                       + remote_entry_problems(cfg) + _epoch_without_budget(cfg))
     return cfg, waits
+
+
+def _epoch_without_budget(cfg: RunConfig) -> list[str]:
+    """plan's line of what one epoch is in steps, beside the missing-budget message. Imported only then: the plan
+    loads numpy, which the supervisor does not before staging (tests/test_import_budget.py)."""
+    if not no_budget(cfg):
+        return []
+    from minilmd.plan.budget import epoch_without_budget
+
+    return epoch_without_budget(cfg)
 
 
 REMOTE_OWN = {names.LATEST: True, names.BEST: True, INIT_DIR: False}

@@ -33,6 +33,13 @@ class Phase(Named):
 
 
 FINAL_PHASES = frozenset({Phase.DONE, Phase.FAILED})
+INITIAL_PHASES = frozenset({Phase.WAITING_INIT, Phase.WAITING_GPU})
+"""Where a supervisor starts (first_phase): nothing reaches them but the start, or a transition of the table."""
+
+
+def first_phase(init_pending: bool) -> Phase:
+    """waiting_init when init.from names a run that has not finished (daemon/phases/initwait.py), else waiting_gpu."""
+    return Phase.WAITING_INIT if init_pending else Phase.WAITING_GPU
 
 # Every allowed transition and the name it is logged under. STOPPING and FAILED are reachable from every live phase.
 TRANSITIONS: dict[tuple[Phase, Phase], str] = {

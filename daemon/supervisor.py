@@ -52,7 +52,7 @@ from minilmd.daemon.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.runfiles import RunFiles
 from minilmd.daemon.runstate import is_disk_full, now, read_heartbeat
 from minilmd.daemon.slurm import job as slurmjob
-from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, check_transition
+from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, check_transition, first_phase
 from minilmd.daemon.statesections import ChildInfo, Restart
 from minilmd.daemon.worker import Inbox
 
@@ -111,8 +111,7 @@ class Supervisor(Ending):
         try:
             self.signals.install()
             self.files.adopt_previous_state()
-            if initwait.must_wait(self.cfg):  # init.from names a run that has not finished: wait for it first
-                self.phase = self.state.phase = Phase.WAITING_INIT
+            self.phase = self.state.phase = first_phase(initwait.must_wait(self.cfg))
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)

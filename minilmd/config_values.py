@@ -179,7 +179,7 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
     p += attention_problems(m.attention, t.deterministic)
     if t.device not in ("auto", "cpu", "cuda"):
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
-    if not t.max_steps and not t.max_tokens and not t.max_epochs:
+    if no_budget(cfg):
         p.append(budget_problem(cfg, train_tokens_of(d.prepared) if train_tokens_of and d.prepared else None))
     if cfg.init.checkpoint not in ("best", "last"):
         p.append(f"init.checkpoint = {cfg.init.checkpoint!r}: must be \"best\" or \"last\"")
@@ -230,19 +230,25 @@ def _lora_problems(cfg: RunConfig) -> list[str]:
     return p
 
 
+def no_budget(cfg: RunConfig) -> bool:
+    """Whether none of train.max_steps, max_tokens, max_epochs is set."""
+    t = cfg.train
+    return not t.max_steps and not t.max_tokens and not t.max_epochs
+
+
 def budget_problem(cfg: RunConfig, train_tokens: int | None = None) -> str:
     """The message for a missing budget, with the arithmetic of what 'no limit' would mean (an epoch of the corpus
-    when its train tokens are known)."""
+    in hours when its train tokens are known). An epoch's steps depend on the data mode's rows, which the plan counts
+    (minilmd/plan/budget.py's epoch_without_budget says them, beside this message, where the plan is reachable)."""
     t = cfg.train
     per_step = t.seq_len * t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
     lines = [f"a budget is required: set train.max_steps, train.max_tokens or train.max_epochs. One step trains "
              f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {max(cfg.gpu.count, 1)} GPU(s) = "
              f"{per_step:,} tokens"]
     if train_tokens:
-        steps = train_tokens // per_step if per_step else 0
-        lines.append(f"; one epoch of {cfg.data.prepared} ({train_tokens:,} train tokens) is {steps:,} steps. "
-                     f"At the reference run's measured 3,700 tok/s that epoch alone takes "
-                     f"{train_tokens / 3700 / 3600:.1f} h, so an unlimited default would silently mean that")
+        lines.append(f"; one epoch of {cfg.data.prepared} ({train_tokens:,} train tokens) at the reference run's "
+                     f"measured 3,700 tok/s takes {train_tokens / 3700 / 3600:.1f} h, so an unlimited default would "
+                     f"silently mean that")
     else:
         lines.append("; at 3,700 tok/s (measured on a 768x8 model) a 332M-token corpus is ~25 h per epoch, "
                      "so an unlimited default would silently mean days")

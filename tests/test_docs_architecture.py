@@ -11,13 +11,12 @@ from pathlib import Path
 
 from minilmd import protocol
 from minilmd.daemon.child.process import CAUSES
-from minilmd.daemon.states import FINAL_PHASES, TRANSITIONS, Phase
+from minilmd.daemon.states import FINAL_PHASES, INITIAL_PHASES, TRANSITIONS, Phase, first_phase
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "architecture.md"
 RUNBOOK = REPO / "docs" / "operations.md"
 EDGE = re.compile(r"^\s*(\[\*\]|\w+)\s*-->\s*(\[\*\]|\w+)\s*(?::\s*(\w+))?\s*$")
-INITIAL_PHASE = Phase.WAITING_GPU  # where Supervisor.__init__ starts
 
 
 def mermaid_blocks(text: str) -> list[str]:
@@ -53,7 +52,7 @@ def the_diagram() -> tuple[dict[tuple[str, str], str], set[str], set[str]]:
 
 def mermaid_from_table() -> str:
     """The diagram as it should read; the failure message prints it, ready to paste into the doc."""
-    lines = ["stateDiagram-v2", f"    [*] --> {INITIAL_PHASE.value}"]
+    lines = ["stateDiagram-v2", *(f"    [*] --> {p.value}" for p in sorted(INITIAL_PHASES, key=lambda p: p.value))]
     lines += [f"    {a.value} --> {b.value}: {name}" for (a, b), name in TRANSITIONS.items()]
     lines += [f"    {p.value} --> [*]" for p in sorted(FINAL_PHASES, key=lambda p: p.value)]
     return "\n".join(lines) + "\n"
@@ -72,12 +71,12 @@ def test_the_diagram_is_the_transition_table():
 def test_the_generated_diagram_parses_back_to_the_table():
     edges, initial, final = parse_state_diagram(mermaid_from_table())
     assert edges == {(a.value, b.value): name for (a, b), name in TRANSITIONS.items()}
-    assert initial == {INITIAL_PHASE.value} and final == {p.value for p in FINAL_PHASES}
+    assert initial == {p.value for p in INITIAL_PHASES} and final == {p.value for p in FINAL_PHASES}
 
 
 def test_the_diagram_starts_and_ends_where_the_supervisor_does():
     _, initial, final = the_diagram()
-    assert initial == {INITIAL_PHASE.value}
+    assert initial == {p.value for p in INITIAL_PHASES} == {first_phase(pending).value for pending in (True, False)}
     assert final == {p.value for p in FINAL_PHASES}
 
 

@@ -364,30 +364,40 @@ FOLDER_LAYERS = (
     "minilmd/cli",              # the command line reaches everything, inside its commands' bodies
 )
 """Every folder of code, bottom to top: a folder imports only itself and the folders before it."""
-DAEMON_ROOT_UNSPLIT = {("daemon/host", "daemon"), ("daemon/child", "daemon"), ("daemon/jobs", "daemon"),
-                       ("daemon/phases", "daemon")}
+DAEMON_ROOT_BOTTOM = {f"minilmd.daemon.{name}" for name in ("states", "statesections", "runstate", "worker",
+                                                               "policy")}
 """The one tangle left (issue 43): daemon/ holds both the loop's top (supervisor, preflight, infra) and the bottom
-its subfolders build on (states, statesections, runstate, worker, policy). Split it and empty this set; the test
-fails on any other upward import, and on an entry here that no longer happens."""
+its subfolders build on. The subfolders of daemon/ may import these modules of its root, and no other: the test
+fails on any other upward import (a new module of the root imported from below included), and on a module here
+that no folder below imports any more. Split the root and empty this set."""
+DAEMON_SUBFOLDERS = ("daemon/host", "daemon/child", "daemon/jobs", "daemon/phases")
 
 
 def folder_of(path: Path, root: Path) -> str:
     return str(path.parent.relative_to(root))
 
 
-def folder_imports(modules: dict[str, Path], root: Path) -> dict[tuple[str, str], str]:
-    """{(folder, folder it imports): the first import line that does} over every import of every module,
-    annotation-only (`if TYPE_CHECKING:`) and function-level ones included."""
-    found: dict[tuple[str, str], str] = {}
+def module_imports(modules: dict[str, Path], root: Path) -> dict[tuple[str, str], dict[str, str]]:
+    """{(folder, folder it imports): {module of the second folder imported: the first import line that does}} over
+    every import of every module, annotation-only (`if TYPE_CHECKING:`) and function-level ones included."""
+    found: dict[tuple[str, str], dict[str, str]] = {}
     for module, path in sorted(modules.items()):
-        for name, line, _ in imports(path, module):
+        listed = imports(path, module)
+        for name, line, _ in listed:
+            if any(other in modules and other.startswith(name + ".") for other, at, _ in listed if at == line):
+                continue  # `from package import module`: the module is what is imported, not the package's body
             parts = name.split(".")
             ours = [".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules]
             if ours:
                 pair = (folder_of(path, root), folder_of(modules[ours[0]], root))
                 if pair[0] != pair[1]:
-                    found.setdefault(pair, f"{path.relative_to(root)}:{line} imports {name}")
+                    found.setdefault(pair, {}).setdefault(ours[0], f"{path.relative_to(root)}:{line} imports {name}")
     return found
+
+
+def folder_imports(modules: dict[str, Path], root: Path) -> dict[tuple[str, str], str]:
+    """{(folder, folder it imports): the first import line that does}, as module_imports."""
+    return {pair: next(iter(targets.values())) for pair, targets in module_imports(modules, root).items()}
 
 
 def upward_imports(found: dict[tuple[str, str], str], layers: tuple[str, ...]) -> dict[tuple[str, str], str]:
@@ -403,13 +413,36 @@ def test_every_folder_of_code_is_in_one_layer():
     assert sorted(folders) == sorted(FOLDER_LAYERS) and len(set(FOLDER_LAYERS)) == len(FOLDER_LAYERS)
 
 
+def unallowed_upward(found: dict[tuple[str, str], dict[str, str]], layers: tuple[str, ...]) -> list[str]:
+    """Each upward import (upward_imports) but those of a daemon subfolder into DAEMON_ROOT_BOTTOM."""
+    upward = upward_imports({pair: "" for pair in found}, layers)
+    return sorted(f"{a} -> {b}: {where}" for (a, b) in upward for target, where in found[(a, b)].items()
+                  if not (a in DAEMON_SUBFOLDERS and b == "daemon" and target in DAEMON_ROOT_BOTTOM))
+
+
 def test_no_folder_imports_one_above_it():
-    upward = upward_imports(folder_imports(every_module(), REPO), FOLDER_LAYERS)
-    new = {pair: where for pair, where in upward.items() if pair not in DAEMON_ROOT_UNSPLIT}
-    assert not new, "imports of a folder above (a folder cycle, or one begun):\n" + "\n".join(
-        f"{a} -> {b}: {where}" for (a, b), where in sorted(new.items()))
-    gone = DAEMON_ROOT_UNSPLIT - set(upward)
-    assert not gone, f"no longer imported: remove from DAEMON_ROOT_UNSPLIT: {sorted(gone)}"
+    found = module_imports(every_module(), REPO)
+    new = unallowed_upward(found, FOLDER_LAYERS)
+    assert not new, "imports of a folder above (a folder cycle, or one begun):\n" + "\n".join(new)
+    imported = {target for folder in DAEMON_SUBFOLDERS for target in found.get((folder, "daemon"), {})}
+    assert DAEMON_ROOT_BOTTOM <= imported, (
+        f"no longer imported from below: remove from DAEMON_ROOT_BOTTOM: {sorted(DAEMON_ROOT_BOTTOM - imported)}")
+
+
+def test_only_the_daemon_roots_bottom_may_be_imported_from_below(tmp_path):
+    """A daemon subfolder importing a listed module of the root passes; one importing any other module of the root
+    (its top, or the package itself) fails, a function-level import included."""
+    files = {"daemon/__init__.py": "", "daemon/states.py": "", "daemon/supervisor.py": "",
+             "daemon/host/__init__.py": "", "daemon/host/a.py": "from minilmd.daemon import states\n",
+             "daemon/host/b.py": "def f():\n    from minilmd.daemon.supervisor import S\n",
+             "daemon/child/__init__.py": "", "daemon/child/c.py": "import minilmd.daemon\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    found = module_imports(modules_of("minilmd.daemon", tmp_path / "daemon"), tmp_path)
+    assert unallowed_upward(found, ("daemon/host", "daemon/child", "daemon")) == [
+        "daemon/child -> daemon: daemon/child/c.py:1 imports minilmd.daemon",
+        "daemon/host -> daemon: daemon/host/b.py:2 imports minilmd.daemon.supervisor.S"]
 
 
 def test_the_layers_fail_on_a_folder_cycle(tmp_path):
@@ -425,3 +458,14 @@ def test_the_layers_fail_on_a_folder_cycle(tmp_path):
     assert set(found) == {("core", "core/sub"), ("core/sub", "core")}, found
     assert set(upward_imports(found, ("core", "core/sub"))) == {("core", "core/sub")}
     assert set(upward_imports(found, ("core/sub", "core"))) == {("core/sub", "core")}
+
+
+def test_the_architecture_intro_names_the_top_folders_in_their_layer_order():
+    """docs/architecture.md's first paragraph (the layout sentence) drifted once, describing a tree without
+    minilmd/corpus: every top folder and the core's two packages stand in it, bottom to top as in FOLDER_LAYERS."""
+    intro = DOC.read_text(encoding="utf-8").split("\n\n")[1]
+    named = ["minilmd", "minilmd/corpus", "minilmd/plan", "daemon", "trainer"]
+    assert [f for f in FOLDER_LAYERS if f in named] == named  # the order this test reads the intro in
+    at = [intro.find(f"`{folder}/`") for folder in named]
+    assert -1 not in at, f"architecture.md's intro does not name {[f for f, i in zip(named, at, strict=True) if i < 0]}"
+    assert at == sorted(at), "architecture.md's intro names the top folders out of their layer order"

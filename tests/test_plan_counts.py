@@ -4,10 +4,14 @@ mode by data mode. Issue 43: for padding-free SFT the sampler cut 1,127 rows an 
 1,096 packed windows, from a copy of the rule that no test tied to the sampler."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from minilmd.config import load_config
+from minilmd.config import ConfigError, load_config
+from minilmd.corpus.analysis.stats import FACTS, chat_split_stats, layout_stats
+from minilmd.daemon import preflight
+from minilmd.names import DOC_LENGTHS, SPLITS
 from minilmd.plan.budget import planned
 from minilmd.trainer.loop.train import Dist, Trainer
 from trainer_corpus import write_config
@@ -43,3 +47,49 @@ def test_a_chat_corpus_is_counted_as_its_sampler_cuts_it(tmp_path, chat_corpus, 
     lengths); packed without: windows across conversations; bucketed: the last partial bucket left out."""
     kind = ("conversations" if doc_mask else "windows") if mode == "packed" else mode
     assert_one_count(tmp_path, chat_corpus, mode, doc_mask, kind)
+
+
+PREPARE_CASES = [("text", "padded"), ("text", "packed"), ("chat", "padded"), ("chat", "bucketed")]
+"""The steps per epoch prepare prints and meta.json keeps, per data mode of its report."""
+
+
+def trainer_steps_of_one_epoch(tmp_path, corpus, mode: str, batch: int) -> int:
+    config = write_config(tmp_path, corpus, data={"mode": mode},
+                          train={"seq_len": 128, "micro_batch_size": batch, "grad_accum": 1, "max_steps": 0,
+                                 "max_epochs": 1})
+    return Trainer(load_config(config), Dist(0, 1, 0, torch.device("cpu"))).total_steps
+
+
+@pytest.mark.parametrize(("fmt", "mode"), PREPARE_CASES, ids=[f"{f}-{m}" for f, m in PREPARE_CASES])
+def test_prepares_steps_per_epoch_are_the_trainers(tmp_path, request, fmt, mode):
+    """Issue 43: prepare counted packed steps as windows // batch (10 for 340 windows at 32, where the sampler's
+    epoch takes 11 steps) and bucketed ones as ceil(conversations / batch) (4 for 100 at 32: the trainer leaves
+    the partial bucket out, 3). Batch 32: neither the windows nor the conversations are a multiple of it."""
+    prepared, vocab = request.getfixturevalue("corpus" if fmt == "text" else "chat_corpus")
+    lengths = np.load(prepared / SPLITS[0] / DOC_LENGTHS)
+    batch = 32
+    if fmt == "text":
+        figures = layout_stats(lengths, 128, batch)
+        assert figures["packed"]["windows"] % batch  # the case where floor and the trainer's count part
+    else:
+        assert len(lengths) % batch
+        figures = chat_split_stats(lengths, np.zeros((len(lengths), len(FACTS)), np.int64), 128, batch)
+    steps = trainer_steps_of_one_epoch(tmp_path, (prepared, vocab), mode, batch)
+    assert figures[mode]["steps_per_epoch"] == steps
+
+
+@pytest.mark.parametrize("fmt", ["text", "chat"])
+def test_the_missing_budget_message_says_the_trainers_epoch(tmp_path, request, fmt):
+    """`run --check` without a budget says what one epoch is in steps as the trainer counts them, in the mode
+    the run trains (a chat corpus: bucketed, its default), not train tokens // tokens per step."""
+    corpus = request.getfixturevalue("corpus" if fmt == "text" else "chat_corpus")
+    config = write_config(tmp_path, corpus, train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 2,
+                                                   "max_steps": 0})
+    with pytest.raises(ConfigError) as refused:
+        preflight.check(str(config))
+    one_epoch = write_config(tmp_path, corpus, name="one",
+                             train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 2, "max_steps": 0,
+                                    "max_epochs": 1})
+    steps = Trainer(load_config(one_epoch), Dist(0, 1, 0, torch.device("cpu"))).total_steps
+    message = str(refused.value)
+    assert "a budget is required" in message and f"is {steps:,} steps of 16 rows" in message, message

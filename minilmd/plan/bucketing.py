@@ -37,6 +37,7 @@ import numpy as np
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.plan.sampler_base import Batch, DataError, Sampler, _EpochOrder, _generator
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.rowcount import full_buckets
 
 _STREAM_BUCKETS = 2
 
@@ -45,11 +46,6 @@ def row_lengths(doc_starts: np.ndarray, seq_len: int) -> np.ndarray:
     """Tokens of each document's row: its length, cut at seq_len (MiniMind's row of a text document is as long,
     BOS and EOS kept)."""
     return np.minimum(np.diff(np.asarray(doc_starts, dtype=np.int64)), seq_len)
-
-
-def full_buckets(n_docs: int, bucket: int) -> int:
-    """Rows of one epoch of bucketed mode: the documents of the full buckets (n_docs % bucket sit each epoch out)."""
-    return n_docs - n_docs % bucket
 
 
 class DocumentRows:

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
+from minilmd.config_values import no_budget
 from minilmd.corpus_meta import meta_value, read_corpus_meta
 from minilmd.plan.epoch import Epoch, corpus_epoch
+from minilmd.rowcount import steps_for_rows
 
 
 def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: int | None = None) -> int:
@@ -26,7 +28,7 @@ def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: in
     if t.max_tokens:
         budgets.append(math.ceil(t.max_tokens / (global_batch * t.seq_len)))
     if t.max_epochs and rows_per_epoch:
-        budgets.append(max(1, math.ceil(t.max_epochs * rows_per_epoch / global_batch)))
+        budgets.append(steps_for_rows(rows_per_epoch, global_batch, t.max_epochs))
     if not budgets:
         raise ConfigError(["a budget is required: set train.max_steps, train.max_tokens or train.max_epochs"],
                           cfg.source)
@@ -65,6 +67,22 @@ class Planned:
     @property
     def epochs(self) -> float | None:
         return self.rows / self.epoch.rows if self.epoch and self.epoch.rows else None
+
+
+def epoch_without_budget(cfg: RunConfig) -> list[str]:
+    """With no budget set, what one epoch of the corpus would be in this run's steps, counted as the trainer counts
+    (`planned` at train.max_epochs = 1): a line beside config_values' missing-budget message, whose core cannot
+    count a data mode's rows. [] with a budget, or when the corpus does not tell. An ExtraCheck (load_checked's
+    more_checks) of `run --check`, the supervisor and `minilmd train`."""
+    if not no_budget(cfg) or not cfg.data.prepared:
+        return []
+    one = copy.deepcopy(cfg)
+    one.train.max_epochs = 1.0
+    plan = planned(one)
+    if plan is None or plan.epoch is None or not plan.epoch.rows:
+        return []
+    return [f"without a budget: one epoch of {cfg.data.prepared} is {plan.steps:,} steps of {plan.global_batch:,} "
+            f"rows ({plan.epoch.rows:,} rows, each {plan.epoch.row_holds()})"]
 
 
 def planned(cfg: RunConfig, meta: dict | None = None, prepared: str | Path | None = None) -> Planned | None:

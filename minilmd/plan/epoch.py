@@ -1,7 +1,7 @@
 """One epoch of the train split as the run's sampler cuts it: its rows, the documents they train, what a row holds.
 
 The samplers (samplers.py, bucketing.py, docpacking.py) take their rows per epoch from the same functions
-(`packed_windows`, in corpus/analysis/stats.py with prepare's figures; `full_buckets`; `packed_rows`), chosen by
+(minilmd/rowcount.py's `epoch_rows`, which prepare's figures count by too; `packed_rows`), chosen by
 the same rule (`row_kind`), so the trainer's `items_per_epoch` and the figure `run --check` and `corpus report`
 print are one count (tests/test_plan_counts.py compares them mode by mode). Reading a corpus costs its meta.json
 only, except for padding-free SFT, whose rows depend on every conversation's length: then train's doc_lengths.npy
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from minilmd.corpus.analysis.stats import packed_windows
 from minilmd.corpus_meta import meta_value
 from minilmd.names import DOC_LENGTHS, SPLITS
-from minilmd.plan.bucketing import full_buckets, row_lengths
+from minilmd.plan.bucketing import row_lengths
 from minilmd.plan.docpacking import packed_rows
 from minilmd.plan.samplers import row_kind
+from minilmd.rowcount import epoch_rows
 from minilmd.untrusted import Unreadable, read_bytes
 
 
@@ -58,14 +58,12 @@ def epoch_of(kind: str, *, seq_len: int, micro_batch_size: int, seed: int, docum
              lengths: Callable[[], np.ndarray], unit: str = "documents") -> Epoch:
     """The epoch of a train split of `documents` and `tokens`; `lengths()`: each document's length (BOS and EOS
     included), read only for padding-free SFT."""
-    if kind == "windows":
-        rows = packed_windows(tokens, seq_len)
-    elif kind == "conversations":
+    if kind == "conversations":
         rows = len(packed_rows(row_lengths(np.concatenate([[0], np.cumsum(lengths())]), seq_len), seq_len, seed))
-    elif kind == "bucketed":
-        rows = documents = full_buckets(documents, max(micro_batch_size, 1))
     else:
-        rows = documents
+        rows = epoch_rows(kind, documents=documents, tokens=tokens, seq_len=seq_len, micro_batch_size=micro_batch_size)
+        if kind == "bucketed":
+            documents = rows  # the last partial bucket's documents sit the epoch out
     return Epoch(rows, documents, kind, unit, seq_len)
 
 

@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from minilmd.corpus.analysis.stats import packed_windows
 from minilmd.plan.bucketing import BucketedSampler, DocumentRows, PaddedSampler
 from minilmd.plan.docmask import piece_targets, window_positions
 from minilmd.plan.docpacking import PackedConversationsSampler
 from minilmd.plan.sampler_base import Batch, DataError, Sampler, _generator
+from minilmd.rowcount import packed_windows
 
 VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
 MODES = ("packed", "padded", "bucketed")

@@ -52,7 +52,7 @@ from minilmd.cuda_oom import cuda_oom_source, first_line
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
 from minilmd.plan.bucketing import BucketedSampler
-from minilmd.plan.budget import total_steps_for_budget
+from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
 from minilmd.plan.mfu import flops_per_token, mfu, peak_flops
 from minilmd.plan.sampler_base import Batch, DataError, Sampler
@@ -499,7 +499,7 @@ def run(cfg: RunConfig) -> int:
 def main(config_path: str, overrides: list[str] | None = None) -> int:
     """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status."""
     try:
-        cfg = load_checked(config_path, overrides)
+        cfg = load_checked(config_path, overrides, more_checks=epoch_without_budget)
         perms.apply(cfg.run.share)  # under a supervisor, its umask already; on its own, before creating anything
         if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
             claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)

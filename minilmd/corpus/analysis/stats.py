@@ -7,8 +7,10 @@ Lengths count a document's BOS and EOS, as doc_lengths.npy does. For a sequence 
 - Packing: the stream cut into windows of exactly T tokens across document boundaries: no PAD, nothing dropped,
   but a token whose window began inside an earlier document can attend to that document. Counted for windows
   aligned at multiples of T: in document d starting at offset s, the first min(L_d, T - s % T) tokens see a
-  previous document when s % T != 0. Steps per epoch count the windows the trainer's packed sampler uses,
-  (tokens - T + 1) // T (it shifts the window edges by a random offset each epoch).
+  previous document when s % T != 0.
+Steps per epoch are the trainer's count at B rows a step (one GPU, no accumulation): the rows of an epoch as its
+sampler cuts them and the steps they make, both by minilmd/rowcount.py's rules (packed: the windows that fit every
+epoch's offset; bucketed: the full buckets of B; a started last batch is a step).
 - Bucketed (chat corpora; the trainer's data.mode "bucketed"): documents sorted by length and cut into
   micro-batches of B, each padded to the width class of its longest row (`width_class`, the trainer's own
   rounding): `bucketed_pad_share`. Batch order and the order of equal lengths do not change it.
@@ -19,6 +21,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from minilmd.rowcount import epoch_rows, packed_windows, steps_for_rows
 
 FACTS = ("messages", "assistant_turns", "target_tokens", "cut")
 """The columns of the per-conversation facts array (int64) that travel with each split's documents: prepare's chat
@@ -63,14 +67,20 @@ def layout_stats(lengths: np.ndarray, seq_len: int, batch_size: int) -> dict:
             "pad_share": float(1 - kept.sum() / (n * seq_len)) if n else 0.0,
             "truncated_share": float((lengths - kept).sum() / tokens) if tokens else 0.0,
             "truncated_documents": int((lengths > seq_len).sum()),
-            "steps_per_epoch": math.ceil(n / batch_size),
+            "steps_per_epoch": steps_per_epoch("padded", n, tokens, seq_len, batch_size),
         },
         "packed": {
             "windows": windows,
             "cross_document_share": float(seeing.sum() / tokens) if tokens else 0.0,
-            "steps_per_epoch": windows // batch_size,
+            "steps_per_epoch": steps_per_epoch("windows", n, tokens, seq_len, batch_size),
         },
     }
+
+
+def steps_per_epoch(kind: str, documents: int, tokens: int, seq_len: int, batch_size: int) -> int:
+    """Optimizer steps of one epoch in a data mode's rows (rowcount.epoch_rows' kinds) at batch_size rows a step."""
+    rows = epoch_rows(kind, documents=documents, tokens=tokens, seq_len=seq_len, micro_batch_size=batch_size)
+    return steps_for_rows(rows, batch_size)
 
 
 def split_stats(lengths: np.ndarray, seq_len: int, batch_size: int) -> dict:
@@ -101,12 +111,6 @@ def width_step(seq_len: int) -> int:
     """The spacing of the width classes: seq_len / WIDTH_CLASSES rounded up to a multiple of 8 (at least 8; 24
     at seq_len 768)."""
     return max(8, -(-seq_len // (WIDTH_CLASSES * 8)) * 8)
-
-
-def packed_windows(n_tokens: int, seq_len: int) -> int:
-    """Windows of one epoch of packed mode: as many as fit every epoch's offset (minilmd/plan/samplers.py). Here,
-    below both, so that prepare's figures and the sampler count with one rule (as width_class, for bucketing)."""
-    return max(0, (n_tokens - seq_len + 1) // seq_len)
 
 
 def width_classes(widths: np.ndarray, seq_len: int) -> np.ndarray:
@@ -158,9 +162,9 @@ def chat_split_stats(lengths: np.ndarray, facts: np.ndarray, seq_len: int, batch
         "seq_len": seq_len,
         "batch_size": batch_size,
         "padded": {"pad_share": float(1 - tokens / (n * seq_len)) if n else 0.0,
-                   "steps_per_epoch": math.ceil(n / batch_size)},
+                   "steps_per_epoch": steps_per_epoch("padded", n, tokens, seq_len, batch_size)},
         "bucketed": {"pad_share": bucketed_pad_share(lengths, batch_size, seq_len),
-                     "steps_per_epoch": math.ceil(n / batch_size)},
+                     "steps_per_epoch": steps_per_epoch("bucketed", n, tokens, seq_len, batch_size)},
     }
 
 
