@@ -37,7 +37,7 @@ SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress: do n
 SUPERVISOR_RUN_DIR_FULL = 73  # run.dir's disk is full (EX_CANTCREAT): stopped after the last sync; do not restart
 FINAL_EXIT_STATUSES = (SUPERVISOR_CONFIG, EXIT_DATA, SUPERVISOR_GAVE_UP, SUPERVISOR_RUN_DIR_FULL)
 
-# --- Exit statuses of `minilmd stop` (daemon/views/status.py) ---------------------------------------------------------
+# --- Exit statuses of `minilmd stop` (daemon/views/stop.py) -----------------------------------------------------------
 STOP_DONE = 0  # the supervisor is gone (or was not running); the newest checkpoint is on the remote, or none is set
 STOP_FAILED = 1  # not stopped: still running at --timeout, an orphaned trainer survived SIGKILL, or the supervisor
 #                  belongs to another user or host (never signalled)

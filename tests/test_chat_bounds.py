@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from chat_helpers import TEST_TEMPLATE, a, chat_tokenizer_dir, u, write_chat_jsonl
 from minilmd.cli import app
 from minilmd.corpus.chat import ChatError, ChatTemplate, TurnError
-from minilmd.corpus.chat_sandbox import TemplateLimits
+from minilmd.corpus.chat_budget import TemplateLimits
 from minilmd.corpus.prepare.chat_encode import MIN_TEXT_LIMIT
 
 pytestmark = pytest.mark.slow  # each hostile template renders until its bound trips (about a second each)

@@ -19,7 +19,7 @@ from chat_helpers import MINIMIND_DIR, a, s, u, write_chat_jsonl
 from chat_synthetic import TEMPLATE_CONFIG
 from minilmd.cli import app
 from minilmd.corpus.chat import ChatTemplate, TurnError, read_tokenizer_config
-from minilmd.corpus.chat_sandbox import TemplateLimits
+from minilmd.corpus.chat_budget import TemplateLimits
 from minilmd.corpus.chat_spans import BlockSpans, Layouts
 
 OUTPUT_FILES = ("train/tokens.bin", "train/loss_mask.bin", "train/doc_lengths.npy",

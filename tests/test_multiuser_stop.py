@@ -25,7 +25,7 @@ from minilmd import names
 from minilmd.daemon.child import orphans
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.runstate import new_state, process_alive, process_environ, process_start_ticks
-from minilmd.daemon.views import status as views
+from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json
 from second_user import as_user, second_user
 from supervisor_helpers import cli
@@ -106,7 +106,7 @@ def test_a_trainer_record_naming_another_users_process_signals_nothing(tmp_path,
     record.update(pid=theirs.pid, start_ticks=theirs.ticks)
     atomic_write_json(run_dir / names.TRAINER_RECORD, record)
     assert orphans.find_orphans(run_dir) == []
-    assert views.stop(run_dir, out=io.StringIO()) == 0
+    assert views_stop.stop(run_dir, out=io.StringIO()) == 0
     assert theirs.alive()
 
 
@@ -119,7 +119,7 @@ def test_stop_never_signals_a_supervisor_of_another_user(tmp_path, decoys):
     atomic_write_json(run_dir / names.STATE, st)
     out = io.StringIO()
     # state.json's pid is never signalled: only the holder of the run lock, proven (tests/test_stop_proof.py)
-    assert views.stop(run_dir, timeout=5, out=out) == 0
+    assert views_stop.stop(run_dir, timeout=5, out=out) == 0
     assert "not running" in out.getvalue() and "SIGTERM" not in out.getvalue(), out.getvalue()
     assert theirs.alive()
 
@@ -144,7 +144,7 @@ def test_the_orphaned_trainer_of_the_run_and_its_workers_are_stopped_and_nothing
         wait_until(lambda: process_environ(worker).get(names.RUN_DIR_ENV), 10, "the worker's exec")
         assert orphans.find_orphans(run_dir) == sorted([trainer.pid, worker])
         out = io.StringIO()
-        assert views.stop(run_dir, out=out) == 0, out.getvalue()
+        assert views_stop.stop(run_dir, out=out) == 0, out.getvalue()
         assert trainer.popen.wait(10) == -signal.SIGTERM
         wait_until(lambda: not process_alive(worker), 10, "the worker's end")
         assert mine.alive() and theirs.alive()

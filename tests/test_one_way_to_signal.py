@@ -22,7 +22,7 @@ SIGNAL_MODULES = ("os", "signal")
 WRAPPER_CALLS = Counter({
     ("daemon/child/process.py", "self.kill"): 1,  # Child.kill_group -> Child.kill: procs.signal_child_group, Launch
     ("daemon/supervisor.py", "self.child.kill"): 1,
-    ("daemon/supervisor.py", "child.kill"): 1,
+    ("daemon/ending.py", "child.kill"): 1,
     ("daemon/child/trainerwatch.py", "child.kill"): 1,
 })
 """Calls of daemon/child/process.py's Child.kill, which signals through procs.py only, each with how many: one more

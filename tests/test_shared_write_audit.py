@@ -135,9 +135,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_Copier._copy_once", "os.link"): 1, ("_Copier._copy_once", "open"): 1,
         ("_Copier._copy_once", "os.replace"): 1, ("stage", ".mkdir"): 4,
         ("stage", "shutil.rmtree"): 3, ("stage", "os.rename"): 3, ("stage", ".write_bytes"): 1}),
-    "daemon/jobs/sync.py": ("private", PRIVATE_SCRATCH + " (a remote checkpoint fetched into scratch)", {
-        ("Syncer._fetch_latest", ".mkdir"): 1, ("Syncer._fetch_one", "shutil.rmtree"): 3,
-        ("Syncer._fetch_one", ".mkdir"): 1, ("Syncer._download", ".write_bytes"): 1}),
+    "daemon/jobs/fetch.py": ("private", PRIVATE_SCRATCH + " (a remote checkpoint fetched into scratch)", {
+        ("Fetcher._fetch_latest", ".mkdir"): 1, ("Fetcher._fetch_one", "shutil.rmtree"): 3,
+        ("Fetcher._fetch_one", ".mkdir"): 1, ("Fetcher._download", ".write_bytes"): 1}),
     "daemon/phases/rundirwatch.py": ("gap", RUN_DIR + " (its space reserve)", {
         ("make_reserve", "open"): 1, ("make_reserve", ".unlink"): 1, ("release_reserve", ".unlink"): 1}),
     "daemon/runfiles.py": ("gap", RUN_DIR, {("RunFiles.__init__", ".mkdir"): 1}),

@@ -15,7 +15,7 @@ import pytest
 from minilmd import names, protocol
 from minilmd.config import load_config
 from minilmd.daemon.runstate import new_state
-from minilmd.daemon.views import status as views
+from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
 
@@ -47,7 +47,7 @@ def ended_run(tmp_path: Path, local_step: int | None, remote_step: int | None, s
 
 def stopped(run_dir: Path) -> tuple[int, str]:
     out = io.StringIO()
-    return views.stop(run_dir, out=out), out.getvalue()
+    return views_stop.stop(run_dir, out=out), out.getvalue()
 
 
 def test_the_newest_checkpoint_only_in_scratch_is_exit_3_with_its_path(tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from minilmd.daemon.runstate import new_state
 from minilmd.daemon.views import status as views
+from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json
 
 
@@ -87,7 +88,7 @@ def test_status_while_waiting_for_a_gpu_names_the_busy_devices(tmp_path):
 def test_not_a_run_and_a_run_without_state(tmp_path):
     rc, _ = status_text(tmp_path)
     assert rc == 2
-    assert views.stop(tmp_path / "missing", out=io.StringIO()) == 2
+    assert views_stop.stop(tmp_path / "missing", out=io.StringIO()) == 2
     (tmp_path / "run.toml").write_text("")
     rc, text = status_text(tmp_path)
     assert rc == 0 and "no state.json yet" in text
@@ -97,7 +98,7 @@ def test_stop_on_a_run_that_is_not_running(tmp_path):
     run_dir = write_run(tmp_path, phase="done", supervisor={"pid": 999999, "start_ticks": 1},
                         outcome={"exit": 0, "time": time.time(), "reason": "the run finished"})
     out = io.StringIO()
-    assert views.stop(run_dir, out=out) == 0
+    assert views_stop.stop(run_dir, out=out) == 0
     assert "not running" in out.getvalue() and "the run finished" in out.getvalue()
 
 

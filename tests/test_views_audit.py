@@ -22,6 +22,7 @@ from faults_fixtures import faultfs  # noqa: F401  (the fixture)
 from minilmd import names, protocol
 from minilmd.daemon.runstate import new_state
 from minilmd.daemon.views import status as views
+from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json
 from second_user import second_user, shared, user_python  # noqa: F401  (shared: the fixture)
 from waiting import wait_until
@@ -66,7 +67,7 @@ def test_stop_of_an_ended_run_escapes_its_reason_and_error(tmp_path):
                           sync={"state": "ok", "error": "sync" + ESCAPES},
                           local_checkpoint={"step": 5, "time": time.time(), "path": "/x/step-5" + ESCAPES})
     out = io.StringIO()
-    views.stop(run_dir, out=out)
+    views_stop.stop(run_dir, out=out)
     assert_escaped(out.getvalue())
     assert "over\\x1b]0;owned" in out.getvalue() and "/x/step-5\\x1b]0;owned" in out.getvalue(), out.getvalue()
 
@@ -98,7 +99,7 @@ def test_a_supervisor_named_by_its_pid_alone_is_not_running_and_never_signalled(
         assert views.status(run_dir, out=out) == 0
         assert "not running" in out.getvalue() and f"supervisor pid {bystander.pid} running" not in out.getvalue()
         stopped = io.StringIO()
-        views.stop(run_dir, timeout=5, out=stopped)
+        views_stop.stop(run_dir, timeout=5, out=stopped)
         assert "SIGTERM" not in stopped.getvalue() and "not running" in stopped.getvalue(), stopped.getvalue()
         assert bystander.poll() is None, "stop signalled a process that is not the run's supervisor"
     finally:

@@ -19,35 +19,33 @@ On a local remote (others write it too) nothing is written through a link, and o
 (a pointer's temp files) are deleted or quarantined, whatever their names say (daemon/jobs/remote_write.py).
 A LoRA run's staged base goes to `<remote>/init` once, before its first checkpoint (daemon/jobs/basecopy.py).
 
-`fetch_latest()` does the way back for a resume when the local scratch has nothing. Everything is blocking and
-raises SyncError with its cause; the supervisor runs it in a worker thread and retries with backoff. Torch-free.
+`fetch_latest()` does the way back for a resume when the local scratch has nothing (daemon/jobs/fetch.py).
+Everything is blocking and raises SyncError with its cause; the supervisor runs it in a worker thread and retries
+with backoff. Torch-free.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import checkpoint as ck
-from minilmd.checkpoint_dirs import list_checkpoints, read_best, read_latest
+from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import ListedManifest, Remote
+from minilmd.daemon.jobs.fetch import Fetcher
+from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.runstate import is_disk_full, process_alive
-from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
     BEST,
     LATEST,
     MANIFEST,
     TMP_PREFIX,
     atomic_tmp_prefix,
-    fetch_tmp_name,
     host_tag,
-    is_step_name,
     pointer_tmp_tag,
     remote_tmp_owner,
     step_name,
@@ -95,7 +93,7 @@ STALE_TMP_SECONDS = 24 * 3600
 """A temporary name on the remote that no live sync of this host made is removed once it is this old."""
 
 
-class Syncer:
+class Syncer(Fetcher):
     """Copies checkpoints between a local root (scratch) and a remote (path or fsspec URL). Blocking; one at a
     time per run (the supervisor's sync worker)."""
 
@@ -405,100 +403,3 @@ class Syncer:
             raise
         except Exception as e:
             raise SyncError(f"fetch from {self.remote_url} failed: {type(e).__name__}: {e}") from e
-
-    def _fetch_latest(self, local_root: Path) -> Path | None:
-        remote = self.remote
-        local_root.mkdir(parents=True, exist_ok=True)
-        skipped = []
-        for name in reversed(self._steps()):
-            final, set_aside = self._fetch_one(name, local_root)
-            if final is None:
-                skipped += [name] if set_aside else []
-                continue
-            if read_latest(local_root) is None or _newer(name, read_latest(local_root)):
-                atomic_write_text(local_root / LATEST, name + "\n")
-            if skipped:  # LATEST may name one that just failed: it must only name a verified checkpoint
-                remote.write_latest(name)
-            self.log(f"sync: fetched {remote.show(name)} to {final}")
-            self._fetch_best(name, local_root)
-            return final
-        return None
-
-    def _fetch_one(self, name: str, local_root: Path) -> tuple[Path | None, bool]:
-        """Download one remote checkpoint into local_root and validate it there: (its local path, False), or (None,
-        whether it was set aside as invalid; not when it has no manifest yet)."""
-        remote = self.remote
-        listed = remote.read_manifest(name)
-        if listed.manifest is None:
-            if listed.problems:
-                self._set_aside_remote(name, listed.problems)
-            return None, bool(listed.problems)
-        final = local_root / name
-        tmp = local_root / fetch_tmp_name(name, os.getpid())
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            problems = self._download(name, listed, tmp)
-            if problems:
-                self._set_aside_remote(name, problems)
-                shutil.rmtree(tmp, ignore_errors=True)
-                return None, True
-            publish_dir(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return final, False
-
-    def _fetch_best(self, latest: str, local_root: Path) -> None:
-        """The checkpoint the remote BEST names (early_stop's lowest val loss), fetched beside the newest when it is
-        another one, and the local BEST naming it: a run resumed on a new machine keeps its best, for init.from of
-        the next stage, `sample` and `export`. A BEST that does not validate is logged and left out."""
-        best = (self.remote.read_text(BEST) or "").strip()
-        if not best or not is_step_name(best) or best not in self.remote.steps().ours:
-            return
-        if best != latest and not (local_root / best / MANIFEST).is_file():
-            if self._fetch_one(best, local_root)[0] is None:
-                self.log(f"sync: BEST {self.remote.show(best)} is not usable: not fetched")
-                return
-            self.log(f"sync: fetched BEST {self.remote.show(best)} to {local_root / best}")
-        atomic_write_text(local_root / BEST, best + "\n")
-
-    def _download(self, name: str, listed: ListedManifest, tmp: Path) -> list[str]:
-        """Download a remote checkpoint into tmp, hashing while downloading, and validate it strictly there; its
-        manifest is the one `listed` read (a valid one), written from those bytes, never read again. Returns its
-        problems (empty: good)."""
-        manifest, raw = listed.manifest, listed.raw
-        assert manifest is not None and raw is not None  # _fetch_one downloads a checkpoint with a valid manifest
-        odd = self.remote.not_regular(name, manifest["files"])
-        if odd:
-            return odd
-        observed = {f: (self.remote.get((name, f), tmp / f, e["size"]), (tmp / f).stat().st_size)
-                    for f, e in manifest["files"].items()}
-        problems = table_problems(manifest["files"], lambda f: observed[f][1], lambda f: observed[f][0],
-                                  listed_in=f"the remote {MANIFEST}", label=lambda f: f"{f} (downloaded)")
-        if problems:
-            return problems
-        (tmp / MANIFEST).write_bytes(raw)  # the bytes the files were checked against, read once; publish_dir fsyncs
-        try:
-            ck.validate(tmp, self.expected)
-        except ck.CheckpointInvalid as e:
-            return e.problems
-        return []
-
-    def _set_aside_remote(self, name: str, problems: list[str]) -> None:
-        remote = self.remote
-        reason = "; ".join(problems[:5])
-        if remote.local:
-            try:
-                dest = remote.quarantine(name, f"fetch: {reason}")
-            except OSError as e:  # not this user's real directory (a link, another's), or quarantine/ is not
-                self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped, not set aside: {e}")
-                return
-            self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); moved to {dest}")
-        else:
-            self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped")
-
-
-def _newer(name: str, than: str | None) -> bool:
-    than_step = step_or_none(than)
-    return than_step is None or step_of(name) > than_step

@@ -1,7 +1,7 @@
 """Whether a run is alive, read from files its owner (or anyone) may have made: its state.json through the hardened
 reader (daemon/runstate.py load_state: "unreadable (why)" rather than a hang or a traceback), its supervisor by pid
 and start time, and, once that supervisor was killed, the trainer it left running (daemon/child/orphans.py, read
-only) with the step of its heartbeat. For `minilmd status` and `stop` (daemon/views/status.py) and the overview.
+only) with the step of its heartbeat. For `minilmd status` and `stop` (daemon/views/status.py, stop.py), the overview.
 Torch-free, light imports.
 """
 from __future__ import annotations

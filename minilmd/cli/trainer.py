@@ -37,7 +37,7 @@ def verify_command(
     Exit status: 0 every checkpoint is valid, 1 otherwise (the reasons are printed), 2 a bad --config."""
     import json
 
-    from minilmd.checkpoint import expectation_from_config, verify_report
+    from minilmd.checkpoint_verify import expectation_from_config, verify_report
     from minilmd.config import ConfigError
 
     try:

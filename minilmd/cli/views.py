@@ -93,6 +93,6 @@ def stop_command(
 
     Exit status: 0 stopped, 1 not stopped (timeout, another user's supervisor), 2 not a run directory, 3 stopped but
     the newest checkpoint is only in scratch (the last sync failed; its path is printed)."""
-    from minilmd.daemon.views.status import stop
+    from minilmd.daemon.views.stop import stop
 
     raise typer.Exit(stop(run_dir, timeout))

@@ -32,7 +32,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minilmd.corpus.chat_sandbox import Exceeded, TemplateLimits, compile_template, limited
+from minilmd.corpus.chat_budget import Exceeded, TemplateLimits, limited
+from minilmd.corpus.chat_sandbox import compile_template
 from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
 from minilmd.protocol import SPECIAL_TOKENS

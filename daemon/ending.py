@@ -1,0 +1,169 @@
+"""How a run ends: the trainer stopped, the last sync, the final phase and what is given back at exit.
+
+The `Supervisor`'s own methods (daemon/supervisor.py), kept here as a mixin so that the loop and its ending read
+apart. `stopping` is entered on a stop request, a finished trainer, a final decision or a full run.dir: the trainer
+gets SIGTERM (SIGKILL after restart.hang_timeout), a staging copy still running is waited for a bounded time, then
+the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue). At exit, whatever
+phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
+run's files closed and the lock released. Torch-free.
+"""
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING
+
+from minilmd import names, protocol, scratch
+from minilmd.config import RunConfig
+from minilmd.config_values import parse_duration
+from minilmd.daemon.child import trainerwatch
+from minilmd.daemon.child.process import Child
+from minilmd.daemon.host.sdnotify import Notifier
+from minilmd.daemon.jobs.initstage import PROBE_DIR
+from minilmd.daemon.jobs.stagingworker import StagingWorker
+from minilmd.daemon.jobs.syncworker import SyncWorker
+from minilmd.daemon.phases.gpuwait import GpuWaiter
+from minilmd.daemon.phases.rundirwatch import RunDirWatch
+from minilmd.daemon.runfiles import RunFiles
+from minilmd.daemon.runstate import EventLog, RunState, now
+from minilmd.daemon.slurm.job import SlurmJob
+from minilmd.daemon.states import Cause, Phase
+
+STOP_WAITS_FOR_STAGING_S = 30.0
+"""On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it)."""
+
+
+class Ending:
+    """Stopping, the last sync and the exit: the `Supervisor`'s methods for them (a mixin)."""
+
+    cfg: RunConfig
+    phase: Phase
+    exit_status: int
+    stop_requested: bool
+    last_cause: Cause | None
+    child: Child | None
+    files: RunFiles
+    events: EventLog
+    state: RunState
+    room: RunDirWatch
+    gpu: GpuWaiter
+    sync: SyncWorker
+    staging: StagingWorker
+    slurm: SlurmJob | None
+    notifier: Notifier
+
+    if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py)
+        def _go(self, new: Phase, reason: str, **details) -> None: ...
+
+        def _fail(self, status: int, message: str) -> None: ...
+
+        def _on_child_end(self, rc: int) -> None: ...
+
+    # --- stopping and the last sync -----------------------------------------------------------------------------
+    def _enter_stopping(self, reason: str) -> None:
+        if self.phase == Phase.STOPPING:
+            return
+        if self.child is not None and self.child.poll() is None:
+            self.child.stop_sent = now()
+            if not (self.slurm and self.slurm.stop_step(self.child.command)):  # srun: its step is signalled
+                self.child.signal_group(signal.SIGTERM)
+            reason += f"; SIGTERM sent to trainer pid {self.child.pid}"
+        self._go(Phase.STOPPING, reason)
+
+    def _tick_stopping(self) -> None:
+        child = self.child
+        if child is not None:
+            rc = child.poll()
+            if rc is None:
+                patience = parse_duration(self.cfg.restart.hang_timeout)
+                if child.killed_at is not None:
+                    trainerwatch.report_unreaped(child, self.events.emit)
+                elif now() - (child.stop_sent or now()) > patience:
+                    self.events.emit("stop", f"the trainer did not exit within {patience:.0f}s of SIGTERM: SIGKILL")
+                    child.kill()
+                return
+            self._on_child_end(rc)
+        if self.staging.running:
+            if now() - (self.state.since or 0.0) < STOP_WAITS_FOR_STAGING_S:
+                return  # let a half-done copy end before we exit (it would be cleaned up next time anyway)
+            # a copy or fetch stalled on the remote: leave its thread behind (its temp names are cleaned next time)
+            self.events.emit("stop", f"the {self.staging.abandon()} thread has not ended after "
+                                     f"{STOP_WAITS_FOR_STAGING_S:.0f}s: exiting without it")
+        problem = self.sync.final_sync(self.staging.staged, not (self.stop_requested or self.room.stopping))
+        if problem is not None:
+            self._finish(problem)
+
+    def _finish(self, sync_problem: str) -> None:
+        kept = f"the checkpoint stays in {self.cfg.checkpoint_dir}"
+        if self.slurm:
+            self.slurm.finishing(self.cfg, sync_problem)  # frees this job's node scratch once the remote has it
+            if self.slurm.preempted_by:
+                self._finish_preempted(sync_problem)
+                return
+        if self.stop_requested:
+            if sync_problem:
+                self.state.record_error(f"stopped, but {sync_problem}; {kept}")
+            self._go(Phase.DONE, "stopped on request" + (f" ({sync_problem})" if sync_problem else ""))
+            if not self.slurm and not self.staging.running and (said := scratch.give_back_unsaved(
+                    self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run)):
+                self.events.emit("scratch", said)
+        elif self.room.stopping:
+            self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
+        elif sync_problem:
+            # exit 1, not final: systemd restarts us, the trainer exits at once, the sync is tried again
+            self._fail(1, f"finished, but {sync_problem}; {kept}")
+        else:
+            self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
+                                                         else ""))
+            if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
+                self.events.emit("scratch", scratch.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
+
+    def _finish_preempted(self, sync_problem: str) -> None:
+        """Slurm preempted the job: state.json says so first, then `scontrol requeue` (which ends this job). The
+        step it names is the synced one, where the requeued job resumes."""
+        assert self.slurm is not None  # only a Slurm job is preempted
+        remote = self.state.remote_checkpoint
+        resumes_at = remote.step if remote is not None else self.state.progress.step
+        reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at, sync_problem)
+        if problem:
+            self._fail(1, problem)
+            return
+        self._go(Phase.DONE, reason)
+        if requeue and (problem := self.slurm.requeue()) is not None:
+            self.exit_status = 1
+            self.state.record_error(problem)
+            self.state.save()
+
+    # --- the end ------------------------------------------------------------------------------------------------------
+    def _shutdown(self, lock) -> None:
+        child = self.child
+        if child is not None and child.poll() is None:
+            if child.killed_at is None:
+                child.kill_group(grace=30, while_waiting=self.notifier.watchdog)
+            if child.poll() is None:
+                self.events.emit("kill", f"trainer pid {child.pid} is not reaped after SIGKILL (uninterruptible "
+                                         f"I/O?): exiting without it", pid=child.pid)
+        self.gpu.release()
+        if self.phase == Phase.FAILED and self.exit_status in protocol.FINAL_EXIT_STATUSES:
+            self._release_inputs()
+        self.room.at_exit()
+        self.files.close(self.exit_status, self.phase)
+        self.notifier.stopping()
+        lock.release()
+
+    def _release_inputs(self) -> None:
+        """A final failure gives the staged corpus back to the machine (scratch.release_inputs), unless the last
+        staging trained from it because its source could not be read (Staging.from_copy), or its source cannot be
+        reached now (its share gone since): then it stays, the only copy within reach. Not in a Slurm job (its
+        scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
+        if self.slurm or self.staging.running:
+            return
+        from minilmd.probes import corpus_out_of_reach
+
+        why = self.state.staging.from_copy
+        why = f"the last staging trained from it, its source could not be read ({why})" if why else \
+            (f"its source data.prepared {absent}" if (absent := corpus_out_of_reach(self.cfg)) else "")
+        keep = {names.STAGED_CORPUS: f"{why}: it may be the only copy within reach"} if why else None
+        done = scratch.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR), self.cfg.run, keep)
+        if done:
+            self.events.emit("scratch", done)
+

@@ -1,0 +1,174 @@
+"""`minilmd stop`: SIGTERM to a run's supervisor, its end waited for, and what it left reported.
+
+Only a process proven to be the run's is ever signalled (minilmd/procs.py): the supervisor that holds the run's lock
+and carries its identity, or an orphaned trainer (no supervisor) after a grace to save. The exit status is one of
+protocol.STOP_*. Like the other views (daemon/views/status.py), it reads what the supervisor wrote and escapes it
+before it reaches the terminal.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from minilmd import names, procs, protocol
+from minilmd.daemon.runstate import fmt_time, process_alive
+from minilmd.daemon.states import SyncState
+from minilmd.daemon.statesections import StateJson
+from minilmd.daemon.views.liveness import load
+from minilmd.daemon.views.status import _error_context, _is_a_run
+from minilmd.untrusted import printable
+
+ORPHAN_GRACE_S = 120.0
+"""How long `minilmd stop` lets an orphaned trainer save before it kills it."""
+
+
+def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> int:
+    """SIGTERM to the run's supervisor; wait until it exited (the trainer saves, the last sync runs); report.
+    timeout 0: wait as long as it takes. The exit status is one of protocol.STOP_*: 0 stopped (or not running),
+    1 not stopped, 2 not a run, 3 stopped but the newest checkpoint is only in scratch. A run directory of another
+    user is refused, its owner named (root may stop anyone's run). Only a process proven to be the run's is ever
+    signalled (minilmd/procs.py): the supervisor that holds the run's lock and carries its identity, or the trainer
+    it left behind (daemon/child/orphans.py); never one a file of the run names by its pid."""
+    out = out or sys.stdout
+    run_dir = Path(run_dir)
+    if not _is_a_run(run_dir):
+        return protocol.STOP_NOT_A_RUN
+    try:
+        scope = procs.scope_of(run_dir)
+    except (procs.Refused, OSError) as e:
+        print(str(e), file=out)
+        return protocol.STOP_FAILED
+    raw, unreadable = load(run_dir)
+    if unreadable:
+        print(f"{run_dir}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
+    state = StateJson.from_dict(raw)
+    try:
+        live = _live_supervisor(run_dir)
+    except OSError as e:  # supervisor.lock not readable (root squashed on NFS, say)
+        print(f"{run_dir}: {names.LOCK} cannot be read ({e.strerror or e}): whether a supervisor holds it is unknown; "
+              f"nothing signalled", file=out)
+        return protocol.STOP_FAILED
+    if live is None:
+        outcome = state.outcome
+        print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
+                                           f"{printable(outcome.reason)})" if outcome else ""), file=out)
+        if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
+            return protocol.STOP_FAILED
+        return _checkpoint_report(state, out, always=False)
+    if live.host and live.host != socket.gethostname():
+        print(f"supervisor pid {live.pid} runs on {printable(live.host)}, not on this host: not signalled; run "
+              f"`minilmd stop` there", file=out)
+        return protocol.STOP_FAILED
+    pid, ticks = live.pid, procs.process_start_ticks(live.pid)
+    why = procs.signal_supervisor(scope, pid, ticks, live.launch_id, signal.SIGTERM)
+    if why is None:
+        print(f"SIGTERM sent to supervisor pid {pid}; waiting for the trainer's save and the last sync...", file=out,
+              flush=True)
+    elif why == "it has ended":
+        print(f"supervisor pid {pid} ended before the signal", file=out)
+    else:
+        print(f"pid {pid}, named by {names.LOCK}, is not proven to be this run's supervisor ({why}): not "
+              f"signalled", file=out)
+        return protocol.STOP_FAILED
+    started = time.monotonic()
+    last_phase = None
+    while process_alive(pid, ticks):
+        if timeout and time.monotonic() - started > timeout:
+            print(f"supervisor pid {pid} still running after {timeout:.0f}s (see `minilmd logs {run_dir}`)", file=out)
+            return protocol.STOP_FAILED
+        state = _reread(run_dir, state)
+        if state.phase != last_phase:
+            last_phase = state.phase
+            print(f"  {printable(last_phase)}" + (f": {printable(state.reason)}" if state.reason else ""), file=out,
+                  flush=True)
+        time.sleep(0.2)
+    state = _reread(run_dir, state)
+    outcome = state.outcome
+    print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.exit if outcome else None} "
+          f"({printable(outcome.reason) if outcome else None})", file=out)
+    return _checkpoint_report(state, out, always=True)
+
+
+def _reread(run_dir: Path, state: StateJson) -> StateJson:
+    """state.json again; the last one read while there is none (or it cannot be read)."""
+    raw, _ = load(run_dir)
+    return StateJson.from_dict(raw) if raw else state
+
+
+def _live_supervisor(run_dir: Path):
+    """The holder of the run lock (daemon/host/lock.py LockInfo: pid, host, launch id), None when no process holds
+    it. Never state.json's pid: anyone who can write the run directory writes that. OSError when the lock cannot be
+    opened."""
+    from minilmd.daemon.host.lock import lock_holder
+
+    holder = lock_holder(run_dir)
+    return holder if holder is not None and holder.pid else None
+
+
+def _stop_orphans(run_dir: Path, out) -> int:
+    """A supervisor killed with SIGKILL leaves its trainer running: `stop` must stop that one too (it saves on
+    SIGTERM and exits; SIGKILL after the grace). Only the trainer this run recorded, never another process."""
+    from minilmd.daemon.child.orphans import find_orphans, terminate_orphans
+
+    pids = find_orphans(run_dir)
+    if not pids:
+        return protocol.STOP_DONE
+    print(f"  trainer process(es) {pids} left by a killed supervisor: SIGTERM (they save first), SIGKILL after "
+          f"{ORPHAN_GRACE_S:.0f}s", file=out, flush=True)
+    terminate_orphans(run_dir, grace=ORPHAN_GRACE_S)
+    left = find_orphans(run_dir)
+    print(f"  still running: {left}" if left else "  stopped", file=out)
+    return protocol.STOP_FAILED if left else protocol.STOP_DONE
+
+
+def _checkpoint_report(state: StateJson, out, always: bool) -> int:
+    """Where the newest checkpoint is; STOP_UNSYNCED when it is only in scratch."""
+    local_step = state.local_checkpoint.step if state.local_checkpoint else None
+    remote = state.remote_checkpoint
+    if always:  # a stage stopped while it waited has no checkpoint yet: "none", never "step None"
+        local_words = f"local checkpoint step {local_step}" if local_step is not None else "no local checkpoint"
+        print(f"  {local_words}; remote checkpoint step {remote.step} "
+              f"({'verified' if remote.verified else 'not verified'})" if remote and remote.step is not None else
+              f"  {local_words}; no remote checkpoint", file=out)
+        if state.last_error:
+            print(f"  last error{_error_context(state, time.time())}: {printable(state.last_error)}", file=out)
+    unsynced = _only_in_scratch(state)
+    if unsynced is None:
+        return protocol.STOP_DONE
+    step, path = unsynced
+    on_remote = f"step {remote.step}" if remote and remote.step is not None else "no checkpoint"
+    error = printable(state.sync.error) if state.sync.error else None
+    print(f"  NOT SYNCED (exit {protocol.STOP_UNSYNCED}): the newest checkpoint, step {step}, is only in scratch: "
+          f"{printable(path)}; the remote has {on_remote}" + (f" (last sync error: {error})" if error else "") + ".\n"
+          "  It is lost if scratch is cleared (a reboot clears /dev/shm): start the run again (its first sync "
+          "copies it), or copy that directory into run.remote by hand.", file=out)
+    return protocol.STOP_UNSYNCED
+
+
+def _only_in_scratch(state: StateJson) -> tuple[int, str] | None:
+    """(step, path) of the newest local checkpoint when a remote is set and has none as new: the last sync failed,
+    or a trainer saved with no supervisor left to sync (an orphan stopped by `stop`). Reads the checkpoint root
+    beside the checkpoint state.json names, for a save state.json has not seen."""
+    if state.sync.state == SyncState.OFF:
+        return None
+    local = state.local_checkpoint
+    step, path = (local.step, local.path) if local else (None, None)
+    if path:
+        root = Path(path).parent
+        try:
+            saved = [names.step_of(p) for p in root.iterdir() if names.is_step_name(p.name)
+                     and (p / names.MANIFEST).is_file()]
+        except OSError:
+            saved = []
+        if saved and (step is None or max(saved) > step):
+            step, path = max(saved), str(root / names.step_name(max(saved)))
+    if step is None:
+        return None
+    synced = state.remote_checkpoint.step if state.remote_checkpoint else None
+    if synced is not None and synced >= step:
+        return None
+    return step, path or "scratch"
