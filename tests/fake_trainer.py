@@ -10,7 +10,8 @@ last, atomic rename, LATEST), saves and exits 75 on SIGTERM, exits 0 at the budg
 (oom, sigbus, sigkill, hang, exception; each once per run). Its "weights" are a hash chain over the tokens read at
 each step: a run interrupted anywhere and resumed ends with the same value as an undisturbed one.
 
-Environment: FAKE_STEP_S seconds per step (default 0.02); FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
+Environment: FAKE_STEP_S seconds per step (default 0.02); FAKE_HOLD=STEP:PATH holds the run after STEP steps until
+PATH exists; FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
 train.micro_batch_size is above this (a GPU too small for the micro-batch); FAKE_COMPILE_S: before its first step,
 a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile). At the budget it writes a
 "STEP exiting" heartbeat, like the real trainer, then exits 0 after FAKE_EXIT_LINGER_S seconds more of silence
@@ -148,6 +149,16 @@ def corrupt_cache(run_dir: Path, how: str) -> str:
             "a bug to PyTorch). For even more developer context, set TORCH_LOGS=\"+dynamo\"")
 
 
+def _hold(step: int, heartbeat) -> None:
+    """FAKE_HOLD=STEP:PATH: once STEP steps are taken, wait (beating, as a live trainer does) until PATH exists, so
+    that a test looks at a run that is surely still training, however loaded the machine."""
+    at, _, release = os.environ.get("FAKE_HOLD", "").partition(":")
+    if at and step == int(at):
+        while not os.path.exists(release):
+            _beat(heartbeat, str(step))
+            time.sleep(0.05)
+
+
 def _beat(heartbeat: Path, text: str) -> None:
     """The heartbeat replaced whole, as the real trainer does (minilmd/metrics.py): a reader never sees it
     empty halfway through a write (a status under load once read "no heartbeat step" there)."""
@@ -226,6 +237,7 @@ def main(argv: list[str]) -> int:
                 time.sleep(1)
         if kind == "exception":
             raise RuntimeError(f"injected exception at step {step + 1}")
+        _hold(step, heartbeat)
         t0 = time.monotonic()
         time.sleep(step_s)
         i = (step * 7919) % n_tokens

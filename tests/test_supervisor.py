@@ -303,7 +303,8 @@ def test_status_logs_and_stop_on_a_directory_that_is_not_a_run(tmp_path):
 def test_status_while_running_and_after_the_end(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 60})
     cfg = load_config(config)
-    proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.05")
+    release = tmp_path / "release"  # held at step 3 while status looks: still training however loaded the machine
+    proc = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.05", FAKE_HOLD=f"3:{release}")
     follower = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "logs", str(cfg.run_dir), "-f"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for())
     lines: list[str] = []
@@ -317,6 +318,7 @@ def test_status_while_running_and_after_the_end(tmp_path, corpus):
         assert "/60" in live.stdout
         as_json = json.loads(cli("status", str(cfg.run_dir), "--json").stdout)
         assert as_json["running"] is True and as_json["state"]["phase"] == "training"
+        release.touch()
         assert proc.wait(60) == 0
         wait_for(lambda: all(end in "".join(lines) for end in ("stopping -> done", "done at step 60")), 30,
                  "logs -f to show the end of the supervisor and of the trainer")
