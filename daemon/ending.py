@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from minilmd import names, protocol, scratch
 from minilmd.config import RunConfig
 from minilmd.config_values import parse_duration
+from minilmd.daemon.base.runstate import EventLog, RunState, now
+from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.process import Child
 from minilmd.daemon.host.sdnotify import Notifier
@@ -24,9 +26,7 @@ from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.phases.gpuwait import GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch
 from minilmd.daemon.runfiles import RunFiles
-from minilmd.daemon.runstate import EventLog, RunState, now
 from minilmd.daemon.slurm.job import SlurmJob
-from minilmd.daemon.states import Cause, Phase
 
 STOP_WAITS_FOR_STAGING_S = 30.0
 """On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it)."""

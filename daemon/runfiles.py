@@ -10,11 +10,11 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.config import RunConfig
+from minilmd.daemon.base.runstate import EventLog, MetricsTail, RunState, load_state, new_state, now, read_heartbeat
+from minilmd.daemon.base.states import SyncState
+from minilmd.daemon.base.statesections import Outcome
 from minilmd.daemon.host import registry
 from minilmd.daemon.host.prometheus import Textfile
-from minilmd.daemon.runstate import EventLog, MetricsTail, RunState, load_state, new_state, now, read_heartbeat
-from minilmd.daemon.states import SyncState
-from minilmd.daemon.statesections import Outcome
 from minilmd.fsio import atomic_write_text
 from minilmd.untrusted import Unreadable
 

@@ -4,21 +4,21 @@
                                starting | training -> waiting_space -> starting (a checkpoint did not fit in scratch)
                                                                                          any live phase -> failed
 
-The phases and the allowed transitions are in daemon/states.py; `_go()` is the only place that changes phase, and it
+The phases and the allowed transitions are in daemon/base/states.py; `_go()` alone changes phase, and it
 logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json (the run's files: daemon/runfiles.py).
 Signal handlers (daemon/host/signals.py) only record the signal; the loop acts on it at the next tick. Each tick
 dispatches on the phase; the phases that wait on something have a part of their own that the tick asks: the GPU,
 staging and the remote fetch, the sync and pruning, room in scratch (daemon/phases/, daemon/jobs/). Their blocking
-jobs run in threads (daemon/worker.py), so a stalled NFS never freezes the loop or the trainer, and the loop never
+jobs run in threads (daemon/base/worker.py), so a stalled NFS never freezes the loop or the trainer, and the loop never
 waits for a process without a bound: a trainer killed in uninterruptible I/O is reaped by a later poll. The trainer is
 a child process (daemon/child/process.py), watched through daemon/child/trainerwatch.py (orphans, its command, a hang,
-a kill not reaped); what to do when it ends is daemon/policy.py. GPU admission, staging, sync, pruning and the launch
+a kill not reaped); what to do when it ends is daemon/child/policy.py. GPU admission, staging, sync, pruning, launch
 are reached through `Infra` (daemon/infra.py), a few methods that tests can replace. Stopping, the last sync and the
 exit are daemon/ending.py.
 
 Running out of room is no restart loop. A full scratch: the syncworker prunes superseded checkpoints before the
 trainer needs the room; a trainer whose save did not fit anyway waits in `waiting_space` until one does, never counted
-as a restart. A full run.dir: the writes of state and events keep failing quietly (daemon/runstate.py); a live trainer
+as a restart. A full run.dir: the writes of state and events keep failing quietly (daemon/base/runstate.py); a live one
 goes on, and once it has ended the run stops after its last sync, with exit 73 (final). That part is `self.room`
 (daemon/phases/rundirwatch.py): it writes state.json, says once that run.dir is full, and is asked before each launch
 and at each end of the trainer. Torch-free.
@@ -35,8 +35,13 @@ from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon import preflight
+from minilmd.daemon.base.runstate import is_disk_full, now, read_heartbeat
+from minilmd.daemon.base.states import FINAL_PHASES, Action, Cause, Phase, check_transition, first_phase
+from minilmd.daemon.base.statesections import ChildInfo, Restart
+from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.child.process import Child, Death
 from minilmd.daemon.ending import Ending
 from minilmd.daemon.host.sdnotify import Notifier
@@ -48,13 +53,8 @@ from minilmd.daemon.phases import initwait
 from minilmd.daemon.phases.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch, full_at_start
 from minilmd.daemon.phases.spacewait import SpaceWaiter
-from minilmd.daemon.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.runfiles import RunFiles
-from minilmd.daemon.runstate import is_disk_full, now, read_heartbeat
 from minilmd.daemon.slurm import job as slurmjob
-from minilmd.daemon.states import FINAL_PHASES, Action, Cause, Phase, check_transition, first_phase
-from minilmd.daemon.statesections import ChildInfo, Restart
-from minilmd.daemon.worker import Inbox
 
 TICK_S = 0.2
 """The loop's period: how fast a death, a signal or a heartbeat is noticed."""

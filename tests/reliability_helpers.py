@@ -17,7 +17,7 @@ from pathlib import Path
 
 from minilmd import checkpoint, checkpoint_dirs, names
 from minilmd.config import load_config
-from minilmd.daemon.runstate import process_environ
+from minilmd.daemon.base.runstate import process_environ
 from supervisor_helpers import FAKE_TRAINER, env_for
 
 

@@ -16,17 +16,17 @@ import pytest
 
 from minilmd import names, protocol
 from minilmd.config import RestartSection, RunConfig
+from minilmd.daemon.base.runstate import MetricsTail, RunState, process_alive
+from minilmd.daemon.base.states import TRANSITIONS, IllegalTransition, Phase, check_transition
 from minilmd.daemon.child import orphans
 from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.policy import backoff_seconds, decide
 from minilmd.daemon.child.process import Death, build_command, classify, launch
 from minilmd.daemon.child.trainerwatch import death_facts
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.staging import stage
 from minilmd.daemon.jobs.stagingworker import StagingWorker
-from minilmd.daemon.policy import backoff_seconds, decide
-from minilmd.daemon.runstate import MetricsTail, RunState, process_alive
-from minilmd.daemon.states import TRANSITIONS, IllegalTransition, Phase, check_transition
 from waiting import wait_until
 
 
@@ -236,7 +236,7 @@ def test_sd_notify_sends_ready_status_and_watchdog(tmp_path):
 def test_a_heartbeat_of_the_previous_attempt_never_counts_as_the_new_ones(tmp_path):
     """Found by the pipeline soak: attempt N's last heartbeat, written within a second of attempt N+1's launch,
     passed for N+1's own; its start-up grace became hang_timeout and it was killed as hung while importing."""
-    from minilmd.daemon.runstate import read_heartbeat
+    from minilmd.daemon.base.runstate import read_heartbeat
 
     (tmp_path / names.HEARTBEAT).write_text("40\n")  # the previous attempt's, just now
     child = launch([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, 2, "")

@@ -58,9 +58,9 @@ def test_a_hung_torchrun_gets_its_workers_stacks_dumped_and_is_killed_whole(tmp_
     hung ranks went on holding the GPU and the run's files while the next attempt started beside them. Now every
     process of the launch (its launch id) is dumped and killed."""
     from minilmd.config import load_config
+    from minilmd.daemon.base.runstate import read_heartbeat
     from minilmd.daemon.child import stackdump, trainerwatch
     from minilmd.daemon.child.process import launch, wait_bounded
-    from minilmd.daemon.runstate import read_heartbeat
 
     monkeypatch.setattr(stackdump.shutil, "which", lambda name: None)  # the SIGUSR1 path, py-spy or not here
 

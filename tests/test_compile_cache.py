@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from minilmd.config import RestartSection, load_config
+from minilmd.daemon.base.states import Action, Cause
 from minilmd.daemon.child import compilecache
 from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.policy import decide
 from minilmd.daemon.child.process import Death
-from minilmd.daemon.policy import decide
-from minilmd.daemon.states import Action, Cause
 from minilmd.names import COMPILE_CACHE
 from minilmd.protocol import SUPERVISOR_GAVE_UP
 from supervisor_helpers import events, run_supervisor, state, write_config

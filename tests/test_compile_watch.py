@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import load_config
+from minilmd.daemon.base.runstate import read_heartbeat
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child import trainerwatch
-from minilmd.daemon.runstate import read_heartbeat
 from minilmd.names import HEARTBEAT
 from minilmd.protocol import SUPERVISOR_GAVE_UP
 from supervisor_helpers import events, run_supervisor, state, write_config

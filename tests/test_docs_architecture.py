@@ -1,5 +1,5 @@
 """docs/architecture.md and docs/operations.md cannot drift from the code: the mermaid state diagram is the
-transition table of daemon/states.py edge for edge, the phase table names every phase, the claim that daemon/
+transition table of daemon/base/states.py edge for edge, the phase table names every phase, the claim that daemon/
 never imports torch holds, and the runbook's tables name every restart cause of daemon/child/process.py and every exit
 status of minilmd/protocol.py."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from minilmd import protocol
+from minilmd.daemon.base.states import FINAL_PHASES, INITIAL_PHASES, TRANSITIONS, Phase, first_phase
 from minilmd.daemon.child.process import CAUSES
-from minilmd.daemon.states import FINAL_PHASES, INITIAL_PHASES, TRANSITIONS, Phase, first_phase
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "architecture.md"

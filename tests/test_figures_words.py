@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.runstate import new_state, process_start_ticks
-from minilmd.daemon.views import overview, status
+from minilmd.daemon.base.runstate import new_state, process_start_ticks
+from minilmd.daemon.views import overview, stop
 from minilmd.fsio import atomic_write_json
 from minilmd.init_source import Predecessor, predecessor_outcome
 
@@ -75,7 +75,7 @@ def test_stop_of_a_waiting_stage_prints_no_empty_reason_nor_step_none(tmp_path):
                      supervisor={"pid": sup.pid, "start_ticks": process_start_ticks(sup.pid), "host": ""})
         atomic_write_json(tmp_path / names.STATE, state)
         out = ReleaseOnPhase(release)
-        status.stop(tmp_path, timeout=60, out=out)
+        stop.stop(tmp_path, timeout=60, out=out)
     finally:
         sup.kill()
         sup.wait()

@@ -11,13 +11,13 @@ import pytest
 
 from fakes_nvml import FREE, FakeNvml, FakeNvmlLib, busy
 from minilmd.config import GpuSection, RunConfig
+from minilmd.daemon.base.runstate import RunState
+from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.child import orphans
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.host.gpu import GpuAdmission, cuda_visible_devices
 from minilmd.daemon.host.nvml import PynvmlBackend, v1_reserve_allowance_mib
 from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable, GpuWaiter
-from minilmd.daemon.runstate import RunState
-from minilmd.daemon.statesections import StateJson
 from minilmd.daemon.views.status import summary_lines
 
 IDLE = busy(used_mib=7)

@@ -9,11 +9,11 @@ import pytest
 
 from fakes_nvml import FakeNvml, FakeNvmlLib, busy, mig
 from minilmd.config import GpuSection, RunConfig
+from minilmd.daemon.base.runstate import RunState
 from minilmd.daemon.host import nvml as nvmlmod
 from minilmd.daemon.host.gpu import GpuAdmission, cuda_visible_devices, mig_refusal
 from minilmd.daemon.host.nvml import PynvmlBackend, open_nvml_or_reason
 from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable, GpuWaiter
-from minilmd.daemon.runstate import RunState
 
 IDLE = busy(used_mib=7)
 

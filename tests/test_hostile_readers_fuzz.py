@@ -24,7 +24,7 @@ from minilmd.corpus import chat
 from minilmd.corpus.prepare import lock as prepare_lock
 from minilmd.corpus.sources import jsonl
 from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
-from minilmd.daemon import runstate
+from minilmd.daemon.base import runstate
 from minilmd.daemon.child import orphans
 from minilmd.daemon.host import leases, registry
 from minilmd.daemon.host import lock as run_lock

@@ -1,7 +1,7 @@
 """A run directory's files made hostile: state.json, the heartbeat, metrics.jsonl, trainer.json and the logs as a
 FIFO nobody writes, a link to /dev/zero, a directory, a JSON list, a file someone made huge, or another user's.
 
-Before the hardened reader (minilmd/untrusted.py through daemon/runstate.py), `minilmd status`, `stop --timeout 5`
+Before the hardened reader (minilmd/untrusted.py through daemon/base/runstate.py), `minilmd status`, `stop --timeout 5`
 (whose timeout was never reached), `plot`'s curves and `logs -f` hung on such a file or ran out of memory, and a
 state.json one may not read was a PermissionError traceback. Now each says "unreadable (why)" and exits as it
 would for the run otherwise. Every command runs as a real process under a memory limit (a read of /dev/zero would
@@ -19,7 +19,7 @@ import pytest
 
 from hostile_files_helpers import _limit_memory, make_hostile, minilmd
 from minilmd import names
-from minilmd.daemon.runstate import new_state
+from minilmd.daemon.base.runstate import new_state
 from minilmd.fsio import atomic_write_json
 from waiting import wait_until
 
@@ -153,12 +153,12 @@ def test_logs_follow_says_a_log_is_unreadable_and_goes_on(tmp_path):
 
 
 def test_the_supervisors_own_readers_skip_hostile_files(tmp_path):
-    """The heartbeat and metrics.jsonl as the supervisor reads them (daemon/runstate.py), in a process of its own:
+    """The heartbeat and metrics.jsonl as the supervisor reads them (daemon/base/runstate.py), in a process of its own:
     a FIFO heartbeat is no heartbeat, metrics.jsonl as a link to /dev/zero is a problem, not a read for ever."""
     code = """
 import sys
 from pathlib import Path
-from minilmd.daemon.runstate import MetricsTail, read_heartbeat
+from minilmd.daemon.base.runstate import MetricsTail, read_heartbeat
 run_dir = Path(sys.argv[1])
 tail = MetricsTail(run_dir / "metrics.jsonl")
 print(read_heartbeat(run_dir), tail.read_new(), tail.problem)

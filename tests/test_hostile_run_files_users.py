@@ -17,7 +17,7 @@ import pytest
 from hostile_files_helpers import make_hostile, minilmd
 from minilmd import names
 from minilmd.config import load_config
-from minilmd.daemon.runstate import new_state
+from minilmd.daemon.base.runstate import new_state
 from minilmd.fsio import atomic_write_json
 from second_user import second_user, shared_dir, user_python
 from supervisor_helpers import cli, start_supervisor, state, write_config

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.runstate import new_state
+from minilmd.daemon.base.runstate import new_state
 from minilmd.fsio import atomic_write_json
 from supervisor_helpers import env_for, write_config
 

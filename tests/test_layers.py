@@ -359,18 +359,12 @@ FOLDER_LAYERS = (
     "minilmd/corpus/prepare",   # writing one (its report from the analysis)
     "minilmd/corpus/bench",
     "minilmd/plan",             # what a run will do: rows, budget, schedule, FLOPs
+    "daemon/base",              # the daemon's bottom: phases and transitions, state.json, the worker thread
     "daemon/host", "daemon/child", "daemon/jobs", "daemon/phases", "daemon/slurm", "daemon", "daemon/views",
     "trainer", "trainer/checkpoint", "trainer/model", "trainer/loop", "trainer/bench",
     "minilmd/cli",              # the command line reaches everything, inside its commands' bodies
 )
 """Every folder of code, bottom to top: a folder imports only itself and the folders before it."""
-DAEMON_ROOT_BOTTOM = {f"minilmd.daemon.{name}" for name in ("states", "statesections", "runstate", "worker",
-                                                               "policy")}
-"""The one tangle left (issue 43): daemon/ holds both the loop's top (supervisor, preflight, infra) and the bottom
-its subfolders build on. The subfolders of daemon/ may import these modules of its root, and no other: the test
-fails on any other upward import (a new module of the root imported from below included), and on a module here
-that no folder below imports any more. Split the root and empty this set."""
-DAEMON_SUBFOLDERS = ("daemon/host", "daemon/child", "daemon/jobs", "daemon/phases")
 
 
 def folder_of(path: Path, root: Path) -> str:
@@ -413,36 +407,13 @@ def test_every_folder_of_code_is_in_one_layer():
     assert sorted(folders) == sorted(FOLDER_LAYERS) and len(set(FOLDER_LAYERS)) == len(FOLDER_LAYERS)
 
 
-def unallowed_upward(found: dict[tuple[str, str], dict[str, str]], layers: tuple[str, ...]) -> list[str]:
-    """Each upward import (upward_imports) but those of a daemon subfolder into DAEMON_ROOT_BOTTOM."""
-    upward = upward_imports({pair: "" for pair in found}, layers)
-    return sorted(f"{a} -> {b}: {where}" for (a, b) in upward for target, where in found[(a, b)].items()
-                  if not (a in DAEMON_SUBFOLDERS and b == "daemon" and target in DAEMON_ROOT_BOTTOM))
-
-
 def test_no_folder_imports_one_above_it():
-    found = module_imports(every_module(), REPO)
-    new = unallowed_upward(found, FOLDER_LAYERS)
-    assert not new, "imports of a folder above (a folder cycle, or one begun):\n" + "\n".join(new)
-    imported = {target for folder in DAEMON_SUBFOLDERS for target in found.get((folder, "daemon"), {})}
-    assert DAEMON_ROOT_BOTTOM <= imported, (
-        f"no longer imported from below: remove from DAEMON_ROOT_BOTTOM: {sorted(DAEMON_ROOT_BOTTOM - imported)}")
-
-
-def test_only_the_daemon_roots_bottom_may_be_imported_from_below(tmp_path):
-    """A daemon subfolder importing a listed module of the root passes; one importing any other module of the root
-    (its top, or the package itself) fails, a function-level import included."""
-    files = {"daemon/__init__.py": "", "daemon/states.py": "", "daemon/supervisor.py": "",
-             "daemon/host/__init__.py": "", "daemon/host/a.py": "from minilmd.daemon import states\n",
-             "daemon/host/b.py": "def f():\n    from minilmd.daemon.supervisor import S\n",
-             "daemon/child/__init__.py": "", "daemon/child/c.py": "import minilmd.daemon\n"}
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text, encoding="utf-8")
-    found = module_imports(modules_of("minilmd.daemon", tmp_path / "daemon"), tmp_path)
-    assert unallowed_upward(found, ("daemon/host", "daemon/child", "daemon")) == [
-        "daemon/child -> daemon: daemon/child/c.py:1 imports minilmd.daemon",
-        "daemon/host -> daemon: daemon/host/b.py:2 imports minilmd.daemon.supervisor.S"]
+    """No folder cycle anywhere, the daemon's included: its root held both the loop's top and the bottom its
+    subfolders build on until the bottom moved to daemon/base/ (issue 43)."""
+    found = folder_imports(every_module(), REPO)
+    upward = upward_imports(found, FOLDER_LAYERS)
+    assert not upward, "imports of a folder above (a folder cycle, or one begun):\n" + "\n".join(
+        f"{a} -> {b}: {where}" for (a, b), where in sorted(upward.items()))
 
 
 def test_the_layers_fail_on_a_folder_cycle(tmp_path):

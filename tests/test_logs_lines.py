@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from minilmd.daemon.runstate import new_state
+from minilmd.daemon.base.runstate import new_state
 from minilmd.fsio import atomic_write_json
 
 

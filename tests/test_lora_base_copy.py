@@ -17,10 +17,10 @@ import pytest
 
 from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
+from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import basecopy, initstage, stagingworker
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
-from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, same_source
 from reliability_helpers import trainers_of

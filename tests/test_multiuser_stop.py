@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from minilmd import names
+from minilmd.daemon.base.runstate import new_state, process_alive, process_environ, process_start_ticks
 from minilmd.daemon.child import orphans
 from minilmd.daemon.child import process as childmod
-from minilmd.daemon.runstate import new_state, process_alive, process_environ, process_start_ticks
 from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json
 from second_user import as_user, second_user

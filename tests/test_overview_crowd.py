@@ -16,8 +16,8 @@ import subprocess
 import pytest
 
 from minilmd import names
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.host import registry
-from minilmd.daemon.runstate import new_state
 from minilmd.daemon.views import overview
 from minilmd.fsio import atomic_write_json
 from second_user import second_user, shared_dir, user_python

@@ -22,9 +22,9 @@ import pytest
 
 from minilmd import names
 from minilmd.config import load_config
+from minilmd.daemon.base.runstate import RunState, new_state, process_start_ticks
 from minilmd.daemon.host.prometheus import render
 from minilmd.daemon.phases import initwait
-from minilmd.daemon.runstate import RunState, new_state, process_start_ticks
 from minilmd.fsio import atomic_write_json
 from supervisor_helpers import cli, events, start_supervisor, state, wait_or_kill, write_config
 from waiting import wait_until

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.host import prometheus
-from minilmd.daemon.runstate import new_state
 
 parser = pytest.importorskip("prometheus_client.parser")
 

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from minilmd import names
+from minilmd.daemon.base.runstate import RunState, new_state
 from minilmd.daemon.host import prometheus
-from minilmd.daemon.runstate import RunState, new_state
 from minilmd.daemon.views.status import summary_lines
 from second_user import (
     second_user,
@@ -61,7 +61,7 @@ def test_a_squatted_textfile_is_never_replaced_and_the_state_says_so(collector, 
 def test_a_textfile_the_run_cannot_replace_in_a_sticky_directory_is_said_for_its_user_too(collector):
     (collector / "n.prom").write_text(HIS)  # root's file where nobody's run would write
     code = ("import json, sys\nfrom minilmd.daemon.host import prometheus\n"
-            "from pathlib import Path\nfrom minilmd.daemon.runstate import RunState, new_state\n"
+            "from pathlib import Path\nfrom minilmd.daemon.base.runstate import RunState, new_state\n"
             "state = RunState(Path(sys.argv[1]) / 'n-state.json', new_state('n', sys.argv[1], 'x.toml'))\n"
             "writer = prometheus.Textfile(sys.argv[1] + '/n.prom', state, lambda kind, message: None)\n"
             "writer.tick('training', force=True)\n"

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from minilmd import names
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.host import registry
-from minilmd.daemon.runstate import new_state
 from minilmd.fsio import atomic_write_json
 from second_user import second_user, shared_dir, user_python
 

@@ -22,7 +22,7 @@ import pytest
 
 from minilmd import checkpoint_dirs, names, protocol
 from minilmd.config import load_config
-from minilmd.daemon.runstate import EventLog, RunState, new_state
+from minilmd.daemon.base.runstate import EventLog, RunState, new_state
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config
 
 

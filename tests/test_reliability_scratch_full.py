@@ -23,17 +23,17 @@ import pytest
 
 from minilmd import checkpoint, checkpoint_dirs, protocol, scratch
 from minilmd.config import RestartSection, RunConfig, load_config
+from minilmd.daemon.base.runstate import RunState
+from minilmd.daemon.base.states import Action, Cause
+from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.base.worker import Inbox
+from minilmd.daemon.child.policy import decide
 from minilmd.daemon.child.process import Death
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs import staging
 from minilmd.daemon.jobs.sync import RemoteFull, SyncResult
 from minilmd.daemon.jobs.syncworker import FINAL_SYNC_TRIES, SyncWorker
-from minilmd.daemon.policy import decide
-from minilmd.daemon.runstate import RunState
-from minilmd.daemon.states import Action, Cause
-from minilmd.daemon.statesections import StateJson
 from minilmd.daemon.views.status import summary_lines
-from minilmd.daemon.worker import Inbox
 from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
 from supervisor_helpers import cli, events, start_supervisor, state, wait_for, wait_or_kill, write_config
 from waiting import wait_until

@@ -14,11 +14,11 @@ import pytest
 
 from minilmd import names
 from minilmd.config import RunConfig, load_config
+from minilmd.daemon.base.runstate import RunState, new_state
+from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs.syncworker import SyncWorker
-from minilmd.daemon.runstate import RunState, new_state
 from minilmd.daemon.views.overview import shown_phase
-from minilmd.daemon.worker import Inbox
 from minilmd.fsio import atomic_write_json
 from minilmd.init_source import InitSourceUnreachable, resolve
 from supervisor_helpers import cli, write_config
@@ -104,8 +104,8 @@ def test_the_overview_shows_a_run_waiting_for_its_remote():
 
 
 def test_a_runs_records_say_whether_it_synced_before(tmp_path):
+    from minilmd.daemon.base.statesections import RemoteCheckpoint
     from minilmd.daemon.jobs import remotewait  # new: a module of its own
-    from minilmd.daemon.statesections import RemoteCheckpoint
 
     on_it = RemoteCheckpoint(step=194, time=1.0, verified=True, path="/nfs/r/step-00000194")
     assert remotewait.records("/nfs/r", tmp_path, on_it) == \

@@ -21,8 +21,8 @@ import pytest
 
 from minilmd import names
 from minilmd.config import load_config
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.jobs import remotewait
-from minilmd.daemon.runstate import new_state
 from minilmd.fsio import atomic_write_json
 from supervisor_helpers import cli, write_config
 

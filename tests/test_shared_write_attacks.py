@@ -29,8 +29,8 @@ from data_helpers import run_prepare
 from minilmd.config import ConfigError
 from minilmd.corpus.prepare.append import append
 from minilmd.daemon import preflight
+from minilmd.daemon.base.runstate import RunState, new_state
 from minilmd.daemon.host import prometheus
-from minilmd.daemon.runstate import RunState, new_state
 from minilmd.dirfd import dir_problem
 from second_user import second_user, shared, user_python  # noqa: F401 - shared: a fixture
 from supervisor_helpers import write_config

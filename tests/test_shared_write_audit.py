@@ -141,7 +141,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/phases/rundirwatch.py": ("gap", RUN_DIR + " (its space reserve)", {
         ("make_reserve", "open"): 1, ("make_reserve", ".unlink"): 1, ("release_reserve", ".unlink"): 1}),
     "daemon/runfiles.py": ("gap", RUN_DIR, {("RunFiles.__init__", ".mkdir"): 1}),
-    "daemon/runstate.py": ("gap", RUN_DIR + " (events.jsonl and supervisor.log, O_APPEND|O_CREAT by path)", {
+    "daemon/base/runstate.py": ("gap", RUN_DIR + " (events.jsonl and supervisor.log, O_APPEND|O_CREAT by path)", {
         ("EventLog.reopen", "os.open"): 1, ("EventLog.emit", "os.open"): 1}),
     "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor.run", ".mkdir"): 1, ("Supervisor._launch", ".unlink"): 1}),
     "daemon/views/plot.py": ("gap", OWN_OUTPUT, {("plot", ".mkdir"): 1}),

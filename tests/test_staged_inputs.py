@@ -129,7 +129,7 @@ def test_init_from_gone_is_unreachable_there_and_wrong_stays_final(tmp_path):
 
 
 def test_the_staged_state_field_round_trips_and_status_shows_it():
-    from minilmd.daemon.statesections import Staging
+    from minilmd.daemon.base.statesections import Staging
     from minilmd.daemon.views.status import _staging_lines
 
     assert "unreachable" not in Staging().to_dict()  # today's keys while nothing is unreachable

@@ -1,4 +1,4 @@
-"""state.json's typed sections (daemon/statesections.py): written with the keys it has always had, read tolerantly:
+"""state.json's typed sections (daemon/base/statesections.py): written with the keys it has always had, read tolerantly:
 a field of the wrong type or a missing one is its default, in the supervisor and in `minilmd status`."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.runstate import RunState, new_state
-from minilmd.daemon.statesections import LocalCheckpoint, Restart, StateJson
+from minilmd.daemon.base.runstate import RunState, new_state
+from minilmd.daemon.base.statesections import LocalCheckpoint, Restart, StateJson
 from minilmd.daemon.views import status as views
 from minilmd.fsio import atomic_write_json
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.runstate import new_state
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.views import status as views
 from minilmd.fsio import atomic_write_json
 

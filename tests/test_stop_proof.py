@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from minilmd import names, protocol
+from minilmd.daemon.base.runstate import new_state, process_alive, process_start_ticks, read_state
 from minilmd.daemon.host.lock import lock_holder
-from minilmd.daemon.runstate import new_state, process_alive, process_start_ticks, read_state
 from second_user import second_user, shared, user_python  # noqa: F401  (shared: the fixture)
 from supervisor_helpers import write_config
 from waiting import wait_until

@@ -14,7 +14,7 @@ import pytest
 
 from minilmd import names, protocol
 from minilmd.config import load_config
-from minilmd.daemon.runstate import new_state
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json
 from supervisor_helpers import cli, start_supervisor, state, wait_for, wait_or_kill, write_config

@@ -16,7 +16,7 @@ import pytest
 
 from minilmd import init_source, safetensors_scan, untrusted
 from minilmd.corpus import chat
-from minilmd.daemon import runstate
+from minilmd.daemon.base import runstate
 from minilmd.daemon.host import registry
 from minilmd.init_source import InitSource, InitSourceError, InitSourceTooBig, Predecessor
 from minilmd.untrusted import Unreadable

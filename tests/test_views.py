@@ -7,7 +7,7 @@ import re
 import time
 from pathlib import Path
 
-from minilmd.daemon.runstate import new_state
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.views import status as views
 from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json

@@ -20,7 +20,7 @@ import pytest
 
 from faults_fixtures import faultfs  # noqa: F401  (the fixture)
 from minilmd import names, protocol
-from minilmd.daemon.runstate import new_state
+from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.views import status as views
 from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from minilmd import names, procs
-from minilmd.daemon.runstate import process_alive
+from minilmd.daemon.base.runstate import process_alive
 from minilmd.fsio import atomic_write_json
 from minilmd.untrusted import Unreadable, read_json
 

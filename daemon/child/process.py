@@ -6,10 +6,10 @@ in its environment. `launch()` records the trainer in <run dir>/trainer.json (pi
 id) before anything else can happen to the supervisor; daemon/child/orphans.py uses that record to tell an orphan of
 this run from any other process. A hung child's stacks are daemon/child/stackdump.py.
 
-`classify()` turns an exit status into a `Death` with one `Cause` (daemon/states.py; CAUSES says what each means);
-the restart policy (daemon/policy.py) acts on the cause. Nothing here waits for a child without a bound: a trainer in
-uninterruptible I/O on a stalled mount may take long to die even after SIGKILL, and the supervisor's loop must go
-on meanwhile. Torch-free.
+`classify()` turns an exit status into a `Death` with one `Cause` (daemon/base/states.py; CAUSES says what each
+means); the restart policy (daemon/child/policy.py) acts on the cause. Nothing here waits for a child without a
+bound: a trainer in uninterruptible I/O on a stalled mount may take long to die even after SIGKILL, and the
+supervisor's loop must go on meanwhile. Torch-free.
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names, procs, protocol
+from minilmd.daemon.base.runstate import Heartbeat, process_start_ticks
+from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache
 from minilmd.daemon.child.orphans import REAP_S, record_launch
-from minilmd.daemon.runstate import Heartbeat, process_start_ticks
-from minilmd.daemon.states import Cause
 from minilmd.fsio import tail_lines
 
 RUN_DIR_ENV = names.RUN_DIR_ENV

@@ -14,11 +14,11 @@ from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig, parse_overrides
 from minilmd.config_values import parse_duration
+from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
+from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache, orphans, stackdump
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.process import Child, Death
-from minilmd.daemon.runstate import Heartbeat, now, read_heartbeat
-from minilmd.daemon.states import Cause
 
 STARTUP_GRACE_S = 60.0
 """Before its first heartbeat a trainer counts as hung only after max(hang_timeout, this)."""

@@ -16,8 +16,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from minilmd.daemon.states import Phase
-from minilmd.daemon.statesections import TextfileState
+from minilmd.daemon.base.states import Phase
+from minilmd.daemon.base.statesections import TextfileState
 from minilmd.dirfd import Dir, PlaceRefused, dir_problem
 from minilmd.perms import owned_by_me
 

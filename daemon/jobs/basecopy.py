@@ -28,11 +28,11 @@ from minilmd.base_copy import (
     needs_manifest,
     parse_record,
 )
+from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
 from minilmd.daemon.jobs.remote import LeftAside, Remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
-from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH
 from minilmd.model_shapes import pth_bound

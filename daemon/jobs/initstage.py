@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
+from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
-from minilmd.daemon.worker import ReadWatch
 from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
 from minilmd.init_source import MAX_MANIFEST_BYTES
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT

@@ -23,14 +23,14 @@ from pathlib import Path
 
 from minilmd import names, protocol, scratch
 from minilmd.checkpoint_dirs import local_checkpoint_steps
+from minilmd.daemon.base.runstate import RunState, fmt_time, now
+from minilmd.daemon.base.states import StagingState, SyncState
+from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
+from minilmd.daemon.base.worker import Inbox, ReadWatch, Worker
+from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import initstage, remotewait
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceUnreachable
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S
-from minilmd.daemon.policy import backoff_seconds
-from minilmd.daemon.runstate import RunState, fmt_time, now
-from minilmd.daemon.states import StagingState, SyncState
-from minilmd.daemon.statesections import LocalCheckpoint, StagingStall
-from minilmd.daemon.worker import Inbox, ReadWatch, Worker
 from minilmd.names import step_of
 
 WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",

@@ -35,10 +35,10 @@ from pathlib import Path
 
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
+from minilmd.daemon.base.runstate import is_disk_full, process_alive
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote import Remote
-from minilmd.daemon.runstate import is_disk_full, process_alive
 from minilmd.names import (
     BEST,
     LATEST,

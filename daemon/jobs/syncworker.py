@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config_values import parse_duration
-from minilmd.daemon.runstate import RunState, now
-from minilmd.daemon.states import SyncState
-from minilmd.daemon.statesections import RemoteCheckpoint
-from minilmd.daemon.worker import Inbox, Worker
+from minilmd.daemon.base.runstate import RunState, now
+from minilmd.daemon.base.states import SyncState
+from minilmd.daemon.base.statesections import RemoteCheckpoint
+from minilmd.daemon.base.worker import Inbox, Worker
 from minilmd.fmt import fmt_mb as mb
 from minilmd.untrusted import loads, read_bytes
 

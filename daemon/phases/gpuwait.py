@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from minilmd import protocol
 from minilmd.config_values import parse_duration
+from minilmd.daemon.base.runstate import RunState, now
+from minilmd.daemon.base.statesections import GpuWait
 from minilmd.daemon.host.gpu import DeviceLease, GpuAdmission, cuda_visible_devices, mig_refusal, taken_from_us
-from minilmd.daemon.runstate import RunState, now
-from minilmd.daemon.statesections import GpuWait
 from minilmd.fmt import fmt_duration
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
-from minilmd.daemon.runstate import RunState, fmt_time, now, supervisor_runs_here
-from minilmd.daemon.statesections import InitWait, StateJson
+from minilmd.daemon.base.runstate import RunState, fmt_time, now, supervisor_runs_here
+from minilmd.daemon.base.statesections import InitWait, StateJson
 from minilmd.init_source import (
     InitSourceError,
     InitSourceUnreachable,

@@ -1,6 +1,6 @@
 """A full run.dir: say so once, launch no trainer into it, stop after the last sync with exit 73 (final).
 
-`RunState.save` and `EventLog.emit` (daemon/runstate.py) never raise on a full disk; they say why in their
+`RunState.save` and `EventLog.emit` (daemon/base/runstate.py) never raise on a full disk; they say why in their
 `unwritten`. `RunDirWatch` writes state.json for the supervisor (`save()` at each transition, `tick()` every
 STATE_EVERY_S) and reads those `unwritten` after each write: it says once on stdout (the journal keeps what run.dir
 cannot) that run.dir is full, and once in the events that it has room again. A live trainer goes on; but no trainer
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.daemon.runstate import RunState, is_disk_full, now
-from minilmd.daemon.states import FINAL_PHASES
+from minilmd.daemon.base.runstate import RunState, is_disk_full, now
+from minilmd.daemon.base.states import FINAL_PHASES
 
 STATE_EVERY_S = 1.0
 """state.json is rewritten at most this often between transitions (the trainer's progress)."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.daemon.runstate import RunState, now
-from minilmd.daemon.statesections import LocalCheckpoint, SpaceWait
+from minilmd.daemon.base.runstate import RunState, now
+from minilmd.daemon.base.statesections import LocalCheckpoint, SpaceWait
 from minilmd.fmt import fmt_mb as mb
 
 SPACE_CHECK_S = 2.0

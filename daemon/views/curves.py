@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.runstate import json_records, read_state, tail_lines
+from minilmd.daemon.base.runstate import json_records, read_state, tail_lines
 from minilmd.untrusted import Unreadable
 
 NOT_RESTARTS = ("done", "stopped")
@@ -137,7 +137,7 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
 
 
 def run_name(run_dir: Path) -> str:
-    """The run's name in its state.json (read as daemon/runstate.py reads it), else its directory's name."""
+    """The run's name in its state.json (read as daemon/base/runstate.py reads it), else its directory's name."""
     name = (read_state(run_dir) or {}).get("run")
     return name if isinstance(name, str) and name else run_dir.name
 

@@ -1,5 +1,5 @@
 """Whether a run is alive, read from files its owner (or anyone) may have made: its state.json through the hardened
-reader (daemon/runstate.py load_state: "unreadable (why)" rather than a hang or a traceback), its supervisor by pid
+reader (daemon/base/runstate.py load_state: "unreadable (why)" rather than a hang or a traceback), its supervisor by pid
 and start time, and, once that supervisor was killed, the trainer it left running (daemon/child/orphans.py, read
 only) with the step of its heartbeat. For `minilmd status` and `stop` (daemon/views/status.py, stop.py), the overview.
 Torch-free, light imports.
@@ -11,8 +11,8 @@ import socket
 import time
 from pathlib import Path
 
-from minilmd.daemon.runstate import load_state, read_heartbeat, supervisor_runs_here
-from minilmd.daemon.statesections import StateJson
+from minilmd.daemon.base.runstate import load_state, read_heartbeat, supervisor_runs_here
+from minilmd.daemon.base.statesections import StateJson
 from minilmd.fmt import fmt_duration
 from minilmd.perms import owned_by_me
 from minilmd.untrusted import Unreadable

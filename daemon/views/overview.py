@@ -21,8 +21,8 @@ from collections import Counter
 from pathlib import Path
 
 from minilmd import names
+from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
-from minilmd.daemon.statesections import StateJson
 from minilmd.fmt import fmt_duration
 from minilmd.procs import user_words
 from minilmd.untrusted import Unreadable, printable, read_json

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.config import ConfigError, load_config
-from minilmd.daemon.statesections import StateJson
+from minilmd.daemon.base.statesections import StateJson
 
 
 def reproducibility_lines(run_dir: Path, state: StateJson) -> list[str]:

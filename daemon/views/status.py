@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.runstate import fmt_time, new_lines, tail_lines
-from minilmd.daemon.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
+from minilmd.daemon.base.runstate import fmt_time, new_lines, tail_lines
+from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
 from minilmd.daemon.views.reproducible import reproducibility_lines
@@ -263,7 +263,7 @@ def _attempt_logs(run_dir: Path) -> list[Path]:
 
 def _tail(path: Path, n: int) -> tuple[str, int]:
     """The last n lines of a file and the offset of its end (read from at most its last MiB, a regular file only:
-    daemon/runstate.py tail_lines); a file that is not one is "unreadable (why)"."""
+    daemon/base/runstate.py tail_lines); a file that is not one is "unreadable (why)"."""
     try:
         lines, size = tail_lines(path, n)
     except Unreadable as e:

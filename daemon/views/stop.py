@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from minilmd import names, procs, protocol
-from minilmd.daemon.runstate import fmt_time, process_alive
-from minilmd.daemon.states import SyncState
-from minilmd.daemon.statesections import StateJson
+from minilmd.daemon.base.runstate import fmt_time, process_alive
+from minilmd.daemon.base.states import SyncState
+from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.views.liveness import load
 from minilmd.daemon.views.status import _error_context, _is_a_run
 from minilmd.untrusted import printable

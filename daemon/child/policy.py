@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from minilmd import protocol
 from minilmd.config import RestartSection
 from minilmd.config_values import parse_duration
+from minilmd.daemon.base.states import Action, Cause
 from minilmd.daemon.child.process import Death
-from minilmd.daemon.states import Action, Cause
 
 
 @dataclass

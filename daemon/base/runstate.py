@@ -1,6 +1,6 @@
 """The files through which a run is watched: state.json, events.jsonl, supervisor.log, and the trainer's outputs.
 
-`RunState` is the supervisor's view (typed sections, daemon/statesections.py, rewritten atomically so that
+`RunState` is the supervisor's view (typed sections, daemon/base/statesections.py, rewritten atomically so that
 `minilmd status` never reads half a file). `EventLog` appends one JSON line per event and one human line per event
 to supervisor.log (and stdout, for the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally.
 `process_alive` tells a live process from a recycled pid. Torch-free and light: `minilmd status` imports this module.
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from minilmd import names
-from minilmd.daemon.states import Phase, StagingState, SyncState
-from minilmd.daemon.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
+from minilmd.daemon.base.states import Phase, StagingState, SyncState
+from minilmd.daemon.base.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
 from minilmd.fsio import atomic_write_json
 from minilmd.perms import own_uid
 from minilmd.procs import process_environ, process_start_ticks  # noqa: F401 - here too: tests import them from here
@@ -125,7 +125,7 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
 
 
 class RunState(StateJson):
-    """state.json held in memory, its sections as attributes (daemon/statesections.py); `save()` rewrites it
+    """state.json held in memory, its sections as attributes (daemon/base/statesections.py); `save()` rewrites it
     atomically."""
 
     def __init__(self, path: Path, data: dict):

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from minilmd.daemon.runstate import now
+from minilmd.daemon.base.runstate import now
 
 
 class Worker:

@@ -75,7 +75,7 @@ def check_transition(current: Phase, new: Phase) -> str:
     try:
         return TRANSITIONS[(current, new)]
     except KeyError:
-        raise IllegalTransition(f"no transition {current} -> {new} in daemon/states.py") from None
+        raise IllegalTransition(f"no transition {current} -> {new} in daemon/base/states.py") from None
 
 
 class SyncState(Named):
@@ -102,7 +102,7 @@ class StagingState(Named):
 
 
 class Action(Named):
-    """What the restart policy (daemon/policy.py) decided after a trainer ended; state.json "restarts[].action"."""
+    """What the restart policy (daemon/child/policy.py) decided after a trainer ended (restarts[].action)."""
 
     FINISH = "finish"  # the budget is reached: the last sync, then done
     STOP = "stop"  # stopped on request: the last sync, then done

@@ -4,7 +4,7 @@ and values state.json has always had, read tolerantly.
 `Section.to_dict()` writes every field, except those in `OMIT_WHEN_NONE` while they are None (keys that state.json
 has only once they were set). `Section.from_dict()` takes what fits each field's type and the default for a field
 that is missing or of another type (an older or a damaged file): a reader never gets a traceback from a bad value.
-`StateJson` is the whole file; `RunState` (daemon/runstate.py) is it, held in memory and saved. Torch-free and light:
+`StateJson` is the whole file; `RunState` (daemon/base/runstate.py) is it, in memory and saved. Torch-free, light:
 `minilmd status` imports this module.
 """
 from __future__ import annotations
