@@ -32,9 +32,9 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as dynamic_handler
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
+from minilmd.names import RDZV_BACKEND as BACKEND
 from minilmd.names import RDZV_SECRET_ENV
 
-BACKEND = "minilmd-c10d"
 DEFAULT_READ_TIMEOUT_S = 60
 
 
@@ -79,10 +79,20 @@ def _serve(host: str, port: int, timeout: timedelta) -> TCPStore:
     try:
         return TCPStore(host, port, is_master=True, multi_tenant=True, timeout=timeout)
     except (ValueError, RuntimeError, TimeoutError) as e:
-        raise RendezvousRefused(
-            f"this node hosts the job's rendezvous but cannot listen on port {port} ({e}): another process holds "
-            f"it; not joining whatever listens there (it is not this job's store). The next attempt picks another "
-            f"port") from e
+        raise RendezvousRefused(_serve_failure(host, port, e)) from e
+
+
+def _serve_failure(host: str, port: int, error: BaseException) -> str:
+    """What stopped this node serving the store, in words: the port taken (by whom is not known: another user's
+    listener, or a leftover of this user's) is told apart from any other failure (the endpoint's host name not
+    resolving, or not reaching this node, a bad port)."""
+    said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if "EADDRINUSE" in said or "address already in use" in said.lower():
+        return (f"this node hosts the job's rendezvous but cannot listen on port {port}: another process holds it "
+                f"({said}); not joining whatever listens there (it is not this job's store). The next attempt "
+                f"picks another port")
+    return (f"this node hosts the job's rendezvous but cannot serve its store at {host}:{port}: {said}. Check "
+            f"that {host!r} names this node and resolves here; not joining any other store")
 
 
 def _join(host: str, port: int, timeout: timedelta, proof_key: str, proof: str) -> TCPStore:
