@@ -123,3 +123,45 @@ def test_the_jobs_own_rendezvous_joins_two_nodes(tmp_path, monkeypatch):
     outs = [p.communicate(timeout=300)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-2000:] for o in outs)
     assert sorted(p.name for p in tmp_path.glob("joined-*")) == ["joined-0", "joined-1"]
+
+
+POISONER = """
+import base64, pickle, sys
+import torch.distributed as dist
+port, marker = int(sys.argv[1]), sys.argv[2]
+
+class Payload:
+    def __reduce__(self):
+        return (exec, (f"open({marker!r}, 'w').write('run by the victim')",))
+
+store = dist.TCPStore("127.0.0.1", port, is_master=False)
+keys = [key for key in store.list_keys() if key.startswith("torch.rendezvous.")]
+for key in keys:  # named from the job's secret, yet listed by any client
+    store.set(key, base64.b64encode(pickle.dumps(Payload())).decode())
+print("poisoned", keys)
+"""
+"""The other user: lists the store's keys (TCPStore.list_keys), and writes a pickle of his own as the state."""
+
+
+def test_a_foreign_client_cannot_make_the_agents_unpickle_its_state(tmp_path, monkeypatch, shared):
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.api import RendezvousStateError
+
+    from minilmd.trainer.loop import rendezvous
+
+    monkeypatch.setenv("MINILMD_RDZV_SECRET", "s" * 40)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=f"127.0.0.1:{port}", run_id="job1",
+                                  min_nodes=1, max_nodes=1, is_host=True, read_timeout=5)
+    handler = rendezvous.create_handler(params)  # the host's agent: serves the store, writes the empty state
+    marker = tmp_path / "owned"  # her directory: he cannot write there, only her process can
+    attack = subprocess.run(user_python(POISONER, str(port), str(marker)), cwd="/", capture_output=True,
+                            text=True, timeout=120)
+    assert attack.returncode == 0 and "torch.rendezvous." in attack.stdout, attack.stdout + attack.stderr
+    with pytest.raises(Exception) as refused:
+        handler.is_closed()  # an agent reading the state, as each does at every heartbeat and join
+    assert not marker.exists(), "the other user's pickle ran in her agent"
+    assert isinstance(refused.value, RendezvousStateError), repr(refused.value)
+    assert "no seal of this job's secret" in str(refused.value), str(refused.value)

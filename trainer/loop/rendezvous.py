@@ -27,8 +27,9 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError, RendezvousStateError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import Token
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as dynamic_handler
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
@@ -36,6 +37,7 @@ from minilmd.names import RDZV_BACKEND as BACKEND
 from minilmd.names import RDZV_SECRET_ENV
 
 DEFAULT_READ_TIMEOUT_S = 60
+SEAL_BYTES = 32  # an HMAC-SHA256 before the rendezvous state's bytes
 
 
 class RendezvousRefused(RendezvousConnectionError):
@@ -43,11 +45,37 @@ class RendezvousRefused(RendezvousConnectionError):
 
 
 class _Backend(C10dRendezvousBackend):
-    """torch's c10d backend over the store given, by this backend's name (torch checks that they agree)."""
+    """torch's c10d backend over the store given, by this backend's name (torch checks that they agree), its state
+    sealed by the attempt's secret. torch unpickles the state it reads, and any client of the store can list its
+    keys (TCPStore.list_keys) and so overwrite the state under its secret-derived name: an unsealed state would be
+    another user's code run by every agent. A state without this job's seal is refused before torch sees it."""
+
+    def __init__(self, store: TCPStore, run_id: str, secret: str) -> None:
+        self._secret = secret.encode()
+        super().__init__(store, run_id)
 
     @property
     def name(self) -> str:
         return BACKEND
+
+    def _seal(self, state: bytes) -> bytes:
+        return hmac.new(self._secret, self._key.encode() + b"\0" + state, hashlib.sha256).digest() + state
+
+    def _open(self, sealed: bytes) -> bytes:
+        seal, state = sealed[:SEAL_BYTES], sealed[SEAL_BYTES:]
+        if not hmac.compare_digest(seal, self._seal(state)[:SEAL_BYTES]):
+            raise RendezvousStateError(
+                "the rendezvous state in the store carries no seal of this job's secret: another process wrote it "
+                "(any client of the store can); refused unread, this attempt fails")
+        return state
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        found = super().get_state()
+        return None if found is None else (self._open(found[0]), found[1])
+
+    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
+        found = super().set_state(self._seal(state), token)
+        return None if found is None else (self._open(found[0]), found[1], found[2])
 
 
 def _digest(secret: str, what: str) -> str:
@@ -127,7 +155,7 @@ def create_handler(params: RendezvousParameters):
     else:
         store = _join(host, port, timeout, proof_key, proof)
     params.run_id = f"{params.run_id}-{_digest(secret, 'run|' + params.run_id)[:24]}"
-    return dynamic_handler(store, _Backend(store, params.run_id), params)
+    return dynamic_handler(store, _Backend(store, params.run_id, secret), params)
 
 
 def main(argv: list[str] | None = None) -> None:
