@@ -165,3 +165,59 @@ def test_a_foreign_client_cannot_make_the_agents_unpickle_its_state(tmp_path, mo
     assert not marker.exists(), "the other user's pickle ran in her agent"
     assert isinstance(refused.value, RendezvousStateError), repr(refused.value)
     assert "no seal of this job's secret" in str(refused.value), str(refused.value)
+
+
+RANK = """
+import os, pathlib, sys, time, types
+import torch, torch.distributed as dist
+from minilmd.trainer.loop.distributed import init_distributed
+out, shared = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+if os.environ["RANK"] == "0":  # the port of the workers' store, public anyway (/proc/net/tcp)
+    (shared / "port").write_text(os.environ["MASTER_PORT"])
+deadline = time.monotonic() + 120
+while not (shared / "poisoned").exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+dist_info = init_distributed(types.SimpleNamespace(train=types.SimpleNamespace(device="cpu"), source=None))
+total = torch.ones(1) * (dist_info.rank + 1)
+dist.all_reduce(total)
+(out / f"sum-{dist_info.rank}").write_text(str(int(total.item())))
+dist.destroy_process_group()
+"""
+"""A rank as the trainer's: the process group joined by trainer/loop/distributed.py, once the other user acted."""
+
+PRESETTER = """
+import pathlib, sys, time
+import torch.distributed as dist
+shared = pathlib.Path(sys.argv[1])
+deadline = time.monotonic() + 120
+while not (shared / "port").exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+store = dist.TCPStore("127.0.0.1", int((shared / "port").read_text()), is_master=False)
+for rank in (0, 1):  # each rank's gloo address, by its standard name, before the ranks write theirs
+    store.set(f"default_pg/0//cpu//0/{rank}", b"not an address of hers")
+(shared / "poisoned").write_text("1")
+"""
+"""The other user: connects to the workers' store (the agent's, on the port the kernel gave it) and sets the keys
+the ranks read, by torch's names, before they do."""
+
+
+def test_a_foreign_client_on_the_workers_store_cannot_preset_what_the_ranks_read(tmp_path, shared):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    command = [sys.executable, "-m", "minilmd.trainer.loop.rendezvous", "--nnodes", "1", "--nproc-per-node", "2",
+               "--rdzv-backend", "minilmd-c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "--rdzv-conf", "is_host=1,read_timeout=5", str(script), str(tmp_path), str(shared)]
+    env = {**os.environ, "MINILMD_RDZV_SECRET": "s" * 40, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    attacker = subprocess.Popen(user_python(PRESETTER, str(shared)), cwd="/", stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        said = attacker.communicate(timeout=120)[0]
+    assert (shared / "poisoned").exists(), said  # he did set them
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert {p.name: p.read_text() for p in tmp_path.glob("sum-*")} == {"sum-0": "3", "sum-1": "3"}, out[-3000:]

@@ -12,10 +12,15 @@ state and answers with anything he likes (a corrupt state: every attempt fails).
   keyed by the attempt's secret (RDZV_SECRET_ENV, in the job's environment only: a command line is readable by
   every user of the node), under a key named by the secret too; a client whose store gives no such proof within
   read_timeout, or another one, refuses that store;
-- the rendezvous keys are named by the secret (the run id given plus an HMAC of it): another user who connects to
-  the job's real store finds no key he can name, to read or to corrupt.
-The store the workers meet in is made by rank 0's agent on a port the kernel picks as it binds (torch's shared
-store), so the rendezvous endpoint is the one port another user could learn in advance.
+- the rendezvous keys are named by the secret (the run id given plus an HMAC of it), and the state torch keeps
+  under them (pickled, unpickled by every agent) carries an HMAC of the secret, refused unread without it: any
+  client of the store can list its keys (TCPStore.list_keys) and overwrite them, so a name alone hides nothing.
+The ranks meet in a second store, which rank 0's agent serves on a port the kernel picks as it binds (torch's shared
+store; main() clears torch's opt-out, TORCH_DISABLE_SHARE_RDZV_TCP_STORE, whose port is picked by a bind and a
+close that another user could race). Any user of the node can connect to it too: the ranks' keys there are under a
+prefix named by the secret (trainer/loop/distributed.py workers_store), so none he sets in advance is read. The
+values of both stores remain readable and, once listed, writable by him: an attempt he breaks fails and is
+relaunched (docs/operations.md).
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from minilmd.names import RDZV_BACKEND as BACKEND
 from minilmd.names import RDZV_SECRET_ENV
 
 DEFAULT_READ_TIMEOUT_S = 60
+SHARE_OPT_OUT_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 SEAL_BYTES = 32  # an HMAC-SHA256 before the rendezvous state's bytes
 
 
@@ -160,6 +166,10 @@ def create_handler(params: RendezvousParameters):
 
 def main(argv: list[str] | None = None) -> None:
     rendezvous_handler_registry.register(BACKEND, create_handler)
+    # torch's opt-out of the shared store: rank 0's agent would then pick the workers' port by binding and closing
+    # it, and rank 0's worker listen there later: another user could take the port in between and the other
+    # ranks meet in his store. The shared store is bound by the agent itself and held (trainer/loop/distributed.py)
+    os.environ.pop(SHARE_OPT_OUT_ENV, None)
     from torch.distributed.run import main as torchrun
 
     torchrun(sys.argv[1:] if argv is None else argv)
