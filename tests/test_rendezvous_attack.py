@@ -11,6 +11,11 @@ race for the port picked now):
   and the other user's store holds no key of hers;
 - on another node the agent refuses the store (it shows no proof of the job's secret), with the same result;
 - without a listener two nodes meet on that port and their workers run (the job's own rendezvous works).
+Two more attack the job's real stores as a client (any user of the node can connect to a listening port):
+- he lists the rendezvous store's keys (TCPStore.list_keys) and writes a pickle of his own as the state: her agent
+  refuses it unread (it carries no seal of her secret); before, her agent ran his code;
+- he sets the ranks' keys in the workers' store (the agent's, on a port the kernel picked) by torch's names before
+  the ranks start: they never read them and their all-reduce is right; before, they connected where he said.
 """
 from __future__ import annotations
 
