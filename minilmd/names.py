@@ -80,6 +80,12 @@ node even on one node, so that the multi-node script behaves the same whatever -
 RDZV_SECRET_ENV = "MINILMD_RDZV_SECRET"
 """A multi-node attempt's rendezvous secret (random per attempt, in the environment only, never on a command line):
 the minilmd-c10d store proves with it that the job's host node serves it (trainer/loop/rendezvous.py)."""
+RDZV_BACKEND = "minilmd-c10d"
+"""trainer/loop/rendezvous.py's torchrun rendezvous backend: the host node serves the store or fails, clients check
+its proof (daemon/slurm/job.py names it on the command line)."""
+RDZV_LAUNCHER = "minilmd.trainer.loop.rendezvous"
+"""The module run as torchrun with RDZV_BACKEND (`python -m RDZV_LAUNCHER`): launched by daemon/slurm/job.py,
+recognised as torchrun by daemon/child/process.py."""
 CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
 """cuBLAS's workspace, fixed so that its reductions do not depend on what it finds (train.deterministic): read when
 its first handle is made, so set before CUDA starts, in the supervisor's launch environment and at the trainer's

@@ -11,6 +11,11 @@ race for the port picked now):
   and the other user's store holds no key of hers;
 - on another node the agent refuses the store (it shows no proof of the job's secret), with the same result;
 - without a listener two nodes meet on that port and their workers run (the job's own rendezvous works).
+Two more attack the job's real stores as a client (any user of the node can connect to a listening port):
+- he lists the rendezvous store's keys (TCPStore.list_keys) and writes a pickle of his own as the state: her agent
+  refuses it unread (it carries no seal of her secret); before, her agent ran his code;
+- he sets the ranks' keys in the workers' store (the agent's, on a port the kernel picked) by torch's names before
+  the ranks start: they never read them and their all-reduce is right; before, they connected where he said.
 """
 from __future__ import annotations
 
@@ -123,3 +128,101 @@ def test_the_jobs_own_rendezvous_joins_two_nodes(tmp_path, monkeypatch):
     outs = [p.communicate(timeout=300)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-2000:] for o in outs)
     assert sorted(p.name for p in tmp_path.glob("joined-*")) == ["joined-0", "joined-1"]
+
+
+POISONER = """
+import base64, pickle, sys
+import torch.distributed as dist
+port, marker = int(sys.argv[1]), sys.argv[2]
+
+class Payload:
+    def __reduce__(self):
+        return (exec, (f"open({marker!r}, 'w').write('run by the victim')",))
+
+store = dist.TCPStore("127.0.0.1", port, is_master=False)
+keys = [key for key in store.list_keys() if key.startswith("torch.rendezvous.")]
+for key in keys:  # named from the job's secret, yet listed by any client
+    store.set(key, base64.b64encode(pickle.dumps(Payload())).decode())
+print("poisoned", keys)
+"""
+"""The other user: lists the store's keys (TCPStore.list_keys), and writes a pickle of his own as the state."""
+
+
+def test_a_foreign_client_cannot_make_the_agents_unpickle_its_state(tmp_path, monkeypatch, shared):
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.api import RendezvousStateError
+
+    from minilmd.trainer.loop import rendezvous
+
+    monkeypatch.setenv("MINILMD_RDZV_SECRET", "s" * 40)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=f"127.0.0.1:{port}", run_id="job1",
+                                  min_nodes=1, max_nodes=1, is_host=True, read_timeout=5)
+    handler = rendezvous.create_handler(params)  # the host's agent: serves the store, writes the empty state
+    marker = tmp_path / "owned"  # her directory: he cannot write there, only her process can
+    attack = subprocess.run(user_python(POISONER, str(port), str(marker)), cwd="/", capture_output=True,
+                            text=True, timeout=120)
+    assert attack.returncode == 0 and "torch.rendezvous." in attack.stdout, attack.stdout + attack.stderr
+    with pytest.raises(Exception) as refused:
+        handler.is_closed()  # an agent reading the state, as each does at every heartbeat and join
+    assert not marker.exists(), "the other user's pickle ran in her agent"
+    assert isinstance(refused.value, RendezvousStateError), repr(refused.value)
+    assert "no seal of this job's secret" in str(refused.value), str(refused.value)
+
+
+RANK = """
+import os, pathlib, sys, time, types
+import torch, torch.distributed as dist
+from minilmd.trainer.loop.distributed import init_distributed
+out, shared = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+if os.environ["RANK"] == "0":  # the port of the workers' store, public anyway (/proc/net/tcp)
+    (shared / "port").write_text(os.environ["MASTER_PORT"])
+deadline = time.monotonic() + 120
+while not (shared / "poisoned").exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+dist_info = init_distributed(types.SimpleNamespace(train=types.SimpleNamespace(device="cpu"), source=None))
+total = torch.ones(1) * (dist_info.rank + 1)
+dist.all_reduce(total)
+(out / f"sum-{dist_info.rank}").write_text(str(int(total.item())))
+dist.destroy_process_group()
+"""
+"""A rank as the trainer's: the process group joined by trainer/loop/distributed.py, once the other user acted."""
+
+PRESETTER = """
+import pathlib, sys, time
+import torch.distributed as dist
+shared = pathlib.Path(sys.argv[1])
+deadline = time.monotonic() + 120
+while not (shared / "port").exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+store = dist.TCPStore("127.0.0.1", int((shared / "port").read_text()), is_master=False)
+for rank in (0, 1):  # each rank's gloo address, by its standard name, before the ranks write theirs
+    store.set(f"default_pg/0//cpu//0/{rank}", b"not an address of hers")
+(shared / "poisoned").write_text("1")
+"""
+"""The other user: connects to the workers' store (the agent's, on the port the kernel gave it) and sets the keys
+the ranks read, by torch's names, before they do."""
+
+
+def test_a_foreign_client_on_the_workers_store_cannot_preset_what_the_ranks_read(tmp_path, shared):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    command = [sys.executable, "-m", "minilmd.trainer.loop.rendezvous", "--nnodes", "1", "--nproc-per-node", "2",
+               "--rdzv-backend", "minilmd-c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "--rdzv-conf", "is_host=1,read_timeout=5", str(script), str(tmp_path), str(shared)]
+    env = {**os.environ, "MINILMD_RDZV_SECRET": "s" * 40, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    attacker = subprocess.Popen(user_python(PRESETTER, str(shared)), cwd="/", stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        said = attacker.communicate(timeout=120)[0]
+    assert (shared / "poisoned").exists(), said  # he did set them
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert {p.name: p.read_text() for p in tmp_path.glob("sum-*")} == {"sum-0": "3", "sum-1": "3"}, out[-3000:]

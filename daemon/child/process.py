@@ -37,7 +37,7 @@ LAUNCH_ID_ENV = names.LAUNCH_ID_ENV
 TRAINER_CMD_ENV = names.TRAINER_CMD_ENV
 """Replaces `python -m minilmd.cli` in the child's command line (tests use a fake trainer through it)."""
 
-TORCHRUN_MODULES = ("torch.distributed.run", "minilmd.trainer.loop.rendezvous")
+TORCHRUN_MODULES = ("torch.distributed.run", names.RDZV_LAUNCHER)
 """The modules a command runs torchrun as: torch's own, and torchrun with a Slurm job's own rendezvous."""
 
 

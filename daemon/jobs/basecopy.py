@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.base_copy import (
@@ -76,21 +77,28 @@ def on_remote(remote: Remote, staged: Path) -> bool:
 
 
 def push_or_say(remote: Remote, staged: Path, host: str, pid: int, taken) -> tuple[int, str | None]:
-    """push(), then (the bytes copied, why the remote holds no copy of this base: None when it does); a copy that
-    fails (an OSError, a backend error, BaseCopyError: all "try again at the next sync") is such a why too."""
+    """push_found(), as (the bytes copied, why the remote holds no copy of this base: None when it does); a copy
+    that fails (an OSError, a backend error, BaseCopyError: all "try again at the next sync") is such a why too."""
     try:
-        return push(remote, staged, host, pid, taken), missing_copy(remote, staged)
+        pushed = push_found(remote, staged, host, pid, taken)
     except Exception as e:  # noqa: BLE001
         return 0, f"the LoRA base not copied to {remote.show(REMOTE_BASE)} ({type(e).__name__}: {e})"
+    return pushed.nbytes, pushed.missing
 
 
-def missing_copy(remote: Remote, staged: Path) -> str | None:
-    """None when the remote holds this staged base (on_remote); else why it does not, saying what stands at `init`
-    instead (another user's entry, a record that cannot be read as one, another base's copy): a LoRA run must not
-    end `done` without its base's copy."""
-    found = _remote_record(remote)
-    if _standing(remote, staged, _recorded(staged), found) == "this":
-        return None
+@dataclass(frozen=True)
+class Pushed:
+    """What a push did and found: the bytes copied, and why the remote holds no copy of this base after it (None:
+    it does), said from the remote's record as the push read it, not read again."""
+
+    nbytes: int
+    missing: str | None = None
+
+
+def _why_missing(remote: Remote, found: bytes | Unreadable | None) -> str:
+    """Why the remote holds no copy of this staged base, from its record as read (`found`, not this base's): what
+    stands at `init` instead (another user's entry, a record that cannot be read as one, another base's copy). A
+    LoRA run must not end `done` without its base's copy."""
     init = remote.show(REMOTE_BASE)
     if remote.local and (why := remote_write.not_ours(remote.path(REMOTE_BASE))):
         return f"{init} is {why}, not this run's: its copy of the LoRA base cannot be made there"
@@ -129,10 +137,16 @@ def _standing(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes
 
 
 def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> int:
+    """push_found's bytes copied (0: none, whatever the reason)."""
+    return push_found(remote, staged, host, pid, taken).nbytes
+
+
+def push_found(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> Pushed:
     """Copy the staged base to `<remote>/init` unless it is there already; the bytes copied (0: it was there, or
     the remote holds the copy of another base, which is never replaced: it may be the only copy of the weights
     older checkpoints were trained on; so is one another machine published after the record's read, by the time
-    this copy is renamed into place on a local remote: only this push's copy is removed then). OSError or
+    this copy is renamed into place on a local remote: only this push's copy is removed then), and why the remote
+    holds no copy of it then (Pushed.missing, from the record this push read). OSError or
     BaseCopyError for the sync to retry; a half copy is never left behind. `taken`: Remote.make_tmp's, when the
     temporary name holds what is not ours. On a store without rename (an fsspec URL) the copy is written in place,
     after what stands at `init` is removed, and only when the record read again just before that removal is still
@@ -142,12 +156,12 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
     # the remote's record read once and acted on as read: another machine writes there, so a second read could
     # find no record where the first found another base's, and that copy would be replaced
     found = _remote_record(remote)
-    if _standing(remote, staged, hashes, found):
-        return 0
+    if standing := _standing(remote, staged, hashes, found):
+        return Pushed(0, None if standing == "this" else _why_missing(remote, found))
     # no rename on this store, so no way to publish only where nothing else took `init` since the read: the last
     # look as close to the removal as it can be (see the docstring for what remains)
-    if not remote.local and _remote_record(remote) != found:
-        return 0
+    if not remote.local and (again := _remote_record(remote)) != found:
+        return _as_found(remote, staged, hashes, again)
     target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
     # what an earlier push of this process left under this name, when it could neither put back nor set aside what
     # stood at `init`, is another base's copy: a fresh name then, never that one removed
@@ -168,14 +182,21 @@ def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, 
                 target, REMOTE_BASE, replaceable=lambda name: _remote_record(remote, name) == found,
                 ours=lambda name: _record_hash(_remote_record(remote, name)) == hashes[INIT_RECORD]):
             remote.rm(target)
-            return 0
+            # another machine published at `init` since the read (rare): what stands there now says why
+            return _as_found(remote, staged, hashes, _remote_record(remote))
     except LeftAside:
         raise  # what stood at `init` lies at the name it says: never removed
     except BaseException:
         with contextlib.suppress(OSError):  # the copy's own error is the one raised
             remote.rm(target)
         raise
-    return nbytes
+    return Pushed(nbytes)  # each file read back and hashed as its record lists: this base's copy
+
+
+def _as_found(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes | Unreadable | None) -> Pushed:
+    """Nothing copied, `found` being the record that stands at `init` now: this base's copy there or not, and why."""
+    standing = _standing(remote, staged, hashes, found)
+    return Pushed(0, None if standing == "this" else _why_missing(remote, found))
 
 
 def _kept_there(remote: Remote, name: str, ours: str) -> str | None:

@@ -43,9 +43,8 @@ from minilmd import names
 from minilmd.daemon.host.gpu import Nvml
 
 JOB_ID_ENV = names.SLURM_JOB_ENV
-RDZV_BACKEND = "minilmd-c10d"
-"""trainer/loop/rendezvous.py's backend: the host node serves the store or fails, clients check its proof."""
-RDZV_LAUNCHER = "minilmd.trainer.loop.rendezvous"
+RDZV_BACKEND = names.RDZV_BACKEND
+RDZV_LAUNCHER = names.RDZV_LAUNCHER
 SCONTROL_TIMEOUT_S = 10.0
 SIGNAL_TIMEOUT_S = 3.0
 """`scancel --signal` from the loop: a slurmctld busy requeuing the job answers late, and the loop must go on."""

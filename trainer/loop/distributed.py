@@ -4,6 +4,8 @@ control group beside NCCL, and the DDP wrapping of the model. Without torchrun: 
 from __future__ import annotations
 
 import gc
+import hashlib
+import hmac
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +18,11 @@ import torch.distributed as torch_dist
 # the default group for ever: destroy_process_group cannot free it, its gloo threads outlive the training and
 # race the C++ teardown at exit (an abort or SIGSEGV of one rank in about 150 finished runs).
 import torch.distributed.nn.functional
+from torch.distributed import PrefixStore, TCPStore
+from torch.distributed.constants import default_pg_timeout
 
 from minilmd.config import ConfigError, RunConfig
+from minilmd.names import RDZV_SECRET_ENV
 
 
 @dataclass
@@ -58,11 +63,37 @@ def init_distributed(cfg: RunConfig) -> Dist:
     device = resolve_device(cfg, local_rank)
     control_group = None
     if world_size > 1 and not torch_dist.is_initialized():
+        store = workers_store(rank, world_size)  # None: torchrun's env:// (rank and world size -1: read there)
         torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=(
-            device if device.type == "cuda" else None))
+            device if device.type == "cuda" else None), store=store,
+            rank=rank if store is not None else -1, world_size=world_size if store is not None else -1)
     if world_size > 1 and torch_dist.get_backend() != "gloo":
         control_group = torch_dist.new_group(backend="gloo")  # every rank calls it, in the same order
     return Dist(rank, world_size, local_rank, device, control_group)
+
+
+def workers_store(rank: int, world_size: int) -> torch_dist.Store | None:
+    """The store the ranks meet in, for a multi-node job of minilmd's rendezvous (RDZV_SECRET_ENV set; None
+    otherwise: torchrun's env:// as it is). torchrun's workers meet in a TCPStore that rank 0's agent serves on a
+    port the kernel picked, with keys of standard names (`default_pg/0//cpu//0/1`: a rank's address), and any user
+    of the node can connect to it (its port is in /proc/net/tcp): one who set such a key before the ranks did
+    had them connect to his address. Here every key the ranks read or write is under a prefix named by the
+    attempt's secret and the restart: a key he sets blindly is never one they read. A client that lists the
+    store's keys (TCPStore.list_keys) still learns the prefix once the ranks have written: the values are not
+    authenticated (docs/operations.md, "Several nodes")."""
+    secret = os.environ.get(RDZV_SECRET_ENV, "")
+    if not secret:
+        return None
+    agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    server = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                      is_master=rank == 0 and not agent_serves, multi_tenant=True, timeout=default_pg_timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return PrefixStore(f"minilmd.{workers_prefix(secret)}/attempt_{attempt}", server)
+
+
+def workers_prefix(secret: str) -> str:
+    """The name, derived from the attempt's secret, of the ranks' keys in their store (workers_store)."""
+    return hmac.new(secret.encode(), b"workers", hashlib.sha256).hexdigest()[:32]
 
 
 def release(dist: Dist | None) -> None:

@@ -12,10 +12,15 @@ state and answers with anything he likes (a corrupt state: every attempt fails).
   keyed by the attempt's secret (RDZV_SECRET_ENV, in the job's environment only: a command line is readable by
   every user of the node), under a key named by the secret too; a client whose store gives no such proof within
   read_timeout, or another one, refuses that store;
-- the rendezvous keys are named by the secret (the run id given plus an HMAC of it): another user who connects to
-  the job's real store finds no key he can name, to read or to corrupt.
-The store the workers meet in is made by rank 0's agent on a port the kernel picks as it binds (torch's shared
-store), so the rendezvous endpoint is the one port another user could learn in advance.
+- the rendezvous keys are named by the secret (the run id given plus an HMAC of it), and the state torch keeps
+  under them (pickled, unpickled by every agent) carries an HMAC of the secret, refused unread without it: any
+  client of the store can list its keys (TCPStore.list_keys) and overwrite them, so a name alone hides nothing.
+The ranks meet in a second store, which rank 0's agent serves on a port the kernel picks as it binds (torch's shared
+store; main() clears torch's opt-out, TORCH_DISABLE_SHARE_RDZV_TCP_STORE, whose port is picked by a bind and a
+close that another user could race). Any user of the node can connect to it too: the ranks' keys there are under a
+prefix named by the secret (trainer/loop/distributed.py workers_store), so none he sets in advance is read. The
+values of both stores remain readable and, once listed, writable by him: an attempt he breaks fails and is
+relaunched (docs/operations.md).
 """
 from __future__ import annotations
 
@@ -27,15 +32,18 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError, RendezvousStateError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import Token
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as dynamic_handler
 from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
 
+from minilmd.names import RDZV_BACKEND as BACKEND
 from minilmd.names import RDZV_SECRET_ENV
 
-BACKEND = "minilmd-c10d"
 DEFAULT_READ_TIMEOUT_S = 60
+SHARE_OPT_OUT_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+SEAL_BYTES = 32  # an HMAC-SHA256 before the rendezvous state's bytes
 
 
 class RendezvousRefused(RendezvousConnectionError):
@@ -43,11 +51,37 @@ class RendezvousRefused(RendezvousConnectionError):
 
 
 class _Backend(C10dRendezvousBackend):
-    """torch's c10d backend over the store given, by this backend's name (torch checks that they agree)."""
+    """torch's c10d backend over the store given, by this backend's name (torch checks that they agree), its state
+    sealed by the attempt's secret. torch unpickles the state it reads, and any client of the store can list its
+    keys (TCPStore.list_keys) and so overwrite the state under its secret-derived name: an unsealed state would be
+    another user's code run by every agent. A state without this job's seal is refused before torch sees it."""
+
+    def __init__(self, store: TCPStore, run_id: str, secret: str) -> None:
+        self._secret = secret.encode()
+        super().__init__(store, run_id)
 
     @property
     def name(self) -> str:
         return BACKEND
+
+    def _seal(self, state: bytes) -> bytes:
+        return hmac.new(self._secret, self._key.encode() + b"\0" + state, hashlib.sha256).digest() + state
+
+    def _open(self, sealed: bytes) -> bytes:
+        seal, state = sealed[:SEAL_BYTES], sealed[SEAL_BYTES:]
+        if not hmac.compare_digest(seal, self._seal(state)[:SEAL_BYTES]):
+            raise RendezvousStateError(
+                "the rendezvous state in the store carries no seal of this job's secret: another process wrote it "
+                "(any client of the store can); refused unread, this attempt fails")
+        return state
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        found = super().get_state()
+        return None if found is None else (self._open(found[0]), found[1])
+
+    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
+        found = super().set_state(self._seal(state), token)
+        return None if found is None else (self._open(found[0]), found[1], found[2])
 
 
 def _digest(secret: str, what: str) -> str:
@@ -79,10 +113,20 @@ def _serve(host: str, port: int, timeout: timedelta) -> TCPStore:
     try:
         return TCPStore(host, port, is_master=True, multi_tenant=True, timeout=timeout)
     except (ValueError, RuntimeError, TimeoutError) as e:
-        raise RendezvousRefused(
-            f"this node hosts the job's rendezvous but cannot listen on port {port} ({e}): another process holds "
-            f"it; not joining whatever listens there (it is not this job's store). The next attempt picks another "
-            f"port") from e
+        raise RendezvousRefused(_serve_failure(host, port, e)) from e
+
+
+def _serve_failure(host: str, port: int, error: BaseException) -> str:
+    """What stopped this node serving the store, in words: the port taken (by whom is not known: another user's
+    listener, or a leftover of this user's) is told apart from any other failure (the endpoint's host name not
+    resolving, or not reaching this node, a bad port)."""
+    said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if "EADDRINUSE" in said or "address already in use" in said.lower():
+        return (f"this node hosts the job's rendezvous but cannot listen on port {port}: another process holds it "
+                f"({said}); not joining whatever listens there (it is not this job's store). The next attempt "
+                f"picks another port")
+    return (f"this node hosts the job's rendezvous but cannot serve its store at {host}:{port}: {said}. Check "
+            f"that {host!r} names this node and resolves here; not joining any other store")
 
 
 def _join(host: str, port: int, timeout: timedelta, proof_key: str, proof: str) -> TCPStore:
@@ -117,11 +161,15 @@ def create_handler(params: RendezvousParameters):
     else:
         store = _join(host, port, timeout, proof_key, proof)
     params.run_id = f"{params.run_id}-{_digest(secret, 'run|' + params.run_id)[:24]}"
-    return dynamic_handler(store, _Backend(store, params.run_id), params)
+    return dynamic_handler(store, _Backend(store, params.run_id, secret), params)
 
 
 def main(argv: list[str] | None = None) -> None:
     rendezvous_handler_registry.register(BACKEND, create_handler)
+    # torch's opt-out of the shared store: rank 0's agent would then pick the workers' port by binding and closing
+    # it, and rank 0's worker listen there later: another user could take the port in between and the other
+    # ranks meet in his store. The shared store is bound by the agent itself and held (trainer/loop/distributed.py)
+    os.environ.pop(SHARE_OPT_OUT_ENV, None)
     from torch.distributed.run import main as torchrun
 
     torchrun(sys.argv[1:] if argv is None else argv)
