@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import nn
 
-from minilmd.config import RunConfig
+from minilmd.config import ConfigError, RunConfig
 from minilmd.trainer.model.loss import chunk_rows_for, chunked_loss_sum
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
@@ -60,9 +60,15 @@ class ChunkedCrossEntropy:
         return chunked_loss_sum(model.lm_head, hidden, batch.labels, self.chunk_rows), {}
 
 
-def build_objective(cfg: RunConfig) -> Objective:
-    """The run's objective. Text and chat corpora train next-token cross-entropy, in chunks of rows sized from the
-    configured seq_len (a constant of the run, so one compiled graph serves every width of a bucketed run)."""
+def build_objective(cfg: RunConfig, data_format: str = "text") -> Objective:
+    """The run's objective for a corpus of `data_format`. Text and chat corpora train next-token cross-entropy, in
+    chunks of rows sized from the configured seq_len (a constant of the run, so one compiled graph serves every
+    width of a bucketed run). A preference corpus (dpo) is refused: cross-entropy on its rejected replies would
+    teach them."""
+    if data_format == "dpo":
+        raise ConfigError([f"data.prepared = {cfg.data.prepared!r} is a preference corpus (prepare --format dpo), "
+                           "which this trainer has no objective for yet (issue 42); train on a chat corpus"],
+                          cfg.source)
     return ChunkedCrossEntropy(chunk_rows_for(cfg.train.seq_len))
 
 

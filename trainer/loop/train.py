@@ -119,7 +119,7 @@ class Trainer:
         self.rng = RngState()
         self.state = TrainState(global_batch=t.micro_batch_size * t.grad_accum * dist.world_size)
         self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
-        self.objective = build_objective(cfg)
+        self.objective = build_objective(cfg, self.corpus.data_format)
 
         torch.manual_seed(t.seed)  # the init is drawn on CPU: the same weights on every device and rank
         try:
