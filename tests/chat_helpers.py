@@ -131,11 +131,13 @@ def prepared_chat(sources: list[Path], tokenizer_dir: Path, out: Path, seq_len: 
     return out
 
 
-def preference_pairs(conversations: list[list[dict]], shift: int = 7) -> list[dict]:
+def preference_pairs(conversations: list[list[dict]], shift: int | None = None) -> list[dict]:
     """MiniMind DPO lines from real conversations: the real final reply as chosen, the final reply of the
-    conversation `shift` places on (another dialog's answer to another question) as rejected. Conversations whose
-    two replies are equal are left out."""
+    conversation `shift` places on (another dialog's answer to another question) as rejected; by default half the
+    list on, which in chatterbot_slice (Chinese dialogs, then English ones) is mostly a reply in the other language:
+    a preference a tiny model can learn in a short run. Conversations whose two replies are equal are left out."""
     ends = [c for c in conversations if c[-1]["role"] == "assistant"]
+    shift = len(ends) // 2 if shift is None else shift
     pairs = []
     for i, messages in enumerate(ends):
         other = ends[(i + shift) % len(ends)][-1]

@@ -182,12 +182,11 @@ def test_corpus_report_and_count_read_pairs(dpo_corpus, dpo_jsonl):
 
 
 @pytest.mark.slow  # imports torch and the trainer
-def test_the_trainer_refuses_a_preference_corpus_until_it_has_its_objective(tmp_path, dpo_corpus):
-    from minilmd.config import ConfigError, load_config
+def test_the_trainer_trains_dpo_on_a_preference_corpus_and_cross_entropy_on_the_others(tmp_path, dpo_corpus):
+    from minilmd.config import load_config
     from minilmd.trainer.loop.objective import build_objective
     from trainer_corpus import write_config
 
     cfg = load_config(write_config(tmp_path, dpo_corpus))
-    with pytest.raises(ConfigError, match="preference corpus"):
-        build_objective(cfg, open_prepared(dpo_corpus[0]).data_format)
+    assert build_objective(cfg, open_prepared(dpo_corpus[0]).data_format).name == "dpo"
     assert build_objective(cfg, "chat").name == "cross_entropy"
