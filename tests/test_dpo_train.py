@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from minilmd.config import load_config
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.corpus.format import open_prepared
+from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.names import FAULT_ENV
 from minilmd.plan.pairs import PairSampler
 from minilmd.protocol import EXIT_DONE
@@ -120,6 +121,9 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     first = (steps[0] / REFERENCE_FILE).read_bytes()
     for ckpt in steps:
         assert REFERENCE_FILE in _manifest_files(ckpt) and (ckpt / REFERENCE_FILE).read_bytes() == first
+    shown = fit_lines(run_dir)
+    assert any(line.startswith("  dpo: val reward accuracy") for line in shown), shown
+    assert not any("ln 2" in line for line in shown), shown
     again = train(config, "train.max_steps=62", timeout=600)  # a later start: read back, not computed
     assert again.returncode == EXIT_DONE, again.stderr
     made = read_metrics(run_dir, "dpo_reference")
@@ -150,3 +154,15 @@ def test_a_killed_and_resumed_dpo_run_ends_bit_identical_to_an_undisturbed_one(t
                              if m["step"] == 16]
     assert losses(straight) == losses(killed)
     assert load_config(killed).dpo.beta == 0.1
+
+
+@pytest.mark.slow  # a real DPO run
+def test_status_warns_when_the_dpo_loss_stays_at_ln_2(tmp_path, dpo_corpus):
+    """lr 1e-12 (the config refuses 0): the policy stays the reference, every val loss ln 2, as MiniMind's users
+    report of its lr 4e-8."""
+    config = _dpo_config(tmp_path, dpo_corpus, "still", lr=1e-12, max_steps=6, eval_every=2, checkpoint_every=100)
+    assert train(config).returncode == EXIT_DONE
+    run_dir = run_paths(config)[0]
+    assert [round(e["val_loss"], 3) for e in read_metrics(run_dir, "eval")] == [0.693] * 3
+    shown = fit_lines(run_dir)
+    assert any("WARNING: DPO loss at ln 2 (0.6931) for the last 3 evals" in line for line in shown), shown
