@@ -92,7 +92,7 @@ def _manifest_files(ckpt):
     return json.loads((ckpt / "manifest.json").read_text(encoding="utf-8"))["files"]
 
 
-@pytest.mark.slow  # a 300-step SFT run, then a 60-step DPO run from it, in real processes
+@pytest.mark.slow  # a 300-step SFT run, then a 60-step DPO run and a 40-step LoRA DPO run from it, in real processes
 def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_its_reference(
         tmp_path, chat_corpus, dpo_corpus):
     assert chat_corpus[1] == dpo_corpus[1]  # one tokenizer, one vocabulary
@@ -128,6 +128,19 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     assert again.returncode == EXIT_DONE, again.stderr
     made = read_metrics(run_dir, "dpo_reference")
     assert [m["source"] for m in made] == ["computed", "checkpoint"] and "read from" in again.stdout
+
+    # LoRA DPO: adapters on the frozen SFT model, whose log-probabilities are the reference (the adapters start at 0)
+    lora = write_config(tmp_path, dpo_corpus, name="lora", init={"from": str(run_paths(sft)[1])},
+                        lora={"rank": 8, "alpha": 16.0}, data={"val_windows": 64},
+                        train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "lr": 1e-3, "warmup_steps": 2,
+                               "max_steps": 40, "eval_every": 20, "checkpoint_every": 20, "log_every": 1})
+    assert train(lora, timeout=900).returncode == EXIT_DONE
+    lora_dir, lora_ckpts = run_paths(lora)
+    assert read_metrics(lora_dir, "train")[0]["loss"] == pytest.approx(LN2, abs=1e-5)
+    assert read_metrics(lora_dir, "eval")[-1]["val_reward_accuracy"] >= 0.7  # 0.906 measured
+    final = lora_ckpts / "step-00000040"
+    assert REFERENCE_FILE in _manifest_files(final)
+    assert all("lora_" in k for k in load_file(final / "model.safetensors"))  # the adapters alone
 
 
 @pytest.mark.slow  # three DPO runs in real processes, one killed
