@@ -121,6 +121,10 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     first = (steps[0] / REFERENCE_FILE).read_bytes()
     for ckpt in steps:
         assert REFERENCE_FILE in _manifest_files(ckpt) and (ckpt / REFERENCE_FILE).read_bytes() == first
+    from minilmd.trainer.model.export import minimind_weight
+
+    assert minimind_weight(steps[-1], chat=True) == "dpo"  # exported as MiniMind's dpo_<hidden>.pth
+    assert minimind_weight(sorted(run_paths(sft)[1].glob("step-*"))[-1], chat=True) == "full_sft"
     shown = fit_lines(run_dir)
     assert any(line.startswith("  dpo: val reward accuracy") for line in shown), shown
     assert not any("ln 2" in line for line in shown), shown
@@ -179,3 +183,14 @@ def test_status_warns_when_the_dpo_loss_stays_at_ln_2(tmp_path, dpo_corpus):
     assert [round(e["val_loss"], 3) for e in read_metrics(run_dir, "eval")] == [0.693] * 3
     shown = fit_lines(run_dir)
     assert any("WARNING: DPO loss at ln 2 (0.6931) for the last 3 evals" in line for line in shown), shown
+
+
+def test_a_dpo_models_minimind_export_is_named_as_minimind_names_it():
+    from dataclasses import asdict
+
+    from minilmd.config import ModelSection
+    from minilmd.trainer.model.export import minimind_eval_command
+
+    said = minimind_eval_command("/x/m.pth", asdict(ModelSection()), chat=True, weight="dpo")
+    assert "out/dpo_768.pth" in said and "--weight dpo " in said
+    assert "out/full_sft_768.pth" in minimind_eval_command("/x/m.pth", asdict(ModelSection()), chat=True)

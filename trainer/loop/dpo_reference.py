@@ -26,13 +26,14 @@ from minilmd.config import RunConfig
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.corpus.format import PreparedCorpus
 from minilmd.corpus_meta import CorpusError
+from minilmd.names import DPO_REFERENCE
 from minilmd.plan.pairs import PairRows, PairSampler, validation_pairs
 from minilmd.plan.sampler_base import Batch
 from minilmd.trainer.loop import step as step_mod
 from minilmd.trainer.loop.objective_dpo import sequence_logps
 from minilmd.untrusted import Unreadable, read_bytes
 
-REFERENCE_FILE = "dpo_reference.safetensors"
+REFERENCE_FILE = DPO_REFERENCE
 """The reference sums in a checkpoint: tensors "train" and "val" (float32, one per document of the split)."""
 
 
