@@ -194,3 +194,16 @@ def test_a_dpo_models_minimind_export_is_named_as_minimind_names_it():
     said = minimind_eval_command("/x/m.pth", asdict(ModelSection()), chat=True, weight="dpo")
     assert "out/dpo_768.pth" in said and "--weight dpo " in said
     assert "out/full_sft_768.pth" in minimind_eval_command("/x/m.pth", asdict(ModelSection()), chat=True)
+
+
+def test_the_plan_counts_an_epoch_in_pairs_as_the_trainers_sampler_does(tmp_path, dpo_corpus):
+    from minilmd.plan.budget import planned
+
+    cfg = load_config(_dpo_config(tmp_path, dpo_corpus, "plan", max_steps=0, max_epochs=2.0))
+    plan = planned(cfg)
+    t = open_prepared(dpo_corpus[0]).train
+    sampler = PairSampler(t.tokens, t.doc_starts, 128, cfg.train.seed, 8, t.loss_mask)
+    assert plan is not None and plan.epoch is not None
+    assert plan.epoch.rows == sampler.items_per_epoch == (t.n_docs // 2) // 8 * 8
+    assert plan.epoch.unit == "pairs" and "pair" in plan.epoch.row_holds()
+    assert plan.steps == 2 * sampler.items_per_epoch // 8  # global batch 8 pairs
