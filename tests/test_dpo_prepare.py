@@ -92,6 +92,7 @@ def test_pairs_stay_adjacent_in_one_split_and_the_figures_are_the_files(dpo_corp
     assert kept + d["pairs_dropped_no_target"] + d["pairs_dropped_long"] + meta["leak_check"]["leaked_documents"] // 2 \
         == len(lines)
     assert d["pairs_cut"] > 0  # at seq_len 128 some multi-turn dialogs are cut
+    assert meta["stats"]["duplicates"]["copies"] < kept // 20  # a pair's sides share a key: counted once a pair
 
 
 def test_bad_pairs_are_all_named_at_once_and_nothing_is_written(tmp_path, chat_tokenizer):

@@ -205,13 +205,14 @@ def check_line_counts(found, documents_per_line: int = 1) -> None:
                            f"{bad:,} bad + {dropped:,} dropped = {docs + blank + bad + dropped:,}")
 
 
-def duplicates_of(tmp, found) -> dict:
+def duplicates_of(tmp, found, documents_per_key: int = 1) -> dict:
     """Duplicates among the documents by their leak keys (the text with whitespace removed): train's from its key
-    file (still there before the leak check), val's from memory. 8 bytes per document."""
+    file (still there before the leak check), val's from memory. 8 bytes per document. A preference corpus's two
+    documents of a pair share one key (documents_per_key 2): its duplicates are pairs, counted once a pair."""
     from minilmd.names import LEAK_KEYS, SPLITS
 
     train = np.fromfile(tmp / SPLITS[0] / LEAK_KEYS, dtype=np.uint64)
-    return duplicate_stats(np.concatenate([train, *found.val_keys]))
+    return duplicate_stats(np.concatenate([train, *found.val_keys])[::documents_per_key])
 
 
 def add_report_meta(meta: dict, found, duplicates: dict, train_lengths: np.ndarray, val_lengths: np.ndarray,

@@ -268,7 +268,7 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
         why = f"; {dropped:,} conversations dropped for length at --seq-len {opts.seq_len}" if dropped else ""
         raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad{why})")
     check_line_counts(found, 2 if opts.data_format == "dpo" else 1)
-    duplicates = duplicates_of(tmp, found)  # before leak_check, which deletes train's keys
+    duplicates = duplicates_of(tmp, found, 2 if opts.data_format == "dpo" else 1)  # before leak_check (deletes keys)
     leaked, leak_examples = leak_check(tmp, found, opened)
     _check_splits(found, leaked, opts.val_fraction)
     train_lengths, val_lengths = write_splits(tmp, found, leaked)
