@@ -204,6 +204,14 @@ class EvalSection:
 
 
 @dataclass
+class DpoSection:
+    beta: float = 0.1
+    """DPO's beta on a preference corpus (`prepare --format dpo`): how far from the reference (the init.from model)
+    the policy may move for a given preference; the rewards are beta x the log-probability ratios. 0.1 is the DPO
+    paper's and TRL's default; MiniMind's train_dpo.py uses 0.15 (with lr 4e-8)."""
+
+
+@dataclass
 class LoraSection:
     rank: int = 0
     """Rank r of the low-rank bypass B A added to each target (PEFT's `r`). 0: no LoRA, every weight trains. Above
@@ -282,6 +290,7 @@ class RunConfig:
     train: TrainSection = field(default_factory=TrainSection)
     init: InitSection = field(default_factory=InitSection)
     lora: LoraSection = field(default_factory=LoraSection)
+    dpo: DpoSection = field(default_factory=DpoSection)
     early_stop: EarlyStopSection = field(default_factory=EarlyStopSection)
     eval: EvalSection = field(default_factory=EvalSection)
     gpu: GpuSection = field(default_factory=GpuSection)

@@ -99,6 +99,7 @@ RANGES: dict[str, tuple[Range, str]] = {
     "train.keep_local": (AT_LEAST_1, ""),
     "lora.rank": (AT_LEAST_0, "0: no LoRA"),
     "lora.alpha": (ABOVE_0, ""),
+    "dpo.beta": (ABOVE_0, ""),
     "lora.dropout": (Range(0, 1, high_open=True), ""),
     "early_stop.patience": (AT_LEAST_0, "0: never stop early"),
     "early_stop.min_delta": (AT_LEAST_0, ""),

@@ -24,8 +24,14 @@ CHAT_VERSION = 2
 """The version of a chat corpus: a version-1 layout plus loss_mask.bin and tokenizer_config.json. Text corpora stay
 at 1, so every minilmd reads them; a minilmd that knows only version 1 refuses a chat corpus instead of training on
 its dialogue as plain text."""
-DATA_FORMATS = {"text": VERSION, "chat": CHAT_VERSION}
+DPO_VERSION = 3
+"""The version of a preference corpus (`prepare --format dpo`): a chat corpus's layout whose documents are pairs,
+chosen then rejected (docs/formats.md). Its own version, so that a minilmd that knows only chat corpora refuses it
+instead of fine-tuning on the rejected replies as if they were good ones."""
+DATA_FORMATS = {"text": VERSION, "chat": CHAT_VERSION, "dpo": DPO_VERSION}
 """meta.json's `data_format` (absent means "text") and the version it is written with."""
+MASKED_FORMATS = ("chat", "dpo")
+"""The data formats with a loss mask and a chat template (rendered conversations)."""
 
 
 class CorpusError(ValueError):
@@ -121,7 +127,7 @@ def listed_files(meta: dict, where: str) -> dict[str, dict]:
 
 
 def data_format_of(meta: dict) -> str:
-    """"text" or "chat": meta.json's `data_format`, absent meaning "text" (corpora from before chat existed)."""
+    """"text", "chat" or "dpo": meta.json's `data_format`, absent meaning "text" (corpora from before chat existed)."""
     return meta.get("data_format", "text")
 
 

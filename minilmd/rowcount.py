@@ -20,7 +20,8 @@ def full_buckets(n_docs: int, bucket: int) -> int:
 
 def epoch_rows(kind: str, *, documents: int, tokens: int, seq_len: int, micro_batch_size: int) -> int:
     """Rows of one epoch for a row kind that meta.json's counts tell (plan/samplers.row_kind): "windows" (packed),
-    "bucketed" (buckets of micro_batch_size) or "padded" (one document a row). Padding-free SFT's "conversations"
+    "bucketed" (buckets of micro_batch_size), "padded" (one document a row) or "pairs" (a preference corpus's pairs,
+in buckets). Padding-free SFT's "conversations"
     depend on every conversation's length: plan/epoch.py's epoch_of."""
     if kind == "windows":
         return packed_windows(tokens, seq_len)
@@ -28,6 +29,8 @@ def epoch_rows(kind: str, *, documents: int, tokens: int, seq_len: int, micro_ba
         return full_buckets(documents, max(micro_batch_size, 1))
     if kind == "padded":
         return documents
+    if kind == "pairs":  # a preference corpus: a row (item) is a pair of documents (minilmd/plan/pairs.py)
+        return full_buckets(documents // 2, max(micro_batch_size, 1))
     raise ValueError(f"rows of {kind!r} are not counted from meta.json alone")
 
 

@@ -125,6 +125,30 @@ def prepared_chat(sources: list[Path], tokenizer_dir: Path, out: Path, seq_len: 
                   val_fraction: float = 0.05, **kw) -> Path:
     from minilmd.corpus.prepare.pipeline import prepare
 
-    prepare([str(p) for p in sources], tokenizer_dir, out, data_format="chat", seq_len=seq_len,
+    kw = {"data_format": "chat", **kw}
+    prepare([str(p) for p in sources], tokenizer_dir, out, seq_len=seq_len,
             batch_size=batch_size, val_fraction=val_fraction, workers=0, progress=False, log=lambda m: None, **kw)
     return out
+
+
+def preference_pairs(conversations: list[list[dict]], shift: int | None = None) -> list[dict]:
+    """MiniMind DPO lines from real conversations: the real final reply as chosen, the final reply of the
+    conversation `shift` places on (another dialog's answer to another question) as rejected; by default half the
+    list on, which in chatterbot_slice (Chinese dialogs, then English ones) is mostly a reply in the other language:
+    a preference a tiny model can learn in a short run. Conversations whose two replies are equal are left out."""
+    ends = [c for c in conversations if c[-1]["role"] == "assistant"]
+    shift = len(ends) // 2 if shift is None else shift
+    pairs = []
+    for i, messages in enumerate(ends):
+        other = ends[(i + shift) % len(ends)][-1]
+        if other["content"].strip() != messages[-1]["content"].strip():
+            pairs.append({"chosen": messages, "rejected": messages[:-1] + [dict(other)]})
+    return pairs
+
+
+def write_jsonl(path: Path, objects: list) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for obj in objects:
+            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    return path

@@ -34,7 +34,15 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 
-from chat_helpers import chat_bpe, chat_tokenizer_dir, chatterbot_slice, prepared_chat
+from chat_helpers import (
+    chat_bpe,
+    chat_tokenizer_dir,
+    chatterbot_slice,
+    preference_pairs,
+    prepared_chat,
+    read_conversations,
+    write_jsonl,
+)
 from data_helpers import demo_slice, small_tokenizer
 from faults_fixtures import faultfs, memory_cgroup, small_tmpfs  # noqa: F401 - fixtures, shared here
 from fixture_cache import built_once, tree_digest
@@ -159,6 +167,29 @@ def chat_corpus(chat_jsonl, chat_tokenizer) -> tuple[Path, int]:
     digest = tree_digest(root)
     yield made
     assert_unchanged("chat corpus", digest, root)
+
+
+@pytest.fixture(scope="session")
+def dpo_jsonl(chat_jsonl) -> Path:
+    """MiniMind DPO lines built from chat_jsonl's real dialogs (chat_helpers.preference_pairs: the real reply
+    chosen, another dialog's reply rejected). Read-only."""
+    root = built_once("dpo-jsonl", lambda out: write_jsonl(out / "pairs.jsonl",
+                                                          preference_pairs(read_conversations(chat_jsonl))))
+    digest = tree_digest(root)
+    yield root / "pairs.jsonl"
+    assert_unchanged("DPO JSONL", digest, root)
+
+
+@pytest.fixture(scope="session")
+def dpo_corpus(dpo_jsonl, chat_tokenizer) -> tuple[Path, int]:
+    """(prepared preference corpus, vocabulary size): dpo_jsonl prepared with `--format dpo` under chat_tokenizer,
+    seq_len 128, val fraction 0.1. Read-only."""
+    root = built_once("dpo-corpus", lambda out: prepared_chat([dpo_jsonl], chat_tokenizer, out / "corpus",
+                                                              val_fraction=0.1, data_format="dpo")) / "corpus"
+    made = root, vocab_of(root)
+    digest = tree_digest(root)
+    yield made
+    assert_unchanged("DPO corpus", digest, root)
 
 
 # --- undisturbed runs: what a disturbed run must end with ------------------------------------------------------------

@@ -132,7 +132,7 @@ def test_the_trainers_step_gives_the_old_loss_and_gradients_bit_for_bit(tmp_path
     want = torch.zeros(())
     for micro in range(2):
         batch = t.sampler.batch(0, t.global_batch, micro=micro, micro_batch_size=4, first_row=t.first_row(0))
-        x, y, _ = t.to_device(batch)
+        x, y, _, _ = t.to_device(batch)
         part = next_token_loss(t.model(x).logits, y, reduction="sum") / n_targets
         part.backward()
         want += part.detach()

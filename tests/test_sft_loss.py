@@ -60,7 +60,7 @@ def test_bucketed_and_static_padding_give_the_same_loss_and_gradients(tmp_path, 
 def test_labels_are_the_ids_shifted_and_masked_from_one_copy(tmp_path, chat):
     t = trainer(tmp_path, chat, "bucketed")
     batch = t.sampler.batch(0, 96, micro=0, micro_batch_size=8)
-    ids, labels, positions = t.to_device(batch)
+    ids, labels, positions, _ = t.to_device(batch)  # no DPO reference
     assert positions is None  # a chat corpus: one conversation per row
     assert ids.dtype == torch.int32 and labels.dtype == torch.int64
     assert torch.equal(ids, torch.from_numpy(batch.input_ids.astype(np.int32)))

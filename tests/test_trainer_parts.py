@@ -119,7 +119,7 @@ def test_another_objective_trains_through_the_same_loop_and_reports_its_metrics(
     plain = Trainer(load_config(write_config(tmp_path, corpus, name="plain", train={"max_steps": 2})), cpu())
     made: list[ScaledWithMetrics] = []
 
-    def build(cfg):
+    def build(cfg, data_format="text"):
         made.append(ScaledWithMetrics(8))
         return made[-1]
 

@@ -10,6 +10,9 @@ run's config copy:
   loss is above its lowest (by more than VAL_NOISE of it). A gap there from the start with a flat val loss is a
   difference between the train and val distributions (a LoRA run on a style corpus), not overfitting: no warning;
 - "probe loss rising": the retention probe ([eval] probe) above its first value by more than the gap;
+- a DPO run (its eval lines carry val_reward_accuracy): the last validation's rewards, and "DPO loss at ln 2" when
+  the last LN2_EVALS val losses all lie within LN2_TOLERANCE of ln 2 = 0.6931, the loss of a policy equal to its
+  reference: nothing is being learnt (the learning rate, beta or the data; MiniMind's lr 4e-8 does this);
 - the early stop, and which checkpoint is BEST.
 Torch-free and light, like the rest of the views.
 """
@@ -28,6 +31,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+LN2_EVALS = 3
+LN2_TOLERANCE = 1e-3
 VAL_NOISE = 0.01
 """A val loss within 1 % above its lowest is flat: the validation windows are few, their loss moves that much."""
 
@@ -114,7 +119,25 @@ def warnings(records: list[dict], warn_rising: int, warn_gap: float) -> list[str
     probes = [float(r["probe_loss"]) for r in evals if isinstance(r.get("probe_loss"), (int, float))]
     if len(probes) > 1 and probes[-1] - probes[0] > warn_gap:
         out.append(f"probe loss rising: {probes[0]:.4f} -> {probes[-1]:.4f} (forgetting the earlier stage)")
+    dpo = [float(r["val_loss"]) for r in evals if "val_reward_accuracy" in r]
+    if len(dpo) >= LN2_EVALS and all(abs(v - math.log(2)) <= LN2_TOLERANCE for v in dpo[-LN2_EVALS:]):
+        out.append(f"DPO loss at ln 2 (0.6931) for the last {LN2_EVALS} evals ({dpo[-1]:.4f} at step "
+                   f"{evals[-1].get('step')}): nothing is being learnt; raise train.lr or dpo.beta, or check the "
+                   "pairs")
     return out
+
+
+def dpo_line(records: list[dict]) -> str | None:
+    """The last DPO validation's rewards (TRL's names), or None for another run."""
+    last = next((r for r in reversed(records) if r.get("kind") == "eval" and "val_reward_accuracy" in r), None)
+    if last is None:
+        return None
+    try:
+        return (f"  dpo: val reward accuracy {float(last['val_reward_accuracy']):.3f}, margin "
+                f"{float(last['val_reward_margin']):.4f} (chosen {float(last['val_reward_chosen']):.4f}, rejected "
+                f"{float(last['val_reward_rejected']):.4f}) at step {last.get('step')}")
+    except (KeyError, TypeError, ValueError):
+        return None  # a line of another minilmd, or damaged: nothing to say
 
 
 def gap_warning(done: list[Epoch], vals: list[float], warn_gap: float) -> str | None:
@@ -153,6 +176,7 @@ def fit_lines(run_dir: str | Path) -> list[str]:
         if e.probe is not None:
             parts.append(f"probe {e.probe:.4f}")
         lines.append("  ".join(parts))
+    lines += [line for line in (dpo_line(records),) if line]
     lines += [f"  WARNING: {w}" for w in warnings(records, *warn_settings(run_dir))]
     stop = next((r for r in reversed(records) if r.get("kind") == "early_stop"), None)
     if stop:

@@ -103,7 +103,8 @@ def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.js
 @commands.command("prepare")
 def prepare_command(
     corpus: list[str] = typer.Argument(..., help="JSONL files ({\"text\": ...} per line, or {\"conversations\": "
-                                       "[...]} with --format chat); .gz/.zst, fsspec URLs."),
+                                       "[...]} with --format chat, {\"chosen\": [...], \"rejected\": [...]} with "
+                                       "--format dpo); .gz/.zst, fsspec URLs."),
     tokenizer: str = typer.Option(None, "--tokenizer", help="tokenizer.json or its directory (checked for "
                                   "MiniMind's special ids; chat: its tokenizer_config.json's chat_template)."),
     out: str = typer.Option(..., "--out", help="Output directory; created at the end by a rename."),
@@ -117,8 +118,9 @@ def prepare_command(
                                 "(text: only those); chat: conversations are cut at it."),
     batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the steps-per-epoch figures printed "
                                    "(chat: the micro-batch of the bucketed PAD share)."),
-    data_format: str = typer.Option("text", "--format", help="text (pretraining) or chat (SFT conversations, "
-                                    "rendered by the tokenizer's chat template, loss on the replies only)."),
+    data_format: str = typer.Option("text", "--format", help="text (pretraining), chat (SFT conversations, "
+                                    "rendered by the tokenizer's chat template, loss on the replies only) or dpo "
+                                    "(preference pairs, each side rendered as chat, loss on its final reply)."),
     on_long: str = typer.Option("cut", "--on-long", help="chat: a conversation longer than --seq-len is cut "
                                 "(counted) or dropped (drop)."),
     workers: int = typer.Option(-1, "--workers", help="Encoding processes; -1: one per core, 0: in-process."),

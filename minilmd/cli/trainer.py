@@ -188,6 +188,7 @@ def export(
             export_hf,
             find_chat_config,
             minimind_eval_command,
+            minimind_weight,
             write_minimind,
         )
 
@@ -199,7 +200,9 @@ def export(
                 typer.echo(f"minilmd export: the chat template not looked up ({e}); the command below is a text "
                            f"model's", err=True)
                 chat = False
-            typer.echo(f"wrote {path} (fp16). {minimind_eval_command(path, checked.state['config']['model'], chat)}")
+            weight = minimind_weight(checked.path, chat)  # "dpo" for a DPO run's: MiniMind's dpo_<hidden>.pth
+            typer.echo(f"wrote {path} (fp16). "
+                       f"{minimind_eval_command(path, checked.state['config']['model'], chat, weight)}")
         elif format == "hf":
             path = export_hf(checkpoint, out, tokenizer or None, dtype, merge)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")

@@ -126,7 +126,8 @@ def has_special_text(messages: list[dict]) -> bool:
 
 def starts_as_chat(path: str, probe_bytes: int = 1 << 16) -> bool:
     """Whether a JSONL file's first line that is a JSON object (within its first probe_bytes) is a conversation
-    ({"conversations": [...]} without "text"): what `corpus report` refuses to count as text for a run's budget."""
+    ({"conversations": [...]} without "text") or a preference pair ({"chosen": ..., "rejected": ...}): what
+    `corpus report` refuses to count as text for a run's budget."""
     from minilmd.corpus.sources.jsonl import LongLine, Source
 
     src = Source(path)
@@ -140,7 +141,8 @@ def starts_as_chat(path: str, probe_bytes: int = 1 << 16) -> bool:
                 except ValueError:
                     continue
                 if isinstance(obj, dict):
-                    return "conversations" in obj and "text" not in obj
+                    chat = "conversations" in obj or ("chosen" in obj and "rejected" in obj)
+                    return chat and "text" not in obj
             return False
         return False
     finally:

@@ -12,6 +12,9 @@ split a loss_mask.bin: one uint8 per token, 1 on the target tokens (every assist
 `<|im_start|>assistant\n` header, up to and including its `<|im_end|>`). A chat document starts with BOS
 (`<|im_start|>`) but need not end with EOS: the template's text after the last `<|im_end|>` (MiniMind's "\n") is
 kept, and a conversation cut at seq_len ends where it was cut.
+A preference corpus (`prepare --format dpo`, `"data_format": "dpo"`, version 3) is a chat corpus whose documents
+are pairs: documents 2i and 2i + 1 of a split are pair i's chosen and rejected sides, the loss mask on each side's
+final reply (minilmd/corpus/prepare/dpo_encode.py); a split of an odd number of documents is refused.
 Torch-free (numpy only): the supervisor verifies staged corpora with verify_prepared.
 """
 from __future__ import annotations
@@ -21,7 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
-from minilmd.corpus_meta import CorpusError, data_fingerprint, data_format_of, earlier_versions, read_meta
+from minilmd.corpus_meta import (
+    MASKED_FORMATS,
+    CorpusError,
+    data_fingerprint,
+    data_format_of,
+    earlier_versions,
+    read_meta,
+)
 from minilmd.fsio import dir_table_problems, local_size, sha256_file, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
@@ -88,9 +98,12 @@ class TokenStream:
             self.tokens = np.zeros(0, dtype="<u2")
         self.loss_mask: np.ndarray | None = None
         self.target_tokens: int | None = None  # chat: the number of target tokens (set by _check_mask)
-        if self.data_format == "chat":
+        if self.data_format in MASKED_FORMATS:
             self.loss_mask = self._open_mask(self.dir / LOSS_MASK, tokens_path)
         self._check_boundaries(tokens_path, lengths_path)
+        if self.data_format == "dpo" and self.n_docs % 2:
+            raise CorpusError(f"{lengths_path}: {self.n_docs} documents in a preference corpus, whose documents are "
+                              "pairs (chosen, rejected): they did not come from the same run")
         self.vocab_size = vocab_size
         self._check_ids(tokens_path, vocab_size)
         if self.loss_mask is not None:
@@ -155,7 +168,7 @@ class TokenStream:
     def _check_files(self, meta: dict, verify_hash: bool) -> None:
         files = meta.get("files", {})
         # A split dir outside its corpus layout is not listed: only the invariants apply then.
-        names = (TOKENS, DOC_LENGTHS, LOSS_MASK) if self.data_format == "chat" else (TOKENS, DOC_LENGTHS)
+        names = (TOKENS, DOC_LENGTHS, LOSS_MASK) if self.data_format in MASKED_FORMATS else (TOKENS, DOC_LENGTHS)
         keys = {name: split_file(self.dir.name, name) for name in names}
         table = {name: files[key] for name, key in keys.items() if key in files}
 
@@ -183,7 +196,7 @@ class TokenStream:
             return
         firsts = self.tokens[self.doc_starts[:-1]]
         lasts = self.tokens[self.doc_starts[1:] - 1]
-        chat = self.data_format == "chat"  # a chat document need not end with EOS (the class docstring)
+        chat = self.data_format in MASKED_FORMATS  # a chat document need not end with EOS (the class docstring)
         bad = np.flatnonzero((firsts != BOS_ID) if chat else (firsts != BOS_ID) | (lasts != EOS_ID))
         if bad.size:
             d = int(bad[0])
@@ -220,7 +233,7 @@ class TokenStream:
 
 
 class PreparedCorpus:
-    """An opened prepared corpus: `.root`, `.meta`, `.data_format` ("text" | "chat"), `.train`, `.val`,
+    """An opened prepared corpus: `.root`, `.meta`, `.data_format` ("text" | "chat" | "dpo"), `.train`, `.val`,
     `.vocab_size`, fingerprints, tokenizer (`.tokenizer_config_path`: the chat template's file, None for text)."""
 
     def __init__(self, root: str | Path, verify_hash: bool = False):
@@ -241,7 +254,7 @@ class PreparedCorpus:
                               f"{self.tokenizer_fingerprint}: the tokenizer and the tokens did not come from the "
                               "same run")
         self.tokenizer_config_path: Path | None = None
-        if self.data_format == "chat":
+        if self.data_format in MASKED_FORMATS:
             self.tokenizer_config_path = self.root / TOKENIZER_CONFIG
             listed = self.meta.get("files", {}).get(TOKENIZER_CONFIG)
             if not isinstance(listed, dict):

@@ -51,6 +51,8 @@ class Epoch:
             return f"a window of {self.seq_len:,} tokens across {self.unit}"
         if self.kind == "conversations":
             return f"whole {self.unit} packed into {self.seq_len:,} tokens, {self.documents / self.rows:.1f} a row"
+        if self.kind == "pairs":
+            return "one pair (its chosen and rejected sides), in buckets of like length"
         return f"one {one}, " + ("padded to seq_len" if self.kind == "padded" else "in buckets of like length")
 
 
@@ -62,8 +64,8 @@ def epoch_of(kind: str, *, seq_len: int, micro_batch_size: int, seed: int, docum
         rows = len(packed_rows(row_lengths(np.concatenate([[0], np.cumsum(lengths())]), seq_len), seq_len, seed))
     else:
         rows = epoch_rows(kind, documents=documents, tokens=tokens, seq_len=seq_len, micro_batch_size=micro_batch_size)
-        if kind == "bucketed":
-            documents = rows  # the last partial bucket's documents sit the epoch out
+        if kind in ("bucketed", "pairs"):
+            documents = rows  # the last partial bucket's documents (or pairs) sit the epoch out
     return Epoch(rows, documents, kind, unit, seq_len)
 
 
@@ -75,14 +77,15 @@ def corpus_epoch(cfg, meta: dict | None, prepared: str | Path | None = None) -> 
     documents, tokens = split.get("documents"), split.get("tokens")
     if not isinstance(documents, int) or not isinstance(tokens, int):
         return None
-    chat = meta_value(meta or {}, "data_format") == "chat"
-    kind = row_kind(cfg.data.mode, cfg.data.doc_mask, chat)
+    data_format = meta_value(meta or {}, "data_format")
+    chat = data_format == "chat"
+    kind = "pairs" if data_format == "dpo" else row_kind(cfg.data.mode, cfg.data.doc_mask, chat)
     root = Path(prepared if prepared is not None else cfg.data.prepared)
     try:
         return epoch_of(kind, seq_len=cfg.train.seq_len, micro_batch_size=cfg.train.micro_batch_size,
                         seed=cfg.train.seed, documents=documents, tokens=tokens,
                         lengths=lambda: train_lengths(root, documents),
-                        unit="conversations" if chat else "documents")
+                        unit="pairs" if kind == "pairs" else "conversations" if chat else "documents")
     except (Unreadable, OSError, ValueError):
         return None
 

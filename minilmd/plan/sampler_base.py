@@ -33,6 +33,9 @@ class Batch:
     positions: np.ndarray | None = None
     """(rows, width) int32 rotary position of each token within its document piece, for packed rows with
     `data.doc_mask` (minilmd/plan/docmask.py); None: positions 0..width-1 and plain causal attention."""
+    reference: np.ndarray | None = None
+    """(rows,) float32: DPO's reference sum of log-probabilities over each row's targets (minilmd/plan/pairs.py);
+    None for every other objective."""
 
     @property
     def labels(self) -> np.ndarray:

@@ -140,12 +140,14 @@ def _maybe_kill(point: str, step: int) -> None:
 
 
 def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state: dict, trainer_state: dict, *,
-         tokenizer: str | os.PathLike | None = None, param_names: list[str] | None = None) -> Path:
+         tokenizer: str | os.PathLike | None = None, param_names: list[str] | None = None,
+         extra: dict[str, bytes] | None = None) -> Path:
     """Write checkpoint `step` under `root` with the full atomic protocol; returns its directory.
 
     `model_state` holds exactly the tensors of model_shapes.expected_state_shapes (fp32, on any device);
     `optimizer_state` is optimizer.state_dict(); `trainer_state` is JSON-able (its "step", if any, must be
-    `step`); `tokenizer` a tokenizer.json to copy in; `param_names[i]` the name of optimizer parameter i.
+    `step`); `tokenizer` a tokenizer.json to copy in; `param_names[i]` the name of optimizer parameter i; `extra`
+    more files by name (a DPO run's reference sums: trainer/loop/dpo_reference.py), listed and hashed as the rest.
     ScratchFull when it does not fit: checked up front, and on ENOSPC/EDQUOT while writing (the half is removed)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -157,11 +159,13 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
         shutil.rmtree(tmp)
     opt_tensors, opt_meta = _flatten_optimizer(optimizer_state)
     opt_meta["param_names"] = list(param_names) if param_names else None
-    needs = _bytes_needed([model_state, opt_tensors], tokenizer)
+    extra = extra or {}
+    needs = _bytes_needed([model_state, opt_tensors], tokenizer) + sum(map(len, extra.values()))
     if _free_bytes(root) < needs:  # refused up front: filling the disk to the last byte harms its other users
         raise ScratchFull(root, step, needs, _free_bytes(root))
     try:
-        _write_checkpoint(root, tmp, final, step, model_state, opt_tensors, opt_meta, trainer_state, tokenizer)
+        _write_checkpoint(root, tmp, final, step, model_state, opt_tensors, opt_meta, trainer_state, tokenizer,
+                          extra)
     except OSError as e:
         if e.errno not in DISK_FULL_ERRNOS:
             raise
@@ -171,7 +175,8 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
 
 
 def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state: dict, opt_tensors: dict,
-                      opt_meta: dict, trainer_state: dict, tokenizer: str | os.PathLike | None) -> None:
+                      opt_meta: dict, trainer_state: dict, tokenizer: str | os.PathLike | None,
+                      extra: dict[str, bytes]) -> None:
     tmp.mkdir()
     files = {MODEL_FILE: _write_safetensors(tmp / MODEL_FILE, model_state)}
     _maybe_kill("after_model", step)
@@ -184,6 +189,8 @@ def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state
         config = Path(tokenizer).with_name(TOKENIZER_CONFIG)  # a chat corpus's template: for sample --chat, export
         if config.is_file():
             files[TOKENIZER_CONFIG] = _write_bytes(tmp / TOKENIZER_CONFIG, config.read_bytes())
+    for name, data in extra.items():
+        files[name] = _write_bytes(tmp / name, data)
     _maybe_kill("before_manifest", step)
     manifest = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
     _write_bytes(tmp / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
@@ -327,6 +334,8 @@ class AsyncCheckpointer:
         self.last_path: Path | None = None
         self.last_write_s: float = 0.0
         self.last_wait_s: float = 0.0
+        self.extra: dict[str, bytes] = {}
+        """Files written into every checkpoint besides the usual ones (a DPO run's reference sums)."""
 
     def save(self, step: int, model, optimizer, trainer_state: dict, best: bool = False) -> float:
         """Snapshot now, write in the background (then, with `best`, point BEST at it). Returns the seconds the
@@ -350,7 +359,7 @@ class AsyncCheckpointer:
         t0 = time.perf_counter()
         try:
             self.last_path = save(self.root, step, model_state, optimizer_state, trainer_state,
-                                  tokenizer=self.tokenizer, param_names=param_names)
+                                  tokenizer=self.tokenizer, param_names=param_names, extra=self.extra)
             if best:
                 mark_best(self.root, self.last_path.name)
         except BaseException as e:  # noqa: BLE001 - handed to the loop by wait(), which raises it there

@@ -11,7 +11,8 @@ trainer/model/loss.py): it asks for hidden states and runs the tied head chunk b
 whole micro-batch exist. `TrainingForward` puts model and objective in one module, which the trainer wraps in DDP and
 torch.compile: the loss stays inside the compiled graph and inside DDP's forward, as it was when the model computed it.
 
-A new objective (DPO, docs/training.md) is one more class here with its own `loss`, and a line in build_objective.
+A new objective is one more class with its own `loss`, and a line in build_objective: DPO on a preference corpus
+(objective_dpo.py, docs/training.md).
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ class DeviceBatch(NamedTuple):
     """(rows, width) int64: the next token where it is a target, else IGNORE_INDEX (next_token_labels)."""
     positions: torch.Tensor | None
     """Each token's position within its document piece (data.doc_mask), else None."""
+    reference: torch.Tensor | None = None
+    """(rows,) fp32: the reference model's sum of log-probabilities over each row's targets (DPO), else None."""
 
 
 Metrics = dict[str, torch.Tensor]
@@ -60,9 +63,14 @@ class ChunkedCrossEntropy:
         return chunked_loss_sum(model.lm_head, hidden, batch.labels, self.chunk_rows), {}
 
 
-def build_objective(cfg: RunConfig) -> Objective:
-    """The run's objective. Text and chat corpora train next-token cross-entropy, in chunks of rows sized from the
-    configured seq_len (a constant of the run, so one compiled graph serves every width of a bucketed run)."""
+def build_objective(cfg: RunConfig, data_format: str = "text") -> Objective:
+    """The run's objective for a corpus of `data_format`. Text and chat corpora train next-token cross-entropy, in
+    chunks of rows sized from the configured seq_len (a constant of the run, so one compiled graph serves every
+    width of a bucketed run). A preference corpus (dpo) trains DPO with `[dpo] beta` (objective_dpo.py)."""
+    if data_format == "dpo":
+        from minilmd.trainer.loop.objective_dpo import DirectPreference
+
+        return DirectPreference(cfg.dpo.beta, chunk_rows_for(cfg.train.seq_len))
     return ChunkedCrossEntropy(chunk_rows_for(cfg.train.seq_len))
 
 

@@ -100,7 +100,8 @@ def to_device(batch: Batch, device: torch.device, dynamic_width: bool = False) -
     positions = None if batch.positions is None else _pinned(batch.positions, device)
     ids = mark_width_dynamic(ids.to(torch.int32), dynamic_width)
     labels = mark_width_dynamic(next_token_labels(ids, targets), dynamic_width)  # both: the loss is in the graph
-    return DeviceBatch(ids, labels, positions)
+    reference = None if batch.reference is None else _pinned(batch.reference, device)  # DPO's, per row
+    return DeviceBatch(ids, labels, positions, reference)
 
 
 def micro_batch_loss(forward: Forward, batch: DeviceBatch) -> tuple[torch.Tensor, Metrics]:

@@ -36,7 +36,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 from typing import Any
 
 import torch
@@ -48,7 +47,6 @@ from minilmd.checkpoint import CheckpointMismatch, Expectation
 from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
 from minilmd.config_values import parse_duration
 from minilmd.corpus_meta import CorpusError
-from minilmd.cuda_oom import cuda_oom_source, first_line
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
 from minilmd.plan.bucketing import BucketedSampler
@@ -61,21 +59,18 @@ from minilmd.plan.schedule import lr_at
 from minilmd.probes import load_checked
 from minilmd.protocol import (
     EXIT_CONFIG,
-    EXIT_CRASH,
-    EXIT_CUDA_OOM,
     EXIT_DATA,
     EXIT_DONE,
-    EXIT_SCRATCH_FULL,
     EXIT_STOPPED,
-    write_fault,
 )
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
-from minilmd.trainer.loop import determinism, tensorboard, warmup
+from minilmd.trainer.loop import determinism, exits, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled, parameter_split
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
+from minilmd.trainer.loop.dpo_reference import Preference
 from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
@@ -107,19 +102,21 @@ class Trainer:
         # Before anything reads the mode or the rates; the config recorded in the checkpoints says what was used.
         self.sft_defaults = apply_sft_defaults(cfg) if self.corpus.data_format == "chat" else []
         train, val = self.corpus.train, self.corpus.val
-        self.cursor = SamplerCursor(make_sampler(cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed,
-                                                 train.loss_mask, t.micro_batch_size, cfg.data.doc_mask),
-                                    self.corpus, cfg.data.mode, t.seq_len, t.seed, t.micro_batch_size,
+        self.preference = Preference.of(cfg, self.corpus)  # a preference corpus: DPO's pairs and its reference
+        sampler = self.preference.sampler if self.preference else make_sampler(
+            cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed, train.loss_mask, t.micro_batch_size,
+            cfg.data.doc_mask)
+        self.cursor = SamplerCursor(sampler, self.corpus, cfg.data.mode, t.seq_len, t.seed, t.micro_batch_size,
                                     cfg.data.doc_mask)
-        self.val_batches = validation_batches(cfg.data.mode, val.tokens, val.doc_starts, t.seq_len,
-                                              cfg.data.val_windows, t.micro_batch_size, val.loss_mask,
-                                              cfg.data.doc_mask)
+        self.val_batches = [] if self.preference else validation_batches(  # DPO's: once its reference is known
+            cfg.data.mode, val.tokens, val.doc_starts, t.seq_len, cfg.data.val_windows, t.micro_batch_size,
+            val.loss_mask, cfg.data.doc_mask)
         self.probe_batches = probe_batches(cfg)
         self.early = EarlyStop.from_config(cfg)
         self.rng = RngState()
         self.state = TrainState(global_batch=t.micro_batch_size * t.grad_accum * dist.world_size)
         self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
-        self.objective = build_objective(cfg)
+        self.objective = build_objective(cfg, self.corpus.data_format)
 
         torch.manual_seed(t.seed)  # the init is drawn on CPU: the same weights on every device and rank
         try:
@@ -169,6 +166,8 @@ class Trainer:
         self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device), matmul,
                                       tf32=torch.get_float32_matmul_precision() != "highest")
                            if self.device.type == "cuda" else None)
+        if self.preference:  # DPO: the reference read back, or computed now and saved at step 0
+            self.val_batches = self.preference.start(self, self.resumed_from)
 
     def apply_resume(self, found: Found) -> None:
         """The one place a checkpoint's contents reach the run: the weights (a LoRA run's adapters, on the base
@@ -472,26 +471,9 @@ def run(cfg: RunConfig) -> int:
         print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
         return e.exit_status
     except ckpt_io.ScratchFull as e:  # the supervisor makes room or waits for it; a restart now would only repeat
-        try:
-            write_fault(cfg.run_dir, "scratch_full", str(e), step=step, checkpoint_step=e.step, needs=e.needs,
-                        free=e.free, path=str(e.root))
-        except OSError:
-            pass  # run.dir on the same full disk: the exit status alone says it
-        print(f"minilmd train: {e}", file=sys.stderr)
-        return EXIT_SCRATCH_FULL
+        return exits.scratch_full(cfg, e, step)
     except Exception as e:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
-        if (refused := determinism.refusal(e, cfg)) is not None:  # no deterministic kernel: the same next time
-            print(f"minilmd train: {refused}", file=sys.stderr)
-            return EXIT_CONFIG
-        source = cuda_oom_source(e)  # torch.OutOfMemoryError, and the CUDA/cuBLAS/NCCL OOMs that are not one
-        if source is None:
-            traceback.print_exc()
-            return EXIT_CRASH
-        message = first_line(e)
-        write_fault(cfg.run_dir, "cuda_oom", message, step=step, micro_batch_size=cfg.train.micro_batch_size,
-                    device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0, source=source)
-        print(f"minilmd train: CUDA out of memory ({source}) at step {step}: {message}", file=sys.stderr)
-        return EXIT_CUDA_OOM
+        return exits.crashed(cfg, e, dist, step)
     finally:
         release(dist)
 

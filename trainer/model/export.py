@@ -318,14 +318,28 @@ def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tu
     return out, kept
 
 
-def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False) -> str:
+def minimind_weight(ckpt_dir: str | Path, chat: bool) -> str:
+    """The name MiniMind gives this stage's weights (its `--weight`, the .pth's prefix): "dpo" for a checkpoint of a
+    DPO run (it carries the reference sums: MiniMind's train_dpo.py saves dpo_<hidden>.pth), "full_sft" for one
+    fine-tuned on a chat corpus, else "pretrain"."""
+    from minilmd.checkpoint import read_manifest
+    from minilmd.names import DPO_REFERENCE
+
+    if DPO_REFERENCE in (read_manifest(ckpt_dir).get("files") or {}):
+        return "dpo"
+    return "full_sft" if chat else "pretrain"
+
+
+def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool = False,
+                          weight: str | None = None) -> str:
     """How to run an exported .pth with MiniMind's eval_llm.py, as commands that work when pasted in the checkout:
     it loads `./out/<weight>_<hidden_size>.pth` (relative to where it runs, the checkout; `mkdir -p out` first)
     into MiniMindConfig(hidden_size, num_hidden_layers) with MiniMind's defaults for every other field, and
     decodes with the tokenizer in its model/ directory; `--weight pretrain` prompts with BOS + text (no chat
     template), as this model was trained. A model whose other fields differ from those defaults does not load
     there: then the answer says which, and points to --format hf. chat (a model fine-tuned on a chat corpus):
-    `--weight full_sft`, which eval_llm.py prompts through the chat template of its model/ tokenizer."""
+    `--weight full_sft`, which eval_llm.py prompts through the chat template of its model/ tokenizer; `weight`
+    (minimind_weight: "dpo" for a DPO run's) overrides that choice."""
     from minilmd.config import ModelSection
 
     m = as_model_section(model_cfg)
@@ -338,7 +352,7 @@ def minimind_eval_command(pth: str | Path, model_cfg: dict[str, Any], chat: bool
         return (f"MiniMind's eval_llm.py builds its model from --hidden_size and --num_hidden_layers alone, with its "
                 f"defaults for the rest; this model differs in {', '.join(differ)}, so eval_llm.py cannot load it. "
                 f"Use `minilmd export --format hf` (Qwen3ForCausalLM) instead.")
-    weight = "full_sft" if chat else "pretrain"
+    weight = weight or ("full_sft" if chat else "pretrain")
     name = f"{weight}_{m.hidden_size}.pth"
     # eval_llm.py reads ./out/NAME from where it runs, the checkout's root; a checkout has no out/ until a trainer
     # of its own saved there, and the .pth's path must hold from there too: absolute, whatever export's cwd was

@@ -63,8 +63,9 @@ def refuse_chat_jsonl(path: str) -> None:
     from minilmd.corpus.chat import starts_as_chat
 
     if os.path.isfile(path) and starts_as_chat(path):
-        raise ValueError(f"{path} holds chat conversations: a run trains on what `minilmd prepare {path} "
-                         "--format chat --tokenizer TOKENIZER --out DIR` makes of them (rendered by the "
+        raise ValueError(f"{path} holds chat conversations (or preference pairs): a run trains on what `minilmd "
+                         f"prepare {path} --format chat --tokenizer TOKENIZER --out DIR` (--format dpo for pairs) "
+                         "makes of them (rendered by the "
                          "template, cut at seq_len), not on its lines as text; prepare it first, then "
                          "`minilmd corpus report DIR` counts its conversations and tokens for the budget")
 
@@ -102,6 +103,8 @@ def report(path: str, *, tokenizer: str | None = None, workers: int | None = Non
         out["data_format"] = meta.get("data_format", "text")
         out["splits"] = {s: meta["splits"][s] for s in ("train", "val")}
         out["train_tokens"] = int(meta["splits"]["train"]["tokens"])
+        if out["data_format"] == "dpo":  # two documents a pair: chosen, rejected
+            out["pairs"] = {s: int(meta["splits"][s].get("pairs", 0)) for s in ("train", "val")}
         if "dropped_scripts" in meta:
             out["dropped_scripts"] = meta["dropped_scripts"]
     elif unit == "tokens":
@@ -145,6 +148,9 @@ def format_report(r: dict, short: bool = False) -> str:
         head += (f" (train {r['splits']['train']['documents']:,} / {r['splits']['train']['tokens']:,}, "
                  f"val {r['splits']['val']['documents']:,} / {r['splits']['val']['tokens']:,})")
     lines.append(head)
+    if "pairs" in r:
+        lines.append(f"preference pairs: train {r['pairs']['train']:,}, val {r['pairs']['val']:,} (documents 2i and "
+                     "2i+1 of a split: pair i's chosen and rejected sides)")
     if r["bad_lines"] or r["blank_lines"]:
         lines.append(f"lines not read: {r['bad_lines']:,} bad, {r['blank_lines']:,} blank")
     ls = r["lengths"]
@@ -184,12 +190,12 @@ def format_report(r: dict, short: bool = False) -> str:
 
 
 # --- the short form prepare computes as it goes and prints at its end ----------------------------------------------
-def check_line_counts(found) -> None:
+def check_line_counts(found, documents_per_line: int = 1) -> None:
     """The seed's habit, asserted on every prepare: lines read = documents + blank + bad + dropped (by
-    --drop-scripts, or a chat corpus's --on-long drop and conversations without a target). RuntimeError: a line
-    was lost or counted twice, a bug, never bad input."""
+    --drop-scripts, or a chat corpus's --on-long drop and conversations without a target; a preference corpus
+    writes 2 documents per line). RuntimeError: a line was lost or counted twice, a bug, never bad input."""
     lines = sum(s["lines"] for s in found.sources)
-    docs = sum(s["documents"] for s in found.sources)
+    docs = sum(s["documents"] for s in found.sources) // documents_per_line
     blank = sum(s["blank_lines"] for s in found.sources)
     bad = sum(s["bad_lines"] for s in found.sources)
     dropped = sum(s.get("dropped", 0) for s in found.sources)
@@ -199,13 +205,14 @@ def check_line_counts(found) -> None:
                            f"{bad:,} bad + {dropped:,} dropped = {docs + blank + bad + dropped:,}")
 
 
-def duplicates_of(tmp, found) -> dict:
+def duplicates_of(tmp, found, documents_per_key: int = 1) -> dict:
     """Duplicates among the documents by their leak keys (the text with whitespace removed): train's from its key
-    file (still there before the leak check), val's from memory. 8 bytes per document."""
+    file (still there before the leak check), val's from memory. 8 bytes per document. A preference corpus's two
+    documents of a pair share one key (documents_per_key 2): its duplicates are pairs, counted once a pair."""
     from minilmd.names import LEAK_KEYS, SPLITS
 
     train = np.fromfile(tmp / SPLITS[0] / LEAK_KEYS, dtype=np.uint64)
-    return duplicate_stats(np.concatenate([train, *found.val_keys]))
+    return duplicate_stats(np.concatenate([train, *found.val_keys])[::documents_per_key])
 
 
 def add_report_meta(meta: dict, found, duplicates: dict, train_lengths: np.ndarray, val_lengths: np.ndarray,

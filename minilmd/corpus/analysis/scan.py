@@ -17,8 +17,9 @@ worker processes read independently:
   default one cannot be told from the data's; assistant turns the template does not train on) are not counted:
   the JSONL, read as below, has every message's content.
 A line's text is its "text" field; a chat line's ({"conversations": [...]}) is its messages' "content" joined by
-newlines. Lines that are not JSON (or nest deeper than jsonl.MAX_JSON_DEPTH) or have neither are counted as bad,
-never read.
+newlines; a preference pair's ({"chosen": [...], "rejected": [...]}) the chosen side's and the rejected reply's. A
+prepared preference corpus is read side by side (each side a document, its mask on its final reply). Lines that
+are not JSON (or nest deeper than jsonl.MAX_JSON_DEPTH) or have neither are counted as bad, never read.
 
 Each shard feeds a Task (texts, their exact digests, their lengths) and returns its result; the results come back
 in shard order and the caller merges them. Memory per worker: one block of lines or documents.
@@ -140,11 +141,18 @@ def line_text(obj) -> str | None:
         return text
     conv = obj.get("conversations")
     if isinstance(conv, list):
-        parts = [m.get("content") for m in conv if isinstance(m, dict)]
-        texts = [p for p in parts if isinstance(p, str)]
-        if texts and len(texts) == len(conv):
-            return "\n".join(texts)
+        return _contents(conv)
+    chosen, rejected = obj.get("chosen"), obj.get("rejected")
+    if isinstance(chosen, list) and isinstance(rejected, list) and rejected:
+        return _contents(chosen + rejected[-1:])  # the prompt once, both replies
     return None
+
+
+def _contents(messages: list) -> str | None:
+    """The messages' "content" joined by newlines; None when one has none."""
+    parts = [m.get("content") for m in messages if isinstance(m, dict)]
+    texts = [p for p in parts if isinstance(p, str)]
+    return "\n".join(texts) if texts and len(texts) == len(messages) else None
 
 
 def _jsonl_batches(shard: Shard):

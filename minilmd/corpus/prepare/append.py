@@ -194,6 +194,9 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
     check_same()  # what was read is the locked directory's
     meta = corpus.meta
     chat = corpus.data_format == "chat"
+    if corpus.data_format == "dpo":
+        raise ValueError(f"{root}: a preference corpus (--format dpo) is not appended to; prepare it again from all "
+                         "its pairs")
     if not sources:
         raise ValueError("no corpus files given")
     old_meta_sha = sha256_file(locked / META)

@@ -111,6 +111,8 @@ class ChatSpec:
     template: ChatTemplate
     seq_len: int
     on_long: str = "cut"
+    pairs: bool = False
+    """--format dpo: each line a preference pair (dpo_encode.PairBlockEncoder)."""
 
 
 def encode_conversation(tok, template: ChatTemplate, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:

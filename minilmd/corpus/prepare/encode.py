@@ -167,8 +167,9 @@ def _encoder(tokenizer_json: str, val_fraction: float, chat, drop_scripts: froze
     if chat is None:
         return BlockEncoder(tokenizer_json, val_fraction, drop_scripts)
     from minilmd.corpus.prepare.chat_encode import ChatBlockEncoder
+    from minilmd.corpus.prepare.dpo_encode import PairBlockEncoder
 
-    return ChatBlockEncoder(tokenizer_json, val_fraction, chat)
+    return (PairBlockEncoder if chat.pairs else ChatBlockEncoder)(tokenizer_json, val_fraction, chat)
 
 
 def _worker_init(tokenizer_json: str, val_fraction: float, parent: int, chat=None,

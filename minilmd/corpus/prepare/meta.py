@@ -12,8 +12,9 @@ import numpy as np
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import prepare_summary
 from minilmd.corpus.prepare.collect import Collector
+from minilmd.corpus.prepare.dpo_meta import report_pairs
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
-from minilmd.corpus_meta import DATA_FORMATS, FORMAT
+from minilmd.corpus_meta import DATA_FORMATS, FORMAT, MASKED_FORMATS
 from minilmd.fsio import sha256_file
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
@@ -119,10 +120,13 @@ def _report_chat(meta: dict, log) -> None:
 
 def report(meta: dict, log) -> None:
     stats = meta["stats"]
-    if meta["data_format"] == "chat":
+    if meta["data_format"] in MASKED_FORMATS:
         _report_chat(meta, log)
     else:
         log(corpus_stats.format_report("train", stats["train"]))
+    if meta["data_format"] == "dpo":
+        for line in report_pairs(meta):
+            log(line)
     for line in prepare_summary(meta):
         log(line)
     v = meta["splits"]["val"]
@@ -133,7 +137,7 @@ def report(meta: dict, log) -> None:
         f"(whitespace ignored), removed from val" + (f": {', '.join(lc['examples'])}" if lc["examples"] else ""))
     if v["documents"] == 0:
         log("warning: --val-fraction 0: no val split; `minilmd train` refuses a corpus without one")
-    elif meta["data_format"] == "chat" and v["documents"] < MIN_VAL_CONVERSATIONS:
+    elif meta["data_format"] in MASKED_FORMATS and v["documents"] < MIN_VAL_CONVERSATIONS:
         total = v["documents"] + meta["splits"]["train"]["documents"]
         log(f"warning: val holds only {v['documents']:,} of {total:,} conversations (val fraction {fraction}): its "
             f"loss, which early stopping and the best checkpoint follow, is that few conversations' noise; "

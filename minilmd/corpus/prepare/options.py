@@ -11,7 +11,7 @@ from minilmd.corpus.prepare.badlines import longest_list_name
 from minilmd.corpus.prepare.lock import lock_name
 from minilmd.corpus.sources.jsonl import BAD_LINE_POLICIES
 from minilmd.corpus.tokenizer import load_tokenizer
-from minilmd.corpus_meta import DATA_FORMATS
+from minilmd.corpus_meta import DATA_FORMATS, MASKED_FORMATS
 from minilmd.names import CORPUS_TOKENIZER
 
 BLOCK_BYTES = 1 << 20
@@ -36,7 +36,8 @@ class PrepareOptions:
     block_bytes: int = BLOCK_BYTES
     """Input bytes per work item; a few blocks per worker are in flight, so memory is bounded by this."""
     data_format: str = "text"
-    """"text": {"text": ...} lines, loss on every token; "chat": conversations and a loss mask (`--format`)."""
+    """"text": {"text": ...} lines, loss on every token; "chat": conversations and a loss mask; "dpo": preference
+    pairs, each rendered as two chat documents (`--format`)."""
     on_long: str = "cut"
     """chat: a conversation longer than seq_len is cut to seq_len tokens ("cut") or dropped ("drop")."""
     drop_scripts: frozenset[str] = frozenset()
@@ -50,7 +51,7 @@ class PrepareOptions:
         found = []
         if self.data_format not in DATA_FORMATS:
             found.append(f"--format {self.data_format!r}: choose one of {', '.join(DATA_FORMATS)}")
-        if self.drop_scripts and self.data_format == "chat":
+        if self.drop_scripts and self.data_format in MASKED_FORMATS:
             found.append("--drop-scripts: applies to text corpora (--format text) only")
         if self.on_long not in ON_LONG:
             found.append(f"--on-long {self.on_long!r}: choose one of {', '.join(ON_LONG)}")
@@ -123,4 +124,5 @@ class PrepareTokenizer:
 
         if self.chat_config is None:
             return None
-        return ChatSpec(ChatTemplate.from_config(self.chat_config), opts.seq_len, opts.on_long)
+        return ChatSpec(ChatTemplate.from_config(self.chat_config), opts.seq_len, opts.on_long,
+                        pairs=opts.data_format == "dpo")

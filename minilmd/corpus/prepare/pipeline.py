@@ -30,6 +30,10 @@ split rule and the leak key apply to its canonical JSON. A chat line is held who
 conversation is bounded by what the template renders, and seq_len cuts it; chat_encode.py bounds its length). The
 template travels with the corpus: its tokenizer_config.json is written beside tokenizer.json, listed in meta.json's
 files.
+
+`--format dpo` (data_format "dpo"): each line a preference pair, both sides rendered as `--format chat` renders a
+conversation and kept as two adjacent documents of one split (minilmd/corpus/prepare/dpo_encode.py; meta.json's
+`dpo`: dpo_meta.py).
 """
 from __future__ import annotations
 
@@ -48,13 +52,14 @@ from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare.block import leak_key as leak_key  # the split rule: part of prepare's interface
 from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
+from minilmd.corpus.prepare.dpo_meta import add_pair_meta
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, hold_for_test
 from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.corpus.workers import default_workers
-from minilmd.corpus_meta import FORMAT
+from minilmd.corpus_meta import FORMAT, MASKED_FORMATS
 from minilmd.dirfd import Dir, Identity, Replaced, temp_name
 from minilmd.fsio import atomic_write_text
 from minilmd.names import CORPUS_META as META
@@ -110,7 +115,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
         if not force:
             raise ValueError(f"{out} already exists; pass --force to replace it")
         _check_replaceable(out)
-    tok = PrepareTokenizer.load(tokenizer, opts.data_format == "chat")
+    tok = PrepareTokenizer.load(tokenizer, opts.data_format in MASKED_FORMATS)
     if opts.workers is None:
         opts.workers = default_workers()
 
@@ -276,8 +281,8 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
         dropped = sum(found.chat_counts.get(k, 0) for k in ("dropped_long", "dropped_no_target"))
         why = f"; {dropped:,} conversations dropped for length at --seq-len {opts.seq_len}" if dropped else ""
         raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad{why})")
-    check_line_counts(found)
-    duplicates = duplicates_of(tmp, found)  # before leak_check, which deletes train's keys
+    check_line_counts(found, 2 if opts.data_format == "dpo" else 1)
+    duplicates = duplicates_of(tmp, found, 2 if opts.data_format == "dpo" else 1)  # before leak_check (deletes keys)
     leaked, leak_examples = leak_check(tmp, found, opened)
     _check_splits(found, leaked, opts.val_fraction)
     train_lengths, val_lengths = write_splits(tmp, found, leaked)
@@ -285,6 +290,8 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     add_report_meta(meta, found, duplicates, train_lengths, val_lengths, opts.drop_scripts)
     if found.chat:
         add_chat_meta(meta, tok, opts, found, train_lengths, val_lengths, leaked)
+    if opts.data_format == "dpo":
+        add_pair_meta(meta, tmp, {"train": train_lengths, "val": val_lengths}, found.chat_counts)
     # atomic_write_text's temp file is private; the corpus is for every reader
     atomic_write_text(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n", mode=0o644)
     report(meta, log)

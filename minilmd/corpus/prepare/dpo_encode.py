@@ -1,0 +1,182 @@
+"""Encoding preference pairs for `minilmd prepare --format dpo` in prepare's worker processes: MiniMind's DPO lines
+(`{"chosen": [messages], "rejected": [messages]}`) rendered, encoded and masked exactly as `--format chat` renders
+a conversation (chat_encode.ChatBlockEncoder, whose rendering this reuses), each pair kept as two documents, chosen
+then rejected, adjacent and in one split.
+
+- A line is bad (reason and detail, as chat lines are named) when it is not an object with "chosen" and "rejected"
+  (`missing_chosen_rejected`), when either side is not a valid conversation (chat.check_conversation's reasons,
+  the detail naming the side), when a side's last message is not the assistant's (`dpo_no_final_reply`), or when
+  the two sides' messages before that last reply differ (`dpo_prompt_differs`: the pair must answer one prompt).
+- The loss mask covers the final assistant reply of each side only: the prompt, earlier replies included, is the
+  same on both sides, so its log-probabilities cancel in the DPO objective.
+- Length: a side longer than seq_len is cut to its first seq_len tokens (the pair counts as `cut`), or with on_long
+  "drop" the pair is dropped (`dropped_long`); a pair either of whose final replies falls wholly past the cut is
+  dropped (`dropped_no_target`).
+- Split: the split rule and the leak key of block.py applied to the pair's canonical JSON, one key for both
+  documents, so the leak check removes a pair whole and the two stay adjacent in every split.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minilmd.corpus.chat import ParsedChatBlock, TurnError, check_conversation, has_special_text
+from minilmd.corpus.chat_spans import BlockSpans
+from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
+from minilmd.corpus.prepare.chat_encode import COUNTS, ChatBlockEncoder, _stack
+from minilmd.corpus.sources.jsonl import json_lines
+
+SIDES = ("chosen", "rejected")
+
+
+def check_pair(obj) -> tuple[tuple[list[dict], list[dict]] | None, tuple[str, str] | None]:
+    """((chosen, rejected), None) for a good line's JSON value, (None, (reason, detail)) for a bad one."""
+    if not isinstance(obj, dict) or not all(side in obj for side in SIDES):
+        what = f"an object with keys {sorted(obj)[:5]}" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
+        return None, ("missing_chosen_rejected", f'line is {what}; a preference pair has "chosen" and "rejected"')
+    sides = []
+    for side in SIDES:
+        messages, bad = check_conversation({"conversations": obj[side]})
+        if bad is not None:
+            return None, (bad[0], f"{side}: {bad[1]}")
+        assert messages is not None
+        if messages[-1]["role"] != "assistant":
+            return None, ("dpo_no_final_reply", f"{side}: its last message is the {messages[-1]['role']}'s; a side "
+                                                "ends with the assistant reply that is judged")
+        sides.append(messages)
+    chosen, rejected = sides
+    if chosen[:-1] != rejected[:-1]:
+        at = next((i for i, (c, r) in enumerate(zip(chosen[:-1], rejected[:-1], strict=False)) if c != r),
+                  min(len(chosen), len(rejected)) - 1)
+        return None, ("dpo_prompt_differs", f"chosen has {len(chosen) - 1} messages before its reply, rejected "
+                                            f"{len(rejected) - 1}, differing from message {at}: both sides must "
+                                            "answer the same prompt")
+    return (chosen, rejected), None
+
+
+def pair_canonical(chosen: list[dict], rejected: list[dict]) -> str:
+    """The text the split rule and the leak key of a pair are computed on (as chat.canonical for a conversation)."""
+    return json.dumps({"chosen": chosen, "rejected": rejected}, ensure_ascii=False, sort_keys=True,
+                      separators=(",", ":"))
+
+
+@dataclass
+class ParsedPairBlock:
+    pairs: list[tuple[list[dict], list[dict]]] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    bad: list[tuple[int, str, str]] = field(default_factory=list)
+    blank: int = 0
+    n_lines: int = 0
+
+
+def parse_pair_block(blob: bytes, first_line: int) -> ParsedPairBlock:
+    """Whole lines of DPO JSONL -> the pairs and the bad lines with their reasons."""
+    out = ParsedPairBlock()
+    for lineno, obj, bad in json_lines(blob, first_line, out):
+        if bad is None:
+            pair, bad = check_pair(obj)
+            if pair is not None:
+                out.pairs.append(pair)
+                out.lines.append(lineno)
+                continue
+        assert bad is not None
+        out.bad.append((lineno, *bad))
+    return out
+
+
+def last_reply_only(mask: np.ndarray) -> np.ndarray:
+    """The loss mask with only its last run of targets (the final assistant reply) kept."""
+    ones = np.flatnonzero(mask)
+    if not ones.size:
+        return mask
+    end = int(ones[-1])
+    zeros = np.flatnonzero(mask[:end] == 0)
+    start = int(zeros[-1]) + 1 if zeros.size else 0
+    out = np.zeros_like(mask)
+    out[start:end + 1] = 1
+    return out
+
+
+class PairBlockEncoder(ChatBlockEncoder):
+    """Parse, render, encode, mask and split one block of DPO lines. Lives in each worker process."""
+
+    def __call__(self, blob: bytes, first_line: int) -> EncodedBlock:
+        parsed = parse_pair_block(blob, first_line)
+        sides = ParsedChatBlock(conversations=[m for pair in parsed.pairs for m in pair],
+                                lines=[line for line in parsed.lines for _ in SIDES], bad=list(parsed.bad))
+        finder = BlockSpans(self.chat.template, self.layouts)
+        bad, rendered, kept = self._render(sides, first_line, finder)
+        if finder.mismatch:
+            bad, rendered, kept = self._render(sides, first_line, BlockSpans(self.chat.template, None))
+        return self._encode_pairs(parsed, bad, rendered, kept)
+
+    def _encode_pairs(self, parsed: ParsedPairBlock, bad: list, rendered: list, kept: list) -> EncodedBlock:
+        texts = [text for text, _ in rendered]
+        spans = [spans for _, spans in rendered]
+        if self.byte_starts is not None:
+            encoded = self.byte_starts.masks(self.tok, texts, spans, self.masks)
+        else:
+            encoded = self.masks(self.tok.encode_batch(texts, add_special_tokens=False), texts, spans)
+        by_line: dict[int, list] = {}
+        for (messages, line), got in zip(kept, encoded, strict=True):
+            if isinstance(got, TurnError):
+                bad.append((line, got.reason, got.detail))
+            else:
+                by_line.setdefault(line, []).append((messages, got))
+        counts = dict.fromkeys(COUNTS, 0)
+        out: dict[bool, dict[str, list]] = {v: {"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [],
+                                                 "facts": []} for v in (False, True)}
+        train_min, text_bytes = NO_DIGEST, 0
+        for line, (chosen, rejected) in zip(parsed.lines, parsed.pairs, strict=True):
+            both = by_line.get(line, [])
+            if len(both) != 2:  # a side the template could not render: the line is bad already
+                continue
+            sides = [self._side(got) for _, got in both]
+            if any(s is None for s in sides):
+                counts["dropped_long"] += 1
+                continue
+            if any(not int(mask.sum()) for _, mask, _ in sides):  # type: ignore[misc]
+                counts["dropped_no_target"] += 1
+                continue
+            counts["cut"] += int(any(cut for _, _, cut in sides))  # type: ignore[misc]
+            counts["special_text"] += int(has_special_text(chosen) or has_special_text(rejected))
+            data = pair_canonical(chosen, rejected).encode("utf-8")
+            text_bytes += len(data)
+            digest = digest64(data)
+            is_val = digest < self.threshold
+            if not is_val and digest < train_min:
+                train_min = digest
+            key = leak_key_given(data.decode("utf-8"), digest)
+            side = out[is_val]
+            for (messages, _), (ids, mask, cut) in zip(both, sides, strict=True):  # type: ignore[misc]
+                if int(ids.max()) >= self.vocab_size:
+                    raise ValueError(f"tokenizer produced id {int(ids.max())} >= its vocabulary {self.vocab_size}")
+                side["tokens"].append(ids)
+                side["masks"].append(mask)
+                side["lengths"].append(ids.size)
+                side["keys"].append(key)
+                side["lines"].append(line)
+                side["facts"].append((len(messages), sum(m["role"] == "assistant" for m in messages),
+                                      int(mask.sum()), int(cut)))
+        bad = sorted(set(bad))  # a line both of whose sides failed is named once
+        train, val = (_stack(out[v]) for v in (False, True))
+        return EncodedBlock(
+            n_lines=parsed.n_lines, blank=parsed.blank, bad=bad, text_bytes=text_bytes, special_inside=[],
+            train_tokens=train["tokens"], train_lengths=train["lengths"], train_keys=train["keys"],
+            val_tokens=val["tokens"], val_lengths=val["lengths"], val_keys=val["keys"], val_lines=val["lines"],
+            train_min_digest=train_min, train_mask=train["masks"], val_mask=val["masks"], train_facts=train["facts"],
+            val_facts=val["facts"], chat_counts=counts,
+        )
+
+    def _side(self, got) -> tuple[np.ndarray, np.ndarray, bool] | None:
+        """(ids, mask on the final reply, cut) of one side at seq_len; None when on_long drops it."""
+        ids, mask = got
+        mask = last_reply_only(mask)
+        cut = ids.size > self.chat.seq_len
+        if cut:
+            if self.chat.on_long == "drop":
+                return None
+            ids, mask = ids[:self.chat.seq_len], mask[:self.chat.seq_len]
+        return ids, mask, cut

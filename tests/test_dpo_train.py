@@ -1,0 +1,209 @@
+"""DPO, the fourth stage (issue 42; trainer/loop/objective_dpo.py, dpo_reference.py, minilmd/plan/pairs.py): the loss
+and its metrics checked by hand, ln 2 at step 0, pairs kept whole in length-bucketed micro-batches, the reference
+computed once (saved at step 0, read back by every later start), a short CPU run on real pairs that learns (after a
+short SFT, as the pipeline runs it), and a killed-and-resumed run that ends bit-identical to an undisturbed one."""
+from __future__ import annotations
+
+import json
+import math
+import signal
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from minilmd.config import load_config
+from minilmd.corpus.analysis.stats import width_class
+from minilmd.corpus.format import open_prepared
+from minilmd.daemon.views.fitwatch import fit_lines
+from minilmd.names import FAULT_ENV
+from minilmd.plan.pairs import PairSampler
+from minilmd.protocol import EXIT_DONE
+from minilmd.trainer.loop.dpo_reference import REFERENCE_FILE
+from minilmd.trainer.loop.objective_dpo import dpo_terms, sequence_logps
+from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
+from trainer_corpus import TINY_MODEL, read_metrics, resumed_step, run_paths, train, write_config
+
+LN2 = math.log(2)
+
+
+def test_the_loss_and_its_metrics_by_hand():
+    policy = torch.tensor([-1.0, -3.0, -2.0, -2.0, -5.0, -4.0])  # three pairs: chosen, rejected, ...
+    reference = torch.tensor([-2.0, -2.0, -2.0, -2.0, -4.0, -4.0])
+    loss, m = dpo_terms(policy, reference, beta=0.5)
+    # pair 0: rewards 0.5 and -0.5, margin 1; pair 1: 0 and 0; pair 2: -0.5 and 0, margin -0.5
+    expected = -math.log(1 / (1 + math.exp(-1.0))) + LN2 - math.log(1 / (1 + math.exp(0.5)))
+    assert float(loss) == pytest.approx(expected, abs=1e-6)
+    assert float(m["reward_accuracy"]) == pytest.approx(1 / 3)
+    assert float(m["reward_margin"]) == pytest.approx((1 + 0 - 0.5) / 3)
+    assert float(m["reward_chosen"]) == pytest.approx((0.5 + 0 - 0.5) / 3)
+    assert float(m["reward_rejected"]) == pytest.approx((-0.5 + 0 + 0) / 3)
+    same, m0 = dpo_terms(policy, policy.clone(), beta=0.1)  # the policy is the reference: step 0
+    assert float(same) == pytest.approx(3 * LN2, abs=1e-6) and float(m0["reward_accuracy"]) == 0.0
+
+
+def test_sequence_log_probabilities_are_the_masked_sums_of_the_models_own_logits():
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM({**TINY_MODEL, "vocab_size": 50}).eval()
+    ids = torch.randint(3, 50, (4, 9), dtype=torch.int32)
+    targets = torch.zeros(4, 9, dtype=torch.uint8)
+    targets[0, 5:] = 1
+    targets[1, 3:7] = 1
+    targets[2, 8] = 1
+    targets[3, 1:] = 1
+    labels = next_token_labels(ids, targets)
+    with torch.no_grad():
+        got = sequence_logps(model, ids, labels, None, chunk_rows=3)  # chunks of 3 and 1 rows
+        logp = F.log_softmax(model(ids).logits.float(), dim=-1)
+    for r in range(4):
+        want = sum(float(logp[r, t - 1, int(ids[r, t])]) for t in range(1, 9) if targets[r, t])
+        assert float(got[r]) == pytest.approx(want, abs=1e-5)
+
+
+def test_pairs_stay_whole_in_length_bucketed_micro_batches(dpo_corpus):
+    pc = open_prepared(dpo_corpus[0])
+    t = pc.train
+    sampler = PairSampler(t.tokens, t.doc_starts, 128, 7, 8, t.loss_mask)
+    assert sampler.items_per_epoch == (t.n_docs // 2) // 8 * 8
+    widths = []
+    for step in range(20):
+        batch = sampler.batch(step, 16, micro=1, micro_batch_size=8)
+        assert batch.input_ids.shape[0] == 16 and batch.n_targets == 8  # 8 pairs, counted as the targets
+        for i in range(8):
+            c, r = batch.input_ids[2 * i], batch.input_ids[2 * i + 1]
+            mc, mr = batch.targets[2 * i], batch.targets[2 * i + 1]
+            start = int(np.argmax(mc))
+            assert start == int(np.argmax(mr)) and (c[:start] == r[:start]).all()  # one prompt, two replies
+        real = int((batch.input_ids != 0).sum(axis=1).max())
+        assert batch.input_ids.shape[1] == width_class(real, 128)  # never padded to seq_len
+        widths.append(batch.input_ids.shape[1])
+    assert min(widths) < 128 and len(set(widths)) > 2
+
+
+def _dpo_config(tmp_path, dpo_corpus, name, **train_values):
+    return write_config(tmp_path, dpo_corpus, name=name, data={"val_windows": 64},
+                        train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "log_every": 1,
+                               **train_values})
+
+
+def _manifest_files(ckpt):
+    return json.loads((ckpt / "manifest.json").read_text(encoding="utf-8"))["files"]
+
+
+@pytest.mark.slow  # a 300-step SFT run, then a 60-step DPO run and a 40-step LoRA DPO run from it, in real processes
+def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_its_reference(
+        tmp_path, chat_corpus, dpo_corpus):
+    assert chat_corpus[1] == dpo_corpus[1]  # one tokenizer, one vocabulary
+    sft = write_config(tmp_path, chat_corpus, name="sft", train={"seq_len": 128, "micro_batch_size": 8,
+                                                                 "grad_accum": 1, "lr": 3e-3, "max_steps": 300,
+                                                                 "checkpoint_every": 1000, "log_every": 50})
+    assert train(sft, timeout=900).returncode == EXIT_DONE
+    config = write_config(tmp_path, dpo_corpus, name="dpo", init={"from": str(run_paths(sft)[1])},
+                          data={"val_windows": 64},
+                          train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "lr": 1e-4,
+                                 "warmup_steps": 2, "max_steps": 60, "eval_every": 20, "checkpoint_every": 30,
+                                 "log_every": 1})
+    p = train(config, timeout=900)
+    assert p.returncode == EXIT_DONE, p.stderr
+    run_dir, ckpt_dir = run_paths(config)
+    lines = read_metrics(run_dir, "train")
+    assert lines[0]["loss"] == pytest.approx(LN2, abs=1e-5) and lines[0]["reward_margin"] == pytest.approx(0, abs=1e-5)
+    evals = read_metrics(run_dir, "eval")
+    assert [e["step"] for e in evals] == [20, 40, 60]
+    assert evals[-1]["val_reward_accuracy"] >= 0.7, evals  # 0.875 measured
+    assert evals[-1]["val_loss"] < LN2 - 0.1 and evals[-1]["val_reward_margin"] > 0
+    made = read_metrics(run_dir, "dpo_reference")
+    assert len(made) == 1 and made[0]["source"] == "computed" and made[0]["seconds"] > 0
+    assert [s["step"] for s in read_metrics(run_dir, "checkpoint")][:1] == [0]  # saved at once: kept with the run
+    steps = sorted(ckpt_dir.glob("step-*"))  # the newest keep_local of them
+    first = (steps[0] / REFERENCE_FILE).read_bytes()
+    for ckpt in steps:
+        assert REFERENCE_FILE in _manifest_files(ckpt) and (ckpt / REFERENCE_FILE).read_bytes() == first
+    from minilmd.trainer.model.export import minimind_weight
+
+    assert minimind_weight(steps[-1], chat=True) == "dpo"  # exported as MiniMind's dpo_<hidden>.pth
+    assert minimind_weight(sorted(run_paths(sft)[1].glob("step-*"))[-1], chat=True) == "full_sft"
+    shown = fit_lines(run_dir)
+    assert any(line.startswith("  dpo: val reward accuracy") for line in shown), shown
+    assert not any("ln 2" in line for line in shown), shown
+    again = train(config, "train.max_steps=62", timeout=600)  # a later start: read back, not computed
+    assert again.returncode == EXIT_DONE, again.stderr
+    made = read_metrics(run_dir, "dpo_reference")
+    assert [m["source"] for m in made] == ["computed", "checkpoint"] and "read from" in again.stdout
+
+    # LoRA DPO: adapters on the frozen SFT model, whose log-probabilities are the reference (the adapters start at 0)
+    lora = write_config(tmp_path, dpo_corpus, name="lora", init={"from": str(run_paths(sft)[1])},
+                        lora={"rank": 8, "alpha": 16.0}, data={"val_windows": 64},
+                        train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "lr": 1e-3, "warmup_steps": 2,
+                               "max_steps": 40, "eval_every": 20, "checkpoint_every": 20, "log_every": 1})
+    assert train(lora, timeout=900).returncode == EXIT_DONE
+    lora_dir, lora_ckpts = run_paths(lora)
+    assert read_metrics(lora_dir, "train")[0]["loss"] == pytest.approx(LN2, abs=1e-5)
+    assert read_metrics(lora_dir, "eval")[-1]["val_reward_accuracy"] >= 0.7  # 0.906 measured
+    final = lora_ckpts / "step-00000040"
+    assert REFERENCE_FILE in _manifest_files(final)
+    assert all("lora_" in k for k in load_file(final / "model.safetensors"))  # the adapters alone
+
+
+@pytest.mark.slow  # three DPO runs in real processes, one killed
+def test_a_killed_and_resumed_dpo_run_ends_bit_identical_to_an_undisturbed_one(tmp_path, dpo_corpus):
+    values = {"lr": 1e-3, "max_steps": 16, "checkpoint_every": 4, "eval_every": 8}
+    straight = _dpo_config(tmp_path, dpo_corpus, "straight", **values)
+    assert train(straight).returncode == EXIT_DONE
+    killed = _dpo_config(tmp_path, dpo_corpus, "killed", **values)
+    first = train(killed, **{FAULT_ENV: "sigkill@9"})
+    assert first.returncode == -signal.SIGKILL
+    second = train(killed, **{FAULT_ENV: "sigkill@9"})  # fired already: not again
+    assert second.returncode == EXIT_DONE, second.stderr
+    assert resumed_step(second.stdout) in (4, 8), second.stdout
+    assert [m["source"] for m in read_metrics(run_paths(killed)[0], "dpo_reference")] == ["computed", "checkpoint"]
+    final = "step-00000016"
+    a_dir, b_dir = run_paths(straight)[1] / final, run_paths(killed)[1] / final
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        a, b = load_file(a_dir / name), load_file(b_dir / name)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{name}:{k} differs after resume"
+    assert (a_dir / REFERENCE_FILE).read_bytes() == (b_dir / REFERENCE_FILE).read_bytes()
+    losses = lambda config: [(m["loss"], m["reward_accuracy"]) for m in read_metrics(run_paths(config)[0], "train")
+                             if m["step"] == 16]
+    assert losses(straight) == losses(killed)
+    assert load_config(killed).dpo.beta == 0.1
+
+
+@pytest.mark.slow  # a real DPO run
+def test_status_warns_when_the_dpo_loss_stays_at_ln_2(tmp_path, dpo_corpus):
+    """lr 1e-12 (the config refuses 0): the policy stays the reference, every val loss ln 2, as MiniMind's users
+    report of its lr 4e-8."""
+    config = _dpo_config(tmp_path, dpo_corpus, "still", lr=1e-12, max_steps=6, eval_every=2, checkpoint_every=100)
+    assert train(config).returncode == EXIT_DONE
+    run_dir = run_paths(config)[0]
+    assert [round(e["val_loss"], 3) for e in read_metrics(run_dir, "eval")] == [0.693] * 3
+    shown = fit_lines(run_dir)
+    assert any("WARNING: DPO loss at ln 2 (0.6931) for the last 3 evals" in line for line in shown), shown
+
+
+def test_a_dpo_models_minimind_export_is_named_as_minimind_names_it():
+    from dataclasses import asdict
+
+    from minilmd.config import ModelSection
+    from minilmd.trainer.model.export import minimind_eval_command
+
+    said = minimind_eval_command("/x/m.pth", asdict(ModelSection()), chat=True, weight="dpo")
+    assert "out/dpo_768.pth" in said and "--weight dpo " in said
+    assert "out/full_sft_768.pth" in minimind_eval_command("/x/m.pth", asdict(ModelSection()), chat=True)
+
+
+def test_the_plan_counts_an_epoch_in_pairs_as_the_trainers_sampler_does(tmp_path, dpo_corpus):
+    from minilmd.plan.budget import planned
+
+    cfg = load_config(_dpo_config(tmp_path, dpo_corpus, "plan", max_steps=0, max_epochs=2.0))
+    plan = planned(cfg)
+    t = open_prepared(dpo_corpus[0]).train
+    sampler = PairSampler(t.tokens, t.doc_starts, 128, cfg.train.seed, 8, t.loss_mask)
+    assert plan is not None and plan.epoch is not None
+    assert plan.epoch.rows == sampler.items_per_epoch == (t.n_docs // 2) // 8 * 8
+    assert plan.epoch.unit == "pairs" and "pair" in plan.epoch.row_holds()
+    assert plan.steps == 2 * sampler.items_per_epoch // 8  # global batch 8 pairs

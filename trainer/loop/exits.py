@@ -1,0 +1,39 @@
+"""The exit status of a trainer that failed with a full scratch or crashed (trainer/loop/train.py run(); the
+statuses in minilmd/protocol.py): what is written for the supervisor (fault.json) and said on stderr."""
+from __future__ import annotations
+
+import sys
+import traceback
+
+from minilmd.config import RunConfig
+from minilmd.cuda_oom import cuda_oom_source, first_line
+from minilmd.protocol import EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_SCRATCH_FULL, write_fault
+from minilmd.trainer.loop import determinism
+
+
+def scratch_full(cfg: RunConfig, e, step: int) -> int:
+    """The supervisor makes room or waits for it; a restart now would only repeat (e: save.ScratchFull)."""
+    try:
+        write_fault(cfg.run_dir, "scratch_full", str(e), step=step, checkpoint_step=e.step, needs=e.needs,
+                    free=e.free, path=str(e.root))
+    except OSError:
+        pass  # run.dir on the same full disk: the exit status alone says it
+    print(f"minilmd train: {e}", file=sys.stderr)
+    return EXIT_SCRATCH_FULL
+
+
+def crashed(cfg: RunConfig, e: Exception, dist, step: int) -> int:
+    """Any other crash: a refused deterministic kernel (the same next time: a config error), a CUDA OOM in any of
+    its shapes (fault.json written first), else its traceback to the log and a restartable exit status."""
+    if (refused := determinism.refusal(e, cfg)) is not None:
+        print(f"minilmd train: {refused}", file=sys.stderr)
+        return EXIT_CONFIG
+    source = cuda_oom_source(e)  # torch.OutOfMemoryError, and the CUDA/cuBLAS/NCCL OOMs that are not one
+    if source is None:
+        traceback.print_exc()
+        return EXIT_CRASH
+    message = first_line(e)
+    write_fault(cfg.run_dir, "cuda_oom", message, step=step, micro_batch_size=cfg.train.micro_batch_size,
+                device=str(dist.device) if dist else "?", rank=dist.rank if dist else 0, source=source)
+    print(f"minilmd train: CUDA out of memory ({source}) at step {step}: {message}", file=sys.stderr)
+    return EXIT_CUDA_OOM
