@@ -248,6 +248,8 @@ class Validated:
     over_bound: frozenset[str] = frozenset()
     """The TOKENIZER_FILES the manifest lists over their bound: hashed, not kept (so `tokenizer` or
     `tokenizer_config` is None though listed)."""
+    listed: frozenset[str] = frozenset()
+    """Every file name the validated manifest lists (a DPO run's checkpoint lists its reference sums)."""
 
     def without_weights(self) -> Validated:
         """This validation once its weights are loaded: what a loader keeps and hands on (the trainer_state, the
@@ -263,17 +265,18 @@ def validated_weights(ckpt_dir: str | os.PathLike, expected: Expectation | None 
     anyway), no more than the size the manifest lists; a tokenizer file listed over its bound is hashed, not kept
     (Validated.over_bound). Raises as validate does."""
     path = Path(ckpt_dir)
-    state, manifest_sha256, scans, kept = _validate(path, expected, keep=(MODEL_FILE, *TOKENIZER_FILES))
+    state, manifest, manifest_sha256, scans, kept = _validate(path, expected, keep=(MODEL_FILE, *TOKENIZER_FILES))
     weights = scans[MODEL_FILE].data
     assert weights is not None  # kept: `keep` names it
     return Validated(state, manifest_sha256, weights, tokenizer=kept.get(TOKENIZER_FILE),
                      tokenizer_config=kept.get(TOKENIZER_CONFIG), path=path,
-                     over_bound=frozenset(name for name, data in kept.items() if data is None))
+                     over_bound=frozenset(name for name, data in kept.items() if data is None),
+                     listed=frozenset(manifest["files"]))
 
 
 def _validate(ckpt_dir: Path, expected: Expectation | None,
-              keep: tuple[str, ...] = ()) -> tuple[dict, str, dict[str, Scan], dict[str, bytes | None]]:
-    """(trainer_state, the manifest's sha256, the safetensors scans, those named in `keep` with their bytes, the
+              keep: tuple[str, ...] = ()) -> tuple[dict, dict, str, dict[str, Scan], dict[str, bytes | None]]:
+    """(trainer_state, the manifest, its sha256, the safetensors scans, those named in `keep` with their bytes, the
     bytes of the other files `keep` names that the manifest lists: _verify_files)."""
     _check_directory(ckpt_dir)
     manifest, manifest_sha256 = _read_manifest(ckpt_dir)
@@ -289,7 +292,7 @@ def _validate(ckpt_dir: Path, expected: Expectation | None,
     problems = contents.tensor_problems(scans, opt_meta, shapes, step)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
-    return state, manifest_sha256, scans, kept
+    return state, manifest, manifest_sha256, scans, kept
 
 
 JSON_PARTS = (TRAINER_STATE, OPTIMIZER_META)

@@ -121,10 +121,12 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     first = (steps[0] / REFERENCE_FILE).read_bytes()
     for ckpt in steps:
         assert REFERENCE_FILE in _manifest_files(ckpt) and (ckpt / REFERENCE_FILE).read_bytes() == first
+    from minilmd.checkpoint import validated_weights
     from minilmd.trainer.model.export import minimind_weight
 
-    assert minimind_weight(steps[-1], chat=True) == "dpo"  # exported as MiniMind's dpo_<hidden>.pth
-    assert minimind_weight(sorted(run_paths(sft)[1].glob("step-*"))[-1], chat=True) == "full_sft"
+    last_sft = sorted(run_paths(sft)[1].glob("step-*"))[-1]
+    assert minimind_weight(validated_weights(steps[-1]).listed, chat=True) == "dpo"  # MiniMind's dpo_<hidden>.pth
+    assert minimind_weight(validated_weights(last_sft).listed, chat=True) == "full_sft"
     shown = fit_lines(run_dir)
     assert any(line.startswith("  dpo: val reward accuracy") for line in shown), shown
     assert not any("ln 2" in line for line in shown), shown

@@ -13,10 +13,7 @@ from import_helpers import REPO
 
 MAX_LINES = 500
 FOLDERS = ("minilmd", "daemon", "trainer", "tests", "scripts")
-OVER_FOR_NOW = {
-    # the owner: the engineer on branch `dpo` (the preference objective), changing it now; split it after that
-    "trainer/loop/train.py": 509,
-}
+OVER_FOR_NOW: dict[str, int] = {}
 """Files over MAX_LINES for now: path -> its line count when listed, a ceiling it may not grow past."""
 
 

@@ -200,7 +200,7 @@ def export(
                 typer.echo(f"minilmd export: the chat template not looked up ({e}); the command below is a text "
                            f"model's", err=True)
                 chat = False
-            weight = minimind_weight(checked.path, chat)  # "dpo" for a DPO run's: MiniMind's dpo_<hidden>.pth
+            weight = minimind_weight(checked.listed, chat)  # "dpo" for a DPO run's: MiniMind's dpo_<hidden>.pth
             typer.echo(f"wrote {path} (fp16). "
                        f"{minimind_eval_command(path, checked.state['config']['model'], chat, weight)}")
         elif format == "hf":

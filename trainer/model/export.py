@@ -318,14 +318,14 @@ def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tu
     return out, kept
 
 
-def minimind_weight(ckpt_dir: str | Path, chat: bool) -> str:
-    """The name MiniMind gives this stage's weights (its `--weight`, the .pth's prefix): "dpo" for a checkpoint of a
-    DPO run (it carries the reference sums: MiniMind's train_dpo.py saves dpo_<hidden>.pth), "full_sft" for one
-    fine-tuned on a chat corpus, else "pretrain"."""
-    from minilmd.checkpoint import read_manifest
+def minimind_weight(listed: frozenset[str], chat: bool) -> str:
+    """The name MiniMind gives this stage's weights (its `--weight`, the .pth's prefix), from the file names a
+    validated checkpoint's manifest lists (Validated.listed): "dpo" for a DPO run's (it carries the reference sums:
+    MiniMind's train_dpo.py saves dpo_<hidden>.pth), "full_sft" for one fine-tuned on a chat corpus, else
+    "pretrain"."""
     from minilmd.names import DPO_REFERENCE
 
-    if DPO_REFERENCE in (read_manifest(ckpt_dir).get("files") or {}):
+    if DPO_REFERENCE in listed:
         return "dpo"
     return "full_sft" if chat else "pretrain"
 
