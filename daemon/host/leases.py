@@ -24,13 +24,13 @@ import errno
 import fcntl
 import json
 import os
-import pwd
 import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
+from minilmd.procs import user_words
 from minilmd.untrusted import loads
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -107,8 +107,8 @@ def describe_holder(lease: LeaseFile) -> str:
         host = body.get("host")
         return f"run {body.get('run') or '?'} pid {pid}" + (f" on {host}" if host else "")
     if holders:
-        return f"pid {holders[0]} ({_user(_process_uid(holders[0]))})"
-    return f"another process (the lease file belongs to {_user(st.st_uid)})"
+        return f"pid {holders[0]} ({user_words(_process_uid(holders[0]))})"
+    return f"another process (the lease file belongs to {user_words(st.st_uid)})"
 
 
 def lease_body(run: str, host: str) -> dict:
@@ -147,7 +147,7 @@ def _chain_problem(path: Path, links: int = 0) -> str | None:
             return f"{here}, which cannot be checked: {e.strerror or e}"
         if stat.S_ISLNK(st.st_mode):
             if not owned_by_me_or_root(st):
-                return f"{here}, which is a symbolic link of {_user(st.st_uid)}: that user could point it anywhere"
+                return f"{here}, which is a symbolic link of {user_words(st.st_uid)}: that user could point it anywhere"
             if links >= 8:
                 return f"{here}, which leads through too many symbolic links"
             problem = _chain_problem(Path(os.path.realpath(here)), links + 1)
@@ -225,10 +225,10 @@ def _dir_problem(st: os.stat_result) -> str | None:
     """Why a directory (the lock directory or one above it) could be rearranged by another user, or None."""
     sticky = bool(st.st_mode & stat.S_ISVTX)
     if not sticky and not owned_by_me_or_root(st):
-        return f"belongs to {_user(st.st_uid)} and is not sticky: that user could swap the lease files"
+        return f"belongs to {user_words(st.st_uid)} and is not sticky: that user could swap the lease files"
     if not owned_by_me_or_root(st):
-        return (f"belongs to {_user(st.st_uid)}, not to root or you: sticky or not, its owner could remove or swap "
-                f"any lease file in it")
+        return (f"belongs to {user_words(st.st_uid)}, not to root or you: sticky or not, its owner could remove or "
+                f"swap any lease file in it")
     if others_can_rearrange(st):
         return (f"is writable by other users and not sticky (mode {stat.S_IMODE(st.st_mode):04o}): anyone could "
                 f"swap the lease files")
@@ -258,7 +258,7 @@ def _open_in(dir_fd: int, path: Path, name: str) -> LeaseFile:
         problem = f"has {st.st_nlink} hard links (it could be another file's name)"
     if problem:
         os.close(fd)
-        raise LeaseUnsafe(f"{path} (of {_user(st.st_uid)}) {problem}; {ADVICE}")
+        raise LeaseUnsafe(f"{path} (of {user_words(st.st_uid)}) {problem}; {ADVICE}")
     if not owned_by_me(st):
         return LeaseFile(fd, path, writable=False)  # another user's lease file: flocked and read, never written
     try:  # our own file: the same open file again, writable (no second lookup of the name)
@@ -301,11 +301,3 @@ def _process_uid(pid: int) -> int | None:
     except OSError:
         return None
 
-
-def _user(uid: int | None) -> str:
-    if uid is None:
-        return "an unknown user"
-    try:
-        return f"user {pwd.getpwuid(uid).pw_name}"
-    except KeyError:
-        return f"uid {uid}"

@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pwd
 import re
 import secrets
 import socket
@@ -43,6 +42,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.fsio import atomic_write_text
 from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root
+from minilmd.procs import user_words
 from minilmd.untrusted import Unreadable, printable, read_json
 
 MAX_ENTRY_BYTES = 64 * 1024
@@ -124,12 +124,6 @@ def _safe_shared_dir(path: Path) -> bool:
     return not others_can_rearrange(st)
 
 
-def _user(uid: int) -> str:
-    try:
-        return f"user {pwd.getpwuid(uid).pw_name}"
-    except KeyError:
-        return f"uid {uid}"
-
 
 # --- writing ---------------------------------------------------------------------------------------------------
 
@@ -186,8 +180,8 @@ def _taken_by(path: Path, uid: int) -> str | None:
     except FileNotFoundError:
         return None
     if st.st_uid != uid:
-        return _user(st.st_uid)
-    return None if stat.S_ISREG(st.st_mode) else f"something that is not a regular file ({_user(st.st_uid)})"
+        return user_words(st.st_uid)
+    return None if stat.S_ISREG(st.st_mode) else f"something that is not a regular file ({user_words(st.st_uid)})"
 
 
 def _publish(path: Path, body: str, replace: bool) -> bool:
@@ -284,18 +278,18 @@ def _entries_in(folder: Path, reader_uid: int, shared: bool, notes: list[str]) -
             continue
         run_owner = _run_dir_owner(entry.run_dir)
         if entry.uid != 0 and run_owner not in (None, entry.uid):
-            notes.append(f"{printable(path)}: the entry of {_user(entry.uid)} names a run directory of "
-                         f"{_user(run_owner)} ({printable(entry.run_dir)}): ignored")
+            notes.append(f"{printable(path)}: the entry of {user_words(entry.uid)} names a run directory of "
+                         f"{user_words(run_owner)} ({printable(entry.run_dir)}): ignored")
             continue
         found.append(entry)
     for owner, whys in sorted(unreadable.items()):
         more = f"; and {len(whys) - NOTES_PER_USER} more" if len(whys) > NOTES_PER_USER else ""
-        notes.append(f"{printable(folder)}: {len(whys)} entr{'y' if len(whys) == 1 else 'ies'} of {_user(owner)} "
+        notes.append(f"{printable(folder)}: {len(whys)} entr{'y' if len(whys) == 1 else 'ies'} of {user_words(owner)} "
                      f"unreadable, skipped: {'; '.join(whys[:NOTES_PER_USER])}{more}")
     for owner, count in sorted(per_user.items()):
         if count > MAX_ENTRIES_PER_USER:
-            notes.append(f"{printable(folder)}: {_user(owner)} has {count} entries, more than any user needs: only "
-                         f"the first {MAX_ENTRIES_PER_USER} (by name) are read")
+            notes.append(f"{printable(folder)}: {user_words(owner)} has {count} entries, more than any user needs: "
+                         f"only the first {MAX_ENTRIES_PER_USER} (by name) are read")
     return found
 
 
