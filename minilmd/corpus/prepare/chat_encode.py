@@ -177,13 +177,16 @@ class ChatBlockEncoder:
             kept.append((messages, line))
         return bad, rendered, kept
 
-    def _encode(self, parsed: ParsedChatBlock, bad: list, rendered: list, kept: list) -> EncodedBlock:
+    def _ids_and_masks(self, rendered: list) -> list:
+        """Each rendering's ids and target mask (or its TurnError), the block encoded at once."""
         texts = [text for text, _ in rendered]
         spans = [spans for _, spans in rendered]
         if self.byte_starts is not None:
-            encoded = self.byte_starts.masks(self.tok, texts, spans, self.masks)
-        else:
-            encoded = self.masks(self.tok.encode_batch(texts, add_special_tokens=False), texts, spans)
+            return self.byte_starts.masks(self.tok, texts, spans, self.masks)
+        return self.masks(self.tok.encode_batch(texts, add_special_tokens=False), texts, spans)
+
+    def _encode(self, parsed: ParsedChatBlock, bad: list, rendered: list, kept: list) -> EncodedBlock:
+        encoded = self._ids_and_masks(rendered)
         counts = dict.fromkeys(COUNTS, 0)
         out: dict[bool, dict[str, list]] = {v: {"tokens": [], "masks": [], "lengths": [], "keys": [], "lines": [],
                                                  "facts": []} for v in (False, True)}

@@ -113,12 +113,7 @@ class PairBlockEncoder(ChatBlockEncoder):
         return self._encode_pairs(parsed, bad, rendered, kept)
 
     def _encode_pairs(self, parsed: ParsedPairBlock, bad: list, rendered: list, kept: list) -> EncodedBlock:
-        texts = [text for text, _ in rendered]
-        spans = [spans for _, spans in rendered]
-        if self.byte_starts is not None:
-            encoded = self.byte_starts.masks(self.tok, texts, spans, self.masks)
-        else:
-            encoded = self.masks(self.tok.encode_batch(texts, add_special_tokens=False), texts, spans)
+        encoded = self._ids_and_masks(rendered)
         by_line: dict[int, list] = {}
         for (messages, line), got in zip(kept, encoded, strict=True):
             if isinstance(got, TurnError):
