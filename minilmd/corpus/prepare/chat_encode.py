@@ -230,14 +230,21 @@ class ChatBlockEncoder:
             side["lines"].append(line)
             side["facts"].append((len(messages), sum(m["role"] == "assistant" for m in messages), targets, int(cut)))
         bad.sort()
-        train, val = (_stack(out[v]) for v in (False, True))
-        return EncodedBlock(
-            n_lines=parsed.n_lines, blank=parsed.blank, bad=bad, text_bytes=text_bytes, special_inside=[],
-            train_tokens=train["tokens"], train_lengths=train["lengths"], train_keys=train["keys"],
-            val_tokens=val["tokens"], val_lengths=val["lengths"], val_keys=val["keys"], val_lines=val["lines"],
-            train_min_digest=train_min, train_mask=train["masks"], val_mask=val["masks"], train_facts=train["facts"],
-            val_facts=val["facts"], chat_counts=counts,
-        )
+        return encoded_block(parsed, bad, text_bytes, train_min, out, counts)
+
+
+def encoded_block(parsed, bad: list, text_bytes: int, train_min, out: dict[bool, dict[str, list]],
+                  counts: dict) -> EncodedBlock:
+    """A chat (or preference) block's result from its two sides (out[False]: train, out[True]: val), each a list per
+    field of what its documents gave."""
+    train, val = (_stack(out[v]) for v in (False, True))
+    return EncodedBlock(
+        n_lines=parsed.n_lines, blank=parsed.blank, bad=bad, text_bytes=text_bytes, special_inside=[],
+        train_tokens=train["tokens"], train_lengths=train["lengths"], train_keys=train["keys"],
+        val_tokens=val["tokens"], val_lengths=val["lengths"], val_keys=val["keys"], val_lines=val["lines"],
+        train_min_digest=train_min, train_mask=train["masks"], val_mask=val["masks"], train_facts=train["facts"],
+        val_facts=val["facts"], chat_counts=counts,
+    )
 
 
 def _stack(side: dict[str, list]) -> dict[str, np.ndarray]:

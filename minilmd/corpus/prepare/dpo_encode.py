@@ -25,7 +25,7 @@ import numpy as np
 from minilmd.corpus.chat import ParsedChatBlock, TurnError, check_conversation, has_special_text
 from minilmd.corpus.chat_spans import BlockSpans
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
-from minilmd.corpus.prepare.chat_encode import COUNTS, ChatBlockEncoder, _stack
+from minilmd.corpus.prepare.chat_encode import COUNTS, ChatBlockEncoder, encoded_block
 from minilmd.corpus.sources.jsonl import json_lines
 
 SIDES = ("chosen", "rejected")
@@ -156,14 +156,7 @@ class PairBlockEncoder(ChatBlockEncoder):
                 side["facts"].append((len(messages), sum(m["role"] == "assistant" for m in messages),
                                       int(mask.sum()), int(cut)))
         bad = sorted(set(bad))  # a line both of whose sides failed is named once
-        train, val = (_stack(out[v]) for v in (False, True))
-        return EncodedBlock(
-            n_lines=parsed.n_lines, blank=parsed.blank, bad=bad, text_bytes=text_bytes, special_inside=[],
-            train_tokens=train["tokens"], train_lengths=train["lengths"], train_keys=train["keys"],
-            val_tokens=val["tokens"], val_lengths=val["lengths"], val_keys=val["keys"], val_lines=val["lines"],
-            train_min_digest=train_min, train_mask=train["masks"], val_mask=val["masks"], train_facts=train["facts"],
-            val_facts=val["facts"], chat_counts=counts,
-        )
+        return encoded_block(parsed, bad, text_bytes, train_min, out, counts)
 
     def _side(self, got) -> tuple[np.ndarray, np.ndarray, bool] | None:
         """(ids, mask on the final reply, cut) of one side at seq_len; None when on_long drops it."""
