@@ -155,6 +155,25 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 # --- checking -----------------------------------------------------------------------------------------------------
 
+def make_missing_dirs(path: str | os.PathLike, mode: int) -> list[Path]:
+    """Make the directories missing on the way down to `path` (itself included), top first, each mkdir(mode) (the
+    umask applies): the ones made here, in that order. One another process made meanwhile is not in the list: its
+    mode is its maker's, and whoever checks the place judges it."""
+    missing = []
+    path = Path(path)
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    made = []
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            continue
+        made.append(directory)
+    return made
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = CHUNK, limit: int | None = None) -> str:
     """Hex sha256 of a file (of its first `limit` bytes when given), read in chunks (corpus files and checkpoints
     can be GBs)."""

@@ -58,7 +58,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/corpus/prepare/pipeline.py": ("private", "--out's directories above it are checked by dirfd's rule "
                                            "before this mkdir (no one else can rearrange them); the rest is inside "
                                            "the temporary directory: " + PRIVATE_TMP, {
-        ("_make_parents", "os.mkdir"): 1, ("_prepare_into", ".mkdir"): 1, ("_prepare_into", "shutil.copyfile"): 1,
+        ("_prepare_into", ".mkdir"): 1, ("_prepare_into", "shutil.copyfile"): 1,
         ("_prepare_into", ".write_text"): 1}),
     "minilmd/corpus/prepare/collect.py": ("private", PRIVATE_TMP, {
         ("SplitWriter.__init__", "open"): 2, ("Spool.__init__", "open"): 1, ("Spool.close", ".unlink"): 1,
@@ -74,10 +74,11 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     # --- core helpers, by the place their callers give ------------------------------------------------------------
     "minilmd/fsio.py": ("private", "crash-safe writes by path, for places their callers own: state.json in run.dir, "
                         "scratch, a corpus's meta.json inside a checked directory; the remote's pointer "
-                        "(mkstemp: O_EXCL|O_NOFOLLOW)", {
+                        "(mkstemp: O_EXCL|O_NOFOLLOW); the missing parents of --out or of the GPU lock "
+                        "directory, after their callers checked the chain that exists", {
         ("publish_file", "os.replace"): 1, ("atomic_write_text", "tempfile.mkstemp"): 1,
         ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
-        ("publish_dir", "shutil.rmtree"): 1, ("rename_new", "os.rename"): 1}),
+        ("publish_dir", "shutil.rmtree"): 1, ("rename_new", "os.rename"): 1, ("make_missing_dirs", "os.mkdir"): 1}),
     "minilmd/leftovers.py": ("gap", "a killed maker's leftover beside an output: only this user's real directory, "
                              "its maker gone; prepare sweeps only where no one else can rearrange (not with "
                              "--group-share); an export's --out and a remote's checkpoint root still by path", {
@@ -110,7 +111,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("main", ".mkdir"): 1, ("main", ".write_bytes"): 1, ("main", ".write_text"): 2}),
     "daemon/host/leases.py": ("private", "the GPU lock directory and the missing ones above it, made after the "
                               "chain above is checked (leases.py: the rule dirfd keeps), then used by descriptor", {
-        ("_make_parents", "os.mkdir"): 1, ("_open_dir", "os.mkdir"): 1}),
+        ("_open_dir", "os.mkdir"): 1}),
     "daemon/host/lock.py": ("gap", RUN_DIR + " (supervisor.lock: O_NOFOLLOW|O_NONBLOCK, by path)", {
         ("RunLock.acquire", ".mkdir"): 1, ("RunLock.acquire", "os.open"): 1}),
     "daemon/host/registry.py": ("private", "the per-user registry (0700, this user's) and the system one (root's, "

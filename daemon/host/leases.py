@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.fsio import make_missing_dirs
 from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
 from minilmd.procs import user_words
 from minilmd.untrusted import loads
@@ -166,20 +167,13 @@ def _make_parents(parent: Path) -> None:
     """The missing directories above a new lock directory, made 0755 whatever the umask (the run's permission
     policy, minilmd/perms.py, would make them 0700): every user's runs must reach the lock directory through
     them. Only a directory made here and now is chmodded, never one that exists."""
-    missing = []
-    while not parent.exists():
-        missing.append(parent)
-        parent = parent.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o755)
-        except FileExistsError:
-            continue  # another run made it just now: its mode is its maker's
+    for directory in make_missing_dirs(parent, 0o755):
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             os.fchmod(fd, 0o755)
         finally:
             os.close(fd)
+
 
 
 def _open_dir(path: Path) -> int:

@@ -61,7 +61,7 @@ from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.corpus.workers import default_workers
 from minilmd.corpus_meta import FORMAT, MASKED_FORMATS
 from minilmd.dirfd import Dir, Identity, Replaced, temp_name
-from minilmd.fsio import atomic_write_text
+from minilmd.fsio import atomic_write_text, make_missing_dirs
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_TOKENIZER,
@@ -119,7 +119,9 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     if opts.workers is None:
         opts.workers = default_workers()
 
-    _make_parents(out.parent)
+    # the missing directories on the way to --out, CORPUS_DIR_MODE: never writable by others whatever the umask (a
+    # group-writable one would be refused by the lock just after); check_out_place judged the ones that exist
+    make_missing_dirs(out.parent, CORPUS_DIR_MODE)
     with CorpusLock(out, "prepare --force" if force else "prepare", group_share) as lock:  # one writer (lock.py)
         parent = lock.parent
         assert parent is not None
@@ -152,20 +154,6 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
 CORPUS_DIR_MODE = 0o755
 """A prepared corpus's directories: for every reader (as its files), written by its owner alone (umask narrows it)."""
 
-
-def _make_parents(parent: Path) -> None:
-    """The missing directories on the way to --out, made CORPUS_DIR_MODE: writable by this user alone whatever the
-    umask (a umask of 002 would make them group-writable, and the lock would then refuse the very directory just
-    made). check_out_place said before that no one else can rearrange the ones that exist."""
-    missing = []
-    while not parent.exists():
-        missing.append(parent)
-        parent = parent.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, CORPUS_DIR_MODE)
-        except FileExistsError:
-            pass  # made meanwhile: the lock's check of the directory of --out judges it
 
 
 def _replaceable_at(parent: Dir, out: Path, force: bool) -> Identity | None:
