@@ -179,9 +179,20 @@ class InitSection:
 class EarlyStopSection:
     patience: int = 0
     """Stop (exit 0, saved and synced like a finished run) after this many validations in a row without a new best
-    val loss; 0: never stop early. Validation runs every train.eval_every steps and at each epoch's end."""
+    of `metric`; 0: never stop early. Validation runs every train.eval_every steps and at each epoch's end."""
     min_delta: float = 0.0
-    """A val loss counts as a new best only if it is below the best by more than this."""
+    """A validation counts as a new best only if it beats the best by more than this."""
+    metric: str = "val_loss"
+    """What "best" means, for the patience count and the checkpoint BEST names (which `init.checkpoint = "best"` of
+    a later stage takes): "val_loss" (lower is better), or for a DPO run (a corpus of `prepare --format dpo`)
+    "val_reward_accuracy" (higher is better: the share of val pairs whose chosen reply's reward is above the
+    rejected one's)."""
+
+
+EARLY_STOP_METRICS = {"val_loss": "lower", "val_reward_accuracy": "higher"}
+"""early_stop.metric's choices, and which way is better."""
+DPO_ONLY_METRICS = ("val_reward_accuracy",)
+"""The metrics only a preference corpus's validation gives."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ run's config copy:
 - a DPO run (its eval lines carry val_reward_accuracy): the last validation's rewards, and "DPO loss at ln 2" when
   the last LN2_EVALS val losses all lie within LN2_TOLERANCE of ln 2 = 0.6931, the loss of a policy equal to its
   reference: nothing is being learnt (the learning rate, beta or the data; MiniMind's lr 4e-8 does this);
-- the early stop, and which checkpoint is BEST.
+- the early stop, and which checkpoint is BEST (the best of early_stop.metric: the val loss or the reward accuracy).
 Torch-free and light, like the rest of the views.
 """
 from __future__ import annotations
@@ -180,6 +180,14 @@ def fit_lines(run_dir: str | Path) -> list[str]:
     lines += [f"  WARNING: {w}" for w in warnings(records, *warn_settings(run_dir))]
     stop = next((r for r in reversed(records) if r.get("kind") == "early_stop"), None)
     if stop:
-        lines.append(f"  early stop at step {stop.get('step')}: best val loss {stop.get('best_val_loss'):.4f} at "
-                     f"step {stop.get('best_step')} (the checkpoint BEST names)")
+        lines.append(early_stop_line(stop))
     return lines
+
+
+def early_stop_line(stop: dict) -> str:
+    """The early_stop line: the best of the metric it followed (early_stop.metric; the val loss before it existed)."""
+    metric = str(stop.get("metric", "val_loss"))
+    best = stop.get(f"best_{metric}")
+    said = f"{best:.4f}" if isinstance(best, (int, float)) else "?"
+    return (f"  early stop at step {stop.get('step')}: best {metric.replace('_', ' ')} {said} at step "
+            f"{stop.get('best_step')} (the checkpoint BEST names)")
