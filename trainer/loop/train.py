@@ -295,6 +295,12 @@ class Trainer:
         """Mean loss over every target of the fixed validation rows, or of `batches`."""
         return self.validate(batches).loss
 
+    def probe_loss(self) -> float:
+        """[eval] probe's next-token loss, whatever this run's objective (DPO's needs pairs and their reference): the
+        forgetting of an earlier stage measured alike on every run."""
+        return optimizer_step.evaluate(build_objective(self.cfg), self.model, self.probe_batches, self.device,
+                                       self.autocast).loss
+
     def log_train(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, meter: Throughput) -> None:
         if self.dist.active:
             torch_dist.all_reduce(loss_sum)  # each rank holds its share of the global mean
@@ -324,7 +330,7 @@ class Trainer:
             validation = {"val_loss": val_loss, **optimizer_step.metric_fields(val_metrics, prefix="val_")}
             improved = self.early.update(self.step, validation)
             stop = self.early.should_stop
-            probe = {"probe_loss": round(self.evaluate(self.probe_batches), 6)} if self.probe_batches else {}
+            probe = {"probe_loss": round(self.probe_loss(), 6)} if self.probe_batches else {}
             self.log.write("eval", step=self.step, epoch=self.epoch_of(self.step - 1),
                            **{**validation, "val_loss": round(val_loss, 6)}, **self.early.best_fields(), **probe)
             print(f"step {self.step} val_loss {val_loss:.4f}"
