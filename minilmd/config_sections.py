@@ -206,7 +206,8 @@ class EvalSection:
     """`status` warns when the val loss rose this many validations in a row."""
     warn_gap: float = 0.5
     """`status` warns when the val loss exceeds the train loss of the same epoch by more than this, and the gap grew
-    by more than this since the first epoch or the val loss rose above its lowest (daemon/views/fitwatch.py)."""
+    by more than this since the first epoch or the val loss rose above its lowest (daemon/views/fitwatch.py). A DPO
+    run that leaves it unset is warned at 0.1 (its loss starts at ln 2 = 0.69: DPO_WARN_GAP there)."""
     update_share_warn: float = 0.1
     """`run --check` warns when this run's sample updates exceed this share of those of the run init.from comes
     from (the seed's style SFT took 0.24 and erased the base's abilities)."""

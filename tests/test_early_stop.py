@@ -194,3 +194,31 @@ def test_a_dpo_run_watches_forgetting_with_the_probes_next_token_loss(tmp_path, 
     assert [e["step"] for e in evals] == [2, 4]
     # a cross-entropy over a vocabulary of a few hundred (ln 300 = 5.7), not a DPO loss near ln 2
     assert all(3.0 < e["probe_loss"] < 8.0 for e in evals), evals
+
+
+# an 8-epoch DPO run on the tests' pairs that overfit, measured: (epoch mean train loss, val loss, val accuracy)
+OVERFIT_DPO = [(0.6256, 0.413052, 0.875), (0.3775, 0.208275, 0.921875), (0.1244, 0.245594, 0.84375),
+               (0.2143, 0.210619, 0.84375), (0.1842, 0.225788, 0.859375), (0.1361, 0.271044, 0.84375),
+               (0.1011, 0.278369, 0.859375), (0.1177, 0.278727, 0.859375)]
+
+
+def test_the_gap_warning_of_a_dpo_run_is_on_the_dpo_losss_scale_unless_the_config_sets_it(tmp_path):
+    """A DPO loss starts at ln 2: the measured run's gaps (0.12 to 0.18 from epoch 2, its val loss rising from its
+    lowest and its val reward accuracy falling) never reach eval.warn_gap's 0.5; a DPO run whose config leaves
+    warn_gap out is warned at DPO_WARN_GAP. The same losses without rewards, or a config that sets 0.5, are not."""
+    def write(run_dir, dpo: bool, config: str):
+        run_dir.mkdir()
+        lines = []
+        for epoch, (train_loss, val, accuracy) in enumerate(OVERFIT_DPO):
+            lines += [{"kind": "train", "step": 86 * epoch + s, "epoch": epoch, "loss": train_loss} for s in (40, 80)]
+            lines.append({"kind": "eval", "step": 86 * (epoch + 1), "epoch": epoch, "val_loss": val,
+                          **({"val_reward_accuracy": accuracy, "val_reward_margin": 1.0, "val_reward_chosen": 0.1,
+                              "val_reward_rejected": -0.9} if dpo else {})})
+        (run_dir / names.METRICS).write_text("".join(json.dumps(r) + "\n" for r in lines))
+        (run_dir / names.RUN_CONFIG_COPY).write_text(config)
+        return [line for line in fit_lines(run_dir) if "train/val gap" in line]
+
+    assert write(tmp_path / "dpo", True, "[eval]\nwarn_rising = 3\n") == [
+        "  WARNING: train/val gap 0.161 > 0.1 in epoch 7 (train 0.1177, val 0.2787; grown from -0.213 in epoch 0)"]
+    assert write(tmp_path / "set", True, "[eval]\nwarn_gap = 0.5\n") == []
+    assert write(tmp_path / "text", False, "") == []
