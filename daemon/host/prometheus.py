@@ -105,7 +105,8 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
     put("minilmd_loss", progress.get("loss"))
     put("minilmd_val_loss", progress.get("val_loss"))
     put("minilmd_tokens_per_second", progress.get("tok_s"))
-    rewards = progress.get("rewards") if isinstance(progress.get("rewards"), dict) else {}
+    rewards = progress.get("rewards")
+    rewards = rewards if isinstance(rewards, dict) else {}
     for name, key in REWARD_GAUGES.items():
         put(name, rewards.get(key), split="train")
         put(name, rewards.get(f"val_{key}"), split="val")
