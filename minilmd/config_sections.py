@@ -179,9 +179,20 @@ class InitSection:
 class EarlyStopSection:
     patience: int = 0
     """Stop (exit 0, saved and synced like a finished run) after this many validations in a row without a new best
-    val loss; 0: never stop early. Validation runs every train.eval_every steps and at each epoch's end."""
+    of `metric`; 0: never stop early. Validation runs every train.eval_every steps and at each epoch's end."""
     min_delta: float = 0.0
-    """A val loss counts as a new best only if it is below the best by more than this."""
+    """A validation counts as a new best only if it beats the best by more than this."""
+    metric: str = "val_loss"
+    """What "best" means, for the patience count and the checkpoint BEST names (which `init.checkpoint = "best"` of
+    a later stage takes): "val_loss" (lower is better), or for a DPO run (a corpus of `prepare --format dpo`)
+    "val_reward_accuracy" (higher is better: the share of val pairs whose chosen reply's reward is above the
+    rejected one's)."""
+
+
+EARLY_STOP_METRICS = {"val_loss": "lower", "val_reward_accuracy": "higher"}
+"""early_stop.metric's choices, and which way is better."""
+DPO_ONLY_METRICS = ("val_reward_accuracy",)
+"""The metrics only a preference corpus's validation gives."""
 
 
 @dataclass
@@ -195,7 +206,8 @@ class EvalSection:
     """`status` warns when the val loss rose this many validations in a row."""
     warn_gap: float = 0.5
     """`status` warns when the val loss exceeds the train loss of the same epoch by more than this, and the gap grew
-    by more than this since the first epoch or the val loss rose above its lowest (daemon/views/fitwatch.py)."""
+    by more than this since the first epoch or the val loss rose above its lowest (daemon/views/fitwatch.py). A DPO
+    run that leaves it unset is warned at 0.1 (its loss starts at ln 2 = 0.69: DPO_WARN_GAP there)."""
     update_share_warn: float = 0.1
     """`run --check` warns when this run's sample updates exceed this share of those of the run init.from comes
     from (the seed's style SFT took 0.24 and erased the base's abilities)."""

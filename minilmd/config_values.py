@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from minilmd import perms
-from minilmd.config_sections import LORA_TARGETS, Duration, RunConfig
+from minilmd.config_sections import DPO_ONLY_METRICS, EARLY_STOP_METRICS, LORA_TARGETS, Duration, RunConfig
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -182,6 +182,9 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if no_budget(cfg):
         p.append(budget_problem(cfg, train_tokens_of(d.prepared) if train_tokens_of and d.prepared else None))
+    if cfg.early_stop.metric not in EARLY_STOP_METRICS:
+        p.append(f"early_stop.metric = {cfg.early_stop.metric!r}: must be "
+                 + " or ".join(f'"{m}"' for m in EARLY_STOP_METRICS) + " (the latter for a DPO run)")
     if cfg.init.checkpoint not in ("best", "last"):
         p.append(f"init.checkpoint = {cfg.init.checkpoint!r}: must be \"best\" or \"last\"")
     p += _lora_problems(cfg)
@@ -197,6 +200,18 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append(f"restart.backoff_initial {rs.backoff_initial!r} is longer than restart.backoff_max "
                  f"{rs.backoff_max!r}")
     return p
+
+
+def early_stop_metric_problem(cfg: RunConfig, data_format: str) -> str | None:
+    """Why early_stop.metric cannot be followed on a corpus of `data_format` ("text", "chat" or "dpo"): a DPO metric
+    on a corpus that is not a preference corpus. Said by `run --check` (minilmd/probes.py, from meta.json) and by
+    the trainer (minilmd/plan/early_stop.py, from the corpus it opened)."""
+    metric = cfg.early_stop.metric
+    if metric not in DPO_ONLY_METRICS or data_format == "dpo":
+        return None
+    return (f"early_stop.metric = {metric!r} needs a preference corpus (`minilmd prepare --format dpo`), but "
+            f"data.prepared = {cfg.data.prepared!r} is a {data_format} corpus, whose validation has no rewards: use "
+            f"early_stop.metric = \"val_loss\"")
 
 
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")

@@ -5,6 +5,7 @@ metrics.jsonl gets one JSON object per line, each with a "kind":
   "checkpoint_s", "compile_s", "total_steps", "time"} (+ "mfu" and "peak_mem_gib" on CUDA),
   {"kind": "eval", "step", "val_loss", "time"},
   {"kind": "checkpoint", "step", "blocking_s", "path", "time"}.
+A DPO run's train lines also carry REWARDS' keys, its eval lines the same with "val_" before each.
 "step" is the number of optimizer steps completed. The heartbeat file's body is that number too, followed by
 " compiling" while the first torch.compile'd step runs (the supervisor then allows restart.compile_timeout instead
 of restart.hang_timeout) and by " exiting" once training is over and the final checkpoint is saved, before the
@@ -33,6 +34,14 @@ HEARTBEAT_INTERVAL_S = 1.0
 """The heartbeat is rewritten at most this often between forced beats: a step of a few milliseconds must not cost
 a file write each (a supervisor's hang_timeout is minutes). The trainer uses less under a short hang_timeout
 (heartbeat_interval)."""
+
+
+REWARDS = {"reward_accuracy": "rewards/accuracies", "reward_margin": "rewards/margins",
+           "reward_chosen": "rewards/chosen", "reward_rejected": "rewards/rejected"}
+"""A DPO run's metrics (trainer/loop/objective_dpo.py): metrics.jsonl's key -> the name TRL reports it by, which
+TensorBoard's tags, the Prometheus gauges and `plot` use. reward_chosen and reward_rejected: the mean implicit reward
+beta * (log pi - log ref) of the chosen and the rejected replies; reward_margin: the mean of chosen minus rejected;
+reward_accuracy: the share of pairs whose chosen reward is above its rejected one."""
 
 
 def heartbeat_interval(hang_timeout_s: float) -> float:

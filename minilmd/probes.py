@@ -19,7 +19,8 @@ from typing import Any
 from minilmd import scratch
 from minilmd.checkpoint_dirs import list_checkpoints
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config
-from minilmd.corpus_meta import corpus_train_tokens, meta_value, read_corpus_meta
+from minilmd.config_values import early_stop_metric_problem
+from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, read_corpus_meta
 from minilmd.dirfd import dir_problem
 from minilmd.init_source import (
     InitSourceError,
@@ -185,6 +186,8 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
         p.append(f"model.vocab_size = {cfg.model.vocab_size} but the corpus {prepared} was tokenized with a "
                  f"vocabulary of {vocab} (its {CORPUS_META}): set model.vocab_size = {vocab}, or prepare the corpus "
                  f"with the tokenizer this model is for")
+    if metric_problem := early_stop_metric_problem(cfg, data_format_of(meta)):
+        p.append(metric_problem)
     val_tokens, val_docs = meta_value(meta, "splits", "val", "tokens"), meta_value(meta, "splits", "val", "documents")
     if isinstance(val_tokens, int) and (val_tokens < 2 or val_docs == 0):
         fraction = meta_value(meta, "split_rule", "val_fraction")

@@ -168,3 +168,31 @@ def test_plot_help_shows_the_extra_to_install(monkeypatch):
     result = CliRunner().invoke(app, ["plot", "--help"])
     assert result.exit_code == 0
     assert "pip install 'minilmd[plot]'" in result.output  # rich markup once ate "[plot]" (issue 24)
+
+
+@pytest.mark.slow
+def test_a_dpo_run_adds_its_rewards_under_trls_names_beside_a_run_without(tmp_path):
+    """Two more panels once a run's lines carry rewards: rewards/accuracies, and rewards/margins, chosen and
+    rejected; every train line a point of the train curve, every validation one of the val points; a run without
+    rewards (the text run overlaid) draws none."""
+    pytest.importorskip("matplotlib")
+    from minilmd.daemon.views.plot import plot
+
+    text = resumed_run(tmp_path, "text")
+    dpo = tmp_path / "dpo"
+    dpo.mkdir()
+    rewards = lambda step, prefix="": {f"{prefix}reward_accuracy": min(1.0, 0.5 + step / 40),
+                                       f"{prefix}reward_margin": step / 100, f"{prefix}reward_chosen": step / 200,
+                                       f"{prefix}reward_rejected": -step / 200}
+    write_lines(dpo / names.METRICS, [{**train(s, 1), "loss": 0.69 - s / 100, **rewards(s)} for s in range(1, 31)]
+                + [{"kind": "eval", "step": s, "val_loss": 0.7 - s / 100, **rewards(s, "val_"), "time": 1000.0 + s}
+                   for s in (10, 20, 30)])
+    summary = plot([text, dpo], tmp_path / "dpo.png")
+    assert (tmp_path / "dpo.png").read_bytes()[:4] == b"\x89PNG"
+    names_drawn = ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected")
+    assert summary.rewards == {**{f"dpo:{n}:train": 30 for n in names_drawn},
+                               **{f"dpo:{n}:val": 3 for n in names_drawn}}
+    assert summary.points == {"text": 60, "dpo": 30} and summary.legend_overlaps == []
+    without = plot([text], tmp_path / "text.png")
+    assert without.rewards == {} and without.size_px == (1100, 700)  # the four panels as before
+    assert summary.size_px == (1100, 1000)

@@ -68,6 +68,37 @@ def test_the_gauges_of_a_run_waiting_for_a_gpu_with_a_failing_sync():
     assert not [k for k in parse(prometheus.render(off, t)) if "sync" in k[0]]  # no remote: no sync gauges
 
 
+def test_a_dpo_runs_rewards_are_gauges_by_split_under_trls_names(tmp_path):
+    """The supervisor folds a DPO run's train and eval lines into state.json (progress.rewards), the textfile shows
+    them as TRL names them, the latest of each split; a run of another objective has neither."""
+    from minilmd.daemon.base.runstate import RunState
+
+    t = 1_800_000_000.0
+    state = RunState(tmp_path / "state.json", new_state("dpo", tmp_path, "/runs/dpo.toml"))
+    rewards = ("reward_accuracy", "reward_margin", "reward_chosen", "reward_rejected")
+    state.apply_progress([
+        {"kind": "train", "step": 10, "loss": 0.6, **dict(zip(rewards, (0.5, 0.1, 0.05, -0.05), strict=True))},
+        {"kind": "eval", "step": 10, "val_loss": 0.62,
+         **dict(zip(("val_" + r for r in rewards), (0.75, 0.2, 0.1, -0.1), strict=True))},
+        {"kind": "train", "step": 11, "loss": 0.58, **dict(zip(rewards, (0.625, 0.15, 0.07, -0.08), strict=True))},
+    ], None)
+    samples = parse(prometheus.render(state.data, t))
+
+    def gauge(name, split):
+        return samples[(name, (("run", "dpo"), ("split", split)))]
+
+    assert [gauge(f"minilmd_rewards_{n}", "train") for n in ("accuracies", "margins", "chosen", "rejected")] == [
+        0.625, 0.15, 0.07, -0.08]
+    assert [gauge(f"minilmd_rewards_{n}", "val") for n in ("accuracies", "margins", "chosen", "rejected")] == [
+        0.75, 0.2, 0.1, -0.1]
+    assert samples[("minilmd_val_loss", (("run", "dpo"),))] == 0.62
+    text = RunState(tmp_path / "state.json", new_state("text", tmp_path, "/runs/text.toml"))
+    text.apply_progress([{"kind": "train", "step": 1, "loss": 9.0}, {"kind": "eval", "step": 1, "val_loss": 8.0}],
+                        None)
+    assert "rewards" not in text.data["progress"]  # state.json as it always was
+    assert not [k for k in parse(prometheus.render(text.data, t)) if "rewards" in k[0]]
+
+
 def test_the_writer_counts_the_gpu_wait_rewrites_atomically_and_says_once_when_it_cannot_write(tmp_path,
                                                                                                  monkeypatch):
     said = []

@@ -64,3 +64,22 @@ def test_on_it_writes_the_lines_and_a_resume_purges_what_came_after_its_step(tmp
         (1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0), (5, 105.0), (6, 106.0), (7, 107.0), (8, 108.0)]
     assert acc.Scalars("val/loss") == []  # step 6's eval came after the resumed step: purged
     assert [e.step for e in acc.Scalars("train/lr")] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_dpo_runs_rewards_are_tagged_by_trls_names(tmp_path):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    cfg = config(tmp_path, tensorboard=True)
+    log = tensorboard.tee(MetricsLog(cfg.run_dir), cfg, 0)
+    log.write("train", step=1, loss=0.69, reward_accuracy=0.25, reward_margin=0.01, reward_chosen=0.02,
+              reward_rejected=0.01)
+    log.write("eval", step=1, val_loss=0.68, val_reward_accuracy=0.75, val_reward_margin=0.03,
+              val_reward_chosen=-0.01, val_reward_rejected=-0.04)
+    acc = event_accumulator.EventAccumulator(str(cfg.run_dir / "tensorboard"))
+    acc.Reload()
+    got = {tag: acc.Scalars(tag)[0].value for tag in acc.Tags()["scalars"]}
+    expected = {"train/rewards/accuracies": 0.25, "train/rewards/margins": 0.01, "train/rewards/chosen": 0.02,
+                "train/rewards/rejected": 0.01, "val/rewards/accuracies": 0.75, "val/rewards/margins": 0.03,
+                "val/rewards/chosen": -0.01, "val/rewards/rejected": -0.04, "val/loss": 0.68}
+    for tag, value in expected.items():
+        assert got.get(tag) == pytest.approx(value), (tag, got)

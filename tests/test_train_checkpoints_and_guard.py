@@ -3,6 +3,7 @@ checkpoints after a save; on its own it prunes to keep_local; a non-finite loss 
 appears, logged or not, before anything of that step is saved."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,27 @@ def test_a_nan_loss_on_a_step_that_is_not_logged_stops_the_run_at_that_step(tmp_
     assert trainer.step == 5 and saved_steps(trainer) == [1, 2, 3, 4]
     lines = (trainer.cfg.run_dir / METRICS).read_text().splitlines()
     assert lines and all('"kind": "checkpoint"' in line for line in lines)  # step 5 was not a log step
+
+
+@pytest.mark.slow  # a DPO trainer, its reference computed over the corpus first
+def test_a_nan_in_a_dpo_step_stops_the_run_at_that_step(tmp_path, dpo_corpus, monkeypatch):
+    """The guard is the objective's too: a NaN in one DPO micro-batch's reference log-probabilities (what a
+    damaged reference or a diverging policy gives) makes the step's loss NaN, though its reward accuracy stays a
+    number (a NaN margin is simply not above 0), and the run stops at that step, nothing of it saved."""
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))
+    trainer = make_trainer(tmp_path, dpo_corpus, seq_len=128, micro_batch_size=4, log_every=1, checkpoint_every=1)
+    real_loss = trainer.objective.loss
+
+    def nan_reference_at_step_5(model, batch):
+        if trainer.step == 4:  # the update that makes step 5 out of step 4
+            batch = batch._replace(reference=batch.reference * float("nan"))
+        return real_loss(model, batch)
+
+    monkeypatch.setattr(trainer.objective, "loss", nan_reference_at_step_5)
+    with pytest.raises(RuntimeError, match="the training loss is nan at step 5: refusing to continue"):
+        trainer.train()
+    trainer.checkpointer.wait()
+    assert trainer.step == 5 and saved_steps(trainer) == [0, 1, 2, 3, 4]  # 0: the reference, kept at once
+    assert float(trainer.step_metrics["reward_accuracy"]) == 0.0
+    logged = [json.loads(line) for line in (trainer.cfg.run_dir / METRICS).read_text().splitlines()]
+    assert [r["step"] for r in logged if r["kind"] == "train"] == [1, 2, 3, 4]  # no line of step 5's NaN

@@ -188,3 +188,24 @@ def test_corpus_report_counts_packed_conversations_as_the_sampler_does(tmp_path)
     assert (m["rows"], m["rows_per_epoch"], m["samples"], m["epochs"]) == (6_060, 3_030, 18_180, 2.0), m
     assert ("(6,060 rows of 3,030 an epoch, each whole conversations packed into 512 tokens, 3.0 a row: 18,180 "
             "conversations) = 2 epochs of train") in format_report({**r, "model": m})
+
+
+def test_a_dpo_run_counts_pairs_against_its_sft_bases_conversations_and_names_beta(tmp_path):
+    """A DPO stage (issue 42): its sample updates are pairs (3,000 of 6,000 sides: one epoch, the last partial
+    bucket of 8 left out), against the conversations its SFT base trained (20,000 rows of a bucketed chat corpus);
+    15 % is above the warning, whose remedies are DPO's (dpo.beta, the price of the distance from the reference)."""
+    sft = fake_corpus(tmp_path / "sft", "chat", 10_000, 1_000_000)
+    sft_cfg = load_config(write_config(tmp_path, (sft, 512), name="sft", data={"mode": "bucketed"},
+                                       train={"seq_len": 512, "max_steps": 0, "max_epochs": 2},
+                                       model={"max_position_embeddings": 512}))
+    base = fake_checkpoint(tmp_path / "base" / "step-00001250",
+                           {"step": 1_250, "rows_seen": 20_000, "config": sft_cfg.to_dict()})
+    pairs = fake_corpus(tmp_path / "pairs", "dpo", 2 * 3_004, 600_000)
+    cfg = load_config(write_config(tmp_path, (pairs, 512), name="dpo", init={"from": str(base)},
+                                   train={"seq_len": 512, "micro_batch_size": 8, "grad_accum": 1, "max_steps": 0,
+                                          "max_epochs": 1}, model={"max_position_embeddings": 512}))
+    lines = share_lines(cfg)
+    assert len(lines) == 1 and lines[0].startswith(
+        "WARNING: update share: this run trains 3,000 sample updates (pairs: 3,000 rows, each one pair (its chosen "
+        f"and rejected sides), in buckets of like length), 15.0 % of the 20,000 of its base {base}"), lines
+    assert "raise dpo.beta" in lines[0] and "use [lora]" in lines[0]

@@ -25,6 +25,7 @@ from minilmd import names
 from minilmd.daemon.base.states import Phase, StagingState, SyncState
 from minilmd.daemon.base.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
 from minilmd.fsio import atomic_write_json
+from minilmd.metrics import REWARDS
 from minilmd.perms import own_uid
 from minilmd.procs import process_environ, process_start_ticks  # noqa: F401 - here too: tests import them from here
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular, read_json
@@ -124,6 +125,14 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
                      updated=t).to_dict()
 
 
+def dpo_rewards(known: dict | None, rec: dict, prefix: str) -> dict | None:
+    """`known` (a DPO run's latest rewards, Progress.rewards) with those of a train (prefix "") or eval ("val_")
+    line of metrics.jsonl; None while no line has carried any (not a DPO run)."""
+    found = {prefix + key: rec[prefix + key] for key in REWARDS
+             if isinstance(rec.get(prefix + key), (int, float)) and not isinstance(rec.get(prefix + key), bool)}
+    return {**(known or {}), **found} if found else known
+
+
 class RunState(StateJson):
     """state.json held in memory, its sections as attributes (daemon/base/statesections.py); `save()` rewrites it
     atomically."""
@@ -200,8 +209,10 @@ class RunState(StateJson):
                 if step_time and progress.total_steps and progress.step is not None:
                     progress.eta_s = max(0, progress.total_steps - progress.step) * step_time
                 progress.updated = rec.get("time") or now()
+                progress.rewards = dpo_rewards(progress.rewards, rec, "")
             elif kind == "eval":
                 progress.val_loss = rec.get("val_loss")
+                progress.rewards = dpo_rewards(progress.rewards, rec, "val_")
             elif kind == "checkpoint":
                 self.local_checkpoint = LocalCheckpoint(step=rec.get("step"), time=rec.get("time") or now(),
                                                         path=rec.get("path"), blocking_s=rec.get("blocking_s"))

@@ -181,6 +181,8 @@ class SpaceWait(Section):
 
 @dataclass
 class Progress(Section):
+    OMIT_WHEN_NONE = ("rewards",)
+
     step: int | None = None
     """The trainer's latest step (metrics.jsonl or its heartbeat, whichever is newer)."""
     total_steps: int | None = None
@@ -201,6 +203,9 @@ class Progress(Section):
     """The mtime of the trainer's heartbeat file."""
     updated: float | None = None
     """When the latest train record was logged."""
+    rewards: dict | None = None
+    """A DPO run's latest rewards (minilmd.metrics.REWARDS' keys from its latest train line, and with "val_" before
+    them from its latest eval line); absent for another run."""
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """`[log] prometheus_textfile = PATH`: the supervisor's view as `minilmd_*` gauges for node_exporter's textfile
 collector (`--collector.textfile.directory`), rewritten atomically (temp file + rename: the collector never reads
 half a file) at most every WRITE_EVERY_S seconds, at every phase change and at exit. Every sample carries the
-label run="<run.name>": one file per run, many runs in one directory.
+label run="<run.name>": one file per run, many runs in one directory. A DPO run adds its rewards under TRL's names
+(minilmd_rewards_accuracies, _margins, _chosen, _rejected), by split.
 
 `render(state, t, gpu_waited_s)` is a pure function of state.json; `Textfile` is the supervisor's writer. Ages are
 given twice: as a timestamp (`*_timestamp_seconds`, right even when the supervisor is gone and the file went stale:
@@ -19,6 +20,7 @@ from pathlib import Path
 from minilmd.daemon.base.states import Phase
 from minilmd.daemon.base.statesections import TextfileState
 from minilmd.dirfd import Dir, PlaceRefused, dir_problem
+from minilmd.metrics import REWARDS
 from minilmd.perms import owned_by_me
 
 WRITE_EVERY_S = 5.0
@@ -53,6 +55,17 @@ GAUGES: dict[str, str] = {
                                                   "running: since when (its state.json's last write, Unix time)",
     "minilmd_textfile_timestamp_seconds": "when this file was written (Unix time)",
 }
+REWARD_MEANINGS = {
+    "reward_accuracy": "the share of pairs whose chosen reply's implicit reward is above the rejected one's",
+    "reward_margin": "the mean of the chosen reply's implicit reward minus the rejected one's",
+    "reward_chosen": "the mean implicit reward beta * (log pi - log ref) of the chosen replies",
+    "reward_rejected": "the mean implicit reward beta * (log pi - log ref) of the rejected replies",
+}
+REWARD_GAUGES = {f"minilmd_{trl.replace('/', '_')}": key for key, trl in REWARDS.items()}
+"""A DPO run's rewards as TRL names them (rewards/accuracies -> minilmd_rewards_accuracies, ...): gauge -> the
+metrics.jsonl key, with label split="train" (the latest logged step) or "val" (the latest validation)."""
+GAUGES.update({name: f"DPO: {REWARD_MEANINGS[key]} (TRL's {REWARDS[key]}), latest, by split (label split: train "
+                     f"or val)" for name, key in REWARD_GAUGES.items()})
 FAILING_SYNC = ("failed", "stalled", "unavailable")
 
 
@@ -92,6 +105,11 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
     put("minilmd_loss", progress.get("loss"))
     put("minilmd_val_loss", progress.get("val_loss"))
     put("minilmd_tokens_per_second", progress.get("tok_s"))
+    rewards = progress.get("rewards")
+    rewards = rewards if isinstance(rewards, dict) else {}
+    for name, key in REWARD_GAUGES.items():
+        put(name, rewards.get(key), split="train")
+        put(name, rewards.get(f"val_{key}"), split="val")
     put("minilmd_progress_timestamp_seconds", progress.get("updated"))
     put("minilmd_heartbeat_timestamp_seconds", progress.get("heartbeat"))
     causes = Counter(str(r.get("cause")) for r in state.get("restarts") or [])

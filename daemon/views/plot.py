@@ -1,7 +1,9 @@
 """`minilmd plot RUN_DIR [RUN_DIR ...] --out FILE.png|.svg`: a run's curves as a picture, several runs overlaid.
 
 Four panels: train loss (raw, faint, and smoothed) with the validation loss; learning rate; real tokens/s; grad
-norm. Against the step, or with x="tokens" against the tokens trained on. On every panel: each restart as a dashed
+norm. A DPO run (its lines carry rewards) adds two, under TRL's names: rewards/accuracies, and rewards/margins with
+rewards/chosen and rewards/rejected (each train value smoothed as the loss is, each validation as a marked point).
+Against the step, or with x="tokens" against the tokens trained on. On every panel: each restart as a dashed
 vertical line (labelled by its cause on the loss panel; restarts at about the same x share one label, and with
 several runs each cause is prefixed by its run's name, in its colour), each span with a failing sync shaded, each
 epoch boundary as a dotted line. The legend is below the panels, where it covers no curve. The curves are those of
@@ -19,9 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.daemon.views import curves as curves_mod
+from minilmd.metrics import REWARDS
 
 INSTALL_HINT = "pip install 'minilmd[plot]'  (or: pip install matplotlib)"
 X_AXES = ("step", "tokens")
+REWARD_STYLES = {"reward_margin": "-", "reward_chosen": "--", "reward_rejected": ":"}
+"""The lines of the rewards panel, told apart by their style (a run by its colour)."""
 
 
 class PlotUnavailable(RuntimeError):
@@ -45,6 +50,8 @@ class PlotSummary:
     epoch_marks: list[tuple[str, float]] = field(default_factory=list)
     points: dict[str, int] = field(default_factory=dict)
     """Points of each run's raw train-loss line."""
+    rewards: dict[str, int] = field(default_factory=dict)
+    """A DPO run's reward curves: "RUN:rewards/accuracies:train" (or ":val") -> its points."""
     unreadable: list[str] = field(default_factory=list)
     """"RUN: metrics.jsonl: unreadable (a FIFO)" for each file that could not be read (its curves are missing)."""
 
@@ -71,19 +78,24 @@ def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str =
         raise ValueError(f"--out {out}: the file name must end in .png or .svg")
     plt = _pyplot()
     runs = [curves_mod.load(d) for d in run_dirs]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
-    loss_ax, lr_ax, toks_ax, grad_ax = axes.flat
+    dpo = any(_has_rewards(run) for run in runs)
+    fig, axes = plt.subplots(3 if dpo else 2, 2, figsize=(11, 10 if dpo else 7), sharex=True)
+    loss_ax, lr_ax, toks_ax, grad_ax = axes.flat[:4]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     restart_labels: list[tuple[float, str, str]] = []
     for i, run in enumerate(runs):
         label = _label(run, runs)
-        restart_labels += _draw_run(run, (loss_ax, lr_ax, toks_ax, grad_ax), colors[i % len(colors)], x, smoothing,
+        restart_labels += _draw_run(run, tuple(axes.flat), colors[i % len(colors)], x, smoothing,
                                     label=label, whose=label if len(runs) > 1 else "")
+        if dpo:
+            _draw_rewards(run, axes.flat[4:], colors[i % len(colors)], x, smoothing)
     loss_ax.set_ylabel("loss")
     lr_ax.set_ylabel("learning rate")
     toks_ax.set_ylabel("real tokens/s")
     grad_ax.set_ylabel("grad norm")
-    for ax in (toks_ax, grad_ax):
+    if dpo:
+        _label_reward_panels(*axes.flat[4:])
+    for ax in axes.flat[-2:]:
         ax.set_xlabel("tokens trained on" if x == "tokens" else "step")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
@@ -99,6 +111,8 @@ def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str =
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
     summary = _summarize(fig, loss_ax, out, runs)
+    summary.rewards = {line.get_gid()[len("reward:"):]: len(line.get_xdata()) for ax in axes.flat[4:]
+                       for line in ax.lines if (line.get_gid() or "").startswith("reward:")}
     plt.close(fig)
     return summary
 
@@ -116,9 +130,10 @@ def _label(run: curves_mod.Curves, runs: list[curves_mod.Curves]) -> str:
 
 def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float | None, label: str,
               whose: str = "") -> list[tuple[float, str, str]]:
-    """Draw one run; returns its restart labels as (x, text, color) for _label_restarts (`whose` prefixes the text
-    when several runs share the picture)."""
-    loss_ax, lr_ax, toks_ax, grad_ax = axes
+    """Draw one run's loss, lr, tokens/s and grad norm on the first four of `axes`, its restarts, sync failures and
+    epochs on every one; returns its restart labels as (x, text, color) for _label_restarts (`whose` prefixes the
+    text when several runs share the picture)."""
+    loss_ax, lr_ax, toks_ax, grad_ax = axes[:4]
 
     def xs(steps):
         return [run.tokens_at(s) for s in steps] if x == "tokens" else list(steps)
@@ -152,6 +167,48 @@ def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float
             ax.axvline(at, color="tab:red", ls="--", lw=1, alpha=0.9).set_gid(f"restart:{run.name}:{mark.cause}")
         labels.append((at, f"{whose}: {mark.cause}" if whose else mark.cause, color if whose else "tab:red"))
     return labels
+
+
+def _has_rewards(run: curves_mod.Curves) -> bool:
+    return any(isinstance(r.get(key), (int, float)) for r in run.train for key in REWARDS) or any(
+        isinstance(r.get(f"val_{key}"), (int, float)) for r in run.evals for key in REWARDS)
+
+
+def _reward_points(records: list[dict], key: str) -> list[tuple[int, float]]:
+    return [(r["step"], float(r[key])) for r in records
+            if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+
+def _draw_rewards(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float | None) -> None:
+    """A DPO run's rewards: the accuracies on the first panel, margins, chosen and rejected on the second; train
+    lines smoothed (their memory as the loss's), validations as points. Each line's gid: reward:RUN:NAME:SPLIT."""
+    def xs(steps):
+        return [run.tokens_at(s) for s in steps] if x == "tokens" else list(steps)
+
+    accuracy_ax, rewards_ax = axes
+    for key, trl in REWARDS.items():
+        ax, style = (accuracy_ax, "-") if key == "reward_accuracy" else (rewards_ax, REWARD_STYLES[key])
+        train = _reward_points(run.train, key)
+        if train:
+            alpha = smoothing if smoothing is not None else auto_smoothing(len(train))
+            line, = ax.plot(xs([s for s, _ in train]), curves_mod.smooth([v for _, v in train], alpha), color=color,
+                            ls=style, lw=1.4)
+            line.set_gid(f"reward:{run.name}:{trl}:train")
+        val = _reward_points(run.evals, f"val_{key}")
+        if val:
+            line, = ax.plot(xs([s for s, _ in val]), [v for _, v in val], color=color, ls="none", marker="o", ms=3)
+            line.set_gid(f"reward:{run.name}:{trl}:val")
+
+
+def _label_reward_panels(accuracy_ax, rewards_ax) -> None:
+    accuracy_ax.set_ylabel(REWARDS["reward_accuracy"])
+    accuracy_ax.axhline(0.5, color="grey", lw=0.8, ls=":")  # a policy that tells chosen from rejected by chance
+    rewards_ax.set_ylabel("rewards")
+    rewards_ax.axhline(0.0, color="grey", lw=0.8, ls=":")
+    from matplotlib.lines import Line2D
+
+    styles = [Line2D([], [], color="black", ls=style, lw=1.4) for style in REWARD_STYLES.values()]
+    rewards_ax.legend(styles, [REWARDS[key] for key in REWARD_STYLES], fontsize=7, loc="upper left", frameon=False)
 
 
 LABEL_GAP = 0.02

@@ -1,11 +1,13 @@
-"""Early stopping on the validation loss, and the retention probe evaluated beside it.
+"""Early stopping on a validation metric (the val loss, or a DPO run's val reward accuracy), and the retention probe
+evaluated beside it.
 
-`EarlyStop` follows the val loss of every validation (every train.eval_every steps and at each epoch's end): a
-new best (below the best by more than early_stop.min_delta) resets the count; `patience` validations in a row
-without one stop the run cleanly (exit 0, like a finished budget). Its state travels in trainer_state.json (a part
-with state_dict/load_state_dict, trainer/loop/parts.py), so a resumed run counts on where it left off. The trainer
-keeps the checkpoint of each new best (BEST, which pruning, the sync and the remote's retention keep besides the
-newest).
+`EarlyStop` follows early_stop.metric at every validation (every train.eval_every steps and at each epoch's end):
+a new best (beyond the best by more than early_stop.min_delta: below it for the val loss, above it for the reward
+accuracy) resets the count; `patience` validations in a row without one stop the run cleanly (exit 0, like a
+finished budget). Its state travels in trainer_state.json (a part with state_dict/load_state_dict,
+trainer/loop/parts.py), so a resumed run counts on where it left off. The trainer keeps the checkpoint of each new
+best (BEST, which pruning, the sync and the remote's retention keep besides the newest, and which `init.checkpoint =
+"best"` of a later stage takes).
 
 `probe_batches`: the val split of an earlier stage's prepared corpus ([eval] probe), whose loss shows forgetting.
 """
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd.config import ConfigError, RunConfig
+from minilmd.config_sections import EARLY_STOP_METRICS
+from minilmd.config_values import early_stop_metric_problem
 
 
 @dataclass
@@ -22,23 +26,35 @@ class EarlyStop:
     patience: int
     """0: never stop (the best is still followed, for the metrics)."""
     min_delta: float
+    metric: str = "val_loss"
+    """The validation's field followed (early_stop.metric: EARLY_STOP_METRICS says which way is better)."""
     best_step: int | None = None
-    best_val_loss: float | None = None
+    best_value: float | None = None
     since_best: int = 0
     """Validations since the best one."""
 
     @classmethod
-    def from_config(cls, cfg: RunConfig) -> EarlyStop:
-        return cls(cfg.early_stop.patience, cfg.early_stop.min_delta)
+    def from_config(cls, cfg: RunConfig, data_format: str = "text") -> EarlyStop:
+        """For a run on a corpus of `data_format`; ConfigError (final) for a metric that corpus cannot give."""
+        if problem := early_stop_metric_problem(cfg, data_format):
+            raise ConfigError([problem], cfg.source)
+        return cls(cfg.early_stop.patience, cfg.early_stop.min_delta, cfg.early_stop.metric)
 
     @property
     def enabled(self) -> bool:
         return self.patience > 0
 
-    def update(self, step: int, val_loss: float) -> bool:
-        """Count one validation; True when it is a new best."""
-        if self.best_val_loss is None or val_loss < self.best_val_loss - self.min_delta:
-            self.best_step, self.best_val_loss, self.since_best = step, val_loss, 0
+    @property
+    def higher_is_better(self) -> bool:
+        return EARLY_STOP_METRICS[self.metric] == "higher"
+
+    def update(self, step: int, validation: dict[str, float]) -> bool:
+        """Count one validation (its fields: val_loss and the objective's val_* metrics); True when it is a new
+        best of the metric."""
+        value = float(validation[self.metric])
+        best = self.best_value
+        if best is None or (value > best + self.min_delta if self.higher_is_better else value < best - self.min_delta):
+            self.best_step, self.best_value, self.since_best = step, value, 0
             return True
         self.since_best += 1
         return False
@@ -47,17 +63,29 @@ class EarlyStop:
     def should_stop(self) -> bool:
         return self.enabled and self.since_best >= self.patience
 
+    def best_fields(self) -> dict:
+        """The best so far as a metrics.jsonl field: {"best_val_loss": ...} or {"best_val_reward_accuracy": ...}."""
+        return {f"best_{self.metric}": None if self.best_value is None else round(self.best_value, 6)}
+
+    def best_said(self) -> str:
+        """"val_loss 1.2345 at step 200", for the trainer's lines."""
+        return f"{self.metric} {self.best_value:.4f} at step {self.best_step}"
+
     def state_dict(self) -> dict:
         """Its part of trainer_state.json (trainer/loop/parts.py)."""
-        return {"early_stop": {"best_step": self.best_step, "best_val_loss": self.best_val_loss,
+        return {"early_stop": {"metric": self.metric, "best_step": self.best_step, "best_value": self.best_value,
                                "since_best": self.since_best}}
 
     def load_state_dict(self, state: dict) -> None:
-        """From a checkpoint's trainer_state.json; one written before early stop existed counts from nothing."""
+        """From a checkpoint's trainer_state.json. One written before early stop existed, or that followed another
+        metric (the config changed it), counts from nothing; one from before early_stop.metric followed the val
+        loss (its "best_val_loss")."""
         mine = state.get("early_stop")
-        if mine:
-            self.best_step, self.best_val_loss = mine.get("best_step"), mine.get("best_val_loss")
-            self.since_best = int(mine.get("since_best", 0))
+        if not mine or mine.get("metric", "val_loss") != self.metric:
+            return
+        self.best_step = mine.get("best_step")
+        self.best_value = mine.get("best_value", mine.get("best_val_loss"))
+        self.since_best = int(mine.get("since_best", 0))
 
 
 def probe_batches(cfg: RunConfig) -> list:

@@ -7,7 +7,9 @@ conversation) trained once, whatever the mode packs into a row. This run's: the 
 trainer counts them (minilmd/plan/budget.py, the same functions), times the documents a row holds
 (minilmd/plan/epoch.py). Its base's: the rows its checkpoint records it trained (`rows_seen` in its
 trainer_state.json: what it did train, not what it planned), counted the same way from its own config and corpus
-when that corpus's meta.json is readable here, else as rows. A warning above eval.update_share_warn. Torch-free.
+when that corpus's meta.json is readable here, else as rows. A warning above eval.update_share_warn. A DPO run's
+sample update is a pair trained once (its rows are pairs: minilmd/plan/pairs.py), against its base's conversations;
+its warning names dpo.beta among the remedies. Torch-free.
 """
 from __future__ import annotations
 
@@ -73,6 +75,11 @@ def share_lines(cfg: RunConfig) -> list[str]:
     if share <= cfg.eval.update_share_warn:
         return [line]
     head = f"WARNING: {line}, above eval.update_share_warn = {cfg.eval.update_share_warn:g}: "
+    if plan.epoch.kind == "pairs":  # DPO: the reference (the base) anchors the policy; beta prices the distance
+        return [head + "this many preference updates at this learning rate pull the model away from its base, its "
+                "reference (the seed's style SFT took 24 % and erased what its base learnt); lower train.lr or the "
+                "epochs, raise dpo.beta (a dearer distance from the reference), "
+                + ("lower lora.rank" if cfg.lora.enabled else "use [lora]") + ", or watch [eval] probe"]
     if cfg.lora.enabled:  # already the remedy: the base stays as it is, but the model with the adapter on drifts
         return [head + "the base's weights stay frozen, but with the adapter on, this many updates on other data "
                 "at this learning rate override what the base learnt (the seed's style SFT took 24 %); lower "

@@ -14,15 +14,17 @@ from __future__ import annotations
 import json
 
 from minilmd.config import ConfigError, RunConfig
-from minilmd.metrics import MetricsLog
+from minilmd.metrics import REWARDS, MetricsLog
 from minilmd.names import STATE, TENSORBOARD_DIR
 
 SCALARS = {
     "train": {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "tok_s": "train/tok_s",
-              "mfu": "train/mfu", "peak_mem_gib": "train/peak_mem_gib", "epoch": "train/epoch"},
-    "eval": {"val_loss": "val/loss"},
+              "mfu": "train/mfu", "peak_mem_gib": "train/peak_mem_gib", "epoch": "train/epoch",
+              **{key: f"train/{trl}" for key, trl in REWARDS.items()}},
+    "eval": {"val_loss": "val/loss", **{f"val_{key}": f"val/{trl}" for key, trl in REWARDS.items()}},
 }
-"""metrics.jsonl field -> TensorBoard tag, per kind of line; "run/restarts" is added to every train line."""
+"""metrics.jsonl field -> TensorBoard tag, per kind of line; "run/restarts" is added to every train line. A DPO run's
+rewards under TRL's names (train/rewards/accuracies, val/rewards/margins, ...: minilmd.metrics.REWARDS)."""
 INSTALL_HINT = "pip install 'minilmd[tensorboard]'  (or: pip install tensorboard)"
 
 

@@ -112,7 +112,7 @@ class Trainer:
             cfg.data.mode, val.tokens, val.doc_starts, t.seq_len, cfg.data.val_windows, t.micro_batch_size,
             val.loss_mask, cfg.data.doc_mask)
         self.probe_batches = probe_batches(cfg)
-        self.early = EarlyStop.from_config(cfg)
+        self.early = EarlyStop.from_config(cfg, self.corpus.data_format)
         self.rng = RngState()
         self.state = TrainState(global_batch=t.micro_batch_size * t.grad_accum * dist.world_size)
         self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
@@ -295,6 +295,12 @@ class Trainer:
         """Mean loss over every target of the fixed validation rows, or of `batches`."""
         return self.validate(batches).loss
 
+    def probe_loss(self) -> float:
+        """[eval] probe's next-token loss, whatever this run's objective (DPO's needs pairs and their reference): the
+        forgetting of an earlier stage measured alike on every run."""
+        return optimizer_step.evaluate(build_objective(self.cfg), self.model, self.probe_batches, self.device,
+                                       self.autocast).loss
+
     def log_train(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, meter: Throughput) -> None:
         if self.dist.active:
             torch_dist.all_reduce(loss_sum)  # each rank holds its share of the global mean
@@ -321,16 +327,15 @@ class Trainer:
         if self.dist.is_main:
             self.log.heartbeat(self.step, force=True)  # an evaluation can outlast many steps
             val_loss, val_metrics = self.validate()
-            improved = self.early.update(self.step, val_loss)
+            validation = {"val_loss": val_loss, **optimizer_step.metric_fields(val_metrics, prefix="val_")}
+            improved = self.early.update(self.step, validation)
             stop = self.early.should_stop
-            probe = {"probe_loss": round(self.evaluate(self.probe_batches), 6)} if self.probe_batches else {}
-            self.log.write("eval", step=self.step, epoch=self.epoch_of(self.step - 1), val_loss=round(val_loss, 6),
-                           best_val_loss=round(self.early.best_val_loss or val_loss, 6), **probe,
-                           **optimizer_step.metric_fields(val_metrics, prefix="val_"))
+            probe = {"probe_loss": round(self.probe_loss(), 6)} if self.probe_batches else {}
+            self.log.write("eval", step=self.step, epoch=self.epoch_of(self.step - 1),
+                           **{**validation, "val_loss": round(val_loss, 6)}, **self.early.best_fields(), **probe)
             print(f"step {self.step} val_loss {val_loss:.4f}"
                   + (f" probe_loss {probe['probe_loss']:.4f}" if probe else "")
-                  + (" (best)" if improved else f" (best {self.early.best_val_loss:.4f} at step "
-                                                f"{self.early.best_step})"), flush=True)
+                  + (" (best)" if improved else f" (best {self.early.best_said()})"), flush=True)
         if self.dist.active:
             flags = [improved, stop]
             torch_dist.broadcast_object_list(flags, src=0)
@@ -356,10 +361,10 @@ class Trainer:
         """early_stop.patience validations without a new best: save (if this step is not saved) and finish."""
         e = self.early
         if self.dist.is_main:
-            self.log.write("early_stop", step=self.step, best_step=e.best_step, best_val_loss=e.best_val_loss,
+            self.log.write("early_stop", step=self.step, best_step=e.best_step, metric=e.metric, **e.best_fields(),
                            patience=e.patience)
-            print(f"minilmd: early stop at step {self.step}: no new best val loss for {e.since_best} validations; "
-                  f"the best, {e.best_val_loss:.4f} at step {e.best_step}, is BEST", flush=True)
+            print(f"minilmd: early stop at step {self.step}: no new best {e.metric} for {e.since_best} validations; "
+                  f"the best, {e.best_said()}, is BEST", flush=True)
         if self.step != self.last_saved_step:
             self.save()
         self.finish_saves()
