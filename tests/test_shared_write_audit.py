@@ -93,7 +93,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("prune", "os.rename"): 1, ("prune", "shutil.rmtree"): 1}),
     "minilmd/corpus/demo_chat.py": ("gap", OWN_OUTPUT, {("write_chat_corpus", ".mkdir"): 1,
                                                         ("write_chat_corpus", "open"): 1,
-                                                        ("write_multiturn_chat_corpus", "open"): 1}),
+                                                        ("write_multiturn_chat_corpus", "open"): 1,
+                                                        ("write_preference_corpus", ".mkdir"): 1,
+                                                        ("write_preference_corpus", "open"): 1}),
     "minilmd/corpus/demo_text.py": ("gap", OWN_OUTPUT, {
         ("_write_jsonl", "open"): 1, ("write_demo_corpus", ".mkdir"): 1, ("write_repeated_corpus", "open"): 1,
         ("write_repeated_chat_corpus", "open"): 1}),
