@@ -6,11 +6,12 @@ The pairs: part 8's synthetic conversations (gpu_check_sft.write_chats, part 0's
 DPO lines as the tests and the demo make theirs (minilmd.corpus.demo_chat.preference_pairs: the real final reply
 chosen, another conversation's rejected). minilmd prepares them with `--format dpo` under MiniMind's own tokenizer
 and chat template (../shared/minimind/model; part 0's tokenizer with a ChatML template where MiniMind is absent),
-and `minilmd train`s DPO from its own initial weights (no `[init]`: the run's step-0 checkpoint is the reference),
-beta 0.15 and lr 4e-8 as MiniMind's defaults, the same pairs per step. Its step-0 checkpoint, exported with
-`minilmd export --format minimind` as `full_sft_<hidden>.pth`, is the weight MiniMind starts from: its init_model
-reads `../out/full_sft_<hidden>.pth` beside its trainer/ folder, inside the shared source, which is not ours to
-write, so its source folders (trainer/, model/, dataset/) are copied unmodified into WORK and run there.
+a short SFT stage (`minilmd train` of a few steps on the pairs' chosen conversations, `--format chat`) makes the SFT
+weights, exported with `minilmd export --format minimind` as `full_sft_<hidden>.pth` (fp16): both DPO runs start
+from that file, minilmd's through `[init] from`, beta 0.15 and lr 4e-8 as MiniMind's defaults, the same pairs per
+step. MiniMind's init_model reads `../out/full_sft_<hidden>.pth` beside its trainer/ folder, inside the shared
+source, which is not ours to write, so its source folders (trainer/, model/, dataset/) are copied unmodified into
+WORK and run there.
 MiniMind's real tokens per pair are both sides rendered as its template and DPODataset render them (its empty think
 block dropped four times in five), cut at max_seq_len; the rest of each row is padding it computes and runs
 through its second, reference model. In the dry run everything of minilmd's side runs (tiny model, CPU) and
@@ -32,6 +33,8 @@ PAIRS = {"gpu": 16, "dry": 4}
 """Pairs per step on both sides (MiniMind's --batch_size counts pairs, as minilmd's micro_batch_size does for DPO)."""
 STEPS = {"gpu": (10, 30), "dry": (1, 3)}
 """(warm-up steps, timed steps) of each run."""
+SFT_STEPS = {"gpu": 20, "dry": 3}
+"""The SFT stage both start from: `minilmd train` on the pairs' chosen conversations, this many steps."""
 BETA, LR = 0.15, 4e-8
 """MiniMind's defaults, on both sides (at that rate the loss stays near ln 2: the first steps stay comparable)."""
 MINIMIND_MIN_S = 40
@@ -56,15 +59,19 @@ def part_dpo(work: Path, p: dict, dry: bool, h: SimpleNamespace, side, sft) -> t
     if done.returncode != 0:
         return "fail", f"minilmd prepare --format dpo: exit {done.returncode}"
     q = dpo_shape(p, kind)
-    ours = minilmd_dpo(work, q, prepared, h)
+    sft_checkpoints = minilmd_sft(work, q, tokenizer, pairs, SFT_STEPS[kind], h)
+    if isinstance(sft_checkpoints, str):
+        return "fail", sft_checkpoints
+    weights = work / "minimind-dpo" / "out" / f"full_sft_{q['model']['hidden_size']}.pth"
+    exported = h.minilmd("export", str(sft_checkpoints), "--format", "minimind", "--out", str(weights))
+    if exported.returncode != 0:
+        return "fail", f"minilmd export --format minimind of the SFT stage: exit {exported.returncode}"
+    h.took("sft exported")
+    ours = minilmd_dpo(work, q, prepared, weights, h)
     if isinstance(ours, str):
         return "fail", ours
-    figures = f"T={q['seq_len']}, {q['micro_batch_size']} pairs a step: {ours['text']}"
-    weights = work / "minimind-dpo" / "out" / f"full_sft_{q['model']['hidden_size']}.pth"
-    exported = h.minilmd("export", str(ours["step0"]), "--format", "minimind", "--out", str(weights))
-    if exported.returncode != 0:
-        return "fail", figures + f"; minilmd export --format minimind of step 0: exit {exported.returncode}"
-    h.took("step 0 exported")
+    figures = (f"T={q['seq_len']}, {q['micro_batch_size']} pairs a step, from {SFT_STEPS[kind]} SFT steps' "
+               f"weights: {ours['text']}")
     if src is None:
         h.took("minimind absent")
         return "ok", f"{figures}; MiniMind: no source (../shared/minimind absent, or MINILMD_MINIMIND): not compared"
@@ -109,13 +116,37 @@ def rendered_length(tok, messages: list[dict], with_think: bool) -> int:
     return len(tok.encode(text, add_special_tokens=False).ids)
 
 
-def minilmd_dpo(work: Path, q: dict, prepared: Path, h: SimpleNamespace) -> dict | str:
-    """`minilmd train` of DPO: its step-1 loss, median real tok/s past the warm-up, the reference pass; or why not."""
+def minilmd_sft(work: Path, q: dict, tokenizer: Path, pairs: Path, steps: int, h: SimpleNamespace) -> Path | str:
+    """The SFT weights both DPO runs start from: `minilmd train` of a few steps on the pairs' chosen conversations
+    (`--format chat` under the same tokenizer); its checkpoint root (LATEST), or why not."""
+    chats = work / "dpo-sft-chat.jsonl"
+    with chats.open("w", encoding="utf-8") as f:
+        for line in pairs.read_text(encoding="utf-8").splitlines():
+            f.write(json.dumps({"conversations": json.loads(line)["chosen"]}, ensure_ascii=False) + "\n")
+    prepared = work / "dpo-sft-prepared"
+    shutil.rmtree(prepared, ignore_errors=True)
+    done = h.minilmd("prepare", str(chats), "--tokenizer", str(tokenizer), "--format", "chat", "--out",
+                     str(prepared), "--seq-len", str(q["seq_len"]), "--val-fraction", "0.05", "--workers", "0")
+    if done.returncode != 0:
+        return f"minilmd prepare --format chat (the SFT stage): exit {done.returncode}"
+    config = h.write_config(work, "dpo-sft", q, prepared=str(prepared), compile=False, max_steps=steps, lr=1e-4,
+                            checkpoint_every=10 * steps)
+    h.took("minilmd sft")
+    done = h.minilmd("train", str(config))
+    root = work / "dpo-sft" / "scratch" / "checkpoints"
+    if done.returncode != 0 or not (root / "LATEST").is_file():
+        return f"minilmd train (the SFT stage): exit {done.returncode}"
+    return root
+
+
+def minilmd_dpo(work: Path, q: dict, prepared: Path, weights: Path, h: SimpleNamespace) -> dict | str:
+    """`minilmd train` of DPO from the SFT weights as MiniMind reads them (`[init] from` the exported .pth): its
+    step-1 loss, median real tok/s past the warm-up, the reference pass; or why not."""
     steps = q["warm_steps"] + q["timed_steps"]
     config = h.write_config(work, "dpo", q, prepared=str(prepared), compile=False, max_steps=steps, lr=LR,
-                            warmup_steps=0, checkpoint_every=10 * steps, keep_local=3)
+                            warmup_steps=0, checkpoint_every=10 * steps)
     with config.open("a", encoding="utf-8") as f:
-        f.write(f"[dpo]\nbeta = {BETA}\n")
+        f.write(f"[dpo]\nbeta = {BETA}\n\n[init]\nfrom = {json.dumps(str(weights))}\n")
     h.took("minilmd dpo")
     done = h.minilmd("train", str(config))
     if done.returncode != 0:
@@ -123,10 +154,9 @@ def minilmd_dpo(work: Path, q: dict, prepared: Path, h: SimpleNamespace) -> dict
     run_dir = work / "dpo" / "run"
     lines = h.read_metrics(run_dir, "train")
     reference = h.read_metrics(run_dir, "dpo_reference")
-    step0 = work / "dpo" / "scratch" / "checkpoints" / "step-00000000"
     timed = sorted(m["tok_s"] for m in lines if m["step"] > q["warm_steps"])
-    if not lines or not timed or not reference or not step0.is_dir():
-        return f"minilmd DPO: {len(lines)} train lines, reference lines {reference}, step 0 kept {step0.is_dir()}"
+    if not lines or not timed or not reference:
+        return f"minilmd DPO: {len(lines)} train lines, reference lines {reference}"
     first, tok_s = lines[0], timed[len(timed) // 2]
     ref = reference[0]
     text = (f"minilmd step 1 loss {first['loss']:.6f} (ln 2 {LN2}), {tok_s:,.0f} real tok/s (median of steps "
@@ -134,7 +164,7 @@ def minilmd_dpo(work: Path, q: dict, prepared: Path, h: SimpleNamespace) -> dict
             f"in {ref['seconds']:.2f}s ({ref['source']})")
     if abs(first["loss"] - LN2) > 1e-4:
         return text + ": the first step's loss is not ln 2"
-    return {"loss": first["loss"], "tok_s": tok_s, "step0": step0, "text": text}
+    return {"loss": first["loss"], "tok_s": tok_s, "text": text}
 
 
 def minimind_command(work: Path, q: dict, pairs: Path) -> list[str]:

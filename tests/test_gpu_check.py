@@ -187,16 +187,19 @@ def test_the_dpo_side_by_side_runs_minimind_in_a_copy_and_reads_its_first_loss(t
 
 
 @pytest.mark.slow
-def test_the_dry_run_dpo_part_starts_at_ln_2_times_the_reference_and_exports_minimind_its_weights(tmp_path):
+def test_the_dry_run_dpo_part_starts_both_from_one_sft_export_at_ln_2_and_times_the_reference(tmp_path):
     done, rows = gpu_check(tmp_path, "--only", "0 corpus,9 dpo")
     dpo = rows["9 dpo"]
     assert dpo["status"] == "ok", dpo
-    assert dpo["branches"][:2] == ["minilmd dpo", "step 0 exported"], dpo
-    assert dpo["branches"][2:] in (["dpo command checked"], ["minimind absent"]), dpo
+    assert dpo["branches"][:3] == ["minilmd sft", "sft exported", "minilmd dpo"], dpo
+    assert dpo["branches"][3:] in (["dpo command checked"], ["minimind absent"]), dpo
     assert "minilmd step 1 loss 0.693147 (ln 2 0.693147)" in dpo["figures"] and " real tok/s (median" in dpo["figures"]
     assert "reference once: " in dpo["figures"] and "s (computed)" in dpo["figures"]
-    assert list((tmp_path / "minimind-dpo" / "out").glob("full_sft_64.pth"))  # the weights MiniMind starts from
-    if dpo["branches"][2:] == ["dpo command checked"]:
+    assert "from 3 SFT steps' weights" in dpo["figures"]
+    assert list((tmp_path / "minimind-dpo" / "out").glob("full_sft_64.pth"))  # the weights both start from
+    assert "initialised from " + str(tmp_path / "minimind-dpo" / "out" / "full_sft_64.pth") in \
+        (tmp_path / "9-dpo.log").read_text()
+    if dpo["branches"][3:] == ["dpo command checked"]:
         assert "--from_weight full_sft --hidden_size 64 --num_hidden_layers 2 --max_seq_len 256 --batch_size 4 " \
                "--learning_rate 4e-08 --beta 0.15" in dpo["figures"]
     assert done.returncode == 0, done.stdout + done.stderr
