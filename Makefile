@@ -1,6 +1,6 @@
 # The two set-up commands of the README. Each creates ./.venv unless a virtualenv is active.
 # test-fast: the tests not marked slow (the unit tests, under a minute); `make test` and .ci/run run them all.
-.PHONY: demo demo-sft test test-fast lint
+.PHONY: demo demo-sft demo-dpo test test-fast lint
 
 demo:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo
@@ -8,6 +8,10 @@ demo:
 # demo-sft: the demo's pretraining, then fine-tuning on a small real chat corpus (chatterbot-corpus), then a chat.
 demo-sft:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo_sft
+
+# demo-dpo: demo-sft, then DPO (the fourth stage) on preference pairs from the same chat corpus, then a chat.
+demo-dpo:
+	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo_dpo
 
 # Both run on TEST_WORKERS pytest-xdist processes: most slow tests wait on child processes, timeouts and faults
 # rather than compute, so a second worker on the 2-core test machine uses the idle core. TEST_WORKERS=0 runs the

@@ -47,12 +47,12 @@ def part_sft(work: Path, p: dict, dry: bool, h: SimpleNamespace, side) -> tuple[
     return status, f"T={seq_len}: minilmd {ours}; {theirs}"[:1200]
 
 
-def write_chats(work: Path, n: int) -> Path:
+def write_chats(work: Path, n: int, name: str = "chat.jsonl") -> Path:
     """Conversations of 1-3 turns, replies from a few words to past seq_len: a spread that padding pays for."""
     rng = random.Random(1)
     words = " ".join(json.loads(line)["text"] for line in
                      (work / "text.jsonl").read_text(encoding="utf-8").splitlines()[:200]).split()
-    out = work / "chat.jsonl"
+    out = work / name
     with out.open("w", encoding="utf-8") as f:
         for _ in range(n):
             turns = []
@@ -64,17 +64,23 @@ def write_chats(work: Path, n: int) -> Path:
     return out
 
 
-def prepare_chat(work: Path, chats: Path, seq_len: int, h: SimpleNamespace) -> Path | None:
+def chatml_tokenizer_dir(work: Path) -> Path:
+    """Part 0's tokenizer with a ChatML template, as a tokenizer directory (`prepare --format chat/dpo`)."""
     from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE
 
-    tok_dir, out = work / "sft-tokenizer", work / "sft-prepared"
+    tok_dir = work / "sft-tokenizer"
     shutil.rmtree(tok_dir, ignore_errors=True)
-    shutil.rmtree(out, ignore_errors=True)
     tok_dir.mkdir()
     (tok_dir / TOKENIZER_FILE).write_bytes((work / "tokenizer.json").read_bytes())
     (tok_dir / TOKENIZER_CONFIG).write_text(json.dumps(
         {"chat_template": CHATML, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
          "pad_token": "<|endoftext|>"}), encoding="utf-8")
+    return tok_dir
+
+
+def prepare_chat(work: Path, chats: Path, seq_len: int, h: SimpleNamespace) -> Path | None:
+    tok_dir, out = chatml_tokenizer_dir(work), work / "sft-prepared"
+    shutil.rmtree(out, ignore_errors=True)
     done = h.minilmd("prepare", str(chats), "--tokenizer", str(tok_dir), "--format", "chat", "--out", str(out),
                      "--seq-len", str(seq_len), "--val-fraction", "0.02", "--workers", "0")
     return out if done.returncode == 0 else None

@@ -80,9 +80,10 @@ def mean_real_tokens(src: Path, jsonl: Path, seq_len: int) -> float:
     return sum(lengths) / max(len(lengths), 1)
 
 
-def run_minimind(src: Path, cmd: list[str], stop_at: int, timeout: float) -> tuple[list[tuple[int, float]], int, str]:
+def run_minimind(src: Path, cmd: list[str], stop_at: int, timeout: float,
+                 lines: list[str] | None = None) -> tuple[list[tuple[int, float]], int, str]:
     """Run it from its trainer/ folder until its log shows step `stop_at` (or it ends): ((step, arrival time) of
-    each log line, steps per epoch, the output's tail)."""
+    each log line, steps per epoch, the output's tail); its log lines are appended to `lines` when given."""
     proc = subprocess.Popen(cmd, cwd=src / "trainer", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     seen: list[tuple[int, float]] = []
@@ -96,6 +97,8 @@ def run_minimind(src: Path, cmd: list[str], stop_at: int, timeout: float) -> tup
             found = LOG_LINE.search(line)
             if found:
                 seen.append((int(found.group(1)), now))
+                if lines is not None:
+                    lines.append(line)
                 iters = int(found.group(2))
                 if seen[-1][0] >= stop_at or seen[-1][0] >= iters - LOG_INTERVAL:
                     break  # before the epoch's end and its save into the shared folder

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from data_helpers import MINIMIND_TOKENIZER
+from minilmd.corpus.demo_chat import preference_pairs  # noqa: F401 - the tests' pairs are the demo's
 
 TEST_TEMPLATE = """{%- set ns = namespace(first=0) %}
 {% if messages[0]['role'] == 'system' %}
@@ -129,21 +130,6 @@ def prepared_chat(sources: list[Path], tokenizer_dir: Path, out: Path, seq_len: 
     prepare([str(p) for p in sources], tokenizer_dir, out, seq_len=seq_len,
             batch_size=batch_size, val_fraction=val_fraction, workers=0, progress=False, log=lambda m: None, **kw)
     return out
-
-
-def preference_pairs(conversations: list[list[dict]], shift: int | None = None) -> list[dict]:
-    """MiniMind DPO lines from real conversations: the real final reply as chosen, the final reply of the
-    conversation `shift` places on (another dialog's answer to another question) as rejected; by default half the
-    list on, which in chatterbot_slice (Chinese dialogs, then English ones) is mostly a reply in the other language:
-    a preference a tiny model can learn in a short run. Conversations whose two replies are equal are left out."""
-    ends = [c for c in conversations if c[-1]["role"] == "assistant"]
-    shift = len(ends) // 2 if shift is None else shift
-    pairs = []
-    for i, messages in enumerate(ends):
-        other = ends[(i + shift) % len(ends)][-1]
-        if other["content"].strip() != messages[-1]["content"].strip():
-            pairs.append({"chosen": messages, "rejected": messages[:-1] + [dict(other)]})
-    return pairs
 
 
 def write_jsonl(path: Path, objects: list) -> Path:

@@ -191,3 +191,19 @@ def test_the_trainer_trains_dpo_on_a_preference_corpus_and_cross_entropy_on_the_
     cfg = load_config(write_config(tmp_path, dpo_corpus))
     assert build_objective(cfg, open_prepared(dpo_corpus[0]).data_format).name == "dpo"
     assert build_objective(cfg, "chat").name == "cross_entropy"
+
+
+def test_demo_corpus_dpo_writes_the_pairs_the_tests_use_from_the_demo_chat_corpus(tmp_path):
+    # the demo's DPO step reads these: each dialog's real reply chosen, another dialog's rejected, one prompt
+    got = CliRunner().invoke(app, ["demo-corpus", "--dpo", str(tmp_path / "dpo"), "--max-docs", "40"])
+    assert got.exit_code == 0, got.output
+    assert got.output.split() == [str(tmp_path / "dpo" / "dpo_pairs.jsonl")]
+    written = [json.loads(line) for line in (tmp_path / "dpo" / "dpo_pairs.jsonl").read_text("utf-8").splitlines()]
+    assert CliRunner().invoke(app, ["demo-corpus", "--chat", str(tmp_path / "chat"), "--max-docs", "40"]).exit_code == 0
+    chats = read_conversations(sorted((tmp_path / "chat").glob("chat_*.jsonl")))
+    assert written == preference_pairs(chats) and 70 <= len(written) <= 80  # 40 dialogs of each language
+    for pair in written:
+        assert pair["chosen"][:-1] == pair["rejected"][:-1] and pair["chosen"][-1] != pair["rejected"][-1]
+        assert pair["chosen"] in chats
+    both = CliRunner().invoke(app, ["demo-corpus", "--dpo", "--chat", str(tmp_path / "x")])
+    assert both.exit_code == 2 and "give one" in both.output

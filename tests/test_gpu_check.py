@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -120,13 +122,96 @@ def test_the_side_by_side_times_minimind_and_stops_it_before_its_epoch_end(tmp_p
     assert not (src / "reached-the-epoch-end").exists()  # stopped at step 50, long before step 100
 
 
+# --- part 9 over a stand-in for MiniMind's train_dpo.py --------------------------------------------------------------
+DPO_STAND_IN = """
+import pathlib, sys, time
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+here = pathlib.Path.cwd()
+assert here.name == "trainer" and (here.parent / "out" / "full_sft_64.pth").is_file(), here  # its ../out, in WORK
+assert args["--beta"] == "0.15" and args["--batch_size"] == "2" and args["--log_interval"] == "1"
+for step in range(1, 101):
+    print(f"Epoch:[1/1]({step}/100), loss: 0.6931, dpo_loss: 0.6931, aux_loss: 0.0000, learning_rate: 0.00000004, "
+          "epoch_time: 0.000min", flush=True)
+    time.sleep(0.01)
+pathlib.Path("../reached-the-epoch-end").write_text("it would save into ../checkpoints now")
+"""
+
+
+def test_the_dpo_side_by_side_runs_minimind_in_a_copy_and_reads_its_first_loss(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    src, work = tmp_path / "minimind", tmp_path / "work"
+    for folder in ("trainer", "model", "dataset"):
+        (src / folder).mkdir(parents=True)
+    flags = ["data_path", "save_dir", "save_weight", "from_weight", "hidden_size", "num_hidden_layers", "max_seq_len",
+             "batch_size", "learning_rate", "beta", "accumulation_steps", "epochs", "dtype", "num_workers",
+             "log_interval", "save_interval", "use_compile", "from_resume", "device"]
+    (src / "trainer" / "train_dpo.py").write_text("".join(f"# parser.add_argument('--{f}')\n" for f in flags)
+                                                  + DPO_STAND_IN)
+    tok = Tokenizer(WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(src / "model" / "tokenizer.json"))
+    (work / "minimind-dpo" / "out").mkdir(parents=True)
+    (work / "minimind-dpo" / "out" / "full_sft_64.pth").write_bytes(b"weights")
+    pair = {"chosen": [{"role": "user", "content": "a a"}, {"role": "assistant", "content": "a a a"}],
+            "rejected": [{"role": "user", "content": "a a"}, {"role": "assistant", "content": "a"}]}
+    pairs = work / "pairs.jsonl"
+    pairs.write_text(json.dumps(pair) + "\n")
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import gpu_check_dpo as dpo
+        import gpu_check_sidebyside as side
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    monkeypatch.setattr(side, "NEEDS", "json")
+    q = {"model": {"hidden_size": 64, "num_hidden_layers": 2}, "seq_len": 64, "micro_batch_size": 2,
+         "warm_steps": 10, "timed_steps": 30}
+    took: list[str] = []
+    h = SimpleNamespace(took=took.append)
+    status, figures = dpo.minimind_dpo(work, src, q, pairs, False, h, side, {"tok_s": 1000.0}, time.monotonic() + 300)
+    assert status == "ok", figures
+    assert took == ["dpo command checked", "minimind dpo run"]
+    assert "MiniMind train_dpo.py step 1 loss 0.6931, " in figures and "steps 10-40 of 100" in figures
+    assert "minilmd/MiniMind " in figures and "with its padding" in figures
+    # each side's tokens ("<|im_start|>" etc. are unknown words here): real tokens per pair as it renders them
+    assert dpo.mean_real_pair_tokens(src, pairs, 64) > 0
+    assert not (work / "minimind-dpo" / "reached-the-epoch-end").exists()  # stopped at step 40 of 100
+    assert sorted(p.name for p in src.iterdir()) == ["dataset", "model", "trainer"]  # the source: nothing written
+    assert (work / "minimind-dpo" / "trainer" / "train_dpo.py").read_text() == \
+        (src / "trainer" / "train_dpo.py").read_text()  # run unmodified
+    # too little of the part's time left: MiniMind is not started, and the row says so
+    status, figures = dpo.minimind_dpo(work, src, q, pairs, False, h, side, {"tok_s": 1000.0}, time.monotonic() + 30)
+    assert status == "ok" and figures.startswith("MiniMind train_dpo.py not run: ") and "under 40s" in figures
+
+
+@pytest.mark.slow
+def test_the_dry_run_dpo_part_starts_both_from_one_sft_export_at_ln_2_and_times_the_reference(tmp_path):
+    done, rows = gpu_check(tmp_path, "--only", "0 corpus,9 dpo")
+    dpo = rows["9 dpo"]
+    assert dpo["status"] == "ok", dpo
+    assert dpo["branches"][:3] == ["minilmd sft", "sft exported", "minilmd dpo"], dpo
+    assert dpo["branches"][3:] in (["dpo command checked"], ["minimind absent"]), dpo
+    assert "minilmd step 1 loss 0.693147 (ln 2 0.693147)" in dpo["figures"] and " real tok/s (median" in dpo["figures"]
+    assert "reference once: " in dpo["figures"] and "s (computed)" in dpo["figures"]
+    assert "from 3 SFT steps' weights" in dpo["figures"]
+    assert list((tmp_path / "minimind-dpo" / "out").glob("full_sft_64.pth"))  # the weights both start from
+    assert "initialised from " + str(tmp_path / "minimind-dpo" / "out" / "full_sft_64.pth") in \
+        (tmp_path / "9-dpo.log").read_text()
+    if dpo["branches"][3:] == ["dpo command checked"]:
+        assert "--from_weight full_sft --hidden_size 64 --num_hidden_layers 2 --max_seq_len 256 --batch_size 4 " \
+               "--learning_rate 4e-08 --beta 0.15" in dpo["figures"]
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.slow
 def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--work", str(tmp_path)], capture_output=True,
                           text=True, timeout=600)
     rows = {r["part"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
     assert list(rows) == ["0 corpus", "1 versions", "2 admission", "3 attention", "4 eager", "4 compiled",
-                          "4 bench step", "5 run", "5 determinism", "6 minimind", "7 oom", "8 sft"]
+                          "4 bench step", "5 run", "5 determinism", "6 minimind", "7 oom", "8 sft", "9 dpo"]
     assert "part           status  seconds  figures" in done.stdout  # the table, printed
     status = {name: r["status"] for name, r in rows.items()}
     assert status["0 corpus"] == status["1 versions"] == status["3 attention"] == status["4 eager"] == "ok", rows
@@ -159,6 +244,7 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
     oom = rows["7 oom"]  # the trainer's OOM handler, through its injected torch.OutOfMemoryError
     assert oom["status"] == "ok" and oom["branches"] == ["injected oom"], oom
     assert oom["figures"].startswith("exit 76; fault.json {") and '"source": "allocator"' in oom["figures"], oom
+    assert rows["9 dpo"]["status"] == "ok" and "minilmd step 1 loss 0.693147" in rows["9 dpo"]["figures"], rows
     assert done.returncode == (0 if "fail" not in status.values() else 1)
 
 
@@ -169,6 +255,14 @@ def test_under_a_spent_budget_no_part_starts_and_each_gets_a_skip_row(tmp_path):
         assert row["status"] == "skip" and row["figures"] == "not started: under 20s left of the --budget of 0s", row
     assert not (tmp_path / "1-versions.log").exists()  # never spawned
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_dpo_part_is_not_started_without_its_minimum_of_the_budget(tmp_path):
+    # 50 s would start any other part (20 s), not the DPO part: two trainers, a preparation and an export need 60
+    done, rows = gpu_check(tmp_path, "--only", "9 dpo", "--budget", "50")
+    assert rows["9 dpo"]["status"] == "skip", rows
+    assert rows["9 dpo"]["figures"].startswith("not started: under 60s left of the --budget of 50s"), rows
+    assert not (tmp_path / "9-dpo.log").exists() and done.returncode == 0
 
 
 def test_a_parts_timeout_is_cut_to_the_budget_left():

@@ -93,7 +93,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("prune", "os.rename"): 1, ("prune", "shutil.rmtree"): 1}),
     "minilmd/corpus/demo_chat.py": ("gap", OWN_OUTPUT, {("write_chat_corpus", ".mkdir"): 1,
                                                         ("write_chat_corpus", "open"): 1,
-                                                        ("write_multiturn_chat_corpus", "open"): 1}),
+                                                        ("write_multiturn_chat_corpus", "open"): 1,
+                                                        ("write_preference_corpus", ".mkdir"): 1,
+                                                        ("write_preference_corpus", "open"): 1}),
     "minilmd/corpus/demo_text.py": ("gap", OWN_OUTPUT, {
         ("_write_jsonl", "open"): 1, ("write_demo_corpus", ".mkdir"): 1, ("write_repeated_corpus", "open"): 1,
         ("write_repeated_chat_corpus", "open"): 1}),
@@ -109,6 +111,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("fresh_start", "shutil.rmtree"): 1, ("fresh_start", ".mkdir"): 1, ("main", ".write_text"): 1}),
     "daemon/demo_sft.py": ("private", "the demo's own directory", {
         ("main", ".mkdir"): 1, ("main", ".write_bytes"): 1, ("main", ".write_text"): 2}),
+    "daemon/demo_dpo.py": ("private", "the demo's own directory (its DPO config)", {("dpo_stage", ".write_text"): 1}),
     "daemon/host/leases.py": ("private", "the GPU lock directory and the missing ones above it, made after the "
                               "chain above is checked (leases.py: the rule dirfd keeps), then used by descriptor", {
         ("_open_dir", "os.mkdir"): 1}),

