@@ -90,15 +90,10 @@ class Stage:
         return next(pid for _, name, pid, _ in self.launcher.windows(self.session) if name == "run")
 
     def ended(self) -> str:
-        """Wait until window run has ended; the last line its restart loop wrote, which names the exit status of
-        the last supervisor. (Not tmux's pane_dead_status: tmux 3.3a left this test's window run unreaped at
-        times, dead without a status, its shell a zombie.)"""
+        """Wait until window run has ended; the last line its restart loop wrote."""
         wait_until(lambda: any(name == "run" and dead for _, name, _, dead in self.launcher.windows(self.session)),
                    LONG, f"window run of {self.session} to end")
-        screen = self.launcher.screen(self.session, "run")
-        said = [line for line in screen.splitlines() if line.startswith("minilmd-tmux: ")]
-        assert said, screen
-        return said[-1]
+        return self.launcher.last_word(self.session, "run")
 
     def end_all(self) -> None:
         """Teardown, after a failure too: the supervisor ignores the SIGHUP of tmux's kill-server, and a process
