@@ -1,6 +1,7 @@
-"""Issue 42's must-show: the four-stage pipeline pretrain -> SFT -> DPO started at once under the tmux launcher
-(deploy/minilmd-tmux.sh, later stages first), with faults in the DPO stage, finishing unattended, the DPO stage's
-final weights bit-identical to an undisturbed DPO run's from the same SFT checkpoint (a fifth session, no faults).
+"""Issue 42's must-show: the four-stage pipeline pretrain -> SFT -> DPO and LoRA DPO started at once under the tmux
+launcher (deploy/minilmd-tmux.sh, later stages first), with faults in the DPO stage, finishing unattended, the DPO
+stage's final weights bit-identical to an undisturbed DPO run's from the same SFT checkpoint (a fifth session, no
+faults).
 
 The DPO stage's faults, in this order: a SIGBUS and a SIGKILL of the trainer (MINILMD_FAULT), a SIGKILL of the
 supervisor (found through the run lock's pid; window "run" starts it again, and it stops the orphaned trainer, which
@@ -36,7 +37,7 @@ from supervisor_helpers import cli, env_for, events, state, step_of_state, write
 from trainer_corpus import read_metrics, resumed_step
 from waiting import wait_until
 
-pytestmark = pytest.mark.slow  # five supervisors under tmux, the DPO stage's started four times: about 65 s
+pytestmark = pytest.mark.slow  # five stages under tmux, the DPO stage's supervisor started four times: ~55 s
 
 PAUSING_TRAINER = Path(__file__).with_name("pausing_trainer.py")
 DPO_FAULTS = "sigbus@3,sigkill@6,pause@9,pause@13,pause@17"
@@ -54,8 +55,11 @@ def text_corpus(demo_jsonl, chat_tokenizer) -> tuple[Path, int]:
     return root, int(json.loads((root / "meta.json").read_text())["vocab_size"])
 
 
-def stage(tmp_path: Path, corpus, name: str, before: Path | None, steps: int, **train) -> Path:
-    sections = {"init": {"from": str(before)}} if before else {}
+def stage(tmp_path: Path, corpus, name: str, before: Path | None, steps: int, lora: dict | None = None,
+          **train) -> Path:
+    sections: dict = {"init": {"from": str(before)}} if before else {}
+    if lora:
+        sections["lora"] = lora
     return write_config(tmp_path, corpus, name=name, **sections,
                         train={"seq_len": 128, "micro_batch_size": 8, "max_steps": steps, "checkpoint_every": 2,
                                **train},
@@ -148,10 +152,12 @@ def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_end
     straight = Stage(launcher, stage(tmp_path, dpo_corpus, "dpo-straight", sft, DPO_STEPS, **dpo_values))
     first_stages = [Stage(launcher, c) for c in (sft, pretrain)]
     dpo_env = {FAULT_ENV: DPO_FAULTS, TRAINER_CMD_ENV: f"{sys.executable} {PAUSING_TRAINER}"}
-    everyone = [dpo, straight, *first_stages]
+    lora = Stage(launcher, stage(tmp_path, dpo_corpus, "lora-dpo", sft, 8, {"rank": 4, "alpha": 8.0}, **dpo_values))
+    everyone = [dpo, straight, lora, *first_stages]
     try:
         straight.launch()  # later stages first; the tmux server starts with this call's environment: no faults
         dpo.launch(**dpo_env)
+        lora.launch(**{FAULT_ENV: "sigkill@5"})  # LoRA DPO, the other fourth stage: adapters on the frozen SFT model
         for s in first_stages:
             s.launch()
 
@@ -242,6 +248,13 @@ def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_end
     shown = cli("status", str(dpo.run_dir), fake=False).stdout
     lineage = next(line for line in shown.splitlines() if "lineage:" in line)
     assert "/sft/remote/step-00000006" in lineage and "<- " in lineage and "/pretrain/remote/" in lineage, shown
+
+    # LoRA DPO: from the same SFT checkpoint, through its own trainer SIGKILL, the adapters alone with the reference
+    assert [e["cause"] for e in events(lora.run_dir) if e["event"] == "child_exit"] == ["killed", "done"]
+    adapters = final_checkpoint(lora.cfg)
+    assert adapters.name == "step-00000008" and (adapters / REFERENCE_FILE).is_file()
+    assert all("lora_" in k for k in load_file(adapters / "model.safetensors"))
+    assert [m["source"] for m in read_metrics(lora.run_dir, "dpo_reference")] == ["computed", "checkpoint"]
 
     # bit-identical to the undisturbed DPO run
     got, want = final_checkpoint(dpo.cfg), final_checkpoint(straight.cfg)
