@@ -256,7 +256,9 @@ def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_end
     assert all("lora_" in k for k in load_file(adapters / "model.safetensors"))
     assert [m["source"] for m in read_metrics(lora.run_dir, "dpo_reference")] == ["computed", "checkpoint"]
 
-    # bit-identical to the undisturbed DPO run
+    # bit-identical to the undisturbed DPO run (undisturbed indeed: no fault reached it through the tmux server)
+    assert not (straight.run_dir / FAULTS_FIRED).exists()
+    assert [e["cause"] for e in events(straight.run_dir) if e["event"] == "child_exit"] == ["done"]
     got, want = final_checkpoint(dpo.cfg), final_checkpoint(straight.cfg)
     assert got.name == want.name == f"step-{DPO_STEPS:08d}"
     for name in ("model.safetensors", "optimizer.safetensors"):
