@@ -2,13 +2,21 @@
 # minilmd-tmux.sh - run `minilmd run CONFIG` in a named tmux session that outlives the SSH connection.
 #
 # Usage: minilmd-tmux.sh [--no-attach] CONFIG [SESSION]
-#   window "run"  (0): minilmd run CONFIG         the supervisor
+#   window "run"  (0): minilmd run CONFIG         the supervisor, restarted as the systemd unit restarts it (below)
 #   window "logs" (1): minilmd logs -f RUN_DIR    RUN_DIR is run.dir of CONFIG
 # SESSION defaults to minilmd-<run.name>, or minilmd-<config file stem> when the config has no run.name.
 # A session started for another config (two run names that differ only in '.', ':' or '_') is refused, exit 2.
 #
 # Before the supervisor is started (or started again), `minilmd run CONFIG --check` must accept CONFIG: otherwise
 # its message is printed and the launcher exits with its status (2 for a bad config), starting nothing.
+# Window "run" keeps the supervisor alive with deploy/minilmd@.service's policy, so that a run under tmux finishes
+# unattended as one under systemd does: when `minilmd run` ends with a status that is not final (a supervisor
+# SIGKILLed, a crash: anything but 0, the final statuses of minilmd/protocol.py FINAL_EXIT_STATUSES, the unit's
+# RestartPreventExitStatus, and a death by SIGHUP, SIGINT, SIGTERM or SIGPIPE, which systemd counts as clean) it is
+# started again after MINILMD_TMUX_RESTART_SEC (RestartSec, 30 s), at most START_LIMIT_BURST starts in
+# START_LIMIT_INTERVAL seconds (StartLimitBurst in StartLimitIntervalSec: 5 in 1 h). On 0 (done, or stopped on
+# request), on a final status and at the start limit the window ends, saying why on its last line, with the
+# supervisor's status as its own.
 # Idempotent: when the session exists nothing is started twice. A window whose command has ended keeps its last
 # output on screen (remain-on-exit) and is started again by the next call; a window closed by hand is recreated.
 # Then it attaches (or switches client inside tmux), unless --no-attach is given or this is not a terminal.
@@ -18,7 +26,8 @@
 #                        because a tmux server started earlier has its own, possibly older, PATH
 #   MINILMD_TMUX_SOCKET  use a private tmux server (`tmux -L NAME`) instead of the default one
 #   MINILMD_PYTHON       the python that reads CONFIG (default: the python beside minilmd, else python3)
-#   MINILMD_*            passed on to both windows (e.g. MINILMD_FAULT for a demo)
+#   MINILMD_TMUX_RESTART_SEC  seconds before window "run" starts a failed supervisor again (default 30)
+#   MINILMD_*            but MINILMD_TMUX_*, passed on to both windows (e.g. MINILMD_FAULT for a demo)
 #   TMUX_TMPDIR          where tmux keeps its sockets (default /tmp); a socket directory there that is not yours
 #                        alone (another user made tmux-UID first) is refused, exit 2, naming TMUX_TMPDIR
 set -euo pipefail
@@ -43,6 +52,15 @@ done
 (( ${#args[@]} >= 1 && ${#args[@]} <= 2 )) || usage
 
 command -v tmux >/dev/null || die "tmux is not installed"
+
+# The systemd unit's restart policy (deploy/minilmd@.service), for window "run"; tests/test_deploy_restart.py checks
+# these against minilmd/protocol.py FINAL_EXIT_STATUSES and the unit.
+FINAL_EXIT_STATUSES=(2 65 73 79)
+START_LIMIT_BURST=5
+START_LIMIT_INTERVAL=3600
+restart_sec=${MINILMD_TMUX_RESTART_SEC:-30}
+[[ "$restart_sec" =~ ^[0-9]+(\.[0-9]+)?$ ]] \
+    || die "MINILMD_TMUX_RESTART_SEC=$restart_sec is not a number of seconds; nothing was started" 2
 
 # tmux keeps its sockets in ${TMUX_TMPDIR:-/tmp}/tmux-UID and refuses that directory with a bare "unsafe
 # permissions" when it is not its user's alone: in /tmp, everyone's, another user can make it first. Say so, and
@@ -95,12 +113,48 @@ session=${session//[.:]/_}  # tmux does not allow '.' or ':' in session names
 
 passenv=()
 for name in $(compgen -e); do
-    [[ "$name" == MINILMD_* && "$name" != MINILMD_TMUX_SOCKET ]] && passenv+=("$name=${!name}")
+    [[ "$name" == MINILMD_* && "$name" != MINILMD_TMUX_* ]] && passenv+=("$name=${!name}")
 done
 prefix=()
 (( ${#passenv[@]} )) && prefix=(env "${passenv[@]}")
 run_cmd=("${prefix[@]}" "$exe" run "$config")
 logs_cmd=("${prefix[@]}" "$exe" logs -f "$run_dir")
+
+# Window "run"'s command: run_cmd, started again while it fails as the unit would start it again (the header). It
+# runs inside the tmux server, so it is self-contained: this function's text, its settings as arguments.
+supervise() {
+    local delay=$1 final=" $2 " burst=$3 interval=$4; shift 4
+    local starts=() kept status=0 now t why
+    while true; do
+        printf -v now '%(%s)T' -1
+        kept=()
+        for t in "${starts[@]}"; do (( now - t < interval )) && kept+=("$t"); done
+        starts=("${kept[@]}")
+        if (( ${#starts[@]} >= burst )); then
+            echo "minilmd-tmux: $burst starts within ${interval}s, the last exit status $status: not started again (the systemd unit's start limit); read supervisor.log, then run the launcher again"
+            return "$status"
+        fi
+        starts+=("$now")
+        status=0
+        "$@" || status=$?
+        why="exit status $status"
+        (( status > 128 )) && why="killed by SIG$(kill -l $((status - 128)) 2>/dev/null || echo $((status - 128))) (exit status $status)"
+        if (( status == 0 )); then
+            echo "minilmd-tmux: minilmd run ended with exit status 0 (the run is done, or stopped on request): not restarted"
+            return 0
+        elif [[ "$final" == *" $status "* ]]; then
+            echo "minilmd-tmux: minilmd run ended with exit status $status, a final one (2 bad config or run owned by another supervisor, 65 bad data, 73 run.dir full, 79 gave up): not restarted; fix the cause, then run the launcher again"
+            return "$status"
+        elif (( status == 129 || status == 130 || status == 141 || status == 143 )); then
+            echo "minilmd-tmux: minilmd run was $why, a clean end for systemd: not restarted"
+            return "$status"
+        fi
+        echo "minilmd-tmux: minilmd run was $why at $(date '+%F %T'): starting it again in ${delay}s (Ctrl-C stops this)"
+        sleep "$delay"
+    done
+}
+run_window_cmd=("$BASH" -c "$(declare -f supervise); supervise \"\$@\"" minilmd-run
+                "$restart_sec" "${FINAL_EXIT_STATUSES[*]}" "$START_LIMIT_BURST" "$START_LIMIT_INTERVAL" "${run_cmd[@]}")
 
 # `minilmd run CONFIG --check` before the supervisor is started: a config it would refuse is reported here, with
 # --check's message and exit status, instead of in a dead pane of a session that was started for nothing.
@@ -120,15 +174,15 @@ window_down() {
     [[ "$dead" != 0 ]]
 }
 
-# Make sure window $1 exists and its command is alive; the rest of the arguments are that command.
+# Make sure window $1 exists and its command is alive; $2 is that command in words, the rest of the arguments it.
 ensure_window() {
-    local name=$1; shift
+    local name=$1 shown=$2; shift 2
     local dead
     dead=$(tm list-panes -t "=$session:$name" -F '#{pane_dead}' 2>/dev/null | head -n 1) || dead=""
     if [[ -z "$dead" ]]; then
         tm new-window -d -t "=$session:" -n "$name" -c "$PWD" -- "$@" \; \
             set-option -w -t "=$session:$name" remain-on-exit on
-        echo "minilmd-tmux: $session: started window $name: $*"
+        echo "minilmd-tmux: $session: started window $name: $shown"
     elif [[ "$dead" == 1 ]]; then
         tm respawn-pane -t "=$session:$name" -c "$PWD" -- "$@"
         echo "minilmd-tmux: $session: window $name had ended, started it again"
@@ -141,10 +195,10 @@ if ! tm has-session -t "=$session" 2>/dev/null; then
     check_config
     # One tmux command queue: remain-on-exit is set before the supervisor can exit, so an early error (a bad
     # config) stays on screen instead of closing the session. The session keeps the config it runs (@minilmd_config).
-    tm new-session -d -s "$session" -n run -c "$PWD" -- "${run_cmd[@]}" \; \
+    tm new-session -d -s "$session" -n run -c "$PWD" -- "${run_window_cmd[@]}" \; \
         set-option -w -t "=$session:run" remain-on-exit on \; \
         set-option -t "=$session:" @minilmd_config "$config"
-    echo "minilmd-tmux: $session: started window run: ${run_cmd[*]}"
+    echo "minilmd-tmux: $session: started window run: ${run_cmd[*]} (restarted while it fails)"
 else
     # Runs whose names differ only in '.', ':' and '_' share one session name: never take another config's
     # supervisor for this one's (a session from an older launcher says nothing: it is taken as this config's).
@@ -153,9 +207,9 @@ else
         die "session $session runs $owner, not $config: nothing was started; give this run a session name of its own as the second argument" 2
     fi
     if window_down run; then check_config; fi
-    ensure_window run "${run_cmd[@]}"
+    ensure_window run "${run_cmd[*]} (restarted while it fails)" "${run_window_cmd[@]}"
 fi
-ensure_window logs "${logs_cmd[@]}"
+ensure_window logs "${logs_cmd[*]}" "${logs_cmd[@]}"
 
 attach_cmd="tmux${MINILMD_TMUX_SOCKET:+ -L $MINILMD_TMUX_SOCKET} attach -t $session"
 if (( attach )) && [[ -t 0 && -t 1 ]]; then

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,17 +17,29 @@ import pytest
 from waiting import wait_until
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "deploy" / "minilmd-tmux.sh"
+UNIT = LAUNCHER.with_name("minilmd@.service")
 MINILMD = Path(sys.executable).with_name("minilmd")
 """The minilmd command of this environment (beside its python)."""
 
 STAND_IN = """#!{python}
-# A stand-in for minilmd: records how it was called, then stays alive like a supervisor would.
-import json, os, sys, time
+# A stand-in for minilmd: records how it was called, then stays alive like a supervisor would; or, when
+# MINILMD_STAND_IN_EXITS="1,-9,65" names an end for this call (the Nth call the Nth), exits with that status (a
+# negative one: killed by that signal) at once.
+import json, os, signal, sys, time
 if "--check" in sys.argv:  # the launcher's check before it starts the supervisor: accept, record nothing
     print(sys.argv[2] + ": OK"); sys.exit(0)
 with open({record!r}, "a") as f:
-    f.write(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "cwd": os.getcwd(),
+    f.write(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
                         "fault": os.environ.get("MINILMD_FAULT")}}) + "\\n")
+with open({record!r}) as f:
+    calls = sum(1 for line in f if json.loads(line)["argv"][0] == sys.argv[1])
+ends = [e for e in os.environ.get("MINILMD_STAND_IN_EXITS", "").split(",") if e]
+if sys.argv[1] == "run" and calls <= len(ends):
+    status = int(ends[calls - 1])
+    print(f"stand-in minilmd run, call {{calls}}: ending with {{status}}", flush=True)
+    if status < 0:
+        os.kill(os.getpid(), -status)
+    sys.exit(status)
 time.sleep(600)
 """
 
@@ -75,6 +88,20 @@ class Launcher:
         wait_until(lambda: any(name == window and dead for _, name, _, dead in self.windows(session)), 30,
                    f"pane {window} to end", interval=0.05)
 
+    def last_word(self, session: str, window: str) -> str:
+        """The last line the launcher's restart loop wrote in window (it names the supervisor's exit status). Not
+        tmux's pane_dead_status: on a loaded machine tmux 3.3a at times left an ended window's shell unreaped,
+        its window dead without a status."""
+        said = [line for line in self.screen(session, window).splitlines() if line.startswith("minilmd-tmux: ")]
+        assert said, self.screen(session, window)
+        return said[-1]
+
+    def screen(self, session: str, window: str) -> str:
+        """What window shows, its scrollback included."""
+        out = self.tmux("capture-pane", "-p", "-J", "-S", "-", "-t", f"={session}:{window}")
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
 
 @pytest.fixture
 def launcher():
@@ -98,3 +125,28 @@ def launcher_config(path: Path, name: str | None, run_dir: str | None) -> Path:
         lines.append(f'dir = "{run_dir}"')
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """{section: {key: [values in order]}}; systemd allows a key more than once (Environment=)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def systemd_seconds(value: str) -> float:
+    """'15min', '30s', '1h', '1min 30s' -> seconds (the forms this unit uses)."""
+    units = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hr": 3600}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value):
+        total += float(number) * units[unit or "s"]
+    return total

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy_helpers import launcher, launcher_config  # noqa: F401 - launcher: a fixture
+from deploy_helpers import UNIT, launcher, launcher_config, parse_unit, systemd_seconds  # noqa: F401 - a fixture
 from minilmd.config import RunConfig, config_from_dict, toml_key
 from minilmd.model_shapes import expected_state_shapes
 from minilmd.probes import load_checked
@@ -27,36 +27,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parent.parent
-UNIT = REPO / "deploy" / "minilmd@.service"
 EXAMPLE = REPO / "deploy" / "example.toml"
 
 
 # --- systemd unit ---------------------------------------------------------------------------------------------------
-
-def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
-    """{section: {key: [values in order]}}; systemd allows a key more than once (Environment=)."""
-    sections: dict[str, dict[str, list[str]]] = {}
-    current = None
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            current = sections.setdefault(line.strip("[]"), {})
-            continue
-        key, _, value = line.partition("=")
-        current.setdefault(key.strip(), []).append(value.strip())
-    return sections
-
-
-def systemd_seconds(value: str) -> float:
-    """'15min', '30s', '1h', '1min 30s' -> seconds (the forms this unit uses)."""
-    units = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hr": 3600}
-    total = 0.0
-    for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value):
-        total += float(number) * units[unit or "s"]
-    return total
-
 
 @pytest.fixture(scope="module")
 def unit() -> dict[str, dict[str, list[str]]]:
@@ -165,7 +139,8 @@ def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervis
     assert len(records) == 2 and set(by_argv) == {"run", "logs"}
     assert by_argv["run"]["argv"] == ["run", str(config)]
     assert by_argv["logs"]["argv"] == ["logs", "-f", str(run_dir)]
-    assert by_argv["run"]["pid"] == pid_of["run"] and by_argv["logs"]["pid"] == pid_of["logs"]
+    # the supervisor runs under window run's restart loop (its pane's process); logs is the pane's process itself
+    assert by_argv["run"]["ppid"] == pid_of["run"] and by_argv["logs"]["pid"] == pid_of["logs"]
     assert by_argv["run"]["fault"] == "oom@3"  # MINILMD_* reaches the supervisor through the tmux server
 
     second = launcher("--no-attach", str(config))
@@ -174,7 +149,7 @@ def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervis
     assert len(launcher.records(2)) == 2
     assert "attach -t " + session in second.stdout
 
-    os.kill(pid_of["run"], signal.SIGTERM)
+    os.kill(by_argv["run"]["pid"], signal.SIGTERM)  # a clean end for systemd's Restart=on-failure: not restarted
     launcher.wait_dead(session, "run")
     third = launcher("--no-attach", str(config))
     assert third.returncode == 0, third.stderr
