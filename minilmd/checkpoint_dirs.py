@@ -61,7 +61,8 @@ def named_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def read_best(root: str | os.PathLike) -> str | None:
-    """The directory name `BEST` points to (the lowest val loss of an early_stop run), or None."""
+    """The directory name `BEST` points to (the best validation of an early_stop run, by its early_stop.metric), or
+    None."""
     return read_latest(root, BEST)
 
 

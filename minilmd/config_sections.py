@@ -168,8 +168,9 @@ class InitSection:
     again (the source may be deleted then). Empty: the seeded init."""
     checkpoint: str = "best"
     """Which checkpoint of a run or checkpoint root init.from takes: "best", the one its BEST names when it has one
-    (the lowest val loss of a run with [early_stop]; an early-stopped run's LATEST is `patience` evals past it),
-    else its LATEST; "last", always its LATEST. A checkpoint directory, a pointer file or a .pth is taken as named."""
+    (the best validation of a run with [early_stop], by its early_stop.metric; an early-stopped run's LATEST is
+    `patience` evals past it), else its LATEST; "last", always its LATEST. A checkpoint directory, a pointer file
+    or a .pth is taken as named."""
     staged: str = ""
     """Set by the supervisor, not by hand: the verified copy of init.from's weights in scratch
     (daemon/jobs/initstage.py), which the trainer reads instead; init.from stays what the run records."""

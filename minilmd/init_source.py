@@ -386,11 +386,11 @@ def _via(record: dict) -> str:
 
 
 def chosen(record: dict | None) -> str:
-    """What the trainer's "initialised from" line says of the checkpoint it took: "" or " (BEST: the lowest val
-    loss)" / " (LATEST)"."""
+    """What the trainer's "initialised from" line says of the checkpoint it took: "", " (its BEST: ...)" or
+    " (its LATEST)"."""
     pointer = (record or {}).get("pointer")
     if pointer == BEST:
-        return " (its BEST: the lowest val loss)"
+        return " (its BEST: its best validation by its early_stop.metric)"
     return f" (its {LATEST})" if pointer == LATEST else ""
 
 

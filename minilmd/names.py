@@ -120,7 +120,7 @@ def default_scratch(uid: int, run_name: str, base: str = SCRATCH_BASE) -> str:
 
 # --- A checkpoint root (scratch/checkpoints, or the remote) and one checkpoint ----------------------------------
 LATEST = "LATEST"  # the name of the newest checkpoint, for humans and scripts
-BEST = "BEST"  # the name of the checkpoint of the lowest val loss (early_stop); pruning and retention keep it
+BEST = "BEST"  # the checkpoint of the best validation by early_stop.metric; pruning and retention keep it
 QUARANTINE = "quarantine"  # quarantine/<name>-<time>/: damaged checkpoints set aside, never deleted
 REASON_FILE = "reason.txt"  # in a quarantined checkpoint: why it was set aside
 TMP_PREFIX = ".tmp-"  # every temporary directory in a checkpoint root

@@ -179,14 +179,16 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
         return [f"data.prepared = {prepared!r}: {found}; not an output of `minilmd prepare`"], ""
     if found.place is Place.LACKS or not (Path(prepared) / CORPUS_META).is_file():
         return [f"data.prepared = {prepared!r}: no {CORPUS_META} there; not an output of `minilmd prepare`"], ""
-    meta = read_corpus_meta(prepared) or {}
+    read = read_corpus_meta(prepared)
+    meta = read or {}
     p = []
     vocab = meta.get("vocab_size")
     if isinstance(vocab, int) and vocab != cfg.model.vocab_size:
         p.append(f"model.vocab_size = {cfg.model.vocab_size} but the corpus {prepared} was tokenized with a "
                  f"vocabulary of {vocab} (its {CORPUS_META}): set model.vocab_size = {vocab}, or prepare the corpus "
                  f"with the tokenizer this model is for")
-    if metric_problem := early_stop_metric_problem(cfg, data_format_of(meta)):
+    unread = read is None  # its format unknown: the trainer, which opens the corpus, says it
+    if not unread and (metric_problem := early_stop_metric_problem(cfg, data_format_of(meta))):
         p.append(metric_problem)
     val_tokens, val_docs = meta_value(meta, "splits", "val", "tokens"), meta_value(meta, "splits", "val", "documents")
     if isinstance(val_tokens, int) and (val_tokens < 2 or val_docs == 0):

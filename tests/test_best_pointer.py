@@ -158,7 +158,8 @@ def test_the_next_stage_starts_from_the_best_of_an_early_stopped_run_and_says_so
     tmp, pretrain = finished_early_stopped_run
     remote = Path(load_config(pretrain).run.remote)
     config, log = _next_stage(tmp, corpus, pretrain, "sft")
-    assert f"initialised from {remote / 'step-00000003'} (checkpoint) (its BEST: the lowest val loss)" in log, log
+    said = "(its BEST: its best validation by its early_stop.metric)"
+    assert f"initialised from {remote / 'step-00000003'} (checkpoint) {said}" in log, log
     cfg = load_config(config)
     final = Path(cfg.run.remote) / "step-00000002"
     init = json.loads((final / TRAINER_STATE).read_text())["init"]

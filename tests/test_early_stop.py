@@ -76,6 +76,20 @@ def test_a_reward_metric_is_refused_for_a_corpus_that_is_not_dpo(tmp_path):
         load_config(config, ["early_stop.metric=accuracy"])
 
 
+def test_a_meta_json_that_cannot_be_read_is_not_taken_for_a_text_corpus_by_the_metric_check(tmp_path):
+    """A torn meta.json (its format unknown) says nothing about the metric: the trainer, which opens the corpus,
+    refuses what does not fit; the check must not call a preference corpus "a text corpus"."""
+    from minilmd.probes import _check_prepared_dir
+
+    prepared = tmp_path / "torn"
+    prepared.mkdir()
+    (prepared / "meta.json").write_text('{"format": "minilmd-prepared", "data_format": "dpo", "vocab_size": 3')
+    cfg = load_config(write_config(tmp_path, (prepared, 300), name="torn", model=dict(TINY_MODEL),
+                                   early_stop={"patience": 2, "metric": "val_reward_accuracy"}))
+    problems, _ = _check_prepared_dir(cfg)
+    assert not any("needs a preference corpus" in p for p in problems), problems
+
+
 def test_warnings_rising_gap_and_probe():
     evals = [{"kind": "eval", "step": s, "epoch": s, "val_loss": v, "probe_loss": p}
              for s, v, p in ((1, 2.0, 3.0), (2, 1.8, 3.1), (3, 1.9, 3.3), (4, 2.1, 3.9))]
@@ -171,6 +185,8 @@ def test_a_dpo_run_keeps_its_best_reward_accuracy_as_best_for_the_next_stage(tmp
     accuracies = [e["val_reward_accuracy"] for e in evals]
     assert [e["best_val_reward_accuracy"] for e in evals] == [max(accuracies[:i + 1]) for i in range(len(evals))]
     best = evals[accuracies.index(max(accuracies))]
+    losses = [e["val_loss"] for e in evals]
+    assert evals[losses.index(min(losses))]["step"] != best["step"], evals  # BEST follows the metric, not the loss
     assert checkpoint_dirs.read_best(ckpt_dir) == f"step-{best['step']:08d}", evals
     assert resolve(str(ckpt_dir), "best").path.name == f"step-{best['step']:08d}"
     assert ck.validate(ckpt_dir / f"step-{best['step']:08d}")["early_stop"]["metric"] == "val_reward_accuracy"
@@ -222,3 +238,22 @@ def test_the_gap_warning_of_a_dpo_run_is_on_the_dpo_losss_scale_unless_the_confi
         "  WARNING: train/val gap 0.161 > 0.1 in epoch 7 (train 0.1177, val 0.2787; grown from -0.213 in epoch 0)"]
     assert write(tmp_path / "set", True, "[eval]\nwarn_gap = 0.5\n") == []
     assert write(tmp_path / "text", False, "") == []
+
+
+def test_a_dpo_run_warns_of_forgetting_at_the_usual_probe_rise_not_at_the_dpo_gap(tmp_path):
+    """The probe is scored by its next-token loss on every run (3 to 5 after SFT): DPO_WARN_GAP, on the DPO loss's
+    scale, is for the train/val gap alone; a probe rising 3.00 -> 3.15 is no more a warning on a DPO run than on
+    another, and one rising past eval.warn_gap's default is one on both."""
+    def shown(name: str, probes: list[float]) -> list[str]:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        lines = [{"kind": "eval", "step": 10 * (i + 1), "epoch": 0, "val_loss": 0.6, "probe_loss": p,
+                  "val_reward_accuracy": 0.8, "val_reward_margin": 0.5, "val_reward_chosen": 0.1,
+                  "val_reward_rejected": -0.4} for i, p in enumerate(probes)]
+        (run_dir / names.METRICS).write_text("".join(json.dumps(r) + "\n" for r in lines))
+        (run_dir / names.RUN_CONFIG_COPY).write_text("")
+        return [line for line in fit_lines(run_dir) if "probe loss rising" in line]
+
+    assert shown("small", [3.0, 3.1, 3.15]) == []
+    assert shown("large", [3.0, 3.3, 3.6]) == [
+        "  WARNING: probe loss rising: 3.0000 -> 3.6000 (forgetting the earlier stage)"]

@@ -80,9 +80,10 @@ def once_per_step(records: list[dict]) -> list[dict]:
     return kept
 
 
-def warn_settings(run_dir: Path, dpo: bool = False) -> tuple[int, float]:
-    """(eval.warn_rising, eval.warn_gap) of the run's config copy, the defaults where it says nothing (for a DPO
-    run's gap, DPO_WARN_GAP)."""
+def warn_settings(run_dir: Path, dpo: bool = False) -> tuple[int, float, float]:
+    """(eval.warn_rising, the train/val gap, the probe's rise) of the run's config copy, the defaults where it says
+    nothing. eval.warn_gap bounds both; left unset on a DPO run, the train/val gap is DPO_WARN_GAP (a DPO loss starts
+    at ln 2), while the probe, scored by its next-token loss on every run, keeps the usual default."""
     from minilmd.config import EvalSection
 
     defaults = EvalSection()
@@ -90,8 +91,9 @@ def warn_settings(run_dir: Path, dpo: bool = False) -> tuple[int, float]:
         section = tomllib.loads((run_dir / names.RUN_CONFIG_COPY).read_text(encoding="utf-8")).get("eval") or {}
     except (OSError, ValueError):
         section = {}
+    probe_gap = float(section.get("warn_gap", defaults.warn_gap))
     gap = float(section.get("warn_gap", DPO_WARN_GAP if dpo else defaults.warn_gap))
-    return int(section.get("warn_rising", defaults.warn_rising)), gap
+    return int(section.get("warn_rising", defaults.warn_rising)), gap, probe_gap
 
 
 def epochs(records: list[dict]) -> list[Epoch]:
@@ -108,8 +110,9 @@ def epochs(records: list[dict]) -> list[Epoch]:
     return [by_epoch[k] for k in sorted(by_epoch)]
 
 
-def warnings(records: list[dict], warn_rising: int, warn_gap: float) -> list[str]:
-    """The overfitting and forgetting warnings the records show now (see the module docstring)."""
+def warnings(records: list[dict], warn_rising: int, warn_gap: float, probe_gap: float | None = None) -> list[str]:
+    """The overfitting and forgetting warnings the records show now (see the module docstring); the probe's rise is
+    bounded by probe_gap (warn_gap when None)."""
     out = []
     evals = [r for r in records if r.get("kind") == "eval" and isinstance(r.get("val_loss"), (int, float))]
     vals = [float(r["val_loss"]) for r in evals]
@@ -125,7 +128,7 @@ def warnings(records: list[dict], warn_rising: int, warn_gap: float) -> list[str
     if gap:
         out.append(gap)
     probes = [float(r["probe_loss"]) for r in evals if isinstance(r.get("probe_loss"), (int, float))]
-    if len(probes) > 1 and probes[-1] - probes[0] > warn_gap:
+    if len(probes) > 1 and probes[-1] - probes[0] > (warn_gap if probe_gap is None else probe_gap):
         out.append(f"probe loss rising: {probes[0]:.4f} -> {probes[-1]:.4f} (forgetting the earlier stage)")
     dpo = [float(r["val_loss"]) for r in evals if "val_reward_accuracy" in r]
     if len(dpo) >= LN2_EVALS and all(abs(v - math.log(2)) <= LN2_TOLERANCE for v in dpo[-LN2_EVALS:]):
