@@ -44,6 +44,12 @@ beta * (log pi - log ref) of the chosen and the rejected replies; reward_margin:
 reward_accuracy: the share of pairs whose chosen reward is above its rejected one."""
 
 
+def number(value) -> float | None:
+    """A metric's value read from a line of metrics.jsonl (another process's file): the float of an int or float,
+    None for anything else (a bool, a string, a list: JSON's true is not 1)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def heartbeat_interval(hang_timeout_s: float) -> float:
     """About once a second, and at least ten times per hang_timeout: the throttle never brings a healthy trainer
     near the supervisor's limit (tests run with hang_timeout = 2 s)."""

@@ -25,7 +25,7 @@ from minilmd import names
 from minilmd.daemon.base.states import Phase, StagingState, SyncState
 from minilmd.daemon.base.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
 from minilmd.fsio import atomic_write_json
-from minilmd.metrics import REWARDS
+from minilmd.metrics import REWARDS, number
 from minilmd.perms import own_uid
 from minilmd.procs import process_environ, process_start_ticks  # noqa: F401 - here too: tests import them from here
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular, read_json
@@ -128,8 +128,7 @@ def new_state(name: str, run_dir: Path, config_path: str) -> dict:
 def dpo_rewards(known: dict | None, rec: dict, prefix: str) -> dict | None:
     """`known` (a DPO run's latest rewards, Progress.rewards) with those of a train (prefix "") or eval ("val_")
     line of metrics.jsonl; None while no line has carried any (not a DPO run)."""
-    found = {prefix + key: rec[prefix + key] for key in REWARDS
-             if isinstance(rec.get(prefix + key), (int, float)) and not isinstance(rec.get(prefix + key), bool)}
+    found = {prefix + key: rec[prefix + key] for key in REWARDS if number(rec.get(prefix + key)) is not None}
     return {**(known or {}), **found} if found else known
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from minilmd.daemon.base.states import Phase
 from minilmd.daemon.base.statesections import TextfileState
 from minilmd.dirfd import Dir, PlaceRefused, dir_problem
-from minilmd.metrics import REWARDS
+from minilmd.metrics import REWARDS, number
 from minilmd.perms import owned_by_me
 
 WRITE_EVERY_S = 5.0
@@ -78,10 +78,6 @@ def _labels(run: str, **extra: str) -> str:
     return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in pairs.items()) + "}"
 
 
-def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) -> str:
     """The textfile for one run's state.json at time t: HELP and TYPE for every gauge, samples for what is known
     (a value not known yet, such as the loss before the first logged step, has no sample)."""
@@ -92,9 +88,9 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
     samples: dict[str, list[tuple[str, float]]] = {name: [] for name in GAUGES}
 
     def put(name: str, value, **labels: str) -> None:
-        number = _number(value)
-        if number is not None:
-            samples[name].append((_labels(run, **labels), number))
+        read = number(value)
+        if read is not None:
+            samples[name].append((_labels(run, **labels), read))
 
     put("minilmd_up", 1 if up else 0)
     for phase in Phase:
@@ -117,13 +113,13 @@ def render(state: dict, t: float, gpu_waited_s: float = 0.0, up: bool = True) ->
     for cause, n in sorted(causes.items()):
         put("minilmd_restarts", n, cause=cause)
     if sync.get("state") != "off":
-        started = _number((state.get("supervisor") or {}).get("started"))
-        last_ok = _number(sync.get("last_ok")) or _number(remote.get("time")) or started
+        started = number((state.get("supervisor") or {}).get("started"))
+        last_ok = number(sync.get("last_ok")) or number(remote.get("time")) or started
         put("minilmd_last_sync_timestamp_seconds", last_ok)
         put("minilmd_last_sync_age_seconds", t - last_ok if last_ok else None)
         put("minilmd_sync_failing", 1 if sync.get("state") in FAILING_SYNC else 0)
     for name, ckpt in (("local", local), ("remote", remote)):
-        when = _number(ckpt.get("time"))
+        when = number(ckpt.get("time"))
         put(f"minilmd_{name}_checkpoint_timestamp_seconds", when)
         put(f"minilmd_{name}_checkpoint_age_seconds", t - when if when else None)
     put("minilmd_gpu_waited_seconds", round(gpu_waited_s, 3))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.daemon.views import curves as curves_mod
-from minilmd.metrics import REWARDS
+from minilmd.metrics import REWARDS, number
 
 INSTALL_HINT = "pip install 'minilmd[plot]'  (or: pip install matplotlib)"
 X_AXES = ("step", "tokens")
@@ -175,8 +175,7 @@ def _has_rewards(run: curves_mod.Curves) -> bool:
 
 
 def _reward_points(records: list[dict], key: str) -> list[tuple[int, float]]:
-    return [(r["step"], float(r[key])) for r in records
-            if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    return [(r["step"], value) for r in records if (value := number(r.get(key))) is not None]
 
 
 def _draw_rewards(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float | None) -> None:
