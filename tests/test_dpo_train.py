@@ -190,6 +190,10 @@ def test_status_warns_when_the_dpo_loss_stays_at_ln_2(tmp_path, dpo_corpus):
     assert first.keys() == last.keys() and all(torch.equal(first[k], last[k]) for k in first)  # nothing moved
     shown = fit_lines(run_dir)
     assert any("WARNING: DPO loss at ln 2 (0.6931) for the last 3 evals" in line for line in shown), shown
+    from minilmd.daemon.views.plot import plot
+
+    plot([run_dir], tmp_path / "still.png")  # a rate of 0 throughout: drawn as it is, nothing divides by it
+    assert (tmp_path / "still.png").stat().st_size > 0
 
 
 def test_a_dpo_models_minimind_export_is_named_as_minimind_names_it():
