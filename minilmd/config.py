@@ -47,10 +47,11 @@ else:  # pragma: no cover
 
 
 __all__ = [  # the config's public face: the schema (config_sections.py) with its reading
-    "apply_sft_defaults", "config_from_dict", "ConfigError", "DataSection", "Duration", "EarlyStopSection",
-    "EvalSection", "ExtraCheck", "GpuSection", "InitSection", "load_config", "LogSection", "LORA_TARGETS",
-    "LoraSection", "MAX_CONFIG_BYTES", "ModelSection", "parse_overrides", "RestartSection", "RunConfig", "RunSection",
-    "SECTIONS", "SFT_DEFAULTS", "SyncSection", "toml_key", "TrainSection",
+    "apply_sft_defaults", "apply_stage_defaults", "config_from_dict", "ConfigError", "DataSection", "DPO_DEFAULTS",
+    "DPO_LORA_DEFAULTS", "Duration", "EarlyStopSection", "EvalSection", "ExtraCheck", "GpuSection", "InitSection",
+    "keep_recorded_schedule", "KEPT_ON_RESUME", "load_config", "LogSection", "LORA_TARGETS", "LoraSection",
+    "MAX_CONFIG_BYTES", "ModelSection", "parse_overrides", "RestartSection", "RunConfig", "RunSection", "SECTIONS",
+    "SFT_DEFAULTS", "stage_defaults", "SyncSection", "toml_key", "TrainSection",
 ]
 
 
@@ -68,12 +69,32 @@ SFT_DEFAULTS: dict[str, Any] = {"data.mode": "bucketed", "train.lr": 1e-5, "trai
 """What a run on a chat corpus uses where its config does not say otherwise: the SFT seed's method (dynamic padding
 with length bucketing) and schedule (lr 1e-5, cosine down to 1e-6; ../shared/seeds, section 7)."""
 
+DPO_DEFAULTS: dict[str, Any] = {"train.lr": 1e-5}
+"""What a full DPO run (a preference corpus, `prepare --format dpo`) uses where its config does not say otherwise:
+a rate that learns in a short run without collapsing the chosen replies' log-probabilities (the sweep of
+scripts/dpo_lr_sweep.py, docs/training.md "DPO"); MiniMind's train_dpo.py's 4e-8 stays at ln 2."""
 
-def apply_sft_defaults(cfg: RunConfig) -> list[str]:
-    """Set SFT_DEFAULTS on every key the config leaves to its default; returns "key = value" of those set. Called
-    by the trainer once it knows the corpus is a chat corpus (and by `bench sft`)."""
+DPO_LORA_DEFAULTS: dict[str, Any] = {"train.lr": 3e-4}
+"""A LoRA DPO run's: adapters that start at zero move less per step; at 3e-4 they move about as far as a full run at
+its default, its chosen replies' log-probabilities as steady (the same sweep)."""
+
+
+def stage_defaults(data_format: str, lora: bool) -> tuple[str, dict[str, Any]]:
+    """(the stage's name, its defaults) of a run on a corpus of `data_format` ("text", "chat", "dpo"): the one table
+    of what a stage changes of the schema's defaults (those of a text corpus, pretraining's)."""
+    if data_format == "chat":
+        return "SFT", SFT_DEFAULTS
+    if data_format == "dpo":
+        return ("LoRA DPO", DPO_LORA_DEFAULTS) if lora else ("DPO", DPO_DEFAULTS)
+    return "pretraining", {}
+
+
+def apply_stage_defaults(cfg: RunConfig, data_format: str) -> list[str]:
+    """Set the stage's defaults (stage_defaults) on every key the config leaves to its default; returns "key =
+    value" of those set. Called by the trainer once it knows the corpus's format, and by the plan (plan/budget.py's
+    as_trained), so that both run at the same values."""
     applied = []
-    for key, value in SFT_DEFAULTS.items():
+    for key, value in stage_defaults(data_format, cfg.lora.enabled)[1].items():
         if key == "data.mode" and cfg.data.doc_mask:
             continue  # data.doc_mask asks for packed rows (checked with the other values: packed only)
         if not cfg.is_set(key):
@@ -81,6 +102,35 @@ def apply_sft_defaults(cfg: RunConfig) -> list[str]:
             setattr(getattr(cfg, section), name, value)
             applied.append(f"{key} = {value!r}")
     return applied
+
+
+def apply_sft_defaults(cfg: RunConfig) -> list[str]:
+    """apply_stage_defaults on a chat corpus (`bench sft`, which knows it trains SFT)."""
+    return apply_stage_defaults(cfg, "chat")
+
+
+KEPT_ON_RESUME = ("train.lr", "train.min_lr_ratio")
+"""The schedule's keys a resumed run keeps from its checkpoint where its config leaves them to a default."""
+
+
+def keep_recorded_schedule(cfg: RunConfig, recorded: Any) -> list[str]:
+    """A resume keeps the rates its run started with: each of KEPT_ON_RESUME that the config leaves to a default
+    takes the value the checkpoint's config (`recorded`, its trainer_state.json's "config") holds, so that another
+    default (a newer minilmd's, another stage's) never changes a resumed run silently; a value set in the config
+    wins. Returns a line for each key whose value differs from what a fresh start would use."""
+    said = []
+    for key in KEPT_ON_RESUME:
+        section, name = key.split(".")
+        old = (recorded.get(section) or {}).get(name) if isinstance(recorded, dict) else None
+        now = getattr(getattr(cfg, section), name)
+        if not isinstance(old, (int, float)) or isinstance(old, bool) or old == now:
+            continue
+        if cfg.is_set(key):
+            said.append(f"{key} = {now!r} as the config sets it (the checkpoint's run used {old!r})")
+        else:
+            setattr(getattr(cfg, section), name, float(old))
+            said.append(f"{key} = {old!r} kept from the checkpoint (a fresh start would use {now!r})")
+    return said
 
 
 def _section_classes() -> dict[str, type]:

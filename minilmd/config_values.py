@@ -84,7 +84,7 @@ RANGES: dict[str, tuple[Range, str]] = {
     "train.seq_len": (AT_LEAST_1, ""),
     "train.micro_batch_size": (AT_LEAST_1, ""),
     "train.grad_accum": (AT_LEAST_1, ""),
-    "train.lr": (Range(0, 1, low_open=True), "AdamW moves each weight by about lr per step"),
+    "train.lr": (Range(0, 1), "AdamW moves each weight by about lr per step; 0: a sanity run, nothing moves"),
     "train.min_lr_ratio": (Range(0, 1), ""),
     "train.warmup_steps": (AT_LEAST_0, ""),
     "train.weight_decay": (AT_LEAST_0, ""),

@@ -114,7 +114,7 @@ def test_the_numbers_seen_in_restart_loops_are_all_refused_at_once(tmp_path, cor
                           sync={"every": 0},
                           restart={"backoff_max": 0, "hang_timeout": math.nan})
     text = assert_refused_before_anything(
-        config, "train.lr = nan: must be finite and within (0, 1]", "train.grad_clip = inf: must be finite and >= 0",
+        config, "train.lr = nan: must be finite and within [0, 1]", "train.grad_clip = inf: must be finite and >= 0",
         "model.rope_theta = -1.0: must be finite and > 0", "model.rms_norm_eps = -1e-06", "sync.every = 0: must be > 0",
         "restart.backoff_max = 0: must be > 0", "restart.hang_timeout = nan: must be finite and > 0")
     assert "7 problem(s)" in text

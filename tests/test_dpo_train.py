@@ -177,14 +177,23 @@ def test_a_killed_and_resumed_dpo_run_ends_bit_identical_to_an_undisturbed_one(t
 
 @pytest.mark.slow  # a real DPO run
 def test_status_warns_when_the_dpo_loss_stays_at_ln_2(tmp_path, dpo_corpus):
-    """lr 1e-12 (the config refuses 0): the policy stays the reference, every val loss ln 2, as MiniMind's users
-    report of its lr 4e-8."""
-    config = _dpo_config(tmp_path, dpo_corpus, "still", lr=1e-12, max_steps=6, eval_every=2, checkpoint_every=100)
-    assert train(config).returncode == EXIT_DONE
-    run_dir = run_paths(config)[0]
-    assert [round(e["val_loss"], 3) for e in read_metrics(run_dir, "eval")] == [0.693] * 3
+    """lr 0, a sanity run: the policy stays the reference, bit for bit, and every val loss is ln 2, as MiniMind's
+    users report of its lr 4e-8."""
+    config = _dpo_config(tmp_path, dpo_corpus, "still", lr=0.0, max_steps=6, eval_every=2, checkpoint_every=100)
+    p = train(config)
+    assert p.returncode == EXIT_DONE, p.stderr
+    run_dir, ckpt_dir = run_paths(config)
+    assert [e["val_loss"] for e in read_metrics(run_dir, "eval")] == [pytest.approx(LN2, abs=1e-6)] * 3
+    assert {m["lr"] for m in read_metrics(run_dir, "train")} == {0.0}
+    first, last = load_file(ckpt_dir / "step-00000000" / "model.safetensors"), load_file(
+        ckpt_dir / "step-00000006" / "model.safetensors")
+    assert first.keys() == last.keys() and all(torch.equal(first[k], last[k]) for k in first)  # nothing moved
     shown = fit_lines(run_dir)
     assert any("WARNING: DPO loss at ln 2 (0.6931) for the last 3 evals" in line for line in shown), shown
+    from minilmd.daemon.views.plot import plot
+
+    plot([run_dir], tmp_path / "still.png")  # a rate of 0 throughout: drawn as it is, nothing divides by it
+    assert (tmp_path / "still.png").stat().st_size > 0
 
 
 def test_a_dpo_models_minimind_export_is_named_as_minimind_names_it():

@@ -45,6 +45,7 @@ def test_status_of_a_live_training_run(tmp_path):
     assert rc == 0
     assert "demo" in text and "training for 10m" in text and "running" in text
     assert "step 1,200/5,000 (24.0%)" in text and "loss 3.2100" in text and "4,500 tok/s" in text
+    assert "lr 0.0001" in text  # the rate of the trainer's last step
     assert "ETA 14m" in text and "trainer pid 4242, attempt 3" in text
     # ages in seconds tick on while the test runs (a loaded machine takes more than 0.5 s): the unit, not the digit
     assert "local checkpoint: step 1000 (2m ago)" in text

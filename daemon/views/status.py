@@ -119,6 +119,8 @@ def _progress_lines(p: Progress, alive: bool) -> list[str]:
         parts.append(f"loss {p.loss:.4f}")
     if p.val_loss is not None:
         parts.append(f"val {p.val_loss:.4f}")
+    if p.lr is not None:  # the rate of the trainer's last step (its schedule at the run's peak rate)
+        parts.append(f"lr {p.lr:.3g}")
     if p.tok_s:
         parts.append(f"{p.tok_s:,.0f} tok/s")
     if p.eta_s is not None and alive:

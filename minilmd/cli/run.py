@@ -35,6 +35,9 @@ def run_command(
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
+        from minilmd.plan.budget import lr_line
+
+        typer.echo(lr_line(cfg))  # the rate the trainer will run at, and where it comes from
         for line in waits:
             typer.echo(f"waits: {line}")
         from minilmd.daemon.jobs.remotewait import check_line

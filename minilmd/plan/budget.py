@@ -1,8 +1,9 @@
 """How many steps a run's budget allows, and what they train: the rule the trainer runs by (`total_steps_for_budget`)
 and the figures `run --check` (update_share.py) and `corpus report --config` print from it (`planned`).
 
-The config as the trainer will run it comes first: on a chat corpus the SFT defaults (minilmd/config.py), which the
-trainer applies once it has opened the corpus, so a chat run is bucketed unless its config says otherwise.
+The config as the trainer will run it comes first: the defaults of the corpus's stage (minilmd/config.py,
+stage_defaults: SFT's on a chat corpus, DPO's on a preference corpus), which the trainer applies once it has opened
+the corpus, so a chat run is bucketed unless its config says otherwise; `lr_line` says the rate they give.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
+from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, stage_defaults
 from minilmd.config_values import no_budget
 from minilmd.corpus_meta import meta_value, read_corpus_meta
 from minilmd.plan.epoch import Epoch, corpus_epoch
@@ -36,24 +37,48 @@ def total_steps_for_budget(cfg: RunConfig, global_batch: int, rows_per_epoch: in
 
 
 def as_trained(cfg: RunConfig, meta: dict | None = None) -> RunConfig:
-    """The config as the trainer will run it: on a chat corpus with the SFT defaults applied. A copy: `cfg` is left
-    as it is. `meta`: the corpus's meta.json (None: read from data.prepared)."""
+    """The config as the trainer will run it: with its corpus's stage defaults applied (apply_stage_defaults). A
+    copy: `cfg` is left as it is. `meta`: the corpus's meta.json (None: read from data.prepared)."""
     meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
-    if meta_value(meta or {}, "data_format") != "chat":
-        return cfg
     trained = copy.deepcopy(cfg)
-    apply_sft_defaults(trained)
+    apply_stage_defaults(trained, _data_format(meta))
     return trained
+
+
+def _data_format(meta: dict | None) -> str:
+    return str(meta_value(meta or {}, "data_format") or "text")
+
+
+def lr_line(cfg: RunConfig, meta: dict | None = None) -> str:
+    """What `run --check` says of the peak learning rate the trainer will run a fresh start at (as_trained's) and
+    where it comes from; a WARNING for 0, a sanity run whose weights do not move."""
+    meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
+    t = as_trained(cfg, meta).train
+    if t.lr == 0:
+        return ("WARNING: train.lr = 0: a sanity run, the weights will not move (the loss stays where it starts; a "
+                "DPO run's at ln 2, and status says so)")
+    stage, defaults = stage_defaults(_data_format(meta), cfg.lora.enabled)
+    if cfg.is_set("train.lr"):
+        why = "set in the config"
+    elif meta is None:  # a remote corpus, or one not there yet: the trainer applies its stage's default at start
+        why = "default of a text corpus; a chat or preference corpus's stage, not readable here, has its own"
+    elif "train.lr" in defaults:
+        why = f"{stage} default; set train.lr to change"
+    else:
+        why = "default; set train.lr to change"
+    return (f"lr {t.lr:g} ({why}), cosine down to {t.lr * t.min_lr_ratio:g}; a resumed run keeps the rate its "
+            f"checkpoints record unless train.lr is set")
 
 
 @dataclass(frozen=True)
 class Planned:
     """What a run's budget trains: `steps` of `global_batch` rows, and the `epoch` they are cut from (None when the
-    corpus does not tell, then an epoch budget cannot be counted)."""
+    corpus does not tell, then an epoch budget cannot be counted), at the peak rate `lr` (as_trained's)."""
 
     steps: int
     global_batch: int
     epoch: Epoch | None
+    lr: float
 
     @property
     def rows(self) -> int:
@@ -98,4 +123,4 @@ def planned(cfg: RunConfig, meta: dict | None = None, prepared: str | Path | Non
         steps = total_steps_for_budget(cfg, global_batch, epoch.rows if epoch else None)
     except ConfigError:
         return None
-    return Planned(steps, global_batch, epoch)
+    return Planned(steps, global_batch, epoch, t.lr)

@@ -75,14 +75,16 @@ def share_lines(cfg: RunConfig) -> list[str]:
     if share <= cfg.eval.update_share_warn:
         return [line]
     head = f"WARNING: {line}, above eval.update_share_warn = {cfg.eval.update_share_warn:g}: "
+    if plan.lr == 0:  # a sanity run: nothing moves, however many updates
+        return [line + " (train.lr = 0: no weight moves)"]
     if plan.epoch.kind == "pairs":  # DPO: the reference (the base) anchors the policy; beta prices the distance
-        return [head + "this many preference updates at this learning rate pull the model away from its base, its "
+        return [head + f"this many preference updates at lr {plan.lr:g} pull the model away from its base, its "
                 "reference (the seed's style SFT took 24 % and erased what its base learnt); lower train.lr or the "
                 "epochs, raise dpo.beta (a dearer distance from the reference), "
                 + ("lower lora.rank" if cfg.lora.enabled else "use [lora]") + ", or watch [eval] probe"]
     if cfg.lora.enabled:  # already the remedy: the base stays as it is, but the model with the adapter on drifts
         return [head + "the base's weights stay frozen, but with the adapter on, this many updates on other data "
-                "at this learning rate override what the base learnt (the seed's style SFT took 24 %); lower "
+                f"at lr {plan.lr:g} override what the base learnt (the seed's style SFT took 24 %); lower "
                 "train.lr, the epochs or lora.rank, or watch [eval] probe"]
-    return [head + "a fine-tune this large on other data at this learning rate erases what the base learnt (the "
+    return [head + f"a fine-tune this large on other data at lr {plan.lr:g} erases what the base learnt (the "
             "seed's style SFT took 24 %); lower train.lr or the epochs, use [lora], or watch [eval] probe"]

@@ -44,7 +44,7 @@ import torch.nn.functional  # imported early: the model uses it
 
 from minilmd import perms
 from minilmd.checkpoint import CheckpointMismatch, Expectation
-from minilmd.config import ConfigError, RunConfig, apply_sft_defaults
+from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule, stage_defaults
 from minilmd.config_values import parse_duration
 from minilmd.corpus_meta import CorpusError
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
@@ -100,7 +100,7 @@ class Trainer:
             raise ConfigError([f"model.vocab_size = {cfg.model.vocab_size} but the corpus {cfg.data.prepared} was "
                                f"tokenized with a vocabulary of {self.corpus.vocab_size}"], cfg.source)
         # Before anything reads the mode or the rates; the config recorded in the checkpoints says what was used.
-        self.sft_defaults = apply_sft_defaults(cfg) if self.corpus.data_format == "chat" else []
+        self.stage_defaults = apply_stage_defaults(cfg, self.corpus.data_format)
         train, val = self.corpus.train, self.corpus.val
         self.preference = Preference.of(cfg, self.corpus)  # a preference corpus: DPO's pairs and its reference
         sampler = self.preference.sampler if self.preference else make_sampler(
@@ -176,8 +176,10 @@ class Trainer:
         self.optimizer.load_state_dict(found.optimizer_state)
         for part in self.parts():
             part.load_state_dict(found.state)
+        kept = keep_recorded_schedule(self.cfg, found.state.get("config"))  # the rates it started with
         if self.dist.is_main:
             announce(found, self.step, self.global_batch)
+            print("".join(f"minilmd: {line}\n" for line in kept), end="", flush=True)
 
     def parts(self) -> list[Stateful]:
         """The parts whose state_dict fragments make up trainer_state.json, in the order a resume loads them."""
@@ -381,8 +383,10 @@ class Trainer:
             print(f"minilmd: training {trained} on {self.device} x "
                   f"{self.dist.world_size}, {self.cfg.data.mode} rows of {t.seq_len}, global batch "
                   f"{self.global_batch} rows, steps {self.step} -> {self.total_steps}", flush=True)
-            if self.sft_defaults:
-                print(f"minilmd: chat corpus, SFT defaults: {', '.join(self.sft_defaults)}", flush=True)
+            if self.stage_defaults:
+                stage = stage_defaults(self.corpus.data_format, self.cfg.lora.enabled)[0]
+                print(f"minilmd: {self.corpus.data_format} corpus, {stage} defaults: "
+                      f"{', '.join(self.stage_defaults)}", flush=True)
         self.log.heartbeat(self.step, force=True)
         # torch.compile compiles on the first call, and for a new shape
         widths = warmup.WidthWatch(self.sampler, self.compiled, t.micro_batch_size, self.global_batch)
