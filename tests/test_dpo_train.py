@@ -218,3 +218,20 @@ def test_the_plan_counts_an_epoch_in_pairs_as_the_trainers_sampler_does(tmp_path
     assert plan.epoch.rows == sampler.items_per_epoch == (t.n_docs // 2) // 8 * 8
     assert plan.epoch.unit == "pairs" and "pair" in plan.epoch.row_holds()
     assert plan.steps == 2 * sampler.items_per_epoch // 8  # global batch 8 pairs
+
+
+def test_a_resume_from_a_checkpoint_without_the_reference_is_refused_not_computed_from_the_trained_policy(
+        tmp_path, dpo_corpus):
+    """The reference is the start model's: a checkpoint carrying none (not a DPO run's on this corpus) must not
+    have it recomputed from its trained weights, which would make the policy its own reference from there on."""
+    from minilmd.corpus_meta import CorpusError
+    from minilmd.trainer.loop.dpo_reference import Preference
+
+    cfg = load_config(_dpo_config(tmp_path, dpo_corpus, "foreign", max_steps=4))
+    ckpt = tmp_path / "step-00000004"
+    ckpt.mkdir()
+    (ckpt / "manifest.json").write_text(json.dumps({"step": 4, "files": {}}))
+    preference = Preference(cfg, open_prepared(dpo_corpus[0]))
+    with pytest.raises(CorpusError, match=f"carries no {REFERENCE_FILE}"):
+        preference.start(trainer=None, found_path=ckpt)  # refused before the trainer's model is touched
+    assert preference.seconds is None

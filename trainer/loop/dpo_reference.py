@@ -63,6 +63,10 @@ class Preference:
         """The reference read from the checkpoint resumed (found_path), or computed now and saved at once in a
         step-0 checkpoint; every checkpoint carries it. Returns the validation batches (they carry it)."""
         sums = read_reference(found_path, self.corpus) if found_path is not None else None
+        if found_path is not None and sums is None:  # computing it now would take the trained policy for the reference
+            raise CorpusError(f"{found_path}: the checkpoint resumed carries no {REFERENCE_FILE} (every checkpoint "
+                              "of a DPO run does: it was written by a run that did not train DPO on this corpus); "
+                              "start the DPO stage as a run of its own, with [init] from naming that checkpoint")
         if sums is None:
             t0 = time.perf_counter()
             sums = {"train": self.compute(trainer, self.rows), "val": self.compute(trainer, self.val)}
