@@ -3,12 +3,15 @@ launcher (deploy/minilmd-tmux.sh, later stages first), with faults in the DPO st
 stage's final weights bit-identical to an undisturbed DPO run's from the same SFT checkpoint (a fifth session, no
 faults).
 
-The DPO stage's faults, in this order: a SIGBUS and a SIGKILL of the trainer (MINILMD_FAULT), a SIGKILL of the
-supervisor (found through the run lock's pid; window "run" starts it again, and it stops the orphaned trainer, which
-saves), a restart with scratch emptied and the remote (NFS) gone while the supervisor is down (it waits in
-waiting_remote until the share is back), and `minilmd stop` (the window ends with 0), then the launcher run again.
-The trainer's steps take milliseconds, so the test acts on the run while it is held still: "pause@N"
-(tests/pausing_trainer.py) stops the trainer at step N until the test sends SIGCONT or SIGKILL."""
+The DPO stage's faults, in this order: a SIGBUS on the staged corpus (the staged train split's tokens.bin truncated
+in the run's scratch while the trainer is held, as an NFS hiccup or a cleaner does to a mapped file: its next read
+of the mapping is a real SIGBUS; the supervisor finds the staged copy damaged and stages it again from
+data.prepared), a SIGKILL of the trainer (MINILMD_FAULT), a SIGKILL of the supervisor (found through the run lock's
+pid; window "run" starts it again, and it stops the orphaned trainer, which saves), a restart with scratch emptied
+and the remote (NFS) gone while the supervisor is down (it waits in waiting_remote until the share is back), and
+`minilmd stop` (the window ends with 0), then the launcher run again. The trainer's steps take milliseconds, so the
+test acts on the run while it is held still: "pause@N" (tests/pausing_trainer.py) stops the trainer at step N until
+the test sends SIGCONT or SIGKILL."""
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +33,7 @@ from fixture_cache import built_once
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.daemon.host.lock import lock_holder
-from minilmd.names import FAULT_ENV, FAULTS_FIRED, TRAINER_CMD_ENV
+from minilmd.names import FAULT_ENV, FAULTS_FIRED, SPLITS, STAGED_CORPUS, TOKENS, TRAINER_CMD_ENV
 from minilmd.trainer.loop.dpo_reference import REFERENCE_FILE
 from reliability_helpers import event_texts
 from supervisor_helpers import cli, env_for, events, state, step_of_state, write_config
@@ -40,7 +43,7 @@ from waiting import wait_until
 pytestmark = pytest.mark.slow  # five stages under tmux, the DPO stage's supervisor started four times: ~55 s
 
 PAUSING_TRAINER = Path(__file__).with_name("pausing_trainer.py")
-DPO_FAULTS = "sigbus@3,sigkill@6,pause@9,pause@13,pause@17"
+DPO_FAULTS = "pause@3,sigkill@6,pause@9,pause@13,pause@17"
 DPO_STEPS = 20
 LONG = 300  # a bound on each wait, never reached unless something is broken
 DONE = "minilmd-tmux: minilmd run ended with exit status 0 (the run is done, or stopped on request): not restarted"
@@ -161,9 +164,17 @@ def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_end
         for s in first_stages:
             s.launch()
 
-        # 1, 2: the trainer's SIGBUS and SIGKILL (MINILMD_FAULT), restarted by the supervisor
+        # 1: SIGBUS on the staged corpus: held at 3 (its step-3 rows not read yet), the staged train tokens cut to
+        # nothing under the trainer's mapping; released, its first read of a row is a page the kernel cannot fill
         first = dpo.supervisor()
+        trainer = dpo.held("pause@3")
+        staged_tokens = dpo.cfg.scratch_dir / STAGED_CORPUS / SPLITS[0] / TOKENS
+        full_size = staged_tokens.stat().st_size
+        os.truncate(staged_tokens, 0)
+        os.kill(trainer, signal.SIGCONT)
+        # 2: the trainer's SIGKILL (MINILMD_FAULT), restarted by the supervisor
         orphan = dpo.held("pause@9")
+        assert staged_tokens.stat().st_size == full_size  # staged again
         assert lock_holder(dpo.run_dir).pid == first  # the same supervisor survived both trainer faults
         # 3: SIGKILL of the supervisor, found through the run lock; window run starts it again
         os.kill(first, signal.SIGKILL)
@@ -230,15 +241,27 @@ def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_end
     assert (dpo.run_dir / FAULTS_FIRED).read_text().split() == DPO_FAULTS.split(",")
     ends = [(e["cause"], e["exit"]) for e in events(dpo.run_dir) if e["event"] == "child_exit"]  # the orphan: none
     assert ends == [("sigbus", -signal.SIGBUS), ("killed", -signal.SIGKILL), ("stopped", 75), ("done", 0)], ends
-    died = event_texts(dpo.run_dir, "child_died")
-    assert any("SIGBUS, but the staged corpus verifies: restarting" in m for m in died), died
-    assert dpo_screen.count("minilmd run was killed by SIGKILL (exit status 137)") == 2, dpo_screen
+    # the SIGBUS was the corpus's: the trainer died reading a row of it, the supervisor found the staged copy
+    # damaged and staged it again before the next start
     logs = sorted((dpo.run_dir / "logs").glob("attempt-*.log"))
+    crash = logs[0].read_text().partition("Fatal Python error: Bus error")[2]  # faulthandler: the stack it died in
+    where = crash.partition("Current thread")[2].split("\n\n")[0]
+    assert "plan/pairs.py" in where and "plan/bucketing.py" in where and "faults.py" not in where, crash
+    died = event_texts(dpo.run_dir, "child_died")
+    assert any("SIGBUS and the staged corpus fails verification: re-staging it" in m for m in died), died
+    assert not any("verifies: restarting" in m for m in died), died
+    damaged = [m for m in event_texts(dpo.run_dir, "staging") if "the staged corpus fails verification" in m]
+    assert len(damaged) == 1 and f"{SPLITS[0]}/{TOKENS}: size 0 bytes" in damaged[0], damaged
+    assert [e.get("transition") for e in events(dpo.run_dir)].count("restage") == 1
+    restaged = [m for m in event_texts(dpo.run_dir, "info") if m.startswith("staging: copying 1 file(s)")]
+    assert len(restaged) == 1 and f"from {dpo.cfg.data.prepared} " in restaged[0], restaged  # the damaged file
+    assert dpo_screen.count("minilmd run was killed by SIGKILL (exit status 137)") == 2, dpo_screen
     resumed = [resumed_step(p.read_text()) for p in logs]
     # from the SFT model, ..., from the orphan's save on SIGTERM, from the remote's newest after the wait, from the
     # stop's save
     assert "SIGTERM received; saving at step 10" in logs[2].read_text()  # the orphan, held at 9, went on to 10
-    assert resumed[0] is None and resumed[3:] in ([10, 10, 18], [10, 12, 18]), resumed
+    # (the SIGBUS's restart from step 2, or from 0 when step 2's save was still being written in the background)
+    assert resumed[0] is None and resumed[1] in (0, 2) and resumed[3:] in ([10, 10, 18], [10, 12, 18]), resumed
     stopped = [e["message"] for e in events(dpo.run_dir) if e.get("new") == "stopping"]
     assert [m for m in stopped if "stop requested; SIGTERM sent to trainer" in m] == stopped[:1], stopped
     # the reference computed once, at the first start, and read from the checkpoint by every later one (the one
