@@ -12,7 +12,7 @@ import torch
 import torch.distributed as torch_dist
 
 from minilmd.checkpoint import CheckpointMismatch, Expectation
-from minilmd.config import ConfigError, RunConfig
+from minilmd.config import ConfigError, RunConfig, stage_defaults
 from minilmd.names import RUN_DIR_ENV
 from minilmd.trainer.loop import multinode
 from minilmd.trainer.loop.distributed import Dist
@@ -101,3 +101,22 @@ def announce(found: Found, step: int, global_batch: int) -> None:
     old = found.state.get("global_batch")
     note = f" (global batch was {old} rows, now {global_batch})" if old not in (None, global_batch) else ""
     print(f"minilmd: resumed from {found.path} at step {step}{note}", flush=True)
+
+
+
+def start_lines(cfg: RunConfig, total: int, trainable: int, where: str, steps: tuple[int, int], global_batch: int,
+                data_format: str, defaults: list[str]) -> list[str]:
+    """The trainer's lines as it starts training: what trains (of a LoRA run, the adapters' share of the `total`
+    parameters), where (`where`: "cpu x 1"), on what rows (a DPO run's batches count pairs, two rows each), the
+    steps (from, to); the stage's `defaults` it applied."""
+    trained = f"{total:,} parameters"
+    if cfg.lora.enabled:  # the frozen base is most of the total: say how much of it trains
+        trained = f"{trainable:,} of {trained} (LoRA)"
+    t = cfg.train
+    rows = (f"preference pairs of up to {t.seq_len} tokens a side, global batch {global_batch} pairs"
+            if data_format == "dpo" else f"{cfg.data.mode} rows of {t.seq_len}, global batch {global_batch} rows")
+    lines = [f"training {trained} on {where}, {rows}, steps {steps[0]} -> {steps[1]}"]
+    if defaults:
+        stage = stage_defaults(data_format, cfg.lora.enabled)[0]
+        lines.append(f"{data_format} corpus, {stage} defaults: {', '.join(defaults)}")
+    return lines

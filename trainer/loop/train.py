@@ -44,7 +44,7 @@ import torch.nn.functional  # imported early: the model uses it
 
 from minilmd import perms
 from minilmd.checkpoint import CheckpointMismatch, Expectation
-from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule, stage_defaults
+from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.config_values import parse_duration
 from minilmd.corpus_meta import CorpusError
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
@@ -75,7 +75,7 @@ from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
 from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
 from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
-from minilmd.trainer.loop.resume import announce, load_model_state, resume, start_from_init, start_lora
+from minilmd.trainer.loop.resume import announce, load_model_state, resume, start_from_init, start_lines, start_lora
 from minilmd.trainer.model import attention_choice
 
 
@@ -376,17 +376,11 @@ class Trainer:
         t = self.cfg.train
         self.last_saved_step, self.last_save_time = self.step, time.monotonic()
         if self.dist.is_main:
-            total = self.model.num_parameters()
-            trained = f"{total:,} parameters"
-            if self.cfg.lora.enabled:  # the frozen base is most of the total: say how much of it trains
-                trained = f"{sum(p.numel() for p in self.model.parameters() if p.requires_grad):,} of {trained} (LoRA)"
-            print(f"minilmd: training {trained} on {self.device} x "
-                  f"{self.dist.world_size}, {self.cfg.data.mode} rows of {t.seq_len}, global batch "
-                  f"{self.global_batch} rows, steps {self.step} -> {self.total_steps}", flush=True)
-            if self.stage_defaults:
-                stage = stage_defaults(self.corpus.data_format, self.cfg.lora.enabled)[0]
-                print(f"minilmd: {self.corpus.data_format} corpus, {stage} defaults: "
-                      f"{', '.join(self.stage_defaults)}", flush=True)
+            m = self.model
+            said = start_lines(self.cfg, m.num_parameters(), sum(p.numel() for p in m.parameters() if p.requires_grad),
+                               f"{self.device} x {self.dist.world_size}", (self.step, self.total_steps),
+                               self.global_batch, self.corpus.data_format, self.stage_defaults)
+            print("".join(f"minilmd: {line}\n" for line in said), end="", flush=True)
         self.log.heartbeat(self.step, force=True)
         # torch.compile compiles on the first call, and for a new shape
         widths = warmup.WidthWatch(self.sampler, self.compiled, t.micro_batch_size, self.global_batch)
