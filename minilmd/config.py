@@ -113,12 +113,12 @@ KEPT_ON_RESUME = ("train.lr", "train.min_lr_ratio")
 """The schedule's keys a resumed run keeps from its checkpoint where its config leaves them to a default."""
 
 
-def keep_recorded_schedule(cfg: RunConfig, recorded: Any) -> list[str]:
+def keep_recorded_schedule(cfg: RunConfig, recorded: Any) -> dict[str, str]:
     """A resume keeps the rates its run started with: each of KEPT_ON_RESUME that the config leaves to a default
     takes the value the checkpoint's config (`recorded`, its trainer_state.json's "config") holds, so that another
     default (a newer minilmd's, another stage's) never changes a resumed run silently; a value set in the config
-    wins. Returns a line for each key whose value differs from what a fresh start would use."""
-    said = []
+    wins. Returns {key: a line} for each key whose value differs from what a fresh start would use."""
+    said = {}
     for key in KEPT_ON_RESUME:
         section, name = key.split(".")
         old = (recorded.get(section) or {}).get(name) if isinstance(recorded, dict) else None
@@ -126,10 +126,10 @@ def keep_recorded_schedule(cfg: RunConfig, recorded: Any) -> list[str]:
         if not isinstance(old, (int, float)) or isinstance(old, bool) or old == now:
             continue
         if cfg.is_set(key):
-            said.append(f"{key} = {now!r} as the config sets it (the checkpoint's run used {old!r})")
+            said[key] = f"{key} = {now!r} as the config sets it (the checkpoint's run used {old!r})"
         else:
             setattr(getattr(cfg, section), name, float(old))
-            said.append(f"{key} = {old!r} kept from the checkpoint (a fresh start would use {now!r})")
+            said[key] = f"{key} = {old!r} kept from the checkpoint (a fresh start would use {now!r})"
     return said
 
 

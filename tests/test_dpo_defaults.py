@@ -57,16 +57,16 @@ def test_a_preference_run_that_leaves_lr_out_runs_at_the_dpo_default_and_the_pla
 def test_a_resume_keeps_the_recorded_rates_the_config_leaves_to_a_default_and_a_set_one_wins(tmp_path, dpo_corpus):
     cfg = load_config(without_lr(_dpo(tmp_path, dpo_corpus, "r")))
     said = keep_recorded_schedule(cfg, {"train": {"lr": 5e-4, "min_lr_ratio": 0.1}})
-    assert cfg.train.lr == 5e-4 and said == []  # the same as now: nothing to say
+    assert cfg.train.lr == 5e-4 and said == {}  # the same as now: nothing to say
     cfg.train.lr = DPO_LR  # as the trainer's stage defaults set it, before the resume
     said = keep_recorded_schedule(cfg, {"train": {"lr": 5e-4, "min_lr_ratio": 0.1}})
-    assert cfg.train.lr == 5e-4 and said == [f"train.lr = 0.0005 kept from the checkpoint (a fresh start would use "
-                                             f"{DPO_LR!r})"]
+    assert cfg.train.lr == 5e-4 and said == {"train.lr": f"train.lr = 0.0005 kept from the checkpoint (a fresh start "
+                                                          f"would use {DPO_LR!r})"}
     explicit = load_config(_dpo(tmp_path, dpo_corpus, "e", train={"lr": 2e-6}))
     said = keep_recorded_schedule(explicit, {"train": {"lr": 5e-4}})
-    assert explicit.train.lr == 2e-6 and said == ["train.lr = 2e-06 as the config sets it (the checkpoint's run "
-                                                  "used 0.0005)"]
-    assert keep_recorded_schedule(explicit, {"train": {"lr": "fast"}}) == []  # a damaged record is no rate
+    assert explicit.train.lr == 2e-6 and said == {"train.lr": "train.lr = 2e-06 as the config sets it (the "
+                                                               "checkpoint's run used 0.0005)"}
+    assert keep_recorded_schedule(explicit, {"train": {"lr": "fast"}}) == {}  # a damaged record is no rate
 
 
 @pytest.mark.slow  # two config checks, each with its storage probe threads
@@ -95,5 +95,6 @@ def test_the_trainer_runs_at_the_dpo_default_and_a_resume_keeps_the_rate_it_star
     again = train(without_lr(started), "train.max_steps=6")  # the rate now left to the DPO default
     assert again.returncode == EXIT_DONE, again.stderr
     assert f"train.lr = 0.002 kept from the checkpoint (a fresh start would use {DPO_LR!r})" in again.stdout
+    assert "DPO defaults: train.lr" not in again.stdout  # the default it did not apply is not said
     lines = read_metrics(load_config(started).run_dir, "train")
     assert [m["lr"] for m in lines if m["step"] > 4] == [lr_at(s, 6, 2e-3, 0.1) for s in (4, 5)]

@@ -177,9 +177,10 @@ class Trainer:
         for part in self.parts():
             part.load_state_dict(found.state)
         kept = keep_recorded_schedule(self.cfg, found.state.get("config"))  # the rates it started with
+        self.stage_defaults = [d for d in self.stage_defaults if d.split(" = ")[0] not in kept]  # not applied now
         if self.dist.is_main:
             announce(found, self.step, self.global_batch)
-            print("".join(f"minilmd: {line}\n" for line in kept), end="", flush=True)
+            print("".join(f"minilmd: {line}\n" for line in kept.values()), end="", flush=True)
 
     def parts(self) -> list[Stateful]:
         """The parts whose state_dict fragments make up trainer_state.json, in the order a resume loads them."""
