@@ -27,7 +27,8 @@
 #   MINILMD_TMUX_SOCKET  use a private tmux server (`tmux -L NAME`) instead of the default one
 #   MINILMD_PYTHON       the python that reads CONFIG (default: the python beside minilmd, else python3)
 #   MINILMD_TMUX_RESTART_SEC  seconds before window "run" starts a failed supervisor again (default 30)
-#   MINILMD_*            but MINILMD_TMUX_*, passed on to both windows (e.g. MINILMD_FAULT for a demo)
+#   MINILMD_*            but MINILMD_TMUX_*, passed on to both windows (e.g. MINILMD_FAULT for a demo); those of
+#                        an earlier launch on the same tmux server are not
 #   TMUX_TMPDIR          where tmux keeps its sockets (default /tmp); a socket directory there that is not yours
 #                        alone (another user made tmux-UID first) is refused, exit 2, naming TMUX_TMPDIR
 set -euo pipefail
@@ -115,8 +116,15 @@ passenv=()
 for name in $(compgen -e); do
     [[ "$name" == MINILMD_* && "$name" != MINILMD_TMUX_* ]] && passenv+=("$name=${!name}")
 done
+# A window gets the tmux server's environment, which is that of the launch that started the server: a MINILMD_*
+# of an earlier launch (a demo's MINILMD_FAULT) would reach this run's supervisor. Each one this call does not set
+# is unset for its windows, and MINILMD_TMUX_* (the launcher's own) always.
+unset_env=()
+while IFS='=' read -r name _; do
+    [[ "$name" == MINILMD_* ]] && { [[ "$name" == MINILMD_TMUX_* || -z "${!name+x}" ]]; } && unset_env+=(-u "$name")
+done < <(tm show-environment -g 2>/dev/null || true)
 prefix=()
-(( ${#passenv[@]} )) && prefix=(env "${passenv[@]}")
+(( ${#passenv[@]} + ${#unset_env[@]} )) && prefix=(env "${unset_env[@]}" "${passenv[@]}")
 run_cmd=("${prefix[@]}" "$exe" run "$config")
 logs_cmd=("${prefix[@]}" "$exe" logs -f "$run_dir")
 

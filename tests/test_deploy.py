@@ -161,6 +161,18 @@ def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervis
     assert records[-1]["argv"] == ["run", str(config)] and records[-1]["pid"] != pid_of["run"]
 
 
+@pytest.mark.slow
+def test_a_minilmd_variable_of_an_earlier_launch_never_reaches_another_runs_supervisor(launcher):
+    """tmux gives a new session the environment of the launch that started its server: a demo launched with
+    MINILMD_FAULT first must not inject faults into the user's real run launched after it on the same server."""
+    demo = launcher_config(launcher.root / "demo.toml", "demo", str(launcher.root / "runs" / "demo"))
+    real = launcher_config(launcher.root / "real.toml", "real", str(launcher.root / "runs" / "real"))
+    assert launcher("--no-attach", str(demo), MINILMD_FAULT="sigbus@3").returncode == 0  # starts the server
+    assert launcher("--no-attach", str(real)).returncode == 0
+    runs = {r["argv"][1]: r for r in launcher.records(4) if r["argv"][0] == "run"}
+    assert runs[str(demo)]["fault"] == "sigbus@3" and runs[str(real)]["fault"] is None, runs
+
+
 def test_launcher_names_the_session_from_the_file_or_the_argument_and_resolves_paths(launcher):
     work = launcher.root / "work"
     work.mkdir()

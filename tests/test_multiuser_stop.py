@@ -124,6 +124,21 @@ def test_stop_never_signals_a_supervisor_of_another_user(tmp_path, decoys):
     assert theirs.alive()
 
 
+def test_stop_of_a_run_that_ended_unfinished_says_what_may_start_it_again(tmp_path):
+    """A supervisor SIGKILLed (no outcome recorded) waits for the tmux launcher's or systemd's restart: `stop` finds
+    nothing to signal and says where to stop it instead; a finished run's stop says nothing of it."""
+    run_dir = finished_run(tmp_path)
+    out = io.StringIO()
+    assert views_stop.stop(run_dir, out=out) == 0
+    assert "may start it again" not in out.getvalue(), out.getvalue()
+    st = json.loads((run_dir / names.STATE).read_text())
+    st.update(phase="training", outcome=None)
+    atomic_write_json(run_dir / names.STATE, st)
+    out = io.StringIO()
+    assert views_stop.stop(run_dir, out=out) == 0
+    assert "not running" in out.getvalue() and "may start it again: stop it there" in out.getvalue(), out.getvalue()
+
+
 WITH_WORKER = textwrap.dedent("""
     import subprocess, sys, time
     # a worker in a session of its own, as torchrun starts its ranks: the trainer's group does not hold it

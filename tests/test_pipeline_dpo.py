@@ -136,6 +136,16 @@ def proc_state(pid: int) -> str:
         return ""
 
 
+def pending(pid: int, sig: int) -> bool:
+    """Whether signal `sig` waits to be delivered to the (stopped) process: in its own or its group's pending set."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    masks = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask >> (sig - 1) & 1 for mask in masks)
+
+
 def gone(pid: int) -> bool:
     return proc_state(pid) in ("", "Z")
 
@@ -182,6 +192,8 @@ def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_end
                    LONG, "the new supervisor to find the orphaned trainer")
         second = lock_holder(dpo.run_dir).pid
         assert second != first
+        # the orphan event is written before the supervisor signals: released only once its SIGTERM is there
+        wait_until(lambda: pending(orphan, signal.SIGTERM), LONG, "the new supervisor's SIGTERM to the orphan")
         os.kill(orphan, signal.SIGCONT)  # it got the new supervisor's SIGTERM while held: it saves and exits
         # 4: the remote gone at a restart: held at 13 with step 10 synced (step 12's save may be held half-written
         # with the trainer: it is written in the background). The supervisor is frozen first, so that window run,
@@ -192,6 +204,7 @@ def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_end
         wait_until(lambda: ((state(dpo.run_dir).get("remote_checkpoint") or {}).get("step") or 0) >= 10, LONG,
                    "step 10 synced")
         os.kill(second, signal.SIGSTOP)
+        wait_until(lambda: proc_state(second) == "T", LONG, "the supervisor frozen")
         os.kill(trainer, signal.SIGKILL)
         wait_until(lambda: gone(trainer), LONG, "the trainer gone")
         shutil.rmtree(dpo.cfg.scratch_dir)

@@ -56,6 +56,9 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         outcome = state.outcome
         print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
                                            f"{printable(outcome.reason)})" if outcome else ""), file=out)
+        if outcome is None or outcome.exit not in (0, *protocol.FINAL_EXIT_STATUSES):
+            print("  it ended without finishing, so whatever restarts it may start it again: stop it there (Ctrl-C "
+                  "in the tmux launcher's window run, or `systemctl --user stop minilmd@NAME`)", file=out)
         if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
