@@ -29,8 +29,10 @@ conversations checked line by line, rendered by the tokenizer's own chat templat
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from minilmd.corpus.chat_budget import Exceeded, TemplateLimits, limited
 from minilmd.corpus.chat_sandbox import compile_template
@@ -158,18 +160,27 @@ class ParsedChatBlock:
     n_lines: int = 0
 
 
+def checked_lines(blob: bytes, first_line: int, out,
+                  check: Callable[[Any], tuple[Any, Any]]) -> Iterator[tuple[int, Any]]:
+    """(line number, item) of each line of whole lines of JSONL that `check` accepts (it returns (item, None) or
+    (None, (reason, detail))); the others go to out.bad with their reasons, blank lines to out's counts. Shared by
+    chat (parse_chat_block) and DPO (prepare/dpo_encode.parse_pair_block) corpora."""
+    for lineno, obj, bad in json_lines(blob, first_line, out):
+        if bad is None:
+            item, bad = check(obj)
+            if item is not None:
+                yield lineno, item
+                continue
+        assert bad is not None  # a line is an item or bad
+        out.bad.append((lineno, *bad))
+
+
 def parse_chat_block(blob: bytes, first_line: int) -> ParsedChatBlock:
     """Whole lines of chat JSONL -> the conversations and the bad lines with their reasons."""
     out = ParsedChatBlock()
-    for lineno, obj, bad in json_lines(blob, first_line, out):
-        if bad is None:
-            messages, bad = check_conversation(obj)
-            if messages is not None:
-                out.conversations.append(messages)
-                out.lines.append(lineno)
-                continue
-        assert bad is not None  # a line is a conversation or bad
-        out.bad.append((lineno, *bad))
+    for lineno, messages in checked_lines(blob, first_line, out, check_conversation):
+        out.conversations.append(messages)
+        out.lines.append(lineno)
     return out
 
 

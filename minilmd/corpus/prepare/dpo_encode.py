@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minilmd.corpus.chat import ParsedChatBlock, TurnError, check_conversation, has_special_text
+from minilmd.corpus.chat import ParsedChatBlock, TurnError, check_conversation, checked_lines, has_special_text
 from minilmd.corpus.chat_spans import BlockSpans
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.prepare.chat_encode import COUNTS, ChatBlockEncoder, encoded_block
-from minilmd.corpus.sources.jsonl import json_lines
 
 SIDES = ("chosen", "rejected")
 
@@ -74,15 +73,9 @@ class ParsedPairBlock:
 def parse_pair_block(blob: bytes, first_line: int) -> ParsedPairBlock:
     """Whole lines of DPO JSONL -> the pairs and the bad lines with their reasons."""
     out = ParsedPairBlock()
-    for lineno, obj, bad in json_lines(blob, first_line, out):
-        if bad is None:
-            pair, bad = check_pair(obj)
-            if pair is not None:
-                out.pairs.append(pair)
-                out.lines.append(lineno)
-                continue
-        assert bad is not None
-        out.bad.append((lineno, *bad))
+    for lineno, pair in checked_lines(blob, first_line, out, check_pair):
+        out.pairs.append(pair)
+        out.lines.append(lineno)
     return out
 
 

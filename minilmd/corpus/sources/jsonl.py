@@ -100,7 +100,7 @@ class LongLine:
 def json_lines(blob: bytes, first_line: int, counts) -> Iterator[tuple[int, object, tuple[str, str] | None]]:
     """(line number, JSON value, None) for each line of whole lines of JSONL that decodes, (line number, None,
     (reason, detail)) for one that is not UTF-8 or not JSON; blank lines are only counted (counts.blank, and
-    counts.n_lines for all). Shared by text (parse_block) and chat (chat.parse_chat_block) corpora."""
+    counts.n_lines for all). Shared by text (parse_block), chat and DPO (chat.checked_lines) corpora."""
     lines = blob.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
