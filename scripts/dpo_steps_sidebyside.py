@@ -38,6 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_check_sidebyside import copy_minimind  # beside this script
+
 from minilmd.corpus.prepare.block import split_is_val
 from minilmd.corpus.prepare.dpo_encode import pair_canonical
 
@@ -193,8 +195,7 @@ def compare(work: Path, src: Path, python: str, n: int, lr: float, beta: float, 
     data.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in train), encoding="utf-8")
     both.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in train + val), encoding="utf-8")
     copy = work / "minimind"
-    for folder in ("trainer", "model", "dataset"):  # unmodified; its weights go in ../out, not into the source
-        shutil.copytree(src / folder, copy / folder)
+    copy_minimind(src, copy)
     weights = write_weights(copy, python)
     theirs = run_minimind(copy, python, data, seq_len, n, lr, beta, epochs=2)
     lr1 = minimind_lr1(lr, 2)

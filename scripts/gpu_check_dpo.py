@@ -200,9 +200,7 @@ def minimind_dpo(work: Path, src: Path, q: dict, pairs: Path, dry: bool, h: Simp
     deps = subprocess_check(f"import {side.NEEDS}")
     if deps:
         return "skip", f"MiniMind's trainer needs {side.NEEDS}: {deps}"
-    for folder in ("trainer", "model", "dataset"):  # unmodified; run from WORK (its weights go in ../out)
-        shutil.rmtree(copy / folder, ignore_errors=True)
-        shutil.copytree(src / folder, copy / folder)
+    side.copy_minimind(src, copy)
     h.took("minimind dpo run")
     lines: list[str] = []
     seen, iters, tail = side.run_minimind(copy, cmd, q["warm_steps"] + q["timed_steps"], timeout=min(left, 200),

@@ -47,6 +47,17 @@ def find_minimind() -> Path | None:
     return next((c for c in candidates if (c / "trainer" / "train_pretrain.py").is_file()), None)
 
 
+def copy_minimind(src: Path, copy: Path) -> None:
+    """MiniMind's trainer/, model/ and dataset/ copied unmodified into `copy` (an earlier copy replaced), for a
+    trainer that reads and writes `../out` beside its trainer/ folder (init_model's from_weight): run in the copy,
+    it never writes into the shared source, which is not ours."""
+    import shutil
+
+    for folder in ("trainer", "model", "dataset"):
+        shutil.rmtree(copy / folder, ignore_errors=True)
+        shutil.copytree(src / folder, copy / folder)
+
+
 def minimind_command(work: Path, p: dict, compiled: bool = False) -> list[str]:
     m = p["model"]
     return [sys.executable, "train_pretrain.py", "--data_path", str(work / "text.jsonl"),
