@@ -230,8 +230,22 @@ def mkdir_new(root: str, names: tuple[str, ...], show: Show) -> None:
             uid = os.stat(names[i - 1], dir_fd=fd, follow_symlinks=False).st_uid
             OWN_UIDS.add(uid)  # as the server sees us
         if i == 1 and uid != own_uid():  # a squashing share: the owner cannot tell this user's from another's
-            with os.fdopen(open_new(root, (names[0], REMOTE_MARK), show), "wb") as f:
-                f.write(mark())
+            _mark_new(root, names[0], show)
+
+
+def _mark_new(root: str, name: str, show: Show) -> None:
+    """Write this user's REMOTE_MARK into the directory `name` just made in root; where that fails (a full share),
+    the directory goes again, through its descriptor: unmarked, no later sync could remove it."""
+    try:
+        with os.fdopen(open_new(root, (name, REMOTE_MARK), show), "wb") as f:
+            f.write(mark())
+    except BaseException:
+        with contextlib.suppress(OSError), parent_fd(root, (name, REMOTE_MARK), show) as fd:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(REMOTE_MARK, dir_fd=fd)
+            with parent_fd(root, (name,), show) as root_fd:
+                os.rmdir(name, dir_fd=root_fd)
+        raise
 
 
 def open_new(root: str, names: tuple[str, ...], show: Show) -> int:
