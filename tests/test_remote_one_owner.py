@@ -30,7 +30,7 @@ from second_user import second_user, sh_as_user
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 from waiting import without_blocking
 
-NOT_MADE = "not made by a sync of this user"
+NOT_MADE = "(the owner this share gives every user's files)"
 
 
 def dead_pid() -> int:
@@ -96,6 +96,7 @@ def test_retention_and_the_clean_up_leave_what_they_did_not_make_though_its_owne
     assert (remote / theirs[3] / MODEL_FILE).read_text() == "half\n"
     for name in theirs:
         assert sum(f"{remote}/{name} is" in m and NOT_MADE in m for m in logs) == 1, (name, logs)
+    assert any(f"{remote}/step-00000008 is" in m and f"whose {REMOTE_MARK} is another user's" in m for m in logs)
 
 
 def test_the_fetch_never_sets_aside_what_it_did_not_make(tmp_path, weights, squashing):

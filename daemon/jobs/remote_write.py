@@ -52,6 +52,10 @@ anonymous user's entries count as this user's: another squashed root's look the 
 
 
 
+MARK_MAX_BYTES = 256
+"""A REMOTE_MARK is one short line: a longer one is not read (nor anyone's mark)."""
+
+
 class NotOurs(OSError):
     """An entry of the remote a sync would write through, replace, remove or move into, and may not: its message
     says what it is (an OSError: the sync fails and is retried, as on any error of the remote)."""
@@ -110,15 +114,14 @@ def not_made_here(path: str) -> str | None:
             uid = os.fstat(fd).st_uid
             if uid == own_uid():
                 return None
-            if read_bytes(REMOTE_MARK, max_bytes=len(mark()), dir_fd=fd) == mark():
+            if read_bytes(REMOTE_MARK, max_bytes=MARK_MAX_BYTES, dir_fd=fd) == mark():
                 return None
-            found = "not this user's"
+            found = f"whose {REMOTE_MARK} is another user's"
         except Unreadable as e:
-            found = "missing" if e.missing else e.why
+            found = f"without a {REMOTE_MARK}" if e.missing else f"whose {REMOTE_MARK} cannot be read ({e.why})"
         finally:
             os.close(fd)
-        return f"a directory owned by uid {uid}, the owner this share gives every user's files, whose " \
-               f"{REMOTE_MARK} is {found}: not made by a sync of this user"
+        return f"a directory owned by uid {uid} (the owner this share gives every user's files) {found}"
     return None
 
 
