@@ -48,7 +48,8 @@ OWN_UIDS = {own_uid()}
 """The owners this process's own entries on a remote show: its uid, and the one a server maps it to, learnt from
 each directory `mkdir_new` makes (NFS's root_squash, the default, makes root's files the anonymous user's: a run as
 root in a container would otherwise never delete its own old checkpoints and fill the share). On such a share the
-anonymous user's entries count as this user's: another squashed root's look the same from here."""
+anonymous user's entries count as this user's for what a sync reads (another squashed root's, or every user's under
+all_squash, look the same from here); what it removes or sets aside needs this user's mark too (`not_made_here`)."""
 
 
 
