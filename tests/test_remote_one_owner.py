@@ -123,6 +123,24 @@ def test_a_copy_never_replaces_a_directory_at_its_step_name_it_did_not_make(tmp_
     assert os.listdir(remote) == ["step-00000010"]
 
 
+def test_another_users_higher_step_neither_stops_the_sync_nor_takes_its_keep(tmp_path, weights,
+                                                                            squashing):
+    """His intact copy planted as step-99999990, of the owner the run's own steps have there: on main the sync
+    deferred to it as the remote's newest, pointed LATEST at it and never copied the run's checkpoints again. Now it
+    is passed by as the newest and not counted among the `keep` (2) the run keeps of its own."""
+    remote, local, logs = tmp_path / "remote", tmp_path / "scratch", list[str]()
+    syncer = Syncer(local, str(remote), EXPECTED, keep=2, log=logs.append)
+    save(local, 10, weights)
+    without_blocking(syncer.sync_newest)
+    squashing("cp -r step-00000010 step-99999990", remote)
+    for step in (20, 30):
+        save(local, step, weights)
+        without_blocking(syncer.sync_newest)
+    assert (remote / LATEST).read_text().strip() == "step-00000030", logs
+    assert sorted(os.listdir(remote)) == [LATEST, "step-00000020", "step-00000030", "step-99999990"], logs
+    assert os.lstat(remote / "step-99999990").st_uid == SQUASHED
+
+
 def test_on_a_squashing_share_another_users_entries_are_left(tmp_path, weights, monkeypatch):
     """The run as root through a mount that gives every file it makes nobody's uid, as a squashing export does, and a
     real second user (nobody) writing the same export: what he made is owned by the uid the run learns as its own."""
