@@ -44,14 +44,22 @@ class RunFiles:
         logs = sorted(p for p in (self.run_dir / names.ATTEMPT_LOGS).iterdir() if names.is_attempt_log(p.name))
         return int(logs[-1].stem.split("-")[1]) if logs else 0
 
-    def adopt_previous_state(self) -> None:
+    def adopt_previous_state(self, remote: str | None) -> None:
+        """What the previous supervisor's state.json holds that survives a restart (RunState.adopt), for a run whose
+        remote is `remote` now; a remote checkpoint it recorded on another remote is said, and not adopted."""
         try:
-            self.state.adopt(load_state(self.run_dir))
+            self.state.adopt(load_state(self.run_dir), remote)
         except Unreadable as e:
             self.state.previous_unreadable = "" if e.missing else e.why
             if not e.missing:
                 self.events.emit("adopt", f"the previous {names.STATE} cannot be read ({e.why}): nothing adopted",
                                  unreadable=e.why)  # for later starts: its remote step is unknown (remotewait)
+        if (other := self.state.other_remote) is not None:
+            old = other.path.rsplit("/", 1)[0] if other.path else "a remote it did not name"
+            self.events.emit("adopt", f"run.remote is {remote or 'unset'} now: the previous {names.STATE} recorded "
+                                      f"step {other.step} synced to {old}, another remote; nothing counts as synced "
+                                      f"to {remote or 'a remote'} until a sync there (what {old} holds is left as it "
+                                      f"is)", previous_remote=old, remote=remote)
         if self.state.overrides:
             self.events.emit("adopt", f"keeping overrides from the previous supervisor: {self.state.overrides}")
 

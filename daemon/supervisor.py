@@ -110,7 +110,7 @@ class Supervisor(Ending):
             return 1
         try:
             self.signals.install()
-            self.files.adopt_previous_state()
+            self.files.adopt_previous_state(self.cfg.run.remote)
             self.phase = self.state.phase = first_phase(initwait.must_wait(self.cfg))
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")

@@ -124,6 +124,7 @@ BEST = "BEST"  # the checkpoint of the best validation by early_stop.metric; pru
 QUARANTINE = "quarantine"  # quarantine/<name>-<time>/: damaged checkpoints set aside, never deleted
 REASON_FILE = "reason.txt"  # in a quarantined checkpoint: why it was set aside
 TMP_PREFIX = ".tmp-"  # every temporary directory in a checkpoint root
+REMOTE_MARK = ".minilmd-sync"  # in each directory a sync makes in a local remote's root: whose sync made it
 
 MANIFEST = "manifest.json"  # size and sha256 of every other file; written last
 MODEL_FILE = "model.safetensors"

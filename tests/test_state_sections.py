@@ -34,7 +34,7 @@ def test_a_new_state_is_written_back_key_for_key_and_the_optional_keys_appear_on
     assert written["local_checkpoint"] == {"step": 4, "time": 1.0, "path": "p", "blocking_s": 0.5}
     assert set(written["restarts"][0]) == {"time", "attempt", "cause", "exit", "step", "detail", "action", "delay_s"}
     assert "previous_child" not in written
-    st.adopt(written)
+    st.adopt(written, None)
     assert "previous_child" in st.data and st.data["previous_child"] is None  # the previous one ran no trainer
 
 
@@ -58,7 +58,7 @@ def test_status_and_the_supervisor_read_a_damaged_state_json_without_a_traceback
     text = out.getvalue()
     assert text.startswith("run ? (?): ? for") and "restarts: 1 (last: oom at step None, - -> " in text
     st = RunState(run_dir / names.STATE, new_state("r", run_dir, "r.toml"))
-    st.adopt(json.loads((run_dir / names.STATE).read_text()))
+    st.adopt(json.loads((run_dir / names.STATE).read_text()), None)
     assert st.overrides == {} and st.remote_checkpoint is None and st.no_progress_streak == 0
     assert len(st.restarts) == 1 and st.restarts[0].cause == "oom"
     st.save()

@@ -23,7 +23,14 @@ from typing import NamedTuple
 
 from minilmd import names
 from minilmd.daemon.base.states import Phase, StagingState, SyncState
-from minilmd.daemon.base.statesections import LocalCheckpoint, Staging, StateJson, SupervisorInfo, Sync
+from minilmd.daemon.base.statesections import (
+    LocalCheckpoint,
+    RemoteCheckpoint,
+    Staging,
+    StateJson,
+    SupervisorInfo,
+    Sync,
+)
 from minilmd.fsio import atomic_write_json
 from minilmd.metrics import REWARDS, number
 from minilmd.perms import own_uid
@@ -114,6 +121,16 @@ def read_state(run_dir: str | os.PathLike) -> dict | None:
         return None
 
 
+def names_remote(path: str | None, url: str | None) -> bool:
+    """`path` (a RemoteCheckpoint's, a sync/fetch event's remote) is `url` or a checkpoint directly under it: a
+    record of another remote (run.remote changed since) says nothing of this one, nor does any record once the run
+    has no remote."""
+    if not path or not url:
+        return False
+    url, path = url.rstrip("/"), str(path).rstrip("/")
+    return path == url or path.rsplit("/", 1)[0] == url
+
+
 def new_state(name: str, run_dir: Path, config_path: str) -> dict:
     """The shape of state.json; every key is always present so that readers need no guessing."""
     t = now()
@@ -148,6 +165,9 @@ class RunState(StateJson):
         self.previous_unreadable = ""
         """Why the previous supervisor's state.json could not be read ("" when it could or there was none): its
         remote checkpoint is then unknown (daemon/jobs/remotewait.py)."""
+        self.other_remote: RemoteCheckpoint | None = None
+        """The previous supervisor's remote checkpoint when it is on another remote than run.remote now (`adopt`):
+        not this run's remote checkpoint, which starts its own record with the first sync there."""
 
     def __getitem__(self, key: str):
         """state["devices"], state["slurm"]: for daemon/slurm/job.py, which its tests hand a plain dict."""
@@ -177,15 +197,19 @@ class RunState(StateJson):
         self.last_error_at = now()
         self.last_error_step = self.progress.step
 
-    def adopt(self, old: dict | None) -> None:
+    def adopt(self, old: dict | None, remote: str | None) -> None:
         """Keep from the previous supervisor's state.json what must survive a restart: the micro-batch the GPU
-        fits, the last remote checkpoint, the restart history if that supervisor did not end (it crashed or was
-        killed), and which trainer it ran. A field of the wrong type there counts as missing."""
+        fits, the last remote checkpoint when it is on `remote` (the run.remote now; one on another remote is kept
+        in `other_remote` only, for the caller to say: nothing is synced to this one yet), the restart history if
+        that supervisor did not end (it crashed or was killed), and which trainer it ran. A field of the wrong
+        type there counts as missing."""
         if not old or not isinstance(old, dict):
             return
         read = StateJson.from_dict(old)
         self.overrides = read.overrides
         self.remote_checkpoint = read.remote_checkpoint
+        if read.remote_checkpoint is not None and not names_remote(read.remote_checkpoint.path, remote):
+            self.other_remote, self.remote_checkpoint = read.remote_checkpoint, None
         if read.outcome is None or not old.get("outcome"):  # that supervisor did not end (or its outcome is bad)
             self.restarts = read.restarts
             self.no_progress_streak = read.no_progress_streak

@@ -9,6 +9,15 @@ pointer's temp file is mkstemp's (fsio.atomic_write_text): O_EXCL|O_NOFOLLOW alr
 of this user makes is ever removed or set aside (quarantine/): a real directory (a pointer's temp file: a regular
 file) owned by this user (lstat st_uid), never a link nor another user's entry, whatever its name says; what is
 left is said. The root itself is the run's configuration, taken as it is. Torch-free.
+
+An owner proves nothing on a share that gives every file one owner (NFS's all_squash; root_squash for runs as root):
+there another user's directory is owned by the very uid this process's own get (OWN_UIDS). So where the share gives
+this process's directories another uid than its own, each one a sync makes in the root also holds a mark
+(names.REMOTE_MARK, written as it is made: `mkdir_new`) naming the local user whose sync made it, and a directory
+owned by such a uid is removed or set aside only when it holds that mark too (`not_made_here`): the owner the server
+shows may be anyone's there, the mark is only this user's syncs'. One without it (another user's, one copied there
+by hand or synced by an older minilmd) is left, and said. This process's own uid stays proof enough: a server that
+squashes gives it to no one else's files (unless it maps everyone to it: all_squash with anonuid this uid).
 """
 from __future__ import annotations
 
@@ -24,13 +33,14 @@ from minilmd.names import (
     LATEST,
     QUARANTINE,
     REASON_FILE,
+    REMOTE_MARK,
     atomic_tmp_prefix,
     host_tag,
     pointer_tmp_tag,
     quarantine_name,
 )
 from minilmd.perms import own_uid
-from minilmd.untrusted import file_kind, printable
+from minilmd.untrusted import Unreadable, file_kind, printable, read_bytes
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -38,8 +48,13 @@ OWN_UIDS = {own_uid()}
 """The owners this process's own entries on a remote show: its uid, and the one a server maps it to, learnt from
 each directory `mkdir_new` makes (NFS's root_squash, the default, makes root's files the anonymous user's: a run as
 root in a container would otherwise never delete its own old checkpoints and fill the share). On such a share the
-anonymous user's entries count as this user's: another squashed root's look the same from here."""
+anonymous user's entries count as this user's for what a sync reads (another squashed root's, or every user's under
+all_squash, look the same from here); what it removes or sets aside needs this user's mark too (`not_made_here`)."""
 
+
+
+MARK_MAX_BYTES = 256
+"""A REMOTE_MARK is one short line: a longer one is not read (nor anyone's mark)."""
 
 
 class NotOurs(OSError):
@@ -79,6 +94,35 @@ def not_ours(path: str, file: bool = False) -> str | None:
         return what_is(path)
     if not (stat.S_ISREG(st.st_mode) if file else stat.S_ISDIR(st.st_mode)):
         return f"{file_kind(st.st_mode)}, not what a sync makes"
+    return None
+
+
+def mark() -> bytes:
+    """What names.REMOTE_MARK holds in a directory a sync of this process's user made: that user's uid here, as the
+    server never changes it (it maps owners, not what a file holds)."""
+    return f"made by a sync of uid {own_uid()}\n".encode()
+
+
+def not_made_here(path: str) -> str | None:
+    """Why the directory at path is not one a sync of this user made, None when it is one, or is not there: what may
+    be removed or set aside. `not_ours`, and where its owner is not this process's own uid but one the share gives
+    everyone's files, this user's REMOTE_MARK in it (the owner proves nothing there)."""
+    if why := not_ours(path):
+        return why
+    with contextlib.suppress(FileNotFoundError):
+        fd = os.open(path, DIR_FLAGS)
+        try:
+            uid = os.fstat(fd).st_uid
+            if uid == own_uid():
+                return None
+            if read_bytes(REMOTE_MARK, max_bytes=MARK_MAX_BYTES, dir_fd=fd) == mark():
+                return None
+            found = f"whose {REMOTE_MARK} is another user's"
+        except Unreadable as e:
+            found = f"without a {REMOTE_MARK}" if e.missing else f"whose {REMOTE_MARK} cannot be read ({e.why})"
+        finally:
+            os.close(fd)
+        return f"a directory owned by uid {uid} (the owner this share gives every user's files) {found}"
     return None
 
 
@@ -125,9 +169,10 @@ def learn_own_uid(root: str) -> None:
 
 
 def remove_ours(path: str, file: bool = False) -> str | None:
-    """Remove the entry at path when a sync of this user made it (not_ours); else leave it and say what it is.
-    None when removed or not there. A directory goes with shutil.rmtree, which follows no link inside it."""
-    if why := not_ours(path, file):
+    """Remove the entry at path when a sync of this user made it (a directory: not_made_here; a pointer's temp file:
+    not_ours); else leave it and say what it is. None when removed or not there. A directory goes with
+    shutil.rmtree, which follows no link inside it."""
+    if why := (not_ours(path, file) if file else not_made_here(path)):
         return why
     try:
         if file:
@@ -177,14 +222,34 @@ def _taken(root: str, names: tuple[str, ...], show: Show) -> NotOurs:
 
 
 def mkdir_new(root: str, names: tuple[str, ...], show: Show) -> None:
-    """Make each directory of names below root, every one new (the umask gives its mode, as the run's policy)."""
+    """Make each directory of names below root, every one new (the umask gives its mode, as the run's policy); the
+    first, in the root, holding this user's REMOTE_MARK where the share gives it another owner than this process's
+    uid (not_made_here: what a sync may remove later)."""
     for i in range(1, len(names) + 1):
         with parent_fd(root, names[:i], show) as fd:
             try:
                 os.mkdir(names[i - 1], 0o777, dir_fd=fd)
             except FileExistsError:
                 raise _taken(root, names[:i], show) from None
-            OWN_UIDS.add(os.stat(names[i - 1], dir_fd=fd, follow_symlinks=False).st_uid)  # as the server sees us
+            uid = os.stat(names[i - 1], dir_fd=fd, follow_symlinks=False).st_uid
+            OWN_UIDS.add(uid)  # as the server sees us
+        if i == 1 and uid != own_uid():  # a squashing share: the owner cannot tell this user's from another's
+            _mark_new(root, names[0], show)
+
+
+def _mark_new(root: str, name: str, show: Show) -> None:
+    """Write this user's REMOTE_MARK into the directory `name` just made in root; where that fails (a full share),
+    the directory goes again, through its descriptor: unmarked, no later sync could remove it."""
+    try:
+        with os.fdopen(open_new(root, (name, REMOTE_MARK), show), "wb") as f:
+            f.write(mark())
+    except BaseException:
+        with contextlib.suppress(OSError), parent_fd(root, (name, REMOTE_MARK), show) as fd:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(REMOTE_MARK, dir_fd=fd)
+            with parent_fd(root, (name,), show) as root_fd:
+                os.rmdir(name, dir_fd=root_fd)
+        raise
 
 
 def open_new(root: str, names: tuple[str, ...], show: Show) -> int:
@@ -201,8 +266,9 @@ def set_aside(root: str, name: str, reason: str, show: Show) -> str:
     directory of this user) as `<name>-<time>`, with reason.txt saying why, as checkpoint_dirs.quarantine does in
     scratch: its path. NotOurs, saying what was found, when either is not this user's: nothing
     is moved into, nor written into, another's directory."""
-    for entry in (name, QUARANTINE):
-        if why := not_ours(os.path.join(root, entry)):
+    for entry, why in ((name, not_made_here(os.path.join(root, name))),
+                       (QUARANTINE, not_ours(os.path.join(root, QUARANTINE)))):  # moved into, not moved
+        if why:
             raise NotOurs(errno.EEXIST, f"{show(entry)} is {why}: not this run's, left as it is")
     with contextlib.suppress(NotOurs):  # there already: opened no-follow and its owner checked below
         mkdir_new(root, (QUARANTINE,), show)

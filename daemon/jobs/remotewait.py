@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.base.runstate import state_owners
+from minilmd.daemon.base.runstate import names_remote, state_owners
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.shared_place import Place, look
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular
@@ -55,15 +55,6 @@ class Records:
     """SYNCED, NEVER or UNKNOWN."""
     why: str
     """In words: the record that says it synced ("state.json records step 194 on it"), or what cannot be read."""
-
-
-def names_remote(path: str | None, url: str) -> bool:
-    """`path` (a RemoteCheckpoint's, a sync/fetch event's remote) is `url` or a checkpoint directly under it: a
-    record of another remote (run.remote changed since) says nothing of this one."""
-    if not path:
-        return False
-    url, path = url.rstrip("/"), str(path).rstrip("/")
-    return path == url or path.rsplit("/", 1)[0] == url
 
 
 def records(url: str, run_dir: Path, remote: RemoteCheckpoint | None, state_unreadable: str = "") -> Records:

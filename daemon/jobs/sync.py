@@ -36,7 +36,7 @@ from pathlib import Path
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
-from minilmd.daemon.jobs import basecopy
+from minilmd.daemon.jobs import basecopy, remote_write
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.names import (
@@ -146,7 +146,7 @@ class Syncer(Fetcher):
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
         scan = self._scan()
         remote_steps = [n for n, (_, problems) in scan.items() if not problems]
-        remote_newest = max((step_of(n) for n in remote_steps), default=None)
+        remote_newest = max((step_of(n) for n in remote_steps if self._made_here(n)), default=None)
 
         for local in reversed(list_checkpoints(self.local_root)):
             step = step_of(local)
@@ -185,6 +185,19 @@ class Syncer(Fetcher):
         """The remote's steps of this run (`_steps`), each with Remote.intact's (manifest, problems): its manifest
         and sizes read once a sync."""
         return {name: self.remote.intact(name) for name in self._steps()}
+
+    def _made_here(self, name: str) -> bool:
+        """Whether the remote step `name` of this run (Remote.steps: by its owner) was made by a sync of this user
+        (remote_write.not_made_here; every step of a store that is not a local path): on a share that gives every
+        file one owner, another user's step is this run's by its owner alone, so it is neither what the sync defers
+        to (a planted step-99999990 would stop every copy and take LATEST) nor one of the `keep` it keeps. A look
+        that fails says no."""
+        if not self.remote.local:
+            return True
+        try:
+            return remote_write.not_made_here(self.remote.path(name)) is None
+        except OSError:
+            return False
 
     def _problems(self, name: str, scan: Scan) -> list[str]:
         """Remote.intact's problems of `name`: this sync's scan's when it holds it (a name that is no step of
@@ -381,7 +394,7 @@ class Syncer(Fetcher):
             if name == best:
                 continue  # the lowest val loss stays, not counted among the newest
             if kept < self.keep or name == latest:
-                kept += 1
+                kept += self._made_here(name)  # another's, where only a mark tells (an older minilmd's too): kept
                 continue
             self._remove(name, removed)
         return removed
