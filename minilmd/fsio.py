@@ -45,13 +45,6 @@ def fsync_dir(path: str | os.PathLike) -> None:
     fsync_file(path)
 
 
-def publish_file(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
-    """Put a complete temporary file in place of `final`: fsync it, rename it, fsync the directory."""
-    fsync_file(tmp)
-    os.replace(tmp, final)
-    fsync_dir(Path(final).parent)
-
-
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None, tag: str = "") -> None:
     """Write a file so that a reader sees the old content or the new, never a half: temp file, fsync, rename.
     The directory is not fsynced (state.json is rewritten every second): after a power loss the old content

@@ -76,12 +76,12 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                         "scratch, a corpus's meta.json inside a checked directory; the remote's pointer "
                         "(mkstemp: O_EXCL|O_NOFOLLOW); the missing parents of --out or of the GPU lock "
                         "directory, after their callers checked the chain that exists", {
-        ("publish_file", "os.replace"): 1, ("atomic_write_text", "tempfile.mkstemp"): 1,
+        ("atomic_write_text", "tempfile.mkstemp"): 1,
         ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
         ("publish_dir", "shutil.rmtree"): 1, ("rename_new", "os.rename"): 1, ("make_missing_dirs", "os.mkdir"): 1}),
     "minilmd/leftovers.py": ("gap", "a killed maker's leftover beside an output: only this user's real directory, "
-                             "its maker gone; prepare sweeps only where no one else can rearrange (not with "
-                             "--group-share); an export's --out and a remote's checkpoint root still by path", {
+                             "its maker gone; prepare and export sweep only where no one else can rearrange "
+                             "(dirfd's rule; not prepare --group-share); a remote's checkpoint root still by path", {
         ("remove", "shutil.rmtree"): 1, ("remove", ".unlink"): 1}),
     "minilmd/scratch.py": ("private", PRIVATE_SCRATCH, {
         ("_make_private_dir", "os.mkdir"): 1, ("claim", ".mkdir"): 1, ("_write_marker", "open"): 1,
@@ -173,22 +173,18 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("MetricsLog.__init__", ".mkdir"): 1, ("MetricsLog._end_torn_line", "open"): 1, ("MetricsLog.write", "open"): 1,
         ("MetricsLog.heartbeat", ".write_text"): 1, ("MetricsLog.heartbeat", "os.replace"): 1}),
     "trainer/loop/train.py": ("gap", RUN_DIR + "; and scratch", {("run", ".mkdir"): 1, ("run", ".unlink"): 1}),
-    "trainer/model/adapter.py": ("gap", "export --out (an HF PEFT directory): export_paths.py's fresh temporary "
-                                 "directory beside --out, by path; the base's private copy in a fresh 0700 "
-                                 "directory of tempfile's", {
+    "trainer/model/adapter.py": ("private", "export --out (an HF PEFT directory): " + PRIVATE_TMP + " (export_paths."
+                                 "ExportCopy, in the directory of --out checked by dirfd's rule); the base's private "
+                                 "copy in a fresh 0700 directory of tempfile's", {
         ("export_peft", ".write_text"): 1, ("export_peft", "safetensors.save_file"): 1,
         ("_from_copy", "tempfile.TemporaryDirectory"): 1}),
     "trainer/model/basecopy_read.py": ("private", "a private copy in a fresh 0700 directory of this user's", {
         ("private_copy", ".mkdir"): 1, ("private_copy", ".write_bytes"): 2, ("private_copy", "open"): 1}),
-    "trainer/model/export.py": ("gap", "export --out: export_paths.py's fresh temporary directory beside --out, "
-                                "by path; a MiniMind .pth through export_paths' O_EXCL file object", {
+    "trainer/model/export.py": ("private", "export --out: " + PRIVATE_TMP + " (export_paths.ExportCopy, in the "
+                                "directory of --out checked by dirfd's rule); a MiniMind .pth through its O_EXCL "
+                                "file object made at the copy's descriptor", {
         ("_write_hf", ".write_text"): 1, ("_write_hf", ".write_bytes"): 1, ("_write_hf", "safetensors.save_file"): 1,
         ("write_minimind", "torch.save"): 1}),
-    "trainer/model/export_paths.py": ("gap", "export --out: an O_EXCL temporary name of its maker beside --out, "
-                                      "removed only when made by it (export_paths.py), by path", {
-        ("_writing", ".mkdir"): 2, ("_writing", "os.open"): 1, ("_remove_if_made", "shutil.rmtree"): 1,
-        ("_remove_if_made", ".unlink"): 1,
-        ("publish", "os.rename"): 1}),
 }
 
 
