@@ -144,7 +144,9 @@ def cost_of_determinism(work: Path, p: dict, dry: bool, h: SimpleNamespace, trai
         if h.minilmd("train", str(config), env=env).returncode != 0:
             parts.append(f"{mode}: the train.deterministic = false run failed")
             continue
-        det, nondet = (h.median([m["tok_s"] for m in h.read_metrics(run, "train") if m["step"] > p["warm_steps"]])
+        last = p["warm_steps"] + p["timed_steps"]  # part 4's own steps: part 5 run carries the compiled run on
+        det, nondet = (h.median([m["tok_s"] for m in h.read_metrics(run, "train")
+                                 if p["warm_steps"] < m["step"] <= last])
                        for run in (work / mode / "run", work / name / "run"))
         parts.append(f"{mode} deterministic {det:,.0f} vs default kernels {nondet:,.0f} tok/s ({p['nondet_steps']} "
                      f"timed steps): {det / nondet:.3f}x ({time.monotonic() - started:.0f}s)")

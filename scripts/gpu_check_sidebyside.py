@@ -165,7 +165,9 @@ def minilmd_tok_s(run_dir: Path, p: dict, read_metrics) -> float | None:
     """The median real tok/s of part 4's run in `run_dir` past its warm-up steps; None when it did not run."""
     if not (run_dir / "metrics.jsonl").exists():
         return None
-    timed = [m["tok_s"] for m in read_metrics(run_dir, "train") if m["step"] > p["warm_steps"]]
+    # part 4's own timed steps (part 5 run carries the compiled run on past them)
+    timed = [m["tok_s"] for m in read_metrics(run_dir, "train")
+             if p["warm_steps"] < m["step"] <= p["warm_steps"] + p["timed_steps"]]
     return median(timed) if timed else None
 
 

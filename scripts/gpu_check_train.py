@@ -108,7 +108,9 @@ def part_run(work: Path, p: dict, dry: bool) -> tuple[str, str]:
     for key, value in (("max_steps", steps), ("checkpoint_every", 4), ("log_every", 1)):
         text = re.sub(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
     config.write_text(text, encoding="utf-8")
-    kill = (base if carried else 0) + 1
+    # carried on: killed at its first new step (its compile cache is warm from part 4's); from step 0: after its first
+    # checkpoint (step 4) and compile, so that the restart still reads a cache the run made
+    kill = base + 1 if carried else 6
     env = {"MINILMD_FAULT": f"sigkill@{kill}", **dict.fromkeys(CACHE_DIRS)}
     if dry:
         env["TORCHDYNAMO_DISABLE"] = "1"
