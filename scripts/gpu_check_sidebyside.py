@@ -14,6 +14,7 @@ In the dry run the command is checked against the trainer's own argparse flags a
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -84,13 +85,16 @@ def check_command(src: Path, cmd: list[str], p: dict) -> list[str]:
     return problems
 
 
+@functools.cache
 def mean_real_tokens(src: Path, jsonl: Path, seq_len: int) -> float:
-    """MiniMind's real tokens per row of this corpus: BOS + the text's tokens + EOS, cut at seq_len."""
+    """MiniMind's real tokens per row of this corpus: BOS + the text's tokens + EOS, cut at seq_len. Counted once a
+    part (its compiled and eager runs read the same corpus), in one batch over the CPU's cores: one encode a line
+    took 8 s for part 0's 6,000 documents on 2 cores."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(src / "model" / "tokenizer.json"))
-    lengths = [min(len(tok.encode(str(json.loads(line)["text"]), add_special_tokens=False).ids), seq_len - 2) + 2
-               for line in jsonl.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts = [str(json.loads(line)["text"]) for line in jsonl.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lengths = [min(len(e.ids), seq_len - 2) + 2 for e in tok.encode_batch(texts, add_special_tokens=False)]
     return sum(lengths) / max(len(lengths), 1)
 
 
