@@ -183,6 +183,14 @@ FileTable = Mapping[str, Mapping]
 """{name: {"size": bytes, "sha256": hex digest}}: a checkpoint's manifest["files"], a corpus's meta["files"]."""
 
 
+def file_entry_problems(files: dict, listed_in: str) -> list[str]:
+    """A file table read from elsewhere (a checkpoint's manifest), entry by entry: a plain name in its directory
+    (no "/", not "", "." or "..": a name from another user's table is never a path), its size and its sha256."""
+    return [f"{listed_in}: bad entry for {name!r}" for name, entry in files.items()
+            if not isinstance(name, str) or "/" in name or name in ("", ".", "..") or not isinstance(entry, dict)
+            or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str)]
+
+
 def table_problems(table: FileTable, size_of: Callable[[str], int | None],
                    sha256_of: Callable[[str], str] | None = None, listed_in: str = "the manifest",
                    label: Callable[[str], str] = str) -> list[str]:
