@@ -5,21 +5,22 @@ LoRA base's, a file in it), pointing at a file the sync's user may write (~/.bas
 land there. So every directory a sync makes is made new (mkdir, never "exist ok": a name already taken is
 refused, saying what it is), every file opened O_CREAT|O_EXCL|O_NOFOLLOW, and each directory on the way from the
 root is opened without following a link (a descriptor, not a path: nothing can be swapped in between). A
-pointer's temp file is mkstemp's (fsio.atomic_write_text): O_EXCL|O_NOFOLLOW already. And only what a sync
-of this user makes is ever removed or set aside (quarantine/): a real directory (a pointer's temp file: a regular
-file) owned by this user (lstat st_uid), never a link nor another user's entry, whatever its name says; what is
-left is said. The root itself is the run's configuration, taken as it is. Torch-free.
+pointer's temp file is Dir.write_atomic's: O_EXCL|O_NOFOLLOW too. And only what a sync of this user makes is ever
+removed or set aside (quarantine/): a real directory (a pointer's temp file: a regular file) owned by this user
+(lstat st_uid), never a link nor another user's entry, whatever its name says; what is left is said. Every write
+starts at the root's descriptor, opened once and checked by dirfd's rule (Remote._root: minilmd/dirfd.py's Dir),
+never at its path: the root, or a directory above it, swapped for a link afterwards redirects nothing. Torch-free.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
 
+from minilmd.dirfd import Dir
 from minilmd.names import (
     LATEST,
     QUARANTINE,
@@ -124,27 +125,37 @@ def learn_own_uid(root: str) -> None:
             os.close(root_fd)
 
 
-def remove_ours(path: str, file: bool = False) -> str | None:
-    """Remove the entry at path when a sync of this user made it (not_ours); else leave it and say what it is.
-    None when removed or not there. A directory goes with shutil.rmtree, which follows no link inside it."""
-    if why := not_ours(path, file):
+def in_root(root: Dir, *names: str) -> str:
+    """A path to names below the root's descriptor (Dir.inside, /proc/self/fd/N), for a look (not_ours, what_is):
+    the last name lstat'ed in the directory the descriptor holds, whatever the root's path leads to now."""
+    return "/".join([str(root.inside), *names])
+
+
+def remove_ours(root: Dir, name: str, file: bool = False) -> str | None:
+    """Remove `name` of the root when a sync of this user made it (not_ours); else leave it and say what it is.
+    None when removed or not there. A directory goes through descriptors (Dir.remove_tree: no link followed inside
+    it), and only while its name still leads to the very directory looked at."""
+    if why := not_ours(in_root(root, name), file):
         return why
-    try:
-        if file:
-            os.unlink(path)
-        else:
-            shutil.rmtree(path)
-    except FileNotFoundError:
-        pass
-    return None
+    st = root.lstat(name)
+    if st is None:
+        return None
+    if file:
+        with contextlib.suppress(FileNotFoundError):
+            root.remove_file(name)
+        return None
+    if root.remove_tree(name, (st.st_dev, st.st_ino)) or root.lstat(name) is None:
+        return None
+    return "a directory not removed whole (another one moved there meanwhile, or a tree too deep): left"
 
 
 @contextlib.contextmanager
-def parent_fd(root: str, names: tuple[str, ...], show: Show) -> Iterator[int]:
+def parent_fd(root: str | Dir, names: tuple[str, ...], show: Show) -> Iterator[int]:
     """A descriptor of the directory that holds names[-1], reached from root one directory at a time, none of them
     a link (refused, saying what it is: NotOurs, an OSError the sync retries, of errno ELOOP for a link, ENOTDIR for
-    anything else that is not a directory)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    anything else that is not a directory). `root`: the root's path (a read: the remote as configured) or, for a
+    write, its Dir (Remote._root), whose descriptor is where the walk starts."""
+    fd = os.dup(root.fd) if isinstance(root, Dir) else os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for i, name in enumerate(names[:-1]):
             try:
@@ -154,7 +165,7 @@ def parent_fd(root: str, names: tuple[str, ...], show: Show) -> Iterator[int]:
                     raise
                 # Linux says ENOTDIR for a link too (O_DIRECTORY): the entry itself tells a reader which it met
                 found = errno.ELOOP if _is_link(name, fd) else errno.ENOTDIR
-                where = "/".join([root, *names[:i + 1]])
+                where = in_root(root, *names[:i + 1]) if isinstance(root, Dir) else "/".join([root, *names[:i + 1]])
                 raise NotOurs(found, f"{show(*names[:i + 1])} is {what_is(where)}: not followed") from None
             os.close(fd)
             fd = below
@@ -170,13 +181,13 @@ def _is_link(name: str, dir_fd: int) -> bool:
         return False
 
 
-def _taken(root: str, names: tuple[str, ...], show: Show) -> NotOurs:
-    what = what_is("/".join([root, *names]))
+def _taken(root: Dir, names: tuple[str, ...], show: Show) -> NotOurs:
+    what = what_is(in_root(root, *names))
     return NotOurs(errno.EEXIST, f"{show(*names)} is already there ({what}): not made by this sync, "
                                          f"never written into")
 
 
-def mkdir_new(root: str, names: tuple[str, ...], show: Show) -> None:
+def mkdir_new(root: Dir, names: tuple[str, ...], show: Show) -> None:
     """Make each directory of names below root, every one new (the umask gives its mode, as the run's policy)."""
     for i in range(1, len(names) + 1):
         with parent_fd(root, names[:i], show) as fd:
@@ -187,7 +198,7 @@ def mkdir_new(root: str, names: tuple[str, ...], show: Show) -> None:
             OWN_UIDS.add(os.stat(names[i - 1], dir_fd=fd, follow_symlinks=False).st_uid)  # as the server sees us
 
 
-def open_new(root: str, names: tuple[str, ...], show: Show) -> int:
+def open_new(root: Dir, names: tuple[str, ...], show: Show) -> int:
     """A new file at names below root, opened for writing: never one already there, nor through a link."""
     with parent_fd(root, names, show) as fd:
         try:
@@ -196,13 +207,13 @@ def open_new(root: str, names: tuple[str, ...], show: Show) -> int:
             raise _taken(root, names, show) from None
 
 
-def set_aside(root: str, name: str, reason: str, show: Show) -> str:
+def set_aside(root: Dir, name: str, reason: str, show: Show) -> str:
     """Move this user's directory root/name into root/quarantine/ (made new when missing; when there, a real
     directory of this user) as `<name>-<time>`, with reason.txt saying why, as checkpoint_dirs.quarantine does in
     scratch: its path. NotOurs, saying what was found, when either is not this user's: nothing
     is moved into, nor written into, another's directory."""
     for entry in (name, QUARANTINE):
-        if why := not_ours(os.path.join(root, entry)):
+        if why := not_ours(in_root(root, entry)):
             raise NotOurs(errno.EEXIST, f"{show(entry)} is {why}: not this run's, left as it is")
     with contextlib.suppress(NotOurs):  # there already: opened no-follow and its owner checked below
         mkdir_new(root, (QUARANTINE,), show)
@@ -217,7 +228,7 @@ def set_aside(root: str, name: str, reason: str, show: Show) -> str:
     # through directories opened no-follow: a link swapped in for name is refused here, never written through
     with os.fdopen(open_new(root, (QUARANTINE, dest, REASON_FILE), show), "w", encoding="utf-8") as f:
         f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {reason}\n")
-    return "/".join([root, QUARANTINE, dest])
+    return "/".join([str(root.path), QUARANTINE, dest])
 
 
 def _exists(name: str, dir_fd: int) -> bool:
