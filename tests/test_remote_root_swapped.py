@@ -15,6 +15,7 @@ from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.dirfd import PlaceRefused
 from minilmd.names import LATEST, MANIFEST
+from supervisor_helpers import cli, write_config
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 
 STEP, COPY = "step-00000001", ".tmp-step-00000002-h-1"
@@ -80,17 +81,20 @@ def test_a_root_swapped_for_a_link_after_it_was_opened_redirects_nothing(tmp_pat
     assert DONE_IN_THE_OPENED_ROOT[operation](moved), tree(moved)
 
 
-def test_a_remote_under_a_directory_others_can_rearrange_is_refused_but_a_team_directory_as_root_is_used(tmp_path,
-                                                                                                    weights):
+def test_a_remote_under_a_directory_others_can_rearrange_is_refused_but_a_team_directory_as_root_is_used(
+        tmp_path, weights, corpus):
     """Whoever can write the directory above the root can rename the root away and put a link, or another of the
     user's directories, in its place before it is opened: dirfd's rule (place_problem, as for scratch and the GPU
-    lock directory) refuses such a remote, and nothing is synced (on main it was used). The root itself may be a
-    directory others write (a team's, by its owner's choice: dirfd's group_share): the sync goes on there."""
+    lock directory) refuses such a remote, final at `run --check` (exit 2), and nothing is synced (on main it was
+    used). The root itself may be a directory others write (a team's, by its owner's choice: dirfd's
+    group_share): the sync goes on there."""
     team = tmp_path / "team"
     team.mkdir()
     team.chmod(0o777)  # not sticky: every user may rename what is in it
     local, below = tmp_path / "scratch", team / "remote"
     save(local, 10, weights)
+    checked = cli("run", "--check", str(write_config(tmp_path, corpus, run={"remote": str(below)})))
+    assert checked.returncode == 2 and "can be written by other users" in checked.stderr + checked.stdout, checked
     with pytest.raises(PlaceRefused, match="can be written by other users"):
         Remote(str(below)).makedirs()
     with pytest.raises(SyncError, match="can be written by other users"):

@@ -88,10 +88,10 @@ class Remote(Publishing):
         self._opening = threading.Lock()
 
     def _root(self) -> Dir:
-        """The local remote's root, opened once and checked by dirfd's rule (Dir.open: no link on the way but one of
-        root's or this user's, no directory above it that another user could rearrange; the root itself may be a
-        team directory others write, `group_share`): every write, rename and removal starts at this descriptor, so a
-        link swapped in afterwards for the root or a directory above it redirects none. Opened again only once the
+        """The local remote's root, opened once and checked by dirfd's rule (remote_write.open_root: no link on the
+        way but one of root's or this user's, no directory above it that another user could rearrange; the root
+        itself may be a team directory others write): every write, rename and removal starts at this descriptor, so
+        a link swapped in afterwards for the root or a directory above it redirects none. Opened again only once the
         one held has gone stale (an NFS share remounted: ESTALE); PlaceRefused (a ValueError) when the rule refuses
         it, an OSError when it is not there."""
         with self._opening:
@@ -102,8 +102,7 @@ class Remote(Publishing):
                     return held
                 except OSError:
                     self._stale.append(held)  # another thread may still hold it: closed with the Remote
-            opened = Dir.open(self.root, "run.remote", group_share=True)
-            opened.owners = remote_write.OWN_UIDS  # a directory a sync makes may be the anonymous user's (squashed)
+            opened = remote_write.open_root(self.root)
             self._dir = opened
             return opened
 

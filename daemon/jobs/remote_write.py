@@ -20,7 +20,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 
-from minilmd.dirfd import Dir
+from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import (
     LATEST,
     QUARANTINE,
@@ -123,6 +123,28 @@ def learn_own_uid(root: str) -> None:
                 os.close(fd)
         finally:
             os.close(root_fd)
+
+
+def open_root(root: str) -> Dir:
+    """A local remote's root opened and checked by dirfd's rule (Dir.open: no link on the way but one of root's or
+    this user's, no directory above it another user owns or can rearrange; the root itself may be a team directory
+    others write, by its owner's choice: `group_share`), for Remote._root. PlaceRefused (a ValueError) when the rule
+    refuses it; FileNotFoundError when it is not there."""
+    opened = Dir.open(root, "run.remote", group_share=True)
+    opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
+    return opened
+
+
+def root_refused(root: str) -> str | None:
+    """Why open_root refuses a local remote's root (the sync would at every try), None when it opens it or it is not
+    there yet (the first sync makes it: the directories above it that are there are judged all the same)."""
+    try:
+        open_root(root).close()
+    except PlaceRefused as e:
+        return str(e)
+    except FileNotFoundError:
+        pass
+    return None
 
 
 def in_root(root: Dir, *names: str) -> str:
