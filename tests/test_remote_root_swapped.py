@@ -7,6 +7,7 @@ user's) were removed, replaced or written into. And a root that another user cou
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,7 @@ def test_a_remote_under_a_directory_others_can_rearrange_is_refused_but_a_team_d
     user's directories, in its place before it is opened: dirfd's rule (place_problem, as for scratch and the GPU
     lock directory) refuses such a remote, final at `run --check` (exit 2), and nothing is synced (on main it was
     used). The root itself may be a directory others write (a team's, by its owner's choice: dirfd's
-    group_share): the sync goes on there."""
+    group_share): the sync goes on there, opened again at a sync's start once the root was made again."""
     team = tmp_path / "team"
     team.mkdir()
     team.chmod(0o777)  # not sticky: every user may rename what is in it
@@ -100,5 +101,11 @@ def test_a_remote_under_a_directory_others_can_rearrange_is_refused_but_a_team_d
     with pytest.raises(SyncError, match="can be written by other users"):
         Syncer(local, str(below), EXPECTED).sync_newest()
     assert not below.exists() or not any(below.iterdir())
-    assert Syncer(local, str(team), EXPECTED).sync_newest().step == 10
+    syncer = Syncer(local, str(team), EXPECTED)
+    assert syncer.sync_newest().step == 10
     assert (team / LATEST).read_text() == "step-00000010\n"
+    # the root emptied and made again between two syncs: the next sync's start opens the new one (checked again)
+    shutil.rmtree(team)
+    team.mkdir(mode=0o1777)
+    save(local, 20, weights)
+    assert syncer.sync_newest().step == 20 and (team / LATEST).read_text() == "step-00000020\n"

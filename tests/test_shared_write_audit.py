@@ -131,7 +131,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("stage_probe", ".write_bytes"): 1, ("stage_probe", "shutil.rmtree"): 1, ("stage_init", ".mkdir"): 1,
         ("stage_init", ".write_bytes"): 1, ("stage_init", "shutil.rmtree"): 1}),
     "daemon/jobs/remote.py": ("gap", REMOTE + "; a fetched file into scratch", {
-        ("Remote.get", "open"): 1, ("Remote.makedirs", "os.makedirs"): 1, ("Remote.put", "open"): 1}),
+        ("Remote.get", "open"): 1, ("Remote._make_root", "os.makedirs"): 1, ("Remote.put", "open"): 1}),
     "daemon/jobs/staging.py": ("private", PRIVATE_SCRATCH + " (the staged corpus)", {
         ("_Copier.copy", ".unlink"): 1, ("_Copier._copy_once", ".mkdir"): 1, ("_Copier._copy_once", ".unlink"): 2,
         ("_Copier._copy_once", "os.link"): 1, ("_Copier._copy_once", "open"): 1,

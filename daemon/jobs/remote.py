@@ -37,6 +37,15 @@ POINTER_MAX_BYTES, MANIFEST_MAX_BYTES = 4096, 1 << 20  # as a local checkpoint's
 CHUNK = 8 * 1024 * 1024
 
 
+def _answers(held: Dir) -> bool:
+    """Whether a descriptor still answers (an NFS share remounted leaves it stale: ESTALE)."""
+    try:
+        os.fstat(held.fd)
+    except OSError:
+        return False
+    return True
+
+
 def _sha256_stream(f, size: int) -> str:
     """The sha256 of at most size + 1 bytes of f: a file longer than expected hashes as a mismatch, never read to
     its end (others may write to it as it is read, or make it a sparse terabyte)."""
@@ -88,23 +97,31 @@ class Remote(Publishing):
         self._opening = threading.Lock()
 
     def _root(self) -> Dir:
-        """The local remote's root, opened once and checked by dirfd's rule (remote_write.open_root: no link on the
-        way but one of root's or this user's, no directory above it that another user could rearrange; the root
-        itself may be a team directory others write): every write, rename and removal starts at this descriptor, so
-        a link swapped in afterwards for the root or a directory above it redirects none. Opened again only once the
-        one held has gone stale (an NFS share remounted: ESTALE); PlaceRefused (a ValueError) when the rule refuses
-        it, an OSError when it is not there."""
+        """The local remote's root as opened and checked by dirfd's rule (remote_write.open_root: no link on the way
+        but one of root's or this user's, no directory above it that another user could rearrange; the root itself
+        may be a team directory others write): every write, rename and removal starts at this descriptor, so a link
+        swapped in afterwards for the root or a directory above it redirects none. Opened when none is held or the
+        one held has gone stale (ESTALE); checked again at each sync's start (`makedirs()`). PlaceRefused (a
+        ValueError) when the rule refuses it, an OSError when it is not there."""
+        with self._opening:
+            if self._dir is not None and _answers(self._dir):
+                return self._dir
+        return self._reopen()
+
+    def _reopen(self) -> Dir:
+        """The root opened and checked again; the descriptor held is kept while it is still the directory the root's
+        path leads to, else replaced (the root made again, a share remounted). A replaced one, which another thread
+        may still use, is closed with the Remote."""
+        fresh = remote_write.open_root(self.root)
         with self._opening:
             held = self._dir
+            if held is not None and held.identity == fresh.identity and _answers(held):
+                fresh.close()
+                return held
             if held is not None:
-                try:
-                    os.fstat(held.fd)
-                    return held
-                except OSError:
-                    self._stale.append(held)  # another thread may still hold it: closed with the Remote
-            opened = remote_write.open_root(self.root)
-            self._dir = opened
-            return opened
+                self._stale.append(held)
+            self._dir = fresh
+            return fresh
 
     def close(self) -> None:
         """Close the root's descriptors (a local remote's); a later write opens it again."""
@@ -284,15 +301,19 @@ class Remote(Publishing):
         if not self.local:
             self.fs.makedirs(self.path(*names), exist_ok=True)
             return
+        self._make_root()
+        if names:
+            remote_write.mkdir_new(self._root(), names, self.show)
+        else:  # a sync's start: the root checked again, and opened again when its path leads elsewhere now
+            self._reopen()
+
+    def _make_root(self) -> None:
         try:
-            os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, taken as it is
+            os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, made by its path
         except FileExistsError:  # a link to nowhere, a file: say what, not "File exists" for what is not there
             from minilmd.shared_place import look
 
             raise FileExistsError(errno.EEXIST, f"{self.url} is {look(self.root, LATEST)}") from None
-        root = self._root()
-        if names:
-            remote_write.mkdir_new(root, names, self.show)
 
     def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None,
                  kept: Callable[[str], str | None] = lambda name: None) -> str:
@@ -306,7 +327,7 @@ class Remote(Publishing):
         final name, which publish_unless_taken could neither put back nor set aside), None when nothing is: a
         fresh name then too."""
         if self.local:
-            self.makedirs()  # the root, made when missing, and opened
+            self._make_root()
             if self._root().lstat(target) is not None and (why := kept(target)):
                 return self._fresh_tmp(target, below, why, taken)
         self.rm(target)
