@@ -178,11 +178,15 @@ def manifest_problems(manifest: Any) -> list[str]:
     if not isinstance(files, dict) or not isinstance(manifest.get("step"), int):
         return [f"{MANIFEST}: needs an integer 'step' and a 'files' table"]
     problems = [f"{MANIFEST}: does not list {name}" for name in REQUIRED_FILES if name not in files]
-    for name, entry in files.items():
-        if "/" in name or name in ("", ".", "..") or not isinstance(entry, dict) \
-                or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str):
-            problems.append(f"{MANIFEST}: bad entry for {name!r}")
-    return problems
+    return problems + file_entry_problems(files)
+
+
+def file_entry_problems(files: dict) -> list[str]:
+    """The manifest's `files` table, entry by entry: a plain name in the checkpoint directory (no "/", not "",
+    "." or "..": a name from another user's manifest is never a path), its size and its sha256."""
+    return [f"{MANIFEST}: bad entry for {name!r}" for name, entry in files.items()
+            if not isinstance(name, str) or "/" in name or name in ("", ".", "..") or not isinstance(entry, dict)
+            or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str)]
 
 
 # --- validation --------------------------------------------------------------------------------------------------

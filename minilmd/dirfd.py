@@ -128,8 +128,9 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
 
 def dir_problem(label: str, path: str | os.PathLike, what: str) -> str | None:
     """place_problem for a directory minilmd writes files in (a Prometheus textfile directory): it and every
-    directory above it root's or ours, none rearrangeable by other users (sticky is fine); the GPU lock
-    directory's rule (daemon/host/leases.py). A missing one is fine when what is above it is."""
+    directory above it root's or ours, none rearrangeable by other users (sticky is fine); the directories above
+    the GPU lock directory are held to place_problem too (daemon/host/leases.py). A missing one is fine when what
+    is above it is."""
     return place_problem(label, path, what, "choose a directory only you (and root) can change", dir_itself=True,
                          own_links=True)
 

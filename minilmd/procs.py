@@ -19,7 +19,9 @@ the lock's body: anyone who can write the run directory writes them) names its p
   trainer.json's> and started no earlier than the trainer (`Launch`);
 - a process of the supervisor's own child's group: the kernel says the leader is our child, not yet reaped
   (waitid WNOWAIT), so its pid, the group's id, names no one else's group;
-- and each is signalled through a pidfd opened before these checks: a pid recycled meanwhile is never hit.
+- and each is signalled through a pidfd opened before these checks: a pid recycled meanwhile is never hit;
+- a Slurm job's steps (`scancel --signal`, which Slurm delivers to every task of them) only when the job is the one
+  this process runs in: its own SLURM_JOB_ID, never an id read from a file.
 Linux only, as all of minilmd. Torch-free, standard library only.
 """
 from __future__ import annotations
@@ -251,6 +253,20 @@ def signal_group_member(leader: int, pid: int, ticks: int | None, sig: int) -> b
         return None if member and _our_unreaped_child(leader) else "not in our child's process group"
 
     return _send(pid, ticks, sig, why_not) is None
+
+
+# --- the Slurm job this process runs in ---------------------------------------------------------------------
+
+def signal_own_slurm_job(job_id: str, sig_name: str, run: Callable[[list[str]], object]) -> str | None:
+    """`scancel --signal=SIG_NAME JOB_ID`: the signal to every task of the job's steps (the batch step left alone),
+    only when `job_id` is the job this process runs in (its environment's SLURM_JOB_ID): an id read from state.json
+    or another file could name another job of this user's, which scancel would not refuse. `run` runs the command
+    (it raises OSError or subprocess.SubprocessError, for the caller to handle). None when asked, else why not."""
+    own = os.environ.get(names.SLURM_JOB_ENV, "")
+    if not job_id or job_id != own:
+        return f"Slurm job {job_id or '?'} is not the job this process runs in ({own or 'none'})"
+    run(["scancel", f"--signal={sig_name}", job_id])
+    return None
 
 
 # --- the supervisor: it holds the run lock and carries its identity ------------------------------------------

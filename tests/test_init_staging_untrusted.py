@@ -111,3 +111,18 @@ def test_a_missing_checkpoint_file_is_waited_for_a_fifo_listed_is_final(tmp_path
     os.mkfifo(ckpt / "other")
     with pytest.raises(SourceInvalid, match="a FIFO, not a regular file"):
         without_blocking(lambda: initstage.stage_init(str(ckpt), tmp_path / "scratch"), ckpt / "other")
+
+
+def test_a_manifest_naming_a_file_below_the_checkpoint_is_refused_as_the_format_refuses_it(tmp_path):
+    """init.from's manifest is checked by the checkpoint format's own rule (minilmd/checkpoint.py): a listed name
+    is a plain file of the checkpoint directory. Staging's own weaker rule took "sub/model.safetensors" (a path:
+    a directory of another user's below the checkpoint, copied into scratch), and an entry without a size."""
+    ckpt = _checkpoint(tmp_path / "theirs" / "step-00000001", {"model.safetensors": b"w" * 100})
+    (ckpt / "sub").mkdir()
+    (ckpt / "sub" / "model.safetensors").write_bytes(b"w" * 10)
+    listed = {"model.safetensors": {"size": 100, "sha256": hashlib.sha256(b"w" * 100).hexdigest()},
+              "sub/model.safetensors": {"size": 10, "sha256": hashlib.sha256(b"w" * 10).hexdigest()}}
+    (ckpt / MANIFEST).write_text(json.dumps({"step": 1, "files": listed}))
+    with pytest.raises(SourceInvalid, match="bad entry for 'sub/model.safetensors'"):
+        initstage.stage_init(str(ckpt), tmp_path / "scratch")
+    assert not (tmp_path / "scratch" / initstage.INIT_DIR).exists()

@@ -45,14 +45,16 @@ def test_a_lock_dir_inside_a_directory_another_user_owns_is_refused(shared):
     as_nobody("mkdir -m 0755 his", shared)
     (shared / "his" / "locks").mkdir()
     (shared / "his" / "locks").chmod(0o1777)  # root's and sticky, but nobody can rename it away and put his own
-    assert f"is inside {shared}/his, which belongs to user nobody" in refused(shared / "his" / "locks")
+    assert f"the directory {shared}/his above it belongs to nobody (uid 65534), who could replace the lease files" in \
+        refused(shared / "his" / "locks")
 
 
 def test_a_lock_dir_inside_a_world_writable_directory_that_is_not_sticky_is_refused(shared):
     (shared / "open" / "locks").mkdir(parents=True)
     (shared / "open").chmod(0o777)
     (shared / "open" / "locks").chmod(0o1777)
-    assert "open, which is writable by other users and not sticky" in refused(shared / "open" / "locks")
+    assert f"{shared}/open above it can be written by other users (mode 777, not sticky)" in \
+        refused(shared / "open" / "locks")
     (shared / "open").chmod(0o1777)  # sticky and root's, like /tmp: fine
     assert leases.lock_dir_problem(shared / "open" / "locks") is None
 
@@ -61,7 +63,8 @@ def test_a_symlink_of_another_user_on_the_way_is_refused(shared):
     (shared / "real" / "locks").mkdir(parents=True)
     (shared / "real" / "locks").chmod(0o1777)
     as_nobody("ln -s real link", shared)  # nobody can point it elsewhere at any time
-    assert "link, which is a symbolic link of user nobody" in refused(shared / "link" / "locks")
+    assert f"{shared}/link above it is a symbolic link (to real): minilmd follows no link" in \
+        refused(shared / "link" / "locks")
     (shared / "mine").symlink_to(shared / "real")  # root's own link to a safe place: fine
     assert leases.lock_dir_problem(shared / "mine" / "locks") is None
 

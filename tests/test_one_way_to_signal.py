@@ -2,9 +2,9 @@
 
 The test lists every call in the project's source that can send a signal (os.kill, os.killpg,
 signal.pidfd_send_signal, pthread_kill, raise_signal, a Popen's send_signal, terminate or kill, and the same names
-imported bare or under an alias) and fails on one outside procs.py, but for the calls of the trainer-child wrapper
-below, which itself goes through procs.py, held to their exact counts. A new way to signal a process is added to
-procs.py, with its proof, or this test says where it is.
+imported bare or under an alias, and Slurm's scancel) and fails on one outside procs.py, but for the calls of
+the trainer-child wrapper below, which itself goes through procs.py, held to their exact counts. A new way to
+signal a process is added to procs.py, with its proof, or this test says where it is.
 """
 from __future__ import annotations
 
@@ -88,6 +88,27 @@ def test_every_signal_is_sent_through_procs():
     problems = outside_the_module(files)
     assert not problems, ("a signal sent outside minilmd/procs.py (the one place that proves a process is the "
                           "run's), or a WRAPPER_CALLS entry to update:\n" + "\n".join(problems))
+
+
+def scancel_commands(path: Path) -> list[int]:
+    """Lines of `path` where a "scancel" string is in code (a command list, a constant), not a docstring: Slurm's
+    way to signal a job's tasks."""
+    module = source_tree.tree(path)
+    docstrings = {id(node.value) for node in ast.walk(module) if isinstance(node, ast.Expr)}
+    return sorted(node.lineno for node in ast.walk(module) if isinstance(node, ast.Constant)
+                  and node.value == "scancel" and id(node) not in docstrings)
+
+
+def test_slurm_jobs_are_signalled_through_procs_only(tmp_path):
+    """scancel signals every task of a job's steps: it is sent from procs.py, which proves the job is this one."""
+    found = [f"{path.relative_to(REPO).as_posix()}:{line}" for path in python_files()
+             if path.relative_to(REPO).as_posix() != THE_MODULE for line in scancel_commands(path)]
+    assert not found, "scancel outside minilmd/procs.py:\n" + "\n".join(found)
+    assert scancel_commands(REPO / THE_MODULE)  # the scan sees the one place
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""scancel in a docstring is prose."""\nCMD = ["scancel", "--signal=TERM", "1"]\n',
+                   encoding="utf-8")
+    assert scancel_commands(bad) == [2]
 
 
 def test_the_listing_sees_each_way_to_send(tmp_path):

@@ -204,11 +204,17 @@ def test_slurm_node_step_stages_the_corpus_then_becomes_the_command(tmp_path, co
     assert refused.returncode == 2 and "belongs to another run" in refused.stderr
 
 
-def test_slurm_trainer_step_is_stopped_through_scancel_never_by_signalling_srun():
+def test_slurm_trainer_step_is_stopped_through_scancel_never_by_signalling_srun(monkeypatch):
     runner = FakeScontrol()
     alloc = slurm.detect(JOB_ENV, runner)
     assert alloc is not None
     events = Events()
+    monkeypatch.setenv("SLURM_JOB_ID", "41")  # another job of this user's: never scancelled
+    other = slurm.SlurmJob(alloc, {}, events, runner, signal_runner=runner)
+    calls = len(runner.calls)
+    assert other.stop_step(["srun", "python"]) and len(runner.calls) == calls
+    assert "not the job this process runs in (41)" in events[-1][1]
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # the job this process runs in (JOB_ENV's)
     job = slurm.SlurmJob(alloc, {}, events, runner, signal_runner=runner)
     assert not job.stop_step([sys.executable, "-m", "minilmd.cli", "train", "x.toml"])  # its group is signalled
     assert job.stop_step(["srun", "--nodes", "2", "python"]) and runner.calls[-1] == ["scancel", "--signal=TERM", "42"]

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.dirfd import place_problem
 from minilmd.fsio import make_missing_dirs
 from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
 from minilmd.procs import user_words
@@ -122,9 +123,9 @@ def lock_dir_problem(path: str | os.PathLike) -> str | None:
     """Why the lock directory at path must not be used, or None. A missing one is fine when the directories
     above it are (it is made at the first lease); nothing is created here."""
     path = Path(os.path.abspath(path))
-    above = _chain_problem(path.parent)
+    above = _above_problem(path)
     if above:
-        return f"the lock directory {path} is inside {above}; {ADVICE}"
+        return above
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -137,30 +138,11 @@ def lock_dir_problem(path: str | os.PathLike) -> str | None:
     return f"the lock directory {path} {problem}; {ADVICE}" if problem else None
 
 
-def _chain_problem(path: Path, links: int = 0) -> str | None:
-    """"DIR, which ..." for the first of path and the directories above it that another user could rearrange."""
-    for here in [*reversed(path.parents), path]:
-        try:
-            st = os.lstat(here)
-        except FileNotFoundError:
-            return None  # made by us, from here down
-        except OSError as e:
-            return f"{here}, which cannot be checked: {e.strerror or e}"
-        if stat.S_ISLNK(st.st_mode):
-            if not owned_by_me_or_root(st):
-                return f"{here}, which is a symbolic link of {user_words(st.st_uid)}: that user could point it anywhere"
-            if links >= 8:
-                return f"{here}, which leads through too many symbolic links"
-            problem = _chain_problem(Path(os.path.realpath(here)), links + 1)
-            if problem:
-                return problem
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{here}, which is not a directory"
-        problem = _dir_problem(st)
-        if problem:
-            return f"{here}, which {problem}"
-    return None
+def _above_problem(path: Path) -> str | None:
+    """Why another user could rearrange a directory above the lock directory (or a link on the way): the rule
+    every shared place is held to (minilmd/dirfd.py `place_problem`; a link of root's or ours is followed, and where
+    it leads is held to the same rule)."""
+    return place_problem("the lock directory", path, "the lease files", ADVICE, own_links=True)
 
 
 def _make_parents(parent: Path) -> None:
@@ -177,9 +159,9 @@ def _make_parents(parent: Path) -> None:
 
 
 def _open_dir(path: Path) -> int:
-    problem = _chain_problem(Path(os.path.abspath(path)).parent)
+    problem = _above_problem(Path(os.path.abspath(path)))
     if problem:
-        raise LeaseUnsafe(f"the lock directory {path} is inside {problem}; {ADVICE}")
+        raise LeaseUnsafe(problem)
     created = False
     try:
         fd = _open_dir_fd(path)

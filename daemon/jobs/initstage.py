@@ -26,6 +26,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from minilmd.checkpoint import file_entry_problems
 from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
@@ -269,15 +270,14 @@ def init_problems(staged: Path) -> list[str]:
 
 
 def manifest_files(manifest) -> dict[str, dict]:
-    """The files a checkpoint manifest lists (name: entry with its sha256), their names checked safe."""
+    """The files a checkpoint manifest lists (name: entry with its size and sha256), each entry checked by the
+    checkpoint format's own rule (minilmd/checkpoint.py `file_entry_problems`: a plain name, a size, a sha256)."""
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("sha256"), str)
-                                              for e in files.values()):
+    if not isinstance(files, dict):
         raise ValueError(f"{MANIFEST}: no table of files with their sha256")
-    for rel in files:
-        p = PurePosixPath(rel)
-        if p.is_absolute() or ".." in p.parts or rel == MANIFEST:
-            raise ValueError(f"{MANIFEST}: an unsafe file name {rel!r}")
+    problems = file_entry_problems(files)
+    if problems or MANIFEST in files:
+        raise ValueError(problems[0] if problems else f"{MANIFEST}: lists itself")
     return files
 
 
@@ -328,10 +328,7 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
         if source.kind == "checkpoint":  # a .pth is fingerprinted by the one read that copies it, below
             record = {"from": spec, **fingerprint(source, model)}
             raw = _read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest")
-            files = manifest_files(loads(raw, expect=None))
-            unsized = [rel for rel, e in files.items() if not isinstance(e.get("size"), int)]
-            if unsized:  # the size is what bounds the copy of another user's file
-                raise ValueError(f"{MANIFEST}: lists no size for {unsized[0]}")
+            files = manifest_files(loads(raw, expect=None))  # each with its size: what bounds the copy
     except ValueError as e:
         raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
     except OSError as e:

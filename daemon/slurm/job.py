@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minilmd import names
+from minilmd import names, procs
 from minilmd.daemon.host.gpu import Nvml
 
 JOB_ID_ENV = names.SLURM_JOB_ENV
@@ -307,7 +307,9 @@ class SlurmJob:
             return False
         self.emit("slurm", f"scancel --signal=TERM {self.alloc.job_id}: the trainer's step saves and stops")
         try:
-            self.signal_runner(["scancel", "--signal=TERM", self.alloc.job_id])
+            why = procs.signal_own_slurm_job(self.alloc.job_id, "TERM", self.signal_runner)
+            if why:  # never SIGTERM srun instead (no save): the trainer is killed after restart.hang_timeout
+                self.emit("slurm", f"the trainer's step was not signalled: {why}")
         except (OSError, subprocess.SubprocessError) as e:
             # never SIGTERM srun (no save); after Slurm's own SIGTERM the tasks have it already, and a trainer
             # that does not end is killed after restart.hang_timeout as on one server
