@@ -176,8 +176,7 @@ class Dir:
     owners: frozenset[int] | set[int] = frozenset()  # uids besides ours a directory we make shows (root_squash)
 
     def __init__(self, fd: int, path: Path):
-        self.fd = fd
-        self.path = path
+        self.fd, self.path = fd, path
         st = os.fstat(fd)
         self.identity: Identity = (st.st_dev, st.st_ino)
 
