@@ -220,7 +220,8 @@ def replaced_name(name: str, pid: int) -> str:
 
 
 def atomic_tmp_prefix(name: str) -> str:
-    """`.LATEST.` for LATEST: the start of the temporary file fsio.atomic_write_text replaces `name` with."""
+    """`.LATEST.` for LATEST: the start of the temporary file fsio.atomic_write_text (Dir.write_atomic on a remote)
+    replaces `name` with."""
     return f".{name}."
 
 

@@ -48,8 +48,9 @@ PRIVATE_TMP = ("inside a 0700 temporary directory of dirfd's (Dir.make_temp), re
                "else can write there, whatever its name leads to")
 RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user's own directory, named in her "
            "config; not yet checked against others rearranging it")
-REMOTE = ("run.remote (a local path): directories made new (O_EXCL mkdir), files O_EXCL|O_NOFOLLOW, only this "
-          "user's removed (daemon/jobs/remote_write.py), but by path below its root: not yet through dirfd")
+REMOTE = ("run.remote's root itself, made by path when missing (the run's configuration), before dirfd opens and "
+          "checks it (Remote._root), after which everything below it is written at that descriptor; and a store's "
+          "objects (fsspec, not a local path: no links, no renames)")
 OWN_OUTPUT = ("a command's output the user names (--out of demo-corpus, tokenizer train, plot, bench): written by "
               "name as any tool's output; not hardened for a directory others write")
 
@@ -73,12 +74,11 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_publish", "np.save"): 1}),  # np.save: into a file object made O_EXCL at the split's descriptor
     # --- core helpers, by the place their callers give ------------------------------------------------------------
     "minilmd/fsio.py": ("private", "crash-safe writes by path, for places their callers own: state.json in run.dir, "
-                        "scratch, a corpus's meta.json inside a checked directory; the remote's pointer "
-                        "(mkstemp: O_EXCL|O_NOFOLLOW); the missing parents of --out or of the GPU lock "
-                        "directory, after their callers checked the chain that exists", {
+                        "scratch, a corpus's meta.json inside a checked directory; the missing parents of --out or "
+                        "of the GPU lock directory, after their callers checked the chain that exists", {
         ("atomic_write_text", "tempfile.mkstemp"): 1,
         ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
-        ("publish_dir", "shutil.rmtree"): 1, ("rename_new", "os.rename"): 1, ("make_missing_dirs", "os.mkdir"): 1}),
+        ("publish_dir", "shutil.rmtree"): 1, ("make_missing_dirs", "os.mkdir"): 1}),
     "minilmd/leftovers.py": ("gap", "a killed maker's leftover beside an output: only this user's real directory, "
                              "its maker gone; prepare and export sweep only where no one else can rearrange "
                              "(dirfd's rule; not prepare --group-share); a remote's checkpoint root still by path", {
@@ -124,7 +124,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_own_private_dir", ".mkdir"): 1, ("_own_private_dir", "os.chmod"): 1, ("_publish", "os.replace"): 1,
         ("_publish", "os.link"): 1, ("_publish", "os.unlink"): 1, ("forget", "os.unlink"): 1,
         ("_publish", "tempfile.mkstemp"): 1}),
-    "daemon/jobs/basecopy.py": ("gap", REMOTE + "; and the run's scratch", {
+    "daemon/jobs/basecopy.py": ("private", PRIVATE_SCRATCH + " (the base's copy fetched from the remote)", {
         ("fetch", ".mkdir"): 2, ("fetch", ".write_bytes"): 2, ("stage_from_remote", "shutil.rmtree"): 1}),
     "daemon/jobs/initstage.py": ("private", PRIVATE_SCRATCH + " (the staged probe and init weights)", {
         ("_copy", ".mkdir"): 1, ("_copy", "open"): 1, ("_copy_listed", ".mkdir"): 1, ("_copy_listed", "open"): 1,
@@ -132,9 +132,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("stage_probe", ".write_bytes"): 1, ("stage_probe", "shutil.rmtree"): 1, ("stage_init", ".mkdir"): 1,
         ("stage_init", ".write_bytes"): 1, ("stage_init", "shutil.rmtree"): 1}),
     "daemon/jobs/remote.py": ("gap", REMOTE + "; a fetched file into scratch", {
-        ("Remote.get", "open"): 1, ("Remote.makedirs", "os.makedirs"): 1, ("Remote.put", "open"): 1}),
-    "daemon/jobs/remote_write.py": ("gap", REMOTE, {
-        ("remove_ours", "os.unlink"): 1, ("remove_ours", "shutil.rmtree"): 1}),
+        ("Remote.get", "open"): 1, ("Remote._make_root", "os.makedirs"): 1, ("Remote.put", "open"): 1}),
     "daemon/jobs/staging.py": ("private", PRIVATE_SCRATCH + " (the staged corpus)", {
         ("_Copier.copy", ".unlink"): 1, ("_Copier._copy_once", ".mkdir"): 1, ("_Copier._copy_once", ".unlink"): 2,
         ("_Copier._copy_once", "os.link"): 1, ("_Copier._copy_once", "open"): 1,
