@@ -148,25 +148,32 @@ def foreign_entries(root: str, own: dict[str, bool]) -> list[str]:
 
 
 def learn_own_uid(root: str) -> None:
+    """Add to OWN_UIDS the owner the share gives this process's new files (learn_own_uid_at), the root opened by
+    path without following a link. Nothing learnt when the root cannot be opened or written."""
+    with contextlib.suppress(OSError):
+        root_fd = os.open(root, DIR_FLAGS)
+        try:
+            learn_own_uid_at(root_fd)
+        finally:
+            os.close(root_fd)
+
+
+def learn_own_uid_at(root_fd: int) -> None:
     """Add to OWN_UIDS the owner the share gives this process's new files: one file made new (O_EXCL, no link)
-    through the root's descriptor under a pointer's temporary name (names.remote_tmp_owner: a sync's clean-up knows
+    at the root's descriptor under a pointer's temporary name (names.remote_tmp_owner: a sync's clean-up knows
     it), its owner read from the open descriptor (nothing to swap), then removed through the descriptor when the
     name still holds that very file. Nothing learnt when the root cannot be written."""
     name = atomic_tmp_prefix(LATEST) + pointer_tmp_tag(host_tag(), os.getpid()) + "owner.tmp"
     with contextlib.suppress(OSError):
-        root_fd = os.open(root, DIR_FLAGS)
+        fd = os.open(name, NEW_FILE, 0o600, dir_fd=root_fd)
         try:
-            fd = os.open(name, NEW_FILE, 0o600, dir_fd=root_fd)
-            try:
-                made = os.fstat(fd)
-                OWN_UIDS.add(made.st_uid)
-                there = os.lstat(name, dir_fd=root_fd)
-                if (there.st_dev, there.st_ino) == (made.st_dev, made.st_ino):
-                    os.unlink(name, dir_fd=root_fd)
-            finally:
-                os.close(fd)
+            made = os.fstat(fd)
+            OWN_UIDS.add(made.st_uid)
+            there = os.lstat(name, dir_fd=root_fd)
+            if (there.st_dev, there.st_ino) == (made.st_dev, made.st_ino):
+                os.unlink(name, dir_fd=root_fd)
         finally:
-            os.close(root_fd)
+            os.close(fd)
 
 
 def open_root(root: str) -> Dir:
@@ -222,7 +229,8 @@ def parent_fd(root: str | Dir, names: tuple[str, ...], show: Show) -> Iterator[i
     """A descriptor of the directory that holds names[-1], reached from root one directory at a time, none of them
     a link (refused, saying what it is: NotOurs, an OSError the sync retries, of errno ELOOP for a link, ENOTDIR for
     anything else that is not a directory). `root`: the root's path (a read: the remote as configured) or, for a
-    write, its Dir (Remote._root), whose descriptor is where the walk starts."""
+    write, its Dir (Remote._root), whose descriptor is where the walk starts; a write's directories below the
+    root are this user's (OWN_UIDS: one swapped in by another user since it was made is NotOurs, not written into)."""
     fd = os.dup(root.fd) if isinstance(root, Dir) else os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for i, name in enumerate(names[:-1]):
@@ -237,6 +245,9 @@ def parent_fd(root: str | Dir, names: tuple[str, ...], show: Show) -> Iterator[i
                 raise NotOurs(found, f"{show(*names[:i + 1])} is {what_is(where)}: not followed") from None
             os.close(fd)
             fd = below
+            if isinstance(root, Dir) and (uid := os.fstat(fd).st_uid) not in OWN_UIDS:  # a write goes only into ours
+                raise NotOurs(errno.EPERM, f"{show(*names[:i + 1])} is a directory of uid {uid}, not made by this "
+                                           f"user's sync: never written into")
         yield fd
     finally:
         os.close(fd)
@@ -265,10 +276,23 @@ def mkdir_new(root: Dir, names: tuple[str, ...], show: Show) -> None:
                 os.mkdir(names[i - 1], 0o777, dir_fd=fd)
             except FileExistsError:
                 raise _taken(root, names[:i], show) from None
-            uid = os.stat(names[i - 1], dir_fd=fd, follow_symlinks=False).st_uid
-            OWN_UIDS.add(uid)  # as the server sees us
+            uid = _made_owner(root, fd, names[:i], show)
         if i == 1 and uid != own_uid():  # a squashing share: the owner cannot tell this user's from another's
             _mark_new(root, names[0], show)
+
+
+def _made_owner(root: Dir, fd: int, names: tuple[str, ...], show: Show) -> int:
+    """The owner of the directory just made at names (in the directory `fd`): one the share gives this process's
+    files. It is read from the name, which another user who can write there may have swapped for his own directory
+    since the mkdir: so an owner not known yet is learnt from a file made new (learn_own_uid_at: O_EXCL, read from
+    its descriptor), never from what the name shows; a directory at the name owned by anyone else is his (NotOurs:
+    the caller's copy takes another name), and his uid never becomes "ours"."""
+    uid = os.stat(names[-1], dir_fd=fd, follow_symlinks=False).st_uid
+    if uid not in OWN_UIDS:
+        learn_own_uid_at(root.fd)
+    if uid not in OWN_UIDS:
+        raise _taken(root, names, show)
+    return uid
 
 
 def _mark_new(root: Dir, name: str, show: Show) -> None:
