@@ -170,6 +170,12 @@ def temp_name(prefix: str, salt: str | None = None) -> str:
 
 # --- a directory used through its descriptor -------------------------------------------------------------------------
 
+def _open_dir_flags(st: os.stat_result) -> int:
+    """How to open a directory whose lstat is `st`: a symbolic link followed only when it is root's or ours (one
+    planted by another user, in /tmp say, is refused: ELOOP), anything else without following one."""
+    return OPEN_DIR & ~os.O_NOFOLLOW if stat.S_ISLNK(st.st_mode) and owned_by_me_or_root(st) else OPEN_DIR
+
+
 class Dir:
     """A directory opened once; `path` only names it in messages. Close it (or use `with`)."""
 
@@ -190,12 +196,8 @@ class Dir:
         problem = place_problem(label, path, what, advice, dir_itself=True, own_links=True, group_share=group_share)
         if problem:
             raise PlaceRefused(problem)
-        st = os.lstat(path)
-        flags = OPEN_DIR
-        if stat.S_ISLNK(st.st_mode) and owned_by_me_or_root(st):
-            flags &= ~os.O_NOFOLLOW
         try:
-            fd = os.open(path, flags)
+            fd = os.open(path, _open_dir_flags(os.lstat(path)))
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise PlaceRefused(f"{label} {path} is a symbolic link of another user or not a directory (never "
@@ -204,9 +206,11 @@ class Dir:
         return cls(fd, path)
 
     @classmethod
-    def at(cls, parent: Dir, name: str) -> Dir:
-        """The directory `name` in parent, no link followed (OSError ELOOP/ENOTDIR for a link or a file)."""
-        return cls(os.open(name, OPEN_DIR, dir_fd=parent.fd), parent.path / name)
+    def at(cls, parent: Dir, name: str, *, own_links: bool = False) -> Dir:
+        """The directory `name` in parent, no link followed (OSError ELOOP/ENOTDIR for a link or a file);
+        `own_links`: a link there followed when it is root's or ours, Dir.open's rule (a corpus --out of the user's)."""
+        flags = _open_dir_flags(os.stat(name, dir_fd=parent.fd, follow_symlinks=False)) if own_links else OPEN_DIR
+        return cls(os.open(name, flags, dir_fd=parent.fd), parent.path / name)
 
     @property
     def inside(self) -> Path:
