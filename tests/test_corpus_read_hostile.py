@@ -152,23 +152,22 @@ def test_prepared_corpus_reads_its_tokenizer_once_bounded_and_never_through_a_li
         open_prepared(damaged)
 
 
-@pytest.mark.slow  # torch, a checkpoint written
+@pytest.mark.slow  # the real trainer, 3 steps on CPU
 def test_a_checkpoint_carries_the_tokenizer_checked_at_open_not_what_its_name_holds_later(tmp_path, corpus,
                                                                                         chat_tokenizer):
-    """The tokenizer a checkpoint carries is the one checked against meta.json's tokenizer_sha256 when the corpus
-    was opened; the file swapped after (a shared corpus directory) changes nothing in it."""
-    from minilmd.trainer.checkpoint import save as ckpt_io
-    from weights_helpers import make_run, trainer_state
+    """The standalone trainer on a corpus in a shared directory: the tokenizer every checkpoint carries is the one
+    checked against meta.json's tokenizer_sha256 when the corpus was opened; the file swapped after (before: read
+    again by its name at every save, never compared) changes nothing in it."""
+    from minilmd.config import load_config
+    from minilmd.trainer.loop import train as train_mod
+    from trainer_corpus import write_config
 
     copy = tmp_path / "corpus"
     shutil.copytree(corpus[0], copy)
     checked = (copy / "tokenizer.json").read_bytes()
-    opened = open_prepared(copy)
-    (copy / "tokenizer.json").write_bytes((chat_tokenizer / "tokenizer.json").read_bytes())
-    model, opt = make_run(2)
-    saver = ckpt_io.AsyncCheckpointer(tmp_path / "ckpts", keep=None, tokenizer=opened.tokenizer_files,
-                                      log=lambda s: None)
-    saver.save(2, model, opt, trainer_state(2))
-    path = saver.wait()
-    assert (path / "tokenizer.json").read_bytes() == checked
-    assert hashlib.sha256(checked).hexdigest() == opened.tokenizer_fingerprint
+    cfg = load_config(write_config(tmp_path, (copy, corpus[1]), train={"max_steps": 3, "checkpoint_every": 3}))
+    trainer = train_mod.Trainer(cfg, train_mod.init_distributed(cfg))
+    (copy / "tokenizer.json").write_bytes((chat_tokenizer / "tokenizer.json").read_bytes())  # once it is open
+    assert trainer.train() == 0
+    saved = sorted(Path(cfg.checkpoint_dir).glob("step-*/tokenizer.json"))
+    assert saved and all(path.read_bytes() == checked for path in saved), saved
