@@ -171,3 +171,17 @@ def test_a_checkpoint_carries_the_tokenizer_checked_at_open_not_what_its_name_ho
     assert trainer.train() == 0
     saved = sorted(Path(cfg.checkpoint_dir).glob("step-*/tokenizer.json"))
     assert saved and all(path.read_bytes() == checked for path in saved), saved
+
+
+@pytest.mark.parametrize("name", ["train/doc_lengths.npy", "val/tokens.bin"])
+def test_the_trainers_corpus_opens_no_split_file_through_a_link(tmp_path, corpus, name):
+    """The standalone trainer (and `corpus verify`) on a corpus in a shared directory: a split file that is a link
+    (here to the same bytes, so its size and contents pass) is refused, named, never followed."""
+    damaged = tmp_path / "corpus"
+    shutil.copytree(corpus[0], damaged)
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes((damaged / name).read_bytes())
+    (damaged / name).unlink()
+    (damaged / name).symlink_to(elsewhere)
+    with pytest.raises(CorpusError, match=f"{name}: unreadable \\(a symbolic link\\)"):
+        open_prepared(damaged)

@@ -83,8 +83,12 @@ class TokenStream:
                 vocab_size = meta.get("vocab_size")
             listed_docs = meta.get("splits", {}).get(self.dir.name, {}).get("documents")
             self._check_files(meta, verify_hash)
-        try:
-            lengths = np.load(lengths_path, allow_pickle=False)
+        try:  # opened as untrusted: a corpus may sit in a shared directory (no link followed, no FIFO opened)
+            fd = open_regular(lengths_path)
+            with os.fdopen(fd, "rb") as f:
+                lengths = np.load(f, allow_pickle=False)
+        except Unreadable as e:
+            raise _corpus_error(lengths_path, e) from None
         except Exception as e:  # noqa: BLE001 - np.load fails in many ways (ValueError, EOFError, OSError): all mean bad data
             raise CorpusError(f"{lengths_path}: not a readable .npy file ({e})") from None
         if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
@@ -110,7 +114,7 @@ class TokenStream:
             )
         self.n_tokens = expected
         if self.n_tokens:
-            self.tokens: np.ndarray = np.memmap(tokens_path, dtype="<u2", mode="r", shape=(self.n_tokens,))
+            self.tokens: np.ndarray = map_regular(tokens_path, "<u2", self.n_tokens)
         else:  # numpy cannot map an empty file
             self.tokens = np.zeros(0, dtype="<u2")
         self.loss_mask: np.ndarray | None = None
@@ -135,7 +139,7 @@ class TokenStream:
                               "mask byte per token): they did not come from the same run")
         if not self.n_tokens:
             return np.zeros(0, dtype=np.uint8)
-        return np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(self.n_tokens,))
+        return map_regular(mask_path, np.uint8, self.n_tokens)
 
     def _check_mask(self, mask_path: Path) -> None:
         """The chat invariants of the class docstring, in blocks of _SCAN tokens (bounded temporaries)."""
