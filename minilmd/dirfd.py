@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
-from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
+from minilmd.perms import others_can_rearrange, own_link, owned_by_me, owned_by_me_or_root
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
 AT_FDCWD = -100
@@ -170,12 +170,6 @@ def temp_name(prefix: str, salt: str | None = None) -> str:
 
 # --- a directory used through its descriptor -------------------------------------------------------------------------
 
-def _open_dir_flags(st: os.stat_result) -> int:
-    """How to open a directory whose lstat is `st`: a symbolic link followed only when it is root's or ours (one
-    planted by another user, in /tmp say, is refused: ELOOP), anything else without following one."""
-    return OPEN_DIR & ~os.O_NOFOLLOW if stat.S_ISLNK(st.st_mode) and owned_by_me_or_root(st) else OPEN_DIR
-
-
 class Dir:
     """A directory opened once; `path` only names it in messages. Close it (or use `with`)."""
 
@@ -197,7 +191,7 @@ class Dir:
         if problem:
             raise PlaceRefused(problem)
         try:
-            fd = os.open(path, _open_dir_flags(os.lstat(path)))
+            fd = os.open(path, OPEN_DIR & ~os.O_NOFOLLOW if own_link(os.lstat(path)) else OPEN_DIR)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise PlaceRefused(f"{label} {path} is a symbolic link of another user or not a directory (never "
@@ -209,7 +203,8 @@ class Dir:
     def at(cls, parent: Dir, name: str, *, own_links: bool = False) -> Dir:
         """The directory `name` in parent, no link followed (OSError ELOOP/ENOTDIR for a link or a file);
         `own_links`: a link there followed when it is root's or ours, Dir.open's rule (a corpus --out of the user's)."""
-        flags = _open_dir_flags(os.stat(name, dir_fd=parent.fd, follow_symlinks=False)) if own_links else OPEN_DIR
+        link = own_links and own_link(os.stat(name, dir_fd=parent.fd, follow_symlinks=False))
+        flags = OPEN_DIR & ~os.O_NOFOLLOW if link else OPEN_DIR
         return cls(os.open(name, flags, dir_fd=parent.fd), parent.path / name)
 
     @property
