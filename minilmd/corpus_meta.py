@@ -40,9 +40,15 @@ class CorpusError(ValueError):
 
 def read_meta(root: str | Path) -> dict:
     """meta.json of a prepared corpus, after checking its format and version."""
+    return read_meta_hashed(root)[0]
+
+
+def read_meta_hashed(root: str | Path) -> tuple[dict, str]:
+    """read_meta, and the sha256 of the very bytes it parsed (what an append records as the previous version's)."""
     path = Path(root) / META
     try:
-        meta = loads_meta(read_bytes(path, max_bytes=MAX_META_BYTES))
+        data = read_bytes(path, max_bytes=MAX_META_BYTES)
+        meta = loads_meta(data)
     except Unreadable as e:
         if e.missing:
             raise CorpusError(f"{path}: missing; is {root} the output of `minilmd prepare`?") from None
@@ -60,7 +66,7 @@ def read_meta(root: str | Path) -> dict:
     if meta.get("version") != DATA_FORMATS[data_format]:
         raise CorpusError(f"{path}: version {meta.get('version')!r}, this minilmd reads version "
                           f"{DATA_FORMATS[data_format]} for data_format {data_format!r}; prepare the corpus again")
-    return meta
+    return meta, hashlib.sha256(data).hexdigest()
 
 
 def read_corpus_meta(prepared: str | Path) -> dict | None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
-from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root
+from minilmd.perms import others_can_rearrange, own_link, own_uid, owned_by_me, owned_by_me_or_root
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
 AT_FDCWD = -100
@@ -190,12 +190,8 @@ class Dir:
         problem = place_problem(label, path, what, advice, dir_itself=True, own_links=True, group_share=group_share)
         if problem:
             raise PlaceRefused(problem)
-        st = os.lstat(path)
-        flags = OPEN_DIR
-        if stat.S_ISLNK(st.st_mode) and owned_by_me_or_root(st):
-            flags &= ~os.O_NOFOLLOW
         try:
-            fd = os.open(path, flags)
+            fd = os.open(path, OPEN_DIR & ~os.O_NOFOLLOW if own_link(os.lstat(path)) else OPEN_DIR)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise PlaceRefused(f"{label} {path} is a symbolic link of another user or not a directory (never "
@@ -204,9 +200,12 @@ class Dir:
         return cls(fd, path)
 
     @classmethod
-    def at(cls, parent: Dir, name: str) -> Dir:
-        """The directory `name` in parent, no link followed (OSError ELOOP/ENOTDIR for a link or a file)."""
-        return cls(os.open(name, OPEN_DIR, dir_fd=parent.fd), parent.path / name)
+    def at(cls, parent: Dir, name: str, *, own_links: bool = False) -> Dir:
+        """The directory `name` in parent, no link followed (OSError ELOOP/ENOTDIR for a link or a file);
+        `own_links`: a link there followed when it is root's or ours, Dir.open's rule (a corpus --out of the user's)."""
+        link = own_links and own_link(os.stat(name, dir_fd=parent.fd, follow_symlinks=False))
+        flags = OPEN_DIR & ~os.O_NOFOLLOW if link else OPEN_DIR
+        return cls(os.open(name, flags, dir_fd=parent.fd), parent.path / name)
 
     @property
     def inside(self) -> Path:

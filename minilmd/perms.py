@@ -45,6 +45,12 @@ def owned_by_me_or_root(st: os.stat_result) -> bool:
     return st.st_uid in (0, own_uid())
 
 
+def own_link(st: os.stat_result) -> bool:
+    """`st` (an lstat) is a symbolic link of this user's or root's: the one kind minilmd follows to a directory it
+    opens (minilmd/dirfd.py Dir.open, Dir.at's own_links); one planted by another user, in /tmp say, is refused."""
+    return stat.S_ISLNK(st.st_mode) and owned_by_me_or_root(st)
+
+
 def others_can_rearrange(st: os.stat_result) -> bool:
     """Another user can create, rename or remove entries in this directory: group or others may write to it, and
     it is not sticky with an owner in owned_by_me_or_root (sticky: only an entry's owner, the directory's and root

@@ -59,7 +59,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/corpus/prepare/pipeline.py": ("private", "--out's directories above it are checked by dirfd's rule "
                                            "before this mkdir (no one else can rearrange them); the rest is inside "
                                            "the temporary directory: " + PRIVATE_TMP, {
-        ("_prepare_into", ".mkdir"): 1, ("_prepare_into", "shutil.copyfile"): 1,
+        ("_prepare_into", ".mkdir"): 1, ("_prepare_into", ".write_bytes"): 1,
         ("_prepare_into", ".write_text"): 1}),
     "minilmd/corpus/prepare/collect.py": ("private", PRIVATE_TMP, {
         ("SplitWriter.__init__", "open"): 2, ("Spool.__init__", "open"): 1, ("Spool.close", ".unlink"): 1,

@@ -19,11 +19,15 @@ Torch-free (numpy only): the supervisor verifies staged corpora with verify_prep
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import os
 from pathlib import Path
 
 import numpy as np
+from numpy.lib import format as npy_format
 
-from minilmd.corpus.tokenizer import TokenizerError, load_tokenizer
+from minilmd.corpus.tokenizer import TokenizerError, tokenizer_from_text
 from minilmd.corpus_meta import (
     MASKED_FORMATS,
     CorpusError,
@@ -31,11 +35,24 @@ from minilmd.corpus_meta import (
     data_format_of,
     earlier_versions,
     read_meta,
+    read_meta_hashed,
 )
 from minilmd.fsio import dir_table_problems, local_size, sha256_file, table_problems
 from minilmd.names import CORPUS_META as META
-from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
+from minilmd.names import (
+    CORPUS_TOKENIZER,
+    DOC_LENGTHS,
+    LOSS_MASK,
+    SPLITS,
+    TOKENIZER_CONFIG,
+    TOKENIZER_CONFIG_MAX_BYTES,
+    TOKENIZER_FILE,
+    TOKENIZER_MAX_BYTES,
+    TOKENS,
+    split_file,
+)
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.untrusted import Unreadable, open_regular, read_bytes
 
 _SCAN = 1 << 24  # tokens per block when scanning for the largest id: bounded temporaries
 class TokenStream:
@@ -66,8 +83,12 @@ class TokenStream:
                 vocab_size = meta.get("vocab_size")
             listed_docs = meta.get("splits", {}).get(self.dir.name, {}).get("documents")
             self._check_files(meta, verify_hash)
-        try:
-            lengths = np.load(lengths_path, allow_pickle=False)
+        try:  # opened as untrusted: a corpus may sit in a shared directory (no link followed, no FIFO opened)
+            fd = open_regular(lengths_path)
+            with os.fdopen(fd, "rb") as f:
+                lengths = np.load(f, allow_pickle=False)
+        except Unreadable as e:
+            raise _corpus_error(lengths_path, e) from None
         except Exception as e:  # noqa: BLE001 - np.load fails in many ways (ValueError, EOFError, OSError): all mean bad data
             raise CorpusError(f"{lengths_path}: not a readable .npy file ({e})") from None
         if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
@@ -93,7 +114,7 @@ class TokenStream:
             )
         self.n_tokens = expected
         if self.n_tokens:
-            self.tokens: np.ndarray = np.memmap(tokens_path, dtype="<u2", mode="r", shape=(self.n_tokens,))
+            self.tokens: np.ndarray = map_regular(tokens_path, "<u2", self.n_tokens)
         else:  # numpy cannot map an empty file
             self.tokens = np.zeros(0, dtype="<u2")
         self.loss_mask: np.ndarray | None = None
@@ -118,7 +139,7 @@ class TokenStream:
                               "mask byte per token): they did not come from the same run")
         if not self.n_tokens:
             return np.zeros(0, dtype=np.uint8)
-        return np.memmap(mask_path, dtype=np.uint8, mode="r", shape=(self.n_tokens,))
+        return map_regular(mask_path, np.uint8, self.n_tokens)
 
     def _check_mask(self, mask_path: Path) -> None:
         """The chat invariants of the class docstring, in blocks of _SCAN tokens (bounded temporaries)."""
@@ -238,21 +259,24 @@ class PreparedCorpus:
 
     def __init__(self, root: str | Path, verify_hash: bool = False):
         self.root = Path(root)
-        self.meta = read_meta(self.root)
+        self.meta, self.meta_sha256 = read_meta_hashed(self.root)  # the sha256 of the very bytes parsed
         self.data_format = data_format_of(self.meta)
         self.vocab_size = int(self.meta["vocab_size"])
         if self.meta.get("special_ids") != {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID}:
             raise CorpusError(f"{self.root / META}: special_ids {self.meta.get('special_ids')} differ from "
                               f"minilmd's pad {PAD_ID}, bos {BOS_ID}, eos {EOS_ID}")
         self.tokenizer_path = self.root / CORPUS_TOKENIZER
-        if not self.tokenizer_path.is_file():
-            raise CorpusError(f"{self.tokenizer_path}: missing")
         self.tokenizer_fingerprint = self.meta["tokenizer_sha256"]
-        tok_sha = sha256_file(self.tokenizer_path)  # small file: always checked
+        self.tokenizer_json = _read_small(self.tokenizer_path, TOKENIZER_MAX_BYTES)
+        """tokenizer.json's bytes, read once (bounded, no link followed) and checked against tokenizer_sha256: what
+        the checkpoints carry (tokenizer_files), never the file read again by its name."""
+        tok_sha = hashlib.sha256(self.tokenizer_json).hexdigest()
         if tok_sha != self.tokenizer_fingerprint:
             raise CorpusError(f"{self.tokenizer_path}: sha256 {tok_sha} but meta.json records "
                               f"{self.tokenizer_fingerprint}: the tokenizer and the tokens did not come from the "
                               "same run")
+        self.tokenizer_files = {TOKENIZER_FILE: self.tokenizer_json}
+        """{name: bytes} of the tokenizer's files a checkpoint carries (a chat corpus's template too), as read here."""
         self.tokenizer_config_path: Path | None = None
         if self.data_format in MASKED_FORMATS:
             self.tokenizer_config_path = self.root / TOKENIZER_CONFIG
@@ -260,11 +284,13 @@ class PreparedCorpus:
             if not isinstance(listed, dict):
                 raise CorpusError(f"{self.root / META}: a chat corpus lists its {TOKENIZER_CONFIG} (the chat "
                                   "template) under \"files\"; this one does not")
-            problems = table_problems({TOKENIZER_CONFIG: listed}, lambda name: local_size(self.root / name),
-                                      lambda name: sha256_file(self.root / name),
+            config = _read_small(self.tokenizer_config_path, TOKENIZER_CONFIG_MAX_BYTES)
+            problems = table_problems({TOKENIZER_CONFIG: listed}, lambda name: len(config),
+                                      lambda name: hashlib.sha256(config).hexdigest(),
                                       listed_in=META, label=lambda name: str(self.root / name))
             if problems:
                 raise CorpusError(f"{problems[0]}: a chat corpus keeps the chat template it was rendered with")
+            self.tokenizer_files[TOKENIZER_CONFIG] = config
         self.train = TokenStream(self.root / SPLITS[0], self.vocab_size, verify_hash)
         self.val = TokenStream(self.root / SPLITS[1], self.vocab_size, verify_hash)
         for name, stream in zip(SPLITS, (self.train, self.val), strict=True):
@@ -280,6 +306,81 @@ class PreparedCorpus:
 
     def __repr__(self) -> str:
         return f"PreparedCorpus({str(self.root)!r}, train={self.train.n_tokens}, val={self.val.n_tokens} tokens)"
+
+
+def _read_small(path: Path, max_bytes: int) -> bytes:
+    """A small file of the corpus (its tokenizer's), read once as untrusted: a regular file of at most max_bytes, no
+    link followed, no FIFO opened. CorpusError for anything else; an OSError of a failing mount as it is (the
+    caller's retry), as read_meta does."""
+    try:
+        return read_bytes(path, max_bytes=max_bytes)
+    except Unreadable as e:
+        raise _corpus_error(path, e) from None
+
+
+NPY_HEADER_MAX = 64 << 10
+"""The most bytes read for a .npy file's header (numpy writes 128)."""
+_NPY_HEADERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
+
+
+def read_doc_lengths(path: Path, documents: int) -> np.ndarray:
+    """The first `documents` lengths (int64) of a split's doc_lengths.npy, read as untrusted (the corpus may sit in
+    a team directory, another user's): a regular file only (no link followed, no FIFO opened), and of it only the
+    header and those lengths, whatever its size says (an append being published makes it longer). CorpusError for
+    a file that is not that; an OSError of a failing mount as it is."""
+    try:
+        fd = open_regular(path)
+    except Unreadable as e:
+        raise _corpus_error(path, e) from None
+    try:
+        want, chunks = NPY_HEADER_MAX + 8 * max(documents, 0), []
+        while want > 0 and (chunk := os.read(fd, want)):
+            chunks.append(chunk)
+            want -= len(chunk)
+    finally:
+        os.close(fd)
+    f = io.BytesIO(b"".join(chunks))
+    try:
+        read_header = _NPY_HEADERS.get(npy_format.read_magic(f))
+        if read_header is None:
+            raise ValueError("a .npy version this reader does not take")
+        shape, _, dtype = read_header(f)
+    except (ValueError, EOFError, SyntaxError) as e:
+        raise CorpusError(f"{path}: not a readable .npy file ({e})") from None
+    if len(shape) != 1 or dtype.kind not in "iu" or shape[0] < documents:
+        raise CorpusError(f"{path}: expected at least {documents} document lengths (a 1-D integer array), got "
+                          f"{dtype} {shape}")
+    data = f.read(documents * dtype.itemsize)
+    if len(data) != documents * dtype.itemsize:
+        raise CorpusError(f"{path}: shorter than its header says")
+    return np.frombuffer(data, dtype=dtype).astype(np.int64)
+
+
+def map_regular(path: Path, dtype, count: int) -> np.ndarray:
+    """The first `count` items of a split's tokens.bin (loss_mask.bin), mapped read-only from a descriptor opened as
+    untrusted (a regular file only: no link followed, no FIFO opened); CorpusError when it is shorter or is not
+    one."""
+    try:
+        fd = open_regular(path)
+    except Unreadable as e:
+        raise _corpus_error(path, e) from None
+    with os.fdopen(fd, "rb") as f:  # the mapping keeps its own reference to the file
+        need = count * np.dtype(dtype).itemsize
+        if os.fstat(f.fileno()).st_size < need:
+            raise CorpusError(f"{path}: shorter than the {count} items its doc_lengths.npy and meta.json list")
+        return np.memmap(f, dtype=dtype, mode="r", shape=(count,))
+
+
+class RefusedFile(CorpusError):
+    """A file of the corpus refused unread: a symbolic link, a FIFO, a device, a directory, or one replaced while it
+    was opened (someone else's doing, or a mistake: `prepare --append` refuses to go on, exit 2)."""
+
+
+def _corpus_error(path: Path, e: Unreadable) -> Exception:
+    if e.os_error is not None:
+        return e.os_error
+    why = f"{path}: {'missing' if e.missing else f'unreadable ({e.why})'}"
+    return RefusedFile(why) if e.kind in ("link", "not_regular", "changed") else CorpusError(why)
 
 
 def open_prepared(root: str | Path, verify_hash: bool = False) -> PreparedCorpus:
@@ -301,7 +402,7 @@ def verify_prepared(root: str | Path) -> list[str]:
     except (CorpusError, KeyError) as e:
         return [str(e) if isinstance(e, CorpusError) else f"{root / META}: missing key {e}"]
     try:
-        tok = load_tokenizer(corpus.tokenizer_path)
+        tok = tokenizer_from_text(corpus.tokenizer_json.decode("utf-8", "replace"), str(corpus.tokenizer_path))
         if tok.get_vocab_size(with_added_tokens=True) != corpus.vocab_size:
             problems.append(f"{corpus.tokenizer_path}: vocabulary of {tok.get_vocab_size(with_added_tokens=True)} "
                             f"but meta.json records vocab_size {corpus.vocab_size}")

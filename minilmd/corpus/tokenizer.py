@@ -12,6 +12,7 @@ from pathlib import Path
 
 from minilmd.names import TOKENIZER_FILE, TOKENIZER_MAX_BYTES
 from minilmd.protocol import SPECIAL_TOKENS
+from minilmd.untrusted import DEFAULT_MAX_DEPTH, Unreadable, read_bytes, too_deep
 
 MAX_VOCAB = 65536  # token ids are stored as uint16
 
@@ -44,20 +45,48 @@ def check_tokenizer(tok, where: str = "tokenizer") -> None:
 
 
 
-def load_tokenizer(path: str | Path):
-    """Load a tokenizer.json (a file, or a directory holding one) and check it with check_tokenizer."""
+def read_tokenizer_text(path: str | Path, *, follow_links: bool = True) -> str:
+    """The text of a tokenizer.json, read once as untrusted (minilmd/untrusted.py: a regular file only, so a FIFO
+    never blocks and /dev/zero is never read; at most TOKENIZER_MAX_BYTES; nesting bounded, so no reader of the text
+    meets a RecursionError). `follow_links`: a tokenizer the user named has its links resolved first (a Hugging
+    Face cache is links into its blobs); a corpus's own file, which another user may have changed, is read without
+    following one. Whoever loads it, encodes with it and copies it uses this one text (a file swapped after the
+    read changes nothing). TokenizerError for anything else."""
+    path = Path(path)
+    try:
+        data = read_bytes(path.resolve() if follow_links else path, max_bytes=TOKENIZER_MAX_BYTES)
+        text = data.decode("utf-8")
+    except Unreadable as e:
+        if e.missing:
+            raise TokenizerError(f"{path}: no such tokenizer file") from None
+        if e.kind == "too_big":
+            raise TokenizerError(f"{path}: larger than {TOKENIZER_MAX_BYTES >> 20} MiB; "
+                                 "not a tokenizer.json") from None
+        raise TokenizerError(f"{path}: not a readable tokenizer.json ({e.why})") from None
+    except UnicodeDecodeError:
+        raise TokenizerError(f"{path}: not a valid tokenizer.json (not UTF-8)") from None
+    if too_deep(text, DEFAULT_MAX_DEPTH):
+        raise TokenizerError(f"{path}: not a valid tokenizer.json (nested deeper than {DEFAULT_MAX_DEPTH})")
+    return text
+
+
+def tokenizer_from_text(text: str, where: str):
+    """The tokenizer of a tokenizer.json's text (read_tokenizer_text), checked with check_tokenizer; `where` names
+    it in a TokenizerError."""
     from tokenizers import Tokenizer
 
-    path = Path(path)
-    if path.is_dir():
-        path = path / TOKENIZER_FILE
-    if not path.is_file():
-        raise TokenizerError(f"{path}: no such tokenizer file")
-    if path.stat().st_size > TOKENIZER_MAX_BYTES:  # a tokenizer from elsewhere: never a gigabyte read whole
-        raise TokenizerError(f"{path}: larger than {TOKENIZER_MAX_BYTES >> 20} MiB; not a tokenizer.json")
     try:
-        tok = Tokenizer.from_file(str(path))
+        tok = Tokenizer.from_str(text)
     except Exception as e:  # the Rust side raises a plain Exception for malformed JSON
-        raise TokenizerError(f"{path}: not a valid tokenizer.json ({e})") from e
-    check_tokenizer(tok, where=str(path))
+        raise TokenizerError(f"{where}: not a valid tokenizer.json ({e})") from e
+    check_tokenizer(tok, where=where)
     return tok
+
+
+def load_tokenizer(path: str | Path, *, follow_links: bool = True):
+    """Load a tokenizer.json (a file, or a directory holding one) and check it with check_tokenizer: read once
+    (read_tokenizer_text)."""
+    path = Path(path)
+    if follow_links and path.is_dir():
+        path = path / TOKENIZER_FILE
+    return tokenizer_from_text(read_tokenizer_text(path, follow_links=follow_links), str(path))

@@ -13,20 +13,20 @@ epoch trains every document of train once, in fewer rows; a bucketed epoch leave
 """
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from minilmd.corpus.format import read_doc_lengths
 from minilmd.corpus_meta import meta_value
 from minilmd.names import DOC_LENGTHS, SPLITS
 from minilmd.plan.bucketing import row_lengths
 from minilmd.plan.docpacking import packed_rows
 from minilmd.plan.samplers import row_kind
 from minilmd.rowcount import epoch_rows
-from minilmd.untrusted import Unreadable, read_bytes
+from minilmd.untrusted import Unreadable
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,6 @@ def corpus_epoch(cfg, meta: dict | None, prepared: str | Path | None = None) -> 
 
 def train_lengths(root: Path, documents: int) -> np.ndarray:
     """The first `documents` lengths of train's doc_lengths.npy (an append being published may have more), read
-    as untrusted (a corpus may sit in a shared place) and bounded by what meta.json says it holds."""
-    raw = read_bytes(root / SPLITS[0] / DOC_LENGTHS, max_bytes=8 * documents + 4096)
-    lengths = np.load(io.BytesIO(raw), allow_pickle=False)
-    if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or lengths.size < documents:
-        raise ValueError(f"{root}: train's {DOC_LENGTHS} is not {documents:,} document lengths")
-    return lengths[:documents].astype(np.int64)
+    as untrusted (a corpus may sit in a shared place) and bounded by what meta.json says it holds: the one reader of
+    a split's lengths, corpus report's too (minilmd/corpus/format.py)."""
+    return read_doc_lengths(root / SPLITS[0] / DOC_LENGTHS, documents)

@@ -18,7 +18,7 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +35,14 @@ from minilmd.names import (
     OPTIMIZER_FILE,
     OPTIMIZER_META,
     TOKENIZER_CONFIG,
+    TOKENIZER_CONFIG_MAX_BYTES,
     TOKENIZER_FILE,
+    TOKENIZER_MAX_BYTES,
     TRAINER_STATE,
     save_tmp_name,
     step_name,
 )
+from minilmd.untrusted import Unreadable, read_bytes
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------
 
@@ -64,9 +67,32 @@ def _free_bytes(root: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _bytes_needed(tensor_dicts: list[dict], tokenizer: str | os.PathLike | None) -> int:
+def _bytes_needed(tensor_dicts: list[dict], tokenizer: dict[str, bytes]) -> int:
     tensors = sum(t.numel() * t.element_size() for d in tensor_dicts for t in d.values())
-    return tensors + (Path(tokenizer).stat().st_size if tokenizer is not None else 0) + SAVE_SLACK
+    return tensors + sum(map(len, tokenizer.values())) + SAVE_SLACK
+
+
+Tokenizer = str | os.PathLike | Mapping[str, bytes] | None
+"""What a checkpoint carries of the tokenizer: {file name: bytes} as its corpus read them once (PreparedCorpus
+.tokenizer_files, checked against meta.json's tokenizer_sha256), or a tokenizer.json's path (tests, tools: read
+here once, with a tokenizer_config.json beside it), or None."""
+
+
+def tokenizer_files(tokenizer: Tokenizer) -> dict[str, bytes]:
+    """{TOKENIZER_FILE: bytes, TOKENIZER_CONFIG: bytes (a chat template, when there is one)}. A path is read as
+    untrusted (bounded, no link followed, no FIFO opened): ValueError (Unreadable) for anything else."""
+    if tokenizer is None:
+        return {}
+    if isinstance(tokenizer, Mapping):
+        return dict(tokenizer)
+    path = Path(tokenizer)
+    files = {TOKENIZER_FILE: read_bytes(path, max_bytes=TOKENIZER_MAX_BYTES)}
+    try:  # a chat corpus's template: for sample --chat, export
+        files[TOKENIZER_CONFIG] = read_bytes(path.with_name(TOKENIZER_CONFIG), max_bytes=TOKENIZER_CONFIG_MAX_BYTES)
+    except Unreadable as e:
+        if not e.missing:
+            raise
+    return files
 
 
 
@@ -140,14 +166,15 @@ def _maybe_kill(point: str, step: int) -> None:
 
 
 def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state: dict, trainer_state: dict, *,
-         tokenizer: str | os.PathLike | None = None, param_names: list[str] | None = None,
+         tokenizer: Tokenizer = None, param_names: list[str] | None = None,
          extra: dict[str, bytes] | None = None) -> Path:
     """Write checkpoint `step` under `root` with the full atomic protocol; returns its directory.
 
     `model_state` holds exactly the tensors of model_shapes.expected_state_shapes (fp32, on any device);
     `optimizer_state` is optimizer.state_dict(); `trainer_state` is JSON-able (its "step", if any, must be
-    `step`); `tokenizer` a tokenizer.json to copy in; `param_names[i]` the name of optimizer parameter i; `extra`
-    more files by name (a DPO run's reference sums: trainer/loop/dpo_reference.py), listed and hashed as the rest.
+    `step`); `tokenizer` the tokenizer's files to write in (Tokenizer); `param_names[i]` the name of optimizer
+    parameter i; `extra` more files by name (a DPO run's reference sums: trainer/loop/dpo_reference.py), listed and
+    hashed as the rest.
     ScratchFull when it does not fit: checked up front, and on ENOSPC/EDQUOT while writing (the half is removed)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -160,6 +187,7 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     opt_tensors, opt_meta = _flatten_optimizer(optimizer_state)
     opt_meta["param_names"] = list(param_names) if param_names else None
     extra = extra or {}
+    tokenizer = tokenizer_files(tokenizer)
     needs = _bytes_needed([model_state, opt_tensors], tokenizer) + sum(map(len, extra.values()))
     if _free_bytes(root) < needs:  # refused up front: filling the disk to the last byte harms its other users
         raise ScratchFull(root, step, needs, _free_bytes(root))
@@ -175,7 +203,7 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
 
 
 def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state: dict, opt_tensors: dict,
-                      opt_meta: dict, trainer_state: dict, tokenizer: str | os.PathLike | None,
+                      opt_meta: dict, trainer_state: dict, tokenizer: dict[str, bytes],
                       extra: dict[str, bytes]) -> None:
     tmp.mkdir()
     files = {MODEL_FILE: _write_safetensors(tmp / MODEL_FILE, model_state)}
@@ -184,12 +212,7 @@ def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state
     files[OPTIMIZER_META] = _write_bytes(tmp / OPTIMIZER_META, json.dumps(opt_meta, indent=1).encode())
     state = {**trainer_state, "step": step}
     files[TRAINER_STATE] = _write_bytes(tmp / TRAINER_STATE, json.dumps(state, indent=2, sort_keys=True).encode())
-    if tokenizer is not None:
-        files[TOKENIZER_FILE] = _write_bytes(tmp / TOKENIZER_FILE, Path(tokenizer).read_bytes())
-        config = Path(tokenizer).with_name(TOKENIZER_CONFIG)  # a chat corpus's template: for sample --chat, export
-        if config.is_file():
-            files[TOKENIZER_CONFIG] = _write_bytes(tmp / TOKENIZER_CONFIG, config.read_bytes())
-    for name, data in extra.items():
+    for name, data in (*tokenizer.items(), *extra.items()):
         files[name] = _write_bytes(tmp / name, data)
     _maybe_kill("before_manifest", step)
     manifest = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(), "files": files}
@@ -324,9 +347,10 @@ class AsyncCheckpointer:
     supervisor, which prunes scratch itself after a verified sync). `wait()` before exiting (and it re-raises a
     failure of the writer)."""
 
-    def __init__(self, root: str | os.PathLike, keep: int | None, tokenizer: str | os.PathLike | None = None,
+    def __init__(self, root: str | os.PathLike, keep: int | None, tokenizer: Tokenizer = None,
                  background: bool = True, log: Callable[[str], None] = print, state_of: Callable | None = None):
-        self.root, self.keep, self.tokenizer, self.background, self.log = Path(root), keep, tokenizer, background, log
+        self.root, self.keep, self.background, self.log = Path(root), keep, background, log
+        self.tokenizer = tokenizer_files(tokenizer)  # read once: every checkpoint carries these same bytes
         self.state_of = state_of  # what of the model is saved: its state_dict, or (LoRA) its adapters
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

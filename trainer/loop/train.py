@@ -149,7 +149,7 @@ class Trainer:
         keep = None if os.environ.get(RUN_DIR_ENV) else t.keep_local
         from minilmd.trainer.model.lora import adapter_state_dict
 
-        self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_path,
+        self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_files,
                                               state_of=adapter_state_dict if cfg.lora.enabled else None)
         self.loss_guard = LossGuard(self.device)
 

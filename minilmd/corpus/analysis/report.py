@@ -81,12 +81,12 @@ def report(path: str, *, tokenizer: str | None = None, workers: int | None = Non
     if tokenizer and corpus.kind == "jsonl":
         from pathlib import Path
 
-        from minilmd.corpus.tokenizer import load_tokenizer
+        from minilmd.corpus.tokenizer import read_tokenizer_text, tokenizer_from_text
         from minilmd.names import CORPUS_TOKENIZER
 
         tp = Path(tokenizer) / CORPUS_TOKENIZER if Path(tokenizer).is_dir() else Path(tokenizer)
-        load_tokenizer(tp)
-        tok_json = tp.read_text(encoding="utf-8")
+        tok_json = read_tokenizer_text(tp)  # read once: the text checked is the text the workers use
+        tokenizer_from_text(tok_json, str(tp))
     parts = scan.run(corpus, ReportTask(tok_json), workers)
     digests = np.concatenate([d for p in parts for d in p.digests] or [np.zeros(0, np.uint64)])
     lengths = np.concatenate([x for p in parts for x in p.lengths] or [np.zeros(0, np.int64)])

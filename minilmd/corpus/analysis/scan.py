@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from minilmd.corpus.digest import digest64
+from minilmd.corpus.format import map_regular, read_doc_lengths
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded, open_regular
 from minilmd.corpus_meta import CorpusError, read_meta
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_MAX_BYTES, TOKENS
@@ -214,15 +215,15 @@ def _prepared_batches(corpus: Corpus, shard: Shard):
     text = (corpus.meta or {}).get("data_format", "text") == "text"
     split_dir = Path(corpus.path) / shard.split
     n_docs = int((corpus.meta or {})["splits"][shard.split]["documents"])
-    lengths = np.load(split_dir / DOC_LENGTHS)[:n_docs].astype(np.int64)  # a longer one: an append publishing
+    # the files of a corpus that may sit in a team directory: no link followed, no FIFO opened, bounded reads (a
+    # longer doc_lengths.npy or tokens.bin: an append publishing; its prefix is this version)
+    lengths = read_doc_lengths(split_dir / DOC_LENGTHS, n_docs)
     starts = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
-    if int(starts[-1]) * 2 > (split_dir / TOKENS).stat().st_size:
-        raise CorpusError(f"{split_dir / TOKENS}: its size disagrees with {split_dir / DOC_LENGTHS}")
     if not starts[-1]:
         return
-    tokens = np.memmap(split_dir / TOKENS, dtype="<u2", mode="r", shape=(int(starts[-1]),))
-    mask = None if text else np.memmap(split_dir / LOSS_MASK, dtype=np.uint8, mode="r", shape=(int(starts[-1]),))
+    tokens = map_regular(split_dir / TOKENS, "<u2", int(starts[-1]))
+    mask = None if text else map_regular(split_dir / LOSS_MASK, np.uint8, int(starts[-1]))
     special = np.array([i for i, t in tok.get_added_tokens_decoder().items() if t.special], dtype=np.int64)
     for lo in range(shard.start, shard.end, BLOCK_DOCS):
         hi = min(lo + BLOCK_DOCS, shard.end)

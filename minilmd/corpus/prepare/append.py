@@ -14,8 +14,9 @@ sum to, and accepts files longer than that (minilmd/corpus/format.py). So a read
 version or the new one, never a half: before step 3 it reads the old meta and the old prefix, and between the
 renames of step 3 the new doc_lengths.npy's prefix is the old one. Disk: the new data, nothing copied. One writer at a
 time: the lock of every prepare of this --out (lock.py); the corpus directory and its split directories are opened
-under it and written through those open directories (each file opened without following a link, a regular file of
-this user's, the new doc_lengths.npy made O_EXCL), and the append refuses (exit 2) when the name no longer leads
+under it, read and written through those open directories (never through the name --out, which a teammate could
+point at his own corpus meanwhile; each file opened without following a link, a regular file of this user's, the
+new doc_lengths.npy made O_EXCL), and the append refuses (exit 2) when the name no longer leads
 there, or when the corpus or a split directory is another user's or others can write it.
 What a killed append left (its temporary directory beside the corpus, its temporary
 doc_lengths.npy) is removed by the next one, under the lock.
@@ -35,6 +36,7 @@ fingerprint and reads that version's prefix of train until its epoch ends (minil
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -50,19 +52,20 @@ from minilmd import leftovers
 from minilmd.corpus.analysis import scan
 from minilmd.corpus.analysis import stats as corpus_stats
 from minilmd.corpus.analysis.report import check_line_counts, duplicate_stats, length_stats
-from minilmd.corpus.format import open_prepared
+from minilmd.corpus.format import RefusedFile, open_prepared
 from minilmd.corpus.prepare import append_chat
 from minilmd.corpus.prepare.block import leak_key
 from minilmd.corpus.prepare.collect import Collector, _copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, check_same_dir, hold_for_test, open_locked_dir
 from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
-from minilmd.corpus_meta import CorpusError, data_fingerprint
+from minilmd.corpus_meta import MAX_META_BYTES, CorpusError, data_fingerprint
 from minilmd.dirfd import Dir, temp_name
 from minilmd.fsio import sha256_file
 from minilmd.names import CORPUS_META as META
 from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_maker, prepare_tmp_name
 from minilmd.perms import others_can_rearrange, owned_by_me
+from minilmd.untrusted import sha256_regular
 
 STALE_PARTS = DOC_LENGTHS + ".append-*.npy"  # a killed append's part, in a split directory
 APPEND_SUFFIX = ".append"  # the temporary directory's name is prepare's, for "<corpus>.append"
@@ -104,9 +107,9 @@ def append(sources: list[str], out: str | Path, *, workers: int | None = None, p
     except OSError as e:
         raise CorpusError(f"{root}: cannot open ({e.strerror}); is it a prepared corpus?") from None
     with CorpusLock(root, "prepare --append", group_share) as lock:  # the one writer of this corpus (lock.py)
-        fd, identity = open_locked_dir(lock)
-        with Dir(fd, root) as corpus_dir:  # the directory that was locked, whatever its name leads to now
-            _check_owner(root, os.fstat(fd))
+        with open_locked_dir(lock) as corpus_dir:  # the directory that was locked, whatever its name leads to now
+            identity = corpus_dir.identity
+            _check_owner(root, os.fstat(corpus_dir.fd))
             splits = _open_splits(corpus_dir)
             try:
                 _remove_stale_parts(splits)
@@ -190,8 +193,11 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
     from minilmd.corpus.prepare.stream import encode_all, open_sources
     from minilmd.corpus.workers import default_workers
 
-    corpus = open_prepared(root)
-    check_same()  # what was read is the locked directory's
+    # Everything of the corpus is read through the locked directory (its descriptor; _check_owner made sure no one
+    # else can rearrange it), never by the name `root`, which a teammate could point at his own corpus meanwhile.
+    with _named_as(root, locked):
+        corpus = open_prepared(locked)
+    check_same()
     meta = corpus.meta
     chat = corpus.data_format == "chat"
     if corpus.data_format == "dpo":
@@ -199,7 +205,7 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
                          "its pairs")
     if not sources:
         raise ValueError("no corpus files given")
-    old_meta_sha = sha256_file(locked / META)
+    old_meta_sha = corpus.meta_sha256  # of the very bytes parsed into `meta`
     opts = PrepareOptions(
         val_fraction=float(meta["split_rule"]["val_fraction"]),
         on_bad_line=on_bad_line or meta["bad_lines"]["policy"],
@@ -215,7 +221,7 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
     if problems:
         raise ValueError("; ".join(problems))
     assert opts.workers is not None
-    tok = PrepareTokenizer.load(corpus.tokenizer_path, chat)
+    tok = PrepareTokenizer.of_corpus(corpus, chat)  # the bytes checked against meta.json, not read again
     if chat and tok.chat_config is not None:
         template = hashlib.sha256(tok.chat_config["chat_template"].encode("utf-8")).hexdigest()
         if template != meta["chat"]["template_sha256"]:
@@ -236,14 +242,17 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
         if found.documents == 0:
             raise InputError(f"{', '.join(sources)}: no documents to append (every line was blank, bad or "
                              "dropped); the corpus is unchanged")
-        old_keys = append_chat.old_digests(root, opts.workers) if chat else old_leak_keys(root, opts.workers)
+        # the locked directory as a path the scan's worker processes can use too (/proc/self is theirs)
+        shared = Path(f"/proc/{os.getpid()}/fd/{corpus_dir.fd}")
+        with _named_as(root, shared):
+            old_keys = append_chat.old_digests(shared, opts.workers) if chat else old_leak_keys(shared, opts.workers)
         new = _new_documents(tmp, found, old_keys)
         if not sum(int(x.size) for x in new.lengths.values()):
             raise InputError(f"{', '.join(sources)}: no documents to append: all {found.documents:,} repeat "
                              "documents of the corpus (whitespace aside) across train and val; the corpus is "
                              "unchanged")
         check_same()
-        if sha256_file(locked / META) != old_meta_sha:
+        if sha256_regular(locked / META, max_bytes=MAX_META_BYTES) != old_meta_sha:
             raise CorpusError(f"{root / META}: changed while this append ran; nothing was appended")
         new_meta = _publish(corpus_dir, splits, meta, tmp, new, found, opts, old_meta_sha)
     finally:
@@ -256,6 +265,20 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
     report(new_meta, log)
     found.bad.log_skipped(log)
     return new_meta
+
+
+@contextlib.contextmanager
+def _named_as(root: Path, inside: Path):
+    """A CorpusError about the corpus read through its descriptor (`inside`: /proc/.../fd/N) names it as the user
+    did (`root`); a file of it refused unread (a link, a FIFO: RefusedFile) ends the append as a link at a file it
+    writes does (ValueError, exit 2)."""
+    try:
+        yield
+    except CorpusError as e:
+        why = str(e).replace(str(inside), str(root))
+        if isinstance(e, RefusedFile):
+            raise ValueError(f"{why}: a file of the corpus is not its own regular file; nothing was appended") from None
+        raise CorpusError(why) from None
 
 
 class _New:

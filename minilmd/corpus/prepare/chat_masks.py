@@ -17,13 +17,13 @@ against the one before it:
 """
 from __future__ import annotations
 
-import json
 from itertools import chain
 
 import numpy as np
 
 from minilmd.corpus.chat import TurnError
 from minilmd.protocol import BOS_ID, EOS_ID
+from minilmd.untrusted import Unreadable, loads
 
 SAMPLED_PER_BLOCK = 8
 """Conversations of each block that ByteStarts also encodes with offsets, to compare its masks with the lookup's."""
@@ -202,7 +202,10 @@ class ByteStarts:
 
         if not hasattr(tok, "encode_batch_fast"):
             return None
-        spec = json.loads(tokenizer_json)
+        try:  # the text the tokenizer was built from (read_tokenizer_text bounded it): never a RecursionError
+            spec = loads(tokenizer_json, expect=dict)
+        except Unreadable:
+            return None
         model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
         pres = (pre.get("pretokenizers") or []) if pre.get("type") == "Sequence" else [pre]
         if (spec.get("normalizer") is not None or spec.get("post_processor") is not None

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
-from minilmd.perms import owned_by_me, owned_by_me_or_root
+from minilmd.perms import owned_by_me
 from minilmd.untrusted import loads, printable
 
 LOCK_SUFFIX = ".lock"
@@ -130,14 +130,15 @@ class CorpusLock:
                              "nothing was published. Check who moves it, then run this again")
 
 
-def open_locked_dir(lock: CorpusLock) -> tuple[int, tuple[int, int]]:
-    """The corpus directory --out itself, opened through the locked parent (no link followed): (fd, identity)."""
+def open_locked_dir(lock: CorpusLock) -> Dir:
+    """The corpus directory --out itself, opened through the locked parent (a link as its last component followed
+    only when the user's or root's: Dir.at's own_links); the caller closes it."""
+    assert lock.parent is not None
     try:
-        fd = _open_dir(lock.out.name, lock.parent_fd)
+        return Dir.at(lock.parent, lock.out.name, own_links=True)
     except OSError as e:
         raise ValueError(f"{lock.out}: cannot open ({e.strerror}); is it a prepared corpus (a directory, or a "
                          "link of yours to one)?") from None
-    return fd, _identity(os.fstat(fd))
 
 
 def check_same_dir(lock: CorpusLock, identity: tuple[int, int]) -> None:
@@ -158,16 +159,6 @@ def hold_for_test() -> None:
     if path:
         with open(path, "rb") as fifo:
             fifo.read()
-
-
-def _open_dir(path: str | os.PathLike, dir_fd: int | None = None) -> int:
-    """A directory opened for the lock: a symbolic link as its last component is followed only when it is the
-    current user's or root's (a link planted by another user, e.g. in /tmp, is refused: ELOOP)."""
-    st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-    if not stat.S_ISLNK(st.st_mode) or not owned_by_me_or_root(st):
-        flags |= os.O_NOFOLLOW
-    return os.open(path, flags, dir_fd=dir_fd)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:

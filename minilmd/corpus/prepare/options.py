@@ -10,9 +10,9 @@ from pathlib import Path
 from minilmd.corpus.prepare.badlines import longest_list_name
 from minilmd.corpus.prepare.lock import lock_name
 from minilmd.corpus.sources.jsonl import BAD_LINE_POLICIES
-from minilmd.corpus.tokenizer import load_tokenizer
+from minilmd.corpus.tokenizer import read_tokenizer_text, tokenizer_from_text
 from minilmd.corpus_meta import DATA_FORMATS, MASKED_FORMATS
-from minilmd.names import CORPUS_TOKENIZER
+from minilmd.names import CORPUS_TOKENIZER, TOKENIZER_CONFIG
 
 BLOCK_BYTES = 1 << 20
 COMMON_NAME_MAX = 255  # bytes a name, where the file system cannot be asked (ext4, xfs, btrfs, NFS all say it)
@@ -96,7 +96,9 @@ def _name_max(where: Path) -> int:
 
 @dataclass
 class PrepareTokenizer:
-    """The tokenizer, checked by load_tokenizer, with the JSON text the workers build theirs from."""
+    """The tokenizer, checked by load_tokenizer, with the JSON text it was built from: the workers build theirs from
+    that text and prepare writes that text into the corpus (read once: a file swapped after cannot make a corpus
+    encoded with one tokenizer ship another)."""
 
     path: Path
     json: str
@@ -106,17 +108,38 @@ class PrepareTokenizer:
 
     @classmethod
     def load(cls, tokenizer: str | Path, chat: bool = False) -> PrepareTokenizer:
-        from minilmd.corpus.chat import ChatTemplate, read_tokenizer_config
+        """The tokenizer the user named (a tokenizer.json or its directory; links followed: the user's choice)."""
+        from minilmd.corpus.chat import read_tokenizer_config
 
         path = Path(tokenizer)
         if path.is_dir():
             path = path / CORPUS_TOKENIZER
-        tok = load_tokenizer(path)
-        config = None
-        if chat:
-            config = read_tokenizer_config(path)
+        return cls._of(path, read_tokenizer_text(path), read_tokenizer_config(path) if chat else None)
+
+    @classmethod
+    def of_corpus(cls, corpus, chat: bool = False) -> PrepareTokenizer:
+        """A prepared corpus's own tokenizer (and chat template): the bytes its PreparedCorpus read once and checked
+        against meta.json (an append's corpus, opened through the locked directory), never its files read again."""
+        from minilmd.corpus.chat import ChatError, chat_config
+        from minilmd.corpus.tokenizer import TokenizerError
+
+        path = corpus.tokenizer_path
+        try:
+            text = corpus.tokenizer_json.decode("utf-8")
+            config_text = corpus.tokenizer_files[TOKENIZER_CONFIG].decode("utf-8") if chat else None
+        except UnicodeDecodeError:
+            raise (ChatError if chat else TokenizerError)(f"{corpus.root}: its tokenizer is not UTF-8 text") from None
+        config = chat_config(config_text, None, corpus.root) if chat else None
+        return cls._of(path, text, config)
+
+    @classmethod
+    def _of(cls, path: Path, text: str, config: dict | None) -> PrepareTokenizer:
+        from minilmd.corpus.chat import ChatTemplate
+
+        tok = tokenizer_from_text(text, str(path))
+        if config is not None:
             ChatTemplate.from_config(config)  # compiles: a broken template fails here, before any work
-        return cls(path, path.read_text(encoding="utf-8"), tok.get_vocab_size(with_added_tokens=True), config)
+        return cls(path, text, tok.get_vocab_size(with_added_tokens=True), config)
 
     def chat_spec(self, opts: PrepareOptions):
         from minilmd.corpus.chat import ChatTemplate

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import sys
 from pathlib import Path
@@ -256,7 +255,7 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     tmp = tmp_dir.inside
     for split in SPLITS:
         (tmp / split).mkdir(mode=CORPUS_DIR_MODE)
-    shutil.copyfile(tok.path, tmp / CORPUS_TOKENIZER)
+    (tmp / CORPUS_TOKENIZER).write_bytes(tok.json.encode("utf-8"))  # the text it encodes with, read once
     if tok.chat_config is not None:
         (tmp / TOKENIZER_CONFIG).write_text(json.dumps(tok.chat_config, indent=2, ensure_ascii=False) + "\n",
                                             encoding="utf-8")
