@@ -90,12 +90,15 @@ def test_an_init_pth_too_big_is_told_by_kind_not_words(tmp_path, monkeypatch, re
 
 
 def test_a_base_copys_directory_that_is_a_link_or_cannot_be_looked_at_says_so_by_kind(tmp_path):
+    import contextlib
+
     from minilmd.trainer.model import basecopy_read
 
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     (tmp_path / "file").write_text("")
-    assert refusal(lambda: basecopy_read._is_dir(tmp_path / "link")).kind == "link"
-    assert refusal(lambda: basecopy_read._is_dir(tmp_path / "file")).kind == "invalid"  # a file, not a dir
-    e = refusal(lambda: basecopy_read._is_dir(tmp_path / "file" / "below"))  # ENOTDIR, not ENOENT
-    assert (e.kind, type(e.os_error)) == ("io", NotADirectoryError)
+    with contextlib.ExitStack() as held:
+        walk = basecopy_read._walk
+        assert refusal(lambda: walk(held, tmp_path / "link", ("manifest.json",))).kind == "link"
+        assert refusal(lambda: walk(held, tmp_path / "file", ("manifest.json",))).kind == "invalid"  # not a dir
+        assert walk(held, tmp_path / "gone", ("manifest.json",)) is None  # missing: the copy is not there (yet)
