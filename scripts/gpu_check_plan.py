@@ -29,6 +29,9 @@ NONDET_EAGER_STEP_S = TOKENS / 381_493
 COLD_COMPILE_S = 38.9
 NONDET_COMPILED_STEP_S = TOKENS / 865_522
 MINIMIND_EAGER_STEP_S = TOKENS / 401_454
+SECOND_SHAPE_STEP_S = 64 * 768 / 469_276 / 0.935
+"""768 x 16 at T=768, micro-batch 64, compiled: 469,276 tok/s measured with default kernels, the eager cost of
+determinism assumed."""
 RESTART_S = 13.0
 """SIGKILL to the first heartbeat of the restarted trainer, eager: the supervisor's backoff, the new process, the
 resume's read."""
@@ -85,6 +88,8 @@ def estimate(shape: dict | None = None) -> dict[str, list[tuple[str, float]]]:
         "4 eager": [("start", CLI_S + START_S), (f"{run} steps", run * EAGER_STEP_S), ("2 saves", 2 * SAVE_S)],
         "4 compiled": [("start", CLI_S + START_S), ("cold compile", COLD_COMPILE_S),
                        (f"{run} steps", run * COMPILED_STEP_S), ("2 saves", 2 * SAVE_S)],
+        "4 second shape": [("start", CLI_S + START_S), ("cold compile of 16 layers", 1.5 * COLD_COMPILE_S),
+                           (f"{run} steps", run * SECOND_SHAPE_STEP_S), ("2 saves", 2 * SAVE_S)],
         "5 run": [("supervisor, admission", CLI_S + 4.0), ("attempt 1: start, killed at its first step", START_S),
                   ("restart: backoff, start, warm compile", RESTART_S + WARM_COMPILE_S),
                   (f"{s['extend_steps']} steps", s["extend_steps"] * COMPILED_STEP_S), ("2 saves", 2 * SAVE_S)],
@@ -199,6 +204,6 @@ if __name__ == "__main__":
     from pathlib import Path
 
     device = (Path(__file__).resolve().parent / "gpu-check-device").read_text(encoding="utf-8")
-    order = device.split('\norder="', 1)[1].split('"', 1)[0].split(",")
-    print(table(order))
+    for variable in ("order", "second"):
+        print(table(device.split(f'\n{variable}="', 1)[1].split('"', 1)[0].split(",")) + "\n")
     print(f"\nparts 0-7 as on issue 41's lease: estimated {estimate_old():.0f} s, measured 389 s")

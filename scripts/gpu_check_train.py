@@ -25,12 +25,18 @@ def train_config(work: Path, name: str, p: dict, compiled: bool, **train) -> Pat
     return write_config(work, name, p, **values)
 
 
-def part_train(compiled: bool):
+def part_train(compiled: bool, second: bool = False):
+    """Part 4's `minilmd train` (eager or compiled); `second`: at p["second_shape"] (its layers and seq_len: the
+    reference notes' 768 x 16 at T=768 on the GPU), in a run of its own, figures prefixed with the shape."""
     def part(work: Path, p: dict, dry: bool) -> tuple[str, str]:
         if not (work / "prepared" / "meta.json").exists():
             return "fail", "no corpus (part 0 failed)"
-        name = "compiled" if compiled else "eager"
+        name = ("compiled" if compiled else "eager") + ("-second-shape" if second else "")
         took(name)
+        if second:
+            shape = p["second_shape"]
+            p = {**p, "model": {**p["model"], "num_hidden_layers": shape["num_hidden_layers"]},
+                 "seq_len": shape["seq_len"]}
         env = {"TORCH_LOGS": "graph_breaks,recompiles"}
         if compiled and dry:
             # No inductor on the CPU (a cold compile of the tiny model took 65 s on 2 cores): torch.compile returns
@@ -48,7 +54,9 @@ def part_train(compiled: bool):
         timed = [m for m in lines if m["step"] > p["warm_steps"]]
         saves = read_metrics(run_dir, "checkpoint")
         timed_steps = timed[-1]["step"] - p["warm_steps"] if timed else 0
-        figures = [f"{timed_steps} timed steps ({len(timed)} metrics lines, log_every {p['log_every']})",
+        model = p["model"]
+        figures = [f"{model['hidden_size']} x {model['num_hidden_layers']} at T={p['seq_len']}"] if second else []
+        figures += [f"{timed_steps} timed steps ({len(timed)} metrics lines, log_every {p['log_every']})",
                    f"{median([m['tok_s'] for m in timed]):,.0f} tok/s"]
         mfu = [m["mfu"] for m in timed if m.get("mfu") is not None]
         figures.append(f"MFU {100 * median(mfu):.1f}%" if mfu and max(mfu) <= 1 else

@@ -212,7 +212,8 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
                           capture_output=True, text=True, timeout=1900)
     rows = {r["part"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
     assert list(rows) == ["0 corpus", "1 versions", "2 admission", "3 attention", "4 eager", "4 compiled",
-                          "4 bench step", "5 run", "5 determinism", "6 minimind", "7 oom", "8 sft", "9 dpo"]
+                          "4 second shape", "4 bench step", "5 run", "5 determinism", "6 minimind", "7 oom", "8 sft",
+                          "9 dpo"]
     assert not [r for r in rows.values() if r["figures"].startswith("not started")], rows
     assert "part           status  seconds  figures" in done.stdout  # the table, printed
     status = {name: r["status"] for name, r in rows.items()}
@@ -227,6 +228,8 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
     compiled = [m for m in compiled if m["step"] <= 6]  # part 4's own steps (part 5 run carried its run on)
     assert compiled[0]["compile_s"] > 0 and all(m["compile_s"] == 0 for m in compiled[1:] + eager)
     assert "compile_s " in rows["4 compiled"]["figures"]
+    second = rows["4 second shape"]  # the second model's shape (768 x 16 at T=768 on the GPU), a run of its own
+    assert second["status"] == "ok" and second["figures"].startswith("64 x 4 at T=48, 4 timed steps"), second
     assert status["6 minimind"] == "skip"
     bench = rows["4 bench step"]
     assert bench["status"] == "ok" and bench["figures"].startswith("3 timed steps a mode: "), bench

@@ -33,15 +33,19 @@ def load_scripts():
     return check, plan
 
 
-def device_order() -> list[str]:
+def device_order(variable: str = "order") -> list[str]:
+    """A part list of scripts/gpu-check-device: `order` (its `run`) or `second` (its `run second`)."""
     text = (SCRIPTS / "gpu-check-device").read_text(encoding="utf-8")
-    return text.split('\norder="', 1)[1].split('"', 1)[0].split(",")
+    return text.split(f'\n{variable}="', 1)[1].split('"', 1)[0].split(",")
 
 
 def test_every_part_is_in_the_device_order_and_their_estimates_fit_the_budget_with_margin():
     check, plan = load_scripts()
-    order = device_order()
-    assert sorted(order) == sorted(check.PARTS) and len(order) == len(set(order))
+    order, second = device_order(), device_order("second")
+    # every part in one of the two calls; the second's own corpus first (a new working directory)
+    assert sorted(set(order) | set(second)) == sorted(check.PARTS) and len(order) == len(set(order))
+    assert second[0] == "0 corpus" and not set(second[1:]) & set(order)
+    assert sum(plan.ESTIMATE_S[n] for n in second) <= 0.95 * BUDGET, plan.table(second)
     # 5 run carries part 4 compiled's run on, 5 determinism compares it, bench step finds its compiled graph cached
     for before, after in (("4 eager", "5 determinism"), ("4 compiled", "5 run"), ("5 run", "5 determinism"),
                           ("5 determinism", "4 bench step")):
