@@ -5,6 +5,7 @@
 demo:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo
 
+# Each demo in a directory of its own (demo-run/, demo-sft-run/, demo-dpo-run/): one never removes another's.
 # demo-sft: the demo's pretraining, then fine-tuning on a small real chat corpus (chatterbot-corpus), then a chat.
 demo-sft:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo_sft

@@ -98,6 +98,10 @@ def fresh_start(root_path: Path) -> Path:
     left = scratchmod.remove_own(scratch, root_path / "run")
     if left:
         sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
+    if root_path.exists():  # never silently: it may be the one a user is still looking at
+        print(f"demo: removing the earlier {root_path}/ (an earlier demo's runs, checkpoints and curves; each demo "
+              f"starts afresh in its own directory: make demo in demo-run/, make demo-sft in demo-sft-run/, make "
+              f"demo-dpo in demo-dpo-run/)", flush=True)
     shutil.rmtree(root_path, ignore_errors=True)
     root_path.mkdir(parents=True)
     return scratch

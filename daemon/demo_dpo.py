@@ -1,13 +1,15 @@
 """`make demo-dpo`: MiniMind's chain on CPU, three of its stages under the supervisor: the demo-sft pipeline
 (daemon/demo_sft.py: pretraining with a SIGBUS, SFT with a SIGKILL), then DPO, the fourth stage, then a chat.
 
-9. preference pairs from the same real chat corpus (`minilmd demo-corpus --dpo`: each chatterbot-corpus dialog's
+10. preference pairs from the same real chat corpus (`minilmd demo-corpus --dpo`: each chatterbot-corpus dialog's
    real reply chosen, another dialog's reply rejected), prepared with `--format dpo` under the SFT stage's tokenizer
    and template;
-10. `minilmd run` of a DPO config: `[init] from` the SFT run's 'NFS' share (its reference, computed once at the
+11. `minilmd run` of a DPO config: `[init] from` the SFT run's 'NFS' share (its reference, computed once at the
    first start and kept in every checkpoint), a SIGKILL injected into the trainer: the restart reads the reference
    back from the checkpoint it resumes; then `status` (its dpo line) and the val reward accuracy at each evaluation;
-11. `minilmd chat` with the DPO model.
+12. `minilmd chat` with the DPO model.
+
+In its own directory, demo-dpo-run/ by default (make demo's demo-run/ and make demo-sft's demo-sft-run/ stay).
 
 A target of its own rather than a step of `make demo-sft`: it adds about two minutes to demo-sft's seven on a shared
 2-core machine, most of it the reference's one pass over 2,446 pairs (docs/training.md, DPO). Every step is a real
@@ -113,28 +115,28 @@ def report_lines(run_dir: Path) -> list[str]:
                     for m in sorted(evals, key=lambda m: m["step"])]
 
 
-def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3, dpo_steps: int = 60) -> None:
+def main(root: str = "demo-dpo-run", pretrain_steps: int = 240, epochs: int = 3, dpo_steps: int = 60) -> None:
     started = time.monotonic()
     demo_sft.main(root, pretrain_steps, epochs)
     dpo_started = time.monotonic()
     config = dpo_stage(Path(root).resolve(), dpo_steps)
     now = time.monotonic()
-    print(f"\ndemo-dpo finished in {now - started:.0f} s, its DPO stage (steps 9-11) in {now - dpo_started:.0f} s; "
+    print(f"\ndemo-dpo finished in {now - started:.0f} s, its DPO stage (steps 10-12) in {now - dpo_started:.0f} s; "
           f"everything is under {Path(root).resolve()}/ (the DPO config: {config})")
 
 
 def dpo_stage(root_path: Path, dpo_steps: int) -> Path:
-    """Steps 9-11 in a demo-sft directory (its sft-tokenizer/ and nfs-sft/); returns the DPO config."""
+    """Steps 10-12 in a demo-sft directory (its sft-tokenizer/ and nfs-sft/); returns the DPO config."""
     default = scratchmod.default_path(demo.demo_scratch_name("demo-dpo", root_path))
     scratch = default if default.parent.parent.is_dir() else root_path / "dpo-scratch"
     left = scratchmod.remove_own(scratch, root_path / "dpo-run")  # an earlier demo-dpo's scratch, and only that
     if left:
         sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
 
-    say("9. Preference pairs from the same chat corpus: the real reply chosen, another dialog's reply rejected")
+    say("10. Preference pairs from the same chat corpus: the real reply chosen, another dialog's reply rejected")
     prepare_pairs(root_path)
 
-    say("10. DPO under the supervisor from the fine-tuned model; a SIGKILL hits the trainer at step 30")
+    say("11. DPO under the supervisor from the fine-tuned model; a SIGKILL hits the trainer at step 30")
     print("  at step 0 the policy is its reference: every margin is 0, the loss ln 2 = 0.6931 and no pair preferred")
     config = root_path / "demo-dpo.toml"
     config.write_text(dpo_config(root_path, scratch, dpo_steps), encoding="utf-8")
@@ -149,7 +151,7 @@ def dpo_stage(root_path: Path, dpo_steps: int) -> Path:
           "now prefers more than its reference did):")
     print("\n".join(report_lines(root_path / "dpo-run")) or "  (nothing logged)")
 
-    say("11. Talking to the DPO model (each line on stdin is a user message)")
+    say("12. Talking to the DPO model (each line on stdin is a user message)")
     questions = ["你好", "Hello, how are you?"]
     chat = ["chat", str(root_path / "nfs-dpo"), "--seed", "0", "--temperature", "0.7", "--max-new-tokens", "60"]
     print(f"$ printf '%s\\n' {' '.join(shlex.quote(q) for q in questions)} | minilmd {shlex.join(chat)}", flush=True)
@@ -161,4 +163,4 @@ def dpo_stage(root_path: Path, dpo_steps: int) -> Path:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "demo-run")
+    main(sys.argv[1] if len(sys.argv) > 1 else "demo-dpo-run")

@@ -9,7 +9,8 @@
    a SIGKILL injected into the trainer halfway: the supervisor restarts it, it resumes from its own checkpoint;
 4. `minilmd chat` answers a question from the fine-tuned model on the SFT run's 'NFS' share.
 
-Every step is a real `minilmd` command, printed before it runs. Torch-free, like the demo it extends.
+Its sections are numbered on from the demo's (7-9). In its own directory, demo-sft-run/ by default: make demo's
+demo-run/ stays. Every step is a real `minilmd` command, printed before it runs. Torch-free, like the demo it extends.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ hang_timeout = "2m"
 """
 
 
-def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3) -> None:
+def main(root: str = "demo-sft-run", pretrain_steps: int = 240, epochs: int = 3) -> None:
     started = time.monotonic()
     demo.main(root, pretrain_steps)
     root_path = Path(root).resolve()
@@ -88,7 +89,7 @@ def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3) -> 
     if left:
         sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
 
-    say("6. A small real chat corpus: chatterbot-corpus's dialogs as SFT JSONL, prepared with --format chat")
+    say("7. A small real chat corpus: chatterbot-corpus's dialogs as SFT JSONL, prepared with --format chat")
     made = subprocess.run([sys.executable, "-m", "minilmd.cli", "demo-corpus", str(root_path / "chat"), "--chat"],
                           stdout=subprocess.PIPE, text=True)
     if made.returncode != 0:
@@ -106,7 +107,7 @@ def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3) -> 
     minilmd("prepare", *chats, "--tokenizer", str(tokenizer_dir), "--format", "chat", "--out",
             str(root_path / "sft-prepared"), "--seq-len", "128", "--batch-size", "16", "--val-fraction", "0.02")
 
-    say("7. Fine-tuning under the supervisor from the pretrained model; a SIGKILL hits the trainer at step 60")
+    say("8. Fine-tuning under the supervisor from the pretrained model; a SIGKILL hits the trainer at step 60")
     config = root_path / "demo-sft.toml"
     config.write_text(SFT_CONFIG.format(root=root_path, scratch=scratch, epochs=epochs), encoding="utf-8")
     minilmd("run", str(config), "--check")
@@ -117,7 +118,7 @@ def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3) -> 
         sys.exit("demo: the SFT run left no LATEST on its 'NFS' share")
     minilmd("verify", str(root_path / "nfs-sft" / latest))
 
-    say("8. Talking to the fine-tuned model (each line on stdin is a user message)")
+    say("9. Talking to the fine-tuned model (each line on stdin is a user message)")
     questions = ["你好", "Hello, how are you?"]  # one conversation of two turns
     chat = ["chat", str(root_path / "nfs-sft"), "--seed", "0", "--temperature", "0.7", "--max-new-tokens", "60"]
     print(f"$ printf '%s\\n' {' '.join(shlex.quote(q) for q in questions)} | minilmd {shlex.join(chat)}", flush=True)
@@ -130,4 +131,4 @@ def main(root: str = "demo-run", pretrain_steps: int = 240, epochs: int = 3) -> 
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "demo-run")
+    main(sys.argv[1] if len(sys.argv) > 1 else "demo-sft-run")

@@ -20,7 +20,7 @@ from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.process import Child
 from minilmd.daemon.host.sdnotify import Notifier
-from minilmd.daemon.jobs.initstage import PROBE_DIR
+from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.phases.gpuwait import GpuWaiter
@@ -151,10 +151,13 @@ class Ending:
         lock.release()
 
     def _release_inputs(self) -> None:
-        """A final failure gives the staged corpus back to the machine (scratch.release_inputs), unless the last
-        staging trained from it because its source could not be read (Staging.from_copy), or its source cannot be
-        reached now (its share gone since): then it stays, the only copy within reach. Not in a Slurm job (its
-        scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
+        """A final failure gives the staged inputs back to the machine (scratch.release_inputs): the corpus, the
+        probe, init.from's copy. The corpus stays if the last staging trained from it because its source could not
+        be read (Staging.from_copy), or its source cannot be reached now (its share gone since): the only copy within
+        reach. A LoRA run's base stays once the run has checkpoints: its adapters need that very base (without a
+        remote, its staged copy may be the only one). A scratch left with no checkpoint and nothing kept is removed
+        whole (scratch.give_back_unsaved: a run that failed before staging left its marker alone). Not in a Slurm job
+        (its scratch is the job's, removed with it) nor while the staging thread may still be writing there."""
         if self.slurm or self.staging.running:
             return
         from minilmd.probes import corpus_out_of_reach
@@ -162,8 +165,14 @@ class Ending:
         why = self.state.staging.from_copy
         why = f"the last staging trained from it, its source could not be read ({why})" if why else \
             (f"its source data.prepared {absent}" if (absent := corpus_out_of_reach(self.cfg)) else "")
-        keep = {names.STAGED_CORPUS: f"{why}: it may be the only copy within reach"} if why else None
-        done = scratch.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR), self.cfg.run, keep)
+        keep = {names.STAGED_CORPUS: f"{why}: it may be the only copy within reach"} if why else {}
+        if self.cfg.lora.enabled and scratch.holds_checkpoints(self.cfg.scratch_dir):
+            keep[INIT_DIR] = "the LoRA base its adapters were trained on (without a copy on run.remote, the only one)"
+        if not keep and (done := scratch.give_back_unsaved(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run,
+                                                            ended="failed for good")):
+            self.events.emit("scratch", done)
+            return
+        done = scratch.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR, INIT_DIR), self.cfg.run,
+                                      keep)
         if done:
             self.events.emit("scratch", done)
-

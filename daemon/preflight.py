@@ -11,7 +11,8 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 `launch()` (after `minilmd run` has re-executed itself once with the run's identity in its environment,
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
-to lease in (daemon/host/gpu.py), and that a local run.remote holds no other user's LATEST, BEST or init.
+to lease in (daemon/host/gpu.py), and that a local run.remote lies where no other user can rearrange it and holds no
+other user's LATEST, BEST or init.
 Torch-free.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None) -> tu
     waits: list[str] = []
     cfg = load_checked(config_path, overrides, waits=waits,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
-                       + remote_entry_problems(cfg) + _epoch_without_budget(cfg))
+                       + remote_place_problems(cfg) + remote_entry_problems(cfg) + _epoch_without_budget(cfg))
     return cfg, waits
 
 
@@ -54,6 +55,17 @@ def _epoch_without_budget(cfg: RunConfig) -> list[str]:
 
 REMOTE_OWN = {names.LATEST: True, names.BEST: True, INIT_DIR: False}
 """The names a sync writes in run.remote's root besides the step directories: its pointers and the LoRA base."""
+
+
+def remote_place_problems(cfg: RunConfig) -> list[str]:
+    """A local run.remote under a directory another user owns or can rearrange (dirfd's rule,
+    remote_write.root_refused): final, at `--check` and at start, not a sync refused at every try. A remote that
+    does not answer now: no problem (sync waits)."""
+    remote = cfg.run.remote
+    if not remote or "://" in remote:
+        return []
+    answered, refused, _ = bounded_probe(remote_write.root_refused, remote)
+    return [refused] if answered and refused else []
 
 
 def remote_entry_problems(cfg: RunConfig) -> list[str]:

@@ -40,7 +40,7 @@ from minilmd.checkpoint_dirs import read_latest  # noqa: F401  (the tests' name 
 from minilmd.config import RunConfig
 from minilmd.config_sections import weights_config
 from minilmd.corpus_meta import data_fingerprint, earlier_versions
-from minilmd.fsio import sha256_file, table_problems  # noqa: F401  (sha256_file: the tests' name for it)
+from minilmd.fsio import file_entry_problems, sha256_file, table_problems  # noqa: F401  (sha256_file: the tests' name for it)
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 from minilmd.names import (
@@ -178,15 +178,7 @@ def manifest_problems(manifest: Any) -> list[str]:
     if not isinstance(files, dict) or not isinstance(manifest.get("step"), int):
         return [f"{MANIFEST}: needs an integer 'step' and a 'files' table"]
     problems = [f"{MANIFEST}: does not list {name}" for name in REQUIRED_FILES if name not in files]
-    return problems + file_entry_problems(files)
-
-
-def file_entry_problems(files: dict) -> list[str]:
-    """The manifest's `files` table, entry by entry: a plain name in the checkpoint directory (no "/", not "",
-    "." or "..": a name from another user's manifest is never a path), its size and its sha256."""
-    return [f"{MANIFEST}: bad entry for {name!r}" for name, entry in files.items()
-            if not isinstance(name, str) or "/" in name or name in ("", ".", "..") or not isinstance(entry, dict)
-            or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str)]
+    return problems + file_entry_problems(files, MANIFEST)
 
 
 # --- validation --------------------------------------------------------------------------------------------------

@@ -18,19 +18,25 @@ def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None
                 log: Callable[[str], None] = print) -> Path | None:
     """The newest checkpoint that validates, across roots (on equal steps the earlier root, local, wins).
 
-    One that is damaged is logged with its reason, quarantined, and the next older is tried. One that belongs
-    to a different model config, tokenizer or corpus raises CheckpointMismatch: resuming is refused, not
-    replaced by an older checkpoint or a fresh start. None when no root holds a valid checkpoint."""
+    One that is damaged is logged with its reason, quarantined when it is in the first root (the local one, the
+    run's scratch), and the next older is tried. A damaged one in another root (a local run.remote, which other
+    users may write: a `quarantine` link planted there would be followed) is only logged and passed by: setting a
+    remote's checkpoint aside is the supervisor's (daemon/jobs/remote_write.py set_aside, with its checks). One
+    that belongs to a different model config, tokenizer or corpus raises CheckpointMismatch: resuming is refused,
+    not replaced by an older checkpoint or a fresh start. None when no root holds a valid checkpoint."""
     candidates = [(step_of(p), i, p) for i, root in enumerate(roots) for p in list_checkpoints(root)]
-    for _, _, path in sorted(candidates, key=lambda c: (-c[0], c[1])):
+    for _, root_index, path in sorted(candidates, key=lambda c: (-c[0], c[1])):
         try:
             validate(path, expected)
             return path
         except CheckpointInvalid as e:
             if not path.exists():  # pruned by another process meanwhile: not a damaged checkpoint
                 continue
-            dest = quarantine(path, "; ".join(e.problems))
-            log(f"checkpoint {path} is invalid: {'; '.join(e.problems)} -- moved to {dest}, trying an older one")
+            why = "; ".join(e.problems)
+            if root_index == 0:
+                log(f"checkpoint {path} is invalid: {why} -- moved to {quarantine(path, why)}, trying an older one")
+            else:
+                log(f"checkpoint {path} is invalid: {why} -- not moved (not the local root's), trying an older one")
     return None
 
 

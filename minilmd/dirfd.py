@@ -22,8 +22,7 @@ a `--force` of `prepare` each did that to the victim). So everything minilmd cre
   a directory that is not the one expected is swapped back and left, never deleted; the old version, looked at
   again by the caller's rule after the swap (`foreign`), is left whole when it holds more than it did;
 - `Dir.remove_tree` removes a directory only when it is the one expected, its contents through descriptors, a tree
-  at most MAX_TREE_DEPTH deep (minilmd/dirtree.py);
-- `Dir.write_atomic` writes a file (a temporary name O_EXCL, fchmod, fsync, rename), all at the descriptor.
+  at most MAX_TREE_DEPTH deep (minilmd/dirtree.py); `Dir.write_atomic` writes a file (O_EXCL, fsync, rename) there.
 
 tests/test_shared_write_audit.py lists every call in the project that creates, renames, chmods or deletes by path
 and fails on a new one outside this module (an allowlist of reviewed sites, each with its reason). Torch-free.
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
-from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
+from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
 AT_FDCWD = -100
@@ -173,9 +172,10 @@ def temp_name(prefix: str, salt: str | None = None) -> str:
 class Dir:
     """A directory opened once; `path` only names it in messages. Close it (or use `with`)."""
 
+    owners: frozenset[int] | set[int] = frozenset()  # uids besides ours a directory we make shows (root_squash)
+
     def __init__(self, fd: int, path: Path):
-        self.fd = fd
-        self.path = path
+        self.fd, self.path = fd, path
         st = os.fstat(fd)
         self.identity: Identity = (st.st_dev, st.st_ino)
 
@@ -266,10 +266,9 @@ class Dir:
                 continue
         raise FileExistsError(errno.EEXIST, "no free name", str(self.path / prefix))
 
-    def write_atomic(self, name: str, data: bytes, mode: int) -> None:
-        """`name` replaced by a complete file of `data` with `mode`: a temporary name, fchmod, fsync, a rename, all
-        at the descriptor (a reader sees the old file or the new one, never a half; no link followed)."""
-        fd, tmp = self.create_new(f".{name}.", ".tmp", 0o600)
+    def write_atomic(self, name: str, data: bytes, mode: int, tag: str = "") -> None:
+        """`name` replaced whole by `data`, mode `mode`: `.<name>.<tag>XXXXXXXX.tmp` O_EXCL, fsync, rename, here."""
+        fd, tmp = self.create_new(f".{name}.{tag}", ".tmp", 0o600)
         try:
             with os.fdopen(fd, "wb") as f:
                 os.fchmod(f.fileno(), mode)
@@ -346,7 +345,7 @@ class Dir:
             return True
         os.mkdir(to_name, PRIVATE, dir_fd=self.fd)  # FileExistsError: taken
         claim = self.lstat(to_name)
-        if claim is None or not stat.S_ISDIR(claim.st_mode) or not owned_by_me(claim):
+        if claim is None or not stat.S_ISDIR(claim.st_mode) or claim.st_uid not in {own_uid(), *self.owners}:
             return False  # taken from us at once: whatever stands there now is not ours to replace
         claimed = (claim.st_dev, claim.st_ino)
         try:

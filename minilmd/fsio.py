@@ -2,8 +2,8 @@
 
 - Writing: `atomic_write_text`/`atomic_write_json` (one file) and `publish_dir` (a whole directory): a reader sees
   the old version or the new one, never a half, and after a power loss the new one is there or nothing is.
-- Renaming in a place others write: `rename_new` (never over what stands at the name) and `exchange` (swap two
-  entries at once), Linux's renameat2 where the file system does it.
+- Swapping two entries at once by path (`exchange`: renameat2's RENAME_EXCHANGE where the file system does it), for
+  publish_dir in a place of this user's; in a place others write, minilmd/dirfd.py's Dir renames at a descriptor.
 - Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
 - Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `new_lines` (follow a log), of a file
@@ -12,7 +12,6 @@ Torch-free; the supervisor imports it.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -23,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from minilmd import dirfd, perms
-from minilmd.dirfd import RENAME_EXCHANGE, RENAME_NOREPLACE
+from minilmd.dirfd import RENAME_EXCHANGE
 from minilmd.names import atomic_tmp_prefix, replaced_name
 from minilmd.untrusted import Unreadable, file_kind, open_regular
 
@@ -44,13 +43,6 @@ def fsync_file(path: str | os.PathLike) -> None:
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a rename or a new entry in this directory durable (a file's own fsync does not cover its name)."""
     fsync_file(path)
-
-
-def publish_file(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
-    """Put a complete temporary file in place of `final`: fsync it, rename it, fsync the directory."""
-    fsync_file(tmp)
-    os.replace(tmp, final)
-    fsync_dir(Path(final).parent)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None, tag: str = "") -> None:
@@ -122,7 +114,7 @@ def fsync_tree(tmp_dir: str | os.PathLike) -> None:
         fsync_dir(where)
 
 
-# --- renaming in a place others write -----------------------------------------------------------------------------
+# --- renaming by path, renameat2's flags where the file system does them --------------------------------------------
 
 def renameat2(src: str | os.PathLike, dst: str | os.PathLike, flags: int) -> bool:
     """Linux's renameat2(2) of src to dst with `flags`, by path (minilmd/dirfd.py's, the one home of the call):
@@ -130,23 +122,6 @@ def renameat2(src: str | os.PathLike, dst: str | os.PathLike, flags: int) -> boo
     ENOSYS, no renameat2 at all): the caller's fallback then. Any other failure raises as os.rename's does
     (FileExistsError for RENAME_NOREPLACE onto a name taken)."""
     return dirfd.renameat2(dirfd.AT_FDCWD, src, dirfd.AT_FDCWD, dst, flags)
-
-
-def rename_new(src_dir: str | os.PathLike, dst: str | os.PathLike) -> bool:
-    """Rename the directory src_dir to dst unless something stands at dst: True when renamed, False when dst is
-    taken (left as it is). RENAME_NOREPLACE; where the file system does not do it (NFS), a plain rename(2), which
-    puts a directory in place of nothing or of an empty directory only: a directory that holds anything, a file or
-    a link at dst fail it (ENOTEMPTY, EEXIST, ENOTDIR), and an empty directory holds nothing to lose."""
-    try:
-        if not renameat2(src_dir, dst, RENAME_NOREPLACE):
-            os.rename(src_dir, dst)
-    except (FileExistsError, NotADirectoryError):
-        return False
-    except OSError as e:
-        if e.errno == errno.ENOTEMPTY:
-            return False
-        raise
-    return True
 
 
 def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -189,6 +164,14 @@ def sha256_file(path: str | os.PathLike, chunk: int = CHUNK, limit: int | None =
 
 FileTable = Mapping[str, Mapping]
 """{name: {"size": bytes, "sha256": hex digest}}: a checkpoint's manifest["files"], a corpus's meta["files"]."""
+
+
+def file_entry_problems(files: dict, listed_in: str) -> list[str]:
+    """A file table read from elsewhere (a checkpoint's manifest), entry by entry: a plain name in its directory
+    (no "/", not "", "." or "..": a name from another user's table is never a path), its size and its sha256."""
+    return [f"{listed_in}: bad entry for {name!r}" for name, entry in files.items()
+            if not isinstance(name, str) or "/" in name or name in ("", ".", "..") or not isinstance(entry, dict)
+            or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str)]
 
 
 def table_problems(table: FileTable, size_of: Callable[[str], int | None],

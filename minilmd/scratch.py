@@ -388,10 +388,10 @@ def release_inputs(scratch: Path, names: tuple[str, ...], run, keep: dict[str, s
     """The end of a run that failed for good (a final exit: nothing restarts it until its user does): remove the
     staged copies `names` (the corpus, the probe's val split: copies of prepared corpora that stay on their shares)
     from scratch, so that a dead run does not hold /dev/shm's RAM from the machine's other users for days. The
-    checkpoints stay (the newest may not be synced), and so does a LoRA base (without a remote, its staged copy may
-    be the only one of the weights its adapters were trained on), and each of `names` that `keep` names, with why
-    (the corpus the last staging trained from because its share could not be read: the only copy within reach, and
-    the next start would have to wait for the share). Nothing with `run.keep_scratch`. Returns what was done, None
+    checkpoints stay (the newest may not be synced), and each of `names` that `keep` names, with why (the corpus the
+    last staging trained from because its share could not be read: the only copy within reach, and the next start
+    would have to wait for the share; a LoRA base: without a remote, its staged copy may be the only one of the
+    weights its adapters were trained on). Nothing with `run.keep_scratch`. Returns what was done, None
     when there was nothing to remove or keep."""
     if run.keep_scratch or _lstat(scratch) is None:
         return None
@@ -426,14 +426,15 @@ def release_inputs(scratch: Path, names: tuple[str, ...], run, keep: dict[str, s
     return "; ".join(said + notes)
 
 
-def give_back_unsaved(scratch: Path, run_dir: Path, run) -> str | None:
-    """The end of a stopped run whose scratch holds no checkpoint (it was stopped before it trained, or before its
-    first save): remove the scratch, which holds nothing but its marker and copies (a staged corpus, a probe split,
-    init.from's weights: each stays where it was staged from), so that it does not hold /dev/shm's RAM until the
-    run is started again. Anything under checkpoints/ (a checkpoint, a save in progress, quarantine) keeps all of it,
-    and so does `run.keep_scratch`: None, nothing to say. Only a scratch this process claimed (ensure_held), of this
+def give_back_unsaved(scratch: Path, run_dir: Path, run, ended: str = "stopped") -> str | None:
+    """The end of a stopped run (or, `ended`="failed for good", a final failure) whose scratch holds no checkpoint
+    (it ended before it trained, or before its first save; or before staging: its marker alone): remove the
+    scratch, which holds nothing but its marker and copies (a staged corpus, a probe split, init.from's weights:
+    each stays where it was staged from), so that it does not hold /dev/shm's RAM until the run is started again.
+    Anything under checkpoints/ (a checkpoint, a save in progress, quarantine) keeps all of it, and so does
+    `run.keep_scratch`: None, nothing to say. Only a scratch this process claimed (ensure_held), of this
     user and marked for this run (remove_own), is removed; else it is left and the answer says why."""
-    if run.keep_scratch or _lstat(scratch) is None or _holds_checkpoints(scratch):
+    if run.keep_scratch or _lstat(scratch) is None or holds_checkpoints(scratch):
         return None
     try:
         ensure_held(scratch)
@@ -443,10 +444,10 @@ def give_back_unsaved(scratch: Path, run_dir: Path, run) -> str | None:
     problem = remove_own(scratch, run_dir)
     if problem:
         return f"left {scratch} in place: {problem}"
-    return f"removed {scratch}: the run stopped before its first checkpoint ({size / 1e6:,.1f} MB freed)"
+    return f"removed {scratch}: the run {ended} before its first checkpoint ({size / 1e6:,.1f} MB freed)"
 
 
-def _holds_checkpoints(scratch: Path) -> bool:
+def holds_checkpoints(scratch: Path) -> bool:
     """Whether scratch's checkpoint root holds anything, or is something other than a directory (left as it is)."""
     root = scratch / CHECKPOINTS
     st = _lstat(root)

@@ -124,13 +124,13 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
 
 
 def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_bytes: int | None = None,
-                 chunk: int = 8 << 20) -> int:
+                 chunk: int = 8 << 20, dir_fd: int | None = None) -> int:
     """Copy a regular file, opened as `read_bytes` opens one, into the binary file object `out` (a file of this
     process): exactly `size` bytes when its listing gives one, else at most max_bytes (with both, a listed size over
     max_bytes is refused: a listing is as untrusted as the file); the bytes copied. The size is checked before a
     byte is read and again as it is read (it may change under us). Raises Unreadable for the source, OSError for
-    `out`."""
-    fd = open_regular(path)
+    `out`. With `dir_fd`, path is a name in that open directory (open_regular)."""
+    fd = open_regular(path, dir_fd=dir_fd)
     try:
         have = os.fstat(fd).st_size
         limit = size if size is not None else max_bytes if max_bytes is not None else have

@@ -32,9 +32,9 @@ SEQ_LEN = {"gpu": 1024, "dry": 256}
 """MiniMind's default max_seq_len (it pads both sides of every pair to it); minilmd cuts there and pads no row to it."""
 PAIRS = {"gpu": 16, "dry": 4}
 """Pairs per step on both sides (MiniMind's --batch_size counts pairs, as minilmd's micro_batch_size does for DPO)."""
-STEPS = {"gpu": (10, 30), "dry": (1, 3)}
+STEPS = {"gpu": (5, 20), "dry": (1, 3)}
 """(warm-up steps, timed steps) of each run."""
-SFT_STEPS = {"gpu": 20, "dry": 3}
+SFT_STEPS = {"gpu": 5, "dry": 3}
 """The SFT stage both start from: `minilmd train` on the pairs' chosen conversations, this many steps."""
 BETA, LR = 0.15, 4e-8
 """MiniMind's defaults, on both sides (at that rate the loss stays near ln 2: the first steps stay comparable)."""
@@ -52,7 +52,7 @@ def part_dpo(work: Path, p: dict, dry: bool, h: SimpleNamespace, side, sft) -> t
     kind = "dry" if dry else "gpu"
     src = side.find_minimind()
     tokenizer = src / "model" if src is not None else sft.chatml_tokenizer_dir(work)
-    pairs = write_pairs(work, sft, 600 if dry else 3000, tokenizer / "tokenizer.json", SEQ_LEN[kind])
+    pairs = write_pairs(work, sft, 600 if dry else 1200, tokenizer / "tokenizer.json", SEQ_LEN[kind])
     prepared = work / "dpo-prepared"
     shutil.rmtree(prepared, ignore_errors=True)
     done = h.minilmd("prepare", str(pairs), "--tokenizer", str(tokenizer), "--format", "dpo", "--out", str(prepared),

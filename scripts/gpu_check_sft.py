@@ -36,7 +36,7 @@ def part_sft(work: Path, p: dict, dry: bool, h: SimpleNamespace, side) -> tuple[
     q = {**p, "seq_len": seq_len}
     config = h.write_config(work, "sft-bench", q, compile=False, max_steps=10, prepared=str(prepared))
     done = h.minilmd("bench", "sft", "--prepared", str(prepared), "--config", str(config),
-                     "--steps", "3" if dry else "20")
+                     "--steps", str(p["sft_steps"]))
     h.took("bench sft")
     lines = [" ".join(ln.split()) for ln in done.stdout.splitlines()
              if ln.startswith(("static", "bucketed", "packed", "padfree"))]
@@ -44,7 +44,7 @@ def part_sft(work: Path, p: dict, dry: bool, h: SimpleNamespace, side) -> tuple[
         return "fail", f"minilmd bench sft: exit {done.returncode}"
     ours = " | ".join(lines)
     status, theirs = minimind_sft(work, q, chats, dry, h, side, bucketed_tok_s(lines))
-    return status, f"T={seq_len}: minilmd {ours}; {theirs}"[:1200]
+    return status, f"T={seq_len}, {p['sft_steps']} timed steps a mode: minilmd {ours}; {theirs}"[:1200]
 
 
 def write_chats(work: Path, n: int, name: str = "chat.jsonl") -> Path:
@@ -122,7 +122,7 @@ def minimind_sft(work: Path, p: dict, chats: Path, dry: bool, h: SimpleNamespace
         return "ok", f"MiniMind (--dry-run: not run; its command checked: cd {src}/trainer && python " \
                      f"{' '.join(cmd[1:])})"
     h.took("minimind sft run")
-    seen, iters, tail = side.run_minimind(src, cmd, 10 + p["timed_steps"], timeout=200)
+    seen, iters, tail = side.run_minimind(src, cmd, 10 + p["minimind_timed"], timeout=200)
     timed = [(s, t) for s, t in seen if s >= 10]
     if len(timed) < 2:
         return "fail", f"MiniMind SFT logged {[s for s, _ in seen]} of {iters} steps: {tail}"
@@ -137,9 +137,7 @@ def mean_real_chat_tokens(src: Path, chats: Path, seq_len: int) -> float:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(src / "model" / "tokenizer.json"))
-    lengths = []
-    for line in chats.read_text(encoding="utf-8").splitlines():
-        turns = json.loads(line)["conversations"]
-        text = "".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in turns)
-        lengths.append(min(len(tok.encode(text, add_special_tokens=False).ids), seq_len))
+    texts = ["".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in json.loads(line)["conversations"])
+             for line in chats.read_text(encoding="utf-8").splitlines()]
+    lengths = [min(len(e.ids), seq_len) for e in tok.encode_batch(texts, add_special_tokens=False)]  # one batch
     return sum(lengths) / max(len(lengths), 1)

@@ -1,12 +1,28 @@
-"""scripts/gpu-check parts 4 (`minilmd train` eager and compiled, `bench step`), 5 run (a supervised run killed and
-resumed, compared bit for bit with an undisturbed one, and the restart time) and 7 oom (exit 76 and fault.json)."""
+"""scripts/gpu-check parts 4 (`minilmd train` eager and compiled, `bench step`), 5 run (part 4 compiled's run carried
+on under `minilmd run`, killed and restarted: the restart time with the run's own compile cache) and 7 oom (exit 76
+and fault.json)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
-from gpu_check_part import compare_weights, minilmd, read_metrics, took, write_config
+from gpu_check_part import median, minilmd, read_metrics, took, write_config
+from gpu_check_plan import OPTIONAL_S, PartClock
+
+from minilmd.daemon.child.compilecache import CACHE_DIRS
+
+
+def train_config(work: Path, name: str, p: dict, compiled: bool, **train) -> Path:
+    """Part 4's run config (eager or compiled), which part 5's runs repeat: warm-up and timed steps at the GPU's
+    log_every (a metrics line every 10 steps, as the loop runs by default), a checkpoint in the middle and at the end,
+    a constant rate past the warm-up (min_lr_ratio 1: part 5 run carries the compiled run on past its end, and an
+    undisturbed run of the longer length then has the same rates)."""
+    steps = p["warm_steps"] + p["timed_steps"]
+    values = {"compile": compiled, "max_steps": steps, "checkpoint_every": p["warm_steps"] + p["timed_steps"] // 2,
+              "min_lr_ratio": 1.0, "log_every": p["log_every"], **train}
+    return write_config(work, name, p, **values)
 
 
 def part_train(compiled: bool):
@@ -21,9 +37,7 @@ def part_train(compiled: bool):
             # the model itself, and the trainer still runs its compile path (the compiling step, compile_s).
             env["TORCHDYNAMO_DISABLE"] = "1"
             took("compile disabled")
-        steps = p["warm_steps"] + p["timed_steps"]
-        config = write_config(work, name, p, compile=compiled, max_steps=steps,
-                              checkpoint_every=p["warm_steps"] + p["timed_steps"] // 2)
+        config = train_config(work, name, p, compiled)
         started = time.monotonic()
         done = minilmd("train", str(config), env=env)
         wall = time.monotonic() - started
@@ -33,11 +47,12 @@ def part_train(compiled: bool):
         lines = read_metrics(run_dir, "train")
         timed = [m for m in lines if m["step"] > p["warm_steps"]]
         saves = read_metrics(run_dir, "checkpoint")
-        med = sorted(m["tok_s"] for m in timed)[len(timed) // 2]
-        figures = [f"{len(timed)} timed steps", f"{med:,.0f} tok/s"]
-        mfu = sorted(m["mfu"] for m in timed if m.get("mfu") is not None)
-        figures.append(f"MFU {100 * mfu[len(mfu) // 2]:.1f}%" if mfu and mfu[-1] <= 1 else
-                       f"MFU {mfu[len(mfu) // 2]:.1f}" if mfu else "MFU n/a")
+        timed_steps = timed[-1]["step"] - p["warm_steps"] if timed else 0
+        figures = [f"{timed_steps} timed steps ({len(timed)} metrics lines, log_every {p['log_every']})",
+                   f"{median([m['tok_s'] for m in timed]):,.0f} tok/s"]
+        mfu = [m["mfu"] for m in timed if m.get("mfu") is not None]
+        figures.append(f"MFU {100 * median(mfu):.1f}%" if mfu and max(mfu) <= 1 else
+                       f"MFU {median(mfu):.1f}" if mfu else "MFU n/a")
         peak = max((m.get("peak_mem_gib") or 0 for m in timed), default=0)
         figures.append(f"peak {peak:.1f} GiB" if peak else "peak memory n/a")
         figures.append("checkpoint blocking_s " + (", ".join(f"{s['blocking_s']:.3f}" for s in saves) or "none"))
@@ -45,7 +60,7 @@ def part_train(compiled: bool):
         text = done.stdout
         figures.append(f"graph breaks {text.count('Graph break')}, recompiles {text.count('Recompiling')}")
         figures.append(f"wall {wall:.0f}s")
-        return ("ok" if len(timed) >= p["timed_steps"] and saves else "fail"), ", ".join(figures)
+        return ("ok" if timed_steps >= p["timed_steps"] and saves else "fail"), ", ".join(figures)
     return part
 
 
@@ -58,32 +73,60 @@ def part_bench_step(work: Path, p: dict, dry: bool) -> tuple[str, str]:
     config = write_config(work, "bench-step", p, compile=False, max_steps=20)
     # on the CPU the eager backend only traces: a cold inductor compile of even the tiny model takes minutes there
     took("backend eager" if dry else "backend inductor")
-    args = ["bench", "step", "--config", str(config), "--steps", "3" if dry else "20"]
-    done = minilmd(*args, *(["--backend", "eager"] if dry else []))
+    # the trainer's step eager and compiled (the loop's yardstick, issue 41); the loss-outside and doc-mask modes
+    # (measured on issue 41's lease) only when this part's share has room for their two compiles
+    clock = PartClock()
+    modes = "" if clock.fits("the loss-outside and doc-mask modes", OPTIONAL_S["bench step's other modes"] + 30) \
+        else "eager,compiled"
+    args = ["bench", "step", "--config", str(config), "--steps", str(p["bench_steps"])]
+    done = minilmd(*args, *(["--modes", modes] if modes else []), *(["--backend", "eager"] if dry else []))
     lines = [" ".join(ln.split()) for ln in done.stdout.splitlines()
-             if ln.startswith(("eager", "compiled", "loss in the model", "masked/unmasked"))]  # 6 modes, 3 ratios
-    return ("ok" if done.returncode == 0 else "fail"), (" | ".join(lines) or f"exit {done.returncode}")[:1000]
+             if ln.startswith(("eager", "compiled", "loss in the model", "masked/unmasked"))]  # modes, ratios
+    figures = f"{p['bench_steps']} timed steps a mode: " + (" | ".join(lines) or f"exit {done.returncode}")
+    return ("ok" if done.returncode == 0 else "fail"), (figures[:1000] + clock.note())
 
 
 def part_run(work: Path, p: dict, dry: bool) -> tuple[str, str]:
+    """Part 4 compiled's run carried on for `extend_steps` more under `minilmd run` (MINILMD_FAULT kills its trainer
+    at its first new step), restarted by the supervisor, done. Its compile cache is the run's own, under its scratch,
+    as the supervisor chooses it (gpu-check's shared cache variables are removed for it): part 4 compiled's trainer
+    compiled into that same folder, so the restart reads what this run kept. Without part 4's run, the run starts
+    from step 0 (its first compile cold). Part 5 determinism compares its final weights with an undisturbed run."""
     if not (work / "prepared" / "meta.json").exists():
         return "fail", "no corpus (part 0 failed)"
     took("supervised run")
-    steps = p["run_steps"]
-    supervised = write_config(work, "supervised", p, max_steps=steps, checkpoint_every=4, compile=False)
-    plain = write_config(work, "undisturbed", p, max_steps=steps, checkpoint_every=4, compile=False)
-    run = minilmd("run", str(supervised), env={"MINILMD_FAULT": "sigkill@8"})
-    ref = minilmd("train", str(plain))
-    events = [json.loads(line) for line in (work / "supervised" / "run" / "events.jsonl").read_text().splitlines()]
+    base = p["warm_steps"] + p["timed_steps"]
+    steps = base + p["extend_steps"]
+    from minilmd import names
+
+    carried = (work / "compiled" / "scratch" / "checkpoints" / names.step_name(base)).is_dir()
+    if not carried:
+        took("fresh run")
+        train_config(work, "compiled", p, True)
+    config = work / "supervised.toml"
+    text = (work / "compiled.toml").read_text(encoding="utf-8")
+    for key, value in (("max_steps", steps), ("checkpoint_every", 4), ("log_every", 1)):
+        text = re.sub(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+    config.write_text(text, encoding="utf-8")
+    # carried on: killed at its first new step (its compile cache is warm from part 4's); from step 0: after its first
+    # checkpoint (step 4) and compile, so that the restart still reads a cache the run made
+    kill = base + 1 if carried else 6
+    env = {"MINILMD_FAULT": f"sigkill@{kill}", **dict.fromkeys(CACHE_DIRS)}
+    if dry:
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    run = minilmd("run", str(config), env=env)
+    run_dir = work / "compiled" / "run"
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
     exits = [e.get("cause") for e in events if e.get("event") == "child_exit"]
     admitted = next((e["message"] for e in events if e.get("transition") and e.get("new") == "staging"), "")
-    figures = [f"admitted: {admitted[:120]}", f"trainer ends: {exits}", f"run exit {run.returncode}"]
+    figures = [f"{'part 4 compiled carried on from step ' + str(base) if carried else 'from step 0'} to {steps}, "
+               f"SIGKILL at step {kill}", f"admitted: {admitted[:120]}", f"trainer ends: {exits}",
+               f"run exit {run.returncode}"]
     killed = len(exits) >= 2 and exits[0] in ("killed", "oom_kill") and exits[-1] == "done"
-    if run.returncode != 0 or ref.returncode != 0 or not killed:
-        return "fail", "; ".join(figures + [f"undisturbed train exit {ref.returncode}"])
-    verdict, same = compare_weights(work / "supervised" / "scratch", work / "undisturbed" / "scratch", steps, True)
-    figures += [verdict, restart_time(work / "supervised" / "run")]
-    return ("ok" if same else "fail"), "; ".join(figures)
+    figures.append(restart_time(run_dir))
+    ok = run.returncode == 0 and killed and "not measured" not in figures[-1]
+    return ("ok" if ok else "fail"), "; ".join(figures + ["its weights against an undisturbed run: part 5 "
+                                                          "determinism"])
 
 
 def restart_time(run_dir: Path) -> str:
@@ -91,11 +134,14 @@ def restart_time(run_dir: Path) -> str:
     logged (log_every = 1): backoff, the new process, imports, the resume, the first step (and its compile, when
     compiled)."""
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
-    died = next((e["time"] for e in events if e.get("event") == "child_exit"), None)
-    after = [m["time"] for m in read_metrics(run_dir, "train") if died is not None and m["time"] > died]
+    died = next((e["time"] for e in reversed(events) if e.get("event") == "child_exit"
+                 and e.get("cause") in ("killed", "oom_kill")),
+                None)
+    after = [m for m in read_metrics(run_dir, "train") if died is not None and m["time"] > died]
     if died is None or not after:
         return "restart time: not measured (no death or no step after it)"
-    return f"restart: {after[0] - died:.1f}s from the kill to the first new optimizer step"
+    return (f"restart: {after[0]['time'] - died:.1f}s from the kill to the first new optimizer step (its compile "
+            f"{after[0].get('compile_s', 0):.1f}s from the run's own cache)")
 
 
 def part_oom(work: Path, p: dict, dry: bool) -> tuple[str, str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from base_copy_helpers import files_of, staged_pth
-from minilmd import fsio, names
+from minilmd import dirfd, names
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote import LeftAside, Remote
 from minilmd.daemon.jobs.sync import Syncer
@@ -120,15 +120,15 @@ class PublishesAtTheRecord(Remote):
 def test_a_put_back_that_fails_leaves_what_stood_there_kept(tmp_path, monkeypatch, quarantine):
     """On main the put-back's OSError escaped the push as it was (no LeftAside) with the other base's copy left at
     `<tmp>-replaced`, and the retry, finding `init` taken again, removed that name first: the copy was deleted."""
-    monkeypatch.setattr(fsio, "renameat2", lambda src, dst, flags: False)  # NFS: EINVAL
-    real_rename_new = fsio.rename_new
+    monkeypatch.setattr(dirfd, "renameat2", lambda *args: False)  # NFS: EINVAL
+    real_rename_new = dirfd.Dir.rename_new
 
-    def rename_new(src, dst):
-        if str(src).endswith("-replaced") and str(dst).endswith(f"/{basecopy.REMOTE_BASE}"):
-            raise OSError(errno.EIO, os.strerror(errno.EIO), str(src))
-        return real_rename_new(src, dst)
+    def rename_new(self, name, to_name):
+        if name.endswith("-replaced") and to_name == basecopy.REMOTE_BASE:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), name)
+        return real_rename_new(self, name, to_name)
 
-    monkeypatch.setattr(fsio, "rename_new", rename_new)
+    monkeypatch.setattr(dirfd.Dir, "rename_new", rename_new)
     ours = staged_pth(tmp_path, "ours")
     theirs = [staged_pth(tmp_path, f"theirs{n}") for n in (1, 2)]
     root = tmp_path / "remote"
@@ -147,7 +147,7 @@ def test_a_put_back_that_fails_leaves_what_stood_there_kept(tmp_path, monkeypatc
 def test_an_earlier_tries_aside_holding_another_base_is_not_removed(tmp_path, monkeypatch):
     """On NFS an earlier try's `<tmp>-replaced` may hold another base's copy that could not go back (nor be set
     aside): on main the next try removed that name first, before renaming what stood at `init` there."""
-    monkeypatch.setattr(fsio, "renameat2", lambda src, dst, flags: False)  # NFS: EINVAL
+    monkeypatch.setattr(dirfd, "renameat2", lambda *args: False)  # NFS: EINVAL
     ours, theirs, earlier = (staged_pth(tmp_path, name) for name in ("ours", "theirs", "earlier"))
     root = tmp_path / "remote"
     aside = root / f"{sync_tmp_name(basecopy.REMOTE_BASE, 'h', 1)}-replaced"

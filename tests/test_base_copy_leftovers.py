@@ -25,13 +25,13 @@ from minilmd.names import QUARANTINE, REASON_FILE, sync_tmp_name
 KILLED_WHILE_LOOKING = textwrap.dedent("""
     import os, shutil, signal, sys
     from pathlib import Path
-    from minilmd import fsio
+    from minilmd import dirfd, fsio
     from minilmd.daemon.jobs import basecopy
     from minilmd.names import host_tag
     from minilmd.daemon.jobs.remote import Remote
     staged, theirs, url, renames = sys.argv[1:]
     if renames == "plain":  # NFS: renameat2's flags not done (EINVAL)
-        fsio.renameat2 = lambda src, dst, flags: False
+        dirfd.renameat2 = lambda *args: False
 
     class KilledWhileLooking(Remote):
         def put(self, local, *names):  # another machine publishes its base's copy after this push read the record

@@ -1,7 +1,7 @@
 """The LoRA base's push to a local remote (daemon/jobs/basecopy.py) against another machine that publishes its own
 base's copy at `<remote>/init` after the push read the record there: that copy, maybe the only one of the weights
-older checkpoints were trained on, is never replaced nor deleted (Remote.publish_unless_taken, fsio.rename_new and
-fsio.exchange), with renameat2's flags and without them (NFS)."""
+older checkpoints were trained on, is never replaced nor deleted (Remote.publish_unless_taken: Dir.rename_new and
+Dir.exchange at the remote root's descriptor, minilmd/dirfd.py), with renameat2's flags and without them (NFS)."""
 from __future__ import annotations
 
 import shutil
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from base_copy_helpers import files_of, replace_whole, staged_pth
-from minilmd import fsio
+from minilmd import dirfd, fsio
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
@@ -47,15 +47,15 @@ def renames(request, monkeypatch, tmp_path) -> Renames:
     seen = Renames(request.param == "renameat2")
     if seen.flags_done and (why := exchange_not_done(tmp_path)):
         pytest.skip(why)  # the fallback is what runs here, and the other variant tests it
-    real = getattr(fsio, "renameat2", None)
+    real = dirfd.renameat2
 
-    def spy(src, dst, flags):
+    def spy(src_fd, src, dst_fd, dst, flags):
         if not seen.flags_done:
             return False  # as EINVAL: the flags not done here
-        seen.calls.append((flags, ok := real(src, dst, flags)))
+        seen.calls.append((flags, ok := real(src_fd, src, dst_fd, dst, flags)))
         return ok
 
-    monkeypatch.setattr(fsio, "renameat2", spy, raising=False)  # raising=False: the old code has none
+    monkeypatch.setattr(dirfd, "renameat2", spy)  # fsio's by-path renameat2 calls it too
     return seen
 
 
@@ -77,7 +77,7 @@ def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_
     assert copied == 0  # nothing of this base's published: nothing said copied
     assert remote.names() == [basecopy.REMOTE_BASE]  # neither this push's copy nor anything moved aside left
     # what stood at `init` by then was swapped out, looked at, and swapped back
-    assert renames.calls == ([(fsio.RENAME_EXCHANGE, True)] * 2 if renames.flags_done else [])
+    assert renames.calls == ([(dirfd.RENAME_EXCHANGE, True)] * 2 if renames.flags_done else [])
 
 
 def test_a_base_pushed_where_nothing_stands_is_renamed_into_a_name_never_taken(tmp_path, renames):
@@ -87,7 +87,7 @@ def test_a_base_pushed_where_nothing_stands_is_renamed_into_a_name_never_taken(t
     assert basecopy.push(remote, staged, "h", 1) > 0
     assert files_of(tmp_path / "remote" / basecopy.REMOTE_BASE) == files_of(staged)
     assert remote.names() == [basecopy.REMOTE_BASE] and basecopy.on_remote(remote, staged)
-    assert renames.calls == ([(fsio.RENAME_NOREPLACE, True)] if renames.flags_done else [])
+    assert renames.calls == ([(dirfd.RENAME_NOREPLACE, True)] if renames.flags_done else [])
 
 
 @pytest.mark.parametrize("damage", ["a file cut short", "its record alone (a copy interrupted on a store without "
@@ -105,7 +105,7 @@ def test_a_damaged_copy_of_this_base_is_still_replaced_whole(tmp_path, renames, 
     renames.calls.clear()
     assert basecopy.push(remote, staged, "h", 1) > 0
     assert files_of(kept) == files_of(staged) and basecopy.on_remote(remote, staged)
-    assert renames.calls == ([(fsio.RENAME_EXCHANGE, True)] if renames.flags_done else [])  # swapped in one step
+    assert renames.calls == ([(dirfd.RENAME_EXCHANGE, True)] if renames.flags_done else [])  # swapped in one step
     assert remote.names() == [basecopy.REMOTE_BASE]  # the damaged copy removed, not left beside it
 
 
@@ -119,37 +119,6 @@ def test_a_directory_without_a_record_is_replaced_but_never_one_with_another_rec
     (leftover / STAGED_PTH).write_bytes(b"half")
     assert basecopy.push(remote, staged, "h", 1) > 0
     assert files_of(leftover) == files_of(staged) and remote.names() == [basecopy.REMOTE_BASE]
-
-
-@pytest.mark.parametrize("there", ["a directory holding a file", "a file", "a symbolic link", "an empty directory",
-                                   "nothing"])
-def test_rename_new_never_puts_a_directory_over_what_holds_anything(tmp_path, renames, there):
-    """Without renameat2's flags (NFS) a plain rename(2) is the fallback: it too fails onto a directory that
-    holds anything, a file or a link; only an empty directory, which holds nothing to lose, is replaced."""
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    src.mkdir()
-    (src / "ours").write_text("ours")
-    if there == "a directory holding a file":
-        dst.mkdir()
-        (dst / "theirs").write_text("theirs")
-    elif there == "a file":
-        dst.write_text("theirs")
-    elif there == "a symbolic link":
-        (tmp_path / "elsewhere").mkdir()
-        dst.symlink_to(tmp_path / "elsewhere")
-    elif there == "an empty directory":
-        dst.mkdir()
-    replaced = there == "nothing" or (there == "an empty directory" and not renames.flags_done)
-    assert fsio.rename_new(src, dst) == replaced
-    if replaced:
-        assert files_of(dst) == {"ours": b"ours"} and not src.exists()
-        return
-    assert files_of(src) == {"ours": b"ours"}
-    found = {"a directory holding a file": lambda: files_of(dst) == {"theirs": b"theirs"},
-             "a file": lambda: dst.read_text() == "theirs",
-             "a symbolic link": lambda: dst.is_symlink() and not any((tmp_path / "elsewhere").iterdir()),
-             "an empty directory": lambda: dst.is_dir() and not any(dst.iterdir())}
-    assert found[there]()
 
 
 def test_exchange_swaps_two_directories_in_one_step(tmp_path, renames):

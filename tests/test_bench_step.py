@@ -16,6 +16,20 @@ TINY = ["model.hidden_size=64", "model.num_hidden_layers=2", "model.vocab_size=5
 
 
 @pytest.mark.slow
+def test_bench_step_runs_only_the_modes_asked_and_refuses_an_unknown_one():
+    from typer.testing import CliRunner
+
+    args = ["bench", "step", "--steps", "1", "--backend", "eager", *[a for s in TINY for a in ("--set", s)]]
+    result = CliRunner().invoke(app, [*args, "--modes", "eager,compiled"])
+    assert result.exit_code == 0, result.output
+    modes = re.findall(r"^((?:eager|compiled)(?:-outside|-masked)?) +(?:in model|outside) ", result.output, re.M)
+    assert modes == ["eager", "compiled"]  # the two copies only: gpu-check's bench step spares four (two compiles)
+    assert "compiled/eager tok/s: " in result.output and "masked/unmasked" not in result.output
+    refused = CliRunner().invoke(app, [*args, "--modes", "eager,fast"])
+    assert refused.exit_code == 2 and "unknown mode(s) fast; the modes: eager, compiled, " in refused.output
+
+
+@pytest.mark.slow
 def test_bench_step_prints_both_modes_and_their_ratios(capsys):
     from typer.testing import CliRunner
 

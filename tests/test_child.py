@@ -246,3 +246,23 @@ def test_a_heartbeat_of_the_previous_attempt_never_counts_as_the_new_ones(tmp_pa
     finally:
         child.kill()
         child.popen.wait()
+
+
+def test_a_trainer_killed_before_its_first_heartbeat_is_told_the_start_up_grace_not_the_configs_value(tmp_path):
+    """Found by a new user: a trainer silent from its start was reported `no heartbeat for 60s (restart.hang_timeout
+    60s)` under a config saying 30s; the 60 s are the start-up grace before a first heartbeat, and the message names
+    both."""
+    child = launch([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, 2, "")
+    try:
+        detail = wait_until(lambda: child.silence(None, hang_timeout=0.0, startup_grace=1.0), 30, "the grace to pass")
+        assert "1s start-up grace" in detail and "restart.hang_timeout 0s" in detail, detail
+        (tmp_path / names.HEARTBEAT).write_text("3\n")  # its own heartbeat: hang_timeout alone from now on
+        from minilmd.daemon.base.runstate import read_heartbeat
+
+        beat = read_heartbeat(tmp_path)
+        assert child.beats(beat)
+        later = wait_until(lambda: child.silence(beat, hang_timeout=0.0, startup_grace=1.0), 30, "silence")
+        assert "grace" not in later and "(restart.hang_timeout 0s)" in later, later
+    finally:
+        child.kill()
+        child.popen.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from minilmd.config import load_config
 from minilmd.corpus.format import open_prepared
@@ -54,3 +55,43 @@ def test_the_report_says_where_each_start_took_its_reference_and_each_evaluation
         "  step  20: val reward accuracy 0.700, margin 0.2500, val loss 0.5000",
         "  step  40: val reward accuracy 0.800, margin 0.2500, val loss 0.5000",
         "  step  60: val reward accuracy 0.900, margin 0.2500, val loss 0.5000"]
+
+
+def _sections(module, function: str) -> list[int]:
+    """The numbers of the `=== N.` sections `function` of `module` prints (say("N. ...") calls), in source order."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(getattr(module, function)).lstrip())
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "say"]
+    calls.sort(key=lambda node: (node.lineno, node.col_offset))
+    return [int(call.args[0].value.split(".")[0]) for call in calls]
+
+
+def test_the_three_demos_number_their_sections_on_from_each_other():
+    """Found by a new user: demo-sft and demo-dpo printed two `=== 6.` sections (the demo's plot, then demo-sft's
+    first)."""
+    from minilmd.daemon import demo
+
+    chain = _sections(demo, "main") + _sections(demo_sft, "main") + _sections(demo_dpo, "dpo_stage")
+    assert chain == list(range(1, len(chain) + 1)), chain
+
+
+def test_each_demo_has_a_directory_of_its_own_and_says_when_it_removes_an_earlier_one(tmp_path, capsys):
+    """Found by a new user: `make demo-sft` and `make demo-dpo` removed, without a word, the demo-run/ that `make
+    demo` had made (all three defaulted to it)."""
+    import inspect
+
+    from minilmd.daemon import demo
+
+    defaults = [inspect.signature(m.main).parameters["root"].default for m in (demo, demo_sft, demo_dpo)]
+    assert defaults == ["demo-run", "demo-sft-run", "demo-dpo-run"]
+    ignored = (Path(__file__).parents[1] / ".gitignore").read_text().splitlines()
+    assert all(f"/{d}/" in ignored for d in defaults), ignored
+    root = tmp_path / "demo-sft-run"
+    (root / "run").mkdir(parents=True)
+    demo.fresh_start(root)
+    assert f"demo: removing the earlier {root}/ (" in capsys.readouterr().out
+    assert root.is_dir() and not (root / "run").exists()
+    demo.fresh_start(tmp_path / "new")  # nothing there before: nothing to say
+    assert capsys.readouterr().out == ""

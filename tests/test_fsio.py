@@ -79,14 +79,6 @@ def test_publish_dir_moves_the_old_version_to_the_given_aside_name(tmp_path, mon
     assert not (tmp_path / ".out.aside").exists()
 
 
-def test_publish_file_fsyncs_then_renames_then_fsyncs_the_directory(tmp_path, monkeypatch):
-    (tmp_path / ".x.tmp").write_bytes(b"x")
-    spy = FsyncSpy(monkeypatch)
-    monkeypatch.setattr(fsio.os, "replace", lambda a, b: os.rename(a, b))  # recorded by the spy
-    fsio.publish_file(tmp_path / ".x.tmp", tmp_path / "x")
-    assert [k for k, _ in spy.events] == ["fsync", "rename", "fsync"] and (tmp_path / "x").read_bytes() == b"x"
-
-
 def test_atomic_write_leaves_no_temp_file(tmp_path):
     fsio.atomic_write_json(tmp_path / "s.json", {"b": 1, "a": [2]})
     assert (tmp_path / "s.json").read_text() == '{\n  "a": [\n    2\n  ],\n  "b": 1\n}\n'

@@ -207,39 +207,48 @@ def test_the_dry_run_dpo_part_starts_both_from_one_sft_export_at_ln_2_and_times_
 
 @pytest.mark.slow
 def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--work", str(tmp_path)], capture_output=True,
-                          text=True, timeout=600)
+    # under a --budget: each part runs with its share (MINILMD_GPU_CHECK_PART_S), none is left unstarted
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--work", str(tmp_path), "--budget", "1800"],
+                          capture_output=True, text=True, timeout=1900)
     rows = {r["part"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
     assert list(rows) == ["0 corpus", "1 versions", "2 admission", "3 attention", "4 eager", "4 compiled",
                           "4 bench step", "5 run", "5 determinism", "6 minimind", "7 oom", "8 sft", "9 dpo"]
+    assert not [r for r in rows.values() if r["figures"].startswith("not started")], rows
     assert "part           status  seconds  figures" in done.stdout  # the table, printed
     status = {name: r["status"] for name, r in rows.items()}
     assert status["0 corpus"] == status["1 versions"] == status["3 attention"] == status["4 eager"] == "ok", rows
     assert status["2 admission"] == "ok" and rows["2 admission"]["figures"].startswith("no NVML (")
     assert "on cpu: " in rows["3 attention"]["figures"] and "no SDPA kernel" not in rows["3 attention"]["figures"]
     assert "tok/s" in rows["4 eager"]["figures"] and "checkpoint blocking_s 0." in rows["4 eager"]["figures"]
+    assert rows["4 eager"]["figures"].startswith("4 timed steps (")  # the dry run's planned steps
     # the compile path of the trainer with TORCHDYNAMO_DISABLE=1: its compiling step timed apart
     assert status["4 compiled"] == "ok" and rows["4 compiled"]["branches"] == ["compiled", "compile disabled"]
     compiled, eager = (read_train_lines(tmp_path / name / "run") for name in ("compiled", "eager"))
+    compiled = [m for m in compiled if m["step"] <= 6]  # part 4's own steps (part 5 run carried its run on)
     assert compiled[0]["compile_s"] > 0 and all(m["compile_s"] == 0 for m in compiled[1:] + eager)
     assert "compile_s " in rows["4 compiled"]["figures"]
     assert status["6 minimind"] == "skip"
     bench = rows["4 bench step"]
-    assert bench["status"] == "ok", bench
-    run = rows["5 run"]
+    assert bench["status"] == "ok" and bench["figures"].startswith("3 timed steps a mode: "), bench
+    run = rows["5 run"]  # part 4 compiled's run carried on under `minilmd run`, killed, restarted
     assert run["status"] == "ok", run
-    assert "['killed', 'done']" in run["figures"] and "bit-exact" in run["figures"]
+    assert run["figures"].startswith("part 4 compiled carried on from step 6 to 14, SIGKILL at step 7; ")
+    assert "['killed', 'done']" in run["figures"]
     assert "s from the kill to the first new optimizer step" in run["figures"]  # the restart time
-    det = rows["5 determinism"]  # issue 41: two runs, a killed one, the negative controls, the cost
+    det = rows["5 determinism"]  # issue 41: two runs, the killed one, the negative controls, the cost
     assert det["status"] == "ok", det
-    assert det["figures"].startswith("two undisturbed runs: weights verified, max |diff| 0 ") and \
-        "resumed from step-" in det["figures"], det
-    assert "resume without the AdamW moments: caught as different" in det["figures"]
+    assert det["figures"].startswith("two undisturbed runs (6 steps eager, attention auto): weights verified, "
+                                     "max |diff| 0 "), det
+    assert "part 5 run's, SIGKILLed and restarted (14 steps compiled) vs an undisturbed one on the same compile " \
+           "cache: weights verified, max |diff| 0 vs undisturbed (bit-exact)" in det["figures"]
+    assert "resume from step 4 without the AdamW moments: caught as different" in det["figures"]
     assert "resume without the RNG states: " in det["figures"]
     assert "cost of determinism: eager deterministic " in det["figures"] and "compiled deterministic " in det["figures"]
+    assert "(4 timed steps)" in det["figures"] and "left out" not in det["figures"]
     sft = rows["8 sft"]  # bench sft on a chat corpus beside MiniMind's train_full_sft.py (its command, dry)
     assert sft["status"] == "ok", sft
     assert sft["branches"][0] == "bench sft" and sft["branches"][1:] in (["sft command checked"], ["minimind absent"])
+    assert sft["figures"].startswith("T=64, 3 timed steps a mode: ")
     assert "bucketed/static real tokens/s: " in sft["figures"] and "padfree " in sft["figures"]
     oom = rows["7 oom"]  # the trainer's OOM handler, through its injected torch.OutOfMemoryError
     assert oom["status"] == "ok" and oom["branches"] == ["injected oom"], oom

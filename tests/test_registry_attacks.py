@@ -116,7 +116,7 @@ def test_one_bad_entry_blinds_nobody(place):
     listed = place.root_cli("status", "--all", "--json")
     assert listed.returncode == 0 and {r["run"] for r in json.loads(listed.stdout)} == {"n-run", "r-run"}
     assert "unreadable" in listed.stderr  # the notes go to stderr: stdout stays one JSON list
-    assert place.root_cli("forget", "r-run").returncode == 0
+    assert place.root_cli("forget", str(place.root / "r-run")).returncode == 0  # by path: its run dir exists
 
 
 def test_a_state_json_that_hangs_or_lies_is_unreadable_in_the_overview(place):
@@ -188,9 +188,9 @@ def test_forget_never_builds_a_path_outside_the_registry(place):
     forged = {"name": "../../../precious", "run_dir": str(gone), "config": "", "uid": place.uid, "registered": 1.0}
     place.nobody_writes(place.system / f"{place.uid}-forged.json", json.dumps(forged))
     registry.register("r-run", place.run_dir("r-run"), "x.toml")
-    assert registry.forget("../../../precious") == []
+    assert registry.forget("../../../precious").removed == []
     assert precious.read_text() == "root's\n"
-    removed = registry.forget("r-run")
+    removed = registry.forget(str(place.root / "r-run")).removed  # by path: by name, a run still there is kept
     assert [p.parent for p in removed] == [registry.user_dir(), place.system]
 
 

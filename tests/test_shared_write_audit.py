@@ -48,8 +48,9 @@ PRIVATE_TMP = ("inside a 0700 temporary directory of dirfd's (Dir.make_temp), re
                "else can write there, whatever its name leads to")
 RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user's own directory, named in her "
            "config; not yet checked against others rearranging it")
-REMOTE = ("run.remote (a local path): directories made new (O_EXCL mkdir), files O_EXCL|O_NOFOLLOW, only this "
-          "user's removed (daemon/jobs/remote_write.py), but by path below its root: not yet through dirfd")
+REMOTE = ("run.remote's root itself, made by path when missing (the run's configuration), before dirfd opens and "
+          "checks it (Remote._root), after which everything below it is written at that descriptor; and a store's "
+          "objects (fsspec, not a local path: no links, no renames)")
 OWN_OUTPUT = ("a command's output the user names (--out of demo-corpus, tokenizer train, plot, bench): written by "
               "name as any tool's output; not hardened for a directory others write")
 
@@ -73,15 +74,14 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_publish", "np.save"): 1}),  # np.save: into a file object made O_EXCL at the split's descriptor
     # --- core helpers, by the place their callers give ------------------------------------------------------------
     "minilmd/fsio.py": ("private", "crash-safe writes by path, for places their callers own: state.json in run.dir, "
-                        "scratch, a corpus's meta.json inside a checked directory; the remote's pointer "
-                        "(mkstemp: O_EXCL|O_NOFOLLOW); the missing parents of --out or of the GPU lock "
-                        "directory, after their callers checked the chain that exists", {
-        ("publish_file", "os.replace"): 1, ("atomic_write_text", "tempfile.mkstemp"): 1,
+                        "scratch, a corpus's meta.json inside a checked directory; the missing parents of --out or "
+                        "of the GPU lock directory, after their callers checked the chain that exists", {
+        ("atomic_write_text", "tempfile.mkstemp"): 1,
         ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
-        ("publish_dir", "shutil.rmtree"): 1, ("rename_new", "os.rename"): 1, ("make_missing_dirs", "os.mkdir"): 1}),
+        ("publish_dir", "shutil.rmtree"): 1, ("make_missing_dirs", "os.mkdir"): 1}),
     "minilmd/leftovers.py": ("gap", "a killed maker's leftover beside an output: only this user's real directory, "
-                             "its maker gone; prepare sweeps only where no one else can rearrange (not with "
-                             "--group-share); an export's --out and a remote's checkpoint root still by path", {
+                             "its maker gone; prepare and export sweep only where no one else can rearrange "
+                             "(dirfd's rule; not prepare --group-share); a remote's checkpoint root still by path", {
         ("remove", "shutil.rmtree"): 1, ("remove", ".unlink"): 1}),
     "minilmd/scratch.py": ("private", PRIVATE_SCRATCH, {
         ("_make_private_dir", "os.mkdir"): 1, ("claim", ".mkdir"): 1, ("_write_marker", "open"): 1,
@@ -100,6 +100,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_write_jsonl", "open"): 1, ("write_demo_corpus", ".mkdir"): 1, ("write_repeated_corpus", "open"): 1,
         ("write_repeated_chat_corpus", "open"): 1}),
     "minilmd/corpus/tokenizer_train.py": ("gap", OWN_OUTPUT, {("train_tokenizer", ".mkdir"): 1}),
+    "minilmd/cli/data.py": ("gap", OWN_OUTPUT, {("_write_tokenizer", ".mkdir"): 1}),  # tokenizer train's, as above
     # --- the supervisor ---------------------------------------------------------------------------------------------
     "daemon/child/compilecache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches)",
                                      {("clear_damaged", ".unlink"): 1}),
@@ -123,7 +124,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_own_private_dir", ".mkdir"): 1, ("_own_private_dir", "os.chmod"): 1, ("_publish", "os.replace"): 1,
         ("_publish", "os.link"): 1, ("_publish", "os.unlink"): 1, ("forget", "os.unlink"): 1,
         ("_publish", "tempfile.mkstemp"): 1}),
-    "daemon/jobs/basecopy.py": ("gap", REMOTE + "; and the run's scratch", {
+    "daemon/jobs/basecopy.py": ("private", PRIVATE_SCRATCH + " (the base's copy fetched from the remote)", {
         ("fetch", ".mkdir"): 2, ("fetch", ".write_bytes"): 2, ("stage_from_remote", "shutil.rmtree"): 1}),
     "daemon/jobs/initstage.py": ("private", PRIVATE_SCRATCH + " (the staged probe and init weights)", {
         ("_copy", ".mkdir"): 1, ("_copy", "open"): 1, ("_copy_listed", ".mkdir"): 1, ("_copy_listed", "open"): 1,
@@ -131,9 +132,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("stage_probe", ".write_bytes"): 1, ("stage_probe", "shutil.rmtree"): 1, ("stage_init", ".mkdir"): 1,
         ("stage_init", ".write_bytes"): 1, ("stage_init", "shutil.rmtree"): 1}),
     "daemon/jobs/remote.py": ("gap", REMOTE + "; a fetched file into scratch", {
-        ("Remote.get", "open"): 1, ("Remote.makedirs", "os.makedirs"): 1, ("Remote.put", "open"): 1}),
-    "daemon/jobs/remote_write.py": ("gap", REMOTE, {
-        ("remove_ours", "os.unlink"): 1, ("remove_ours", "shutil.rmtree"): 1}),
+        ("Remote.get", "open"): 1, ("Remote._make_root", "os.makedirs"): 1, ("Remote.put", "open"): 1}),
     "daemon/jobs/staging.py": ("private", PRIVATE_SCRATCH + " (the staged corpus)", {
         ("_Copier.copy", ".unlink"): 1, ("_Copier._copy_once", ".mkdir"): 1, ("_Copier._copy_once", ".unlink"): 2,
         ("_Copier._copy_once", "os.link"): 1, ("_Copier._copy_once", "open"): 1,
@@ -173,22 +172,18 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("MetricsLog.__init__", ".mkdir"): 1, ("MetricsLog._end_torn_line", "open"): 1, ("MetricsLog.write", "open"): 1,
         ("MetricsLog.heartbeat", ".write_text"): 1, ("MetricsLog.heartbeat", "os.replace"): 1}),
     "trainer/loop/train.py": ("gap", RUN_DIR + "; and scratch", {("run", ".mkdir"): 1, ("run", ".unlink"): 1}),
-    "trainer/model/adapter.py": ("gap", "export --out (an HF PEFT directory): export_paths.py's fresh temporary "
-                                 "directory beside --out, by path; the base's private copy in a fresh 0700 "
-                                 "directory of tempfile's", {
+    "trainer/model/adapter.py": ("private", "export --out (an HF PEFT directory): " + PRIVATE_TMP + " (export_paths."
+                                 "ExportCopy, in the directory of --out checked by dirfd's rule); the base's private "
+                                 "copy in a fresh 0700 directory of tempfile's", {
         ("export_peft", ".write_text"): 1, ("export_peft", "safetensors.save_file"): 1,
         ("_from_copy", "tempfile.TemporaryDirectory"): 1}),
     "trainer/model/basecopy_read.py": ("private", "a private copy in a fresh 0700 directory of this user's", {
         ("private_copy", ".mkdir"): 1, ("private_copy", ".write_bytes"): 2, ("private_copy", "open"): 1}),
-    "trainer/model/export.py": ("gap", "export --out: export_paths.py's fresh temporary directory beside --out, "
-                                "by path; a MiniMind .pth through export_paths' O_EXCL file object", {
+    "trainer/model/export.py": ("private", "export --out: " + PRIVATE_TMP + " (export_paths.ExportCopy, in the "
+                                "directory of --out checked by dirfd's rule); a MiniMind .pth through its O_EXCL "
+                                "file object made at the copy's descriptor", {
         ("_write_hf", ".write_text"): 1, ("_write_hf", ".write_bytes"): 1, ("_write_hf", "safetensors.save_file"): 1,
         ("write_minimind", "torch.save"): 1}),
-    "trainer/model/export_paths.py": ("gap", "export --out: an O_EXCL temporary name of its maker beside --out, "
-                                      "removed only when made by it (export_paths.py), by path", {
-        ("_writing", ".mkdir"): 2, ("_writing", "os.open"): 1, ("_remove_if_made", "shutil.rmtree"): 1,
-        ("_remove_if_made", ".unlink"): 1,
-        ("publish", "os.rename"): 1}),
 }
 
 

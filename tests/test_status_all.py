@@ -154,5 +154,40 @@ def test_status_without_a_run_dir_lists_the_registered_runs(tmp_path):
     lines = cli("status").stdout.splitlines()
     assert lines[0].split()[:3] == ["RUN", "PHASE", "STEP"] and lines[1].split()[:3] == ["solo", "backoff", "7/9"]
     assert json.loads(cli("status", "--all", "--json").stdout)[0]["phase"] == "backoff"
-    assert cli("forget", "solo").returncode == 0 and "no runs registered" in cli("status").stdout
+    kept = cli("forget", "solo")  # by name: its run directory is there, kept (forget RUN_DIR forgets it)
+    assert kept.returncode == 1 and "its run directory still exists" in kept.stdout, kept.stdout + kept.stderr
+    assert cli("forget", str(run_dir)).returncode == 0 and "no runs registered" in cli("status").stdout
     assert cli("forget", "solo").returncode == 1
+
+
+def test_forget_by_name_never_removes_a_run_whose_directory_still_exists(tmp_path, monkeypatch):
+    """Found by a new user: three demos (every demo run is named `demo`), two of them deleted; the overview said
+    `minilmd forget NAME`, and `minilmd forget demo` removed all three entries, the one training now too. By name it
+    now forgets only the runs whose directory is gone, says which it kept and how to forget that one, and the
+    overview suggests `minilmd forget RUN_DIR` when a name is shared."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
+    runs = {}
+    for where in ("live", "gone-1", "gone-2"):
+        (tmp_path / where).mkdir()
+        runs[where] = make_run(tmp_path / where, "demo", "training" if where == "live" else "done")
+        registry.register("demo", runs[where], tmp_path / where / "demo.toml")
+    for where in ("gone-1", "gone-2"):
+        shutil.rmtree(runs[where])
+    out = io.StringIO()
+    assert overview.status_all(out=out) == 0
+    hint = next(line for line in out.getvalue().splitlines() if line.startswith("run directories gone"))
+    assert f"demo ({runs['gone-1']})" in hint and f"demo ({runs['gone-2']})" in hint, hint
+    assert "`minilmd forget RUN_DIR`" in hint, hint
+
+    out = io.StringIO()
+    assert overview.forget("demo", out=out) == 0
+    said = out.getvalue()
+    assert said.count("forgot demo: removed ") == 2, said
+    assert f"kept demo at {runs['live'].resolve()}: its run directory still exists" in said, said
+    assert [e.run_dir for e in registry.entries()] == [runs["live"].resolve()]
+    out = io.StringIO()
+    assert overview.forget("demo", out=out) == 1  # nothing left to forget by name: kept again, said again
+    assert "kept demo at" in out.getvalue() and [e.run_dir for e in registry.entries()] == [runs["live"].resolve()]
+    assert overview.forget(str(runs["live"]), out=io.StringIO()) == 0  # by its path: the user means that one
+    assert registry.entries() == []

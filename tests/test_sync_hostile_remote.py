@@ -9,13 +9,12 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from minilmd import names
+from minilmd import dirfd, names
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote import Remote
@@ -178,21 +177,22 @@ def test_a_link_placed_at_the_lora_bases_temporary_name_is_passed_by(tmp_path, v
 
 
 def test_a_link_at_a_pointers_temporary_name_is_passed_by(tmp_path, victim, monkeypatch):
-    """A guard, not a change: a pointer's temp file (`.LATEST.<host>-<pid>-XXXX.tmp`) is mkstemp's, made
-    O_CREAT|O_EXCL|O_NOFOLLOW; a link at the name it draws first is passed by for the next, never written through;
-    a LATEST that is a link is replaced itself (rename), its target left."""
+    """A guard, not a change: a pointer's temp file (`.LATEST.<host>-<pid>-XXXX.tmp`) is Dir.write_atomic's, made
+    O_CREAT|O_EXCL|O_NOFOLLOW at the root's descriptor; a link at the name it draws first is passed by for the next,
+    never written through; a LATEST that is a link is replaced itself (rename), its target left."""
     remote = Remote(str(tmp_path / "remote"), "h-1-")
     remote.makedirs()
     os.symlink(victim / ".bashrc", remote.path(".LATEST.h-1-first.tmp"))
     os.symlink(victim / ".bashrc", remote.path(LATEST))
     drawn: list[str] = []
 
-    def candidates():
-        for name in ("first", "second"):
-            drawn.append(name)
-            yield name
+    names = iter(("first", "second"))
 
-    monkeypatch.setattr(tempfile, "_get_candidate_names", candidates)
+    def token_hex(nbytes):
+        drawn.append(name := next(names))
+        return name
+
+    monkeypatch.setattr(dirfd.secrets, "token_hex", token_hex)
     remote.write_latest("step-00000010")
     assert drawn == ["first", "second"]  # the first name met as taken, so a second one drawn and used
     assert untouched(victim)
@@ -310,10 +310,13 @@ def test_another_users_step_by_a_higher_name_neither_stops_the_sync_nor_is_resum
     assert os.lstat(shared / "step-99999990").st_uid == uid
 
 
-def test_a_run_as_root_on_a_root_squashed_share_deletes_its_own_old_checkpoints(tmp_path, weights, monkeypatch):
+@pytest.mark.parametrize("renames", ["renameat2", "NFS: no renameat2 flags"])
+def test_a_run_as_root_on_a_root_squashed_share_deletes_its_own_old_checkpoints(tmp_path, weights, monkeypatch,
+                                                                                 renames):
     """NFS's default root_squash makes what root writes the anonymous user's (nobody): a run as root in a container
     saw its own step directories as another user's and kept every one, filling the share. The owner the server
-    gives this process's own directories counts as its own (learnt from the first one it makes)."""
+    gives this process's own directories counts as its own (learnt from the first one it makes), the claim
+    dirfd's rename_new makes of a new name where renameat2's flags are missing too (Dir.owners)."""
     from faults_fixtures import mounted_faultfs, unavailable_fuse
     from minilmd.daemon.jobs import remote_write
 
@@ -321,6 +324,8 @@ def test_a_run_as_root_on_a_root_squashed_share_deletes_its_own_old_checkpoints(
         pytest.skip(reason or "needs root: the share maps root to nobody")
     nobody = second_user()[0]
     monkeypatch.setattr(remote_write, "OWN_UIDS", {os.getuid()})  # what this process learns stays in this test
+    if renames != "renameat2":
+        monkeypatch.setattr(dirfd, "renameat2", lambda *args: False)  # as NFS's EINVAL
     backing, share, local = tmp_path / "backing", tmp_path / "share", tmp_path / "scratch"
     backing.mkdir()
     share.mkdir()

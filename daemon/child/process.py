@@ -163,6 +163,9 @@ class Child:
         silent = time.time() - max(self.started, own_beat if own_beat is not None else 0.0)
         if silent <= limit:
             return ""
+        if limit > hang_timeout:  # the grace, not the config's value: name both
+            return (f"no heartbeat for {silent:.0f}s since it started (none yet: {limit:.0f}s start-up grace; "
+                    f"restart.hang_timeout {hang_timeout:.0f}s)")
         return f"no heartbeat for {silent:.0f}s (restart.hang_timeout {limit:.0f}s)"
 
     def kill(self, launch: list[tuple[int, int]] | None = None) -> None:

@@ -324,15 +324,27 @@ def entries(reader_uid: int | None = None) -> list[Entry]:
     return scan(reader_uid).entries
 
 
-def forget(target: str) -> list[Path]:
-    """Remove this user's entries of the run named target, or of the run directory target; returns the files
-    removed. Only files found in the registry directories are touched, never a path made from a name; only those
-    the user owns (root's forget removes anyone's)."""
+@dataclass
+class Forgotten:
+    removed: list[Path] = field(default_factory=list)
+    """The entry files removed."""
+    kept: list[Entry] = field(default_factory=list)
+    """Entries named by the target's name whose run directory still exists: kept (only its path forgets it)."""
+
+
+def forget(target: str) -> Forgotten:
+    """Remove this user's entries of the run named target, or of the run directory target. By name, only the
+    entries whose run directory is gone: a name is not unique (every demo is `demo`), and one of them may be a run
+    that is training now; those are kept, and returned, so that the caller says so (`minilmd forget RUN_DIR` removes
+    one). Only files found in the registry directories are touched, never a path made from a name; only those the
+    user owns (root's forget removes anyone's)."""
     uid = own_uid()
     as_dir = str(Path(target).resolve()) if ("/" in target or Path(target).exists()) else None
     found = _all_entries(uid, [])
-    runs = {(e.uid, str(e.run_dir)) for e in found if e.name == target or str(e.run_dir) == as_dir}
-    removed = []
+    by_dir = {(e.uid, str(e.run_dir)) for e in found if str(e.run_dir) == as_dir}
+    by_name = {(e.uid, str(e.run_dir)): e for e in found if e.name == target and (e.uid, str(e.run_dir)) not in by_dir}
+    out = Forgotten(kept=[e for e in by_name.values() if _run_dir_owner(e.run_dir) is not None])
+    runs = by_dir | {run for run, e in by_name.items() if e not in out.kept}
     for entry in found:
         if (entry.uid, str(entry.run_dir)) not in runs or entry.path.parent not in (user_dir(), system_dir()):
             continue
@@ -341,7 +353,7 @@ def forget(target: str) -> list[Path]:
             if uid not in (0, st.st_uid):
                 continue
             os.unlink(entry.path)
-            removed.append(entry.path)
+            out.removed.append(entry.path)
         except OSError:
             continue
-    return removed
+    return out

@@ -26,11 +26,10 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from minilmd.checkpoint import file_entry_problems
 from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
-from minilmd.fsio import atomic_write_json, publish_dir, sha256_file
+from minilmd.fsio import atomic_write_json, file_entry_problems, publish_dir, sha256_file
 from minilmd.init_source import MAX_MANIFEST_BYTES
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
 from minilmd.init_source import STAGED_DIR as INIT_DIR
@@ -271,11 +270,11 @@ def init_problems(staged: Path) -> list[str]:
 
 def manifest_files(manifest) -> dict[str, dict]:
     """The files a checkpoint manifest lists (name: entry with its size and sha256), each entry checked by the
-    checkpoint format's own rule (minilmd/checkpoint.py `file_entry_problems`: a plain name, a size, a sha256)."""
+    rule minilmd/checkpoint.py checks a manifest by (fsio.file_entry_problems: a plain name, a size, a sha256)."""
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         raise ValueError(f"{MANIFEST}: no table of files with their sha256")
-    problems = file_entry_problems(files)
+    problems = file_entry_problems(files, MANIFEST)
     if problems or MANIFEST in files:
         raise ValueError(problems[0] if problems else f"{MANIFEST}: lists itself")
     return files

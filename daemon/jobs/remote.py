@@ -5,7 +5,8 @@ remote (NFS included) is a place other users and machines may write: its small f
 /dev/zero or a FIFO), and a listed file that is not a regular file or lies past a link (a FIFO would block a hash,
 /dev/zero never end one) is a problem of its checkpoint before anything of it is read. A hash reads no further
 than one byte past the size its caller expects. What a sync writes there is made new, never through a link
-(daemon/jobs/remote_write.py). Torch-free.
+(daemon/jobs/remote_write.py), and every write, rename and removal starts at the descriptor of the root opened once
+and checked by dirfd's rule (`_root`; renames into place: daemon/jobs/remote_publish.py). Torch-free.
 """
 from __future__ import annotations
 
@@ -16,21 +17,33 @@ import os
 import secrets
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from minilmd import checkpoint as ck
-from minilmd import fsio
+from minilmd import perms
 from minilmd.daemon.jobs import remote_write
-from minilmd.fsio import atomic_write_text, fsync_dir, fsync_tree, publish_dir, table_problems
-from minilmd.names import LATEST, MANIFEST, is_step_name, kept_name, step_of
+from minilmd.daemon.jobs.remote_publish import LeftAside, Publishing
+from minilmd.dirfd import Dir
+from minilmd.fsio import table_problems
+from minilmd.names import LATEST, MANIFEST, is_step_name, step_of
 from minilmd.untrusted import Unreadable, file_kind, loads, open_regular, printable, read_bytes
 
 POINTER_MAX_BYTES, MANIFEST_MAX_BYTES = 4096, 1 << 20  # as a local checkpoint's are read (minilmd/checkpoint.py)
 
 CHUNK = 8 * 1024 * 1024
+
+
+def _answers(held: Dir) -> bool:
+    """Whether a descriptor still answers (an NFS share remounted leaves it stale: ESTALE)."""
+    try:
+        os.fstat(held.fd)
+    except OSError:
+        return False
+    return True
 
 
 def _sha256_stream(f, size: int) -> str:
@@ -62,16 +75,10 @@ class ListedManifest(NamedTuple):
     """The bytes it was parsed from (None without a manifest): a fetch writes them, never reading the file again."""
 
 
-class LeftAside(OSError):
-    """Remote.publish_unless_taken could not put back what it had moved out of the final name to look at (the name
-    was taken meanwhile, or the rename back failed): what that was is kept under another name, which the message
-    says; never removed."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
+__all__ = ["LeftAside", "ListedManifest", "Remote", "Steps"]
 
 
-class Remote:
+class Remote(Publishing):
     """The few file operations sync needs, over fsspec, with atomic renames where the store has them."""
 
     def __init__(self, url: str, tmp_tag: str = ""):
@@ -85,6 +92,47 @@ class Remote:
         """Local paths (NFS included) have atomic rename and fsync; other stores do not."""
         self.tmp_tag = tmp_tag
         """Goes into the name of a pointer's temp file: whose it is, on a remote other hosts write too."""
+        self._dir: Dir | None = None
+        self._stale: list[Dir] = []
+        self._opening = threading.Lock()
+
+    def _root(self) -> Dir:
+        """The local remote's root as opened and checked by dirfd's rule (remote_write.open_root: no link on the way
+        but one of root's or this user's, no directory above it that another user could rearrange; the root itself
+        may be a team directory others write): every write, rename and removal starts at this descriptor, so a link
+        swapped in afterwards for the root or a directory above it redirects none. Opened when none is held or the
+        one held has gone stale (ESTALE); checked again at each sync's start (`makedirs()`). PlaceRefused (a
+        ValueError) when the rule refuses it, an OSError when it is not there."""
+        with self._opening:
+            if self._dir is not None and _answers(self._dir):
+                return self._dir
+        return self._reopen()
+
+    def _reopen(self) -> Dir:
+        """The root opened and checked again; the descriptor held is kept while it is still the directory the root's
+        path leads to, else replaced (the root made again, a share remounted). A replaced one, which another thread
+        may still use, is closed with the Remote."""
+        fresh = remote_write.open_root(self.root)
+        with self._opening:
+            held = self._dir
+            if held is not None and held.identity == fresh.identity and _answers(held):
+                fresh.close()
+                return held
+            if held is not None:
+                self._stale.append(held)
+            self._dir = fresh
+            return fresh
+
+    def close(self) -> None:
+        """Close the root's descriptors (a local remote's); a later write opens it again."""
+        with self._opening:
+            for held in [*self._stale, *([self._dir] if self._dir else [])]:
+                held.close()
+            self._dir, self._stale = None, []
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
     def path(self, *names: str) -> str:
         return "/".join([self.root, *names])
@@ -212,7 +260,7 @@ class Remote:
         """Copy a local file to a new file of the remote; the bytes written. On a local remote the file is made new
         (O_EXCL: never one already there, nor a link placed at its name) below directories none of which is a
         link (remote_write.py): a link placed there by another user never redirects the write."""
-        out = os.fdopen(remote_write.open_new(self.root, names, self.show), "wb") if self.local else \
+        out = os.fdopen(remote_write.open_new(self._root(), names, self.show), "wb") if self.local else \
             self.fs.open(self.path(*names), "wb")
         with out, open(local, "rb") as src:
             n = 0
@@ -246,20 +294,26 @@ class Remote:
         return None
 
     def makedirs(self, *names: str) -> None:
-        """The root, made when missing; on a local remote each directory of names below it made new (a name
-        already taken, a link placed there included, is refused: NotOurs, an OSError saying what it is), none written
-        through a link. An object store has no links: there they are made as needed."""
+        """The root, made when missing, and on a local remote opened and checked (`_root`); each directory of names
+        below it made new (a name already taken, a link placed there included, is refused: NotOurs, an OSError
+        saying what it is), none written through a link. An object store has no links: there they are made as
+        needed."""
         if not self.local:
             self.fs.makedirs(self.path(*names), exist_ok=True)
             return
+        self._make_root()
+        if names:
+            remote_write.mkdir_new(self._root(), names, self.show)
+        else:  # a sync's start: the root checked again, and opened again when its path leads elsewhere now
+            self._reopen()
+
+    def _make_root(self) -> None:
         try:
-            os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, taken as it is
+            os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, made by its path
         except FileExistsError:  # a link to nowhere, a file: say what, not "File exists" for what is not there
             from minilmd.shared_place import look
 
             raise FileExistsError(errno.EEXIST, f"{self.url} is {look(self.root, LATEST)}") from None
-        if names:
-            remote_write.mkdir_new(self.root, names, self.show)
 
     def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None,
                  kept: Callable[[str], str | None] = lambda name: None) -> str:
@@ -272,8 +326,10 @@ class Remote:
         `kept(target)`: what the caller's own earlier try left there that must never be removed (what stood at the
         final name, which publish_unless_taken could neither put back nor set aside), None when nothing is: a
         fresh name then too."""
-        if self.local and os.path.lexists(self.path(target)) and (why := kept(target)):
-            return self._fresh_tmp(target, below, why, taken)
+        if self.local:
+            self._make_root()
+            if self._root().lstat(target) is not None and (why := kept(target)):
+                return self._fresh_tmp(target, below, why, taken)
         self.rm(target)
         try:
             self.makedirs(target, *below)
@@ -291,14 +347,15 @@ class Remote:
         taken(found, fresh)
         return fresh
 
-    def rm(self, *names: str, file: bool = False) -> str | None:
-        """Remove what a sync made: None when removed (or not there). On a local remote only a real directory (a
-        regular file when `file`: a pointer's temp file) owned by this user, whatever its name says (others write
-        there too): anything else (another user's, a link, ...) is left, and what it is returned."""
+    def rm(self, name: str, file: bool = False) -> str | None:
+        """Remove what a sync made, a name of the root: None when removed (or not there). On a local remote only a
+        real directory (a regular file when `file`: a pointer's temp file) owned by this user, whatever its name says
+        (others write there too), through the root's descriptor: anything else (another user's, a link, ...) is
+        left, and what it is returned."""
         if self.local:
-            return remote_write.remove_ours(self.path(*names), file)
+            return remote_write.remove_ours(self._root(), name, file)
         try:
-            self.fs.rm(self.path(*names), recursive=True)
+            self.fs.rm(self.path(name), recursive=True)
         except FileNotFoundError:
             pass
         return None
@@ -312,7 +369,7 @@ class Remote:
         """Set a damaged checkpoint of a local remote aside into quarantine/, with its reason: where it went.
         NotOurs (an OSError) saying what was found when it or quarantine/ is not this user's real directory
         (a link, another user's): nothing of theirs is moved, nor written into."""
-        return remote_write.set_aside(self.root, name, reason, self.show)
+        return remote_write.set_aside(self._root(), name, reason, self.show)
 
     def age(self, name: str) -> float:
         """Seconds since `name` was last modified, from its own entry (no link followed); 0 where unknown."""
@@ -323,124 +380,9 @@ class Remote:
         except OSError:
             return 0.0
 
-    def rename_dir(self, src: str, dst: str) -> None:
-        """Publish a complete temporary directory under its final name, durably (local paths only: fsspec has no
-        atomic rename)."""
-        if self.local and (why := remote_write.not_ours(self.path(dst))):  # publish_dir would delete it
-            raise remote_write.NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
-        publish_dir(self.path(src), self.path(dst))
-
-    def publish_unless_taken(self, src: str, dst: str, replaceable: Callable[[str], bool],
-                             ours: Callable[[str], bool]) -> bool:
-        """Publish the complete temporary directory src under dst, durably (local paths only), in place of what
-        stands at dst only when that is still what the caller decided to replace: True when published; False when
-        dst holds what the caller would not replace (left there as it was; src, the caller's copy, is the caller's
-        to remove). Another machine may publish its own copy at dst between the caller's look and this rename: that
-        one is never replaced nor deleted. So nothing is put over dst unseen: where nothing stands, RENAME_NOREPLACE
-        (a plain rename where the file system lacks it: it replaces no directory holding anything); where something
-        does, it is moved out first, by RENAME_EXCHANGE (swapped with src in one step) or, lacking that, a rename
-        aside, and `replaceable(name)` looks at it under its new name, where no writer of dst changes it any more:
-        what it refuses (or an entry not this user's real directory, or a look that fails) goes back to dst.
-        `ours(name)`: the caller's copy is at name (what a swap back must bring back, before src is removed).
-        LeftAside when what stood at dst cannot go back (dst taken again meanwhile, or the rename back failed): it
-        is kept in quarantine/, or beside dst (names.kept_name) where quarantine/ cannot take it, never removed.
-        NotOurs when dst is another user's entry or a link."""
-        new, final = self.path(src), self.path(dst)
-        fsync_tree(new)
-        if fsio.rename_new(new, final):
-            fsync_dir(os.path.dirname(final))
-            return True
-        if why := remote_write.not_ours(final):
-            raise remote_write.NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
-        if not fsio.exchange(new, final):
-            return self._publish_aside(src, dst, replaceable, ours)
-        # this copy at dst now, what stood there at src
-        if self._looks(src, replaceable):
-            self._drop(src)
-            fsync_dir(os.path.dirname(final))
-            return True
-        try:
-            fsio.exchange(new, final)
-        except OSError as e:
-            raise self._left_aside(src, dst, f"it could not be swapped back ({e.strerror})") from None
-        if not self._looks(src, ours):  # another writer swapped at dst meanwhile: what came back is not this copy
-            raise self._left_aside(src, dst, "another copy took its place meanwhile")
-        return False
-
-    def _publish_aside(self, src: str, dst: str, replaceable: Callable[[str], bool],
-                       ours: Callable[[str], bool]) -> bool:
-        """publish_unless_taken where the file system cannot exchange (NFS): what stands at dst is renamed aside,
-        looked at there, then either replaced or renamed back. A reader may find dst missing meanwhile."""
-        aside = self._aside_name(src, lambda name: self._looks(name, ours) or self._looks(name, replaceable))
-        new, final, moved = self.path(src), self.path(dst), self.path(aside)
-        if not fsio.rename_new(final, moved):  # a FileNotFoundError (gone meanwhile): the caller retries
-            raise remote_write.NotOurs(errno.EEXIST, f"{self.show(aside)} is {remote_write.what_is(moved)}: not "
-                                                     f"this run's, never replaced")
-        if not self._looks(aside, replaceable):
-            try:
-                if fsio.rename_new(moved, final):
-                    return False
-                why = "another copy took its place meanwhile"
-            except OSError as e:  # EIO, ESTALE: where it is now is said, never left unsaid at the aside name
-                why = f"it could not be renamed back ({e.strerror})"
-            self._drop(src)  # this copy: the caller has nothing to remove
-            raise self._left_aside(aside, dst, why)
-        published = fsio.rename_new(new, final)  # False: another copy took the name meanwhile; it stays
-        self._drop(aside)  # what the caller would replace, either way
-        fsync_dir(os.path.dirname(final))
-        return published
-
-    def _aside_name(self, src: str, removable: Callable[[str], bool]) -> str:
-        """`<src>-replaced`, where what stands at dst is moved to be looked at; an earlier try's removed first when
-        `removable` (this push's copy, or what it would replace anyway). One holding anything else (another base's
-        copy an earlier try could neither put back nor set aside, a look that fails) is left as it is, and a fresh
-        name taken instead: it is never removed."""
-        aside = f"{src}-replaced"
-        if not os.path.lexists(self.path(aside)) or (removable(aside) and self.rm(aside) is None):
-            return aside
-        return f"{aside}-{secrets.token_hex(4)}"
-
-    def _looks(self, name: str, like: Callable[[str], bool]) -> bool:
-        """Whether `name` is this user's real directory and like(name) says yes; a look that fails says no."""
-        try:
-            return remote_write.not_ours(self.path(name)) is None and like(name)
-        except (OSError, Unreadable):
-            return False
-
-    def _drop(self, name: str) -> None:
-        """Remove a copy replaced; one that cannot be is a leftover of this host, which a later sync removes."""
-        with contextlib.suppress(OSError):
-            self.rm(name)
-
-    def _left_aside(self, name: str, dst: str, why: str) -> LeftAside:
-        """What stood at dst, now at `name`, could not go back: kept in quarantine/ (no clean-up of temporary names
-        takes it there); where quarantine/ cannot take it (another user's entry or a link there), renamed beside
-        dst to names.kept_name, which nothing removes: `name` is this process's temporary name, which its next
-        push would make again; left at name only when that rename fails too (the next push then passes it by:
-        make_tmp's `kept`)."""
-        reason = f"stood at {dst}; not put back there: {why}"
-        try:
-            kept = self.quarantine(name, reason)
-        except OSError as e:
-            if os.path.lexists(self.path(name)):
-                kept = self._keep_beside(name, dst)
-            else:  # moved into quarantine/ before its reason.txt failed (or an NFS rename back did happen)
-                kept = f"{self.show('quarantine')}/ or {self.show(dst)} (moved; then {e.strerror or e})"
-        return LeftAside(errno.EEXIST, f"{self.show(dst)}: what stood there is kept at {kept} ({why})")
-
-    def _keep_beside(self, name: str, dst: str) -> str:
-        """Rename `name` to a fresh kept_name beside dst (never over anything): where it is now, shown."""
-        kept = kept_name(dst, self.tmp_tag, secrets.token_hex(4))
-        with contextlib.suppress(OSError):
-            if fsio.rename_new(self.path(name), self.path(kept)):
-                with contextlib.suppress(OSError):
-                    fsync_dir(self.root)
-                return self.show(kept)
-        return self.show(name)
-
     def write_latest(self, name: str, pointer: str = LATEST) -> None:
-        if self.local:
-            atomic_write_text(self.path(pointer), name + "\n", tag=self.tmp_tag)  # temp file, fsync, rename
+        if self.local:  # a temp file made new at the root's descriptor, fsync, rename there
+            self._root().write_atomic(pointer, (name + "\n").encode(), perms.file_mode(), tag=self.tmp_tag)
         else:
             self.fs.pipe_file(self.path(pointer), (name + "\n").encode())  # one PUT: atomic on object stores
 

@@ -5,10 +5,11 @@ LoRA base's, a file in it), pointing at a file the sync's user may write (~/.bas
 land there. So every directory a sync makes is made new (mkdir, never "exist ok": a name already taken is
 refused, saying what it is), every file opened O_CREAT|O_EXCL|O_NOFOLLOW, and each directory on the way from the
 root is opened without following a link (a descriptor, not a path: nothing can be swapped in between). A
-pointer's temp file is mkstemp's (fsio.atomic_write_text): O_EXCL|O_NOFOLLOW already. And only what a sync
-of this user makes is ever removed or set aside (quarantine/): a real directory (a pointer's temp file: a regular
-file) owned by this user (lstat st_uid), never a link nor another user's entry, whatever its name says; what is
-left is said. The root itself is the run's configuration, taken as it is. Torch-free.
+pointer's temp file is Dir.write_atomic's: O_EXCL|O_NOFOLLOW too. And only what a sync of this user makes is ever
+removed or set aside (quarantine/): a real directory (a pointer's temp file: a regular file) owned by this user
+(lstat st_uid), never a link nor another user's entry, whatever its name says; what is left is said. Every write
+starts at the root's descriptor, opened once and checked by dirfd's rule (Remote._root: minilmd/dirfd.py's Dir),
+never at its path: the root, or a directory above it, swapped for a link afterwards redirects nothing. Torch-free.
 
 An owner proves nothing on a share that gives every file one owner (NFS's all_squash; root_squash for runs as root):
 there another user's directory is owned by the very uid this process's own get (OWN_UIDS). So where the share gives
@@ -24,11 +25,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
 
+from minilmd.dirfd import Dir, PlaceRefused
 from minilmd.names import (
     LATEST,
     QUARANTINE,
@@ -168,28 +169,61 @@ def learn_own_uid(root: str) -> None:
             os.close(root_fd)
 
 
-def remove_ours(path: str, file: bool = False) -> str | None:
-    """Remove the entry at path when a sync of this user made it (a directory: not_made_here; a pointer's temp file:
-    not_ours); else leave it and say what it is. None when removed or not there. A directory goes with
-    shutil.rmtree, which follows no link inside it."""
-    if why := (not_ours(path, file) if file else not_made_here(path)):
-        return why
+def open_root(root: str) -> Dir:
+    """A local remote's root opened and checked by dirfd's rule (Dir.open: no link on the way but one of root's or
+    this user's, no directory above it another user owns or can rearrange; the root itself may be a team directory
+    others write, by its owner's choice: `group_share`), for Remote._root. PlaceRefused (a ValueError) when the rule
+    refuses it; FileNotFoundError when it is not there."""
+    opened = Dir.open(root, "run.remote", group_share=True)
+    opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
+    return opened
+
+
+def root_refused(root: str) -> str | None:
+    """Why open_root refuses a local remote's root (the sync would at every try), None when it opens it or it is not
+    there yet (the first sync makes it: the directories above it that are there are judged all the same)."""
     try:
-        if file:
-            os.unlink(path)
-        else:
-            shutil.rmtree(path)
+        open_root(root).close()
+    except PlaceRefused as e:
+        return str(e)
     except FileNotFoundError:
         pass
     return None
 
 
+def in_root(root: Dir, *names: str) -> str:
+    """A path to names below the root's descriptor (Dir.inside, /proc/self/fd/N), for a look (not_ours, what_is):
+    the last name lstat'ed in the directory the descriptor holds, whatever the root's path leads to now."""
+    return "/".join([str(root.inside), *names])
+
+
+def remove_ours(root: Dir, name: str, file: bool = False) -> str | None:
+    """Remove `name` of the root when a sync of this user made it (a directory: not_made_here; a pointer's temp file:
+    not_ours); else leave it and say what it is. None when removed or not there. A directory goes through
+    descriptors (Dir.remove_tree: no link followed inside it), and only while its name still leads to the very
+    directory looked at."""
+    path = in_root(root, name)
+    if why := (not_ours(path, file) if file else not_made_here(path)):
+        return why
+    st = root.lstat(name)
+    if st is None:
+        return None
+    if file:
+        with contextlib.suppress(FileNotFoundError):
+            root.remove_file(name)
+        return None
+    if root.remove_tree(name, (st.st_dev, st.st_ino)) or root.lstat(name) is None:
+        return None
+    return "a directory not removed whole (another one moved there meanwhile, or a tree too deep): left"
+
+
 @contextlib.contextmanager
-def parent_fd(root: str, names: tuple[str, ...], show: Show) -> Iterator[int]:
+def parent_fd(root: str | Dir, names: tuple[str, ...], show: Show) -> Iterator[int]:
     """A descriptor of the directory that holds names[-1], reached from root one directory at a time, none of them
     a link (refused, saying what it is: NotOurs, an OSError the sync retries, of errno ELOOP for a link, ENOTDIR for
-    anything else that is not a directory)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    anything else that is not a directory). `root`: the root's path (a read: the remote as configured) or, for a
+    write, its Dir (Remote._root), whose descriptor is where the walk starts."""
+    fd = os.dup(root.fd) if isinstance(root, Dir) else os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for i, name in enumerate(names[:-1]):
             try:
@@ -199,7 +233,7 @@ def parent_fd(root: str, names: tuple[str, ...], show: Show) -> Iterator[int]:
                     raise
                 # Linux says ENOTDIR for a link too (O_DIRECTORY): the entry itself tells a reader which it met
                 found = errno.ELOOP if _is_link(name, fd) else errno.ENOTDIR
-                where = "/".join([root, *names[:i + 1]])
+                where = in_root(root, *names[:i + 1]) if isinstance(root, Dir) else "/".join([root, *names[:i + 1]])
                 raise NotOurs(found, f"{show(*names[:i + 1])} is {what_is(where)}: not followed") from None
             os.close(fd)
             fd = below
@@ -215,13 +249,13 @@ def _is_link(name: str, dir_fd: int) -> bool:
         return False
 
 
-def _taken(root: str, names: tuple[str, ...], show: Show) -> NotOurs:
-    what = what_is("/".join([root, *names]))
+def _taken(root: Dir, names: tuple[str, ...], show: Show) -> NotOurs:
+    what = what_is(in_root(root, *names))
     return NotOurs(errno.EEXIST, f"{show(*names)} is already there ({what}): not made by this sync, "
                                          f"never written into")
 
 
-def mkdir_new(root: str, names: tuple[str, ...], show: Show) -> None:
+def mkdir_new(root: Dir, names: tuple[str, ...], show: Show) -> None:
     """Make each directory of names below root, every one new (the umask gives its mode, as the run's policy); the
     first, in the root, holding this user's REMOTE_MARK where the share gives it another owner than this process's
     uid (not_made_here: what a sync may remove later)."""
@@ -237,7 +271,7 @@ def mkdir_new(root: str, names: tuple[str, ...], show: Show) -> None:
             _mark_new(root, names[0], show)
 
 
-def _mark_new(root: str, name: str, show: Show) -> None:
+def _mark_new(root: Dir, name: str, show: Show) -> None:
     """Write this user's REMOTE_MARK into the directory `name` just made in root; where that fails (a full share),
     the directory goes again, through its descriptor: unmarked, no later sync could remove it."""
     try:
@@ -252,7 +286,7 @@ def _mark_new(root: str, name: str, show: Show) -> None:
         raise
 
 
-def open_new(root: str, names: tuple[str, ...], show: Show) -> int:
+def open_new(root: Dir, names: tuple[str, ...], show: Show) -> int:
     """A new file at names below root, opened for writing: never one already there, nor through a link."""
     with parent_fd(root, names, show) as fd:
         try:
@@ -261,13 +295,13 @@ def open_new(root: str, names: tuple[str, ...], show: Show) -> int:
             raise _taken(root, names, show) from None
 
 
-def set_aside(root: str, name: str, reason: str, show: Show) -> str:
+def set_aside(root: Dir, name: str, reason: str, show: Show) -> str:
     """Move this user's directory root/name into root/quarantine/ (made new when missing; when there, a real
     directory of this user) as `<name>-<time>`, with reason.txt saying why, as checkpoint_dirs.quarantine does in
     scratch: its path. NotOurs, saying what was found, when either is not this user's: nothing
     is moved into, nor written into, another's directory."""
-    for entry, why in ((name, not_made_here(os.path.join(root, name))),
-                       (QUARANTINE, not_ours(os.path.join(root, QUARANTINE)))):  # moved into, not moved
+    for entry, why in ((name, not_made_here(in_root(root, name))),
+                       (QUARANTINE, not_ours(in_root(root, QUARANTINE)))):  # moved into, not moved
         if why:
             raise NotOurs(errno.EEXIST, f"{show(entry)} is {why}: not this run's, left as it is")
     with contextlib.suppress(NotOurs):  # there already: opened no-follow and its owner checked below
@@ -283,7 +317,7 @@ def set_aside(root: str, name: str, reason: str, show: Show) -> str:
     # through directories opened no-follow: a link swapped in for name is refused here, never written through
     with os.fdopen(open_new(root, (QUARANTINE, dest, REASON_FILE), show), "w", encoding="utf-8") as f:
         f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {reason}\n")
-    return "/".join([root, QUARANTINE, dest])
+    return "/".join([str(root.path), QUARANTINE, dest])
 
 
 def _exists(name: str, dir_fd: int) -> bool:

@@ -174,12 +174,24 @@ def status_all(as_json: bool = False, out=None) -> int:
     for r in rows:
         if r.get("predecessor"):
             print(f"{printable(r['run'])}: waiting for init.from: {printable(r['predecessor'])}", file=out)
-    vanished = [r["run"] for r in rows if r["phase"] == "vanished"]
-    if vanished:
-        print(f"run directories gone: {', '.join(vanished)}: `minilmd forget NAME` removes them from this list",
-              file=out)
+    _vanished_hint(rows, out)
     _notes(scan.notes, out)
     return 0
+
+
+def _vanished_hint(rows: list[dict], out) -> None:
+    """Which runs' directories are gone, and how to forget them: by name, or by run directory when a name is shared
+    (every demo is `demo`: the name alone would not say which)."""
+    vanished = [r for r in rows if r["phase"] == "vanished"]
+    if not vanished:
+        return
+    shared = Counter(r["run"] for r in rows)
+    if any(shared[r["run"]] > 1 for r in vanished):
+        said = ", ".join(f"{r['run']} ({printable(r['run_dir'])})" for r in vanished)
+        print(f"run directories gone: {said}: `minilmd forget RUN_DIR` removes them from this list", file=out)
+    else:
+        print(f"run directories gone: {', '.join(r['run'] for r in vanished)}: `minilmd forget NAME` removes them "
+              f"from this list", file=out)
 
 
 def grouped(rows: list[dict], reader: int) -> tuple[list[dict], list[str]]:
@@ -205,14 +217,19 @@ def _notes(notes: list[str], out) -> None:
 
 
 def forget(target: str, out=None) -> int:
-    """Exit 0 when something was forgotten, 1 when no entry of yours matched."""
+    """Exit 0 when something was forgotten, 1 when no entry of yours matched, or only runs that still exist did
+    (kept, and said why)."""
     out = out or sys.stdout
-    removed = registry.forget(target)
-    if not removed:
-        print(f"minilmd forget: no registered run of yours named {target!r} (see `minilmd status --all`)",
-              file=sys.stderr)
+    done = registry.forget(target)
+    for entry in done.kept:
+        print(f"kept {printable(target)} at {printable(entry.run_dir)}: its run directory still exists (a name may "
+              f"be shared; `minilmd forget {printable(entry.run_dir)}` forgets that one)", file=out)
+    if not done.removed:
+        if not done.kept:
+            print(f"minilmd forget: no registered run of yours named {target!r} (see `minilmd status --all`)",
+                  file=sys.stderr)
         return 1
-    for path in removed:
+    for path in done.removed:
         print(f"forgot {printable(target)}: removed {printable(path)}", file=out)
     still = Path(target)
     if still.is_dir() and (still / names.STATE).exists():

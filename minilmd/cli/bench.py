@@ -67,11 +67,13 @@ def bench_step_command(
     steps: int = typer.Option(10, "--steps", help="Optimizer steps timed in each mode."),
     backend: str = typer.Option("inductor", "--backend", help="torch.compile backend (eager: trace only)."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
+    modes: str = typer.Option("", "--modes", help="Comma-separated modes to run (default: all six: eager, "
+                              "compiled, eager-outside, compiled-outside, eager-masked, compiled-masked)."),
 ) -> None:
     """One model, eager vs torch.compile, steps interleaved: tok/s and host time per step of each, the ratio."""
     from minilmd.trainer.bench.step import main as bench_main
 
-    raise typer.Exit(bench_main(config or None, steps, set_, backend))
+    raise typer.Exit(bench_main(config or None, steps, set_, backend, modes))
 
 
 @bench_app.command("sft")

@@ -55,13 +55,14 @@ def tokenizer_train_command(
 ) -> None:
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind).
 
-    Exit status: 0, 65 bad input, 2 bad arguments (a --chat-template that does not load or render)."""
-    import itertools
+    Exit status: 0, 65 bad input, 2 bad arguments (a --chat-template that does not load or render), 74 a read or
+    write failed, 130 interrupted (Ctrl-C, SIGTERM: at once, nothing written)."""
+    import signal
     import sys
 
     from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside
-    from minilmd.corpus.sources.jsonl import InputError, iter_texts
-    from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
+    from minilmd.corpus.sources.jsonl import InputError
+    from minilmd.corpus.tokenizer_train import TokenizerError
 
     template_config = None
     if chat_template:
@@ -69,23 +70,103 @@ def tokenizer_train_command(
             template_config = checked_config(chat_template)  # a template that fails is said before the training
         except ChatTemplateError as e:
             raise _data_error_exit(e) from None
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt  # as prepare: the training process is ended, nothing written
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:  # an SSH session closed under it; nohup's SIG_IGN stays
+        signal.signal(signal.SIGHUP, on_sigterm)
+    try:
+        # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
+        text, actual, bad = _train_in_child(corpus, on_bad_line, max_docs, vocab_size, sys.stdout.isatty())
+        _write_tokenizer(out, text)
+    except (InputError, TokenizerError) as e:
+        raise _data_error_exit(e) from None
+    except OSError as e:
+        raise _io_error_exit(e, "tokenizer train", f"{out} is as it was") from None
+    except KeyboardInterrupt:
+        typer.echo(f"tokenizer train: interrupted, nothing written ({out} is as it was)", err=True)
+        raise typer.Exit(130) from None
+    if bad:
+        typer.echo(f"skipped bad lines: {bad}", err=True)
+    typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
+    if template_config is not None:
+        typer.echo(f"wrote {write_beside(out, template_config)}: chat template {chat_template}")
+
+
+def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_size: int,
+                    show_progress: bool) -> tuple[str, int, dict[str, int]]:
+    """Train in a process of its own: (the tokenizer's JSON, its vocabulary size, the bad lines skipped). The
+    tokenizers library reads the texts in a thread of its own and trains with the GIL released, so a Ctrl-C in
+    its process (Python's handlers run in the main thread alone, between bytecodes) waited until training ended,
+    minutes later. This process only waits on a pipe, which a signal interrupts: KeyboardInterrupt here, and the
+    training process is killed at once (it ignores SIGINT: a terminal's Ctrl-C reaches the whole group). The
+    training's own errors (InputError, TokenizerError, OSError) are raised here again."""
+    import os
+    import signal
+
+    from minilmd.corpus.workers import spawn_context
+    from minilmd.procs import signal_child
+
+    context = spawn_context()
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_tokenizer_child, daemon=True, name="minilmd tokenizer train",
+                            args=(send, os.getpid(), corpus, on_bad_line, max_docs, vocab_size, show_progress))
+    try:
+        child.start()
+        send.close()  # the child's end: EOF here when it dies without an answer
+        try:
+            answer = receive.recv()
+        except EOFError:
+            child.join()
+            raise OSError(f"the tokenizer training process ended without an answer (exit status {child.exitcode}"
+                          f"{': out of memory?' if child.exitcode == -signal.SIGKILL else ''})") from None
+    finally:
+        send.close()
+        receive.close()
+        if child.pid is not None:  # started (an interrupt may come before)
+            if child.exitcode is None:  # not reaped: our own child, its pid no one else's
+                signal_child(child.pid, signal.SIGKILL)
+            child.join()
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer
+
+
+def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max_docs: int, vocab_size: int,
+                     show_progress: bool) -> None:
+    """The training process: the texts read and the BPE trained here, its JSON (or the error) sent back."""
+    import itertools
+    import signal
+
+    from minilmd.corpus.prepare.encode import _die_with_parent
+    from minilmd.corpus.sources.jsonl import InputError, iter_texts
+    from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
+
+    _die_with_parent(parent)  # a parent killed with SIGKILL takes the training with it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     bad: dict[str, int] = {}
     texts = iter_texts(corpus, on_bad_line, bad)
     if max_docs > 0:
         texts = itertools.islice(texts, max_docs)
     try:
-        # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
-        tok = train_tokenizer(texts, vocab_size, out, show_progress=sys.stdout.isatty())
-    except (InputError, TokenizerError) as e:
-        raise _data_error_exit(e) from None
-    except OSError as e:
-        raise _io_error_exit(e, "tokenizer train", f"{out} is as it was") from None
-    if bad:
-        typer.echo(f"skipped bad lines: {bad}", err=True)
-    actual = tok.get_vocab_size(with_added_tokens=True)
-    typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
-    if template_config is not None:
-        typer.echo(f"wrote {write_beside(out, template_config)}: chat template {chat_template}")
+        tok = train_tokenizer(texts, vocab_size, None, show_progress=show_progress)
+        send.send((tok.to_str(pretty=True), tok.get_vocab_size(with_added_tokens=True), bad))
+    except (InputError, TokenizerError, OSError) as e:
+        send.send(e)
+
+
+def _write_tokenizer(out: str, text: str) -> None:
+    """Written by this process, once the training is done: a kill of the training never leaves a temp file. As
+    train_tokenizer writes one: a temp file renamed over `out`, so a kill mid-write leaves the old file, and a link
+    at `out` (planted in a shared directory) is replaced, never followed into somebody's file."""
+    from pathlib import Path
+
+    from minilmd.fsio import atomic_write_text
+
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text)
 
 
 @tokenizer_app.command("check")

@@ -136,13 +136,17 @@ class StepModel:
         return host, time.perf_counter() - t0
 
 
-def compare(cfg: RunConfig, device: torch.device, steps: int, warmup: int = 2,
-            backend: str = "inductor") -> tuple[dict[str, ModeResult], dict[str, ModeResult]]:
+ALL_MODES = (*MODES, *MASKED_MODES)
+
+
+def compare(cfg: RunConfig, device: torch.device, steps: int, warmup: int = 2, backend: str = "inductor",
+            modes: tuple[str, ...] = ALL_MODES) -> tuple[dict[str, ModeResult], dict[str, ModeResult]]:
     """(results of the timed steps per mode, their steps interleaved; the first step of each compiled mode alone:
-    tracing and code generation)."""
-    models = {mode: StepModel(cfg, device, compiled, backend, loss) for mode, (compiled, loss) in MODES.items()}
+    tracing and code generation). `modes`: some of ALL_MODES (each compiled one costs a compile)."""
+    models = {mode: StepModel(cfg, device, compiled, backend, loss) for mode, (compiled, loss) in MODES.items()
+              if mode in modes}
     models.update({mode: StepModel(cfg, device, compiled, backend, masked=True)
-                   for mode, compiled in MASKED_MODES.items()})
+                   for mode, compiled in MASKED_MODES.items() if mode in modes})
     firsts: dict[str, ModeResult] = {}
     for mode, model in models.items():
         if model.forward is not model.model:  # compiled
@@ -170,7 +174,7 @@ def report(results: dict[str, ModeResult], firsts: dict[str, ModeResult], cfg: R
     def ratio(a: str, b: str) -> str:
         return f"{r[a].tok_s / r[b].tok_s:.2f}x"
 
-    return "\n".join([
+    lines = [
         f"bench step: model {m.hidden_size}x{m.num_hidden_layers} (heads {m.num_attention_heads}/"
         f"{m.num_key_value_heads}, vocab {m.vocab_size}), seq_len {t.seq_len}, {t.micro_batch_size} rows x "
         f"{t.grad_accum} micro-batches, {device}, torch threads {torch.get_num_threads()}, compile backend "
@@ -178,16 +182,19 @@ def report(results: dict[str, ModeResult], firsts: dict[str, ModeResult], cfg: R
         f"{'mode':16} {'loss':>8} {'tok/s':>10} {'host ms/step':>13} {'wall ms/step':>13}",
         *(f"{mode:16} {MODES.get(mode, (None, LOSS_IN_MODEL))[1]:>8} {x.tok_s:10,.0f} {x.host_ms:13.1f} "
           f"{x.wall_ms:13.1f}"
-          for mode, x in r.items()),
-        f"compiled/eager tok/s: {ratio('compiled', 'eager')}; host time per step: "
-        f"{r['compiled'].host_ms / r['eager'].host_ms:.2f}x; the first compiled step (compile) took "
-        f"{firsts['compiled'].wall_s:.1f} s",
-        f"loss in the model/outside tok/s: compiled {ratio('compiled', 'compiled-outside')}, eager "
-        f"{ratio('eager', 'eager-outside')}; compiled (loss in the graph)/eager-outside "
-        f"{ratio('compiled', 'eager-outside')}",
-        f"masked/unmasked tok/s (the cost of data.doc_mask): compiled {ratio('compiled-masked', 'compiled')}, "
-        f"eager {ratio('eager-masked', 'eager')}",
-    ])
+          for mode, x in r.items())]
+    if {"compiled", "eager"} <= r.keys():
+        lines.append(f"compiled/eager tok/s: {ratio('compiled', 'eager')}; host time per step: "
+                     f"{r['compiled'].host_ms / r['eager'].host_ms:.2f}x; the first compiled step (compile) took "
+                     f"{firsts['compiled'].wall_s:.1f} s")
+    if {"compiled", "eager", "compiled-outside", "eager-outside"} <= r.keys():
+        lines.append(f"loss in the model/outside tok/s: compiled {ratio('compiled', 'compiled-outside')}, eager "
+                     f"{ratio('eager', 'eager-outside')}; compiled (loss in the graph)/eager-outside "
+                     f"{ratio('compiled', 'eager-outside')}")
+    if {"compiled", "eager", "compiled-masked", "eager-masked"} <= r.keys():
+        lines.append(f"masked/unmasked tok/s (the cost of data.doc_mask): compiled "
+                     f"{ratio('compiled-masked', 'compiled')}, eager {ratio('eager-masked', 'eager')}")
+    return "\n".join(lines)
 
 
 def load(config_path: str | None, overrides: list[str]) -> RunConfig:
@@ -201,7 +208,7 @@ def load(config_path: str | None, overrides: list[str]) -> RunConfig:
 
 
 def main(config_path: str | None, steps: int = 10, overrides: list[str] | None = None,
-         backend: str = "inductor") -> int:
+         backend: str = "inductor", modes: str = "") -> int:
     try:
         cfg = load(config_path, list(overrides or []))
     except ConfigError as e:
@@ -210,6 +217,12 @@ def main(config_path: str | None, steps: int = 10, overrides: list[str] | None =
     if steps < 1:
         print("minilmd bench step: --steps must be at least 1", file=sys.stderr)
         return 2
+    chosen = tuple(m.strip() for m in modes.split(",") if m.strip()) or ALL_MODES
+    unknown = [m for m in chosen if m not in ALL_MODES]
+    if unknown:
+        print(f"minilmd bench step: unknown mode(s) {', '.join(unknown)}; the modes: {', '.join(ALL_MODES)}",
+              file=sys.stderr)
+        return 2
     from minilmd.trainer.loop.distributed import resolve_device
 
     try:
@@ -217,6 +230,6 @@ def main(config_path: str | None, steps: int = 10, overrides: list[str] | None =
     except ConfigError as e:
         print(f"minilmd bench step: {e}", file=sys.stderr)
         return 2
-    results, firsts = compare(cfg, device, steps, backend=backend)
+    results, firsts = compare(cfg, device, steps, backend=backend, modes=chosen)
     print(report(results, firsts, cfg, device, backend), flush=True)
     return 0

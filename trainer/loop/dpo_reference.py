@@ -8,7 +8,9 @@ gradients), and its per-row sums (float32, one per document) are kept with the r
 as `dpo_reference.safetensors`, listed in the manifest (so hashed, validated, synced and staged like the weights).
 The first start saves a checkpoint at step 0 at once, so a restart, or a resume on another machine, reads the sums
 back (their sha256 checked against the manifest) and never computes them again; the training step holds one model.
-The seconds the computation took are printed and written to metrics.jsonl (`dpo_reference`).
+The seconds the computation took are printed and written to metrics.jsonl (`dpo_reference`). The pass can
+outlast restart.hang_timeout (2,446 pairs: 40 s on a CPU): each batch refreshes the heartbeat, and a pass over
+10 s prints its progress (PassProgress).
 """
 from __future__ import annotations
 
@@ -68,9 +70,10 @@ class Preference:
                               "of a DPO run does: it was written by a run that did not train DPO on this corpus); "
                               "start the DPO stage as a run of its own, with [init] from naming that checkpoint")
         if sums is None:
-            t0 = time.perf_counter()
-            sums = {"train": self.compute(trainer, self.rows), "val": self.compute(trainer, self.val)}
-            self.seconds = time.perf_counter() - t0
+            progress = PassProgress(self.rows.n_pairs + self.val.n_pairs, trainer.dist.is_main)
+            sums = {"train": self.compute(trainer, self.rows, progress),
+                    "val": self.compute(trainer, self.val, progress)}
+            self.seconds = progress.elapsed()
         self.rows.reference, self.val.reference = sums["train"], sums["val"]
         trainer.checkpointer.extra = {REFERENCE_FILE: reference_bytes(sums, self.corpus)}
         pairs = self.rows.n_pairs + self.val.n_pairs
@@ -86,9 +89,10 @@ class Preference:
         return validation_pairs(self.val, self.cfg.data.val_windows, self.cfg.train.micro_batch_size)
 
     @torch.no_grad()
-    def compute(self, trainer: Any, rows: PairRows) -> np.ndarray:
+    def compute(self, trainer: Any, rows: PairRows, progress: PassProgress) -> np.ndarray:
         """The model's log-probability sum over each document's targets, in batches of micro_batch_size pairs of
-        similar length (each padded to its width class, as the training micro-batches are)."""
+        similar length (each padded to its width class, as the training micro-batches are). Each batch refreshes
+        the heartbeat (rate-limited): a pass longer than restart.hang_timeout is not a hang."""
         model, device = trainer.model, trainer.device
         chunk_rows = trainer.objective.chunk_rows
         out = np.zeros(2 * rows.n_pairs, dtype=np.float32)
@@ -104,9 +108,40 @@ class Preference:
                 with trainer.autocast():
                     sums = sequence_logps(model, on_device.ids, on_device.labels, on_device.positions, chunk_rows)
                 out[rows.documents(pairs)] = sums.float().cpu().numpy()
+                trainer.log.heartbeat(trainer.step)
+                progress.advance(len(pairs))
         finally:
             model.train(was_training)
         return out
+
+
+class PassProgress:
+    """The reference pass's progress line, `reference pass: 1,200/2,446 pairs, 45 s`: after each further tenth of
+    the pairs once PROGRESS_S have passed since the last line, and every PROGRESS_MAX_S whatever the share (a long
+    pass is never silent in the log, a short one prints none)."""
+
+    PROGRESS_S = 10.0
+    PROGRESS_MAX_S = 300.0
+
+    def __init__(self, total: int, printing: bool, clock=time.perf_counter):
+        self.total, self.printing, self.clock = total, printing, clock
+        self.done = 0
+        self.t0 = clock()
+        self.last_line = (self.t0, 0)  # (time, pairs done) of the last line printed
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def advance(self, pairs: int) -> None:
+        self.done += pairs
+        now = self.clock()
+        since, done_then = now - self.last_line[0], self.last_line[1]
+        if self.done >= self.total or not self.printing:
+            return
+        if since >= self.PROGRESS_MAX_S or (since >= self.PROGRESS_S and (self.done - done_then) * 10 >= self.total):
+            self.last_line = (now, self.done)
+            print(f"minilmd: DPO reference pass: {self.done:,}/{self.total:,} pairs, {now - self.t0:.0f} s",
+                  flush=True)
 
 
 def reference_bytes(sums: dict[str, np.ndarray], corpus: PreparedCorpus) -> bytes:

@@ -24,11 +24,10 @@ from minilmd.names import PEFT_CONFIG, PEFT_WEIGHTS
 from minilmd.trainer.model.export_paths import (
     ExportError,
     fresh_export_dir,
-    publish,
     resolve_checkpoint,
     validated_checkpoint,
     validated_tensors,
-    writing_dir,
+    writing,
 )
 
 PEFT_PREFIX = "base_model.model."
@@ -181,11 +180,12 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
         raise ExportError(f"{ckpt}: not a LoRA checkpoint (its run has no [lora] rank); export it with --format hf "
                           f"or minimind")
     tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in validated_tensors(checked).items()}
-    out_dir, tmp = fresh_export_dir(out_dir)
-    with writing_dir(out_dir, tmp):
+    out_dir = fresh_export_dir(out_dir)
+    with writing(out_dir) as copy:
+        tmp = copy.inside  # through its descriptor, never its name (export_paths.ExportCopy)
         save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
         perms.settle_new_file(tmp / PEFT_WEIGHTS)  # safetensors makes it 0600 whatever --share says
         config = peft_config(state, base_name or str((state.get("init") or {}).get("path", "")))
         (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        published = publish(tmp, out_dir)
+        published = copy.publish_dir()
     return published

@@ -3,8 +3,10 @@ for `export --merge` and `sample` of an adapter whose recorded base is gone (tra
 
 The remote is a place other users and machines write, so the copy there may hold a FIFO nobody writes, a link to
 /dev/zero or a sparse terabyte where its weights belong. It is never read in place: `private_copy` copies it into
-a private directory of this process, every path looked at without following a link (a directory must be one, not
-a link to one), every file opened as minilmd/untrusted.py opens one (regular, no link, never blocked) and read for
+a private directory of this process, each of its directories walked to once without following a link
+(remote_write.parent_fd: a directory must be one, not a link to one) and every file of it opened at that descriptor
+(never by a path looked up again, where a directory swapped for a link after its look would be followed), as
+minilmd/untrusted.py opens one (regular, no link, never blocked) and read for
 its listed size only (what the record and manifest list is minilmd/base_copy.py's reading, the one the daemon's
 fetch makes too): the record (`source.json`) bounded, the manifest bounded and hashed to the record's
 manifest_sha256, each checkpoint file of its manifest's size, a `.pth` of the size its record lists (a record
@@ -14,8 +16,8 @@ loaded. Torch-free.
 """
 from __future__ import annotations
 
-import os
-import stat
+import contextlib
+import errno
 from pathlib import Path
 
 from minilmd.base_copy import (
@@ -27,10 +29,12 @@ from minilmd.base_copy import (
     needs_manifest,
     parse_record,
 )
+from minilmd.daemon.jobs import remote_write
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD, describe
 from minilmd.model_shapes import pth_bound
+from minilmd.names import MANIFEST
 from minilmd.trainer.model.export_paths import ExportError
-from minilmd.untrusted import Unreadable, copy_regular, file_kind, read_bytes
+from minilmd.untrusted import Unreadable, copy_regular, read_bytes
 
 
 def private_copy(copy: Path, recorded: dict, model_cfg: dict, dest: Path) -> bool:
@@ -40,44 +44,69 @@ def private_copy(copy: Path, recorded: dict, model_cfg: dict, dest: Path) -> boo
     link", "over 512 MiB", "1099511627776 bytes, listed as 31328"); what they list is minilmd/base_copy.py's
     reading, the one the daemon's fetch of the copy makes."""
     try:
-        if not _is_dir(copy):
-            return False
-        try:
-            raw = read_bytes(copy / STAGED_RECORD, max_bytes=MAX_RECORD_BYTES)
-        except Unreadable as e:
-            if e.missing:
+        with contextlib.ExitStack() as held:
+            top = _walk(held, copy, (STAGED_RECORD,))
+            if top is None:
                 return False
-            raise
-        record = parse_record(raw, str(copy / STAGED_RECORD))
-        if not copy_of(record, recorded.get("from"), recorded):
-            raise ExportError(f"it is a copy of another base, {describe(record)}")
-        manifest = None
-        if needs_manifest(record):
-            if not _is_dir(copy / STAGED_CHECKPOINT):
-                raise Unreadable("missing", copy / STAGED_CHECKPOINT, missing=True)
-            manifest = read_bytes(copy / MANIFEST_PATH, max_bytes=MAX_MANIFEST_BYTES)
-        files = listed_files(record, manifest, pth_bound(model_cfg), str(copy))
-        if manifest is not None:  # the manifest as read and checked, not read again
-            (dest / STAGED_CHECKPOINT).mkdir()
-            (dest / MANIFEST_PATH).write_bytes(manifest)
-        for rel, (size, bound) in files.items():
-            with open(dest / rel, "xb") as out:
-                copy_regular(copy / rel, out, size=size, max_bytes=bound)
+            try:
+                raw = _read(top, copy, STAGED_RECORD, MAX_RECORD_BYTES)
+            except Unreadable as e:
+                if e.missing:
+                    return False
+                raise
+            record = parse_record(raw, str(copy / STAGED_RECORD))
+            if not copy_of(record, recorded.get("from"), recorded):
+                raise ExportError(f"it is a copy of another base, {describe(record)}")
+            manifest, fd_of = None, {"": top}
+            if needs_manifest(record):
+                checkpoint = _walk(held, copy, (STAGED_CHECKPOINT, MANIFEST))
+                if checkpoint is None:
+                    raise Unreadable("missing", copy / STAGED_CHECKPOINT, missing=True)
+                fd_of[STAGED_CHECKPOINT] = checkpoint
+                manifest = _read(checkpoint, copy, MANIFEST_PATH, MAX_MANIFEST_BYTES)
+            files = listed_files(record, manifest, pth_bound(model_cfg), str(copy))
+            if manifest is not None:  # the manifest as read and checked, not read again
+                (dest / STAGED_CHECKPOINT).mkdir()
+                (dest / MANIFEST_PATH).write_bytes(manifest)
+            for rel, (size, bound) in files.items():
+                with open(dest / rel, "xb") as out:
+                    try:
+                        copy_regular(rel.rpartition("/")[2], out, size=size, max_bytes=bound,
+                                     dir_fd=fd_of[rel.rpartition("/")[0]])
+                    except Unreadable as e:
+                        raise _named(e, copy / rel) from None
         (dest / STAGED_RECORD).write_bytes(raw)  # last, as staging writes it
     except Unreadable as e:
         raise ExportError(str(e)) from None
     return True
 
 
-def _is_dir(path: Path) -> bool:
-    """Whether path is a directory itself (a link to one is refused: its files would be another place's)."""
+def _walk(held: contextlib.ExitStack, copy: Path, names: tuple[str, ...]) -> int | None:
+    """A descriptor of the directory of the copy that holds names[-1] (the copy itself, or its checkpoint
+    directory), walked to from the copy's parent one directory at a time, none followed if a link
+    (remote_write.parent_fd, as daemon/jobs/remote.py reads a local remote), held open by `held`: every file of it is
+    read at that descriptor, never by a path looked up again. None when a directory on the way is missing;
+    Unreadable when one is a link or not a directory."""
+    below = copy.parent
     try:
-        mode = os.lstat(path).st_mode
+        return held.enter_context(remote_write.parent_fd(str(below), (copy.name, *names),
+                                                         lambda *parts: str(below.joinpath(*parts))))
+    except remote_write.NotOurs as e:
+        raise Unreadable(str(e.strerror), kind="link" if e.errno == errno.ELOOP else None) from None
     except FileNotFoundError:
-        return False
+        return None
     except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
-    if not stat.S_ISDIR(mode):
-        raise Unreadable(f"{file_kind(mode)}, not a directory", path,
-                         kind="link" if stat.S_ISLNK(mode) else None)
-    return True
+        raise Unreadable(f"cannot be read: {e.strerror or e}", copy, os_error=e) from None
+
+
+def _read(fd: int, copy: Path, rel: str, max_bytes: int) -> bytes:
+    """The file rel of the copy, its last name read at `fd` (its directory, _walk's) as untrusted."""
+    try:
+        return read_bytes(rel.rpartition("/")[2], max_bytes=max_bytes, dir_fd=fd)
+    except Unreadable as e:
+        raise _named(e, copy / rel) from None
+
+
+def _named(e: Unreadable, path: Path) -> Unreadable:
+    """e named by the file's whole path (a read at a descriptor knows only its last name)."""
+    return Unreadable(e.why, path, kind=e.kind, os_error=e.os_error)

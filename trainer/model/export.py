@@ -42,24 +42,23 @@ from typing import Any
 
 from minilmd import perms
 from minilmd.checkpoint import MAX_JSON_PART, Validated, saved_lora
-from minilmd.fsio import publish_file
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
 from minilmd.names import MANIFEST, MODEL_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TOKENIZER_MAX_BYTES, TRAINER_STATE
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import (
     ExportError,
+    checked_out,
     fresh_export_dir,
-    out_and_tmp,
-    publish,
     resolve_checkpoint,
     validated_checkpoint,
     validated_tensors,
-    writing_dir,
-    writing_file,
+    writing,
 )
 from minilmd.untrusted import Unreadable, file_kind, read_bytes, read_json, size_text
 
 DTYPES = ("float32", "bfloat16", "float16")
+PTH_NAME = "model.pth"
+"""The .pth's name inside the export's temporary copy, before it is renamed onto --out."""
 
 
 def read_checkpoint(path: str | Path, merge: bool = False) -> tuple[dict, dict[str, Any], dict[str, Any]]:
@@ -309,12 +308,14 @@ def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tu
     _, checked, weights, _ = _read_checked(path, merge)
     kept = checked.without_weights()
     del checked  # its bytes of the weights file: the tensors hold them now
-    out, tmp = out_and_tmp(out)
+    out = checked_out(out)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
-    with writing_file(out, tmp) as f:
-        torch.save(state, f)  # through our file object: a write error reaches us with its errno
-        f.close()
-        publish_file(tmp, out)
+    with writing(out) as copy:
+        with copy.new_file(PTH_NAME) as f:
+            torch.save(state, f)  # through our file object: a write error reaches us with its errno
+            f.flush()
+            os.fsync(f.fileno())
+        copy.publish_file(PTH_NAME)
     return out, kept
 
 
@@ -424,12 +425,12 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     found = find_tokenizer(ckpt, tokenizer, checked=checked)
     chat = find_chat_config(ckpt, tokenizer, checked=checked)
     del checked  # its bytes of the weights file: the tensors hold them now
-    out_dir, tmp = fresh_export_dir(out_dir)
+    out_dir = fresh_export_dir(out_dir)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
-    with writing_dir(out_dir, tmp):
-        _write_hf(tmp, tensors, model_cfg, dtype, chat, found)
-        published = publish(tmp, out_dir)  # an existing out_dir is empty (checked above)
+    with writing(out_dir) as copy:
+        _write_hf(copy.inside, tensors, model_cfg, dtype, chat, found)  # through its descriptor, never its name
+        published = copy.publish_dir()  # an existing out_dir is empty (checked above, and again there)
     return published
 
 

@@ -1,8 +1,10 @@
 """Where an export reads and writes, for export.py (MiniMind's .pth, HF Qwen3) and adapter.py (PEFT) alike: the
 checkpoint a path names (a step directory, a root's LATEST or newest, a pointer file), strictly validated once; the
 fresh --out and the temporary copy beside it, named by this process, made by it and removed again on every way out
-but its publishing (`writing_dir`, `writing_file`), and what killed exports left there (`_clear_leftovers`);
-ExportError and its exit statuses. Torch-free.
+but its publishing (`writing`), and what killed exports left there (`_clear_leftovers`); ExportError and its exit
+statuses. The directory of --out must be one no other user can rearrange (minilmd/dirfd.py's rule, prepare's): it is
+opened once, and the copy made, written, published and removed through descriptors (ExportCopy), never by a name
+someone could replace by a link to the victim's files or by a FIFO. Torch-free.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from minilmd import leftovers
-from minilmd.fsio import fsync_dir, fsync_tree
+from minilmd import leftovers, perms
+from minilmd.dirfd import OPEN_NEW, Dir, Identity, PlaceRefused, Replaced, place_problem, temp_name
+from minilmd.fsio import make_missing_dirs
 from minilmd.names import LATEST, MODEL_FILE, export_tmp_maker, export_tmp_name, old_export_tmp_name
 
 if TYPE_CHECKING:
@@ -93,82 +96,115 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
     return ExportNotWritten(f"{out}: the export could not be written: {what}{e}; nothing was left behind; {todo}")
 
 
-@contextlib.contextmanager
-def writing_dir(out: Path, tmp: Path) -> Iterator[None]:
-    """Around writing an export into the directory `tmp`, made here, and publishing it as `out` (`publish`)."""
-    with _writing(out, tmp, directory=True):
-        yield
+OUT_ADVICE = "choose an --out in a directory only you (and root) can change"
+OUT_DIR_MODE = 0o755
+"""The directories an export makes on the way to --out: never writable by others whatever the umask (the place rule
+would refuse them)."""
+
+
+class ExportCopy:
+    """This export's temporary copy beside --out (`writing`): a 0700 directory with a random name (Dir.make_temp),
+    made in the directory of --out opened once and checked (`parent`). Everything is written through `inside`
+    (/proc/self/fd/N: the directory the descriptor holds, whatever its name leads to now), and published by a
+    rename at the parent's descriptor: never through a name someone could have replaced by a link or a FIFO."""
+
+    def __init__(self, out: Path, parent: Dir, tmp: Dir, name: str):
+        self.out, self.parent, self.tmp, self.name = out, parent, tmp, name
+
+    @property
+    def inside(self) -> Path:
+        return self.tmp.inside
+
+    def new_file(self, name: str) -> BinaryIO:
+        """A new file `name` inside the copy, made exclusively (O_EXCL, no link followed), open for writing."""
+        return os.fdopen(os.open(name, OPEN_NEW, 0o666, dir_fd=self.tmp.fd), "wb")
+
+    def publish_dir(self) -> Path:
+        """The complete copy itself renamed onto --out, durably (Dir.publish: identities checked on both sides).
+        An empty directory at --out is replaced, and removed only while it is still empty; anything else there is
+        refused (fresh_export_dir said so before the export began)."""
+        replaces = self._empty_out()
+        self.tmp.mode_self(0o777 & ~perms.current_umask())  # what mkdir gave the copy before: --share's policy
+        kept = self.parent.publish(self.tmp, self.name, self.out.name, replaces, aside=self.name + ".old",
+                                   foreign=_not_empty)
+        if kept is not None:
+            _SAY(f"{self.out}: the empty directory it replaced was not deleted ({kept.why}): it is at {kept.where}")
+        return self.out
+
+    def publish_file(self, name: str) -> Path:
+        """The complete file `name` of the copy renamed onto --out (replacing a file there, as an export always
+        did), at the descriptors, durably; Replaced when the copy's name no longer leads to this copy."""
+        if self.parent.identity_of(self.name) != self.tmp.identity:
+            raise Replaced(f"{self.out.parent / self.name}: the temporary directory was replaced by another one")
+        self.tmp.rename(name, self.parent, self.out.name)
+        os.fsync(self.parent.fd)
+        return self.out
+
+    def _empty_out(self) -> Identity | None:
+        """The identity of the empty directory at --out (None: nothing there), looked at through the parent."""
+        st = self.parent.lstat(self.out.name)
+        if st is None:
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            with Dir.at(self.parent, self.out.name) as there:
+                if not _not_empty(there):
+                    return there.identity
+        raise ExportError(f"{self.out}: exists and is not an empty directory; choose a new --out")
+
+
+def _not_empty(there: Dir) -> str:
+    """Dir.publish's `foreign` for the empty --out an export replaces: why it may not be deleted ("" when empty)."""
+    return "it is no longer empty" if os.listdir(there.fd) else ""
 
 
 @contextlib.contextmanager
-def writing_file(out: Path, tmp: Path) -> Iterator[BinaryIO]:
-    """Around writing an export into the file `tmp`, made here and given open, and publishing it as `out`."""
-    with _writing(out, tmp, directory=False) as f:
-        assert f is not None
-        yield f
-
-
-@contextlib.contextmanager
-def _writing(out: Path, tmp: Path, directory: bool) -> Iterator[BinaryIO | None]:
-    """`tmp` made for the export, and removed again on every way out but its publishing: a write error (then
-    ExportNotWritten, `not_written`), any other exception, Ctrl-C or SIGTERM (the CLI raises KeyboardInterrupt
-    for it). It is made exclusively, so removing it is ours to do: a name already taken is never reused nor
-    removed. Then the temporary copies of other exports to `out` are looked at (`_clear_leftovers`): made first,
-    so that of two exports started at once at least one sees the other. `out` itself is never touched here."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise not_written(out, e) from None
-    f = None
-    try:
-        if directory:
-            tmp.mkdir()
-            made = os.lstat(tmp)
-        else:
-            f = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666),
-                          "wb")
-            made = os.fstat(f.fileno())
-    except FileExistsError:
-        raise OutRefused(f"{tmp}: exists, though this export's own name (this host, pid and start time); it is "
-                         f"left as it is: remove it, or choose another --out") from None
-    except OSError as e:
-        raise not_written(out, e) from None
-    try:
-        _clear_leftovers(out, tmp)
-        yield f
-    except BaseException as e:
-        if f is not None:
-            with contextlib.suppress(OSError):
-                f.close()
-        _remove_if_made(tmp, made)
-        if isinstance(e, Exception) and _is_write_error(e):
+def writing(out: Path) -> Iterator[ExportCopy]:
+    """This export's temporary copy beside `out`, made for the export (ExportCopy) and removed again on every way
+    out but its publishing: a write error (then ExportNotWritten, `not_written`), any other exception, Ctrl-C or
+    SIGTERM (the CLI raises KeyboardInterrupt for it). Only its own descriptor is emptied, and its name removed only
+    while it leads to it. Then the temporary copies of other exports to `out` are looked at (`_clear_leftovers`):
+    made first, so that of two exports started at once at least one sees the other. `out` itself is never touched
+    here. A copy replaced by someone (Replaced) is an ExportError: nothing was published."""
+    with _open_parent(out) as parent:
+        try:
+            tmp, name = parent.make_temp(export_tmp_name(out.name, *leftovers.me()))
+        except Replaced as e:
+            raise ExportError(f"{e}; nothing was written. Check who moves things in {out.parent}") from None
+        except OSError as e:
             raise not_written(out, e) from None
-        raise
-    finally:
-        if f is not None:
-            f.close()
+        try:
+            _clear_leftovers(out, name)
+            yield ExportCopy(out, parent, tmp, name)
+        except Replaced as e:
+            raise ExportError(f"{e}; nothing was published. Check who moves things in {out.parent}") from None
+        except Exception as e:
+            if _is_write_error(e):
+                raise not_written(out, e) from None
+            raise
+        finally:
+            parent.discard(tmp, name)
 
 
-def _remove_if_made(tmp: Path, made: os.stat_result) -> None:
-    """Remove `tmp` when it is still the one this export made (published, the name may be another export's)."""
+def _open_parent(out: Path) -> Dir:
+    """The directory of --out, made when missing and opened once (Dir.open); OutRefused (exit 2, nothing written)
+    when another user could rearrange it or a directory above it (minilmd/dirfd.py's rule, prepare's): he could
+    put a link to the victim's directory where the export writes, or a FIFO where it publishes."""
+    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True):
+        raise OutRefused(f"{problem}; nothing was written")
     try:
-        now = os.lstat(tmp)
-    except OSError:
-        return
-    if (now.st_dev, now.st_ino) != (made.st_dev, made.st_ino):
-        return
-    if stat.S_ISDIR(now.st_mode):
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        make_missing_dirs(out.parent, OUT_DIR_MODE)
+        return Dir.open(out.parent, "the directory of --out")
+    except PlaceRefused as e:
+        raise OutRefused(f"{e}; nothing was written") from None
+    except OSError as e:
+        raise not_written(out, e) from None
 
 
 _SAY = leftovers.stderr_say("export")
 _WORDS = leftovers.Words(one="an export", tool="export", thing="temporary copy")
 
 
-def _clear_leftovers(out: Path, ours: Path) -> None:
+def _clear_leftovers(out: Path, ours: str) -> None:
     """The other exports' temporary copies beside `out`, each named by its maker (names.export_tmp_name). One whose
     export still runs (its pid alive with the start time the name records) is left, and this export refused:
     two exports to one --out at once would publish over each other. One whose export is gone (a SIGKILL, an OOM
@@ -182,7 +218,7 @@ def _clear_leftovers(out: Path, ours: Path) -> None:
                          f"at once are refused: let it finish, or choose another --out")
 
     leftovers.sweep(out.parent, lambda name: export_tmp_maker(out.name, name), _WORDS, _SAY, out=out,
-                    skip=ours.name, on_running=refuse)
+                    skip=ours, on_running=refuse)
     path = out.parent / old_export_tmp_name(out.name)  # an older minilmd's `.NAME.tmp`: it names no process
     try:
         st = os.lstat(path)
@@ -195,44 +231,37 @@ def _clear_leftovers(out: Path, ours: Path) -> None:
              f"once no export to {out} is running")
 
 
-def publish(tmp: Path, out: Path) -> Path:
-    """The complete export directory renamed onto --out, durably. rename(2) replaces an empty directory at once and
-    refuses a non-empty one: an empty --out is never first moved aside (fsio.publish_dir), where an interrupt
-    could leave it."""
-    fsync_tree(tmp)
-    os.rename(tmp, out)
-    fsync_dir(out.parent)
-    return out
-
-
-def out_and_tmp(out: str | Path) -> tuple[Path, Path]:
-    """(--out, this process's temporary name beside it that is renamed onto it: names.export_tmp_name, by host, pid
-    and start time); OutRefused when either is a symbolic link, dangling or not: an export never writes through a
-    link, nor renames onto one."""
+def checked_out(out: str | Path) -> Path:
+    """--out, checked before anything is read or written: OutRefused when it is a symbolic link, dangling or not
+    (an export never writes through a link, nor renames onto one), when its name leaves no room for the temporary
+    copy's beside it (names.export_tmp_name and Dir.make_temp's random suffix), or when others could rearrange the
+    directory it goes in (`_open_parent` looks again when it opens that directory)."""
     out = Path(out)
-    tmp = out.with_name(export_tmp_name(out.name, *leftovers.me()))
+    tmp = out.with_name(temp_name(export_tmp_name(out.name, *leftovers.me()), "0" * 8))
     for path in (out, tmp):
         try:
             linked = stat.S_ISLNK(os.lstat(path).st_mode)
         except (FileNotFoundError, NotADirectoryError):
             continue
         except OSError as e:
-            if e.errno == errno.ENAMETOOLONG:  # the temporary name is some 30 characters longer than --out's
+            if e.errno == errno.ENAMETOOLONG:  # the temporary name is some 40 characters longer than --out's
                 raise OutRefused(f"{out}: its name is too long for the temporary copy an export writes beside it "
                                  f"({tmp.name}); choose a shorter --out") from None
             raise not_written(out, e) from None
-        if linked:
+        if linked and path == out:
             raise OutRefused(f"{path}: is a symbolic link; an export never writes through one: choose another --out")
-    return out, tmp
+    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True):
+        raise OutRefused(f"{problem}; nothing was written")
+    return out
 
 
-def fresh_export_dir(out_dir: str | Path) -> tuple[Path, Path]:
-    """(the export's directory, the temporary name beside it that `writing_dir` makes, to fill and `publish`
-    onto it); an existing --out that is not an empty directory is refused."""
-    out_dir, tmp = out_and_tmp(out_dir)
+def fresh_export_dir(out_dir: str | Path) -> Path:
+    """checked_out's --out for an export directory: an existing one that is not an empty directory is refused
+    (ExportCopy.publish_dir looks again, through the directory of --out, when it publishes)."""
+    out_dir = checked_out(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
-    return out_dir, tmp
+    return out_dir
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

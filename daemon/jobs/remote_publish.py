@@ -1,0 +1,178 @@
+"""Publishing a complete copy under its final name on a local remote (daemon/jobs/remote.py's Remote): a sync's
+checkpoint (`rename_dir`) and the LoRA base's copy (`publish_unless_taken`), never over what another machine
+published there meanwhile, and what stood there never deleted unless the caller would replace it.
+
+Every rename is of one name in the remote's root, at the descriptor of the root opened once and checked (Remote._root,
+minilmd/dirfd.py's Dir): renameat2's RENAME_NOREPLACE and RENAME_EXCHANGE, or dirfd's fallbacks where the file system
+lacks them (NFS: a new name claimed first by an empty directory of this sync's, never a teammate's empty directory
+replaced). The root, or a directory above it, swapped for a link after that open redirects none of them: before, each
+was a rename by path, which followed such a link into another directory. Torch-free.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from minilmd.daemon.jobs import remote_write
+from minilmd.daemon.jobs.remote_write import NotOurs, in_root
+from minilmd.dirfd import Dir
+from minilmd.dirtree import fsync_tree
+from minilmd.names import kept_name
+from minilmd.untrusted import Unreadable
+
+
+class LeftAside(OSError):
+    """Remote.publish_unless_taken could not put back what it had moved out of the final name to look at (the name
+    was taken meanwhile, or the rename back failed): what that was is kept under another name, which the message
+    says; never removed."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class Publishing:
+    """Remote's renames into place (a mixin: the Remote's root, names and clean-up are its own)."""
+
+    if TYPE_CHECKING:
+        tmp_tag: str
+
+        def _root(self) -> Dir: ...
+        def show(self, *names: str) -> str: ...
+        def rm(self, name: str, file: bool = False) -> str | None: ...
+        def quarantine(self, name: str, reason: str) -> str: ...
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        """Publish the complete temporary directory src under dst, durably (local paths only: fsspec has no atomic
+        rename), where nothing stands: the caller made way. What took dst since is never replaced: NotOurs when it is
+        another user's entry or a link, FileExistsError (the sync fails and is retried) for anything else."""
+        root = self._flushed(src)
+        if root.rename_new(src, dst):
+            os.fsync(root.fd)
+            return
+        if why := self._not_ours(dst):
+            raise NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
+        raise FileExistsError(errno.EEXIST, f"{self.show(dst)} appeared while {self.show(src)} was made: left as it "
+                                            f"is, nothing put over it")
+
+    def publish_unless_taken(self, src: str, dst: str, replaceable: Callable[[str], bool],
+                             ours: Callable[[str], bool]) -> bool:
+        """Publish the complete temporary directory src under dst, durably (local paths only), in place of what
+        stands at dst only when that is still what the caller decided to replace: True when published; False when
+        dst holds what the caller would not replace (left there as it was; src, the caller's copy, is the caller's
+        to remove). Another machine may publish its own copy at dst between the caller's look and this rename: that
+        one is never replaced nor deleted. So nothing is put over dst unseen: where nothing stands, RENAME_NOREPLACE
+        (dirfd's claim where the file system lacks it); where something does, it is moved out first, by
+        RENAME_EXCHANGE (swapped with src in one step) or, lacking that, a rename aside, and `replaceable(name)`
+        looks at it under its new name, where no writer of dst changes it any more: what it refuses (or an entry
+        not this user's real directory, or a look that fails) goes back to dst. `ours(name)`: the caller's copy is
+        at name (what a swap back must bring back, before src is removed). LeftAside when what stood at dst cannot
+        go back (dst taken again meanwhile, or the rename back failed): it is kept in quarantine/, or beside dst
+        (names.kept_name) where quarantine/ cannot take it, never removed. NotOurs when dst is another user's entry
+        or a link."""
+        root = self._flushed(src)
+        if root.rename_new(src, dst):
+            os.fsync(root.fd)
+            return True
+        if why := self._not_ours(dst):
+            raise NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
+        if not root.exchange(src, dst):
+            return self._publish_aside(src, dst, replaceable, ours)
+        # this copy at dst now, what stood there at src
+        if self._looks(src, replaceable):
+            self._drop(src)
+            os.fsync(root.fd)
+            return True
+        try:
+            root.exchange(src, dst)
+        except OSError as e:
+            raise self._left_aside(src, dst, f"it could not be swapped back ({e.strerror})") from None
+        if not self._looks(src, ours):  # another writer swapped at dst meanwhile: what came back is not this copy
+            raise self._left_aside(src, dst, "another copy took its place meanwhile")
+        return False
+
+    def _flushed(self, src: str) -> Dir:
+        """The root, once every file and directory of src is on disk (fsynced through descriptors)."""
+        root = self._root()
+        with Dir.at(root, src) as tree:
+            fsync_tree(tree.fd)
+        return root
+
+    def _not_ours(self, name: str) -> str | None:
+        """remote_write.not_ours of `name` in the root as opened (its descriptor), never by the root's path."""
+        return remote_write.not_ours(in_root(self._root(), name))
+
+    def _publish_aside(self, src: str, dst: str, replaceable: Callable[[str], bool],
+                       ours: Callable[[str], bool]) -> bool:
+        """publish_unless_taken where the file system cannot exchange (NFS): what stands at dst is renamed aside,
+        looked at there, then either replaced or renamed back. A reader may find dst missing meanwhile."""
+        root = self._root()
+        aside = self._aside_name(src, lambda name: self._looks(name, ours) or self._looks(name, replaceable))
+        if not root.rename_new(dst, aside):  # a FileNotFoundError (gone meanwhile): the caller retries
+            raise NotOurs(errno.EEXIST, f"{self.show(aside)} is {remote_write.what_is(in_root(root, aside))}: not "
+                                        f"this run's, never replaced")
+        if not self._looks(aside, replaceable):
+            try:
+                if root.rename_new(aside, dst):
+                    return False
+                why = "another copy took its place meanwhile"
+            except OSError as e:  # EIO, ESTALE: where it is now is said, never left unsaid at the aside name
+                why = f"it could not be renamed back ({e.strerror})"
+            self._drop(src)  # this copy: the caller has nothing to remove
+            raise self._left_aside(aside, dst, why)
+        published = root.rename_new(src, dst)  # False: another copy took the name meanwhile; it stays
+        self._drop(aside)  # what the caller would replace, either way
+        os.fsync(root.fd)
+        return published
+
+    def _aside_name(self, src: str, removable: Callable[[str], bool]) -> str:
+        """`<src>-replaced`, where what stands at dst is moved to be looked at; an earlier try's removed first when
+        `removable` (this push's copy, or what it would replace anyway). One holding anything else (another base's
+        copy an earlier try could neither put back nor set aside, a look that fails) is left as it is, and a fresh
+        name taken instead: it is never removed."""
+        aside = f"{src}-replaced"
+        if self._root().lstat(aside) is None or (removable(aside) and self.rm(aside) is None):
+            return aside
+        return f"{aside}-{secrets.token_hex(4)}"
+
+    def _looks(self, name: str, like: Callable[[str], bool]) -> bool:
+        """Whether `name` is this user's real directory and like(name) says yes; a look that fails says no."""
+        try:
+            return self._not_ours(name) is None and like(name)
+        except (OSError, Unreadable):
+            return False
+
+    def _drop(self, name: str) -> None:
+        """Remove a copy replaced; one that cannot be is a leftover of this host, which a later sync removes."""
+        with contextlib.suppress(OSError):
+            self.rm(name)
+
+    def _left_aside(self, name: str, dst: str, why: str) -> LeftAside:
+        """What stood at dst, now at `name`, could not go back: kept in quarantine/ (no clean-up of temporary names
+        takes it there); where quarantine/ cannot take it (another user's entry or a link there), renamed beside
+        dst to names.kept_name, which nothing removes: `name` is this process's temporary name, which its next
+        push would make again; left at name only when that rename fails too (the next push then passes it by:
+        make_tmp's `kept`)."""
+        reason = f"stood at {dst}; not put back there: {why}"
+        try:
+            kept = self.quarantine(name, reason)
+        except OSError as e:
+            if self._root().lstat(name) is not None:
+                kept = self._keep_beside(name, dst)
+            else:  # moved into quarantine/ before its reason.txt failed (or an NFS rename back did happen)
+                kept = f"{self.show('quarantine')}/ or {self.show(dst)} (moved; then {e.strerror or e})"
+        return LeftAside(errno.EEXIST, f"{self.show(dst)}: what stood there is kept at {kept} ({why})")
+
+    def _keep_beside(self, name: str, dst: str) -> str:
+        """Rename `name` to a fresh kept_name beside dst (never over anything): where it is now, shown."""
+        kept = kept_name(dst, self.tmp_tag, secrets.token_hex(4))
+        with contextlib.suppress(OSError):
+            root = self._root()
+            if root.rename_new(name, kept):
+                with contextlib.suppress(OSError):
+                    os.fsync(root.fd)
+                return self.show(kept)
+        return self.show(name)

@@ -1,0 +1,74 @@
+"""A run that fails for good gives back what it staged in scratch (RAM on a shared server): the corpus and the probe
+did already; found by a new user, init.from's staged copy stayed (a 768x8 model's optimizer state: 767 MB of
+/dev/shm) and a run that failed before staging (device = cuda on a machine without a driver) left its scratch
+holding its marker alone. A LoRA run's base stays once it has checkpoints: its adapters need that very base."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minilmd.config import load_config
+from minilmd.protocol import FINAL_EXIT_STATUSES, SUPERVISOR_GAVE_UP
+from supervisor_helpers import events, run_supervisor, write_config
+
+pytestmark = pytest.mark.slow  # real supervisors
+
+
+def _fake_pth(where: Path) -> Path:
+    """A file init.from accepts as a MiniMind .pth before torch reads it (the fake trainer never loads it)."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_bytes(b"\0" * 300_000)
+    return where
+
+
+def _scratch_said(run_dir: Path) -> list[str]:
+    return [e["message"] for e in events(run_dir) if e.get("event") == "scratch"]
+
+
+def test_a_run_that_fails_for_good_gives_back_its_staged_init_copy_and_keeps_its_checkpoints(tmp_path, corpus):
+    base = _fake_pth(tmp_path / "share" / "base.pth")
+    config = write_config(tmp_path, corpus, remote=False, run={"keep_scratch": False},
+                          init={"from": str(base)}, train={"max_steps": 20})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path) == 0
+    assert (cfg.scratch_dir / "init" / "weights.pth").is_file()  # staged, and kept by the finished run (no remote)
+    longer = write_config(tmp_path, corpus, remote=False, run={"keep_scratch": False},
+                          init={"from": str(base)}, train={"max_steps": 40},
+                          restart={"no_progress_limit": 2, "backoff_initial": "0.05s"})
+    assert run_supervisor(longer, tmp_path, FAKE_OOM_ABOVE_MB="0") == SUPERVISOR_GAVE_UP
+    assert not (cfg.scratch_dir / "init").exists() and not (cfg.scratch_dir / "corpus").exists()
+    assert list((cfg.scratch_dir / "checkpoints").iterdir())  # the checkpoints stay
+    said = _scratch_said(cfg.run_dir)
+    assert any("removed the staged corpus, init from" in m and "its checkpoints stay" in m for m in said), said
+
+
+def test_a_run_that_fails_for_good_before_its_first_checkpoint_removes_its_scratch(tmp_path, corpus):
+    """device = cuda where there is none: the trainer's start fails for good. Its scratch held the marker and the
+    staged corpus; both go, with the directory (this run's, by its marker)."""
+    config = write_config(tmp_path, corpus, remote=False, run={"keep_scratch": False}, train={"device": "cuda"})
+    cfg = load_config(config)
+    status = run_supervisor(config, tmp_path, fake=False)
+    assert status in FINAL_EXIT_STATUSES, (status, (tmp_path / "supervisor.out").read_text()[-3000:])
+    assert not cfg.scratch_dir.exists(), sorted(p.name for p in cfg.scratch_dir.iterdir())
+    said = _scratch_said(cfg.run_dir)
+    assert any(m.startswith(f"removed {cfg.scratch_dir}: the run failed for good before its first checkpoint")
+               for m in said), said
+
+
+def test_a_lora_run_that_fails_for_good_keeps_its_staged_base_and_says_why(tmp_path, corpus):
+    """The adapters in its checkpoints were trained on that very base; without a remote, its staged copy may be the
+    only one (init.from may give other weights by the next start). On main it stayed without a word."""
+    base = _fake_pth(tmp_path / "share" / "base.pth")
+    lora = {"rank": 4, "alpha": 8.0}
+    config = write_config(tmp_path, corpus, remote=False, run={"keep_scratch": False}, init={"from": str(base)},
+                          lora=lora, train={"max_steps": 20})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path) == 0
+    longer = write_config(tmp_path, corpus, remote=False, run={"keep_scratch": False}, init={"from": str(base)},
+                          lora=lora, train={"max_steps": 40},
+                          restart={"no_progress_limit": 2, "backoff_initial": "0.05s"})
+    assert run_supervisor(longer, tmp_path, FAKE_OOM_ABOVE_MB="0") == SUPERVISOR_GAVE_UP
+    assert (cfg.scratch_dir / "init" / "weights.pth").is_file() and not (cfg.scratch_dir / "corpus").exists()
+    said = _scratch_said(cfg.run_dir)
+    assert any(f"kept the staged init in {cfg.scratch_dir}: the LoRA base" in m for m in said), said

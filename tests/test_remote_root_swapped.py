@@ -1,0 +1,111 @@
+"""A local remote's root swapped for a link to another directory after the Remote opened it: every write, rename and
+removal a sync makes there goes through the descriptor of the root opened once and checked (Remote._root,
+minilmd/dirfd.py's Dir), never through the root's path. On main each was by path (shutil.rmtree, fsio.rename_new,
+fsio.exchange, publish_dir, atomic_write_text, and the walk of remote_write.parent_fd from the root's path), which
+followed the link: the run's own step directories in the other directory (another run's remote, a directory of the
+user's) were removed, replaced or written into. And a root that another user could rearrange so is refused."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.sync import Syncer, SyncError
+from minilmd.dirfd import PlaceRefused
+from minilmd.names import LATEST, MANIFEST
+from supervisor_helpers import cli, write_config
+from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
+
+STEP, COPY = "step-00000001", ".tmp-step-00000002-h-1"
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Everything under root, no link followed: each file's bytes, each directory and link by what it is."""
+    found: dict[str, bytes | str] = {}
+    for where, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(where) / name
+            rel = str(path.relative_to(root))
+            found[rel] = (f"link to {os.readlink(path)}" if path.is_symlink() else
+                          "directory" if path.is_dir() else path.read_bytes())
+    return found
+
+
+def fill(root: Path, marker: str) -> None:
+    """A remote as a sync leaves it: a step directory, a complete temporary copy, a LATEST."""
+    for name in (STEP, COPY):
+        (root / name).mkdir(parents=True)
+        (root / name / MANIFEST).write_text(f"{marker} {name}")
+    (root / LATEST).write_text(f"{STEP}\n")
+
+
+OPERATIONS = {
+    "rm": lambda r, src: r.rm(STEP),
+    "rename_dir": lambda r, src: r.rename_dir(COPY, "step-00000002"),
+    "publish_unless_taken": lambda r, src: r.publish_unless_taken(COPY, "init", lambda n: True, lambda n: True),
+    "write_latest": lambda r, src: r.write_latest("step-00000002"),
+    "quarantine": lambda r, src: r.quarantine(STEP, "damaged"),
+    "put": lambda r, src: r.put(src, COPY, "weights.bin"),
+    "make_tmp": lambda r, src: r.make_tmp(".tmp-step-00000003-h-1", "below"),
+}
+
+DONE_IN_THE_OPENED_ROOT = {
+    "rm": lambda moved: not (moved / STEP).exists(),
+    "rename_dir": lambda moved: (moved / "step-00000002" / MANIFEST).is_file() and not (moved / COPY).exists(),
+    "publish_unless_taken": lambda moved: (moved / "init" / MANIFEST).is_file() and not (moved / COPY).exists(),
+    "write_latest": lambda moved: (moved / LATEST).read_text() == "step-00000002\n",
+    "quarantine": lambda moved: not (moved / STEP).exists() and len(list((moved / "quarantine").iterdir())) == 1,
+    "put": lambda moved: (moved / COPY / "weights.bin").read_bytes() == b"ours",
+    "make_tmp": lambda moved: (moved / ".tmp-step-00000003-h-1" / "below").is_dir(),
+}
+
+
+@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+def test_a_root_swapped_for_a_link_after_it_was_opened_redirects_nothing(tmp_path, operation):
+    root, moved, elsewhere = tmp_path / "remote", tmp_path / "remote.moved", tmp_path / "elsewhere"
+    fill(root, "the run's")
+    fill(elsewhere, "another run's")
+    src = tmp_path / "weights.bin"
+    src.write_bytes(b"ours")
+    remote = Remote(str(root), "h-1-")
+    remote.makedirs()  # what each sync does first: the root made when missing, opened and checked
+    before = tree(elsewhere)
+    os.rename(root, moved)
+    os.symlink(elsewhere, root)  # the root's name now leads elsewhere; the descriptor holds the directory opened
+
+    OPERATIONS[operation](remote, src)
+
+    assert tree(elsewhere) == before  # nothing written, renamed nor removed through the link
+    assert DONE_IN_THE_OPENED_ROOT[operation](moved), tree(moved)
+
+
+def test_a_remote_under_a_directory_others_can_rearrange_is_refused_but_a_team_directory_as_root_is_used(
+        tmp_path, weights, corpus):
+    """Whoever can write the directory above the root can rename the root away and put a link, or another of the
+    user's directories, in its place before it is opened: dirfd's rule (place_problem, as for scratch and the GPU
+    lock directory) refuses such a remote, final at `run --check` (exit 2), and nothing is synced (on main it was
+    used). The root itself may be a directory others write (a team's, by its owner's choice: dirfd's
+    group_share): the sync goes on there, opened again at a sync's start once the root was made again."""
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o777)  # not sticky: every user may rename what is in it
+    local, below = tmp_path / "scratch", team / "remote"
+    save(local, 10, weights)
+    checked = cli("run", "--check", str(write_config(tmp_path, corpus, run={"remote": str(below)})))
+    assert checked.returncode == 2 and "can be written by other users" in checked.stderr + checked.stdout, checked
+    with pytest.raises(PlaceRefused, match="can be written by other users"):
+        Remote(str(below)).makedirs()
+    with pytest.raises(SyncError, match="can be written by other users"):
+        Syncer(local, str(below), EXPECTED).sync_newest()
+    assert not below.exists() or not any(below.iterdir())
+    syncer = Syncer(local, str(team), EXPECTED)
+    assert syncer.sync_newest().step == 10
+    assert (team / LATEST).read_text() == "step-00000010\n"
+    # the root emptied and made again between two syncs: the next sync's start opens the new one (checked again)
+    shutil.rmtree(team)
+    team.mkdir(mode=0o1777)
+    save(local, 20, weights)
+    assert syncer.sync_newest().step == 20 and (team / LATEST).read_text() == "step-00000020\n"
