@@ -6,7 +6,8 @@
   publish_dir in a place of this user's; in a place others write, minilmd/dirfd.py's Dir renames at a descriptor.
 - Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
-- Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `read_new_lines` (follow a log).
+- Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `new_lines` (follow a log), of a file
+  anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
 Torch-free; the supervisor imports it.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
 from minilmd.names import atomic_tmp_prefix, replaced_name
-from minilmd.untrusted import file_kind
+from minilmd.untrusted import Unreadable, file_kind, open_regular
 
 CHUNK = 1 << 22
 
@@ -238,42 +239,93 @@ def dir_table_problems(root: str | os.PathLike, table: FileTable, full_hash: boo
 
 
 # --- reading logs -------------------------------------------------------------------------------------------------
+# A run's logs and metrics.jsonl lie where another user or run may write (the run directory, a shared one): each is
+# opened as untrusted.open_regular opens one (no link followed, no FIFO or device ever opened, so no open blocks)
+# and read only from its end, at most max_bytes, so no file (a sparse one of terabytes) is read unbounded.
 
-def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = 1 << 20) -> tuple[list[str], int]:
+TAIL_MAX_BYTES = 1 << 20
+"""The most of a log's or metrics.jsonl's end that is read for its last lines by default."""
+NEW_LINES_MAX_BYTES = 16 << 20
+"""The most that one read of a followed file (metrics.jsonl, a log) takes in: what was appended beyond that since
+the last read is skipped, never held (a file someone made huge, or a sparse one of gigabytes)."""
+TAIL_BLOCK = 64 * 1024
+"""The first block read back from a file's end; each next one is twice as big (to 8 MiB), so the last few lines of
+a big log cost one small read and a whole window few."""
+
+
+def open_regular_or_none(path: str | os.PathLike) -> int | None:
+    """A descriptor of the regular file at path (untrusted.open_regular), None when there is none; Unreadable when
+    it is not one. The caller closes it."""
+    try:
+        return open_regular(path)
+    except Unreadable as e:
+        if e.missing:
+            return None
+        raise
+
+
+def _pread_all(fd: int, size: int, offset: int) -> bytes:
+    chunks, got = [], 0
+    while got < size:
+        chunk = os.pread(fd, min(size - got, 1 << 20), offset + got)
+        if not chunk:
+            break  # truncated meanwhile
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = TAIL_MAX_BYTES) -> tuple[list[str], int]:
     """(the last n lines of a file, the file's size when read): read backwards from the end in blocks, at most
     max_bytes, so memory stays bounded however large the log. Fewer lines when the file has fewer (or they do not
-    fit in max_bytes); an unfinished last line counts as a line. ([], 0) for a missing file."""
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
+    fit in max_bytes); an unfinished last line counts as a line. ([], 0) for a missing file; Unreadable for one
+    that is not a regular file (never opened) or that fails while read (kind "io")."""
+    fd = open_regular_or_none(path)
+    if fd is None:
         return [], 0
-    with f:
-        size = end = os.fstat(f.fileno()).st_size
-        data = b""
-        while end > 0 and data.count(b"\n") <= n and len(data) < max_bytes:
-            start = max(0, end - min(64 * 1024, max_bytes - len(data)))
-            f.seek(start)
-            data = f.read(end - start) + data
-            end = start
-    lines = data.decode(errors="replace").splitlines()
+    try:
+        size = end = os.fstat(fd).st_size
+        blocks, newlines, block = [], 0, TAIL_BLOCK
+        while end > 0 and newlines <= n and size - end < max_bytes:
+            start = max(0, end - min(block, max_bytes - (size - end)))
+            data = _pread_all(fd, end - start, start)
+            if len(data) < end - start:
+                break  # truncated meanwhile: what was read before is the tail there was
+            blocks.append(data)
+            newlines += data.count(b"\n")
+            end, block = start, min(block * 2, 8 << 20)
+    except OSError as e:
+        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
+    finally:
+        os.close(fd)
+    lines = b"".join(reversed(blocks)).decode(errors="replace").splitlines()
     if end > 0 and lines:
         lines = lines[1:]  # the first one is cut: it began before what was read
     return (lines[-n:] if n > 0 else []), size
 
 
-def read_new_lines(path: str | os.PathLike, offset: int) -> tuple[list[bytes], int]:
+def new_lines(path: str | os.PathLike, offset: int,
+              max_bytes: int = NEW_LINES_MAX_BYTES) -> tuple[list[bytes], int]:
     """(complete lines added since `offset`, the offset after the last of them): follows a file another process
-    appends to, never returning the half line it is writing. A file that shrank (rotated, truncated) is read
-    from its start again; a missing one gives ([], offset)."""
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size < offset:
-                offset = 0
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
+    appends to, never returning the half line it is writing, and never more than the last max_bytes of what was
+    added (the rest is skipped). A file that shrank (rotated, truncated) is read from its start again; a missing
+    one gives ([], offset); Unreadable as for tail_lines."""
+    fd = open_regular_or_none(path)
+    if fd is None:
         return [], offset
+    try:
+        size = os.fstat(fd).st_size
+        offset = 0 if size < offset else offset
+        skipped = size - offset > max_bytes
+        if skipped:
+            offset = size - max_bytes
+        data = _pread_all(fd, size - offset, offset)
+    except OSError as e:
+        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
+    finally:
+        os.close(fd)
     end = data.rfind(b"\n")
     if end < 0:
         return [], offset
-    return data[:end].splitlines(), offset + end + 1
+    lines = data[:end].splitlines()
+    return (lines[1:] if skipped else lines), offset + end + 1  # after a skip the first line is cut

@@ -9,7 +9,8 @@ json.loads raise RecursionError), a JSON list where an object belongs, or simply
 - `loads` decodes UTF-8, bounds the nesting depth by a scan of the brackets outside strings before json.loads sees
   the text, and checks the parsed value's type; it also serves one line of a JSON-lines file;
 - `read_json` is the two together;
-- `copy_regular` copies such a file, opened as `read_bytes` opens one, of its listed size or at most a bound;
+- `copy_regular` copies such a file, opened as `read_bytes` opens one, of its listed size or at most a bound
+  (or its first bytes, of one being appended to), hashing it too through `Hashing`;
   `sha256_regular` hashes one so.
 Every failure is one exception, `Unreadable`, whose `why` is a few words for a view ("a FIFO", "owned by uid 1001",
 "over 1 MiB", "nested deeper than 64", "a list, not an object", "not JSON") and whose `kind` says the same for code
@@ -124,14 +125,19 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
 
 
 def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_bytes: int | None = None,
-                 chunk: int = 8 << 20, dir_fd: int | None = None) -> int:
+                 first: int | None = None, chunk: int = 8 << 20, dir_fd: int | None = None) -> int:
     """Copy a regular file, opened as `read_bytes` opens one, into the binary file object `out` (a file of this
-    process): exactly `size` bytes when its listing gives one, else at most max_bytes (with both, a listed size over
-    max_bytes is refused: a listing is as untrusted as the file); the bytes copied. The size is checked before a
-    byte is read and again as it is read (it may change under us). Raises Unreadable for the source, OSError for
-    `out`. With `dir_fd`, path is a name in that open directory (open_regular)."""
+    process, or one that also hashes it: `Hashing`; it may say after each block that the copy goes on): exactly
+    `size` bytes when its listing gives one, else at most max_bytes (with both, a listed size over max_bytes is
+    refused: a listing is as untrusted as the file); the bytes copied. The size is checked before a byte is read
+    and again as it is read (it may change under us). With `first` instead, its first `first` bytes, never more,
+    of a file that may be longer (one being appended to: its listing comes after) or shorter: the caller compares
+    what was copied with its listing. Raises Unreadable for the source, OSError for `out`. With `dir_fd`, path is
+    a name in that open directory (open_regular)."""
     fd = open_regular(path, dir_fd=dir_fd)
     try:
+        if first is not None:
+            return _copy_blocks(fd, path, out, first, chunk)
         have = os.fstat(fd).st_size
         limit = size if size is not None else max_bytes if max_bytes is not None else have
         if max_bytes is not None and limit > max_bytes:
@@ -140,21 +146,27 @@ def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_b
             raise Unreadable(f"{have} bytes, listed as {size}", path, kind="wrong_size")
         if have > limit:
             raise Unreadable(f"over {size_text(limit)}", path, kind="too_big")
-        got = 0
-        while got <= limit:
-            try:
-                block = os.read(fd, min(chunk, limit + 1 - got))
-            except OSError as e:
-                raise Unreadable(_os_why(e), path, os_error=e) from None
-            if not block:
-                break
-            out.write(block)
-            got += len(block)
+        got = _copy_blocks(fd, path, out, limit + 1, chunk)  # one byte more: to see it grow
         if got > limit or (size is not None and got != size):
             raise Unreadable("changed while being read", path, kind="changed")
         return got
     finally:
         os.close(fd)
+
+
+def _copy_blocks(fd: int, path: str | os.PathLike, out, up_to: int, chunk: int) -> int:
+    """Copy from fd into out until up_to bytes or the file's end, in blocks of at most `chunk`; the bytes copied."""
+    got = 0
+    while got < up_to:
+        try:
+            block = os.read(fd, min(chunk, up_to - got))
+        except OSError as e:
+            raise Unreadable(_os_why(e), path, os_error=e) from None
+        if not block:
+            break
+        out.write(block)
+        got += len(block)
+    return got
 
 
 def sha256_regular(path: str | os.PathLike, *, size: int | None = None, max_bytes: int | None = None) -> str:

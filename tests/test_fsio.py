@@ -123,27 +123,14 @@ def test_tail_lines_reads_only_the_end_of_a_large_file(tmp_path, monkeypatch):
         for i in range(200_000):
             f.write(f"line {i}\n")
     reads = []
-    real_open = open
+    real_pread_all = fsio._pread_all
 
-    class CountingFile:
-        def __init__(self, f):
-            self.f = f
+    def counting(fd, size, offset):
+        data = real_pread_all(fd, size, offset)
+        reads.append(len(data))
+        return data
 
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def read(self, n=-1):
-            data = self.f.read(n)
-            reads.append(len(data))
-            return data
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-    monkeypatch.setattr("builtins.open", lambda p, mode="r", *a, **k: CountingFile(real_open(p, mode, *a, **k)))
+    monkeypatch.setattr(fsio, "_pread_all", counting)
     lines, size = fsio.tail_lines(path, 3)
     assert lines == ["line 199997", "line 199998", "line 199999"] and size == path.stat().st_size
     assert sum(reads) <= 64 * 1024 < size
@@ -160,15 +147,15 @@ def test_tail_lines_edges(tmp_path):
     assert fsio.tail_lines(path, 5, max_bytes=100) == (["last"], 5006)  # the cut line is not shown as a line
 
 
-def test_read_new_lines_follows_whole_lines_and_rotation(tmp_path):
+def test_new_lines_follows_whole_lines_and_rotation(tmp_path):
     path = tmp_path / "m.jsonl"
-    assert fsio.read_new_lines(path, 0) == ([], 0)
+    assert fsio.new_lines(path, 0) == ([], 0)
     path.write_bytes(b"a\nb\nhal")
-    lines, off = fsio.read_new_lines(path, 0)
+    lines, off = fsio.new_lines(path, 0)
     assert lines == [b"a", b"b"] and off == 4
     with open(path, "ab") as f:
         f.write(b"f\nc\n")
-    lines, off = fsio.read_new_lines(path, off)
+    lines, off = fsio.new_lines(path, off)
     assert lines == [b"half", b"c"] and off == 11
     path.write_bytes(b"new\n")  # rotated: shorter than the offset
-    assert fsio.read_new_lines(path, off) == ([b"new"], 4)
+    assert fsio.new_lines(path, off) == ([b"new"], 4)

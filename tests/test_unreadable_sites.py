@@ -14,9 +14,8 @@ import os
 
 import pytest
 
-from minilmd import init_source, safetensors_scan, untrusted
+from minilmd import fsio, init_source, safetensors_scan, untrusted
 from minilmd.corpus import chat
-from minilmd.daemon.base import runstate
 from minilmd.daemon.host import registry
 from minilmd.init_source import InitSource, InitSourceError, InitSourceTooBig, Predecessor
 from minilmd.untrusted import Unreadable
@@ -51,7 +50,7 @@ def test_a_safetensors_file_shorter_when_read_than_when_opened_is_changed(tmp_pa
     assert refusal(lambda: safetensors_scan._read_whole(shrunk, 16, tmp_path / "m.safetensors")).kind == "changed"
 
 
-@pytest.mark.parametrize("read", [lambda p: runstate.tail_lines(p, 5), lambda p: runstate.new_lines(p, 0)],
+@pytest.mark.parametrize("read", [lambda p: fsio.tail_lines(p, 5), lambda p: fsio.new_lines(p, 0)],
                          ids=["tail_lines", "new_lines"])
 def test_a_log_that_fails_while_read_is_io(tmp_path, monkeypatch, read):
     (tmp_path / "attempt-0001.log").write_text("a line\n")
@@ -59,7 +58,7 @@ def test_a_log_that_fails_while_read_is_io(tmp_path, monkeypatch, read):
     def failing_disk(fd, n, offset):
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(runstate, "_pread_all", failing_disk)
+    monkeypatch.setattr(fsio, "_pread_all", failing_disk)
     e = refusal(lambda: read(tmp_path / "attempt-0001.log"))
     assert (e.kind, e.os_error and e.os_error.errno) == ("io", errno.EIO)
 

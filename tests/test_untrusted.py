@@ -6,6 +6,7 @@ Unreadable with a short why, never anything else, never blocks and never reads m
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -235,3 +236,27 @@ def test_copy_regular_refuses_a_listed_size_over_its_bound(tmp_path):
         copy_regular(path, io.BytesIO(), size=100, max_bytes=10)
     out = io.BytesIO()
     assert copy_regular(path, out, size=100, max_bytes=100) == 100 and out.getvalue() == b"x" * 100
+
+
+def test_copy_regular_of_the_first_bytes_reads_no_more_whatever_the_file_is(tmp_path):
+    """`first`: the listed prefix of a file being appended to (initstage's probe split): never more than it read of
+    a longer file, fewer of a shorter one (its caller compares), and a FIFO or a link never opened."""
+    import io
+
+    from minilmd.untrusted import Hashing, copy_regular
+
+    path = tmp_path / "split.bin"
+    path.write_bytes(b"x" * 100 + b"appended")
+    sink = Hashing(io.BytesIO())
+    assert copy_regular(path, sink, first=100, chunk=7) == 100 and sink.keep.getvalue() == b"x" * 100
+    assert sink.sha256.hexdigest() == hashlib.sha256(b"x" * 100).hexdigest()
+    out = io.BytesIO()
+    assert copy_regular(path, out, first=1000) == 108 and out.getvalue() == path.read_bytes()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    kinds = []
+    for name in ("fifo", "zero"):
+        with pytest.raises(Unreadable) as refused:
+            copy_regular(tmp_path / name, io.BytesIO(), first=100)
+        kinds.append(refused.value.kind)
+    assert kinds == ["not_regular", "link"]

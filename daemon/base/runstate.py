@@ -2,7 +2,8 @@
 
 `RunState` is the supervisor's view (typed sections, daemon/base/statesections.py, rewritten atomically so that
 `minilmd status` never reads half a file). `EventLog` appends one JSON line per event and one human line per event
-to supervisor.log (and stdout, for the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally.
+to supervisor.log (and stdout, for the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally
+(minilmd/fsio.py new_lines: no link followed, never blocked, bounded).
 `process_alive` tells a live process from a recycled pid. Torch-free and light: `minilmd status` imports this module.
 
 A full run.dir never raises out of a write here: `RunState.save` and `EventLog.emit` keep going (stdout still gets
@@ -31,22 +32,17 @@ from minilmd.daemon.base.statesections import (
     SupervisorInfo,
     Sync,
 )
-from minilmd.fsio import atomic_write_json
+from minilmd.fsio import atomic_write_json, new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
 from minilmd.perms import own_uid
 from minilmd.procs import process_environ, process_start_ticks  # noqa: F401 - here too: tests import them from here
-from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular, read_json
+from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, read_json
 
 STATE_VERSION = 1
 STATE_MAX_BYTES = 8 << 20
 """state.json is a few KB; one that is bigger is not one (a link to /dev/zero is never opened at all)."""
 HEARTBEAT_MAX_BYTES = 4096
 """The heartbeat is "STEP PHASE": more is not a heartbeat."""
-TAIL_MAX_BYTES = 1 << 20
-"""The most of a log's or metrics.jsonl's end that a view reads for its last lines."""
-NEW_LINES_MAX_BYTES = 16 << 20
-"""The most that one read of a followed file (metrics.jsonl, a log) takes in: what was appended beyond that since
-the last read is skipped, never held (a file someone made huge, or a sparse one of gigabytes)."""
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -321,74 +317,6 @@ class EventLog:
 
 # --- the trainer's outputs -------------------------------------------------------------------------------------
 
-def _pread_all(fd: int, size: int, offset: int) -> bytes:
-    chunks, got = [], 0
-    while got < size:
-        chunk = os.pread(fd, min(size - got, 1 << 20), offset + got)
-        if not chunk:
-            break  # truncated meanwhile
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def _open_or_none(path: str | os.PathLike) -> int | None:
-    """A descriptor of the regular file at path, None when there is none; Unreadable when it is not one."""
-    try:
-        return open_regular(path)
-    except Unreadable as e:
-        if e.missing:
-            return None
-        raise
-
-
-def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = TAIL_MAX_BYTES) -> tuple[list[str], int]:
-    """(the last n lines of a file, its size when read), from at most its last max_bytes: minilmd.fsio.tail_lines
-    for a file anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
-    ([], 0) for a missing file."""
-    fd = _open_or_none(path)
-    if fd is None:
-        return [], 0
-    try:
-        size = os.fstat(fd).st_size
-        start = max(0, size - max_bytes)
-        data = _pread_all(fd, size - start, start)
-    except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
-    finally:
-        os.close(fd)
-    lines = data.decode(errors="replace").splitlines()
-    if start > 0 and lines:
-        lines = lines[1:]  # the first one is cut: it began before what was read
-    return (lines[-n:] if n > 0 else []), size
-
-
-def new_lines(path: str | os.PathLike, offset: int,
-              max_bytes: int = NEW_LINES_MAX_BYTES) -> tuple[list[bytes], int]:
-    """(complete lines added since `offset`, the offset after the last of them), as minilmd.fsio.read_new_lines,
-    but never more than the last max_bytes of what was added (the rest is skipped) and only from a regular file
-    (Unreadable otherwise). A file that shrank is read from its start again; a missing one gives ([], offset)."""
-    fd = _open_or_none(path)
-    if fd is None:
-        return [], offset
-    try:
-        size = os.fstat(fd).st_size
-        offset = 0 if size < offset else offset
-        skipped = size - offset > max_bytes
-        if skipped:
-            offset = size - max_bytes
-        data = _pread_all(fd, size - offset, offset)
-    except OSError as e:
-        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
-    finally:
-        os.close(fd)
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], offset
-    lines = data[:end].splitlines()
-    return (lines[1:] if skipped else lines), offset + end + 1  # after a skip the first line is cut
-
-
 def json_records(lines: list[bytes] | list[str]) -> list[dict]:
     """The JSON objects among lines of a JSON-lines file (depth-bounded: minilmd/untrusted.py `loads`); a torn or
     foreign line is skipped."""
@@ -423,7 +351,7 @@ class MetricsTail:
 def _heartbeat(run_dir: Path) -> tuple[float, list[str]] | None:
     """(mtime, words) of the heartbeat file, None when there is none or it is not a small regular file."""
     try:
-        fd = _open_or_none(run_dir / names.HEARTBEAT)
+        fd = open_regular_or_none(run_dir / names.HEARTBEAT)
     except Unreadable:
         return None
     if fd is None:

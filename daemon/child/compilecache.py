@@ -24,6 +24,7 @@ from pathlib import Path
 
 from minilmd.fsio import tail_lines
 from minilmd.perms import owned_by_me
+from minilmd.untrusted import Unreadable
 
 CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 """Each cache variable and its directory under the run's compile cache."""
@@ -62,7 +63,7 @@ def loader_complaint(log_path: Path) -> tuple[str, str] | None:
     damaged; None if there is none."""
     try:
         lines = tail_lines(log_path, TAIL_LINES, max_bytes=TAIL_BYTES)[0]
-    except OSError:
+    except Unreadable:  # a FIFO or a link put there: never opened
         return None
     for line in reversed(lines):
         for damage in DAMAGED_ELF:

@@ -29,6 +29,7 @@ from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache
 from minilmd.daemon.child.orphans import REAP_S, record_launch
 from minilmd.fsio import tail_lines
+from minilmd.untrusted import Unreadable
 
 RUN_DIR_ENV = names.RUN_DIR_ENV
 """Set on every child: the absolute run directory. How an orphaned trainer is recognised after a supervisor crash."""
@@ -356,7 +357,7 @@ def _injected(run_dir: Path, started: float, kind: str) -> str:
         if path.stat().st_mtime < started - 1:
             return ""  # an earlier attempt's
         last = tail_lines(path, 1, max_bytes=4096)[0]
-    except OSError:
+    except (OSError, Unreadable):  # a FIFO or a link put there: never opened
         return ""
     fired = last[-1].strip() if last else ""
     return f" (injected by {names.FAULT_ENV}: {fired})" if fired.partition("@")[0] == kind else ""
@@ -380,7 +381,7 @@ def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:
     trainer's words. A last line longer than the limit keeps its start, cut after a word and marked " …"."""
     try:
         lines = [ln.strip() for ln in tail_lines(path, 50, max_bytes=8192)[0]]
-    except OSError:
+    except Unreadable:  # a FIFO or a link put there: never opened
         return ""
     lines = [ln for ln in lines if ln and not ln.startswith(SUPERVISOR_LINE)][-n:]
     if not lines:
@@ -398,7 +399,7 @@ def _last_lines(path: Path, n: int = 3, limit: int = 400) -> str:
 def _torchrun_worker_signal(log_path: Path) -> int | None:
     try:
         tail = "\n".join(tail_lines(log_path, 1 << 20, max_bytes=16384)[0])
-    except OSError:
+    except Unreadable:  # a FIFO or a link put there: never opened
         return None
     m = re.findall(r"exitcode\s*:\s*-(\d+)", tail)
     return int(m[-1]) if m else None

@@ -20,7 +20,6 @@ Torch-free; the blocking job of daemon/jobs/stagingworker.py.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Callable
@@ -46,38 +45,24 @@ MAX_META_BYTES = 64 * 1024 * 1024
 
 
 def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None) -> tuple[int, str]:
-    """Copy src (its first `size` bytes when given: an append writes a split's tail before its meta.json) to dest,
-    hashing as it goes, `answered()` after each chunk read; (bytes, sha256). Opened as untrusted (another user's
-    run or share: a link swapped in is not followed, a FIFO never opened, so never blocks): `_unusable` says
-    what it finds is; an OSError (the source's or dest's) for the caller to call unreachable; SourceUnreachable for
-    a file that grows while copied whole (never copied without end)."""
-    from minilmd.untrusted import Unreadable, open_regular
+    """Copy src to dest through untrusted.copy_regular (no link followed, never blocked, bounded), hashing as it
+    goes, `answered()` after each block read; (bytes, sha256). With `size`, its first `size` bytes (an append writes
+    a split's tail before its meta.json: it may be longer; a shorter one gives fewer, for the caller to compare with
+    the listing); without, whole as it is now (what the room in scratch was counted for: one that grows while read
+    is `changed`, never copied without end). What else the source is: `_unusable`; an OSError of dest's for the
+    caller to call unreachable."""
+    from minilmd.untrusted import Hashing, Unreadable, copy_regular
 
-    try:
-        fd = open_regular(src)
-    except Unreadable as e:
-        raise _unusable(e, src) from None
-    h, done = hashlib.sha256(), 0
-    with os.fdopen(fd, "rb") as f:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with open(dest, "wb") as out:
-            # Whole: the size it has now (what the room in scratch was counted for) and one byte more, to see it
-            # grow.
-            limit = size if size is not None else os.fstat(f.fileno()).st_size
-            read_up_to = limit if size is not None else limit + 1
-            while done < read_up_to:
-                chunk = f.read(min(CHUNK, read_up_to - done))
-                if not chunk:
-                    break
-                answered()
-                out.write(chunk)
-                h.update(chunk)
-                done += len(chunk)
-            if done > limit:
-                raise SourceUnreachable(f"{src}: grew while being copied (written to now?)")
-            out.flush()
-            os.fsync(out.fileno())
-    return done, h.hexdigest()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "wb") as out:
+        sink = Hashing(_Answering(out, answered))
+        try:
+            done = copy_regular(src, sink, first=size, chunk=CHUNK)
+        except Unreadable as e:
+            raise _unusable(e, src) from None
+        out.flush()
+        os.fsync(out.fileno())
+    return done, sink.sha256.hexdigest()
 
 
 def _unusable(e, src: Path) -> SourceUnreachable | SourceInvalid:

@@ -222,7 +222,9 @@ class _Copier:
 
     def _copy_once(self, rel: str, dest: Path, listed: int, keep: int = 0) -> tuple[int, str]:
         """Copy the first `listed` bytes of the source file (it may be longer: an append writes its tail before
-        its meta.json); with keep, after dest's first `keep` bytes, which are hashed, not fetched."""
+        its meta.json); with keep, after dest's first `keep` bytes, which are hashed, not fetched. Its own loop, not
+        untrusted.copy_regular's: the source may be a remote's fsspec file (copy_regular opens a local path), the
+        copy resumes after `keep`, and each read's OSError is told from scratch's writes (_source_reads)."""
         h = hashlib.sha256()
         size = 0
         part = dest.with_name(dest.name + ".part")

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.base.runstate import json_records, read_state, tail_lines
+from minilmd.daemon.base.runstate import json_records, read_state
+from minilmd.fsio import tail_lines
 from minilmd.untrusted import Unreadable
 
 NOT_RESTARTS = ("done", "stopped")

@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.base.runstate import fmt_time, new_lines, tail_lines
+from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
+from minilmd.fsio import new_lines, tail_lines
 from minilmd.untrusted import Unreadable, printable
 
 NOT_A_RUN = 2
@@ -265,7 +266,7 @@ def _attempt_logs(run_dir: Path) -> list[Path]:
 
 def _tail(path: Path, n: int) -> tuple[str, int]:
     """The last n lines of a file and the offset of its end (read from at most its last MiB, a regular file only:
-    daemon/base/runstate.py tail_lines); a file that is not one is "unreadable (why)"."""
+    minilmd/fsio.py tail_lines); a file that is not one is "unreadable (why)"."""
     try:
         lines, size = tail_lines(path, n)
     except Unreadable as e:
