@@ -278,18 +278,9 @@ def test_the_dpo_part_is_not_started_without_its_minimum_of_the_budget(tmp_path)
 
 
 def test_a_parts_timeout_is_cut_to_the_budget_left():
-    import importlib.util
-    from importlib.machinery import SourceFileLoader
+    from gpu_check_scripts import load_scripts
 
-    loader = SourceFileLoader("gpu_check_script", str(SCRIPT))  # a script without .py: named, loaded, not run
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    check = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        loader.exec_module(check)
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    check, _ = load_scripts()
     assert check.part_timeout("4 compiled", None) == check.TIMEOUTS["4 compiled"] == 300
     assert check.part_timeout("4 compiled", 1000.0) == 300
     assert check.part_timeout("4 compiled", 75.5) == 75.5

@@ -4,33 +4,18 @@ share, so one part overrunning is cut there and the parts after it keep theirs; 
 (MINILMD_GPU_CHECK_PART_S) leaves work out and says so."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
 
+from gpu_check_scripts import load_scripts
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 BUDGET = 480.0
-
-
-def load_scripts():
-    """scripts/gpu-check (a script without .py: loaded, not run) and gpu_check_plan beside it."""
-    loader = SourceFileLoader("gpu_check_script", str(SCRIPTS / "gpu-check"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    check = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        loader.exec_module(check)
-        import gpu_check_plan as plan
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return check, plan
 
 
 def device_order(variable: str = "order") -> list[str]:
