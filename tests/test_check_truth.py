@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -24,7 +26,7 @@ from minilmd.config import load_config
 from minilmd.daemon.jobs.staging import stage
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.protocol import SUPERVISOR_CONFIG
-from supervisor_helpers import cli, events, run_supervisor, write_config
+from supervisor_helpers import cli, env_for, events, run_supervisor, write_config
 
 
 def _set(key: str, value: str) -> list[str]:
@@ -114,3 +116,72 @@ def test_a_corpus_too_small_for_one_packed_window_is_refused_at_check_and_launch
     assert "(0 windows)" in logged
     assert f"warning: the train split has {meta['splits']['train']['tokens']:,} tokens; packed mode needs" in logged
 
+
+# --- 3. train.device without an NVIDIA driver -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_cuda_without_a_driver_is_refused_and_auto_says_it_trains_on_the_cpu(tmp_path, corpus):
+    from minilmd.daemon.host.nvml import open_nvml_or_reason
+
+    why = open_nvml_or_reason()
+    if not isinstance(why, str):
+        why.close()
+        pytest.skip("this machine has an NVIDIA driver")
+    config = write_config(tmp_path, corpus, remote=False)
+    cuda = ["--set", 'train.device="cuda"']
+    for args, timeout in ((("run", "--check", str(config), *cuda), 60), (("run", str(config), *cuda), 120)):
+        out = cli(*args, timeout=timeout)
+        text = out.stdout + out.stderr
+        assert out.returncode == SUPERVISOR_CONFIG and f"train.device = cuda, but {why}" in text, text
+    assert not load_config(config).run_dir.exists()
+    auto = cli("run", "--check", str(config), "--set", 'train.device="auto"')
+    assert auto.returncode == 0 and f"note: train.device = auto trains on the CPU here ({why})" in auto.stdout, \
+        auto.stdout + auto.stderr
+    cpu = cli("run", "--check", str(config), "--set", 'train.device="cpu"')
+    assert cpu.returncode == 0 and "trains on the CPU here" not in cpu.stdout, cpu.stdout + cpu.stderr
+
+
+# --- 5. another supervisor owns the run -------------------------------------------------------------------------------
+HOLD_THE_LOCK = """
+import sys, time
+from minilmd.daemon.host.lock import RunLock
+RunLock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_check_names_the_supervisor_that_owns_the_run(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, remote=False)
+    cfg = load_config(config)
+    assert cli("run", "--check", str(config)).returncode == 0
+    assert not cfg.run_dir.exists()  # --check creates neither the run directory nor its lock
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(cfg.run_dir)], stdout=subprocess.PIPE,
+                              text=True, env=env_for())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        out = cli("run", "--check", str(config))
+        text = out.stdout + out.stderr
+        assert out.returncode == SUPERVISOR_CONFIG, text
+        assert f"run already owned by another supervisor: pid {holder.pid} on " in text, text
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli("run", "--check", str(config)).returncode == 0  # the lock file left behind is held by nobody
+
+
+# --- 6. no run.remote: the checkpoints stay in scratch ----------------------------------------------------------------
+@pytest.mark.slow
+def test_without_a_remote_check_and_status_say_the_checkpoints_stay_only_in_scratch(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, remote=False)
+    cfg = load_config(config)
+    shown = cli("run", "--check", str(config))
+    assert shown.returncode == 0, shown.stderr
+    assert f"note: no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir})" in shown.stdout
+    with_remote = write_config(tmp_path, corpus, name="r", remote=True)
+    assert "no run.remote" not in cli("run", "--check", str(with_remote)).stdout
+
+    assert run_supervisor(config, tmp_path) == 0, (tmp_path / "supervisor.out").read_text()[-2000:]
+    status = cli("status", str(cfg.run_dir)).stdout
+    assert f"remote: none configured (checkpoints only in scratch, the newest at {cfg.checkpoint_dir}" in status, \
+        status
