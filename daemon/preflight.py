@@ -11,8 +11,9 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 `launch()` (after `minilmd run` has re-executed itself once with the run's identity in its environment,
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
-to lease in (daemon/host/gpu.py), and that a local run.remote lies where no other user can rearrange it and holds no
-other user's LATEST, BEST or init.
+to lease in (daemon/host/gpu.py), that train.device = "cuda" has an NVIDIA driver to use, that a local run.remote
+lies where no other user can rearrange it and holds no other user's LATEST, BEST or init, and that no other
+supervisor owns the run (its supervisor.lock).
 Torch-free.
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ from __future__ import annotations
 from minilmd import names, perms, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
-from minilmd.daemon.host.gpu import lock_dir_problems
+from minilmd.daemon.host.gpu import device_problems, lock_dir_problems
+from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.init_source import STAGED_DIR as INIT_DIR
@@ -39,8 +41,20 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None) -> tu
     waits: list[str] = []
     cfg = load_checked(config_path, overrides, waits=waits,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
-                       + remote_place_problems(cfg) + remote_entry_problems(cfg) + _epoch_without_budget(cfg))
+                       + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
+                       + _epoch_without_budget(cfg) + owner_problems(cfg))
     return cfg, waits
+
+
+def owner_problems(cfg: RunConfig) -> list[str]:
+    """Another live supervisor holds the run's supervisor.lock (daemon/host/lock.py lock_holder: a non-blocking
+    probe that creates nothing): the launch would exit 2 on it, so --check does. Runs before this process takes
+    the lock (the launch takes it after these checks)."""
+    try:
+        holder = lock_holder(cfg.run_dir) if cfg.run.dir else None
+    except OSError:  # run.dir not readable: its own check says so
+        return []
+    return [str(LockHeld(holder.pid, holder.host, holder.since, cfg.run_dir / names.LOCK))] if holder else []
 
 
 def _epoch_without_budget(cfg: RunConfig) -> list[str]:

@@ -101,6 +101,7 @@ def determinism_env(deterministic: bool) -> dict[str, str]:
 
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared
+STAGED_CORPUS_SOURCE = "corpus.source"  # the data.prepared the staged copy was made from (minilmd/shared_place.py)
 CHECKPOINTS = "checkpoints"  # the local checkpoint root
 STAGING_TMP_PREFIX = ".tmp-corpus-"  # .tmp-corpus-<pid>: a staging in progress
 STAGING_OLD_PREFIX = ".old-corpus-"  # .old-corpus-<pid>: a damaged staged copy whose good files are reused

@@ -31,7 +31,8 @@ from minilmd.init_source import (
     predecessor_outcome,
 )
 from minilmd.names import CORPUS_META, RUN_DIR_ENV, STATE
-from minilmd.shared_place import Place, look
+from minilmd.rowcount import kind_of_rows, packed_too_small
+from minilmd.shared_place import Place, gone_or_typo, look, staged_from
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
@@ -125,17 +126,27 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     at a first launch, but its share gone or not mounted (an NFS outage, a mount not back yet after a reboot) at
     the restart of a run that has started before (its state.json is there): with `waits`, no problem but a line
     there, since staging trains from the verified copy in scratch or waits for the share (daemon/jobs/staging.py),
-    as at any other restart."""
+    as at any other restart. Unless it is a typo: a data.prepared other than the one the staged copy was made from
+    (minilmd/shared_place.py staged_from) that is not there while the directory above it holds other entries
+    (shared_place.gone_or_typo): refused, as at a first launch, never trained from the old copy nor waited for."""
     answered, found, _ = bounded_probe(_check_prepared_dir, cfg)
     if not answered:
         return []
     problems, absent = found
-    if absent and waits is not None and _has_started(cfg):
-        waits.append(f"data.prepared = {cfg.data.prepared!r} {absent}: this run has started before, so it trains "
-                     f"from the verified copy in scratch, or waits for the share (`minilmd status`: \"corpus "
-                     f"source unreachable since ..., retrying\")")
-        return []
-    return problems
+    if not (absent and waits is not None and _has_started(cfg)):
+        return problems
+    prepared, copied = cfg.data.prepared, staged_from(cfg.scratch_dir)
+    if copied != prepared and (typo := bounded_probe(gone_or_typo, prepared)[1]):
+        if copied is None:
+            return [f"data.prepared = {prepared!r}: not there ({typo}), and scratch holds no copy staged from it: "
+                    f"a typo? (run `minilmd prepare` first)"]
+        return [f"data.prepared = {prepared!r}: data.prepared changed and is not there ({typo}); this run staged "
+                f"{copied!r} before: a typo?"]
+    then = "trains from the verified copy in scratch, or waits for the share" if copied == prepared else \
+        "waits for the share" + (" (the copy in scratch is of another corpus)" if copied is not None else "")
+    waits.append(f"data.prepared = {prepared!r} {absent}: this run has started before, so it {then} (`minilmd "
+                 f"status`: \"corpus source unreachable since ..., retrying\")")
+    return []
 
 
 def corpus_out_of_reach(cfg: RunConfig) -> str:
@@ -196,20 +207,34 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
         p.append(f"data.prepared = {prepared!r}: its val split is empty ({val_docs} documents, {val_tokens} tokens), "
                  f"so there is no validation loss: prepare it again with a larger --val-fraction"
                  + (f" (it was {fraction})" if fraction is not None else ""))
+    train_tokens = meta_value(meta, "splits", "train", "tokens")
+    if not unread and _cuts_windows(cfg, data_format_of(meta)) and isinstance(train_tokens, int) and \
+            (too_small := packed_too_small(train_tokens, cfg.train.seq_len)):
+        p.append(f"data.prepared = {prepared!r}: {too_small}")
     return p, ""
+
+
+def _cuts_windows(cfg: RunConfig, data_format: str) -> bool:
+    """The run cuts packed windows of seq_len tokens from the train stream (rowcount.kind_of_rows "windows"), not a
+    preference corpus's pairs (plan/epoch.py)."""
+    return data_format != "dpo" and kind_of_rows(cfg.data.mode, cfg.data.doc_mask, data_format == "chat") == "windows"
 
 
 def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     """_check_init on shared storage. A source that cannot be reached now (minilmd.init_source.resolve decides:
     InitSourceUnreachable), or that does not answer: with `waits`, no problem, a line there (the supervisor waits
     for it in staging, as at a restart); without, the problem it is to a reader that cannot wait (a stall is left
-    to the trainer's own read, as before)."""
+    to the trainer's own read, as before). At a first launch (no state.json yet), a path that is not there while
+    the directory above it holds other entries (minilmd/shared_place.py gone_or_typo) is a typo, refused as a
+    missing data.prepared is, not waited for without end."""
     answered, found, why = bounded_probe(_check_init, cfg)
     problems, unreachable = found if answered else ([], why)
     if unreachable is None:
         return problems
     if waits is None:
         return problems + ([f"init.from = {cfg.init.from_!r}: {unreachable}"] if answered else [])
+    if answered and not _has_started(cfg) and (typo := bounded_probe(gone_or_typo, cfg.init.from_)[1]):
+        return problems + [f"init.from = {cfg.init.from_!r}: {unreachable} ({typo}): a typo?"]
     waits.append(f"init.from = {cfg.init.from_!r} cannot be reached now ({unreachable}): the run waits for it, "
                  f"retrying with backoff (`minilmd status`: \"init source unreachable since ..., retrying\")")
     return problems

@@ -13,6 +13,24 @@ def packed_windows(n_tokens: int, seq_len: int) -> int:
     return max(0, (n_tokens - seq_len + 1) // seq_len)
 
 
+def kind_of_rows(mode: str, doc_mask: bool, chat: bool) -> str:
+    """What a row of `data.mode` is (plan/samplers.row_kind, which refuses the ""): "windows" (packed),
+    "conversations" (packed with doc_mask on a chat corpus), "padded" or "bucketed" (one document per row); "" for a
+    mode there is not."""
+    if mode == "packed":
+        return "conversations" if doc_mask and chat else "windows"
+    return mode if mode in ("padded", "bucketed") else ""
+
+
+def packed_too_small(n_tokens: int, seq_len: int) -> str:
+    """Why a train split of `n_tokens` holds no packed window at `seq_len` ("" when it holds one): the sampler's
+    refusal (minilmd/plan/samplers.py), the config check's (minilmd/probes.py) and prepare's warning."""
+    if packed_windows(n_tokens, seq_len) > 0:
+        return ""
+    return (f"the train split has {n_tokens:,} tokens; packed mode needs at least 2 x seq_len = {2 * seq_len:,} "
+            f"(lower train.seq_len or prepare a larger corpus)")
+
+
 def full_buckets(n_docs: int, bucket: int) -> int:
     """Rows of one epoch of bucketed mode: the documents of the full buckets (n_docs % bucket sit each epoch out)."""
     return n_docs - n_docs % bucket

@@ -17,17 +17,26 @@ config error to the fourth; a file where the directory belongs was waited for wi
   own error about it stands: a link or a FIFO by that name is its reader's to refuse).
 Nothing in the place is opened or followed beyond its own name: an lstat of the expected name, a stat of the place,
 the first entry of its listing. Standard library only; an fsspec filesystem is passed in, never imported.
+
+A place not there at all is the share gone only when nothing says it is a typo; two things do (`gone_or_typo`,
+for the config check's decision between waiting and refusing, exit 2): the nearest directory above it that is there
+holds other entries (a share that is mounted, and lacks that name: an unmounted mount point reads as its empty stub),
+and, for the corpus of a run that has staged before, a data.prepared other than the one its staged copy was made
+from (`staged_from`, the record `<scratch>/corpus.source` staging writes beside the copy): a run restarted while
+its share is gone trains from that copy, never from one of another corpus.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from dataclasses import dataclass
 from enum import Enum
 
-from minilmd.fsio import is_local_fs
-from minilmd.untrusted import file_kind, printable
+from minilmd.fsio import atomic_write_text, is_local_fs
+from minilmd.names import STAGED_CORPUS_SOURCE
+from minilmd.untrusted import Unreadable, file_kind, printable, read_bytes
 
 
 class Place(Enum):
@@ -131,3 +140,54 @@ def _look_in_store(fs, root: str, expected: str) -> Look:
     except OSError as e:
         return _unreadable(e)
     return Look(Place.LACKS, f"no {expected}") if holds else Look(Place.EMPTY, "empty", "not reachable?")
+
+
+def gone_or_typo(path: str | os.PathLike) -> str:
+    """Why a local `path` that is not there reads as a typo rather than its share gone: "" when it does not (it is
+    there, or a link: one to nowhere is its share gone; or the nearest directory above it that is there is empty,
+    an unmounted mount point's stub, or cannot be looked at: a share that fails), else what says so ("/nfs/corpora
+    holds other entries, but no wiki2")."""
+    child = os.path.abspath(os.fspath(path))
+    try:
+        os.lstat(child)
+        return ""
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError:
+        return ""  # cannot be looked at: an outage, not a typo
+    parent = os.path.dirname(child)
+    while parent != child:
+        try:
+            with os.scandir(parent) as entries:
+                holds = next(entries, None) is not None
+        except (FileNotFoundError, NotADirectoryError):
+            child, parent = parent, os.path.dirname(parent)
+            continue
+        except OSError:
+            return ""
+        return f"{printable(parent)} holds other entries, but no {printable(os.path.basename(child))}" if holds else ""
+    return ""
+
+
+MAX_RECORD_BYTES = 64 * 1024
+
+
+def staged_from(scratch_dir: str | os.PathLike) -> str | None:
+    """The data.prepared the staged corpus in `scratch_dir` was made from (its record), None when unknown (no
+    record: nothing staged, or staged by a version before the record)."""
+    try:
+        raw = read_bytes(os.path.join(os.fspath(scratch_dir), STAGED_CORPUS_SOURCE), max_bytes=MAX_RECORD_BYTES)
+    except (Unreadable, OSError):
+        return None
+    return raw.decode("utf-8", errors="replace")
+
+
+def record_staged_from(scratch_dir: str | os.PathLike, source: str | None) -> None:
+    """Write the record `staged_from` reads: the staged copy in `scratch_dir` is of `source` (staging, once it has
+    a verified copy of what the source holds now); None removes it (before another copy takes the staged name)."""
+    path = os.path.join(os.fspath(scratch_dir), STAGED_CORPUS_SOURCE)
+    if source is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    atomic_write_text(path, source)

@@ -23,8 +23,20 @@ def _fake_pth(where: Path) -> Path:
     return where
 
 
+def _unmount(share: Path) -> None:
+    """The share's files gone, its mount point left as the empty stub an unmounted share reads as (a path that is
+    not there beside other entries is a typo at a first launch: tests/test_check_truth.py)."""
+    os.rename(share, share.with_name(share.name + ".gone"))
+    share.mkdir()
+
+
+def _mount(share: Path) -> None:
+    share.rmdir()
+    os.rename(share.with_name(share.name + ".gone"), share)
+
+
 def test_the_config_check_waits_for_an_init_from_it_cannot_reach_and_refuses_one_there_and_wrong(tmp_path, corpus):
-    """One decision (minilmd.init_source.resolve): a share gone (its directory is not there) is a wait for the
+    """One decision (minilmd.init_source.resolve): a share gone (not mounted: its files are not there) is a wait for the
     supervisor's check, a problem for a reader that cannot wait (the trainer alone); a file there that is no .pth
     stays a config error. On main the first was a final exit 2 at the supervisor's check."""
     from minilmd.config import ConfigError
@@ -33,7 +45,7 @@ def test_the_config_check_waits_for_an_init_from_it_cannot_reach_and_refuses_one
 
     base = _fake_pth(tmp_path / "share" / "base.pth")
     config = write_config(tmp_path, corpus, remote=False, init={"from": str(base)})
-    os.rename(tmp_path / "share", tmp_path / "share.gone")  # the mount vanished: the parent is gone too
+    _unmount(tmp_path / "share")  # the share not mounted: its mount point an empty stub
     _, waits = preflight.check_with_waits(str(config))
     (line,) = waits
     assert str(base) in line and "no such file or directory" in line and "waits for it" in line, line
@@ -89,8 +101,7 @@ def test_an_init_from_whose_share_is_gone_at_the_first_launch_is_waited_for(tmp_
     """On main: `run --check` and `run` exited 2 (\"no such file or directory\"), final."""
     base = _fake_pth(tmp_path / "share" / "base.pth")
     config = write_config(tmp_path, corpus, remote=False, init={"from": str(base)})
-    _waits_then_finishes(tmp_path, config, lambda: os.rename(tmp_path / "share", tmp_path / "share.gone"),
-                         lambda: os.rename(tmp_path / "share.gone", tmp_path / "share"),
+    _waits_then_finishes(tmp_path, config, lambda: _unmount(tmp_path / "share"), lambda: _mount(tmp_path / "share"),
                          "init source unreachable since")
 
 

@@ -75,7 +75,7 @@ def test_stage_copies_verifies_and_reports_progress(source, tmp_path):
     total = sum((source / rel).stat().st_size for rel in FILES)
     assert seen[-1].done_bytes == seen[-1].total_bytes == total
     assert seen[-1].rate_bytes_s > 0 and "100%" in seen[-1].describe()
-    assert [p.name for p in (tmp_path / "shm").iterdir()] == ["corpus"]  # no temp names left
+    assert sorted(p.name for p in (tmp_path / "shm").iterdir()) == ["corpus", "corpus.source"]  # no temp names left
 
 
 def test_verified_copy_is_reused_without_copying(source, tmp_path):

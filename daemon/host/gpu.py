@@ -204,6 +204,31 @@ def lock_dir_problems(cfg: RunConfig) -> list[str]:
     return [f"gpu.lock_dir: {problem}"]
 
 
+def device_problems(cfg: RunConfig) -> list[str]:
+    """For `run --check` and the launch (daemon/preflight.py): train.device = "cuda" where NVML cannot start (no
+    driver, no nvidia-ml-py): the launch's GPU wait (daemon/phases/gpuwait.py) stops at once with the same words."""
+    if cfg.train.device != "cuda":
+        return []
+    return [f"train.device = cuda, but {why}"] if (why := _no_nvml()) else []
+
+
+def cpu_fallback(cfg: RunConfig) -> str:
+    """For `run --check`: why train.device = "auto" trains on the CPU here (no NVML: no GPU is ever admitted), ""
+    when it does not (NVML starts, or the device is set)."""
+    if cfg.train.device != "auto" or not (why := _no_nvml()):
+        return ""
+    return f"train.device = auto trains on the CPU here ({why}): set train.device = \"cuda\" to refuse that"
+
+
+def _no_nvml() -> str:
+    """Why NVML cannot start here (open_nvml_or_reason's sentence), "" when it can (then closed again)."""
+    nvml = open_nvml_or_reason()
+    if isinstance(nvml, str):
+        return nvml
+    nvml.close()
+    return ""
+
+
 def _lease_key(index: int, uuid: str) -> str:
     # Drivers before R470 named MIG instances "MIG-GPU-<uuid>/<gi>/<ci>": no "/" in a lock file's name.
     return uuid.replace("/", "-") if uuid else f"index-{index}"

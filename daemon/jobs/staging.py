@@ -11,7 +11,8 @@ is to train from a copy in RAM (or on local disk). Rules:
 - copy each file to a temporary name, hashing while copying; retry a failed or short copy with backoff;
 - a source that cannot be read (its meta.json, or a file after the retries: EIO, ESTALE, the share gone, an empty
   directory: a mount point whose share is not mounted) raises SourceUnreachable, waited for by the supervisor,
-  unless a verified staged copy is there to train from; a source that is read and wrong (a directory of other files
+  unless a verified staged copy of that same source (its record, `<scratch>/corpus.source`) is there to train
+  from; a source that is read and wrong (a directory of other files
   without meta.json, a file that stays short) is SourceInvalid or StagingError;
 - the final name `<scratch>/corpus` only ever holds a copy whose sizes and sha256 matched `meta.json` and whose
   invariants `minilmd.corpus.format.verify_prepared` accepted (the whole directory is published by a rename at the end);
@@ -41,7 +42,7 @@ from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
-from minilmd.shared_place import Place, look
+from minilmd.shared_place import Place, look, record_staged_from, staged_from
 from minilmd.untrusted import Unreadable, open_regular, read_bytes
 
 CHUNK = 8 * 1024 * 1024
@@ -310,6 +311,8 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
         if not (final.is_dir() and not os.path.islink(final)):
             raise
         scratchmod.ensure_held(scratch)  # this run's scratch still, before anything in it is trusted
+        if staged_from(scratch) != source:  # a copy of another data.prepared (or unknown): never trained from
+            raise SourceUnreachable(f"{e}; the copy in scratch is not of this source") from None
         if verify_staged(final):
             raise
         log(f"staging: the corpus source cannot be read ({e}): training from its verified copy at {final}")
@@ -328,6 +331,7 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
         problems = verify_staged(final) if same_source else ["the source's meta.json changed since it was staged"]
         if not problems:
             log(f"staging: reusing verified copy at {final}")
+            record_staged_from(scratch, source)
             return final
         log(f"staging: existing copy at {final} is not usable: " + "; ".join(problems[:5]))
         scratchmod.ensure_held(scratch)  # again right before the removal: it must be this run's scratch still
@@ -369,7 +373,9 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
         problems = verify_prepared(tmp)
         if problems:
             raise SourceInvalid(f"{source}: the copied corpus fails its checks: " + "; ".join(problems[:5]))
+        record_staged_from(scratch, None)  # no moment where the record names another copy than the one there
         publish_dir(tmp, final)
+        record_staged_from(scratch, source)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -164,8 +164,9 @@ def _checkpoints_line(state: StateJson, t: float) -> str:
     line = "  local checkpoint: " + (
         f"step {local.step} ({'fetched from the remote ' if local.fetched else ''}"
         f"{_ago(t, local.time)})" if local and local.time else "none")
-    if sync.state == "off":
-        return line + "   remote: none configured"
+    if sync.state == "off":  # where the only copy is: a scratch in /dev/shm is lost at a reboot
+        where = f", the newest at {local.path}" if local and local.path else ""
+        return line + f"   remote: none configured (checkpoints only in scratch{where}: a reboot may lose them)"
     line += "   remote: " + (f"step {remote.step} ({_ago(t, remote.time)}, "
                              f"{'verified' if remote.verified else 'NOT verified'})"
                              if remote and remote.time else "none")

@@ -40,6 +40,8 @@ def run_command(
         typer.echo(lr_line(cfg))  # the rate the trainer will run at, and where it comes from
         for line in waits:
             typer.echo(f"waits: {line}")
+        for line in _notes(cfg):
+            typer.echo(f"note: {line}")
         from minilmd.daemon.jobs.remotewait import check_line
 
         if line := check_line(cfg, fresh):  # no checkpoint in scratch, the remote out of reach: wait, or step 0
@@ -74,3 +76,16 @@ def _init_wait(cfg) -> str:
         return ""
     pred = predecessor(cfg.init.from_)
     return predecessor_outcome(pred)[1] if pred is not None else ""
+
+
+def _notes(cfg) -> list[str]:
+    """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
+    "auto" and no NVIDIA driver: daemon/host/gpu.py), keep its checkpoints only in scratch (no run.remote)."""
+    from minilmd.daemon.host.gpu import cpu_fallback
+
+    notes = [why] if (why := cpu_fallback(cfg)) else []
+    if not cfg.run.remote:
+        notes.append(f"no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir}), which a reboot "
+                     f"(/dev/shm), a scratch cleaner or a lost node takes with them; set run.remote to a directory "
+                     f"on persistent storage to keep a copy")
+    return notes

@@ -43,7 +43,7 @@ from minilmd.plan.bucketing import BucketedSampler, DocumentRows, PaddedSampler
 from minilmd.plan.docmask import piece_targets, window_positions
 from minilmd.plan.docpacking import PackedConversationsSampler
 from minilmd.plan.sampler_base import Batch, DataError, Sampler, _generator
-from minilmd.rowcount import packed_windows
+from minilmd.rowcount import kind_of_rows, packed_too_small, packed_windows
 
 VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
 MODES = ("packed", "padded", "bucketed")
@@ -53,11 +53,10 @@ _STREAM_VALIDATION = 1
 def row_kind(mode: str, doc_mask: bool, chat: bool) -> str:
     """Which sampler cuts the rows of `data.mode`: "windows" (packed), "conversations" (packed with doc_mask on a
     chat corpus: padding-free SFT), "padded" or "bucketed" (one document per row). make_sampler and the core's
-    count of an epoch (minilmd/plan/epoch.py) both follow it."""
-    if mode == "packed":
-        return "conversations" if doc_mask and chat else "windows"
-    if mode in ("padded", "bucketed"):
-        return mode
+    count of an epoch (minilmd/plan/epoch.py) both follow it (minilmd/rowcount.py's rule, which the config check
+    asks too)."""
+    if kind := kind_of_rows(mode, doc_mask, chat):
+        return kind
     raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(MODES)}")
 
 
@@ -93,8 +92,7 @@ class PackedSampler(Sampler):
         super().__init__(packed_windows(self.n_tokens, seq_len), seq_len, seed, offset_range=seq_len)
 
     def _too_small_message(self, seq_len: int) -> str:
-        return (f"the train split has {self.n_tokens:,} tokens; packed mode needs at least 2 x seq_len = "
-                f"{2 * seq_len:,} (lower train.seq_len or prepare a larger corpus)")
+        return packed_too_small(self.n_tokens, seq_len)
 
     def window_starts(self, positions: np.ndarray) -> np.ndarray:
         idx, offsets = self.order.items(positions)

@@ -18,6 +18,7 @@ from minilmd.corpus_meta import DATA_FORMATS, FORMAT, MASKED_FORMATS
 from minilmd.fsio import sha256_file
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
+from minilmd.rowcount import packed_too_small
 
 MIN_VAL_CONVERSATIONS = 64
 """Fewer val conversations than this (data.val_windows' default: the rows a val loss reads) are warned of: a
@@ -124,6 +125,9 @@ def report(meta: dict, log) -> None:
         _report_chat(meta, log)
     else:
         log(corpus_stats.format_report("train", stats["train"]))
+        train = stats["train"]
+        if too_small := packed_too_small(train["lengths"]["tokens"], train["seq_len"]):  # 0 windows: a warning
+            log(f"warning: {too_small}: a packed run on it fails at its start (`minilmd run --check` says so)")
     if meta["data_format"] == "dpo":
         for line in report_pairs(meta):
             log(line)
