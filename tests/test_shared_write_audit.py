@@ -87,6 +87,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_make_private_dir", "os.mkdir"): 1, ("claim", ".mkdir"): 1, ("_write_marker", "open"): 1,
         ("_write_marker", "os.link"): 1, ("_write_marker", ".unlink"): 1, ("remove_own", "shutil.rmtree"): 1,
         ("release_inputs", "shutil.rmtree"): 1}),
+    "minilmd/shared_place.py": ("private", PRIVATE_SCRATCH + " (the staged corpus's source record)", {
+        ("record_staged_from", "os.unlink"): 1}),
     "minilmd/checkpoint_dirs.py": ("private", PRIVATE_SCRATCH + " (quarantine of a local checkpoint)", {
         ("quarantine", ".mkdir"): 1, ("quarantine", "os.rename"): 1, ("quarantine", ".write_text"): 1}),
     "minilmd/checkpoint_select.py": ("private", PRIVATE_SCRATCH + " (pruning local checkpoints)", {
