@@ -90,13 +90,14 @@ def _link_target(path: Path) -> str:
 
 
 def place_problem(label: str, target: str | os.PathLike, what: str, advice: str, *, dir_itself: bool = False,
-                  own_links: bool = False, group_share: bool = False, links: int = 0) -> str | None:
+                  own_links: bool = False, group_share: bool = False, links: int = 0,
+                  owners: frozenset[int] | set[int] = frozenset()) -> str | None:
     """Why someone else could put another directory, or a link, where `target` is: a symbolic link on the way
     (followed only with `own_links`, and only a link of root's or ours), or a directory above it (and target
     itself with `dir_itself`) that another user owns or can write (sticky ones of root or of this user excepted).
     `what` names what is at stake in the message ("the scratch"), `advice` ends it. Missing directories are fine:
     the caller makes them. `group_share`: the last directory checked may be a team directory others write (its
-    owner opted in). None: the path stays where it is."""
+    owner opted in). `owners`: more uids counted as ours (Dir.owners's). None: the path stays where it is."""
     path = Path(os.path.abspath(target))
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
@@ -105,18 +106,18 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
             return None
         where = f"{label} {target}: the directory {above}" + ("" if above == path else " above it")
         if stat.S_ISLNK(st.st_mode):
-            if own_links and owned_by_me_or_root(st) and links < 8:
+            if own_links and (owned_by_me_or_root(st) or st.st_uid in owners) and links < 8:
                 real = Path(os.path.realpath(above))
                 rest = real if above == path else real / path.relative_to(above)
                 return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
-                                     group_share=group_share, links=links + 1)
+                                     group_share=group_share, links=links + 1, owners=owners)
             return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
                     f"{what}, since whoever can change it chooses where the files go; {advice}")
         if not stat.S_ISDIR(st.st_mode):
             return None  # the caller says that a file is in the way
         if group_share and above == chain[-1]:
             continue
-        if not owned_by_me_or_root(st):
+        if not owned_by_me_or_root(st) and st.st_uid not in owners:
             return (f"{where} belongs to {user(st.st_uid)}, who could replace {what} by a link to your files "
                     f"or by a directory of his; {advice}")
         if others_can_rearrange(st):  # group members count as others
@@ -180,14 +181,15 @@ class Dir:
         self.identity: Identity = (st.st_dev, st.st_ino)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, label: str, *, group_share: bool = False) -> Dir:
+    def open(cls, path: str | os.PathLike, label: str, *, group_share: bool = False,
+             owners: frozenset[int] | set[int] = frozenset()) -> Dir:
         """The directory at path (a link as its last component followed only when root's or ours), refused
         (PlaceRefused) unless it and every directory above it pass place_problem's rule; `group_share` waives the
-        rule for this one directory (a team directory, by the owner's choice)."""
+        rule for this one directory (a team directory, by the owner's choice); `owners`: place_problem's."""
         path = Path(path)
-        what = f"what minilmd makes in {path}"
-        advice = "choose a directory only you (and root) can change"
-        problem = place_problem(label, path, what, advice, dir_itself=True, own_links=True, group_share=group_share)
+        what, advice = f"what minilmd makes in {path}", "choose a directory only you (and root) can change"
+        problem = place_problem(label, path, what, advice, dir_itself=True, own_links=True, group_share=group_share,
+                                owners=owners)
         if problem:
             raise PlaceRefused(problem)
         try:
