@@ -88,6 +88,9 @@ def tokenizer_train_command(
     except KeyboardInterrupt:
         typer.echo(f"tokenizer train: interrupted, nothing written ({out} is as it was)", err=True)
         raise typer.Exit(130) from None
+    except RuntimeError as e:  # the training failed otherwise (not a read or write: not exit 74)
+        typer.echo(f"tokenizer train: the training failed: {e}; nothing written ({out} is as it was)", err=True)
+        raise typer.Exit(1) from None
     if bad:
         typer.echo(f"skipped bad lines: {bad}", err=True)
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
@@ -102,7 +105,8 @@ def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_si
     its process (Python's handlers run in the main thread alone, between bytecodes) waited until training ended,
     minutes later. This process only waits on a pipe, which a signal interrupts: KeyboardInterrupt here, and the
     training process is killed at once (it ignores SIGINT: a terminal's Ctrl-C reaches the whole group). The
-    training's own errors (InputError, TokenizerError, OSError) are raised here again."""
+    training's own errors (InputError, TokenizerError, OSError) are raised here again, any other as a RuntimeError
+    naming it."""
     import os
     import signal
 
@@ -155,6 +159,8 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
         send.send((tok.to_str(pretty=True), tok.get_vocab_size(with_added_tokens=True), bad))
     except (InputError, TokenizerError, OSError) as e:
         send.send(e)
+    except Exception as e:  # noqa: BLE001 - anything else (a panic of the library, MemoryError) said as itself
+        send.send(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
 def _write_tokenizer(out: str, text: str) -> None:
