@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -229,19 +229,23 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None, more_checks: ExtraCheck | None = None,
-                train_tokens_of: TrainTokens | None = None, untrusted: bool = False) -> RunConfig:
+                train_tokens_of: TrainTokens | None = None, untrusted: bool = False,
+                owners: Collection[int] | None = None) -> RunConfig:
     """Read, merge `--set` overrides, validate the values (config_from_dict). Raises ConfigError (every problem) or
     nothing. minilmd/probes.py's load_checked adds the checks of the paths, the corpus and init.from. The file is
-    read bounded and never blocks (a FIFO is refused unopened); `untrusted` (another run's copy, which another run
-    may have rewritten): no link followed, and it must be this user's."""
+    read bounded and never blocks (a FIFO is refused unopened), and TOML nested too deep for the parser is a
+    ConfigError; `untrusted` (another run's copy, which another run may have rewritten): no link followed, and it
+    must be owned by one of `owners` (this user when None; init_source.predecessor adds the owner of another user's
+    run directory, as it reads that run's state.json), checked before a byte is parsed."""
     from minilmd.untrusted import Unreadable, read_bytes
 
     path = Path(path)
     try:
         if path.is_dir():
             raise ConfigError([f"{path} is a directory, not a TOML file"], str(path))
+        accepted = (tuple(owners) if owners is not None else (own_uid(),)) if untrusted else None
         raw = tomllib.loads(read_bytes(path if untrusted else os.path.realpath(path), max_bytes=MAX_CONFIG_BYTES,
-                                       owner=own_uid() if untrusted else None).decode("utf-8"))
+                                       owner=accepted).decode("utf-8"))
     except Unreadable as e:
         if e.os_error is not None:  # there and could not be read now (EIO, EACCES): the caller's to retry or say
             raise e.os_error from None
@@ -249,6 +253,8 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, mor
         raise ConfigError([problem], str(path)) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError([f"not valid TOML: {e}"], str(path)) from None
+    except RecursionError:  # `a = [[[[...` of a file this size: tomllib recurses once per level
+        raise ConfigError(["not a run config: its TOML is nested too deep"], str(path)) from None
     for section, values in parse_overrides(overrides).items():
         if isinstance(raw.get(section, {}), dict):
             raw.setdefault(section, {}).update(values)
