@@ -24,7 +24,7 @@ from minilmd.daemon.base.runstate import new_state
 from minilmd.fsio import atomic_write_json
 from minilmd.init_source import InitSourceError, predecessor
 from second_user import second_user, shared_dir
-from supervisor_helpers import start_supervisor, state, wait_or_kill, write_config
+from supervisor_helpers import cli, start_supervisor, state, wait_or_kill, write_config
 from waiting import wait_until
 
 DEEP = "a = " + "[" * 100_000 + "\n"
@@ -81,6 +81,18 @@ def test_the_fitting_view_takes_the_copys_typed_eval_settings(tmp_path):
     assert warn_settings(run_dir, dpo=True) == (5, 2.0, 2.0)  # set in the config: not DPO_WARN_GAP
     (run_dir / names.RUN_CONFIG_COPY).write_text('[eval]\nwarn_gap = "x"\n')
     assert warn_settings(run_dir, dpo=True) == (3, 0.1, 0.5)  # unreadable: the defaults
+
+
+@pytest.mark.slow
+def test_run_check_of_an_init_from_config_nested_too_deep_is_a_config_error(tmp_path, corpus):
+    """init.from naming a run config (another user's, say) of TOML nested too deep: `run --check` exits 2 naming it
+    (before: a RecursionError, which the check's probe thread took for a stalled share)."""
+    deep = tmp_path / "theirs.toml"
+    deep.write_text(DEEP)
+    config = write_config(tmp_path, corpus, name="mine", init={"from": str(deep)})
+    checked = cli("run", "--check", str(config), timeout=120)
+    assert checked.returncode == 2 and "Traceback" not in checked.stderr, checked
+    assert "nested too deep" in checked.stdout + checked.stderr, checked
 
 
 @pytest.mark.slow
