@@ -33,3 +33,11 @@ def test_status_says_whether_the_run_is_bit_reproducible(tmp_path):
     assert "bit-reproducible: no on the GPU (train.deterministic = false" in status_of(tmp_path, "cuda", False, [0])
     assert "bit-reproducible: yes, on the CPU" in status_of(tmp_path, "cpu", False, [])
     assert "bit-reproducible: yes, on the CPU" in status_of(tmp_path, "auto", False, [])  # no card leased: CPU
+
+
+def test_a_cpu_run_is_said_reproducible_on_the_cpu_whatever_train_deterministic_says(tmp_path):
+    """train.deterministic is on by default and chooses GPU kernels: a CPU run was shown "yes (train.deterministic:
+    deterministic kernels on the GPU ...)", for one that never touched a GPU."""
+    for deterministic in (None, True):
+        shown = status_of(tmp_path, "cpu", deterministic, [])
+        assert "bit-reproducible: yes, on the CPU" in shown and "kernels on the GPU" not in shown, shown
