@@ -81,7 +81,10 @@ def sample(
     lora: str = typer.Option("", "--lora", help=LORA_HELP),
     no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
 ) -> None:
-    """Generate text from a checkpoint with a KV cache."""
+    """Generate text from a checkpoint with a KV cache.
+
+    Exit status: 0, 1 a checkpoint or tokenizer that cannot be used, 2 a --tokenizer whose vocabulary is not the
+    model's."""
     from minilmd.trainer.model.export import ExportError
     from minilmd.trainer.model.generate import sample_text
 
@@ -99,7 +102,7 @@ def sample(
                            seed, device, lora or None, no_lora)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
     typer.echo(prompt + text)
 
 
@@ -135,7 +138,7 @@ def chat_command(
         converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt(), echo=not sys.stdin.isatty())
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd chat: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
 
 
 @commands.command()
