@@ -145,9 +145,9 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None, *,
     validation when the caller has it (its trainer_state, and its own tokenizer.json as that read hashed it);
     else trainer_state.json is read as a hint (`_state`)."""
     if explicit:
-        data = _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES)
-        _check_vocab(Path(explicit), data, checked.state if checked is not None else _state(resolve_checkpoint(path)))
-        return FoundTokenizer(Path(explicit), data)
+        given = _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES)
+        _check_vocab(Path(explicit), given, checked.state if checked is not None else _state(resolve_checkpoint(path)))
+        return FoundTokenizer(Path(explicit), given)
     ckpt = checked.path if checked is not None else resolve_checkpoint(path)  # LATEST may have moved on since
     state = checked.state if checked is not None else _state(ckpt)
     looked: list[str] = []
