@@ -10,26 +10,26 @@
   `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`; for a
   model trained on a chat corpus `tokenizer_config.json` carries its `chat_template`, so that transformers'
   `apply_chat_template` renders prompts as the model saw them (`find_chat_config`).
-- The tokenizer files (`find_tokenizer`, `find_chat_config`; `minilmd sample` and `minilmd chat` load them too):
-  looked for in this order: an explicit --tokenizer, the checkpoint, the prepared corpus its run trained on
-  (trainer_state config.data.prepared, a hint). Each file is read once, and what is used (written into an export,
-  loaded) is the bytes read, never the path opened again. --tokenizer is the user's own choice: a symbolic link
-  there is followed (a Hugging Face cache is links into its blobs), and the file it leads to is read as untrusted
-  all the same (regular only, so a FIFO is never opened; bounded), and must have the model's vocabulary size
-  (config.model.vocab_size; another is TokenizerMismatch, exit 2: its ids would decode as other text). A checkpoint may be another user's or on a shared
-  remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link followed
-  (a link to someone's private file is never copied into an export), regular only, bounded (TOKENIZER_MAX_BYTES,
+- The tokenizer files (`find_tokenizer`, `find_chat_config`; `minilmd sample` and `minilmd chat` load them too): looked
+  for in this order: an explicit --tokenizer, the checkpoint, the prepared corpus its run trained on (trainer_state
+  config.data.prepared, a hint). Each file is read once, and what is used (written into an export, loaded) is the bytes
+  read, never the path opened again. --tokenizer is the user's own choice: a symbolic link there is followed (a Hugging
+  Face cache is links into its blobs), and the file it leads to is read as untrusted all the same (regular only, so a
+  FIFO is never opened; bounded), and must have the model's vocabulary size (config.model.vocab_size; another is
+  TokenizerMismatch, exit 2: its ids would decode as other text). A checkpoint may be another user's or on a shared
+  remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link followed (a
+  link to someone's private file is never copied into an export), regular only, bounded (TOKENIZER_MAX_BYTES,
   TOKENIZER_CONFIG_MAX_BYTES). An export takes the checkpoint's own tokenizer files from its one validation
-  (Validated.tokenizer, .tokenizer_config: the bytes hashed against the manifest as it read them, so a file swapped
-  in after validation is never what is exported); one in the directory that the manifest does not list was not
-  written by the trainer (which lists every file it writes, and always has) and is refused unread; `minilmd sample`
-  and `minilmd chat` keep their load's validation and do the same. A tokenizer.json must have the sha256 the run
-  recorded (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file
-  into each checkpoint) when the run recorded one. A file that is not there is passed by (the next place is tried),
-  and so is the corpus's when it cannot be read (the corpus is only named by the trainer_state: another user's
-  private directory, or gone); one that is there but refused is an ExportError naming it and why, never silently
-  replaced by another place's. minilmd's checkpoints and corpora carry the chat template resolved in
-  tokenizer_config.json, so chat_template.jinja is read beside --tokenizer only.
+  (Validated.tokenizer, .tokenizer_config: the bytes hashed against the manifest as it read them, so a file swapped in
+  after validation is never what is exported); one in the directory that the manifest does not list was not written by
+  the trainer (which lists every file it writes, and always has) and is refused unread; `minilmd sample` and `minilmd
+  chat` keep their load's validation and do the same. A tokenizer.json must have the sha256 the run recorded
+  (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file into each
+  checkpoint) when the run recorded one. A file that is not there is passed by (the next place is tried), and so is the
+  corpus's when it cannot be read (the corpus is only named by the trainer_state: another user's private directory, or
+  gone); one that is there but refused is an ExportError naming it and why, never silently replaced by another place's.
+  minilmd's checkpoints and corpora carry the chat template resolved in tokenizer_config.json, so chat_template.jinja is
+  read beside --tokenizer only.
 """
 from __future__ import annotations
 
