@@ -61,7 +61,7 @@ def tokenizer_train_command(
     import sys
 
     from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside
-    from minilmd.corpus.sources.jsonl import InputError
+    from minilmd.corpus.sources.jsonl import CHAT_LINE, TOKENIZER_CHAT_ADVICE, InputError
     from minilmd.corpus.tokenizer_train import TokenizerError
 
     template_config = None
@@ -93,6 +93,8 @@ def tokenizer_train_command(
         raise typer.Exit(1) from None
     if bad:
         typer.echo(f"skipped bad lines: {bad}", err=True)
+        if CHAT_LINE in bad:
+            typer.echo(f"{bad[CHAT_LINE]:,} of them chat data: {TOKENIZER_CHAT_ADVICE}", err=True)
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
     if template_config is not None:
         typer.echo(f"wrote {write_beside(out, template_config)}: chat template {chat_template}")

@@ -56,6 +56,8 @@ def verify_command(
     raise typer.Exit(0 if report["ok"] else 1)
 
 
+CHECKPOINT_HELP = ("A step-XXXXXXXX checkpoint directory, a directory with LATEST, or a run directory (the "
+                   "checkpoint a resume of the run would take: the newest valid one of its scratch and run.remote).")
 LORA_HELP = ("A LoRA run's checkpoint (or its root) to put on CHECKPOINT, which must be the base it was trained on. "
              "A LoRA checkpoint given as CHECKPOINT brings its own recorded base.")
 NO_LORA_HELP = "With a LoRA checkpoint: the base alone, its adapters switched off."
@@ -63,7 +65,7 @@ NO_LORA_HELP = "With a LoRA checkpoint: the base alone, its adapters switched of
 
 @commands.command()
 def sample(
-    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
     prompt: str = typer.Option(..., "--prompt", help="Text to continue; the model sees BOS + text (with --chat: "
                                "the user's message)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
@@ -81,7 +83,10 @@ def sample(
     lora: str = typer.Option("", "--lora", help=LORA_HELP),
     no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
 ) -> None:
-    """Generate text from a checkpoint with a KV cache."""
+    """Generate text from a checkpoint with a KV cache.
+
+    Exit status: 0, 1 a checkpoint or tokenizer that cannot be used, 2 a --tokenizer whose vocabulary is not the
+    model's."""
     from minilmd.trainer.model.export import ExportError
     from minilmd.trainer.model.generate import sample_text
 
@@ -99,13 +104,13 @@ def sample(
                            seed, device, lora or None, no_lora)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
     typer.echo(prompt + text)
 
 
 @commands.command("chat")
 def chat_command(
-    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
     system: str = typer.Option("", "--system", help="A system message opening the conversation."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="The longest reply, in tokens."),
     temperature: float = typer.Option(0.85, "--temperature", min=0.0, help="0 = greedy."),
@@ -135,12 +140,12 @@ def chat_command(
         converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt(), echo=not sys.stdin.isatty())
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd chat: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
 
 
 @commands.command()
 def export(
-    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
     format: str = typer.Option(..., "--format", help="minimind (a .pth for MiniMind's eval_llm.py), hf "
                                                      "(a Qwen3ForCausalLM directory) or peft (a LoRA run's "
                                                      "adapters as a PEFT adapter directory)."),

@@ -10,25 +10,26 @@
   `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`; for a
   model trained on a chat corpus `tokenizer_config.json` carries its `chat_template`, so that transformers'
   `apply_chat_template` renders prompts as the model saw them (`find_chat_config`).
-- The tokenizer files (`find_tokenizer`, `find_chat_config`; `minilmd sample` and `minilmd chat` load them too):
-  looked for in this order: an explicit --tokenizer, the checkpoint, the prepared corpus its run trained on
-  (trainer_state config.data.prepared, a hint). Each file is read once, and what is used (written into an export,
-  loaded) is the bytes read, never the path opened again. --tokenizer is the user's own choice: a symbolic link
-  there is followed (a Hugging Face cache is links into its blobs), and the file it leads to is read as untrusted
-  all the same (regular only, so a FIFO is never opened; bounded). A checkpoint may be another user's or on a shared
-  remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link followed
-  (a link to someone's private file is never copied into an export), regular only, bounded (TOKENIZER_MAX_BYTES,
+- The tokenizer files (`find_tokenizer`, `find_chat_config`; `minilmd sample` and `minilmd chat` load them too): looked
+  for in this order: an explicit --tokenizer, the checkpoint, the prepared corpus its run trained on (trainer_state
+  config.data.prepared, a hint). Each file is read once, and what is used (written into an export, loaded) is the bytes
+  read, never the path opened again. --tokenizer is the user's own choice: a symbolic link there is followed (a Hugging
+  Face cache is links into its blobs), and the file it leads to is read as untrusted all the same (regular only, so a
+  FIFO is never opened; bounded), and must have the model's vocabulary size (config.model.vocab_size; another is
+  TokenizerMismatch, exit 2: its ids would decode as other text). A checkpoint may be another user's or on a shared
+  remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link followed (a
+  link to someone's private file is never copied into an export), regular only, bounded (TOKENIZER_MAX_BYTES,
   TOKENIZER_CONFIG_MAX_BYTES). An export takes the checkpoint's own tokenizer files from its one validation
-  (Validated.tokenizer, .tokenizer_config: the bytes hashed against the manifest as it read them, so a file swapped
-  in after validation is never what is exported); one in the directory that the manifest does not list was not
-  written by the trainer (which lists every file it writes, and always has) and is refused unread; `minilmd sample`
-  and `minilmd chat` keep their load's validation and do the same. A tokenizer.json must have the sha256 the run
-  recorded (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file
-  into each checkpoint) when the run recorded one. A file that is not there is passed by (the next place is tried),
-  and so is the corpus's when it cannot be read (the corpus is only named by the trainer_state: another user's
-  private directory, or gone); one that is there but refused is an ExportError naming it and why, never silently
-  replaced by another place's. minilmd's checkpoints and corpora carry the chat template resolved in
-  tokenizer_config.json, so chat_template.jinja is read beside --tokenizer only.
+  (Validated.tokenizer, .tokenizer_config: the bytes hashed against the manifest as it read them, so a file swapped in
+  after validation is never what is exported); one in the directory that the manifest does not list was not written by
+  the trainer (which lists every file it writes, and always has) and is refused unread; `minilmd sample` and `minilmd
+  chat` keep their load's validation and do the same. A tokenizer.json must have the sha256 the run recorded
+  (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file into each
+  checkpoint) when the run recorded one. A file that is not there is passed by (the next place is tried), and so is the
+  corpus's when it cannot be read (the corpus is only named by the trainer_state: another user's private directory, or
+  gone); one that is there but refused is an ExportError naming it and why, never silently replaced by another place's.
+  minilmd's checkpoints and corpora carry the chat template resolved in tokenizer_config.json, so chat_template.jinja is
+  read beside --tokenizer only.
 """
 from __future__ import annotations
 
@@ -144,7 +145,9 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None, *,
     validation when the caller has it (its trainer_state, and its own tokenizer.json as that read hashed it);
     else trainer_state.json is read as a hint (`_state`)."""
     if explicit:
-        return FoundTokenizer(Path(explicit), _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES))
+        given = _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES)
+        _check_vocab(Path(explicit), given, checked.state if checked is not None else _state(resolve_checkpoint(path)))
+        return FoundTokenizer(Path(explicit), given)
     ckpt = checked.path if checked is not None else resolve_checkpoint(path)  # LATEST may have moved on since
     state = checked.state if checked is not None else _state(ckpt)
     looked: list[str] = []
@@ -245,6 +248,32 @@ def _read_untrusted(path: Path, max_bytes: int, looked: list[str], hint: bool = 
             return None
         raise ExportError(f"{path}: {e.why}: not read (a checkpoint's or a prepared corpus's file may be another "
                           f"user's); pass --tokenizer PATH/tokenizer.json") from None
+
+
+class TokenizerMismatch(ExportError):
+    """A --tokenizer whose vocabulary is not the model's: a usage error (exit 2). Its ids name other pieces of text
+    than the model learnt, so what it decodes is mojibake, never an error of its own."""
+
+    exit_status = 2
+
+
+def _check_vocab(path: Path, data: bytes, state: dict | None) -> None:
+    """--tokenizer must have the vocabulary size of the model (trainer_state config.model.vocab_size, which the
+    trainer made sure was its corpus's tokenizer's), when the checkpoint records it."""
+    from tokenizers import Tokenizer
+
+    try:
+        model_vocab = state["config"]["model"]["vocab_size"]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return
+    try:
+        size = Tokenizer.from_buffer(data).get_vocab_size(with_added_tokens=True)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library's own error types
+        raise ExportError(f"--tokenizer {path}: not a tokenizer.json the tokenizers library loads ({e})") from None
+    if isinstance(model_vocab, int) and size != model_vocab:
+        raise TokenizerMismatch(f"--tokenizer {path}: a vocabulary of {size:,} entries, but the model's is "
+                                f"{model_vocab:,} (model.vocab_size): its text would decode as other text; pass the "
+                                f"tokenizer the run trained with (without --tokenizer, the checkpoint's own)")
 
 
 def _check_fingerprint(path: Path, data: bytes, state: dict | None) -> None:

@@ -19,10 +19,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from minilmd import leftovers, perms
+from minilmd import leftovers, perms, scratch
 from minilmd.dirfd import OPEN_NEW, Dir, Identity, PlaceRefused, Replaced, place_problem, temp_name
 from minilmd.fsio import make_missing_dirs
-from minilmd.names import LATEST, MODEL_FILE, export_tmp_maker, export_tmp_name, old_export_tmp_name
+from minilmd.names import (
+    CHECKPOINTS,
+    LATEST,
+    MODEL_FILE,
+    RUN_CONFIG_COPY,
+    STATE,
+    export_tmp_maker,
+    export_tmp_name,
+    old_export_tmp_name,
+)
 
 if TYPE_CHECKING:
     from minilmd.checkpoint import Validated
@@ -278,6 +287,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise ExportError(str(e)) from None
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
+    if not (path / MODEL_FILE).is_file() and (path / RUN_CONFIG_COPY).is_file():
+        return _run_checkpoint(path)
     if not (path / MODEL_FILE).is_file():
         passed_by: dict[str, str] = {}
         steps = list_checkpoints(path, passed_by)
@@ -288,10 +299,47 @@ def resolve_checkpoint(path: str | Path) -> Path:
             path = latest
         elif steps:
             path = steps[-1]
+        elif (path / STATE).is_file():
+            raise ExportError(f"{path}: a run directory without its {RUN_CONFIG_COPY}, which says where its "
+                              f"checkpoints are: give its run.remote, or its scratch's checkpoints directory "
+                              f"({scratch.default_path('RUN_NAME') / CHECKPOINTS} by default)")
         else:
             raise ExportError(f"{path}: not a checkpoint (no {MODEL_FILE}) and no {LATEST} or step-* "
                               f"checkpoint under it")
     return path
+
+
+def _run_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a run directory stands for: the one a resume of the run would take (checkpoint_select's
+    checkpoint_roots and find_latest: the newest that validates, of its scratch's and its run.remote's), said on
+    stderr. Its run.toml is read as another run's copy (load_config's untrusted: no link followed, this user's
+    own), and nothing is moved: a damaged checkpoint is passed by. The one taken is validated again where it is
+    read (validated_checkpoint): it may have changed since."""
+    from minilmd.checkpoint import CheckpointError
+    from minilmd.checkpoint_select import checkpoint_roots, find_latest
+    from minilmd.config import ConfigError, load_config
+    from minilmd.corpus_meta import corpus_train_tokens
+
+    try:
+        cfg = load_config(run_dir / RUN_CONFIG_COPY, train_tokens_of=corpus_train_tokens, untrusted=True)
+    except (ConfigError, OSError) as e:
+        why = "; ".join(e.problems[:3]) if isinstance(e, ConfigError) else str(e)
+        raise ExportError(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its checkpoints "
+                          f"are, cannot be used ({why}); give one of its checkpoints") from None
+    roots = checkpoint_roots(cfg)
+    where = " and ".join(str(root) for root in roots)
+    try:
+        found = find_latest(roots, log=_say_once, set_aside=False)
+    except CheckpointError as e:
+        raise ExportError(f"{run_dir}: a run directory; its checkpoints in {where}: {'; '.join(e.problems)}") \
+            from None
+    if found is None:
+        remote = f" (its run.remote {cfg.run.remote} is not read here)" if len(roots) == 1 and cfg.run.remote else ""
+        raise ExportError(f"{run_dir}: a run directory; no valid checkpoint where its checkpoints are, {where}"
+                          f"{remote}")
+    _say_once(f"{run_dir}: a run directory: {found}, the newest valid checkpoint of {where} (the one a resume "
+              f"would take)")
+    return found
 
 
 @functools.cache
