@@ -15,7 +15,8 @@ def reproducibility_lines(run_dir: Path, state: StateJson) -> list[str]:
         cfg = load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True)
     except (ConfigError, OSError):
         return []
-    on_cpu = cfg.train.device == "cpu" or (state.child is not None and not state.devices)
+    trained = state.child is not None or state.progress.step is not None  # a trainer ran (or runs): its devices
+    on_cpu = cfg.train.device == "cpu" or (trained and not state.devices)  # are kept once it ended (a done run)
     if on_cpu:  # first: train.deterministic (on by default) chooses GPU kernels, and says nothing of a CPU run
         return ["  bit-reproducible: yes, on the CPU (a resumed run ends as an undisturbed one would)"]
     if cfg.train.deterministic:
