@@ -179,9 +179,11 @@ def learn_own_uid_at(root_fd: int) -> None:
 def open_root(root: str) -> Dir:
     """A local remote's root opened and checked by dirfd's rule (Dir.open: no link on the way but one of root's or
     this user's, no directory above it another user owns or can rearrange; the root itself may be a team directory
-    others write, by its owner's choice: `group_share`), for Remote._root. PlaceRefused (a ValueError) when the rule
-    refuses it; FileNotFoundError when it is not there."""
-    opened = Dir.open(root, "run.remote", group_share=True)
+    others write, by its owner's choice: `group_share`, and so may the directories above it, group-writable ones
+    of root's or this user's, never world-writable unless sticky: `team_above`, /nfs/team/alice/run1 under a
+    2775 /nfs/team), for Remote._root. PlaceRefused (a ValueError) when the rule refuses it; FileNotFoundError
+    when it is not there."""
+    opened = Dir.open(root, "run.remote", group_share=True, team_above=True)
     opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
     return opened
 

@@ -162,6 +162,11 @@ def export(
     share: str = typer.Option("private", "--share", help="Who may read the export: private (0700/0600), "
                                                          "group (0750/0640) or all (0755/0644); your umask only "
                                                          "tightens it."),
+    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
+                                     "users may write (group-writable, not sticky): use it anyway. Without it such a "
+                                     "directory is refused (they could swap what the export writes there); with it "
+                                     "the export is still written 0700 and published through the directory opened "
+                                     "once, and a killed export's copy there is left for you to remove."),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers.
 
@@ -170,7 +175,8 @@ def export(
     before is left as it was. One a killed export left (SIGKILL, OOM) is removed by the next export to that --out,
     and said, when its process is gone and it is your own file or directory; another user's, a link, another host's
     or an older .OUT.tmp is left and said. Exit status: 0 written, 1 a checkpoint or argument that cannot be
-    exported, 2 an --out it must not write (a symbolic link; another export to it still running), 74 the export
+    exported, 2 an --out it must not write (a symbolic link; another export to it still running; a directory others can
+    rearrange, without --group-share), 74 the export
     could not be written (the message says why: a full disk or quota with the room left, permission denied, a
     read-only or failing file system), 130 interrupted (Ctrl-C, SIGTERM)."""
     import signal
@@ -198,7 +204,7 @@ def export(
         )
 
         if format == "minimind":
-            path, checked = write_minimind(checkpoint, out, merge)
+            path, checked = write_minimind(checkpoint, out, merge, group_share)
             try:  # only for the eval command's advice: the .pth is written and published, whatever this finds
                 chat = find_chat_config(checkpoint, tokenizer or None, checked=checked) is not None
             except ExportError as e:
@@ -209,12 +215,12 @@ def export(
             typer.echo(f"wrote {path} (fp16). "
                        f"{minimind_eval_command(path, checked.state['config']['model'], chat, weight)}")
         elif format == "hf":
-            path = export_hf(checkpoint, out, tokenizer or None, dtype, merge)
+            path = export_hf(checkpoint, out, tokenizer or None, dtype, merge, group_share)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
         elif format == "peft":
             from minilmd.trainer.model.adapter import export_peft
 
-            path = export_peft(checkpoint, out, base_name)
+            path = export_peft(checkpoint, out, base_name, group_share)
             if base_name:
                 typer.echo(f"wrote {path}: AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) (its base: "
                            f"{base_name})")

@@ -323,12 +323,14 @@ def with_tied_head(weights: dict) -> dict:
     return out
 
 
-def export_minimind(path: str | Path, out: str | Path, merge: bool = False) -> Path:
-    """Write MiniMind's .pth: fp16 state dict, both names for the tied head. Returns the file written."""
-    return write_minimind(path, out, merge)[0]
+def export_minimind(path: str | Path, out: str | Path, merge: bool = False, group_share: bool = False) -> Path:
+    """Write MiniMind's .pth: fp16 state dict, both names for the tied head. Returns the file written.
+    `group_share`: --group-share, the directory of `out` may be a team directory (export_paths.writing)."""
+    return write_minimind(path, out, merge, group_share)[0]
 
 
-def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tuple[Path, Validated]:
+def write_minimind(path: str | Path, out: str | Path, merge: bool = False,
+                   group_share: bool = False) -> tuple[Path, Validated]:
     """(export_minimind's file, the one validation of the checkpoint it was written from, without its weights'
     bytes): what `minilmd export` tells of it (minimind_eval_command, find_chat_config) without reading the
     checkpoint a second time."""
@@ -337,9 +339,9 @@ def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tu
     _, checked, weights, _ = _read_checked(path, merge)
     kept = checked.without_weights()
     del checked  # its bytes of the weights file: the tensors hold them now
-    out = checked_out(out)
+    out = checked_out(out, group_share)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
-    with writing(out) as copy:
+    with writing(out, group_share) as copy:
         with copy.new_file(PTH_NAME) as f:
             torch.save(state, f)  # through our file object: a write error reaches us with its errno
             f.flush()
@@ -441,7 +443,7 @@ def _tokenizer_config(max_length: int) -> dict[str, Any]:
 
 
 def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None,
-              dtype: str = "float32", merge: bool = False) -> Path:
+              dtype: str = "float32", merge: bool = False, group_share: bool = False) -> Path:
     """Write an HF Qwen3 directory. Written under a temporary name and renamed, so a half export never looks
     finished. Refuses to overwrite a non-empty directory."""
     import torch
@@ -454,10 +456,10 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     found = find_tokenizer(ckpt, tokenizer, checked=checked)
     chat = find_chat_config(ckpt, tokenizer, checked=checked)
     del checked  # its bytes of the weights file: the tensors hold them now
-    out_dir = fresh_export_dir(out_dir)
+    out_dir = fresh_export_dir(out_dir, group_share)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
-    with writing(out_dir) as copy:
+    with writing(out_dir, group_share) as copy:
         _write_hf(copy.inside, tensors, model_cfg, dtype, chat, found)  # through its descriptor, never its name
         published = copy.publish_dir()  # an existing out_dir is empty (checked above, and again there)
     return published

@@ -105,7 +105,8 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
     return ExportNotWritten(f"{out}: the export could not be written: {what}{e}; nothing was left behind; {todo}")
 
 
-OUT_ADVICE = "choose an --out in a directory only you (and root) can change"
+OUT_ADVICE = ("choose an --out in a directory only you (and root) can change, or pass --group-share to export into a "
+              "team directory anyway (docs/operations.md)")
 OUT_DIR_MODE = 0o755
 """The directories an export makes on the way to --out: never writable by others whatever the umask (the place rule
 would refuse them)."""
@@ -167,14 +168,16 @@ def _not_empty(there: Dir) -> str:
 
 
 @contextlib.contextmanager
-def writing(out: Path) -> Iterator[ExportCopy]:
+def writing(out: Path, group_share: bool = False) -> Iterator[ExportCopy]:
     """This export's temporary copy beside `out`, made for the export (ExportCopy) and removed again on every way
     out but its publishing: a write error (then ExportNotWritten, `not_written`), any other exception, Ctrl-C or
     SIGTERM (the CLI raises KeyboardInterrupt for it). Only its own descriptor is emptied, and its name removed only
     while it leads to it. Then the temporary copies of other exports to `out` are looked at (`_clear_leftovers`):
     made first, so that of two exports started at once at least one sees the other. `out` itself is never touched
-    here. A copy replaced by someone (Replaced) is an ExportError: nothing was published."""
-    with _open_parent(out) as parent:
+    here. A copy replaced by someone (Replaced) is an ExportError: nothing was published. `group_share`: the
+    directory of --out is a team directory (`_open_parent`); there a name proves nothing, so no leftover is
+    removed (prepare --group-share's rule): a killed export's copy is the user's to remove by hand."""
+    with _open_parent(out, group_share) as parent:
         try:
             tmp, name = parent.make_temp(export_tmp_name(out.name, *leftovers.me()))
         except Replaced as e:
@@ -182,7 +185,8 @@ def writing(out: Path) -> Iterator[ExportCopy]:
         except OSError as e:
             raise not_written(out, e) from None
         try:
-            _clear_leftovers(out, name)
+            if not group_share:
+                _clear_leftovers(out, name)
             yield ExportCopy(out, parent, tmp, name)
         except Replaced as e:
             raise ExportError(f"{e}; nothing was published. Check who moves things in {out.parent}") from None
@@ -194,15 +198,17 @@ def writing(out: Path) -> Iterator[ExportCopy]:
             parent.discard(tmp, name)
 
 
-def _open_parent(out: Path) -> Dir:
+def _open_parent(out: Path, group_share: bool = False) -> Dir:
     """The directory of --out, made when missing and opened once (Dir.open); OutRefused (exit 2, nothing written)
     when another user could rearrange it or a directory above it (minilmd/dirfd.py's rule, prepare's): he could
-    put a link to the victim's directory where the export writes, or a FIFO where it publishes."""
-    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True):
+    put a link to the victim's directory where the export writes, or a FIFO where it publishes. `group_share`
+    (--group-share) waives the rule for the directory of --out alone, a team directory: the copy is made in it
+    0700 with a random name and published by its descriptor, identities checked (Dir.make_temp, Dir.publish)."""
+    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True, group_share=group_share):
         raise OutRefused(f"{problem}; nothing was written")
     try:
         make_missing_dirs(out.parent, OUT_DIR_MODE)
-        return Dir.open(out.parent, "the directory of --out")
+        return Dir.open(out.parent, "the directory of --out", group_share=group_share)
     except PlaceRefused as e:
         raise OutRefused(f"{e}; nothing was written") from None
     except OSError as e:
@@ -240,11 +246,11 @@ def _clear_leftovers(out: Path, ours: str) -> None:
              f"once no export to {out} is running")
 
 
-def checked_out(out: str | Path) -> Path:
+def checked_out(out: str | Path, group_share: bool = False) -> Path:
     """--out, checked before anything is read or written: OutRefused when it is a symbolic link, dangling or not
     (an export never writes through a link, nor renames onto one), when its name leaves no room for the temporary
     copy's beside it (names.export_tmp_name and Dir.make_temp's random suffix), or when others could rearrange the
-    directory it goes in (`_open_parent` looks again when it opens that directory)."""
+    directory it goes in, unless `group_share` (`_open_parent` looks again when it opens that directory)."""
     out = Path(out)
     tmp = out.with_name(temp_name(export_tmp_name(out.name, *leftovers.me()), "0" * 8))
     for path in (out, tmp):
@@ -259,15 +265,15 @@ def checked_out(out: str | Path) -> Path:
             raise not_written(out, e) from None
         if linked and path == out:
             raise OutRefused(f"{path}: is a symbolic link; an export never writes through one: choose another --out")
-    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True):
+    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True, group_share=group_share):
         raise OutRefused(f"{problem}; nothing was written")
     return out
 
 
-def fresh_export_dir(out_dir: str | Path) -> Path:
+def fresh_export_dir(out_dir: str | Path, group_share: bool = False) -> Path:
     """checked_out's --out for an export directory: an existing one that is not an empty directory is refused
     (ExportCopy.publish_dir looks again, through the directory of --out, when it publishes)."""
-    out_dir = checked_out(out_dir)
+    out_dir = checked_out(out_dir, group_share)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
     return out_dir
