@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minilmd import names
-from minilmd.config import RunConfig
+from minilmd.config import RunConfig, recorded_copy
 from minilmd.daemon.base.runstate import EventLog, MetricsTail, RunState, load_state, new_state, now, read_heartbeat
 from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import Outcome
@@ -27,7 +27,7 @@ class RunFiles:
         (run_dir / names.ATTEMPT_LOGS).mkdir(exist_ok=True)
         copy = run_dir / names.RUN_CONFIG_COPY
         if config_path.resolve() != copy.resolve():
-            atomic_write_text(copy, config_path.read_text(encoding="utf-8"))
+            atomic_write_text(copy, recorded_copy(config_path))  # its relative paths made absolute
         self.events = EventLog(run_dir, echo=echo)
         self.metrics = MetricsTail(run_dir / names.METRICS)
         self.state = RunState(run_dir / names.STATE, new_state(cfg.run.name, run_dir, str(config_path.resolve())))

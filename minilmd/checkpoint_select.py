@@ -8,14 +8,29 @@ import os
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from minilmd.checkpoint import CheckpointError, CheckpointInvalid, Expectation, validate
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best
-from minilmd.names import MANIFEST, deleting_name, step_of
+from minilmd.names import MANIFEST, RUN_DIR_ENV, deleting_name, step_of
+
+if TYPE_CHECKING:
+    from minilmd.config import RunConfig
+
+
+def checkpoint_roots(cfg: RunConfig) -> list[Path]:
+    """Where a run's checkpoints are, for find_latest: its scratch's, then its run.remote when that is a local path
+    (a resume's roots, trainer/loop/resume.py; `minilmd sample/export RUN_DIR`'s, trainer/model/export_paths.py)."""
+    roots = [cfg.checkpoint_dir]
+    remote = cfg.run.remote
+    # A supervisor has already fetched from the remote (in a thread): a stalled NFS must not hang the trainer.
+    if remote and not os.environ.get(RUN_DIR_ENV) and ("://" not in remote or remote.startswith("file://")):
+        roots.append(Path(remote.removeprefix("file://")))
+    return roots
 
 
 def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None = None,
-                log: Callable[[str], None] = print) -> Path | None:
+                log: Callable[[str], None] = print, set_aside: bool = True) -> Path | None:
     """The newest checkpoint that validates, across roots (on equal steps the earlier root, local, wins).
 
     One that is damaged is logged with its reason, quarantined when it is in the first root (the local one, the
@@ -23,7 +38,8 @@ def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None
     users may write: a `quarantine` link planted there would be followed) is only logged and passed by: setting a
     remote's checkpoint aside is the supervisor's (daemon/jobs/remote_write.py set_aside, with its checks). One
     that belongs to a different model config, tokenizer or corpus raises CheckpointMismatch: resuming is refused,
-    not replaced by an older checkpoint or a fresh start. None when no root holds a valid checkpoint."""
+    not replaced by an older checkpoint or a fresh start. None when no root holds a valid checkpoint. `set_aside`
+    False (a reader such as `minilmd sample RUN_DIR`): nothing is moved, a damaged one of the first root too."""
     candidates = [(step_of(p), i, p) for i, root in enumerate(roots) for p in list_checkpoints(root)]
     for _, root_index, path in sorted(candidates, key=lambda c: (-c[0], c[1])):
         try:
@@ -33,10 +49,11 @@ def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None
             if not path.exists():  # pruned by another process meanwhile: not a damaged checkpoint
                 continue
             why = "; ".join(e.problems)
-            if root_index == 0:
+            if root_index == 0 and set_aside:
                 log(f"checkpoint {path} is invalid: {why} -- moved to {quarantine(path, why)}, trying an older one")
             else:
-                log(f"checkpoint {path} is invalid: {why} -- not moved (not the local root's), trying an older one")
+                kept = "not the local root's" if root_index else "only read here"
+                log(f"checkpoint {path} is invalid: {why} -- not moved ({kept}), trying an older one")
     return None
 
 

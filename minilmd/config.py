@@ -11,9 +11,10 @@ daemon/preflight.py adds what only the supervisor's side measures (scratch's roo
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -47,11 +48,12 @@ else:  # pragma: no cover
 
 
 __all__ = [  # the config's public face: the schema (config_sections.py) with its reading
-    "apply_sft_defaults", "apply_stage_defaults", "config_from_dict", "ConfigError", "DataSection", "DPO_DEFAULTS",
-    "DPO_LORA_DEFAULTS", "Duration", "EarlyStopSection", "EvalSection", "ExtraCheck", "GpuSection", "InitSection",
-    "keep_recorded_schedule", "KEPT_ON_RESUME", "load_config", "LogSection", "LORA_TARGETS", "LoraSection",
-    "MAX_CONFIG_BYTES", "ModelSection", "parse_overrides", "RestartSection", "RunConfig", "RunSection", "SECTIONS",
-    "SFT_DEFAULTS", "stage_defaults", "SyncSection", "toml_key", "TrainSection",
+    "absolute_paths", "apply_sft_defaults", "apply_stage_defaults", "config_from_dict", "ConfigError", "DataSection",
+    "DPO_DEFAULTS", "DPO_LORA_DEFAULTS", "Duration", "EarlyStopSection", "EvalSection", "ExtraCheck", "GpuSection",
+    "InitSection", "keep_recorded_schedule", "KEPT_ON_RESUME", "load_config", "LogSection", "LORA_TARGETS",
+    "LoraSection", "MAX_CONFIG_BYTES", "ModelSection", "parse_overrides", "PATH_KEYS", "recorded_copy",
+    "RestartSection", "RunConfig", "RunSection", "SECTIONS", "SFT_DEFAULTS", "stage_defaults", "SyncSection",
+    "toml_key", "TrainSection",
 ]
 
 
@@ -229,19 +231,23 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None, more_checks: ExtraCheck | None = None,
-                train_tokens_of: TrainTokens | None = None, untrusted: bool = False) -> RunConfig:
+                train_tokens_of: TrainTokens | None = None, untrusted: bool = False,
+                owners: Collection[int] | None = None) -> RunConfig:
     """Read, merge `--set` overrides, validate the values (config_from_dict). Raises ConfigError (every problem) or
     nothing. minilmd/probes.py's load_checked adds the checks of the paths, the corpus and init.from. The file is
-    read bounded and never blocks (a FIFO is refused unopened); `untrusted` (another run's copy, which another run
-    may have rewritten): no link followed, and it must be this user's."""
+    read bounded and never blocks (a FIFO is refused unopened), and TOML nested too deep for the parser is a
+    ConfigError; `untrusted` (another run's copy, which another run may have rewritten): no link followed, and it
+    must be owned by one of `owners` (this user when None; init_source.predecessor adds the owner of another user's
+    run directory, as it reads that run's state.json), checked before a byte is parsed."""
     from minilmd.untrusted import Unreadable, read_bytes
 
     path = Path(path)
     try:
         if path.is_dir():
             raise ConfigError([f"{path} is a directory, not a TOML file"], str(path))
+        accepted = (tuple(owners) if owners is not None else (own_uid(),)) if untrusted else None
         raw = tomllib.loads(read_bytes(path if untrusted else os.path.realpath(path), max_bytes=MAX_CONFIG_BYTES,
-                                       owner=own_uid() if untrusted else None).decode("utf-8"))
+                                       owner=accepted).decode("utf-8"))
     except Unreadable as e:
         if e.os_error is not None:  # there and could not be read now (EIO, EACCES): the caller's to retry or say
             raise e.os_error from None
@@ -249,7 +255,59 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, mor
         raise ConfigError([problem], str(path)) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError([f"not valid TOML: {e}"], str(path)) from None
-    for section, values in parse_overrides(overrides).items():
+    except RecursionError:  # `a = [[[[...` of a file this size: tomllib recurses once per level
+        raise ConfigError(["not a run config: its TOML is nested too deep"], str(path)) from None
+    absolute_paths(raw, Path(os.path.abspath(path)).parent)
+    given = parse_overrides(overrides)
+    absolute_paths(given, Path.cwd())  # a --set is typed in a shell: its relative paths are the shell's
+    for section, values in given.items():
         if isinstance(raw.get(section, {}), dict):
             raw.setdefault(section, {}).update(values)
     return config_from_dict(raw, str(path), more_checks, train_tokens_of)
+
+
+PATH_KEYS = ("run.dir", "run.scratch", "run.remote", "data.prepared", "init.from", "init.staged", "eval.probe",
+             "eval.probe_staged", "gpu.lock_dir", "log.prometheus_textfile")
+"""The config's keys that name a local path (or a URL, left as it is)."""
+
+
+def absolute_paths(raw: dict[str, Any], base: Path) -> list[str]:
+    """Each relative path of PATH_KEYS in `raw` (a TOML document's dict) made absolute against `base`, in place: a
+    config's against its own directory, so that `run --check` from one directory, a systemd unit started from /
+    and a restart from another agree; returns the keys changed. Values of the wrong type are left to the checks."""
+    changed = []
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        body = raw.get(section)
+        value = body.get(name) if isinstance(body, dict) else None
+        if isinstance(value, str) and value and "://" not in value and not os.path.isabs(value):
+            body[name] = os.path.abspath(os.path.join(base, value))  # type: ignore[index]
+            changed.append(key)
+    return changed
+
+
+def recorded_copy(path: str | os.PathLike) -> str:
+    """The text of the run's copy of its config (run.toml in run.dir, which the trainer and every restart read):
+    the file as written when its paths are absolute; else its values with each relative path made absolute against
+    the config's directory (absolute_paths), so that the copy, read from run.dir, names the same places."""
+    from minilmd.untrusted import read_bytes
+
+    text = read_bytes(os.path.realpath(path), max_bytes=MAX_CONFIG_BYTES).decode("utf-8")
+    raw = tomllib.loads(text)
+    if not absolute_paths(raw, Path(os.path.abspath(path)).parent):
+        return text
+    return (f"# {os.path.abspath(path)} as this run started from it, its relative paths made absolute against its "
+            f"directory\n" + "".join(f"\n[{section}]\n" + "".join(f"{key} = {_toml_value(value)}\n"
+                                                                    for key, value in body.items())
+                                     for section, body in raw.items()))
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML literal of a config value (a string, a bool, a number or a list of them: the schema's types)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")

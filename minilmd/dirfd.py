@@ -5,18 +5,17 @@ A name in a directory that another user can write means nothing a moment later: 
 put his own directory, or a symbolic link to the owner's private file, in its place (issue 40: a chmod, an append and
 a `--force` of `prepare` each did that to the victim). So everything minilmd creates in such a place goes through a
 `Dir`:
-- `place_problem(label, target, ...)` is the rule, the one scratch (minilmd/scratch.py) and the GPU lock directory
-  keep: every directory on the way to `target` is root's or this user's, and no other user can rearrange it (group
-  members count as others; a sticky directory of root's or ours is fine, like /tmp). A symbolic link on the way is
-  refused, or followed only when root's or ours (`own_links`), where it leads held to the same rule. `group_share`
-  lets the owner opt in to a team directory (group-writable, not sticky) as target's own directory: then only that
-  one directory is waived, and nothing in it is ever touched by its path;
+- `place_problem(label, target, ...)` is the rule every shared place keeps (scratch, the GPU lock directory, an
+  output's directory, a run.remote): every directory on the way to `target` root's or this user's, none that another
+  user can rearrange (group members count as others, unless the group is this user's alone: perms.private_group; a
+  sticky one of root's or ours is fine, like /tmp); a link on the way refused, or followed when root's or ours
+  (`own_links`). Opt-ins: `group_share` waives target's own directory (a team directory, touched only through its
+  descriptor), `team_above` lets the directories above be group-writable (still root's or ours): a run.remote's;
 - `Dir.open` opens the directory once (O_NOFOLLOW, unless a link of root's or ours); every later create, chmod,
   rename, exchange (renameat2) and delete is relative to its descriptor (`dir_fd=`, O_NOFOLLOW, O_EXCL), never by a
   path through its name;
 - `Dir.make_temp` makes a temporary directory with a random name inside it, 0700, opened at once: a `Dir` of its
-  own. Code that takes paths (numpy, open) reaches it as `inside` (/proc/self/fd/N: the directory the descriptor
-  holds, whatever its name leads to now); nobody else can write inside a 0700 directory of ours;
+  own, reached by code that takes paths as `inside` (/proc/self/fd/N: the directory the descriptor holds);
 - `Dir.publish` renames such a directory into place (RENAME_NOREPLACE, or RENAME_EXCHANGE with what stood there),
   checking identities (device, inode) on both sides: it replaces only the directory the caller checked earlier, and
   a directory that is not the one expected is swapped back and left, never deleted; the old version, looked at
@@ -24,11 +23,12 @@ a `--force` of `prepare` each did that to the victim). So everything minilmd cre
 - `Dir.remove_tree` removes a directory only when it is the one expected, its contents through descriptors, a tree
   at most MAX_TREE_DEPTH deep (minilmd/dirtree.py); `Dir.write_atomic` writes a file (O_EXCL, fsync, rename) there.
 
-tests/test_shared_write_audit.py lists every call in the project that creates, renames, chmods or deletes by path
-and fails on a new one outside this module (an allowlist of reviewed sites, each with its reason). Torch-free.
+tests/test_shared_write_audit.py fails on a by-path create, rename, chmod or delete outside this module that is not
+in its allowlist of reviewed sites. Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -36,7 +36,7 @@ import os
 import pwd
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from pathlib import Path
 from typing import NamedTuple
 
@@ -76,28 +76,28 @@ def user(uid: int) -> str:
 
 
 def _lstat(path: Path) -> os.stat_result | None:
-    try:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         return os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    return None
 
 
 def _link_target(path: Path) -> str:
-    try:
+    with contextlib.suppress(OSError):
         return os.readlink(path)
-    except OSError:
-        return "?"
+    return "?"
 
 
 def place_problem(label: str, target: str | os.PathLike, what: str, advice: str, *, dir_itself: bool = False,
-                  own_links: bool = False, group_share: bool = False, links: int = 0,
-                  owners: frozenset[int] | set[int] = frozenset()) -> str | None:
+                  own_links: bool = False, group_share: bool = False, team_above: bool = False,
+                  links: int = 0, owners: Set[int] = frozenset()) -> str | None:
     """Why someone else could put another directory, or a link, where `target` is: a symbolic link on the way
     (followed only with `own_links`, and only a link of root's or ours), or a directory above it (and target
     itself with `dir_itself`) that another user owns or can write (sticky ones of root or of this user excepted).
     `what` names what is at stake in the message ("the scratch"), `advice` ends it. Missing directories are fine:
     the caller makes them. `group_share`: the last directory checked may be a team directory others write (its
-    owner opted in). `owners`: more uids counted as ours (Dir.owners's). None: the path stays where it is."""
+    owner opted in). `team_above`: every directory checked may be group-writable (team directories on the way to a
+    run.remote; still root's or ours, not world-writable unless sticky). `owners`: more uids counted as ours (as
+    Dir.owners). None: the path stays where it is."""
     path = Path(os.path.abspath(target))
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
@@ -110,7 +110,7 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
                 real = Path(os.path.realpath(above))
                 rest = real if above == path else real / path.relative_to(above)
                 return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
-                                     group_share=group_share, links=links + 1, owners=owners)
+                                     group_share=group_share, team_above=team_above, links=links + 1, owners=owners)
             return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
                     f"{what}, since whoever can change it chooses where the files go; {advice}")
         if not stat.S_ISDIR(st.st_mode):
@@ -120,10 +120,10 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
         if not owned_by_me_or_root(st) and st.st_uid not in owners:
             return (f"{where} belongs to {user(st.st_uid)}, who could replace {what} by a link to your files "
                     f"or by a directory of his; {advice}")
-        if others_can_rearrange(st):  # group members count as others
+        if others_can_rearrange(st, above, team=team_above):  # group members count as others (perms)
+            chmod = f", or chmod go-w {above}" if owned_by_me(st) else ""
             return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
-                    f"could replace {what} by a link to your files or by a directory of theirs; {advice}, or "
-                    f"chmod go-w {above}")
+                    f"could replace {what} by a link to your files or by a directory of theirs; {advice}{chmod}")
     return None
 
 
@@ -157,8 +157,7 @@ def renameat2(src_fd: int, src: str | os.PathLike, dst_fd: int, dst: str | os.Pa
         return False
     if fn(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), flags) == 0:
         return True
-    err = ctypes.get_errno()
-    if err in _FLAGS_NOT_DONE:
+    if (err := ctypes.get_errno()) in _FLAGS_NOT_DONE:
         return False
     raise OSError(err, os.strerror(err), os.fspath(src), None, os.fspath(dst))
 
@@ -182,14 +181,15 @@ class Dir:
 
     @classmethod
     def open(cls, path: str | os.PathLike, label: str, *, group_share: bool = False,
-             owners: frozenset[int] | set[int] = frozenset()) -> Dir:
+             team_above: bool = False, owners: Set[int] = frozenset()) -> Dir:
         """The directory at path (a link as its last component followed only when root's or ours), refused
         (PlaceRefused) unless it and every directory above it pass place_problem's rule; `group_share` waives the
-        rule for this one directory (a team directory, by the owner's choice); `owners`: place_problem's."""
+        rule for this one directory (a team directory, by the owner's choice), `team_above` lets the directories
+        above it be group-writable (place_problem); `owners`: place_problem's."""
         path = Path(path)
         what, advice = f"what minilmd makes in {path}", "choose a directory only you (and root) can change"
         problem = place_problem(label, path, what, advice, dir_itself=True, own_links=True, group_share=group_share,
-                                owners=owners)
+                                team_above=team_above, owners=owners)
         if problem:
             raise PlaceRefused(problem)
         try:

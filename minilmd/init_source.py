@@ -95,16 +95,18 @@ def predecessor(spec: str) -> Predecessor | None:
     (InitSourceUnreachable when its storage cannot be reached now)."""
     from minilmd.corpus_meta import corpus_train_tokens
 
-    path, copy = Path(spec), False
+    path, owners = Path(spec), None
     try:
         if path.is_dir() and (path / RUN_CONFIG_COPY).is_file():
-            path, copy = path / RUN_CONFIG_COPY, True
+            # its supervisor's copy, in a run directory that may be another user's: that user's or ours, as its
+            # state.json (predecessor_state), checked before a byte of it is parsed
+            path, owners = path / RUN_CONFIG_COPY, (os.stat(path).st_uid, own_uid())
         elif not (path.is_file() and path.suffix == ".toml"):
             return None
     except OSError as e:
         raise _unreadable(e) from None
     try:
-        cfg = load_config(path, train_tokens_of=corpus_train_tokens, untrusted=copy)
+        cfg = load_config(path, train_tokens_of=corpus_train_tokens, untrusted=owners is not None, owners=owners)
     except ConfigError as e:
         raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
     except OSError as e:

@@ -16,7 +16,11 @@ Torch-free: the supervisor imports it.
 """
 from __future__ import annotations
 
+import errno
+import functools
+import grp
 import os
+import pwd
 import stat
 
 SHARES = ("private", "group", "all")
@@ -51,12 +55,63 @@ def own_link(st: os.stat_result) -> bool:
     return stat.S_ISLNK(st.st_mode) and owned_by_me_or_root(st)
 
 
-def others_can_rearrange(st: os.stat_result) -> bool:
+def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | None = None, *,
+                         team: bool = False) -> bool:
     """Another user can create, rename or remove entries in this directory: group or others may write to it, and
     it is not sticky with an owner in owned_by_me_or_root (sticky: only an entry's owner, the directory's and root
-    may remove or rename it). Group members count as others: a shared server's groups are wide."""
-    sticky_and_safe = bool(st.st_mode & stat.S_ISVTX) and owned_by_me_or_root(st)
-    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and not sticky_and_safe
+    may remove or rename it). Group members count as others (a shared server's groups are wide), except in a group
+    whose only member is this user (`private_group`: the user private groups of Debian and Ubuntu, whose umask 002
+    makes every new directory 0775); that is trusted only when `where` (the directory's path, as `st` saw it) shows
+    no ACL, which could let a named user write behind the group bits. `team`: a team directory the owner opted in
+    to (group-writable): only a world-writable one counts."""
+    if st.st_mode & stat.S_ISVTX and owned_by_me_or_root(st):
+        return False
+    if st.st_mode & stat.S_IWOTH:
+        return True
+    if not st.st_mode & stat.S_IWGRP or team:
+        return False
+    return where is None or not private_group(st.st_gid) or has_acl(where)
+
+
+def private_group(gid: int) -> bool:
+    """The group `gid` is this user's alone: this user is in it (as primary group or listed) and no other user is:
+    none lists it as primary group (the passwd database, enumerated), none is listed in it (gr_mem). Where the
+    passwd database cannot be enumerated (LDAP or sssd without enumeration: this user is not in the list), the
+    group counts as shared. Decided once per group and process (`_private_to`); enumerated only for a group of
+    this user's that lists no one else."""
+    return _private_to(own_uid(), gid)
+
+
+@functools.lru_cache(maxsize=64)
+def _private_to(uid: int, gid: int) -> bool:
+    try:
+        me = pwd.getpwuid(uid)
+        listed = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        return False  # a user or group the databases do not know: its members cannot be told
+    if listed - {me.pw_name} or (me.pw_gid != gid and me.pw_name not in listed):
+        return False
+    everyone = pwd.getpwall()
+    if not any(entry.pw_uid == uid for entry in everyone):
+        return False  # no enumeration (or a partial one): another user's primary group cannot be ruled out
+    return not any(entry.pw_gid == gid and entry.pw_uid != uid for entry in everyone)
+
+
+ACL_XATTRS = ("system.posix_acl_access", "system.nfs4_acl")
+
+
+def has_acl(where: str | os.PathLike) -> bool:
+    """`where` (not followed if a link) carries a POSIX or NFSv4 access ACL; one that cannot be looked at counts
+    as carrying one. A file system without ACLs (ENOTSUP) has none."""
+    for name in ACL_XATTRS:
+        try:
+            os.getxattr(where, name, follow_symlinks=False)
+        except OSError as e:
+            if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+                continue
+            return True
+        return True
+    return False
 
 
 def problem(share: object, key: str = "run.share") -> str | None:

@@ -128,7 +128,9 @@ def write_conf(root: Path, node: str, cpus: int, munge_socket: Path) -> Path:
         "AccountingStorageType=accounting_storage/none",
         "MpiDefault=none",
         "ReturnToService=2",
-        "KillWait=30",
+        # between Slurm's SIGTERM and its SIGKILL when it ends a job: time for a loaded machine's supervisor to
+        # finish its last sync and write state.json (an admin's requeue in test_slurm_jobs)
+        "KillWait=120",
         "SchedulerParameters=sched_interval=1",
         "MinJobAge=300",
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",

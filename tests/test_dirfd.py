@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from minilmd import perms
 from minilmd.dirfd import Dir, PlaceRefused, Replaced, dir_problem, place_problem
 
 
@@ -17,9 +18,19 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def shared_group(path: Path) -> None:
+    """Give `path` a group whose members are not this user alone (perms.private_group): as root a gid no group has
+    (its members cannot be told, so they count as others); as a user, its own group, unless that is private."""
+    if os.geteuid() == 0:
+        os.chown(path, -1, 4242)
+    elif perms.private_group(path.stat().st_gid):
+        pytest.skip("this user's group is its own (a user private group): no group of others to give the directory")
+
+
 def test_a_directory_others_can_rearrange_is_refused_unless_the_owner_opts_in_for_that_one(tmp_path):
     team = tmp_path / "team"
     team.mkdir()
+    shared_group(team)  # root's group is root's alone: not a team's
     team.chmod(0o770)
     problem = place_problem("--out", team / "corpus", "the corpus", "choose another")
     assert f"the directory {team} above it can be written by other users (mode 770, not sticky)" in problem
@@ -30,6 +41,32 @@ def test_a_directory_others_can_rearrange_is_refused_unless_the_owner_opts_in_fo
     Dir.open(team, "the directory of --out", group_share=True).close()
     team.chmod(0o1777)  # sticky and ours (root's in CI): like /tmp
     assert dir_problem("log.prometheus_textfile", team, "the gauges") is None
+
+
+def test_team_above_lets_group_writable_directories_above_a_remote_but_no_world_writable_or_foreign_one(tmp_path):
+    """run.remote = /nfs/team/alice/run1 under a 2775 /nfs/team: refused before (group_share waived the root
+    alone); with team_above the directories above may be group-writable, still not world-writable unless sticky,
+    still root's or this user's."""
+    team = tmp_path / "team"
+    (team / "alice").mkdir(parents=True)
+    shared_group(team)
+    team.chmod(0o2775)
+    root = team / "alice" / "run1"
+
+    def problem(**kw) -> str | None:
+        return place_problem("run.remote", root, "the checkpoints", "choose another", dir_itself=True,
+                             group_share=True, **kw)
+
+    assert "can be written by other users (mode 2775, not sticky)" in problem()
+    assert problem(team_above=True) is None
+    Dir.open(team / "alice", "run.remote", group_share=True, team_above=True).close()
+    team.chmod(0o777)
+    assert "can be written by other users (mode 777, not sticky)" in problem(team_above=True)
+    team.chmod(0o1777)  # sticky, root's (ours): like /tmp
+    assert problem(team_above=True) is None
+    if os.geteuid() == 0:
+        os.chown(team / "alice", 4242, -1)
+        assert "belongs to uid 4242" in problem(team_above=True)
 
 
 def test_a_link_on_the_way_is_followed_only_when_it_is_ours_and_leads_to_a_place_that_passes(tmp_path):

@@ -231,7 +231,9 @@ def test_the_gap_warning_of_a_dpo_run_is_on_the_dpo_losss_scale_unless_the_confi
                           **({"val_reward_accuracy": accuracy, "val_reward_margin": 1.0, "val_reward_chosen": 0.1,
                               "val_reward_rejected": -0.9} if dpo else {})})
         (run_dir / names.METRICS).write_text("".join(json.dumps(r) + "\n" for r in lines))
-        (run_dir / names.RUN_CONFIG_COPY).write_text(config)
+        (run_dir / names.RUN_CONFIG_COPY).write_text(  # a whole config, as a supervisor's copy is (load_config)
+            f'[run]\nname = "r"\ndir = "{run_dir}"\n[data]\nprepared = "/nowhere"\n[train]\nmax_steps = 10\n'
+            + config)
         return [line for line in fit_lines(run_dir) if "train/val gap" in line]
 
     assert write(tmp_path / "dpo", True, "[eval]\nwarn_rising = 3\n") == [

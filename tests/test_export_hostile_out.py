@@ -8,15 +8,17 @@ only while its name still leads to it (export_paths.ExportCopy)."""
 from __future__ import annotations
 
 import os
+import pwd
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from minilmd import leftovers
+from minilmd import leftovers, perms
 from minilmd.cli import app
 from minilmd.trainer.model.export import ExportError, export_hf, write_minimind
+from real_groups import groups  # noqa: F401 - a fixture
 from second_user import second_user
 from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
 
@@ -100,3 +102,43 @@ def test_a_copy_swapped_for_a_link_to_the_victims_files_is_never_written_through
     [link] = [p for p in out.parent.iterdir() if p.is_symlink()]
     assert link.name.startswith(f".{out.name}.tmp-")
     assert list((out.parent / "moved-away").iterdir()) == []  # our copy, emptied through its descriptor
+
+
+def test_an_out_in_a_directory_of_this_users_private_group_is_written(checkpoint, tmp_path, groups):
+    """Debian's user private groups and umask 002: a plain `mkdir ~/exports` is 0775, group the user's own. Its
+    only member is the user (perms.private_group): before, refused as writable by others (exit 2); now written."""
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    os.chown(exports, -1, groups.group(members=(pwd.getpwuid(os.geteuid()).pw_name,)))
+    exports.chmod(0o2775)
+    result = CliRunner().invoke(app, ["export", str(checkpoint), "--format", "minimind", "--out",
+                                      str(exports / "m.pth")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert [p.name for p in exports.iterdir()] == ["m.pth"]
+
+
+@pytest.mark.parametrize("fmt", ["minimind", "hf"])
+def test_group_share_exports_into_a_team_directory(checkpoint, tmp_path, fmt):
+    """A team directory (2775, a group of others): refused without --group-share, naming it (before: refused
+    with no way to opt in); with it, written (its copy 0700, published through the directory's descriptor) and
+    nothing else left there. Directories above it stay held to the rule."""
+    team = tmp_path / "team"
+    team.mkdir()
+    if os.geteuid() == 0:
+        os.chown(team, -1, 4242)  # a group of others (root's own group is root's alone)
+    elif perms.private_group(team.stat().st_gid):
+        pytest.skip("this user's group is its own: no group of others to give the directory")
+    team.chmod(0o2775)
+    out = _out(team, fmt)
+    args = ["export", str(checkpoint), "--format", fmt, "--out", str(out)]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and "--group-share" in refused.output, (refused.output, refused.exception)
+    assert list(team.iterdir()) == []
+    result = CliRunner().invoke(app, [*args, "--group-share"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert [p.name for p in team.iterdir()] == [out.name]
+    below = team / "below"
+    below.mkdir()
+    result = CliRunner().invoke(app, ["export", str(checkpoint), "--format", fmt, "--out",
+                                      str(_out(below, fmt)), "--group-share"])
+    assert result.exit_code == 2 and f"the directory {team} above it can be written" in result.output

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from chat_helpers import prepared_chat
 from deploy_helpers import MINILMD, launcher  # noqa: F401 - a fixture
 from fixture_cache import built_once
+from held import PAUSING_TRAINER, pending, proc_state
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.daemon.host.lock import lock_holder
@@ -42,7 +43,6 @@ from waiting import wait_until
 
 pytestmark = pytest.mark.slow  # five stages under tmux, the DPO stage's supervisor started four times: ~55 s
 
-PAUSING_TRAINER = Path(__file__).with_name("pausing_trainer.py")
 DPO_FAULTS = "pause@3,sigkill@6,pause@9,pause@13,pause@17"
 DPO_STEPS = 20
 LONG = 300  # a bound on each wait, never reached unless something is broken
@@ -126,24 +126,6 @@ class Stage:
 
 class _NoHolder:
     pid = None
-
-
-def proc_state(pid: int) -> str:
-    """R, S, T (stopped), Z, ...; "" for a process that is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def pending(pid: int, sig: int) -> bool:
-    """Whether signal `sig` waits to be delivered to the (stopped) process: in its own or its group's pending set."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    masks = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
-    return any(mask >> (sig - 1) & 1 for mask in masks)
 
 
 def gone(pid: int) -> bool:

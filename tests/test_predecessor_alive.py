@@ -30,6 +30,15 @@ from supervisor_helpers import cli, events, start_supervisor, state, wait_or_kil
 from waiting import wait_until
 
 
+def answered_tick(waiter: initwait.InitWaiter):
+    """One poll of the predecessor taken to its answer: a tick starts it in its thread, a later one takes it."""
+    outcome = waiter.tick()
+    while waiter.poll is not None:
+        wait_until(lambda: waiter.poll.done, timeout=60, what="the poll of the predecessor")
+        outcome = waiter.tick()
+    return outcome
+
+
 def test_the_waiter_logs_phase_and_liveness_changes_not_steps(tmp_path, corpus, monkeypatch):
     """InitWaiter against a predecessor whose "supervisor" is a real process: its steps are not news, its phase
     and its death are; the gauge follows."""
@@ -49,14 +58,14 @@ def test_the_waiter_logs_phase_and_liveness_changes_not_steps(tmp_path, corpus, 
         for phase, step in (("staging", None), ("training", 1), ("training", 2), ("training", 3)):
             body.update(phase=phase, progress={"step": step}, updated=time.time())
             atomic_write_json(pred_dir / names.STATE, body)
-            assert waiter.tick() is None
+            assert answered_tick(waiter) is None
         assert said == ["init.from: run sft is staging", "init.from: run sft is training at step 1"], said
         assert waiter.state.init_wait.running is True and waiter.state.init_wait.checks == 4
     finally:
         sleeper.kill()
         sleeper.wait()
-    waiter.tick()
-    waiter.tick()
+    answered_tick(waiter)
+    answered_tick(waiter)
     wait = waiter.state.init_wait
     assert wait.running is False and wait.not_running_since == body["updated"], wait
     assert len(said) == 3 and said[-1].startswith("init.from: run sft is training at step 3; predecessor sft is not "

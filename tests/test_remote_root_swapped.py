@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote_write import root_refused
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.dirfd import PlaceRefused
 from minilmd.names import LATEST, MANIFEST
@@ -86,9 +87,11 @@ def test_a_remote_under_a_directory_others_can_rearrange_is_refused_but_a_team_d
         tmp_path, weights, corpus):
     """Whoever can write the directory above the root can rename the root away and put a link, or another of the
     user's directories, in its place before it is opened: dirfd's rule (place_problem, as for scratch and the GPU
-    lock directory) refuses such a remote, final at `run --check` (exit 2), and nothing is synced (on main it was
-    used). The root itself may be a directory others write (a team's, by its owner's choice: dirfd's
-    group_share): the sync goes on there, opened again at a sync's start once the root was made again."""
+    lock directory) refuses such a remote when anyone may write that directory (not sticky), final at `run --check`
+    (exit 2), and nothing is synced (on main it was used). A team's directory, group-writable (2775, of root's or
+    the user's), is accepted above the root (dirfd's team_above: /nfs/team/alice/run1; refused before, while
+    /nfs/team itself was used). The root itself may be a directory others write (a team's, by its owner's choice:
+    dirfd's group_share): the sync goes on there, opened again at a sync's start once the root was made again."""
     team = tmp_path / "team"
     team.mkdir()
     team.chmod(0o777)  # not sticky: every user may rename what is in it
@@ -101,6 +104,15 @@ def test_a_remote_under_a_directory_others_can_rearrange_is_refused_but_a_team_d
     with pytest.raises(SyncError, match="can be written by other users"):
         Syncer(local, str(below), EXPECTED).sync_newest()
     assert not below.exists() or not any(below.iterdir())
+    team_dir = tmp_path / "nfs-team"
+    (team_dir / "alice").mkdir(parents=True)
+    if os.geteuid() == 0:
+        os.chown(team_dir, -1, 4242)  # a group of others' (root's own is root's alone: perms.private_group)
+    team_dir.chmod(0o2775)
+    run1 = team_dir / "alice" / "run1"
+    assert root_refused(str(run1)) is None  # what `run --check` and the start ask (preflight.remote_place_problems)
+    assert Syncer(local, str(run1), EXPECTED).sync_newest().step == 10
+    assert (run1 / LATEST).read_text() == "step-00000010\n"
     syncer = Syncer(local, str(team), EXPECTED)
     assert syncer.sync_newest().step == 10
     assert (team / LATEST).read_text() == "step-00000010\n"

@@ -97,3 +97,24 @@ def test_minilmd_sample_on_a_real_checkpoint(tmp_path):
     assert runner.invoke(app, seeded).output == runner.invoke(app, seeded).output
     missing = runner.invoke(app, ["sample", str(tmp_path / "nothing"), "--prompt", "x"])
     assert missing.exit_code == 1 and "no such checkpoint" in missing.output
+
+
+def test_sample_refuses_a_tokenizer_of_another_vocabulary_naming_both_sizes(tmp_path):
+    """`--tokenizer` of another vocabulary than the model's: its ids name other text, so the sample would be
+    mojibake printed with exit 0 (before); it is refused as a usage error, both sizes named."""
+    tok = train_tokenizer(tmp_path / "tokenizer.json")
+    ckpt = save_checkpoint(tmp_path / "ckpt", tiny_model(seed=9), step=1, tokenizer=tok)
+    (tmp_path / "other").mkdir()
+    other = train_tokenizer(tmp_path / "other" / "tokenizer.json", vocab_size=300)
+    model_vocab = tiny_model().config.vocab_size
+    from tokenizers import Tokenizer
+
+    other_vocab = Tokenizer.from_file(str(other)).get_vocab_size(with_added_tokens=True)
+    assert other_vocab != model_vocab
+    runner = CliRunner()
+    refused = runner.invoke(app, ["sample", str(ckpt), "--prompt", "hello", "--tokenizer", str(other)])
+    assert refused.exit_code == 2, refused.output
+    assert f"a vocabulary of {other_vocab:,} entries, but the model's is {model_vocab:,}" in refused.output
+    same = runner.invoke(app, ["sample", str(ckpt), "--prompt", "hello", "--tokenizer", str(tok),
+                               "--max-new-tokens", "4"])
+    assert same.exit_code == 0, same.output

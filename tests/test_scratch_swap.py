@@ -168,6 +168,7 @@ def test_no_link_on_the_way_and_no_directory_above_that_another_user_can_change(
     for mode, refused in ((0o777, True), (0o775, True), (0o1777, False), (0o755, False)):
         open_dir = tmp_path / f"open-{mode:o}"
         open_dir.mkdir()
+        os.chown(open_dir, -1, NOBODY.pw_gid)  # a group of others' (root's own is root's alone: perms.private_group)
         open_dir.chmod(mode)
         said = _problems(open_dir / "scr", run_dir)
         assert ("can be written by other users" in said) == refused, (mode, said)

@@ -7,6 +7,8 @@ ending with the same weights, bit for bit, as conftest's undisturbed run of the 
 - submitted with `sbatch --nodes=1 deploy/slurm/minilmd-multinode.sbatch`: every attempt is an srun step (the node
   step stages the corpus, then one torchrun with the c10d rendezvous on the first node); a rank SIGKILLed in it
   ends the step, the supervisor classifies the death through srun as on one server and relaunches the step.
+The tiny steps take milliseconds and the machine may be loaded: every preemption comes while the trainer is held
+still at a known step (tests/pausing_trainer.py, run by torchrun in the srun step), never at a moment hoped for.
 
 Where this machine cannot run Slurm (not root, slurm-wlm or munge missing), the tests skip and say why.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,16 +25,21 @@ from pathlib import Path
 import pytest
 
 import slurm_cluster
+from held import PAUSING_TRAINER, fired, held_trainer, pending, proc_state
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
+from minilmd.names import FAULT_ENV, TRAINER_CMD_ENV
 from supervisor_helpers import cli, env_for, events, state, wait_for
 
 pytestmark = pytest.mark.slow
 SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
 MULTINODE_SBATCH = SBATCH.with_name("minilmd-multinode.sbatch")
-SLOW_STEPS = {"train": {"eval_every": 1}, "data": {"val_windows": 256}}
-"""An evaluation after every step: a run slow enough to be preempted mid-way on a fast machine; evaluation reads
-only the validation split and draws no random numbers, so the weights are those of the undisturbed run."""
+FAULTS = "pause@6,hold@10,sigkill@15"
+"""One fault a start: the first start's trainer stops at step 6 until the test releases it (after the time-limit
+warning's SIGTERM reached it: it saves at step 7); the second's stops at step 10 for good (the admin's requeue
+comes while it is held: it never passes step 10); the third's is SIGKILLed at step 15."""
+LONG = 300
+"""A bound on each wait, never reached unless something is broken (a loaded slurmctld answers late)."""
 
 
 @pytest.fixture(scope="session")
@@ -61,21 +69,17 @@ def submit(slurm, script: Path, config: Path, tmp: Path, *options: str, **extra_
     return out.stdout.strip().split(";")[0]
 
 
-def beating_in_start(run_dir: Path, job: str, restart: int) -> bool:
-    """Whether the trainer of the job's start number `restart` has written its heartbeat (at once, not at the
-    supervisor's next state.json)."""
-    st = state(run_dir)
-    slurm = st.get("slurm") or {}
-    if slurm.get("job_id") != job or slurm.get("restart_count") != restart or not st.get("child"):
-        return False
-    beat = run_dir / "heartbeat"
-    return beat.exists() and beat.stat().st_mtime >= st["child"]["started"]
+def held(run_dir: Path, fault: str, meanwhile=lambda: False) -> int:
+    """Wait until the run's trainer has stopped itself at `fault` (pause@N, hold@N); its pid. `meanwhile()` is
+    called at each poll (a nudge)."""
+    return wait_for(lambda: (fired(run_dir, fault) and held_trainer(run_dir)) or meanwhile(), LONG,
+                    f"the trainer held at {fault}", interval=1)  # held until the test acts: no hurry
 
 
 def wait_requeued(slurm, job: str, restarts: int) -> None:
     """Until Slurm holds the job pending after its requeue (`release` then starts it)."""
     wait_for(lambda: slurm.job_field(job, "JobState") == "PENDING" and slurm.job_field(job, "Restarts") ==
-             str(restarts), 90, f"job {job} pending after requeue {restarts}")
+             str(restarts), LONG, f"job {job} pending after requeue {restarts}")
 
 
 def nudge(slurm, job: str) -> bool:
@@ -91,7 +95,7 @@ def nudge(slurm, job: str) -> bool:
 def release(slurm, job: str, restarts: int) -> None:
     """Start the requeued job now (nudge), until Slurm shows it in another state than PENDING; an empty state is
     a `scontrol show job` that did not answer (a loaded slurmctld), not a start."""
-    wait_for(lambda: slurm.job_field(job, "JobState") not in ("PENDING", "") or nudge(slurm, job), 90,
+    wait_for(lambda: slurm.job_field(job, "JobState") not in ("PENDING", "") or nudge(slurm, job), LONG,
              f"job {job} started again after requeue {restarts}", interval=3)
 
 
@@ -110,20 +114,28 @@ def test_slurm_job_scripts_are_accepted_by_sbatch(slurm, tmp_path):
 
 def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_weights(tmp_path, undisturbed, slurm):
     straight = undisturbed()
-    config = straight.config_like(tmp_path, "sl", remote=True, run={"scratch": ""}, **SLOW_STEPS)
+    # restart.hang_timeout: a held trainer is held, never taken for hung
+    config = straight.config_like(tmp_path, "sl", remote=True, run={"scratch": ""}, restart={"hang_timeout": "10m"})
     cfg = load_config(config)
-    # the multi-node script on one node: every attempt an srun step; sigkill@15 fires after both preemptions
-    job = submit(slurm, MULTINODE_SBATCH, config, tmp_path, "--nodes=1", MINILMD_FAULT="sigkill@15")
+    # the multi-node script on one node: every attempt an srun step
+    job = submit(slurm, MULTINODE_SBATCH, config, tmp_path, "--nodes=1",
+                 **{FAULT_ENV: FAULTS, TRAINER_CMD_ENV: f"{sys.executable} {PAUSING_TRAINER}"})
     try:
-        # 1. the time-limit warning: save, sync, requeue itself
-        wait_for(lambda: beating_in_start(cfg.run_dir, job, 0), 120, "training in the first start")
+        # 1. the time-limit warning while the trainer is held at step 6: the supervisor asks its step to save
+        # (scancel --signal=TERM); released once that SIGTERM waits for it, it saves, the last sync runs, the job
+        # requeues itself
+        trainer = held(cfg.run_dir, "pause@6")
         slurm.run("scancel", "--batch", "--signal=USR1", job)
-        wait_for(lambda: state(cfg.run_dir).get("outcome") and state(cfg.run_dir)["phase"] == "done", 90,
+        wait_for(lambda: pending(trainer, signal.SIGTERM) or proc_state(trainer) != "T", LONG,
+                 "the step's SIGTERM at the held trainer")
+        if held_trainer(cfg.run_dir) == trainer:
+            os.kill(trainer, signal.SIGCONT)
+        wait_for(lambda: state(cfg.run_dir).get("outcome") and state(cfg.run_dir)["phase"] == "done", LONG,
                  "the first start's end")
         first = state(cfg.run_dir)
         preempted_at = first["slurm"]["preempted_at_step"]
         assert first["reason"] == f"requeued by Slurm (preempted at step {preempted_at})"
-        assert 0 < preempted_at < 15 and first["slurm"]["requeued"] and first["outcome"]["exit"] == 0
+        assert 0 < preempted_at < 10 and first["slurm"]["requeued"] and first["outcome"]["exit"] == 0
         wait_requeued(slurm, job, 1)
         status = cli("status", str(cfg.run_dir), SLURM_CONF=str(slurm.conf))  # as on a login node
         print(status.stdout)
@@ -132,19 +144,19 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
         live = re.search(rf"Slurm job {job} on 1 node\(s\) {slurm.node}: (\w+) \(now\)", status.stdout)
         assert live and live[1] == "PENDING", status.stdout
         release(slurm, job, 1)
-        # 2. an admin requeues the running job: Slurm's SIGTERM; the job is not requeued a second time by itself
-        # (polled often: the admin's requeue must come before the fault at step 15)
-        wait_for(lambda: beating_in_start(cfg.run_dir, job, 1) or nudge(slurm, job), 120,
-                 "training in the second start")
+        # 2. an admin requeues the running job, its trainer held at step 10: Slurm's SIGTERM; the job is not
+        # requeued a second time by itself
+        held(cfg.run_dir, "hold@10", lambda: nudge(slurm, job))
         slurm.run("scontrol", "requeue", job)
         wait_requeued(slurm, job, 2)
         second = state(cfg.run_dir)
-        # Slurm's SIGTERM reaches srun too, which SIGKILLs its tasks: the step resumes from the last synced one
-        assert preempted_at <= second["slurm"]["preempted_at_step"] < 15, second["slurm"]
+        # the held trainer never saves (its torchrun, SIGTERMed by Slurm, SIGKILLs it 30 s later; Slurm's KillWait
+        # is longer, tests/slurm_cluster.py): the job resumes from the last synced step, at most the one before 10
+        assert preempted_at <= second["slurm"]["preempted_at_step"] < 10, second["slurm"]
         assert "requeued by Slurm" in second["reason"] and second["restarts"] == []
         release(slurm, job, 2)
         # 3. the third start: a rank SIGKILLed at step 15 ends the srun step; relaunched, it ends the budget
-        wait_for(lambda: slurm.job_field(job, "JobState") == "COMPLETED" or nudge(slurm, job), 180,
+        wait_for(lambda: slurm.job_field(job, "JobState") == "COMPLETED" or nudge(slurm, job), LONG,
                  "the job's completion", interval=1)
     finally:
         slurm.run("scancel", job, check=False)

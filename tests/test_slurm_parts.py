@@ -109,6 +109,21 @@ def test_slurm_multinode_launch_is_srun_with_one_c10d_torchrun_per_node(tmp_path
     assert one.command(train, 1, Cfg, None)[:3] == ["srun", "--nodes", "1"]
 
 
+def test_slurm_srun_launch_runs_the_trainer_command_given_in_the_environment_in_each_rank(tmp_path, monkeypatch):
+    # MINILMD_TRAINER_CMD (a test's trainer, tests/pausing_trainer.py) is what torchrun starts, as on one server
+    monkeypatch.setenv("MINILMD_SLURM_SRUN", "1")
+    monkeypatch.setenv("MINILMD_TRAINER_CMD", "/usr/bin/python3 /t/pausing_trainer.py")
+    train = ["/usr/bin/python3", "/t/pausing_trainer.py", "train", "/r/run.toml"]
+    cfg = type("Cfg", (), {"scratch_dir": tmp_path / "s", "run_dir": tmp_path / "r", "scratch_is_default": False,
+                           "data": type("data", (), {"prepared": "/nfs/corpus"}),
+                           "run": type("run", (), {"name": "r"})})
+    command = job_for(FakeScontrol()).command(train, 1, cfg, None)
+    assert command[command.index("--max-restarts") + 2:] == ["--no-python", *train]
+    monkeypatch.delenv("MINILMD_TRAINER_CMD")
+    command = job_for(FakeScontrol()).command(train, 1, cfg, None)
+    assert command[command.index("--max-restarts") + 2:] == ["-m", "minilmd.cli", "train", "/r/run.toml"]
+
+
 @pytest.mark.parametrize("by, job_line, budget_done, expect_requeue, reason", [
     ("USR1", "JobState=RUNNING Reason=None Restarts=1", False, True, "requeued by Slurm (preempted at step 7)"),
     ("SIGTERM", "JobState=COMPLETING Reason=TimeLimit Restarts=1", False, True, "requeued by Slurm (preempted"),

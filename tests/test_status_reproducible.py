@@ -12,12 +12,14 @@ from minilmd.daemon.views import status as views
 from minilmd.fsio import atomic_write_json
 
 
-def status_of(tmp_path: Path, device: str, deterministic: bool | None, devices: list) -> str:
-    run_dir = tmp_path / f"run-{device}-{deterministic}"
+def status_of(tmp_path: Path, device: str, deterministic: bool | None, devices: list, done: bool = False) -> str:
+    run_dir = tmp_path / f"run-{device}-{deterministic}-{done}-{len(devices)}"
     run_dir.mkdir()
     st = new_state("demo", run_dir, str(tmp_path / "demo.toml"))
     st.update(phase="training", since=time.time(), devices=devices,
               child={"pid": 4242, "attempt": 1, "log": "logs/attempt-0001.log"})
+    if done:  # the trainer ended: no child, its progress and devices stay in state.json
+        st.update(phase="done", child=None, progress={**st["progress"], "step": 240, "total_steps": 240})
     atomic_write_json(run_dir / "state.json", st)
     det = "" if deterministic is None else f"deterministic = {str(deterministic).lower()}\n"
     (run_dir / names.RUN_CONFIG_COPY).write_text(
@@ -33,3 +35,19 @@ def test_status_says_whether_the_run_is_bit_reproducible(tmp_path):
     assert "bit-reproducible: no on the GPU (train.deterministic = false" in status_of(tmp_path, "cuda", False, [0])
     assert "bit-reproducible: yes, on the CPU" in status_of(tmp_path, "cpu", False, [])
     assert "bit-reproducible: yes, on the CPU" in status_of(tmp_path, "auto", False, [])  # no card leased: CPU
+
+
+def test_a_cpu_run_is_said_reproducible_on_the_cpu_whatever_train_deterministic_says(tmp_path):
+    """train.deterministic is on by default and chooses GPU kernels: a CPU run was shown "yes (train.deterministic:
+    deterministic kernels on the GPU ...)", for one that never touched a GPU."""
+    for deterministic in (None, True):
+        shown = status_of(tmp_path, "cpu", deterministic, [])
+        assert "bit-reproducible: yes, on the CPU" in shown and "kernels on the GPU" not in shown, shown
+
+
+def test_a_finished_run_of_device_auto_that_leased_no_card_is_said_reproducible_on_the_cpu(tmp_path):
+    """The demo (train.device = "auto") finished on a machine without a GPU was shown "deterministic kernels on the
+    GPU": with its trainer gone, only the devices it leased (none) say where it ran."""
+    shown = status_of(tmp_path, "auto", None, [], done=True)
+    assert "bit-reproducible: yes, on the CPU" in shown and "kernels on the GPU" not in shown, shown
+    assert "bit-reproducible: yes (train.deterministic" in status_of(tmp_path, "auto", None, [0], done=True)

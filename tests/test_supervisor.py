@@ -297,6 +297,7 @@ def test_status_logs_and_stop_on_a_directory_that_is_not_a_run(tmp_path):
         out = cli(*command, str(tmp_path), timeout=30)
         assert out.returncode == 2
         assert "not a minilmd run directory" in out.stderr
+        assert f"e.g. `minilmd {command[0]} /path/to/run`" in out.stderr  # the command given, not always status
 
 
 @pytest.mark.slow

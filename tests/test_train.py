@@ -120,6 +120,20 @@ def test_bad_config_exits_2_and_bad_data_exits_65(tmp_path, corpus):
 
 
 @pytest.mark.slow
+def test_a_cpu_runs_last_words_are_its_own_not_the_cublas_workspace(tmp_path, corpus):
+    """A CPU run's output has no cuBLAS workspace line: the supervisor's last error of a CPU run failing at once was
+    `data error, final: minilmd: CUBLAS_WORKSPACE_CONFIG=:4096:8 (from the environment) | minilmd train: ...`."""
+    broken = tmp_path / "broken"
+    shutil.copytree(corpus[0], broken)
+    with open(broken / "train" / "tokens.bin", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 2)
+    for env in ({}, {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}):
+        bad_data = train(write_config(tmp_path, (broken, corpus[1]), name="data"), **env)
+        assert bad_data.returncode == EXIT_DATA and "tokens.bin" in bad_data.stderr, bad_data
+        assert "CUBLAS_WORKSPACE_CONFIG" not in bad_data.stdout + bad_data.stderr, bad_data
+
+
+@pytest.mark.slow
 def test_padded_mode_counts_only_real_tokens(tmp_path, corpus):
     config = write_config(tmp_path, corpus, data={"mode": "padded"}, train={"max_steps": 3})
     p = train(config)

@@ -197,17 +197,19 @@ def learn_own_uid_at(root_fd: int) -> int:
 def open_root(root: str) -> Dir:
     """A local remote's root opened and checked by dirfd's rule (Dir.open: no link on the way but one of root's or
     this user's, no directory above it another user owns or can rearrange; the root itself may be a team directory
-    others write, by its owner's choice: `group_share`), for Remote._root. The directories above it that a sync made
-    (Remote._make_root) are, on a squashing share, the owner the share gives this user's new files (OWN_UIDS), not
-    this user's: where the rule refuses, that owner is learnt in the root (or, before the first sync made it, in the
-    nearest directory above it that is there), and the rule asked again counting it as this user's. PlaceRefused (a
-    ValueError) when the rule refuses it; FileNotFoundError when it is not there."""
+    others write, by its owner's choice: `group_share`, and so may the directories above it, group-writable ones
+    of root's or this user's, never world-writable unless sticky: `team_above`, /nfs/team/alice/run1 under a
+    2775 /nfs/team), for Remote._root. The directories above it that a sync made (Remote._make_root) are, on a
+    squashing share, the owner the share gives this user's new files (OWN_UIDS), not this user's: where the rule
+    refuses, that owner is learnt in the root (or, before the first sync made it, in the nearest directory above it
+    that is there), and the rule asked again counting it as this user's. PlaceRefused (a ValueError) when the rule
+    refuses it; FileNotFoundError when it is not there."""
     try:
-        opened = Dir.open(root, "run.remote", group_share=True, owners=OWN_UIDS)
+        opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
     except PlaceRefused:
         if not learn_own_uid(_nearest_there(root)):
             raise
-        opened = Dir.open(root, "run.remote", group_share=True, owners=OWN_UIDS)
+        opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
     opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
     return opened
 

@@ -13,6 +13,7 @@ does not wait. Torch-free.
 """
 from __future__ import annotations
 
+import functools
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base.runstate import RunState, fmt_time, now, supervisor_runs_here
 from minilmd.daemon.base.statesections import InitWait, StateJson
+from minilmd.daemon.base.worker import Worker
 from minilmd.init_source import (
     InitSourceError,
     InitSourceUnreachable,
@@ -107,30 +109,73 @@ def liveness_text(run: str, live: Liveness | None) -> str:
             f"this run waits)")
 
 
+@dataclass(frozen=True)
+class PredecessorPoll:
+    """One read of the predecessor (init_source.predecessor, its report and liveness), made in a worker thread."""
+
+    pred: Predecessor | None
+    report: PredecessorReport | None = None
+    live: Liveness | None = None
+    share: tuple[str, ...] = ()
+    """Once it is done: the update share lines (plan/update_share.py) `run --check` could not say before."""
+
+
+def poll_predecessor(cfg: RunConfig) -> PredecessorPoll:
+    """Everything InitWaiter reads of shared storage (the predecessor's config, its state.json, its base's
+    trainer_state), in one call for a worker thread: a stalled NFS holds that thread, never the loop. Raises
+    InitSourceError as `predecessor` does."""
+    pred = predecessor(cfg.init.from_)
+    if pred is None:
+        return PredecessorPoll(None)
+    report = predecessor_report(pred)
+    live = predecessor_liveness(pred, report.state) if report.outcome == "waiting" else None
+    return PredecessorPoll(pred, report, live, _update_share(cfg) if report.outcome == "done" else ())
+
+
+def _update_share(cfg: RunConfig) -> tuple[str, ...]:
+    from minilmd.plan.update_share import share_lines
+
+    try:
+        return tuple(share_lines(cfg))
+    except (OSError, ValueError, TypeError, KeyError):  # its base unreadable now: advice unsaid, as by --check
+        return ()
+
+
 class InitWaiter:
-    """Polls the predecessor; its view goes to state.json "init_wait" for `status`."""
+    """Polls the predecessor; its view goes to state.json "init_wait" for `status`. Each poll runs in a Worker
+    (daemon/base/worker.py): `tick` starts one every POLL_S and takes its answer once it has come."""
 
     def __init__(self, cfg: RunConfig, state: RunState, emit):
         self.cfg, self.state, self.emit = cfg, state, emit
         self.last_poll = 0.0
+        self.poll: Worker | None = None
+        """The poll under way (None between two)."""
         self.last_said: tuple | None = None
         """(outcome, phase, running, unreadable why) at the last line logged: a new line only when one changes."""
 
     def tick(self) -> InitOutcome | None:
-        """None while waiting; an InitOutcome once the predecessor is done or failed."""
-        if now() - self.last_poll < POLL_S:
-            return None
-        self.last_poll = now()
-        try:
-            pred = predecessor(self.cfg.init.from_)
-        except InitSourceUnreachable:
+        """None while waiting (and while a poll has not answered); an InitOutcome once the predecessor is done or
+        failed."""
+        if self.poll is None:
+            if now() - self.last_poll < POLL_S:
+                return None
+            self.last_poll = now()
+            self.poll = Worker("init-wait", functools.partial(poll_predecessor, self.cfg))
+        if not self.poll.done:
+            return None  # its share does not answer (yet): the loop goes on, the thread waits
+        poll, self.poll = self.poll, None
+        if isinstance(poll.error, InitSourceUnreachable):
             return None  # its share cannot be reached now: still a wait, never a failure
-        except InitSourceError as e:
-            return InitOutcome(failed=f"init.from = {self.cfg.init.from_!r}: {e}")
-        if pred is None:
+        if isinstance(poll.error, InitSourceError):
+            return InitOutcome(failed=f"init.from = {self.cfg.init.from_!r}: {poll.error}")
+        if poll.error is not None:
+            raise poll.error
+        return self._take(poll.result)
+
+    def _take(self, found: PredecessorPoll) -> InitOutcome | None:
+        pred, report, live = found.pred, found.report, found.live
+        if pred is None or report is None:
             return InitOutcome(done=True)
-        report = predecessor_report(pred)
-        live = predecessor_liveness(pred, report.state) if report.outcome == "waiting" else None
         wait = self.state.init_wait or InitWait(since=now(), checks=0)
         wait.run, wait.run_dir, wait.root, wait.why = pred.name, str(pred.run_dir), str(pred.root), report.why
         wait.running = None if live is None else live.running
@@ -143,22 +188,12 @@ class InitWaiter:
             self.emit("init_wait", f"init.from: {report.why}" + (f"; {wait.not_running}" if wait.not_running else ""))
             self.last_said = said
         if report.outcome == "done":
-            self._say_update_share()
+            for line in found.share:  # said now, once, into the run's log (a WARNING above eval.update_share_warn)
+                self.emit("update_share", line)
             return InitOutcome(done=True)
         if report.outcome == "failed":
             return InitOutcome(failed=f"the run this one starts from failed, so this one cannot start: {report.why}")
         return None
-
-
-    def _say_update_share(self) -> None:
-        """The update share `run --check` could not say while the predecessor had not finished (the stages started
-        together): said now, once, into the run's log (a WARNING above eval.update_share_warn). Its base's
-        trainer_state is read in a thread, bounded: a stalled share never holds the loop up."""
-        from minilmd.plan.update_share import share_lines
-
-        answered, lines, _ = bounded_probe(share_lines, self.cfg)
-        for line in lines if answered else []:
-            self.emit("update_share", line)
 
 
 def _change_key(report: PredecessorReport, live: Liveness | None) -> tuple:

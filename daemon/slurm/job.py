@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import socket
 import subprocess
 import sys
@@ -172,6 +173,13 @@ def rendezvous_env() -> dict[str, str]:
     return {names.RDZV_SECRET_ENV: secrets.token_hex(32)}
 
 
+def rank_program() -> list[str]:
+    """What torchrun starts in each rank: `-m minilmd.cli`, or the trainer command given in MINILMD_TRAINER_CMD (a
+    test's trainer, e.g. one that holds itself at a step) as it is, through torchrun's --no-python."""
+    custom = os.environ.get(names.TRAINER_CMD_ENV)
+    return ["--no-python", *shlex.split(custom)] if custom else ["-m", "minilmd.cli"]
+
+
 def launch_command(train_command: list[str], alloc: Allocation, nproc_per_node: int, attempt: int,
                    scratch: Path, source: str, run_dir: Path, run_name: str, default_scratch: bool,
                    port: int) -> list[str]:
@@ -181,7 +189,7 @@ def launch_command(train_command: list[str], alloc: Allocation, nproc_per_node: 
     torchrun = [sys.executable, "-m", RDZV_LAUNCHER, "--nnodes", str(alloc.nnodes),
                 "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", RDZV_BACKEND,
                 "--rdzv-endpoint", alloc.rendezvous_endpoint(port), "--rdzv-id", f"minilmd-{alloc.job_id}-{attempt}",
-                "--max-restarts", "0", "-m", "minilmd.cli", *tail]
+                "--max-restarts", "0", *rank_program(), *tail]
     node_step = [sys.executable, "-m", "minilmd.daemon.slurm.node", "--scratch", str(scratch), "--source", source,
                  "--run-dir", str(run_dir), "--run-name", run_name, *(["--default"] if default_scratch else []), "--"]
     return ["srun", "--nodes", str(alloc.nnodes), "--ntasks", str(alloc.nnodes), "--ntasks-per-node", "1",

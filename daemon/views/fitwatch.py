@@ -20,17 +20,10 @@ Torch-free and light, like the rest of the views.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 
 LN2_EVALS = 3
 LN2_TOLERANCE = 1e-3
@@ -82,18 +75,20 @@ def once_per_step(records: list[dict]) -> list[dict]:
 
 def warn_settings(run_dir: Path, dpo: bool = False) -> tuple[int, float, float]:
     """(eval.warn_rising, the train/val gap, the probe's rise) of the run's config copy, the defaults where it says
-    nothing. eval.warn_gap bounds both; left unset on a DPO run, the train/val gap is DPO_WARN_GAP (a DPO loss starts
-    at ln 2), while the probe, scored by its next-token loss on every run, keeps the usual default."""
-    from minilmd.config import EvalSection
+    nothing or cannot be read. eval.warn_gap bounds both; left unset on a DPO run, the train/val gap is DPO_WARN_GAP
+    (a DPO loss starts at ln 2), while the probe, scored by its next-token loss on every run, keeps the usual
+    default. The copy is read as the other views read it (load_config's untrusted read: a FIFO, a link, a file too
+    big or nested too deep is refused, its values typed), never parsed here."""
+    from minilmd.config import ConfigError, EvalSection, load_config
 
-    defaults = EvalSection()
     try:
-        section = tomllib.loads((run_dir / names.RUN_CONFIG_COPY).read_text(encoding="utf-8")).get("eval") or {}
-    except (OSError, ValueError):
-        section = {}
-    probe_gap = float(section.get("warn_gap", defaults.warn_gap))
-    gap = float(section.get("warn_gap", DPO_WARN_GAP if dpo else defaults.warn_gap))
-    return int(section.get("warn_rising", defaults.warn_rising)), gap, probe_gap
+        cfg = load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True)
+    except (ConfigError, OSError):
+        defaults = EvalSection()
+        return defaults.warn_rising, DPO_WARN_GAP if dpo else defaults.warn_gap, defaults.warn_gap
+    section = cfg.eval
+    gap = DPO_WARN_GAP if dpo and not cfg.is_set("eval.warn_gap") else section.warn_gap
+    return section.warn_rising, gap, section.warn_gap
 
 
 def epochs(records: list[dict]) -> list[Epoch]:

@@ -15,11 +15,12 @@ def reproducibility_lines(run_dir: Path, state: StateJson) -> list[str]:
         cfg = load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True)
     except (ConfigError, OSError):
         return []
-    on_cpu = cfg.train.device == "cpu" or (state.child is not None and not state.devices)
+    trained = state.child is not None or state.progress.step is not None  # a trainer ran (or runs): its devices
+    on_cpu = cfg.train.device == "cpu" or (trained and not state.devices)  # are kept once it ended (a done run)
+    if on_cpu:  # first: train.deterministic (on by default) chooses GPU kernels, and says nothing of a CPU run
+        return ["  bit-reproducible: yes, on the CPU (a resumed run ends as an undisturbed one would)"]
     if cfg.train.deterministic:
         return ["  bit-reproducible: yes (train.deterministic: deterministic kernels on the GPU; a resumed run ends "
                 "as an undisturbed one would)"]
-    if on_cpu:
-        return ["  bit-reproducible: yes, on the CPU (train.deterministic = false would not make a GPU run so)"]
     return ["  bit-reproducible: no on the GPU (train.deterministic = false: torch's default kernels; a resumed run "
             "ends close to, not equal to, an undisturbed one)"]

@@ -29,7 +29,8 @@ from minilmd.untrusted import Unreadable, printable
 NOT_A_RUN = 2
 
 
-def _run_problem(run_dir: Path) -> str | None:
+def _run_problem(run_dir: Path, command: str = "status") -> str | None:
+    """Why run_dir is not a run directory (None: it is one); `command`, the one to suggest again on a run."""
     try:
         if not run_dir.exists():
             return f"{run_dir}: no such directory"
@@ -40,21 +41,21 @@ def _run_problem(run_dir: Path) -> str | None:
         return f"{run_dir}: cannot be read ({e.strerror or e})"
     if not found:
         return (f"{run_dir}: not a minilmd run directory (no {names.STATE}, {names.RUN_CONFIG_COPY} or "
-                f"{names.LOCK}); give the run.dir of a run config, e.g. `minilmd status /path/to/run`")
+                f"{names.LOCK}); give the run.dir of a run config, e.g. `minilmd {command} /path/to/run`")
     return None
 
 
-def _is_a_run(run_dir: Path) -> bool:
+def _is_a_run(run_dir: Path, command: str = "status") -> bool:
     """Whether run_dir is a run directory; if not, says why on stderr (the caller exits NOT_A_RUN)."""
-    problem = _run_problem(run_dir)
+    problem = _run_problem(run_dir, command)
     if problem:
         print(problem, file=sys.stderr)
     return problem is None
 
 
-def is_run_dir(run_dir: str | os.PathLike) -> bool:
-    """Whether run_dir is a run directory; if not, says why on stderr."""
-    return _is_a_run(Path(run_dir))
+def is_run_dir(run_dir: str | os.PathLike, command: str = "status") -> bool:
+    """Whether run_dir is a run directory; if not, says why on stderr (suggesting `minilmd COMMAND` on a run)."""
+    return _is_a_run(Path(run_dir), command)
 
 
 def summary_lines(state: StateJson, alive: bool, t: float | None = None) -> list[str]:
@@ -282,7 +283,7 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
     Follows until interrupted."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
-    problem = _run_problem(run_dir)
+    problem = _run_problem(run_dir, "logs")
     if problem and follow:
         # `logs -f` started beside `run` (the tmux launcher) may come before the run directory: wait for it
         print(f"{problem}\nwaiting for it to become a run (Ctrl-C to quit)...", file=sys.stderr, flush=True)

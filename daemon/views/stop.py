@@ -35,7 +35,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     it left behind (daemon/child/orphans.py); never one a file of the run names by its pid."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
-    if not _is_a_run(run_dir):
+    if not _is_a_run(run_dir, "stop"):
         return protocol.STOP_NOT_A_RUN
     try:
         scope = procs.scope_of(run_dir)

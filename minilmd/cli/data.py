@@ -61,7 +61,7 @@ def tokenizer_train_command(
     import sys
 
     from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside
-    from minilmd.corpus.sources.jsonl import InputError
+    from minilmd.corpus.sources.jsonl import CHAT_LINE, TOKENIZER_CHAT_ADVICE, InputError
     from minilmd.corpus.tokenizer_train import TokenizerError
 
     template_config = None
@@ -88,8 +88,13 @@ def tokenizer_train_command(
     except KeyboardInterrupt:
         typer.echo(f"tokenizer train: interrupted, nothing written ({out} is as it was)", err=True)
         raise typer.Exit(130) from None
+    except RuntimeError as e:  # the training failed otherwise (not a read or write: not exit 74)
+        typer.echo(f"tokenizer train: the training failed: {e}; nothing written ({out} is as it was)", err=True)
+        raise typer.Exit(1) from None
     if bad:
         typer.echo(f"skipped bad lines: {bad}", err=True)
+        if CHAT_LINE in bad:
+            typer.echo(f"{bad[CHAT_LINE]:,} of them chat data: {TOKENIZER_CHAT_ADVICE}", err=True)
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
     if template_config is not None:
         typer.echo(f"wrote {write_beside(out, template_config)}: chat template {chat_template}")
@@ -102,7 +107,8 @@ def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_si
     its process (Python's handlers run in the main thread alone, between bytecodes) waited until training ended,
     minutes later. This process only waits on a pipe, which a signal interrupts: KeyboardInterrupt here, and the
     training process is killed at once (it ignores SIGINT: a terminal's Ctrl-C reaches the whole group). The
-    training's own errors (InputError, TokenizerError, OSError) are raised here again."""
+    training's own errors (InputError, TokenizerError, OSError) are raised here again, any other as a RuntimeError
+    naming it."""
     import os
     import signal
 
@@ -155,6 +161,8 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
         send.send((tok.to_str(pretty=True), tok.get_vocab_size(with_added_tokens=True), bad))
     except (InputError, TokenizerError, OSError) as e:
         send.send(e)
+    except Exception as e:  # noqa: BLE001 - anything else (a panic of the library, MemoryError) said as itself
+        send.send(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
 def _write_tokenizer(out: str, text: str) -> None:

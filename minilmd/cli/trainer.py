@@ -56,6 +56,8 @@ def verify_command(
     raise typer.Exit(0 if report["ok"] else 1)
 
 
+CHECKPOINT_HELP = ("A step-XXXXXXXX checkpoint directory, a directory with LATEST, or a run directory (the "
+                   "checkpoint a resume of the run would take: the newest valid one of its scratch and run.remote).")
 LORA_HELP = ("A LoRA run's checkpoint (or its root) to put on CHECKPOINT, which must be the base it was trained on. "
              "A LoRA checkpoint given as CHECKPOINT brings its own recorded base.")
 NO_LORA_HELP = "With a LoRA checkpoint: the base alone, its adapters switched off."
@@ -63,7 +65,7 @@ NO_LORA_HELP = "With a LoRA checkpoint: the base alone, its adapters switched of
 
 @commands.command()
 def sample(
-    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
     prompt: str = typer.Option(..., "--prompt", help="Text to continue; the model sees BOS + text (with --chat: "
                                "the user's message)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
@@ -81,7 +83,10 @@ def sample(
     lora: str = typer.Option("", "--lora", help=LORA_HELP),
     no_lora: bool = typer.Option(False, "--no-lora", help=NO_LORA_HELP),
 ) -> None:
-    """Generate text from a checkpoint with a KV cache."""
+    """Generate text from a checkpoint with a KV cache.
+
+    Exit status: 0, 1 a checkpoint or tokenizer that cannot be used, 2 a --tokenizer whose vocabulary is not the
+    model's."""
     from minilmd.trainer.model.export import ExportError
     from minilmd.trainer.model.generate import sample_text
 
@@ -99,13 +104,13 @@ def sample(
                            seed, device, lora or None, no_lora)
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
     typer.echo(prompt + text)
 
 
 @commands.command("chat")
 def chat_command(
-    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
     system: str = typer.Option("", "--system", help="A system message opening the conversation."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="The longest reply, in tokens."),
     temperature: float = typer.Option(0.85, "--temperature", min=0.0, help="0 = greedy."),
@@ -135,12 +140,12 @@ def chat_command(
         converse(session, sys.stdin, sys.stdout, system or None, interactive_prompt(), echo=not sys.stdin.isatty())
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd chat: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
 
 
 @commands.command()
 def export(
-    checkpoint: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a directory with LATEST."),
+    checkpoint: str = typer.Argument(..., help=CHECKPOINT_HELP),
     format: str = typer.Option(..., "--format", help="minimind (a .pth for MiniMind's eval_llm.py), hf "
                                                      "(a Qwen3ForCausalLM directory) or peft (a LoRA run's "
                                                      "adapters as a PEFT adapter directory)."),
@@ -157,6 +162,11 @@ def export(
     share: str = typer.Option("private", "--share", help="Who may read the export: private (0700/0600), "
                                                          "group (0750/0640) or all (0755/0644); your umask only "
                                                          "tightens it."),
+    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
+                                     "users may write (group-writable, not sticky): use it anyway. Without it such a "
+                                     "directory is refused (they could swap what the export writes there); with it "
+                                     "the export is still written 0700 and published through the directory opened "
+                                     "once, and a killed export's copy there is left for you to remove."),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers.
 
@@ -165,7 +175,8 @@ def export(
     before is left as it was. One a killed export left (SIGKILL, OOM) is removed by the next export to that --out,
     and said, when its process is gone and it is your own file or directory; another user's, a link, another host's
     or an older .OUT.tmp is left and said. Exit status: 0 written, 1 a checkpoint or argument that cannot be
-    exported, 2 an --out it must not write (a symbolic link; another export to it still running), 74 the export
+    exported, 2 an --out it must not write (a symbolic link; another export to it still running; a directory others can
+    rearrange, without --group-share), 74 the export
     could not be written (the message says why: a full disk or quota with the room left, permission denied, a
     read-only or failing file system), 130 interrupted (Ctrl-C, SIGTERM)."""
     import signal
@@ -193,7 +204,7 @@ def export(
         )
 
         if format == "minimind":
-            path, checked = write_minimind(checkpoint, out, merge)
+            path, checked = write_minimind(checkpoint, out, merge, group_share)
             try:  # only for the eval command's advice: the .pth is written and published, whatever this finds
                 chat = find_chat_config(checkpoint, tokenizer or None, checked=checked) is not None
             except ExportError as e:
@@ -204,12 +215,12 @@ def export(
             typer.echo(f"wrote {path} (fp16). "
                        f"{minimind_eval_command(path, checked.state['config']['model'], chat, weight)}")
         elif format == "hf":
-            path = export_hf(checkpoint, out, tokenizer or None, dtype, merge)
+            path = export_hf(checkpoint, out, tokenizer or None, dtype, merge, group_share)
             typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
         elif format == "peft":
             from minilmd.trainer.model.adapter import export_peft
 
-            path = export_peft(checkpoint, out, base_name)
+            path = export_peft(checkpoint, out, base_name, group_share)
             if base_name:
                 typer.echo(f"wrote {path}: AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) (its base: "
                            f"{base_name})")

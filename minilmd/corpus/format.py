@@ -332,14 +332,14 @@ def read_doc_lengths(path: Path, documents: int) -> np.ndarray:
         fd = open_regular(path)
     except Unreadable as e:
         raise _corpus_error(path, e) from None
+    buf, got = bytearray(NPY_HEADER_MAX + 8 * max(documents, 0)), 0  # read into once: no copy of the lengths
     try:
-        want, chunks = NPY_HEADER_MAX + 8 * max(documents, 0), []
-        while want > 0 and (chunk := os.read(fd, want)):
-            chunks.append(chunk)
-            want -= len(chunk)
+        with memoryview(buf) as view:
+            while got < len(buf) and (n := os.readv(fd, [view[got:]])):
+                got += n
     finally:
         os.close(fd)
-    f = io.BytesIO(b"".join(chunks))
+    f = io.BytesIO(bytes(buf[:min(got, NPY_HEADER_MAX)]))
     try:
         read_header = _NPY_HEADERS.get(npy_format.read_magic(f))
         if read_header is None:
@@ -350,10 +350,9 @@ def read_doc_lengths(path: Path, documents: int) -> np.ndarray:
     if len(shape) != 1 or dtype.kind not in "iu" or shape[0] < documents:
         raise CorpusError(f"{path}: expected at least {documents} document lengths (a 1-D integer array), got "
                           f"{dtype} {shape}")
-    data = f.read(documents * dtype.itemsize)
-    if len(data) != documents * dtype.itemsize:
+    if got - f.tell() < documents * dtype.itemsize:
         raise CorpusError(f"{path}: shorter than its header says")
-    return np.frombuffer(data, dtype=dtype).astype(np.int64)
+    return np.frombuffer(buf, dtype=dtype, count=documents, offset=f.tell()).astype(np.int64, copy=False)
 
 
 def map_regular(path: Path, dtype, count: int) -> np.ndarray:
@@ -380,6 +379,8 @@ def _corpus_error(path: Path, e: Unreadable) -> Exception:
     if e.os_error is not None:
         return e.os_error
     why = f"{path}: {'missing' if e.missing else f'unreadable ({e.why})'}"
+    if e.kind == "link":  # a corpus assembled with links (a dedup store): its files are read, never followed
+        why += ": minilmd follows no link inside a prepared corpus (it may sit where others write); copy the file in"
     return RefusedFile(why) if e.kind in ("link", "not_regular", "changed") else CorpusError(why)
 
 

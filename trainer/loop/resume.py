@@ -5,7 +5,6 @@ parts, trainer/loop/parts.py); or, for a fresh run, the weights of [init] from; 
 init.from names at every start, which a resume must match."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -13,26 +12,16 @@ import torch.distributed as torch_dist
 
 from minilmd.checkpoint import CheckpointMismatch, Expectation
 from minilmd.config import ConfigError, RunConfig, stage_defaults
-from minilmd.names import RUN_DIR_ENV
 from minilmd.trainer.loop import multinode
 from minilmd.trainer.loop.distributed import Dist
 from minilmd.trainer.loop.parts import Found
-
-
-def checkpoint_roots(cfg: RunConfig) -> list[Path]:
-    roots = [cfg.checkpoint_dir]
-    remote = cfg.run.remote
-    # A supervisor has already fetched from the remote (in a thread): a stalled NFS must not hang the trainer.
-    if remote and not os.environ.get(RUN_DIR_ENV) and ("://" not in remote or remote.startswith("file://")):
-        roots.append(Path(remote.removeprefix("file://")))
-    return roots
 
 
 def resume(cfg: RunConfig, dist: Dist, expectation: Expectation) -> Found | None:
     """The newest valid checkpoint and what it holds, or None: rank 0 finds it (and quarantines bad ones), all ranks
     load it. Nothing is applied here: the Trainer does that, in one place (Trainer.apply_resume)."""
     from minilmd.checkpoint_dirs import clean_stale_tmp
-    from minilmd.checkpoint_select import find_latest
+    from minilmd.checkpoint_select import checkpoint_roots, find_latest
 
     found: list[str | None] = [None]
     if dist.is_main:

@@ -455,9 +455,11 @@ def run(cfg: RunConfig) -> int:
     dist = None
     step = 0
     warmup.set_cuda_alloc_conf(cfg.train.device)  # before CUDA is initialised
-    print(f"minilmd: {determinism.prepare_environment(cfg)}", flush=True)  # before CUDA is initialised too
+    prepared = determinism.prepare_environment(cfg)  # before CUDA is initialised too
     try:
         dist = init_distributed(cfg)
+        if dist.device.type == "cuda":  # said where cuBLAS runs: a CPU run's last words (its last error) are its own
+            print(f"minilmd: {prepared}", flush=True)
         determinism.apply(cfg, dist.device.type)
         trainer = Trainer(cfg, dist, stop)
         try:

@@ -167,7 +167,7 @@ def peft_config(state: dict, base_name: str) -> dict[str, Any]:
     }
 
 
-def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -> Path:
+def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "", group_share: bool = False) -> Path:
     """Write a PEFT adapter directory (see the module docstring); `base_name` goes into base_model_name_or_path
     (default: the base checkpoint's path). Published by a rename; an existing non-empty directory is refused."""
 
@@ -180,8 +180,8 @@ def export_peft(adapter: str | Path, out_dir: str | Path, base_name: str = "") -
         raise ExportError(f"{ckpt}: not a LoRA checkpoint (its run has no [lora] rank); export it with --format hf "
                           f"or minimind")
     tensors = {PEFT_PREFIX + k: v.contiguous() for k, v in validated_tensors(checked).items()}
-    out_dir = fresh_export_dir(out_dir)
-    with writing(out_dir) as copy:
+    out_dir = fresh_export_dir(out_dir, group_share)
+    with writing(out_dir, group_share) as copy:
         tmp = copy.inside  # through its descriptor, never its name (export_paths.ExportCopy)
         save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
         perms.settle_new_file(tmp / PEFT_WEIGHTS)  # safetensors makes it 0600 whatever --share says

@@ -10,25 +10,26 @@
   `generation_config.json` and the tokenizer files, loadable by `Qwen3ForCausalLM.from_pretrained(out_dir)`; for a
   model trained on a chat corpus `tokenizer_config.json` carries its `chat_template`, so that transformers'
   `apply_chat_template` renders prompts as the model saw them (`find_chat_config`).
-- The tokenizer files (`find_tokenizer`, `find_chat_config`; `minilmd sample` and `minilmd chat` load them too):
-  looked for in this order: an explicit --tokenizer, the checkpoint, the prepared corpus its run trained on
-  (trainer_state config.data.prepared, a hint). Each file is read once, and what is used (written into an export,
-  loaded) is the bytes read, never the path opened again. --tokenizer is the user's own choice: a symbolic link
-  there is followed (a Hugging Face cache is links into its blobs), and the file it leads to is read as untrusted
-  all the same (regular only, so a FIFO is never opened; bounded). A checkpoint may be another user's or on a shared
-  remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link followed
-  (a link to someone's private file is never copied into an export), regular only, bounded (TOKENIZER_MAX_BYTES,
+- The tokenizer files (`find_tokenizer`, `find_chat_config`; `minilmd sample` and `minilmd chat` load them too): looked
+  for in this order: an explicit --tokenizer, the checkpoint, the prepared corpus its run trained on (trainer_state
+  config.data.prepared, a hint). Each file is read once, and what is used (written into an export, loaded) is the bytes
+  read, never the path opened again. --tokenizer is the user's own choice: a symbolic link there is followed (a Hugging
+  Face cache is links into its blobs), and the file it leads to is read as untrusted all the same (regular only, so a
+  FIFO is never opened; bounded), and must have the model's vocabulary size (config.model.vocab_size; another is
+  TokenizerMismatch, exit 2: its ids would decode as other text). A checkpoint may be another user's or on a shared
+  remote, a prepared corpus may be shared: their files are read as minilmd/untrusted.py reads one: no link followed (a
+  link to someone's private file is never copied into an export), regular only, bounded (TOKENIZER_MAX_BYTES,
   TOKENIZER_CONFIG_MAX_BYTES). An export takes the checkpoint's own tokenizer files from its one validation
-  (Validated.tokenizer, .tokenizer_config: the bytes hashed against the manifest as it read them, so a file swapped
-  in after validation is never what is exported); one in the directory that the manifest does not list was not
-  written by the trainer (which lists every file it writes, and always has) and is refused unread; `minilmd sample`
-  and `minilmd chat` keep their load's validation and do the same. A tokenizer.json must have the sha256 the run
-  recorded (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file
-  into each checkpoint) when the run recorded one. A file that is not there is passed by (the next place is tried),
-  and so is the corpus's when it cannot be read (the corpus is only named by the trainer_state: another user's
-  private directory, or gone); one that is there but refused is an ExportError naming it and why, never silently
-  replaced by another place's. minilmd's checkpoints and corpora carry the chat template resolved in
-  tokenizer_config.json, so chat_template.jinja is read beside --tokenizer only.
+  (Validated.tokenizer, .tokenizer_config: the bytes hashed against the manifest as it read them, so a file swapped in
+  after validation is never what is exported); one in the directory that the manifest does not list was not written by
+  the trainer (which lists every file it writes, and always has) and is refused unread; `minilmd sample` and `minilmd
+  chat` keep their load's validation and do the same. A tokenizer.json must have the sha256 the run recorded
+  (trainer_state fingerprints.tokenizer, of the validated trainer_state: the trainer copies that very file into each
+  checkpoint) when the run recorded one. A file that is not there is passed by (the next place is tried), and so is the
+  corpus's when it cannot be read (the corpus is only named by the trainer_state: another user's private directory, or
+  gone); one that is there but refused is an ExportError naming it and why, never silently replaced by another place's.
+  minilmd's checkpoints and corpora carry the chat template resolved in tokenizer_config.json, so chat_template.jinja is
+  read beside --tokenizer only.
 """
 from __future__ import annotations
 
@@ -144,7 +145,9 @@ def find_tokenizer(path: str | Path, explicit: str | Path | None = None, *,
     validation when the caller has it (its trainer_state, and its own tokenizer.json as that read hashed it);
     else trainer_state.json is read as a hint (`_state`)."""
     if explicit:
-        return FoundTokenizer(Path(explicit), _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES))
+        given = _read_explicit(Path(explicit), TOKENIZER_MAX_BYTES)
+        _check_vocab(Path(explicit), given, checked.state if checked is not None else _state(resolve_checkpoint(path)))
+        return FoundTokenizer(Path(explicit), given)
     ckpt = checked.path if checked is not None else resolve_checkpoint(path)  # LATEST may have moved on since
     state = checked.state if checked is not None else _state(ckpt)
     looked: list[str] = []
@@ -247,6 +250,32 @@ def _read_untrusted(path: Path, max_bytes: int, looked: list[str], hint: bool = 
                           f"user's); pass --tokenizer PATH/tokenizer.json") from None
 
 
+class TokenizerMismatch(ExportError):
+    """A --tokenizer whose vocabulary is not the model's: a usage error (exit 2). Its ids name other pieces of text
+    than the model learnt, so what it decodes is mojibake, never an error of its own."""
+
+    exit_status = 2
+
+
+def _check_vocab(path: Path, data: bytes, state: dict | None) -> None:
+    """--tokenizer must have the vocabulary size of the model (trainer_state config.model.vocab_size, which the
+    trainer made sure was its corpus's tokenizer's), when the checkpoint records it."""
+    from tokenizers import Tokenizer
+
+    try:
+        model_vocab = state["config"]["model"]["vocab_size"]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return
+    try:
+        size = Tokenizer.from_buffer(data).get_vocab_size(with_added_tokens=True)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library's own error types
+        raise ExportError(f"--tokenizer {path}: not a tokenizer.json the tokenizers library loads ({e})") from None
+    if isinstance(model_vocab, int) and size != model_vocab:
+        raise TokenizerMismatch(f"--tokenizer {path}: a vocabulary of {size:,} entries, but the model's is "
+                                f"{model_vocab:,} (model.vocab_size): its text would decode as other text; pass the "
+                                f"tokenizer the run trained with (without --tokenizer, the checkpoint's own)")
+
+
 def _check_fingerprint(path: Path, data: bytes, state: dict | None) -> None:
     """A tokenizer.json must be the one the run trained with, when its trainer_state records which."""
     try:
@@ -294,12 +323,14 @@ def with_tied_head(weights: dict) -> dict:
     return out
 
 
-def export_minimind(path: str | Path, out: str | Path, merge: bool = False) -> Path:
-    """Write MiniMind's .pth: fp16 state dict, both names for the tied head. Returns the file written."""
-    return write_minimind(path, out, merge)[0]
+def export_minimind(path: str | Path, out: str | Path, merge: bool = False, group_share: bool = False) -> Path:
+    """Write MiniMind's .pth: fp16 state dict, both names for the tied head. Returns the file written.
+    `group_share`: --group-share, the directory of `out` may be a team directory (export_paths.writing)."""
+    return write_minimind(path, out, merge, group_share)[0]
 
 
-def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tuple[Path, Validated]:
+def write_minimind(path: str | Path, out: str | Path, merge: bool = False,
+                   group_share: bool = False) -> tuple[Path, Validated]:
     """(export_minimind's file, the one validation of the checkpoint it was written from, without its weights'
     bytes): what `minilmd export` tells of it (minimind_eval_command, find_chat_config) without reading the
     checkpoint a second time."""
@@ -308,9 +339,9 @@ def write_minimind(path: str | Path, out: str | Path, merge: bool = False) -> tu
     _, checked, weights, _ = _read_checked(path, merge)
     kept = checked.without_weights()
     del checked  # its bytes of the weights file: the tensors hold them now
-    out = checked_out(out)
+    out = checked_out(out, group_share)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
-    with writing(out) as copy:
+    with writing(out, group_share) as copy:
         with copy.new_file(PTH_NAME) as f:
             torch.save(state, f)  # through our file object: a write error reaches us with its errno
             f.flush()
@@ -412,7 +443,7 @@ def _tokenizer_config(max_length: int) -> dict[str, Any]:
 
 
 def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None,
-              dtype: str = "float32", merge: bool = False) -> Path:
+              dtype: str = "float32", merge: bool = False, group_share: bool = False) -> Path:
     """Write an HF Qwen3 directory. Written under a temporary name and renamed, so a half export never looks
     finished. Refuses to overwrite a non-empty directory."""
     import torch
@@ -425,10 +456,10 @@ def export_hf(path: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     found = find_tokenizer(ckpt, tokenizer, checked=checked)
     chat = find_chat_config(ckpt, tokenizer, checked=checked)
     del checked  # its bytes of the weights file: the tensors hold them now
-    out_dir = fresh_export_dir(out_dir)
+    out_dir = fresh_export_dir(out_dir, group_share)
     torch_dtype = getattr(torch, dtype)
     tensors = {k: v.to(torch_dtype).contiguous() for k, v in with_tied_head(weights).items()}
-    with writing(out_dir) as copy:
+    with writing(out_dir, group_share) as copy:
         _write_hf(copy.inside, tensors, model_cfg, dtype, chat, found)  # through its descriptor, never its name
         published = copy.publish_dir()  # an existing out_dir is empty (checked above, and again there)
     return published

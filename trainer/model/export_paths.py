@@ -19,10 +19,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from minilmd import leftovers, perms
+from minilmd import leftovers, perms, scratch
 from minilmd.dirfd import OPEN_NEW, Dir, Identity, PlaceRefused, Replaced, place_problem, temp_name
 from minilmd.fsio import make_missing_dirs
-from minilmd.names import LATEST, MODEL_FILE, export_tmp_maker, export_tmp_name, old_export_tmp_name
+from minilmd.names import (
+    CHECKPOINTS,
+    LATEST,
+    MODEL_FILE,
+    RUN_CONFIG_COPY,
+    STATE,
+    export_tmp_maker,
+    export_tmp_name,
+    old_export_tmp_name,
+)
 
 if TYPE_CHECKING:
     from minilmd.checkpoint import Validated
@@ -96,7 +105,8 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
     return ExportNotWritten(f"{out}: the export could not be written: {what}{e}; nothing was left behind; {todo}")
 
 
-OUT_ADVICE = "choose an --out in a directory only you (and root) can change"
+OUT_ADVICE = ("choose an --out in a directory only you (and root) can change, or pass --group-share to export into a "
+              "team directory anyway (docs/operations.md)")
 OUT_DIR_MODE = 0o755
 """The directories an export makes on the way to --out: never writable by others whatever the umask (the place rule
 would refuse them)."""
@@ -158,14 +168,16 @@ def _not_empty(there: Dir) -> str:
 
 
 @contextlib.contextmanager
-def writing(out: Path) -> Iterator[ExportCopy]:
+def writing(out: Path, group_share: bool = False) -> Iterator[ExportCopy]:
     """This export's temporary copy beside `out`, made for the export (ExportCopy) and removed again on every way
     out but its publishing: a write error (then ExportNotWritten, `not_written`), any other exception, Ctrl-C or
     SIGTERM (the CLI raises KeyboardInterrupt for it). Only its own descriptor is emptied, and its name removed only
     while it leads to it. Then the temporary copies of other exports to `out` are looked at (`_clear_leftovers`):
     made first, so that of two exports started at once at least one sees the other. `out` itself is never touched
-    here. A copy replaced by someone (Replaced) is an ExportError: nothing was published."""
-    with _open_parent(out) as parent:
+    here. A copy replaced by someone (Replaced) is an ExportError: nothing was published. `group_share`: the
+    directory of --out is a team directory (`_open_parent`); there a name proves nothing, so no leftover is
+    removed (prepare --group-share's rule): a killed export's copy is the user's to remove by hand."""
+    with _open_parent(out, group_share) as parent:
         try:
             tmp, name = parent.make_temp(export_tmp_name(out.name, *leftovers.me()))
         except Replaced as e:
@@ -173,7 +185,8 @@ def writing(out: Path) -> Iterator[ExportCopy]:
         except OSError as e:
             raise not_written(out, e) from None
         try:
-            _clear_leftovers(out, name)
+            if not group_share:
+                _clear_leftovers(out, name)
             yield ExportCopy(out, parent, tmp, name)
         except Replaced as e:
             raise ExportError(f"{e}; nothing was published. Check who moves things in {out.parent}") from None
@@ -185,15 +198,17 @@ def writing(out: Path) -> Iterator[ExportCopy]:
             parent.discard(tmp, name)
 
 
-def _open_parent(out: Path) -> Dir:
+def _open_parent(out: Path, group_share: bool = False) -> Dir:
     """The directory of --out, made when missing and opened once (Dir.open); OutRefused (exit 2, nothing written)
     when another user could rearrange it or a directory above it (minilmd/dirfd.py's rule, prepare's): he could
-    put a link to the victim's directory where the export writes, or a FIFO where it publishes."""
-    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True):
+    put a link to the victim's directory where the export writes, or a FIFO where it publishes. `group_share`
+    (--group-share) waives the rule for the directory of --out alone, a team directory: the copy is made in it
+    0700 with a random name and published by its descriptor, identities checked (Dir.make_temp, Dir.publish)."""
+    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True, group_share=group_share):
         raise OutRefused(f"{problem}; nothing was written")
     try:
         make_missing_dirs(out.parent, OUT_DIR_MODE)
-        return Dir.open(out.parent, "the directory of --out")
+        return Dir.open(out.parent, "the directory of --out", group_share=group_share)
     except PlaceRefused as e:
         raise OutRefused(f"{e}; nothing was written") from None
     except OSError as e:
@@ -231,11 +246,11 @@ def _clear_leftovers(out: Path, ours: str) -> None:
              f"once no export to {out} is running")
 
 
-def checked_out(out: str | Path) -> Path:
+def checked_out(out: str | Path, group_share: bool = False) -> Path:
     """--out, checked before anything is read or written: OutRefused when it is a symbolic link, dangling or not
     (an export never writes through a link, nor renames onto one), when its name leaves no room for the temporary
     copy's beside it (names.export_tmp_name and Dir.make_temp's random suffix), or when others could rearrange the
-    directory it goes in (`_open_parent` looks again when it opens that directory)."""
+    directory it goes in, unless `group_share` (`_open_parent` looks again when it opens that directory)."""
     out = Path(out)
     tmp = out.with_name(temp_name(export_tmp_name(out.name, *leftovers.me()), "0" * 8))
     for path in (out, tmp):
@@ -250,15 +265,15 @@ def checked_out(out: str | Path) -> Path:
             raise not_written(out, e) from None
         if linked and path == out:
             raise OutRefused(f"{path}: is a symbolic link; an export never writes through one: choose another --out")
-    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True):
+    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True, group_share=group_share):
         raise OutRefused(f"{problem}; nothing was written")
     return out
 
 
-def fresh_export_dir(out_dir: str | Path) -> Path:
+def fresh_export_dir(out_dir: str | Path, group_share: bool = False) -> Path:
     """checked_out's --out for an export directory: an existing one that is not an empty directory is refused
     (ExportCopy.publish_dir looks again, through the directory of --out, when it publishes)."""
-    out_dir = checked_out(out_dir)
+    out_dir = checked_out(out_dir, group_share)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
     return out_dir
@@ -278,6 +293,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise ExportError(str(e)) from None
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
+    if not (path / MODEL_FILE).is_file() and (path / RUN_CONFIG_COPY).is_file():
+        return _run_checkpoint(path)
     if not (path / MODEL_FILE).is_file():
         passed_by: dict[str, str] = {}
         steps = list_checkpoints(path, passed_by)
@@ -288,10 +305,47 @@ def resolve_checkpoint(path: str | Path) -> Path:
             path = latest
         elif steps:
             path = steps[-1]
+        elif (path / STATE).is_file():
+            raise ExportError(f"{path}: a run directory without its {RUN_CONFIG_COPY}, which says where its "
+                              f"checkpoints are: give its run.remote, or its scratch's checkpoints directory "
+                              f"({scratch.default_path('RUN_NAME') / CHECKPOINTS} by default)")
         else:
             raise ExportError(f"{path}: not a checkpoint (no {MODEL_FILE}) and no {LATEST} or step-* "
                               f"checkpoint under it")
     return path
+
+
+def _run_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a run directory stands for: the one a resume of the run would take (checkpoint_select's
+    checkpoint_roots and find_latest: the newest that validates, of its scratch's and its run.remote's), said on
+    stderr. Its run.toml is read as another run's copy (load_config's untrusted: no link followed, this user's
+    own), and nothing is moved: a damaged checkpoint is passed by. The one taken is validated again where it is
+    read (validated_checkpoint): it may have changed since."""
+    from minilmd.checkpoint import CheckpointError
+    from minilmd.checkpoint_select import checkpoint_roots, find_latest
+    from minilmd.config import ConfigError, load_config
+    from minilmd.corpus_meta import corpus_train_tokens
+
+    try:
+        cfg = load_config(run_dir / RUN_CONFIG_COPY, train_tokens_of=corpus_train_tokens, untrusted=True)
+    except (ConfigError, OSError) as e:
+        why = "; ".join(e.problems[:3]) if isinstance(e, ConfigError) else str(e)
+        raise ExportError(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its checkpoints "
+                          f"are, cannot be used ({why}); give one of its checkpoints") from None
+    roots = checkpoint_roots(cfg)
+    where = " and ".join(str(root) for root in roots)
+    try:
+        found = find_latest(roots, log=_say_once, set_aside=False)
+    except CheckpointError as e:
+        raise ExportError(f"{run_dir}: a run directory; its checkpoints in {where}: {'; '.join(e.problems)}") \
+            from None
+    if found is None:
+        remote = f" (its run.remote {cfg.run.remote} is not read here)" if len(roots) == 1 and cfg.run.remote else ""
+        raise ExportError(f"{run_dir}: a run directory; no valid checkpoint where its checkpoints are, {where}"
+                          f"{remote}")
+    _say_once(f"{run_dir}: a run directory: {found}, the newest valid checkpoint of {where} (the one a resume "
+              f"would take)")
+    return found
 
 
 @functools.cache

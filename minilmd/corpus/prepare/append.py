@@ -235,13 +235,17 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
         hold_for_test()  # holding the lock, its temporary directory made (tests/test_prepare_append_leftovers.py)
         opened = open_sources(sources)
         found = Collector(tmp, opened, opts.on_bad_line, chat=chat)
+        found.chat_advice = (f"{root} is a text corpus and this looks like chat data (\"conversations\" or "
+                             f"\"messages\" in place of \"text\"): prepare it into a corpus of its own with --format "
+                             f"chat")
         encode_all(opened, found, tok, opts, progress)
         found.bad.publish(tmp_dir, parent, root.name)
         found.check_bad_lines()
         check_line_counts(found)
         if found.documents == 0:
+            hint = found.format_hint()
             raise InputError(f"{', '.join(sources)}: no documents to append (every line was blank, bad or "
-                             "dropped); the corpus is unchanged")
+                             "dropped); the corpus is unchanged" + f"; {hint}" * bool(hint))
         # the locked directory as a path the scan's worker processes can use too (/proc/self is theirs)
         shared = Path(f"/proc/{os.getpid()}/fd/{corpus_dir.fd}")
         with _named_as(root, shared):
@@ -263,7 +267,7 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
         f"{v['leaked_val_removed']:,} new val documents repeat train ones, "
         f"{v['train_repeating_old_val_dropped']:,} new train documents repeat old val ones: left out")
     report(new_meta, log)
-    found.bad.log_skipped(log)
+    found.bad.log_skipped(log, found.format_hint())
     return new_meta
 
 

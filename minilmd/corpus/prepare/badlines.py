@@ -95,17 +95,22 @@ class BadLines:
             lines.append(f"... and {self.total - len(self.first):,} more: {where}")
         return lines
 
-    def error(self) -> InputError:
-        """The exit-65 error of --on-bad-line error: every bad line named (the first SHOWN, then the file)."""
+    def error(self, hint: str = "") -> InputError:
+        """The exit-65 error of --on-bad-line error: every bad line named (the first SHOWN, then the file); `hint`,
+        advice on the whole input (Collector.format_hint), said once after them."""
         advice = "pass --on-bad-line skip to skip bad lines and count them"
         if self.total == 1:
-            return InputError(f"{self.first[0]}; nothing was written. Fix the line or {advice}")
+            return InputError(f"{self.first[0]}; nothing was written. Fix the line or {advice}"
+                              + f"\n{hint}" * bool(hint))
         return InputError(f"{self.total:,} bad lines ({self.by_reason()}); nothing was written. Fix them or "
-                          f"{advice}:\n" + "\n".join(self.named()))
+                          f"{advice}:\n" + "\n".join(self.named() + [hint] * bool(hint)))
 
-    def log_skipped(self, log) -> None:
-        """--on-bad-line skip: the bad lines this run skipped, by name (the counts are in prepare's report)."""
+    def log_skipped(self, log, hint: str = "") -> None:
+        """--on-bad-line skip: the bad lines this run skipped, by name (the counts are in prepare's report), and
+        `hint` (error's) once."""
         if self.total:
             log(f"bad lines skipped by this run ({self.by_reason()}):")
             for line in self.named():
                 log(f"  {line}")
+        if hint:
+            log(hint)

@@ -18,7 +18,7 @@ import numpy as np
 
 from minilmd.corpus.prepare.badlines import SHOWN, SPOOL, BadLines
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock
-from minilmd.corpus.sources.jsonl import InputError, Source
+from minilmd.corpus.sources.jsonl import CHAT_ADVICE, CHAT_LINE, InputError, Source
 from minilmd.corpus.sources.longdoc import LineVerdict
 from minilmd.corpus_meta import CorpusError
 from minilmd.names import (
@@ -145,6 +145,7 @@ class Collector:
         self.val_keys: list[np.ndarray] = []
         self.val_where: list[np.ndarray] = []  # (source index, line) of each val document, for the leak report
         self.bad = BadLines(tmp / SPOOL)  # every bad line, named (badlines.py)
+        self.chat_advice = CHAT_ADVICE  # format_hint's; an append into a text corpus says its own
         self.special_examples: list[str] = []
         self.special_docs = 0
         self.text_bytes = 0
@@ -185,7 +186,14 @@ class Collector:
         """InputError naming every bad line under --on-bad-line error (call once the input is read and the list
         published: BadLines.publish)."""
         if self.failing:
-            raise self.bad.error()
+            raise self.bad.error(self.format_hint())
+
+    def format_hint(self) -> str:
+        """Advice said once when most lines read were chat data given to a text corpus's reader (CHAT_LINE): that
+        the input is in another format than the one prepared, not thousands of lines to mend ("" otherwise)."""
+        chat = self.bad.counts.get(CHAT_LINE, 0)
+        read = sum(s["lines"] - s["blank_lines"] for s in self.sources)
+        return self.chat_advice if chat and 2 * chat > read else ""
 
     def take(self, src_idx: int, kind: str, result) -> None:
         """One result, in input order: a block ("block"), a piece of a long document ("piece"), the long line

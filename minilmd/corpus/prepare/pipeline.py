@@ -267,7 +267,9 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     if found.documents == 0:
         dropped = sum(found.chat_counts.get(k, 0) for k in ("dropped_long", "dropped_no_target"))
         why = f"; {dropped:,} conversations dropped for length at --seq-len {opts.seq_len}" if dropped else ""
-        raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad{why})")
+        hint = found.format_hint()
+        raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad{why})"
+                         + f"; {hint}" * bool(hint))
     check_line_counts(found, 2 if opts.data_format == "dpo" else 1)
     duplicates = duplicates_of(tmp, found, 2 if opts.data_format == "dpo" else 1)  # before leak_check (deletes keys)
     leaked, leak_examples = leak_check(tmp, found, opened)
@@ -282,7 +284,7 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     # atomic_write_text's temp file is private; the corpus is for every reader
     atomic_write_text(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n", mode=0o644)
     report(meta, log)
-    found.bad.log_skipped(log)
+    found.bad.log_skipped(log, found.format_hint())
     return meta
 
 

@@ -125,6 +125,25 @@ def json_lines(blob: bytes, first_line: int, counts) -> Iterator[tuple[int, obje
         yield lineno, obj, None
 
 
+CHAT_KEYS = ("conversations", "messages")
+"""What a line of chat data holds in place of "text" (MiniMind's "conversations", the OpenAI style's "messages"): a
+text reader names such a line a `chat_line`, so that chat data given as text is told for what it is."""
+CHAT_LINE = "chat_line"
+CHAT_ADVICE = 'this looks like chat data ("conversations" or "messages" in place of "text"): use --format chat'
+
+
+def _without_text(obj: object) -> tuple[str, str]:
+    """The reason and detail of a line that is not an object with "text": the key expected and what the line
+    holds instead (its first keys), a line of chat data told as one (CHAT_LINE)."""
+    if not isinstance(obj, dict):
+        return "missing_text", f"line is a JSON {type(obj).__name__}"
+    chat = [key for key in CHAT_KEYS if key in obj]
+    if chat:
+        return CHAT_LINE, f'a "text" key expected, found "{chat[0]}": chat data'
+    keys = ", ".join(json.dumps(key, ensure_ascii=False)[:40] for key in list(obj)[:5]) + (", ..." * (len(obj) > 5))
+    return "missing_text", f'line is an object without "text" ({f"its keys: {keys}" if obj else "no key at all"})'
+
+
 def parse_block(blob: bytes, first_line: int) -> ParsedBlock:
     """Parse whole lines of JSONL; bad lines are collected with their reason, never used."""
     out = ParsedBlock()
@@ -133,8 +152,7 @@ def parse_block(blob: bytes, first_line: int) -> ParsedBlock:
             out.bad.append((lineno, *bad))
             continue
         if not isinstance(obj, dict) or "text" not in obj:
-            what = "an object without \"text\"" if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
-            out.bad.append((lineno, "missing_text", f"line is {what}"))
+            out.bad.append((lineno, *_without_text(obj)))
             continue
         text = obj["text"]
         if not isinstance(text, str):
@@ -260,6 +278,10 @@ word counts, which a longer text only adds to; holding a 2 GB line whole (and th
 what the bound prevents."""
 
 
+TOKENIZER_CHAT_ADVICE = ('tokenizer train reads the "text" of {"text": ...} lines: train the tokenizer on text (the '
+                         "pretraining corpus), or fine-tune with the tokenizer of the model you start from")
+
+
 def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict | None = None) -> Iterator[str]:
     """Every document text of the sources in order (a text longer than TRAIN_TEXT_CHARS: its beginning); bad lines
     raise InputError or are counted in bad_counts."""
@@ -276,7 +298,8 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict 
                     parsed = parse_block(blob, first)
                 if parsed.bad:
                     if on_bad_line == "error":
-                        raise InputError(str(BadLine(path, *parsed.bad[0])))
+                        chat = parsed.bad[0][1] == CHAT_LINE
+                        raise InputError(str(BadLine(path, *parsed.bad[0])) + (f"; {TOKENIZER_CHAT_ADVICE}" * chat))
                     if bad_counts is not None:
                         for _, reason, _ in parsed.bad:
                             bad_counts[reason] = bad_counts.get(reason, 0) + 1

@@ -1,0 +1,65 @@
+"""Relative paths in a run config are relative to the config file's directory, and the run's copy of its config
+(run.toml in run.dir, which the trainer and every restart read) names them absolute.
+
+Before: they were resolved against the current directory: `run --check` passed from the config's directory and
+failed from / (a systemd unit sets no WorkingDirectory), and the copy in run.dir kept them relative, so a restart
+from another directory read another place (a relative data.prepared as "share gone").
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minilmd import names
+from minilmd.config import load_config
+from supervisor_helpers import env_for, wait_or_kill
+
+
+def _relative_config(tmp_path: Path, corpus) -> Path:
+    """A config in tmp_path/conf naming its corpus, run.dir and scratch relative to that directory."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "p3").symlink_to(corpus[0])
+    path = conf / "rel.toml"
+    path.write_text(f'[run]\nname = "rel"\ndir = "run"\nscratch = "../scratch"\nkeep_scratch = true\n'
+                    f'[data]\nprepared = "p3"\nval_windows = 4\n'
+                    f'[model]\nhidden_size = 32\nnum_hidden_layers = 1\nnum_attention_heads = 2\n'
+                    f'num_key_value_heads = 1\nmax_position_embeddings = 256\nvocab_size = {corpus[1]}\n'
+                    f'[train]\nseq_len = 32\nmicro_batch_size = 4\ngrad_accum = 1\nmax_steps = 6\n'
+                    f'checkpoint_every = 3\ndevice = "cpu"\n')
+    return path
+
+
+def test_relative_paths_are_the_configs_directorys_wherever_it_is_loaded_from(tmp_path, corpus, monkeypatch):
+    config = _relative_config(tmp_path, corpus)
+    for cwd in ("/", str(tmp_path)):
+        monkeypatch.chdir(cwd)
+        cfg = load_config(config)
+        assert cfg.run_dir == tmp_path / "conf" / "run" and cfg.scratch_dir == tmp_path / "scratch"
+        assert cfg.data.prepared == str(tmp_path / "conf" / "p3")
+    monkeypatch.chdir(tmp_path)
+    given = load_config(config, overrides=['data.prepared="elsewhere"'])  # a --set: the shell's directory
+    assert given.data.prepared == str(tmp_path / "elsewhere")
+
+
+@pytest.mark.slow
+def test_run_check_from_root_and_the_runs_copy_name_the_same_places(tmp_path, corpus):
+    config = _relative_config(tmp_path, corpus)
+    checked = subprocess.run([sys.executable, "-m", "minilmd.cli", "run", "--check", str(config)], cwd="/",
+                             capture_output=True, text=True, timeout=120, env=env_for())
+    assert checked.returncode == 0, checked
+    with open(tmp_path / "sup.out", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "run", str(config)], cwd="/", stdout=out,
+                                stderr=subprocess.STDOUT, env=env_for())
+        assert wait_or_kill(proc, timeout=180) == 0, (tmp_path / "sup.out").read_text()
+    run_dir = tmp_path / "conf" / "run"
+    copy = load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True)  # as a restart from run.dir reads it
+    assert copy.data.prepared == str(tmp_path / "conf" / "p3") and copy.run_dir == run_dir
+    assert copy.scratch_dir == tmp_path / "scratch"
+    # a restart from the copy, in another directory, is the same run: it resumes, never "share gone"
+    again = subprocess.run([sys.executable, "-m", "minilmd.cli", "run", "--check", str(run_dir / "run.toml")],
+                           cwd=str(tmp_path), capture_output=True, text=True, timeout=120, env=env_for())
+    assert again.returncode == 0, again

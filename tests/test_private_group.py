@@ -1,0 +1,90 @@
+"""A group whose only member is this user is no "other users" (perms.private_group): Debian and Ubuntu give every
+user a group of its own (user private groups) and a umask of 002, so a plain `mkdir ~/exports` is 0775, and the
+place rule (minilmd/dirfd.py place_problem) refused it as writable by others. Real groups, made for the test
+(tests/real_groups.py): one listing only this user, one another user has as primary group, one listing another
+user, one this user is not in; the passwd database not enumerable; an ACL naming another user."""
+from __future__ import annotations
+
+import os
+import pwd
+import struct
+
+import pytest
+
+from minilmd import perms
+from minilmd.dirfd import Dir, place_problem
+from real_groups import groups  # noqa: F401 - a fixture
+from second_user import second_user
+
+REFUSED = "can be written by other users"
+
+
+def _team_dir(tmp_path, gid: int, mode: int = 0o2775, name: str = "exports"):
+    folder = tmp_path / name
+    folder.mkdir()
+    os.chown(folder, -1, gid)
+    folder.chmod(mode)
+    return folder
+
+
+def _problem(folder) -> str | None:
+    return place_problem("--out", folder / "m.pth", "the export", "choose another")
+
+
+def test_a_directory_writable_by_a_group_of_this_user_alone_is_not_refused(tmp_path, groups):
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    folder = _team_dir(tmp_path, groups.group(members=(me,)))
+    assert _problem(folder) is None
+    Dir.open(folder, "the directory of --out").close()
+    folder.chmod(0o2777)  # but not when everyone may write it
+    assert REFUSED in _problem(folder)
+
+
+@pytest.mark.parametrize("who", ["another user's primary group", "a group listing another user too",
+                                 "a group this user is not in"])
+def test_a_directory_writable_by_a_group_with_other_members_is_refused(tmp_path, groups, who):
+    """Beside one of this user's own group, which is not."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert _problem(_team_dir(tmp_path, groups.group(members=(me,)), name="mine")) is None
+    if who == "another user's primary group":
+        gid = groups.group(members=(me,))
+        groups.user(gid)
+    elif who == "a group listing another user too":
+        second_user()
+        gid = groups.group(members=(me, "nobody"))
+    else:
+        gid = groups.group()
+    folder = _team_dir(tmp_path, gid)
+    assert f"the directory {folder} above it {REFUSED} (mode 2775, not sticky)" in _problem(folder)
+
+
+def test_without_an_enumerable_passwd_database_the_group_counts_as_shared(tmp_path, groups, monkeypatch):
+    """LDAP or sssd without enumeration: getpwall lists no one (or not this user), so another user with this group
+    as primary group cannot be ruled out: refused, as before."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    folder = _team_dir(tmp_path, groups.group(members=(me,)))
+    assert _problem(folder) is None
+    perms._private_to.cache_clear()  # decided once per group and process: a new process, as it were
+    monkeypatch.setattr(pwd, "getpwall", lambda: [])
+    assert REFUSED in _problem(folder)
+
+
+def _acl_letting(uid: int) -> bytes:
+    """system.posix_acl_access granting `uid` rwx (what setfacl -m u:UID:rwx writes): owner rwx, that user rwx,
+    the owning group r-x, mask rwx (the mode's group bits then show w), others r-x."""
+    undefined = 0xFFFFFFFF
+    entries = [(0x01, 7, undefined), (0x02, 7, uid), (0x04, 5, undefined), (0x10, 7, undefined), (0x20, 5, undefined)]
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, who) for tag, perm, who in entries)
+
+
+def test_a_private_group_directory_whose_acl_lets_another_user_write_is_refused(tmp_path, groups):
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    uid, _ = second_user()
+    folder = _team_dir(tmp_path, groups.group(members=(me,)), 0o775)
+    assert _problem(folder) is None
+    try:
+        os.setxattr(folder, "system.posix_acl_access", _acl_letting(uid))
+    except OSError as e:
+        pytest.skip(f"no POSIX ACLs on {tmp_path}'s file system ({e})")
+    assert perms.has_acl(folder)
+    assert REFUSED in _problem(folder)
