@@ -75,21 +75,35 @@ def remote_place_problems(cfg: RunConfig) -> list[str]:
     """A local run.remote under a directory another user owns or can rearrange (dirfd's rule,
     remote_write.root_refused): final, at `--check` and at start, not a sync refused at every try. A remote that
     does not answer now: no problem (sync waits)."""
-    remote = cfg.run.remote
-    if not remote or "://" in remote:
+    root = local_remote_root(cfg.run.remote)
+    if root is None:
         return []
-    answered, refused, _ = bounded_probe(remote_write.root_refused, remote)
+    answered, refused, _ = bounded_probe(remote_write.root_refused, root)
     return [refused] if answered and refused else []
+
+
+def local_remote_root(remote: str | None) -> str | None:
+    """The path of a run.remote that the sync writes as a local path (Remote.local: a plain path, file://,
+    local://), None for any other store or none. fsspec is loaded only for a URL: the supervisor stays light."""
+    if not remote or "://" not in remote:
+        return remote or None
+    from minilmd.daemon.jobs.remote import Remote
+
+    try:
+        opened = Remote(remote)
+    except (ValueError, ImportError):  # an unknown protocol, its library missing: the sync's own start says so
+        return None
+    return opened.root if opened.local else None
 
 
 def remote_entry_problems(cfg: RunConfig) -> list[str]:
     """Another user's entry (or a link, a FIFO) at LATEST, BEST or init in a local run.remote: final, at `--check`
     and at start, not a sync failing for ever (another user's file in a sticky directory cannot be replaced: EPERM)
     or a LoRA run ending without its base's copy. A remote that does not answer now: no problem (sync waits)."""
-    remote = cfg.run.remote
-    if not remote or "://" in remote:
+    remote, root = cfg.run.remote, local_remote_root(cfg.run.remote)
+    if root is None:
         return []
-    answered, found, _ = bounded_probe(remote_write.foreign_entries, remote, REMOTE_OWN)
+    answered, found, _ = bounded_probe(remote_write.foreign_entries, root, REMOTE_OWN)
     return [f"run.remote = {remote!r}: {what}, not this run's: a sync replaces LATEST and BEST and makes init there, "
             f"and another user's entry neither may be replaced nor may decide what a resume loads; have it "
             f"removed, or give run.remote a directory of this run's own" for what in (found if answered else [])]

@@ -36,7 +36,7 @@ import os
 import pwd
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from pathlib import Path
 from typing import NamedTuple
 
@@ -89,14 +89,15 @@ def _link_target(path: Path) -> str:
 
 def place_problem(label: str, target: str | os.PathLike, what: str, advice: str, *, dir_itself: bool = False,
                   own_links: bool = False, group_share: bool = False, team_above: bool = False,
-                  links: int = 0) -> str | None:
+                  links: int = 0, owners: Set[int] = frozenset()) -> str | None:
     """Why someone else could put another directory, or a link, where `target` is: a symbolic link on the way
     (followed only with `own_links`, and only a link of root's or ours), or a directory above it (and target
     itself with `dir_itself`) that another user owns or can write (sticky ones of root or of this user excepted).
     `what` names what is at stake in the message ("the scratch"), `advice` ends it. Missing directories are fine:
     the caller makes them. `group_share`: the last directory checked may be a team directory others write (its
     owner opted in). `team_above`: every directory checked may be group-writable (team directories on the way to a
-    run.remote; still root's or ours, not world-writable unless sticky). None: the path stays where it is."""
+    run.remote; still root's or ours, not world-writable unless sticky). `owners`: more uids counted as ours (as
+    Dir.owners). None: the path stays where it is."""
     path = Path(os.path.abspath(target))
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
@@ -105,18 +106,18 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
             return None
         where = f"{label} {target}: the directory {above}" + ("" if above == path else " above it")
         if stat.S_ISLNK(st.st_mode):
-            if own_links and owned_by_me_or_root(st) and links < 8:
+            if own_links and (owned_by_me_or_root(st) or st.st_uid in owners) and links < 8:
                 real = Path(os.path.realpath(above))
                 rest = real if above == path else real / path.relative_to(above)
                 return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
-                                     group_share=group_share, team_above=team_above, links=links + 1)
+                                     group_share=group_share, team_above=team_above, links=links + 1, owners=owners)
             return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
                     f"{what}, since whoever can change it chooses where the files go; {advice}")
         if not stat.S_ISDIR(st.st_mode):
             return None  # the caller says that a file is in the way
         if group_share and above == chain[-1]:
             continue
-        if not owned_by_me_or_root(st):
+        if not owned_by_me_or_root(st) and st.st_uid not in owners:
             return (f"{where} belongs to {user(st.st_uid)}, who could replace {what} by a link to your files "
                     f"or by a directory of his; {advice}")
         if others_can_rearrange(st, above, team=team_above):  # group members count as others (perms)
@@ -180,16 +181,15 @@ class Dir:
 
     @classmethod
     def open(cls, path: str | os.PathLike, label: str, *, group_share: bool = False,
-             team_above: bool = False) -> Dir:
+             team_above: bool = False, owners: Set[int] = frozenset()) -> Dir:
         """The directory at path (a link as its last component followed only when root's or ours), refused
         (PlaceRefused) unless it and every directory above it pass place_problem's rule; `group_share` waives the
         rule for this one directory (a team directory, by the owner's choice), `team_above` lets the directories
-        above it be group-writable (place_problem)."""
+        above it be group-writable (place_problem); `owners`: place_problem's."""
         path = Path(path)
-        what = f"what minilmd makes in {path}"
-        advice = "choose a directory only you (and root) can change"
+        what, advice = f"what minilmd makes in {path}", "choose a directory only you (and root) can change"
         problem = place_problem(label, path, what, advice, dir_itself=True, own_links=True, group_share=group_share,
-                                team_above=team_above)
+                                team_above=team_above, owners=owners)
         if problem:
             raise PlaceRefused(problem)
         try:

@@ -30,7 +30,7 @@ from second_user import second_user, sh_as_user
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 from waiting import without_blocking
 
-NOT_MADE = "(the owner this share gives every user's files)"
+NOT_MADE = "(the owner this share gives new files)"
 
 
 def dead_pid() -> int:

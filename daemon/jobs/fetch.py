@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import read_latest
 from minilmd.daemon.jobs.remote import ListedManifest, Remote
+from minilmd.dirfd import PlaceRefused
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import BEST, LATEST, MANIFEST, fetch_tmp_name, is_step_name, step_of, step_or_none
 
@@ -47,7 +48,7 @@ class Fetcher:
             if read_latest(local_root) is None or _newer(name, read_latest(local_root)):
                 atomic_write_text(local_root / LATEST, name + "\n")
             if skipped:  # LATEST may name one that just failed: it must only name a verified checkpoint
-                remote.write_latest(name)
+                self._repoint_remote(name)
             self.log(f"sync: fetched {remote.show(name)} to {final}")
             self._fetch_best(name, local_root)
             return final
@@ -114,13 +115,23 @@ class Fetcher:
             return e.problems
         return []
 
+    def _repoint_remote(self, name: str) -> None:
+        """The remote LATEST pointed at the checkpoint just fetched; where it cannot be (a root dirfd's rule refuses,
+        PlaceRefused; the share failing), said: the checkpoint is fetched and valid all the same, and the next fetch
+        passes by the invalid ones again."""
+        try:
+            self.remote.write_latest(name)
+        except (OSError, PlaceRefused) as e:
+            self.log(f"sync: {self.remote.show(LATEST)} not pointed at {name}: {e}")
+
     def _set_aside_remote(self, name: str, problems: list[str]) -> None:
         remote = self.remote
         reason = "; ".join(problems[:5])
         if remote.local:
             try:
                 dest = remote.quarantine(name, f"fetch: {reason}")
-            except OSError as e:  # not this user's real directory (a link, another's), or quarantine/ is not
+            except (OSError, PlaceRefused) as e:  # not this user's real directory (a link, another's), quarantine/
+                # is not, or the root is one dirfd's rule refuses: the fetch goes on to the older checkpoints
                 self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped, not set aside: {e}")
                 return
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); moved to {dest}")

@@ -111,7 +111,7 @@ class Remote(Publishing):
     def _reopen(self) -> Dir:
         """The root opened and checked again; the descriptor held is kept while it is still the directory the root's
         path leads to, else replaced (the root made again, a share remounted). A replaced one, which another thread
-        may still use, is closed with the Remote."""
+        may still use, is closed at the next sync's start (`makedirs()`) or with the Remote."""
         fresh = remote_write.open_root(self.root)
         with self._opening:
             held = self._dir
@@ -122,6 +122,14 @@ class Remote(Publishing):
                 self._stale.append(held)
             self._dir = fresh
             return fresh
+
+    def _close_stale(self) -> None:
+        """The descriptors of roots replaced before this sync's start closed: each would keep a share unmounted
+        lazily (umount -l) busy, one more at every replacement, for as long as the run lasts."""
+        with self._opening:
+            for held in self._stale:
+                held.close()
+            self._stale = []
 
     def close(self) -> None:
         """Close the root's descriptors (a local remote's); a later write opens it again."""
@@ -305,6 +313,7 @@ class Remote(Publishing):
         if names:
             remote_write.mkdir_new(self._root(), names, self.show)
         else:  # a sync's start: the root checked again, and opened again when its path leads elsewhere now
+            self._close_stale()
             self._reopen()
 
     def _make_root(self) -> None:

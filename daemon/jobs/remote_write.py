@@ -25,11 +25,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
 import time
 from collections.abc import Callable, Iterator
 
-from minilmd.dirfd import Dir, PlaceRefused
+from minilmd.dirfd import RENAME_NOREPLACE, Dir, PlaceRefused, renameat2
 from minilmd.names import (
     LATEST,
     QUARANTINE,
@@ -104,16 +105,21 @@ def mark() -> bytes:
     return f"made by a sync of uid {own_uid()}\n".encode()
 
 
-def not_made_here(path: str) -> str | None:
+def not_made_here(path: str, expected: tuple[int, int] | None = None) -> str | None:
     """Why the directory at path is not one a sync of this user made, None when it is one, or is not there: what may
     be removed or set aside. `not_ours`, and where its owner is not this process's own uid but one the share gives
-    everyone's files, this user's REMOTE_MARK in it (the owner proves nothing there)."""
+    new files, this user's REMOTE_MARK in it (the owner proves nothing there). `expected`: the (device, inode) the
+    caller took before this look, which the directory opened here must have (another moved there since: refused),
+    so that what the caller then removes or moves by that identity is the very directory judged here."""
     if why := not_ours(path):
         return why
     with contextlib.suppress(FileNotFoundError):
         fd = os.open(path, DIR_FLAGS)
         try:
-            uid = os.fstat(fd).st_uid
+            st = os.fstat(fd)
+            uid = st.st_uid
+            if expected is not None and (st.st_dev, st.st_ino) != expected:
+                return "a directory moved there while it was looked at: left"
             if uid == own_uid():
                 return None
             if read_bytes(REMOTE_MARK, max_bytes=MARK_MAX_BYTES, dir_fd=fd) == mark():
@@ -123,7 +129,7 @@ def not_made_here(path: str) -> str | None:
             found = f"without a {REMOTE_MARK}" if e.missing else f"whose {REMOTE_MARK} cannot be read ({e.why})"
         finally:
             os.close(fd)
-        return f"a directory owned by uid {uid} (the owner this share gives every user's files) {found}"
+        return f"a directory owned by uid {uid} (the owner this share gives new files) {found}"
     return None
 
 
@@ -147,33 +153,45 @@ def foreign_entries(root: str, own: dict[str, bool]) -> list[str]:
     return [f"{name} there is {why}" for name, why in problems]
 
 
-def learn_own_uid(root: str) -> None:
-    """Add to OWN_UIDS the owner the share gives this process's new files (learn_own_uid_at), the root opened by
-    path without following a link. Nothing learnt when the root cannot be opened or written."""
+def learn_own_uid(root: str) -> bool:
+    """Add to OWN_UIDS the owner the share gives this process's new files (learn_own_uid_at), the directory `root`
+    opened by path without following a link: whether an owner not known before was learnt. Nothing learnt when it
+    cannot be opened or written."""
     with contextlib.suppress(OSError):
         root_fd = os.open(root, DIR_FLAGS)
         try:
+            known = len(OWN_UIDS)
             learn_own_uid_at(root_fd)
+            return len(OWN_UIDS) > known
         finally:
             os.close(root_fd)
+    return False
 
 
-def learn_own_uid_at(root_fd: int) -> None:
-    """Add to OWN_UIDS the owner the share gives this process's new files: one file made new (O_EXCL, no link)
-    at the root's descriptor under a pointer's temporary name (names.remote_tmp_owner: a sync's clean-up knows
-    it), its owner read from the open descriptor (nothing to swap), then removed through the descriptor when the
-    name still holds that very file. Nothing learnt when the root cannot be written."""
-    name = atomic_tmp_prefix(LATEST) + pointer_tmp_tag(host_tag(), os.getpid()) + "owner.tmp"
-    with contextlib.suppress(OSError):
-        fd = os.open(name, NEW_FILE, 0o600, dir_fd=root_fd)
+def learn_own_uid_at(root_fd: int) -> int:
+    """Add to OWN_UIDS the owner the share gives this process's new files, and return it: one file made new (O_EXCL,
+    no link) at the root's descriptor under a pointer's temporary name with a random end (names.remote_tmp_owner: a
+    sync's clean-up knows it; a name another user planted, or a crash left, is passed by for another), its owner
+    read from the open descriptor (nothing to swap), then removed through the descriptor when the name still holds
+    that very file. OSError when the root cannot be written (nothing learnt)."""
+    prefix = atomic_tmp_prefix(LATEST) + pointer_tmp_tag(host_tag(), os.getpid()) + "owner"
+    for _ in range(100):
+        name = f"{prefix}{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(name, NEW_FILE, 0o600, dir_fd=root_fd)
+        except FileExistsError:
+            continue
         try:
             made = os.fstat(fd)
             OWN_UIDS.add(made.st_uid)
-            there = os.lstat(name, dir_fd=root_fd)
-            if (there.st_dev, there.st_ino) == (made.st_dev, made.st_ino):
-                os.unlink(name, dir_fd=root_fd)
+            with contextlib.suppress(OSError):
+                there = os.lstat(name, dir_fd=root_fd)
+                if (there.st_dev, there.st_ino) == (made.st_dev, made.st_ino):
+                    os.unlink(name, dir_fd=root_fd)
         finally:
             os.close(fd)
+        return made.st_uid
+    raise FileExistsError(errno.EEXIST, "no free name to learn the owner this share gives new files")
 
 
 def open_root(root: str) -> Dir:
@@ -181,11 +199,27 @@ def open_root(root: str) -> Dir:
     this user's, no directory above it another user owns or can rearrange; the root itself may be a team directory
     others write, by its owner's choice: `group_share`, and so may the directories above it, group-writable ones
     of root's or this user's, never world-writable unless sticky: `team_above`, /nfs/team/alice/run1 under a
-    2775 /nfs/team), for Remote._root. PlaceRefused (a ValueError) when the rule refuses it; FileNotFoundError
-    when it is not there."""
-    opened = Dir.open(root, "run.remote", group_share=True, team_above=True)
+    2775 /nfs/team), for Remote._root. The directories above it that a sync made (Remote._make_root) are, on a
+    squashing share, the owner the share gives this user's new files (OWN_UIDS), not this user's: where the rule
+    refuses, that owner is learnt in the root (or, before the first sync made it, in the nearest directory above it
+    that is there), and the rule asked again counting it as this user's. PlaceRefused (a ValueError) when the rule
+    refuses it; FileNotFoundError when it is not there."""
+    try:
+        opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
+    except PlaceRefused:
+        if not learn_own_uid(_nearest_there(root)):
+            raise
+        opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
     opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
     return opened
+
+
+def _nearest_there(root: str) -> str:
+    """root, or the nearest directory above it that is there (where a sync's makedirs would make the rest)."""
+    path = os.path.abspath(root)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def root_refused(root: str) -> str | None:
@@ -211,12 +245,12 @@ def remove_ours(root: Dir, name: str, file: bool = False) -> str | None:
     not_ours); else leave it and say what it is. None when removed or not there. A directory goes through
     descriptors (Dir.remove_tree: no link followed inside it), and only while its name still leads to the very
     directory looked at."""
-    path = in_root(root, name)
-    if why := (not_ours(path, file) if file else not_made_here(path)):
-        return why
-    st = root.lstat(name)
+    st = root.lstat(name)  # first: the identity removed below is the one not_made_here judges
     if st is None:
         return None
+    path = in_root(root, name)
+    if why := (not_ours(path, file) if file else not_made_here(path, (st.st_dev, st.st_ino))):
+        return why
     if file:
         with contextlib.suppress(FileNotFoundError):
             root.remove_file(name)
@@ -291,7 +325,13 @@ def _made_owner(root: Dir, fd: int, names: tuple[str, ...], show: Show) -> int:
     the caller's copy takes another name), and his uid never becomes "ours"."""
     uid = os.stat(names[-1], dir_fd=fd, follow_symlinks=False).st_uid
     if uid not in OWN_UIDS:
-        learn_own_uid_at(root.fd)
+        try:
+            learn_own_uid_at(root.fd)
+        except OSError as e:  # the directory goes again: unmarked and of an unknown owner, no later sync removes it
+            with contextlib.suppress(OSError):
+                os.rmdir(names[-1], dir_fd=fd)
+            raise OSError(e.errno, f"{show(*names)}: cannot learn the owner this share gives new files "
+                                   f"({e.strerror or e}); the directory just made was removed") from None
     if uid not in OWN_UIDS:
         raise _taken(root, names, show)
     return uid
@@ -326,7 +366,9 @@ def set_aside(root: Dir, name: str, reason: str, show: Show) -> str:
     directory of this user) as `<name>-<time>`, with reason.txt saying why, as checkpoint_dirs.quarantine does in
     scratch: its path. NotOurs, saying what was found, when either is not this user's: nothing
     is moved into, nor written into, another's directory."""
-    for entry, why in ((name, not_made_here(in_root(root, name))),
+    st = root.lstat(name)  # first: the identity moved below is the one not_made_here judges
+    judged = None if st is None else (st.st_dev, st.st_ino)
+    for entry, why in ((name, not_made_here(in_root(root, name), judged)),
                        (QUARANTINE, not_ours(in_root(root, QUARANTINE)))):  # moved into, not moved
         if why:
             raise NotOurs(errno.EEXIST, f"{show(entry)} is {why}: not this run's, left as it is")
@@ -340,6 +382,13 @@ def set_aside(root: Dir, name: str, reason: str, show: Show) -> str:
         while _exists(dest := quarantine_name(name, stamp, n), into_fd):
             n += 1
         os.rename(name, dest, src_dir_fd=root_fd, dst_dir_fd=into_fd)  # a link swapped in moves as itself
+        moved = os.lstat(dest, dir_fd=into_fd)
+        if (moved.st_dev, moved.st_ino) != judged:  # another moved there after the look: back where it was
+            back = False
+            with contextlib.suppress(OSError):
+                back = renameat2(into_fd, dest, root_fd, name, RENAME_NOREPLACE)
+            raise NotOurs(errno.EEXIST, f"{show(name)} is a directory moved there while it was looked at: not this "
+                                        f"run's, " + ("put back" if back else f"left at {show(QUARANTINE, dest)}"))
     # through directories opened no-follow: a link swapped in for name is refused here, never written through
     with os.fdopen(open_new(root, (QUARANTINE, dest, REASON_FILE), show), "w", encoding="utf-8") as f:
         f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {reason}\n")
