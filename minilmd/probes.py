@@ -32,7 +32,7 @@ from minilmd.init_source import (
 )
 from minilmd.names import CORPUS_META, RUN_DIR_ENV, STATE
 from minilmd.rowcount import kind_of_rows, packed_too_small
-from minilmd.shared_place import Place, gone_or_typo, look, staged_from
+from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
@@ -126,9 +126,10 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     at a first launch, but its share gone or not mounted (an NFS outage, a mount not back yet after a reboot) at
     the restart of a run that has started before (its state.json is there): with `waits`, no problem but a line
     there, since staging trains from the verified copy in scratch or waits for the share (daemon/jobs/staging.py),
-    as at any other restart. Unless it is a typo: a data.prepared other than the one the staged copy was made from
-    (minilmd/shared_place.py staged_from) that is not there while the directory above it holds other entries
-    (shared_place.gone_or_typo): refused, as at a first launch, never trained from the old copy nor waited for."""
+    as at any other restart. Unless it is a typo: a data.prepared other than the one the staged copy's record names
+    (minilmd/shared_place.py staged_from; no record is no evidence) that is not there while the directory above it
+    holds other entries (shared_place.gone_or_typo): refused, as at a first launch, never trained from the old copy
+    nor waited for."""
     answered, found, _ = bounded_probe(_check_prepared_dir, cfg)
     if not answered:
         return []
@@ -136,14 +137,14 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     if not (absent and waits is not None and _has_started(cfg)):
         return problems
     prepared, copied = cfg.data.prepared, staged_from(cfg.scratch_dir)
-    if copied != prepared and (typo := bounded_probe(gone_or_typo, prepared)[1]):
-        if copied is None:
-            return [f"data.prepared = {prepared!r}: not there ({typo}), and scratch holds no copy staged from it: "
-                    f"a typo? (run `minilmd prepare` first)"]
+    # Only a record of another source says data.prepared changed: none (a reboot emptied scratch, a copy staged
+    # before the record existed) is no evidence of a typo, and a share gone at a restart is waited for.
+    if copied is not None and not same_source(copied, prepared) and \
+            (typo := bounded_probe(gone_or_typo, prepared)[1]):
         return [f"data.prepared = {prepared!r}: data.prepared changed and is not there ({typo}); this run staged "
                 f"{copied!r} before: a typo?"]
-    then = "trains from the verified copy in scratch, or waits for the share" if copied == prepared else \
-        "waits for the share" + (" (the copy in scratch is of another corpus)" if copied is not None else "")
+    then = "trains from the verified copy in scratch, or waits for the share" if copied is None or \
+        same_source(copied, prepared) else "waits for the share (the copy in scratch is of another corpus)"
     waits.append(f"data.prepared = {prepared!r} {absent}: this run has started before, so it {then} (`minilmd "
                  f"status`: \"corpus source unreachable since ..., retrying\")")
     return []

@@ -161,6 +161,8 @@ def gone_or_typo(path: str | os.PathLike) -> str:
             with os.scandir(parent) as entries:
                 holds = next(entries, None) is not None
         except (FileNotFoundError, NotADirectoryError):
+            if os.path.islink(parent):  # a link on the way that leads nowhere now: its share gone
+                return ""
             child, parent = parent, os.path.dirname(parent)
             continue
         except OSError:
@@ -180,6 +182,12 @@ def staged_from(scratch_dir: str | os.PathLike) -> str | None:
     except (Unreadable, OSError):
         return None
     return raw.decode("utf-8", errors="replace")
+
+
+def same_source(recorded: str, source: str) -> bool:
+    """Whether the staged copy's record names this data.prepared (spelt alike: a trailing "/" or a "." step is the
+    same place)."""
+    return recorded == source or ("://" not in source and os.path.normpath(recorded) == os.path.normpath(source))
 
 
 def record_staged_from(scratch_dir: str | os.PathLike, source: str | None) -> None:

@@ -25,7 +25,9 @@ import pytest
 from minilmd.config import load_config
 from minilmd.daemon.jobs.staging import stage
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
+from minilmd.names import STAGED_CORPUS_SOURCE
 from minilmd.protocol import SUPERVISOR_CONFIG
+from minilmd.shared_place import gone_or_typo
 from supervisor_helpers import cli, env_for, events, run_supervisor, write_config
 
 
@@ -55,6 +57,34 @@ def test_a_typo_in_data_prepared_of_a_run_that_trained_before_is_refused_not_tra
     shutil.rmtree(share)  # the same data.prepared, its share gone: still trained from the verified copy
     shown = cli("run", "--check", str(config))
     assert shown.returncode == 0 and "trains from the verified copy in scratch" in shown.stdout, shown.stderr
+    # no record of the copy's source (staged by an older minilmd): no evidence of a typo, the share gone waited for
+    (cfg.scratch_dir / STAGED_CORPUS_SOURCE).unlink()
+    (tmp_path / "nu" / "other").mkdir()  # the directory above holds other entries: a typo's evidence, were it one
+    shown = cli("run", "--check", str(config), *typo)
+    assert shown.returncode == 0 and "this run has started before" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_a_link_on_the_way_that_leads_nowhere_is_the_share_gone_not_a_typo(tmp_path):
+    """~/corpora -> /net/fs/corpora with the share gone: the walk up met the dangling link and called the home
+    directory above it, which holds other entries, evidence of a typo."""
+    (tmp_path / "home" / "other").mkdir(parents=True)
+    (tmp_path / "home" / "corpora").symlink_to(tmp_path / "net" / "fs" / "corpora")
+    assert gone_or_typo(tmp_path / "home" / "corpora" / "wiki") == ""
+    (tmp_path / "home" / "corpus").mkdir()  # a real directory holding other entries: a typo's evidence still
+    (tmp_path / "home" / "corpus" / "wiki").mkdir()
+    assert "holds other entries, but no wikk" in gone_or_typo(tmp_path / "home" / "corpus" / "wikk")
+
+
+def test_a_copy_without_a_record_of_its_source_is_trained_from_and_a_trailing_slash_is_the_same_source(tmp_path,
+                                                                                                       corpus):
+    a = shutil.copytree(corpus[0], tmp_path / "nfs" / "a")
+    staged = stage(str(a) + "/", tmp_path / "shm")  # recorded as spelt, with its "/"
+    shutil.rmtree(a)
+    logs: list[str] = []
+    assert stage(str(a), tmp_path / "shm", log=logs.append) == staged
+    (tmp_path / "shm" / STAGED_CORPUS_SOURCE).unlink()  # staged by a minilmd before the record
+    assert stage(str(a), tmp_path / "shm", log=logs.append) == staged
+    assert sum("training from its verified copy" in m for m in logs) == 2, logs
 
 
 def test_staging_never_trains_from_a_verified_copy_of_another_source(tmp_path, corpus):

@@ -42,7 +42,7 @@ from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
-from minilmd.shared_place import Place, look, record_staged_from, staged_from
+from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
 from minilmd.untrusted import Unreadable, open_regular, read_bytes
 
 CHUNK = 8 * 1024 * 1024
@@ -311,8 +311,10 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
         if not (final.is_dir() and not os.path.islink(final)):
             raise
         scratchmod.ensure_held(scratch)  # this run's scratch still, before anything in it is trusted
-        if staged_from(scratch) != source:  # a copy of another data.prepared (or unknown): never trained from
+        copied = staged_from(scratch)
+        if copied is not None and not same_source(copied, source):  # another data.prepared's: never trained from
             raise SourceUnreachable(f"{e}; the copy in scratch is not of this source") from None
+        # no record (a copy staged before the record existed): trained from as before, once verified
         if verify_staged(final):
             raise
         log(f"staging: the corpus source cannot be read ({e}): training from its verified copy at {final}")
@@ -327,8 +329,8 @@ def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[Stage
 
     old = None
     if final.exists():
-        same_source = (final / META).is_file() and (final / META).read_bytes() == meta_raw
-        problems = verify_staged(final) if same_source else ["the source's meta.json changed since it was staged"]
+        unchanged = (final / META).is_file() and (final / META).read_bytes() == meta_raw
+        problems = verify_staged(final) if unchanged else ["the source's meta.json changed since it was staged"]
         if not problems:
             log(f"staging: reusing verified copy at {final}")
             record_staged_from(scratch, source)
