@@ -111,6 +111,12 @@ def predecessor(spec: str) -> Predecessor | None:
         raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
     except OSError as e:
         raise _unreadable(e) from None
+    if owners is not None and os.path.realpath(cfg.run_dir) != os.path.realpath(spec):
+        # a copy whose recorded places are not where it sits (written with relative paths by a minilmd before they
+        # were recorded absolute, or a run directory moved): its state and checkpoints would be looked for elsewhere
+        raise InitSourceError(f"{path} names run.dir {cfg.run_dir}, not {os.path.abspath(spec)} where it is (relative "
+                              f"paths recorded by an older minilmd, or the run directory moved): name the run's "
+                              f"checkpoint directory in init.from (its run.remote, or its scratch's checkpoints)")
     remote = cfg.run.remote.removeprefix("file://")
     if "://" in remote:
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")

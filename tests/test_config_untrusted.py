@@ -143,3 +143,20 @@ def test_init_from_another_users_run_directory_reads_her_run_toml_not_a_third_ui
             predecessor(str(her_dir))
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_run_directory_whose_copy_names_another_run_dir_is_refused_not_waited_for_elsewhere(tmp_path, corpus):
+    """A run.toml copy written with relative paths by a minilmd before they were recorded absolute (`dir =
+    "runs/pre"`) resolves now against the run directory itself: init.from naming that run waited for ever on
+    runs/pre/runs/pre/state.json. Its places are not where it sits: refused, saying what to name instead."""
+    pre = write_config(tmp_path, corpus, name="pre", remote=False)
+    run_dir = load_config(pre).run_dir
+    run_dir.mkdir(parents=True)
+    text = pre.read_text().replace(f'dir = "{run_dir}"', 'dir = "runs/pre"')
+    assert 'dir = "runs/pre"' in text
+    (run_dir / names.RUN_CONFIG_COPY).write_text(text)
+    with pytest.raises(InitSourceError, match=f"names run.dir {run_dir}/runs/pre, not {run_dir} where it is"):
+        predecessor(str(run_dir))
+    (run_dir / names.RUN_CONFIG_COPY).write_text(pre.read_text())  # recorded absolute: the run it names
+    found = predecessor(str(run_dir))
+    assert found is not None and found.run_dir == run_dir
