@@ -84,16 +84,12 @@ def remote_place_problems(cfg: RunConfig) -> list[str]:
 
 def local_remote_root(remote: str | None) -> str | None:
     """The path of a run.remote that the sync writes as a local path (Remote.local: a plain path, file://,
-    local://), None for any other store or none. fsspec is loaded only for a URL: the supervisor stays light."""
+    local://), None for any other store or none. Told from the protocol alone: building a remote store's
+    filesystem may connect to it (sftp), and a check must not wait on a network that is down."""
     if not remote or "://" not in remote:
         return remote or None
-    from minilmd.daemon.jobs.remote import Remote
-
-    try:
-        opened = Remote(remote)
-    except (ValueError, ImportError):  # an unknown protocol, its library missing: the sync's own start says so
-        return None
-    return opened.root if opened.local else None
+    protocol, _, rest = remote.partition("://")
+    return (rest.rstrip("/") or "/") if protocol in ("file", "local") else None
 
 
 def remote_entry_problems(cfg: RunConfig) -> list[str]:

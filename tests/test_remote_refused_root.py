@@ -74,3 +74,17 @@ def test_a_file_url_remote_is_checked_as_the_local_path_it_is(tmp_path):
     found = preflight.remote_entry_problems(cfg)
     assert len(found) == 1 and f"{LATEST} there is a symbolic link" in found[0], found
     assert preflight.remote_place_problems(SimpleNamespace(run=SimpleNamespace(remote="memory://bucket/x"))) == []
+
+
+def test_preflight_tells_a_local_remote_by_its_protocol_alone_never_building_a_store():
+    """Building a remote store's filesystem may connect to it (fsspec's SFTPFileSystem connects in its __init__):
+    preflight's check of run.remote must not wait on a network that is down, nor die of its error."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from minilmd.daemon.preflight import local_remote_root as r\n"
+            "assert r('file:///a/b/') == '/a/b' and r('local:///c') == '/c' and r('/d') == '/d' and r('') is None\n"
+            "assert r('memory://x') is None and r('sftp://host/x') is None\n"
+            "assert 'fsspec' not in sys.modules, 'a store was built'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
