@@ -41,8 +41,15 @@ def test_pretrain_sft_lora_started_together_each_from_its_predecessors_final_che
                                    (pretrain, "sigkill@4"), (doomed, "exception@1"))]
     sft_dir = load_config(sft).run_dir
     wait_for(lambda: state(sft_dir).get("phase") == "waiting_init", timeout=60)
-    shown = cli("status", str(sft_dir), fake=False).stdout
-    assert "waiting_init" in shown and "waiting for init.from: run pretrain" in shown, shown
+    # the predecessor is read off the supervisor's loop (a stalled share must not hold it): what status says the
+    # stage waits on comes with that read's first answer
+    shown = [""]
+
+    def says_what_it_waits_on() -> bool:
+        shown[0] = cli("status", str(sft_dir), fake=False).stdout
+        return "waiting for init.from: run pretrain" in shown[0]
+    wait_for(says_what_it_waits_on, timeout=60)
+    assert "waiting_init" in shown[0], shown[0]
     codes = [wait_or_kill(p, 240) for p in procs]
     outs = {c.stem: (tmp_path / f"{c.stem}.out").read_text()[-3000:] for c in (lora, sft, pretrain, after_doomed)}
     assert codes == [0, 0, 2, 0, 79], (codes, outs)

@@ -1,7 +1,7 @@
 """A run that fails for good gives back what it staged in scratch (RAM on a shared server): the corpus and the probe
 did already; found by a new user, init.from's staged copy stayed (a 768x8 model's optimizer state: 767 MB of
-/dev/shm) and a run that failed before staging (device = cuda on a machine without a driver) left its scratch
-holding its marker alone. A LoRA run's base stays once it has checkpoints: its adapters need that very base."""
+/dev/shm) and a run that failed for good before its first checkpoint left its scratch holding its marker. A LoRA
+run's base stays once it has checkpoints: its adapters need that very base."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,11 +44,13 @@ def test_a_run_that_fails_for_good_gives_back_its_staged_init_copy_and_keeps_its
 
 
 def test_a_run_that_fails_for_good_before_its_first_checkpoint_removes_its_scratch(tmp_path, corpus):
-    """device = cuda where there is none: the trainer's start fails for good. Its scratch held the marker and the
-    staged corpus; both go, with the directory (this run's, by its marker)."""
-    config = write_config(tmp_path, corpus, remote=False, run={"keep_scratch": False}, train={"device": "cuda"})
+    """A trainer that fails at its first step, with no restart allowed: the run fails for good. Its scratch held
+    the marker and the staged corpus; both go, with the directory (this run's, by its marker). (The walk-through's
+    case, device = cuda where there is none, is now refused before anything is made: tests/test_check_truth.py.)"""
+    config = write_config(tmp_path, corpus, remote=False, run={"keep_scratch": False},
+                          restart={"max_restarts": 0})
     cfg = load_config(config)
-    status = run_supervisor(config, tmp_path, fake=False)
+    status = run_supervisor(config, tmp_path, fake=False, MINILMD_FAULT="exception@1")
     assert status in FINAL_EXIT_STATUSES, (status, (tmp_path / "supervisor.out").read_text()[-3000:])
     assert not cfg.scratch_dir.exists(), sorted(p.name for p in cfg.scratch_dir.iterdir())
     said = _scratch_said(cfg.run_dir)
