@@ -62,7 +62,8 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
     the caller makes them. `group_share`: the last directory checked may be a team directory others write (its
     owner opted in). `team_above`: every directory checked may be group-writable (team directories on the way to a
     run.remote; still root's or ours, not world-writable unless sticky). `owners`: more uids counted as ours (as
-    Dir.owners). None: the path stays where it is."""
+    Dir.owners; a squashing share's), for a directory that no one but its owner may write (or sticky). None: the
+    path stays where it is."""
     path = Path(os.path.abspath(target))
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
@@ -102,6 +103,9 @@ def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, ad
     if not owned_by_me_or_root(st) and st.st_uid not in owners:
         return (f"{where} belongs to {user(st.st_uid)}, who could replace {what} by a link to your files "
                 f"or by a directory of his; {advice}")
+    if not owned_by_me_or_root(st) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return (f"{where} belongs to {user(st.st_uid)} (the owner this share gives new files) and can be written by "
+                f"others than its owner (mode {stat.S_IMODE(st.st_mode):o}), who could replace {what}; {advice}")
     if others_can_rearrange(st, above if acl_at is None else acl_at, team=team_above):  # group members: others
         chmod = f", or chmod go-w {above}" if owned_by_me(st) else ""
         return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
