@@ -5,15 +5,17 @@ A name in a directory that another user can write means nothing a moment later: 
 put his own directory, or a symbolic link to the owner's private file, in its place (issue 40: a chmod, an append and
 a `--force` of `prepare` each did that to the victim). So everything minilmd creates in such a place goes through a
 `Dir`:
-- `place_problem(label, target, ...)` is the rule every shared place keeps (scratch, the GPU lock directory, an
-  output's directory, a run.remote): every directory on the way to `target` root's or this user's, none that another
-  user can rearrange (group members count as others, unless the group is this user's alone: perms.private_group; a
-  sticky one of root's or ours is fine, like /tmp); a link on the way refused, or followed when root's or ours
-  (`own_links`). Opt-ins: `group_share` waives target's own directory (a team directory, touched only through its
-  descriptor), `team_above` lets the directories above be group-writable (still root's or ours): a run.remote's;
-- `Dir.open` opens the directory once (O_NOFOLLOW, unless a link of root's or ours); every later create, chmod,
-  rename, exchange (renameat2) and delete is relative to its descriptor (`dir_fd=`, O_NOFOLLOW, O_EXCL), never by a
-  path through its name;
+- `place_problem(label, target, ...)` (minilmd/place_rule.py) is the rule every shared place keeps (scratch, the
+  GPU lock directory, an output's directory, a run.remote): every directory on the way to `target` root's or this
+  user's, none that another user can rearrange (group members count as others, unless the group is this user's
+  alone: perms.private_group; a sticky one of root's or ours is fine, like /tmp); a link on the way refused, or
+  followed when root's or ours (`own_links`). Opt-ins: `group_share` waives target's own directory (a team
+  directory, touched only through its descriptor), `team_above` lets the directories above be group-writable
+  (still root's or ours): a run.remote's;
+- `Dir.open` opens the directory once: its real path walked from "/" by openat, no link followed, each directory
+  judged again on its descriptor (place_rule.open_walked: one swapped in after the judgement by path is refused);
+  every later create, chmod, rename, exchange (renameat2) and delete is relative to its descriptor (`dir_fd=`,
+  O_NOFOLLOW, O_EXCL), never by a path through its name;
 - `Dir.make_temp` makes a temporary directory with a random name inside it, 0700, opened at once: a `Dir` of its
   own, reached by code that takes paths as `inside` (/proc/self/fd/N: the directory the descriptor holds);
 - `Dir.publish` renames such a directory into place (RENAME_NOREPLACE, or RENAME_EXCHANGE with what stood there),
@@ -28,12 +30,10 @@ in its allowlist of reviewed sites. Torch-free.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import functools
 import os
-import pwd
 import secrets
 import stat
 from collections.abc import Callable, Set
@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
-from minilmd.perms import others_can_rearrange, own_link, own_uid, owned_by_me, owned_by_me_or_root
+from minilmd.perms import own_link, own_uid, owned_by_me
+from minilmd.place_rule import PlaceRefused, dir_problem, open_walked, place_problem  # noqa: F401 - for callers
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
 AT_FDCWD = -100
@@ -54,10 +55,6 @@ Identity = tuple[int, int]
 """(device, inode): what a directory is, not what its name leads to."""
 
 
-class PlaceRefused(ValueError):
-    """A directory minilmd will not create files in (the message says why and what to do): a config error, exit 2."""
-
-
 class Replaced(ValueError):
     """A name did not lead to the directory expected (someone moved another one there): nothing was replaced."""
 
@@ -66,73 +63,6 @@ class Kept(NamedTuple):
     """An old version publish did not delete: where it is now, and why (what the caller's `foreign` said)."""
     where: Path
     why: str
-
-
-def user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _lstat(path: Path) -> os.stat_result | None:
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        return os.lstat(path)
-    return None
-
-
-def _link_target(path: Path) -> str:
-    with contextlib.suppress(OSError):
-        return os.readlink(path)
-    return "?"
-
-
-def place_problem(label: str, target: str | os.PathLike, what: str, advice: str, *, dir_itself: bool = False,
-                  own_links: bool = False, group_share: bool = False, team_above: bool = False,
-                  links: int = 0, owners: Set[int] = frozenset()) -> str | None:
-    """Why someone else could put another directory, or a link, where `target` is: a symbolic link on the way
-    (followed only with `own_links`, and only a link of root's or ours), or a directory above it (and target
-    itself with `dir_itself`) that another user owns or can write (sticky ones of root or of this user excepted).
-    `what` names what is at stake in the message ("the scratch"), `advice` ends it. Missing directories are fine:
-    the caller makes them. `group_share`: the last directory checked may be a team directory others write (its
-    owner opted in). `team_above`: every directory checked may be group-writable (team directories on the way to a
-    run.remote; still root's or ours, not world-writable unless sticky). `owners`: more uids counted as ours (as
-    Dir.owners). None: the path stays where it is."""
-    path = Path(os.path.abspath(target))
-    chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
-    for above in chain:
-        st = _lstat(above)
-        if st is None:
-            return None
-        where = f"{label} {target}: the directory {above}" + ("" if above == path else " above it")
-        if stat.S_ISLNK(st.st_mode):
-            if own_links and (owned_by_me_or_root(st) or st.st_uid in owners) and links < 8:
-                real = Path(os.path.realpath(above))
-                rest = real if above == path else real / path.relative_to(above)
-                return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
-                                     group_share=group_share, team_above=team_above, links=links + 1, owners=owners)
-            return (f"{where} is a symbolic link (to {_link_target(above)}): minilmd follows no link on the way to "
-                    f"{what}, since whoever can change it chooses where the files go; {advice}")
-        if not stat.S_ISDIR(st.st_mode):
-            return None  # the caller says that a file is in the way
-        if group_share and above == chain[-1]:
-            continue
-        if not owned_by_me_or_root(st) and st.st_uid not in owners:
-            return (f"{where} belongs to {user(st.st_uid)}, who could replace {what} by a link to your files "
-                    f"or by a directory of his; {advice}")
-        if others_can_rearrange(st, above, team=team_above):  # group members count as others (perms)
-            chmod = f", or chmod go-w {above}" if owned_by_me(st) else ""
-            return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
-                    f"could replace {what} by a link to your files or by a directory of theirs; {advice}{chmod}")
-    return None
-
-
-def dir_problem(label: str, path: str | os.PathLike, what: str) -> str | None:
-    """place_problem for a directory minilmd writes files in (a Prometheus textfile directory): it and every
-    directory above it root's or ours, none rearrangeable by other users (sticky is fine). A missing one is fine
-    when what is above it is."""
-    return place_problem(label, path, what, "choose a directory only you (and root) can change", dir_itself=True,
-                         own_links=True)
 
 
 # --- renameat2 -----------------------------------------------------------------------------------------------------
@@ -192,14 +122,8 @@ class Dir:
                                 team_above=team_above, owners=owners)
         if problem:
             raise PlaceRefused(problem)
-        try:
-            fd = os.open(path, OPEN_DIR & ~os.O_NOFOLLOW if own_link(os.lstat(path)) else OPEN_DIR)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise PlaceRefused(f"{label} {path} is a symbolic link of another user or not a directory (never "
-                                   f"followed); {advice}") from None
-            raise
-        return cls(fd, path)
+        return cls(open_walked(path, label, what, advice, group_share=group_share, team_above=team_above,
+                               owners=owners), path)
 
     @classmethod
     def at(cls, parent: Dir, name: str, *, own_links: bool = False) -> Dir:

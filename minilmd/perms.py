@@ -55,14 +55,16 @@ def own_link(st: os.stat_result) -> bool:
     return stat.S_ISLNK(st.st_mode) and owned_by_me_or_root(st)
 
 
-def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | None = None, *,
+def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | int | None = None, *,
                          team: bool = False) -> bool:
     """Another user can create, rename or remove entries in this directory: group or others may write to it, and
     it is not sticky with an owner in owned_by_me_or_root (sticky: only an entry's owner, the directory's and root
     may remove or rename it). Group members count as others (a shared server's groups are wide), except in a group
     whose only member is this user (`private_group`: the user private groups of Debian and Ubuntu, whose umask 002
-    makes every new directory 0775); that is trusted only when `where` (the directory's path, as `st` saw it) shows
-    no ACL, which could let a named user write behind the group bits. `team`: a team directory the owner opted in
+    makes every new directory 0775); that is trusted only on a local file system (`local_fs`: on NFS with AUTH_SYS
+    the server believes the gids any client sends, so a user of another node in that gid there writes too) and
+    when `where` (the directory's path as `st` saw it, or a descriptor of it) shows no ACL, which could let a named
+    user write behind the group bits. `team`: a team directory the owner opted in
     to (group-writable): only a world-writable one counts."""
     if st.st_mode & stat.S_ISVTX and owned_by_me_or_root(st):
         return False
@@ -70,12 +72,33 @@ def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | None = N
         return True
     if not st.st_mode & stat.S_IWGRP or team:
         return False
-    return where is None or not private_group(st.st_gid) or has_acl(where)
+    return where is None or not private_group(st.st_gid) or not local_fs(st.st_dev) or has_acl(where)
+
+
+LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "bcachefs",
+                            "tmpfs", "ramfs", "overlay", "vfat", "exfat", "ntfs", "ntfs3"})
+"""File systems whose permission checks this host's kernel makes with this host's user and group lists."""
+
+
+def local_fs(dev: int) -> bool:
+    """The file system of device `dev` (a stat's st_dev) is one of LOCAL_FS_TYPES, by /proc/self/mountinfo; a
+    network or FUSE one, or one not found there, is not."""
+    wanted = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == wanted and " - " in line:
+                    return line.split(" - ", 1)[1].split()[0] in LOCAL_FS_TYPES
+    except OSError:
+        pass
+    return False
 
 
 def private_group(gid: int) -> bool:
     """The group `gid` is this user's alone: this user is in it (as primary group or listed) and no other user is:
-    none lists it as primary group (the passwd database, enumerated), none is listed in it (gr_mem). Where the
+    none lists it as primary group (the passwd database, enumerated), none is listed in it (gr_mem of every group
+    entry with that gid: getgrgid shows only the first of duplicates). Where the
     passwd database cannot be enumerated (LDAP or sssd without enumeration: this user is not in the list), the
     group counts as shared. Decided once per group and process (`_private_to`); enumerated only for a group of
     this user's that lists no one else."""
@@ -86,9 +109,10 @@ def private_group(gid: int) -> bool:
 def _private_to(uid: int, gid: int) -> bool:
     try:
         me = pwd.getpwuid(uid)
-        listed = set(grp.getgrgid(gid).gr_mem)
+        entries = [entry for entry in grp.getgrall() if entry.gr_gid == gid] or [grp.getgrgid(gid)]
     except KeyError:
         return False  # a user or group the databases do not know: its members cannot be told
+    listed = {name for entry in entries for name in entry.gr_mem}
     if listed - {me.pw_name} or (me.pw_gid != gid and me.pw_name not in listed):
         return False
     everyone = pwd.getpwall()
@@ -100,12 +124,15 @@ def _private_to(uid: int, gid: int) -> bool:
 ACL_XATTRS = ("system.posix_acl_access", "system.nfs4_acl")
 
 
-def has_acl(where: str | os.PathLike) -> bool:
-    """`where` (not followed if a link) carries a POSIX or NFSv4 access ACL; one that cannot be looked at counts
-    as carrying one. A file system without ACLs (ENOTSUP) has none."""
+def has_acl(where: str | os.PathLike | int) -> bool:
+    """`where` (not followed if a link; or a descriptor, O_PATH ones too, looked at through /proc/self/fd) carries a
+    POSIX or NFSv4 access ACL; one that cannot be looked at counts as carrying one. A file system without ACLs
+    (ENOTSUP) has none."""
+    follow = isinstance(where, int)
+    path = f"/proc/self/fd/{where}" if follow else where
     for name in ACL_XATTRS:
         try:
-            os.getxattr(where, name, follow_symlinks=False)
+            os.getxattr(path, name, follow_symlinks=follow)
         except OSError as e:
             if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
                 continue

@@ -12,7 +12,7 @@ import struct
 import pytest
 
 from minilmd import perms
-from minilmd.dirfd import Dir, place_problem
+from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from real_groups import groups  # noqa: F401 - a fixture
 from second_user import second_user
 
@@ -88,3 +88,25 @@ def test_a_private_group_directory_whose_acl_lets_another_user_write_is_refused(
         pytest.skip(f"no POSIX ACLs on {tmp_path}'s file system ({e})")
     assert perms.has_acl(folder)
     assert REFUSED in _problem(folder)
+
+
+def test_a_group_whose_gid_another_group_entry_shares_with_another_member_is_refused(tmp_path, groups):
+    """Two /etc/group entries with one gid (groupadd -o): the kernel grants the gid, so the members of both write.
+    getgrgid shows only the first entry; on main the second one's member was not seen and the directory counted as
+    this user's alone. Now the members of every entry with that gid count (grp.getgrall)."""
+    import subprocess
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    second_user()
+    gid = groups.group(members=(me,))
+    folder = _team_dir(tmp_path, gid)
+    assert _problem(folder) is None
+    twin = f"{groups._name('g')}t"
+    subprocess.run(["groupadd", "-o", "-g", str(gid), twin], check=True, capture_output=True, timeout=30)
+    groups.made_groups.append(twin)
+    subprocess.run(["gpasswd", "-a", "nobody", twin], check=True, capture_output=True, timeout=30)
+    perms._private_to.cache_clear()
+    assert REFUSED in _problem(folder)
+    (folder / "run1").mkdir()
+    with pytest.raises(PlaceRefused, match=REFUSED):
+        Dir.open(folder / "run1", "the directory of --out")

@@ -85,10 +85,14 @@ def test_a_directory_above_the_remote_of_another_uid_is_still_refused(tmp_path, 
     backing, share, _ = squash_share
     (backing / "theirs").mkdir()
     os.chown(backing / "theirs", OTHER, OTHER)  # made on the server by another user: his uid, not the squashed one
+    (backing / "theirs").chmod(0o1777)  # his, and every user may make files in it (as in /tmp)
     save(tmp_path / "scratch", 10, weights)
     refused = remote_write.root_refused(str(share / "theirs" / "run1"))
     assert refused is not None and f"belongs to uid {OTHER}" in refused, refused
-    assert remote_write.OWN_UIDS == {os.getuid(), second_user()[0]}  # learnt, and his uid never counted as ours
+    # nothing learnt in his directory (on main a file was made and removed there at every refused try, and the
+    # owner the share gives new files was counted as ours from then on): a refusal naming another uid learns nothing
+    assert remote_write.OWN_UIDS == {os.getuid()}
+    assert os.listdir(backing / "theirs") == []
     with pytest.raises(SyncError, match=f"belongs to uid {OTHER}"):
         without_blocking(Syncer(tmp_path / "scratch", str(share / "theirs" / "run1"), EXPECTED).sync_newest)
 
@@ -122,3 +126,20 @@ def test_a_directory_whose_owner_cannot_be_learnt_goes_again_and_the_error_says_
     write_rules(mount.control, [])
     assert without_blocking(syncer.sync_newest).step == 10
     assert sorted(os.listdir(share)) == [LATEST, "step-00000010"]
+
+
+def test_a_directory_of_the_learnt_owner_that_others_may_write_is_refused_above_the_root(tmp_path, weights,
+                                                                                          squash_share, monkeypatch):
+    """The owner learnt from a squashing share counts as ours above the root only for a directory no one but that
+    owner may write: a 0775 one of its (on all_squash every user's) lets others rename the root away. On main it was
+    accepted (team_above lets a directory of ours be group-writable)."""
+    backing, share, _ = squash_share
+    root, local = share / "minilmd" / "run1", tmp_path / "scratch"
+    save(local, 10, weights)
+    assert without_blocking(Syncer(local, str(root), EXPECTED).sync_newest).step == 10
+    fresh_process(monkeypatch)
+    assert remote_write.root_refused(str(root)) is None
+    (backing / "minilmd").chmod(0o775)
+    fresh_process(monkeypatch)
+    refused = remote_write.root_refused(str(root))
+    assert refused is not None and "can be written by others than its owner (mode 775)" in refused, refused

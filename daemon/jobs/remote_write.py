@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pwd
+import re
 import secrets
 import stat
 import time
@@ -201,17 +203,50 @@ def open_root(root: str) -> Dir:
     of root's or this user's, never world-writable unless sticky: `team_above`, /nfs/team/alice/run1 under a
     2775 /nfs/team), for Remote._root. The directories above it that a sync made (Remote._make_root) are, on a
     squashing share, the owner the share gives this user's new files (OWN_UIDS), not this user's: where the rule
-    refuses, that owner is learnt in the root (or, before the first sync made it, in the nearest directory above it
-    that is there), and the rule asked again counting it as this user's. PlaceRefused (a ValueError) when the rule
-    refuses it; FileNotFoundError when it is not there."""
+    refuses one for an owner that may be that one (`_learning_place`), it is learnt and the rule asked again
+    counting it as this user's (a directory of it above the root only when no one but its owner may write it:
+    place_rule). PlaceRefused (a ValueError) when the rule refuses it; FileNotFoundError when it is not there."""
     try:
         opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
-    except PlaceRefused:
-        if not learn_own_uid(_nearest_there(root)):
+    except PlaceRefused as e:
+        if (where := _learning_place(root, str(e))) is None or not learn_own_uid(where):
             raise
         opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
     opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
     return opened
+
+
+SQUASH_NAMES = ("nobody", "nfsnobody")
+"""The users NFS maps squashed uids to (anonuid's default 65534; 4294967294 on old kernels)."""
+
+
+def squash_uids() -> set[int]:
+    found = {65534, 4294967294}
+    for name in SQUASH_NAMES:
+        with contextlib.suppress(KeyError):
+            found.add(pwd.getpwnam(name).pw_uid)
+    return found
+
+
+def _learning_place(root: str, refusal: str) -> str | None:
+    """Where open_root may learn the owner the share gives new files after `refusal`, None where it must not: only
+    for a refusal naming an owner not in OWN_UIDS; in the root itself once it is there (the sync writes there
+    anyway), or, before the first sync made it, in the nearest directory above it only when that is the refused
+    owner's, a squash uid (nobody), and writable by its owner alone: never in another user's or a shared
+    directory (/tmp, a team's)."""
+    named = re.search(r"belongs to (?:[^()]*\()?uid (\d+)", refusal)
+    if named is None or (uid := int(named[1])) in OWN_UIDS:
+        return None
+    there = _nearest_there(root)
+    try:
+        st = os.lstat(there)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    if there == os.path.abspath(root):
+        return there
+    return there if st.st_uid == uid in squash_uids() and not st.st_mode & 0o022 else None
 
 
 def _nearest_there(root: str) -> str:
