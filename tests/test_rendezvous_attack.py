@@ -178,7 +178,8 @@ import torch, torch.distributed as dist
 from minilmd.trainer.loop.distributed import init_distributed
 out, shared = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 if os.environ["RANK"] == "0":  # the port of the workers' store, public anyway (/proc/net/tcp)
-    (shared / "port").write_text(os.environ["MASTER_PORT"])
+    (shared / "port.tmp").write_text(os.environ["MASTER_PORT"])  # whole when the other user sees it (a rename)
+    os.replace(shared / "port.tmp", shared / "port")
 deadline = time.monotonic() + 120
 while not (shared / "poisoned").exists() and time.monotonic() < deadline:
     time.sleep(0.1)
