@@ -57,6 +57,8 @@ log_every = 20
 eval_every = 100
 checkpoint_every = 40              # steps; a real run uses a duration such as "5m"
 
+"""
+SYNC_AND_RESTART = """\
 [sync]
 every = "15s"                      # a real run syncs every "15m"
 keep = 2
@@ -65,6 +67,8 @@ keep = 2
 backoff_initial = "1s"
 hang_timeout = "2m"
 """
+"""The [sync] and [restart] sections every demo stage shares: quick syncs and restarts for a run of minutes."""
+DEMO_CONFIG += SYNC_AND_RESTART
 
 
 def say(text: str) -> None:

@@ -61,14 +61,7 @@ log_every = 10
 eval_every = 20
 checkpoint_every = 20
 
-[sync]
-every = "15s"
-keep = 2
-
-[restart]
-backoff_initial = "1s"
-hang_timeout = "2m"
-"""
+""" + demo.SYNC_AND_RESTART
 
 
 def model_section() -> str:

@@ -69,14 +69,7 @@ log_every = 20
 eval_every = 100
 checkpoint_every = 30
 
-[sync]
-every = "15s"
-keep = 2
-
-[restart]
-backoff_initial = "1s"
-hang_timeout = "2m"
-"""
+""" + demo.SYNC_AND_RESTART
 
 
 def main(root: str = "demo-sft-run", pretrain_steps: int = 240, epochs: int = 3) -> None:
