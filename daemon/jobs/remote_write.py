@@ -25,8 +25,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pathlib
 import pwd
-import re
 import secrets
 import stat
 import time
@@ -208,8 +208,8 @@ def open_root(root: str) -> Dir:
     place_rule). PlaceRefused (a ValueError) when the rule refuses it; FileNotFoundError when it is not there."""
     try:
         opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
-    except PlaceRefused as e:
-        if (where := _learning_place(root, str(e))) is None or not learn_own_uid(where):
+    except PlaceRefused:
+        if (where := _learning_place(root)) is None or not learn_own_uid(where):
             raise
         opened = Dir.open(root, "run.remote", group_share=True, team_above=True, owners=OWN_UIDS)
     opened.owners = OWN_UIDS  # a directory a sync makes may show the owner the share maps this user to
@@ -228,14 +228,13 @@ def squash_uids() -> set[int]:
     return found
 
 
-def _learning_place(root: str, refusal: str) -> str | None:
-    """Where open_root may learn the owner the share gives new files after `refusal`, None where it must not: only
-    for a refusal naming an owner not in OWN_UIDS; in the root itself once it is there (the sync writes there
-    anyway), or, before the first sync made it, in the nearest directory above it only when that is the refused
-    owner's, a squash uid (nobody), and writable by its owner alone: never in another user's or a shared
-    directory (/tmp, a team's)."""
-    named = re.search(r"belongs to (?:[^()]*\()?uid (\d+)", refusal)
-    if named is None or (uid := int(named[1])) in OWN_UIDS:
+def _learning_place(root: str) -> str | None:
+    """Where open_root may learn the owner the share gives new files after a refusal, None where it must not: only
+    where a directory on the way has an owner neither root nor in OWN_UIDS (_foreign_owner); in the root itself
+    once it is there (the sync writes there anyway), or, before the first sync made it, in the nearest directory
+    above it only when that is that owner's, a squash uid (nobody), and writable by its owner alone: never in
+    another user's or a shared directory (/tmp, a team's)."""
+    if (uid := _foreign_owner(root)) is None:
         return None
     there = _nearest_there(root)
     try:
@@ -247,6 +246,20 @@ def _learning_place(root: str, refusal: str) -> str | None:
     if there == os.path.abspath(root):
         return there
     return there if st.st_uid == uid in squash_uids() and not st.st_mode & 0o022 else None
+
+
+def _foreign_owner(root: str) -> int | None:
+    """The owner of the first directory on the way to root (root included, when there) that is neither root's nor
+    in OWN_UIDS: read from the directories themselves, not from a refusal's words."""
+    path = pathlib.PurePath(os.path.abspath(root))
+    for here in [*reversed(path.parents), path]:
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return None
+        if st.st_uid != 0 and st.st_uid not in OWN_UIDS:
+            return st.st_uid
+    return None
 
 
 def _nearest_there(root: str) -> str:
