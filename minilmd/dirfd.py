@@ -380,8 +380,16 @@ class Dir:
 
     # --- removing ---
 
-    def remove_file(self, name: str) -> None:
-        os.unlink(name, dir_fd=self.fd)
+    def remove_file(self, name: str, expected: Identity | None = None) -> bool:
+        """Unlink `name` here; with `expected`, only while it is still that file (looked at again just before: one
+        swapped in since the caller judged it is left). False when it was not there or not `expected`."""
+        if expected is not None and self.identity_of(name) != expected:
+            return False
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            return False
+        return True
 
     def remove_tree(self, name: str, expected: Identity) -> bool:
         """Remove the directory `name` only when it is `expected`: its contents through descriptors, then its name
