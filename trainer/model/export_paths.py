@@ -286,6 +286,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     by a step name, planted in a root others can write, is passed by and said, never taken for the newest (nor
     for the one LATEST names)."""
     from minilmd.checkpoint_dirs import PointerError, list_checkpoints, named_checkpoint, read_latest
+    from minilmd.checkpoint_select import is_run_dir
 
     try:
         path = named_checkpoint(path)  # ROOT/BEST: the lowest val loss (early_stop)
@@ -293,7 +294,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise ExportError(str(e)) from None
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
-    if not (path / MODEL_FILE).is_file() and (path / RUN_CONFIG_COPY).is_file():
+    if is_run_dir(path):
         return _run_checkpoint(path)
     if not (path / MODEL_FILE).is_file():
         passed_by: dict[str, str] = {}
@@ -317,33 +318,26 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def _run_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a run directory stands for: the one a resume of the run would take (checkpoint_select's
-    checkpoint_roots and find_latest: the newest that validates, of its scratch's and its run.remote's), said on
-    stderr. Its run.toml is read as another run's copy (load_config's untrusted: no link followed, this user's
-    own), and nothing is moved: a damaged checkpoint is passed by. The one taken is validated again where it is
+    run_roots and find_latest: the newest that validates, of its scratch's and its run.remote's), said on stderr.
+    Its run.toml is read as another run's copy (run_roots), and nothing is moved: a damaged checkpoint is passed
+    by. The one taken is validated again where it is
     read (validated_checkpoint): it may have changed since."""
     from minilmd.checkpoint import CheckpointError
-    from minilmd.checkpoint_select import checkpoint_roots, find_latest
-    from minilmd.config import ConfigError, load_config
-    from minilmd.corpus_meta import corpus_train_tokens
+    from minilmd.checkpoint_select import RunDirUnusable, find_latest, run_roots
 
     try:
-        cfg = load_config(run_dir / RUN_CONFIG_COPY, train_tokens_of=corpus_train_tokens, untrusted=True)
-    except (ConfigError, OSError) as e:
-        why = "; ".join(e.problems[:3]) if isinstance(e, ConfigError) else str(e)
-        raise ExportError(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its checkpoints "
-                          f"are, cannot be used ({why}); give one of its checkpoints") from None
-    roots = checkpoint_roots(cfg)
-    where = " and ".join(str(root) for root in roots)
+        run = run_roots(run_dir)
+    except RunDirUnusable as e:
+        raise ExportError(f"{e}; give one of its checkpoints") from None
     try:
-        found = find_latest(roots, log=_say_once, set_aside=False)
+        found = find_latest(run.roots, log=_say_once, set_aside=False)
     except CheckpointError as e:
-        raise ExportError(f"{run_dir}: a run directory; its checkpoints in {where}: {'; '.join(e.problems)}") \
+        raise ExportError(f"{run_dir}: a run directory; its checkpoints in {run.where}: {'; '.join(e.problems)}") \
             from None
     if found is None:
-        remote = f" (its run.remote {cfg.run.remote} is not read here)" if len(roots) == 1 and cfg.run.remote else ""
-        raise ExportError(f"{run_dir}: a run directory; no valid checkpoint where its checkpoints are, {where}"
-                          f"{remote}")
-    _say_once(f"{run_dir}: a run directory: {found}, the newest valid checkpoint of {where} (the one a resume "
+        raise ExportError(f"{run_dir}: a run directory; no valid checkpoint where its checkpoints are, {run.where}"
+                          f"{run.unread}")
+    _say_once(f"{run_dir}: a run directory: {found}, the newest valid checkpoint of {run.where} (the one a resume "
               f"would take)")
     return found
 
