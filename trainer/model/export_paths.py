@@ -186,7 +186,7 @@ def writing(out: Path, group_share: bool = False) -> Iterator[ExportCopy]:
             raise not_written(out, e) from None
         try:
             if not group_share:
-                _clear_leftovers(out, name)
+                _clear_leftovers(parent, out, name)
             yield ExportCopy(out, parent, tmp, name)
         except Replaced as e:
             raise ExportError(f"{e}; nothing was published. Check who moves things in {out.parent}") from None
@@ -219,31 +219,32 @@ _SAY = leftovers.stderr_say("export")
 _WORDS = leftovers.Words(one="an export", tool="export", thing="temporary copy")
 
 
-def _clear_leftovers(out: Path, ours: str) -> None:
-    """The other exports' temporary copies beside `out`, each named by its maker (names.export_tmp_name). One whose
-    export still runs (its pid alive with the start time the name records) is left, and this export refused:
-    two exports to one --out at once would publish over each other. One whose export is gone (a SIGKILL, an OOM
-    kill, a power loss leave it; a recycled pid has another start time) is removed when it is this user's own
-    file or directory, and said. Left as they are, and said, while this export goes on under its own name: a
-    symbolic link (never followed), another user's copy (never deleted for them), anything but a file or a
-    directory, another host's copy (its pid says nothing here), and an older minilmd's `.NAME.tmp`. The loop is
-    leftovers.sweep, shared with the clean-ups of prepare, append and a checkpoint root."""
+def _clear_leftovers(parent: Dir, out: Path, ours: str) -> None:
+    """The other exports' temporary copies beside `out`, each named by its maker (names.export_tmp_name), looked at
+    and removed in `parent`, the directory of --out opened once (through its descriptor, each only while its name
+    leads to what was looked at: leftovers.sweep's Dir). One whose export still runs (its pid alive with the start
+    time the name records) is left, and this export refused: two exports to one --out at once would publish over
+    each other. One whose export is gone (a SIGKILL, an OOM kill, a power loss leave it; a recycled pid has another
+    start time) is removed when it is this user's own file or directory, and said. Left as they are, and said,
+    while this export goes on under its own name: a symbolic link (never followed), another user's copy (never
+    deleted for them), anything but a file or a directory, another host's copy (its pid says nothing here), and an
+    older minilmd's `.NAME.tmp`. The loop is leftovers.sweep, shared with the clean-ups of prepare, append and a
+    checkpoint root."""
     def refuse(path: Path, pid: int) -> None:
         raise OutRefused(f"{path}: another export to {out} is writing it now (pid {pid}); two exports to one --out "
                          f"at once are refused: let it finish, or choose another --out")
 
-    leftovers.sweep(out.parent, lambda name: export_tmp_maker(out.name, name), _WORDS, _SAY, out=out,
+    leftovers.sweep(parent, lambda name: export_tmp_maker(out.name, name), _WORDS, _SAY, out=out,
                     skip=ours, on_running=refuse)
-    path = out.parent / old_export_tmp_name(out.name)  # an older minilmd's `.NAME.tmp`: it names no process
-    try:
-        st = os.lstat(path)
-    except OSError:
+    old = old_export_tmp_name(out.name)  # an older minilmd's `.NAME.tmp`: it names no process
+    st = parent.lstat(old)
+    if st is None:
         return
     if stat.S_ISLNK(st.st_mode):
-        leftovers.own(path, st, _WORDS, _SAY)  # says it is a link, left
+        leftovers.own(out.parent / old, st, _WORDS, _SAY)  # says it is a link, left
     else:
-        _SAY(f"{path}: an older minilmd's temporary copy, which does not say whose it is; left as it is: remove it "
-             f"once no export to {out} is running")
+        _SAY(f"{out.parent / old}: an older minilmd's temporary copy, which does not say whose it is; left as it is: "
+             f"remove it once no export to {out} is running")
 
 
 def checked_out(out: str | Path, group_share: bool = False) -> Path:
