@@ -381,8 +381,9 @@ class Dir:
     # --- removing ---
 
     def remove_file(self, name: str, expected: Identity | None = None) -> bool:
-        """Unlink `name` here; with `expected`, only while it is still that file (looked at again just before: one
-        swapped in since the caller judged it is left). False when it was not there or not `expected`."""
+        """Unlink `name` here; with `expected`, only while it is that file (looked at again just before: one put in
+        its place meanwhile is left, False). Between that look and the unlink only who can write this directory
+        could swap it: in a directory Dir.open's rule passed, this user alone. False too when it was not there."""
         if expected is not None and self.identity_of(name) != expected:
             return False
         try:
