@@ -2,7 +2,8 @@
 
 The trainer reports through files in the run directory and through its exit status; nothing else. Each exit
 status has one meaning and one restart rule (docs/failure-modes.md has the table). This module is torch-free:
-the supervisor imports it.
+the supervisor imports it. So do the readers of a run's end: how a run ended (state.json's outcome.ended,
+`how_ended`) is read here alone, by the views and by a later stage's init wait (minilmd/init_source.py).
 """
 from __future__ import annotations
 
