@@ -83,12 +83,14 @@ def test_a_heartbeat_newer_than_state_json_moves_the_step(tmp_path):
     assert "step 194/3,000" in status_text(run_dir)
 
 
-def test_metrics_lines_of_the_wrong_types_are_not_taken(tmp_path):
-    run_dir, _ = killed_run(tmp_path)
-    bad = {"kind": "train", "step": "lots", "total_steps": [1], "loss": {"a": 1}, "time": time.time()}
-    (run_dir / names.METRICS).write_text(json.dumps(bad) + "\n")
+def test_metrics_lines_of_the_wrong_types_are_skipped_the_others_taken(tmp_path):
+    run_dir, root = killed_run(tmp_path, saved=(50, 120))
+    t = time.time()
+    bad = {"kind": "train", "step": "lots", "total_steps": [1], "loss": {"a": 1}, "time": t}
+    good = {"kind": "checkpoint", "step": 120, "path": str(root / names.step_name(120)), "time": t}
+    (run_dir / names.METRICS).write_text(json.dumps(bad) + "\n" + json.dumps(good) + "\n")
     text = status_text(run_dir)  # no traceback from a string step, and state.json's numbers stand
-    assert "step 169/3,000" in text and "loss 7.5000" in text and "local checkpoint: step 50 (" in text, text
+    assert "step 169/3,000" in text and "loss 7.5000" in text and "local checkpoint: step 120 (" in text, text
 
 
 def test_a_restart_before_the_first_step_says_no_step(tmp_path):
