@@ -107,4 +107,5 @@ def _unreadable(run_dir: Path, error: OSError, command: str) -> RunProblem:
         return RunProblem(f"{run_dir}: cannot be read ({why})", CANNOT_READ)
     then = ("nothing signalled; " if command == "stop" else "") + f"{user_words(owner)} can `minilmd {command}` it"
     return RunProblem(f"{run_dir}: a directory of {user_words(owner)}, not yours ({user_words(me)}), that only "
-                      f"its owner may read ({why}: run.share \"private\"): {then}", CANNOT_READ)
+                      f"its owner may read ({why}; a run's default run.share = \"private\" makes it so): {then}",
+                      CANNOT_READ)

@@ -99,7 +99,7 @@ def _head_line(state: StateJson, alive: bool, t: float) -> str:
     if outcome:
         return head + f"; not running (ended {fmt_time(outcome.time)} with exit {outcome.exit})"
     # its phase is only what a dead supervisor last wrote: never "training for ..." of a run nothing trains
-    return run + (f"not running (last seen {fmt_time(state.updated)} {state.phase or '?'}, the supervisor did not "
+    return run + (f"not running (last seen {fmt_time(state.updated)} in {state.phase or '?'}, the supervisor did not "
                   f"exit cleanly: killed or crashed; `minilmd run` again resumes)")
 
 
