@@ -29,15 +29,10 @@ from minilmd.fsio import new_lines, tail_lines
 from minilmd.untrusted import Unreadable, printable
 
 
-def _run_problem(run_dir: Path, command: str = "status") -> str | None:
-    """Why run_dir is not a run directory this user can read (None: it is one); daemon/views/runarg.py."""
-    problem = run_problem(run_dir, command)
-    return str(problem) if problem else None
-
-
 def _is_a_run(run_dir: Path, command: str = "status") -> bool:
-    """Whether run_dir is a run directory; if not, says why on stderr (the caller exits NOT_A_RUN)."""
-    problem = _run_problem(run_dir, command)
+    """Whether run_dir is a run directory this user can read (daemon/views/runarg.py); if not, says why on
+    stderr. A command that also takes a config file calls runarg.resolve_run instead."""
+    problem = run_problem(run_dir, command)
     if problem:
         print(problem, file=sys.stderr)
     return problem is None
