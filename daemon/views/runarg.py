@@ -72,7 +72,7 @@ def _config_run_dir(path: Path, st: os.stat_result) -> Path:
         raise RunProblem(f"{path}: cannot be read ({e.strerror or e})", NOT_A_RUN) from None
     if not config.run.dir:
         raise RunProblem(f"{path}: a config without run.dir names no run directory", NOT_A_RUN)
-    return Path(config.run.dir)
+    return config.run_dir  # absolute: load_config resolved it against the config's directory, as for `run`
 
 
 def run_problem(run_dir: Path, command: str = "status") -> RunProblem | None:
