@@ -207,3 +207,21 @@ def test_demo_corpus_dpo_writes_the_pairs_the_tests_use_from_the_demo_chat_corpu
         assert pair["chosen"] in chats
     both = CliRunner().invoke(app, ["demo-corpus", "--dpo", "--chat", str(tmp_path / "x")])
     assert both.exit_code == 2 and "give one" in both.output
+
+
+def test_same_replies_and_a_side_not_a_list_are_bad_lines_named_as_pairs(tmp_path, chat_tokenizer):
+    good = {"chosen": [u("你好"), a("你好！")], "rejected": [u("你好"), a("走开")]}
+    same = {"chosen": [u("问"), a("答")], "rejected": [u("问"), a("答")]}  # margin 0: ln 2 and no gradient, always
+    text = {"chosen": "答", "rejected": [u("问"), a("答")]}
+    empty = {"chosen": [u("问"), a("答")], "rejected": []}
+    src = write_jsonl(tmp_path / "p.jsonl", [good, same, text, empty, good])
+    with pytest.raises(InputError) as e:
+        _prepare([src], chat_tokenizer, tmp_path / "out")
+    said = " ".join(str(e.value).split())
+    assert "p.jsonl:2: dpo same replies" in said, said
+    assert "p.jsonl:3: dpo side not messages (chosen is a JSON str; a side is a list of messages)" in said, said
+    assert "p.jsonl:4: dpo side not messages (rejected is an empty list" in said, said
+    assert '"conversations"' not in said  # a DPO line has no such key
+    meta = _prepare([src], chat_tokenizer, tmp_path / "skip", on_bad_line="skip")
+    assert meta["splits"]["train"]["pairs"] == 2
+    assert meta["bad_lines"]["by_reason"] == {"dpo_same_replies": 1, "dpo_side_not_messages": 2}
