@@ -93,15 +93,14 @@ def pairs_fit(meta: dict, seq_len: int, counts: dict[str, tuple[int, int]] | Non
     if not any(lost for lost, _ in counts.values()):
         return "", ""
     at_least = "" if exact else "at least "
-    lost = ", ".join(f"{at_least}{lost:,} of {n:,} {split} pairs" for split, (lost, n) in counts.items() if lost)
+    which = ", ".join(f"{at_least}{lost:,} of {n:,} {split} pairs" for split, (lost, n) in counts.items() if lost)
     kept, total = sum(n - lost for lost, n in counts.values()), sum(n for _, n in counts.values())
-    longest = max([figure for split in counts if isinstance(figure := _table(_table(_table(meta.get("dpo")).get(
-        split)).get("prompt")).get("max"), int)] + [seq_len - 1])
+    longest = max(_longest_prompts(meta) + [seq_len - 1])
     prepared_at = _table(meta.get("chat")).get("seq_len")
     fix = f"set train.seq_len >= {longest + 1} (each pair keeps a reply token" + (
         f"; {prepared_at}, the --seq-len it was prepared at, keeps them as prepared)"
         if isinstance(prepared_at, int) and prepared_at > longest + 1 else ")")
-    said = (f"train.seq_len = {seq_len} cuts away the whole final reply of {lost} (their prompts are {seq_len} "
+    said = (f"train.seq_len = {seq_len} cuts away the whole final reply of {which} (their prompts are {seq_len} "
             f"tokens or longer): DPO learns nothing from them, their loss a constant ln 2; {fix}, or prepare the "
             f"corpus again at --seq-len {seq_len}, which drops them")
     refused = 2 * kept < total or any(lost == n for lost, n in counts.values())
@@ -111,6 +110,19 @@ def pairs_fit(meta: dict, seq_len: int, counts: dict[str, tuple[int, int]] | Non
 _RANKS = {"min": 0.0, "median": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}
 """The rank of each prompt length figure (corpus/analysis/stats.py length_stats: the figure at q is the
 max(ceil(q * n), 1)-th shortest), so that at least the pairs from that rank up are as long as it."""
+
+
+def _longest_prompts(meta: dict) -> list[int]:
+    """The longest prompt of each split (its figure `max`) and the furthest offset of a first reply token
+    (`reply_starts`' last), as far as meta.json says them."""
+    found = []
+    for split in ("train", "val"):
+        figures = _table(_table(meta.get("dpo")).get(split))
+        found.append(_table(figures.get("prompt")).get("max"))
+        starts = figures.get("reply_starts")
+        found.append(starts[-1][0] if isinstance(starts, list) and starts and isinstance(starts[-1], list)
+                     and starts[-1] else None)
+    return [v for v in found if isinstance(v, int)]
 
 
 def _table(value) -> dict:
