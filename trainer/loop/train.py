@@ -53,6 +53,7 @@ from minilmd.plan.bucketing import BucketedSampler
 from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
 from minilmd.plan.mfu import flops_per_token, mfu, peak_flops
+from minilmd.plan.pairs import check_pairs_fit
 from minilmd.plan.sampler_base import Batch, DataError, Sampler
 from minilmd.plan.samplers import make_sampler, validation_batches
 from minilmd.plan.schedule import lr_at
@@ -103,6 +104,8 @@ class Trainer:
         self.stage_defaults = apply_stage_defaults(cfg, self.corpus.data_format)
         train, val = self.corpus.train, self.corpus.val
         self.preference = Preference.of(cfg, self.corpus)  # a preference corpus: DPO's pairs and its reference
+        if self.preference:  # pairs whose replies train.seq_len cuts away: refused, or a warning
+            check_pairs_fit(self.preference.rows, self.preference.val, self.corpus.meta, cfg, dist.is_main)
         sampler = self.preference.sampler if self.preference else make_sampler(
             cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed, train.loss_mask, t.micro_batch_size,
             cfg.data.doc_mask)
