@@ -25,6 +25,15 @@ from minilmd.checkpoint_dirs import read_latest
 from minilmd.names import TOKENIZER_FILE
 from minilmd.perms import owned_by_me
 
+MODEL_LINES = """\
+hidden_size = 128
+num_hidden_layers = 4
+num_attention_heads = 4
+num_key_value_heads = 2
+vocab_size = 6400
+"""
+"""The demo model's [model] lines: the pretraining run's, and so every later stage's (init.from holds it)."""
+
 DEMO_CONFIG = """\
 # The demo run: a small model (about 2M parameters) so that it trains on a laptop CPU in a few minutes.
 [run]
@@ -39,12 +48,7 @@ mode = "packed"
 val_windows = 16
 
 [model]
-hidden_size = 128
-num_hidden_layers = 4
-num_attention_heads = 4
-num_key_value_heads = 2
-vocab_size = 6400
-
+""" + MODEL_LINES + """
 [train]
 seq_len = 128
 micro_batch_size = 16

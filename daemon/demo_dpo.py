@@ -64,16 +64,8 @@ checkpoint_every = 20
 """ + demo.SYNC_AND_RESTART
 
 
-def model_section() -> str:
-    """The SFT demo's [model] lines, so that the DPO stage's model is the one its init.from holds."""
-    text = demo_sft.SFT_CONFIG
-    body = text[text.index("[model]"):]
-    lines = body.split("\n")[1:]
-    return "\n".join(lines[:lines.index("")]) + "\n"
-
-
 def dpo_config(root_path: Path, scratch: Path, steps: int) -> str:
-    return DPO_CONFIG.format(root=root_path, scratch=scratch, steps=steps, model=model_section())
+    return DPO_CONFIG.format(root=root_path, scratch=scratch, steps=steps, model=demo.MODEL_LINES)
 
 
 def prepare_pairs(root_path: Path, max_docs: int | None = None) -> Path:

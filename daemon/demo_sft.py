@@ -51,12 +51,7 @@ val_windows = 16
 from = "{root}/nfs"                # the pretraining run's remote: the checkpoint its LATEST names
 
 [model]                            # must be the pretrained model's (run --check names any difference)
-hidden_size = 128
-num_hidden_layers = 4
-num_attention_heads = 4
-num_key_value_heads = 2
-vocab_size = 6400
-
+""" + demo.MODEL_LINES + """
 [train]
 seq_len = 128
 micro_batch_size = 16
