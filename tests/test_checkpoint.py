@@ -19,7 +19,7 @@ from minilmd.model_shapes import expected_state_shapes
 from minilmd.names import QUARANTINE, REASON_FILE
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
-from weights_helpers import CHECKPOINT_MODEL, make_run, save_run, trainer_state
+from weights_helpers import CHECKPOINT_MODEL, make_run, save_run, saved_steps, trainer_state
 
 torch.set_num_threads(1)
 
@@ -261,14 +261,7 @@ def test_prune_keeps_the_newest_valid(tmp_path, run):
 
 
 def test_prune_deletes_beyond_keep_and_respects_protect(tmp_path):
-    paths = {}
-    model, opt = make_run(0)
-    x = torch.randint(0, 256, (2, 16))
-    for step in range(1, 6):
-        model(x, labels=x).loss.backward()
-        opt.step()
-        opt.zero_grad()
-        paths[step] = ckpt_io.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+    paths = saved_steps(tmp_path, 5)
     deleted = checkpoint_select.prune(tmp_path, keep=2, protect=[paths[1]], log=lambda s: None)
     assert sorted(ck.step_of(p) for p in deleted) == [2, 3]
     assert [ck.step_of(p) for p in checkpoint_dirs.list_checkpoints(tmp_path)] == [1, 4, 5]
@@ -400,13 +393,7 @@ def test_two_concurrent_prunes_never_fail(tmp_path):
     """The trainer's saver and the supervisor both prune the local root; neither may trip over the other."""
     import threading
 
-    model, opt = make_run(0)
-    x = torch.randint(0, 256, (2, 16))
-    for step in range(1, 7):
-        model(x, labels=x).loss.backward()
-        opt.step()
-        opt.zero_grad()
-        ckpt_io.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+    saved_steps(tmp_path, 6)
     errors = []
 
     def prune():

@@ -67,6 +67,18 @@ def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
                 p.wait()
 
 
+def one_node_and_two(straight, tmp_path: Path, ranks: dict, nproc: int) -> tuple[Path, Path, list[str]]:
+    """The undisturbed run's config (`ranks`: its batch per rank) for one node of 2 x nproc ranks and for two nodes
+    of nproc each, their run directories made: (one node's config, two nodes' config, one node's torchrun)."""
+    one_node = straight.config_like(tmp_path, "one", **ranks)
+    two_nodes = straight.config_like(tmp_path, "two", **ranks)
+    for config in (one_node, two_nodes):
+        load_config(config).run_dir.mkdir(parents=True)
+    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(2 * nproc),
+                  "-m", "minilmd.cli", "train", str(one_node)]
+    return one_node, two_nodes, standalone
+
+
 def final_weights(config: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     newest = checkpoint_dirs.list_checkpoints(load_config(config).checkpoint_dir)[-1]
     return newest, load_file(newest / "model.safetensors")
@@ -74,12 +86,7 @@ def final_weights(config: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 def test_multinode_on_loopback_matches_one_node_and_a_killed_rank_restarts_from_the_checkpoint(tmp_path, undisturbed):
     straight = undisturbed()
-    one_node = straight.config_like(tmp_path, "one", **TWO_RANKS)
-    two_nodes = straight.config_like(tmp_path, "two", **TWO_RANKS)
-    for config in (one_node, two_nodes):
-        load_config(config).run_dir.mkdir(parents=True)
-    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                  "-m", "minilmd.cli", "train", str(one_node)]
+    one_node, two_nodes, standalone = one_node_and_two(straight, tmp_path, TWO_RANKS, nproc=1)
     port = free_port()
     # all three at once: the rendezvous and the restart wait more than they compute
     kill = {FAULT_ENV: "sigkill@10"}
@@ -109,12 +116,7 @@ def test_multinode_on_loopback_matches_one_node_and_a_killed_rank_restarts_from_
 
 def test_multinode_two_nodes_of_two_ranks_train_as_one_node_of_four(tmp_path, undisturbed):
     straight = undisturbed()
-    one_node = straight.config_like(tmp_path, "one", **FOUR_RANKS)
-    two_nodes = straight.config_like(tmp_path, "two", **FOUR_RANKS)
-    for config in (one_node, two_nodes):
-        load_config(config).run_dir.mkdir(parents=True)
-    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                  "-m", "minilmd.cli", "train", str(one_node)]
+    one_node, two_nodes, standalone = one_node_and_two(straight, tmp_path, FOUR_RANKS, nproc=2)
     port = free_port()
     codes = run_nodes([(node_command(two_nodes, port, nproc=2), {}), (node_command(two_nodes, port, nproc=2), {}),
                        (standalone, {})], tmp_path / "logs")
