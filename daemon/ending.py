@@ -39,6 +39,7 @@ class Ending:
     phase: Phase
     exit_status: int
     stop_requested: bool
+    stop_reason: str
     last_cause: Cause | None
     child: Child | None
     files: RunFiles
@@ -102,7 +103,7 @@ class Ending:
         if self.stop_requested:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
-            self._go(Phase.DONE, "stopped on request" + (f" ({sync_problem})" if sync_problem else ""))
+            self._go(Phase.DONE, self.stop_reason + (f" ({sync_problem})" if sync_problem else ""))
             if not self.slurm and not self.staging.running and (said := scratch.give_back_unsaved(
                     self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run)):
                 self.events.emit("scratch", said)

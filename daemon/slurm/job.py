@@ -111,7 +111,7 @@ def detect(environ=None, runner: Runner = run_command) -> Allocation | None:
         nodes = [] if "[" in nodelist else [n for n in nodelist.split(",") if n]  # a plain list needs no scontrol
     visible = env.get("CUDA_VISIBLE_DEVICES", "")
     gpus = _int_list(visible) if visible else _int_list(env.get("SLURM_JOB_GPUS", ""))
-    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    restarts = env.get(names.SLURM_RESTART_COUNT_ENV, "0")
     alloc = Allocation(job, nodes or [socket.gethostname().split(".")[0]], gpus,
                        int(restarts) if restarts.isdigit() else 0)
     return alloc
