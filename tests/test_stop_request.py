@@ -19,6 +19,7 @@ from deploy_helpers import MINILMD, launcher  # noqa: F401 - the fixture
 from minilmd import names, protocol
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.host.lock import lock_holder
+from second_user import second_user, shared, user_python  # noqa: F401 - shared: the fixture
 from supervisor_helpers import env_for, events, run_supervisor, start_supervisor, state, step_of_state, write_config
 from waiting import wait_until
 
@@ -111,13 +112,13 @@ def test_an_automatic_restart_honours_the_request_and_a_start_by_hand_clears_it(
         proc.wait()
     stopped = stop(run_dir)
     assert stopped.returncode in (protocol.STOP_DONE, protocol.STOP_UNSYNCED), stopped.stdout + stopped.stderr
-    assert "stop request left at" in stopped.stdout, stopped.stdout
 
     for n in (1, 2):
         assert run_supervisor(config, tmp_path, MINILMD_AUTO_RESTART="tmux") == 0
         assert launches_after_last_start(run_dir) == [], n
         assert state(run_dir)["outcome"]["reason"].startswith("stopped on request (minilmd stop at "), n
         assert (run_dir / names.STOP_REQUEST).is_file()
+    assert "stop request left at" in stopped.stdout, stopped.stdout
 
     assert run_supervisor(config, tmp_path, FAKE_STEP_S="0") == 0
     assert not (run_dir / names.STOP_REQUEST).exists()
@@ -157,3 +158,20 @@ def test_a_request_left_then_read_then_cleared(tmp_path):
     assert problem is None and request is not None and request.time is not None
     assert request.words().startswith("minilmd stop at ") and f"by uid {os.getuid()} on " in request.words()
     assert stoprequest.clear(tmp_path) is None and not path.exists()
+
+
+def test_roots_request_in_a_users_run_directory_is_hers_to_honour_and_clear(shared):
+    """Root stopping a user's run writes the request at her run directory's descriptor, readable by her: her
+    supervisor honours it and a start of hers by hand removes it."""
+    uid, gid = second_user()
+    run_dir = shared / "run"
+    run_dir.mkdir()
+    os.chown(run_dir, uid, gid)
+    path = stoprequest.leave(run_dir, uid)
+    assert path.stat().st_uid == 0
+    code = ("import sys\nfrom pathlib import Path\nfrom minilmd.daemon.base import stoprequest\n"
+            "request, problem = stoprequest.read(Path(sys.argv[1]))\n"
+            "print(request is not None and request.time is not None, problem, stoprequest.clear(Path(sys.argv[1])))\n")
+    out = subprocess.run(user_python(code, str(run_dir)), capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.stdout.split() == ["True", "None", "None"], out.stdout + out.stderr
+    assert not path.exists()

@@ -14,9 +14,11 @@ systemd's own restarts (Restart=on-failure) look to the started process like `sy
 clears the request, and a unit waiting to restart is stopped with `systemctl --user stop minilmd@NAME`, which `stop`
 says (docs/operations.md "Stop").
 
-The file is written by fsio.atomic_write_text (an O_EXCL temporary name, then a rename over the name: never through
-a link), read as a file others may have written (minilmd/untrusted.py: a regular file of this user's or root's, no
-link followed, at most MAX_BYTES), and removed only when it is such a file, at the run directory's descriptor.
+The file is written at the run directory's descriptor (minilmd/dirfd.py Dir: the directory walked from "/" without
+following a link, each one on the way root's or the run owner's; an O_EXCL temporary name, then a rename there), so
+root stopping a user's run writes nowhere else; read as a file others may have written (minilmd/untrusted.py: a
+regular file of this user's or root's, no link followed, at most MAX_BYTES); removed only when it is such a file, at
+the run directory's descriptor.
 Torch-free.
 """
 from __future__ import annotations
@@ -32,8 +34,8 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.daemon.base.runstate import fmt_time
-from minilmd.fsio import atomic_write_text, fsync_dir
-from minilmd.perms import own_uid, owned_by_me_or_root
+from minilmd.dirfd import Dir
+from minilmd.perms import file_mode, own_uid, owned_by_me_or_root
 from minilmd.untrusted import Unreadable, printable, read_json
 
 MAX_BYTES = 4096
@@ -55,12 +57,14 @@ class StopRequest:
 
 
 def leave(run_dir: Path, owner: int) -> Path:
-    """Write the request into run_dir (a run directory of `owner`'s): readable by its owner when root writes it."""
-    path = run_dir / names.STOP_REQUEST
+    """Write the request into run_dir (a run directory of `owner`'s): readable by its owner when root writes it.
+    OSError when it cannot be written, PlaceRefused (a ValueError) when run_dir is in a place others can change."""
     body = {"time": time.time(), "uid": os.getuid(), "host": socket.gethostname(), "pid": os.getpid()}
-    atomic_write_text(path, json.dumps(body, sort_keys=True) + "\n", mode=None if own_uid() == owner else 0o644)
-    fsync_dir(run_dir)  # a requeue after a node's reboot still finds it
-    return path
+    with Dir.open(run_dir, "run.dir", owners={owner}) as where:
+        where.write_atomic(names.STOP_REQUEST, (json.dumps(body, sort_keys=True) + "\n").encode(),
+                           file_mode() if own_uid() == owner else 0o644)
+        os.fsync(where.fd)  # a requeue after a node's reboot still finds it
+    return run_dir / names.STOP_REQUEST
 
 
 def read(run_dir: Path) -> tuple[StopRequest | None, str | None]:

@@ -21,6 +21,7 @@ from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.views.liveness import load
 from minilmd.daemon.views.status import _error_context, _is_a_run
+from minilmd.dirfd import PlaceRefused
 from minilmd.untrusted import printable
 
 ORPHAN_GRACE_S = 120.0
@@ -102,9 +103,10 @@ def _leave_request(scope: procs.RunScope, out) -> Path | None:
     be written (said)."""
     try:
         return stoprequest.leave(scope.run_dir, scope.owner)
-    except OSError as e:
-        print(f"{scope.run_dir}: the stop request cannot be written ({e.strerror or e}): a launcher's restart still to "
-              f"come would start the run", file=out)
+    except (OSError, PlaceRefused) as e:
+        why = printable(str(e.strerror or e if isinstance(e, OSError) else e))
+        print(f"{scope.run_dir}: the stop request cannot be written ({why}): a launcher's restart still to come would "
+              f"start the run", file=out)
         return None
 
 
