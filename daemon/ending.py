@@ -10,11 +10,13 @@ run's files closed and the lock released. Torch-free.
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names, protocol, scratch
 from minilmd.config import RunConfig
 from minilmd.config_values import parse_duration
+from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import EventLog, RunState, now
 from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
@@ -36,6 +38,7 @@ class Ending:
     """Stopping, the last sync and the exit: the `Supervisor`'s methods for them (a mixin)."""
 
     cfg: RunConfig
+    run_dir: Path
     phase: Phase
     exit_status: int
     stop_requested: bool
@@ -124,7 +127,9 @@ class Ending:
         assert self.slurm is not None  # only a Slurm job is preempted
         remote = self.state.remote_checkpoint
         resumes_at = remote.step if remote is not None else self.state.progress.step
-        reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at, sync_problem)
+        request, _ = stoprequest.read(self.run_dir)  # a SIGTERM of `minilmd stop` (it wrote this first): no requeue
+        reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at, sync_problem,
+                                                   request.words() if request else "")
         if problem:
             self._fail(1, problem)
             return

@@ -332,10 +332,11 @@ class SlurmJob:
             self.preempted_by = signal_name
         return first
 
-    def plan(self, budget_done: bool, step, sync_problem: str) -> tuple[str, str | None, bool]:
+    def plan(self, budget_done: bool, step, sync_problem: str, stop_asked: str = "") -> tuple[str, str | None, bool]:
         """After a preemption's last sync: (the reason status shows, a problem or None, whether to requeue). No
-        requeue when the budget is done, Slurm already requeues the job, or it is being cancelled. The caller
-        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it."""
+        requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the SIGTERM was
+        `minilmd stop`'s (`stop_asked`: its request, in words; daemon/base/stoprequest.py). The caller writes
+        state.json before `requeue()`: Slurm ends this job as soon as it requeues it."""
         slurm = self.state["slurm"]
         slurm["preempted_at_step"] = step
         by = self.preempted_by
@@ -349,6 +350,8 @@ class SlurmJob:
         if restarts.isdigit() and int(restarts) > self.alloc.restart_count:
             slurm["requeued"], slurm["state"] = True, "REQUEUED"
             return f"requeued by Slurm (preempted at step {step}; Slurm requeued it itself)", None, False
+        if stop_asked:
+            return f"stopped on request ({stop_asked}) at step {step}: not requeued", None, False
         if by == "SIGTERM" and cancelled(info):
             slurm["state"] = "CANCELLED"
             return f"the Slurm job was cancelled: stopped at step {step}, not requeued", None, False
