@@ -45,6 +45,7 @@ from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.child.process import Child, Death
 from minilmd.daemon.ending import Ending
+from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
@@ -119,6 +120,8 @@ class Supervisor(Ending):
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
             self.events.emit("start", f"supervisor pid {os.getpid()} owns {self.run_dir} (config {self.config_path})",
                              pid=os.getpid())
+            if unit := sdnotify.own_unit():  # for `stop`: systemd's restart does not read a stop request
+                self.state.supervisor.systemd_unit, self.state.supervisor.systemd_user = unit
             self.state.save()
             self._stop_request_at_start()
             while self.phase not in FINAL_PHASES:

@@ -7,6 +7,8 @@ directory, and a start a launcher makes by itself (the window's restart, a reque
 trainer, exit 0; a start by hand clears the request and trains."""
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +20,9 @@ import pytest
 from deploy_helpers import MINILMD, launcher  # noqa: F401 - the fixture
 from minilmd import names, protocol
 from minilmd.daemon.base import stoprequest
+from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.lock import lock_holder
+from minilmd.daemon.views import stop as views_stop
 from second_user import second_user, shared, user_python  # noqa: F401 - shared: the fixture
 from supervisor_helpers import env_for, events, run_supervisor, start_supervisor, state, step_of_state, write_config
 from waiting import wait_until
@@ -175,3 +179,36 @@ def test_roots_request_in_a_users_run_directory_is_hers_to_honour_and_clear(shar
     out = subprocess.run(user_python(code, str(run_dir)), capture_output=True, text=True, timeout=60, cwd="/")
     assert out.stdout.split() == ["True", "None", "None"], out.stdout + out.stderr
     assert not path.exists()
+
+
+SYSTEMD = {"INVOCATION_ID": "4f1c", "NOTIFY_SOCKET": "/run/user/1000/systemd/notify"}
+
+
+@pytest.mark.parametrize(("env", "cgroup", "unit"), [
+    (SYSTEMD, "0::/user.slice/user-1000.slice/user@1000.service/app.slice/minilmd@tiny.service\n",
+     ("minilmd@tiny.service", True)),
+    (SYSTEMD, "0::/system.slice/system-minilmd.slice/minilmd@tiny.service\n", ("minilmd@tiny.service", False)),
+    (SYSTEMD, "12:pids:/x\n1:name=systemd:/system.slice/minilmd@v1.service\n", ("minilmd@v1.service", False)),
+    (SYSTEMD, "0::/user.slice/user-1000.slice/user@1000.service/app.slice/tmux-spawn-1.scope\n", None),
+    (SYSTEMD, "0::/user.slice/user-1000.slice/session-4.scope\n", None),
+    ({"INVOCATION_ID": "4f1c"}, "0::/system.slice/tmux.service\n", None),  # no notify unit: not ours
+    ({}, "0::/system.slice/minilmd@tiny.service\n", None),
+], ids=["user", "system", "cgroup-v1", "user-scope", "ssh-session", "other-service", "no-systemd"])
+def test_the_unit_a_supervisor_runs_as(tmp_path, env, cgroup, unit):
+    (tmp_path / "cgroup").write_text(cgroup)
+    assert sdnotify.own_unit(env, str(tmp_path / "cgroup")) == unit
+
+
+def test_stop_of_a_run_systemd_ran_names_its_unit(tmp_path):
+    """A supervisor killed under systemd, whose restart cannot be told from a start: `stop` says which unit to
+    stop, with the manager's flag; the request is left all the same."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    st = {"run": "tiny", "phase": "training", "outcome": None,
+          "supervisor": {"pid": None, "systemd_unit": "minilmd@tiny.service", "systemd_user": True}}
+    (run_dir / names.STATE).write_text(json.dumps(st))
+    out = io.StringIO()
+    assert views_stop.stop(run_dir, out=out) == protocol.STOP_DONE
+    said = out.getvalue()
+    assert "its supervisor ran under systemd" in said and "`systemctl --user stop minilmd@tiny.service`" in said, said
+    assert (run_dir / names.STOP_REQUEST).is_file()

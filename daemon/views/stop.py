@@ -18,7 +18,7 @@ from minilmd import names, procs, protocol
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, process_alive
 from minilmd.daemon.base.states import SyncState
-from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.base.statesections import StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load
 from minilmd.daemon.views.status import _error_context, _is_a_run
 from minilmd.dirfd import PlaceRefused
@@ -60,7 +60,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
                                            f"{printable(outcome.reason)})" if outcome else ""), file=out)
         if outcome is None or outcome.exit not in (0, *protocol.FINAL_EXIT_STATUSES):
-            _pending_restart_words(request, out)
+            _pending_restart_words(request, state.supervisor, out)
         if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
@@ -110,16 +110,24 @@ def _leave_request(scope: procs.RunScope, out) -> Path | None:
         return None
 
 
-def _pending_restart_words(request: Path | None, out) -> None:
-    """What becomes of a restart still to come, when a run ended without finishing and no supervisor runs."""
+def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> None:
+    """What becomes of a restart still to come, when a run ended without finishing and no supervisor runs; `last`:
+    the supervisor that state.json names (the unit it ran as, when systemd ran it)."""
+    unit = f"`systemctl{' --user' if last.systemd_user else ''} stop {printable(last.systemd_unit)}`" \
+        if last.systemd_unit else "`systemctl --user stop minilmd@NAME`"
     if request is not None:
         print(f"  no supervisor is running; the launcher's pending restart will not start the run (the tmux window's "
               f"restart, a Slurm requeue): stop request left at {request}; a start by hand (`minilmd run`, the tmux "
               f"launcher, sbatch) clears it", file=out)
-    print("  under systemd stop the unit as well: `systemctl --user stop minilmd@NAME` (a restart by systemd cannot "
-          "be told from `systemctl start`, so it does not read the request)" if request is not None else
-          "  so whatever restarts it may start it again: stop it there (Ctrl-C in the tmux launcher's window run, "
-          "or `systemctl --user stop minilmd@NAME`)", file=out)
+    if last.systemd_unit:
+        print(f"  its supervisor ran under systemd, whose restart of it does not read the request (it cannot be told "
+              f"from a start): stop that unit: {unit}", file=out)
+    elif request is not None:
+        print(f"  under systemd stop the unit as well: {unit} (a restart by systemd cannot be told from "
+              f"`systemctl start`, so it does not read the request)", file=out)
+    else:
+        print(f"  so whatever restarts it may start it again: stop it there (Ctrl-C in the tmux launcher's window "
+              f"run, or {unit})", file=out)
 
 
 def _reread(run_dir: Path, state: StateJson) -> StateJson:
