@@ -77,6 +77,7 @@ def test_a_stop_while_the_tmux_window_waits_to_restart_a_killed_supervisor_holds
         wait_until(lambda: "starting it again in 3600s" in launcher.screen(session, "run"), 60,
                    "the window to wait for its restart")
         stopped = stop(run_dir)
+        print(stopped.stdout)
         # 3: the orphaned trainer's save on SIGTERM is only in scratch (no supervisor synced it)
         assert stopped.returncode in (protocol.STOP_DONE, protocol.STOP_UNSYNCED), stopped.stdout + stopped.stderr
         [(_, _, pane_pid, _)] = [w for w in launcher.windows(session) if w[1] == "run"]
