@@ -213,3 +213,16 @@ def test_stop_of_a_run_systemd_ran_names_its_unit(tmp_path):
     said = out.getvalue()
     assert "its supervisor ran under systemd" in said and "`systemctl --user stop minilmd@tiny.service`" in said, said
     assert (run_dir / names.STOP_REQUEST).is_file()
+
+
+def test_a_request_of_another_user_is_neither_honoured_nor_removed(tmp_path):
+    """Someone who may write the run directory but is neither its user nor root cannot stop the run this way."""
+    uid, gid = second_user()
+    if os.getuid() == uid:
+        pytest.skip("runs as the second user itself")
+    planted = tmp_path / names.STOP_REQUEST
+    planted.write_text('{"time": 1}\n')
+    os.chown(planted, uid, gid)
+    request, problem = stoprequest.read(tmp_path)
+    assert request is None and problem and f"owned by uid {uid}" in problem, problem
+    assert stoprequest.clear(tmp_path) and planted.exists()
