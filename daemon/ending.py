@@ -54,6 +54,8 @@ class Ending:
     staging: StagingWorker
     slurm: SlurmJob | None
     notifier: Notifier
+    ended = ""
+    """How the run ended (protocol.ENDED_*), set as it goes done: state.json's outcome.ended (failed when not done)."""
 
     if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py)
         def _go(self, new: Phase, reason: str, **details) -> None: ...
@@ -106,6 +108,7 @@ class Ending:
         if self.stop_requested:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
+            self.ended = protocol.ENDED_STOPPED
             self._go(Phase.DONE, self.stop_reason + (f" ({sync_problem})" if sync_problem else ""))
             if not self.slurm and not self.staging.running and (said := scratch.give_back_unsaved(
                     self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run)):
@@ -116,6 +119,7 @@ class Ending:
             # exit 1, not final: systemd restarts us, the trainer exits at once, the sync is tried again
             self._fail(1, f"finished, but {sync_problem}; {kept}")
         else:
+            self.ended = protocol.ENDED_FINISHED
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
                                                          else ""))
             if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
@@ -128,8 +132,8 @@ class Ending:
         remote = self.state.remote_checkpoint
         resumes_at = remote.step if remote is not None else self.state.progress.step
         request, _ = stoprequest.read(self.run_dir)  # a SIGTERM of `minilmd stop` (it wrote this first): no requeue
-        reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at, sync_problem,
-                                                   request.words() if request else "")
+        self.ended, reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at,
+                                                               sync_problem, request.words() if request else "")
         if problem:
             self._fail(1, problem)
             return
@@ -152,7 +156,8 @@ class Ending:
         if self.phase == Phase.FAILED and self.exit_status in protocol.FINAL_EXIT_STATUSES:
             self._release_inputs()
         self.room.at_exit()
-        self.files.close(self.exit_status, self.phase)
+        ended = self.ended if self.phase == Phase.DONE else protocol.ENDED_FAILED
+        self.files.close(self.exit_status, self.phase, ended)
         self.notifier.stopping()
         lock.release()
 

@@ -70,9 +70,10 @@ class RunFiles:
     def read_progress(self) -> None:
         self.state.apply_progress(self.metrics.read_new(), read_heartbeat(self.run_dir))
 
-    def close(self, exit_status: int, phase: str) -> None:
-        """The supervisor's last words: its outcome in state.json and the textfile, the "exit" event."""
-        self.state.outcome = Outcome(exit=exit_status, phase=phase, time=now(), reason=self.state.reason)
+    def close(self, exit_status: int, phase: str, ended: str) -> None:
+        """The supervisor's last words: its outcome in state.json (`ended`: how the run ended, protocol.ENDED_*) and
+        the textfile, the "exit" event."""
+        self.state.outcome = Outcome(exit=exit_status, phase=phase, time=now(), reason=self.state.reason, ended=ended)
         if self.textfile is not None:
             self.textfile.close(phase)  # first: a textfile it cannot write is in the final state.json
         self.state.save()

@@ -1,18 +1,21 @@
 """Which checkpoints a run resumes from and which it keeps: the newest one that validates (a damaged one is
 quarantined and the next older tried, one of another run refused), and pruning down to the newest valid ones.
-Both walk a root newest first and validate (minilmd/checkpoint.py). Torch-free.
+Both walk a root newest first and validate (minilmd/checkpoint.py). Also what a run directory given to a command
+stands for (`run_roots`: where its checkpoints are, read from its run.toml), for `sample/chat/export RUN_DIR`
+(the checkpoint a resume would take) and `verify RUN_DIR` (every checkpoint of those roots). Torch-free.
 """
 from __future__ import annotations
 
 import os
 import shutil
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd.checkpoint import CheckpointError, CheckpointInvalid, Expectation, validate
 from minilmd.checkpoint_dirs import list_checkpoints, quarantine, read_best
-from minilmd.names import MANIFEST, RUN_DIR_ENV, deleting_name, step_of
+from minilmd.names import MANIFEST, MODEL_FILE, RUN_CONFIG_COPY, RUN_DIR_ENV, deleting_name, step_of
 
 if TYPE_CHECKING:
     from minilmd.config import RunConfig
@@ -29,6 +32,64 @@ def checkpoint_roots(cfg: RunConfig) -> list[Path]:
     return roots
 
 
+ROOT_KINDS = ("scratch", "run.remote")
+"""What checkpoint_roots' roots are, in its order: a run's scratch, its run.remote."""
+
+
+class RunDirUnusable(ValueError):
+    """A run directory whose run.toml, which says where its checkpoints are, cannot be read."""
+
+
+@dataclass(frozen=True)
+class RunRoots:
+    """A run directory given to a command (`run_roots`): its config (its run.toml) and where its checkpoints are."""
+
+    run_dir: Path
+    cfg: RunConfig
+    roots: list[Path]
+    """checkpoint_roots(cfg): its scratch's, then its run.remote's when that is a local path."""
+
+    @property
+    def where(self) -> str:
+        """The roots for a message: `A and B`."""
+        return " and ".join(str(root) for root in self.roots)
+
+    @property
+    def unread(self) -> str:
+        """` (its run.remote R is not read here)` when it has one that is not among the roots (s3://...), else ""."""
+        remote = self.cfg.run.remote
+        return f" (its run.remote {remote} is not read here)" if len(self.roots) == 1 and remote else ""
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether a directory a command was given is a run directory (its run.toml, no model.safetensors of a
+    checkpoint): `minilmd sample/chat/export/verify RUN_DIR`."""
+    return not (path / MODEL_FILE).is_file() and (path / RUN_CONFIG_COPY).is_file()
+
+
+def run_roots(run_dir: Path) -> RunRoots:
+    """Where the checkpoints of a run directory are: its run.toml read as another run's copy (load_config's
+    untrusted: no link followed, this user's own), and the roots a resume of the run takes (checkpoint_roots).
+    RunDirUnusable when that run.toml cannot be used."""
+    from minilmd.config import ConfigError, load_config
+    from minilmd.corpus_meta import corpus_train_tokens
+
+    try:
+        cfg = load_config(run_dir / RUN_CONFIG_COPY, train_tokens_of=corpus_train_tokens, untrusted=True)
+    except (ConfigError, OSError) as e:
+        why = "; ".join(e.problems[:3]) if isinstance(e, ConfigError) else str(e)
+        raise RunDirUnusable(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its "
+                             f"checkpoints are, cannot be used ({why})") from None
+    return RunRoots(run_dir, cfg, checkpoint_roots(cfg))
+
+
+def resume_order(roots: Iterable[str | os.PathLike]) -> list[tuple[int, Path]]:
+    """(root index, checkpoint) of every checkpoint of the roots (list_checkpoints: a root's own, with a
+    manifest), in the order a resume tries them: the newest step first, on equal steps the earlier root (local)."""
+    candidates = [(step_of(p), i, p) for i, root in enumerate(roots) for p in list_checkpoints(root)]
+    return [(i, p) for _, i, p in sorted(candidates, key=lambda c: (-c[0], c[1]))]
+
+
 def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None = None,
                 log: Callable[[str], None] = print, set_aside: bool = True) -> Path | None:
     """The newest checkpoint that validates, across roots (on equal steps the earlier root, local, wins).
@@ -40,8 +101,7 @@ def find_latest(roots: Iterable[str | os.PathLike], expected: Expectation | None
     that belongs to a different model config, tokenizer or corpus raises CheckpointMismatch: resuming is refused,
     not replaced by an older checkpoint or a fresh start. None when no root holds a valid checkpoint. `set_aside`
     False (a reader such as `minilmd sample RUN_DIR`): nothing is moved, a damaged one of the first root too."""
-    candidates = [(step_of(p), i, p) for i, root in enumerate(roots) for p in list_checkpoints(root)]
-    for _, root_index, path in sorted(candidates, key=lambda c: (-c[0], c[1])):
+    for root_index, path in resume_order(roots):
         try:
             validate(path, expected)
             return path

@@ -380,8 +380,17 @@ class Dir:
 
     # --- removing ---
 
-    def remove_file(self, name: str) -> None:
-        os.unlink(name, dir_fd=self.fd)
+    def remove_file(self, name: str, expected: Identity | None = None) -> bool:
+        """Unlink `name` here; with `expected`, only while it is that file (looked at again just before: one put in
+        its place meanwhile is left, False). Between that look and the unlink only who can write this directory
+        could swap it: in a directory Dir.open's rule passed, this user alone. False too when it was not there."""
+        if expected is not None and self.identity_of(name) != expected:
+            return False
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            return False
+        return True
 
     def remove_tree(self, name: str, expected: Identity) -> bool:
         """Remove the directory `name` only when it is `expected`: its contents through descriptors, then its name

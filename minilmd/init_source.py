@@ -160,10 +160,11 @@ def predecessor_state(pred: Predecessor) -> dict:
 
 def predecessor_report(pred: Predecessor) -> PredecessorReport:
     """The predecessor's outcome from its state.json: done once its supervisor ended with the run finished (its last
-    checkpoint synced); failed once it ended with a final exit status; waiting otherwise (not started, running,
-    stopped on request, killed: a restart goes on; or a state.json that is not one, said as "unreadable (why)")."""
+    checkpoint synced: protocol.how_ended); failed once it ended with a final exit status; waiting otherwise (not
+    started, running, stopped on request, its Slurm job requeued or cancelled, killed: a restart, a requeue or a
+    new submission goes on; or a state.json that is not one, said as "unreadable (why)")."""
     from minilmd.names import STATE
-    from minilmd.protocol import FINAL_EXIT_STATUSES
+    from minilmd.protocol import ENDED_CANCELLED, ENDED_REQUEUED, FINAL_EXIT_STATUSES, FINISHED_ENDINGS, how_ended
     from minilmd.untrusted import Unreadable, printable
 
     try:
@@ -180,13 +181,20 @@ def predecessor_report(pred: Predecessor) -> PredecessorReport:
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
     exit_status = outcome.get("exit")
     reason = printable(str(state.get("reason", "")))
-    if phase == "done" and exit_status == 0 and not reason.startswith("stopped"):
+    ended = how_ended(state)
+    if phase == "done" and exit_status == 0 and ended in FINISHED_ENDINGS:
         return PredecessorReport("done", f"run {pred.name} finished at step {step}", phase, state)
     if phase == "failed" and exit_status in FINAL_EXIT_STATUSES:
         return PredecessorReport("failed", f"run {pred.name} failed with exit {exit_status}: "
                                            f"{printable(str(state.get('last_error') or reason))}", phase, state)
     at = f" at step {step}" if step is not None else ""
-    if phase == "done":  # done but not finished: stopped on request (or preempted); it waits for a restart
+    if phase == "done" and ended == ENDED_REQUEUED:
+        return PredecessorReport("waiting", f"run {pred.name} was requeued by Slurm{at}: it resumes when Slurm "
+                                            f"starts its job again", phase, state)
+    if phase == "done" and ended == ENDED_CANCELLED:
+        return PredecessorReport("waiting", f"run {pred.name}'s Slurm job was cancelled{at}: it resumes when its "
+                                            f"job is submitted again", phase, state)
+    if phase == "done":  # done but not finished: stopped on request; it waits for a restart
         return PredecessorReport("waiting", f"run {pred.name} was stopped{at}", phase, state)
     return PredecessorReport("waiting", f"run {pred.name} is {printable(phase)[:40]}{at}", phase, state)
 

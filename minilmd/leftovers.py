@@ -5,8 +5,9 @@ directories other users may write too: a leftover is removed only when its maker
 file or directory; a symbolic link is never followed nor removed, another user's entry never deleted for them
 (unlink needs only write permission on a sticky-less parent), another host's never judged by a pid of this host.
 What is left is said, so that the user knows what to remove by hand. `sweep` is the one loop over a directory
-that every clean-up runs (an export's, a prepare's and an append's, a checkpoint root's). Torch-free, standard
-library only.
+that every clean-up runs (an export's, a prepare's and an append's, a checkpoint root's); given the directory
+opened once (a minilmd/dirfd.py Dir: an export's --out's), it lists, looks and removes through its descriptor,
+each leftover only while its name leads to what was looked at. Torch-free.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd.dirfd import Dir
 from minilmd.perms import owned_by_me
 from minilmd.procs import process_start_ticks
 
@@ -74,11 +76,17 @@ def own(path: Path, st: os.stat_result, words: Words, say: Say) -> bool:
     return False
 
 
-def remove(path: Path, st: os.stat_result, pid: int, words: Words, say: Say) -> bool:
+def remove(path: Path, st: os.stat_result, pid: int, words: Words, say: Say, at: Dir | None = None) -> bool:
     """Remove a dead maker's leftover that `own` passed; True when it is gone. rmtree never follows a link inside
-    it, nor one put in its place since (it refuses a link at its top)."""
+    it, nor one put in its place since (it refuses a link at its top). `at`: the directory it is in, opened once
+    (sweep's): removed through its descriptor, and only while it is the file or directory `st` looked at."""
     try:
-        if stat.S_ISDIR(st.st_mode):
+        if at is not None:
+            if not _remove_at(at, path.name, st):
+                say(f"{path}: the {words.thing} of a killed {words.tool} (pid {pid}) was replaced by something else "
+                    f"while it was looked at, or is too deep to remove; left as it is")
+                return False
+        elif stat.S_ISDIR(st.st_mode):
             shutil.rmtree(path)
         else:
             path.unlink()
@@ -91,17 +99,25 @@ def remove(path: Path, st: os.stat_result, pid: int, words: Words, say: Say) -> 
     return True
 
 
+def _remove_at(at: Dir, name: str, st: os.stat_result) -> bool:
+    """`name` in `at` removed while it is the entry `st` looked at (Dir.remove_tree, Dir.remove_file: identity
+    checked); False when it is not (or a tree too deep for remove_tree: not one a maker of ours made)."""
+    identity = (st.st_dev, st.st_ino)
+    if stat.S_ISDIR(st.st_mode):
+        return at.remove_tree(name, identity)
+    return at.remove_file(name, identity)
+
+
 def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, words: Words, say: Say, *,
-          mine_is_dead: bool = False) -> str:
+          mine_is_dead: bool = False, at: Dir | None = None) -> str:
     """Settle one leftover by a maker's name: "running" when its maker still runs (left and not said: the caller
     decides; an export refuses), "removed", "left" (said why), or "gone" (no longer there: nothing done). `host`
     None: a name that records no host, taken as this host's (an older minilmd's prepare); `ticks` None: one that
     records no start time. `mine_is_dead`: a name of this process's pid is taken for a dead maker's (a checkpoint
     root has one writer at a time: a `.tmp-*` of our pid there is an earlier holder's of a recycled pid, or our
-    own failed save's)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+    own failed save's). `at`: the directory `path` is in, opened once (sweep's): looked at and removed there."""
+    st = at.lstat(path.name) if at is not None else _lstat(path)
+    if st is None:
         return "gone"  # its maker published or removed it meanwhile
     if stat.S_ISLNK(st.st_mode):
         own(path, st, words, say)  # a link is said as such, whoever's name it has
@@ -114,19 +130,23 @@ def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, 
         return "running"
     if not own(path, st, words, say):
         return "left"
-    return "removed" if remove(path, st, pid, words, say) else "left"
+    return "removed" if remove(path, st, pid, words, say, at) else "left"
 
 
-def sweep(parent: Path, match: Callable[[str], Maker | None], words: Words, say: Say, *, out: Path,
+def sweep(parent: Path | Dir, match: Callable[[str], Maker | None], words: Words, say: Say, *, out: Path,
           skip: str | None = None, on_running: Callable[[Path, int], None] | None = None,
           mine_is_dead: bool = False, only_dirs_and_links: bool = False) -> list[Path]:
     """Every leftover in `parent` by a maker's name (`match`: a name -> its maker, None for any other name) settled
     by `clear`; returns those removed. `skip`: this process's own temporary name, never looked at. A live maker's
     is left, and `on_running(path, pid)` told (an export refuses; prepare says it). `out`: what the makers write,
     for the messages. `only_dirs_and_links`: anything else by such a name is another writer's, passed by unsaid (a
-    checkpoint root, where a save makes directories and fsio its files). An unlistable parent: nothing found."""
+    checkpoint root, where a save makes directories and fsio its files). An unlistable parent: nothing found.
+    `parent` a Dir (the directory opened once and checked): everything through its descriptor (`clear`'s `at`),
+    whatever its path leads to by now; its path only names the leftovers in messages."""
+    at = parent if isinstance(parent, Dir) else None
+    folder = parent.path if isinstance(parent, Dir) else parent
     try:
-        names = sorted(os.listdir(parent))
+        names = sorted(os.listdir(parent.fd if isinstance(parent, Dir) else parent))
     except OSError:
         return []
     removed = []
@@ -134,10 +154,10 @@ def sweep(parent: Path, match: Callable[[str], Maker | None], words: Words, say:
         maker = None if name == skip else match(name)
         if maker is None:
             continue
-        path = parent / name
-        if only_dirs_and_links and _neither_dir_nor_link(path):
+        path = folder / name
+        if only_dirs_and_links and _neither_dir_nor_link(at.lstat(name) if at is not None else _lstat(path)):
             continue
-        outcome = clear(path, *maker, out, words, say, mine_is_dead=mine_is_dead)
+        outcome = clear(path, *maker, out, words, say, mine_is_dead=mine_is_dead, at=at)
         if outcome == "running" and on_running is not None:
             on_running(path, maker[1])
         elif outcome == "removed":
@@ -152,9 +172,14 @@ def say_running(words: Words, say: Say) -> Callable[[Path, int], None]:
                                  f"(pid {pid}) still runs")
 
 
-def _neither_dir_nor_link(path: Path) -> bool:
+def _lstat(path: Path) -> os.stat_result | None:
     try:
-        st = os.lstat(path)
+        return os.lstat(path)
     except FileNotFoundError:
+        return None
+
+
+def _neither_dir_nor_link(st: os.stat_result | None) -> bool:
+    if st is None:
         return True  # gone meanwhile: nothing to settle
     return not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode))

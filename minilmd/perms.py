@@ -23,6 +23,8 @@ import os
 import pwd
 import stat
 
+from minilmd import mounts
+
 SHARES = ("private", "group", "all")
 """The values of `run.share` and `--share`."""
 
@@ -75,24 +77,11 @@ def others_can_rearrange(st: os.stat_result, where: str | os.PathLike | int | No
     return where is None or not private_group(st.st_gid) or not local_fs(st.st_dev) or has_acl(where)
 
 
-LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "bcachefs",
-                            "tmpfs", "ramfs", "overlay", "vfat", "exfat", "ntfs", "ntfs3"})
-"""File systems whose permission checks this host's kernel makes with this host's user and group lists."""
-
-
 def local_fs(dev: int) -> bool:
-    """The file system of device `dev` (a stat's st_dev) is one of LOCAL_FS_TYPES, by /proc/self/mountinfo; a
-    network or FUSE one, or one not found there, is not."""
-    wanted = f"{os.major(dev)}:{os.minor(dev)}"
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 2 and fields[2] == wanted and " - " in line:
-                    return line.split(" - ", 1)[1].split()[0] in LOCAL_FS_TYPES
-    except OSError:
-        pass
-    return False
+    """The file system of device `dev` (a stat's st_dev) is local (minilmd/mounts.py `is_local`: a local or RAM
+    disk, by /proc/self/mountinfo); a network or FUSE one, an unknown type, or one not found there, is not."""
+    found = mounts.mount_of_dev(dev, mounts.read_mounts())
+    return found is not None and mounts.is_local(found.fstype)
 
 
 def private_group(gid: int) -> bool:

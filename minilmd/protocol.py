@@ -2,7 +2,8 @@
 
 The trainer reports through files in the run directory and through its exit status; nothing else. Each exit
 status has one meaning and one restart rule (docs/failure-modes.md has the table). This module is torch-free:
-the supervisor imports it.
+the supervisor imports it. So do the readers of a run's end: how a run ended (state.json's outcome.ended,
+`how_ended`) is read here alone, by the views and by a later stage's init wait (minilmd/init_source.py).
 """
 from __future__ import annotations
 
@@ -37,11 +38,60 @@ SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress: do n
 SUPERVISOR_RUN_DIR_FULL = 73  # run.dir's disk is full (EX_CANTCREAT): stopped after the last sync; do not restart
 FINAL_EXIT_STATUSES = (SUPERVISOR_CONFIG, EXIT_DATA, SUPERVISOR_GAVE_UP, SUPERVISOR_RUN_DIR_FULL)
 
+# --- How a run ended: state.json's outcome.ended, written by the supervisor as it exits (daemon/runfiles.py) -----
+ENDED_FINISHED = "finished"  # its budget reached, or early_stop ended it: a stage after it starts from its checkpoint
+ENDED_EARLY_STOPPED = "early_stopped"  # never written: how_ended's "finished" before the run's total_steps
+ENDED_STOPPED = "stopped"  # stopped on request (`minilmd stop`, SIGTERM) after its last sync: a restart goes on
+ENDED_REQUEUED = "requeued"  # its Slurm job preempted and requeued: it resumes when Slurm starts the job again
+ENDED_CANCELLED = "cancelled"  # its Slurm job cancelled (scancel): stopped until the job is submitted again
+ENDED_FAILED = "failed"  # failed, or a supervisor error: outcome.exit says whether for good (FINAL_EXIT_STATUSES)
+RECORDED_ENDINGS = (ENDED_FINISHED, ENDED_STOPPED, ENDED_REQUEUED, ENDED_CANCELLED, ENDED_FAILED)
+FINISHED_ENDINGS = (ENDED_FINISHED, ENDED_EARLY_STOPPED)
+ENDED_BY_REASON = (("stopped", ENDED_STOPPED), ("requeued by Slurm", ENDED_REQUEUED),
+                   ("the Slurm job was cancelled", ENDED_CANCELLED))
+"""The first words of a `done` reason, as versions before outcome.ended wrote them (any other: finished)."""
+
+
+def how_ended(state: dict) -> str | None:
+    """How the run of a state.json (as read: any JSON object) ended, one of RECORDED_ENDINGS or
+    ENDED_EARLY_STOPPED (finished before its progress.total_steps); None while its supervisor runs, or when it was
+    killed (no outcome). Its outcome.ended decides; only a state.json written before that field existed is read by
+    its reason's first words (ENDED_BY_REASON)."""
+    outcome = state.get("outcome")
+    if not isinstance(outcome, dict):
+        return None
+    ended = outcome.get("ended")
+    if ended not in RECORDED_ENDINGS:
+        ended = _ended_by_reason(state)
+    if ended == ENDED_FINISHED and _before_budget(state.get("progress")):
+        return ENDED_EARLY_STOPPED
+    return ended
+
+
+def _ended_by_reason(state: dict) -> str:
+    """An older version's outcome: failed unless it ended `done`; then its reason's first words say how."""
+    if state.get("phase") != "done":
+        return ENDED_FAILED
+    reason = state.get("reason")
+    reason = reason if isinstance(reason, str) else ""
+    return next((ended for words, ended in ENDED_BY_REASON if reason.startswith(words)), ENDED_FINISHED)
+
+
+def _before_budget(progress) -> bool:
+    """Whether state.json's progress says its last step is before its total_steps (both there, both integers)."""
+    if not isinstance(progress, dict):
+        return False
+    step, total = progress.get("step"), progress.get("total_steps")
+    if not isinstance(step, int) or not isinstance(total, int) or isinstance(step, bool) or isinstance(total, bool):
+        return False
+    return step < total
+
+
 # --- Exit statuses of `minilmd stop` (daemon/views/stop.py) -----------------------------------------------------------
 STOP_DONE = 0  # the supervisor is gone (or was not running); the newest checkpoint is on the remote, or none is set
 STOP_FAILED = 1  # not stopped: still running at --timeout, an orphaned trainer survived SIGKILL, or the supervisor
-#                  belongs to another user or host (never signalled)
-STOP_NOT_A_RUN = 2  # the directory is not a run directory (as for `status` and `logs`)
+#                  belongs to another user or host (never signalled), or so does a run directory we may not read
+STOP_NOT_A_RUN = 2  # not a run directory, nor a config naming one (as for `status` and `logs`: views/runarg.py)
 STOP_UNSYNCED = 3  # stopped, but the newest checkpoint is only in scratch (the last sync failed): stop says where;
 #                    on /dev/shm a reboot loses it
 

@@ -27,7 +27,6 @@ import errno as errno_mod
 import importlib.util
 import itertools
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from faultfs import glob_matches, read_hits, write_rules
+from minilmd import mounts
 
 FAULTFS_SCRIPT = Path(__file__).with_name("faultfs.py")
 CGROUP_MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
@@ -89,14 +89,7 @@ def is_mounted(path: str | os.PathLike) -> bool:
     """True when something is mounted at path, even a dead FUSE mount (where os.path.ismount says False,
     because its stat fails with ENOTCONN)."""
     path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mount_point = line.split()[4]
-            # mountinfo escapes space, tab, newline and backslash as octal.
-            mount_point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), mount_point)
-            if mount_point == path:
-                return True
-    return False
+    return any(m.point == path for m in mounts.read_mounts())
 
 
 def unmount(mountpoint: str | os.PathLike) -> None:

@@ -9,15 +9,19 @@ name leads back to the locked directory when it is checked again (as the audit's
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from data_helpers import read_texts, run_prepare, write_jsonl
+from minilmd.corpus import format as format_mod
 from minilmd.corpus.analysis.report import report
-from minilmd.corpus.format import open_prepared, verify_prepared
+from minilmd.corpus.format import RefusedFile, TokenStream, open_prepared, verify_prepared
 from minilmd.corpus.prepare import append as append_mod
 from minilmd.corpus.prepare import pipeline
 from minilmd.corpus.prepare.append import append
@@ -185,3 +189,78 @@ def test_the_trainers_corpus_opens_no_split_file_through_a_link(tmp_path, corpus
     (damaged / name).symlink_to(elsewhere)
     with pytest.raises(CorpusError, match=f"{name}: unreadable \\(a symbolic link\\)"):
         open_prepared(damaged)
+
+
+# --- TokenStream: a split file's size and sha256 are those of the descriptor then read ----------------------------
+
+def _his_version(name: str, mine: Path) -> bytes:
+    """Another split file by `name`, of the same size, that every invariant of a split passes: a token inside
+    document 0 changed (tokens.bin), documents 0 and 1 made one (doc_lengths.npy, the same tokens in all)."""
+    if name.endswith("tokens.bin"):
+        tokens = np.fromfile(mine, dtype="<u2")
+        tokens[1] = 5 if tokens[1] != 5 else 6
+        return tokens.tobytes()
+    lengths = np.load(mine)
+    merged = np.concatenate([[lengths[0] + lengths[1]], lengths[2:], [0]]).astype(lengths.dtype)
+    buf = io.BytesIO()
+    np.save(buf, merged[:-1])
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name", ["train/tokens.bin", "train/doc_lengths.npy"])
+def test_a_split_file_swapped_after_its_check_is_not_what_the_stream_reads(tmp_path, corpus, monkeypatch, name):
+    """The trainer's TokenStream with verify_hash on a corpus in a shared place: a teammate swaps a split file for
+    his own (valid) version the moment meta.json's sizes and sha256s were checked. Before, the check hashed the
+    file by its name and the stream then opened the name again: it read his file, checked against nothing. Now
+    the file is opened once and checked, read and mapped through that descriptor: the stream holds the bytes
+    meta.json lists."""
+    damaged = tmp_path / "corpus"
+    shutil.copytree(corpus[0], damaged)
+    mine = (damaged / name).read_bytes()
+    his = tmp_path / "his"
+    his.write_bytes(_his_version(name, damaged / name))
+    checked = []
+    real_check = format_mod.table_problems
+
+    def check_then_swap(*args, **kwargs):
+        problems = real_check(*args, **kwargs)
+        checked.append(problems)
+        os.replace(his, damaged / name)  # his file at the name, once it was checked
+        return problems
+
+    monkeypatch.setattr(format_mod, "table_problems", check_then_swap)
+    stream = TokenStream(damaged / "train", verify_hash=True)
+    assert checked == [[]] and (damaged / name).read_bytes() != mine  # checked whole, then swapped
+    assert hashlib.sha256(mine).hexdigest() == json.loads((damaged / "meta.json").read_text())["files"][name]["sha256"]
+    if name.endswith("tokens.bin"):
+        assert np.asarray(stream.tokens).tobytes() == mine
+    else:
+        assert stream.doc_lengths.tobytes() == np.load(io.BytesIO(mine)).astype(np.int64).tobytes()
+
+
+@pytest.mark.parametrize("name,kind", [("train/doc_lengths.npy", "a FIFO"), ("val/loss_mask.bin", "a FIFO"),
+                                       ("val/loss_mask.bin", "a symbolic link"),
+                                       ("train/tokens.bin", "a symbolic link")])
+def test_a_link_or_a_fifo_at_a_split_name_is_refused_at_the_check_never_hashed(tmp_path, corpus, chat_corpus,
+                                                                                name, kind):
+    """A split file that is a FIFO (holding the file's bytes) or a link (to a file of the listed size but other
+    bytes) is refused at meta.json's check as what it is, named: before, the check sized and hashed it by its name,
+    through the link (a `sha256 mismatch` of the file it leads to), and a FIFO was `missing` (doc_lengths.npy) or
+    `size 0` (loss_mask.bin)."""
+    damaged = tmp_path / "corpus"
+    shutil.copytree((chat_corpus if "loss_mask" in name else corpus)[0], damaged)
+    data = (damaged / name).read_bytes()
+    fd = -1
+    if kind == "a FIFO":
+        fd = _fifo_holding(damaged / name, data)
+    else:
+        elsewhere = tmp_path / "elsewhere.bin"
+        elsewhere.write_bytes(bytes(len(data)))  # the listed size, other bytes
+        (damaged / name).unlink()
+        (damaged / name).symlink_to(elsewhere)
+    try:
+        with pytest.raises(RefusedFile, match=f"{name}: unreadable \\({kind}\\)"):
+            TokenStream(damaged / name.split("/")[0], verify_hash=True)
+    finally:
+        if fd >= 0:
+            os.close(fd)

@@ -20,7 +20,7 @@ from minilmd.cli import app
 from minilmd.trainer.model.export import ExportError, export_hf, write_minimind
 from real_groups import groups  # noqa: F401 - a fixture
 from second_user import second_user
-from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
+from weights_helpers import export_checkpoint
 
 torch.set_num_threads(1)
 HERS = b"the victim's own file, not to be overwritten\n"
@@ -28,8 +28,7 @@ HERS = b"the victim's own file, not to be overwritten\n"
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("hostile-out")
-    return save_checkpoint(root / "ckpt", tiny_model(seed=5), step=1, tokenizer=train_tokenizer(root / "tok.json"))
+    return export_checkpoint(tmp_path_factory.mktemp("hostile-out"), seed=5)
 
 
 def _out(place: Path, fmt: str) -> Path:

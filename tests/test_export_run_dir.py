@@ -2,11 +2,14 @@
 (trainer/model/export_paths.py resolve_checkpoint): the checkpoint a resume of the run would take (the newest that
 validates, of its scratch's and its run.remote's, checkpoint_select), said on stderr, nothing moved; a run
 directory without its run.toml is told as one, with where checkpoints are kept. Before: `RUN_DIR: not a
-checkpoint (no model.safetensors) and no LATEST or step-* checkpoint under it`, and no word of where they are."""
+checkpoint (no model.safetensors) and no LATEST or step-* checkpoint under it`, and no word of where they are.
+`minilmd verify RUN_DIR` verifies every checkpoint of those same roots (checkpoint_select.run_roots), each with its
+root, and names the one a resume would take; before, it found `no checkpoint at RUN_DIR` and exited 1."""
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,3 +68,63 @@ def test_a_run_directory_without_its_run_toml_says_where_checkpoints_are(tmp_pat
     with pytest.raises(ExportError, match=r"a run directory without its run\.toml, which says where its checkpoints "
                                           r"are: give its run\.remote, or its scratch's checkpoints directory"):
         resolve_checkpoint(run_dir)
+
+
+def _damage(step_dir: Path) -> None:
+    with open(step_dir / MODEL_FILE, "r+b") as f:
+        f.seek(-8, 2)
+        f.write(b"\xff" * 8)
+
+
+def _verify(*args: str):
+    return CliRunner().invoke(app, ["verify", *args])
+
+
+def test_minilmd_verify_takes_a_run_directory_every_checkpoint_of_its_scratch_and_run_remote(run):
+    """Every checkpoint of the run's scratch and of its run.remote, each said with its root, and the one a resume
+    would take (the scratch's step 3, the newest); exit 0: all valid."""
+    run_dir, cfg = run
+    remote = run_dir.parent / "remote"
+    done = _verify(str(run_dir))
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines() == [
+        f"{run_dir}: a run directory; its checkpoints in {cfg.checkpoint_dir} (scratch) and {remote} (run.remote)",
+        f"{cfg.checkpoint_dir / 'step-00000002'}: ok (scratch)",
+        f"{cfg.checkpoint_dir / 'step-00000003'}: ok (scratch)",
+        f"{remote / 'step-00000002'}: ok (run.remote)",
+        f"a resume of the run would take {cfg.checkpoint_dir / 'step-00000003'}",
+    ]
+
+
+@pytest.mark.parametrize("damaged", ["scratch step 3", "run.remote step 2"])
+def test_minilmd_verify_of_a_run_directory_exits_1_naming_the_invalid_checkpoint_and_its_root(run, damaged):
+    """One damaged checkpoint in either root: exit 1, it is INVALID with its reason and its root, nothing moved;
+    the one a resume would take is the next valid (the scratch's step 2 before the remote's of the same step)."""
+    run_dir, cfg = run
+    remote = run_dir.parent / "remote"
+    bad = cfg.checkpoint_dir / "step-00000003" if damaged == "scratch step 3" else remote / "step-00000002"
+    _damage(bad)
+    before = sorted(p.name for root in (cfg.checkpoint_dir, remote) for p in root.iterdir())
+    done = _verify(str(run_dir), "--json")
+    assert done.exit_code == 1, done.output
+    report = json.loads(done.output)
+    [invalid] = [entry for entry in report["checkpoints"] if not entry["ok"]]
+    assert invalid["path"] == str(bad) and invalid["root"] == damaged.split()[0], invalid
+    assert any("sha256 mismatch" in problem for problem in invalid["problems"]), invalid
+    assert len(report["checkpoints"]) == 3
+    want = cfg.checkpoint_dir / ("step-00000002" if damaged == "scratch step 3" else "step-00000003")
+    assert report["run"]["resume"] == str(want)
+    assert [root["kind"] for root in report["run"]["roots"]] == ["scratch", "run.remote"]
+    assert sorted(p.name for root in (cfg.checkpoint_dir, remote) for p in root.iterdir()) == before  # none moved
+    shown = _verify(str(run_dir))
+    assert shown.exit_code == 1 and f"{bad}: INVALID ({damaged.split()[0]})" in shown.output, shown.output
+
+
+def test_minilmd_verify_of_a_run_directory_whose_run_toml_is_unusable_says_so(run):
+    """A run.toml that cannot be read (here not TOML): exit 1, naming it and what it is for."""
+    run_dir, _ = run
+    (run_dir / RUN_CONFIG_COPY).write_text("[run\n")
+    done = _verify(str(run_dir))
+    assert done.exit_code == 1
+    assert f"{run_dir}: INVALID" in done.output and "a run directory whose run.toml, which says where its " \
+        "checkpoints are, cannot be used" in done.output, done.output

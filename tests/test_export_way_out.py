@@ -16,11 +16,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from minilmd import leftovers
 from minilmd.cli import app
 from proc_fixtures import dead, sleeper  # noqa: F401 - fixtures
 from second_user import second_user
 from waiting import wait_until
-from weights_helpers import save_checkpoint, tiny_model, train_tokenizer
+from weights_helpers import export_checkpoint
 
 torch.set_num_threads(1)
 PAUSED = Path(__file__).resolve().parent / "export_paused.py"
@@ -29,8 +30,7 @@ EARLIER = b"an earlier export, not to be harmed\n"
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("way-out")
-    return save_checkpoint(root / "ckpt", tiny_model(seed=3), step=1, tokenizer=train_tokenizer(root / "tok.json"))
+    return export_checkpoint(tmp_path_factory.mktemp("way-out"), seed=3)
 
 
 def _earlier_out(tmp_path: Path, fmt: str) -> Path:
@@ -230,3 +230,56 @@ def test_an_out_name_too_long_for_the_temporary_name_is_refused(checkpoint, tmp_
     assert result.exit_code == 2 and not isinstance(result.exception, Exception), (result.output, result.exception)
     assert f"minilmd export: {out}: its name is too long for the temporary copy" in result.output, result.output
     assert not any(out.parent.iterdir())
+
+
+def test_the_leftover_sweep_acts_in_the_directory_opened_not_in_one_put_at_its_name(checkpoint, tmp_path, dead,
+                                                                                    monkeypatch):
+    """The directory of --out renamed away, and another put at its name, once the export opened it and made its
+    copy there (as the export's own user could, from another shell): before, the sweep listed and removed by the
+    path, in the directory now at the name (whose dead export's copy it removed, that of the directory written
+    in staying). Now it acts in the directory opened, through its descriptor: there it removes the dead export's
+    copy; the other directory's is left whole."""
+    out = _earlier_out(tmp_path, "minimind")
+    mine = _tmp_of(out, *dead)
+    (mine / "sub").mkdir(parents=True)
+    (mine / "sub" / "model.safetensors").write_bytes(b"half an export\n")
+    moved = tmp_path / "moved"
+    sweep = leftovers.sweep
+
+    def moved_then_swept(*args, **kwargs):
+        out.parent.rename(moved)
+        (mine / "sub").mkdir(parents=True)  # another directory at the name, with a leftover by the same name
+        (mine / "sub" / "other.bin").write_bytes(EARLIER)
+        return sweep(*args, **kwargs)
+
+    monkeypatch.setattr(leftovers, "sweep", moved_then_swept)
+    result = _export(checkpoint, "minimind", out)
+    assert result.exit_code == 0, result.output
+    assert f"removed {mine}: the temporary copy of an export (pid {dead[0]})" in result.output, result.output
+    assert (mine / "sub" / "other.bin").read_bytes() == EARLIER  # the directory now at the name: untouched
+    assert sorted(p.name for p in moved.iterdir()) == [out.name]  # the one written in: swept, published
+
+
+def test_a_leftover_replaced_after_it_was_looked_at_is_left(checkpoint, tmp_path, dead, monkeypatch):
+    """A dead export's copy, found this user's own directory, then replaced by another directory by its name
+    before it is removed: before, rmtree removed whatever stood at the name by then. Now it is removed only while
+    it is the directory looked at (its identity): the one put there is left whole, and said."""
+    out = _earlier_out(tmp_path, "minimind")
+    mine = _tmp_of(out, *dead)
+    mine.mkdir()
+    real_own = leftovers.own
+
+    def own_then_replaced(path, st, words, say):
+        ours = real_own(path, st, words, say)
+        if path == mine:
+            mine.rename(tmp_path / "looked-at")
+            mine.mkdir()
+            (mine / "kept.bin").write_bytes(EARLIER)
+        return ours
+
+    monkeypatch.setattr(leftovers, "own", own_then_replaced)
+    result = _export(checkpoint, "minimind", out)
+    assert result.exit_code == 0, result.output
+    assert (mine / "kept.bin").read_bytes() == EARLIER
+    assert (f"{mine}: the temporary copy of a killed export (pid {dead[0]}) was replaced by something else while "
+            f"it was looked at") in result.output, result.output

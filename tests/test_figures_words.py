@@ -1,6 +1,7 @@
 """The words of the views after a stop or an early stop (issue 24): the overview's PHASE says `stopped` and
-`early-stopped`, not `done`; a stage waiting on a stopped predecessor says it "was stopped"; `stop` of a stage that
-waits prints no empty reason and no `step None`; status shows one ETA."""
+`early-stopped` (and a Slurm job's `requeued`, `cancelled`), not `done`; a stage waiting on a stopped predecessor
+says it "was stopped"; `stop` of a stage that waits prints no empty reason and no `step None`; status shows one
+ETA."""
 from __future__ import annotations
 
 import io
@@ -10,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from minilmd import names
+from minilmd import names, protocol
 from minilmd.daemon.base.runstate import new_state, process_start_ticks
 from minilmd.daemon.views import overview, stop
 from minilmd.fsio import atomic_write_json
@@ -18,16 +19,21 @@ from minilmd.init_source import Predecessor, predecessor_outcome
 
 
 def row(phase: str, reason: str, step: int, total: int) -> dict:
+    """A row of a run that ended with `reason` (as a state.json without outcome.ended, read by its words)."""
+    left = {"phase": phase, "reason": reason, "progress": {"step": step, "total_steps": total},
+            "outcome": {"exit": 0, "phase": phase, "reason": reason}}
     return {"run": "r", "run_dir": "/x", "phase": phase, "reason": reason, "running": False, "step": step,
-            "total_steps": total}
+            "total_steps": total, "ended": protocol.how_ended(left)}
 
 
 def test_the_overview_tells_stopped_and_early_stopped_from_done():
     lines = overview.table([row("done", "stopped on request", 129, 300),
                             row("done", "the run finished and its last checkpoint is synced", 129, 300),
-                            row("done", "the run finished", 300, 300)])
+                            row("done", "the run finished", 300, 300),
+                            row("done", "requeued by Slurm (preempted at step 129)", 129, 300),
+                            row("done", "the Slurm job was cancelled: stopped at step 129, not requeued", 129, 300)])
     phases = [line.split()[1] for line in lines[1:]]
-    assert phases == ["stopped", "early-stopped", "done"], lines
+    assert phases == ["stopped", "early-stopped", "done", "requeued", "cancelled"], lines
 
 
 def test_a_stage_after_a_stopped_predecessor_says_it_was_stopped(tmp_path):

@@ -124,22 +124,27 @@ def test_slurm_srun_launch_runs_the_trainer_command_given_in_the_environment_in_
     assert command[command.index("--max-restarts") + 2:] == ["-m", "minilmd.cli", "train", "/r/run.toml"]
 
 
-@pytest.mark.parametrize("by, job_line, budget_done, expect_requeue, reason", [
-    ("USR1", "JobState=RUNNING Reason=None Restarts=1", False, True, "requeued by Slurm (preempted at step 7)"),
-    ("SIGTERM", "JobState=COMPLETING Reason=TimeLimit Restarts=1", False, True, "requeued by Slurm (preempted"),
-    ("SIGTERM", "JobState=COMPLETING Reason=None Restarts=2", False, False, "Slurm requeued it itself"),
-    ("SIGTERM", "JobState=COMPLETING Reason=None Restarts=1", False, False, "the Slurm job was cancelled"),
-    ("USR1", "JobState=RUNNING Reason=None Restarts=1", True, False, "the run finished as Slurm preempted it"),
+@pytest.mark.parametrize("by, job_line, budget_done, expect_requeue, ended, reason", [
+    ("USR1", "JobState=RUNNING Reason=None Restarts=1", False, True, "requeued",
+     "requeued by Slurm (preempted at step 7)"),
+    ("SIGTERM", "JobState=COMPLETING Reason=TimeLimit Restarts=1", False, True, "requeued",
+     "requeued by Slurm (preempted"),
+    ("SIGTERM", "JobState=COMPLETING Reason=None Restarts=2", False, False, "requeued", "Slurm requeued it itself"),
+    ("SIGTERM", "JobState=COMPLETING Reason=None Restarts=1", False, False, "cancelled",
+     "the Slurm job was cancelled"),
+    ("USR1", "JobState=RUNNING Reason=None Restarts=1", True, False, "finished",
+     "the run finished as Slurm preempted it"),
 ])
 def test_slurm_preemption_requeues_unless_done_cancelled_or_already_requeued(by, job_line, budget_done,
-                                                                             expect_requeue, reason):
+                                                                             expect_requeue, ended, reason):
     runner = FakeScontrol(job_line)
     job = job_for(runner)
     assert job.preempt(by) and not job.preempt("SIGTERM")  # the first signal names the preemption
-    said, problem, requeue = job.plan(budget_done, 7, "")
-    assert problem is None and requeue == expect_requeue and reason in said
+    plan = job.plan(budget_done, 7, "")
+    assert plan.problem is None and plan.requeue == expect_requeue and reason in plan.reason
+    assert plan.ended == ended  # state.json's outcome.ended: a stage after this run knows it without the words
     assert job.state["slurm"]["preempted_at_step"] == 7
-    if requeue:
+    if plan.requeue:
         assert job.requeue() is None and runner.calls[-1] == ["scontrol", "requeue", "42"]
         assert job.state["slurm"]["requeued"] and job.state["slurm"]["state"] == "REQUEUED"
 
@@ -147,8 +152,8 @@ def test_slurm_preemption_requeues_unless_done_cancelled_or_already_requeued(by,
 def test_slurm_preemption_without_a_synced_checkpoint_or_a_requeue_is_a_problem():
     job = job_for(FakeScontrol())
     job.preempt("USR1")
-    said, problem, requeue = job.plan(False, 5, "the last sync failed: remote unreachable")
-    assert not requeue and "not requeued" in (problem or "") and "remote unreachable" in (problem or "")
+    plan = job.plan(False, 5, "the last sync failed: remote unreachable")
+    assert not plan.requeue and "not requeued" in (plan.problem or "") and "remote unreachable" in (plan.problem or "")
     failing = job_for(FakeScontrol(fail_requeue=True))
     assert "permission denied" in (failing.requeue() or "") and not failing.state["slurm"]["requeued"]
 

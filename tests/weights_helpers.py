@@ -54,6 +54,12 @@ def save_checkpoint(root: Path, model: MiniMindForCausalLM, step: int = 1, token
     return ckpt_io.save(root, step, model.state_dict(), optimizer.state_dict(), state, tokenizer=tokenizer)
 
 
+def export_checkpoint(root: Path, seed: int) -> Path:
+    """A tiny model's checkpoint of step 1 with its tokenizer, under root (ckpt/, tok.json): what the export tests
+    export (tests/test_export_hostile_out.py, test_export_way_out.py: one per module)."""
+    return save_checkpoint(root / "ckpt", tiny_model(seed=seed), step=1, tokenizer=train_tokenizer(root / "tok.json"))
+
+
 # --- checkpoints as the trainer writes them (test_checkpoint) -----------------------------------------------------
 CHECKPOINT_MODEL = {**TINY_MODEL, "vocab_size": 256, "intermediate_size": 0, "rope_theta": 1e6, "rms_norm_eps": 1e-6}
 """The model config of make_run's model, as a checkpoint records it."""

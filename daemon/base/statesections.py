@@ -333,7 +333,10 @@ class Outcome(Section):
     time: float | None = None
     """When it exited."""
     reason: str = ""
-    """The reason of its last phase."""
+    """The reason of its last phase, in words."""
+    ended: str = ""
+    """How the run ended (protocol.RECORDED_ENDINGS: finished, stopped, requeued, cancelled, failed); "" in a file of
+    a version before it, which protocol.how_ended reads by the reason's words."""
 
 
 @dataclass

@@ -87,13 +87,15 @@ def what_is(path: str) -> str:
     return f"{file_kind(st.st_mode)}{owner}"
 
 
-def not_ours(path: str, file: bool = False) -> str | None:
+def not_ours(path: str, file: bool = False, st: os.stat_result | None = None) -> str | None:
     """Why the entry at path is not one a sync of this user makes (a real directory, or a regular file when `file`,
-    owned by this user), None when it is, or is not there."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
+    owned by this user), None when it is, or is not there. `st`: the entry's lstat the caller already took (judged
+    as it is, not looked at again), so that what the caller then removes by that identity is the one judged."""
+    if st is None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
     if stat.S_ISLNK(st.st_mode) or st.st_uid not in OWN_UIDS:
         return what_is(path)
     if not (stat.S_ISREG(st.st_mode) if file else stat.S_ISDIR(st.st_mode)):
@@ -290,19 +292,19 @@ def in_root(root: Dir, *names: str) -> str:
 
 def remove_ours(root: Dir, name: str, file: bool = False) -> str | None:
     """Remove `name` of the root when a sync of this user made it (a directory: not_made_here; a pointer's temp file:
-    not_ours); else leave it and say what it is. None when removed or not there. A directory goes through
-    descriptors (Dir.remove_tree: no link followed inside it), and only while its name still leads to the very
-    directory looked at."""
-    st = root.lstat(name)  # first: the identity removed below is the one not_made_here judges
+    not_ours); else leave it and say what it is. None when removed or not there. Either goes only while its name
+    still leads to the very entry judged; a directory through descriptors (Dir.remove_tree: no link followed inside
+    it)."""
+    st = root.lstat(name)  # first: the identity removed below is the one judged
     if st is None:
         return None
     path = in_root(root, name)
-    if why := (not_ours(path, file) if file else not_made_here(path, (st.st_dev, st.st_ino))):
+    if why := (not_ours(path, file, st) if file else not_made_here(path, (st.st_dev, st.st_ino))):
         return why
     if file:
-        with contextlib.suppress(FileNotFoundError):
-            root.remove_file(name)
-        return None
+        if root.remove_file(name, (st.st_dev, st.st_ino)) or root.lstat(name) is None:
+            return None
+        return "a file not removed (another one moved there while it was looked at): left"
     if root.remove_tree(name, (st.st_dev, st.st_ino)) or root.lstat(name) is None:
         return None
     return "a directory not removed whole (another one moved there meanwhile, or a tree too deep): left"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from minilmd import mounts
 from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig
 from minilmd.config_values import out_of_range, parse_duration
@@ -66,14 +67,10 @@ def _existing_ancestor(path: Path) -> Path:
 
 
 def _mount_of(path: Path) -> tuple[str, str]:
-    """(mount point, filesystem type) of the filesystem holding `path`."""
-    target = str(path.resolve())
-    best = ("/", "")
-    for part in psutil.disk_partitions(all=True):
-        mp = part.mountpoint
-        if (target == mp or target.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best[0]):
-            best = (mp, part.fstype)
-    return best
+    """(mount point, filesystem type) of the filesystem holding `path` (minilmd/mounts.py); (path, "") when
+    /proc/self/mountinfo names none: an unknown filesystem, neither a RAM disk nor a local disk."""
+    found = mounts.mount_of(path)
+    return (found.point, found.fstype) if found else (str(path), "")
 
 
 def memory_headroom(total_memory: int) -> int:
@@ -85,12 +82,13 @@ def fit_problem(need: SpaceNeed, scratch: str, mount: str, fstype: str, free_byt
                 available_memory: int | None = None, headroom: int | None = None,
                 alternative: str | None = None) -> str | None:
     """Why `need` does not fit in scratch (None: it fits). Pure arithmetic, so that it is testable.
-    `available_memory` and `headroom` only count for a RAM disk (tmpfs, ramfs), whose pages are memory."""
+    `available_memory` and `headroom` only count for a RAM disk (mounts.is_ram: tmpfs, ramfs), whose pages are
+    memory."""
     reasons = []
     if need.total > free_bytes + need.held:
         held = f" besides the {_mb(need.held)} this run's scratch already holds" if need.held else ""
         reasons.append(f"{mount} ({fstype or 'unknown fs'}) has {_mb(free_bytes)} free{held}")
-    if fstype in ("tmpfs", "ramfs") and available_memory is not None and headroom is not None:
+    if mounts.is_ram(fstype) and available_memory is not None and headroom is not None:
         adds = max(0, need.files - need.held)
         if available_memory - adds < headroom:
             reasons.append(f"{mount} is a RAM disk: {_mb(available_memory)} of memory is available, the run would "
@@ -104,10 +102,11 @@ def fit_problem(need: SpaceNeed, scratch: str, mount: str, fstype: str, free_byt
 
 
 def _alternative_scratch(scratch: Path, needed: int) -> str | None:
-    """A local-disk directory with room for the run, to name in the refusal (per user, like the default)."""
+    """A local-disk directory with room for the run, to name in the refusal (per user, like the default): on a
+    disk of this host's (mounts.is_local_disk), never a RAM disk, a network or FUSE one, or an unknown one."""
     for candidate in (Path("/var/tmp"), Path.home(), Path("/tmp")):
         try:
-            if candidate.is_dir() and _mount_of(candidate)[1] not in ("tmpfs", "ramfs", "nfs", "nfs4"):
+            if candidate.is_dir() and mounts.is_local_disk(_mount_of(candidate)[1]):
                 st = os.statvfs(candidate)
                 free = st.f_bavail * st.f_frsize
                 if free > needed:
@@ -123,7 +122,7 @@ def ever_fits(need: SpaceNeed, fstype: str, capacity_bytes: int, total_memory: i
     to wait for; otherwise the config must change (run.scratch)."""
     if need.total > capacity_bytes:
         return False
-    return fstype not in ("tmpfs", "ramfs") or need.files + headroom <= total_memory
+    return not mounts.is_ram(fstype) or need.files + headroom <= total_memory
 
 
 @dataclass

@@ -38,10 +38,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from minilmd import names, procs
 from minilmd.daemon.host.gpu import Nvml
+from minilmd.protocol import ENDED_CANCELLED, ENDED_FAILED, ENDED_FINISHED, ENDED_REQUEUED, ENDED_STOPPED
 
 JOB_ID_ENV = names.SLURM_JOB_ENV
 RDZV_BACKEND = names.RDZV_BACKEND
@@ -245,6 +246,19 @@ def cancelled(info: dict[str, str]) -> bool:
     return info.get("JobState") in ("CANCELLED", "COMPLETING") and reason != "TimeLimit" and "Preempt" not in reason
 
 
+class Plan(NamedTuple):
+    """What a preempted job does after its last sync (SlurmJob.plan)."""
+
+    ended: str
+    """How the run ends (protocol.ENDED_*): state.json's outcome.ended."""
+    reason: str
+    """The reason status shows."""
+    problem: str | None = None
+    """Why it cannot end so (the run fails, exit 1), or None."""
+    requeue: bool = False
+    """Whether to `scontrol requeue` the job."""
+
+
 @dataclass
 class SlurmJob:
     """The supervisor's Slurm side: the allocation, the preemption request, the requeue. `state` is the RunState
@@ -332,31 +346,31 @@ class SlurmJob:
             self.preempted_by = signal_name
         return first
 
-    def plan(self, budget_done: bool, step, sync_problem: str, stop_asked: str = "") -> tuple[str, str | None, bool]:
-        """After a preemption's last sync: (the reason status shows, a problem or None, whether to requeue). No
-        requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the SIGTERM was
-        `minilmd stop`'s (`stop_asked`: its request, in words; daemon/base/stoprequest.py). The caller writes
-        state.json before `requeue()`: Slurm ends this job as soon as it requeues it."""
+    def plan(self, budget_done: bool, step, sync_problem: str, stop_asked: str = "") -> Plan:
+        """After a preemption's last sync: how the run ends, the reason status shows, a problem or None, whether to
+        requeue. No requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the
+        SIGTERM was `minilmd stop`'s (`stop_asked`: its request, in words; daemon/base/stoprequest.py). The caller
+        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it."""
         slurm = self.state["slurm"]
         slurm["preempted_at_step"] = step
         by = self.preempted_by
         if budget_done:
-            return f"the run finished as Slurm preempted it ({by}): not requeued", None, False
+            return Plan(ENDED_FINISHED, f"the run finished as Slurm preempted it ({by}): not requeued")
         if sync_problem:
-            return "", (f"preempted by Slurm ({by}) at step {step}, but {sync_problem}: not requeued, the "
-                        f"checkpoint stays on this node's scratch"), False
+            return Plan(ENDED_FAILED, "", f"preempted by Slurm ({by}) at step {step}, but {sync_problem}: not "
+                                          f"requeued, the checkpoint stays on this node's scratch")
         info = job_info(self.alloc.job_id, self.runner)
         restarts = info.get("Restarts", "0")
         if restarts.isdigit() and int(restarts) > self.alloc.restart_count:
             slurm["requeued"], slurm["state"] = True, "REQUEUED"
-            return f"requeued by Slurm (preempted at step {step}; Slurm requeued it itself)", None, False
+            return Plan(ENDED_REQUEUED, f"requeued by Slurm (preempted at step {step}; Slurm requeued it itself)")
         if stop_asked:
-            return f"stopped on request ({stop_asked}) at step {step}: not requeued", None, False
+            return Plan(ENDED_STOPPED, f"stopped on request ({stop_asked}) at step {step}: not requeued")
         if by == "SIGTERM" and cancelled(info):
             slurm["state"] = "CANCELLED"
-            return f"the Slurm job was cancelled: stopped at step {step}, not requeued", None, False
+            return Plan(ENDED_CANCELLED, f"the Slurm job was cancelled: stopped at step {step}, not requeued")
         slurm["requeued"], slurm["state"] = True, "REQUEUED"
-        return f"requeued by Slurm (preempted at step {step})", None, True
+        return Plan(ENDED_REQUEUED, f"requeued by Slurm (preempted at step {step})", requeue=True)
 
     def requeue(self) -> str | None:
         """`scontrol requeue` this job (None: done)."""

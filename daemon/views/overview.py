@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from minilmd import names
+from minilmd import names, protocol
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
 from minilmd.fmt import fmt_duration
@@ -67,6 +67,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         **base,
         "phase": state.phase,
         "reason": state.reason,
+        "ended": protocol.how_ended(raw),
         "running": alive,
         "step": progress.step,
         "total_steps": progress.total_steps,
@@ -104,22 +105,22 @@ def rows_in_time(entries: list[registry.Entry], t: float) -> list[dict]:
             for e, into in zip(entries, done, strict=True)]
 
 
+SHOWN_ENDINGS = {protocol.ENDED_STOPPED: "stopped", protocol.ENDED_EARLY_STOPPED: "early-stopped",
+                 protocol.ENDED_REQUEUED: "requeued", protocol.ENDED_CANCELLED: "cancelled"}
+"""A "done" run as the table shows it, by how it ended (the row's "ended", protocol.how_ended); finished: "done"."""
+
+
 def shown_phase(r: dict) -> str:
-    """The phase as the table shows it: "done" is told apart by how the run ended, "stopped" (on request: `stop`,
-    SIGTERM), "early-stopped" (it finished before its budget: early_stop) or "done" (its budget reached); staging
-    that waits for the remote is "staging: waiting_remote". The raw phase stays in --json's "phase"."""
+    """The phase as the table shows it: "done" is told apart by how the run ended (SHOWN_ENDINGS: "stopped" on
+    request, "early-stopped" before its budget, its Slurm job "requeued" or "cancelled"; "done" its budget
+    reached); staging that waits for the remote is "staging: waiting_remote". The raw phase stays in --json's
+    "phase"."""
     phase = str(r.get("phase"))
     if phase == "staging" and r.get("staging_state") == "waiting_remote":  # scratch empty, the remote out of reach
         return "staging: waiting_remote"  # waited for, never a start from step 0 (daemon/jobs/remotewait.py)
     if phase != "done":
         return phase
-    reason = str(r.get("reason") or "")
-    if reason.startswith("stopped"):
-        return "stopped"
-    step, total = r.get("step"), r.get("total_steps")
-    if reason.startswith("the run finished") and isinstance(step, int) and isinstance(total, int) and step < total:
-        return "early-stopped"
-    return phase
+    return SHOWN_ENDINGS.get(str(r.get("ended")), phase)
 
 
 def _cells(r: dict) -> list[str]:

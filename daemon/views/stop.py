@@ -20,7 +20,9 @@ from minilmd.daemon.base.runstate import fmt_time, process_alive
 from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load
-from minilmd.daemon.views.status import _error_context, _is_a_run
+from minilmd.daemon.views.newest import newest_local
+from minilmd.daemon.views.runarg import resolve_run
+from minilmd.daemon.views.status import _error_context
 from minilmd.dirfd import PlaceRefused
 from minilmd.untrusted import printable
 
@@ -36,9 +38,10 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     signalled (minilmd/procs.py): the supervisor that holds the run's lock and carries its identity, or the trainer
     it left behind (daemon/child/orphans.py); never one a file of the run names by its pid."""
     out = out or sys.stdout
-    run_dir = Path(run_dir)
-    if not _is_a_run(run_dir, "stop"):
-        return protocol.STOP_NOT_A_RUN
+    found, refused = resolve_run(run_dir, "stop")  # a run directory, or a config file naming one
+    if found is None:
+        return refused  # protocol.STOP_NOT_A_RUN, or STOP_FAILED for another user's directory we cannot read
+    run_dir = found
     try:
         scope = procs.scope_of(run_dir)
     except (procs.Refused, OSError) as e:
@@ -192,17 +195,8 @@ def _only_in_scratch(state: StateJson) -> tuple[int, str] | None:
     beside the checkpoint state.json names, for a save state.json has not seen."""
     if state.sync.state == SyncState.OFF:
         return None
-    local = state.local_checkpoint
+    local = newest_local(state.local_checkpoint)  # what `status` says too (daemon/views/newest.py)
     step, path = (local.step, local.path) if local else (None, None)
-    if path:
-        root = Path(path).parent
-        try:
-            saved = [names.step_of(p) for p in root.iterdir() if names.is_step_name(p.name)
-                     and (p / names.MANIFEST).is_file()]
-        except OSError:
-            saved = []
-        if saved and (step is None or max(saved) > step):
-            step, path = max(saved), str(root / names.step_name(max(saved)))
     if step is None:
         return None
     synced = state.remote_checkpoint.step if state.remote_checkpoint else None

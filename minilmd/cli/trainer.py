@@ -27,17 +27,20 @@ def train_command(
 
 @commands.command("verify")
 def verify_command(
-    path: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, or a root holding several."),
+    path: str = typer.Argument(..., help="A step-XXXXXXXX checkpoint directory, a root holding several, or a run "
+                                "directory (every checkpoint of its scratch and its run.remote, each with its root, "
+                                "and the one a resume of the run would take)."),
     json_: bool = typer.Option(False, "--json", help="Print a JSON report (for scripts)."),
     config: str = typer.Option("", "--config", help="A run config: also check its model config and corpus "
                                                     "fingerprints."),
 ) -> None:
     """Validate checkpoints strictly (manifest, sizes, sha256, shapes, finiteness, steps); nothing is moved.
 
-    Exit status: 0 every checkpoint is valid, 1 otherwise (the reasons are printed), 2 a bad --config."""
+    Exit status: 0 every checkpoint is valid, 1 otherwise (the reasons are printed; a run directory whose
+    run.toml cannot be read, or no checkpoint at all, is one), 2 a bad --config."""
     import json
 
-    from minilmd.checkpoint_verify import expectation_from_config, verify_report
+    from minilmd.checkpoint_verify import expectation_from_config, report_lines, verify_report
     from minilmd.config import ConfigError
 
     try:
@@ -49,10 +52,8 @@ def verify_command(
     if json_:
         typer.echo(json.dumps(report, indent=2))
     else:
-        for entry in report["checkpoints"]:
-            typer.echo(f"{entry['path']}: {'ok' if entry['ok'] else 'INVALID'}")
-            for problem in entry["problems"]:
-                typer.echo(f"  - {problem}")
+        for line in report_lines(report):
+            typer.echo(line)
     raise typer.Exit(0 if report["ok"] else 1)
 
 

@@ -37,7 +37,7 @@ from minilmd.corpus_meta import (
     read_meta,
     read_meta_hashed,
 )
-from minilmd.fsio import dir_table_problems, local_size, sha256_file, table_problems
+from minilmd.fsio import dir_table_problems, sha256_file, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_TOKENIZER,
@@ -70,9 +70,21 @@ class TokenStream:
     def __init__(self, split_dir: str | Path, vocab_size: int | None = None, verify_hash: bool = False):
         self.dir = Path(split_dir)
         tokens_path, lengths_path = self.dir / TOKENS, self.dir / DOC_LENGTHS
-        for p in (tokens_path, lengths_path):
-            if not p.is_file():
-                raise CorpusError(f"{p}: missing")
+        # Each split file is opened once, as untrusted (a corpus may sit in a shared directory: no link followed, no
+        # FIFO opened), and its size, its sha256 and its contents all come from that one descriptor: a file swapped
+        # at its name after the check is never the one read.
+        files: dict[str, int] = {}
+        try:
+            for path in (tokens_path, lengths_path):
+                files[path.name] = _open_split_file(path)
+            self._read(files, vocab_size, verify_hash)
+        finally:
+            for fd in files.values():
+                os.close(fd)
+
+    def _read(self, files: dict[str, int], vocab_size: int | None, verify_hash: bool) -> None:
+        """__init__'s reading, of the split files open in `files` ({name: descriptor}; the mask's added here)."""
+        tokens_path, lengths_path = self.dir / TOKENS, self.dir / DOC_LENGTHS
         meta = None
         self.data_format = "chat" if (self.dir / LOSS_MASK).is_file() else "text"
         listed_docs = None  # meta.json's documents of this split: the prefix of the files to read (appends)
@@ -82,13 +94,13 @@ class TokenStream:
             if vocab_size is None:
                 vocab_size = meta.get("vocab_size")
             listed_docs = meta.get("splits", {}).get(self.dir.name, {}).get("documents")
-            self._check_files(meta, verify_hash)
-        try:  # opened as untrusted: a corpus may sit in a shared directory (no link followed, no FIFO opened)
-            fd = open_regular(lengths_path)
-            with os.fdopen(fd, "rb") as f:
+        if self.data_format in MASKED_FORMATS:
+            files[LOSS_MASK] = _open_split_file(self.dir / LOSS_MASK, f" (a chat corpus has one beside {tokens_path})")
+        if meta is not None:
+            self._check_files(meta, verify_hash, files)
+        try:
+            with open(files[DOC_LENGTHS], "rb", closefd=False) as f:
                 lengths = np.load(f, allow_pickle=False)
-        except Unreadable as e:
-            raise _corpus_error(lengths_path, e) from None
         except Exception as e:  # noqa: BLE001 - np.load fails in many ways (ValueError, EOFError, OSError): all mean bad data
             raise CorpusError(f"{lengths_path}: not a readable .npy file ({e})") from None
         if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
@@ -104,7 +116,7 @@ class TokenStream:
         np.cumsum(self.doc_lengths, out=self.doc_starts[1:])
         self.n_docs = int(self.doc_lengths.size)
 
-        size = tokens_path.stat().st_size
+        size = os.fstat(files[TOKENS]).st_size
         expected = int(self.doc_starts[-1])
         self._grown = listed_docs is not None  # with meta.json, a longer file is an append's tail: read the prefix
         if (size % 2 or size // 2 != expected) and not (self._grown and size // 2 >= expected):
@@ -114,13 +126,13 @@ class TokenStream:
             )
         self.n_tokens = expected
         if self.n_tokens:
-            self.tokens: np.ndarray = map_regular(tokens_path, "<u2", self.n_tokens)
+            self.tokens: np.ndarray = map_fd(files[TOKENS], tokens_path, "<u2", self.n_tokens)
         else:  # numpy cannot map an empty file
             self.tokens = np.zeros(0, dtype="<u2")
         self.loss_mask: np.ndarray | None = None
         self.target_tokens: int | None = None  # chat: the number of target tokens (set by _check_mask)
         if self.data_format in MASKED_FORMATS:
-            self.loss_mask = self._open_mask(self.dir / LOSS_MASK, tokens_path)
+            self.loss_mask = self._open_mask(files[LOSS_MASK], self.dir / LOSS_MASK, tokens_path)
         self._check_boundaries(tokens_path, lengths_path)
         if self.data_format == "dpo" and self.n_docs % 2:
             raise CorpusError(f"{lengths_path}: {self.n_docs} documents in a preference corpus, whose documents are "
@@ -130,16 +142,14 @@ class TokenStream:
         if self.loss_mask is not None:
             self._check_mask(self.dir / LOSS_MASK)
 
-    def _open_mask(self, mask_path: Path, tokens_path: Path) -> np.ndarray:
-        if not mask_path.is_file():
-            raise CorpusError(f"{mask_path}: missing (a chat corpus has one beside {tokens_path})")
-        size = mask_path.stat().st_size
+    def _open_mask(self, fd: int, mask_path: Path, tokens_path: Path) -> np.ndarray:
+        size = os.fstat(fd).st_size
         if size != self.n_tokens and not (self._grown and size > self.n_tokens):
             raise CorpusError(f"{mask_path} holds {size} bytes but {tokens_path} holds {self.n_tokens} tokens (one "
                               "mask byte per token): they did not come from the same run")
         if not self.n_tokens:
             return np.zeros(0, dtype=np.uint8)
-        return map_regular(mask_path, np.uint8, self.n_tokens)
+        return map_fd(fd, mask_path, np.uint8, self.n_tokens)
 
     def _check_mask(self, mask_path: Path) -> None:
         """The chat invariants of the class docstring, in blocks of _SCAN tokens (bounded temporaries)."""
@@ -186,7 +196,9 @@ class TokenStream:
                               "reply): the mask and the tokens did not come from the same run")
         self.target_tokens = int(targets.sum())
 
-    def _check_files(self, meta: dict, verify_hash: bool) -> None:
+    def _check_files(self, meta: dict, verify_hash: bool, opened: dict[str, int]) -> None:
+        """The split files open in `opened` ({name: descriptor}) against meta.json's sizes (and sha256s): of those
+        very descriptors, the ones then read and mapped, never of whatever their names lead to by then."""
         files = meta.get("files", {})
         # A split dir outside its corpus layout is not listed: only the invariants apply then.
         names = (TOKENS, DOC_LENGTHS, LOSS_MASK) if self.data_format in MASKED_FORMATS else (TOKENS, DOC_LENGTHS)
@@ -196,14 +208,15 @@ class TokenStream:
         def size_of(name: str) -> int | None:
             # An append writes the new tail of tokens.bin (loss_mask.bin) before meta.json and renames a longer
             # doc_lengths.npy in just before it: the prefix meta.json lists is this version (docs/formats.md).
-            size = local_size(self.dir / name)
-            grown = size is not None and name in table and size > table[name]["size"]
+            size = os.fstat(opened[name]).st_size
+            grown = name in table and size > table[name]["size"]
             if grown and name == DOC_LENGTHS:
                 table.pop(name)  # checked by its prefix: the lengths sum to meta.json's tokens (PreparedCorpus)
             return table[name]["size"] if grown and name in table else size
 
         def sha256_of(name: str) -> str:
-            return sha256_file(self.dir / name, limit=table[name]["size"])
+            # The file open at the descriptor, whatever its name leads to now (a regular file: open_regular's).
+            return sha256_file(f"/proc/self/fd/{opened[name]}", limit=table[name]["size"])
 
         for name in list(table):
             size_of(name)
@@ -359,15 +372,31 @@ def map_regular(path: Path, dtype, count: int) -> np.ndarray:
     """The first `count` items of a split's tokens.bin (loss_mask.bin), mapped read-only from a descriptor opened as
     untrusted (a regular file only: no link followed, no FIFO opened); CorpusError when it is shorter or is not
     one."""
+    fd = _open_split_file(path)
     try:
-        fd = open_regular(path)
-    except Unreadable as e:
-        raise _corpus_error(path, e) from None
-    with os.fdopen(fd, "rb") as f:  # the mapping keeps its own reference to the file
+        return map_fd(fd, path, dtype, count)
+    finally:
+        os.close(fd)  # the mapping keeps its own reference to the file
+
+
+def map_fd(fd: int, path: Path, dtype, count: int) -> np.ndarray:
+    """map_regular of a split file already open at `fd` (open_regular's; the caller closes it): `path` names it."""
+    with open(fd, "rb", closefd=False) as f:
         need = count * np.dtype(dtype).itemsize
-        if os.fstat(f.fileno()).st_size < need:
+        if os.fstat(fd).st_size < need:
             raise CorpusError(f"{path}: shorter than the {count} items its doc_lengths.npy and meta.json list")
         return np.memmap(f, dtype=dtype, mode="r", shape=(count,))
+
+
+def _open_split_file(path: Path, where: str = "") -> int:
+    """A descriptor of a split file, opened as untrusted (open_regular); CorpusError (RefusedFile) for anything
+    but a regular file, its `missing` message followed by `where`; an OSError of a failing mount as it is."""
+    try:
+        return open_regular(path)
+    except Unreadable as e:
+        if e.missing and where:
+            raise CorpusError(f"{path}: missing{where}") from None
+        raise _corpus_error(path, e) from None
 
 
 class RefusedFile(CorpusError):

@@ -186,7 +186,7 @@ def writing(out: Path, group_share: bool = False) -> Iterator[ExportCopy]:
             raise not_written(out, e) from None
         try:
             if not group_share:
-                _clear_leftovers(out, name)
+                _clear_leftovers(parent, out, name)
             yield ExportCopy(out, parent, tmp, name)
         except Replaced as e:
             raise ExportError(f"{e}; nothing was published. Check who moves things in {out.parent}") from None
@@ -219,31 +219,32 @@ _SAY = leftovers.stderr_say("export")
 _WORDS = leftovers.Words(one="an export", tool="export", thing="temporary copy")
 
 
-def _clear_leftovers(out: Path, ours: str) -> None:
-    """The other exports' temporary copies beside `out`, each named by its maker (names.export_tmp_name). One whose
-    export still runs (its pid alive with the start time the name records) is left, and this export refused:
-    two exports to one --out at once would publish over each other. One whose export is gone (a SIGKILL, an OOM
-    kill, a power loss leave it; a recycled pid has another start time) is removed when it is this user's own
-    file or directory, and said. Left as they are, and said, while this export goes on under its own name: a
-    symbolic link (never followed), another user's copy (never deleted for them), anything but a file or a
-    directory, another host's copy (its pid says nothing here), and an older minilmd's `.NAME.tmp`. The loop is
-    leftovers.sweep, shared with the clean-ups of prepare, append and a checkpoint root."""
+def _clear_leftovers(parent: Dir, out: Path, ours: str) -> None:
+    """The other exports' temporary copies beside `out`, each named by its maker (names.export_tmp_name), looked at
+    and removed in `parent`, the directory of --out opened once (through its descriptor, each only while its name
+    leads to what was looked at: leftovers.sweep's Dir). One whose export still runs (its pid alive with the start
+    time the name records) is left, and this export refused: two exports to one --out at once would publish over
+    each other. One whose export is gone (a SIGKILL, an OOM kill, a power loss leave it; a recycled pid has another
+    start time) is removed when it is this user's own file or directory, and said. Left as they are, and said,
+    while this export goes on under its own name: a symbolic link (never followed), another user's copy (never
+    deleted for them), anything but a file or a directory, another host's copy (its pid says nothing here), and an
+    older minilmd's `.NAME.tmp`. The loop is leftovers.sweep, shared with the clean-ups of prepare, append and a
+    checkpoint root."""
     def refuse(path: Path, pid: int) -> None:
         raise OutRefused(f"{path}: another export to {out} is writing it now (pid {pid}); two exports to one --out "
                          f"at once are refused: let it finish, or choose another --out")
 
-    leftovers.sweep(out.parent, lambda name: export_tmp_maker(out.name, name), _WORDS, _SAY, out=out,
+    leftovers.sweep(parent, lambda name: export_tmp_maker(out.name, name), _WORDS, _SAY, out=out,
                     skip=ours, on_running=refuse)
-    path = out.parent / old_export_tmp_name(out.name)  # an older minilmd's `.NAME.tmp`: it names no process
-    try:
-        st = os.lstat(path)
-    except OSError:
+    old = old_export_tmp_name(out.name)  # an older minilmd's `.NAME.tmp`: it names no process
+    st = parent.lstat(old)
+    if st is None:
         return
     if stat.S_ISLNK(st.st_mode):
-        leftovers.own(path, st, _WORDS, _SAY)  # says it is a link, left
+        leftovers.own(out.parent / old, st, _WORDS, _SAY)  # says it is a link, left
     else:
-        _SAY(f"{path}: an older minilmd's temporary copy, which does not say whose it is; left as it is: remove it "
-             f"once no export to {out} is running")
+        _SAY(f"{out.parent / old}: an older minilmd's temporary copy, which does not say whose it is; left as it is: "
+             f"remove it once no export to {out} is running")
 
 
 def checked_out(out: str | Path, group_share: bool = False) -> Path:
@@ -286,6 +287,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     by a step name, planted in a root others can write, is passed by and said, never taken for the newest (nor
     for the one LATEST names)."""
     from minilmd.checkpoint_dirs import PointerError, list_checkpoints, named_checkpoint, read_latest
+    from minilmd.checkpoint_select import is_run_dir
 
     try:
         path = named_checkpoint(path)  # ROOT/BEST: the lowest val loss (early_stop)
@@ -293,7 +295,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise ExportError(str(e)) from None
     if not path.is_dir():
         raise ExportError(f"{path}: no such checkpoint directory")
-    if not (path / MODEL_FILE).is_file() and (path / RUN_CONFIG_COPY).is_file():
+    if is_run_dir(path):
         return _run_checkpoint(path)
     if not (path / MODEL_FILE).is_file():
         passed_by: dict[str, str] = {}
@@ -317,33 +319,26 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def _run_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a run directory stands for: the one a resume of the run would take (checkpoint_select's
-    checkpoint_roots and find_latest: the newest that validates, of its scratch's and its run.remote's), said on
-    stderr. Its run.toml is read as another run's copy (load_config's untrusted: no link followed, this user's
-    own), and nothing is moved: a damaged checkpoint is passed by. The one taken is validated again where it is
+    run_roots and find_latest: the newest that validates, of its scratch's and its run.remote's), said on stderr.
+    Its run.toml is read as another run's copy (run_roots), and nothing is moved: a damaged checkpoint is passed
+    by. The one taken is validated again where it is
     read (validated_checkpoint): it may have changed since."""
     from minilmd.checkpoint import CheckpointError
-    from minilmd.checkpoint_select import checkpoint_roots, find_latest
-    from minilmd.config import ConfigError, load_config
-    from minilmd.corpus_meta import corpus_train_tokens
+    from minilmd.checkpoint_select import RunDirUnusable, find_latest, run_roots
 
     try:
-        cfg = load_config(run_dir / RUN_CONFIG_COPY, train_tokens_of=corpus_train_tokens, untrusted=True)
-    except (ConfigError, OSError) as e:
-        why = "; ".join(e.problems[:3]) if isinstance(e, ConfigError) else str(e)
-        raise ExportError(f"{run_dir}: a run directory whose {RUN_CONFIG_COPY}, which says where its checkpoints "
-                          f"are, cannot be used ({why}); give one of its checkpoints") from None
-    roots = checkpoint_roots(cfg)
-    where = " and ".join(str(root) for root in roots)
+        run = run_roots(run_dir)
+    except RunDirUnusable as e:
+        raise ExportError(f"{e}; give one of its checkpoints") from None
     try:
-        found = find_latest(roots, log=_say_once, set_aside=False)
+        found = find_latest(run.roots, log=_say_once, set_aside=False)
     except CheckpointError as e:
-        raise ExportError(f"{run_dir}: a run directory; its checkpoints in {where}: {'; '.join(e.problems)}") \
+        raise ExportError(f"{run_dir}: a run directory; its checkpoints in {run.where}: {'; '.join(e.problems)}") \
             from None
     if found is None:
-        remote = f" (its run.remote {cfg.run.remote} is not read here)" if len(roots) == 1 and cfg.run.remote else ""
-        raise ExportError(f"{run_dir}: a run directory; no valid checkpoint where its checkpoints are, {where}"
-                          f"{remote}")
-    _say_once(f"{run_dir}: a run directory: {found}, the newest valid checkpoint of {where} (the one a resume "
+        raise ExportError(f"{run_dir}: a run directory; no valid checkpoint where its checkpoints are, {run.where}"
+                          f"{run.unread}")
+    _say_once(f"{run_dir}: a run directory: {found}, the newest valid checkpoint of {run.where} (the one a resume "
               f"would take)")
     return found
 

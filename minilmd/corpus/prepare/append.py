@@ -168,7 +168,7 @@ def _remove_stale_parts(splits: dict[str, Dir]) -> None:
             if fnmatch.fnmatchcase(name, STALE_PARTS):
                 st = split_dir.lstat(name)
                 if st is not None and stat.S_ISREG(st.st_mode) and owned_by_me(st):
-                    split_dir.remove_file(name)
+                    split_dir.remove_file(name, (st.st_dev, st.st_ino))  # only the very file judged
 
 
 def _remove_stale_tmp(root: Path) -> None:
