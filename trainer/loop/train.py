@@ -167,7 +167,9 @@ class Trainer:
                                       tf32=torch.get_float32_matmul_precision() != "highest")
                            if self.device.type == "cuda" else None)
         if self.preference:  # DPO: the reference read back, or computed now and saved at step 0
-            self.val_batches = self.preference.start(self, self.resumed_from)
+            self.val_batches, self.checkpointer.extra = self.preference.start(self, found)
+            if self.preference.seconds is not None:  # computed now: kept with the run from here on
+                self.save()
 
     def apply_resume(self, found: Found) -> None:
         """The one place a checkpoint's contents reach the run: the weights (a LoRA run's adapters, on the base
