@@ -16,10 +16,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_command(config: Path, port: int, nnodes: int = 2, nproc: int = 1) -> list[str]:
-    """One server's torchrun in its restart loop, as docs/operations.md "More than one server" writes it."""
+def node_command(config: Path, port: int, nnodes: int = 2, nproc: int = 1, local_addr: str | None = None) -> list[str]:
+    """One server's torchrun in its restart loop, as docs/operations.md "More than one server" writes it. The
+    rendezvous numbers the nodes in the order of their (local_addr, torchrun's pid): a test that needs rank 0 on one
+    node gives the nodes addresses that sort ("127.0.0.1" before "localhost"); by default rank 0 goes to either."""
+    addr = f"--local-addr {local_addr} " if local_addr else ""
     torchrun = (f"{sys.executable} -m torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc} "
-                f"--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id loopback --max-restarts 0 "
+                f"--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id loopback --max-restarts 0 {addr}"
                 f"-m minilmd.cli train {config}")
     return ["bash", "-c", f"for attempt in 1 2 3; do {torchrun} && exit 0; echo \"restart $attempt\"; sleep 1; done; "
                           f"exit 1"]

@@ -53,9 +53,9 @@ def test_a_killed_dpo_job_on_two_nodes_resumes_with_the_reference_rank_0_read(tm
     load_config(standalone).run_dir.mkdir(parents=True)
 
     port = free_port()
-    node0 = node_command(config, port)
+    node0 = node_command(config, port, local_addr="127.0.0.1")  # rank 0, at every start: its addresses sort first
     node1 = ["unshare", "-m", "--propagation", "private", "sh", "-c", ON_ANOTHER_NODE, "sh",
-             str(tmp_path / "node1-scratch"), str(cfg.scratch_dir), *node_command(config, port)]
+             str(tmp_path / "node1-scratch"), str(cfg.scratch_dir), *node_command(config, port, local_addr="localhost")]
     one_node = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "-m", "minilmd.cli", "train", str(standalone)]
     kill = {FAULT_ENV: "sigkill@6"}  # fires on rank 0: both torchruns exit, their restart loops start them again
