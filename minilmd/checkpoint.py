@@ -364,6 +364,28 @@ def _hashed_bytes(path: Path, size: int, max_bytes: int) -> tuple[str, bytes]:
     return sink.sha256.hexdigest(), kept.getvalue()
 
 
+def listed_bytes(ckpt_dir: str | os.PathLike, name: str, max_bytes: int) -> bytes | None:
+    """The file `name` of a checkpoint (a DPO run's reference sums), read once, no more than max_bytes, and checked
+    against its manifest entry as verify_manifest checks every file (size, then sha256): the bytes checked, never
+    the path read again. None when the manifest lists no such file. Raises CheckpointInvalid."""
+    ckpt_dir = Path(ckpt_dir)
+    manifest = read_manifest(ckpt_dir)
+    problems = manifest_problems(manifest)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    entry = manifest["files"].get(name)
+    if entry is None:
+        return None
+    try:
+        digest, data = _hashed_bytes(ckpt_dir / name, entry["size"], max_bytes)
+    except Unreadable as e:
+        raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
+    problems = table_problems({name: entry}, lambda _: len(data), lambda _: digest, listed_in=MANIFEST)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    return data
+
+
 def _check_directory(ckpt_dir: Path) -> None:
     """The checkpoint directory is one itself: a link to one is refused (its files would be another place's, the
     link's target free to change between validation and loading). Missing: read_manifest says so."""

@@ -140,6 +140,8 @@ OPTIMIZER_META = "optimizer.json"
 TRAINER_STATE = "trainer_state.json"
 DPO_REFERENCE = "dpo_reference.safetensors"
 """A DPO run's reference log-probability sums, in each of its checkpoints (trainer/loop/dpo_reference.py)."""
+DPO_REFERENCE_MAX_BYTES = 1 << 30
+"""The largest reference file read: 4 bytes a document, so 134 million pairs, far more than any preference corpus."""
 TOKENIZER_FILE = "tokenizer.json"  # a checkpoint's copy of the run's tokenizer, and the prepared corpus's own
 PEFT_WEIGHTS = "adapter_model.safetensors"  # `export --format peft`: the adapters under PEFT's key names
 PEFT_CONFIG = "adapter_config.json"  # `export --format peft`: PEFT's LoraConfig fields

@@ -424,3 +424,22 @@ def test_verify_with_a_run_config_shows_the_model_difference(tmp_path, run):
     assert out.returncode == 1
     assert "model.hidden_size: checkpoint 64, run 96" in out.stdout
     assert "fingerprints not checked" in out.stderr  # the corpus is not there: said, not silently skipped
+
+
+def test_a_resume_reads_the_files_a_run_carries_once_as_the_manifest_lists_them(tmp_path, run):
+    """resume.read_checkpoint: a DPO run's reference comes with the rest of the checkpoint (rank 0 reads it when the
+    job spans nodes), checked against the manifest by the checkpoint format's own rule; a checkpoint without one
+    carries nothing, and a reference that is not the file the manifest lists is an invalid checkpoint."""
+    from minilmd.names import DPO_REFERENCE
+    from minilmd.trainer.loop.resume import read_checkpoint
+
+    model, opt = run
+    plain = ckpt_io.save(tmp_path / "plain", 3, model.state_dict(), opt.state_dict(), trainer_state(3))
+    assert read_checkpoint(plain).carried == {}
+    dpo = ckpt_io.save(tmp_path / "dpo", 3, model.state_dict(), opt.state_dict(), trainer_state(3),
+                       extra={DPO_REFERENCE: b"sums"})
+    found = read_checkpoint(dpo)
+    assert found.carried == {DPO_REFERENCE: b"sums"} and found.state["step"] == 3
+    (dpo / DPO_REFERENCE).write_bytes(b"SUMS")  # the size the manifest lists, other bytes
+    with pytest.raises(ck.CheckpointInvalid, match=f"{DPO_REFERENCE}: sha256 mismatch"):
+        read_checkpoint(dpo)

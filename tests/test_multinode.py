@@ -14,8 +14,6 @@ step).
 """
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,45 +24,13 @@ from safetensors.torch import load_file
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV
-from supervisor_helpers import env_for
+from multinode_helpers import free_port, node_command, run_nodes
 
 pytestmark = pytest.mark.slow
 TWO_RANKS = {"train": {"micro_batch_size": 4, "grad_accum": 1}}
 """BASELINE's global batch of 8 rows over 2 ranks: 4 rows x 1 micro-batch each."""
 FOUR_RANKS = {"train": {"micro_batch_size": 2, "grad_accum": 1}}
 """The same global batch over 4 ranks: 2 rows x 1 micro-batch each."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def node_command(config: Path, port: int, nnodes: int = 2, nproc: int = 1) -> list[str]:
-    """One server's torchrun in its restart loop, as docs/operations.md "More than one server" writes it."""
-    torchrun = (f"{sys.executable} -m torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc} "
-                f"--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id loopback --max-restarts 0 "
-                f"-m minilmd.cli train {config}")
-    return ["bash", "-c", f"for attempt in 1 2 3; do {torchrun} && exit 0; echo \"restart $attempt\"; sleep 1; done; "
-                          f"exit 1"]
-
-
-def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
-    """Each (command, extra environment) at once, output to logs/node<i>.log; their exit statuses."""
-    logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for i, (command, env) in enumerate(commands):
-        with open(logs / f"node{i}.log", "wb") as out:
-            procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                          env=env_for(fake=False, **env)))
-    try:
-        return [p.wait(240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def one_node_and_two(straight, tmp_path: Path, ranks: dict, nproc: int) -> tuple[Path, Path, list[str]]:
