@@ -387,7 +387,8 @@ class StagingWorker:
             self.records = remotewait.records(remote, self.cfg.run_dir, self.state.remote_checkpoint,
                                               self.state.previous_unreadable)
         found = self.records or remotewait.Records(remotewait.NEVER, "")
-        wait, why = remotewait.decision(remote, absent, found, self.fresh)
+        wait, why = remotewait.decision(remote, absent, found, self.fresh,
+                                        bool(absent) and remotewait.not_made_yet(remote))
         if wait:
             return why
         self.from_step_0 = why
