@@ -11,8 +11,9 @@ commands = typer.Typer()
 def run_command(
     config: str = typer.Argument(..., help="The run config (TOML)."),
     check: bool = typer.Option(False, "--check", help="Check what a launch would: the config, the corpus against the "
-                                                      "model, scratch's owner and space; exit 0, or 2 listing every "
-                                                      "problem. Creates nothing."),
+                                                      "model, scratch's owner and space, the checkpoint it would "
+                                                      "resume from; exit 0 saying where it starts, or 2 listing "
+                                                      "every problem. Creates nothing."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
     fresh: bool = typer.Option(False, "--fresh", help="With no checkpoint in scratch and a run.remote that cannot "
                                                       "be read (not there, an empty mount point, a link to "
@@ -29,8 +30,9 @@ def run_command(
         from minilmd.config import ConfigError
         from minilmd.daemon import preflight
 
+        start: list[str] = []  # where the launch starts: resumes from step N (scratch|remote), or step 0
         try:
-            cfg, waits = preflight.check_with_waits(config, set_)
+            cfg, waits = preflight.check_with_waits(config, set_, start)
         except ConfigError as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
@@ -44,7 +46,9 @@ def run_command(
             typer.echo(f"note: {line}")
         from minilmd.daemon.jobs.remotewait import check_line
 
-        if line := check_line(cfg, fresh):  # no checkpoint in scratch, the remote out of reach: wait, or step 0
+        # no checkpoint in scratch, the remote out of reach: wait, or step 0; else where it resumes (or step 0)
+        remote_line = check_line(cfg, fresh)
+        for line in [remote_line] if remote_line else start:
             typer.echo(line)
         init_unreachable = any(line.startswith("init.from") for line in waits)  # the others: scratch's room
         if not init_unreachable and (wait := _init_wait(cfg)):  # reachable: it may be a run not finished yet
