@@ -23,9 +23,11 @@ def run_command(
 ) -> None:
     """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
 
-    Exit status: 0 finished (or stopped on request), 2 bad config or run owned by another supervisor, 65 bad data,
-    73 run.dir's disk full (stopped after the last sync), 79 gave up after too many restarts (2, 65, 73 and 79 are
-    final: list them in systemd's RestartPreventExitStatus=)."""
+    Exit status: 0 finished (or stopped on request), 1 the supervisor crashed, could not set up the run directory,
+    or the run finished but its last sync failed (not final: systemd restarts it, and a restart retries the sync),
+    2 bad config (a checkpoint to resume from of another model or corpus too) or run owned by another supervisor,
+    65 bad data, 73 run.dir's disk full (stopped after the last sync), 79 gave up after too many restarts (2, 65,
+    73 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
     if check:
         from minilmd.config import ConfigError
         from minilmd.daemon import preflight
