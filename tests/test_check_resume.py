@@ -9,6 +9,7 @@ trainer.
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -126,3 +127,37 @@ def test_the_fetchs_refusal_names_the_remote_checkpoint_in_the_checks_words(tmp_
     assert said.startswith(f"this run's checkpoints (step 10, on the remote {remote}) were trained with "
                            f"model.hidden_size 32; the config says 64: "), said
     assert not list(cfg.checkpoint_dir.glob(".tmp-*")) and (remote / "step-00000010" / "manifest.json").is_file()
+
+
+def test_the_look_at_the_remote_follows_no_link_opens_no_fifo_and_reads_no_more_than_listed(tmp_path, corpus):
+    """A local remote is a place others write: the look reads trainer_state.json as the fetch reads a remote file
+    (from the root's descriptor, a regular file only, never past its listed size); one that is a link (here to a
+    private file whose bytes would pass), a FIFO or longer than listed makes its checkpoint invalid, passed by for
+    the older one, and nothing of the remote is moved."""
+    import fake_trainer
+    from minilmd.daemon.jobs.resumefrom import expectation
+    from minilmd.daemon.jobs.sync import Syncer
+
+    cfg = load_config(write_config(tmp_path, corpus))
+    remote = Path(cfg.run.remote)
+    for step in (10, 20):
+        fake_trainer.save(remote, step, step, cfg, fake_trainer.fingerprints(cfg.data.prepared), keep=3)
+    newest = remote / "step-00000020" / "trainer_state.json"
+    kept = newest.read_bytes()
+    private = tmp_path / "private.json"
+    private.write_bytes(kept)
+    syncer = Syncer(cfg.checkpoint_dir, str(remote), expectation(cfg))
+    assert syncer.peek_latest() == ("step-00000020", [])
+    for plant in ("link", "fifo", "longer"):
+        newest.unlink()
+        if plant == "link":
+            newest.symlink_to(private)
+        elif plant == "fifo":
+            os.mkfifo(newest)
+        else:
+            newest.write_bytes(kept + b" ")
+        name, passed = syncer.peek_latest()
+        assert name == "step-00000010", (plant, passed)
+        assert len(passed) == 1 and passed[0].startswith(f"checkpoint {remote / 'step-00000020'} is invalid: "), \
+            (plant, passed)
+    assert sorted(p.name for p in remote.iterdir()) == ["LATEST", "step-00000010", "step-00000020"]
