@@ -101,10 +101,13 @@ class CheckpointInvalid(CheckpointError):
 class CheckpointMismatch(CheckpointError):
     """Intact, but from a different run: model config, tokenizer or data differ. Resuming from it is refused
     (the trainer turns it into a config or data error), never silently replaced by a fresh start.
-    `kind` is "model", "tokenizer" or "data" (the first difference found)."""
+    `kind` is "model", "tokenizer" or "data" (the first difference found); `differences` names each setting that
+    differs as (what, the checkpoint's, the run's), in words, for a refusal in the user's terms
+    (daemon/jobs/resumefrom.py)."""
 
-    def __init__(self, path, problems, kind: str):
+    def __init__(self, path, problems, kind: str, differences: tuple[tuple[str, str, str], ...] = ()):
         self.kind = kind
+        self.differences = differences
         super().__init__(path, problems)
 
     @property
@@ -280,15 +283,24 @@ def _validate(ckpt_dir: Path, expected: Expectation | None,
     json_parts = {name: data for name in JSON_PARTS if (data := kept.pop(name)) is not None}  # all: always kept
     step = manifest["step"]
     state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
-    problems = contents.structure_problems(state, opt_meta) or contents.step_problems(ckpt_dir, step, state)
-    if problems:
-        raise CheckpointInvalid(ckpt_dir, problems)
-    _check_expectation(ckpt_dir, state, expected)
+    check_recorded(ckpt_dir, state, step, expected, opt_meta)
     shapes = _expected_shapes(ckpt_dir, _model_config(ckpt_dir, state, expected), _lora_config(state, expected))
     problems = contents.tensor_problems(scans, opt_meta, shapes, step)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     return state, manifest, manifest_sha256, scans, kept
+
+
+def check_recorded(ckpt_dir: Path, state: dict, step: int, expected: Expectation | None,
+                   opt_meta: dict | None = None) -> None:
+    """What validation checks of a checkpoint's trainer_state.json (parsed from bytes its manifest vouches for) and
+    optimizer.json: their types, one step (`step`: the manifest's), the model, kernels, corpus and tokenizer it was
+    trained with against `expected`. Also what `run --check` and the launch look at of a remote checkpoint without
+    fetching its tensors (daemon/jobs/fetch.py peek_latest). Raises CheckpointInvalid or CheckpointMismatch."""
+    problems = contents.structure_problems(state, opt_meta or {}) or contents.step_problems(ckpt_dir, step, state)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    _check_expectation(ckpt_dir, state, expected)
 
 
 JSON_PARTS = (TRAINER_STATE, OPTIMIZER_META)
@@ -446,20 +458,23 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
         return
     if expected.model is not None:
         saved = weights_config((state.get("config") or {}).get("model") or {})
-        diff = [f"model.{k}: checkpoint {saved.get(k)!r}, run {expected.model.get(k)!r}"
-                for k in sorted(set(saved) | set(expected.model)) if saved.get(k) != expected.model.get(k)]
-        if diff:
-            raise CheckpointMismatch(ckpt_dir, ["saved by a different model config: " + ", ".join(diff)], "model")
+        keys = [k for k in sorted(set(saved) | set(expected.model)) if saved.get(k) != expected.model.get(k)]
+        if keys:
+            diff = [f"model.{k}: checkpoint {saved.get(k)!r}, run {expected.model.get(k)!r}" for k in keys]
+            raise CheckpointMismatch(ckpt_dir, ["saved by a different model config: " + ", ".join(diff)], "model",
+                                     tuple((f"model.{k}", _toml(saved.get(k)), _toml(expected.model.get(k)))
+                                           for k in keys))
         lora = contents.saved_lora(state)
         if lora != expected.lora:
-            raise CheckpointMismatch(ckpt_dir, [f"saved with [lora] {contents.lora_text(lora)}, the run has "
-                                                f"{contents.lora_text(expected.lora)}"], "model")
+            was, now = contents.lora_text(lora), contents.lora_text(expected.lora)
+            raise CheckpointMismatch(ckpt_dir, [f"saved with [lora] {was}, the run has {now}"], "model",
+                                     (("[lora]", was, now),))
     if expected.doc_mask is not None:
         saved_mask = ((state.get("config") or {}).get("data") or {}).get("doc_mask", False)
         if saved_mask != expected.doc_mask:
             raise CheckpointMismatch(ckpt_dir, [f"saved with data.doc_mask = {str(saved_mask).lower()}, the run has "
                                                 f"{str(expected.doc_mask).lower()} (the attention it trained with)"],
-                                     "model")
+                                     "model", (("data.doc_mask", _toml(saved_mask), _toml(expected.doc_mask)),))
     _check_kernels(ckpt_dir, state, expected)
     prints = state.get("fingerprints") or {}
     for kind, want in (("tokenizer", expected.tokenizer_fingerprint), ("data", expected.data_fingerprint)):
@@ -467,7 +482,8 @@ def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None
             continue  # saved on an earlier version of this corpus: it only grew
         if want is not None and prints.get(kind) != want:
             raise CheckpointMismatch(ckpt_dir, [f"{kind} fingerprint differs: checkpoint {prints.get(kind)!r}, "
-                                                f"run {want!r} (a different {kind} than this run uses)"], kind)
+                                                f"run {want!r} (a different {kind} than this run uses)"], kind,
+                                     ((f"{kind} fingerprint", str(prints.get(kind)), want),))
 
 
 def _check_kernels(ckpt_dir: Path, state: dict, expected: Expectation) -> None:
@@ -476,7 +492,8 @@ def _check_kernels(ckpt_dir: Path, state: dict, expected: Expectation) -> None:
     if expected.deterministic is not None and isinstance(saved_det, bool) and saved_det != expected.deterministic:
         raise CheckpointMismatch(ckpt_dir, [f"saved with train.deterministic = {str(saved_det).lower()}, the run has "
                                             f"{str(expected.deterministic).lower()} (whether the run is bit-exact "
-                                            f"on the GPU is decided at its start and kept)"], "model")
+                                            f"on the GPU is decided at its start and kept)"], "model",
+                                 (("train.deterministic", _toml(saved_det), _toml(expected.deterministic)),))
     found = state.get("kernels")
     kernels: dict = found if isinstance(found, dict) else {}
     saved_attention = kernels.get("attention")
@@ -485,4 +502,12 @@ def _check_kernels(ckpt_dir: Path, state: dict, expected: Expectation) -> None:
         raise CheckpointMismatch(ckpt_dir, [f"trained with attention kernel {saved_attention!r}"
                                             f"{f' ({how})' if how else ''}, the run forces model.attention = "
                                             f"{expected.attention!r}: a resume must not change kernels (set "
-                                            f"model.attention = \"auto\" to keep {saved_attention!r})"], "model")
+                                            f"model.attention = \"auto\" to keep {saved_attention!r})"], "model",
+                                 (("model.attention", _toml(saved_attention), _toml(expected.attention)),))
+
+
+def _toml(value) -> str:
+    """A setting's value as the config spells it (true, "flash", 64), for CheckpointMismatch.differences."""
+    if value is None:
+        return "unset"
+    return str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else str(value)
