@@ -158,7 +158,7 @@ def expect(attention: str | None = None, deterministic: bool = True) -> Expectat
 
 
 def test_a_resume_keeps_the_kernels_or_is_refused_with_the_reason(tmp_path):
-    check = ck._check_expectation
+    check = ck.check_expectation
     check(tmp_path, state_with(True, "flash"), expect())  # auto keeps what was recorded
     check(tmp_path, state_with(True, "flash"), expect("flash"))
     check(tmp_path, state_with(None, None), expect("math"))  # saved before either existed: the run's settings

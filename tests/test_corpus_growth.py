@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from data_helpers import read_texts, write_jsonl
-from minilmd.checkpoint import CheckpointMismatch, Expectation, _check_expectation
+from minilmd.checkpoint import CheckpointMismatch, Expectation, check_expectation
 from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare.append import append
 from minilmd.corpus.prepare.pipeline import prepare
@@ -60,9 +60,9 @@ def test_segments_keep_the_planned_rows(tmp_path, demo_jsonl, tokenizer):
 
     # the checkpoint check: an earlier version of this corpus is accepted, any other data is refused
     exp = Expectation(data_fingerprint=grown.data_fingerprint, data_ancestors=tuple(grown.earlier_versions))
-    _check_expectation(tmp_path, {"fingerprints": {"data": before.data_fingerprint}}, exp)
+    check_expectation(tmp_path, {"fingerprints": {"data": before.data_fingerprint}}, exp)
     with pytest.raises(CheckpointMismatch, match="data fingerprint differs"):
-        _check_expectation(tmp_path, {"fingerprints": {"data": "f" * 64}}, exp)
+        check_expectation(tmp_path, {"fingerprints": {"data": "f" * 64}}, exp)
 
 
 @pytest.mark.slow

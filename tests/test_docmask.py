@@ -185,9 +185,9 @@ def test_checkpoint_records_the_setting_and_refuses_the_other(tmp_path, corpus):
     assert e.value.kind == "model"
     del state["config"]["data"]["doc_mask"]  # a checkpoint from before doc_mask existed: trained without it
     expected = Expectation(model=plain.cfg.model_dict(), doc_mask=False)
-    ck._check_expectation(path, state, expected)
+    ck.check_expectation(path, state, expected)
     with pytest.raises(CheckpointMismatch):
-        ck._check_expectation(path, state, Expectation(model=plain.cfg.model_dict(), doc_mask=True))
+        ck.check_expectation(path, state, Expectation(model=plain.cfg.model_dict(), doc_mask=True))
 
 
 def run_train(config: Path, *sets: str, **env) -> tuple[int, str]:
