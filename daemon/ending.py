@@ -2,7 +2,7 @@
 
 The `Supervisor`'s own methods (daemon/supervisor.py), kept here as a mixin so that the loop and its ending read
 apart. `stopping` is entered on a stop request, a finished trainer, a final decision or a full run.dir: the trainer
-gets SIGTERM (SIGKILL after restart.hang_timeout), a staging copy still running is waited for a bounded time, then
+gets SIGTERM (SIGKILL after the save grace), a staging copy still running is waited for a bounded time, then
 the last sync; its outcome decides `done` or `failed` (and a preempted Slurm job's requeue). At exit, whatever
 phase: a trainer still there is killed, the GPU lease released, a final failure's staged inputs given back, the
 run's files closed and the lock released. Torch-free.
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 from minilmd import names, protocol, scratch
 from minilmd.config import RunConfig
-from minilmd.config_values import parse_duration
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import EventLog, RunState, now
 from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
+from minilmd.daemon.child.grace import save_grace
 from minilmd.daemon.child.process import Child
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
@@ -80,7 +80,7 @@ class Ending:
         if child is not None:
             rc = child.poll()
             if rc is None:
-                patience = parse_duration(self.cfg.restart.hang_timeout)
+                patience = save_grace(self.cfg)
                 if child.killed_at is not None:
                     trainerwatch.report_unreaped(child, self.events.emit)
                 elif now() - (child.stop_sent or now()) > patience:
@@ -148,7 +148,7 @@ class Ending:
         child = self.child
         if child is not None and child.poll() is None:
             if child.killed_at is None:
-                child.kill_group(grace=30, while_waiting=self.notifier.watchdog)
+                child.kill_group(grace=save_grace(self.cfg), while_waiting=self.notifier.watchdog)
             if child.poll() is None:
                 self.events.emit("kill", f"trainer pid {child.pid} is not reaped after SIGKILL (uninterruptible "
                                          f"I/O?): exiting without it", pid=child.pid)

@@ -42,6 +42,7 @@ from minilmd.daemon.base.statesections import ChildInfo, Restart
 from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.grace import save_grace
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.child.process import Child, Death
 from minilmd.daemon.ending import Ending
@@ -136,7 +137,7 @@ class Supervisor(Ending):
                 message = f"supervisor error: {e}"
                 self.exit_status = 1
             if self.child and self.child.poll() is None:
-                self.child.kill_group(grace=60, while_waiting=self.notifier.watchdog)
+                self.child.kill_group(grace=save_grace(self.cfg), while_waiting=self.notifier.watchdog)
             self.state.record_error(message)
         finally:
             self._shutdown(lock)

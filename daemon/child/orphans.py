@@ -78,7 +78,7 @@ def find_orphans(run_dir: Path) -> list[int]:
     return [pid for pid, _ in _orphans(run_dir)[1]]
 
 
-def terminate_orphans(run_dir: Path, grace: float = 30.0, while_waiting=None) -> list[int]:
+def terminate_orphans(run_dir: Path, grace: float, while_waiting=None) -> list[int]:
     """SIGTERM each process of find_orphans(run_dir) (the trainer saves and exits), then SIGKILL what is left after
     grace, and whatever of the trainer's appeared meanwhile. They are not our children (their parent died), so we
     poll /proc instead of waiting. Each process is signalled by itself, through a pidfd opened and checked against

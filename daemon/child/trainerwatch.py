@@ -18,6 +18,7 @@ from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache, orphans, stackdump
 from minilmd.daemon.child import process as childmod
+from minilmd.daemon.child.grace import save_grace
 from minilmd.daemon.child.process import Child, Death
 
 STARTUP_GRACE_S = 60.0
@@ -32,7 +33,7 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
     pids = orphans.find_orphans(run_dir)
     if not pids:
         return
-    grace = min(parse_duration(cfg.restart.hang_timeout), 300.0)
+    grace = save_grace(cfg)
     emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
                    f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
     orphans.terminate_orphans(run_dir, grace=grace, while_waiting=watchdog)

@@ -26,9 +26,6 @@ from minilmd.daemon.views.status import _error_context
 from minilmd.dirfd import PlaceRefused
 from minilmd.untrusted import printable
 
-ORPHAN_GRACE_S = 120.0
-"""How long `minilmd stop` lets an orphaned trainer save before it kills it."""
-
 
 def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> int:
     """SIGTERM to the run's supervisor; wait until it exited (the trainer saves, the last sync runs); report.
@@ -151,15 +148,18 @@ def _live_supervisor(run_dir: Path):
 
 def _stop_orphans(run_dir: Path, out) -> int:
     """A supervisor killed with SIGKILL leaves its trainer running: `stop` must stop that one too (it saves on
-    SIGTERM and exits; SIGKILL after the grace). Only the trainer this run recorded, never another process."""
+    SIGTERM and exits; SIGKILL after the grace its supervisor would have given, daemon/child/grace.py). Only the
+    trainer this run recorded, never another process."""
+    from minilmd.daemon.child.grace import orphan_save_grace
     from minilmd.daemon.child.orphans import find_orphans, terminate_orphans
 
     pids = find_orphans(run_dir)
     if not pids:
         return protocol.STOP_DONE
+    grace = orphan_save_grace(run_dir)
     print(f"  trainer process(es) {pids} left by a killed supervisor: SIGTERM (they save first), SIGKILL after "
-          f"{ORPHAN_GRACE_S:.0f}s", file=out, flush=True)
-    terminate_orphans(run_dir, grace=ORPHAN_GRACE_S)
+          f"{grace:.0f}s", file=out, flush=True)
+    terminate_orphans(run_dir, grace=grace)
     left = find_orphans(run_dir)
     print(f"  still running: {left}" if left else "  stopped", file=out)
     return protocol.STOP_FAILED if left else protocol.STOP_DONE
