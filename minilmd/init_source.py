@@ -30,7 +30,6 @@ from pathlib import Path
 from minilmd.config import ConfigError, load_config
 from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
-from minilmd.perms import own_uid
 from minilmd.shared_place import look
 from minilmd.untrusted import file_kind, loads, printable
 
@@ -158,20 +157,25 @@ class PredecessorReport:
 
 def predecessor_state(pred: Predecessor) -> dict:
     """The predecessor's state.json, read as a file of another user (minilmd/untrusted.py: a regular file of its run
-    directory's owner, size and depth bounded, an object): Unreadable otherwise, with `missing` when there is none."""
-    import os
-
+    directory's owner, size and depth bounded, an object), in its run directory opened once (init_place: by that
+    descriptor): Unreadable otherwise, with `missing` when there is none."""
     from minilmd.names import STATE
-    from minilmd.untrusted import Unreadable, read_json
+    from minilmd.untrusted import Unreadable, read_bytes
 
+    path = pred.run_dir / STATE
     try:
-        owner = os.lstat(pred.run_dir).st_uid
+        run_dir = open_named(pred.run_dir)
     except FileNotFoundError:
-        raise Unreadable("missing", pred.run_dir / STATE, missing=True) from None
+        raise Unreadable("missing", path, missing=True) from None
     except OSError as e:
-        raise Unreadable(f"its run directory cannot be read: {e.strerror or e}", pred.run_dir / STATE,
-                         os_error=e) from None
-    return read_json(pred.run_dir / STATE, max_bytes=PREDECESSOR_STATE_MAX_BYTES, owner=(owner, own_uid()))
+        raise Unreadable(f"its run directory cannot be read: {e.strerror or e}", path, os_error=e) from None
+    with run_dir:
+        try:
+            raw = read_bytes(STATE, max_bytes=PREDECESSOR_STATE_MAX_BYTES, owner=owners_of(run_dir),
+                             dir_fd=run_dir.fd)
+        except Unreadable as e:  # said with its whole path
+            raise Unreadable(e.why, path, kind=e.kind, os_error=e.os_error) from None
+    return loads(raw, path=path)
 
 
 def predecessor_report(pred: Predecessor) -> PredecessorReport:
