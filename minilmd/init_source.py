@@ -15,7 +15,9 @@ The fingerprint recorded in the new run's checkpoints: for a checkpoint, the sha
 the sha256 of every file of it, so it names the whole checkpoint) and its step; for a .pth, the file's sha256.
 A source is another user's or another run's file, often on NFS: its manifest and its .pth are read through
 minilmd/untrusted.py (no link followed, never blocked on a FIFO, size bounded: a .pth no bigger than a state dict of
-the run's model can be), and a .pth is hashed and unpickled from the one read (`read_pth`).
+the run's model can be), and a .pth is hashed and unpickled from the one read (`read_pth`). What the named directory
+holds (run.toml, state.json, LATEST, BEST, the step directory they name, manifest.json, trainer_state.json) is walked
+by its descriptor (minilmd/init_place.py): no link followed, no FIFO opened, each file the source owner's or ours.
 """
 from __future__ import annotations
 
