@@ -15,13 +15,15 @@ import time
 from pathlib import Path
 
 from minilmd import names, procs, protocol
+from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, process_alive
 from minilmd.daemon.base.states import SyncState
-from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.base.statesections import StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load
 from minilmd.daemon.views.newest import newest_local
 from minilmd.daemon.views.runarg import resolve_run
 from minilmd.daemon.views.status import _error_context
+from minilmd.dirfd import PlaceRefused
 from minilmd.untrusted import printable
 
 ORPHAN_GRACE_S = 120.0
@@ -49,6 +51,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     if unreadable:
         print(f"{run_dir}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
     state = StateJson.from_dict(raw)
+    request = _leave_request(scope, out)  # before the lock is looked at: a supervisor that takes it later reads it
     try:
         live = _live_supervisor(run_dir)
     except OSError as e:  # supervisor.lock not readable (root squashed on NFS, say)
@@ -60,8 +63,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
                                            f"{printable(outcome.reason)})" if outcome else ""), file=out)
         if outcome is None or outcome.exit not in (0, *protocol.FINAL_EXIT_STATUSES):
-            print("  it ended without finishing, so whatever restarts it may start it again: stop it there (Ctrl-C "
-                  "in the tmux launcher's window run, or `systemctl --user stop minilmd@NAME`)", file=out)
+            _pending_restart_words(request, state.supervisor, out)
         if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
@@ -97,6 +99,38 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.exit if outcome else None} "
           f"({printable(outcome.reason) if outcome else None})", file=out)
     return _checkpoint_report(state, out, always=True)
+
+
+def _leave_request(scope: procs.RunScope, out) -> Path | None:
+    """The stop request a launcher's automatic restart honours (daemon/base/stoprequest.py); None when it could not
+    be written (said)."""
+    try:
+        return stoprequest.leave(scope.run_dir, scope.owner)
+    except (OSError, PlaceRefused) as e:
+        why = printable(str(e.strerror or e if isinstance(e, OSError) else e))
+        print(f"{scope.run_dir}: the stop request cannot be written ({why}): a launcher's restart still to come would "
+              f"start the run", file=out)
+        return None
+
+
+def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> None:
+    """What becomes of a restart still to come, when a run ended without finishing and no supervisor runs; `last`:
+    the supervisor that state.json names (the unit it ran as, when systemd ran it)."""
+    unit = f"`systemctl{' --user' if last.systemd_user else ''} stop {printable(last.systemd_unit)}`" \
+        if last.systemd_unit else "`systemctl --user stop minilmd@NAME`"
+    if request is not None:
+        print(f"  no supervisor is running; the launcher's pending restart will not start the run (the tmux window's "
+              f"restart, a Slurm requeue): stop request left at {request}; a start by hand (`minilmd run`, the tmux "
+              f"launcher, sbatch) clears it", file=out)
+    if last.systemd_unit:
+        print(f"  its supervisor ran under systemd, whose restart of it does not read the request (it cannot be told "
+              f"from a start): stop that unit: {unit}", file=out)
+    elif request is not None:
+        print(f"  under systemd stop the unit as well: {unit} (a restart by systemd cannot be told from "
+              f"`systemctl start`, so it does not read the request)", file=out)
+    else:
+        print(f"  so whatever restarts it may start it again: stop it there (Ctrl-C in the tmux launcher's window "
+              f"run, or {unit})", file=out)
 
 
 def _reread(run_dir: Path, state: StateJson) -> StateJson:
