@@ -15,7 +15,9 @@ The fingerprint recorded in the new run's checkpoints: for a checkpoint, the sha
 the sha256 of every file of it, so it names the whole checkpoint) and its step; for a .pth, the file's sha256.
 A source is another user's or another run's file, often on NFS: its manifest and its .pth are read through
 minilmd/untrusted.py (no link followed, never blocked on a FIFO, size bounded: a .pth no bigger than a state dict of
-the run's model can be), and a .pth is hashed and unpickled from the one read (`read_pth`).
+the run's model can be), and a .pth is hashed and unpickled from the one read (`read_pth`). What the named directory
+holds (run.toml, state.json, LATEST, BEST, the step directory they name, manifest.json, trainer_state.json) is walked
+by its descriptor (minilmd/init_place.py): no link followed, no FIFO opened, each file the source owner's or ours.
 """
 from __future__ import annotations
 
@@ -23,17 +25,18 @@ import errno
 import hashlib
 import io
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_best, read_latest
 from minilmd.config import ConfigError, load_config
-from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE
-from minilmd.perms import own_uid
+from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in
+from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.shared_place import look
-from minilmd.untrusted import read_json
+from minilmd.untrusted import file_kind, loads, printable
 
 _MAX_STATE = 64 << 20
+_MAX_POINTER = 4096
 MAX_MANIFEST_BYTES = 16 << 20
 """The largest checkpoint manifest of an init.from source read (daemon/jobs/initstage.py copies at most as much)."""
 MAX_RECORD_BYTES = 64 << 10
@@ -68,6 +71,11 @@ class InitSource:
     pointer: str | None = None
     """BEST or LATEST when the checkpoint was found through that pointer (a run, a root, a pointer file): said in
     the trainer's "initialised from" line and recorded with the fingerprint; None when named directly."""
+    owners: tuple[int, ...] = field(default=(), compare=False)
+    """Whose files the checkpoint's may be (init_place.owners_of the directory init.from names); () when not
+    resolved here (a staged copy: this run's own)."""
+    identity: tuple[int, int] | None = field(default=None, compare=False)
+    """(device, inode) of the checkpoint directory as resolve opened it: a later read opens that one or none."""
 
 
 @dataclass(frozen=True)
@@ -97,12 +105,21 @@ def predecessor(spec: str) -> Predecessor | None:
 
     path, owners = Path(spec), None
     try:
-        if path.is_dir() and (path / RUN_CONFIG_COPY).is_file():
-            # its supervisor's copy, in a run directory that may be another user's: that user's or ours, as its
-            # state.json (predecessor_state), checked before a byte of it is parsed
-            path, owners = path / RUN_CONFIG_COPY, (os.stat(path).st_uid, own_uid())
-        elif not (path.is_file() and path.suffix == ".toml"):
+        with open_named(path) as run_dir:  # a directory: a run's when it holds its supervisor's copy, run.toml
+            if run_dir.lstat(RUN_CONFIG_COPY) is None:
+                return None
+            # that copy, in a run directory that may be another user's: that user's or ours, as its state.json
+            # (predecessor_state), judged here before load_config reads it (so judged again, before it is parsed)
+            owners = owners_of(run_dir)
+            judge(run_dir, RUN_CONFIG_COPY, owners)
+            path = path / RUN_CONFIG_COPY
+    except NotADirectoryError:
+        if path.suffix != ".toml":
             return None
+    except FileNotFoundError:
+        return None  # resolve says it (not there: unreachable now)
+    except Refused as e:
+        raise InitSourceError(str(e)) from None
     except OSError as e:
         raise _unreadable(e) from None
     try:
@@ -142,20 +159,25 @@ class PredecessorReport:
 
 def predecessor_state(pred: Predecessor) -> dict:
     """The predecessor's state.json, read as a file of another user (minilmd/untrusted.py: a regular file of its run
-    directory's owner, size and depth bounded, an object): Unreadable otherwise, with `missing` when there is none."""
-    import os
-
+    directory's owner, size and depth bounded, an object), in its run directory opened once (init_place: by that
+    descriptor): Unreadable otherwise, with `missing` when there is none."""
     from minilmd.names import STATE
-    from minilmd.untrusted import Unreadable, read_json
+    from minilmd.untrusted import Unreadable, read_bytes
 
+    path = pred.run_dir / STATE
     try:
-        owner = os.lstat(pred.run_dir).st_uid
+        run_dir = open_named(pred.run_dir)
     except FileNotFoundError:
-        raise Unreadable("missing", pred.run_dir / STATE, missing=True) from None
+        raise Unreadable("missing", path, missing=True) from None
     except OSError as e:
-        raise Unreadable(f"its run directory cannot be read: {e.strerror or e}", pred.run_dir / STATE,
-                         os_error=e) from None
-    return read_json(pred.run_dir / STATE, max_bytes=PREDECESSOR_STATE_MAX_BYTES, owner=(owner, own_uid()))
+        raise Unreadable(f"its run directory cannot be read: {e.strerror or e}", path, os_error=e) from None
+    with run_dir:
+        try:
+            raw = read_bytes(STATE, max_bytes=PREDECESSOR_STATE_MAX_BYTES, owner=owners_of(run_dir),
+                             dir_fd=run_dir.fd)
+        except Unreadable as e:  # said with its whole path
+            raise Unreadable(e.why, path, kind=e.kind, os_error=e.os_error) from None
+    return loads(raw, path=path)
 
 
 def predecessor_report(pred: Predecessor) -> PredecessorReport:
@@ -230,49 +252,95 @@ def _resolve(spec: str, checkpoint: str) -> InitSource:
                                         f"checkpoints, is {found}")
         spec = str(pred.root)
     try:
-        path = named_checkpoint(spec)
-    except PointerError as e:
+        return _in_place(Path(spec), checkpoint)
+    except Refused as e:
         raise InitSourceError(str(e)) from None
-    pointer = Path(spec).name if path != Path(spec) else None
-    if path.is_file():
-        if path.suffix != ".pth":
-            raise InitSourceError("a file, but not a MiniMind .pth (give a checkpoint directory, a checkpoint root "
-                                  "with LATEST, its LATEST or BEST, or a .pth)")
-        return InitSource("minimind", path)
-    if not path.is_dir():
-        if os.path.exists(path):  # a FIFO, a socket, a device: there, and no source
-            raise InitSourceError("neither a file nor a directory")
-        raise InitSourceUnreachable("no such file or directory")  # not there (yet, or any more: a share gone)
-    if (path / MANIFEST).is_file():
-        return InitSource("checkpoint", path, pointer)
-    return _from_root(path, checkpoint)
 
 
-def _from_root(root: Path, checkpoint: str) -> InitSource:
+def _in_place(path: Path, checkpoint: str) -> InitSource:
+    """The source at `path`, walked by descriptor (minilmd/init_place.py): a checkpoint directory, a root, or a
+    file (a .pth, a pointer) in the directory the config names."""
+    try:
+        named = open_named(path)
+    except NotADirectoryError:
+        return _named_file(path)
+    except FileNotFoundError:
+        raise InitSourceUnreachable("no such file or directory") from None  # not there (yet, or a share gone)
+    with named:
+        owners = owners_of(named)
+        if named.lstat(MANIFEST) is not None:
+            judge(named, MANIFEST, owners)
+            return InitSource("checkpoint", path, None, owners, named.identity)
+        return _from_root(named, checkpoint, owners)
+
+
+def _named_file(path: Path) -> InitSource:
+    """A file init.from names: a pointer (ROOT/LATEST, ROOT/BEST: the checkpoint it names) or a MiniMind .pth;
+    looked at in its directory without following a link."""
+    with open_named(path.parent) as parent:
+        if path.name in (LATEST, BEST):
+            return _pointed(parent, path.name, owners_of(parent))
+        st = parent.lstat(path.name)
+        if st is None:
+            raise InitSourceUnreachable("no such file or directory")
+        if stat.S_ISLNK(st.st_mode):
+            raise InitSourceError(f"{printable(path)} is a symbolic link: not followed")
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, a socket, a device: there, and no source
+            raise InitSourceError(f"neither a file nor a directory ({file_kind(st.st_mode)})")
+    if path.suffix != ".pth":
+        raise InitSourceError("a file, but not a MiniMind .pth (give a checkpoint directory, a checkpoint root "
+                              "with LATEST, its LATEST or BEST, or a .pth)")
+    return InitSource("minimind", path)
+
+
+def _pointed(root, pointer: str, owners: tuple[int, ...]) -> InitSource:
+    """The checkpoint the pointer file `pointer` in `root` (an init_place Dir) names: a step directory of the
+    root's (no link, its owner's or ours) holding a manifest.json of the same."""
+    name = read_in(root, pointer, _MAX_POINTER, owners).decode("utf-8", errors="replace").strip()
+    if not is_step_name(name):
+        raise InitSourceError(f"{printable(root.path / pointer)} names no checkpoint ({printable(repr(name))[:80]}, "
+                              f"not a step-XXXXXXXX name)")
+    none = InitSourceError(f"its {pointer} names {name}, which holds no {MANIFEST}")
+    try:
+        step = open_dir_in(root, name, owners)
+    except FileNotFoundError:
+        raise none from None
+    with step:
+        if step.lstat(MANIFEST) is None:
+            raise none
+        judge(step, MANIFEST, owners)
+        return InitSource("checkpoint", root.path / name, pointer, owners, step.identity)
+
+
+def _from_root(root, checkpoint: str, owners: tuple[int, ...]) -> InitSource:
     """The checkpoint of a root init.checkpoint chooses: BEST (when there is one, with "best"), else LATEST."""
-    best = read_best(root) if checkpoint == "best" else None
-    if best is not None:
+    if checkpoint == "best" and root.lstat(BEST) is not None:
         try:
-            return InitSource("checkpoint", named_checkpoint(root / BEST), BEST)
-        except PointerError as e:
+            return _pointed(root, BEST, owners)
+        except InitSourceError as e:
             raise InitSourceError(f"{e} (init.checkpoint = \"last\" takes its LATEST instead)") from None
-    latest = read_latest(root)
-    if latest is None:
+    if root.lstat(LATEST) is None:
         raise InitSourceError(f"a directory without {MANIFEST} (not a checkpoint) and without LATEST (not a "
                               "checkpoint root)")
-    if not (root / latest / MANIFEST).is_file():
-        raise InitSourceError(f"its LATEST names {latest}, which holds no {MANIFEST}")
-    return InitSource("checkpoint", root / latest, LATEST)
+    return _pointed(root, LATEST, owners)
 
 
 def source_model(source: InitSource) -> dict | None:
-    """The model config a checkpoint source records; None for a .pth (it records none)."""
+    """The model config a checkpoint source records; None for a .pth (it records none). Its trainer_state.json is
+    read in the directory resolve opened (the same one, or refused), as a file of the source's owner or ours."""
     if source.kind != "checkpoint":
         return None
     try:
-        state = read_json(source.path / TRAINER_STATE, max_bytes=_MAX_STATE)
-        model = state["config"]["model"]
-    except (ValueError, KeyError, TypeError) as e:  # Unreadable (a ValueError): missing, too deep, not an object
+        with open_named(source.path) as ckpt:
+            if source.identity is not None and ckpt.identity != source.identity:
+                raise InitSourceUnreachable(f"{source.path}: replaced since it was looked at (rewritten now?)")
+            raw = read_in(ckpt, TRAINER_STATE, _MAX_STATE, source.owners or owners_of(ckpt))
+        model = loads(raw, path=source.path / TRAINER_STATE)["config"]["model"]
+    except Refused as e:
+        raise InitSourceError(str(e)) from None
+    except OSError as e:
+        raise _unreadable(e) from None
+    except (ValueError, KeyError, TypeError) as e:  # Unreadable (a ValueError): too deep, not an object
         raise InitSourceError(f"{source.path / TRAINER_STATE}: no readable config.model ({e})") from None
     if not isinstance(model, dict):
         raise InitSourceError(f"{source.path / TRAINER_STATE}: config.model is not a table")
@@ -307,7 +375,7 @@ def fingerprint(source: InitSource, model: dict | None = None) -> dict:
         from minilmd.untrusted import Unreadable, loads, read_bytes
 
         try:  # another user's manifest, read once (a FIFO, /dev/zero or 60 KB of `[` is refused) and hashed as read
-            raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+            raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES, owner=source.owners or None)
             manifest = loads(raw, path=source.path / MANIFEST)
         except Unreadable as e:
             raise _untrusted_failure(e) from None
