@@ -111,7 +111,7 @@ class Ending:
             self.ended = protocol.ENDED_STOPPED
             self._go(Phase.DONE, self.stop_reason + (f" ({sync_problem})" if sync_problem else ""))
             if not self.slurm and not self.staging.running and (said := scratch.give_back_unsaved(
-                    self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run)):
+                    self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run, remote_step=self._remote_step())):
                 self.events.emit("scratch", said)
         elif self.room.stopping:
             self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
@@ -161,6 +161,12 @@ class Ending:
         self.notifier.stopping()
         lock.release()
 
+    def _remote_step(self) -> int | None:
+        """The newest step the run has on run.remote, as state.json knows it (kept across starts): what a launch
+        that ended before a checkpoint of its own says is untouched (scratch.give_back_unsaved)."""
+        remote = self.state.remote_checkpoint
+        return remote.step if remote is not None else None
+
     def _release_inputs(self) -> None:
         """A final failure gives the staged inputs back to the machine (scratch.release_inputs): the corpus, the
         probe, init.from's copy. The corpus stays if the last staging trained from it because its source could not
@@ -180,7 +186,7 @@ class Ending:
         if self.cfg.lora.enabled and scratch.holds_checkpoints(self.cfg.scratch_dir):
             keep[INIT_DIR] = "the LoRA base its adapters were trained on (without a copy on run.remote, the only one)"
         if not keep and (done := scratch.give_back_unsaved(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run,
-                                                            ended="failed for good")):
+                                                            "failed for good", self._remote_step())):
             self.events.emit("scratch", done)
             return
         done = scratch.release_inputs(self.cfg.scratch_dir, (names.STAGED_CORPUS, PROBE_DIR, INIT_DIR), self.cfg.run,

@@ -3,7 +3,8 @@
 #
 # Usage: minilmd-tmux.sh [--no-attach] CONFIG [SESSION]
 #   window "run"  (0): minilmd run CONFIG         the supervisor, restarted as the systemd unit restarts it (below)
-#   window "logs" (1): minilmd logs -f RUN_DIR    RUN_DIR is run.dir of CONFIG
+#   window "logs" (1): minilmd logs -f CONFIG     minilmd resolves CONFIG's run.dir as `minilmd run` does (relative to
+#                                                 the config's directory) and waits for the run to appear there
 # SESSION defaults to minilmd-<run.name>, or minilmd-<config file stem> when the config has no run.name.
 # A session started for another config (two run names that differ only in '.', ':' or '_') is refused, exit 2.
 #
@@ -89,7 +90,8 @@ if [[ -z "$python" ]]; then
     [[ -x "$python" ]] || python=python3
 fi
 
-# run.name and run.dir, one per line. Only these two: `minilmd run` itself validates the whole config.
+# run.name and run.dir, one per line. Only these two: `minilmd run` itself validates the whole config. run.dir is
+# only checked to be set here: where it is, a relative one included, is minilmd's to say (window "logs" is given CONFIG).
 read_run_section='
 import sys
 try:
@@ -109,7 +111,6 @@ print(run.get("dir", ""))
 run_section=$("$python" -c "$read_run_section" "$config") || exit 2
 { read -r run_name || true; read -r run_dir || true; } <<<"$run_section"
 [[ -n "$run_dir" ]] || die "$config: run.dir is not set (the local run directory); check it with: minilmd run --check $config" 2
-[[ "$run_dir" == /* ]] || run_dir="$PWD/$run_dir"  # the supervisor runs in this directory too (-c below)
 
 session=${args[1]:-minilmd-${run_name:-$(basename -- "$config" .toml)}}
 session=${session//[.:]/_}  # tmux does not allow '.' or ':' in session names
@@ -131,7 +132,7 @@ done < <(tm show-environment -g 2>/dev/null || true)
 prefix=()
 (( ${#passenv[@]} + ${#unset_env[@]} )) && prefix=(env "${unset_env[@]}" "${passenv[@]}")
 run_cmd=("${prefix[@]}" "$exe" run "$config")
-logs_cmd=("${prefix[@]}" "$exe" logs -f "$run_dir")
+logs_cmd=("${prefix[@]}" "$exe" logs -f "$config")  # run.dir as the supervisor resolves it (daemon/views/runarg.py)
 
 # Window "run"'s command: run_cmd, started again while it fails as the unit would start it again (the header). It
 # runs inside the tmux server, so it is self-contained: this function's text, its settings as arguments. Its restarts

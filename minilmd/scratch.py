@@ -426,21 +426,27 @@ def release_inputs(scratch: Path, names: tuple[str, ...], run, keep: dict[str, s
     return "; ".join(said + notes)
 
 
-def give_back_unsaved(scratch: Path, run_dir: Path, run, ended: str = "stopped") -> str | None:
+def give_back_unsaved(scratch: Path, run_dir: Path, run, ended: str = "stopped",
+                      remote_step: int | None = None) -> str | None:
     """The end of a stopped run (or, `ended`="failed for good", a final failure) whose scratch holds no checkpoint
     (it ended before it trained, or before its first save; or before staging: its marker alone): remove the
     scratch, which holds nothing but its marker and copies (a staged corpus, a probe split, init.from's weights:
     each stays where it was staged from), so that it does not hold /dev/shm's RAM until the run is started again.
     Anything under checkpoints/ (a checkpoint, a save in progress, quarantine) keeps all of it, and so does
     `run.keep_scratch`: None, nothing to say. Only a scratch this process claimed (ensure_held), of this
-    user and marked for this run (remove_own), is removed; else it is left and the answer says why."""
+    user and marked for this run (remove_own), is removed; else it is left and the answer says why.
+    `remote_step`: the newest step the run has on run.remote (the supervisor's state), which the words name as
+    untouched: a launch that ended before a checkpoint of its own lost none of the run's."""
     if run.keep_scratch or _lstat(scratch) is None or holds_checkpoints(scratch):
         return None
     try:
         ensure_held(scratch)
     except (ScratchChanged, ScratchRefused) as e:
         return f"left {scratch} alone: {'; '.join(e.problems)}"
-    return _remove_said(scratch, run_dir, f"the run {ended} before its first checkpoint")
+    why = f"the run {ended} before its first checkpoint" if remote_step is None else \
+        f"this launch {ended} before writing a checkpoint of its own; the run's checkpoints on run.remote (newest " \
+        f"step {remote_step}) are untouched"
+    return _remove_said(scratch, run_dir, why)
 
 
 def holds_checkpoints(scratch: Path) -> bool:

@@ -138,7 +138,7 @@ def test_launcher_starts_supervisor_and_logs_once_and_restarts_an_ended_supervis
     by_argv = {r["argv"][0]: r for r in records}
     assert len(records) == 2 and set(by_argv) == {"run", "logs"}
     assert by_argv["run"]["argv"] == ["run", str(config)]
-    assert by_argv["logs"]["argv"] == ["logs", "-f", str(run_dir)]
+    assert by_argv["logs"]["argv"] == ["logs", "-f", str(config)]  # minilmd resolves its run.dir
     # the supervisor runs under window run's restart loop (its pane's process); logs is the pane's process itself
     assert by_argv["run"]["ppid"] == pid_of["run"] and by_argv["logs"]["pid"] == pid_of["logs"]
     assert by_argv["run"]["fault"] == "oom@3"  # MINILMD_* reaches the supervisor through the tmux server
@@ -183,9 +183,10 @@ def test_launcher_names_the_session_from_the_file_or_the_argument_and_resolves_p
     records = launcher.records(4)
     assert [name for _, name, _, _ in launcher.windows("minilmd-nameless")] == ["run", "logs"]
     assert [name for _, name, _, _ in launcher.windows("mine")] == ["run", "logs"]
-    # relative paths become absolute (a tmux server has its own working directory); the windows start in cwd
+    # the config's path becomes absolute (a tmux server has its own working directory); the windows start in cwd;
+    # window logs gets the config: its relative run.dir is minilmd's to resolve (tests/test_deploy_audit.py)
     assert {tuple(r["argv"]) for r in records} == {("run", str(work / "nameless.toml")),
-                                                  ("logs", "-f", str(work / "runs" / "x"))}
+                                                  ("logs", "-f", str(work / "nameless.toml"))}
     assert {r["cwd"] for r in records} == {str(work)}
 
 

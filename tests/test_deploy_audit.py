@@ -71,3 +71,35 @@ def test_a_second_run_whose_name_maps_to_the_same_session_is_refused_not_reporte
     assert len(launcher.records(2)) == 2  # nothing started for the second config
     assert launcher("--no-attach", str(second), "minilmd-exp_1-b").returncode == 0
     assert [r["argv"][1] for r in launcher.records(4) if r["argv"][0] == "run"] == [str(first), str(second)]
+
+
+@pytest.mark.slow
+def test_the_logs_window_follows_the_run_dir_the_supervisor_uses_when_run_dir_is_relative(tmp_path, corpus,
+                                                                                           tmux_root):
+    """A relative run.dir is relative to the config's directory (docs/operations.md). The launcher run from another
+    directory joined it onto its own: window logs waited for ever on `CWD/runs/tmux` ("no such directory / waiting
+    for it to become a run") while the supervisor ran in `CONFIG_DIR/runs/tmux`."""
+    root, socket = tmux_root
+    project = tmp_path / "relproj"
+    project.mkdir()
+    config = write_config(project, corpus, name="tmux", remote=False, run={"dir": "runs/tmux"},
+                          train={"max_steps": 3, "checkpoint_every": 3})
+    run_dir = project / "runs" / "tmux"
+    env = env_for(FAKE_STEP_S="0.05", MINILMD=str(MINILMD), MINILMD_TMUX_SOCKET=socket, TMUX_TMPDIR=str(root))
+    env = {k: v for k, v in env.items() if k != "TMUX"}
+    out = subprocess.run(["bash", str(LAUNCHER), "--no-attach", str(config.relative_to(tmp_path))], capture_output=True,
+                         text=True, timeout=120, env=env, stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    wait_until(lambda: (run_dir / "state.json").exists() and state(run_dir)["phase"] == "done", 120,
+               "the supervisor to run in CONFIG_DIR/runs/tmux to its end")
+    wait_until(lambda: lock_holder(run_dir) is None, 60, "the supervisor to exit")
+
+    def logs_screen() -> str:
+        return subprocess.run(["tmux", "-L", socket, "capture-pane", "-p", "-J", "-S", "-", "-t",
+                               "=minilmd-tmux:logs"], capture_output=True, text=True, timeout=30, env=env).stdout
+
+    followed = f"==> {run_dir / 'supervisor.log'} <=="
+    wait_until(lambda: followed in logs_screen(), 60, "window logs to follow the supervisor's run directory")
+    assert f"{tmp_path / 'runs'}" not in logs_screen()  # never waited on the shell's directory
+    assert not (tmp_path / "runs").exists()  # nothing ran beside the shell's directory
+

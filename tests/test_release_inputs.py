@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.protocol import FINAL_EXIT_STATUSES, SUPERVISOR_GAVE_UP
 from supervisor_helpers import events, run_supervisor, write_config
@@ -74,3 +75,23 @@ def test_a_lora_run_that_fails_for_good_keeps_its_staged_base_and_says_why(tmp_p
     assert (cfg.scratch_dir / "init" / "weights.pth").is_file() and not (cfg.scratch_dir / "corpus").exists()
     said = _scratch_said(cfg.run_dir)
     assert any(f"kept the staged init in {cfg.scratch_dir}: the LoRA base" in m for m in said), said
+
+
+def test_a_relaunch_that_fails_for_good_before_its_own_checkpoint_says_the_remote_ones_are_untouched(tmp_path,
+                                                                                                    corpus):
+    """Found in review: a run with steps on run.remote, started again with a config refused at staging, removed its
+    empty scratch saying `the run failed for good before its first checkpoint`: it read as work lost. Nothing was:
+    the words say what the run has (the remote step state.json knows)."""
+    config = write_config(tmp_path, corpus, run={"keep_scratch": False})
+    cfg = load_config(config)
+    assert run_supervisor(config, tmp_path) == 0
+    assert not cfg.scratch_dir.exists()  # given back after the last sync: the checkpoints are on the remote alone
+    other = write_config(tmp_path, corpus, run={"keep_scratch": False}, model={"hidden_size": 64},
+                         train={"max_steps": 40})
+    status = run_supervisor(other, tmp_path)
+    assert status in FINAL_EXIT_STATUSES, (status, (tmp_path / "supervisor.out").read_text()[-3000:])
+    assert not cfg.scratch_dir.exists()  # it held the marker and the staged corpus alone
+    last = _scratch_said(cfg.run_dir)[-1]
+    assert last.startswith(f"removed {cfg.scratch_dir}: this launch failed for good before writing a checkpoint of "
+                           f"its own; the run's checkpoints on run.remote (newest step 30) are untouched"), last
+    assert checkpoint.read_latest(Path(cfg.run.remote)) == "step-00000030"  # and so they are

@@ -20,6 +20,7 @@ import pytest
 from deploy_helpers import MINILMD, launcher  # noqa: F401 - the fixture
 from minilmd import names, protocol
 from minilmd.daemon.base import stoprequest
+from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.lock import lock_holder
 from minilmd.daemon.views import stop as views_stop
@@ -226,3 +227,54 @@ def test_a_request_of_another_user_is_neither_honoured_nor_removed(tmp_path):
     request, problem = stoprequest.read(tmp_path)
     assert request is None and problem and f"owned by uid {uid}" in problem, problem
     assert stoprequest.clear(tmp_path) and planted.exists()
+
+
+@pytest.mark.parametrize("outcome", [None, {"time": 1, "exit": 1, "reason": "crashed"}], ids=["killed", "failed"])
+def test_stop_of_a_tmux_or_slurm_run_names_no_unit_to_stop(tmp_path, outcome):
+    """Every tmux run (and a Slurm one) records no systemd unit: `stop` printed `under systemd stop the unit as
+    well: systemctl --user stop minilmd@NAME` for them all, a hint that did not apply."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    st = {"run": "tiny", "phase": "training", "outcome": outcome, "supervisor": {"pid": None}}
+    (run_dir / names.STATE).write_text(json.dumps(st))
+    out = io.StringIO()
+    assert views_stop.stop(run_dir, out=out) == protocol.STOP_DONE
+    said = out.getvalue()
+    assert "systemd" not in said and "systemctl" not in said, said
+    assert f"stop request left at {run_dir / names.STOP_REQUEST}" in said, said
+
+
+@pytest.mark.slow
+def test_status_says_a_stop_request_is_left_until_a_start_by_hand_clears_it(tmp_path, corpus):
+    """`minilmd stop` of a live supervisor leaves the request too, and it stays after that supervisor's end: an
+    automatic restart will not start the run. `minilmd status` did not say so; now it does, until a start by hand
+    clears it."""
+    config = write_config(tmp_path, corpus, name="st", train={"max_steps": 40, "checkpoint_every": 5})
+    run_dir = tmp_path / "st" / "run"
+    proc = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
+    try:
+        wait_until(lambda: step_of_state(run_dir) >= 2, 120, "the trainer to train")
+        stopped = stop(run_dir)
+        assert stopped.returncode == protocol.STOP_DONE, stopped.stdout + stopped.stderr
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    request, _ = stoprequest.read(run_dir)
+    assert request is not None and request.time is not None
+
+    shown = status(run_dir)
+    assert (f"stop requested at {fmt_time(request.time)} by uid {os.getuid()} on " in shown and
+            "an automatic restart will not start the run" in shown and "a start by hand clears it" in shown), shown
+    assert "systemd" not in shown, shown  # this supervisor did not run under systemd
+
+    assert run_supervisor(config, tmp_path, FAKE_STEP_S="0") == 0  # by hand: clears it
+    assert "stop requested" not in status(run_dir)
+
+
+def status(run_dir: Path) -> str:
+    out = subprocess.run([sys.executable, "-m", "minilmd.cli", "status", str(run_dir)], capture_output=True,
+                         text=True, timeout=120, env=env_for())
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout

@@ -85,6 +85,22 @@ def read(run_dir: Path) -> tuple[StopRequest | None, str | None]:
     return StopRequest(path, float(when) if isinstance(when, (int, float)) else None, by), None
 
 
+def status_line(run_dir: Path, systemd_unit: str = "") -> str | None:
+    """What `minilmd status` says of a request left in run_dir (it stays after the stop it was left by, until a start
+    by hand): None when there is none. `systemd_unit`: the unit the run's supervisor ran as (state.json), whose
+    restarts do not read the request."""
+    request, problem = read(run_dir)
+    if problem:
+        return f"  {problem}: not honoured"
+    if request is None:
+        return None
+    when = f"at {fmt_time(request.time)}" if request.time is not None else "(when: unreadable)"
+    by = f" by {request.by}" if request.by else ""
+    unit = f"; systemd's restart of {systemd_unit} does not read it" if systemd_unit else ""
+    return (f"  stop requested {when}{by} (an automatic restart will not start the run: the tmux window's, a Slurm "
+            f"requeue{unit}; a start by hand clears it)")
+
+
 def clear(run_dir: Path) -> str | None:
     """Remove the request; None when removed (or gone), else why it was left (not a regular file of this user's or
     root's: never ours to delete)."""

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from minilmd import names
+from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
@@ -221,6 +222,8 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if not alive:  # no supervisor keeps state.json up to date: what the trainer wrote since (daemon/views/newest.py)
         state = caught_up(run_dir, state)
     lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir)
+    if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it
+        lines.insert(1, request)
     lines += fit_lines(run_dir)
     lines += reproducibility_lines(run_dir, state)  # daemon/views/reproducible.py
     from minilmd.daemon.views.curves import sparkline_line

@@ -113,21 +113,17 @@ def _leave_request(scope: procs.RunScope, out) -> Path | None:
 def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> None:
     """What becomes of a restart still to come, when a run ended without finishing and no supervisor runs; `last`:
     the supervisor that state.json names (the unit it ran as, when systemd ran it)."""
-    unit = f"`systemctl{' --user' if last.systemd_user else ''} stop {printable(last.systemd_unit)}`" \
-        if last.systemd_unit else "`systemctl --user stop minilmd@NAME`"
+    unit = f"`systemctl{' --user' if last.systemd_user else ''} stop {printable(last.systemd_unit)}`"
     if request is not None:
         print(f"  no supervisor is running; the launcher's pending restart will not start the run (the tmux window's "
               f"restart, a Slurm requeue): stop request left at {request}; a start by hand (`minilmd run`, the tmux "
               f"launcher, sbatch) clears it", file=out)
-    if last.systemd_unit:
+    if last.systemd_unit:  # only a run state.json says ran under systemd: never a tmux or Slurm run's
         print(f"  its supervisor ran under systemd, whose restart of it does not read the request (it cannot be told "
               f"from a start): stop that unit: {unit}", file=out)
-    elif request is not None:
-        print(f"  under systemd stop the unit as well: {unit} (a restart by systemd cannot be told from "
-              f"`systemctl start`, so it does not read the request)", file=out)
-    else:
-        print(f"  so whatever restarts it may start it again: stop it there (Ctrl-C in the tmux launcher's window "
-              f"run, or {unit})", file=out)
+    elif request is None:
+        print("  so whatever restarts it may start it again: stop it there (Ctrl-C in the tmux launcher's window "
+              "run)", file=out)
 
 
 def _reread(run_dir: Path, state: StateJson) -> StateJson:
