@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from minilmd import init_source, names
-from minilmd.checkpoint import CheckpointInvalid, read_manifest
+from minilmd.checkpoint import MAX_JSON_PART, CheckpointInvalid, read_manifest
 from minilmd.daemon.jobs import remote, syncworker
 from minilmd.daemon.phases import initwait
 from minilmd.plan import update_share
@@ -78,7 +78,7 @@ def base_with_trainer_state(root: Path, size: int) -> Path:
 
 @pytest.mark.parametrize("size", [(16 << 20) + 1])
 def test_every_reader_of_a_trainer_state_that_validation_accepts_reads_it(tmp_path, size):
-    assert size <= names.TRAINER_STATE_MAX_BYTES  # what validation reads (checkpoint.MAX_JSON_PART)
+    assert size <= MAX_JSON_PART  # validation reads it
     ckpt = base_with_trainer_state(tmp_path, size)
     assert init_source.source_model(init_source.InitSource("checkpoint", ckpt)) == {"hidden_size": 8}
     cfg = SimpleNamespace(init=SimpleNamespace(from_=str(ckpt), checkpoint="last"))
