@@ -6,6 +6,8 @@ Before, the bounds were spelled in each reader, and two formats had readers that
   fingerprinted and staged for init.from, then refused by the trainer's validation of the staged copy.
 - trainer_state.json: validation and init.from read up to 64 MiB, `run --check`'s update share and the lineage
   `status` shows up to 16 MiB: a checkpoint validation accepts had its update share skipped and ended the lineage.
+- tokenizer_config.json: `tokenizer train --chat-template FILE` read it up to 1 MiB, `prepare`'s tokenizer, a
+  checkpoint and an export up to 64 MiB: a template one took, the other refused.
 Each test below writes one file just over the smaller of the old bounds (valid JSON, padded with spaces) and asks
 every reader of it: all refuse it or all read it.
 """
@@ -19,6 +21,7 @@ import pytest
 
 from minilmd import init_source, names
 from minilmd.checkpoint import MAX_JSON_PART, CheckpointInvalid, read_manifest
+from minilmd.corpus import chat, chat_templates
 from minilmd.daemon.jobs import remote, syncworker
 from minilmd.daemon.phases import initwait
 from minilmd.plan import update_share
@@ -84,3 +87,10 @@ def test_every_reader_of_a_trainer_state_that_validation_accepts_reads_it(tmp_pa
     cfg = SimpleNamespace(init=SimpleNamespace(from_=str(ckpt), checkpoint="last"))
     assert update_share.base_rows(cfg) == (ckpt, 56, json.loads((ckpt / names.TRAINER_STATE).read_bytes()))
     assert initwait.lineage(tmp_path) == ["/base.pth (step -, sha256 abababababab)"]
+
+
+def test_a_tokenizer_config_beside_a_tokenizer_is_taken_as_a_chat_template_file_too(tmp_path):
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (tmp_path / names.TOKENIZER_CONFIG).write_bytes(padded({"chat_template": template}, 2 << 20))
+    assert chat.read_tokenizer_config(tmp_path)["chat_template"] == template
+    assert chat_templates.template_text(str(tmp_path / names.TOKENIZER_CONFIG)) == template
