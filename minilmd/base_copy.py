@@ -4,9 +4,9 @@ others write. The daemon fetches it into scratch to resume a run (daemon/jobs/ba
 Remote, which may not be local); `export --merge` and `sample` copy it into a private directory
 (trainer/model/basecopy_read.py, local paths looked at without following a link). Each reads the bytes its own
 way; what the bytes mean is decided here, once:
-- the record (`source.json`) read bounded (MAX_RECORD_BYTES), a JSON object, depth bounded;
+- the record (`source.json`) read bounded (STAGED_RECORD_MAX_BYTES), a JSON object, depth bounded;
 - it is the copy wanted when its `from` is init.from's and its fingerprint the one the checkpoint records;
-- a checkpoint's manifest read bounded (MAX_MANIFEST_BYTES), the very one the record hashes, a valid manifest whose
+- a checkpoint's manifest read bounded (MANIFEST_MAX_BYTES), the very one the record hashes, a valid manifest whose
   file names stay inside the copy and which does not list itself; each file then of the size it lists;
 - a `.pth` of the size its record lists (no hash covers that word), or none for a record from before records held
   it, bounded by the caller's `max_pth` (model_shapes.pth_bound of the model it is for).
@@ -17,8 +17,6 @@ from __future__ import annotations
 import hashlib
 
 from minilmd.checkpoint import manifest_problems
-from minilmd.init_source import MAX_MANIFEST_BYTES as MAX_MANIFEST_BYTES  # the bounds staging reads them by
-from minilmd.init_source import MAX_RECORD_BYTES as MAX_RECORD_BYTES
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, same_source
 from minilmd.names import MANIFEST
 from minilmd.untrusted import Unreadable, loads
@@ -28,7 +26,7 @@ MANIFEST_PATH = f"{STAGED_CHECKPOINT}/{MANIFEST}"
 
 
 def parse_record(raw: bytes, where: str = STAGED_RECORD) -> dict:
-    """The record's bytes (read bounded by MAX_RECORD_BYTES) as a JSON object. Raises Unreadable."""
+    """The record's bytes (read bounded by STAGED_RECORD_MAX_BYTES) as a JSON object. Raises Unreadable."""
     return loads(raw, expect=dict, path=where)
 
 
@@ -45,7 +43,7 @@ def needs_manifest(record: dict) -> bool:
 def listed_files(record: dict, manifest: bytes | None, max_pth: int | None,
                  where: str = "") -> dict[str, tuple[int | None, int | None]]:
     """{each file of the copy but the record and the manifest, relative to it: (the size listed, a bound on the
-    size)}: a checkpoint's from `manifest` (its bytes as read, bounded by MAX_MANIFEST_BYTES: checked here to be
+    size)}: a checkpoint's from `manifest` (its bytes as read, bounded by MANIFEST_MAX_BYTES: checked here to be
     the record's), a `.pth`'s from the record (None: a record from before sizes, bounded by `max_pth`). Raises
     Unreadable naming the file (under `where`, the copy as its caller shows it) when the manifest is not the one the
     record hashes or not a valid one."""

@@ -49,6 +49,7 @@ from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
 from minilmd.names import (
     MANIFEST,
+    MANIFEST_MAX_BYTES,
     MODEL_FILE,
     OPTIMIZER_FILE,
     OPTIMIZER_META,
@@ -57,6 +58,7 @@ from minilmd.names import (
     TOKENIZER_FILE,
     TOKENIZER_MAX_BYTES,
     TRAINER_STATE,
+    TRAINER_STATE_MAX_BYTES,
     step_of,  # noqa: F401  (the tests' name for it)
 )
 from minilmd.safetensors_scan import Scan, scan_safetensors
@@ -79,9 +81,8 @@ REQUIRED_FILES = (MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TRAINER_STATE)
 # "before_prune": the checkpoint saved whole, the older ones not yet pruned.
 KILL_POINTS = ("after_model", "before_manifest", "before_rename", "before_latest")
 
-_MAX_MANIFEST = 1 << 20
-MAX_JSON_PART = 64 << 20
-"""trainer_state.json and optimizer.json: a few hundred KB at the reference size (RNG states, param groups)."""
+MAX_JSON_PART = TRAINER_STATE_MAX_BYTES
+"""trainer_state.json's bound, and optimizer.json's (param groups: smaller still, and read here alone)."""
 TOKENIZER_FILES = {TOKENIZER_FILE: TOKENIZER_MAX_BYTES, TOKENIZER_CONFIG: TOKENIZER_CONFIG_MAX_BYTES}
 """The tokenizer files a checkpoint lists when its run had them, with the most of each kept: validated_weights keeps
 them as hashed (an export copies them, a loader loads them); one listed over its bound is hashed all the same (the
@@ -120,7 +121,7 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> dict:
 def _read_manifest(ckpt_dir: Path) -> tuple[Any, str]:
     """(read_manifest's answer, the sha256 of the bytes it was parsed from: what init.from's record names)."""
     try:
-        raw = read_bytes(ckpt_dir / MANIFEST, max_bytes=_MAX_MANIFEST)
+        raw = read_bytes(ckpt_dir / MANIFEST, max_bytes=MANIFEST_MAX_BYTES)
     except Unreadable as e:
         if e.missing:
             raise CheckpointInvalid(ckpt_dir, f"no {MANIFEST} (an unfinished or partial checkpoint)") from None

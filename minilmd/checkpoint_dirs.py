@@ -15,6 +15,7 @@ from minilmd.names import (
     BEST,
     LATEST,
     MANIFEST,
+    POINTER_MAX_BYTES,
     QUARANTINE,
     REASON_FILE,
     is_step_name,
@@ -25,8 +26,6 @@ from minilmd.names import (
 from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, printable, read_bytes
 
-_MAX_POINTER = 4096
-
 
 class PointerError(ValueError):
     """A pointer file (ROOT/LATEST, ROOT/BEST) that names no checkpoint directory."""
@@ -36,7 +35,7 @@ def read_latest(root: str | os.PathLike, pointer: str = LATEST) -> str | None:
     """The directory name `LATEST` (or another pointer file: BEST) points to, or None when there is none yet (or
     it is not a small regular file: a pointer is written by rename, never a link, a FIFO or a directory)."""
     try:
-        name = read_bytes(Path(root) / pointer, max_bytes=_MAX_POINTER).decode("utf-8").strip()
+        name = read_bytes(Path(root) / pointer, max_bytes=POINTER_MAX_BYTES).decode("utf-8").strip()
     except (Unreadable, UnicodeDecodeError):
         return None
     return name or None

@@ -11,11 +11,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from minilmd.names import CORPUS_META as META
-from minilmd.names import SPLITS
+from minilmd.names import CORPUS_META_MAX_BYTES, SPLITS
 from minilmd.untrusted import DEFAULT_MAX_DEPTH, Unreadable, read_bytes, too_deep
-
-MAX_META_BYTES = 64 << 20
-"""The largest meta.json read (a corpus from elsewhere, another user's or on NFS, may be a link to /dev/zero)."""
 
 FORMAT = "minilmd-prepared"
 VERSION = 1
@@ -47,7 +44,7 @@ def read_meta_hashed(root: str | Path) -> tuple[dict, str]:
     """read_meta, and the sha256 of the very bytes it parsed (what an append records as the previous version's)."""
     path = Path(root) / META
     try:
-        data = read_bytes(path, max_bytes=MAX_META_BYTES)
+        data = read_bytes(path, max_bytes=CORPUS_META_MAX_BYTES)
         meta = loads_meta(data)
     except Unreadable as e:
         if e.missing:
@@ -73,7 +70,7 @@ def read_corpus_meta(prepared: str | Path) -> dict | None:
     """A local prepared corpus's meta.json, or None if it cannot be read (no format check: for what the config
     check and the space estimate take from it before staging)."""
     try:
-        meta = loads_meta(read_bytes(Path(prepared) / META, max_bytes=MAX_META_BYTES))
+        meta = loads_meta(read_bytes(Path(prepared) / META, max_bytes=CORPUS_META_MAX_BYTES))
     except ValueError:  # Unreadable too
         return None
     return meta if isinstance(meta, dict) else None

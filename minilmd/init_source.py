@@ -32,15 +32,13 @@ from pathlib import Path
 from minilmd.config import ConfigError, load_config
 from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
+from minilmd.names import MANIFEST_MAX_BYTES as MAX_MANIFEST_BYTES
+from minilmd.names import POINTER_MAX_BYTES as _MAX_POINTER
+from minilmd.names import STAGED_RECORD_MAX_BYTES as MAX_RECORD_BYTES
+from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
+from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
 from minilmd.shared_place import look
 from minilmd.untrusted import file_kind, loads, printable
-
-_MAX_STATE = 64 << 20
-_MAX_POINTER = 4096
-MAX_MANIFEST_BYTES = 16 << 20
-"""The largest checkpoint manifest of an init.from source read (daemon/jobs/initstage.py copies at most as much)."""
-MAX_RECORD_BYTES = 64 << 10
-"""The largest staged base record (`source.json`) read: a few hundred bytes when it is one."""
 
 
 class InitSourceError(ValueError):
@@ -138,10 +136,6 @@ def predecessor(spec: str) -> Predecessor | None:
     if "://" in remote:
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
     return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict())
-
-
-PREDECESSOR_STATE_MAX_BYTES = 8 << 20
-"""The predecessor's state.json is a few KB; a bigger one is not one (a link to /dev/zero is never opened)."""
 
 
 @dataclass(frozen=True)

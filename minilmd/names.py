@@ -14,6 +14,9 @@ import re
 RUN_CONFIG_COPY = "run.toml"  # the config as the supervisor started it; the trainer's --config
 LOCK = "supervisor.lock"  # flock + {pid, host, since}: one supervisor per run directory
 STATE = "state.json"  # the supervisor's view, rewritten atomically
+STATE_MAX_BYTES = 8 << 20
+"""The largest state.json read (the supervisor's own, `status`, `ls`, a successor run's wait for it): a few KB,
+so a bigger one is not one, and another user's (a link to /dev/zero) is never read far."""
 EVENTS = "events.jsonl"  # one JSON line per supervisor event
 SUPERVISOR_LOG = "supervisor.log"  # the same events, for humans
 ATTEMPT_LOGS = "logs"  # logs/attempt-0001.log ... one per trainer launch
@@ -108,6 +111,9 @@ def determinism_env(deterministic: bool) -> dict[str, str]:
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared
 STAGED_CORPUS_SOURCE = "corpus.source"  # the data.prepared the staged copy was made from (minilmd/shared_place.py)
+STAGED_RECORD_MAX_BYTES = 64 << 10
+"""The largest record of what a staged copy was made from (STAGED_CORPUS_SOURCE: a path; init/source.json,
+minilmd/init_source.py's STAGED_RECORD: a path, a hash and a few fields): a few hundred bytes when it is one."""
 CHECKPOINTS = "checkpoints"  # the local checkpoint root
 STAGING_TMP_PREFIX = ".tmp-corpus-"  # .tmp-corpus-<pid>: a staging in progress
 STAGING_OLD_PREFIX = ".old-corpus-"  # .old-corpus-<pid>: a damaged staged copy whose good files are reused
@@ -128,16 +134,28 @@ def default_scratch(uid: int, run_name: str, base: str = SCRATCH_BASE) -> str:
 # --- A checkpoint root (scratch/checkpoints, or the remote) and one checkpoint ----------------------------------
 LATEST = "LATEST"  # the name of the newest checkpoint, for humans and scripts
 BEST = "BEST"  # the checkpoint of the best validation by early_stop.metric; pruning and retention keep it
+POINTER_MAX_BYTES = 4096
+"""The largest LATEST or BEST read, local or on the remote: a checkpoint's name is some 15 bytes."""
 QUARANTINE = "quarantine"  # quarantine/<name>-<time>/: damaged checkpoints set aside, never deleted
 REASON_FILE = "reason.txt"  # in a quarantined checkpoint: why it was set aside
 TMP_PREFIX = ".tmp-"  # every temporary directory in a checkpoint root
 REMOTE_MARK = ".minilmd-sync"  # in each directory a sync makes in a local remote's root: whose sync made it
 
 MANIFEST = "manifest.json"  # size and sha256 of every other file; written last
+MANIFEST_MAX_BYTES = 1 << 20
+"""The largest manifest.json read by every reader (validation, the sync's remote scan and its size estimate,
+init.from's fingerprint and staging, a base copy): a dozen entries of ~150 bytes, so 1 MiB is thousands of files.
+One bound, so that a manifest one reader accepts no other refuses (init.from staged a copy that the trainer's
+validation then refused, when staging read up to 16 MiB)."""
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_META = "optimizer.json"
 TRAINER_STATE = "trainer_state.json"
+TRAINER_STATE_MAX_BYTES = 64 << 20
+"""The largest trainer_state.json read by every reader (validation, init.from, the update share of `run --check`,
+the lineage `status` shows): the config, RNG states, corpus segments, a few hundred KB. Validation's bound is
+every reader's, so that a checkpoint it accepts is read whole elsewhere too (at 16 MiB the update share and the
+lineage skipped a valid checkpoint's)."""
 DPO_REFERENCE = "dpo_reference.safetensors"
 """A DPO run's reference log-probability sums, in each of its checkpoints (trainer/loop/dpo_reference.py)."""
 DPO_REFERENCE_MAX_BYTES = 1 << 30
@@ -247,6 +265,10 @@ def quarantine_name(name: str, stamp: str, n: int = 1) -> str:
 
 # --- A prepared corpus (the output of `minilmd prepare`) --------------------------------------------------------
 CORPUS_META = "meta.json"  # format, counts, and size + sha256 of every other file
+CORPUS_META_MAX_BYTES = 64 << 20
+"""The largest meta.json read (the corpus's readers, staging, prepare's --force and --append checks): a few KB of
+counts, its file table, an entry per source and per version (`prepare --append`); a corpus from elsewhere (another
+user's, on NFS) may be a link to /dev/zero."""
 CORPUS_TOKENIZER = TOKENIZER_FILE  # the tokenizer the ids came from
 SPLITS = ("train", "val")
 TOKENS = "tokens.bin"  # in each split: uint16 little-endian ids, [BOS] doc [EOS] ...

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from minilmd.fsio import atomic_write_text, is_local_fs
-from minilmd.names import STAGED_CORPUS_SOURCE
+from minilmd.names import STAGED_CORPUS_SOURCE, STAGED_RECORD_MAX_BYTES
 from minilmd.untrusted import Unreadable, file_kind, printable, read_bytes
 
 
@@ -171,14 +171,11 @@ def gone_or_typo(path: str | os.PathLike) -> str:
     return ""
 
 
-MAX_RECORD_BYTES = 64 * 1024
-
-
 def staged_from(scratch_dir: str | os.PathLike) -> str | None:
     """The data.prepared the staged corpus in `scratch_dir` was made from (its record), None when unknown (no
     record: nothing staged, or staged by a version before the record)."""
     try:
-        raw = read_bytes(os.path.join(os.fspath(scratch_dir), STAGED_CORPUS_SOURCE), max_bytes=MAX_RECORD_BYTES)
+        raw = read_bytes(os.path.join(os.fspath(scratch_dir), STAGED_CORPUS_SOURCE), max_bytes=STAGED_RECORD_MAX_BYTES)
     except (Unreadable, OSError):
         return None
     return raw.decode("utf-8", errors="replace")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.daemon.jobs.remote import MANIFEST_MAX_BYTES, Remote
-from minilmd.names import MANIFEST
+from minilmd.daemon.jobs.remote import Remote
+from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES
 from minilmd.untrusted import Unreadable
 
 OURS, THEIRS = b'{"ours": true}', b'{"theirs": true}'

@@ -39,8 +39,6 @@ from minilmd.procs import process_environ, process_start_ticks  # noqa: F401 - h
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, read_json
 
 STATE_VERSION = 1
-STATE_MAX_BYTES = 8 << 20
-"""state.json is a few KB; one that is bigger is not one (a link to /dev/zero is never opened at all)."""
 HEARTBEAT_MAX_BYTES = 4096
 """The heartbeat is "STEP PHASE": more is not a heartbeat."""
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -105,8 +103,8 @@ def state_owners(run_dir: str | os.PathLike) -> tuple[int, ...]:
 
 def load_state(run_dir: str | os.PathLike) -> dict:
     """state.json of run_dir through the hardened reader (minilmd/untrusted.py: a regular file of its owner, at most
-    STATE_MAX_BYTES, a JSON object of bounded depth). Raises Unreadable (`missing` when there is none)."""
-    return read_json(Path(run_dir) / names.STATE, max_bytes=STATE_MAX_BYTES, owner=state_owners(run_dir))
+    names.STATE_MAX_BYTES, a JSON object of bounded depth). Raises Unreadable (`missing` when there is none)."""
+    return read_json(Path(run_dir) / names.STATE, max_bytes=names.STATE_MAX_BYTES, owner=state_owners(run_dir))
 
 
 def read_state(run_dir: str | os.PathLike) -> dict | None:

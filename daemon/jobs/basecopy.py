@@ -22,8 +22,6 @@ from pathlib import Path
 
 from minilmd.base_copy import (
     MANIFEST_PATH,
-    MAX_MANIFEST_BYTES,
-    MAX_RECORD_BYTES,
     copy_of,
     listed_files,
     needs_manifest,
@@ -37,7 +35,7 @@ from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH
 from minilmd.model_shapes import pth_bound
-from minilmd.names import MANIFEST, sync_tmp_name
+from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, STAGED_RECORD_MAX_BYTES, sync_tmp_name
 from minilmd.shared_place import Place, look
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
@@ -53,11 +51,11 @@ def _recorded(staged: Path) -> dict[str, str]:
     """Each file of a staged base, relative to it, with the sha256 its record vouches for (a .pth's directly, a
     checkpoint's through the manifest the record hashes), the record itself last (what makes a copy exist): read
     once, so that a base staged again while it is copied never passes for the one recorded."""
-    raw = read_bytes(staged / INIT_RECORD, max_bytes=MAX_RECORD_BYTES)
+    raw = read_bytes(staged / INIT_RECORD, max_bytes=STAGED_RECORD_MAX_BYTES)
     record = loads(raw, expect=dict)
     if record.get("kind") == "minimind":
         return {STAGED_PTH: str(record.get("sha256")), INIT_RECORD: hashlib.sha256(raw).hexdigest()}
-    listed = read_bytes(staged / STAGED_CHECKPOINT / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+    listed = read_bytes(staged / STAGED_CHECKPOINT / MANIFEST, max_bytes=MANIFEST_MAX_BYTES)
     if hashlib.sha256(listed).hexdigest() != record.get("manifest_sha256"):
         raise BaseCopyError(f"{staged / STAGED_CHECKPOINT / MANIFEST}: not the manifest its record hashes (staged "
                             f"again meanwhile?)")
@@ -113,7 +111,7 @@ def _remote_record(remote: Remote, name: str = REMOTE_BASE) -> bytes | Unreadabl
     """The record of the remote's `init` (or of the copy at `name`), read once: its bytes, None when there is none,
     or what stands there instead (a FIFO, a link, too big: Unreadable)."""
     try:
-        return remote.cat(remote.path(name, INIT_RECORD), MAX_RECORD_BYTES)
+        return remote.cat(remote.path(name, INIT_RECORD), STAGED_RECORD_MAX_BYTES)
     except FileNotFoundError:
         return None
     except Unreadable as e:
@@ -213,7 +211,7 @@ def staged_record_hash(staged: Path | None) -> str | None:
     if staged is None:
         return None
     try:
-        return hashlib.sha256(read_bytes(staged / INIT_RECORD, max_bytes=MAX_RECORD_BYTES)).hexdigest()
+        return hashlib.sha256(read_bytes(staged / INIT_RECORD, max_bytes=STAGED_RECORD_MAX_BYTES)).hexdigest()
     except (OSError, Unreadable):
         return None
 
@@ -247,7 +245,7 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
     word, which no hash covers: `max_pth` (model_shapes.pth_bound of the run's model) bounds it, so that a record
     listing a sparse terabyte never has it downloaded into scratch."""
     try:
-        raw = remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), MAX_RECORD_BYTES)
+        raw = remote.cat(remote.path(REMOTE_BASE, INIT_RECORD), STAGED_RECORD_MAX_BYTES)
     except FileNotFoundError:
         return None
     except Unreadable as e:
@@ -256,7 +254,7 @@ def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lamb
         record = parse_record(raw, remote.show(REMOTE_BASE, INIT_RECORD))
         if not copy_of(record, spec, trained_on):
             return None
-        listed = remote.cat(remote.path(REMOTE_BASE, *_parts(MANIFEST_PATH)), MAX_MANIFEST_BYTES) \
+        listed = remote.cat(remote.path(REMOTE_BASE, *_parts(MANIFEST_PATH)), MANIFEST_MAX_BYTES) \
             if needs_manifest(record) else None
         files = listed_files(record, listed, max_pth, remote.show(REMOTE_BASE))
     except (FileNotFoundError, Unreadable) as e:

@@ -30,19 +30,24 @@ from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
 from minilmd.fsio import atomic_write_json, file_entry_problems, publish_dir, sha256_file
-from minilmd.init_source import MAX_MANIFEST_BYTES
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
 from minilmd.init_source import STAGED_DIR as INIT_DIR
 from minilmd.init_source import STAGED_PTH as INIT_PTH
 from minilmd.init_source import STAGED_RECORD as INIT_RECORD
 from minilmd.init_source import staged_copy as staged_init_source
 from minilmd.init_source import staged_record as read_init_record
-from minilmd.names import CORPUS_META, MANIFEST, SPLITS, STAGING_TMP_PREFIX
+from minilmd.names import (
+    CORPUS_META,
+    CORPUS_META_MAX_BYTES,
+    MANIFEST,
+    MANIFEST_MAX_BYTES,
+    SPLITS,
+    STAGING_TMP_PREFIX,
+)
 from minilmd.untrusted import loads
 
 PROBE_DIR = "probe"
 CHUNK = 8 * 1024 * 1024
-MAX_META_BYTES = 64 * 1024 * 1024
 
 
 def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None) -> tuple[int, str]:
@@ -190,7 +195,7 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None, answered=lambd
     the same meta.json and verifies. `answered()` after each chunk read from the source."""
     root, final = Path(source), scratch / PROBE_DIR
     try:
-        raw = _read_source(root / CORPUS_META, MAX_META_BYTES, "prepared corpus's meta.json")
+        raw = _read_source(root / CORPUS_META, CORPUS_META_MAX_BYTES, "prepared corpus's meta.json")
     except SourceUnreachable as unread:
         why = _probe_meta_missing(root, source) or unread
         if isinstance(why, SourceUnreachable) and (final / CORPUS_META).is_file() and not probe_problems(final):
@@ -321,7 +326,7 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     try:
         if source.kind == "checkpoint":  # a .pth is fingerprinted by the one read that copies it, below
             record = {"from": spec, **fingerprint(source, model)}
-            raw = _read_source(source.path / MANIFEST, MAX_MANIFEST_BYTES, "checkpoint manifest")
+            raw = _read_source(source.path / MANIFEST, MANIFEST_MAX_BYTES, "checkpoint manifest")
             files = manifest_files(loads(raw, expect=None))  # each with its size: what bounds the copy
     except ValueError as e:
         raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
@@ -380,7 +385,7 @@ def space_parts(cfg) -> list[tuple[int, str]]:
     what, parts = needed(cfg), []
     if "probe" in what:
         try:
-            raw = read_bytes(Path(cfg.eval.probe) / CORPUS_META, max_bytes=MAX_META_BYTES)
+            raw = read_bytes(Path(cfg.eval.probe) / CORPUS_META, max_bytes=CORPUS_META_MAX_BYTES)
             files = _val_files(parse_meta(raw, f"{cfg.eval.probe}/{CORPUS_META}"), cfg.eval.probe)
             parts.append((len(raw) + sum(e["size"] for e in files.values()), "for the probe's val split"))
         except (Unreadable, CorpusError, SourceInvalid):
@@ -389,7 +394,7 @@ def space_parts(cfg) -> list[tuple[int, str]]:
         try:
             source = resolve(cfg.init.from_, cfg.init.checkpoint)
             if source.kind == "checkpoint":
-                raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+                raw = read_bytes(source.path / MANIFEST, max_bytes=MANIFEST_MAX_BYTES)
                 entries = manifest_files(loads(raw, path=source.path / MANIFEST)).values()
                 size = len(raw) + sum(e["size"] for e in entries if isinstance(e.get("size"), int))
             else:
@@ -443,9 +448,8 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base
 
 def trained_on(cfg) -> dict | None:
     """The base the newest local checkpoint of a LoRA run was trained on (its trainer_state's init record)."""
-    from minilmd.checkpoint import MAX_JSON_PART  # numpy: only in the staging thread
     from minilmd.checkpoint_dirs import list_checkpoints
-    from minilmd.names import TRAINER_STATE
+    from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES
     from minilmd.untrusted import read_json
 
     try:
@@ -454,7 +458,7 @@ def trained_on(cfg) -> dict | None:
         return None
     for ckpt in reversed(ckpts):
         try:
-            init = read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART).get("init")
+            init = read_json(ckpt / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES).get("init")
         except (OSError, ValueError):  # Unreadable: an older one may still say
             continue
         return init if isinstance(init, dict) else None

@@ -29,10 +29,8 @@ from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.remote_publish import LeftAside, Publishing
 from minilmd.dirfd import Dir
 from minilmd.fsio import table_problems
-from minilmd.names import LATEST, MANIFEST, is_step_name, step_of
+from minilmd.names import LATEST, MANIFEST, MANIFEST_MAX_BYTES, POINTER_MAX_BYTES, is_step_name, step_of
 from minilmd.untrusted import Unreadable, file_kind, loads, open_regular, printable, read_bytes
-
-POINTER_MAX_BYTES, MANIFEST_MAX_BYTES = 4096, 1 << 20  # as a local checkpoint's are read (minilmd/checkpoint.py)
 
 CHUNK = 8 * 1024 * 1024
 

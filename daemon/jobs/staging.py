@@ -35,13 +35,20 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from minilmd import scratch as scratchmod
-from minilmd.corpus_meta import MAX_META_BYTES, CorpusError, listed_files, loads_meta, parse_meta
+from minilmd.corpus_meta import CorpusError, listed_files, loads_meta, parse_meta
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
-from minilmd.names import LOSS_MASK, STAGED_CORPUS, STAGING_OLD_PREFIX, STAGING_TMP_PREFIX, TOKENS
+from minilmd.names import (
+    CORPUS_META_MAX_BYTES,
+    LOSS_MASK,
+    STAGED_CORPUS,
+    STAGING_OLD_PREFIX,
+    STAGING_TMP_PREFIX,
+    TOKENS,
+)
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
 from minilmd.untrusted import Unreadable, open_regular, read_bytes
 
@@ -79,7 +86,7 @@ def verify_staged(path: str | os.PathLike, full_hash: bool = True) -> list[str]:
     quick check of sizes only (a truncated file, the SIGBUS story, shows up there)."""
     root = Path(path)
     try:
-        meta = loads_meta(read_bytes(root / META, max_bytes=MAX_META_BYTES))  # never a FIFO, never too deep
+        meta = loads_meta(read_bytes(root / META, max_bytes=CORPUS_META_MAX_BYTES))  # never a FIFO, never too deep
         files = _listed_files(meta if isinstance(meta, dict) else {}, str(root))
     except Unreadable as e:
         return [f"{root / META}: " + ("missing" if e.missing else f"unreadable ({e.os_error or e.why})")]
@@ -115,7 +122,7 @@ def _earlier_files(old: Path, meta: dict) -> dict[str, dict]:
     """The appendable files of the staged copy at `old` when its meta.json is an earlier version of `meta` (the
     new meta's `versions` chain names its sha256), else {}."""
     try:
-        raw = read_bytes(old / META, max_bytes=MAX_META_BYTES)
+        raw = read_bytes(old / META, max_bytes=CORPUS_META_MAX_BYTES)
         old_meta = loads_meta(raw)
     except (OSError, ValueError):
         return {}
@@ -142,7 +149,7 @@ def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
     """The source's meta.json, raw and parsed. Missing: see `_meta_missing`; an I/O error: SourceUnreachable."""
     try:  # a local source's meta.json as untrusted (minilmd/untrusted.py): never a FIFO or /dev/zero read whole
         path = f"{root}/{META}"
-        raw = read_bytes(path, max_bytes=MAX_META_BYTES) if is_local_fs(fs) else fs.cat_file(path)
+        raw = read_bytes(path, max_bytes=CORPUS_META_MAX_BYTES) if is_local_fs(fs) else fs.cat_file(path)
     except Unreadable as e:  # as cat_file's errors below, but a FIFO, a link, a directory, too big: final
         if e.missing or isinstance(e.os_error, NotADirectoryError):  # a file where the corpus's directory belongs
             raise _meta_missing(fs, root, source) from None

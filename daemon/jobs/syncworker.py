@@ -58,7 +58,7 @@ def checkpoint_bytes(path: Path) -> int | None:
     """A checkpoint's size from its manifest (one small read, no hashing); None if it has no readable one."""
     try:
         manifest_path = path / names.MANIFEST
-        files = loads(read_bytes(manifest_path, max_bytes=1 << 20)).get("files") or {}  # untrusted: bounded
+        files = loads(read_bytes(manifest_path, max_bytes=names.MANIFEST_MAX_BYTES)).get("files") or {}  # untrusted
         return manifest_path.stat().st_size + sum(int(f.get("size") or 0) for f in files.values())
     except (OSError, ValueError, AttributeError, TypeError):  # Unreadable is a ValueError
         return None

@@ -32,12 +32,10 @@ from minilmd.init_source import (
     predecessor_outcome,
     predecessor_report,
 )
-from minilmd.names import BEST, LATEST, TRAINER_STATE, step_name
+from minilmd.names import BEST, LATEST, TRAINER_STATE, TRAINER_STATE_MAX_BYTES, step_name
 from minilmd.probes import bounded_probe
 from minilmd.untrusted import read_json
 
-LINEAGE_STATE_MAX_BYTES = 16 << 20
-"""The largest trainer_state.json `lineage` reads (the checkpoints behind init.from may be other users')."""
 POLL_S = 2.0
 """Time between two reads of the predecessor's state.json."""
 STALE_S = 60.0
@@ -211,7 +209,7 @@ def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:
     path: Path | None = checkpoint_dir / step_name(found[-1]) if found else None
     while path is not None and len(chain) < limit:
         try:
-            init = read_json(path / TRAINER_STATE, max_bytes=LINEAGE_STATE_MAX_BYTES).get("init")
+            init = read_json(path / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES).get("init")
         except ValueError:  # Unreadable: a malformed checkpoint (or another user's FIFO) ends the chain
             break
         if not isinstance(init, dict) or not init:

@@ -31,8 +31,6 @@ COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "resta
 FINAL = ("done", "failed")
 
 
-STATE_MAX_BYTES = 8 << 20
-"""state.json is a few KB; one that is bigger is not one (a link to /dev/zero is never opened at all)."""
 PHASE_WIDTH = 40
 """A phase longer than this is cut in the table: it came from a file that is not what it says."""
 ROW_WAIT_S = 5.0
@@ -51,7 +49,7 @@ def row(entry: registry.Entry, t: float) -> dict:
     if not entry.run_dir.is_dir():
         return {**base, "phase": "vanished", "running": False}
     try:  # another user's file (root's overview reads everyone's): the hardened reader, its owner checked first
-        raw = read_json(entry.run_dir / names.STATE, max_bytes=STATE_MAX_BYTES, owner=entry.uid)
+        raw = read_json(entry.run_dir / names.STATE, max_bytes=names.STATE_MAX_BYTES, owner=entry.uid)
     except Unreadable as e:
         if e.missing:
             return {**base, "phase": "not started", "running": False}

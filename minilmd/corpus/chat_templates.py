@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minilmd.corpus.sources.jsonl import loads_bounded
+from minilmd.names import TOKENIZER_CONFIG_MAX_BYTES
 
 MINIMIND_TEMPLATE = """\
 {%- for message in messages %}
@@ -39,10 +40,6 @@ MINIMIND_TEMPLATE = """\
 
 BUILT_IN = {"minimind": MINIMIND_TEMPLATE}
 
-TEMPLATE_FILE_MAX_BYTES = 1 << 20
-"""A chat template is a few KB; a bigger file given as one is refused rather than read whole."""
-
-
 class ChatTemplateError(ValueError):
     """--chat-template names no built-in template and no readable template file."""
 
@@ -56,7 +53,7 @@ def template_text(spec: str) -> str:
 
     path = Path(spec)
     try:  # a regular file, bounded, no link followed, never a blocking open (a FIFO)
-        text = read_bytes(path, max_bytes=TEMPLATE_FILE_MAX_BYTES).decode("utf-8")
+        text = read_bytes(path, max_bytes=TOKENIZER_CONFIG_MAX_BYTES).decode("utf-8")
     except (Unreadable, UnicodeDecodeError) as e:
         raise ChatTemplateError(f"--chat-template {spec}: not {' or '.join(BUILT_IN)}, and not a readable template "
                                 f"file ({e})") from None

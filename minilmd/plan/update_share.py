@@ -18,12 +18,10 @@ from pathlib import Path
 from minilmd.config import ConfigError, RunConfig, config_from_dict
 from minilmd.corpus_meta import read_corpus_meta
 from minilmd.init_source import InitSourceError, resolve
-from minilmd.names import TRAINER_STATE
+from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES
 from minilmd.plan.budget import as_trained, planned
 from minilmd.plan.epoch import corpus_epoch
 from minilmd.untrusted import read_json
-
-TRAINER_STATE_MAX_BYTES = 16 << 20
 
 
 def base_rows(cfg: RunConfig) -> tuple[Path, int, dict] | None:

@@ -22,8 +22,6 @@ from pathlib import Path
 
 from minilmd.base_copy import (
     MANIFEST_PATH,
-    MAX_MANIFEST_BYTES,
-    MAX_RECORD_BYTES,
     copy_of,
     listed_files,
     needs_manifest,
@@ -32,7 +30,7 @@ from minilmd.base_copy import (
 from minilmd.daemon.jobs import remote_write
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_RECORD, describe
 from minilmd.model_shapes import pth_bound
-from minilmd.names import MANIFEST
+from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, STAGED_RECORD_MAX_BYTES
 from minilmd.trainer.model.export_paths import ExportError
 from minilmd.untrusted import Unreadable, copy_regular, read_bytes
 
@@ -49,7 +47,7 @@ def private_copy(copy: Path, recorded: dict, model_cfg: dict, dest: Path) -> boo
             if top is None:
                 return False
             try:
-                raw = _read(top, copy, STAGED_RECORD, MAX_RECORD_BYTES)
+                raw = _read(top, copy, STAGED_RECORD, STAGED_RECORD_MAX_BYTES)
             except Unreadable as e:
                 if e.missing:
                     return False
@@ -63,7 +61,7 @@ def private_copy(copy: Path, recorded: dict, model_cfg: dict, dest: Path) -> boo
                 if checkpoint is None:
                     raise Unreadable("missing", copy / STAGED_CHECKPOINT, missing=True)
                 fd_of[STAGED_CHECKPOINT] = checkpoint
-                manifest = _read(checkpoint, copy, MANIFEST_PATH, MAX_MANIFEST_BYTES)
+                manifest = _read(checkpoint, copy, MANIFEST_PATH, MANIFEST_MAX_BYTES)
             files = listed_files(record, manifest, pth_bound(model_cfg), str(copy))
             if manifest is not None:  # the manifest as read and checked, not read again
                 (dest / STAGED_CHECKPOINT).mkdir()

@@ -42,9 +42,17 @@ from pathlib import Path
 from typing import Any
 
 from minilmd import perms
-from minilmd.checkpoint import MAX_JSON_PART, Validated, saved_lora
+from minilmd.checkpoint import Validated, saved_lora
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
-from minilmd.names import MANIFEST, MODEL_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, TOKENIZER_MAX_BYTES, TRAINER_STATE
+from minilmd.names import (
+    MANIFEST,
+    MODEL_FILE,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILE,
+    TOKENIZER_MAX_BYTES,
+    TRAINER_STATE,
+    TRAINER_STATE_MAX_BYTES,
+)
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import (
     ExportError,
@@ -293,7 +301,7 @@ def _state(ckpt: Path) -> dict | None:
     caller has no validation of the checkpoint: `minilmd sample/chat --lora` validates the base given as CHECKPOINT
     where its validation is not kept (adapter.py). None when it cannot be read."""
     try:
-        return read_json(ckpt / TRAINER_STATE, max_bytes=MAX_JSON_PART)
+        return read_json(ckpt / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES)
     except Unreadable:
         return None
 

@@ -59,11 +59,20 @@ from minilmd.corpus.prepare.collect import Collector, _copy_kept
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, check_same_dir, hold_for_test, open_locked_dir
 from minilmd.corpus.prepare.options import check_out_name
 from minilmd.corpus.sources.jsonl import InputError
-from minilmd.corpus_meta import MAX_META_BYTES, CorpusError, data_fingerprint
+from minilmd.corpus_meta import CorpusError, data_fingerprint
 from minilmd.dirfd import Dir, temp_name
 from minilmd.fsio import sha256_file
 from minilmd.names import CORPUS_META as META
-from minilmd.names import DOC_LENGTHS, LEAK_KEYS, LOSS_MASK, SPLITS, TOKENS, prepare_tmp_maker, prepare_tmp_name
+from minilmd.names import (
+    CORPUS_META_MAX_BYTES,
+    DOC_LENGTHS,
+    LEAK_KEYS,
+    LOSS_MASK,
+    SPLITS,
+    TOKENS,
+    prepare_tmp_maker,
+    prepare_tmp_name,
+)
 from minilmd.perms import others_can_rearrange, owned_by_me
 from minilmd.untrusted import sha256_regular
 
@@ -256,7 +265,7 @@ def _append(sources: list[str], root: Path, corpus_dir: Dir, splits: dict[str, D
                              "documents of the corpus (whitespace aside) across train and val; the corpus is "
                              "unchanged")
         check_same()
-        if sha256_regular(locked / META, max_bytes=MAX_META_BYTES) != old_meta_sha:
+        if sha256_regular(locked / META, max_bytes=CORPUS_META_MAX_BYTES) != old_meta_sha:
             raise CorpusError(f"{root / META}: changed while this append ran; nothing was appended")
         new_meta = _publish(corpus_dir, splits, meta, tmp, new, found, opts, old_meta_sha)
     finally:

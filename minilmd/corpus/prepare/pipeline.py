@@ -63,6 +63,7 @@ from minilmd.dirfd import Dir, Identity, Replaced, temp_name
 from minilmd.fsio import atomic_write_text, make_missing_dirs
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
+    CORPUS_META_MAX_BYTES,
     CORPUS_TOKENIZER,
     DOC_LENGTHS,
     LOSS_MASK,
@@ -75,9 +76,6 @@ from minilmd.names import (
 )
 from minilmd.perms import owned_by_me
 from minilmd.untrusted import Unreadable, printable, read_bytes
-
-MAX_META_BYTES = 64 << 20  # a meta.json read to decide whether --force may replace a directory
-
 
 _WORDS = leftovers.Words(one="a prepare", tool="prepare", thing="temporary directory", files=False)
 
@@ -217,7 +215,7 @@ def _foreign_content(out: Path, st: os.stat_result) -> str:
     if not entries:
         return ""
     try:
-        meta = loads_bounded(read_bytes(out / META, max_bytes=MAX_META_BYTES))
+        meta = loads_bounded(read_bytes(out / META, max_bytes=CORPUS_META_MAX_BYTES))
     except (Unreadable, ValueError):
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
