@@ -42,7 +42,7 @@ from minilmd.daemon.base.statesections import ChildInfo, Restart
 from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
-from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
+from minilmd.daemon.child.policy import Decision, backoff_seconds, decide, decide_staging_failure
 from minilmd.daemon.child.process import Child, Death
 from minilmd.daemon.ending import Ending
 from minilmd.daemon.host import sdnotify
@@ -260,20 +260,25 @@ class Supervisor(Ending):
         if outcome is None:
             return
         if isinstance(outcome, StagingFailed):
-            if outcome.exit_status is not None:
-                self._fail(outcome.exit_status, outcome.error)
-                return
-            streak = self.state.no_progress_streak + 1
-            self.state.no_progress_streak = streak
-            if streak >= self.cfg.restart.no_progress_limit:
-                self._fail(protocol.SUPERVISOR_GAVE_UP, f"gave up: staging failed {streak} times in a row "
-                                                         f"(restart.no_progress_limit): {outcome.error}")
-                return
-            self._start_backoff(Phase.STAGING, f"staging failed: {outcome.error}", streak)
+            self._on_staging_failed(outcome)
             return
         if self.cfg.run.remote:
             self.sync.ensure_syncer(outcome.expected)
         self._launch()
+
+    def _on_staging_failed(self, failed: StagingFailed) -> None:
+        """Act on policy.decide_staging_failure: fail, or back off and stage again (no Restart record: no trainer
+        died)."""
+        streak = self.state.no_progress_streak + 1
+        decision = decide_staging_failure(failed.error, failed.exit_status, restart=self.cfg.restart,
+                                          no_progress_streak=streak)
+        if decision.counts_as_restart:
+            self.state.no_progress_streak = streak
+        if decision.action == Action.FAIL:
+            assert decision.exit_status is not None  # decide_staging_failure gives every FAIL its status
+            self._fail(decision.exit_status, decision.message)
+            return
+        self._start_backoff(Phase.STAGING, decision.message, streak)
 
     # --- the child ---------------------------------------------------------------------------------------------------
     def _launch(self) -> None:

@@ -20,7 +20,7 @@ from minilmd.daemon.base.runstate import MetricsTail, RunState, process_alive
 from minilmd.daemon.base.states import TRANSITIONS, IllegalTransition, Phase, check_transition
 from minilmd.daemon.child import orphans
 from minilmd.daemon.child import process as childmod
-from minilmd.daemon.child.policy import backoff_seconds, decide
+from minilmd.daemon.child.policy import backoff_seconds, decide, decide_staging_failure
 from minilmd.daemon.child.process import Death, build_command, classify, launch
 from minilmd.daemon.child.trainerwatch import death_facts
 from minilmd.daemon.host.sdnotify import Notifier
@@ -150,6 +150,26 @@ def test_policy_rules():
     assert (gave_up.action, gave_up.exit_status) == ("fail", protocol.SUPERVISOR_GAVE_UP)
     assert rule("crash", restarts_so_far=10).exit_status == protocol.SUPERVISOR_GAVE_UP
     assert rule("config_error", restarts_so_far=10).exit_status == 2  # the cause, not the count, is reported
+
+
+def test_staging_failure_rules():
+    """A staging that failed: final (2, 65) as staging said, else staged again after a backoff until
+    restart.no_progress_limit failures in a row give up (79). The final ones keep no streak (counts_as_restart)."""
+    def staging(status=None, streak=1):
+        return decide_staging_failure("a file stays short", status, restart=RESTART, no_progress_streak=streak)
+
+    for status in (protocol.SUPERVISOR_CONFIG, protocol.EXIT_DATA):
+        final = staging(status, streak=RESTART.no_progress_limit)
+        assert (final.action, final.exit_status, final.counts_as_restart) == ("fail", status, False)
+        assert final.message == "a file stays short"
+    again = staging(streak=RESTART.no_progress_limit - 1)
+    assert (again.action, again.exit_status, again.counts_as_restart) == ("restage", None, True)
+    assert again.message == "staging failed: a file stays short"
+    gave_up = staging(streak=RESTART.no_progress_limit)
+    assert (gave_up.action, gave_up.exit_status, gave_up.counts_as_restart) == ("fail", protocol.SUPERVISOR_GAVE_UP,
+                                                                                True)
+    assert gave_up.message == "gave up: staging failed 3 times in a row (restart.no_progress_limit): " \
+                              "a file stays short"
 
 
 @pytest.mark.parametrize("damaged", [True, False])
