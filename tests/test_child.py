@@ -4,6 +4,7 @@ Children here are real short processes (a real SIGBUS, a real exit status); the 
 """
 from __future__ import annotations
 
+import ast
 import os
 import random
 import signal
@@ -223,6 +224,30 @@ def test_the_transition_table():
     with pytest.raises(IllegalTransition):
         check_transition(Phase.WAITING_GPU, Phase.TRAINING)
     assert not any(old in (Phase.DONE, Phase.FAILED) for old, _ in TRANSITIONS)
+
+
+def state_writes(tree: ast.AST) -> list[str]:
+    """The assignments to a `state.phase` or `state.reason` (any object named `state`, `self.state`) in `tree`."""
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr in ("phase", "reason"):
+                owner = target.value
+                if (isinstance(owner, ast.Name) and owner.id == "state") or \
+                        (isinstance(owner, ast.Attribute) and owner.attr == "state"):
+                    found.append(f"line {node.lineno}: {ast.unparse(target)}")
+    return found
+
+
+def test_the_loop_alone_writes_the_phase_and_its_reason():
+    """One record of the phase (state.json's), written by the supervisor's loop only: the parts return their reason
+    text for it (SpaceWaiter.reason(), SyncWorker.room_wait), so no part can leave a reason that the phase has not."""
+    daemon = Path(childmod.__file__).resolve().parents[1]
+    writers = {str(path.relative_to(daemon)): found for path in sorted(daemon.rglob("*.py"))
+               if (found := state_writes(ast.parse(path.read_text(encoding="utf-8"))))}
+    assert set(writers) == {"supervisor.py"}, writers  # the first phase; _go's phase and reason; _say's reason
 
 
 def test_metrics_tail_reads_only_whole_new_lines(tmp_path):
