@@ -39,7 +39,6 @@ class Ending:
 
     cfg: RunConfig
     run_dir: Path
-    phase: Phase
     exit_status: int
     stop_requested: bool
     stop_reason: str
@@ -58,7 +57,12 @@ class Ending:
     """How the run ended (protocol.ENDED_*), set as it goes done: state.json's outcome.ended (failed when not done)."""
 
     if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py)
+        @property
+        def phase(self) -> Phase: ...
+
         def _go(self, new: Phase, reason: str, **details) -> None: ...
+
+        def _say(self, reason: str) -> None: ...
 
         def _fail(self, status: int, message: str) -> None: ...
 
@@ -97,6 +101,8 @@ class Ending:
         problem = self.sync.final_sync(self.staging.staged, not (self.stop_requested or self.room.stopping))
         if problem is not None:
             self._finish(problem)
+        elif self.sync.room_wait:
+            self._say(self.sync.room_wait)
 
     def _finish(self, sync_problem: str) -> None:
         kept = f"the checkpoint stays in {self.cfg.checkpoint_dir}"

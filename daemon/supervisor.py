@@ -4,8 +4,11 @@
                                starting | training -> waiting_space -> starting (a checkpoint did not fit in scratch)
                                                                                          any live phase -> failed
 
-The phases and the allowed transitions are in daemon/base/states.py; `_go()` alone changes phase, and it
+The phases and the allowed transitions are in daemon/base/states.py. The phase is one record, state.json's
+(`self.phase` reads it): the start sets the first one (states.first_phase), then `_go()` alone changes it, and it
 logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json (the run's files: daemon/runfiles.py).
+The parts never write the phase's reason: they return its text, and the loop sets it (`_go()`, or `_say()` for a
+phase that goes on with a newer reason).
 Signal handlers (daemon/host/signals.py) only record the signal; the loop acts on it at the next tick. Each tick
 dispatches on the phase; the phases that wait on something have a part of their own that the tick asks: the GPU,
 staging and the remote fetch, the sync and pruning, room in scratch (daemon/phases/, daemon/jobs/). Their blocking
@@ -37,13 +40,13 @@ from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon import preflight
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import is_disk_full, now, read_heartbeat
-from minilmd.daemon.base.states import FINAL_PHASES, Action, Cause, Phase, check_transition, first_phase
+from minilmd.daemon.base.states import ATTEMPT_PHASES, FINAL_PHASES, Action, Cause, Phase, check_transition, first_phase
 from minilmd.daemon.base.statesections import ChildInfo, Restart
 from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.grace import save_grace
-from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
+from minilmd.daemon.child.policy import Decision, backoff_seconds, decide, decide_staging_failure
 from minilmd.daemon.child.process import Child, Death
 from minilmd.daemon.ending import Ending
 from minilmd.daemon.host import sdnotify
@@ -78,7 +81,6 @@ class Supervisor(Ending):
         self.signals = Signals()
         self.notifier = Notifier()
         self.rng = random.Random()
-        self.phase = Phase.WAITING_GPU
         self.exit_status = 0
         self.stop_requested = False
         self.stop_reason = "stopped on request"  # the outcome of a stop: done's reason
@@ -115,7 +117,7 @@ class Supervisor(Ending):
         try:
             self.signals.install()
             self.files.adopt_previous_state(self.cfg.run.remote)
-            self.phase = self.state.phase = first_phase(initwait.must_wait(self.cfg))
+            self.state.phase = first_phase(initwait.must_wait(self.cfg))  # the start: no transition before it
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
@@ -177,7 +179,7 @@ class Supervisor(Ending):
         if handler:
             handler()
         self.files.read_progress()
-        live = self.phase in (Phase.STARTING, Phase.TRAINING, Phase.BACKOFF)
+        live = self.phase in ATTEMPT_PHASES
         self.sync.tick(periodic=live or self.phase == Phase.WAITING_SPACE)
         if live:
             self.sync.make_room()  # before the trainer's next save needs it
@@ -224,15 +226,25 @@ class Supervisor(Ending):
                                          f"trainer", request=str(request.path))
         self._enter_stopping(f"{request.words()}: not started by {how}")
 
+    @property
+    def phase(self) -> Phase:
+        """The phase the loop is in: state.json's record of it, the only one."""
+        return Phase(self.state.phase)
+
     def _go(self, new: Phase, reason: str, **details) -> None:
         name = check_transition(self.phase, new)
-        old, self.phase = self.phase, new
+        old = self.phase
         self.state.phase = new
         self.state.since = now()
         self.state.reason = reason
         self.events.emit(name, f"{old} -> {new}: {reason}", transition=name, old=old, new=new, **details)
         self.notifier.status(f"{self.cfg.run.name}: {new} ({reason})"[:200])
         self.room.save()
+
+    def _say(self, reason: str) -> None:
+        """The phase goes on, with a newer reason (a part's wait, its numbers of now): state.json and status show it
+        at the next save."""
+        self.state.reason = reason
 
     def _fail(self, status: int, message: str) -> None:
         self.exit_status = status
@@ -261,20 +273,25 @@ class Supervisor(Ending):
         if outcome is None:
             return
         if isinstance(outcome, StagingFailed):
-            if outcome.exit_status is not None:
-                self._fail(outcome.exit_status, outcome.error)
-                return
-            streak = self.state.no_progress_streak + 1
-            self.state.no_progress_streak = streak
-            if streak >= self.cfg.restart.no_progress_limit:
-                self._fail(protocol.SUPERVISOR_GAVE_UP, f"gave up: staging failed {streak} times in a row "
-                                                         f"(restart.no_progress_limit): {outcome.error}")
-                return
-            self._start_backoff(Phase.STAGING, f"staging failed: {outcome.error}", streak)
+            self._on_staging_failed(outcome)
             return
         if self.cfg.run.remote:
             self.sync.ensure_syncer(outcome.expected)
         self._launch()
+
+    def _on_staging_failed(self, failed: StagingFailed) -> None:
+        """Act on policy.decide_staging_failure: fail, or back off and stage again (no Restart record: no trainer
+        died)."""
+        streak = self.state.no_progress_streak + 1
+        decision = decide_staging_failure(failed.error, failed.exit_status, restart=self.cfg.restart,
+                                          no_progress_streak=streak)
+        if decision.counts_as_restart:
+            self.state.no_progress_streak = streak
+        if decision.action == Action.FAIL:
+            assert decision.exit_status is not None  # decide_staging_failure gives every FAIL its status
+            self._fail(decision.exit_status, decision.message)
+            return
+        self._start_backoff(Phase.STAGING, decision.message, streak)
 
     # --- the child ---------------------------------------------------------------------------------------------------
     def _launch(self) -> None:
@@ -435,6 +452,8 @@ class Supervisor(Ending):
     def _tick_waiting_space(self) -> None:
         if self.space.tick():
             self._relaunch()
+        else:
+            self._say(self.space.reason())
 
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False) -> int:

@@ -4,6 +4,7 @@ Children here are real short processes (a real SIGBUS, a real exit status); the 
 """
 from __future__ import annotations
 
+import ast
 import os
 import random
 import signal
@@ -20,7 +21,7 @@ from minilmd.daemon.base.runstate import MetricsTail, RunState, process_alive
 from minilmd.daemon.base.states import TRANSITIONS, IllegalTransition, Phase, check_transition
 from minilmd.daemon.child import orphans
 from minilmd.daemon.child import process as childmod
-from minilmd.daemon.child.policy import backoff_seconds, decide
+from minilmd.daemon.child.policy import backoff_seconds, decide, decide_staging_failure
 from minilmd.daemon.child.process import Death, build_command, classify, launch
 from minilmd.daemon.child.trainerwatch import death_facts
 from minilmd.daemon.host.sdnotify import Notifier
@@ -152,6 +153,26 @@ def test_policy_rules():
     assert rule("config_error", restarts_so_far=10).exit_status == 2  # the cause, not the count, is reported
 
 
+def test_staging_failure_rules():
+    """A staging that failed: final (2, 65) as staging said, else staged again after a backoff until
+    restart.no_progress_limit failures in a row give up (79). The final ones keep no streak (counts_as_restart)."""
+    def staging(status=None, streak=1):
+        return decide_staging_failure("a file stays short", status, restart=RESTART, no_progress_streak=streak)
+
+    for status in (protocol.SUPERVISOR_CONFIG, protocol.EXIT_DATA):
+        final = staging(status, streak=RESTART.no_progress_limit)
+        assert (final.action, final.exit_status, final.counts_as_restart) == ("fail", status, False)
+        assert final.message == "a file stays short"
+    again = staging(streak=RESTART.no_progress_limit - 1)
+    assert (again.action, again.exit_status, again.counts_as_restart) == ("restage", None, True)
+    assert again.message == "staging failed: a file stays short"
+    gave_up = staging(streak=RESTART.no_progress_limit)
+    assert (gave_up.action, gave_up.exit_status, gave_up.counts_as_restart) == ("fail", protocol.SUPERVISOR_GAVE_UP,
+                                                                                True)
+    assert gave_up.message == "gave up: staging failed 3 times in a row (restart.no_progress_limit): " \
+                              "a file stays short"
+
+
 @pytest.mark.parametrize("damaged", [True, False])
 def test_a_data_error_restages_a_damaged_staged_corpus_and_is_final_on_an_intact_one(tmp_path, corpus, damaged):
     """The trainer's exit 65 is final only when the staged copy verifies: a copy that broke in scratch (here a
@@ -203,6 +224,30 @@ def test_the_transition_table():
     with pytest.raises(IllegalTransition):
         check_transition(Phase.WAITING_GPU, Phase.TRAINING)
     assert not any(old in (Phase.DONE, Phase.FAILED) for old, _ in TRANSITIONS)
+
+
+def state_writes(tree: ast.AST) -> list[str]:
+    """The assignments to a `state.phase` or `state.reason` (any object named `state`, `self.state`) in `tree`."""
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr in ("phase", "reason"):
+                owner = target.value
+                if (isinstance(owner, ast.Name) and owner.id == "state") or \
+                        (isinstance(owner, ast.Attribute) and owner.attr == "state"):
+                    found.append(f"line {node.lineno}: {ast.unparse(target)}")
+    return found
+
+
+def test_the_loop_alone_writes_the_phase_and_its_reason():
+    """One record of the phase (state.json's), written by the supervisor's loop only: the parts return their reason
+    text for it (SpaceWaiter.reason(), SyncWorker.room_wait), so no part can leave a reason that the phase has not."""
+    daemon = Path(childmod.__file__).resolve().parents[1]
+    writers = {str(path.relative_to(daemon)): found for path in sorted(daemon.rglob("*.py"))
+               if (found := state_writes(ast.parse(path.read_text(encoding="utf-8"))))}
+    assert set(writers) == {"supervisor.py"}, writers  # the first phase; _go's phase and reason; _say's reason
 
 
 def test_metrics_tail_reads_only_whole_new_lines(tmp_path):

@@ -270,7 +270,7 @@ def test_a_full_remote_at_the_last_sync_counts_no_try_and_a_stop_ends_the_wait(t
     wait_until(lambda: sync.final_sync(None, True) is not None or remote.tries > FINAL_SYNC_TRIES + 2, 30,
                "more tries than FINAL_SYNC_TRIES")
     assert remote.tries > FINAL_SYNC_TRIES and sync.final_sync(None, True) is None  # still waiting, no give-up
-    assert sync.state.reason == "final sync waiting: remote full (needs 2.0 MB, free 0.0 MB)", sync.state.reason
+    assert sync.room_wait == "final sync waiting: remote full (needs 2.0 MB, free 0.0 MB)", sync.room_wait
     assert len([m for m in said if m.startswith("final sync waiting")]) == 1, said  # said once, not per try
     remote.room = True
     wait_until(lambda: sync.final_sync(None, True) == "", 30, "the last sync once it fits")

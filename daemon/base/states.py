@@ -35,6 +35,8 @@ class Phase(Named):
 FINAL_PHASES = frozenset({Phase.DONE, Phase.FAILED})
 INITIAL_PHASES = frozenset({Phase.WAITING_INIT, Phase.WAITING_GPU})
 """Where a supervisor starts (first_phase): nothing reaches them but the start, or a transition of the table."""
+ATTEMPT_PHASES = frozenset({Phase.STARTING, Phase.TRAINING, Phase.BACKOFF})
+"""A trainer runs, or is about to run again: the periodic sync and the pruning of scratch go on."""
 
 
 def first_phase(init_pending: bool) -> Phase:

@@ -1,8 +1,9 @@
-"""What to do after the trainer ended: the restart rules, in one pure function, and the backoff.
+"""What to do after the trainer ended, or staging failed: the restart rules, in pure functions, and the backoff.
 
 `decide()` takes the classified death (daemon/child/process.py) and the facts the supervisor gathered about it (was the
 staged corpus damaged, are foreign processes on our GPU now, how many restarts so far) and returns a `Decision`.
-It does nothing itself, so every rule is testable without processes. Torch-free.
+`decide_staging_failure()` is the same for a staging that failed (daemon/jobs/stagingworker.py StagingFailed). Neither
+does anything itself, so every rule is testable without processes. Torch-free.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Decision:
     overrides: dict = field(default_factory=dict)
     """--set overrides to apply to every later launch (micro-batch halving after a CUDA OOM)."""
     counts_as_restart: bool = True
+    """Whether the supervisor keeps the no-progress streak this failure brought (restart.no_progress_limit)."""
 
 
 def backoff_seconds(restart: RestartSection, streak: int, rng: random.Random | None = None) -> float:
@@ -94,3 +96,16 @@ def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_pr
     if cause == Cause.STOPPED:
         return Decision(Action.RESTART, f"the trainer {death.detail}: restarting")
     return Decision(Action.RESTART, f"{cause}: {death.detail}")
+
+
+def decide_staging_failure(error: str, final_status: int | None, *, restart: RestartSection,
+                           no_progress_streak: int) -> Decision:
+    """The rule for a staging that failed: `final_status` (2 config, 65 data) when retrying cannot help, else None.
+    `no_progress_streak` counts this failure already. A retryable failure stages again after a backoff (RESTAGE,
+    never a Restart record: no trainer died) until restart.no_progress_limit failures in a row give up (79)."""
+    if final_status is not None:
+        return Decision(Action.FAIL, error, final_status, counts_as_restart=False)
+    if no_progress_streak >= restart.no_progress_limit:
+        return Decision(Action.FAIL, f"gave up: staging failed {no_progress_streak} times in a row "
+                                     f"(restart.no_progress_limit): {error}", protocol.SUPERVISOR_GAVE_UP)
+    return Decision(Action.RESTAGE, f"staging failed: {error}")

@@ -85,6 +85,7 @@ class SyncWorker:
         self.final_waits_for_room = False  # final_sync's wait_for_room: a full remote counts no try
         self.remote_full: tuple[int | None, int | None] | None = None  # (needs, free) when the last sync found no room
         self.waited_for_room = False  # the last sync has waited for room on the remote
+        self.room_wait = ""  # why the last sync waits, with the numbers of its latest try: the phase's reason
         self.copying: Path | None = None  # the newest local checkpoint when the running sync started
         self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
         self._sizes: dict[str, int | None] = {}  # checkpoint_bytes by step name: a checkpoint never changes
@@ -145,7 +146,8 @@ class SyncWorker:
         a stall, no Syncer). A sync already running when the stop came is waited for, then one more is made: the
         trainer saved a newer checkpoint on its way out. A remote that is full (ENOSPC, EDQUOT), with
         `wait_for_room` (the run finished; no stop was asked for), counts no try: the sync is tried again at the
-        retry backoff of a sync during the run, for as long as it takes, and state.json's reason says so."""
+        retry backoff of a sync during the run, for as long as it takes, and `room_wait` says so (the loop makes it
+        the stopping phase's reason)."""
         if not self.enabled or not local_checkpoint_steps(self.cfg.checkpoint_dir):
             return ""
         self.final_waits_for_room = wait_for_room
@@ -205,7 +207,7 @@ class SyncWorker:
             self.waited_for_room = True
             self.emit("sync", f"{reason}: the last sync is tried again until it fits, no try counts; the "
                               f"checkpoint stays in {self.cfg.checkpoint_dir}")
-        self.state.reason = reason  # status and state.json: the numbers of the latest try
+        self.room_wait = reason  # status and state.json: the numbers of the latest try
         if now() >= self.next_at:
             self._start("last sync (waiting for room on the remote)")
 

@@ -42,7 +42,8 @@ class SpaceWaiter:
         return self.reason()
 
     def tick(self) -> bool:
-        """True once a checkpoint fits (the wait is over and forgotten); else the reason is brought up to date."""
+        """True once a checkpoint fits (the wait is over and forgotten); else False, and `reason()` has the numbers of
+        the latest check (the loop shows it)."""
         if now() < self.next_check:
             return False
         self.next_check = now() + SPACE_CHECK_S
@@ -51,7 +52,6 @@ class SpaceWaiter:
         free = self.sync.make_room(wait.needs)
         wait.free, wait.checks = free, wait.checks + 1
         if free is not None and free < wait.needs:
-            self.state.reason = self.reason()
             return False
         self.emit("space", f"scratch has room again: {mb(free)} free, a checkpoint needs {mb(wait.needs)} "
                            f"(waited {now() - (wait.since or now()):.0f}s)")

@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from minilmd import names, protocol
+from minilmd.daemon.base.states import FINAL_PHASES, Phase
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
 from minilmd.fmt import fmt_duration
@@ -28,7 +29,6 @@ from minilmd.procs import user_words
 from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
-FINAL = ("done", "failed")
 
 
 PHASE_WIDTH = 40
@@ -74,14 +74,14 @@ def row(entry: registry.Entry, t: float) -> dict:
         "tok_s": progress.tok_s,
         "eta_s": progress.eta_s if alive else None,
         "devices": state.devices,
-        "gpu_waited_s": t - waited_since if state.phase == "waiting_gpu" and waited_since else None,
+        "gpu_waited_s": t - waited_since if state.phase == Phase.WAITING_GPU and waited_since else None,
         "sync_state": sync.state,
         "staging_state": state.staging.state,
         "last_sync_age_s": t - last_ok if last_ok else None,
         "restarts": len(state.restarts),
         "last_error": state.last_error,
         "predecessor": (state.init_wait.not_running or None) if state.init_wait and alive
-        and state.phase == "waiting_init" else None,
+        and state.phase == Phase.WAITING_INIT else None,
     }
 
 
@@ -114,9 +114,9 @@ def shown_phase(r: dict) -> str:
     reached); staging that waits for the remote is "staging: waiting_remote". The raw phase stays in --json's
     "phase"."""
     phase = str(r.get("phase"))
-    if phase == "staging" and r.get("staging_state") == "waiting_remote":  # scratch empty, the remote out of reach
+    if phase == Phase.STAGING and r.get("staging_state") == "waiting_remote":  # scratch empty, the remote out of reach
         return "staging: waiting_remote"  # waited for, never a start from step 0 (daemon/jobs/remotewait.py)
-    if phase != "done":
+    if phase != Phase.DONE:
         return phase
     return SHOWN_ENDINGS.get(str(r.get("ended")), phase)
 
@@ -125,7 +125,7 @@ def _cells(r: dict) -> list[str]:
     phase = printable(shown_phase(r))[:PHASE_WIDTH]
     if r.get("phase") == "unreadable" and r.get("why"):
         phase += f" ({r['why']})"
-    elif r.get("phase") not in FINAL + ("vanished", "unreadable", "not started") and not r.get("running"):
+    elif r.get("phase") not in (*FINAL_PHASES, "vanished", "unreadable", "not started") and not r.get("running"):
         phase += " (not running)"
     step = "-" if r.get("step") is None else f"{r['step']:,}" + (f"/{r['total_steps']:,}" if r.get("total_steps")
                                                                   else "")

@@ -18,6 +18,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time
+from minilmd.daemon.base.states import Phase
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
@@ -57,15 +58,15 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None) -> list
     lines += _progress_lines(state.progress, alive)
     if state.child and alive:
         lines.append(_trainer_line(state.child, state, t))
-    if (w := state.init_wait) and state.phase == "waiting_init":
+    if (w := state.init_wait) and state.phase == Phase.WAITING_INIT:
         lines.append(f"  waiting for init.from: {w.why} (run dir {w.run_dir}; checked {w.checks} "
                      f"times since {_ago(t, w.since) if w.since else '-'}); starts from {w.root} "
                      f"once it has finished")
         if w.not_running and alive:
             lines.append(f"  {w.not_running}")
-    if state.gpu_wait and state.phase == "waiting_gpu":
+    if state.gpu_wait and state.phase == Phase.WAITING_GPU:
         lines += _gpu_lines(state.gpu_wait, t)
-    if state.space_wait and state.phase == "waiting_space":
+    if state.space_wait and state.phase == Phase.WAITING_SPACE:
         lines.append(_space_line(state.space_wait, t))
     lines.append(_checkpoints_line(state, t))
     if (textfile := state.prometheus) is not None and textfile.problem:
