@@ -157,6 +157,11 @@ class TrainSection:
     """torch.compile the model: "auto" (on CUDA, not on CPU), true or false. Its first step compiles; the
     supervisor allows restart.compile_timeout for it."""
 
+    def global_batch(self, world_size: int) -> int:
+        """Rows one optimizer step trains over `world_size` ranks: the trainer's (its real ranks) and the plan's
+        (RunConfig.world_size)."""
+        return self.micro_batch_size * self.grad_accum * world_size
+
 
 @dataclass
 class InitSection:
@@ -343,6 +348,13 @@ class RunConfig:
     def checkpoint_dir(self) -> Path:
         """Local checkpoints, in scratch."""
         return self.scratch_dir / CHECKPOINTS
+
+    @property
+    def world_size(self) -> int:
+        """The trainer processes the supervisor launches for this config, as the plan counts them: one per leased
+        GPU (gpu.count), one on the CPU (train.device = "cpu": no lease, daemon/phases/gpuwait.py). What trains
+        elsewhere counts the ranks it has: "auto" finding no GPU (one process), a Slurm allocation, a hand torchrun."""
+        return 1 if self.train.device == "cpu" else max(self.gpu.count, 1)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -257,9 +257,9 @@ def budget_problem(cfg: RunConfig, train_tokens: int | None = None) -> str:
     in hours when its train tokens are known). An epoch's steps depend on the data mode's rows, which the plan counts
     (minilmd/plan/budget.py's epoch_without_budget says them, beside this message, where the plan is reachable)."""
     t = cfg.train
-    per_step = t.seq_len * t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
+    per_step = t.seq_len * t.global_batch(cfg.world_size)
     lines = [f"a budget is required: set train.max_steps, train.max_tokens or train.max_epochs. One step trains "
-             f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {max(cfg.gpu.count, 1)} GPU(s) = "
+             f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {cfg.world_size} rank(s) = "
              f"{per_step:,} tokens"]
     if train_tokens:
         lines.append(f"; one epoch of {cfg.data.prepared} ({train_tokens:,} train tokens) at the reference run's "

@@ -58,8 +58,8 @@ class GpuWaiter:
 
     @property
     def nproc(self) -> int:
-        """Trainer processes to launch: one per leased card, one on the CPU."""
-        return self.cfg.gpu.count if self.lease is not None else 1
+        """Trainer processes to launch: one per leased card (cfg.world_size, as the plan counts), one on the CPU."""
+        return self.cfg.world_size if self.lease is not None else 1
 
     def tick(self) -> GpuReady | GpuUnavailable | None:
         device = self.cfg.train.device

@@ -114,7 +114,7 @@ class Trainer:
         self.probe_batches = probe_batches(cfg)
         self.early = EarlyStop.from_config(cfg, self.corpus.data_format)
         self.rng = RngState()
-        self.state = TrainState(global_batch=t.micro_batch_size * t.grad_accum * dist.world_size)
+        self.state = TrainState(global_batch=t.global_batch(dist.world_size))
         self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
         self.objective = build_objective(cfg, self.corpus.data_format)
 
