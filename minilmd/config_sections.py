@@ -53,6 +53,13 @@ class RunSection:
     created; your umask can only make them stricter (docs/operations.md, "File permissions")."""
 
 
+DATA_MODES = ("packed", "padded", "bucketed")
+"""data.mode's choices (DataSection.mode says each); the samplers' (minilmd/plan/samplers.py) and the row counts'
+(minilmd/rowcount.py)."""
+ONE_DOCUMENT_A_ROW = ("padded", "bucketed")
+"""The data modes whose row is one document (data.doc_mask has nothing to cut there)."""
+
+
 @dataclass
 class DataSection:
     prepared: str = ""

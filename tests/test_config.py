@@ -5,7 +5,7 @@ import os
 import pytest
 
 from minilmd.config import MAX_CONFIG_BYTES, ConfigError, config_from_dict, load_config, parse_overrides
-from minilmd.config_values import parse_duration
+from minilmd.config_values import CHOICES, parse_duration
 from minilmd.probes import checked_from_dict, load_checked
 
 
@@ -47,6 +47,23 @@ def test_every_problem_is_reported_at_once(tmp_path):
                      "data.mode = 'pack'", "gpu.poll_interval", "not divisible"):
         assert fragment in text
     assert len(err.value.problems) == 6
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_each_choice_is_taken_and_any_other_value_refused_naming_them_all(tmp_path, key):
+    """One table of choices (config_values.CHOICES, beside RANGES): each is a config that loads; another value is one
+    problem that names the key and every choice (true/false as TOML writes them)."""
+    section, name = key.split(".")
+    raw = minimal(tmp_path)
+    for choice in CHOICES[key][0]:
+        raw.setdefault(section, {})[name] = choice
+        assert getattr(getattr(config_from_dict(raw), section), name) == choice
+    raw[section][name] = "neither"
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    [problem] = err.value.problems
+    spelled = [str(c).lower() if isinstance(c, bool) else f'"{c}"' for c in CHOICES[key][0]]
+    assert problem.startswith(f"{key} = 'neither': must be ") and all(c in problem for c in spelled), problem
 
 
 def test_missing_budget_shows_the_arithmetic(tmp_path):
