@@ -8,7 +8,6 @@ nothing: what the paths hold is minilmd/probes.py's.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,28 +18,10 @@ from minilmd.config_sections import (
     EARLY_STOP_METRICS,
     LORA_TARGETS,
     ONE_DOCUMENT_A_ROW,
-    Duration,
+    Duration,  # noqa: F401 - found here too, with parse_duration, by the daemon and the tests
     RunConfig,
+    parse_duration,
 )
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(value: Duration) -> float:
-    """Seconds in a duration: 90, "90s", "5m", "1.5h". Raises ValueError with the accepted forms."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"a duration cannot be negative: {value!r}")
-        return float(value)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ValueError(f"not a duration: {value!r} (use seconds, or a string like \"90s\", \"5m\", \"2h\")")
-    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-
-
 
 TrainTokens = Callable[[str], "int | None"]
 """The train-split token count of data.prepared, or None (minilmd.corpus.format.corpus_train_tokens reads it from
@@ -218,7 +199,7 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append(f"log.prometheus_textfile = {textfile!r}: node_exporter's textfile collector reads only *.prom files")
     rs = cfg.restart
     try:
-        initial, cap = parse_duration(rs.backoff_initial), parse_duration(rs.backoff_max)
+        initial, cap = rs.backoff_initial_s, rs.backoff_max_s
     except ValueError:
         initial = cap = math.nan  # reported above
     if ABOVE_0.holds(initial) and ABOVE_0.holds(cap) and initial > cap:

@@ -13,7 +13,6 @@ from pathlib import Path
 from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig, parse_overrides
-from minilmd.config_values import parse_duration
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache, orphans, stackdump
@@ -32,7 +31,7 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
     pids = orphans.find_orphans(run_dir)
     if not pids:
         return
-    grace = min(parse_duration(cfg.restart.hang_timeout), 300.0)
+    grace = min(cfg.restart.hang_timeout_s, 300.0)
     emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
                    f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
     orphans.terminate_orphans(run_dir, grace=grace, while_waiting=watchdog)
@@ -72,9 +71,9 @@ def hang_limit(cfg: RunConfig, child: Child, beat: Heartbeat | None) -> float:
     """Seconds of silence that make this trainer hung: restart.hang_timeout, or (if longer) restart.compile_timeout
     while its own heartbeat says it is compiling (a cold torch.compile of the first step takes minutes) and
     restart.exit_timeout once it says it is exiting (training is over; a torchrun group's teardown can be slow)."""
-    limit = parse_duration(cfg.restart.hang_timeout)
+    limit = cfg.restart.hang_timeout_s
     if (allowed := _allowance(child, beat)) is not None:
-        limit = max(limit, parse_duration(getattr(cfg.restart, allowed[1])))
+        limit = max(limit, getattr(cfg.restart, f"{allowed[1]}_s"))  # RestartSection's seconds of that key
     return limit
 
 
@@ -85,7 +84,7 @@ def kill_if_hung(cfg: RunConfig, child: Child, beat: Heartbeat | None, emit) -> 
     detail = child.silence(beat, limit, STARTUP_GRACE_S)
     if not detail:
         return
-    if limit > parse_duration(cfg.restart.hang_timeout) and (allowed := _allowance(child, beat)) is not None:
+    if limit > cfg.restart.hang_timeout_s and (allowed := _allowance(child, beat)) is not None:
         detail += f" while {allowed[0]} (restart.{allowed[1]})"
     emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
     launch = child.launch_pids()  # one /proc scan for the dump and the kill
