@@ -25,6 +25,15 @@ from minilmd.checkpoint_dirs import read_latest
 from minilmd.names import TOKENIZER_FILE
 from minilmd.perms import owned_by_me
 
+MODEL_LINES = """\
+hidden_size = 128
+num_hidden_layers = 4
+num_attention_heads = 4
+num_key_value_heads = 2
+vocab_size = 6400
+"""
+"""The demo model's [model] lines: the pretraining run's, and so every later stage's (init.from holds it)."""
+
 DEMO_CONFIG = """\
 # The demo run: a small model (about 2M parameters) so that it trains on a laptop CPU in a few minutes.
 [run]
@@ -39,12 +48,7 @@ mode = "packed"
 val_windows = 16
 
 [model]
-hidden_size = 128
-num_hidden_layers = 4
-num_attention_heads = 4
-num_key_value_heads = 2
-vocab_size = 6400
-
+""" + MODEL_LINES + """
 [train]
 seq_len = 128
 micro_batch_size = 16
@@ -89,19 +93,55 @@ def demo_scratch_name(kind: str, root_path: Path) -> str:
     return f"{kind}-{hashlib.sha256(str(root_path).encode()).hexdigest()[:8]}"
 
 
+def stage_scratch(root_path: Path, stage: str, prefix: str) -> Path:
+    """The scratch of a demo stage (`stage`: demo, demo-sft, demo-dpo) in `root_path`: the per-user default on
+    /dev/shm, else <prefix>scratch beside the run; what an earlier demo left in it removed, and only that: the
+    scratch marked for this stage's run directory, <prefix>run, never another user's or another run's."""
+    default = scratchmod.default_path(demo_scratch_name(stage, root_path))
+    scratch = default if default.parent.parent.is_dir() else root_path / f"{prefix}scratch"
+    left = scratchmod.remove_own(scratch, root_path / f"{prefix}run")
+    if left:
+        sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
+    return scratch
+
+
+def verify_latest(remote: Path, run: str) -> None:
+    """`minilmd verify` on the checkpoint the LATEST of `run`'s 'NFS' share names."""
+    latest = read_latest(remote)
+    if latest is None:
+        sys.exit(f"demo: {run} left no LATEST on its 'NFS' share")
+    minilmd("verify", str(remote / latest))
+
+
+def run_stage(config: Path, fault: str, run_dir: Path, remote: Path, run: str) -> None:
+    """A fine-tuning stage under the supervisor: `run --check`, then the run with `fault` injected into its trainer,
+    its status, and the checkpoint it synced verified."""
+    minilmd("run", str(config), "--check")
+    minilmd("run", str(config), env=dict(os.environ, MINILMD_FAULT=fault))
+    minilmd("status", str(run_dir))
+    verify_latest(remote, run)
+
+
+def chat(remote: Path) -> None:
+    """`minilmd chat` with the model on `remote`: one conversation of two turns on its stdin, shown as a shell line."""
+    questions = ["你好", "Hello, how are you?"]
+    args = ["chat", str(remote), "--seed", "0", "--temperature", "0.7", "--max-new-tokens", "60"]
+    print(f"$ printf '%s\\n' {' '.join(shlex.quote(q) for q in questions)} | minilmd {shlex.join(args)}", flush=True)
+    answered = subprocess.run([sys.executable, "-m", "minilmd.cli", *args], input="".join(q + "\n" for q in questions),
+                              text=True)
+    if answered.returncode != 0:
+        sys.exit(f"demo: `minilmd chat` failed with exit status {answered.returncode}")
+
+
 def fresh_start(root_path: Path) -> Path:
     """Remove what an earlier demo of this user left (a leftover scratch would let the run resume and finish at
     once), and only that: `root_path` if it is this user's, and the scratch marked for its run directory, never
     another user's demo or another run's scratch. Returns the scratch for this demo: the per-user default on
     /dev/shm, else a directory beside the run."""
-    default = scratchmod.default_path(demo_scratch_name("demo", root_path))
-    scratch = default if default.parent.parent.is_dir() else root_path / "scratch"
     if root_path.exists() and not owned_by_me(os.lstat(root_path)):
         sys.exit(f"demo: {root_path} belongs to uid {os.lstat(root_path).st_uid}, not to you: run the demo in a "
                  f"directory of yours (python -m minilmd.daemon.demo DIR)")
-    left = scratchmod.remove_own(scratch, root_path / "run")
-    if left:
-        sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
+    scratch = stage_scratch(root_path, "demo", "")
     if root_path.exists():  # never silently: it may be the one a user is still looking at
         print(f"demo: removing the earlier {root_path}/ (an earlier demo's runs, checkpoints and curves; each demo "
               f"starts afresh in its own directory: make demo in demo-run/, make demo-sft in demo-sft-run/, make "
@@ -140,10 +180,7 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
 
     say("4. Where things stand")
     minilmd("status", str(root_path / "run"))
-    latest = read_latest(root_path / "nfs")
-    if latest is None:
-        sys.exit("demo: the run left no LATEST on the 'NFS' share")
-    minilmd("verify", str(root_path / "nfs" / latest))
+    verify_latest(root_path / "nfs", "the run")
 
     say("5. Text from the model the run left on the 'NFS' share")
     minilmd("sample", str(root_path / "nfs"), "--prompt", "这本书", "--max-new-tokens", "40", "--temperature", "0.8")

@@ -17,15 +17,11 @@ A target of its own rather than a step of `make demo-sft`: it adds about two min
 """
 from __future__ import annotations
 
-import os
-import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from minilmd import scratch as scratchmod
-from minilmd.checkpoint_dirs import read_latest
 from minilmd.daemon import demo, demo_sft
 from minilmd.daemon.demo import minilmd, say
 
@@ -64,16 +60,8 @@ checkpoint_every = 20
 """ + demo.SYNC_AND_RESTART
 
 
-def model_section() -> str:
-    """The SFT demo's [model] lines, so that the DPO stage's model is the one its init.from holds."""
-    text = demo_sft.SFT_CONFIG
-    body = text[text.index("[model]"):]
-    lines = body.split("\n")[1:]
-    return "\n".join(lines[:lines.index("")]) + "\n"
-
-
 def dpo_config(root_path: Path, scratch: Path, steps: int) -> str:
-    return DPO_CONFIG.format(root=root_path, scratch=scratch, steps=steps, model=model_section())
+    return DPO_CONFIG.format(root=root_path, scratch=scratch, steps=steps, model=demo.MODEL_LINES)
 
 
 def prepare_pairs(root_path: Path, max_docs: int | None = None) -> Path:
@@ -120,11 +108,7 @@ def main(root: str = "demo-dpo-run", pretrain_steps: int = 240, epochs: int = 3,
 
 def dpo_stage(root_path: Path, dpo_steps: int) -> Path:
     """Steps 10-12 in a demo-sft directory (its sft-tokenizer/ and nfs-sft/); returns the DPO config."""
-    default = scratchmod.default_path(demo.demo_scratch_name("demo-dpo", root_path))
-    scratch = default if default.parent.parent.is_dir() else root_path / "dpo-scratch"
-    left = scratchmod.remove_own(scratch, root_path / "dpo-run")  # an earlier demo-dpo's scratch, and only that
-    if left:
-        sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
+    scratch = demo.stage_scratch(root_path, "demo-dpo", "dpo-")
 
     say("10. Preference pairs from the same chat corpus: the real reply chosen, another dialog's reply rejected")
     prepare_pairs(root_path)
@@ -133,25 +117,13 @@ def dpo_stage(root_path: Path, dpo_steps: int) -> Path:
     print("  at step 0 the policy is its reference: every margin is 0, the loss ln 2 = 0.6931 and no pair preferred")
     config = root_path / "demo-dpo.toml"
     config.write_text(dpo_config(root_path, scratch, dpo_steps), encoding="utf-8")
-    minilmd("run", str(config), "--check")
-    minilmd("run", str(config), env=dict(os.environ, MINILMD_FAULT="sigkill@30"))
-    minilmd("status", str(root_path / "dpo-run"))
-    latest = read_latest(root_path / "nfs-dpo")
-    if latest is None:
-        sys.exit("demo: the DPO run left no LATEST on its 'NFS' share")
-    minilmd("verify", str(root_path / "nfs-dpo" / latest))
+    demo.run_stage(config, "sigkill@30", root_path / "dpo-run", root_path / "nfs-dpo", "the DPO run")
     print("The reference, once; the val reward accuracy (the share of validation pairs whose chosen reply the model "
           "now prefers more than its reference did):")
     print("\n".join(report_lines(root_path / "dpo-run")) or "  (nothing logged)")
 
     say("12. Talking to the DPO model (each line on stdin is a user message)")
-    questions = ["你好", "Hello, how are you?"]
-    chat = ["chat", str(root_path / "nfs-dpo"), "--seed", "0", "--temperature", "0.7", "--max-new-tokens", "60"]
-    print(f"$ printf '%s\\n' {' '.join(shlex.quote(q) for q in questions)} | minilmd {shlex.join(chat)}", flush=True)
-    answered = subprocess.run([sys.executable, "-m", "minilmd.cli", *chat], input="".join(q + "\n" for q in questions),
-                              text=True)
-    if answered.returncode != 0:
-        sys.exit(f"demo: `minilmd chat` failed with exit status {answered.returncode}")
+    demo.chat(root_path / "nfs-dpo")
     return config
 
 

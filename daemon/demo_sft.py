@@ -15,15 +15,11 @@ demo-run/ stays. Every step is a real `minilmd` command, printed before it runs.
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from minilmd import scratch as scratchmod
-from minilmd.checkpoint_dirs import read_latest
 from minilmd.daemon import demo
 from minilmd.daemon.demo import minilmd, say
 from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE
@@ -51,12 +47,7 @@ val_windows = 16
 from = "{root}/nfs"                # the pretraining run's remote: the checkpoint its LATEST names
 
 [model]                            # must be the pretrained model's (run --check names any difference)
-hidden_size = 128
-num_hidden_layers = 4
-num_attention_heads = 4
-num_key_value_heads = 2
-vocab_size = 6400
-
+""" + demo.MODEL_LINES + """
 [train]
 seq_len = 128
 micro_batch_size = 16
@@ -76,11 +67,7 @@ def main(root: str = "demo-sft-run", pretrain_steps: int = 240, epochs: int = 3)
     started = time.monotonic()
     demo.main(root, pretrain_steps)
     root_path = Path(root).resolve()
-    default = scratchmod.default_path(demo.demo_scratch_name("demo-sft", root_path))
-    scratch = default if default.parent.parent.is_dir() else root_path / "sft-scratch"
-    left = scratchmod.remove_own(scratch, root_path / "sft-run")  # an earlier demo-sft's scratch, and only that
-    if left:
-        sys.exit(f"demo: {left}; remove it yourself if it is a demo you no longer need")
+    scratch = demo.stage_scratch(root_path, "demo-sft", "sft-")
 
     say("7. A small real chat corpus: chatterbot-corpus's dialogs as SFT JSONL, prepared with --format chat")
     made = subprocess.run([sys.executable, "-m", "minilmd.cli", "demo-corpus", str(root_path / "chat"), "--chat"],
@@ -103,22 +90,10 @@ def main(root: str = "demo-sft-run", pretrain_steps: int = 240, epochs: int = 3)
     say("8. Fine-tuning under the supervisor from the pretrained model; a SIGKILL hits the trainer at step 60")
     config = root_path / "demo-sft.toml"
     config.write_text(SFT_CONFIG.format(root=root_path, scratch=scratch, epochs=epochs), encoding="utf-8")
-    minilmd("run", str(config), "--check")
-    minilmd("run", str(config), env=dict(os.environ, MINILMD_FAULT="sigkill@60"))
-    minilmd("status", str(root_path / "sft-run"))
-    latest = read_latest(root_path / "nfs-sft")
-    if latest is None:
-        sys.exit("demo: the SFT run left no LATEST on its 'NFS' share")
-    minilmd("verify", str(root_path / "nfs-sft" / latest))
+    demo.run_stage(config, "sigkill@60", root_path / "sft-run", root_path / "nfs-sft", "the SFT run")
 
     say("9. Talking to the fine-tuned model (each line on stdin is a user message)")
-    questions = ["你好", "Hello, how are you?"]  # one conversation of two turns
-    chat = ["chat", str(root_path / "nfs-sft"), "--seed", "0", "--temperature", "0.7", "--max-new-tokens", "60"]
-    print(f"$ printf '%s\\n' {' '.join(shlex.quote(q) for q in questions)} | minilmd {shlex.join(chat)}", flush=True)
-    answered = subprocess.run([sys.executable, "-m", "minilmd.cli", *chat], input="".join(q + "\n" for q in questions),
-                              text=True)
-    if answered.returncode != 0:
-        sys.exit(f"demo: `minilmd chat` failed with exit status {answered.returncode}")
+    demo.chat(root_path / "nfs-sft")
     print(f"\ndemo-sft finished in {time.monotonic() - started:.0f} s; everything is under {root_path}/ "
           f"(the SFT config: {config})")
 

@@ -10,11 +10,13 @@ run's files closed and the lock released. Torch-free.
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names, protocol, scratch
 from minilmd.config import RunConfig
 from minilmd.config_values import parse_duration
+from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import EventLog, RunState, now
 from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
@@ -36,9 +38,11 @@ class Ending:
     """Stopping, the last sync and the exit: the `Supervisor`'s methods for them (a mixin)."""
 
     cfg: RunConfig
+    run_dir: Path
     phase: Phase
     exit_status: int
     stop_requested: bool
+    stop_reason: str
     last_cause: Cause | None
     child: Child | None
     files: RunFiles
@@ -105,7 +109,7 @@ class Ending:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
             self.ended = protocol.ENDED_STOPPED
-            self._go(Phase.DONE, "stopped on request" + (f" ({sync_problem})" if sync_problem else ""))
+            self._go(Phase.DONE, self.stop_reason + (f" ({sync_problem})" if sync_problem else ""))
             if not self.slurm and not self.staging.running and (said := scratch.give_back_unsaved(
                     self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run)):
                 self.events.emit("scratch", said)
@@ -127,8 +131,9 @@ class Ending:
         assert self.slurm is not None  # only a Slurm job is preempted
         remote = self.state.remote_checkpoint
         resumes_at = remote.step if remote is not None else self.state.progress.step
+        request, _ = stoprequest.read(self.run_dir)  # a SIGTERM of `minilmd stop` (it wrote this first): no requeue
         self.ended, reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at,
-                                                               sync_problem)
+                                                               sync_problem, request.words() if request else "")
         if problem:
             self._fail(1, problem)
             return

@@ -12,8 +12,10 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
 to lease in (daemon/host/gpu.py), that train.device = "cuda" has an NVIDIA driver to use, that a local run.remote
-lies where no other user can rearrange it and holds no other user's LATEST, BEST or init, and that no other
-supervisor owns the run (its supervisor.lock).
+lies where no other user can rearrange it and holds no other user's LATEST, BEST or init, that no other
+supervisor owns the run (its supervisor.lock), and that the checkpoint the launch would resume from (scratch's, or
+the remote's newest, by its metadata) was trained with this config's model, corpus and tokenizer
+(daemon/jobs/resumefrom.py).
 Torch-free.
 """
 from __future__ import annotations
@@ -34,16 +36,27 @@ def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:
     return check_with_waits(config_path, overrides)[0]
 
 
-def check_with_waits(config_path: str, overrides: list[str] | None = None) -> tuple[RunConfig, list[str]]:
+def check_with_waits(config_path: str, overrides: list[str] | None = None,
+                     start: list[str] | None = None) -> tuple[RunConfig, list[str]]:
     """check(), and what the run will wait for rather than refuse (an init.from that cannot be reached now, a
     scratch big enough whose space others hold now: the supervisor waits for them in staging), one line each, for
-    `run --check` to say."""
+    `run --check` to say. `start` gets where the launch starts (daemon/jobs/resumefrom.py: "resumes from step N
+    (scratch|remote: ...)", "starts from step 0: ...") and a note per checkpoint it would pass by."""
     waits: list[str] = []
     cfg = load_checked(config_path, overrides, waits=waits,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
                        + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
-                       + _epoch_without_budget(cfg) + owner_problems(cfg))
+                       + _epoch_without_budget(cfg) + owner_problems(cfg) + resume_problems(cfg, start))
     return cfg, waits
+
+
+def resume_problems(cfg: RunConfig, start: list[str] | None = None) -> list[str]:
+    """The checkpoint the launch would resume from (in scratch, else on run.remote) trained with another model,
+    corpus or tokenizer than the config's: refused now, exit 2, in the words the fetch would use
+    (daemon/jobs/resumefrom.py), not found by the fetch or the trainer once the run has started."""
+    from minilmd.daemon.jobs import resumefrom  # reads a checkpoint (numpy) only where there is one
+
+    return resumefrom.problems(cfg, local_remote_root(cfg.run.remote), start)
 
 
 def owner_problems(cfg: RunConfig) -> list[str]:

@@ -35,6 +35,7 @@ from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon import preflight
+from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import is_disk_full, now, read_heartbeat
 from minilmd.daemon.base.states import FINAL_PHASES, Action, Cause, Phase, check_transition, first_phase
 from minilmd.daemon.base.statesections import ChildInfo, Restart
@@ -44,6 +45,7 @@ from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide
 from minilmd.daemon.child.process import Child, Death
 from minilmd.daemon.ending import Ending
+from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
@@ -78,6 +80,7 @@ class Supervisor(Ending):
         self.phase = Phase.WAITING_GPU
         self.exit_status = 0
         self.stop_requested = False
+        self.stop_reason = "stopped on request"  # the outcome of a stop: done's reason
         self.child: Child | None = None
         self.attempt = 0
         self.backoff_until = 0.0
@@ -117,7 +120,10 @@ class Supervisor(Ending):
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
             self.events.emit("start", f"supervisor pid {os.getpid()} owns {self.run_dir} (config {self.config_path})",
                              pid=os.getpid())
+            if unit := sdnotify.own_unit():  # for `stop`: systemd's restart does not read a stop request
+                self.state.supervisor.systemd_unit, self.state.supervisor.systemd_user = unit
             self.state.save()
+            self._stop_request_at_start()
             while self.phase not in FINAL_PHASES:
                 self._tick()
                 time.sleep(TICK_S)
@@ -193,6 +199,29 @@ class Supervisor(Ending):
         elif self.signals.stop > 1 and self.child and self.child.poll() is None and self.child.killed_at is None:
             self.events.emit("signal", "second stop signal: killing the trainer now, without its save")
             self.child.kill()
+
+    def _stop_request_at_start(self) -> None:
+        """`minilmd stop`'s request left while no supervisor ran (daemon/base/stoprequest.py): a launcher's automatic
+        restart honours it (stopping before any trainer: the last sync of what an orphan saved, then done, exit 0);
+        any other start clears it and runs as asked. Read once the run lock is held: a `stop` later than this finds
+        this supervisor and signals it."""
+        how = stoprequest.automatic_restart(os.environ)
+        os.environ.pop(names.AUTO_RESTART_ENV, None)  # this start's, not the trainers'
+        request, problem = stoprequest.read(self.run_dir)
+        if problem:
+            self.events.emit("stop_request", f"{problem}: not honoured")
+        if request is None:
+            return
+        if how is None:
+            left = stoprequest.clear(self.run_dir)
+            self.events.emit("stop_request", f"{request.words()}: cleared, this start is no launcher's automatic "
+                                             f"restart (by hand, or by systemd)" + (f"; {left}" if left else ""))
+            return
+        self.stop_requested = True
+        self.stop_reason = f"stopped on request ({request.words()}; {how} does not start the run)"
+        self.events.emit("stop_request", f"{request.words()}: {how} does not start the run; stopping before any "
+                                         f"trainer", request=str(request.path))
+        self._enter_stopping(f"{request.words()}: not started by {how}")
 
     def _go(self, new: Phase, reason: str, **details) -> None:
         name = check_transition(self.phase, new)

@@ -16,7 +16,9 @@
 # started again after MINILMD_TMUX_RESTART_SEC (RestartSec, 30 s), at most START_LIMIT_BURST starts in
 # START_LIMIT_INTERVAL seconds (StartLimitBurst in StartLimitIntervalSec: 5 in 1 h). On 0 (done, or stopped on
 # request), on a final status and at the start limit the window ends, saying why on its last line, with the
-# supervisor's status as its own.
+# supervisor's status as its own. Its restarts (not its first start) carry MINILMD_AUTO_RESTART=tmux: a `minilmd stop`
+# made while the window waited left a stop request in the run directory, which such a start honours (it exits 0,
+# starting no trainer: the window ends); the launcher run by hand starts the run again (that start clears it).
 # Idempotent: when the session exists nothing is started twice. A window whose command has ended keeps its last
 # output on screen (remain-on-exit) and is started again by the next call; a window closed by hand is recreated.
 # Then it attaches (or switches client inside tmux), unless --no-attach is given or this is not a terminal.
@@ -114,14 +116,17 @@ session=${session//[.:]/_}  # tmux does not allow '.' or ':' in session names
 
 passenv=()
 for name in $(compgen -e); do
-    [[ "$name" == MINILMD_* && "$name" != MINILMD_TMUX_* ]] && passenv+=("$name=${!name}")
+    [[ "$name" == MINILMD_* && "$name" != MINILMD_TMUX_* && "$name" != MINILMD_AUTO_RESTART ]] \
+        && passenv+=("$name=${!name}")
 done
 # A window gets the tmux server's environment, which is that of the launch that started the server: a MINILMD_*
 # of an earlier launch (a demo's MINILMD_FAULT) would reach this run's supervisor. Each one this call does not set
-# is unset for its windows, and MINILMD_TMUX_* (the launcher's own) always.
+# is unset for its windows, and MINILMD_TMUX_* (the launcher's own) always. MINILMD_AUTO_RESTART is the window loop's
+# alone (supervise, below): neither passed on nor unset here, where it would undo the loop's.
 unset_env=()
 while IFS='=' read -r name _; do
-    [[ "$name" == MINILMD_* ]] && { [[ "$name" == MINILMD_TMUX_* || -z "${!name+x}" ]]; } && unset_env+=(-u "$name")
+    [[ "$name" == MINILMD_* && "$name" != MINILMD_AUTO_RESTART ]] \
+        && { [[ "$name" == MINILMD_TMUX_* || -z "${!name+x}" ]]; } && unset_env+=(-u "$name")
 done < <(tm show-environment -g 2>/dev/null || true)
 prefix=()
 (( ${#passenv[@]} + ${#unset_env[@]} )) && prefix=(env "${unset_env[@]}" "${passenv[@]}")
@@ -129,10 +134,13 @@ run_cmd=("${prefix[@]}" "$exe" run "$config")
 logs_cmd=("${prefix[@]}" "$exe" logs -f "$run_dir")
 
 # Window "run"'s command: run_cmd, started again while it fails as the unit would start it again (the header). It
-# runs inside the tmux server, so it is self-contained: this function's text, its settings as arguments.
+# runs inside the tmux server, so it is self-contained: this function's text, its settings as arguments. Its restarts
+# run with MINILMD_AUTO_RESTART=tmux (daemon/base/stoprequest.py): they honour a stop request; its first start, the
+# person's, never has it (not even from the tmux server's environment).
 supervise() {
     local delay=$1 final=" $2 " burst=$3 interval=$4; shift 4
-    local starts=() kept status=0 now t why
+    local starts=() kept status=0 now t why restart=()
+    unset MINILMD_AUTO_RESTART
     while true; do
         printf -v now '%(%s)T' -1
         kept=()
@@ -144,7 +152,7 @@ supervise() {
         fi
         starts+=("$now")
         status=0
-        "$@" || status=$?
+        "${restart[@]}" "$@" || status=$?
         why="exit status $status"
         (( status > 128 )) && why="killed by SIG$(kill -l $((status - 128)) 2>/dev/null || echo $((status - 128))) (exit status $status)"
         if (( status == 0 )); then
@@ -157,8 +165,9 @@ supervise() {
             echo "minilmd-tmux: minilmd run was $why, a clean end for systemd: not restarted"
             return "$status"
         fi
-        echo "minilmd-tmux: minilmd run was $why at $(date '+%F %T'): starting it again in ${delay}s (Ctrl-C stops this)"
+        echo "minilmd-tmux: minilmd run was $why at $(date '+%F %T'): starting it again in ${delay}s (Ctrl-C, or minilmd stop RUN_DIR, stops this)"
         sleep "$delay"
+        restart=(env MINILMD_AUTO_RESTART=tmux)
     done
 }
 run_window_cmd=("$BASH" -c "$(declare -f supervise); supervise \"\$@\"" minilmd-run

@@ -37,9 +37,13 @@ from typing import Any
 from minilmd import checkpoint_contents as contents
 from minilmd.checkpoint_contents import saved_lora  # noqa: F401  (its callers' name for it)
 from minilmd.checkpoint_dirs import read_latest  # noqa: F401  (the tests' name for it)
-from minilmd.config import RunConfig
-from minilmd.config_sections import weights_config
-from minilmd.corpus_meta import data_fingerprint, earlier_versions
+from minilmd.checkpoint_expect import (  # noqa: F401  (the errors: every reader's names for them)
+    CheckpointError,
+    CheckpointInvalid,
+    CheckpointMismatch,
+    Expectation,
+    check_expectation,
+)
 from minilmd.fsio import file_entry_problems, sha256_file, table_problems  # noqa: F401  (sha256_file: the tests' name for it)
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 from minilmd.names import CHECKPOINT_KILL_ENV as KILL_ENV  # noqa: F401  (the tests' name for it)
@@ -83,82 +87,6 @@ TOKENIZER_FILES = {TOKENIZER_FILE: TOKENIZER_MAX_BYTES, TOKENIZER_CONFIG: TOKENI
 them as hashed (an export copies them, a loader loads them); one listed over its bound is hashed all the same (the
 checkpoint stays valid: init.from and a LoRA base load its weights, not its tokenizer) and not kept
 (Validated.over_bound), which an export then refuses to copy."""
-
-
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used. `problems` lists every reason found, each naming a file or tensor."""
-
-    def __init__(self, path: str | os.PathLike, problems: list[str] | str):
-        self.path = Path(path)
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__(f"{self.path}: " + "; ".join(self.problems))
-
-
-class CheckpointInvalid(CheckpointError):
-    """Damaged or incomplete (bad manifest, size, hash, shape, NaN...): set aside and fall back to an older one."""
-
-
-class CheckpointMismatch(CheckpointError):
-    """Intact, but from a different run: model config, tokenizer or data differ. Resuming from it is refused
-    (the trainer turns it into a config or data error), never silently replaced by a fresh start.
-    `kind` is "model", "tokenizer" or "data" (the first difference found)."""
-
-    def __init__(self, path, problems, kind: str):
-        self.kind = kind
-        super().__init__(path, problems)
-
-    @property
-    def exit_status(self) -> int:
-        """What refusing it ends the run with, for the trainer and the supervisor's fetch alike: another model is
-        the config's fault (2), another tokenizer or corpus the data's (65)."""
-        from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
-
-        return EXIT_CONFIG if self.kind == "model" else EXIT_DATA
-
-
-@dataclass
-class Expectation:
-    """What a checkpoint must match to be resumed by this run. None: not checked."""
-
-    model: dict | None = None
-    """The run's ModelSection as a dict (RunConfig.model_dict())."""
-    data_fingerprint: str | None = None
-    """PreparedCorpus.data_fingerprint of the run's corpus."""
-    tokenizer_fingerprint: str | None = None
-    """PreparedCorpus.tokenizer_fingerprint (sha256 of tokenizer.json)."""
-    lora: dict | None = None
-    """The run's [lora] section when LoRA is on (RunConfig.lora_dict()), else None; compared whenever `model` is:
-    a LoRA checkpoint holds adapters of that rank and those targets only."""
-    data_ancestors: tuple[str, ...] = ()
-    """Data fingerprints of the corpus's earlier versions (corpus.earlier_versions): the corpus grew by
-    `prepare --append` since the checkpoint, which is still resumable (minilmd/plan/growth.py)."""
-    doc_mask: bool | None = None
-    """The run's data.doc_mask: a checkpoint records it in its config (absent: false, saved before it existed);
-    the attention it was trained with is part of what a resume continues, so the other setting is refused."""
-    deterministic: bool | None = None
-    """The run's train.deterministic: a checkpoint records it in its config (absent: saved before it existed, and
-    then the run's setting is taken); bit-exact resume is a property of the whole run, so the other is refused."""
-    attention: str | None = None
-    """The run's model.attention when it forces a backend (None for "auto", which keeps what was recorded): a
-    checkpoint whose trainer_state "kernels" records another one is refused (a resume must not change kernels)."""
-
-    @classmethod
-    def for_corpus(cls, cfg: RunConfig, meta: dict | None = None) -> Expectation:
-        """What the checkpoints of the run `cfg` must match: its model and [lora] sections and, given the meta.json
-        of its prepared corpus (PreparedCorpus.meta, or read_meta's), that corpus's data and tokenizer fingerprints
-        and its earlier versions. Without `meta` the fingerprints are not checked."""
-        if meta is None:
-            return cls(model=cfg.model_dict(), lora=cfg.lora_dict(), doc_mask=cfg.data.doc_mask,
-                       **_kernel_expectation(cfg))
-        return cls(model=cfg.model_dict(), data_fingerprint=data_fingerprint(meta),
-                   tokenizer_fingerprint=meta["tokenizer_sha256"], lora=cfg.lora_dict(),
-                   data_ancestors=tuple(earlier_versions(meta)), doc_mask=cfg.data.doc_mask,
-                   **_kernel_expectation(cfg))
-
-
-def _kernel_expectation(cfg: RunConfig) -> dict:
-    forced = cfg.model.attention if cfg.model.attention != "auto" else None
-    return {"deterministic": cfg.train.deterministic, "attention": forced}
 
 
 def verify_manifest(manifest: dict, size_of: Callable[[str], int | None],
@@ -280,15 +208,24 @@ def _validate(ckpt_dir: Path, expected: Expectation | None,
     json_parts = {name: data for name in JSON_PARTS if (data := kept.pop(name)) is not None}  # all: always kept
     step = manifest["step"]
     state, opt_meta = _parse_json_parts(ckpt_dir, json_parts)
-    problems = contents.structure_problems(state, opt_meta) or contents.step_problems(ckpt_dir, step, state)
-    if problems:
-        raise CheckpointInvalid(ckpt_dir, problems)
-    _check_expectation(ckpt_dir, state, expected)
+    check_recorded(ckpt_dir, state, step, expected, opt_meta)
     shapes = _expected_shapes(ckpt_dir, _model_config(ckpt_dir, state, expected), _lora_config(state, expected))
     problems = contents.tensor_problems(scans, opt_meta, shapes, step)
     if problems:
         raise CheckpointInvalid(ckpt_dir, problems)
     return state, manifest, manifest_sha256, scans, kept
+
+
+def check_recorded(ckpt_dir: Path, state: dict, step: int, expected: Expectation | None,
+                   opt_meta: dict | None = None) -> None:
+    """What validation checks of a checkpoint's trainer_state.json (parsed from bytes its manifest vouches for) and
+    optimizer.json: their types, one step (`step`: the manifest's), the model, kernels, corpus and tokenizer it was
+    trained with against `expected`. Also what `run --check` and the launch look at of a remote checkpoint without
+    fetching its tensors (daemon/jobs/fetch.py peek_latest). Raises CheckpointInvalid or CheckpointMismatch."""
+    problems = contents.structure_problems(state, opt_meta or {}) or contents.step_problems(ckpt_dir, step, state)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    check_expectation(ckpt_dir, state, expected)
 
 
 JSON_PARTS = (TRAINER_STATE, OPTIMIZER_META)
@@ -364,6 +301,28 @@ def _hashed_bytes(path: Path, size: int, max_bytes: int) -> tuple[str, bytes]:
     return sink.sha256.hexdigest(), kept.getvalue()
 
 
+def listed_bytes(ckpt_dir: str | os.PathLike, name: str, max_bytes: int) -> bytes | None:
+    """The file `name` of a checkpoint (a DPO run's reference sums), read once, no more than max_bytes, and checked
+    against its manifest entry as verify_manifest checks every file (size, then sha256): the bytes checked, never
+    the path read again. None when the manifest lists no such file. Raises CheckpointInvalid."""
+    ckpt_dir = Path(ckpt_dir)
+    manifest = read_manifest(ckpt_dir)
+    problems = manifest_problems(manifest)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    entry = manifest["files"].get(name)
+    if entry is None:
+        return None
+    try:
+        digest, data = _hashed_bytes(ckpt_dir / name, entry["size"], max_bytes)
+    except Unreadable as e:
+        raise CheckpointInvalid(ckpt_dir, f"cannot read {name}: {e.why}") from None
+    problems = table_problems({name: entry}, lambda _: len(data), lambda _: digest, listed_in=MANIFEST)
+    if problems:
+        raise CheckpointInvalid(ckpt_dir, problems)
+    return data
+
+
 def _check_directory(ckpt_dir: Path) -> None:
     """The checkpoint directory is one itself: a link to one is refused (its files would be another place's, the
     link's target free to change between validation and loading). Missing: read_manifest says so."""
@@ -389,10 +348,6 @@ def _parse_json_parts(ckpt_dir: Path, json_parts: dict[str, bytes]) -> tuple[dic
     return parts[0], parts[1]
 
 
-
-
-
-
 def _model_config(ckpt_dir: Path, state: dict, expected: Expectation | None) -> dict:
     """The model config the tensors must fit: the run's when given, else the one the checkpoint records."""
     model_cfg = expected.model if expected and expected.model is not None else \
@@ -402,13 +357,9 @@ def _model_config(ckpt_dir: Path, state: dict, expected: Expectation | None) -> 
     return model_cfg
 
 
-
-
 def _lora_config(state: dict, expected: Expectation | None) -> dict | None:
     """The LoRA config the tensors must fit: the run's when a model is expected, else the checkpoint's own."""
     return expected.lora if expected and expected.model is not None else contents.saved_lora(state)
-
-
 
 
 def _expected_shapes(ckpt_dir: Path, model_cfg: dict, lora_cfg: dict | None) -> dict[str, tuple[int, ...]]:
@@ -417,50 +368,3 @@ def _expected_shapes(ckpt_dir: Path, model_cfg: dict, lora_cfg: dict | None) -> 
         return {k: tuple(v) for k, v in shapes.items()}
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
         raise CheckpointInvalid(ckpt_dir, f"{TRAINER_STATE}: model config unusable: {e}") from None
-
-
-def _check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None) -> None:
-    if expected is None:
-        return
-    if expected.model is not None:
-        saved = weights_config((state.get("config") or {}).get("model") or {})
-        diff = [f"model.{k}: checkpoint {saved.get(k)!r}, run {expected.model.get(k)!r}"
-                for k in sorted(set(saved) | set(expected.model)) if saved.get(k) != expected.model.get(k)]
-        if diff:
-            raise CheckpointMismatch(ckpt_dir, ["saved by a different model config: " + ", ".join(diff)], "model")
-        lora = contents.saved_lora(state)
-        if lora != expected.lora:
-            raise CheckpointMismatch(ckpt_dir, [f"saved with [lora] {contents.lora_text(lora)}, the run has "
-                                                f"{contents.lora_text(expected.lora)}"], "model")
-    if expected.doc_mask is not None:
-        saved_mask = ((state.get("config") or {}).get("data") or {}).get("doc_mask", False)
-        if saved_mask != expected.doc_mask:
-            raise CheckpointMismatch(ckpt_dir, [f"saved with data.doc_mask = {str(saved_mask).lower()}, the run has "
-                                                f"{str(expected.doc_mask).lower()} (the attention it trained with)"],
-                                     "model")
-    _check_kernels(ckpt_dir, state, expected)
-    prints = state.get("fingerprints") or {}
-    for kind, want in (("tokenizer", expected.tokenizer_fingerprint), ("data", expected.data_fingerprint)):
-        if kind == "data" and prints.get(kind) in expected.data_ancestors:
-            continue  # saved on an earlier version of this corpus: it only grew
-        if want is not None and prints.get(kind) != want:
-            raise CheckpointMismatch(ckpt_dir, [f"{kind} fingerprint differs: checkpoint {prints.get(kind)!r}, "
-                                                f"run {want!r} (a different {kind} than this run uses)"], kind)
-
-
-def _check_kernels(ckpt_dir: Path, state: dict, expected: Expectation) -> None:
-    """train.deterministic and a forced model.attention against what the checkpoint recorded."""
-    saved_det = ((state.get("config") or {}).get("train") or {}).get("deterministic")
-    if expected.deterministic is not None and isinstance(saved_det, bool) and saved_det != expected.deterministic:
-        raise CheckpointMismatch(ckpt_dir, [f"saved with train.deterministic = {str(saved_det).lower()}, the run has "
-                                            f"{str(expected.deterministic).lower()} (whether the run is bit-exact "
-                                            f"on the GPU is decided at its start and kept)"], "model")
-    found = state.get("kernels")
-    kernels: dict = found if isinstance(found, dict) else {}
-    saved_attention = kernels.get("attention")
-    if expected.attention is not None and isinstance(saved_attention, str) and saved_attention != expected.attention:
-        how = kernels.get("attention_how", "")
-        raise CheckpointMismatch(ckpt_dir, [f"trained with attention kernel {saved_attention!r}"
-                                            f"{f' ({how})' if how else ''}, the run forces model.attention = "
-                                            f"{expected.attention!r}: a resume must not change kernels (set "
-                                            f"model.attention = \"auto\" to keep {saved_attention!r})"], "model")

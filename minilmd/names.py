@@ -30,6 +30,7 @@ FAULTS_FIRED = "faults-fired"  # injected faults (MINILMD_FAULT) that already fi
 TRAINER_RECORD = "trainer.json"  # the trainer launched last: pid, start ticks, uid, host, launch id (child/process.py)
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of the trainer's scalars ([log] tensorboard = true)
 RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when run.dir is full, for its last words
+STOP_REQUEST = "stop-request.json"  # `minilmd stop`'s request: a launcher's automatic restart exits 0 on it
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d{4,})\.log$")
 
@@ -78,6 +79,11 @@ SYSTEM_REGISTRY = "/var/lib/minilmd/runs"  # root:root 1777 when an admin made i
 USER_REGISTRY = "minilmd/runs"  # under $XDG_STATE_HOME (~/.local/state): this user's runs, 0700
 SLURM_JOB_ENV = "SLURM_JOB_ID"
 """Set by Slurm in a job: `minilmd run` then takes the allocation, a per-job node scratch, preemption as a requeue."""
+SLURM_RESTART_COUNT_ENV = "SLURM_RESTART_COUNT"
+"""Set by Slurm in a job: how often it was requeued before this start (0 or unset: the job as sbatch submitted it)."""
+AUTO_RESTART_ENV = "MINILMD_AUTO_RESTART"
+"""Set by a launcher only on the starts it makes by itself (deploy/minilmd-tmux.sh's window "run" after a supervisor
+died: "tmux"): that `minilmd run` honours a stop request (STOP_REQUEST); any other start clears one."""
 SLURM_SRUN_ENV = "MINILMD_SLURM_SRUN"
 """"1" (deploy/slurm/minilmd-multinode.sbatch sets it): launch each attempt as an srun step with one torchrun per
 node even on one node, so that the multi-node script behaves the same whatever --nodes it is given."""
@@ -138,6 +144,8 @@ OPTIMIZER_META = "optimizer.json"
 TRAINER_STATE = "trainer_state.json"
 DPO_REFERENCE = "dpo_reference.safetensors"
 """A DPO run's reference log-probability sums, in each of its checkpoints (trainer/loop/dpo_reference.py)."""
+DPO_REFERENCE_MAX_BYTES = 1 << 30
+"""The largest reference file read: 4 bytes a document, so 134 million pairs, far more than any preference corpus."""
 TOKENIZER_FILE = "tokenizer.json"  # a checkpoint's copy of the run's tokenizer, and the prepared corpus's own
 PEFT_WEIGHTS = "adapter_model.safetensors"  # `export --format peft`: the adapters under PEFT's key names
 PEFT_CONFIG = "adapter_config.json"  # `export --format peft`: PEFT's LoraConfig fields

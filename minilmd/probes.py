@@ -1,7 +1,8 @@
 """What a run config names on this machine and in other runs, checked before anything starts: paths that cannot
 be used (run.dir, run.scratch, the Prometheus textfile, run.remote), a scratch of another run or user
 (minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
-is empty, an init.from that cannot initialise this model (minilmd/init_source.py).
+is empty, a preference corpus most of whose replies train.seq_len cuts away (rowcount.pairs_fit), an init.from
+that cannot initialise this model (minilmd/init_source.py).
 
 minilmd/config.py checks the values alone; `load_checked` and `checked_from_dict` are its loaders with these checks
 after the values' (one ConfigError with every problem) and a missing budget's arithmetic over the corpus's train
@@ -31,7 +32,7 @@ from minilmd.init_source import (
     predecessor_outcome,
 )
 from minilmd.names import CORPUS_META, RUN_DIR_ENV, STATE
-from minilmd.rowcount import kind_of_rows, packed_too_small
+from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 
 
@@ -212,7 +213,21 @@ def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
     if not unread and _cuts_windows(cfg, data_format_of(meta)) and isinstance(train_tokens, int) and \
             (too_small := packed_too_small(train_tokens, cfg.train.seq_len)):
         p.append(f"data.prepared = {prepared!r}: {too_small}")
+    if not unread and data_format_of(meta) == "dpo" and (cut := pairs_fit(meta, cfg.train.seq_len)[0]):
+        p.append(f"data.prepared = {prepared!r}: {cut}")
     return p, ""
+
+
+def pairs_cut_warning(cfg: RunConfig) -> str:
+    """What train.seq_len cuts away of a local preference corpus's pairs when it is not refused (rowcount.pairs_fit's
+    warning, from its meta.json read on shared storage as the checks above read it): a line for `run --check`; ""
+    when it cuts none, or the corpus cannot be read now."""
+    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+        return ""
+    answered, meta, _ = bounded_probe(read_corpus_meta, cfg.data.prepared)
+    if not answered or meta is None or data_format_of(meta) != "dpo":
+        return ""
+    return pairs_fit(meta, cfg.train.seq_len)[1]
 
 
 def _cuts_windows(cfg: RunConfig, data_format: str) -> bool:

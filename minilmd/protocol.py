@@ -90,8 +90,8 @@ def _before_budget(progress) -> bool:
 # --- Exit statuses of `minilmd stop` (daemon/views/stop.py) -----------------------------------------------------------
 STOP_DONE = 0  # the supervisor is gone (or was not running); the newest checkpoint is on the remote, or none is set
 STOP_FAILED = 1  # not stopped: still running at --timeout, an orphaned trainer survived SIGKILL, or the supervisor
-#                  belongs to another user or host (never signalled)
-STOP_NOT_A_RUN = 2  # the directory is not a run directory (as for `status` and `logs`)
+#                  belongs to another user or host (never signalled), or so does a run directory we may not read
+STOP_NOT_A_RUN = 2  # not a run directory, nor a config naming one (as for `status` and `logs`: views/runarg.py)
 STOP_UNSYNCED = 3  # stopped, but the newest checkpoint is only in scratch (the last sync failed): stop says where;
 #                    on /dev/shm a reboot loses it
 

@@ -59,3 +59,73 @@ def steps_for_rows(rows: int, global_batch: int, epochs: float = 1) -> int:
     budget may reach into the next epoch (the samplers continue across epochs), so a started batch counts; 0 for
     no rows."""
     return max(1, math.ceil(epochs * rows / global_batch)) if rows and global_batch else 0
+
+
+def pairs_past_cut(meta: dict, seq_len: int) -> tuple[dict[str, tuple[int, int]], bool]:
+    """For each split of a preference corpus (its meta.json, read leniently: a value of another type counts as not
+    there), (pairs whose final reply falls wholly past seq_len, pairs), and whether those counts are exact. A row
+    keeps the first seq_len tokens of a side (plan/bucketing.py), so a pair trains at seq_len when the offset of
+    its later side's first reply token is below it. Exact from `dpo.<split>.reply_starts` (prepare writes it: the
+    pairs at each such offset, docs/formats.md); for a corpus prepared before, a lower bound from the prompt's
+    length figures (min, median, p90, p99, max: at least the pairs ranked from that figure up)."""
+    out, exact = {}, True
+    for split in ("train", "val"):
+        figures = _table(_table(meta.get("dpo")).get(split))
+        n = figures.get("pairs")
+        if not isinstance(n, int) or n <= 0:
+            continue
+        starts = figures.get("reply_starts")
+        if isinstance(starts, list) and all(isinstance(e, list) and len(e) == 2 and all(isinstance(v, int)
+                                                                                        for v in e) for e in starts):
+            out[split] = (max(0, min(n, sum(pairs for start, pairs in starts if start >= seq_len))), n)
+            continue
+        exact = False
+        prompt = _table(figures.get("prompt"))
+        out[split] = (max([n - max(math.ceil(rank * n), 1) + 1 for key, rank in _RANKS.items()
+                           if isinstance(prompt.get(key), int) and prompt[key] >= seq_len] + [0]), n)
+    return out, exact
+
+
+def pairs_fit(meta: dict, seq_len: int, counts: dict[str, tuple[int, int]] | None = None) -> tuple[str, str]:
+    """(problem, warning) of a DPO run at train.seq_len = seq_len on this preference corpus: a problem (the run is
+    refused, exit 2) when a split keeps a reply of none of its pairs or fewer than half of all pairs keep one, a
+    warning when some do not; each names the pairs and the fix. `counts`: the exact ones the trainer counted from
+    its rows (plan/pairs.py); without, pairs_past_cut's from meta.json."""
+    counts, exact = (counts, True) if counts is not None else pairs_past_cut(meta, seq_len)
+    if not any(lost for lost, _ in counts.values()):
+        return "", ""
+    at_least = "" if exact else "at least "
+    which = ", ".join(f"{at_least}{lost:,} of {n:,} {split} pairs" for split, (lost, n) in counts.items() if lost)
+    kept, total = sum(n - lost for lost, n in counts.values()), sum(n for _, n in counts.values())
+    longest = max(_longest_prompts(meta) + [seq_len - 1])
+    prepared_at = _table(meta.get("chat")).get("seq_len")
+    fix = f"set train.seq_len >= {longest + 1} (each pair keeps a reply token" + (
+        f"; {prepared_at}, the --seq-len it was prepared at, keeps them as prepared)"
+        if isinstance(prepared_at, int) and prepared_at > longest + 1 else ")")
+    said = (f"train.seq_len = {seq_len} cuts away the whole final reply of {which} (their prompts are {seq_len} "
+            f"tokens or longer): DPO learns nothing from them, their loss a constant ln 2; {fix}, or prepare the "
+            f"corpus again at --seq-len {seq_len}, which drops them")
+    refused = 2 * kept < total or any(lost == n for lost, n in counts.values())
+    return (said, "") if refused else ("", said)
+
+
+_RANKS = {"min": 0.0, "median": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}
+"""The rank of each prompt length figure (corpus/analysis/stats.py length_stats: the figure at q is the
+max(ceil(q * n), 1)-th shortest), so that at least the pairs from that rank up are as long as it."""
+
+
+def _longest_prompts(meta: dict) -> list[int]:
+    """The longest prompt of each split (its figure `max`) and the furthest offset of a first reply token
+    (`reply_starts`' last), as far as meta.json says them."""
+    found = []
+    for split in ("train", "val"):
+        figures = _table(_table(meta.get("dpo")).get(split))
+        found.append(_table(figures.get("prompt")).get("max"))
+        starts = figures.get("reply_starts")
+        found.append(starts[-1][0] if isinstance(starts, list) and starts and isinstance(starts[-1], list)
+                     and starts[-1] else None)
+    return [v for v in found if isinstance(v, int)]
+
+
+def _table(value) -> dict:
+    return value if isinstance(value, dict) else {}

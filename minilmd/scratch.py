@@ -440,11 +440,7 @@ def give_back_unsaved(scratch: Path, run_dir: Path, run, ended: str = "stopped")
         ensure_held(scratch)
     except (ScratchChanged, ScratchRefused) as e:
         return f"left {scratch} alone: {'; '.join(e.problems)}"
-    size = tree_bytes(scratch)
-    problem = remove_own(scratch, run_dir)
-    if problem:
-        return f"left {scratch} in place: {problem}"
-    return f"removed {scratch}: the run {ended} before its first checkpoint ({size / 1e6:,.1f} MB freed)"
+    return _remove_said(scratch, run_dir, f"the run {ended} before its first checkpoint")
 
 
 def holds_checkpoints(scratch: Path) -> bool:
@@ -472,8 +468,15 @@ def give_back(scratch: Path, run_dir: Path, run) -> str:
         return f"kept {scratch} (run.keep_scratch = true)"
     if not run.remote:
         return f"kept {scratch}: it holds the only copy of the checkpoints (no run.remote)"
+    return _remove_said(scratch, run_dir)
+
+
+def _remove_said(scratch: Path, run_dir: Path, why: str = "") -> str:
+    """Remove a run's scratch at its end (remove_own: only this user's, marked for run_dir), said for the run's
+    events: what it freed (after `why`, when given), or why it was left in place."""
     size = tree_bytes(scratch)
     problem = remove_own(scratch, run_dir)
     if problem:
         return f"left {scratch} in place: {problem}"
-    return f"removed {scratch}: {size / 1e6:,.1f} MB freed"
+    freed = f"{size / 1e6:,.1f} MB freed"
+    return f"removed {scratch}: {why} ({freed})" if why else f"removed {scratch}: {freed}"

@@ -10,10 +10,13 @@ that a renderer without transformers' trim_blocks/lstrip_blocks renders other te
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
+from chat_synthetic import TEMPLATE_CONFIG
 from data_helpers import MINIMIND_TOKENIZER
+from minilmd.corpus.chat import ChatTemplate, TurnError, read_tokenizer_config
 from minilmd.corpus.demo_chat import preference_pairs  # noqa: F401 - the tests' pairs are the demo's
 
 TEST_TEMPLATE = """{%- set ns = namespace(first=0) %}
@@ -42,6 +45,35 @@ TEST_TEMPLATE = """{%- set ns = namespace(first=0) %}
 """
 
 MINIMIND_DIR = MINIMIND_TOKENIZER.parent
+
+
+def minimind_dir() -> Path | None:
+    """MiniMind's tokenizer directory (MINIMIND_DIR, or $MINIMIND_TOKENIZER_DIR) where it holds its chat template."""
+    for d in (MINIMIND_DIR, Path(os.environ.get("MINIMIND_TOKENIZER_DIR", MINIMIND_DIR))):
+        if (d / "tokenizer_config.json").is_file():
+            return d
+    return None
+
+
+def chat_templates(chat_tokenizer: Path) -> dict[str, tuple[ChatTemplate, str]]:
+    """The templates the chat tests render with, name -> (template, its tokenizer.json text): the tests' own
+    ("test"), chat_synthetic's ("synthetic") and MiniMind's ("minimind") where it is found."""
+    tok = (chat_tokenizer / "tokenizer.json").read_text(encoding="utf-8")
+    out = {"test": (ChatTemplate.load(chat_tokenizer), tok),
+           "synthetic": (ChatTemplate.from_config(TEMPLATE_CONFIG), tok)}
+    found = minimind_dir()
+    if found is not None:
+        out["minimind"] = (ChatTemplate.from_config(read_tokenizer_config(found)),
+                           (found / "tokenizer.json").read_text(encoding="utf-8"))
+    return out
+
+
+def outcome(call, messages):
+    """call(messages), or a refusal (TurnError) as ("refused", reason, detail): two ways compared by their answers."""
+    try:
+        return call(messages)
+    except TurnError as e:
+        return ("refused", e.reason, e.detail)
 
 
 def chat_tokenizer_dir(tokenizer_json: Path, out: Path, template: str = TEST_TEMPLATE) -> Path:

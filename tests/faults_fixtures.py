@@ -243,15 +243,22 @@ def mounted_faultfs(backing: str | os.PathLike, mountpoint: str | os.PathLike, d
         mount.unmount()
 
 
-@pytest.fixture
-def faultfs(tmp_path):
-    """A FaultMount passing through to a fresh tmp dir (page cache on, like NFS; mmap works)."""
+def faultfs_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """(backing, mount point): two fresh empty directories under tmp_path for mounted_faultfs; the test skipped
+    where FUSE is unavailable."""
     reason = unavailable_fuse()
     if reason:
         pytest.skip(reason)
     backing, root = tmp_path / "faultfs-backing", tmp_path / "faultfs-mnt"
     backing.mkdir()
     root.mkdir()
+    return backing, root
+
+
+@pytest.fixture
+def faultfs(tmp_path):
+    """A FaultMount passing through to a fresh tmp dir (page cache on, like NFS; mmap works)."""
+    backing, root = faultfs_dirs(tmp_path)
     with mounted_faultfs(backing, root) as mount:
         yield mount
 

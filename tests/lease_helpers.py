@@ -4,9 +4,11 @@ it, an admission of this process, and one of `nobody` as a process of its own (i
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 from fakes_nvml import FREE, FakeNvml
@@ -45,6 +47,16 @@ HOLDER = textwrap.dedent("""
 def nobody_run(lock_dir: Path, run: str, hold: bool = False) -> subprocess.Popen:
     argv = user_python(HOLDER, str(lock_dir), run, *(["hold"] if hold else []))
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+
+
+@contextlib.contextmanager
+def nobody_running(lock_dir: Path, run: str, hold: bool = False) -> Iterator[subprocess.Popen]:
+    """nobody_run's process, stopped (stop) when the block ends, whatever the test found in it."""
+    proc = nobody_run(lock_dir, run, hold)
+    try:
+        yield proc
+    finally:
+        stop(proc)
 
 
 def first_line(proc: subprocess.Popen) -> str:

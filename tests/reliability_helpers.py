@@ -18,7 +18,7 @@ from pathlib import Path
 from minilmd import checkpoint, checkpoint_dirs, names
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import process_environ
-from supervisor_helpers import FAKE_TRAINER, env_for
+from supervisor_helpers import FAKE_TRAINER, env_for, write_config
 
 
 class RemoteWatcher(threading.Thread):
@@ -122,6 +122,23 @@ def undisturbed_fake_weights(config: Path) -> int:
     assert out.returncode == 0, out.stdout + out.stderr
     newest = checkpoint_dirs.list_checkpoints(tmp / "scratch" / "checkpoints")[-1]
     return fake_weights_of(newest)
+
+
+def remote_of_an_earlier_run(tmp_path: Path, corpus: Path, max_steps: int,
+                             steps: tuple[str, ...] = ("step-00000010", "step-00000020")) -> tuple[Path, Path]:
+    """A new machine's start: a run of `max_steps` (its config returned, with its remote) whose remote already
+    holds `steps` of an earlier, undisturbed fake run to step 20 (keeping 5), LATEST naming the last; its scratch
+    empty."""
+    earlier = write_config(tmp_path, corpus, name="earlier", remote=False, train={"max_steps": 20, "keep_local": 5})
+    undisturbed_fake_weights(earlier)
+    made = earlier.with_suffix(".undisturbed") / "scratch" / "checkpoints"
+    config = write_config(tmp_path, corpus, train={"max_steps": max_steps})
+    remote = Path(load_config(config).run.remote)
+    remote.mkdir(parents=True)
+    for name in steps:
+        shutil.copytree(made / name, remote / name)
+    (remote / names.LATEST).write_text(steps[-1] + "\n")
+    return config, remote
 
 
 def expectation_for(config: Path) -> checkpoint.Expectation:

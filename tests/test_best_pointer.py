@@ -182,19 +182,11 @@ def test_init_checkpoint_last_takes_the_latest_of_an_early_stopped_run(finished_
 
 @pytest.mark.slow
 def test_a_run_resumed_on_a_new_machine_fetches_its_best_too(tmp_path, corpus):
-    from reliability_helpers import undisturbed_fake_weights
-    from supervisor_helpers import run_supervisor, write_config
+    from reliability_helpers import remote_of_an_earlier_run
+    from supervisor_helpers import run_supervisor
 
-    earlier = write_config(tmp_path, corpus, name="earlier", remote=False, train={"max_steps": 20, "keep_local": 5})
-    undisturbed_fake_weights(earlier)
-    made = earlier.with_suffix(".undisturbed") / "scratch" / "checkpoints"
-    config = write_config(tmp_path, corpus, train={"max_steps": 20})  # done already: nothing new is saved
+    config, remote = remote_of_an_earlier_run(tmp_path, corpus, max_steps=20)  # done already: nothing new is saved
     cfg = load_config(config)
-    remote = Path(cfg.run.remote)
-    remote.mkdir(parents=True)
-    for name in ("step-00000010", "step-00000020"):
-        shutil.copytree(made / name, remote / name)
-    (remote / LATEST).write_text("step-00000020\n")
     (remote / BEST).write_text("step-00000010\n")
 
     assert run_supervisor(config, tmp_path, timeout=120) == 0

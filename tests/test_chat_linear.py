@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from chat_helpers import MINIMIND_DIR, a, s, u, write_chat_jsonl
-from chat_synthetic import TEMPLATE_CONFIG
+from chat_helpers import MINIMIND_DIR, a, chat_templates, outcome, s, u, write_chat_jsonl
 from minilmd.cli import app
-from minilmd.corpus.chat import ChatTemplate, TurnError, read_tokenizer_config
+from minilmd.corpus.chat import ChatTemplate, TurnError
 from minilmd.corpus.chat_budget import TemplateLimits
 from minilmd.corpus.chat_spans import BlockSpans, Layouts
 
@@ -55,27 +54,14 @@ class Counting(ChatTemplate):
         return super()._render(messages, add_generation_prompt)
 
 
-def _templates(chat_tokenizer: Path) -> dict[str, ChatTemplate]:
-    out = {"test": ChatTemplate.load(chat_tokenizer), "synthetic": ChatTemplate.from_config(TEMPLATE_CONFIG)}
-    if (MINIMIND_DIR / "tokenizer_config.json").is_file():
-        out["minimind"] = ChatTemplate.from_config(read_tokenizer_config(MINIMIND_DIR))
-    return out
-
-
-def _outcome(call, messages):
-    try:
-        return call(messages)
-    except TurnError as e:
-        return ("refused", e.reason, e.detail)
-
-
 @pytest.mark.slow  # the definition renders each long conversation once per turn
 @pytest.mark.parametrize("name", ["test", "synthetic", "minimind"])
 def test_long_conversations_take_work_linear_in_their_length_with_the_prefix_way_spans(name, chat_tokenizer):
-    templates = _templates(chat_tokenizer)
+    templates = chat_templates(chat_tokenizer)
     if name not in templates:
-        pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR}")
-    definition = ChatTemplate(templates[name].source, templates[name].special_tokens, TemplateLimits(seconds=600))
+        pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR} (set MINIMIND_TOKENIZER_DIR)")
+    template = templates[name][0]
+    definition = ChatTemplate(template.source, template.special_tokens, TemplateLimits(seconds=600))
     counting = Counting(definition.source, definition.special_tokens)
     finder = BlockSpans(counting, Layouts(counting))  # a fresh block: its proof still to make
     longs = long_conversations()
@@ -83,7 +69,7 @@ def test_long_conversations_take_work_linear_in_their_length_with_the_prefix_way
     convs = longs[:2] + [turns(2), [s("sys")] + turns(3), [s("")] + turns(1), turns(1, "t")] + longs[2:] + \
         [lc[:-2] for lc in longs]
     for messages in convs:
-        assert _outcome(finder.targets, messages) == _outcome(definition.targets, messages), len(messages)
+        assert outcome(finder.targets, messages) == outcome(definition.targets, messages), len(messages)
     assert not finder.mismatch
     assert finder.layouts is not None and finder.layouts.prelude, "short shapes proved a prediction"
     messages = sum(map(len, convs))

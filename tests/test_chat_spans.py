@@ -6,15 +6,12 @@ for templates that are not laid out by the shape of a conversation (the block fa
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from chat_helpers import HAND_MADE, MINIMIND_DIR, a, read_conversations, s, u
-from chat_synthetic import TEMPLATE_CONFIG
-from minilmd.corpus.chat import ChatTemplate, TurnError, read_tokenizer_config
+from chat_helpers import HAND_MADE, MINIMIND_DIR, a, chat_templates, outcome, read_conversations, s, u
+from minilmd.corpus.chat import ChatTemplate, TurnError
 from minilmd.corpus.chat_spans import UNLEARNT, VERIFIED_PER_BLOCK, BlockSpans, Layouts, shape
 from minilmd.corpus.demo_text import write_repeated_chat_corpus
 from minilmd.corpus.prepare.chat_encode import ChatBlockEncoder, ChatSpec
@@ -38,13 +35,6 @@ BY_TEXT = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['co
 learnt."""
 SKIPS_EMPTY = ("{% for m in messages %}{% if m['content'] %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
                "'<|im_end|>\\n' }}{% endif %}{% endfor %}")
-
-
-def _minimind_dir() -> Path | None:
-    for d in (MINIMIND_DIR, Path(os.environ.get("MINIMIND_TOKENIZER_DIR", MINIMIND_DIR))):
-        if (d / "tokenizer_config.json").is_file():
-            return d
-    return None
 
 
 EDGES = [
@@ -72,28 +62,9 @@ def conversations(chat_jsonl, demo_jsonl, tmp_path_factory) -> list[list[dict]]:
     return HAND_MADE + EDGES + read_conversations(chat_jsonl)[::2] + read_conversations([mixed])
 
 
-def _templates(chat_tokenizer) -> dict[str, tuple[ChatTemplate, str]]:
-    """name -> (template, tokenizer.json text)."""
-    tok = (chat_tokenizer / "tokenizer.json").read_text(encoding="utf-8")
-    out = {"test": (ChatTemplate.load(chat_tokenizer), tok),
-           "synthetic": (ChatTemplate.from_config(TEMPLATE_CONFIG), tok)}
-    found = _minimind_dir()
-    if found is not None:
-        out["minimind"] = (ChatTemplate.from_config(read_tokenizer_config(found)),
-                           (found / "tokenizer.json").read_text(encoding="utf-8"))
-    return out
-
-
-def _outcome(call, messages):
-    try:
-        return call(messages)
-    except TurnError as e:
-        return ("refused", e.reason, e.detail)
-
-
 @pytest.mark.parametrize("name", ["test", "synthetic", "minimind"])
 def test_one_rendering_gives_the_prefix_spans_or_the_same_refusal(name, chat_tokenizer, conversations):
-    templates = _templates(chat_tokenizer)
+    templates = chat_templates(chat_tokenizer)
     if name not in templates:
         pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR} (set MINIMIND_TOKENIZER_DIR)")
     template = templates[name][0]
@@ -101,7 +72,7 @@ def test_one_rendering_gives_the_prefix_spans_or_the_same_refusal(name, chat_tok
     finder.verified = VERIFIED_PER_BLOCK  # no sample: every conversation one rendering where it can
     assert len(conversations) > 600
     for messages in conversations:
-        assert _outcome(finder.targets, messages) == _outcome(template.targets, messages), messages
+        assert outcome(finder.targets, messages) == outcome(template.targets, messages), messages
     assert not finder.mismatch
     assert finder.renders_saved > 0.9 * len(conversations), "most conversations took one rendering"
 
@@ -111,7 +82,7 @@ def test_one_rendering_gives_the_prefix_spans_or_the_same_refusal(name, chat_tok
 @pytest.mark.parametrize("block_bytes", [1 << 20, 8192])
 def test_block_encoder_writes_the_same_tokens_and_masks_byte_for_byte(name, block_bytes, chat_tokenizer,
                                                                       conversations):
-    templates = _templates(chat_tokenizer)
+    templates = chat_templates(chat_tokenizer)
     tok = templates["test"][1]
     templates |= {"not-incremental": (ChatTemplate(NOT_INCREMENTAL, SPECIALS), tok),
                   "by-text": (ChatTemplate(BY_TEXT, SPECIALS), tok),
@@ -290,7 +261,7 @@ def _rendered(template: ChatTemplate, conversations: list[list[dict]]) -> tuple[
 def test_spans_looked_up_at_their_ends_equal_the_offsets_of_every_token(name, chat_tokenizer, conversations):
     from tokenizers import Tokenizer
 
-    templates = _templates(chat_tokenizer)
+    templates = chat_templates(chat_tokenizer)
     if name not in templates:
         pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR} (set MINIMIND_TOKENIZER_DIR)")
     template, tok_json = templates[name]
@@ -366,7 +337,7 @@ def test_masks_from_the_ids_byte_lengths_equal_the_lookup(name, chat_tokenizer, 
     encode_batch_fast and the ids' byte lengths alone: the masks and refusals of the lookup on encode_batch."""
     from tokenizers import Tokenizer
 
-    templates = _templates(chat_tokenizer)
+    templates = chat_templates(chat_tokenizer)
     if name not in templates:
         pytest.skip(f"MiniMind's tokenizer is not at {MINIMIND_DIR} (set MINIMIND_TOKENIZER_DIR)")
     template, tok_json = templates[name]
@@ -400,7 +371,7 @@ class _Shifted:
 def test_a_block_whose_ids_do_not_spell_its_text_or_whose_sample_differs_goes_the_lookup_way(chat_tokenizer):
     from tokenizers import Tokenizer
 
-    template, tok_json = _templates(chat_tokenizer)["test"]
+    template, tok_json = chat_templates(chat_tokenizer)["test"]
     tok = Tokenizer.from_str(tok_json)
     rendered = [template.targets(m) for m in [[u("q"), a("回答 one")], [u("问"), a("r"), u("q2"), a("r2")]] * 6]
     texts, spans = [t for t, _ in rendered], [sp for _, sp in rendered]

@@ -19,7 +19,7 @@ from minilmd.model_shapes import expected_state_shapes
 from minilmd.names import QUARANTINE, REASON_FILE
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
-from weights_helpers import CHECKPOINT_MODEL, make_run, save_run, trainer_state
+from weights_helpers import CHECKPOINT_MODEL, make_run, save_run, saved_steps, trainer_state
 
 torch.set_num_threads(1)
 
@@ -261,14 +261,7 @@ def test_prune_keeps_the_newest_valid(tmp_path, run):
 
 
 def test_prune_deletes_beyond_keep_and_respects_protect(tmp_path):
-    paths = {}
-    model, opt = make_run(0)
-    x = torch.randint(0, 256, (2, 16))
-    for step in range(1, 6):
-        model(x, labels=x).loss.backward()
-        opt.step()
-        opt.zero_grad()
-        paths[step] = ckpt_io.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+    paths = saved_steps(tmp_path, 5)
     deleted = checkpoint_select.prune(tmp_path, keep=2, protect=[paths[1]], log=lambda s: None)
     assert sorted(ck.step_of(p) for p in deleted) == [2, 3]
     assert [ck.step_of(p) for p in checkpoint_dirs.list_checkpoints(tmp_path)] == [1, 4, 5]
@@ -400,13 +393,7 @@ def test_two_concurrent_prunes_never_fail(tmp_path):
     """The trainer's saver and the supervisor both prune the local root; neither may trip over the other."""
     import threading
 
-    model, opt = make_run(0)
-    x = torch.randint(0, 256, (2, 16))
-    for step in range(1, 7):
-        model(x, labels=x).loss.backward()
-        opt.step()
-        opt.zero_grad()
-        ckpt_io.save(tmp_path, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+    saved_steps(tmp_path, 6)
     errors = []
 
     def prune():
@@ -437,3 +424,22 @@ def test_verify_with_a_run_config_shows_the_model_difference(tmp_path, run):
     assert out.returncode == 1
     assert "model.hidden_size: checkpoint 64, run 96" in out.stdout
     assert "fingerprints not checked" in out.stderr  # the corpus is not there: said, not silently skipped
+
+
+def test_a_resume_reads_the_files_a_run_carries_once_as_the_manifest_lists_them(tmp_path, run):
+    """resume.read_checkpoint: a DPO run's reference comes with the rest of the checkpoint (rank 0 reads it when the
+    job spans nodes), checked against the manifest by the checkpoint format's own rule; a checkpoint without one
+    carries nothing, and a reference that is not the file the manifest lists is an invalid checkpoint."""
+    from minilmd.names import DPO_REFERENCE
+    from minilmd.trainer.loop.resume import read_checkpoint
+
+    model, opt = run
+    plain = ckpt_io.save(tmp_path / "plain", 3, model.state_dict(), opt.state_dict(), trainer_state(3))
+    assert read_checkpoint(plain).carried == {}
+    dpo = ckpt_io.save(tmp_path / "dpo", 3, model.state_dict(), opt.state_dict(), trainer_state(3),
+                       extra={DPO_REFERENCE: b"sums"})
+    found = read_checkpoint(dpo)
+    assert found.carried == {DPO_REFERENCE: b"sums"} and found.state["step"] == 3
+    (dpo / DPO_REFERENCE).write_bytes(b"SUMS")  # the size the manifest lists, other bytes
+    with pytest.raises(ck.CheckpointInvalid, match=f"{DPO_REFERENCE}: sha256 mismatch"):
+        read_checkpoint(dpo)

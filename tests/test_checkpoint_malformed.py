@@ -209,19 +209,11 @@ def test_a_run_resumes_past_a_malformed_newest_checkpoint_in_scratch(tmp_path, c
 
 @pytest.mark.slow
 def test_a_run_fetches_the_good_step_beside_a_malformed_remote_latest(tmp_path, corpus):
-    from reliability_helpers import event_texts, undisturbed_fake_weights
-    from supervisor_helpers import run_supervisor, state, write_config
+    from reliability_helpers import event_texts, remote_of_an_earlier_run
+    from supervisor_helpers import run_supervisor, state
 
-    earlier = write_config(tmp_path, corpus, name="earlier", remote=False, train={"max_steps": 20, "keep_local": 5})
-    undisturbed_fake_weights(earlier)
-    made = earlier.with_suffix(".undisturbed") / "scratch" / "checkpoints"
-    config = write_config(tmp_path, corpus, train={"max_steps": 30})
+    config, remote = remote_of_an_earlier_run(tmp_path, corpus, max_steps=30)
     cfg = load_config(config)
-    remote = Path(cfg.run.remote)
-    remote.mkdir(parents=True)
-    for name in ("step-00000010", "step-00000020"):
-        shutil.copytree(made / name, remote / name)
-    (remote / "LATEST").write_text("step-00000020\n")
     rewrite_json(remote / "step-00000020", "trainer_state.json", lambda s: _nested(b'{"x":'))
 
     assert run_supervisor(config, tmp_path, timeout=120) == 0

@@ -56,10 +56,9 @@ def test_a_streamed_deep_line_is_invalid_json_as_a_whole_one(kind):
     assert verdict.bad is not None and verdict.bad[0] == "invalid_json" and "nested deeper" in verdict.bad[1]
 
 
-@pytest.mark.parametrize("kind", sorted(DEEP))
-def test_prepare_text_names_or_skips_a_deep_line(tmp_path, tokenizer, kind):
-    src = text_corpus(tmp_path / "c.jsonl", DEEP[kind])
-    base = ["prepare", str(src), "--tokenizer", str(tokenizer), "--val-fraction", "0", "--workers", "0"]
+def _prepare_names_or_skips_line_8(tmp_path: Path, base: list[str]) -> dict:
+    """`prepare` (its command line `base`, without --out) of a corpus whose line 8 is nested too deep: it names the
+    line (exit 65), and with --on-bad-line skip counts it as invalid_json; the skipping prepare's meta.json."""
     r = CliRunner().invoke(app, base + ["--out", str(tmp_path / "a")])
     assert r.exit_code == 65, r.output
     assert "c.jsonl:8: invalid json (nested deeper" in r.output
@@ -67,6 +66,14 @@ def test_prepare_text_names_or_skips_a_deep_line(tmp_path, tokenizer, kind):
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "b" / "meta.json").read_text())
     assert meta["bad_lines"]["by_reason"] == {"invalid_json": 1}
+    return meta
+
+
+@pytest.mark.parametrize("kind", sorted(DEEP))
+def test_prepare_text_names_or_skips_a_deep_line(tmp_path, tokenizer, kind):
+    src = text_corpus(tmp_path / "c.jsonl", DEEP[kind])
+    base = ["prepare", str(src), "--tokenizer", str(tokenizer), "--val-fraction", "0", "--workers", "0"]
+    meta = _prepare_names_or_skips_line_8(tmp_path, base)
     assert meta["splits"]["train"]["documents"] == len(GOOD_TEXTS)
 
 
@@ -82,13 +89,7 @@ def test_prepare_chat_names_or_skips_a_deep_line(tmp_path, chat_tokenizer, kind)
     src = chat_corpus(tmp_path / "c.jsonl", DEEP[kind])
     base = ["prepare", str(src), "--tokenizer", str(chat_tokenizer / "tokenizer.json"), "--format", "chat",
             "--val-fraction", "0", "--workers", "0"]
-    r = CliRunner().invoke(app, base + ["--out", str(tmp_path / "a")])
-    assert r.exit_code == 65, r.output
-    assert "c.jsonl:8: invalid json (nested deeper" in r.output
-    r = CliRunner().invoke(app, base + ["--out", str(tmp_path / "b"), "--on-bad-line", "skip"])
-    assert r.exit_code == 0, r.output
-    meta = json.loads((tmp_path / "b" / "meta.json").read_text())
-    assert meta["bad_lines"]["by_reason"] == {"invalid_json": 1}
+    _prepare_names_or_skips_line_8(tmp_path, base)
 
 
 @pytest.mark.parametrize("kind", sorted(DEEP))

@@ -72,6 +72,16 @@ def test_a_supervisor_that_ended_cleanly_is_not_started_again(launcher, how):
         assert "killed by SIGTERM (exit status 143), a clean end for systemd: not restarted" in said, said
 
 
+@pytest.mark.parametrize("inherited", [False, True], ids=["clean", "set-where-the-launcher-ran"])
+def test_only_the_windows_own_restarts_say_they_are_automatic(launcher, inherited):
+    """MINILMD_AUTO_RESTART=tmux (a stop request is honoured: daemon/base/stoprequest.py) on the restarts alone, never
+    on the first start, the person's: not even when the launcher (and so the tmux server) ran with it set."""
+    session = start(launcher, "a", MINILMD_STAND_IN_EXITS="1,-9,0", **({"MINILMD_AUTO_RESTART": "tmux"} if inherited
+                                                                       else {}))
+    launcher.wait_dead(session, "run")
+    assert [r["auto_restart"] for r in launcher.records(3) if r["argv"][0] == "run"] == [None, "tmux", "tmux"]
+
+
 def test_the_start_limit_ends_a_supervisor_that_keeps_failing(launcher):
     session = start(launcher, "l", MINILMD_STAND_IN_EXITS="1,1,1,1,1,1,1,1")
     launcher.wait_dead(session, "run")

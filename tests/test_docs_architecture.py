@@ -4,6 +4,7 @@ never imports torch holds, and the runbook's tables name every restart cause of 
 status of minilmd/protocol.py."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -130,3 +131,14 @@ def test_the_runbook_lists_every_exit_status():
     trainer = {getattr(protocol, n) for n in dir(protocol) if n.startswith("EXIT_")}
     said = {int(s) for s in re.findall(r"\b(\d+) [a-zA-Z]", text.split("`minilmd train`", 1)[1])}
     assert trainer <= said, f"trainer exit statuses not explained: {sorted(trainer - said)}"
+
+
+def test_run_help_lists_every_exit_status_of_the_runbook():
+    """`minilmd run --help` explains each status the runbook's `minilmd run` table lists (on main it left out 1,
+    a crash or a finished run whose last sync failed, which systemd restarts)."""
+    table = re.split(r"^`minilmd stop`", section(RUNBOOK.read_text(encoding="utf-8"), "Exit statuses"), flags=re.M)[0]
+    listed = {int(s) for s in re.findall(r"^\| (\d+) \|", table, re.M)}
+    shown = subprocess.run([sys.executable, "-m", "minilmd.cli", "run", "--help"], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "COLUMNS": "200"}).stdout
+    helped = {int(s) for s in re.findall(r"\b(\d+) [a-zA-Z]", shown.split("Exit status:", 1)[1])}
+    assert {0, 1, 2} <= listed and listed <= helped, f"not in `minilmd run --help`: {sorted(listed - helped)}\n{shown}"

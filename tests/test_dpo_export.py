@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from minilmd.cli import app
 from minilmd.config import load_config
+from minilmd.names import DPO_REFERENCE
 from minilmd.protocol import EXIT_DONE
-from minilmd.trainer.loop.dpo_reference import REFERENCE_FILE
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.export import load_model
 from trainer_corpus import write_config
@@ -36,7 +36,7 @@ def dpo_run(tmp_path, dpo_corpus, base, name: str, **sections):
                                    data={"val_windows": 16}, train={**DPO_TRAIN, "lr": 1e-2}, **sections))
     assert Trainer(cfg, Dist(0, 1, 0, torch.device("cpu"))).train() == EXIT_DONE
     ckpt = cfg.checkpoint_dir / "step-00000003"
-    assert (ckpt / REFERENCE_FILE).is_file()
+    assert (ckpt / DPO_REFERENCE).is_file()
     return ckpt
 
 
@@ -59,7 +59,7 @@ def test_full_and_lora_dpo_checkpoints_export_as_minimind_hf_and_peft(tmp_path, 
 
     invoke("export", full, "--format", "hf", "--out", tmp_path / "hf-dpo", "--tokenizer", prepared / "tokenizer.json")
     exported = {p.name for p in (tmp_path / "hf-dpo").iterdir()}
-    assert "model.safetensors" in exported and REFERENCE_FILE not in exported
+    assert "model.safetensors" in exported and DPO_REFERENCE not in exported
     ours, _ = load_model(full)
     plain, _ = load_model(base)
     hf = Qwen3ForCausalLM.from_pretrained(tmp_path / "hf-dpo").eval()
@@ -71,7 +71,7 @@ def test_full_and_lora_dpo_checkpoints_export_as_minimind_hf_and_peft(tmp_path, 
     invoke("export", adapter, "--format", "peft", "--out", tmp_path / "peft")
     invoke("export", base, "--format", "hf", "--out", tmp_path / "hf-base", "--tokenizer", prepared / "tokenizer.json")
     assert all("lora_" in k for k in load_file(tmp_path / "peft" / "adapter_model.safetensors"))
-    assert REFERENCE_FILE not in {p.name for p in (tmp_path / "peft").iterdir()}
+    assert DPO_REFERENCE not in {p.name for p in (tmp_path / "peft").iterdir()}
     with_adapter, _ = load_model(adapter)
     peft_model = PeftModel.from_pretrained(Qwen3ForCausalLM.from_pretrained(tmp_path / "hf-base"),
                                            tmp_path / "peft").eval()

@@ -207,3 +207,56 @@ def test_demo_corpus_dpo_writes_the_pairs_the_tests_use_from_the_demo_chat_corpu
         assert pair["chosen"] in chats
     both = CliRunner().invoke(app, ["demo-corpus", "--dpo", "--chat", str(tmp_path / "x")])
     assert both.exit_code == 2 and "give one" in both.output
+
+
+def test_same_replies_and_a_side_not_a_list_are_bad_lines_named_as_pairs(tmp_path, chat_tokenizer):
+    good = {"chosen": [u("你好"), a("你好！")], "rejected": [u("你好"), a("走开")]}
+    same = {"chosen": [u("问"), a("答")], "rejected": [u("问"), a("答")]}  # margin 0: ln 2 and no gradient, always
+    text = {"chosen": "答", "rejected": [u("问"), a("答")]}
+    empty = {"chosen": [u("问"), a("答")], "rejected": []}
+    src = write_jsonl(tmp_path / "p.jsonl", [good, same, text, empty, good])
+    with pytest.raises(InputError) as e:
+        _prepare([src], chat_tokenizer, tmp_path / "out")
+    said = " ".join(str(e.value).split())
+    assert "p.jsonl:2: dpo same replies" in said, said
+    assert "p.jsonl:3: dpo side not messages (chosen is a JSON str; a side is a list of messages)" in said, said
+    assert "p.jsonl:4: dpo side not messages (rejected is an empty list" in said, said
+    assert '"conversations"' not in said  # a DPO line has no such key
+    meta = _prepare([src], chat_tokenizer, tmp_path / "skip", on_bad_line="skip")
+    assert meta["splits"]["train"]["pairs"] == 2
+    assert meta["bad_lines"]["by_reason"] == {"dpo_same_replies": 1, "dpo_side_not_messages": 2}
+
+
+def _pair(i: int, prompt: str = "问") -> dict:
+    return {"chosen": [u(f"{prompt} {i}"), a(f"好 {i}")], "rejected": [u(f"{prompt} {i}"), a(f"坏 {i}")]}
+
+
+def _in_val(pair: dict, fraction: float) -> bool:
+    from minilmd.corpus.prepare.block import split_is_val
+    from minilmd.corpus.prepare.dpo_encode import pair_canonical
+
+    return split_is_val(pair_canonical(pair["chosen"], pair["rejected"]), fraction)
+
+
+def test_prepare_counts_a_preference_corpus_in_pairs_and_suggests_what_it_can_give(tmp_path, chat_tokenizer):
+    """Each pair is two documents: the messages count pairs, and a val fraction's promise is capped by the corpus."""
+    said: list[str] = []
+    long = [_pair(i, "长" * 100) for i in range(5)]
+    short = [p for p in map(_pair, range(200)) if not _in_val(p, 0.3)][:2]
+    val_one = next(p for p in map(_pair, range(200, 400)) if _in_val(p, 0.3))
+    src = write_jsonl(tmp_path / "p.jsonl", [*long, *short, val_one])
+    meta = _prepare([src], chat_tokenizer, tmp_path / "drop", seq_len=40, on_long="drop", val_fraction=0.3,
+                    log=said.append)
+    assert meta["splits"]["train"]["pairs"] == 2 and meta["splits"]["val"]["pairs"] == 1
+    text = "\n".join(said)
+    assert "dropped: 5 pairs longer than seq_len 40 (--on-long drop)" in text, text
+    assert "warning: val holds only 1 of 3 pairs (val fraction 0.3)" in text, text
+    assert "--val-fraction 0.5 gives about 2 (the corpus holds only 3 pairs)" in text, text
+    none_in_val = [p for p in map(_pair, range(200)) if not _in_val(p, 0.05)][:3]
+    with pytest.raises(InputError) as e:
+        _prepare([write_jsonl(tmp_path / "n.jsonl", none_in_val)], chat_tokenizer, tmp_path / "n", val_fraction=0.05)
+    assert "none of the 3 pairs fell into val at --val-fraction 0.05 (about 0.15 expected" in str(e.value), e.value
+    assert "puts at least one pair there" in str(e.value)
+    with pytest.raises(InputError) as e:
+        _prepare([write_jsonl(tmp_path / "l.jsonl", long)], chat_tokenizer, tmp_path / "l", seq_len=40, on_long="drop")
+    assert "5 pairs dropped for length at --seq-len 40" in str(e.value), e.value

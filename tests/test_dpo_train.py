@@ -18,10 +18,9 @@ from minilmd.config import load_config
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.corpus.format import open_prepared
 from minilmd.daemon.views.fitwatch import fit_lines
-from minilmd.names import FAULT_ENV
+from minilmd.names import DPO_REFERENCE, FAULT_ENV
 from minilmd.plan.pairs import PairSampler
 from minilmd.protocol import EXIT_DONE
-from minilmd.trainer.loop.dpo_reference import REFERENCE_FILE
 from minilmd.trainer.loop.objective_dpo import dpo_terms, sequence_logps
 from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
 from trainer_corpus import TINY_MODEL, read_metrics, resumed_step, run_paths, train, write_config
@@ -118,9 +117,9 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     assert len(made) == 1 and made[0]["source"] == "computed" and made[0]["seconds"] > 0
     assert [s["step"] for s in read_metrics(run_dir, "checkpoint")][:1] == [0]  # saved at once: kept with the run
     steps = sorted(ckpt_dir.glob("step-*"))  # the newest keep_local of them
-    first = (steps[0] / REFERENCE_FILE).read_bytes()
+    first = (steps[0] / DPO_REFERENCE).read_bytes()
     for ckpt in steps:
-        assert REFERENCE_FILE in _manifest_files(ckpt) and (ckpt / REFERENCE_FILE).read_bytes() == first
+        assert DPO_REFERENCE in _manifest_files(ckpt) and (ckpt / DPO_REFERENCE).read_bytes() == first
     from minilmd.checkpoint import validated_weights
     from minilmd.trainer.model.export import minimind_weight
 
@@ -145,7 +144,7 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     assert read_metrics(lora_dir, "train")[0]["loss"] == pytest.approx(LN2, abs=1e-5)
     assert read_metrics(lora_dir, "eval")[-1]["val_reward_accuracy"] >= 0.7  # 0.906 measured
     final = lora_ckpts / "step-00000040"
-    assert REFERENCE_FILE in _manifest_files(final)
+    assert DPO_REFERENCE in _manifest_files(final)
     assert all("lora_" in k for k in load_file(final / "model.safetensors"))  # the adapters alone
 
 
@@ -168,7 +167,7 @@ def test_a_killed_and_resumed_dpo_run_ends_bit_identical_to_an_undisturbed_one(t
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), f"{name}:{k} differs after resume"
-    assert (a_dir / REFERENCE_FILE).read_bytes() == (b_dir / REFERENCE_FILE).read_bytes()
+    assert (a_dir / DPO_REFERENCE).read_bytes() == (b_dir / DPO_REFERENCE).read_bytes()
     losses = lambda config: [(m["loss"], m["reward_accuracy"]) for m in read_metrics(run_paths(config)[0], "train")
                              if m["step"] == 16]
     assert losses(straight) == losses(killed)
@@ -226,12 +225,11 @@ def test_a_resume_from_a_checkpoint_without_the_reference_is_refused_not_compute
     have it recomputed from its trained weights, which would make the policy its own reference from there on."""
     from minilmd.corpus_meta import CorpusError
     from minilmd.trainer.loop.dpo_reference import Preference
+    from minilmd.trainer.loop.parts import Found
 
     cfg = load_config(_dpo_config(tmp_path, dpo_corpus, "foreign", max_steps=4))
-    ckpt = tmp_path / "step-00000004"
-    ckpt.mkdir()
-    (ckpt / "manifest.json").write_text(json.dumps({"step": 4, "files": {}}))
+    found = Found(tmp_path / "step-00000004", {}, {}, {"step": 4}, carried={})  # its manifest lists no reference
     preference = Preference(cfg, open_prepared(dpo_corpus[0]))
-    with pytest.raises(CorpusError, match=f"carries no {REFERENCE_FILE}"):
-        preference.start(trainer=None, found_path=ckpt)  # refused before the trainer's model is touched
+    with pytest.raises(CorpusError, match=f"carries no {DPO_REFERENCE}"):
+        preference.start(host=None, found=found)  # refused before the trainer's model is touched
     assert preference.seconds is None

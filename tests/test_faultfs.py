@@ -14,7 +14,7 @@ import threading
 import pytest
 
 import faults_fixtures
-from faults_fixtures import is_mounted, mounted_faultfs, unavailable_fuse
+from faults_fixtures import faultfs_dirs, is_mounted, mounted_faultfs, unavailable_fuse
 from waiting import wait_until
 
 pytestmark = pytest.mark.root
@@ -252,12 +252,7 @@ def test_a_mapped_file_that_starts_failing_raises_sigbus(faultfs):
 @pytest.mark.slow
 @pytest.mark.fuse
 def test_teardown_leaves_no_mount_even_when_busy_or_stalled_or_dead(tmp_path):
-    reason = unavailable_fuse()
-    if reason:
-        pytest.skip(reason)
-    backing, root = tmp_path / "b", tmp_path / "m"
-    backing.mkdir()
-    root.mkdir()
+    backing, root = faultfs_dirs(tmp_path)
     (backing / "f").write_bytes(b"data")
     with mounted_faultfs(backing, root) as fs:
         held = open(root / "f", "rb")  # keeps the mount busy: the lazy unmount path
@@ -286,12 +281,7 @@ def test_teardown_leaves_no_mount_even_when_busy_or_stalled_or_dead(tmp_path):
 
 @pytest.mark.fuse
 def test_direct_io_mount_sends_every_read_to_the_filesystem(tmp_path):
-    reason = unavailable_fuse()
-    if reason:
-        pytest.skip(reason)
-    backing, root = tmp_path / "b", tmp_path / "m"
-    backing.mkdir()
-    root.mkdir()
+    backing, root = faultfs_dirs(tmp_path)
     data = os.urandom(5 * PAGE)
     (backing / "f").write_bytes(data)
     with mounted_faultfs(backing, root, direct_io=True) as fs, open(root / "f", "rb") as held:

@@ -14,8 +14,6 @@ step).
 """
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from safetensors.torch import load_file
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV
-from supervisor_helpers import env_for
+from multinode_helpers import free_port, node_command, run_nodes
 
 pytestmark = pytest.mark.slow
 TWO_RANKS = {"train": {"micro_batch_size": 4, "grad_accum": 1}}
@@ -35,36 +33,16 @@ FOUR_RANKS = {"train": {"micro_batch_size": 2, "grad_accum": 1}}
 """The same global batch over 4 ranks: 2 rows x 1 micro-batch each."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def node_command(config: Path, port: int, nnodes: int = 2, nproc: int = 1) -> list[str]:
-    """One server's torchrun in its restart loop, as docs/operations.md "More than one server" writes it."""
-    torchrun = (f"{sys.executable} -m torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc} "
-                f"--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id loopback --max-restarts 0 "
-                f"-m minilmd.cli train {config}")
-    return ["bash", "-c", f"for attempt in 1 2 3; do {torchrun} && exit 0; echo \"restart $attempt\"; sleep 1; done; "
-                          f"exit 1"]
-
-
-def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
-    """Each (command, extra environment) at once, output to logs/node<i>.log; their exit statuses."""
-    logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for i, (command, env) in enumerate(commands):
-        with open(logs / f"node{i}.log", "wb") as out:
-            procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                          env=env_for(fake=False, **env)))
-    try:
-        return [p.wait(240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+def one_node_and_two(straight, tmp_path: Path, ranks: dict, nproc: int) -> tuple[Path, Path, list[str]]:
+    """The undisturbed run's config (`ranks`: its batch per rank) for one node of 2 x nproc ranks and for two nodes
+    of nproc each, their run directories made: (one node's config, two nodes' config, one node's torchrun)."""
+    one_node = straight.config_like(tmp_path, "one", **ranks)
+    two_nodes = straight.config_like(tmp_path, "two", **ranks)
+    for config in (one_node, two_nodes):
+        load_config(config).run_dir.mkdir(parents=True)
+    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(2 * nproc),
+                  "-m", "minilmd.cli", "train", str(one_node)]
+    return one_node, two_nodes, standalone
 
 
 def final_weights(config: Path) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -74,12 +52,7 @@ def final_weights(config: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 def test_multinode_on_loopback_matches_one_node_and_a_killed_rank_restarts_from_the_checkpoint(tmp_path, undisturbed):
     straight = undisturbed()
-    one_node = straight.config_like(tmp_path, "one", **TWO_RANKS)
-    two_nodes = straight.config_like(tmp_path, "two", **TWO_RANKS)
-    for config in (one_node, two_nodes):
-        load_config(config).run_dir.mkdir(parents=True)
-    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                  "-m", "minilmd.cli", "train", str(one_node)]
+    one_node, two_nodes, standalone = one_node_and_two(straight, tmp_path, TWO_RANKS, nproc=1)
     port = free_port()
     # all three at once: the rendezvous and the restart wait more than they compute
     kill = {FAULT_ENV: "sigkill@10"}
@@ -109,12 +82,7 @@ def test_multinode_on_loopback_matches_one_node_and_a_killed_rank_restarts_from_
 
 def test_multinode_two_nodes_of_two_ranks_train_as_one_node_of_four(tmp_path, undisturbed):
     straight = undisturbed()
-    one_node = straight.config_like(tmp_path, "one", **FOUR_RANKS)
-    two_nodes = straight.config_like(tmp_path, "two", **FOUR_RANKS)
-    for config in (one_node, two_nodes):
-        load_config(config).run_dir.mkdir(parents=True)
-    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                  "-m", "minilmd.cli", "train", str(one_node)]
+    one_node, two_nodes, standalone = one_node_and_two(straight, tmp_path, FOUR_RANKS, nproc=2)
     port = free_port()
     codes = run_nodes([(node_command(two_nodes, port, nproc=2), {}), (node_command(two_nodes, port, nproc=2), {}),
                        (standalone, {})], tmp_path / "logs")

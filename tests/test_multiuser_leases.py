@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lease_helpers import LEASE, admin_lock_dir, admission, first_line, nobody_run, stop
+from lease_helpers import LEASE, admin_lock_dir, admission, first_line, nobody_running
 from minilmd.daemon.host.lock import LockUnsafe, RunLock, lock_holder
 from second_user import (
     second_user,
@@ -106,36 +106,27 @@ def test_the_first_user_makes_the_directory_shared_and_its_lease_readable_whatev
 def test_two_users_never_hold_one_device_and_neither_writes_the_others_lease(shared):
     uid, _ = second_user()
     locks = admin_lock_dir(shared)
-    holder = nobody_run(locks, "nobody-run", hold=True)  # nobody comes first: it makes the lease file
-    try:
+    with nobody_running(locks, "nobody-run", hold=True) as holder:  # nobody comes first: it makes the lease file
         assert first_line(holder) == "leased"
         st_file = (locks / LEASE).stat()
         assert st_file.st_uid == uid and stat.S_IMODE(st_file.st_mode) == 0o644
         adm = admission(locks, "root-run")
         assert adm.try_acquire(1) is None
         assert f"leased by run nobody-run pid {holder.pid}" in adm.last_report.summary()
-    finally:
-        stop(holder)
     body = (locks / LEASE).read_bytes()
     lease = adm.try_acquire(1)  # the holder died: root takes the device, through nobody's file
     assert lease is not None
     try:
-        refused = nobody_run(locks, "nobody-again")
-        try:
+        with nobody_running(locks, "nobody-again") as refused:
             line = first_line(refused)
             assert line.startswith("refused") and f"leased by pid {os.getpid()} (user root)" in line, line
-        finally:
-            stop(refused)
     finally:
         lease.release()
     after = (locks / LEASE).stat()
     assert (locks / LEASE).read_bytes() == body  # never written, never truncated by root
     assert after.st_uid == uid and stat.S_IMODE(after.st_mode) == 0o644  # never chmodded
-    again = nobody_run(locks, "nobody-last")
-    try:
+    with nobody_running(locks, "nobody-last") as again:
         assert first_line(again) == "leased"  # root let it go
-    finally:
-        stop(again)
 
 
 def test_a_lock_directory_root_made_first_serves_the_other_user(shared):
@@ -145,20 +136,14 @@ def test_a_lock_directory_root_made_first_serves_the_other_user(shared):
     st_dir = locks.stat()
     assert st_dir.st_uid == 0 and stat.S_IMODE(st_dir.st_mode) == 0o1777
     try:
-        refused = nobody_run(locks, "nobody-run")
-        try:
+        with nobody_running(locks, "nobody-run") as refused:
             line = first_line(refused)
             assert line.startswith("refused") and f"leased by run root-run pid {os.getpid()}" in line, line
-        finally:
-            stop(refused)
     finally:
         lease.release()
-    taken = nobody_run(locks, "nobody-run", hold=True)
-    try:
+    with nobody_running(locks, "nobody-run", hold=True) as taken:
         assert first_line(taken) == "leased"
         assert admission(locks, "root-again").try_acquire(1) is None
-    finally:
-        stop(taken)
 
 
 def test_a_symlink_planted_as_the_run_lock_is_not_followed(shared):

@@ -126,17 +126,21 @@ def test_stop_never_signals_a_supervisor_of_another_user(tmp_path, decoys):
 
 def test_stop_of_a_run_that_ended_unfinished_says_what_may_start_it_again(tmp_path):
     """A supervisor SIGKILLed (no outcome recorded) waits for the tmux launcher's or systemd's restart: `stop` finds
-    nothing to signal and says where to stop it instead; a finished run's stop says nothing of it."""
+    nothing to signal, leaves the stop request that restart honours (tests/test_stop_request.py) and says how to stop
+    systemd's; a finished run's stop says nothing of it."""
     run_dir = finished_run(tmp_path)
     out = io.StringIO()
     assert views_stop.stop(run_dir, out=out) == 0
-    assert "may start it again" not in out.getvalue(), out.getvalue()
+    assert "pending restart" not in out.getvalue() and "systemctl" not in out.getvalue(), out.getvalue()
     st = json.loads((run_dir / names.STATE).read_text())
     st.update(phase="training", outcome=None)
     atomic_write_json(run_dir / names.STATE, st)
     out = io.StringIO()
     assert views_stop.stop(run_dir, out=out) == 0
-    assert "not running" in out.getvalue() and "may start it again: stop it there" in out.getvalue(), out.getvalue()
+    said = out.getvalue()
+    assert "not running" in said and "the launcher's pending restart will not start the run" in said, said
+    assert f"stop request left at {run_dir.resolve() / names.STOP_REQUEST}" in said, said
+    assert "under systemd stop the unit as well: `systemctl --user stop minilmd@NAME`" in said, said
 
 
 WITH_WORKER = textwrap.dedent("""

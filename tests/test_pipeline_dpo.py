@@ -34,8 +34,7 @@ from held import PAUSING_TRAINER, pending, proc_state
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.daemon.host.lock import lock_holder
-from minilmd.names import FAULT_ENV, FAULTS_FIRED, SPLITS, STAGED_CORPUS, TOKENS, TRAINER_CMD_ENV
-from minilmd.trainer.loop.dpo_reference import REFERENCE_FILE
+from minilmd.names import DPO_REFERENCE, FAULT_ENV, FAULTS_FIRED, SPLITS, STAGED_CORPUS, TOKENS, TRAINER_CMD_ENV
 from reliability_helpers import event_texts
 from supervisor_helpers import cli, env_for, events, state, step_of_state, write_config
 from trainer_corpus import read_metrics, resumed_step
@@ -270,7 +269,7 @@ def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_end
     # LoRA DPO: from the same SFT checkpoint, through its own trainer SIGKILL, the adapters alone with the reference
     assert [e["cause"] for e in events(lora.run_dir) if e["event"] == "child_exit"] == ["killed", "done"]
     adapters = final_checkpoint(lora.cfg)
-    assert adapters.name == "step-00000008" and (adapters / REFERENCE_FILE).is_file()
+    assert adapters.name == "step-00000008" and (adapters / DPO_REFERENCE).is_file()
     assert all("lora_" in k for k in load_file(adapters / "model.safetensors"))
     assert [m["source"] for m in read_metrics(lora.run_dir, "dpo_reference")] == ["computed", "checkpoint"]
 
@@ -283,4 +282,4 @@ def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_end
         a, b = load_file(got / name), load_file(want / name)
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a), f"{name} differs from the undisturbed run's"
-    assert (got / REFERENCE_FILE).read_bytes() == (want / REFERENCE_FILE).read_bytes()
+    assert (got / DPO_REFERENCE).read_bytes() == (want / DPO_REFERENCE).read_bytes()

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import QUARANTINE, REASON_FILE
-from reliability_helpers import event_texts, fake_weights_of, undisturbed_fake_weights
+from reliability_helpers import event_texts, fake_weights_of, remote_of_an_earlier_run, undisturbed_fake_weights
 from supervisor_helpers import env_for, run_supervisor, state, write_config
 
 pytestmark = pytest.mark.slow  # every test runs supervised runs end to end
@@ -66,16 +65,8 @@ def test_a_corrupted_newest_local_checkpoint_is_quarantined_and_the_previous_one
 
 
 def test_a_corrupted_newest_remote_checkpoint_is_quarantined_and_the_previous_one_fetched(tmp_path, corpus):
-    earlier = write_config(tmp_path, corpus, name="earlier", remote=False, train={"max_steps": 20, "keep_local": 5})
-    undisturbed_fake_weights(earlier)
-    made = earlier.with_suffix(".undisturbed") / "scratch" / "checkpoints"
-    config = write_config(tmp_path, corpus, train={"max_steps": 40})
+    config, remote = remote_of_an_earlier_run(tmp_path, corpus, max_steps=40)
     cfg = load_config(config)
-    remote = Path(cfg.run.remote)
-    remote.mkdir(parents=True)
-    for name in ("step-00000010", "step-00000020"):
-        shutil.copytree(made / name, remote / name)
-    (remote / "LATEST").write_text("step-00000020\n")
     damage(remote / "step-00000020" / "model.safetensors")
 
     assert run_supervisor(config, tmp_path, timeout=120) == 0
@@ -89,15 +80,9 @@ def test_a_corrupted_newest_remote_checkpoint_is_quarantined_and_the_previous_on
 
 
 def test_a_checkpoint_fetched_into_empty_scratch_is_shown_as_the_local_one(tmp_path, corpus):
-    earlier = write_config(tmp_path, corpus, name="earlier", remote=False, train={"max_steps": 20, "keep_local": 5})
-    undisturbed_fake_weights(earlier)
-    made = earlier.with_suffix(".undisturbed") / "scratch" / "checkpoints"
-    config = write_config(tmp_path, corpus, train={"max_steps": 20})  # already done: the trainer saves nothing
+    # already done at step 20: the trainer saves nothing
+    config, remote = remote_of_an_earlier_run(tmp_path, corpus, max_steps=20, steps=("step-00000020",))
     cfg = load_config(config)
-    remote = Path(cfg.run.remote)
-    remote.mkdir(parents=True)
-    shutil.copytree(made / "step-00000020", remote / "step-00000020")
-    (remote / "LATEST").write_text("step-00000020\n")
 
     assert run_supervisor(config, tmp_path, timeout=120) == 0
     local = state(cfg.run_dir)["local_checkpoint"]

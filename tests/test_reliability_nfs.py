@@ -11,8 +11,11 @@ failing ends in re-staging and a finished run.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,19 @@ pytestmark = pytest.mark.slow  # every test runs a supervisor through FUSE fault
 FAST = {"restart": {"backoff_initial": "0.1s", "backoff_max": "0.5s", "hang_timeout": "30s"}}
 
 
+@contextlib.contextmanager
+def supervised_under_faults(faultfs, config: Path, log: Path, **extra_env) -> Iterator[subprocess.Popen]:
+    """The supervisor of `config` started; on leaving, every fault cleared (what it waits on answers again), then
+    the supervisor killed if it still runs: a test leaves neither behind, whatever failed in it."""
+    sup = start_supervisor(config, log, **extra_env)
+    try:
+        yield sup
+    finally:
+        faultfs.clear()
+        if sup.poll() is None:
+            sup.kill()
+
+
 def status_text(run_dir: Path) -> str:
     out = cli("status", str(run_dir))
     assert out.returncode == 0, out.stderr
@@ -52,8 +68,8 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
     assert source.is_dir()
     watcher = RemoteWatcher(faultfs.backing / "remote", expectation_for(config))
     watcher.start()
-    sup = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.1", MINILMD_SYNC_STALLED_AFTER="1")
-    try:
+    with supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.1",
+                                 MINILMD_SYNC_STALLED_AFTER="1") as sup:
         wait_for(lambda: (state(cfg.run_dir).get("remote_checkpoint") or {}).get("step"), 60, "a first sync")
         stall = faultfs.stall("remote*", 600, op="*")
         wait_for(lambda: state(cfg.run_dir).get("sync", {}).get("state") == "stalled", 60, "the sync shown stalled")
@@ -73,10 +89,6 @@ def test_a_stalled_then_failing_remote_never_blocks_training_and_shows_in_status
         assert sup.poll() is None and state(cfg.run_dir)["restarts"] == []
         faultfs.clear()
         assert wait_or_kill(sup) == 0
-    finally:
-        faultfs.clear()
-        if sup.poll() is None:
-            sup.kill()
     assert watcher.stop() == [] and watcher.checks > 0
     remote = faultfs.backing / "remote"
     assert checkpoint_dirs.read_latest(remote) == "step-00000150"
@@ -107,8 +119,7 @@ def test_a_remote_unreadable_at_start_is_retried_without_giving_up_and_never_rep
     check = cli("run", "--check", str(config))  # an unreadable remote fails the fetch itself: waited for
     assert check.returncode == 0 and "waits: run.remote: " in check.stdout and "is unreadable (Input/output error)" \
         in check.stdout, check.stdout + check.stderr
-    sup = start_supervisor(config, tmp_path / "sup.out")
-    try:
+    with supervised_under_faults(faultfs, config, tmp_path / "sup.out") as sup:
         wait_for(lambda: len([m for m in event_texts(cfg.run_dir, "fetch") if "remote unavailable" in m]) >= 5, 60,
                  "five failed fetches")
         assert sup.poll() is None, "the supervisor gave up because the remote was down"
@@ -117,10 +128,6 @@ def test_a_remote_unreadable_at_start_is_retried_without_giving_up_and_never_rep
         assert "remote unavailable" in text and "Input/output error" in text, text
         faultfs.clear()
         assert wait_or_kill(sup) == 0
-    finally:
-        faultfs.clear()
-        if sup.poll() is None:
-            sup.kill()
     st = state(cfg.run_dir)
     assert st["restarts"] == [] and st["sync"]["state"] == "ok"
     assert any("fetched" in m for m in event_texts(cfg.run_dir, "fetch"))
@@ -158,11 +165,8 @@ def test_staging_from_a_source_that_fails_or_shrinks_mid_copy_is_retried(tmp_pat
 
     lifter = threading.Thread(target=lift_after_a_retry_under_the_fault, daemon=True)
     lifter.start()
-    sup = start_supervisor(config, tmp_path / "sup.out")
-    try:
+    with supervised_under_faults(faultfs, config, tmp_path / "sup.out") as sup:
         assert wait_or_kill(sup) == 0
-    finally:
-        faultfs.clear()
     lifter.join(5)
     assert seen_staged_while_faulty and not any(seen_staged_while_faulty)
     assert any("retrying train/tokens.bin" in m for m in event_texts(cfg.run_dir))
@@ -194,18 +198,13 @@ def test_a_mapped_staged_file_that_starts_failing_gives_sigbus_then_restaging_an
                           train={"max_steps": 80},
                           restart={"backoff_initial": "1s", "backoff_max": "1s", "hang_timeout": "30s"})
     cfg = load_config(config)
-    sup = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.05")
-    try:
+    with supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.05") as sup:
         wait_for(lambda: step_of_state(cfg.run_dir) >= 5, 60, "training")
         rule = faultfs.fail_reads("scratch/corpus/train/tokens.bin")
         wait_for(lambda: any("fails verification" in m for m in event_texts(cfg.run_dir)), 60,
                  "the staged corpus found damaged")
         faultfs.remove(rule)
         assert wait_or_kill(sup) == 0
-    finally:
-        faultfs.clear()
-        if sup.poll() is None:
-            sup.kill()
     st = state(cfg.run_dir)
     assert [(r["cause"], r["action"]) for r in st["restarts"]] == [("sigbus", "restage")]
     assert any(h["path"] == "scratch/corpus/train/tokens.bin" for h in faultfs.hits("error", "read"))
@@ -231,8 +230,7 @@ def test_a_sync_broken_at_any_point_never_leaves_latest_naming_an_invalid_checkp
     cfg = load_config(config)
     watcher = RemoteWatcher(faultfs.backing / "remote", expectation_for(config), interval=0.02)
     watcher.start()
-    sup = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.03")
-    try:
+    with supervised_under_faults(faultfs, config, tmp_path / "sup.out", FAKE_STEP_S="0.03") as sup:
         wait_for(lambda: (state(cfg.run_dir).get("remote_checkpoint") or {}).get("step"), 60, "a first sync")
         for op, glob, action, params in SYNC_FAULTS:
             rule = faultfs.add_rule(op, glob, action, **params)
@@ -246,10 +244,6 @@ def test_a_sync_broken_at_any_point_never_leaves_latest_naming_an_invalid_checkp
         out = cli("stop", str(cfg.run_dir), timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
         assert wait_or_kill(sup) == 0
-    finally:
-        faultfs.clear()
-        if sup.poll() is None:
-            sup.kill()
     assert watcher.stop() == [] and len(watcher.seen) >= len(SYNC_FAULTS)
     newest = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
     assert checkpoint_dirs.read_latest(faultfs.backing / "remote") == newest.name

@@ -30,6 +30,7 @@ import pytest
 
 from minilmd.daemon.slurm import job as slurm
 from second_user import shared, user_python  # noqa: F401 - `shared` is a fixture
+from slurm_helpers import launch_cfg
 
 pytestmark = pytest.mark.slow
 
@@ -70,17 +71,8 @@ def attempt(tmp_path: Path, monkeypatch, nodes: list[str]) -> tuple[list[str], d
     alloc = slurm.Allocation(job_id, nodes, [])
     job = slurm.SlurmJob(alloc, {}, lambda *a, **k: None, runner=lambda args: "")
 
-    class Cfg:
-        scratch_dir, run_dir, scratch_is_default = tmp_path / "s", tmp_path / "r", True
-
-        class data:
-            prepared = "/nfs/corpus"
-
-        class run:
-            name = "r"
-
     train = [sys.executable, "-m", "minilmd.cli", "train", "/r/run.toml"]
-    command = job.command(train, 1, Cfg, None)
+    command = job.command(train, 1, launch_cfg(tmp_path), None)
     torchrun = command[command.index("--") + 1:]
     torchrun = torchrun[:torchrun.index("minilmd.cli") - 1]  # up to the entry point: the worker script instead
     script = tmp_path / "worker.py"

@@ -122,20 +122,17 @@ def test_init_from_a_checkpoint_whose_manifest_is_hostile_is_refused_without_a_h
 
 @pytest.mark.root
 def test_another_users_lease_whose_body_is_deep_json_is_described_not_a_crash(shared):
-    from lease_helpers import LEASE, admin_lock_dir, admission, first_line, nobody_run, stop
+    from lease_helpers import LEASE, admin_lock_dir, admission, first_line, nobody_running
     from second_user import sh_as_user
 
     locks = admin_lock_dir(shared)
-    holder = nobody_run(locks, "nobody-run", hold=True)  # nobody leases the device, and holds its flock
-    try:
+    with nobody_running(locks, "nobody-run", hold=True) as holder:  # nobody leases the device, and holds its flock
         assert first_line(holder) == "leased"
         sh_as_user(f"head -c 60000 /dev/zero | tr '\\0' '[' > locks/{LEASE}", shared)
         assert (locks / LEASE).read_bytes() == DEEP  # his own file: he may write what he likes
         adm = admission(locks, "root-run")
         assert adm.try_acquire(1) is None  # leased by him: never taken, the body is not a crash
         assert f"pid {holder.pid}" in adm.last_report.summary()
-    finally:
-        stop(holder)
 
 
 class _RunsCode:

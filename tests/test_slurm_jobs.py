@@ -29,7 +29,7 @@ from held import PAUSING_TRAINER, fired, held_trainer, pending, proc_state
 from minilmd import checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV, TRAINER_CMD_ENV
-from supervisor_helpers import cli, env_for, events, state, wait_for
+from supervisor_helpers import FAKE_TRAINER, cli, env_for, events, state, step_of_state, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 SBATCH = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / "minilmd.sbatch"
@@ -184,3 +184,28 @@ def test_a_slurm_job_preempted_twice_and_a_rank_killed_resumes_with_identical_we
     assert checkpoint_dirs.read_latest(remote) == "step-00000016"
     assert model_sha(remote / "step-00000016") == model_sha(straight.checkpoint)
 
+
+
+def test_minilmd_stop_of_a_running_job_ends_it_without_a_requeue(tmp_path, corpus, slurm):
+    """`minilmd stop` on the node of a running job: its SIGTERM comes after its stop request (daemon/base/
+    stoprequest.py), so the supervisor stops the run for good, exit 0, and does not requeue the job (before: it took
+    that SIGTERM for a preemption and requeued the job, which then trained on)."""
+    config = write_config(tmp_path, corpus, name="st", run={"scratch": ""},
+                          train={"max_steps": 100000, "checkpoint_every": 5})
+    run_dir = load_config(config).run_dir
+    job = submit(slurm, SBATCH, config, tmp_path, **{TRAINER_CMD_ENV: f"{sys.executable} {FAKE_TRAINER}",
+                                                     "FAKE_STEP_S": "0.05"})
+    try:
+        wait_for(lambda: step_of_state(run_dir) >= 6, LONG, "the job's trainer to train", interval=0.5)
+        stopped = cli("stop", str(run_dir), timeout=LONG)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        wait_for(lambda: slurm.job_field(job, "JobState") not in ("RUNNING", "COMPLETING", ""), LONG,
+                 "the job's end", interval=1)
+        assert slurm.job_field(job, "JobState") == "COMPLETED" and slurm.job_field(job, "Restarts") == "0", \
+            (slurm.job_field(job, "JobState"), slurm.job_field(job, "Restarts"))
+    finally:
+        slurm.run("scancel", job, check=False)
+    final = state(run_dir)
+    assert final["outcome"]["exit"] == 0 and "not requeued" in final["reason"], final["reason"]
+    assert final["reason"].startswith("stopped on request (minilmd stop at "), final["reason"]
+    assert not final["slurm"]["requeued"], final["slurm"]

@@ -17,6 +17,7 @@ from minilmd import scratch
 from minilmd.daemon.child.process import is_torchrun
 from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable
 from minilmd.daemon.slurm import job as slurm
+from slurm_helpers import launch_cfg
 
 
 class FakeScontrol:
@@ -73,16 +74,8 @@ def test_slurm_multinode_launch_is_srun_with_one_c10d_torchrun_per_node(tmp_path
     assert job.state["slurm"]["state"] == "RUNNING" and job.nproc == 2 and job.devices_env == "0,1"
     train = [sys.executable, "-m", "minilmd.cli", "train", "/r/run.toml", "--set", "data.prepared=\"/s/corpus\""]
 
-    class Cfg:
-        scratch_dir, run_dir, scratch_is_default = tmp_path / "s", tmp_path / "r", True
-
-        class data:
-            prepared = "/nfs/corpus"
-
-        class run:
-            name = "r"
-
-    command = job.command(train, 3, Cfg, None)
+    cfg = launch_cfg(tmp_path)
+    command = job.command(train, 3, cfg, None)
     srun = command[:command.index(sys.executable)]
     assert srun == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
                     "--export=ALL"]
@@ -98,15 +91,15 @@ def test_slurm_multinode_launch_is_srun_with_one_c10d_torchrun_per_node(tmp_path
                                         f"{endpoint} --rdzv-id minilmd-42-3 --max-restarts 0")
     secret = job.launch_env["MINILMD_RDZV_SECRET"]
     assert len(secret) == 64 and secret not in " ".join(command)  # in the environment only: cmdline is public
-    assert job.command(train, 4, Cfg, None)[:3] == ["srun", "--nodes", "2"]
+    assert job.command(train, 4, cfg, None)[:3] == ["srun", "--nodes", "2"]
     assert job.launch_env["MINILMD_RDZV_SECRET"] != secret  # a new secret each attempt
     assert torchrun[-4:] == train[3:] and torchrun[-6:-4] == ["-m", "minilmd.cli"]
     one = job_for(FakeScontrol(), {**JOB_ENV, "SLURM_JOB_NODELIST": "gpu01"})
     one.alloc.nodes = ["gpu01"]
-    assert one.command(train, 1, Cfg, None) == train  # one node: as on one server
+    assert one.command(train, 1, cfg, None) == train  # one node: as on one server
     assert one.launch_env == {}
     monkeypatch.setenv("MINILMD_SLURM_SRUN", "1")  # the multi-node script: srun on one node too
-    assert one.command(train, 1, Cfg, None)[:3] == ["srun", "--nodes", "1"]
+    assert one.command(train, 1, cfg, None)[:3] == ["srun", "--nodes", "1"]
 
 
 def test_slurm_srun_launch_runs_the_trainer_command_given_in_the_environment_in_each_rank(tmp_path, monkeypatch):
@@ -114,9 +107,7 @@ def test_slurm_srun_launch_runs_the_trainer_command_given_in_the_environment_in_
     monkeypatch.setenv("MINILMD_SLURM_SRUN", "1")
     monkeypatch.setenv("MINILMD_TRAINER_CMD", "/usr/bin/python3 /t/pausing_trainer.py")
     train = ["/usr/bin/python3", "/t/pausing_trainer.py", "train", "/r/run.toml"]
-    cfg = type("Cfg", (), {"scratch_dir": tmp_path / "s", "run_dir": tmp_path / "r", "scratch_is_default": False,
-                           "data": type("data", (), {"prepared": "/nfs/corpus"}),
-                           "run": type("run", (), {"name": "r"})})
+    cfg = launch_cfg(tmp_path, scratch_is_default=False)
     command = job_for(FakeScontrol()).command(train, 1, cfg, None)
     assert command[command.index("--max-restarts") + 2:] == ["--no-python", *train]
     monkeypatch.delenv("MINILMD_TRAINER_CMD")

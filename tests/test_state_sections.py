@@ -56,7 +56,8 @@ def test_status_and_the_supervisor_read_a_damaged_state_json_without_a_traceback
     out = io.StringIO()
     assert views.status(run_dir, out=out) == 0
     text = out.getvalue()
-    assert text.startswith("run ? (?): ? for") and "restarts: 1 (last: oom at step None, - -> " in text
+    # no supervisor holds the run: "not running", never "training for"; a step that is not a number is not shown
+    assert text.startswith("run ? (?): not running") and "restarts: 1 (last: oom, - -> " in text
     st = RunState(run_dir / names.STATE, new_state("r", run_dir, "r.toml"))
     st.adopt(json.loads((run_dir / names.STATE).read_text()), None)
     assert st.overrides == {} and st.remote_checkpoint is None and st.no_progress_streak == 0

@@ -78,6 +78,20 @@ def make_run(steps: int = 3, seed: int = 0):
     return model, opt
 
 
+def saved_steps(root: Path, steps: int) -> dict[int, Path]:
+    """A fresh make_run model trained on one batch, a checkpoint saved in `root` after each of steps 1..steps:
+    {step: its checkpoint}."""
+    model, opt = make_run(0)
+    x = torch.randint(0, 256, (2, 16))
+    paths = {}
+    for step in range(1, steps + 1):
+        model(x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        paths[step] = ckpt_io.save(root, step, model.state_dict(), opt.state_dict(), trainer_state(step))
+    return paths
+
+
 def trainer_state(step: int, data="d" * 64, tok="t" * 64) -> dict:
     cfg = RunConfig().to_dict()
     cfg["model"] = dict(CHECKPOINT_MODEL)

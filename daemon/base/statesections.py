@@ -106,6 +106,11 @@ class SupervisorInfo(Section):
     """The host it runs on."""
     started: float | None = None
     """When it started (epoch seconds)."""
+    systemd_unit: str = ""
+    """The systemd unit it runs as (`minilmd@tiny.service`; "" outside systemd): `stop` names it when no supervisor
+    runs, since systemd's restart of it does not read the stop request (daemon/base/stoprequest.py)."""
+    systemd_user: bool = False
+    """That unit is a user manager's (`systemctl --user`)."""
 
 
 @dataclass

@@ -3,14 +3,41 @@
 Used by the supervisor under `Type=notify` units: READY=1 once it owns the run, STATUS=<one line> on every phase
 change, WATCHDOG=1 (at half of WATCHDOG_USEC) from the main loop and from the waits outside it (the orphan hunt at
 start, stopping the trainer at exit), and STOPPING=1 on stop. Without NOTIFY_SOCKET every call does nothing. No
-dependency.
+dependency. `own_unit` says which unit this process runs as (state.json keeps it for `minilmd stop`).
 """
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from collections.abc import Mapping
+
+_USER_MANAGER = re.compile(r"^user@\d+\.service$")
+
+
+def own_unit(env: Mapping[str, str] | None = None, cgroup: str = "/proc/self/cgroup") -> tuple[str, bool] | None:
+    """(the systemd service this process runs as, whether a user manager runs it), from its cgroup path
+    (`0::/user.slice/user-1000.slice/user@1000.service/app.slice/minilmd@tiny.service`; cgroup v1's name=systemd
+    line alike); None outside a service of ours or when unreadable. Ours: systemd set INVOCATION_ID (every service)
+    and NOTIFY_SOCKET (deploy/minilmd@.service is Type=notify), so that a tmux server some other unit started does
+    not pass that unit off as the run's."""
+    env = os.environ if env is None else env
+    if not env.get("INVOCATION_ID") or not env.get("NOTIFY_SOCKET"):
+        return None
+    try:
+        with open(cgroup, encoding="utf-8", errors="replace") as f:
+            lines = f.read(65536).splitlines()
+    except OSError:
+        return None
+    paths = [line.split(":", 2)[2] for line in lines if line.count(":") >= 2 and
+             (line.startswith("0::") or ":name=systemd:" in line)]
+    for path in paths:
+        parts = [p for p in path.split("/") if p]
+        services = [i for i, p in enumerate(parts) if p.endswith(".service")]
+        if services and not _USER_MANAGER.match(parts[services[-1]]):
+            return parts[services[-1]], any(_USER_MANAGER.match(p) for p in parts[:services[-1]])
+    return None
 
 
 class Notifier:

@@ -9,6 +9,7 @@ sync reads on its own. Torch-free.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Callable
@@ -20,7 +21,17 @@ from minilmd.checkpoint_dirs import read_latest
 from minilmd.daemon.jobs.remote import ListedManifest, Remote
 from minilmd.dirfd import PlaceRefused
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
-from minilmd.names import BEST, LATEST, MANIFEST, fetch_tmp_name, is_step_name, step_of, step_or_none
+from minilmd.names import (
+    BEST,
+    LATEST,
+    MANIFEST,
+    TRAINER_STATE,
+    fetch_tmp_name,
+    is_step_name,
+    step_of,
+    step_or_none,
+)
+from minilmd.untrusted import Unreadable, loads
 
 
 class Fetcher:
@@ -53,6 +64,52 @@ class Fetcher:
             self._fetch_best(name, local_root)
             return final
         return None
+
+    def peek_latest(self) -> tuple[str | None, list[str]]:
+        """The checkpoint the fetch would bring back, told without fetching it (`run --check` and the launch,
+        daemon/jobs/resumefrom.py): the newest of this run's remote steps, walked as the fetch walks them, whose
+        manifest is valid and whose trainer_state.json, read as the fetch reads a remote file (from the root's
+        descriptor, no link followed, a regular file only, no more than its listed size), has the size and sha256
+        the manifest lists and fits `expected` (ck.check_recorded, validation's own rule). Returns (its name or None,
+        why each newer one was passed by). Nothing is written, set aside or downloaded: the tensors are checked by the
+        fetch itself. CheckpointMismatch, naming the remote checkpoint, when that newest one was trained with
+        another model, corpus or tokenizer (the fetch would refuse it the same way)."""
+        passed = []
+        for name in reversed(self._steps()):
+            listed = self.remote.read_manifest(name)
+            if listed.manifest is None:
+                passed += [f"checkpoint {self.remote.show(name)} is invalid: {'; '.join(listed.problems)} -- the "
+                           f"fetch passes it by for an older one"] if listed.problems else []
+                continue
+            where = Path(self.remote.show(name))
+            try:
+                ck.check_recorded(where, self._recorded_state(name, listed.manifest), listed.manifest["step"],
+                                  self.expected)
+            except ck.CheckpointInvalid as e:
+                passed.append(f"checkpoint {self.remote.show(name)} is invalid: {'; '.join(e.problems)} -- the "
+                              f"fetch passes it by for an older one")
+                continue
+            return name, passed
+        return None, passed
+
+    def _recorded_state(self, name: str, manifest: dict) -> dict:
+        """trainer_state.json of remote checkpoint `name`, read once and bounded, parsed from the bytes hashed
+        against its manifest (ck.MAX_JSON_PART at most, as validation keeps it). Raises CheckpointInvalid."""
+        entry, where = manifest["files"][TRAINER_STATE], Path(self.remote.show(name))
+        if entry["size"] > ck.MAX_JSON_PART:
+            raise ck.CheckpointInvalid(where, f"{TRAINER_STATE} is listed at {entry['size']} bytes, over "
+                                              f"{ck.MAX_JSON_PART}")
+        try:
+            with self.remote.open(name, TRAINER_STATE) as f:
+                raw = f.read(entry["size"] + 1)  # one byte more: a longer file shows as one
+        except (FileNotFoundError, Unreadable) as e:
+            raise ck.CheckpointInvalid(where, f"cannot read {TRAINER_STATE}: {getattr(e, 'why', e)}") from None
+        if len(raw) != entry["size"] or hashlib.sha256(raw).hexdigest() != entry["sha256"]:
+            raise ck.CheckpointInvalid(where, f"{TRAINER_STATE} does not match its {MANIFEST} (size or sha256)")
+        try:
+            return loads(raw, expect=dict)
+        except Unreadable as e:
+            raise ck.CheckpointInvalid(where, f"{TRAINER_STATE}: {e.why}") from None
 
     def _fetch_one(self, name: str, local_root: Path) -> tuple[Path | None, bool]:
         """Download one remote checkpoint into local_root and validate it there: (its local path, False), or (None,
@@ -113,6 +170,8 @@ class Fetcher:
             ck.validate(tmp, self.expected)
         except ck.CheckpointInvalid as e:
             return e.problems
+        except ck.CheckpointMismatch as e:  # named as the remote checkpoint it is, not its temporary copy
+            raise ck.CheckpointMismatch(self.remote.show(name), e.problems, e.kind, e.differences) from None
         return []
 
     def _repoint_remote(self, name: str) -> None:

@@ -20,9 +20,10 @@ Torch-free; the blocking job of daemon/jobs/stagingworker.py.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
@@ -140,6 +141,20 @@ def fresh_tmp(scratch: Path, name: str) -> Path:
     return tmp
 
 
+@contextlib.contextmanager
+def staged_whole(scratch: Path, name: str) -> Iterator[Path]:
+    """A fresh temporary directory (fresh_tmp) to stage `<scratch>/<name>` in: published in its place (publish_dir)
+    when the block ends, removed when anything is raised in it or by the publish (SIGTERM's KeyboardInterrupt too):
+    a staged input is there whole or not at all."""
+    tmp = fresh_tmp(scratch, name)
+    try:
+        yield tmp
+        publish_dir(tmp, scratch / name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 # --- the probe's val split ------------------------------------------------------------------------------------------
 def _val_files(meta: dict, where: str) -> dict[str, dict]:
     try:
@@ -194,8 +209,7 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None, answered=lambd
     if same and not probe_problems(final):
         log(f"staging: reusing the verified probe copy at {final}")
         return final
-    tmp = fresh_tmp(scratch, PROBE_DIR)
-    try:
+    with staged_whole(scratch, PROBE_DIR) as tmp:
         for rel, entry in files.items():
             try:
                 size, digest = _copy(root / rel, tmp / rel, entry["size"], answered)
@@ -205,10 +219,6 @@ def stage_probe(source: str, scratch: Path, log=lambda msg: None, answered=lambd
                 raise SourceInvalid(f"{root / rel}: {size} bytes, sha256 {digest[:12]}, but its {CORPUS_META} "
                                     f"lists {entry['size']} bytes, sha256 {entry['sha256'][:12]}")
         (tmp / CORPUS_META).write_bytes(raw)
-        publish_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"staging: the probe's val split of {source} staged and verified at {final}")
     return final
 
@@ -317,8 +327,7 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
         raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
     except OSError as e:
         raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
-    tmp = fresh_tmp(scratch, INIT_DIR)
-    try:
+    with staged_whole(scratch, INIT_DIR) as tmp:
         try:
             if source.kind == "checkpoint":
                 # the manifest as read above (init_problems checks it is the one fingerprinted: read while it
@@ -337,10 +346,6 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
         problems = init_problems(tmp)
         if problems:  # read while it changed (a predecessor's retention?): try again later, never train on it
             raise SourceUnreachable(f"init.from = {spec!r}: the copy does not verify: {problems[0]}")
-        publish_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"staging: init.from {spec} staged and verified at {final}")
     return final
 

@@ -11,8 +11,9 @@ counted only when it names the current run.remote (a run pointed at a new place 
 events.jsonl only after the last `--fresh` start (what came before is a lineage given up). A run that has synced
 before waits (staging `waiting_remote`, retried with backoff, for as long as it takes) and resumes from the remote's
 newest checkpoint once the remote answers; so does one whose records cannot be read (it may have synced); a run that
-never synced has nothing there to lose and starts from step 0; `minilmd run --fresh` starts from step 0 whatever the
-records say. Torch-free.
+never synced has nothing there to lose and starts from step 0, and is told, of a remote not there whose place above
+answers (the first start of a new run), that it does not exist yet and the first sync creates it, not that its share
+may be gone (`not_made_yet`); `minilmd run --fresh` starts from step 0 whatever the records say. Torch-free.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.base.runstate import names_remote, state_owners
 from minilmd.daemon.base.statesections import RemoteCheckpoint
-from minilmd.shared_place import Place, look
+from minilmd.shared_place import Place, gone_or_typo, look
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular
 
 EVENTS_MAX_LINE = 1 << 16
@@ -43,6 +44,21 @@ def remote_absent(url: str) -> str:
         return f"cannot be opened ({e})"
     found = look(root.rstrip("/") or "/", names.LATEST, fs)
     return "" if found.place in (Place.THERE, Place.LACKS) else str(found)
+
+
+def not_made_yet(url: str) -> bool:
+    """Whether a local run.remote that is not there is simply not made yet, rather than its share gone: it is no
+    link (one to nowhere is a share gone), and the nearest directory above it that is there holds other entries
+    (shared_place.gone_or_typo's evidence of a place that answers: an unmounted share's mount point reads as its
+    empty stub). The first sync makes it, parents and all. False for a store (s3, sftp): nothing tells there."""
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+    except (ValueError, ImportError, OSError):
+        return False
+    return isinstance(fs, LocalFileSystem) and bool(gone_or_typo(root))
 
 
 SYNCED, NEVER, UNKNOWN = "synced", "never", "unknown"
@@ -124,12 +140,15 @@ def _event_records(f) -> Iterator[dict]:
             continue
 
 
-def decision(url: str, absent: str, found: Records, fresh: bool) -> tuple[bool, str]:
+def decision(url: str, absent: str, found: Records, fresh: bool, new: bool = False) -> tuple[bool, str]:
     """(wait, why) for a start whose scratch holds no checkpoint and whose remote `url` lists none: wait when the
     remote is `absent` (remote_absent's words) and the run's records (`found`) say it synced before or cannot be
-    read, unless `fresh`; else start from step 0."""
+    read, unless `fresh`; else start from step 0. `new` (not_made_yet): the remote is not there while the place
+    above it answers; a run that never synced is told it does not exist yet, not that its share may be gone."""
     if not absent:
         return False, f"neither scratch nor {url} holds a checkpoint"
+    if new and found.verdict == NEVER:
+        return False, f"{url} does not exist yet (the first sync creates it), and this run has never synced to it"
     if fresh:
         return False, f"{url} is {absent}, and `--fresh` was given" + (f" ({found.why})" if found.why else "")
     if found.verdict == SYNCED:
@@ -165,7 +184,7 @@ def check_line(cfg, fresh: bool) -> str:
         except Unreadable as e:
             old, unreadable = {}, "" if e.missing else e.why
         found = records(url, cfg.run_dir, StateJson.from_dict(old).remote_checkpoint, unreadable)
-        wait, why = decision(url, absent, found, fresh)
+        wait, why = decision(url, absent, found, fresh, bounded_probe(not_made_yet, url)[1] is True)
     if wait:
         return (f"waits: run.remote: {why}; scratch holds no checkpoint, so the run waits for the remote (`minilmd "
                 f"status`: staging waiting_remote, retried with backoff) and resumes from its newest checkpoint; "

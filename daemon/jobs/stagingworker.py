@@ -170,16 +170,17 @@ class StagingWorker:
             self._wait_for("no room in scratch", str(worker.error))
             return None
         if worker.error is not None:
-            staging.state, staging.error = StagingState.FAILED, worker.error_text
-            self.state.record_error(f"staging failed: {worker.error_text}")
+            text = self._error_text(worker)
+            staging.state, staging.error = StagingState.FAILED, text
+            self.state.record_error(f"staging failed: {text}")
             status = self.infra.final_staging_status(worker.error)
             if status is not None:
                 from minilmd.checkpoint import CheckpointMismatch  # numpy: only where a checkpoint is read
 
                 kind = "data" if status == protocol.EXIT_DATA else \
                     "checkpoint" if isinstance(worker.error, CheckpointMismatch) else "config"
-                return StagingFailed(f"{kind} error, final: {worker.error_text}", status)
-            return StagingFailed(worker.error_text, None)
+                return StagingFailed(f"{kind} error, final: {text}", status)
+            return StagingFailed(text, None)
         staged, expected, fetched, fetch_error = worker.result
         if worker.name == "staging":
             self._waited_enough()
@@ -215,6 +216,18 @@ class StagingWorker:
             return None
         self.inputs = {}
         return Staged(staged, expected, fetched)
+
+    def _error_text(self, worker: Worker) -> str:
+        """What a failed staging says: a remote checkpoint of another model, corpus or tokenizer in the words `run
+        --check` and the launch refuse it with (daemon/jobs/resumefrom.py refusal: no class name, no temporary
+        path), any other error as it was raised."""
+        from minilmd.checkpoint import CheckpointMismatch  # numpy: only where a checkpoint is read
+
+        if not isinstance(worker.error, CheckpointMismatch):
+            return worker.error_text
+        from minilmd.daemon.jobs.resumefrom import refusal
+
+        return refusal(worker.error, f"on the remote {self.cfg.run.remote}")
 
     def _inputs_done(self, worker: Worker) -> Staged | StagingFailed | None:
         """The probe and init.from staged (the trainer gets their copies), unreachable (wait, retry: never
@@ -387,7 +400,8 @@ class StagingWorker:
             self.records = remotewait.records(remote, self.cfg.run_dir, self.state.remote_checkpoint,
                                               self.state.previous_unreadable)
         found = self.records or remotewait.Records(remotewait.NEVER, "")
-        wait, why = remotewait.decision(remote, absent, found, self.fresh)
+        wait, why = remotewait.decision(remote, absent, found, self.fresh,
+                                        bool(absent) and remotewait.not_made_yet(remote))
         if wait:
             return why
         self.from_step_0 = why

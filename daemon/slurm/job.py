@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from minilmd import names, procs
 from minilmd.daemon.host.gpu import Nvml
-from minilmd.protocol import ENDED_CANCELLED, ENDED_FAILED, ENDED_FINISHED, ENDED_REQUEUED
+from minilmd.protocol import ENDED_CANCELLED, ENDED_FAILED, ENDED_FINISHED, ENDED_REQUEUED, ENDED_STOPPED
 
 JOB_ID_ENV = names.SLURM_JOB_ENV
 RDZV_BACKEND = names.RDZV_BACKEND
@@ -112,7 +112,7 @@ def detect(environ=None, runner: Runner = run_command) -> Allocation | None:
         nodes = [] if "[" in nodelist else [n for n in nodelist.split(",") if n]  # a plain list needs no scontrol
     visible = env.get("CUDA_VISIBLE_DEVICES", "")
     gpus = _int_list(visible) if visible else _int_list(env.get("SLURM_JOB_GPUS", ""))
-    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    restarts = env.get(names.SLURM_RESTART_COUNT_ENV, "0")
     alloc = Allocation(job, nodes or [socket.gethostname().split(".")[0]], gpus,
                        int(restarts) if restarts.isdigit() else 0)
     return alloc
@@ -346,10 +346,11 @@ class SlurmJob:
             self.preempted_by = signal_name
         return first
 
-    def plan(self, budget_done: bool, step, sync_problem: str) -> Plan:
+    def plan(self, budget_done: bool, step, sync_problem: str, stop_asked: str = "") -> Plan:
         """After a preemption's last sync: how the run ends, the reason status shows, a problem or None, whether to
-        requeue. No requeue when the budget is done, Slurm already requeues the job, or it is being cancelled. The
-        caller writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it."""
+        requeue. No requeue when the budget is done, Slurm already requeues the job, it is being cancelled, or the
+        SIGTERM was `minilmd stop`'s (`stop_asked`: its request, in words; daemon/base/stoprequest.py). The caller
+        writes state.json before `requeue()`: Slurm ends this job as soon as it requeues it."""
         slurm = self.state["slurm"]
         slurm["preempted_at_step"] = step
         by = self.preempted_by
@@ -363,6 +364,8 @@ class SlurmJob:
         if restarts.isdigit() and int(restarts) > self.alloc.restart_count:
             slurm["requeued"], slurm["state"] = True, "REQUEUED"
             return Plan(ENDED_REQUEUED, f"requeued by Slurm (preempted at step {step}; Slurm requeued it itself)")
+        if stop_asked:
+            return Plan(ENDED_STOPPED, f"stopped on request ({stop_asked}) at step {step}: not requeued")
         if by == "SIGTERM" and cancelled(info):
             slurm["state"] = "CANCELLED"
             return Plan(ENDED_CANCELLED, f"the Slurm job was cancelled: stopped at step {step}, not requeued")

@@ -20,34 +20,19 @@ from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
+from minilmd.daemon.views.newest import caught_up
 from minilmd.daemon.views.reproducible import reproducibility_lines
+from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, resolve_run, run_dir_of, run_problem
 from minilmd.fmt import fmt_duration
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import new_lines, tail_lines
 from minilmd.untrusted import Unreadable, printable
 
-NOT_A_RUN = 2
-
-
-def _run_problem(run_dir: Path, command: str = "status") -> str | None:
-    """Why run_dir is not a run directory (None: it is one); `command`, the one to suggest again on a run."""
-    try:
-        if not run_dir.exists():
-            return f"{run_dir}: no such directory"
-        if not run_dir.is_dir():
-            return f"{run_dir}: not a directory"
-        found = any((run_dir / name).exists() for name in (names.STATE, names.RUN_CONFIG_COPY, names.LOCK))
-    except OSError as e:  # a directory of another user we may not look into
-        return f"{run_dir}: cannot be read ({e.strerror or e})"
-    if not found:
-        return (f"{run_dir}: not a minilmd run directory (no {names.STATE}, {names.RUN_CONFIG_COPY} or "
-                f"{names.LOCK}); give the run.dir of a run config, e.g. `minilmd {command} /path/to/run`")
-    return None
-
 
 def _is_a_run(run_dir: Path, command: str = "status") -> bool:
-    """Whether run_dir is a run directory; if not, says why on stderr (the caller exits NOT_A_RUN)."""
-    problem = _run_problem(run_dir, command)
+    """Whether run_dir is a run directory this user can read (daemon/views/runarg.py); if not, says why on
+    stderr. A command that also takes a config file calls runarg.resolve_run instead."""
+    problem = run_problem(run_dir, command)
     if problem:
         print(problem, file=sys.stderr)
     return problem is None
@@ -101,15 +86,16 @@ def _ago(t: float, then: float) -> str:
 def _head_line(state: StateJson, alive: bool, t: float) -> str:
     """The run, its phase and for how long, and whether its supervisor runs (or how it ended)."""
     since = state.since
-    head = (f"run {state.run or '?'} ({state.run_dir or '?'}): {state.phase or '?'} for "
-            f"{fmt_duration(t - since if since else None)}")
+    run = f"run {state.run or '?'} ({state.run_dir or '?'}): "
+    head = run + f"{state.phase or '?'} for {fmt_duration(t - since if since else None)}"
     if alive:
         return head + f"; supervisor pid {state.supervisor.pid} running"
     outcome = state.outcome
     if outcome:
         return head + f"; not running (ended {fmt_time(outcome.time)} with exit {outcome.exit})"
-    return head + (f"; not running (last seen {fmt_time(state.updated)}, the supervisor did not exit "
-                   f"cleanly: killed or crashed; `minilmd run` again resumes)")
+    # its phase is only what a dead supervisor last wrote: never "training for ..." of a run nothing trains
+    return run + (f"not running (last seen {fmt_time(state.updated)} in {state.phase or '?'}, the supervisor did not "
+                  f"exit cleanly: killed or crashed; `minilmd run` again resumes)")
 
 
 def _progress_lines(p: Progress, alive: bool) -> list[str]:
@@ -195,7 +181,8 @@ def _restart_lines(state: StateJson, t: float) -> list[str]:
     if not restarts:
         return []
     last = restarts[-1]
-    return [f"  restarts: {len(restarts)} (last: {last.cause} at step {last.step}, "
+    at = f" at step {last.step}" if last.step is not None else ""  # a trainer that died before its first step
+    return [f"  restarts: {len(restarts)} (last: {last.cause}{at}, "
             f"{_ago(t, last.time) if last.time is not None else '-'} -> {last.action}; "
             f"{state.no_progress_streak} in a row without progress)"]
 
@@ -214,9 +201,10 @@ def _error_context(state: StateJson, t: float) -> str:
 
 def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) -> int:
     out = out or sys.stdout
-    run_dir = Path(run_dir)
-    if not _is_a_run(run_dir):
-        return NOT_A_RUN
+    found, refused = resolve_run(run_dir)  # a run directory, or a config file naming one
+    if found is None:
+        return refused
+    run_dir = found
     raw, unreadable = load(run_dir)
     state = StateJson.from_dict(raw) if raw is not None else None  # a wrongly typed field reads as its default
     alive = supervisor_alive(state)
@@ -230,6 +218,8 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
+    if not alive:  # no supervisor keeps state.json up to date: what the trainer wrote since (daemon/views/newest.py)
+        state = caught_up(run_dir, state)
     lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir)
     lines += fit_lines(run_dir)
     lines += reproducibility_lines(run_dir, state)  # daemon/views/reproducible.py
@@ -282,20 +272,20 @@ def logs(run_dir: str | os.PathLike = ".", follow: bool = False, lines: int = 20
     follow, new lines of both as they come, switching to the next attempt's log when the supervisor starts one.
     Follows until interrupted."""
     out = out or sys.stdout
-    run_dir = Path(run_dir)
-    problem = _run_problem(run_dir, "logs")
-    if problem and follow:
+    try:
+        run_dir = run_dir_of(run_dir, "logs")  # a run directory, or a config file naming one
+    except RunProblem as problem:
+        if not (follow and problem.exit == NOT_A_RUN and problem.run_dir):
+            print(problem, file=sys.stderr)
+            return problem.exit
         # `logs -f` started beside `run` (the tmux launcher) may come before the run directory: wait for it
         print(f"{problem}\nwaiting for it to become a run (Ctrl-C to quit)...", file=sys.stderr, flush=True)
+        run_dir = problem.run_dir
         try:
-            while _run_problem(run_dir):
+            while run_problem(run_dir):
                 time.sleep(poll_s)
         except KeyboardInterrupt:
             return NOT_A_RUN
-        problem = None
-    if problem:
-        print(problem, file=sys.stderr)
-        return NOT_A_RUN
     sup_path = run_dir / names.SUPERVISOR_LOG
     text, sup_off = _tail(sup_path, lines)
     out.write(f"==> {sup_path} <==\n{text}")

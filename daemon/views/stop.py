@@ -15,11 +15,15 @@ import time
 from pathlib import Path
 
 from minilmd import names, procs, protocol
+from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time, process_alive
 from minilmd.daemon.base.states import SyncState
-from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.base.statesections import StateJson, SupervisorInfo
 from minilmd.daemon.views.liveness import load
-from minilmd.daemon.views.status import _error_context, _is_a_run
+from minilmd.daemon.views.newest import newest_local
+from minilmd.daemon.views.runarg import resolve_run
+from minilmd.daemon.views.status import _error_context
+from minilmd.dirfd import PlaceRefused
 from minilmd.untrusted import printable
 
 ORPHAN_GRACE_S = 120.0
@@ -34,9 +38,10 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     signalled (minilmd/procs.py): the supervisor that holds the run's lock and carries its identity, or the trainer
     it left behind (daemon/child/orphans.py); never one a file of the run names by its pid."""
     out = out or sys.stdout
-    run_dir = Path(run_dir)
-    if not _is_a_run(run_dir, "stop"):
-        return protocol.STOP_NOT_A_RUN
+    found, refused = resolve_run(run_dir, "stop")  # a run directory, or a config file naming one
+    if found is None:
+        return refused  # protocol.STOP_NOT_A_RUN, or STOP_FAILED for another user's directory we cannot read
+    run_dir = found
     try:
         scope = procs.scope_of(run_dir)
     except (procs.Refused, OSError) as e:
@@ -46,6 +51,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     if unreadable:
         print(f"{run_dir}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
     state = StateJson.from_dict(raw)
+    request = _leave_request(scope, out)  # before the lock is looked at: a supervisor that takes it later reads it
     try:
         live = _live_supervisor(run_dir)
     except OSError as e:  # supervisor.lock not readable (root squashed on NFS, say)
@@ -57,8 +63,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
                                            f"{printable(outcome.reason)})" if outcome else ""), file=out)
         if outcome is None or outcome.exit not in (0, *protocol.FINAL_EXIT_STATUSES):
-            print("  it ended without finishing, so whatever restarts it may start it again: stop it there (Ctrl-C "
-                  "in the tmux launcher's window run, or `systemctl --user stop minilmd@NAME`)", file=out)
+            _pending_restart_words(request, state.supervisor, out)
         if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
@@ -94,6 +99,38 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     print(f"stopped after {time.monotonic() - started:.1f}s: exit {outcome.exit if outcome else None} "
           f"({printable(outcome.reason) if outcome else None})", file=out)
     return _checkpoint_report(state, out, always=True)
+
+
+def _leave_request(scope: procs.RunScope, out) -> Path | None:
+    """The stop request a launcher's automatic restart honours (daemon/base/stoprequest.py); None when it could not
+    be written (said)."""
+    try:
+        return stoprequest.leave(scope.run_dir, scope.owner)
+    except (OSError, PlaceRefused) as e:
+        why = printable(str(e.strerror or e if isinstance(e, OSError) else e))
+        print(f"{scope.run_dir}: the stop request cannot be written ({why}): a launcher's restart still to come would "
+              f"start the run", file=out)
+        return None
+
+
+def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> None:
+    """What becomes of a restart still to come, when a run ended without finishing and no supervisor runs; `last`:
+    the supervisor that state.json names (the unit it ran as, when systemd ran it)."""
+    unit = f"`systemctl{' --user' if last.systemd_user else ''} stop {printable(last.systemd_unit)}`" \
+        if last.systemd_unit else "`systemctl --user stop minilmd@NAME`"
+    if request is not None:
+        print(f"  no supervisor is running; the launcher's pending restart will not start the run (the tmux window's "
+              f"restart, a Slurm requeue): stop request left at {request}; a start by hand (`minilmd run`, the tmux "
+              f"launcher, sbatch) clears it", file=out)
+    if last.systemd_unit:
+        print(f"  its supervisor ran under systemd, whose restart of it does not read the request (it cannot be told "
+              f"from a start): stop that unit: {unit}", file=out)
+    elif request is not None:
+        print(f"  under systemd stop the unit as well: {unit} (a restart by systemd cannot be told from "
+              f"`systemctl start`, so it does not read the request)", file=out)
+    else:
+        print(f"  so whatever restarts it may start it again: stop it there (Ctrl-C in the tmux launcher's window "
+              f"run, or {unit})", file=out)
 
 
 def _reread(run_dir: Path, state: StateJson) -> StateJson:
@@ -158,17 +195,8 @@ def _only_in_scratch(state: StateJson) -> tuple[int, str] | None:
     beside the checkpoint state.json names, for a save state.json has not seen."""
     if state.sync.state == SyncState.OFF:
         return None
-    local = state.local_checkpoint
+    local = newest_local(state.local_checkpoint)  # what `status` says too (daemon/views/newest.py)
     step, path = (local.step, local.path) if local else (None, None)
-    if path:
-        root = Path(path).parent
-        try:
-            saved = [names.step_of(p) for p in root.iterdir() if names.is_step_name(p.name)
-                     and (p / names.MANIFEST).is_file()]
-        except OSError:
-            saved = []
-        if saved and (step is None or max(saved) > step):
-            step, path = max(saved), str(root / names.step_name(max(saved)))
     if step is None:
         return None
     synced = state.remote_checkpoint.step if state.remote_checkpoint else None

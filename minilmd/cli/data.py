@@ -5,6 +5,9 @@ Torch-free all the way down: nothing here, nor anything these commands import, r
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import typer
 
 from minilmd.names import TOKENIZER_FILE
@@ -25,6 +28,35 @@ def _io_error_exit(e: OSError, what: str, kept: str) -> typer.Exit:
     typer.echo(f"error: {what}: {e.strerror or e}{where}; {kept}. Fix it (free space, the share) and run it again",
                err=True)
     return typer.Exit(EXIT_IO)
+
+
+def _interrupt_on_termination() -> None:
+    """SIGTERM, and SIGHUP (an SSH session closed under it; nohup's SIG_IGN stays), end a corpus command as Ctrl-C
+    does: KeyboardInterrupt unwinds through its cleanup (no half output, no temp dir left, a training child ended)."""
+    import signal
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
+        signal.signal(signal.SIGHUP, on_sigterm)
+
+
+@contextlib.contextmanager
+def _prepare_exits(what: str, kept: str) -> Iterator[None]:
+    """A prepare's failure as its exit status, said in one line: bad input or arguments (every ValueError: InputError,
+    CorpusError, TokenizerError) by _data_error_exit, a read or write that failed 74, interrupted 130; `kept` says
+    what is left of the output (the cleanup ran as the error unwound through it)."""
+    try:
+        yield
+    except ValueError as e:
+        raise _data_error_exit(e) from None
+    except KeyboardInterrupt:
+        typer.echo(f"{what}: interrupted, {kept}", err=True)
+        raise typer.Exit(130) from None
+    except OSError as e:
+        raise _io_error_exit(e, what, kept) from None
 
 
 def _data_error_exit(e: Exception) -> typer.Exit:
@@ -57,7 +89,6 @@ def tokenizer_train_command(
 
     Exit status: 0, 65 bad input, 2 bad arguments (a --chat-template that does not load or render), 74 a read or
     write failed, 130 interrupted (Ctrl-C, SIGTERM: at once, nothing written)."""
-    import signal
     import sys
 
     from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside
@@ -71,12 +102,7 @@ def tokenizer_train_command(
         except ChatTemplateError as e:
             raise _data_error_exit(e) from None
 
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt  # as prepare: the training process is ended, nothing written
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:  # an SSH session closed under it; nohup's SIG_IGN stays
-        signal.signal(signal.SIGHUP, on_sigterm)
+    _interrupt_on_termination()  # as prepare: the training process is ended, nothing written
     try:
         # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
         text, actual, bad = _train_in_child(corpus, on_bad_line, max_docs, vocab_size, sys.stdout.isatty())
@@ -229,20 +255,10 @@ def prepare_command(
     split would be empty), 2 bad arguments or tokenizer, an --out that --force may not replace, another prepare
     writing --out (OUT.lock beside it), another user's corpus for --append, or a directory of --out other users
     can rearrange (without --group-share); nothing is written unless 0."""
-    import signal
-
     from minilmd.corpus.analysis.scripts import parse_scripts
     from minilmd.corpus.prepare.pipeline import prepare
-    from minilmd.corpus.sources.jsonl import InputError
-    from minilmd.corpus.tokenizer import TokenizerError
-    from minilmd.corpus_meta import CorpusError
 
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt  # unwinds through prepare's cleanup: no half output, no temp dir left
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:  # an SSH session closed under it; nohup's SIG_IGN stays
-        signal.signal(signal.SIGHUP, on_sigterm)
+    _interrupt_on_termination()  # unwinds through prepare's cleanup: no half output, no temp dir left
     if append:
         from minilmd.corpus.prepare.append import append as append_to
 
@@ -250,32 +266,18 @@ def prepare_command(
             raise _data_error_exit(ValueError("--append uses the corpus's own tokenizer, format and rules (its "
                                               "meta.json): leave out --tokenizer, --format and --drop-scripts"))
 
-        try:
+        with _prepare_exits("prepare --append", "the corpus is its last complete version"):
             append_to(corpus, out, workers=None if workers < 0 else workers, on_bad_line=on_bad_line,
                       group_share=group_share)
-        except (InputError, CorpusError, ValueError) as e:
-            raise _data_error_exit(e) from None
-        except KeyboardInterrupt:
-            typer.echo("prepare --append: interrupted; the corpus is its last complete version", err=True)
-            raise typer.Exit(130) from None
-        except OSError as e:
-            raise _io_error_exit(e, "prepare --append", "the corpus is its last complete version") from None
         typer.echo(f"appended to {out}")
         return
     if not tokenizer:
         raise _data_error_exit(ValueError("--tokenizer is required (except with --append)"))
-    try:
+    with _prepare_exits("prepare", "nothing written"):
         prepare(corpus, tokenizer, out, val_fraction=val_fraction, on_bad_line=on_bad_line, seq_len=seq_len,
                 batch_size=batch_size, workers=None if workers < 0 else workers, force=force,
                 data_format=data_format, on_long=on_long, drop_scripts=parse_scripts(drop_scripts),
                 group_share=group_share)
-    except (InputError, CorpusError, TokenizerError, ValueError) as e:
-        raise _data_error_exit(e) from None
-    except KeyboardInterrupt:
-        typer.echo("prepare: interrupted, nothing written", err=True)
-        raise typer.Exit(130) from None
-    except OSError as e:
-        raise _io_error_exit(e, "prepare", "nothing written") from None
     typer.echo(f"wrote {out}")
 
 

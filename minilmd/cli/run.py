@@ -11,8 +11,9 @@ commands = typer.Typer()
 def run_command(
     config: str = typer.Argument(..., help="The run config (TOML)."),
     check: bool = typer.Option(False, "--check", help="Check what a launch would: the config, the corpus against the "
-                                                      "model, scratch's owner and space; exit 0, or 2 listing every "
-                                                      "problem. Creates nothing."),
+                                                      "model, scratch's owner and space, the checkpoint it would "
+                                                      "resume from; exit 0 saying where it starts, or 2 listing "
+                                                      "every problem. Creates nothing."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: SECTION.KEY=VALUE (repeatable)."),
     fresh: bool = typer.Option(False, "--fresh", help="With no checkpoint in scratch and a run.remote that cannot "
                                                       "be read (not there, an empty mount point, a link to "
@@ -22,15 +23,18 @@ def run_command(
 ) -> None:
     """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
 
-    Exit status: 0 finished (or stopped on request), 2 bad config or run owned by another supervisor, 65 bad data,
-    73 run.dir's disk full (stopped after the last sync), 79 gave up after too many restarts (2, 65, 73 and 79 are
-    final: list them in systemd's RestartPreventExitStatus=)."""
+    Exit status: 0 finished (or stopped on request), 1 the supervisor crashed, could not set up the run directory,
+    or the run finished but its last sync failed (not final: systemd restarts it, and a restart retries the sync),
+    2 bad config (a checkpoint to resume from of another model or corpus too) or run owned by another supervisor,
+    65 bad data, 73 run.dir's disk full (stopped after the last sync), 79 gave up after too many restarts (2, 65,
+    73 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
     if check:
         from minilmd.config import ConfigError
         from minilmd.daemon import preflight
 
+        start: list[str] = []  # where the launch starts: resumes from step N (scratch|remote), or step 0
         try:
-            cfg, waits = preflight.check_with_waits(config, set_)
+            cfg, waits = preflight.check_with_waits(config, set_, start)
         except ConfigError as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
@@ -44,7 +48,9 @@ def run_command(
             typer.echo(f"note: {line}")
         from minilmd.daemon.jobs.remotewait import check_line
 
-        if line := check_line(cfg, fresh):  # no checkpoint in scratch, the remote out of reach: wait, or step 0
+        # no checkpoint in scratch, the remote out of reach: wait, or step 0; else where it resumes (or step 0)
+        remote_line = check_line(cfg, fresh)
+        for line in [remote_line] if remote_line else start:
             typer.echo(line)
         init_unreachable = any(line.startswith("init.from") for line in waits)  # the others: scratch's room
         if not init_unreachable and (wait := _init_wait(cfg)):  # reachable: it may be a run not finished yet
@@ -80,10 +86,13 @@ def _init_wait(cfg) -> str:
 
 def _notes(cfg) -> list[str]:
     """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
-    "auto" and no NVIDIA driver: daemon/host/gpu.py), keep its checkpoints only in scratch (no run.remote)."""
+    "auto" and no NVIDIA driver: daemon/host/gpu.py), train on some preference pairs nothing (train.seq_len cuts
+    their replies away: minilmd/probes.py), keep its checkpoints only in scratch (no run.remote)."""
     from minilmd.daemon.host.gpu import cpu_fallback
+    from minilmd.probes import pairs_cut_warning
 
     notes = [why] if (why := cpu_fallback(cfg)) else []
+    notes += [cut] if (cut := pairs_cut_warning(cfg)) else []  # replies train.seq_len cuts away: fewer than half
     if not cfg.run.remote:
         notes.append(f"no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir}), which a reboot "
                      f"(/dev/shm), a scratch cleaner or a lost node takes with them; set run.remote to a directory "

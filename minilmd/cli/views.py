@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import typer
 
+RUN_HELP = "The run directory, or the run config file that names it (its run.dir)."
+
 commands = typer.Typer()
 """The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
 
 
 @commands.command("status")
 def status_command(
-    run_dir: str | None = typer.Argument(None, help="The run directory (run.dir of the config); none: every run."),
+    run_dir: str | None = typer.Argument(None, help="The run directory, or the run config file that names it (its "
+                                                    "run.dir); none: every run."),
     all_: bool = typer.Option(False, "--all", help="Every run of this machine you may see, one line each."),
     as_json: bool = typer.Option(False, "--json", help="state.json plus whether the supervisor runs, as JSON "
                                                        "(with --all: the rows)."),
 ) -> None:
     """Where a run stands: phase, step, loss (and a sparkline of it), tok/s, ETA, checkpoints local and remote,
-    restarts, last error. With no run directory, or --all: every registered run you may see."""
+    restarts, last error. With no run directory, or --all: every registered run you may see.
+
+    Exit status: 0 shown, 1 another user's run directory you may not read, 2 not a run directory (nor a config)."""
     if all_ or run_dir is None:
         from minilmd.daemon.views.overview import status_all
 
@@ -74,11 +79,13 @@ def plot_command(
 
 @commands.command("logs")
 def logs_command(
-    run_dir: str = typer.Argument(".", help="The run directory."),
+    run_dir: str = typer.Argument(".", help=RUN_HELP),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (next attempts too)."),
     lines: int = typer.Option(20, "--lines", "-n", help="Lines of each log to show first."),
 ) -> None:
-    """The supervisor's events and the current attempt's trainer output."""
+    """The supervisor's events and the current attempt's trainer output.
+
+    Exit status: 0 shown, 1 another user's run directory you may not read, 2 not a run directory (nor a config)."""
     from minilmd.daemon.views.status import logs
 
     raise typer.Exit(logs(run_dir, follow, lines))
@@ -86,13 +93,14 @@ def logs_command(
 
 @commands.command("stop")
 def stop_command(
-    run_dir: str = typer.Argument(".", help="The run directory."),
+    run_dir: str = typer.Argument(".", help=RUN_HELP),
     timeout: float = typer.Option(0.0, "--timeout", help="Give up waiting after this many seconds (0: wait)."),
 ) -> None:
     """Ask the supervisor to stop: the trainer saves at the next step, the last sync runs, then it exits 0.
 
-    Exit status: 0 stopped, 1 not stopped (timeout, another user's supervisor), 2 not a run directory, 3 stopped but
-    the newest checkpoint is only in scratch (the last sync failed; its path is printed)."""
+    Exit status: 0 stopped, 1 not stopped (timeout, another user's supervisor or run directory), 2 not a run
+    directory (nor a config), 3 stopped but the newest checkpoint is only in scratch (the last sync failed; its path
+    is printed)."""
     from minilmd.daemon.views.stop import stop
 
     raise typer.Exit(stop(run_dir, timeout))

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.plan.bucketing import BucketedSampler, DocumentRows, _BucketOrder
 from minilmd.plan.sampler_base import Batch, DataError, Sampler, _generator
 from minilmd.plan.samplers import _STREAM_VALIDATION, VAL_SEED
+from minilmd.rowcount import pairs_fit
 
 
 class PairRows:
@@ -50,6 +52,24 @@ class PairRows:
     def counts(self, pairs: np.ndarray) -> tuple[int, int]:
         """(pairs, real tokens of both sides' rows)."""
         return len(pairs), int(self.docs.lengths[self.documents(pairs)].sum())
+
+    def without_reply(self) -> int:
+        """Pairs a side of which keeps no target in its row: its final reply falls wholly past seq_len."""
+        targets = self.docs.n_targets
+        return int(np.count_nonzero((targets[0::2] == 0) | (targets[1::2] == 0)))
+
+
+def check_pairs_fit(train: PairRows, val: PairRows, meta: dict, cfg: RunConfig, warn: bool) -> None:
+    """The trainer's count of the pairs train.seq_len leaves without a reply token, in its own rows (a corpus from
+    before meta.json's `reply_starts` included): ConfigError (exit 2) when rowcount.pairs_fit refuses them, as
+    `run --check` does from meta.json; printed as a warning (`warn`: the main rank) when some are."""
+    counts = {split: (rows.without_reply(), rows.n_pairs) for split, rows in (("train", train), ("val", val))
+              if rows.n_pairs}
+    problem, warning = pairs_fit(meta, train.docs.seq_len, counts)
+    if problem:
+        raise ConfigError([f"data.prepared = {cfg.data.prepared!r}: {problem}"], cfg.source)
+    if warning and warn:
+        print(f"minilmd train: warning: {warning}", flush=True)
 
 
 class PairSampler(BucketedSampler):

@@ -6,37 +6,60 @@ adapters still zero). MiniMind's train_dpo.py keeps a second copy of it on the d
 here it runs once, at the run's first start, over every document of both splits (length-bucketed batches, no
 gradients), and its per-row sums (float32, one per document) are kept with the run: written into every checkpoint
 as `dpo_reference.safetensors`, listed in the manifest (so hashed, validated, synced and staged like the weights).
-The first start saves a checkpoint at step 0 at once, so a restart, or a resume on another machine, reads the sums
-back (their sha256 checked against the manifest) and never computes them again; the training step holds one model.
+The first start saves a checkpoint at step 0 at once (the Trainer does, with the bytes `start` returns), so a
+restart, or a resume on another machine, reads the sums back (their sha256 checked against the manifest, with the
+rest of the checkpoint: by rank 0 alone when the job spans nodes, trainer/loop/resume.py and multinode.py) and never
+computes them again; the training step holds one model.
 The seconds the computation took are printed and written to metrics.jsonl (`dpo_reference`). The pass can
 outlast restart.hang_timeout (2,446 pairs: 40 s on a CPU): each batch refreshes the heartbeat, and a pass over
 10 s prints its progress (PassProgress).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
-from minilmd.checkpoint import read_manifest
 from minilmd.config import RunConfig
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.corpus.format import PreparedCorpus
 from minilmd.corpus_meta import CorpusError
+from minilmd.metrics import MetricsLog
 from minilmd.names import DPO_REFERENCE
-from minilmd.plan.pairs import PairRows, PairSampler, validation_pairs
+from minilmd.plan.pairs import PairRows, PairSampler, check_pairs_fit, validation_pairs
 from minilmd.plan.sampler_base import Batch
 from minilmd.trainer.loop import step as step_mod
 from minilmd.trainer.loop.objective_dpo import sequence_logps
-from minilmd.untrusted import Unreadable, read_bytes
+from minilmd.trainer.model.loss import chunk_rows_for
 
-REFERENCE_FILE = DPO_REFERENCE
-"""The reference sums in a checkpoint: tensors "train" and "val" (float32, one per document of the split)."""
+if TYPE_CHECKING:
+    from minilmd.trainer.loop.distributed import Dist
+    from minilmd.trainer.loop.parts import Found
+    from minilmd.trainer.model.minimind import MiniMindForCausalLM
+
+
+class ReferenceHost(Protocol):
+    """What the reference pass uses of the run (the Trainer, trainer/loop/train.py): the model as the run starts from
+    it, where it runs and with what autocast (the training step's own), the ranks, the metrics log (a heartbeat per
+    batch) and the step it is at."""
+
+    @property
+    def model(self) -> MiniMindForCausalLM: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def autocast(self) -> Callable[[], AbstractContextManager]: ...
+    @property
+    def log(self) -> MetricsLog: ...
+    @property
+    def dist(self) -> Dist: ...
+    @property
+    def step(self) -> int: ...
 
 
 class Preference:
@@ -54,47 +77,51 @@ class Preference:
         """How long the reference took to compute in this process (None: read from a checkpoint)."""
 
     @classmethod
-    def of(cls, cfg: RunConfig, corpus: PreparedCorpus) -> Preference | None:
-        return cls(cfg, corpus) if corpus.data_format == "dpo" else None
+    def of(cls, cfg: RunConfig, corpus: PreparedCorpus, is_main: bool) -> Preference | None:
+        """A preference corpus's pairs; pairs whose replies train.seq_len cuts away are refused, or warned of."""
+        if corpus.data_format != "dpo":
+            return None
+        preference = cls(cfg, corpus)
+        check_pairs_fit(preference.rows, preference.val, corpus.meta, cfg, is_main)
+        return preference
 
     @property
     def rows(self) -> PairRows:
         return self.sampler.pairs
 
-    def start(self, trainer: Any, found_path: Path | None) -> list[Batch]:
-        """The reference read from the checkpoint resumed (found_path), or computed now and saved at once in a
-        step-0 checkpoint; every checkpoint carries it. Returns the validation batches (they carry it)."""
-        sums = read_reference(found_path, self.corpus) if found_path is not None else None
-        if found_path is not None and sums is None:  # computing it now would take the trained policy for the reference
-            raise CorpusError(f"{found_path}: the checkpoint resumed carries no {REFERENCE_FILE} (every checkpoint "
+    def start(self, host: ReferenceHost, found: Found | None) -> tuple[list[Batch], dict[str, bytes]]:
+        """The reference the checkpoint resumed carries (`found`: read by rank 0 and sent to the others with the rest
+        of it, trainer/loop/resume.py), or computed now (`seconds` is then set: the caller saves a step-0 checkpoint
+        at once, so that a restart reads it back). Returns the validation batches (they carry it) and the files every
+        checkpoint of the run carries from now on ({DPO_REFERENCE: its bytes})."""
+        if found is not None and DPO_REFERENCE not in found.carried:  # computing it now: the trained policy's
+            raise CorpusError(f"{found.path}: the checkpoint resumed carries no {DPO_REFERENCE} (every checkpoint "
                               "of a DPO run does: it was written by a run that did not train DPO on this corpus); "
                               "start the DPO stage as a run of its own, with [init] from naming that checkpoint")
-        if sums is None:
-            progress = PassProgress(self.rows.n_pairs + self.val.n_pairs, trainer.dist.is_main)
-            sums = {"train": self.compute(trainer, self.rows, progress),
-                    "val": self.compute(trainer, self.val, progress)}
+        if found is not None:
+            sums = reference_sums(found.carried[DPO_REFERENCE], self.corpus, f"{found.path / DPO_REFERENCE}")
+        else:
+            progress = PassProgress(self.rows.n_pairs + self.val.n_pairs, host.dist.is_main)
+            sums = {"train": self.compute(host, self.rows, progress), "val": self.compute(host, self.val, progress)}
             self.seconds = progress.elapsed()
         self.rows.reference, self.val.reference = sums["train"], sums["val"]
-        trainer.checkpointer.extra = {REFERENCE_FILE: reference_bytes(sums, self.corpus)}
         pairs = self.rows.n_pairs + self.val.n_pairs
-        if trainer.dist.is_main:
-            how = (f"computed in {self.seconds:.2f}s" if self.seconds is not None
-                   else f"read from {found_path}")
-            trainer.log.write("dpo_reference", step=trainer.step, pairs=pairs,
-                              seconds=None if self.seconds is None else round(self.seconds, 3),
-                              source="computed" if self.seconds is not None else "checkpoint")
+        if host.dist.is_main:
+            how = f"computed in {self.seconds:.2f}s" if found is None else f"read from {found.path}"
+            host.log.write("dpo_reference", step=host.step, pairs=pairs,
+                           seconds=None if self.seconds is None else round(self.seconds, 3),
+                           source="computed" if found is None else "checkpoint")
             print(f"minilmd: DPO reference log-probabilities of {pairs:,} pairs {how}", flush=True)
-        if self.seconds is not None and found_path is None:
-            trainer.save()  # kept with the run from now on: a restart reads it back
-        return validation_pairs(self.val, self.cfg.data.val_windows, self.cfg.train.micro_batch_size)
+        batches = validation_pairs(self.val, self.cfg.data.val_windows, self.cfg.train.micro_batch_size)
+        return batches, {DPO_REFERENCE: reference_bytes(sums, self.corpus)}
 
     @torch.no_grad()
-    def compute(self, trainer: Any, rows: PairRows, progress: PassProgress) -> np.ndarray:
+    def compute(self, host: ReferenceHost, rows: PairRows, progress: PassProgress) -> np.ndarray:
         """The model's log-probability sum over each document's targets, in batches of micro_batch_size pairs of
         similar length (each padded to its width class, as the training micro-batches are). Each batch refreshes
         the heartbeat (rate-limited): a pass longer than restart.hang_timeout is not a hang."""
-        model, device = trainer.model, trainer.device
-        chunk_rows = trainer.objective.chunk_rows
+        model, device, autocast = host.model, host.device, host.autocast
+        chunk_rows = chunk_rows_for(self.cfg.train.seq_len)  # the training step's (objective.build_objective)
         out = np.zeros(2 * rows.n_pairs, dtype=np.float32)
         order = np.argsort(rows.lengths, kind="stable")
         mb = self.cfg.train.micro_batch_size
@@ -105,10 +132,10 @@ class Preference:
                 pairs = order[start:start + mb]
                 batch = rows.batch(pairs, width_class(int(rows.lengths[pairs].max()), rows.docs.seq_len))
                 on_device = step_mod.to_device(batch, device)
-                with trainer.autocast():
+                with autocast():
                     sums = sequence_logps(model, on_device.ids, on_device.labels, on_device.positions, chunk_rows)
                 out[rows.documents(pairs)] = sums.float().cpu().numpy()
-                trainer.log.heartbeat(trainer.step)
+                host.log.heartbeat(host.step)
                 progress.advance(len(pairs))
         finally:
             model.train(was_training)
@@ -151,26 +178,18 @@ def reference_bytes(sums: dict[str, np.ndarray], corpus: PreparedCorpus) -> byte
                 metadata={"data_fingerprint": corpus.data_fingerprint})
 
 
-def read_reference(ckpt_dir: Path, corpus: PreparedCorpus) -> dict[str, np.ndarray] | None:
-    """The sums a checkpoint carries, checked against its manifest (size, sha256) and the corpus (fingerprint, one
-    per document); None when it carries none. CorpusError when they do not fit the corpus."""
+def reference_sums(raw: bytes, corpus: PreparedCorpus, where: str) -> dict[str, np.ndarray]:
+    """The sums in a reference file's bytes (as its checkpoint's manifest vouches for them: resume.read_checkpoint),
+    checked against the corpus (its fingerprint, one sum per document of each split). CorpusError when they do not
+    fit it."""
     from safetensors.numpy import load
 
-    entry = read_manifest(ckpt_dir).get("files", {}).get(REFERENCE_FILE)
-    if not isinstance(entry, dict):
-        return None
-    try:
-        raw = read_bytes(ckpt_dir / REFERENCE_FILE, max_bytes=int(entry["size"]))
-    except Unreadable as e:
-        raise CorpusError(f"{ckpt_dir / REFERENCE_FILE}: {e.why}") from None
-    if len(raw) != entry["size"] or hashlib.sha256(raw).hexdigest() != entry["sha256"]:
-        raise CorpusError(f"{ckpt_dir / REFERENCE_FILE}: not the file its manifest lists (size or sha256)")
-    sums = load(raw)  # the bytes checked above, never the file read again
+    sums = load(raw)  # a safetensors file: its checkpoint's validation scanned it (find_latest)
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     fingerprint = (header.get("__metadata__") or {}).get("data_fingerprint")
     expected = {"train": corpus.train.n_docs, "val": corpus.val.n_docs}
     if fingerprint != corpus.data_fingerprint or {k: v.shape for k, v in sums.items()} != \
             {k: (n,) for k, n in expected.items()}:
-        raise CorpusError(f"{ckpt_dir / REFERENCE_FILE}: reference sums of another corpus (fingerprint "
+        raise CorpusError(f"{where}: reference sums of another corpus (fingerprint "
                           f"{fingerprint}, shapes {[v.shape for v in sums.values()]})")
     return {name: np.asarray(value, dtype=np.float32) for name, value in sums.items()}

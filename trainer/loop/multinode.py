@@ -2,17 +2,19 @@
 
 Each node has a scratch of its own (a node's local disk or RAM) and only rank 0 writes checkpoints, into its own;
 a rank on another node has no copy to read at resume. So when the job spans nodes (torchrun's LOCAL_WORLD_SIZE is
-smaller than WORLD_SIZE), rank 0 loads the checkpoint and broadcasts it over the process group; on one node every
-rank reads the file, as before (cheaper than sending it).
+smaller than WORLD_SIZE), rank 0 loads the checkpoint (all of it a resume takes: a DPO run's reference sums too)
+and broadcasts it over the process group; on one node every rank reads the files, as before (cheaper than sending).
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch.distributed as torch_dist
 
-from minilmd.trainer.checkpoint import save as ckpt_io
+Loaded = TypeVar("Loaded")
 
 
 def spans_nodes() -> bool:
@@ -21,12 +23,12 @@ def spans_nodes() -> bool:
     return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < world
 
 
-def load_checkpoint(path: Path, dist) -> tuple[dict, dict, dict]:
-    """(model state, optimizer state, trainer state) of the checkpoint rank 0 found: read by every rank on one
-    node, by rank 0 alone and broadcast when the job spans nodes."""
+def load_checkpoint(path: Path, dist, read: Callable[[Path], Loaded]) -> Loaded:
+    """What read(path) makes of the checkpoint rank 0 found (resume.read_checkpoint: all a resume takes from it):
+    read by every rank on one node, by rank 0 alone and broadcast when the job spans nodes."""
     if not (dist.active and spans_nodes()):
-        return ckpt_io.load(path)
-    loaded: list[tuple[dict, dict, dict] | None] = [ckpt_io.load(path) if dist.is_main else None]
+        return read(path)
+    loaded: list[Loaded | None] = [read(path) if dist.is_main else None]
     torch_dist.broadcast_object_list(loaded, src=0, device=dist.device if dist.device.type == "cuda" else None)
     assert loaded[0] is not None  # rank 0 sent it
     return loaded[0]

@@ -9,7 +9,7 @@ The keys and their meaning are those checkpoints have always had: old checkpoint
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -108,3 +108,6 @@ class Found:
     optimizer_state: dict
     state: dict
     """Its trainer_state.json, whole: each part reads its own keys."""
+    carried: dict[str, bytes] = field(default_factory=dict)
+    """The other files a run keeps in its checkpoints, by name, as checked against the manifest (resume.CARRIED: a
+    DPO run's reference sums); they travel to every rank with the rest."""

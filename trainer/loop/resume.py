@@ -10,8 +10,10 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
-from minilmd.checkpoint import CheckpointMismatch, Expectation
+from minilmd.checkpoint import CheckpointMismatch, Expectation, listed_bytes
 from minilmd.config import ConfigError, RunConfig, stage_defaults
+from minilmd.names import DPO_REFERENCE, DPO_REFERENCE_MAX_BYTES
+from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.loop import multinode
 from minilmd.trainer.loop.distributed import Dist
 from minilmd.trainer.loop.parts import Found
@@ -32,8 +34,19 @@ def resume(cfg: RunConfig, dist: Dist, expectation: Expectation) -> Found | None
         torch_dist.broadcast_object_list(found, src=0)
     if found[0] is None:
         return None
-    model_state, optimizer_state, state = multinode.load_checkpoint(Path(found[0]), dist)
-    return Found(Path(found[0]), model_state, optimizer_state, state)
+    return multinode.load_checkpoint(Path(found[0]), dist, read_checkpoint)
+
+
+CARRIED = {DPO_REFERENCE: DPO_REFERENCE_MAX_BYTES}
+"""The files a run keeps in its checkpoints besides model, optimizer and state, with the most of each read."""
+
+
+def read_checkpoint(path: Path) -> Found:
+    """All a resume takes from a checkpoint (find_latest validated it): the model, optimizer and trainer state, and
+    the CARRIED files it lists, each read once and checked against the manifest (checkpoint.listed_bytes)."""
+    model_state, optimizer_state, state = ckpt_io.load(path)
+    carried = {name: data for name, most in CARRIED.items() if (data := listed_bytes(path, name, most)) is not None}
+    return Found(path, model_state, optimizer_state, state, carried)
 
 
 def start_from_init(cfg: RunConfig, model: torch.nn.Module, dist: Dist) -> dict:

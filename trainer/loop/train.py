@@ -101,7 +101,7 @@ class Trainer:
         # Before anything reads the mode or the rates; the config recorded in the checkpoints says what was used.
         self.stage_defaults = apply_stage_defaults(cfg, self.corpus.data_format)
         train, val = self.corpus.train, self.corpus.val
-        self.preference = Preference.of(cfg, self.corpus)  # a preference corpus: DPO's pairs and its reference
+        self.preference = Preference.of(cfg, self.corpus, dist.is_main)  # a preference corpus: DPO's pairs, reference
         sampler = self.preference.sampler if self.preference else make_sampler(
             cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed, train.loss_mask, t.micro_batch_size,
             cfg.data.doc_mask)
@@ -166,7 +166,9 @@ class Trainer:
                                       tf32=torch.get_float32_matmul_precision() != "highest")
                            if self.device.type == "cuda" else None)
         if self.preference:  # DPO: the reference read back, or computed now and saved at step 0
-            self.val_batches = self.preference.start(self, self.resumed_from)
+            self.val_batches, self.checkpointer.extra = self.preference.start(self, found)
+            if self.preference.seconds is not None:  # computed now: kept with the run from here on
+                self.save()
 
     def apply_resume(self, found: Found) -> None:
         """The one place a checkpoint's contents reach the run: the weights (a LoRA run's adapters, on the base

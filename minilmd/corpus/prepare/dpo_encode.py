@@ -4,9 +4,11 @@ a conversation (chat_encode.ChatBlockEncoder, whose rendering this reuses), each
 then rejected, adjacent and in one split.
 
 - A line is bad (reason and detail, as chat lines are named) when it is not an object with "chosen" and "rejected"
-  (`missing_chosen_rejected`), when either side is not a valid conversation (chat.check_conversation's reasons,
-  the detail naming the side), when a side's last message is not the assistant's (`dpo_no_final_reply`), or when
-  the two sides' messages before that last reply differ (`dpo_prompt_differs`: the pair must answer one prompt).
+  (`missing_chosen_rejected`), when a side is not a non-empty list of messages (`dpo_side_not_messages`), when
+  either side is not a valid conversation (chat.check_conversation's reasons, the detail naming the side), when a
+  side's last message is not the assistant's (`dpo_no_final_reply`), when the two sides' messages before that last
+  reply differ (`dpo_prompt_differs`: the pair must answer one prompt), or when the two final replies are the same
+  (`dpo_same_replies`: a margin of 0 whatever the model, a constant loss of ln 2 with no gradient).
 - The loss mask covers the final assistant reply of each side only: the prompt, earlier replies included, is the
   same on both sides, so its log-probabilities cancel in the DPO objective.
 - Length: a side longer than seq_len is cut to its first seq_len tokens (the pair counts as `cut`), or with on_long
@@ -37,6 +39,9 @@ def check_pair(obj) -> tuple[tuple[list[dict], list[dict]] | None, tuple[str, st
         return None, ("missing_chosen_rejected", f'line is {what}; a preference pair has "chosen" and "rejected"')
     sides = []
     for side in SIDES:
+        if not isinstance(obj[side], list) or not obj[side]:  # check_conversation would name a "conversations" key
+            what = "an empty list" if isinstance(obj[side], list) else f"a JSON {type(obj[side]).__name__}"
+            return None, ("dpo_side_not_messages", f"{side} is {what}; a side is a list of messages")
         messages, bad = check_conversation({"conversations": obj[side]})
         if bad is not None:
             return None, (bad[0], f"{side}: {bad[1]}")
@@ -52,6 +57,8 @@ def check_pair(obj) -> tuple[tuple[list[dict], list[dict]] | None, tuple[str, st
         return None, ("dpo_prompt_differs", f"chosen has {len(chosen) - 1} messages before its reply, rejected "
                                             f"{len(rejected) - 1}, differing from message {at}: both sides must "
                                             "answer the same prompt")
+    if chosen[-1] == rejected[-1]:  # a margin of 0 always: a constant ln 2 loss, no gradient, never counted right
+        return None, ("dpo_same_replies", "chosen and rejected give the same final reply: the pair prefers nothing")
     return (chosen, rejected), None
 
 

@@ -33,13 +33,17 @@ def reply_starts(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def pair_figures(mask: np.ndarray, lengths: np.ndarray) -> dict:
-    """The figures of one split: pairs, and the length statistics of prompts and chosen and rejected replies."""
+    """The figures of one split: pairs, the pairs at each offset of their later side's first reply token
+    (`reply_starts`: what a train.seq_len keeps of them, rowcount.pairs_past_cut), and the length statistics of
+    prompts and chosen and rejected replies."""
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = reply_starts(mask, lengths) if lengths.size else np.zeros(0, dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     replies = _replies(mask, bounds)
+    later, counts = np.unique(np.maximum(starts[0::2], starts[1::2]), return_counts=True)
     return {
         "pairs": int(lengths.size // 2),
+        "reply_starts": [[int(s), int(c)] for s, c in zip(later, counts, strict=True)],
         "prompt": length_stats(starts[0::2]),
         "chosen_reply": length_stats(replies[0::2]),
         "rejected_reply": length_stats(replies[1::2]),

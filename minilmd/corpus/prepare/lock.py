@@ -3,9 +3,13 @@
 The lock is an exclusive `flock` on `<out>.lock`, a file beside the corpus directory, not on the directory itself:
 `prepare --force` replaces the directory by a rename, and a lock on the old inode would not exclude a writer of the
 new one (issue 21: an append and a --force on one --out both exited 0 and left a corpus whose sizes disagree). The
-lock file stays (removing it would race with the next writer's open); it holds who took it last (pid, command,
-since), which a second writer prints. A second writer fails at once, exit 2, naming the holder: a prepare of a big
-corpus runs for hours, and a command that waits silently that long looks hung.
+lock file holds who took it (pid, command, since), which a second writer prints. The writer that created it removes
+it on the way out, whatever the outcome (a failed prepare leaves nothing beside --out), while it still holds the
+lock and only when the name still leads to the very file it made (identity-checked through the directory's
+descriptor). That removal cannot let two writers in: a writer that opened the file before it was removed and locks
+it after finds its name gone (or leading elsewhere) and opens the name again. A lock file this writer did not create
+(one left by an older minilmd, or made by hand) is left where it is. A second writer fails at once, exit 2, naming
+the holder: a prepare of a big corpus runs for hours, and a command that waits silently that long looks hung.
 
 The lock file may sit in a directory other users can write (a shared /tmp-like parent): it is opened without
 following a link, without blocking, must be a regular file owned by the current user holding nothing but a holder
@@ -33,6 +37,7 @@ from minilmd.untrusted import loads, printable
 
 LOCK_SUFFIX = ".lock"
 HOLDER_BYTES = 4096  # what is read of a lock file's holder line, at most
+OPEN_TRIES = 100  # opens of the lock name, each after the file just locked was removed by the writer before
 HOLD_FOR_TEST = HOLD_CORPUS_LOCK_ENV  # tests/test_prepare_lock.py
 
 
@@ -66,10 +71,10 @@ class CorpusLock:
         self.parent: Dir | None = None
         self.parent_fd = -1
         self.fd = -1
+        self.created = self.locked = False
+        """Whether this writer made the lock file, and holds its lock: then it removes it on the way out."""
 
     def __enter__(self) -> CorpusLock:
-        import fcntl
-
         parent = self.out.parent
         try:
             self.parent = Dir.open(parent, "the directory of --out", group_share=self.group_share)
@@ -79,11 +84,42 @@ class CorpusLock:
             raise ValueError(f"{parent}: cannot open the directory of --out ({e.strerror})") from None
         self.parent_fd = self.parent.fd
         self.parent_id = self.parent.identity
-        path = parent / lock_name(self.out.name)
+        for _ in range(OPEN_TRIES):
+            self._open_and_lock()
+            if self._still_named():
+                break
+            self._close_lock_file()  # its maker removed it between the open and the lock: the name again
+        else:
+            self.close()
+            raise ValueError(f"{self.out}: its lock file keeps being replaced; nothing was changed. Check who does "
+                             "it, then run this again")
+        if _holder_line(self.fd) is None:  # somebody's own file of that name: never overwritten
+            self.close()
+            raise ValueError(f"{parent / lock_name(self.out.name)}: exists and is not a lock file of minilmd's (the "
+                             f"lock of {self.out} is this name); nothing was changed. Move it away, or choose another "
+                             "--out")
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
+                                        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
+        return self
+
+    def _open_and_lock(self) -> None:
+        """self.fd: the lock file, opened (made when missing) without following a link, locked; ValueError (the
+        lock closed) when it is not safe to use or another writer holds it."""
+        import fcntl
+
+        name, path = lock_name(self.out.name), self.out.parent / lock_name(self.out.name)
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         try:
-            self.fd = os.open(lock_name(self.out.name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                              | os.O_NOCTTY | os.O_CLOEXEC, 0o644, dir_fd=self.parent_fd)
-        except OSError as e:
+            try:
+                self.fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=self.parent_fd)
+                self.created = True
+            except FileExistsError:
+                self.fd, self.created = os.open(name, flags, dir_fd=self.parent_fd), False
+        except OSError as e:  # a link, or gone again between the two opens (then the next try makes it)
+            if isinstance(e, FileNotFoundError):
+                self.fd = -1
+                return
             self.close()
             raise ValueError(f"{path}: cannot open the lock file of {self.out} ({e.strerror}); it must be a regular "
                              "file of yours (remove it, or choose another --out)") from None
@@ -100,24 +136,39 @@ class CorpusLock:
             self.close()
             raise ValueError(f"{self.out}: another prepare is writing it ({holder}); nothing was changed. Wait for "
                              f"it to end and run this again") from None
-        if _holder_line(self.fd) is None:  # somebody's own file of that name: never overwritten
-            self.close()
-            raise ValueError(f"{path}: exists and is not a lock file of minilmd's (the lock of {self.out} is "
-                             "this name); nothing was changed. Move it away, or choose another --out")
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
-                                        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
-        return self
+        self.locked = True
+
+    def _still_named(self) -> bool:
+        """Whether the lock file's name (in the directory held open) still leads to the file self.fd locked."""
+        if self.fd < 0:
+            return False
+        try:
+            named = os.stat(lock_name(self.out.name), dir_fd=self.parent_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return _identity(named) == _identity(os.fstat(self.fd))
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
+        """Remove the lock file when this writer made it and its name still leads to it (while it is still locked:
+        see the module's docstring), then let go of it and of the directory."""
+        if self.created and self.locked and self._still_named():
+            try:
+                os.unlink(lock_name(self.out.name), dir_fd=self.parent_fd)
+            except OSError:
+                pass  # left behind: the next writer uses it as it is
+        self._close_lock_file()
         if self.parent is not None:
             self.parent.close()
-        self.fd = self.parent_fd = -1
+        self.parent = None
+        self.parent_fd = -1
+
+    def _close_lock_file(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd, self.created, self.locked = -1, False, False
 
     def check_parent(self) -> None:
         """ValueError (exit 2) when --out's directory is no longer the one that was locked."""

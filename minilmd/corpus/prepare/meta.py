@@ -108,11 +108,17 @@ def add_chat_meta(meta: dict, tok: PrepareTokenizer, opts: PrepareOptions, found
     meta["split_rule"]["text"] = "a conversation's canonical JSON: its messages, keys sorted, compact, UTF-8"
 
 
+def _unit(meta: dict) -> str:
+    """What prepare counts as one of a masked corpus's items: a preference corpus's pairs (two documents each),
+    a chat corpus's conversations."""
+    return "pairs" if meta["data_format"] == "dpo" else "conversations"
+
+
 def _report_chat(meta: dict, log) -> None:
     for split in SPLITS:
         log(corpus_stats.format_chat_report(split, meta["stats"][split]))
-    c = meta["chat"]
-    dropped = [f"{c['dropped_long']:,} conversations longer than seq_len {c['seq_len']}"] if c["dropped_long"] else []
+    c, unit = meta["chat"], _unit(meta)  # a preference corpus's counts are its pairs' (dpo_encode.py)
+    dropped = [f"{c['dropped_long']:,} {unit} longer than seq_len {c['seq_len']}"] if c["dropped_long"] else []
     if c["dropped_no_target"]:
         dropped.append(f"{c['dropped_no_target']:,} whose replies all fall past the cut at {c['seq_len']}")
     if dropped:  # the policy this prepare ran under, cut (the default) or drop
@@ -141,11 +147,8 @@ def report(meta: dict, log) -> None:
         f"(whitespace ignored), removed from val" + (f": {', '.join(lc['examples'])}" if lc["examples"] else ""))
     if v["documents"] == 0:
         log("warning: --val-fraction 0: no val split; `minilmd train` refuses a corpus without one")
-    elif meta["data_format"] in MASKED_FORMATS and v["documents"] < MIN_VAL_CONVERSATIONS:
-        total = v["documents"] + meta["splits"]["train"]["documents"]
-        log(f"warning: val holds only {v['documents']:,} of {total:,} conversations (val fraction {fraction}): its "
-            f"loss, which early stopping and the best checkpoint follow, is that few conversations' noise; "
-            f"--val-fraction {min(0.5, MIN_VAL_CONVERSATIONS / total):.2g} gives about {MIN_VAL_CONVERSATIONS}")
+    elif meta["data_format"] in MASKED_FORMATS and (few := _few_val(meta)):
+        log(few)
     bad = meta["bad_lines"]
     if bad["total"]:
         counts = ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in bad["by_reason"].items())
@@ -154,3 +157,20 @@ def report(meta: dict, log) -> None:
         log(f"warning: {stats['documents_with_special_ids_inside']:,} documents contain a literal special token "
             f"(<|endoftext|>, <|im_start|> or <|im_end|>) that encodes to id 0/1/2 inside the document, e.g. "
             f"{', '.join(stats['special_ids_inside_examples'][:3])}")
+
+
+def _few_val(meta: dict) -> str:
+    """The warning of a val split of fewer than MIN_VAL_CONVERSATIONS items (a preference corpus: pairs, which
+    DPO's validation draws; data.val_windows counts them too), "" when it holds that many. The --val-fraction it
+    suggests gives at most half the corpus, and says so when that is fewer than MIN_VAL_CONVERSATIONS."""
+    key = "pairs" if meta["data_format"] == "dpo" else "documents"
+    n_val, unit, fraction = meta["splits"]["val"][key], _unit(meta), meta["split_rule"]["val_fraction"]
+    if n_val >= MIN_VAL_CONVERSATIONS:
+        return ""
+    total = n_val + meta["splits"]["train"][key]
+    suggested = min(0.5, MIN_VAL_CONVERSATIONS / total)
+    gives = f"about {suggested * total:.0f}" + (f" (the corpus holds only {total:,} {unit})"
+                                                 if suggested * total < MIN_VAL_CONVERSATIONS else "")
+    return (f"warning: val holds only {n_val:,} of {total:,} {unit} (val fraction {fraction}): its loss, which early "
+            f"stopping and the best checkpoint follow, is that few {unit}' noise; --val-fraction {suggested:.2g} "
+            f"gives {gives}")

@@ -266,14 +266,15 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     found.check_bad_lines()
     if found.documents == 0:
         dropped = sum(found.chat_counts.get(k, 0) for k in ("dropped_long", "dropped_no_target"))
-        why = f"; {dropped:,} conversations dropped for length at --seq-len {opts.seq_len}" if dropped else ""
+        unit = "pairs" if opts.data_format == "dpo" else "conversations"  # the encoders count a pair once
+        why = f"; {dropped:,} {unit} dropped for length at --seq-len {opts.seq_len}" if dropped else ""
         hint = found.format_hint()
         raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad{why})"
                          + f"; {hint}" * bool(hint))
     check_line_counts(found, 2 if opts.data_format == "dpo" else 1)
     duplicates = duplicates_of(tmp, found, 2 if opts.data_format == "dpo" else 1)  # before leak_check (deletes keys)
     leaked, leak_examples = leak_check(tmp, found, opened)
-    _check_splits(found, leaked, opts.val_fraction)
+    _check_splits(found, leaked, opts.val_fraction, 2 if opts.data_format == "dpo" else 1)
     train_lengths, val_lengths = write_splits(tmp, found, leaked)
     meta = build_meta(tmp, tok, opts, found, train_lengths, val_lengths, leaked, leak_examples)
     add_report_meta(meta, found, duplicates, train_lengths, val_lengths, opts.drop_scripts)
@@ -288,26 +289,28 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
     return meta
 
 
-def _check_splits(found: Collector, leaked: np.ndarray, val_fraction: float) -> None:
+def _check_splits(found: Collector, leaked: np.ndarray, val_fraction: float, per_item: int = 1) -> None:
     """InputError (exit 65) when a split would be empty: `minilmd train` needs documents to train on and a val
     split for its validation loss. The message gives the smallest --val-fraction that puts a document into val
     (the split rule is a hash of each text: raising the fraction only moves documents from train to val).
-    --val-fraction 0 asks for no val split: then only train must not be empty."""
-    n, n_val = found.documents, int(leaked.size)
+    --val-fraction 0 asks for no val split: then only train must not be empty. `per_item`: documents an item of
+    the split rule holds (a preference pair: 2), which the message counts."""
+    n, n_val = found.documents // per_item, int(leaked.size) // per_item
+    unit = "pairs" if per_item == 2 else "documents"
     n_train = n - n_val
     if n_train == 0:
-        raise InputError(f"the train split is empty: all {n:,} documents fell into val at --val-fraction "
-                         f"{val_fraction}; lower it (the split is by a hash of each text), or add documents")
-    if val_fraction == 0 or n_val - int(leaked.sum()) > 0:
+        raise InputError(f"the train split is empty: all {n:,} {unit} fell into val at --val-fraction "
+                         f"{val_fraction}; lower it (the split is by a hash of each text), or add {unit}")
+    if val_fraction == 0 or int(leaked.size) - int(leaked.sum()) > 0:
         return
     if n_val:
-        raise InputError(f"the val split is empty: all {n_val:,} val document(s) repeat train documents (whitespace "
-                         f"aside) and were removed by the leak check; raise --val-fraction to draw others")
+        raise InputError(f"the val split is empty: all {n_val:,} val {unit[:-1]}(s) repeat train {unit} "
+                         f"(whitespace aside) and were removed by the leak check; raise --val-fraction to draw others")
     need = _round_up(found.train_min_digest / 2**64)
-    raise InputError(f"the val split is empty: none of the {n:,} documents fell into val at --val-fraction "
+    raise InputError(f"the val split is empty: none of the {n:,} {unit} fell into val at --val-fraction "
                      f"{val_fraction} (about {n * val_fraction:.2f} expected; the split is by a hash of each text), "
                      f"and `minilmd train` needs a val split for its validation loss. --val-fraction {need} puts at "
-                     f"least one document there")
+                     f"least one {unit[:-1]} there")
 
 
 def _round_up(x: float) -> float:

@@ -1,0 +1,120 @@
+"""`minilmd stop`'s request, left in the run directory for the starts a launcher makes by itself.
+
+A stop that finds no supervisor cannot signal a start that is still to come: the tmux launcher's window "run" starts
+a killed supervisor again after MINILMD_TMUX_RESTART_SEC, and a Slurm job may be requeued. So `stop` leaves
+`stop-request.json` in the run directory (`leave`) before it looks for the supervisor, and `minilmd run` reads it
+once it holds the run lock (`read`): a start a launcher made by itself (`automatic_restart`: names.AUTO_RESTART_ENV,
+which the tmux window sets on its restarts only, or a requeued Slurm job) honours it and stops before any trainer,
+exit 0; any other start (a person's `minilmd run`, the tmux launcher or `sbatch` run by hand, systemd) removes it
+(`clear`) and runs as asked. The order keeps the promise without a timing: stop writes, then looks at the lock;
+run takes the lock, then reads. Either stop finds the new supervisor (and signals it), or that supervisor finds
+the request.
+
+systemd's own restarts (Restart=on-failure) look to the started process like `systemctl start`: a start by systemd
+clears the request, and a unit waiting to restart is stopped with `systemctl --user stop minilmd@NAME`, which `stop`
+says (docs/operations.md "Stop").
+
+The file is written at the run directory's descriptor (minilmd/dirfd.py Dir: the directory walked from "/" without
+following a link, each one on the way root's or the run owner's; an O_EXCL temporary name, then a rename there), so
+root stopping a user's run writes nowhere else; read as a file others may have written (minilmd/untrusted.py: a
+regular file of this user's or root's, no link followed, at most MAX_BYTES); removed only when it is such a file, at
+the run directory's descriptor.
+Torch-free.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from minilmd import names
+from minilmd.daemon.base.runstate import fmt_time
+from minilmd.dirfd import Dir
+from minilmd.perms import file_mode, own_uid, owned_by_me_or_root
+from minilmd.untrusted import Unreadable, printable, read_json
+
+MAX_BYTES = 4096
+HONOURED_UNPARSED = frozenset({"too_big", "not_utf8", "too_deep", "not_json", "wrong_type"})
+"""What a regular file of this user's or root's may fail on and still be a request (its time unknown): the owner and
+the type are checked before a byte is read, so such a file was put there by someone who may stop the run."""
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    path: Path
+    time: float | None
+    by: str
+    """Who asked: "uid 1000 on host"; "" when the file did not say."""
+
+    def words(self) -> str:
+        """'minilmd stop at 2026-12-05 05:01:02 by uid 1000 on gpu1', for the journal and the outcome."""
+        return f"minilmd stop at {fmt_time(self.time)}" + (f" by {self.by}" if self.by else "")
+
+
+def leave(run_dir: Path, owner: int) -> Path:
+    """Write the request into run_dir (a run directory of `owner`'s): readable by its owner when root writes it.
+    OSError when it cannot be written, PlaceRefused (a ValueError) when run_dir is in a place others can change."""
+    body = {"time": time.time(), "uid": os.getuid(), "host": socket.gethostname(), "pid": os.getpid()}
+    with Dir.open(run_dir, "run.dir", owners={owner}) as where:
+        where.write_atomic(names.STOP_REQUEST, (json.dumps(body, sort_keys=True) + "\n").encode(),
+                           file_mode() if own_uid() == owner else 0o644)
+        os.fsync(where.fd)  # a requeue after a node's reboot still finds it
+    return run_dir / names.STOP_REQUEST
+
+
+def read(run_dir: Path) -> tuple[StopRequest | None, str | None]:
+    """(the request, None); (None, None) when there is none; (None, why) for a file there that is no request of
+    this user's or root's (a link, another user's, a FIFO): it is not honoured, nor removed."""
+    path = run_dir / names.STOP_REQUEST
+    try:
+        body = read_json(path, max_bytes=MAX_BYTES, owner={own_uid(), 0})
+    except Unreadable as e:
+        if e.kind == "missing":
+            return None, None
+        if e.kind in HONOURED_UNPARSED:
+            return StopRequest(path, None, ""), None
+        return None, f"{path} is no stop request of this user's ({e.why})"
+    when = body.get("time")
+    uid, host = body.get("uid"), body.get("host")
+    by = f"uid {uid} on {printable(host)}" if isinstance(uid, int) and isinstance(host, str) else ""
+    return StopRequest(path, float(when) if isinstance(when, (int, float)) else None, by), None
+
+
+def clear(run_dir: Path) -> str | None:
+    """Remove the request; None when removed (or gone), else why it was left (not a regular file of this user's or
+    root's: never ours to delete)."""
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            st = os.stat(names.STOP_REQUEST, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or not owned_by_me_or_root(st):
+            return f"{run_dir / names.STOP_REQUEST} is no stop request of this user's: left"
+        try:
+            os.unlink(names.STOP_REQUEST, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        return None
+    finally:
+        os.close(fd)
+
+
+def automatic_restart(environ: Mapping[str, str]) -> str | None:
+    """How this `minilmd run` was started when a launcher started it by itself, in words; None for any other start.
+    The tmux window sets AUTO_RESTART_ENV on its restarts only; a Slurm job requeued (by itself after a preemption,
+    by Slurm, by an admin) starts with SLURM_RESTART_COUNT above 0; a job as sbatch submitted it, with 0."""
+    launcher = environ.get(names.AUTO_RESTART_ENV, "")
+    if launcher == "tmux":
+        return "the tmux launcher's automatic restart"
+    if launcher:
+        return f"an automatic restart ({names.AUTO_RESTART_ENV}={printable(launcher)})"
+    count = environ.get(names.SLURM_RESTART_COUNT_ENV, "")
+    if environ.get(names.SLURM_JOB_ENV) and count.isdigit() and int(count) > 0:
+        return f"the requeue of Slurm job {printable(environ[names.SLURM_JOB_ENV])} (start {int(count) + 1})"
+    return None

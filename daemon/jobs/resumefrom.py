@@ -1,0 +1,192 @@
+"""Where a launch resumes from, told before it starts (`run --check` and the launch alike, daemon/preflight.py): the
+newest valid checkpoint in scratch, as the trainer's resume finds it (minilmd/checkpoint_select.py find_latest, with
+nothing moved), or, when scratch holds none, the newest one on run.remote that staging's fetch would bring back
+(daemon/jobs/fetch.py peek_latest: its manifest and trainer_state.json read as the fetch reads them, bounded and from
+the root's descriptor; no weights fetched, those the fetch checks). Each is checked against what the run expects of
+its checkpoints (minilmd/checkpoint.py Expectation: the model, the kernels, the corpus and its tokenizer), the rule
+validation itself applies.
+
+One trained with another model, corpus or tokenizer is refused here, exit 2, in the user's terms (`refusal`): which
+setting differs, what the checkpoints were trained with and what the config says, and the two ways on. Before, `run
+--check` said OK, and the launch staged, fetched the checkpoint into a temporary directory and failed there, naming
+the exception's class and that temporary path, and the finished run it was showed as failed. The fetch's own refusal
+(a remote that did not answer the launch's look in time) says the same words (daemon/jobs/stagingworker.py).
+Torch-free; numpy and fsspec are imported only where there is a checkpoint to read.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from minilmd import names, scratch
+from minilmd.checkpoint_dirs import local_checkpoint_steps
+from minilmd.corpus_meta import read_corpus_meta
+from minilmd.probes import bounded_probe
+from minilmd.shared_place import same_source, staged_from
+
+if TYPE_CHECKING:
+    from minilmd.checkpoint import CheckpointMismatch, Expectation
+    from minilmd.config import RunConfig
+
+SCRATCH, REMOTE = "scratch", "remote"
+
+
+@dataclass
+class Start:
+    """Where the launch starts: `step` None is step 0."""
+
+    step: int | None = None
+    where: str = ""
+    """SCRATCH or REMOTE ("" at step 0)."""
+    path: str = ""
+    """The checkpoint: its directory in scratch, or its path on the remote."""
+    why: str = ""
+    """At step 0: why (nothing there), or that the remote could not be looked at now."""
+    passed_by: list[str] = field(default_factory=list)
+    """Newer checkpoints passed by as invalid (the launch sets them aside, or the fetch does), one line each."""
+    refused: str = ""
+    """The refusal (`refusal`'s words) when the checkpoint it would resume from is of another model or corpus."""
+
+    def line(self) -> str:
+        """What `run --check` says of it."""
+        if self.step is None:
+            return f"starts from step 0: {self.why}" if self.why else ""
+        if self.where == SCRATCH:
+            return f"resumes from step {self.step} (scratch: {self.path})"
+        return (f"resumes from step {self.step} (remote: {self.path}; staging fetches it into scratch and verifies "
+                f"its weights there)")
+
+
+def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = None) -> list[str]:
+    """The launch's refusal of the checkpoint it would resume from, [] when there is none; `said` gets what `run
+    --check` prints: the start line, then a note per checkpoint passed by. `remote_root`: run.remote's local path
+    (daemon/preflight.py local_remote_root), None for a store (s3, sftp, memory) or none."""
+    if not cfg.run.dir or scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default):
+        return []  # the scratch is not this run's: its own problem says so, and its checkpoints are not read
+    start = find(cfg, remote_root)
+    if said is not None:
+        said += [line] if (line := start.line()) else []
+        said += [f"note: {p}" for p in start.passed_by]
+    return [start.refused] if start.refused else []
+
+
+def find(cfg: RunConfig, remote_root: str | None) -> Start:
+    """Where the launch would start (module docstring)."""
+    if local_checkpoint_steps(cfg.checkpoint_dir):  # staging fetches nothing then: the trainer resumes from scratch
+        return _in_scratch(cfg)
+    if not cfg.run.remote:
+        return Start(why=f"scratch holds no checkpoint ({cfg.checkpoint_dir}), and there is no run.remote")
+    listed = _lists_steps(remote_root) if remote_root is not None else True
+    if listed is None:  # not there, or it does not answer now: daemon/jobs/remotewait.py says what the start does
+        return Start()
+    if not listed:
+        return Start(why=f"neither scratch nor run.remote ({cfg.run.remote}) holds a checkpoint")
+    return _on_remote(cfg)
+
+
+def _in_scratch(cfg: RunConfig) -> Start:
+    from minilmd.checkpoint import CheckpointMismatch
+    from minilmd.checkpoint_select import find_latest
+
+    passed: list[str] = []
+    try:
+        path = find_latest([cfg.checkpoint_dir], expectation(cfg), log=passed.append, set_aside=False)
+    except CheckpointMismatch as e:
+        return Start(refused=refusal(e, f"in scratch {cfg.checkpoint_dir}"))
+    if path is None:
+        return Start(why=f"no checkpoint in scratch ({cfg.checkpoint_dir}) is valid", passed_by=passed)
+    return Start(names.step_of(path), SCRATCH, str(path), passed_by=passed)
+
+
+def _on_remote(cfg: RunConfig) -> Start:
+    """The fetch's choice, looked at in a thread for SHARED_STORAGE_PROBE_S at most: a remote that stalls or fails
+    now is staging's to wait for (daemon/jobs/remotewait.py says so), no refusal."""
+    from minilmd.daemon.jobs.sync import Syncer
+
+    syncer = Syncer(cfg.checkpoint_dir, cfg.run.remote, expectation(cfg))
+    answered, found, _ = bounded_probe(_peek, syncer)
+    if not answered:
+        return Start()
+    outcome, value, passed = found
+    if outcome == "refused":
+        return Start(refused=refusal(value, f"on the remote {cfg.run.remote}"))
+    if outcome == "failed" or value is None:
+        why = f"run.remote ({cfg.run.remote}) holds no valid checkpoint" if passed else \
+            f"neither scratch nor run.remote ({cfg.run.remote}) holds a checkpoint"
+        return Start(why="" if outcome == "failed" else why, passed_by=passed)
+    return Start(names.step_of(value), REMOTE, syncer.remote.show(value), passed_by=passed)
+
+
+def _peek(syncer) -> tuple[str, object, list[str]]:
+    """("found", the step's name or None, passed by), ("refused", the CheckpointMismatch, []), or ("failed", why,
+    []) for an error other than an OSError (which bounded_probe takes as no answer): never raised out of the probe's
+    thread, where it would be lost."""
+    from minilmd.checkpoint import CheckpointMismatch
+
+    try:
+        name, passed = syncer.peek_latest()
+        return "found", name, passed
+    except CheckpointMismatch as e:
+        return "refused", e, []
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a store that cannot be opened: the sync and the fetch say so
+        return "failed", f"{type(e).__name__}: {e}", []
+
+
+def _lists_steps(root: str) -> bool | None:
+    """Whether a local remote's root names a step directory: a look before anything that reads checkpoints is
+    imported. None when it cannot be listed now (not there, EIO, stalled)."""
+    answered, listed, _ = bounded_probe(os.listdir, root)
+    return any(names.is_step_name(n) for n in listed) if answered else None
+
+
+def expectation(cfg: RunConfig) -> Expectation:
+    """What the run's checkpoints must match, as staging builds it (daemon/infra.py expectation): the model, the
+    kernels and, from the corpus's meta.json (data.prepared's, or its verified copy in scratch when that one cannot
+    be read now), its data and tokenizer fingerprints; without a meta.json to read (a corpus behind a URL not staged
+    yet) the fingerprints are left to the trainer."""
+    from minilmd.checkpoint import Expectation
+
+    meta = _corpus_meta(cfg)
+    try:
+        return Expectation.for_corpus(cfg, meta)
+    except (KeyError, TypeError, AttributeError):  # a meta.json without the tokenizer's hash: the corpus's check
+        return Expectation.for_corpus(cfg)
+
+
+def _corpus_meta(cfg: RunConfig) -> dict | None:
+    prepared = cfg.data.prepared
+    if prepared and "://" not in prepared:
+        answered, meta, _ = bounded_probe(read_corpus_meta, prepared)
+        if answered and meta is not None:
+            return meta
+    copied = staged_from(cfg.scratch_dir)
+    if prepared and copied is not None and same_source(copied, prepared):
+        return read_corpus_meta(cfg.scratch_dir / names.STAGED_CORPUS)
+    return None
+
+
+def refusal(e: CheckpointMismatch, where: str) -> str:
+    """A checkpoint of another model, corpus or tokenizer refused in the user's terms: which setting differs, what
+    the run's checkpoints were trained with (at which step, `where`: "in scratch PATH", "on the remote URL") and
+    what the config says now, and the two ways on. The words of `run --check`, the launch and the fetch."""
+    step = names.step_or_none(Path(e.path).name)
+    head = f"this run's checkpoints ({f'step {step}, ' if step is not None else ''}{where}) were trained with"
+    if e.kind == "model" and e.differences:
+        was = " and ".join(f"{what} {theirs}" for what, theirs, _ in e.differences)
+        now = " and ".join(ours for _, _, ours in e.differences)
+        return (f"{head} {was}; the config says {now}: a resume goes on with what its checkpoints were trained with. "
+                f"Put the old value back to resume them, or give the config a new run.dir (and run.remote) to train "
+                f"this one from step 0")
+    if e.kind in ("data", "tokenizer") and e.differences:
+        _, theirs, ours = e.differences[0]
+        what = "corpus" if e.kind == "data" else "tokenizer"
+        return (f"{head} another {what} than the corpus data.prepared names now ({e.kind} fingerprint {theirs[:12]}, "
+                f"the config's {ours[:12]}): a resume goes on with what its checkpoints were trained with. Point "
+                f"data.prepared back at that corpus (one grown by `prepare --append` resumes), or give the config a "
+                f"new run.dir (and run.remote) to train on this one from step 0")
+    return f"{head} something else than the config says ({'; '.join(e.problems)}): give the config a new run.dir " \
+           f"(and run.remote), or put back what they were trained with"

@@ -1,0 +1,110 @@
+"""What a run's own files say beyond its state.json, once no supervisor keeps that up to date.
+
+A supervisor killed with SIGKILL leaves its trainer training (and `minilmd stop` lets that trainer save before it
+ends it): state.json then stays at what the dead supervisor last copied in, while metrics.jsonl, the heartbeat and
+scratch's checkpoints go on. `minilmd status` and `stop` (daemon/views/status.py, stop.py) both take the newest
+checkpoint from here, so that they never disagree on which step exists: the one rule is the supervisor's own
+(daemon/base/runstate.py `apply_progress`) over the metrics lines and the heartbeat newer than state.json, then the
+checkpoint directories in scratch beside the newest one known (a save not logged yet, or a metrics.jsonl that cannot
+be read). Everything is read as the views read untrusted files: metrics.jsonl from its end, a regular file only
+(minilmd/fsio.py `tail_lines`), every value retyped (`StateJson.from_dict`), the scratch listing bounded and no link
+followed.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import stat
+from pathlib import Path
+
+from minilmd import names
+from minilmd.daemon.base.runstate import RunState, json_records, read_heartbeat
+from minilmd.daemon.base.statesections import LocalCheckpoint, StateJson
+from minilmd.fsio import tail_lines
+from minilmd.untrusted import Unreadable
+
+METRICS_LINES = 400
+"""How many of metrics.jsonl's last lines are read: the newest train, eval and checkpoint lines are among them."""
+MAX_ENTRIES = 10_000
+"""How many entries of a checkpoint root are looked at, at most (it holds a handful)."""
+
+
+def caught_up(run_dir: Path, state: StateJson) -> StateJson:
+    """state as the supervisor would have made it from what the trainer wrote after state.json was last written;
+    state itself when the files say nothing newer. A copy: nothing is written."""
+    since = state.updated or 0.0
+    records = [rec for rec in _metrics_tail(run_dir) if _newer(rec.get("time"), since) and _well_typed(rec)]
+    beat = read_heartbeat(run_dir)
+    if beat is not None and beat.mtime <= since:
+        beat = None
+    held = RunState(run_dir / names.STATE, state.to_dict())  # never saved: the supervisor's rule, on a copy
+    held.apply_progress(records, beat)
+    fresh = StateJson.from_dict(held.to_dict())  # metrics.jsonl is anyone's who can write run.dir: retyped
+    fresh.local_checkpoint = newest_local(fresh.local_checkpoint)
+    return fresh
+
+
+def newest_local(local: LocalCheckpoint | None) -> LocalCheckpoint | None:
+    """The newest complete checkpoint in scratch: `local`, or a newer one saved beside it (its directory holds a
+    manifest) that state.json has not seen, e.g. the save of an orphaned trainer `stop` let finish."""
+    if local is None or not local.path:
+        return local
+    root = Path(local.path).parent
+    newest = max(_saved_steps(root), default=None)
+    if newest is None or (local.step is not None and newest <= local.step):
+        return local
+    path = root / names.step_name(newest)
+    try:
+        saved_at: float | None = os.lstat(path / names.MANIFEST).st_mtime
+    except OSError:
+        saved_at = None
+    return LocalCheckpoint(step=newest, time=saved_at, path=str(path))
+
+
+def _saved_steps(root: Path) -> list[int]:
+    """The steps of the complete checkpoint directories in root (a link is not one)."""
+    steps = []
+    try:
+        with os.scandir(root) as entries:
+            for entry in itertools.islice(entries, MAX_ENTRIES):
+                if names.is_step_name(entry.name) and entry.is_dir(follow_symlinks=False) and _is_file(
+                        Path(entry.path) / names.MANIFEST):
+                    steps.append(names.step_of(entry.name))
+    except OSError:
+        return []
+    return steps
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _metrics_tail(run_dir: Path) -> list[dict]:
+    try:
+        lines, _ = tail_lines(run_dir / names.METRICS, METRICS_LINES)
+    except Unreadable:
+        return []  # not a file the trainer wrote (a FIFO, a link): state.json alone
+    return json_records(lines)
+
+
+def _newer(t: object, since: float) -> bool:
+    return _number(t) and t > since  # type: ignore[operator]
+
+
+INTEGERS = ("step", "total_steps", "tokens_seen")
+NUMBERS = ("loss", "lr", "tok_s", "step_time", "val_loss", "blocking_s")
+
+
+def _well_typed(rec: dict) -> bool:
+    """A line whose every field status shows has its type (a hand-made one with `"step": "lots"` is skipped whole,
+    not half taken)."""
+    return (all(rec.get(k) is None or (_number(rec[k]) and isinstance(rec[k], int)) for k in INTEGERS)
+            and all(rec.get(k) is None or _number(rec[k]) for k in NUMBERS)
+            and isinstance(rec.get("path") or "", str))
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

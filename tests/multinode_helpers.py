@@ -1,0 +1,45 @@
+"""Two "nodes" on loopback (tests/test_multinode.py, test_dpo_multinode.py): two torchrun processes on this machine
+joined by torchrun's c10d rendezvous on 127.0.0.1, each in the restart loop docs/operations.md gives a server."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from supervisor_helpers import env_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_command(config: Path, port: int, nnodes: int = 2, nproc: int = 1, local_addr: str | None = None) -> list[str]:
+    """One server's torchrun in its restart loop, as docs/operations.md "More than one server" writes it. The
+    rendezvous numbers the nodes in the order of their (local_addr, torchrun's pid): a test that needs rank 0 on one
+    node gives the nodes addresses that sort ("127.0.0.1" before "localhost"); by default rank 0 goes to either."""
+    addr = f"--local-addr {local_addr} " if local_addr else ""
+    torchrun = (f"{sys.executable} -m torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc} "
+                f"--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} --rdzv-id loopback --max-restarts 0 {addr}"
+                f"-m minilmd.cli train {config}")
+    return ["bash", "-c", f"for attempt in 1 2 3; do {torchrun} && exit 0; echo \"restart $attempt\"; sleep 1; done; "
+                          f"exit 1"]
+
+
+def run_nodes(commands: list[tuple[list[str], dict]], logs: Path) -> list[int]:
+    """Each (command, extra environment) at once, output to logs/node<i>.log; their exit statuses."""
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i, (command, env) in enumerate(commands):
+        with open(logs / f"node{i}.log", "wb") as out:
+            procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                          env=env_for(fake=False, **env)))
+    try:
+        return [p.wait(240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

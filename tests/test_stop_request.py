@@ -1,0 +1,228 @@
+"""`minilmd stop` holds when no supervisor runs but a launcher will start one (daemon/base/stoprequest.py).
+
+The defect (docs/operations.md "Stop"): a supervisor SIGKILLed under the tmux launcher, then `minilmd stop` while
+window "run" waited its restart delay: stop found no supervisor, stopped the orphaned trainer and said exit 0; the
+window then started the run again and it trained on, unattended. Now stop leaves a stop request in the run
+directory, and a start a launcher makes by itself (the window's restart, a requeued Slurm job) stops before any
+trainer, exit 0; a start by hand clears the request and trains."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy_helpers import MINILMD, launcher  # noqa: F401 - the fixture
+from minilmd import names, protocol
+from minilmd.daemon.base import stoprequest
+from minilmd.daemon.host import sdnotify
+from minilmd.daemon.host.lock import lock_holder
+from minilmd.daemon.views import stop as views_stop
+from second_user import second_user, shared, user_python  # noqa: F401 - shared: the fixture
+from supervisor_helpers import env_for, events, run_supervisor, start_supervisor, state, step_of_state, write_config
+from waiting import wait_until
+
+LAUNCHES = {"staged", "restart", "space_freed"}
+"""The transitions that launch a trainer (daemon/base/states.py)."""
+
+
+def launches_after_last_start(run_dir: Path) -> list[dict]:
+    """The trainer launches of the last supervisor that started in run_dir."""
+    seen = events(run_dir)
+    last = max(i for i, e in enumerate(seen) if e["event"] == "start")
+    return [e for e in seen[last:] if e["event"] in LAUNCHES]
+
+
+def stop(run_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minilmd.cli", "stop", str(run_dir)], capture_output=True,
+                          text=True, timeout=300, env=env_for())
+
+
+def end_the_restart_wait(pane_pid: int) -> None:
+    """The window loop's `sleep` of its restart delay, ended as if the delay were over: the loop goes on to start
+    the supervisor again at once (no timing in the test)."""
+    def sleeps() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                comm = (entry / "comm").read_text().strip()
+            except (OSError, IndexError):
+                continue
+            if entry.name.isdigit() and int(fields[1]) == pane_pid and comm == "sleep":
+                found.append(int(entry.name))
+        return found
+    wait_until(lambda: sleeps(), 30, "the window's restart delay (sleep)")
+    for pid in sleeps():
+        os.kill(pid, signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_tmux_window_waits_to_restart_a_killed_supervisor_holds(tmp_path, corpus, launcher):
+    config = write_config(tmp_path, corpus, name="held", train={"max_steps": 100000, "checkpoint_every": 5})
+    run_dir = tmp_path / "held" / "run"
+    env = {k: v for k, v in env_for(FAKE_STEP_S="0.05").items() if k not in launcher.env and k != "TMUX"}
+    out = launcher("--no-attach", str(config), MINILMD=str(MINILMD), MINILMD_TMUX_RESTART_SEC="3600", **env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    session = "minilmd-held"
+    try:
+        wait_until(lambda: step_of_state(run_dir) >= 6, 120, "the supervisor's trainer to train")
+        first = lock_holder(run_dir)
+        os.kill(first.pid, signal.SIGKILL)
+        wait_until(lambda: "starting it again in 3600s" in launcher.screen(session, "run"), 60,
+                   "the window to wait for its restart")
+        stopped = stop(run_dir)
+        print(stopped.stdout)
+        # 3: the orphaned trainer's save on SIGTERM is only in scratch (no supervisor synced it)
+        assert stopped.returncode in (protocol.STOP_DONE, protocol.STOP_UNSYNCED), stopped.stdout + stopped.stderr
+        [(_, _, pane_pid, _)] = [w for w in launcher.windows(session) if w[1] == "run"]
+        end_the_restart_wait(pane_pid)
+        wait_until(lambda: any(name == "run" and dead for _, name, _, dead in launcher.windows(session)), 120,
+                   "the restarted supervisor to end on the stop request")
+    finally:
+        holder = lock_holder(run_dir)
+        if holder is not None and holder.pid:  # a failure above: the supervisor ignores tmux's SIGHUP
+            os.kill(holder.pid, signal.SIGKILL)
+    said = launcher.last_word(session, "run")
+    assert "ended with exit status 0 (the run is done, or stopped on request): not restarted" in said, said
+    outcome = state(run_dir)["outcome"]
+    assert outcome["exit"] == 0 and outcome["reason"].startswith("stopped on request (minilmd stop at "), outcome
+    assert "the tmux launcher's automatic restart does not start the run" in outcome["reason"], outcome
+    assert launches_after_last_start(run_dir) == []  # no trainer was started after the stop
+    final = state(run_dir)  # the restart's last sync took what the orphan saved
+    assert final["remote_checkpoint"]["step"] == final["local_checkpoint"]["step"], final
+    assert [e for e in events(run_dir) if e["event"] == "stop_request"], events(run_dir)[-5:]
+    assert "no supervisor is running; the launcher's pending restart will not start the run" in stopped.stdout, \
+        stopped.stdout
+    assert f"stop request left at {run_dir.resolve() / names.STOP_REQUEST}" in stopped.stdout, stopped.stdout
+
+
+@pytest.mark.slow
+def test_an_automatic_restart_honours_the_request_and_a_start_by_hand_clears_it(tmp_path, corpus):
+    """The same without tmux: `minilmd run` as a launcher restarts it (MINILMD_AUTO_RESTART=tmux) stops before any
+    trainer, exit 0, and the request stays for the next automatic restart; `minilmd run` by hand clears it and
+    trains to the end."""
+    config = write_config(tmp_path, corpus, name="hand", train={"max_steps": 40, "checkpoint_every": 5})
+    run_dir = tmp_path / "hand" / "run"
+    proc = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
+    try:
+        wait_until(lambda: step_of_state(run_dir) >= 6, 120, "the first supervisor's trainer to train")
+    finally:
+        proc.kill()  # SIGKILL: its trainer is left running, as a killed supervisor leaves it
+        proc.wait()
+    stopped = stop(run_dir)
+    assert stopped.returncode in (protocol.STOP_DONE, protocol.STOP_UNSYNCED), stopped.stdout + stopped.stderr
+
+    for n in (1, 2):
+        assert run_supervisor(config, tmp_path, MINILMD_AUTO_RESTART="tmux") == 0
+        assert launches_after_last_start(run_dir) == [], n
+        assert state(run_dir)["outcome"]["reason"].startswith("stopped on request (minilmd stop at "), n
+        assert (run_dir / names.STOP_REQUEST).is_file()
+    assert "stop request left at" in stopped.stdout, stopped.stdout
+
+    assert run_supervisor(config, tmp_path, FAKE_STEP_S="0") == 0
+    assert not (run_dir / names.STOP_REQUEST).exists()
+    assert len(launches_after_last_start(run_dir)) == 1
+    assert state(run_dir)["outcome"]["reason"].startswith("the run finished"), state(run_dir)["outcome"]
+    cleared = [e["message"] for e in events(run_dir) if e["event"] == "stop_request"][-1]
+    assert "cleared, this start is no launcher's automatic restart" in cleared, cleared
+
+
+@pytest.mark.parametrize(("env", "automatic"), [
+    ({}, False),
+    ({"MINILMD_AUTO_RESTART": "tmux"}, True),
+    ({"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0"}, False),  # the job as sbatch submitted it
+    ({"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2"}, True),  # requeued
+    ({"SLURM_RESTART_COUNT": "2"}, False),  # no job: a stray variable
+    ({"INVOCATION_ID": "ab12", "NOTIFY_SOCKET": "/run/x"}, False),  # systemd: its restarts look like a start
+], ids=["by-hand", "tmux-restart", "sbatch", "slurm-requeue", "no-job", "systemd"])
+def test_which_starts_are_a_launchers_own(env, automatic):
+    assert (stoprequest.automatic_restart(env) is not None) == automatic
+
+
+def test_a_request_that_is_a_link_is_neither_honoured_nor_removed(tmp_path):
+    """Only a regular file of this user's (or root's) is a request: a link there, whoever planted it, is said and
+    left as it is."""
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"time": 1}\n')
+    (tmp_path / names.STOP_REQUEST).symlink_to(target)
+    request, problem = stoprequest.read(tmp_path)
+    assert request is None and problem and "a symbolic link" in problem, problem
+    assert stoprequest.clear(tmp_path) and (tmp_path / names.STOP_REQUEST).is_symlink() and target.exists()
+
+
+def test_a_request_left_then_read_then_cleared(tmp_path):
+    path = stoprequest.leave(tmp_path, os.getuid())
+    assert path == tmp_path / names.STOP_REQUEST and not path.stat().st_mode & 0o022  # no one else writes it
+    request, problem = stoprequest.read(tmp_path)
+    assert problem is None and request is not None and request.time is not None
+    assert request.words().startswith("minilmd stop at ") and f"by uid {os.getuid()} on " in request.words()
+    assert stoprequest.clear(tmp_path) is None and not path.exists()
+
+
+def test_roots_request_in_a_users_run_directory_is_hers_to_honour_and_clear(shared):
+    """Root stopping a user's run writes the request at her run directory's descriptor, readable by her: her
+    supervisor honours it and a start of hers by hand removes it."""
+    uid, gid = second_user()
+    run_dir = shared / "run"
+    run_dir.mkdir()
+    os.chown(run_dir, uid, gid)
+    path = stoprequest.leave(run_dir, uid)
+    assert path.stat().st_uid == 0
+    code = ("import sys\nfrom pathlib import Path\nfrom minilmd.daemon.base import stoprequest\n"
+            "request, problem = stoprequest.read(Path(sys.argv[1]))\n"
+            "print(request is not None and request.time is not None, problem, stoprequest.clear(Path(sys.argv[1])))\n")
+    out = subprocess.run(user_python(code, str(run_dir)), capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.stdout.split() == ["True", "None", "None"], out.stdout + out.stderr
+    assert not path.exists()
+
+
+SYSTEMD = {"INVOCATION_ID": "4f1c", "NOTIFY_SOCKET": "/run/user/1000/systemd/notify"}
+
+
+@pytest.mark.parametrize(("env", "cgroup", "unit"), [
+    (SYSTEMD, "0::/user.slice/user-1000.slice/user@1000.service/app.slice/minilmd@tiny.service\n",
+     ("minilmd@tiny.service", True)),
+    (SYSTEMD, "0::/system.slice/system-minilmd.slice/minilmd@tiny.service\n", ("minilmd@tiny.service", False)),
+    (SYSTEMD, "12:pids:/x\n1:name=systemd:/system.slice/minilmd@v1.service\n", ("minilmd@v1.service", False)),
+    (SYSTEMD, "0::/user.slice/user-1000.slice/user@1000.service/app.slice/tmux-spawn-1.scope\n", None),
+    (SYSTEMD, "0::/user.slice/user-1000.slice/session-4.scope\n", None),
+    ({"INVOCATION_ID": "4f1c"}, "0::/system.slice/tmux.service\n", None),  # no notify unit: not ours
+    ({}, "0::/system.slice/minilmd@tiny.service\n", None),
+], ids=["user", "system", "cgroup-v1", "user-scope", "ssh-session", "other-service", "no-systemd"])
+def test_the_unit_a_supervisor_runs_as(tmp_path, env, cgroup, unit):
+    (tmp_path / "cgroup").write_text(cgroup)
+    assert sdnotify.own_unit(env, str(tmp_path / "cgroup")) == unit
+
+
+def test_stop_of_a_run_systemd_ran_names_its_unit(tmp_path):
+    """A supervisor killed under systemd, whose restart cannot be told from a start: `stop` says which unit to
+    stop, with the manager's flag; the request is left all the same."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    st = {"run": "tiny", "phase": "training", "outcome": None,
+          "supervisor": {"pid": None, "systemd_unit": "minilmd@tiny.service", "systemd_user": True}}
+    (run_dir / names.STATE).write_text(json.dumps(st))
+    out = io.StringIO()
+    assert views_stop.stop(run_dir, out=out) == protocol.STOP_DONE
+    said = out.getvalue()
+    assert "its supervisor ran under systemd" in said and "`systemctl --user stop minilmd@tiny.service`" in said, said
+    assert (run_dir / names.STOP_REQUEST).is_file()
+
+
+def test_a_request_of_another_user_is_neither_honoured_nor_removed(tmp_path):
+    """Someone who may write the run directory but is neither its user nor root cannot stop the run this way."""
+    uid, gid = second_user()
+    if os.getuid() == uid:
+        pytest.skip("runs as the second user itself")
+    planted = tmp_path / names.STOP_REQUEST
+    planted.write_text('{"time": 1}\n')
+    os.chown(planted, uid, gid)
+    request, problem = stoprequest.read(tmp_path)
+    assert request is None and problem and f"owned by uid {uid}" in problem, problem
+    assert stoprequest.clear(tmp_path) and planted.exists()

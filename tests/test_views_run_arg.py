@@ -1,0 +1,102 @@
+"""The run `minilmd status`, `logs` and `stop` are given (daemon/views/runarg.py): a run directory or the config
+file naming one (its run.dir resolved as `minilmd run` does, relative to the config's directory), and another
+user's run directory this user may not look into (the default run.share "private") answered by its owner's name,
+exit 1, as `stop` answers any other user's run."""
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd import names
+from minilmd.daemon.base.runstate import new_state
+from minilmd.daemon.views import runarg
+from minilmd.daemon.views import status as views
+from minilmd.daemon.views import stop as views_stop
+from minilmd.fsio import atomic_write_json
+from second_user import shared_dir, user_python
+
+CONFIG = '[run]\nname = "tiny"\ndir = "runs/tiny"\n\n[data]\nprepared = "corpus"\n\n[train]\nmax_steps = 30\n'
+
+
+def ended_run(run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True)
+    st = new_state("tiny", run_dir, "tiny.toml")
+    st.update(phase="done", supervisor={"pid": 999999, "start_ticks": 1, "host": "h"},
+              outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": "the run finished"})
+    atomic_write_json(run_dir / names.STATE, st)
+    (run_dir / names.SUPERVISOR_LOG).write_text("the supervisor's line\n")
+    return run_dir
+
+
+def test_status_logs_and_stop_accept_the_config_file_and_find_its_run_dir_beside_it(tmp_path, monkeypatch):
+    run_dir = ended_run(tmp_path / "cfg" / "runs" / "tiny")
+    config = tmp_path / "cfg" / "tiny.toml"
+    config.write_text(CONFIG)
+    monkeypatch.chdir(tmp_path)  # run.dir is relative to the config's directory, not to the shell's
+    out = io.StringIO()
+    assert views.status(config, out=out) == 0
+    assert f"run tiny ({run_dir})" in out.getvalue() and "not running (ended" in out.getvalue(), out.getvalue()
+    out = io.StringIO()
+    assert views.logs(config, out=out) == 0
+    assert "the supervisor's line" in out.getvalue()
+    out = io.StringIO()
+    assert views_stop.stop(config, out=out) == 0
+    assert "not running (ended" in out.getvalue() and "the run finished" in out.getvalue(), out.getvalue()
+
+
+def test_a_file_that_is_no_run_config_is_not_a_run(tmp_path, capsys):
+    bad = tmp_path / "notes.toml"
+    bad.write_text('[run]\nname = "x"\n')  # no budget, no run.dir
+    assert views.status(bad, out=io.StringIO()) == 2
+    said = capsys.readouterr().err
+    assert "not a run directory, and not a run config that names one" in said and "budget" in said, said
+    assert views_stop.stop(bad, out=io.StringIO()) == 2 and views.logs(bad, out=io.StringIO()) == 2
+
+
+@pytest.mark.root
+def test_another_users_private_run_is_refused_naming_its_owner_exit_1():
+    """A run directory of root's, 0700 (run.share "private"), as user nobody sees it: each command names its owner
+    and exits 1 (stop: nothing signalled), never `cannot be read ... exit 2` as if it were no run."""
+    place = shared_dir()
+    try:
+        run_dir = ended_run(place / "runs" / "tiny")
+        run_dir.chmod(0o700)
+        (place / "runs").chmod(0o755)
+        code = ("import sys\nfrom minilmd.daemon.views import status, stop\n"
+                "command, run_dir = sys.argv[1], sys.argv[2]\n"
+                "sys.exit(stop.stop(run_dir) if command == 'stop' else getattr(status, command)(run_dir))\n")
+        for command in ("status", "logs", "stop"):
+            done = subprocess.run(user_python(code, command, str(run_dir)), capture_output=True, text=True,
+                                  timeout=60, cwd="/")
+            said = done.stdout + done.stderr
+            assert done.returncode == 1, (command, said)
+            assert "a directory of user root, not yours (user nobody)" in said and "Permission denied" in said, said
+            assert ("nothing signalled" in said) == (command == "stop"), said
+    finally:
+        shutil.rmtree(place)
+
+
+def test_the_cli_help_of_each_view_says_a_config_file_is_taken_too():
+    for command in ("status", "logs", "stop"):
+        done = subprocess.run([sys.executable, "-m", "minilmd.cli", command, "--help"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+        assert "or the run config file that names it" in done.stdout, (command, done.stdout)
+
+
+VIEWS_TABLE = re.compile(r"`minilmd status RUN_DIR` and `minilmd logs RUN_DIR`[^\n]*\n\n((?:\|[^\n]*\n)+)")
+
+
+def test_the_exit_statuses_of_status_and_logs_are_documented_as_the_code_has_them():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text(encoding="utf-8")
+    table = VIEWS_TABLE.search(text)
+    assert table, "docs/operations.md: no exit table of `minilmd status` and `minilmd logs`"
+    rows = {int(s) for s in re.findall(r"^\| (\d+) \|", table.group(1), re.M)}
+    assert rows == {0, runarg.CANNOT_READ, runarg.NOT_A_RUN}, rows

@@ -1,0 +1,131 @@
+"""`minilmd status` once no supervisor keeps state.json up to date (daemon/views/newest.py): a supervisor killed with
+SIGKILL leaves its trainer training and saving, and `stop` lets it save once more. status then takes the step and
+the newest checkpoint from what the trainer wrote after state.json (metrics.jsonl's end, the heartbeat, scratch's
+checkpoint directories), the same checkpoint `stop` reports, and never says "training for" of a run nothing trains.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from minilmd import names
+from minilmd.config import load_config
+from minilmd.daemon.base.runstate import new_state, read_heartbeat
+from minilmd.daemon.views import status as views
+from minilmd.daemon.views import stop as views_stop
+from minilmd.fsio import atomic_write_json
+from supervisor_helpers import cli, start_supervisor, state, wait_for, write_config
+
+
+def killed_run(tmp_path: Path, saved: tuple[int, ...] = (50,)) -> tuple[Path, Path]:
+    """A run whose supervisor was SIGKILLed at step 169 (its state.json: the checkpoint of step 50, a remote with
+    none yet); `saved` are the checkpoint directories in scratch. Returns (run dir, checkpoint root)."""
+    run_dir, root = tmp_path / "run", tmp_path / "scratch" / names.CHECKPOINTS
+    run_dir.mkdir()
+    root.mkdir(parents=True)
+    for step in saved:
+        (root / names.step_name(step)).mkdir()
+        (root / names.step_name(step) / names.MANIFEST).write_text("{}")
+    t = time.time() - 60
+    st = new_state("tiny", run_dir, str(tmp_path / "tiny.toml"))
+    st.update(phase="training", since=t - 17, updated=t,
+              supervisor={"pid": 999999, "start_ticks": 1, "host": "h", "started": t - 30},
+              progress={"step": 169, "total_steps": 3000, "loss": 7.5, "updated": t},
+              local_checkpoint={"step": 50, "time": t - 10, "path": str(root / names.step_name(50))},
+              sync={"state": "ok", "since": t, "error": None, "attempts": 1},
+              remote_checkpoint=None)
+    atomic_write_json(run_dir / names.STATE, st)
+    return run_dir, root
+
+
+def status_text(run_dir: Path) -> str:
+    out = io.StringIO()
+    assert views.status(run_dir, out=out) == 0
+    return out.getvalue()
+
+
+def test_status_takes_step_and_checkpoint_from_what_the_trainer_wrote_after_the_supervisor_died(tmp_path):
+    run_dir, root = killed_run(tmp_path, saved=(50, 250))
+    t = time.time() - 5
+    lines = [{"kind": "train", "step": 100, "total_steps": 3000, "loss": 7.9, "time": t - 100},  # before state.json
+             {"kind": "checkpoint", "step": 250, "path": str(root / names.step_name(250)), "time": t - 1},
+             {"kind": "train", "step": 253, "total_steps": 3000, "loss": 6.25, "time": t}]
+    (run_dir / names.METRICS).write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    text = status_text(run_dir)
+    assert "step 253/3,000" in text and "loss 6.2500" in text, text
+    assert "local checkpoint: step 250 (" in text and "step 50" not in text, text
+    assert "training for" not in text and "not running (last seen" in text, text
+
+
+def test_status_names_the_checkpoint_stop_names_when_only_scratch_has_it(tmp_path):
+    """The orphan `stop` let save (step 253) is in no file but scratch: status and stop agree on it."""
+    run_dir, root = killed_run(tmp_path, saved=(50, 253))
+    os.mkfifo(run_dir / names.METRICS)  # a metrics.jsonl that is no file: never opened
+    (root / "step-00000900").mkdir()  # a save cut off before its manifest: not a checkpoint
+    out = io.StringIO()
+    assert views_stop.stop(run_dir, out=out) == 3
+    assert "the newest checkpoint, step 253, is only in scratch" in out.getvalue(), out.getvalue()
+    text = status_text(run_dir)
+    assert "local checkpoint: step 253 (" in text and "step 900" not in text, text
+    assert "training for" not in text, text
+
+
+def test_a_heartbeat_newer_than_state_json_moves_the_step(tmp_path):
+    run_dir, _ = killed_run(tmp_path)
+    (run_dir / names.HEARTBEAT).write_text("194\n")  # written now: after state.json
+    assert "step 194/3,000" in status_text(run_dir)
+
+
+def test_metrics_lines_of_the_wrong_types_are_skipped_the_others_taken(tmp_path):
+    run_dir, root = killed_run(tmp_path, saved=(50, 120))
+    t = time.time()
+    bad = {"kind": "train", "step": "lots", "total_steps": [1], "loss": {"a": 1}, "time": t}
+    good = {"kind": "checkpoint", "step": 120, "path": str(root / names.step_name(120)), "time": t}
+    (run_dir / names.METRICS).write_text(json.dumps(bad) + "\n" + json.dumps(good) + "\n")
+    text = status_text(run_dir)  # no traceback from a string step, and state.json's numbers stand
+    assert "step 169/3,000" in text and "loss 7.5000" in text and "local checkpoint: step 120 (" in text, text
+
+
+def test_a_restart_before_the_first_step_says_no_step(tmp_path):
+    run_dir, _ = killed_run(tmp_path)
+    state = json.loads((run_dir / names.STATE).read_text())
+    state["restarts"] = [{"time": time.time() - 5, "cause": "crash", "step": None, "action": "restart", "exit": 1}]
+    atomic_write_json(run_dir / names.STATE, state)
+    text = status_text(run_dir)
+    assert "restarts: 1 (last: crash, " in text and "None" not in text, text
+
+
+@pytest.mark.slow
+def test_a_killed_supervisors_run_shows_the_step_and_checkpoint_stop_finds(tmp_path, corpus):
+    """The reviewer's story with real processes: the supervisor SIGKILLed, its trainer trains on; status shows the
+    trainer's newer step; `stop` ends the trainer (it saves) and says which checkpoint is only in scratch; status
+    after the stop names that one, not the one the dead supervisor last wrote, and says nothing trains."""
+    config = write_config(tmp_path, corpus, train={"max_steps": 100000, "checkpoint_every": 50})
+    cfg = load_config(config)
+    sup = start_supervisor(config, tmp_path / "sup.out", FAKE_STEP_S="0.02")
+    wait_for(lambda: (state(cfg.run_dir).get("local_checkpoint") or {}).get("step"), 60, "a first save")
+    sup.send_signal(signal.SIGKILL)
+    sup.wait(30)
+    left = state(cfg.run_dir)
+    step_then = left["progress"]["step"]
+    wait_for(lambda: _beat_step(cfg.run_dir) > step_then + 120, 60, "the orphan's steps")
+    shown = re.search(r"  step ([\d,]+)", cli("status", str(cfg.run_dir)).stdout)
+    assert shown and int(shown.group(1).replace(",", "")) > step_then + 100, (step_then, shown)
+    stopped = cli("stop", str(cfg.run_dir), timeout=200)
+    newest = re.search(r"the newest checkpoint, step (\d+), is only in scratch", stopped.stdout)
+    assert stopped.returncode == 3 and newest, stopped.stdout + stopped.stderr
+    assert int(newest.group(1)) > left["local_checkpoint"]["step"]
+    text = cli("status", str(cfg.run_dir)).stdout
+    assert f"local checkpoint: step {newest.group(1)} (" in text and "training for" not in text, text
+
+
+def _beat_step(run_dir: Path) -> int:
+    beat = read_heartbeat(run_dir)
+    return beat.step if beat is not None and beat.step is not None else 0
