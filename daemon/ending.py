@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from minilmd import names, protocol, scratch
 from minilmd.config import RunConfig
+from minilmd.config_values import parse_duration
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import EventLog, RunState, now
 from minilmd.daemon.base.states import Cause, Phase
@@ -79,7 +80,7 @@ class Ending:
         if child is not None:
             rc = child.poll()
             if rc is None:
-                patience = self.cfg.restart.hang_timeout_s
+                patience = parse_duration(self.cfg.restart.hang_timeout)
                 if child.killed_at is not None:
                     trainerwatch.report_unreaped(child, self.events.emit)
                 elif now() - (child.stop_sent or now()) > patience:

@@ -13,6 +13,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig, parse_overrides
+from minilmd.config_values import parse_duration
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache, orphans, stackdump
@@ -31,7 +32,7 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
     pids = orphans.find_orphans(run_dir)
     if not pids:
         return
-    grace = min(cfg.restart.hang_timeout_s, 300.0)
+    grace = min(parse_duration(cfg.restart.hang_timeout), 300.0)
     emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
                    f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
     orphans.terminate_orphans(run_dir, grace=grace, while_waiting=watchdog)
