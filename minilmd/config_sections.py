@@ -1,11 +1,16 @@
 """The run config's schema: one dataclass per TOML section, their defaults and what each key means, and RunConfig,
 which holds them. The bottom of the config's three modules: config_values.py checks the values of a RunConfig and
 config.py reads one from TOML; both import this one, which imports neither.
+
+What derives from the values is defined here once, on the section it belongs to, for every caller: each duration in
+seconds (`restart.hang_timeout_s`, ...; parse_duration is here for them), checkpoint_every as steps or seconds, the
+global batch of a world size and the world size the plan counts (RunConfig.world_size).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union
@@ -15,6 +20,24 @@ from minilmd.names import CHECKPOINTS
 
 Duration = Union[int, float, str]  # noqa: UP007 - _type_ok matches typing.Union; `int | str` would let a bool pass
 """Seconds as a number, or a string such as "90s", "5m", "15m", "2h"."""
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Duration) -> float:
+    """Seconds in a duration: 90, "90s", "5m", "1.5h". Raises ValueError with the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative: {value!r}")
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError(f"not a duration: {value!r} (use seconds, or a string like \"90s\", \"5m\", \"2h\")")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The Linear layers of a MiniMind-3 block a LoRA adapter may wrap (the names of HF Qwen3 and PEFT's target_modules)."""
@@ -51,6 +74,13 @@ class RunSection:
     on the remote, LATEST and BEST): "private" (directories 0700, files 0600), "group" (0750, 0640: your group
     may read them, e.g. for the next stage's init.from or TensorBoard) or "all" (0755, 0644). Applied as they are
     created; your umask can only make them stricter (docs/operations.md, "File permissions")."""
+
+
+DATA_MODES = ("packed", "padded", "bucketed")
+"""data.mode's choices (DataSection.mode says each); the samplers' (minilmd/plan/samplers.py) and the row counts'
+(minilmd/rowcount.py)."""
+ONE_DOCUMENT_A_ROW = ("padded", "bucketed")
+"""The data modes whose row is one document (data.doc_mask has nothing to cut there)."""
 
 
 @dataclass
@@ -157,6 +187,22 @@ class TrainSection:
     """torch.compile the model: "auto" (on CUDA, not on CPU), true or false. Its first step compiles; the
     supervisor allows restart.compile_timeout for it."""
 
+    @property
+    def checkpoint_every_steps(self) -> int | None:
+        """checkpoint_every as steps, when it is an integer; None when it is a duration (checkpoint_every_s)."""
+        every = self.checkpoint_every
+        return every if isinstance(every, int) else None
+
+    @property
+    def checkpoint_every_s(self) -> float | None:
+        """checkpoint_every in seconds, when it is a duration; None when it counts steps."""
+        return None if self.checkpoint_every_steps is not None else parse_duration(self.checkpoint_every)
+
+    def global_batch(self, world_size: int) -> int:
+        """Rows one optimizer step trains over `world_size` ranks: the trainer's (its real ranks) and the plan's
+        (RunConfig.world_size)."""
+        return self.micro_batch_size * self.grad_accum * world_size
+
 
 @dataclass
 class InitSection:
@@ -258,6 +304,10 @@ class GpuSection:
     lock_dir: str = "/tmp/minilmd-gpu-locks"
     """Shared directory of per-device lease files, so that two minilmd runs never take the same card."""
 
+    @property
+    def poll_interval_s(self) -> float:
+        return parse_duration(self.poll_interval)
+
 
 @dataclass
 class SyncSection:
@@ -265,6 +315,10 @@ class SyncSection:
     """Copy the newest valid local checkpoint to run.remote this often."""
     keep: int = 3
     """Valid checkpoints kept on the remote."""
+
+    @property
+    def every_s(self) -> float:
+        return parse_duration(self.every)
 
 
 @dataclass
@@ -285,6 +339,27 @@ class RestartSection:
     exit_timeout: Duration = "10m"
     """Once the trainer's heartbeat says it is exiting (training over, the final checkpoint saved), it is hung only
     after this long (or hang_timeout, if longer): a torchrun group's teardown (NCCL) can take minutes."""
+
+    # Each duration in seconds (the config check has parsed them all: config_values.RANGES).
+    @property
+    def backoff_initial_s(self) -> float:
+        return parse_duration(self.backoff_initial)
+
+    @property
+    def backoff_max_s(self) -> float:
+        return parse_duration(self.backoff_max)
+
+    @property
+    def hang_timeout_s(self) -> float:
+        return parse_duration(self.hang_timeout)
+
+    @property
+    def compile_timeout_s(self) -> float:
+        return parse_duration(self.compile_timeout)
+
+    @property
+    def exit_timeout_s(self) -> float:
+        return parse_duration(self.exit_timeout)
 
 
 @dataclass
@@ -343,6 +418,13 @@ class RunConfig:
     def checkpoint_dir(self) -> Path:
         """Local checkpoints, in scratch."""
         return self.scratch_dir / CHECKPOINTS
+
+    @property
+    def world_size(self) -> int:
+        """The trainer processes the supervisor launches for this config, as the plan counts them: one per leased
+        GPU (gpu.count), one on the CPU (train.device = "cpu": no lease, daemon/phases/gpuwait.py). What trains
+        elsewhere counts the ranks it has: "auto" finding no GPU (one process), a Slurm allocation, a hand torchrun."""
+        return 1 if self.train.device == "cpu" else max(self.gpu.count, 1)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

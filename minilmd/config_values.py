@@ -1,4 +1,5 @@
-"""The values of a run config, checked: every number finite and in its range (RANGES, one table), the names, the
+"""The values of a run config, checked: every number finite and in its range (RANGES, one table), every choice one
+of its own (CHOICES, beside it), the names, the
 durations, the rules between fields, and the message for a missing budget; every problem as a line, none raised.
 minilmd/config.py (the parsing of the schema, minilmd/config_sections.py) calls `check_values` once every key is
 read. Torch-free, and it reads
@@ -7,31 +8,20 @@ nothing: what the paths hold is minilmd/probes.py's.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minilmd import perms
-from minilmd.config_sections import DPO_ONLY_METRICS, EARLY_STOP_METRICS, LORA_TARGETS, Duration, RunConfig
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(value: Duration) -> float:
-    """Seconds in a duration: 90, "90s", "5m", "1.5h". Raises ValueError with the accepted forms."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"a duration cannot be negative: {value!r}")
-        return float(value)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ValueError(f"not a duration: {value!r} (use seconds, or a string like \"90s\", \"5m\", \"2h\")")
-    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-
-
+from minilmd import names, perms
+from minilmd.config_sections import (
+    DATA_MODES,
+    DPO_ONLY_METRICS,
+    EARLY_STOP_METRICS,
+    LORA_TARGETS,
+    ONE_DOCUMENT_A_ROW,
+    Duration,  # noqa: F401 - found here too, with parse_duration, by the daemon and the tests
+    RunConfig,
+    parse_duration,
+)
 
 TrainTokens = Callable[[str], "int | None"]
 """The train-split token count of data.prepared, or None (minilmd.corpus.format.corpus_train_tokens reads it from
@@ -124,6 +114,34 @@ RANGES: dict[str, tuple[Range, str]] = {
 """Every number of the schema (ints, floats, durations in seconds) and where it must lie, with why when it is not
 obvious. tests/test_check_catches.py checks that every numeric field has its row."""
 
+CHOICES: dict[str, tuple[tuple, str]] = {
+    "data.mode": (DATA_MODES, ""),
+    "train.dtype": (("auto", "bf16", "fp32"), ""),
+    "train.device": (("auto", "cpu", "cuda"), ""),
+    "train.compile": (("auto", True, False), ""),
+    "init.checkpoint": (("best", "last"), ""),
+    "early_stop.metric": (tuple(EARLY_STOP_METRICS), "the latter for a DPO run"),
+}
+"""Every key of the schema that takes one of a few values, its choices and why when it is not obvious; beside RANGES.
+model.attention (attention_problems) and run.share (minilmd/perms.py) say theirs with their own rules."""
+
+
+def _choice_text(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else f'"{value}"'
+
+
+def off_choices(cfg: RunConfig) -> list[str]:
+    """Every key of CHOICES whose value is not one of its choices, one problem each."""
+    p = []
+    for key, (choices, why) in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in choices:
+            texts = [_choice_text(c) for c in choices]
+            p.append(f"{key} = {value!r}: must be {', '.join(texts[:-1])} or {texts[-1]}"
+                     + (f" ({why})" if why else ""))
+    return p
+
 
 def out_of_range(cfg: RunConfig) -> list[str]:
     """Every number (RANGES) that is not finite or not in its range, one problem each."""
@@ -149,7 +167,7 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
     r, d, m, t = cfg.run, cfg.data, cfg.model, cfg.train
     if not r.name:
         p.append("run.name is required")
-    elif not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", r.name):
+    elif not names.RUN_NAME.fullmatch(r.name):
         p.append(f"run.name = {r.name!r}: use letters, digits, '.', '_' and '-' (it names files and units)")
     if not r.dir:
         p.append("run.dir is required (the local run directory)")
@@ -157,9 +175,8 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append(share_problem)
     if not d.prepared:
         p.append("data.prepared is required (the output directory of `minilmd prepare`)")
-    if d.mode not in ("packed", "padded", "bucketed"):
-        p.append(f"data.mode = {d.mode!r}: must be \"packed\", \"padded\" or \"bucketed\"")
-    elif d.doc_mask and d.mode != "packed":
+    p += off_choices(cfg)
+    if d.doc_mask and d.mode in ONE_DOCUMENT_A_ROW:
         p.append(f"data.doc_mask = true needs data.mode = \"packed\" (data.mode = {d.mode!r} already keeps one "
                  "document per row)")
     p += out_of_range(cfg)
@@ -173,27 +190,16 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
     if t.seq_len > m.max_position_embeddings:
         p.append(f"train.seq_len {t.seq_len} is larger than model.max_position_embeddings "
                  f"{m.max_position_embeddings}")
-    if t.dtype not in ("auto", "bf16", "fp32"):
-        p.append(f"train.dtype = {t.dtype!r}: must be \"auto\", \"bf16\" or \"fp32\"")
-    if isinstance(t.compile, str) and t.compile != "auto":
-        p.append(f"train.compile = {t.compile!r}: must be \"auto\", true or false")
     p += attention_problems(m.attention, t.deterministic)
-    if t.device not in ("auto", "cpu", "cuda"):
-        p.append(f"train.device = {t.device!r}: must be \"auto\", \"cpu\" or \"cuda\"")
     if no_budget(cfg):
         p.append(budget_problem(cfg, train_tokens_of(d.prepared) if train_tokens_of and d.prepared else None))
-    if cfg.early_stop.metric not in EARLY_STOP_METRICS:
-        p.append(f"early_stop.metric = {cfg.early_stop.metric!r}: must be "
-                 + " or ".join(f'"{m}"' for m in EARLY_STOP_METRICS) + " (the latter for a DPO run)")
-    if cfg.init.checkpoint not in ("best", "last"):
-        p.append(f"init.checkpoint = {cfg.init.checkpoint!r}: must be \"best\" or \"last\"")
     p += _lora_problems(cfg)
     textfile = cfg.log.prometheus_textfile
     if textfile and not textfile.endswith(".prom"):
         p.append(f"log.prometheus_textfile = {textfile!r}: node_exporter's textfile collector reads only *.prom files")
     rs = cfg.restart
     try:
-        initial, cap = parse_duration(rs.backoff_initial), parse_duration(rs.backoff_max)
+        initial, cap = rs.backoff_initial_s, rs.backoff_max_s
     except ValueError:
         initial = cap = math.nan  # reported above
     if ABOVE_0.holds(initial) and ABOVE_0.holds(cap) and initial > cap:
@@ -257,9 +263,9 @@ def budget_problem(cfg: RunConfig, train_tokens: int | None = None) -> str:
     in hours when its train tokens are known). An epoch's steps depend on the data mode's rows, which the plan counts
     (minilmd/plan/budget.py's epoch_without_budget says them, beside this message, where the plan is reachable)."""
     t = cfg.train
-    per_step = t.seq_len * t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
+    per_step = t.seq_len * t.global_batch(cfg.world_size)
     lines = [f"a budget is required: set train.max_steps, train.max_tokens or train.max_epochs. One step trains "
-             f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {max(cfg.gpu.count, 1)} GPU(s) = "
+             f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {cfg.world_size} rank(s) = "
              f"{per_step:,} tokens"]
     if train_tokens:
         lines.append(f"; one epoch of {cfg.data.prepared} ({train_tokens:,} train tokens) at the reference run's "

@@ -10,6 +10,10 @@ from __future__ import annotations
 import os
 import re
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""What run.name may be, whole (fullmatch): it names files (the default scratch, a registry entry) and the systemd
+unit. The config check (minilmd/config_values.py) and the registry's reader (daemon/host/registry.py) ask it."""
+
 # --- The run directory (run.dir) ----------------------------------------------------------------------------------
 RUN_CONFIG_COPY = "run.toml"  # the config as the supervisor started it; the trainer's --config
 LOCK = "supervisor.lock"  # flock + {pid, host, since}: one supervisor per run directory

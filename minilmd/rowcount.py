@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from minilmd.config_sections import ONE_DOCUMENT_A_ROW
+
 
 def packed_windows(n_tokens: int, seq_len: int) -> int:
     """Windows of one epoch of packed mode: as many as fit every epoch's offset (the sampler shifts the window
@@ -19,7 +21,7 @@ def kind_of_rows(mode: str, doc_mask: bool, chat: bool) -> str:
     mode there is not."""
     if mode == "packed":
         return "conversations" if doc_mask and chat else "windows"
-    return mode if mode in ("padded", "bucketed") else ""
+    return mode if mode in ONE_DOCUMENT_A_ROW else ""
 
 
 def packed_too_small(n_tokens: int, seq_len: int) -> str:

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from minilmd.config import MAX_CONFIG_BYTES, ConfigError, config_from_dict, load_config, parse_overrides
-from minilmd.config_values import parse_duration
+from minilmd.config_values import CHOICES, parse_duration
 from minilmd.probes import checked_from_dict, load_checked
 
 
@@ -47,6 +47,23 @@ def test_every_problem_is_reported_at_once(tmp_path):
                      "data.mode = 'pack'", "gpu.poll_interval", "not divisible"):
         assert fragment in text
     assert len(err.value.problems) == 6
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_each_choice_is_taken_and_any_other_value_refused_naming_them_all(tmp_path, key):
+    """One table of choices (config_values.CHOICES, beside RANGES): each is a config that loads; another value is one
+    problem that names the key and every choice (true/false as TOML writes them)."""
+    section, name = key.split(".")
+    raw = minimal(tmp_path)
+    for choice in CHOICES[key][0]:
+        raw.setdefault(section, {})[name] = choice
+        assert getattr(getattr(config_from_dict(raw), section), name) == choice
+    raw[section][name] = "neither"
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    [problem] = err.value.problems
+    spelled = [str(c).lower() if isinstance(c, bool) else f'"{c}"' for c in CHOICES[key][0]]
+    assert problem.startswith(f"{key} = 'neither': must be ") and all(c in problem for c in spelled), problem
 
 
 def test_missing_budget_shows_the_arithmetic(tmp_path):
@@ -166,3 +183,24 @@ def test_durations(text, seconds):
 def test_bad_durations(bad):
     with pytest.raises(ValueError):
         parse_duration(bad)
+
+
+@pytest.mark.parametrize("every,steps,seconds", [(100, 100, None), ("5m", None, 300.0), (90.5, None, 90.5)])
+def test_checkpoint_every_is_steps_as_an_integer_else_seconds(tmp_path, every, steps, seconds):
+    """The one home of "an integer counts steps": the trainer's save rule and scratch's room (daemon/jobs/
+    scratch_room.py) both read these two."""
+    raw = minimal(tmp_path, checkpoint_every=every)
+    t = config_from_dict(raw).train
+    assert (t.checkpoint_every_steps, t.checkpoint_every_s) == (steps, seconds)
+
+
+def test_each_duration_is_read_in_seconds_on_its_section(tmp_path):
+    raw = minimal(tmp_path)
+    raw["restart"] = {"backoff_initial": "2s", "backoff_max": 60, "hang_timeout": "2h", "compile_timeout": "45m",
+                      "exit_timeout": 1.5}
+    raw["sync"], raw["gpu"] = {"every": "1h"}, {"poll_interval": "250ms"}
+    cfg = config_from_dict(raw)
+    r = cfg.restart
+    assert (r.backoff_initial_s, r.backoff_max_s, r.hang_timeout_s, r.compile_timeout_s, r.exit_timeout_s) == \
+        (2.0, 60.0, 7200.0, 2700.0, 1.5)
+    assert (cfg.sync.every_s, cfg.gpu.poll_interval_s) == (3600.0, 0.25)

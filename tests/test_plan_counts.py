@@ -11,6 +11,8 @@ import torch
 from minilmd.config import ConfigError, load_config
 from minilmd.corpus.analysis.stats import FACTS, chat_split_stats, layout_stats
 from minilmd.daemon import preflight
+from minilmd.daemon.base.runstate import RunState
+from minilmd.daemon.phases.gpuwait import GpuReady, GpuWaiter
 from minilmd.names import DOC_LENGTHS, SPLITS
 from minilmd.plan.budget import planned
 from minilmd.trainer.loop.train import Dist, Trainer
@@ -93,3 +95,19 @@ def test_the_missing_budget_message_says_the_trainers_epoch(tmp_path, request, f
     steps = Trainer(load_config(one_epoch), Dist(0, 1, 0, torch.device("cpu"))).total_steps
     message = str(refused.value)
     assert "a budget is required" in message and f"is {steps:,} steps of 16 rows" in message, message
+
+
+def test_a_cpu_run_that_names_two_gpus_is_counted_in_the_one_process_it_trains(tmp_path, corpus):
+    """gpu.count = 2 on train.device = "cpu": the supervisor launches one trainer process (a GPU's lease is what
+    makes it one per card), whose global batch is micro_batch_size x grad_accum. The plan counted gpu.count ranks
+    (twice the rows a step trains: half the steps of an epoch budget) where the trainer counts its one."""
+    config = write_config(tmp_path, corpus, gpu={"count": 2},
+                          train={"seq_len": 128, "micro_batch_size": 3, "grad_accum": 2, "max_steps": 0,
+                                 "max_epochs": 2, "device": "cpu"})
+    cfg = load_config(config)
+    waiter = GpuWaiter(cfg, None, RunState(tmp_path / "state.json", {}), lambda *a, **k: None)
+    assert isinstance(waiter.tick(), GpuReady)
+    trainer = Trainer(load_config(config), Dist(0, waiter.nproc, 0, torch.device("cpu")))
+    plan = planned(cfg)
+    assert plan is not None and trainer.global_batch == 3 * 2
+    assert (plan.global_batch, plan.steps) == (trainer.global_batch, trainer.total_steps)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from minilmd import protocol
 from minilmd.config import RestartSection
-from minilmd.config_values import parse_duration
 from minilmd.daemon.base.states import Action, Cause
 from minilmd.daemon.child.process import Death
 
@@ -33,9 +32,7 @@ class Decision:
 def backoff_seconds(restart: RestartSection, streak: int, rng: random.Random | None = None) -> float:
     """backoff_initial * 2^(streak-1), capped at backoff_max, times a jitter in [0.5, 1] so that several runs that
     died together (a node-wide NFS stall) do not come back in lockstep."""
-    initial = parse_duration(restart.backoff_initial)
-    cap = parse_duration(restart.backoff_max)
-    base = min(cap, initial * (2 ** max(0, streak - 1)))
+    base = min(restart.backoff_max_s, restart.backoff_initial_s * (2 ** max(0, streak - 1)))
     return base * (0.5 + 0.5 * (rng or random).random())
 
 

@@ -73,9 +73,9 @@ def hang_limit(cfg: RunConfig, child: Child, beat: Heartbeat | None) -> float:
     """Seconds of silence that make this trainer hung: restart.hang_timeout, or (if longer) restart.compile_timeout
     while its own heartbeat says it is compiling (a cold torch.compile of the first step takes minutes) and
     restart.exit_timeout once it says it is exiting (training is over; a torchrun group's teardown can be slow)."""
-    limit = parse_duration(cfg.restart.hang_timeout)
+    limit = cfg.restart.hang_timeout_s
     if (allowed := _allowance(child, beat)) is not None:
-        limit = max(limit, parse_duration(getattr(cfg.restart, allowed[1])))
+        limit = max(limit, getattr(cfg.restart, f"{allowed[1]}_s"))  # RestartSection's seconds of that key
     return limit
 
 
@@ -86,7 +86,7 @@ def kill_if_hung(cfg: RunConfig, child: Child, beat: Heartbeat | None, emit) -> 
     detail = child.silence(beat, limit, STARTUP_GRACE_S)
     if not detail:
         return
-    if limit > parse_duration(cfg.restart.hang_timeout) and (allowed := _allowance(child, beat)) is not None:
+    if limit > cfg.restart.hang_timeout_s and (allowed := _allowance(child, beat)) is not None:
         detail += f" while {allowed[0]} (restart.{allowed[1]})"
     emit("hang", f"trainer pid {child.pid} looks hung: {detail}; dumping its stack")
     launch = child.launch_pids()  # one /proc scan for the dump and the kill

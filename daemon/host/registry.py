@@ -52,8 +52,6 @@ MAX_ENTRIES_PER_USER = 1000
 NOTES_PER_USER = 3
 """Unreadable entries named one by one per user; the rest are counted."""
 ENTRY_SUFFIX = ".json"
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-"""What config.py accepts as run.name: what an entry may be called."""
 _UNIQUE = re.compile(r"-[0-9a-f]{8}")
 
 
@@ -225,7 +223,7 @@ def _read_entry(path: Path, owner: int, shared: bool) -> Entry:
         raise Unreadable(f"named for uid {named} but belongs to uid {owner}", path, kind="owner")
     body = read_json(path, max_bytes=MAX_ENTRY_BYTES, max_depth=MAX_ENTRY_DEPTH, owner=owner)
     name, run_dir, uid = body.get("name"), body.get("run_dir"), body.get("uid")
-    if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
+    if not isinstance(name, str) or not names.RUN_NAME.fullmatch(name):
         raise Unreadable("its name is not a run name", path)
     if not isinstance(run_dir, str) or not run_dir.startswith("/"):
         raise Unreadable("its run_dir is not an absolute path", path)

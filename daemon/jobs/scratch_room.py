@@ -16,7 +16,7 @@ import psutil
 from minilmd import mounts
 from minilmd import scratch as scratchmod
 from minilmd.config import RunConfig
-from minilmd.config_values import out_of_range, parse_duration
+from minilmd.config_values import out_of_range
 from minilmd.corpus_meta import read_corpus_meta
 from minilmd.daemon.jobs.staging_errors import ScratchFull, ScratchTooSmall
 from minilmd.fmt import fmt_mb as _mb
@@ -177,13 +177,13 @@ def checkpoints_kept(cfg: RunConfig) -> tuple[int, str]:
     t, keep = cfg.train, cfg.train.keep_local
     if not cfg.run.remote:
         return keep + 1, f"train.keep_local {keep} + 1 being written"
-    every = t.checkpoint_every
-    if isinstance(every, int):
+    every, every_s = t.checkpoint_every, t.checkpoint_every_s
+    if every_s is None:
         between = 1
         how = f"1 saved between two syncs (checkpoint_every is {every} steps, whose duration is not known before " \
               f"the run: counted as one)"
     else:
-        between = math.ceil(parse_duration(cfg.sync.every) / parse_duration(every))
+        between = math.ceil(cfg.sync.every_s / every_s)
         how = f"{between} saved between two syncs (sync.every {cfg.sync.every!r} / checkpoint_every {every!r})"
     return keep + between + 1, f"train.keep_local {keep} + {how} + 1 being written"
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.config_values import parse_duration
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import RemoteCheckpoint
@@ -138,7 +137,7 @@ class SyncWorker:
             if newest is not None and (remote is None or newest > remote):
                 self._start("periodic sync")
             else:
-                self.next_at = now() + min(parse_duration(self.cfg.sync.every), 30.0)
+                self.next_at = now() + min(self.cfg.sync.every_s, 30.0)
 
     def final_sync(self, staged: Path | None, wait_for_room: bool = False) -> str | None:
         """The stopping phase's last sync, one step per tick: None while it goes on; "" once the newest checkpoint
@@ -228,7 +227,7 @@ class SyncWorker:
         self.remote_full = None
         self.inbox.drain()
         sync = self.state.sync
-        every = parse_duration(self.cfg.sync.every)
+        every = self.cfg.sync.every_s
         if worker.error is not None:
             self.failures += 1
             self.failing_since = self.failing_since if self.failures > 1 and self.failing_since else now()
@@ -319,7 +318,7 @@ class SyncWorker:
         return paths
 
     def _prune_if_remote_down(self) -> None:
-        patience = max(2 * parse_duration(self.cfg.sync.every), PRUNE_UNSYNCED_AFTER_MIN_S)
+        patience = max(2 * self.cfg.sync.every_s, PRUNE_UNSYNCED_AFTER_MIN_S)
         if now() - self.healthy_since < patience:  # a verified sync lately (each failed try is short on a dead NFS)
             return
         if len(local_checkpoint_steps(self.cfg.checkpoint_dir)) <= self.cfg.train.keep_local + 1:

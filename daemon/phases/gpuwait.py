@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass
 
 from minilmd import protocol
-from minilmd.config_values import parse_duration
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.statesections import GpuWait
 from minilmd.daemon.host.gpu import DeviceLease, GpuAdmission, cuda_visible_devices, mig_refusal, taken_from_us
@@ -58,8 +57,8 @@ class GpuWaiter:
 
     @property
     def nproc(self) -> int:
-        """Trainer processes to launch: one per leased card, one on the CPU."""
-        return self.cfg.gpu.count if self.lease is not None else 1
+        """Trainer processes to launch: one per leased card (cfg.world_size, as the plan counts), one on the CPU."""
+        return self.cfg.world_size if self.lease is not None else 1
 
     def tick(self) -> GpuReady | GpuUnavailable | None:
         device = self.cfg.train.device
@@ -77,7 +76,7 @@ class GpuWaiter:
             self.state.gpu_wait = GpuWait(since=now(), devices=[])
         if now() < self.next_poll_at:
             return None
-        self.next_poll_at = now() + parse_duration(self.cfg.gpu.poll_interval)
+        self.next_poll_at = now() + self.cfg.gpu.poll_interval_s
         report = self._poll()
         if report.devices and all(d.mig for d in report.devices):
             return GpuUnavailable("every GPU NVML sees is in MIG mode: " + report.devices[0].reasons[0]

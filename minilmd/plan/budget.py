@@ -111,16 +111,15 @@ def epoch_without_budget(cfg: RunConfig) -> list[str]:
 
 
 def planned(cfg: RunConfig, meta: dict | None = None, prepared: str | Path | None = None) -> Planned | None:
-    """The run's plan as the trainer will count it (one rank's config: gpu.count ranks), or None when its budget
+    """The run's plan as the trainer will count it (RunConfig.world_size ranks), or None when its budget
     cannot be told (an epoch budget on a corpus that does not say its size). `meta`: the corpus's meta.json (None:
     read from data.prepared); `prepared`: where the corpus is (default data.prepared)."""
     meta = read_corpus_meta(cfg.data.prepared) if meta is None else meta
     cfg = as_trained(cfg, meta)
-    t = cfg.train
-    global_batch = t.micro_batch_size * t.grad_accum * max(cfg.gpu.count, 1)
+    global_batch = cfg.train.global_batch(cfg.world_size)
     epoch = corpus_epoch(cfg, meta, prepared)
     try:
         steps = total_steps_for_budget(cfg, global_batch, epoch.rows if epoch else None)
     except ConfigError:
         return None
-    return Planned(steps, global_batch, epoch, t.lr)
+    return Planned(steps, global_batch, epoch, cfg.train.lr)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minilmd.config_sections import DATA_MODES, ONE_DOCUMENT_A_ROW
 from minilmd.plan.bucketing import BucketedSampler, DocumentRows, PaddedSampler
 from minilmd.plan.docmask import piece_targets, window_positions
 from minilmd.plan.docpacking import PackedConversationsSampler
@@ -46,7 +47,6 @@ from minilmd.plan.sampler_base import Batch, DataError, Sampler, _generator
 from minilmd.rowcount import kind_of_rows, packed_too_small, packed_windows
 
 VAL_SEED = 0x5EED_7A1  # fixed: val windows do not move when the run's seed changes
-MODES = ("packed", "padded", "bucketed")
 _STREAM_VALIDATION = 1
 
 
@@ -57,7 +57,7 @@ def row_kind(mode: str, doc_mask: bool, chat: bool) -> str:
     asks too)."""
     if kind := kind_of_rows(mode, doc_mask, chat):
         return kind
-    raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(MODES)}")
+    raise DataError(f"data.mode = {mode!r}: must be one of {', '.join(DATA_MODES)}")
 
 
 def window_batch(tokens: np.ndarray, loss_mask: np.ndarray | None, starts: np.ndarray, length: int,
@@ -136,7 +136,7 @@ def validation_batches(mode: str, tokens: np.ndarray, doc_starts: np.ndarray, se
     rng = _generator(VAL_SEED, _STREAM_VALIDATION, 0)
     if mode == "packed" and doc_mask and loss_mask is not None:
         mode = "padded"
-    if mode in ("padded", "bucketed"):
+    if mode in ONE_DOCUMENT_A_ROW:
         docs_rows = DocumentRows(tokens, doc_starts, seq_len, loss_mask)
         n_docs = len(doc_starts) - 1
         docs = np.sort(rng.choice(n_docs, size=min(n_windows, n_docs), replace=False))

@@ -45,7 +45,6 @@ import torch.nn.functional  # imported early: the model uses it
 from minilmd import perms
 from minilmd.checkpoint import CheckpointMismatch, Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
-from minilmd.config_values import parse_duration
 from minilmd.corpus_meta import CorpusError
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
@@ -92,7 +91,7 @@ class Trainer:
         t = cfg.train
         self.device = dist.device
         self.log = MetricsLog(cfg.run_dir, active=dist.is_main,
-                              heartbeat_interval=heartbeat_interval(parse_duration(cfg.restart.hang_timeout)))
+                              heartbeat_interval=heartbeat_interval(cfg.restart.hang_timeout_s))
         self.faults = FaultInjector(cfg.run_dir, enabled=dist.is_main)
 
         self.corpus = open_prepared(cfg.data.prepared)
@@ -114,7 +113,7 @@ class Trainer:
         self.probe_batches = probe_batches(cfg)
         self.early = EarlyStop.from_config(cfg, self.corpus.data_format)
         self.rng = RngState()
-        self.state = TrainState(global_batch=t.micro_batch_size * t.grad_accum * dist.world_size)
+        self.state = TrainState(global_batch=t.global_batch(dist.world_size))
         self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
         self.objective = build_objective(cfg, self.corpus.data_format)
 
@@ -256,12 +255,12 @@ class Trainer:
             torch_dist.barrier()
 
     def checkpoint_due(self) -> bool:
-        every = self.cfg.train.checkpoint_every
+        steps, seconds = self.cfg.train.checkpoint_every_steps, self.cfg.train.checkpoint_every_s
         if self.step == self.last_saved_step:
             return False
-        if isinstance(every, int):
-            return self.step % every == 0
-        return time.monotonic() - self.last_save_time >= parse_duration(every)
+        if steps is not None:
+            return self.step % steps == 0
+        return seconds is not None and time.monotonic() - self.last_save_time >= seconds
 
     # --- one optimizer step (trainer/loop/step.py), with what it needs handed over ---------------------------------
     def step_setup(self) -> optimizer_step.StepSetup:
