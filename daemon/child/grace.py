@@ -23,15 +23,14 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.config import ConfigError, RestartSection, RunConfig, load_config
-from minilmd.config_values import parse_duration
 
-DEFAULT_SAVE_GRACE_S = parse_duration(RestartSection.hang_timeout)
+DEFAULT_SAVE_GRACE_S = RestartSection().hang_timeout_s
 """The grace of a config that leaves restart.hang_timeout unset (10 min)."""
 
 
 def save_grace(cfg: RunConfig) -> float:
     """Seconds a trainer of this run gets between SIGTERM and SIGKILL, on every path (restart.hang_timeout)."""
-    return parse_duration(cfg.restart.hang_timeout)
+    return cfg.restart.hang_timeout_s
 
 
 def orphan_save_grace(run_dir: Path) -> float:

@@ -13,7 +13,6 @@ from pathlib import Path
 from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig, parse_overrides
-from minilmd.config_values import parse_duration
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache, orphans, stackdump
