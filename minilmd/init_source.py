@@ -265,12 +265,18 @@ def _from_root(root: Path, checkpoint: str) -> InitSource:
     return InitSource("checkpoint", root / latest, LATEST)
 
 
+def source_state(source: InitSource) -> dict:
+    """A checkpoint source's trainer_state.json (untrusted.read_json: bounded, no link followed, an object);
+    untrusted.Unreadable (a ValueError) otherwise."""
+    return read_json(source.path / TRAINER_STATE, max_bytes=_MAX_STATE)
+
+
 def source_model(source: InitSource) -> dict | None:
     """The model config a checkpoint source records; None for a .pth (it records none)."""
     if source.kind != "checkpoint":
         return None
     try:
-        state = read_json(source.path / TRAINER_STATE, max_bytes=_MAX_STATE)
+        state = source_state(source)
         model = state["config"]["model"]
     except (ValueError, KeyError, TypeError) as e:  # Unreadable (a ValueError): missing, too deep, not an object
         raise InitSourceError(f"{source.path / TRAINER_STATE}: no readable config.model ({e})") from None
