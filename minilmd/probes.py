@@ -284,6 +284,12 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
         return [f"init.from = {cfg.init.from_!r}: {e}"], None
 
 
+DPO_WITHOUT_INIT = ("no [init] from on a preference corpus: DPO trains from randomly initialised weights, against a "
+                    "reference that is the same random model; set init.from to the SFT run's config or run directory")
+"""`run --check`'s note and the trainer's warning (trainer/loop/dpo_reference.py) of DPO without init.from: never a
+real stage, but how tiny tests exercise the objective, so not refused."""
+
+
 def stage_notes(cfg: RunConfig) -> list[str]:
     """What the run will do that its config may not mean, for `run --check`'s `note:` lines: settings its corpus's
     stage ignores (ignored_settings), DPO without init.from (from random weights), and what init.from's checkpoint
@@ -294,9 +300,7 @@ def stage_notes(cfg: RunConfig) -> list[str]:
     data_format = data_format_of(meta) if meta is not None else ""
     notes = ignored_settings(cfg, data_format)
     if data_format == "dpo" and not cfg.init.from_:
-        notes.append("no [init] from on a preference corpus: DPO trains from randomly initialised weights, against a "
-                     "reference that is the same random model; set init.from to the SFT run's config or run "
-                     "directory")
+        notes.append(DPO_WITHOUT_INIT)
     if cfg.init.from_ and not cfg.init.staged and not _is_url(cfg.init.from_):
         answered, found, _ = bounded_probe(init_notes, cfg, meta)
         notes += found if answered else []

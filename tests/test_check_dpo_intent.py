@@ -2,7 +2,8 @@
 (minilmd/probes.py stage_notes): an init.from checkpoint root of a run still training (a launch starts from its
 half-trained newest checkpoint; only the run's config or directory waits), DPO without init.from or from a model
 trained on text, a corpus prepared with another tokenizer or chat template than init.from's checkpoint, and settings
-the corpus's stage ignores. On main each of these passed `--check` without a word. The checkpoints are fakes: their
+the corpus's stage ignores. On main each of these passed `--check` without a word, and the trainer trained DPO from
+random weights without one too. The checkpoints are fakes: their
 manifest.json, trainer_state.json (the model of the run's config, so that init.from is accepted) and tokenizer
 files, all `--check` reads of them."""
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from typer.testing import CliRunner
 
 from minilmd.cli import app
 from minilmd.config import load_config
-from trainer_corpus import write_config
+from minilmd.protocol import EXIT_DONE
+from trainer_corpus import train, write_config
 
 
 def _check(config) -> str:
@@ -87,6 +90,14 @@ def test_dpo_without_init_from_or_from_a_model_trained_on_text_is_said(tmp_path,
     assert (f"{tmp_path / 'nfs-sft' / 'step-00000100'} holds no chat template (tokenizer_config.json): it was "
             f"trained on a text corpus (pretraining), not SFT") in said, said
     assert "no [init] from" not in said
+
+
+@pytest.mark.slow  # a trainer process and its reference pass
+def test_the_trainer_warns_of_dpo_without_init_from(tmp_path, dpo_corpus):
+    run = train(_dpo(tmp_path, dpo_corpus, name="alone", train={"max_steps": 1, "eval_every": 0}))
+    assert run.returncode == EXIT_DONE, run.stderr[-2000:]
+    assert "minilmd train: warning: no [init] from on a preference corpus: DPO trains from randomly initialised " \
+           "weights" in run.stdout + run.stderr, run.stdout[-2000:]
 
 
 def test_a_corpus_of_another_tokenizer_or_chat_template_than_init_froms_checkpoint_is_said(tmp_path, dpo_corpus):
