@@ -37,7 +37,15 @@ from minilmd.init_source import (
     resolve,
     source_state,
 )
-from minilmd.names import CORPUS_META, RUN_DIR_ENV, STATE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
+from minilmd.names import (
+    CORPUS_META,
+    RUN_DIR_ENV,
+    STATE,
+    TOKENIZER_CONFIG,
+    TOKENIZER_CONFIG_MAX_BYTES,
+    TOKENIZER_FILE,
+    is_step_name,
+)
 from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 from minilmd.untrusted import printable, read_json
@@ -355,7 +363,10 @@ def unfinished_source(spec: str, source: InitSource) -> list[str]:
     the total steps it records, not stopped early. Only init.from naming the run (its config or run directory)
     waits for its final checkpoint; a root takes whatever is newest now."""
     latest = read_latest(source.path.parent)
-    newest = source if latest in (None, source.path.name) else InitSource("checkpoint", source.path.parent / latest)
+    if latest is None or latest == source.path.name or not is_step_name(latest):  # no other step directory named
+        newest = source
+    else:
+        newest = InitSource("checkpoint", source.path.parent / latest)
     try:
         state = source_state(newest)
     except ValueError:
