@@ -4,8 +4,9 @@
 10. preference pairs from the same real chat corpus (`minilmd demo-corpus --dpo`: each chatterbot-corpus dialog's
    real reply chosen, another dialog's reply rejected), prepared with `--format dpo` under the SFT stage's tokenizer
    and template;
-11. `minilmd run` of a DPO config: `[init] from` the SFT run's 'NFS' share (its reference, computed once at the
-   first start and kept in every checkpoint), a SIGKILL injected into the trainer: the restart reads the reference
+11. `minilmd run` of a DPO config: `[init] from` the SFT run's config (its final checkpoint, on its 'NFS' share;
+   the form that waits for a run still training; its reference, computed once at the first start and kept in every
+   checkpoint), a SIGKILL injected into the trainer: the restart reads the reference
    back from the checkpoint it resumes; then `status` (its dpo line) and the val reward accuracy at each evaluation;
 12. `minilmd chat` with the DPO model.
 
@@ -38,7 +39,8 @@ prepared = "{root}/dpo-prepared"   # a preference corpus: pairs, both sides alwa
 val_windows = 128                  # validation pairs (reward accuracy is the share of them preferred)
 
 [init]
-from = "{root}/nfs-sft"            # the SFT run's remote: the policy's start and the frozen reference
+from = "{root}/demo-sft.toml"      # the SFT run, by its config: its final checkpoint (on its remote, nfs-sft) is the
+                                   # policy's start and the frozen reference; a launch while it trains waits for it
 
 [model]                            # the SFT model's (run --check names any difference)
 {model}

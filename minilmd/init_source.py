@@ -8,16 +8,16 @@ A source is one of:
   names (a run named by its config or run directory: the same, of its remote or scratch root);
 - a pointer file `ROOT/BEST` or `ROOT/LATEST`: the checkpoint it names, as if that directory were given;
 - a MiniMind `.pth` state dict (MiniMind's key names are ours; `lm_head.weight` is the tied embedding).
-A minilmd checkpoint carries its model config (trainer_state.json), so a mismatch is named field by field before
-anything starts; a .pth carries only tensors, so the trainer compares their shapes when it loads them.
+A checkpoint carries its model config (trainer_state.json): a mismatch is named field by field before anything
+starts; a .pth carries only tensors, compared by shape when the trainer loads them.
 
 The fingerprint recorded in the new run's checkpoints: for a checkpoint, the sha256 of its manifest.json (which holds
 the sha256 of every file of it, so it names the whole checkpoint) and its step; for a .pth, the file's sha256.
 A source is another user's or another run's file, often on NFS: its manifest and its .pth are read through
 minilmd/untrusted.py (no link followed, never blocked on a FIFO, size bounded: a .pth no bigger than a state dict of
 the run's model can be), and a .pth is hashed and unpickled from the one read (`read_pth`). What the named directory
-holds (run.toml, state.json, LATEST, BEST, the step directory they name, manifest.json, trainer_state.json) is walked
-by its descriptor (minilmd/init_place.py): no link followed, no FIFO opened, each file the source owner's or ours.
+holds (run.toml, state.json, LATEST, BEST, their step directory, manifest.json, trainer_state.json) is walked by its
+descriptor (minilmd/init_place.py): no link followed, no FIFO opened, each file the source owner's or ours.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from minilmd.names import STAGED_RECORD_MAX_BYTES as MAX_RECORD_BYTES
 from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
 from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
 from minilmd.shared_place import look
-from minilmd.untrusted import file_kind, loads, printable
+from minilmd.untrusted import file_kind, loads, printable, read_json
 
 
 class InitSourceError(ValueError):
@@ -319,21 +319,31 @@ def _from_root(root, checkpoint: str, owners: tuple[int, ...]) -> InitSource:
     return _pointed(root, LATEST, owners)
 
 
-def source_model(source: InitSource) -> dict | None:
-    """The model config a checkpoint source records; None for a .pth (it records none). Its trainer_state.json is
-    read in the directory resolve opened (the same one, or refused), as a file of the source's owner or ours."""
-    if source.kind != "checkpoint":
-        return None
+def source_state(source: InitSource) -> dict:
+    """A checkpoint source's trainer_state.json, read in the directory resolve opened (the same one, or refused), as
+    a file of the source's owner or ours: bounded, no link followed, an object. InitSourceError (a ValueError) when
+    it cannot be read there; untrusted.Unreadable (a ValueError) when it is no JSON object."""
     try:
         with open_named(source.path) as ckpt:
             if source.identity is not None and ckpt.identity != source.identity:
                 raise InitSourceUnreachable(f"{source.path}: replaced since it was looked at (rewritten now?)")
             raw = read_in(ckpt, TRAINER_STATE, _MAX_STATE, source.owners or owners_of(ckpt))
-        model = loads(raw, path=source.path / TRAINER_STATE)["config"]["model"]
     except Refused as e:
         raise InitSourceError(str(e)) from None
     except OSError as e:
         raise _unreadable(e) from None
+    return loads(raw, path=source.path / TRAINER_STATE)
+
+
+def source_model(source: InitSource) -> dict | None:
+    """The model config a checkpoint source records; None for a .pth (it records none). Its trainer_state.json is
+    read as source_state reads it."""
+    if source.kind != "checkpoint":
+        return None
+    try:
+        model = source_state(source)["config"]["model"]
+    except InitSourceError:
+        raise
     except (ValueError, KeyError, TypeError) as e:  # Unreadable (a ValueError): too deep, not an object
         raise InitSourceError(f"{source.path / TRAINER_STATE}: no readable config.model ({e})") from None
     if not isinstance(model, dict):
@@ -486,6 +496,4 @@ def staged_copy(staged: Path) -> Path:
 
 def staged_record(staged: Path) -> dict:
     """The source's fingerprint record staging wrote beside the copy (this run's own file in its scratch)."""
-    from minilmd.untrusted import read_json
-
     return read_json(staged / STAGED_RECORD, max_bytes=MAX_RECORD_BYTES)

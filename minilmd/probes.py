@@ -2,7 +2,10 @@
 be used (run.dir, run.scratch, the Prometheus textfile, run.remote), a scratch of another run or user
 (minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
 is empty, a preference corpus most of whose replies train.seq_len cuts away (rowcount.pairs_fit), an init.from
-that cannot initialise this model (minilmd/init_source.py).
+that cannot initialise this model (minilmd/init_source.py). And, for `run --check`'s `note:` lines (stage_notes),
+what the run would do that its config may not mean: settings its corpus's stage ignores, DPO without init.from, an
+init.from checkpoint root of a run not finished yet, a model trained on text before DPO, a tokenizer or chat
+template other than the corpus's.
 
 minilmd/config.py checks the values alone; `load_checked` and `checked_from_dict` are its loaders with these checks
 after the values' (one ConfigError with every problem) and a missing budget's arithmetic over the corpus's train
@@ -18,22 +21,34 @@ from pathlib import Path
 from typing import Any
 
 from minilmd import scratch
-from minilmd.checkpoint_dirs import list_checkpoints
-from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config
+from minilmd.checkpoint_dirs import list_checkpoints, read_latest
+from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config, stage_defaults
 from minilmd.config_values import early_stop_metric_problem
 from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, read_corpus_meta
 from minilmd.dirfd import dir_problem
 from minilmd.init_source import (
+    InitSource,
     InitSourceError,
     InitSourceUnreachable,
     model_differences,
     model_problems,
     predecessor,
     predecessor_outcome,
+    resolve,
+    source_state,
 )
-from minilmd.names import CORPUS_META, RUN_DIR_ENV, STATE
+from minilmd.names import (
+    CORPUS_META,
+    RUN_DIR_ENV,
+    STATE,
+    TOKENIZER_CONFIG,
+    TOKENIZER_CONFIG_MAX_BYTES,
+    TOKENIZER_FILE,
+    is_step_name,
+)
 from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
+from minilmd.untrusted import printable, read_json
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
@@ -261,10 +276,7 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
     scratch or on a local remote): that run resumes and never reads init.from again. A supervised trainer looks at
     scratch only (it never touches the remote; staging has fetched the remote's newest checkpoint into scratch).
     (problems, why it cannot be reached now or None)."""
-    roots = [cfg.checkpoint_dir]
-    if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
-        roots.append(Path(cfg.run.remote))
-    if any(list_checkpoints(root) for root in roots):
+    if _has_checkpoint(cfg):
         return [], None
     try:
         pred = predecessor(cfg.init.from_)
@@ -278,6 +290,149 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
         return [], str(e)
     except InitSourceError as e:
         return [f"init.from = {cfg.init.from_!r}: {e}"], None
+
+
+DPO_WITHOUT_INIT = ("no [init] from on a preference corpus: DPO trains from randomly initialised weights, against a "
+                    "reference that is the same random model; set init.from to the SFT run's config or run directory")
+"""`run --check`'s note and the trainer's warning (trainer/loop/dpo_reference.py) of DPO without init.from: never a
+real stage, but how tiny tests exercise the objective, so not refused."""
+
+
+def stage_notes(cfg: RunConfig) -> list[str]:
+    """What the run will do that its config may not mean, for `run --check`'s `note:` lines: settings its corpus's
+    stage ignores (ignored_settings), DPO without init.from (from random weights), and what init.from's checkpoint
+    records (init_notes). A corpus or a source that cannot be read now gives no note: the checks say it."""
+    meta = None
+    if cfg.data.prepared and not _is_url(cfg.data.prepared):
+        meta = bounded_probe(read_corpus_meta, cfg.data.prepared)[1]
+    data_format = data_format_of(meta) if meta is not None else ""
+    notes = ignored_settings(cfg, data_format)
+    if data_format == "dpo" and not cfg.init.from_:
+        notes.append(DPO_WITHOUT_INIT)
+    if cfg.init.from_ and not cfg.init.staged and not _is_url(cfg.init.from_):
+        answered, found, _ = bounded_probe(init_notes, cfg, meta)
+        notes += found if answered else []
+    return notes
+
+
+def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
+    """The settings written in the config that the corpus's stage does not use: [dpo] beta off a preference corpus
+    (a DPO config pointed at another corpus trains that corpus's stage), data.mode and data.doc_mask on one (its
+    rows are pairs, length-bucketed, one side of one pair each: plan/pairs.py)."""
+    if not data_format:
+        return []
+    notes = []
+    if data_format != "dpo" and cfg.is_set("dpo.beta"):
+        notes.append(f"[dpo] beta = {cfg.dpo.beta:g} has no effect: {cfg.data.prepared} is a {data_format} corpus, so "
+                     f"this run trains {stage_defaults(data_format, False)[0]}, not DPO (a preference corpus is one of "
+                     f"`minilmd prepare --format dpo`)")
+    if data_format == "dpo" and cfg.is_set("data.mode") and cfg.data.mode != "bucketed":
+        notes.append(f"data.mode = {cfg.data.mode!r} has no effect on a preference corpus: its pairs are "
+                     f"length-bucketed, both sides in one micro-batch padded to its longest row")
+    if data_format == "dpo" and cfg.data.doc_mask:
+        notes.append("data.doc_mask = true has no effect on a preference corpus: each row holds one side of one pair, "
+                     "a single document")
+    return notes
+
+
+def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
+    """What init.from's checkpoint says the run may not mean (none once the run has a checkpoint of its own: it
+    never reads init.from again): a checkpoint root of a run that has not finished (unfinished_source), a model
+    trained on text before DPO, a tokenizer or chat template other than the corpus's (tokenizer_notes)."""
+    spec = cfg.init.from_
+    if _has_checkpoint(cfg):
+        return []
+    try:
+        names_a_run = predecessor(spec) is not None  # the run waits for its final checkpoint
+        source = resolve(spec, cfg.init.checkpoint)
+        state = source_state(source) if source.kind == "checkpoint" else None
+    except (ValueError, OSError):  # InitSourceError, Unreadable: said by the checks, as a problem or a wait
+        return []
+    if state is None:  # a .pth records nothing of how it was trained
+        return []
+    notes = [] if names_a_run or source.pointer is None else unfinished_source(spec, source)
+    if meta is not None and data_format_of(meta) == "dpo" and not os.path.lexists(source.path / TOKENIZER_CONFIG):
+        notes.append(f"init.from = {spec!r}: {source.path} holds no chat template ({TOKENIZER_CONFIG}): it was "
+                     f"trained on a text corpus (pretraining), not SFT, and DPO's reference is this model; DPO "
+                     f"starts from the SFT stage's model")
+    return notes + (tokenizer_notes(cfg, source, state, meta) if meta is not None else [])
+
+
+def unfinished_source(spec: str, source: InitSource) -> list[str]:
+    """A checkpoint root (or its pointer file) whose newest checkpoint is of a run that has not finished: below
+    the total steps it records, not stopped early. Only init.from naming the run (its config or run directory)
+    waits for its final checkpoint; a root takes whatever is newest now."""
+    latest = read_latest(source.path.parent)
+    if latest is None or latest == source.path.name or not is_step_name(latest):  # no other step directory named
+        newest = source
+    else:
+        newest = InitSource("checkpoint", source.path.parent / latest)
+    try:
+        state = source_state(newest)
+    except ValueError:
+        return []
+    step, total = state.get("step"), _total_steps(state)
+    if not isinstance(step, int) or total is None or step >= total or _stopped_early(state):
+        return []
+    run_dir = meta_value(state, "config", "run", "dir")
+    where = f" ({printable(run_dir)})" if isinstance(run_dir, str) and run_dir else ""
+    taken = "" if newest == source else f"; it takes {source.path.name}, its {source.pointer}"
+    return [f"init.from = {spec!r}: its newest checkpoint, step {step:,} of {total:,}, is of a run that has not "
+            f"finished{taken}: a launch now starts from that half-trained model. Name the run's config or run "
+            f"directory{where} in init.from to wait for it to finish"]
+
+
+def _total_steps(state: dict) -> int | None:
+    """The steps the checkpoint's run trains in all: its trainer_state's total_steps, else its train.max_steps."""
+    for total in (state.get("total_steps"), meta_value(state, "config", "train", "max_steps")):
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            return total
+    return None
+
+
+def _stopped_early(state: dict) -> bool:
+    """The checkpoint's run ended by early_stop: its patience of validations without a new best spent."""
+    patience = meta_value(state, "config", "early_stop", "patience")
+    since = meta_value(state, "early_stop", "since_best")
+    return isinstance(patience, int) and isinstance(since, int) and 0 < patience <= since
+
+
+def tokenizer_notes(cfg: RunConfig, source: InitSource, state: dict, meta: dict) -> list[str]:
+    """init.from's checkpoint trained with another tokenizer (the sha256 of tokenizer.json it records against the
+    corpus's) or another chat template (its tokenizer_config.json against the corpus's): notes, not refusals, since
+    the same tokenizer saved again has other bytes (model.vocab_size is compared as a problem)."""
+    spec, notes = cfg.init.from_, []
+    theirs, ours = meta_value(state, "fingerprints", "tokenizer"), meta.get("tokenizer_sha256")
+    if isinstance(theirs, str) and isinstance(ours, str) and theirs != ours:
+        notes.append(f"init.from = {spec!r}: {source.path} was trained with another tokenizer than the corpus "
+                     f"{cfg.data.prepared} was prepared with (tokenizer.json sha256 {printable(theirs)[:12]}, the "
+                     f"corpus's {ours[:12]}): the same ids stand for other text; prepare the corpus with the "
+                     f"checkpoint's tokenizer ({source.path / TOKENIZER_FILE})")
+    ckpt_template, corpus_template = _chat_template(source.path), _chat_template(Path(cfg.data.prepared))
+    if ckpt_template is not None and corpus_template is not None and ckpt_template != corpus_template:
+        notes.append(f"init.from = {spec!r}: {source.path} was trained with another chat template than the corpus "
+                     f"{cfg.data.prepared} was rendered with (their {TOKENIZER_CONFIG}): the model meets its turns in "
+                     f"another form; prepare the corpus with the tokenizer directory init.from's run used")
+    return notes
+
+
+def _chat_template(folder: Path) -> str | None:
+    """The chat_template of a checkpoint's or corpus's tokenizer_config.json (bounded, no link followed); None when
+    there is none or it cannot be read."""
+    try:
+        template = read_json(folder / TOKENIZER_CONFIG, max_bytes=TOKENIZER_CONFIG_MAX_BYTES).get("chat_template")
+    except ValueError:
+        return None
+    return template if isinstance(template, str) else None
+
+
+def _has_checkpoint(cfg: RunConfig) -> bool:
+    """The run has a checkpoint of its own (in scratch, or on a local remote outside a supervised trainer, which
+    never touches the remote): it resumes and never reads init.from again."""
+    roots = [cfg.checkpoint_dir]
+    if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
+        roots.append(Path(cfg.run.remote))
+    return any(list_checkpoints(root) for root in roots)
 
 
 def _check_writable(name: str, path: Path) -> list[str]:

@@ -1,7 +1,8 @@
 """`make demo-dpo`'s DPO stage (daemon/demo_dpo.py, issue 42): its config is a DPO run of the SFT demo's model from
-the SFT run's remote, its pairs are the demo chat corpus's (the real reply chosen, another dialog's rejected)
-prepared with `--format dpo` under the SFT stage's tokenizer, and it reports the val reward accuracy of each
-evaluation, the last attempt's where a restart logged a step twice. The whole demo runs by `make demo-dpo`."""
+the SFT run, named by its config (the form that waits for it to finish), its pairs are the demo chat corpus's (the
+real reply chosen, another dialog's rejected) prepared with `--format dpo` under the SFT stage's tokenizer, and it
+reports the val reward accuracy of each evaluation, the last attempt's where a restart logged a step twice. The whole
+demo runs by `make demo-dpo`."""
 from __future__ import annotations
 
 import json
@@ -11,15 +12,18 @@ from pathlib import Path
 from minilmd.config import load_config
 from minilmd.corpus.format import open_prepared
 from minilmd.daemon import demo_dpo, demo_sft
+from minilmd.init_source import predecessor
 
 
-def test_the_dpo_config_is_a_dpo_stage_of_the_sft_demos_model_from_its_remote(tmp_path):
+def test_the_dpo_config_is_a_dpo_stage_of_the_sft_demos_model_from_the_sft_run_by_its_config(tmp_path):
     dpo = tmp_path / "demo-dpo.toml"
     dpo.write_text(demo_dpo.dpo_config(tmp_path, tmp_path / "scratch", 60), encoding="utf-8")
     sft = tmp_path / "demo-sft.toml"
     sft.write_text(demo_sft.SFT_CONFIG.format(root=tmp_path, scratch=tmp_path / "s", epochs=3), encoding="utf-8")
     cfg, base = load_config(dpo), load_config(sft)
-    assert cfg.init.from_ == base.run.remote == str(tmp_path / "nfs-sft")  # the SFT run's synced checkpoints
+    # the SFT run by its config (the form that waits for it to finish), whose final checkpoint is on its remote
+    assert cfg.init.from_ == str(sft) and base.run.remote == str(tmp_path / "nfs-sft")
+    assert predecessor(cfg.init.from_).root == tmp_path / "nfs-sft"
     assert cfg.model == base.model and cfg.train.seq_len == base.train.seq_len  # the model init.from holds
     assert cfg.data.prepared == str(tmp_path / "dpo-prepared") and cfg.run.remote == str(tmp_path / "nfs-dpo")
     assert cfg.run.scratch == str(tmp_path / "scratch") and cfg.run.dir == str(tmp_path / "dpo-run")

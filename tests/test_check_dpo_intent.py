@@ -1,0 +1,133 @@
+"""`run --check` says, as `note:` lines, what a DPO (or SFT) config would do that its user does not mean
+(minilmd/probes.py stage_notes): an init.from checkpoint root of a run still training (a launch starts from its
+half-trained newest checkpoint; only the run's config or directory waits), DPO without init.from or from a model
+trained on text, a corpus prepared with another tokenizer or chat template than init.from's checkpoint, and settings
+the corpus's stage ignores. On main each of these passed `--check` without a word, and the trainer trained DPO from
+random weights without one too. The checkpoints are fakes: their
+manifest.json, trainer_state.json (the model of the run's config, so that init.from is accepted) and tokenizer
+files, all `--check` reads of them."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from minilmd.cli import app
+from minilmd.config import load_config
+from minilmd.protocol import EXIT_DONE
+from trainer_corpus import train, write_config
+
+
+def _check(config) -> str:
+    result = CliRunner().invoke(app, ["run", "--check", str(config)])
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+def _dpo(tmp_path, corpus, name="dpo", **sections):
+    train = {"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, **sections.pop("train", {})}
+    return write_config(tmp_path, corpus, name=name, data={"val_windows": 16, **sections.pop("data", {})},
+                        train=train, **sections)
+
+
+def _source_root(tmp_path, config, corpus_dir, step, total, template=True, tokenizer=None, **state_extra):
+    """A checkpoint root of the SFT run "sft" (run.dir tmp_path/sft-run) whose LATEST names step `step` of a run of
+    `total` steps, with the model of `config`, the tokenizer fingerprint and tokenizer files of `corpus_dir` (the
+    chat template `template` when a string, the corpus's when True, none when False)."""
+    meta = json.loads((corpus_dir / "meta.json").read_text(encoding="utf-8"))
+    run_cfg = load_config(config).to_dict()
+    run_cfg["run"]["dir"] = str(tmp_path / "sft-run")
+    run_cfg["train"]["max_steps"] = total
+    root = tmp_path / "nfs-sft"
+    ckpt = root / f"step-{step:08d}"
+    ckpt.mkdir(parents=True)
+    state = {"step": step, "total_steps": total, "config": run_cfg,
+             "fingerprints": {"data": "d" * 64, "tokenizer": tokenizer or meta["tokenizer_sha256"]}, **state_extra}
+    (ckpt / "trainer_state.json").write_text(json.dumps(state), encoding="utf-8")
+    (ckpt / "manifest.json").write_text(json.dumps({"step": step, "files": {}}), encoding="utf-8")
+    shutil.copy(corpus_dir / "tokenizer.json", ckpt / "tokenizer.json")
+    if template:
+        config_json = json.loads((corpus_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+        if isinstance(template, str):
+            config_json["chat_template"] = template
+        (ckpt / "tokenizer_config.json").write_text(json.dumps(config_json), encoding="utf-8")
+    (root / "LATEST").write_text(ckpt.name, encoding="utf-8")
+    return root
+
+
+def test_init_from_the_root_of_a_run_still_training_is_said_and_a_finished_one_is_not(tmp_path, dpo_corpus):
+    config = _dpo(tmp_path, dpo_corpus, init={"from": str(tmp_path / "nfs-sft")})
+    _source_root(tmp_path, config, dpo_corpus[0], step=620, total=3000)
+    said = _check(config)
+    assert (f"note: init.from = '{tmp_path / 'nfs-sft'}': its newest checkpoint, step 620 of 3,000, is of a run "
+            f"that has not finished: a launch now starts from that half-trained model. Name the run's config or run "
+            f"directory ({tmp_path / 'sft-run'}) in init.from to wait for it to finish") in said, said
+    best = tmp_path / "nfs-sft" / "step-00000400"  # its BEST, the checkpoint init.checkpoint = "best" takes
+    shutil.copytree(tmp_path / "nfs-sft" / "step-00000620", best)
+    (tmp_path / "nfs-sft" / "BEST").write_text(best.name, encoding="utf-8")
+    assert ("its newest checkpoint, step 620 of 3,000, is of a run that has not finished; it takes step-00000400, its "
+            "BEST: a launch now starts") in _check(config)
+    shutil.rmtree(tmp_path / "nfs-sft")
+    _source_root(tmp_path, config, dpo_corpus[0], step=3000, total=3000)
+    assert "has not finished" not in _check(config)
+    shutil.rmtree(tmp_path / "nfs-sft")  # stopped by early_stop: finished, below its total
+    _source_root(tmp_path, config, dpo_corpus[0], step=800, total=3000,
+                 early_stop={"metric": "val_loss", "best_step": 600, "best_value": 1.0, "since_best": 2})
+    run_cfg = json.loads((tmp_path / "nfs-sft/step-00000800/trainer_state.json").read_text(encoding="utf-8"))
+    run_cfg["config"]["early_stop"]["patience"] = 2
+    (tmp_path / "nfs-sft/step-00000800/trainer_state.json").write_text(json.dumps(run_cfg), encoding="utf-8")
+    assert "has not finished" not in _check(config)
+
+
+def test_dpo_without_init_from_or_from_a_model_trained_on_text_is_said(tmp_path, dpo_corpus):
+    said = _check(_dpo(tmp_path, dpo_corpus, name="alone"))
+    assert "note: no [init] from on a preference corpus: DPO trains from randomly initialised weights" in said, said
+    config = _dpo(tmp_path, dpo_corpus, init={"from": str(tmp_path / "nfs-sft")})
+    _source_root(tmp_path, config, dpo_corpus[0], step=100, total=100, template=False)
+    said = _check(config)
+    assert (f"{tmp_path / 'nfs-sft' / 'step-00000100'} holds no chat template (tokenizer_config.json): it was "
+            f"trained on a text corpus (pretraining), not SFT") in said, said
+    assert "no [init] from" not in said
+
+
+@pytest.mark.slow  # a trainer process and its reference pass
+def test_the_trainer_warns_of_dpo_without_init_from(tmp_path, dpo_corpus):
+    run = train(_dpo(tmp_path, dpo_corpus, name="alone", train={"max_steps": 1, "eval_every": 0}))
+    assert run.returncode == EXIT_DONE, run.stderr[-2000:]
+    assert "minilmd train: warning: no [init] from on a preference corpus: DPO trains from randomly initialised " \
+           "weights" in run.stdout + run.stderr, run.stdout[-2000:]
+
+
+def test_a_corpus_of_another_tokenizer_or_chat_template_than_init_froms_checkpoint_is_said(tmp_path, dpo_corpus):
+    config = _dpo(tmp_path, dpo_corpus, init={"from": str(tmp_path / "nfs-sft")})
+    _source_root(tmp_path, config, dpo_corpus[0], step=100, total=100)
+    said = _check(config)  # the same tokenizer and template: nothing to say
+    assert "another tokenizer" not in said and "another chat template" not in said and "no chat template" not in said
+    template = json.loads((dpo_corpus[0] / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+    shutil.rmtree(tmp_path / "nfs-sft")  # one character different
+    _source_root(tmp_path, config, dpo_corpus[0], step=100, total=100, template=template.replace("\n", " ", 1))
+    said = _check(config)
+    assert (f"{tmp_path / 'nfs-sft' / 'step-00000100'} was trained with another chat template than the corpus "
+            f"{dpo_corpus[0]} was rendered with") in said, said
+    assert "another tokenizer" not in said
+    shutil.rmtree(tmp_path / "nfs-sft")
+    _source_root(tmp_path, config, dpo_corpus[0], step=100, total=100, tokenizer="e" * 64)
+    said = _check(config)
+    assert (f"was trained with another tokenizer than the corpus {dpo_corpus[0]} was prepared with (tokenizer.json "
+            f"sha256 eeeeeeeeeeee") in said, said
+
+
+def test_settings_the_corpus_stage_ignores_are_said(tmp_path, dpo_corpus, chat_corpus):
+    said = _check(write_config(tmp_path, chat_corpus, name="sft", dpo={"beta": 0.2}))
+    assert (f"note: [dpo] beta = 0.2 has no effect: {chat_corpus[0]} is a chat corpus, so this run trains SFT, not "
+            f"DPO") in said, said
+    assert "[dpo] beta" not in _check(write_config(tmp_path, chat_corpus, name="plain-sft"))
+    for mode in ("packed", "padded"):
+        said = _check(_dpo(tmp_path, dpo_corpus, name=mode, data={"mode": mode}))
+        assert f"note: data.mode = '{mode}' has no effect on a preference corpus" in said, said
+    said = _check(_dpo(tmp_path, dpo_corpus, name="masked", data={"doc_mask": True}))
+    assert "note: data.doc_mask = true has no effect on a preference corpus" in said, said
+    said = _check(_dpo(tmp_path, dpo_corpus, name="beta", dpo={"beta": 0.2}))
+    assert "has no effect" not in said, said
