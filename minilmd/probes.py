@@ -48,7 +48,7 @@ from minilmd.names import (
 )
 from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
-from minilmd.untrusted import printable, read_json
+from minilmd.untrusted import loads, printable
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
@@ -417,11 +417,16 @@ def tokenizer_notes(cfg: RunConfig, source: InitSource, state: dict, meta: dict)
 
 
 def _chat_template(folder: Path) -> str | None:
-    """The chat_template of a checkpoint's or corpus's tokenizer_config.json (bounded, no link followed); None when
-    there is none or it cannot be read."""
+    """The chat_template of a checkpoint's or corpus's tokenizer_config.json, read in the directory opened once, as
+    a file of that directory's owner or ours (init_place: bounded, no link followed, no FIFO opened); None when
+    there is none or it cannot be read so."""
+    from minilmd.init_place import open_named, owners_of, read_in
+
     try:
-        template = read_json(folder / TOKENIZER_CONFIG, max_bytes=TOKENIZER_CONFIG_MAX_BYTES).get("chat_template")
-    except ValueError:
+        with open_named(folder) as where:
+            raw = read_in(where, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, owners_of(where))
+        template = loads(raw).get("chat_template")
+    except (OSError, ValueError):
         return None
     return template if isinstance(template, str) else None
 

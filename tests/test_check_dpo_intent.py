@@ -131,3 +131,17 @@ def test_settings_the_corpus_stage_ignores_are_said(tmp_path, dpo_corpus, chat_c
     assert "note: data.doc_mask = true has no effect on a preference corpus" in said, said
     said = _check(_dpo(tmp_path, dpo_corpus, name="beta", dpo={"beta": 0.2}))
     assert "has no effect" not in said, said
+
+
+def test_a_third_users_chat_template_in_init_froms_checkpoint_is_not_read(tmp_path, dpo_corpus):
+    """The checkpoint's tokenizer_config.json is read as init_place reads the source: a file of the source's owner
+    or ours. On main a third user's file there (another template) was read and compared."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a file of a third user")
+    config = _dpo(tmp_path, dpo_corpus, init={"from": str(tmp_path / "nfs-sft")})
+    template = json.loads((dpo_corpus[0] / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+    root = _source_root(tmp_path, config, dpo_corpus[0], step=100, total=100, template=template.replace("\n", " ", 1))
+    os.chown(root / "step-00000100" / "tokenizer_config.json", 54321, 54321)
+    assert "another chat template" not in _check(config)
