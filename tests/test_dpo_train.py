@@ -243,11 +243,11 @@ def test_a_resume_at_another_seq_len_is_refused_not_trained_on_reference_sums_of
     config = _dpo_config(tmp_path, dpo_corpus, "cut", max_steps=4, checkpoint_every=4)
     assert train(config).returncode == EXIT_DONE
     run_dir, ckpt_dir = run_paths(config)
+    shorter = train(config, "train.max_steps=6", "train.seq_len=64")
+    assert shorter.returncode == EXIT_CONFIG, shorter.stdout + shorter.stderr
     header = json.loads((raw := (ckpt_dir / "step-00000004" / DPO_REFERENCE).read_bytes())[8:8 + int.from_bytes(
         raw[:8], "little")])
     assert header["__metadata__"]["seq_len"] == "128"
-    shorter = train(config, "train.max_steps=6", "train.seq_len=64")
-    assert shorter.returncode == EXIT_CONFIG, shorter.stdout + shorter.stderr
     assert ("train.seq_len is 64; this DPO run's reference log-probs were computed at 128 (step-00000004): put it "
             "back, or start the DPO stage as a new run") in shorter.stderr
     assert [s["step"] for s in read_metrics(run_dir, "checkpoint")] == [0, 4]  # nothing trained, nothing saved
