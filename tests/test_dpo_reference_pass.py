@@ -22,7 +22,7 @@ from minilmd.daemon.views.status import summary_lines
 from minilmd.names import ATTEMPT_LOGS, STATE, TRAINER_CMD_ENV
 from minilmd.protocol import EXIT_DONE, EXIT_STOPPED
 from minilmd.trainer.loop.dpo_reference import PassProgress
-from supervisor_helpers import events, run_supervisor, write_config
+from supervisor_helpers import cli, events, run_supervisor, start_supervisor, state, wait_for, write_config
 from trainer_corpus import child_env, read_metrics, run_paths, train
 
 SLOW_REFERENCE_TRAINER = Path(__file__).with_name("slow_reference_trainer.py")
@@ -120,3 +120,29 @@ def test_status_shows_the_reference_pass_and_a_stop_during_it_exits_75_at_once_w
     assert again.returncode == EXIT_DONE, again.stderr
     assert [m["source"] for m in read_metrics(run_dir, "dpo_reference")] == ["computed"]
     assert read_heartbeat(run_dir).reference_pass() is None  # training's heartbeats name no pass
+
+
+@pytest.mark.slow  # a supervisor and its real trainer, whose reference pass is slowed, stopped by `minilmd stop`
+def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(tmp_path, dpo_corpus):
+    """What the operator sees and does: `minilmd status` names the pass and how far it is, `minilmd stop` ends it
+    between two batches and the supervisor ends stopped, with nothing of the pass saved."""
+    config = write_config(tmp_path, dpo_corpus, name="opstop", data={"val_windows": 8},
+                          train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
+    run_dir, ckpt_dir = run_paths(config)
+    slow = f"{sys.executable} {SLOW_REFERENCE_TRAINER}"
+    sup = start_supervisor(config, tmp_path / "supervisor.out", fake=False, **{TRAINER_CMD_ENV: slow})
+    try:
+        wait_for(lambda: ((state(run_dir).get("progress") or {}).get("reference_pass") or [0])[0] > 0, 300,
+                 "the supervisor's state to name the reference pass")
+        shown = cli("status", str(run_dir)).stdout
+        assert re.search(r"  step 0  DPO reference pass [\d,]+/[\d,]+ pairs", shown), shown
+        stopped = cli("stop", str(run_dir), timeout=300)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert sup.wait(120) == 0, (tmp_path / "supervisor.out").read_text()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    log = (run_dir / ATTEMPT_LOGS / "attempt-0001.log").read_text()
+    assert "SIGTERM received during the DPO reference pass" in log, log
+    assert not read_metrics(run_dir, "dpo_reference") and not list(ckpt_dir.glob("step-*"))

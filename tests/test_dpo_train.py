@@ -247,7 +247,7 @@ def test_a_resume_at_another_seq_len_is_refused_not_trained_on_reference_sums_of
     assert shorter.returncode == EXIT_CONFIG, shorter.stdout + shorter.stderr
     header = json.loads((raw := (ckpt_dir / "step-00000004" / DPO_REFERENCE).read_bytes())[8:8 + int.from_bytes(
         raw[:8], "little")])
-    assert header["__metadata__"]["seq_len"] == "128"
+    assert json.loads(header["__metadata__"]["reference"])["seq_len"] == 128
     assert ("train.seq_len is 64; this DPO run's reference log-probs were computed at 128 (step-00000004): put it "
             "back, or start the DPO stage as a new run") in shorter.stderr
     assert [s["step"] for s in read_metrics(run_dir, "checkpoint")] == [0, 4]  # nothing trained, nothing saved
@@ -267,14 +267,18 @@ def test_a_reference_file_written_before_seq_len_was_recorded_is_read_at_the_run
 
     corpus = open_prepared(dpo_corpus[0])
     sums = {"train": np.arange(corpus.train.n_docs, dtype=np.float32), "val": np.ones(corpus.val.n_docs, np.float32)}
-    now = {"data_fingerprint": corpus.data_fingerprint, "seq_len": "128", "matmul": "fp32"}
+    now = {"data_fingerprint": corpus.data_fingerprint, "seq_len": 128, "matmul": "fp32"}
     old = save(sums, metadata={"data_fingerprint": corpus.data_fingerprint})
     ckpt = dpo_corpus[0] / "step-00000012"
-    read = reference_sums(old, corpus, ckpt, now, printing=True)
+    read, record = reference_sums(old, corpus, ckpt, now, printing=True)
     assert np.array_equal(read["train"], sums["train"]) and capsys.readouterr().out == ""
+    assert record == {"data_fingerprint": corpus.data_fingerprint, "seq_len": 128}  # held to it from now on
     with pytest.raises(ConfigError, match="train.seq_len is 32; this DPO run's reference log-probs were computed "
                                           r"at 128 \(step-00000012\)"):
-        reference_sums(reference_bytes(sums, corpus, now), corpus, ckpt, {**now, "seq_len": "32"}, printing=True)
-    on_gpu = reference_bytes(sums, corpus, {**now, "matmul": "bf16"})
-    assert np.array_equal(reference_sums(on_gpu, corpus, ckpt, now, printing=True)["val"], sums["val"])
+        reference_sums(reference_bytes(sums, record), corpus, ckpt, {**now, "seq_len": 32}, printing=True)
+    gpu_record = {**now, "matmul": "bf16"}
+    on_gpu = reference_bytes(sums, gpu_record)
+    assert on_gpu == reference_bytes(sums, dict(reversed(gpu_record.items())))  # the same bytes, whatever the order
+    read, record = reference_sums(on_gpu, corpus, ckpt, now, printing=True)
+    assert np.array_equal(read["val"], sums["val"]) and record["matmul"] == "bf16"  # written on as it was read
     assert "computed with bf16 matmuls, this attempt runs fp32" in capsys.readouterr().out

@@ -114,9 +114,10 @@ class Preference:
             raise CorpusError(f"{found.path}: the checkpoint resumed carries no {DPO_REFERENCE} (every checkpoint "
                               "of a DPO run does: it was written by a run that did not train DPO on this corpus); "
                               "start the DPO stage as a run of its own, with [init] from naming that checkpoint")
-        if found is not None:
-            sums = reference_sums(found.carried[DPO_REFERENCE], self.corpus, found.path, self.depends_on(host),
-                                  host.dist.is_main)
+        record = self.depends_on(host)
+        if found is not None:  # its record as read (a file without seq_len: the current one), written on as it was
+            sums, record = reference_sums(found.carried[DPO_REFERENCE], self.corpus, found.path, record,
+                                          host.dist.is_main)
         else:
             progress = PassProgress(self.rows.n_pairs + self.val.n_pairs, host.dist.is_main)
             sums = {"train": self.compute(host, self.rows, progress), "val": self.compute(host, self.val, progress)}
@@ -130,11 +131,11 @@ class Preference:
                            source="computed" if found is None else "checkpoint")
             print(f"minilmd: DPO reference log-probabilities of {pairs:,} pairs {how}", flush=True)
         batches = validation_pairs(self.val, self.cfg.data.val_windows, self.cfg.train.micro_batch_size)
-        return batches, {DPO_REFERENCE: reference_bytes(sums, self.corpus, self.depends_on(host))}
+        return batches, {DPO_REFERENCE: reference_bytes(sums, record)}
 
-    def depends_on(self, host: ReferenceHost) -> dict[str, str]:
+    def depends_on(self, host: ReferenceHost) -> dict:
         """What the sums depend on besides the reference model, as the reference file's metadata records it."""
-        return {"data_fingerprint": self.corpus.data_fingerprint, "seq_len": str(self.cfg.train.seq_len),
+        return {"data_fingerprint": self.corpus.data_fingerprint, "seq_len": self.cfg.train.seq_len,
                 "matmul": step_mod.matmul_dtype(self.cfg.train.dtype, host.device)}
 
     @torch.no_grad()
@@ -195,32 +196,39 @@ class PassProgress:
                   flush=True)
 
 
-def reference_bytes(sums: dict[str, np.ndarray], corpus: PreparedCorpus, depends_on: dict[str, str]) -> bytes:
+RECORD_KEY = "reference"
+"""The reference file's one metadata key: its record (Preference.depends_on) as JSON with sorted keys. One key, as
+safetensors writes several in no fixed order: the file's bytes (its sha256 in every manifest) would differ from one
+run to the next. A file written before the record has `data_fingerprint` alone as its key."""
+
+
+def reference_bytes(sums: dict[str, np.ndarray], record: dict) -> bytes:
     """The reference file: the sums, and what they depend on (Preference.depends_on) as its metadata. A file read
-    back is written again as it was read: its record is of the pass that computed the sums."""
+    back is written again with the record it was read with: that of the pass that computed the sums."""
     from safetensors.numpy import save
 
-    return save({name: np.ascontiguousarray(value) for name, value in sums.items()}, metadata=depends_on)
+    return save({name: np.ascontiguousarray(value) for name, value in sums.items()},
+                metadata={RECORD_KEY: json.dumps(record, sort_keys=True, separators=(",", ":"))})
 
 
-def reference_sums(raw: bytes, corpus: PreparedCorpus, ckpt, now: dict[str, str],
-                   printing: bool) -> dict[str, np.ndarray]:
+def reference_sums(raw: bytes, corpus: PreparedCorpus, ckpt, now: dict,
+                   printing: bool) -> tuple[dict[str, np.ndarray], dict]:
     """The sums in a reference file's bytes (as its checkpoint `ckpt`'s manifest vouches for them:
     resume.read_checkpoint), checked against the corpus (its fingerprint, one sum per document of each split):
     CorpusError when they do not fit it; and against this run's seq_len (`now`: Preference.depends_on): ConfigError
-    when they were computed at another."""
+    when they were computed at another. Returns them and the file's record (its seq_len filled in when it has none)."""
     from safetensors.numpy import load
 
     sums = load(raw)  # a safetensors file: its checkpoint's validation scanned it (find_latest)
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
-    recorded = header.get("__metadata__") or {}
+    recorded = _record(header.get("__metadata__") or {})
     fingerprint = recorded.get("data_fingerprint")
     expected = {"train": corpus.train.n_docs, "val": corpus.val.n_docs}
     if fingerprint != corpus.data_fingerprint or {k: v.shape for k, v in sums.items()} != \
             {k: (n,) for k, n in expected.items()}:
         raise CorpusError(f"{ckpt / DPO_REFERENCE}: reference sums of another corpus (fingerprint "
                           f"{fingerprint}, shapes {[v.shape for v in sums.values()]})")
-    then = recorded.get("seq_len", now["seq_len"])  # written before seq_len was recorded: the run's current one
+    then = recorded.setdefault("seq_len", now["seq_len"])  # a file without it: the run's current one
     if then != now["seq_len"]:
         raise ConfigError([f"train.seq_len is {now['seq_len']}; this DPO run's reference log-probs were computed at "
                            f"{then} ({Path(ckpt).name}): put it back, or start the DPO stage as a new run"],
@@ -228,4 +236,16 @@ def reference_sums(raw: bytes, corpus: PreparedCorpus, ckpt, now: dict[str, str]
     if printing and recorded.get("matmul", now["matmul"]) != now["matmul"]:
         print(f"minilmd: note: the DPO reference log-probs were computed with {recorded['matmul']} matmuls, this "
               f"attempt runs {now['matmul']}: the rewards carry the difference's rounding", flush=True)
-    return {name: np.asarray(value, dtype=np.float32) for name, value in sums.items()}
+    return {name: np.asarray(value, dtype=np.float32) for name, value in sums.items()}, recorded
+
+
+def _record(metadata: dict) -> dict:
+    """The record in a reference file's metadata; an older file's `data_fingerprint` alone; {} for one unreadable
+    (refused as of another corpus)."""
+    if RECORD_KEY not in metadata:
+        return {k: v for k, v in metadata.items() if k == "data_fingerprint"}
+    try:
+        record = json.loads(metadata[RECORD_KEY])
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
