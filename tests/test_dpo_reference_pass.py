@@ -132,8 +132,9 @@ def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(
     slow = f"{sys.executable} {SLOW_REFERENCE_TRAINER}"
     sup = start_supervisor(config, tmp_path / "supervisor.out", fake=False, **{TRAINER_CMD_ENV: slow})
     try:
-        wait_for(lambda: ((state(run_dir).get("progress") or {}).get("reference_pass") or [0])[0] > 0, 300,
-                 "the supervisor's state to name the reference pass")
+        named = lambda: ((state(run_dir).get("progress") or {}).get("reference_pass") or [0])[0] > 0
+        wait_for(lambda: sup.poll() is not None or named(), 300, "the supervisor's state to name the reference pass")
+        assert named(), (tmp_path / "supervisor.out").read_text()  # not ended first, the pass never named
         shown = cli("status", str(run_dir)).stdout
         assert re.search(r"  step 0  DPO reference pass [\d,]+/[\d,]+ pairs", shown), shown
         stopped = cli("stop", str(run_dir), timeout=300)
