@@ -9,7 +9,8 @@ A DPO run's train lines also carry REWARDS' keys, its eval lines the same with "
 "step" is the number of optimizer steps completed. The heartbeat file's body is that number too, followed by
 " compiling" while the first torch.compile'd step runs (the supervisor then allows restart.compile_timeout instead
 of restart.hang_timeout) and by " exiting" once training is over and the final checkpoint is saved, before the
-teardown (restart.exit_timeout then; a trainer that ends in any way after it has finished). It is rewritten (temp
+teardown (restart.exit_timeout then; a trainer that ends in any way after it has finished), and by " reference
+DONE/TOTAL" while a DPO run's reference pass runs (pairs done of all; `minilmd status` shows it). It is rewritten (temp
 file + rename, no fsync: it is a liveness signal, not data) after a step at most once a second, and always at a
 save, an evaluation, a phase change and the exit.
 "tok_s" (real tokens per second), "step_time" and so "mfu" cover the training time of the interval since the
@@ -89,10 +90,10 @@ class MetricsLog:
         with open(self.run_dir / METRICS, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
-    def heartbeat(self, step: int, phase: str = "", force: bool = False) -> bool:
-        """Refresh the heartbeat file with `step` (and `phase`: "", "compiling" or "exiting", names.HEARTBEAT_*):
-        when forced, when the phase changed, or when the last one is heartbeat_interval seconds old. Returns whether
-        it was written."""
+    def heartbeat(self, step: int, phase: str = "", force: bool = False, note: str = "") -> bool:
+        """Refresh the heartbeat file with `step` (and `phase`: "", "compiling", "reference" or "exiting",
+        names.HEARTBEAT_*, with its `note`, one word: the reference pass's "DONE/TOTAL"): when forced, when the
+        phase changed, or when the last one is heartbeat_interval seconds old. Returns whether it was written."""
         if not self.active:
             return False
         now = time.monotonic()
@@ -101,7 +102,7 @@ class MetricsLog:
             return False
         path = self.run_dir / HEARTBEAT
         tmp = path.with_name(f".{HEARTBEAT}.{os.getpid()}.tmp")
-        tmp.write_text(f"{step} {phase}\n" if phase else f"{step}\n", encoding="utf-8")
+        tmp.write_text(" ".join(str(w) for w in (step, phase, note) if w != "") + "\n", encoding="utf-8")
         os.replace(tmp, path)
         self._last_beat = (now, phase)
         return True

@@ -27,6 +27,7 @@ ATTEMPT_LOGS = "logs"  # logs/attempt-0001.log ... one per trainer launch
 METRICS = "metrics.jsonl"  # one JSON line per logged step (and eval, and checkpoint save)
 HEARTBEAT = "heartbeat"  # mtime refreshed about once a second of training; body "STEP" or "STEP PHASE"
 HEARTBEAT_COMPILING = "compiling"  # the phase while the first torch.compile'd step runs: restart.compile_timeout
+HEARTBEAT_REFERENCE = "reference"  # a DPO run's reference pass; body "STEP reference DONE/TOTAL" (pairs)
 HEARTBEAT_EXITING = "exiting"  # the phase once training is over (final checkpoint saved): restart.exit_timeout
 FAULT = "fault.json"  # written by the trainer just before it exits on a failure it can see
 FAULTS_FIRED = "faults-fired"  # injected faults (MINILMD_FAULT) that already fired in this run

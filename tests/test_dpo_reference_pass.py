@@ -1,21 +1,29 @@
 """A DPO run's reference pass that outlasts the supervisor's limits (found by a new user: the demo's pairs doubled,
 restart.hang_timeout 30s): the pass wrote no heartbeat, so the supervisor killed it as hung after its start-up
 grace, every restart computed it again from zero, and the run gave up (exit 79) before its first step. Each batch of
-the pass now refreshes the heartbeat, and a long pass prints its progress."""
+the pass now refreshes the heartbeat, and a long pass prints its progress. Found by a reviewer: status said nothing of
+the pass and a stop waited for its end; its heartbeat now says how far it is, and a stop ends it between batches."""
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from minilmd.config import load_config
+from minilmd.daemon.base.runstate import Heartbeat, RunState, read_heartbeat
+from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.child.trainerwatch import STARTUP_GRACE_S
-from minilmd.names import ATTEMPT_LOGS, TRAINER_CMD_ENV
-from minilmd.protocol import EXIT_DONE
+from minilmd.daemon.views.status import summary_lines
+from minilmd.names import ATTEMPT_LOGS, STATE, TRAINER_CMD_ENV
+from minilmd.protocol import EXIT_DONE, EXIT_STOPPED
 from minilmd.trainer.loop.dpo_reference import PassProgress
-from supervisor_helpers import events, run_supervisor, write_config
-from trainer_corpus import read_metrics
+from supervisor_helpers import cli, events, run_supervisor, start_supervisor, state, wait_for, write_config
+from trainer_corpus import child_env, read_metrics, run_paths, train
 
 SLOW_REFERENCE_TRAINER = Path(__file__).with_name("slow_reference_trainer.py")
 
@@ -68,3 +76,74 @@ def test_a_reference_pass_longer_than_the_hang_timeout_is_not_taken_for_a_hang(t
     assert made[0]["seconds"] > STARTUP_GRACE_S  # outlasted every limit the supervisor has before a first step
     log = (run_dir / ATTEMPT_LOGS / "attempt-0001.log").read_text()
     assert "minilmd: DPO reference pass: " in log and " pairs, " in log
+
+
+def _reference_beat(run_dir: Path, proc: subprocess.Popen) -> Heartbeat:
+    """The trainer's first heartbeat that says its reference pass has done some pairs (it sleeps per batch)."""
+    while proc.poll() is None:
+        beat = read_heartbeat(run_dir)
+        if beat is not None and beat.reference_pass() is not None and beat.reference_pass()[0] > 0:
+            return beat
+        time.sleep(0.2)
+    raise AssertionError(f"the trainer ended (exit {proc.returncode}) before its heartbeat named the pass")
+
+
+@pytest.mark.slow  # a trainer in a real process, stopped by a real SIGTERM in its (slowed) reference pass
+def test_status_shows_the_reference_pass_and_a_stop_during_it_exits_75_at_once_without_saving(tmp_path, dpo_corpus):
+    """Found by a reviewer: during a 208 s reference pass `minilmd status` said only "training ... step 0", and
+    `minilmd stop` took 86 s, the pass running to its end before the step-0 save (a pass longer than the stop grace
+    would be SIGKILLed, lost). The pass's progress is in the heartbeat, as status shows it, and a stop is acted on
+    between two of its batches: exit 75, nothing of the pass saved; the next start computes it again."""
+    config = write_config(tmp_path, dpo_corpus, name="stopref", data={"val_windows": 8},
+                          train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
+    run_dir, ckpt_dir = run_paths(config)
+    cmd = [sys.executable, str(SLOW_REFERENCE_TRAINER), "train", str(config)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env()) as proc:
+        try:
+            beat = _reference_beat(run_dir, proc)
+            held = RunState(run_dir / STATE, StateJson().to_dict())  # the supervisor's fold of the heartbeat
+            held.apply_progress([], beat)
+            shown = summary_lines(StateJson.from_dict(held.to_dict()), alive=True)
+            done, total = beat.reference_pass()
+            assert f"  step 0  DPO reference pass {done:,}/{total:,} pairs" in shown, shown
+            assert 0 < done < total
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    assert proc.returncode == EXIT_STOPPED, out
+    assert "SIGTERM received during the DPO reference pass" in out and "nothing saved" in out, out
+    said = re.search(r"during the DPO reference pass \(([\d,]+)/([\d,]+) pairs\)", out)
+    assert said and int(said[1].replace(",", "")) < int(said[2].replace(",", "")), out  # left in the middle
+    assert not read_metrics(run_dir, "dpo_reference") and not list(ckpt_dir.glob("step-*")), out
+    again = train(config)  # the real trainer: the pass computed again from the start, then trained
+    assert again.returncode == EXIT_DONE, again.stderr
+    assert [m["source"] for m in read_metrics(run_dir, "dpo_reference")] == ["computed"]
+    assert read_heartbeat(run_dir).reference_pass() is None  # training's heartbeats name no pass
+
+
+@pytest.mark.slow  # a supervisor and its real trainer, whose reference pass is slowed, stopped by `minilmd stop`
+def test_minilmd_status_and_stop_during_the_reference_pass_under_the_supervisor(tmp_path, dpo_corpus):
+    """What the operator sees and does: `minilmd status` names the pass and how far it is, `minilmd stop` ends it
+    between two batches and the supervisor ends stopped, with nothing of the pass saved."""
+    config = write_config(tmp_path, dpo_corpus, name="opstop", data={"val_windows": 8},
+                          train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
+    run_dir, ckpt_dir = run_paths(config)
+    slow = f"{sys.executable} {SLOW_REFERENCE_TRAINER}"
+    sup = start_supervisor(config, tmp_path / "supervisor.out", fake=False, **{TRAINER_CMD_ENV: slow})
+    try:
+        named = lambda: ((state(run_dir).get("progress") or {}).get("reference_pass") or [0])[0] > 0
+        wait_for(lambda: sup.poll() is not None or named(), 300, "the supervisor's state to name the reference pass")
+        assert named(), (tmp_path / "supervisor.out").read_text()  # not ended first, the pass never named
+        shown = cli("status", str(run_dir)).stdout
+        assert re.search(r"  step 0  DPO reference pass [\d,]+/[\d,]+ pairs", shown), shown
+        stopped = cli("stop", str(run_dir), timeout=300)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert sup.wait(120) == 0, (tmp_path / "supervisor.out").read_text()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    log = (run_dir / ATTEMPT_LOGS / "attempt-0001.log").read_text()
+    assert "SIGTERM received during the DPO reference pass" in log, log
+    assert not read_metrics(run_dir, "dpo_reference") and not list(ckpt_dir.glob("step-*"))

@@ -20,7 +20,7 @@ from minilmd.corpus.format import open_prepared
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.names import DPO_REFERENCE, FAULT_ENV
 from minilmd.plan.pairs import PairSampler
-from minilmd.protocol import EXIT_DONE
+from minilmd.protocol import EXIT_CONFIG, EXIT_DONE
 from minilmd.trainer.loop.objective_dpo import dpo_terms, sequence_logps
 from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
 from trainer_corpus import TINY_MODEL, read_metrics, resumed_step, run_paths, train, write_config
@@ -233,3 +233,52 @@ def test_a_resume_from_a_checkpoint_without_the_reference_is_refused_not_compute
     with pytest.raises(CorpusError, match=f"carries no {DPO_REFERENCE}"):
         preference.start(host=None, found=found)  # refused before the trainer's model is touched
     assert preference.seconds is None
+
+
+@pytest.mark.slow  # a DPO run, and two resumes of it, in real processes
+def test_a_resume_at_another_seq_len_is_refused_not_trained_on_reference_sums_of_other_rows(tmp_path, dpo_corpus):
+    """Found by a reviewer: a DPO run resumed with train.seq_len changed (64 -> 32) read its reference sums back, of
+    rows cut at 64, and trained the rows cut at 32 against them: exit 0, train loss 3.99, val_reward_chosen +6.07.
+    The reference file records its seq_len; another one is refused (exit 2) before a step is taken."""
+    config = _dpo_config(tmp_path, dpo_corpus, "cut", max_steps=4, checkpoint_every=4)
+    assert train(config).returncode == EXIT_DONE
+    run_dir, ckpt_dir = run_paths(config)
+    shorter = train(config, "train.max_steps=6", "train.seq_len=64")
+    assert shorter.returncode == EXIT_CONFIG, shorter.stdout + shorter.stderr
+    header = json.loads((raw := (ckpt_dir / "step-00000004" / DPO_REFERENCE).read_bytes())[8:8 + int.from_bytes(
+        raw[:8], "little")])
+    assert json.loads(header["__metadata__"]["reference"])["seq_len"] == 128
+    assert ("train.seq_len is 64; this DPO run's reference log-probs were computed at 128 (step-00000004): put it "
+            "back, or start the DPO stage as a new run") in shorter.stderr
+    assert [s["step"] for s in read_metrics(run_dir, "checkpoint")] == [0, 4]  # nothing trained, nothing saved
+    same = train(config, "train.max_steps=6")  # at its own seq_len it goes on, the reference read back
+    assert same.returncode == EXIT_DONE, same.stderr
+    assert [m["source"] for m in read_metrics(run_dir, "dpo_reference")] == ["computed", "checkpoint"]
+
+
+def test_a_reference_file_written_before_seq_len_was_recorded_is_read_at_the_runs_seq_len(dpo_corpus, capsys):
+    """A reference file of an older minilmd records only the corpus's fingerprint: taken as computed at the run's
+    current seq_len (nothing says otherwise); one that records a seq_len is held to it, and one of other matmuls
+    is read with a note (a run moved from a bf16 GPU to a CPU: its rounding, not other rows)."""
+    from safetensors.numpy import save
+
+    from minilmd.config import ConfigError
+    from minilmd.trainer.loop.dpo_reference import reference_bytes, reference_sums
+
+    corpus = open_prepared(dpo_corpus[0])
+    sums = {"train": np.arange(corpus.train.n_docs, dtype=np.float32), "val": np.ones(corpus.val.n_docs, np.float32)}
+    now = {"data_fingerprint": corpus.data_fingerprint, "seq_len": 128, "matmul": "fp32"}
+    old = save(sums, metadata={"data_fingerprint": corpus.data_fingerprint})
+    ckpt = dpo_corpus[0] / "step-00000012"
+    read, record = reference_sums(old, corpus, ckpt, now, printing=True)
+    assert np.array_equal(read["train"], sums["train"]) and capsys.readouterr().out == ""
+    assert record == {"data_fingerprint": corpus.data_fingerprint, "seq_len": 128}  # held to it from now on
+    with pytest.raises(ConfigError, match="train.seq_len is 32; this DPO run's reference log-probs were computed "
+                                          r"at 128 \(step-00000012\)"):
+        reference_sums(reference_bytes(sums, record), corpus, ckpt, {**now, "seq_len": 32}, printing=True)
+    gpu_record = {**now, "matmul": "bf16"}
+    on_gpu = reference_bytes(sums, gpu_record)
+    assert on_gpu == reference_bytes(sums, dict(reversed(gpu_record.items())))  # the same bytes, whatever the order
+    read, record = reference_sums(on_gpu, corpus, ckpt, now, printing=True)
+    assert np.array_equal(read["val"], sums["val"]) and record["matmul"] == "bf16"  # written on as it was read
+    assert "computed with bf16 matmuls, this attempt runs fp32" in capsys.readouterr().out

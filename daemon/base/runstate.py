@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -235,6 +236,7 @@ class RunState(StateJson):
                                                         path=rec.get("path"), blocking_s=rec.get("blocking_s"))
         if beat is not None:
             progress.heartbeat = beat.mtime
+            progress.reference_pass = beat.reference_pass()
             if beat.step is not None and (progress.step is None or beat.step > progress.step):
                 progress.step = beat.step
 
@@ -374,7 +376,16 @@ class Heartbeat(NamedTuple):
     mtime: float
     step: int | None
     phase: str
-    """"compiling" during the trainer's first torch.compile'd step, "exiting" once training is over, else ""."""
+    """"compiling" during the trainer's first torch.compile'd step, "exiting" once training is over, "reference"
+    during a DPO run's reference pass, else ""."""
+    note: str = ""
+    """What follows the phase: the reference pass's "DONE/TOTAL" pairs."""
+
+    def reference_pass(self) -> list[int] | None:
+        """[pairs done, pairs in all] while a DPO run's reference pass runs, else None (or a body that is not one)."""
+        if self.phase != names.HEARTBEAT_REFERENCE or not re.fullmatch(r"[0-9]{1,12}/[0-9]{1,12}", self.note):
+            return None
+        return [int(n) for n in self.note.split("/")]
 
 
 def read_heartbeat(run_dir: Path) -> Heartbeat | None:
@@ -387,4 +398,4 @@ def read_heartbeat(run_dir: Path) -> Heartbeat | None:
         step = int(body[0]) if body else None
     except ValueError:
         step = None
-    return Heartbeat(mtime, step, body[1] if len(body) > 1 else "")
+    return Heartbeat(mtime, step, body[1] if len(body) > 1 else "", " ".join(body[2:]))

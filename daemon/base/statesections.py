@@ -186,7 +186,7 @@ class SpaceWait(Section):
 
 @dataclass
 class Progress(Section):
-    OMIT_WHEN_NONE = ("rewards",)
+    OMIT_WHEN_NONE = ("rewards", "reference_pass")
 
     step: int | None = None
     """The trainer's latest step (metrics.jsonl or its heartbeat, whichever is newer)."""
@@ -211,6 +211,8 @@ class Progress(Section):
     rewards: dict | None = None
     """A DPO run's latest rewards (minilmd.metrics.REWARDS' keys from its latest train line, and with "val_" before
     them from its latest eval line); absent for another run."""
+    reference_pass: list[int] | None = None
+    """[pairs done, pairs in all] of a DPO run's reference pass while its heartbeat says it runs; absent otherwise."""
 
 
 @dataclass

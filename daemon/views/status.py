@@ -115,6 +115,8 @@ def _progress_lines(p: Progress, alive: bool) -> list[str]:
         parts.append(f"{p.tok_s:,.0f} tok/s")
     if p.eta_s is not None and alive:
         parts.append(f"ETA {fmt_duration(p.eta_s)}")
+    if alive and (ref := p.reference_pass) and len(ref) == 2:  # read typed: a list of ints
+        parts.append(f"DPO reference pass {ref[0]:,}/{ref[1]:,} pairs")  # before step 0: training waits for it
     return ["  " + "  ".join(parts)]
 
 

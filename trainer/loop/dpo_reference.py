@@ -11,8 +11,19 @@ restart, or a resume on another machine, reads the sums back (their sha256 check
 rest of the checkpoint: by rank 0 alone when the job spans nodes, trainer/loop/resume.py and multinode.py) and never
 computes them again; the training step holds one model.
 The seconds the computation took are printed and written to metrics.jsonl (`dpo_reference`). The pass can
-outlast restart.hang_timeout (2,446 pairs: 40 s on a CPU): each batch refreshes the heartbeat, and a pass over
-10 s prints its progress (PassProgress).
+outlast restart.hang_timeout (2,446 pairs: 40 s on a CPU): each batch refreshes the heartbeat, with the phase
+"reference" and the pairs done ("0 reference 1200/3000": `minilmd status` shows "DPO reference pass 1,200/3,000
+pairs"), and a pass over 10 s prints its progress (PassProgress). A stop (SIGTERM/SIGINT: the Trainer's StopFlag)
+is acted on between two batches, agreed by every rank: the trainer exits 75 (StoppedInPass) without saving any of
+the pass, which the next start computes again from the start.
+
+The sums are a function of the reference model, the corpus and the rows as train.seq_len cuts them, so the file's
+metadata records the corpus's fingerprint, the seq_len (which also sets the loss chunking: chunk_rows_for) and the
+matmul precision; a resume at another seq_len is refused (ConfigError: exit 2) rather than trained on sums of other
+rows: the reference model (the init weights) may no longer be at hand to compute them again. A file written before
+seq_len was recorded is taken as computed at the run's current seq_len (it was then the only one the run knew: a
+changed seq_len went unchecked before). Another matmul precision (a run moved from a bf16 GPU to a CPU) only shifts
+the sums by its rounding: said, not refused, as resuming on another machine is a promise.
 """
 from __future__ import annotations
 
@@ -20,21 +31,24 @@ import json
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
-from minilmd.config import RunConfig
+from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.corpus.format import PreparedCorpus
 from minilmd.corpus_meta import CorpusError
 from minilmd.metrics import MetricsLog
-from minilmd.names import DPO_REFERENCE
+from minilmd.names import DPO_REFERENCE, HEARTBEAT_REFERENCE
 from minilmd.plan.pairs import PairRows, PairSampler, check_pairs_fit, validation_pairs
 from minilmd.plan.sampler_base import Batch
 from minilmd.probes import DPO_WITHOUT_INIT
 from minilmd.trainer.loop import step as step_mod
+from minilmd.trainer.loop.exits import StoppedInPass
+from minilmd.trainer.loop.guards import StopFlag, agree
 from minilmd.trainer.loop.objective_dpo import sequence_logps
 from minilmd.trainer.model.loss import chunk_rows_for
 
@@ -47,7 +61,7 @@ if TYPE_CHECKING:
 class ReferenceHost(Protocol):
     """What the reference pass uses of the run (the Trainer, trainer/loop/train.py): the model as the run starts from
     it, where it runs and with what autocast (the training step's own), the ranks, the metrics log (a heartbeat per
-    batch) and the step it is at."""
+    batch), the step it is at and its stop flag (checked between batches)."""
 
     @property
     def model(self) -> MiniMindForCausalLM: ...
@@ -61,6 +75,8 @@ class ReferenceHost(Protocol):
     def dist(self) -> Dist: ...
     @property
     def step(self) -> int: ...
+    @property
+    def stop(self) -> StopFlag: ...
 
 
 class Preference:
@@ -101,8 +117,10 @@ class Preference:
             raise CorpusError(f"{found.path}: the checkpoint resumed carries no {DPO_REFERENCE} (every checkpoint "
                               "of a DPO run does: it was written by a run that did not train DPO on this corpus); "
                               "start the DPO stage as a run of its own, with [init] from naming that checkpoint")
-        if found is not None:
-            sums = reference_sums(found.carried[DPO_REFERENCE], self.corpus, f"{found.path / DPO_REFERENCE}")
+        record = self.depends_on(host)
+        if found is not None:  # its record as read (a file without seq_len: the current one), written on as it was
+            sums, record = reference_sums(found.carried[DPO_REFERENCE], self.corpus, found.path, record,
+                                          host.dist.is_main)
         else:
             progress = PassProgress(self.rows.n_pairs + self.val.n_pairs, host.dist.is_main)
             sums = {"train": self.compute(host, self.rows, progress), "val": self.compute(host, self.val, progress)}
@@ -116,7 +134,12 @@ class Preference:
                            source="computed" if found is None else "checkpoint")
             print(f"minilmd: DPO reference log-probabilities of {pairs:,} pairs {how}", flush=True)
         batches = validation_pairs(self.val, self.cfg.data.val_windows, self.cfg.train.micro_batch_size)
-        return batches, {DPO_REFERENCE: reference_bytes(sums, self.corpus)}
+        return batches, {DPO_REFERENCE: reference_bytes(sums, record)}
+
+    def depends_on(self, host: ReferenceHost) -> dict:
+        """What the sums depend on besides the reference model, as the reference file's metadata records it."""
+        return {"data_fingerprint": self.corpus.data_fingerprint, "seq_len": self.cfg.train.seq_len,
+                "matmul": step_mod.matmul_dtype(self.cfg.train.dtype, host.device)}
 
     @torch.no_grad()
     def compute(self, host: ReferenceHost, rows: PairRows, progress: PassProgress) -> np.ndarray:
@@ -138,8 +161,10 @@ class Preference:
                 with autocast():
                     sums = sequence_logps(model, on_device.ids, on_device.labels, on_device.positions, chunk_rows)
                 out[rows.documents(pairs)] = sums.float().cpu().numpy()
-                host.log.heartbeat(host.step)
                 progress.advance(len(pairs))
+                host.log.heartbeat(host.step, phase=HEARTBEAT_REFERENCE, note=f"{progress.done}/{progress.total}")
+                if agree(host.dist, host.stop.requested, False)[0]:  # every rank leaves at the same batch
+                    raise StoppedInPass(host.stop.signal_name, progress.done, progress.total)
         finally:
             model.train(was_training)
         return out
@@ -174,25 +199,56 @@ class PassProgress:
                   flush=True)
 
 
-def reference_bytes(sums: dict[str, np.ndarray], corpus: PreparedCorpus) -> bytes:
+RECORD_KEY = "reference"
+"""The reference file's one metadata key: its record (Preference.depends_on) as JSON with sorted keys. One key, as
+safetensors writes several in no fixed order: the file's bytes (its sha256 in every manifest) would differ from one
+run to the next. A file written before the record has `data_fingerprint` alone as its key."""
+
+
+def reference_bytes(sums: dict[str, np.ndarray], record: dict) -> bytes:
+    """The reference file: the sums, and what they depend on (Preference.depends_on) as its metadata. A file read
+    back is written again with the record it was read with: that of the pass that computed the sums."""
     from safetensors.numpy import save
 
     return save({name: np.ascontiguousarray(value) for name, value in sums.items()},
-                metadata={"data_fingerprint": corpus.data_fingerprint})
+                metadata={RECORD_KEY: json.dumps(record, sort_keys=True, separators=(",", ":"))})
 
 
-def reference_sums(raw: bytes, corpus: PreparedCorpus, where: str) -> dict[str, np.ndarray]:
-    """The sums in a reference file's bytes (as its checkpoint's manifest vouches for them: resume.read_checkpoint),
-    checked against the corpus (its fingerprint, one sum per document of each split). CorpusError when they do not
-    fit it."""
+def reference_sums(raw: bytes, corpus: PreparedCorpus, ckpt, now: dict,
+                   printing: bool) -> tuple[dict[str, np.ndarray], dict]:
+    """The sums in a reference file's bytes (as its checkpoint `ckpt`'s manifest vouches for them:
+    resume.read_checkpoint), checked against the corpus (its fingerprint, one sum per document of each split):
+    CorpusError when they do not fit it; and against this run's seq_len (`now`: Preference.depends_on): ConfigError
+    when they were computed at another. Returns them and the file's record (its seq_len filled in when it has none)."""
     from safetensors.numpy import load
 
     sums = load(raw)  # a safetensors file: its checkpoint's validation scanned it (find_latest)
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
-    fingerprint = (header.get("__metadata__") or {}).get("data_fingerprint")
+    recorded = _record(header.get("__metadata__") or {})
+    fingerprint = recorded.get("data_fingerprint")
     expected = {"train": corpus.train.n_docs, "val": corpus.val.n_docs}
     if fingerprint != corpus.data_fingerprint or {k: v.shape for k, v in sums.items()} != \
             {k: (n,) for k, n in expected.items()}:
-        raise CorpusError(f"{where}: reference sums of another corpus (fingerprint "
+        raise CorpusError(f"{ckpt / DPO_REFERENCE}: reference sums of another corpus (fingerprint "
                           f"{fingerprint}, shapes {[v.shape for v in sums.values()]})")
-    return {name: np.asarray(value, dtype=np.float32) for name, value in sums.items()}
+    then = recorded.setdefault("seq_len", now["seq_len"])  # a file without it: the run's current one
+    if then != now["seq_len"]:
+        raise ConfigError([f"train.seq_len is {now['seq_len']}; this DPO run's reference log-probs were computed at "
+                           f"{then} ({Path(ckpt).name}): put it back, or start the DPO stage as a new run"],
+                          source=str(ckpt / DPO_REFERENCE))
+    if printing and recorded.get("matmul", now["matmul"]) != now["matmul"]:
+        print(f"minilmd: note: the DPO reference log-probs were computed with {recorded['matmul']} matmuls, this "
+              f"attempt runs {now['matmul']}: the rewards carry the difference's rounding", flush=True)
+    return {name: np.asarray(value, dtype=np.float32) for name, value in sums.items()}, recorded
+
+
+def _record(metadata: dict) -> dict:
+    """The record in a reference file's metadata; an older file's `data_fingerprint` alone; {} for one unreadable
+    (refused as of another corpus)."""
+    if RECORD_KEY not in metadata:
+        return {k: v for k, v in metadata.items() if k == "data_fingerprint"}
+    try:
+        record = json.loads(metadata[RECORD_KEY])
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}

@@ -1,5 +1,6 @@
-"""The exit status of a trainer that failed with a full scratch or crashed (trainer/loop/train.py run(); the
-statuses in minilmd/protocol.py): what is written for the supervisor (fault.json) and said on stderr."""
+"""The exit status of a trainer that failed with a full scratch, crashed, or was stopped before its loop began
+(trainer/loop/train.py run(); the statuses in minilmd/protocol.py): what is written for the supervisor (fault.json)
+and said on stderr."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +8,7 @@ import traceback
 
 from minilmd.config import RunConfig
 from minilmd.cuda_oom import cuda_oom_source, first_line
-from minilmd.protocol import EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_SCRATCH_FULL, write_fault
+from minilmd.protocol import EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_SCRATCH_FULL, EXIT_STOPPED, write_fault
 from minilmd.trainer.loop import determinism
 
 
@@ -22,9 +23,22 @@ def scratch_full(cfg: RunConfig, e, step: int) -> int:
     return EXIT_SCRATCH_FULL
 
 
+class StoppedInPass(Exception):
+    """A stop (SIGTERM/SIGINT) acted on during the DPO reference pass (trainer/loop/dpo_reference.py), before the
+    Trainer exists: nothing of the pass is saved (the next start computes it again), the run exits 75."""
+
+    def __init__(self, signal_name: str, done: int, total: int):
+        super().__init__(f"{signal_name or 'stop'} received during the DPO reference pass ({done:,}/{total:,} pairs); "
+                         f"nothing saved: the next start computes the reference again")
+
+
 def crashed(cfg: RunConfig, e: Exception, dist, step: int) -> int:
-    """Any other crash: a refused deterministic kernel (the same next time: a config error), a CUDA OOM in any of
-    its shapes (fault.json written first), else its traceback to the log and a restartable exit status."""
+    """Any other exception: a stop during the DPO reference pass (75), a refused deterministic kernel (the same
+    next time: a config error), a CUDA OOM in any of its shapes (fault.json written first), else its traceback to
+    the log and a restartable exit status."""
+    if isinstance(e, StoppedInPass):
+        print(f"minilmd: {e}", flush=True)
+        return EXIT_STOPPED
     if (refused := determinism.refusal(e, cfg)) is not None:
         print(f"minilmd train: {refused}", file=sys.stderr)
         return EXIT_CONFIG
