@@ -79,6 +79,8 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         print(f"pid {pid}, named by {names.LOCK}, is not proven to be this run's supervisor ({why}): not "
               f"signalled", file=out)
         return protocol.STOP_FAILED
+    if request is not None:
+        _request_left_words(request, out)
     started = time.monotonic()
     last_phase = None
     while process_alive(pid, ticks):
@@ -108,6 +110,13 @@ def _leave_request(scope: procs.RunScope, out) -> Path | None:
         print(f"{scope.run_dir}: the stop request cannot be written ({why}): a launcher's restart still to come would "
               f"start the run", file=out)
         return None
+
+
+def _request_left_words(request: Path, out) -> None:
+    """The request outlives the supervisor just signalled: say so, and what clears it (`status` shows it too)."""
+    print(f"  stop request left at {request}: an automatic restart (the tmux window's, a Slurm requeue) will not "
+          f"start the run; a start by hand (`minilmd run`, the tmux launcher, sbatch) clears it", file=out,
+          flush=True)
 
 
 def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> None:
