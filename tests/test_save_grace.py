@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from deploy_helpers import parse_unit, systemd_seconds
-from minilmd import names
+from minilmd import names, protocol
 from minilmd.config import load_config
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child.grace import DEFAULT_SAVE_GRACE_S, orphan_save_grace, save_grace
@@ -58,6 +59,31 @@ def test_stop_gives_an_orphaned_trainer_the_grace_its_supervisor_would_have(tmp_
         assert f"left by a killed supervisor: SIGTERM (they save first), SIGKILL after {grace}s" in out.getvalue(), \
             out.getvalue()
         assert orphans.find_orphans(run_dir) == []
+    finally:
+        child.kill_group()
+
+
+@pytest.mark.slow
+def test_stop_timeout_bounds_the_wait_for_an_orphan_and_a_helper_kills_it_at_the_grace(tmp_path):
+    """`stop --timeout` ("gives up waiting after that long: exit 1; the stop goes on") waited the whole grace for an
+    orphaned trainer (restart.hang_timeout, 10 min by default). Now it waits --timeout, exits 1 saying what goes
+    on, and a detached helper SIGKILLs the trainer at the grace: the stop does go on once `stop` has exited."""
+    run_dir = run_with_config(tmp_path, "5s")
+    ready = tmp_path / "ignores-sigterm"
+    child = launch([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                    "open(sys.argv[1], 'w').close(); time.sleep(120)", str(ready)], run_dir, 1, devices="")
+    threading.Thread(target=child.popen.wait, daemon=True).start()  # a save that does not end: only SIGKILL ends it
+    wait_until(ready.exists, 30, "the trainer to ignore SIGTERM")
+    wait_until(lambda: child.pid in orphans.find_orphans(run_dir), 10, "the trainer among the run's orphans")
+    try:
+        out = io.StringIO()
+        assert views_stop.stop(run_dir, timeout=1, out=out) == protocol.STOP_FAILED, out.getvalue()
+        said = out.getvalue()
+        assert f"[{child.pid}] still saving after 1s: not waited for any longer (exit 1); the stop goes on" in said
+        assert "SIGKILLs them 5s after the SIGTERM if they have not exited by then" in said, said
+        assert child.popen.poll() is None  # stop returned before the grace; the helper kills it there
+        wait_until(lambda: child.popen.poll() is not None, 60, "the helper to SIGKILL the trainer at the grace")
+        assert child.popen.returncode == -signal.SIGKILL
     finally:
         child.kill_group()
 
