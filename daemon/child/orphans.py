@@ -99,7 +99,9 @@ def sigterm_orphans(run_dir: Path) -> tuple[procs.Launch | None, list[tuple[int,
     """terminate_orphans' first half, for `minilmd stop --timeout` (which may not wait the whole grace): SIGTERM
     each orphan; the recorded launch and (pid, start ticks) of each."""
     launch, alive = _orphans(run_dir)
-    for pid, ticks in alive if launch is not None else []:
+    if launch is None:
+        return None, []
+    for pid, ticks in alive:
         launch.signal(pid, ticks, signal.SIGTERM)
     return launch, alive
 
