@@ -19,9 +19,15 @@ from deploy_helpers import parse_unit, systemd_seconds
 from minilmd import names, protocol
 from minilmd.config import load_config
 from minilmd.daemon.child import orphans, trainerwatch
-from minilmd.daemon.child.grace import DEFAULT_SAVE_GRACE_S, orphan_save_grace, save_grace
+from minilmd.daemon.child.grace import (
+    DEFAULT_SAVE_GRACE_S,
+    LAST_SYNC_MARGIN_S,
+    STOP_WAITS_FOR_STAGING_S,
+    SYSTEMD_STOP_TIMEOUT_S,
+    orphan_save_grace,
+    save_grace,
+)
 from minilmd.daemon.child.process import launch
-from minilmd.daemon.ending import STOP_WAITS_FOR_STAGING_S
 from minilmd.daemon.views import stop as views_stop
 from waiting import wait_until
 
@@ -141,8 +147,10 @@ def test_every_grace_before_sigkill_comes_from_the_grace_module():
 def test_the_unit_allows_the_default_grace_and_the_last_sync_and_the_runbook_says_so():
     unit = parse_unit((REPO / "deploy" / "minilmd@.service").read_text(encoding="utf-8"))
     stop_s = systemd_seconds(unit["Service"]["TimeoutStopSec"][0])
+    assert stop_s == SYSTEMD_STOP_TIMEOUT_S  # the figure `run --check` compares restart.hang_timeout with
     # the trainer's save, then a staging copy still running, then at least a minute for the last sync
-    assert stop_s >= DEFAULT_SAVE_GRACE_S + STOP_WAITS_FOR_STAGING_S + 60, stop_s
+    assert stop_s >= DEFAULT_SAVE_GRACE_S + STOP_WAITS_FOR_STAGING_S + LAST_SYNC_MARGIN_S >= \
+        DEFAULT_SAVE_GRACE_S + STOP_WAITS_FOR_STAGING_S + 60, stop_s
     ops = " ".join((REPO / "docs" / "operations.md").read_text(encoding="utf-8").split())
     said = re.search(r"\(the unit allows (\d+) minutes: the trainer's save grace, `restart\.hang_timeout`, (\d+) min "
                      r"by default, then the last sync\)", ops)
@@ -161,3 +169,20 @@ def test_slurms_lead_time_is_what_the_runbook_says_bounds_the_save():
     ops = " ".join((REPO / "docs" / "operations.md").read_text(encoding="utf-8").split())
     assert (f"Here the time limit, not `restart.hang_timeout`, bounds the trainer's save and the last sync: {lead} s, "
             f"then Slurm's SIGTERM and its `KillWait`") in ops
+
+
+@pytest.mark.slow
+def test_check_notes_a_hang_timeout_the_systemd_unit_does_not_allow_a_stop(tmp_path, corpus):
+    """A restart.hang_timeout that, with a staging copy's wait and the last sync, outlasts the unit's TimeoutStopSec:
+    under systemd the stop ends in systemd's SIGKILL before the trainer's save. `run --check` said nothing."""
+    from supervisor_helpers import cli, write_config
+
+    slow = write_config(tmp_path, corpus, name="slow", restart={"hang_timeout": SLOW_SAVE})
+    shown = cli("run", "--check", str(slow))
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert (f"note: restart.hang_timeout = {SLOW_SAVE}: a stop may take 22 min (the trainer's save, 1200s, then a "
+            "staging copy and the last sync), more than the systemd unit allows (deploy/minilmd@.service "
+            "TimeoutStopSec=15min): under systemd set TimeoutStopSec=22min or more") in shown.stdout, shown.stdout
+    default = write_config(tmp_path, corpus, name="default", restart={"hang_timeout": "10m"})
+    shown = cli("run", "--check", str(default))
+    assert shown.returncode == 0 and "TimeoutStopSec" not in shown.stdout, shown.stdout + shown.stderr
