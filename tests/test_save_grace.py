@@ -70,7 +70,8 @@ def test_stop_gives_an_orphaned_trainer_the_grace_its_supervisor_would_have(tmp_
 
 
 @pytest.mark.slow
-def test_stop_timeout_bounds_the_wait_for_an_orphan_and_a_helper_kills_it_at_the_grace(tmp_path):
+@pytest.mark.parametrize("named", ["absolute", "relative"])
+def test_stop_timeout_bounds_the_wait_for_an_orphan_and_a_helper_kills_it_at_the_grace(tmp_path, monkeypatch, named):
     """`stop --timeout` ("gives up waiting after that long: exit 1; the stop goes on") waited the whole grace for an
     orphaned trainer (restart.hang_timeout, 10 min by default). Now it waits --timeout, exits 1 saying what goes
     on, and a detached helper SIGKILLs the trainer at the grace: the stop does go on once `stop` has exited."""
@@ -83,7 +84,9 @@ def test_stop_timeout_bounds_the_wait_for_an_orphan_and_a_helper_kills_it_at_the
     wait_until(lambda: child.pid in orphans.find_orphans(run_dir), 10, "the trainer among the run's orphans")
     try:
         out = io.StringIO()
-        assert views_stop.stop(run_dir, timeout=1, out=out) == protocol.STOP_FAILED, out.getvalue()
+        monkeypatch.chdir(tmp_path)  # `minilmd stop run` from beside it: the helper runs in "/"
+        named_as = run_dir if named == "absolute" else Path(run_dir.name)
+        assert views_stop.stop(named_as, timeout=1, out=out) == protocol.STOP_FAILED, out.getvalue()
         said = out.getvalue()
         assert f"[{child.pid}] still saving after 1s: not waited for any longer (exit 1); the stop goes on" in said
         assert "SIGKILLs them 5s after the SIGTERM if they have not exited by then" in said, said

@@ -132,11 +132,12 @@ def _kill_what_is_left(launch: procs.Launch, alive: list[tuple[int, int]], while
     _poll_until_gone([*alive, *late], REAP_S, 0.05, while_waiting)
 
 
-def hand_over_kill(run_dir: Path, launch_id: str, seconds: float) -> int:
+def hand_over_kill(launch: procs.Launch, seconds: float) -> int:
     """Start the detached helper that SIGKILLs what is left of that launch after `seconds` (kill_orphans_after):
     a session of its own, no terminal, so `stop` may exit before the grace ends and a closed terminal does not end
-    the helper. Its pid."""
-    helper = subprocess.Popen([sys.executable, "-m", __name__, str(run_dir), launch_id, f"{seconds:.1f}"],
+    the helper. It gets the run directory as the launch's scope resolved it (absolute: it runs in "/"). Its pid."""
+    argv = [str(launch.scope.run_dir), launch.launch_id, f"{seconds:.1f}"]
+    helper = subprocess.Popen([sys.executable, "-m", __name__, *argv],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, close_fds=True, cwd="/")
     return helper.pid

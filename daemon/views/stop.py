@@ -183,7 +183,7 @@ def _stop_orphans_within(run_dir: Path, timeout: float, grace: float, out) -> in
     if launch is None or not left:
         print("  stopped", file=out)
         return protocol.STOP_DONE
-    helper = hand_over_kill(run_dir, launch.launch_id, max(0.0, grace - (time.monotonic() - started)))
+    helper = hand_over_kill(launch, max(0.0, grace - (time.monotonic() - started)))
     print(f"  trainer process(es) {left} still saving after {timeout:.0f}s: not waited for any longer (exit "
           f"{protocol.STOP_FAILED}); the stop goes on: helper pid {helper} SIGKILLs them {grace:.0f}s after the "
           f"SIGTERM if they have not exited by then (`minilmd status {run_dir}` shows them meanwhile)", file=out)
