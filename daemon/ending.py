@@ -19,7 +19,7 @@ from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import EventLog, RunState, now
 from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
-from minilmd.daemon.child.grace import save_grace
+from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
 from minilmd.daemon.child.process import Child
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
@@ -29,9 +29,6 @@ from minilmd.daemon.phases.gpuwait import GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch
 from minilmd.daemon.runfiles import RunFiles
 from minilmd.daemon.slurm.job import SlurmJob
-
-STOP_WAITS_FOR_STAGING_S = 30.0
-"""On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it)."""
 
 
 class Ending:

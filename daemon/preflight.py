@@ -118,6 +118,24 @@ def remote_entry_problems(cfg: RunConfig) -> list[str]:
             f"removed, or give run.remote a directory of this run's own" for what in (found if answered else [])]
 
 
+def systemd_stop_note(cfg: RunConfig) -> str | None:
+    """A `run --check` note when a stop of this run may take longer than the systemd unit lets it
+    (deploy/minilmd@.service TimeoutStopSec: daemon/child/grace.py): under systemd, SIGKILL would end the trainer's
+    save (or the last sync) before its end. Not a problem: a run under tmux or Slurm has no such bound here."""
+    from math import ceil
+
+    from minilmd.daemon.child.grace import SYSTEMD_STOP_TIMEOUT_S, save_grace, stop_takes_s
+
+    takes = stop_takes_s(cfg)
+    if takes <= SYSTEMD_STOP_TIMEOUT_S:
+        return None
+    return (f"restart.hang_timeout = {cfg.restart.hang_timeout}: a stop may take {ceil(takes / 60)} min (the "
+            f"trainer's save, {save_grace(cfg):.0f}s, then a staging copy and the last sync), more than the systemd "
+            f"unit allows (deploy/minilmd@.service TimeoutStopSec={SYSTEMD_STOP_TIMEOUT_S / 60:.0f}min): under "
+            f"systemd set TimeoutStopSec={ceil(takes / 60)}min or more in the unit, or systemd SIGKILLs the run "
+            f"before the save ends")
+
+
 def launch(config_path: str, overrides: list[str] | None = None) -> RunConfig:
     """check(), then claim scratch for this run; raises ConfigError (exit 2) if either refuses. The command
     (`minilmd run`) has given the process the run's identity before this (minilmd/procs.py

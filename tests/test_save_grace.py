@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -15,12 +16,18 @@ from pathlib import Path
 import pytest
 
 from deploy_helpers import parse_unit, systemd_seconds
-from minilmd import names
+from minilmd import names, protocol
 from minilmd.config import load_config
 from minilmd.daemon.child import orphans, trainerwatch
-from minilmd.daemon.child.grace import DEFAULT_SAVE_GRACE_S, orphan_save_grace, save_grace
+from minilmd.daemon.child.grace import (
+    DEFAULT_SAVE_GRACE_S,
+    LAST_SYNC_MARGIN_S,
+    STOP_WAITS_FOR_STAGING_S,
+    SYSTEMD_STOP_TIMEOUT_S,
+    orphan_save_grace,
+    save_grace,
+)
 from minilmd.daemon.child.process import launch
-from minilmd.daemon.ending import STOP_WAITS_FOR_STAGING_S
 from minilmd.daemon.views import stop as views_stop
 from waiting import wait_until
 
@@ -58,6 +65,34 @@ def test_stop_gives_an_orphaned_trainer_the_grace_its_supervisor_would_have(tmp_
         assert f"left by a killed supervisor: SIGTERM (they save first), SIGKILL after {grace}s" in out.getvalue(), \
             out.getvalue()
         assert orphans.find_orphans(run_dir) == []
+    finally:
+        child.kill_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("named", ["absolute", "relative"])
+def test_stop_timeout_bounds_the_wait_for_an_orphan_and_a_helper_kills_it_at_the_grace(tmp_path, monkeypatch, named):
+    """`stop --timeout` ("gives up waiting after that long: exit 1; the stop goes on") waited the whole grace for an
+    orphaned trainer (restart.hang_timeout, 10 min by default). Now it waits --timeout, exits 1 saying what goes
+    on, and a detached helper SIGKILLs the trainer at the grace: the stop does go on once `stop` has exited."""
+    run_dir = run_with_config(tmp_path, "5s")
+    ready = tmp_path / "ignores-sigterm"
+    child = launch([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                    "open(sys.argv[1], 'w').close(); time.sleep(120)", str(ready)], run_dir, 1, devices="")
+    threading.Thread(target=child.popen.wait, daemon=True).start()  # a save that does not end: only SIGKILL ends it
+    wait_until(ready.exists, 30, "the trainer to ignore SIGTERM")
+    wait_until(lambda: child.pid in orphans.find_orphans(run_dir), 10, "the trainer among the run's orphans")
+    try:
+        out = io.StringIO()
+        monkeypatch.chdir(tmp_path)  # `minilmd stop run` from beside it: the helper runs in "/"
+        named_as = run_dir if named == "absolute" else Path(run_dir.name)
+        assert views_stop.stop(named_as, timeout=1, out=out) == protocol.STOP_FAILED, out.getvalue()
+        said = out.getvalue()
+        assert f"[{child.pid}] still saving after 1s: not waited for any longer (exit 1); the stop goes on" in said
+        assert "SIGKILLs them 5s after the SIGTERM if they have not exited by then" in said, said
+        assert child.popen.poll() is None  # stop returned before the grace; the helper kills it there
+        wait_until(lambda: child.popen.poll() is not None, 60, "the helper to SIGKILL the trainer at the grace")
+        assert child.popen.returncode == -signal.SIGKILL
     finally:
         child.kill_group()
 
@@ -115,8 +150,10 @@ def test_every_grace_before_sigkill_comes_from_the_grace_module():
 def test_the_unit_allows_the_default_grace_and_the_last_sync_and_the_runbook_says_so():
     unit = parse_unit((REPO / "deploy" / "minilmd@.service").read_text(encoding="utf-8"))
     stop_s = systemd_seconds(unit["Service"]["TimeoutStopSec"][0])
+    assert stop_s == SYSTEMD_STOP_TIMEOUT_S  # the figure `run --check` compares restart.hang_timeout with
     # the trainer's save, then a staging copy still running, then at least a minute for the last sync
-    assert stop_s >= DEFAULT_SAVE_GRACE_S + STOP_WAITS_FOR_STAGING_S + 60, stop_s
+    assert stop_s >= DEFAULT_SAVE_GRACE_S + STOP_WAITS_FOR_STAGING_S + LAST_SYNC_MARGIN_S >= \
+        DEFAULT_SAVE_GRACE_S + STOP_WAITS_FOR_STAGING_S + 60, stop_s
     ops = " ".join((REPO / "docs" / "operations.md").read_text(encoding="utf-8").split())
     said = re.search(r"\(the unit allows (\d+) minutes: the trainer's save grace, `restart\.hang_timeout`, (\d+) min "
                      r"by default, then the last sync\)", ops)
@@ -135,3 +172,20 @@ def test_slurms_lead_time_is_what_the_runbook_says_bounds_the_save():
     ops = " ".join((REPO / "docs" / "operations.md").read_text(encoding="utf-8").split())
     assert (f"Here the time limit, not `restart.hang_timeout`, bounds the trainer's save and the last sync: {lead} s, "
             f"then Slurm's SIGTERM and its `KillWait`") in ops
+
+
+@pytest.mark.slow
+def test_check_notes_a_hang_timeout_the_systemd_unit_does_not_allow_a_stop(tmp_path, corpus):
+    """A restart.hang_timeout that, with a staging copy's wait and the last sync, outlasts the unit's TimeoutStopSec:
+    under systemd the stop ends in systemd's SIGKILL before the trainer's save. `run --check` said nothing."""
+    from supervisor_helpers import cli, write_config
+
+    slow = write_config(tmp_path, corpus, name="slow", restart={"hang_timeout": SLOW_SAVE})
+    shown = cli("run", "--check", str(slow))
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert (f"note: restart.hang_timeout = {SLOW_SAVE}: a stop may take 22 min (the trainer's save, 1200s, then a "
+            "staging copy and the last sync), more than the systemd unit allows (deploy/minilmd@.service "
+            "TimeoutStopSec=15min): under systemd set TimeoutStopSec=22min or more") in shown.stdout, shown.stdout
+    default = write_config(tmp_path, corpus, name="default", restart={"hang_timeout": "10m"})
+    shown = cli("run", "--check", str(default))
+    assert shown.returncode == 0 and "TimeoutStopSec" not in shown.stdout, shown.stdout + shown.stderr

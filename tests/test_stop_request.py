@@ -256,6 +256,10 @@ def test_status_says_a_stop_request_is_left_until_a_start_by_hand_clears_it(tmp_
         wait_until(lambda: step_of_state(run_dir) >= 2, 120, "the trainer to train")
         stopped = stop(run_dir)
         assert stopped.returncode == protocol.STOP_DONE, stopped.stdout + stopped.stderr
+        # said at the stop itself, not only by a later `status`
+        assert (f"stop request left at {run_dir / names.STOP_REQUEST}: an automatic restart" in stopped.stdout
+                and "a start by hand (`minilmd run`, the tmux launcher, sbatch) clears it" in stopped.stdout), \
+            stopped.stdout
         assert proc.wait(120) == 0
     finally:
         if proc.poll() is None:
@@ -278,3 +282,33 @@ def status(run_dir: Path) -> str:
                          text=True, timeout=120, env=env_for())
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
+
+
+def test_status_json_and_the_overview_show_a_request_left(tmp_path):
+    """`status --json` and `status --all` (its table and --json) did not show the request `minilmd stop` leaves: a
+    run an automatic restart will not start looked like any stopped run there."""
+    from minilmd.daemon.host import registry
+    from minilmd.daemon.views import overview
+    from minilmd.daemon.views import status as views_status
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / names.STATE).write_text(json.dumps({"run": "tiny", "phase": "done", "supervisor": {"pid": None}}))
+    entry = registry.Entry("tiny", run_dir, "tiny.toml", os.getuid(), tmp_path / "entry")
+
+    def shown() -> tuple[dict, dict, str]:
+        out = io.StringIO()
+        assert views_status.status(run_dir, as_json=True, out=out) == 0
+        r = overview.row(entry, 0.0)
+        return json.loads(out.getvalue()), r, overview.table([r])[1]
+
+    said, r, line = shown()
+    assert said["stop_request"] is None and r["stop_request"] is None and "stop requested" not in line, line
+    left = stoprequest.leave(run_dir, os.getuid())
+    request, _ = stoprequest.read(run_dir)
+    said, r, line = shown()
+    assert said["stop_request"] == r["stop_request"] == {
+        "path": str(left), "time": request.time, "by": f"uid {os.getuid()} on {os.uname().nodename}"}
+    assert line.split()[:3] == ["tiny", "done", "(stop"] and "(stop requested)" in line, line
+    stoprequest.clear(run_dir)
+    assert shown()[0]["stop_request"] is None

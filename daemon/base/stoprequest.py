@@ -67,12 +67,13 @@ def leave(run_dir: Path, owner: int) -> Path:
     return run_dir / names.STOP_REQUEST
 
 
-def read(run_dir: Path) -> tuple[StopRequest | None, str | None]:
+def read(run_dir: Path, owner: int | None = None) -> tuple[StopRequest | None, str | None]:
     """(the request, None); (None, None) when there is none; (None, why) for a file there that is no request of
-    this user's or root's (a link, another user's, a FIFO): it is not honoured, nor removed."""
+    this user's or root's (a link, another user's, a FIFO): it is not honoured, nor removed. `owner`: the run's
+    owner when another reads it (root's `status --all`): a request of that user's or root's."""
     path = run_dir / names.STOP_REQUEST
     try:
-        body = read_json(path, max_bytes=MAX_BYTES, owner={own_uid(), 0})
+        body = read_json(path, max_bytes=MAX_BYTES, owner={own_uid() if owner is None else owner, 0})
     except Unreadable as e:
         if e.kind == "missing":
             return None, None
@@ -99,6 +100,17 @@ def status_line(run_dir: Path, systemd_unit: str = "") -> str | None:
     unit = f"; systemd's restart of {systemd_unit} does not read it" if systemd_unit else ""
     return (f"  stop requested {when}{by} (an automatic restart will not start the run: the tmux window's, a Slurm "
             f"requeue{unit}; a start by hand clears it)")
+
+
+def as_json(run_dir: Path, owner: int | None = None) -> dict | None:
+    """The request as `status --json` and `status --all --json` give it ("stop_request"): None when there is none;
+    {"path", "time", "by"}; {"path", "problem"} for a file there that is not honoured (read's why)."""
+    request, problem = read(run_dir, owner)
+    if problem:
+        return {"path": str(run_dir / names.STOP_REQUEST), "problem": problem}
+    if request is None:
+        return None
+    return {"path": str(request.path), "time": request.time, "by": request.by}
 
 
 def clear(run_dir: Path) -> str | None:

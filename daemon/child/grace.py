@@ -26,6 +26,14 @@ from minilmd.config import ConfigError, RestartSection, RunConfig, load_config
 
 DEFAULT_SAVE_GRACE_S = RestartSection().hang_timeout_s
 """The grace of a config that leaves restart.hang_timeout unset (10 min)."""
+STOP_WAITS_FOR_STAGING_S = 30.0
+"""On stop, a staging copy or remote fetch still running is waited for this long (a stalled NFS may hold it;
+daemon/ending.py)."""
+LAST_SYNC_MARGIN_S = 60.0
+"""What a stop leaves for the last sync at least, after the trainer's save."""
+SYSTEMD_STOP_TIMEOUT_S = 15 * 60.0
+"""deploy/minilmd@.service's TimeoutStopSec, the truth of this figure (tests/test_save_grace.py reads the unit and
+holds the two equal): how long systemd lets a stop take before its SIGKILL."""
 
 
 def save_grace(cfg: RunConfig) -> float:
@@ -41,3 +49,9 @@ def orphan_save_grace(run_dir: Path) -> float:
         return save_grace(load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True))
     except (ConfigError, OSError):
         return DEFAULT_SAVE_GRACE_S
+
+
+def stop_takes_s(cfg: RunConfig) -> float:
+    """The longest a stop of this run may take: the trainer's save grace, a staging copy still running, the last
+    sync. What a launcher's stop timeout must allow (`run --check` compares it with the unit's: daemon/preflight.py)."""
+    return save_grace(cfg) + STOP_WAITS_FOR_STAGING_S + LAST_SYNC_MARGIN_S

@@ -9,6 +9,8 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -85,18 +87,60 @@ def terminate_orphans(run_dir: Path, grace: float, while_waiting=None) -> list[i
     its start time first: never a recycled pid, never a whole group that may hold another user's process. The grace
     can outlast systemd's WatchdogSec: `while_waiting()` is called at every poll (the supervisor pings the watchdog
     there). Returns the pids that were alive."""
-    launch, alive = _orphans(run_dir)
+    launch, alive = sigterm_orphans(run_dir)
     if launch is None:
         return []
+    _poll_until_gone(alive, grace, 0.1, while_waiting)
+    _kill_what_is_left(launch, alive, while_waiting)
+    return [pid for pid, _ in alive]
+
+
+def sigterm_orphans(run_dir: Path) -> tuple[procs.Launch | None, list[tuple[int, int]]]:
+    """terminate_orphans' first half, for `minilmd stop --timeout` (which may not wait the whole grace): SIGTERM
+    each orphan; the recorded launch and (pid, start ticks) of each."""
+    launch, alive = _orphans(run_dir)
+    if launch is None:
+        return None, []
     for pid, ticks in alive:
         launch.signal(pid, ticks, signal.SIGTERM)
-    _poll_until_gone(alive, grace, 0.1, while_waiting)
+    return launch, alive
+
+
+def wait_orphans(alive: list[tuple[int, int]], seconds: float) -> list[int]:
+    """Wait up to `seconds` for those processes to exit; the pids still alive."""
+    _poll_until_gone(alive, seconds, 0.1, None)
+    return [pid for pid, ticks in alive if process_alive(pid, ticks)]
+
+
+def kill_orphans_after(run_dir: Path, launch_id: str, seconds: float) -> None:
+    """terminate_orphans' second half, in the helper `minilmd stop --timeout` leaves behind (`main`): SIGKILL what
+    is left of launch `launch_id` after `seconds`. Nothing when trainer.json records another launch by then (a
+    start by hand has launched a trainer of its own, and its orphan hunt deals with the old one): never the new
+    one."""
+    launch, alive = _orphans(run_dir)
+    if launch is None or launch.launch_id != launch_id:
+        return
+    _poll_until_gone(alive, seconds, 0.5, None)
+    _kill_what_is_left(launch, alive, None)
+
+
+def _kill_what_is_left(launch: procs.Launch, alive: list[tuple[int, int]], while_waiting) -> None:
     late = [p for p in launch.processes() if p not in alive]
     for pid, ticks in [*alive, *late]:
         if process_alive(pid, ticks):
             launch.signal(pid, ticks, signal.SIGKILL)
     _poll_until_gone([*alive, *late], REAP_S, 0.05, while_waiting)
-    return [pid for pid, _ in alive]
+
+
+def hand_over_kill(launch: procs.Launch, seconds: float) -> int:
+    """Start the detached helper that SIGKILLs what is left of that launch after `seconds` (kill_orphans_after):
+    a session of its own, no terminal, so `stop` may exit before the grace ends and a closed terminal does not end
+    the helper. It gets the run directory as the launch's scope resolved it (absolute: it runs in "/"). Its pid."""
+    argv = [str(launch.scope.run_dir), launch.launch_id, f"{seconds:.1f}"]
+    helper = subprocess.Popen([sys.executable, "-m", __name__, *argv],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, close_fds=True, cwd="/")
+    return helper.pid
 
 
 def _poll_until_gone(alive: list[tuple[int, int]], seconds: float, interval: float, while_waiting) -> None:
@@ -105,3 +149,14 @@ def _poll_until_gone(alive: list[tuple[int, int]], seconds: float, interval: flo
         if while_waiting is not None:
             while_waiting()
         time.sleep(interval)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m minilmd.daemon.child.orphans RUN_DIR LAUNCH_ID SECONDS`: hand_over_kill's helper."""
+    run_dir, launch_id, seconds = argv
+    kill_orphans_after(Path(run_dir), launch_id, float(seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -4,10 +4,12 @@ from the registry (daemon/host/registry.py); `minilmd forget RUN`.
 Each row: name, phase (with "not running" when its supervisor is gone before the end, "vanished" when its run
 directory is gone, "unreadable (why)" when its state.json is not a file its owner wrote: a FIFO, a link, too big,
 not a JSON object), step/total, loss, tok/s, ETA, the GPUs held or how long it has waited for them, the last
-successful sync's age, restarts. `--json` gives the same rows as a list. Everything shown came from files other
-users may have written: every name and path is escaped for the terminal (minilmd/untrusted.py `printable`), and
-the registry's notes on what it skipped follow the table. A run directory on storage that stalls (an NFS server
-gone) is given ROW_WAIT_S to answer, then shown "unreadable (did not answer ...)": it never hides the other runs.
+successful sync's age, restarts; "(stop requested)" after the phase while `minilmd stop`'s request is left
+(daemon/base/stoprequest.py: an automatic restart will not start the run). `--json` gives the same rows as a list
+(the request: "stop_request"). Everything shown came from files other users may have written: every name and path
+is escaped for the terminal (minilmd/untrusted.py `printable`), and the registry's notes on what it skipped follow
+the table. A run directory on storage that stalls (an NFS server gone) is given ROW_WAIT_S to answer, then shown
+"unreadable (did not answer ...)": it never hides the other runs.
 Nor does one user's flood of entries: another user with more than GROUP_ABOVE runs is one line after the table.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from minilmd import names, protocol
+from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.states import FINAL_PHASES, Phase
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
@@ -82,6 +85,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         "last_error": state.last_error,
         "predecessor": (state.init_wait.not_running or None) if state.init_wait and alive
         and state.phase == Phase.WAITING_INIT else None,
+        "stop_request": stoprequest.as_json(entry.run_dir, entry.uid),  # `minilmd stop` left it: see _cells
     }
 
 
@@ -127,6 +131,8 @@ def _cells(r: dict) -> list[str]:
         phase += f" ({r['why']})"
     elif r.get("phase") not in (*FINAL_PHASES, "vanished", "unreadable", "not started") and not r.get("running"):
         phase += " (not running)"
+    if (request := r.get("stop_request")) and not request.get("problem"):
+        phase += " (stop requested)"  # an automatic restart will not start it, until a start by hand
     step = "-" if r.get("step") is None else f"{r['step']:,}" + (f"/{r['total_steps']:,}" if r.get("total_steps")
                                                                   else "")
     if r.get("devices"):

@@ -213,7 +213,9 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     state = StateJson.from_dict(raw) if raw is not None else None  # a wrongly typed field reads as its default
     alive = supervisor_alive(state)
     if as_json:
-        print(json.dumps({"running": alive, "state": raw, **({"unreadable": unreadable} if unreadable else {})},
+        left = stoprequest.as_json(run_dir)  # `minilmd stop` left it: an automatic restart will not start the run
+        print(json.dumps({"running": alive, "state": raw, "stop_request": left,
+                          **({"unreadable": unreadable} if unreadable else {})},
                          indent=2, sort_keys=True), file=out)
         return 0
     if unreadable:

@@ -61,7 +61,7 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
                                            f"{printable(outcome.reason)})" if outcome else ""), file=out)
         if outcome is None or outcome.exit not in (0, *protocol.FINAL_EXIT_STATUSES):
             _pending_restart_words(request, state.supervisor, out)
-        if _stop_orphans(run_dir, out) != protocol.STOP_DONE:
+        if _stop_orphans(run_dir, out, timeout) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
     if live.host and live.host != socket.gethostname():
@@ -79,6 +79,8 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         print(f"pid {pid}, named by {names.LOCK}, is not proven to be this run's supervisor ({why}): not "
               f"signalled", file=out)
         return protocol.STOP_FAILED
+    if request is not None:
+        _request_left_words(request, out)
     started = time.monotonic()
     last_phase = None
     while process_alive(pid, ticks):
@@ -108,6 +110,13 @@ def _leave_request(scope: procs.RunScope, out) -> Path | None:
         print(f"{scope.run_dir}: the stop request cannot be written ({why}): a launcher's restart still to come would "
               f"start the run", file=out)
         return None
+
+
+def _request_left_words(request: Path, out) -> None:
+    """The request outlives the supervisor just signalled: say so, and what clears it (`status` shows it too)."""
+    print(f"  stop request left at {request}: an automatic restart (the tmux window's, a Slurm requeue) will not "
+          f"start the run; a start by hand (`minilmd run`, the tmux launcher, sbatch) clears it", file=out,
+          flush=True)
 
 
 def _pending_restart_words(request: Path | None, last: SupervisorInfo, out) -> None:
@@ -142,10 +151,11 @@ def _live_supervisor(run_dir: Path):
     return holder if holder is not None and holder.pid else None
 
 
-def _stop_orphans(run_dir: Path, out) -> int:
+def _stop_orphans(run_dir: Path, out, timeout: float = 0.0) -> int:
     """A supervisor killed with SIGKILL leaves its trainer running: `stop` must stop that one too (it saves on
     SIGTERM and exits; SIGKILL after the grace its supervisor would have given, daemon/child/grace.py). Only the
-    trainer this run recorded, never another process."""
+    trainer this run recorded, never another process. A --timeout shorter than the grace ends the wait there (exit
+    1): the SIGKILL at the grace is left to a detached helper (daemon/child/orphans.py hand_over_kill)."""
     from minilmd.daemon.child.grace import orphan_save_grace
     from minilmd.daemon.child.orphans import find_orphans, terminate_orphans
 
@@ -155,10 +165,29 @@ def _stop_orphans(run_dir: Path, out) -> int:
     grace = orphan_save_grace(run_dir)
     print(f"  trainer process(es) {pids} left by a killed supervisor: SIGTERM (they save first), SIGKILL after "
           f"{grace:.0f}s", file=out, flush=True)
+    if timeout and timeout < grace:
+        return _stop_orphans_within(run_dir, timeout, grace, out)
     terminate_orphans(run_dir, grace=grace)
     left = find_orphans(run_dir)
     print(f"  still running: {left}" if left else "  stopped", file=out)
     return protocol.STOP_FAILED if left else protocol.STOP_DONE
+
+
+def _stop_orphans_within(run_dir: Path, timeout: float, grace: float, out) -> int:
+    """SIGTERM the orphans and wait `timeout` only; what still saves then is killed at the grace by the helper."""
+    from minilmd.daemon.child.orphans import hand_over_kill, sigterm_orphans, wait_orphans
+
+    started = time.monotonic()
+    launch, alive = sigterm_orphans(run_dir)
+    left = wait_orphans(alive, timeout)
+    if launch is None or not left:
+        print("  stopped", file=out)
+        return protocol.STOP_DONE
+    helper = hand_over_kill(launch, max(0.0, grace - (time.monotonic() - started)))
+    print(f"  trainer process(es) {left} still saving after {timeout:.0f}s: not waited for any longer (exit "
+          f"{protocol.STOP_FAILED}); the stop goes on: helper pid {helper} SIGKILLs them {grace:.0f}s after the "
+          f"SIGTERM if they have not exited by then (`minilmd status {run_dir}` shows them meanwhile)", file=out)
+    return protocol.STOP_FAILED
 
 
 def _checkpoint_report(state: StateJson, out, always: bool) -> int:

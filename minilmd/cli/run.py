@@ -87,14 +87,17 @@ def _init_wait(cfg) -> str:
 def _notes(cfg) -> list[str]:
     """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
     "auto" and no NVIDIA driver: daemon/host/gpu.py), train on some preference pairs nothing (train.seq_len cuts
-    their replies away: minilmd/probes.py), what the config may not mean (probes.stage_notes), keep its checkpoints
-    only in scratch (no run.remote)."""
+    their replies away: minilmd/probes.py), what the config may not mean (probes.stage_notes), take longer to stop
+    than the systemd unit allows (a long restart.hang_timeout: daemon/preflight.py), keep its checkpoints only in
+    scratch (no run.remote)."""
     from minilmd.daemon.host.gpu import cpu_fallback
+    from minilmd.daemon.preflight import systemd_stop_note
     from minilmd.probes import pairs_cut_warning, stage_notes
 
     notes = [why] if (why := cpu_fallback(cfg)) else []
     notes += [cut] if (cut := pairs_cut_warning(cfg)) else []  # replies train.seq_len cuts away: fewer than half
     notes += stage_notes(cfg)  # settings the stage ignores, DPO from random weights, what init.from's run was
+    notes += [slow] if (slow := systemd_stop_note(cfg)) else []  # hang_timeout past the unit's TimeoutStopSec
     if not cfg.run.remote:
         notes.append(f"no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir}), which a reboot "
                      f"(/dev/shm), a scratch cleaner or a lost node takes with them; set run.remote to a directory "
