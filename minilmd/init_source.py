@@ -366,19 +366,25 @@ def fingerprint(source: InitSource, model: dict | None = None) -> dict:
     InitSourceError for a source that is not what it must be; the OSError of one that cannot be read now (staging
     waits for it, the trainer alone refuses it)."""
     if source.kind == "checkpoint":
-        from minilmd.untrusted import Unreadable, loads, read_bytes
+        from minilmd.untrusted import Unreadable, read_bytes
 
         try:  # another user's manifest, read once (a FIFO, /dev/zero or 60 KB of `[` is refused) and hashed as read
             raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES, owner=source.owners or None)
-            manifest = loads(raw, path=source.path / MANIFEST)
+            return checkpoint_record(source, raw)
         except Unreadable as e:
             raise _untrusted_failure(e) from None
-        pointer = {"pointer": source.pointer} if source.pointer else {}
-        return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
-                "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
     from minilmd.untrusted import Hashing
 
     return _read_pth(source, model, Hashing())
+
+
+def checkpoint_record(source: InitSource, raw: bytes) -> dict:
+    """`fingerprint` of a checkpoint whose manifest.json is `raw` (as staging read it, in the directory resolve
+    opened); Unreadable for bytes that are no JSON object."""
+    manifest = loads(raw, path=source.path / MANIFEST)
+    pointer = {"pointer": source.pointer} if source.pointer else {}
+    return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
+            "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
 
 
 MAX_PTH_BYTES = 16 << 30
