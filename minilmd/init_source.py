@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.config import ConfigError, load_config
-from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in
+from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.names import MANIFEST_MAX_BYTES as MAX_MANIFEST_BYTES
 from minilmd.names import POINTER_MAX_BYTES as _MAX_POINTER
@@ -325,9 +325,7 @@ def source_model(source: InitSource) -> dict | None:
     if source.kind != "checkpoint":
         return None
     try:
-        with open_named(source.path) as ckpt:
-            if source.identity is not None and ckpt.identity != source.identity:
-                raise InitSourceUnreachable(f"{source.path}: replaced since it was looked at (rewritten now?)")
+        with reopen(source.path, source.identity) as ckpt:  # a Moved one: unreachable now (ESTALE), resolved again
             raw = read_in(ckpt, TRAINER_STATE, _MAX_STATE, source.owners or owners_of(ckpt))
         model = loads(raw, path=source.path / TRAINER_STATE)["config"]["model"]
     except Refused as e:
