@@ -4,9 +4,10 @@ followed, as every place a config names is: minilmd/shared_place.py); from there
 trainer_state.json) is looked at and opened relative to that directory's descriptor (dirfd.Dir): no link followed,
 no FIFO opened, bounded (untrusted.read_bytes), and owned by the owner of the directory init.from names or by this
 user, judged before a byte of it is parsed (a teammate's run reads as hers, a file a third user planted in it does
-not). What is refused says what it found (`Refused`, final: "/team/ckpts: LATEST is a symbolic link: not
-followed"); a name not there, or storage that fails, is the OSError it is (init_source decides: unreachable now, or
-final). Torch-free.
+not). A later reader (staging's copy, daemon/jobs/initstage.py) opens the directory resolved again by `reopen`:
+that very one (device, inode) or none. What is refused says what it found (`Refused`, final: "/team/ckpts: LATEST
+is a symbolic link: not followed"); a name not there, or storage that fails, is the OSError it is (init_source
+decides: unreachable now, or final). Torch-free.
 """
 from __future__ import annotations
 
@@ -36,6 +37,26 @@ def open_named(path: str | os.PathLike) -> Dir:
     """The directory the config names, opened as it names it; NotADirectoryError for a file (or a FIFO) there,
     FileNotFoundError when nothing is, another OSError when the storage fails."""
     return Dir(os.open(path, NAMED_DIR), Path(os.path.abspath(path)))
+
+
+class Moved(OSError):
+    """The directory resolve opened is no longer what its path leads to (rewritten since, or swapped by whoever can
+    write above it): not read; resolving again says what stands there now (ESTALE: waited for, not final)."""
+
+
+def reopen(path: Path, identity: tuple[int, int] | None) -> Dir:
+    """The directory resolve opened at `path`, opened again as open_named opens it: that very one (its `identity`,
+    (device, inode), when given) or none (Moved, saying what stands there now)."""
+    found = open_named(path)
+    if identity is None or found.identity == identity:
+        return found
+    found.close()
+    try:
+        mode = os.lstat(path).st_mode
+        now = "another directory" if stat.S_ISDIR(mode) else file_kind(mode)
+    except OSError:
+        now = "nothing"
+    raise Moved(errno.ESTALE, f"not the directory resolved a moment ago ({now} there now: replaced since)", str(path))
 
 
 def owners_of(source: Dir) -> Owners:

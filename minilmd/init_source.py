@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.config import ConfigError, load_config
-from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in
+from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.names import MANIFEST_MAX_BYTES as MAX_MANIFEST_BYTES
 from minilmd.names import POINTER_MAX_BYTES as _MAX_POINTER
@@ -324,9 +324,7 @@ def source_state(source: InitSource) -> dict:
     a file of the source's owner or ours: bounded, no link followed, an object. InitSourceError (a ValueError) when
     it cannot be read there; untrusted.Unreadable (a ValueError) when it is no JSON object."""
     try:
-        with open_named(source.path) as ckpt:
-            if source.identity is not None and ckpt.identity != source.identity:
-                raise InitSourceUnreachable(f"{source.path}: replaced since it was looked at (rewritten now?)")
+        with reopen(source.path, source.identity) as ckpt:  # a Moved one: unreachable now (ESTALE), resolved again
             raw = read_in(ckpt, TRAINER_STATE, _MAX_STATE, source.owners or owners_of(ckpt))
     except Refused as e:
         raise InitSourceError(str(e)) from None
@@ -376,19 +374,25 @@ def fingerprint(source: InitSource, model: dict | None = None) -> dict:
     InitSourceError for a source that is not what it must be; the OSError of one that cannot be read now (staging
     waits for it, the trainer alone refuses it)."""
     if source.kind == "checkpoint":
-        from minilmd.untrusted import Unreadable, loads, read_bytes
+        from minilmd.untrusted import Unreadable, read_bytes
 
         try:  # another user's manifest, read once (a FIFO, /dev/zero or 60 KB of `[` is refused) and hashed as read
             raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES, owner=source.owners or None)
-            manifest = loads(raw, path=source.path / MANIFEST)
+            return checkpoint_record(source, raw)
         except Unreadable as e:
             raise _untrusted_failure(e) from None
-        pointer = {"pointer": source.pointer} if source.pointer else {}
-        return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
-                "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
     from minilmd.untrusted import Hashing
 
     return _read_pth(source, model, Hashing())
+
+
+def checkpoint_record(source: InitSource, raw: bytes) -> dict:
+    """`fingerprint` of a checkpoint whose manifest.json is `raw` (as staging read it, in the directory resolve
+    opened); Unreadable for bytes that are no JSON object."""
+    manifest = loads(raw, path=source.path / MANIFEST)
+    pointer = {"pointer": source.pointer} if source.pointer else {}
+    return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
+            "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
 
 
 MAX_PTH_BYTES = 16 << 30

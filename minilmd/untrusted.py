@@ -125,7 +125,8 @@ def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collecti
 
 
 def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_bytes: int | None = None,
-                 first: int | None = None, chunk: int = 8 << 20, dir_fd: int | None = None) -> int:
+                 first: int | None = None, chunk: int = 8 << 20, dir_fd: int | None = None,
+                 owner: int | Collection[int] | None = None) -> int:
     """Copy a regular file, opened as `read_bytes` opens one, into the binary file object `out` (a file of this
     process, or one that also hashes it: `Hashing`; it may say after each block that the copy goes on): exactly
     `size` bytes when its listing gives one, else at most max_bytes (with both, a listed size over max_bytes is
@@ -133,8 +134,8 @@ def copy_regular(path: str | os.PathLike, out, *, size: int | None = None, max_b
     and again as it is read (it may change under us). With `first` instead, its first `first` bytes, never more,
     of a file that may be longer (one being appended to: its listing comes after) or shorter: the caller compares
     what was copied with its listing. Raises Unreadable for the source, OSError for `out`. With `dir_fd`, path is
-    a name in that open directory (open_regular)."""
-    fd = open_regular(path, dir_fd=dir_fd)
+    a name in that open directory (open_regular); with `owner`, a file of that owner (or those) only."""
+    fd = open_regular(path, owner=owner, dir_fd=dir_fd)
     try:
         if first is not None:
             return _copy_blocks(fd, path, out, first, chunk)

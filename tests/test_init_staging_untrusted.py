@@ -55,14 +55,16 @@ def _checkpoint(d: Path, files: dict[str, bytes]) -> Path:
 
 
 def _swapped_after_its_look(monkeypatch, target: Path, make) -> None:
-    """The first stat or lstat of `target` answered as it is, then `target` replaced by make(target): os.stat is
-    what the code before looked with, os.lstat what untrusted.open_regular looks with."""
+    """The first stat or lstat of `target` (by its path, or by its name in a directory's descriptor) answered as
+    it is, then `target` replaced by make(target): os.stat is what the code before looked with, os.lstat what
+    untrusted.open_regular looks with."""
     done = []
 
     def looked(real):
         def look(path, *args, **kwargs):
             st = real(path, *args, **kwargs)
-            if not done and os.fspath(path) == str(target):
+            named = os.fspath(path) == (target.name if kwargs.get("dir_fd") is not None else str(target))
+            if not done and named:
                 done.append(True)
                 target.unlink()
                 make(target)
@@ -78,7 +80,7 @@ def test_a_checkpoint_file_swapped_for_a_link_after_its_look_is_refused_not_foll
     decoy = tmp_path / "decoy"
     decoy.write_bytes(b"w" * 100)  # the same bytes: only the link gives it away
     _swapped_after_its_look(monkeypatch, ckpt / "model.safetensors", lambda p: p.symlink_to(decoy))
-    with pytest.raises(SourceInvalid, match="a symbolic link, not a regular file"):
+    with pytest.raises(SourceInvalid, match="model.safetensors is a symbolic link: not followed"):
         without_blocking(lambda: initstage.stage_init(str(ckpt), tmp_path / "scratch"))
     assert not (tmp_path / "scratch" / initstage.INIT_DIR).exists()
 
@@ -109,7 +111,7 @@ def test_a_missing_checkpoint_file_is_waited_for_a_fifo_listed_is_final(tmp_path
     (ckpt / "model.safetensors").write_bytes(b"w" * 100)
     (ckpt / "other").unlink()
     os.mkfifo(ckpt / "other")
-    with pytest.raises(SourceInvalid, match="a FIFO, not a regular file"):
+    with pytest.raises(SourceInvalid, match=f"{ckpt}: other is a FIFO: not read"):
         without_blocking(lambda: initstage.stage_init(str(ckpt), tmp_path / "scratch"), ckpt / "other")
 
 

@@ -131,7 +131,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/jobs/initstage.py": ("private", PRIVATE_SCRATCH + " (the staged probe and init weights)", {
         ("_copy", ".mkdir"): 1, ("_copy", "open"): 1, ("_copy_listed", ".mkdir"): 1, ("_copy_listed", "open"): 1,
         ("_copy_pth", "open"): 1, ("fresh_tmp", "shutil.rmtree"): 1, ("fresh_tmp", ".mkdir"): 1,
-        ("stage_probe", ".write_bytes"): 1, ("stage_init", ".mkdir"): 1, ("stage_init", ".write_bytes"): 1,
+        ("stage_probe", ".write_bytes"): 1, ("_copy_checkpoint", ".mkdir"): 1, ("_copy_checkpoint", ".write_bytes"): 1,
         ("staged_whole", "shutil.rmtree"): 1}),
     "daemon/jobs/remote.py": ("gap", REMOTE + "; a fetched file into scratch", {
         ("Remote.get", "open"): 1, ("Remote._make_root", "os.makedirs"): 1, ("Remote.put", "open"): 1}),

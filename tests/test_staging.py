@@ -241,6 +241,26 @@ def test_memory_url_source(tmp_path, tokenizer_json):
         fs.rm("/mem-corpus", recursive=True)
 
 
+def test_a_url_sources_oversized_meta_json_is_refused_naming_the_limit_never_read_whole(tmp_path, tokenizer_json):
+    """A URL corpus's meta.json is bounded as a local one is (names.CORPUS_META_MAX_BYTES). On main it was read
+    whole (fs.cat_file), whatever a hostile or broken server sent: this one, a valid meta.json padded past the
+    bound, was parsed and the corpus staged."""
+    from minilmd.names import CORPUS_META_MAX_BYTES
+
+    fs = fsspec.filesystem("memory")
+    files = corpus_files(tokenizer_json, seed=5)
+    files["meta.json"] += b" " * (CORPUS_META_MAX_BYTES + 1 - len(files["meta.json"]))
+    for rel, data in files.items():
+        fs.pipe_file(f"/big-meta-corpus/{rel}", data)
+    try:
+        with pytest.raises(SourceInvalid, match=r"memory://big-meta-corpus/meta.json: over 64 MiB, the most a "
+                                                r"corpus's meta.json may be"):
+            stage("memory://big-meta-corpus", tmp_path / "shm")
+        assert not (tmp_path / "shm" / "corpus").exists()
+    finally:
+        fs.rm("/big-meta-corpus", recursive=True)
+
+
 def test_corpus_that_does_not_fit_is_refused_before_copying(source, tmp_path):
     meta = json.loads((source / "meta.json").read_text())
     meta["files"]["train/tokens.bin"]["size"] = 10 ** 15  # a petabyte

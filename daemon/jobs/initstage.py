@@ -94,20 +94,52 @@ class _Answering:
         self.out.write(block)
 
 
-def _copy_listed(src: Path, dest: Path, size: int, answered) -> None:
-    """Copy init.from's checkpoint file src to dest through untrusted.copy_regular: no link followed, never
-    blocked, exactly its manifest's `size` (another size: read while it changes, waited for as `_unusable` says).
-    init_problems then checks its sha256 against the manifest."""
+def _copy_listed(ckpt, rel: str, dest: Path, size: int, owners, answered) -> None:
+    """Copy the file `rel` of init.from's checkpoint, opened in `ckpt` (the directory resolve judged, an init_place
+    Dir) through its descriptor, to dest by untrusted.copy_regular: a regular file of one of `owners`, no link
+    followed, never blocked, exactly its manifest's `size` (another size: read while it changes, waited for as
+    `_unusable` says). A link, a FIFO or another owner's file there is final, named as the resolver names one
+    (init_place.refusal). init_problems then checks its sha256 against the manifest."""
+    from minilmd.init_place import refusal
     from minilmd.untrusted import Unreadable, copy_regular
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest, "wb") as out:
         try:
-            copy_regular(src, _Answering(out, answered), size=size, chunk=CHUNK)
+            copy_regular(rel, _Answering(out, answered), size=size, chunk=CHUNK, dir_fd=ckpt.fd, owner=owners)
         except Unreadable as e:
-            raise _unusable(e, src) from None
+            if e.kind in ("link", "not_regular", "owner"):
+                raise SourceInvalid(str(refusal(ckpt, rel, e, owners))) from None
+            raise _unusable(e, ckpt.path / rel) from None
         out.flush()
         os.fsync(out.fileno())
+
+
+def _copy_checkpoint(spec: str, source, dest: Path, answered) -> dict:
+    """init.from's checkpoint copied into dest from the very directory resolve opened and judged (init_place.reopen:
+    that one or none), through its descriptor: its manifest read once (fingerprinted and kept as read), then each
+    file it lists at the size it lists, each a regular file of the source's owner or ours. Its fingerprint record.
+    A directory replaced since it was resolved is waited for (resolved again then: what stands there is judged)."""
+    from minilmd.init_place import Moved, owners_of, read_in, reopen
+    from minilmd.init_source import checkpoint_record
+
+    try:
+        with reopen(source.path, source.identity) as ckpt:
+            owners = source.owners or owners_of(ckpt)
+            raw = read_in(ckpt, MANIFEST, MANIFEST_MAX_BYTES, owners)
+            record = {"from": spec, **checkpoint_record(source, raw)}
+            files = manifest_files(loads(raw, expect=None))  # each with its size: what bounds the copy
+            dest.mkdir()
+            (dest / MANIFEST).write_bytes(raw)
+            for rel, entry in files.items():
+                _copy_listed(ckpt, rel, dest / rel, entry["size"], owners, answered)
+    except Moved as e:
+        raise SourceUnreachable(f"{e.filename}: {e.strerror}") from None
+    except ValueError as e:  # init_place.Refused (a link, a FIFO, a third user's manifest), a bad manifest
+        raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
+    except OSError as e:
+        raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
+    return record
 
 
 def _copy_pth(source, model: dict | None, dest: Path, answered) -> dict:
@@ -304,7 +336,7 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     another base is not reused for its resume. `model`: the run's [model] (cfg.model_dict()), which bounds the
     size of a .pth read (init_source.pth_bound; without it, MAX_PTH_BYTES). `answered()` after each chunk read
     from the source."""
-    from minilmd.init_source import fingerprint, same_source
+    from minilmd.init_source import same_source
 
     final = scratch / INIT_DIR
     try:
@@ -322,31 +354,16 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     if from_remote is not None and from_remote():
         return final
     source = _resolve(spec, checkpoint)
-    raw, files = b"", {}
-    try:
-        if source.kind == "checkpoint":  # a .pth is fingerprinted by the one read that copies it, below
-            record = {"from": spec, **fingerprint(source, model)}
-            raw = _read_source(source.path / MANIFEST, MANIFEST_MAX_BYTES, "checkpoint manifest")
-            files = manifest_files(loads(raw, expect=None))  # each with its size: what bounds the copy
-    except ValueError as e:
-        raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
-    except OSError as e:
-        raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
     with staged_whole(scratch, INIT_DIR) as tmp:
-        try:
-            if source.kind == "checkpoint":
-                # the manifest as read above (init_problems checks it is the one fingerprinted: read while it
-                # changed, it is read again later), then each file at the size it lists
-                (tmp / INIT_CHECKPOINT).mkdir()
-                (tmp / INIT_CHECKPOINT / MANIFEST).write_bytes(raw)
-                for rel, entry in files.items():
-                    _copy_listed(source.path / rel, tmp / INIT_CHECKPOINT / rel, entry["size"], answered)
-            else:  # its size recorded: what bounds the download of its copy on the remote (basecopy.fetch)
+        if source.kind == "checkpoint":
+            record = _copy_checkpoint(spec, source, tmp / INIT_CHECKPOINT, answered)
+        else:  # fingerprinted by the one read that copies it; its size recorded: what bounds the download of its
+            try:  # copy on the remote (basecopy.fetch)
                 record = {"from": spec, **_copy_pth(source, model, tmp / INIT_PTH, answered)}
-        except ValueError as e:  # the .pth's InitSourceError: a link, a FIFO, too big for the run's model (final)
-            raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
-        except OSError as e:
-            raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
+            except ValueError as e:  # its InitSourceError: a link, a FIFO, too big for the run's model (final)
+                raise SourceInvalid(f"init.from = {spec!r}: {e}") from None
+            except OSError as e:
+                raise SourceUnreachable(f"{source.path}: cannot be read ({e})") from None
         atomic_write_json(tmp / INIT_RECORD, record)
         problems = init_problems(tmp)
         if problems:  # read while it changed (a predecessor's retention?): try again later, never train on it
@@ -379,6 +396,7 @@ def space_parts(cfg) -> list[tuple[int, str]]:
     probe's meta.json and val split (its meta.json's sizes), init.from's checkpoint (its manifest's sizes) or .pth
     (its size); for the space check of the launch (daemon/jobs/staging.py `run_space_need`). A source that cannot
     be read or is wrong counts as nothing here: staging waits for it, or the config check refuses it."""
+    from minilmd.init_place import owners_of, read_in, reopen
     from minilmd.init_source import InitSourceError, resolve
     from minilmd.untrusted import Unreadable, read_bytes
 
@@ -393,8 +411,9 @@ def space_parts(cfg) -> list[tuple[int, str]]:
     if "init" in what:
         try:
             source = resolve(cfg.init.from_, cfg.init.checkpoint)
-            if source.kind == "checkpoint":
-                raw = read_bytes(source.path / MANIFEST, max_bytes=MANIFEST_MAX_BYTES)
+            if source.kind == "checkpoint":  # in the directory resolve judged, as staging reads it
+                with reopen(source.path, source.identity) as ckpt:
+                    raw = read_in(ckpt, MANIFEST, MANIFEST_MAX_BYTES, source.owners or owners_of(ckpt))
                 entries = manifest_files(loads(raw, path=source.path / MANIFEST)).values()
                 size = len(raw) + sum(e["size"] for e in entries if isinstance(e.get("size"), int))
             else:

@@ -50,7 +50,7 @@ from minilmd.names import (
     TOKENS,
 )
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
-from minilmd.untrusted import Unreadable, open_regular, read_bytes
+from minilmd.untrusted import Unreadable, open_regular, read_bytes, size_text
 
 CHUNK = 8 * 1024 * 1024
 
@@ -149,7 +149,7 @@ def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
     """The source's meta.json, raw and parsed. Missing: see `_meta_missing`; an I/O error: SourceUnreachable."""
     try:  # a local source's meta.json as untrusted (minilmd/untrusted.py): never a FIFO or /dev/zero read whole
         path = f"{root}/{META}"
-        raw = read_bytes(path, max_bytes=CORPUS_META_MAX_BYTES) if is_local_fs(fs) else fs.cat_file(path)
+        raw = read_bytes(path, max_bytes=CORPUS_META_MAX_BYTES) if is_local_fs(fs) else _read_url_meta(fs, path)
     except Unreadable as e:  # as cat_file's errors below, but a FIFO, a link, a directory, too big: final
         if e.missing or isinstance(e.os_error, NotADirectoryError):  # a file where the corpus's directory belongs
             raise _meta_missing(fs, root, source) from None
@@ -165,6 +165,16 @@ def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
     except CorpusError as e:
         raise SourceInvalid(str(e)) from None
 
+
+def _read_url_meta(fs, path: str) -> bytes:
+    """A URL source's meta.json, bounded as a local one is: at most CORPUS_META_MAX_BYTES + 1 bytes read (a hostile
+    or broken server's endless body is never held whole in memory), more refused (Unreadable, too_big)."""
+    with fs.open(path, "rb") as f:
+        raw = f.read(CORPUS_META_MAX_BYTES + 1)
+    if len(raw) > CORPUS_META_MAX_BYTES:
+        raise Unreadable(f"over {size_text(CORPUS_META_MAX_BYTES)}, the most a corpus's {META} may be", path,
+                         kind="too_big")
+    return raw
 
 
 def _meta_missing(fs, root: str, source: str) -> StagingError:
