@@ -27,7 +27,7 @@ from minilmd.daemon.host.gpu import device_problems, lock_dir_problems
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.scratch_room import run_space_problem
-from minilmd.init_source import STAGED_DIR as INIT_DIR
+from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
 
 

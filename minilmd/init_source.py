@@ -32,6 +32,9 @@ from pathlib import Path
 from minilmd.config import ConfigError, load_config
 from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
+from minilmd.names import INIT_CHECKPOINT as STAGED_CHECKPOINT
+from minilmd.names import INIT_PTH as STAGED_PTH
+from minilmd.names import INIT_RECORD as STAGED_RECORD
 from minilmd.names import MANIFEST_MAX_BYTES as MAX_MANIFEST_BYTES
 from minilmd.names import POINTER_MAX_BYTES as _MAX_POINTER
 from minilmd.names import STAGED_RECORD_MAX_BYTES as MAX_RECORD_BYTES
@@ -484,13 +487,6 @@ def chosen(record: dict | None) -> str:
     if pointer == BEST:
         return " (its BEST: its best validation by its early_stop.metric)"
     return f" (its {LATEST})" if pointer == LATEST else ""
-
-
-STAGED_DIR = "init"
-"""The staged copy of init.from: `<scratch>/init`; a LoRA run's durable copy of it too, `<remote>/init`."""
-STAGED_RECORD = "source.json"
-"""In the staged copy of init.from (`<scratch>/init`, daemon/jobs/initstage.py): the source's fingerprint record."""
-STAGED_CHECKPOINT, STAGED_PTH = "checkpoint", "weights.pth"
 
 
 def staged_copy(staged: Path) -> Path:

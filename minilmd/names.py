@@ -116,6 +116,12 @@ def determinism_env(deterministic: bool) -> dict[str, str]:
 # --- Scratch (run.scratch) ----------------------------------------------------------------------------------------
 STAGED_CORPUS = "corpus"  # the staged, hash-verified copy of data.prepared
 STAGED_CORPUS_SOURCE = "corpus.source"  # the data.prepared the staged copy was made from (minilmd/shared_place.py)
+INIT_DIR = "init"
+"""The staged copy of init.from: `<scratch>/init`; a LoRA run's durable copy of it too, `<remote>/init`."""
+INIT_RECORD = "source.json"
+"""In the staged copy of init.from (`<scratch>/init`, daemon/jobs/initstage.py): the source's fingerprint record."""
+INIT_CHECKPOINT, INIT_PTH = "checkpoint", "weights.pth"
+"""In the staged copy of init.from: the checkpoint directory, or the MiniMind .pth, copied."""
 STAGED_RECORD_MAX_BYTES = 64 << 10
 """The largest record of what a staged copy was made from (STAGED_CORPUS_SOURCE: a path; init/source.json,
 minilmd/init_source.py's STAGED_RECORD: a path, a hash and a few fields): a few hundred bytes when it is one."""

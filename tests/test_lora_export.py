@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 
 from minilmd.cli import app
 from minilmd.config import load_config
-from minilmd.init_source import STAGED_DIR, STAGED_PTH, STAGED_RECORD
+from minilmd.names import INIT_DIR as STAGED_DIR
+from minilmd.names import INIT_PTH as STAGED_PTH
+from minilmd.names import INIT_RECORD as STAGED_RECORD
 from minilmd.protocol import EXIT_DONE
 from minilmd.trainer.loop.train import Dist, Trainer
 from minilmd.trainer.model.export import ExportError, load_model

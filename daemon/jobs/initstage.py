@@ -31,7 +31,6 @@ from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
 from minilmd.fsio import atomic_write_json, file_entry_problems, publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
-from minilmd.init_source import STAGED_DIR as INIT_DIR
 from minilmd.init_source import STAGED_PTH as INIT_PTH
 from minilmd.init_source import STAGED_RECORD as INIT_RECORD
 from minilmd.init_source import staged_copy as staged_init_source
@@ -39,6 +38,7 @@ from minilmd.init_source import staged_record as read_init_record
 from minilmd.names import (
     CORPUS_META,
     CORPUS_META_MAX_BYTES,
+    INIT_DIR,
     MANIFEST,
     MANIFEST_MAX_BYTES,
     SPLITS,

@@ -39,8 +39,8 @@ def _base_weights(ckpt: Path, state: dict, base: str | Path | None) -> dict:
     weights now) the durable copy its run kept beside its checkpoints (`<remote>/init`, `<scratch>/init`:
     daemon/jobs/basecopy.py), read as untrusted into a private directory first (basecopy_read.py); validated
     strictly, and with the fingerprint the adapter was trained on."""
-    from minilmd.init_source import STAGED_DIR
     from minilmd.names import CHECKPOINTS
+    from minilmd.names import INIT_DIR as STAGED_DIR
 
     recorded = state.get("init") or {}
     if base:
