@@ -84,6 +84,23 @@ def shared_dir() -> Path:
 
 
 @pytest.fixture
+def teammate():
+    """(uid, gid) of the second user and a shared directory both can reach, removed afterwards."""
+    ids = second_user()
+    where = shared_dir()
+    yield ids, where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def chown_tree(path: Path, uid: int, gid: int) -> None:
+    """Everything under `path`, and `path`, given to uid:gid (no link followed): a tree made as root, now hers."""
+    for here, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(here, name), uid, gid, follow_symlinks=False)
+    os.chown(path, uid, gid, follow_symlinks=False)
+
+
+@pytest.fixture
 def shared():
     """shared_dir() for one test (skipped where there is no second user), removed afterwards."""
     second_user()

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from minilmd import names
 from minilmd.init_source import InitSourceError, model_problems, predecessor, resolve
-from second_user import second_user, shared_dir
+from second_user import chown_tree, second_user, shared_dir, teammate  # noqa: F401 - teammate: a fixture
 from waiting import without_blocking
 
 pytestmark = pytest.mark.root
@@ -27,22 +26,6 @@ pytestmark = pytest.mark.root
 THIRD_UID = 54321
 MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 300}
 STEP = "step-00000001"
-
-
-@pytest.fixture
-def teammate():
-    """(uid, gid) of the second user and a shared directory both can reach, removed afterwards."""
-    ids = second_user()
-    where = shared_dir()
-    yield ids, where
-    shutil.rmtree(where, ignore_errors=True)
-
-
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
-    for here, dirs, files in os.walk(path):
-        for name in [*dirs, *files]:
-            os.chown(os.path.join(here, name), uid, gid, follow_symlinks=False)
-    os.chown(path, uid, gid)
 
 
 def _teammates_root(teammate) -> Path:
@@ -55,7 +38,7 @@ def _teammates_root(teammate) -> Path:
     (step / names.MANIFEST).write_text(json.dumps({"step": 1, "files": {}}))
     (step / names.TRAINER_STATE).write_text(json.dumps({"config": {"model": MODEL}}))
     (root / names.LATEST).write_text(STEP)
-    _chown_tree(where / "hers", uid, gid)
+    chown_tree(where / "hers", uid, gid)
     source = resolve(str(root))
     assert (source.kind, source.path, source.pointer) == ("checkpoint", step, names.LATEST)
     assert model_problems(str(root), MODEL) == []
@@ -127,6 +110,6 @@ def test_a_link_at_a_teammates_run_toml_is_refused_naming_it(teammate, to):
     run_dir.mkdir()
     target = _elsewhere(where, '[run]\nname = "x"\n') if to != "/dev/zero" else Path("/dev/zero")
     (run_dir / names.RUN_CONFIG_COPY).symlink_to(target)
-    _chown_tree(run_dir, uid, gid)
+    chown_tree(run_dir, uid, gid)
     with pytest.raises(InitSourceError, match=f"{run_dir}: run.toml is a symbolic link: not followed"):
         without_blocking(lambda: predecessor(str(run_dir)))

@@ -23,7 +23,7 @@ from minilmd import names
 from minilmd.daemon.jobs import initstage
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
 from minilmd.init_source import InitSourceError
-from second_user import second_user, shared_dir
+from second_user import chown_tree, second_user, shared_dir, teammate  # noqa: F401 - teammate: a fixture
 from waiting import without_blocking
 
 pytestmark = pytest.mark.root
@@ -31,22 +31,6 @@ pytestmark = pytest.mark.root
 THIRD_UID = 54321
 STEP, OTHER_STEP = "step-00000001", "step-00000002"
 WEIGHTS = "model.safetensors"
-
-
-@pytest.fixture
-def teammate():
-    """(uid, gid) of the second user and a shared directory both can reach, removed afterwards."""
-    ids = second_user()
-    where = shared_dir()
-    yield ids, where
-    shutil.rmtree(where, ignore_errors=True)
-
-
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
-    for here, dirs, files in os.walk(path):
-        for name in [*dirs, *files]:
-            os.chown(os.path.join(here, name), uid, gid, follow_symlinks=False)
-    os.chown(path, uid, gid, follow_symlinks=False)
 
 
 def _checkpoint(step: Path, weights: bytes) -> Path:
@@ -65,7 +49,7 @@ def _teammates_root(teammate) -> Path:
     _checkpoint(root / STEP, b"1" * 64)
     _checkpoint(root / OTHER_STEP, b"2" * 64)
     (root / names.LATEST).write_text(STEP)
-    _chown_tree(where / "hers", uid, gid)
+    chown_tree(where / "hers", uid, gid)
     return root
 
 
@@ -142,7 +126,7 @@ def _link_to_her_other_checkpoint(root: Path) -> None:
 def _third_users_directory(root: Path) -> None:
     (root / STEP).rename(root / "set-aside")
     shutil.copytree(root / "set-aside", root / STEP)
-    _chown_tree(root / STEP, THIRD_UID, THIRD_UID)
+    chown_tree(root / STEP, THIRD_UID, THIRD_UID)
 
 
 @pytest.mark.parametrize("swap, found, final", [
