@@ -91,22 +91,22 @@ def stage_defaults(data_format: str, lora: bool) -> tuple[str, dict[str, Any]]:
     return "pretraining", {}
 
 
-def apply_stage_defaults(cfg: RunConfig, data_format: str) -> list[str]:
-    """Set the stage's defaults (stage_defaults) on every key the config leaves to its default; returns "key =
-    value" of those set. Called by the trainer once it knows the corpus's format, and by the plan (plan/budget.py's
+def apply_stage_defaults(cfg: RunConfig, data_format: str) -> dict[str, Any]:
+    """Set the stage's defaults (stage_defaults) on every key the config leaves to its default; returns {key: value}
+    of those set. Called by the trainer once it knows the corpus's format, and by the plan (plan/budget.py's
     as_trained), so that both run at the same values."""
-    applied = []
+    applied = {}
     for key, value in stage_defaults(data_format, cfg.lora.enabled)[1].items():
         if key == "data.mode" and cfg.data.doc_mask:
             continue  # data.doc_mask asks for packed rows (checked with the other values: packed only)
         if not cfg.is_set(key):
             section, name = key.split(".")
             setattr(getattr(cfg, section), name, value)
-            applied.append(f"{key} = {value!r}")
+            applied[key] = value
     return applied
 
 
-def apply_sft_defaults(cfg: RunConfig) -> list[str]:
+def apply_sft_defaults(cfg: RunConfig) -> dict[str, Any]:
     """apply_stage_defaults on a chat corpus (`bench sft`, which knows it trains SFT)."""
     return apply_stage_defaults(cfg, "chat")
 

@@ -12,6 +12,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -83,7 +85,7 @@ def test_the_first_forward_is_the_widest_micro_batch_and_leaves_no_trace(tmp_pat
     widest = t.sampler.widest()
     assert widest == 128 > step_width(t, 0)  # this seed's first step is narrower: the check below means something
     calls: list[tuple[str, tuple[int, ...]]] = []
-    model = t.forward_model
+    model = t.step_setup.forward
 
     def forward(batch):
         calls.append(("forward", tuple(batch.ids.shape)))
@@ -96,14 +98,14 @@ def test_the_first_forward_is_the_widest_micro_batch_and_leaves_no_trace(tmp_pat
         calls.append(("step", ()))
         return real_step(*args, **kwargs)
 
-    t.forward_model = forward
+    t.step_setup = dataclasses.replace(t.step_setup, forward=forward)
     t.optimizer.step = optimizer_step  # type: ignore[method-assign]
     weights = {k: v.clone() for k, v in t.model.state_dict().items()}
     rng = torch.get_rng_state()
     from minilmd.trainer.loop import warmup
 
     watch = warmup.WidthWatch(t.sampler, t.compiled, MICRO_BATCH, t.global_batch)
-    warmup.widest_micro_batch(t.step_setup(), t.sampler, watch, t.log.heartbeat, t.step, t.total_steps)
+    warmup.widest_micro_batch(t.step_setup, t.sampler, watch, t.log.heartbeat, t.step, t.total_steps)
     assert calls == [("forward", (MICRO_BATCH, widest))]  # the real micro-batch size, the widest width class
     assert all(p.grad is None for p in t.model.parameters()) and not t.optimizer.state
     assert torch.equal(torch.get_rng_state(), rng)

@@ -10,6 +10,7 @@ matching 1, and the flex_attention block mask (CUDA, compiled) computing what th
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -121,13 +122,13 @@ def test_off_is_today_and_on_changes_only_positions_and_targets(tmp_path, corpus
     assert on.sampler.global_counts(24, 8)[0] == on.sampler.batch(3, 8).n_targets
 
     calls = []
-    forward = off.forward_model
+    forward = off.step_setup.forward
 
     def spy(batch):
         calls.append(batch.positions)
         return forward(batch)
 
-    off.forward_model = spy
+    off.step_setup = dataclasses.replace(off.step_setup, forward=spy)
     off.accumulate_gradients(0)
     assert calls == [None] * 2  # the plain causal forward, as before doc_mask existed
 
@@ -174,7 +175,7 @@ def test_checkpoint_records_the_setting_and_refuses_the_other(tmp_path, corpus):
     t.train_step()
     t.step = 1
     t.save()
-    t.finish_saves()
+    t.saves.wait()
     path = t.cfg.checkpoint_dir / "step-00000001"
     state = json.loads((path / ck.TRAINER_STATE).read_text())
     assert state["config"]["data"]["doc_mask"] is True

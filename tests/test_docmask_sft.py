@@ -148,4 +148,4 @@ def test_doc_mask_keeps_a_chat_run_packed_against_the_sft_default(tmp_path, chat
                           train={"seq_len": SEQ_LEN, "micro_batch_size": 4, "grad_accum": 1, "max_steps": 1})
     t = Trainer(load_config(config), Dist(0, 1, 0, torch.device("cpu")))
     assert t.cfg.data.mode == "packed" and isinstance(t.sampler, PackedConversationsSampler)
-    assert not any(line.startswith("data.mode") for line in t.stage_defaults)
+    assert "data.mode" not in t.stage_defaults

@@ -111,7 +111,7 @@ def test_sft_defaults_fill_only_what_the_config_leaves_out_and_epochs_are_a_budg
     cfg = load_config(write_config(tmp_path, chat, name="defaults", train={"max_steps": 0, "max_epochs": 1.5}),
                       ["train.min_lr_ratio=0.5"])
     assert cfg.is_set("train.lr") and not cfg.is_set("data.mode")  # write_config writes lr, not the mode
-    assert apply_sft_defaults(cfg) == [f"data.mode = {SFT_DEFAULTS['data.mode']!r}"]
+    assert apply_sft_defaults(cfg) == {"data.mode": SFT_DEFAULTS["data.mode"]}
     assert (cfg.data.mode, cfg.train.lr, cfg.train.min_lr_ratio) == ("bucketed", 3e-3, 0.5)
     assert total_steps_for_budget(cfg, 96, 96) == 2  # ceil(1.5 x 96 rows / 96 rows per step)
     cfg.train.max_steps = 1

@@ -126,7 +126,7 @@ def test_another_objective_trains_through_the_same_loop_and_reports_its_metrics(
     monkeypatch.setattr(train_mod, "build_objective", build)
     config = write_config(tmp_path, corpus, name="scaled", train={"max_steps": 2, "eval_every": 1})
     t = Trainer(load_config(config), cpu())
-    assert t.objective is made[0] and isinstance(t.forward_model, TrainingForward)
+    assert t.objective is made[0] and isinstance(t.step_setup.forward, TrainingForward)
     assert t.train() == EXIT_DONE
     assert made[0].calls >= 2 * 2  # two steps of two micro-batches, and the validations
     lines = read_metrics(t.cfg.run_dir)

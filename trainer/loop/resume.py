@@ -6,6 +6,7 @@ init.from names at every start, which a resume must match."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -107,7 +108,7 @@ def announce(found: Found, step: int, global_batch: int) -> None:
 
 
 def start_lines(cfg: RunConfig, total: int, trainable: int, where: str, steps: tuple[int, int], global_batch: int,
-                data_format: str, defaults: list[str]) -> list[str]:
+                data_format: str, defaults: dict[str, Any]) -> list[str]:
     """The trainer's lines as it starts training: what trains (of a LoRA run, the adapters' share of the `total`
     parameters), where (`where`: "cpu x 1"), on what rows (a DPO run's batches count pairs, two rows each), the
     steps (from, to); the stage's `defaults` it applied."""
@@ -120,5 +121,6 @@ def start_lines(cfg: RunConfig, total: int, trainable: int, where: str, steps: t
     lines = [f"training {trained} on {where}, {rows}, steps {steps[0]} -> {steps[1]}"]
     if defaults:
         stage = stage_defaults(data_format, cfg.lora.enabled)[0]
-        lines.append(f"{data_format} corpus, {stage} defaults: {', '.join(defaults)}")
+        said = ", ".join(f"{key} = {value!r}" for key, value in defaults.items())
+        lines.append(f"{data_format} corpus, {stage} defaults: {said}")
     return lines

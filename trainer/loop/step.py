@@ -32,7 +32,7 @@ class Forward(Protocol):
 
 @dataclass(frozen=True)
 class StepSetup:
-    """What every step of this attempt runs with (the Trainer builds it, Trainer.step_setup)."""
+    """What every step of this attempt runs with (the Trainer builds it once, Trainer.step_setup)."""
 
     model: torch.nn.Module
     """The plain model: its parameters are clipped, its gradients dropped."""

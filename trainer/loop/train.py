@@ -1,18 +1,25 @@
 """`minilmd train CONFIG`: the training loop, on one device or one rank per device under torchrun.
 
-The loop, top to bottom (Trainer.train):
+Built once, in order (Trainer.__init__):
+    the corpus, its stage's defaults, its sampler, the validation rows and the parts (_open_data);
+    the model from the seeded init, on the device, and its optimizer (_build_model);
     resume from the newest valid checkpoint (model, optimizer, and the parts' state: step, sampler, RNG, early
-        stop; trainer/loop/parts.py), or start at step 0 from the weights of [init] from (a fresh optimizer) or from
+        stop; trainer/loop/parts.py), or start at step 0 from the weights of [init] from (a fresh optimizer) or keep
         the seeded init (trainer/loop/resume.py);
+    what runs the steps (_build_runtime): the attention kernel, the checkpoints (trainer/loop/saving.py), the
+        (compiled, DDP) forward in the StepSetup every step of the attempt runs with, the MFU figures;
+    DPO: its reference, read back or computed and saved at step 0 (trainer/loop/dpo_reference.py).
+The loop, top to bottom (Trainer.train):
     bucketed: one forward+backward at the widest width, no step (trainer/loop/warmup.py);
     until the budget is spent:
-        agree across ranks on "stop requested?" and "checkpoint due?";  stop -> save, exit 75
+        agree across ranks on "stop requested?" and "checkpoint due?" (trainer/loop/saving.py);  stop -> save, exit 75
         one optimizer step (trainer/loop/step.py): micro-batches of the pure-function sampler, each loss the
             objective's (trainer/loop/objective.py) summed over its targets inside the (compiled) module of model and
             objective, divided by the global batch's count of targets,
             backward (no DDP sync until the last micro-batch), clip, AdamW at the cosine rate for this step
         a non-finite loss stops the run; heartbeat (about once a second; "compiling" over each compiled step
             that brings a new width); every log_every steps a metrics line; every eval_every steps the validation loss
+            (a new best is saved as BEST; early_stop.patience validations without one: save, exit 0)
     save, validation loss, exit 0.
 Everything the math depends on derives from (seed, step) or from restored state, never from the wall clock (a
 duration-based checkpoint_every only changes when saves happen), so on CPU a killed-and-resumed run ends with the
@@ -35,7 +42,6 @@ import gc
 import os
 import signal
 import sys
-import time
 from typing import Any
 
 import torch
@@ -47,7 +53,7 @@ from minilmd.checkpoint import CheckpointMismatch, Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.corpus_meta import CorpusError
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
-from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV, step_name
+from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
 from minilmd.plan.bucketing import BucketedSampler
 from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
@@ -65,6 +71,7 @@ from minilmd.protocol import (
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint import save as ckpt_io
+from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 from minilmd.trainer.loop import determinism, exits, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled, parameter_split
@@ -75,7 +82,9 @@ from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
 from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
 from minilmd.trainer.loop.resume import announce, load_model_state, resume, start_from_init, start_lines, start_lora
+from minilmd.trainer.loop.saving import Saves
 from minilmd.trainer.model import attention_choice
+from minilmd.trainer.model.lora import adapter_state_dict
 
 
 class Trainer:
@@ -83,17 +92,34 @@ class Trainer:
     of the run besides the model and the optimizer lives in parts that own it (trainer/loop/parts.py): `state`
     (step, rows, tokens seen, init record), `cursor` (the sampler), `rng` and `early` (early stop)."""
 
-    def __init__(self, cfg: RunConfig, dist: Dist, stop: StopFlag | None = None):
-        from minilmd.corpus.format import open_prepared
-        from minilmd.trainer.model.minimind import MiniMindForCausalLM
+    state: TrainState  # set by _open_data, which __init__ calls first
 
+    def __init__(self, cfg: RunConfig, dist: Dist, stop: StopFlag | None = None):
         self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()
-        t = cfg.train
         self.device = dist.device
         self.log = MetricsLog(cfg.run_dir, active=dist.is_main,
                               heartbeat_interval=heartbeat_interval(cfg.restart.hang_timeout_s))
         self.faults = FaultInjector(cfg.run_dir, enabled=dist.is_main)
+        self._open_data()
+        self._build_model()
+        found = resume(cfg, dist, self.expectation())
+        self.resumed_from = found.path if found else None
+        if found:
+            self.apply_resume(found)
+        elif cfg.init.from_ and not cfg.lora.enabled:
+            self.state.init_record = start_from_init(cfg, self.model, dist)
+        self._build_runtime(found)
+        if self.preference:  # DPO: the reference read back, or computed now and saved at step 0
+            self.val_batches, self.checkpointer.extra = self.preference.start(self, found)
+            if self.preference.seconds is not None:  # computed now: kept with the run from here on
+                self.save()
 
+    def _open_data(self) -> None:
+        """The corpus, its stage's defaults, the sampler (its cursor), the validation and probe rows, the parts'
+        state and the objective."""
+        from minilmd.corpus.format import open_prepared
+
+        cfg, t = self.cfg, self.cfg.train
         self.corpus = open_prepared(cfg.data.prepared)
         if self.corpus.vocab_size != cfg.model.vocab_size:
             raise ConfigError([f"model.vocab_size = {cfg.model.vocab_size} but the corpus {cfg.data.prepared} was "
@@ -101,7 +127,7 @@ class Trainer:
         # Before anything reads the mode or the rates; the config recorded in the checkpoints says what was used.
         self.stage_defaults = apply_stage_defaults(cfg, self.corpus.data_format)
         train, val = self.corpus.train, self.corpus.val
-        self.preference = Preference.of(cfg, self.corpus, dist.is_main)  # a preference corpus: DPO's pairs, reference
+        self.preference = Preference.of(cfg, self.corpus, self.dist.is_main)  # a preference corpus: DPO's pairs
         sampler = self.preference.sampler if self.preference else make_sampler(
             cfg.data.mode, train.tokens, train.doc_starts, t.seq_len, t.seed, train.loss_mask, t.micro_batch_size,
             cfg.data.doc_mask)
@@ -113,15 +139,20 @@ class Trainer:
         self.probe_batches = probe_batches(cfg)
         self.early = EarlyStop.from_config(cfg, self.corpus.data_format)
         self.rng = RngState()
-        self.state = TrainState(global_batch=t.global_batch(dist.world_size))
+        self.state = TrainState(global_batch=t.global_batch(self.dist.world_size))
         self.total_steps = total_steps_for_budget(cfg, self.global_batch, self.sampler.items_per_epoch)
         self.objective = build_objective(cfg, self.corpus.data_format)
 
-        torch.manual_seed(t.seed)  # the init is drawn on CPU: the same weights on every device and rank
+    def _build_model(self) -> None:
+        """The model from the seeded init (a LoRA run's adapters on its base) on the device, and its optimizer."""
+        from minilmd.trainer.model.minimind import MiniMindForCausalLM
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.train.seed)  # the init is drawn on CPU: the same weights on every device and rank
         try:
             self.model = MiniMindForCausalLM(cfg.model)
             if cfg.lora.enabled:
-                self.state.init_record = start_lora(cfg, self.model, dist)
+                self.state.init_record = start_lora(cfg, self.model, self.dist)
             self.model.to(self.device)
             self.optimizer = build_optimizer(self.model, cfg, self.device)
         except ConfigError:  # a LoRA base that init.from cannot give: its own words, which name it
@@ -130,45 +161,41 @@ class Trainer:
             raise ConfigError([f"the model or its optimizer refused the config: {e}"], cfg.source) from e
         self.current_lr = 0.0  # the rate of the step just taken (train_step sets it)
         self.step_metrics: dict[str, torch.Tensor] = {}  # its objective's metrics (none for cross-entropy)
-        found = resume(cfg, dist, self.expectation())
-        self.resumed_from = found.path if found else None
-        if found:
-            self.apply_resume(found)
-        elif cfg.init.from_ and not cfg.lora.enabled:
-            self.state.init_record = start_from_init(cfg, self.model, dist)
-        matmul = optimizer_step.matmul_dtype(cfg.train.dtype, self.device)
+
+    def _build_runtime(self, found: Found | None) -> None:
+        """What runs the steps once the weights are where the run starts: the attention kernel, the log, the saves,
+        the (compiled, DDP) forward and the StepSetup every step of this attempt runs with, the MFU figures."""
+        cfg, t, dist = self.cfg, self.cfg.train, self.dist
+        matmul = optimizer_step.matmul_dtype(t.dtype, self.device)  # bf16 autocast or fp32; MFU's peak
         recorded = found.state.get("kernels") if found else None  # a resume keeps the run's attention kernel
         self.kernels = attention_choice.settle(cfg, dist, matmul == "bf16", recorded)
         self.log = tensorboard.tee(self.log, cfg, self.step)  # [log] tensorboard: its lines also as scalars
-        from minilmd.trainer.checkpoint.save import AsyncCheckpointer
-
         # Under a supervisor (it sets RUN_DIR_ENV) scratch is pruned by the supervisor, which knows what is
         # synced and what it is copying right now; the trainer neither prunes nor re-validates its checkpoints
         # (a read of every byte: 0.5 s per save of a 767 MB one). On its own it keeps the newest keep_local.
         keep = None if os.environ.get(RUN_DIR_ENV) else t.keep_local
-        from minilmd.trainer.model.lora import adapter_state_dict
-
         self.checkpointer = AsyncCheckpointer(cfg.checkpoint_dir, keep, tokenizer=self.corpus.tokenizer_files,
                                               state_of=adapter_state_dict if cfg.lora.enabled else None)
         self.loss_guard = LossGuard(self.device)
-
-        matmul = optimizer_step.matmul_dtype(t.dtype, self.device)  # bf16 autocast or fp32; MFU's peak
+        self.saves = Saves(cfg, dist, self.checkpointer, self.log, self.loss_guard,
+                           lambda: (self.model, self.optimizer, self.trainer_state()))
         self.autocast = optimizer_step.autocast_for(matmul, self.device)
-        forward_model = wrap_ddp(TrainingForward(self.model, self.objective), dist)
+        forward = wrap_ddp(TrainingForward(self.model, self.objective), dist)
+        self.compiled = compile_enabled(t.compile, self.device)
         # Any: torch.compile is typed as returning a plain callable; it returns a module that passes attribute
         # lookups (DDP's no_sync) through to the one it wraps.
-        self.compiled = compile_enabled(t.compile, self.device)
-        self.forward_model: Any = torch.compile(forward_model) if self.compiled else forward_model
-
+        compiled: Any = torch.compile(forward) if self.compiled else forward
+        self.step_setup = optimizer_step.StepSetup(
+            model=self.model, forward=compiled,
+            optimizer=self.optimizer, dist=dist, autocast=self.autocast,
+            dynamic_width=self.compiled and isinstance(self.sampler, BucketedSampler),
+            micro_batch_size=t.micro_batch_size, grad_accum=t.grad_accum, global_batch=self.global_batch,
+            grad_clip=t.grad_clip)
         self.flops_per_token = flops_per_token(*parameter_split(self.model), cfg.model.num_hidden_layers,
                                                cfg.model.num_attention_heads * cfg.model.head_dim, t.seq_len)
         self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device), matmul,
                                       tf32=torch.get_float32_matmul_precision() != "highest")
                            if self.device.type == "cuda" else None)
-        if self.preference:  # DPO: the reference read back, or computed now and saved at step 0
-            self.val_batches, self.checkpointer.extra = self.preference.start(self, found)
-            if self.preference.seconds is not None:  # computed now: kept with the run from here on
-                self.save()
 
     def apply_resume(self, found: Found) -> None:
         """The one place a checkpoint's contents reach the run: the weights (a LoRA run's adapters, on the base
@@ -178,7 +205,7 @@ class Trainer:
         for part in self.parts():
             part.load_state_dict(found.state)
         kept = keep_recorded_schedule(self.cfg, found.state.get("config"))  # the rates it started with
-        self.stage_defaults = [d for d in self.stage_defaults if d.split(" = ")[0] not in kept]  # not applied now
+        self.stage_defaults = {k: v for k, v in self.stage_defaults.items() if k not in kept}  # not applied now
         if self.dist.is_main:
             announce(found, self.step, self.global_batch)
             print("".join(f"minilmd: {line}\n" for line in kept.values()), end="", flush=True)
@@ -225,58 +252,17 @@ class Trainer:
             out.update(part.state_dict())
         return out
 
-    def save(self, best: bool = False) -> None:
-        """Rank 0 snapshots the weights to CPU and writes them in a background thread (AsyncCheckpointer,
-        which also prunes when unsupervised; with `best` it then points BEST at it); the other ranks wait at a
-        barrier (their weights are the same)."""
-        t0 = time.perf_counter()  # blocking_s: the whole stall the loop sees, from here to the return
-        self.log.heartbeat(self.step, force=True)
-        self.loss_guard.flush()
-        self.barrier()
-        if self.dist.is_main:
-            self.checkpointer.save(self.step, self.model, self.optimizer, self.trainer_state(), best)
-        self.barrier()
-        if self.dist.is_main:
-            blocking, waited = time.perf_counter() - t0, self.checkpointer.last_wait_s
-            path = self.cfg.checkpoint_dir / step_name(self.step)
-            self.log.write("checkpoint", step=self.step, blocking_s=round(blocking, 4), waited_s=round(waited, 4),
-                           path=str(path))
-            print(f"minilmd: saving {path} (loop blocked {blocking:.3f}s, {waited:.3f}s of it waiting for the "
-                  f"previous write)", flush=True)
-        self.last_saved_step, self.last_save_time = self.step, time.monotonic()
-
-    def finish_saves(self) -> None:
-        """Wait until the checkpoint in flight is on disk (before exiting); raises if its write failed."""
-        if self.dist.is_main:
-            self.checkpointer.wait()
-
-    def barrier(self) -> None:
-        if self.dist.active:
-            torch_dist.barrier()
-
-    def checkpoint_due(self) -> bool:
-        steps, seconds = self.cfg.train.checkpoint_every_steps, self.cfg.train.checkpoint_every_s
-        if self.step == self.last_saved_step:
-            return False
-        if steps is not None:
-            return self.step % steps == 0
-        return seconds is not None and time.monotonic() - self.last_save_time >= seconds
+    def save(self) -> None:
+        """Checkpoint this step (trainer/loop/saving.py)."""
+        self.saves.save(self.step)
 
     # --- one optimizer step (trainer/loop/step.py), with what it needs handed over ---------------------------------
-    def step_setup(self) -> optimizer_step.StepSetup:
-        t = self.cfg.train
-        return optimizer_step.StepSetup(
-            model=self.model, forward=self.forward_model, optimizer=self.optimizer, dist=self.dist,
-            autocast=self.autocast, dynamic_width=self.compiled and isinstance(self.sampler, BucketedSampler),
-            micro_batch_size=t.micro_batch_size, grad_accum=t.grad_accum, global_batch=self.global_batch,
-            grad_clip=t.grad_clip)
-
     def to_device(self, batch: Batch) -> DeviceBatch:
         """The batch's ids, next-token labels and positions on the device (step.to_device)."""
-        return optimizer_step.to_device(batch, self.device, self.step_setup().dynamic_width)
+        return optimizer_step.to_device(batch, self.device, self.step_setup.dynamic_width)
 
     def accumulate_gradients(self, step: int) -> tuple[torch.Tensor, int]:
-        loss_sum, n_real, _ = optimizer_step.accumulate_gradients(self.step_setup(), self.sampler, step,
+        loss_sum, n_real, _ = optimizer_step.accumulate_gradients(self.step_setup, self.sampler, step,
                                                                   self.first_row(step))
         return loss_sum, n_real
 
@@ -285,7 +271,7 @@ class Trainer:
         the global batch)."""
         t = self.cfg.train
         self.current_lr = lr_at(self.step, self.total_steps, t.lr, t.min_lr_ratio, t.warmup_steps)
-        result = optimizer_step.train_step(self.step_setup(), self.sampler, self.step, self.first_row(self.step),
+        result = optimizer_step.train_step(self.step_setup, self.sampler, self.step, self.first_row(self.step),
                                            self.current_lr)
         self.step_metrics = result.metrics  # the objective's, for the next train line
         return result.loss_sum, result.grad_norm, result.n_real
@@ -345,13 +331,7 @@ class Trainer:
             torch_dist.broadcast_object_list(flags, src=0)
             improved, stop = flags
         if improved and self.early.enabled:
-            if self.step != self.last_saved_step:
-                self.save(best=True)
-            elif self.dist.is_main:  # this step is saved (or being saved): BEST names it once it is on disk
-                from minilmd.trainer.checkpoint.save import mark_best
-
-                self.checkpointer.wait()
-                mark_best(self.cfg.checkpoint_dir, step_name(self.step))
+            self.saves.mark_best(self.step)
         return stop
 
     def eval_due(self) -> bool:
@@ -369,14 +349,12 @@ class Trainer:
                            patience=e.patience)
             print(f"minilmd: early stop at step {self.step}: no new best {e.metric} for {e.since_best} validations; "
                   f"the best, {e.best_said()}, is BEST", flush=True)
-        if self.step != self.last_saved_step:
-            self.save()
-        self.finish_saves()
+        self.saves.finish(self.step, HEARTBEAT_EXITING)
 
     # --- the loop -------------------------------------------------------------------------------------------------
     def train(self) -> int:
         t = self.cfg.train
-        self.last_saved_step, self.last_save_time = self.step, time.monotonic()
+        self.saves.begin(self.step)
         if self.dist.is_main:
             m = self.model
             said = start_lines(self.cfg, m.num_parameters(), sum(p.numel() for p in m.parameters() if p.requires_grad),
@@ -390,30 +368,26 @@ class Trainer:
         self.model.train()
         first_compile = warmup.compiles_first(self.compiled, self.sampler, self.step, self.total_steps)
         with meter.apart("compile_s" if first_compile else None):  # bucketed: an OOM at the widest width now
-            warmup.widest_micro_batch(self.step_setup(), self.sampler, widths, self.log.heartbeat, self.step,
+            warmup.widest_micro_batch(self.step_setup, self.sampler, widths, self.log.heartbeat, self.step,
                                       self.total_steps)
         first_step = self.step
         while True:
-            stop, save_due = agree(self.dist, self.stop.requested, self.checkpoint_due())
+            stop, save_due = agree(self.dist, self.stop.requested, self.saves.due(self.step))
             if self.step >= self.total_steps:
-                if self.step != self.last_saved_step:
+                if not self.saves.saved(self.step):
                     self.save()
                     self.log_eval()
                 elif self.dist.is_main and self.step == first_step:
                     # Resumed into a finished budget: no save comes whose prune would remove what a kill between
                     # the last save and its prune left.
                     self.checkpointer.prune()
-                self.finish_saves()
-                self.log.heartbeat(self.step, phase=HEARTBEAT_EXITING, force=True)  # teardown: restart.exit_timeout
+                self.saves.finish(self.step, HEARTBEAT_EXITING)
                 return EXIT_DONE
             if stop:
                 if self.dist.is_main:
                     print(f"minilmd: {self.stop.signal_name or 'stop'} received; saving at step {self.step}",
                           flush=True)
-                if self.step != self.last_saved_step:
-                    self.save()
-                self.finish_saves()
-                self.log.heartbeat(self.step, force=True)
+                self.saves.finish(self.step)
                 return EXIT_STOPPED
             if save_due:
                 with meter.apart("checkpoint_s"):
@@ -439,7 +413,6 @@ class Trainer:
                 stop_early = due and self.log_eval()
             if stop_early:
                 self.stop_early()
-                self.log.heartbeat(self.step, phase=HEARTBEAT_EXITING, force=True)
                 return EXIT_DONE
 
 
