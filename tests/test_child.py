@@ -98,10 +98,10 @@ def test_orphans_are_found_by_their_run_dir_and_terminated(tmp_path):
             found = orphans.find_orphans(tmp_path)
             return found if c.pid in found else None
 
-        found = wait_until(found_it, 10, "the run's process among its orphans")
+        found = wait_until(found_it, 60, "the run's process among its orphans")
         assert found == [c.pid]  # not the other run's process
         assert orphans.terminate_orphans(tmp_path, grace=5) == found
-        assert c.popen.wait(5) == -signal.SIGTERM
+        assert c.popen.wait(60) == -signal.SIGTERM
         assert process_alive(other.pid)
     finally:
         other.kill_group()

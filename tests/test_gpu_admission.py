@@ -164,7 +164,7 @@ class _Infra:
         return GpuAdmission(self.nvml, cfg.gpu, run_name=cfg.run.name)
 
 
-def _wait_until(cond, timeout: float = 10.0) -> None:
+def _wait_until(cond, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
