@@ -67,10 +67,17 @@ class Cluster:
                 proc.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """`count` ports the kernel gives at once: all bound together, so no two are the same (one at a time, a port
+    released may come back for the next)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _install() -> str | None:
@@ -102,7 +109,7 @@ def _exe(name: str) -> str:
 
 
 def write_conf(root: Path, node: str, cpus: int, munge_socket: Path) -> Path:
-    ports = (_free_port(), _free_port())
+    ports = _free_ports(2)
     conf = root / "slurm.conf"
     conf.write_text("\n".join([
         "ClusterName=minilmdtest",
