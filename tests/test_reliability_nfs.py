@@ -167,7 +167,7 @@ def test_staging_from_a_source_that_fails_or_shrinks_mid_copy_is_retried(tmp_pat
     lifter.start()
     with supervised_under_faults(faultfs, config, tmp_path / "sup.out") as sup:
         assert wait_or_kill(sup) == 0
-    lifter.join(5)
+    lifter.join(60)
     assert seen_staged_while_faulty and not any(seen_staged_while_faulty)
     assert any("retrying train/tokens.bin" in m for m in event_texts(cfg.run_dir))
     assert verify_staged(staged) == []
