@@ -85,7 +85,7 @@ class UnreapedPopen:
 @pytest.mark.slow
 def test_kill_group_gives_a_child_that_catches_sigterm_its_grace_then_kills_it(tmp_path):
     code = ("import signal, time; signal.signal(signal.SIGTERM, lambda *a: print('SIGTERM caught', flush=True)); "
-            "print('ready', flush=True); time.sleep(60)")
+            "print('ready', flush=True); time.sleep(600)")
     c = launch([sys.executable, "-c", code], tmp_path, 1, devices="")
     try:
         wait_for(lambda: "ready" in c.log_path.read_text().splitlines(), 30, "the child to install its handler")
@@ -104,7 +104,7 @@ def test_kill_group_gives_a_child_that_catches_sigterm_its_grace_then_kills_it(t
 
 @pytest.mark.slow
 def test_kill_group_gives_up_on_a_child_the_kernel_does_not_release_instead_of_blocking(tmp_path):
-    c = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, 1, devices="")
+    c = launch([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path, 1, devices="")
     held = c.popen = UnreapedPopen(c.popen)
     try:
         assert c.kill_group(grace=0.0, reap_s=0.5) is None  # not reaped within the bound: None, not a hang
