@@ -81,12 +81,13 @@ class Launcher:
 
     def records(self, count: int) -> list[dict]:
         """Wait until the stand-ins have recorded `count` calls, then return them all."""
-        lines = lambda: self.record.read_text().splitlines() if self.record.exists() else []
-        wait_until(lambda: len(lines()) >= count, 30, f"{count} recorded calls of minilmd", interval=0.05)
+        # whole lines only: a stand-in still appending its record must not count, nor fail json.loads
+        lines = lambda: self.record.read_text().split("\n")[:-1] if self.record.exists() else []
+        wait_until(lambda: len(lines()) >= count, 120, f"{count} recorded calls of minilmd", interval=0.05)
         return [json.loads(line) for line in lines()]
 
     def wait_dead(self, session: str, window: str) -> None:
-        wait_until(lambda: any(name == window and dead for _, name, _, dead in self.windows(session)), 30,
+        wait_until(lambda: any(name == window and dead for _, name, _, dead in self.windows(session)), 120,
                    f"pane {window} to end", interval=0.05)
 
     def last_word(self, session: str, window: str) -> str:

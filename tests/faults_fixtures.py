@@ -41,7 +41,7 @@ from minilmd import mounts
 
 FAULTFS_SCRIPT = Path(__file__).with_name("faultfs.py")
 CGROUP_MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
-MOUNT_TIMEOUT_S = 20.0
+MOUNT_TIMEOUT_S = 120.0
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -369,7 +369,7 @@ class MemoryCgroup:
     def remove(self) -> None:
         """Move any process still inside to the parent group (never kill it), then delete the group."""
         parent_procs = self.path.parent / "cgroup.procs"
-        for _ in range(50):
+        for _ in range(600):  # up to 60 s: on a loaded machine a process inside may take long to leave
             if not self.path.exists():
                 return
             for pid in self.pids():

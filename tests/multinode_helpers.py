@@ -2,18 +2,16 @@
 joined by torchrun's c10d rendezvous on 127.0.0.1, each in the restart loop docs/operations.md gives a server."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from ports import free_ports
 from supervisor_helpers import env_for
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def node_command(config: Path, port: int, nnodes: int = 2, nproc: int = 1, local_addr: str | None = None) -> list[str]:

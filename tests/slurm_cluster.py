@@ -17,9 +17,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ports import free_ports
+
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 120.0  # a loaded machine: slurmctld and slurmd start slowly, and a late start skips every test
 
 
 @dataclass
@@ -67,12 +69,6 @@ class Cluster:
                 proc.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _install() -> str | None:
     if not shutil.which("apt-get"):
         return "no apt-get to install slurm-wlm and munge"
@@ -102,7 +98,7 @@ def _exe(name: str) -> str:
 
 
 def write_conf(root: Path, node: str, cpus: int, munge_socket: Path) -> Path:
-    ports = (_free_port(), _free_port())
+    ports = free_ports(2)
     conf = root / "slurm.conf"
     conf.write_text("\n".join([
         "ClusterName=minilmdtest",

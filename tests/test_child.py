@@ -91,17 +91,17 @@ def test_the_child_gets_its_own_group_run_dir_and_devices(tmp_path):
 
 
 def test_orphans_are_found_by_their_run_dir_and_terminated(tmp_path):
-    c = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, 1, devices="")
-    other = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "other", 1, devices="")
+    c = launch([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path, 1, devices="")
+    other = launch([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "other", 1, devices="")
     try:
         def found_it() -> list[int] | None:
             found = orphans.find_orphans(tmp_path)
             return found if c.pid in found else None
 
-        found = wait_until(found_it, 10, "the run's process among its orphans")
+        found = wait_until(found_it, 60, "the run's process among its orphans")
         assert found == [c.pid]  # not the other run's process
         assert orphans.terminate_orphans(tmp_path, grace=5) == found
-        assert c.popen.wait(5) == -signal.SIGTERM
+        assert c.popen.wait(60) == -signal.SIGTERM
         assert process_alive(other.pid)
     finally:
         other.kill_group()
@@ -284,7 +284,7 @@ def test_a_heartbeat_of_the_previous_attempt_never_counts_as_the_new_ones(tmp_pa
     from minilmd.daemon.base.runstate import read_heartbeat
 
     (tmp_path / names.HEARTBEAT).write_text("40\n")  # the previous attempt's, just now
-    child = launch([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, 2, "")
+    child = launch([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path, 2, "")
     try:
         assert not child.beats(read_heartbeat(tmp_path))
         assert child.silence(read_heartbeat(tmp_path), hang_timeout=0.0, startup_grace=60.0) == ""
@@ -297,7 +297,7 @@ def test_a_trainer_killed_before_its_first_heartbeat_is_told_the_start_up_grace_
     """Found by a new user: a trainer silent from its start was reported `no heartbeat for 60s (restart.hang_timeout
     60s)` under a config saying 30s; the 60 s are the start-up grace before a first heartbeat, and the message names
     both."""
-    child = launch([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, 2, "")
+    child = launch([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path, 2, "")
     try:
         detail = wait_until(lambda: child.silence(None, hang_timeout=0.0, startup_grace=1.0), 30, "the grace to pass")
         assert "1s start-up grace" in detail and "restart.hang_timeout 0s" in detail, detail

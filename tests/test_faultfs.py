@@ -116,7 +116,7 @@ def test_an_operation_held_in_a_stall_fails_when_an_error_rule_is_added(faultfs)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    wait_until(lambda: faultfs.hits("stall"), 15, "the stall to fire", interval=0.01)
+    wait_until(lambda: faultfs.hits("stall"), 60, "the stall to fire", interval=0.01)
     faultfs.fail_reads("tokens.bin")
     faultfs.remove(stall_id)
     reader.join(timeout=30)
@@ -165,7 +165,7 @@ def test_stall_blocks_only_the_stalled_op_and_clear_releases_it(faultfs):
     result = {}
     reader = threading.Thread(target=lambda: result.update(data=slow.read_bytes()), daemon=True)
     reader.start()
-    wait_until(lambda: faultfs.hits("stall", "read"), 15, "the stall to fire", interval=0.01)
+    wait_until(lambda: faultfs.hits("stall", "read"), 60, "the stall to fire", interval=0.01)
     # The mount stays usable while one read sleeps (multithreaded loop).
     assert fast.read_bytes() == b"fast"
     assert os.stat(slow).st_size == len(data)
@@ -182,7 +182,7 @@ def test_stall_of_a_write_op(faultfs):
     writer = threading.Thread(target=lambda: (faultfs.root / "LATEST.tmp").write_bytes(b"step-00000010"),
                               daemon=True)
     writer.start()
-    wait_until(lambda: faultfs.hits("stall", "write"), 15, "the write stall to fire", interval=0.01)
+    wait_until(lambda: faultfs.hits("stall", "write"), 60, "the write stall to fire", interval=0.01)
     assert writer.is_alive()
     faultfs.clear()
     writer.join(timeout=30)
@@ -259,7 +259,7 @@ def test_teardown_leaves_no_mount_even_when_busy_or_stalled_or_dead(tmp_path):
         fs.stall("f", seconds=300)
         reader = threading.Thread(target=lambda: (root / "f").read_bytes(), daemon=True)
         reader.start()
-        wait_until(lambda: fs.hits("stall"), 15, "the stall to fire", interval=0.01)
+        wait_until(lambda: fs.hits("stall"), 60, "the stall to fire", interval=0.01)
     assert not is_mounted(root)
     assert fs.proc.poll() is not None
     reader.join(timeout=30)

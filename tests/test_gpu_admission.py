@@ -123,7 +123,7 @@ def test_after_a_cuda_oom_the_gpu_is_judged_from_foreign_and_own_processes(tmp_p
     orphans.find_orphans as the supervisor does; NVML lists it with another process or alone."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    trainer = childmod.launch([sys.executable, "-c", "import time; time.sleep(60)"], run_dir, 1, "")
+    trainer = childmod.launch([sys.executable, "-c", "import time; time.sleep(600)"], run_dir, 1, "")
     try:
         _wait_until(lambda: orphans.find_orphans(run_dir) == [trainer.pid])
         mine = (trainer.pid, 30000)
@@ -144,7 +144,7 @@ def test_after_a_cuda_oom_the_gpu_is_judged_from_foreign_and_own_processes(tmp_p
         taken, why = waiter.gpu_taken()
         assert taken and f"30000 MiB of it by this run's processes [{trainer.pid}]: 20000 MiB > 200 MiB" in why
 
-        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         try:  # a process of ours that is not this run's trainer is foreign
             nvml.set(0, busy(used_mib=30000, procs=[(other.pid, 30000)]))
             assert waiter.gpu_taken()[0] is True
@@ -164,7 +164,7 @@ class _Infra:
         return GpuAdmission(self.nvml, cfg.gpu, run_name=cfg.run.name)
 
 
-def _wait_until(cond, timeout: float = 10.0) -> None:
+def _wait_until(cond, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:

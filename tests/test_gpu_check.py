@@ -71,6 +71,7 @@ assert pathlib.Path.cwd().name == "trainer" and args["--max_seq_len"] == "64" an
 for step in range(10, 101, 10):
     print(f"Epoch:[1/1]({step}/100), loss: 5.0000, logits_loss: 5.0000, aux_loss: 0.0000, lr: 0.0005", flush=True)
     time.sleep(0.05)
+time.sleep(120)  # the epoch-end save comes long after the last step: a loaded harness still stops it before
 pathlib.Path("../reached-the-epoch-end").write_text("it would save into ../checkpoints now")
 """
 
@@ -133,6 +134,7 @@ for step in range(1, 101):
     print(f"Epoch:[1/1]({step}/100), loss: 0.6931, dpo_loss: 0.6931, aux_loss: 0.0000, learning_rate: 0.00000004, "
           "epoch_time: 0.000min", flush=True)
     time.sleep(0.01)
+time.sleep(120)  # the epoch-end save comes long after the last step: a loaded harness still stops it before
 pathlib.Path("../reached-the-epoch-end").write_text("it would save into ../checkpoints now")
 """
 

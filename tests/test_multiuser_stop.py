@@ -55,7 +55,7 @@ class Decoy:
         env = [f"{names.RUN_DIR_ENV}={run_dir.resolve()}", *(f"{k}={v}" for k, v in more_env.items())]
         argv = ["env", *env, "sleep", "300"]
         self.proc = subprocess.Popen(as_user(argv) if other_user else argv, start_new_session=True, cwd="/")
-        wait_until(lambda: process_environ(self.pid).get(names.RUN_DIR_ENV) == str(run_dir.resolve()), 10,
+        wait_until(lambda: process_environ(self.pid).get(names.RUN_DIR_ENV) == str(run_dir.resolve()), 60,
                    "the decoy's exec")
         self.ticks = process_start_ticks(self.pid)
 
@@ -158,15 +158,16 @@ def test_the_orphaned_trainer_of_the_run_and_its_workers_are_stopped_and_nothing
     mine, theirs = decoys(run_dir, other_user=False), decoys(run_dir, other_user=True)
     trainer = childmod.launch([sys.executable, "-c", WITH_WORKER], run_dir, 2, devices="")
     log = trainer.log_path
-    worker = int(wait_until(lambda: [ln for ln in log.read_text().splitlines() if ln.isdigit()], 30,
+    # whole lines only: a pid read while its line is being written would be a prefix of it
+    worker = int(wait_until(lambda: [ln for ln in log.read_text().split("\n")[:-1] if ln.isdigit()], 120,
                             "the worker's pid")[0])
     try:
-        wait_until(lambda: process_environ(worker).get(names.RUN_DIR_ENV), 10, "the worker's exec")
+        wait_until(lambda: process_environ(worker).get(names.RUN_DIR_ENV), 60, "the worker's exec")
         assert orphans.find_orphans(run_dir) == sorted([trainer.pid, worker])
         out = io.StringIO()
         assert views_stop.stop(run_dir, out=out) == 0, out.getvalue()
-        assert trainer.popen.wait(10) == -signal.SIGTERM
-        wait_until(lambda: not process_alive(worker), 10, "the worker's end")
+        assert trainer.popen.wait(60) == -signal.SIGTERM
+        wait_until(lambda: not process_alive(worker), 60, "the worker's end")
         assert mine.alive() and theirs.alive()
     finally:
         trainer.kill_group()

@@ -167,7 +167,7 @@ def test_staging_from_a_source_that_fails_or_shrinks_mid_copy_is_retried(tmp_pat
     lifter.start()
     with supervised_under_faults(faultfs, config, tmp_path / "sup.out") as sup:
         assert wait_or_kill(sup) == 0
-    lifter.join(5)
+    lifter.join(60)
     assert seen_staged_while_faulty and not any(seen_staged_while_faulty)
     assert any("retrying train/tokens.bin" in m for m in event_texts(cfg.run_dir))
     assert verify_staged(staged) == []
@@ -234,11 +234,11 @@ def test_a_sync_broken_at_any_point_never_leaves_latest_naming_an_invalid_checkp
         wait_for(lambda: (state(cfg.run_dir).get("remote_checkpoint") or {}).get("step"), 60, "a first sync")
         for op, glob, action, params in SYNC_FAULTS:
             rule = faultfs.add_rule(op, glob, action, **params)
-            wait_for(lambda: any(h["id"] == rule for h in faultfs.hits()), 30, f"the fault {op} {glob} to fire")
+            wait_for(lambda: any(h["id"] == rule for h in faultfs.hits()), 120, f"the fault {op} {glob} to fire")
             faultfs.remove(rule)
             synced = (state(cfg.run_dir).get("remote_checkpoint") or {}).get("step") or 0
             # the next sync after the fault goes through, and moves LATEST forward
-            wait_for(lambda: ((state(cfg.run_dir).get("remote_checkpoint") or {}).get("step") or 0) > synced, 30,
+            wait_for(lambda: ((state(cfg.run_dir).get("remote_checkpoint") or {}).get("step") or 0) > synced, 120,
                      f"a good sync after {op} {glob}")
         assert sup.poll() is None and state(cfg.run_dir)["restarts"] == []
         out = cli("stop", str(cfg.run_dir), timeout=60)

@@ -14,14 +14,13 @@ in 6.5 minutes"), having filled the tmpfs to the last byte with a half-written c
 """
 from __future__ import annotations
 
-import errno
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 
+from filling import fill_leaving
 from minilmd import checkpoint, checkpoint_dirs, protocol, scratch
 from minilmd.config import RestartSection, RunConfig, load_config
 from minilmd.daemon.base.runstate import RunState
@@ -42,27 +41,6 @@ from waiting import wait_until
 
 def ckpt_bytes(ckpt: Path) -> int:
     return sum(f.stat().st_size for f in ckpt.iterdir())
-
-
-def fill_leaving(disk: Path, room: int) -> Path:
-    """Another job's file on the tmpfs, leaving `room` bytes free. The run keeps writing checkpoints meanwhile, so
-    the space free when the filler was sized may be gone before it is written (ENOSPC: a flaky test once): the
-    filler then takes what it can and gives back what the run took, leaving `room` free all the same."""
-    st = os.statvfs(disk)
-    filler = disk / "another-job"
-    with open(filler, "wb", buffering=0) as f:
-        left = max(0, st.f_bavail * st.f_frsize - room)
-        try:
-            while left > 0:
-                left -= f.write(b"\0" * min(left, 1 << 20))
-        except OSError as e:
-            if e.errno != errno.ENOSPC:
-                raise
-    st = os.statvfs(disk)
-    short = room - st.f_bavail * st.f_frsize
-    if short > 0:
-        os.truncate(filler, max(0, filler.stat().st_size - short))
-    return filler
 
 
 class FailingRemote:

@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from filling import fill_leaving
 from minilmd import checkpoint, checkpoint_dirs, scratch
 from minilmd.config import load_config
 from minilmd.daemon.jobs import staging
@@ -54,9 +54,7 @@ def test_a_checkpoint_save_hitting_enospc_keeps_the_previous_one_and_the_run_rec
     try:
         # another job fills the disk once the launch's space check has passed, while the trainer starts
         wait_for(lambda: state(cfg.run_dir).get("phase") == "starting", 60, "the trainer to be launched")
-        st = os.statvfs(disk)
-        with open(filler, "wb") as f:  # room for one checkpoint and a half
-            f.write(b"\0" * (st.f_bavail * st.f_frsize - int(1.5 * ckpt_bytes)))
+        assert fill_leaving(disk, int(1.5 * ckpt_bytes)) == filler  # room for one checkpoint and a half
         wait_for(lambda: state(cfg.run_dir).get("phase") == "waiting_space", 120, "the wait for space")
         first = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)
         assert [p.name for p in first] == ["step-00000004"]

@@ -43,7 +43,8 @@ store = dist.TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True)
 (out / "listening").write_text("yes")
 while not (out / "stop").exists():
     time.sleep(0.1)
-(out / "keys").write_text(str(store.num_keys()))
+(out / "keys.tmp").write_text(str(store.num_keys()))
+(out / "keys.tmp").rename(out / "keys")  # whole when the test sees it
 """
 """The other user: a TCPStore on the port, until told to stop; then how many keys others wrote into it."""
 

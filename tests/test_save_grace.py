@@ -51,7 +51,7 @@ def orphaned_trainer(run_dir: Path):
     the orphan hunt. A thread reaps it: our child, unreaped, it would count as alive for the whole grace."""
     child = launch([sys.executable, "-c", "import time; time.sleep(120)"], run_dir, 1, devices="")
     threading.Thread(target=child.popen.wait, daemon=True).start()
-    wait_until(lambda: child.pid in orphans.find_orphans(run_dir), 10, "the trainer among the run's orphans")
+    wait_until(lambda: child.pid in orphans.find_orphans(run_dir), 60, "the trainer among the run's orphans")
     return child
 
 

@@ -58,7 +58,7 @@ def end_the_restart_wait(pane_pid: int) -> None:
             if entry.name.isdigit() and int(fields[1]) == pane_pid and comm == "sleep":
                 found.append(int(entry.name))
         return found
-    wait_until(lambda: sleeps(), 30, "the window's restart delay (sleep)")
+    wait_until(lambda: sleeps(), 120, "the window's restart delay (sleep)")
     for pid in sleeps():
         os.kill(pid, signal.SIGTERM)
 

@@ -250,7 +250,7 @@ def test_stop_leaves_a_synced_checkpoint(tmp_path, corpus):
     wait_for(lambda: step_of_state(cfg.run_dir) >= 5, 60, "training")
     out = cli("stop", str(cfg.run_dir), timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert proc.wait(10) == 0
+    assert proc.wait(60) == 0
     st = state(cfg.run_dir)
     assert st["phase"] == "done" and st["outcome"]["exit"] == 0
     newest = checkpoint_dirs.list_checkpoints(cfg.checkpoint_dir)[-1]
@@ -327,7 +327,7 @@ def test_status_while_running_and_after_the_end(tmp_path, corpus):
         assert as_json["running"] is True and as_json["state"]["phase"] == "training"
         release.touch()
         assert proc.wait(60) == 0
-        wait_for(lambda: all(end in "".join(lines) for end in ("stopping -> done", "done at step 60")), 30,
+        wait_for(lambda: all(end in "".join(lines) for end in ("stopping -> done", "done at step 60")), 60,
                  "logs -f to show the end of the supervisor and of the trainer")
     finally:
         follower.send_signal(signal.SIGINT)

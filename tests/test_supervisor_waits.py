@@ -85,14 +85,15 @@ class UnreapedPopen:
 @pytest.mark.slow
 def test_kill_group_gives_a_child_that_catches_sigterm_its_grace_then_kills_it(tmp_path):
     code = ("import signal, time; signal.signal(signal.SIGTERM, lambda *a: print('SIGTERM caught', flush=True)); "
-            "print('ready', flush=True); time.sleep(60)")
+            "print('ready', flush=True); time.sleep(600)")
     c = launch([sys.executable, "-c", code], tmp_path, 1, devices="")
     try:
         wait_for(lambda: "ready" in c.log_path.read_text().splitlines(), 30, "the child to install its handler")
         pings: list[float] = []
         started = time.monotonic()
-        assert c.kill_group(grace=1.0, while_waiting=lambda: pings.append(time.monotonic())) == -signal.SIGKILL
-        assert time.monotonic() - started >= 1.0  # it had its grace...
+        # a grace of 3 s: 60 polls of 0.05 s, so that 5 pings come even on a machine 10x slower
+        assert c.kill_group(grace=3.0, while_waiting=lambda: pings.append(time.monotonic())) == -signal.SIGKILL
+        assert time.monotonic() - started >= 3.0  # it had its grace...
         assert "SIGTERM caught" in c.log_path.read_text().splitlines()  # ...and used it to ignore SIGTERM
         assert len(pings) >= 5  # the caller (the watchdog) was called throughout
     finally:
@@ -103,7 +104,7 @@ def test_kill_group_gives_a_child_that_catches_sigterm_its_grace_then_kills_it(t
 
 @pytest.mark.slow
 def test_kill_group_gives_up_on_a_child_the_kernel_does_not_release_instead_of_blocking(tmp_path):
-    c = launch([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, 1, devices="")
+    c = launch([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path, 1, devices="")
     held = c.popen = UnreapedPopen(c.popen)
     try:
         assert c.kill_group(grace=0.0, reap_s=0.5) is None  # not reaped within the bound: None, not a hang
@@ -202,7 +203,7 @@ def test_the_orphan_hunt_at_start_keeps_feeding_the_watchdog(tmp_path, corpus):
         wait_for(lambda: "ready" in trainer.log_path.read_text(), 30, "the orphan's start")
         proc = start_supervisor(config, tmp_path / "sup.out", NOTIFY_SOCKET=notify.path, WATCHDOG_USEC="500000")
         assert wait_or_kill(proc, 120) == 0
-        assert orphan.wait(10) == -signal.SIGKILL
+        assert orphan.wait(60) == -signal.SIGKILL
     finally:
         notify.close()
         if orphan.poll() is None:
@@ -212,4 +213,7 @@ def test_the_orphan_hunt_at_start_keeps_feeding_the_watchdog(tmp_path, corpus):
     assert ended - began >= 4  # the grace (restart.hang_timeout), 16 watchdog intervals
     pings = [t for t in notify.watchdog_times() if began <= t <= ended]
     gaps = [b - a for a, b in zip([began, *pings], [*pings, ended], strict=True)]
-    assert len(pings) >= 4 and max(gaps) < 2.0, gaps  # without pings during the hunt: one gap of 4 s
+    # without pings during the hunt: one gap of 4 s; pings only as it began: none in its second half. No bound on a
+    # gap in seconds: a loaded machine may leave the supervisor unscheduled for one
+    middle = (began + ended) / 2
+    assert len([t for t in pings if t < middle]) >= 2 and len([t for t in pings if t >= middle]) >= 2, gaps

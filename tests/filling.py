@@ -1,0 +1,28 @@
+"""Another job's file on a small tmpfs that a running run writes to (tests/test_reliability_scratch_full.py,
+test_reliability_tmpfs.py)."""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+
+def fill_leaving(disk: Path, room: int, name: str = "another-job") -> Path:
+    """Another job's file on the tmpfs, leaving `room` bytes free. The run keeps writing checkpoints meanwhile, so
+    the space free when the filler was sized may be gone before it is written (ENOSPC: a flaky test once): the
+    filler then takes what it can and gives back what the run took, leaving `room` free all the same."""
+    st = os.statvfs(disk)
+    filler = disk / name
+    with open(filler, "wb", buffering=0) as f:
+        left = max(0, st.f_bavail * st.f_frsize - room)
+        try:
+            while left > 0:
+                left -= f.write(b"\0" * min(left, 1 << 20))
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+    st = os.statvfs(disk)
+    short = room - st.f_bavail * st.f_frsize
+    if short > 0:
+        os.truncate(filler, max(0, filler.stat().st_size - short))
+    return filler
