@@ -21,15 +21,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from minilmd import checkpoint as ck
 from minilmd import perms
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.remote_publish import LeftAside, Publishing
+from minilmd.daemon.jobs.remote_store import ListedManifest, RemoteStore, Steps
 from minilmd.dirfd import Dir
 from minilmd.fsio import table_problems
 from minilmd.names import LATEST, MANIFEST, MANIFEST_MAX_BYTES, POINTER_MAX_BYTES, is_step_name, step_of
+from minilmd.shared_place import Look, look
 from minilmd.untrusted import Unreadable, file_kind, loads, open_regular, printable, read_bytes
 
 CHUNK = 8 * 1024 * 1024
@@ -54,30 +55,12 @@ def _sha256_stream(f, size: int) -> str:
     return h.hexdigest()
 
 
-class Steps(NamedTuple):
-    """Remote.steps: the step directories of this run, and the entries by a step name passed by."""
-
-    ours: list[str]
-    """Step directory names, oldest first."""
-    passed_by: dict[str, str]
-    """Step names passed by on a local remote (another user's entry, a link): what each is, for the sync to say."""
-
-
-class ListedManifest(NamedTuple):
-    """Remote.read_manifest: a remote checkpoint's manifest read once, its bytes kept for a fetch to write."""
-
-    manifest: dict | None
-    """The manifest, when it is one; None when there is none or it is not valid (`problems` says which)."""
-    problems: list[str]
-    raw: bytes | None
-    """The bytes it was parsed from (None without a manifest): a fetch writes them, never reading the file again."""
-
-
-__all__ = ["LeftAside", "ListedManifest", "Remote", "Steps"]
+__all__ = ["LeftAside", "ListedManifest", "Remote", "RemoteStore", "Steps"]
 
 
 class Remote(Publishing):
-    """The few file operations sync needs, over fsspec, with atomic renames where the store has them."""
+    """The few file operations sync needs, over fsspec, with atomic renames where the store has them (RemoteStore:
+    what its callers may ask; `local` is this class's own, read by no caller)."""
 
     def __init__(self, url: str, tmp_tag: str = ""):
         import fsspec
@@ -140,6 +123,11 @@ class Remote(Publishing):
         with contextlib.suppress(Exception):
             self.close()
 
+    @property
+    def renames_into_place(self) -> bool:
+        """RemoteStore.renames_into_place: a local path (NFS included) has atomic rename; other stores do not."""
+        return self.local
+
     def path(self, *names: str) -> str:
         return "/".join([self.root, *names])
 
@@ -168,6 +156,11 @@ class Remote(Publishing):
             else:
                 ours.append(name)
         return Steps(ours, passed_by)
+
+    def look(self, expected: str) -> Look:
+        """Why `expected` is missing at the root, as minilmd/shared_place.py says (not there, an empty directory, one
+        that cannot be listed): told from a root that answers without it."""
+        return look(self.root, expected, self.fs)
 
     def size(self, *names: str) -> int | None:
         try:
@@ -371,6 +364,23 @@ class Remote(Publishing):
         """What `name` is when it is no real directory of this user's (a link, another user's entry:
         remote_write.not_ours), None when it is, or is not there, or the remote is not a local path."""
         return remote_write.not_ours(self.path(name)) if self.local else None
+
+    def made_here(self, name: str) -> bool:
+        """Whether the step `name` of this run (`steps`: by its owner) was made by a sync of this user
+        (remote_write.not_made_here; every step of a store that is not a local path): on a share that gives every
+        file one owner, another user's step is this run's by its owner alone. A look that fails says no."""
+        if not self.local:
+            return True
+        try:
+            return remote_write.not_made_here(self.path(name)) is None
+        except OSError:
+            return False
+
+    def set_aside(self, name: str, reason: str) -> str | None:
+        """A damaged checkpoint (or a copy never to be removed) set aside with its reason: where it went (quarantine
+        on a local remote); None on a store without rename, which has nowhere to move it: it is left, and skipped.
+        NotOurs as quarantine's."""
+        return self.quarantine(name, reason) if self.local else None
 
     def quarantine(self, name: str, reason: str) -> str:
         """Set a damaged checkpoint of a local remote aside into quarantine/, with its reason: where it went.
