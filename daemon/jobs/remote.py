@@ -1,12 +1,13 @@
-"""The remote of a run's checkpoints (daemon/jobs/sync.py's one view of it): the few file operations sync needs,
-over fsspec (an NFS path or any fsspec URL), with atomic renames and fsync where the store has them. A local
-remote (NFS included) is a place other users and machines may write: its small files are read as untrusted
-(minilmd/untrusted.py), no link followed from the root down (one placed there may point at another user's file,
-/dev/zero or a FIFO), and a listed file that is not a regular file or lies past a link (a FIFO would block a hash,
-/dev/zero never end one) is a problem of its checkpoint before anything of it is read. A hash reads no further
-than one byte past the size its caller expects. What a sync writes there is made new, never through a link
-(daemon/jobs/remote_write.py), and every write, rename and removal starts at the descriptor of the root opened once
-and checked by dirfd's rule (`_root`; renames into place: daemon/jobs/remote_publish.py). Torch-free.
+"""The remote of a run's checkpoints (RemoteStore, daemon/jobs/remote_store.py: what sync, fetch and basecopy may ask of
+it; they never ask which kind it is): the few file operations sync needs, over fsspec (an NFS path or any fsspec URL),
+with atomic renames and fsync where the store has them. A local remote (NFS included) is a place other users and
+machines may write: its small files are read as untrusted (minilmd/untrusted.py), no link followed from the root down
+(one placed there may point at another user's file, /dev/zero or a FIFO), and a listed file that is not a regular file
+or lies past a link (a FIFO would block a hash, /dev/zero never end one) is a problem of its checkpoint before anything
+of it is read. A hash reads no further than one byte past the size its caller expects. What a sync writes there is made
+new, never through a link (daemon/jobs/remote_write.py), and every write, rename and removal starts at the descriptor of
+the root opened once and checked by dirfd's rule (`_root`; renames into place: daemon/jobs/remote_publish.py).
+Torch-free.
 """
 from __future__ import annotations
 
