@@ -11,11 +11,13 @@ import fsspec
 
 import source_tree
 from minilmd import checkpoint as ck
+from minilmd.daemon.jobs.remote import Remote, open_remote
+from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.names import QUARANTINE
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
 
-REMOTE_MODULES = ("remote.py", "remote_publish.py", "remote_write.py", "remote_store.py")
+REMOTE_MODULES = ("remote.py", "remote_local.py", "remote_publish.py", "remote_write.py", "remote_store.py")
 """The remote's own modules, daemon/jobs/remote*.py: the implementation may know which kind it is."""
 
 
@@ -61,3 +63,15 @@ def test_a_store_without_rename_skips_a_corrupt_checkpoint_leaving_it_and_fetche
         assert [m for m in logs if "step-00000020 is invalid" in m and m.endswith("; skipped")], logs
     finally:
         fs.rm(url, recursive=True)
+
+
+def test_open_remote_chooses_the_local_half_for_a_local_path_and_the_fsspec_half_for_a_store(tmp_path):
+    """One constructor chooses by URL: a plain path, file:// or local:// is a LocalRemote (read as untrusted, written
+    at its root's checked descriptor, renamed into place); any other fsspec store is the plain Remote."""
+    for url in (str(tmp_path / "r"), f"file://{tmp_path}/r", f"local://{tmp_path}/r"):
+        local = open_remote(url)
+        assert isinstance(local, LocalRemote) and local.renames_into_place, url
+        assert local.root == str(tmp_path / "r")
+    store = open_remote(f"memory://remote-store-kind-{os.getpid()}")
+    assert not isinstance(store, LocalRemote) and isinstance(store, Remote) and not store.renames_into_place
+    assert store.set_aside("step-00000001", "damaged") is None and store.made_here("step-00000001")

@@ -29,7 +29,7 @@ from minilmd.base_copy import (
 )
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
-from minilmd.daemon.jobs.remote import LeftAside, Remote
+from minilmd.daemon.jobs.remote import LeftAside, open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.fsio import publish_dir
@@ -340,6 +340,6 @@ def _remote_of(cfg) -> RemoteStore | None:
     if not (cfg.lora.enabled and cfg.run.remote):
         return None
     try:
-        return Remote(cfg.run.remote)
+        return open_remote(cfg.run.remote)
     except (ValueError, ImportError, OSError):
         return None

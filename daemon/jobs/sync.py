@@ -38,7 +38,7 @@ from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.fetch import Fetcher
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.names import (
     BEST,
@@ -121,7 +121,7 @@ class Syncer(Fetcher):
     def remote(self) -> RemoteStore:
         if self._remote is None:
             try:
-                self._remote = Remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid()))
+                self._remote = open_remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid()))
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
         return self._remote
