@@ -1,4 +1,4 @@
-"""Reading a local remote's file (daemon/jobs/remote.py Remote.cat and Remote.open) when another user swaps a
+"""Reading a local remote's file (daemon/jobs/remote_local.py: LocalRemote.cat, .open) when another user swaps a
 directory on its way for a link.
 
 Before, `_untrusted` looked at each directory on the way with lstat, then opened the file by its whole path: a
