@@ -96,7 +96,7 @@ def remote_place_problems(cfg: RunConfig) -> list[str]:
 
 
 def local_remote_root(remote: str | None) -> str | None:
-    """The path of a run.remote that the sync writes as a local path (Remote.local: a plain path, file://,
+    """The path of a run.remote that the sync writes as a local path (LocalRemote: a plain path, file://,
     local://), None for any other store or none. Told from the protocol alone: building a remote store's
     filesystem may connect to it (sftp), and a check must not wait on a network that is down."""
     if not remote or "://" not in remote:

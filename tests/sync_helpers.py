@@ -10,7 +10,7 @@ import torch
 
 from minilmd import checkpoint as ck
 from minilmd.config import RunConfig
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
@@ -50,7 +50,7 @@ def dirs(tmp_path):
     return tmp_path / "shm" / "checkpoints", tmp_path / "nfs" / "run"
 
 
-class StaleSizes(Remote):
+class StaleSizes(LocalRemote):
     """A remote whose sizes lag (an NFS client's attribute cache): a file named in `sizes` ("/" between the names
     of its path, as in "step-00000010/trainer_state.json") has the size it says, whatever the file has now."""
 

@@ -16,7 +16,8 @@ import pytest
 from base_copy_helpers import files_of, staged_pth
 from minilmd import dirfd, names
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import LeftAside, Remote
+from minilmd.daemon.jobs.remote import LeftAside, open_remote
+from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_RECORD
@@ -38,7 +39,7 @@ def _no_quarantine(root: Path, tmp_path: Path) -> None:
     (root / QUARANTINE).symlink_to(tmp_path / "elsewhere")
 
 
-class TwoOtherWriters(Remote):
+class TwoOtherWriters(LocalRemote):
     """A remote shared with two other machines: one publishes its base's copy (`theirs`) at `init` right when this
     push copies its record (after this push read the remote's record), the other (`third`) takes `init` (a
     publish_dir, replacing whatever stands there) while this push looks at what it moved out of `init`."""
@@ -94,14 +95,14 @@ def test_a_copy_left_under_the_push_temporary_name_is_not_removed_by_the_next_pu
     left = root / sync_tmp_name(basecopy.REMOTE_BASE, "h", 1)
     shutil.copytree(theirs, left)
     taken: list[tuple[str, str]] = []
-    remote = Remote(str(root))
+    remote = open_remote(str(root))
     assert basecopy.push(remote, ours, "h", 1, taken=lambda found, fresh: taken.append((found, fresh))) > 0
     assert files_of(left) == files_of(theirs)
     assert files_of(root / basecopy.REMOTE_BASE) == files_of(ours)
     assert len(taken) == 1 and "another" in taken[0][0]
 
 
-class PublishesAtTheRecord(Remote):
+class PublishesAtTheRecord(LocalRemote):
     """A remote shared with another machine, which publishes its base's copy at `init` when this push copies its
     record (after this push read the remote's record)."""
 

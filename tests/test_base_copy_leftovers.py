@@ -17,7 +17,7 @@ import pytest
 from base_copy_helpers import files_of, staged_pth
 from minilmd import names
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import Remote, open_remote
 from minilmd.daemon.jobs.sync import STALE_TMP_SECONDS, Syncer
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
 from minilmd.names import QUARANTINE, REASON_FILE, sync_tmp_name
@@ -28,12 +28,12 @@ KILLED_WHILE_LOOKING = textwrap.dedent("""
     from minilmd import dirfd, fsio
     from minilmd.daemon.jobs import basecopy
     from minilmd.names import host_tag
-    from minilmd.daemon.jobs.remote import Remote
+    from minilmd.daemon.jobs.remote_local import LocalRemote
     staged, theirs, url, renames = sys.argv[1:]
     if renames == "plain":  # NFS: renameat2's flags not done (EINVAL)
         dirfd.renameat2 = lambda *args: False
 
-    class KilledWhileLooking(Remote):
+    class KilledWhileLooking(LocalRemote):
         def put(self, local, *names):  # another machine publishes its base's copy after this push read the record
             if names[-1] == basecopy.INIT_RECORD:
                 arriving = shutil.copytree(theirs, self.path(".tmp-init-otherhost-7"))
@@ -108,7 +108,7 @@ def test_on_a_store_without_rename_a_copy_published_after_the_read_is_not_remove
     fs = fsspec.filesystem("memory")
     try:
         if stood != "nothing":
-            assert basecopy.push(Remote(url), ours, "h", 1) > 0
+            assert basecopy.push(open_remote(url), ours, "h", 1) > 0
             fs.pipe_file(f"{url}/{basecopy.REMOTE_BASE}/{STAGED_PTH}", b"cut short")
         remote = PublishedAfterTheRead(url, files_of(theirs))
         assert basecopy.push(remote, ours, "h", 1) == 0

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from base_copy_helpers import staged_pth
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote_local import LocalRemote
 
 
-class Counting(Remote):
+class Counting(LocalRemote):
     """A local remote that counts the reads of `init`'s record and the size looks under `init`."""
 
     def __init__(self, url: str):

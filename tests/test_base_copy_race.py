@@ -12,12 +12,13 @@ import pytest
 from base_copy_helpers import files_of, replace_whole, staged_pth
 from minilmd import dirfd, fsio
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
 from rename_flags import exchange_not_done
 
 
-class AnotherMachine(Remote):
+class AnotherMachine(LocalRemote):
     """A remote shared with another machine, which publishes its own base's copy (`theirs`) at `<remote>/init`,
     as a push of its own ends, right when this push copies its last file (the record): after this push read the
     remote's record, before it renames its copy into place."""
@@ -68,7 +69,7 @@ def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_
     theirs = staged_pth(tmp_path, "theirs")
     url = str(tmp_path / "remote")
     if stood != "nothing":
-        assert basecopy.push(Remote(url), staged, "h", 1) > 0
+        assert basecopy.push(open_remote(url), staged, "h", 1) > 0
         (tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_PTH).write_bytes(b"cut short")
         renames.calls.clear()
     remote = AnotherMachine(url, theirs)
@@ -83,7 +84,7 @@ def test_another_bases_copy_published_while_the_base_is_pushed_is_left_byte_for_
 def test_a_base_pushed_where_nothing_stands_is_renamed_into_a_name_never_taken(tmp_path, renames):
     """Nothing at `<remote>/init`: the copy goes there whole (RENAME_NOREPLACE), nothing left beside it."""
     staged = staged_pth(tmp_path, "ours")
-    remote = Remote(str(tmp_path / "remote"))
+    remote = open_remote(str(tmp_path / "remote"))
     assert basecopy.push(remote, staged, "h", 1) > 0
     assert files_of(tmp_path / "remote" / basecopy.REMOTE_BASE) == files_of(staged)
     assert remote.names() == [basecopy.REMOTE_BASE] and basecopy.on_remote(remote, staged)
@@ -94,7 +95,7 @@ def test_a_base_pushed_where_nothing_stands_is_renamed_into_a_name_never_taken(t
                                                         "rename)"])
 def test_a_damaged_copy_of_this_base_is_still_replaced_whole(tmp_path, renames, damage):
     staged = staged_pth(tmp_path, "ours")
-    remote = Remote(str(tmp_path / "remote"))
+    remote = open_remote(str(tmp_path / "remote"))
     assert basecopy.push(remote, staged, "h", 1) > 0
     kept = tmp_path / "remote" / basecopy.REMOTE_BASE
     if damage == "a file cut short":
@@ -113,7 +114,7 @@ def test_a_directory_without_a_record_is_replaced_but_never_one_with_another_rec
     """A copy exists once its record does (written last): an `init` with none is what a push replaces, as on main;
     one that holds another base's record by the time the push renames is not."""
     staged = staged_pth(tmp_path, "ours")
-    remote = Remote(str(tmp_path / "remote"))
+    remote = open_remote(str(tmp_path / "remote"))
     leftover = tmp_path / "remote" / basecopy.REMOTE_BASE
     (leftover / "checkpoint").mkdir(parents=True)
     (leftover / STAGED_PTH).write_bytes(b"half")
@@ -136,7 +137,7 @@ def test_what_stood_there_is_kept_when_a_third_writer_takes_the_name_while_it_is
     this push looks at what it moved out: neither that nor the third copy is deleted; the one that cannot go back
     to `init` is kept in quarantine/, and this push's own copy is the only thing removed."""
     root = tmp_path / "remote"
-    remote = Remote(str(root))
+    remote = open_remote(str(root))
     for name, marker in (("src", "ours"), (basecopy.REMOTE_BASE, "first")):
         (root / name).mkdir(parents=True)
         (root / name / marker).write_text(marker)

@@ -111,9 +111,9 @@ READERS = {
     "BEST pointer": Reader(names.BEST, checkpoint_dirs.read_best),
     "tokenizer.json": Reader(names.TOKENIZER_FILE, load_tokenizer, (TokenizerError,)),
     "tokenizer_config.json": Reader(names.TOKENIZER_CONFIG, chat.read_tokenizer_config, (chat.ChatError,)),
-    "remote LATEST pointer": Reader(names.LATEST, lambda d: remote.Remote(str(d)).read_text(names.LATEST)),
+    "remote LATEST pointer": Reader(names.LATEST, lambda d: remote.open_remote(str(d)).read_text(names.LATEST)),
     "remote checkpoint manifest": Reader(f"{names.step_name(1)}/{names.MANIFEST}",
-                                         lambda d: remote.Remote(str(d)).manifest_or_problems(names.step_name(1))),
+                                         lambda d: remote.open_remote(str(d)).manifest_or_problems(names.step_name(1))),
     "safetensors header": Reader(names.MODEL_FILE, lambda d: scan_safetensors(d / names.MODEL_FILE), (ValueError,),
                                  kinds=False),
 }

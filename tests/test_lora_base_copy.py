@@ -19,7 +19,8 @@ from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import basecopy, initstage, stagingworker
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, same_source
@@ -39,7 +40,7 @@ def _staged_base(tmp_path: Path, checkpoint: Path) -> tuple[Path, dict]:
 def test_the_base_is_copied_once_read_back_and_fetched_only_for_the_base_a_checkpoint_records(tmp_path,
                                                                                              undisturbed):
     staged, record = _staged_base(tmp_path, undisturbed().checkpoint)
-    remote = Remote(str(tmp_path / "remote"))
+    remote = open_remote(str(tmp_path / "remote"))
     assert basecopy.push(remote, staged, "h", 1) > 0
     assert basecopy.on_remote(remote, staged) and basecopy.push(remote, staged, "h", 1) == 0  # once
     assert remote.names() == [basecopy.REMOTE_BASE]  # no temporary copy left, no step name: retention passes it by
@@ -62,7 +63,7 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     """The remote is a place other users and machines write: a copy there is used only when every hash is the
     one the run's checkpoint records; a FIFO in it is refused unopened."""
     staged, record = _staged_base(tmp_path, undisturbed().checkpoint)
-    remote = Remote(str(tmp_path / "remote"))
+    remote = open_remote(str(tmp_path / "remote"))
     basecopy.push(remote, staged, "h", 1)
     copy = tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_CHECKPOINT
     weights = copy / names.MODEL_FILE
@@ -90,14 +91,14 @@ def test_a_damaged_or_hostile_remote_copy_is_refused_without_blocking(tmp_path, 
     assert expected[damage] in problems[0], problems
 
 
-def _pushed_pth_base(tmp_path: Path) -> tuple[Path, Path, Remote, dict]:
+def _pushed_pth_base(tmp_path: Path) -> tuple[Path, Path, LocalRemote, dict]:
     """A 4 KiB .pth base staged and pushed to `<tmp_path>/remote`: (its source, its staged copy, the remote, its
     record)."""
     pth = tmp_path / "share" / "base.pth"
     pth.parent.mkdir()
     pth.write_bytes(os.urandom(4096))
     staged = initstage.stage_init(str(pth), tmp_path / "scratch")
-    remote = Remote(str(tmp_path / "remote"))
+    remote = open_remote(str(tmp_path / "remote"))
     basecopy.push(remote, staged, "h", 1)
     return pth, staged, remote, json.loads((staged / STAGED_RECORD).read_text())
 
@@ -129,7 +130,7 @@ def test_a_pth_bases_remote_copy_is_read_no_further_than_its_size(tmp_path, reco
     assert problems and "longer than the 4096 bytes listed" in problems[0], problems
 
 
-class RestagedWhilePushed(Remote):
+class RestagedWhilePushed(LocalRemote):
     """Once the first file of a push is copied (and read back), `staged` is staged again from other weights
     (publish_dir, as staging does: a restart while the sync thread still copies the base)."""
 
@@ -144,7 +145,7 @@ class RestagedWhilePushed(Remote):
         return super().put(local, *names)
 
 
-class WrittenToWhilePushed(Remote):
+class WrittenToWhilePushed(LocalRemote):
     """Another user appends to each file of a push as soon as it is copied, before it is read back; what each
     read-back hashed is kept (digests)."""
 
@@ -199,7 +200,7 @@ def test_a_remote_copy_of_another_base_is_never_replaced(tmp_path, undisturbed):
     """The remote's `init` may be the only copy of the base older checkpoints were trained on: a staged base of
     other weights (init.from edited, a predecessor re-run) is not pushed over it."""
     staged, record = _staged_base(tmp_path, undisturbed().checkpoint)
-    remote = Remote(str(tmp_path / "remote"))
+    remote = open_remote(str(tmp_path / "remote"))
     basecopy.push(remote, staged, "h", 1)
     theirs = tmp_path / "remote" / basecopy.REMOTE_BASE / STAGED_RECORD
     theirs.write_text(json.dumps({**record, "manifest_sha256": "0" * 64}))  # the record of another base
@@ -207,7 +208,7 @@ def test_a_remote_copy_of_another_base_is_never_replaced(tmp_path, undisturbed):
     assert basecopy.push(remote, staged, "h", 1) == 0 and theirs.read_bytes() == before
 
 
-class RecordGoneAfterItsFirstRead(Remote):
+class RecordGoneAfterItsFirstRead(LocalRemote):
     """Another machine at work on `<remote>/init`: right after the first read of its record, the record is gone
     (a copy rewritten in place writes its record last); every read of the record counted."""
 
@@ -266,7 +267,7 @@ def _resumed_lora_run(tmp_path: Path, corpus, undisturbed, remote: str):
     changed (the predecessor run again: other weights). -> (cfg, the base's record)"""
     run = undisturbed()
     staged, record = _staged_base(tmp_path, run.checkpoint)
-    basecopy.push(Remote(remote), staged, "h", 1)
+    basecopy.push(open_remote(remote), staged, "h", 1)
     cfg = load_config(write_config(tmp_path, corpus, init={"from": record["from"]}, run={"remote": remote},
                                    lora={"rank": 4, "alpha": 8.0}))
     ckpt = cfg.checkpoint_dir / "step-00000004"

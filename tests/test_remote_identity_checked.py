@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.daemon.jobs import remote_write
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
 from minilmd.daemon.jobs.remote_write import NotOurs
 from minilmd.names import QUARANTINE
 
@@ -28,7 +28,7 @@ def swapped_after_the_look(tmp_path, monkeypatch):
     """(remote, root, his): a run's directory NAME in the remote, which another user's directory replaces (the run's
     moved aside) right after not_made_here has judged the run's."""
     root = tmp_path / "remote"
-    remote = Remote(str(root))
+    remote = open_remote(str(root))
     remote.makedirs()
     remote.makedirs(NAME)
     judge = remote_write.not_made_here

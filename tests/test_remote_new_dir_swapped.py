@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.daemon.jobs import remote_write
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
 
 pytestmark = pytest.mark.root
 OTHER = 4242
@@ -61,7 +61,7 @@ def test_a_directory_swapped_after_its_mkdir_is_not_ours_and_its_owner_never_bec
     # his planted step stays another user's: passed by, never the run's newest checkpoint
     (root / "step-99999999").mkdir()
     os.chown(root / "step-99999999", OTHER, OTHER)
-    steps = Remote(str(root)).steps()
+    steps = open_remote(str(root)).steps()
     assert steps.ours == [] and "step-99999999" in steps.passed_by
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from minilmd.daemon.jobs import remote_write
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
 
 NAME = ".LATEST.host-1-abcdef12.tmp"
 OTHER = 4242
@@ -20,7 +20,7 @@ OTHER = 4242
 
 def test_a_temp_file_swapped_after_the_look_is_left(tmp_path, monkeypatch):
     root = tmp_path / "remote"
-    remote = Remote(str(root))
+    remote = open_remote(str(root))
     remote.makedirs()
     (root / NAME).write_text("step-00000005\n")
     judge = remote_write.not_ours
@@ -42,7 +42,7 @@ def test_a_temp_file_swapped_after_the_look_is_left(tmp_path, monkeypatch):
 
 def test_the_run_s_own_temp_file_is_removed(tmp_path):
     root = tmp_path / "remote"
-    remote = Remote(str(root))
+    remote = open_remote(str(root))
     remote.makedirs()
     (root / NAME).write_text("step-00000005\n")
     assert remote.rm(NAME, file=True) is None
@@ -51,7 +51,7 @@ def test_the_run_s_own_temp_file_is_removed(tmp_path):
 
 def test_a_link_at_the_temp_name_is_left(tmp_path):
     root = tmp_path / "remote"
-    remote = Remote(str(root))
+    remote = open_remote(str(root))
     remote.makedirs()
     target = tmp_path / "elsewhere"
     target.write_text("keep\n")

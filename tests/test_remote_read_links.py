@@ -1,4 +1,4 @@
-"""Reading a local remote's file (daemon/jobs/remote.py Remote.cat and Remote.open) when another user swaps a
+"""Reading a local remote's file (daemon/jobs/remote_local.py: LocalRemote.cat, .open) when another user swaps a
 directory on its way for a link.
 
 Before, `_untrusted` looked at each directory on the way with lstat, then opened the file by its whole path: a
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
 from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES
 from minilmd.untrusted import Unreadable
 
@@ -59,7 +59,7 @@ READS = {
 def test_a_directory_swapped_for_a_link_after_its_look_is_not_followed(remote_with_theirs, monkeypatch, read):
     remote, theirs = remote_with_theirs
     swapped = swap_when_the_file_is_looked_at(monkeypatch, remote, theirs)
-    got = READS[read](Remote(str(remote)))
+    got = READS[read](open_remote(str(remote)))
     assert swapped and (remote / "step-00000010").is_symlink()  # the swap took place before the open
     assert got == OURS  # the file of the directory the walk opened, never the one the link points at
 
@@ -67,7 +67,7 @@ def test_a_directory_swapped_for_a_link_after_its_look_is_not_followed(remote_wi
 def test_a_link_on_the_way_is_refused_saying_what_it_is(remote_with_theirs):
     remote, theirs = remote_with_theirs
     (remote / "step-00000020").symlink_to(theirs)
-    r = Remote(str(remote))
+    r = open_remote(str(remote))
     for read in (lambda: r.cat(r.path("step-00000020", MANIFEST), MANIFEST_MAX_BYTES),
                  lambda: r.open("step-00000020", MANIFEST)):
         with pytest.raises(Unreadable) as refused:
@@ -81,7 +81,7 @@ def test_a_link_on_the_way_is_refused_saying_what_it_is(remote_with_theirs):
 
 def test_what_is_missing_on_the_way_or_at_the_end_is_file_not_found(remote_with_theirs):
     remote, _ = remote_with_theirs
-    r = Remote(str(remote))
+    r = open_remote(str(remote))
     for names in (("step-00000099", MANIFEST), ("step-00000010", "absent.json")):
         with pytest.raises(FileNotFoundError):
             r.cat(r.path(*names), MANIFEST_MAX_BYTES)
@@ -94,7 +94,7 @@ def test_the_file_itself_is_refused_by_its_kind_and_named_by_its_whole_path(remo
     remote, theirs = remote_with_theirs
     (remote / "step-00000010" / "linked").symlink_to(theirs / MANIFEST)
     os.mkfifo(remote / "step-00000010" / "fifo")
-    r = Remote(str(remote))
+    r = open_remote(str(remote))
     for name, kind, why in (("linked", "link", "a symbolic link"), ("fifo", "not_regular", "a FIFO")):
         with pytest.raises(Unreadable) as refused:
             r.cat(r.path("step-00000010", name), MANIFEST_MAX_BYTES)

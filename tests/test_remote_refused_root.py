@@ -16,7 +16,7 @@ import shutil
 from types import SimpleNamespace
 
 from minilmd.daemon import preflight
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.names import LATEST, MANIFEST
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture
@@ -27,7 +27,7 @@ def test_a_damaged_step_in_a_refused_root_is_skipped_and_the_older_checkpoint_fe
     made, team = tmp_path / "remote", tmp_path / "team"
     save(tmp_path / "old-scratch", 10, weights)
     without_blocking(Syncer(tmp_path / "old-scratch", str(made), EXPECTED).sync_newest)
-    Remote(str(made)).makedirs("step-00000020")
+    open_remote(str(made)).makedirs("step-00000020")
     (made / "step-00000020" / MANIFEST).write_text("[[")
     (made / LATEST).write_text("step-00000020\n")
     team.mkdir()
@@ -50,7 +50,7 @@ def held_on_removed_directories(root: str) -> int:
 
 def test_the_descriptors_of_replaced_roots_are_closed_at_the_next_syncs_start(tmp_path):
     root = tmp_path / "remote"
-    remote = Remote(str(root))
+    remote = open_remote(str(root))
     for _ in range(4):
         remote.makedirs()  # a sync's start: the root opened again when its path leads elsewhere now
         shutil.rmtree(root)  # the root made again (a share remounted: another directory at its path)

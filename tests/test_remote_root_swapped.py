@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
 from minilmd.daemon.jobs.remote_write import root_refused
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.dirfd import PlaceRefused
@@ -71,7 +71,7 @@ def test_a_root_swapped_for_a_link_after_it_was_opened_redirects_nothing(tmp_pat
     fill(elsewhere, "another run's")
     src = tmp_path / "weights.bin"
     src.write_bytes(b"ours")
-    remote = Remote(str(root), "h-1-")
+    remote = open_remote(str(root), "h-1-")
     remote.makedirs()  # what each sync does first: the root made when missing, opened and checked
     before = tree(elsewhere)
     os.rename(root, moved)
@@ -100,7 +100,7 @@ def test_a_remote_under_a_directory_others_can_rearrange_is_refused_but_a_team_d
     checked = cli("run", "--check", str(write_config(tmp_path, corpus, run={"remote": str(below)})))
     assert checked.returncode == 2 and "can be written by other users" in checked.stderr + checked.stdout, checked
     with pytest.raises(PlaceRefused, match="can be written by other users"):
-        Remote(str(below)).makedirs()
+        open_remote(str(below)).makedirs()
     with pytest.raises(SyncError, match="can be written by other users"):
         Syncer(local, str(below), EXPECTED).sync_newest()
     assert not below.exists() or not any(below.iterdir())

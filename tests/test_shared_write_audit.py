@@ -49,7 +49,7 @@ PRIVATE_TMP = ("inside a 0700 temporary directory of dirfd's (Dir.make_temp), re
 RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user's own directory, named in her "
            "config; not yet checked against others rearranging it")
 REMOTE = ("run.remote's root itself, made by path when missing (the run's configuration), before dirfd opens and "
-          "checks it (Remote._root), after which everything below it is written at that descriptor; and a store's "
+          "checks it (LocalRemote._root), after which everything below it is written at that descriptor; and a store's "
           "objects (fsspec, not a local path: no links, no renames)")
 OWN_OUTPUT = ("a command's output the user names (--out of demo-corpus, tokenizer train, plot, bench): written by "
               "name as any tool's output; not hardened for a directory others write")
@@ -134,7 +134,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("stage_probe", ".write_bytes"): 1, ("_copy_checkpoint", ".mkdir"): 1, ("_copy_checkpoint", ".write_bytes"): 1,
         ("staged_whole", "shutil.rmtree"): 1}),
     "daemon/jobs/remote.py": ("gap", REMOTE + "; a fetched file into scratch", {
-        ("Remote.get", "open"): 1, ("Remote._make_root", "os.makedirs"): 1, ("Remote.put", "open"): 1}),
+        ("Remote.get", "open"): 1, ("Remote.put", "open"): 1}),
+    "daemon/jobs/remote_local.py": ("gap", REMOTE, {("LocalRemote._make_root", "os.makedirs"): 1}),
     "daemon/jobs/staging.py": ("private", PRIVATE_SCRATCH + " (the staged corpus)", {
         ("_Copier.copy", ".unlink"): 1, ("_Copier._copy_once", ".mkdir"): 1, ("_Copier._copy_once", ".unlink"): 2,
         ("_Copier._copy_once", "os.link"): 1, ("_Copier._copy_once", "open"): 1,

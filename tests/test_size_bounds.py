@@ -54,7 +54,7 @@ def manifest_verdicts(root: Path) -> dict[str, bool]:
     except init_source.InitSourceError:
         verdicts["init.from fingerprint"] = False
     verdicts["sync size estimate"] = syncworker.checkpoint_bytes(ckpt) is not None
-    _, problems = remote.Remote(str(root)).manifest_or_problems(STEP)
+    _, problems = remote.open_remote(str(root)).manifest_or_problems(STEP)
     verdicts["remote scan"] = not any("cannot read" in p for p in problems)
     return verdicts
 

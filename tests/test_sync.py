@@ -18,6 +18,7 @@ from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
 from minilmd.daemon.jobs import remote as remote_mod
 from minilmd.daemon.jobs import sync as sync_module
+from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
 from minilmd.names import QUARANTINE, host_tag, sync_tmp_name
 from minilmd.untrusted import Unreadable
@@ -129,14 +130,14 @@ def test_unusable_remote_raises_sync_error(dirs, weights):
 
 KILL_MID_SYNC = textwrap.dedent("""
     import os, signal, sys
-    from minilmd.daemon.jobs import remote, sync
-    real_put, calls = remote.Remote.put, []
+    from minilmd.daemon.jobs import remote_local, sync
+    real_put, calls = remote_local.LocalRemote.put, []
     def put(self, local, *names):
         calls.append(names)
         if len(calls) == int(sys.argv[3]):
             os.kill(os.getpid(), signal.SIGKILL)
         return real_put(self, local, *names)
-    remote.Remote.put = put
+    remote_local.LocalRemote.put = put
     sync.Syncer(sys.argv[1], sys.argv[2]).sync_newest()
 """)
 
@@ -199,7 +200,7 @@ def test_a_fifo_listed_in_a_remote_checkpoint_never_blocks_the_fetch_nor_the_che
 
     results: dict = {}
     def check_then_fetch():
-        results["intact"] = remote_mod.Remote(str(remote)).intact("step-00000020", full_hash=True)[1]
+        results["intact"] = remote_mod.open_remote(str(remote)).intact("step-00000020", full_hash=True)[1]
         results["fetched"] = Syncer(local, str(remote), EXPECTED).fetch_latest()
     worker = threading.Thread(target=check_then_fetch, daemon=True)
     worker.start()
@@ -272,12 +273,12 @@ def test_a_rename_or_latest_replacement_that_silently_does_nothing_is_an_error(d
     save(local, 20, weights)
 
     with monkeypatch.context() as m:
-        m.setattr(remote_mod.Remote, "rename_dir", lambda self, src, dst: None)  # a dropped rename (flaky NFS)
+        m.setattr(LocalRemote, "rename_dir", lambda self, src, dst: None)  # a dropped rename (flaky NFS)
         with pytest.raises(SyncError, match="did not take effect"):
             Syncer(local, str(remote), EXPECTED).sync_newest()
     assert checkpoint_dirs.read_latest(remote) == "step-00000010"
     with monkeypatch.context() as m:
-        m.setattr(remote_mod.Remote, "write_latest", lambda self, name: None)
+        m.setattr(LocalRemote, "write_latest", lambda self, name: None)
         with pytest.raises(SyncError, match="does not read back as step-00000020"):
             Syncer(local, str(remote), EXPECTED).sync_newest()
     assert checkpoint_dirs.read_latest(remote) == "step-00000010"
@@ -294,14 +295,14 @@ def test_latest_never_moves_back_past_a_newer_intact_checkpoint(dirs, weights, m
     save(newer_scratch, 20, weights)
     newer = Syncer(newer_scratch, str(remote), EXPECTED)
 
-    real_rename, overtaken = remote_mod.Remote.rename_dir, []
+    real_rename, overtaken = LocalRemote.rename_dir, []
 
     def rename_then_overtaken(self, src, dst):
         real_rename(self, src, dst)
         if dst == "step-00000010":  # in place, its LATEST not yet written: the other syncer gets there first
             overtaken.append(newer.sync_newest())
 
-    monkeypatch.setattr(remote_mod.Remote, "rename_dir", rename_then_overtaken)
+    monkeypatch.setattr(LocalRemote, "rename_dir", rename_then_overtaken)
     result = Syncer(local, str(remote), EXPECTED).sync_newest()
     assert [(r.step, r.copied) for r in overtaken] == [(20, True)]
     assert (result.step, result.copied) == (10, True)
@@ -427,8 +428,11 @@ def test_a_link_placed_in_a_remote_checkpoint_is_never_followed(dirs, weights, t
     victim.unlink()
     victim.symlink_to(pointed)
     said = f"{victim}: a symbolic link to {pointed}, not followed"
-    assert without_blocking(lambda: remote_mod.Remote(str(remote)).intact("step-00000010", full_hash=True)[1]) == [said]
-    opened = remote_mod.Remote(str(remote))  # the opens themselves, past the checks (a link placed meanwhile)
+    def whole_check():
+        return remote_mod.open_remote(str(remote)).intact("step-00000010", full_hash=True)[1]
+
+    assert without_blocking(whole_check) == [said]
+    opened = remote_mod.open_remote(str(remote))  # the opens themselves, past the checks (a link placed meanwhile)
     for read in (lambda: opened.sha256("step-00000010", ck.TRAINER_STATE, size=1),
                  lambda: opened.get(("step-00000010", ck.TRAINER_STATE), tmp_path / "got", 1)):
         with pytest.raises(Unreadable, match="a symbolic link"):

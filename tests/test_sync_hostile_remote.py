@@ -17,7 +17,8 @@ import pytest
 from minilmd import dirfd, names
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs import sync as sync_module
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.init_source import STAGED_PTH
 from minilmd.names import (
@@ -49,7 +50,7 @@ def untouched(home: Path) -> bool:
     return [p.name for p in home.iterdir()] == [".bashrc"] and (home / ".bashrc").read_bytes() == VICTIM_TEXT.encode()
 
 
-class RacedRemote(Remote):
+class RacedRemote(LocalRemote):
     """A remote where another user wins each race: right after the sync removes `at` (or makes it, `inside`), a link
     to `to` appears there (or at `inside` in it)."""
 
@@ -142,7 +143,7 @@ def test_a_link_placed_at_a_file_name_in_the_temporary_copy_is_refused_not_writt
 
 def test_a_directory_on_the_way_that_is_a_link_is_never_written_through(tmp_path, victim):
     """On main a write below a directory of the remote that is a link landed where the link points."""
-    remote = Remote(str(tmp_path / "remote"))
+    remote = open_remote(str(tmp_path / "remote"))
     remote.makedirs()
     os.symlink(victim, remote.path("dir"))
     (tmp_path / "f").write_text("ours\n")
@@ -180,7 +181,7 @@ def test_a_link_at_a_pointers_temporary_name_is_passed_by(tmp_path, victim, monk
     """A guard, not a change: a pointer's temp file (`.LATEST.<host>-<pid>-XXXX.tmp`) is Dir.write_atomic's, made
     O_CREAT|O_EXCL|O_NOFOLLOW at the root's descriptor; a link at the name it draws first is passed by for the next,
     never written through; a LATEST that is a link is replaced itself (rename), its target left."""
-    remote = Remote(str(tmp_path / "remote"), "h-1-")
+    remote = open_remote(str(tmp_path / "remote"), "h-1-")
     remote.makedirs()
     os.symlink(victim / ".bashrc", remote.path(".LATEST.h-1-first.tmp"))
     os.symlink(victim / ".bashrc", remote.path(LATEST))

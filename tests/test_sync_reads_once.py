@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from minilmd.daemon.jobs.remote import Remote, Steps
+from minilmd.daemon.jobs.remote import Steps, open_remote
+from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.names import MANIFEST
 from sync_helpers import EXPECTED, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures
 
 
-class CountingRemote(Remote):
+class CountingRemote(LocalRemote):
     """A local remote that counts the manifest reads (cat, open) and the size asked of each file, by step."""
 
     def __init__(self, url: str):
@@ -81,7 +82,7 @@ def test_the_steps_passed_by_are_returned_not_kept_on_the_remote(dirs, weights, 
     save(local, 10, weights)
     Syncer(local, str(remote), EXPECTED).sync_newest()
     (remote / "step-00000020").symlink_to(tmp_path)
-    r = Remote(str(remote))
+    r = open_remote(str(remote))
     assert r.steps() == Steps(["step-00000010"], {"step-00000020": f"a symbolic link to {tmp_path}"})
     (remote / "step-00000020").unlink()
     assert r.steps() == Steps(["step-00000010"], {})  # nothing of the call before carried over

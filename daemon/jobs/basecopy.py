@@ -28,15 +28,15 @@ from minilmd.base_copy import (
     parse_record,
 )
 from minilmd.daemon.base.worker import ReadWatch
-from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
-from minilmd.daemon.jobs.remote import LeftAside, Remote
+from minilmd.daemon.jobs.remote import LeftAside, open_remote
+from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH
 from minilmd.model_shapes import pth_bound
 from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, STAGED_RECORD_MAX_BYTES, sync_tmp_name
-from minilmd.shared_place import Place, look
+from minilmd.shared_place import Place
 from minilmd.untrusted import Unreadable, loads, read_bytes
 
 REMOTE_BASE = INIT_DIR
@@ -69,12 +69,12 @@ def _parts(rel: str) -> tuple[str, ...]:
     return tuple(rel.split("/"))
 
 
-def on_remote(remote: Remote, staged: Path) -> bool:
+def on_remote(remote: RemoteStore, staged: Path) -> bool:
     """The remote holds this staged base: the same record, every file of the local size."""
     return _standing(remote, staged, _recorded(staged), _remote_record(remote)) == "this"
 
 
-def push_or_say(remote: Remote, staged: Path, host: str, pid: int, taken) -> tuple[int, str | None]:
+def push_or_say(remote: RemoteStore, staged: Path, host: str, pid: int, taken) -> tuple[int, str | None]:
     """push_found(), as (the bytes copied, why the remote holds no copy of this base: None when it does); a copy
     that fails (an OSError, a backend error, BaseCopyError: all "try again at the next sync") is such a why too."""
     try:
@@ -93,12 +93,12 @@ class Pushed:
     missing: str | None = None
 
 
-def _why_missing(remote: Remote, found: bytes | Unreadable | None) -> str:
+def _why_missing(remote: RemoteStore, found: bytes | Unreadable | None) -> str:
     """Why the remote holds no copy of this staged base, from its record as read (`found`, not this base's): what
     stands at `init` instead (another user's entry, a record that cannot be read as one, another base's copy). A
     LoRA run must not end `done` without its base's copy."""
     init = remote.show(REMOTE_BASE)
-    if remote.local and (why := remote_write.not_ours(remote.path(REMOTE_BASE))):
+    if why := remote.not_ours(REMOTE_BASE):
         return f"{init} is {why}, not this run's: its copy of the LoRA base cannot be made there"
     if isinstance(found, Unreadable):
         return f"{init} holds a {INIT_RECORD} that is not a base copy's record ({found}): never replaced"
@@ -107,7 +107,7 @@ def _why_missing(remote: Remote, found: bytes | Unreadable | None) -> str:
     return f"{init} holds no copy of the LoRA base yet"
 
 
-def _remote_record(remote: Remote, name: str = REMOTE_BASE) -> bytes | Unreadable | None:
+def _remote_record(remote: RemoteStore, name: str = REMOTE_BASE) -> bytes | Unreadable | None:
     """The record of the remote's `init` (or of the copy at `name`), read once: its bytes, None when there is none,
     or what stands there instead (a FIFO, a link, too big: Unreadable)."""
     try:
@@ -122,7 +122,7 @@ def _record_hash(found: bytes | Unreadable | None) -> str | None:
     return hashlib.sha256(found).hexdigest() if isinstance(found, bytes) else None
 
 
-def _standing(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes | Unreadable | None) -> str:
+def _standing(remote: RemoteStore, staged: Path, hashes: dict[str, str], found: bytes | Unreadable | None) -> str:
     """What the remote's `init` is, from its record as read once (`found`) and the staged base's `hashes`
     (_recorded): "this" (this staged base, every file of the local size), "another" (another base's copy, or a
     record that cannot be read as one: never replaced), "" (none, or a damaged copy of this base: copied)."""
@@ -134,12 +134,12 @@ def _standing(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes
     return "this" if whole else ""
 
 
-def push(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> int:
+def push(remote: RemoteStore, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> int:
     """push_found's bytes copied (0: none, whatever the reason)."""
     return push_found(remote, staged, host, pid, taken).nbytes
 
 
-def push_found(remote: Remote, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> Pushed:
+def push_found(remote: RemoteStore, staged: Path, host: str, pid: int, taken=lambda found, fresh: None) -> Pushed:
     """Copy the staged base to `<remote>/init` unless it is there already; the bytes copied (0: it was there, or
     the remote holds the copy of another base, which is never replaced: it may be the only copy of the weights
     older checkpoints were trained on; so is one another machine published after the record's read, by the time
@@ -158,9 +158,9 @@ def push_found(remote: Remote, staged: Path, host: str, pid: int, taken=lambda f
         return Pushed(0, None if standing == "this" else _why_missing(remote, found))
     # no rename on this store, so no way to publish only where nothing else took `init` since the read: the last
     # look as close to the removal as it can be (see the docstring for what remains)
-    if not remote.local and (again := _remote_record(remote)) != found:
+    if not remote.renames_into_place and (again := _remote_record(remote)) != found:
         return _as_found(remote, staged, hashes, again)
-    target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.local else REMOTE_BASE
+    target = sync_tmp_name(REMOTE_BASE, host, pid) if remote.renames_into_place else REMOTE_BASE
     # what an earlier push of this process left under this name, when it could neither put back nor set aside what
     # stood at `init`, is another base's copy: a fresh name then, never that one removed
     target = remote.make_tmp(target, STAGED_CHECKPOINT, taken=taken,
@@ -176,7 +176,7 @@ def push_found(remote: Remote, staged: Path, host: str, pid: int, taken=lambda f
                                     f"its record lists (read back differently, or staged again meanwhile)")
         # in place of what stood there only while that is still what was read (none, or a damaged copy of this
         # base): another machine's copy of another base published since the read stays, byte for byte
-        if remote.local and not remote.publish_unless_taken(
+        if remote.renames_into_place and not remote.publish_unless_taken(
                 target, REMOTE_BASE, replaceable=lambda name: _remote_record(remote, name) == found,
                 ours=lambda name: _record_hash(_remote_record(remote, name)) == hashes[INIT_RECORD]):
             remote.rm(target)
@@ -191,13 +191,13 @@ def push_found(remote: Remote, staged: Path, host: str, pid: int, taken=lambda f
     return Pushed(nbytes)  # each file read back and hashed as its record lists: this base's copy
 
 
-def _as_found(remote: Remote, staged: Path, hashes: dict[str, str], found: bytes | Unreadable | None) -> Pushed:
+def _as_found(remote: RemoteStore, staged: Path, hashes: dict[str, str], found: bytes | Unreadable | None) -> Pushed:
     """Nothing copied, `found` being the record that stands at `init` now: this base's copy there or not, and why."""
     standing = _standing(remote, staged, hashes, found)
     return Pushed(0, None if standing == "this" else _why_missing(remote, found))
 
 
-def _kept_there(remote: Remote, name: str, ours: str) -> str | None:
+def _kept_there(remote: RemoteStore, name: str, ours: str) -> str | None:
     """What Remote.make_tmp must not remove at `name`, said: another base's copy left there (another_base_left)."""
     if not another_base_left(remote, name, ours):
         return None
@@ -216,7 +216,7 @@ def staged_record_hash(staged: Path | None) -> str | None:
         return None
 
 
-def another_base_left(remote: Remote, name: str, ours: str | None) -> bool:
+def another_base_left(remote: RemoteStore, name: str, ours: str | None) -> bool:
     """Whether the temporary directory `name` of a local remote, which the sync's clean-up is about to remove, holds the
     record of a base copy (what makes one exist) other than the one whose sha256 is `ours` (this run's staged base's
     record, as push read it or staged_record_hash: None, none): what stood at `init` and a push moved out to look at
@@ -224,7 +224,7 @@ def another_base_left(remote: Remote, name: str, ours: str | None) -> bool:
     checkpoints were trained on, so it is never removed. A record that cannot be read as one counts, and so does a
     look that fails; no record (a half copy of this host's) or this base's own record does not. Another user's entry
     or a link: no (the removal leaves it)."""
-    if not remote.local or remote.not_ours(name):
+    if not remote.renames_into_place or remote.not_ours(name):
         return False
     try:
         found = _remote_record(remote, name)
@@ -235,7 +235,7 @@ def another_base_left(remote: Remote, name: str, ours: str | None) -> bool:
     return ours is None or _record_hash(found) != ours
 
 
-def fetch(remote: Remote, spec: str, trained_on: dict, dest: Path, answered=lambda: None,
+def fetch(remote: RemoteStore, spec: str, trained_on: dict, dest: Path, answered=lambda: None,
           max_pth: int | None = None) -> list[str] | None:
     """Download `<remote>/init` into the empty directory dest when it is a copy of init.from `spec` with the
     fingerprint `trained_on` (what the checkpoint to resume records): None when the remote holds no such copy,
@@ -325,21 +325,21 @@ def stage_from_remote(cfg, trained_on: dict | None, log=lambda msg: None, reads:
     return False
 
 
-def _absent(remote: Remote) -> str:
+def _absent(remote: RemoteStore) -> str:
     """How the remote root is absent ("" when it answers; minilmd/shared_place.py decides, as staging does): not
     there (its share gone), an empty directory (a mount point whose share is not mounted reads as its empty stub),
     one that cannot be listed, or not a directory at all (the base's copy cannot be there either: waited for, never
     a fallback to init.from). A remote that holds checkpoints or anything else and no `init` simply has no copy yet
     (the first sync had not copied it)."""
-    found = look(remote.root, REMOTE_BASE, remote.fs)
+    found = remote.look(REMOTE_BASE)
     return "" if found.place in (Place.THERE, Place.LACKS) else str(found)
 
 
-def _remote_of(cfg) -> Remote | None:
+def _remote_of(cfg) -> RemoteStore | None:
     """The remote that holds a LoRA run's base copy, None without one (or when it cannot be opened)."""
     if not (cfg.lora.enabled and cfg.run.remote):
         return None
     try:
-        return Remote(cfg.run.remote)
+        return open_remote(cfg.run.remote)
     except (ValueError, ImportError, OSError):
         return None

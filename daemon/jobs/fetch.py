@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import read_latest
-from minilmd.daemon.jobs.remote import ListedManifest, Remote
+from minilmd.daemon.jobs.remote_store import ListedManifest, RemoteStore
 from minilmd.dirfd import PlaceRefused
 from minilmd.fsio import atomic_write_text, publish_dir, table_problems
 from minilmd.names import (
@@ -43,7 +43,7 @@ class Fetcher:
 
     if TYPE_CHECKING:  # the Syncer's, shared with the copy up (daemon/jobs/sync.py)
         @property
-        def remote(self) -> Remote: ...
+        def remote(self) -> RemoteStore: ...
 
         def _steps(self) -> list[str]: ...
 
@@ -186,16 +186,16 @@ class Fetcher:
     def _set_aside_remote(self, name: str, problems: list[str]) -> None:
         remote = self.remote
         reason = "; ".join(problems[:5])
-        if remote.local:
-            try:
-                dest = remote.quarantine(name, f"fetch: {reason}")
-            except (OSError, PlaceRefused) as e:  # not this user's real directory (a link, another's), quarantine/
-                # is not, or the root is one dirfd's rule refuses: the fetch goes on to the older checkpoints
-                self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped, not set aside: {e}")
-                return
-            self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); moved to {dest}")
-        else:
+        try:
+            dest = remote.set_aside(name, f"fetch: {reason}")
+        except (OSError, PlaceRefused) as e:  # not this user's real directory (a link, another's), quarantine/ is
+            # not, or the root is one dirfd's rule refuses: the fetch goes on to the older checkpoints
+            self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped, not set aside: {e}")
+            return
+        if dest is None:  # a store without rename: nowhere to set it aside
             self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); skipped")
+        else:
+            self.log(f"sync: remote {remote.show(name)} is invalid ({reason}); moved to {dest}")
 
 
 def _newer(name: str, than: str | None) -> bool:

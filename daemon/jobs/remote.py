@@ -1,47 +1,42 @@
-"""The remote of a run's checkpoints (daemon/jobs/sync.py's one view of it): the few file operations sync needs,
-over fsspec (an NFS path or any fsspec URL), with atomic renames and fsync where the store has them. A local
-remote (NFS included) is a place other users and machines may write: its small files are read as untrusted
-(minilmd/untrusted.py), no link followed from the root down (one placed there may point at another user's file,
-/dev/zero or a FIFO), and a listed file that is not a regular file or lies past a link (a FIFO would block a hash,
-/dev/zero never end one) is a problem of its checkpoint before anything of it is read. A hash reads no further
-than one byte past the size its caller expects. What a sync writes there is made new, never through a link
-(daemon/jobs/remote_write.py), and every write, rename and removal starts at the descriptor of the root opened once
-and checked by dirfd's rule (`_root`; renames into place: daemon/jobs/remote_publish.py). Torch-free.
+"""The remote of a run's checkpoints (RemoteStore, daemon/jobs/remote_store.py: what sync, fetch and basecopy may ask
+of it; they never ask which kind it is): `open_remote` chooses by URL between a local path (NFS included:
+daemon/jobs/remote_local.py's LocalRemote, a place others may write, read as untrusted and written at its root's
+checked descriptor) and any other fsspec store (Remote, here: objects, no links, no rename, so a copy is written in
+place, its manifest last). What both do alike is written once, here. A hash reads no further than one byte past the
+size its caller expects, a download no more than one byte past the size listed. Torch-free.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
-import secrets
-import shutil
-import stat
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from minilmd import checkpoint as ck
-from minilmd import perms
-from minilmd.daemon.jobs import remote_write
-from minilmd.daemon.jobs.remote_publish import LeftAside, Publishing
-from minilmd.dirfd import Dir
+from minilmd.daemon.jobs.remote_publish import LeftAside
+from minilmd.daemon.jobs.remote_store import ListedManifest, RemoteStore, Steps
 from minilmd.fsio import table_problems
 from minilmd.names import LATEST, MANIFEST, MANIFEST_MAX_BYTES, POINTER_MAX_BYTES, is_step_name, step_of
-from minilmd.untrusted import Unreadable, file_kind, loads, open_regular, printable, read_bytes
+from minilmd.shared_place import Look, look
+from minilmd.untrusted import Unreadable, loads
 
 CHUNK = 8 * 1024 * 1024
 
+__all__ = ["LeftAside", "ListedManifest", "Remote", "RemoteStore", "Steps", "open_remote"]
 
-def _answers(held: Dir) -> bool:
-    """Whether a descriptor still answers (an NFS share remounted leaves it stale: ESTALE)."""
-    try:
-        os.fstat(held.fd)
-    except OSError:
-        return False
-    return True
+
+def open_remote(url: str, tmp_tag: str = "") -> Remote:
+    """The remote at `url`: a LocalRemote for a local path (a plain path, file://, local://), a Remote for any other
+    fsspec store. ValueError or ImportError for a URL fsspec cannot open."""
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    from minilmd.daemon.jobs.remote_local import LocalRemote
+
+    opened = fsspec.core.url_to_fs(url)
+    kind = LocalRemote if isinstance(opened[0], LocalFileSystem) else Remote
+    return kind(url, tmp_tag, opened)
 
 
 def _sha256_stream(f, size: int) -> str:
@@ -54,92 +49,30 @@ def _sha256_stream(f, size: int) -> str:
     return h.hexdigest()
 
 
-class Steps(NamedTuple):
-    """Remote.steps: the step directories of this run, and the entries by a step name passed by."""
+class Remote:
+    """A store over fsspec that is not a local path (objects: no links, no rename): the few file operations sync
+    needs, and what a local one does alike (LocalRemote overrides the rest)."""
 
-    ours: list[str]
-    """Step directory names, oldest first."""
-    passed_by: dict[str, str]
-    """Step names passed by on a local remote (another user's entry, a link): what each is, for the sync to say."""
+    def __init__(self, url: str, tmp_tag: str = "", opened=None):
+        if opened is None:
+            import fsspec
 
-
-class ListedManifest(NamedTuple):
-    """Remote.read_manifest: a remote checkpoint's manifest read once, its bytes kept for a fetch to write."""
-
-    manifest: dict | None
-    """The manifest, when it is one; None when there is none or it is not valid (`problems` says which)."""
-    problems: list[str]
-    raw: bytes | None
-    """The bytes it was parsed from (None without a manifest): a fetch writes them, never reading the file again."""
-
-
-__all__ = ["LeftAside", "ListedManifest", "Remote", "Steps"]
-
-
-class Remote(Publishing):
-    """The few file operations sync needs, over fsspec, with atomic renames where the store has them."""
-
-    def __init__(self, url: str, tmp_tag: str = ""):
-        import fsspec
-        from fsspec.implementations.local import LocalFileSystem
-
+            opened = fsspec.core.url_to_fs(url)
         self.url = url.rstrip("/")
-        self.fs, root = fsspec.core.url_to_fs(url)
+        self.fs, root = opened
         self.root = root.rstrip("/") or "/"
-        self.local = isinstance(self.fs, LocalFileSystem)
-        """Local paths (NFS included) have atomic rename and fsync; other stores do not."""
         self.tmp_tag = tmp_tag
         """Goes into the name of a pointer's temp file: whose it is, on a remote other hosts write too."""
-        self._dir: Dir | None = None
-        self._stale: list[Dir] = []
-        self._opening = threading.Lock()
 
-    def _root(self) -> Dir:
-        """The local remote's root as opened and checked by dirfd's rule (remote_write.open_root: no link on the way
-        but one of root's or this user's, no directory above it that another user could rearrange; the root itself
-        may be a team directory others write): every write, rename and removal starts at this descriptor, so a link
-        swapped in afterwards for the root or a directory above it redirects none. Opened when none is held or the
-        one held has gone stale (ESTALE); checked again at each sync's start (`makedirs()`). PlaceRefused (a
-        ValueError) when the rule refuses it, an OSError when it is not there."""
-        with self._opening:
-            if self._dir is not None and _answers(self._dir):
-                return self._dir
-        return self._reopen()
-
-    def _reopen(self) -> Dir:
-        """The root opened and checked again; the descriptor held is kept while it is still the directory the root's
-        path leads to, else replaced (the root made again, a share remounted). A replaced one, which another thread
-        may still use, is closed at the next sync's start (`makedirs()`) or with the Remote."""
-        fresh = remote_write.open_root(self.root)
-        with self._opening:
-            held = self._dir
-            if held is not None and held.identity == fresh.identity and _answers(held):
-                fresh.close()
-                return held
-            if held is not None:
-                self._stale.append(held)
-            self._dir = fresh
-            return fresh
-
-    def _close_stale(self) -> None:
-        """The descriptors of roots replaced before this sync's start closed: each would keep a share unmounted
-        lazily (umount -l) busy, one more at every replacement, for as long as the run lasts."""
-        with self._opening:
-            for held in self._stale:
-                held.close()
-            self._stale = []
+    @property
+    def renames_into_place(self) -> bool:
+        """No rename on an object store: a copy is written in place, its manifest last."""
+        return False
 
     def close(self) -> None:
-        """Close the root's descriptors (a local remote's); a later write opens it again."""
-        with self._opening:
-            for held in [*self._stale, *([self._dir] if self._dir else [])]:
-                held.close()
-            self._dir, self._stale = None, []
+        """Nothing held (LocalRemote holds its root's descriptor)."""
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
-
+    # --- reading ---------------------------------------------------------------------------------------------------
     def path(self, *names: str) -> str:
         return "/".join([self.root, *names])
 
@@ -153,21 +86,13 @@ class Remote(Publishing):
             return []
 
     def steps(self) -> Steps:
-        """Step directory names on the remote, oldest first (with or without a manifest). On a local remote only
-        this user's real directories (remote_write.not_ours): another user's entry or a link by a step name is no
-        checkpoint of this run's, whatever its name and manifest say. Counted, it would stop the sync (a planted
-        step-99999999 is "newer" than every checkpoint of the run), be fetched for a resume, or count towards
-        sync.keep; it is passed by, and returned in `passed_by` with what it is, for the sync to say."""
-        names = sorted((n for n in self.names() if is_step_name(n)), key=step_of)
-        if not self.local:
-            return Steps(names, {})
-        ours, passed_by = [], {}
-        for name in names:
-            if why := remote_write.not_ours(self.path(name)):
-                passed_by[name] = why
-            else:
-                ours.append(name)
-        return Steps(ours, passed_by)
+        """Step directory names on the remote, oldest first (with or without a manifest)."""
+        return Steps(sorted((n for n in self.names() if is_step_name(n)), key=step_of), {})
+
+    def look(self, expected: str) -> Look:
+        """Why `expected` is missing at the root, as minilmd/shared_place.py says (not there, an empty directory, one
+        that cannot be listed): told from a root that answers without it."""
+        return look(self.root, expected, self.fs)
 
     def size(self, *names: str) -> int | None:
         try:
@@ -181,57 +106,12 @@ class Remote(Publishing):
             return _sha256_stream(f, size)
 
     def open(self, *names: str):
-        """A file of the remote opened for reading; a local one as untrusted: no link followed from the root down
-        (one placed there may point at another user's file, /dev/zero or a FIFO), a regular file only, never a
-        blocking open. Raises FileNotFoundError, Unreadable (what was found instead) or OSError."""
-        if not self.local:
-            return self.fs.open(self.path(*names), "rb")
-        return os.fdopen(self._untrusted(lambda name, fd: open_regular(name, dir_fd=fd), *names), "rb")
+        """A file of the remote opened for reading."""
+        return self.fs.open(self.path(*names), "rb")
 
     def cat(self, path: str, max_bytes: int) -> bytes:
-        """A small file of the remote; a local one read as untrusted (minilmd/untrusted.py: never a FIFO nobody
-        writes, a link, or more than max_bytes). Raises FileNotFoundError, Unreadable or OSError."""
-        if not self.local:
-            return self.fs.cat_file(path)
-        return self._untrusted(lambda name, fd: read_bytes(name, max_bytes=max_bytes, dir_fd=fd),
-                               *self._names_of(path))
-
-    def _untrusted(self, read, *names: str):
-        """read(name, dir_fd) of a local remote's file: each directory from the root down opened without following
-        a link (remote_write.parent_fd), the file then opened by its name in the last of them. No path is looked
-        up twice, so a directory on the way swapped for a link after a look is never followed (a lstat of each,
-        then an open by path, followed one swapped in between). A link on the way is refused (Unreadable)."""
-        path = self.path(*names)
-        try:
-            with remote_write.parent_fd(self.root, names, self.show) as fd:
-                return read(names[-1], fd)
-        except remote_write.NotOurs as e:
-            if e.errno != errno.ELOOP:
-                raise  # ENOTDIR: a file where a directory belongs, an OSError as its open by path raised
-            raise Unreadable(str(e), path, kind="link") from None
-        except FileNotFoundError:
-            raise FileNotFoundError(path) from None  # the root or a directory on the way
-        except Unreadable as e:
-            if e.missing:
-                raise FileNotFoundError(path) from None
-            if e.os_error is not None:
-                raise e.os_error from None  # a failing mount stays an OSError: the remote is retried
-            raise Unreadable(e.why, path, kind=e.kind) from None  # named by its whole path, as by a read by path
-
-    def _names_of(self, path: str) -> tuple[str, ...]:
-        """The names below the root of one of its paths (self.path(*names))."""
-        rel = path[len(self.root):].lstrip("/") if path.startswith(self.root) else path
-        return tuple(rel.split("/")) if rel else ()
-
-    @staticmethod
-    def _link(path: str) -> str | None:
-        """"a symbolic link to TARGET" when path is one (never followed), else None."""
-        try:
-            if not stat.S_ISLNK(os.lstat(path).st_mode):
-                return None
-            return f"a symbolic link to {printable(os.readlink(path))}"
-        except OSError:
-            return None  # missing or unreadable: the read says so
+        """A small file of the remote (an object: it is what was written)."""
+        return self.fs.cat_file(path)
 
     def read_text(self, *names: str) -> str | None:
         try:  # a pointer: a name; none when it is not a small regular file (as checkpoint_dirs.read_latest)
@@ -262,159 +142,26 @@ class Remote(Publishing):
         problems = ck.manifest_problems(manifest)
         return ListedManifest(None, problems, raw) if problems else ListedManifest(manifest, [], raw)
 
-    def put(self, local: Path, *names: str) -> int:
-        """Copy a local file to a new file of the remote; the bytes written. On a local remote the file is made new
-        (O_EXCL: never one already there, nor a link placed at its name) below directories none of which is a
-        link (remote_write.py): a link placed there by another user never redirects the write."""
-        out = os.fdopen(remote_write.open_new(self._root(), names, self.show), "wb") if self.local else \
-            self.fs.open(self.path(*names), "wb")
-        with out, open(local, "rb") as src:
-            n = 0
-            while chunk := src.read(CHUNK):
-                out.write(chunk)
-                n += len(chunk)
-            if self.local:
-                out.flush()
-                os.fsync(out.fileno())
-        return n
-
-    def get(self, names: tuple[str, ...], local: Path, size: int, answered=lambda: None) -> str:
-        """Download to `local` the `size` bytes a manifest or record lists, and at most one more (a file longer
-        than listed shows as `local` of size + 1: a file others write to as it is read is never copied without
-        end); the sha256 of the bytes written. `answered()` after each chunk read."""
-        h, left = hashlib.sha256(), size + 1
-        with self.open(*names) as src, open(local, "wb") as out:
-            while left > 0 and (chunk := src.read(min(CHUNK, left))):
-                answered()
-                left -= len(chunk)
-                out.write(chunk)
-                h.update(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        return h.hexdigest()
-
-    def free(self) -> int | None:
-        """Bytes an unprivileged writer may still use here (None: not a local path, or not measurable)."""
-        with contextlib.suppress(OSError):
-            return shutil.disk_usage(self.root).free if self.local else None
-        return None
-
-    def makedirs(self, *names: str) -> None:
-        """The root, made when missing, and on a local remote opened and checked (`_root`); each directory of names
-        below it made new (a name already taken, a link placed there included, is refused: NotOurs, an OSError
-        saying what it is), none written through a link. An object store has no links: there they are made as
-        needed."""
-        if not self.local:
-            self.fs.makedirs(self.path(*names), exist_ok=True)
-            return
-        self._make_root()
-        if names:
-            remote_write.mkdir_new(self._root(), names, self.show)
-        else:  # a sync's start: the root checked again, and opened again when its path leads elsewhere now
-            self._close_stale()
-            self._reopen()
-
-    def _make_root(self) -> None:
-        try:
-            os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, made by its path
-        except FileExistsError:  # a link to nowhere, a file: say what, not "File exists" for what is not there
-            from minilmd.shared_place import look
-
-            raise FileExistsError(errno.EEXIST, f"{self.url} is {look(self.root, LATEST)}") from None
-
-    def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None,
-                 kept: Callable[[str], str | None] = lambda name: None) -> str:
-        """Make the temporary directory `target` (and `below` in it) for a copy, an earlier try's removed first; the
-        name used. On a local remote anyone can predict `target` (host and pid): where it holds what is not this
-        sync's (a link, another user's entry: NotOurs) that is left as it is, never written through, and a fresh
-        name is made instead, `target-XXXXXXXX.tmp` (random): the same host and pid, which names.remote_tmp_owner
-        reads back, so the clean-up of this pid's leftovers still takes it. `taken(what was found, the fresh
-        name)` says so. Without it one other user could keep every checkpoint from ever reaching the remote.
-        `kept(target)`: what the caller's own earlier try left there that must never be removed (what stood at the
-        final name, which publish_unless_taken could neither put back nor set aside), None when nothing is: a
-        fresh name then too."""
-        if self.local:
-            self._make_root()
-            if self._root().lstat(target) is not None and (why := kept(target)):
-                return self._fresh_tmp(target, below, why, taken)
-        self.rm(target)
-        try:
-            self.makedirs(target, *below)
-            return target
-        except remote_write.NotOurs as e:
-            if not self.local:
-                raise
-            with contextlib.suppress(OSError):
-                self.rm(target)  # ours when what was taken lies below it: only this user's real directory goes
-            return self._fresh_tmp(target, below, str(e), taken)
-
-    def _fresh_tmp(self, target: str, below: tuple[str, ...], found: str, taken) -> str:
-        fresh = f"{target}-{secrets.token_hex(4)}.tmp"
-        self.makedirs(fresh, *below)
-        taken(found, fresh)
-        return fresh
-
-    def rm(self, name: str, file: bool = False) -> str | None:
-        """Remove what a sync made, a name of the root: None when removed (or not there). On a local remote only a
-        real directory (a regular file when `file`: a pointer's temp file) owned by this user, whatever its name says
-        (others write there too), through the root's descriptor: anything else (another user's, a link, ...) is
-        left, and what it is returned."""
-        if self.local:
-            return remote_write.remove_ours(self._root(), name, file)
-        try:
-            self.fs.rm(self.path(name), recursive=True)
-        except FileNotFoundError:
-            pass
-        return None
+    def not_regular(self, name: str, files) -> list[str]:
+        """Nothing to look at on an object store, which holds only objects (LocalRemote: FIFOs, links)."""
+        return []
 
     def not_ours(self, name: str) -> str | None:
-        """What `name` is when it is no real directory of this user's (a link, another user's entry:
-        remote_write.not_ours), None when it is, or is not there, or the remote is not a local path."""
-        return remote_write.not_ours(self.path(name)) if self.local else None
+        """None: an object store has no other users' entries nor links (LocalRemote: what `name` is when it is no
+        real directory of this user's)."""
+        return None
 
-    def quarantine(self, name: str, reason: str) -> str:
-        """Set a damaged checkpoint of a local remote aside into quarantine/, with its reason: where it went.
-        NotOurs (an OSError) saying what was found when it or quarantine/ is not this user's real directory
-        (a link, another user's): nothing of theirs is moved, nor written into."""
-        return remote_write.set_aside(self._root(), name, reason, self.show)
+    def made_here(self, name: str) -> bool:
+        """True: every step of an object store is taken as this run's (LocalRemote: made by a sync of this user)."""
+        return True
 
     def age(self, name: str) -> float:
-        """Seconds since `name` was last modified, from its own entry (no link followed); 0 where unknown."""
-        if not self.local:
-            return 0.0
-        try:
-            return max(0.0, time.time() - os.lstat(self.path(name)).st_mtime)
-        except OSError:
-            return 0.0
+        """0: unknown on an object store (LocalRemote: seconds since `name` was last modified)."""
+        return 0.0
 
-    def write_latest(self, name: str, pointer: str = LATEST) -> None:
-        if self.local:  # a temp file made new at the root's descriptor, fsync, rename there
-            self._root().write_atomic(pointer, (name + "\n").encode(), perms.file_mode(), tag=self.tmp_tag)
-        else:
-            self.fs.pipe_file(self.path(pointer), (name + "\n").encode())  # one PUT: atomic on object stores
-
-    def not_regular(self, name: str, files) -> list[str]:
-        """The files of a local remote checkpoint (`files` relative to `name`, "/" between directories) that are
-        there but are not regular files, or lie past a link (a FIFO listed with size 0 would block its hash and its
-        download for ever; a link may point at another user's file, /dev/zero, a FIFO): problems of the
-        checkpoint, found before any of it is opened, each saying what was found. Nothing to look at on an object
-        store, which holds only objects."""
-        if not self.local:
-            return []
-        found = [self._found(name, *f.split("/")) for f in files]
-        return [f"{where}: {what}" for where, what in filter(None, found)]
-
-    def _found(self, *names: str) -> tuple[str, str] | None:
-        """(where, what) for the first link on the way from the root to names, or names itself when it is there
-        and not a regular file; None for a regular file reached without a link (or missing: its size says so)."""
-        for i in range(1, len(names) + 1):
-            if found := self._link(self.path(*names[:i])):
-                return self.show(*names[:i]), f"{found}, not followed"
-        try:
-            mode = os.lstat(self.path(*names)).st_mode
-        except OSError:
-            return None
-        return None if stat.S_ISREG(mode) else (self.show(*names), f"{file_kind(mode)}, not a regular file")
+    def free(self) -> int | None:
+        """None: not measurable on an object store."""
+        return None
 
     def hasher(self, name: str, manifest: dict):
         """sha256_of for verify_manifest: each file of checkpoint `name` hashed as far as its manifest's size."""
@@ -431,3 +178,64 @@ class Remote(Publishing):
         if full_hash:
             return manifest, ck.verify_manifest(manifest, lambda f: self.size(name, f), self.hasher(name, manifest))
         return manifest, table_problems(manifest["files"], lambda f: self.size(name, f), listed_in=MANIFEST)
+
+    def get(self, names: tuple[str, ...], local: Path, size: int, answered=lambda: None) -> str:
+        """Download to `local` the `size` bytes a manifest or record lists, and at most one more (a file longer
+        than listed shows as `local` of size + 1: a file others write to as it is read is never copied without
+        end); the sha256 of the bytes written. `answered()` after each chunk read."""
+        h, left = hashlib.sha256(), size + 1
+        with self.open(*names) as src, open(local, "wb") as out:
+            while left > 0 and (chunk := src.read(min(CHUNK, left))):
+                answered()
+                left -= len(chunk)
+                out.write(chunk)
+                h.update(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        return h.hexdigest()
+
+    # --- writing ---------------------------------------------------------------------------------------------------
+    def put(self, local: Path, *names: str) -> int:
+        """Copy a local file to a file of the remote; the bytes written."""
+        with self.fs.open(self.path(*names), "wb") as out, open(local, "rb") as src:
+            n = 0
+            while chunk := src.read(CHUNK):
+                out.write(chunk)
+                n += len(chunk)
+        return n
+
+    def makedirs(self, *names: str) -> None:
+        """The root and names below it, made as needed (an object store has no links)."""
+        self.fs.makedirs(self.path(*names), exist_ok=True)
+
+    def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None,
+                 kept: Callable[[str], str | None] = lambda name: None) -> str:
+        """Make the directory `target` (and `below` in it) for a copy, an earlier try's removed first; the name used
+        (LocalRemote: a fresh name where `target` holds what is not this sync's, or what `kept` says)."""
+        self.rm(target)
+        self.makedirs(target, *below)
+        return target
+
+    def rm(self, name: str, file: bool = False) -> str | None:
+        """Remove what a sync made, a name of the root: None (removed, or not there)."""
+        try:
+            self.fs.rm(self.path(name), recursive=True)
+        except FileNotFoundError:
+            pass
+        return None
+
+    def set_aside(self, name: str, reason: str) -> str | None:
+        """None: a store without rename has nowhere to move a damaged checkpoint to; it is left, and skipped."""
+        return None
+
+    def write_latest(self, name: str, pointer: str = LATEST) -> None:
+        self.fs.pipe_file(self.path(pointer), (name + "\n").encode())  # one PUT: atomic on object stores
+
+    def rename_dir(self, src: str, dst: str) -> None:
+        """No rename on an object store (callers ask renames_into_place first)."""
+        raise OSError(errno.EOPNOTSUPP, f"{self.url} has no rename: {self.show(src)} is not renamed to {dst}")
+
+    def publish_unless_taken(self, src: str, dst: str, replaceable: Callable[[str], bool],
+                             ours: Callable[[str], bool]) -> bool:
+        """No rename on an object store (callers ask renames_into_place first)."""
+        raise OSError(errno.EOPNOTSUPP, f"{self.url} has no rename: {self.show(src)} is not published at {dst}")

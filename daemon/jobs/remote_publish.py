@@ -1,8 +1,8 @@
-"""Publishing a complete copy under its final name on a local remote (daemon/jobs/remote.py's Remote): a sync's
+"""Publishing a complete copy under its final name on a local remote (remote_local.py's LocalRemote): a sync's
 checkpoint (`rename_dir`) and the LoRA base's copy (`publish_unless_taken`), never over what another machine
 published there meanwhile, and what stood there never deleted unless the caller would replace it.
 
-Every rename is of one name in the remote's root, at the descriptor of the root opened once and checked (Remote._root,
+Every rename is of one name in the remote's root, at the descriptor of the root opened once and checked (its _root,
 minilmd/dirfd.py's Dir): renameat2's RENAME_NOREPLACE and RENAME_EXCHANGE, or dirfd's fallbacks where the file system
 lacks them (NFS: a new name claimed first by an empty directory of this sync's, never a teammate's empty directory
 replaced). The root, or a directory above it, swapped for a link after that open redirects none of them: before, each
@@ -35,7 +35,7 @@ class LeftAside(OSError):
 
 
 class Publishing:
-    """Remote's renames into place (a mixin: the Remote's root, names and clean-up are its own)."""
+    """LocalRemote's renames into place (a mixin: the LocalRemote's root, names and clean-up are its own)."""
 
     if TYPE_CHECKING:
         tmp_tag: str

@@ -8,7 +8,7 @@ root is opened without following a link (a descriptor, not a path: nothing can b
 pointer's temp file is Dir.write_atomic's: O_EXCL|O_NOFOLLOW too. And only what a sync of this user makes is ever
 removed or set aside (quarantine/): a real directory (a pointer's temp file: a regular file) owned by this user
 (lstat st_uid), never a link nor another user's entry, whatever its name says; what is left is said. Every write
-starts at the root's descriptor, opened once and checked by dirfd's rule (Remote._root: minilmd/dirfd.py's Dir),
+starts at the root's descriptor, opened once and checked by dirfd's rule (LocalRemote._root: minilmd/dirfd.py's Dir),
 never at its path: the root, or a directory above it, swapped for a link afterwards redirects nothing. Torch-free.
 
 An owner proves nothing on a share that gives every file one owner (NFS's all_squash; root_squash for runs as root):
@@ -203,7 +203,7 @@ def open_root(root: str) -> Dir:
     this user's, no directory above it another user owns or can rearrange; the root itself may be a team directory
     others write, by its owner's choice: `group_share`, and so may the directories above it, group-writable ones
     of root's or this user's, never world-writable unless sticky: `team_above`, /nfs/team/alice/run1 under a
-    2775 /nfs/team), for Remote._root. The directories above it that a sync made (Remote._make_root) are, on a
+    2775 /nfs/team), for LocalRemote._root. The directories above it that a sync made (LocalRemote._make_root) are, on a
     squashing share, the owner the share gives this user's new files (OWN_UIDS), not this user's: where the rule
     refuses one for an owner that may be that one (`_learning_place`), it is learnt and the rule asked again
     counting it as this user's (a directory of it above the root only when no one but its owner may write it:
@@ -315,7 +315,7 @@ def parent_fd(root: str | Dir, names: tuple[str, ...], show: Show) -> Iterator[i
     """A descriptor of the directory that holds names[-1], reached from root one directory at a time, none of them
     a link (refused, saying what it is: NotOurs, an OSError the sync retries, of errno ELOOP for a link, ENOTDIR for
     anything else that is not a directory). `root`: the root's path (a read: the remote as configured) or, for a
-    write, its Dir (Remote._root), whose descriptor is where the walk starts; a write's directories below the
+    write, its Dir (LocalRemote._root), whose descriptor is where the walk starts; a write's directories below the
     root are this user's (OWN_UIDS: one swapped in by another user since it was made is NotOurs, not written into)."""
     fd = os.dup(root.fd) if isinstance(root, Dir) else os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

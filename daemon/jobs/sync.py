@@ -36,9 +36,10 @@ from pathlib import Path
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
-from minilmd.daemon.jobs import basecopy, remote_write
+from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.fetch import Fetcher
-from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.names import (
     BEST,
     LATEST,
@@ -106,7 +107,7 @@ class Syncer(Fetcher):
         self.expected = expected
         self.keep = max(1, keep)
         self.log = log
-        self._remote: Remote | None = None
+        self._remote: RemoteStore | None = None
         self._told: set[tuple[str, str]] = set()
         """(name, why) of what on the remote was left as not this run's, logged once."""
         self.base_problem: str | None = None
@@ -117,10 +118,10 @@ class Syncer(Fetcher):
         from another thread: it must not delete it)."""
 
     @property
-    def remote(self) -> Remote:
+    def remote(self) -> RemoteStore:
         if self._remote is None:
             try:
-                self._remote = Remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid()))
+                self._remote = open_remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid()))
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
         return self._remote
@@ -187,17 +188,10 @@ class Syncer(Fetcher):
         return {name: self.remote.intact(name) for name in self._steps()}
 
     def _made_here(self, name: str) -> bool:
-        """Whether the remote step `name` of this run (Remote.steps: by its owner) was made by a sync of this user
-        (remote_write.not_made_here; every step of a store that is not a local path): on a share that gives every
-        file one owner, another user's step is this run's by its owner alone, so it is neither what the sync defers
-        to (a planted step-99999990 would stop every copy and take LATEST) nor one of the `keep` it keeps. A look
-        that fails says no."""
-        if not self.remote.local:
-            return True
-        try:
-            return remote_write.not_made_here(self.remote.path(name)) is None
-        except OSError:
-            return False
+        """Whether the remote step `name` of this run was made by a sync of this user (Remote.made_here): another
+        user's step on a share that gives every file one owner is neither what the sync defers to (a planted
+        step-99999990 would stop every copy and take LATEST) nor one of the `keep` it keeps."""
+        return self.remote.made_here(name)
 
     def _problems(self, name: str, scan: Scan) -> list[str]:
         """Remote.intact's problems of `name`: this sync's scan's when it holds it (a name that is no step of
@@ -210,7 +204,7 @@ class Syncer(Fetcher):
         remote = self.remote
         manifest = json.loads((local / MANIFEST).read_text(encoding="utf-8"))
         name = local.name
-        if remote.local:
+        if remote.renames_into_place:
             target = sync_tmp_name(name, host_tag(), os.getpid())
         else:
             target = name  # no rename on this store: the manifest, written last, makes it exist
@@ -231,7 +225,7 @@ class Syncer(Fetcher):
             with contextlib.suppress(OSError):  # the copy's own error is the one raised
                 remote.rm(target)  # this sync's half copy (a full remote, EIO): never left behind
             raise
-        if remote.local:
+        if remote.renames_into_place:
             if name in remote.names():  # a damaged earlier copy: set it aside, never overwrite in place
                 try:
                     self._clear_for_copy(name)
@@ -262,7 +256,7 @@ class Syncer(Fetcher):
                 if why := remote.rm(name):
                     raise SyncError(f"{remote.show(name)} is {why}: not this run's, left as it is; {name} not copied")
             else:
-                dest = remote.quarantine(name, "damaged; replaced by a verified copy during sync")
+                dest = remote.set_aside(name, "damaged; replaced by a verified copy during sync")
                 self.log(f"sync: damaged remote {remote.show(name)} quarantined to {dest}, replaced by a verified "
                          f"copy")
         except OSError as e:
@@ -365,7 +359,7 @@ class Syncer(Fetcher):
         only copy of what older checkpoints, this run's or another's, were trained on."""
         remote, init = self.remote, self.remote.show(basecopy.REMOTE_BASE)
         try:
-            dest = remote.quarantine(name, f"the copy of another LoRA base than this run's, left under a temporary "
+            dest = remote.set_aside(name, f"the copy of another LoRA base than this run's, left under a temporary "
                                            f"name (a push killed while it looked at what stood at {init}?)")
         except OSError as e:
             self._once((name, "another base"), f"sync: remote {remote.show(name)} holds the copy of another LoRA "

@@ -1,0 +1,295 @@
+"""A run's remote on a local path (NFS included): RemoteStore's local half (daemon/jobs/remote.py's Remote is the
+fsspec one, and `open_remote` chooses by URL). It is a place other users and machines may write: its small files are
+read as untrusted (minilmd/untrusted.py), no link followed from the root down (one placed there may point at another
+user's file, /dev/zero or a FIFO), and a listed file that is not a regular file or lies past a link (a FIFO would
+block a hash, /dev/zero never end one) is a problem of its checkpoint before anything of it is read. What a sync
+writes there is made new, never through a link (daemon/jobs/remote_write.py), and every write, rename and removal
+starts at the descriptor of the root opened once and checked by dirfd's rule (`_root`; renames into place:
+daemon/jobs/remote_publish.py). Only this user's real directories count as the run's steps, are removed or set
+aside. Torch-free.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from minilmd import perms
+from minilmd.daemon.jobs import remote_write
+from minilmd.daemon.jobs.remote import CHUNK, Remote
+from minilmd.daemon.jobs.remote_publish import Publishing
+from minilmd.daemon.jobs.remote_store import Steps
+from minilmd.dirfd import Dir
+from minilmd.names import LATEST
+from minilmd.untrusted import Unreadable, file_kind, open_regular, printable, read_bytes
+
+
+def _answers(held: Dir) -> bool:
+    """Whether a descriptor still answers (an NFS share remounted leaves it stale: ESTALE)."""
+    try:
+        os.fstat(held.fd)
+    except OSError:
+        return False
+    return True
+
+
+class LocalRemote(Publishing, Remote):
+    """A local path's remote: reads as untrusted, writes at the root's checked descriptor, renames into place."""
+
+    def __init__(self, url: str, tmp_tag: str = "", opened=None):
+        super().__init__(url, tmp_tag, opened)
+        self._dir: Dir | None = None
+        self._stale: list[Dir] = []
+        self._opening = threading.Lock()
+
+    @property
+    def renames_into_place(self) -> bool:
+        """A local path (NFS included) has atomic rename and fsync."""
+        return True
+
+    # --- the root's descriptor -------------------------------------------------------------------------------------
+    def _root(self) -> Dir:
+        """The local remote's root as opened and checked by dirfd's rule (remote_write.open_root: no link on the way
+        but one of root's or this user's, no directory above it that another user could rearrange; the root itself
+        may be a team directory others write): every write, rename and removal starts at this descriptor, so a link
+        swapped in afterwards for the root or a directory above it redirects none. Opened when none is held or the
+        one held has gone stale (ESTALE); checked again at each sync's start (`makedirs()`). PlaceRefused (a
+        ValueError) when the rule refuses it, an OSError when it is not there."""
+        with self._opening:
+            if self._dir is not None and _answers(self._dir):
+                return self._dir
+        return self._reopen()
+
+    def _reopen(self) -> Dir:
+        """The root opened and checked again; the descriptor held is kept while it is still the directory the root's
+        path leads to, else replaced (the root made again, a share remounted). A replaced one, which another thread
+        may still use, is closed at the next sync's start (`makedirs()`) or with the Remote."""
+        fresh = remote_write.open_root(self.root)
+        with self._opening:
+            held = self._dir
+            if held is not None and held.identity == fresh.identity and _answers(held):
+                fresh.close()
+                return held
+            if held is not None:
+                self._stale.append(held)
+            self._dir = fresh
+            return fresh
+
+    def _close_stale(self) -> None:
+        """The descriptors of roots replaced before this sync's start closed: each would keep a share unmounted
+        lazily (umount -l) busy, one more at every replacement, for as long as the run lasts."""
+        with self._opening:
+            for held in self._stale:
+                held.close()
+            self._stale = []
+
+    def close(self) -> None:
+        """Close the root's descriptors; a later write opens it again."""
+        with self._opening:
+            for held in [*self._stale, *([self._dir] if self._dir else [])]:
+                held.close()
+            self._dir, self._stale = None, []
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # --- reading, as untrusted -------------------------------------------------------------------------------------
+    def steps(self) -> Steps:
+        """Step directory names, oldest first, of this user's real directories only (remote_write.not_ours): another
+        user's entry or a link by a step name is no checkpoint of this run's, whatever its name and manifest say.
+        Counted, it would stop the sync (a planted step-99999999 is "newer" than every checkpoint of the run), be
+        fetched for a resume, or count towards sync.keep; it is passed by, and returned in `passed_by` with what it
+        is, for the sync to say."""
+        ours, passed_by = [], {}
+        for name in super().steps().ours:
+            if why := remote_write.not_ours(self.path(name)):
+                passed_by[name] = why
+            else:
+                ours.append(name)
+        return Steps(ours, passed_by)
+
+    def open(self, *names: str):
+        """A file opened for reading as untrusted: no link followed from the root down (one placed there may point
+        at another user's file, /dev/zero or a FIFO), a regular file only, never a blocking open. Raises
+        FileNotFoundError, Unreadable (what was found instead) or OSError."""
+        return os.fdopen(self._untrusted(lambda name, fd: open_regular(name, dir_fd=fd), *names), "rb")
+
+    def cat(self, path: str, max_bytes: int) -> bytes:
+        """A small file read as untrusted (minilmd/untrusted.py: never a FIFO nobody writes, a link, or more than
+        max_bytes). Raises FileNotFoundError, Unreadable or OSError."""
+        return self._untrusted(lambda name, fd: read_bytes(name, max_bytes=max_bytes, dir_fd=fd),
+                               *self._names_of(path))
+
+    def _untrusted(self, read, *names: str):
+        """read(name, dir_fd) of a file: each directory from the root down opened without following a link
+        (remote_write.parent_fd), the file then opened by its name in the last of them. No path is looked up twice,
+        so a directory on the way swapped for a link after a look is never followed (a lstat of each, then an open
+        by path, followed one swapped in between). A link on the way is refused (Unreadable)."""
+        path = self.path(*names)
+        try:
+            with remote_write.parent_fd(self.root, names, self.show) as fd:
+                return read(names[-1], fd)
+        except remote_write.NotOurs as e:
+            if e.errno != errno.ELOOP:
+                raise  # ENOTDIR: a file where a directory belongs, an OSError as its open by path raised
+            raise Unreadable(str(e), path, kind="link") from None
+        except FileNotFoundError:
+            raise FileNotFoundError(path) from None  # the root or a directory on the way
+        except Unreadable as e:
+            if e.missing:
+                raise FileNotFoundError(path) from None
+            if e.os_error is not None:
+                raise e.os_error from None  # a failing mount stays an OSError: the remote is retried
+            raise Unreadable(e.why, path, kind=e.kind) from None  # named by its whole path, as by a read by path
+
+    def _names_of(self, path: str) -> tuple[str, ...]:
+        """The names below the root of one of its paths (self.path(*names))."""
+        rel = path[len(self.root):].lstrip("/") if path.startswith(self.root) else path
+        return tuple(rel.split("/")) if rel else ()
+
+    @staticmethod
+    def _link(path: str) -> str | None:
+        """"a symbolic link to TARGET" when path is one (never followed), else None."""
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return None
+            return f"a symbolic link to {printable(os.readlink(path))}"
+        except OSError:
+            return None  # missing or unreadable: the read says so
+
+    def not_regular(self, name: str, files) -> list[str]:
+        """The files of a checkpoint (`files` relative to `name`, "/" between directories) that are there but are not
+        regular files, or lie past a link (a FIFO listed with size 0 would block its hash and its download for ever;
+        a link may point at another user's file, /dev/zero, a FIFO): problems of the checkpoint, found before any of
+        it is opened, each saying what was found."""
+        found = [self._found(name, *f.split("/")) for f in files]
+        return [f"{where}: {what}" for where, what in filter(None, found)]
+
+    def _found(self, *names: str) -> tuple[str, str] | None:
+        """(where, what) for the first link on the way from the root to names, or names itself when it is there
+        and not a regular file; None for a regular file reached without a link (or missing: its size says so)."""
+        for i in range(1, len(names) + 1):
+            if found := self._link(self.path(*names[:i])):
+                return self.show(*names[:i]), f"{found}, not followed"
+        try:
+            mode = os.lstat(self.path(*names)).st_mode
+        except OSError:
+            return None
+        return None if stat.S_ISREG(mode) else (self.show(*names), f"{file_kind(mode)}, not a regular file")
+
+    def not_ours(self, name: str) -> str | None:
+        """What `name` is when it is no real directory of this user's (a link, another user's entry:
+        remote_write.not_ours), None when it is, or is not there."""
+        return remote_write.not_ours(self.path(name))
+
+    def made_here(self, name: str) -> bool:
+        """Whether the step `name` of this run (`steps`: by its owner) was made by a sync of this user
+        (remote_write.not_made_here): on a share that gives every file one owner, another user's step is this run's
+        by its owner alone. A look that fails says no."""
+        try:
+            return remote_write.not_made_here(self.path(name)) is None
+        except OSError:
+            return False
+
+    def age(self, name: str) -> float:
+        """Seconds since `name` was last modified, from its own entry (no link followed); 0 where unknown."""
+        try:
+            return max(0.0, time.time() - os.lstat(self.path(name)).st_mtime)
+        except OSError:
+            return 0.0
+
+    def free(self) -> int | None:
+        """Bytes an unprivileged writer may still use here (None: not measurable)."""
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(self.root).free
+        return None
+
+    # --- writing, at the root's descriptor -------------------------------------------------------------------------
+    def put(self, local: Path, *names: str) -> int:
+        """Copy a local file to a new file of the remote, fsynced; the bytes written. The file is made new (O_EXCL:
+        never one already there, nor a link placed at its name) below directories none of which is a link
+        (remote_write.py): a link placed there by another user never redirects the write."""
+        with os.fdopen(remote_write.open_new(self._root(), names, self.show), "wb") as out, open(local, "rb") as src:
+            n = 0
+            while chunk := src.read(CHUNK):
+                out.write(chunk)
+                n += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        return n
+
+    def makedirs(self, *names: str) -> None:
+        """The root, made when missing, and opened and checked (`_root`); each directory of names below it made new
+        (a name already taken, a link placed there included, is refused: NotOurs, an OSError saying what it is),
+        none written through a link."""
+        self._make_root()
+        if names:
+            remote_write.mkdir_new(self._root(), names, self.show)
+        else:  # a sync's start: the root checked again, and opened again when its path leads elsewhere now
+            self._close_stale()
+            self._reopen()
+
+    def _make_root(self) -> None:
+        try:
+            os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, made by its path
+        except FileExistsError:  # a link to nowhere, a file: say what, not "File exists" for what is not there
+            from minilmd.shared_place import look
+
+            raise FileExistsError(errno.EEXIST, f"{self.url} is {look(self.root, LATEST)}") from None
+
+    def make_tmp(self, target: str, *below: str, taken=lambda found, fresh: None,
+                 kept: Callable[[str], str | None] = lambda name: None) -> str:
+        """Remote.make_tmp's temporary directory. Anyone can predict `target` (host and pid): where it holds what is
+        not this sync's (a link, another user's entry: NotOurs) that is left as it is, never written through, and a
+        fresh name is made instead, `target-XXXXXXXX.tmp` (random): the same host and pid, which
+        names.remote_tmp_owner reads back, so the clean-up of this pid's leftovers still takes it. `taken(what was
+        found, the fresh name)` says so. Without it one other user could keep every checkpoint from ever reaching
+        the remote. `kept(target)`: what the caller's own earlier try left there that must never be removed (what
+        stood at the final name, which publish_unless_taken could neither put back nor set aside), None when nothing
+        is: a fresh name then too."""
+        self._make_root()
+        if self._root().lstat(target) is not None and (why := kept(target)):
+            return self._fresh_tmp(target, below, why, taken)
+        self.rm(target)
+        try:
+            self.makedirs(target, *below)
+            return target
+        except remote_write.NotOurs as e:
+            with contextlib.suppress(OSError):
+                self.rm(target)  # ours when what was taken lies below it: only this user's real directory goes
+            return self._fresh_tmp(target, below, str(e), taken)
+
+    def _fresh_tmp(self, target: str, below: tuple[str, ...], found: str, taken) -> str:
+        fresh = f"{target}-{secrets.token_hex(4)}.tmp"
+        self.makedirs(fresh, *below)
+        taken(found, fresh)
+        return fresh
+
+    def rm(self, name: str, file: bool = False) -> str | None:
+        """Remove what a sync made, a name of the root: None when removed (or not there). Only a real directory (a
+        regular file when `file`: a pointer's temp file) owned by this user, whatever its name says (others write
+        there too), through the root's descriptor: anything else (another user's, a link, ...) is left, and what it
+        is returned."""
+        return remote_write.remove_ours(self._root(), name, file)
+
+    def set_aside(self, name: str, reason: str) -> str | None:
+        """`quarantine`: where it went."""
+        return self.quarantine(name, reason)
+
+    def quarantine(self, name: str, reason: str) -> str:
+        """Set a damaged checkpoint aside into quarantine/, with its reason: where it went. NotOurs (an OSError)
+        saying what was found when it or quarantine/ is not this user's real directory (a link, another user's):
+        nothing of theirs is moved, nor written into."""
+        return remote_write.set_aside(self._root(), name, reason, self.show)
+
+    def write_latest(self, name: str, pointer: str = LATEST) -> None:
+        """A temp file made new at the root's descriptor, fsync, rename there."""
+        self._root().write_atomic(pointer, (name + "\n").encode(), perms.file_mode(), tag=self.tmp_tag)
