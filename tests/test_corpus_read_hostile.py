@@ -118,6 +118,18 @@ def _fifo_holding(path: Path, data: bytes) -> int:
     return fd
 
 
+def _planted(path, kind: str, fifo_holds: bytes, link_leads_to: bytes) -> int:
+    """`path` replaced by `kind`: a FIFO holding `fifo_holds` (its writer's descriptor returned, for the caller to
+    close), or a link to a file beside the corpus holding `link_leads_to` (-1 returned)."""
+    if kind == "a FIFO":
+        return _fifo_holding(path, fifo_holds)
+    elsewhere = path.parent.parent.parent / "elsewhere.bin"
+    elsewhere.write_bytes(link_leads_to)
+    path.unlink()
+    path.symlink_to(elsewhere)
+    return -1
+
+
 @pytest.mark.parametrize("name,kind", [("train/doc_lengths.npy", "a symbolic link"),
                                        ("train/doc_lengths.npy", "a FIFO"), ("val/tokens.bin", "a symbolic link")])
 def test_report_reads_no_split_file_through_a_link_or_a_fifo(tmp_path, corpus, name, kind):
@@ -127,14 +139,7 @@ def test_report_reads_no_split_file_through_a_link_or_a_fifo(tmp_path, corpus, n
     damaged = tmp_path / "corpus"
     shutil.copytree(corpus[0], damaged)
     data = (damaged / name).read_bytes()
-    fd = -1
-    if kind == "a FIFO":
-        fd = _fifo_holding(damaged / name, data)
-    else:
-        elsewhere = tmp_path / "elsewhere.bin"
-        elsewhere.write_bytes(data)
-        (damaged / name).unlink()
-        (damaged / name).symlink_to(elsewhere)
+    fd = _planted(damaged / name, kind, data, data)
     try:
         with pytest.raises(CorpusError, match=f"{name}: unreadable \\({kind}\\)"):
             report(str(damaged), workers=0)
@@ -250,14 +255,7 @@ def test_a_link_or_a_fifo_at_a_split_name_is_refused_at_the_check_never_hashed(t
     damaged = tmp_path / "corpus"
     shutil.copytree((chat_corpus if "loss_mask" in name else corpus)[0], damaged)
     data = (damaged / name).read_bytes()
-    fd = -1
-    if kind == "a FIFO":
-        fd = _fifo_holding(damaged / name, data)
-    else:
-        elsewhere = tmp_path / "elsewhere.bin"
-        elsewhere.write_bytes(bytes(len(data)))  # the listed size, other bytes
-        (damaged / name).unlink()
-        (damaged / name).symlink_to(elsewhere)
+    fd = _planted(damaged / name, kind, data, bytes(len(data)))  # a link leads to the listed size, other bytes
     try:
         with pytest.raises(RefusedFile, match=f"{name}: unreadable \\({kind}\\)"):
             TokenStream(damaged / name.split("/")[0], verify_hash=True)
