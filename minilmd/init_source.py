@@ -15,7 +15,8 @@ The fingerprint recorded in the new run's checkpoints: for a checkpoint, the sha
 the sha256 of every file of it, so it names the whole checkpoint) and its step; for a .pth, the file's sha256.
 A source is another user's or another run's file, often on NFS: its manifest and its .pth are read through
 minilmd/untrusted.py (no link followed, never blocked on a FIFO, size bounded: a .pth no bigger than a state dict of
-the run's model can be), and a .pth is hashed and unpickled from the one read (`read_pth`). What the named directory
+the run's model can be), and a .pth is hashed and unpickled from the one read (minilmd/init_pth.py `read_pth`, in
+the directory resolve pinned, a file of its owner or ours). What the named directory
 holds (run.toml, state.json, LATEST, BEST, their step directory, manifest.json, trainer_state.json) is walked by its
 descriptor (minilmd/init_place.py): no link followed, no FIFO opened, each file the source owner's or ours.
 """
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import os
 import stat
 from dataclasses import dataclass, field
@@ -73,10 +73,11 @@ class InitSource:
     """BEST or LATEST when the checkpoint was found through that pointer (a run, a root, a pointer file): said in
     the trainer's "initialised from" line and recorded with the fingerprint; None when named directly."""
     owners: tuple[int, ...] = field(default=(), compare=False)
-    """Whose files the checkpoint's may be (init_place.owners_of the directory init.from names); () when not
-    resolved here (a staged copy: this run's own)."""
+    """Whose files the checkpoint's (or the .pth) may be (init_place.owners_of the directory init.from names, or
+    the .pth's directory); () when not resolved here (a staged copy: this run's own)."""
     identity: tuple[int, int] | None = field(default=None, compare=False)
-    """(device, inode) of the checkpoint directory as resolve opened it: a later read opens that one or none."""
+    """(device, inode) of the checkpoint directory (of a .pth: the directory holding it) as resolve opened it: a
+    later read opens that one or none (init_place.reopen)."""
 
 
 @dataclass(frozen=True)
@@ -284,10 +285,12 @@ def _named_file(path: Path) -> InitSource:
             raise InitSourceError(f"{printable(path)} is a symbolic link: not followed")
         if not stat.S_ISREG(st.st_mode):  # a FIFO, a socket, a device: there, and no source
             raise InitSourceError(f"neither a file nor a directory ({file_kind(st.st_mode)})")
-    if path.suffix != ".pth":
-        raise InitSourceError("a file, but not a MiniMind .pth (give a checkpoint directory, a checkpoint root "
-                              "with LATEST, its LATEST or BEST, or a .pth)")
-    return InitSource("minimind", path)
+        if path.suffix != ".pth":
+            raise InitSourceError("a file, but not a MiniMind .pth (give a checkpoint directory, a checkpoint root "
+                                  "with LATEST, its LATEST or BEST, or a .pth)")
+        owners = owners_of(parent)  # a teammate's .pth reads as hers, a third user's planted beside it does not
+        judge(parent, path.name, owners)
+        return InitSource("minimind", path, None, owners, parent.identity)
 
 
 def _pointed(root, pointer: str, owners: tuple[int, ...]) -> InitSource:
@@ -384,9 +387,10 @@ def fingerprint(source: InitSource, model: dict | None = None) -> dict:
             return checkpoint_record(source, raw)
         except Unreadable as e:
             raise _untrusted_failure(e) from None
+    from minilmd.init_pth import read_pth_into
     from minilmd.untrusted import Hashing
 
-    return _read_pth(source, model, Hashing())
+    return read_pth_into(source, model, Hashing())
 
 
 def checkpoint_record(source: InitSource, raw: bytes) -> dict:
@@ -396,53 +400,6 @@ def checkpoint_record(source: InitSource, raw: bytes) -> dict:
     pointer = {"pointer": source.pointer} if source.pointer else {}
     return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
             "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
-
-
-MAX_PTH_BYTES = 16 << 30
-"""The largest .pth read when the run's model is not given (a caller without the run's config): 2G weights at 8
-bytes, beyond any small LM; given the model (the trainer, staging), `pth_bound` of it bounds the read."""
-
-
-class InitSourceTooBig(InitSourceError):
-    """A .pth larger than a state dict of the run's model can be: refused before it is read (final)."""
-
-
-def read_pth(source: InitSource, model: dict | None = None) -> tuple[io.BytesIO, dict]:
-    """A MiniMind .pth source (another user's, on NFS) read as untrusted: opened once as a regular file (no link
-    followed, never blocked on a FIFO), no further than a .pth of `model` can be (`pth_bound`), into memory and
-    hashed as read; (those bytes, the fingerprint record of exactly them). The caller unpickles the bytes, never
-    the path again: what was hashed is what is loaded. Raises as `fingerprint` does."""
-    from minilmd.untrusted import Hashing
-
-    sink = Hashing(io.BytesIO())
-    record = _read_pth(source, model, sink)
-    sink.keep.seek(0)
-    return sink.keep, record
-
-
-def copy_pth(source: InitSource, model: dict | None, out) -> dict:
-    """read_pth's one read, its bytes written to `out` (a binary file object of this process: staging's copy in
-    scratch) instead of kept in memory; the fingerprint record of exactly the bytes written. Raises as
-    `fingerprint` does; an OSError of `out` as it is."""
-    from minilmd.untrusted import Hashing
-
-    return _read_pth(source, model, Hashing(out))
-
-
-def _read_pth(source: InitSource, model: dict | None, sink) -> dict:
-    """The .pth read once into `sink` (an untrusted.Hashing), bounded by `model`; its fingerprint record."""
-    from minilmd.model_shapes import pth_bound
-    from minilmd.untrusted import Unreadable, copy_regular, size_text
-
-    bound = pth_bound(model) if model is not None else MAX_PTH_BYTES
-    try:
-        copy_regular(source.path, sink, max_bytes=bound)
-    except Unreadable as e:
-        if e.kind == "too_big":  # its size, looked at before a byte is read
-            limit = "a state dict of this run's model can be" if model is not None else "init.from's .pth may be"
-            raise InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}") from None
-        raise _untrusted_failure(e) from None
-    return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sink.sha256.hexdigest()}
 
 
 def _untrusted_failure(e) -> Exception:

@@ -1,8 +1,11 @@
-"""The detail of a trainer's final refusal, as the supervisor quotes it from the attempt log: it starts at the
-trainer's own line (never inside the supervisor's `# attempt ...` header, never mid-token) and ends at a word."""
+"""The detail of an ended trainer as the supervisor classifies it: a final refusal quoted from the attempt log
+starts at the trainer's own line (never inside the supervisor's `# attempt ...` header, never mid-token) and ends at a
+word; a stop (exit 75) is said stopped, never "saved" (a stop in the DPO reference pass saves nothing)."""
 from __future__ import annotations
 
 import sys
+
+import pytest
 
 from minilmd.daemon.child.process import _last_lines, classify, launch
 
@@ -39,3 +42,17 @@ def test_whole_lines_from_the_end_while_they_fit(tmp_path):
                    "ValueError: bad\n")
     assert _last_lines(log, limit=60) == "Traceback (most recent call last): | ValueError: bad"
     assert _last_lines(log) == "x" * 80 + " | Traceback (most recent call last): | ValueError: bad"
+
+
+@pytest.mark.parametrize("requested, said", [(True, "stopped on request"),
+                                             (False, "stopped on a SIGTERM the supervisor did not send")])
+def test_a_stop_during_the_dpo_reference_pass_is_not_said_saved(tmp_path, requested, said):
+    """The trainer exits 75 on a stop in the DPO reference pass with nothing saved (trainer/loop/exits.py
+    StoppedInPass): the supervisor said "saved and stopped on request". Now it says stopped; what was saved is the
+    trainer's own line (here: nothing) and the checkpoints'."""
+    line = "minilmd: SIGTERM received during the DPO reference pass (12/300 pairs); nothing saved"
+    child = launch([sys.executable, "-c", f"print({line!r}); raise SystemExit(75)"], tmp_path, 1, devices="")
+    rc = child.popen.wait(30)
+    death = classify(child, rc, tmp_path, stop_requested=requested)
+    assert (death.cause, death.exit) == ("stopped", 75)
+    assert death.detail == said

@@ -43,7 +43,7 @@ def test_a_pth_swapped_for_a_fifo_or_a_link_after_its_check_is_refused_without_b
     _pth(tmp_path / "theirs.pth", cfg)
     elsewhere = _pth(tmp_path / "elsewhere.pth", cfg, fill=0.25)
     _swapped_after_resolve(monkeypatch, os.mkfifo if swap == "a FIFO" else lambda p: p.symlink_to(elsewhere))
-    with pytest.raises(ConfigError, match=f"theirs.pth is unreadable \\({swap}\\)"):
+    with pytest.raises(ConfigError, match=f"theirs.pth is {swap}"):
         without_blocking(lambda: init_weights.load_init(cfg), tmp_path / "theirs.pth")
 
 

@@ -40,7 +40,7 @@ CLI = "import sys; sys.argv[0] = 'minilmd'; from minilmd.cli import main; main()
 ATTACKER = 64123
 """The attacker's uid: a real second user for the kernel, with no passwd entry (so none to create)."""
 SLEEPER = ("import signal, sys, time\n"
-           "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))  # 'saved and stopped', as the trainer exits\n"
+           "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))  # 'stopped', as the trainer exits\n"
            "while True:\n    time.sleep(1)\n")
 ATTACK = """
 import fcntl, os, sys, time

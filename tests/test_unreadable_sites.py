@@ -17,7 +17,8 @@ import pytest
 from minilmd import fsio, init_source, safetensors_scan, untrusted
 from minilmd.corpus import chat
 from minilmd.daemon.host import registry
-from minilmd.init_source import InitSource, InitSourceError, InitSourceTooBig, Predecessor
+from minilmd.init_pth import InitSourceTooBig, copy_pth
+from minilmd.init_source import InitSource, InitSourceError, Predecessor
 from minilmd.untrusted import Unreadable
 
 
@@ -77,14 +78,15 @@ def test_a_system_registry_entry_named_for_another_uid_is_owner(tmp_path):
     (Unreadable("over the limit of a FIFO", kind="not_regular"), InitSourceError),
 ])
 def test_an_init_pth_too_big_is_told_by_kind_not_words(tmp_path, monkeypatch, refused, raised):
-    """init_source._read_pth took a refusal whose words began "over " for a .pth too big: a kind decides now."""
+    """init_source._read_pth (now init_pth.read_pth_into) took a refusal whose words began "over " for a .pth too
+    big: a kind decides now."""
 
     def refusing(*args, **kwargs):
         raise refused
 
     monkeypatch.setattr(untrusted, "copy_regular", refusing)  # _read_pth imports it when called
     with pytest.raises(InitSourceError) as caught:
-        init_source.copy_pth(InitSource("minimind", tmp_path / "base.pth"), None, io.BytesIO())
+        copy_pth(InitSource("minimind", tmp_path / "base.pth"), None, io.BytesIO())
     assert type(caught.value) is raised
 
 

@@ -52,7 +52,8 @@ SUPERVISOR_LINE = "# "
 
 CAUSES: dict[Cause, str] = {
     Cause.DONE: "the trainer reached its budget and saved the final checkpoint (exit 0)",
-    Cause.STOPPED: "the trainer saved and exited on SIGTERM (exit 75)",
+    Cause.STOPPED: "the trainer exited on SIGTERM (exit 75), after saving at a step boundary (nothing during the DPO "
+                   "reference pass: its log says which)",
     Cause.CONFIG_ERROR: "the trainer refused the config (exit 2): final",
     Cause.DATA_ERROR: "the trainer refused the data (exit 65): final",
     Cause.CUDA_OOM: "CUDA ran out of memory (exit 76, fault.json)",
@@ -306,8 +307,10 @@ def classify(child: Child, returncode: int, run_dir: Path, stop_requested: bool)
     if rc == protocol.EXIT_DONE:
         return Death(Cause.DONE, rc, "finished", fault)
     if rc == protocol.EXIT_STOPPED:
+        # not "saved": a stop during the DPO reference pass saves nothing (its log says so; a stop in the loop says
+        # "saving at step N", and the checkpoint lines what was saved)
         who = "on request" if stop_requested else "on a SIGTERM the supervisor did not send"
-        return Death(Cause.STOPPED, rc, f"saved and stopped {who}", fault)
+        return Death(Cause.STOPPED, rc, f"stopped {who}", fault)
     if rc == protocol.EXIT_CONFIG:
         return Death(Cause.CONFIG_ERROR, rc, _last_lines(child.log_path) or "config error", fault)
     if rc == protocol.EXIT_DATA:

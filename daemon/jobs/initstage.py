@@ -143,9 +143,10 @@ def _copy_checkpoint(spec: str, source, dest: Path, answered) -> dict:
 
 
 def _copy_pth(source, model: dict | None, dest: Path, answered) -> dict:
-    """Copy init.from's .pth to dest in the one read that fingerprints it (init_source.copy_pth: no link followed,
-    never blocked, bounded by a state dict of the run's `model`); its record, with the size copied."""
-    from minilmd.init_source import copy_pth
+    """Copy init.from's .pth to dest in the one read that fingerprints it (init_pth.copy_pth: in the directory
+    resolve pinned, through its descriptor, a file of its owner or ours, no link followed, never blocked, bounded
+    by a state dict of the run's `model`); its record, with the size copied."""
+    from minilmd.init_pth import copy_pth
 
     with open(dest, "wb") as out:
         record = copy_pth(source, model, _Answering(out, answered))
@@ -334,8 +335,8 @@ def stage_init(spec: str, scratch: Path, checkpoint: str = "best", log=lambda ms
     run's checkpoint was trained on from its copy on the remote (True when it did: daemon/jobs/basecopy.py).
     `trained_on`: the base the newest checkpoint of a LoRA run records (`trained_on(cfg)`); a staged copy of
     another base is not reused for its resume. `model`: the run's [model] (cfg.model_dict()), which bounds the
-    size of a .pth read (init_source.pth_bound; without it, MAX_PTH_BYTES). `answered()` after each chunk read
-    from the source."""
+    size of a .pth read (model_shapes.pth_bound; without it, init_pth.MAX_PTH_BYTES). `answered()` after each
+    chunk read from the source."""
     from minilmd.init_source import same_source
 
     final = scratch / INIT_DIR

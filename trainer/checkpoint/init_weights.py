@@ -14,15 +14,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from minilmd.config import ConfigError, RunConfig
-from minilmd.init_source import (
-    InitSource,
-    InitSourceError,
-    InitSourceTooBig,
-    fingerprint,
-    model_differences,
-    read_pth,
-    resolve,
-)
+from minilmd.init_pth import InitSourceTooBig, read_pth
+from minilmd.init_source import InitSource, InitSourceError, fingerprint, model_differences, resolve
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, expected_state_shapes
 
 
