@@ -48,8 +48,9 @@ def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_pr
         # would start at the final step, save nothing new and count toward no_progress_limit until we gave up
         return Decision(Action.FINISH, f"the trainer had finished its budget before it ended ({cause}: "
                                        f"{death.detail})", counts_as_restart=False)
-    if stop_requested:
-        return Decision(Action.STOP, f"stopped on request ({death.detail})", counts_as_restart=False)
+    if stop_requested:  # the trainer's own words only when it did not simply stop (killed at the grace, crashed)
+        said = "" if cause == Cause.STOPPED else f" ({death.detail})"
+        return Decision(Action.STOP, f"stopped on request{said}", counts_as_restart=False)
     if cause == Cause.CONFIG_ERROR:
         return Decision(Action.FAIL, f"config error, final: {death.detail}", protocol.SUPERVISOR_CONFIG,
                         counts_as_restart=False)
