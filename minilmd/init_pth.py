@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 
-from minilmd.init_source import InitSource, InitSourceError, _untrusted_failure
+from minilmd.init_kinds import InitSource, InitSourceError, untrusted_failure
 
 MAX_PTH_BYTES = 16 << 30
 """The largest .pth read when the run's model is not given (a caller without the run's config): 2G weights at 8
@@ -59,5 +59,5 @@ def read_pth_into(source: InitSource, model: dict | None, sink) -> dict:
                 limit = "a state dict of this run's model can be" if model is not None else "init.from's .pth may be"
                 raise InitSourceTooBig(f"{source.path}: over {size_text(bound)}, more than {limit}") from None
             found = refusal(parent, source.path.name, e, owners)  # a link, a FIFO, a third user's file: named
-            raise (InitSourceError(str(found)) if isinstance(found, Refused) else _untrusted_failure(e)) from None
+            raise (InitSourceError(str(found)) if isinstance(found, Refused) else untrusted_failure(e)) from None
     return {"kind": "minimind", "path": str(source.path.resolve()), "sha256": sink.sha256.hexdigest()}

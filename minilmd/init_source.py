@@ -22,7 +22,6 @@ descriptor (minilmd/init_place.py): no link followed, no FIFO opened, each file 
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -30,6 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd.config import ConfigError, load_config
+from minilmd.init_kinds import (
+    UNREACHABLE_ERRNOS,
+    InitSource,
+    InitSourceError,
+    InitSourceUnreachable,
+    untrusted_failure,
+)
 from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.names import INIT_CHECKPOINT as STAGED_CHECKPOINT
@@ -42,42 +48,6 @@ from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
 from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
 from minilmd.shared_place import look
 from minilmd.untrusted import file_kind, loads, printable, read_json
-
-
-class InitSourceError(ValueError):
-    """init.from cannot be used: missing, not a checkpoint nor a .pth, no LATEST, unreadable."""
-
-
-class InitSourceUnreachable(InitSourceError):
-    """init.from cannot be reached now: not there (a share gone, its mount vanished) or the storage fails (EIO, a
-    dead FUSE daemon, a stale NFS handle, a timeout). Not final under the supervisor: staging waits for it with
-    backoff, at the first launch as at a restart (`run --check` says so). A reader that cannot wait (the
-    trainer alone) sees it as the InitSourceError it is."""
-
-
-UNREACHABLE_ERRNOS = frozenset({
-    errno.ENOENT, errno.EIO, errno.ETIMEDOUT, errno.ENOTCONN, errno.ESTALE, errno.EHOSTDOWN, errno.EHOSTUNREACH,
-    errno.ENETDOWN, errno.ENETUNREACH, errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EAGAIN,
-    errno.EINTR, errno.ENOLINK, errno.EREMOTEIO, errno.ENOMEDIUM, errno.EKEYEXPIRED})
-"""The errors of a source that cannot be reached now (the storage, not the source, is at fault). Any other OSError
-(permission denied, not a directory, a link loop, a name too long) is of a source there and wrong: final."""
-
-
-@dataclass(frozen=True)
-class InitSource:
-    kind: str
-    """"checkpoint" or "minimind"."""
-    path: Path
-    """The checkpoint directory, or the .pth file."""
-    pointer: str | None = None
-    """BEST or LATEST when the checkpoint was found through that pointer (a run, a root, a pointer file): said in
-    the trainer's "initialised from" line and recorded with the fingerprint; None when named directly."""
-    owners: tuple[int, ...] = field(default=(), compare=False)
-    """Whose files the checkpoint's (or the .pth) may be (init_place.owners_of the directory init.from names, or
-    the .pth's directory); () when not resolved here (a staged copy: this run's own)."""
-    identity: tuple[int, int] | None = field(default=None, compare=False)
-    """(device, inode) of the checkpoint directory (of a .pth: the directory holding it) as resolve opened it: a
-    later read opens that one or none (init_place.reopen)."""
 
 
 @dataclass(frozen=True)
@@ -386,7 +356,7 @@ def fingerprint(source: InitSource, model: dict | None = None) -> dict:
             raw = read_bytes(source.path / MANIFEST, max_bytes=MAX_MANIFEST_BYTES, owner=source.owners or None)
             return checkpoint_record(source, raw)
         except Unreadable as e:
-            raise _untrusted_failure(e) from None
+            raise untrusted_failure(e) from None
     from minilmd.init_pth import read_pth_into
     from minilmd.untrusted import Hashing
 
@@ -400,17 +370,6 @@ def checkpoint_record(source: InitSource, raw: bytes) -> dict:
     pointer = {"pointer": source.pointer} if source.pointer else {}
     return {"kind": "checkpoint", "path": str(source.path.resolve()), "step": manifest.get("step"),
             "manifest_sha256": hashlib.sha256(raw).hexdigest(), **pointer}
-
-
-def _untrusted_failure(e) -> Exception:
-    """An untrusted.Unreadable of init.from's file as its callers take it: the OSError of one that cannot be read
-    now (missing: its share gone; EIO...) for `_unreadable`'s decision (and staging's wait); else a final
-    InitSourceError saying what the file is ("a FIFO", "a symbolic link")."""
-    if e.os_error is not None:
-        return e.os_error
-    if e.missing:
-        return FileNotFoundError(errno.ENOENT, "No such file or directory", e.path)
-    return InitSourceError(f"{e.path} is unreadable ({e.why})")
 
 
 def same_source(recorded: dict | None, current: dict | None) -> bool:

@@ -16,8 +16,8 @@ import pytest
 from base_copy_helpers import files_of, staged_pth
 from minilmd import dirfd, names
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import LeftAside, open_remote
-from minilmd.daemon.jobs.remote_local import LocalRemote
+from minilmd.daemon.jobs.remote import LeftAside
+from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_RECORD

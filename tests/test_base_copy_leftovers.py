@@ -17,7 +17,8 @@ import pytest
 from base_copy_helpers import files_of, staged_pth
 from minilmd import names
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import Remote, open_remote
+from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.sync import STALE_TMP_SECONDS, Syncer
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
 from minilmd.names import QUARANTINE, REASON_FILE, sync_tmp_name

@@ -12,8 +12,7 @@ import pytest
 from base_copy_helpers import files_of, replace_whole, staged_pth
 from minilmd import dirfd, fsio
 from minilmd.daemon.jobs import basecopy
-from minilmd.daemon.jobs.remote import open_remote
-from minilmd.daemon.jobs.remote_local import LocalRemote
+from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.init_source import STAGED_PTH, STAGED_RECORD
 from rename_flags import exchange_not_done
 

@@ -28,7 +28,8 @@ from minilmd.daemon.base import runstate
 from minilmd.daemon.child import orphans
 from minilmd.daemon.host import leases, registry
 from minilmd.daemon.host import lock as run_lock
-from minilmd.daemon.jobs import remote, staging
+from minilmd.daemon.jobs import staging
+from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.phases import initwait
 from minilmd.daemon.views import curves
 from minilmd.safetensors_scan import scan_safetensors
@@ -111,9 +112,9 @@ READERS = {
     "BEST pointer": Reader(names.BEST, checkpoint_dirs.read_best),
     "tokenizer.json": Reader(names.TOKENIZER_FILE, load_tokenizer, (TokenizerError,)),
     "tokenizer_config.json": Reader(names.TOKENIZER_CONFIG, chat.read_tokenizer_config, (chat.ChatError,)),
-    "remote LATEST pointer": Reader(names.LATEST, lambda d: remote.open_remote(str(d)).read_text(names.LATEST)),
+    "remote LATEST pointer": Reader(names.LATEST, lambda d: open_remote(str(d)).read_text(names.LATEST)),
     "remote checkpoint manifest": Reader(f"{names.step_name(1)}/{names.MANIFEST}",
-                                         lambda d: remote.open_remote(str(d)).manifest_or_problems(names.step_name(1))),
+                                         lambda d: open_remote(str(d)).manifest_or_problems(names.step_name(1))),
     "safetensors header": Reader(names.MODEL_FILE, lambda d: scan_safetensors(d / names.MODEL_FILE), (ValueError,),
                                  kinds=False),
 }

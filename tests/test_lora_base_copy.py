@@ -19,8 +19,7 @@ from minilmd import checkpoint_dirs, names
 from minilmd.config import load_config
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs import basecopy, initstage, stagingworker
-from minilmd.daemon.jobs.remote import open_remote
-from minilmd.daemon.jobs.remote_local import LocalRemote
+from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.fsio import publish_dir
 from minilmd.init_source import STAGED_CHECKPOINT, STAGED_PTH, STAGED_RECORD, same_source

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.daemon.jobs import remote_write
-from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_local import open_remote
 
 pytestmark = pytest.mark.root
 OTHER = 4242

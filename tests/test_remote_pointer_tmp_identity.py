@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from minilmd.daemon.jobs import remote_write
-from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_local import open_remote
 
 NAME = ".LATEST.host-1-abcdef12.tmp"
 OTHER = 4242

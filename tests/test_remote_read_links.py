@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES
 from minilmd.untrusted import Unreadable
 

@@ -16,7 +16,7 @@ import shutil
 from types import SimpleNamespace
 
 from minilmd.daemon import preflight
-from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.names import LATEST, MANIFEST
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.remote_write import root_refused
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.dirfd import PlaceRefused

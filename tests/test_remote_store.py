@@ -11,8 +11,8 @@ import fsspec
 
 import source_tree
 from minilmd import checkpoint as ck
-from minilmd.daemon.jobs.remote import Remote, open_remote
-from minilmd.daemon.jobs.remote_local import LocalRemote
+from minilmd.daemon.jobs.remote import Remote
+from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.names import QUARANTINE
 from sync_helpers import EXPECTED, save, weights  # noqa: F401 - weights: a fixture

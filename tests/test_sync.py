@@ -16,7 +16,7 @@ import pytest
 
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
-from minilmd.daemon.jobs import remote as remote_mod
+from minilmd.daemon.jobs import remote_local
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
@@ -200,7 +200,7 @@ def test_a_fifo_listed_in_a_remote_checkpoint_never_blocks_the_fetch_nor_the_che
 
     results: dict = {}
     def check_then_fetch():
-        results["intact"] = remote_mod.open_remote(str(remote)).intact("step-00000020", full_hash=True)[1]
+        results["intact"] = remote_local.open_remote(str(remote)).intact("step-00000020", full_hash=True)[1]
         results["fetched"] = Syncer(local, str(remote), EXPECTED).fetch_latest()
     worker = threading.Thread(target=check_then_fetch, daemon=True)
     worker.start()
@@ -429,10 +429,10 @@ def test_a_link_placed_in_a_remote_checkpoint_is_never_followed(dirs, weights, t
     victim.symlink_to(pointed)
     said = f"{victim}: a symbolic link to {pointed}, not followed"
     def whole_check():
-        return remote_mod.open_remote(str(remote)).intact("step-00000010", full_hash=True)[1]
+        return remote_local.open_remote(str(remote)).intact("step-00000010", full_hash=True)[1]
 
     assert without_blocking(whole_check) == [said]
-    opened = remote_mod.open_remote(str(remote))  # the opens themselves, past the checks (a link placed meanwhile)
+    opened = remote_local.open_remote(str(remote))  # the opens themselves, past the checks (a link placed meanwhile)
     for read in (lambda: opened.sha256("step-00000010", ck.TRAINER_STATE, size=1),
                  lambda: opened.get(("step-00000010", ck.TRAINER_STATE), tmp_path / "got", 1)):
         with pytest.raises(Unreadable, match="a symbolic link"):

@@ -17,8 +17,7 @@ import pytest
 from minilmd import dirfd, names
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs import sync as sync_module
-from minilmd.daemon.jobs.remote import open_remote
-from minilmd.daemon.jobs.remote_local import LocalRemote
+from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.init_source import STAGED_PTH
 from minilmd.names import (

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from minilmd.daemon.jobs.remote import Steps, open_remote
-from minilmd.daemon.jobs.remote_local import LocalRemote
+from minilmd.daemon.jobs.remote import Steps
+from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.sync import Syncer
 from minilmd.names import MANIFEST
 from sync_helpers import EXPECTED, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures

@@ -29,7 +29,8 @@ from minilmd.base_copy import (
 )
 from minilmd.daemon.base.worker import ReadWatch
 from minilmd.daemon.jobs.initstage import INIT_DIR, INIT_RECORD, fresh_tmp, init_problems, manifest_files
-from minilmd.daemon.jobs.remote import LeftAside, open_remote
+from minilmd.daemon.jobs.remote import LeftAside
+from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.daemon.jobs.staging_errors import SourceUnreachable
 from minilmd.fsio import publish_dir

@@ -1,5 +1,5 @@
 """The remote of a run's checkpoints (RemoteStore, daemon/jobs/remote_store.py: what sync, fetch and basecopy may ask
-of it; they never ask which kind it is): `open_remote` chooses by URL between a local path (NFS included:
+of it; they never ask which kind it is): remote_local.py's `open_remote` chooses by URL between a local path (NFS:
 daemon/jobs/remote_local.py's LocalRemote, a place others may write, read as untrusted and written at its root's
 checked descriptor) and any other fsspec store (Remote, here: objects, no links, no rename, so a copy is written in
 place, its manifest last). What both do alike is written once, here. A hash reads no further than one byte past the
@@ -23,20 +23,7 @@ from minilmd.untrusted import Unreadable, loads
 
 CHUNK = 8 * 1024 * 1024
 
-__all__ = ["LeftAside", "ListedManifest", "Remote", "RemoteStore", "Steps", "open_remote"]
-
-
-def open_remote(url: str, tmp_tag: str = "") -> Remote:
-    """The remote at `url`: a LocalRemote for a local path (a plain path, file://, local://), a Remote for any other
-    fsspec store. ValueError or ImportError for a URL fsspec cannot open."""
-    import fsspec
-    from fsspec.implementations.local import LocalFileSystem
-
-    from minilmd.daemon.jobs.remote_local import LocalRemote
-
-    opened = fsspec.core.url_to_fs(url)
-    kind = LocalRemote if isinstance(opened[0], LocalFileSystem) else Remote
-    return kind(url, tmp_tag, opened)
+__all__ = ["LeftAside", "ListedManifest", "Remote", "RemoteStore", "Steps"]
 
 
 def _sha256_stream(f, size: int) -> str:

@@ -293,3 +293,14 @@ class LocalRemote(Publishing, Remote):
     def write_latest(self, name: str, pointer: str = LATEST) -> None:
         """A temp file made new at the root's descriptor, fsync, rename there."""
         self._root().write_atomic(pointer, (name + "\n").encode(), perms.file_mode(), tag=self.tmp_tag)
+
+
+def open_remote(url: str, tmp_tag: str = "") -> Remote:
+    """The remote at `url`: a LocalRemote for a local path (a plain path, file://, local://), a Remote for any other
+    fsspec store. ValueError or ImportError for a URL fsspec cannot open."""
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    opened = fsspec.core.url_to_fs(url)
+    kind = LocalRemote if isinstance(opened[0], LocalFileSystem) else Remote
+    return kind(url, tmp_tag, opened)

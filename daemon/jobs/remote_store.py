@@ -2,7 +2,7 @@
 basecopy.py): one Protocol, so that no caller asks what kind of store it is. Where the kinds differ, a method says
 what it means: a local path (NFS included) renames a copy into place from a temporary name and sets a damaged one
 aside; an object store (any other fsspec URL) has no rename, so a copy is written in place, its manifest last, and a
-damaged one is only skipped. remote.py's `open_remote` chooses the implementation by URL: LocalRemote
+damaged one is only skipped. remote_local.py's `open_remote` chooses the implementation by URL: LocalRemote
 (remote_local.py) or Remote (remote.py, fsspec); mypy checks them against this Protocol where callers take them.
 Torch-free.
 """

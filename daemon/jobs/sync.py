@@ -38,7 +38,7 @@ from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.fetch import Fetcher
-from minilmd.daemon.jobs.remote import open_remote
+from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.names import (
     BEST,
