@@ -32,7 +32,7 @@ boundary; 76 CUDA out of memory in any of its shapes (minilmd/cuda_oom.py; fault
 (also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
 building the model or its optimizer, which would come again on every restart; scratch belonging to another run); 65
 bad data (also: it was trained on another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found
-when the corpus is opened); 1 anything else, which the supervisor retries.
+when the corpus is opened); 1 anything else, which the supervisor retries. A failure's: trainer/loop/exits.py.
 Signal handlers only set a flag. SIGUSR1 dumps every thread's stack to stderr (faulthandler) so that a supervisor
 can see where a hung trainer is stuck before killing it.
 """
@@ -50,34 +50,31 @@ import torch
 import torch.nn.functional  # imported early: the model uses it
 
 from minilmd import perms
-from minilmd.checkpoint import CheckpointMismatch, Expectation
+from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
-from minilmd.corpus_meta import CorpusError
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
 from minilmd.plan.bucketing import BucketedSampler
 from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
-from minilmd.plan.sampler_base import Batch, DataError, Sampler
+from minilmd.plan.sampler_base import Batch, Sampler
 from minilmd.plan.samplers import make_sampler, validation_batches
 from minilmd.plan.schedule import lr_at
 from minilmd.probes import load_checked
 from minilmd.protocol import (
     EXIT_CONFIG,
-    EXIT_DATA,
     EXIT_DONE,
     EXIT_STOPPED,
 )
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
-from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 from minilmd.trainer.loop import determinism, exits, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.dpo_reference import Preference
-from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
+from minilmd.trainer.loop.faults import FaultInjector
 from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
 from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
@@ -381,19 +378,8 @@ def run(cfg: RunConfig) -> int:
         finally:
             step = trainer.step
             del trainer  # its DDP model holds the process group that release() below leaves
-    except (ConfigError, FaultSpecError) as e:
-        print(f"minilmd train: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    except (DataError, CorpusError) as e:
-        print(f"minilmd train: {e}", file=sys.stderr)
-        return EXIT_DATA
-    except CheckpointMismatch as e:  # resuming another model, tokenizer or corpus: final, never a fresh start
-        print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
-        return e.exit_status
-    except ckpt_io.ScratchFull as e:  # the supervisor makes room or waits for it; a restart now would only repeat
-        return exits.scratch_full(cfg, e, step)
-    except Exception as e:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
-        return exits.crashed(cfg, e, dist, step)
+    except Exception as e:  # noqa: BLE001 - every failure has its exit status (trainer/loop/exits.py)
+        return exits.status_of(cfg, e, dist, step)
     finally:
         release(dist)
 
