@@ -45,7 +45,7 @@ def test_the_probe_loss_is_evaluated_with_the_val_loss(tmp_path, corpus):
     prepared, _ = corpus
     cfg = load_config(write_config(tmp_path, corpus, name="probe", eval={"probe": str(prepared)}))
     t = Trainer(cfg, Dist(0, 1, 0, torch.device("cpu")))
-    t.log_eval()
+    t.reports.log_eval(t.step)
     line = read_metrics(cfg.run_dir, "eval")[-1]
     # the probe is this run's own corpus in the same (packed) mode: the same rows, so exactly the val loss
     assert line["probe_loss"] == line["val_loss"] and 0 < line["val_loss"] < 20, line

@@ -1,15 +1,44 @@
-"""The exit status of a trainer that failed with a full scratch, crashed, or was stopped before its loop began
-(trainer/loop/train.py run(); the statuses in minilmd/protocol.py): what is written for the supervisor (fault.json)
-and said on stderr."""
+"""The exit status of a trainer that failed (trainer/loop/train.py run(); the statuses in minilmd/protocol.py): a bad
+config, bad data, a checkpoint of another run, a full scratch, a crash, or a stop before its loop began; what is
+written for the supervisor (fault.json) and said on stderr."""
 from __future__ import annotations
 
 import sys
 import traceback
 
-from minilmd.config import RunConfig
+from minilmd.checkpoint import CheckpointMismatch
+from minilmd.config import ConfigError, RunConfig
+from minilmd.corpus_meta import CorpusError
 from minilmd.cuda_oom import cuda_oom_source, first_line
-from minilmd.protocol import EXIT_CONFIG, EXIT_CRASH, EXIT_CUDA_OOM, EXIT_SCRATCH_FULL, EXIT_STOPPED, write_fault
+from minilmd.plan.sampler_base import DataError
+from minilmd.protocol import (
+    EXIT_CONFIG,
+    EXIT_CRASH,
+    EXIT_CUDA_OOM,
+    EXIT_DATA,
+    EXIT_SCRATCH_FULL,
+    EXIT_STOPPED,
+    write_fault,
+)
+from minilmd.trainer.checkpoint.save import ScratchFull
 from minilmd.trainer.loop import determinism
+from minilmd.trainer.loop.faults import FaultSpecError
+
+
+def status_of(cfg: RunConfig, e: Exception, dist, step: int) -> int:
+    """The exit status of a run that raised `e` at `step`; called inside its except clause (a crash's traceback)."""
+    if isinstance(e, (ConfigError, FaultSpecError)):
+        print(f"minilmd train: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    if isinstance(e, (DataError, CorpusError)):
+        print(f"minilmd train: {e}", file=sys.stderr)
+        return EXIT_DATA
+    if isinstance(e, CheckpointMismatch):  # resuming another model, tokenizer or corpus: final, never a fresh start
+        print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
+        return e.exit_status
+    if isinstance(e, ScratchFull):  # the supervisor makes room or waits for it; a restart now would only repeat
+        return scratch_full(cfg, e, step)
+    return crashed(cfg, e, dist, step)  # any other crash: its traceback to the log, a restartable exit status
 
 
 def scratch_full(cfg: RunConfig, e, step: int) -> int:

@@ -7,7 +7,8 @@ Built once, in order (Trainer.__init__):
         stop; trainer/loop/parts.py), or start at step 0 from the weights of [init] from (a fresh optimizer) or keep
         the seeded init (trainer/loop/resume.py);
     what runs the steps (_build_runtime): the attention kernel, the checkpoints (trainer/loop/saving.py), the
-        (compiled, DDP) forward in the StepSetup every step of the attempt runs with, the MFU figures;
+        (compiled, DDP) forward in the StepSetup every step of the attempt runs with, the reports (metrics and
+        evaluations, MFU's figures: trainer/loop/reporting.py);
     DPO: its reference, read back or computed and saved at step 0 (trainer/loop/dpo_reference.py).
 The loop, top to bottom (Trainer.train):
     bucketed: one forward+backward at the widest width, no step (trainer/loop/warmup.py);
@@ -19,7 +20,8 @@ The loop, top to bottom (Trainer.train):
             backward (no DDP sync until the last micro-batch), clip, AdamW at the cosine rate for this step
         a non-finite loss stops the run; heartbeat (about once a second; "compiling" over each compiled step
             that brings a new width); every log_every steps a metrics line; every eval_every steps the validation loss
-            (a new best is saved as BEST; early_stop.patience validations without one: save, exit 0)
+            (a new best is saved as BEST; early_stop.patience validations without one: save, exit 0): the reports
+            (trainer/loop/reporting.py)
     save, validation loss, exit 0.
 Everything the math depends on derives from (seed, step) or from restored state, never from the wall clock (a
 duration-based checkpoint_every only changes when saves happen), so on CPU a killed-and-resumed run ends with the
@@ -30,7 +32,7 @@ boundary; 76 CUDA out of memory in any of its shapes (minilmd/cuda_oom.py; fault
 (also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
 building the model or its optimizer, which would come again on every restart; scratch belonging to another run); 65
 bad data (also: it was trained on another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found
-when the corpus is opened); 1 anything else, which the supervisor retries.
+when the corpus is opened); 1 anything else, which the supervisor retries. A failure's: trainer/loop/exits.py.
 Signal handlers only set a flag. SIGUSR1 dumps every thread's stack to stderr (faulthandler) so that a supervisor
 can see where a hung trainer is stuck before killing it.
 """
@@ -45,42 +47,38 @@ import sys
 from typing import Any
 
 import torch
-import torch.distributed as torch_dist
 import torch.nn.functional  # imported early: the model uses it
 
 from minilmd import perms
-from minilmd.checkpoint import CheckpointMismatch, Expectation
+from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
-from minilmd.corpus_meta import CorpusError
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
 from minilmd.plan.bucketing import BucketedSampler
 from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
-from minilmd.plan.mfu import flops_per_token, mfu, peak_flops
-from minilmd.plan.sampler_base import Batch, DataError, Sampler
+from minilmd.plan.sampler_base import Batch, Sampler
 from minilmd.plan.samplers import make_sampler, validation_batches
 from minilmd.plan.schedule import lr_at
 from minilmd.probes import load_checked
 from minilmd.protocol import (
     EXIT_CONFIG,
-    EXIT_DATA,
     EXIT_DONE,
     EXIT_STOPPED,
 )
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
-from minilmd.trainer.checkpoint import save as ckpt_io
 from minilmd.trainer.checkpoint.save import AsyncCheckpointer
 from minilmd.trainer.loop import determinism, exits, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
-from minilmd.trainer.loop.components import build_optimizer, compile_enabled, parameter_split
+from minilmd.trainer.loop.components import build_optimizer, compile_enabled
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
 from minilmd.trainer.loop.dpo_reference import Preference
-from minilmd.trainer.loop.faults import FaultInjector, FaultSpecError
+from minilmd.trainer.loop.faults import FaultInjector
 from minilmd.trainer.loop.guards import LossGuard, StopFlag, agree
 from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
 from minilmd.trainer.loop.parts import Found, RngState, SamplerCursor, Stateful, TrainState
+from minilmd.trainer.loop.reporting import Reports
 from minilmd.trainer.loop.resume import announce, load_model_state, resume, start_from_init, start_lines, start_lora
 from minilmd.trainer.loop.saving import Saves
 from minilmd.trainer.model import attention_choice
@@ -164,7 +162,7 @@ class Trainer:
 
     def _build_runtime(self, found: Found | None) -> None:
         """What runs the steps once the weights are where the run starts: the attention kernel, the log, the saves,
-        the (compiled, DDP) forward and the StepSetup every step of this attempt runs with, the MFU figures."""
+        the (compiled, DDP) forward and the StepSetup every step of this attempt runs with, the reports."""
         cfg, t, dist = self.cfg, self.cfg.train, self.dist
         matmul = optimizer_step.matmul_dtype(t.dtype, self.device)  # bf16 autocast or fp32; MFU's peak
         recorded = found.state.get("kernels") if found else None  # a resume keeps the run's attention kernel
@@ -191,11 +189,9 @@ class Trainer:
             dynamic_width=self.compiled and isinstance(self.sampler, BucketedSampler),
             micro_batch_size=t.micro_batch_size, grad_accum=t.grad_accum, global_batch=self.global_batch,
             grad_clip=t.grad_clip)
-        self.flops_per_token = flops_per_token(*parameter_split(self.model), cfg.model.num_hidden_layers,
-                                               cfg.model.num_attention_heads * cfg.model.head_dim, t.seq_len)
-        self.peak_flops = (peak_flops(torch.cuda.get_device_name(self.device), matmul,
-                                      tf32=torch.get_float32_matmul_precision() != "highest")
-                           if self.device.type == "cuda" else None)
+        self.reports = Reports(cfg, dist, self.log, self.early, self.saves, self.loss_guard, self.total_steps,
+                               self.epoch_of, self.validate, self.probe_loss if self.probe_batches else None,
+                               self.model, matmul)
 
     def apply_resume(self, found: Found) -> None:
         """The one place a checkpoint's contents reach the run: the weights (a LoRA run's adapters, on the base
@@ -291,66 +287,6 @@ class Trainer:
         return optimizer_step.evaluate(build_objective(self.cfg), self.model, self.probe_batches, self.device,
                                        self.autocast).loss
 
-    def log_train(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, meter: Throughput) -> None:
-        if self.dist.active:
-            torch_dist.all_reduce(loss_sum)  # each rank holds its share of the global mean
-        loss = float(loss_sum)
-        self.loss_guard.require_finite(self.step, loss)  # the mean over ranks: any rank's share non-finite
-        tok_s, step_time, apart = meter.report()  # training time only: eval, save, compile apart (metrics.py)
-        fields = dict(step=self.step, tokens_seen=self.state.tokens_seen, loss=round(loss, 6),
-                      lr=self.current_lr, grad_norm=round(float(grad_norm), 6), tok_s=round(tok_s, 1),
-                      step_time=round(step_time, 5), **apart, total_steps=self.total_steps,
-                      epoch=self.epoch_of(self.step - 1), **optimizer_step.metric_fields(self.step_metrics, self.dist))
-        if self.device.type == "cuda":
-            if self.peak_flops:
-                fields["mfu"] = round(mfu(tok_s, self.flops_per_token, self.peak_flops, self.dist.world_size), 4)
-            fields["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
-        self.log.write("train", **fields)
-        if self.dist.is_main:
-            print(f"step {self.step}/{self.total_steps} loss {loss:.4f} lr {self.current_lr:.2e} "
-                  f"grad_norm {float(grad_norm):.3f} {tok_s:,.0f} tok/s", flush=True)
-
-    def log_eval(self) -> bool:
-        """Validate (rank 0), follow the best (EarlyStop) and keep its checkpoint (BEST) when early_stop is on.
-        Returns whether the run stops early, the same on every rank."""
-        improved = stop = False
-        if self.dist.is_main:
-            self.log.heartbeat(self.step, force=True)  # an evaluation can outlast many steps
-            val_loss, val_metrics = self.validate()
-            validation = {"val_loss": val_loss, **optimizer_step.metric_fields(val_metrics, prefix="val_")}
-            improved = self.early.update(self.step, validation)
-            stop = self.early.should_stop
-            probe = {"probe_loss": round(self.probe_loss(), 6)} if self.probe_batches else {}
-            self.log.write("eval", step=self.step, epoch=self.epoch_of(self.step - 1),
-                           **{**validation, "val_loss": round(val_loss, 6)}, **self.early.best_fields(), **probe)
-            print(f"step {self.step} val_loss {val_loss:.4f}"
-                  + (f" probe_loss {probe['probe_loss']:.4f}" if probe else "")
-                  + (" (best)" if improved else f" (best {self.early.best_said()})"), flush=True)
-        if self.dist.active:
-            flags = [improved, stop]
-            torch_dist.broadcast_object_list(flags, src=0)
-            improved, stop = flags
-        if improved and self.early.enabled:
-            self.saves.mark_best(self.step)
-        return stop
-
-    def eval_due(self) -> bool:
-        """Every eval_every steps and at each epoch's end (but the last step, validated after the final save)."""
-        every = self.cfg.train.eval_every
-        if self.step == self.total_steps:
-            return False
-        return bool(every and self.step % every == 0) or self.epoch_of(self.step) != self.epoch_of(self.step - 1)
-
-    def stop_early(self) -> None:
-        """early_stop.patience validations without a new best: save (if this step is not saved) and finish."""
-        e = self.early
-        if self.dist.is_main:
-            self.log.write("early_stop", step=self.step, best_step=e.best_step, metric=e.metric, **e.best_fields(),
-                           patience=e.patience)
-            print(f"minilmd: early stop at step {self.step}: no new best {e.metric} for {e.since_best} validations; "
-                  f"the best, {e.best_said()}, is BEST", flush=True)
-        self.saves.finish(self.step, HEARTBEAT_EXITING)
-
     # --- the loop -------------------------------------------------------------------------------------------------
     def train(self) -> int:
         t = self.cfg.train
@@ -376,7 +312,7 @@ class Trainer:
             if self.step >= self.total_steps:
                 if not self.saves.saved(self.step):
                     self.save()
-                    self.log_eval()
+                    self.reports.log_eval(self.step)
                 elif self.dist.is_main and self.step == first_step:
                     # Resumed into a finished budget: no save comes whose prune would remove what a kill between
                     # the last save and its prune left.
@@ -407,12 +343,13 @@ class Trainer:
             self.loss_guard.check(self.step, loss_sum)
             self.log.heartbeat(self.step)  # at most once a second (and at once after the compiling step)
             if self.step % t.log_every == 0 or self.step == self.total_steps:
-                self.log_train(loss_sum, grad_norm, meter)
-            due = self.eval_due()
+                self.reports.log_train(self.step, self.state.tokens_seen, self.current_lr, self.step_metrics,
+                                       loss_sum, grad_norm, meter)
+            due = self.reports.eval_due(self.step)
             with meter.apart("eval_s" if due else None):  # apart (and synced) only when it evaluates: no sync a step
-                stop_early = due and self.log_eval()
+                stop_early = due and self.reports.log_eval(self.step)
             if stop_early:
-                self.stop_early()
+                self.reports.stop_early(self.step)
                 return EXIT_DONE
 
 
@@ -441,19 +378,8 @@ def run(cfg: RunConfig) -> int:
         finally:
             step = trainer.step
             del trainer  # its DDP model holds the process group that release() below leaves
-    except (ConfigError, FaultSpecError) as e:
-        print(f"minilmd train: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    except (DataError, CorpusError) as e:
-        print(f"minilmd train: {e}", file=sys.stderr)
-        return EXIT_DATA
-    except CheckpointMismatch as e:  # resuming another model, tokenizer or corpus: final, never a fresh start
-        print(f"minilmd train: refusing to resume: {e}", file=sys.stderr)
-        return e.exit_status
-    except ckpt_io.ScratchFull as e:  # the supervisor makes room or waits for it; a restart now would only repeat
-        return exits.scratch_full(cfg, e, step)
-    except Exception as e:  # noqa: BLE001 - any other crash: its traceback to the log, and a restartable exit code
-        return exits.crashed(cfg, e, dist, step)
+    except Exception as e:  # noqa: BLE001 - every failure has its exit status (trainer/loop/exits.py)
+        return exits.status_of(cfg, e, dist, step)
     finally:
         release(dist)
 
