@@ -28,7 +28,8 @@ duration-based checkpoint_every only changes when saves happen), so on CPU a kil
 same weights, bit for bit, as an uninterrupted one. Ranks, process groups and DDP: trainer/loop/distributed.py.
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
-boundary; 76 CUDA out of memory in any of its shapes (minilmd/cuda_oom.py; fault.json written first); 2 bad config
+boundary (during DPO's reference pass: at once, nothing saved, the pass computed again at the next start); 76 CUDA
+out of memory in any of its shapes (minilmd/cuda_oom.py; fault.json written first); 2 bad config
 (also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
 building the model or its optimizer, which would come again on every restart; scratch belonging to another run); 65
 bad data (also: it was trained on another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found
