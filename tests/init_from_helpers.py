@@ -23,3 +23,17 @@ def _config(source: Path) -> RunConfig:
 def _pth(path: Path, cfg: RunConfig, fill: float = 0.5) -> Path:
     torch.save({k: torch.full(s, fill) for k, s in expected_state_shapes(cfg.model).items()}, path)
     return path
+
+
+def swap_after_resolution(monkeypatch, swap) -> None:
+    """swap() right after staging's resolution of init.from has returned (and judged what it found)."""
+    from minilmd.daemon.jobs import initstage
+
+    resolved = initstage._resolve
+
+    def resolved_then_swapped(spec, checkpoint):
+        source = resolved(spec, checkpoint)
+        swap()
+        return source
+
+    monkeypatch.setattr(initstage, "_resolve", resolved_then_swapped)

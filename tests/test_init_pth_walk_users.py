@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from init_from_helpers import swap_after_resolution
 from minilmd.daemon.jobs import initstage
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
 from minilmd.init_source import InitSourceError, resolve
@@ -39,18 +40,6 @@ def _teammates_pth(teammate) -> Path:
 
 def _owned_by_a_third_user(uid: int) -> str:
     return f"base.pth is owned by uid {THIRD_UID}, not by the source's owner \\(nobody \\(uid {uid}\\)\\) nor by you"
-
-
-def _after_resolution(monkeypatch, swap) -> None:
-    """swap() right after staging's resolution of init.from has returned (and judged what it found)."""
-    resolved = initstage._resolve
-
-    def resolved_then_swapped(spec, checkpoint):
-        source = resolved(spec, checkpoint)
-        swap()
-        return source
-
-    monkeypatch.setattr(initstage, "_resolve", resolved_then_swapped)
 
 
 def _staged_pth(scratch: Path) -> Path:
@@ -83,7 +72,7 @@ def test_a_third_users_pth_swapped_in_after_the_resolution_is_refused_naming_its
         pth.write_bytes(OTHER)
         os.chown(pth, THIRD_UID, THIRD_UID)
 
-    _after_resolution(monkeypatch, third_users_file)
+    swap_after_resolution(monkeypatch, third_users_file)
     with pytest.raises(SourceInvalid, match=_owned_by_a_third_user(teammate[0][0])):
         initstage.stage_init(str(pth), tmp_path / "scratch")
     assert not (tmp_path / "scratch" / initstage.INIT_DIR).exists()
@@ -102,7 +91,7 @@ def test_a_pth_whose_directory_is_swapped_after_the_resolution_is_not_copied(tea
         pth.write_bytes(OTHER)
         chown_tree(hers, THIRD_UID, THIRD_UID)
 
-    _after_resolution(monkeypatch, another_directory)
+    swap_after_resolution(monkeypatch, another_directory)
     with pytest.raises(SourceUnreachable, match=f"{pth}: cannot be read .*not the directory resolved a moment ago "
                                                 f"\\(another directory there now: replaced since\\): '{hers}'"):
         initstage.stage_init(str(pth), tmp_path / "scratch")

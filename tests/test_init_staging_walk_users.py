@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from init_from_helpers import swap_after_resolution
 from minilmd import names
 from minilmd.daemon.jobs import initstage
 from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
@@ -51,18 +52,6 @@ def _teammates_root(teammate) -> Path:
     (root / names.LATEST).write_text(STEP)
     chown_tree(where / "hers", uid, gid)
     return root
-
-
-def _after_resolution(monkeypatch, swap) -> None:
-    """swap() right after staging's resolution of init.from has returned (and judged what it found)."""
-    resolved = initstage._resolve
-
-    def resolved_then_swapped(spec, checkpoint):
-        source = resolved(spec, checkpoint)
-        swap()
-        return source
-
-    monkeypatch.setattr(initstage, "_resolve", resolved_then_swapped)
 
 
 def _staged_weights(scratch: Path) -> bytes:
@@ -112,7 +101,7 @@ def test_a_file_swapped_in_after_the_resolution_is_refused_naming_what_was_found
                                                                                    swap, found):
     root = _teammates_root(teammate)
     weights = root / STEP / WEIGHTS
-    _after_resolution(monkeypatch, lambda: swap(weights, b"1" * 64))  # the very bytes listed: only what it is tells
+    swap_after_resolution(monkeypatch, lambda: swap(weights, b"1" * 64))  # the very bytes listed: only what it is tells
     with pytest.raises(SourceInvalid, match=f"{root / STEP}: {WEIGHTS} {found}"):
         without_blocking(lambda: initstage.stage_init(str(root), tmp_path / "scratch"), weights)
     assert not (tmp_path / "scratch" / initstage.INIT_DIR).exists()
@@ -138,7 +127,7 @@ def test_a_step_directory_swapped_after_the_resolution_is_not_copied(teammate, t
     """What was resolved and judged is gone from its name: nothing is read from what stands there now; staging
     waits (SourceUnreachable), and the next attempt, resolving again, refuses what it finds there (final)."""
     root = _teammates_root(teammate)
-    _after_resolution(monkeypatch, lambda: swap(root))
+    swap_after_resolution(monkeypatch, lambda: swap(root))
     with pytest.raises(SourceUnreachable, match=f"{root / STEP}: not the directory resolved a moment ago "
                                                 f"\\({found} there now: replaced since\\)"):
         initstage.stage_init(str(root), tmp_path / "scratch")
