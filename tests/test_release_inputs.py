@@ -4,6 +4,7 @@ did already; found by a new user, init.from's staged copy stayed (a 768x8 model'
 run's base stays once it has checkpoints: its adapters need that very base."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,15 +80,20 @@ def test_a_lora_run_that_fails_for_good_keeps_its_staged_base_and_says_why(tmp_p
 
 def test_a_relaunch_that_fails_for_good_before_its_own_checkpoint_says_the_remote_ones_are_untouched(tmp_path,
                                                                                                     corpus):
-    """Found in review: a run with steps on run.remote, started again with a config refused at staging, removed its
-    empty scratch saying `the run failed for good before its first checkpoint`: it read as work lost. Nothing was:
-    the words say what the run has (the remote step state.json knows)."""
-    config = write_config(tmp_path, corpus, run={"keep_scratch": False})
+    """Found in review: a run with steps on run.remote, started again and refused at staging, removed its empty
+    scratch saying `the run failed for good before its first checkpoint`: it read as work lost. Nothing was: the
+    words say what the run has (the remote step state.json knows). The relaunch here meets a corpus damaged since
+    (same size, other bytes: staging's hash check refuses it, final; a config of another model is now refused
+    before anything is made, by the launch's own check: tests/test_check_resume.py)."""
+    mine = tmp_path / "corpus-copy"
+    shutil.copytree(corpus[0], mine)
+    config = write_config(tmp_path, (mine, corpus[1]), run={"keep_scratch": False})
     cfg = load_config(config)
     assert run_supervisor(config, tmp_path) == 0
     assert not cfg.scratch_dir.exists()  # given back after the last sync: the checkpoints are on the remote alone
-    other = write_config(tmp_path, corpus, run={"keep_scratch": False}, model={"hidden_size": 64},
-                         train={"max_steps": 40})
+    tokens = mine / "train" / "tokens.bin"
+    tokens.write_bytes(bytes(len(tokens.read_bytes())))
+    other = write_config(tmp_path, (mine, corpus[1]), run={"keep_scratch": False}, train={"max_steps": 40})
     status = run_supervisor(other, tmp_path)
     assert status in FINAL_EXIT_STATUSES, (status, (tmp_path / "supervisor.out").read_text()[-3000:])
     assert not cfg.scratch_dir.exists()  # it held the marker and the staged corpus alone
