@@ -115,22 +115,15 @@ def as_json(run_dir: Path, owner: int | None = None) -> dict | None:
 
 def clear(run_dir: Path) -> str | None:
     """Remove the request; None when removed (or gone), else why it was left (not a regular file of this user's or
-    root's: never ours to delete)."""
-    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        try:
-            st = os.stat(names.STOP_REQUEST, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
+    root's: never ours to delete). Removed only while its name still leads to the file judged (Dir.remove_file)."""
+    with Dir(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), run_dir) as where:
+        st = where.lstat(names.STOP_REQUEST)
+        if st is None:
             return None
         if not stat.S_ISREG(st.st_mode) or not owned_by_me_or_root(st):
             return f"{run_dir / names.STOP_REQUEST} is no stop request of this user's: left"
-        try:
-            os.unlink(names.STOP_REQUEST, dir_fd=fd)
-        except FileNotFoundError:
-            pass
+        where.remove_file(names.STOP_REQUEST, (st.st_dev, st.st_ino))
         return None
-    finally:
-        os.close(fd)
 
 
 def automatic_restart(environ: Mapping[str, str]) -> str | None:
