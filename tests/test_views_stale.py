@@ -18,6 +18,8 @@ import pytest
 from minilmd import names
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import new_state, read_heartbeat
+from minilmd.daemon.host import registry
+from minilmd.daemon.views import overview
 from minilmd.daemon.views import status as views
 from minilmd.daemon.views import stop as views_stop
 from minilmd.fsio import atomic_write_json
@@ -62,6 +64,69 @@ def test_status_takes_step_and_checkpoint_from_what_the_trainer_wrote_after_the_
     assert "step 253/3,000" in text and "loss 6.2500" in text, text
     assert "local checkpoint: step 250 (" in text and "step 50" not in text, text
     assert "training for" not in text and "not running (last seen" in text, text
+
+
+def status_json(run_dir: Path) -> dict:
+    out = io.StringIO()
+    assert views.status(run_dir, as_json=True, out=out) == 0
+    return json.loads(out.getvalue())
+
+
+def orphan_wrote_on(run_dir: Path, root: Path) -> None:
+    """What the orphaned trainer wrote after state.json: its save of step 250 logged, step 253 trained, and the save
+    of step 260 `stop` let finish, in scratch only (its metrics line never written)."""
+    (root / names.step_name(260)).mkdir()
+    (root / names.step_name(260) / names.MANIFEST).write_text("{}")
+    t = time.time() - 5
+    lines = [{"kind": "checkpoint", "step": 250, "path": str(root / names.step_name(250)), "time": t - 1},
+             {"kind": "train", "step": 253, "total_steps": 3000, "loss": 6.25, "time": t}]
+    (run_dir / names.METRICS).write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+
+
+def test_status_json_says_the_step_and_checkpoint_plain_status_says(tmp_path):
+    """`status --json` printed state.json as the dead supervisor left it (step 169, checkpoint 50) while plain
+    status showed the orphan's step 253 and its checkpoint 260: scripts saw an older run than the operator."""
+    run_dir, root = killed_run(tmp_path, saved=(50, 250))
+    orphan_wrote_on(run_dir, root)
+    written = json.loads((run_dir / names.STATE).read_text())
+    text = status_text(run_dir)
+    plain_step = re.search(r"\n  step ([\d,]+)/", text)
+    plain_local = re.search(r"local checkpoint: step (\d+) \(", text)
+    assert plain_step and plain_local, text
+    shown = status_json(run_dir)
+    state = shown["state"]
+    assert state["progress"]["step"] == int(plain_step.group(1).replace(",", "")) == 253, state["progress"]
+    assert state["local_checkpoint"]["step"] == int(plain_local.group(1)) == 260, state["local_checkpoint"]
+    assert state["local_checkpoint"]["path"] == str(root / names.step_name(260))
+    assert shown["caught_up"] is True and shown["running"] is False
+    assert set(state) == set(written), set(state) ^ set(written)  # state.json's shape: its consumers read it as ever
+    assert {k: v for k, v in state.items() if k not in ("progress", "local_checkpoint")} == {
+        k: v for k, v in written.items() if k not in ("progress", "local_checkpoint")}
+
+
+def test_status_json_is_state_json_itself_when_the_trainer_wrote_nothing_newer(tmp_path):
+    run_dir, _ = killed_run(tmp_path)
+    written = json.loads((run_dir / names.STATE).read_text())
+    written["from_a_newer_minilmd"] = {"kept": True}  # a key this version does not know: passed on untouched
+    atomic_write_json(run_dir / names.STATE, written)
+    shown = status_json(run_dir)
+    assert shown["state"] == written and shown.get("caught_up") is False, shown
+
+
+def test_status_all_json_rows_take_the_step_plain_status_shows(tmp_path, monkeypatch):
+    """`status --all` (its table and --json rows) read state.json alone, a step behind plain `status`."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(names.SYSTEM_REGISTRY_ENV, str(tmp_path / "absent"))
+    run_dir, root = killed_run(tmp_path, saved=(50, 250))
+    orphan_wrote_on(run_dir, root)
+    registry.register("tiny", run_dir, tmp_path / "tiny.toml")
+    out = io.StringIO()
+    assert overview.status_all(as_json=True, out=out) == 0
+    [row] = json.loads(out.getvalue())
+    assert (row["step"], row["loss"], row.get("caught_up"), row["running"]) == (253, 6.25, True, False), row
+    out = io.StringIO()
+    assert overview.status_all(out=out) == 0
+    assert " 253/3,000 " in out.getvalue() and "169" not in out.getvalue(), out.getvalue()
 
 
 def test_status_names_the_checkpoint_stop_names_when_only_scratch_has_it(tmp_path):

@@ -14,8 +14,9 @@ writing, where another path would have kept it (before: `minilmd stop` gave an o
 soon as the trainer exits: a long grace costs time only for a trainer that is hung anyway.
 
 Outside minilmd two bounds come first, and the deployment files are sized against this grace: systemd's
-TimeoutStopSec (deploy/minilmd@.service: the default grace and the last sync, tests/test_deploy.py) and, in a Slurm
-job, the time limit (`--signal=B:USR1@300` warns 300 s before it; Slurm's KillWait follows its SIGTERM). Torch-free.
+TimeoutStopSec (deploy/minilmd@.service: the default grace and the last sync, tests/test_save_grace.py) and, in a
+Slurm job, the time limit (`--signal=B:USR1@300` warns 300 s before it; Slurm's KillWait follows its SIGTERM).
+Torch-free.
 """
 from __future__ import annotations
 

@@ -2,13 +2,13 @@
 
 A supervisor killed with SIGKILL leaves its trainer training (and `minilmd stop` lets that trainer save before it
 ends it): state.json then stays at what the dead supervisor last copied in, while metrics.jsonl, the heartbeat and
-scratch's checkpoints go on. `minilmd status` and `stop` (daemon/views/status.py, stop.py) both take the newest
-checkpoint from here, so that they never disagree on which step exists: the one rule is the supervisor's own
-(daemon/base/runstate.py `apply_progress`) over the metrics lines and the heartbeat newer than state.json, then the
-checkpoint directories in scratch beside the newest one known (a save not logged yet, or a metrics.jsonl that cannot
-be read). Everything is read as the views read untrusted files: metrics.jsonl from its end, a regular file only
-(minilmd/fsio.py `tail_lines`), every value retyped (`StateJson.from_dict`), the scratch listing bounded and no link
-followed.
+scratch's checkpoints go on. `minilmd status` (its --json and the overview's rows too: `current`) and `stop`
+(daemon/views/status.py, overview.py, stop.py) all take the newest checkpoint from here, so that they never disagree
+on which step exists: the one rule is the supervisor's own (daemon/base/runstate.py `apply_progress`) over the
+metrics lines and the heartbeat newer than state.json, then the checkpoint directories in scratch beside the newest
+one known (a save not logged yet, or a metrics.jsonl that cannot be read). Everything is read as the views read
+untrusted files: metrics.jsonl from its end, a regular file only (minilmd/fsio.py `tail_lines`), every value retyped
+(`StateJson.from_dict`), the scratch listing bounded and no link followed.
 """
 from __future__ import annotations
 
@@ -42,6 +42,20 @@ def caught_up(run_dir: Path, state: StateJson) -> StateJson:
     fresh = StateJson.from_dict(held.to_dict())  # metrics.jsonl is anyone's who can write run.dir: retyped
     fresh.local_checkpoint = newest_local(fresh.local_checkpoint)
     return fresh
+
+
+def current(run_dir: Path, state: StateJson, alive: bool) -> StateJson:
+    """state as the views show it (`status`, its --json, the overview's rows): state.json itself while a supervisor
+    is alive (it copies the trainer's files in itself), `caught_up` once none is."""
+    return state if alive else caught_up(run_dir, state)
+
+
+def changed_sections(state: StateJson, shown: StateJson) -> dict:
+    """The top-level keys of state.json (as the supervisor writes them) that `current` changed, with their new
+    values: {} when the trainer's files said nothing newer. `status --json` lays them over the file as read, so its
+    "state" keeps state.json's shape; whether any were is its "caught_up"."""
+    was = state.to_dict()
+    return {key: value for key, value in shown.to_dict().items() if value != was.get(key)}
 
 
 def newest_local(local: LocalCheckpoint | None) -> LocalCheckpoint | None:

@@ -6,7 +6,9 @@ directory is gone, "unreadable (why)" when its state.json is not a file its owne
 not a JSON object), step/total, loss, tok/s, ETA, the GPUs held or how long it has waited for them, the last
 successful sync's age, restarts; "(stop requested)" after the phase while `minilmd stop`'s request is left
 (daemon/base/stoprequest.py: an automatic restart will not start the run). `--json` gives the same rows as a list
-(the request: "stop_request"). Everything shown came from files other users may have written: every name and path
+(the request: "stop_request"). With no supervisor alive, the row is of state.json caught up with what its trainer
+wrote since (daemon/views/newest.py: the step plain `minilmd status` shows; "caught_up" true when that moved it).
+Everything shown came from files other users may have written: every name and path
 is escaped for the terminal (minilmd/untrusted.py `printable`), and the registry's notes on what it skipped follow
 the table. A run directory on storage that stalls (an NFS server gone) is given ROW_WAIT_S to answer, then shown
 "unreadable (did not answer ...)": it never hides the other runs.
@@ -57,11 +59,13 @@ def row(entry: registry.Entry, t: float) -> dict:
         if e.missing:
             return {**base, "phase": "not started", "running": False}
         return {**base, "phase": "unreadable", "why": e.why, "running": False}
+    from minilmd.daemon.views.newest import changed_sections, current
     from minilmd.daemon.views.status import supervisor_alive
 
-    state = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
+    written = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
+    alive = supervisor_alive(written)
+    state = current(entry.run_dir, written, alive)  # with no supervisor: what its trainer wrote since, as `status`
     progress, sync = state.progress, state.sync
-    alive = supervisor_alive(state)
     last_ok = sync.last_ok or (state.remote_checkpoint.time if state.remote_checkpoint else None)
     waited_since = state.gpu_wait.since if state.gpu_wait else None
     return {
@@ -86,6 +90,7 @@ def row(entry: registry.Entry, t: float) -> dict:
         "predecessor": (state.init_wait.not_running or None) if state.init_wait and alive
         and state.phase == Phase.WAITING_INIT else None,
         "stop_request": stoprequest.as_json(entry.run_dir, entry.uid),  # `minilmd stop` left it: see _cells
+        "caught_up": bool(changed_sections(written, state)),  # the step is the trainer's, newer than state.json's
     }
 
 

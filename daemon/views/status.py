@@ -22,7 +22,7 @@ from minilmd.daemon.base.states import Phase
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
-from minilmd.daemon.views.newest import caught_up
+from minilmd.daemon.views.newest import changed_sections, current
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from minilmd.daemon.views.runarg import NOT_A_RUN, RunProblem, resolve_run, run_dir_of, run_problem
 from minilmd.fmt import fmt_duration
@@ -210,13 +210,13 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
         return refused
     run_dir = found
     raw, unreadable = load(run_dir)
-    state = StateJson.from_dict(raw) if raw is not None else None  # a wrongly typed field reads as its default
-    alive = supervisor_alive(state)
+    written = StateJson.from_dict(raw) if raw is not None else None  # a wrongly typed field reads as its default
+    alive = supervisor_alive(written)
+    # no supervisor keeps state.json up to date: what the trainer wrote since (daemon/views/newest.py), --json too
+    state = current(run_dir, written, alive) if written is not None else None
     if as_json:
-        left = stoprequest.as_json(run_dir)  # `minilmd stop` left it: an automatic restart will not start the run
-        print(json.dumps({"running": alive, "state": raw, "stop_request": left,
-                          **({"unreadable": unreadable} if unreadable else {})},
-                         indent=2, sort_keys=True), file=out)
+        _print_json(run_dir, raw, changed_sections(written, state) if written is not None and state is not None
+                    else {}, alive, unreadable, out)
         return 0
     if unreadable:
         print(f"{run_dir}: {names.STATE} unreadable ({unreadable})", file=out)
@@ -224,8 +224,6 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     if state is None:
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
-    if not alive:  # no supervisor keeps state.json up to date: what the trainer wrote since (daemon/views/newest.py)
-        state = caught_up(run_dir, state)
     lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it
         lines.insert(1, request)
@@ -238,6 +236,17 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
         lines.insert(next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1, spark)
     print("\n".join(printable(line) for line in lines), file=out)  # each line built from state.json's strings
     return 0
+
+
+def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, unreadable: str, out) -> None:
+    """`status --json`: state.json as read, with the sections the trainer's own files moved on since laid over it
+    (`caught_up`, from newest.changed_sections: the facts plain status shows, in the file's shape), and whether
+    there were any."""
+    left = stoprequest.as_json(run_dir)  # `minilmd stop` left it: an automatic restart will not start the run
+    state = {**raw, **caught_up} if raw is not None else None
+    print(json.dumps({"running": alive, "state": state, "caught_up": bool(caught_up), "stop_request": left,
+                      **({"unreadable": unreadable} if unreadable else {})},
+                     indent=2, sort_keys=True), file=out)
 
 
 def _lineage_lines(run_dir: Path) -> list[str]:

@@ -17,8 +17,9 @@ def status_command(
     run_dir: str | None = typer.Argument(None, help="The run directory, or the run config file that names it (its "
                                                     "run.dir); none: every run."),
     all_: bool = typer.Option(False, "--all", help="Every run of this machine you may see, one line each."),
-    as_json: bool = typer.Option(False, "--json", help="state.json plus whether the supervisor runs, as JSON "
-                                                       "(with --all: the rows)."),
+    as_json: bool = typer.Option(False, "--json", help="state.json (caught up with what the trainer wrote since, "
+                                                       "when no supervisor runs) plus whether the supervisor runs, "
+                                                       "as JSON (with --all: the rows)."),
 ) -> None:
     """Where a run stands: phase, step, loss (and a sparkline of it), tok/s, ETA, checkpoints local and remote,
     restarts, last error. With no run directory, or --all: every registered run you may see.
