@@ -237,8 +237,9 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, mor
     nothing. minilmd/probes.py's load_checked adds the checks of the paths, the corpus and init.from. The file is
     read bounded and never blocks (a FIFO is refused unopened), and TOML nested too deep for the parser is a
     ConfigError; `untrusted` (another run's copy, which another run may have rewritten): no link followed, and it
-    must be owned by one of `owners` (this user when None; init_source.predecessor adds the owner of another user's
-    run directory, as it reads that run's state.json), checked before a byte is parsed."""
+    must be owned by one of `owners` (this user when None; daemon/views/runarg.py adds the owner of the file named),
+    checked before a byte is parsed. Another user's run.toml is read through its run directory's descriptor instead
+    (`config_from_bytes`: minilmd/init_source.py `run_config_in`)."""
     from minilmd.untrusted import Unreadable, read_bytes
 
     path = Path(path)
@@ -246,13 +247,22 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None, mor
         if path.is_dir():
             raise ConfigError([f"{path} is a directory, not a TOML file"], str(path))
         accepted = (tuple(owners) if owners is not None else (own_uid(),)) if untrusted else None
-        raw = tomllib.loads(read_bytes(path if untrusted else os.path.realpath(path), max_bytes=MAX_CONFIG_BYTES,
-                                       owner=accepted).decode("utf-8"))
+        data = read_bytes(path if untrusted else os.path.realpath(path), max_bytes=MAX_CONFIG_BYTES, owner=accepted)
     except Unreadable as e:
         if e.os_error is not None:  # there and could not be read now (EIO, EACCES): the caller's to retry or say
             raise e.os_error from None
         problem = f"no such file: {path}" if e.missing else f"{path}: unreadable ({e.why})"
         raise ConfigError([problem], str(path)) from None
+    return config_from_bytes(data, path, overrides, more_checks, train_tokens_of)
+
+
+def config_from_bytes(data: bytes, path: str | os.PathLike, overrides: list[str] | None = None,
+                      more_checks: ExtraCheck | None = None, train_tokens_of: TrainTokens | None = None) -> RunConfig:
+    """load_config of a config file's bytes, read by the caller (another run's run.toml, read through its run
+    directory's descriptor: minilmd/init_source.py `run_config_in`); `path` names it and makes its relative paths
+    absolute (its directory's)."""
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError([f"not valid TOML: {e}"], str(path)) from None
     except RecursionError:  # `a = [[[[...` of a file this size: tomllib recurses once per level

@@ -28,7 +28,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minilmd.config import ConfigError, load_config
+from minilmd.config import MAX_CONFIG_BYTES, ConfigError, RunConfig, config_from_bytes, load_config
+from minilmd.dirfd import Dir
 from minilmd.init_kinds import (
     UNREACHABLE_ERRNOS,
     InitSource,
@@ -36,7 +37,7 @@ from minilmd.init_kinds import (
     InitSourceUnreachable,
     untrusted_failure,
 )
-from minilmd.init_place import Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
+from minilmd.init_place import Owners, Refused, judge, open_dir_in, open_named, owners_of, read_in, reopen
 from minilmd.names import BEST, LATEST, MANIFEST, RUN_CONFIG_COPY, TRAINER_STATE, is_step_name
 from minilmd.names import INIT_CHECKPOINT as STAGED_CHECKPOINT
 from minilmd.names import INIT_PTH as STAGED_PTH
@@ -61,6 +62,10 @@ class Predecessor:
     """Where its final checkpoint is: its run.remote (a local path), else its scratch checkpoints."""
     model: dict = field(default_factory=dict)
     """Its [model] section: what its final checkpoint will hold (a stage of another model is refused at once)."""
+    identity: tuple[int, int] | None = field(default=None, compare=False)
+    """(device, inode) of the run directory its run.toml was read in (init.from naming that directory): its
+    state.json is read in that very directory or not at all (init_place.reopen); None for a run named by its
+    config file (its run.dir opened once, as named, when its state.json is read)."""
 
 
 def _unreadable(e: OSError) -> InitSourceError:
@@ -75,16 +80,14 @@ def predecessor(spec: str) -> Predecessor | None:
     (InitSourceUnreachable when its storage cannot be reached now)."""
     from minilmd.corpus_meta import corpus_train_tokens
 
-    path, owners = Path(spec), None
+    path = Path(spec)
     try:
         with open_named(path) as run_dir:  # a directory: a run's when it holds its supervisor's copy, run.toml
             if run_dir.lstat(RUN_CONFIG_COPY) is None:
                 return None
             # that copy, in a run directory that may be another user's: that user's or ours, as its state.json
-            # (predecessor_state), judged here before load_config reads it (so judged again, before it is parsed)
-            owners = owners_of(run_dir)
-            judge(run_dir, RUN_CONFIG_COPY, owners)
-            path = path / RUN_CONFIG_COPY
+            # (predecessor_state), read through this descriptor, and that directory, not its name, recorded
+            return _predecessor_in(run_dir, spec)
     except NotADirectoryError:
         if path.suffix != ".toml":
             return None
@@ -94,22 +97,47 @@ def predecessor(spec: str) -> Predecessor | None:
         raise InitSourceError(str(e)) from None
     except OSError as e:
         raise _unreadable(e) from None
-    try:
-        cfg = load_config(path, train_tokens_of=corpus_train_tokens, untrusted=owners is not None, owners=owners)
+    try:  # a config file the config names: read as named, as load_config reads every config
+        cfg = load_config(path, train_tokens_of=corpus_train_tokens)
     except ConfigError as e:
         raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
     except OSError as e:
         raise _unreadable(e) from None
-    if owners is not None and os.path.realpath(cfg.run_dir) != os.path.realpath(spec):
+    return _predecessor_of(cfg)
+
+
+def run_config_in(run_dir: Dir, owners: Owners, train_tokens_of=None) -> RunConfig:
+    """The run config copy (run.toml) in `run_dir`, read through its descriptor (init_place: a regular file of one
+    of `owners`, no link followed, no FIFO opened, bounded) and loaded; ConfigError when it does not load, Refused
+    when it is not such a file, the OSError of one that cannot be read now."""
+    raw = read_in(run_dir, RUN_CONFIG_COPY, MAX_CONFIG_BYTES, owners)
+    return config_from_bytes(raw, run_dir.path / RUN_CONFIG_COPY, train_tokens_of=train_tokens_of)
+
+
+def _predecessor_in(run_dir: Dir, spec: str) -> Predecessor:
+    """The run whose run directory init.from names, opened as `run_dir`: its run.toml read there."""
+    from minilmd.corpus_meta import corpus_train_tokens
+
+    path = run_dir.path / RUN_CONFIG_COPY
+    try:
+        cfg = run_config_in(run_dir, owners_of(run_dir), corpus_train_tokens)
+    except ConfigError as e:
+        raise InitSourceError(f"the run config {path} does not load: {'; '.join(e.problems[:3])}") from None
+    if os.path.realpath(cfg.run_dir) != os.path.realpath(spec):
         # a copy whose recorded places are not where it sits (written with relative paths by a minilmd before they
         # were recorded absolute, or a run directory moved): its state and checkpoints would be looked for elsewhere
         raise InitSourceError(f"{path} names run.dir {cfg.run_dir}, not {os.path.abspath(spec)} where it is (relative "
                               f"paths recorded by an older minilmd, or the run directory moved): name the run's "
                               f"checkpoint directory in init.from (its run.remote, or its scratch's checkpoints)")
+    return _predecessor_of(cfg, run_dir.identity)
+
+
+def _predecessor_of(cfg: RunConfig, identity: tuple[int, int] | None = None) -> Predecessor:
     remote = cfg.run.remote.removeprefix("file://")
     if "://" in remote:
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
-    return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict())
+    return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict(),
+                       identity)
 
 
 @dataclass(frozen=True)
@@ -134,7 +162,7 @@ def predecessor_state(pred: Predecessor) -> dict:
 
     path = pred.run_dir / STATE
     try:
-        run_dir = open_named(pred.run_dir)
+        run_dir = reopen(pred.run_dir, pred.identity)  # the one `predecessor` read run.toml in, or none (Moved)
     except FileNotFoundError:
         raise Unreadable("missing", path, missing=True) from None
     except OSError as e:

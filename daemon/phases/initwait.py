@@ -24,6 +24,7 @@ from minilmd.daemon.base.runstate import RunState, fmt_time, now, supervisor_run
 from minilmd.daemon.base.statesections import InitWait, StateJson
 from minilmd.daemon.base.worker import Worker
 from minilmd.init_source import (
+    InitSource,
     InitSourceError,
     InitSourceUnreachable,
     Predecessor,
@@ -31,10 +32,10 @@ from minilmd.init_source import (
     predecessor,
     predecessor_outcome,
     predecessor_report,
+    source_state,
 )
-from minilmd.names import BEST, LATEST, TRAINER_STATE, TRAINER_STATE_MAX_BYTES, step_name
+from minilmd.names import BEST, LATEST, step_name
 from minilmd.probes import bounded_probe
-from minilmd.untrusted import read_json
 
 POLL_S = 2.0
 """Time between two reads of the predecessor's state.json."""
@@ -203,14 +204,16 @@ def _change_key(report: PredecessorReport, live: Liveness | None) -> tuple:
 
 def lineage(checkpoint_dir: Path, limit: int = 8) -> list[str]:
     """The chain of init.from behind this run's newest checkpoint: each step's source, its step and fingerprint,
-    read from the trainer_state.json of each checkpoint in turn (as far as they can be read)."""
+    read from the trainer_state.json of each checkpoint in turn (as far as they can be read). Each is another
+    run's, often another user's: read as init.from's checkpoint is (init_source.source_state: in its directory
+    opened once, no link followed, no FIFO opened, bounded, a file of that directory's owner or ours)."""
     chain: list[str] = []
     found = local_checkpoint_steps(checkpoint_dir)  # names only: `minilmd status` shows the lineage, numpy-free
     path: Path | None = checkpoint_dir / step_name(found[-1]) if found else None
     while path is not None and len(chain) < limit:
         try:
-            init = read_json(path / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES).get("init")
-        except ValueError:  # Unreadable: a malformed checkpoint (or another user's FIFO) ends the chain
+            init = source_state(InitSource("checkpoint", path)).get("init")
+        except ValueError:  # InitSourceError, Unreadable: a malformed checkpoint, a FIFO, a third user's file: the end
             break
         if not isinstance(init, dict) or not init:
             break

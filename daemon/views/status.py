@@ -250,13 +250,19 @@ def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, u
 
 
 def _lineage_lines(run_dir: Path) -> list[str]:
-    """init.from behind the newest local checkpoint, stage by stage (daemon/phases/initwait.py lineage)."""
-    from minilmd.config import ConfigError, load_config
+    """init.from behind the newest local checkpoint, stage by stage (daemon/phases/initwait.py lineage); the run's
+    run.toml read as a predecessor's is (init_source.run_config_in: through its run directory's descriptor), ours."""
+    from minilmd.config import ConfigError
     from minilmd.daemon.phases.initwait import lineage
+    from minilmd.init_place import open_named
+    from minilmd.init_source import run_config_in
+    from minilmd.perms import own_uid
 
     try:
-        chain = lineage(load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True).checkpoint_dir)
-    except (ConfigError, OSError):
+        with open_named(run_dir) as opened:
+            cfg = run_config_in(opened, (own_uid(),))
+        chain = lineage(cfg.checkpoint_dir)
+    except (ConfigError, OSError, ValueError):  # init_place.Refused: a link, a FIFO, another user's file
         return []
     return [f"  lineage: {' <- '.join(chain)}"] if chain else []
 

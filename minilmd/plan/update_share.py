@@ -17,11 +17,10 @@ from pathlib import Path
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict
 from minilmd.corpus_meta import read_corpus_meta
-from minilmd.init_source import InitSourceError, resolve
-from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES
+from minilmd.init_source import InitSourceError, resolve, source_state
+from minilmd.names import TRAINER_STATE
 from minilmd.plan.budget import as_trained, planned
 from minilmd.plan.epoch import corpus_epoch
-from minilmd.untrusted import read_json
 
 
 def base_rows(cfg: RunConfig) -> tuple[Path, int, dict] | None:
@@ -30,10 +29,10 @@ def base_rows(cfg: RunConfig) -> tuple[Path, int, dict] | None:
     step times its global batch (as a resume reads it: trainer/loop/resume.py)."""
     try:
         source = resolve(cfg.init.from_, cfg.init.checkpoint)
-        state = read_json(source.path / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES, expect=None)
+        if source.kind != "checkpoint":
+            return None
+        state = source_state(source)  # in the directory resolve opened, its owner's file or ours
     except (InitSourceError, ValueError):  # Unreadable too: another user's checkpoint, read as hostile
-        return None
-    if source.kind != "checkpoint" or not isinstance(state, dict):
         return None
     rows = state.get("rows_seen")
     if not isinstance(rows, int):
