@@ -5,7 +5,7 @@ is empty, a preference corpus most of whose replies train.seq_len cuts away (row
 that cannot initialise this model (minilmd/init_source.py). And, for `run --check`'s `note:` lines (stage_notes),
 what the run would do that its config may not mean: settings its corpus's stage ignores, DPO without init.from, an
 init.from checkpoint root of a run not finished yet, a model trained on text before DPO, a tokenizer or chat
-template other than the corpus's.
+template other than the corpus's; the supervisor says init.from's (init_from_notes) once it has staged its checkpoint.
 
 minilmd/config.py checks the values alone; `load_checked` and `checked_from_dict` are its loaders with these checks
 after the values' (one ConfigError with every problem) and a missing budget's arithmetic over the corpus's train
@@ -302,17 +302,34 @@ def stage_notes(cfg: RunConfig) -> list[str]:
     """What the run will do that its config may not mean, for `run --check`'s `note:` lines: settings its corpus's
     stage ignores (ignored_settings), DPO without init.from (from random weights), and what init.from's checkpoint
     records (init_notes). A corpus or a source that cannot be read now gives no note: the checks say it."""
-    meta = None
-    if cfg.data.prepared and not _is_url(cfg.data.prepared):
-        meta = bounded_probe(read_corpus_meta, cfg.data.prepared)[1]
+    meta = _corpus_meta(cfg)
     data_format = data_format_of(meta) if meta is not None else ""
     notes = ignored_settings(cfg, data_format)
     if data_format == "dpo" and not cfg.init.from_:
         notes.append(DPO_WITHOUT_INIT)
-    if cfg.init.from_ and not cfg.init.staged and not _is_url(cfg.init.from_):
-        answered, found, _ = bounded_probe(init_notes, cfg, meta)
-        notes += found if answered else []
-    return notes
+    return notes + _bounded_init_notes(cfg, meta)
+
+
+def init_from_notes(cfg: RunConfig) -> list[str]:
+    """stage_notes' notes of init.from's checkpoint (init_notes: another tokenizer or chat template than the
+    corpus's...), for the supervisor once it has staged that checkpoint (daemon/jobs/stagingworker.py): a
+    predecessor still training at `run --check` had none to compare, and a launch without `--check` says none."""
+    return _bounded_init_notes(cfg, _corpus_meta(cfg))
+
+
+def _corpus_meta(cfg: RunConfig) -> dict | None:
+    """The local corpus's meta.json, read on shared storage in a bounded thread; None for a URL, or unread."""
+    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+        return None
+    return bounded_probe(read_corpus_meta, cfg.data.prepared)[1]
+
+
+def _bounded_init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
+    """init_notes on shared storage, in a bounded thread (a source that does not answer gives no note)."""
+    if not cfg.init.from_ or cfg.init.staged or _is_url(cfg.init.from_):
+        return []
+    answered, found, _ = bounded_probe(init_notes, cfg, meta)
+    return found if answered else []
 
 
 def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:

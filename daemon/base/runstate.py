@@ -196,12 +196,13 @@ class RunState(StateJson):
         """Keep from the previous supervisor's state.json what must survive a restart: the micro-batch the GPU
         fits, the last remote checkpoint when it is on `remote` (the run.remote now; one on another remote is kept
         in `other_remote` only, for the caller to say: nothing is synced to this one yet), the restart history if
-        that supervisor did not end (it crashed or was killed), and which trainer it ran. A field of the wrong
-        type there counts as missing."""
+        that supervisor did not end (it crashed or was killed), which trainer it ran, and the notes of its
+        init.from (the run goes on from that checkpoint). A field of the wrong type there counts as missing."""
         if not old or not isinstance(old, dict):
             return
         read = StateJson.from_dict(old)
         self.overrides = read.overrides
+        self.notes = read.notes  # of the init.from it started from: said again only when that is staged again
         self.remote_checkpoint = read.remote_checkpoint
         if read.remote_checkpoint is not None and not names_remote(read.remote_checkpoint.path, remote):
             self.other_remote, self.remote_checkpoint = read.remote_checkpoint, None

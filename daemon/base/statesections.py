@@ -389,6 +389,9 @@ class StateJson(Section):
     """Attempts in a row that saved no newer checkpoint."""
     overrides: dict = field(default_factory=dict)
     """Config overrides the supervisor chose (train.micro_batch_size after an OOM...)."""
+    notes: list[str] = field(default_factory=list)
+    """What the run does that its config may not mean, said once init.from's checkpoint is staged
+    (minilmd/probes.py init_from_notes: another tokenizer or chat template than the corpus's...); notes, not errors."""
     last_error: str | None = None
     """The latest failure."""
     last_error_at: float | None = None

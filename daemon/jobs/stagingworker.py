@@ -32,6 +32,7 @@ from minilmd.daemon.jobs import initstage, remotewait
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceUnreachable
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S
 from minilmd.names import step_of
+from minilmd.probes import init_from_notes
 
 WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",
              "init source unreachable": "init source reachable again", "no room in scratch": "room in scratch again"}
@@ -248,10 +249,20 @@ class StagingWorker:
                 return StagingFailed(f"{kind} error, final: {worker.error_text}", status)
             return StagingFailed(worker.error_text, None)
         self._waited_enough()
-        self.inputs = worker.result
+        self.inputs, notes = worker.result
+        if notes is not None:
+            self._say_notes(notes)
         pending, self.pending = self.pending, None
         assert pending is not None  # set when this worker started
         return pending
+
+    def _say_notes(self, notes: list[str]) -> None:
+        """What init.from's checkpoint, just staged, says the run may not mean (probes.init_from_notes): into
+        supervisor.log and events.jsonl (event "note") and state.json's notes, which `status` shows. Notes, never a
+        refusal: the same tokenizer saved again has other bytes."""
+        self.state.notes = list(notes)
+        for note in notes:
+            self.emit("note", note)
 
     def _wait_for(self, what: str, error: str) -> None:
         """Staging cannot go on now, and no retry counts (`what`: "corpus source unreachable", "init source
@@ -281,7 +292,7 @@ class StagingWorker:
         staging = self.state.staging
         if self.pending is not None:  # the corpus is staged; the probe and init.from (again, after a backoff)
             synced = self.state.remote_checkpoint is not None  # its remote holds something: empty is unmounted
-            self.worker = Worker("inputs", lambda: initstage.stage_inputs(
+            self.worker = Worker("inputs", lambda: _stage_inputs(
                 self.cfg, self.inbox.put, self.reads, functools.partial(_base_from_remote, synced_before=synced)))
             return
         if self.awaiting_remote is not None:  # staged; only the fetch of a remote checkpoint is retried
@@ -414,3 +425,15 @@ def _base_from_remote(cfg, trained_on, log, reads, synced_before: bool = True) -
     from minilmd.daemon.jobs import basecopy
 
     return basecopy.stage_from_remote(cfg, trained_on, log, reads, synced_before)
+
+
+def _stage_inputs(cfg, log, reads: ReadWatch, base_from_remote) -> tuple[dict[str, str], list[str] | None]:
+    """initstage.stage_inputs (the `--set`s naming the staged copies), and, when it staged init.from's checkpoint
+    for a run with none of its own (a fresh start from it), what that checkpoint says against the corpus
+    (probes.init_from_notes, `run --check`'s notes, read here in the staging thread as `--check` reads them:
+    bounded, shared storage): a predecessor still training at `--check` had no checkpoint to compare, and a launch
+    without `--check` says nothing. None when nothing was said: a LoRA run stages its base at every start, and what
+    its first start noted stands."""
+    sets = initstage.stage_inputs(cfg, log, reads, base_from_remote)
+    fresh = "init.staged" in sets and not local_checkpoint_steps(cfg.checkpoint_dir)
+    return sets, init_from_notes(cfg) if fresh else None

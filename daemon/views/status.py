@@ -76,6 +76,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None) -> list
     lines += _restart_lines(state, t)
     if state.overrides:
         lines.append(f"  overrides: {state.overrides}")
+    lines += [f"  note: {note}" for note in state.notes]  # what init.from's checkpoint says (probes.init_from_notes)
     if state.last_error:
         lines.append(f"  last error{_error_context(state, t)}: {state.last_error}")
     return lines
