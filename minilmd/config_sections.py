@@ -174,7 +174,8 @@ class TrainSection:
     log_every: int = 10
     """Append a line to metrics.jsonl every this many steps."""
     eval_every: int = 500
-    """Compute the validation loss every this many steps (0: only at the end)."""
+    """Compute the validation loss every this many steps, and at each epoch's end and at the end (0: only at each
+    epoch's end and at the end)."""
     checkpoint_every: Duration = "5m"
     """Save a local checkpoint every N steps (an integer) or every duration (a string such as "5m")."""
     keep_local: int = 2
