@@ -56,7 +56,8 @@ def weights_config(model: dict) -> dict:
 @dataclass
 class RunSection:
     name: str = ""
-    """Name of the run; used in the default scratch path, in status and in the systemd instance name."""
+    """Name of the run; used in the default scratch path and in status. Use the same name for the systemd instance
+    (minilmd@NAME runs the config %E/minilmd/NAME.toml: the unit goes by the file's name and never reads this)."""
     dir: str = ""
     """Run directory on local disk: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock."""
     scratch: str = ""
