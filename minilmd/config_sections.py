@@ -56,7 +56,8 @@ def weights_config(model: dict) -> dict:
 @dataclass
 class RunSection:
     name: str = ""
-    """Name of the run; used in the default scratch path, in status and in the systemd instance name."""
+    """Name of the run; used in the default scratch path and in status. Use the same name for the systemd instance
+    (minilmd@NAME runs the config %E/minilmd/NAME.toml: the unit goes by the file's name and never reads this)."""
     dir: str = ""
     """Run directory on local disk: run.toml, state.json, events.jsonl, logs, metrics.jsonl, heartbeat, lock."""
     scratch: str = ""
@@ -174,7 +175,8 @@ class TrainSection:
     log_every: int = 10
     """Append a line to metrics.jsonl every this many steps."""
     eval_every: int = 500
-    """Compute the validation loss every this many steps (0: only at the end)."""
+    """Compute the validation loss every this many steps, and at each epoch's end and at the end (0: only at each
+    epoch's end and at the end)."""
     checkpoint_every: Duration = "5m"
     """Save a local checkpoint every N steps (an integer) or every duration (a string such as "5m")."""
     keep_local: int = 2

@@ -24,7 +24,7 @@ from minilmd.config_sections import (
 )
 
 TrainTokens = Callable[[str], "int | None"]
-"""The train-split token count of data.prepared, or None (minilmd.corpus.format.corpus_train_tokens reads it from
+"""The train-split token count of data.prepared, or None (minilmd.corpus_meta.corpus_train_tokens reads it from
 meta.json), for the arithmetic of a missing budget."""
 
 
@@ -84,7 +84,7 @@ RANGES: dict[str, tuple[Range, str]] = {
     "train.max_epochs": (AT_LEAST_0, "0: not set"),
     "train.seed": (Range(0, 2 ** 64 - 1), ""),
     "train.log_every": (AT_LEAST_1, ""),
-    "train.eval_every": (AT_LEAST_0, "0: only at the end"),
+    "train.eval_every": (AT_LEAST_0, "0: only at each epoch's end and at the end"),
     "train.checkpoint_every": (ABOVE_0, "steps as an integer, else a duration"),
     "train.keep_local": (AT_LEAST_1, ""),
     "lora.rank": (AT_LEAST_0, "0: no LoRA"),

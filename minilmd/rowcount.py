@@ -29,8 +29,9 @@ def packed_too_small(n_tokens: int, seq_len: int) -> str:
     refusal (minilmd/plan/samplers.py), the config check's (minilmd/probes.py) and prepare's warning."""
     if packed_windows(n_tokens, seq_len) > 0:
         return ""
-    return (f"the train split has {n_tokens:,} tokens; packed mode needs at least 2 x seq_len = {2 * seq_len:,} "
-            f"(lower train.seq_len or prepare a larger corpus)")
+    # packed_windows' first window: seq_len tokens at every offset in [0, seq_len), so 2 x seq_len - 1 in all
+    return (f"the train split has {n_tokens:,} tokens; packed mode needs at least 2 x seq_len - 1 = "
+            f"{2 * seq_len - 1:,} (lower train.seq_len or prepare a larger corpus)")
 
 
 def full_buckets(n_docs: int, bucket: int) -> int:

@@ -18,8 +18,8 @@ stamp="$venv/.minilmd-setup-$extras"
 want="$(sha256sum "$root/pyproject.toml" | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   "$py" -m pip install -q --upgrade pip >&2
-  # The pinned CPU wheel first: an open "torch" requirement on a machine without torch pulls a CUDA build of
-  # several GB. A range in pyproject that 2.13.0 satisfies then installs nothing more.
+  # torch pinned first: the machine's local CPU wheel where pip's find-links provide one (PyPI's is a CUDA build of
+  # several GB: README, PIP_EXTRA_INDEX_URL). A range in pyproject that 2.13.0 satisfies then installs nothing more.
   if ! "$py" -c 'import torch' 2>/dev/null; then
     "$py" -m pip install -q "torch==2.13.0" >&2
   fi

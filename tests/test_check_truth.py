@@ -135,7 +135,7 @@ def test_a_corpus_too_small_for_one_packed_window_is_refused_at_check_and_launch
         out = cli(*args, timeout=timeout)
         text = out.stdout + out.stderr
         assert out.returncode == SUPERVISOR_CONFIG, text
-        assert "the train split has 29 tokens; packed mode needs at least 2 x seq_len = 64" in text, text
+        assert "the train split has 29 tokens; packed mode needs at least 2 x seq_len - 1 = 63" in text, text
     assert not cfg.run_dir.exists()
     padded = cli("run", "--check", str(config), "--set", 'data.mode="padded"')  # a document a row: no windows
     assert padded.returncode == 0, padded.stdout + padded.stderr

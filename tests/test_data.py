@@ -35,6 +35,19 @@ def test_packed_epoch_visits_every_window_once_with_a_moving_offset():
     assert len(offsets) > 1, "the window edges should move between epochs"
 
 
+@pytest.mark.parametrize("seq_len", [1, 16, 300])
+def test_the_packed_minimum_named_is_the_smallest_split_the_sampler_takes(seq_len):
+    def sampler(n_tokens: int) -> PackedSampler:
+        return PackedSampler(np.zeros(n_tokens, dtype=np.uint16), seq_len=seq_len, seed=0)
+
+    with pytest.raises(DataError) as refused:
+        sampler(0)
+    named = int(str(refused.value).split(" = ")[1].split(" ")[0].replace(",", ""))  # "needs at least ... = N (..."
+    assert sampler(named).items_per_epoch == 1
+    with pytest.raises(DataError):
+        sampler(named - 1)
+
+
 def test_windows_hold_seq_len_stream_tokens_and_labels_equal_inputs():
     tokens = np.arange(1000, dtype=np.uint16)
     b = PackedSampler(tokens, seq_len=16, seed=1).batch(step=3, global_batch=4)

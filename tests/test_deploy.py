@@ -18,6 +18,7 @@ import pytest
 from deploy_helpers import UNIT, launcher, launcher_config, parse_unit, systemd_seconds  # noqa: F401 - a fixture
 from minilmd.config import RunConfig, config_from_dict, toml_key
 from minilmd.model_shapes import expected_state_shapes
+from minilmd.plan.budget import total_steps_for_budget
 from minilmd.probes import load_checked
 from minilmd.protocol import FINAL_EXIT_STATUSES
 
@@ -223,7 +224,8 @@ def test_example_config_is_valid_and_is_the_notes_768x8_run():
     assert sum(map(math.prod, expected_state_shapes(m).values())) == 63_912_192  # the figure in the file's header
     assert (t.seq_len, t.micro_batch_size, t.max_tokens) == (340, 32, 20_000_000)
     tokens_per_step = t.seq_len * t.micro_batch_size * t.grad_accum * cfg.gpu.count
-    assert t.max_tokens // tokens_per_step == 1838  # "about 1,838 steps" in the comments
+    steps = total_steps_for_budget(cfg, t.micro_batch_size * t.grad_accum * cfg.gpu.count)  # the trainer's rule
+    assert steps == 1839 and f"{t.max_tokens:,} / {tokens_per_step:,} = {steps:,} steps" in EXAMPLE.read_text()
     assert cfg.scratch_is_default and cfg.scratch_dir == Path(f"/dev/shm/minilmd-{os.geteuid()}/{cfg.run.name}")
 
 

@@ -209,6 +209,37 @@ def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer, sig):
     assert no_leftovers(out)
 
 
+def test_prepare_help_and_its_formats_entry_list_every_exit_status_it_returns():
+    """Every status `_prepare_exits` turns a failure into, and 0: `prepare --help` and docs/formats.md name each (the
+    help left out 130, the doc 74)."""
+    import re
+
+    import typer
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+    from minilmd.cli.data import _prepare_exits
+    from minilmd.corpus.sources.jsonl import SourceReadError
+
+    returned = {0}
+    for failure in (InputError("a bad line"), SourceReadError("EIO"), ValueError("bad argument"),
+                    OSError(28, "No space left on device"), KeyboardInterrupt()):
+        with pytest.raises(typer.Exit) as ended, _prepare_exits("prepare", "nothing written"):
+            raise failure
+        returned.add(ended.value.exit_code)
+    assert returned == {0, 2, 65, 74, 130}
+
+    def said(text: str) -> set[int]:  # "N words" after "Exit status:", wrapped or boxed however
+        flat = re.sub(r"[\s│]+", " ", text.split("Exit status:")[1])
+        return {int(s) for s in re.findall(r"\b(\d+) [a-zA-Z]", flat)}
+
+    shown = CliRunner().invoke(app, ["prepare", "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and returned <= said(shown.output), shown.output
+    formats = (Path(__file__).parent.parent / "docs" / "formats.md").read_text(encoding="utf-8")
+    entry = formats.split("## `minilmd prepare`", 1)[1].split("- Exit status:", 1)[1].split("\n- ", 1)[0]
+    assert returned <= said("Exit status:" + entry), entry
+
+
 def test_stale_temp_dir_of_a_killed_prepare_is_removed(tmp_path, demo_jsonl, tokenizer):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

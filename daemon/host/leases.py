@@ -140,8 +140,8 @@ def lock_dir_problem(path: str | os.PathLike) -> str | None:
 
 def _above_problem(path: Path) -> str | None:
     """Why another user could rearrange a directory above the lock directory (or a link on the way): the rule
-    every shared place is held to (minilmd/dirfd.py `place_problem`; a link of root's or ours is followed, and where
-    it leads is held to the same rule)."""
+    every shared place is held to (minilmd/place_rule.py `place_problem`; a link of root's or ours is followed, and
+    where it leads is held to the same rule)."""
     return place_problem("the lock directory", path, "the lease files", ADVICE, own_links=True)
 
 

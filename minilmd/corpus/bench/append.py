@@ -7,7 +7,7 @@ comparison), then
 For each: wall-clock seconds, CPU seconds of this process and its workers, and the peak disk growth of the
 scratch directory (the sum of the allocated blocks of every file under it, sampled every 0.2 s: the temporary
 directories count). Then the split files of the two results are compared byte for byte.
-Without --old/--new a corpus is generated: OLD of --size-mb from the demo corpus (demo_corpus.write_repeated_corpus),
+Without --old/--new a corpus is generated: OLD of --size-mb from the demo corpus (demo_text.write_repeated_corpus),
 NEW of --new-lines lines from another seed (the seed's persona lines are 10,000).
 """
 from __future__ import annotations
