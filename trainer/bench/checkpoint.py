@@ -48,12 +48,6 @@ def main(out_dir: str | None = None, hidden: int = 768, layers: int = 8, repeats
 
     cfg = RunConfig()
     cfg.model.hidden_size, cfg.model.num_hidden_layers = hidden, layers
-    try:
-        out = work_dir(out_dir)
-    except OSError as e:
-        print(f"bench checkpoint: no directory can be made in {out_dir or 'the default place'}: {e.strerror or e}; "
-              f"nothing was written", file=sys.stderr)
-        return 1
     torch.manual_seed(0)
     model = MiniMindForCausalLM(cfg.model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
@@ -71,6 +65,12 @@ def main(out_dir: str | None = None, hidden: int = 768, layers: int = 8, repeats
         return {"step": step, "tokens_seen": 0, "epoch": 0, "config": cfg.to_dict(), "rng": ckpt_io.capture_rng(),
                 "fingerprints": {"data": None, "tokenizer": None}}
 
+    try:  # made just before the try that removes it
+        out = work_dir(out_dir)
+    except OSError as e:
+        print(f"bench checkpoint: no directory can be made in {out_dir or 'the default place'}: {e.strerror or e}; "
+              f"nothing was written", file=sys.stderr)
+        return 1
     print(f"model {hidden} x {layers}: {model.num_parameters():,} parameters; {repeats} saves per method into {out}; "
           f"torch threads {torch.get_num_threads()}", flush=True)
     try:
