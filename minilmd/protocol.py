@@ -78,6 +78,21 @@ def _ended_by_reason(state: dict) -> str:
     return next((ended for words, ended in ENDED_BY_REASON if reason.startswith(words)), ENDED_FINISHED)
 
 
+def restart_may_follow(state: dict) -> bool:
+    """Whether a start a launcher makes by itself may still come after how the run of a state.json (as read: any
+    JSON object) ended: while its supervisor runs or after it was killed (no outcome: the tmux window's or systemd's
+    restart), after a failure that is not final (FINAL_EXIT_STATUSES) and after a Slurm requeue. Not after its end
+    for good: finished, stopped or cancelled (exit 0, which neither the tmux window nor systemd restarts, and a job
+    not requeued), or failed with a final status (`minilmd stop` leaves no stop request then)."""
+    ended = how_ended(state)
+    if ended is None or ended == ENDED_REQUEUED:
+        return True
+    if ended == ENDED_FAILED:
+        outcome = state.get("outcome")
+        return not isinstance(outcome, dict) or outcome.get("exit") not in FINAL_EXIT_STATUSES
+    return False
+
+
 def _before_budget(progress) -> bool:
     """Whether state.json's progress says its last step is before its total_steps (both there, both integers)."""
     if not isinstance(progress, dict):

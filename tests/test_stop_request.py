@@ -244,6 +244,53 @@ def test_stop_of_a_tmux_or_slurm_run_names_no_unit_to_stop(tmp_path, outcome):
     assert f"stop request left at {run_dir / names.STOP_REQUEST}" in said, said
 
 
+ENDED_FOR_GOOD = {
+    "finished": ("done", {"exit": 0, "reason": "the run finished", "ended": "finished"}),
+    "finished-old-version": ("done", {"exit": 0, "reason": "the run finished"}),  # no "ended": read by the reason
+    "stopped": ("done", {"exit": 0, "reason": "stopped on request (SIGTERM)", "ended": "stopped"}),
+    "cancelled": ("done", {"exit": 0, "reason": "the Slurm job was cancelled", "ended": "cancelled"}),
+    "gave-up": ("failed", {"exit": protocol.SUPERVISOR_GAVE_UP, "reason": "too many restarts", "ended": "failed"}),
+    "bad-data": ("failed", {"exit": protocol.EXIT_DATA, "reason": "the corpus is invalid", "ended": "failed"}),
+}
+
+
+def ended_run(tmp_path: Path, phase: str, outcome: dict) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    st = {"run": "tiny", "phase": phase, "reason": outcome["reason"], "outcome": {"time": 1, **outcome},
+          "supervisor": {"pid": None}}
+    (run_dir / names.STATE).write_text(json.dumps(st))
+    return run_dir
+
+
+@pytest.mark.parametrize("ending", ENDED_FOR_GOOD.values(), ids=ENDED_FOR_GOOD.keys())
+def test_stop_of_a_run_that_ended_for_good_leaves_no_request(tmp_path, ending):
+    """No launcher starts such a run by itself (exit 0 or a final status: the tmux window and systemd do not
+    restart it, its Slurm job is not requeued). `stop` said `not running (ended ..., exit 0: ...)` and wrote a
+    request all the same: `status` then said `stop requested ... an automatic restart will not start the run` of a
+    finished run, and the request lingered until its next start."""
+    run_dir = ended_run(tmp_path, *ending)
+    out = io.StringIO()
+    assert views_stop.stop(run_dir, out=out) == protocol.STOP_DONE
+    said = out.getvalue()
+    assert f"{run_dir}: not running (ended " in said and "stop request" not in said, said
+    assert not (run_dir / names.STOP_REQUEST).exists()
+    assert stoprequest.status_line(run_dir) is None
+
+
+def test_stop_of_a_requeued_run_leaves_the_request_and_says_so(tmp_path):
+    """A requeued Slurm job ended its supervisor with exit 0, yet Slurm starts it again by itself: the request is
+    left (as after a failure that is not final, test_stop_of_a_tmux_or_slurm_run_names_no_unit_to_stop), and now
+    said too (an exit 0 said nothing of it)."""
+    run_dir = ended_run(tmp_path, "done", {"exit": 0, "reason": "requeued by Slurm (preempted at step 8)",
+                                           "ended": "requeued"})
+    out = io.StringIO()
+    assert views_stop.stop(run_dir, out=out) == protocol.STOP_DONE
+    said = out.getvalue()
+    assert f"stop request left at {run_dir / names.STOP_REQUEST}" in said, said
+    assert (run_dir / names.STOP_REQUEST).is_file() and stoprequest.status_line(run_dir) is not None
+
+
 @pytest.mark.slow
 def test_status_says_a_stop_request_is_left_until_a_start_by_hand_clears_it(tmp_path, corpus):
     """`minilmd stop` of a live supervisor leaves the request too, and it stays after that supervisor's end: an

@@ -2,7 +2,8 @@
 
 A stop that finds no supervisor cannot signal a start that is still to come: the tmux launcher's window "run" starts
 a killed supervisor again after MINILMD_TMUX_RESTART_SEC, and a Slurm job may be requeued. So `stop` leaves
-`stop-request.json` in the run directory (`leave`) before it looks for the supervisor, and `minilmd run` reads it
+`stop-request.json` in the run directory (`leave`) before it looks for the supervisor (none for a run that ended
+for good, protocol.restart_may_follow: no launcher starts it by itself), and `minilmd run` reads it
 once it holds the run lock (`read`): a start a launcher made by itself (`automatic_restart`: names.AUTO_RESTART_ENV,
 which the tmux window sets on its restarts only, or a requeued Slurm job) honours it and stops before any trainer,
 exit 0; any other start (a person's `minilmd run`, the tmux launcher or `sbatch` run by hand, systemd) removes it

@@ -48,7 +48,10 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
     if unreadable:
         print(f"{run_dir}: {names.STATE} unreadable ({unreadable}): the supervisor is found by its lock", file=out)
     state = StateJson.from_dict(raw)
-    request = _leave_request(scope, out)  # before the lock is looked at: a supervisor that takes it later reads it
+    # before the lock is looked at: a supervisor that takes it later reads it. None for a run that ended for good:
+    # no launcher starts it by itself, and a request would only linger until the next start
+    restart_may_follow = protocol.restart_may_follow(raw or {})
+    request = _leave_request(scope, out) if restart_may_follow else None
     try:
         live = _live_supervisor(run_dir)
     except OSError as e:  # supervisor.lock not readable (root squashed on NFS, say)
@@ -59,11 +62,13 @@ def stop(run_dir: str | os.PathLike = ".", timeout: float = 0.0, out=None) -> in
         outcome = state.outcome
         print(f"{run_dir}: not running" + (f" (ended {fmt_time(outcome.time)}, exit {outcome.exit}: "
                                            f"{printable(outcome.reason)})" if outcome else ""), file=out)
-        if outcome is None or outcome.exit not in (0, *protocol.FINAL_EXIT_STATUSES):
+        if restart_may_follow:
             _pending_restart_words(request, state.supervisor, out)
         if _stop_orphans(run_dir, out, timeout) != protocol.STOP_DONE:
             return protocol.STOP_FAILED
         return _checkpoint_report(state, out, always=False)
+    if not restart_may_follow:  # started again since that end: its SIGTERM is a stop (a Slurm job tells by it)
+        request = _leave_request(scope, out)
     if live.host and live.host != socket.gethostname():
         print(f"supervisor pid {live.pid} runs on {printable(live.host)}, not on this host: not signalled; run "
               f"`minilmd stop` there", file=out)

@@ -3,6 +3,8 @@ in one run. Each imports its implementation under `minilmd.trainer.bench` inside
 """
 from __future__ import annotations
 
+import os
+
 import typer
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, printed side by side in one run.")
@@ -91,7 +93,9 @@ def bench_sft_command(
 
 @bench_app.command("checkpoint")
 def bench_checkpoint_command(
-    out_dir: str = typer.Option("/dev/shm/minilmd-bench-checkpoint", "--dir", help="Where to write (removed after)."),
+    out_dir: str = typer.Option(None, "--dir", help="A directory where the bench makes a new one of its own to write "
+                                "into, removed after (nothing else is touched); default: /dev/shm, else the system's "
+                                "temporary directory."),
     hidden: int = typer.Option(768, "--hidden", help="model.hidden_size"),
     layers: int = typer.Option(8, "--layers", help="model.num_hidden_layers"),
     repeats: int = typer.Option(5, "--repeats", min=1, help="Saves timed per method (the median is reported)."),
@@ -100,4 +104,7 @@ def bench_checkpoint_command(
     and a plain torch.save of the same state; sizes on disk."""
     from minilmd.trainer.bench.checkpoint import main as bench_main
 
+    if out_dir is not None and not os.path.isdir(out_dir):
+        raise typer.BadParameter(f"{out_dir} is no directory (the bench makes a new one of its own in it)",
+                                 param_hint="--dir")
     raise typer.Exit(bench_main(out_dir, hidden, layers, repeats))

@@ -6,13 +6,16 @@ saves so that every checkpoint validates) is saved `repeats` times in each way:
   hashing, fsync and retention run in a thread (reported separately);
 - sync: checkpoint.save of the live tensors (write + hash + fsync in the caller);
 - torch.save of {"model", "optimizer"} state dicts to one file, plus an fsync, as MiniMind's resume files are made.
-Medians are reported, with the size on disk and the time of one torch-free validation.
+Medians are reported, with the size on disk and the time of one torch-free validation. Every save goes into a fresh
+directory of the bench's own (`work_dir`), the one thing it removes after.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +24,20 @@ def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> int:
+def work_dir(parent: str | None) -> Path:
+    """A new directory of this bench's own (mode 0700, a name mkdtemp made with O_EXCL) in `parent` (--dir), by
+    default in scratch's base (/dev/shm, where a run's checkpoints are saved first: minilmd/scratch.py base) where
+    it is a directory, else in the system's temporary directory. Never a fixed name: whatever another user or a
+    link holds at one in a world-writable place is not the bench's to write into or delete. OSError when it cannot
+    be made."""
+    if parent is None:
+        from minilmd import scratch
+
+        parent = scratch.base() if os.path.isdir(scratch.base()) else None
+    return Path(tempfile.mkdtemp(prefix="minilmd-bench-checkpoint-", dir=parent))
+
+
+def main(out_dir: str | None = None, hidden: int = 768, layers: int = 8, repeats: int = 5) -> int:
     import torch
 
     from minilmd import checkpoint as ck
@@ -32,10 +48,6 @@ def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> 
 
     cfg = RunConfig()
     cfg.model.hidden_size, cfg.model.num_hidden_layers = hidden, layers
-    out = Path(out_dir)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     torch.manual_seed(0)
     model = MiniMindForCausalLM(cfg.model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
@@ -53,6 +65,12 @@ def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> 
         return {"step": step, "tokens_seen": 0, "epoch": 0, "config": cfg.to_dict(), "rng": ckpt_io.capture_rng(),
                 "fingerprints": {"data": None, "tokenizer": None}}
 
+    try:  # made just before the try that removes it
+        out = work_dir(out_dir)
+    except OSError as e:
+        print(f"bench checkpoint: no directory can be made in {out_dir or 'the default place'}: {e.strerror or e}; "
+              f"nothing was written", file=sys.stderr)
+        return 1
     print(f"model {hidden} x {layers}: {model.num_parameters():,} parameters; {repeats} saves per method into {out}; "
           f"torch threads {torch.get_num_threads()}", flush=True)
     try:
@@ -100,5 +118,5 @@ def main(out_dir: str, hidden: int = 768, layers: int = 8, repeats: int = 5) -> 
         print(f"blocking time: {med(blocking) / med(plain):.2f}x of a plain torch.save; "
               f"sync save {med(sync) / med(plain):.2f}x")
     finally:
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)  # the bench's own directory, made above: nothing else
     return 0
