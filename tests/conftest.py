@@ -300,3 +300,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section(f"tests over {SLOW_S:.0f} s not marked slow")
         for seconds, nodeid in sorted(_unmarked_slow, reverse=True):
             terminalreporter.write_line(f"{seconds:6.2f}s {nodeid}")
+
+
+# --- the slow tier first ---------------------------------------------------------------------------------------------
+def pytest_collection_modifyitems(config, items):
+    """The tests marked slow run first, each tier in its collection order (a stable sort). pytest-xdist hands tests
+    out in this order, so its two workers start on the long ones together and the fast ones fill the gaps at the
+    end, instead of a worker starting a test of minutes while the other has nothing left to run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
