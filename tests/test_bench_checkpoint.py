@@ -98,7 +98,8 @@ def test_with_dir_it_writes_into_a_new_directory_there_and_removes_only_that(sha
 def test_a_dir_that_is_no_directory_is_refused_with_nothing_written(tmp_path):
     from typer.testing import CliRunner
 
-    result = CliRunner().invoke(app, ["bench", "checkpoint", *TINY, "--dir", str(tmp_path / "missing")])
+    result = CliRunner().invoke(app, ["bench", "checkpoint", *TINY, "--dir", str(tmp_path / "missing")],
+                                env={"COLUMNS": "400"})  # the box wide enough for xdist's longer tmp_path: no word cut
     said = " ".join(re.sub("[│╭╮╰╯─]", " ", result.output).split())  # rich's error box, its lines joined
     assert result.exit_code == 2 and "missing is no directory (the bench makes a new one" in said, result.output
     assert os.listdir(tmp_path) == []
