@@ -42,7 +42,13 @@ from typing import NamedTuple
 
 from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
 from minilmd.perms import own_link, own_uid, owned_by_me
-from minilmd.place_rule import PlaceRefused, dir_problem, open_walked, place_problem  # noqa: F401 - for callers
+from minilmd.place_rule import (  # noqa: F401 - for callers
+    PlaceRefused,
+    dir_problem,
+    open_walked,
+    place_problem,
+    run_dir_problem,
+)
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # <linux/fs.h>
 AT_FDCWD = -100

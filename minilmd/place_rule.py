@@ -1,5 +1,5 @@
 """The place rule: where minilmd may create files that others must not redirect (scratch, the GPU lock directory,
-an output's directory, a run.remote), and the walk that opens such a directory under that same rule.
+an output's directory, a run.remote, run.dir), and the walk that opens such a directory under that same rule.
 
 - `place_problem(label, target, ...)` judges by path: every directory on the way to `target` root's or this user's
   (or `owners`'), none that another user can rearrange (group members count as others, unless the group is this
@@ -94,6 +94,22 @@ def dir_problem(label: str, path: str | os.PathLike, what: str) -> str | None:
     when what is above it is."""
     return place_problem(label, path, what, "choose a directory only you (and root) can change", dir_itself=True,
                          own_links=True)
+
+
+RUN_DIR_ADVICE = ("set run.dir to a directory only you (and root) can change, such as one under your home (not in a "
+                  "team directory: the run writes its files there by name; run.share = \"group\" lets your group "
+                  "read the run)")
+
+
+def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
+    """place_problem for run.dir, at `run --check`, the supervisor's start and `minilmd train` (minilmd/probes.py
+    path_problems), before anything is made: it and every directory above it root's or ours, none another user can
+    rearrange (sticky is fine, a link of root's or ours followed). Else another user could put his directory, or a
+    link to the victim's, at run.dir, whose files the supervisor, the trainer and `stop` write by name (a
+    .space-reserve link truncated her file, an events.jsonl link got events appended). No team-directory opt-in as
+    run.remote's (`team_above`, `group_share`): those writes go through a descriptor opened by the walk, run.dir's do
+    not; teammates read a run through run.share = "group"."""
+    return place_problem("run.dir", run_dir, "the run's files", RUN_DIR_ADVICE, dir_itself=True, own_links=True)
 
 
 def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, advice: str, *, team_above: bool,

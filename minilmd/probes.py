@@ -1,5 +1,6 @@
 """What a run config names on this machine and in other runs, checked before anything starts: paths that cannot
-be used (run.dir, run.scratch, the Prometheus textfile, run.remote), a scratch of another run or user
+be used (run.dir, run.scratch, the Prometheus textfile, run.remote) or that another user could redirect (run.dir,
+scratch: minilmd/place_rule.py), a scratch of another run or user
 (minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
 is empty, a preference corpus most of whose replies train.seq_len cuts away (rowcount.pairs_fit), an init.from
 that cannot initialise this model (minilmd/init_source.py). And, for `run --check`'s `note:` lines (stage_notes),
@@ -25,7 +26,7 @@ from minilmd.checkpoint_dirs import list_checkpoints, read_latest
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config, stage_defaults
 from minilmd.config_values import early_stop_metric_problem
 from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, read_corpus_meta
-from minilmd.dirfd import dir_problem
+from minilmd.dirfd import dir_problem, run_dir_problem
 from minilmd.init_source import (
     InitSource,
     InitSourceError,
@@ -74,11 +75,13 @@ def _is_url(s: str) -> bool:
 
 
 def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
-    """What the config names on this machine and cannot be used, in the config's order: run.dir, scratch (and whose
+    """What the config names on this machine and cannot be used, in the config's order: run.dir (and whether another
+    user could redirect it: the launch and `minilmd train` check it here, before anything is made), scratch (and whose
     it is), the prepared corpus, the Prometheus textfile, init.from, the remote. `waits`: see load_checked."""
     p: list[str] = []
     if cfg.run.dir:
         p += _check_writable("run.dir", Path(cfg.run.dir))
+        p += [why] if (why := run_dir_problem(cfg.run.dir)) else []  # no other user may redirect its files
     if cfg.run.name or cfg.run.scratch:
         p += _check_writable("run.scratch", cfg.scratch_dir)
         if cfg.run.dir:

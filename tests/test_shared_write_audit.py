@@ -47,7 +47,8 @@ PRIVATE_SCRATCH = "the run's scratch: 0700, this user's, every directory above i
 PRIVATE_TMP = ("inside a 0700 temporary directory of dirfd's (Dir.make_temp), reached as /proc/self/fd/N: no one "
                "else can write there, whatever its name leads to")
 RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user's own directory, named in her "
-           "config; not yet checked against others rearranging it")
+           "config, written by name (not through dirfd); held to the place rule at run --check, the launch and "
+           "minilmd train (place_rule.run_dir_problem), so no other user can rearrange it or a directory above it")
 REMOTE = ("run.remote's root itself, made by path when missing (the run's configuration), before dirfd opens and "
           "checks it (LocalRemote._root), after which everything below it is written at that descriptor; and a store's "
           "objects (fsspec, not a local path: no links, no renames)")
@@ -144,8 +145,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/jobs/fetch.py": ("private", PRIVATE_SCRATCH + " (a remote checkpoint fetched into scratch)", {
         ("Fetcher._fetch_latest", ".mkdir"): 1, ("Fetcher._fetch_one", "shutil.rmtree"): 3,
         ("Fetcher._fetch_one", ".mkdir"): 1, ("Fetcher._download", ".write_bytes"): 1}),
-    "daemon/phases/rundirwatch.py": ("gap", RUN_DIR + " (its space reserve)", {
-        ("make_reserve", "open"): 1, ("make_reserve", ".unlink"): 1, ("release_reserve", ".unlink"): 1}),
+    "daemon/phases/rundirwatch.py": ("gap", RUN_DIR + " (its space reserve, O_NOFOLLOW|O_NONBLOCK, by path)", {
+        ("make_reserve", "os.open"): 1, ("make_reserve", ".unlink"): 1, ("release_reserve", ".unlink"): 1}),
     "daemon/runfiles.py": ("gap", RUN_DIR, {("RunFiles.__init__", ".mkdir"): 1}),
     "daemon/base/runstate.py": ("gap", RUN_DIR + " (events.jsonl and supervisor.log, O_APPEND|O_CREAT by path)", {
         ("EventLog.reopen", "os.open"): 1, ("EventLog.emit", "os.open"): 1}),

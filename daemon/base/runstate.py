@@ -255,6 +255,12 @@ class RunState(StateJson):
 
 # --- events.jsonl and supervisor.log ---------------------------------------------------------------------------
 
+LOG_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+"""How events.jsonl and supervisor.log are opened: a link at their name is an error (ELOOP), never appended
+through, a FIFO no hang (run.dir is held to the place rule, minilmd/place_rule.py run_dir_problem: the second
+guard)."""
+
+
 class EventLog:
     """One JSON line per event (events.jsonl), the same as a human line in supervisor.log and on stdout."""
 
@@ -269,8 +275,7 @@ class EventLog:
     def reopen(self) -> None:
         """Reopen supervisor.log (after logrotate moved it: SIGHUP)."""
         self.close()
-        self._log = os.open(self.run_dir / names.SUPERVISOR_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                            0o644)
+        self._log = os.open(self.run_dir / names.SUPERVISOR_LOG, LOG_APPEND, 0o644)
 
     def emit(self, event: str, message: str, **details) -> None:
         ts = now()
@@ -278,7 +283,7 @@ class EventLog:
         line = f"{fmt_time(ts)} [{event}] {message}"
         problems = []
         try:
-            fd = os.open(self.run_dir / names.EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.run_dir / names.EVENTS, LOG_APPEND, 0o644)
             try:
                 _append_whole(fd, (json.dumps(record, sort_keys=True, default=str) + "\n").encode())
             finally:

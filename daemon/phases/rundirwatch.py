@@ -12,12 +12,16 @@ happened. `full_at_start()` is the one line for a run.dir already full when the 
 """
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, is_disk_full, now
 from minilmd.daemon.base.states import FINAL_PHASES
+from minilmd.untrusted import file_kind
 
 STATE_EVERY_S = 1.0
 """state.json is rewritten at most this often between transitions (the trainer's progress)."""
@@ -26,23 +30,44 @@ RESERVE_BYTES = 256 * 1024
 state.json and the last events, so that `minilmd status` says what happened."""
 
 
+RESERVE_OPEN = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+"""How the reserve is opened: never through a link, never blocking on a FIFO (run.dir is held to the place rule,
+minilmd/place_rule.py run_dir_problem; this is the second guard: the reserve truncates what it opens)."""
+
+
 def make_reserve(run_dir: Path) -> bool:
-    """Write the reserve file (real zeros: a sparse file frees nothing). False when there is no room for it."""
+    """Write the reserve file (real zeros: a sparse file frees nothing). False when there is no room for it. An
+    OSError when the name is a link, a FIFO, or anything but a regular file of one link: never written through."""
     path = run_dir / names.RUN_DIR_RESERVE
     try:
-        if path.stat().st_size >= RESERVE_BYTES:
-            return True
-    except FileNotFoundError:
-        pass
+        fd = os.open(path, RESERVE_OPEN, 0o666)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        return False
     try:
-        with open(path, "wb") as f:
-            f.write(b"\0" * RESERVE_BYTES)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise OSError(errno.EINVAL, f"not a regular file of one link ({file_kind(st.st_mode)}, "
+                                        f"{st.st_nlink} links): never written", str(path))
+        if st.st_size >= RESERVE_BYTES:
+            return True
+        os.ftruncate(fd, 0)
+        _write_zeros(fd, RESERVE_BYTES)
         return True
     except OSError as e:
         if not is_disk_full(e):
             raise
-        path.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)  # a regular file of ours (checked above): the half-written reserve
         return False
+    finally:
+        os.close(fd)
+
+
+def _write_zeros(fd: int, size: int) -> None:
+    zeros = bytes(size)
+    while zeros:
+        zeros = zeros[os.write(fd, zeros):]
 
 
 def release_reserve(run_dir: Path) -> bool:

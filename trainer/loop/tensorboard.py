@@ -11,11 +11,10 @@ The writer is torch.utils.tensorboard's, which needs the `tensorboard` package (
 """
 from __future__ import annotations
 
-import json
-
 from minilmd.config import ConfigError, RunConfig
 from minilmd.metrics import REWARDS, MetricsLog
-from minilmd.names import STATE, TENSORBOARD_DIR
+from minilmd.names import STATE, STATE_MAX_BYTES, TENSORBOARD_DIR
+from minilmd.untrusted import Unreadable, read_json
 
 SCALARS = {
     "train": {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "tok_s": "train/tok_s",
@@ -29,12 +28,13 @@ INSTALL_HINT = "pip install 'minilmd[tensorboard]'  (or: pip install tensorboard
 
 
 def restarts_so_far(cfg: RunConfig) -> int:
-    """The supervisor's count of restarts (state.json; 0 without a supervisor or a readable state)."""
+    """The supervisor's count of restarts (state.json; 0 without a supervisor or a readable state). Read as any
+    state.json is (minilmd/untrusted.py: no link followed, a FIFO no hang, its size bounded)."""
     try:
-        state = json.loads((cfg.run_dir / STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        state = read_json(cfg.run_dir / STATE, max_bytes=STATE_MAX_BYTES)
+    except Unreadable:
         return 0
-    restarts = state.get("restarts") if isinstance(state, dict) else None
+    restarts = state.get("restarts")
     return len(restarts) if isinstance(restarts, list) else 0
 
 

@@ -1,0 +1,173 @@
+"""run.dir is held to the place rule (minilmd/place_rule.py run_dir_problem): another user cannot choose where a run's
+files go. Both attacks were reproduced on the code before it, as root (the victim) with nobody (the attacker):
+
+A. nobody makes /tmp/.../x/run (0777, his) holding `.space-reserve`, `events.jsonl` and `supervisor.log` as links to
+   her files: `minilmd run` started without objection, zeroed her precious.txt (262144 bytes) and appended events to
+   her notes;
+B. nobody owns /tmp/.../y and makes `run` a link to her other, private run directory: the supervisor took it over
+   (its run.toml and state.json replaced, the registry recording it).
+
+Now `run --check` and the launch refuse both, exit 2, naming the directory and its owner, nothing written; and
+`minilmd train` on its own refuses a run.dir another user can rearrange. Behind the rule, the two writes that
+truncate or append to an existing file in run.dir follow no link and block on no FIFO, and the trainer reads
+state.json as untrusted (a FIFO there no hang).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from minilmd import names
+from minilmd.config import load_config
+from minilmd.daemon.base.runstate import EventLog
+from minilmd.daemon.phases.rundirwatch import RESERVE_BYTES, make_reserve
+from minilmd.protocol import SUPERVISOR_CONFIG
+from minilmd.trainer.loop.tensorboard import restarts_so_far
+from second_user import sh_as_user, shared  # noqa: F401 - shared: a fixture
+from supervisor_helpers import cli, write_config
+from trainer_corpus import train_cmd
+from waiting import without_blocking
+
+HERS = {"precious.txt": b"her thesis, chapter 3\n" * 40, "notes.txt": b"her notes\n", "log.txt": b"her log\n"}
+"""The victim's own files, in her private (pytest's 0700) directory, that the attacker's links point to."""
+
+
+def _her_files(home: Path) -> dict[Path, bytes]:
+    home.mkdir()
+    made = {home / name: body for name, body in HERS.items()}
+    for path, body in made.items():
+        path.write_bytes(body)
+    return made
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    """Every entry under root (no link followed): a file's bytes, a link's target, "dir" for a directory."""
+    found: dict[str, bytes | str] = {}
+    for here, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(here, name)
+            rel = str(path.relative_to(root))
+            found[rel] = (f"-> {os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir()
+                          else path.read_bytes())
+    return found
+
+
+def _refused_by_check_and_launch(config: Path, *fragments: str) -> str:
+    """`minilmd run --check CONFIG` and `minilmd run CONFIG` (the fake trainer behind it: a launch past the checks
+    trains) both exit 2, naming every fragment, without a traceback; the launch's text."""
+    texts = []
+    for args in (("run", "--check", str(config)), ("run", str(config))):
+        out = cli(*args, timeout=120)
+        text = out.stdout + out.stderr
+        assert out.returncode == SUPERVISOR_CONFIG, text
+        assert all(f in text for f in fragments), f"missing one of {fragments} in:\n{text}"
+        assert "Traceback" not in text
+        texts.append(text)
+    return texts[1]
+
+
+def _registered(run_name: str) -> list[str]:
+    runs = Path(os.environ["XDG_STATE_HOME"]) / "minilmd" / "runs"
+    return sorted(p.name for p in runs.glob(f"{run_name}-*")) if runs.is_dir() else []
+
+
+@pytest.mark.slow
+def test_a_run_dir_of_another_user_full_of_links_to_her_files_is_refused_and_nothing_written(
+        tmp_path, corpus, shared):
+    """Attack A: his 0777 run directory in his directory, its reserve, events and log links to her files."""
+    hers = _her_files(tmp_path / "her")
+    precious, notes, log = (tmp_path / "her" / n for n in HERS)
+    sh_as_user(f"mkdir -m 755 x && mkdir -m 777 x/run && chmod 777 x/run && "
+               f"ln -s {precious} x/run/{names.RUN_DIR_RESERVE} && ln -s {notes} x/run/{names.EVENTS} && "
+               f"ln -s {log} x/run/{names.SUPERVISOR_LOG}", cwd=shared)
+    his_run = shared / "x" / "run"
+    planted = _tree(shared)
+    config = write_config(tmp_path, corpus, name="lured", remote=False, run={"dir": str(his_run)})
+
+    _refused_by_check_and_launch(config, f"run.dir {his_run}: the directory {shared / 'x'} above it belongs to "
+                                         f"nobody", "set run.dir to a directory only you (and root) can change")
+    assert {path: path.read_bytes() for path in hers} == hers  # her thesis not zeroed, no event in her notes
+    assert _tree(shared) == planted  # nothing made or written in his directory
+    assert not load_config(config).scratch_dir.exists()  # refused before scratch was claimed
+    assert _registered("lured") == []
+
+
+@pytest.mark.slow
+def test_a_run_dir_that_is_his_link_to_her_other_run_is_refused_and_that_run_left_whole(tmp_path, corpus, shared):
+    """Attack B: he owns the directory above run.dir and makes `run` a link to her private run directory."""
+    other = tmp_path / "her-other-run"
+    other.mkdir(mode=0o700)
+    (other / names.RUN_CONFIG_COPY).write_text("[run]\nname = \"other\"\n")
+    (other / names.STATE).write_text('{"phase": "done"}')
+    (other / "precious.txt").write_bytes(HERS["precious.txt"])
+    before = _tree(other)
+    sh_as_user(f"mkdir -m 755 y && ln -s {other} y/run", cwd=shared)
+    config = write_config(tmp_path, corpus, name="taken", remote=False, run={"dir": str(shared / "y" / "run")})
+
+    _refused_by_check_and_launch(config, f"the directory {shared / 'y'} above it belongs to nobody")
+    assert _tree(other) == before  # her run's config and state not replaced, no lock, no events
+    assert _registered("taken") == []
+
+
+@pytest.mark.slow
+def test_a_run_dir_under_a_directory_anyone_may_write_is_refused_by_check_launch_and_train(tmp_path, corpus):
+    """One's own directory left 0777 (not sticky): anyone could replace run.dir. Refused with the chmod that
+    fixes it, by `run --check`, the launch and `minilmd train` alike, nothing made; after the chmod it is used."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    run_dir = open_dir / "run"
+    config = write_config(tmp_path, corpus, name="open", remote=False, run={"dir": str(run_dir)})
+    said = f"run.dir {run_dir}: the directory {open_dir} above it can be written by other users (mode 777"
+
+    _refused_by_check_and_launch(config, said, f"or chmod go-w {open_dir}")
+    trained = cli(*train_cmd(config)[3:], timeout=300)
+    assert trained.returncode == 2 and said in trained.stderr, trained.stdout + trained.stderr
+    assert not run_dir.exists() and not load_config(config).scratch_dir.exists()
+
+    open_dir.chmod(0o755)  # what the advice says
+    checked = cli("run", "--check", str(config))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# --- behind the rule: no write through a link, no FIFO waited on --------------------------------------------------
+
+def test_the_reserve_is_never_written_through_a_link_nor_into_a_fifo(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(HERS["precious.txt"])
+    reserve = run_dir / names.RUN_DIR_RESERVE
+    reserve.symlink_to(precious)
+    with pytest.raises(OSError):
+        make_reserve(run_dir)
+    assert precious.read_bytes() == HERS["precious.txt"]
+
+    reserve.unlink()
+    os.mkfifo(reserve)
+    with pytest.raises(OSError):
+        without_blocking(lambda: make_reserve(run_dir), reserve)
+
+    reserve.unlink()
+    assert make_reserve(run_dir) and reserve.read_bytes() == bytes(RESERVE_BYTES)  # a real one is made
+
+
+@pytest.mark.parametrize("name", [names.EVENTS, names.SUPERVISOR_LOG])
+def test_events_are_never_appended_through_a_link(tmp_path, name):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(HERS["notes.txt"])
+    (run_dir / name).symlink_to(notes)
+    with pytest.raises(OSError):
+        EventLog(run_dir, echo=False).emit("start", "supervisor pid 1 owns the run")
+    assert notes.read_bytes() == HERS["notes.txt"]
+
+
+def test_the_trainer_reads_a_fifo_at_state_json_as_no_restarts_without_waiting(tmp_path, corpus):
+    cfg = load_config(write_config(tmp_path, corpus, name="tb", remote=False))
+    cfg.run_dir.mkdir(parents=True)
+    os.mkfifo(cfg.run_dir / names.STATE)
+    assert without_blocking(lambda: restarts_so_far(cfg), cfg.run_dir / names.STATE) == 0
