@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy_helpers import launcher, launcher_config  # noqa: F401  (a fixture)
 from minilmd import names, pychild
 from minilmd.config import load_config
 from minilmd.daemon.child import process as childmod
@@ -126,3 +127,15 @@ def test_prepare_workers_spawned_from_a_planted_directory_run_none_of_her_code(t
     assert (out / names.CORPUS_META).exists()
     assert marks(where) == ""
 
+
+
+@pytest.mark.slow
+def test_the_tmux_launcher_started_from_a_planted_directory_runs_none_of_her_code(launcher, teammate):
+    """deploy/minilmd-tmux.sh reads run.name with `python -c`: a `tomllib/` planted where it is started from."""
+    _, where = teammate
+    plant(where, "tomllib")
+    config = launcher_config(launcher.root / "demo.toml", "demo", str(launcher.root / "runs" / "demo"))
+    started = launcher("--no-attach", str(config), cwd=where)
+    assert started.returncode == 0, started.stderr
+    assert "minilmd-demo: started window run" in started.stdout
+    assert marks(where) == ""
