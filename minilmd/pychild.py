@@ -18,10 +18,17 @@ starts (the trainer, torchrun and its ranks, the Slurm node step, the orphan-kil
   directory when it is read (config.absolute_paths) and a `--set`'s against the supervisor's before it is handed
   on (daemon/child/trainerwatch.py `attempt_command`); the run directory is absolute.
 
-`python -I` (isolated) would drop the directory on 3.10 as well, but it also ignores every PYTHON* variable
-(PYTHONUNBUFFERED, which the attempt logs rely on; a site's PYTHONPATH) and the user's site-packages: it is for a
-one-off `-c` that needs neither (deploy/minilmd-tmux.sh reading run.name). The `minilmd` console script is safe as
-it is: its sys.path[0] is the directory of the script itself (the venv's bin/).
+The trainer, the helpers and the demos' commands run in "/" (their arguments are absolute); a benchmark's or a
+device-check script's `minilmd` keeps the caller's directory, where its arguments may be relative: `-P` and
+PYTHONSAFEPATH only. Left on Python 3.10: what minilmd does not start itself in "/" (prepare's spawned workers run
+`python -c` in the directory `minilmd prepare` was started from). `python -I` (isolated) would drop the directory
+on 3.10 too, but it also ignores every PYTHON* variable (PYTHONUNBUFFERED, which the attempt logs rely on; a site's
+PYTHONPATH) and the user's site-packages.
+
+The `minilmd` console script is safe as it is: its sys.path[0] is the directory of the script itself (the venv's
+bin/). scripts/setup.sh and deploy/minilmd-tmux.sh run their own `python` from "/". The Makefile's commands are left
+as they are: they run in the checkout (make's directory), whose code is what they run anyway, and need it
+(pytest's rootdir, the demos' default directories).
 """
 from __future__ import annotations
 
