@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from minilmd import pychild
 from minilmd.daemon import demo
 from minilmd.daemon.demo import minilmd, say
 from minilmd.names import TOKENIZER_CONFIG, TOKENIZER_FILE
@@ -70,8 +71,8 @@ def main(root: str = "demo-sft-run", pretrain_steps: int = 240, epochs: int = 3)
     scratch = demo.stage_scratch(root_path, "demo-sft", "sft-")
 
     say("7. A small real chat corpus: chatterbot-corpus's dialogs as SFT JSONL, prepared with --format chat")
-    made = subprocess.run([sys.executable, "-m", "minilmd.cli", "demo-corpus", str(root_path / "chat"), "--chat"],
-                          stdout=subprocess.PIPE, text=True)
+    made = subprocess.run(pychild.module_argv("minilmd.cli", "demo-corpus", str(root_path / "chat"), "--chat"),
+                          stdout=subprocess.PIPE, text=True, env=pychild.child_env(), cwd=pychild.CHILD_CWD)
     if made.returncode != 0:
         sys.exit(f"demo: `minilmd demo-corpus --chat` failed with exit status {made.returncode}")
     chats = made.stdout.splitlines()

@@ -108,7 +108,9 @@ if not isinstance(run, dict):
 print(run.get("name", ""))
 print(run.get("dir", ""))
 '
-run_section=$("$python" -c "$read_run_section" "$config") || exit 2
+# From "/": `python -c` puts its working directory first on sys.path, and a `tomllib.py` another user left in a
+# shared directory the launcher is started from would run as us (minilmd/pychild.py). CONFIG is absolute (realpath).
+run_section=$(cd / && "$python" -c "$read_run_section" "$config") || exit 2
 { read -r run_name || true; read -r run_dir || true; } <<<"$run_section"
 [[ -n "$run_dir" ]] || die "$config: run.dir is not set (the local run directory); check it with: minilmd run --check $config" 2
 

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check_sidebyside import copy_minimind  # beside this script
 
+from minilmd import pychild
 from minilmd.corpus.prepare.block import split_is_val
 from minilmd.corpus.prepare.dpo_encode import pair_canonical
 
@@ -89,8 +90,8 @@ def make_pairs(tok, n: int) -> tuple[list[dict], int]:
 
 
 def minilmd(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "minilmd.cli", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=600)
+    done = subprocess.run(pychild.module_argv("minilmd.cli", *args), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600, env=pychild.child_env())
     if done.returncode != 0:
         raise SystemExit(f"minilmd {' '.join(args)}: exit {done.returncode}\n{done.stdout[-3000:]}")
     return done.stdout

@@ -4,14 +4,14 @@ The parts in modules of their own (gpu_check_*.py beside the script) get them as
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+
+from minilmd import pychild
 
 BRANCHES: list[str] = []
 """The branches this part's process took ("cuda", "cpu", "fake nvml", ...): its row's "branches"."""
@@ -23,14 +23,14 @@ def took(branch: str) -> None:
 
 def command_env(env: dict | None) -> dict:
     """This process's environment with `env` over it; a value None removes that variable."""
-    out = {**os.environ, **(env or {})}
+    out = {**pychild.child_env(), **(env or {})}  # minilmd/pychild.py: PYTHONSAFEPATH=1
     return {k: v for k, v in out.items() if v is not None}
 
 
 def minilmd(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """A `minilmd` command, its output echoed into this part's log."""
     print("$ minilmd " + " ".join(args), flush=True)
-    done = subprocess.run([sys.executable, "-m", "minilmd.cli", *args], stdout=subprocess.PIPE,
+    done = subprocess.run(pychild.module_argv("minilmd.cli", *args), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, env=command_env(env), timeout=timeout)
     print(done.stdout[-6000:], flush=True)
     return done
@@ -46,7 +46,7 @@ def together(commands: list[tuple[str, list[str], dict | None]], slots: int) -> 
             name, args, env = pending.pop(0)
             print(f"$ minilmd {' '.join(args)}    [{name}, at once with others]", flush=True)
             log = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
-            running[name] = (subprocess.Popen([sys.executable, "-m", "minilmd.cli", *args], stdout=log,
+            running[name] = (subprocess.Popen(pychild.module_argv("minilmd.cli", *args), stdout=log,
                                               stderr=subprocess.STDOUT, text=True, env=command_env(env)), log)
         for name, (proc, log) in list(running.items()):
             if proc.poll() is not None:

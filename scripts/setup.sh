@@ -4,6 +4,9 @@
 # pyproject.toml changed.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# From "/": `python -m venv`, `python -m pip` and `python -c` put the working directory first on sys.path, and a
+# `pip/` or `venv/` another user left where this is started from would run as us (minilmd/pychild.py).
+cd /
 extras="${1:-test}"
 if [ -n "${VIRTUAL_ENV:-}" ]; then
   venv="$VIRTUAL_ENV"

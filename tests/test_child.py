@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import names, protocol
+from minilmd import names, protocol, pychild
 from minilmd.config import RestartSection, RunConfig
 from minilmd.daemon.base.runstate import MetricsTail, RunState, process_alive
 from minilmd.daemon.base.states import TRANSITIONS, IllegalTransition, Phase, check_transition
@@ -111,11 +111,11 @@ def test_orphans_are_found_by_their_run_dir_and_terminated(tmp_path):
 def test_build_command_plain_and_torchrun(tmp_path, monkeypatch):
     monkeypatch.delenv(childmod.TRAINER_CMD_ENV, raising=False)
     plain = build_command(tmp_path / "run.toml", {"data.prepared": "/s/c", "train.micro_batch_size": 8})
-    assert plain == [sys.executable, "-m", "minilmd.cli", "train", str(tmp_path / "run.toml"),
+    assert plain == [*pychild.module_argv("minilmd.cli"), "train", str(tmp_path / "run.toml"),
                      "--set", 'data.prepared="/s/c"', "--set", "train.micro_batch_size=8"]
     multi = build_command(tmp_path / "run.toml", {}, nproc=4)
-    assert multi[:9] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
-                         "--max-restarts", "0", "-m"]
+    assert multi[:-2] == pychild.module_argv("torch.distributed.run", "--standalone", "--nproc_per_node",
+                                                         "4", "--max-restarts", "0", "-m", "minilmd.cli")
 
 
 # --- the policy -------------------------------------------------------------------------------------------------

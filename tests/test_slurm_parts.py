@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fakes_nvml import FREE, FakeNvml
-from minilmd import scratch
+from minilmd import pychild, scratch
 from minilmd.daemon.child.process import is_torchrun
 from minilmd.daemon.phases.gpuwait import GpuReady, GpuUnavailable
 from minilmd.daemon.slurm import job as slurm
@@ -79,16 +79,20 @@ def test_slurm_multinode_launch_is_srun_with_one_c10d_torchrun_per_node(tmp_path
     srun = command[:command.index(sys.executable)]
     assert srun == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
                     "--export=ALL"]
+    assert command[len(srun):command.index("minilmd.daemon.slurm.node") + 1] == pychild.module_argv(
+        "minilmd.daemon.slurm.node")
     node = command[command.index("minilmd.daemon.slurm.node") + 1:command.index("--")]
     assert node == ["--scratch", str(tmp_path / "s"), "--source", "/nfs/corpus", "--run-dir", str(tmp_path / "r"),
                     "--run-name", "r", "--default"]
     torchrun = command[command.index("--") + 1:]
-    assert torchrun[:3] == [sys.executable, "-m", "minilmd.trainer.loop.rendezvous"]  # torchrun, own rendezvous
+    rendezvous = pychild.module_argv("minilmd.trainer.loop.rendezvous")
+    assert torchrun[:len(rendezvous)] == rendezvous  # torchrun, own rendezvous; -P where Python has it
     assert is_torchrun(command)  # child.classify and the thread count look for it
     endpoint = torchrun[torchrun.index("--rdzv-endpoint") + 1]
     assert endpoint.startswith("gpu01:") and int(endpoint.partition(":")[2]) > 0  # a port the kernel gave, now
-    assert " ".join(torchrun[3:15]) == (f"--nnodes 2 --nproc-per-node 2 --rdzv-backend minilmd-c10d --rdzv-endpoint "
-                                        f"{endpoint} --rdzv-id minilmd-42-3 --max-restarts 0")
+    options = torchrun[len(rendezvous):len(rendezvous) + 12]
+    assert " ".join(options) == (f"--nnodes 2 --nproc-per-node 2 --rdzv-backend minilmd-c10d --rdzv-endpoint "
+                                 f"{endpoint} --rdzv-id minilmd-42-3 --max-restarts 0")
     secret = job.launch_env["MINILMD_RDZV_SECRET"]
     assert len(secret) == 64 and secret not in " ".join(command)  # in the environment only: cmdline is public
     assert job.command(train, 4, cfg, None)[:3] == ["srun", "--nodes", "2"]

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from minilmd import names, procs
+from minilmd import names, procs, pychild
 from minilmd.daemon.base.runstate import process_alive
 from minilmd.fsio import atomic_write_json
 from minilmd.untrusted import Unreadable, read_json
@@ -137,9 +137,9 @@ def hand_over_kill(launch: procs.Launch, seconds: float) -> int:
     a session of its own, no terminal, so `stop` may exit before the grace ends and a closed terminal does not end
     the helper. It gets the run directory as the launch's scope resolved it (absolute: it runs in "/"). Its pid."""
     argv = [str(launch.scope.run_dir), launch.launch_id, f"{seconds:.1f}"]
-    helper = subprocess.Popen([sys.executable, "-m", __name__, *argv],
+    helper = subprocess.Popen(pychild.module_argv(__name__, *argv), env=pychild.child_env(),
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True, close_fds=True, cwd="/")
+                              start_new_session=True, close_fds=True, cwd=pychild.CHILD_CWD)
     return helper.pid
 
 

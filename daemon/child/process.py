@@ -18,12 +18,11 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minilmd import names, procs, protocol
+from minilmd import names, procs, protocol, pychild
 from minilmd.daemon.base.runstate import Heartbeat, process_start_ticks
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache
@@ -84,7 +83,7 @@ def trainer_prefix() -> list[str]:
     custom = os.environ.get(TRAINER_CMD_ENV)
     if custom:
         return shlex.split(custom)
-    return [sys.executable, "-m", "minilmd.cli"]
+    return pychild.module_argv("minilmd.cli")
 
 
 def build_command(config_copy: Path, overrides: dict[str, object], nproc: int = 1) -> list[str]:
@@ -95,8 +94,10 @@ def build_command(config_copy: Path, overrides: dict[str, object], nproc: int = 
         sets += ["--set", f"{key}={_toml_literal(value)}"]
     if nproc > 1:
         # `python -m torch.distributed.run` is torchrun without depending on the script being on PATH.
-        prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                  "--max-restarts", "0", "-m", "minilmd.cli"]
+        # Its ranks run `sys.executable -u -m minilmd.cli`: launch()'s PYTHONSAFEPATH and "/" guard them
+        # (minilmd/pychild.py).
+        prefix = pychild.module_argv("torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+                                     "--max-restarts", "0", "-m", "minilmd.cli")
     else:
         prefix = trainer_prefix()
     return [*prefix, "train", str(config_copy), *sets]
@@ -251,11 +252,12 @@ def trainer_threads(command: list[str], devices: str, environ, cores: int | None
 
 def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None,
            compile_cache: Path | None = None) -> Child:
-    """Start the trainer in its own session, output appended to its attempt log. `compile_cache`: the run's own
+    """Start the trainer in its own session, output appended to its attempt log, in "/" with PYTHONSAFEPATH=1 (no
+    planted module of the supervisor's working directory imported: minilmd/pychild.py). `compile_cache`: the run's own
     torch.compile caches go under it (daemon/child/compilecache.py), unless set for the supervisor."""
     log_path = attempt_log_path(run_dir, attempt)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
+    env = pychild.child_env()  # PYTHONSAFEPATH=1: neither it nor a torchrun rank imports from a planted directory
     env.update(extra_env or {})
     env[RUN_DIR_ENV] = str(run_dir.resolve())
     env[LAUNCH_ID_ENV] = record_launch(run_dir, attempt)
@@ -273,7 +275,7 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
         log.write("".join(f"# {var}={value} ({why})\n" for var, (value, why) in caches.items()).encode())
         log.flush()
         popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True, close_fds=True)
+                                 start_new_session=True, close_fds=True, cwd=pychild.CHILD_CWD)
     child = Child(popen=popen, attempt=attempt, log_path=log_path, command=command, started=time.time(),
                   start_ticks=process_start_ticks(popen.pid), run_dir=run_dir, launch_id=env[LAUNCH_ID_ENV])
     record_launch(run_dir, attempt, env[LAUNCH_ID_ENV], child.pid, child.start_ticks)

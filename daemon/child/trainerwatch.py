@@ -12,7 +12,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.config import RunConfig, parse_overrides
+from minilmd.config import RunConfig, absolute_paths, parse_overrides
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache, orphans, stackdump
@@ -49,9 +49,13 @@ def compile_cache_root(cfg: RunConfig) -> Path:
 
 def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_overrides: list[str],
                     nproc: int) -> list[str]:
-    """An attempt's command line: the staged corpus, the overrides the policy set, then the command line's."""
+    """An attempt's command line: the staged corpus, the overrides the policy set, then the command line's, their
+    relative paths made absolute against this supervisor's working directory, as its own config read them: the
+    trainer runs in "/" (minilmd/pychild.py)."""
     merged = {"data.prepared": str(staged), **overrides}
-    for section, values in parse_overrides(cli_overrides).items():
+    given = parse_overrides(cli_overrides)
+    absolute_paths(given, Path.cwd())
+    for section, values in given.items():
         for key, value in values.items():
             merged.setdefault(f"{section}.{key}", value)
     return childmod.build_command(run_dir / names.RUN_CONFIG_COPY, merged, nproc)

@@ -34,13 +34,12 @@ import secrets
 import shlex
 import socket
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from minilmd import names, procs
+from minilmd import names, procs, pychild
 from minilmd.daemon.host.gpu import Nvml
 from minilmd.protocol import ENDED_CANCELLED, ENDED_FAILED, ENDED_FINISHED, ENDED_REQUEUED, ENDED_STOPPED
 
@@ -187,12 +186,17 @@ def launch_command(train_command: list[str], alloc: Allocation, nproc_per_node: 
     """`srun` + one torchrun per node around `train_command` (whose part from "train" on is kept); the rendezvous
     on the first node's `port` (rendezvous_port)."""
     tail = train_command[train_command.index("train"):]
-    torchrun = [sys.executable, "-m", RDZV_LAUNCHER, "--nnodes", str(alloc.nnodes),
-                "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", RDZV_BACKEND,
-                "--rdzv-endpoint", alloc.rendezvous_endpoint(port), "--rdzv-id", f"minilmd-{alloc.job_id}-{attempt}",
-                "--max-restarts", "0", *rank_program(), *tail]
-    node_step = [sys.executable, "-m", "minilmd.daemon.slurm.node", "--scratch", str(scratch), "--source", source,
-                 "--run-dir", str(run_dir), "--run-name", run_name, *(["--default"] if default_scratch else []), "--"]
+    # minilmd/pychild.py: `-P` here; the ranks, and every step on the other nodes, are guarded by the PYTHONSAFEPATH=1
+    # and the "/" that srun gets from launch() (--export=ALL; srun's default --chdir is its own working directory),
+    # not by the sbatch submit directory that the job started in.
+    torchrun = pychild.module_argv(RDZV_LAUNCHER, "--nnodes", str(alloc.nnodes),
+                                   "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", RDZV_BACKEND,
+                                   "--rdzv-endpoint", alloc.rendezvous_endpoint(port),
+                                   "--rdzv-id", f"minilmd-{alloc.job_id}-{attempt}",
+                                   "--max-restarts", "0", *rank_program(), *tail)
+    node_step = pychild.module_argv("minilmd.daemon.slurm.node", "--scratch", str(scratch), "--source", source,
+                                    "--run-dir", str(run_dir), "--run-name", run_name,
+                                    *(["--default"] if default_scratch else []), "--")
     return ["srun", "--nodes", str(alloc.nnodes), "--ntasks", str(alloc.nnodes), "--ntasks-per-node", "1",
             "--kill-on-bad-exit=1", "--export=ALL", *node_step, *torchrun]
 

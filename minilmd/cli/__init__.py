@@ -24,4 +24,9 @@ app.add_typer(data.corpus_app, name="corpus")
 
 
 def main() -> None:
+    # Every Python this command starts by any way (prepare's spawned workers, multiprocessing's resource tracker, a
+    # `python -c` of a library) with no planted module of the working directory on its path (minilmd/pychild.py).
+    from minilmd import pychild
+
+    pychild.guard_descendants()
     app()

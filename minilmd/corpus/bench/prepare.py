@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from minilmd import pychild
 from minilmd.names import CORPUS_META
 
 GOAL_RATIO = 0.9
@@ -134,8 +134,9 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
 
     import psutil
 
-    cmd = [sys.executable, "-m", "minilmd.cli", "prepare", *sources, "--tokenizer", str(tokenizer),
-           "--out", str(out), "--force", *extra]
+    # The caller's working directory is kept: the sources may be relative to it (minilmd/pychild.py).
+    cmd = pychild.module_argv("minilmd.cli", "prepare", *sources, "--tokenizer", str(tokenizer),
+                              "--out", str(out), "--force", *extra)
     if workers is not None:
         cmd += ["--workers", str(workers)]
     import resource
@@ -144,7 +145,7 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with open(log, "wb") as logf:
-        child = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=pychild.child_env())
         proc = psutil.Process(child.pid)
         peak = 0
         while child.poll() is None:
