@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,18 @@ def test_a_cache_variable_naming_another_users_directory_is_not_used_by_the_supe
     assert f"# TMPDIR={root / 'tmp'} (the run's own, under scratch; the TMPDIR set for the supervisor is not " \
            f"used: " in log
     assert listing(where) == ["aa", "bb", "cc"]
+
+
+def test_a_slurm_nodes_trainer_gets_the_caches_the_supervisor_chose_made_on_that_node(tmp_path, corpus):
+    """The supervisor chose the run's own caches on its node; on another node nothing has made them yet, and a
+    TMPDIR that does not exist is passed over by Python for /tmp, where inductor's default cache is anyone's."""
+    node_scratch = tmp_path / "node" / "scratch"
+    root = node_scratch / COMPILE_CACHE
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton"),
+           "TMPDIR": str(root / "tmp")}
+    done = subprocess.run([sys.executable, "-m", "minilmd.daemon.slurm.node", "--scratch", str(node_scratch),
+                           "--source", str(corpus[0]), "--run-dir", str(tmp_path / "run"), "--run-name", "n", "--",
+                           *PRINT_CACHES], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"caches {root / 'inductor'} {root / 'triton'} {root / 'tmp'}" in done.stdout.splitlines()[-1]
+    assert stat.S_IMODE((root / "tmp").stat().st_mode) == 0o700
