@@ -6,12 +6,15 @@ while the truncated file is there."""
 from __future__ import annotations
 
 import os
+import stat
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from minilmd import compile_cache
 from minilmd.config import RestartSection, load_config
 from minilmd.daemon.base.states import Action, Cause
 from minilmd.daemon.child import compilecache
@@ -174,3 +177,39 @@ def test_a_corrupt_entry_in_a_cache_the_user_set_is_never_deleted(tmp_path, corp
         SUPERVISOR_GAVE_UP
     assert cache_events(cfg.run_dir) == []
     assert [p.name for p in users.rglob("*.so")] == ["cq7fakekernel.main.so"]
+
+
+def test_a_value_the_user_set_is_kept_only_when_it_is_a_directory_of_his_alone(tmp_path):
+    root = tmp_path / "scratch" / COMPILE_CACHE
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    users = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine" / "inductor"), "TRITON_CACHE_DIR": str(loose),
+             "TMPDIR": "/tmp"}
+    chosen = compile_cache.settle(root, users, "the supervisor", "the run's own")
+    kept = chosen["TORCHINDUCTOR_CACHE_DIR"]
+    assert (kept.value, kept.own, kept.refused) == (users["TORCHINDUCTOR_CACHE_DIR"], False, None)
+    assert stat.S_IMODE(os.stat(kept.value).st_mode) == 0o700  # missing: made, his alone
+    for var, sub, why in (("TRITON_CACHE_DIR", "triton", "mode 777"), ("TMPDIR", "tmp", "/tmp")):
+        choice = chosen[var]
+        assert choice.own and choice.value == str(root / sub) and os.path.isdir(choice.value), choice
+        assert why in choice.refused and f"the {var} set for the supervisor is not used: " in choice.why, choice
+    assert len(compile_cache.refusals(chosen)) == 2
+    relative = compile_cache.choose(root, {"TMPDIR": "tmp"}, "x", "own")["TMPDIR"]
+    assert relative.own and "not an absolute path" in relative.refused
+    assert compile_cache.own_dirs(root, users) == [root / "triton"]  # the damaged-kernel scan: what the trainer used
+
+
+def test_a_bench_compiles_in_a_private_directory_removed_after_and_its_environment_is_given_back(monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)  # this process's, given back after
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp")  # root's, anyone's to fill: not used
+    with compile_cache.private_caches("bench x") as chosen:
+        private = Path(chosen["TORCHINDUCTOR_CACHE_DIR"].value).parent
+        assert private.name.startswith("minilmd-compile-cache-") and stat.S_IMODE(private.stat().st_mode) == 0o700
+        assert os.environ["TRITON_CACHE_DIR"] == str(private / "triton")
+        assert tempfile.gettempdir() == str(private / "tmp")
+    assert not private.exists()
+    assert os.environ["TRITON_CACHE_DIR"] == "/tmp" and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    assert tempfile.gettempdir() == "/tmp"

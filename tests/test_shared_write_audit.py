@@ -153,6 +153,11 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor.run", ".mkdir"): 1, ("Supervisor._launch", ".unlink"): 1}),
     "daemon/views/plot.py": ("gap", OWN_OUTPUT, {("plot", ".mkdir"): 1}),
     # --- the trainer ------------------------------------------------------------------------------------------------
+    "minilmd/compile_cache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches), a bench's own temporary "
+                                 "directory (tempfile's: 0700, a random name made O_EXCL), or a directory the user set "
+                                 "that place_rule.dir_problem passed, judged again once made", {
+        ("settle", "os.makedirs"): 2, ("private_caches", "tempfile.mkdtemp"): 1,
+        ("private_caches", "shutil.rmtree"): 1}),
     "minilmd/corpus/bench/append.py": ("private", "a benchmark's own temporary directory", {
         ("generate", "open"): 1, ("generate", ".unlink"): 1, ("bench_append", ".mkdir"): 1,
         ("bench_append", "shutil.rmtree"): 1, ("bench_append", "tempfile.mkdtemp"): 1}),

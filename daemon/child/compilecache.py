@@ -1,7 +1,8 @@
 """The trainer's torch.compile caches are the run's own: inductor's (TORCHINDUCTOR_CACHE_DIR) and triton's
 (TRITON_CACHE_DIR) live under <scratch>/compile-cache/ (names.COMPILE_CACHE), kept across restarts so that a restart
-reuses the kernels of the last one, unless the user set the variable for the supervisor (then it is kept, and that
-cache is not ours to touch).
+reuses the kernels of the last one, unless the user set the variable for the supervisor to a directory of his own
+alone (then it is kept, and that cache is not ours to touch). The rule, with TMPDIR beside them, and its one home:
+minilmd/compile_cache.py (CACHE_DIRS and own_dirs are its).
 
 A trainer killed while inductor compiles (a hang kill, an OOM kill) can leave a truncated kernel, a shared object cut
 short, in the cache, and every later attempt then dies loading it until the run gives up. What the loader does with
@@ -22,12 +23,11 @@ import struct
 from collections.abc import Mapping
 from pathlib import Path
 
+from minilmd.compile_cache import CACHE_DIRS, own_dirs  # noqa: F401 - CACHE_DIRS: scripts/gpu_check_train.py's
 from minilmd.fsio import tail_lines
 from minilmd.perms import owned_by_me
 from minilmd.untrusted import Unreadable
 
-CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
-"""Each cache variable and its directory under the run's compile cache."""
 DAMAGED_ELF = ("file too short", "cannot read file data", "invalid ELF header",
                "ELF load command address/offset not page-aligned",
                "ELF load command address/offset not properly aligned", "ELF file's phentsize not the expected size")
@@ -39,23 +39,6 @@ SCAN_LIMIT = 20_000
 """At most this many entries of the cache are looked at in one scan (a cache holds hundreds)."""
 PHDRS_LIMIT = 64 * 1024
 """At most this many bytes of program headers are read from one file (a kernel has a dozen, 56 bytes each)."""
-
-
-def trainer_env(root: Path, environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
-    """{variable: (value, why)} for a trainer's environment: a variable set for the supervisor is kept; otherwise
-    the run's own directory under `root` (<scratch>/compile-cache)."""
-    env = {}
-    for var, sub in CACHE_DIRS.items():
-        if environ.get(var):
-            env[var] = (environ[var], "set for the supervisor, kept")
-        else:
-            env[var] = (str(root / sub), "the run's own, under scratch")
-    return env
-
-
-def own_dirs(root: Path, environ: Mapping[str, str]) -> list[Path]:
-    """The cache directories under `root` that this run's trainers use: those the user did not point elsewhere."""
-    return [root / sub for var, sub in CACHE_DIRS.items() if not environ.get(var)]
 
 
 def loader_complaint(log_path: Path) -> tuple[str, str] | None:

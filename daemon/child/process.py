@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minilmd import compile_cache as compile_cache_env
 from minilmd import names, procs, protocol, pychild
 from minilmd.daemon.base.runstate import Heartbeat, process_start_ticks
 from minilmd.daemon.base.states import Cause
-from minilmd.daemon.child import compilecache
 from minilmd.daemon.child.orphans import REAP_S, record_launch
 from minilmd.fsio import tail_lines
 from minilmd.untrusted import Unreadable
@@ -254,7 +254,8 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
            compile_cache: Path | None = None) -> Child:
     """Start the trainer in its own session, output appended to its attempt log, in "/" with PYTHONSAFEPATH=1 (no
     planted module of the supervisor's working directory imported: minilmd/pychild.py). `compile_cache`: the run's own
-    torch.compile caches go under it (daemon/child/compilecache.py), unless set for the supervisor."""
+    torch.compile caches (and the TMPDIR inductor also caches in) go under it (minilmd/compile_cache.py), unless set
+    for the supervisor to a directory of the user's alone."""
     log_path = attempt_log_path(run_dir, attempt)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = pychild.child_env()  # PYTHONSAFEPATH=1: neither it nor a torchrun rank imports from a planted directory
@@ -264,15 +265,16 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
     env["CUDA_VISIBLE_DEVICES"] = devices
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"], threads_why = trainer_threads(command, devices, env)
-    caches = compilecache.trainer_env(compile_cache, env) if compile_cache is not None else {}
-    env.update({var: value for var, (value, _) in caches.items()})
+    caches = compile_cache_env.settle(compile_cache, env, "the supervisor", "the run's own, under scratch") \
+        if compile_cache is not None else {}
+    env.update({var: choice.value for var, choice in caches.items()})
     # A heartbeat the previous attempt wrote in its last second would pass for this one's (beats() allows the clock
     # a second) and cut its start-up grace to hang_timeout: every heartbeat from here on is this attempt's.
     (run_dir / names.HEARTBEAT).unlink(missing_ok=True)
     with open(log_path, "ab") as log:
         log.write(f"# attempt {attempt}: {shlex.join(command)}\n# CUDA_VISIBLE_DEVICES={devices!r}\n"
                   f"# OMP_NUM_THREADS={env['OMP_NUM_THREADS']} ({threads_why})\n".encode())
-        log.write("".join(f"# {var}={value} ({why})\n" for var, (value, why) in caches.items()).encode())
+        log.write("".join(f"# {var}={c.value} ({c.why})\n" for var, c in caches.items()).encode())
         log.flush()
         popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True, close_fds=True, cwd=pychild.CHILD_CWD)

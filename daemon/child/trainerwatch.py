@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from minilmd import names
+from minilmd import compile_cache, names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig, absolute_paths, parse_overrides
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
@@ -44,7 +44,7 @@ def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], Non
 
 def compile_cache_root(cfg: RunConfig) -> Path:
     """The run's own torch.compile caches (inductor's and triton's), under scratch: kept across restarts."""
-    return Path(os.path.abspath(cfg.scratch_dir)) / names.COMPILE_CACHE  # absolute: the trainer names it in errors
+    return compile_cache.root_of(cfg.scratch_dir)
 
 
 def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_overrides: list[str],

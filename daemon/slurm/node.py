@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from minilmd import protocol, scratch
+from minilmd import compile_cache, protocol, scratch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     except (staging.StagingError, OSError) as e:
         print(f"minilmd node {host}: staging failed: {e}", file=sys.stderr, flush=True)
         return protocol.EXIT_CRASH
+    try:  # the caches the supervisor chose on its node, judged and made on this one (TMPDIR must exist to be used)
+        compile_cache.apply(compile_cache.settle(compile_cache.root_of(where), os.environ, "the supervisor",
+                                                 "the run's own, under scratch"))
+    except OSError as e:
+        print(f"minilmd node {host}: scratch {where}: the compile caches: {e}", file=sys.stderr, flush=True)
+        return protocol.EXIT_CONFIG
     print(f"minilmd node {host}: corpus at {staged}; starting {command[0]}", flush=True)
     os.execvp(command[0], command)
     return protocol.EXIT_CRASH  # not reached: execvp raises or replaces this process

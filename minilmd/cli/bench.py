@@ -1,13 +1,30 @@
 """`minilmd bench ...`: the benchmarks (prepare, append, packing, step, sft, checkpoint), each printed side by side
-in one run. Each imports its implementation under `minilmd.trainer.bench` inside its body.
+in one run. Each imports its implementation under `minilmd.trainer.bench` inside its body; those that may compile
+(packing, sft: train.compile; step) in a private compile cache of their own (minilmd/compile_cache.py).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 
 import typer
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, printed side by side in one run.")
+
+
+@contextlib.contextmanager
+def private_compile_caches(what: str) -> Iterator[None]:
+    """The torch.compile caches of a bench that may compile (packing, step, sft): a fresh private directory, removed
+    after, unless the user set them to a directory of his own alone (minilmd/compile_cache.py); set before the bench
+    imports torch. A value set that is not used is said."""
+    from minilmd.compile_cache import private_caches, refusals
+
+    with private_caches(what) as chosen:
+        for line in refusals(chosen):
+            print(f"{what}: {line}", file=sys.stderr)
+        yield
 
 
 @bench_app.command("prepare")
@@ -57,9 +74,11 @@ def bench_packing_command(
 ) -> None:
     """Same model, same steps, packed (unmasked and data.doc_mask) vs padded rows: real tokens/s of each, the ratios,
     the PAD share."""
-    from minilmd.trainer.bench.packing import main as bench_main
+    with private_compile_caches("minilmd bench packing"):
+        from minilmd.trainer.bench.packing import main as bench_main
 
-    raise typer.Exit(bench_main(prepared, config, steps, set_))
+        status = bench_main(prepared, config, steps, set_)
+    raise typer.Exit(status)
 
 
 @bench_app.command("step")
@@ -73,9 +92,11 @@ def bench_step_command(
                               "compiled, eager-outside, compiled-outside, eager-masked, compiled-masked)."),
 ) -> None:
     """One model, eager vs torch.compile, steps interleaved: tok/s and host time per step of each, the ratio."""
-    from minilmd.trainer.bench.step import main as bench_main
+    with private_compile_caches("minilmd bench step"):
+        from minilmd.trainer.bench.step import main as bench_main
 
-    raise typer.Exit(bench_main(config or None, steps, set_, backend, modes))
+        status = bench_main(config or None, steps, set_, backend, modes)
+    raise typer.Exit(status)
 
 
 @bench_app.command("sft")
@@ -87,9 +108,11 @@ def bench_sft_command(
 ) -> None:
     """Same model, same steps: static padding vs length bucketing (and packed, and padding-free): real and target
     tokens/s, PAD share, the ratio bucketed/static and its limit."""
-    from minilmd.trainer.bench.sft import main as bench_main
+    with private_compile_caches("minilmd bench sft"):
+        from minilmd.trainer.bench.sft import main as bench_main
 
-    raise typer.Exit(bench_main(prepared, config, steps, set_))
+        status = bench_main(prepared, config, steps, set_)
+    raise typer.Exit(status)
 
 @bench_app.command("checkpoint")
 def bench_checkpoint_command(

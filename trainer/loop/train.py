@@ -50,7 +50,7 @@ from typing import Any
 import torch
 import torch.nn.functional  # imported early: the model uses it
 
-from minilmd import perms
+from minilmd import compile_cache, perms
 from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
@@ -392,7 +392,19 @@ def main(config_path: str, overrides: list[str] | None = None) -> int:
         perms.apply(cfg.run.share)  # under a supervisor, its umask already; on its own, before creating anything
         if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
             claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+            own_compile_caches(cfg)
     except (ConfigError, ScratchRefused) as e:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_CONFIG
     return run(cfg)
+
+
+def own_compile_caches(cfg: RunConfig) -> None:
+    """On its own, the trainer's torch.compile caches are its run's, under scratch, as the supervisor sets them
+    (minilmd/compile_cache.py): never inductor's default in /tmp, whose fixed name another user can take first.
+    Before torch imports its compiler (nothing has yet: torch.compile and DDP import it later)."""
+    chosen = compile_cache.settle(compile_cache.root_of(cfg.scratch_dir), os.environ, "minilmd train",
+                                  "the run's own, under scratch")
+    compile_cache.apply(chosen)
+    for line in compile_cache.refusals(chosen):
+        print(f"minilmd: {line}", flush=True)
