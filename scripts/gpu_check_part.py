@@ -41,10 +41,11 @@ def provisional(status: str, figures: str) -> None:
 
 
 def time_left() -> float:
-    """Seconds this part may still give a command: its timeout's (gpu_check_plan.PartClock) less END_MARGIN_S."""
-    from gpu_check_plan import PartClock
+    """Seconds this part may still give a command: its timeout's (gpu_check_plan.PartClock) less END_MARGIN_S;
+    unbounded outside a part's process (no MINILMD_GPU_CHECK_PART_S: a test calling a part's function)."""
+    from gpu_check_plan import PART_S_ENV, PartClock
 
-    return PartClock().left() - END_MARGIN_S
+    return PartClock().left() - END_MARGIN_S if PART_S_ENV in os.environ else float("inf")
 
 
 def command_env(env: dict | None) -> dict:
@@ -61,10 +62,12 @@ def minilmd(*args: str, env: dict | None = None, timeout: float | None = None) -
     """A `minilmd` command, its output echoed into this part's log; killed when the part's time is up (`timeout`,
     never past `time_left()`), then exit CUT with its output so far: the part still reads what it measured."""
     limit = max(1.0, min(time_left(), timeout if timeout is not None else float("inf")))
-    print(f"$ minilmd {' '.join(args)}    [at most {limit:.0f}s]", flush=True)
+    bounded = limit != float("inf")
+    print(f"$ minilmd {' '.join(args)}" + (f"    [at most {limit:.0f}s]" if bounded else ""), flush=True)
     try:
         done = subprocess.run([sys.executable, "-m", "minilmd.cli", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=command_env(env), timeout=limit)
+                              stderr=subprocess.STDOUT, text=True, env=command_env(env),
+                              timeout=limit if bounded else None)
     except subprocess.TimeoutExpired as e:  # subprocess.run has killed it (a supervisor's trainer: kill_leftovers)
         out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
         done = subprocess.CompletedProcess(e.cmd, CUT, out + f"\n[cut after {limit:.0f}s: the part's time]\n")

@@ -223,8 +223,9 @@ PART_S_ENV = "MINILMD_GPU_CHECK_PART_S"
 class PartClock:
     """A part's own seconds (MINILMD_GPU_CHECK_PART_S, its timeout): what of its work fits, and what it left out."""
 
-    def __init__(self) -> None:
-        self.deadline = STARTED + float(os.environ.get(PART_S_ENV, "600"))
+    def __init__(self, started: float = STARTED) -> None:
+        """`started`: when the part's seconds began (monotonic): its process's start, by default."""
+        self.deadline = started + float(os.environ.get(PART_S_ENV, "600"))
         self.left_out: list[str] = []
 
     def left(self) -> float:

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def test_under_the_budget_each_part_gets_at_least_its_estimate_and_an_overrun_is
 def test_a_parts_clock_leaves_out_what_its_seconds_do_not_hold(monkeypatch):
     _, plan = load_scripts()
     monkeypatch.setenv(plan.PART_S_ENV, "40")
-    clock = plan.PartClock()
+    clock = plan.PartClock(started=time.monotonic())
     assert clock.fits("a 20 s thing", 20.0) and clock.note() == ""
     assert not clock.fits("MiniMind eager", plan.OPTIONAL_S["minimind eager"] + 40)
     assert clock.note().startswith("; left out: MiniMind eager (planned ") and "s of the part's left)" in clock.note()
@@ -108,7 +109,8 @@ def test_bench_step_given_few_seconds_runs_the_trainers_two_modes_and_says_what_
     assert part("0 corpus", "600")["status"] == "ok"
     short = part("4 bench step", "40")
     assert short["status"] == "ok", short
-    assert short["figures"].startswith("3 timed steps a mode: eager in model ")  # the dry run's planned steps
+    assert short["figures"].startswith("3 timed steps a mode: loop / bench step tok/s ")  # the planned steps
+    assert " | eager in model " in short["figures"]
     assert "compiled/eager tok/s: " in short["figures"] and "masked/unmasked" not in short["figures"]
     assert "; left out: the loss-outside and doc-mask modes (planned " in short["figures"], short
     full = part("4 bench step", "600")
