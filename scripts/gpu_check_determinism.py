@@ -5,14 +5,18 @@ improvise it, reusing the runs parts 4 and 5 made rather than repeating them:
   * a run killed and resumed against an undisturbed one: part 5 run's (part 4 compiled's run carried on under
     `minilmd run`, SIGKILLed, restarted) against a compiled run of the same length from step 0, on the kernels of
     the same compile cache;
-  * negative controls, each a resume from part 4 eager's middle checkpoint rewritten without one part of its state:
-    the AdamW moments (zeroed: a fresh optimizer) must be caught as different; without the RNG states the result is
-    reported, not judged (a pretraining step draws no random numbers: its data order is a pure function of
-    (seed, step) and there is no dropout, so identical weights are the expected answer there);
+  * an eager resume: part 4 eager's middle checkpoint, saved unmodified as the first of another run, resumed to the
+    end: bit-exact against part 4 eager's own end (`fail` otherwise);
+  * the negative control: the same checkpoint rewritten without the AdamW moments (zeroed: a fresh optimizer) must
+    end different (`fail` if not caught: a comparison that cannot tell is no check);
   these four runs share the GPU at once (gpu_slots: as many as its free memory holds), their speed being no figure;
-  * what determinism costs: eager and compiled runs with train.deterministic = false, alone, their median tok/s
-    against part 4 eager and compiled (which run with the default, deterministic); each left out, and said so,
-    when the part's share of the --budget has no room for it (MINILMD_GPU_CHECK_PART_S).
+  their verdicts are printed as a provisional result before what follows, so that a part killed later keeps them;
+  * what determinism costs: a compiled run with train.deterministic = false, alone, its median tok/s against part
+    4 compiled's (which runs with the default, deterministic); its compile is cold (inductor's cache key holds
+    are_deterministic_algorithms_enabled: part 4's kernels are not found); the same eager (measured by hand on
+    issue 41's lease, 0.935x) when the part's share has room; each left out, and said so, when the part's share
+    of the --budget has no room for it (MINILMD_GPU_CHECK_PART_S). Every `minilmd` command is cut at the part's
+    time (gpu_check_part.minilmd).
 In the dry run the same code runs on the CPU with the tiny model (compiled with TORCHDYNAMO_DISABLE=1).
 """
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from gpu_check_plan import PartClock, estimate
+from gpu_check_plan import OPTIONAL_S, PartClock, estimate
 
 
 def part_determinism(work: Path, p: dict, dry: bool, h: SimpleNamespace, train) -> tuple[str, str]:
@@ -45,7 +49,7 @@ def part_determinism(work: Path, p: dict, dry: bool, h: SimpleNamespace, train) 
             return "fail", f"part 4 eager's run (the undisturbed one) failed: {text}"
     kernel = h.recorded_attention(work / "eager" / "scratch")
     jobs = [("det-b", ["train", str(train.train_config(work, "det-b", p, False, attention=kernel))], None)]
-    for name, drop in (("det-no-optimizer", "optimizer"), ("det-no-rng", "rng")):
+    for name, drop in (("det-resume", None), ("det-no-optimizer", "optimizer")):
         config = train.train_config(work, name, p, False, attention=kernel)
         rewrite_checkpoint(work, config, kept, drop)
         jobs.append((name, ["train", str(config)], None))
@@ -61,14 +65,11 @@ def part_determinism(work: Path, p: dict, dry: bool, h: SimpleNamespace, train) 
     h.took(f"{len(jobs)} runs, {slots} at once")
     started = time.monotonic()
     codes = h.together(jobs, slots)
-    figures.append(f"{len(jobs)} runs {slots} at once on the GPU ({time.monotonic() - started:.0f}s)")
-    h.verify_at_once([final(work / n, steps) for n in ("eager", "det-b", "det-no-optimizer", "det-no-rng")]
+    at_once = f"{len(jobs)} runs {slots} at once on the GPU ({time.monotonic() - started:.0f}s)"
+    h.verify_at_once([final(work / n, steps) for n in ("eager", "det-b", "det-resume", "det-no-optimizer")]
                      + ([final(supervised, extended), final(work / "det-undisturbed", extended)] if resumed else []))
-    if codes.get("det-b") != 0:
-        return "fail", "; ".join(figures + [f"the second undisturbed run failed (exit {codes.get('det-b')})"])
-    verdict, same = h.compare_weights(work / "eager" / "scratch", work / "det-b" / "scratch", steps, True)
-    figures.insert(0, f"two undisturbed runs ({steps} steps eager, attention {kernel}): {verdict}")
-    ok &= same
+    ok &= judge(work, h, codes, steps, middle, kernel, figures)
+    figures.append(at_once)
     if resumed and codes.get("det-undisturbed") == 0:
         verdict, same = h.compare_weights(supervised / "scratch", work / "det-undisturbed" / "scratch", extended, True)
         figures.append(f"part 5 run's, SIGKILLed and restarted ({extended} steps compiled) vs an undisturbed one "
@@ -78,19 +79,31 @@ def part_determinism(work: Path, p: dict, dry: bool, h: SimpleNamespace, train) 
         ok = False
         figures.append("killed and resumed: " + ("the undisturbed compiled run failed" if resumed else
                                                   f"part 5 run did not finish its run (no step {extended})"))
-    for name, what in (("det-no-optimizer", "the AdamW moments"), ("det-no-rng", "the RNG states")):
-        differs = None
-        if codes.get(name) == 0:
-            differs = not h.compare_weights(work / name / "scratch", work / "eager" / "scratch", steps, True)[1]
-        if name == "det-no-optimizer":
-            ok &= differs is True
-            figures.append(f"resume from step {middle} without {what}: "
-                           f"{'caught as different' if differs else 'NOT CAUGHT' if differs is False else 'failed'}")
-        else:
-            figures.append(f"resume without {what}: {'different' if differs else 'identical'} (reported: "
-                           f"pretraining draws no random numbers after the init)")
-    figures.append(cost_of_determinism(work, p, dry, h, train, clock))
+    h.provisional("ok" if ok else "fail", "; ".join(figures) + "; cost of determinism: not measured yet")
+    figures.append(cost_of_determinism(work, p, dry, h, train, clock, "; ".join(figures), ok))
     return ("ok" if ok else "fail"), "; ".join(figures) + clock.note()
+
+
+def judge(work: Path, h: SimpleNamespace, codes: dict[str, int], steps: int, middle: int, kernel: str,
+          figures: list[str]) -> bool:
+    """The eager verdicts, each against part 4 eager's end: a second undisturbed run and a plain resume bit-exact,
+    the resume without the AdamW moments caught as different. Whether all hold; `figures` gets each."""
+    eager, ok = work / "eager" / "scratch", True
+    for name, what in (("det-b", f"two undisturbed runs ({steps} steps eager, attention {kernel})"),
+                       ("det-resume", f"eager resume from step {middle}"),
+                       ("det-no-optimizer", f"resume from step {middle} without the AdamW moments")):
+        if codes.get(name) != 0:
+            figures.append(f"{what}: the run failed (exit {codes.get(name)})")
+            ok = False
+            continue
+        verdict, same = h.compare_weights(work / name / "scratch", eager, steps, True)
+        if name == "det-no-optimizer":  # the negative control: it must be told apart
+            figures.append(f"{what}: {'caught as different' if not same else 'NOT CAUGHT'}")
+            ok &= not same
+        else:
+            figures.append(f"{what}: {verdict}")
+            ok &= same
+    return ok
 
 
 def final(run: Path, steps: int) -> Path:
@@ -99,9 +112,9 @@ def final(run: Path, steps: int) -> Path:
     return run / "scratch" / "checkpoints" / names.step_name(steps)
 
 
-def rewrite_checkpoint(work: Path, config: Path, kept: Path, drop: str) -> None:
-    """`kept` saved as the first checkpoint of the run of `config`, without `drop` ("optimizer": its moments zeroed;
-    "rng": no RNG states): that run then resumes from it."""
+def rewrite_checkpoint(work: Path, config: Path, kept: Path, drop: str | None) -> None:
+    """`kept` saved as the first checkpoint of the run of `config`, unmodified (`drop` None) or without `drop`
+    ("optimizer": its moments zeroed; "rng": no RNG states): that run then resumes from it."""
     import torch
 
     from minilmd import scratch
@@ -116,21 +129,24 @@ def rewrite_checkpoint(work: Path, config: Path, kept: Path, drop: str) -> None:
         for per_param in optimizer_state["state"].values():
             for key in ("exp_avg", "exp_avg_sq"):
                 per_param[key] = torch.zeros_like(per_param[key])
-    else:
+    elif drop == "rng":
         state.pop("rng", None)
     param_names = json.loads((kept / OPTIMIZER_META).read_text(encoding="utf-8")).get("param_names")
     ckpt_io.save(cfg.checkpoint_dir, int(state["step"]), model_state, optimizer_state, state,
                  tokenizer=work / "prepared" / "tokenizer.json", param_names=param_names)
 
 
-def cost_of_determinism(work: Path, p: dict, dry: bool, h: SimpleNamespace, train, clock: PartClock) -> str:
-    """Median tok/s with train.deterministic = false, eager and compiled, each alone on the GPU, against part 4's
-    deterministic runs; a mode whose planned seconds do not fit in the part's share is left out (clock.note)."""
+def cost_of_determinism(work: Path, p: dict, dry: bool, h: SimpleNamespace, train, clock: PartClock,
+                        before: str, ok: bool) -> str:
+    """Median tok/s with train.deterministic = false, compiled (then eager, when the share has room past the plan),
+    each alone on the GPU, against part 4's deterministic runs; a mode whose planned seconds do not fit in the
+    part's share is left out (clock.note). After each mode a provisional result: `before` (the verdicts) and it."""
     plan = dict(estimate()["5 determinism"])
     parts = []
-    for compiled in (False, True):
+    for compiled in (True, False):
         mode = "compiled" if compiled else "eager"
-        planned = next(s for what, s in plan.items() if what.startswith(f"{mode}, default kernels"))
+        planned = next(s for what, s in plan.items() if what.startswith("compiled, default kernels")) if compiled \
+            else OPTIONAL_S["the cost of determinism eager"]
         if not (work / mode / "run" / "metrics.jsonl").exists():
             parts.append(f"{mode}: no part 4 {mode} figure to compare")
             continue
@@ -141,15 +157,17 @@ def cost_of_determinism(work: Path, p: dict, dry: bool, h: SimpleNamespace, trai
         config = train.train_config(work, name, p, compiled, deterministic=False,
                                     max_steps=p["warm_steps"] + p["nondet_steps"], checkpoint_every=100000)
         started = time.monotonic()
-        if h.minilmd("train", str(config), env=env).returncode != 0:
-            parts.append(f"{mode}: the train.deterministic = false run failed")
-            continue
+        done = h.minilmd("train", str(config), env=env)
         last = p["warm_steps"] + p["timed_steps"]  # part 4's own steps: part 5 run carries the compiled run on
         det, nondet = (h.median([m["tok_s"] for m in h.read_metrics(run, "train")
                                  if p["warm_steps"] < m["step"] <= last])
                        for run in (work / mode / "run", work / name / "run"))
+        if done.returncode != 0 and nondet != nondet:  # NaN: no timed step before it failed or was cut
+            parts.append(f"{mode}: the train.deterministic = false run failed (exit {done.returncode})")
+            continue
+        cut = "" if done.returncode == 0 else f", cut at exit {done.returncode}"
         parts.append(f"{mode} deterministic {det:,.0f} vs default kernels {nondet:,.0f} tok/s ({p['nondet_steps']} "
-                     f"timed steps): {det / nondet:.3f}x ({time.monotonic() - started:.0f}s)")
+                     f"timed steps{cut}): {det / nondet:.3f}x ({time.monotonic() - started:.0f}s)")
         shutil.rmtree(work / name / "scratch" / "checkpoints", ignore_errors=True)  # 770 MB each, not looked at
+        h.provisional("ok" if ok else "fail", f"{before}; cost of determinism: {', '.join(parts)}")
     return "cost of determinism: " + (", ".join(parts) or "not measured")
-

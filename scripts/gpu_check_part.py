@@ -4,21 +4,47 @@ The parts in modules of their own (gpu_check_*.py beside the script) get them as
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from minilmd import pychild
+from minilmd import procs, pychild
 
 BRANCHES: list[str] = []
 """The branches this part's process took ("cuda", "cpu", "fake nvml", ...): its row's "branches"."""
+RESULT = "GPU-CHECK-RESULT "
+"""The line a part's process ends with: this prefix and a JSON {"status", "figures", "branches"}; a part prints it
+also at its milestones with "provisional": true, so that a part killed at its timeout still yields what it measured
+(gpu-check reads the last one)."""
+END_MARGIN_S = 8.0
+"""What a part keeps of its own seconds after its last command: the figures read, the result line printed."""
 
 
 def took(branch: str) -> None:
     BRANCHES.append(branch)
+
+
+def result_line(status: str, figures: str, provisional: bool = False) -> str:
+    return RESULT + json.dumps({"status": status, "figures": figures, "branches": BRANCHES,
+                                **({"provisional": True} if provisional else {})})
+
+
+def provisional(status: str, figures: str) -> None:
+    """What the part has measured so far, as its result should it be killed before its end."""
+    print(result_line(status, figures, provisional=True), flush=True)
+
+
+def time_left() -> float:
+    """Seconds this part may still give a command: its timeout's (gpu_check_plan.PartClock) less END_MARGIN_S;
+    unbounded outside a part's process (no MINILMD_GPU_CHECK_PART_S: a test calling a part's function)."""
+    from gpu_check_plan import PART_S_ENV, PartClock
+
+    return PartClock().left() - END_MARGIN_S if PART_S_ENV in os.environ else float("inf")
 
 
 def command_env(env: dict | None) -> dict:
@@ -27,11 +53,23 @@ def command_env(env: dict | None) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def minilmd(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """A `minilmd` command, its output echoed into this part's log."""
-    print("$ minilmd " + " ".join(args), flush=True)
-    done = subprocess.run(pychild.module_argv("minilmd.cli", *args), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=command_env(env), timeout=timeout)
+CUT = 124
+"""The exit status `minilmd` and `together` give a command cut at the part's time (as timeout(1) does)."""
+
+
+def minilmd(*args: str, env: dict | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """A `minilmd` command, its output echoed into this part's log; killed when the part's time is up (`timeout`,
+    never past `time_left()`), then exit CUT with its output so far: the part still reads what it measured."""
+    limit = max(1.0, min(time_left(), timeout if timeout is not None else float("inf")))
+    bounded = limit != float("inf")
+    print(f"$ minilmd {' '.join(args)}" + (f"    [at most {limit:.0f}s]" if bounded else ""), flush=True)
+    try:
+        done = subprocess.run(pychild.module_argv("minilmd.cli", *args), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=command_env(env),
+                              timeout=limit if bounded else None)
+    except subprocess.TimeoutExpired as e:  # subprocess.run has killed it (a supervisor's trainer: kill_leftovers)
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+        done = subprocess.CompletedProcess(e.cmd, CUT, out + f"\n[cut after {limit:.0f}s: the part's time]\n")
     print(done.stdout[-6000:], flush=True)
     return done
 
@@ -42,6 +80,15 @@ def together(commands: list[tuple[str, list[str], dict | None]], slots: int) -> 
     when it ends. {name: exit status}."""
     pending, running, codes = list(commands), {}, {}
     while pending or running:
+        if time_left() <= 0:  # the part's time is up: what still runs is cut (our own children), the rest not run
+            for name, (proc, log) in running.items():
+                procs.signal_child(proc.pid, signal.SIGKILL)
+                proc.wait()
+                log.close()
+                codes[name] = CUT
+                print(f"--- {name}: cut at the part's time", flush=True)
+            codes.update(dict.fromkeys((name for name, _, _ in pending), CUT))
+            return codes
         while pending and len(running) < slots:
             name, args, env = pending.pop(0)
             print(f"$ minilmd {' '.join(args)}    [{name}, at once with others]", flush=True)
@@ -57,6 +104,27 @@ def together(commands: list[tuple[str, list[str], dict | None]], slots: int) -> 
                 del running[name]
         time.sleep(0.2)
     return codes
+
+
+def kill_leftovers(work: Path, since: float) -> list[int]:
+    """What a part's supervised runs left running: a supervisor runs in the part's process group (killed with it,
+    or by `minilmd` at the part's time), but its trainer in a session of its own (daemon/child/process.py), which
+    outlives them and would race the parts after it on the GPU. Each process of the trainer launch that a run under
+    WORK recorded (trainer.json) since `since` (wall time: this part's), proven the run's as `minilmd stop` proves
+    it (daemon/child/orphans.py: the run directory's owner, its directory and launch id in the environment exec
+    gave it, started no earlier than the trainer), SIGTERM then SIGKILL. The pids that were alive."""
+    from minilmd import names
+    from minilmd.daemon.child.orphans import terminate_orphans
+
+    killed = []
+    for record in sorted(work.glob(f"*/run/{names.TRAINER_RECORD}")):
+        try:
+            if record.stat(follow_symlinks=False).st_mtime < since:
+                continue  # an earlier part's run: its trainers ended with it
+        except OSError:
+            continue
+        killed += terminate_orphans(record.parent, grace=0.0)
+    return killed
 
 
 def gpu_slots(per_run_gib: float = 30.0, most: int = 4) -> int:
@@ -141,19 +209,35 @@ def compare_weights(a_scratch: Path, b_scratch: Path, steps: int, exact: bool) -
     return f"weights verified, max |diff| {worst:.3g} vs undisturbed ({'bit-exact' if worst == 0 else 'close'})", same
 
 
-def recorded_attention(scratch: Path) -> str:
-    """The attention kernel a run recorded in its newest checkpoint (trainer_state "kernels"), as model.attention
-    forces it: another run compared bit for bit with it must run the same kernel ("auto" for torch's own, the
-    CPU's)."""
+def recorded_kernels(scratch: Path) -> dict:
+    """What a run recorded of its kernels in its newest checkpoint (trainer_state "kernels": the attention backend,
+    how it was chosen, each backend's time); {} without one."""
     from minilmd import names
     from minilmd.checkpoint_select import find_latest
 
     ckpt = find_latest([scratch / "checkpoints"], log=print)
     if ckpt is None:
-        return "auto"
-    kernels = json.loads((ckpt / names.TRAINER_STATE).read_text(encoding="utf-8")).get("kernels") or {}
-    chosen = kernels.get("attention")
+        return {}
+    kernels = json.loads((ckpt / names.TRAINER_STATE).read_text(encoding="utf-8")).get("kernels")
+    return kernels if isinstance(kernels, dict) else {}
+
+
+def recorded_attention(scratch: Path) -> str:
+    """The attention kernel a run recorded in its newest checkpoint, as model.attention forces it: another run
+    compared bit for bit with it (or bench step, timed against it) must run the same kernel ("auto" for torch's
+    own, the CPU's)."""
+    chosen = recorded_kernels(scratch).get("attention")
     return chosen if chosen in ("flash", "efficient", "cudnn", "math") else "auto"
+
+
+def attention_words(scratch: Path) -> str:
+    """The attention kernel a run chose, how, and each backend's time: "attention flash (measured: flash 3.870 ms,
+    efficient 4.100 ms, math 6.500 ms)"; issue 41's kernel chosen by measurement, shown in part 4's row."""
+    k = recorded_kernels(scratch)
+    if not k:
+        return "attention: no checkpoint"
+    times = ", ".join(f"{n} {'-' if ms is None else f'{ms:.3f} ms'}" for n, ms in (k.get("attention_ms") or {}).items())
+    return f"attention {k.get('attention')} ({k.get('attention_how')}{': ' + times if times else ''})"
 
 
 def median(values: list[float]) -> float:
@@ -168,4 +252,5 @@ def helpers() -> SimpleNamespace:
     """What the parts in modules of their own (beside this script) call of it."""
     return SimpleNamespace(minilmd=minilmd, write_config=write_config, compare_weights=compare_weights,
                            read_metrics=read_metrics, took=took, together=together, gpu_slots=gpu_slots,
-                           verify_at_once=verify_at_once, recorded_attention=recorded_attention, median=median)
+                           verify_at_once=verify_at_once, recorded_attention=recorded_attention, median=median,
+                           provisional=provisional, time_left=time_left, kill_leftovers=kill_leftovers)

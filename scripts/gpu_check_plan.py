@@ -2,7 +2,9 @@
 starts, steps x step time, compiles, MiniMind's runs), and each part's share of a --budget.
 
 A lent device machine gives a session 15 minutes of device time in all (its start of a few minutes included) and at
-most 10 minutes a command, so the whole check runs within `--budget 480` in one command, leaving room for a rerun.
+most 10 minutes a command: the figures issue 41 asks for come from one command (`run`: --budget 540, the 600 s
+command less its setup and the logs' archive, COMMAND_S and RESERVE_S), whose estimates leave about 1.15x
+headroom; the parts it does not ask for go to a second, shorter command (`run second`) that may not fit the lease.
 
 Measured on the last lease (issue 41; docs/training.md, "The last run on a GPU"; H200, torch 2.11.0+cu130):
   * part 4 at 768 x 8, T=1024, micro-batch 64 (65,536 tokens a step), bf16: eager 381,493 tok/s (0.172 s a step),
@@ -19,6 +21,20 @@ from __future__ import annotations
 
 import os
 import time
+
+STARTED = time.monotonic()
+"""When this process imported the plan: a part's process does at its start, so every PartClock of the part counts
+its seconds from there."""
+COMMAND_S = {"order": 600, "second": 300}
+"""The device tool's limit of each call of scripts/gpu-check-device (`run`, `run second`): its timeout_s."""
+RESERVE_S = 40
+"""What gpu-check-device keeps of a call's seconds besides its setup: the logs' archive, the last part's kill and
+what its runs left (up to 10 s of reaping), the tool's own margin."""
+SETUP_S = 20
+"""The device call's setup before gpu-check (links, the wheels' install, the requirements' imports): its budget is
+COMMAND_S less RESERVE_S less the setup's own seconds (bash's SECONDS), about this."""
+BUDGET_S = {call: seconds - RESERVE_S - SETUP_S for call, seconds in COMMAND_S.items()}
+"""--budget of each call, as the setup usually leaves it: 540 s and 240 s."""
 
 TOKENS = 64 * 1024
 """Part 4's tokens a step: micro-batch 64 x seq_len 1024."""
@@ -41,10 +57,15 @@ COMPILED_STEP_S = NONDET_COMPILED_STEP_S / 0.935
 START_S = 12.0
 """`minilmd train` from its command to its first step (imports, CUDA, the model, the attention kernel's timing):
 the measured restart less the backoff and the admission poll, plus the first step."""
+TRAINER_S = 4.0
+"""Another Trainer in the same process (bench sft's: its model, optimizer and sampler, and on CUDA its own timing
+of the attention backends, model.attention = "auto")."""
 WARM_COMPILE_S = 10.0
-"""A compile whose graph the inductor cache holds (tracing still runs)."""
+"""A compile whose graph the inductor cache holds (tracing still runs): the same graph, the same
+are_deterministic_algorithms_enabled (part of inductor's cache key)."""
 KERNEL_WARM_COMPILE_S = 20.0
-"""Another graph of the same model (train.deterministic off, the loss outside): its kernels mostly cached."""
+"""Another graph of the same model (the loss outside, the doc mask), deterministic as the cached one: its kernels
+mostly cached. A graph under torch's default kernels (train.deterministic off) is another cache key: cold."""
 SAVE_S = 1.0
 """A checkpoint of the 768 x 8 model and its AdamW state (770 MB): 0.76 s blocking measured, the write's end."""
 VERIFY_S = 3.0
@@ -57,6 +78,9 @@ MINIMIND_START_S = 15.0
 """MiniMind's trainer to its first step (transformers, datasets, its model) and the count of its real tokens."""
 MINIMIND_COMPILED_STEP_S = TOKENS / 800_000
 MINIMIND_COLD_COMPILE_S = 40.0
+MINIMIND_DPO_S = 40.0
+"""MiniMind's train_dpo.py: the seconds of the part's own it needs left to be started (gpu_check_dpo's
+MINIMIND_MIN_S): its copy, imports, policy and reference models, 25 steps."""
 SFT_STEP_S = 0.14
 """An eager SFT step of 64 x 768 (static padding's worst case; bucketed and packed rows are shorter)."""
 DPO_STEP_S = 0.12
@@ -90,7 +114,8 @@ def estimate(shape: dict | None = None) -> dict[str, list[tuple[str, float]]]:
                        (f"{run} steps", run * COMPILED_STEP_S), ("2 saves", 2 * SAVE_S)],
         "4 second shape": [("start", CLI_S + START_S), ("cold compile of 16 layers", 1.5 * COLD_COMPILE_S),
                            (f"{run} steps", run * SECOND_SHAPE_STEP_S), ("2 saves", 2 * SAVE_S)],
-        "5 run": [("supervisor, admission", CLI_S + 4.0), ("attempt 1: start, killed at its first step", START_S),
+        "5 run": [("supervisor, admission", CLI_S + 4.0),
+                  ("attempt 1: start, warm compile, killed after its first step", START_S + WARM_COMPILE_S),
                   ("restart: backoff, start, warm compile", RESTART_S + WARM_COMPILE_S),
                   (f"{s['extend_steps']} steps", s["extend_steps"] * COMPILED_STEP_S), ("2 saves", 2 * SAVE_S)],
         "5 determinism": [
@@ -98,23 +123,24 @@ def estimate(shape: dict | None = None) -> dict[str, list[tuple[str, float]]]:
             (f"their steps at once ({run} + 2 x {resumed} eager, {run + s['extend_steps']} compiled)",
              together + 2 * SAVE_S),
             ("6 finals verified at once", VERIFY_S),
-            (f"eager, default kernels, {nondet} steps", START_S + nondet * NONDET_EAGER_STEP_S + SAVE_S),
-            (f"compiled, default kernels, {nondet} steps",
-             START_S + KERNEL_WARM_COMPILE_S + nondet * NONDET_COMPILED_STEP_S + SAVE_S)],
+            (f"compiled, default kernels (a cold compile: another cache key), {nondet} steps",
+             START_S + COLD_COMPILE_S + nondet * NONDET_COMPILED_STEP_S + SAVE_S)],
         "6 minimind": [("MiniMind compiled: start, cold compile", MINIMIND_START_S + MINIMIND_COLD_COMPILE_S),
                        (f"{mm} compiled steps", mm * MINIMIND_COMPILED_STEP_S)],
         "8 sft": [("chats written, prepared (CPU)", CPU_PREPARE_S["8 sft"]),
-                  (f"bench sft: start, 4 modes x {s['sft_steps'] + 2} steps",
-                   START_S + 4 * (s["sft_steps"] + 2) * SFT_STEP_S),
+                  (f"bench sft: start, 3 more Trainers (each times attention), 4 modes x {s['sft_steps'] + 2} steps",
+                   START_S + 3 * TRAINER_S + 4 * (s["sft_steps"] + 2) * SFT_STEP_S),
                   (f"MiniMind train_full_sft.py: start, {mm} steps", MINIMIND_START_S + mm * SFT_STEP_S)],
         "9 dpo": [("pairs written, prepared (CPU)", CPU_PREPARE_S["9 dpo"]),
                   ("SFT stage: start, 5 steps, export", START_S + 5 * SFT_STEP_S + SAVE_S + TORCH_S),
-                  ("DPO: start, reference, 25 steps", START_S + 3.0 + 25 * DPO_STEP_S)],
+                  ("DPO: start, reference, 25 steps", START_S + 3.0 + 25 * DPO_STEP_S),
+                  ("MiniMind train_dpo.py: its least (copy, start, two models, 25 steps)", MINIMIND_DPO_S)],
         "3 attention": [("torch, CUDA, 4 backends timed", TORCH_S + 3.0)],
         "7 oom": [("start, the OOM", CLI_S + START_S + 2.0)],
-        "4 bench step": [("start", CLI_S + START_S), ("compiled (its graph cached by 5 determinism)", WARM_COMPILE_S),
-                         (f"eager and compiled x {s['bench_steps'] + 2} steps",
-                          (s["bench_steps"] + 2) * (NONDET_EAGER_STEP_S + NONDET_COMPILED_STEP_S))],
+        "4 bench step": [("start", CLI_S + START_S),
+                         ("compiled: part 4 compiled's graph, deterministic both, cached", WARM_COMPILE_S),
+                         (f"eager and compiled x {s['bench_steps'] + 2} steps, deterministic",
+                          (s["bench_steps"] + 2) * (EAGER_STEP_S + COMPILED_STEP_S))],
         "2 admission": [("NVML, a 1 GiB CUDA process", TORCH_S + 4.0)],
     }
 
@@ -124,13 +150,14 @@ CONCURRENT_SLOWDOWN = 1.5
 idles most of an eager step, so the others' kernels fit in between; an estimate)."""
 OPTIONAL_S = {
     "minimind eager": MINIMIND_START_S + 30 * MINIMIND_EAGER_STEP_S,
+    "the cost of determinism eager": START_S + (SHAPE["warm_steps"] + SHAPE["nondet_steps"]) * NONDET_EAGER_STEP_S
+    + SAVE_S,
     "bench step's other modes": KERNEL_WARM_COMPILE_S + COLD_COMPILE_S + 12 * 2 * (
         NONDET_EAGER_STEP_S + NONDET_COMPILED_STEP_S),
-    "minimind dpo": MINIMIND_START_S + 25 * DPO_STEP_S,
 }
-"""What a part runs only when its share has room past the plan (each measured on issue 41's lease or asked by no
-open issue): MiniMind's eager pretraining beside part 4 eager (1.40x then), bench step's loss-outside and doc-mask
-modes (1.01x, 0.97x / 0.91x then), MiniMind's train_dpo.py beside minilmd's DPO (issue 42)."""
+"""What a part runs only when its share has room past the plan (each measured on issue 41's lease): MiniMind's
+eager pretraining beside part 4 eager (1.40x then), the eager cost of determinism (0.935x then, by hand), bench
+step's loss-outside and doc-mask modes (1.01x, 0.97x / 0.91x then)."""
 
 
 def seconds(shape: dict | None = None) -> dict[str, float]:
@@ -163,14 +190,42 @@ def share(name: str, left: float, remaining: list[str]) -> float:
     return left * ESTIMATE_S[name] / total
 
 
+TIMEOUTS = {"0 corpus": 120, "1 versions": 60, "2 admission": 90, "3 attention": 90, "4 eager": 180,
+            "4 compiled": 300, "4 second shape": 240, "4 bench step": 240, "5 run": 240, "5 determinism": 300,
+            "6 minimind": 420, "7 oom": 90, "8 sft": 300, "9 dpo": 180}
+"""Seconds per part without a --budget (the dry run gets the same bounds; its parts take seconds). Under a --budget
+each part gets its share instead (part_timeout), in proportion to its estimate on an H200 (ESTIMATE_S)."""
+MIN_PART_S = 20
+"""Under --budget, a part is started only with at least this many seconds left (the quickest take about 5 s)."""
+MIN_S = {"9 dpo": 60}
+"""Parts that need more than MIN_PART_S to show anything: two trainers' start-ups, a preparation and an export."""
+
+
+def part_timeout(name: str, left: float | None, remaining: list[str] | None = None) -> float | None:
+    """A part's timeout: its own, or under a --budget its share of the seconds `left` (its estimate's share of the
+    estimates of the parts `remaining`, itself first: one part overrunning is cut at its share instead of starving
+    the parts after it), never under its minimum; None when too little is left to start it."""
+    if left is None:
+        return TIMEOUTS[name]
+    least = MIN_S.get(name, MIN_PART_S)
+    if left < least:
+        return None
+    later = (remaining or [name])[1:]
+    # no more than leaves each part after it its minimum to start, unless that is under its own estimate
+    kept = sum(MIN_S.get(n, MIN_PART_S) for n in later)
+    cap = max(left - kept, ESTIMATE_S.get(name, 0.0))
+    return min(TIMEOUTS[name], left, max(least, min(share(name, left, remaining or [name]), cap)))
+
+
 PART_S_ENV = "MINILMD_GPU_CHECK_PART_S"
 
 
 class PartClock:
     """A part's own seconds (MINILMD_GPU_CHECK_PART_S, its timeout): what of its work fits, and what it left out."""
 
-    def __init__(self) -> None:
-        self.deadline = time.monotonic() + float(os.environ.get(PART_S_ENV, "600"))
+    def __init__(self, started: float = STARTED) -> None:
+        """`started`: when the part's seconds began (monotonic): its process's start, by default."""
+        self.deadline = started + float(os.environ.get(PART_S_ENV, "600"))
         self.left_out: list[str] = []
 
     def left(self) -> float:
@@ -189,14 +244,19 @@ class PartClock:
         return f"; left out: {'; '.join(self.left_out)}" if self.left_out else ""
 
 
-def table(order: list[str]) -> str:
-    """The estimate table, markdown: part, seconds, what they are."""
+def table(order: list[str], budget: float) -> str:
+    """The estimate table, markdown: part, seconds, its timeout under `budget` when every part before it took its
+    estimate, what they are."""
     items = estimate()
-    lines = ["| part | est. s | from |", "|---|---:|---|"]
-    for name in order:
-        lines.append(f"| {name} | {ESTIMATE_S[name]:.0f} | "
+    lines = ["| part | est. s | timeout s | from |", "|---|---:|---:|---|"]
+    left = budget
+    for i, name in enumerate(order):
+        timeout = part_timeout(name, left, order[i:])
+        lines.append(f"| {name} | {ESTIMATE_S[name]:.0f} | {'-' if timeout is None else f'{timeout:.0f}'} | "
                      + "; ".join(f"{what} {s:.1f}" for what, s in items[name]) + " |")
-    lines.append(f"| **all** | **{sum(ESTIMATE_S[n] for n in order):.0f}** | of the --budget of 480 s |")
+        left -= ESTIMATE_S[name]
+    total = sum(ESTIMATE_S[n] for n in order)
+    lines.append(f"| **all** | **{total:.0f}** | | of the --budget of {budget:.0f} s: {budget / total:.2f}x |")
     return "\n".join(lines)
 
 
@@ -205,5 +265,6 @@ if __name__ == "__main__":
 
     device = (Path(__file__).resolve().parent / "gpu-check-device").read_text(encoding="utf-8")
     for variable in ("order", "second"):
-        print(table(device.split(f'\n{variable}="', 1)[1].split('"', 1)[0].split(",")) + "\n")
+        print(f"`run{' second' if variable == 'second' else ''}`:\n")
+        print(table(device.split(f'\n{variable}="', 1)[1].split('"', 1)[0].split(","), BUDGET_S[variable]) + "\n")
     print(f"\nparts 0-7 as on issue 41's lease: estimated {estimate_old():.0f} s, measured 389 s")

@@ -43,7 +43,9 @@ def part_sft(work: Path, p: dict, dry: bool, h: SimpleNamespace, side) -> tuple[
     if done.returncode != 0 or not lines:
         return "fail", f"minilmd bench sft: exit {done.returncode}"
     ours = " | ".join(lines)
-    status, theirs = minimind_sft(work, q, chats, dry, h, side, bucketed_tok_s(lines))
+    h.provisional("ok", f"T={seq_len}, {p['sft_steps']} timed steps a mode: minilmd {ours}; MiniMind: not yet")
+    status, theirs = minimind_sft(work, q, chats, dry, h, side, {name: real_tok_s(lines, name)
+                                                                   for name in ("bucketed", "padfree")})
     return status, f"T={seq_len}, {p['sft_steps']} timed steps a mode: minilmd {ours}; {theirs}"[:1200]
 
 
@@ -86,9 +88,10 @@ def prepare_chat(work: Path, chats: Path, seq_len: int, h: SimpleNamespace) -> P
     return out if done.returncode == 0 else None
 
 
-def bucketed_tok_s(lines: list[str]) -> float | None:
+def real_tok_s(lines: list[str], mode: str) -> float | None:
+    """A mode's real tokens/s from bench sft's table ("bucketed", "padfree")."""
     for line in lines:
-        if line.startswith("bucketed ") and len(line.split()) > 1:
+        if line.startswith(f"{mode} ") and len(line.split()) > 1:
             return float(line.split()[1].replace(",", ""))
     return None
 
@@ -104,7 +107,9 @@ def minimind_command(work: Path, p: dict, chats: Path) -> list[str]:
 
 
 def minimind_sft(work: Path, p: dict, chats: Path, dry: bool, h: SimpleNamespace, side,
-                 ours: float | None) -> tuple[str, str]:
+                 ours: dict[str, float | None]) -> tuple[str, str]:
+    """MiniMind's train_full_sft.py on the same chats; `ours`: minilmd's real tok/s of each mode named
+    ("bucketed", "padfree": padding-free packed), each's ratio to MiniMind's."""
     import re
 
     src = side.find_minimind()
@@ -128,7 +133,7 @@ def minimind_sft(work: Path, p: dict, chats: Path, dry: bool, h: SimpleNamespace
         return "fail", f"MiniMind SFT logged {[s for s, _ in seen]} of {iters} steps: {tail}"
     (s0, t0), (s1, t1) = timed[0], timed[-1]
     real = mean_real_chat_tokens(src, chats, p["seq_len"]) * p["micro_batch_size"] * (s1 - s0) / (t1 - t0)
-    ratio = f"; minilmd bucketed / MiniMind {ours / real:.2f}x" if ours else ""
+    ratio = "".join(f"; minilmd {mode} / MiniMind {tok_s / real:.2f}x" for mode, tok_s in ours.items() if tok_s)
     return "ok", f"MiniMind train_full_sft.py {real:,.0f} real tok/s (steps {s0}-{s1} of {iters}, eager bf16){ratio}"
 
 

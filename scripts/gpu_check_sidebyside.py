@@ -21,10 +21,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from gpu_check_part import median  # beside this script
+from gpu_check_part import median, provisional  # beside this script
 from gpu_check_plan import OPTIONAL_S, PartClock
 
 from minilmd import procs
@@ -100,12 +101,26 @@ def mean_real_tokens(src: Path, jsonl: Path, seq_len: int) -> float:
 
 def run_minimind(src: Path, cmd: list[str], stop_at: int, timeout: float,
                  lines: list[str] | None = None) -> tuple[list[tuple[int, float]], int, str]:
-    """Run it from its trainer/ folder until its log shows step `stop_at` (or it ends): ((step, arrival time) of
-    each log line, steps per epoch, the output's tail); its log lines are appended to `lines` when given."""
+    """Run it from its trainer/ folder until its log shows step `stop_at` (or it ends, or `timeout` seconds pass,
+    never past the part's own time: gpu_check_part.time_left): ((step, arrival time) of each log line, steps per
+    epoch, the output's tail); its log lines are appended to `lines` when given. A watchdog kills its process group
+    at the limit even when it prints nothing (the loop over its output waits on the next line): its session of its
+    own would otherwise outlive the part, and the part's kill."""
+    from gpu_check_part import time_left
+
+    limit = max(1.0, min(timeout, time_left()))
     proc = subprocess.Popen(cmd, cwd=src / "trainer", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    fired = threading.Event()
+
+    def bark() -> None:
+        fired.set()
+        procs.signal_child_group(proc.pid, signal.SIGKILL)  # its pipe closes: the loop below ends
+
+    watchdog = threading.Timer(limit, bark)
+    watchdog.start()
     seen: list[tuple[int, float]] = []
-    iters, tail, deadline = 0, [], time.monotonic() + timeout
+    iters, tail = 0, []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -120,11 +135,13 @@ def run_minimind(src: Path, cmd: list[str], stop_at: int, timeout: float,
                 iters = int(found.group(2))
                 if seen[-1][0] >= stop_at or seen[-1][0] >= iters - LOG_INTERVAL:
                     break  # before the epoch's end and its save into the shared folder
-            if now > deadline:
-                break
     finally:
+        watchdog.cancel()
+        watchdog.join()  # no signal of its own after the reaping below
         procs.signal_child_group(proc.pid, signal.SIGKILL)  # with its DataLoader workers, unless reaped
         proc.wait()
+    if fired.is_set():
+        tail.append(f"[killed by the watchdog after {limit:.0f}s]")
     return seen, iters, " | ".join(tail)[-300:]
 
 
@@ -160,6 +177,7 @@ def side_by_side(work: Path, p: dict, dry: bool, took, read_metrics) -> tuple[st
                                       mode)
         figures.append(f"{mode}: {text}")
         status = "fail" if result == "fail" else status
+        provisional(status, " | ".join(figures))  # kept should the part be killed during the next
     if not any(f.startswith(("compiled: MiniMind", "eager: MiniMind")) for f in figures) and status == "ok":
         status = "fail"
     return status, " | ".join(figures) + clock.note()

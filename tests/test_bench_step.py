@@ -107,3 +107,21 @@ def test_bench_step_masked_copies_train_on_document_pieces():
     assert inner_starts > 0 and bool((masked.positions[:, 0] == 0).all())
     assert plain.n_targets - masked.n_targets == inner_starts
     assert not torch.allclose(plain.micro_batch_loss(), masked.micro_batch_loss())
+
+
+def test_bench_step_runs_the_kernels_the_loop_runs(capsys):
+    # the attention backend settled and applied by the trainer's own functions (here forced, as gpu-check forces the
+    # one its part 4 run recorded), determinism as train.deterministic sets it: the loop and the bench time the same
+    backends = ("flash", "mem_efficient", "cudnn", "math")
+    before = {b: getattr(torch.backends.cuda, f"{b}_sdp_enabled")() for b in backends}
+    try:
+        code = bench_step.main(None, 1, [*TINY, 'model.attention="math"'], "eager", "eager")
+        enabled = {b: getattr(torch.backends.cuda, f"{b}_sdp_enabled")() for b in backends}
+    finally:
+        for b, on in before.items():
+            getattr(torch.backends.cuda, f"enable_{b}_sdp")(on)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "kernels: attention math (forced), deterministic algorithms off (train.deterministic = true), as " \
+           "`minilmd train` runs them" in out  # on the CPU deterministic mode changes nothing (determinism.apply)
+    assert enabled == {"flash": False, "mem_efficient": False, "cudnn": False, "math": True}

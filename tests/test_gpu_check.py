@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -224,6 +225,7 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
     assert "on cpu: " in rows["3 attention"]["figures"] and "no SDPA kernel" not in rows["3 attention"]["figures"]
     assert "tok/s" in rows["4 eager"]["figures"] and "checkpoint blocking_s 0." in rows["4 eager"]["figures"]
     assert rows["4 eager"]["figures"].startswith("4 timed steps (")  # the dry run's planned steps
+    assert ", attention default (default), " in rows["4 eager"]["figures"]  # the run's recorded choice (CPU: torch's)
     # the compile path of the trainer with TORCHDYNAMO_DISABLE=1: its compiling step timed apart
     assert status["4 compiled"] == "ok" and rows["4 compiled"]["branches"] == ["compiled", "compile disabled"]
     compiled, eager = (read_train_lines(tmp_path / name / "run") for name in ("compiled", "eager"))
@@ -234,7 +236,11 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
     assert second["status"] == "ok" and second["figures"].startswith("64 x 4 at T=48, 4 timed steps"), second
     assert status["6 minimind"] == "skip"
     bench = rows["4 bench step"]
-    assert bench["status"] == "ok" and bench["figures"].startswith("3 timed steps a mode: "), bench
+    assert bench["status"] == "ok", bench
+    # the loop over the bench, each mode, and the kernels both run (the bench sets them as the trainer does)
+    assert re.match(r"3 timed steps a mode: loop / bench step tok/s \(goal >= 0.97\): compiled [\d,]+ / [\d,]+ = "
+                    r"[\d.]+, eager [\d,]+ / [\d,]+ = [\d.]+ \| kernels: attention default \(default\), "
+                    r"deterministic algorithms off \(train.deterministic = true\)", bench["figures"]), bench
     run = rows["5 run"]  # part 4 compiled's run carried on under `minilmd run`, killed, restarted
     assert run["status"] == "ok", run
     assert run["figures"].startswith("part 4 compiled carried on from step 6 to 14, SIGKILL at step 7; ")
@@ -246,9 +252,16 @@ def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
                                      "max |diff| 0 "), det
     assert "part 5 run's, SIGKILLed and restarted (14 steps compiled) vs an undisturbed one on the same compile " \
            "cache: weights verified, max |diff| 0 vs undisturbed (bit-exact)" in det["figures"]
+    assert "; eager resume from step 4: weights verified, max |diff| 0 vs undisturbed (bit-exact); " in det["figures"]
     assert "resume from step 4 without the AdamW moments: caught as different" in det["figures"]
-    assert "resume without the RNG states: " in det["figures"]
-    assert "cost of determinism: eager deterministic " in det["figures"] and "compiled deterministic " in det["figures"]
+    assert "RNG" not in det["figures"]  # the unjudged control replaced by the judged eager resume
+    assert "cost of determinism: compiled deterministic " in det["figures"] and "eager deterministic " in det["figures"]
+    # its verdicts printed before the cost of determinism's runs, then after each: a kill keeps them
+    provisional = [json.loads(line[len("GPU-CHECK-RESULT "):]) for line in
+                   (tmp_path / "5-determinism.log").read_text().splitlines() if line.startswith("GPU-CHECK-RESULT ")]
+    assert [r.get("provisional") for r in provisional] == [True, True, True, None], provisional
+    assert provisional[0]["figures"].endswith("; cost of determinism: not measured yet"), provisional[0]
+    assert "eager resume from step 4: weights verified" in provisional[0]["figures"]
     assert "(4 timed steps)" in det["figures"] and "left out" not in det["figures"]
     sft = rows["8 sft"]  # bench sft on a chat corpus beside MiniMind's train_full_sft.py (its command, dry)
     assert sft["status"] == "ok", sft
@@ -282,8 +295,8 @@ def test_the_dpo_part_is_not_started_without_its_minimum_of_the_budget(tmp_path)
 def test_a_parts_timeout_is_cut_to_the_budget_left():
     from gpu_check_scripts import load_scripts
 
-    check, _ = load_scripts()
-    assert check.part_timeout("4 compiled", None) == check.TIMEOUTS["4 compiled"] == 300
+    check, plan = load_scripts()
+    assert check.part_timeout("4 compiled", None) == plan.TIMEOUTS["4 compiled"] == 300
     assert check.part_timeout("4 compiled", 1000.0) == 300
     assert check.part_timeout("4 compiled", 75.5) == 75.5
     assert check.part_timeout("4 compiled", check.MIN_PART_S - 0.1) is None
@@ -314,7 +327,11 @@ def test_the_device_wrapper_runs_on_a_bare_python_and_leaves_the_table_and_logs_
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "requirements.txt", "setup.log",
                                                      "summary.json", "table.txt"]  # within the tool's 8 files
-    assert (out / "setup.log").read_text().startswith("minilmd linked into "), (out / "setup.log").read_text()
+    setup = (out / "setup.log").read_text()
+    assert setup.startswith("minilmd linked into "), setup
+    # the budget: the call's 600 s less the setup's seconds and the 40 s kept for the archive and the last kill
+    spent = int(re.search(r"gpu-check-device: setup (\d+)s; --budget (\d+)s of the call's 600s", setup).group(1))
+    assert f"--budget {600 - 40 - spent}s of the call's 600s" in setup, setup
     *requirements, layout = (out / "requirements.txt").read_text().splitlines()
     assert requirements[0].startswith("torch ") and all(r.endswith(" ok") for r in requirements), requirements
     root = SCRIPTS.parent
@@ -324,3 +341,145 @@ def test_the_device_wrapper_runs_on_a_bare_python_and_leaves_the_table_and_logs_
     assert "part           status  seconds  figures" in (out / "table.txt").read_text()
     listed = subprocess.run(["tar", "tzf", str(out / "logs.tar.gz")], capture_output=True, text=True).stdout
     assert {"./1-versions.log", "./0-corpus.log"} <= set(listed.split()) and "text.jsonl" not in listed
+
+
+# --- a part killed at its timeout: what it measured kept, what its runs left killed ----------------------------
+FAKE_PART = """
+import json, os, pathlib, subprocess, sys, time
+from minilmd import names, procs
+from minilmd.daemon.child.orphans import record_launch
+work = pathlib.Path(sys.argv[1])
+run_dir = work / "fake" / "run"
+run_dir.mkdir(parents=True)
+# a supervised run's trainer: a session of its own, the run's directory and launch id in its environment
+env = {**os.environ, names.RUN_DIR_ENV: str(run_dir.resolve()), names.LAUNCH_ID_ENV: "ab" * 16}
+trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env, start_new_session=True,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+record_launch(run_dir, 1, "ab" * 16, trainer.pid, procs.process_start_ticks(trainer.pid))
+(work / "trainer.pid").write_text(str(trainer.pid))
+print("GPU-CHECK-RESULT " + json.dumps({"status": "ok", "figures": "measured 42 tok/s", "branches": ["fake"],
+                                        "provisional": True}), flush=True)
+time.sleep(300)  # past its timeout: killed
+"""
+
+
+@pytest.mark.slow
+def test_a_part_killed_at_its_timeout_keeps_what_it_measured_and_its_runs_trainer_is_killed(tmp_path):
+    from gpu_check_scripts import load_scripts
+    from minilmd import names, procs
+
+    check, _ = load_scripts()
+    (tmp_path / "fake-part.py").write_text(FAKE_PART)
+    # a process of the same run directory but another launch than the recorded one: not the run's trainer, kept
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                             env={**os.environ, names.RUN_DIR_ENV: str((tmp_path / "fake" / "run").resolve()),
+                                  names.LAUNCH_ID_ENV: "cd" * 16})
+    try:
+        row = check.spawn("4 eager", tmp_path, False, 30, command=[sys.executable, str(tmp_path / "fake-part.py"),
+                                                                   str(tmp_path)])
+        trainer = int((tmp_path / "trainer.pid").read_text())
+        assert row["status"] == "fail" and row["branches"] == ["fake"], row
+        assert row["figures"].startswith("timeout after 30s; measured before: measured 42 tok/s; "), row
+        assert row["figures"].endswith(f"; killed what its runs left: pids [{trainer}]"), row
+        assert procs.process_start_ticks(trainer) is None  # gone (or a zombie of init's, reaped soon)
+        assert other.poll() is None  # not proven the run's: never signalled
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_parts_row_is_its_last_result_and_a_provisional_one_alone_is_a_failure():
+    from gpu_check_scripts import load_scripts
+
+    check, _ = load_scripts()
+    def line(result: dict) -> str:
+        return "GPU-CHECK-RESULT " + json.dumps(result)
+
+    out = "\n".join([line({"status": "ok", "figures": "first", "provisional": True}),
+                     line({"status": "ok", "figures": "all of it", "branches": ["cuda"]})])
+    assert check.read_result(out, 0, None, []) == {"status": "ok", "figures": "all of it", "branches": ["cuda"]}
+    crashed = check.read_result(out.splitlines()[0] + "\nSegmentation fault", -11, None, [])
+    assert crashed["status"] == "fail" and crashed["figures"] == "exit -11 after a provisional result: first"
+    assert check.read_result("", -9, 25.0, [7])["figures"] == \
+        "timeout after 25s, no result line yet; killed what its runs left: pids [7]"
+
+
+# --- MiniMind that never prints: the watchdog ---------------------------------------------------------------
+SILENT = """
+import os, pathlib, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # a DataLoader worker: its group
+pathlib.Path("../pids").write_text(f"{os.getpid()} {worker.pid}")
+time.sleep(300)  # never prints a line
+"""
+
+
+@pytest.mark.slow
+def test_minimind_that_never_prints_is_killed_with_its_group_at_the_parts_time(tmp_path):
+    import threading
+
+    from minilmd import procs
+
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import gpu_check_sidebyside as side
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "silent.py").write_text(SILENT)
+    got: list = []
+    runner = threading.Thread(target=lambda: got.append(side.run_minimind(
+        tmp_path, [sys.executable, "silent.py"], stop_at=10, timeout=5)), daemon=True)
+    runner.start()
+    runner.join(240)  # a bound for a hang only: the watchdog fires at 5 s
+    assert not runner.is_alive(), "run_minimind still waits on a MiniMind that prints nothing"
+    seen, iters, tail = got[0]
+    assert seen == [] and iters == 0 and tail.endswith("[killed by the watchdog after 5s]"), tail
+    for pid in map(int, (tmp_path / "pids").read_text().split()):
+        assert procs.process_start_ticks(pid) is None  # its worker too: the whole group
+
+
+# --- part 8's MiniMind over a stand-in for train_full_sft.py: both of minilmd's SFT modes against it -------------
+SFT_STAND_IN = """
+import sys, time
+for step in range(10, 101, 10):
+    print(f"Epoch:[1/1]({step}/100), loss: 5.0000, logits_loss: 5.0000, aux_loss: 0.0000, lr: 0.0005", flush=True)
+    time.sleep(0.05)
+time.sleep(120)
+"""
+
+
+def test_the_sft_side_by_side_gives_bucketed_and_padding_free_packed_over_minimind(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    src = tmp_path / "minimind"
+    (src / "trainer").mkdir(parents=True)
+    (src / "model").mkdir()
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import gpu_check_sft as sft
+        import gpu_check_sidebyside as side
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    p = {"model": {"hidden_size": 64, "num_hidden_layers": 2}, "seq_len": 64, "micro_batch_size": 4,
+         "minimind_timed": 20}
+    flags = sorted({f for f in sft.minimind_command(tmp_path, p, tmp_path / "chat.jsonl") if f.startswith("--")})
+    (src / "trainer" / "train_pretrain.py").write_text("")  # how find_minimind knows a MiniMind
+    (src / "trainer" / "train_full_sft.py").write_text(
+        "".join(f"# parser.add_argument('{f}')\n" for f in flags) + SFT_STAND_IN)
+    tok = Tokenizer(WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(src / "model" / "tokenizer.json"))
+    chats = tmp_path / "chat.jsonl"
+    chats.write_text(json.dumps({"conversations": [{"role": "user", "content": "a a"},
+                                                   {"role": "assistant", "content": "a a a"}]}) + "\n")
+    monkeypatch.setenv("MINILMD_MINIMIND", str(src))
+    took: list[str] = []
+    status, figures = sft.minimind_sft(tmp_path, p, chats, False, SimpleNamespace(took=took.append), side,
+                                       {"bucketed": 100000.0, "padfree": 200000.0})
+    assert status == "ok", figures
+    assert took == ["sft command checked", "minimind sft run"]
+    ratios = re.findall(r"minilmd (bucketed|padfree) / MiniMind ([\d.]+)x", figures)
+    assert [mode for mode, _ in ratios] == ["bucketed", "padfree"], figures
+    assert float(ratios[1][1]) == pytest.approx(2 * float(ratios[0][1]), rel=0.02)

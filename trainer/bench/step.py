@@ -11,6 +11,12 @@ rows cut into documents of MiniMind-like lengths (DOC_MEAN), each token attendin
 first call of each compiled copy compiles; it is timed apart ("compile") and every copy gets the same untimed
 warm-up steps.
 
+The kernels are the loop's, chosen by the same functions `minilmd train` calls (one home): train.deterministic's
+environment before CUDA starts and its deterministic algorithms (trainer/loop/determinism.py), then model.attention's
+backend settled and applied (trainer/model/attention_choice.py: timed at the run's shape on CUDA with "auto", or
+forced, as gpu-check forces the backend its part 4 run recorded); the "kernels" line says which. Otherwise the
+bench and the loop would time different kernels.
+
 Per mode it prints tokens/s and two times per step: host (the Python thread's time until the step has been
 issued: on CUDA the launch overhead that eager mode pays per op; on CPU all of the work) and wall (until the device
 has finished). Token values do not change the cost of a step, so no corpus is needed; without --config the model
@@ -29,7 +35,7 @@ import torch
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
 from minilmd.corpus_meta import corpus_train_tokens
-from minilmd.trainer.model.loss import IGNORE_INDEX, chunk_rows_for, next_token_loss
+from minilmd.trainer.model.loss import IGNORE_INDEX, next_token_loss
 
 SMALL: dict[str, dict[str, Any]] = {
     "run": {"name": "bench-step", "dir": "/nonexistent"},
@@ -92,7 +98,7 @@ class StepModel:
     def __init__(self, cfg: RunConfig, device: torch.device, compiled: bool, backend: str,
                  loss: str = LOSS_IN_MODEL, masked: bool = False):
         from minilmd.trainer.loop import step as trainer_step
-        from minilmd.trainer.loop.objective import ChunkedCrossEntropy, DeviceBatch, TrainingForward
+        from minilmd.trainer.loop.objective import DeviceBatch, TrainingForward, build_objective
         from minilmd.trainer.loop.train import build_optimizer
         from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
 
@@ -100,7 +106,7 @@ class StepModel:
         self.model = MiniMindForCausalLM(cfg.model).to(device)
         self.optimizer = build_optimizer(self.model, cfg, device)
         # the trainer's objective with the model, compiled as the trainer compiles them (trainer/loop/objective.py)
-        training = TrainingForward(self.model, ChunkedCrossEntropy(chunk_rows_for(cfg.train.seq_len)))
+        training = TrainingForward(self.model, build_objective(cfg))
         self.training_forward: Any = torch.compile(training, backend=backend) if compiled else training
         self.forward = torch.compile(self.model, backend=backend) if compiled else self.model
         self.trainer_step, self.loss = trainer_step, loss
@@ -167,7 +173,7 @@ def compare(cfg: RunConfig, device: torch.device, steps: int, warmup: int = 2, b
 
 
 def report(results: dict[str, ModeResult], firsts: dict[str, ModeResult], cfg: RunConfig, device: torch.device,
-           backend: str) -> str:
+           backend: str, kernels: str = "") -> str:
     m, t = cfg.model, cfg.train
     r = results
 
@@ -183,6 +189,8 @@ def report(results: dict[str, ModeResult], firsts: dict[str, ModeResult], cfg: R
         *(f"{mode:16} {MODES.get(mode, (None, LOSS_IN_MODEL))[1]:>8} {x.tok_s:10,.0f} {x.host_ms:13.1f} "
           f"{x.wall_ms:13.1f}"
           for mode, x in r.items())]
+    if kernels:
+        lines.insert(1, f"kernels: {kernels}")
     if {"compiled", "eager"} <= r.keys():
         lines.append(f"compiled/eager tok/s: {ratio('compiled', 'eager')}; host time per step: "
                      f"{r['compiled'].host_ms / r['eager'].host_ms:.2f}x; the first compiled step (compile) took "
@@ -223,13 +231,30 @@ def main(config_path: str | None, steps: int = 10, overrides: list[str] | None =
         print(f"minilmd bench step: unknown mode(s) {', '.join(unknown)}; the modes: {', '.join(ALL_MODES)}",
               file=sys.stderr)
         return 2
-    from minilmd.trainer.loop.distributed import resolve_device
-
     try:
-        device = resolve_device(cfg, 0)
+        device, kernels = loop_kernels(cfg)
     except ConfigError as e:
         print(f"minilmd bench step: {e}", file=sys.stderr)
         return 2
     results, firsts = compare(cfg, device, steps, backend=backend, modes=chosen)
-    print(report(results, firsts, cfg, device, backend), flush=True)
+    print(report(results, firsts, cfg, device, backend, kernels), flush=True)
     return 0
+
+
+def loop_kernels(cfg: RunConfig) -> tuple[torch.device, str]:
+    """The device and the kernels `minilmd train` would run this config with, set as it sets them (trainer/loop/
+    train.py's run and Trainer): the cuBLAS workspace before CUDA starts, deterministic algorithms, the attention
+    backend settled and applied. (the device, what was chosen, in words)."""
+    from minilmd.trainer.loop import determinism
+    from minilmd.trainer.loop import step as trainer_step
+    from minilmd.trainer.loop.distributed import init_distributed
+    from minilmd.trainer.model import attention_choice
+
+    determinism.prepare_environment(cfg)
+    dist = init_distributed(cfg)
+    deterministic = determinism.apply(cfg, dist.device.type)
+    bf16 = trainer_step.matmul_dtype(cfg.train.dtype, dist.device) == "bf16"
+    record = attention_choice.settle(cfg, dist, bf16, None)
+    return dist.device, (f"attention {record['attention']} ({record['attention_how']}), deterministic algorithms "
+                         f"{'on' if deterministic else 'off'} (train.deterministic = "
+                         f"{str(cfg.train.deterministic).lower()}), as `minilmd train` runs them")
