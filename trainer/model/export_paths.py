@@ -276,7 +276,7 @@ def fresh_export_dir(out_dir: str | Path, group_share: bool = False) -> Path:
     (ExportCopy.publish_dir looks again, through the directory of --out, when it publishes)."""
     out_dir = checked_out(out_dir, group_share)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
+        raise OutRefused(f"{out_dir}: exists and is not an empty directory; choose a new --out")
     return out_dir
 
 
