@@ -83,30 +83,16 @@ def _config_run_dir(path: Path, st: os.stat_result) -> Path:
 def _run_dir_despite(path: Path, data: bytes, problems: list[str]) -> Path:
     """The run directory an invalid config's run.dir names, when that is a run (a warning on stderr lists what the
     next launch will refuse); else RunProblem with the config's problems."""
-    run_dir = _named_run_dir(path, data)
-    if run_dir is None or run_problem(run_dir) is not None:
+    from minilmd.config import named_run_dir
+
+    run_dir = named_run_dir(data, path)
+    problem = run_problem(run_dir) if run_dir is not None else None
+    if run_dir is None or (problem is not None and problem.exit == NOT_A_RUN):  # another user's: said by its owner
         raise RunProblem(f"{path}: not a run directory, and not a run config that names one: {'; '.join(problems)}",
                          NOT_A_RUN)
     print(f"{path}: warning: the next launch of this config will refuse it ({len(problems)} problem(s)): "
           f"{'; '.join(problems)}", file=sys.stderr)
     return run_dir
-
-
-def _named_run_dir(path: Path, data: bytes) -> Path | None:
-    """run.dir of a config's TOML, absolute against the config's directory as `minilmd run` makes it; None when the
-    TOML does not parse or has no run.dir string."""
-    import tomllib
-
-    from minilmd.config import absolute_paths
-
-    try:
-        raw = tomllib.loads(data.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):
-        return None
-    absolute_paths(raw, Path(os.path.abspath(path)).parent)
-    run = raw.get("run")
-    value = run.get("dir") if isinstance(run, dict) else None
-    return Path(value) if isinstance(value, str) and os.path.isabs(value) else None
 
 
 def run_problem(run_dir: Path, command: str = "status") -> RunProblem | None:
