@@ -40,7 +40,16 @@ from minilmd.config import ConfigError, RunConfig
 from minilmd.daemon import preflight
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import is_disk_full, now, read_heartbeat
-from minilmd.daemon.base.states import ATTEMPT_PHASES, FINAL_PHASES, Action, Cause, Phase, check_transition, first_phase
+from minilmd.daemon.base.states import (
+    ATTEMPT_PHASES,
+    FINAL_PHASES,
+    FIRST_HEARTBEAT,
+    Action,
+    Cause,
+    Phase,
+    check_transition,
+    first_phase,
+)
 from minilmd.daemon.base.statesections import ChildInfo, Restart
 from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.child import orphans, trainerwatch
@@ -339,7 +348,7 @@ class Supervisor(Ending):
             return
         beat = read_heartbeat(self.run_dir)  # once a tick: the hang watch judges its mtime and phase together
         if self.phase == Phase.STARTING and beat is not None and child.beats(beat):
-            self._go(Phase.TRAINING, f"first heartbeat from attempt {self.attempt} (step {beat.step})")
+            self._go(Phase.TRAINING, f"{FIRST_HEARTBEAT} {self.attempt} (step {beat.step})")
         child.track_cgroup()
         trainerwatch.kill_if_hung(self.cfg, child, beat, self.events.emit)  # the next ticks poll for its end
 

@@ -296,6 +296,20 @@ def absolute_paths(raw: dict[str, Any], base: Path) -> list[str]:
     return changed
 
 
+def named_run_dir(data: bytes, path: str | os.PathLike) -> Path | None:
+    """run.dir of a config file's bytes even when its other keys have problems (`minilmd status/logs/stop CONFIG`
+    of a run whose config is being edited: daemon/views/runarg.py), absolute against the config's directory as
+    config_from_bytes makes it; None when the TOML does not parse or names no run.dir."""
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    absolute_paths(raw, Path(os.path.abspath(path)).parent)
+    run = raw.get("run")
+    value = run.get("dir") if isinstance(run, dict) else None
+    return Path(value) if isinstance(value, str) and os.path.isabs(value) else None
+
+
 def recorded_copy(path: str | os.PathLike) -> str:
     """The text of the run's copy of its config (run.toml in run.dir, which the trainer and every restart read):
     the file as written when its paths are absolute; else its values with each relative path made absolute against

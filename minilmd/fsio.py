@@ -6,6 +6,7 @@
   publish_dir in a place of this user's; in a place others write, minilmd/dirfd.py's Dir renames at a descriptor.
 - Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
+- Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train).
 - Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `new_lines` (follow a log), of a file
   anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
 Torch-free; the supervisor imports it.
@@ -30,6 +31,15 @@ CHUNK = 1 << 22
 
 
 # --- writing ------------------------------------------------------------------------------------------------------
+
+def out_taken(out: str | os.PathLike, force: bool, there: bool | None = None) -> str | None:
+    """Why a command must not write --out: something is there already (a file, a directory, a link) and --force was
+    not given. One rule for every command that writes an --out (`prepare`, `export`, `tokenizer train`). `there`:
+    what the caller found at --out through a directory's descriptor (None: looked up here, by its path)."""
+    if force or not (os.path.lexists(out) if there is None else there):
+        return None
+    return f"{out} already exists; pass --force to replace it"
+
 
 def fsync_file(path: str | os.PathLike) -> None:
     """Flush a file's data, or a directory's entries, to the disk."""

@@ -11,7 +11,7 @@ import pytest
 
 from minilmd.corpus.prepare.append import append
 from minilmd.corpus.prepare.pipeline import prepare
-from minilmd.corpus.sources.jsonl import CHAT_ADVICE, InputError, iter_texts, parse_block
+from minilmd.corpus.sources.jsonl import CHAT_ADVICE, TEXT_ADVICE, InputError, iter_texts, parse_block
 
 CHAT = {"conversations": [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "你好，有什么事？"}]}
 
@@ -74,3 +74,22 @@ def test_append_of_chat_data_to_a_text_corpus_says_it_is_a_text_corpus(tmp_path,
         append([str(src)], root, workers=0, log=lambda _: None)
     assert str(e.value).count("is a text corpus and this looks like chat data") == 1
     assert "prepare it into a corpus of its own with --format chat" in str(e.value)
+
+
+def test_prepare_of_text_as_chat_says_use_format_text_once_and_lists_the_first_lines_only(tmp_path, chat_tokenizer):
+    """The other way round: a text corpus given to `prepare --format chat` was 3,000 bare `missing conversations`
+    lines and advice to skip them all; each line now says the key expected and what it found, and the advice
+    (--format text) is said once, after the first lines (the rest are in the bad-lines file)."""
+    src = _jsonl(tmp_path / "text.jsonl", chat=0, text=300)
+    with pytest.raises(InputError) as e:
+        prepare([str(src)], chat_tokenizer, tmp_path / "out", data_format="chat", workers=0, log=lambda _: None)
+    said = str(e.value)
+    assert said.count(TEXT_ADVICE) == 1 and TEXT_ADVICE == \
+        'this looks like a text corpus ({"text": ...} lines): use --format text'
+    assert "300 bad lines (text line 300)" in said, said
+    assert f'{src}:1: text line (a "conversations" key expected, found "text": text data)' in said
+    assert said.count(f"{src}:") <= 25, said  # the first lines, not all 300
+    with pytest.raises(InputError) as e:  # every line skipped: no documents; the advice is the error's
+        prepare([str(src)], chat_tokenizer, tmp_path / "out2", data_format="chat", workers=0, on_bad_line="skip",
+                log=lambda _: None)
+    assert str(e.value).endswith(f"; {TEXT_ADVICE}")

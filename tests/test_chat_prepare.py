@@ -103,7 +103,8 @@ def test_bucketed_pad_share_pads_each_sorted_micro_batch_to_its_longest_rows_wid
 BAD = [
     ('{"conversations": "hi"}', "conversations_not_list"),
     ('{"conversations": []}', "empty_conversation"),
-    ('{"text": "a pretraining line"}', "missing_conversations"),
+    ('{"text": "a pretraining line"}', "text_line"),
+    ('{"title": "no conversations"}', "missing_conversations"),
     ('{"conversations": [{"role": "user", "content": "q"}]}', "no_assistant_turn"),
     ('{"conversations": [{"role": "bot", "content": "q"}, {"role": "assistant", "content": "a"}]}', "unknown_role"),
     ('{"conversations": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]}',

@@ -128,3 +128,32 @@ def test_minilmd_verify_of_a_run_directory_whose_run_toml_is_unusable_says_so(ru
     assert done.exit_code == 1
     assert f"{run_dir}: INVALID" in done.output and "a run directory whose run.toml, which says where its " \
         "checkpoints are, cannot be used" in done.output, done.output
+
+
+def test_a_run_whose_best_names_another_step_says_so_and_how_to_take_it(run, capsys):
+    """An early-stopped run: the run directory (or a root) stands for LATEST, as documented, but a next stage's
+    init.checkpoint = "best" takes BEST; one line on stderr says which step BEST names and how to export it."""
+    import dataclasses
+
+    from minilmd.names import BEST, LATEST, TRAINER_STATE
+    from minilmd.trainer.checkpoint import save as ckpt_io
+    from minilmd.trainer.model import export_paths
+
+    run_dir, cfg = run
+    remote = Path(cfg.run.remote)
+    model = tiny_model(seed=1)
+    state = {"step": 1, "config": {"model": dataclasses.asdict(model.config), "data": {"prepared": ""}},
+             "early_stop": {"metric": "val_loss", "best_step": 1, "best_value": 2.5, "since_best": 0}}
+    ckpt_io.save(remote, 1, model.state_dict(), torch.optim.AdamW(model.parameters()).state_dict(), state)
+    assert json.loads((remote / "step-00000001" / TRAINER_STATE).read_text())["early_stop"]["best_value"] == 2.5
+    (remote / LATEST).write_text("step-00000002\n")  # as the early stop left it: its newest
+    (remote / BEST).write_text("step-00000001\n")
+    assert resolve_checkpoint(run_dir) == cfg.checkpoint_dir / "step-00000003"
+    said = capsys.readouterr().err
+    assert f"BEST names step 1 (best val loss 2.5000): export {remote / BEST} for it" in said, said
+    export_paths._say_once.cache_clear()  # said once a process: the same line again below
+    assert resolve_checkpoint(remote) == remote / "step-00000002"  # the root's LATEST: the same line
+    assert f"BEST names step 1 (best val loss 2.5000): export {remote / BEST} for it" in capsys.readouterr().err
+    (remote / BEST).write_text("step-00000002\n")  # BEST is the one taken: nothing to say
+    resolve_checkpoint(remote)
+    assert "BEST names" not in capsys.readouterr().err

@@ -34,7 +34,8 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def _earlier_out(tmp_path: Path, fmt: str) -> Path:
-    """--out as an earlier export left it: a .pth, or the empty directory an hf export may fill."""
+    """--out as an earlier export left it: a .pth (replaced with --force alone), or the empty directory an hf export
+    may fill."""
     out = tmp_path / "out" / ("m.pth" if fmt == "minimind" else "hf")
     out.parent.mkdir()
     if fmt == "minimind":
@@ -57,7 +58,7 @@ def test_an_export_stopped_while_writing_leaves_no_temporary_copy_and_out_as_it_
     mode = "raise" if way_out == "a bug" else "wait"
     with open(tmp_path / "stderr", "wb") as err:
         child = subprocess.Popen([sys.executable, str(PAUSED), mode, str(ready), "export", str(checkpoint),
-                                  "--format", fmt, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=err)
+                                  "--format", fmt, "--out", str(out), "--force"], stdout=subprocess.DEVNULL, stderr=err)
     try:
         if mode == "wait":
             wait_until(lambda: ready.exists() or child.poll() is not None, 300, "the export to write its files")
@@ -87,7 +88,7 @@ def _tmp_of(out: Path, pid: int, ticks: int, host: str | None = None) -> Path:
 
 
 def _export(checkpoint: Path, fmt: str, out: Path):
-    return CliRunner().invoke(app, ["export", str(checkpoint), "--format", fmt, "--out", str(out)])
+    return CliRunner().invoke(app, ["export", str(checkpoint), "--format", fmt, "--out", str(out), "--force"])
 
 
 def _exported(out: Path, fmt: str) -> bool:
@@ -129,7 +130,7 @@ def test_an_export_sigkilled_mid_write_refuses_a_second_while_alive_and_is_clean
     ready = tmp_path / "ready"
     with open(tmp_path / "stderr", "wb") as err:
         child = subprocess.Popen([sys.executable, str(PAUSED), "wait", str(ready), "export", str(checkpoint),
-                                  "--format", fmt, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=err)
+                                  "--format", fmt, "--out", str(out), "--force"], stdout=subprocess.DEVNULL, stderr=err)
     try:
         wait_until(lambda: ready.exists() or child.poll() is not None, 300, "the export to write its files")
         assert child.poll() is None, (tmp_path / "stderr").read_text()

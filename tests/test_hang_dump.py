@@ -7,6 +7,7 @@ one blocked in a read of a stalled FUSE file (uninterruptible: no handler runs u
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from minilmd.config import load_config
 from minilmd.daemon.child.process import launch
-from minilmd.daemon.child.stackdump import _DUMP_MARK, dump_stack
+from minilmd.daemon.child.stackdump import _DUMP_MARK, _proc_stat, dump_stack
 from supervisor_helpers import run_supervisor, state, write_config
 from waiting import wait_until
 
@@ -55,6 +56,22 @@ def test_a_process_without_the_handler_is_not_sent_sigusr1_and_the_message_says_
         assert f"pid {child.pid} state S" in said
         assert _DUMP_MARK not in child.log_path.read_bytes()
         assert child.poll() is None  # SIGUSR1 would have killed it
+    finally:
+        child.kill_group()
+
+
+def test_a_stopped_process_gets_no_dump_and_the_message_says_it_is_stopped_not_in_io(tmp_path):
+    """A trainer stopped by SIGSTOP (state T: Ctrl-Z, a debugger) runs no handler until SIGCONT; the message said
+    "a process in uninterruptible I/O", which is state D's reason, not T's."""
+    child = start(tmp_path, REGISTERED.format(body="time.sleep(600)"))
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_until(lambda: _proc_stat(child.pid)[:1] == ["T"], 30, "the child to stop", interval=0.02)
+        said = dump_stack(child.pid, child.log_path, wait_s=0.5)
+        assert said.startswith("SIGUSR1 sent but no stack dump reached the attempt log within 0.5s"), said
+        assert f"pid {child.pid} state T" in said, said
+        assert "a stopped process (state T: SIGSTOP, SIGTSTP or Ctrl-Z) runs no handler until it gets SIGCONT" in \
+            said and "uninterruptible" not in said, said
     finally:
         child.kill_group()
 

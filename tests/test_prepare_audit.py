@@ -121,8 +121,8 @@ def test_tokenizer_train_replaces_a_link_at_out_and_never_writes_through_it(tmp_
     (outdir / "tokenizer.json").symlink_to(victim)
     (outdir / "tokenizer_config.json").symlink_to(victim)
     done = subprocess.run([*CLI, "tokenizer", "train", demo_jsonl[0], "--out", str(outdir / "tokenizer.json"),
-                           "--vocab-size", "300", "--chat-template", "minimind"],
-                          capture_output=True, text=True, timeout=300)
+                           "--vocab-size", "300", "--chat-template", "minimind", "--force"],
+                          capture_output=True, text=True, timeout=300)  # without --force: refused, exit 2
     assert done.returncode == 0, done.stderr
     assert victim.read_text() == "not yours\n"
     for name in ("tokenizer.json", "tokenizer_config.json"):

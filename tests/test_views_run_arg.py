@@ -100,3 +100,35 @@ def test_the_exit_statuses_of_status_and_logs_are_documented_as_the_code_has_the
     assert table, "docs/operations.md: no exit table of `minilmd status` and `minilmd logs`"
     rows = {int(s) for s in re.findall(r"^\| (\d+) \|", table.group(1), re.M)}
     assert rows == {0, runarg.CANNOT_READ, runarg.NOT_A_RUN}, rows
+
+
+def test_a_running_runs_config_with_a_typo_still_names_its_run_and_warns_what_the_next_launch_refuses(
+        tmp_path, capsys):
+    """A user editing the config of a running run for its next restart (a typo in another key) may still `stop`,
+    `status` or `logs` it: run.dir is all these commands need; stderr lists what the next launch will refuse."""
+    run_dir = ended_run(tmp_path / "cfg" / "runs" / "tiny")
+    config = tmp_path / "cfg" / "tiny.toml"
+    config.write_text(CONFIG + "eval_evry = 5\n")
+    for command in (views.status, views.logs, views_stop.stop):
+        out = io.StringIO()
+        assert command(config, out=out) == 0, capsys.readouterr().err
+        assert str(run_dir) in out.getvalue() or "the supervisor's line" in out.getvalue(), out.getvalue()
+        said = capsys.readouterr().err
+        assert "the next launch of this config will refuse it" in said and "unknown key train.eval_evry" in said, said
+    shutil.rmtree(run_dir)  # no run there: the config's problems are why it names none
+    assert views.status(config, out=io.StringIO()) == 2
+    said = capsys.readouterr().err
+    assert "not a run config that names one: unknown key train.eval_evry" in said, said
+
+
+def test_a_missing_config_file_is_no_such_file_and_a_negative_line_count_is_refused(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "status", str(tmp_path / "nope.toml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "nope.toml: no such file or directory" in done.stderr, done.stderr
+    ended_run(tmp_path / "run")
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "logs", str(tmp_path / "run"), "-n", "-1"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 2 and "--lines" in done.stderr, (done.stdout, done.stderr)
+    done = subprocess.run([sys.executable, "-m", "minilmd.cli", "logs", str(tmp_path / "run"), "-n", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

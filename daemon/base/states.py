@@ -32,6 +32,10 @@ class Phase(Named):
     FAILED = "failed"  # a final error: bad config or data, or the restart policy gave up
 
 
+FIRST_HEARTBEAT = "first heartbeat from attempt"
+"""How the reason of the TRAINING phase begins (`first heartbeat from attempt 2 (step 447)`): how it began, which
+`minilmd status` shows as the phase going on once training has gone past that step (daemon/views/status.py)."""
+
 FINAL_PHASES = frozenset({Phase.DONE, Phase.FAILED})
 INITIAL_PHASES = frozenset({Phase.WAITING_INIT, Phase.WAITING_GPU})
 """Where a supervisor starts (first_phase): nothing reaches them but the start, or a transition of the table."""

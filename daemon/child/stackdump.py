@@ -27,8 +27,9 @@ def dump_stack(pid: int, log_path: Path, timeout: float = 20.0, torchrun: bool =
     installed, else SIGUSR1 to each process of the child's group that catches it (`minilmd train` registers its
     faulthandler for SIGUSR1, writing to stderr, which is this log; torchrun does not catch it and is left alone, its
     workers are dumped). A process that does not catch SIGUSR1 yet (still importing) would die of it, so it is not
-    sent; one in uninterruptible I/O (state D, a stalled mount) runs no handler until the I/O returns, so nothing may
-    come: the answer then says so, with the process state and where the kernel holds it. `others`: the launch's
+    sent; one in uninterruptible I/O (state D, a stalled mount) runs no handler until the I/O returns, nor does one
+    stopped (state T: SIGSTOP, SIGTSTP; t: a debugger), so nothing may come: the answer then says so, with the
+    process state, why that state runs no handler, and where the kernel holds it. `others`: the launch's
     processes outside the child's group (torchrun's workers: each in a session of its own), (pid, start ticks): each
     signalled only while `launch` (minilmd/procs.py) proves it is still that process of the launch; the group's
     members only while the child is ours and unreaped (procs.signal_group_member)."""
@@ -84,8 +85,24 @@ def _dump_by_sigusr1(pid: int, log_path: Path, wait_s: float, torchrun: bool,
             kernel = _kernel_stack(target)
             if kernel:
                 log.write(f"{SUPERVISOR_LINE}kernel stack of pid {target} (/proc/{target}/stack):\n{kernel}".encode())
-    return (f"SIGUSR1 sent but no stack dump reached the attempt log within {wait_s:g}s: {states} (a process in "
-            f"uninterruptible I/O runs no handler until the I/O returns)")
+    return (f"SIGUSR1 sent but no stack dump reached the attempt log within {wait_s:g}s: {states} "
+            f"({_why_no_handler(targets)})")
+
+
+NO_HANDLER_BECAUSE = {
+    "D": "a process in uninterruptible I/O (state D, a stalled mount) runs no handler until the I/O returns",
+    "T": "a stopped process (state T: SIGSTOP, SIGTSTP or Ctrl-Z) runs no handler until it gets SIGCONT",
+    "t": "a process stopped by a debugger or tracer (state t) runs no handler until the tracer lets it go on",
+}
+"""Why a process in each state that lets no signal handler run sent no dump, by its /proc state letter."""
+
+
+def _why_no_handler(pids: list[int]) -> str:
+    """Why the states of `pids` let no handler run, one clause per state found (in the order of the pids); for
+    others (running, sleeping), that the handler did not run in time, with no reason the state gives."""
+    found = dict.fromkeys((_proc_stat(pid) or ["gone"])[0] for pid in pids)
+    why = [NO_HANDLER_BECAUSE[state] for state in found if state in NO_HANDLER_BECAUSE]
+    return "; ".join(why) or "no state here keeps a handler from running: the dump may come late, or not at all"
 
 
 def _wait_for_dump(log_path: Path, start: int, wait_s: float, interval: float = 0.05) -> bytes:

@@ -37,7 +37,7 @@ def run_dir_of(arg: str | os.PathLike, command: str = "status") -> Path:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise RunProblem(f"{path}: no such directory", NOT_A_RUN, path) from None
+        raise RunProblem(f"{path}: no such file or directory", NOT_A_RUN, path) from None
     except OSError as e:
         raise RunProblem(f"{path}: cannot be read ({e.strerror or e})", NOT_A_RUN) from None
     run_dir = path if stat.S_ISDIR(st.st_mode) else _config_run_dir(path, st)
@@ -57,22 +57,42 @@ def resolve_run(arg: str | os.PathLike, command: str = "status") -> tuple[Path |
 
 
 def _config_run_dir(path: Path, st: os.stat_result) -> Path:
-    """run.dir of the config file `path` (read untrusted: its owner's or ours, a regular file, bounded)."""
-    from minilmd.config import ConfigError, load_config
+    """run.dir of the config file `path` (read untrusted: its owner's or ours, a regular file, bounded). A config
+    that no launch would accept still names its run when its run.dir is there and is a run: a user editing the
+    config of a running run for its next restart may `stop`, `status` or `logs` it, told on stderr what the next
+    launch will refuse."""
+    from minilmd.config import MAX_CONFIG_BYTES, ConfigError, config_from_bytes
     from minilmd.perms import own_uid
+    from minilmd.untrusted import Unreadable, read_bytes
 
     if not stat.S_ISREG(st.st_mode):
         raise RunProblem(f"{path}: neither a run directory nor a run config file", NOT_A_RUN)
     try:
-        config = load_config(path, untrusted=True, owners={own_uid(), st.st_uid})
+        data = read_bytes(path, max_bytes=MAX_CONFIG_BYTES, owner=(own_uid(), st.st_uid))
+    except Unreadable as e:
+        raise RunProblem(f"{path}: cannot be read ({e.why})", NOT_A_RUN) from None
+    try:
+        config = config_from_bytes(data, path)
     except ConfigError as e:
-        raise RunProblem(f"{path}: not a run directory, and not a run config that names one: "
-                         f"{'; '.join(e.problems)}", NOT_A_RUN) from None
-    except OSError as e:
-        raise RunProblem(f"{path}: cannot be read ({e.strerror or e})", NOT_A_RUN) from None
+        return _run_dir_despite(path, data, e.problems)
     if not config.run.dir:
         raise RunProblem(f"{path}: a config without run.dir names no run directory", NOT_A_RUN)
-    return config.run_dir  # absolute: load_config resolved it against the config's directory, as for `run`
+    return config.run_dir  # absolute: config_from_bytes resolved it against the config's directory, as for `run`
+
+
+def _run_dir_despite(path: Path, data: bytes, problems: list[str]) -> Path:
+    """The run directory an invalid config's run.dir names, when that is a run (a warning on stderr lists what the
+    next launch will refuse); else RunProblem with the config's problems."""
+    from minilmd.config import named_run_dir
+
+    run_dir = named_run_dir(data, path)
+    problem = run_problem(run_dir) if run_dir is not None else None
+    if run_dir is None or (problem is not None and problem.exit == NOT_A_RUN):  # another user's: said by its owner
+        raise RunProblem(f"{path}: not a run directory, and not a run config that names one: {'; '.join(problems)}",
+                         NOT_A_RUN)
+    print(f"{path}: warning: the next launch of this config will refuse it ({len(problems)} problem(s)): "
+          f"{'; '.join(problems)}", file=sys.stderr)
+    return run_dir
 
 
 def run_problem(run_dir: Path, command: str = "status") -> RunProblem | None:

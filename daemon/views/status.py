@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from minilmd import names
+from minilmd import names, protocol
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import fmt_time
-from minilmd.daemon.base.states import Phase
+from minilmd.daemon.base.states import FIRST_HEARTBEAT, Phase
 from minilmd.daemon.base.statesections import ChildInfo, GpuWait, Progress, SpaceWait, Staging, StateJson
 from minilmd.daemon.views.fitwatch import fit_lines
 from minilmd.daemon.views.liveness import load, orphan_lines, supervisor_alive
@@ -50,7 +50,7 @@ def summary_lines(state: StateJson, alive: bool, t: float | None = None) -> list
     t = t or time.time()
     lines = [_head_line(state, alive, t)]
     if state.reason:
-        lines.append(f"  why: {state.reason}")
+        lines.append(f"  why: {_why(state)}")
     if state.slurm:
         from minilmd.daemon.slurm.job import status_line
 
@@ -86,11 +86,23 @@ def _ago(t: float, then: float) -> str:
     return f"{fmt_duration(t - then)} ago"
 
 
+def _why(state: StateJson) -> str:
+    """The reason of the phase; training's, how it began (its first heartbeat), as the phase that goes on."""
+    if state.phase == Phase.TRAINING and state.reason.startswith(FIRST_HEARTBEAT):
+        return f"training, since the {state.reason}"
+    return state.reason
+
+
 def _head_line(state: StateJson, alive: bool, t: float) -> str:
-    """The run, its phase and for how long, and whether its supervisor runs (or how it ended)."""
+    """The run, its phase and for how long (a `done` one by how it ended: `stopped`, `early-stopped`, as `status
+    --all` shows it), and whether its supervisor runs (or how it ended)."""
+    from minilmd.daemon.views.overview import shown_phase
+
     since = state.since
     run = f"run {state.run or '?'} ({state.run_dir or '?'}): "
-    head = run + f"{state.phase or '?'} for {fmt_duration(t - since if since else None)}"
+    phase = shown_phase({"phase": state.phase, "ended": protocol.how_ended(state.to_dict()),
+                         "staging_state": state.staging.state}) if state.phase else "?"
+    head = run + f"{phase} for {fmt_duration(t - since if since else None)}"
     if alive:
         return head + f"; supervisor pid {state.supervisor.pid} running"
     outcome = state.outcome

@@ -84,17 +84,27 @@ def tokenizer_train_command(
                                       "with a chat template, for prepare --format chat: minimind (MiniMind's "
                                       "ChatML, think block included) or FILE (a Jinja template, or a "
                                       "tokenizer_config.json whose chat_template is taken)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out (and, with --chat-template, the "
+                               "tokenizer_config.json beside it)."),
 ) -> None:
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind).
 
-    Exit status: 0, 65 bad input, 2 bad arguments (a --chat-template that does not load or render), 74 a read or
-    write failed, 130 interrupted (Ctrl-C, SIGTERM: at once, nothing written)."""
+    Exit status: 0, 65 bad input, 2 bad arguments (a --chat-template that does not load or render; an --out, or the
+    tokenizer_config.json beside it, already there without --force), 74 a read or write failed, 130 interrupted
+    (Ctrl-C, SIGTERM: at once, nothing written)."""
     import sys
+    from pathlib import Path
 
     from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside
     from minilmd.corpus.sources.jsonl import CHAT_LINE, TOKENIZER_CHAT_ADVICE, InputError
     from minilmd.corpus.tokenizer_train import TokenizerError
+    from minilmd.fsio import out_taken
+    from minilmd.names import TOKENIZER_CONFIG
 
+    written = [out] + ([str(Path(out).with_name(TOKENIZER_CONFIG))] if chat_template else [])
+    for taken in filter(None, (out_taken(path, force) for path in written)):
+        typer.echo(f"tokenizer train: {taken}; nothing written", err=True)
+        raise typer.Exit(2)
     template_config = None
     if chat_template:
         try:

@@ -168,6 +168,8 @@ def export(
                                      "directory is refused (they could swap what the export writes there); with it "
                                      "the export is still written 0700 and published through the directory opened "
                                      "once, and a killed export's copy there is left for you to remove."),
+    force: bool = typer.Option(False, "--force", help="minimind: replace an existing --out FILE.pth (an hf or "
+                               "peft --out must be new or an empty directory)."),
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers.
 
@@ -177,7 +179,7 @@ def export(
     and said, when its process is gone and it is your own file or directory; another user's, a link, another host's
     or an older .OUT.tmp is left and said. Exit status: 0 written, 1 a checkpoint or argument that cannot be
     exported, 2 an --out it must not write (a symbolic link; another export to it still running; a directory others can
-    rearrange, without --group-share), 74 the export
+    rearrange, without --group-share; a .pth already there without --force; a directory not empty), 74 the export
     could not be written (the message says why: a full disk or quota with the room left, permission denied, a
     read-only or failing file system), 130 interrupted (Ctrl-C, SIGTERM)."""
     import signal
@@ -205,7 +207,7 @@ def export(
         )
 
         if format == "minimind":
-            path, checked = write_minimind(checkpoint, out, merge, group_share)
+            path, checked = write_minimind(checkpoint, out, merge, group_share, force)
             try:  # only for the eval command's advice: the .pth is written and published, whatever this finds
                 chat = find_chat_config(checkpoint, tokenizer or None, checked=checked) is not None
             except ExportError as e:

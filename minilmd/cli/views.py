@@ -82,7 +82,7 @@ def plot_command(
 def logs_command(
     run_dir: str = typer.Argument(".", help=RUN_HELP),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (next attempts too)."),
-    lines: int = typer.Option(20, "--lines", "-n", help="Lines of each log to show first."),
+    lines: int = typer.Option(20, "--lines", "-n", min=0, help="Lines of each log to show first (0: none)."),
 ) -> None:
     """The supervisor's events and the current attempt's trainer output.
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from minilmd.corpus.chat_budget import Exceeded, TemplateLimits, limited
 from minilmd.corpus.chat_sandbox import compile_template
-from minilmd.corpus.sources.jsonl import json_lines, loads_bounded
+from minilmd.corpus.sources.jsonl import TEXT_LINE, json_lines, loads_bounded
 from minilmd.names import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, TOKENIZER_FILE
 from minilmd.protocol import SPECIAL_TOKENS
 from minilmd.untrusted import Unreadable, read_bytes
@@ -69,6 +69,8 @@ class TurnError(ChatError):
 def check_conversation(obj) -> tuple[list[dict] | None, tuple[str, str] | None]:
     """(messages, None) for a good line's JSON value, (None, (reason, detail)) for a bad one (module docstring).
     The messages hold only the keys of MESSAGE_KEYS."""
+    if isinstance(obj, dict) and "conversations" not in obj and "text" in obj:
+        return None, (TEXT_LINE, 'a "conversations" key expected, found "text": text data')
     if not isinstance(obj, dict) or "conversations" not in obj:
         what = 'an object without "conversations"' if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
         return None, ("missing_conversations", f"line is {what}")

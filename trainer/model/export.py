@@ -43,6 +43,7 @@ from typing import Any
 
 from minilmd import perms
 from minilmd.checkpoint import Validated, saved_lora
+from minilmd.fsio import out_taken
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, as_model_section, expected_state_shapes
 from minilmd.names import (
     MANIFEST,
@@ -56,6 +57,7 @@ from minilmd.names import (
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 from minilmd.trainer.model.export_paths import (
     ExportError,
+    OutRefused,
     checked_out,
     fresh_export_dir,
     resolve_checkpoint,
@@ -337,17 +339,19 @@ def export_minimind(path: str | Path, out: str | Path, merge: bool = False, grou
     return write_minimind(path, out, merge, group_share)[0]
 
 
-def write_minimind(path: str | Path, out: str | Path, merge: bool = False,
-                   group_share: bool = False) -> tuple[Path, Validated]:
+def write_minimind(path: str | Path, out: str | Path, merge: bool = False, group_share: bool = False,
+                   force: bool = False) -> tuple[Path, Validated]:
     """(export_minimind's file, the one validation of the checkpoint it was written from, without its weights'
     bytes): what `minilmd export` tells of it (minimind_eval_command, find_chat_config) without reading the
-    checkpoint a second time."""
+    checkpoint a second time. An --out already there is replaced only with `force` (OutRefused: fsio.out_taken)."""
     import torch
 
+    out = checked_out(out, group_share)
+    if taken := out_taken(out, force):
+        raise OutRefused(f"{taken}; nothing was written")
     _, checked, weights, _ = _read_checked(path, merge)
     kept = checked.without_weights()
     del checked  # its bytes of the weights file: the tensors hold them now
-    out = checked_out(out, group_share)
     state = {k: v.to(torch.float16).contiguous() for k, v in with_tied_head(weights).items()}
     with writing(out, group_share) as copy:
         with copy.new_file(PTH_NAME) as f:

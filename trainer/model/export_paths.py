@@ -23,6 +23,7 @@ from minilmd import leftovers, perms, scratch
 from minilmd.dirfd import OPEN_NEW, Dir, Identity, PlaceRefused, Replaced, place_problem, temp_name
 from minilmd.fsio import make_missing_dirs
 from minilmd.names import (
+    BEST,
     CHECKPOINTS,
     LATEST,
     MODEL_FILE,
@@ -31,6 +32,7 @@ from minilmd.names import (
     export_tmp_maker,
     export_tmp_name,
     old_export_tmp_name,
+    step_of,
 )
 
 if TYPE_CHECKING:
@@ -276,7 +278,7 @@ def fresh_export_dir(out_dir: str | Path, group_share: bool = False) -> Path:
     (ExportCopy.publish_dir looks again, through the directory of --out, when it publishes)."""
     out_dir = checked_out(out_dir, group_share)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ExportError(f"{out_dir}: exists and is not an empty directory; choose a new --out")
+        raise OutRefused(f"{out_dir}: exists and is not an empty directory; choose a new --out")
     return out_dir
 
 
@@ -303,10 +305,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
         for name, why in sorted(passed_by.items()):
             _say_once(f"{path / name}: passed by: {why}, not one of this root's checkpoints")
         latest = {p.name: p for p in steps}.get(read_latest(path) or "")
-        if latest is not None:
-            path = latest
-        elif steps:
-            path = steps[-1]
+        if latest is not None or steps:
+            path = latest if latest is not None else steps[-1]
+            _say_best_elsewhere([path.parent], path)
         elif (path / STATE).is_file():
             raise ExportError(f"{path}: a run directory without its {RUN_CONFIG_COPY}, which says where its "
                               f"checkpoints are: give its run.remote, or its scratch's checkpoints directory "
@@ -340,7 +341,41 @@ def _run_checkpoint(run_dir: Path) -> Path:
                           f"{run.unread}")
     _say_once(f"{run_dir}: a run directory: {found}, the newest valid checkpoint of {run.where} (the one a resume "
               f"would take)")
+    _say_best_elsewhere(run.roots, found)
     return found
+
+
+def _say_best_elsewhere(roots: list[Path], taken: Path) -> None:
+    """A root (or a run) taken for its newest checkpoint, when its BEST names another step (an early stop's: the one
+    a next stage's `init.checkpoint = "best"` takes): one line on stderr says so, and how to take that one."""
+    from minilmd.checkpoint_dirs import read_best
+    from minilmd.names import is_step_name
+
+    for root in [taken.parent, *(r for r in roots if r != taken.parent)]:
+        name = read_best(root)
+        if name is None or not is_step_name(name):
+            continue
+        if step_of(name) != step_of(taken):
+            _say_once(f"{BEST} names step {step_of(name)} ({_best_words(root / name)}): export {root / BEST} for it")
+        return
+
+
+def _best_words(best: Path) -> str:
+    """`best val loss 2.1234`, from the early-stop state in the trainer_state.json of the checkpoint BEST names
+    (read bounded, this user's own); the metric alone when that cannot be read."""
+    from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES
+    from minilmd.perms import own_uid
+    from minilmd.untrusted import Unreadable, read_json
+
+    try:
+        stop = read_json(best / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES, owner=own_uid()).get("early_stop")
+    except Unreadable:
+        stop = None
+    metric = stop.get("metric") if isinstance(stop, dict) else None
+    value = stop.get("best_value") if isinstance(stop, dict) else None
+    if not isinstance(metric, str) or not isinstance(value, (int, float)):
+        return "the best validation of its early_stop.metric"
+    return f"best {metric.replace('_', ' ')} {value:.4f}"
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import numpy as np
 
 from minilmd.corpus.prepare.badlines import SHOWN, SPOOL, BadLines
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock
-from minilmd.corpus.sources.jsonl import CHAT_ADVICE, CHAT_LINE, InputError, Source
+from minilmd.corpus.sources.jsonl import CHAT_ADVICE, CHAT_LINE, TEXT_ADVICE, TEXT_LINE, InputError, Source
 from minilmd.corpus.sources.longdoc import LineVerdict
 from minilmd.corpus_meta import CorpusError
 from minilmd.names import (
@@ -189,11 +189,15 @@ class Collector:
             raise self.bad.error(self.format_hint())
 
     def format_hint(self) -> str:
-        """Advice said once when most lines read were chat data given to a text corpus's reader (CHAT_LINE): that
-        the input is in another format than the one prepared, not thousands of lines to mend ("" otherwise)."""
-        chat = self.bad.counts.get(CHAT_LINE, 0)
+        """Advice said once when most lines read were chat data given to a text corpus's reader (CHAT_LINE), or
+        text given to a chat corpus's (TEXT_LINE): that the input is in another format than the one prepared, not
+        thousands of lines to mend ("" otherwise)."""
         read = sum(s["lines"] - s["blank_lines"] for s in self.sources)
-        return self.chat_advice if chat and 2 * chat > read else ""
+        for kind, advice in ((CHAT_LINE, self.chat_advice), (TEXT_LINE, TEXT_ADVICE)):
+            found = self.bad.counts.get(kind, 0)
+            if found and 2 * found > read:
+                return advice
+        return ""
 
     def take(self, src_idx: int, kind: str, result) -> None:
         """One result, in input order: a block ("block"), a piece of a long document ("piece"), the long line

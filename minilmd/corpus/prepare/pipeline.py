@@ -60,7 +60,7 @@ from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.corpus.workers import default_workers
 from minilmd.corpus_meta import FORMAT, MASKED_FORMATS
 from minilmd.dirfd import Dir, Identity, Replaced, temp_name
-from minilmd.fsio import atomic_write_text, make_missing_dirs
+from minilmd.fsio import atomic_write_text, make_missing_dirs, out_taken
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_META_MAX_BYTES,
@@ -108,9 +108,9 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
     out = Path(out)
     check_out_name(out, lambda name: temp_name(prepare_aside_name(name, *leftovers.me()), "0" * 8))
     check_out_place(out, group_share)  # before anything is made or looked at there
+    if taken := out_taken(out, force):
+        raise ValueError(taken)
     if out.exists() or out.is_symlink():
-        if not force:
-            raise ValueError(f"{out} already exists; pass --force to replace it")
         _check_replaceable(out)
     tok = PrepareTokenizer.load(tokenizer, opts.data_format in MASKED_FORMATS)
     if opts.workers is None:
@@ -160,8 +160,8 @@ def _replaceable_at(parent: Dir, out: Path, force: bool) -> Identity | None:
     st = parent.lstat(out.name)
     if st is None:
         return None
-    if not force:
-        raise ValueError(f"{out} already exists; pass --force to replace it")
+    if taken := out_taken(out, force, there=True):
+        raise ValueError(taken)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         _check_replaceable(out)  # says what it is
         raise ValueError(f"{out}: not a directory; nothing was changed")

@@ -130,6 +130,9 @@ CHAT_KEYS = ("conversations", "messages")
 text reader names such a line a `chat_line`, so that chat data given as text is told for what it is."""
 CHAT_LINE = "chat_line"
 CHAT_ADVICE = 'this looks like chat data ("conversations" or "messages" in place of "text"): use --format chat'
+TEXT_LINE = "text_line"
+"""The other way round: a line with "text" and no "conversations", given to a chat reader (`prepare --format chat`)."""
+TEXT_ADVICE = 'this looks like a text corpus ({"text": ...} lines): use --format text'
 
 
 def _without_text(obj: object) -> tuple[str, str]:
