@@ -59,8 +59,8 @@ def row(entry: registry.Entry, t: float) -> dict:
         if e.missing:
             return {**base, "phase": "not started", "running": False}
         return {**base, "phase": "unreadable", "why": e.why, "running": False}
+    from minilmd.daemon.views.liveness import supervisor_alive
     from minilmd.daemon.views.newest import changed_sections, current
-    from minilmd.daemon.views.status import supervisor_alive
 
     written = StateJson.from_dict(raw)  # a wrongly typed field reads as its default
     alive = supervisor_alive(written)
