@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from minilmd import names
 from minilmd.daemon.base.runstate import new_state
 from minilmd.daemon.host.registry import Entry
@@ -37,25 +39,16 @@ def _overview_phase(run_dir: Path) -> str:
     return overview.shown_phase(overview.row(entry, time.time()))
 
 
-def test_a_run_stopped_on_request_reads_stopped_as_in_the_overview(tmp_path):
-    run_dir = _run(tmp_path, phase="done", reason="stopped on request",
+@pytest.mark.parametrize(("reason", "ended", "word"), [("stopped on request", "stopped", "stopped"),
+                                                      ("finished", "finished", "early-stopped")])
+def test_an_ended_run_reads_as_the_overview_says_how_it_ended(tmp_path, reason, ended, word):
+    run_dir = _run(tmp_path, phase="done", reason=reason,
                    supervisor={"pid": 999999, "start_ticks": 1, "host": "h"},
                    progress={"step": 40, "total_steps": 100},
-                   outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": "stopped on request",
-                            "ended": "stopped"})
+                   outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": reason, "ended": ended})
     head = _status(run_dir)[0]
-    assert _overview_phase(run_dir) == "stopped"
-    assert f"run tiny ({run_dir}): stopped for " in head and "done" not in head, head
-
-
-def test_an_early_stopped_run_reads_early_stopped_as_in_the_overview(tmp_path):
-    run_dir = _run(tmp_path, phase="done", reason="finished",
-                   supervisor={"pid": 999999, "start_ticks": 1, "host": "h"},
-                   progress={"step": 40, "total_steps": 100},
-                   outcome={"exit": 0, "phase": "done", "time": time.time(), "reason": "finished",
-                            "ended": "finished"})
-    assert _overview_phase(run_dir) == "early-stopped"
-    assert f"run tiny ({run_dir}): early-stopped for " in _status(run_dir)[0]
+    assert _overview_phase(run_dir) == word
+    assert head.startswith(f"run tiny ({run_dir}): {word} for "), head  # the word, not "done"
 
 
 def test_the_why_of_a_training_run_says_it_trains(tmp_path):
