@@ -79,6 +79,27 @@ def test_a_new_run_name_moving_the_default_scratch_names_the_old_name(tmp_path, 
     assert f"Put run.name = 's' back, or set run.scratch = '{cfg.scratch_dir}' to resume from step 20" in said[0]
 
 
+def test_a_default_scratch_moved_by_a_new_slurm_job_is_named_as_such(tmp_path, corpus, monkeypatch):
+    """In a Slurm job the default scratch is one per job (`<run.name>-slurm<job id>`): a new job on the node where
+    the old one left newer unsynced steps is told so, not that run.scratch changed (it is not set)."""
+    (tmp_path / "shm").mkdir()
+    monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(tmp_path / "shm"))
+    monkeypatch.setenv(names.SLURM_JOB_ENV, "101")
+    config = write_config(tmp_path, corpus, run={"scratch": ""})
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+    (cfg.checkpoint_dir / "step-00000020").mkdir(parents=True)
+    (cfg.checkpoint_dir / "step-00000020" / names.MANIFEST).write_text("{}")
+    (cfg.run_dir / names.STATE).write_text(json.dumps(
+        {"run": "s", "local_checkpoint": {"step": 20, "path": str(cfg.checkpoint_dir / "step-00000020")}}))
+    old = cfg.scratch_dir  # the property follows the job's id
+    monkeypatch.setenv(names.SLURM_JOB_ENV, "102")
+    said = runidentity.problems(load_config(config), None, fresh=False)
+    assert len(said) == 1 and f"the default scratch is {old.parent}/s-slurm102 now" in said[0] and \
+        f"Set run.scratch = '{old}' back to resume from step 20" in said[0] and old.name == "s-slurm101", said
+
+
 def test_an_old_scratch_not_this_runs_or_emptied_refuses_nothing(tmp_path, corpus):
     config, cfg = recorded_run(tmp_path, corpus)
     new = moved(config, f'run.scratch="{tmp_path / "elsewhere"}"')

@@ -131,6 +131,8 @@ def _setting(cfg: RunConfig, rec: Recorded) -> str:
     """Which setting moved it, in words."""
     if rec.name and rec.name != cfg.run.name and not cfg.run.scratch:
         return f"run.name was {rec.name!r}, it is {cfg.run.name!r} now, and the default scratch follows it"
+    if not cfg.run.scratch:  # the same name: in a Slurm job the default is one scratch per job (scratch.py)
+        return f"the default scratch is {cfg.scratch_dir} now"
     return f"run.scratch is {cfg.scratch_dir} now"
 
 
