@@ -126,6 +126,17 @@ def test_a_new_remote_with_a_start_older_than_the_records_is_refused_unless_fres
     assert runidentity.problems(cfg, None, fresh=False) == []  # its own remote: remotewait.py waits for it
 
 
+def test_the_remotes_recorded_step_counts_only_while_the_remote_does_not_answer(tmp_path, corpus):
+    """Out of reach, a remote this run synced step 20 to is waited for (remotewait.py): an old scratch holding step
+    20 loses nothing. A remote that answers and holds nothing starts the run from step 0: that scratch's step 20
+    would be lost."""
+    config, cfg = recorded_run(tmp_path, corpus, remote_step=20)
+    new = moved(config, f'run.scratch="{tmp_path / "elsewhere"}"')
+    assert runidentity.problems(new, None, fresh=False, remote_unknown=True) == []
+    assert runidentity.problems(new, None, fresh=True, remote_unknown=True)  # --fresh waits for nothing
+    assert "newer than step 0" in runidentity.problems(new, None, fresh=False)[0]
+
+
 def test_a_state_json_that_cannot_be_read_refuses_nothing(tmp_path, corpus):
     config, cfg = recorded_run(tmp_path, corpus, remote_step=20)
     (cfg.run_dir / names.STATE).write_text("{torn")
@@ -157,6 +168,8 @@ def test_a_restart_under_a_new_run_name_is_refused_while_the_old_scratch_holds_n
     assert (old_scratch / names.CHECKPOINTS / "step-00000020").is_dir()
     remote = Path(old.run.remote)  # step 20 not synced yet: the remote's newest is 10
     shutil.rmtree(remote / "step-00000020")
+    if not (remote / "step-00000010").is_dir():  # the sync passed it by for the newer one
+        shutil.copytree(old_scratch / names.CHECKPOINTS / "step-00000010", remote / "step-00000010")
     (remote / names.LATEST).write_text("step-00000010\n")
     config = write_config(tmp_path, corpus, run={"scratch": "", "name": "s2"}, train={"max_steps": 30})
     assert_refused(config, old.run_dir, f"records its scratch at {old_scratch}", "run.name was 's', it is 's2' now",

@@ -70,7 +70,8 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
     if not cfg.run.dir or scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default):
         return []  # the scratch is not this run's: its own problem says so, and its checkpoints are not read
     start = find(cfg, remote_root)
-    refused = ([start.refused] if start.refused else []) + runidentity.problems(cfg, start.step, fresh)
+    unknown = start.step is None and not start.why and not start.refused  # the remote does not answer now
+    refused = ([start.refused] if start.refused else []) + runidentity.problems(cfg, start.step, fresh, unknown)
     if said is not None:
         said += [line] if (line := start.line()) else []
         said += [f"note: {p}" for p in start.passed_by]

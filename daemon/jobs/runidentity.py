@@ -73,14 +73,17 @@ def _scratch_of(path: str | None, below: str) -> Path | None:
     return p.parent.parent if p.parent.name == below else None
 
 
-def problems(cfg: RunConfig, start_step: int | None, fresh: bool) -> list[str]:
-    """The refusals of a launch that would resume from `start_step` (None: step 0, or the remote's step once it
-    answers), one per place the run.dir records and the config no longer names that holds a newer step (module
-    docstring). `fresh` (`run --fresh`) gives the old remote's timeline up, not the old scratch's checkpoints."""
+def problems(cfg: RunConfig, start_step: int | None, fresh: bool, remote_unknown: bool = False) -> list[str]:
+    """The refusals of a launch that would resume from `start_step` (None: step 0), one per place the run.dir
+    records and the config no longer names that holds a newer step (module docstring). `remote_unknown`: run.remote
+    does not answer now, so where the launch starts is staging's to find (daemon/jobs/remotewait.py): a run that
+    synced to it waits for it, and resumes at least from the step state.json records there. `fresh` (`run --fresh`)
+    gives the old remote's timeline up, not the old scratch's checkpoints."""
     rec = recorded(cfg.run_dir)
     if rec is None:
         return []
-    floor = start_step if start_step is not None else (rec.remote_step if _same_remote(rec, cfg) else None) or 0
+    waits_for = rec.remote_step if remote_unknown and not fresh and _same_remote(rec, cfg) else None
+    floor = start_step if start_step is not None else waits_for or 0
     out = []
     steps = _old_scratch_steps(cfg, rec)
     if steps and max(steps) > floor:
