@@ -31,13 +31,14 @@ from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
 
 
-def check(config_path: str, overrides: list[str] | None = None) -> RunConfig:
-    """The config, validated as the launch would; raises ConfigError with every problem. Creates nothing."""
-    return check_with_waits(config_path, overrides)[0]
+def check(config_path: str, overrides: list[str] | None = None, fresh: bool = False) -> RunConfig:
+    """The config, validated as the launch would (`fresh`: `run --fresh`); raises ConfigError with every problem.
+    Creates nothing."""
+    return check_with_waits(config_path, overrides, fresh=fresh)[0]
 
 
 def check_with_waits(config_path: str, overrides: list[str] | None = None,
-                     start: list[str] | None = None) -> tuple[RunConfig, list[str]]:
+                     start: list[str] | None = None, fresh: bool = False) -> tuple[RunConfig, list[str]]:
     """check(), and what the run will wait for rather than refuse (an init.from that cannot be reached now, a
     scratch big enough whose space others hold now: the supervisor waits for them in staging), one line each, for
     `run --check` to say. `start` gets where the launch starts (daemon/jobs/resumefrom.py: "resumes from step N
@@ -46,17 +47,19 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
     cfg = load_checked(config_path, overrides, waits=waits,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
                        + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
-                       + _epoch_without_budget(cfg) + owner_problems(cfg) + resume_problems(cfg, start))
+                       + _epoch_without_budget(cfg) + owner_problems(cfg) + resume_problems(cfg, start, fresh))
     return cfg, waits
 
 
-def resume_problems(cfg: RunConfig, start: list[str] | None = None) -> list[str]:
+def resume_problems(cfg: RunConfig, start: list[str] | None = None, fresh: bool = False) -> list[str]:
     """The checkpoint the launch would resume from (in scratch, else on run.remote) trained with another model,
     corpus or tokenizer than the config's: refused now, exit 2, in the words the fetch would use
-    (daemon/jobs/resumefrom.py), not found by the fetch or the trainer once the run has started."""
+    (daemon/jobs/resumefrom.py), not found by the fetch or the trainer once the run has started. So is a start that
+    would leave a newer step behind in the scratch or on the remote this run.dir's state.json records, when the
+    config names others now (daemon/jobs/runidentity.py; `fresh`: `run --fresh` gives the old remote up)."""
     from minilmd.daemon.jobs import resumefrom  # reads a checkpoint (numpy) only where there is one
 
-    return resumefrom.problems(cfg, local_remote_root(cfg.run.remote), start)
+    return resumefrom.problems(cfg, local_remote_root(cfg.run.remote), start, fresh)
 
 
 def owner_problems(cfg: RunConfig) -> list[str]:
@@ -136,11 +139,11 @@ def systemd_stop_note(cfg: RunConfig) -> str | None:
             f"before the save ends")
 
 
-def launch(config_path: str, overrides: list[str] | None = None) -> RunConfig:
+def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = False) -> RunConfig:
     """check(), then claim scratch for this run; raises ConfigError (exit 2) if either refuses. The command
     (`minilmd run`) has given the process the run's identity before this (minilmd/procs.py
     `carry_supervisor_identity`)."""
-    cfg = check(config_path, overrides)
+    cfg = check(config_path, overrides, fresh)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     try:
         scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)

@@ -62,6 +62,7 @@ from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
+from minilmd.daemon.jobs import runidentity
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.phases import initwait
@@ -126,6 +127,8 @@ class Supervisor(Ending):
         try:
             self.signals.install()
             self.files.adopt_previous_state(self.cfg.run.remote)
+            if left := runidentity.left_behind(self.cfg):  # an old scratch of this run: said, never left unsaid
+                self.events.emit("adopt", left)
             self.state.phase = first_phase(initwait.must_wait(self.cfg))  # the start: no transition before it
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
@@ -469,7 +472,7 @@ def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: 
     """`minilmd run CONFIG`: load, check as --check does, claim scratch (exit 2 on problems), supervise to the end.
     `fresh`: `run --fresh` (daemon/jobs/remotewait.py)."""
     try:
-        cfg = preflight.launch(config_path, overrides)  # what --check checks, then scratch is claimed for this run
+        cfg = preflight.launch(config_path, overrides, fresh)  # what --check checks, then scratch is claimed
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG

@@ -280,14 +280,17 @@ def test_a_restart_whose_records_cannot_be_read_waits_and_so_does_the_one_after(
 
 
 def test_a_run_pointed_at_a_new_empty_remote_does_not_wait_for_the_old_ones_step(tmp_path, corpus):
-    """The records count only when they name the current run.remote: a run moved to a new (empty) place starts
-    from step 0 there (on main: it waited forever, "synced to it before (state.json records step 20 ...)")."""
+    """The records count only when they name the current run.remote: a run moved to a new (empty) place with
+    `--fresh` starts from step 0 there (on main: it waited forever, "synced to it before (state.json records step 20
+    ...)"). Without `--fresh` such a start is refused (tests/test_run_identity.py): its run.dir holds the old
+    remote's timeline."""
     config, cfg = synced_run(tmp_path, corpus)
     shutil.rmtree(cfg.scratch_dir)
     new = tmp_path / "new-share" / "remote"
     new.mkdir(parents=True)
     config = write_config(tmp_path, corpus, train={"max_steps": 40}, run={"remote": str(new)})
-    sup = start_supervisor(config, tmp_path / "moved.out")
+    sup = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "run", "--fresh", str(config)],
+                           stdout=open(tmp_path / "moved.out", "ab"), stderr=subprocess.STDOUT, env=env_for())
     try:
         wait_for(lambda: any(m.endswith(": starting from step 0") and str(new) in m
                              for m in event_texts(cfg.run_dir, "fetch")), 60, "a start from step 0 on the new remote")
@@ -297,5 +300,6 @@ def test_a_run_pointed_at_a_new_empty_remote_does_not_wait_for_the_old_ones_step
             sup.kill()
             sup.wait()
     said = [m for m in event_texts(cfg.run_dir, "fetch") if str(new) in m]
-    assert "is an empty directory" in said[0] and "this run has never synced to it" in said[0], said
+    assert "is an empty directory" in said[0] and "`--fresh` was given" in said[0] and "synced to it before" not in \
+        said[0], said
     assert fake_weights_of(new / "step-00000040") == undisturbed_fake_weights(config)

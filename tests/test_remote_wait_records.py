@@ -46,8 +46,8 @@ def write_state(cfg, remote_checkpoint: dict | None) -> None:
     atomic_write_json(cfg.run_dir / names.STATE, body)
 
 
-def check(config: Path) -> str:
-    out = cli("run", "--check", str(config))
+def check(config: Path, *flags: str) -> str:
+    out = cli("run", "--check", str(config), *flags)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
@@ -69,6 +69,7 @@ def test_a_corrupt_state_file_makes_the_run_wait_saying_so(tmp_path, corpus):
            f"read (state.json " in said and "never synced" not in said, said
 
 
+@pytest.mark.slow  # two `run --check`s
 def test_records_of_another_remote_do_not_make_the_run_wait(tmp_path, corpus):
     config, cfg = run_without_scratch(tmp_path, corpus)
     old = str(tmp_path / "old-share" / "remote")
@@ -76,9 +77,11 @@ def test_records_of_another_remote_do_not_make_the_run_wait(tmp_path, corpus):
     write_events(cfg, {"event": "sync", "step": 20, "verified": True, "remote": old},
                  {"event": "fetch", "step": 20, "remote": old})
     Path(cfg.run.remote).mkdir(parents=True)  # run.remote now a new, empty directory
-    said = check(config)
-    assert f"starts from step 0: run.remote: {cfg.run.remote} is an empty directory" in said and \
-        "this run has never synced to it" in said, said
+    refused = cli("run", "--check", str(config))  # a step 0 over the old remote's timeline: tests/test_run_identity.py
+    assert refused.returncode == 2 and f"records step 20 synced to {old}" in refused.stderr, refused.stderr
+    said = check(config, "--fresh")
+    assert f"starts from step 0: run.remote: {cfg.run.remote} is an empty directory" in said and "waits" not in \
+        said and "synced to it before" not in said, said
 
 
 def test_records_of_the_current_remote_still_make_the_run_wait(tmp_path, corpus):

@@ -59,17 +59,24 @@ class Start:
                 f"its weights there)")
 
 
-def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = None) -> list[str]:
-    """The launch's refusal of the checkpoint it would resume from, [] when there is none; `said` gets what `run
-    --check` prints: the start line, then a note per checkpoint passed by. `remote_root`: run.remote's local path
+def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = None, fresh: bool = False) -> list[str]:
+    """The launch's refusals: of the checkpoint it would resume from, and of a start that would leave behind a newer
+    step in a scratch or on a remote this run.dir records and the config no longer names (daemon/jobs/runidentity.py;
+    `fresh`: `run --fresh`); [] when there is none. `said` gets what `run --check` prints: the start line, then a
+    note per checkpoint passed by, and one of an old scratch left behind. `remote_root`: run.remote's local path
     (daemon/preflight.py local_remote_root), None for a store (s3, sftp, memory) or none."""
+    from minilmd.daemon.jobs import runidentity
+
     if not cfg.run.dir or scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default):
         return []  # the scratch is not this run's: its own problem says so, and its checkpoints are not read
     start = find(cfg, remote_root)
+    unknown = start.step is None and not start.why and not start.refused  # the remote does not answer now
+    refused = ([start.refused] if start.refused else []) + runidentity.problems(cfg, start.step, fresh, unknown)
     if said is not None:
         said += [line] if (line := start.line()) else []
         said += [f"note: {p}" for p in start.passed_by]
-    return [start.refused] if start.refused else []
+        said += [f"note: {left}"] if not refused and (left := runidentity.left_behind(cfg)) else []
+    return refused
 
 
 def find(cfg: RunConfig, remote_root: str | None) -> Start:

@@ -18,14 +18,19 @@ def run_command(
     fresh: bool = typer.Option(False, "--fresh", help="With no checkpoint in scratch and a run.remote that cannot "
                                                       "be read (not there, an empty mount point, a link to "
                                                       "nowhere, unreadable), start from step 0 instead of waiting "
-                                                      "for the remote (a run that has synced before waits). A "
-                                                      "remote that answers is still resumed from."),
+                                                      "for the remote (a run that has synced to it before "
+                                                      "waits). Also starts a new lineage in a run.dir whose "
+                                                      "state.json records a newer step on another run.remote "
+                                                      "(refused without it). A remote that answers is still "
+                                                      "resumed from; an old scratch of this run holding newer "
+                                                      "checkpoints is still refused: remove it to give them up."),
 ) -> None:
     """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
 
     Exit status: 0 finished (or stopped on request), 1 the supervisor crashed, could not set up the run directory,
     or the run finished but its last sync failed (not final: systemd restarts it, and a restart retries the sync),
-    2 bad config (a checkpoint to resume from of another model or corpus too) or run owned by another supervisor,
+    2 bad config (a checkpoint to resume from of another model or corpus too; a run.name, run.scratch or run.remote
+    edited away from a newer step this run.dir's state.json records there) or run owned by another supervisor,
     65 bad data, 73 run.dir's disk full (stopped after the last sync), 79 gave up after too many restarts (2, 65,
     73 and 79 are final: list them in systemd's RestartPreventExitStatus=)."""
     if check:
@@ -34,7 +39,7 @@ def run_command(
 
         start: list[str] = []  # where the launch starts: resumes from step N (scratch|remote), or step 0
         try:
-            cfg, waits = preflight.check_with_waits(config, set_, start)
+            cfg, waits = preflight.check_with_waits(config, set_, start, fresh)
         except ConfigError as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
