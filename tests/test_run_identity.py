@@ -79,9 +79,10 @@ def test_a_new_run_name_moving_the_default_scratch_names_the_old_name(tmp_path, 
     assert f"Put run.name = 's' back, or set run.scratch = '{cfg.scratch_dir}' to resume from step 20" in said[0]
 
 
-def test_a_default_scratch_moved_by_a_new_slurm_job_is_named_as_such(tmp_path, corpus, monkeypatch):
+def test_a_default_scratch_moved_by_a_new_slurm_job_is_said_left_behind_not_refused(tmp_path, corpus, monkeypatch):
     """In a Slurm job the default scratch is one per job (`<run.name>-slurm<job id>`): a new job on the node where
-    the old one left newer unsynced steps is told so, not that run.scratch changed (it is not set)."""
+    the old one left newer unsynced steps resumes from run.remote, as a job on another node would (exit 2 would end
+    a job chain left unattended), and is told that the old job's scratch is left behind, named as the job's."""
     (tmp_path / "shm").mkdir()
     monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(tmp_path / "shm"))
     monkeypatch.setenv(names.SLURM_JOB_ENV, "101")
@@ -95,9 +96,13 @@ def test_a_default_scratch_moved_by_a_new_slurm_job_is_named_as_such(tmp_path, c
         {"run": "s", "local_checkpoint": {"step": 20, "path": str(cfg.checkpoint_dir / "step-00000020")}}))
     old = cfg.scratch_dir  # the property follows the job's id
     monkeypatch.setenv(names.SLURM_JOB_ENV, "102")
-    said = runidentity.problems(load_config(config), None, fresh=False)
-    assert len(said) == 1 and f"the default scratch is {old.parent}/s-slurm102 now" in said[0] and \
-        f"Set run.scratch = '{old}' back to resume from step 20" in said[0] and old.name == "s-slurm101", said
+    assert runidentity.problems(load_config(config), None, fresh=False) == []
+    note = runidentity.left_behind(load_config(config))
+    assert f"{old}, this run's scratch before (the default scratch is {old.parent}/s-slurm102 now)" in note and \
+        "still holds checkpoint steps 20" in note and old.name == "s-slurm101", note
+    monkeypatch.setenv(names.SLURM_JOB_ENV, "")  # the same move outside Slurm, by run.scratch: refused
+    moved_by_hand = moved(config, f'run.scratch="{tmp_path / "elsewhere"}"')
+    assert len(runidentity.problems(moved_by_hand, None, fresh=False)) == 1
 
 
 def test_an_old_scratch_not_this_runs_or_emptied_refuses_nothing(tmp_path, corpus):

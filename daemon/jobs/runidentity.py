@@ -22,6 +22,7 @@ what such a start waits for). Torch-free.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,7 +87,7 @@ def problems(cfg: RunConfig, start_step: int | None, fresh: bool, remote_unknown
     floor = start_step if start_step is not None else waits_for or 0
     out = []
     steps = _old_scratch_steps(cfg, rec)
-    if steps and max(steps) > floor:
+    if steps and max(steps) > floor and not _moved_by_a_new_slurm_job(cfg, rec):
         out.append(_scratch_refusal(cfg, rec, max(steps), start_step))
     if not fresh and rec.remote and not _same_remote(rec, cfg) and (rec.remote_step or 0) > floor:
         out.append(_remote_refusal(cfg, rec, start_step))
@@ -95,8 +96,8 @@ def problems(cfg: RunConfig, start_step: int | None, fresh: bool, remote_unknown
 
 def left_behind(cfg: RunConfig) -> str:
     """A note for an old scratch of this run (the records' scratch, not the config's) that still holds checkpoints
-    none newer than where the launch resumes (`problems` refuses those): where it is, what it holds, that nothing
-    removes it; "" when there is none."""
+    none newer than where the launch resumes (`problems` refuses those, but for a new Slurm job's: see there): where
+    it is, what it holds, that nothing removes it; "" when there is none."""
     rec = recorded(cfg.run_dir)
     steps = _old_scratch_steps(cfg, rec) if rec is not None else []
     if not steps or rec is None:
@@ -120,6 +121,14 @@ def _old_scratch_steps(cfg: RunConfig, rec: Recorded) -> list[int]:
             scratch.problems(old, cfg.run_dir, False):
         return []
     return sorted(local_checkpoint_steps(old / names.CHECKPOINTS))
+
+
+def _moved_by_a_new_slurm_job(cfg: RunConfig, rec: Recorded) -> bool:
+    """The default scratch moved only because this is another Slurm job (one scratch per job: minilmd/scratch.py):
+    no refusal, since exit 2 would end the job chain a user left unattended; the job resumes from run.remote, as a
+    job on another node would, and the old scratch is said as left behind (`left_behind`)."""
+    return not cfg.run.scratch and bool(os.environ.get(names.SLURM_JOB_ENV)) and \
+        (not rec.name or rec.name == cfg.run.name)
 
 
 def _same_path(a: Path, b: Path) -> bool:
