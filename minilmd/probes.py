@@ -23,6 +23,7 @@ from typing import Any
 from minilmd import scratch
 from minilmd.checkpoint_dirs import list_checkpoints, read_latest
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config, stage_defaults
+from minilmd.config_sections import DpoSection
 from minilmd.config_values import early_stop_metric_problem
 from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, read_corpus_meta
 from minilmd.dirfd import dir_problem
@@ -334,12 +335,13 @@ def _bounded_init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
 
 def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
     """The settings written in the config that the corpus's stage does not use: [dpo] beta off a preference corpus
-    (a DPO config pointed at another corpus trains that corpus's stage), data.mode and data.doc_mask on one (its
+    (a DPO config pointed at another corpus trains that corpus's stage; beta at its default is no choice, as in a
+    copy of deploy/example.toml, which writes every key out), data.mode and data.doc_mask on one (its
     rows are pairs, length-bucketed, one side of one pair each: plan/pairs.py)."""
     if not data_format:
         return []
     notes = []
-    if data_format != "dpo" and cfg.is_set("dpo.beta"):
+    if data_format != "dpo" and cfg.is_set("dpo.beta") and cfg.dpo.beta != DpoSection.beta:  # a default copied
         notes.append(f"[dpo] beta = {cfg.dpo.beta:g} has no effect: {cfg.data.prepared} is a {data_format} corpus, so "
                      f"this run trains {stage_defaults(data_format, False)[0]}, not DPO (a preference corpus is one of "
                      f"`minilmd prepare --format dpo`)")
