@@ -76,7 +76,8 @@ def _is_url(s: str) -> bool:
 
 def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     """What the config names on this machine and cannot be used, in the config's order: run.dir, scratch (and whose
-    it is), the prepared corpus, the Prometheus textfile, init.from, the remote. `waits`: see load_checked."""
+    it is), the prepared corpus, the Prometheus textfile, init.from, the probe corpus, the remote. `waits`: see
+    load_checked."""
     p: list[str] = []
     if cfg.run.dir:
         p += _check_writable("run.dir", Path(cfg.run.dir))
@@ -90,17 +91,40 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
         else:
             p += _corpus_problems(cfg, waits)
     if cfg.log.prometheus_textfile:
-        textfile_dir = Path(cfg.log.prometheus_textfile).parent
-        p += _check_writable("log.prometheus_textfile", textfile_dir)
-        p += [why] if (why := dir_problem("log.prometheus_textfile", textfile_dir, "the run's gauges")) else []
+        p += _textfile_problems(cfg.log.prometheus_textfile)
     if cfg.init.from_ and not cfg.init.staged:  # staged: the supervisor verified it; its copy is what is read
         p += _init_problems(cfg, waits)
+    if cfg.eval.probe and not cfg.eval.probe_staged:  # staged: as init.staged
+        p += _probe_problems(cfg, waits)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
         elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
             p += _shared_storage_check(_check_writable, "run.remote", Path(cfg.run.remote))
     return p
+
+
+def _textfile_problems(textfile: str) -> list[str]:
+    """The Prometheus textfile's directory is one node_exporter's collector reads: there already (the supervisor
+    writes the file in it and never creates it: a missing one is a typo, retried without end), a directory this
+    user can write, no other user's to rearrange (dirfd's rule, as daemon/host/prometheus.py place_problem)."""
+    textfile_dir = Path(textfile).parent
+    if _missing(textfile_dir):
+        return [f"log.prometheus_textfile = {textfile!r}: {textfile_dir} does not exist (the textfile collector's "
+                f"directory is made by whoever installs node_exporter, never by the run: a typo?)"]
+    hostile = dir_problem("log.prometheus_textfile", textfile_dir, "the run's gauges")
+    return _check_writable("log.prometheus_textfile", textfile_dir) + ([hostile] if hostile else [])
+
+
+def _missing(path: Path) -> bool:
+    """Nothing at path, not even a link (one it cannot look at is not said missing: the other checks say why)."""
+    try:
+        os.lstat(path)
+        return False
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
 
 
 SHARED_STORAGE_PROBE_S = 5.0
@@ -270,6 +294,24 @@ def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     waits.append(f"init.from = {cfg.init.from_!r} cannot be reached now ({unreachable}): the run waits for it, "
                  f"retrying with backoff (`minilmd status`: \"init source unreachable since ..., retrying\")")
     return problems
+
+
+def _probe_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
+    """[eval] probe on shared storage, as staging judges it (minilmd/shared_place.py look: daemon/jobs/initstage.py
+    stage_probe): one that is not there at a first launch while the directory above it holds other entries
+    (gone_or_typo) is a typo, refused as data.prepared's and init.from's are, not waited for without end; any other
+    absence (its share gone or not mounted) is waited for by staging: with `waits`, a line there. One there and not
+    a prepared corpus is staging's to refuse, a data error (65), as the trainer's own."""
+    probe = cfg.eval.probe
+    answered, found, _ = bounded_probe(look, probe, CORPUS_META)
+    if not answered or not found.outage:
+        return []
+    if not _has_started(cfg) and (typo := bounded_probe(gone_or_typo, probe)[1]):
+        return [f"eval.probe = {probe!r}: {found.what} ({typo}): a typo?"]
+    if waits is not None:
+        waits.append(f"eval.probe = {probe!r} is {found} now: the run waits for it, retrying with backoff (`minilmd "
+                     f"status`: \"probe source unreachable since ..., retrying\")")
+    return []
 
 
 def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:

@@ -1,0 +1,77 @@
+"""`minilmd run --check` and the launch refuse what a new user mistypes, rather than pass it and then wait without
+end or lose a feature: an [eval] probe that is not there beside other entries (a typo, as data.prepared's and
+init.from's: minilmd/probes.py), a Prometheus textfile in a directory that does not exist, a run.remote whose parent
+does not exist (a mistyped or unmounted share: never a chain of directories made on the local disk), a data.prepared
+mistyped on a run that trained before and whose scratch holds no staged copy (never "trains from the verified copy"
+when there is none). Each of these passed `--check` on main."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from minilmd.config import ConfigError
+from minilmd.daemon import preflight
+from minilmd.protocol import SUPERVISOR_CONFIG
+from supervisor_helpers import cli, write_config
+
+
+def _refused(config: Path, *fragments: str) -> str:
+    """preflight's check (what `--check` and the launch load through) refuses, naming every fragment."""
+    with pytest.raises(ConfigError) as err:
+        preflight.check_with_waits(str(config))
+    text = str(err.value)
+    assert all(f in text for f in fragments), text
+    return text
+
+
+def _launch_refused(config: Path, *fragments: str) -> None:
+    """A real `minilmd run` (the fake trainer behind it) exits 2, final, naming every fragment, no trainer started."""
+    launched = cli("run", str(config), timeout=120)
+    text = launched.stdout + launched.stderr
+    assert launched.returncode == SUPERVISOR_CONFIG, text
+    assert all(f in text for f in fragments) and "Traceback" not in text, text
+
+
+# --- [eval] probe -----------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # a real launch
+def test_a_mistyped_probe_is_refused_at_a_first_launch_naming_eval_probe(tmp_path, corpus):
+    """On main: --check OK, and the launch waited for ever, "init source unreachable: .../prep/pree: not there"."""
+    prep = tmp_path / "prep"
+    shutil.copytree(corpus[0], prep / "probe")
+    config = write_config(tmp_path, corpus, remote=False, eval={"probe": str(prep / "pree")})
+    _refused(config, f"eval.probe = '{prep / 'pree'}'", f"{prep} holds other entries, but no pree", "a typo?")
+    _launch_refused(config, "eval.probe", "a typo?")
+    assert not (tmp_path / "s" / "run" / "state.json").exists()
+
+
+def test_a_probe_whose_share_is_not_mounted_is_waited_for(tmp_path, corpus):
+    share = tmp_path / "share"
+    share.mkdir()  # an unmounted share: its mount point an empty stub, no evidence of a typo
+    config = write_config(tmp_path, corpus, remote=False, eval={"probe": str(share / "probe")})
+    _, waits = preflight.check_with_waits(str(config))
+    (line,) = waits
+    assert line.startswith(f"eval.probe = '{share / 'probe'}' is not there") and "probe source unreachable" in line
+
+
+def test_staging_says_an_unreachable_probe_is_the_probes(tmp_path, corpus):
+    """The wait's label and message name the probe (status: "probe source unreachable ... eval.probe: ..."), not
+    init.from, which this run does not have."""
+    from minilmd.config import load_config
+    from minilmd.daemon.jobs import initstage
+    from minilmd.daemon.jobs.staging_errors import ProbeUnreachable
+
+    config = write_config(tmp_path, corpus, remote=False, eval={"probe": str(tmp_path / "gone" / "probe")})
+    with pytest.raises(ProbeUnreachable, match=r"^eval\.probe: .*gone/probe: not there"):
+        initstage.stage_inputs(load_config(config))
+
+
+# --- log.prometheus_textfile ------------------------------------------------------------------------------------
+def test_a_textfile_in_a_directory_that_does_not_exist_is_refused(tmp_path, corpus):
+    """On main: --check OK, and the run logged "cannot write the Prometheus textfile ...; retrying" for ever."""
+    textfile = tmp_path / "prom" / "x.prom"
+    config = write_config(tmp_path, corpus, remote=False, log={"prometheus_textfile": str(textfile)})
+    _refused(config, f"log.prometheus_textfile = '{textfile}': {textfile.parent} does not exist")
+    textfile.parent.mkdir()
+    preflight.check_with_waits(str(config))
