@@ -75,3 +75,46 @@ def test_a_textfile_in_a_directory_that_does_not_exist_is_refused(tmp_path, corp
     _refused(config, f"log.prometheus_textfile = '{textfile}': {textfile.parent} does not exist")
     textfile.parent.mkdir()
     preflight.check_with_waits(str(config))
+
+
+# --- data.prepared after `done` removed scratch -------------------------------------------------------------------
+@pytest.mark.slow  # a real supervisor trains the run to its end (the fake trainer), then two launches
+def test_a_mistyped_corpus_of_a_finished_run_whose_scratch_is_gone_is_refused(tmp_path, corpus):
+    """The run trained to `done`, which removed its scratch (keep_scratch = false, the remote holds the last
+    checkpoint); data.prepared then mistyped. On main --check said "this run has started before, so it trains from
+    the verified copy in scratch, or waits for the share", of a copy that was not there, and the launch waited for
+    ever. Now as at a first launch: refused, exit 2, with the data.prepared the run started with."""
+    from minilmd.config import load_config
+    from supervisor_helpers import run_supervisor
+
+    prep = tmp_path / "prep"
+    shutil.copytree(corpus[0], prep / "corpus")
+    good = write_config(tmp_path, (prep / "corpus", corpus[1]), run={"keep_scratch": False},
+                        train={"max_steps": 8, "checkpoint_every": 4})
+    cfg = load_config(good)
+    assert run_supervisor(good, tmp_path) == 0
+    assert not (cfg.scratch_dir / "corpus").exists() and (cfg.run_dir / "state.json").is_file()
+    typo = write_config(tmp_path, (prep / "corpsu", corpus[1]), run={"keep_scratch": False},
+                        train={"max_steps": 8, "checkpoint_every": 4})
+    said = _refused(typo, f"data.prepared = '{prep / 'corpsu'}': not there ({prep} holds other entries, but no "
+                          f"corpsu), and scratch holds no staged copy of it",
+                    f"this run started with data.prepared = '{prep / 'corpus'}' (its run.toml)", "a typo?")
+    assert "trains from the verified copy" not in said
+    _launch_refused(typo, "data.prepared", "a typo?")
+
+
+def test_a_corpus_share_gone_at_a_restart_with_no_copy_in_scratch_is_waited_for_saying_so(tmp_path, corpus):
+    """Its share not mounted (the mount point an empty stub) and no staged copy in scratch: waited for, and the
+    line says there is no copy to train from (on main: "it trains from the verified copy in scratch")."""
+    share = tmp_path / "share"
+    share.mkdir()
+    config = write_config(tmp_path, (share / "corpus", corpus[1]), remote=False)
+    from minilmd.config import load_config
+
+    run_dir = load_config(config).run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "state.json").write_text("{}")  # the run has started before
+    waits = [w for w in preflight.check_with_waits(str(config))[1] if w.startswith("data.prepared")]
+    (line,) = waits
+    assert "scratch holds no staged copy to train from, so it waits for the share" in line, line
+    assert "trains from the verified copy" not in line
