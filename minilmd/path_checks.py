@@ -11,6 +11,7 @@ import os
 import stat
 from pathlib import Path
 
+from minilmd import mounts
 from minilmd.bounded import bounded_probe
 from minilmd.config import ConfigError, RunConfig, load_config
 from minilmd.names import CORPUS_META, RUN_CONFIG_COPY, STAGED_CORPUS, STATE
@@ -119,3 +120,19 @@ def _started_with(cfg: RunConfig) -> str | None:
     except (ConfigError, OSError):
         return None
 
+
+def remote_problems(remote: str) -> list[str]:
+    """A local run.remote the first sync can make: a writable directory, or the nearest one above it that is there
+    is one (the sync makes the rest: daemon/jobs/remote_local.py; never below an unmounted share's empty mount
+    point, which it waits for), and on storage: no directory can be made in a view of the kernel (/proc, /sys), and
+    as root the writable check cannot tell."""
+    path = Path(remote)
+    problems = check_writable("run.remote", path)
+    above = path
+    while _missing(above) and above.parent != above:
+        above = above.parent
+    mount = mounts.mount_of(above) if not problems else None
+    if mount is not None and mount.fstype in mounts.KERNEL_TYPES:
+        problems.append(f"run.remote = {remote!r}: {above} is on {mount.fstype}, a view of the kernel, not storage: "
+                        f"no directory can be made there")
+    return problems

@@ -52,6 +52,7 @@ from minilmd.path_checks import (
     has_staged_copy,
     has_started,
     probe_problems,
+    remote_problems,
     textfile_problems,
 )
 from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
@@ -107,7 +108,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
         elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
-            p += shared_storage_check(check_writable, "run.remote", Path(cfg.run.remote))
+            p += shared_storage_check(remote_problems, cfg.run.remote)
     return p
 
 

@@ -118,3 +118,35 @@ def test_a_corpus_share_gone_at_a_restart_with_no_copy_in_scratch_is_waited_for_
     (line,) = waits
     assert "scratch holds no staged copy to train from, so it waits for the share" in line, line
     assert "trains from the verified copy" not in line
+
+
+# --- run.remote -----------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # a real launch
+def test_a_remote_in_a_kernel_file_system_is_refused(tmp_path, corpus):
+    """/proc/nope: on main --check passed (its parent "writable" to root), the run trained to its end and exited 1
+    on "sync failed (SyncError: sync to /proc/nope failed: FileNotFoundError: ...)"."""
+    config = write_config(tmp_path, corpus, remote=False, run={"remote": "/proc/nope"})
+    _refused(config, "run.remote = '/proc/nope': /proc")
+    _launch_refused(config, "run.remote = '/proc/nope'")
+
+
+def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path):
+    """A remote whose parent is not there under an unmounted share (its mount point an empty stub, not a mount
+    point): the sync fails, saying so in words (no Python class name), and makes nothing on the local disk below
+    it; under a place that answers it makes the remote and its parent, as it always did."""
+    from minilmd.daemon.jobs.remote_local import LocalRemote
+    from minilmd.daemon.jobs.sync import SyncError
+    from minilmd.daemon.jobs.syncworker import error_words
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    remote = LocalRemote(str(mnt / "ckpt" / "r"))
+    with pytest.raises(FileNotFoundError) as err:
+        remote.makedirs()
+    said = error_words(err.value)
+    assert f"{mnt / 'ckpt'} is not there and {mnt} is an empty directory, not a mount point" in said, said
+    assert "Error" not in said and list(mnt.iterdir()) == []
+    assert error_words(SyncError(f"sync to {mnt} failed: {said}")) == f"sync to {mnt} failed: {said}"
+    (mnt / "other-run").mkdir()  # the share answers
+    remote.makedirs()
+    assert (mnt / "ckpt" / "r").is_dir()

@@ -30,6 +30,16 @@ from minilmd.daemon.base.worker import Inbox, Worker
 from minilmd.fmt import fmt_mb as mb
 from minilmd.untrusted import loads, read_bytes
 
+
+def error_words(e: BaseException) -> str:
+    """A failed sync in words for status and the logs, no Python class name: an OSError's own ("[Errno 2] No such
+    file or directory: '/nfs/x'"), minilmd's own errors' messages (daemon/jobs/sync.py SyncError names the
+    checkpoint, the remote and the cause); the class name only of anything else (a bug's, which it helps find)."""
+    if isinstance(e, OSError) or type(e).__module__.startswith("minilmd."):
+        return str(e)
+    return f"{type(e).__name__}: {e}"
+
+
 if TYPE_CHECKING:
     from minilmd.daemon.jobs.sync import Syncer
 
@@ -99,7 +109,7 @@ class SyncWorker:
             try:
                 self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
             except Exception as e:  # noqa: BLE001 - any error of the remote is a failing remote, in status
-                self.state.sync.state, self.state.sync.error = SyncState.FAILED, f"{type(e).__name__}: {e}"
+                self.state.sync.state, self.state.sync.error = SyncState.FAILED, error_words(e)
                 return False
         return True
 
@@ -155,7 +165,7 @@ class SyncWorker:
                 expected = self.infra.expectation(self.cfg, staged) if staged else None
                 self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
             except Exception as e:  # noqa: BLE001 - any error of the remote: say why no sync
-                return f"no sync possible: {type(e).__name__}: {e}"
+                return f"no sync possible: {error_words(e)}"
         if self.worker is not None:
             if not self.worker.done:
                 if self.running_for() > 2 * self.stalled_after_s:
@@ -233,13 +243,14 @@ class SyncWorker:
             self.failing_since = self.failing_since if self.failures > 1 and self.failing_since else now()
             retry = min(every, 5.0 * 2 ** (self.failures - 1))
             self.next_at = now() + retry
-            sync.state, sync.error, sync.since = SyncState.FAILED, worker.error_text, now()
-            self.state.record_error(f"sync failed: {worker.error_text}")
+            said = error_words(worker.error)
+            sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
+            self.state.record_error(f"sync failed: {said}")
             from minilmd.daemon.jobs.sync import RemoteFull  # loaded by the worker by now: sync imports numpy
 
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
-            self.emit("sync", f"sync failed ({worker.error_text}); {self._next_try(retry, worker.error)}")
+            self.emit("sync", f"sync failed ({said}); {self._next_try(retry, worker.error)}")
             return
         result = worker.result
         self.failures, self.failing_since = 0, None
