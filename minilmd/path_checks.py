@@ -2,8 +2,8 @@
 path_problems): a path that is not there while the directory above it holds other entries is a typo at a first
 launch (minilmd/shared_place.py gone_or_typo), refused, exit 2, rather than waited for without end; an absence an
 unmounted share explains is waited for. Here: the [eval] probe, the Prometheus textfile's directory (never made by
-the run), the corpus of a run that has started before but whose scratch holds no staged copy to train from, and
-whether a path can be written at all. Torch-free.
+the run), the corpus of a run that has started before but whose scratch holds no staged copy to train from, a
+run.remote in a view of the kernel (/proc), and whether a path can be written at all. Torch-free.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ template other than the corpus's; the supervisor says init.from's (init_from_not
 minilmd/config.py checks the values alone; `load_checked` and `checked_from_dict` are its loaders with these checks
 after the values' (one ConfigError with every problem) and a missing budget's arithmetic over the corpus's train
 tokens. The trainer (`minilmd train`), `minilmd run --check` and the launch (daemon/preflight.py) load through
-them. Shared storage (NFS) is probed in a thread for SHARED_STORAGE_PROBE_S at most. Torch-free.
+them. Shared storage (NFS) is probed in a thread for SHARED_STORAGE_PROBE_S at most (minilmd/bounded.py); a
+mistyped path is told from a share gone by minilmd/path_checks.py. Torch-free.
 """
 from __future__ import annotations
 
