@@ -134,9 +134,9 @@ def test_the_sync_makes_no_directory_under_an_unmounted_share(tmp_path):
     """A remote whose parent is not there under an unmounted share (its mount point an empty stub, not a mount
     point): the sync fails, saying so in words (no Python class name), and makes nothing on the local disk below
     it; under a place that answers it makes the remote and its parent, as it always did."""
+    from minilmd.daemon.base.worker import error_words
     from minilmd.daemon.jobs.remote_local import LocalRemote
     from minilmd.daemon.jobs.sync import SyncError
-    from minilmd.daemon.jobs.syncworker import error_words
 
     mnt = tmp_path / "mnt"
     mnt.mkdir()

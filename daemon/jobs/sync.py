@@ -36,11 +36,11 @@ from pathlib import Path
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
+from minilmd.daemon.base.worker import error_words
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
-from minilmd.daemon.jobs.syncworker import error_words
 from minilmd.names import (
     BEST,
     LATEST,

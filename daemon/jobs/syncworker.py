@@ -26,19 +26,9 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import RemoteCheckpoint
-from minilmd.daemon.base.worker import Inbox, Worker
+from minilmd.daemon.base.worker import Inbox, Worker, error_words
 from minilmd.fmt import fmt_mb as mb
 from minilmd.untrusted import loads, read_bytes
-
-
-def error_words(e: BaseException) -> str:
-    """A failed sync in words for status and the logs, no Python class name: an OSError's own ("[Errno 2] No such
-    file or directory: '/nfs/x'"), minilmd's own errors' messages (daemon/jobs/sync.py SyncError names the
-    checkpoint, the remote and the cause); the class name only of anything else (a bug's, which it helps find)."""
-    if isinstance(e, OSError) or type(e).__module__.startswith("minilmd."):
-        return str(e)
-    return f"{type(e).__name__}: {e}"
-
 
 if TYPE_CHECKING:
     from minilmd.daemon.jobs.sync import Syncer
