@@ -38,7 +38,7 @@ from minilmd.config_sections import (
     TrainSection,
     toml_key,
 )
-from minilmd.config_values import TrainTokens, check_values
+from minilmd.config_values import TrainTokens, check_values, invalid_fields
 from minilmd.perms import own_uid
 
 if sys.version_info >= (3, 11):
@@ -189,12 +189,12 @@ the others, after them."""
 def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: ExtraCheck | None = None,
                      train_tokens_of: TrainTokens | None = None) -> RunConfig:
     """Build and validate a RunConfig; raise ConfigError with every problem at once (those of `more_checks` too,
-    which must cope with values that the problems already found say are out of range). Only the values are
+    which run only once every field is valid: config_values.invalid_fields). Only the values are
     checked here: the paths, the corpus and init.from are minilmd/probes.py's, given as `more_checks`."""
     problems: list[str] = []
     classes = _section_classes()
     cfg = RunConfig(source=source)
-    explicit = set()
+    explicit, mistyped = set(), set()
     for section, body in raw.items():
         if section not in classes:
             problems.append(f"unknown section [{section}] (known: {', '.join(classes)})")
@@ -212,14 +212,15 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
                 continue
             if not _type_ok(value, hints[key]):
                 problems.append(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}")
+                mistyped.add(f"{section}.{key}")
                 continue
             if hints[key] is float and isinstance(value, int):
                 value = float(value)
             setattr(target, attrs[key], value)
             explicit.add(f"{section}.{key}")
     cfg._explicit = frozenset(explicit)
-    problems += check_values(cfg, train_tokens_of)
-    if more_checks is not None:
+    problems += check_values(cfg, train_tokens_of, mistyped)
+    if more_checks is not None and not invalid_fields(cfg, mistyped):  # they would judge defaults, or a -1
         problems += more_checks(cfg)
     if problems:
         raise ConfigError(problems, source)

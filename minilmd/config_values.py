@@ -8,7 +8,7 @@ nothing: what the paths hold is minilmd/probes.py's.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from minilmd import names, perms
@@ -132,20 +132,28 @@ def _choice_text(value: object) -> str:
 
 def off_choices(cfg: RunConfig) -> list[str]:
     """Every key of CHOICES whose value is not one of its choices, one problem each."""
-    p = []
+    return list(_off_choices(cfg).values())
+
+
+def _off_choices(cfg: RunConfig) -> dict[str, str]:
+    p = {}
     for key, (choices, why) in CHOICES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         if value not in choices:
             texts = [_choice_text(c) for c in choices]
-            p.append(f"{key} = {value!r}: must be {', '.join(texts[:-1])} or {texts[-1]}"
-                     + (f" ({why})" if why else ""))
+            p[key] = (f"{key} = {value!r}: must be {', '.join(texts[:-1])} or {texts[-1]}"
+                      + (f" ({why})" if why else ""))
     return p
 
 
 def out_of_range(cfg: RunConfig) -> list[str]:
     """Every number (RANGES) that is not finite or not in its range, one problem each."""
-    p = []
+    return list(_out_of_range(cfg).values())
+
+
+def _out_of_range(cfg: RunConfig) -> dict[str, str]:
+    p = {}
     for key, (allowed, why) in RANGES.items():
         section, name = key.split(".")
         written = value = getattr(getattr(cfg, section), name)
@@ -153,16 +161,30 @@ def out_of_range(cfg: RunConfig) -> list[str]:
             try:
                 value = parse_duration(value)
             except ValueError as e:
-                p.append(f"{key}: {e}")
+                p[key] = f"{key}: {e}"
                 continue
         if not allowed.holds(value):
-            p.append(f"{key} = {written!r}: must be {'finite and ' if isinstance(value, float) else ''}{allowed}"
-                     + (f" ({why})" if why else ""))
+            p[key] = (f"{key} = {written!r}: must be {'finite and ' if isinstance(value, float) else ''}{allowed}"
+                      + (f" ({why})" if why else ""))
     return p
 
 
-def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[str]:
-    """Names, choices, every number (RANGES) and the rules between fields."""
+def invalid_fields(cfg: RunConfig, mistyped: Collection[str] = ()) -> set[str]:
+    """"section.key" of every field whose value cannot be used: of the wrong type (`mistyped`: config_from_dict
+    left its default in place), off its choices or out of its range. A check that derives something from several
+    fields (a missing budget's arithmetic, the checks of what the config names on the machine) runs only without
+    one of its fields here: it would judge a default, or a -1, in place of what was meant."""
+    return set(mistyped) | set(_off_choices(cfg)) | set(_out_of_range(cfg))
+
+
+BUDGET_FIELDS = ("train.max_steps", "train.max_tokens", "train.max_epochs", "train.seq_len", "train.micro_batch_size",
+                 "train.grad_accum")
+"""What a missing budget's message (budget_problem) is derived from."""
+
+
+def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None, mistyped: Collection[str] = ()) -> list[str]:
+    """Names, choices, every number (RANGES) and the rules between fields; a missing budget only when the fields
+    it is derived from are valid (invalid_fields; `mistyped`: the keys config_from_dict could not take)."""
     p: list[str] = []
     r, d, m, t = cfg.run, cfg.data, cfg.model, cfg.train
     if not r.name:
@@ -191,7 +213,7 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None) -> list[st
         p.append(f"train.seq_len {t.seq_len} is larger than model.max_position_embeddings "
                  f"{m.max_position_embeddings}")
     p += attention_problems(m.attention, t.deterministic)
-    if no_budget(cfg):
+    if no_budget(cfg) and not invalid_fields(cfg, mistyped) & set(BUDGET_FIELDS):
         p.append(budget_problem(cfg, train_tokens_of(d.prepared) if train_tokens_of and d.prepared else None))
     p += _lora_problems(cfg)
     textfile = cfg.log.prometheus_textfile

@@ -35,6 +35,10 @@ NETWORK_TYPES = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "lust
 """Network, cluster and FUSE file systems (and every "fuse.*"): another machine or a user's daemon answers for
 them, never local."""
 
+KERNEL_TYPES = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+                          "securityfs", "pstore", "bpf", "configfs", "efivarfs", "mqueue", "fusectl"})
+"""The kernel's views (of processes, devices, cgroups), no storage: no directory a run writes can be made there."""
+
 LOCAL_DISK, RAM_DISK, NETWORK, UNKNOWN = "local disk", "RAM disk", "network or FUSE", "unknown"
 
 

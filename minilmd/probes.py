@@ -11,22 +11,25 @@ template other than the corpus's; the supervisor says init.from's (init_from_not
 minilmd/config.py checks the values alone; `load_checked` and `checked_from_dict` are its loaders with these checks
 after the values' (one ConfigError with every problem) and a missing budget's arithmetic over the corpus's train
 tokens. The trainer (`minilmd train`), `minilmd run --check` and the launch (daemon/preflight.py) load through
-them. Shared storage (NFS) is probed in a thread for SHARED_STORAGE_PROBE_S at most. Torch-free.
+them. Shared storage (NFS) is probed in a thread for SHARED_STORAGE_PROBE_S at most (minilmd/bounded.py); a
+mistyped path is told from a share gone by minilmd/path_checks.py. Torch-free.
 """
 from __future__ import annotations
 
 import os
-import stat
-import threading
 from pathlib import Path
 from typing import Any
 
 from minilmd import scratch
+from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
+from minilmd.bounded import bounded_probe as bounded_probe
+from minilmd.bounded import shared_storage_check
 from minilmd.checkpoint_dirs import list_checkpoints, read_latest
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config, stage_defaults
+from minilmd.config_sections import DpoSection
 from minilmd.config_values import early_stop_metric_problem
 from minilmd.corpus_meta import corpus_train_tokens, data_format_of, meta_value, read_corpus_meta
-from minilmd.dirfd import dir_problem, run_dir_problem
+from minilmd.dirfd import run_dir_problem
 from minilmd.init_source import (
     InitSource,
     InitSourceError,
@@ -41,11 +44,19 @@ from minilmd.init_source import (
 from minilmd.names import (
     CORPUS_META,
     RUN_DIR_ENV,
-    STATE,
     TOKENIZER_CONFIG,
     TOKENIZER_CONFIG_MAX_BYTES,
     TOKENIZER_FILE,
     is_step_name,
+)
+from minilmd.path_checks import (
+    check_writable,
+    corpus_without_copy,
+    has_staged_copy,
+    has_started,
+    probe_problems,
+    remote_problems,
+    textfile_problems,
 )
 from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
@@ -77,13 +88,14 @@ def _is_url(s: str) -> bool:
 def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     """What the config names on this machine and cannot be used, in the config's order: run.dir (and whether another
     user could redirect it: the launch and `minilmd train` check it here, before anything is made), scratch (and whose
-    it is), the prepared corpus, the Prometheus textfile, init.from, the remote. `waits`: see load_checked."""
+    it is), the prepared corpus, the Prometheus textfile, init.from, the probe corpus, the remote. `waits`: see
+    load_checked."""
     p: list[str] = []
     if cfg.run.dir:
-        p += _check_writable("run.dir", Path(cfg.run.dir))
+        p += check_writable("run.dir", Path(cfg.run.dir))
         p += [why] if (why := run_dir_problem(cfg.run.dir)) else []  # no other user may redirect its files
     if cfg.run.name or cfg.run.scratch:
-        p += _check_writable("run.scratch", cfg.scratch_dir)
+        p += check_writable("run.scratch", cfg.scratch_dir)
         if cfg.run.dir:
             p += scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default)
     if cfg.data.prepared:
@@ -92,52 +104,17 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
         else:
             p += _corpus_problems(cfg, waits)
     if cfg.log.prometheus_textfile:
-        textfile_dir = Path(cfg.log.prometheus_textfile).parent
-        p += _check_writable("log.prometheus_textfile", textfile_dir)
-        p += [why] if (why := dir_problem("log.prometheus_textfile", textfile_dir, "the run's gauges")) else []
+        p += textfile_problems(cfg.log.prometheus_textfile)
     if cfg.init.from_ and not cfg.init.staged:  # staged: the supervisor verified it; its copy is what is read
         p += _init_problems(cfg, waits)
+    if cfg.eval.probe and not cfg.eval.probe_staged:  # staged: as init.staged
+        p += probe_problems(cfg, waits)
     if cfg.run.remote:
         if _is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
         elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
-            p += _shared_storage_check(_check_writable, "run.remote", Path(cfg.run.remote))
+            p += shared_storage_check(remote_problems, cfg.run.remote)
     return p
-
-
-SHARED_STORAGE_PROBE_S = 5.0
-"""How long the config check waits for the corpus source, the remote or init.from (NFS) to answer before leaving it
-to staging and sync, which retry and show "remote unavailable" (init.from: "init source unreachable", or stalled)
-in status."""
-
-
-def _shared_storage_check(check, *args) -> list[str]:
-    """Run a path check on shared storage (NFS) in a thread: a mount that fails (EIO) or stalls is not a config
-    error (the supervisor retries it and shows it in status), so it yields no problem here rather than a
-    traceback or a hang."""
-    answered, result, _ = bounded_probe(check, *args)
-    return result if answered else []
-
-
-def bounded_probe(fn, *args) -> tuple[bool, Any, str]:
-    """fn(*args) on shared storage, in a thread for SHARED_STORAGE_PROBE_S at most: (True, its result, "") when it
-    returned; (False, None, why) when it raised an OSError or did not answer (a stalled mount: the thread is left
-    behind, a daemon)."""
-    result: list = []
-    failed: list[str] = []
-
-    def probe():
-        try:
-            result.append(fn(*args))
-        except OSError as e:
-            failed.append(f"cannot be read ({e})")
-
-    worker = threading.Thread(target=probe, daemon=True)
-    worker.start()
-    worker.join(SHARED_STORAGE_PROBE_S)
-    if result:
-        return True, result[0], ""
-    return False, None, failed[0] if failed else f"did not answer within {SHARED_STORAGE_PROBE_S:g} s (stalled)"
 
 
 def _corpus_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
@@ -153,9 +130,11 @@ def _corpus_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
     if not answered:
         return []
     problems, absent = found
-    if not (absent and waits is not None and _has_started(cfg)):
+    if not (absent and waits is not None and has_started(cfg)):
         return problems
     prepared, copied = cfg.data.prepared, staged_from(cfg.scratch_dir)
+    if not has_staged_copy(cfg):  # scratch removed at `done`, emptied by a reboot: nothing to train from
+        return corpus_without_copy(cfg, absent, waits)
     # Only a record of another source says data.prepared changed: none (a reboot emptied scratch, a copy staged
     # before the record existed) is no evidence of a typo, and a share gone at a restart is waited for.
     if copied is not None and not same_source(copied, prepared) and \
@@ -177,14 +156,6 @@ def corpus_out_of_reach(cfg: RunConfig) -> str:
         return ""
     answered, found, why = bounded_probe(_check_prepared_dir, cfg)
     return found[1] if answered else why
-
-
-def _has_started(cfg: RunConfig) -> bool:
-    """A supervisor has run this run before: its state.json is a regular file in run.dir (not a link)."""
-    try:
-        return bool(cfg.run.dir) and stat.S_ISREG(os.lstat(cfg.run_dir / STATE).st_mode)
-    except OSError:
-        return False
 
 
 def _check_prepared_dir(cfg: RunConfig) -> tuple[list[str], str]:
@@ -267,7 +238,7 @@ def _init_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
         return problems
     if waits is None:
         return problems + ([f"init.from = {cfg.init.from_!r}: {unreachable}"] if answered else [])
-    if answered and not _has_started(cfg) and (typo := bounded_probe(gone_or_typo, cfg.init.from_)[1]):
+    if answered and not has_started(cfg) and (typo := bounded_probe(gone_or_typo, cfg.init.from_)[1]):
         return problems + [f"init.from = {cfg.init.from_!r}: {unreachable} ({typo}): a typo?"]
     waits.append(f"init.from = {cfg.init.from_!r} cannot be reached now ({unreachable}): the run waits for it, "
                  f"retrying with backoff (`minilmd status`: \"init source unreachable since ..., retrying\")")
@@ -337,12 +308,13 @@ def _bounded_init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
 
 def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
     """The settings written in the config that the corpus's stage does not use: [dpo] beta off a preference corpus
-    (a DPO config pointed at another corpus trains that corpus's stage), data.mode and data.doc_mask on one (its
+    (a DPO config pointed at another corpus trains that corpus's stage; beta at its default is no choice, as in a
+    copy of deploy/example.toml, which writes every key out), data.mode and data.doc_mask on one (its
     rows are pairs, length-bucketed, one side of one pair each: plan/pairs.py)."""
     if not data_format:
         return []
     notes = []
-    if data_format != "dpo" and cfg.is_set("dpo.beta"):
+    if data_format != "dpo" and cfg.is_set("dpo.beta") and cfg.dpo.beta != DpoSection.beta:  # a default copied
         notes.append(f"[dpo] beta = {cfg.dpo.beta:g} has no effect: {cfg.data.prepared} is a {data_format} corpus, so "
                      f"this run trains {stage_defaults(data_format, False)[0]}, not DPO (a preference corpus is one of "
                      f"`minilmd prepare --format dpo`)")
@@ -458,23 +430,6 @@ def _has_checkpoint(cfg: RunConfig) -> bool:
     if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
         roots.append(Path(cfg.run.remote))
     return any(list_checkpoints(root) for root in roots)
-
-
-def _check_writable(name: str, path: Path) -> list[str]:
-    """A path is usable if it is a writable directory, or its nearest existing ancestor is one."""
-    probe = path
-    try:
-        while not probe.exists():
-            if probe.parent == probe:
-                break
-            probe = probe.parent
-    except PermissionError:  # a directory on the way that this user may not enter (another user's 0700 one)
-        return [f"{name} = {str(path)!r}: {probe} cannot be examined (permission denied on a directory above it)"]
-    if probe.exists() and not probe.is_dir():
-        return [f"{name} = {str(path)!r}: {probe} is a file, not a directory"]
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return [f"{name} = {str(path)!r}: {probe} is not writable"]
-    return []
 
 
 def _check_protocol(name: str, url: str) -> list[str]:

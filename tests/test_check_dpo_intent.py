@@ -124,6 +124,8 @@ def test_settings_the_corpus_stage_ignores_are_said(tmp_path, dpo_corpus, chat_c
     assert (f"note: [dpo] beta = 0.2 has no effect: {chat_corpus[0]} is a chat corpus, so this run trains SFT, not "
             f"DPO") in said, said
     assert "[dpo] beta" not in _check(write_config(tmp_path, chat_corpus, name="plain-sft"))
+    # deploy/example.toml writes every key out, beta = 0.1 (the default) too: a pretraining copy of it is no mistake
+    assert "[dpo] beta" not in _check(write_config(tmp_path, chat_corpus, name="example-sft", dpo={"beta": 0.1}))
     for mode in ("packed", "padded"):
         said = _check(_dpo(tmp_path, dpo_corpus, name=mode, data={"mode": mode}))
         assert f"note: data.mode = '{mode}' has no effect on a preference corpus" in said, said

@@ -77,6 +77,40 @@ def test_missing_budget_shows_the_arithmetic(tmp_path):
     assert "steps" not in msg.split("tokens;")[-1]  # an epoch's steps are the plan's (tests/test_plan_counts.py)
 
 
+def test_a_budget_field_of_the_wrong_type_or_range_is_its_own_only_problem(tmp_path):
+    """A mistyped budget (max_steps = "400", `--set train.max_steps=abc`) or a micro_batch_size of -1 is one problem,
+    the field's: no "a budget is required" derived from the default left in its place, nor "-64 tokens" a step.
+    On main each came with the missing-budget message (and "One step trains 64 x -1 ... = -64 tokens")."""
+    for value in ("400", "abc"):
+        with pytest.raises(ConfigError) as err:
+            checked_from_dict(minimal(tmp_path, max_steps=value))
+        assert err.value.problems == [f"train.max_steps = {value!r}: expected int"], err.value.problems
+    raw = minimal(tmp_path, micro_batch_size=-1)
+    del raw["train"]["max_steps"]
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(raw)
+    [problem] = err.value.problems
+    assert problem.startswith("train.micro_batch_size = -1: must be"), problem
+    config = tmp_path / "c.toml"
+    config.write_text(_minimal_toml(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        load_checked(config, ["train.max_steps=abc"])
+    assert err.value.problems == ["train.max_steps = 'abc': expected int"], err.value.problems
+
+
+def test_the_checks_on_the_machine_wait_for_valid_fields(tmp_path):
+    """The checks of what the config names on the machine (minilmd/probes.py, given as more_checks) judge the fields'
+    values: with one of the wrong type they would judge its default, so only the field's problem is said."""
+    raw = minimal(tmp_path, seq_len="long")
+    raw["data"]["prepared"] = str(tmp_path / "missing")
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(raw)
+    assert err.value.problems == ["train.seq_len = 'long': expected int"], err.value.problems
+    raw["train"]["seq_len"] = 64
+    with pytest.raises(ConfigError, match="no such directory"):
+        checked_from_dict(raw)
+
+
 def test_the_values_alone_touch_nothing_on_the_machine(tmp_path):
     """config_from_dict checks the values only: a corpus that is not there, a remote of an unknown protocol are
     minilmd/probes.py's to find, and a missing budget's message has no corpus to count."""

@@ -143,6 +143,7 @@ def test_the_staged_state_field_round_trips_and_status_shows_it():
 @pytest.mark.slow
 def test_a_probe_unreachable_at_the_first_start_is_waited_for_then_the_run_proceeds(tmp_path, corpus):
     probe = tmp_path / "share" / "probe"
+    probe.parent.mkdir()  # the share not mounted: its mount point an empty stub (no share beside others: a typo)
     config = write_config(tmp_path, corpus, remote=False, eval={"probe": str(probe)},
                           restart={"backoff_initial": "0.1s", "backoff_max": "0.3s"})
     run_dir = load_config(config).run_dir
@@ -150,8 +151,8 @@ def test_a_probe_unreachable_at_the_first_start_is_waited_for_then_the_run_proce
     try:
         wait_for(lambda: (state(run_dir).get("staging") or {}).get("unreachable_since"), 60,
                  "the probe to be found unreachable")
-        shown = cli("status", str(run_dir)).stdout
-        assert "init source unreachable since" in shown and "retrying" in shown, shown
+        shown = cli("status", str(run_dir)).stdout  # the probe's wait, not init.from's (there is none)
+        assert "probe source unreachable since" in shown and "retrying" in shown and "eval.probe" in shown, shown
         assert state(run_dir).get("child") is None and proc.poll() is None  # no trainer, no exit: waiting
         shutil.copytree(corpus[0], probe)  # the share is back
         assert wait_or_kill(proc, 120) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]

@@ -72,6 +72,7 @@ def test_invalid_newest_local_checkpoint_is_not_synced(dirs, weights):
 
 def test_nothing_to_sync_and_nothing_older_than_the_remote(dirs, weights):
     local, remote = dirs
+    remote.parent.mkdir()  # the share: in an empty directory, not a mount point, a sync makes nothing (unmounted)
     assert Syncer(local, str(remote)).sync_newest().step is None
     other = local.parent / "other"
     save(other, 50, weights)

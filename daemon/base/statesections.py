@@ -289,8 +289,8 @@ class Staging(Section):
     unreachable_since: float | None = None
     """When that began; None while staging can go on."""
     waiting: str | None = None
-    """What staging waits for, as status says it: "corpus source unreachable", "init source unreachable" (also
-    when absent, as state.json had it before), "no room in scratch"."""
+    """What staging waits for, as status says it: "corpus source unreachable", "probe source unreachable" ([eval]
+    probe), "init source unreachable" (also when absent, as state.json had it before), "no room in scratch"."""
     stalled: StagingStall | None = None
     """A source staging reads whose reads block (a stalled mount: no error, no answer) for longer than
     SYNC_STALLED_AFTER_S (daemon/jobs/stagingworker.py); None while its reads return."""

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from minilmd.corpus_meta import CorpusError, listed_files, parse_meta
 from minilmd.daemon.base.worker import ReadWatch
-from minilmd.daemon.jobs.staging_errors import SourceInvalid, SourceUnreachable
+from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, SourceInvalid, SourceUnreachable
 from minilmd.fsio import atomic_write_json, file_entry_problems, publish_dir, sha256_file
 from minilmd.init_source import STAGED_CHECKPOINT as INIT_CHECKPOINT
 from minilmd.init_source import STAGED_PTH as INIT_PTH
@@ -447,7 +447,10 @@ def stage_inputs(cfg, log=lambda msg: None, reads: ReadWatch | None = None, base
     try:
         if "probe" in what:
             reads.reading(f"[eval] probe {cfg.eval.probe}")
-            sets["eval.probe_staged"] = str(stage_probe(cfg.eval.probe, cfg.scratch_dir, log, reads.answer))
+            try:
+                sets["eval.probe_staged"] = str(stage_probe(cfg.eval.probe, cfg.scratch_dir, log, reads.answer))
+            except SourceUnreachable as e:  # said as the probe's, not init.from's
+                raise ProbeUnreachable(f"eval.probe: {e}") from None
         if "init" in what:
             base = trained_on(cfg) if cfg.lora.enabled else None
             reads.reading(f"init.from {cfg.init.from_}")

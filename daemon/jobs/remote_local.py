@@ -31,6 +31,22 @@ from minilmd.names import LATEST
 from minilmd.untrusted import Unreadable, file_kind, open_regular, printable, read_bytes
 
 
+def unmounted_above(root: str) -> str:
+    """The nearest directory above `root` that is there when it is the empty stub of an unmounted share (empty, not
+    a mount point) and `root`'s parent is not there (a sync would make a chain below it): "" otherwise."""
+    parent = os.path.dirname(os.path.normpath(root))
+    if os.path.lexists(parent):
+        return ""
+    above = os.path.dirname(parent)
+    while above != parent and not os.path.lexists(above):
+        parent, above = above, os.path.dirname(above)
+    try:
+        empty = os.path.isdir(above) and not os.listdir(above)
+    except OSError:
+        return ""
+    return above if empty and not os.path.ismount(above) else ""
+
+
 def _answers(held: Dir) -> bool:
     """Whether a descriptor still answers (an NFS share remounted leaves it stale: ESTALE)."""
     try:
@@ -238,6 +254,13 @@ class LocalRemote(Publishing, Remote):
             self._reopen()
 
     def _make_root(self) -> None:
+        """The root made when missing, with the directories above it that are not there, unless the nearest one
+        that is there is an unmounted share's mount point (`unmounted_above`): the "durable" copy would be on the
+        local disk under it. The sync fails then, is retried, and says so, until the share is back."""
+        if not os.path.isdir(self.root) and (stub := unmounted_above(self.root)):
+            raise FileNotFoundError(errno.ENOENT, f"{self.url}: {os.path.dirname(self.root.rstrip('/'))} is not there "
+                                                  f"and {stub} is an empty directory, not a mount point (its share "
+                                                  f"not mounted?): nothing is made below it")
         try:
             os.makedirs(self.root, exist_ok=True)  # the root is the run's configuration, made by its path
         except FileExistsError:  # a link to nowhere, a file: say what, not "File exists" for what is not there

@@ -50,7 +50,8 @@ def not_made_yet(url: str) -> bool:
     """Whether a local run.remote that is not there is simply not made yet, rather than its share gone: it is no
     link (one to nowhere is a share gone), and the nearest directory above it that is there holds other entries
     (shared_place.gone_or_typo's evidence of a place that answers: an unmounted share's mount point reads as its
-    empty stub). The first sync makes it, parents and all. False for a store (s3, sftp): nothing tells there."""
+    empty stub). The first sync makes it, itself only (its parent must be there: minilmd/path_checks.py
+    remote_problems). False for a store (s3, sftp): nothing tells there."""
     import fsspec
     from fsspec.implementations.local import LocalFileSystem
 

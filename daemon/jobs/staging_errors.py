@@ -16,6 +16,11 @@ class SourceUnreachable(StagingError):
     timed-out mount. Not a failure of the run: waited for, retried with backoff for as long as it takes."""
 
 
+class ProbeUnreachable(SourceUnreachable):
+    """The probe corpus ([eval] probe) cannot be read now: waited for as any source, and said as the probe's, not
+    init.from's (status: "probe source unreachable")."""
+
+
 class ScratchFull(StagingError):
     """The corpus does not fit in scratch now, but would if what others hold there (or, on a RAM disk, in memory)
     were freed: another job took the space. Waited for like a source that cannot be read; never counted."""

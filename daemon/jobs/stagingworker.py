@@ -29,12 +29,13 @@ from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
 from minilmd.daemon.base.worker import Inbox, ReadWatch, Worker
 from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import initstage, remotewait
-from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceUnreachable
+from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, ScratchFull, SourceUnreachable
 from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S
 from minilmd.names import step_of
 from minilmd.probes import init_from_notes
 
 WAIT_OVER = {"corpus source unreachable": "corpus source reachable again",
+             "probe source unreachable": "probe source reachable again",
              "init source unreachable": "init source reachable again", "no room in scratch": "room in scratch again"}
 """What `_wait_for` waits for -> the event that says the wait is over."""
 
@@ -237,7 +238,8 @@ class StagingWorker:
 
         staging, error = self.state.staging, worker.error
         if isinstance(error, SourceUnreachable):
-            self._wait_for("init source unreachable", str(error))
+            self._wait_for("probe source unreachable" if isinstance(error, ProbeUnreachable) else
+                           "init source unreachable", str(error))
             return None
         if error is not None:
             staging.state, staging.error = StagingState.FAILED, worker.error_text
@@ -265,8 +267,9 @@ class StagingWorker:
             self.emit("note", note)
 
     def _wait_for(self, what: str, error: str) -> None:
-        """Staging cannot go on now, and no retry counts (`what`: "corpus source unreachable", "init source
-        unreachable", "no room in scratch"): another try after a backoff, for as long as it takes; status says so."""
+        """Staging cannot go on now, and no retry counts (`what`: "corpus source unreachable", "probe source
+        unreachable", "init source unreachable", "no room in scratch"): another try after a backoff, for as long
+        as it takes; status says so."""
         staging = self.state.staging
         self.source_failures += 1
         delay = backoff_seconds(self.cfg.restart, self.source_failures, self.rng)

@@ -36,6 +36,7 @@ from pathlib import Path
 from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
+from minilmd.daemon.base.worker import error_words
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote_local import open_remote
@@ -134,7 +135,7 @@ class Syncer(Fetcher):
         except SyncError:
             raise
         except Exception as e:  # an OSError from NFS, a backend error from fsspec: all mean "retry later"
-            message = f"sync to {self.remote_url} failed: {type(e).__name__}: {e}"
+            message = f"sync to {self.remote_url} failed: {error_words(e)}"
             raise (RemoteFull(message, self.remote.free()) if is_disk_full(e) else SyncError(message)) from e
         finally:
             self.copying = None
@@ -409,4 +410,4 @@ class Syncer(Fetcher):
         except (SyncError, ck.CheckpointMismatch):
             raise
         except Exception as e:
-            raise SyncError(f"fetch from {self.remote_url} failed: {type(e).__name__}: {e}") from e
+            raise SyncError(f"fetch from {self.remote_url} failed: {error_words(e)}") from e

@@ -26,7 +26,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import RemoteCheckpoint
-from minilmd.daemon.base.worker import Inbox, Worker
+from minilmd.daemon.base.worker import Inbox, Worker, error_words
 from minilmd.fmt import fmt_mb as mb
 from minilmd.untrusted import loads, read_bytes
 
@@ -99,7 +99,7 @@ class SyncWorker:
             try:
                 self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
             except Exception as e:  # noqa: BLE001 - any error of the remote is a failing remote, in status
-                self.state.sync.state, self.state.sync.error = SyncState.FAILED, f"{type(e).__name__}: {e}"
+                self.state.sync.state, self.state.sync.error = SyncState.FAILED, error_words(e)
                 return False
         return True
 
@@ -155,7 +155,7 @@ class SyncWorker:
                 expected = self.infra.expectation(self.cfg, staged) if staged else None
                 self.syncer = self.infra.syncer(self.cfg, expected, self.inbox.put)
             except Exception as e:  # noqa: BLE001 - any error of the remote: say why no sync
-                return f"no sync possible: {type(e).__name__}: {e}"
+                return f"no sync possible: {error_words(e)}"
         if self.worker is not None:
             if not self.worker.done:
                 if self.running_for() > 2 * self.stalled_after_s:
@@ -233,13 +233,14 @@ class SyncWorker:
             self.failing_since = self.failing_since if self.failures > 1 and self.failing_since else now()
             retry = min(every, 5.0 * 2 ** (self.failures - 1))
             self.next_at = now() + retry
-            sync.state, sync.error, sync.since = SyncState.FAILED, worker.error_text, now()
-            self.state.record_error(f"sync failed: {worker.error_text}")
+            said = error_words(worker.error)
+            sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
+            self.state.record_error(f"sync failed: {said}")
             from minilmd.daemon.jobs.sync import RemoteFull  # loaded by the worker by now: sync imports numpy
 
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
-            self.emit("sync", f"sync failed ({worker.error_text}); {self._next_try(retry, worker.error)}")
+            self.emit("sync", f"sync failed ({said}); {self._next_try(retry, worker.error)}")
             return
         result = worker.result
         self.failures, self.failing_since = 0, None

@@ -1,0 +1,138 @@
+"""What a mistyped path looks like, told from a share gone or not mounted, for the config checks (minilmd/probes.py
+path_problems): a path that is not there while the directory above it holds other entries is a typo at a first
+launch (minilmd/shared_place.py gone_or_typo), refused, exit 2, rather than waited for without end; an absence an
+unmounted share explains is waited for. Here: the [eval] probe, the Prometheus textfile's directory (never made by
+the run), the corpus of a run that has started before but whose scratch holds no staged copy to train from, a
+run.remote in a view of the kernel (/proc), and whether a path can be written at all. Torch-free.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from minilmd import mounts
+from minilmd.bounded import bounded_probe
+from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd.names import CORPUS_META, RUN_CONFIG_COPY, STAGED_CORPUS, STATE
+from minilmd.place_rule import dir_problem
+from minilmd.shared_place import gone_or_typo, look, same_source
+
+
+def has_started(cfg: RunConfig) -> bool:
+    """A supervisor has run this run before: its state.json is a regular file in run.dir (not a link)."""
+    try:
+        return bool(cfg.run.dir) and stat.S_ISREG(os.lstat(cfg.run_dir / STATE).st_mode)
+    except OSError:
+        return False
+
+
+
+def check_writable(name: str, path: Path) -> list[str]:
+    """A path is usable if it is a writable directory, or its nearest existing ancestor is one."""
+    probe = path
+    try:
+        while not probe.exists():
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+    except PermissionError:  # a directory on the way that this user may not enter (another user's 0700 one)
+        return [f"{name} = {str(path)!r}: {probe} cannot be examined (permission denied on a directory above it)"]
+    if probe.exists() and not probe.is_dir():
+        return [f"{name} = {str(path)!r}: {probe} is a file, not a directory"]
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return [f"{name} = {str(path)!r}: {probe} is not writable"]
+    return []
+
+
+
+def textfile_problems(textfile: str) -> list[str]:
+    """The Prometheus textfile's directory is one node_exporter's collector reads: there already (the supervisor
+    writes the file in it and never creates it: a missing one is a typo, retried without end), a directory this
+    user can write, no other user's to rearrange (dirfd's rule, as daemon/host/prometheus.py place_problem)."""
+    textfile_dir = Path(textfile).parent
+    if _missing(textfile_dir):
+        return [f"log.prometheus_textfile = {textfile!r}: {textfile_dir} does not exist (the textfile collector's "
+                f"directory is made by whoever installs node_exporter, never by the run: a typo?)"]
+    hostile = dir_problem("log.prometheus_textfile", textfile_dir, "the run's gauges")
+    return check_writable("log.prometheus_textfile", textfile_dir) + ([hostile] if hostile else [])
+
+
+def _missing(path: Path) -> bool:
+    """Nothing at path, not even a link (one it cannot look at is not said missing: the other checks say why)."""
+    try:
+        os.lstat(path)
+        return False
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+
+
+
+def probe_problems(cfg: RunConfig, waits: list[str] | None) -> list[str]:
+    """[eval] probe on shared storage, as staging judges it (minilmd/shared_place.py look: daemon/jobs/initstage.py
+    stage_probe): one that is not there at a first launch while the directory above it holds other entries
+    (gone_or_typo) is a typo, refused as data.prepared's and init.from's are, not waited for without end; any other
+    absence (its share gone or not mounted) is waited for by staging: with `waits`, a line there. One there and not
+    a prepared corpus is staging's to refuse, a data error (65), as the trainer's own."""
+    probe = cfg.eval.probe
+    answered, found, _ = bounded_probe(look, probe, CORPUS_META)
+    if not answered or not found.outage:
+        return []
+    if not has_started(cfg) and (typo := bounded_probe(gone_or_typo, probe)[1]):
+        return [f"eval.probe = {probe!r}: {found.what} ({typo}): a typo?"]
+    if waits is not None:
+        waits.append(f"eval.probe = {probe!r} is {found} now: the run waits for it, retrying with backoff (`minilmd "
+                     f"status`: \"probe source unreachable since ..., retrying\")")
+    return []
+
+
+
+def has_staged_copy(cfg: RunConfig) -> bool:
+    """Scratch holds a staged corpus (a directory, not a link), which staging trains from when its source cannot be
+    read (daemon/jobs/staging.py stage, which verifies it first)."""
+    final = cfg.scratch_dir / STAGED_CORPUS
+    return final.is_dir() and not final.is_symlink()
+
+
+def corpus_without_copy(cfg: RunConfig, absent: str, waits: list[str]) -> list[str]:
+    """A corpus that is not there at the restart of a run whose scratch holds no staged copy: as at a first launch,
+    a typo when the directory above it holds other entries (gone_or_typo), said with the data.prepared the run
+    started with (its run.toml) when that is another; else its share gone or not mounted, waited for."""
+    prepared = cfg.data.prepared
+    if typo := bounded_probe(gone_or_typo, prepared)[1]:
+        before = _started_with(cfg)
+        then = f"; this run started with data.prepared = {before!r} (its {RUN_CONFIG_COPY})" \
+            if before and not same_source(before, prepared) else ""
+        return [f"data.prepared = {prepared!r}: not there ({typo}), and scratch holds no staged copy of it{then}: "
+                f"a typo?"]
+    waits.append(f"data.prepared = {prepared!r} {absent}: this run has started before, but scratch holds no staged "
+                 f"copy to train from, so it waits for the share (`minilmd status`: \"corpus source unreachable "
+                 f"since ..., retrying\")")
+    return []
+
+
+def _started_with(cfg: RunConfig) -> str | None:
+    """The data.prepared of the run's run.toml (the config its supervisor last started with), None when unread."""
+    try:
+        return load_config(cfg.run_dir / RUN_CONFIG_COPY, untrusted=True).data.prepared
+    except (ConfigError, OSError):
+        return None
+
+
+def remote_problems(remote: str) -> list[str]:
+    """A local run.remote the first sync can make: a writable directory, or the nearest one above it that is there
+    is one (the sync makes the rest: daemon/jobs/remote_local.py; never below an unmounted share's empty mount
+    point, which it waits for), and on storage: no directory can be made in a view of the kernel (/proc, /sys), and
+    as root the writable check cannot tell."""
+    path = Path(remote)
+    problems = check_writable("run.remote", path)
+    above = path
+    while _missing(above) and above.parent != above:
+        above = above.parent
+    mount = mounts.mount_of(above) if not problems else None
+    if mount is not None and mount.fstype in mounts.KERNEL_TYPES:
+        problems.append(f"run.remote = {remote!r}: {above} is on {mount.fstype}, a view of the kernel, not storage: "
+                        f"no directory can be made there")
+    return problems
