@@ -29,7 +29,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.names import COMPILE_CACHE
+from minilmd import scratch
+from minilmd.names import COMPILE_CACHE, SCRATCH_BASE_ENV
 from minilmd.perms import owned_by_me
 from minilmd.place_rule import dir_problem
 
@@ -100,7 +101,10 @@ def _own(root: Path, var: str, own: str, set_for: str, refused: str | None) -> C
 
 def settle(root: Path, environ: Mapping[str, str], set_for: str, own: str) -> dict[str, Choice]:
     """`choose`, then every directory chosen made (0700; TMPDIR must exist for Python to take it), a user's judged
-    again once made (someone else may have made it first): one that fails now gives way to the root's own."""
+    again once made (someone else may have made it first): one that fails now gives way to the root's own. A TMPDIR
+    moved pins the scratch base too (SCRATCH_BASE_ENV): in a Slurm job the default run.scratch is found under
+    TMPDIR (minilmd/scratch.py `base`), and the trainer, which finds it again, would save its checkpoints under the
+    compile cache instead, where the supervisor never looks."""
     chosen = choose(root, environ, set_for, own)
     for var, choice in chosen.items():
         if not choice.own:
@@ -113,6 +117,9 @@ def settle(root: Path, environ: Mapping[str, str], set_for: str, own: str) -> di
                 continue
             chosen[var] = _own(root, var, own, set_for, problem)
         os.makedirs(chosen[var].value, mode=0o700, exist_ok=True)  # under the root: this user's alone
+    if chosen["TMPDIR"].value != environ.get("TMPDIR"):  # a Slurm job's default scratch base is its TMPDIR: pinned
+        chosen[SCRATCH_BASE_ENV] = Choice(scratch.base(environ), "pinned before TMPDIR moves: the default scratch "
+                                          "stays where it was claimed (minilmd/scratch.py base)", own=False)
     return chosen
 
 
@@ -140,7 +147,7 @@ def private_caches(what: str) -> Iterator[dict[str, Choice]]:
     """For a process that compiles and has no run (a bench): the caches in a fresh private directory (tempfile's:
     0700, a random name made O_EXCL), removed after, unless the user set them to a directory of his own alone; the
     environment given back after."""
-    before = {var: os.environ.get(var) for var in COMPILE_ENV}
+    before = {var: os.environ.get(var) for var in (*COMPILE_ENV, SCRATCH_BASE_ENV)}
     root = Path(tempfile.mkdtemp(prefix="minilmd-compile-cache-"))
     try:
         chosen = settle(root, os.environ, what, f"{what}'s own, removed after")

@@ -33,6 +33,7 @@ import pwd
 import shutil
 import socket
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,12 +88,14 @@ _held: dict[str, Identity] = {}
 directory there is ScratchChanged. A scratch that is gone (a cleaner emptied /dev/shm) is made and claimed afresh."""
 
 
-def base() -> str:
-    """Where the per-user roots go: /dev/shm, in a Slurm job the node's $TMPDIR if set (tests point it elsewhere)."""
-    if os.environ.get(SCRATCH_BASE_ENV):
-        return os.environ[SCRATCH_BASE_ENV]
-    if os.environ.get(SLURM_JOB_ENV) and os.environ.get("TMPDIR"):
-        return os.environ["TMPDIR"].rstrip("/") or SCRATCH_BASE
+def base(environ: Mapping[str, str] | None = None) -> str:
+    """Where the per-user roots go: /dev/shm, in a Slurm job the node's $TMPDIR if set (tests point it elsewhere);
+    read in `environ` (this process's environment when None)."""
+    env = os.environ if environ is None else environ
+    if env.get(SCRATCH_BASE_ENV):
+        return env[SCRATCH_BASE_ENV]
+    if env.get(SLURM_JOB_ENV) and env.get("TMPDIR"):
+        return env["TMPDIR"].rstrip("/") or SCRATCH_BASE
     return SCRATCH_BASE
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from minilmd import compile_cache
+from minilmd import scratch as scratch_module
 from minilmd.config import RestartSection, load_config
 from minilmd.daemon.base.states import Action, Cause
 from minilmd.daemon.child import compilecache
@@ -213,3 +214,46 @@ def test_a_bench_compiles_in_a_private_directory_removed_after_and_its_environme
     assert not private.exists()
     assert os.environ["TRITON_CACHE_DIR"] == "/tmp" and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
     assert tempfile.gettempdir() == "/tmp"
+
+
+PRINT_SCRATCH = [sys.executable, "-c", "from minilmd import scratch; print('scratch', scratch.default_path('r'))"]
+
+
+def test_a_slurm_jobs_trainer_finds_the_scratch_the_supervisor_claimed_though_its_tmpdir_moved(tmp_path, monkeypatch):
+    """In a Slurm job the default scratch lies under TMPDIR (minilmd/scratch.py base). A TMPDIR others can write is
+    not the trainer's (the compile caches' rule moves it under the run's own cache): before, the trainer found its
+    scratch again under that cache, saved its checkpoints there, and the supervisor, seeing none, called the run done
+    and removed the job's scratch with them. The base is pinned before TMPDIR moves."""
+    shared_tmp = tmp_path / "node-tmp"
+    shared_tmp.mkdir()
+    shared_tmp.chmod(0o1777)  # like /tmp: anyone's to write, so no TMPDIR for the compile caches
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("TMPDIR", str(shared_tmp))
+    monkeypatch.delenv("MINILMD_SCRATCH_BASE", raising=False)
+    claimed = scratch_module.default_path("r")
+    assert claimed.parent.parent == shared_tmp  # the supervisor's: under the job's TMPDIR
+    child = childmod.launch(PRINT_SCRATCH, tmp_path, 1, "", compile_cache=claimed / COMPILE_CACHE)
+    assert child.popen.wait(timeout=60) == 0
+    log = child.log_path.read_text()
+    assert f"# TMPDIR={claimed / COMPILE_CACHE / 'tmp'} (" in log, log  # moved, as the rule says
+    assert f"\nscratch {claimed}\n" in log, log  # and the trainer's scratch is the one the supervisor claimed
+
+
+def test_the_standalone_trainer_keeps_its_claimed_scratch_once_its_compile_caches_are_set(tmp_path, monkeypatch):
+    from trainer.loop.train import own_compile_caches
+
+    shared_tmp = tmp_path / "node-tmp"
+    shared_tmp.mkdir()
+    shared_tmp.chmod(0o1777)
+    for var in (*compile_cache.COMPILE_ENV, "MINILMD_SCRATCH_BASE"):  # own_compile_caches sets them: given back after
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")
+    monkeypatch.setenv("TMPDIR", str(shared_tmp))
+    cfg = load_config(write_config(tmp_path, (tmp_path / "corpus", 1000), run={"scratch": ""}))
+    before = cfg.scratch_dir
+    try:
+        own_compile_caches(cfg)
+        assert os.environ["TMPDIR"] == str(compile_cache.root_of(before) / "tmp")
+        assert cfg.scratch_dir == before, (cfg.scratch_dir, before)
+    finally:
+        tempfile.tempdir = None
