@@ -91,13 +91,13 @@ def test_bench_sft_measures_the_three_modes_on_the_same_model(tmp_path, chat):
 
     cfg = load_config(write_config(tmp_path, chat, name="bench",
                                    train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1}))
-    results = compare(cfg, steps=3, warmup=0)
+    results, threads_line = compare(cfg, steps=3, warmup=0)
     static, bucketed, packed = results["padded"], results["bucketed"], results["packed"]
     assert all(r.steps == 3 and r.seconds > 0 for r in results.values())
     # Bucketed rows rounded up to a multiple of 8 (width_class): on these ~20-token rows that is most of its PAD.
     assert packed.pad_share == 0.0 and bucketed.pad_share < 0.3 < 0.5 < static.pad_share
     assert all(0 < r.target_tokens < r.real_tokens for r in results.values())  # user turns are context only
-    text = report(results, cfg)
+    text = report(results, threads_line, cfg)
     limit = (1 - bucketed.pad_share) / (1 - static.pad_share)
     assert f"limit (1 - PAD_bucketed)/(1 - PAD_static) = {limit:.2f}x" in text
     assert {line.split()[0] for line in text.splitlines()[2:6]} == {"static", "bucketed", "packed", "padfree"}

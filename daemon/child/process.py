@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import compile_cache as compile_cache_env
-from minilmd import names, procs, protocol, pychild
+from minilmd import names, procs, protocol, pychild, threads
 from minilmd.daemon.base.runstate import Heartbeat, process_start_ticks
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child.orphans import REAP_S, record_launch
@@ -232,22 +232,12 @@ def wait_bounded(popen, seconds: float, while_waiting=None, interval: float = 0.
 
 def trainer_threads(command: list[str], devices: str, environ, cores: int | None = None,
                     load: float | None = None) -> tuple[str, str]:
-    """OMP_NUM_THREADS for a trainer, and why. A value set for the supervisor is never overridden. A torchrun rank
-    and a GPU trainer get 1 (their CPU work is the Python host loop, which threads do not speed up; more threads only
-    contend with the other ranks and with other users' jobs). A single CPU trainer gets the cores that are idle at
-    launch: all it may run on (`cores`) less the 1-minute load average (`load`), at least 1. OpenMP threads on cores
-    that other work keeps busy are far slower than one thread (docs/training.md has the measurement: 2 threads ran
-    at 0.06-0.31x of 1 on a loaded 2-core host)."""
-    if environ.get("OMP_NUM_THREADS"):
-        return environ["OMP_NUM_THREADS"], "set for the supervisor, kept"
-    if is_torchrun(command):
-        return "1", "one thread per torchrun rank"
-    if devices:
-        return "1", "a GPU trainer: its host loop is one thread"
-    cores = len(os.sched_getaffinity(0)) if cores is None else cores
-    load = os.getloadavg()[0] if load is None else load
-    idle = max(1, min(cores, round(cores - load)))
-    return str(idle), f"a single CPU trainer: the idle cores, {cores} cores less load {load:.1f}"
+    """OMP_NUM_THREADS for a trainer, and why (minilmd/threads.py, the rule the benches use too): a value set for
+    the supervisor kept, 1 for a torchrun rank and a GPU trainer, the idle cores at launch for a single CPU
+    trainer."""
+    one_thread = ("one thread per torchrun rank" if is_torchrun(command)
+                  else "a GPU trainer: its host loop is one thread" if devices else None)
+    return threads.trainer_threads(environ, "the supervisor", one_thread, cores, load)
 
 
 def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_env: dict | None = None,

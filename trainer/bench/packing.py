@@ -9,30 +9,55 @@ Real tokens are the non-PAD ones. Padded rows cost as much compute as packed row
 prints both rates, the ratio, the PAD share it measured over the rows it trained, that limit, and how close the
 ratio comes to it (the goal is >= 95 %: anything less is overhead of the packed path). The masked/packed ratio is
 what the document mask costs (on CPU a dense mask through SDPA: no kernel skips the masked blocks).
+
+The steps run with the torch threads the supervisor gives the trainer on that device (minilmd/threads.py: on CPU
+the idle cores), not torch's default of every core: on a busy host those OpenMP threads wait for cores at every
+barrier, and the bench timed that wait, step to step a different share of it, rather than the rows (docs/training.md,
+packing benchmark). Step times that vary more than SPREAD_WARNING-fold within a mode are said.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import json
+import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from minilmd import threads
 from minilmd.config import ConfigError, RunConfig
 from minilmd.probes import load_checked
+
+SPREAD_WARNING = 2.0
+"""Slowest over fastest timed step of one mode above which the report warns that the host's load, not the rows,
+may be what it measured."""
 
 
 @dataclass
 class ModeResult:
     mode: str
-    steps: int
-    seconds: float
+    step_seconds: tuple[float, ...]
     real_tokens: int
     row_tokens: int
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_seconds)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.step_seconds)
+
+    @property
+    def spread(self) -> float:
+        """The slowest timed step over the fastest."""
+        return max(self.step_seconds) / min(self.step_seconds)
 
     @property
     def tok_s(self) -> float:
@@ -63,6 +88,24 @@ def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
     return Trainer(cfg, dist)
 
 
+@contextlib.contextmanager
+def trainer_threads(device_type: str, what: str) -> Iterator[tuple[int, str]]:
+    """torch's intra-op threads set to those the supervisor gives a trainer on `device_type` (minilmd/threads.py;
+    OMP_NUM_THREADS set for `what` kept), torch's own given back after. Yields (threads, why)."""
+    value, why = threads.trainer_threads(os.environ, what, None if device_type == "cpu" else
+                                         "a GPU trainer: its host loop is one thread")
+    before = torch.get_num_threads()
+    if value.isdigit() and int(value) > 0:
+        count = int(value)
+    else:
+        count, why = before, f"OMP_NUM_THREADS={value} is no thread count: torch's own"
+    torch.set_num_threads(count)
+    try:
+        yield count, why
+    finally:
+        torch.set_num_threads(before)
+
+
 def timed_step(trainer) -> tuple[float, int]:
     """(seconds, real tokens) of one optimizer step, device work included."""
     sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
@@ -75,41 +118,65 @@ def timed_step(trainer) -> tuple[float, int]:
     return time.perf_counter() - t0, n_real
 
 
-def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> tuple[ModeResult, ModeResult, ModeResult]:
+@dataclass
+class Comparison:
+    packed: ModeResult
+    masked: ModeResult
+    padded: ModeResult
+    threads: int
+    """torch's intra-op threads during the steps."""
+    threads_why: str
+
+
+def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> Comparison:
     """Every mode of MODES side by side, their steps interleaved (packed, masked, padded, then masked, padded,
-    packed, ...) so that a machine whose speed drifts (other jobs, clocks) slows them alike."""
+    packed, ...) so that a machine whose speed drifts (other jobs, clocks) slows them alike; `warmup` steps of
+    each first, untimed; the Trainers built before, untimed; the trainer's threads (trainer_threads) throughout."""
     with tempfile.TemporaryDirectory(prefix="minilmd-bench-") as tmp:
         trainers = {mode: build_trainer(cfg, mode, warmup + steps, tmp) for mode in MODES}
-        for trainer in trainers.values():
-            for _ in range(warmup):
-                timed_step(trainer)
-        seconds = dict.fromkeys(trainers, 0.0)
-        real = dict.fromkeys(trainers, 0)
-        for i in range(steps):
-            for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
-                dt, n = timed_step(trainers[mode])
-                seconds[mode] += dt
-                real[mode] += n
+        with trainer_threads(trainers["packed"].device.type, "minilmd bench packing") as (count, why):
+            for trainer in trainers.values():
+                for _ in range(warmup):
+                    timed_step(trainer)
+            seconds: dict[str, list[float]] = {mode: [] for mode in trainers}
+            real = dict.fromkeys(trainers, 0)
+            for i in range(steps):
+                for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
+                    dt, n = timed_step(trainers[mode])
+                    seconds[mode].append(dt)
+                    real[mode] += n
         row_tokens = trainers["packed"].global_batch * cfg.train.seq_len * steps
         del trainers
         gc.collect()
-    packed, masked, padded = (ModeResult(m, steps, seconds[m], real[m], row_tokens) for m in MODES)
-    return packed, masked, padded
+    packed, masked, padded = (ModeResult(m, tuple(seconds[m]), real[m], row_tokens) for m in MODES)
+    return Comparison(packed, masked, padded, count, why)
 
 
-def report(packed: ModeResult, masked: ModeResult, padded: ModeResult, cfg: RunConfig) -> str:
+def spread_warning(results: tuple[ModeResult, ...]) -> list[str]:
+    """A line when one mode's step times vary more than SPREAD_WARNING-fold (none otherwise)."""
+    worst = max(results, key=lambda r: r.spread)
+    if worst.spread <= SPREAD_WARNING:
+        return []
+    return [f"warning: {worst.mode} steps took {min(worst.step_seconds):.3f} to {max(worst.step_seconds):.3f} s "
+            f"({worst.spread:.1f}x): the host's load moves these figures; rerun with more --steps, or when it is idle"]
+
+
+def report(c: Comparison, cfg: RunConfig) -> str:
+    packed, masked, padded = c.packed, c.masked, c.padded
     ratio = packed.tok_s / padded.tok_s
     limit = 1.0 / (1.0 - padded.pad_share)
     t = cfg.train
     return "\n".join([
         f"bench packing: {cfg.data.prepared}, model {cfg.model.hidden_size}x{cfg.model.num_hidden_layers}, "
-        f"seq_len {t.seq_len}, {t.micro_batch_size} rows x {t.grad_accum} micro-batches, {packed.steps} timed steps",
+        f"seq_len {t.seq_len}, {t.micro_batch_size} rows x {t.grad_accum} micro-batches, {packed.steps} timed steps, "
+        f"torch threads {c.threads} ({c.threads_why})",
         f"{'mode':8} {'real tok/s':>12} {'s/step':>8} {'PAD share':>10}",
         *(f"{r.mode:8} {r.tok_s:12,.0f} {r.seconds / r.steps:8.3f} {r.pad_share:10.1%}"
           for r in (packed, masked, padded)),
         f"packed/padded real tokens/s: {ratio:.2f}x; limit 1/(1 - PAD share) = {limit:.2f}x; "
         f"reached {ratio / limit:.1%} of the limit (goal >= 95%)",
         f"masked/packed real tokens/s: {masked.tok_s / packed.tok_s:.2f}x (the cost of data.doc_mask)",
+        *spread_warning((packed, masked, padded)),
     ])
 
 
@@ -122,6 +189,5 @@ def main(prepared: str, config_path: str, steps: int = 20, overrides: list[str] 
     if steps < 1:
         print("minilmd bench packing: --steps must be at least 1", file=sys.stderr)
         return 2
-    packed, masked, padded = compare(cfg, steps)
-    print(report(packed, masked, padded, cfg), flush=True)
+    print(report(compare(cfg, steps), cfg), flush=True)
     return 0

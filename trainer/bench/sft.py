@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from minilmd.config import ConfigError, RunConfig
 from minilmd.probes import load_checked
-from minilmd.trainer.bench.packing import build_trainer, timed_step
+from minilmd.trainer.bench.packing import build_trainer, timed_step, trainer_threads
 
 MODES = ("padded", "bucketed", "packed", "masked")
 
@@ -64,30 +64,32 @@ def step_rows(trainer, step: int) -> tuple[int, int]:
     return rows, targets
 
 
-def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> dict[str, SftResult]:
-    """The modes side by side, their steps interleaved; warmup steps of each first, untimed."""
+def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> tuple[dict[str, SftResult], str]:
+    """The modes side by side, their steps interleaved; warmup steps of each first, untimed; the trainer's threads
+    throughout (packing.trainer_threads). Returns the results and a line that says those threads."""
     with tempfile.TemporaryDirectory(prefix="minilmd-bench-sft-") as tmp:
         trainers = {mode: build_trainer(cfg, mode, warmup + steps, tmp) for mode in MODES}
-        for trainer in trainers.values():
-            for _ in range(warmup):
-                timed_step(trainer)
-        results = {mode: SftResult(mode) for mode in MODES}
-        for i in range(steps):
-            for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
-                trainer, r = trainers[mode], results[mode]
-                rows, targets = step_rows(trainer, trainer.step)
-                dt, n_real = timed_step(trainer)
-                r.steps += 1
-                r.seconds += dt
-                r.real_tokens += n_real
-                r.target_tokens += targets
-                r.row_tokens += rows
+        with trainer_threads(trainers["padded"].device.type, "minilmd bench sft") as (count, why):
+            for trainer in trainers.values():
+                for _ in range(warmup):
+                    timed_step(trainer)
+            results = {mode: SftResult(mode) for mode in MODES}
+            for i in range(steps):
+                for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
+                    trainer, r = trainers[mode], results[mode]
+                    rows, targets = step_rows(trainer, trainer.step)
+                    dt, n_real = timed_step(trainer)
+                    r.steps += 1
+                    r.seconds += dt
+                    r.real_tokens += n_real
+                    r.target_tokens += targets
+                    r.row_tokens += rows
         del trainers
         gc.collect()
-    return results
+    return results, f"torch threads {count} ({why})"
 
 
-def report(results: dict[str, SftResult], cfg: RunConfig) -> str:
+def report(results: dict[str, SftResult], threads_line: str, cfg: RunConfig) -> str:
     s, b = results["padded"], results["bucketed"]
     ratio = b.tok_s / s.tok_s
     limit = (1.0 - b.pad_share) / (1.0 - s.pad_share)
@@ -95,7 +97,8 @@ def report(results: dict[str, SftResult], cfg: RunConfig) -> str:
     names = {"padded": "static", "bucketed": "bucketed", "packed": "packed", "masked": "padfree"}
     return "\n".join([
         f"bench sft: {cfg.data.prepared}, model {cfg.model.hidden_size}x{cfg.model.num_hidden_layers}, "
-        f"seq_len {t.seq_len}, {t.micro_batch_size} rows x {t.grad_accum} micro-batches, {s.steps} timed steps",
+        f"seq_len {t.seq_len}, {t.micro_batch_size} rows x {t.grad_accum} micro-batches, {s.steps} timed steps, "
+        f"{threads_line}",
         f"{'mode':9} {'real tok/s':>11} {'target tok/s':>13} {'s/step':>8} {'PAD share':>10}",
         *(f"{names[r.mode]:9} {r.tok_s:11,.0f} {r.target_s:13,.0f} {r.seconds / r.steps:8.3f} {r.pad_share:10.1%}"
           for r in results.values()),
@@ -114,5 +117,5 @@ def main(prepared: str, config_path: str, steps: int = 10, overrides: list[str] 
     if steps < 1:
         print("minilmd bench sft: --steps must be at least 1", file=sys.stderr)
         return 2
-    print(report(compare(cfg, steps), cfg), flush=True)
+    print(report(*compare(cfg, steps), cfg), flush=True)
     return 0
