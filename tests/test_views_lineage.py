@@ -126,3 +126,18 @@ def test_a_marker_someone_wrote_with_wrong_types_still_cuts_saying_no_step(tmp_p
     found = curves.read_timeline(tmp_path)
     assert [r["step"] for r in found.records] == [1] and found.earlier_step is None
     assert curves.earlier_words(found) == "an earlier timeline is in this run.dir, before the run --fresh start"
+
+
+def test_the_supervisors_progress_forgets_the_earlier_timeline_at_the_marker_and_its_old_heartbeat(tmp_path):
+    """The supervisor reads metrics.jsonl from its start: on main its state.json (status's step line, the
+    Prometheus gauges) kept the old timeline's val loss until the new lineage's first eval, and its step until the
+    new trainer's first line."""
+    from minilmd.daemon.base.runstate import Heartbeat, RunState, new_state
+
+    state = RunState(tmp_path / names.STATE, new_state("r", tmp_path, "/runs/r.toml"))
+    old = [train(60, 1, 1000.0), {"kind": "eval", "step": 60, "val_loss": 9.5, "time": 1060.0}]
+    state.apply_progress(old + [{"kind": "lineage", "lineage": "fresh", "earlier_step": 60, "time": 2000.0}],
+                         Heartbeat(1060.0, 60, ""))  # the old trainer's heartbeat, still there
+    assert (state.progress.step, state.progress.val_loss, state.progress.loss) == (None, None, None)
+    state.apply_progress([train(5, 1, 2000.0)], Heartbeat(2006.0, 6, ""))
+    assert (state.progress.step, state.progress.val_loss) == (6, None)
