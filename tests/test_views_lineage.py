@@ -9,6 +9,7 @@ and plot drew the old steps 11-30 after the new ones.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -117,7 +118,10 @@ def test_the_marker_is_a_line_of_its_own_after_a_torn_one_and_says_the_last_whol
     write_lines(path, [train(1, 1, 3000.0)])
     run = curves.load(tmp_path)
     assert [r["step"] for r in run.train] == [1] and (run.earlier.earlier_step, run.earlier.fresh_since) == (7, 3000.0)
-    assert curves.earlier_words(curves.load(tmp_path / "none").earlier) is None  # one timeline: nothing to say
+    first = tmp_path / "first"
+    first.mkdir()
+    timeline.mark_fresh(first, 3000.0)  # a first run given --fresh: no earlier timeline, nothing said of one
+    assert not (first / names.METRICS).exists() and curves.earlier_words(curves.load(first).earlier) is None
 
 
 def test_a_marker_someone_wrote_with_wrong_types_still_cuts_saying_no_step(tmp_path):
@@ -141,3 +145,17 @@ def test_the_supervisors_progress_forgets_the_earlier_timeline_at_the_marker_and
     assert (state.progress.step, state.progress.val_loss, state.progress.loss) == (None, None, None)
     state.apply_progress([train(5, 1, 2000.0)], Heartbeat(2006.0, 6, ""))
     assert (state.progress.step, state.progress.val_loss) == (6, None)
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a link"])
+def test_a_metrics_file_that_is_not_a_regular_one_is_not_written_through(tmp_path, kind):
+    path = tmp_path / names.METRICS
+    target = tmp_path / "elsewhere.jsonl"
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    else:
+        write_lines(target, [train(1, 1, 1000.0)])
+        path.symlink_to(target)
+    with pytest.raises(OSError):
+        timeline.mark_fresh(tmp_path, 2000.0)
+    assert kind == "a FIFO" or target.read_text().count("\n") == 1  # the link's target left as it was

@@ -14,8 +14,10 @@ never read as a new lineage: only the marker is one. Torch-free.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,22 +76,28 @@ def events_since_fresh(events: list[dict]) -> list[dict]:
 
 def mark_fresh(run_dir: Path, time: float) -> None:
     """Append the fresh-start marker to the run's metrics.jsonl, after the step its last train line reached (read
-    from the file's end, a regular file only). Opened as events.jsonl is (no link followed, no FIFO waited on); a
-    torn last line (a trainer killed mid-line) is ended first, so the marker is a line of its own. Called while no
+    from the file's end, a regular file only); nothing when there is no metrics.jsonl or it is empty (no earlier
+    timeline: a first run given --fresh). Opened as events.jsonl is (no link followed, no FIFO waited on); a torn
+    last line (a trainer killed mid-line) is ended first, so the marker is a line of its own. Called while no
     trainer of the run runs (staging), so no line of one is torn by it. Raises OSError."""
     from minilmd.daemon.base.runstate import LOG_APPEND, _append_whole, json_records
 
     path = run_dir / names.METRICS
     try:
-        tail, _ = tail_lines(path, TAIL_LINES)
-    except Unreadable:
-        tail = []
+        tail, size = tail_lines(path, TAIL_LINES)
+    except Unreadable:  # not a regular file: the open below says why
+        tail, size = [], None
+    if size == 0:
+        return
     trained = [r for r in json_records(tail) if r.get("kind") == "train" and _int(r.get("step")) is not None]
     marker = {"kind": MARKER_KIND, "lineage": FRESH, "earlier_step": trained[-1]["step"] if trained else None,
               "time": round(time, 3)}
     fd = os.open(path, LOG_APPEND & ~os.O_WRONLY | os.O_RDWR, 0o644)  # read too: its last byte
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO opens read-write without blocking: never written to
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        size = st.st_size
         torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
         _append_whole(fd, ((b"\n" if torn else b"") + json.dumps(marker).encode() + b"\n"))
     finally:
