@@ -51,6 +51,10 @@ def test_after_run_fresh_status_and_plot_read_the_new_lineage_only(tmp_path, cor
     assert plotted.returncode == 0, plotted.stdout + plotted.stderr
     assert "s: an earlier timeline (to step 30) is in this run.dir" in plotted.stdout and "not drawn" in \
         plotted.stdout, plotted.stdout
+    from minilmd.daemon.views.plot import plot
+
+    summary = plot([cfg.run_dir], tmp_path / "q.png")
+    assert summary.points == {"s": 10} and summary.restart_marks == [], summary  # on main: 30 points
 
 
 def write_lines(path: Path, records: list[dict]) -> None:
