@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from minilmd import names
+from minilmd.daemon.base import timeline
 from minilmd.daemon.base.states import Phase, StagingState, SyncState
 from minilmd.daemon.base.statesections import (
     LocalCheckpoint,
+    Progress,
     RemoteCheckpoint,
     Staging,
     StateJson,
@@ -160,6 +162,9 @@ class RunState(StateJson):
         self.previous_unreadable = ""
         """Why the previous supervisor's state.json could not be read ("" when it could or there was none): its
         remote checkpoint is then unknown (daemon/jobs/remotewait.py)."""
+        self.lineage_since = 0.0
+        """When the current lineage began (the time of the last `run --fresh` marker read, apply_progress); 0.0 when
+        none was."""
         self.other_remote: RemoteCheckpoint | None = None
         """The previous supervisor's remote checkpoint when it is on another remote than run.remote now (`adopt`):
         not this run's remote checkpoint, which starts its own record with the first sync there."""
@@ -215,11 +220,16 @@ class RunState(StateJson):
 
     def apply_progress(self, records: list[dict], beat: Heartbeat | None) -> None:
         """Fold the trainer's new metrics.jsonl lines and its heartbeat (`read_heartbeat`) into "progress" and
-        "local_checkpoint"."""
+        "local_checkpoint". A `run --fresh` start's marker (daemon/base/timeline.py) empties "progress": what came
+        before it (the supervisor reads metrics.jsonl from its start) is another lineage's, and so is a heartbeat
+        older than it."""
         progress = self.progress
         for rec in records:
             kind = rec.get("kind")
-            if kind == "train":
+            if timeline.is_marker(rec):
+                self.progress = progress = Progress()
+                self.lineage_since = max(self.lineage_since, number(rec.get("time")) or 0.0)
+            elif kind == "train":
                 for key in ("step", "total_steps", "loss", "lr", "tokens_seen"):
                     if rec.get(key) is not None:
                         setattr(progress, key, rec[key])
@@ -238,7 +248,8 @@ class RunState(StateJson):
         if beat is not None:
             progress.heartbeat = beat.mtime
             progress.reference_pass = beat.reference_pass()
-            if beat.step is not None and (progress.step is None or beat.step > progress.step):
+            if beat.step is not None and (progress.step is None or beat.step > progress.step) and \
+                    beat.mtime >= self.lineage_since:
                 progress.step = beat.step
 
     def save(self) -> None:

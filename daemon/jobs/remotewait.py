@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names
+from minilmd.daemon.base import timeline
 from minilmd.daemon.base.runstate import names_remote, state_owners
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.shared_place import Place, gone_or_typo, look
@@ -113,7 +114,7 @@ def read_events(run_dir: Path, url: str) -> tuple[int | None, str]:
         try:
             for record in _event_records(f):
                 event, step = record.get("event"), record.get("step")
-                if event == "fetch" and record.get("lineage") == "fresh":
+                if timeline.is_fresh_event(record):
                     newest, unreadable = None, ""
                 elif event == "adopt" and isinstance(record.get("unreadable"), str):
                     unreadable = record["unreadable"]

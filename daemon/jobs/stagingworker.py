@@ -23,6 +23,7 @@ from pathlib import Path
 
 from minilmd import names, protocol, scratch
 from minilmd.checkpoint_dirs import local_checkpoint_steps
+from minilmd.daemon.base import timeline
 from minilmd.daemon.base.runstate import RunState, fmt_time, now
 from minilmd.daemon.base.states import StagingState, SyncState
 from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
@@ -204,9 +205,11 @@ class StagingWorker:
             self.state.local_checkpoint = LocalCheckpoint(step=step_of(Path(fetched)), time=now(), path=str(fetched),
                                                           fetched=True)
         elif self.cfg.run.remote and not local_checkpoint_steps(self.cfg.checkpoint_dir):
-            lineage = {"lineage": "fresh"} if self.fresh else {}  # records before it are another lineage's
+            lineage = {"lineage": timeline.FRESH} if self.fresh else {}  # records before it are another lineage's
             self.emit("fetch", f"{self.from_step_0 or 'scratch holds no checkpoint'}: starting from step 0",
                       remote=self.cfg.run.remote, **lineage)
+            if self.fresh:
+                self._mark_fresh()
             if self.fresh and self.state.remote_checkpoint is not None:  # of the run before: not this lineage's
                 self.emit("fetch", f"--fresh: the remote step {self.state.remote_checkpoint.step} state.json "
                                    f"recorded is forgotten; this run syncs its own checkpoints from now on")
@@ -218,6 +221,15 @@ class StagingWorker:
             return None
         self.inputs = {}
         return Staged(staged, expected, fetched)
+
+    def _mark_fresh(self) -> None:
+        """metrics.jsonl's marker of the new lineage (daemon/base/timeline.py): `status` and `plot` read what follows
+        it only. One that cannot be written (run.dir full) is said: the views then mix the two timelines."""
+        try:
+            timeline.mark_fresh(self.cfg.run_dir, now())
+        except OSError as e:
+            self.emit("fetch", f"--fresh: the new lineage's start could not be marked in {names.METRICS} "
+                               f"({e.strerror or e}): status and plot show the earlier timeline's steps with it")
 
     def _error_text(self, worker: Worker) -> str:
         """What a failed staging says: a remote checkpoint of another model, corpus or tokenizer in the words `run

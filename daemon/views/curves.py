@@ -8,7 +8,10 @@ Restarts come from the supervisor's events.jsonl (a trainer that ended other tha
 that started again: "supervisor" when the one before was killed, "stop" after a stop; a supervisor's start at the
 step of the last line logged before it, in file order), sync failures are the spans
 from a failed (or stalled) sync to the next one that succeeded, and epoch boundaries are the steps where the "epoch"
-of the train lines changes. Torch-free and matplotlib-free.
+of the train lines changes. Only the current lineage is read (daemon/base/timeline.py): after `minilmd run --fresh`
+started a new one in this run.dir, what both files hold from before its start is another timeline's, left out and
+said (`earlier_words`); a resume from an older checkpoint is the same lineage, its steps repeated. Torch-free and
+matplotlib-free.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names
-from minilmd.daemon.base.runstate import json_records, read_state
+from minilmd.daemon.base import timeline
+from minilmd.daemon.base.runstate import fmt_time, json_records, read_state
 from minilmd.fsio import tail_lines
 from minilmd.untrusted import Unreadable
 
@@ -100,6 +104,9 @@ class Curves:
     """Train lines dropped because a later attempt logged the same step again."""
     unreadable: list[str] = field(default_factory=list)
     """"metrics.jsonl: unreadable (a FIFO)": the files that could not be read, so that what is drawn is not all."""
+    earlier: timeline.Timeline = field(default_factory=timeline.Timeline)
+    """Where the current lineage began (no records: those are `train` and the rest): its `run --fresh` start's time
+    and the step the earlier timeline reached; fresh_since None when the run.dir holds one timeline only."""
     _clock: tuple[list[float], list[float]] | None = field(default=None, repr=False)
     """step_at's (times, steps) of the logged lines, made once."""
 
@@ -147,18 +154,36 @@ def load(run_dir: str | os.PathLike) -> Curves:
     """The curves of the run in run_dir (its metrics.jsonl and events.jsonl; either may be missing)."""
     run_dir = Path(run_dir)
     problems: list[str] = []
-    metrics = numbers_only(read_jsonl(run_dir / names.METRICS, problems=problems))
+    current = read_timeline(run_dir, problems)
+    metrics = current.records
     raw_train = [r for r in metrics if r.get("kind") == "train"]
     curves = Curves(run_dir, run_name(run_dir), train=last_per_step(raw_train), logged=raw_train,
                     evals=last_per_step([r for r in metrics if r.get("kind") == "eval"]))
     curves.repeated_steps = len([r for r in raw_train if isinstance(r.get("step"), int)]) - len(curves.train)
-    events = numbers_only(read_jsonl(run_dir / names.EVENTS, problems=problems))
+    curves.earlier = timeline.Timeline([], current.earlier_step, current.fresh_since)
+    events = timeline.events_since_fresh(numbers_only(read_jsonl(run_dir / names.EVENTS, problems=problems)))
     curves.unreadable = problems
     curves.restarts = _restarts(curves, events)
     curves.sync_failures = _sync_failures(curves, events)
     epochs = [(r["step"], r["epoch"]) for r in curves.train if isinstance(r.get("epoch"), int)]
     curves.epochs = [step for (_, before), (step, e) in zip(epochs, epochs[1:], strict=False) if e != before]
     return curves
+
+
+def read_timeline(run_dir: Path, problems: list[str] | None = None) -> timeline.Timeline:
+    """metrics.jsonl's objects (read_jsonl's bounded read, numbers_only), cut at the last fresh start: the current
+    lineage's records, and where it began."""
+    return timeline.current(numbers_only(read_jsonl(run_dir / names.METRICS, problems=problems)))
+
+
+def earlier_words(current: timeline.Timeline) -> str | None:
+    """"an earlier timeline (to step 1,330) is in this run.dir, before the run --fresh start of 2026-12-05
+    09:01:32", or None when the run.dir holds one timeline only (no fresh start among what was read)."""
+    if current.fresh_since is None:
+        return None
+    to = f" (to step {current.earlier_step:,})" if current.earlier_step is not None else ""
+    when = f" of {fmt_time(current.fresh_since)}" if current.fresh_since else ""
+    return f"an earlier timeline{to} is in this run.dir, before the run --fresh start{when}"
 
 
 def _restarts(curves: Curves, events: list[dict]) -> list[Mark]:
@@ -230,12 +255,13 @@ RECENT_LINES = 400
 
 
 def recent_loss(run_dir: Path, lines: int = RECENT_LINES) -> list[dict]:
-    """The last train lines of metrics.jsonl, one per step (read from its end: status stays fast)."""
+    """The last train lines of metrics.jsonl, one per step (read from its end: status stays fast), the current
+    lineage's only (a fresh start's marker among them cuts them)."""
     try:
         tail, _ = tail_lines(run_dir / names.METRICS, lines)
     except Unreadable:
         return []  # not a file the trainer wrote (a FIFO, a link): no sparkline
-    return last_per_step([rec for rec in json_records(tail) if rec.get("kind") == "train"
+    return last_per_step([rec for rec in timeline.current(json_records(tail)).records if rec.get("kind") == "train"
                           and isinstance(rec.get("loss"), (int, float)) and not isinstance(rec.get("loss"), bool)])
 
 

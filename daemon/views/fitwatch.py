@@ -54,11 +54,12 @@ class Epoch:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """metrics.jsonl's objects, from at most its last PLOT_MAX_BYTES and only from a regular file (daemon/views/
-    curves.py read_jsonl: never a FIFO, a link to /dev/zero nor a file someone made huge read whole)."""
-    from minilmd.daemon.views.curves import numbers_only, read_jsonl
+    """metrics.jsonl's objects of the current lineage (after the last `run --fresh` start: daemon/base/timeline.py),
+    from at most its last PLOT_MAX_BYTES and only from a regular file (daemon/views/curves.py read_jsonl: never a
+    FIFO, a link to /dev/zero nor a file someone made huge read whole)."""
+    from minilmd.daemon.views.curves import read_timeline
 
-    return numbers_only(read_jsonl(run_dir / names.METRICS))
+    return read_timeline(run_dir).records
 
 
 def once_per_step(records: list[dict]) -> list[dict]:
@@ -164,10 +165,11 @@ def gap_warning(done: list[Epoch], vals: list[float], warn_gap: float) -> str | 
             f"{last.val:.4f}; {sign})")
 
 
-def fit_lines(run_dir: str | Path) -> list[str]:
-    """status's lines: one per epoch (the last 5), the warnings, the early stop."""
+def fit_lines(run_dir: str | Path, records: list[dict] | None = None) -> list[str]:
+    """status's lines: one per epoch (the last 5), the warnings, the early stop; of `records` (the current lineage's
+    metrics.jsonl objects) when status has read them already, else read here."""
     run_dir = Path(run_dir)
-    records = once_per_step(read_metrics(run_dir))
+    records = once_per_step(read_metrics(run_dir) if records is None else records)
     done = epochs(records)
     if not done:
         return []

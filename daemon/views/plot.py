@@ -7,7 +7,9 @@ Against the step, or with x="tokens" against the tokens trained on. On every pan
 vertical line (labelled by its cause on the loss panel; restarts at about the same x share one label, and with
 several runs each cause is prefixed by its run's name, in its colour), each span with a failing sync shaded, each
 epoch boundary as a dotted line. The legend is below the panels, where it covers no curve. The curves are those of
-daemon/views/curves.py: every attempt's lines, a repeated step once.
+daemon/views/curves.py: every attempt's lines, a repeated step once, of the current lineage only: a run.dir where
+`minilmd run --fresh` started a new one draws from that start on, its title saying so (`since run --fresh ...`), and
+the summary says what was left out (an earlier timeline, to its step).
 
 matplotlib (the Agg backend: no display needed) is an optional extra, `pip install 'minilmd[plot]'`; without it
 `plot` raises PlotUnavailable with that line. `plot` returns a PlotSummary read back from the figure's own artists
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.views import curves as curves_mod
 from minilmd.metrics import REWARDS, number
 
@@ -54,6 +57,9 @@ class PlotSummary:
     """A DPO run's reward curves: "RUN:rewards/accuracies:train" (or ":val") -> its points."""
     unreadable: list[str] = field(default_factory=list)
     """"RUN: metrics.jsonl: unreadable (a FIFO)" for each file that could not be read (its curves are missing)."""
+    not_drawn: list[str] = field(default_factory=list)
+    """"RUN: an earlier timeline (to step N) is in this run.dir, before the run --fresh start of T" for each run
+    whose earlier timeline was left out."""
 
 
 def _pyplot():
@@ -106,7 +112,7 @@ def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str =
         columns = min(len(handles), 4)
         legend_rows = -(-len(handles) // columns)
         fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=columns, frameon=False)
-    fig.suptitle(title or ", ".join(r.name for r in runs))
+    fig.suptitle(title or ", ".join(_title(r) for r in runs))
     fig.tight_layout(rect=(0, min(0.3, 0.035 * legend_rows + 0.01 * bool(legend_rows)), 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
@@ -126,6 +132,14 @@ def auto_smoothing(points: int) -> float:
 def _label(run: curves_mod.Curves, runs: list[curves_mod.Curves]) -> str:
     same_name = sum(r.name == run.name for r in runs) > 1
     return f"{run.name} ({run.run_dir})" if same_name else run.name
+
+
+def _title(run: curves_mod.Curves) -> str:
+    """The run's name, with the start of its current lineage when a `run --fresh` began one (what came before is
+    not drawn)."""
+    if run.earlier.fresh_since is None:
+        return run.name
+    return f"{run.name} (since run --fresh {fmt_time(run.earlier.fresh_since)})"
 
 
 def _draw_run(run: curves_mod.Curves, axes, color: str, x: str, smoothing: float | None, label: str,
@@ -239,6 +253,7 @@ def _summarize(fig, loss_ax, out: Path, runs: list[curves_mod.Curves]) -> PlotSu
     width, height = fig.get_size_inches() * fig.dpi
     summary = PlotSummary(out, (round(width), round(height)), [r.name for r in runs])
     summary.unreadable = [f"{r.name}: {problem}" for r in runs for problem in r.unreadable]
+    summary.not_drawn = [f"{r.name}: {words}" for r in runs if (words := curves_mod.earlier_words(r.earlier))]
     for line in loss_ax.lines:
         gid = line.get_gid() or ""
         kind, _, rest = gid.partition(":")

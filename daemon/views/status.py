@@ -240,13 +240,16 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it
         lines.insert(1, request)
-    lines += fit_lines(run_dir)
-    lines += reproducibility_lines(run_dir, state)  # daemon/views/reproducible.py
-    from minilmd.daemon.views.curves import sparkline_line
+    from minilmd.daemon.views.curves import earlier_words, read_timeline, sparkline_line
 
-    spark = sparkline_line(run_dir)
-    if spark:
-        lines.insert(next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1, spark)
+    metrics = read_timeline(run_dir)  # metrics.jsonl once, the current lineage's (after a `run --fresh` start)
+    lines += fit_lines(run_dir, metrics.records)
+    lines += reproducibility_lines(run_dir, state)  # daemon/views/reproducible.py
+    after_step = next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1
+    if earlier := earlier_words(metrics):
+        lines.insert(after_step, f"  {earlier}: status and plot show the current one only")
+    if spark := sparkline_line(run_dir):
+        lines.insert(after_step, spark)
     print("\n".join(printable(line) for line in lines), file=out)  # each line built from state.json's strings
     return 0
 

@@ -73,6 +73,8 @@ def plot_command(
         raise typer.Exit(2) from None
     for problem in summary.unreadable:
         typer.echo(f"minilmd plot: {printable(problem)}", err=True)
+    for left_out in summary.not_drawn:  # another timeline in the run.dir: the current lineage alone is drawn
+        typer.echo(f"minilmd plot: {printable(left_out)}: not drawn")
     marks = ", ".join(f"{cause} at {at:,.0f}" for _, at, cause in summary.restart_marks) or "none"
     typer.echo(f"wrote {summary.path} ({summary.size_px[0]}x{summary.size_px[1]} px): {', '.join(summary.runs)}; "
                f"restarts: {marks}")
