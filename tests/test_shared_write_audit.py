@@ -150,6 +150,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/runfiles.py": ("gap", RUN_DIR, {("RunFiles.__init__", ".mkdir"): 1}),
     "daemon/base/runstate.py": ("gap", RUN_DIR + " (events.jsonl and supervisor.log, O_APPEND|O_CREAT by path)", {
         ("EventLog.reopen", "os.open"): 1, ("EventLog.emit", "os.open"): 1}),
+    "daemon/base/timeline.py": ("gap", RUN_DIR + " (metrics.jsonl: the --fresh marker appended, O_NOFOLLOW|O_NONBLOCK, "
+                                "a regular file only)", {("mark_fresh", "os.open"): 1}),
     "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor.run", ".mkdir"): 1, ("Supervisor._launch", ".unlink"): 1}),
     "daemon/views/plot.py": ("gap", OWN_OUTPUT, {("plot", ".mkdir"): 1}),
     # --- the trainer ------------------------------------------------------------------------------------------------
@@ -242,10 +244,33 @@ class _Names:
             if isinstance(node, (ast.Name, ast.Attribute)) and (
                     node.id if isinstance(node, ast.Name) else node.attr) == "O_CREAT":
                 return True
+            if isinstance(node, ast.Name) and node.id in self.aliases and node.id not in seen and \
+                    (imported := _imported_constant(self.aliases[node.id])) is not None:
+                if imported.creates(imported.constants[node.id], seen | {node.id}):
+                    return True  # flags a module of the project defines (jsonlines.LOG_APPEND): followed there
             if isinstance(node, ast.Name) and node.id not in self.aliases and node.id not in seen:
                 if node.id not in self.constants or self.creates(self.constants[node.id], seen | {node.id}):
                     return True  # flags in a local variable: counted as a create, to be reviewed
         return False
+
+
+PACKAGE_DIRS = {"minilmd.daemon": "daemon", "minilmd.trainer": "trainer", "minilmd": "minilmd"}
+"""pyproject.toml's package-dir: where a module of the project lies."""
+
+
+def _imported_constant(qualified: str) -> _Names | None:
+    """The names of the project module a constant is imported from (`minilmd.daemon.base.jsonlines.LOG_APPEND`),
+    when that module defines it; None for anything else (os.O_CREAT, a function, another package's name)."""
+    module, _, name = qualified.rpartition(".")
+    for package, folder in PACKAGE_DIRS.items():
+        if module == package or module.startswith(package + "."):
+            path = ROOT / folder / (module[len(package) + 1:].replace(".", "/") or "__init__")
+            path = path.with_suffix(".py")
+            if path.is_file():
+                names = _Names(source_tree.tree(path))
+                return names if name in names.constants else None
+            return None
+    return None
 
 
 def _open_flags(call: ast.Call) -> ast.expr | None:
@@ -366,6 +391,8 @@ from os import rename, open as os_open
 from pathlib import Path
 from safetensors.torch import save_file
 from tempfile import mkstemp as make_temp
+from minilmd.daemon.base.jsonlines import LOG_APPEND
+from minilmd.place_rule import WALK_DIR
 NEW = os.O_WRONLY | os.O_CREAT
 
 def f(p, d, flags, arr):
@@ -383,6 +410,8 @@ def f(p, d, flags, arr):
     os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
     os.open(p, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=d)
     os_open(p, NEW)
+    os.open(p, LOG_APPEND)
+    os.open(p, WALK_DIR)
     os.open(p, flags)
     save_file({}, p)
     safetensors.torch.save_file({}, p)
@@ -395,11 +424,12 @@ def f(p, d, flags, arr):
 
 
 def test_the_audit_sees_each_kind_of_call_by_any_name():
-    """Each kind of by-path write is counted, under whatever name it was imported (an alias, a bare import); the
-    same calls relative to a descriptor, or only reading, are not."""
+    """Each kind of by-path write is counted, under whatever name it was imported (an alias, a bare import), os.open's
+    flags followed into the project module that defines them (LOG_APPEND creates, WALK_DIR does not); the same calls
+    relative to a descriptor, or only reading, are not."""
     assert _Sites(ast.parse(PROBE)).found == Counter({
         ("f", "os.chmod"): 1, ("f", ".write_text"): 1, ("f", "open"): 1, ("f", "shutil.rmtree"): 2,
-        ("f", ".replace"): 1, ("f", "os.rename"): 1, ("f", "os.open"): 3, ("f", "safetensors.save_file"): 2,
+        ("f", ".replace"): 1, ("f", "os.rename"): 1, ("f", "os.open"): 4, ("f", "safetensors.save_file"): 2,
         ("f", "np.save"): 1, ("f", "np.savez"): 1, ("f", ".tofile"): 1, ("f", "tempfile.NamedTemporaryFile"): 1,
         ("f", "tempfile.mkstemp"): 1})
 

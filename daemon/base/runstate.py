@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from minilmd import names
 from minilmd.daemon.base import timeline
+from minilmd.daemon.base.jsonlines import LOG_APPEND, append_whole, json_records
 from minilmd.daemon.base.states import Phase, StagingState, SyncState
 from minilmd.daemon.base.statesections import (
     LocalCheckpoint,
@@ -39,7 +40,7 @@ from minilmd.fsio import atomic_write_json, new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
 from minilmd.perms import own_uid
 from minilmd.procs import process_environ, process_start_ticks  # noqa: F401 - here too: tests import them from here
-from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, read_json
+from minilmd.untrusted import Unreadable, read_json
 
 STATE_VERSION = 1
 HEARTBEAT_MAX_BYTES = 4096
@@ -60,18 +61,6 @@ def fmt_time(ts: float | None) -> str:
 def is_disk_full(e: BaseException) -> bool:
     """ENOSPC or EDQUOT: the write would fit elsewhere, or later; nothing is wrong with the file itself."""
     return isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS
-
-
-def _append_whole(fd: int, data: bytes) -> None:
-    """Append all of data or nothing: a disk that fills in the middle of a line must not leave half of it, which
-    would spoil the line appended after it once there is room again."""
-    start = os.fstat(fd).st_size
-    try:
-        if os.write(fd, data) != len(data):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    except OSError:
-        os.ftruncate(fd, start)
-        raise
 
 
 # --- Process identity ------------------------------------------------------------------------------------------
@@ -266,12 +255,6 @@ class RunState(StateJson):
 
 # --- events.jsonl and supervisor.log ---------------------------------------------------------------------------
 
-LOG_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-"""How events.jsonl and supervisor.log are opened: a link at their name is an error (ELOOP), never appended
-through, a FIFO no hang (run.dir is held to the place rule, minilmd/place_rule.py run_dir_problem: the second
-guard)."""
-
-
 class EventLog:
     """One JSON line per event (events.jsonl), the same as a human line in supervisor.log and on stdout."""
 
@@ -296,7 +279,7 @@ class EventLog:
         try:
             fd = os.open(self.run_dir / names.EVENTS, LOG_APPEND, 0o644)
             try:
-                _append_whole(fd, (json.dumps(record, sort_keys=True, default=str) + "\n").encode())
+                append_whole(fd, (json.dumps(record, sort_keys=True, default=str) + "\n").encode())
             finally:
                 os.close(fd)
         except OSError as e:
@@ -305,7 +288,7 @@ class EventLog:
             problems.append(f"{names.EVENTS}: {e.strerror}")
         assert self._log is not None  # opened by __init__ through reopen()
         try:
-            _append_whole(self._log, (line + "\n").encode())
+            append_whole(self._log, (line + "\n").encode())
         except OSError as e:
             if not is_disk_full(e):
                 raise
@@ -333,18 +316,6 @@ class EventLog:
 
 
 # --- the trainer's outputs -------------------------------------------------------------------------------------
-
-def json_records(lines: list[bytes] | list[str]) -> list[dict]:
-    """The JSON objects among lines of a JSON-lines file (depth-bounded: minilmd/untrusted.py `loads`); a torn or
-    foreign line is skipped."""
-    records = []
-    for line in lines:
-        try:
-            records.append(loads(line, max_depth=MAX_LINE_DEPTH, expect=dict))
-        except Unreadable:
-            continue  # a torn line from a trainer killed mid-write: skip it, the next one is whole
-    return records
-
 
 class MetricsTail:
     """Reads complete new lines of metrics.jsonl since the last call (the trainer may be mid-line)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minilmd import names
+from minilmd.daemon.base.jsonlines import LOG_APPEND, append_whole, json_records
 from minilmd.fsio import tail_lines
 from minilmd.untrusted import Unreadable
 
@@ -80,8 +81,6 @@ def mark_fresh(run_dir: Path, time: float) -> None:
     timeline: a first run given --fresh). Opened as events.jsonl is (no link followed, no FIFO waited on); a torn
     last line (a trainer killed mid-line) is ended first, so the marker is a line of its own. Called while no
     trainer of the run runs (staging), so no line of one is torn by it. Raises OSError."""
-    from minilmd.daemon.base.runstate import LOG_APPEND, _append_whole, json_records
-
     path = run_dir / names.METRICS
     try:
         tail, size = tail_lines(path, TAIL_LINES)
@@ -99,7 +98,7 @@ def mark_fresh(run_dir: Path, time: float) -> None:
             raise OSError(errno.EINVAL, f"{path} is not a regular file")
         size = st.st_size
         torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
-        _append_whole(fd, ((b"\n" if torn else b"") + json.dumps(marker).encode() + b"\n"))
+        append_whole(fd, ((b"\n" if torn else b"") + json.dumps(marker).encode() + b"\n"))
     finally:
         os.close(fd)
 
