@@ -119,7 +119,8 @@ def _another_run(store: RemoteStore, owner: dict, claim: Claim) -> str:
             f"({run_owner.run_identity(claim.run_dir)}, run.name {claim.run_name!r}). Two runs never share a remote "
             f"(this one would resume from that run's checkpoint, and its syncs would prune that run's checkpoints): "
             f"set run.remote to a directory of this run's own; to start from that run's checkpoint, name it in "
-            f"init.from (e.g. {store.show('step-N')})")
+            f"init.from (e.g. {store.show('step-N')}); if that run is this one, its run.dir moved, remove "
+            f"{store.show(REMOTE_OWNER)} (this run's next sync claims the remote)")
 
 
 def _unclaimed(store: RemoteStore, steps: list[str], claim: Claim) -> str:
