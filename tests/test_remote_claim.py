@@ -179,3 +179,13 @@ def test_a_remote_an_older_minilmd_synced_stays_its_runs_and_is_refused_to_a_cop
     assert _steps(remote)[-1] == "step-00000030" and checkpoint_dirs.read_latest(remote) == "step-00000030"
     owner = remote_claim.read(open_remote(str(remote)))
     assert owner is not None and owner["run_dir"] == run_owner.run_identity(first.run_dir)
+
+
+def test_a_run_moved_to_a_new_server_keeps_its_remote_and_a_copy_with_a_new_name_does_not(tmp_path):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(run_owner.record(Path("/old-server/runs/s"), "s")))
+    store = open_remote(str(remote))
+    assert remote_claim.problem(store, _claim(tmp_path / "new-server" / "run", "s")) is None  # same run.name
+    said = remote_claim.problem(store, _claim(tmp_path / "copy" / "run", "copy"))
+    assert said is not None and "/old-server/runs/s" in said and "'copy'" in said

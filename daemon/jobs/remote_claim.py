@@ -1,5 +1,7 @@
 """A run's remote belongs to that run alone: `<run.remote>/owner.json` (names.REMOTE_OWNER) names the run whose
-syncs write there, in the shape of a scratch's owner.json (minilmd/run_owner.py: a run is its run directory).
+syncs write there, in the shape of a scratch's owner.json (minilmd/run_owner.py). A remote is this run's when its
+record names this run's run.dir or its run.name (`is_this_run`: a run moved to a new server keeps its run.name and
+run.remote, its run.dir may differ), so a config copied with a new run.name and run.dir is another run.
 
 A config copied for a second run whose run.remote was left as it was would otherwise resume from the first run's
 checkpoint, sync its own steps there and prune the first run's with `sync.keep`. So:
@@ -13,8 +15,8 @@ checkpoint, sync its own steps there and prune the first run's with `sync.keep`.
   records say it synced there (daemon/jobs/remotewait.py `records`: state.json's remote checkpoint, or a sync or
   fetch event naming this URL since the last `--fresh`); any other run is refused, told how to claim it by hand
   when those checkpoints are its own. An empty remote is claimed by the first run that syncs there.
-The claim is per run, not per host: every node of a Slurm job and every restart on another machine names the same
-run.dir. Torch-free.
+The claim is per run, not per host: every node of a Slurm job, every restart on another machine and a move to a new
+server name the same run. Torch-free.
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ def problem(store: RemoteStore, claim: Claim) -> str | None:
                 f"there nor resumes from there; if they are this run's, remove {store.show(REMOTE_OWNER)} (the next "
                 f"sync claims the remote again)")
     if owner is not None:
-        return None if run_owner.is_run(owner, claim.run_dir) else _another_run(store, owner, claim)
+        return None if is_this_run(owner, claim) else _another_run(store, owner, claim)
     steps = _steps(store)
     if not steps or claim.synced_before():
         return None
@@ -104,7 +106,15 @@ def still_ours(store: RemoteStore, claim: Claim) -> str | None:
         return str(e)
     if owner is None:
         return f"{store.show(REMOTE_OWNER)} is gone"
-    return None if run_owner.is_run(owner, claim.run_dir) else f"it names {run_owner.describe(owner)}"
+    return None if is_this_run(owner, claim) else f"it names {run_owner.describe(owner)}"
+
+
+def is_this_run(owner: dict, claim: Claim) -> bool:
+    """Whether a remote's owner record names the claiming run: its run.dir (a run renamed keeps its run.dir), or its
+    run.name (a run moved to a new server keeps its run.name and run.remote, while its run.dir, a local path, may
+    differ: docs/operations.md). A copy of a config with another run.name and another run.dir is another run.
+    Looser than scratch's rule (run.dir alone), since a remote outlives the server a run started on."""
+    return run_owner.is_run(owner, claim.run_dir) or owner.get("run_name") == claim.run_name
 
 
 def _steps(store: RemoteStore) -> list[str]:
@@ -119,8 +129,8 @@ def _another_run(store: RemoteStore, owner: dict, claim: Claim) -> str:
             f"({run_owner.run_identity(claim.run_dir)}, run.name {claim.run_name!r}). Two runs never share a remote "
             f"(this one would resume from that run's checkpoint, and its syncs would prune that run's checkpoints): "
             f"set run.remote to a directory of this run's own; to start from that run's checkpoint, name it in "
-            f"init.from (e.g. {store.show('step-N')}); if that run is this one, its run.dir moved, remove "
-            f"{store.show(REMOTE_OWNER)} (this run's next sync claims the remote)")
+            f"init.from (e.g. {store.show('step-N')}); if that run is this one under a new run.name and run.dir, "
+            f"remove {store.show(REMOTE_OWNER)} (this run's next sync claims the remote)")
 
 
 def _unclaimed(store: RemoteStore, steps: list[str], claim: Claim) -> str:

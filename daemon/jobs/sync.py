@@ -190,6 +190,14 @@ class Syncer(Fetcher):
         except remote_claim.ClaimRefused as e:
             raise SyncError(f"sync to {self.remote_url} refused: {e}") from None
 
+    def _claim_refused(self) -> str | None:
+        """Why the fetch may take nothing from the remote (another run's claim); None also when the claim cannot be
+        looked at now (the remote not there, EIO): the fetch's own look decides then (wait, or start from step 0)."""
+        try:
+            return remote_claim.problem(self.remote, self.claim) if self.claim is not None else None
+        except OSError:
+            return None
+
     def _finish(self, step: int, scan: Scan, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
         self._sync_best(scan)
         removed = self._retention(scan)
@@ -426,9 +434,9 @@ class Syncer(Fetcher):
         """Bring the newest remote checkpoint that validates into local_root (default: this syncer's) and return
         its local path; None when the remote holds none. A damaged remote checkpoint is quarantined (local paths)
         or skipped, and LATEST repointed. CheckpointMismatch (a checkpoint of another run) is raised as is."""
-        if self.claim is not None and (why := remote_claim.problem(self.remote, self.claim)):
-            raise SyncError(f"fetch from {self.remote_url} refused: {why}")
         try:
+            if why := self._claim_refused():
+                raise SyncError(f"fetch from {self.remote_url} refused: {why}")
             return self._fetch_latest(Path(local_root) if local_root is not None else self.local_root)
         except (SyncError, ck.CheckpointMismatch):
             raise
