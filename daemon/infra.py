@@ -70,11 +70,12 @@ class Infra:
         return Expectation.for_corpus(cfg, meta)
 
     def syncer(self, cfg: RunConfig, expected, log):
-        from minilmd.daemon.jobs import sync
+        from minilmd.daemon.jobs import remote_claim, sync
         from minilmd.daemon.jobs.initstage import INIT_DIR
 
         base = cfg.scratch_dir / INIT_DIR if cfg.lora.enabled and cfg.init.from_ else None
-        return sync.Syncer(cfg.checkpoint_dir, cfg.run.remote, expected, cfg.sync.keep, log=log, base=base)
+        return sync.Syncer(cfg.checkpoint_dir, cfg.run.remote, expected, cfg.sync.keep, log=log, base=base,
+                           claim=remote_claim.claim_of(cfg))
 
     def prune_local(self, root: Path, keep: int, protect: list[Path], log) -> list[Path]:
         from minilmd.checkpoint_select import prune

@@ -12,7 +12,8 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
 to lease in (daemon/host/gpu.py), that train.device = "cuda" has an NVIDIA driver to use, that a local run.remote
-lies where no other user can rearrange it and holds no other user's LATEST, BEST or init, that no other
+lies where no other user can rearrange it and holds no other user's LATEST, BEST or init, that run.remote is this
+run's (not another run's claim, not inside or holding scratch: daemon/jobs/remote_claim.py), that no other
 supervisor owns the run (its supervisor.lock), and that the checkpoint the launch would resume from (scratch's, or
 the remote's newest, by its metadata) was trained with this config's model, corpus and tokenizer
 (daemon/jobs/resumefrom.py).
@@ -47,8 +48,25 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
     cfg = load_checked(config_path, overrides, waits=waits,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
                        + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
-                       + _epoch_without_budget(cfg) + owner_problems(cfg) + resume_problems(cfg, start, fresh))
+                       + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg)
+                       + resume_problems(cfg, start, fresh))
     return cfg, waits
+
+
+def remote_owner_problems(cfg: RunConfig) -> list[str]:
+    """A run.remote that is, holds or lies inside run.scratch (giving scratch back would delete it), or that is
+    run.dir itself (minilmd/scratch.py remote_overlap_problem); else one claimed by another run, or holding
+    checkpoints of an older minilmd this run never synced (daemon/jobs/remote_claim.py): this run would resume from
+    them and prune them."""
+    from pathlib import Path
+
+    from minilmd.daemon.jobs import remote_claim
+
+    root = local_remote_root(cfg.run.remote)
+    if root is not None and cfg.run.dir:
+        if overlap := scratch.remote_overlap_problem(Path(root), cfg.scratch_dir, cfg.run_dir):
+            return [overlap]
+    return remote_claim.check_problems(cfg)
 
 
 def resume_problems(cfg: RunConfig, start: list[str] | None = None, fresh: bool = False) -> list[str]:
@@ -83,7 +101,7 @@ def _epoch_without_budget(cfg: RunConfig) -> list[str]:
     return epoch_without_budget(cfg)
 
 
-REMOTE_OWN = {names.LATEST: True, names.BEST: True, INIT_DIR: False}
+REMOTE_OWN = {names.LATEST: True, names.BEST: True, INIT_DIR: False, names.REMOTE_OWNER: True}
 """The names a sync writes in run.remote's root besides the step directories: its pointers and the LoRA base."""
 
 

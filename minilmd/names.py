@@ -150,6 +150,9 @@ POINTER_MAX_BYTES = 4096
 QUARANTINE = "quarantine"  # quarantine/<name>-<time>/: damaged checkpoints set aside, never deleted
 REASON_FILE = "reason.txt"  # in a quarantined checkpoint: why it was set aside
 TMP_PREFIX = ".tmp-"  # every temporary directory in a checkpoint root
+REMOTE_OWNER = "owner.json"
+"""In run.remote's root: {run_dir, run_name, uid, host}, the one run whose sync writes (and prunes) there, as
+SCRATCH_OWNER in a scratch (minilmd/run_owner.py; daemon/jobs/remote_claim.py writes it at the first sync)."""
 REMOTE_MARK = ".minilmd-sync"  # in each directory a sync makes in a local remote's root: whose sync made it
 
 MANIFEST = "manifest.json"  # size and sha256 of every other file; written last

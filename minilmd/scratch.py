@@ -27,16 +27,14 @@ scratch holds only copies. Torch-free.
 """
 from __future__ import annotations
 
-import json
 import os
-import pwd
 import shutil
-import socket
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from minilmd import run_owner
 from minilmd.dirfd import place_problem
 from minilmd.names import (
     CHECKPOINTS,
@@ -51,8 +49,8 @@ from minilmd.perms import own_uid, owned_by_me
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
-OWNER_MAX_BYTES = 64 << 10
-"""The largest owner.json read (it names a run directory)."""
+OWNER_MAX_BYTES = run_owner.OWNER_MAX_BYTES
+_user = run_owner.user
 
 
 class ScratchRefused(ValueError):
@@ -107,13 +105,6 @@ def default_path(run_name: str, uid: int | None = None) -> Path:
     return Path(default_scratch(own_uid() if uid is None else uid, name, base()))
 
 
-def _user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def _dir_problem(label: str, path: Path, st: os.stat_result) -> str | None:
     """Why an existing path cannot be a directory of ours (None: it can)."""
     if stat.S_ISLNK(st.st_mode):
@@ -150,9 +141,7 @@ def read_owner(scratch: Path) -> dict | None:
         owner = read_json(marker, max_bytes=OWNER_MAX_BYTES, expect=None)
     except Unreadable as e:
         raise ValueError(f"{marker} cannot be read ({e.why})") from None
-    if not isinstance(owner, dict) or not isinstance(owner.get("run_dir"), str):
-        raise ValueError(f"{marker} does not name a run directory")
-    return owner
+    return run_owner.checked(owner, str(marker))
 
 
 def _link_target(path: Path) -> str:
@@ -195,12 +184,9 @@ def _owner_problem(scratch: Path, run_dir: Path) -> str | None:
         owner = read_owner(scratch)
     except ValueError as e:
         return f"run.scratch {scratch}: {e}; if no run uses this scratch any more, remove {scratch / SCRATCH_OWNER}"
-    if owner is None or owner["run_dir"] == str(run_dir):
+    if owner is None or run_owner.is_run(owner, run_dir):
         return None
-    uid = owner.get("uid")
-    who = f"run.name {owner.get('run_name', '?')!r}, {_user(uid) if isinstance(uid, int) else 'uid ?'} on " \
-          f"{owner.get('host', '?')}"
-    return (f"run.scratch {scratch} belongs to another run: the run directory {owner['run_dir']} ({who}). Two runs "
+    return (f"run.scratch {scratch} belongs to another run: {run_owner.describe(owner)}. Two runs "
             f"never share a scratch (they would prune each other's checkpoints): give this run another run.name, or "
             f"set run.scratch; if that run is gone for good, remove {scratch}")
 
@@ -239,9 +225,33 @@ def _overlap_problem(label: str, scratch: Path, run_dir: Path) -> str | None:
     """A scratch that is the run directory, holds it or lies inside it: giving scratch back (rmtree) would take the
     run's state, events and logs with it; staging and pruning would mix with them."""
     scratch, run_dir = scratch.absolute().resolve(), run_dir.absolute().resolve()
-    if scratch == run_dir or scratch in run_dir.parents or run_dir in scratch.parents:
+    if overlap(scratch, run_dir):
         return (f"{label} {scratch} and run.dir {run_dir} overlap: scratch is given back (deleted) when the run "
                 f"ends, so it must be a directory of its own, neither holding run.dir nor inside it")
+    return None
+
+
+def overlap(a: Path, b: Path) -> bool:
+    """Whether two resolved paths are one directory, or one lies inside the other."""
+    return a == b or a in b.parents or b in a.parents
+
+
+def remote_overlap_problem(remote: Path, scratch: Path, run_dir: Path) -> str | None:
+    """A local run.remote that is scratch, holds it or lies inside it: giving scratch back (rmtree, once the remote
+    holds the last checkpoint) would delete the remote's checkpoints with it, the only durable copy; and a remote
+    that is run.dir itself would mix the sync's step directories, pointers and quarantine/ with the run's state and
+    logs. A remote inside run.dir (a directory of its own there), or holding it, is fine: nothing deletes run.dir,
+    and the sync touches only its own names in the remote's root."""
+    remote, scratch, run_dir = (p.absolute().resolve() for p in (remote, scratch, run_dir))
+    if overlap(remote, scratch):
+        where = "is" if remote == scratch else "lies inside" if scratch in remote.parents else "holds"
+        return (f"run.remote {remote} {where} run.scratch {scratch}: scratch is deleted when the run ends (and "
+                f"when it is given back), and every checkpoint on the remote with it. run.remote is the durable "
+                f"copy: set it to a directory on shared storage apart from scratch (or set run.scratch elsewhere)")
+    if remote == run_dir:
+        return (f"run.remote {remote} is run.dir itself: the sync's step directories, LATEST and quarantine/ would "
+                f"mix with the run's state and logs; set run.remote to a directory of its own (e.g. "
+                f"{run_dir / 'remote'})")
     return None
 
 
@@ -295,12 +305,10 @@ def claim(scratch: Path, run_dir: Path, run_name: str, is_default: bool) -> Iden
 
 
 def _write_marker(scratch: Path, run_dir: Path, run_name: str) -> None:
-    owner = {"run_dir": str(run_dir), "run_name": run_name, "uid": own_uid(), "host": socket.gethostname()}
     tmp = scratch / f"{atomic_tmp_prefix(SCRATCH_OWNER)}{os.getpid()}"
     try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            json.dump(owner, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with open(tmp, "xb") as f:
+            f.write(run_owner.encode(run_owner.record(run_dir, run_name)))
             f.flush()
             os.fsync(f.fileno())
         try:
@@ -368,7 +376,7 @@ def remove_own(scratch: Path, run_dir: Path) -> str | None:
         return str(e)
     if owner is None:
         return f"{scratch} carries no {SCRATCH_OWNER}: not known to be this run's, so it is left alone"
-    if owner["run_dir"] != str(run_dir):
+    if not run_owner.is_run(owner, run_dir):
         return f"{scratch} belongs to the run directory {owner['run_dir']}, not to {run_dir}: left alone"
     shutil.rmtree(scratch)
     _held.pop(_key(scratch), None)  # gone on purpose: a later claim makes a new one

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from minilmd import checkpoint, checkpoint_dirs, names
+from minilmd import checkpoint, checkpoint_dirs, names, run_owner
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import process_environ
 from supervisor_helpers import FAKE_TRAINER, env_for, write_config
@@ -138,6 +138,9 @@ def remote_of_an_earlier_run(tmp_path: Path, corpus: Path, max_steps: int,
     for name in steps:
         shutil.copytree(made / name, remote / name)
     (remote / names.LATEST).write_text(steps[-1] + "\n")
+    # the remote is the run's, claimed by its first sync on the old machine (another run.dir, the same run.name)
+    claim = run_owner.record(Path("/old-server/runs/s"), load_config(config).run.name)
+    (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(claim))
     return config, remote
 
 

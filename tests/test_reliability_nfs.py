@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import checkpoint_dirs
+from minilmd import checkpoint_dirs, names, run_owner
 from minilmd.config import load_config
 from minilmd.daemon.jobs.staging import verify_staged
 from minilmd.protocol import SUPERVISOR_GAVE_UP
@@ -110,6 +110,8 @@ def test_a_remote_unreadable_at_start_is_retried_without_giving_up_and_never_rep
 
     shutil.copytree(ckpt, remote / ckpt.name)
     (remote / "LATEST").write_text(ckpt.name + "\n")
+    claim = run_owner.record(Path("/old-server/runs/s"), "s")  # synced by this run on the machine it left
+    (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(claim))
 
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote")},
                           train={"max_steps": 40}, restart={"no_progress_limit": 2, "backoff_initial": "0.1s",

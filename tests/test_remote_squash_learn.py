@@ -23,7 +23,7 @@ import os
 import pytest
 
 from minilmd import names
-from minilmd.daemon.jobs import remote_write
+from minilmd.daemon.jobs import remote_claim, remote_write
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.names import LATEST
 from second_user import second_user
@@ -61,7 +61,8 @@ def test_a_remote_below_the_shares_top_stays_usable_after_the_sync_made_its_pare
         tmp_path, weights, squash_share, monkeypatch, corpus):
     backing, share, _ = squash_share
     root, local = share / "minilmd" / "run1", tmp_path / "scratch"
-    syncer = Syncer(local, str(root), EXPECTED)
+    claim = remote_claim.Claim(tmp_path / "s" / "run", "s")  # the run of the config checked below
+    syncer = Syncer(local, str(root), EXPECTED, claim=claim)
     for step in (10, 20):
         save(local, step, weights)
         assert without_blocking(syncer.sync_newest).step == step
@@ -70,7 +71,7 @@ def test_a_remote_below_the_shares_top_stays_usable_after_the_sync_made_its_pare
     assert remote_write.root_refused(str(root)) is None  # what a restarted supervisor's --check asks
     fresh_process(monkeypatch)
     save(local, 30, weights)
-    assert without_blocking(Syncer(local, str(root), EXPECTED).sync_newest).step == 30
+    assert without_blocking(Syncer(local, str(root), EXPECTED, claim=claim).sync_newest).step == 30
     assert (root / LATEST).read_text() == "step-00000030\n"
     checked = cli("run", "--check", str(write_config(tmp_path, corpus, run={"remote": str(root)})))
     said = checked.stdout + checked.stderr

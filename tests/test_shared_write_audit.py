@@ -154,6 +154,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                 "a regular file only)", {("mark_fresh", "os.open"): 1}),
     "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor.run", ".mkdir"): 1, ("Supervisor._launch", ".unlink"): 1}),
     "daemon/views/plot.py": ("gap", OWN_OUTPUT, {("plot", ".mkdir"): 1}),
+    "daemon/jobs/remote_claim.py": ("private", "the remote's claim written into its own temporary directory "
+                                    "(tempfile's: 0700, a random name made O_EXCL) before the store's put copies it",
+                                    {("ensure", "tempfile.TemporaryDirectory"): 1, ("ensure", ".write_bytes"): 1}),
     # --- the trainer ------------------------------------------------------------------------------------------------
     "minilmd/compile_cache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches), a bench's own temporary "
                                  "directory (tempfile's: 0700, a random name made O_EXCL), or a directory the user set "

@@ -4,6 +4,7 @@ The user's procedure after the SIGBUS crash, automated: every 15 minutes, copy t
 disk back to NFS, so that local copies may be deleted only after a verified sync. The remote is an NFS path or any
 fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sync_newest()`:
 
+0. the remote is this run's: claimed by its first sync, another run's refused (daemon/jobs/remote_claim.py);
 1. remove the `.tmp-*` an interrupted sync of this host left (its pid gone); another host's, only once a day old;
 2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote
    already holds intact is not copied again, nor is anything older than the remote's newest;
@@ -37,7 +38,7 @@ from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
 from minilmd.daemon.base.worker import error_words
-from minilmd.daemon.jobs import basecopy
+from minilmd.daemon.jobs import basecopy, remote_claim
 from minilmd.daemon.jobs.fetch import Fetcher
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
@@ -45,6 +46,7 @@ from minilmd.names import (
     BEST,
     LATEST,
     MANIFEST,
+    REMOTE_OWNER,
     TMP_PREFIX,
     atomic_tmp_prefix,
     host_tag,
@@ -100,8 +102,12 @@ class Syncer(Fetcher):
     time per run (the supervisor's sync worker)."""
 
     def __init__(self, local_root: str | os.PathLike, remote: str, expected: ck.Expectation | None = None,
-                 keep: int = 3, log: Callable[[str], None] = lambda msg: None, base: Path | None = None):
+                 keep: int = 3, log: Callable[[str], None] = lambda msg: None, base: Path | None = None,
+                 claim: remote_claim.Claim | None = None):
         self.local_root = Path(local_root)
+        self.claim = claim
+        """The run the remote must belong to (daemon/jobs/remote_claim.py): claimed at the first sync, checked at
+        each; None (a tool, a test) syncs without a claim."""
         self.base = base
         """A LoRA run's staged base (`<scratch>/init`): copied once to `<remote>/init` (daemon/jobs/basecopy.py)."""
         self.remote_url = remote
@@ -143,6 +149,7 @@ class Syncer(Fetcher):
     def _sync_newest(self, started: float) -> SyncResult:
         remote = self.remote
         remote.makedirs()
+        self._ensure_claim()
         self._clean_remote_tmp()
         self._sync_base()
         # Intact = manifest present and every size right (cheap); hashes were read back when each was copied.
@@ -172,6 +179,25 @@ class Syncer(Fetcher):
         name = step_name(remote_newest)
         self._point_latest(name, scan, verify=True)
         return self._finish(remote_newest, scan, verified=True, copied=False, nbytes=0, started=started)
+
+    def _ensure_claim(self) -> None:
+        """The remote is this run's before anything is copied there or removed: claimed now when it is nobody's
+        (remote_claim.ensure), SyncError when another run's (retried: nothing is written meanwhile)."""
+        if self.claim is None:
+            return
+        try:
+            if remote_claim.ensure(self.remote, self.claim):
+                self.log(f"sync: claimed {self.remote_url} for this run ({self.remote.show(REMOTE_OWNER)})")
+        except remote_claim.ClaimRefused as e:
+            raise SyncError(f"sync to {self.remote_url} refused: {e}") from None
+
+    def _claim_refused(self) -> str | None:
+        """Why the fetch may take nothing from the remote (another run's claim); None also when the claim cannot be
+        looked at now (the remote not there, EIO): the fetch's own look decides then (wait, or start from step 0)."""
+        try:
+            return remote_claim.problem(self.remote, self.claim) if self.claim is not None else None
+        except OSError:
+            return None
 
     def _finish(self, step: int, scan: Scan, verified: bool, copied: bool, nbytes: int, started: float) -> SyncResult:
         self._sync_best(scan)
@@ -375,6 +401,10 @@ class Syncer(Fetcher):
         On a local remote only this user's real directories are deleted: another's, or a link, is left and said
         once."""
         remote = self.remote
+        if self.claim is not None and (why := remote_claim.still_ours(remote, self.claim)):
+            self._once(("retention", why), f"sync: retention left {self.remote_url} as it is: {why}; a checkpoint "
+                                           f"this run did not write is never pruned")
+            return []
         latest = (remote.read_text(LATEST) or "").strip()
         best = (remote.read_text(BEST) or "").strip()
         kept, removed = 0, list[str]()
@@ -406,6 +436,8 @@ class Syncer(Fetcher):
         its local path; None when the remote holds none. A damaged remote checkpoint is quarantined (local paths)
         or skipped, and LATEST repointed. CheckpointMismatch (a checkpoint of another run) is raised as is."""
         try:
+            if why := self._claim_refused():
+                raise SyncError(f"fetch from {self.remote_url} refused: {why}")
             return self._fetch_latest(Path(local_root) if local_root is not None else self.local_root)
         except (SyncError, ck.CheckpointMismatch):
             raise

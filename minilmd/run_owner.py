@@ -1,0 +1,62 @@
+"""Which run a place belongs to: the record a run's scratch and its run.remote both carry (`owner.json`, names.
+SCRATCH_OWNER and names.REMOTE_OWNER), and the one rule that says whether it names this run.
+
+A run is its run directory: `run_dir` is its absolute path, links resolved, as every host of the run (a Slurm job's
+nodes, a restart on another machine) names the shared run.dir; the run's name, user and host are kept for the
+words only. Two runs are two run directories: a config copied with a new run.name and run.dir is another run, the
+same run.dir under another run.name (renamed) is the same one. minilmd/scratch.py claims a scratch with it,
+daemon/jobs/remote_claim.py a remote. Torch-free.
+"""
+from __future__ import annotations
+
+import json
+import pwd
+import socket
+from pathlib import Path
+
+from minilmd.perms import own_uid
+
+OWNER_MAX_BYTES = 64 << 10
+"""The largest owner.json read (it names a run directory)."""
+
+
+def run_identity(run_dir: Path) -> str:
+    """What names a run in its owner record: its run directory's absolute path, links resolved."""
+    return str(Path(run_dir).absolute().resolve())
+
+
+def record(run_dir: Path, run_name: str) -> dict:
+    """The owner record of the run in `run_dir` (written by the process that claims a place for it)."""
+    return {"run_dir": run_identity(run_dir), "run_name": run_name, "uid": own_uid(),
+            "host": socket.gethostname()}
+
+
+def encode(owner: dict) -> bytes:
+    return (json.dumps(owner, indent=2, sort_keys=True) + "\n").encode()
+
+
+def checked(owner: object, where: str) -> dict:
+    """`owner` (parsed from `where`) when it is an owner record; ValueError saying why not."""
+    if not isinstance(owner, dict) or not isinstance(owner.get("run_dir"), str):
+        raise ValueError(f"{where} does not name a run directory")
+    return owner
+
+
+def is_run(owner: dict, run_dir: Path) -> bool:
+    """Whether the record names the run in `run_dir`."""
+    return owner["run_dir"] == run_identity(run_dir)
+
+
+def user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def describe(owner: dict) -> str:
+    """The run a record names, for a refusal: "the run directory D (run.name 'n', user (uid N) on host)"."""
+    uid = owner.get("uid")
+    who = f"run.name {owner.get('run_name', '?')!r}, {user(uid) if isinstance(uid, int) else 'uid ?'} on " \
+          f"{owner.get('host', '?')}"
+    return f"the run directory {owner['run_dir']} ({who})"
