@@ -168,11 +168,10 @@ def claim_of(cfg) -> Claim:
 def check_problems(cfg) -> list[str]:
     """For `run --check` and the launch: a remote this run may not use (another run's, or unclaimed with checkpoints
     this run never synced), looked at in a bounded probe; a remote that does not answer now is the sync's to find."""
-    from minilmd.daemon.jobs.remote_local import open_remote
-    from minilmd.probes import bounded_probe
-
     if not cfg.run.remote or not cfg.run.dir:
         return []
+    from minilmd.daemon.jobs.remote_local import open_remote  # numpy, through the checkpoint: only with a remote
+    from minilmd.probes import bounded_probe
 
     def look() -> str | None:
         try:

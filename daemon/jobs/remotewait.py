@@ -166,9 +166,9 @@ def check_line(cfg, fresh: bool) -> str:
     waits for the remote, or that it starts from step 0 (`decision`); "" when scratch holds a checkpoint, there is
     no remote, or the remote answers (the run resumes from its newest checkpoint, or it has none). A remote that
     cannot be listed (EACCES, EIO) or does not answer fails the fetch itself: waited for, unless `fresh`."""
+    from minilmd.checkpoint_dirs import local_checkpoint_steps
     from minilmd.daemon.base.runstate import load_state
     from minilmd.daemon.base.statesections import StateJson
-    from minilmd.daemon.jobs.syncworker import local_checkpoint_steps
     from minilmd.probes import bounded_probe
 
     url = cfg.run.remote
