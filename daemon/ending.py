@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names, protocol, scratch
+from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import EventLog, RunState, now
@@ -50,6 +51,9 @@ class Ending:
     staging: StagingWorker
     slurm: SlurmJob | None
     notifier: Notifier
+    scratch_kept = ""
+    """Why scratch is kept whole at exit, though the failure is final (no staged input given back): set when a
+    finished trainer left nothing in scratch to sync (`_nothing_to_sync`)."""
     ended = ""
     """How the run ended (protocol.ENDED_*), set as it goes done: state.json's outcome.ended (failed when not done)."""
 
@@ -102,6 +106,11 @@ class Ending:
             self._say(self.sync.room_wait)
 
     def _finish(self, sync_problem: str) -> None:
+        if missing := self._nothing_to_sync():
+            self.scratch_kept = f"kept {self.cfg.scratch_dir}: the trainer ended done with no " \
+                                f"checkpoint in it (saved elsewhere); nothing in it is given back"
+            self._fail(protocol.SUPERVISOR_GAVE_UP, missing)
+            return
         kept = f"the checkpoint stays in {self.cfg.checkpoint_dir}"
         if self.slurm:
             self.slurm.finishing(self.cfg, sync_problem)  # frees this job's node scratch once the remote has it
@@ -127,6 +136,23 @@ class Ending:
                                                          else ""))
             if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
                 self.events.emit("scratch", scratch.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
+
+    def _nothing_to_sync(self) -> str:
+        """Why a trainer that ended done (exit 0) cannot be called synced: the run has a remote, yet scratch holds no
+        checkpoint (the last sync, finding none, had nothing to do) and run.remote has not the trainer's last step.
+        The trainer saved somewhere the supervisor does not look (its scratch moved under a bug, a TMPDIR or
+        scratch base unlike ours): a restart would resume there and end the same, so the failure is final. "" when
+        the end is sound."""
+        if self.last_cause != Cause.DONE or not self.cfg.run.remote or local_checkpoint_steps(self.cfg.checkpoint_dir):
+            return ""
+        step, remote = self.state.progress.step, self._remote_step()
+        if step is not None and remote is not None and remote >= step:
+            return ""  # its last step is on run.remote already: synced indeed
+        on_remote = f"whose newest is step {remote}" if remote is not None else "which holds none of this run's"
+        return (f"the trainer ended done (exit 0) at step {step}, but no checkpoint was synced: scratch holds none "
+                f"in {self.cfg.checkpoint_dir}, nor has run.remote {self.cfg.run.remote} ({on_remote}) that step; "
+                f"the trainer saved its checkpoints somewhere else (its attempt log in {self.run_dir / 'logs'} says "
+                f"where), and a restart would end the same; scratch {self.cfg.scratch_dir} is kept")
 
     def _finish_preempted(self, sync_problem: str) -> None:
         """Slurm preempted the job: state.json says so first, then `scontrol requeue` (which ends this job). The
@@ -156,7 +182,9 @@ class Ending:
                 self.events.emit("kill", f"trainer pid {child.pid} is not reaped after SIGKILL (uninterruptible "
                                          f"I/O?): exiting without it", pid=child.pid)
         self.gpu.release()
-        if self.phase == Phase.FAILED and self.exit_status in protocol.FINAL_EXIT_STATUSES:
+        if self.scratch_kept:
+            self.events.emit("scratch", self.scratch_kept)
+        elif self.phase == Phase.FAILED and self.exit_status in protocol.FINAL_EXIT_STATUSES:
             self._release_inputs()
         self.room.at_exit()
         ended = self.ended if self.phase == Phase.DONE else protocol.ENDED_FAILED

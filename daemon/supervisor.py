@@ -36,7 +36,7 @@ from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.config import ConfigError, RunConfig
+from minilmd.config import ConfigError, RunConfig, given_sets
 from minilmd.daemon import preflight
 from minilmd.daemon.base import stoprequest
 from minilmd.daemon.base.runstate import is_disk_full, now, read_heartbeat
@@ -84,7 +84,7 @@ class Supervisor(Ending):
         self.cfg = cfg
         self.fresh = fresh  # `run --fresh`: no wait for a remote out of reach at the first staging (only)
         self.config_path = Path(config_path)
-        self.cli_overrides = list(cli_overrides or [])
+        self.cli_sets = given_sets(cli_overrides)  # made absolute now: the working directory may be deleted later
         self.infra = infra or Infra()
         self.run_dir = cfg.run_dir.resolve()
         self.echo = echo
@@ -317,7 +317,7 @@ class Supervisor(Ending):
         nproc, devices = (self.slurm.nproc, self.slurm.devices_env) if self.slurm else \
             (self.gpu.nproc, self.gpu.devices_env)
         sets = {**self.staging.inputs_for(self.slurm), **self.state.overrides}  # + the staged probe, init.from
-        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, sets, self.cli_overrides, nproc)
+        command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, sets, self.cli_sets, nproc)
         if self.slurm:
             command = self.slurm.command(command, self.attempt, self.cfg, self.staging.staged)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)

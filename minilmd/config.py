@@ -51,7 +51,7 @@ __all__ = [  # the config's public face: the schema (config_sections.py) with it
     "absolute_paths", "apply_sft_defaults", "apply_stage_defaults", "config_from_dict", "ConfigError", "DataSection",
     "DPO_DEFAULTS", "DPO_LORA_DEFAULTS", "Duration", "EarlyStopSection", "EvalSection", "ExtraCheck", "GpuSection",
     "InitSection", "keep_recorded_schedule", "KEPT_ON_RESUME", "load_config", "LogSection", "LORA_TARGETS",
-    "LoraSection", "MAX_CONFIG_BYTES", "ModelSection", "parse_overrides", "PATH_KEYS", "recorded_copy",
+    "given_sets", "LoraSection", "MAX_CONFIG_BYTES", "ModelSection", "parse_overrides", "PATH_KEYS", "recorded_copy",
     "RestartSection", "RunConfig", "RunSection", "SECTIONS", "SFT_DEFAULTS", "stage_defaults", "SyncSection",
     "toml_key", "TrainSection",
 ]
@@ -181,6 +181,17 @@ def parse_overrides(overrides: list[str] | None) -> dict[str, dict[str, Any]]:
     return nested
 
 
+def given_sets(overrides: list[str] | None) -> dict[str, dict[str, Any]]:
+    """parse_overrides of a command line's `--set`s, their relative paths made absolute against the working
+    directory: a --set is typed in a shell, its relative paths are the shell's. The working directory is asked for
+    only when there are --sets (one deleted since is no error otherwise); a supervisor does this once, at start
+    (daemon/supervisor.py), so that no relaunch asks again."""
+    given = parse_overrides(overrides)
+    if given:
+        absolute_paths(given, Path.cwd())
+    return given
+
+
 ExtraCheck = Callable[["RunConfig"], list[str]]
 """A further check of a built config (what a launch would hit on this machine: minilmd/probes.py); its problems join
 the others, after them."""
@@ -269,8 +280,7 @@ def config_from_bytes(data: bytes, path: str | os.PathLike, overrides: list[str]
     except RecursionError:  # `a = [[[[...` of a file this size: tomllib recurses once per level
         raise ConfigError(["not a run config: its TOML is nested too deep"], str(path)) from None
     absolute_paths(raw, Path(os.path.abspath(path)).parent)
-    given = parse_overrides(overrides)
-    absolute_paths(given, Path.cwd())  # a --set is typed in a shell: its relative paths are the shell's
+    given = given_sets(overrides)
     for section, values in given.items():
         if isinstance(raw.get(section, {}), dict):
             raw.setdefault(section, {}).update(values)

@@ -96,9 +96,9 @@ def dir_problem(label: str, path: str | os.PathLike, what: str) -> str | None:
                          own_links=True)
 
 
-RUN_DIR_ADVICE = ("set run.dir to a directory only you (and root) can change, such as one under your home (not in a "
-                  "team directory: the run writes its files there by name; run.share = \"group\" lets your group "
-                  "read the run)")
+RUN_DIR_ADVICE = ("set run.dir to a directory only you (and root) can change{home} (not in a team directory: the run "
+                  "writes its files there by name; run.share = \"group\" lets your group read the run)")
+"""run.dir's refusal's advice; `{home}` is ", such as one under your home" unless run.dir is under it already."""
 
 
 def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
@@ -108,8 +108,21 @@ def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
     link to the victim's, at run.dir, whose files the supervisor, the trainer and `stop` write by name (a
     .space-reserve link truncated her file, an events.jsonl link got events appended). No team-directory opt-in as
     run.remote's (`team_above`, `group_share`): those writes go through a descriptor opened by the walk, run.dir's do
-    not; teammates read a run through run.share = "group"."""
-    return place_problem("run.dir", run_dir, "the run's files", RUN_DIR_ADVICE, dir_itself=True, own_links=True)
+    not; teammates read a run through run.share = "group". No `owners` as run.remote's for a squashing share (NFS
+    root_squash makes root's run.dir nobody's): those are learnt by writing a file in the directory
+    (daemon/jobs/remote_write.py learn_own_uid), and run.dir is judged before anything is made (docs/operations.md
+    says so: such a run.dir is refused)."""
+    home = "" if _under_home(run_dir) else ", such as one under your home"
+    return place_problem("run.dir", run_dir, "the run's files", RUN_DIR_ADVICE.format(home=home), dir_itself=True,
+                         own_links=True)
+
+
+def _under_home(path: str | os.PathLike) -> bool:
+    """Whether `path` is in the user's home ($HOME, as Path.home() says): there "under your home" advises nothing."""
+    with contextlib.suppress(RuntimeError, KeyError):
+        home = Path.home()
+        return home != Path("/") and (Path(os.path.abspath(path)).is_relative_to(home))
+    return False
 
 
 def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, advice: str, *, team_above: bool,
@@ -123,9 +136,9 @@ def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, ad
         return (f"{where} belongs to {user(st.st_uid)} (the owner this share gives new files) and can be written by "
                 f"others than its owner (mode {stat.S_IMODE(st.st_mode):o}), who could replace {what}; {advice}")
     if others_can_rearrange(st, above if acl_at is None else acl_at, team=team_above):  # group members: others
-        chmod = f", or chmod go-w {above}" if owned_by_me(st) else ""
+        fix = f"chmod go-w {above} (it is yours), or {advice}" if owned_by_me(st) else advice  # the one-step fix first
         return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
-                f"could replace {what} by a link to your files or by a directory of theirs; {advice}{chmod}")
+                f"could replace {what} by a link to your files or by a directory of theirs; {fix}")
     return None
 
 

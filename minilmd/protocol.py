@@ -35,7 +35,8 @@ EXIT_SCRATCH_FULL = 74  # a checkpoint did not fit in scratch (EX_IOERR); fault.
 # --- Exit statuses of `minilmd run` (the supervisor) ------------------------------------------------------------
 SUPERVISOR_DONE = 0  # the run finished, or was stopped on request with a synced checkpoint
 SUPERVISOR_CONFIG = 2  # bad config or a run already owned by another supervisor: do not restart (bad data: 65)
-SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress: do not restart (systemd prevents it)
+SUPERVISOR_GAVE_UP = 79  # too many restarts, or too many without progress, or a trainer that ended done with no
+#                          checkpoint in scratch to sync (it saved elsewhere): do not restart (systemd prevents it)
 SUPERVISOR_RUN_DIR_FULL = 73  # run.dir's disk is full (EX_CANTCREAT): stopped after the last sync; do not restart
 FINAL_EXIT_STATUSES = (SUPERVISOR_CONFIG, EXIT_DATA, SUPERVISOR_GAVE_UP, SUPERVISOR_RUN_DIR_FULL)
 

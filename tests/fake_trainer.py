@@ -15,7 +15,9 @@ PATH exists; FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
 train.micro_batch_size is above this (a GPU too small for the micro-batch); FAKE_COMPILE_S: before its first step,
 a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile). At the budget it writes a
 "STEP exiting" heartbeat, like the real trainer, then exits 0 after FAKE_EXIT_LINGER_S seconds more of silence
-(default 0: a slow teardown, e.g. NCCL's). FAKE_CORRUPT_CACHE: the first time, leave a truncated kernel in its
+(default 0: a slow teardown, e.g. NCCL's). FAKE_CHECKPOINTS=PATH: resume from and save to PATH instead of the
+config's checkpoint directory (a trainer whose scratch moved under a bug: it ends done with none where the
+supervisor looks). FAKE_CORRUPT_CACHE: the first time, leave a truncated kernel in its
 inductor cache dir (TORCHINDUCTOR_CACHE_DIR, else torch's default under the temp dir), as a kill in the middle of a
 compile does; every attempt that finds it there dies on it as torch does: "1" (or an absolute path, where the file
 is put instead) 5 bytes and the InductorError `file too short` (exit 1); "sigbus" a real shared object cut in half
@@ -177,7 +179,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return protocol.EXIT_CONFIG
-    run_dir, ckpt_root = cfg.run_dir, cfg.checkpoint_dir
+    run_dir, ckpt_root = cfg.run_dir, Path(os.environ.get("FAKE_CHECKPOINTS") or cfg.checkpoint_dir)
     prepared = Path(cfg.data.prepared)
     if not (prepared / "meta.json").is_file():
         print(f"data error: {prepared} has no meta.json", file=sys.stderr)

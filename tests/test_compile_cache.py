@@ -55,6 +55,21 @@ def test_a_launched_trainer_gets_the_runs_own_caches_unless_the_user_set_them(tm
     assert f"# TORCHINDUCTOR_CACHE_DIR={tmp_path / 'mine'} (set for the supervisor, kept)" in log
 
 
+def test_a_launched_trainer_writes_torch_compile_debug_output_in_its_run_directory_not_in_root(tmp_path,
+                                                                                                 monkeypatch):
+    """The trainer runs in "/" (minilmd/pychild.py): torch puts TORCH_COMPILE_DEBUG's output under the working
+    directory unless TORCH_COMPILE_DEBUG_DIR says where. Unset, it is the run directory; set, the user's is kept."""
+    show = [sys.executable, "-c", "import os; print('debug_dir', os.environ.get('TORCH_COMPILE_DEBUG_DIR'))"]
+    monkeypatch.delenv("TORCH_COMPILE_DEBUG_DIR", raising=False)
+    first = childmod.launch(show, tmp_path, 1, "")
+    assert first.popen.wait(timeout=30) == 0
+    assert f"\ndebug_dir {tmp_path.resolve()}\n" in first.log_path.read_text()
+    monkeypatch.setenv("TORCH_COMPILE_DEBUG_DIR", str(tmp_path / "mine"))
+    second = childmod.launch(show, tmp_path, 2, "")
+    assert second.popen.wait(timeout=30) == 0
+    assert f"\ndebug_dir {tmp_path / 'mine'}\n" in second.log_path.read_text()
+
+
 def real_kernel() -> bytes:
     """A whole shared object as ld wrote it (numpy's smallest extension module) to cut short."""
     return min(Path(np.__file__).parent.rglob("*.so"), key=lambda p: p.stat().st_size).read_bytes()

@@ -15,7 +15,8 @@ import pytest
 
 from minilmd import names
 from minilmd.config import load_config
-from supervisor_helpers import env_for, wait_or_kill
+from minilmd.names import FAULT_ENV
+from supervisor_helpers import env_for, events, state, step_of_state, wait_for, wait_or_kill, write_config
 
 
 def _relative_config(tmp_path: Path, corpus) -> Path:
@@ -63,3 +64,28 @@ def test_run_check_from_root_and_the_runs_copy_name_the_same_places(tmp_path, co
     again = subprocess.run([sys.executable, "-m", "minilmd.cli", "run", "--check", str(run_dir / "run.toml")],
                            cwd=str(tmp_path), capture_output=True, text=True, timeout=120, env=env_for())
     assert again.returncode == 0, again
+
+
+@pytest.mark.slow
+def test_a_supervisor_whose_starting_directory_is_removed_relaunches_its_trainer_and_finishes(tmp_path, corpus):
+    """The supervisor's working directory deleted under it (a shell's directory of a finished job, cleaned):
+    `--set`'s relative paths were made absolute at start, so a relaunch never asks for the working directory
+    (before: Path.cwd() raised FileNotFoundError at the second attempt's command and the supervisor crashed)."""
+    config = write_config(tmp_path, corpus, name="nocwd", remote=False, train={"max_steps": 12, "checkpoint_every": 4})
+    gone, release = tmp_path / "gone", tmp_path / "release"
+    gone.mkdir()
+    run_dir = tmp_path / "nocwd" / "run"
+    with open(tmp_path / "sup.out", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "minilmd.cli", "run", str(config)], cwd=gone, stdout=out,
+                                stderr=subprocess.STDOUT,
+                                env=env_for(**{FAULT_ENV: "exception@6", "FAKE_HOLD": f"5:{release}"}))
+        try:
+            wait_for(lambda: step_of_state(run_dir) >= 5 or proc.poll() is not None, timeout=120)
+            gone.rmdir()
+            release.touch()
+        finally:
+            status = wait_or_kill(proc, timeout=180)
+    log = (tmp_path / "sup.out").read_text()
+    assert status == 0, log
+    assert [e for e in events(run_dir) if e.get("event") == "child_exit"][0]["cause"] == "crash", log
+    assert state(run_dir)["phase"] == "done" and step_of_state(run_dir) == 12

@@ -23,6 +23,7 @@ from minilmd import names
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import EventLog
 from minilmd.daemon.phases.rundirwatch import RESERVE_BYTES, make_reserve
+from minilmd.place_rule import run_dir_problem
 from minilmd.protocol import SUPERVISOR_CONFIG
 from minilmd.trainer.loop.tensorboard import restarts_so_far
 from second_user import sh_as_user, shared  # noqa: F401 - shared: a fixture
@@ -122,7 +123,7 @@ def test_a_run_dir_under_a_directory_anyone_may_write_is_refused_by_check_launch
     config = write_config(tmp_path, corpus, name="open", remote=False, run={"dir": str(run_dir)})
     said = f"run.dir {run_dir}: the directory {open_dir} above it can be written by other users (mode 777"
 
-    _refused_by_check_and_launch(config, said, f"or chmod go-w {open_dir}")
+    _refused_by_check_and_launch(config, said, f"; chmod go-w {open_dir} (it is yours), or set run.dir")
     trained = cli(*train_cmd(config)[3:], timeout=300)
     assert trained.returncode == 2 and said in trained.stderr, trained.stdout + trained.stderr
     assert not run_dir.exists() and not load_config(config).scratch_dir.exists()
@@ -130,6 +131,24 @@ def test_a_run_dir_under_a_directory_anyone_may_write_is_refused_by_check_launch
     open_dir.chmod(0o755)  # what the advice says
     checked = cli("run", "--check", str(config))
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_refused_directory_of_ones_own_leads_with_chmod_and_no_home_advice_under_home(tmp_path, monkeypatch):
+    """One's own directory others can write (0775 under umask 002 on a share where a private group cannot be
+    judged; 0777 here): the fix is a chmod, said first; and "under your home" is no advice for a run.dir in it."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    problem = run_dir_problem(open_dir / "run")
+    assert problem is not None
+    fix = problem.partition("; ")[2]
+    assert fix.startswith(f"chmod go-w {open_dir} (it is yours), or set run.dir to a directory only you"), problem
+    assert "home" not in problem, problem
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    problem = run_dir_problem(open_dir / "run")
+    assert problem is not None and "such as one under your home" in problem, problem
+    assert problem.partition("; ")[2].startswith(f"chmod go-w {open_dir} (it is yours), or "), problem
 
 
 # --- behind the rule: no write through a link, no FIFO waited on --------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 
 from minilmd import checkpoint, scratch
 from minilmd.config import RunSection, load_config
+from minilmd.protocol import SUPERVISOR_GAVE_UP
 from supervisor_helpers import (
     cli,
     events,
@@ -128,3 +129,22 @@ def test_a_scratch_overlapping_the_run_directory_is_refused_and_never_given_back
         scratch.claim(scratch_dir, run_dir, "r", is_default=False)
     assert "overlap" in (scratch.remove_own(scratch_dir, run_dir) or "")
     assert (run_dir / "state.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_finished_trainer_with_no_checkpoint_in_scratch_is_a_final_failure_never_synced(tmp_path, corpus):
+    """The trainer ends done having saved its checkpoints elsewhere (a bug moved its scratch): the last sync found
+    nothing to sync. Before: `done: the run finished and its last checkpoint is synced`, exit 0, scratch removed,
+    with nothing on run.remote. Now: failed for good, naming where it looked; scratch stays."""
+    config = write_config(tmp_path, corpus, run={"keep_scratch": False})
+    cfg = load_config(config)
+    elsewhere = tmp_path / "elsewhere"
+    status = run_supervisor(config, tmp_path, FAKE_CHECKPOINTS=str(elsewhere))
+    log = (tmp_path / "supervisor.out").read_text()
+    assert status == SUPERVISOR_GAVE_UP, log
+    assert (elsewhere / "step-00000030").is_dir() and checkpoint.read_latest(Path(cfg.run.remote)) is None
+    ended = state(cfg.run_dir)
+    assert ended["phase"] == "failed" and "is synced" not in ended["reason"], ended
+    assert "no checkpoint was synced" in ended["reason"] and str(cfg.checkpoint_dir) in ended["reason"], ended
+    assert cfg.scratch_dir.is_dir() and (cfg.scratch_dir / "owner.json").is_file()
+    assert not [e for e in events(cfg.run_dir) if e.get("event") == "scratch" and "removed" in e["message"]]

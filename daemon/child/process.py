@@ -251,6 +251,7 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
     env = pychild.child_env()  # PYTHONSAFEPATH=1: neither it nor a torchrun rank imports from a planted directory
     env.update(extra_env or {})
     env[RUN_DIR_ENV] = str(run_dir.resolve())
+    env.setdefault("TORCH_COMPILE_DEBUG_DIR", env[RUN_DIR_ENV])  # TORCH_COMPILE_DEBUG's output: not under "/" (cwd)
     env[LAUNCH_ID_ENV] = record_launch(run_dir, attempt)
     env["CUDA_VISIBLE_DEVICES"] = devices
     env["PYTHONUNBUFFERED"] = "1"

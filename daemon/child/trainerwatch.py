@@ -12,7 +12,7 @@ from pathlib import Path
 
 from minilmd import compile_cache, names
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.config import RunConfig, absolute_paths, parse_overrides
+from minilmd.config import RunConfig
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.base.states import Cause
 from minilmd.daemon.child import compilecache, orphans, stackdump
@@ -47,15 +47,14 @@ def compile_cache_root(cfg: RunConfig) -> Path:
     return compile_cache.root_of(cfg.scratch_dir)
 
 
-def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_overrides: list[str],
+def attempt_command(run_dir: Path, staged: Path | None, overrides: dict, cli_sets: dict[str, dict],
                     nproc: int) -> list[str]:
-    """An attempt's command line: the staged corpus, the overrides the policy set, then the command line's, their
-    relative paths made absolute against this supervisor's working directory, as its own config read them: the
-    trainer runs in "/" (minilmd/pychild.py)."""
+    """An attempt's command line: the staged corpus, the overrides the policy set, then the command line's
+    (`cli_sets`, config.given_sets: their relative paths made absolute against this supervisor's working directory
+    once, at its start, as its own config read them; the trainer runs in "/" (minilmd/pychild.py), and the
+    supervisor's own directory may be deleted since)."""
     merged = {"data.prepared": str(staged), **overrides}
-    given = parse_overrides(cli_overrides)
-    absolute_paths(given, Path.cwd())
-    for section, values in given.items():
+    for section, values in cli_sets.items():
         for key, value in values.items():
             merged.setdefault(f"{section}.{key}", value)
     return childmod.build_command(run_dir / names.RUN_CONFIG_COPY, merged, nproc)
