@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import ConfigError, config_from_dict
+from minilmd.names import COMPILE_CACHE
 from supervisor_helpers import cli, run_supervisor, write_config
 
 MODES = {"private": (0o700, 0o600), "group": (0o750, 0o640), "all": (0o755, 0o644)}
@@ -51,11 +52,13 @@ def modes_below(base: Path, *tops: Path) -> dict[str, int]:
 def wrong_modes(found: dict[str, int], dir_mode: int, file_mode: int, base: Path,
                 always_private: tuple[str, ...] = ()) -> list[str]:
     """Every entry whose mode is not the policy's ("path 0644, expected 0600"); names in always_private are 0700
-    whatever the policy (scratch: nobody else may list or enter it)."""
+    whatever the policy (scratch: nobody else may list or enter it), and so are the directories of the run's compile
+    caches (minilmd/compile_cache.py: the kernels the trainer loads and its TMPDIR, the user's alone)."""
     wrong = []
     for rel, mode in sorted(found.items()):
         is_dir = (base / rel).is_dir()
-        expected = 0o700 if rel in always_private else dir_mode if is_dir else file_mode
+        in_cache = is_dir and COMPILE_CACHE in Path(rel).parts[:-1]
+        expected = 0o700 if rel in always_private or in_cache else dir_mode if is_dir else file_mode
         if mode != expected:
             wrong.append(f"{rel} {mode:04o}, expected {expected:04o}")
     return wrong
