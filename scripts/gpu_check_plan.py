@@ -224,8 +224,11 @@ class PartClock:
     """A part's own seconds (MINILMD_GPU_CHECK_PART_S, its timeout): what of its work fits, and what it left out."""
 
     def __init__(self, started: float = STARTED) -> None:
-        """`started`: when the part's seconds began (monotonic): its process's start, by default."""
-        self.deadline = started + float(os.environ.get(PART_S_ENV, "600"))
+        """`started`: when the part's seconds began (monotonic): its process's start, by default. Unbounded outside a
+        part's process (no MINILMD_GPU_CHECK_PART_S: a test calling a part's function, maybe minutes after this
+        module was first imported), as gpu_check_part.time_left is."""
+        seconds = os.environ.get(PART_S_ENV)
+        self.deadline = started + float(seconds) if seconds is not None else float("inf")
         self.left_out: list[str] = []
 
     def left(self) -> float:
