@@ -65,3 +65,29 @@ def test_an_oom_kill_counted_in_the_group_the_dying_child_left_is_still_seen(tmp
     death = classify(child, rc, run_dir, stop_requested=False)
     assert rc == -9 and group.oom_kills() >= 1
     assert death.cause == "oom_kill" and str(group.path) in death.detail, (death, dying_view)
+
+
+def test_the_hierarchy_root_a_child_is_seen_in_later_is_not_watched(tmp_path, memory_cgroup):
+    """The root of the memory hierarchy as mounted (in a container, the container's own group) counts the OOM kills
+    of every group below it: a child first seen in its own group and later in the root (as a dying v1 process shows)
+    must not have its SIGKILL read as an OOM kill because another run's group below the root had one."""
+    from minilmd.daemon.child.process import HIERARCHY_ROOTS, launch, oom_counter_file
+
+    root_procs = next((r / "cgroup.procs" for r in HIERARCHY_ROOTS if (r / "memory.oom_control").exists()), None)
+    if root_procs is None:
+        pytest.skip("no cgroup v1 memory hierarchy root with an oom_kill counter here")
+    group = memory_cgroup("256m")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    child = launch([sys.executable, "-c", "import time; time.sleep(60)"], run_dir, 1, devices="")
+    try:
+        (group.path / "cgroup.procs").write_text(str(child.pid))
+        child.track_cgroup()
+        assert group.path / "memory.oom_control" in child.cgroup_oom
+        root_procs.write_text(str(child.pid))
+        assert oom_counter_file(child.pid) == root_procs.with_name("memory.oom_control")
+        child.track_cgroup()
+        assert root_procs.with_name("memory.oom_control") not in child.cgroup_oom, child.cgroup_oom
+    finally:
+        child.popen.kill()
+        child.popen.wait(30)

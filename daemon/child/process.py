@@ -148,6 +148,8 @@ class Child:
         can be attributed to the OOM killer afterwards. Earlier ones are kept: under cgroup v1 a process that the
         OOM killer has taken shows the root cgroup while it exits, and the kill was counted in the group it left."""
         counter = oom_counter_file(self.pid)
+        if counter and self.cgroup_oom and counter.parent in HIERARCHY_ROOTS:
+            return  # the root a dying v1 process shows: it counts the kills of every group below (another run's)
         if counter and counter not in self.cgroup_oom:
             value = read_oom_kills(counter)
             if value is not None:
@@ -401,6 +403,11 @@ def _torchrun_worker_signal(log_path: Path) -> int | None:
         return None
     m = re.findall(r"exitcode\s*:\s*-(\d+)", tail)
     return int(m[-1]) if m else None
+
+
+HIERARCHY_ROOTS = (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+"""The memory cgroup hierarchies' roots as mounted: a counter there (in a container, the container's own group)
+counts the OOM kills of every group below it, so a child seen there only while it dies is not watched through it."""
 
 
 def oom_counter_file(pid: int) -> Path | None:
