@@ -104,12 +104,13 @@ class Supervisor(Ending):
     # --- the run, from lock to exit status ------------------------------------------------------------------------
     def run(self) -> int:
         from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
+        from minilmd.place_rule import PlaceRefused, make_run_dir
 
         lock = RunLock(self.run_dir)
         try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            make_run_dir(self.run_dir)  # judged again once made: nothing is written in another user's directory
             lock.acquire()
-        except (LockHeld, LockUnsafe) as e:
+        except (LockHeld, LockUnsafe, PlaceRefused) as e:
             print(f"minilmd run: {e}", flush=True)
             return protocol.SUPERVISOR_CONFIG
         except OSError as e:

@@ -117,6 +117,17 @@ def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
                          own_links=True)
 
 
+def make_run_dir(run_dir: str | os.PathLike) -> None:
+    """run.dir made (with the directories missing above it) and judged again once made (`run_dir_problem`), before a
+    file is written in it: between the judgement of `run --check` or the launch and this, another user may have made
+    it, or a directory above it, his own (he waited for the scratch to appear: the supervisor then wrote its files
+    into his directory, and its attempt log through his link). PlaceRefused then. Once made and passed, no other user
+    can rearrange it."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    if problem := run_dir_problem(run_dir):
+        raise PlaceRefused(problem)
+
+
 def _under_home(path: str | os.PathLike) -> bool:
     """Whether `path` is in the user's home ($HOME, as Path.home() says): there "under your home" advises nothing."""
     with contextlib.suppress(RuntimeError, KeyError):

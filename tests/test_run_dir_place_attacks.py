@@ -190,3 +190,32 @@ def test_the_trainer_reads_a_fifo_at_state_json_as_no_restarts_without_waiting(t
     cfg.run_dir.mkdir(parents=True)
     os.mkfifo(cfg.run_dir / names.STATE)
     assert without_blocking(lambda: restarts_so_far(cfg), cfg.run_dir / names.STATE) == 0
+
+
+def test_a_run_dir_another_user_makes_between_the_check_and_the_start_gets_nothing_written(tmp_path, corpus, shared):
+    """The race the check alone left: run.dir did not exist when the launch judged it; he made it (0777, his) with a
+    `logs` link to her private directory before the supervisor made it (he waits for the scratch to appear). Before,
+    the supervisor wrote its lock, state and events into his directory and its attempt log through his link. Now
+    run.dir is judged again once made (place_rule.make_run_dir): exit 2, nothing written, in either directory."""
+    from minilmd.daemon.supervisor import Supervisor
+
+    private = tmp_path / "her-private"
+    private.mkdir(mode=0o700)
+    late = shared / "late"
+    config = write_config(tmp_path, corpus, name="raced", remote=False, run={"dir": str(late)})
+    cfg = load_config(config)
+    assert run_dir_problem(cfg.run_dir) is None  # what the launch saw: nothing there yet
+    sh_as_user(f"mkdir -m 777 late && chmod 777 late && ln -s {private} late/{names.ATTEMPT_LOGS}", cwd=shared)
+    planted = _tree(shared)
+    assert Supervisor(cfg, str(config), echo=False).run() == SUPERVISOR_CONFIG
+    assert _tree(shared) == planted and list(private.iterdir()) == []
+
+
+def test_the_trainer_on_its_own_judges_the_run_dir_it_makes_again(tmp_path, corpus, shared):
+    from minilmd.trainer.loop.train import run
+
+    late = shared / "late-train"
+    config = write_config(tmp_path, corpus, name="raced-train", remote=False, run={"dir": str(late)})
+    cfg = load_config(config)
+    sh_as_user("mkdir -m 777 late-train && chmod 777 late-train", cwd=shared)
+    assert run(cfg) == SUPERVISOR_CONFIG and os.listdir(late) == []

@@ -55,6 +55,7 @@ from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
+from minilmd.place_rule import PlaceRefused, make_run_dir
 from minilmd.plan.bucketing import BucketedSampler
 from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
@@ -361,7 +362,11 @@ def run(cfg: RunConfig) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop = StopFlag()
     stop.install()
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        make_run_dir(cfg.run_dir)  # judged again once made: nothing is written in another user's directory
+    except PlaceRefused as e:
+        print(f"minilmd train: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     with contextlib.suppress(OSError):
         (cfg.run_dir / FAULT).unlink(missing_ok=True)  # a fault note describes the attempt that wrote it
     dist = None
