@@ -160,6 +160,34 @@ def make_missing_dirs(path: str | os.PathLike, mode: int) -> list[Path]:
     return made
 
 
+
+OUT_DIR_MODE = 0o755
+"""The directories made on the way to an output's directory: never writable by others whatever the umask (the
+place rule would refuse them)."""
+
+
+def open_out_parent(out: Path, label: str, what: str, advice: str, *, group_share: bool = False) -> dirfd.Dir:
+    """The directory of an output `out` (export's --out, tokenizer train's), under the place rule (a link on the way
+    followed only when root's or ours; `group_share` waives the rule for that directory alone: a team directory),
+    made when missing and opened once by the walk (Dir.open): the output is then written at that descriptor, never
+    by a name another user could turn into a link to the victim's files. PlaceRefused when refused (the message
+    ends with `advice`), nothing made; OSError as it comes."""
+    if problem := dirfd.place_problem(label, out, what, advice, own_links=True, group_share=group_share):
+        raise dirfd.PlaceRefused(problem)
+    make_missing_dirs(out.parent, OUT_DIR_MODE)
+    return dirfd.Dir.open(out.parent, f"the directory of {label}", group_share=group_share)
+
+
+
+def write_out_text(out: Path, text: str, label: str, what: str, advice: str, *, group_share: bool = False) -> None:
+    """`out` replaced whole by `text` (a temp file, fsync, rename: a reader sees the old or the new), written at
+    the descriptor of its directory opened by `open_out_parent` (its rule, its PlaceRefused): a link planted at
+    `out` is replaced, never followed, and one planted on the way is refused or not followed. The file's mode is
+    the permissions policy's (perms.file_mode)."""
+    with open_out_parent(out, label, what, advice, group_share=group_share) as parent:
+        parent.write_atomic(out.name, text.encode("utf-8"), perms.file_mode())
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = CHUNK, limit: int | None = None) -> str:
     """Hex sha256 of a file (of its first `limit` bytes when given), read in chunks (corpus files and checkpoints
     can be GBs)."""

@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 
 from minilmd.perms import own_uid
+from minilmd.untrusted import printable
 
 OWNER_MAX_BYTES = 64 << 10
 """The largest owner.json read (it names a run directory)."""
@@ -55,8 +56,10 @@ def user(uid: int) -> str:
 
 
 def describe(owner: dict) -> str:
-    """The run a record names, for a refusal: "the run directory D (run.name 'n', user (uid N) on host)"."""
+    """The run a record names, for a refusal: "the run directory D (run.name 'n', user (uid N) on host)". Every
+    string of it shown through untrusted.printable: a record is a file someone else may have written (a shared
+    remote's), and its escape codes must not reach the terminal."""
     uid = owner.get("uid")
-    who = f"run.name {owner.get('run_name', '?')!r}, {user(uid) if isinstance(uid, int) else 'uid ?'} on " \
-          f"{owner.get('host', '?')}"
-    return f"the run directory {owner['run_dir']} ({who})"
+    who = f"run.name {printable(repr(owner.get('run_name', '?')))}, " \
+          f"{user(uid) if isinstance(uid, int) else 'uid ?'} on {printable(str(owner.get('host', '?')))}"
+    return f"the run directory {printable(owner['run_dir'])} ({who})"

@@ -103,7 +103,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_write_jsonl", "open"): 1, ("write_demo_corpus", ".mkdir"): 1, ("write_repeated_corpus", "open"): 1,
         ("write_repeated_chat_corpus", "open"): 1}),
     "minilmd/corpus/tokenizer_train.py": ("gap", OWN_OUTPUT, {("train_tokenizer", ".mkdir"): 1}),
-    "minilmd/cli/data.py": ("gap", OWN_OUTPUT, {("_write_tokenizer", ".mkdir"): 1}),  # tokenizer train's, as above
     # --- the supervisor ---------------------------------------------------------------------------------------------
     "daemon/child/compilecache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches)",
                                      {("clear_damaged", ".unlink"): 1}),

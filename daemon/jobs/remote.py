@@ -100,6 +100,10 @@ class Remote:
         """A small file of the remote (an object: it is what was written)."""
         return self.fs.cat_file(path)
 
+    def cat_own(self, path: str, max_bytes: int) -> bytes:
+        """`cat`: an object store has no other users' entries (LocalRemote: another user's file refused unread)."""
+        return self.cat(path, max_bytes)
+
     def read_text(self, *names: str) -> str | None:
         try:  # a pointer: a name; none when it is not a small regular file (as checkpoint_dirs.read_latest)
             return self.cat(self.path(*names), POINTER_MAX_BYTES).decode("utf-8", errors="replace")

@@ -45,14 +45,23 @@ class Claim:
     """Why this run's records say it synced to the remote before ("" when they do not): adopts an unclaimed one."""
 
 
+class ForeignClaim(ValueError):
+    """The remote's owner.json is another user's file: not this run's claim, never parsed (its text never shown)."""
+
+
 def read(store: RemoteStore) -> dict | None:
-    """The remote's owner record (None: none). ValueError when it is there but cannot be read or is no record."""
+    """The remote's owner record (None: none). ValueError when it is there but cannot be read or is no record;
+    ForeignClaim, unread, when another user owns it (RemoteStore.cat_own: a group-shared remote's member could plant
+    one to block this run's syncs for ever, or to put a terminal's escape codes in its messages)."""
     where = store.show(REMOTE_OWNER)
     try:
-        raw = store.cat(store.path(REMOTE_OWNER), run_owner.OWNER_MAX_BYTES)
+        raw = store.cat_own(store.path(REMOTE_OWNER), run_owner.OWNER_MAX_BYTES)
     except FileNotFoundError:
         return None
     except Unreadable as e:
+        if e.kind == "owner":
+            raise ForeignClaim(f"{where} is another user's file ({e.why}), not this run's claim; it was not "
+                               f"read") from None
         raise ValueError(f"{where} cannot be read ({e.why})") from None
     try:
         return run_owner.checked(loads(raw, expect=None), where)
@@ -65,6 +74,10 @@ def problem(store: RemoteStore, claim: Claim) -> str | None:
     checkpoints this run's records say it synced). Reads only."""
     try:
         owner = read(store)
+    except ForeignClaim as e:
+        return (f"run.remote {store.url}: {e}: the run neither syncs there nor resumes from there while it stands "
+                f"(a claim no sync of this user wrote); have its owner remove it, or give run.remote a directory "
+                f"of this run's own")
     except ValueError as e:
         return (f"run.remote {store.url}: {e}: whose checkpoints these are is unknown, so the run neither syncs "
                 f"there nor resumes from there; if they are this run's, remove {store.show(REMOTE_OWNER)} (the next "

@@ -144,6 +144,20 @@ class LocalRemote(Publishing, Remote):
         return self._untrusted(lambda name, fd: read_bytes(name, max_bytes=max_bytes, dir_fd=fd),
                                *self._names_of(path))
 
+    def cat_own(self, path: str, max_bytes: int) -> bytes:
+        """`cat` of a file a sync of this user wrote (the claim, owner.json): another user's is refused unread
+        (Unreadable, kind "owner", naming its uid), as a sync refuses his entries (remote_write.not_ours). The owner
+        the share gives this user's files (root_squash) is learnt first when the file shows another (learn_own_uid),
+        so that the run's own claim is never taken for another's."""
+        def read(name: str, fd: int) -> bytes:
+            return read_bytes(name, max_bytes=max_bytes, owner=remote_write.OWN_UIDS, dir_fd=fd)
+        try:
+            return self._untrusted(read, *self._names_of(path))
+        except Unreadable as e:
+            if e.kind != "owner" or not remote_write.learn_own_uid(self.root):
+                raise
+        return self._untrusted(read, *self._names_of(path))
+
     def _untrusted(self, read, *names: str):
         """read(name, dir_fd) of a file: each directory from the root down opened without following a link
         (remote_write.parent_fd), the file then opened by its name in the last of them. No path is looked up twice,

@@ -86,6 +86,9 @@ def tokenizer_train_command(
                                       "tokenizer_config.json whose chat_template is taken)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out (and, with --chat-template, the "
                                "tokenizer_config.json beside it)."),
+    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
+                                     "users may write: use it anyway (the files are still written at the directory "
+                                     "opened once). Without it such a directory is refused."),
 ) -> None:
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind).
 
@@ -95,15 +98,17 @@ def tokenizer_train_command(
     import sys
     from pathlib import Path
 
-    from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside
+    from minilmd.corpus.chat_templates import OUT_ADVICE, ChatTemplateError, checked_config, write_beside
     from minilmd.corpus.sources.jsonl import CHAT_LINE, TOKENIZER_CHAT_ADVICE, InputError
     from minilmd.corpus.tokenizer_train import TokenizerError
+    from minilmd.dirfd import PlaceRefused, place_problem
     from minilmd.fsio import out_taken
     from minilmd.names import TOKENIZER_CONFIG
 
     written = [out] + ([str(Path(out).with_name(TOKENIZER_CONFIG))] if chat_template else [])
-    for taken in filter(None, (out_taken(path, force) for path in written)):
-        typer.echo(f"tokenizer train: {taken}; nothing written", err=True)
+    refused = place_problem("--out", out, "the tokenizer", OUT_ADVICE, own_links=True, group_share=group_share)
+    for taken in filter(None, [refused, *(out_taken(path, force) for path in written)]):
+        typer.echo(f"tokenizer train: {taken}; nothing written", err=True)  # before the training: none wasted
         raise typer.Exit(2)
     template_config = None
     if chat_template:
@@ -116,9 +121,12 @@ def tokenizer_train_command(
     try:
         # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
         text, actual, bad = _train_in_child(corpus, on_bad_line, max_docs, vocab_size, sys.stdout.isatty())
-        _write_tokenizer(out, text)
+        _write_tokenizer(out, text, group_share)
     except (InputError, TokenizerError) as e:
         raise _data_error_exit(e) from None
+    except PlaceRefused as e:  # looked at again when the directory is opened: rearranged during the training
+        typer.echo(f"tokenizer train: {e}; nothing written", err=True)
+        raise typer.Exit(2) from None
     except OSError as e:
         raise _io_error_exit(e, "tokenizer train", f"{out} is as it was") from None
     except KeyboardInterrupt:
@@ -133,7 +141,14 @@ def tokenizer_train_command(
             typer.echo(f"{bad[CHAT_LINE]:,} of them chat data: {TOKENIZER_CHAT_ADVICE}", err=True)
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
     if template_config is not None:
-        typer.echo(f"wrote {write_beside(out, template_config)}: chat template {chat_template}")
+        try:
+            typer.echo(f"wrote {write_beside(out, template_config, group_share=group_share)}: chat template "
+                       f"{chat_template}")
+        except PlaceRefused as e:
+            typer.echo(f"tokenizer train: {e}; the tokenizer_config.json was not written", err=True)
+            raise typer.Exit(2) from None
+        except OSError as e:
+            raise _io_error_exit(e, "tokenizer train", "the tokenizer_config.json was not written") from None
 
 
 def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_size: int,
@@ -201,16 +216,17 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
         send.send(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
-def _write_tokenizer(out: str, text: str) -> None:
-    """Written by this process, once the training is done: a kill of the training never leaves a temp file. As
-    train_tokenizer writes one: a temp file renamed over `out`, so a kill mid-write leaves the old file, and a link
-    at `out` (planted in a shared directory) is replaced, never followed into somebody's file."""
+def _write_tokenizer(out: str, text: str, group_share: bool) -> None:
+    """Written by this process, once the training is done: a kill of the training never leaves a temp file. A temp
+    file renamed over `out`, so a kill mid-write leaves the old file; at the descriptor of --out's directory, opened
+    once under the place rule (fsio.write_out_text, export's rule): a link at `out` is replaced, and one planted on
+    the way (a teammate's link to the victim's directory) refused or not followed, never written through."""
     from pathlib import Path
 
-    from minilmd.fsio import atomic_write_text
+    from minilmd.corpus.chat_templates import OUT_ADVICE
+    from minilmd.fsio import write_out_text
 
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, text)
+    write_out_text(Path(out), text, "--out", "the tokenizer", OUT_ADVICE, group_share=group_share)
 
 
 @tokenizer_app.command("check")

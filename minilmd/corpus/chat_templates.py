@@ -95,13 +95,20 @@ def checked_config(spec: str) -> dict:
     return config
 
 
-def write_beside(tokenizer_json: str | Path, config: dict) -> Path:
-    """Write `config` as the tokenizer_config.json beside `tokenizer_json`, where chat.py looks for the template."""
+def write_beside(tokenizer_json: str | Path, config: dict, *, group_share: bool = False) -> Path:
+    """Write `config` as the tokenizer_config.json beside `tokenizer_json`, where chat.py looks for the template:
+    as tokenizer train writes the tokenizer.json (fsio.write_out_text: at the directory's descriptor, under the
+    place rule; PlaceRefused there)."""
     import json
 
-    from minilmd.fsio import atomic_write_text
+    from minilmd.fsio import write_out_text
     from minilmd.names import TOKENIZER_CONFIG
 
     path = Path(tokenizer_json).with_name(TOKENIZER_CONFIG)
-    atomic_write_text(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")  # no link followed
+    write_out_text(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n", "--out", "the tokenizer",
+                   OUT_ADVICE, group_share=group_share)
     return path
+
+
+OUT_ADVICE = ("choose an --out in a directory only you (and root) can change, or pass --group-share to write the "
+              "tokenizer into a team directory anyway")

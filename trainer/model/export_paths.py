@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from minilmd import leftovers, perms, scratch
 from minilmd.dirfd import OPEN_NEW, Dir, Identity, PlaceRefused, Replaced, place_problem, temp_name
-from minilmd.fsio import make_missing_dirs
+from minilmd.fsio import open_out_parent
 from minilmd.names import (
     BEST,
     CHECKPOINTS,
@@ -109,11 +109,6 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
 
 OUT_ADVICE = ("choose an --out in a directory only you (and root) can change, or pass --group-share to export into a "
               "team directory anyway (docs/operations.md)")
-OUT_DIR_MODE = 0o755
-"""The directories an export makes on the way to --out: never writable by others whatever the umask (the place rule
-would refuse them)."""
-
-
 class ExportCopy:
     """This export's temporary copy beside --out (`writing`): a 0700 directory with a random name (Dir.make_temp),
     made in the directory of --out opened once and checked (`parent`). Everything is written through `inside`
@@ -206,11 +201,8 @@ def _open_parent(out: Path, group_share: bool = False) -> Dir:
     put a link to the victim's directory where the export writes, or a FIFO where it publishes. `group_share`
     (--group-share) waives the rule for the directory of --out alone, a team directory: the copy is made in it
     0700 with a random name and published by its descriptor, identities checked (Dir.make_temp, Dir.publish)."""
-    if problem := place_problem("--out", out, "the export", OUT_ADVICE, own_links=True, group_share=group_share):
-        raise OutRefused(f"{problem}; nothing was written")
     try:
-        make_missing_dirs(out.parent, OUT_DIR_MODE)
-        return Dir.open(out.parent, "the directory of --out", group_share=group_share)
+        return open_out_parent(out, "--out", "the export", OUT_ADVICE, group_share=group_share)
     except PlaceRefused as e:
         raise OutRefused(f"{e}; nothing was written") from None
     except OSError as e:
