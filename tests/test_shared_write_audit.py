@@ -151,7 +151,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("EventLog.reopen", "os.open"): 1, ("EventLog.emit", "os.open"): 1}),
     "daemon/base/timeline.py": ("gap", RUN_DIR + " (metrics.jsonl: the --fresh marker appended, O_NOFOLLOW|O_NONBLOCK, "
                                 "a regular file only)", {("mark_fresh", "os.open"): 1}),
-    "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor.run", ".mkdir"): 1, ("Supervisor._launch", ".unlink"): 1}),
+    "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor._launch", ".unlink"): 1}),
     "daemon/views/plot.py": ("gap", OWN_OUTPUT, {("plot", ".mkdir"): 1}),
     "daemon/jobs/remote_claim.py": ("private", "the remote's claim written into its own temporary directory "
                                     "(tempfile's: 0700, a random name made O_EXCL) before the store's put copies it",
@@ -185,7 +185,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "minilmd/metrics.py": ("gap", RUN_DIR + " (metrics.jsonl, the heartbeat)", {
         ("MetricsLog.__init__", ".mkdir"): 1, ("MetricsLog._end_torn_line", "open"): 1, ("MetricsLog.write", "open"): 1,
         ("MetricsLog.heartbeat", ".write_text"): 1, ("MetricsLog.heartbeat", "os.replace"): 1}),
-    "trainer/loop/train.py": ("gap", RUN_DIR + "; and scratch", {("run", ".mkdir"): 1, ("run", ".unlink"): 1}),
+    "trainer/loop/train.py": ("gap", RUN_DIR + "; and scratch", {("run", ".unlink"): 1}),
+    "minilmd/place_rule.py": ("gap", RUN_DIR + " (made by the supervisor and the trainer, then judged again by the "
+                              "place rule before a file is written in it)", {("make_run_dir", ".mkdir"): 1}),
     "trainer/model/adapter.py": ("private", "export --out (an HF PEFT directory): " + PRIVATE_TMP + " (export_paths."
                                  "ExportCopy, in the directory of --out checked by dirfd's rule); the base's private "
                                  "copy in a fresh 0700 directory of tempfile's", {
