@@ -142,7 +142,8 @@ def _another_run(store: RemoteStore, owner: dict, claim: Claim) -> str:
             f"({run_owner.run_identity(claim.run_dir)}, run.name {claim.run_name!r}). Two runs never share a remote "
             f"(this one would resume from that run's checkpoint, and its syncs would prune that run's checkpoints): "
             f"set run.remote to a directory of this run's own; to start from that run's checkpoint, name it in "
-            f"init.from (e.g. {store.show('step-N')}); if that run is this one under a new run.name and run.dir, "
+            f"init.from (init.from = {store.url!r} takes its newest, or one of its step-NNNNNNNN directories); if "
+            f"that run is this one under a new run.name and run.dir (renamed and moved, in either order), "
             f"remove {store.show(REMOTE_OWNER)} (this run's next sync claims the remote)")
 
 
