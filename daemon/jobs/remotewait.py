@@ -36,13 +36,14 @@ EVENTS_MAX_LINE = 1 << 16
 def remote_absent(url: str) -> str:
     """How the remote cannot be reached now, in a few words ("not there (its share gone?)", "a link to nowhere (->
     /nfs/x: ...)", "an empty directory (...)", "unreadable (...)", "not a directory (...)"); "" when it answers
-    (holding checkpoints or not). minilmd/shared_place.py decides, as for every other shared place."""
+    (holding checkpoints or not). minilmd/shared_place.py decides, as for every other shared place; a URL fsspec
+    cannot open: "out of reach: it cannot be opened (...)", read after "URL is"."""
     import fsspec  # light; the remote may be any fsspec URL
 
     try:
         fs, root = fsspec.core.url_to_fs(url)
     except (ValueError, ImportError, OSError) as e:
-        return f"cannot be opened ({e})"
+        return f"out of reach: it cannot be opened ({e})"
     found = look(root.rstrip("/") or "/", names.LATEST, fs)
     return "" if found.place in (Place.THERE, Place.LACKS) else str(found)
 
