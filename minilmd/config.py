@@ -38,7 +38,7 @@ from minilmd.config_sections import (
     TrainSection,
     toml_key,
 )
-from minilmd.config_values import TrainTokens, check_values, invalid_fields
+from minilmd.config_values import TrainTokens, check_values, machine_checks_wait
 from minilmd.perms import own_uid
 
 if sys.version_info >= (3, 11):
@@ -200,7 +200,7 @@ the others, after them."""
 def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: ExtraCheck | None = None,
                      train_tokens_of: TrainTokens | None = None) -> RunConfig:
     """Build and validate a RunConfig; raise ConfigError with every problem at once (those of `more_checks` too,
-    which run only once every field is valid: config_values.invalid_fields). Only the values are
+    which wait while a field they derive from is invalid: config_values.machine_checks_wait). Only the values are
     checked here: the paths, the corpus and init.from are minilmd/probes.py's, given as `more_checks`."""
     problems: list[str] = []
     classes = _section_classes()
@@ -231,7 +231,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config", more_checks: E
             explicit.add(f"{section}.{key}")
     cfg._explicit = frozenset(explicit)
     problems += check_values(cfg, train_tokens_of, mistyped)
-    if more_checks is not None and not invalid_fields(cfg, mistyped):  # they would judge defaults, or a -1
+    if more_checks is not None and not machine_checks_wait(cfg, mistyped):  # else they would judge a default, a -1
         problems += more_checks(cfg)
     if problems:
         raise ConfigError(problems, source)

@@ -182,6 +182,14 @@ BUDGET_FIELDS = ("train.max_steps", "train.max_tokens", "train.max_epochs", "tra
 """What a missing budget's message (budget_problem) is derived from."""
 
 
+def machine_checks_wait(cfg: RunConfig, mistyped: Collection[str] = ()) -> bool:
+    """Whether the checks of what the config names on the machine (minilmd/probes.py: the corpus against the model
+    and the budget, the paths) must wait for valid fields: one they derive from is invalid (the [model] and [data]
+    sections, the budget's fields), so they would judge its default, or a -1. Another invalid field (train.lr) lets
+    them run: every problem is said at once."""
+    return any(f in BUDGET_FIELDS or f.split(".")[0] in ("model", "data") for f in invalid_fields(cfg, mistyped))
+
+
 def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None, mistyped: Collection[str] = ()) -> list[str]:
     """Names, choices, every number (RANGES) and the rules between fields; a missing budget only when the fields
     it is derived from are valid (invalid_fields; `mistyped`: the keys config_from_dict could not take)."""

@@ -260,15 +260,18 @@ def test_the_standalone_trainer_keeps_its_claimed_scratch_once_its_compile_cache
     shared_tmp = tmp_path / "node-tmp"
     shared_tmp.mkdir()
     shared_tmp.chmod(0o1777)
-    for var in (*compile_cache.COMPILE_ENV, "MINILMD_SCRATCH_BASE"):  # own_compile_caches sets them: given back after
+    for var in (*compile_cache.COMPILE_ENV, "MINILMD_SCRATCH_BASE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "4243")
     monkeypatch.setenv("TMPDIR", str(shared_tmp))
     cfg = load_config(write_config(tmp_path, (tmp_path / "corpus", 1000), run={"scratch": ""}))
     before = cfg.scratch_dir
+    environ = dict(os.environ)  # own_compile_caches sets its variables in os.environ: given back whole after
     try:
         own_compile_caches(cfg)
         assert os.environ["TMPDIR"] == str(compile_cache.root_of(before) / "tmp")
         assert cfg.scratch_dir == before, (cfg.scratch_dir, before)
     finally:
+        os.environ.clear()
+        os.environ.update(environ)
         tempfile.tempdir = None

@@ -258,7 +258,8 @@ def test_a_full_remote_at_the_last_sync_counts_no_try_and_a_stop_ends_the_wait(t
     sync, _ = last_sync_of(tmp_path / "stopped", stopped)
     wait_until(lambda: sync.final_sync(None, True) is None and sync.waited_for_room, 30, "the wait for room")
     problem = wait_until(lambda: sync.final_sync(None, False), 30, "the stop to end the wait")
-    assert problem.startswith("the last sync found the remote full (needs 2.0 MB, free 0.0 MB): RemoteFull: "), problem
+    assert problem.startswith("the last sync found the remote full (needs 2.0 MB, free 0.0 MB): sync to "), problem
+    assert "RemoteFull" not in problem  # the sync's own words, no Python class name (daemon/base/worker.py)
     assert "No space left on device" in problem
 
 
