@@ -113,3 +113,13 @@ def shared():
 
 def sh_as_user(script: str, cwd: str | os.PathLike) -> None:
     subprocess.run(as_user(["sh", "-c", script]), check=True, cwd=cwd, timeout=30)
+
+
+def group_dir(where: Path, gid: int, name: str) -> Path:
+    """A directory of root's (the victim's) the second user may write through its group: 2770, his group (a team
+    directory, a team's run.remote)."""
+    made = where / name
+    made.mkdir()
+    os.chown(made, 0, gid)
+    made.chmod(0o2770)
+    return made

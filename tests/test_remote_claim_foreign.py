@@ -15,20 +15,12 @@ import pytest
 from minilmd import names, run_owner
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.remote_local import open_remote
-from second_user import as_user, teammate  # noqa: F401 - the fixture
+from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
 from supervisor_helpers import cli, write_config
 
 OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"
 """A terminal's clipboard-setting escape (OSC 52): printed raw, it puts `rm -rf ~` on the victim's clipboard."""
 
-
-def _group_remote(where: Path, gid: int) -> Path:
-    """A run.remote of root's (the victim's) the second user may write through its group: 2770, his group."""
-    remote = where / "remote"
-    remote.mkdir()
-    os.chown(remote, 0, gid)
-    remote.chmod(0o2770)
-    return remote
 
 
 def _plant(path: Path, record: dict) -> None:
@@ -40,7 +32,7 @@ def _plant(path: Path, record: dict) -> None:
 
 def test_another_users_owner_json_naming_this_run_is_not_its_claim(teammate, tmp_path):
     (uid, gid), where = teammate
-    remote = _group_remote(where, gid)
+    remote = group_dir(where, gid, "remote")
     claim = remote_claim.Claim(tmp_path / "run", "r")
     _plant(remote / names.REMOTE_OWNER, {**run_owner.record(claim.run_dir, "r"), "host": "h" + OSC52})
     assert os.lstat(remote / names.REMOTE_OWNER).st_uid == uid
@@ -58,7 +50,7 @@ def test_another_users_owner_json_naming_this_run_is_not_its_claim(teammate, tmp
 
 def test_another_users_owner_json_naming_another_run_puts_no_escape_on_the_terminal(teammate, tmp_path):
     (uid, gid), where = teammate
-    remote = _group_remote(where, gid)
+    remote = group_dir(where, gid, "remote")
     _plant(remote / names.REMOTE_OWNER, {"run_dir": "/srv/x" + OSC52, "run_name": "x", "uid": uid, "host": OSC52})
     said = remote_claim.problem(open_remote(str(remote)), remote_claim.Claim(tmp_path / "run", "r"))
     assert said is not None and f"owned by uid {uid}" in said
@@ -75,7 +67,7 @@ def test_a_records_strings_are_shown_escaped():
 def test_run_check_refuses_the_remote_naming_the_planted_files_owner_and_prints_no_escape(teammate, tmp_path, corpus):
     """`minilmd run --check` (the audit's terminal): exit 2, the foreign file and its uid named, no escape printed."""
     (uid, gid), where = teammate
-    remote = _group_remote(where, gid)
+    remote = group_dir(where, gid, "remote")
     config = write_config(tmp_path, corpus, run={"remote": str(remote)})
     _plant(remote / names.REMOTE_OWNER, {"run_dir": "/srv/x" + OSC52, "run_name": "x", "uid": uid, "host": OSC52})
     checked = cli("run", "--check", str(config))

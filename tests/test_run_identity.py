@@ -44,6 +44,21 @@ def recorded_run(tmp_path: Path, corpus, steps: tuple[int, ...] = (10, 20), remo
     return config, cfg
 
 
+def default_scratch_run(tmp_path: Path, corpus, monkeypatch):
+    """A config on the default scratch (under tmp_path/shm) and a run.dir whose state.json records step 20 there."""
+    (tmp_path / "shm").mkdir()
+    monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(tmp_path / "shm"))
+    config = write_config(tmp_path, corpus, run={"scratch": ""})
+    cfg = load_config(config)
+    cfg.run_dir.mkdir(parents=True)
+    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
+    (cfg.checkpoint_dir / "step-00000020").mkdir(parents=True)
+    (cfg.checkpoint_dir / "step-00000020" / names.MANIFEST).write_text("{}")
+    (cfg.run_dir / names.STATE).write_text(json.dumps(
+        {"run": "s", "local_checkpoint": {"step": 20, "path": str(cfg.checkpoint_dir / "step-00000020")}}))
+    return config, cfg
+
+
 def moved(config: Path, *sets: str):
     return load_config(config, list(sets))
 
@@ -64,16 +79,7 @@ def test_a_new_scratch_with_the_old_one_holding_a_newer_step_is_refused_with_the
 
 
 def test_a_new_run_name_moving_the_default_scratch_names_the_old_name(tmp_path, corpus, monkeypatch):
-    (tmp_path / "shm").mkdir()
-    monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(tmp_path / "shm"))
-    config = write_config(tmp_path, corpus, run={"scratch": ""})
-    cfg = load_config(config)
-    cfg.run_dir.mkdir(parents=True)
-    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
-    (cfg.checkpoint_dir / "step-00000020").mkdir(parents=True)
-    (cfg.checkpoint_dir / "step-00000020" / names.MANIFEST).write_text("{}")
-    (cfg.run_dir / names.STATE).write_text(json.dumps(
-        {"run": "s", "local_checkpoint": {"step": 20, "path": str(cfg.checkpoint_dir / "step-00000020")}}))
+    config, cfg = default_scratch_run(tmp_path, corpus, monkeypatch)
     said = runidentity.problems(moved(config, 'run.name="s2"'), None, fresh=False)
     assert len(said) == 1 and "run.name was 's', it is 's2' now" in said[0], said
     assert f"Put run.name = 's' back, or set run.scratch = '{cfg.scratch_dir}' to resume from step 20" in said[0]
@@ -83,17 +89,8 @@ def test_a_default_scratch_moved_by_a_new_slurm_job_is_said_left_behind_not_refu
     """In a Slurm job the default scratch is one per job (`<run.name>-slurm<job id>`): a new job on the node where
     the old one left newer unsynced steps resumes from run.remote, as a job on another node would (exit 2 would end
     a job chain left unattended), and is told that the old job's scratch is left behind, named as the job's."""
-    (tmp_path / "shm").mkdir()
-    monkeypatch.setenv(names.SCRATCH_BASE_ENV, str(tmp_path / "shm"))
     monkeypatch.setenv(names.SLURM_JOB_ENV, "101")
-    config = write_config(tmp_path, corpus, run={"scratch": ""})
-    cfg = load_config(config)
-    cfg.run_dir.mkdir(parents=True)
-    scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
-    (cfg.checkpoint_dir / "step-00000020").mkdir(parents=True)
-    (cfg.checkpoint_dir / "step-00000020" / names.MANIFEST).write_text("{}")
-    (cfg.run_dir / names.STATE).write_text(json.dumps(
-        {"run": "s", "local_checkpoint": {"step": 20, "path": str(cfg.checkpoint_dir / "step-00000020")}}))
+    config, cfg = default_scratch_run(tmp_path, corpus, monkeypatch)
     old = cfg.scratch_dir  # the property follows the job's id
     monkeypatch.setenv(names.SLURM_JOB_ENV, "102")
     assert runidentity.problems(load_config(config), None, fresh=False) == []
@@ -162,14 +159,19 @@ def assert_refused(config: Path, run_dir: Path, *words: str, env: dict | None = 
     assert events(run_dir) == before
 
 
-@pytest.mark.slow
-def test_a_restart_under_a_new_run_name_is_refused_while_the_old_scratch_holds_newer_work(tmp_path, corpus):
+def finished_on_the_default_scratch(tmp_path: Path, corpus):
+    """A run `s` on the default scratch (under tmp_path/shm) trained to step 20 by the supervisor: (the environment
+    naming that scratch base, its config, its scratch)."""
     shm = {names.SCRATCH_BASE_ENV: str(tmp_path / "shm")}
     (tmp_path / "shm").mkdir()
     config = write_config(tmp_path, corpus, run={"scratch": ""}, train={"max_steps": 20})
     assert run_supervisor(config, tmp_path, **shm) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
-    old = load_config(config)
-    old_scratch = tmp_path / "shm" / f"minilmd-{os.getuid()}" / "s"
+    return shm, load_config(config), tmp_path / "shm" / f"minilmd-{os.getuid()}" / "s"
+
+
+@pytest.mark.slow
+def test_a_restart_under_a_new_run_name_is_refused_while_the_old_scratch_holds_newer_work(tmp_path, corpus):
+    shm, old, old_scratch = finished_on_the_default_scratch(tmp_path, corpus)
     assert (old_scratch / names.CHECKPOINTS / "step-00000020").is_dir()
     remote = Path(old.run.remote)  # step 20 not synced yet: the remote's newest is 10
     shutil.rmtree(remote / "step-00000020")
@@ -188,12 +190,7 @@ def test_a_restart_under_a_new_run_name_is_refused_while_the_old_scratch_holds_n
 
 @pytest.mark.slow
 def test_a_new_name_whose_old_scratch_holds_nothing_newer_resumes_and_says_the_old_scratch_is_left(tmp_path, corpus):
-    shm = {names.SCRATCH_BASE_ENV: str(tmp_path / "shm")}
-    (tmp_path / "shm").mkdir()
-    config = write_config(tmp_path, corpus, run={"scratch": ""}, train={"max_steps": 20})
-    assert run_supervisor(config, tmp_path, **shm) == 0, (tmp_path / "supervisor.out").read_text()[-3000:]
-    old = load_config(config)
-    old_scratch = tmp_path / "shm" / f"minilmd-{os.getuid()}" / "s"
+    shm, old, old_scratch = finished_on_the_default_scratch(tmp_path, corpus)
     config = write_config(tmp_path, corpus, run={"scratch": "", "name": "s2"}, train={"max_steps": 30})
     said = cli("run", "--check", str(config), **shm)
     assert said.returncode == 0, said.stdout + said.stderr

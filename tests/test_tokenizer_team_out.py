@@ -13,18 +13,10 @@ from pathlib import Path
 import pytest
 
 from minilmd.names import TOKENIZER_CONFIG
-from second_user import as_user, teammate  # noqa: F401 - the fixture
+from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow  # trains a tokenizer
 
-
-def _team_dir(where: Path, gid: int) -> Path:
-    """A team directory of root's the second user may write through its group: 2770, his group."""
-    team = where / "grp"
-    team.mkdir()
-    os.chown(team, 0, gid)
-    team.chmod(0o2770)
-    return team
 
 
 def _train(corpus: list[str], out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -34,7 +26,7 @@ def _train(corpus: list[str], out: Path, *extra: str) -> subprocess.CompletedPro
 
 def test_a_teammates_link_to_the_victims_directory_is_never_written_through(teammate, demo_jsonl, tmp_path):
     (uid, gid), where = teammate
-    team = _team_dir(where, gid)
+    team = group_dir(where, gid, "grp")
     (team / "tok").mkdir()
     private = tmp_path / "private"  # the victim's: under pytest's root-only directory
     private.mkdir(mode=0o700)
@@ -57,7 +49,7 @@ def test_group_share_writes_into_the_team_directory_itself_at_its_descriptor(tea
     """--group-share: the team directory holding --out is used anyway (as export's and prepare's); without it, it is
     refused before the training, naming the option."""
     (uid, gid), where = teammate
-    team = _team_dir(where, gid)
+    team = group_dir(where, gid, "grp")
     refused = _train(demo_jsonl, team / "tokenizer.json")
     assert refused.returncode == 2 and "--group-share" in refused.stderr, refused.stderr
     assert os.listdir(team) == []
