@@ -377,7 +377,7 @@ def remove_own(scratch: Path, run_dir: Path) -> str | None:
     if owner is None:
         return f"{scratch} carries no {SCRATCH_OWNER}: not known to be this run's, so it is left alone"
     if not run_owner.is_run(owner, run_dir):
-        return f"{scratch} belongs to the run directory {owner['run_dir']}, not to {run_dir}: left alone"
+        return f"{scratch} belongs to {run_owner.describe(owner)}, not to {run_dir}: left alone"
     shutil.rmtree(scratch)
     _held.pop(_key(scratch), None)  # gone on purpose: a later claim makes a new one
     return None

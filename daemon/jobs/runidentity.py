@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from minilmd import names, scratch
+from minilmd import names, run_owner, scratch
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base.runstate import load_state, names_remote
 from minilmd.daemon.base.statesections import StateJson
@@ -117,8 +117,7 @@ def _old_scratch_steps(cfg: RunConfig, rec: Recorded) -> list[int]:
         owner = scratch.read_owner(old)
     except (ValueError, OSError):
         return []
-    if owner is None or owner["run_dir"] != str(cfg.run_dir.absolute().resolve()) or \
-            scratch.problems(old, cfg.run_dir, False):
+    if owner is None or not run_owner.is_run(owner, cfg.run_dir) or scratch.problems(old, cfg.run_dir, False):
         return []
     return sorted(local_checkpoint_steps(old / names.CHECKPOINTS))
 
