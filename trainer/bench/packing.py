@@ -17,22 +17,19 @@ packing benchmark). Step times that vary more than SPREAD_WARNING-fold within a 
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import json
-import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from minilmd import threads
 from minilmd.config import ConfigError, RunConfig
 from minilmd.probes import load_checked
+from minilmd.trainer.loop import cpu_threads
 
 SPREAD_WARNING = 2.0
 """Slowest over fastest timed step of one mode above which the report warns that the host's load, not the rows,
@@ -88,24 +85,6 @@ def build_trainer(cfg: RunConfig, mode: str, total_steps: int, tmp: str):
     return Trainer(cfg, dist)
 
 
-@contextlib.contextmanager
-def trainer_threads(device_type: str, what: str) -> Iterator[tuple[int, str]]:
-    """torch's intra-op threads set to those the supervisor gives a trainer on `device_type` (minilmd/threads.py;
-    OMP_NUM_THREADS set for `what` kept), torch's own given back after. Yields (threads, why)."""
-    value, why = threads.trainer_threads(os.environ, what, None if device_type == "cpu" else
-                                         "a GPU trainer: its host loop is one thread")
-    before = torch.get_num_threads()
-    if value.isdigit() and int(value) > 0:
-        count = int(value)
-    else:
-        count, why = before, f"OMP_NUM_THREADS={value} is no thread count: torch's own"
-    torch.set_num_threads(count)
-    try:
-        yield count, why
-    finally:
-        torch.set_num_threads(before)
-
-
 def timed_step(trainer) -> tuple[float, int]:
     """(seconds, real tokens) of one optimizer step, device work included."""
     sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
@@ -131,10 +110,10 @@ class Comparison:
 def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> Comparison:
     """Every mode of MODES side by side, their steps interleaved (packed, masked, padded, then masked, padded,
     packed, ...) so that a machine whose speed drifts (other jobs, clocks) slows them alike; `warmup` steps of
-    each first, untimed; the Trainers built before, untimed; the trainer's threads (trainer_threads) throughout."""
+    each first, untimed; the Trainers built before, untimed; the trainer's threads (cpu_threads.held) throughout."""
     with tempfile.TemporaryDirectory(prefix="minilmd-bench-") as tmp:
         trainers = {mode: build_trainer(cfg, mode, warmup + steps, tmp) for mode in MODES}
-        with trainer_threads(trainers["packed"].device.type, "minilmd bench packing") as (count, why):
+        with cpu_threads.held(trainers["packed"].device.type, "minilmd bench packing") as (count, why):
             for trainer in trainers.values():
                 for _ in range(warmup):
                     timed_step(trainer)

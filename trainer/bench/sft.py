@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from minilmd.config import ConfigError, RunConfig
 from minilmd.probes import load_checked
-from minilmd.trainer.bench.packing import build_trainer, timed_step, trainer_threads
+from minilmd.trainer.bench.packing import build_trainer, timed_step
+from minilmd.trainer.loop import cpu_threads
 
 MODES = ("padded", "bucketed", "packed", "masked")
 
@@ -66,10 +67,10 @@ def step_rows(trainer, step: int) -> tuple[int, int]:
 
 def compare(cfg: RunConfig, steps: int, warmup: int = 2) -> tuple[dict[str, SftResult], str]:
     """The modes side by side, their steps interleaved; warmup steps of each first, untimed; the trainer's threads
-    throughout (packing.trainer_threads). Returns the results and a line that says those threads."""
+    throughout (cpu_threads.held). Returns the results and a line that says those threads."""
     with tempfile.TemporaryDirectory(prefix="minilmd-bench-sft-") as tmp:
         trainers = {mode: build_trainer(cfg, mode, warmup + steps, tmp) for mode in MODES}
-        with trainer_threads(trainers["padded"].device.type, "minilmd bench sft") as (count, why):
+        with cpu_threads.held(trainers["padded"].device.type, "minilmd bench sft") as (count, why):
             for trainer in trainers.values():
                 for _ in range(warmup):
                     timed_step(trainer)

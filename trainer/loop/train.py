@@ -71,7 +71,7 @@ from minilmd.protocol import (
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
 from minilmd.trainer.checkpoint.save import AsyncCheckpointer
-from minilmd.trainer.loop import determinism, exits, tensorboard, warmup
+from minilmd.trainer.loop import cpu_threads, determinism, exits, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled
 from minilmd.trainer.loop.distributed import Dist, init_distributed, release, wrap_ddp
@@ -378,6 +378,10 @@ def run(cfg: RunConfig) -> int:
         if dist.device.type == "cuda":  # said where cuBLAS runs: a CPU run's last words (its last error) are its own
             print(f"minilmd: {prepared}", flush=True)
         determinism.apply(cfg, dist.device.type)
+        if not os.environ.get(RUN_DIR_ENV):  # on its own: no supervisor set its threads (minilmd/threads.py)
+            count, why = cpu_threads.choose(dist.device.type, "minilmd train")
+            torch.set_num_threads(count)
+            print(f"minilmd: torch threads {count} ({why})", flush=True)
         trainer = Trainer(cfg, dist, stop)
         try:
             return trainer.train()
