@@ -252,11 +252,14 @@ def fake_undisturbed_weights(corpus, tmp_path_factory) -> int:
 @pytest.fixture(autouse=True, scope="session")
 def private_run_registry(tmp_path_factory):
     """The supervisors tests start register their runs here, not in the tester's ~/.local/state or the machine's
-    /var/lib/minilmd (daemon/host/registry.py); subprocesses inherit it through the environment."""
+    /var/lib/minilmd (daemon/host/registry.py); subprocesses inherit it through the environment. torchrun's log
+    directory (PET_LOG_DIR, its --log-dir) goes here too: left to itself, each torchrun a test starts leaves an
+    empty /tmp/torchelastic_* behind (hundreds a CI run)."""
     root = tmp_path_factory.mktemp("registry")
-    saved = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", SYSTEM_REGISTRY_ENV)}
+    saved = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", SYSTEM_REGISTRY_ENV, "PET_LOG_DIR")}
     os.environ["XDG_STATE_HOME"] = str(root / "state")
     os.environ[SYSTEM_REGISTRY_ENV] = str(root / "no-system-registry")
+    os.environ["PET_LOG_DIR"] = str(root / "torchelastic")
     yield root
     for key, value in saved.items():
         if value is None:
