@@ -50,17 +50,19 @@ def imported_senders(module: ast.Module) -> set[str]:
 
 
 def signalling_calls(path: Path, rel: str) -> list[tuple[str, int, str]]:
-    """(file, line, call) of each call in `path` that can send a signal: any method or module function of a
-    sending name (os.kill, an aliased module's, a Popen's), and a sending function imported under any name."""
+    """(file, line, call) of each use in `path` of something that can send a signal, called or not (`send =
+    os.kill`, `partial(os.kill, ...)` send later): any method or module function of a sending name (os.kill, an
+    aliased module's, a Popen's), a sending function imported under any name, and `getattr(_, "kill")`."""
     module = source_tree.tree(path)
     bare = imported_senders(module)
     calls = []
     for node in ast.walk(module):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        if (isinstance(func, ast.Attribute) and func.attr in SENDS) or (isinstance(func, ast.Name) and func.id in bare):
-            calls.append((rel, node.lineno, ast.unparse(func)))
+        if (isinstance(node, ast.Attribute) and node.attr in SENDS) or (
+                isinstance(node, ast.Name) and node.id in bare and isinstance(node.ctx, ast.Load)):
+            calls.append((rel, node.lineno, ast.unparse(node)))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in SENDS):
+            calls.append((rel, node.lineno, ast.unparse(node)))
     return sorted(calls, key=lambda c: c[1])
 
 
@@ -90,25 +92,46 @@ def test_every_signal_is_sent_through_procs():
                           "run's), or a WRAPPER_CALLS entry to update:\n" + "\n".join(problems))
 
 
-def scancel_commands(path: Path) -> list[int]:
-    """Lines of `path` where a "scancel" string is in code (a command list, a constant), not a docstring: Slurm's
-    way to signal a job's tasks."""
+KILL_COMMANDS = {"scancel", "kill", "pkill", "killall", "skill", "kill-session", "kill-server", "kill-window",
+                 "kill-pane"}
+"""Programs (and tmux's, systemctl's subcommands) that signal processes: Slurm's scancel, the shell's kill, tmux
+kill-session (every process in the session), `systemctl kill`."""
+SHELL_RUNNERS = {"system", "popen", "run", "Popen", "call", "check_call", "check_output", "getoutput",
+                 "getstatusoutput"}
+
+
+def kill_commands(path: Path) -> list[int]:
+    """Lines of `path` where a command that signals processes is built in code, not in prose: one of
+    KILL_COMMANDS as an element of a list or a tuple (an argv: `["scancel", ...]`, `["tmux", "kill-session", ...]`),
+    or first in a string given to a shell runner (`os.system("kill -9 ...")`)."""
     module = source_tree.tree(path)
-    docstrings = {id(node.value) for node in ast.walk(module) if isinstance(node, ast.Expr)}
-    return sorted(node.lineno for node in ast.walk(module) if isinstance(node, ast.Constant)
-                  and node.value == "scancel" and id(node) not in docstrings)
+    lines = []
+    for node in ast.walk(module):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            lines += [e.lineno for e in node.elts if isinstance(e, ast.Constant) and e.value in KILL_COMMANDS]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and isinstance(
+                node.args[0].value, str) and node.args[0].value.split()[:1] and (
+                (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None))
+                in SHELL_RUNNERS) and node.args[0].value.split()[0] in KILL_COMMANDS:
+            lines.append(node.lineno)
+    return sorted(lines)
 
 
-def test_slurm_jobs_are_signalled_through_procs_only(tmp_path):
-    """scancel signals every task of a job's steps: it is sent from procs.py, which proves the job is this one."""
+def test_commands_that_signal_are_run_from_procs_only(tmp_path):
+    """scancel signals every task of a job's steps, `kill`/`pkill` any process by pid or name, tmux kill-session
+    every process of a session: each is run from procs.py, which proves the job, process or session is the run's."""
     found = [f"{path.relative_to(REPO).as_posix()}:{line}" for path in python_files()
-             if path.relative_to(REPO).as_posix() != THE_MODULE for line in scancel_commands(path)]
-    assert not found, "scancel outside minilmd/procs.py:\n" + "\n".join(found)
-    assert scancel_commands(REPO / THE_MODULE)  # the scan sees the one place
+             if path.relative_to(REPO).as_posix() != THE_MODULE for line in kill_commands(path)]
+    assert not found, "a command that signals processes outside minilmd/procs.py:\n" + "\n".join(found)
+    assert kill_commands(REPO / THE_MODULE)  # the scan sees the one place
     bad = tmp_path / "bad.py"
-    bad.write_text('"""scancel in a docstring is prose."""\nCMD = ["scancel", "--signal=TERM", "1"]\n',
-                   encoding="utf-8")
-    assert scancel_commands(bad) == [2]
+    bad.write_text('"""scancel, kill and pkill in a docstring are prose."""\nimport os, subprocess\n'
+                   'CMD = ["scancel", "--signal=TERM", "1"]\n'
+                   'def f(events, pid):\n    events.emit("kill", "an event kind, not a command")\n'
+                   '    subprocess.run(("pkill", "-f", "minilmd"))\n    os.system("kill -9 1")\n'
+                   '    subprocess.run(["tmux", "kill-session", "-t", "x"])\n'
+                   '    subprocess.run(["systemctl", "kill", "unit"])\n', encoding="utf-8")
+    assert kill_commands(bad) == [3, 6, 7, 8, 9]
 
 
 def test_the_listing_sees_each_way_to_send(tmp_path):
@@ -118,10 +141,13 @@ def test_the_listing_sees_each_way_to_send(tmp_path):
                    "from signal import pthread_kill as pk\n\ndef f(p, proc, fd):\n    os.kill(p, 9)\n"
                    "    os.killpg(p, 9)\n    signal.pidfd_send_signal(fd, 15)\n    proc.send_signal(15)\n"
                    "    proc.terminate()\n    proc.kill()\n    kill(p, 9)\n    o.kill(p, 9)\n    kp(p, 9)\n"
-                   "    pk(1, 9)\n    signal.raise_signal(9)\n    len(p)\n", encoding="utf-8")
+                   "    pk(1, 9)\n    signal.raise_signal(9)\n    len(p)\n    send = os.kill\n"
+                   "    later = functools.partial(os.killpg, p, 9)\n    getattr(os, 'kill')(p, 9)\n",
+                   encoding="utf-8")
     calls = [call for _, _, call in signalling_calls(bad, "daemon/bad.py")]
     assert calls == ["os.kill", "os.killpg", "signal.pidfd_send_signal", "proc.send_signal", "proc.terminate",
-                     "proc.kill", "kill", "o.kill", "kp", "pk", "signal.raise_signal"]
+                     "proc.kill", "kill", "o.kill", "kp", "pk", "signal.raise_signal", "os.kill", "os.killpg",
+                     "getattr(os, 'kill')"]
     assert len(signalling_calls(REPO / THE_MODULE, THE_MODULE)) >= 3  # procs.py itself sends: the scan sees it
 
 
