@@ -101,8 +101,10 @@ def _epoch_without_budget(cfg: RunConfig) -> list[str]:
     return epoch_without_budget(cfg)
 
 
-REMOTE_OWN = {names.LATEST: True, names.BEST: True, INIT_DIR: False, names.REMOTE_OWNER: True}
-"""The names a sync writes in run.remote's root besides the step directories: its pointers and the LoRA base."""
+REMOTE_OWN = {names.LATEST: True, names.BEST: True, INIT_DIR: False}
+"""The names a sync writes in run.remote's root besides the step directories and the claim: its pointers and the
+LoRA base. The claim (names.REMOTE_OWNER) is remote_owner_problems' to judge, in the words of a claim: said here too,
+another user's owner.json was said twice."""
 
 
 def remote_place_problems(cfg: RunConfig) -> list[str]:

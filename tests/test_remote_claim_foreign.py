@@ -75,3 +75,18 @@ def test_run_check_refuses_the_remote_naming_the_planted_files_owner_and_prints_
     assert checked.returncode == 2, said
     assert f"owned by uid {uid}" in said and "not this run's claim" in said
     assert "\x1b" not in said and "\x07" not in said
+
+
+def test_run_check_says_another_users_owner_json_once(teammate, tmp_path, corpus):
+    """The planted file was said twice by `run --check`: as a foreign entry of the remote (preflight's
+    remote_entry_problems) and as a foreign claim (remote_claim). One line now: the claim's, which says what the file
+    blocks and the two ways on."""
+    (uid, gid), where = teammate
+    remote = group_dir(where, gid, "remote")
+    config = write_config(tmp_path, corpus, run={"remote": str(remote)})
+    _plant(remote / names.REMOTE_OWNER, {"run_dir": "/srv/x", "run_name": "x", "uid": uid, "host": "h"})
+    checked = cli("run", "--check", str(config))
+    said = [line for line in (checked.stdout + checked.stderr).splitlines() if names.REMOTE_OWNER in line]
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert len(said) == 1, said
+    assert "not this run's claim" in said[0] and "have its owner remove it" in said[0]
