@@ -64,6 +64,16 @@ def test_the_consent_rewrites_this_users_claim_whole_and_the_run_may_sync(tmp_pa
     assert said is not None and "belongs to another run" in said
 
 
+def test_the_consent_rewrites_the_claim_on_an_object_store_too(tmp_path):
+    """fsspec's stores (memory:// here, s3:// in use) have no rename: the claim is written whole in one PUT."""
+    store = open_remote(f"memory://{tmp_path.name}/remote")
+    store.fs.pipe_file(store.path(names.REMOTE_OWNER), run_owner.encode(run_owner.record(OLD, "s")))
+    claim = _moved_and_renamed(tmp_path)
+    assert remote_claim.problem(store, claim) is not None
+    assert str(OLD) in remote_claim.take_over(store, claim)
+    assert remote_claim.problem(store, claim) is None and remote_claim.read(store)["run_name"] == "t"
+
+
 def test_the_consent_claims_an_unclaimed_remote_with_checkpoints(tmp_path):
     remote = tmp_path / "remote"
     (remote / "step-00000010").mkdir(parents=True)
@@ -89,14 +99,29 @@ def test_the_consent_does_not_take_the_remote_of_a_run_whose_supervisor_holds_it
     assert str(alive) in remote_claim.take_over(store, claim)  # once it stopped, the consent takes the remote
 
 
+def test_this_users_owner_json_that_holds_no_record_is_replaced_and_its_refusal_names_the_consent(tmp_path):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / names.REMOTE_OWNER).write_text("{not json")
+    store = open_remote(str(remote))
+    claim = _moved_and_renamed(tmp_path)
+    said = remote_claim.problem(store, claim)
+    assert said is not None and "not valid JSON" in said and "--claim-remote" in said
+    assert "not valid JSON" in remote_claim.take_over(store, claim)
+    assert remote_claim.problem(store, claim) is None
+
+
 def test_a_link_at_owner_json_is_neither_replaced_nor_followed(tmp_path):
     remote = tmp_path / "remote"
     remote.mkdir()
     target = tmp_path / "elsewhere.json"
     target.write_bytes(run_owner.encode(run_owner.record(OLD, "s")))
     (remote / names.REMOTE_OWNER).symlink_to(target)
+    store = open_remote(str(remote))
+    said = remote_claim.problem(store, _moved_and_renamed(tmp_path))
+    assert said is not None and "cannot be read" in said and "--claim-remote" not in said  # it would not help
     with pytest.raises(remote_claim.ClaimRefused, match="replaces only a regular file of this user's"):
-        remote_claim.take_over(open_remote(str(remote)), _moved_and_renamed(tmp_path))
+        remote_claim.take_over(store, _moved_and_renamed(tmp_path))
     assert (remote / names.REMOTE_OWNER).is_symlink() and json.loads(target.read_text())["run_name"] == "s"
 
 
@@ -164,6 +189,8 @@ def test_a_run_renamed_and_moved_claims_its_remote_with_the_consent_and_resumes_
     assert wait_or_kill(launched) == 0, events(cfg.run_dir)[-5:]
     said = [e for e in events(cfg.run_dir) if e["event"] == "remote_claim"]
     assert len(said) == 1 and str(first.run_dir) in said[0]["message"], said
+    fetched = [e["message"] for e in events(cfg.run_dir) if e["event"] == "fetch"]
+    assert any("step-00000030" in m for m in fetched), fetched  # resumed from the first run's newest
     assert checkpoint_dirs.read_latest(remote) == "step-00000040"
     owner = remote_claim.read(open_remote(str(remote)))
     assert owner["run_dir"] == run_owner.run_identity(cfg.run_dir) and owner["run_name"] == "moved"

@@ -91,9 +91,10 @@ def problem(store: RemoteStore, claim: Claim) -> str | None:
                 f"(a claim no sync of this user wrote); have its owner remove it, or give run.remote a directory "
                 f"of this run's own")
     except ValueError as e:
+        consent = f"start it once with `minilmd run {CONSENT} CONFIG`, or " if isinstance(e, NotARecord) else ""
         return (f"run.remote {store.url}: {e}: whose checkpoints these are is unknown, so the run neither syncs "
-                f"there nor resumes from there; if they are this run's, start it once with `minilmd run {CONSENT} "
-                f"CONFIG`, or remove {store.show(REMOTE_OWNER)} (the next sync claims the remote again)")
+                f"there nor resumes from there; if they are this run's, {consent}remove {store.show(REMOTE_OWNER)} "
+                f"(the next sync claims the remote again)")
     if owner is not None:
         return None if is_this_run(owner, claim) else _another_run(store, owner, claim)
     steps = _steps(store)
