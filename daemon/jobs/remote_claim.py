@@ -338,8 +338,8 @@ def take_over_at_launch(cfg, emit: Callable[..., None]) -> str:
         return ""
     found = _probe(cfg, take)
     if found is None:
-        return (f"run.remote {cfg.run.remote} did not answer (or cannot be opened): {CONSENT} claimed nothing; start "
-                f"the run again with {CONSENT} once it answers")
+        return (f"run.remote {cfg.run.remote} did not answer in time (or cannot be opened): its claim is not known "
+                f"to be rewritten, and the run does not start; start it again with {CONSENT} once the remote answers")
     refused, took = found
     if took:
         emit("remote_claim", f"run.remote {cfg.run.remote} is this run's now ({CONSENT}): {took}; {TAKING_OVER}",
