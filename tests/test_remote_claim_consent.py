@@ -196,3 +196,21 @@ def test_a_run_renamed_and_moved_claims_its_remote_with_the_consent_and_resumes_
     assert owner["run_dir"] == run_owner.run_identity(cfg.run_dir) and owner["run_name"] == "moved"
     again = cli("run", "--check", first.source)  # the run as it was: its remote is the moved run's now
     assert again.returncode == 2 and "belongs to another run" in again.stdout + again.stderr
+
+
+@pytest.mark.slow
+def test_check_and_launch_with_the_consent_refuse_the_remote_of_a_live_run(tmp_path, corpus):
+    """The CLI: the run the claim names has a supervisor holding its lock (one of its own, here the test's):
+    `run --check --claim-remote` and `run --claim-remote` exit 2 saying it runs, and owner.json is as it was."""
+    alive = tmp_path / "old" / "run"
+    alive.mkdir(parents=True)
+    remote = tmp_path / "remote"
+    owner = _claimed(remote, alive)
+    kept = owner.read_bytes()
+    moved = write_config(tmp_path, corpus, name="moved", run={"remote": str(remote)})
+    with RunLock(alive):
+        for args in (["--check", "--claim-remote"], ["--claim-remote"]):
+            done = cli("run", *args, str(moved))
+            said = done.stdout + done.stderr
+            assert done.returncode == 2 and "is running now" in said and "stop it first" in said, said
+    assert owner.read_bytes() == kept and not load_config(moved).run_dir.exists()
