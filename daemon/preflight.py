@@ -32,14 +32,16 @@ from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
 
 
-def check(config_path: str, overrides: list[str] | None = None, fresh: bool = False) -> RunConfig:
-    """The config, validated as the launch would (`fresh`: `run --fresh`); raises ConfigError with every problem.
-    Creates nothing."""
-    return check_with_waits(config_path, overrides, fresh=fresh)[0]
+def check(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
+          claim_remote: bool = False) -> RunConfig:
+    """The config, validated as the launch would (`fresh`: `run --fresh`; `claim_remote`: `run --claim-remote`);
+    raises ConfigError with every problem. Creates nothing."""
+    return check_with_waits(config_path, overrides, fresh=fresh, claim_remote=claim_remote)[0]
 
 
 def check_with_waits(config_path: str, overrides: list[str] | None = None,
-                     start: list[str] | None = None, fresh: bool = False) -> tuple[RunConfig, list[str]]:
+                     start: list[str] | None = None, fresh: bool = False,
+                     claim_remote: bool = False) -> tuple[RunConfig, list[str]]:
     """check(), and what the run will wait for rather than refuse (an init.from that cannot be reached now, a
     scratch big enough whose space others hold now: the supervisor waits for them in staging), one line each, for
     `run --check` to say. `start` gets where the launch starts (daemon/jobs/resumefrom.py: "resumes from step N
@@ -48,16 +50,16 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
     cfg = load_checked(config_path, overrides, waits=waits,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
                        + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
-                       + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg)
+                       + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
                        + resume_problems(cfg, start, fresh))
     return cfg, waits
 
 
-def remote_owner_problems(cfg: RunConfig) -> list[str]:
+def remote_owner_problems(cfg: RunConfig, claim_remote: bool = False) -> list[str]:
     """A run.remote that is, holds or lies inside run.scratch (giving scratch back would delete it), or that is
     run.dir itself (minilmd/scratch.py remote_overlap_problem); else one claimed by another run, or holding
     checkpoints of an older minilmd this run never synced (daemon/jobs/remote_claim.py): this run would resume from
-    them and prune them."""
+    them and prune them; with `claim_remote` (`run --claim-remote`), only one the consent may not take over."""
     from pathlib import Path
 
     from minilmd.daemon.jobs import remote_claim
@@ -66,7 +68,7 @@ def remote_owner_problems(cfg: RunConfig) -> list[str]:
     if root is not None and cfg.run.dir:
         if overlap := scratch.remote_overlap_problem(Path(root), cfg.scratch_dir, cfg.run_dir):
             return [overlap]
-    return remote_claim.check_problems(cfg)
+    return remote_claim.check_problems(cfg, claim_remote)
 
 
 def resume_problems(cfg: RunConfig, start: list[str] | None = None, fresh: bool = False) -> list[str]:
@@ -101,8 +103,10 @@ def _epoch_without_budget(cfg: RunConfig) -> list[str]:
     return epoch_without_budget(cfg)
 
 
-REMOTE_OWN = {names.LATEST: True, names.BEST: True, INIT_DIR: False, names.REMOTE_OWNER: True}
-"""The names a sync writes in run.remote's root besides the step directories: its pointers and the LoRA base."""
+REMOTE_OWN = {names.LATEST: True, names.BEST: True, INIT_DIR: False}
+"""The names a sync writes in run.remote's root besides the step directories and the claim: its pointers and the
+LoRA base. The claim (names.REMOTE_OWNER) is remote_owner_problems' to judge, in the words of a claim: said here too,
+another user's owner.json was said twice."""
 
 
 def remote_place_problems(cfg: RunConfig) -> list[str]:
@@ -157,11 +161,12 @@ def systemd_stop_note(cfg: RunConfig) -> str | None:
             f"before the save ends")
 
 
-def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = False) -> RunConfig:
+def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
+           claim_remote: bool = False) -> RunConfig:
     """check(), then claim scratch for this run; raises ConfigError (exit 2) if either refuses. The command
     (`minilmd run`) has given the process the run's identity before this (minilmd/procs.py
     `carry_supervisor_identity`)."""
-    cfg = check(config_path, overrides, fresh)
+    cfg = check(config_path, overrides, fresh, claim_remote)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     try:
         scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)

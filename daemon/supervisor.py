@@ -62,7 +62,7 @@ from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.host.signals import Signals
 from minilmd.daemon.infra import Infra
-from minilmd.daemon.jobs import runidentity
+from minilmd.daemon.jobs import remote_claim, runidentity
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
 from minilmd.daemon.phases import initwait
@@ -80,9 +80,10 @@ class Supervisor(Ending):
     """One run directory's supervisor: `run()` takes the run lock, then ticks until a final phase."""
 
     def __init__(self, cfg: RunConfig, config_path: str, cli_overrides: list[str] | None = None,
-                 infra: Infra | None = None, echo: bool = True, fresh: bool = False):
+                 infra: Infra | None = None, echo: bool = True, fresh: bool = False, claim_remote: bool = False):
         self.cfg = cfg
         self.fresh = fresh  # `run --fresh`: no wait for a remote out of reach at the first staging (only)
+        self.claim_remote = claim_remote  # `run --claim-remote`: run.remote made this run's once its lock is held
         self.config_path = Path(config_path)
         self.cli_sets = given_sets(cli_overrides)  # made absolute now: the working directory may be deleted later
         self.infra = infra or Infra()
@@ -125,6 +126,10 @@ class Supervisor(Ending):
                 return protocol.SUPERVISOR_RUN_DIR_FULL
             print(f"minilmd run: cannot set up the run directory {self.run_dir}: {e}", flush=True)
             return 1
+        if self.claim_remote and (refused := remote_claim.take_over_at_launch(self.cfg, self.events.emit)):
+            lock.release()
+            print(f"minilmd run: {refused}", flush=True)
+            return protocol.SUPERVISOR_CONFIG
         try:
             self.signals.install()
             self.files.adopt_previous_state(self.cfg.run.remote)
@@ -469,12 +474,13 @@ class Supervisor(Ending):
             self._say(self.space.reason())
 
 
-def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False) -> int:
+def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
+                   claim_remote: bool = False) -> int:
     """`minilmd run CONFIG`: load, check as --check does, claim scratch (exit 2 on problems), supervise to the end.
-    `fresh`: `run --fresh` (daemon/jobs/remotewait.py)."""
+    `fresh`: `run --fresh` (daemon/jobs/remotewait.py); `claim_remote`: `run --claim-remote` (remote_claim.py)."""
     try:
-        cfg = preflight.launch(config_path, overrides, fresh)  # what --check checks, then scratch is claimed
+        cfg = preflight.launch(config_path, overrides, fresh, claim_remote)  # --check's checks, then scratch is claimed
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
-    return Supervisor(cfg, config_path, overrides, fresh=fresh).run()
+    return Supervisor(cfg, config_path, overrides, fresh=fresh, claim_remote=claim_remote).run()

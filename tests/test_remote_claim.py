@@ -187,5 +187,6 @@ def test_a_run_moved_to_a_new_server_keeps_its_remote_and_a_copy_with_a_new_name
     (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(run_owner.record(Path("/old-server/runs/s"), "s")))
     store = open_remote(str(remote))
     assert remote_claim.problem(store, _claim(tmp_path / "new-server" / "run", "s")) is None  # same run.name
+    assert remote_claim.problem(store, _claim(Path("/old-server/runs/s"), "renamed")) is None  # same run.dir
     said = remote_claim.problem(store, _claim(tmp_path / "copy" / "run", "copy"))
     assert said is not None and "/old-server/runs/s" in said and "'copy'" in said

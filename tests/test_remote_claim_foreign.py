@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from minilmd import names, run_owner
+from minilmd.config import load_config
 from minilmd.daemon.jobs import remote_claim
 from minilmd.daemon.jobs.remote_local import open_remote
 from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
@@ -75,3 +76,38 @@ def test_run_check_refuses_the_remote_naming_the_planted_files_owner_and_prints_
     assert checked.returncode == 2, said
     assert f"owned by uid {uid}" in said and "not this run's claim" in said
     assert "\x1b" not in said and "\x07" not in said
+
+
+@pytest.mark.slow
+def test_run_check_says_another_users_owner_json_once(teammate, tmp_path, corpus):
+    """The planted file was said twice by `run --check`: as a foreign entry of the remote (preflight's
+    remote_entry_problems) and as a foreign claim (remote_claim). One line now: the claim's, which says what the file
+    blocks and the two ways on."""
+    (uid, gid), where = teammate
+    remote = group_dir(where, gid, "remote")
+    config = write_config(tmp_path, corpus, run={"remote": str(remote)})
+    _plant(remote / names.REMOTE_OWNER, {"run_dir": "/srv/x", "run_name": "x", "uid": uid, "host": "h"})
+    checked = cli("run", "--check", str(config))
+    said = [line for line in (checked.stdout + checked.stderr).splitlines() if names.REMOTE_OWNER in line]
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert len(said) == 1, said
+    assert "not this run's claim" in said[0] and "have its owner remove it" in said[0]
+
+
+@pytest.mark.slow
+def test_claim_remote_never_replaces_another_users_owner_json(teammate, tmp_path, corpus):
+    """`minilmd run --claim-remote` (the consent to take a renamed and moved run's remote): another user's file is
+    not a claim this user may rewrite; the launch exits 2 before anything is made, the file as it was."""
+    (uid, gid), where = teammate
+    remote = group_dir(where, gid, "remote")
+    config = write_config(tmp_path, corpus, run={"remote": str(remote)})
+    owner = remote / names.REMOTE_OWNER
+    _plant(owner, {"run_dir": "/srv/x", "run_name": "x", "uid": uid, "host": "h"})
+    before = (os.lstat(owner).st_ino, owner.read_bytes())
+    with pytest.raises(remote_claim.ClaimRefused, match="never replaces nor removes another user's file"):
+        remote_claim.take_over(open_remote(str(remote)), remote_claim.Claim(tmp_path / "run", "r"))
+    launched = cli("run", "--claim-remote", str(config))
+    assert launched.returncode == 2, launched.stdout + launched.stderr
+    assert "never replaces nor removes another user's file" in launched.stdout + launched.stderr
+    assert (os.lstat(owner).st_ino, owner.read_bytes()) == before and os.lstat(owner).st_uid == uid
+    assert not load_config(config).run_dir.exists()  # refused before anything was made

@@ -155,7 +155,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/views/plot.py": ("gap", OWN_OUTPUT, {("plot", ".mkdir"): 1}),
     "daemon/jobs/remote_claim.py": ("private", "the remote's claim written into its own temporary directory "
                                     "(tempfile's: 0700, a random name made O_EXCL) before the store's put copies it",
-                                    {("ensure", "tempfile.TemporaryDirectory"): 1, ("ensure", ".write_bytes"): 1}),
+                                    {("_write_new", "tempfile.TemporaryDirectory"): 1,
+                                     ("_write_new", ".write_bytes"): 1}),
     # --- the trainer ------------------------------------------------------------------------------------------------
     "minilmd/compile_cache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches), a bench's own temporary "
                                  "directory (tempfile's: 0700, a random name made O_EXCL), or a directory the user set "

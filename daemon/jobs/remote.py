@@ -195,6 +195,13 @@ class Remote:
                 n += len(chunk)
         return n
 
+    def replace_own(self, name: str, data: bytes) -> None:
+        """The file `name` replaced whole by `data`: one PUT, atomic on an object store, which has no other users'
+        files (LocalRemote: only this user's regular file is replaced)."""
+        if not self.fs.exists(self.path(name)):
+            raise FileNotFoundError(errno.ENOENT, f"{self.show(name)} is not there")
+        self.fs.pipe_file(self.path(name), data)
+
     def makedirs(self, *names: str) -> None:
         """The root and names below it, made as needed (an object store has no links)."""
         self.fs.makedirs(self.path(*names), exist_ok=True)

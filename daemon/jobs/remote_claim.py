@@ -16,7 +16,10 @@ checkpoint, sync its own steps there and prune the first run's with `sync.keep`.
   fetch event naming this URL since the last `--fresh`); any other run is refused, told how to claim it by hand
   when those checkpoints are its own. An empty remote is claimed by the first run that syncs there.
 The claim is per run, not per host: every node of a Slurm job, every restart on another machine and a move to a new
-server name the same run. Torch-free.
+server name the same run. A sync never rewrites it, so a run both renamed and moved (in either order) is refused by
+its own remote: `minilmd run --claim-remote`, the user's consent (`take_over`), rewrites it whole to name this run (one
+rename: RemoteStore.replace_own), only where it is this user's own file and no live supervisor of the run it names is
+seen, and says so in events.jsonl. Torch-free.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from pathlib import Path
 from minilmd import run_owner
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.names import REMOTE_OWNER
-from minilmd.untrusted import Unreadable, loads
+from minilmd.untrusted import Unreadable, loads, printable
 
 
 class ClaimRefused(ValueError):
@@ -49,10 +52,15 @@ class ForeignClaim(ValueError):
     """The remote's owner.json is another user's file: not this run's claim, never parsed (its text never shown)."""
 
 
+class NotARecord(ValueError):
+    """The remote's owner.json is this user's regular file but no owner record (not JSON, no run_dir)."""
+
+
 def read(store: RemoteStore) -> dict | None:
-    """The remote's owner record (None: none). ValueError when it is there but cannot be read or is no record;
-    ForeignClaim, unread, when another user owns it (RemoteStore.cat_own: a group-shared remote's member could plant
-    one to block this run's syncs for ever, or to put a terminal's escape codes in its messages)."""
+    """The remote's owner record (None: none). ValueError when it is there but cannot be read (NotARecord: read,
+    and no record); ForeignClaim, unread, when another user owns it (RemoteStore.cat_own: a group-shared remote's
+    member could plant one to block this run's syncs for ever, or to put a terminal's escape codes in its
+    messages)."""
     where = store.show(REMOTE_OWNER)
     try:
         raw = store.cat_own(store.path(REMOTE_OWNER), run_owner.OWNER_MAX_BYTES)
@@ -64,9 +72,13 @@ def read(store: RemoteStore) -> dict | None:
                                f"read") from None
         raise ValueError(f"{where} cannot be read ({e.why})") from None
     try:
-        return run_owner.checked(loads(raw, expect=None), where)
+        parsed = loads(raw, expect=None)
     except Unreadable as e:
-        raise ValueError(f"{where} is not valid JSON ({e.why})") from None
+        raise NotARecord(f"{where} is not valid JSON ({e.why})") from None
+    try:
+        return run_owner.checked(parsed, where)
+    except ValueError as e:
+        raise NotARecord(str(e)) from None
 
 
 def problem(store: RemoteStore, claim: Claim) -> str | None:
@@ -79,9 +91,10 @@ def problem(store: RemoteStore, claim: Claim) -> str | None:
                 f"(a claim no sync of this user wrote); have its owner remove it, or give run.remote a directory "
                 f"of this run's own")
     except ValueError as e:
+        consent = f"start it once with `minilmd run {CONSENT} CONFIG`, or " if isinstance(e, NotARecord) else ""
         return (f"run.remote {store.url}: {e}: whose checkpoints these are is unknown, so the run neither syncs "
-                f"there nor resumes from there; if they are this run's, remove {store.show(REMOTE_OWNER)} (the next "
-                f"sync claims the remote again)")
+                f"there nor resumes from there; if they are this run's, {consent}remove {store.show(REMOTE_OWNER)} "
+                f"(the next sync claims the remote again)")
     if owner is not None:
         return None if is_this_run(owner, claim) else _another_run(store, owner, claim)
     steps = _steps(store)
@@ -97,9 +110,15 @@ def ensure(store: RemoteStore, claim: Claim) -> bool:
         raise ClaimRefused(why)
     if read(store) is not None:
         return False
+    _write_new(store, claim)
+    return True
+
+
+def _write_new(store: RemoteStore, claim: Claim) -> None:
+    """The claim written where there is none; ClaimRefused when another run's sync made its own first."""
     with tempfile.TemporaryDirectory(prefix="minilmd-claim-") as tmp:
         local = Path(tmp) / REMOTE_OWNER
-        local.write_bytes(run_owner.encode(run_owner.record(claim.run_dir, claim.run_name)))
+        local.write_bytes(_encoded(claim))
         try:
             store.put(local, REMOTE_OWNER)  # a local remote's: made new (O_EXCL), never a file already there
         except OSError:
@@ -107,7 +126,10 @@ def ensure(store: RemoteStore, claim: Claim) -> bool:
                 raise
     if why := problem(store, claim):  # another run's sync made its claim first
         raise ClaimRefused(why)
-    return True
+
+
+def _encoded(claim: Claim) -> bytes:
+    return run_owner.encode(run_owner.record(claim.run_dir, claim.run_name))
 
 
 def still_ours(store: RemoteStore, claim: Claim) -> str | None:
@@ -143,8 +165,9 @@ def _another_run(store: RemoteStore, owner: dict, claim: Claim) -> str:
             f"(this one would resume from that run's checkpoint, and its syncs would prune that run's checkpoints): "
             f"set run.remote to a directory of this run's own; to start from that run's checkpoint, name it in "
             f"init.from (init.from = {store.url!r} takes its newest, or one of its step-NNNNNNNN directories); if "
-            f"that run is this one under a new run.name and run.dir (renamed and moved, in either order), "
-            f"remove {store.show(REMOTE_OWNER)} (this run's next sync claims the remote)")
+            f"that run is this one under a new run.name and run.dir (renamed and moved, in either order), start it "
+            f"once with `minilmd run {CONSENT} CONFIG` ({TAKING_OVER}), or remove {store.show(REMOTE_OWNER)} (this "
+            f"run's next sync claims the remote)")
 
 
 def _unclaimed(store: RemoteStore, steps: list[str], claim: Claim) -> str:
@@ -153,9 +176,10 @@ def _unclaimed(store: RemoteStore, steps: list[str], claim: Claim) -> str:
     return (f"run.remote {store.url} holds checkpoints ({shown}) and no {REMOTE_OWNER} (synced by an older minilmd), "
             f"and this run's records (state.json, events.jsonl) do not say it synced there: they may be another "
             f"run's, which this one would resume from and prune. Set run.remote to a directory of this run's own, or "
-            f"name one of them in init.from to start from it; if they are this run's, claim the remote by writing "
-            f"{store.show(REMOTE_OWNER)} holding {{\"run_dir\": \"{record['run_dir']}\", \"run_name\": "
-            f"\"{claim.run_name}\"}}")
+            f"name one of them in init.from to start from it; if they are this run's, start it once with `minilmd "
+            f"run {CONSENT} CONFIG` (this run then continues from them and prunes them by sync.keep), or claim the "
+            f"remote by writing {store.show(REMOTE_OWNER)} holding {{\"run_dir\": \"{record['run_dir']}\", "
+            f"\"run_name\": \"{claim.run_name}\"}}")
 
 
 def synced_before(cfg) -> Callable[[], str]:
@@ -179,25 +203,155 @@ def claim_of(cfg) -> Claim:
     return Claim(Path(cfg.run_dir), cfg.run.name, synced_before(cfg))
 
 
-def check_problems(cfg) -> list[str]:
+def check_problems(cfg, consent: bool = False) -> list[str]:
     """For `run --check` and the launch: a remote this run may not use (another run's, or unclaimed with checkpoints
-    this run never synced), looked at in a bounded probe; a remote that does not answer now is the sync's to find."""
+    this run never synced), looked at in a bounded probe; a remote that does not answer now is the sync's to find.
+    `consent` (`run --claim-remote`): only what the consent cannot take over (take_over_plan's refusal)."""
+    def look(store: RemoteStore) -> str | None:
+        if consent:
+            return take_over_plan(store, claim_of(cfg)).refused or None
+        return problem(store, claim_of(cfg))
+
+    found = _probe(cfg, look)
+    return [found] if found else []
+
+
+def _probe(cfg, look: Callable[[RemoteStore], object]):
+    """look(run.remote's store) in a bounded probe; None when there is no remote or run.dir, when the remote cannot
+    be opened (the sync says why) or does not answer now."""
     if not cfg.run.remote or not cfg.run.dir:
-        return []
+        return None
     from minilmd.daemon.jobs.remote_local import open_remote  # numpy, through the checkpoint: only with a remote
     from minilmd.probes import bounded_probe
 
-    def look() -> str | None:
+    def opened():
         try:
             store = open_remote(cfg.run.remote)
         except (ValueError, ImportError):
-            return None  # the sync says why it cannot open it
+            return None
         try:
-            return problem(store, claim_of(cfg))
+            return look(store)
         finally:
             store.close()
 
-    answered, found, _ = bounded_probe(look)
-    return [found] if answered and found else []
+    answered, found, _ = bounded_probe(opened)
+    return found if answered else None
+
+
+# --- `minilmd run --claim-remote`: the user's consent to make a remote this run's -----------------------------------
+
+CONSENT = "--claim-remote"
+TAKING_OVER = ("it rewrites the claim to name this run: this run then continues from the remote's newest "
+               "checkpoint and prunes the others by sync.keep, and the run the claim named has its syncs there "
+               "refused from then on (nothing copied, nothing pruned): only for that run under its new name and "
+               "place, running nowhere else")
+"""What taking a remote over means, for the refusal, `run --check`, the event and the help alike."""
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """What `run --claim-remote` would do to the remote's claim (take_over_plan: reads only)."""
+
+    refused: str = ""
+    """Why the consent cannot make the remote this run's ("": it can)."""
+    takes: str = ""
+    """What the claim says now that it no longer will ("": nothing to take: this run's, or unclaimed and empty)."""
+    replaces: bool = False
+    """An owner.json of this user's stands there, replaced whole (else the claim is made new)."""
+
+
+def take_over_plan(store: RemoteStore, claim: Claim) -> TakeOver:
+    """Whether `run --claim-remote` may make the remote this run's. Never another user's file (it is neither
+    replaced nor removed), nor one that cannot be read (a link, a FIFO: left for a hand to look at), nor the claim of
+    a run whose supervisor holds its lock now (`_running`: its syncs would be refused while it trains); a run on a
+    disk this machine does not see cannot be told alive: TAKING_OVER says what taking its remote means."""
+    where = store.show(REMOTE_OWNER)
+    try:
+        owner = read(store)
+    except ForeignClaim as e:
+        return TakeOver(refused=f"run.remote {store.url}: {e}: {CONSENT} never replaces nor removes another user's "
+                                f"file; have its owner remove it, or give run.remote a directory of this run's own")
+    except NotARecord as e:
+        return TakeOver(takes=str(e), replaces=True)
+    except ValueError as e:
+        return TakeOver(refused=f"run.remote {store.url}: {e}: {CONSENT} replaces only a regular file of this "
+                                f"user's; remove it by hand if the remote is this run's")
+    if owner is None:
+        steps = _steps(store)
+        return TakeOver(takes=f"it held checkpoints ({steps[-1]} the newest) and no {REMOTE_OWNER}" if steps else "")
+    if is_this_run(owner, claim):
+        return TakeOver()
+    if running := _running(owner):
+        return TakeOver(refused=f"run.remote {store.url} belongs to {run_owner.describe(owner)}, whose supervisor "
+                                f"is running now ({running}): {CONSENT} does not take the remote of a live run (its "
+                                f"syncs would be refused while it trains); stop it first (`minilmd stop "
+                                f"{printable(owner['run_dir'])}`), or give run.remote a directory of this run's own")
+    return TakeOver(takes=f"{where} named {run_owner.describe(owner)}", replaces=True)
+
+
+def _running(owner: dict) -> str:
+    """The supervisor holding the lock of the run directory a claim names, as a machine that sees that directory
+    finds it (daemon/host/lock.py lock_holder: a probe that creates nothing); "" when none is seen."""
+    from minilmd.daemon.host.lock import lock_holder
+
+    try:
+        holder = lock_holder(owner["run_dir"])
+    except OSError:
+        return ""
+    return holder.describe() if holder else ""
+
+
+def take_over(store: RemoteStore, claim: Claim) -> str:
+    """`run --claim-remote`: the remote made this run's, its claim written whole (this user's owner.json replaced
+    by RemoteStore.replace_own, in one rename; where there is none, made new as a first sync's): what the claim
+    said before ("" when there was nothing to take). ClaimRefused when take_over_plan refuses, or the file changed
+    meanwhile (another user's put there, another run's claim made first): nothing of another user's is changed."""
+    plan = take_over_plan(store, claim)
+    if plan.refused:
+        raise ClaimRefused(plan.refused)
+    if not plan.takes:
+        return ""
+    try:
+        if plan.replaces:
+            store.replace_own(REMOTE_OWNER, _encoded(claim))
+        else:
+            _write_new(store, claim)
+    except FileNotFoundError:
+        _write_new(store, claim)  # removed meanwhile: made new, never over another's
+    except OSError as e:
+        raise ClaimRefused(f"run.remote {store.url}: {store.show(REMOTE_OWNER)} was not rewritten: {e}") from None
+    if why := problem(store, claim):
+        raise ClaimRefused(why)
+    return plan.takes
+
+
+def take_over_at_launch(cfg, emit: Callable[..., None]) -> str:
+    """`minilmd run --claim-remote`, once the run's lock is held: take_over in a bounded probe, said in the event
+    `remote_claim`; why not ("" when done, or nothing to take), for the launch to exit 2 on."""
+    def take(store: RemoteStore) -> tuple[str, str]:
+        try:
+            return "", take_over(store, claim_of(cfg))
+        except ClaimRefused as e:
+            return str(e), ""
+
+    if not cfg.run.remote:
+        return ""
+    found = _probe(cfg, take)
+    if found is None:
+        return (f"run.remote {cfg.run.remote} did not answer in time (or cannot be opened): its claim is not known "
+                f"to be rewritten, and the run does not start; start it again with {CONSENT} once the remote answers")
+    refused, took = found
+    if took:
+        emit("remote_claim", f"run.remote {cfg.run.remote} is this run's now ({CONSENT}): {took}; {TAKING_OVER}",
+             remote=cfg.run.remote)
+    return refused
+
+
+def check_note(cfg) -> str:
+    """What `run --check --claim-remote` says the launch will take over ("": nothing to take)."""
+    plan = _probe(cfg, lambda store: take_over_plan(store, claim_of(cfg)))
+    if plan is None or plan.refused or not plan.takes:
+        return ""
+    return f"{CONSENT}: the launch makes run.remote {cfg.run.remote} this run's: {plan.takes}; {TAKING_OVER}"
 
 

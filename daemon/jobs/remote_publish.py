@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from minilmd import perms
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.remote_write import NotOurs, in_root
 from minilmd.dirfd import Dir
@@ -93,6 +94,59 @@ class Publishing:
         if not self._looks(src, ours):  # another writer swapped at dst meanwhile: what came back is not this copy
             raise self._left_aside(src, dst, "another copy took its place meanwhile")
         return False
+
+    def replace_own(self, name: str, data: bytes) -> None:
+        """The root's file `name` replaced whole by `data` while it is a regular file of this user's (the claim,
+        owner.json, at `run --claim-remote`): a reader sees the old file or the new one. The new one is made new
+        beside it (O_EXCL, fsynced) and swapped with it in one step (RENAME_EXCHANGE); where the file system cannot
+        swap (NFS), the old one is renamed aside first and the new one renamed to `name` only while that is free
+        (never over what another writer put there meanwhile). What was swapped out is removed only when it is the
+        very file judged; another user's file, a link or anything else is never replaced nor removed: NotOurs,
+        nothing changed (FileNotFoundError when there is none)."""
+        root = self._root()
+        old = root.lstat(name)
+        if old is None:
+            raise FileNotFoundError(errno.ENOENT, f"{self.show(name)} is not there")
+        if why := remote_write.not_ours(in_root(root, name), file=True, st=old):
+            raise NotOurs(errno.EPERM, f"{self.show(name)} is {why}: not this user's, never replaced")
+        judged = (old.st_dev, old.st_ino)
+        fd, tmp = root.create_new(f".{name}.{self.tmp_tag}", ".tmp", perms.file_mode())
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        made = root.identity_of(tmp)
+        try:
+            self._swap_in(root, tmp, name, judged)
+        finally:  # the new file when it is not in place, else nothing (the old one is gone already)
+            root.remove_file(tmp, made)
+        os.fsync(root.fd)
+
+    def _swap_in(self, root: Dir, tmp: str, name: str, judged: tuple[int, int]) -> None:
+        """replace_own's rename: the old file (`judged`) out of `name`, removed; the new one (`tmp`) in its place."""
+        if root.exchange(tmp, name):
+            if self._still_judged(root, tmp, judged) and root.remove_file(tmp, judged):
+                return
+            root.exchange(tmp, name)  # what was swapped out is not the file judged (replaced meanwhile): put back
+            raise NotOurs(errno.EEXIST, f"{self.show(name)} was replaced while it was being replaced: left as it is")
+        aside = f"{tmp}-replaced"
+        if not root.rename_new(name, aside):
+            raise NotOurs(errno.EEXIST, f"{self.show(aside)} is taken: {self.show(name)} left as it is")
+        if not self._still_judged(root, aside, judged):
+            root.rename_new(aside, name)
+            raise NotOurs(errno.EEXIST, f"{self.show(name)} was replaced while it was being replaced: left as it is")
+        if not root.rename_new(tmp, name):
+            raise NotOurs(errno.EEXIST, f"{self.show(name)} was made by another writer meanwhile: left as it is "
+                                        f"(the file it replaced is at {self.show(aside)})")
+        root.remove_file(aside, judged)
+
+    @staticmethod
+    def _still_judged(root: Dir, name: str, judged: tuple[int, int]) -> bool:
+        """Whether `name` is still the file replace_own judged: its identity, and still this user's regular file (a
+        file put in its place may get the freed inode's number again)."""
+        st = root.lstat(name)
+        return st is not None and (st.st_dev, st.st_ino) == judged and \
+            remote_write.not_ours(in_root(root, name), file=True, st=st) is None
 
     def _flushed(self, src: str) -> Dir:
         """The root, once every file and directory of src is on disk (fsynced through descriptors)."""

@@ -24,6 +24,16 @@ def run_command(
                                                       "(refused without it). A remote that answers is still "
                                                       "resumed from; an old scratch of this run holding newer "
                                                       "checkpoints is still refused: remove it to give them up."),
+    claim_remote: bool = typer.Option(False, "--claim-remote", help="Make run.remote this run's although its "
+                                                                    "owner.json names another run (or it holds "
+                                                                    "checkpoints and no owner.json): for this run "
+                                                                    "renamed and moved, whose claim names its old "
+                                                                    "run.name and run.dir. The claim is rewritten "
+                                                                    "(an event says so): this run resumes from the "
+                                                                    "remote and prunes it, the run it named has its "
+                                                                    "syncs there refused. Never another user's "
+                                                                    "owner.json, nor the remote of a run whose "
+                                                                    "supervisor is seen running."),
 ) -> None:
     """Supervise one run in the foreground: wait for a GPU, stage, train, sync, restart on failures.
 
@@ -39,7 +49,7 @@ def run_command(
 
         start: list[str] = []  # where the launch starts: resumes from step N (scratch|remote), or step 0
         try:
-            cfg, waits = preflight.check_with_waits(config, set_, start, fresh)
+            cfg, waits = preflight.check_with_waits(config, set_, start, fresh, claim_remote)
         except ConfigError as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
@@ -49,7 +59,7 @@ def run_command(
         typer.echo(lr_line(cfg))  # the rate the trainer will run at, and where it comes from
         for line in waits:
             typer.echo(f"waits: {line}")
-        for line in _notes(cfg):
+        for line in _notes(cfg, claim_remote):
             typer.echo(f"note: {line}")
         from minilmd.daemon.jobs.remotewait import check_line
 
@@ -74,7 +84,7 @@ def run_command(
         procs.carry_supervisor_identity(load_config(config, set_).run_dir)
     except ConfigError:
         pass  # run_supervisor's check says what is wrong
-    raise typer.Exit(run_supervisor(config, set_, fresh))
+    raise typer.Exit(run_supervisor(config, set_, fresh, claim_remote))
 
 
 def _init_wait(cfg) -> str:
@@ -89,12 +99,12 @@ def _init_wait(cfg) -> str:
     return predecessor_outcome(pred)[1] if pred is not None else ""
 
 
-def _notes(cfg) -> list[str]:
+def _notes(cfg, claim_remote: bool = False) -> list[str]:
     """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
     "auto" and no NVIDIA driver: daemon/host/gpu.py), train on some preference pairs nothing (train.seq_len cuts
     their replies away: minilmd/probes.py), what the config may not mean (probes.stage_notes), take longer to stop
     than the systemd unit allows (a long restart.hang_timeout: daemon/preflight.py), keep its checkpoints only in
-    scratch (no run.remote)."""
+    scratch (no run.remote), take a remote over (`claim_remote`: what it takes, daemon/jobs/remote_claim.py)."""
     from minilmd.daemon.host.gpu import cpu_fallback
     from minilmd.daemon.preflight import systemd_stop_note
     from minilmd.probes import pairs_cut_warning, stage_notes
@@ -103,6 +113,10 @@ def _notes(cfg) -> list[str]:
     notes += [cut] if (cut := pairs_cut_warning(cfg)) else []  # replies train.seq_len cuts away: fewer than half
     notes += stage_notes(cfg)  # settings the stage ignores, DPO from random weights, what init.from's run was
     notes += [slow] if (slow := systemd_stop_note(cfg)) else []  # hang_timeout past the unit's TimeoutStopSec
+    if claim_remote:
+        from minilmd.daemon.jobs.remote_claim import check_note
+
+        notes += [taken] if (taken := check_note(cfg)) else []
     if not cfg.run.remote:
         notes.append(f"no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir}), which a reboot "
                      f"(/dev/shm), a scratch cleaner or a lost node takes with them; set run.remote to a directory "
