@@ -164,7 +164,8 @@ class TrainSection:
     dtype: str = "auto"
     """"auto" (bf16 autocast on CUDA, fp32 on CPU), "bf16" or "fp32"."""
     max_steps: int = 0
-    """Stop after this many optimizer steps (0: not set). A budget (max_steps or max_tokens) is required."""
+    """Stop after this many optimizer steps (0: not set). A budget (max_steps, max_tokens or max_epochs) is
+    required; with several, whichever ends first."""
     max_tokens: int = 0
     """Stop once this many tokens were trained on (0: not set); converted to steps at start."""
     max_epochs: float = 0.0
@@ -214,10 +215,14 @@ class InitSection:
     """TOML key `from`. Where a fresh run takes its weights instead of the seeded init: another run's config file or
     run directory (its final synced checkpoint, once it has finished: the supervisor waits in waiting_init, and stops
     with exit 2 if that run failed), a checkpoint directory (step-XXXXXXXX/), a run's checkpoint root or remote (the
-    checkpoint its LATEST names), or a MiniMind .pth. The
+    checkpoint init.checkpoint picks: its BEST by default when it has one, else its LATEST), or a MiniMind .pth. The
     optimizer starts fresh at step 0; the source's fingerprint is recorded in every checkpoint of this run. Its
     model config must be this run's. Read once: a run that has a checkpoint resumes from it and never reads this
-    again (the source may be deleted then). Empty: the seeded init."""
+    again (the source may be deleted then); except a LoRA run ([lora] rank > 0), whose frozen base is loaded at
+    every start (trainer/loop/resume.py, start_lora): under a supervisor from the copy staged in scratch
+    (<scratch>/init; gone or damaged, staged again from the copy the sync keeps in <remote>/init, else from this
+    source), while `minilmd train` on its own reads this source at every start, so it must stay as long as the run
+    lives. Empty: the seeded init."""
     checkpoint: str = "best"
     """Which checkpoint of a run or checkpoint root init.from takes: "best", the one its BEST names when it has one
     (the best validation of a run with [early_stop], by its early_stop.metric; an early-stopped run's LATEST is

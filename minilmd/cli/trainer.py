@@ -173,9 +173,10 @@ def export(
 ) -> None:
     """Export a checkpoint's weights for MiniMind or HF transformers.
 
-    Written as .OUT.tmp-HOST-PID-TICKS (this host, pid and start time) beside --out and renamed onto it when
-    complete; that temporary copy is removed on every other way out (an error, Ctrl-C, SIGTERM), and an --out there
-    before is left as it was. One a killed export left (SIGKILL, OOM) is removed by the next export to that --out,
+    Written as .OUT.tmp-HOST-PID-TICKS.RANDOM (this host, pid and start time, 8 random hex digits) beside --out
+    and renamed onto it when complete; that temporary copy is removed on every other way out (an error, Ctrl-C,
+    SIGTERM), and an --out there before is left as it was. One a killed export left (SIGKILL, OOM) is removed by
+    the next export to that --out,
     and said, when its process is gone and it is your own file or directory; another user's, a link, another host's
     or an older .OUT.tmp is left and said. Exit status: 0 written, 1 a checkpoint or argument that cannot be
     exported, 2 an --out it must not write (a symbolic link; another export to it still running; a directory others can
