@@ -36,7 +36,7 @@ TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of the trainer's scal
 RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when run.dir is full, for its last words
 STOP_REQUEST = "stop-request.json"  # `minilmd stop`'s request: a launcher's automatic restart exits 0 on it
 
-_ATTEMPT_LOG = re.compile(r"^attempt-(\d{4,})\.log$")
+_ATTEMPT_LOG = re.compile(r"attempt-([0-9]{4,})\.log")  # fullmatch: no newline after, ASCII digits only
 
 
 def attempt_log_name(attempt: int) -> str:
@@ -45,7 +45,7 @@ def attempt_log_name(attempt: int) -> str:
 
 
 def is_attempt_log(name: str) -> bool:
-    return bool(_ATTEMPT_LOG.match(name))
+    return bool(_ATTEMPT_LOG.fullmatch(name))
 
 
 # --- Environment variables -----------------------------------------------------------------------------------------
@@ -178,8 +178,9 @@ TOKENIZER_FILE = "tokenizer.json"  # a checkpoint's copy of the run's tokenizer,
 PEFT_WEIGHTS = "adapter_model.safetensors"  # `export --format peft`: the adapters under PEFT's key names
 PEFT_CONFIG = "adapter_config.json"  # `export --format peft`: PEFT's LoraConfig fields
 
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
-_TMP_DIR = re.compile(r"^\.tmp-.*-(\d+)$")
+_STEP_DIR = re.compile(r"step-([0-9]{8,})")  # fullmatch: "step-00000001\n" is another name; so is one of
+# other scripts' digits, which int() would read as a step
+_TMP_DIR = re.compile(r"\.tmp-.*-([0-9]+)")
 
 
 def step_name(step: int) -> str:
@@ -190,7 +191,7 @@ def step_name(step: int) -> str:
 def step_of(name: str | os.PathLike) -> int:
     """The step in a checkpoint directory's name or path (`step-00001234` -> 1234); ValueError for other names."""
     base = os.path.basename(os.fspath(name).rstrip("/"))
-    m = _STEP_DIR.match(base)
+    m = _STEP_DIR.fullmatch(base)
     if not m:
         raise ValueError(f"{name}: not a checkpoint directory name (expected step-XXXXXXXX)")
     return int(m.group(1))
@@ -198,12 +199,12 @@ def step_of(name: str | os.PathLike) -> int:
 
 def is_step_name(name: str) -> bool:
     """True for a checkpoint directory's name (`step-` and eight digits or more)."""
-    return bool(_STEP_DIR.match(name))
+    return bool(_STEP_DIR.fullmatch(name))
 
 
 def step_or_none(name: str | None) -> int | None:
     """step_of(name), or None for None, "" or any name that is not a checkpoint directory's."""
-    return int(m.group(1)) if name and (m := _STEP_DIR.match(name)) else None
+    return int(m.group(1)) if name and (m := _STEP_DIR.fullmatch(name)) else None
 
 
 def save_tmp_name(step: int, pid: int) -> str:
@@ -225,8 +226,8 @@ def remote_tmp_owner(name: str, host: str) -> int | None:
     """The pid of this host's sync that made a temporary name on the remote (a checkpoint's or the LoRA base's
     copy, sync_tmp_name, or a pointer's temp file, pointer_tmp_tag), None for any other name: another host's, or
     no sync's."""
-    copy = rf"{re.escape(TMP_PREFIX)}(?:step-\d{{8,}}|init)-"
-    m = re.fullmatch(rf"(?:{copy}|\.(?:{LATEST}|{BEST})\.){re.escape(host)}-(\d+)(?:-\w+\.tmp)?", name)
+    copy = rf"{re.escape(TMP_PREFIX)}(?:step-[0-9]{{8,}}|init)-"
+    m = re.fullmatch(rf"(?:{copy}|\.(?:{LATEST}|{BEST})\.){re.escape(host)}-([0-9]+)(?:-\w+\.tmp)?", name)
     return int(m.group(1)) if m else None
 
 
@@ -268,7 +269,7 @@ def atomic_tmp_prefix(name: str) -> str:
 
 def tmp_owner_pid(name: str) -> int | None:
     """The pid at the end of a checkpoint root's temporary name (`.tmp-...-<pid>`), None for other names."""
-    m = _TMP_DIR.match(name)
+    m = _TMP_DIR.fullmatch(name)
     return int(m.group(1)) if m else None
 
 

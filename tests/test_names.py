@@ -28,7 +28,8 @@ def test_step_names_sort_in_step_order():
 
 
 @pytest.mark.parametrize("name", ["step-123", "step-0000001x", "LATEST", ".tmp-step-00000001-42", "quarantine",
-                                  "step-00000001.old", ""])
+                                  "step-00000001.old", "", "step-00000001\n", "step-\u0660\u0660\u0660\u0660"
+                                  "\u0660\u0660\u0660\u0661"])
 def test_other_names_are_not_steps(name):
     assert not names.is_step_name(name) and names.step_or_none(name) is None
     with pytest.raises(ValueError, match="not a checkpoint directory name"):
@@ -59,7 +60,9 @@ def test_prepare_temporaries_carry_their_maker():
 
 def test_attempt_logs():
     assert names.attempt_log_name(3) == "attempt-0003.log" and names.is_attempt_log("attempt-0003.log")
-    assert not names.is_attempt_log("attempt-3.txt")
+    assert not names.is_attempt_log("attempt-3.txt") and not names.is_attempt_log("attempt-0003.log\n")
+    assert names.tmp_owner_pid(".tmp-step-00000012-4242\n") is None  # a planted name with a newline is another one
+    assert names.remote_tmp_owner(".tmp-step-00000012-h-\u0664\u0662", "h") is None
 
 
 # Names that names.py owns. A module re-derives one when a string literal of its code IS the name or a path
