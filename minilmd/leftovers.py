@@ -22,7 +22,7 @@ from pathlib import Path
 
 from minilmd.dirfd import Dir
 from minilmd.perms import owned_by_me
-from minilmd.procs import process_start_ticks
+from minilmd.procs import process_alive, process_start_ticks
 
 Say = Callable[[str], None]
 Maker = tuple[str | None, int, int | None]
@@ -49,13 +49,6 @@ def me() -> tuple[str, int, int]:
     """(host, pid, start ticks) of this process, as a temporary name records its maker."""
     pid = os.getpid()
     return socket.gethostname(), pid, process_start_ticks(pid) or 0
-
-
-def running(pid: int, ticks: int | None) -> bool:
-    """Whether the process that made a name still runs: its pid alive with the start time the name records (a
-    recycled pid has another), or, for an older name that records none, its pid alive at all (a zombie is gone)."""
-    now = process_start_ticks(pid)
-    return now is not None and (ticks is None or now == ticks)
 
 
 def own(path: Path, st: os.stat_result, words: Words, say: Say) -> bool:
@@ -126,7 +119,7 @@ def clear(path: Path, host: str | None, pid: int, ticks: int | None, out: Path, 
         say(f"{path}: left as it is: {words.one}'s {words.thing} on host {host}, whether it still runs cannot be "
             f"told here; remove it once no {words.tool} to {out} is running there")
         return "left"
-    if running(pid, ticks) and not (mine_is_dead and pid == os.getpid()):
+    if process_alive(pid, ticks) and not (mine_is_dead and pid == os.getpid()):
         return "running"
     if not own(path, st, words, say):
         return "left"

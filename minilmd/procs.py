@@ -52,6 +52,16 @@ def process_start_ticks(pid: int) -> int | None:
     return int(rest[19])
 
 
+def process_alive(pid: int | None, start_ticks: int | None = None) -> bool:
+    """Whether process `pid` runs (not a zombie) and, when `start_ticks` is given, is the one that started then: a
+    recycled pid has another start time. A record that kept no start time (an older minilmd's) takes any live
+    process of that pid."""
+    if not pid or pid <= 0:
+        return False
+    ticks = process_start_ticks(pid)
+    return ticks is not None and (start_ticks is None or ticks == start_ticks)
+
+
 def process_uids(pid: int) -> tuple[int, ...] | None:
     """(real, effective, saved, filesystem) uids of a process, from /proc/PID/status; None if it is gone."""
     try:

@@ -4,7 +4,8 @@
 `minilmd status` never reads half a file). `EventLog` appends one JSON line per event and one human line per event
 to supervisor.log (and stdout, for the journal). `MetricsTail` reads the trainer's metrics.jsonl incrementally
 (minilmd/fsio.py new_lines: no link followed, never blocked, bounded).
-`process_alive` tells a live process from a recycled pid. Torch-free and light: `minilmd status` imports this module.
+`process_alive` (minilmd/procs.py, the one rule) tells a live process from a recycled pid. Torch-free and light:
+`minilmd status` imports this module.
 
 A full run.dir never raises out of a write here: `RunState.save` and `EventLog.emit` keep going (stdout still gets
 every event), say why in their `unwritten`, and write again once there is room; the supervisor decides what a full
@@ -39,7 +40,11 @@ from minilmd.daemon.base.statesections import (
 from minilmd.fsio import atomic_write_json, new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
 from minilmd.perms import own_uid
-from minilmd.procs import process_environ, process_start_ticks  # noqa: F401 - here too: tests import them from here
+from minilmd.procs import (  # noqa: F401 - here too: callers and tests import them from here
+    process_alive,
+    process_environ,
+    process_start_ticks,
+)
 from minilmd.untrusted import Unreadable, read_json
 
 STATE_VERSION = 1
@@ -64,15 +69,6 @@ def is_disk_full(e: BaseException) -> bool:
 
 
 # --- Process identity ------------------------------------------------------------------------------------------
-
-def process_alive(pid: int | None, start_ticks: int | None = None) -> bool:
-    if not pid or pid <= 0:
-        return False
-    ticks = process_start_ticks(pid)
-    if ticks is None:
-        return False
-    return start_ticks is None or ticks == start_ticks
-
 
 def supervisor_runs_here(sup: SupervisorInfo) -> bool:
     """Whether the supervisor a state.json names runs on this host: that process, by its pid and its start time. A
