@@ -113,8 +113,10 @@ def test_status_through_a_restart_after_a_reboot_says_what_is_true(tmp_path, cor
         faultfs.remove(held)
         wait_for(lambda: "resuming at step" in _log(cfg.run_dir, 2), 120, "the second attempt resumed")
         fetched = int(_log(cfg.run_dir, 2).split("resuming at step ")[1].split()[0])
+        wait_for(lambda: progress(cfg.run_dir).get("step") == fetched, 60, "its heartbeat's step in state.json")
         said = assert_no_old_rate(cfg.run_dir)  # compiling: no step logged yet
         assert f"local checkpoint: step {fetched} (fetched from the remote" in said and "gone" not in said, said
+        assert f"  step {fetched}/400 " in said, said  # where it resumed, from its heartbeat
         release.touch()
         assert_new_rate(cfg.run_dir, sup)
         sup.send_signal(signal.SIGTERM)
@@ -137,8 +139,9 @@ def test_status_after_a_crash_shows_no_eta_until_the_new_trainer_has_logged_a_st
         wait_for(lambda: "resuming at step 10" in _log(cfg.run_dir, 2) or sup.poll() is not None, 120,
                  "the second attempt resumed")
         assert sup.poll() is None, (tmp_path / "sup.out").read_text()[-3000:]
+        wait_for(lambda: progress(cfg.run_dir).get("step") == 10, 60, "its heartbeat's step in state.json")
         said = assert_no_old_rate(cfg.run_dir)
-        assert "restarts: 1 (last: " in said, said  # killed (its cause: test_child.py)
+        assert "  step 10/400 " in said and "restarts: 1 (last: " in said, said  # killed (its cause: test_child.py)
         release.touch()
         assert_new_rate(cfg.run_dir, sup)
         sup.send_signal(signal.SIGTERM)

@@ -238,9 +238,10 @@ class RunState(StateJson):
         if beat is not None:
             progress.heartbeat = beat.mtime
             progress.reference_pass = beat.reference_pass()
-            if beat.step is not None and (progress.step is None or beat.step > progress.step) and \
+            restarted = progress.rates_awaited_since is not None and beat.mtime >= progress.rates_awaited_since
+            if beat.step is not None and (progress.step is None or beat.step > progress.step or restarted) and \
                     beat.mtime >= self.lineage_since:
-                progress.step = beat.step
+                progress.step = beat.step  # a restarted trainer's first beats: the step it resumed from
 
     def await_new_rates(self) -> None:
         """A restart: the trainer's rate (tok/s, the ETA) is what the next trainer logs, none until then. Called once
