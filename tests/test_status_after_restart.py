@@ -107,12 +107,13 @@ def test_status_through_a_restart_after_a_reboot_says_what_is_true(tmp_path, cor
         said = assert_no_old_rate(cfg.run_dir)
         assert "staging: running" in said, said
         assert f"local checkpoint: none (step {local} is gone from scratch: emptied, by a reboot?; the trainer " \
-               f"resumes from the remote's step {remote})" in said, said
+               f"resumes from the remote's newest checkpoint (the last sync recorded step {remote}))" in said, said
         shown = status_json(cfg.run_dir)
         assert shown["local_checkpoint"] is None and shown["local_gone"]["step"] == local, shown
         faultfs.remove(held)
         wait_for(lambda: "resuming at step" in _log(cfg.run_dir, 2), 120, "the second attempt resumed")
         fetched = int(_log(cfg.run_dir, 2).split("resuming at step ")[1].split()[0])
+        assert fetched >= remote  # the remote's newest: the one recorded, or a later sync's
         wait_for(lambda: progress(cfg.run_dir).get("step") == fetched, 60, "its heartbeat's step in state.json")
         said = assert_no_old_rate(cfg.run_dir)  # compiling: no step logged yet
         assert f"local checkpoint: step {fetched} (fetched from the remote" in said and "gone" not in said, said

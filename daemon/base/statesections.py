@@ -415,10 +415,12 @@ class StateJson(Section):
     """[log] prometheus_textfile and whether the supervisor can write it (key only with a textfile)."""
 
     def resume_words(self) -> str:
-        """Where the trainer resumes from once scratch lost its checkpoints ("local_gone"): the remote's newest,
-        whose step the last sync recorded; the start with no remote. For `status` and the supervisor's event."""
+        """Where the trainer resumes from once scratch lost its checkpoints ("local_gone"): the remote's newest (the
+        step the last sync recorded, or one a sync finished after state.json's last write); the start with no
+        remote. For `status` and the supervisor's event."""
         if self.sync.state == "off":
             return "no remote holds a copy: the trainer starts from the beginning"
         remote = self.remote_checkpoint
-        return (f"the trainer resumes from the remote's step {remote.step}" if remote and remote.step is not None
+        return (f"the trainer resumes from the remote's newest checkpoint (the last sync recorded step {remote.step})"
+                if remote and remote.step is not None
                 else "the trainer resumes from the remote's newest checkpoint, if it holds one")
