@@ -143,6 +143,7 @@ class Supervisor(Ending):
                              pid=os.getpid())
             if unit := sdnotify.own_unit():  # for `stop`: systemd's restart does not read a stop request
                 self.state.supervisor.systemd_unit, self.state.supervisor.systemd_user = unit
+            self._restarted(at_start=True)  # what the previous supervisor's trainers left: scratch may lack it
             self.state.save()
             self._stop_request_at_start()
             while self.phase not in FINAL_PHASES:
@@ -259,6 +260,16 @@ class Supervisor(Ending):
         self.notifier.status(f"{self.cfg.run.name}: {new} ({reason})"[:200])
         self.room.save()
 
+    def _restarted(self, at_start: bool = False) -> None:
+        """Every line earlier trainers logged folded in, then their rate set aside (status shows no ETA until the
+        next trainer logs a step: staging, a fetch, a compile are not training); at the start, a local checkpoint
+        scratch no longer holds (a reboot emptied /dev/shm) said gone, with where the trainer resumes from."""
+        self.files.read_progress()
+        self.state.await_new_rates()
+        if at_start and (gone := self.state.check_local(local_checkpoint_steps(self.cfg.checkpoint_dir))):
+            self.events.emit("scratch", f"the local checkpoint step {gone.step} ({gone.path}) is gone from scratch "
+                                        f"(emptied: a reboot?); {self.state.resume_words()}", step=gone.step)
+
     def _say(self, reason: str) -> None:
         """The phase goes on, with a newer reason (a part's wait, its numbers of now): state.json and status show it
         at the next save."""
@@ -339,6 +350,7 @@ class Supervisor(Ending):
             self._enter_stopping(self.room.stop(f"attempt {self.attempt} cannot write its log", error=e))
             return
         self.child.newest_at_launch = newest
+        self._restarted()  # the earlier trainer's rate is no ETA for this one
         self.state.child = ChildInfo(pid=self.child.pid, start_ticks=self.child.start_ticks, attempt=self.attempt,
                                      started=self.child.started, log=str(self.child.log_path), command=command)
         self._go(Phase.STARTING, f"attempt {self.attempt}: trainer pid {self.child.pid} "

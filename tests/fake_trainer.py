@@ -13,7 +13,9 @@ each step: a run interrupted anywhere and resumed ends with the same value as an
 Environment: FAKE_STEP_S seconds per step (default 0.02); FAKE_HOLD=STEP:PATH holds the run after STEP steps until
 PATH exists; FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
 train.micro_batch_size is above this (a GPU too small for the micro-batch); FAKE_COMPILE_S: before its first step,
-a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile). At the budget it writes a
+a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile); FAKE_HOLD_RESUMED=PATH: a
+trainer that resumed from a checkpoint (step > 0) beats "STEP compiling" before its first step until PATH exists (a
+restart's compile, held for a test to look at). At the budget it writes a
 "STEP exiting" heartbeat, like the real trainer, then exits 0 after FAKE_EXIT_LINGER_S seconds more of silence
 (default 0: a slow teardown, e.g. NCCL's). FAKE_CHECKPOINTS=PATH: resume from and save to PATH instead of the
 config's checkpoint directory (a trainer whose scratch moved under a bug: it ends done with none where the
@@ -161,6 +163,14 @@ def _hold(step: int, heartbeat) -> None:
             time.sleep(0.05)
 
 
+def _hold_resumed(step: int, heartbeat) -> None:
+    """FAKE_HOLD_RESUMED=PATH: a resumed trainer (step > 0) compiling, until PATH exists, before it logs a step."""
+    release = os.environ.get("FAKE_HOLD_RESUMED")
+    while release and step > 0 and not os.path.exists(release):
+        _beat(heartbeat, f"{step} compiling\n")
+        time.sleep(0.05)
+
+
 def _beat(heartbeat: Path, text: str) -> None:
     """The heartbeat replaced whole, as the real trainer does (minilmd/metrics.py): a reader never sees it
     empty halfway through a write (a status under load once read "no heartbeat step" there)."""
@@ -225,6 +235,7 @@ def main(argv: list[str]) -> int:
     if compile_s and step < total:
         _beat(heartbeat, f"{step} compiling\n")
         time.sleep(compile_s)
+    _hold_resumed(step, heartbeat)
     while step < total:
         kind = faults.due(step + 1)
         if kind == "oom":

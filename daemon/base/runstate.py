@@ -218,7 +218,7 @@ class RunState(StateJson):
                 for key in ("step", "total_steps", "loss", "lr", "tokens_seen"):
                     if rec.get(key) is not None:
                         setattr(progress, key, rec[key])
-                progress.tok_s = rec.get("tok_s")
+                progress.tok_s, progress.rates_awaited_since = rec.get("tok_s"), None  # the current trainer's
                 step_time = rec.get("step_time")
                 if step_time and progress.total_steps and progress.step is not None:
                     progress.eta_s = max(0, progress.total_steps - progress.step) * step_time
@@ -228,14 +228,33 @@ class RunState(StateJson):
                 progress.val_loss = rec.get("val_loss")
                 progress.rewards = dpo_rewards(progress.rewards, rec, "val_")
             elif kind == "checkpoint":
+                self.local_gone = None
                 self.local_checkpoint = LocalCheckpoint(step=rec.get("step"), time=rec.get("time") or now(),
                                                         path=rec.get("path"), blocking_s=rec.get("blocking_s"))
         if beat is not None:
             progress.heartbeat = beat.mtime
             progress.reference_pass = beat.reference_pass()
-            if beat.step is not None and (progress.step is None or beat.step > progress.step) and \
+            restarted = progress.rates_awaited_since is not None and beat.mtime >= progress.rates_awaited_since
+            if beat.step is not None and (progress.step is None or beat.step > progress.step or restarted) and \
                     beat.mtime >= self.lineage_since:
-                progress.step = beat.step
+                progress.step = beat.step  # a restarted trainer's first beats: the step it resumed from
+
+    def await_new_rates(self) -> None:
+        """A restart: the trainer's rate (tok/s, the ETA) is what the next trainer logs, none until then. Called once
+        every line of the earlier trainers is folded in (apply_progress): a train line after it is the new one's."""
+        progress = self.progress
+        if progress.tok_s is not None or progress.eta_s is not None:
+            progress.tok_s = progress.eta_s = None
+            progress.rates_awaited_since = now()
+
+    def check_local(self, steps: list[int]) -> LocalCheckpoint | None:
+        """The recorded local checkpoint, when scratch's complete checkpoints (`steps`) no longer hold it (a reboot
+        emptied /dev/shm): moved to "local_gone" and returned; None when it is there (or none was recorded)."""
+        local = self.local_checkpoint
+        if local is None or local.step in steps:
+            return None
+        self.local_checkpoint, self.local_gone = None, local
+        return local
 
     def save(self) -> None:
         self.updated = now()

@@ -186,7 +186,7 @@ class SpaceWait(Section):
 
 @dataclass
 class Progress(Section):
-    OMIT_WHEN_NONE = ("rewards", "reference_pass")
+    OMIT_WHEN_NONE = ("rewards", "reference_pass", "rates_awaited_since")
 
     step: int | None = None
     """The trainer's latest step (metrics.jsonl or its heartbeat, whichever is newer)."""
@@ -199,11 +199,14 @@ class Progress(Section):
     lr: float | None = None
     """The latest learning rate."""
     tok_s: float | None = None
-    """Tokens per second of the latest logged steps."""
+    """Tokens per second of the latest logged steps (the current trainer's: None until it has logged one)."""
     tokens_seen: int | None = None
     """Tokens trained on so far."""
     eta_s: float | None = None
-    """Seconds left, at the latest step time."""
+    """Seconds left, at the latest step time (the current trainer's: None until it has logged a step)."""
+    rates_awaited_since: float | None = None
+    """When a restart (a supervisor's start, a trainer's launch) set tok_s and eta_s aside: an earlier trainer's
+    rate says nothing of the time staging, a fetch and a compile take now. None once the trainer logs a step."""
     heartbeat: float | None = None
     """The mtime of the trainer's heartbeat file."""
     updated: float | None = None
@@ -343,9 +346,10 @@ class Outcome(Section):
 
 @dataclass
 class StateJson(Section):
-    """The whole of state.json; every key but "slurm" and "previous_child" is always there."""
+    """The whole of state.json; every key but "slurm", "prometheus", "local_gone" and "previous_child" is always
+    there."""
 
-    OMIT_WHEN_NONE = ("slurm", "prometheus")
+    OMIT_WHEN_NONE = ("slurm", "prometheus", "local_gone")
 
     version: int = 1
     """The format's version (STATE_VERSION)."""
@@ -377,6 +381,9 @@ class StateJson(Section):
     """The trainer's progress."""
     local_checkpoint: LocalCheckpoint | None = None
     """The newest checkpoint in scratch."""
+    local_gone: LocalCheckpoint | None = None
+    """The local checkpoint last recorded, found gone from scratch when a supervisor started or staged again (a
+    reboot emptied /dev/shm): the trainer resumes from the remote's; None once scratch holds one again."""
     remote_checkpoint: RemoteCheckpoint | None = None
     """The newest checkpoint synced to the remote."""
     sync: Sync = field(default_factory=Sync)
@@ -406,3 +413,14 @@ class StateJson(Section):
     """The Slurm job (daemon/slurm/job.py), inside one."""
     prometheus: TextfileState | None = None
     """[log] prometheus_textfile and whether the supervisor can write it (key only with a textfile)."""
+
+    def resume_words(self) -> str:
+        """Where the trainer resumes from once scratch lost its checkpoints ("local_gone"): the remote's newest (the
+        step the last sync recorded, or one a sync finished after state.json's last write); the start with no
+        remote. For `status` and the supervisor's event."""
+        if self.sync.state == "off":
+            return "no remote holds a copy: the trainer starts from the beginning"
+        remote = self.remote_checkpoint
+        return (f"the trainer resumes from the remote's newest checkpoint (the last sync recorded step {remote.step})"
+                if remote and remote.step is not None
+                else "the trainer resumes from the remote's newest checkpoint, if it holds one")

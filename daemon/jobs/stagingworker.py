@@ -204,6 +204,7 @@ class StagingWorker:
             # status shows it as the local checkpoint: the trainer resumes from it, though it did not save it
             self.state.local_checkpoint = LocalCheckpoint(step=step_of(Path(fetched)), time=now(), path=str(fetched),
                                                           fetched=True)
+            self.state.local_gone = None  # scratch holds one again
         elif self.cfg.run.remote and not local_checkpoint_steps(self.cfg.checkpoint_dir):
             lineage = {"lineage": timeline.FRESH} if self.fresh else {}  # records before it are another lineage's
             self.emit("fetch", f"{self.from_step_0 or 'scratch holds no checkpoint'}: starting from step 0",

@@ -128,6 +128,8 @@ def _progress_lines(p: Progress, alive: bool) -> list[str]:
         parts.append(f"{p.tok_s:,.0f} tok/s")
     if p.eta_s is not None and alive:
         parts.append(f"ETA {fmt_duration(p.eta_s)}")
+    elif p.rates_awaited_since is not None and alive:  # an earlier trainer's rate would count staging as training
+        parts.append(f"no ETA until the restarted trainer logs a step (restarted {fmt_time(p.rates_awaited_since)})")
     if alive and (ref := p.reference_pass) and len(ref) == 2:  # read typed: a list of ints
         parts.append(f"DPO reference pass {ref[0]:,}/{ref[1]:,} pairs")  # before step 0: training waits for it
     return ["  " + "  ".join(parts)]
@@ -168,6 +170,8 @@ def _checkpoints_line(state: StateJson, t: float) -> str:
     line = "  local checkpoint: " + (
         f"step {local.step} ({'fetched from the remote ' if local.fetched else ''}"
         f"{_ago(t, local.time)})" if local and local.time else "none")
+    if local is None and (gone := state.local_gone) is not None:  # the supervisor found scratch emptied
+        line += f" (step {gone.step} is gone from scratch: emptied, by a reboot?; {state.resume_words()})"
     if sync.state == "off":  # where the only copy is: a scratch in /dev/shm is lost at a reboot
         where = f", the newest at {local.path}" if local and local.path else ""
         return line + f"   remote: none configured (checkpoints only in scratch{where}: a reboot may lose them)"
