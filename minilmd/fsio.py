@@ -7,6 +7,8 @@
 - Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
 - Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train).
+- Writing a file a user names (`write_out_text`/`write_out_bytes`: tokenizer train, plot) at the descriptor of
+  its directory, opened once under the place rule (`open_out_parent`).
 - Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `new_lines` (follow a log), of a file
   anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
 Torch-free; the supervisor imports it.
@@ -184,8 +186,13 @@ def write_out_text(out: Path, text: str, label: str, what: str, advice: str, *, 
     the descriptor of its directory opened by `open_out_parent` (its rule, its PlaceRefused): a link planted at
     `out` is replaced, never followed, and one planted on the way is refused or not followed. The file's mode is
     the permissions policy's (perms.file_mode)."""
+    write_out_bytes(out, text.encode("utf-8"), label, what, advice, group_share=group_share)
+
+
+def write_out_bytes(out: Path, data: bytes, label: str, what: str, advice: str, *, group_share: bool = False) -> None:
+    """write_out_text's rule for bytes (plot's picture, rendered in memory first)."""
     with open_out_parent(out, label, what, advice, group_share=group_share) as parent:
-        parent.write_atomic(out.name, text.encode("utf-8"), perms.file_mode())
+        parent.write_atomic(out.name, data, perms.file_mode())
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = CHUNK, limit: int | None = None) -> str:

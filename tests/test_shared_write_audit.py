@@ -52,8 +52,9 @@ RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user
 REMOTE = ("run.remote's root itself, made by path when missing (the run's configuration), before dirfd opens and "
           "checks it (LocalRemote._root), after which everything below it is written at that descriptor; and a store's "
           "objects (fsspec, not a local path: no links, no renames)")
-OWN_OUTPUT = ("a command's output the user names (--out of demo-corpus, tokenizer train, plot, bench): written by "
-              "name as any tool's output; not hardened for a directory others write")
+OWN_OUTPUT = ("a command's output the user names (demo-corpus's OUT, train_tokenizer's `out` as a library call): "
+              "written by name as any tool's output; not hardened for a directory others write (tokenizer train's "
+              "and plot's --out are: fsio.write_out_text/write_out_bytes)")
 
 REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     # --- prepare: through dirfd (lock.parent, make_temp) --------------------------------------------------------
@@ -152,7 +153,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/base/timeline.py": ("gap", RUN_DIR + " (metrics.jsonl: the --fresh marker appended, O_NOFOLLOW|O_NONBLOCK, "
                                 "a regular file only)", {("mark_fresh", "os.open"): 1}),
     "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor._launch", ".unlink"): 1}),
-    "daemon/views/plot.py": ("gap", OWN_OUTPUT, {("plot", ".mkdir"): 1}),
     "daemon/jobs/remote_claim.py": ("private", "the remote's claim written into its own temporary directory "
                                     "(tempfile's: 0700, a random name made O_EXCL) before the store's put copies it",
                                     {("ensure", "tempfile.TemporaryDirectory"): 1, ("ensure", ".write_bytes"): 1}),
