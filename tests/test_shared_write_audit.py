@@ -52,6 +52,10 @@ RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user
 REMOTE = ("run.remote's root itself, made by path when missing (the run's configuration), before dirfd opens and "
           "checks it (LocalRemote._root), after which everything below it is written at that descriptor; and a store's "
           "objects (fsspec, not a local path: no links, no renames)")
+DEMO_DIR = ("the demo's own directory, judged by run.dir's place rule before anything is made in it (daemon/demo.py "
+            "fresh_start: it and every directory above root's or this user's, none another user can rearrange, a "
+            "link on the way only root's or ours); an earlier one removed only when it holds the demo's marker, "
+            "through the descriptor of the directory holding it")
 OWN_OUTPUT = ("a command's output the user names (demo-corpus's OUT, train_tokenizer's `out` as a library call): "
               "written by name as any tool's output; not hardened for a directory others write (tokenizer train's "
               "and plot's --out are: fsio.write_out_text/write_out_bytes)")
@@ -111,11 +115,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                                  ("launch", "open"): 1, ("_own_fault", ".unlink"): 1}),
     "daemon/child/stackdump.py": ("gap", RUN_DIR + " (the trainer's log)", {("dump_stack", "open"): 1,
                                                                            ("_dump_by_sigusr1", "open"): 2}),
-    "daemon/demo.py": ("private", "the demo's own directory under pytest's or the user's temporary directory", {
-        ("fresh_start", "shutil.rmtree"): 1, ("fresh_start", ".mkdir"): 1, ("main", ".write_text"): 1}),
-    "daemon/demo_sft.py": ("private", "the demo's own directory", {
+    "daemon/demo.py": ("private", DEMO_DIR + " (its config)", {("main", ".write_text"): 1}),
+    "daemon/demo_sft.py": ("private", DEMO_DIR + " (the SFT tokenizer and config)", {
         ("main", ".mkdir"): 1, ("main", ".write_bytes"): 1, ("main", ".write_text"): 2}),
-    "daemon/demo_dpo.py": ("private", "the demo's own directory (its DPO config)", {("dpo_stage", ".write_text"): 1}),
+    "daemon/demo_dpo.py": ("private", DEMO_DIR + " (its DPO config)", {("dpo_stage", ".write_text"): 1}),
     "daemon/host/leases.py": ("private", "the GPU lock directory and the missing ones above it, made after the "
                               "chain above is checked (leases.py: the rule dirfd keeps), then used by descriptor", {
         ("_open_dir", "os.mkdir"): 1}),
