@@ -14,6 +14,8 @@ import pytest
 
 from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
 
+pytestmark = pytest.mark.slow  # two minilmd commands a test, each a Python start of its own
+
 NOTES = "the victim's own notes\n"
 
 
