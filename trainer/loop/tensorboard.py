@@ -71,5 +71,7 @@ def tee(log: MetricsLog, cfg: RunConfig, resumed_step: int) -> MetricsLog:
     except ImportError as e:
         raise ConfigError([f"log.tensorboard = true but TensorBoard's writer cannot be imported ({e}): "
                            f"{INSTALL_HINT}"], cfg.source) from None
+    # By path, as the run's other files (metrics.jsonl, the logs): run.dir is held to the place rule at run --check,
+    # the launch and minilmd train (place_rule.run_dir_problem), so no other user can plant a link in it or above it.
     writer = SummaryWriter(log_dir=str(cfg.run_dir / TENSORBOARD_DIR), purge_step=resumed_step + 1)
     return TensorBoardLog(log, writer, restarts_so_far(cfg))

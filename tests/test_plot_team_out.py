@@ -1,0 +1,89 @@
+"""`minilmd plot --out` in a team directory (mode 2770, a group other users are in), attacked by a group member: he
+plants `curves.png` as a link to the victim's private notes, or puts a link to the victim's private directory where
+--out's directory was. The picture is written as tokenizer train writes its --out (minilmd/fsio.py
+write_out_bytes): rendered in memory, then at the descriptor of --out's directory opened once under the place rule.
+Before, plot made the directory by path and savefig wrote through the link: the victim's notes began with \\x89PNG."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minilmd import names
+from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow  # draws with matplotlib in a child process
+
+NOTES = "the victim's own notes\n"
+
+
+def _plot(run_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minilmd.cli", "plot", str(run_dir), "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _run(tmp_path: Path) -> Path:
+    """A finished run of 20 steps, as the trainer logs one."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / names.STATE).write_text(json.dumps({"run": "r"}))
+    (run_dir / names.METRICS).write_text("".join(json.dumps(
+        {"kind": "train", "step": s, "tokens_seen": s * 128, "loss": 5.0 - s / 10, "lr": 1e-3, "grad_norm": 1.0,
+         "tok_s": 500.0, "time": 1000.0 + s}) + "\n" for s in range(1, 21)))
+    return run_dir
+
+
+def _private_notes(tmp_path: Path) -> Path:
+    private = tmp_path / "private"  # the victim's: under pytest's root-only directory
+    private.mkdir(mode=0o700)
+    notes = private / "notes.txt"
+    notes.write_text(NOTES)
+    return notes
+
+
+def _as_teammate(script: str) -> None:
+    done = subprocess.run(as_user(["sh", "-c", script]), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_teammates_link_at_out_is_replaced_never_written_through(teammate, tmp_path):
+    pytest.importorskip("matplotlib")
+    (uid, gid), where = teammate
+    team = group_dir(where, gid, "team")
+    notes = _private_notes(tmp_path)
+    _as_teammate(f"ln -s {notes} {team}/curves.png")
+    assert os.lstat(team / "curves.png").st_uid == uid
+    run_dir = _run(tmp_path)
+
+    refused = _plot(run_dir, team / "curves.png")  # a directory others write: refused without --group-share
+    assert refused.returncode == 2, refused.stderr
+    assert "--group-share" in refused.stderr and "nothing written" in refused.stderr
+    assert notes.read_text() == NOTES and (team / "curves.png").is_symlink()
+
+    done = _plot(run_dir, team / "curves.png", "--group-share")
+    assert done.returncode == 0, done.stderr
+    assert notes.read_text() == NOTES
+    picture = team / "curves.png"
+    assert not picture.is_symlink() and picture.read_bytes()[:4] == b"\x89PNG"
+    assert os.lstat(picture).st_uid == os.geteuid()
+    assert sorted(os.listdir(team)) == ["curves.png"]  # no temp file left
+
+
+def test_a_teammates_link_in_place_of_outs_directory_is_refused(teammate, tmp_path):
+    pytest.importorskip("matplotlib")
+    (uid, gid), where = teammate
+    team = group_dir(where, gid, "team")
+    (team / "plots").mkdir()
+    notes = _private_notes(tmp_path)
+    _as_teammate(f"mv {team}/plots {team}/plots.moved && ln -s {notes.parent} {team}/plots")
+    run_dir = _run(tmp_path)
+
+    for extra in ((), ("--group-share",)):  # --group-share waives --out's own directory, not the team one above
+        done = _plot(run_dir, team / "plots" / "notes.txt.png", *extra)
+        assert done.returncode == 2, done.stderr
+        assert f"the directory {team} above it" in done.stderr and "nothing written" in done.stderr
+    assert sorted(os.listdir(notes.parent)) == ["notes.txt"] and notes.read_text() == NOTES
