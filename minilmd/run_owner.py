@@ -3,9 +3,10 @@ SCRATCH_OWNER and names.REMOTE_OWNER), and the one rule that says whether it nam
 
 A run is its run directory: `run_dir` is its absolute path, links resolved, as every host of the run (a Slurm job's
 nodes, a restart on another machine) names the shared run.dir; the run's name, user and host are kept for the
-words only. Two runs are two run directories: a config copied with a new run.name and run.dir is another run, the
-same run.dir under another run.name (renamed) is the same one. minilmd/scratch.py claims a scratch with it,
-daemon/jobs/remote_claim.py a remote. Torch-free.
+words only. Two runs are two run directories: a config copied with another run.dir is another run, its run.name new
+or the same, and the same run.dir under another run.name (renamed) is the same one. minilmd/scratch.py claims a
+scratch with it, daemon/jobs/remote_claim.py a remote: the one rule for both (a run moved to another run.dir takes
+its remote with `minilmd run --claim-remote`). Torch-free.
 """
 from __future__ import annotations
 

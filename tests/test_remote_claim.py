@@ -182,11 +182,70 @@ def test_a_remote_an_older_minilmd_synced_stays_its_runs_and_is_refused_to_a_cop
 
 
 def test_a_run_moved_to_a_new_server_keeps_its_remote_and_a_copy_with_a_new_name_does_not(tmp_path):
+    """A run is its run.dir: moved to a server where run.dir is the same path (a shared home), or renamed in its
+    run.dir, it keeps its remote; under another run.dir (another server's path, or a copy of the config), its
+    run.name the same or not, it is refused, and the refusal names the consent, with which it is this run's."""
     remote = tmp_path / "remote"
     remote.mkdir()
     (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(run_owner.record(Path("/old-server/runs/s"), "s")))
     store = open_remote(str(remote))
-    assert remote_claim.problem(store, _claim(tmp_path / "new-server" / "run", "s")) is None  # same run.name
-    assert remote_claim.problem(store, _claim(Path("/old-server/runs/s"), "renamed")) is None  # same run.dir
+    assert remote_claim.problem(store, _claim(Path("/old-server/runs/s"), "s")) is None  # moved, the same run.dir
+    assert remote_claim.problem(store, _claim(Path("/old-server/runs/s"), "renamed")) is None  # renamed only
+    moved = _claim(tmp_path / "new-server" / "run", "s")
+    said = remote_claim.problem(store, moved)  # moved under another run.dir: the same run.name is not enough
+    assert said is not None and "belongs to another run" in said and "/old-server/runs/s" in said
+    assert "the same run.name, but a run is its run.dir" in said and "minilmd run --claim-remote CONFIG" in said
     said = remote_claim.problem(store, _claim(tmp_path / "copy" / "run", "copy"))
-    assert said is not None and "/old-server/runs/s" in said and "'copy'" in said
+    assert said is not None and "/old-server/runs/s" in said and "'copy'" in said and "same run.name" not in said
+    assert "/old-server/runs/s" in remote_claim.take_over(store, moved)  # the consent: the claim names it now
+    assert remote_claim.problem(store, moved) is None
+
+
+def test_a_copied_config_with_the_same_run_name_neither_syncs_to_nor_prunes_the_first_runs_remote(dirs, weights,
+                                                                                               tmp_path):
+    """The audit's case: a config copied with only run.dir changed (run.name and run.remote kept, another scratch).
+    Before, the remote took the copy for the first run by its run.name: it resumed from the first run's checkpoint,
+    and its retention (sync.keep) pruned the first run's steps."""
+    local, remote = dirs
+    first = Syncer(local, str(remote), EXPECTED, keep=2, claim=_claim(tmp_path / "a" / "run", "pretrain"))
+    for step in (10, 20):
+        save(local, step, weights)
+        first.sync_newest()
+    copy_local = tmp_path / "b" / "scratch" / "checkpoints"
+    for step in (30, 40, 50):
+        save(copy_local, step, weights)
+    copy = Syncer(copy_local, str(remote), EXPECTED, keep=2, claim=_claim(tmp_path / "b" / "run", "pretrain"))
+    with pytest.raises(SyncError, match="belongs to another run.*--claim-remote"):
+        copy.sync_newest()
+    with pytest.raises(SyncError, match="belongs to another run"):
+        copy.fetch_latest(tmp_path / "fetched")
+    assert _steps(remote) == ["step-00000010", "step-00000020"]
+    assert checkpoint_dirs.read_latest(remote) == "step-00000020"
+    why = remote_claim.still_ours(open_remote(str(remote)), _claim(tmp_path / "b" / "run", "pretrain"))
+    assert why is not None and str(tmp_path / "a" / "run") in why  # retention would delete nothing either
+
+
+@pytest.mark.slow
+def test_a_config_copied_with_only_run_dir_changed_is_refused_and_the_first_run_keeps_its_checkpoints(tmp_path,
+                                                                                                   corpus):
+    """The CLI: the copy (the same run.name and run.remote, another run.dir and run.scratch) is refused by --check
+    (naming the consent) and at launch, exit 2; the first run's checkpoints are as they were."""
+    first = load_config(write_config(tmp_path, corpus))
+    assert run_supervisor(Path(first.source), tmp_path) == 0
+    remote = Path(first.run.remote)
+    before = _steps(remote)
+    assert before[-1] == "step-00000030", before
+    (tmp_path / "copy").mkdir()
+    copy = write_config(tmp_path / "copy", corpus, name=first.run.name, run={"remote": first.run.remote})
+    assert load_config(copy).run_dir != first.run_dir and load_config(copy).scratch_dir != first.scratch_dir
+
+    checked = cli("run", "--check", str(copy))
+    said = checked.stdout + checked.stderr
+    assert checked.returncode == 2, said
+    assert "belongs to another run" in said and str(first.run_dir) in said and "--claim-remote" in said, said
+    assert "resumes from" not in said
+
+    assert run_supervisor(copy, tmp_path / "copy") == 2
+    assert _steps(remote) == before and checkpoint_dirs.read_latest(remote) == "step-00000030"
+    assert not load_config(copy).checkpoint_dir.exists()  # the copy fetched nothing, trained nothing
+    assert remote_claim.read(open_remote(str(remote)))["run_dir"] == run_owner.run_identity(first.run_dir)

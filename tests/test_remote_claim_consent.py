@@ -1,8 +1,8 @@
-"""`minilmd run --claim-remote` (daemon/jobs/remote_claim.py take_over): a run renamed and moved to another server
-(or run.dir), in either order, is another run by the claim's rule (its run.dir or its run.name): its remote's
-owner.json, written by its first sync, names it as it was. Before, every sync of it was refused for ever and the one
-way out was to remove owner.json by hand. The consent rewrites the claim whole (one rename, never another user's
-file), says so in events.jsonl, and never takes the remote of a run whose supervisor is seen running.
+"""`minilmd run --claim-remote` (daemon/jobs/remote_claim.py take_over): a run moved to another run.dir (another
+server or path; renamed too, or not) is another run by the claim's rule (run_owner.is_run: a run is its run.dir):
+its remote's owner.json, written by its first sync, names it as it was. Before, every sync of it was refused for
+ever and the one way out was to remove owner.json by hand. The consent rewrites the claim whole (one rename, never
+another user's file), says so in events.jsonl, and never takes the remote of a run whose supervisor is seen running.
 """
 from __future__ import annotations
 
@@ -164,15 +164,19 @@ def test_another_users_file_put_in_place_of_the_claim_meanwhile_is_left_as_it_is
 
 
 @pytest.mark.slow
-def test_a_run_renamed_and_moved_claims_its_remote_with_the_consent_and_resumes_from_it(tmp_path, corpus):
-    """The CLI end to end: the first run syncs steps 10-30; the same run renamed and moved (new run.name, new
-    run.dir) is refused by `--check` (which names the consent), `--check --claim-remote` says what the launch will
-    take, the launch with it resumes from step 30 and syncs step 40; the event says so, and the old place's syncs
-    are refused from then on."""
+@pytest.mark.parametrize("name", ["moved", "s"], ids=["renamed", "same-run-name"])
+def test_a_run_moved_to_another_run_dir_claims_its_remote_with_the_consent_and_resumes_from_it(tmp_path, corpus,
+                                                                                                name):
+    """The CLI end to end: the first run ("s") syncs steps 10-30; the same run moved to another run.dir (renamed,
+    or under its run.name) is refused by `--check` (which names the consent), `--check --claim-remote` says what
+    the launch will take, the launch with it resumes from step 30 and syncs step 40; the event says so, and the old
+    place's syncs are refused from then on."""
     first = load_config(write_config(tmp_path, corpus, train={"max_steps": 30}))
     assert run_supervisor(Path(first.source), tmp_path) == 0
     remote = Path(first.run.remote)
-    moved = write_config(tmp_path, corpus, name="moved", run={"remote": str(remote)}, train={"max_steps": 40})
+    (tmp_path / "new-server").mkdir()
+    moved = write_config(tmp_path / "new-server", corpus, name=name, run={"remote": str(remote)},
+                         train={"max_steps": 40})
 
     refused = cli("run", "--check", str(moved))
     assert refused.returncode == 2 and "--claim-remote" in refused.stdout + refused.stderr, refused.stderr
@@ -193,7 +197,7 @@ def test_a_run_renamed_and_moved_claims_its_remote_with_the_consent_and_resumes_
     assert any("step-00000030" in m for m in fetched), fetched  # resumed from the first run's newest
     assert checkpoint_dirs.read_latest(remote) == "step-00000040"
     owner = remote_claim.read(open_remote(str(remote)))
-    assert owner["run_dir"] == run_owner.run_identity(cfg.run_dir) and owner["run_name"] == "moved"
+    assert owner["run_dir"] == run_owner.run_identity(cfg.run_dir) and owner["run_name"] == name
     again = cli("run", "--check", first.source)  # the run as it was: its remote is the moved run's now
     assert again.returncode == 2 and "belongs to another run" in again.stdout + again.stderr
 

@@ -96,8 +96,9 @@ def test_run_check_says_another_users_owner_json_once(teammate, tmp_path, corpus
 
 @pytest.mark.slow
 def test_claim_remote_never_replaces_another_users_owner_json(teammate, tmp_path, corpus):
-    """`minilmd run --claim-remote` (the consent to take a renamed and moved run's remote): another user's file is
-    not a claim this user may rewrite; the launch exits 2 before anything is made, the file as it was."""
+    """`minilmd run --claim-remote` (the consent to take the remote of a run moved to another run.dir): another
+    user's file is not a claim this user may rewrite; the launch exits 2 before anything is made, the file as it
+    was."""
     (uid, gid), where = teammate
     remote = group_dir(where, gid, "remote")
     config = write_config(tmp_path, corpus, run={"remote": str(remote)})

@@ -1,7 +1,8 @@
 """A run's remote belongs to that run alone: `<run.remote>/owner.json` (names.REMOTE_OWNER) names the run whose
 syncs write there, in the shape of a scratch's owner.json (minilmd/run_owner.py). A remote is this run's when its
-record names this run's run.dir or its run.name (`is_this_run`: a run moved to a new server keeps its run.name and
-run.remote, its run.dir may differ), so a config copied with a new run.name and run.dir is another run.
+record names this run's run.dir (`run_owner.is_run`, the one rule a scratch's claim keeps too): a config copied with
+another run.dir is another run, whatever its run.name (the same run.name kept by a copy once let the copy resume from
+the first run's checkpoint and prune it: both pruned each other's when they ran at once).
 
 A config copied for a second run whose run.remote was left as it was would otherwise resume from the first run's
 checkpoint, sync its own steps there and prune the first run's with `sync.keep`. So:
@@ -16,10 +17,11 @@ checkpoint, sync its own steps there and prune the first run's with `sync.keep`.
   fetch event naming this URL since the last `--fresh`); any other run is refused, told how to claim it by hand
   when those checkpoints are its own. An empty remote is claimed by the first run that syncs there.
 The claim is per run, not per host: every node of a Slurm job, every restart on another machine and a move to a new
-server name the same run. A sync never rewrites it, so a run both renamed and moved (in either order) is refused by
-its own remote: `minilmd run --claim-remote`, the user's consent (`take_over`), rewrites it whole to name this run (one
-rename: RemoteStore.replace_own), only where it is this user's own file and no live supervisor of the run it names is
-seen, and says so in events.jsonl. Torch-free.
+server where run.dir is the same path (a shared home) name the same run, and so does a run renamed in its run.dir. A
+sync never rewrites it, so a run moved to another run.dir (another server, another path; renamed or not) is refused
+by its own remote, as a copy is: `minilmd run --claim-remote`, the user's consent (`take_over`), rewrites it whole to
+name this run (one rename: RemoteStore.replace_own), only where it is this user's own file and no live supervisor of
+the run it names is seen, and says so in events.jsonl. Torch-free.
 """
 from __future__ import annotations
 
@@ -96,7 +98,7 @@ def problem(store: RemoteStore, claim: Claim) -> str | None:
                 f"there nor resumes from there; if they are this run's, {consent}remove {store.show(REMOTE_OWNER)} "
                 f"(the next sync claims the remote again)")
     if owner is not None:
-        return None if is_this_run(owner, claim) else _another_run(store, owner, claim)
+        return None if run_owner.is_run(owner, claim.run_dir) else _another_run(store, owner, claim)
     steps = _steps(store)
     if not steps or claim.synced_before():
         return None
@@ -141,15 +143,7 @@ def still_ours(store: RemoteStore, claim: Claim) -> str | None:
         return str(e)
     if owner is None:
         return f"{store.show(REMOTE_OWNER)} is gone"
-    return None if is_this_run(owner, claim) else f"it names {run_owner.describe(owner)}"
-
-
-def is_this_run(owner: dict, claim: Claim) -> bool:
-    """Whether a remote's owner record names the claiming run: its run.dir (a run renamed keeps its run.dir), or its
-    run.name (a run moved to a new server keeps its run.name and run.remote, while its run.dir, a local path, may
-    differ: docs/operations.md). A copy of a config with another run.name and another run.dir is another run.
-    Looser than scratch's rule (run.dir alone), since a remote outlives the server a run started on."""
-    return run_owner.is_run(owner, claim.run_dir) or owner.get("run_name") == claim.run_name
+    return None if run_owner.is_run(owner, claim.run_dir) else f"it names {run_owner.describe(owner)}"
 
 
 def _steps(store: RemoteStore) -> list[str]:
@@ -160,14 +154,15 @@ def _steps(store: RemoteStore) -> list[str]:
 
 
 def _another_run(store: RemoteStore, owner: dict, claim: Claim) -> str:
+    same_name = "; the same run.name, but a run is its run.dir" if owner.get("run_name") == claim.run_name else ""
     return (f"run.remote {store.url} belongs to another run: {run_owner.describe(owner)}, not this one "
-            f"({run_owner.run_identity(claim.run_dir)}, run.name {claim.run_name!r}). Two runs never share a remote "
-            f"(this one would resume from that run's checkpoint, and its syncs would prune that run's checkpoints): "
-            f"set run.remote to a directory of this run's own; to start from that run's checkpoint, name it in "
-            f"init.from (init.from = {store.url!r} takes its newest, or one of its step-NNNNNNNN directories); if "
-            f"that run is this one under a new run.name and run.dir (renamed and moved, in either order), start it "
-            f"once with `minilmd run {CONSENT} CONFIG` ({TAKING_OVER}), or remove {store.show(REMOTE_OWNER)} (this "
-            f"run's next sync claims the remote)")
+            f"({run_owner.run_identity(claim.run_dir)}, run.name {claim.run_name!r}{same_name}). Two runs never "
+            f"share a remote (this one would resume from that run's checkpoint, and its syncs would prune that run's "
+            f"checkpoints): set run.remote to a directory of this run's own; to start from that run's checkpoint, "
+            f"name it in init.from (init.from = {store.url!r} takes its newest, or one of its step-NNNNNNNN "
+            f"directories); if that run is this one in another run.dir (moved to another server or path, renamed "
+            f"or not), start it once with `minilmd run {CONSENT} CONFIG` ({TAKING_OVER}), or remove "
+            f"{store.show(REMOTE_OWNER)} (this run's next sync claims the remote)")
 
 
 def _unclaimed(store: RemoteStore, steps: list[str], claim: Claim) -> str:
@@ -243,8 +238,8 @@ def _probe(cfg, look: Callable[[RemoteStore], object]):
 CONSENT = "--claim-remote"
 TAKING_OVER = ("it rewrites the claim to name this run: this run then continues from the remote's newest "
                "checkpoint and prunes the others by sync.keep, and the run the claim named has its syncs there "
-               "refused from then on (nothing copied, nothing pruned): only for that run under its new name and "
-               "place, running nowhere else")
+               "refused from then on (nothing copied, nothing pruned): only for that run in its new run.dir, "
+               "running nowhere else")
 """What taking a remote over means, for the refusal, `run --check`, the event and the help alike."""
 
 
@@ -279,7 +274,7 @@ def take_over_plan(store: RemoteStore, claim: Claim) -> TakeOver:
     if owner is None:
         steps = _steps(store)
         return TakeOver(takes=f"it held checkpoints ({steps[-1]} the newest) and no {REMOTE_OWNER}" if steps else "")
-    if is_this_run(owner, claim):
+    if run_owner.is_run(owner, claim.run_dir):
         return TakeOver()
     if running := _running(owner):
         return TakeOver(refused=f"run.remote {store.url} belongs to {run_owner.describe(owner)}, whose supervisor "
