@@ -4,7 +4,8 @@ own guard, so each new surface started unguarded).
 The audit walks the source of minilmd/, daemon/ and trainer/ (tests/source_tree.py's one parse) and lists each such
 call, under whatever name its module or function was imported (`import shutil as sh`, `from os import rename`):
 os.rename, replace, chmod, unlink, remove, rmdir, mkdir, makedirs, link, symlink, mkfifo, truncate, and os.open with
-O_CREAT (in its flags, a module constant, or flags it cannot read); shutil.rmtree, move, copy*; tempfile's mkstemp,
+O_CREAT, O_WRONLY, O_RDWR, O_TRUNC or O_APPEND (in its flags, a module constant, or flags it cannot read);
+shutil.rmtree, move, copy*; tempfile's mkstemp,
 mkdtemp, NamedTemporaryFile, TemporaryDirectory, TemporaryFile; numpy's save, savez, savez_compressed, savetxt and
 an array's tofile; safetensors' save_file; torch.save; open() and Path.open() for writing; Path.write_text/
 write_bytes/mkdir/unlink/rmdir/rename/replace/chmod/touch/symlink_to. A call given a directory descriptor (dir_fd=,
@@ -115,8 +116,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("main", ".mkdir"): 1, ("main", ".write_bytes"): 1, ("main", ".write_text"): 2}),
     "daemon/demo_dpo.py": ("private", DEMO_DIR + " (its DPO config)", {("dpo_stage", ".write_text"): 1}),
     "daemon/host/leases.py": ("private", "the GPU lock directory and the missing ones above it, made after the "
-                              "chain above is checked (leases.py: the rule dirfd keeps), then used by descriptor", {
-        ("_open_dir", "os.mkdir"): 1}),
+                              "chain above is checked (leases.py: the rule dirfd keeps), then used by descriptor; a "
+                              "lease file of ours reopened writable through /proc/self/fd (the open file already "
+                              "judged, no name looked up again)", {
+        ("_open_dir", "os.mkdir"): 1, ("_open_in", "os.open"): 1}),
     "daemon/host/lock.py": ("gap", RUN_DIR + " (supervisor.lock: O_NOFOLLOW|O_NONBLOCK, by path)", {
         ("RunLock.acquire", ".mkdir"): 1, ("RunLock.acquire", "os.open"): 1}),
     "daemon/host/registry.py": ("private", "the per-user registry (0700, this user's) and the system one (root's, "
@@ -146,8 +149,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/phases/rundirwatch.py": ("gap", RUN_DIR + " (its space reserve, O_NOFOLLOW|O_NONBLOCK, by path)", {
         ("make_reserve", "os.open"): 1, ("make_reserve", ".unlink"): 1, ("release_reserve", ".unlink"): 1}),
     "daemon/runfiles.py": ("gap", RUN_DIR, {("RunFiles.__init__", ".mkdir"): 1}),
-    "daemon/base/runstate.py": ("gap", RUN_DIR + " (events.jsonl and supervisor.log, O_APPEND|O_CREAT by path)", {
-        ("EventLog.reopen", "os.open"): 1, ("EventLog.emit", "os.open"): 1}),
+    "daemon/base/runstate.py": ("gap", RUN_DIR + " (events.jsonl and supervisor.log, O_APPEND|O_CREAT by path); "
+                                "/dev/null put under a lost stdout (EventLog._echo)", {
+        ("EventLog.reopen", "os.open"): 1, ("EventLog.emit", "os.open"): 1, ("EventLog._echo", "os.open"): 1}),
     "daemon/base/timeline.py": ("gap", RUN_DIR + " (metrics.jsonl: the --fresh marker appended, O_NOFOLLOW|O_NONBLOCK, "
                                 "a regular file only)", {("mark_fresh", "os.open"): 1}),
     "daemon/supervisor.py": ("gap", RUN_DIR, {("Supervisor._launch", ".unlink"): 1}),
@@ -212,6 +216,9 @@ def _mode(call: ast.Call, position: int) -> str | None:
     return None if mode is None else "?"  # a mode not spelled out: counted as a write, to be reviewed
 
 
+WRITE_FLAGS = {"O_CREAT", "O_WRONLY", "O_RDWR", "O_TRUNC", "O_APPEND"}
+
+
 class _Names:
     """What a module's names stand for: `import shutil as sh` makes sh "shutil", `from os import rename as r` makes
     r "os.rename"; and its module-level constants (flags = os.O_WRONLY | os.O_CREAT) for os.open's flags."""
@@ -242,10 +249,11 @@ class _Names:
         return None
 
     def creates(self, flags: ast.expr, seen: frozenset = frozenset()) -> bool:
-        """Whether os.open's flags hold O_CREAT, through the module's constants."""
+        """Whether os.open's flags write (WRITE_FLAGS: O_CREAT, and O_WRONLY, O_RDWR, O_TRUNC or O_APPEND, which
+        write into whatever stands at the path, a planted link's target too), through the module's constants."""
         for node in ast.walk(flags):
             if isinstance(node, (ast.Name, ast.Attribute)) and (
-                    node.id if isinstance(node, ast.Name) else node.attr) == "O_CREAT":
+                    node.id if isinstance(node, ast.Name) else node.attr) in WRITE_FLAGS:
                 return True
             if isinstance(node, ast.Name) and node.id in self.aliases and node.id not in seen and \
                     (imported := _imported_constant(self.aliases[node.id])) is not None:
@@ -416,6 +424,8 @@ def f(p, d, flags, arr):
     os.open(p, LOG_APPEND)
     os.open(p, WALK_DIR)
     os.open(p, flags)
+    os.open(p, os.O_WRONLY | os.O_TRUNC)
+    os.open(p, os.O_APPEND | os.O_WRONLY)
     save_file({}, p)
     safetensors.torch.save_file({}, p)
     np.save(p, arr)
@@ -432,7 +442,7 @@ def test_the_audit_sees_each_kind_of_call_by_any_name():
     relative to a descriptor, or only reading, are not."""
     assert _Sites(ast.parse(PROBE)).found == Counter({
         ("f", "os.chmod"): 1, ("f", ".write_text"): 1, ("f", "open"): 1, ("f", "shutil.rmtree"): 2,
-        ("f", ".replace"): 1, ("f", "os.rename"): 1, ("f", "os.open"): 4, ("f", "safetensors.save_file"): 2,
+        ("f", ".replace"): 1, ("f", "os.rename"): 1, ("f", "os.open"): 6, ("f", "safetensors.save_file"): 2,
         ("f", "np.save"): 1, ("f", "np.savez"): 1, ("f", ".tofile"): 1, ("f", "tempfile.NamedTemporaryFile"): 1,
         ("f", "tempfile.mkstemp"): 1})
 
