@@ -28,7 +28,8 @@ PYTHONPATH) and the user's site-packages.
 The `minilmd` console script is safe as it is: its sys.path[0] is the directory of the script itself (the venv's
 bin/). scripts/setup.sh and deploy/minilmd-tmux.sh run their own `python` from "/". The Makefile's commands are left
 as they are: they run in the checkout (make's directory), whose code is what they run anyway, and need it
-(pytest's rootdir, the demos' default directories).
+(pytest's rootdir, the demos' default directories). tests/test_one_way_to_start_python.py fails on a Python started
+anywhere else.
 """
 from __future__ import annotations
 
