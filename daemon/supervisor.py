@@ -86,7 +86,7 @@ class Supervisor(Ending):
         self.config_path = Path(config_path)
         self.cli_sets = given_sets(cli_overrides)  # made absolute now: the working directory may be deleted later
         self.infra = infra or Infra()
-        self.run_dir = cfg.run_dir.resolve()
+        self.run_dir = cfg.run_dir  # settled by run() (preflight.launch has already: its real path)
         self.echo = echo
         self.signals = Signals()
         self.notifier = Notifier()
@@ -104,11 +104,12 @@ class Supervisor(Ending):
     # --- the run, from lock to exit status ------------------------------------------------------------------------
     def run(self) -> int:
         from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
-        from minilmd.place_rule import PlaceRefused, make_run_dir
+        from minilmd.place_rule import PlaceRefused, settle_run_dir
 
-        lock = RunLock(self.run_dir)
-        try:
-            make_run_dir(self.run_dir)  # judged again once made: nothing is written in another user's directory
+        try:  # made and judged in one walk, once: every file after goes under its real path (no resolve() later)
+            self.run_dir = settle_run_dir(self.run_dir)
+            self.cfg.run.dir = str(self.run_dir)
+            lock = RunLock(self.run_dir)
             lock.acquire()
         except (LockHeld, LockUnsafe, PlaceRefused) as e:
             print(f"minilmd run: {e}", flush=True)
@@ -477,4 +478,8 @@ def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: 
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
+    except OSError as e:  # run.dir could not be made (preflight.settle_run_dir: e.filename is run.dir)
+        if not full_at_start(Path(e.filename), OSError(e.errno, e.strerror)):
+            raise
+        return protocol.SUPERVISOR_RUN_DIR_FULL
     return Supervisor(cfg, config_path, overrides, fresh=fresh).run()
