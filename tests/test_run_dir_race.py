@@ -151,3 +151,27 @@ def test_settle_refuses_a_loop_of_links(tmp_path):
     with pytest.raises(place_rule.PlaceRefused, match="more than 40 symbolic links"):
         place_rule.settle_run_dir(tmp_path / "a" / "run")
     assert sorted(os.listdir(tmp_path)) == ["a", "b"]
+
+
+def test_a_run_dir_through_her_own_link_launches_at_its_real_path(tmp_path, corpus, monkeypatch, umask_kept):
+    """~/runs a link of hers to /data/runs: the launch passes, the config and scratch's owner record carry the real
+    path, which is what `minilmd run` carried as its identity (procs.carry_supervisor_identity resolves it)."""
+    data = tmp_path / "data" / "runs"
+    data.mkdir(parents=True)
+    (tmp_path / "runs").symlink_to(data)
+    config = write_config(tmp_path, corpus, name="linked", remote=False, run={"dir": str(tmp_path / "runs" / "x")})
+    monkeypatch.setenv(names.SUPERVISOR_RUN_DIR_ENV, str((tmp_path / "runs" / "x").resolve()))
+    cfg = preflight.launch(str(config))
+    assert cfg.run.dir == str(data / "x") and (data / "x").is_dir()
+    assert f'"run_dir": "{data / "x"}"' in (cfg.scratch_dir / names.SCRATCH_OWNER).read_text()
+
+
+def test_a_run_dir_that_leads_elsewhere_than_when_the_command_started_is_refused(tmp_path, corpus, monkeypatch,
+                                                                                 umask_kept):
+    """`minilmd run` carries the run directory it resolved at its start (for `stop`'s proof); a link on the way
+    that moved before the launch's walk would leave the supervisor named for another run directory: refused."""
+    config = write_config(tmp_path, corpus, name="moved", remote=False)
+    monkeypatch.setenv(names.SUPERVISOR_RUN_DIR_ENV, str(tmp_path / "elsewhere"))
+    with pytest.raises(ConfigError, match="a link on the way changed"):
+        preflight.launch(str(config))
+    assert not (load_config(config).scratch_dir / names.SCRATCH_OWNER).exists()
