@@ -121,6 +121,22 @@ def test_no_directory_is_made_through_his_link_on_the_way_to_an_output(tmp_path,
     assert list(hers.iterdir()) == []
 
 
+def test_prepare_makes_nothing_through_his_link_on_the_way_to_out(tmp_path, shared, monkeypatch, demo_jsonl,
+                                                                 tokenizer):
+    """prepare --out: judged by path while `race` was missing (check_out_place), then its missing directories made
+    by path and its directory opened by realpath, both through his link: the corpus went into her private
+    directory. Now the walk that makes them meets his link: refused, nothing made there."""
+    from data_helpers import run_prepare
+    from minilmd.corpus.prepare import lock
+
+    hers = tmp_path / "hers"
+    hers.mkdir(mode=0o700)
+    _plant_after(monkeypatch, lock, "place_problem", f"ln -s {hers} race", shared)
+    with pytest.raises(ValueError, match="symbolic link"):
+        run_prepare(demo_jsonl[:1], tokenizer, shared / "race" / "sub" / "corpus", val_fraction=0.1)
+    assert list(hers.iterdir()) == []
+
+
 def test_dir_open_follows_no_link_planted_after_its_judgement(tmp_path, shared, monkeypatch):
     """Dir.open (scratch, the GPU lock directory, a run.remote): the judgement by path, then a realpath that
     followed whatever link stood there by then, then a walk of that real path. Now the walk itself meets the link."""
