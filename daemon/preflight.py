@@ -165,8 +165,8 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     as its real path, then scratch claimed for this run; raises ConfigError (exit 2) if any refuses. Everything
     after (the claim's owner record, the supervisor, its trainer) uses that path, never the configured one again: a
     link planted on the way after check() cannot choose another run directory. The command (`minilmd run`) has
-    given the process the run's identity before this (minilmd/procs.py `carry_supervisor_identity`). OSError as it
-    comes when run.dir cannot be made (full: the caller says so)."""
+    given the process the run's identity before this (minilmd/procs.py `carry_supervisor_identity`). OSError (its
+    filename run.dir) when run.dir's file system is full: the caller says so (exit 73)."""
     cfg = check(config_path, overrides, fresh)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
     settle_run_dir(cfg)
