@@ -180,7 +180,8 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
     one else could have put it there); another's is refused. So the path is judged and resolved in one look: no
     link planted after a judgement by path leads a later resolve() or mkdir(parents=True) elsewhere, and nothing
     is made past a refusal. PlaceRefused, or OSError as it comes (a file in the way)."""
-    pending = ["/", *Path(os.path.abspath(path)).parts[1:]][::-1]  # popped from the end: next component last
+    given = Path(os.getcwd(), path)  # not abspath: "a/link/.." is where the link leads, up one, as the kernel says
+    pending = ["/", *given.parts[1:]][::-1]  # popped from the end: next component last
     chain: list[tuple[int, Path]] = []  # the directories walked so far, each open and judged: (descriptor, real path)
     links = 0
 

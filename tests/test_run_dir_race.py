@@ -159,6 +159,8 @@ def test_settle_follows_her_own_links_and_makes_what_is_missing(tmp_path):
         real = place_rule.settle_run_dir(given)
         assert real.is_dir() and real == Path(os.path.realpath(given)) and real.parent.parent == data / "runs"
     assert place_rule.settle_run_dir(data / "runs" / "a" / "run") == data / "runs" / "a" / "run"  # a restart
+    through = tmp_path / "home" / "runs" / ".." / "c"  # `..` after a link: up from where it leads, as the kernel
+    assert place_rule.settle_run_dir(through) == data / "c" == Path(os.path.realpath(through))
 
 
 def test_settle_refuses_a_loop_of_links(tmp_path):
