@@ -193,3 +193,17 @@ def test_a_run_dir_that_leads_elsewhere_than_when_the_command_started_is_refused
     with pytest.raises(ConfigError, match="a link on the way changed"):
         preflight.launch(str(config))
     assert not (load_config(config).scratch_dir / names.SCRATCH_OWNER).exists()
+
+
+def test_minilmd_train_on_its_own_makes_nothing_through_his_link(tmp_path, corpus, shared):
+    """make_run_dir made run.dir by mkdir(parents=True) by path, then judged it: through his link at a missing
+    `race`, the directories appeared in her private directory before the refusal. Now the walk refuses first."""
+    from minilmd.trainer.loop.train import run
+
+    hers = tmp_path / "hers"
+    hers.mkdir(mode=0o700)
+    config = write_config(tmp_path, corpus, name="raced-train", remote=False,
+                          run={"dir": str(shared / "race" / "new" / "run")})
+    sh_as_user(f"ln -s {hers} race", cwd=shared)
+    assert run(load_config(config)) == SUPERVISOR_CONFIG
+    assert list(hers.iterdir()) == []
