@@ -9,9 +9,13 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   (still root's or ours): a run.remote's. A judgement by path alone is a moment's: a group member who may write a
   team directory above the target can rename a directory on the way and put his own there right after it.
 - `open_walked(path, ...)` therefore opens the directory component by component from "/" (openat, no link
-  followed), each directory judged again by the same rule on what its descriptor holds (fstat): a directory
-  swapped in after place_problem passed is one of another owner, or a link now, and refused (PlaceRefused).
-  minilmd/dirfd.py's Dir.open uses both. Torch-free.
+  followed by the kernel), each directory judged again by the same rule on what its descriptor holds (fstat): a
+  directory swapped in after place_problem passed is one of another owner, or a link now, and refused
+  (PlaceRefused). minilmd/dirfd.py's Dir.open uses both.
+- `walk_to(path, ..., mode)` is that walk, which also makes a missing directory (mkdirat at its judged parent) and
+  follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory and prepare --out are
+  judged, made and resolved in this one step, their real path used after (never a resolve() or mkdir(parents=True)
+  by path, which a link planted meanwhile would lead elsewhere). Torch-free.
 """
 from __future__ import annotations
 
