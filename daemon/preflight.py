@@ -21,13 +21,16 @@ Torch-free.
 """
 from __future__ import annotations
 
-from minilmd import names, perms, scratch
+import os
+
+from minilmd import names, perms, place_rule, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
 from minilmd.daemon.host.gpu import device_problems, lock_dir_problems
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.scratch_room import run_space_problem
+from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
 
@@ -163,11 +166,15 @@ def systemd_stop_note(cfg: RunConfig) -> str | None:
 
 def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
            claim_remote: bool = False) -> RunConfig:
-    """check(), then claim scratch for this run; raises ConfigError (exit 2) if either refuses. The command
-    (`minilmd run`) has given the process the run's identity before this (minilmd/procs.py
-    `carry_supervisor_identity`)."""
+    """check(), then run.dir settled (made and judged in one walk: place_rule.settle_run_dir) and put in the config
+    as its real path, then scratch claimed for this run; raises ConfigError (exit 2) if any refuses. Everything
+    after (the claim's owner record, the supervisor, its trainer) uses that path, never the configured one again: a
+    link planted on the way after check() cannot choose another run directory. The command (`minilmd run`) has
+    given the process the run's identity before this (minilmd/procs.py `carry_supervisor_identity`). RunDirFull
+    when run.dir's file system is full (said: the caller exits 73)."""
     cfg = check(config_path, overrides, fresh, claim_remote)
     perms.apply(cfg.run.share)  # before anything is created, and before any thread: the trainer inherits it
+    settle_run_dir(cfg)
     try:
         scratch.claim(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
     except scratch.ScratchRefused as e:
@@ -175,3 +182,27 @@ def launch(config_path: str, overrides: list[str] | None = None, fresh: bool = F
     except OSError as e:
         raise ConfigError([f"run.scratch {cfg.scratch_dir} cannot be made this run's: {e}"], cfg.source) from None
     return cfg
+
+
+class RunDirFull(Exception):
+    """run.dir could not be made: its file system is full (said on stdout; `minilmd run` exits 73)."""
+
+
+def settle_run_dir(cfg: RunConfig) -> None:
+    """cfg.run.dir made, judged and replaced by its real path (place_rule.settle_run_dir), once; ConfigError when
+    refused, or when it is not the run directory this process was started for (its identity, which `stop` proves,
+    named another: a link on the way moved between the exec and now)."""
+    try:
+        real = place_rule.settle_run_dir(cfg.run_dir)
+    except place_rule.PlaceRefused as e:
+        raise ConfigError([str(e)], cfg.source) from None
+    except OSError as e:
+        if full_at_start(cfg.run_dir, e):  # said; the caller's exit 73, as a run.dir full once made
+            raise RunDirFull(str(cfg.run_dir)) from e
+        raise ConfigError([f"run.dir {cfg.run.dir} cannot be made: {e.strerror or e}"], cfg.source) from None
+    carried = os.environ.get(names.SUPERVISOR_RUN_DIR_ENV)
+    if carried and carried != str(real):
+        raise ConfigError([f"run.dir {cfg.run.dir} leads to {real} now, not to {carried} as when this command "
+                           f"started (a link on the way changed meanwhile); nothing was started: check the links on "
+                           f"the way to run.dir, then start the run again"], cfg.source)
+    cfg.run.dir = str(real)

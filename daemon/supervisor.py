@@ -87,7 +87,7 @@ class Supervisor(Ending):
         self.config_path = Path(config_path)
         self.cli_sets = given_sets(cli_overrides)  # made absolute now: the working directory may be deleted later
         self.infra = infra or Infra()
-        self.run_dir = cfg.run_dir.resolve()
+        self.run_dir = cfg.run_dir  # settled by run() (preflight.launch has already: its real path)
         self.echo = echo
         self.signals = Signals()
         self.notifier = Notifier()
@@ -105,11 +105,12 @@ class Supervisor(Ending):
     # --- the run, from lock to exit status ------------------------------------------------------------------------
     def run(self) -> int:
         from minilmd.daemon.host.lock import LockHeld, LockUnsafe, RunLock
-        from minilmd.place_rule import PlaceRefused, make_run_dir
+        from minilmd.place_rule import PlaceRefused, settle_run_dir
 
-        lock = RunLock(self.run_dir)
-        try:
-            make_run_dir(self.run_dir)  # judged again once made: nothing is written in another user's directory
+        try:  # made and judged in one walk, once: every file after goes under its real path (no resolve() later)
+            self.run_dir = settle_run_dir(self.run_dir)
+            self.cfg.run.dir = str(self.run_dir)
+            lock = RunLock(self.run_dir)
             lock.acquire()
         except (LockHeld, LockUnsafe, PlaceRefused) as e:
             print(f"minilmd run: {e}", flush=True)
@@ -463,8 +464,7 @@ class Supervisor(Ending):
             self.staging.forget()
             self._go(Phase.STAGING, "the staged corpus is missing from scratch")
             return
-        if self.cfg.run.remote and self.state.remote_checkpoint and \
-                not local_checkpoint_steps(self.cfg.checkpoint_dir):
+        if self.cfg.run.remote and self.state.remote_checkpoint and not local_checkpoint_steps(self.cfg.checkpoint_dir):
             # the trainer would start from step 0: fetch the synced checkpoint first (staging reuses the copy)
             self._go(Phase.STAGING, "scratch lost its checkpoints: fetching the newest from the remote")
             return
@@ -488,11 +488,13 @@ class Supervisor(Ending):
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
                    claim_remote: bool = False) -> int:
-    """`minilmd run CONFIG`: load, check as --check does, claim scratch (exit 2 on problems), supervise to the end.
-    `fresh`: `run --fresh` (daemon/jobs/remotewait.py); `claim_remote`: `run --claim-remote` (remote_claim.py)."""
+    """`minilmd run CONFIG`: preflight.launch (--check's checks, run.dir settled, scratch claimed: exit 2 on problems),
+    then supervise to the end. `fresh`: `run --fresh`; `claim_remote`: `run --claim-remote` (remote_claim.py)."""
     try:
-        cfg = preflight.launch(config_path, overrides, fresh, claim_remote)  # --check's checks, then scratch is claimed
+        cfg = preflight.launch(config_path, overrides, fresh, claim_remote)
     except ConfigError as e:
         print(f"minilmd run: {e}", flush=True)
         return protocol.SUPERVISOR_CONFIG
+    except preflight.RunDirFull:  # said there
+        return protocol.SUPERVISOR_RUN_DIR_FULL
     return Supervisor(cfg, config_path, overrides, fresh=fresh, claim_remote=claim_remote).run()

@@ -12,8 +12,9 @@ a `--force` of `prepare` each did that to the victim). So everything minilmd cre
   followed when root's or ours (`own_links`). Opt-ins: `group_share` waives target's own directory (a team
   directory, touched only through its descriptor), `team_above` lets the directories above be group-writable
   (still root's or ours): a run.remote's;
-- `Dir.open` opens the directory once: its real path walked from "/" by openat, no link followed, each directory
-  judged again on its descriptor (place_rule.open_walked: one swapped in after the judgement by path is refused);
+- `Dir.open` opens the directory once: walked from "/" by openat, no link followed but by the walk itself (root's or
+  ours), each directory judged again on its descriptor (place_rule.open_walked: one swapped in, or a link planted,
+  after the judgement by path is refused);
   every later create, chmod, rename, exchange (renameat2) and delete is relative to its descriptor (`dir_fd=`,
   O_NOFOLLOW, O_EXCL), never by a path through its name;
 - `Dir.make_temp` makes a temporary directory with a random name inside it, 0700, opened at once: a `Dir` of its

@@ -27,6 +27,7 @@ from pathlib import Path
 from minilmd import dirfd, perms
 from minilmd.dirfd import RENAME_EXCHANGE
 from minilmd.names import atomic_tmp_prefix, replaced_name
+from minilmd.place_rule import walk_to
 from minilmd.untrusted import Unreadable, file_kind, open_regular
 
 CHUNK = 1 << 22
@@ -171,13 +172,14 @@ place rule would refuse them)."""
 def open_out_parent(out: Path, label: str, what: str, advice: str, *, group_share: bool = False) -> dirfd.Dir:
     """The directory of an output `out` (export's --out, tokenizer train's), under the place rule (a link on the way
     followed only when root's or ours; `group_share` waives the rule for that directory alone: a team directory),
-    made when missing and opened once by the walk (Dir.open): the output is then written at that descriptor, never
-    by a name another user could turn into a link to the victim's files. PlaceRefused when refused (the message
-    ends with `advice`), nothing made; OSError as it comes."""
+    made when missing and opened in one walk (place_rule.walk_to: each missing directory made at its judged
+    parent's descriptor, never by a path a link planted meanwhile would lead elsewhere): the output is then written
+    at that descriptor, never by a name another user could turn into a link to the victim's files. PlaceRefused
+    when refused (the message ends with `advice`), nothing made past the refusal; OSError as it comes."""
     if problem := dirfd.place_problem(label, out, what, advice, own_links=True, group_share=group_share):
         raise dirfd.PlaceRefused(problem)
-    make_missing_dirs(out.parent, OUT_DIR_MODE)
-    return dirfd.Dir.open(out.parent, f"the directory of {label}", group_share=group_share)
+    fd, _ = walk_to(out.parent, f"the directory of {label}", what, advice, OUT_DIR_MODE, group_share=group_share)
+    return dirfd.Dir(fd, out.parent)  # the path only names it in messages: as the user wrote it
 
 
 

@@ -9,9 +9,13 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   (still root's or ours): a run.remote's. A judgement by path alone is a moment's: a group member who may write a
   team directory above the target can rename a directory on the way and put his own there right after it.
 - `open_walked(path, ...)` therefore opens the directory component by component from "/" (openat, no link
-  followed), each directory judged again by the same rule on what its descriptor holds (fstat): a directory
-  swapped in after place_problem passed is one of another owner, or a link now, and refused (PlaceRefused).
-  minilmd/dirfd.py's Dir.open uses both. Torch-free.
+  followed by the kernel), each directory judged again by the same rule on what its descriptor holds (fstat): a
+  directory swapped in after place_problem passed is one of another owner, or a link now, and refused
+  (PlaceRefused). minilmd/dirfd.py's Dir.open uses both.
+- `walk_to(path, ..., mode)` is that walk, which also makes a missing directory (mkdirat at its judged parent) and
+  follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory and prepare --out are
+  judged, made and resolved in this one step, their real path used after (never a resolve() or mkdir(parents=True)
+  by path, which a link planted meanwhile would lead elsewhere). Torch-free.
 """
 from __future__ import annotations
 
@@ -117,15 +121,16 @@ def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
                          own_links=True)
 
 
-def make_run_dir(run_dir: str | os.PathLike) -> None:
-    """run.dir made (with the directories missing above it) and judged again once made (`run_dir_problem`), before a
-    file is written in it: between the judgement of `run --check` or the launch and this, another user may have made
-    it, or a directory above it, his own (he waited for the scratch to appear: the supervisor then wrote its files
-    into his directory, and its attempt log through his link). PlaceRefused then. Once made and passed, no other user
-    can rearrange it."""
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    if problem := run_dir_problem(run_dir):
-        raise PlaceRefused(problem)
+def settle_run_dir(run_dir: str | os.PathLike) -> Path:
+    """run.dir made where missing and judged, in one step, once: its real path (`walk_to`, mode 0777 less the
+    umask), which everything after uses, never the configured path again. PlaceRefused as run_dir_problem words it.
+    A judgement by path and a resolve() later were two looks: another user's link planted in between (at a missing
+    /tmp/x on the way) chose another run directory of the victim's, which the supervisor then took over. Every
+    directory on the returned path is root's or ours and no one else can rearrange it: that path stays where it is."""
+    home = "" if _under_home(run_dir) else ", such as one under your home"
+    fd, real = walk_to(run_dir, "run.dir", "the run's files", RUN_DIR_ADVICE.format(home=home), 0o777)
+    os.close(fd)
+    return real
 
 
 def _under_home(path: str | os.PathLike) -> bool:
@@ -155,34 +160,108 @@ def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, ad
 
 def open_walked(path: str | os.PathLike, label: str, what: str, advice: str, *, group_share: bool = False,
                 team_above: bool = False, owners: Set[int] = frozenset()) -> int:
-    """A descriptor (O_RDONLY|O_DIRECTORY) of the directory at path's real path (os.path.realpath, once), reached
-    from "/" one component at a time with openat (no link followed), each directory on the way and the last one
-    judged on its descriptor by place_problem's rule (`group_share` waives the last, `team_above` as there): what
-    a judgement by path cannot promise, since a directory on the way may be swapped right after it. PlaceRefused
-    for a component that is a link or a file now, or that fails the rule; FileNotFoundError when one is gone."""
-    real = Path(os.path.realpath(path))
-    parts = real.parts[1:]
-    fd = os.open("/", WALK_DIR)
+    """A descriptor (O_RDONLY|O_DIRECTORY) of the existing directory at `path`, reached by walk_to (nothing made):
+    from "/" one component at a time with openat, a link followed by the walk only when root's, ours or `owners'`
+    (never a realpath of the path first: a link planted after a judgement by path would choose the directory),
+    each directory judged on its descriptor by place_problem's rule (`group_share` waives the last, `team_above` as
+    there). PlaceRefused for a component that is another's link or a file now, or that fails the rule;
+    FileNotFoundError when one is missing."""
+    fd, _ = walk_to(path, label, what, advice, None, group_share=group_share, team_above=team_above, owners=owners)
+    return fd
+
+
+MAX_LINKS = 40
+"""The links walk_to follows on one walk (the kernel's own limit for a path): a loop of links ends there."""
+
+
+def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: int | None, *,
+            group_share: bool = False, team_above: bool = False, owners: Set[int] = frozenset()) -> tuple[int, Path]:
+    """The directory at `path` reached from "/" one component at a time by descriptor (openat, no link followed by
+    the kernel), a missing one made there (mkdirat, `mode`; None: nothing made, FileNotFoundError) relative to its
+    parent already judged, each judged on its descriptor by place_problem's rule (`group_share` waives the last,
+    `team_above` and `owners` as there): (an O_RDONLY descriptor of it, its real path). A link on the way is
+    followed by the walk itself, and only when it is root's, ours or `owners'` (in a directory already judged: no
+    one else could have put it there); another's is refused. So the path is judged and resolved in one look: no
+    link planted after a judgement by path leads a later resolve() or mkdir(parents=True) elsewhere, and nothing
+    is made past a refusal. PlaceRefused, or OSError as it comes (a file in the way)."""
+    given = Path(os.getcwd(), path)  # not abspath: "a/link/.." is where the link leads, up one, as the kernel says
+    pending = ["/", *given.parts[1:]][::-1]  # popped from the end: next component last
+    chain: list[tuple[int, Path]] = []  # the directories walked so far, each open and judged: (descriptor, real path)
+    links = 0
+
+    def judged(fd: int, here: Path) -> tuple[int, Path]:
+        return _judged(fd, here, path, label, what, advice, not pending, group_share=group_share,
+                       team_above=team_above, owners=owners)
+
     try:
-        for depth in range(len(parts) + 1):
-            here = Path("/", *parts[:depth])
-            where = f"{label} {path}: the directory {here}" + ("" if here == real else " above it")
-            if not (group_share and here == real):
-                problem = _dir_rule_problem(os.fstat(fd), here, where, what, advice, team_above=team_above,
-                                            owners=owners, acl_at=fd)
-                if problem:
-                    raise PlaceRefused(f"{problem} (found so when opened)")
-            if depth == len(parts):
-                return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-            try:
-                below = os.open(parts[depth], WALK_DIR, dir_fd=fd)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise PlaceRefused(f"{label} {path}: {here / parts[depth]} is a symbolic link or not a directory "
-                                       f"now (never followed); {advice}") from None
-                raise
-            os.close(fd)
-            fd = below
+        while pending:
+            name = pending.pop()
+            if name == "/":
+                _close_all(chain)
+                chain.append(judged(os.open("/", WALK_DIR), Path("/")))
+            elif name == "..":
+                if len(chain) > 1:
+                    os.close(chain.pop()[0])
+            elif name not in ("", "."):
+                fd, here = chain[-1]
+                st = _lstat_at(fd, name, mode)
+                if stat.S_ISLNK(st.st_mode):
+                    links += 1
+                    if links > MAX_LINKS:
+                        raise PlaceRefused(f"{label} {path}: more than {MAX_LINKS} symbolic links on the way (a loop "
+                                           f"at {here / name}?); {advice}")
+                    if not (owned_by_me_or_root(st) or st.st_uid in owners):
+                        raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link of {user(st.st_uid)} "
+                                           f"(to {_readlink_at(fd, name)}): minilmd follows no link of another user's "
+                                           f"on the way to {what}; {advice}")
+                    target = os.readlink(name, dir_fd=fd)
+                    pending.extend(reversed(Path(target).parts))  # an absolute one begins with "/": the walk restarts
+                    continue
+                try:
+                    below = os.open(name, WALK_DIR, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped since the lstat
+                        raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link or not a directory now "
+                                           f"(never followed); {advice}") from None
+                    raise
+                chain.append(judged(below, here / name))
+        fd, real = chain[-1]
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), real
     finally:
+        _close_all(chain)
+
+
+def _lstat_at(fd: int, name: str, mode: int | None) -> os.stat_result:
+    """`name` in the directory `fd`, looked at without following it; made (mkdirat, `mode`) when missing."""
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        if mode is None:
+            raise
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another: judged as found
+            os.mkdir(name, mode, dir_fd=fd)
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+
+
+def _readlink_at(fd: int, name: str) -> str:
+    with contextlib.suppress(OSError):
+        return os.readlink(name, dir_fd=fd)
+    return "?"
+
+
+def _judged(fd: int, here: Path, path: str | os.PathLike, label: str, what: str, advice: str, last: bool, *,
+            group_share: bool, team_above: bool, owners: Set[int]) -> tuple[int, Path]:
+    """(fd, here) once the directory `fd` holds passes the rule (closed and PlaceRefused when it does not)."""
+    where = f"{label} {path}: the directory {here}" + ("" if last else " above it")
+    st = os.fstat(fd)
+    problem = None if group_share and last else _dir_rule_problem(st, here, where, what, advice, team_above=team_above,
+                                                                  owners=owners, acl_at=fd)
+    if problem:
         os.close(fd)
-    raise AssertionError("unreachable")
+        raise PlaceRefused(f"{problem} (found so when opened)")
+    return fd, here
+
+
+def _close_all(chain: list[tuple[int, Path]]) -> None:
+    while chain:
+        os.close(chain.pop()[0])

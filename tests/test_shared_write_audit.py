@@ -49,7 +49,8 @@ PRIVATE_TMP = ("inside a 0700 temporary directory of dirfd's (Dir.make_temp), re
                "else can write there, whatever its name leads to")
 RUN_DIR = ("run.dir and what it holds (state, logs, metrics, the lock): the user's own directory, named in her "
            "config, written by name (not through dirfd); held to the place rule at run --check, the launch and "
-           "minilmd train (place_rule.run_dir_problem), so no other user can rearrange it or a directory above it")
+           "minilmd train (place_rule.run_dir_problem; made and resolved in one walk: place_rule.settle_run_dir), so "
+           "no other user can rearrange it or a directory above it")
 REMOTE = ("run.remote's root itself, made by path when missing (the run's configuration), before dirfd opens and "
           "checks it (LocalRemote._root), after which everything below it is written at that descriptor; and a store's "
           "objects (fsspec, not a local path: no links, no renames)")
@@ -189,8 +190,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("MetricsLog.__init__", ".mkdir"): 1, ("MetricsLog._end_torn_line", "open"): 1, ("MetricsLog.write", "open"): 1,
         ("MetricsLog.heartbeat", ".write_text"): 1, ("MetricsLog.heartbeat", "os.replace"): 1}),
     "trainer/loop/train.py": ("gap", RUN_DIR + "; and scratch", {("run", ".unlink"): 1}),
-    "minilmd/place_rule.py": ("gap", RUN_DIR + " (made by the supervisor and the trainer, then judged again by the "
-                              "place rule before a file is written in it)", {("make_run_dir", ".mkdir"): 1}),
     "trainer/model/adapter.py": ("private", "export --out (an HF PEFT directory): " + PRIVATE_TMP + " (export_paths."
                                  "ExportCopy, in the directory of --out checked by dirfd's rule); the base's private "
                                  "copy in a fresh 0700 directory of tempfile's", {

@@ -55,7 +55,7 @@ from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
 from minilmd.names import FAULT, HEARTBEAT_EXITING, RUN_DIR_ENV
-from minilmd.place_rule import PlaceRefused, make_run_dir
+from minilmd.place_rule import PlaceRefused, settle_run_dir
 from minilmd.plan.bucketing import BucketedSampler
 from minilmd.plan.budget import epoch_without_budget, total_steps_for_budget
 from minilmd.plan.early_stop import EarlyStop, probe_batches
@@ -363,7 +363,7 @@ def run(cfg: RunConfig) -> int:
     stop = StopFlag()
     stop.install()
     try:
-        make_run_dir(cfg.run_dir)  # judged again once made: nothing is written in another user's directory
+        cfg.run.dir = str(settle_run_dir(cfg.run_dir))  # made and judged in one walk: its real path from now on
     except PlaceRefused as e:
         print(f"minilmd train: {e}", file=sys.stderr, flush=True)
         return EXIT_CONFIG

@@ -33,6 +33,7 @@ from pathlib import Path
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
 from minilmd.perms import owned_by_me
+from minilmd.place_rule import walk_to
 from minilmd.untrusted import loads, printable
 
 LOCK_SUFFIX = ".lock"
@@ -58,6 +59,13 @@ def check_out_place(out: Path, group_share: bool) -> None:
     problem = place_problem("--out", out, "the corpus", GROUP_SHARE_ADVICE, own_links=True, group_share=group_share)
     if problem:
         raise ValueError(f"{problem}; nothing was changed")
+
+
+def make_out_parent(out: Path, group_share: bool, mode: int) -> None:
+    """The directories missing on the way to --out made (`mode`) by the walk (place_rule.walk_to: at each parent
+    already judged, a link followed only when root's or ours), never by path: a link planted after check_out_place
+    leads nothing into another directory (PlaceRefused, a ValueError), nothing made past it."""
+    os.close(walk_to(out.parent, "--out", "the corpus", GROUP_SHARE_ADVICE, mode, group_share=group_share)[0])
 
 
 class CorpusLock:

@@ -52,7 +52,7 @@ from minilmd.corpus.prepare.block import leak_key as leak_key  # the split rule:
 from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
 from minilmd.corpus.prepare.dpo_meta import add_pair_meta
-from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, hold_for_test
+from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, hold_for_test, make_out_parent
 from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
@@ -60,7 +60,7 @@ from minilmd.corpus.sources.jsonl import InputError, loads_bounded
 from minilmd.corpus.workers import default_workers
 from minilmd.corpus_meta import FORMAT, MASKED_FORMATS
 from minilmd.dirfd import Dir, Identity, Replaced, temp_name
-from minilmd.fsio import atomic_write_text, make_missing_dirs, out_taken
+from minilmd.fsio import atomic_write_text, out_taken
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_META_MAX_BYTES,
@@ -117,8 +117,9 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
         opts.workers = default_workers()
 
     # the missing directories on the way to --out, CORPUS_DIR_MODE: never writable by others whatever the umask (a
-    # group-writable one would be refused by the lock just after); check_out_place judged the ones that exist
-    make_missing_dirs(out.parent, CORPUS_DIR_MODE)
+    # group-writable one would be refused by the lock just after); made by the walk at each judged parent, never by
+    # path: a link planted after check_out_place is refused there (PlaceRefused: a ValueError), nothing made
+    make_out_parent(out, group_share, CORPUS_DIR_MODE)
     with CorpusLock(out, "prepare --force" if force else "prepare", group_share) as lock:  # one writer (lock.py)
         parent = lock.parent
         assert parent is not None
