@@ -93,8 +93,8 @@ def test_dpo_without_init_from_or_from_a_model_trained_on_text_is_said(tmp_path,
 
 
 @pytest.mark.slow  # a trainer process and its reference pass
-def test_the_trainer_warns_of_dpo_without_init_from(tmp_path, dpo_corpus):
-    run = train(_dpo(tmp_path, dpo_corpus, name="alone", train={"max_steps": 1, "eval_every": 0}))
+def test_the_trainer_warns_of_dpo_without_init_from(tmp_path, small_dpo_corpus):
+    run = train(_dpo(tmp_path, small_dpo_corpus, name="alone", train={"max_steps": 1, "eval_every": 0}))
     assert run.returncode == EXIT_DONE, run.stderr[-2000:]
     assert "minilmd train: warning: no [init] from on a preference corpus: DPO trains from randomly initialised " \
            "weights" in run.stdout + run.stderr, run.stdout[-2000:]

@@ -81,15 +81,16 @@ def test_check_says_the_rate_and_where_it_comes_from_and_warns_of_lr_0(tmp_path,
 
 
 @pytest.mark.slow  # two short DPO runs in real processes
-def test_the_trainer_runs_at_the_dpo_default_and_a_resume_keeps_the_rate_it_started_with(tmp_path, dpo_corpus):
-    config = without_lr(_dpo(tmp_path, dpo_corpus, "default", train={"max_steps": 2, "warmup_steps": 0}))
+def test_the_trainer_runs_at_the_dpo_default_and_a_resume_keeps_the_rate_it_started_with(tmp_path,
+                                                                                        small_dpo_corpus):
+    config = without_lr(_dpo(tmp_path, small_dpo_corpus, "default", train={"max_steps": 2, "warmup_steps": 0}))
     p = train(config)
     assert p.returncode == EXIT_DONE, p.stderr
     assert f"dpo corpus, DPO defaults: train.lr = {DPO_LR!r}" in p.stdout
     lines = read_metrics(load_config(config).run_dir, "train")
     assert [m["lr"] for m in lines] == [lr_at(s, 2, DPO_LR, 0.1) for s in range(2)]
 
-    started = _dpo(tmp_path, dpo_corpus, "kept", train={"lr": 2e-3, "max_steps": 4, "warmup_steps": 0,
+    started = _dpo(tmp_path, small_dpo_corpus, "kept", train={"lr": 2e-3, "max_steps": 4, "warmup_steps": 0,
                                                         "checkpoint_every": 4})
     assert train(started).returncode == EXIT_DONE
     again = train(without_lr(started), "train.max_steps=6")  # the rate now left to the DPO default

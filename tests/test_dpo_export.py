@@ -40,16 +40,16 @@ def dpo_run(tmp_path, dpo_corpus, base, name: str, **sections):
     return ckpt
 
 
-def test_full_and_lora_dpo_checkpoints_export_as_minimind_hf_and_peft(tmp_path, dpo_corpus, capsys):
+def test_full_and_lora_dpo_checkpoints_export_as_minimind_hf_and_peft(tmp_path, small_dpo_corpus, capsys):
     from peft import PeftModel
     from transformers import Qwen3ForCausalLM
 
-    prepared, vocab = dpo_corpus
+    prepared, vocab = small_dpo_corpus
     base = save_checkpoint(tmp_path / "sft" / "checkpoints", tiny_model(seed=5, vocab_size=vocab), step=2)
-    full = dpo_run(tmp_path, dpo_corpus, base, "dpo")
+    full = dpo_run(tmp_path, small_dpo_corpus, base, "dpo")
     said = capsys.readouterr().out  # micro_batch_size counts pairs on a DPO run, as MiniMind's --batch_size does
     assert "preference pairs of up to 128 tokens a side, global batch 4 pairs, steps 0 -> 3" in said, said
-    adapter = dpo_run(tmp_path, dpo_corpus, base, "lora-dpo", lora={"rank": 4, "alpha": 8.0})
+    adapter = dpo_run(tmp_path, small_dpo_corpus, base, "lora-dpo", lora={"rank": 4, "alpha": 8.0})
     ids = torch.randint(3, vocab, (2, 24))
 
     invoke("export", full, "--format", "minimind", "--out", tmp_path / "m.pth")  # named dpo_<hidden>.pth in the

@@ -41,11 +41,11 @@ def mount_namespaces_work(tmp_path) -> bool:
     return done.returncode == 0
 
 
-def test_a_killed_dpo_job_on_two_nodes_resumes_with_the_reference_rank_0_read(tmp_path, dpo_corpus):
+def test_a_killed_dpo_job_on_two_nodes_resumes_with_the_reference_rank_0_read(tmp_path, small_dpo_corpus):
     if not mount_namespaces_work(tmp_path):
         pytest.skip("needs root and util-linux's unshare (a mount namespace for the second node's scratch)")
-    config = write_config(tmp_path, dpo_corpus, name="two", data={"val_windows": 64}, train=VALUES)
-    standalone = write_config(tmp_path, dpo_corpus, name="one", data={"val_windows": 64}, train=VALUES)
+    config = write_config(tmp_path, small_dpo_corpus, name="two", data={"val_windows": 64}, train=VALUES)
+    standalone = write_config(tmp_path, small_dpo_corpus, name="one", data={"val_windows": 64}, train=VALUES)
     cfg = load_config(config)
     for scratch in (cfg.scratch_dir, tmp_path / "node1-scratch"):
         scratch.mkdir(mode=0o700, parents=True)

@@ -149,11 +149,11 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
 
 
 @pytest.mark.slow  # three DPO runs in real processes, one killed
-def test_a_killed_and_resumed_dpo_run_ends_bit_identical_to_an_undisturbed_one(tmp_path, dpo_corpus):
+def test_a_killed_and_resumed_dpo_run_ends_bit_identical_to_an_undisturbed_one(tmp_path, small_dpo_corpus):
     values = {"lr": 1e-3, "max_steps": 16, "checkpoint_every": 4, "eval_every": 8}
-    straight = _dpo_config(tmp_path, dpo_corpus, "straight", **values)
+    straight = _dpo_config(tmp_path, small_dpo_corpus, "straight", **values)
     assert train(straight).returncode == EXIT_DONE
-    killed = _dpo_config(tmp_path, dpo_corpus, "killed", **values)
+    killed = _dpo_config(tmp_path, small_dpo_corpus, "killed", **values)
     first = train(killed, **{FAULT_ENV: "sigkill@9"})
     assert first.returncode == -signal.SIGKILL
     second = train(killed, **{FAULT_ENV: "sigkill@9"})  # fired already: not again
@@ -175,10 +175,10 @@ def test_a_killed_and_resumed_dpo_run_ends_bit_identical_to_an_undisturbed_one(t
 
 
 @pytest.mark.slow  # a real DPO run
-def test_status_warns_when_the_dpo_loss_stays_at_ln_2(tmp_path, dpo_corpus):
+def test_status_warns_when_the_dpo_loss_stays_at_ln_2(tmp_path, small_dpo_corpus):
     """lr 0, a sanity run: the policy stays the reference, bit for bit, and every val loss is ln 2, as MiniMind's
     users report of its lr 4e-8."""
-    config = _dpo_config(tmp_path, dpo_corpus, "still", lr=0.0, max_steps=6, eval_every=2, checkpoint_every=100)
+    config = _dpo_config(tmp_path, small_dpo_corpus, "still", lr=0.0, max_steps=6, eval_every=2, checkpoint_every=100)
     p = train(config)
     assert p.returncode == EXIT_DONE, p.stderr
     run_dir, ckpt_dir = run_paths(config)
@@ -236,11 +236,12 @@ def test_a_resume_from_a_checkpoint_without_the_reference_is_refused_not_compute
 
 
 @pytest.mark.slow  # a DPO run, and two resumes of it, in real processes
-def test_a_resume_at_another_seq_len_is_refused_not_trained_on_reference_sums_of_other_rows(tmp_path, dpo_corpus):
+def test_a_resume_at_another_seq_len_is_refused_not_trained_on_reference_sums_of_other_rows(tmp_path,
+                                                                                              small_dpo_corpus):
     """Found by a reviewer: a DPO run resumed with train.seq_len changed (64 -> 32) read its reference sums back, of
     rows cut at 64, and trained the rows cut at 32 against them: exit 0, train loss 3.99, val_reward_chosen +6.07.
     The reference file records its seq_len; another one is refused (exit 2) before a step is taken."""
-    config = _dpo_config(tmp_path, dpo_corpus, "cut", max_steps=4, checkpoint_every=4)
+    config = _dpo_config(tmp_path, small_dpo_corpus, "cut", max_steps=4, checkpoint_every=4)
     assert train(config).returncode == EXIT_DONE
     run_dir, ckpt_dir = run_paths(config)
     shorter = train(config, "train.max_steps=6", "train.seq_len=64")

@@ -193,14 +193,14 @@ def test_a_dpo_run_keeps_its_best_reward_accuracy_as_best_for_the_next_stage(tmp
 
 
 @pytest.mark.slow  # a real DPO run
-def test_a_dpo_run_watches_forgetting_with_the_probes_next_token_loss(tmp_path, dpo_corpus, chat_corpus):
+def test_a_dpo_run_watches_forgetting_with_the_probes_next_token_loss(tmp_path, small_dpo_corpus, chat_corpus):
     """[eval] probe on a DPO run (what the update-share warning advises): the earlier stage's val split is scored by
     its next-token loss, as on every other run (the DPO objective needs pairs and their reference, which a probe
     has not: the first validation crashed the run), so forgetting means the same thing for pairs."""
     from minilmd.protocol import EXIT_DONE
     from trainer_corpus import run_paths, train
 
-    config = write_config(tmp_path, dpo_corpus, name="dpo", data={"val_windows": 16},
+    config = write_config(tmp_path, small_dpo_corpus, name="dpo", data={"val_windows": 16},
                           eval={"probe": str(chat_corpus[0])},
                           train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "lr": 1e-3, "max_steps": 4,
                                  "eval_every": 2, "checkpoint_every": 100})

@@ -27,9 +27,21 @@ def gpu_check(tmp_path, *args: str, env: dict | None = None) -> tuple[subprocess
     return done, rows
 
 
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory) -> SimpleNamespace:
+    """The dry run of every part under a --budget (each part runs with its share, MINILMD_GPU_CHECK_PART_S), once
+    for the tests that read it: a part runs in a process of its own whatever ran before it, so its row here is the
+    row an `--only` run of it gives. (done, rows, work): the process, summary.json's rows by part, the directory."""
+    work = tmp_path_factory.mktemp("gpu-check-dry-run")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--work", str(work), "--budget", "1800"],
+                          capture_output=True, text=True, timeout=1900)
+    rows = {r["part"]: r for r in json.loads((work / "summary.json").read_text())}
+    return SimpleNamespace(done=done, rows=rows, work=work)
+
+
 @pytest.mark.slow
-def test_the_dry_run_takes_each_parts_gpu_branch_with_cuda_faked(tmp_path):
-    done, rows = gpu_check(tmp_path, "--only", "1 versions,2 admission,3 attention,6 minimind")
+def test_the_dry_run_takes_each_parts_gpu_branch_with_cuda_faked(dry_run):
+    done, rows = dry_run.done, dry_run.rows
     versions, admission, attention, minimind = (rows[n] for n in ("1 versions", "2 admission", "3 attention",
                                                                    "6 minimind"))
     # the line that failed on every GPU (metrics.peak_bf16_flops) now runs here: the H200's bf16 entry
@@ -190,8 +202,8 @@ def test_the_dpo_side_by_side_runs_minimind_in_a_copy_and_reads_its_first_loss(t
 
 
 @pytest.mark.slow
-def test_the_dry_run_dpo_part_starts_both_from_one_sft_export_at_ln_2_and_times_the_reference(tmp_path):
-    done, rows = gpu_check(tmp_path, "--only", "0 corpus,9 dpo")
+def test_the_dry_run_dpo_part_starts_both_from_one_sft_export_at_ln_2_and_times_the_reference(dry_run):
+    done, rows, tmp_path = dry_run.done, dry_run.rows, dry_run.work
     dpo = rows["9 dpo"]
     assert dpo["status"] == "ok", dpo
     assert dpo["branches"][:3] == ["minilmd sft", "sft exported", "minilmd dpo"], dpo
@@ -209,11 +221,9 @@ def test_the_dry_run_dpo_part_starts_both_from_one_sft_export_at_ln_2_and_times_
 
 
 @pytest.mark.slow
-def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(tmp_path):
+def test_the_dry_run_runs_every_part_and_part_5_resumes_bit_exact(dry_run):
     # under a --budget: each part runs with its share (MINILMD_GPU_CHECK_PART_S), none is left unstarted
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--work", str(tmp_path), "--budget", "1800"],
-                          capture_output=True, text=True, timeout=1900)
-    rows = {r["part"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
+    done, rows, tmp_path = dry_run.done, dry_run.rows, dry_run.work
     assert list(rows) == ["0 corpus", "1 versions", "2 admission", "3 attention", "4 eager", "4 compiled",
                           "4 second shape", "4 bench step", "5 run", "5 determinism", "6 minimind", "7 oom", "8 sft",
                           "9 dpo"]

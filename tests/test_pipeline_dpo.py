@@ -137,16 +137,17 @@ def final_checkpoint(cfg) -> Path:
 
 
 def test_four_stages_under_tmux_with_faults_in_dpo_finish_unattended_and_dpo_ends_bit_identical(
-        tmp_path, launcher, text_corpus, chat_corpus, dpo_corpus):
-    assert text_corpus[1] == chat_corpus[1] == dpo_corpus[1]
+        tmp_path, launcher, text_corpus, chat_corpus, small_dpo_corpus):
+    assert text_corpus[1] == chat_corpus[1] == small_dpo_corpus[1]
     pretrain = stage(tmp_path, text_corpus, "pretrain", None, 6, seq_len=64)
     sft = stage(tmp_path, chat_corpus, "sft", pretrain, 6)
     dpo_values = {"lr": 1e-3, "warmup_steps": 2}
-    dpo = Stage(launcher, stage(tmp_path, dpo_corpus, "dpo", sft, DPO_STEPS, **dpo_values))
-    straight = Stage(launcher, stage(tmp_path, dpo_corpus, "dpo-straight", sft, DPO_STEPS, **dpo_values))
+    dpo = Stage(launcher, stage(tmp_path, small_dpo_corpus, "dpo", sft, DPO_STEPS, **dpo_values))
+    straight = Stage(launcher, stage(tmp_path, small_dpo_corpus, "dpo-straight", sft, DPO_STEPS, **dpo_values))
     first_stages = [Stage(launcher, c) for c in (sft, pretrain)]
     dpo_env = {FAULT_ENV: DPO_FAULTS, TRAINER_CMD_ENV: f"{sys.executable} {PAUSING_TRAINER}"}
-    lora = Stage(launcher, stage(tmp_path, dpo_corpus, "lora-dpo", sft, 8, {"rank": 4, "alpha": 8.0}, **dpo_values))
+    lora = Stage(launcher, stage(tmp_path, small_dpo_corpus, "lora-dpo", sft, 8, {"rank": 4, "alpha": 8.0},
+                                 **dpo_values))
     everyone = [dpo, straight, lora, *first_stages]
     try:
         straight.launch()  # later stages first; the tmux server starts with this call's environment: no faults

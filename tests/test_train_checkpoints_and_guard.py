@@ -86,12 +86,12 @@ def test_a_nan_loss_on_a_step_that_is_not_logged_stops_the_run_at_that_step(tmp_
 
 
 @pytest.mark.slow  # a DPO trainer, its reference computed over the corpus first
-def test_a_nan_in_a_dpo_step_stops_the_run_at_that_step(tmp_path, dpo_corpus, monkeypatch):
+def test_a_nan_in_a_dpo_step_stops_the_run_at_that_step(tmp_path, small_dpo_corpus, monkeypatch):
     """The guard is the objective's too: a NaN in one DPO micro-batch's reference log-probabilities (what a
     damaged reference or a diverging policy gives) makes the step's loss NaN, though its reward accuracy stays a
     number (a NaN margin is simply not above 0), and the run stops at that step, nothing of it saved."""
     monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "t" / "run"))
-    trainer = make_trainer(tmp_path, dpo_corpus, seq_len=128, micro_batch_size=4, log_every=1, checkpoint_every=1)
+    trainer = make_trainer(tmp_path, small_dpo_corpus, seq_len=128, micro_batch_size=4, log_every=1, checkpoint_every=1)
     real_loss = trainer.objective.loss
 
     def nan_reference_at_step_5(model, batch):
