@@ -218,9 +218,20 @@ def test_the_corpus_commands_run_with_torch_and_the_trainer_unimportable(tmp_pat
 
 
 def test_the_unimportable_run_sees_a_command_that_reaches_the_trainer(tmp_path):
-    """The run-time rule can fail: `train` imports the trainer in its body, and that import fails there."""
-    [r] = run_without_the_trainer(["train", str(tmp_path / "run.toml")])
+    """The run-time rule can fail: `chat` imports the trainer in its body, and that import fails there."""
+    [r] = run_without_the_trainer(["chat", str(tmp_path)])
     assert r["exit"] != 0 and "ModuleNotFoundError" in r["failure"] and "minilmd.trainer" in r["failure"], r
+
+
+def test_train_says_a_bad_config_before_it_imports_torch(tmp_path):
+    """`minilmd train` judges its config before it imports the trainer (torch: seconds of CPU at every start): a
+    mistyped key is said, exit 2, with torch and the trainer unimportable."""
+    config = tmp_path / "run.toml"
+    config.write_text("[run]\nname = 'x'\n[trian]\nmax_steps = 3\n", encoding="utf-8")
+    [missing, mistyped] = run_without_the_trainer(["train", str(tmp_path / "nowhere.toml")], ["train", str(config)])
+    for r in (missing, mistyped):
+        assert (r["exit"], r["failure"]) == (2, None), r
+    assert "trian" in mistyped["output"], mistyped
 
 
 # --- "Where things live" ---------------------------------------------------------------------------------------

@@ -20,6 +20,16 @@ def train_command(
 
     Exit status: 0 budget reached, 75 stopped by SIGTERM after saving, 76 CUDA out of memory, 74 scratch full
     (a checkpoint did not fit), 2 bad config, 65 bad data, 1 crash."""
+    from minilmd.config import ConfigError
+    from minilmd.plan.budget import epoch_without_budget
+    from minilmd.probes import load_checked
+    from minilmd.protocol import EXIT_CONFIG
+
+    try:  # judged before torch is imported (seconds of CPU): a mistyped config is said at once
+        load_checked(config, set_, more_checks=epoch_without_budget)
+    except ConfigError as e:
+        typer.echo(f"minilmd train: {e}", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
     from minilmd.trainer.loop.train import main as train_main
 
     raise typer.Exit(train_main(config, set_))
