@@ -46,6 +46,8 @@ class Range:
 
     high_said: str = ""
     """How the message writes `high` (a duration's "7d"), when not as a number."""
+    above_why: str = ""
+    """Why `high` is the most, said to a value above it."""
 
     def __str__(self) -> str:
         if math.isinf(self.high):
@@ -66,9 +68,11 @@ MAX_DURATION_S = 7 * 86400.0
 a week. A longer one is a slip of the keyboard ("99999999h"): a sync or checkpoint that never comes before the run
 ends, a hung trainer left holding its GPU for weeks, a restart nobody is there to see."""
 
-AT_LEAST_1 = Range(1, INT64_MAX)
-AT_LEAST_0 = Range(0, INT64_MAX)
-A_DURATION = Range(0, MAX_DURATION_S, low_open=True, high_said="7d")
+_INT64 = "a count is stored as int64"
+AT_LEAST_1 = Range(1, INT64_MAX, above_why=_INT64)
+AT_LEAST_0 = Range(0, INT64_MAX, above_why=_INT64)
+A_DURATION = Range(0, MAX_DURATION_S, low_open=True, high_said="7d",
+                   above_why="a week at most: a longer wait comes after the run, or leaves a hung trainer its GPU")
 FINITE_AT_LEAST_0 = Range(0)
 FINITE_ABOVE_0 = Range(0, low_open=True)
 STEPS_OR_DURATION = ("train.checkpoint_every",)
@@ -183,8 +187,10 @@ def _out_of_range(cfg: RunConfig) -> dict[str, str]:
                 p[key] = f"{key}: {e}"
                 continue
         if not allowed.holds(value):
+            above = math.isfinite(value) and value > allowed.high
+            said = "; ".join(w for w in (why, allowed.above_why if above else "") if w)
             p[key] = (f"{key} = {written!r}: must be {'finite and ' if isinstance(written, float) else ''}{allowed}"
-                      + (f" ({why})" if why else ""))
+                      + (f" ({said})" if said else ""))
     return p
 
 

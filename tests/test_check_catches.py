@@ -100,8 +100,9 @@ def test_the_absurd_budgets_and_durations_of_a_new_users_walk_are_all_refused_at
         "restart.hang_timeout", "sync.every", "sync.keep", "train.checkpoint_every", "train.max_epochs",
         "train.max_steps", "train.max_tokens"], err.value.problems
     said = "\n".join(err.value.problems)
-    assert f"train.max_steps = 99999999999999999999: must be within [0, {INT64_MAX}] (0: not set)" in said
-    assert "sync.every = '99999999h': must be within (0, 7d]" in said
+    assert (f"train.max_steps = 99999999999999999999: must be within [0, {INT64_MAX}] (0: not set; a count is stored "
+            f"as int64)") in said
+    assert "sync.every = '99999999h': must be within (0, 7d] (a week at most: " in said
     assert "train.max_epochs = 1e+300: must be finite and within [0, " in said
     raw["train"]["checkpoint_every"] = "8d"  # a duration: a week at most, as an integer: steps
     with pytest.raises(ConfigError, match=r"train.checkpoint_every = '8d': must be within \(0, 7d\]"):
