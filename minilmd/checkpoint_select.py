@@ -49,10 +49,24 @@ class RunRoots:
     roots: list[Path]
     """checkpoint_roots(cfg): its scratch's, then its run.remote's when that is a local path."""
 
+    def found(self) -> list[tuple[str, Path]]:
+        """(kind, root) of the roots that are there, in order (ROOT_KINDS); all of them when none is."""
+        there = [(kind, root) for kind, root in zip(ROOT_KINDS, self.roots, strict=False) if os.path.lexists(root)]
+        return there or list(zip(ROOT_KINDS, self.roots, strict=False))
+
     @property
     def where(self) -> str:
-        """The roots for a message: `A and B`."""
-        return " and ".join(str(root) for root in self.roots)
+        """The roots that are there, for a message: `A and B` (a scratch gone is said by `gone`)."""
+        return " and ".join(str(root) for _, root in self.found())
+
+    @property
+    def gone(self) -> str:
+        """`; its scratch S is gone (...)` when the scratch's checkpoint root is not there (a finished run removes
+        its scratch once its last checkpoint is on run.remote; a reboot empties /dev/shm) and another root is, else
+        "": the one home of these words, for `verify/sample/chat/export RUN_DIR`."""
+        if os.path.lexists(self.roots[0]) or not any(os.path.lexists(root) for root in self.roots[1:]):
+            return ""
+        return f"; its scratch {self.roots[0]} is gone (removed at the run's end, or by a reboot)"
 
     @property
     def unread(self) -> str:

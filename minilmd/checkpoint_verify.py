@@ -15,7 +15,7 @@ from typing import Any
 
 from minilmd.checkpoint import CheckpointError, CheckpointMismatch, Expectation, validate
 from minilmd.checkpoint_dirs import PointerError, named_checkpoint, read_latest
-from minilmd.checkpoint_select import ROOT_KINDS, RunDirUnusable, is_run_dir, resume_order, run_roots
+from minilmd.checkpoint_select import RunDirUnusable, is_run_dir, resume_order, run_roots
 from minilmd.config import load_config
 from minilmd.corpus_meta import corpus_train_tokens, read_meta
 from minilmd.names import MANIFEST, is_step_name, step_of
@@ -51,19 +51,20 @@ def verify_run(run_dir: Path, expected: Expectation | None = None) -> dict:
     its scratch's, then its run.remote's when local), each entry saying its root ("root": "scratch" or
     "run.remote"), and "run": {"dir", "roots": [{"path", "kind", "latest"}], "resume": the checkpoint a resume
     would take (the first valid one in resume_order; None when none is, or when a checkpoint of another run comes
-    first: a resume refuses it), "unread": the words for a run.remote not read here}. ok is False when any
+    first: a resume refuses it), "unread": the words for a run.remote not read here, "gone": those for a scratch
+    gone (RunRoots.gone; its root is then left out of "roots")}. ok is False when any
     checkpoint is invalid, or when there is none in any root."""
     try:
         run = run_roots(run_dir)
     except RunDirUnusable as e:
         return {"ok": False, "latest": None, "checkpoints": [_failure(run_dir, str(e))]}
     results, roots = [], []
-    for kind, root in zip(ROOT_KINDS, run.roots, strict=False):  # a run.remote not read here: one root
+    for kind, root in run.found():  # a run.remote not read here: one root; a scratch gone: said by run.gone
         results += [{**_checked(d, expected), "root": kind} for d in _step_dirs(root)]
         roots.append({"path": str(root), "kind": kind, "latest": read_latest(root)})
     if not results:
         results.append(_failure(run_dir, f"no checkpoint in {run.where}, where the checkpoints of the run "
-                                         f"directory {run_dir} are{run.unread}"))
+                                         f"directory {run_dir} are{run.unread}{run.gone}"))
     checked = {r["path"]: r for r in results}
     resume = None
     for _, candidate in resume_order(run.roots):
@@ -72,7 +73,8 @@ def verify_run(run_dir: Path, expected: Expectation | None = None) -> dict:
             resume = str(candidate) if entry["ok"] else None
             break
     return {"ok": all(r["ok"] for r in results), "latest": read_latest(run.roots[0]), "checkpoints": results,
-            "run": {"dir": str(run_dir), "roots": roots, "resume": resume, "unread": run.unread}}
+            "run": {"dir": str(run_dir), "roots": roots, "resume": resume, "unread": run.unread,
+                    "gone": run.gone}}
 
 
 def report_lines(report: dict) -> list[str]:
@@ -83,7 +85,7 @@ def report_lines(report: dict) -> list[str]:
     lines = []
     if run:
         roots = " and ".join(f"{root['path']} ({root['kind']})" for root in run["roots"])
-        lines.append(f"{run['dir']}: a run directory; its checkpoints in {roots}{run['unread']}")
+        lines.append(f"{run['dir']}: a run directory; its checkpoints in {roots}{run['unread']}{run.get('gone', '')}")
     for entry in report["checkpoints"]:
         root = f" ({entry['root']})" if "root" in entry else ""
         lines.append(f"{entry['path']}: {'ok' if entry['ok'] else 'INVALID'}{root}")

@@ -44,10 +44,15 @@ class Range:
         below = value < self.high if self.high_open else value <= self.high
         return above and below
 
+    high_said: str = ""
+    """How the message writes `high` (a duration's "7d"), when not as a number."""
+    above_why: str = ""
+    """Why `high` is the most, said to a value above it."""
+
     def __str__(self) -> str:
         if math.isinf(self.high):
             return f"{'>' if self.low_open else '>='} {_num(self.low)}"
-        return (f"within {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
+        return (f"within {'(' if self.low_open else '['}{_num(self.low)}, {self.high_said or _num(self.high)}"
                 f"{')' if self.high_open else ']'}")
 
 
@@ -55,9 +60,23 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 
 
-AT_LEAST_1 = Range(1)
-AT_LEAST_0 = Range(0)
-ABOVE_0 = Range(0, low_open=True)
+INT64_MAX = 2 ** 63 - 1
+"""The most a count may be: steps, tokens, epochs and the other counts are stored as int64 (checkpoints' trainer
+state, tensors, state.json's readers), and a budget past it would only overflow there, never be reached."""
+MAX_DURATION_S = 7 * 86400.0
+"""The longest duration (sync.every, the hang timeouts, the backoffs, the GPU poll, checkpoint_every as a time):
+a week. A longer one is a slip of the keyboard ("99999999h"): a sync or checkpoint that never comes before the run
+ends, a hung trainer left holding its GPU for weeks, a restart nobody is there to see."""
+
+_INT64 = "a count is stored as int64"
+AT_LEAST_1 = Range(1, INT64_MAX, above_why=_INT64)
+AT_LEAST_0 = Range(0, INT64_MAX, above_why=_INT64)
+A_DURATION = Range(0, MAX_DURATION_S, low_open=True, high_said="7d",
+                   above_why="a week at most: a longer wait comes after the run, or leaves a hung trainer its GPU")
+FINITE_AT_LEAST_0 = Range(0)
+FINITE_ABOVE_0 = Range(0, low_open=True)
+STEPS_OR_DURATION = ("train.checkpoint_every",)
+"""Keys whose integer counts steps (AT_LEAST_1) and whose other values are durations (A_DURATION)."""
 
 RANGES: dict[str, tuple[Range, str]] = {
     "data.val_windows": (AT_LEAST_1, ""),
@@ -69,7 +88,7 @@ RANGES: dict[str, tuple[Range, str]] = {
     "model.intermediate_size": (AT_LEAST_0, "0: MiniMind's rule"),
     "model.max_position_embeddings": (Range(1, 1 << 20), "the RoPE tables hold max_position_embeddings x head_dim "
                                                          "floats"),
-    "model.rope_theta": (ABOVE_0, ""),
+    "model.rope_theta": (FINITE_ABOVE_0, ""),
     "model.rms_norm_eps": (Range(0, 1, low_open=True, high_open=True), ""),
     "train.seq_len": (AT_LEAST_1, ""),
     "train.micro_batch_size": (AT_LEAST_1, ""),
@@ -77,42 +96,44 @@ RANGES: dict[str, tuple[Range, str]] = {
     "train.lr": (Range(0, 1), "AdamW moves each weight by about lr per step; 0: a sanity run, nothing moves"),
     "train.min_lr_ratio": (Range(0, 1), ""),
     "train.warmup_steps": (AT_LEAST_0, ""),
-    "train.weight_decay": (AT_LEAST_0, ""),
-    "train.grad_clip": (AT_LEAST_0, "0: no clipping"),
+    "train.weight_decay": (FINITE_AT_LEAST_0, ""),
+    "train.grad_clip": (FINITE_AT_LEAST_0, "0: no clipping"),
     "train.max_steps": (AT_LEAST_0, "0: not set"),
     "train.max_tokens": (AT_LEAST_0, "0: not set"),
     "train.max_epochs": (AT_LEAST_0, "0: not set"),
     "train.seed": (Range(0, 2 ** 64 - 1), ""),
     "train.log_every": (AT_LEAST_1, ""),
     "train.eval_every": (AT_LEAST_0, "0: only at each epoch's end and at the end"),
-    "train.checkpoint_every": (ABOVE_0, "steps as an integer, else a duration"),
+    "train.checkpoint_every": (AT_LEAST_1, "steps as an integer, else a duration"),
     "train.keep_local": (AT_LEAST_1, ""),
     "lora.rank": (AT_LEAST_0, "0: no LoRA"),
-    "lora.alpha": (ABOVE_0, ""),
-    "dpo.beta": (ABOVE_0, ""),
+    "lora.alpha": (FINITE_ABOVE_0, ""),
+    "dpo.beta": (FINITE_ABOVE_0, ""),
     "lora.dropout": (Range(0, 1, high_open=True), ""),
     "early_stop.patience": (AT_LEAST_0, "0: never stop early"),
-    "early_stop.min_delta": (AT_LEAST_0, ""),
+    "early_stop.min_delta": (FINITE_AT_LEAST_0, ""),
     "eval.warn_rising": (AT_LEAST_1, ""),
-    "eval.warn_gap": (AT_LEAST_0, ""),
-    "eval.update_share_warn": (AT_LEAST_0, ""),
+    "eval.warn_gap": (FINITE_AT_LEAST_0, ""),
+    "eval.update_share_warn": (FINITE_AT_LEAST_0, ""),
     "gpu.count": (AT_LEAST_1, ""),
     "gpu.max_used_mib": (AT_LEAST_0, ""),
     "gpu.max_utilization": (Range(0, 100), "a percentage"),
-    "gpu.poll_interval": (ABOVE_0, ""),
+    "gpu.poll_interval": (A_DURATION, ""),
     "gpu.stable_polls": (AT_LEAST_1, ""),
-    "sync.every": (ABOVE_0, ""),
+    "sync.every": (A_DURATION, ""),
     "sync.keep": (AT_LEAST_1, ""),
     "restart.max_restarts": (AT_LEAST_0, ""),
-    "restart.backoff_initial": (ABOVE_0, "0 would restart in a tight loop"),
-    "restart.backoff_max": (ABOVE_0, "0 would restart in a tight loop"),
+    "restart.backoff_initial": (A_DURATION, "0 would restart in a tight loop"),
+    "restart.backoff_max": (A_DURATION, "0 would restart in a tight loop"),
     "restart.no_progress_limit": (AT_LEAST_1, ""),
-    "restart.hang_timeout": (ABOVE_0, "0 would kill every attempt as hung"),
-    "restart.compile_timeout": (ABOVE_0, "0 would kill every compiling attempt as hung"),
-    "restart.exit_timeout": (ABOVE_0, "0 would kill every finishing attempt as hung"),
+    "restart.hang_timeout": (A_DURATION, "0 would kill every attempt as hung"),
+    "restart.compile_timeout": (A_DURATION, "0 would kill every compiling attempt as hung"),
+    "restart.exit_timeout": (A_DURATION, "0 would kill every finishing attempt as hung"),
 }
 """Every number of the schema (ints, floats, durations in seconds) and where it must lie, with why when it is not
-obvious. tests/test_check_catches.py checks that every numeric field has its row."""
+obvious. One rule for the upper bounds: a count (an int, and max_epochs) at most INT64_MAX, a duration at most
+MAX_DURATION_S, any other float finite (Range.holds) and its own bound where it has one (lr, a ratio, a percentage).
+tests/test_check_catches.py checks that every numeric field has its row, and the rule."""
 
 CHOICES: dict[str, tuple[tuple, str]] = {
     "data.mode": (DATA_MODES, ""),
@@ -157,6 +178,8 @@ def _out_of_range(cfg: RunConfig) -> dict[str, str]:
     for key, (allowed, why) in RANGES.items():
         section, name = key.split(".")
         written = value = getattr(getattr(cfg, section), name)
+        if key in STEPS_OR_DURATION and not isinstance(value, int):
+            allowed = A_DURATION
         if isinstance(value, str):
             try:
                 value = parse_duration(value)
@@ -164,8 +187,10 @@ def _out_of_range(cfg: RunConfig) -> dict[str, str]:
                 p[key] = f"{key}: {e}"
                 continue
         if not allowed.holds(value):
-            p[key] = (f"{key} = {written!r}: must be {'finite and ' if isinstance(value, float) else ''}{allowed}"
-                      + (f" ({why})" if why else ""))
+            above = math.isfinite(value) and value > allowed.high
+            said = "; ".join(w for w in (why, allowed.above_why if above else "") if w)
+            p[key] = (f"{key} = {written!r}: must be {'finite and ' if isinstance(written, float) else ''}{allowed}"
+                      + (f" ({said})" if said else ""))
     return p
 
 
@@ -232,7 +257,7 @@ def check_values(cfg: RunConfig, train_tokens_of: TrainTokens | None, mistyped: 
         initial, cap = rs.backoff_initial_s, rs.backoff_max_s
     except ValueError:
         initial = cap = math.nan  # reported above
-    if ABOVE_0.holds(initial) and ABOVE_0.holds(cap) and initial > cap:
+    if A_DURATION.holds(initial) and A_DURATION.holds(cap) and initial > cap:
         p.append(f"restart.backoff_initial {rs.backoff_initial!r} is longer than restart.backoff_max "
                  f"{rs.backoff_max!r}")
     return p

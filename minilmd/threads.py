@@ -25,5 +25,7 @@ def trainer_threads(environ: Mapping[str, str], set_for: str, one_thread: str | 
         return "1", one_thread
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
     load = os.getloadavg()[0] if load is None else load
-    idle = max(1, min(cores, round(cores - load)))
-    return str(idle), f"a single CPU trainer: the idle cores, {cores} cores less load {load:.1f}"
+    idle = min(cores, round(cores - load))
+    if idle < 1:  # an overloaded host: one thread, never none
+        return "1", f"a single CPU trainer: none of {cores} cores idle (load average {load:.1f}), so 1"
+    return str(idle), f"a single CPU trainer: {idle} of {cores} cores idle (load average {load:.1f})"

@@ -28,7 +28,7 @@ import pytest
 import tomllib
 
 from minilmd.config import ConfigError, RunConfig, config_from_dict, load_config
-from minilmd.config_values import RANGES, Duration
+from minilmd.config_values import INT64_MAX, MAX_DURATION_S, RANGES, STEPS_OR_DURATION, Duration
 from minilmd.daemon.jobs import scratch_room
 from minilmd.daemon.supervisor import Supervisor
 from minilmd.model_shapes import expected_state_shapes
@@ -77,9 +77,47 @@ def test_every_number_of_the_schema_has_its_range():
     assert set(numeric_fields()) == set(RANGES)
 
 
+def test_every_count_is_int64_every_duration_a_week_at_most_and_every_float_finite():
+    """The one rule of the upper bounds (RANGES): a count is stored as int64, a duration past a week is a slip."""
+    kinds = numeric_fields()
+    for key, (allowed, _) in RANGES.items():
+        if kinds[key] is int or key in (*STEPS_OR_DURATION, "train.max_epochs"):
+            assert allowed.high <= (2 ** 64 - 1 if key == "train.seed" else INT64_MAX), key  # the seed: uint64
+        elif kinds[key] is Duration:
+            assert allowed.high <= MAX_DURATION_S, key
+        assert not allowed.holds(math.inf) and not allowed.holds(math.nan), key
+
+
+def test_the_absurd_budgets_and_durations_of_a_new_users_walk_are_all_refused_at_once(tmp_path):
+    raw = minimal(tmp_path)
+    raw["train"] = {"max_steps": 99999999999999999999, "max_tokens": 99999999999999999999999, "max_epochs": 1e300,
+                    "checkpoint_every": 99999999999999999999}
+    raw["sync"] = {"every": "99999999h", "keep": 99999999999999999999}
+    raw["restart"] = {"hang_timeout": "30d"}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert sorted(p.split(" = ")[0] for p in err.value.problems) == [
+        "restart.hang_timeout", "sync.every", "sync.keep", "train.checkpoint_every", "train.max_epochs",
+        "train.max_steps", "train.max_tokens"], err.value.problems
+    said = "\n".join(err.value.problems)
+    assert (f"train.max_steps = 99999999999999999999: must be within [0, {INT64_MAX}] (0: not set; a count is stored "
+            f"as int64)") in said
+    assert "sync.every = '99999999h': must be within (0, 7d] (a week at most: " in said
+    assert "train.max_epochs = 1e+300: must be finite and within [0, " in said
+    raw["train"]["checkpoint_every"] = "8d"  # a duration: a week at most, as an integer: steps
+    with pytest.raises(ConfigError, match=r"train.checkpoint_every = '8d': must be within \(0, 7d\]"):
+        config_from_dict(raw)
+    ok = minimal(tmp_path)
+    ok["train"] = {"max_steps": INT64_MAX, "checkpoint_every": 10 ** 12}
+    ok["sync"] = {"every": "7d"}
+    config_from_dict(ok)
+
+
 def out_of_range_values(key: str) -> list:
     allowed, _ = RANGES[key]
     kind = numeric_fields()[key]
+    if key in STEPS_OR_DURATION:  # an integer counts steps, anything else is a duration
+        return [0, -1, INT64_MAX + 1, 0.0, MAX_DURATION_S + 0.5, "8d", math.nan, math.inf]
     values = [allowed.low - 1 if kind is int else allowed.low - 0.5]
     if allowed.low_open:
         values.append(int(allowed.low) if kind is int else float(allowed.low))
@@ -115,15 +153,17 @@ def test_the_numbers_seen_in_restart_loops_are_all_refused_at_once(tmp_path, cor
                           restart={"backoff_max": 0, "hang_timeout": math.nan})
     text = assert_refused_before_anything(
         config, "train.lr = nan: must be finite and within [0, 1]", "train.grad_clip = inf: must be finite and >= 0",
-        "model.rope_theta = -1.0: must be finite and > 0", "model.rms_norm_eps = -1e-06", "sync.every = 0: must be > 0",
-        "restart.backoff_max = 0: must be > 0", "restart.hang_timeout = nan: must be finite and > 0")
+        "model.rope_theta = -1.0: must be finite and > 0", "model.rms_norm_eps = -1e-06",
+        "sync.every = 0: must be within (0, 7d]", "restart.backoff_max = 0: must be within (0, 7d]",
+        "restart.hang_timeout = nan: must be finite and within (0, 7d]")
     assert "7 problem(s)" in text
 
 
 @pytest.mark.slow
 def test_a_zero_hang_timeout_is_refused_not_killed_as_a_hang_five_times(tmp_path, corpus):
     config = write_config(tmp_path, corpus, remote=False, restart={"hang_timeout": 0})
-    assert_refused_before_anything(config, "restart.hang_timeout = 0: must be > 0 (0 would kill every attempt as hung)")
+    assert_refused_before_anything(config, "restart.hang_timeout = 0: must be within (0, 7d] (0 would kill every "
+                                           "attempt as hung)")
 
 
 # --- the corpus against the model ---------------------------------------------------------------------------------

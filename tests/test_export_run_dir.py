@@ -96,6 +96,24 @@ def test_minilmd_verify_takes_a_run_directory_every_checkpoint_of_its_scratch_an
     ]
 
 
+def test_a_run_whose_scratch_was_removed_at_its_end_names_it_gone_not_as_where_its_checkpoints_are(run, capsys):
+    """A finished run's scratch is removed once its last checkpoint is on run.remote: verify, sample, chat and
+    export name the remote alone as where the checkpoints are, and the scratch as gone."""
+    run_dir, cfg = run
+    remote = run_dir.parent / "remote"
+    shutil.rmtree(cfg.scratch_dir)
+    gone = f"; its scratch {cfg.checkpoint_dir} is gone (removed at the run's end, or by a reboot)"
+    done = _verify(str(run_dir))
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines() == [
+        f"{run_dir}: a run directory; its checkpoints in {remote} (run.remote){gone}",
+        f"{remote / 'step-00000002'}: ok (run.remote)",
+        f"a resume of the run would take {remote / 'step-00000002'}",
+    ]
+    assert resolve_checkpoint(run_dir) == remote / "step-00000002"
+    assert f"the newest valid checkpoint of {remote} (the one a resume would take){gone}\n" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("damaged", ["scratch step 3", "run.remote step 2"])
 def test_minilmd_verify_of_a_run_directory_exits_1_naming_the_invalid_checkpoint_and_its_root(run, damaged):
     """One damaged checkpoint in either root: exit 1, it is INVALID with its reason and its root, nothing moved;

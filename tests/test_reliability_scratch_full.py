@@ -76,6 +76,19 @@ def test_a_full_scratch_is_a_wait_never_a_counted_restart():
     assert stopped.action == Action.STOP
 
 
+def test_the_wait_says_scratch_full_once_whatever_the_trainer_said():
+    from minilmd.trainer.checkpoint.save import ScratchFull
+
+    said = str(ScratchFull(Path("/dev/shm/x/checkpoints"), 100, 3_300_000, 1_000_000))
+    restart = RestartSection()
+    for detail in (said, "scratch full", "No space left on device"):
+        death = Death(Cause.SCRATCH_FULL, protocol.EXIT_SCRATCH_FULL, detail)
+        reason = decide(death, restart=restart, restarts_so_far=0, no_progress_streak=0, stop_requested=False,
+                        micro_batch_size=4, grad_accum=1).message
+        assert reason.startswith("scratch full") and reason.count("scratch full") == 1, reason
+        assert detail.removeprefix("scratch full") in reason
+
+
 def test_status_shows_the_wait_for_space():
     st = {"run": "s", "run_dir": "/r", "phase": "waiting_space", "since": 100.0,
           "reason": "scratch full: waiting for space (needs 1.2 MB, has 0.3 MB free in /dev/shm/x/checkpoints)",

@@ -27,13 +27,21 @@ def test_the_rule_for_each_kind_of_trainer():
     assert childmod.trainer_threads(TORCHRUN, "", {"OMP_NUM_THREADS": "3"}) == ("3", "set for the supervisor, kept")
 
 
+def test_the_why_of_a_single_cpu_trainer_reads_plainly():
+    def why(cores, load):
+        return childmod.trainer_threads(PRINT_THREADS, "", {}, cores=cores, load=load)[1]
+
+    assert why(32, 6.4) == "a single CPU trainer: 26 of 32 cores idle (load average 6.4)"
+    assert why(2, 7.8) == "a single CPU trainer: none of 2 cores idle (load average 7.8), so 1"
+
+
 def test_a_launched_trainer_gets_the_rule_in_its_environment_and_its_log(tmp_path, monkeypatch):
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     first = childmod.launch(PRINT_THREADS, tmp_path, 1, "")
     assert first.popen.wait(timeout=30) == 0
     log = first.log_path.read_text()
-    header = re.search(r"# OMP_NUM_THREADS=(\d+) \(a single CPU trainer: the idle cores, (\d+) cores less load", log)
+    header = re.search(r"# OMP_NUM_THREADS=(\d+) \(a single CPU trainer: (?:\d+|none) of (\d+) cores idle \(load", log)
     assert header is not None and int(header[2]) == cores and 1 <= int(header[1]) <= cores
     assert f"\nthreads {header[1]}\n" in log  # what the child saw is what the header says
 

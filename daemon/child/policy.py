@@ -63,7 +63,9 @@ def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_pr
     if cause == Cause.SCRATCH_FULL:
         # Not the trainer's fault and no restart loop: it launches again only once a checkpoint fits, so neither
         # restart limit counts it (a scratch shared with another job may stay full for hours).
-        return Decision(Action.WAIT_SPACE, f"scratch full: {death.detail}", counts_as_restart=False)
+        # the trainer's own words (ScratchFull, fault.json) already begin with "scratch full": said once
+        said = death.detail if death.detail.startswith("scratch full") else f"scratch full: {death.detail}"
+        return Decision(Action.WAIT_SPACE, said, counts_as_restart=False)
     if restarts_so_far >= restart.max_restarts:
         return Decision(Action.FAIL, f"gave up: {restarts_so_far} restarts reached restart.max_restarts "
                                 f"{restart.max_restarts} (last: {cause}: {death.detail})", protocol.SUPERVISOR_GAVE_UP)

@@ -122,4 +122,39 @@ def _notes(cfg, claim_remote: bool = False) -> list[str]:
         notes.append(f"no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir}), which a reboot "
                      f"(/dev/shm), a scratch cleaner or a lost node takes with them; set run.remote to a directory "
                      f"on persistent storage to keep a copy")
+    return notes + _time_notes(cfg)
+
+
+YEAR_S = 365 * 86400.0
+
+
+def _time_notes(cfg) -> list[str]:
+    """What the budget's steps left take at the rate this run directory last measured (state.json's tok/s, an
+    earlier launch's): a note when that is years (a budget mistyped), and one when sync.every is longer than that
+    (no sync comes before the last, at the end). [] without a measured rate: a fresh run has no estimate."""
+    import math
+
+    from minilmd.daemon.base.runstate import read_state
+    from minilmd.fmt import fmt_duration
+    from minilmd.plan.budget import as_trained, planned
+
+    progress = (read_state(cfg.run_dir) or {}).get("progress")
+    progress = progress if isinstance(progress, dict) else {}
+    tok_s, step = progress.get("tok_s"), progress.get("step")
+    if not isinstance(tok_s, (int, float)) or isinstance(tok_s, bool) or not 0 < tok_s < math.inf:
+        return []  # none measured, or not a number: another hand's state.json
+    if (plan := planned(cfg)) is None:
+        return []  # an epoch budget of a corpus that does not say its size
+    left = plan.steps - (step if type(step) is int else 0)
+    if left <= 0:
+        return []  # finished: nothing left to time
+    eta = left * plan.global_batch * as_trained(cfg).train.seq_len / tok_s
+    rate = f"at the {tok_s:,.0f} tok/s this run last measured"
+    notes = []
+    if eta >= YEAR_S:
+        notes.append(f"the budget's {left:,} steps left take {eta / YEAR_S:,.0f} years {rate}: is train.max_steps, "
+                     f"max_tokens or max_epochs what you meant?")
+    if cfg.run.remote and cfg.sync.every_s > eta:
+        notes.append(f"sync.every = {cfg.sync.every!r} is longer than the run takes ({fmt_duration(eta)} {rate}): "
+                     f"no sync comes before the last one, at its end; until then its checkpoints are only in scratch")
     return notes

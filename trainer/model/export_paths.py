@@ -326,13 +326,13 @@ def _run_checkpoint(run_dir: Path) -> Path:
     try:
         found = find_latest(run.roots, log=_say_once, set_aside=False)
     except CheckpointError as e:
-        raise ExportError(f"{run_dir}: a run directory; its checkpoints in {run.where}: {'; '.join(e.problems)}") \
-            from None
+        raise ExportError(f"{run_dir}: a run directory; its checkpoints in {run.where}{run.gone}: "
+                          f"{'; '.join(e.problems)}") from None
     if found is None:
         raise ExportError(f"{run_dir}: a run directory; no valid checkpoint where its checkpoints are, {run.where}"
-                          f"{run.unread}")
+                          f"{run.unread}{run.gone}")
     _say_once(f"{run_dir}: a run directory: {found}, the newest valid checkpoint of {run.where} (the one a resume "
-              f"would take)")
+              f"would take){run.gone}")
     _say_best_elsewhere(run.roots, found)
     return found
 

@@ -1,0 +1,48 @@
+"""`minilmd run --check` of a run directory an earlier launch measured (state.json's tok/s) says when the budget's
+steps left would take years at that rate, and when sync.every is longer than the whole run: notes, not refusals
+(exit 0). A new user's walk found `--set train.max_steps=...` past int64 running with `step 660/99,999,...` and
+sync.every = "99999999h" passing in silence. A fresh run has no rate, so no estimate and no such note."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minilmd.config import load_config
+from minilmd.names import STATE
+from supervisor_helpers import cli, write_config
+
+
+def measured(cfg, tok_s: float, step: int) -> None:
+    """state.json as an earlier launch left it, its last measured rate in it."""
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / STATE).write_text(json.dumps({"phase": "stopped", "progress": {"step": step, "tok_s": tok_s}}))
+
+
+def check(config, *sets: str) -> str:
+    """The notes of `run --check` (exit 0), one a line."""
+    args = [a for s in sets for a in ("--set", s)]
+    out = cli("run", "--check", str(config), *args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return "\n".join(line for line in out.stdout.splitlines() if line.startswith("note: "))
+
+
+@pytest.mark.slow
+def test_a_budget_of_years_at_the_measured_rate_is_said_and_a_sync_that_never_comes_before_the_end(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, sync={"every": "7d"})  # 32 tokens x 4 rows a step
+    cfg = load_config(config)
+    fresh = check(config, "train.max_steps=9000000000000")
+    assert "years" not in fresh and "sync.every" not in fresh, fresh  # no rate measured: no estimate
+    measured(cfg, tok_s=128.0, step=10)  # a step a second
+    said = check(config, "train.max_steps=9000000000000")
+    assert ("note: the budget's 8,999,999,999,990 steps left take 285,388 years at the 128 tok/s this run last "
+            "measured") in said, said
+    assert "note: sync.every" not in said, said  # 7d is shorter than that
+    short = check(config, "train.max_steps=70")  # 60 steps left: a minute
+    assert "years" not in short, short
+    assert ("note: sync.every = '7d' is longer than the run takes (60s at the 128 tok/s this run last measured): "
+            "no sync comes before the last one, at its end") in short, short
+    assert "note: sync.every" not in check(config, "train.max_steps=70", 'sync.every="30s"')
+    for done in ("train.max_steps=10", "train.max_steps=5"):  # finished: no time left to say
+        said = check(config, done)
+        assert "years" not in said and "note: sync.every" not in said, said
