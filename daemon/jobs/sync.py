@@ -38,9 +38,9 @@ from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
 from minilmd.daemon.base.worker import error_words
-from minilmd.daemon.jobs import basecopy, remote_claim
+from minilmd.daemon.jobs import basecopy, remote_claim, remote_made
 from minilmd.daemon.jobs.fetch import Fetcher
-from minilmd.daemon.jobs.remote_local import open_remote
+from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.names import (
     BEST,
@@ -131,6 +131,8 @@ class Syncer(Fetcher):
                 self._remote = open_remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid()))
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
+            if isinstance(self._remote, LocalRemote):  # what this run's syncs made there: all they may remove
+                self._remote.made = remote_made.Made(self.local_root / remote_made.RECORD)
         return self._remote
 
     # --- local -> remote ---------------------------------------------------------------------------------------
@@ -369,7 +371,10 @@ class Syncer(Fetcher):
         may be a copy in progress there, and is removed only once it is a day old. One that holds another LoRA
         base's copy (what stood at `init`, left by a push killed while it looked at it) is quarantined instead."""
         ours = basecopy.staged_record_hash(self.base)  # once, not per leftover
-        for n in self.remote.names():
+        names = self.remote.names()
+        if isinstance(self.remote, LocalRemote):
+            self.remote.made.keep_only(set(names))
+        for n in names:
             if not n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST), atomic_tmp_prefix(BEST))):
                 continue
             pid = remote_tmp_owner(n, host_tag())
