@@ -47,31 +47,26 @@ def files(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
-def test_a_step_renamed_to_a_dead_syncs_temporary_name_is_not_deleted(teammate, tmp_path, weights):
+def test_a_step_renamed_to_a_dead_syncs_temporary_name_is_not_deleted_but_a_killed_syncs_copy_is(teammate, tmp_path,
+                                                                                                 weights):
+    """The planted name is left, and said; the run's own half copy beside it (made by a sync of the run killed
+    half-way, recorded before its copy started) still goes."""
     (_, gid), where = teammate
     remote = group_dir(where, gid, "remote")
     logs: list[str] = []
-    synced(tmp_path / "scratch", remote, weights, (10, 20), logs)
+    local = tmp_path / "scratch"
+    synced(local, remote, weights, (10, 20), logs)
     kept = files(remote / "step-00000010")
     planted = remote / sync_tmp_name("step-00000010", host_tag(), dead_pid())
     mv_as_teammate(remote / "step-00000010", planted)
+    killed = Syncer(local, str(remote), EXPECTED)  # another process of the run, killed during its copy
+    half = remote / killed.remote.make_tmp(sync_tmp_name("step-00000030", host_tag(), dead_pid()))
+    (half / ck.MODEL_FILE).write_bytes(b"half")
 
-    Syncer(tmp_path / "scratch", str(remote), EXPECTED, keep=9, log=logs.append).sync_newest()  # the next sync
+    Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append).sync_newest()  # the next sync
 
     assert planted.is_dir() and files(planted) == kept  # on main: deleted, and nothing said
     assert any(planted.name in m and "no record of making" in m and "left as it is" in m for m in logs), logs
-
-
-def test_the_honest_leftover_of_a_killed_sync_is_still_removed_from_a_team_directory(teammate, tmp_path, weights):
-    """The run's own half copy (made by its sync, recorded before the copy started) goes at the next sync."""
-    (_, gid), where = teammate
-    remote = group_dir(where, gid, "remote")
-    logs: list[str] = []
-    synced(tmp_path / "scratch", remote, weights, (10,), logs)
-    killed = Syncer(tmp_path / "scratch", str(remote), EXPECTED)
-    half = remote / killed.remote.make_tmp(sync_tmp_name("step-00000020", host_tag(), dead_pid()))
-    (half / ck.MODEL_FILE).write_bytes(b"half")
-    Syncer(tmp_path / "scratch", str(remote), EXPECTED, log=logs.append).sync_newest()
     assert not half.exists()
 
 

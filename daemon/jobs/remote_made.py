@@ -43,11 +43,17 @@ class Made:
     """(name, device, inode) of each temporary directory this run's syncs made on its local remote and have not
     removed nor published yet: what `why_kept` lets a sync remove. Kept in `path` (the run's own checkpoint root),
     so that the next sync after a kill removes the half copy the killed one left; None: in this process only (a
-    tool, a test)."""
+    tool, a test). Read again before each change and each proof: another Syncer of the run in this process (the
+    fetch's, the last sync's) may have written it since."""
 
     def __init__(self, path: Path | None = None):
         self.path = path
-        self._entries: set[Entry] = self._load()
+        self._entries: set[Entry] = set()
+
+    def _current(self) -> set[Entry]:
+        if self.path is not None:
+            self._entries = self._load()
+        return self._entries
 
     def _load(self) -> set[Entry]:
         """The record as written; none when there is none, or it is not this user's regular file of the right shape
@@ -72,13 +78,13 @@ class Made:
 
     def record(self, name: str, identity: Identity) -> None:
         """`name` with that identity made by this run: written (fsynced) before anything is copied into it."""
-        self._entries.add((name, *identity))
+        self._current().add((name, *identity))
         self._save()
 
     def forget(self, name: str, identity: Identity | None = None) -> list[Identity]:
         """No record of `name` (with `identity` only, when given) any more: removed, or about to be published under
         its final name. The identities it had, for `restore` when nothing moved after all."""
-        gone = [(dev, ino) for n, dev, ino in self._entries if n == name and identity in (None, (dev, ino))]
+        gone = [(dev, ino) for n, dev, ino in self._current() if n == name and identity in (None, (dev, ino))]
         if gone:
             self._entries -= {(name, *i) for i in gone}
             self._save()
@@ -86,16 +92,16 @@ class Made:
 
     def restore(self, name: str, identities: list[Identity]) -> None:
         if identities:
-            self._entries |= {(name, *i) for i in identities}
+            self._entries = self._current() | {(name, *i) for i in identities}
             self._save()
 
     def proves(self, name: str, identity: Identity) -> bool:
-        return (name, *identity) in self._entries
+        return (name, *identity) in self._current()
 
     def keep_only(self, names: set[str]) -> None:
         """Records of names no longer on the remote dropped (removed by hand, moved away): never proof of anything
         a later name is given."""
-        kept = {e for e in self._entries if e[0] in names}
+        kept = {e for e in self._current() if e[0] in names}
         if kept != self._entries:
             self._entries = kept
             self._save()
