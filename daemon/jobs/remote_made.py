@@ -32,16 +32,23 @@ from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, loads, open_regular, read_bytes
 
 RECORD = ".remote-made.json"
-"""The record's name in the run's local checkpoint root (scratch: private to the run, never on the remote)."""
+"""The end of the record's name, beside the run's local checkpoint root (`record_path`)."""
 RECORD_MAX_BYTES = 1 << 20
 
 Identity = tuple[int, int]
 Entry = tuple[str, int, int]
 
 
+def record_path(local_root: Path) -> Path:
+    """Where the run whose local checkpoint root is `local_root` keeps its record: beside it, in scratch (private to
+    the run, never on the remote), `<scratch>/.checkpoints.remote-made.json`; not in the checkpoint root, where any
+    entry is one a failed run's scratch is kept for (scratch.holds_checkpoints)."""
+    return local_root.parent / f".{local_root.name}{RECORD}"
+
+
 class Made:
     """(name, device, inode) of each temporary directory this run's syncs made on its local remote and have not
-    removed nor published yet: what `why_kept` lets a sync remove. Kept in `path` (the run's own checkpoint root),
+    removed nor published yet: what `why_kept` lets a sync remove. Kept in `path` (record_path: the run's scratch),
     so that the next sync after a kill removes the half copy the killed one left; None: in this process only (a
     tool, a test). Read again before each change and each proof: another Syncer of the run in this process (the
     fetch's, the last sync's) may have written it since."""

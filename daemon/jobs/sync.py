@@ -135,7 +135,7 @@ class Syncer(Fetcher):
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
             if isinstance(self._remote, LocalRemote):  # what this run's syncs made there: all they may remove
-                self._remote.made = remote_made.Made(self.local_root / remote_made.RECORD)
+                self._remote.made = remote_made.Made(remote_made.record_path(self.local_root))
         return self._remote
 
     # --- local -> remote ---------------------------------------------------------------------------------------
