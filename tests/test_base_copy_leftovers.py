@@ -16,7 +16,7 @@ import pytest
 
 from base_copy_helpers import files_of, staged_pth
 from minilmd import names
-from minilmd.daemon.jobs import basecopy
+from minilmd.daemon.jobs import basecopy, remote_made
 from minilmd.daemon.jobs.remote import Remote
 from minilmd.daemon.jobs.remote_local import open_remote
 from minilmd.daemon.jobs.sync import STALE_TMP_SECONDS, Syncer
@@ -27,10 +27,10 @@ KILLED_WHILE_LOOKING = textwrap.dedent("""
     import os, shutil, signal, sys
     from pathlib import Path
     from minilmd import dirfd, fsio
-    from minilmd.daemon.jobs import basecopy
+    from minilmd.daemon.jobs import basecopy, remote_made
     from minilmd.names import host_tag
     from minilmd.daemon.jobs.remote_local import LocalRemote
-    staged, theirs, url, renames = sys.argv[1:]
+    staged, theirs, url, renames, record = sys.argv[1:]
     if renames == "plain":  # NFS: renameat2's flags not done (EINVAL)
         dirfd.renameat2 = lambda *args: False
 
@@ -46,7 +46,9 @@ KILLED_WHILE_LOOKING = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             return super().cat(path, max_bytes)
 
-    basecopy.push(KilledWhileLooking(url), Path(staged), host_tag(), os.getpid())
+    remote = KilledWhileLooking(url)
+    remote.made = remote_made.Made(Path(record))  # the run's record, as its Syncer gives it
+    basecopy.push(remote, Path(staged), host_tag(), os.getpid())
 """)
 
 
@@ -57,14 +59,17 @@ def test_another_bases_copy_left_by_a_push_killed_while_it_looked_is_quarantined
     old), was deleted. This run's own copy left there, and a half copy without a record, still go."""
     ours, theirs = staged_pth(tmp_path, "ours"), staged_pth(tmp_path, "theirs")
     root = tmp_path / "remote"
-    proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_LOOKING, str(ours), str(theirs), str(root), renames])
+    record = remote_made.record_path(tmp_path / "checkpoints")
+    proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_LOOKING, str(ours), str(theirs), str(root), renames,
+                           str(record)])
     assert proc.returncode == -9
     left = {n.name: files_of(n) for n in root.iterdir() if n.name.startswith(".tmp-")}
     assert files_of(theirs) in left.values()  # killed in the window: theirs under a temporary name of the dead pid
     for name in left:
         os.utime(root / name, (time.time() - STALE_TMP_SECONDS - 60,) * 2)  # `-replaced` names no pid: a day old
-    half = root / sync_tmp_name(basecopy.REMOTE_BASE, names.host_tag(), _dead_pid())
-    half.mkdir()
+    killed = open_remote(str(root))  # another push of this run, killed half-way: its copy is in the run's record
+    killed.made = remote_made.Made(record)
+    half = root / killed.make_tmp(sync_tmp_name(basecopy.REMOTE_BASE, names.host_tag(), _dead_pid()))
     (half / STAGED_PTH).write_bytes(b"half a copy, no record yet")
 
     logs: list[str] = []

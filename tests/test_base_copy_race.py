@@ -4,6 +4,7 @@ older checkpoints were trained on, is never replaced nor deleted (Remote.publish
 Dir.exchange at the remote root's descriptor, minilmd/dirfd.py), with renameat2's flags and without them (NFS)."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -110,15 +111,38 @@ def test_a_damaged_copy_of_this_base_is_still_replaced_whole(tmp_path, renames, 
 
 
 def test_a_directory_without_a_record_is_replaced_but_never_one_with_another_record(tmp_path, renames):
-    """A copy exists once its record does (written last): an `init` with none is what a push replaces, as on main;
-    one that holds another base's record by the time the push renames is not."""
+    """A copy exists once its record does (written last): an `init` with none that this run made (its record of
+    what its syncs made says so) is what a push replaces, as on main; one that holds another base's record by the
+    time the push renames is not."""
+    staged = staged_pth(tmp_path, "ours")
+    remote = open_remote(str(tmp_path / "remote"))
+    leftover = tmp_path / "remote" / basecopy.REMOTE_BASE
+    (leftover / "checkpoint").mkdir(parents=True)
+    (leftover / STAGED_PTH).write_bytes(b"half")
+    remote.made.record(basecopy.REMOTE_BASE, identity(leftover))
+    assert basecopy.push(remote, staged, "h", 1) > 0
+    assert files_of(leftover) == files_of(staged) and remote.names() == [basecopy.REMOTE_BASE]
+
+
+def test_a_directory_without_a_record_this_run_did_not_make_is_replaced_but_never_deleted(tmp_path, renames):
+    """The same `init` with no record of this run's making it (another of this user's directories a teammate
+    renamed there, a step of the run's): the copy takes its place, and it is left under a temporary name, never
+    deleted (remote_made.why_kept)."""
     staged = staged_pth(tmp_path, "ours")
     remote = open_remote(str(tmp_path / "remote"))
     leftover = tmp_path / "remote" / basecopy.REMOTE_BASE
     (leftover / "checkpoint").mkdir(parents=True)
     (leftover / STAGED_PTH).write_bytes(b"half")
     assert basecopy.push(remote, staged, "h", 1) > 0
-    assert files_of(leftover) == files_of(staged) and remote.names() == [basecopy.REMOTE_BASE]
+    assert files_of(leftover) == files_of(staged)
+    left = [n for n in remote.names() if n != basecopy.REMOTE_BASE]
+    assert len(left) == 1 and left[0].startswith(".tmp-init-h-1")
+    assert (tmp_path / "remote" / left[0] / STAGED_PTH).read_bytes() == b"half"
+
+
+def identity(path: Path) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
 
 
 def test_exchange_swaps_two_directories_in_one_step(tmp_path, renames):
@@ -140,6 +164,7 @@ def test_what_stood_there_is_kept_when_a_third_writer_takes_the_name_while_it_is
     for name, marker in (("src", "ours"), (basecopy.REMOTE_BASE, "first")):
         (root / name).mkdir(parents=True)
         (root / name / marker).write_text(marker)
+    remote.made.record("src", identity(root / "src"))  # this push's copy: made by this run
     third = tmp_path / "third"
     third.mkdir()
     (third / "third").write_text("third")

@@ -6,6 +6,7 @@ followed the link: the run's own step directories in the other directory (anothe
 user's) were removed, replaced or written into. And a root that another user could rearrange so is refused."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -37,9 +38,9 @@ def tree(root: Path) -> dict[str, bytes | str]:
 
 def fill(root: Path, marker: str) -> None:
     """A remote as a sync leaves it: a step directory, a complete temporary copy, a LATEST."""
-    for name in (STEP, COPY):
+    for step, name in enumerate((STEP, COPY), 1):  # a manifest that names its step: what a sync may remove
         (root / name).mkdir(parents=True)
-        (root / name / MANIFEST).write_text(f"{marker} {name}")
+        (root / name / MANIFEST).write_text(json.dumps({"step": step, "marker": f"{marker} {name}"}))
     (root / LATEST).write_text(f"{STEP}\n")
 
 

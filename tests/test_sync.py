@@ -83,28 +83,32 @@ def test_nothing_to_sync_and_nothing_older_than_the_remote(dirs, weights):
     assert not (remote / "step-00000040").exists()
 
 
-def test_leftovers_of_an_interrupted_sync_are_cleaned_and_another_hosts_live_copy_is_left(dirs, weights):
+def test_leftovers_of_an_interrupted_sync_are_cleaned_and_another_hosts_copy_is_left(dirs, weights):
+    """The half copy a killed sync of this run left (made by its make_tmp, so in the run's record) goes at the next
+    sync; another host's, live or a day old, is no copy this run has a record of making: left, and said."""
     local, remote = dirs
     save(local, 10, weights)
-    syncer = Syncer(local, str(remote), EXPECTED)
-    syncer.sync_newest()
+    Syncer(local, str(remote), EXPECTED).sync_newest()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    ours = remote / sync_tmp_name("step-00000020", host_tag(), dead.pid)
+    killed = Syncer(local, str(remote), EXPECTED)  # the run's sync in a process now gone: its record stays
+    ours = remote / killed.remote.make_tmp(sync_tmp_name("step-00000020", host_tag(), dead.pid))
     live_elsewhere = remote / sync_tmp_name("step-00000020", "otherhost", os.getpid())
     old_elsewhere = remote / sync_tmp_name("step-00000015", "otherhost", 4242)
     old_pointer_tmp = remote / ".LATEST.abc123.tmp"
     for tmp in (ours, live_elsewhere, old_elsewhere):
-        tmp.mkdir()
+        tmp.mkdir(exist_ok=tmp == ours)
         (tmp / ck.MODEL_FILE).write_bytes(b"half")
     old_pointer_tmp.write_text("step-00000015\n")
     day_ago = time.time() - sync_module.STALE_TMP_SECONDS - 60
     for stale in (old_elsewhere, old_pointer_tmp):
         os.utime(stale, (day_ago, day_ago))
     save(local, 20, weights)
-    assert syncer.sync_newest().step == 20
-    assert names(remote) == [live_elsewhere.name, "LATEST", "step-00000010", "step-00000020"]
+    logs: list[str] = []
+    assert Syncer(local, str(remote), EXPECTED, log=logs.append).sync_newest().step == 20
+    assert names(remote) == [old_elsewhere.name, live_elsewhere.name, "LATEST", "step-00000010", "step-00000020"]
     assert (live_elsewhere / ck.MODEL_FILE).read_bytes() == b"half"
+    assert any(old_elsewhere.name in m and "no record of making" in m for m in logs)
 
 
 def test_damaged_remote_copy_is_replaced(dirs, weights):

@@ -214,8 +214,9 @@ class Remote:
         self.makedirs(target, *below)
         return target
 
-    def rm(self, name: str, file: bool = False) -> str | None:
-        """Remove what a sync made, a name of the root: None (removed, or not there)."""
+    def rm(self, name: str, file: bool = False, was: str | None = None) -> str | None:
+        """Remove what a sync made, a name of the root: None (removed, or not there). An object store has no other
+        users, nor their renames (LocalRemote: only what is proven this run's)."""
         try:
             self.fs.rm(self.path(name), recursive=True)
         except FileNotFoundError:

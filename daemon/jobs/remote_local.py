@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import perms
-from minilmd.daemon.jobs import remote_write
+from minilmd.daemon.jobs import remote_made, remote_write
 from minilmd.daemon.jobs.remote import CHUNK, Remote
 from minilmd.daemon.jobs.remote_publish import Publishing
 from minilmd.daemon.jobs.remote_store import Steps
@@ -64,6 +64,8 @@ class LocalRemote(Publishing, Remote):
         self._dir: Dir | None = None
         self._stale: list[Dir] = []
         self._opening = threading.Lock()
+        self.made = remote_made.Made()
+        """What this run's syncs made here and may remove (remote_made.py): the Syncer gives it the run's record."""
 
     @property
     def renames_into_place(self) -> bool:
@@ -297,25 +299,39 @@ class LocalRemote(Publishing, Remote):
             return self._fresh_tmp(target, below, why, taken)
         self.rm(target)
         try:
-            self.makedirs(target, *below)
+            self._make_recorded(target, below)
             return target
         except remote_write.NotOurs as e:
             with contextlib.suppress(OSError):
-                self.rm(target)  # ours when what was taken lies below it: only this user's real directory goes
+                self.rm(target)  # ours when what was taken lies below it: only this run's recorded directory goes
             return self._fresh_tmp(target, below, str(e), taken)
+
+    def _make_recorded(self, name: str, below: tuple[str, ...]) -> None:
+        """The directory `name` made new in the root and recorded as this run's before anything is made or copied
+        into it (remote_made.Made: what a later sync may remove), then `below` in it."""
+        self.makedirs(name)
+        self.made.record(name, remote_made.made_new(self._root(), name))
+        if below:
+            remote_write.mkdir_new(self._root(), (name, *below), self.show, made=1)
 
     def _fresh_tmp(self, target: str, below: tuple[str, ...], found: str, taken) -> str:
         fresh = f"{target}-{secrets.token_hex(4)}.tmp"
-        self.makedirs(fresh, *below)
+        self._make_recorded(fresh, below)
         taken(found, fresh)
         return fresh
 
-    def rm(self, name: str, file: bool = False) -> str | None:
+    def rm(self, name: str, file: bool = False, was: str | None = None) -> str | None:
         """Remove what a sync made, a name of the root: None when removed (or not there). Only a real directory (a
-        regular file when `file`: a pointer's temp file) owned by this user, whatever its name says (others write
+        regular file when `file`: a pointer's temp file) owned by this user and proven this run's
+        (remote_made.why_kept; `was`: the name it is recorded by), whatever its name says (others write and rename
         there too), through the root's descriptor: anything else (another user's, a link, ...) is left, and what it
         is returned."""
-        return remote_write.remove_ours(self._root(), name, file)
+        root = self._root()
+        st = root.lstat(name)
+        why = remote_write.remove_ours(root, name, self.made, file, was)
+        if why is None and st is not None and not file:
+            self.made.forget(was or name, (st.st_dev, st.st_ino))
+        return why
 
     def set_aside(self, name: str, reason: str) -> str | None:
         """`quarantine`: where it went."""

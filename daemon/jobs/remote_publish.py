@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from minilmd import perms
-from minilmd.daemon.jobs import remote_write
+from minilmd.daemon.jobs import remote_made, remote_write
 from minilmd.daemon.jobs.remote_write import NotOurs, in_root
 from minilmd.dirfd import Dir
 from minilmd.dirtree import fsync_tree
@@ -40,20 +40,29 @@ class Publishing:
 
     if TYPE_CHECKING:
         tmp_tag: str
+        made: remote_made.Made
 
         def _root(self) -> Dir: ...
         def show(self, *names: str) -> str: ...
-        def rm(self, name: str, file: bool = False) -> str | None: ...
+        def rm(self, name: str, file: bool = False, was: str | None = None) -> str | None: ...
         def quarantine(self, name: str, reason: str) -> str: ...
 
     def rename_dir(self, src: str, dst: str) -> None:
         """Publish the complete temporary directory src under dst, durably (local paths only: fsspec has no atomic
         rename), where nothing stands: the caller made way. What took dst since is never replaced: NotOurs when it is
-        another user's entry or a link, FileExistsError (the sync fails and is retried) for anything else."""
+        another user's entry or a link, FileExistsError (the sync fails and is retried) for anything else. The
+        record of src as this run's temporary goes first (remote_made.Made): a published checkpoint renamed back to
+        that name by another user is never removed as one; it comes back when nothing was renamed."""
         root = self._flushed(src)
+        recorded = self.made.forget(src)
         if root.rename_new(src, dst):
+            if recorded and (left := root.identity_of(src)) is not None and _nothing_at(root, dst):
+                # acknowledged, not done (a flaky server): still this run's copy, as the server numbers it now (a
+                # FUSE one may renumber what it was asked to rename); the sync fails, seeing no `dst`
+                self.made.restore(src, [left])
             os.fsync(root.fd)
             return
+        self.made.restore(src, recorded)
         if why := self._not_ours(dst):
             raise NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
         raise FileExistsError(errno.EEXIST, f"{self.show(dst)} appeared while {self.show(src)} was made: left as it "
@@ -76,6 +85,7 @@ class Publishing:
         or a link."""
         root = self._flushed(src)
         if root.rename_new(src, dst):
+            self._published(src, dst)
             os.fsync(root.fd)
             return True
         if why := self._not_ours(dst):
@@ -84,7 +94,9 @@ class Publishing:
             return self._publish_aside(src, dst, replaceable, ours)
         # this copy at dst now, what stood there at src
         if self._looks(src, replaceable):
-            self._drop(src)
+            recorded = self.made.forget(src)
+            self._drop(src, was=dst)
+            self.made.restore(dst, recorded)
             os.fsync(root.fd)
             return True
         try:
@@ -164,7 +176,7 @@ class Publishing:
         """publish_unless_taken where the file system cannot exchange (NFS): what stands at dst is renamed aside,
         looked at there, then either replaced or renamed back. A reader may find dst missing meanwhile."""
         root = self._root()
-        aside = self._aside_name(src, lambda name: self._looks(name, ours) or self._looks(name, replaceable))
+        aside = self._aside_name(src, dst, lambda name: self._looks(name, ours) or self._looks(name, replaceable))
         if not root.rename_new(dst, aside):  # a FileNotFoundError (gone meanwhile): the caller retries
             raise NotOurs(errno.EEXIST, f"{self.show(aside)} is {remote_write.what_is(in_root(root, aside))}: not "
                                         f"this run's, never replaced")
@@ -178,17 +190,24 @@ class Publishing:
             self._drop(src)  # this copy: the caller has nothing to remove
             raise self._left_aside(aside, dst, why)
         published = root.rename_new(src, dst)  # False: another copy took the name meanwhile; it stays
-        self._drop(aside)  # what the caller would replace, either way
+        if published:
+            self._published(src, dst)
+        self._drop(aside, was=dst)  # what the caller would replace, either way
         os.fsync(root.fd)
         return published
 
-    def _aside_name(self, src: str, removable: Callable[[str], bool]) -> str:
+    def _published(self, src: str, dst: str) -> None:
+        """This run's copy renamed from src to dst: recorded by its new name (remote_made.Made), so that a later
+        push may replace it (a damaged copy of this base) and no one renaming it back to src has it removed."""
+        self.made.restore(dst, self.made.forget(src))
+
+    def _aside_name(self, src: str, dst: str, removable: Callable[[str], bool]) -> str:
         """`<src>-replaced`, where what stands at dst is moved to be looked at; an earlier try's removed first when
         `removable` (this push's copy, or what it would replace anyway). One holding anything else (another base's
         copy an earlier try could neither put back nor set aside, a look that fails) is left as it is, and a fresh
         name taken instead: it is never removed."""
         aside = f"{src}-replaced"
-        if self._root().lstat(aside) is None or (removable(aside) and self.rm(aside) is None):
+        if self._root().lstat(aside) is None or (removable(aside) and self.rm(aside, was=dst) is None):
             return aside
         return f"{aside}-{secrets.token_hex(4)}"
 
@@ -199,10 +218,11 @@ class Publishing:
         except (OSError, Unreadable):
             return False
 
-    def _drop(self, name: str) -> None:
-        """Remove a copy replaced; one that cannot be is a leftover of this host, which a later sync removes."""
+    def _drop(self, name: str, was: str | None = None) -> None:
+        """Remove a copy replaced (`was`: the name this run recorded it by, remote_made.Made); one that cannot be is
+        a leftover of this host, which a later sync removes when it is proven this run's, or says."""
         with contextlib.suppress(OSError):
-            self.rm(name)
+            self.rm(name, was=was)
 
     def _left_aside(self, name: str, dst: str, why: str) -> LeftAside:
         """What stood at dst, now at `name`, could not go back: kept in quarantine/ (no clean-up of temporary names
@@ -230,3 +250,14 @@ class Publishing:
                     os.fsync(root.fd)
                 return self.show(kept)
         return self.show(name)
+
+
+def _nothing_at(root: Dir, name: str) -> bool:
+    """Whether `name` in root is missing or an empty directory (a rename claim's: dirfd's fallback on NFS)."""
+    try:
+        with Dir.at(root, name) as there:
+            return not os.listdir(there.fd)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False

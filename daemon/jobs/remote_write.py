@@ -32,6 +32,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 
+from minilmd.daemon.jobs import remote_made
 from minilmd.dirfd import RENAME_NOREPLACE, Dir, PlaceRefused, renameat2
 from minilmd.names import (
     LATEST,
@@ -290,16 +291,19 @@ def in_root(root: Dir, *names: str) -> str:
     return "/".join([str(root.inside), *names])
 
 
-def remove_ours(root: Dir, name: str, file: bool = False) -> str | None:
+def remove_ours(root: Dir, name: str, made: remote_made.Made, file: bool = False, was: str | None = None) -> str | None:
     """Remove `name` of the root when a sync of this user made it (a directory: not_made_here; a pointer's temp file:
-    not_ours); else leave it and say what it is. None when removed or not there. Either goes only while its name
-    still leads to the very entry judged; a directory through descriptors (Dir.remove_tree: no link followed inside
-    it)."""
+    not_ours) and it is proven this run's (remote_made.why_kept: what a name alone never proves, in a root others
+    may rename within; `made`: the run's record, `was`: the name it was recorded by); else leave it and say what it
+    is. None when removed or not there. Either goes only while its name still leads to the very entry judged; a
+    directory through descriptors (Dir.remove_tree: no link followed inside it)."""
     st = root.lstat(name)  # first: the identity removed below is the one judged
     if st is None:
         return None
     path = in_root(root, name)
     if why := (not_ours(path, file, st) if file else not_made_here(path, (st.st_dev, st.st_ino))):
+        return why
+    if why := remote_made.why_kept(root, name, st, made, file, was):
         return why
     if file:
         if root.remove_file(name, (st.st_dev, st.st_ino)) or root.lstat(name) is None:
@@ -352,11 +356,11 @@ def _taken(root: Dir, names: tuple[str, ...], show: Show) -> NotOurs:
                                          f"never written into")
 
 
-def mkdir_new(root: Dir, names: tuple[str, ...], show: Show) -> None:
+def mkdir_new(root: Dir, names: tuple[str, ...], show: Show, made: int = 0) -> None:
     """Make each directory of names below root, every one new (the umask gives its mode, as the run's policy); the
     first, in the root, holding this user's REMOTE_MARK where the share gives it another owner than this process's
-    uid (not_made_here: what a sync may remove later)."""
-    for i in range(1, len(names) + 1):
+    uid (not_made_here: what a sync may remove later). `made`: how many of names the caller made already."""
+    for i in range(made + 1, len(names) + 1):
         with parent_fd(root, names[:i], show) as fd:
             try:
                 os.mkdir(names[i - 1], 0o777, dir_fd=fd)

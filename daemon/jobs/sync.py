@@ -5,7 +5,8 @@ disk back to NFS, so that local copies may be deleted only after a verified sync
 fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sync_newest()`:
 
 0. the remote is this run's: claimed by its first sync, another run's refused (daemon/jobs/remote_claim.py);
-1. remove the `.tmp-*` an interrupted sync of this host left (its pid gone); another host's, only once a day old;
+1. remove the `.tmp-*` an interrupted sync of this run left (its pid gone), proven by the run's record of what its
+   syncs made (daemon/jobs/remote_made.py: a name proves nothing where others may rename); another's is left, said;
 2. take the newest local checkpoint that validates (`minilmd.checkpoint.validate`, torch-free); a step the remote
    already holds intact is not copied again, nor is anything older than the remote's newest;
 3. copy its files to `<remote>/.tmp-step-XXXXXXXX-<host>-<pid>/`, manifest last, then read the remote copy back
@@ -17,7 +18,8 @@ fsspec URL (tested with local paths and `memory://`). The protocol of `Syncer.sy
 6. retention: keep the newest `keep` intact checkpoints (and whatever LATEST and BEST name), delete older ones;
    the checkpoint a local BEST names (early_stop) is copied too, and the remote BEST then names it.
 On a local remote (others write it too) nothing is written through a link, and only this user's real directories
-(a pointer's temp files) are deleted or quarantined, whatever their names say (daemon/jobs/remote_write.py).
+(a pointer's temp files) are deleted or quarantined, whatever their names say (daemon/jobs/remote_write.py); a
+deletion also needs remote_made.why_kept's proof that the run made it (a step: its manifest naming it).
 A LoRA run's staged base goes to `<remote>/init` once, before its first checkpoint (daemon/jobs/basecopy.py).
 
 `fetch_latest()` does the way back for a resume when the local scratch has nothing (daemon/jobs/fetch.py).
@@ -38,9 +40,9 @@ from minilmd import checkpoint as ck
 from minilmd.checkpoint_dirs import list_checkpoints, read_best
 from minilmd.daemon.base.runstate import is_disk_full, process_alive
 from minilmd.daemon.base.worker import error_words
-from minilmd.daemon.jobs import basecopy, remote_claim
+from minilmd.daemon.jobs import basecopy, remote_claim, remote_made
 from minilmd.daemon.jobs.fetch import Fetcher
-from minilmd.daemon.jobs.remote_local import open_remote
+from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
 from minilmd.daemon.jobs.remote_store import RemoteStore
 from minilmd.names import (
     BEST,
@@ -94,7 +96,8 @@ sync (`Syncer._scan`) and judged by from then on: what the sync defers to, wheth
 keeps; a copy the sync makes is added once it is verified there."""
 
 STALE_TMP_SECONDS = 24 * 3600
-"""A temporary name on the remote that no live sync of this host made is removed once it is this old."""
+"""A temporary name on the remote that no live sync of this host made is looked at once it is this old (removed only
+with remote_made.why_kept's proof: on a local remote, a directory by the run's record, a file holding a pointer)."""
 
 
 class Syncer(Fetcher):
@@ -131,6 +134,8 @@ class Syncer(Fetcher):
                 self._remote = open_remote(self.remote_url, pointer_tmp_tag(host_tag(), os.getpid()))
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
+            if isinstance(self._remote, LocalRemote):  # what this run's syncs made there: all they may remove
+                self._remote.made = remote_made.Made(remote_made.record_path(self.local_root))
         return self._remote
 
     # --- local -> remote ---------------------------------------------------------------------------------------
@@ -366,10 +371,15 @@ class Syncer(Fetcher):
     def _clean_remote_tmp(self) -> None:
         """Remove the temporary copies an interrupted sync of this host left (its pid gone, or this process's).
         The remote is a shared path: a temporary name of another host, or one without a host (publish_dir's),
-        may be a copy in progress there, and is removed only once it is a day old. One that holds another LoRA
-        base's copy (what stood at `init`, left by a push killed while it looked at it) is quarantined instead."""
+        may be a copy in progress there, and is looked at only once it is a day old. Either is removed only when
+        proven this run's (LocalRemote.rm: remote_made.why_kept, by the run's record; another user may rename the
+        run's checkpoint to such a name), else left and said. One that holds another LoRA base's copy (what stood
+        at `init`, left by a push killed while it looked at it) is quarantined instead."""
         ours = basecopy.staged_record_hash(self.base)  # once, not per leftover
-        for n in self.remote.names():
+        names = self.remote.names()
+        if isinstance(self.remote, LocalRemote):
+            self.remote.made.keep_only(set(names))
+        for n in names:
             if not n.startswith((TMP_PREFIX, atomic_tmp_prefix(LATEST), atomic_tmp_prefix(BEST))):
                 continue
             pid = remote_tmp_owner(n, host_tag())

@@ -1,0 +1,187 @@
+"""What a sync may delete on its local remote: the one proof every removal there asks (`why_kept`, called by
+remote_write.remove_ours, which LocalRemote.rm is the only way to).
+
+A name proves nothing in a root others can rename within: a teammate who may write a team directory (group-writable,
+not sticky) cannot delete this user's step directories, but he can rename one, within the root, to a temporary name
+of this host and a dead pid (`.tmp-step-00000010-<host>-<pid>`), and the next sync would remove it as its own
+leftover; or rename a newer step to an older step's name, for retention to prune it; or another of this user's
+directories to a step name, where a step without a manifest counts as a half copy. Its owner (this user's) proves
+nothing either. So what a sync removes is proven to be what this run made, by what the name cannot carry:
+- a temporary directory (a checkpoint's or the LoRA base's copy, what stood at `init` moved aside): its (name, device,
+  inode) is in this run's record of what its syncs made (`Made`, a file in the run's private scratch, written before
+  anything is copied into it). A directory renamed to that name has another inode; one this run made, renamed to
+  another of its names, has a record under another name. A record goes before the directory is published under its
+  final name (never again a temporary of this run's);
+- a step directory: its manifest, read through the directory opened and checked to be the one judged, names that
+  step (a step renamed to another step's name says its own; a directory without one is no sync's on a local
+  remote, where copies are renamed into place whole);
+- a pointer's temporary file (LATEST's, BEST's): a regular file holding at most one step name, what one holds.
+What fails its proof is left as it is, and the caller says so (an event and a log line). Torch-free.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from minilmd.dirfd import Dir
+from minilmd.fsio import atomic_write_json
+from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, POINTER_MAX_BYTES, REMOTE_MARK, is_step_name, step_of
+from minilmd.perms import own_uid
+from minilmd.untrusted import Unreadable, loads, open_regular, read_bytes
+
+RECORD = ".remote-made.json"
+"""The end of the record's name, beside the run's local checkpoint root (`record_path`)."""
+RECORD_MAX_BYTES = 1 << 20
+
+Identity = tuple[int, int]
+Entry = tuple[str, int, int]
+
+
+def record_path(local_root: Path) -> Path:
+    """Where the run whose local checkpoint root is `local_root` keeps its record: beside it, in scratch (private to
+    the run, never on the remote), `<scratch>/.checkpoints.remote-made.json`; not in the checkpoint root, where any
+    entry is one a failed run's scratch is kept for (scratch.holds_checkpoints)."""
+    return local_root.parent / f".{local_root.name}{RECORD}"
+
+
+class Made:
+    """(name, device, inode) of each temporary directory this run's syncs made on its local remote and have not
+    removed nor published yet: what `why_kept` lets a sync remove. Kept in `path` (record_path: the run's scratch),
+    so that the next sync after a kill removes the half copy the killed one left; None: in this process only (a
+    tool, a test). Read again before each change and each proof: another Syncer of the run in this process (the
+    fetch's, the last sync's) may have written it since."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path
+        self._entries: set[Entry] = set()
+
+    def _current(self) -> set[Entry]:
+        if self.path is not None:
+            self._entries = self._load()
+        return self._entries
+
+    def _load(self) -> set[Entry]:
+        """The record as written; none when there is none, or it is not this user's regular file of the right shape
+        (nothing is removed on its word then: what it would have proven is left, and said where it is met)."""
+        if self.path is None:
+            return set()
+        try:
+            found = loads(read_bytes(self.path, max_bytes=RECORD_MAX_BYTES, owner=own_uid()), expect=dict)
+        except Unreadable:
+            return set()
+        rows = found.get("made")
+        if not isinstance(rows, list):
+            return set()
+        return {(r[0], r[1], r[2]) for r in rows
+                if isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in r[1:])}
+
+    def _save(self) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path, {"made": sorted([list(e) for e in self._entries])})
+
+    def record(self, name: str, identity: Identity) -> None:
+        """`name` with that identity made by this run: written (fsynced) before anything is copied into it."""
+        self._current().add((name, *identity))
+        self._save()
+
+    def forget(self, name: str, identity: Identity | None = None) -> list[Identity]:
+        """No record of `name` (with `identity` only, when given) any more: removed, or about to be published under
+        its final name. The identities it had, for `restore` when nothing moved after all."""
+        gone = [(dev, ino) for n, dev, ino in self._current() if n == name and identity in (None, (dev, ino))]
+        if gone:
+            self._entries -= {(name, *i) for i in gone}
+            self._save()
+        return gone
+
+    def restore(self, name: str, identities: list[Identity]) -> None:
+        if identities:
+            self._entries = self._current() | {(name, *i) for i in identities}
+            self._save()
+
+    def proves(self, name: str, identity: Identity) -> bool:
+        return (name, *identity) in self._current()
+
+    def keep_only(self, names: set[str]) -> None:
+        """Records of names no longer on the remote dropped (removed by hand, moved away): never proof of anything
+        a later name is given."""
+        kept = {e for e in self._current() if e[0] in names}
+        if kept != self._entries:
+            self._entries = kept
+            self._save()
+
+    def where(self) -> str:
+        return str(self.path) if self.path is not None else "this process"
+
+
+def made_new(root: Dir, name: str) -> Identity:
+    """The identity of the directory `name` a sync has just made in root: it must hold no file nor directory but
+    this user's mark (another of this user's directories renamed there since the mkdir, a checkpoint, would be
+    recorded as this sync's temporary otherwise; a link someone planted in it is refused by the copy's own writes,
+    never followed). OSError (EEXIST) when it does."""
+    with Dir.at(root, name) as made:
+        held = [n for n in os.listdir(made.fd) if n != REMOTE_MARK
+                and not stat.S_ISLNK(os.stat(n, dir_fd=made.fd, follow_symlinks=False).st_mode)]
+        if held:
+            raise FileExistsError(f"{root.path / name} is not the empty directory just made (it holds "
+                                  f"{len(held)} entries: renamed there meanwhile?)")
+        return made.identity
+
+
+def why_kept(root: Dir, name: str, st: os.stat_result, made: Made, file: bool = False,
+             was: str | None = None) -> str | None:
+    """Why `name` in root, as lstat `st` found it, may not be removed by a sync: None when it is proven this run's
+    (see the module's docstring). `was`: the name it had when this run recorded it (what stood at `init`, moved to
+    a temporary name to be replaced)."""
+    identity = (st.st_dev, st.st_ino)
+    if file:
+        return _pointer_problem(root, name, identity)
+    if was is None and is_step_name(name):
+        return _step_problem(root, name, identity)
+    if made.proves(was or name, identity):
+        return None
+    return (f"a directory this run has no record of making there (not in {made.where()}: renamed there by another "
+            f"user, or left by a sync before the record)")
+
+
+def _step_problem(root: Dir, name: str, identity: Identity) -> str | None:
+    """None when the directory `name` (the one judged: `identity`) holds a manifest that names its step."""
+    try:
+        with Dir.at(root, name) as opened:
+            if opened.identity != identity:
+                return "a directory moved there while it was looked at: not removed"
+            manifest = loads(read_bytes(MANIFEST, max_bytes=MANIFEST_MAX_BYTES, dir_fd=opened.fd), expect=dict)
+    except Unreadable as e:
+        if e.missing:
+            return f"a step directory without a {MANIFEST} (no sync of this run leaves one here: renamed there?)"
+        return f"a step directory whose {MANIFEST} cannot be read ({e.why})"
+    except OSError as e:
+        return f"a directory that cannot be looked at ({e.strerror or e})"
+    said = manifest.get("step")
+    if said != step_of(name):
+        return f"a step directory whose {MANIFEST} says step {said!r}, not {step_of(name)} (renamed there?)"
+    return None
+
+
+def _pointer_problem(root: Dir, name: str, identity: Identity) -> str | None:
+    """None when `name` (the file judged) holds what a pointer's temporary file holds: nothing yet, or one step
+    name (another of this user's files renamed there, the run's owner.json, is left)."""
+    try:
+        fd = open_regular(name, dir_fd=root.fd)
+    except Unreadable as e:
+        return f"a file that cannot be read ({e.why})"
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != identity or not stat.S_ISREG(st.st_mode):
+            return "a file moved there while it was looked at: not removed"
+        data = os.read(fd, POINTER_MAX_BYTES + 1)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    text = data.decode("utf-8", errors="replace").strip()
+    if text and not is_step_name(text):
+        return "a file that holds no pointer (another file renamed to a pointer's temporary name?)"
+    return None
