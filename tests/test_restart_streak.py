@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from minilmd.config import load_config
+from minilmd.daemon.base.runstate import Heartbeat
+from minilmd.daemon.child.trainerwatch import orphan_loss
 from supervisor_helpers import cli, events, start_supervisor, state, wait_for, wait_or_kill, write_config
-
-pytestmark = pytest.mark.slow  # real supervisors through restarts
 
 
 def status(run_dir: Path) -> str:
@@ -46,6 +46,7 @@ def in_reference_pass(run_dir: Path, attempt: int) -> bool:
         os.stat(run_dir / "heartbeat").st_mtime > child.get("started", float("inf"))
 
 
+@pytest.mark.slow  # a real supervisor through a restart
 def test_a_restart_that_trains_on_shows_no_streak_once_it_saves(tmp_path, corpus):
     """No supervisor restart: the trainer killed at step 3 before any checkpoint (1 in a row), the next one saves
     steps 5 and 10 and trains on: 0 in a row while it trains, not only once it ends."""
@@ -74,6 +75,7 @@ def test_a_restart_that_trains_on_shows_no_streak_once_it_saves(tmp_path, corpus
             sup.wait()
 
 
+@pytest.mark.slow  # two real supervisors
 def test_after_a_supervisor_restart_the_streak_resets_the_last_error_stays_and_the_lost_pass_is_said(tmp_path,
                                                                                                     corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 400, "checkpoint_every": 5, "log_every": 1})
@@ -118,3 +120,20 @@ def test_after_a_supervisor_restart_the_streak_resets_the_last_error_stays_and_t
         if sup.poll() is None:
             sup.kill()
             sup.wait()
+
+
+def test_what_an_orphan_stopped_without_a_save_lost_is_read_from_its_own_last_heartbeat():
+    launched, stopped = 1000.0, 1041.4
+    assert orphan_loss(Heartbeat(1040.0, 0, "reference", "1200/3000"), launched, -1, stopped) == \
+        "it had run 41s and saved no checkpoint: its DPO reference pass (1,200/3,000 pairs) is lost, the next " \
+        "attempt computes it again"
+    assert orphan_loss(Heartbeat(1040.0, 225, "compiling"), launched, 225, stopped) == \
+        "it had run 41s and saved no checkpoint: it was compiling its first step (at step 225), the next attempt " \
+        "compiles again"
+    assert orphan_loss(Heartbeat(1040.0, 240, ""), launched, 225, stopped) == \
+        "it had run 41s and saved no checkpoint: its steps after 225 (to step 240) are lost, the next attempt " \
+        "trains them again"
+    assert orphan_loss(Heartbeat(1040.0, 225, ""), launched, 225, stopped) == ""  # at its checkpoint: nothing lost
+    assert orphan_loss(Heartbeat(999.0, 0, "reference", "5/3000"), launched, -1, stopped) == ""  # an earlier one's
+    assert orphan_loss(None, launched, -1, stopped) == "" and \
+        orphan_loss(Heartbeat(1040.0, 3, ""), None, -1, stopped) == ""
