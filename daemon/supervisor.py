@@ -50,7 +50,7 @@ from minilmd.daemon.base.states import (
     check_transition,
     first_phase,
 )
-from minilmd.daemon.base.statesections import ChildInfo, Restart
+from minilmd.daemon.base.statesections import Restart
 from minilmd.daemon.base.worker import Inbox
 from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
@@ -352,8 +352,7 @@ class Supervisor(Ending):
             return
         self.child.newest_at_launch = newest
         self._restarted()  # the earlier trainer's rate is no ETA for this one
-        self.state.child = ChildInfo(pid=self.child.pid, start_ticks=self.child.start_ticks, attempt=self.attempt,
-                                     started=self.child.started, log=str(self.child.log_path), command=command)
+        self.state.child = trainerwatch.child_info(self.child, command)  # its saves beyond `newest` reset the streak
         self._go(Phase.STARTING, f"attempt {self.attempt}: trainer pid {self.child.pid} "
                                  f"(log {self.child.log_path.relative_to(self.run_dir)})",
                  pid=self.child.pid, attempt=self.attempt)

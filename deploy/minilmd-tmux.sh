@@ -124,13 +124,16 @@ for name in $(compgen -e); do
 done
 # A window gets the tmux server's environment, which is that of the launch that started the server: a MINILMD_*
 # of an earlier launch (a demo's MINILMD_FAULT) would reach this run's supervisor. Each one this call does not set
-# is unset for its windows, and MINILMD_TMUX_* (the launcher's own) always. MINILMD_AUTO_RESTART is the window loop's
-# alone (supervise, below): neither passed on nor unset here, where it would undo the loop's.
+# is unset for its windows, and MINILMD_TMUX_* (the launcher's own) always: those of the server, and this call's,
+# which a server this call starts (the first session) takes as its environment. So every window's command is the
+# same whether its server was running or not. MINILMD_AUTO_RESTART is the window loop's alone (supervise, below):
+# neither passed on nor unset here, where it would undo the loop's.
 unset_env=()
+declare -A unsetting=()
 while IFS='=' read -r name _; do
-    [[ "$name" == MINILMD_* && "$name" != MINILMD_AUTO_RESTART ]] \
-        && { [[ "$name" == MINILMD_TMUX_* || -z "${!name+x}" ]]; } && unset_env+=(-u "$name")
-done < <(tm show-environment -g 2>/dev/null || true)
+    [[ "$name" == MINILMD_* && "$name" != MINILMD_AUTO_RESTART && -z "${unsetting[$name]:-}" ]] \
+        && { [[ "$name" == MINILMD_TMUX_* || -z "${!name+x}" ]]; } && unset_env+=(-u "$name") && unsetting[$name]=1
+done < <(tm show-environment -g 2>/dev/null || true; compgen -e | sed 's/$/=/')
 prefix=()
 (( ${#passenv[@]} + ${#unset_env[@]} )) && prefix=(env "${unset_env[@]}" "${passenv[@]}")
 run_cmd=("${prefix[@]}" "$exe" run "$config")

@@ -31,7 +31,8 @@ if "--check" in sys.argv:  # the launcher's check before it starts the superviso
 with open({record!r}, "a") as f:
     f.write(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
                         "fault": os.environ.get("MINILMD_FAULT"),
-                        "auto_restart": os.environ.get("MINILMD_AUTO_RESTART")}}) + "\\n")
+                        "auto_restart": os.environ.get("MINILMD_AUTO_RESTART"),
+                        "launcher_vars": sorted(k for k in os.environ if k.startswith("MINILMD_TMUX_"))}}) + "\\n")
 with open({record!r}) as f:
     calls = sum(1 for line in f if json.loads(line)["argv"][0] == sys.argv[1])
 ends = [e for e in os.environ.get("MINILMD_STAND_IN_EXITS", "").split(",") if e]

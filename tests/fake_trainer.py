@@ -15,7 +15,9 @@ PATH exists; FAKE_OOM_ABOVE_MB: exit with a CUDA OOM at start while
 train.micro_batch_size is above this (a GPU too small for the micro-batch); FAKE_COMPILE_S: before its first step,
 a "STEP compiling" heartbeat and this many seconds of silence (a cold torch.compile); FAKE_HOLD_RESUMED=PATH: a
 trainer that resumed from a checkpoint (step > 0) beats "STEP compiling" before its first step until PATH exists (a
-restart's compile, held for a test to look at). At the budget it writes a
+restart's compile, held for a test to look at). FAKE_REFERENCE=PATH: a trainer starting at step 0 beats "0 reference
+DONE/TOTAL" (a DPO run's reference pass, its pairs counting up) until PATH exists; a SIGTERM meanwhile ends it at
+once with exit 75, nothing saved, as the real pass does (trainer/loop/dpo_reference.py). At the budget it writes a
 "STEP exiting" heartbeat, like the real trainer, then exits 0 after FAKE_EXIT_LINGER_S seconds more of silence
 (default 0: a slow teardown, e.g. NCCL's). FAKE_CHECKPOINTS=PATH: resume from and save to PATH instead of the
 config's checkpoint directory (a trainer whose scratch moved under a bug: it ends done with none where the
@@ -171,6 +173,20 @@ def _hold_resumed(step: int, heartbeat) -> None:
         time.sleep(0.05)
 
 
+def _reference_pass(step: int, heartbeat) -> bool:
+    """FAKE_REFERENCE=PATH: the reference pass, held until PATH exists; False when a stop ended it (nothing saved)."""
+    release = os.environ.get("FAKE_REFERENCE")
+    done = 0
+    while release and step == 0 and not os.path.exists(release):
+        if STOP["requested"]:
+            print(f"stopped in the DPO reference pass at {done}/1000 pairs: nothing saved", flush=True)
+            return False
+        done = min(done + 1, 999)
+        _beat(heartbeat, f"0 {names.HEARTBEAT_REFERENCE} {done}/1000\n")
+        time.sleep(0.05)
+    return True
+
+
 def _beat(heartbeat: Path, text: str) -> None:
     """The heartbeat replaced whole, as the real trainer does (minilmd/metrics.py): a reader never sees it
     empty halfway through a write (a status under load once read "no heartbeat step" there)."""
@@ -236,6 +252,8 @@ def main(argv: list[str]) -> int:
         _beat(heartbeat, f"{step} compiling\n")
         time.sleep(compile_s)
     _hold_resumed(step, heartbeat)
+    if not _reference_pass(step, heartbeat):
+        return protocol.EXIT_STOPPED
     while step < total:
         kind = faults.due(step + 1)
         if kind == "oom":

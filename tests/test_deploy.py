@@ -174,6 +174,26 @@ def test_a_minilmd_variable_of_an_earlier_launch_never_reaches_another_runs_supe
     assert runs[str(demo)]["fault"] == "sigbus@3" and runs[str(real)]["fault"] is None, runs
 
 
+@pytest.mark.slow
+def test_every_window_runs_the_same_command_without_the_launchers_own_variables(launcher):
+    """The first launch starts the tmux server with its own environment, MINILMD_TMUX_SOCKET in it: its windows
+    must not inherit the launcher's variables any more than those of a later launch on that server (before, only
+    the later ones were started through `env -u MINILMD_TMUX_SOCKET`)."""
+    configs = [launcher_config(launcher.root / f"{name}.toml", name, str(launcher.root / "runs" / name))
+               for name in ("first", "second")]
+    said = []
+    for config in configs:
+        out = launcher("--no-attach", str(config), MINILMD_TMUX_RESTART_SEC="7")
+        assert out.returncode == 0, out.stderr
+        said += [line for line in out.stdout.splitlines() if "started window" in line]
+    commands = [re.sub(r".*: started window (\w+): ", r"\1: ", line).replace("first", "X").replace("second", "X")
+                for line in said]
+    assert len(commands) == 4 and commands[0] == commands[2] and commands[1] == commands[3], said
+    assert all("-u MINILMD_TMUX_SOCKET" in c and "-u MINILMD_TMUX_RESTART_SEC" in c for c in commands), said
+    records = launcher.records(4)
+    assert [r["launcher_vars"] for r in records] == [[]] * 4, records
+
+
 def test_launcher_names_the_session_from_the_file_or_the_argument_and_resolves_paths(launcher):
     work = launcher.root / "work"
     work.mkdir()

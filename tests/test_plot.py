@@ -196,3 +196,25 @@ def test_a_dpo_run_adds_its_rewards_under_trls_names_beside_a_run_without(tmp_pa
     without = plot([text], tmp_path / "text.png")
     assert without.rewards == {} and without.size_px == (1100, 700)  # the four panels as before
     assert summary.size_px == (1100, 1000)
+
+
+def test_a_stop_is_marked_at_the_step_its_save_wrote_not_the_last_train_line_before_it(tmp_path):
+    """The walk: `minilmd stop` reported "local checkpoint step 684", the plot put the stop at 682, the last train
+    line logged (every 2 steps) before the trainer saved at 684 on SIGTERM. The stop sits at the checkpoint line the
+    stop wrote (metrics.jsonl's, where status's local checkpoint comes from), where the next attempt resumed."""
+    run_dir = tmp_path / "long"
+    run_dir.mkdir()
+    first = [dict(train(s, 1), time=1000.0 + s) for s in range(2, 683, 2)]
+    saved = [{"kind": "checkpoint", "step": step, "blocking_s": 0.0, "path": f"/s/step_{step}", "time": 1000.0 + step}
+             for step in (600, 684)]  # 684: the stop's save, after the train line of 682
+    resumed = [dict(train(s, 2), time=2000.0 + s) for s in range(686, 701, 2)]
+    write_lines(run_dir / names.METRICS, first + saved[:1] + saved[1:] + resumed)
+    write_lines(run_dir / names.EVENTS, [
+        {"time": 999.0, "event": "start", "message": "supervisor pid 1 owns ..."},
+        {"time": 1684.5, "event": "child_exit", "message": "...", "cause": "stopped", "exit": 0, "step": 682},
+        {"time": 1685.0, "event": "exit", "message": "supervisor exits with status 0 (done)", "exit": 0},
+        {"time": 2000.0, "event": "start", "message": "supervisor pid 2 owns ..."},
+        {"time": 2701.0, "event": "start", "message": "supervisor pid 3 owns ..."},  # pid 2 killed: no exit
+    ])
+    marks = [(m.cause, m.step) for m in curves.load(run_dir).restarts]
+    assert marks == [("stop", 684.0), ("supervisor", 700.0)], marks

@@ -29,6 +29,7 @@ from minilmd.daemon.base import timeline
 from minilmd.daemon.base.jsonlines import LOG_APPEND, append_whole, json_records
 from minilmd.daemon.base.states import Phase, StagingState, SyncState
 from minilmd.daemon.base.statesections import (
+    ChildInfo,
     LocalCheckpoint,
     Progress,
     RemoteCheckpoint,
@@ -141,6 +142,9 @@ class RunState(StateJson):
         self.path = path
         self.previous_child: dict | None = None
         """The trainer the previous supervisor ran, once `adopt` has read its state.json (key only then)."""
+        self.previous_attempt: ChildInfo | None = None
+        """That trainer, typed: until this supervisor launches one, what it saved (an orphan's save at its stop, read
+        at the start) is progress of its attempt (apply_progress)."""
         self.adopted = False
         self.unwritten: str | None = None
         """Why the last save did not reach the disk (its filesystem is full); None when it did."""
@@ -185,9 +189,10 @@ class RunState(StateJson):
     def adopt(self, old: dict | None, remote: str | None) -> None:
         """Keep from the previous supervisor's state.json what must survive a restart: the micro-batch the GPU
         fits, the last remote checkpoint when it is on `remote` (the run.remote now; one on another remote is kept
-        in `other_remote` only, for the caller to say: nothing is synced to this one yet), the restart history if
-        that supervisor did not end (it crashed or was killed), which trainer it ran, and the notes of its
-        init.from (the run goes on from that checkpoint). A field of the wrong type there counts as missing."""
+        in `other_remote` only, for the caller to say: nothing is synced to this one yet), the restart history and
+        the last error (with its time and step: history, as after a restart of the trainer) if that supervisor did
+        not end (it crashed or was killed), which trainer it ran, and the notes of its init.from (the run goes on
+        from that checkpoint). A field of the wrong type there counts as missing."""
         if not old or not isinstance(old, dict):
             return
         read = StateJson.from_dict(old)
@@ -199,8 +204,11 @@ class RunState(StateJson):
         if read.outcome is None or not old.get("outcome"):  # that supervisor did not end (or its outcome is bad)
             self.restarts = read.restarts
             self.no_progress_streak = read.no_progress_streak
+            self.last_error, self.last_error_at, self.last_error_step = \
+                read.last_error, read.last_error_at, read.last_error_step
         child = old.get("child")
         self.previous_child = child if isinstance(child, dict) else None
+        self.previous_attempt = read.child
         self.adopted = True
 
     def apply_progress(self, records: list[dict], beat: Heartbeat | None) -> None:
@@ -231,6 +239,8 @@ class RunState(StateJson):
                 self.local_gone = None
                 self.local_checkpoint = LocalCheckpoint(step=rec.get("step"), time=rec.get("time") or now(),
                                                         path=rec.get("path"), blocking_s=rec.get("blocking_s"))
+                if self._is_progress(self.local_checkpoint):
+                    self.no_progress_streak = 0
         if beat is not None:
             progress.heartbeat = beat.mtime
             progress.reference_pass = beat.reference_pass()
@@ -238,6 +248,17 @@ class RunState(StateJson):
             if beat.step is not None and (progress.step is None or beat.step > progress.step or restarted) and \
                     beat.mtime >= self.lineage_since:
                 progress.step = beat.step  # a restarted trainer's first beats: the step it resumed from
+
+    def _is_progress(self, saved: LocalCheckpoint) -> bool:
+        """Whether a checkpoint line is the current attempt's progress: saved since its trainer was launched, beyond
+        the newest checkpoint then (the rule the restart policy applies at its end: supervisor.py `made_progress`).
+        The attempt is this supervisor's trainer, or before it launches one the previous supervisor's."""
+        attempt = self.child if self.child is not None else self.previous_attempt
+        if attempt is None or attempt.started is None or attempt.newest_at_launch is None:
+            return False
+        when = number(saved.time)
+        return isinstance(saved.step, int) and saved.step > attempt.newest_at_launch and \
+            when is not None and when >= attempt.started
 
     def await_new_rates(self) -> None:
         """A restart: the trainer's rate (tok/s, the ETA) is what the next trainer logs, none until then. Called once

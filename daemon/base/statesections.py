@@ -127,6 +127,9 @@ class ChildInfo(Section):
     """Its attempt log."""
     command: list[str] = field(default_factory=list)
     """The command it was launched with."""
+    newest_at_launch: int | None = None
+    """The step of the newest local checkpoint when it was launched (-1: none). A checkpoint it saves beyond it is
+    progress: "no_progress_streak" goes back to 0 (RunState.apply_progress). None in a file of a version before it."""
 
 
 @dataclass
@@ -393,7 +396,8 @@ class StateJson(Section):
     restarts: list[Restart] = field(default_factory=list)
     """Each end of the trainer that led to another attempt."""
     no_progress_streak: int = 0
-    """Attempts in a row that saved no newer checkpoint."""
+    """Attempts in a row that saved no newer checkpoint: 0 again as soon as the trainer saves one (not only when it
+    ends), so that a run training on after a restart shows none."""
     overrides: dict = field(default_factory=dict)
     """Config overrides the supervisor chose (train.micro_batch_size after an OOM...)."""
     notes: list[str] = field(default_factory=list)

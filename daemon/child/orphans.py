@@ -67,6 +67,17 @@ def recorded_launch(run_dir: Path) -> procs.Launch | None:
                         ticks if isinstance(ticks, int) else None)
 
 
+def launched_at(run_dir: Path) -> float | None:
+    """When the trainer trainer.json records was launched (its record's time: written again once it runs), for
+    saying what stopping it loses; None when the record is not one this caller may act on."""
+    try:
+        record = _read_record(procs.scope_of(run_dir))
+    except (procs.Refused, OSError):
+        return None
+    when = record.get("time") if record is not None else None
+    return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None
+
+
 def _orphans(run_dir: Path) -> tuple[procs.Launch | None, list[tuple[int, int]]]:
     """The recorded launch and (pid, start ticks) of each of its live processes: the owner's, carrying this run's
     directory and the recorded launch id, started no earlier than the trainer."""

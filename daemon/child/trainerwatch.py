@@ -15,6 +15,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import RunConfig
 from minilmd.daemon.base.runstate import Heartbeat, now, read_heartbeat
 from minilmd.daemon.base.states import Cause
+from minilmd.daemon.base.statesections import ChildInfo
 from minilmd.daemon.child import compilecache, orphans, stackdump
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.grace import save_grace
@@ -26,20 +27,51 @@ UNREAPED_REPORT_S = 30.0
 """A trainer not reaped this long after SIGKILL is reported once (uninterruptible I/O); the loop goes on polling."""
 
 
+def child_info(child: Child, command: list[str]) -> ChildInfo:
+    """state.json's record of a launched trainer."""
+    return ChildInfo(pid=child.pid, start_ticks=child.start_ticks, attempt=child.attempt, started=child.started,
+                     log=str(child.log_path), command=command, newest_at_launch=child.newest_at_launch)
+
+
 def kill_orphans(cfg: RunConfig, run_dir: Path, emit, watchdog: Callable[[], None]) -> None:
     """Never two trainers on one run: a trainer left by a killed supervisor is told to save and stop. The grace
-    can outlast the unit's WatchdogSec, so the watchdog is fed while it waits."""
+    can outlast the unit's WatchdogSec, so the watchdog is fed while it waits. What its stop lost, when it saved
+    nothing (its work since the newest checkpoint; a DPO reference pass it was computing), is said."""
     pids = orphans.find_orphans(run_dir)
     if not pids:
         return
     grace = save_grace(cfg)
+    beat, launched = read_heartbeat(run_dir), orphans.launched_at(run_dir)  # what it is doing, before its SIGTERM
+    newest, stopped = max(local_checkpoint_steps(cfg.checkpoint_dir), default=-1), now()
     emit("orphan", f"found trainer process(es) of this run left by an earlier supervisor: {pids}; "
                    f"SIGTERM, SIGKILL after {grace:.0f}s", pids=pids)
     orphans.terminate_orphans(run_dir, grace=grace, while_waiting=watchdog)
     left = orphans.find_orphans(run_dir)
     if left:
         raise RuntimeError(f"orphaned trainer processes {left} survived SIGKILL; not starting a second trainer")
-    emit("orphan", f"orphaned trainer processes {pids} are gone")
+    saved = max(local_checkpoint_steps(cfg.checkpoint_dir), default=-1) > newest
+    lost = "" if saved else orphan_loss(beat, launched, newest, stopped)
+    emit("orphan", f"orphaned trainer processes {pids} are gone" + (f"; {lost}" if lost else ""),
+         **({"lost": lost} if lost else {}))
+
+
+def orphan_loss(beat: Heartbeat | None, launched: float | None, newest: int, stopped: float) -> str:
+    """What an orphan stopped (at `stopped`) without a new checkpoint lost, from its last heartbeat (only one it
+    beat since its launch, `launched`: trainer.json's time) and the newest checkpoint before its stop; "" when
+    nothing is known lost (no beat of its own, or its step is the newest checkpoint's and it was neither compiling
+    nor computing its DPO reference)."""
+    if beat is None or launched is None or beat.mtime < launched:
+        return ""
+    ran = f"it had run {max(0.0, stopped - launched):.0f}s and saved no checkpoint"
+    if (ref := beat.reference_pass()) is not None:
+        return (f"{ran}: its DPO reference pass ({ref[0]:,}/{ref[1]:,} pairs) is lost, the next attempt computes "
+                f"it again")
+    if beat.phase == names.HEARTBEAT_COMPILING:
+        return f"{ran}: it was compiling its first step (at step {beat.step}), the next attempt compiles again"
+    if beat.step is not None and beat.step > max(newest, 0):
+        return f"{ran}: its steps after {max(newest, 0)} (to step {beat.step}) are lost, the next attempt " \
+               f"trains them again"
+    return ""
 
 
 def compile_cache_root(cfg: RunConfig) -> Path:

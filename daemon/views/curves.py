@@ -6,7 +6,7 @@ run killed at step 130 and resumed from its checkpoint at step 100 has two lines
 keeps one line per step, the one written last: the attempt that went on is the one whose weights the run kept.
 Restarts come from the supervisor's events.jsonl (a trainer that ended other than done or stopped, and a supervisor
 that started again: "supervisor" when the one before was killed, "stop" after a stop; a supervisor's start at the
-step of the last line logged before it, in file order), sync failures are the spans
+step of the last line logged before it, in file order, a stop's at the checkpoint it saved), sync failures are the spans
 from a failed (or stalled) sync to the next one that succeeded, and epoch boundaries are the steps where the "epoch"
 of the train lines changes. Only the current lineage is read (daemon/base/timeline.py): after `minilmd run --fresh`
 started a new one in this run.dir, what both files hold from before its start is another timeline's, left out and
@@ -163,7 +163,7 @@ def load(run_dir: str | os.PathLike) -> Curves:
     curves.earlier = timeline.Timeline([], current.earlier_step, current.fresh_since)
     events = timeline.events_since_fresh(numbers_only(read_jsonl(run_dir / names.EVENTS, problems=problems)))
     curves.unreadable = problems
-    curves.restarts = _restarts(curves, events)
+    curves.restarts = _restarts(curves, events, [r for r in metrics if r.get("kind") == "checkpoint"])
     curves.sync_failures = _sync_failures(curves, events)
     epochs = [(r["step"], r["epoch"]) for r in curves.train if isinstance(r.get("epoch"), int)]
     curves.epochs = [step for (_, before), (step, e) in zip(epochs, epochs[1:], strict=False) if e != before]
@@ -186,14 +186,24 @@ def earlier_words(current: timeline.Timeline) -> str | None:
     return f"an earlier timeline{to} is in this run.dir, before the run --fresh start{when}"
 
 
-def _restarts(curves: Curves, events: list[dict]) -> list[Mark]:
+def _saved_by(checkpoints: list[dict], t: float) -> float | None:
+    """The step of the last checkpoint line logged by time t (what `status` and `stop` call the local checkpoint:
+    state.json's is the last such line), None when none was."""
+    saved = [r["step"] for r in checkpoints if isinstance(r.get("step"), int) and r.get("time", t + 1) <= t]
+    return float(saved[-1]) if saved else None
+
+
+def _restarts(curves: Curves, events: list[dict], checkpoints: list[dict]) -> list[Mark]:
     """A trainer's end other than done or stopped, by its cause; and each supervisor start after the first, by how
     the one before ended: "supervisor" when it was killed or crashed (it wrote no "exit" event), "stop" after a
-    clean exit of a stopped run, "exit N" after any other exit it wrote."""
+    clean exit of a stopped run, "exit N" after any other exit it wrote. A "stop" sits at the step the stop saved
+    (the last checkpoint line of metrics.jsonl by that supervisor's exit: the step `minilmd stop` reported and the
+    next attempt resumed from), not at the last train line logged before it, a few steps earlier."""
     marks = []
     starts = 0
     last_cause = ""
     previous_end = ""  # how the last supervisor ended, from its "exit" event; "" when it wrote none
+    stopped_at: float | None = None  # the checkpoint a stopped supervisor's last trainer saved
     for ev in events:
         t = ev.get("time") or 0.0
         if ev.get("event") == "child_exit":
@@ -204,11 +214,13 @@ def _restarts(curves: Curves, events: list[dict]) -> list[Mark]:
                                   t))
         elif ev.get("event") == "exit":
             previous_end = "stop" if last_cause == "stopped" else f"exit {ev.get('exit')}"
+            stopped_at = _saved_by(checkpoints, t) if previous_end == "stop" else None
         elif ev.get("event") == "start":
             starts += 1
             if starts > 1:  # a supervisor started again on this run dir
-                marks.append(Mark(curves.step_at(t), previous_end or "supervisor", t))
-            previous_end, last_cause = "", ""
+                step = stopped_at if stopped_at is not None else curves.step_at(t)
+                marks.append(Mark(step, previous_end or "supervisor", t))
+            previous_end, last_cause, stopped_at = "", "", None
     return marks
 
 
