@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names, scratch
+from minilmd.batch_stream import change_note, recorded_config, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.corpus_meta import read_corpus_meta
 from minilmd.probes import bounded_probe
@@ -48,6 +49,8 @@ class Start:
     """Newer checkpoints passed by as invalid (the launch sets them aside, or the fetch does), one line each."""
     refused: str = ""
     """The refusal (`refusal`'s words) when the checkpoint it would resume from is of another model or corpus."""
+    changes: list[str] = field(default_factory=list)
+    """The batch stream settings the config changes against that checkpoint's (minilmd/batch_stream.py)."""
 
     def line(self) -> str:
         """What `run --check` says of it."""
@@ -75,6 +78,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
     if said is not None:
         said += [line] if (line := start.line()) else []
         said += [f"note: {p}" for p in start.passed_by]
+        said += [f"note: {change_note(start.step, start.changes)}"] if start.changes and start.step else []
         said += [f"note: {left}"] if not refused and (left := runidentity.left_behind(cfg)) else []
     return refused
 
@@ -104,7 +108,8 @@ def _in_scratch(cfg: RunConfig) -> Start:
         return Start(refused=refusal(e, f"in scratch {cfg.checkpoint_dir}"))
     if path is None:
         return Start(why=f"no checkpoint in scratch ({cfg.checkpoint_dir}) is valid", passed_by=passed)
-    return Start(names.step_of(path), SCRATCH, str(path), passed_by=passed)
+    changes = stream_changes(cfg, recorded_config(path))  # another seq_len, batch, seed or mode: said, not refused
+    return Start(names.step_of(path), SCRATCH, str(path), passed_by=passed, changes=changes)
 
 
 def _on_remote(cfg: RunConfig) -> Start:
