@@ -40,6 +40,22 @@ def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None)
     return said
 
 
+def dpo_seq_len_refused(cfg: RunConfig, recorded: Any, data_format: str, ckpt_name: str) -> str | None:
+    """The one batch stream change a resume refuses: a DPO run's train.seq_len (its reference log-probs, kept in
+    its checkpoints, are sums over the rows that seq_len cut, and the reference model may be gone:
+    trainer/loop/dpo_reference.py). `run --check` and the launch compare the checkpoint's recorded config; the
+    trainer its reference file's record (dpo_seq_len_refusal, the same words). None when it goes on."""
+    then = (recorded.get("train") or {}).get("seq_len") if isinstance(recorded, dict) else None
+    if data_format != "dpo" or not isinstance(then, int) or then == cfg.train.seq_len:
+        return None
+    return dpo_seq_len_refusal(cfg.train.seq_len, then, ckpt_name)
+
+
+def dpo_seq_len_refusal(now: int, then: int, ckpt_name: str) -> str:
+    return (f"train.seq_len is {now}; this DPO run's reference log-probs were computed at {then} ({ckpt_name}): put "
+            f"it back, or start the DPO stage as a new run")
+
+
 def change_note(step: int, changes: list[str]) -> str:
     """What `run --check`, the trainer, staging's event and status say of a resume at `step` that `changes`
     (stream_changes' lines) the batch stream."""

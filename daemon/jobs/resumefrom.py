@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names, scratch
-from minilmd.batch_stream import change_note, recorded_config, stream_changes
+from minilmd.batch_stream import change_note, dpo_seq_len_refused, recorded_config, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.corpus_meta import read_corpus_meta
+from minilmd.corpus_meta import data_format_of, read_corpus_meta
 from minilmd.probes import bounded_probe
 from minilmd.shared_place import same_source, staged_from
 
@@ -108,7 +108,11 @@ def _in_scratch(cfg: RunConfig) -> Start:
         return Start(refused=refusal(e, f"in scratch {cfg.checkpoint_dir}"))
     if path is None:
         return Start(why=f"no checkpoint in scratch ({cfg.checkpoint_dir}) is valid", passed_by=passed)
-    changes = stream_changes(cfg, recorded_config(path))  # another seq_len, batch, seed or mode: said, not refused
+    recorded = recorded_config(path)
+    meta = _corpus_meta(cfg)
+    if refused := dpo_seq_len_refused(cfg, recorded, data_format_of(meta) if meta else "", path.name):
+        return Start(refused=refused)
+    changes = stream_changes(cfg, recorded)  # another seq_len, batch, seed or mode: said, not refused
     return Start(names.step_of(path), SCRATCH, str(path), passed_by=passed, changes=changes)
 
 
