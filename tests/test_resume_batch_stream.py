@@ -5,6 +5,7 @@ bit-reproducible line says no from then on. Before, `--check` said only "resumes
 with rows of the new length, and status still said the run ends as an undisturbed one would."""
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
@@ -45,6 +46,24 @@ def test_a_resume_with_a_longer_seq_len_is_said_by_the_check_the_trainer_the_eve
     check = cli("run", "--check", str(again))
     assert check.returncode == 0 and "changes the batch stream" not in check.stdout, check.stdout + check.stderr
     assert "bit-reproducible: no" in cli("status", str(run_dir)).stdout  # the run's history: changed once
+
+
+@pytest.mark.slow  # two real supervised runs of a one-layer model
+def test_a_resume_from_the_remote_on_a_new_machine_with_a_longer_seq_len_is_said_too(tmp_path, corpus):
+    first = write_config(tmp_path, corpus, name="moved", train={"seq_len": 32, "max_steps": 4, "checkpoint_every": 2})
+    assert run_supervisor(first, tmp_path, fake=False, timeout=300) == 0
+    shutil.rmtree(load_config(first).scratch_dir)  # a new machine: only the remote holds its checkpoints
+    longer = write_config(tmp_path, corpus, name="moved",
+                          train={"seq_len": 64, "grad_accum": 2, "max_steps": 6, "checkpoint_every": 2})
+    run_dir = load_config(longer).run_dir
+
+    check = cli("run", "--check", str(longer))
+    assert check.returncode == 0 and "resumes from step 4 (remote:" in check.stdout, check.stdout + check.stderr
+    assert f"note: {SAID}" in check.stdout, check.stdout
+
+    assert run_supervisor(longer, tmp_path, fake=False, timeout=300) == 0
+    assert [e["step"] for e in events(run_dir) if e["event"] == "data_shape"] == [4]  # once fetched into scratch
+    assert "bit-reproducible: no (a resume changed the batch stream" in cli("status", str(run_dir)).stdout
 
 
 def test_status_says_a_run_whose_batch_stream_changed_is_not_bit_reproducible(tmp_path):

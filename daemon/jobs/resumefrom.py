@@ -108,12 +108,18 @@ def _in_scratch(cfg: RunConfig) -> Start:
         return Start(refused=refusal(e, f"in scratch {cfg.checkpoint_dir}"))
     if path is None:
         return Start(why=f"no checkpoint in scratch ({cfg.checkpoint_dir}) is valid", passed_by=passed)
-    recorded = recorded_config(path)
+    return _judged(cfg, Start(names.step_of(path), SCRATCH, str(path), passed_by=passed), recorded_config(path))
+
+
+def _judged(cfg: RunConfig, start: Start, recorded) -> Start:
+    """`start`, the checkpoint it resumes recording the config `recorded` (None: unread), with the batch stream
+    settings the config changes against it (minilmd/batch_stream.py: said, not refused), or refused for the one
+    change a resume refuses (a DPO run's seq_len)."""
     meta = _corpus_meta(cfg)
-    if refused := dpo_seq_len_refused(cfg, recorded, data_format_of(meta) if meta else "", path.name):
+    if refused := dpo_seq_len_refused(cfg, recorded, data_format_of(meta) if meta else "", Path(start.path).name):
         return Start(refused=refused)
-    changes = stream_changes(cfg, recorded)  # another seq_len, batch, seed or mode: said, not refused
-    return Start(names.step_of(path), SCRATCH, str(path), passed_by=passed, changes=changes)
+    start.changes = stream_changes(cfg, recorded)
+    return start
 
 
 def _on_remote(cfg: RunConfig) -> Start:
@@ -132,7 +138,8 @@ def _on_remote(cfg: RunConfig) -> Start:
         why = f"run.remote ({cfg.run.remote}) holds no valid checkpoint" if passed else \
             f"neither scratch nor run.remote ({cfg.run.remote}) holds a checkpoint"
         return Start(why="" if outcome == "failed" else why, passed_by=passed)
-    return Start(names.step_of(value), REMOTE, syncer.remote.show(value), passed_by=passed)
+    recorded = bounded_probe(syncer.recorded_config, value)[1]  # None when it does not answer now
+    return _judged(cfg, Start(names.step_of(value), REMOTE, syncer.remote.show(value), passed_by=passed), recorded)
 
 
 def _peek(syncer) -> tuple[str, object, list[str]]:
