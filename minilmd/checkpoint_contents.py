@@ -71,7 +71,9 @@ def tensor_problems(scans: dict[str, Scan], opt_meta: dict, expected_shapes: dic
 
 
 def lora_text(lora: dict | None) -> str:
-    return "off (full weights)" if lora is None else ", ".join(f"{k} = {v!r}" for k, v in sorted(lora.items()))
+    if lora is None:
+        return "off (it trains full weights)"
+    return ", ".join(f"{k} = {v!r}" for k, v in sorted(lora.items()))
 
 
 def shape_problems(file: str, found: dict, expected: dict[str, tuple[int, ...]]) -> list[str]:

@@ -112,7 +112,7 @@ def check_expectation(ckpt_dir: Path, state: dict, expected: Expectation | None)
         lora = contents.saved_lora(state)
         if lora != expected.lora:
             was, now = contents.lora_text(lora), contents.lora_text(expected.lora)
-            raise CheckpointMismatch(ckpt_dir, [f"saved with [lora] {was}, the run has {now}"], "model",
+            raise CheckpointMismatch(ckpt_dir, [f"saved with [lora] {was}; this run's [lora] is {now}"], "model",
                                      (("[lora]", was, now),))
     if expected.doc_mask is not None:
         saved_mask = ((state.get("config") or {}).get("data") or {}).get("doc_mask", False)

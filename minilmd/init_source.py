@@ -28,6 +28,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minilmd.checkpoint_contents import lora_text, saved_lora
 from minilmd.config import MAX_CONFIG_BYTES, ConfigError, RunConfig, config_from_bytes, load_config
 from minilmd.dirfd import Dir
 from minilmd.init_kinds import (
@@ -62,6 +63,9 @@ class Predecessor:
     """Where its final checkpoint is: its run.remote (a local path), else its scratch checkpoints."""
     model: dict = field(default_factory=dict)
     """Its [model] section: what its final checkpoint will hold (a stage of another model is refused at once)."""
+    lora: dict | None = None
+    """Its [lora] section when it trains LoRA adapters (RunConfig.lora_dict()): its checkpoints hold adapters, not
+    a model to start from (adapter_source, refused at once too)."""
     identity: tuple[int, int] | None = field(default=None, compare=False)
     """(device, inode) of the run directory its run.toml was read in (init.from naming that directory): its
     state.json is read in that very directory or not at all (init_place.reopen); None for a run named by its
@@ -137,7 +141,7 @@ def _predecessor_of(cfg: RunConfig, identity: tuple[int, int] | None = None) -> 
     if "://" in remote:
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
     return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict(),
-                       identity)
+                       cfg.lora_dict(), identity)
 
 
 @dataclass(frozen=True)
@@ -363,13 +367,25 @@ def model_differences(source_cfg: dict, run_cfg: dict) -> list[str]:
 
 
 def model_problems(spec: str, run_model: dict, checkpoint: str = "best") -> list[str]:
-    """What keeps init.from from initialising a model of `run_model` (empty: nothing found without torch)."""
+    """What keeps init.from from initialising a model of `run_model` (empty: nothing found without torch): a
+    checkpoint of a LoRA run (adapter_source), another model config."""
     source = resolve(spec, checkpoint)
     saved = source_model(source)
     if saved is None:
         return []
+    if (lora := saved_lora(source_state(source))) is not None:
+        return [f"{source.path} is a checkpoint of {adapter_source(lora_text(lora))}"]
     diff = model_differences(saved, run_model)
     return [f"{source.path} holds another model config: " + ", ".join(diff)] if diff else []
+
+
+def adapter_source(lora: str) -> str:
+    """Why init.from cannot be a LoRA run's checkpoint (its [lora] `lora`, as lora_text writes it): the one rule the
+    trainer (trainer/checkpoint/init_weights.py, which loads init.from as full weights, a LoRA run's as its base),
+    `run --check` and the launch (probes.py, before anything is staged) refuse it by."""
+    return (f"a LoRA run ([lora] {lora}): its checkpoints hold adapters on its base, not a model "
+            f"to start from, with or without [lora] here; `minilmd export CHECKPOINT --format minimind --merge --out "
+            f"merged.pth` (or --format hf --merge) merges it, and init.from = that merged model starts from it")
 
 
 def fingerprint(source: InitSource, model: dict | None = None) -> dict:

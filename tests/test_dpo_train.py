@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -23,7 +25,7 @@ from minilmd.plan.pairs import PairSampler
 from minilmd.protocol import EXIT_CONFIG, EXIT_DONE
 from minilmd.trainer.loop.objective_dpo import dpo_terms, sequence_logps
 from minilmd.trainer.model.minimind import MiniMindForCausalLM, next_token_labels
-from trainer_corpus import TINY_MODEL, read_metrics, resumed_step, run_paths, train, write_config
+from trainer_corpus import TINY_MODEL, child_env, read_metrics, resumed_step, run_paths, train, write_config
 
 LN2 = math.log(2)
 
@@ -252,6 +254,11 @@ def test_a_resume_at_another_seq_len_is_refused_not_trained_on_reference_sums_of
     assert ("train.seq_len is 64; this DPO run's reference log-probs were computed at 128 (step-00000004): put it "
             "back, or start the DPO stage as a new run") in shorter.stderr
     assert [s["step"] for s in read_metrics(run_dir, "checkpoint")] == [0, 4]  # nothing trained, nothing saved
+    check = subprocess.run([sys.executable, "-m", "minilmd.cli", "run", "--check", str(config), "--set",
+                            "train.max_steps=6", "--set", "train.seq_len=64"], capture_output=True, text=True,
+                           timeout=300, env=child_env())  # refused before a launch, in the trainer's words
+    assert check.returncode == EXIT_CONFIG and ("train.seq_len is 64; this DPO run's reference log-probs were "
+                                                "computed at 128 (step-00000004)") in check.stderr, check.stderr
     same = train(config, "train.max_steps=6")  # at its own seq_len it goes on, the reference read back
     assert same.returncode == EXIT_DONE, same.stderr
     assert [m["source"] for m in read_metrics(run_dir, "dpo_reference")] == ["computed", "checkpoint"]

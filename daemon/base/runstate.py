@@ -198,6 +198,7 @@ class RunState(StateJson):
         read = StateJson.from_dict(old)
         self.overrides = read.overrides
         self.notes = read.notes  # of the init.from it started from: said again only when that is staged again
+        self.shape_changes = read.shape_changes  # the run's history: staging forgets it at a start from step 0
         self.remote_checkpoint = read.remote_checkpoint
         if read.remote_checkpoint is not None and not names_remote(read.remote_checkpoint.path, remote):
             self.other_remote, self.remote_checkpoint = read.remote_checkpoint, None

@@ -92,6 +92,16 @@ class Fetcher:
             return name, passed
         return None, passed
 
+    def recorded_config(self, name: str):
+        """The config remote checkpoint `name` records (its trainer_state.json "config", read as peek_latest reads
+        it), for `run --check` to compare its batch stream with the run's (daemon/jobs/resumefrom.py); None when it
+        cannot be read (the fetch says why)."""
+        listed = self.remote.read_manifest(name)
+        try:
+            return self._recorded_state(name, listed.manifest).get("config") if listed.manifest else None
+        except ck.CheckpointInvalid:
+            return None
+
     def _recorded_state(self, name: str, manifest: dict) -> dict:
         """trainer_state.json of remote checkpoint `name`, read once and bounded, parsed from the bytes hashed
         against its manifest (ck.MAX_JSON_PART at most, as validation keeps it). Raises CheckpointInvalid."""

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names, scratch
+from minilmd.batch_stream import change_note, dpo_seq_len_refused, recorded_config, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
-from minilmd.corpus_meta import read_corpus_meta
+from minilmd.corpus_meta import data_format_of, read_corpus_meta
 from minilmd.probes import bounded_probe
 from minilmd.shared_place import same_source, staged_from
 
@@ -48,6 +49,8 @@ class Start:
     """Newer checkpoints passed by as invalid (the launch sets them aside, or the fetch does), one line each."""
     refused: str = ""
     """The refusal (`refusal`'s words) when the checkpoint it would resume from is of another model or corpus."""
+    changes: list[str] = field(default_factory=list)
+    """The batch stream settings the config changes against that checkpoint's (minilmd/batch_stream.py)."""
 
     def line(self) -> str:
         """What `run --check` says of it."""
@@ -75,6 +78,7 @@ def problems(cfg: RunConfig, remote_root: str | None, said: list[str] | None = N
     if said is not None:
         said += [line] if (line := start.line()) else []
         said += [f"note: {p}" for p in start.passed_by]
+        said += [f"note: {change_note(start.step, start.changes)}"] if start.changes and start.step else []
         said += [f"note: {left}"] if not refused and (left := runidentity.left_behind(cfg)) else []
     return refused
 
@@ -104,7 +108,18 @@ def _in_scratch(cfg: RunConfig) -> Start:
         return Start(refused=refusal(e, f"in scratch {cfg.checkpoint_dir}"))
     if path is None:
         return Start(why=f"no checkpoint in scratch ({cfg.checkpoint_dir}) is valid", passed_by=passed)
-    return Start(names.step_of(path), SCRATCH, str(path), passed_by=passed)
+    return _judged(cfg, Start(names.step_of(path), SCRATCH, str(path), passed_by=passed), recorded_config(path))
+
+
+def _judged(cfg: RunConfig, start: Start, recorded) -> Start:
+    """`start`, the checkpoint it resumes recording the config `recorded` (None: unread), with the batch stream
+    settings the config changes against it (minilmd/batch_stream.py: said, not refused), or refused for the one
+    change a resume refuses (a DPO run's seq_len)."""
+    meta = _corpus_meta(cfg)
+    if refused := dpo_seq_len_refused(cfg, recorded, data_format_of(meta) if meta else "", Path(start.path).name):
+        return Start(refused=refused)
+    start.changes = stream_changes(cfg, recorded)
+    return start
 
 
 def _on_remote(cfg: RunConfig) -> Start:
@@ -123,7 +138,8 @@ def _on_remote(cfg: RunConfig) -> Start:
         why = f"run.remote ({cfg.run.remote}) holds no valid checkpoint" if passed else \
             f"neither scratch nor run.remote ({cfg.run.remote}) holds a checkpoint"
         return Start(why="" if outcome == "failed" else why, passed_by=passed)
-    return Start(names.step_of(value), REMOTE, syncer.remote.show(value), passed_by=passed)
+    recorded = bounded_probe(syncer.recorded_config, value)[1]  # None when it does not answer now
+    return _judged(cfg, Start(names.step_of(value), REMOTE, syncer.remote.show(value), passed_by=passed), recorded)
 
 
 def _peek(syncer) -> tuple[str, object, list[str]]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names, protocol, scratch
+from minilmd.batch_stream import change_note, newest_recorded, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base import timeline
 from minilmd.daemon.base.runstate import RunState, fmt_time, now
@@ -215,6 +216,7 @@ class StagingWorker:
                 self.emit("fetch", f"--fresh: the remote step {self.state.remote_checkpoint.step} state.json "
                                    f"recorded is forgotten; this run syncs its own checkpoints from now on")
                 self.state.remote_checkpoint = None
+        self._record_shape_change()
         self.fresh, self.records = False, None  # the first staging has ended: a later one waits as any run does
         if initstage.needed(self.cfg):  # the probe and init.from next, in a thread of their own
             self.pending = Staged(staged, expected, fetched)
@@ -222,6 +224,21 @@ class StagingWorker:
             return None
         self.inputs = {}
         return Staged(staged, expected, fetched)
+
+    def _record_shape_change(self) -> None:
+        """Scratch's newest checkpoint (the one the trainer resumes from) recording other batch stream settings than
+        the run has now (minilmd/batch_stream.py): event "data_shape", and a line in state.json's shape_changes, for
+        which `status` says the run is not bit-reproducible. A start from step 0 (a new lineage) forgets them."""
+        newest = newest_recorded(self.cfg.checkpoint_dir)
+        if newest is None:
+            self.state.shape_changes = []
+            return
+        step, recorded = newest
+        changes = stream_changes(self.cfg, recorded, self.state.overrides)
+        line = f"step {step:,}: {', '.join(changes)}"
+        if changes and line not in self.state.shape_changes:  # a restart before the next save: said once
+            self.state.shape_changes.append(line)
+            self.emit("data_shape", change_note(step, changes), step=step, changes=changes)
 
     def _mark_fresh(self) -> None:
         """metrics.jsonl's marker of the new lineage (daemon/base/timeline.py): `status` and `plot` read what follows

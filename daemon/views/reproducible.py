@@ -1,6 +1,8 @@
 """`minilmd status`'s line on whether the run is bit-reproducible: a run killed and resumed ends with the weights an
 undisturbed run would have, bit for bit. Always on the CPU; on the GPU only with train.deterministic (deterministic
-kernels, trainer/loop/determinism.py), read from the run's copy of its config (as another user's file may be)."""
+kernels, trainer/loop/determinism.py), read from the run's copy of its config (as another user's file may be). Never
+once a resume changed the batch stream (state.json's shape_changes, minilmd/batch_stream.py): the run is then the
+same as an undisturbed run of neither config."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +17,9 @@ def reproducibility_lines(run_dir: Path, state: StateJson) -> list[str]:
         cfg = load_config(run_dir / names.RUN_CONFIG_COPY, untrusted=True)
     except (ConfigError, OSError):
         return []
+    if state.shape_changes:  # a resume changed the batch stream (minilmd/batch_stream.py): no run ends as it does
+        return [f"  bit-reproducible: no (a resume changed the batch stream: {'; '.join(state.shape_changes)}; the "
+                f"run is the same as an undisturbed run of neither config)"]
     trained = state.child is not None or state.progress.step is not None  # a trainer ran (or runs): its devices
     on_cpu = cfg.train.device == "cpu" or (trained and not state.devices)  # are kept once it ended (a done run)
     if on_cpu:  # first: train.deterministic (on by default) chooses GPU kernels, and says nothing of a CPU run

@@ -15,7 +15,14 @@ from typing import BinaryIO
 
 from minilmd.config import ConfigError, RunConfig
 from minilmd.init_pth import InitSourceTooBig, read_pth
-from minilmd.init_source import InitSource, InitSourceError, fingerprint, model_differences, resolve
+from minilmd.init_source import (
+    InitSource,
+    InitSourceError,
+    adapter_source,
+    fingerprint,
+    model_differences,
+    resolve,
+)
 from minilmd.model_shapes import EMBED_KEY, TIED_HEAD_KEY, expected_state_shapes
 
 
@@ -97,6 +104,8 @@ def _checkpoint_weights(cfg: RunConfig, source: InitSource, staged_record: dict 
                                                  f"validated): nothing of it is loaded")
         return load(validated.weights), record  # the bytes validated, never the path read again
     except CheckpointMismatch as e:
+        if e.differences and e.differences[0][0] == "[lora]":  # the expectation has no [lora]: a LoRA run's
+            raise _refuse(cfg, f"names a checkpoint of {adapter_source(e.differences[0][1])}") from None
         raise _refuse(cfg, "; ".join(e.problems).replace("checkpoint", "source")) from None
     except CheckpointError as e:
         if staged:  # it verified when staged: scratch damaged since, a data error (staged again), not the config

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from minilmd.batch_stream import dpo_seq_len_refusal
 from minilmd.config import ConfigError, RunConfig
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.corpus.format import PreparedCorpus
@@ -233,8 +234,7 @@ def reference_sums(raw: bytes, corpus: PreparedCorpus, ckpt, now: dict,
                           f"{fingerprint}, shapes {[v.shape for v in sums.values()]})")
     then = recorded.setdefault("seq_len", now["seq_len"])  # a file without it: the run's current one
     if then != now["seq_len"]:
-        raise ConfigError([f"train.seq_len is {now['seq_len']}; this DPO run's reference log-probs were computed at "
-                           f"{then} ({Path(ckpt).name}): put it back, or start the DPO stage as a new run"],
+        raise ConfigError([dpo_seq_len_refusal(now["seq_len"], then, Path(ckpt).name)],  # run --check's words too
                           source=str(ckpt / DPO_REFERENCE))
     if printing and recorded.get("matmul", now["matmul"]) != now["matmul"]:
         print(f"minilmd: note: the DPO reference log-probs were computed with {recorded['matmul']} matmuls, this "

@@ -1,0 +1,87 @@
+"""The settings that make a run's batch stream, and what a resume that changes them says (the one rule).
+
+A resume rebuilds the sampler from the config it runs with (minilmd/plan/growth.py resume_sampler) and positions it
+at the rows the checkpoint had seen: a train.seq_len, data.mode or train.seed other than the checkpoint's run used
+gives other rows in another order from the resumed step on, and a micro_batch_size or grad_accum other than its
+sums them in other batches. Lengthening seq_len mid-run is a legitimate practice, so none is refused (a DPO run's
+seq_len is: trainer/loop/dpo_reference.py; data.doc_mask and the model's shape are, as another model:
+minilmd/checkpoint_expect.py), but the run is from then on the same as an undisturbed run of neither config: `run
+--check` and the trainer say so at the resume, staging records it (event "data_shape", state.json's
+shape_changes, daemon/jobs/stagingworker.py) and `minilmd status` says the run is not bit-reproducible
+(daemon/views/reproducible.py). What a checkpoint records of its run's config is its trainer_state.json "config"
+(trainer/loop/train.py trainer_state: RunConfig.to_dict())."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from minilmd.config import RunConfig
+from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES, is_step_name, step_of
+from minilmd.untrusted import Unreadable, printable, read_json
+
+STREAM_KEYS = ("train.seq_len", "train.micro_batch_size", "train.grad_accum", "train.seed", "data.mode")
+"""The settings whose change at a resume changes the batches from the resumed step on."""
+
+
+def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None) -> list[str]:
+    """`KEY = now (was then)` for each of STREAM_KEYS whose value in `cfg` (with the supervisor's `overrides`, as
+    its trainer runs: an OOM's smaller micro-batch) differs from `recorded`, a checkpoint's config (its
+    trainer_state.json "config"); a key `recorded` lacks (saved before it was recorded) is not compared."""
+    said = []
+    for key in STREAM_KEYS:
+        section, name = key.split(".")
+        then = (recorded.get(section) or {}).get(name) if isinstance(recorded, dict) else None
+        if then is None or isinstance(then, (dict, list)):
+            continue
+        now = (overrides or {}).get(key, getattr(getattr(cfg, section), name))
+        if str(then) != str(now):  # an override may be held as its text
+            said.append(f"{key} = {now!r} (was {printable(repr(then))})")
+    return said
+
+
+def dpo_seq_len_refused(cfg: RunConfig, recorded: Any, data_format: str, ckpt_name: str) -> str | None:
+    """The one batch stream change a resume refuses: a DPO run's train.seq_len (its reference log-probs, kept in
+    its checkpoints, are sums over the rows that seq_len cut, and the reference model may be gone:
+    trainer/loop/dpo_reference.py). `run --check` and the launch compare the checkpoint's recorded config; the
+    trainer its reference file's record (dpo_seq_len_refusal, the same words). None when it goes on."""
+    then = (recorded.get("train") or {}).get("seq_len") if isinstance(recorded, dict) else None
+    if data_format != "dpo" or not isinstance(then, int) or then == cfg.train.seq_len:
+        return None
+    return dpo_seq_len_refusal(cfg.train.seq_len, then, ckpt_name)
+
+
+def dpo_seq_len_refusal(now: int, then: int, ckpt_name: str) -> str:
+    return (f"train.seq_len is {now}; this DPO run's reference log-probs were computed at {then} ({ckpt_name}): put "
+            f"it back, or start the DPO stage as a new run")
+
+
+def change_note(step: int, changes: list[str]) -> str:
+    """What `run --check`, the trainer, staging's event and status say of a resume at `step` that `changes`
+    (stream_changes' lines) the batch stream."""
+    return (f"the resume from step {step:,} changes the batch stream: {', '.join(changes)}: the data rows, their "
+            f"order or how they are batched change from step {step:,} on, and the run is no longer the same as an "
+            f"undisturbed run of either config (not bit-reproducible against one)")
+
+
+def newest_recorded(checkpoint_dir: Path) -> tuple[int, Any] | None:
+    """(step, the config it records) of the newest checkpoint in scratch whose trainer_state.json reads, the one a
+    resume would take but for damage the trainer's validation finds; None when scratch holds none."""
+    try:
+        steps = sorted((n for n in (p.name for p in checkpoint_dir.iterdir()) if is_step_name(n)), reverse=True)
+    except OSError:
+        return None
+    for name in steps:
+        if (recorded := recorded_config(checkpoint_dir / name)) is not None:
+            return step_of(name), recorded
+    return None
+
+
+def recorded_config(ckpt: Path) -> Any | None:
+    """The config checkpoint `ckpt` in the run's own scratch records (its trainer_state.json "config", read bounded,
+    no link followed, a file of this user's: its trainer wrote it); None when it cannot be read."""
+    try:
+        state = read_json(ckpt / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES, owner=os.geteuid())
+    except (OSError, Unreadable):
+        return None
+    return state.get("config", {})

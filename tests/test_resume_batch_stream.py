@@ -1,0 +1,78 @@
+"""A resume with other batch stream settings (train.seq_len, micro_batch_size, grad_accum, seed, data.mode:
+minilmd/batch_stream.py) is not refused (lengthening seq_len mid-run is a legitimate practice) but said: by `run
+--check` and the trainer at the resume, by staging's event "data_shape", and by `minilmd status`, whose
+bit-reproducible line says no from then on. Before, `--check` said only "resumes from step N", the trainer went on
+with rows of the new length, and status still said the run ends as an undisturbed one would."""
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from minilmd.config import load_config
+from minilmd.daemon.base.runstate import new_state
+from minilmd.daemon.base.statesections import StateJson
+from minilmd.daemon.views.reproducible import reproducibility_lines
+from supervisor_helpers import cli, events, run_supervisor, write_config
+
+SAID = "the resume from step 4 changes the batch stream: train.seq_len = 64 (was 32), train.grad_accum = 2 (was 1)"
+
+
+@pytest.mark.slow  # two real supervised runs of a one-layer model
+def test_a_resume_with_a_longer_seq_len_is_said_by_the_check_the_trainer_the_events_and_status(tmp_path, corpus):
+    first = write_config(tmp_path, corpus, name="grow", remote=False,
+                         train={"seq_len": 32, "max_steps": 4, "checkpoint_every": 2})
+    assert run_supervisor(first, tmp_path, fake=False, timeout=300) == 0
+    longer = write_config(tmp_path, corpus, name="grow", remote=False,
+                          train={"seq_len": 64, "grad_accum": 2, "max_steps": 6, "checkpoint_every": 2})
+    run_dir = load_config(longer).run_dir
+
+    check = cli("run", "--check", str(longer))
+    assert check.returncode == 0 and "resumes from step 4" in check.stdout, check.stdout + check.stderr
+    assert f"note: {SAID}" in check.stdout, check.stdout
+
+    assert run_supervisor(longer, tmp_path, fake=False, timeout=300) == 0
+    said = [e for e in events(run_dir) if e["event"] == "data_shape"]
+    assert [(e["step"], e["message"].startswith(SAID)) for e in said] == [(4, True)], said
+    logs = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("attempt-*.log")))
+    assert f"minilmd: note: {SAID}" in logs
+    shown = cli("status", str(run_dir)).stdout
+    assert "bit-reproducible: no (a resume changed the batch stream: step 4: train.seq_len = 64 (was 32)" in shown
+
+    # Its newest checkpoint has the new settings: a launch now changes nothing, and says nothing.
+    again = write_config(tmp_path, corpus, name="grow", remote=False,
+                         train={"seq_len": 64, "grad_accum": 2, "max_steps": 8, "checkpoint_every": 2})
+    check = cli("run", "--check", str(again))
+    assert check.returncode == 0 and "changes the batch stream" not in check.stdout, check.stdout + check.stderr
+    assert "bit-reproducible: no" in cli("status", str(run_dir)).stdout  # the run's history: changed once
+
+
+@pytest.mark.slow  # two real supervised runs of a one-layer model
+def test_a_resume_from_the_remote_on_a_new_machine_with_a_longer_seq_len_is_said_too(tmp_path, corpus):
+    first = write_config(tmp_path, corpus, name="moved", train={"seq_len": 32, "max_steps": 4, "checkpoint_every": 2})
+    assert run_supervisor(first, tmp_path, fake=False, timeout=300) == 0
+    shutil.rmtree(load_config(first).scratch_dir)  # a new machine: only the remote holds its checkpoints
+    longer = write_config(tmp_path, corpus, name="moved",
+                          train={"seq_len": 64, "grad_accum": 2, "max_steps": 6, "checkpoint_every": 2})
+    run_dir = load_config(longer).run_dir
+
+    check = cli("run", "--check", str(longer))
+    assert check.returncode == 0 and "resumes from step 4 (remote:" in check.stdout, check.stdout + check.stderr
+    assert f"note: {SAID}" in check.stdout, check.stdout
+
+    assert run_supervisor(longer, tmp_path, fake=False, timeout=300) == 0
+    assert [e["step"] for e in events(run_dir) if e["event"] == "data_shape"] == [4]  # once fetched into scratch
+    assert "bit-reproducible: no (a resume changed the batch stream" in cli("status", str(run_dir)).stdout
+
+
+def test_status_says_a_run_whose_batch_stream_changed_is_not_bit_reproducible(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.toml").write_text(f'[run]\nname = "demo"\ndir = "{run_dir}"\n[data]\nprepared = "/nowhere"\n'
+                                      f'[train]\nmax_steps = 10\ndevice = "cpu"\n')
+    st = new_state("demo", run_dir, str(tmp_path / "demo.toml"))
+    st.update(phase="training", since=time.time(), shape_changes=["step 702: train.seq_len = 512 (was 256)"])
+    lines = reproducibility_lines(run_dir, StateJson.from_dict(st))
+    assert lines == ["  bit-reproducible: no (a resume changed the batch stream: step 702: train.seq_len = 512 "
+                     "(was 256); the run is the same as an undisturbed run of neither config)"]
