@@ -28,7 +28,6 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minilmd.checkpoint_contents import lora_text, saved_lora
 from minilmd.config import MAX_CONFIG_BYTES, ConfigError, RunConfig, config_from_bytes, load_config
 from minilmd.dirfd import Dir
 from minilmd.init_kinds import (
@@ -373,6 +372,9 @@ def model_problems(spec: str, run_model: dict, checkpoint: str = "best") -> list
     saved = source_model(source)
     if saved is None:
         return []
+    from minilmd.checkpoint_contents import lora_text, saved_lora  # here: it pulls in numpy (safetensors_scan), which
+    # status and the supervisor's start never load
+
     if (lora := saved_lora(source_state(source))) is not None:
         return [f"{source.path} is a checkpoint of {adapter_source(lora_text(lora))}"]
     diff = model_differences(saved, run_model)

@@ -24,7 +24,6 @@ from minilmd import scratch
 from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
 from minilmd.bounded import bounded_probe as bounded_probe
 from minilmd.bounded import shared_storage_check
-from minilmd.checkpoint_contents import lora_text
 from minilmd.checkpoint_dirs import list_checkpoints, read_latest
 from minilmd.config import ExtraCheck, RunConfig, config_from_dict, load_config, stage_defaults
 from minilmd.config_sections import DpoSection
@@ -258,6 +257,8 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
         pred = predecessor(cfg.init.from_)
         if pred is not None and predecessor_outcome(pred)[0] == "waiting":  # the supervisor waits for it
             if pred.lora is not None:  # its config says what its final checkpoint will hold: adapters
+                from minilmd.checkpoint_contents import lora_text  # here: numpy, which the start never loads
+
                 lora = adapter_source(lora_text(pred.lora))
                 return [f"init.from = {cfg.init.from_!r}: run {pred.name} is {lora}"], None
             diff = model_differences(pred.model, cfg.model_dict())  # its final checkpoint's is checked then too
