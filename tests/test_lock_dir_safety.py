@@ -136,3 +136,24 @@ def test_no_lock_directory_is_made_through_a_link_planted_on_the_way_after_the_c
     monkeypatch.undo()
     assert planted and list(hers.iterdir()) == []  # no lock directory, no lease file in her directory
     assert (shared / "race").is_symlink()  # his link: left as it is
+
+
+def admin_lock_dir_at(path: Path) -> Path:
+    path.mkdir()
+    path.chmod(0o1777)
+    return path
+
+
+def test_the_lock_directory_as_a_link_is_followed_only_when_root_made_it(shared):
+    """The place rule for its last component too: a link of root's (or ours) is followed to a directory the same
+    rule holds (before: refused as "a symbolic link", while the same link above it was followed); another user's
+    link is refused and nothing is made where it leads."""
+    real = admin_lock_dir_at(shared / "real")
+    (shared / "mine").symlink_to(real)
+    lease = leases.open_lease(shared / "mine", "GPU-a")
+    lease.close()
+    assert [p.name for p in real.iterdir()] == ["GPU-a"]
+    theirs = admin_lock_dir_at(shared / "elsewhere")
+    as_nobody(f"ln -s {theirs} his", shared)
+    assert "is a symbolic link (to " in refused(shared / "his")
+    assert list(theirs.iterdir()) == []

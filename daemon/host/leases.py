@@ -146,13 +146,12 @@ def lock_dir_problem(path: str | os.PathLike) -> str | None:
 def _open_dir(path: Path) -> int:
     """A descriptor of the lock directory, reached from "/" by the place rule's walk (place_rule.walk_to): each
     directory judged on its descriptor, a link followed only when root's or ours, a missing one made at its judged
-    parent (WAY_MODE exactly), never by a path that a link planted after a check by path would lead elsewhere (a
-    check, then make_missing_dirs and mkdir by path: his link at a missing parent put the lock directory in her
-    private one). The lock directory's own verdict is the place rule's too: no stricter one is needed, since other
-    users' runs only add lease files in it, which the sticky bit keeps theirs; a directory no one else may write
-    (0755, or 0775 of a group of this user's alone) only keeps their runs from leasing through it. One made here is
-    made shared (SHARED_DIR_MODE) once judged. The judgement by path first only words a refusal as `run --check`
-    does; the walk's is the one that holds."""
+    parent (WAY_MODE exactly), never by a path that a link planted after a check by path would lead elsewhere (his
+    link at a missing parent put the lock directory in her private one). The lock directory's own verdict is the
+    place rule's too: no stricter one is needed, since other users' runs only add lease files in it, which the
+    sticky bit keeps theirs; a directory no one else may write (0755, or 0775 of a group of this user's alone) only
+    keeps their runs from leasing through it. One made here is made shared (SHARED_DIR_MODE) once judged. The
+    judgement by path first only words a refusal as `run --check` does; the walk's is the one that holds."""
     problem = lock_dir_problem(path)  # the same words as `run --check`'s for what is there already
     if problem:
         raise LeaseUnsafe(problem)
