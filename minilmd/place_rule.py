@@ -13,9 +13,10 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   directory swapped in after place_problem passed is one of another owner, or a link now, and refused
   (PlaceRefused). minilmd/dirfd.py's Dir.open uses both.
 - `walk_to(path, ..., mode)` is that walk, which also makes a missing directory (mkdirat at its judged parent) and
-  follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory and prepare --out are
-  judged, made and resolved in this one step, their real path used after (never a resolve() or mkdir(parents=True)
-  by path, which a link planted meanwhile would lead elsewhere). Torch-free.
+  follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory, prepare --out and the
+  GPU lock directory (daemon/host/leases.py) are judged, made and resolved in this one step, their real path used
+  after (never a resolve() or mkdir(parents=True) by path, which a link planted meanwhile would lead elsewhere).
+  Torch-free.
 """
 from __future__ import annotations
 
