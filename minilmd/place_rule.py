@@ -13,9 +13,10 @@ an output's directory, a run.remote, run.dir), and the walk that opens such a di
   directory swapped in after place_problem passed is one of another owner, or a link now, and refused
   (PlaceRefused). minilmd/dirfd.py's Dir.open uses both.
 - `walk_to(path, ..., mode)` is that walk, which also makes a missing directory (mkdirat at its judged parent) and
-  follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory and prepare --out are
-  judged, made and resolved in this one step, their real path used after (never a resolve() or mkdir(parents=True)
-  by path, which a link planted meanwhile would lead elsewhere). Torch-free.
+  follows a link of root's or ours itself: run.dir (`settle_run_dir`), an output's directory, prepare --out and the
+  GPU lock directory (daemon/host/leases.py) are judged, made and resolved in this one step, their real path used
+  after (never a resolve() or mkdir(parents=True) by path, which a link planted meanwhile would lead elsewhere).
+  Torch-free.
 """
 from __future__ import annotations
 
@@ -66,8 +67,8 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
     the caller makes them. `group_share`: the last directory checked may be a team directory others write (its
     owner opted in). `team_above`: every directory checked may be group-writable (team directories on the way to a
     run.remote; still root's or ours, not world-writable unless sticky). `owners`: more uids counted as ours (as
-    Dir.owners; a squashing share's), for a directory that no one but its owner may write (or sticky). None: the
-    path stays where it is."""
+    Dir.owners; a squashing share's), for a directory that no one but its owner may write (sticky or not: only a
+    sticky directory of root's or ours is trusted). None: the path stays where it is."""
     path = Path(os.path.abspath(target))
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
@@ -145,15 +146,23 @@ def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, ad
                       owners: Set[int], acl_at: Path | int | None = None) -> str | None:
     """The rule one directory on the way keeps (`st` as lstat or fstat saw it, `above` its path; `acl_at`: where
     its ACL is looked at, its descriptor for the walk): root's, ours or `owners`', not rearrangeable by others."""
+    mode = stat.S_IMODE(st.st_mode)
+    sticky = bool(st.st_mode & stat.S_ISVTX)
     if not owned_by_me_or_root(st) and st.st_uid not in owners:
+        why = " (sticky or not: its owner may remove or rename anything in it)" if sticky else ""
         return (f"{where} belongs to {user(st.st_uid)}, who could replace {what} by a link to your files "
-                f"or by a directory of his; {advice}")
-    if not owned_by_me_or_root(st) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                f"or by a directory of his{why}; {advice}")
+    if not owned_by_me_or_root(st) and st.st_mode & 0o022 and not sticky:
         return (f"{where} belongs to {user(st.st_uid)} (the owner this share gives new files) and can be written by "
-                f"others than its owner (mode {stat.S_IMODE(st.st_mode):o}), who could replace {what}; {advice}")
+                f"others than its owner (mode {mode:o}), who could replace {what}; {advice}")
     if others_can_rearrange(st, above if acl_at is None else acl_at, team=team_above):  # group members: others
+        if sticky:  # so `owners`' (a sticky one of root's or ours passes): its owner rearranges it, sticky or not
+            return (f"{where} belongs to {user(st.st_uid)} (the owner this share gives new files) and can be written "
+                    f"by other users (mode {mode:o}: sticky, but only a sticky directory of root's or yours is "
+                    f"trusted, since its owner may remove or rename anything in it), who could replace {what}; "
+                    f"{advice}")
         fix = f"chmod go-w {above} (it is yours), or {advice}" if owned_by_me(st) else advice  # the one-step fix first
-        return (f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}, not sticky), who "
+        return (f"{where} can be written by other users (mode {mode:o}, not sticky), who "
                 f"could replace {what} by a link to your files or by a directory of theirs; {fix}")
     return None
 
@@ -175,7 +184,8 @@ MAX_LINKS = 40
 
 
 def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: int | None, *,
-            group_share: bool = False, team_above: bool = False, owners: Set[int] = frozenset()) -> tuple[int, Path]:
+            group_share: bool = False, team_above: bool = False, owners: Set[int] = frozenset(),
+            exact_mode: bool = False, made: list[Path] | None = None) -> tuple[int, Path]:
     """The directory at `path` reached from "/" one component at a time by descriptor (openat, no link followed by
     the kernel), a missing one made there (mkdirat, `mode`; None: nothing made, FileNotFoundError) relative to its
     parent already judged, each judged on its descriptor by place_problem's rule (`group_share` waives the last,
@@ -183,7 +193,10 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
     followed by the walk itself, and only when it is root's, ours or `owners'` (in a directory already judged: no
     one else could have put it there); another's is refused. So the path is judged and resolved in one look: no
     link planted after a judgement by path leads a later resolve() or mkdir(parents=True) elsewhere, and nothing
-    is made past a refusal. PlaceRefused, or OSError as it comes (a file in the way)."""
+    is made past a refusal. `exact_mode`: each directory made gets `mode` itself, whatever the umask (fchmod on it
+    right after the mkdirat, before it is judged: the GPU lock directory's parents, which every user's runs must
+    reach). `made`, when given, gets the real path of each directory made here, in order (one another process made
+    meanwhile is judged as found, not listed). PlaceRefused, or OSError as it comes (a file in the way)."""
     given = Path(os.getcwd(), path)  # not abspath: "a/link/.." is where the link leads, up one, as the kernel says
     pending = ["/", *given.parts[1:]][::-1]  # popped from the end: next component last
     chain: list[tuple[int, Path]] = []  # the directories walked so far, each open and judged: (descriptor, real path)
@@ -204,7 +217,7 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
                     os.close(chain.pop()[0])
             elif name not in ("", "."):
                 fd, here = chain[-1]
-                st = _lstat_at(fd, name, mode)
+                st, made_here = _lstat_at(fd, name, mode, exact_mode)
                 if stat.S_ISLNK(st.st_mode):
                     links += 1
                     if links > MAX_LINKS:
@@ -225,22 +238,33 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
                                            f"(never followed); {advice}") from None
                     raise
                 chain.append(judged(below, here / name))
+                if made_here and made is not None:
+                    made.append(here / name)
         fd, real = chain[-1]
         return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), real
     finally:
         _close_all(chain)
 
 
-def _lstat_at(fd: int, name: str, mode: int | None) -> os.stat_result:
-    """`name` in the directory `fd`, looked at without following it; made (mkdirat, `mode`) when missing."""
+def _lstat_at(fd: int, name: str, mode: int | None, exact_mode: bool) -> tuple[os.stat_result, bool]:
+    """`name` in the directory `fd`, looked at without following it, and whether it was made here: made (mkdirat,
+    `mode`, exactly with `exact_mode`) when missing."""
     try:
-        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        return os.stat(name, dir_fd=fd, follow_symlinks=False), False
     except FileNotFoundError:
         if mode is None:
             raise
-        with contextlib.suppress(FileExistsError):  # made meanwhile by another: judged as found
-            os.mkdir(name, mode, dir_fd=fd)
-        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    try:
+        os.mkdir(name, mode, dir_fd=fd)
+    except FileExistsError:  # made meanwhile by another: judged as found
+        return os.stat(name, dir_fd=fd, follow_symlinks=False), False
+    if exact_mode:  # ours, just made in a directory already judged: no one else can have put another one there
+        made = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            os.fchmod(made, mode)
+        finally:
+            os.close(made)
+    return os.stat(name, dir_fd=fd, follow_symlinks=False), True
 
 
 def _readlink_at(fd: int, name: str) -> str:

@@ -249,3 +249,29 @@ def test_a_tree_deeper_than_the_bound_is_neither_removed_nor_walked(tmp_path):
     with Dir.open(tmp_path, "here") as here:
         assert not here.remove_tree("a", here.identity_of("a"))
     assert (deep / "top.txt").read_text() == "top" and (bottom / "bottom.txt").read_text() == "bottom"
+
+
+def test_a_sticky_directory_of_a_listed_owner_is_refused_as_sticky(tmp_path, monkeypatch):
+    """`owners` (a squashing share's uid) count as ours for a directory no one but its owner may write; a sticky
+    one that others may write is still refused (its owner may remove or rename anything in it). The refusal said
+    "mode 1777, not sticky" of a directory that is sticky; it says why a sticky one is not enough."""
+    from minilmd.place_rule import open_walked
+
+    listed = tmp_path / "squashed"
+    listed.mkdir()
+    if os.geteuid() == 0:
+        os.chown(listed, 4242, 4242)  # root's would pass as root's: the share's owner is another uid
+    else:
+        monkeypatch.setattr(perms, "own_uid", lambda: os.getuid() + 1)  # this user's directory is the listed one's
+    owner = listed.stat().st_uid
+    listed.chmod(0o1777)
+    problem = place_problem("run.remote", listed, "the checkpoints", "choose another", dir_itself=True,
+                            owners={owner})
+    assert problem is not None and "not sticky" not in problem, problem
+    said = "(mode 1777: sticky, but only a sticky directory of root's or yours is trusted, since its owner may "
+    assert said in problem, problem
+    with pytest.raises(PlaceRefused) as refused:  # the walk's judgement, on the descriptor: the same words
+        open_walked(listed, "run.remote", "the checkpoints", "choose another", owners={owner})
+    assert said in str(refused.value) and "not sticky" not in str(refused.value)
+    listed.chmod(0o755)  # no one but its owner writes it: counted as ours
+    assert place_problem("run.remote", listed, "the checkpoints", "x", dir_itself=True, owners={owner}) is None

@@ -37,7 +37,9 @@ def refused(lock_dir: Path) -> str:
 
 def test_a_sticky_lock_dir_another_user_made_first_is_refused(shared):
     as_nobody("mkdir -m 1777 locks", shared)  # anyone can make /tmp/minilmd-gpu-locks first
-    assert "belongs to user nobody, not to root or you" in refused(shared / "locks")
+    said = refused(shared / "locks")  # the place rule's words (minilmd/place_rule.py), as for every shared place
+    assert "belongs to nobody (uid 65534), who could replace the lease files" in said, said
+    assert "(sticky or not: its owner may remove or rename anything in it)" in said, said
     assert list((shared / "locks").iterdir()) == []  # no lease file made in there
 
 
@@ -82,7 +84,7 @@ def test_run_check_and_the_launch_refuse_an_unsafe_lock_dir_with_exit_2(shared, 
     as_nobody("mkdir -m 1777 locks", shared)
     config = write_config(tmp_path, corpus, remote=False, train={"device": "cuda"},
                           gpu={"lock_dir": str(shared / "locks")})
-    with pytest.raises(ConfigError, match="gpu.lock_dir: the lock directory .* belongs to user nobody"):
+    with pytest.raises(ConfigError, match="gpu.lock_dir: the lock directory .* belongs to nobody"):
         preflight.check(str(config))
     assert run_supervisor(str(config)) == protocol.SUPERVISOR_CONFIG
     assert not (tmp_path / "s" / "run").exists() or not any((tmp_path / "s" / "run").iterdir())
@@ -107,3 +109,51 @@ def test_a_missing_lock_dir_and_its_parents_made_under_the_private_policy_stay_r
     names = [p.name for p in (shared / "not-yet" / "deeper" / "locks").iterdir()]
     assert len(names) == 1
     as_nobody(f"test -r not-yet/deeper/locks/{names[0]}", shared)  # another user reaches the lease (or raises)
+
+
+def test_no_lock_directory_is_made_through_a_link_planted_on_the_way_after_the_check(shared, tmp_path, monkeypatch):
+    """gpu.lock_dir = SHARED/race/locks with `race` missing (the rule allows it: SHARED is sticky, like /tmp). The
+    lease's open checked that chain by path, then made the missing directories by path: nobody's link planted at
+    `race` between the check and the mkdir put the lock directory, 1777, and root's lease file into her private
+    directory. Here the link appears at the first mkdir, the moment his loop hit. Now the place rule's walk makes
+    each directory at its judged parent's descriptor and meets his link: refused, nothing made through it."""
+    import os
+
+    hers = tmp_path / "hers"
+    hers.mkdir(mode=0o700)
+    real_mkdir, planted = os.mkdir, []
+
+    def plant_then_mkdir(*args, **kwargs):
+        if not planted:
+            as_nobody(f"ln -s {hers} race", shared)
+            planted.append(True)
+        return real_mkdir(*args, **kwargs)
+
+    assert leases.lock_dir_problem(shared / "race" / "locks") is None  # what run --check and the launch saw
+    monkeypatch.setattr(os, "mkdir", plant_then_mkdir)
+    with pytest.raises(leases.LeaseUnsafe, match=f"{shared}/race is a symbolic link of nobody"):
+        leases.open_lease(shared / "race" / "locks", "GPU-a")
+    monkeypatch.undo()
+    assert planted and list(hers.iterdir()) == []  # no lock directory, no lease file in her directory
+    assert (shared / "race").is_symlink()  # his link: left as it is
+
+
+def admin_lock_dir_at(path: Path) -> Path:
+    path.mkdir()
+    path.chmod(0o1777)
+    return path
+
+
+def test_the_lock_directory_as_a_link_is_followed_only_when_root_made_it(shared):
+    """The place rule for its last component too: a link of root's (or ours) is followed to a directory the same
+    rule holds (before: refused as "a symbolic link", while the same link above it was followed); another user's
+    link is refused and nothing is made where it leads."""
+    real = admin_lock_dir_at(shared / "real")
+    (shared / "mine").symlink_to(real)
+    lease = leases.open_lease(shared / "mine", "GPU-a")
+    lease.close()
+    assert [p.name for p in real.iterdir()] == ["GPU-a"]
+    theirs = admin_lock_dir_at(shared / "elsewhere")
+    as_nobody(f"ln -s {theirs} his", shared)
+    assert "is a symbolic link (to " in refused(shared / "his")
+    assert list(theirs.iterdir()) == []

@@ -110,3 +110,20 @@ def test_a_group_whose_gid_another_group_entry_shares_with_another_member_is_ref
     (folder / "run1").mkdir()
     with pytest.raises(PlaceRefused, match=REFUSED):
         Dir.open(folder / "run1", "the directory of --out")
+
+
+def test_the_gpu_lock_directory_is_judged_by_the_same_rule(tmp_path, groups):
+    """The lock directory itself was judged by a rule of leases.py's own, which counted every group as others: a
+    0775 lock directory of this user's own group was refused ("writable by other users") where the place rule,
+    which judged the directories above it, accepts the same mode. One rule now, as the walk that opens it keeps."""
+    from minilmd.daemon.host import leases
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    locks = _team_dir(tmp_path, groups.group(members=(me,)), mode=0o775, name="locks")
+    assert leases.lock_dir_problem(locks) is None
+    leases.open_lease(locks, "gpu-a.lock").close()
+    second_user()
+    os.chown(locks, -1, groups.group(members=(me, "nobody")))  # a group of others too: refused, by both
+    assert f"the directory {locks} {REFUSED} (mode 775, not sticky)" in (leases.lock_dir_problem(locks) or "")
+    with pytest.raises(leases.LeaseUnsafe, match=REFUSED):
+        leases.open_lease(locks, "gpu-a.lock")

@@ -83,8 +83,8 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_publish", "np.save"): 1}),  # np.save: into a file object made O_EXCL at the split's descriptor
     # --- core helpers, by the place their callers give ------------------------------------------------------------
     "minilmd/fsio.py": ("private", "crash-safe writes by path, for places their callers own: state.json in run.dir, "
-                        "scratch, a corpus's meta.json inside a checked directory; the missing parents of --out or "
-                        "of the GPU lock directory, after their callers checked the chain that exists", {
+                        "scratch, a corpus's meta.json inside a checked directory; the missing directories of "
+                        "demo-corpus's OUT and of the demo's, after their callers checked the chain that exists", {
         ("atomic_write_text", "tempfile.mkstemp"): 1,
         ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
         ("publish_dir", "shutil.rmtree"): 1, ("make_missing_dirs", "os.mkdir"): 1}),
@@ -116,11 +116,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/demo_sft.py": ("private", DEMO_DIR + " (the SFT tokenizer and config)", {
         ("main", ".mkdir"): 1, ("main", ".write_bytes"): 1, ("main", ".write_text"): 2}),
     "daemon/demo_dpo.py": ("private", DEMO_DIR + " (its DPO config)", {("dpo_stage", ".write_text"): 1}),
-    "daemon/host/leases.py": ("private", "the GPU lock directory and the missing ones above it, made after the "
-                              "chain above is checked (leases.py: the rule dirfd keeps), then used by descriptor; a "
-                              "lease file of ours reopened writable through /proc/self/fd (the open file already "
-                              "judged, no name looked up again)", {
-        ("_open_dir", "os.mkdir"): 1, ("_open_in", "os.open"): 1}),
+    "daemon/host/leases.py": ("private", "the GPU lock directory reached and made by the place rule's walk "
+                              "(place_rule.walk_to), then used by descriptor; a lease file of ours reopened writable "
+                              "through /proc/self/fd (the open file already judged, no name looked up again)", {
+        ("_open_in", "os.open"): 1}),
     "daemon/host/lock.py": ("gap", RUN_DIR + " (supervisor.lock: O_NOFOLLOW|O_NONBLOCK, by path)", {
         ("RunLock.acquire", ".mkdir"): 1, ("RunLock.acquire", "os.open"): 1}),
     "daemon/host/registry.py": ("private", "the per-user registry (0700, this user's) and the system one (root's, "

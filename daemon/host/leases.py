@@ -3,13 +3,16 @@ two runs on the server, whoever started them, never hold one device.
 
 The directory is like /tmp: whoever comes first creates it 01777 (sticky: each user may remove or rename only
 their own files in it), and anyone may have made it first, with anything inside. So no name is trusted:
-- the directory and every lease file are opened with O_NOFOLLOW (a symlink named like a lease file is refused,
-  never followed), O_NONBLOCK (a FIFO planted there cannot block us), O_NOCTTY and close-on-exec;
-- a lock directory is used only when it is root's or ours, sticky if other users may write to it, and no
-  directory above it can be rearranged by another user (each root's or ours, sticky where others may write; a
-  symlink on the way must be root's or ours, and where it leads is held to the same rule): the owner of a sticky
-  directory, or of any directory above it, could still remove or swap every lease in it. `lock_dir_problem` says
-  why one is refused; `run --check` and the launch refuse it (exit 2, daemon/preflight.py) rather than wait;
+- every lease file is opened with O_NOFOLLOW (a symlink named like a lease file is refused, never followed),
+  O_NONBLOCK (a FIFO planted there cannot block us), O_NOCTTY and close-on-exec, at the lock directory's
+  descriptor;
+- the lock directory keeps the place rule (minilmd/place_rule.py, the one home of "may another user rearrange
+  this directory"): it and every directory above it root's or ours, none another user can rearrange (sticky where
+  others may write; a symlink on the way root's or ours, where it leads held to the same rule): the owner of a
+  sticky directory, or of any directory above it, could still remove or swap every lease in it. It is reached,
+  and made where missing, by the rule's walk from "/" by descriptors (place_rule.walk_to), never by a path a
+  link planted after a check would lead elsewhere. `lock_dir_problem` says why one is refused; `run --check` and
+  the launch refuse it (exit 2, daemon/preflight.py) rather than wait;
 - a lease file is created O_EXCL by its first user, who owns it (0644 whatever the umask: every user's runs must
   be able to open it). An existing one must be a regular file with a single link (fstat after the open): a FIFO,
   a device or a hard link to some other file is refused;
@@ -29,14 +32,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.dirfd import place_problem
-from minilmd.fsio import make_missing_dirs
-from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
+from minilmd.perms import owned_by_me
+from minilmd.place_rule import PlaceRefused, place_problem, walk_to
 from minilmd.procs import user_words
 from minilmd.untrusted import loads
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-"""Every open of the lock directory and of a lease file."""
+"""Every open of a lease file (at the lock directory's descriptor)."""
 SHARED_DIR_MODE = 0o1777
 """The lock directory as its first user creates it: every user's runs create their lease files in it, like /tmp."""
 LEASE_MODE = 0o644
@@ -119,96 +121,52 @@ def lease_body(run: str, host: str) -> dict:
 
 # --- opening without trusting a name ---------------------------------------------------------------------------
 
+LABEL, WHAT = "the lock directory", "the lease files"
+"""How the place rule's messages name the lock directory and what is at stake in it."""
+WAY_MODE = 0o755
+"""The missing directories on the way to a new lock directory, and the lock directory until it is judged, made so
+whatever the umask (the run's permission policy, minilmd/perms.py, would make them 0700): every user's runs must
+reach the lock directory through them."""
+
+
 def lock_dir_problem(path: str | os.PathLike) -> str | None:
-    """Why the lock directory at path must not be used, or None. A missing one is fine when the directories
-    above it are (it is made at the first lease); nothing is created here."""
+    """Why the lock directory at path must not be used, or None: the place rule (minilmd/place_rule.py), for it
+    and every directory above it, as `_open_dir`'s walk keeps it. A missing one is fine when the directories above
+    it are (it is made at the first lease); nothing is created here."""
     path = Path(os.path.abspath(path))
-    above = _above_problem(path)
-    if above:
-        return above
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
+        problem = place_problem(LABEL, path, WHAT, ADVICE, dir_itself=True, own_links=True)
+        if problem is None and os.path.lexists(path) and not os.path.isdir(path):  # links on the way judged: ours
+            problem = f"{LABEL} {path} is not a directory; {ADVICE}"
     except OSError as e:
-        return f"the lock directory {path} cannot be checked: {e.strerror or e}"
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        return f"the lock directory {path} is a symbolic link or not a directory (never followed); {ADVICE}"
-    problem = _dir_problem(st)
-    return f"the lock directory {path} {problem}; {ADVICE}" if problem else None
-
-
-def _above_problem(path: Path) -> str | None:
-    """Why another user could rearrange a directory above the lock directory (or a link on the way): the rule
-    every shared place is held to (minilmd/place_rule.py `place_problem`; a link of root's or ours is followed, and
-    where it leads is held to the same rule)."""
-    return place_problem("the lock directory", path, "the lease files", ADVICE, own_links=True)
-
-
-def _make_parents(parent: Path) -> None:
-    """The missing directories above a new lock directory, made 0755 whatever the umask (the run's permission
-    policy, minilmd/perms.py, would make them 0700): every user's runs must reach the lock directory through
-    them. Only a directory made here and now is chmodded, never one that exists."""
-    for directory in make_missing_dirs(parent, 0o755):
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.fchmod(fd, 0o755)
-        finally:
-            os.close(fd)
-
+        problem = f"{LABEL} {path} cannot be checked: {e.strerror or e}"
+    return problem
 
 
 def _open_dir(path: Path) -> int:
-    problem = _above_problem(Path(os.path.abspath(path)))
+    """A descriptor of the lock directory, reached from "/" by the place rule's walk (place_rule.walk_to): each
+    directory judged on its descriptor, a link followed only when root's or ours, a missing one made at its judged
+    parent (WAY_MODE exactly), never by a path that a link planted after a check by path would lead elsewhere (his
+    link at a missing parent put the lock directory in her private one). The lock directory's own verdict is the
+    place rule's too: no stricter one is needed, since other users' runs only add lease files in it, which the
+    sticky bit keeps theirs; a directory no one else may write (0755, or 0775 of a group of this user's alone) only
+    keeps their runs from leasing through it. One made here is made shared (SHARED_DIR_MODE) once judged. The
+    judgement by path first only words a refusal as `run --check` does; the walk's is the one that holds."""
+    problem = lock_dir_problem(path)  # the same words as `run --check`'s for what is there already
     if problem:
         raise LeaseUnsafe(problem)
-    created = False
+    made: list[Path] = []
     try:
-        fd = _open_dir_fd(path)
-    except FileNotFoundError:
-        _make_parents(path.parent)
+        fd, real = walk_to(path, LABEL, WHAT, ADVICE, WAY_MODE, exact_mode=True, made=made)
+    except PlaceRefused as e:
+        raise LeaseUnsafe(str(e)) from None
+    if made and made[-1] == real:
         try:
-            os.mkdir(path, 0o700)  # private until it is opened and checked, then shared
-            created = True
-        except FileExistsError:
-            pass  # another run made it just now
-        fd = _open_dir_fd(path)
-    try:
-        st = os.fstat(fd)
-        if created and owned_by_me(st):
-            os.fchmod(fd, SHARED_DIR_MODE)
-            st = os.fstat(fd)
-        problem = _dir_problem(st)
-        if problem:
-            raise LeaseUnsafe(f"the lock directory {path} {problem}; {ADVICE}")
-    except BaseException:
-        os.close(fd)
-        raise
+            os.fchmod(fd, SHARED_DIR_MODE)  # ours, just made and judged: every user's runs add their leases here
+        except BaseException:
+            os.close(fd)
+            raise
     return fd
-
-
-def _open_dir_fd(path: Path) -> int:
-    try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise LeaseUnsafe(f"the lock directory {path} is a symbolic link or not a directory (never followed); "
-                              f"{ADVICE}") from None
-        raise
-
-
-def _dir_problem(st: os.stat_result) -> str | None:
-    """Why a directory (the lock directory or one above it) could be rearranged by another user, or None."""
-    sticky = bool(st.st_mode & stat.S_ISVTX)
-    if not sticky and not owned_by_me_or_root(st):
-        return f"belongs to {user_words(st.st_uid)} and is not sticky: that user could swap the lease files"
-    if not owned_by_me_or_root(st):
-        return (f"belongs to {user_words(st.st_uid)}, not to root or you: sticky or not, its owner could remove or "
-                f"swap any lease file in it")
-    if others_can_rearrange(st):
-        return (f"is writable by other users and not sticky (mode {stat.S_IMODE(st.st_mode):04o}): anyone could "
-                f"swap the lease files")
-    return None
 
 
 def _open_in(dir_fd: int, path: Path, name: str) -> LeaseFile:
