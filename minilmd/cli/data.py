@@ -92,7 +92,8 @@ def tokenizer_train_command(
 ) -> None:
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind).
 
-    Exit status: 0, 65 bad input, 2 bad arguments (a --chat-template that does not load or render; an --out, or the
+    Exit status: 0, 65 bad input (every bad line named, as prepare names them; or no document at all), 2 bad
+    arguments (a --chat-template that does not load or render; an --out, or the
     tokenizer_config.json beside it, already there without --force), 74 a read or write failed, 130 interrupted
     (Ctrl-C, SIGTERM: at once, nothing written)."""
     import sys
@@ -135,10 +136,8 @@ def tokenizer_train_command(
     except RuntimeError as e:  # the training failed otherwise (not a read or write: not exit 74)
         typer.echo(f"tokenizer train: the training failed: {e}; nothing written ({out} is as it was)", err=True)
         raise typer.Exit(1) from None
-    if bad:
-        typer.echo(f"skipped bad lines: {bad}", err=True)
-        if CHAT_LINE in bad:
-            typer.echo(f"{bad[CHAT_LINE]:,} of them chat data: {TOKENIZER_CHAT_ADVICE}", err=True)
+    bad.log_skipped(lambda line: typer.echo(line, err=True),
+                    TOKENIZER_CHAT_ADVICE if CHAT_LINE in bad.counts else "")  # named as prepare names them
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
     if template_config is not None:
         try:
@@ -152,8 +151,9 @@ def tokenizer_train_command(
 
 
 def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_size: int,
-                    show_progress: bool) -> tuple[str, int, dict[str, int]]:
-    """Train in a process of its own: (the tokenizer's JSON, its vocabulary size, the bad lines skipped). The
+                    show_progress: bool) -> tuple:
+    """Train in a process of its own: (the tokenizer's JSON, its vocabulary size, the bad lines skipped: a
+    sources.bad_tally.BadLineTally). The
     tokenizers library reads the texts in a thread of its own and trains with the GIL released, so a Ctrl-C in
     its process (Python's handlers run in the main thread alone, between bytecodes) waited until training ended,
     minutes later. This process only waits on a pipe, which a signal interrupts: KeyboardInterrupt here, and the
@@ -163,7 +163,7 @@ def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_si
     import os
     import signal
 
-    from minilmd.corpus.workers import spawn_context
+    from minilmd.corpus.workers import spawn_context, stop_signals_held
     from minilmd.procs import signal_child
 
     context = spawn_context()
@@ -171,7 +171,8 @@ def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_si
     child = context.Process(target=_tokenizer_child, daemon=True, name="minilmd tokenizer train",
                             args=(send, os.getpid(), corpus, on_bad_line, max_docs, vocab_size, show_progress))
     try:
-        child.start()
+        with stop_signals_held():  # it starts deaf to the Ctrl-C this process handles (minilmd/corpus/workers.py)
+            child.start()
         send.close()  # the child's end: EOF here when it dies without an answer
         try:
             answer = receive.recv()
@@ -195,15 +196,16 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
                      show_progress: bool) -> None:
     """The training process: the texts read and the BPE trained here, its JSON (or the error) sent back."""
     import itertools
-    import signal
 
     from minilmd.corpus.prepare.encode import _die_with_parent
+    from minilmd.corpus.sources.bad_tally import BadLineTally
     from minilmd.corpus.sources.jsonl import InputError, iter_texts
     from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
+    from minilmd.corpus.workers import worker_ignores_interrupts
 
+    worker_ignores_interrupts()  # the parent handles Ctrl-C
     _die_with_parent(parent)  # a parent killed with SIGKILL takes the training with it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    bad: dict[str, int] = {}
+    bad = BadLineTally()
     texts = iter_texts(corpus, on_bad_line, bad)
     if max_docs > 0:
         texts = itertools.islice(texts, max_docs)
