@@ -231,6 +231,81 @@ def _write_tokenizer(out: str, text: str, group_share: bool) -> None:
     write_out_text(Path(out), text, "--out", "the tokenizer", OUT_ADVICE, group_share=group_share)
 
 
+@tokenizer_app.command("template")
+def tokenizer_template_command(
+    tokenizer: str = typer.Argument(..., help="A tokenizer.json or a directory holding one."),
+    chat_template: str = typer.Option(..., "--chat-template", help="minimind (MiniMind's ChatML, think block "
+                                      "included) or FILE (a Jinja template, or a tokenizer_config.json whose "
+                                      "chat_template is taken)."),
+    out: str = typer.Option("", "--out", help="Where to write the tokenizer.json, the tokenizer_config.json beside "
+                            "it (default: TOKENIZER's own tokenizer.json, left as it is: only the "
+                            "tokenizer_config.json is written)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out, or tokenizer_config.json beside "
+                               "it."),
+    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
+                                     "users may write: use it anyway (as tokenizer train --group-share)."),
+) -> None:
+    """Give an existing tokenizer a chat template, for prepare --format chat: its vocabulary unchanged (the same
+    tokenizer.json, byte for byte), so a model pretrained with it can be fine-tuned on a chat corpus prepared with it.
+
+    Exit status: 0, 2 bad arguments (a tokenizer minilmd cannot use, a template that does not load or render, an
+    output already there without --force, an --out directory other users can change without --group-share), 74 a
+    write failed."""
+    from pathlib import Path
+
+    from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside
+    from minilmd.corpus.tokenizer import TokenizerError, read_tokenizer_text, tokenizer_from_text
+    from minilmd.dirfd import PlaceRefused
+
+    source = Path(tokenizer) / TOKENIZER_FILE if Path(tokenizer).is_dir() else Path(tokenizer)
+    try:
+        text = read_tokenizer_text(source)  # read once: what is checked is what is copied
+        vocab = tokenizer_from_text(text, str(source)).get_vocab_size(with_added_tokens=True)
+        config = checked_config(chat_template)
+    except (TokenizerError, ChatTemplateError) as e:
+        raise _data_error_exit(e) from None
+    target = Path(out) if out else source
+    in_place = _same_file(target, source)
+    _refuse_taken_outputs("tokenizer template", target, in_place, force, group_share)
+    try:
+        if not in_place:
+            _write_tokenizer(str(target), text, group_share)
+        written = write_beside(target, config, group_share=group_share)
+    except PlaceRefused as e:  # looked at again when the directory is opened: rearranged meanwhile
+        typer.echo(f"tokenizer template: {e}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as e:
+        raise _io_error_exit(e, "tokenizer template", "run it again to write both files") from None
+    if not in_place:
+        typer.echo(f"wrote {target}: {source} as it is (vocabulary of {vocab})")
+    typer.echo(f"wrote {written}: chat template {chat_template} (the vocabulary of {vocab} unchanged)")
+
+
+def _same_file(a, b) -> bool:
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is not there
+        return False
+
+
+def _refuse_taken_outputs(what: str, target, in_place: bool, force: bool, group_share: bool) -> None:
+    """Exit 2, nothing written, when --out's directory is refused by the place rule or an output (the
+    tokenizer.json unless written in place, the tokenizer_config.json beside it) is there without --force."""
+    from minilmd.corpus.chat_templates import OUT_ADVICE
+    from minilmd.dirfd import place_problem
+    from minilmd.fsio import out_taken
+    from minilmd.names import TOKENIZER_CONFIG
+
+    outputs = [target.with_name(TOKENIZER_CONFIG)] + ([] if in_place else [target])
+    refused = place_problem("--out", str(target), "the tokenizer", OUT_ADVICE, own_links=True,
+                            group_share=group_share)
+    for taken in filter(None, [refused, *(out_taken(path, force) for path in outputs)]):
+        typer.echo(f"{what}: {taken}; nothing written", err=True)
+        raise typer.Exit(2)
+
+
 @tokenizer_app.command("check")
 def tokenizer_check_command(path: str = typer.Argument(..., help="A tokenizer.json or a directory holding one.")):
     """Check that a tokenizer has MiniMind's special ids and fits uint16 (exit 2 when not)."""
