@@ -49,7 +49,7 @@ def test_bench_packing_interrupted_says_so(tmp_path, corpus):
                                ["bench", "packing", "--prepared", str(corpus[0]), "--config", str(config),
                                 "--steps", "2"])
     assert status == 130 and "Traceback" not in said, said
-    assert said.splitlines()[-1] == "minilmd bench packing: interrupted, no figures; its temporary files removed"
+    assert said.splitlines()[-1] == "bench packing: interrupted, no figures; its temporary files removed"
 
 
 def test_bench_prepare_interrupted_while_its_prepare_runs_says_so(tmp_path, demo_jsonl, tokenizer):
@@ -57,4 +57,4 @@ def test_bench_prepare_interrupted_while_its_prepare_runs_says_so(tmp_path, demo
                                ["bench", "prepare", *demo_jsonl, "--tokenizer", str(tokenizer), "--workers", "1",
                                 "--scratch", str(tmp_path / "scratch")])
     assert status == 130 and "Traceback" not in said, said
-    assert said.splitlines()[-1] == "minilmd bench prepare: interrupted, no figures; its temporary files removed"
+    assert said.splitlines()[-1] == "bench prepare: interrupted, no figures; its temporary files removed"

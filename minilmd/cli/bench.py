@@ -56,7 +56,7 @@ def bench_prepare_command(
 
     if data_format not in ("text", "chat"):
         raise typer.BadParameter("text or chat", param_hint="--format")
-    with interrupt_said("minilmd bench prepare"):
+    with interrupt_said("bench prepare"):
         bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch,
                       data_format=data_format, seq_len=seq_len)
 
@@ -75,7 +75,7 @@ def bench_append_command(
     and whether the two results are byte-identical."""
     from minilmd.corpus.bench.append import bench_append
 
-    with interrupt_said("minilmd bench append"):
+    with interrupt_said("bench append"):
         bench_append(tokenizer, old, new, size_mb, new_lines, None if workers < 0 else workers, scratch)
 
 
@@ -88,7 +88,7 @@ def bench_packing_command(
 ) -> None:
     """Same model, same steps, packed (unmasked and data.doc_mask) vs padded rows: real tokens/s of each, the ratios,
     the PAD share."""
-    with interrupt_said("minilmd bench packing"), private_compile_caches("minilmd bench packing"):
+    with interrupt_said("bench packing"), private_compile_caches("minilmd bench packing"):
         from minilmd.trainer.bench.packing import main as bench_main
 
         status = bench_main(prepared, config, steps, set_)
@@ -106,7 +106,7 @@ def bench_step_command(
                               "compiled, eager-outside, compiled-outside, eager-masked, compiled-masked)."),
 ) -> None:
     """One model, eager vs torch.compile, steps interleaved: tok/s and host time per step of each, the ratio."""
-    with interrupt_said("minilmd bench step"), private_compile_caches("minilmd bench step"):
+    with interrupt_said("bench step"), private_compile_caches("minilmd bench step"):
         from minilmd.trainer.bench.step import main as bench_main
 
         status = bench_main(config or None, steps, set_, backend, modes)
@@ -122,7 +122,7 @@ def bench_sft_command(
 ) -> None:
     """Same model, same steps: static padding vs length bucketing (and packed, and padding-free): real and target
     tokens/s, PAD share, the ratio bucketed/static and its limit."""
-    with interrupt_said("minilmd bench sft"), private_compile_caches("minilmd bench sft"):
+    with interrupt_said("bench sft"), private_compile_caches("minilmd bench sft"):
         from minilmd.trainer.bench.sft import main as bench_main
 
         status = bench_main(prepared, config, steps, set_)
@@ -142,7 +142,7 @@ def bench_checkpoint_command(
     if out_dir is not None and not os.path.isdir(out_dir):
         raise typer.BadParameter(f"{out_dir} is no directory (the bench makes a new one of its own in it)",
                                  param_hint="--dir")
-    with interrupt_said("minilmd bench checkpoint"):
+    with interrupt_said("bench checkpoint"):
         from minilmd.trainer.bench.checkpoint import main as bench_main
 
         status = bench_main(out_dir, hidden, layers, repeats)
