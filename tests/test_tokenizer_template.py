@@ -73,6 +73,11 @@ def test_template_to_out_copies_the_tokenizer_byte_for_byte(tmp_path, bare):
     assert out.read_bytes() == bare.read_bytes() and load_tokenizer(out).encode(SAMPLE).ids == before_ids
     assert sorted(p.name for p in out.parent.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
     assert not (tmp_path / "tokenizer_config.json").exists()  # the source left as it was
+    done = minilmd("tokenizer", "template", "tokenizer.json", "--chat-template", "minimind", "--out", "tok-chat",
+                   cwd=tmp_path)  # a directory named: the tokenizer.json in it, never a file named tok-chat
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "tok-chat" / "tokenizer.json").read_bytes() == bare.read_bytes()
+    assert (tmp_path / "tok-chat" / "tokenizer_config.json").is_file()
 
 
 def test_an_existing_config_is_kept_without_force_and_a_tokenizer_minilmd_cannot_use_is_refused(tmp_path, bare):

@@ -237,9 +237,9 @@ def tokenizer_template_command(
     chat_template: str = typer.Option(..., "--chat-template", help="minimind (MiniMind's ChatML, think block "
                                       "included) or FILE (a Jinja template, or a tokenizer_config.json whose "
                                       "chat_template is taken)."),
-    out: str = typer.Option("", "--out", help="Where to write the tokenizer.json, the tokenizer_config.json beside "
-                            "it (default: TOKENIZER's own tokenizer.json, left as it is: only the "
-                            "tokenizer_config.json is written)."),
+    out: str = typer.Option("", "--out", help="Where to write the tokenizer.json (a name ending in .json; anything "
+                            "else is a directory to hold it), the tokenizer_config.json beside it. Default: "
+                            "TOKENIZER's own, left as it is: only the tokenizer_config.json is written."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out, or tokenizer_config.json beside "
                                "it."),
     group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
@@ -264,7 +264,7 @@ def tokenizer_template_command(
         config = checked_config(chat_template)
     except (TokenizerError, ChatTemplateError) as e:
         raise _data_error_exit(e) from None
-    target = Path(out) if out else source
+    target = source if not out else Path(out) if out.endswith(".json") else Path(out) / TOKENIZER_FILE
     in_place = _same_file(target, source)
     _refuse_taken_outputs("tokenizer template", target, in_place, force, group_share)
     try:
