@@ -57,3 +57,19 @@ def test_group_share_writes_into_the_team_directory_itself_at_its_descriptor(tea
     done = _train(demo_jsonl, team / "tokenizer.json", "--group-share", "--chat-template", "minimind")
     assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(team)) == sorted(["tokenizer.json", TOKENIZER_CONFIG])
+
+
+def test_tokenizer_template_keeps_the_same_rule_for_a_team_directory(teammate, tokenizer):
+    """`tokenizer template --out` writes as `tokenizer train --out` does: a team directory refused without
+    --group-share (nothing written), written at its descriptor with it."""
+    (uid, gid), where = teammate
+    team = group_dir(where, gid, "grp")
+    template = [sys.executable, "-m", "minilmd.cli", "tokenizer", "template", str(tokenizer), "--chat-template",
+                "minimind", "--out", str(team / "tokenizer.json")]
+    refused = subprocess.run(template, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--group-share" in refused.stderr, refused.stderr
+    assert os.listdir(team) == []
+    done = subprocess.run([*template, "--group-share"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(team)) == sorted(["tokenizer.json", TOKENIZER_CONFIG])
+    assert (team / "tokenizer.json").read_bytes() == tokenizer.read_bytes()

@@ -27,6 +27,18 @@ def private_compile_caches(what: str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def interrupt_said(what: str) -> Iterator[None]:
+    """Ctrl-C ends a bench as it ends the other commands: exit 130 and one line saying so (typer's own handler
+    exits 130 without a word). The bench's temporary directories are removed as the interrupt unwinds through
+    them, before the line."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"{what}: interrupted, no figures; its temporary files removed", file=sys.stderr)
+        raise typer.Exit(130) from None
+
+
 @bench_app.command("prepare")
 def bench_prepare_command(
     corpus: list[str] = typer.Argument(..., help="JSONL files to prepare (a few hundred MB for a fair figure)."),
@@ -44,8 +56,9 @@ def bench_prepare_command(
 
     if data_format not in ("text", "chat"):
         raise typer.BadParameter("text or chat", param_hint="--format")
-    bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch,
-                  data_format=data_format, seq_len=seq_len)
+    with interrupt_said("bench prepare"):
+        bench_prepare(corpus, tokenizer, workers=None if workers < 0 else workers, scratch=scratch,
+                      data_format=data_format, seq_len=seq_len)
 
 
 @bench_app.command("append")
@@ -62,7 +75,8 @@ def bench_append_command(
     and whether the two results are byte-identical."""
     from minilmd.corpus.bench.append import bench_append
 
-    bench_append(tokenizer, old, new, size_mb, new_lines, None if workers < 0 else workers, scratch)
+    with interrupt_said("bench append"):
+        bench_append(tokenizer, old, new, size_mb, new_lines, None if workers < 0 else workers, scratch)
 
 
 @bench_app.command("packing")
@@ -74,7 +88,7 @@ def bench_packing_command(
 ) -> None:
     """Same model, same steps, packed (unmasked and data.doc_mask) vs padded rows: real tokens/s of each, the ratios,
     the PAD share."""
-    with private_compile_caches("minilmd bench packing"):
+    with interrupt_said("bench packing"), private_compile_caches("minilmd bench packing"):
         from minilmd.trainer.bench.packing import main as bench_main
 
         status = bench_main(prepared, config, steps, set_)
@@ -92,7 +106,7 @@ def bench_step_command(
                               "compiled, eager-outside, compiled-outside, eager-masked, compiled-masked)."),
 ) -> None:
     """One model, eager vs torch.compile, steps interleaved: tok/s and host time per step of each, the ratio."""
-    with private_compile_caches("minilmd bench step"):
+    with interrupt_said("bench step"), private_compile_caches("minilmd bench step"):
         from minilmd.trainer.bench.step import main as bench_main
 
         status = bench_main(config or None, steps, set_, backend, modes)
@@ -108,7 +122,7 @@ def bench_sft_command(
 ) -> None:
     """Same model, same steps: static padding vs length bucketing (and packed, and padding-free): real and target
     tokens/s, PAD share, the ratio bucketed/static and its limit."""
-    with private_compile_caches("minilmd bench sft"):
+    with interrupt_said("bench sft"), private_compile_caches("minilmd bench sft"):
         from minilmd.trainer.bench.sft import main as bench_main
 
         status = bench_main(prepared, config, steps, set_)
@@ -125,9 +139,11 @@ def bench_checkpoint_command(
 ) -> None:
     """Time a checkpoint save of a real model + AdamW state: blocking time of the async saver, a synchronous save,
     and a plain torch.save of the same state; sizes on disk."""
-    from minilmd.trainer.bench.checkpoint import main as bench_main
-
     if out_dir is not None and not os.path.isdir(out_dir):
         raise typer.BadParameter(f"{out_dir} is no directory (the bench makes a new one of its own in it)",
                                  param_hint="--dir")
-    raise typer.Exit(bench_main(out_dir, hidden, layers, repeats))
+    with interrupt_said("bench checkpoint"):
+        from minilmd.trainer.bench.checkpoint import main as bench_main
+
+        status = bench_main(out_dir, hidden, layers, repeats)
+    raise typer.Exit(status)

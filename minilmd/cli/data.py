@@ -92,7 +92,8 @@ def tokenizer_train_command(
 ) -> None:
     """Train a byte-level BPE with PAD <|endoftext|>=0, BOS <|im_start|>=1, EOS <|im_end|>=2 (as MiniMind).
 
-    Exit status: 0, 65 bad input, 2 bad arguments (a --chat-template that does not load or render; an --out, or the
+    Exit status: 0, 65 bad input (every bad line named, as prepare names them; or no document at all), 2 bad
+    arguments (a --chat-template that does not load or render; an --out, or the
     tokenizer_config.json beside it, already there without --force), 74 a read or write failed, 130 interrupted
     (Ctrl-C, SIGTERM: at once, nothing written)."""
     import sys
@@ -135,10 +136,8 @@ def tokenizer_train_command(
     except RuntimeError as e:  # the training failed otherwise (not a read or write: not exit 74)
         typer.echo(f"tokenizer train: the training failed: {e}; nothing written ({out} is as it was)", err=True)
         raise typer.Exit(1) from None
-    if bad:
-        typer.echo(f"skipped bad lines: {bad}", err=True)
-        if CHAT_LINE in bad:
-            typer.echo(f"{bad[CHAT_LINE]:,} of them chat data: {TOKENIZER_CHAT_ADVICE}", err=True)
+    bad.log_skipped(lambda line: typer.echo(line, err=True),
+                    TOKENIZER_CHAT_ADVICE if CHAT_LINE in bad.counts else "")  # named as prepare names them
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
     if template_config is not None:
         try:
@@ -152,8 +151,9 @@ def tokenizer_train_command(
 
 
 def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_size: int,
-                    show_progress: bool) -> tuple[str, int, dict[str, int]]:
-    """Train in a process of its own: (the tokenizer's JSON, its vocabulary size, the bad lines skipped). The
+                    show_progress: bool) -> tuple:
+    """Train in a process of its own: (the tokenizer's JSON, its vocabulary size, the bad lines skipped: a
+    sources.bad_tally.BadLineTally). The
     tokenizers library reads the texts in a thread of its own and trains with the GIL released, so a Ctrl-C in
     its process (Python's handlers run in the main thread alone, between bytecodes) waited until training ended,
     minutes later. This process only waits on a pipe, which a signal interrupts: KeyboardInterrupt here, and the
@@ -163,7 +163,7 @@ def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_si
     import os
     import signal
 
-    from minilmd.corpus.workers import spawn_context
+    from minilmd.corpus.workers import spawn_context, stop_signals_held
     from minilmd.procs import signal_child
 
     context = spawn_context()
@@ -171,7 +171,8 @@ def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_si
     child = context.Process(target=_tokenizer_child, daemon=True, name="minilmd tokenizer train",
                             args=(send, os.getpid(), corpus, on_bad_line, max_docs, vocab_size, show_progress))
     try:
-        child.start()
+        with stop_signals_held():  # it starts deaf to the Ctrl-C this process handles (minilmd/corpus/workers.py)
+            child.start()
         send.close()  # the child's end: EOF here when it dies without an answer
         try:
             answer = receive.recv()
@@ -195,15 +196,16 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
                      show_progress: bool) -> None:
     """The training process: the texts read and the BPE trained here, its JSON (or the error) sent back."""
     import itertools
-    import signal
 
     from minilmd.corpus.prepare.encode import _die_with_parent
+    from minilmd.corpus.sources.bad_tally import BadLineTally
     from minilmd.corpus.sources.jsonl import InputError, iter_texts
     from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
+    from minilmd.corpus.workers import worker_ignores_interrupts
 
+    worker_ignores_interrupts()  # the parent handles Ctrl-C
     _die_with_parent(parent)  # a parent killed with SIGKILL takes the training with it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    bad: dict[str, int] = {}
+    bad = BadLineTally()
     texts = iter_texts(corpus, on_bad_line, bad)
     if max_docs > 0:
         texts = itertools.islice(texts, max_docs)
@@ -227,6 +229,81 @@ def _write_tokenizer(out: str, text: str, group_share: bool) -> None:
     from minilmd.fsio import write_out_text
 
     write_out_text(Path(out), text, "--out", "the tokenizer", OUT_ADVICE, group_share=group_share)
+
+
+@tokenizer_app.command("template")
+def tokenizer_template_command(
+    tokenizer: str = typer.Argument(..., help="A tokenizer.json or a directory holding one."),
+    chat_template: str = typer.Option(..., "--chat-template", help="minimind (MiniMind's ChatML, think block "
+                                      "included) or FILE (a Jinja template, or a tokenizer_config.json whose "
+                                      "chat_template is taken)."),
+    out: str = typer.Option("", "--out", help="Where to write the tokenizer.json (a name ending in .json; anything "
+                            "else is a directory to hold it), the tokenizer_config.json beside it. Default: "
+                            "TOKENIZER's own, left as it is: only the tokenizer_config.json is written."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out, or tokenizer_config.json beside "
+                               "it."),
+    group_share: bool = typer.Option(False, "--group-share", help="--out's directory is a team directory other "
+                                     "users may write: use it anyway (as tokenizer train --group-share)."),
+) -> None:
+    """Give an existing tokenizer a chat template, for prepare --format chat: its vocabulary unchanged (the same
+    tokenizer.json, byte for byte), so a model pretrained with it can be fine-tuned on a chat corpus prepared with it.
+
+    Exit status: 0, 2 bad arguments (a tokenizer minilmd cannot use, a template that does not load or render, an
+    output already there without --force, an --out directory other users can change without --group-share), 74 a
+    write failed."""
+    from pathlib import Path
+
+    from minilmd.corpus.chat_templates import ChatTemplateError, checked_config, write_beside
+    from minilmd.corpus.tokenizer import TokenizerError, read_tokenizer_text, tokenizer_from_text
+    from minilmd.dirfd import PlaceRefused
+
+    source = Path(tokenizer) / TOKENIZER_FILE if Path(tokenizer).is_dir() else Path(tokenizer)
+    try:
+        text = read_tokenizer_text(source)  # read once: what is checked is what is copied
+        vocab = tokenizer_from_text(text, str(source)).get_vocab_size(with_added_tokens=True)
+        config = checked_config(chat_template)
+    except (TokenizerError, ChatTemplateError) as e:
+        raise _data_error_exit(e) from None
+    target = source if not out else Path(out) if out.endswith(".json") else Path(out) / TOKENIZER_FILE
+    in_place = _same_file(target, source)
+    _refuse_taken_outputs("tokenizer template", target, in_place, force, group_share)
+    try:
+        if not in_place:
+            _write_tokenizer(str(target), text, group_share)
+        written = write_beside(target, config, group_share=group_share)
+    except PlaceRefused as e:  # looked at again when the directory is opened: rearranged meanwhile
+        typer.echo(f"tokenizer template: {e}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as e:
+        raise _io_error_exit(e, "tokenizer template", "run it again to write both files") from None
+    if not in_place:
+        typer.echo(f"wrote {target}: {source} as it is (vocabulary of {vocab})")
+    typer.echo(f"wrote {written}: chat template {chat_template} (the vocabulary of {vocab} unchanged)")
+
+
+def _same_file(a, b) -> bool:
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is not there
+        return False
+
+
+def _refuse_taken_outputs(what: str, target, in_place: bool, force: bool, group_share: bool) -> None:
+    """Exit 2, nothing written, when --out's directory is refused by the place rule or an output (the
+    tokenizer.json unless written in place, the tokenizer_config.json beside it) is there without --force."""
+    from minilmd.corpus.chat_templates import OUT_ADVICE
+    from minilmd.dirfd import place_problem
+    from minilmd.fsio import out_taken
+    from minilmd.names import TOKENIZER_CONFIG
+
+    outputs = [target.with_name(TOKENIZER_CONFIG)] + ([] if in_place else [target])
+    refused = place_problem("--out", str(target), "the tokenizer", OUT_ADVICE, own_links=True,
+                            group_share=group_share)
+    for taken in filter(None, [refused, *(out_taken(path, force) for path in outputs)]):
+        typer.echo(f"{what}: {taken}; nothing written", err=True)
+        raise typer.Exit(2)
 
 
 @tokenizer_app.command("check")

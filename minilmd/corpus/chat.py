@@ -242,13 +242,15 @@ def read_tokenizer_config(tokenizer: str | Path) -> dict:
             template = _read_text(folder / CHAT_TEMPLATE_FILE)
         except Unreadable as e:
             raise ChatError(f"{folder / CHAT_TEMPLATE_FILE}: unreadable ({e.why})") from None
-    return chat_config(config_text, template, folder)
+    return chat_config(config_text, template, folder, tokenizer_name=str(tokenizer))
 
 
-def chat_config(config_text: str | None, template: str | None, folder: Path) -> dict:
+def chat_config(config_text: str | None, template: str | None, folder: Path,
+                tokenizer_name: str | None = None) -> dict:
     """The text of a tokenizer_config.json (None: there is none) and of a chat_template.jinja beside it (None: none,
     else preferred) -> the config with its `chat_template` resolved to one string; `folder` names them in a
-    ChatError, raised when there is no template."""
+    ChatError, raised when there is no template, and `tokenizer_name` (the tokenizer as the user gave it) names the
+    tokenizer without one (`folder` otherwise: `.` for a tokenizer.json of the working directory said nothing)."""
     path = folder / TOKENIZER_CONFIG
     try:
         config = loads_bounded(config_text) if config_text is not None else {}
@@ -263,9 +265,12 @@ def chat_config(config_text: str | None, template: str | None, folder: Path) -> 
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")
     if not isinstance(source, str) or not source.strip():
-        raise ChatError(f"{folder}: no chat template (neither {CHAT_TEMPLATE_FILE} nor a \"chat_template\" in "
+        who = tokenizer_name or folder
+        raise ChatError(f"{who}: no chat template (neither {CHAT_TEMPLATE_FILE} nor a \"chat_template\" in "
                         f"{TOKENIZER_CONFIG} beside {TOKENIZER_FILE}); --format chat renders conversations with the "
-                        "tokenizer's own template (`minilmd tokenizer train --chat-template minimind` writes one)")
+                        f"tokenizer's own template. `minilmd tokenizer template {who} --chat-template minimind` "
+                        "gives it one, its vocabulary unchanged (a model trained with it can be fine-tuned); "
+                        "`tokenizer train --chat-template` would train another vocabulary")
     return {**config, "chat_template": source}
 
 

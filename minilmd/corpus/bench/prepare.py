@@ -127,6 +127,18 @@ def _tree_rss(proc) -> int:
     return total
 
 
+def _end_child(child: subprocess.Popen) -> None:
+    """Our prepare child, still running when the bench is interrupted (a Ctrl-C reaches it too; a `kill` of the
+    bench alone does not): SIGTERM, which prepare handles as Ctrl-C, and waited for."""
+    import signal
+
+    from minilmd.procs import signal_child
+
+    if child.poll() is None:
+        signal_child(child.pid, signal.SIGTERM)
+        child.wait()
+
+
 def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | None = None,
                 extra: tuple[str, ...] = ()) -> dict:
     """Run `minilmd prepare` (with `extra` options) as a subprocess; wall time, peak tree RSS, and its meta.json."""
@@ -146,11 +158,14 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
     t0 = time.perf_counter()
     with open(log, "wb") as logf:
         child = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=pychild.child_env())
-        proc = psutil.Process(child.pid)
-        peak = 0
-        while child.poll() is None:
-            peak = max(peak, _tree_rss(proc))
-            time.sleep(0.05)
+        try:
+            proc = psutil.Process(child.pid)
+            peak = 0
+            while child.poll() is None:
+                peak = max(peak, _tree_rss(proc))
+                time.sleep(0.05)
+        finally:
+            _end_child(child)  # interrupted: the prepare ends (its own cleanup) before its scratch is removed
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # prepare and its workers, all reaped by now
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -15,11 +15,9 @@ import os
 from pathlib import Path
 from typing import TextIO
 
-from minilmd.corpus.sources.jsonl import BadLine, InputError
+from minilmd.corpus.sources.bad_tally import SHOWN, BadLineTally
 from minilmd.dirfd import Dir
-from minilmd.untrusted import printable
 
-SHOWN = 20  # bad lines named on the screen and in meta.json; all of them are in the list file
 LIST_SUFFIX = ".bad-lines.txt"
 SPOOL = "bad-lines.txt"  # in the temporary directory, never published inside the corpus
 
@@ -37,27 +35,22 @@ def longest_list_name(out_name: str) -> str:
     return _fresh_prefix(out_name) + "X" * 8 + ".txt"
 
 
-class BadLines:
-    """The bad lines seen so far: counts by reason, the first SHOWN as text, all of them in the spool file."""
+class BadLines(BadLineTally):
+    """The bad lines seen so far: counts by reason, the first SHOWN as text (BadLineTally, the rule tokenizer train
+    shares), all of them in the spool file."""
 
     def __init__(self, spool: Path, shown: int = SHOWN):
+        super().__init__(shown)
         self.spool = spool
-        self.shown = shown
-        self.counts: dict[str, int] = {}
-        self.first: list[str] = []
-        self.total = 0
         self.file: TextIO | None = None
         self.listing: Path | None = None  # where the list went, once published
 
-    def add(self, source: str, line: int, reason: str, detail: str) -> None:
-        text = printable(str(BadLine(source, line, reason, detail)))
-        self.total += 1
-        self.counts[reason] = self.counts.get(reason, 0) + 1
-        if len(self.first) < self.shown:
-            self.first.append(text)
+    def add(self, source: str, line: int, reason: str, detail: str) -> str:
+        text = super().add(source, line, reason, detail)
         if self.file is None:
             self.file = open(self.spool, "x", encoding="utf-8")
         self.file.write(text + "\n")
+        return text
 
     def close(self) -> None:
         if self.file is not None:
@@ -84,33 +77,5 @@ class BadLines:
         self.listing = parent.path / target
         return self.listing
 
-    def by_reason(self) -> str:
-        return ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in sorted(self.counts.items()))
-
-    def named(self) -> list[str]:
-        """The lines that name them: the first SHOWN, then where all of them are."""
-        lines = list(self.first)
-        if self.total > len(self.first):
-            where = f"all {self.total:,} in {self.listing}" if self.listing else f"{self.total:,} in all"
-            lines.append(f"... and {self.total - len(self.first):,} more: {where}")
-        return lines
-
-    def error(self, hint: str = "") -> InputError:
-        """The exit-65 error of --on-bad-line error: every bad line named (the first SHOWN, then the file); `hint`,
-        advice on the whole input (Collector.format_hint), said once after them."""
-        advice = "pass --on-bad-line skip to skip bad lines and count them"
-        if self.total == 1:
-            return InputError(f"{self.first[0]}; nothing was written. Fix the line or {advice}"
-                              + f"\n{hint}" * bool(hint))
-        return InputError(f"{self.total:,} bad lines ({self.by_reason()}); nothing was written. Fix them or "
-                          f"{advice}:\n" + "\n".join(self.named() + [hint] * bool(hint)))
-
-    def log_skipped(self, log, hint: str = "") -> None:
-        """--on-bad-line skip: the bad lines this run skipped, by name (the counts are in prepare's report), and
-        `hint` (error's) once."""
-        if self.total:
-            log(f"bad lines skipped by this run ({self.by_reason()}):")
-            for line in self.named():
-                log(f"  {line}")
-        if hint:
-            log(hint)
+    def where_all(self) -> str:
+        return f"all {self.total:,} in {self.listing}" if self.listing else super().where_all()

@@ -20,7 +20,7 @@ from minilmd.corpus.analysis.scripts import ScriptTally, containing, script_matr
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.sources.jsonl import parse_block
 from minilmd.corpus.sources.longdoc import split_pieces
-from minilmd.corpus.workers import spawn_context
+from minilmd.corpus.workers import spawn_context, stop_signals_held, worker_ignores_interrupts
 from minilmd.corpus_meta import CorpusError
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 
@@ -131,7 +131,8 @@ class Encoders:
 
     def submit(self, method: str, *args) -> Future:
         if self.pool is not None:
-            return self.pool.submit(_worker_call, method, *args)
+            with stop_signals_held():  # the pool spawns its workers in submit(): they start deaf to Ctrl-C
+                return self.pool.submit(_worker_call, method, *args)
         assert self.inline is not None  # one of the two is set
         return done(getattr(self.inline, method)(*args))
 
@@ -174,10 +175,8 @@ def _encoder(tokenizer_json: str, val_fraction: float, chat, drop_scripts: froze
 
 def _worker_init(tokenizer_json: str, val_fraction: float, parent: int, chat=None,
                  drop_scripts: frozenset[str] = frozenset()) -> None:
-    import signal
-
+    worker_ignores_interrupts()  # the parent handles Ctrl-C and cleans up
     _die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     global _worker_encoder
     _worker_encoder = _encoder(tokenizer_json, val_fraction, chat, drop_scripts)

@@ -285,30 +285,38 @@ TOKENIZER_CHAT_ADVICE = ('tokenizer train reads the "text" of {"text": ...} line
                          "pretraining corpus), or fine-tune with the tokenizer of the model you start from")
 
 
-def iter_texts(sources: list[str], on_bad_line: str = "error", bad_counts: dict | None = None) -> Iterator[str]:
-    """Every document text of the sources in order (a text longer than TRAIN_TEXT_CHARS: its beginning); bad lines
-    raise InputError or are counted in bad_counts."""
+def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None) -> Iterator[str]:
+    """Every document text of the sources in order (a text longer than TRAIN_TEXT_CHARS: its beginning). Every bad
+    line is counted and named in `bad` (a bad_tally.BadLineTally, prepare's rule; a fresh one when None): under
+    `skip` it is left out; under `error` no text is given after the first one, the rest of the input is read for
+    its bad lines alone, and InputError names them all at the end (as prepare: every bad line in one run, and
+    tokenizer training never starts on a corpus it refuses). InputError too when the input holds no document at
+    all (an empty file: prepare's `no documents`), rather than a tokenizer of the 256 bytes alone."""
+    from minilmd.corpus.sources.bad_tally import BadLineTally
+
     if on_bad_line not in BAD_LINE_POLICIES:
         raise InputError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
+    bad = BadLineTally() if bad is None else bad
+    documents = 0
     for path in sources:
         src = Source(path)
         try:
             for item in src.items():
-                if isinstance(item, LongLine):
-                    parsed = parse_long_line(item, TRAIN_TEXT_CHARS)
-                else:
-                    first, blob = item
-                    parsed = parse_block(blob, first)
-                if parsed.bad:
-                    if on_bad_line == "error":
-                        chat = parsed.bad[0][1] == CHAT_LINE
-                        raise InputError(str(BadLine(path, *parsed.bad[0])) + (f"; {TOKENIZER_CHAT_ADVICE}" * chat))
-                    if bad_counts is not None:
-                        for _, reason, _ in parsed.bad:
-                            bad_counts[reason] = bad_counts.get(reason, 0) + 1
+                parsed = parse_long_line(item, TRAIN_TEXT_CHARS) if isinstance(item, LongLine) else parse_block(
+                    item[1], item[0])
+                for line, reason, detail in parsed.bad:
+                    bad.add(path, line, reason, detail)
+                if bad.total and on_bad_line == "error":
+                    continue  # refused: read on for the other bad lines only
+                documents += len(parsed.texts)
                 yield from parsed.texts
         finally:
             src.close()
+    hint = TOKENIZER_CHAT_ADVICE if CHAT_LINE in bad.counts else ""
+    if bad.total and on_bad_line == "error":
+        raise bad.error(hint)
+    if not documents:
+        raise InputError(f"{', '.join(sources)}: no documents (every line was blank or bad)" + f"; {hint}" * bool(hint))
 
 
 def parse_long_line(long: LongLine, max_chars: int | None = None) -> ParsedBlock:
