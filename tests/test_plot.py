@@ -218,3 +218,23 @@ def test_a_stop_is_marked_at_the_step_its_save_wrote_not_the_last_train_line_bef
     ])
     marks = [(m.cause, m.step) for m in curves.load(run_dir).restarts]
     assert marks == [("stop", 684.0), ("supervisor", 700.0)], marks
+
+
+def test_a_runs_name_and_restart_causes_reach_the_terminal_escaped(tmp_path):
+    """Another user's run directory holds what its owner wrote: the run's name (state.json) and its restarts'
+    causes (events.jsonl) are printed in plot's last line, escaped (an OSC title, a screen clear, a fake red line
+    reached the terminal raw)."""
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+
+    from minilmd.cli import app
+
+    evil = "\x1b]0;PWNED\x07\x1b[2J\x1b[31mFAKE\x1b[0m"
+    run_dir = resumed_run(tmp_path, "bob")
+    (run_dir / names.STATE).write_text(json.dumps({"run": "bob" + evil}))
+    write_lines(run_dir / names.EVENTS, [{"time": 1061.0, "event": "child_exit", "message": "...", "cause": evil,
+                                          "exit": evil, "step": 60}])
+    result = CliRunner().invoke(app, ["plot", str(run_dir), "--out", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    assert "wrote " in result.output and "\x1b" not in result.output and "\x07" not in result.output
+    assert "\\x1b]0;PWNED" in result.output  # said, escaped

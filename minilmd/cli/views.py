@@ -90,8 +90,9 @@ def plot_command(
     for left_out in summary.not_drawn:  # another timeline in the run.dir: the current lineage alone is drawn
         typer.echo(f"minilmd plot: {printable(left_out)}: not drawn")
     marks = ", ".join(f"{cause} at {at:,.0f}" for _, at, cause in summary.restart_marks) or "none"
-    typer.echo(f"wrote {summary.path} ({summary.size_px[0]}x{summary.size_px[1]} px): {', '.join(summary.runs)}; "
-               f"restarts: {marks}")
+    # the runs' names and causes are what each run directory's owner wrote (another user's, maybe): escaped
+    typer.echo(f"wrote {summary.path} ({summary.size_px[0]}x{summary.size_px[1]} px): "
+               f"{printable(', '.join(summary.runs))}; restarts: {printable(marks)}")
 
 
 @commands.command("logs")
