@@ -262,14 +262,15 @@ class Supervisor(Ending):
         self.room.save()
 
     def _restarted(self, at_start: bool = False) -> None:
-        """Every line earlier trainers logged folded in, then their rate set aside (status shows no ETA until the
-        next trainer logs a step: staging, a fetch, a compile are not training); at the start, a local checkpoint
-        scratch no longer holds (a reboot emptied /dev/shm) said gone, with where the trainer resumes from."""
+        """Earlier trainers' lines folded in, their rate set aside (no ETA until the next trainer logs a step); at
+        the start, a local checkpoint scratch no longer holds (a reboot, a new run.scratch) said gone."""
         self.files.read_progress()
         self.state.await_new_rates()
         if at_start and (gone := self.state.check_local(local_checkpoint_steps(self.cfg.checkpoint_dir))):
+            moved = gone.path and Path(gone.path).parent != self.cfg.checkpoint_dir  # recorded in another scratch
             self.events.emit("scratch", f"the local checkpoint step {gone.step} ({gone.path}) is gone from scratch "
-                                        f"(emptied: a reboot?); {self.state.resume_words()}", step=gone.step)
+                                        f"({'run.scratch changed' if moved else 'emptied: a reboot?'}); "
+                                        f"{self.state.resume_words()}", step=gone.step)
 
     def _say(self, reason: str) -> None:
         """The phase goes on, with a newer reason (a part's wait, its numbers of now): state.json and status show it

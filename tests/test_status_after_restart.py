@@ -158,3 +158,36 @@ def _log(run_dir: Path, attempt: int) -> str:
         return (run_dir / "logs" / f"attempt-{attempt:04d}.log").read_text()
     except FileNotFoundError:
         return ""
+
+
+def test_a_checkpoint_recorded_in_another_scratch_is_said_gone_because_run_scratch_changed(tmp_path, corpus):
+    """run.scratch set to a new directory between two supervisors (the old one removed): the checkpoint state.json
+    recorded there is said gone because run.scratch changed, not because a reboot emptied scratch."""
+    train = {"max_steps": 400, "checkpoint_every": 5, "log_every": 1}
+    config = write_config(tmp_path, corpus, train=train)
+    cfg = load_config(config)
+    first = start_supervisor(config, tmp_path / "first.out", FAKE_STEP_S="0.05")
+    try:
+        wait_for(lambda: ((state(cfg.run_dir).get("local_checkpoint") or {}).get("step") or 0) >= 5, 120,
+                 "a local checkpoint recorded")
+        trainer = state(cfg.run_dir)["child"]["pid"]
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        os.killpg(trainer, signal.SIGKILL)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    wait_for(lambda: gone(trainer), 30, "the trainer gone")
+    shutil.rmtree(cfg.scratch_dir)
+    write_config(tmp_path, corpus, train=train, run={"scratch": str(tmp_path / "scratch2")})
+    sup = start_supervisor(config, tmp_path / "second.out", FAKE_STEP_S="0.05")
+    try:
+        log = cfg.run_dir / "supervisor.log"
+        wait_for(lambda: "is gone from scratch" in log.read_text() or sup.poll() is not None, 120, "the scratch event")
+        assert "is gone from scratch (run.scratch changed)" in log.read_text(), log.read_text()[-3000:]
+        sup.send_signal(signal.SIGTERM)
+        assert wait_or_kill(sup, 60) == 0, (tmp_path / "second.out").read_text()[-3000:]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
