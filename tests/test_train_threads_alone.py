@@ -16,6 +16,7 @@ from trainer_corpus import child_env, train_cmd, write_config
 def test_the_rule_for_each_kind_of_trainer():
     assert cpu_threads.choose("cuda", "t", {}) == (1, "a GPU trainer: its host loop is one thread")
     assert cpu_threads.choose("cpu", "t", {"LOCAL_WORLD_SIZE": "2"}) == (1, "one thread per torchrun rank")
+    assert cpu_threads.choose("cpu", "t", {"LOCAL_WORLD_SIZE": "x"})[1].startswith("a single CPU trainer")
     assert cpu_threads.choose("cpu", "t", {"OMP_NUM_THREADS": "3"}) == (3, "set for t, kept")
     count, why = cpu_threads.choose("cpu", "t", {})
     plain = r"a single CPU trainer: (\d+|none) of \d+ cores idle \(load average [\d.]+\)(, so 1)?"

@@ -17,9 +17,9 @@ def choose(device_type: str, what: str, environ: Mapping[str, str] | None = None
     """(threads, why) for a trainer on `device_type`: OMP_NUM_THREADS set for `what` kept, 1 for a GPU trainer or
     one of several ranks, the idle cores for a single CPU trainer; torch's own count when the value set is none."""
     environ = os.environ if environ is None else environ
+    ranks = environ.get("LOCAL_WORLD_SIZE", "1")
     one_thread = ("a GPU trainer: its host loop is one thread" if device_type != "cpu"
-                  else "one thread per torchrun rank" if int(environ.get("LOCAL_WORLD_SIZE", "1") or 1) > 1
-                  else None)
+                  else "one thread per torchrun rank" if ranks.isdigit() and int(ranks) > 1 else None)
     value, why = threads.trainer_threads(environ, what, one_thread)
     if value.isdigit() and int(value) > 0:
         return int(value), why
