@@ -12,12 +12,12 @@ shape_changes, daemon/jobs/stagingworker.py) and `minilmd status` says the run i
 (trainer/loop/train.py trainer_state: RunConfig.to_dict())."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from minilmd.config import RunConfig
 from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES, is_step_name, step_of
+from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, printable, read_json
 
 STREAM_KEYS = ("train.seq_len", "train.micro_batch_size", "train.grad_accum", "train.seed", "data.mode")
@@ -81,7 +81,7 @@ def recorded_config(ckpt: Path) -> Any | None:
     """The config checkpoint `ckpt` in the run's own scratch records (its trainer_state.json "config", read bounded,
     no link followed, a file of this user's: its trainer wrote it); None when it cannot be read."""
     try:
-        state = read_json(ckpt / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES, owner=os.geteuid())
+        state = read_json(ckpt / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES, owner=own_uid())
     except (OSError, Unreadable):
         return None
     return state.get("config", {})

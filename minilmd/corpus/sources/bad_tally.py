@@ -6,10 +6,26 @@ them, written beside --out.
 """
 from __future__ import annotations
 
-from minilmd.corpus.sources.jsonl import BadLine, InputError
+from dataclasses import dataclass
+
 from minilmd.untrusted import printable
 
 SHOWN = 20  # bad lines named on the screen (and in a corpus's meta.json)
+
+
+class InputError(ValueError):
+    """Bad corpus input (unreadable source, bad line under --on-bad-line error): the message says file and line."""
+
+
+@dataclass
+class BadLine:
+    source: str
+    line: int
+    reason: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: {self.reason.replace('_', ' ')} ({self.detail})"
 
 
 class BadLineTally:

@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from minilmd.corpus.sources.bad_tally import BadLine, BadLineTally, InputError  # noqa: F401 - BadLine, InputError: here too
 from minilmd.untrusted import MAX_LINE_DEPTH, too_deep
 
 BAD_LINE_POLICIES = ("error", "skip")
@@ -37,23 +38,8 @@ def loads_bounded(s: str | bytes, max_depth: int = MAX_JSON_DEPTH):
     return json.loads(s)
 
 
-class InputError(ValueError):
-    """Bad corpus input (unreadable source, bad line under --on-bad-line error): the message says file and line."""
-
-
 class SourceReadError(InputError):
     """A source that failed while read (EIO, a share gone): not bad data, a run later may read it (exit 74)."""
-
-
-@dataclass
-class BadLine:
-    source: str
-    line: int
-    reason: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.source}:{self.line}: {self.reason.replace('_', ' ')} ({self.detail})"
 
 
 @dataclass
@@ -292,8 +278,6 @@ def iter_texts(sources: list[str], on_bad_line: str = "error", bad=None) -> Iter
     its bad lines alone, and InputError names them all at the end (as prepare: every bad line in one run, and
     tokenizer training never starts on a corpus it refuses). InputError too when the input holds no document at
     all (an empty file: prepare's `no documents`), rather than a tokenizer of the 256 bytes alone."""
-    from minilmd.corpus.sources.bad_tally import BadLineTally
-
     if on_bad_line not in BAD_LINE_POLICIES:
         raise InputError(f"--on-bad-line {on_bad_line!r}: choose one of {', '.join(BAD_LINE_POLICIES)}")
     bad = BadLineTally() if bad is None else bad
