@@ -227,3 +227,39 @@ def test_minilmd_train_claims_no_scratch_for_her_other_run_through_his_link(tmp_
     assert "symbolic link of nobody" in capfd.readouterr().err
     assert not (load_config(config).scratch_dir / names.SCRATCH_OWNER).exists()
     assert _files(other) == before
+
+
+def test_the_demo_makes_nothing_through_his_link_planted_after_its_judgement(tmp_path, shared, monkeypatch):
+    """The demo directory: judged by path (place_problem), then resolve()d and its parent made by path, both
+    through his link planted meanwhile: fresh_start made sub/demo-run/.minilmd-demo in her private directory. Now
+    the walk that makes it meets his link: refused, nothing made there."""
+    from minilmd.daemon import demo
+
+    hers = tmp_path / "hers"
+    hers.mkdir(mode=0o700)
+    _plant_after(monkeypatch, demo, "place_problem", f"ln -s {hers} race", shared)
+    with pytest.raises(SystemExit, match="symbolic link of nobody.*nothing was removed"):
+        demo.fresh_start(shared / "race" / "sub" / "demo-run")
+    assert list(hers.iterdir()) == []
+
+
+def test_the_demo_goes_on_at_the_real_path_its_walk_made(tmp_path):
+    """A demo directory through her own link, its parent missing: made by the walk, and its real path returned."""
+    from minilmd.daemon import demo
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "mine").symlink_to(tmp_path / "data")
+    real, _ = demo.fresh_start(tmp_path / "mine" / "sub" / "demo-run")
+    assert real == tmp_path / "data" / "sub" / "demo-run" and (real / ".minilmd-demo").is_file()
+
+
+def test_an_output_directory_is_made_nowhere_through_his_link(tmp_path, shared, monkeypatch):
+    """demo-corpus's OUT (fsio.open_out_dir): judged by path, then its missing directories made by path through his
+    link planted meanwhile (`sub` appeared in her private directory) before Dir.open refused. Now one walk makes
+    and opens it: refused at his link, nothing made there."""
+    hers = tmp_path / "hers"
+    hers.mkdir(mode=0o700)
+    _plant_after(monkeypatch, dirfd, "place_problem", f"ln -s {hers} race", shared)
+    with pytest.raises(place_rule.PlaceRefused, match="symbolic link of nobody"):
+        fsio.open_out_dir(shared / "race" / "sub" / "out", "OUT", "the corpus", "choose another")
+    assert list(hers.iterdir()) == []
