@@ -155,7 +155,8 @@ def open_out_parent(out: Path, label: str, what: str, advice: str, *, group_shar
     made when missing and opened in one walk (place_rule.walk_to: each missing directory made at its judged
     parent's descriptor, never by a path a link planted meanwhile would lead elsewhere): the output is then written
     at that descriptor, never by a name another user could turn into a link to the victim's files. PlaceRefused
-    when refused (the message ends with `advice`), nothing made past the refusal; OSError as it comes."""
+    when refused (the message ends with `advice`; a file in the way: "is a file, not a directory"), nothing made
+    past the refusal; any other OSError as walk_to raises it (a full disk, no permission), naming the full path."""
     if problem := dirfd.place_problem(label, out, what, advice, own_links=True, group_share=group_share):
         raise dirfd.PlaceRefused(problem)
     fd, _ = walk_to(out.parent, f"the directory of {label}", what, advice, OUT_DIR_MODE, group_share=group_share)
