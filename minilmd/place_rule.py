@@ -72,7 +72,10 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
     path = Path(os.path.abspath(target))
     chain = [*reversed(path.parents)] + ([path] if dir_itself else [])
     for above in chain:
-        st = _lstat(above)
+        try:
+            st = _lstat(above)
+        except OSError as e:  # a directory above it without search permission (mode 644): no way through it
+            return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {advice}"
         if st is None:
             return None
         where = f"{label} {target}: the directory {above}" + ("" if above == path else " above it")
@@ -196,50 +199,70 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
     is made past a refusal. `exact_mode`: each directory made gets `mode` itself, whatever the umask (fchmod on it
     right after the mkdirat, before it is judged: the GPU lock directory's parents, which every user's runs must
     reach). `made`, when given, gets the real path of each directory made here, in order (one another process made
-    meanwhile is judged as found, not listed). PlaceRefused, or OSError as it comes (a file in the way)."""
-    given = Path(os.getcwd(), path)  # not abspath: "a/link/.." is where the link leads, up one, as the kernel says
+    meanwhile is judged as found, not listed). PlaceRefused for another's link, a file in the way ("is a file, not a
+    directory") or a directory the rule refuses; any other OSError as it comes (a full file system, no search
+    permission), its filename the full path of the component it met (never the bare name the *at call was given)."""
+    # Not abspath: "a/link/.." is where the link leads, up one, as the kernel says. getcwd() only for a relative
+    # path: a process whose working directory was removed still reaches an absolute one.
+    given = Path(path) if os.path.isabs(path) else Path(os.getcwd(), path)
     pending = ["/", *given.parts[1:]][::-1]  # popped from the end: next component last
     chain: list[tuple[int, Path]] = []  # the directories walked so far, each open and judged: (descriptor, real path)
-    links = 0
+    links = [0]
 
     def judged(fd: int, here: Path) -> tuple[int, Path]:
         return _judged(fd, here, path, label, what, advice, not pending, group_share=group_share,
                        team_above=team_above, owners=owners)
 
+    def step(name: str) -> None:
+        """One component: the walk restarted at "/", up one, or down into `name` (a link's target pending)."""
+        if name == "/":
+            _close_all(chain)
+            chain.append(judged(os.open("/", WALK_DIR), Path("/")))
+        elif name == "..":
+            if len(chain) > 1:
+                os.close(chain.pop()[0])
+        elif name not in ("", "."):
+            fd, here = chain[-1]
+            st, made_here = _lstat_at(fd, name, mode, exact_mode)
+            if stat.S_ISLNK(st.st_mode):
+                links[0] += 1
+                pending.extend(reversed(Path(_own_link(fd, here, name, st, links[0])).parts))  # "/..." restarts
+                return
+            below = _open_below(fd, here, name)
+            chain.append(judged(below, here / name))
+            if made_here and made is not None:
+                made.append(here / name)
+
+    def _own_link(fd: int, here: Path, name: str, st: os.stat_result, count: int) -> str:
+        """The target of the link `name`, when the walk may follow it."""
+        if count > MAX_LINKS:
+            raise PlaceRefused(f"{label} {path}: more than {MAX_LINKS} symbolic links on the way (a loop at "
+                               f"{here / name}?); {advice}")
+        if not (owned_by_me_or_root(st) or st.st_uid in owners):
+            raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link of {user(st.st_uid)} (to "
+                               f"{_readlink_at(fd, name)}): minilmd follows no link of another user's on the way to "
+                               f"{what}; {advice}")
+        return os.readlink(name, dir_fd=fd)
+
+    def _open_below(fd: int, here: Path, name: str) -> int:
+        try:
+            return os.open(name, WALK_DIR, dir_fd=fd)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+        now = os.stat(name, dir_fd=fd, follow_symlinks=False)  # a file in the way, or swapped since the lstat
+        kind = ("a symbolic link now (never followed)" if stat.S_ISLNK(now.st_mode)
+                else "a file, not a directory" if stat.S_ISREG(now.st_mode) else "not a directory")
+        raise PlaceRefused(f"{label} {path}: {here / name} is {kind}; {advice}")
+
     try:
         while pending:
             name = pending.pop()
-            if name == "/":
-                _close_all(chain)
-                chain.append(judged(os.open("/", WALK_DIR), Path("/")))
-            elif name == "..":
-                if len(chain) > 1:
-                    os.close(chain.pop()[0])
-            elif name not in ("", "."):
-                fd, here = chain[-1]
-                st, made_here = _lstat_at(fd, name, mode, exact_mode)
-                if stat.S_ISLNK(st.st_mode):
-                    links += 1
-                    if links > MAX_LINKS:
-                        raise PlaceRefused(f"{label} {path}: more than {MAX_LINKS} symbolic links on the way (a loop "
-                                           f"at {here / name}?); {advice}")
-                    if not (owned_by_me_or_root(st) or st.st_uid in owners):
-                        raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link of {user(st.st_uid)} "
-                                           f"(to {_readlink_at(fd, name)}): minilmd follows no link of another user's "
-                                           f"on the way to {what}; {advice}")
-                    target = os.readlink(name, dir_fd=fd)
-                    pending.extend(reversed(Path(target).parts))  # an absolute one begins with "/": the walk restarts
-                    continue
-                try:
-                    below = os.open(name, WALK_DIR, dir_fd=fd)
-                except OSError as e:
-                    if e.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped since the lstat
-                        raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link or not a directory now "
-                                           f"(never followed); {advice}") from None
-                    raise
-                chain.append(judged(below, here / name))
-                if made_here and made is not None:
-                    made.append(here / name)
+            try:
+                step(name)
+            except OSError as e:  # named by its full path: "(No space left on device: run)" said nothing
+                where = Path("/") if name == "/" or not chain else chain[-1][1] / name
+                raise OSError(e.errno, e.strerror, str(where)) from None
         fd, real = chain[-1]
         return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), real
     finally:

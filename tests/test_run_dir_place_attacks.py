@@ -212,10 +212,9 @@ def test_a_run_dir_another_user_makes_between_the_check_and_the_start_gets_nothi
 
 
 def test_the_trainer_on_its_own_judges_the_run_dir_it_makes_again(tmp_path, corpus, shared):
-    from minilmd.trainer.loop.train import run
+    from minilmd.trainer.loop.train import main
 
     late = shared / "late-train"
     config = write_config(tmp_path, corpus, name="raced-train", remote=False, run={"dir": str(late)})
-    cfg = load_config(config)
     sh_as_user("mkdir -m 777 late-train && chmod 777 late-train", cwd=shared)
-    assert run(cfg) == SUPERVISOR_CONFIG and os.listdir(late) == []
+    assert main(str(config)) == SUPERVISOR_CONFIG and os.listdir(late) == []

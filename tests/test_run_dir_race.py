@@ -198,12 +198,68 @@ def test_a_run_dir_that_leads_elsewhere_than_when_the_command_started_is_refused
 def test_minilmd_train_on_its_own_makes_nothing_through_his_link(tmp_path, corpus, shared):
     """make_run_dir made run.dir by mkdir(parents=True) by path, then judged it: through his link at a missing
     `race`, the directories appeared in her private directory before the refusal. Now the walk refuses first."""
-    from minilmd.trainer.loop.train import run
+    from minilmd.trainer.loop.train import main
 
     hers = tmp_path / "hers"
     hers.mkdir(mode=0o700)
     config = write_config(tmp_path, corpus, name="raced-train", remote=False,
                           run={"dir": str(shared / "race" / "new" / "run")})
     sh_as_user(f"ln -s {hers} race", cwd=shared)
-    assert run(load_config(config)) == SUPERVISOR_CONFIG
+    assert main(str(config)) == SUPERVISOR_CONFIG
+    assert list(hers.iterdir()) == []
+
+
+def test_minilmd_train_claims_no_scratch_for_her_other_run_through_his_link(tmp_path, corpus, shared, monkeypatch,
+                                                                           capfd):
+    """`minilmd train` on its own claimed scratch (scratch.claim resolve()s run.dir by path) before run() settled
+    run.dir by the walk: his link planted right after the config was read made owner.json name her other run, the
+    walk then refused (exit 2), and her later launch was refused ("belongs to another run"). Now main() settles
+    run.dir first: refused, scratch not claimed, her other run untouched."""
+    from minilmd.trainer.loop import train
+
+    monkeypatch.delenv(names.RUN_DIR_ENV, raising=False)
+    other = _her_other_run(tmp_path)
+    config = write_config(tmp_path, corpus, name="raced-train-main", remote=False,
+                          run={"dir": str(shared / "race" / "run")})
+    _plant_after(monkeypatch, train, "load_checked", f"ln -s {other.parent} race", shared)
+    before = _files(other)
+    assert train.main(str(config)) == SUPERVISOR_CONFIG
+    assert "symbolic link of nobody" in capfd.readouterr().err
+    assert not (load_config(config).scratch_dir / names.SCRATCH_OWNER).exists()
+    assert _files(other) == before
+
+
+def test_the_demo_makes_nothing_through_his_link_planted_after_its_judgement(tmp_path, shared, monkeypatch):
+    """The demo directory: judged by path (place_problem), then resolve()d and its parent made by path, both
+    through his link planted meanwhile: fresh_start made sub/demo-run/.minilmd-demo in her private directory. Now
+    the walk that makes it meets his link: refused, nothing made there."""
+    from minilmd.daemon import demo
+
+    hers = tmp_path / "hers"
+    hers.mkdir(mode=0o700)
+    _plant_after(monkeypatch, demo, "place_problem", f"ln -s {hers} race", shared)
+    with pytest.raises(SystemExit, match="symbolic link of nobody.*nothing was removed"):
+        demo.fresh_start(shared / "race" / "sub" / "demo-run")
+    assert list(hers.iterdir()) == []
+
+
+def test_the_demo_goes_on_at_the_real_path_its_walk_made(tmp_path):
+    """A demo directory through her own link, its parent missing: made by the walk, and its real path returned."""
+    from minilmd.daemon import demo
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "mine").symlink_to(tmp_path / "data")
+    real, _ = demo.fresh_start(tmp_path / "mine" / "sub" / "demo-run")
+    assert real == tmp_path / "data" / "sub" / "demo-run" and (real / ".minilmd-demo").is_file()
+
+
+def test_an_output_directory_is_made_nowhere_through_his_link(tmp_path, shared, monkeypatch):
+    """demo-corpus's OUT (fsio.open_out_dir): judged by path, then its missing directories made by path through his
+    link planted meanwhile (`sub` appeared in her private directory) before Dir.open refused. Now one walk makes
+    and opens it: refused at his link, nothing made there."""
+    hers = tmp_path / "hers"
+    hers.mkdir(mode=0o700)
+    _plant_after(monkeypatch, dirfd, "place_problem", f"ln -s {hers} race", shared)
+    with pytest.raises(place_rule.PlaceRefused, match="symbolic link of nobody"):
+        fsio.open_out_dir(shared / "race" / "sub" / "out", "OUT", "the corpus", "choose another")
     assert list(hers.iterdir()) == []

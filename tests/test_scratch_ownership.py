@@ -118,7 +118,7 @@ from pathlib import Path
 from minilmd import scratch
 from minilmd.daemon.demo import fresh_start
 root = Path(sys.argv[1])
-s = fresh_start(root)
+_, s = fresh_start(root)
 scratch.claim(s, root / "run", "demo", True)  # what the demo's `minilmd run` does first
 (s / "checkpoints").mkdir()
 print(s)

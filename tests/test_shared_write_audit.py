@@ -83,11 +83,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_publish", "np.save"): 1}),  # np.save: into a file object made O_EXCL at the split's descriptor
     # --- core helpers, by the place their callers give ------------------------------------------------------------
     "minilmd/fsio.py": ("private", "crash-safe writes by path, for places their callers own: state.json in run.dir, "
-                        "scratch, a corpus's meta.json inside a checked directory; the missing directories of "
-                        "demo-corpus's OUT and of the demo's, after their callers checked the chain that exists", {
+                        "scratch, a corpus's meta.json inside a checked directory", {
         ("atomic_write_text", "tempfile.mkstemp"): 1,
         ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
-        ("publish_dir", "shutil.rmtree"): 1, ("make_missing_dirs", "os.mkdir"): 1}),
+        ("publish_dir", "shutil.rmtree"): 1}),
     "minilmd/leftovers.py": ("gap", "a killed maker's leftover beside an output: only this user's real directory, "
                              "its maker gone; prepare and export sweep only where no one else can rearrange "
                              "(dirfd's rule; not prepare --group-share); a remote's checkpoint root still by path", {

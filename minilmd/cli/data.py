@@ -6,6 +6,7 @@ Torch-free all the way down: nothing here, nor anything these commands import, r
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Iterator
 
 import typer
@@ -467,7 +468,8 @@ def demo_corpus_command(
 
     Each file is written whole, at the descriptor of OUT (a link at its name is replaced, never written through).
     Exit status: 0, 1 the package holding the text is missing, 2 bad arguments or an OUT in a directory others can
-    rearrange (without --group-share)."""
+    rearrange (without --group-share), or one that cannot be made (under a file, read-only), 74 a write failed (a
+    full disk, EIO)."""
     from pathlib import Path
 
     from minilmd.corpus.demo_chat import DemoChatError, write_chat_corpus, write_preference_corpus
@@ -493,5 +495,11 @@ def demo_corpus_command(
     except PlaceRefused as e:
         typer.echo(f"demo-corpus: {e}; nothing written", err=True)
         raise typer.Exit(2) from None
+    except OSError as e:  # OUT not makeable (a read-only directory: a bad argument), or a full disk, EIO: 74
+        io = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+        where = f" ({e.filename})" if e.filename else ""
+        typer.echo(f"demo-corpus: OUT {out}: {e.strerror or e}{where}; no file was left half written"
+                   + ("; free space, then run it again" if io else ""), err=True)
+        raise typer.Exit(EXIT_IO if io else 2) from None
     for p in paths:
         typer.echo(str(p))

@@ -29,7 +29,8 @@ same weights, bit for bit, as an uninterrupted one. Ranks, process groups and DD
 
 Exit statuses (protocol.py): 0 budget reached and saved; 75 stopped by SIGTERM/SIGINT after saving at a step
 boundary (during DPO's reference pass: at once, nothing saved, the pass computed again at the next start); 76 CUDA
-out of memory in any of its shapes (minilmd/cuda_oom.py; fault.json written first); 2 bad config
+out of memory in any of its shapes (minilmd/cuda_oom.py; fault.json written first); 74 a checkpoint did not fit in
+scratch (or run.dir could not be made: its file system full); 2 bad config
 (also: the newest checkpoint is of another model config; model.vocab_size other than the corpus's; a ValueError from
 building the model or its optimizer, which would come again on every restart; scratch belonging to another run); 65
 bad data (also: it was trained on another corpus or tokenizer; a token id beyond the corpus's own vocabulary, found
@@ -67,11 +68,12 @@ from minilmd.probes import load_checked
 from minilmd.protocol import (
     EXIT_CONFIG,
     EXIT_DONE,
+    EXIT_SCRATCH_FULL,
     EXIT_STOPPED,
 )
 from minilmd.scratch import ScratchRefused
 from minilmd.scratch import claim as claim_scratch
-from minilmd.trainer.checkpoint.save import AsyncCheckpointer
+from minilmd.trainer.checkpoint.save import DISK_FULL_ERRNOS, AsyncCheckpointer
 from minilmd.trainer.loop import cpu_threads, determinism, exits, tensorboard, warmup
 from minilmd.trainer.loop import step as optimizer_step
 from minilmd.trainer.loop.components import build_optimizer, compile_enabled
@@ -360,17 +362,13 @@ class Trainer:
 
 
 def run(cfg: RunConfig) -> int:
-    """Train with an already validated config; returns the exit status."""
+    """Train with an already validated config whose run.dir main() settled (its real path); returns the exit
+    status."""
     faulthandler.enable()
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop = StopFlag()
     stop.install()
-    try:
-        cfg.run.dir = str(settle_run_dir(cfg.run_dir))  # made and judged in one walk: its real path from now on
-    except PlaceRefused as e:
-        print(f"minilmd train: {e}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
     with contextlib.suppress(OSError):
         (cfg.run_dir / FAULT).unlink(missing_ok=True)  # a fault note describes the attempt that wrote it
     dist = None
@@ -403,6 +401,8 @@ def main(config_path: str, overrides: list[str] | None = None) -> int:
     try:
         cfg = load_checked(config_path, overrides, more_checks=epoch_without_budget)
         perms.apply(cfg.run.share)  # under a supervisor, its umask already; on its own, before creating anything
+        if (refused := settle_run_dir_of(cfg)) is not None:  # before scratch's claim records it: its real path
+            return refused
         if not os.environ.get(RUN_DIR_ENV):  # on its own, the trainer makes scratch its run's as the supervisor does
             claim_scratch(cfg.scratch_dir, cfg.run_dir, cfg.run.name, cfg.scratch_is_default)
             own_compile_caches(cfg)
@@ -410,6 +410,24 @@ def main(config_path: str, overrides: list[str] | None = None) -> int:
         print(f"minilmd train: {e}", file=sys.stderr)
         return EXIT_CONFIG
     return run(cfg)
+
+
+def settle_run_dir_of(cfg: RunConfig) -> int | None:
+    """cfg.run.dir made and judged in one walk (place_rule.settle_run_dir) and replaced by its real path, once,
+    before anything records it (scratch's owner.json): a link planted on the way after the config was read chooses
+    nothing. None when settled, else the exit status, said: 2 refused or not makeable, 74 its file system full."""
+    try:
+        cfg.run.dir = str(settle_run_dir(cfg.run_dir))
+    except PlaceRefused as e:
+        print(f"minilmd train: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    except OSError as e:
+        full = e.errno in DISK_FULL_ERRNOS
+        print(f"minilmd train: run.dir {cfg.run.dir} cannot be made: {e.strerror or e} ({e.filename})"
+              + ("; make room on its file system, then start the run again" if full else ""), file=sys.stderr,
+              flush=True)
+        return EXIT_SCRATCH_FULL if full else EXIT_CONFIG
+    return None
 
 
 def own_compile_caches(cfg: RunConfig) -> None:
