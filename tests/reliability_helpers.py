@@ -138,8 +138,9 @@ def remote_of_an_earlier_run(tmp_path: Path, corpus: Path, max_steps: int,
     for name in steps:
         shutil.copytree(made / name, remote / name)
     (remote / names.LATEST).write_text(steps[-1] + "\n")
-    # the remote is the run's, claimed by its first sync on the old machine (another run.dir, the same run.name)
-    claim = run_owner.record(Path("/old-server/runs/s"), load_config(config).run.name)
+    # the remote is the run's, claimed by its first sync on the old machine, whose run.dir was the same path (a
+    # shared home: a run.dir of another path is another run to the claim, taken over with --claim-remote)
+    claim = run_owner.record(load_config(config).run_dir, load_config(config).run.name)
     (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(claim))
     return config, remote
 
