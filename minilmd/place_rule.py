@@ -74,8 +74,9 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
     for above in chain:
         try:
             st = _lstat(above)
-        except OSError as e:  # a directory above it without search permission (mode 644): no way through it
+        except PermissionError as e:  # a directory above it without search permission (mode 644): no way through
             return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {advice}"
+        # any other OSError (EIO, ESTALE: a share gone) goes to the caller, which waits for a remote, says a source
         if st is None:
             return None
         where = f"{label} {target}: the directory {above}" + ("" if above == path else " above it")

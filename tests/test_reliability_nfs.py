@@ -110,13 +110,12 @@ def test_a_remote_unreadable_at_start_is_retried_without_giving_up_and_never_rep
 
     shutil.copytree(ckpt, remote / ckpt.name)
     (remote / "LATEST").write_text(ckpt.name + "\n")
-    claim = run_owner.record(Path("/old-server/runs/s"), "s")  # synced by this run on the machine it left
-    (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(claim))
-
     config = write_config(tmp_path, corpus, remote=False, run={"remote": str(faultfs.root / "remote")},
                           train={"max_steps": 40}, restart={"no_progress_limit": 2, "backoff_initial": "0.1s",
                                                             "backoff_max": "0.3s", "hang_timeout": "30s"})
     cfg = load_config(config)
+    claim = run_owner.record(cfg.run_dir, "s")  # synced by this run on the machine it left (a shared home's path)
+    (remote / names.REMOTE_OWNER).write_bytes(run_owner.encode(claim))
     faultfs.add_rule("*", "remote*", "error", errno=errno.EIO)
     check = cli("run", "--check", str(config))  # an unreadable remote fails the fetch itself: waited for
     assert check.returncode == 0 and "waits: run.remote: " in check.stdout and "is unreadable (Input/output error)" \
