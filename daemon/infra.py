@@ -75,7 +75,7 @@ class Infra:
 
         base = cfg.scratch_dir / INIT_DIR if cfg.lora.enabled and cfg.init.from_ else None
         return sync.Syncer(cfg.checkpoint_dir, cfg.run.remote, expected, cfg.sync.keep, log=log, base=base,
-                           claim=remote_claim.claim_of(cfg))
+                           claim=remote_claim.claim_of(cfg), run_dir=cfg.run_dir if cfg.run.dir else None)
 
     def prune_local(self, root: Path, keep: int, protect: list[Path], log) -> list[Path]:
         from minilmd.checkpoint_select import prune

@@ -35,6 +35,7 @@ TRAINER_RECORD = "trainer.json"  # the trainer launched last: pid, start ticks, 
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of the trainer's scalars ([log] tensorboard = true)
 RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when run.dir is full, for its last words
 STOP_REQUEST = "stop-request.json"  # `minilmd stop`'s request: a launcher's automatic restart exits 0 on it
+REMOTE_MADE = "remote-made.json"  # what the run's syncs made on a local remote: all they may remove there
 
 _ATTEMPT_LOG = re.compile(r"attempt-([0-9]{4,})\.log")  # fullmatch: no newline after, ASCII digits only
 

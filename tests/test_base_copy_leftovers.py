@@ -59,7 +59,7 @@ def test_another_bases_copy_left_by_a_push_killed_while_it_looked_is_quarantined
     old), was deleted. This run's own copy left there, and a half copy without a record, still go."""
     ours, theirs = staged_pth(tmp_path, "ours"), staged_pth(tmp_path, "theirs")
     root = tmp_path / "remote"
-    record = remote_made.record_path(tmp_path / "checkpoints")
+    record = remote_made.scratch_record(tmp_path / "checkpoints")
     proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_LOOKING, str(ours), str(theirs), str(root), renames,
                            str(record)])
     assert proc.returncode == -9

@@ -10,6 +10,7 @@ group, with real renames done as `nobody`."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -35,8 +36,9 @@ def dead_pid() -> int:
     return dead.pid
 
 
-def synced(local: Path, remote: Path, weights, steps: tuple[int, ...], logs: list[str]) -> Syncer:
-    syncer = Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append)
+def synced(local: Path, remote: Path, weights, steps: tuple[int, ...], logs: list[str],
+           run_dir: Path | None = None) -> Syncer:
+    syncer = Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append, run_dir=run_dir)
     for step in steps:
         save(local, step, weights)
         assert syncer.sync_newest().step == step
@@ -66,6 +68,32 @@ def test_a_step_renamed_to_a_dead_syncs_temporary_name_is_not_deleted_but_a_kill
     Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append).sync_newest()  # the next sync
 
     assert planted.is_dir() and files(planted) == kept  # on main: deleted, and nothing said
+    assert any(planted.name in m and "no record of making" in m and "left as it is" in m for m in logs), logs
+    assert not half.exists()
+
+
+def test_after_a_reboot_a_planted_name_is_still_left_and_the_cut_syncs_copy_still_goes(teammate, tmp_path, weights):
+    """The run's record is in run.dir now, which a reboot leaves: the half copy of the sync the reboot cut goes (on
+    main the record was in the emptied scratch: left for good), and the teammate's planted name is still left."""
+    (_, gid), where = teammate
+    remote = group_dir(where, gid, "remote")
+    run_dir = tmp_path / "run-dir"
+    run_dir.mkdir()
+    logs: list[str] = []
+    local = tmp_path / "shm" / "checkpoints"
+    synced(local, remote, weights, (10, 20), logs, run_dir)
+    kept = files(remote / "step-00000010")
+    planted = remote / sync_tmp_name("step-00000010", host_tag(), dead_pid())
+    mv_as_teammate(remote / "step-00000010", planted)
+    cut = Syncer(local, str(remote), EXPECTED, run_dir=run_dir)  # the run's sync, cut by the reboot during its copy
+    half = remote / cut.remote.make_tmp(sync_tmp_name("step-00000030", host_tag(), dead_pid()))
+    (half / ck.MODEL_FILE).write_bytes(b"half")
+    shutil.rmtree(local.parent)  # the reboot: scratch in /dev/shm is gone
+    save(local, 30, weights)
+
+    assert Syncer(local, str(remote), EXPECTED, keep=9, log=logs.append, run_dir=run_dir).sync_newest().step == 30
+
+    assert planted.is_dir() and files(planted) == kept
     assert any(planted.name in m and "no record of making" in m and "left as it is" in m for m in logs), logs
     assert not half.exists()
 

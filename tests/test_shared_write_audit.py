@@ -142,8 +142,10 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_Copier._copy_once", "os.link"): 1, ("_Copier._copy_once", "open"): 1,
         ("_Copier._copy_once", "os.replace"): 1, ("stage", ".mkdir"): 4,
         ("stage", "shutil.rmtree"): 3, ("stage", "os.rename"): 3, ("stage", ".write_bytes"): 1}),
-    "daemon/jobs/remote_made.py": ("private", PRIVATE_SCRATCH + " (the run's record of what its syncs made on the "
-                                   "remote, beside its checkpoint root)", {("Made._save", ".mkdir"): 1}),
+    "daemon/jobs/remote_made.py": ("private", PRIVATE_SCRATCH + " (an older minilmd's record of what the run's syncs "
+                                   "made on the remote, beside its checkpoint root: removed once read into the one in "
+                                   "run.dir, which fsio.atomic_write_json writes as state.json)",
+                                   {("Made._adopt_old", ".unlink"): 1}),
     "daemon/jobs/fetch.py": ("private", PRIVATE_SCRATCH + " (a remote checkpoint fetched into scratch)", {
         ("Fetcher._fetch_latest", ".mkdir"): 1, ("Fetcher._fetch_one", "shutil.rmtree"): 3,
         ("Fetcher._fetch_one", ".mkdir"): 1, ("Fetcher._download", ".write_bytes"): 1}),

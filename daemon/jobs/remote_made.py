@@ -8,10 +8,11 @@ leftover; or rename a newer step to an older step's name, for retention to prune
 directories to a step name, where a step without a manifest counts as a half copy. Its owner (this user's) proves
 nothing either. So what a sync removes is proven to be what this run made, by what the name cannot carry:
 - a temporary directory (a checkpoint's or the LoRA base's copy, what stood at `init` moved aside): its (name, device,
-  inode) is in this run's record of what its syncs made (`Made`, a file in the run's private scratch, written before
-  anything is copied into it). A directory renamed to that name has another inode; one this run made, renamed to
-  another of its names, has a record under another name. A record goes before the directory is published under its
-  final name (never again a temporary of this run's);
+  inode) is in this run's record of what its syncs made (`Made`, a file in the run's run.dir, `remote-made.json`,
+  written and fsynced before anything is copied into it: it outlives a reboot, which empties a scratch in /dev/shm,
+  so the half copy of a sync the reboot cut is still this run's to remove). A directory renamed to that name has
+  another inode; one this run made, renamed to another of its names, has a record under another name. A record goes
+  before the directory is published under its final name (never again a temporary of this run's);
 - a step directory: its manifest, read through the directory opened and checked to be the one judged, names that
   step (a step renamed to another step's name says its own; a directory without one is no sync's on a local
   remote, where copies are renamed into place whole);
@@ -26,62 +27,89 @@ import stat
 from pathlib import Path
 
 from minilmd.dirfd import Dir
-from minilmd.fsio import atomic_write_json
-from minilmd.names import MANIFEST, MANIFEST_MAX_BYTES, POINTER_MAX_BYTES, REMOTE_MARK, is_step_name, step_of
+from minilmd.fsio import atomic_write_json, fsync_dir
+from minilmd.names import (
+    MANIFEST,
+    MANIFEST_MAX_BYTES,
+    POINTER_MAX_BYTES,
+    REMOTE_MADE,
+    REMOTE_MARK,
+    is_step_name,
+    step_of,
+)
 from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, loads, open_regular, read_bytes
 
-RECORD = ".remote-made.json"
-"""The end of the record's name, beside the run's local checkpoint root (`record_path`)."""
+SCRATCH_RECORD = ".remote-made.json"
+"""The end of the record's name in scratch, beside the local checkpoint root (`scratch_record`)."""
 RECORD_MAX_BYTES = 1 << 20
 
 Identity = tuple[int, int]
 Entry = tuple[str, int, int]
 
 
-def record_path(local_root: Path) -> Path:
-    """Where the run whose local checkpoint root is `local_root` keeps its record: beside it, in scratch (private to
-    the run, never on the remote), `<scratch>/.checkpoints.remote-made.json`; not in the checkpoint root, where any
-    entry is one a failed run's scratch is kept for (scratch.holds_checkpoints)."""
-    return local_root.parent / f".{local_root.name}{RECORD}"
+def run_record(run_dir: Path) -> Path:
+    """Where a run keeps its record: in its run.dir (the user's own, held to the place rule, never on the remote),
+    `<run.dir>/remote-made.json`, which a reboot leaves (scratch, in /dev/shm by default, it empties)."""
+    return run_dir / REMOTE_MADE
+
+
+def scratch_record(local_root: Path) -> Path:
+    """Where the record of a Syncer whose local checkpoint root is `local_root` lies in scratch,
+    `<scratch>/.checkpoints.remote-made.json`: an older minilmd's place for a run's (read once, `Made.was_at`), and
+    the place for a Syncer without a run (a tool, a test). Not in the checkpoint root, where any entry is one a failed
+    run's scratch is kept for (scratch.holds_checkpoints)."""
+    return local_root.parent / f".{local_root.name}{SCRATCH_RECORD}"
+
+
+def record_of(local_root: Path, run_dir: Path | None) -> Made:
+    """The record a Syncer gives its local remote: the run's, in `run_dir`, that an older minilmd's record in scratch
+    is read into once (an upgrade mid-run keeps what its syncs made); without a run dir, the one in scratch."""
+    if run_dir is None:
+        return Made(scratch_record(local_root))
+    return Made(run_record(run_dir), was_at=scratch_record(local_root))
 
 
 class Made:
     """(name, device, inode) of each temporary directory this run's syncs made on its local remote and have not
-    removed nor published yet: what `why_kept` lets a sync remove. Kept in `path` (record_path: the run's scratch),
-    so that the next sync after a kill removes the half copy the killed one left; None: in this process only (a
-    tool, a test). Read again before each change and each proof: another Syncer of the run in this process (the
-    fetch's, the last sync's) may have written it since."""
+    removed nor published yet: what `why_kept` lets a sync remove. Kept in `path` (run_record: the run's run.dir),
+    so that the next sync after a kill, or a reboot, removes the half copy the cut one left; None: in this process
+    only. `was_at`: where an older minilmd kept the run's record (scratch_record), joined into `path` and removed the
+    first time the record is read. Read again before each change and each proof: another Syncer of the run in this
+    process (the fetch's, the last sync's) may have written it since."""
 
-    def __init__(self, path: Path | None = None):
+    def __init__(self, path: Path | None = None, was_at: Path | None = None):
         self.path = path
+        self.was_at = was_at
         self._entries: set[Entry] = set()
 
     def _current(self) -> set[Entry]:
         if self.path is not None:
-            self._entries = self._load()
+            self._entries = _load(self.path)
+            if self.was_at is not None:
+                self._adopt_old()
         return self._entries
 
-    def _load(self) -> set[Entry]:
-        """The record as written; none when there is none, or it is not this user's regular file of the right shape
-        (nothing is removed on its word then: what it would have proven is left, and said where it is met)."""
-        if self.path is None:
-            return set()
+    def _adopt_old(self) -> None:
+        """The record an older minilmd kept in scratch, read once: what it holds is written at `path` first, then it
+        is removed (a kill in between leaves both: read again, nothing lost). One that cannot be read is left."""
+        old, self.was_at = self.was_at, None
+        assert old is not None and self.path is not None
         try:
-            found = loads(read_bytes(self.path, max_bytes=RECORD_MAX_BYTES, owner=own_uid()), expect=dict)
+            found = _read(old)
         except Unreadable:
-            return set()
-        rows = found.get("made")
-        if not isinstance(rows, list):
-            return set()
-        return {(r[0], r[1], r[2]) for r in rows
-                if isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
-                and all(isinstance(n, int) and not isinstance(n, bool) for n in r[1:])}
+            return  # none (the usual case), or not this user's file: its word proves nothing
+        if not found <= self._entries:
+            self._entries |= found
+            self._save()
+        old.unlink(missing_ok=True)
 
     def _save(self) -> None:
+        """Written whole and durably, its name included (the directory fsynced): a power loss right after a `record`
+        must not bring back a record without the directory whose copy then starts."""
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.path, {"made": sorted([list(e) for e in self._entries])})
+            fsync_dir(self.path.parent)
 
     def record(self, name: str, identity: Identity) -> None:
         """`name` with that identity made by this run: written (fsynced) before anything is copied into it."""
@@ -115,6 +143,27 @@ class Made:
 
     def where(self) -> str:
         return str(self.path) if self.path is not None else "this process"
+
+
+def _load(path: Path) -> set[Entry]:
+    """The record as written; none when there is none, or it is not this user's regular file of the right shape
+    (nothing is removed on its word then: what it would have proven is left, and said where it is met)."""
+    try:
+        return _read(path)
+    except Unreadable:
+        return set()
+
+
+def _read(path: Path) -> set[Entry]:
+    """The entries of the record at `path` (its rows of another shape skipped); Unreadable when there is none, or
+    it is not this user's regular file holding a JSON object."""
+    found = loads(read_bytes(path, max_bytes=RECORD_MAX_BYTES, owner=own_uid()), expect=dict)
+    rows = found.get("made")
+    if not isinstance(rows, list):
+        return set()
+    return {(r[0], r[1], r[2]) for r in rows
+            if isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in r[1:])}
 
 
 def made_new(root: Dir, name: str) -> Identity:

@@ -127,7 +127,7 @@ def _on_remote(cfg: RunConfig) -> Start:
     now is staging's to wait for (daemon/jobs/remotewait.py says so), no refusal."""
     from minilmd.daemon.jobs.sync import Syncer
 
-    syncer = Syncer(cfg.checkpoint_dir, cfg.run.remote, expectation(cfg))
+    syncer = Syncer(cfg.checkpoint_dir, cfg.run.remote, expectation(cfg), run_dir=cfg.run_dir if cfg.run.dir else None)
     answered, found, _ = bounded_probe(_peek, syncer)
     if not answered:
         return Start()

@@ -106,8 +106,11 @@ class Syncer(Fetcher):
 
     def __init__(self, local_root: str | os.PathLike, remote: str, expected: ck.Expectation | None = None,
                  keep: int = 3, log: Callable[[str], None] = lambda msg: None, base: Path | None = None,
-                 claim: remote_claim.Claim | None = None):
+                 claim: remote_claim.Claim | None = None, run_dir: Path | None = None):
         self.local_root = Path(local_root)
+        self.run_dir = run_dir
+        """The run's run.dir, where it keeps the record of what its syncs made on a local remote (remote_made.py: it
+        outlives a reboot that empties scratch); None (a tool, a test): the record is kept in scratch."""
         self.claim = claim
         """The run the remote must belong to (daemon/jobs/remote_claim.py): claimed at the first sync, checked at
         each; None (a tool, a test) syncs without a claim."""
@@ -135,7 +138,7 @@ class Syncer(Fetcher):
             except (ValueError, ImportError) as e:
                 raise SyncError(f"cannot open remote {self.remote_url!r}: {e}") from e
             if isinstance(self._remote, LocalRemote):  # what this run's syncs made there: all they may remove
-                self._remote.made = remote_made.Made(remote_made.record_path(self.local_root))
+                self._remote.made = remote_made.record_of(self.local_root, self.run_dir)
         return self._remote
 
     # --- local -> remote ---------------------------------------------------------------------------------------
