@@ -92,6 +92,22 @@ def teammate():
     shutil.rmtree(where, ignore_errors=True)
 
 
+def as_teammate(script: str) -> None:
+    """`sh -c script` as the second user; it must succeed (the attack's setup: a link planted, a file made)."""
+    done = subprocess.run(as_user(["sh", "-c", script]), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def private_notes(tmp_path: Path, text: str = "the victim's own notes\n") -> Path:
+    """The victim's notes.txt in a 0700 directory of hers (under pytest's root-only directory): what an attack
+    must leave as it was."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    notes = private / "notes.txt"
+    notes.write_text(text)
+    return notes
+
+
 def chown_tree(path: Path, uid: int, gid: int) -> None:
     """Everything under `path`, and `path`, given to uid:gid (no link followed): a tree made as root, now hers."""
     for here, dirs, files in os.walk(path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
+from second_user import as_teammate, as_user, group_dir, private_notes, teammate  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow  # two minilmd commands a test, each a Python start of its own
 
@@ -24,27 +24,14 @@ def _demo_corpus(out: Path, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def _private_notes(tmp_path: Path) -> Path:
-    private = tmp_path / "private"  # the victim's: under pytest's root-only directory
-    private.mkdir(mode=0o700)
-    notes = private / "notes.txt"
-    notes.write_text(NOTES)
-    return notes
-
-
-def _as_teammate(script: str) -> None:
-    done = subprocess.run(as_user(["sh", "-c", script]), capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.parametrize("kind", [[], ["--chat"], ["--dpo"]])
 def test_a_teammates_link_at_a_files_name_is_replaced_never_written_through(teammate, tmp_path, kind):
     pytest.importorskip("snownlp" if not kind else "chatterbot_corpus")
     (uid, gid), where = teammate
     team = group_dir(where, gid, "team")
-    notes = _private_notes(tmp_path)
+    notes = private_notes(tmp_path)
     name = {(): "reviews.jsonl", ("--chat",): "chat_chinese.jsonl", ("--dpo",): "dpo_pairs.jsonl"}[tuple(kind)]
-    _as_teammate(f"ln -s {notes} {team}/{name}")
+    as_teammate(f"ln -s {notes} {team}/{name}")
 
     refused = _demo_corpus(team, *kind)  # a directory others write: refused without --group-share
     assert refused.returncode == 2, refused.stderr
@@ -63,8 +50,8 @@ def test_a_link_another_user_planted_at_out_is_refused_and_nothing_lands_in_her_
     """OUT in a sticky directory (/tmp's kind), where the other user made a link at its name first."""
     pytest.importorskip("snownlp")
     _, where = teammate
-    notes = _private_notes(tmp_path)
-    _as_teammate(f"ln -s {notes.parent} {where}/corpus")
+    notes = private_notes(tmp_path)
+    as_teammate(f"ln -s {notes.parent} {where}/corpus")
 
     for extra in ((), ("--group-share",)):  # --group-share waives OUT's own rule, never a link of another user's
         done = _demo_corpus(where / "corpus", *extra)

@@ -7,13 +7,12 @@ through the descriptor of the directory that holds it (daemon/demo.py fresh_star
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from minilmd.daemon import demo
-from second_user import as_user, group_dir, second_user, teammate  # noqa: F401 - the fixture
+from second_user import as_teammate, as_user, group_dir, second_user, teammate  # noqa: F401 - the fixture
 
 THESIS = "chapter 1\n"
 
@@ -37,18 +36,13 @@ def _victims_work(tmp_path: Path) -> Path:
     return work
 
 
-def _as_teammate(script: str) -> None:
-    done = subprocess.run(as_user(["sh", "-c", script]), capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.parametrize("where_kind", ["sticky /tmp", "team checkout"])
 def test_a_link_a_teammate_planted_at_the_demo_directory_is_refused_and_nothing_removed(
         teammate, tmp_path, stop_after_fresh_start, where_kind):
     (uid, gid), where = teammate
     holder = where if where_kind == "sticky /tmp" else group_dir(where, gid, "checkout")
     work = _victims_work(tmp_path)
-    _as_teammate(f"ln -s {work} {holder}/demo-run")
+    as_teammate(f"ln -s {work} {holder}/demo-run")
     assert os.lstat(holder / "demo-run").st_uid == uid
 
     with pytest.raises(SystemExit) as refused:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from minilmd import names
-from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
+from second_user import as_teammate, as_user, group_dir, private_notes, teammate  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow  # draws with matplotlib in a child process
 
@@ -37,25 +37,12 @@ def _run(tmp_path: Path) -> Path:
     return run_dir
 
 
-def _private_notes(tmp_path: Path) -> Path:
-    private = tmp_path / "private"  # the victim's: under pytest's root-only directory
-    private.mkdir(mode=0o700)
-    notes = private / "notes.txt"
-    notes.write_text(NOTES)
-    return notes
-
-
-def _as_teammate(script: str) -> None:
-    done = subprocess.run(as_user(["sh", "-c", script]), capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-
-
 def test_a_teammates_link_at_out_is_replaced_never_written_through(teammate, tmp_path):
     pytest.importorskip("matplotlib")
     (uid, gid), where = teammate
     team = group_dir(where, gid, "team")
-    notes = _private_notes(tmp_path)
-    _as_teammate(f"ln -s {notes} {team}/curves.png")
+    notes = private_notes(tmp_path)
+    as_teammate(f"ln -s {notes} {team}/curves.png")
     assert os.lstat(team / "curves.png").st_uid == uid
     run_dir = _run(tmp_path)
 
@@ -78,8 +65,8 @@ def test_a_teammates_link_in_place_of_outs_directory_is_refused(teammate, tmp_pa
     (uid, gid), where = teammate
     team = group_dir(where, gid, "team")
     (team / "plots").mkdir()
-    notes = _private_notes(tmp_path)
-    _as_teammate(f"mv {team}/plots {team}/plots.moved && ln -s {notes.parent} {team}/plots")
+    notes = private_notes(tmp_path)
+    as_teammate(f"mv {team}/plots {team}/plots.moved && ln -s {notes.parent} {team}/plots")
     run_dir = _run(tmp_path)
 
     for extra in ((), ("--group-share",)):  # --group-share waives --out's own directory, not the team one above
