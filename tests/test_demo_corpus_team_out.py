@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from second_user import as_teammate, as_user, group_dir, private_notes, teammate  # noqa: F401 - the fixture
+from second_user import as_teammate, group_dir, private_notes, teammate  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow  # two minilmd commands a test, each a Python start of its own
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from minilmd.daemon import demo
-from second_user import as_teammate, as_user, group_dir, second_user, teammate  # noqa: F401 - the fixture
+from second_user import as_teammate, group_dir, second_user, teammate  # noqa: F401 - the fixture
 
 THESIS = "chapter 1\n"
 

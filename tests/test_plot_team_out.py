@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from minilmd import names
-from second_user import as_teammate, as_user, group_dir, private_notes, teammate  # noqa: F401 - the fixture
+from second_user import as_teammate, group_dir, private_notes, teammate  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow  # draws with matplotlib in a child process
 
