@@ -153,13 +153,12 @@ def tokenizer_train_command(
 def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_size: int,
                     show_progress: bool) -> tuple:
     """Train in a process of its own: (the tokenizer's JSON, its vocabulary size, the bad lines skipped: a
-    sources.bad_tally.BadLineTally). The
-    tokenizers library reads the texts in a thread of its own and trains with the GIL released, so a Ctrl-C in
-    its process (Python's handlers run in the main thread alone, between bytecodes) waited until training ended,
-    minutes later. This process only waits on a pipe, which a signal interrupts: KeyboardInterrupt here, and the
-    training process is killed at once (it ignores SIGINT: a terminal's Ctrl-C reaches the whole group). The
-    training's own errors (InputError, TokenizerError, OSError) are raised here again, any other as a RuntimeError
-    naming it."""
+    sources.bad_tally.BadLineTally). The tokenizers library reads the texts in a thread of its own and trains with
+    the GIL released, so a Ctrl-C in its process (Python's handlers run in the main thread alone, between bytecodes)
+    waited until training ended, minutes later. This process only waits on a pipe, which a signal interrupts:
+    KeyboardInterrupt here, and the training process is killed at once (it ignores SIGINT: a terminal's Ctrl-C
+    reaches the whole group). The training's own errors (InputError, TokenizerError, OSError) are raised here again,
+    any other as a RuntimeError naming it."""
     import os
     import signal
 
@@ -197,14 +196,12 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
     """The training process: the texts read and the BPE trained here, its JSON (or the error) sent back."""
     import itertools
 
-    from minilmd.corpus.prepare.encode import _die_with_parent
     from minilmd.corpus.sources.bad_tally import BadLineTally
     from minilmd.corpus.sources.jsonl import InputError, iter_texts
     from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
-    from minilmd.corpus.workers import worker_ignores_interrupts
+    from minilmd.corpus.workers import start_worker
 
-    worker_ignores_interrupts()  # the parent handles Ctrl-C
-    _die_with_parent(parent)  # a parent killed with SIGKILL takes the training with it
+    start_worker(parent)  # deaf to the Ctrl-C the parent handles; a parent killed with SIGKILL takes it with it
     bad = BadLineTally()
     texts = iter_texts(corpus, on_bad_line, bad)
     if max_docs > 0:
