@@ -396,7 +396,7 @@ def report_command(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Documents, tokens, length percentiles, documents by script, exact duplicates, and tokens per parameter
-    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments."""
+    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments, 130 interrupted."""
     import json
 
     from minilmd.config import ConfigError
@@ -413,6 +413,9 @@ def report_command(
         raise _data_error_exit(ValueError(str(e))) from None
     except (ValueError, OSError) as e:
         raise _data_error_exit(e) from None
+    except KeyboardInterrupt:
+        typer.echo("corpus report: interrupted", err=True)  # typer's own handler exits 130 without a word
+        raise typer.Exit(130) from None
     typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_report(r))
 
 
@@ -428,7 +431,7 @@ def count_command(
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
 ) -> None:
     """Occurrences (non-overlapping) and documents of each pattern, read in parallel over the corpus.
-    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments."""
+    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments, 130 interrupted."""
     import json
 
     from minilmd.corpus.analysis.count import count, format_count
@@ -440,6 +443,9 @@ def count_command(
         r = count(corpus, patterns, regex=regex, workers=None if workers < 0 else workers)
     except (ValueError, OSError) as e:
         raise _data_error_exit(e) from None
+    except KeyboardInterrupt:
+        typer.echo("corpus count: interrupted", err=True)  # typer's own handler exits 130 without a word
+        raise typer.Exit(130) from None
     typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_count(r))
     if fail_if_found and any(p["occurrences"] for p in r["patterns"]):
         raise typer.Exit(1)
