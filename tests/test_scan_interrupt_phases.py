@@ -4,7 +4,8 @@ the old way: the group's SIGINT raised KeyboardInterrupt in each worker as it st
 ending `pickle data was truncated`), in each one reading (a traceback each), and in the command itself, which
 printed Click's `Aborted!` and exited 1. The pool is now started by minilmd/corpus/workers.py's one way: workers
 spawned with the stop signals held that ignore Ctrl-C first thing. A real process group gets SIGINT, as a terminal
-sends it, at each moment tests/held_corpus_cli.py holds the command at."""
+sends it, at each moment tests/held_corpus_cli.py holds the command at. The pool's workers also die with the command
+now (PR_SET_PDEATHSIG): one killed with SIGKILL left them reading their shards."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from minilmd import procs
@@ -58,3 +60,28 @@ def test_ctrl_c_while_report_or_count_workers_start_or_read_says_one_line(tmp_pa
     said = (tmp_path / "stderr").read_text()
     lines = [line for line in said.splitlines() if line.strip()]
     assert (status, lines) == (130, [f"corpus {command}: interrupted"]), said
+
+
+def test_sigkill_of_corpus_count_takes_its_reading_workers_with_it(tmp_path, corpus):
+    held = tmp_path / "held"
+    held.mkdir()
+    proc = subprocess.Popen([sys.executable, str(HELD_CLI), *COMMANDS["count"], str(corpus[0]), "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "HELD_PHASE": "scan", "HELD_DIR": str(held)})
+    workers: list[psutil.Process] = []
+    try:  # held reading a shard: without the parent's death signal a worker would read on, whatever its parent
+        wait_until(lambda: (held / "scan").exists() or proc.poll() is not None, 120, "count's workers to read")
+        assert proc.poll() is None, "corpus count ended before it could be killed"
+        workers = [p for p in psutil.Process(proc.pid).children() if "multiprocessing.spawn" in " ".join(p.cmdline())]
+        assert workers, "no worker process found"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        wait_until(lambda: not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 60,
+                   "count's workers to end after its SIGKILL")
+    finally:
+        for p in workers:
+            if p.is_running():
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
