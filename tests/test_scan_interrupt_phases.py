@@ -1,11 +1,11 @@
 """Ctrl-C in `minilmd corpus report` and `corpus count` while their reading workers start, or read, says one line
 and exits 130, as prepare's does (tests/test_prepare_interrupt_phases.py). Before, their pool (scan.py) was started
-the old way: the group's SIGINT raised KeyboardInterrupt in each worker as it started (a traceback, and another
-ending `pickle data was truncated`), in each one reading (a traceback each), and in the command itself, which
-printed Click's `Aborted!` and exited 1. The pool is now started by minilmd/corpus/workers.py's one way: workers
-spawned with the stop signals held that ignore Ctrl-C first thing. A real process group gets SIGINT, as a terminal
-sends it, at each moment tests/held_corpus_cli.py holds the command at. The pool's workers also die with the command
-now (PR_SET_PDEATHSIG): one killed with SIGKILL left them reading their shards."""
+the old way: the group's SIGINT raised KeyboardInterrupt in the workers as they started (a traceback from
+multiprocessing's spawn_main in each), and the command itself said nothing (typer's handler: 130 without a word).
+The pool is now started by minilmd/corpus/workers.py's one way: workers spawned with the stop signals held that
+ignore Ctrl-C first thing. A real process group gets SIGINT, as a terminal sends it, at each moment
+tests/held_corpus_cli.py holds the command at. The pool's workers also die with the command now (PR_SET_PDEATHSIG):
+one killed with SIGKILL left them reading their shards."""
 from __future__ import annotations
 
 import os
