@@ -3,7 +3,7 @@ workers were starting, `prepare: interrupted, nothing written` was followed by a
 traceback and another ending `pickle data was truncated`; at 9 s it was clean). The workers now start with the stop
 signals held and ignore Ctrl-C before anything else (minilmd/corpus/workers.py), and the parent finishes handing a
 worker its start before its own KeyboardInterrupt. A real process group gets SIGINT, as a terminal sends it, at
-each moment tests/held_prepare_cli.py holds the command at."""
+each moment tests/held_corpus_cli.py holds the command at."""
 from __future__ import annotations
 
 import os
@@ -18,7 +18,7 @@ import pytest
 from minilmd import procs
 from waiting import wait_until
 
-HELD_CLI = Path(__file__).with_name("held_prepare_cli.py")
+HELD_CLI = Path(__file__).with_name("held_corpus_cli.py")
 PROGRESS = re.compile(r"prepare: +[0-9.]+% ")  # its progress line (stream.Progress), every 10 s off a terminal
 
 pytestmark = pytest.mark.slow  # a real command and its workers in subprocesses

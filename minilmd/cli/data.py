@@ -154,13 +154,12 @@ def tokenizer_train_command(
 def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_size: int,
                     show_progress: bool) -> tuple:
     """Train in a process of its own: (the tokenizer's JSON, its vocabulary size, the bad lines skipped: a
-    sources.bad_tally.BadLineTally). The
-    tokenizers library reads the texts in a thread of its own and trains with the GIL released, so a Ctrl-C in
-    its process (Python's handlers run in the main thread alone, between bytecodes) waited until training ended,
-    minutes later. This process only waits on a pipe, which a signal interrupts: KeyboardInterrupt here, and the
-    training process is killed at once (it ignores SIGINT: a terminal's Ctrl-C reaches the whole group). The
-    training's own errors (InputError, TokenizerError, OSError) are raised here again, any other as a RuntimeError
-    naming it."""
+    sources.bad_tally.BadLineTally). The tokenizers library reads the texts in a thread of its own and trains with
+    the GIL released, so a Ctrl-C in its process (Python's handlers run in the main thread alone, between bytecodes)
+    waited until training ended, minutes later. This process only waits on a pipe, which a signal interrupts:
+    KeyboardInterrupt here, and the training process is killed at once (it ignores SIGINT: a terminal's Ctrl-C
+    reaches the whole group). The training's own errors (InputError, TokenizerError, OSError) are raised here again,
+    any other as a RuntimeError naming it."""
     import os
     import signal
 
@@ -198,14 +197,12 @@ def _tokenizer_child(send, parent: int, corpus: list[str], on_bad_line: str, max
     """The training process: the texts read and the BPE trained here, its JSON (or the error) sent back."""
     import itertools
 
-    from minilmd.corpus.prepare.encode import _die_with_parent
     from minilmd.corpus.sources.bad_tally import BadLineTally
     from minilmd.corpus.sources.jsonl import InputError, iter_texts
     from minilmd.corpus.tokenizer_train import TokenizerError, train_tokenizer
-    from minilmd.corpus.workers import worker_ignores_interrupts
+    from minilmd.corpus.workers import start_worker
 
-    worker_ignores_interrupts()  # the parent handles Ctrl-C
-    _die_with_parent(parent)  # a parent killed with SIGKILL takes the training with it
+    start_worker(parent)  # deaf to the Ctrl-C the parent handles; a parent killed with SIGKILL takes it with it
     bad = BadLineTally()
     texts = iter_texts(corpus, on_bad_line, bad)
     if max_docs > 0:
@@ -400,7 +397,7 @@ def report_command(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Documents, tokens, length percentiles, documents by script, exact duplicates, and tokens per parameter
-    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments."""
+    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments, 130 interrupted."""
     import json
 
     from minilmd.config import ConfigError
@@ -417,6 +414,9 @@ def report_command(
         raise _data_error_exit(ValueError(str(e))) from None
     except (ValueError, OSError) as e:
         raise _data_error_exit(e) from None
+    except KeyboardInterrupt:
+        typer.echo("corpus report: interrupted", err=True)  # typer's own handler exits 130 without a word
+        raise typer.Exit(130) from None
     typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_report(r))
 
 
@@ -432,7 +432,7 @@ def count_command(
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
 ) -> None:
     """Occurrences (non-overlapping) and documents of each pattern, read in parallel over the corpus.
-    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments."""
+    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments, 130 interrupted."""
     import json
 
     from minilmd.corpus.analysis.count import count, format_count
@@ -444,6 +444,9 @@ def count_command(
         r = count(corpus, patterns, regex=regex, workers=None if workers < 0 else workers)
     except (ValueError, OSError) as e:
         raise _data_error_exit(e) from None
+    except KeyboardInterrupt:
+        typer.echo("corpus count: interrupted", err=True)  # typer's own handler exits 130 without a word
+        raise typer.Exit(130) from None
     typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_count(r))
     if fail_if_found and any(p["occurrences"] for p in r["patterns"]):
         raise typer.Exit(1)

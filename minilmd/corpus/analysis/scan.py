@@ -115,13 +115,14 @@ def run(corpus: Corpus, task, workers: int) -> list:
     """task.result() of every shard, in shard order; workers=0 runs them in this process."""
     if workers <= 0 or len(corpus.shards) == 1:
         return [run_shard(corpus, shard, task) for shard in corpus.shards]
-    from concurrent.futures import ProcessPoolExecutor
+    from minilmd.corpus.workers import WorkerPool
 
-    from minilmd.corpus.workers import spawn_context
-
-    with ProcessPoolExecutor(min(workers, len(corpus.shards)), mp_context=spawn_context()) as pool:
+    pool = WorkerPool(min(workers, len(corpus.shards)))  # deaf to Ctrl-C, dead with this process
+    try:
         futures = [pool.submit(run_shard, corpus, shard, task) for shard in corpus.shards]
         return [f.result() for f in futures]
+    finally:
+        pool.close()  # on a Ctrl-C: the shards not begun cancelled, not all read first
 
 
 def run_shard(corpus: Corpus, shard: Shard, task):

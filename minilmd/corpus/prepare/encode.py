@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -20,7 +19,7 @@ from minilmd.corpus.analysis.scripts import ScriptTally, containing, script_matr
 from minilmd.corpus.prepare.block import NO_DIGEST, EncodedBlock, digest64, leak_key_given
 from minilmd.corpus.sources.jsonl import parse_block
 from minilmd.corpus.sources.longdoc import split_pieces
-from minilmd.corpus.workers import spawn_context, stop_signals_held, worker_ignores_interrupts
+from minilmd.corpus.workers import WorkerPool
 from minilmd.corpus_meta import CorpusError
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 
@@ -119,39 +118,22 @@ class Encoders:
 
     def __init__(self, tokenizer_json: str, val_fraction: float, workers: int, chat=None,
                  drop_scripts: frozenset[str] = frozenset()):
-        self.pool: ProcessPoolExecutor | None = None
+        self.pool: WorkerPool | None = None
         self.inline = None  # a BlockEncoder, or a chat_encode.ChatBlockEncoder when `chat` (a ChatSpec) is given
         if workers > 0:
-            self.pool = ProcessPoolExecutor(workers, initializer=_worker_init,
-                                            initargs=(tokenizer_json, val_fraction, os.getpid(), chat,
-                                                      drop_scripts),
-                                            mp_context=spawn_context())
+            self.pool = WorkerPool(workers, _worker_init, (tokenizer_json, val_fraction, chat, drop_scripts))
         else:
             self.inline = _encoder(tokenizer_json, val_fraction, chat, drop_scripts)
 
     def submit(self, method: str, *args) -> Future:
         if self.pool is not None:
-            with stop_signals_held():  # the pool spawns its workers in submit(): they start deaf to Ctrl-C
-                return self.pool.submit(_worker_call, method, *args)
+            return self.pool.submit(_worker_call, method, *args)  # its workers start deaf to Ctrl-C
         assert self.inline is not None  # one of the two is set
         return done(getattr(self.inline, method)(*args))
 
     def shutdown(self) -> None:
-        if self.pool is None:
-            return
-        # A stop (SIGTERM raises KeyboardInterrupt) that lands inside submit() while the pool starts its manager
-        # thread leaves that thread not yet marked started, and joining it raises RuntimeError: the interrupt then
-        # ended as a traceback, not as prepare's exit 130. Asked again once the thread has marked itself started, the
-        # pool shuts down cleanly; the workers die with this process in any case (PR_SET_PDEATHSIG).
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                self.pool.shutdown(wait=True, cancel_futures=True)
-                return
-            except RuntimeError:
-                if time.monotonic() >= deadline:
-                    return
-                time.sleep(0.05)
+        if self.pool is not None:
+            self.pool.close()
 
 
 def done(value) -> Future:
@@ -173,31 +155,11 @@ def _encoder(tokenizer_json: str, val_fraction: float, chat, drop_scripts: froze
     return (PairBlockEncoder if chat.pairs else ChatBlockEncoder)(tokenizer_json, val_fraction, chat)
 
 
-def _worker_init(tokenizer_json: str, val_fraction: float, parent: int, chat=None,
+def _worker_init(tokenizer_json: str, val_fraction: float, chat=None,
                  drop_scripts: frozenset[str] = frozenset()) -> None:
-    worker_ignores_interrupts()  # the parent handles Ctrl-C and cleans up
-    _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     global _worker_encoder
     _worker_encoder = _encoder(tokenizer_json, val_fraction, chat, drop_scripts)
-
-
-def _die_with_parent(parent: int) -> None:
-    """Make the kernel SIGKILL this worker when prepare's process ends, however it ends: a prepare killed with
-    SIGKILL has no chance to stop its pool, and its workers would go on (and keep multiprocessing's resource tracker
-    alive, which ends by itself once no process holds its pipe). PR_SET_PDEATHSIG is Linux's; if the parent already
-    ended before the call, exit at once. Elsewhere a no-op."""
-    import ctypes
-    import signal
-
-    PR_SET_PDEATHSIG = 1
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _worker_call(method: str, *args):
