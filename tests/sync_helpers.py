@@ -3,6 +3,7 @@ model's weights (the fixture `weights`), checkpoints of it saved at a step, the 
 scratch and remote (the fixture `dirs`), a file damaged in place, and a remote whose sizes lag."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,22 @@ class StaleSizes(LocalRemote):
 
     def size(self, *names: str) -> int | None:
         return self.sizes.get("/".join(names), super().size(*names))
+
+
+def names(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+KILL_MID_SYNC = textwrap.dedent("""
+    import os, signal, sys
+    from minilmd.daemon.jobs import remote_local, sync
+    real_put, calls = remote_local.LocalRemote.put, []
+    def put(self, local, *names):
+        calls.append(names)
+        if len(calls) == int(sys.argv[3]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_put(self, local, *names)
+    remote_local.LocalRemote.put = put
+    sync.Syncer(sys.argv[1], sys.argv[2]).sync_newest()
+""")
+"""A sync SIGKILLed at its Nth put (argv: local, remote, N): what a crash half-way through a copy leaves."""

@@ -210,7 +210,7 @@ def test_sigterm_during_prepare_leaves_no_output(tmp_path, tokenizer, sig):
 
 
 def test_prepare_help_and_its_formats_entry_list_every_exit_status_it_returns():
-    """Every status `_prepare_exits` turns a failure into, and 0: `prepare --help` and docs/formats.md name each (the
+    """Every status `prepare_exits` turns a failure into, and 0: `prepare --help` and docs/formats.md name each (the
     help left out 130, the doc 74)."""
     import re
 
@@ -218,13 +218,13 @@ def test_prepare_help_and_its_formats_entry_list_every_exit_status_it_returns():
     from typer.testing import CliRunner
 
     from minilmd.cli import app
-    from minilmd.cli.data import _prepare_exits
+    from minilmd.corpus.exits import prepare_exits
     from minilmd.corpus.sources.jsonl import SourceReadError
 
     returned = {0}
     for failure in (InputError("a bad line"), SourceReadError("EIO"), ValueError("bad argument"),
                     OSError(28, "No space left on device"), KeyboardInterrupt()):
-        with pytest.raises(typer.Exit) as ended, _prepare_exits("prepare", "nothing written"):
+        with pytest.raises(typer.Exit) as ended, prepare_exits("prepare", "nothing written"):
             raise failure
         returned.add(ended.value.exit_code)
     assert returned == {0, 2, 65, 74, 130}

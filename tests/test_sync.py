@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,18 +16,23 @@ import pytest
 
 from minilmd import checkpoint as ck
 from minilmd import checkpoint_dirs
-from minilmd.daemon.jobs import remote_local, remote_made
+from minilmd.daemon.jobs import remote_local
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote_local import LocalRemote
 from minilmd.daemon.jobs.sync import RemoteFull, Syncer, SyncError
 from minilmd.names import QUARANTINE, host_tag, sync_tmp_name
 from minilmd.untrusted import Unreadable
-from sync_helpers import EXPECTED, StaleSizes, corrupt, dirs, save, weights  # noqa: F401 - dirs, weights: fixtures
+from sync_helpers import (  # noqa: F401 - dirs, weights: fixtures
+    EXPECTED,
+    KILL_MID_SYNC,
+    StaleSizes,
+    corrupt,
+    dirs,
+    names,
+    save,
+    weights,
+)
 from waiting import wait_until, without_blocking
-
-
-def names(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir())
 
 
 def test_sync_copies_verifies_and_points_latest(dirs, weights):
@@ -134,20 +138,6 @@ def test_unusable_remote_raises_sync_error(dirs, weights):
         Syncer(local, "nosuchproto://x", EXPECTED).sync_newest()
 
 
-KILL_MID_SYNC = textwrap.dedent("""
-    import os, signal, sys
-    from minilmd.daemon.jobs import remote_local, sync
-    real_put, calls = remote_local.LocalRemote.put, []
-    def put(self, local, *names):
-        calls.append(names)
-        if len(calls) == int(sys.argv[3]):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real_put(self, local, *names)
-    remote_local.LocalRemote.put = put
-    sync.Syncer(sys.argv[1], sys.argv[2]).sync_newest()
-""")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_at_put", [1, 3, 5])  # first file, middle, the manifest itself
 def test_sync_killed_half_way_never_moves_latest_to_an_invalid_checkpoint(dirs, weights, kill_at_put):
@@ -163,76 +153,6 @@ def test_sync_killed_half_way_never_moves_latest_to_an_invalid_checkpoint(dirs, 
     result = Syncer(local, str(remote), EXPECTED).sync_newest()
     assert result.step == 20 and checkpoint_dirs.read_latest(remote) == "step-00000020"
     assert names(remote) == ["LATEST", "step-00000010", "step-00000020"]
-
-
-KILL_MID_SYNC_OF_A_RUN = KILL_MID_SYNC.replace("sync.Syncer(sys.argv[1], sys.argv[2])",
-                                              "sync.Syncer(sys.argv[1], sys.argv[2], run_dir=Path(sys.argv[4]))"
-                                              ).replace("import os,", "from pathlib import Path\nimport os,")
-
-
-def reboot(local: Path) -> None:
-    """What a reboot does to a scratch in /dev/shm: all of it gone (the checkpoints, and what beside them)."""
-    shutil.rmtree(local.parent)
-
-
-@pytest.mark.slow
-def test_the_half_copy_of_a_sync_cut_by_a_reboot_is_removed_by_the_next_sync(dirs, weights, tmp_path):
-    """The run's record of what its syncs made is in run.dir, which a reboot leaves. On main it was in scratch: the
-    reboot took it, and the half copy stayed on the remote for good (a checkpoint's size), said at every sync."""
-    local, remote = dirs
-    run_dir = tmp_path / "run-dir"
-    run_dir.mkdir()
-    save(local, 10, weights)
-    Syncer(local, str(remote), EXPECTED, run_dir=run_dir).sync_newest()
-    save(local, 20, weights)
-    proc = subprocess.run([sys.executable, "-c", KILL_MID_SYNC_OF_A_RUN, str(local), str(remote), "3", str(run_dir)])
-    assert proc.returncode == -9
-    assert any(n.startswith(".tmp-step-00000020") for n in names(remote))
-    reboot(local)
-    save(local, 30, weights)  # the run goes on after the reboot
-    logs: list[str] = []
-    assert Syncer(local, str(remote), EXPECTED, log=logs.append, run_dir=run_dir).sync_newest().step == 30
-    assert names(remote) == ["LATEST", "step-00000010", "step-00000030"]
-    assert not [m for m in logs if "no record of making" in m], logs
-
-
-def test_an_older_minilmds_record_in_scratch_is_read_once_into_run_dir(dirs, weights, tmp_path):
-    """A run upgraded mid-run: the half copy its older sync recorded in scratch is still removed after a reboot
-    (read into run.dir's record the first time that is read, then removed from scratch: written only in run.dir)."""
-    local, remote = dirs
-    run_dir = tmp_path / "run-dir"
-    run_dir.mkdir()
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    save(local, 10, weights)
-    older = Syncer(local, str(remote), EXPECTED)  # an older minilmd's sync: its record in scratch
-    older.sync_newest()
-    before = remote / older.remote.make_tmp(sync_tmp_name("step-00000020", host_tag(), dead.pid))
-    assert remote_made.scratch_record(local).is_file()
-    upgraded = Syncer(local, str(remote), EXPECTED, run_dir=run_dir)  # killed during its copy too
-    after = remote / upgraded.remote.make_tmp(sync_tmp_name("step-00000030", host_tag(), dead.pid))
-    assert not remote_made.scratch_record(local).exists()
-    assert remote_made.run_record(run_dir).is_file()
-    for half in (before, after):
-        (half / ck.MODEL_FILE).write_bytes(b"half")
-    reboot(local)
-    save(local, 40, weights)
-    logs: list[str] = []
-    assert Syncer(local, str(remote), EXPECTED, log=logs.append, run_dir=run_dir).sync_newest().step == 40
-    assert names(remote) == ["LATEST", "step-00000010", "step-00000040"]
-    assert not [m for m in logs if "no record of making" in m], logs
-
-
-def test_the_supervisors_syncer_keeps_the_record_in_run_dir(tmp_path):
-    """The Syncer of the sync job, the fetch and the last sync (Infra.syncer) is given run.dir, where the record
-    outlives a reboot."""
-    from minilmd.config import RunConfig
-    from minilmd.daemon.infra import Infra
-
-    cfg = RunConfig()
-    cfg.run.dir, cfg.run.scratch, cfg.run.remote = str(tmp_path / "run"), str(tmp_path / "shm"), str(tmp_path / "nfs")
-    syncer = Infra().syncer(cfg, None, lambda msg: None)
-    assert syncer.remote.made.path == tmp_path / "run" / "remote-made.json"
 
 
 def test_fetch_latest_skips_and_quarantines_a_corrupt_remote_checkpoint(dirs, weights, tmp_path):

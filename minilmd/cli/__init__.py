@@ -1,6 +1,7 @@
 """The `minilmd` command line: the app, and the command groups registered on it, one module each.
 
-- data.py: `tokenizer`, `prepare`, `corpus`, `demo-corpus` (torch-free all the way down)
+- data.py: `prepare`, `corpus`, `demo-corpus`; tokenizer.py: `tokenizer` (torch-free all the way down; their exits:
+  minilmd/corpus/exits.py, outside this package, which imports every group)
 - trainer.py: `train`, `verify`, `sample`, `chat`, `export`; bench.py: `bench ...` (they run the trainer's code)
 - run.py: `run` (the supervisor, `run --check`); views.py: `status`, `forget`, `plot`, `logs`, `stop`
 
@@ -11,14 +12,14 @@ from __future__ import annotations
 
 import typer
 
-from minilmd.cli import bench, data, run, trainer, views
+from minilmd.cli import bench, data, run, tokenizer, trainer, views
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="minilmd: resilient training of small LMs.")
 # The order of registration is the order `minilmd --help` lists them in: the top-level commands group by group,
 # then the sub-command groups.
 for group in (data, trainer, run, views):
     app.registered_commands += group.commands.registered_commands
-app.add_typer(data.tokenizer_app, name="tokenizer")
+app.add_typer(tokenizer.tokenizer_app, name="tokenizer")
 app.add_typer(bench.bench_app, name="bench")
 app.add_typer(data.corpus_app, name="corpus")
 

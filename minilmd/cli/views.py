@@ -62,7 +62,7 @@ def plot_command(
     Exit status: 0 written, 1 matplotlib missing, 2 bad arguments, not a run directory, or an --out in a directory
     others can rearrange (without --group-share), 74 the write failed; nothing is written but the whole picture."""
     # (the backslash: typer's rich markup would read "[plot]" as a style tag and drop it)
-    from minilmd.cli.data import EXIT_IO
+    from minilmd.corpus.exits import EXIT_IO
     from minilmd.daemon.views.plot import PlotUnavailable, plot
     from minilmd.daemon.views.status import is_run_dir
     from minilmd.dirfd import PlaceRefused
