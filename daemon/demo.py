@@ -276,8 +276,19 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
           f"(the config: {config})")
 
 
+def directory_argument(argv: list[str], default: str, doc: str | None) -> str:
+    """The one argument a demo takes, its directory (`default` without one); `-h`/`--help` prints the demo's
+    docstring and exits 0; an option or a second argument is refused (exit 2), never taken for a directory."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"usage: python -m {sys.modules['__main__'].__spec__.name} [DIR]   (DIR: {default} by default)\n")
+        print(doc or "")
+        raise SystemExit(0)
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        print(f"demo: takes one argument, its directory (default {default}), not {' '.join(argv)!r}; --help says "
+              f"more", file=sys.stderr)
+        raise SystemExit(2)
+    return argv[0] if argv else default
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        main(sys.argv[1])
-    else:
-        main()
+    main(directory_argument(sys.argv[1:], "demo-run", __doc__))

@@ -132,4 +132,4 @@ def dpo_stage(root_path: Path, dpo_steps: int) -> Path:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "demo-dpo-run")
+    main(demo.directory_argument(sys.argv[1:], "demo-dpo-run", __doc__))

@@ -100,4 +100,4 @@ def main(root: str = "demo-sft-run", pretrain_steps: int = 240, epochs: int = 3)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "demo-sft-run")
+    main(demo.directory_argument(sys.argv[1:], "demo-sft-run", __doc__))

@@ -7,6 +7,8 @@ through the descriptor of the directory that holds it (daemon/demo.py fresh_star
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,15 @@ def test_a_marker_that_is_not_this_users_file_proves_nothing(tmp_path, stop_afte
     with pytest.raises(DemoWentOn):
         demo.main(str(root))  # its own again: the earlier demo's directory, removed and made afresh
     assert os.listdir(root) == [demo.DEMO_MARKER]
+
+
+@pytest.mark.parametrize("module", ["minilmd.daemon.demo", "minilmd.daemon.demo_sft", "minilmd.daemon.demo_dpo"])
+def test_a_demos_help_and_options_are_never_taken_for_its_directory(tmp_path, module):
+    """`python -m minilmd.daemon.demo --help` made a directory named `--help` and ran the whole demo in it."""
+    shown = subprocess.run([sys.executable, "-m", module, "--help"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0 and shown.stdout.startswith(f"usage: python -m {module} [DIR]"), shown
+    refused = subprocess.run([sys.executable, "-m", module, "--steps", "3"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and "takes one argument, its directory" in refused.stderr, refused
+    assert list(tmp_path.iterdir()) == []  # nothing made, nothing run
