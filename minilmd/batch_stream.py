@@ -15,13 +15,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from minilmd.config import RunConfig
+from minilmd.config import KEPT_ON_RESUME, RunConfig, stage_defaults
 from minilmd.names import TRAINER_STATE, TRAINER_STATE_MAX_BYTES, is_step_name, step_of
 from minilmd.perms import own_uid
 from minilmd.untrusted import Unreadable, printable, read_json
 
-STREAM_KEYS = ("train.seq_len", "train.micro_batch_size", "train.grad_accum", "train.seed", "data.mode")
-"""The settings whose change at a resume changes the batches from the resumed step on."""
+STREAM_KEYS = ("train.seq_len", "train.micro_batch_size", "train.grad_accum", "train.seed", "data.mode",
+               "train.lr", "train.min_lr_ratio", "train.warmup_steps", "train.max_steps", "train.max_tokens",
+               "train.max_epochs")
+"""The settings whose change at a resume changes the batches, or the learning rate of every step (the schedule's
+rates, its warmup, the budget its cosine decays over), from the resumed step on."""
+
+LEFT_TO_THE_STAGE = frozenset({*KEPT_ON_RESUME, *(key for data_format in ("text", "chat", "dpo") for lora in
+                                                  (False, True) for key in stage_defaults(data_format, lora)[1])})
+"""Keys whose value, where the config leaves them out, is the stage's (an SFT run's data.mode is "bucketed", a DPO
+run's lr 1e-5: config.stage_defaults, applied by the trainer once it knows the corpus) or kept from the checkpoint
+(config.keep_recorded_schedule): compared only where the config (or the supervisor's override) sets them; the
+schema's default is not what such a run used."""
 
 
 def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None) -> list[str]:
@@ -30,6 +40,8 @@ def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None)
     trainer_state.json "config"); a key `recorded` lacks (saved before it was recorded) is not compared."""
     said = []
     for key in STREAM_KEYS:
+        if key in LEFT_TO_THE_STAGE and not cfg.is_set(key) and key not in (overrides or {}):
+            continue
         section, name = key.split(".")
         then = (recorded.get(section) or {}).get(name) if isinstance(recorded, dict) else None
         if then is None or isinstance(then, (dict, list)):
@@ -59,9 +71,10 @@ def dpo_seq_len_refusal(now: int, then: int, ckpt_name: str) -> str:
 def change_note(step: int, changes: list[str]) -> str:
     """What `run --check`, the trainer, staging's event and status say of a resume at `step` that `changes`
     (stream_changes' lines) the batch stream."""
-    return (f"the resume from step {step:,} changes the batch stream: {', '.join(changes)}: the data rows, their "
-            f"order or how they are batched change from step {step:,} on, and the run is no longer the same as an "
-            f"undisturbed run of either config (not bit-reproducible against one)")
+    return (f"the resume from step {step:,} changes the batch stream or the lr schedule: {', '.join(changes)}: "
+            f"the data rows, their order, how they are batched or their learning rate change from step {step:,} on, "
+            f"and the run is no longer the same as an undisturbed run of either config (not bit-reproducible "
+            f"against one)")
 
 
 def newest_recorded(checkpoint_dir: Path) -> tuple[int, Any] | None:

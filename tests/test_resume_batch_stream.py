@@ -16,7 +16,8 @@ from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.views.reproducible import reproducibility_lines
 from supervisor_helpers import cli, events, run_supervisor, write_config
 
-SAID = "the resume from step 4 changes the batch stream: train.seq_len = 64 (was 32), train.grad_accum = 2 (was 1)"
+SAID = ("the resume from step 4 changes the batch stream or the lr schedule: train.seq_len = 64 (was 32), "
+        "train.grad_accum = 2 (was 1)")
 
 
 @pytest.mark.slow  # two real supervised runs of a one-layer model
@@ -38,13 +39,17 @@ def test_a_resume_with_a_longer_seq_len_is_said_by_the_check_the_trainer_the_eve
     logs = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("attempt-*.log")))
     assert f"minilmd: note: {SAID}" in logs
     shown = cli("status", str(run_dir)).stdout
-    assert "bit-reproducible: no (a resume changed the batch stream: step 4: train.seq_len = 64 (was 32)" in shown
+    assert "bit-reproducible: no (a resume changed the batch stream or the lr schedule: step 4: train.seq_len = 64 " \
+        "(was 32)" in shown
 
-    # Its newest checkpoint has the new settings: a launch now changes nothing, and says nothing.
+    # Its newest checkpoint has the new settings: a launch that only trains longer changes no batch, but the budget
+    # its cosine decays over (the rate of every step from here on), and says that alone.
     again = write_config(tmp_path, corpus, name="grow", remote=False,
                          train={"seq_len": 64, "grad_accum": 2, "max_steps": 8, "checkpoint_every": 2})
     check = cli("run", "--check", str(again))
-    assert check.returncode == 0 and "changes the batch stream" not in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "the lr schedule: train.max_steps = 8 (was 6): " in check.stdout and "seq_len =" not in check.stdout, \
+        check.stdout
     assert "bit-reproducible: no" in cli("status", str(run_dir)).stdout  # the run's history: changed once
 
 
@@ -63,7 +68,8 @@ def test_a_resume_from_the_remote_on_a_new_machine_with_a_longer_seq_len_is_said
 
     assert run_supervisor(longer, tmp_path, fake=False, timeout=300) == 0
     assert [e["step"] for e in events(run_dir) if e["event"] == "data_shape"] == [4]  # once fetched into scratch
-    assert "bit-reproducible: no (a resume changed the batch stream" in cli("status", str(run_dir)).stdout
+    said = cli("status", str(run_dir)).stdout
+    assert "bit-reproducible: no (a resume changed the batch stream or the lr schedule" in said
 
 
 def test_status_says_a_run_whose_batch_stream_changed_is_not_bit_reproducible(tmp_path):
@@ -74,5 +80,22 @@ def test_status_says_a_run_whose_batch_stream_changed_is_not_bit_reproducible(tm
     st = new_state("demo", run_dir, str(tmp_path / "demo.toml"))
     st.update(phase="training", since=time.time(), shape_changes=["step 702: train.seq_len = 512 (was 256)"])
     lines = reproducibility_lines(run_dir, StateJson.from_dict(st))
-    assert lines == ["  bit-reproducible: no (a resume changed the batch stream: step 702: train.seq_len = 512 "
-                     "(was 256); the run is the same as an undisturbed run of neither config)"]
+    assert lines == ["  bit-reproducible: no (a resume changed the batch stream or the lr schedule: step 702: "
+                     "train.seq_len = 512 (was 256); the run is the same as an undisturbed run of neither config)"]
+
+
+def test_a_key_left_to_the_stage_is_no_change_and_a_rate_the_config_sets_anew_is_one():
+    """An SFT run's config leaves data.mode out: its checkpoints record the stage's "bucketed", never a change
+    against the schema's "packed" (on every restart status said an SFT run was not bit-reproducible); a train.lr or
+    a budget the config sets anew changes every step's rate from the resume on, and is said."""
+    from minilmd.batch_stream import stream_changes
+    from minilmd.config import RunConfig
+
+    cfg = RunConfig()
+    recorded = {"data": {"mode": "bucketed"}, "train": {"lr": 1e-5, "max_steps": cfg.train.max_steps}}
+    assert stream_changes(cfg, recorded) == []
+    cfg.override("train.lr", 3e-3)
+    cfg.override("train.max_steps", recorded["train"]["max_steps"] + 100)
+    was = recorded["train"]["max_steps"]
+    assert stream_changes(cfg, recorded) == ["train.lr = 0.003 (was 1e-05)",
+                                             f"train.max_steps = {was + 100} (was {was})"]

@@ -18,8 +18,8 @@ def reproducibility_lines(run_dir: Path, state: StateJson) -> list[str]:
     except (ConfigError, OSError):
         return []
     if state.shape_changes:  # a resume changed the batch stream (minilmd/batch_stream.py): no run ends as it does
-        return [f"  bit-reproducible: no (a resume changed the batch stream: {'; '.join(state.shape_changes)}; the "
-                f"run is the same as an undisturbed run of neither config)"]
+        return [f"  bit-reproducible: no (a resume changed the batch stream or the lr schedule: "
+                f"{'; '.join(state.shape_changes)}; the run is the same as an undisturbed run of neither config)"]
     trained = state.child is not None or state.progress.step is not None  # a trainer ran (or runs): its devices
     on_cpu = cfg.train.device == "cpu" or (trained and not state.devices)  # are kept once it ended (a done run)
     if on_cpu:  # first: train.deterministic (on by default) chooses GPU kernels, and says nothing of a CPU run
