@@ -281,7 +281,8 @@ def directory_argument(argv: list[str], default: str, doc: str | None) -> str:
     """The one argument a demo takes, its directory (`default` without one); `-h`/`--help` prints the demo's
     docstring and exits 0; an option or a second argument is refused (exit 2), never taken for a directory."""
     if argv[:1] in (["-h"], ["--help"]):
-        print(f"usage: python -m {sys.modules['__main__'].__spec__.name} [DIR]   (DIR: {default} by default)\n")
+        spec = sys.modules["__main__"].__spec__  # None when not run with -m
+        print(f"usage: python -m {spec.name if spec else 'minilmd.daemon.demo'} [DIR]   (DIR: {default} by default)\n")
         print(doc or "")
         raise SystemExit(0)
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
