@@ -221,7 +221,8 @@ def not_the_demos(parent: Dir, name: str, st: os.stat_result) -> str:
                 return ""
     except OSError as e:
         return f"cannot be looked at ({e.strerror or e})"
-    return f"holds no {DEMO_MARKER} of yours: it is not a directory an earlier demo made"
+    return (f"holds no {DEMO_MARKER} of yours: no demo of this minilmd made it (an older minilmd's demo left no "
+            f"marker: if it is one, remove it yourself once)")
 
 
 def _marker(there: Dir) -> bytes | None:

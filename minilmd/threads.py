@@ -20,7 +20,8 @@ def trainer_threads(environ: Mapping[str, str], set_for: str, one_thread: str | 
     process gets one thread (None: a single CPU trainer). `cores` and `load`: this process's CPUs and the 1-minute
     load average (None: read now)."""
     if environ.get("OMP_NUM_THREADS"):
-        return environ["OMP_NUM_THREADS"], f"set for {set_for}, kept"
+        value = environ["OMP_NUM_THREADS"]
+        return value, f"OMP_NUM_THREADS={value} in the environment of {set_for}, kept"
     if one_thread is not None:
         return "1", one_thread
     cores = len(os.sched_getaffinity(0)) if cores is None else cores

@@ -46,3 +46,15 @@ def test_a_budget_of_years_at_the_measured_rate_is_said_and_a_sync_that_never_co
     for done in ("train.max_steps=10", "train.max_steps=5"):  # finished: no time left to say
         said = check(config, done)
         assert "years" not in said and "note: sync.every" not in said, said
+
+
+def test_check_says_when_checkpoint_every_leaves_the_run_no_checkpoint_before_its_end(tmp_path, corpus):
+    """A new user set train.checkpoint_every = 10_000_000_000_000 (steps): --check said OK, and a kill -9 at step
+    640 lost all 640 steps."""
+    config = write_config(tmp_path, corpus, train={"max_steps": 30, "checkpoint_every": 10_000_000})
+    check = cli("run", "--check", str(config))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "train.checkpoint_every = 10,000,000 steps, more than the run's 30: its only checkpoint is its last" \
+        in check.stdout, check.stdout
+    fine = write_config(tmp_path, corpus, name="fine", train={"max_steps": 30, "checkpoint_every": 10})
+    assert "its only checkpoint is its last" not in cli("run", "--check", str(fine)).stdout

@@ -17,7 +17,8 @@ def test_the_rule_for_each_kind_of_trainer():
     assert cpu_threads.choose("cuda", "t", {}) == (1, "a GPU trainer: its host loop is one thread")
     assert cpu_threads.choose("cpu", "t", {"LOCAL_WORLD_SIZE": "2"}) == (1, "one thread per torchrun rank")
     assert cpu_threads.choose("cpu", "t", {"LOCAL_WORLD_SIZE": "x"})[1].startswith("a single CPU trainer")
-    assert cpu_threads.choose("cpu", "t", {"OMP_NUM_THREADS": "3"}) == (3, "set for t, kept")
+    assert cpu_threads.choose("cpu", "t", {"OMP_NUM_THREADS": "3"}) == (
+        3, "OMP_NUM_THREADS=3 in the environment of t, kept")
     count, why = cpu_threads.choose("cpu", "t", {})
     plain = r"a single CPU trainer: (\d+|none) of \d+ cores idle \(load average [\d.]+\)(, so 1)?"
     assert 1 <= count <= len(os.sched_getaffinity(0)) and re.fullmatch(plain, why)
@@ -39,4 +40,4 @@ def test_train_on_its_own_takes_the_idle_cores_not_torchs_every_core(tmp_path, c
     kept = subprocess.run(train_cmd(config, "train.max_steps=2"), capture_output=True, text=True, timeout=300,
                           env=child_env())  # OMP_NUM_THREADS=1
     assert kept.returncode == 0, kept.stdout + kept.stderr
-    assert "minilmd: torch threads 1 (set for minilmd train, kept)" in kept.stdout
+    assert "minilmd: torch threads 1 (OMP_NUM_THREADS=1 in the environment of minilmd train, kept)" in kept.stdout

@@ -24,7 +24,8 @@ def test_the_rule_for_each_kind_of_trainer():
     assert childmod.trainer_threads(TORCHRUN, "GPU-a,GPU-b", {}, cores=32, load=0)[0] == "1"
     assert childmod.trainer_threads(TORCHRUN, "", {}, cores=32, load=0)[0] == "1"  # ranks x threads <= cores
     assert childmod.trainer_threads(PRINT_THREADS, "GPU-a", {}, cores=32, load=0)[0] == "1"
-    assert childmod.trainer_threads(TORCHRUN, "", {"OMP_NUM_THREADS": "3"}) == ("3", "set for the supervisor, kept")
+    assert childmod.trainer_threads(TORCHRUN, "", {"OMP_NUM_THREADS": "3"}) == (
+        "3", "OMP_NUM_THREADS=3 in the environment of the supervisor, kept")
 
 
 def test_the_why_of_a_single_cpu_trainer_reads_plainly():

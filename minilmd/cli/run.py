@@ -122,7 +122,20 @@ def _notes(cfg, claim_remote: bool = False) -> list[str]:
         notes.append(f"no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir}), which a reboot "
                      f"(/dev/shm), a scratch cleaner or a lost node takes with them; set run.remote to a directory "
                      f"on persistent storage to keep a copy")
-    return notes + _time_notes(cfg)
+    return notes + _checkpoint_note(cfg) + _time_notes(cfg)
+
+
+def _checkpoint_note(cfg) -> list[str]:
+    """A note when train.checkpoint_every, in steps, is more than the whole run's: its only checkpoint is then
+    the last, and a crash before it loses every step (a duration is bounded: a week at most)."""
+    from minilmd.plan.budget import planned
+
+    every = cfg.train.checkpoint_every_steps
+    if every is None or (plan := planned(cfg)) is None or every <= plan.steps:
+        return []
+    return [f"train.checkpoint_every = {every:,} steps, more than the run's {plan.steps:,}: its only checkpoint "
+            f"is its last, so a crash before the end loses all of its training; set it to a few minutes "
+            f"(train.checkpoint_every = \"5m\", the default) or a step count well under the budget"]
 
 
 YEAR_S = 365 * 86400.0
