@@ -6,7 +6,7 @@
   publish_dir in a place of this user's; in a place others write, minilmd/dirfd.py's Dir renames at a descriptor.
 - Checking: `table_problems` compares files against a table `{name: {"size", "sha256"}}` (a checkpoint's
   manifest, a prepared corpus's meta.json), through callbacks so that remote copies are checked the same way.
-- Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train).
+- Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train, demo-corpus).
 - Writing a file a user names (`write_out_text`/`write_out_bytes`: tokenizer train, plot) at the descriptor of
   its directory, opened once under the place rule (`open_out_parent`; a directory the user names: `open_out_dir`).
 - Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `new_lines` (follow a log), of a file

@@ -38,7 +38,11 @@ def test_a_teammates_link_at_a_files_name_is_replaced_never_written_through(team
     assert "--group-share" in refused.stderr and "nothing written" in refused.stderr
     assert notes.read_text() == NOTES and (team / name).is_symlink()
 
-    done = _demo_corpus(team, *kind, "--group-share")
+    kept = _demo_corpus(team, *kind, "--group-share")  # a name taken, if only by a link: refused without --force
+    assert kept.returncode == 2 and "already exists; pass --force" in kept.stderr, kept.stderr
+    assert notes.read_text() == NOTES and (team / name).is_symlink()
+
+    done = _demo_corpus(team, *kind, "--group-share", "--force")
     assert done.returncode == 0, done.stderr
     assert notes.read_text() == NOTES
     assert not (team / name).is_symlink() and os.lstat(team / name).st_uid == os.geteuid()

