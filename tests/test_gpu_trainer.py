@@ -85,6 +85,7 @@ def test_an_oom_at_context_creation_and_a_cublas_one_mid_run_exit_76_with_a_faul
                                                                                     monkeypatch):
     _no_signal_handlers(monkeypatch)
     cfg = load_config(write_config(tmp_path, corpus, train={"max_steps": 4, "checkpoint_every": 100}))
+    assert train_mod.settle_run_dir_of(cfg) is None  # main()'s, before run(): run.dir made, its real path
 
     def context_oom(cfg):
         raise torch.AcceleratorError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported")
