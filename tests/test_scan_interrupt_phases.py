@@ -12,52 +12,22 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
 
-from minilmd import procs
+from held_interrupt import HELD_CLI, interrupt_at
 from waiting import wait_until
 
-HELD_CLI = Path(__file__).with_name("held_corpus_cli.py")
 COMMANDS = {"report": ["corpus", "report"], "count": ["corpus", "count", "的"]}
 
 pytestmark = pytest.mark.slow  # a real command and its workers in subprocesses
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("phase", ["worker-start", "scan"])
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_ctrl_c_while_report_or_count_workers_start_or_read_says_one_line(tmp_path, corpus, command, phase):
-    held = tmp_path / "held"
-    held.mkdir()
-    with open(tmp_path / "stderr", "wb") as log:
-        proc = subprocess.Popen([sys.executable, str(HELD_CLI), *COMMANDS[command], str(corpus[0]), "--workers", "2"],
-                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
-                                env={**os.environ, "HELD_PHASE": phase, "HELD_DIR": str(held)})
-        try:
-            wait_until(lambda: (held / phase).exists() or proc.poll() is not None, 120, f"{command} to reach {phase}")
-            assert proc.poll() is None, (tmp_path / "stderr").read_text()  # it ended before: a broken setup
-            assert procs.signal_child_group(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
-            (held / "go").touch()  # whatever holds there goes on, as it would have without the hold
-            try:
-                status = proc.wait(120)  # a bound on a hang, not a timing
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"SIGINT at {phase} did not end corpus {command}")
-        finally:
-            if proc.poll() is None:
-                procs.signal_child_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-    wait_until(lambda: not _group_alive(proc.pid), 60, "every process of the command to end")
-    said = (tmp_path / "stderr").read_text()
+    status, said = interrupt_at(tmp_path, phase, [*COMMANDS[command], str(corpus[0]), "--workers", "2"])
     lines = [line for line in said.splitlines() if line.strip()]
     assert (status, lines) == (130, [f"corpus {command}: interrupted"]), said
 
