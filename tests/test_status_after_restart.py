@@ -58,6 +58,15 @@ def gone(pid: int) -> bool:
         return True
 
 
+def crash(sup, run_dir: Path) -> None:
+    """The supervisor and its trainer SIGKILLed, as a machine going down leaves them; returns once both are gone."""
+    trainer = state(run_dir)["child"]["pid"]
+    sup.send_signal(signal.SIGKILL)
+    sup.wait()
+    os.killpg(trainer, signal.SIGKILL)
+    wait_for(lambda: gone(trainer), 30, "the trainer gone")
+
+
 def assert_no_old_rate(run_dir: Path) -> str:
     """status shows no ETA and no tok/s, and says why; --json has none either. Returns status's text."""
     said = status(run_dir)
@@ -88,14 +97,10 @@ def test_status_through_a_restart_after_a_reboot_says_what_is_true(tmp_path, cor
                  ((state(cfg.run_dir).get("local_checkpoint") or {}).get("step") or 0) >
                  state(cfg.run_dir)["remote_checkpoint"]["step"] and progress(cfg.run_dir).get("eta_s"), 120,
                  "a sync of step 10 or later, a newer local checkpoint, an ETA")
-        trainer = state(cfg.run_dir)["child"]["pid"]
-        first.send_signal(signal.SIGKILL)  # the machine goes down
-        first.wait()
-        os.killpg(trainer, signal.SIGKILL)
+        crash(first, cfg.run_dir)  # the machine goes down
     finally:
         if first.poll() is None:
             first.kill()
-    wait_for(lambda: gone(trainer), 30, "the trainer gone")
     local = last_saved(cfg.run_dir)  # the trainer may have logged a save after state.json was last written
     remote = state(cfg.run_dir)["remote_checkpoint"]["step"]  # what the killed supervisor recorded last
     shutil.rmtree(cfg.scratch_dir)  # the reboot emptied /dev/shm
@@ -170,14 +175,10 @@ def test_a_checkpoint_recorded_in_another_scratch_is_said_gone_because_run_scrat
     try:
         wait_for(lambda: ((state(cfg.run_dir).get("local_checkpoint") or {}).get("step") or 0) >= 5, 120,
                  "a local checkpoint recorded")
-        trainer = state(cfg.run_dir)["child"]["pid"]
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        os.killpg(trainer, signal.SIGKILL)
+        crash(first, cfg.run_dir)  # the machine goes down
     finally:
         if first.poll() is None:
             first.kill()
-    wait_for(lambda: gone(trainer), 30, "the trainer gone")
     shutil.rmtree(cfg.scratch_dir)
     write_config(tmp_path, corpus, train=train, run={"scratch": str(tmp_path / "scratch2")})
     sup = start_supervisor(config, tmp_path / "second.out", FAKE_STEP_S="0.05")

@@ -13,20 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from held_interrupt import group_alive
 from minilmd import procs
 from waiting import wait_until
 
 ENDLESS_CLI = Path(__file__).with_name("endless_texts_cli.py")
 
 pytestmark = pytest.mark.slow  # a real command in a subprocess
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -57,4 +50,4 @@ def test_an_interrupt_ends_tokenizer_training_at_once_with_nothing_written(tmp_p
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
     # the training process ended with it (multiprocessing's resource tracker, in the group too, ends by itself
     # once the processes that held its pipe are gone)
-    wait_until(lambda: not _group_alive(proc.pid), 60, "every process of the command to end")
+    wait_until(lambda: not group_alive(proc.pid), 60, "every process of the command to end")
