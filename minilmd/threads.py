@@ -14,6 +14,15 @@ import os
 from collections.abc import Mapping
 
 
+def one_thread_reason(gpu: bool, ranks: bool) -> str | None:
+    """Why a trainer gets one thread (None: a single CPU trainer, which gets the idle cores): on a GPU, or one of
+    several torchrun ranks on this host. The supervisor (a GPU in CUDA_VISIBLE_DEVICES, a torchrun command) and
+    `minilmd train` on its own (its device, LOCAL_WORLD_SIZE) ask it with what each knows."""
+    if gpu:
+        return "a GPU trainer: its host loop is one thread"
+    return "one thread per torchrun rank" if ranks else None
+
+
 def trainer_threads(environ: Mapping[str, str], set_for: str, one_thread: str | None = None,
                     cores: int | None = None, load: float | None = None) -> tuple[str, str]:
     """(OMP_NUM_THREADS, why). `set_for` names whom a value in `environ` was set for; `one_thread` says why this

@@ -237,8 +237,7 @@ def trainer_threads(command: list[str], devices: str, environ, cores: int | None
     """OMP_NUM_THREADS for a trainer, and why (minilmd/threads.py, the rule the benches use too): a value set for
     the supervisor kept, 1 for a torchrun rank and a GPU trainer, the idle cores at launch for a single CPU
     trainer."""
-    one_thread = ("one thread per torchrun rank" if is_torchrun(command)
-                  else "a GPU trainer: its host loop is one thread" if devices else None)
+    one_thread = threads.one_thread_reason(gpu=bool(devices) and not is_torchrun(command), ranks=is_torchrun(command))
     return threads.trainer_threads(environ, "the supervisor", one_thread, cores, load)
 
 

@@ -122,18 +122,21 @@ def _notes(cfg, claim_remote: bool = False) -> list[str]:
         notes.append(f"no run.remote: the checkpoints stay only in scratch ({cfg.checkpoint_dir}), which a reboot "
                      f"(/dev/shm), a scratch cleaner or a lost node takes with them; set run.remote to a directory "
                      f"on persistent storage to keep a copy")
-    return notes + _checkpoint_note(cfg) + _time_notes(cfg)
+    import functools
 
-
-def _checkpoint_note(cfg) -> list[str]:
-    """A note when train.checkpoint_every, in steps, is more than the whole run's: its only checkpoint is then
-    the last, and a crash before it loses every step (a duration is bounded: a week at most)."""
     from minilmd.plan.budget import planned
 
+    plan = functools.cache(lambda: planned(cfg))  # the corpus's meta.json read once, and only for a note that asks
+    return notes + _checkpoint_note(cfg, plan) + _time_notes(cfg, plan)
+
+
+def _checkpoint_note(cfg, plan) -> list[str]:
+    """A note when train.checkpoint_every, in steps, is more than the whole run's (`plan()`: budget.planned): its
+    only checkpoint is then the last, and a crash before it loses every step (a duration is bounded: a week)."""
     every = cfg.train.checkpoint_every_steps
-    if every is None or (plan := planned(cfg)) is None or every <= plan.steps:
+    if every is None or (planned := plan()) is None or every <= planned.steps:
         return []
-    return [f"train.checkpoint_every = {every:,} steps, more than the run's {plan.steps:,}: its only checkpoint "
+    return [f"train.checkpoint_every = {every:,} steps, more than the run's {planned.steps:,}: its only checkpoint "
             f"is its last, so a crash before the end loses all of its training; set it to a few minutes "
             f"(train.checkpoint_every = \"5m\", the default) or a step count well under the budget"]
 
@@ -141,27 +144,28 @@ def _checkpoint_note(cfg) -> list[str]:
 YEAR_S = 365 * 86400.0
 
 
-def _time_notes(cfg) -> list[str]:
-    """What the budget's steps left take at the rate this run directory last measured (state.json's tok/s, an
-    earlier launch's): a note when that is years (a budget mistyped), and one when sync.every is longer than that
-    (no sync comes before the last, at the end). [] without a measured rate: a fresh run has no estimate."""
+def _time_notes(cfg, plan) -> list[str]:
+    """What the budget's steps left (`plan()`: budget.planned) take at the rate this run directory last measured
+    (state.json's tok/s, an earlier launch's): a note when that is years (a budget mistyped), and one when
+    sync.every is longer than that (no sync comes before the last, at the end). [] without a measured rate: a fresh
+    run has no estimate."""
     import math
 
     from minilmd.daemon.base.runstate import read_state
     from minilmd.fmt import fmt_duration
-    from minilmd.plan.budget import as_trained, planned
+    from minilmd.plan.budget import as_trained
 
     progress = (read_state(cfg.run_dir) or {}).get("progress")
     progress = progress if isinstance(progress, dict) else {}
     tok_s, step = progress.get("tok_s"), progress.get("step")
     if not isinstance(tok_s, (int, float)) or isinstance(tok_s, bool) or not 0 < tok_s < math.inf:
         return []  # none measured, or not a number: another hand's state.json
-    if (plan := planned(cfg)) is None:
+    if (planned := plan()) is None:
         return []  # an epoch budget of a corpus that does not say its size
-    left = plan.steps - (step if type(step) is int else 0)
+    left = planned.steps - (step if type(step) is int else 0)
     if left <= 0:
         return []  # finished: nothing left to time
-    eta = left * plan.global_batch * as_trained(cfg).train.seq_len / tok_s
+    eta = left * planned.global_batch * as_trained(cfg).train.seq_len / tok_s
     rate = f"at the {tok_s:,.0f} tok/s this run last measured"
     notes = []
     if eta >= YEAR_S:

@@ -26,13 +26,13 @@ def train_command(
     from minilmd.protocol import EXIT_CONFIG
 
     try:  # judged before torch is imported (seconds of CPU): a mistyped config is said at once
-        load_checked(config, set_, more_checks=epoch_without_budget)
+        cfg = load_checked(config, set_, more_checks=epoch_without_budget)
     except ConfigError as e:
         typer.echo(f"minilmd train: {e}", err=True)
         raise typer.Exit(EXIT_CONFIG) from None
     from minilmd.trainer.loop.train import main as train_main
 
-    raise typer.Exit(train_main(config, set_))
+    raise typer.Exit(train_main(config, set_, checked=cfg))  # its probes (the corpus, init.from) not run twice
 
 
 @commands.command("verify")

@@ -18,8 +18,7 @@ def choose(device_type: str, what: str, environ: Mapping[str, str] | None = None
     one of several ranks, the idle cores for a single CPU trainer; torch's own count when the value set is none."""
     environ = os.environ if environ is None else environ
     ranks = environ.get("LOCAL_WORLD_SIZE", "1")
-    one_thread = ("a GPU trainer: its host loop is one thread" if device_type != "cpu"
-                  else "one thread per torchrun rank" if ranks.isdigit() and int(ranks) > 1 else None)
+    one_thread = threads.one_thread_reason(gpu=device_type != "cpu", ranks=ranks.isdigit() and int(ranks) > 1)
     value, why = threads.trainer_threads(environ, what, one_thread)
     if value.isdigit() and int(value) > 0:
         return int(value), why

@@ -396,10 +396,11 @@ def run(cfg: RunConfig) -> int:
         release(dist)
 
 
-def main(config_path: str, overrides: list[str] | None = None) -> int:
-    """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status."""
+def main(config_path: str, overrides: list[str] | None = None, checked: RunConfig | None = None) -> int:
+    """Entry point of `minilmd train CONFIG [--set SECTION.KEY=VALUE ...]`; returns the exit status. `checked`:
+    the config the command line already loaded and judged (load_checked, before it imported torch), not read again."""
     try:
-        cfg = load_checked(config_path, overrides, more_checks=epoch_without_budget)
+        cfg = checked or load_checked(config_path, overrides, more_checks=epoch_without_budget)
         perms.apply(cfg.run.share)  # under a supervisor, its umask already; on its own, before creating anything
         if (refused := settle_run_dir_of(cfg)) is not None:  # before scratch's claim records it: its real path
             return refused
