@@ -9,7 +9,8 @@ that changes one works on a copy (shutil.copytree), and each fixture checks at t
 changed it (a changed one is reported as an error of that fixture).
 
 Plain helpers (functions a test calls, also used by the soak script) stay in modules of their own:
-trainer_corpus.py (prepared corpora, tiny model configs, run configs, `minilmd train`), supervisor_helpers.py
+trainer_corpus.py (prepared corpora, tiny model configs, run configs, `minilmd train`), in_process.py (`minilmd
+train` in the test's own process, its process-wide settings given back), supervisor_helpers.py
 (`minilmd run` as a process and its files), reliability_helpers.py (watchers for the reliability tests),
 data_helpers.py (JSONL sources and tokenizers for the data tests), chat_helpers.py (chat templates,
 conversations and prepared chat corpora), weights_helpers.py (in-process tiny models and
