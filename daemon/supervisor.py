@@ -311,8 +311,7 @@ class Supervisor(Ending):
         self._launch()
 
     def _on_staging_failed(self, failed: StagingFailed) -> None:
-        """Act on policy.decide_staging_failure: fail, or back off and stage again (no Restart record: no trainer
-        died)."""
+        """Act on policy.decide_staging_failure: fail, or back off and stage again (no trainer died: no Restart)."""
         streak = self.state.no_progress_streak + 1
         decision = decide_staging_failure(failed.error, failed.exit_status, restart=self.cfg.restart,
                                           no_progress_streak=streak)
@@ -426,6 +425,7 @@ class Supervisor(Ending):
         if decision.overrides:
             self.state.overrides.update(decision.overrides)
             self.events.emit("overrides", decision.message, overrides=decision.overrides)
+            self.staging.record_shape_change(staged=False)  # the relaunch resumes its newest checkpoint with them
         next_phase = {Action.RESTART: Phase.STARTING, Action.RESTAGE: Phase.STAGING,
                       Action.WAIT_GPU: Phase.WAITING_GPU}[decision.action]
         if next_phase == Phase.STAGING:

@@ -216,7 +216,7 @@ class StagingWorker:
                 self.emit("fetch", f"--fresh: the remote step {self.state.remote_checkpoint.step} state.json "
                                    f"recorded is forgotten; this run syncs its own checkpoints from now on")
                 self.state.remote_checkpoint = None
-        self._record_shape_change()
+        self.record_shape_change()
         self.fresh, self.records = False, None  # the first staging has ended: a later one waits as any run does
         if initstage.needed(self.cfg):  # the probe and init.from next, in a thread of their own
             self.pending = Staged(staged, expected, fetched)
@@ -225,13 +225,16 @@ class StagingWorker:
         self.inputs = {}
         return Staged(staged, expected, fetched)
 
-    def _record_shape_change(self) -> None:
+    def record_shape_change(self, staged: bool = True) -> None:
         """Scratch's newest checkpoint (the one the trainer resumes from) recording other batch stream settings than
         the run has now (minilmd/batch_stream.py): event "data_shape", and a line in state.json's shape_changes, for
-        which `status` says the run is not bit-reproducible. A start from step 0 (a new lineage) forgets them."""
+        which `status` says the run is not bit-reproducible. A start from step 0 (a new lineage) forgets them. Also
+        called by the supervisor when its OOM retry sets a smaller micro-batch (a relaunch stages nothing; `staged`
+        False): the line says it was that retry, and a later staging finding the same change says it no more."""
         newest = newest_recorded(self.cfg.checkpoint_dir)
         if newest is None:
-            self.state.shape_changes = []
+            if staged:  # staging's start from step 0; not the supervisor's retry, which a staging may follow
+                self.state.shape_changes = []
             return
         step, recorded = newest
         changes = stream_changes(self.cfg, recorded, self.state.overrides)

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional  # imported early: the model uses it
 
 from minilmd import compile_cache, perms
-from minilmd.batch_stream import change_note, stream_changes
+from minilmd.batch_stream import change_note, stream_changes, stream_record
 from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
@@ -207,7 +207,8 @@ class Trainer:
             part.load_state_dict(found.state)
         kept = keep_recorded_schedule(self.cfg, found.state.get("config"))  # the rates it started with
         self.stage_defaults = {k: v for k, v in self.stage_defaults.items() if k not in kept}  # not applied now
-        changes = stream_changes(self.cfg, found.state.get("config"))  # another seq_len, batch, seed, mode
+        changes = stream_changes(self.cfg, stream_record(found.state), world_size=self.dist.world_size)  # another
+        # seq_len, batch, seed, mode, or another number of ranks
         if self.dist.is_main:
             announce(found, self.step, self.global_batch)
             print("".join(f"minilmd: {line}\n" for line in kept.values()), end="", flush=True)
