@@ -385,6 +385,7 @@ def run(cfg: RunConfig) -> int:
             count, why = cpu_threads.choose(dist.device.type, "minilmd train")
             torch.set_num_threads(count)
             print(f"minilmd: torch threads {count} ({why})", flush=True)
+        refuse_what_cannot_fit(cfg, dist)
         trainer = Trainer(cfg, dist, stop)
         try:
             return trainer.train()
@@ -395,6 +396,29 @@ def run(cfg: RunConfig) -> int:
         return exits.status_of(cfg, e, dist, step)
     finally:
         release(dist)
+
+
+def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
+    """minilmd/plan/footprint.py's rule on this rank's device, before anything is built: a micro-batch (or a
+    validation set) clearly too big for the card's memory, or the host's available memory on the CPU, is a
+    ConfigError (exit 2: the supervisor never restarts it), with the figures and the way out; one close to it a note.
+    The corpus's format from its meta.json (the staged copy under a supervisor)."""
+    from minilmd.corpus_meta import read_corpus_meta
+    from minilmd.plan.footprint import Offer, fit, host_offer
+
+    on_gpu = dist.device.type == "cuda"
+    if on_gpu:
+        card = torch.cuda.get_device_properties(dist.device)
+        offer: Offer | None = Offer(card.total_memory, f"GPU memory of {card.name}")
+    else:
+        offer = host_offer()
+    if offer is None:
+        return
+    refused, near = fit(cfg, read_corpus_meta(cfg.data.prepared), offer, on_gpu)
+    if refused:
+        raise ConfigError([refused], cfg.source)
+    if near and dist.is_main:
+        print(f"minilmd: note: {near}", flush=True)
 
 
 def main(config_path: str, overrides: list[str] | None = None, checked: RunConfig | None = None) -> int:
