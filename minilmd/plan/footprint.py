@@ -11,9 +11,9 @@ The estimate is first order, and says what it counts (Need.parts):
     of n pairs is 2n rows);
   - the activations autograd keeps for the backward, per layer and token: about 12 x hidden_size + 4 x the SwiGLU
     width values (norms, q/k/v and their norms and rotations, the attention output, o_proj, the residuals, gate,
-    up, their product, down) in the compute dtype (bf16 where the run autocasts, else fp32); on the CPU also the
-    attention scores and probabilities (torch's math kernel: heads x seq_len^2 per row and layer; CUDA's kernels
-    keep none);
+    up, their product, down) in the compute dtype (bf16 where the run autocasts, else fp32); with data.doc_mask on
+    the CPU also the attention scores and probabilities (its dense mask runs torch's math kernel: heads x seq_len^2
+    per row and layer; the causal kernels keep none);
   - the logits: fp32 and their gradient, about 12 bytes a logit, for two loss chunks of CHUNK_TOKENS tokens at most
     (trainer/model/loss.py: the others are recomputed), for every row in DPO (its chunks keep theirs);
   - on the CPU, the validation set, built whole before the first step: its rows (data.val_windows, at most what
@@ -113,7 +113,8 @@ def micro_batch_need(cfg: RunConfig, data_format: str, on_gpu: bool, val_rows: i
     state = params * (4 if cfg.lora.enabled else 16)
     token_bytes = 3 * 8  # ids, labels, mask or positions: int64
     per_token = m.num_hidden_layers * (12 * m.hidden_size + 4 * m.ffn_size) * act + 2 * m.hidden_size * act
-    scores = 0 if on_gpu else m.num_hidden_layers * m.num_attention_heads * seq * seq * 2 * act
+    dense_mask = cfg.data.doc_mask and not on_gpu  # the CPU's document mask: a dense one, torch's math kernel
+    scores = m.num_hidden_layers * m.num_attention_heads * seq * seq * 2 * act if dense_mask else 0
     logit_rows = 1 if data_format == "dpo" else 0  # DPO keeps every row's logits; the others two chunks at most
     per_row = seq * (token_bytes + per_token + logit_rows * m.vocab_size * 12) + scores
     rows = (micro_batch_size or t.micro_batch_size) * per_item
