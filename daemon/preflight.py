@@ -68,17 +68,18 @@ def memory_problems(cfg: RunConfig) -> list[str]:
 
 def memory_fit(cfg: RunConfig) -> tuple[str | None, str | None]:
     """(The refusal, the note) of minilmd/plan/footprint.py's rule: the run's estimate before its first step against
-    what its device offers (daemon/host/gpu.py device_offer), the corpus's format and val split from its meta.json
-    (a local one, read bounded; one behind a URL counts as text with no validation set)."""
+    what its device offers (daemon/host/gpu.py device_offer), the corpus's format and val split (and [eval] probe's)
+    from its meta.json (a local one, read bounded; one behind a URL counts as text with no validation set)."""
     from minilmd.corpus_meta import read_corpus_meta
     from minilmd.plan.footprint import fit
 
     offer, on_gpu = device_offer(cfg)
     if offer is None:
         return None, None
-    prepared = cfg.data.prepared
-    meta = bounded_probe(read_corpus_meta, prepared)[1] if prepared and "://" not in prepared else None
-    return fit(cfg, meta, offer, on_gpu)
+    def meta_of(prepared: str) -> dict | None:
+        return bounded_probe(read_corpus_meta, prepared)[1] if prepared and "://" not in prepared else None
+
+    return fit(cfg, meta_of(cfg.data.prepared), offer, on_gpu, meta_of(cfg.eval.probe))
 
 
 def remote_owner_problems(cfg: RunConfig, claim_remote: bool = False) -> list[str]:

@@ -78,6 +78,8 @@ def test_a_dpo_micro_batch_counts_two_rows_a_pair_and_the_cpu_counts_its_validat
     meta = {"data_format": "text", "splits": {"val": {"tokens": 128 * 10, "documents": 40}}}
     assert val_rows(cfg, meta) == 10  # data.val_windows (64) at most what the val split holds
     on_cpu = micro_batch_need(cfg, "text", on_gpu=False, val_rows=10)
-    assert "for the validation set (10 rows)" in on_cpu.describe()
+    assert "for the validation rows (10)" in on_cpu.describe()
+    chat = {"data_format": "chat", "splits": {"val": {"tokens": 128 * 10, "documents": 40}}}
+    assert val_rows(cfg, chat) == 40 and val_rows(cfg, chat, probe=True) == 40  # documents: bucketed, padded
     nothing_fits = judge(cfg, text, Offer(GIB // 1024 ** 2, "a tiny card"))[0]
     assert nothing_fits is not None and "Not even a micro-batch of 1 fits" in nothing_fits

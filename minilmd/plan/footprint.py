@@ -16,8 +16,8 @@ The estimate is first order, and says what it counts (Need.parts):
     per row and layer; the causal kernels keep none);
   - the logits: fp32 and their gradient, about 12 bytes a logit, for two loss chunks of CHUNK_TOKENS tokens at most
     (trainer/model/loss.py: the others are recomputed), for every row in DPO (its chunks keep theirs);
-  - on the CPU, the validation set, built whole before the first step: its rows (data.val_windows, at most what
-    the val split holds) as int64 tensors, as the micro-batch's.
+  - on the CPU, the validation rows, built whole before the first step: data.val_windows at most what the val split
+    holds, and as many of [eval] probe's, as int64 tensors as the micro-batch's.
 It leaves out the allocator's fragmentation, torch.compile's workspace and the CUDA context: close to the limit it
 is no proof either way, so the rule is lenient. Only an estimate over OVER_FACTOR times what the device offers is
 refused (a clear impossibility); one over NEAR_SHARE of it is a note (the supervisor's OOM retry, which halves the
@@ -79,24 +79,27 @@ class Need:
         return " + ".join(f"{_gib(n)} {what}" for n, what in self.parts if n)
 
 
-def fit(cfg: RunConfig, meta: dict | None, offer: Offer, on_gpu: bool) -> tuple[str | None, str | None]:
+def fit(cfg: RunConfig, meta: dict | None, offer: Offer, on_gpu: bool,
+        probe_meta: dict | None = None) -> tuple[str | None, str | None]:
     """judge() of the run's estimate against `offer`: the corpus's format and validation rows from its meta.json
-    (`meta`; None: a text corpus, no validation set counted)."""
+    (`meta`; None: a text corpus, no validation set counted), and [eval] probe's rows from its own (`probe_meta`)."""
     data_format = data_format_of(meta) if meta is not None else "text"
-    return judge(cfg, micro_batch_need(cfg, data_format, on_gpu, val_rows(cfg, meta)), offer)
+    rows = val_rows(cfg, meta) + val_rows(cfg, probe_meta, probe=True)
+    return judge(cfg, micro_batch_need(cfg, data_format, on_gpu, rows), offer)
 
 
-def val_rows(cfg: RunConfig, meta: dict | None) -> int:
-    """The validation set's rows (plan/samplers.py validation_batches; DPO's pairs, plan/pairs.py): data.val_windows
-    at most, and no more than the val split holds (its seq_len windows, its documents, or its pairs x 2)."""
+def val_rows(cfg: RunConfig, meta: dict | None, probe: bool = False) -> int:
+    """The validation set's rows (plan/samplers.py validation_batches; DPO's pairs, plan/pairs.py; `probe`: [eval]
+    probe's, plan/early_stop.py probe_batches): data.val_windows at most, and no more than the val split holds (its
+    seq_len windows, its documents, or its pairs x 2); 0 for a meta.json that does not say."""
     tokens, documents = meta_value(meta, "splits", "val", "tokens"), meta_value(meta, "splits", "val", "documents")
     if not isinstance(tokens, int) or not isinstance(documents, int):
         return 0
     data_format, want = data_format_of(meta or {}), cfg.data.val_windows
-    if data_format == "dpo":
+    if data_format == "dpo" and not probe:
         return 2 * min(want, documents // 2)
     mode = cfg.data.mode if cfg.is_set("data.mode") or data_format == "text" else "bucketed"  # SFT's default
-    windows = mode == "packed" and not (data_format == "chat" and cfg.data.doc_mask)
+    windows = data_format == "text" if probe else mode == "packed" and not (data_format == "chat" and cfg.data.doc_mask)
     return min(want, max(1, tokens // max(cfg.train.seq_len, 1)) if windows else documents)
 
 
@@ -124,7 +127,7 @@ def micro_batch_need(cfg: RunConfig, data_format: str, on_gpu: bool, val_rows: i
              (rows * (per_row - seq * token_bytes), "for its activations and logits"),
              (chunked, "for the loss chunks' logits")]
     if not on_gpu and val_rows:
-        parts.append((val_rows * seq * token_bytes, f"for the validation set ({val_rows:,} rows)"))
+        parts.append((val_rows * seq * token_bytes, f"for the validation rows ({val_rows:,})"))
     return Need(parts, data_format, on_gpu, val_rows)
 
 

@@ -402,7 +402,7 @@ def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
     """minilmd/plan/footprint.py's rule on this rank's device, before anything is built: a micro-batch (or a
     validation set) clearly too big for the card's memory, or the host's available memory on the CPU, is a
     ConfigError (exit 2: the supervisor never restarts it), with the figures and the way out; one close to it a note.
-    The corpus's format from its meta.json (the staged copy under a supervisor)."""
+    The corpus's format and val split (and [eval] probe's) from their meta.json (staged copies under a supervisor)."""
     from minilmd.corpus_meta import read_corpus_meta
     from minilmd.plan.footprint import Offer, fit, host_offer
 
@@ -414,7 +414,9 @@ def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
         offer = host_offer()
     if offer is None:
         return
-    refused, near = fit(cfg, read_corpus_meta(cfg.data.prepared), offer, on_gpu)
+    probe = cfg.eval.probe_staged or cfg.eval.probe
+    refused, near = fit(cfg, read_corpus_meta(cfg.data.prepared), offer, on_gpu,
+                        read_corpus_meta(probe) if probe else None)
     if refused:
         raise ConfigError([refused], cfg.source)
     if near and dist.is_main:
