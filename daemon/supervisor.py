@@ -181,6 +181,7 @@ class Supervisor(Ending):
         self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
         self.files.publish(self.cfg, self.config_path)  # the Prometheus textfile, the registry entry
         self.slurm = slurmjob.for_supervisor(self.state, emit)  # None outside a Slurm job
+        self.staging.ranks = lambda: self.slurm.nproc * self.slurm.alloc.nnodes if self.slurm else self.gpu.nproc
 
     # --- one tick of the loop -------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -273,8 +274,7 @@ class Supervisor(Ending):
                                         f"{self.state.resume_words()}", step=gone.step)
 
     def _say(self, reason: str) -> None:
-        """The phase goes on, with a newer reason (a part's wait, its numbers of now): state.json and status show it
-        at the next save."""
+        """The phase goes on with a newer reason (a part's wait, its numbers): state.json shows it at the next save."""
         self.state.reason = reason
 
     def _fail(self, status: int, message: str) -> None:

@@ -51,3 +51,30 @@ def test_a_resume_on_another_number_of_ranks_changes_the_batch_stream():
     cfg.override("gpu.count", 1)
     assert stream_changes(cfg, recorded)[0].startswith("world size = 1 rank(s) (was 2")
     assert stream_changes(cfg, stream_record({"config": cfg.to_dict()})) == []  # recorded none: not compared
+
+
+def test_staging_compares_the_world_size_with_the_ranks_the_supervisor_launches(tmp_path):
+    """A Slurm job of 2 nodes x 2 cards trains on 4 ranks while its config says gpu.count = 2: its own restart
+    changes nothing, and says nothing; on 2 ranks it changes the batch stream."""
+    import json
+
+    from minilmd import names
+    from minilmd.daemon.base.runstate import RunState, new_state
+    from minilmd.daemon.jobs.stagingworker import StagingWorker
+
+    cfg = RunConfig()
+    cfg.override("run.scratch", str(tmp_path / "scratch"))
+    cfg.override("gpu.count", 2)
+    step = cfg.checkpoint_dir / "step-00000010"
+    step.mkdir(parents=True)
+    (step / names.TRAINER_STATE).write_text(json.dumps({"config": cfg.to_dict(), "world_size": 4}))
+    emitted: list[tuple] = []
+    run_state = RunState(tmp_path / names.STATE, new_state("s", tmp_path, "s.toml"))
+    staging = StagingWorker(cfg, None, run_state, lambda *a, **kw: emitted.append((a, kw)), None, None)
+    staging.ranks = lambda: 4
+    staging.record_shape_change()
+    assert run_state.shape_changes == [] and emitted == []
+    staging.ranks = lambda: 2
+    staging.record_shape_change()
+    assert [line.split(" (was")[0] for line in run_state.shape_changes] == ["step 10: world size = 2 rank(s)"]
+    assert [a[0] for a, _ in emitted] == ["data_shape"]

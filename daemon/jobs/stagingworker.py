@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,9 @@ class StagingWorker:
         self.fetch_retry_at = 0.0
         self.fetch_started = 0.0  # set by the thread while it reads the remote
         self.inputs: dict[str, str] = {}
+        self.ranks: Callable[[], int] | None = None
+        """The ranks the trainer is launched with (the supervisor's: its leased cards, a Slurm job's nodes x cards),
+        what a checkpoint's recorded world size is compared with; None: the config's (cfg.world_size)."""
         """The `--set` overrides naming the staged probe and init.from (daemon/jobs/initstage.py) for the trainer."""
         self.pending: Staged | None = None  # corpus staged (and fetched): the probe and init.from still to stage
         self.source_failures = 0
@@ -237,7 +241,7 @@ class StagingWorker:
                 self.state.shape_changes = []
             return
         step, recorded = newest
-        changes = stream_changes(self.cfg, recorded, self.state.overrides)
+        changes = stream_changes(self.cfg, recorded, self.state.overrides, self.ranks() if self.ranks else None)
         line = f"step {step:,}: {', '.join(changes)}"
         if changes and line not in self.state.shape_changes:  # a restart before the next save: said once
             self.state.shape_changes.append(line)
