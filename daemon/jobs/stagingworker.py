@@ -91,10 +91,10 @@ class StagingWorker:
         self.fetch_retry_at = 0.0
         self.fetch_started = 0.0  # set by the thread while it reads the remote
         self.inputs: dict[str, str] = {}
+        """The `--set` overrides naming the staged probe and init.from (daemon/jobs/initstage.py) for the trainer."""
         self.ranks: Callable[[], int] | None = None
         """The ranks the trainer is launched with (the supervisor's: its leased cards, a Slurm job's nodes x cards),
         what a checkpoint's recorded world size is compared with; None: the config's (cfg.world_size)."""
-        """The `--set` overrides naming the staged probe and init.from (daemon/jobs/initstage.py) for the trainer."""
         self.pending: Staged | None = None  # corpus staged (and fetched): the probe and init.from still to stage
         self.source_failures = 0
         self.source_retry_at = 0.0
