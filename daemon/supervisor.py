@@ -181,6 +181,7 @@ class Supervisor(Ending):
         self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
         self.files.publish(self.cfg, self.config_path)  # the Prometheus textfile, the registry entry
         self.slurm = slurmjob.for_supervisor(self.state, emit)  # None outside a Slurm job
+        self.staging.ranks = lambda: self.slurm.nproc * self.slurm.alloc.nnodes if self.slurm else self.gpu.nproc
 
     # --- one tick of the loop -------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -273,8 +274,7 @@ class Supervisor(Ending):
                                         f"{self.state.resume_words()}", step=gone.step)
 
     def _say(self, reason: str) -> None:
-        """The phase goes on, with a newer reason (a part's wait, its numbers of now): state.json and status show it
-        at the next save."""
+        """The phase goes on with a newer reason (a part's wait, its numbers): state.json shows it at the next save."""
         self.state.reason = reason
 
     def _fail(self, status: int, message: str) -> None:
@@ -311,8 +311,7 @@ class Supervisor(Ending):
         self._launch()
 
     def _on_staging_failed(self, failed: StagingFailed) -> None:
-        """Act on policy.decide_staging_failure: fail, or back off and stage again (no Restart record: no trainer
-        died)."""
+        """Act on policy.decide_staging_failure: fail, or back off and stage again (no trainer died: no Restart)."""
         streak = self.state.no_progress_streak + 1
         decision = decide_staging_failure(failed.error, failed.exit_status, restart=self.cfg.restart,
                                           no_progress_streak=streak)
@@ -426,6 +425,7 @@ class Supervisor(Ending):
         if decision.overrides:
             self.state.overrides.update(decision.overrides)
             self.events.emit("overrides", decision.message, overrides=decision.overrides)
+            self.staging.record_shape_change(staged=False)  # the relaunch resumes its newest checkpoint with them
         next_phase = {Action.RESTART: Phase.STARTING, Action.RESTAGE: Phase.STAGING,
                       Action.WAIT_GPU: Phase.WAITING_GPU}[decision.action]
         if next_phase == Phase.STAGING:

@@ -3,7 +3,8 @@ be used (run.dir, run.scratch, the Prometheus textfile, run.remote) or that anot
 scratch: minilmd/place_rule.py), a scratch of another run or user
 (minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
 is empty, a preference corpus most of whose replies train.seq_len cuts away (rowcount.pairs_fit), an init.from
-that cannot initialise this model (minilmd/init_source.py). And, for `run --check`'s `note:` lines (stage_notes),
+that cannot initialise this model (minilmd/init_source.py) or was trained with a tokenizer provably other
+than the corpus's (minilmd/init_tokenizer.py). And, for `run --check`'s `note:` lines (stage_notes),
 what the run would do that its config may not mean: settings its corpus's stage ignores, DPO without init.from, an
 init.from checkpoint root of a run not finished yet, a model trained on text before DPO, a tokenizer or chat
 template other than the corpus's; the supervisor says init.from's (init_from_notes) once it has staged its checkpoint.
@@ -20,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from minilmd import scratch
+from minilmd import init_tokenizer, scratch
 from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
 from minilmd.bounded import bounded_probe as bounded_probe
 from minilmd.bounded import shared_storage_check
@@ -46,8 +47,6 @@ from minilmd.names import (
     CORPUS_META,
     RUN_DIR_ENV,
     TOKENIZER_CONFIG,
-    TOKENIZER_CONFIG_MAX_BYTES,
-    TOKENIZER_FILE,
     is_step_name,
 )
 from minilmd.path_checks import (
@@ -61,7 +60,7 @@ from minilmd.path_checks import (
 )
 from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
-from minilmd.untrusted import loads, printable
+from minilmd.untrusted import printable
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
@@ -264,12 +263,29 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
             diff = model_differences(pred.model, cfg.model_dict())  # its final checkpoint's is checked then too
             return [f"init.from = {cfg.init.from_!r}: run {pred.name} trains another model config: "
                     + ", ".join(diff)] if diff else [], None
-        return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict(),
-                                                                                   cfg.init.checkpoint)], None
+        problems = [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict(),
+                                                                                       cfg.init.checkpoint)]
+        return problems + _tokenizer_problems(cfg), None
     except InitSourceUnreachable as e:
         return [], str(e)
     except InitSourceError as e:
         return [f"init.from = {cfg.init.from_!r}: {e}"], None
+
+
+def _tokenizer_problems(cfg: RunConfig) -> list[str]:
+    """init.from's checkpoint trained with a tokenizer that provably differs from the one the local corpus was
+    prepared with (minilmd/init_tokenizer.py mismatch: another vocabulary size, or ids that stand for other text):
+    refused, both named. A .pth, or a corpus behind a URL or unread: nothing proven here."""
+    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+        return []
+    try:
+        meta = read_corpus_meta(cfg.data.prepared)
+        source = resolve(cfg.init.from_, cfg.init.checkpoint)
+        state = source_state(source) if meta is not None and source.kind == "checkpoint" else None
+    except (ValueError, OSError):  # said by model_problems, as a problem or a wait
+        return []
+    refused = state and init_tokenizer.mismatch(cfg.init.from_, cfg.data.prepared, source, state, meta or {})
+    return [refused] if refused else []
 
 
 DPO_WITHOUT_INIT = ("no [init] from on a preference corpus: DPO trains from randomly initialised weights, against a "
@@ -336,7 +352,8 @@ def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
 def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
     """What init.from's checkpoint says the run may not mean (none once the run has a checkpoint of its own: it
     never reads init.from again): a checkpoint root of a run that has not finished (unfinished_source), a model
-    trained on text before DPO, a tokenizer or chat template other than the corpus's (tokenizer_notes)."""
+    trained on text before DPO, a tokenizer or chat template other than the corpus's (minilmd/init_tokenizer.py
+    notes: where another tokenizer cannot be proven; where it can, _check_init refuses it)."""
     spec = cfg.init.from_
     if _has_checkpoint(cfg):
         return []
@@ -353,7 +370,7 @@ def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
         notes.append(f"init.from = {spec!r}: {source.path} holds no chat template ({TOKENIZER_CONFIG}): it was "
                      f"trained on a text corpus (pretraining), not SFT, and DPO's reference is this model; DPO "
                      f"starts from the SFT stage's model")
-    return notes + (tokenizer_notes(cfg, source, state, meta) if meta is not None else [])
+    return notes + (init_tokenizer.notes(spec, cfg.data.prepared, source, state, meta) if meta is not None else [])
 
 
 def unfinished_source(spec: str, source: InitSource) -> list[str]:
@@ -393,40 +410,6 @@ def _stopped_early(state: dict) -> bool:
     patience = meta_value(state, "config", "early_stop", "patience")
     since = meta_value(state, "early_stop", "since_best")
     return isinstance(patience, int) and isinstance(since, int) and 0 < patience <= since
-
-
-def tokenizer_notes(cfg: RunConfig, source: InitSource, state: dict, meta: dict) -> list[str]:
-    """init.from's checkpoint trained with another tokenizer (the sha256 of tokenizer.json it records against the
-    corpus's) or another chat template (its tokenizer_config.json against the corpus's): notes, not refusals, since
-    the same tokenizer saved again has other bytes (model.vocab_size is compared as a problem)."""
-    spec, notes = cfg.init.from_, []
-    theirs, ours = meta_value(state, "fingerprints", "tokenizer"), meta.get("tokenizer_sha256")
-    if isinstance(theirs, str) and isinstance(ours, str) and theirs != ours:
-        notes.append(f"init.from = {spec!r}: {source.path} was trained with another tokenizer than the corpus "
-                     f"{cfg.data.prepared} was prepared with (tokenizer.json sha256 {printable(theirs)[:12]}, the "
-                     f"corpus's {ours[:12]}): the same ids stand for other text; prepare the corpus with the "
-                     f"checkpoint's tokenizer ({source.path / TOKENIZER_FILE})")
-    ckpt_template, corpus_template = _chat_template(source.path), _chat_template(Path(cfg.data.prepared))
-    if ckpt_template is not None and corpus_template is not None and ckpt_template != corpus_template:
-        notes.append(f"init.from = {spec!r}: {source.path} was trained with another chat template than the corpus "
-                     f"{cfg.data.prepared} was rendered with (their {TOKENIZER_CONFIG}): the model meets its turns in "
-                     f"another form; prepare the corpus with the tokenizer directory init.from's run used")
-    return notes
-
-
-def _chat_template(folder: Path) -> str | None:
-    """The chat_template of a checkpoint's or corpus's tokenizer_config.json, read in the directory opened once, as
-    a file of that directory's owner or ours (init_place: bounded, no link followed, no FIFO opened); None when
-    there is none or it cannot be read so."""
-    from minilmd.init_place import open_named, owners_of, read_in
-
-    try:
-        with open_named(folder) as where:
-            raw = read_in(where, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, owners_of(where))
-        template = loads(raw).get("chat_template")
-    except (OSError, ValueError):
-        return None
-    return template if isinstance(template, str) else None
 
 
 def _has_checkpoint(cfg: RunConfig) -> bool:

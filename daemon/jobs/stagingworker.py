@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,9 @@ class StagingWorker:
         self.fetch_started = 0.0  # set by the thread while it reads the remote
         self.inputs: dict[str, str] = {}
         """The `--set` overrides naming the staged probe and init.from (daemon/jobs/initstage.py) for the trainer."""
+        self.ranks: Callable[[], int] | None = None
+        """The ranks the trainer is launched with (the supervisor's: its leased cards, a Slurm job's nodes x cards),
+        what a checkpoint's recorded world size is compared with; None: the config's (cfg.world_size)."""
         self.pending: Staged | None = None  # corpus staged (and fetched): the probe and init.from still to stage
         self.source_failures = 0
         self.source_retry_at = 0.0
@@ -216,7 +220,7 @@ class StagingWorker:
                 self.emit("fetch", f"--fresh: the remote step {self.state.remote_checkpoint.step} state.json "
                                    f"recorded is forgotten; this run syncs its own checkpoints from now on")
                 self.state.remote_checkpoint = None
-        self._record_shape_change()
+        self.record_shape_change()
         self.fresh, self.records = False, None  # the first staging has ended: a later one waits as any run does
         if initstage.needed(self.cfg):  # the probe and init.from next, in a thread of their own
             self.pending = Staged(staged, expected, fetched)
@@ -225,16 +229,19 @@ class StagingWorker:
         self.inputs = {}
         return Staged(staged, expected, fetched)
 
-    def _record_shape_change(self) -> None:
+    def record_shape_change(self, staged: bool = True) -> None:
         """Scratch's newest checkpoint (the one the trainer resumes from) recording other batch stream settings than
         the run has now (minilmd/batch_stream.py): event "data_shape", and a line in state.json's shape_changes, for
-        which `status` says the run is not bit-reproducible. A start from step 0 (a new lineage) forgets them."""
+        which `status` says the run is not bit-reproducible. A start from step 0 (a new lineage) forgets them. Also
+        called by the supervisor when its OOM retry sets a smaller micro-batch (a relaunch stages nothing; `staged`
+        False): the line says it was that retry, and a later staging finding the same change says it no more."""
         newest = newest_recorded(self.cfg.checkpoint_dir)
         if newest is None:
-            self.state.shape_changes = []
+            if staged:  # staging's start from step 0; not the supervisor's retry, which a staging may follow
+                self.state.shape_changes = []
             return
         step, recorded = newest
-        changes = stream_changes(self.cfg, recorded, self.state.overrides)
+        changes = stream_changes(self.cfg, recorded, self.state.overrides, self.ranks() if self.ranks else None)
         line = f"step {step:,}: {', '.join(changes)}"
         if changes and line not in self.state.shape_changes:  # a restart before the next save: said once
             self.state.shape_changes.append(line)
