@@ -113,7 +113,8 @@ def rows_in_time(entries: list[registry.Entry], t: float) -> list[dict]:
 
 
 SHOWN_ENDINGS = {protocol.ENDED_STOPPED: "stopped", protocol.ENDED_EARLY_STOPPED: "early-stopped",
-                 protocol.ENDED_REQUEUED: "requeued", protocol.ENDED_CANCELLED: "cancelled"}
+                 protocol.ENDED_REQUEUED: "requeued", protocol.ENDED_CANCELLED: "cancelled",
+                 protocol.ENDED_UNSYNCED: "unsynced"}
 """A "done" run as the table shows it, by how it ended (the row's "ended", protocol.how_ended); finished: "done"."""
 
 
