@@ -88,3 +88,14 @@ def test_an_unwritable_output_directory_is_exit_74_naming_it_for_every_command(s
         assert ".tmp" not in done.stderr and "(.)" not in done.stderr, (name, done.stderr)  # no temporary name
         assert "lock file" not in done.stderr and "Traceback" not in done.stderr, (name, done.stderr)
     assert not list(out_dir.iterdir())
+
+
+def test_an_export_that_cannot_be_written_names_out_not_its_temporary_copy():
+    """export's own rule (exit 74, what to do by errno) said the OSError whole: its temporary copy's name."""
+    pytest.importorskip("torch")
+    from minilmd.trainer.model.export_paths import not_written
+
+    out = Path("models/m.pth")
+    said = str(not_written(out, PermissionError(13, "Permission denied", "models/.m.pth.tmp-h-1-2.ab12cd34")))
+    assert said.startswith(f"{out}: the export could not be written: Permission denied;"), said
+    assert ".tmp" not in said and "choose an --out you may write" in said, said
