@@ -39,6 +39,10 @@ IN_THE_WAY = "choose another {label}, or move that file out of the way"
 file out of the way)."""
 
 
+NO_WAY_THROUGH = "choose another {label}, or have the owner of the directory above it let you through"
+"""What to do about a directory on the way without search permission (sharing a directory opens none)."""
+
+
 class PlaceRefused(ValueError):
     """A directory minilmd will not create files in (the message says why and what to do): a config error, exit 2."""
 
@@ -84,7 +88,8 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
         try:
             st = _lstat(above)
         except PermissionError as e:  # a directory above it without search permission (mode 644): no way through
-            return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {advice}"
+            todo = NO_WAY_THROUGH.format(label=label.removeprefix("the directory of "))
+            return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {todo}"
         # any other OSError (EIO, ESTALE: a share gone) goes to the caller, which waits for a remote, says a source
         if st is None:
             return None

@@ -99,3 +99,17 @@ def test_an_export_that_cannot_be_written_names_out_not_its_temporary_copy():
     said = str(not_written(out, PermissionError(13, "Permission denied", "models/.m.pth.tmp-h-1-2.ab12cd34")))
     assert said.startswith(f"{out}: the export could not be written: Permission denied;"), said
     assert ".tmp" not in said and "choose an --out you may write" in said, said
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_a_directory_without_search_permission_on_the_way_says_what_to_do_not_group_share(shared):
+    uid, gid = second_user()
+    closed = shared / "closed"
+    closed.mkdir()
+    os.chown(closed, uid, gid)
+    closed.chmod(0o644)  # his own, which he cannot go through
+    done = _minilmd("demo-corpus", str(closed / "out"), as_nobody=True)
+    assert done.returncode == 2, done.stderr
+    assert f"{closed / 'out'} cannot be looked at: Permission denied" in done.stderr, done.stderr
+    assert "let you through" in done.stderr and "--group-share" not in done.stderr, done.stderr
