@@ -76,3 +76,21 @@ def test_force_refuses_a_copy_and_replaces_what_her_prepare_published(team, tmp_
     assert _tokens(team / "corpus") != before
     record = json.loads((team / "corpus" / "meta.json").read_text())["prepared_at"]
     assert record == {"name": "corpus", "inode": (team / "corpus").stat().st_ino}
+
+
+HIS_OWN = """
+import os, sys
+team = sys.argv[1]
+os.rename(os.path.join(team, "corpus"), os.path.join(team, "corpus-moved-by-him"))
+os.mkdir(os.path.join(team, "corpus"), 0o755)  # his own directory at her --out name
+"""
+
+
+def test_force_refuses_a_teammates_directory_at_the_name_naming_him(team, demo_jsonl, tokenizer):
+    run_prepare(demo_jsonl[:1], tokenizer, team / "corpus", val_fraction=0.1, group_share=True)
+    _as_nobody(HIS_OWN, str(team))
+    uid, _ = second_user()
+    with pytest.raises(ValueError) as refused:
+        run_prepare(demo_jsonl[1:2], tokenizer, team / "corpus", val_fraction=0.1, force=True, group_share=True)
+    assert f"a directory of another user, nobody (uid {uid})" in str(refused.value), refused.value
+    assert (team / "corpus").stat().st_uid == uid and (team / "corpus-moved-by-him" / "meta.json").is_file()
