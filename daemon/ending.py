@@ -127,6 +127,8 @@ class Ending:
                 self.events.emit("scratch", said)
         elif self.room.stopping:
             self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
+        elif sync_problem and self.sync.not_ours:
+            self._finish_unsynced(sync_problem)
         elif sync_problem:
             # exit 1, not final: systemd restarts us, the trainer exits at once, the sync is tried again
             self._fail(1, f"finished, but {sync_problem}; {kept}")
@@ -136,6 +138,21 @@ class Ending:
                                                          else ""))
             if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
                 self.events.emit("scratch", scratch.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
+
+    def _finish_unsynced(self, sync_problem: str) -> None:
+        """The run finished, but run.remote's owner record is no longer this run's (SyncWorker.not_ours: another
+        user's file, another run's record): a remote out of reach, not a failure of the run. Its last checkpoint
+        stays in scratch, kept whole; state.json's outcome.ended says `unsynced`, its reason why and the way on."""
+        steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
+        last = names.step_name(steps[-1]) if steps else "its last checkpoint"
+        self.ended = protocol.ENDED_UNSYNCED
+        self.scratch_kept = (f"kept {self.cfg.scratch_dir}: the run's last checkpoint {last} is only there, "
+                             f"run.remote {self.cfg.run.remote} not being this run's")
+        self.state.record_error(f"finished, but {sync_problem}")
+        self._go(Phase.DONE, f"the run finished, but its last checkpoint {last} is not synced: {self.sync.not_ours}. "
+                             f"It stays in {self.cfg.checkpoint_dir} (scratch is kept); once run.remote's "
+                             f"{names.REMOTE_OWNER} is this run's again (its owner removes his), start the run again: "
+                             f"it syncs {last} and ends")
 
     def _nothing_to_sync(self) -> str:
         """Why a trainer that ended done (exit 0) cannot be called synced: the run has a remote, yet scratch holds no

@@ -185,7 +185,14 @@ def predecessor_report(pred: Predecessor) -> PredecessorReport:
     started, running, stopped on request, its Slurm job requeued or cancelled, killed: a restart, a requeue or a
     new submission goes on; or a state.json that is not one, said as "unreadable (why)")."""
     from minilmd.names import STATE
-    from minilmd.protocol import ENDED_CANCELLED, ENDED_REQUEUED, FINAL_EXIT_STATUSES, FINISHED_ENDINGS, how_ended
+    from minilmd.protocol import (
+        ENDED_CANCELLED,
+        ENDED_REQUEUED,
+        ENDED_UNSYNCED,
+        FINAL_EXIT_STATUSES,
+        FINISHED_ENDINGS,
+        how_ended,
+    )
     from minilmd.untrusted import Unreadable, printable
 
     try:
@@ -215,6 +222,10 @@ def predecessor_report(pred: Predecessor) -> PredecessorReport:
     if phase == "done" and ended == ENDED_CANCELLED:
         return PredecessorReport("waiting", f"run {pred.name}'s Slurm job was cancelled{at}: it resumes when its "
                                             f"job is submitted again", phase, state)
+    if phase == "done" and ended == ENDED_UNSYNCED:
+        return PredecessorReport("waiting", f"run {pred.name} finished{at}, but its last checkpoint is not on its "
+                                            f"run.remote (its owner.json is not that run's): it is synced when that "
+                                            f"run is started again", phase, state)
     if phase == "done":  # done but not finished: stopped on request; it waits for a restart
         return PredecessorReport("waiting", f"run {pred.name} was stopped{at}", phase, state)
     return PredecessorReport("waiting", f"run {pred.name} is {printable(phase)[:40]}{at}", phase, state)

@@ -34,8 +34,21 @@ WALK_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 """How the walk opens each directory on the way: no link followed, no read permission needed (a 0711 home)."""
 
 
+IN_THE_WAY = "choose another {label}, or move that file out of the way"
+"""What to do about a file where the walk needs a directory (no other place's advice: sharing a directory moves no
+file out of the way)."""
+
+
+NO_WAY_THROUGH = "choose another {label}, or have the owner of the directory above it let you through"
+"""What to do about a directory on the way without search permission (sharing a directory opens none)."""
+
+
 class PlaceRefused(ValueError):
     """A directory minilmd will not create files in (the message says why and what to do): a config error, exit 2."""
+
+
+class InTheWay(PlaceRefused):
+    """A file where the walk needs a directory: no place rule's refusal, so no advice to share a directory."""
 
 
 def user(uid: int) -> str:
@@ -75,7 +88,8 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
         try:
             st = _lstat(above)
         except PermissionError as e:  # a directory above it without search permission (mode 644): no way through
-            return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {advice}"
+            todo = NO_WAY_THROUGH.format(label=label.removeprefix("the directory of "))
+            return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {todo}"
         # any other OSError (EIO, ESTALE: a share gone) goes to the caller, which waits for a remote, says a source
         if st is None:
             return None
@@ -252,9 +266,11 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
             if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
         now = os.stat(name, dir_fd=fd, follow_symlinks=False)  # a file in the way, or swapped since the lstat
-        kind = ("a symbolic link now (never followed)" if stat.S_ISLNK(now.st_mode)
-                else "a file, not a directory" if stat.S_ISREG(now.st_mode) else "not a directory")
-        raise PlaceRefused(f"{label} {path}: {here / name} is {kind}; {advice}")
+        if stat.S_ISLNK(now.st_mode):  # swapped since the lstat: someone's doing, the place's advice
+            raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link now (never followed); {advice}")
+        kind = "a file, not a directory" if stat.S_ISREG(now.st_mode) else "not a directory"
+        todo = IN_THE_WAY.format(label=label.removeprefix("the directory of "))
+        raise InTheWay(f"{label} {path}: {here / name} is {kind}; {todo}")
 
     try:
         while pending:

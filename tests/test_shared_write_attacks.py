@@ -206,7 +206,10 @@ def test_force_never_deletes_another_corpus_moved_to_its_name(team, tmp_path, de
     replaces only the directory whose identity it checked under the lock: corpA is put back, nothing deleted."""
     private = tmp_path / "private"
     run_prepare(demo_jsonl[:1], tokenizer, private, val_fraction=0.1)
-    shutil.copytree(private, team / "corpus")
+    if group_share:  # her prepare's own: in a team directory --force replaces nothing else (prepare_force_team)
+        run_prepare(demo_jsonl[:1], tokenizer, team / "corpus", val_fraction=0.1, group_share=True)
+    else:
+        shutil.copytree(private, team / "corpus")
     run_prepare(demo_jsonl[:1], tokenizer, tmp_path / "other", val_fraction=0.3)  # her other corpus: another split
     shutil.copytree(tmp_path / "other", team / "corpA")
     hers = _corpus_tokens(team / "corpA")

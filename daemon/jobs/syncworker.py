@@ -85,6 +85,7 @@ class SyncWorker:
         self.remote_full: tuple[int | None, int | None] | None = None  # (needs, free) when the last sync found no room
         self.waited_for_room = False  # the last sync has waited for room on the remote
         self.room_wait = ""  # why the last sync waits, with the numbers of its latest try: the phase's reason
+        self.not_ours = ""  # why the last sync was refused: run.remote's owner record no longer this run's
         self.copying: Path | None = None  # the newest local checkpoint when the running sync started
         self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
         self._sizes: dict[str, int | None] = {}  # checkpoint_bytes by step name: a checkpoint never changes
@@ -196,6 +197,13 @@ class SyncWorker:
             return f"that was the last of {FINAL_SYNC_TRIES} tries: no retry"
         return f"retry in {retry:.0f}s (try {self.final_tries}/{FINAL_SYNC_TRIES})"
 
+    def _out_of_reach(self) -> str:
+        """What a remote whose owner record is no longer this run's means: a remote out of reach, said why."""
+        goes_on = "" if self.final_tries else "training goes on, "
+        return (f"run.remote's owner record is no longer this run's: {goes_on}the checkpoints stay in scratch "
+                f"({self.cfg.checkpoint_dir}) and nothing is written to the remote; once the record is this run's "
+                f"again (or gone: the next sync claims the remote again), the syncs go on")
+
     def _remote_full(self) -> str:
         needs, free = self.remote_full or (None, None)
         return f"remote full (needs {mb(needs)}, free {mb(free)})"
@@ -236,14 +244,16 @@ class SyncWorker:
             said = error_words(worker.error)
             sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
             self.state.record_error(f"sync failed: {said}")
-            from minilmd.daemon.jobs.sync import RemoteFull  # loaded by the worker by now: sync imports numpy
+            from minilmd.daemon.jobs.sync import RemoteFull, RemoteNotOurs  # loaded by the worker: sync imports numpy
 
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
-            self.emit("sync", f"sync failed ({said}); {self._next_try(retry, worker.error)}")
+            self.not_ours = said if isinstance(worker.error, RemoteNotOurs) else ""
+            what = f"sync refused ({said}); {self._out_of_reach()}" if self.not_ours else f"sync failed ({said})"
+            self.emit("sync", f"{what}; {self._next_try(retry, worker.error)}")
             return
         result = worker.result
-        self.failures, self.failing_since = 0, None
+        self.failures, self.failing_since, self.not_ours = 0, None, ""
         self.next_at = now() + every
         sync.state, sync.error, sync.since, sync.last_ok = SyncState.OK, None, now(), now()
         step = getattr(result, "step", None)

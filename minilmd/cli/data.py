@@ -5,11 +5,9 @@ Torch-free all the way down: nothing here, nor anything these commands import, r
 """
 from __future__ import annotations
 
-import errno
-
 import typer
 
-from minilmd.corpus.exits import EXIT_IO, data_error_exit, interrupt_on_termination, prepare_exits
+from minilmd.corpus.exits import data_error_exit, interrupt_on_termination, out_error_exit, prepare_exits
 
 commands = typer.Typer()
 """The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
@@ -177,7 +175,7 @@ def demo_corpus_command(
     A file it would write that is in OUT already is refused (each named), nothing written, unless --force.
     Exit status: 0, 1 the package holding the text is missing, 2 bad arguments, a file already in OUT (without
     --force), an OUT in a directory others can rearrange (without --group-share), or one that cannot be made (under
-    a file, read-only), 74 a write failed (a full disk, EIO)."""
+    a file), 74 a write failed (no write permission in OUT, a full disk, EIO: the message names OUT)."""
     from pathlib import Path
 
     from minilmd.corpus.demo_chat import DemoChatError, write_chat_corpus, write_preference_corpus
@@ -208,11 +206,7 @@ def demo_corpus_command(
     except PlaceRefused as e:
         typer.echo(f"demo-corpus: {e}; nothing written", err=True)
         raise typer.Exit(2) from None
-    except OSError as e:  # OUT not makeable (a read-only directory: a bad argument), or a full disk, EIO: 74
-        io = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO)
-        where = f" ({e.filename})" if e.filename else ""
-        typer.echo(f"demo-corpus: OUT {out}: {e.strerror or e}{where}; no file was left half written"
-                   + ("; free space, then run it again" if io else ""), err=True)
-        raise typer.Exit(EXIT_IO if io else 2) from None
+    except OSError as e:  # OUT not writable or not makeable, a full disk, EIO: exit 74, as every output's
+        raise out_error_exit(e, "demo-corpus", out, "no file was left half written") from None
     for p in paths:
         typer.echo(str(p))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from minilmd.corpus.exits import data_error_exit, interrupt_on_termination, io_error_exit
+from minilmd.corpus.exits import data_error_exit, interrupt_on_termination, io_error_exit, out_dir_of, out_error_exit
 from minilmd.names import TOKENIZER_FILE
 
 tokenizer_app = typer.Typer(no_args_is_help=True, help="Train or inspect a tokenizer.")
@@ -59,9 +59,11 @@ def tokenizer_train_command(
             raise data_error_exit(e) from None
 
     interrupt_on_termination()  # as prepare: the training process is ended, nothing written
+    writing = False
     try:
         # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
         text, actual, bad = _train_in_child(corpus, on_bad_line, max_docs, vocab_size, sys.stdout.isatty())
+        writing = True
         _write_tokenizer(out, text, group_share)
     except (InputError, TokenizerError) as e:
         raise data_error_exit(e) from None
@@ -69,6 +71,8 @@ def tokenizer_train_command(
         typer.echo(f"tokenizer train: {e}; nothing written", err=True)
         raise typer.Exit(2) from None
     except OSError as e:
+        if writing:  # the output's directory, as every command that writes one says it
+            raise out_error_exit(e, "tokenizer train", out_dir_of(out), f"{out} is as it was") from None
         raise io_error_exit(e, "tokenizer train", f"{out} is as it was") from None
     except KeyboardInterrupt:
         typer.echo(f"tokenizer train: interrupted, nothing written ({out} is as it was)", err=True)
@@ -87,7 +91,8 @@ def tokenizer_train_command(
             typer.echo(f"tokenizer train: {e}; the tokenizer_config.json was not written", err=True)
             raise typer.Exit(2) from None
         except OSError as e:
-            raise io_error_exit(e, "tokenizer train", "the tokenizer_config.json was not written") from None
+            raise out_error_exit(e, "tokenizer train", out_dir_of(out),
+                                 "the tokenizer_config.json was not written") from None
 
 
 def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_size: int,
@@ -212,7 +217,8 @@ def tokenizer_template_command(
         typer.echo(f"tokenizer template: {e}", err=True)
         raise typer.Exit(2) from None
     except OSError as e:
-        raise io_error_exit(e, "tokenizer template", "run it again to write both files") from None
+        raise out_error_exit(e, "tokenizer template", out_dir_of(target), "run it again to write both "
+                             "files") from None
     if not in_place:
         typer.echo(f"wrote {target}: {source} as it is (vocabulary of {vocab})")
     typer.echo(f"wrote {written}: chat template {chat_template} (the vocabulary of {vocab} unchanged)")

@@ -4,6 +4,8 @@ status, said in one line, never a traceback; SIGTERM and SIGHUP as Ctrl-C. Torch
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 from collections.abc import Iterator
 
 import typer
@@ -15,9 +17,43 @@ def io_error_exit(e: OSError, what: str, kept: str) -> typer.Exit:
     """A read or write that failed (ENOSPC on --out, EIO on an NFS source): said in one line, not a traceback;
     `kept` says what is left of the output (prepare's cleanup ran as the error unwound through it)."""
     where = f" ({e.filename})" if e.filename else ""
-    typer.echo(f"error: {what}: {e.strerror or e}{where}; {kept}. Fix it (free space, the share) and run it again",
-               err=True)
+    todo = IO_WHAT_TO_DO.get(e.errno or 0, "Fix it (free space, the share) and run it again")
+    typer.echo(f"error: {what}: {e.strerror or e}{where}; {kept}. {todo}", err=True)
     return typer.Exit(EXIT_IO)
+
+
+IO_WHAT_TO_DO = {
+    errno.EACCES: "Fix its permissions, or choose another path, and run it again",
+    errno.EPERM: "Fix its permissions, or choose another path, and run it again",
+    errno.EROFS: "It is on a read-only file system: choose another path",
+}
+"""io_error_exit's advice where freeing space or the share would not help (a read or a write: the path says)."""
+
+
+OUT_WHAT_TO_DO = {
+    errno.EACCES: "choose a directory you may write, or have its owner let you",
+    errno.EPERM: "choose a directory you may write, or have its owner let you",
+    errno.EROFS: "it is on a read-only file system: choose another directory",
+    errno.ENOSPC: "free some space there (or choose another directory), then run it again",
+    errno.EDQUOT: "free some space there (or choose another directory), then run it again",
+}
+"""What to do when an output cannot be written there, by errno; anything else (EIO): fix the disk or the share."""
+
+
+def out_error_exit(e: OSError, tool: str, where: str | os.PathLike, kept: str) -> typer.Exit:
+    """The one way a command that writes an output (demo-corpus, plot, tokenizer train and template) ends when the
+    write fails: exit 74, the message naming the directory the user typed (`where`), never the temporary name the
+    error may carry, what the system said, what is left (`kept`) and what to do (OUT_WHAT_TO_DO). A file in the way
+    or a directory others can rearrange is a PlaceRefused instead (exit 2), said before this."""
+    todo = OUT_WHAT_TO_DO.get(e.errno or 0, "fix the disk or the share, then run it again")
+    typer.echo(f"{tool}: cannot write in {where}: {e.strerror or e}; {kept}; {todo}", err=True)
+    return typer.Exit(EXIT_IO)
+
+
+def out_dir_of(out: str | os.PathLike) -> str:
+    """The directory of an output file as the user typed it ("." for a bare name, said as the directory it is)."""
+    parent = os.path.dirname(str(out))
+    return parent or f". ({os.getcwd()})"
 
 
 def interrupt_on_termination() -> None:

@@ -102,9 +102,10 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
             free = ""
         return ExportNotWritten(f"{out}: the export could not be written ({e}){free}; nothing was left behind, so "
                                 f"free some space (or choose another --out) and export again")
-    what = f"{os.strerror(code)}: " if code else ""
+    # an OSError's own text names the file it met: the temporary copy's random name, not the --out the user typed
+    what = os.strerror(code) if isinstance(e, OSError) and code else f"{os.strerror(code)}: {e}" if code else str(e)
     todo = _WHAT_TO_DO.get(code or 0, "export again, or choose another --out")
-    return ExportNotWritten(f"{out}: the export could not be written: {what}{e}; nothing was left behind; {todo}")
+    return ExportNotWritten(f"{out}: the export could not be written: {what}; nothing was left behind; {todo}")
 
 
 OUT_ADVICE = ("choose an --out in a directory only you (and root) can change, or pass --group-share to export into a "

@@ -23,6 +23,7 @@ refuses when `--out` no longer leads to it (`check_same_dir`).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -33,7 +34,7 @@ from pathlib import Path
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
 from minilmd.perms import owned_by_me
-from minilmd.place_rule import walk_to
+from minilmd.place_rule import InTheWay, walk_to
 from minilmd.untrusted import loads, printable
 
 LOCK_SUFFIX = ".lock"
@@ -50,6 +51,11 @@ def lock_name(out_name: str) -> str:
 GROUP_SHARE_ADVICE = ("choose an --out only you (and root) can change, or pass --group-share to prepare into a team "
                       "directory anyway (docs/operations.md: everything there then goes through the directory opened "
                       "once)")
+
+
+CANNOT_WRITE_THERE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+"""Why the lock file could not be made that is the directory's, not the lock's: no write permission, a read-only or
+full file system."""
 
 
 def check_out_place(out: Path, group_share: bool) -> None:
@@ -86,6 +92,8 @@ class CorpusLock:
         parent = self.out.parent
         try:
             self.parent = Dir.open(parent, "the directory of --out", group_share=self.group_share)
+        except InTheWay as e:  # a file where the directory should be: --group-share would not move it
+            raise ValueError(f"{e}; nothing was changed") from None
         except PlaceRefused as e:
             raise ValueError(f"{e}; or pass --group-share (docs/operations.md); nothing was changed") from None
         except OSError as e:
@@ -129,6 +137,8 @@ class CorpusLock:
                 self.fd = -1
                 return
             self.close()
+            if e.errno in CANNOT_WRITE_THERE:  # the directory of --out, not the lock: exit 74 as every output's
+                raise OSError(e.errno, e.strerror, str(self.out.parent)) from None
             raise ValueError(f"{path}: cannot open the lock file of {self.out} ({e.strerror}); it must be a regular "
                              "file of yours (remove it, or choose another --out)") from None
         st = os.fstat(self.fd)
