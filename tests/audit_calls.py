@@ -153,15 +153,17 @@ def _spawner(call: ast.Call, names: dict[str, str]) -> str | None:
     return None
 
 
+def command_of(call: ast.Call, names: dict[str, str], constants: dict[str, set[str]]) -> list[str]:
+    """The command words of a call that starts a process (SPAWNERS), else []: all its positional arguments and
+    args=, whatever their order (os.spawnlp(mode, file, *args), os.execv(path, argv))."""
+    if not _spawner(call, names):
+        return []
+    given = [*call.args, *(k.value for k in call.keywords if k.arg in ("args", "cmd", "program", "path"))]
+    return [w for arg in given for w in command_words(arg, constants)]
+
+
 def spawned_commands(module: ast.Module) -> list[tuple[int, list[str]]]:
-    """(line, command words) of each command given to a call that starts a process (SPAWNERS): all its positional
-    arguments and args=, whatever their order (os.spawnlp(mode, file, *args), os.execv(path, argv))."""
+    """(line, command words) of each command given to a call that starts a process (command_of)."""
     names, constants = qualified_names(module), string_constants(module)
-    found = []
-    for node in ast.walk(module):
-        if isinstance(node, ast.Call) and _spawner(node, names):
-            given = [*node.args, *(k.value for k in node.keywords if k.arg in ("args", "cmd", "program", "path"))]
-            words = [w for arg in given for w in command_words(arg, constants)]
-            if words:
-                found.append((node.lineno, words))
-    return found
+    return [(node.lineno, words) for node in ast.walk(module)
+            if isinstance(node, ast.Call) and (words := command_of(node, names, constants))]
