@@ -144,7 +144,7 @@ def command_words(node: ast.expr, constants: dict[str, set[str]]) -> list[str]:
     return []
 
 
-def _spawner(call: ast.Call, names: dict[str, str]) -> str | None:
+def spawner(call: ast.Call, names: dict[str, str]) -> str | None:
     name = dotted(call.func, names)
     if name in SPAWNERS:
         return name
@@ -156,7 +156,7 @@ def _spawner(call: ast.Call, names: dict[str, str]) -> str | None:
 def command_of(call: ast.Call, names: dict[str, str], constants: dict[str, set[str]]) -> list[str]:
     """The command words of a call that starts a process (SPAWNERS), else []: all its positional arguments and
     args=, whatever their order (os.spawnlp(mode, file, *args), os.execv(path, argv))."""
-    if not _spawner(call, names):
+    if not spawner(call, names):
         return []
     given = [*call.args, *(k.value for k in call.keywords if k.arg in ("args", "cmd", "program", "path"))]
     return [w for arg in given for w in command_words(arg, constants)]
