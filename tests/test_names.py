@@ -129,6 +129,16 @@ def _path_parts(tree: ast.AST) -> set[int]:
     return ids
 
 
+def _concatenated(node: ast.AST) -> str | None:
+    """The text of string literals joined with `+` ("meta" + ".json"), None for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _concatenated(node.left), _concatenated(node.right)
+        return left + right if left is not None and right is not None else None
+    return None
+
+
 def _spells(text: str, in_a_path: bool) -> bool:
     return any(pattern.search(text) and (not word or in_a_path or "/" in text) for _, pattern, word in PATTERNS)
 
@@ -148,6 +158,11 @@ def _names_spelled(source: str) -> list[str]:
             text = node.value
         elif isinstance(node, ast.JoinedStr):
             text = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+        elif isinstance(node, ast.BinOp) and (text := _concatenated(node)) is not None:  # "meta" + ".json"
+            skip |= {id(part) for part in ast.walk(node) if part is not node}
+            if _spells(text, id(node) in paths) and not re.search(r"\s", text):
+                found.append(text)
+            continue
         elif isinstance(node, ast.Slice) and isinstance(node.lower, ast.Constant) and node.lower.value == 5 \
                 and node.upper is None and node.step is None:
             found.append("[5:]")
@@ -199,6 +214,7 @@ def test_the_checker_sees_a_spelled_name():
     assert _names_spelled('raise ValueError(f"no meta.json in {root}")') == []
     assert _names_spelled('cfg = Path(d) / "tokenizer_config.json"') == ["tokenizer_config.json"]
     assert _names_spelled('beat = run_dir / "heartbeat"') == ["heartbeat"]
+    assert _names_spelled('meta = root / ("meta" + ".json")') == ["meta.json"]
     assert _names_spelled('p = os.path.join(root, "checkpoints")') == ["checkpoints"]
     assert _names_spelled('p = "checkpoints/LATEST"') == ["checkpoints/LATEST"]
     assert _names_spelled('section = cfg["init"]; cmd = "demo-corpus"; old = ".remote-made.json"') == []
