@@ -1,10 +1,13 @@
 """Every Python process minilmd starts is built by minilmd/pychild.py (`-P`, PYTHONSAFEPATH, the working directory
 "/"), so that no directory another user can write comes first on its import path.
 
-The test lists each use of the running interpreter's path (`sys.executable`, `from sys import executable` under any
-name) and each command that names a Python or torchrun by a string in code (an argv's first element, or the first
-word of a shell string) outside pychild.py, and fails on one that is not reviewed below, with its reason. A new
-way to start Python goes through pychild.python_argv / module_argv, or is added here with why it is safe.
+The test reads the code and the scripts (source_tree.audited_files) and lists each use of the running interpreter's
+path (sys.executable, sys._base_executable, sys.orig_argv, /proc/self/exe, shutil.which("python3"), under any name),
+each command that names a Python or torchrun by a string in code (an argv's element by its basename, any word of a
+command given to subprocess, os.system, os.exec*/spawn* or asyncio, f-strings and names holding the program
+included), and each pychild argv handed to such a call itself rather than to pychild.run/popen (which set its
+environment and working directory with it), outside pychild.py, and fails on one that is not reviewed below, with
+its reason. A new way to start Python goes through pychild.run / popen, or is added here with why it is safe.
 """
 from __future__ import annotations
 
