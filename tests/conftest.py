@@ -35,6 +35,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 
+import signal_backstop
 from chat_helpers import (
     chat_bpe,
     chat_tokenizer_dir,
@@ -81,6 +82,15 @@ def process_wide_settings_restored():
     for sig, handler in handlers.items():
         if signal.getsignal(sig) is not handler and handler is not None:
             signal.signal(sig, handler)
+
+
+@pytest.fixture(autouse=True)
+def signals_sent_through_procs():
+    """Any os.kill, os.killpg or pidfd_send_signal the code sends outside minilmd/procs.py fails the test
+    (signal_backstop.py: the run-time side of test_one_way_to_signal; tests themselves may signal)."""
+    with signal_backstop.senders_watched() as found:
+        yield found
+    assert not found, "a signal sent outside minilmd/procs.py:\n" + "\n".join(found)
 
 
 def in_order(root: Path, paths: list) -> None:

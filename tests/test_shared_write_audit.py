@@ -9,7 +9,12 @@ shutil.rmtree, move, copy*; tempfile's mkstemp,
 mkdtemp, NamedTemporaryFile, TemporaryDirectory, TemporaryFile; numpy's save, savez, savez_compressed, savetxt and
 an array's tofile; safetensors' save_file; torch.save; open() and Path.open() for writing; Path.write_text/
 write_bytes/mkdir/unlink/rmdir/rename/replace/chmod/touch/symlink_to. A call given a directory descriptor (dir_fd=,
-src_dir_fd=) is not by path. minilmd/dirfd.py, the one way to write into a place others can change, is exempt.
+src_dir_fd=, not None) is not by path, and is the rule's own only in minilmd/dirfd.py (exempt: the one way to write
+into a place others can change), dirtree.py and place_rule.py: anywhere else it is listed as "CALL@dir_fd" and
+reviewed. Any spelling counts (tests/audit_calls.py): a star import, posix for os, getattr(os, "unlink"), `o = open`,
+os.open's flags as a number; codecs/gzip/bz2/lzma/tarfile.open and zipfile.ZipFile for writing, np.memmap (its
+default mode writes), shutil.chown/copymode/copystat, os.mknod/utime, a mode in a variable, and rm, mv, cp, ln,
+chmod... run as a command (FILE_COMMANDS). The files read are source_tree.audited_files(): the scripts' too.
 Every other site must be in REVIEWED below, by (module, function, call) with exactly how many, under the reason its
 place is safe: "private" (a place of this user's alone: the run's 0700 scratch, a 0700 temporary directory of
 dirfd's reached by its descriptor, tempfile's own O_EXCL names, a place checked by dirfd's rule before), or "gap" (a
@@ -22,16 +27,28 @@ from __future__ import annotations
 
 import ast
 import functools
+import operator
+import os
 from collections import Counter
 
+import audit_calls
 import source_tree
 
 ROOT = source_tree.REPO
-SOURCES = ("minilmd", "daemon", "trainer")
 THE_HELPER = "minilmd/dirfd.py"
 OS_CALLS = {"rename", "replace", "chmod", "unlink", "remove", "rmdir", "mkdir", "makedirs", "link", "symlink",
-            "mkfifo", "truncate", "removedirs", "renames", "lchmod", "chown", "lchown"}
-SHUTIL_CALLS = {"rmtree", "move", "copyfile", "copy", "copy2", "copytree"}
+            "mkfifo", "mknod", "truncate", "removedirs", "renames", "lchmod", "chown", "lchown", "utime", "setxattr",
+            "removexattr"}
+SHUTIL_CALLS = {"rmtree", "move", "copyfile", "copy", "copy2", "copytree", "chown", "copymode", "copystat"}
+OPENERS = {"codecs", "gzip", "bz2", "lzma", "tarfile"}
+"""Modules whose open(path, mode) writes for a writing mode (tarfile's "w:gz", "a", "x" too); zipfile.ZipFile too."""
+FILE_COMMANDS = {"rm", "mv", "cp", "ln", "chmod", "chown", "mkdir", "rmdir", "touch", "install", "tee", "truncate",
+                 "rsync", "dd", "shred", "unlink"}
+"""Programs that create, move, change or delete files by path: run as an argv or a shell string, each is a write."""
+DIR_FD_HOMES = {"minilmd/dirfd.py", "minilmd/dirtree.py", "minilmd/place_rule.py"}
+"""Where a call relative to a directory descriptor (dir_fd=) is the rule itself: dirfd's Dir, the bounded tree walk
+under it, the place rule's walk. Anywhere else such a call is listed as "CALL@dir_fd" and reviewed like any other:
+a descriptor walk of its own beside Dir is a second copy of the rule."""
 PATH_CALLS = {"write_text", "write_bytes", "mkdir", "unlink", "rmdir", "chmod", "touch", "symlink_to",
               "hardlink_to", "lchmod", "tofile"}
 TEMPFILE_CALLS = {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory", "TemporaryFile",
@@ -62,6 +79,9 @@ OWN_OUTPUT = ("an output a library call is given by name (train_tokenizer's `out
               "which benchmarks and tests write into their own temporary directories): written by name as any "
               "tool's output; not hardened for a directory others write (the commands' outputs are: tokenizer train's "
               "and plot's --out, demo-corpus's OUT through fsio.write_out_text/write_out_bytes/open_out_dir)")
+
+SCRIPT_WORK = ("a device check's or a comparison script's own work directory (--work, or a fresh one of "
+               "tempfile's: 0700, a random name made O_EXCL), run by hand by the user on her own machine")
 
 REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     # --- prepare: through dirfd (lock.parent, make_temp) --------------------------------------------------------
@@ -111,14 +131,16 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                                  ("launch", "open"): 1, ("_own_fault", ".unlink"): 1}),
     "daemon/child/stackdump.py": ("gap", RUN_DIR + " (the trainer's log)", {("dump_stack", "open"): 1,
                                                                            ("_dump_by_sigusr1", "open"): 2}),
-    "daemon/demo.py": ("private", DEMO_DIR + " (its config)", {("main", ".write_text"): 1}),
+    "daemon/demo.py": ("private", DEMO_DIR + " (its config; the directory itself made at its parent's descriptor, "
+                        "dirfd's Dir)", {("main", ".write_text"): 1, ("_fresh_in", "os.mkdir@dir_fd"): 1}),
     "daemon/demo_sft.py": ("private", DEMO_DIR + " (the SFT tokenizer and config)", {
         ("main", ".mkdir"): 1, ("main", ".write_bytes"): 1, ("main", ".write_text"): 2}),
     "daemon/demo_dpo.py": ("private", DEMO_DIR + " (its DPO config)", {("dpo_stage", ".write_text"): 1}),
     "daemon/host/leases.py": ("private", "the GPU lock directory reached and made by the place rule's walk "
-                              "(place_rule.walk_to), then used by descriptor; a lease file of ours reopened writable "
-                              "through /proc/self/fd (the open file already judged, no name looked up again)", {
-        ("_open_in", "os.open"): 1}),
+                              "(place_rule.walk_to), then used by descriptor (a new lease file made O_EXCL at it); a "
+                              "lease file of ours reopened writable through /proc/self/fd (the open file already "
+                              "judged, no name looked up again)", {
+        ("_open_in", "os.open"): 1, ("_open_in", "os.open@dir_fd"): 1}),
     "daemon/host/lock.py": ("gap", RUN_DIR + " (supervisor.lock: O_NOFOLLOW|O_NONBLOCK, by path)", {
         ("RunLock.acquire", ".mkdir"): 1, ("RunLock.acquire", "os.open"): 1}),
     "daemon/host/registry.py": ("private", "the per-user registry (0700, this user's) and the system one (root's, "
@@ -162,6 +184,48 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                     "(tempfile's: 0700, a random name made O_EXCL) before the store's put copies it",
                                     {("_write_new", "tempfile.TemporaryDirectory"): 1,
                                      ("_write_new", ".write_bytes"): 1}),
+    # --- descriptor walks of their own beside dirfd.Dir (DIR_FD_HOMES): one entry per site, dropped as each
+    # moves onto Dir --------------------------------------------------------------------------------------------------
+    "daemon/jobs/remote_write.py": ("gap", "a local remote others may write: remote_write's own descriptor walk "
+                                    "(parent_fd, mkdir_new, open_new) from the root's descriptor (checked by dirfd's "
+                                    "rule: LocalRemote._root), beside place_rule.walk_to; every name made new "
+                                    "(O_EXCL, mkdir), removed or set aside only when this user's (owner, mark). "
+                                    "To move onto dirfd.Dir", {
+        ("learn_own_uid_at", "os.open@dir_fd"): 1, ("learn_own_uid_at", "os.unlink@dir_fd"): 1,
+        ("mkdir_new", "os.mkdir@dir_fd"): 1, ("_made_owner", "os.rmdir@dir_fd"): 1,
+        ("_mark_new", "os.unlink@dir_fd"): 1, ("_mark_new", "os.rmdir@dir_fd"): 1,
+        ("open_new", "os.open@dir_fd"): 1, ("set_aside", "os.rename@dir_fd"): 1}),
+    "minilmd/corpus/prepare/lock.py": ("gap", "prepare's lock file beside --out, at the descriptor of --out's "
+                                       "parent (opened by dirfd's rule, lock.parent): made O_EXCL|O_NOFOLLOW or "
+                                       "opened O_NOFOLLOW|O_NONBLOCK, removed only when it is still the file this "
+                                       "lock made (device and inode compared). To move onto dirfd.Dir", {
+        ("CorpusLock._open_and_lock", "os.open@dir_fd"): 2, ("CorpusLock.close", "os.unlink@dir_fd"): 1}),
+    # --- the device checks and the scripts: their own --work directory ------------------------------------------
+    **{script: ("private", SCRIPT_WORK, sites_of_script) for script, sites_of_script in {
+        "scripts/docmask_val_pair.py": {("run_pair", "tempfile.TemporaryDirectory"): 1},
+        "scripts/dpo_lr_sweep.py": {("main", ".mkdir"): 1, ("main", ".write_text"): 1},
+        "scripts/dpo_steps_sidebyside.py": {
+            ("compare", ".mkdir"): 1, ("compare", ".write_text"): 2, ("main", "shutil.rmtree"): 1,
+            ("main", "tempfile.mkdtemp"): 1, ("run_minilmd", ".write_text"): 1, ("write_weights", ".mkdir"): 1},
+        "scripts/gpu-check": {
+            ("main", ".mkdir"): 1, ("main", ".write_text"): 1, ("main", "shutil.rmtree"): 1,
+            ("main", "tempfile.mkdtemp"): 1, ("part_corpus", "open"): 1, ("part_corpus", "shutil.rmtree"): 1,
+            ("spawn", ".write_text"): 1},
+        "scripts/gpu_check_determinism.py": {("cost_of_determinism", "shutil.rmtree"): 1},
+        "scripts/gpu_check_dpo.py": {
+            ("minilmd_dpo", "open"): 1, ("minilmd_sft", "open"): 1, ("minilmd_sft", "shutil.rmtree"): 1,
+            ("part_dpo", "shutil.rmtree"): 1, ("write_pairs", "open"): 1},
+        "scripts/gpu_check_part.py": {("together", "tempfile.TemporaryFile"): 1, ("write_config", ".write_text"): 1,
+                                      ("write_config", "shutil.rmtree"): 1},
+        "scripts/gpu_check_sft.py": {
+            ("chatml_tokenizer_dir", ".mkdir"): 1, ("chatml_tokenizer_dir", ".write_bytes"): 1,
+            ("chatml_tokenizer_dir", ".write_text"): 1, ("chatml_tokenizer_dir", "shutil.rmtree"): 1,
+            ("prepare_chat", "shutil.rmtree"): 1, ("write_chats", "open"): 1},
+        "scripts/gpu_check_sidebyside.py": {("copy_minimind", "shutil.copytree"): 1,
+                                            ("copy_minimind", "shutil.rmtree"): 1},
+        "scripts/gpu_check_train.py": {("part_run", ".write_text"): 1},
+        "scripts/lora_size.py": {("<module>", "shutil.rmtree"): 1, ("<module>", "tempfile.mkdtemp"): 1},
+    }.items()},
     # --- the trainer ------------------------------------------------------------------------------------------------
     "minilmd/compile_cache.py": ("private", PRIVATE_SCRATCH + " (the run's compile caches), a bench's own temporary "
                                  "directory (tempfile's: 0700, a random name made O_EXCL), or a directory the user set "
@@ -199,6 +263,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_from_copy", "tempfile.TemporaryDirectory"): 1}),
     "trainer/model/basecopy_read.py": ("private", "a private copy in a fresh 0700 directory of this user's", {
         ("private_copy", ".mkdir"): 1, ("private_copy", ".write_bytes"): 2, ("private_copy", "open"): 1}),
+    "trainer/model/export_paths.py": ("private", "a new file made O_CREAT|O_EXCL|O_NOFOLLOW at the descriptor of "
+                                       "the export's 0700 temporary directory (Dir.make_temp): " + PRIVATE_TMP, {
+        ("ExportCopy.new_file", "os.open@dir_fd"): 1}),
     "trainer/model/export.py": ("private", "export --out: " + PRIVATE_TMP + " (export_paths.ExportCopy, in the "
                                 "directory of --out checked by dirfd's rule); a MiniMind .pth through its O_EXCL "
                                 "file object made at the copy's descriptor", {
@@ -218,6 +285,8 @@ def _mode(call: ast.Call, position: int) -> str | None:
 
 
 WRITE_FLAGS = {"O_CREAT", "O_WRONLY", "O_RDWR", "O_TRUNC", "O_APPEND"}
+WRITE_BITS = functools.reduce(operator.or_, (getattr(os, flag) for flag in WRITE_FLAGS))
+WRITING_MODULES = {"os", "shutil", "tempfile", "numpy", "builtins", "io", *OPENERS}
 
 
 class _Names:
@@ -225,15 +294,13 @@ class _Names:
     r "os.rename"; and its module-level constants (flags = os.O_WRONLY | os.O_CREAT) for os.open's flags."""
 
     def __init__(self, module: ast.Module) -> None:
-        self.aliases: dict[str, str] = {}
-        for node in ast.walk(module):  # function-level imports too
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    self.aliases[alias.asname or alias.name.split(".")[0]] = (
-                        alias.name if alias.asname else alias.name.split(".")[0])
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for alias in node.names:
-                    self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        self.aliases: dict[str, str] = audit_calls.qualified_names(module)  # function-level and star imports too
+        for node in ast.walk(module):  # `o = open`, `rm = shutil.rmtree`: a writing function under another name
+            if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
+                name = "open" if isinstance(node.value, ast.Name) and node.value.id == "open" else \
+                    audit_calls.dotted(node.value, self.aliases)
+                if name and (name == "open" or name.rpartition(".")[0] in WRITING_MODULES):
+                    self.aliases.update({t.id: name for t in node.targets if isinstance(t, ast.Name)})
         self.constants = {target.id: node.value for node in module.body if isinstance(node, ast.Assign)
                           for target in node.targets if isinstance(target, ast.Name)}
 
@@ -242,6 +309,10 @@ class _Names:
         (a method of an object, a local name); a bare name that is not imported stays itself ("open")."""
         if isinstance(expr, ast.Name):
             return self.aliases.get(expr.id, expr.id)
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "getattr" \
+                and len(expr.args) > 1 and (of := audit_calls.dotted(expr.args[0], self.aliases)):
+            name = expr.args[1]  # getattr(os, "unlink"); a name not spelled out is counted as whatever writes
+            return f"{of}.{name.value if isinstance(name, ast.Constant) else '<getattr>'}"
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, (ast.Name, ast.Attribute)):
             if isinstance(expr.value, ast.Name) and expr.value.id not in self.aliases:
                 return None  # a method of a local object: p.mkdir()
@@ -252,7 +323,11 @@ class _Names:
     def creates(self, flags: ast.expr, seen: frozenset = frozenset()) -> bool:
         """Whether os.open's flags write (WRITE_FLAGS: O_CREAT, and O_WRONLY, O_RDWR, O_TRUNC or O_APPEND, which
         write into whatever stands at the path, a planted link's target too), through the module's constants."""
+        if isinstance(flags, ast.Starred):
+            return True  # flags unpacked from a sequence: not readable here, counted
         for node in ast.walk(flags):
+            if isinstance(node, ast.Constant) and isinstance(node.value, int) and node.value & WRITE_BITS:
+                return True  # os.open(p, 0o101): O_WRONLY | O_CREAT as a number
             if isinstance(node, (ast.Name, ast.Attribute)) and (
                     node.id if isinstance(node, ast.Name) else node.attr) in WRITE_FLAGS:
                 return True
@@ -286,7 +361,8 @@ def _imported_constant(qualified: str) -> _Names | None:
 
 
 def _open_flags(call: ast.Call) -> ast.expr | None:
-    flags = call.args[1] if len(call.args) > 1 else None
+    flags = call.args[1] if len(call.args) > 1 else next(
+        (a for a in call.args if isinstance(a, ast.Starred)), None)
     return next((k.value for k in call.keywords if k.arg == "flags"), flags)
 
 
@@ -296,8 +372,14 @@ def _module_kind(name: str, call: ast.Call, names: _Names) -> str | None:
     if module == "os" and function == "open":
         flags = _open_flags(call)
         return "os.open" if flags is not None and names.creates(flags) else None
-    if module in ("builtins", "io") and function == "open":
-        return _kind_of_open(call)
+    if module in ("builtins", "io", *OPENERS) and function == "open":
+        return _kind_of_open(call, f"{module}.open" if module in OPENERS else "open")
+    if name == "zipfile.ZipFile":
+        return _kind_of_open(call, name, default="r")
+    if name == "numpy.memmap":
+        return _kind_of_open(call, "np.memmap", default="r+", writing=WRITE_MODES | {"readwrite", "write"})
+    if function == "<getattr>" and module in WRITING_MODULES:
+        return f"{module}.<getattr>"
     table = {"os": OS_CALLS, "shutil": SHUTIL_CALLS, "tempfile": TEMPFILE_CALLS, "numpy": NUMPY_CALLS,
              "safetensors.torch": SAFETENSORS_CALLS, "safetensors.numpy": SAFETENSORS_CALLS, "torch": TORCH_CALLS}
     if function in table.get(module, ()):
@@ -305,15 +387,16 @@ def _module_kind(name: str, call: ast.Call, names: _Names) -> str | None:
     return None
 
 
-def _kind_of_open(call: ast.Call) -> str | None:
-    mode = _mode(call, 1)
-    return "open" if mode is not None and (mode == "?" or WRITE_MODES & set(mode)) else None
+def _kind_of_open(call: ast.Call, kind: str = "open", default: str | None = None,
+                  writing: set[str] = WRITE_MODES) -> str | None:
+    mode = _mode(call, 1) or default
+    if mode is None:
+        return None
+    return kind if mode == "?" or mode in writing or WRITE_MODES & set(mode.split(":")[0]) else None
 
 
 def _kind(call: ast.Call, names: _Names) -> str | None:
     """What a call is when it writes by path ("os.rename", ".mkdir", "open", ...), else None."""
-    if any(k.arg in FD_KEYWORDS for k in call.keywords):
-        return None  # relative to a directory descriptor
     fn = call.func
     name = names.qualified(fn)
     if name == "open":
@@ -324,19 +407,30 @@ def _kind(call: ast.Call, names: _Names) -> str | None:
         return None
     if fn.attr in PATH_CALLS:
         return f".{fn.attr}"
-    if fn.attr in ONE_ARG_CALLS and len(call.args) == 1 and not call.keywords:
+    if fn.attr in ONE_ARG_CALLS and ((len(call.args) == 1 and not call.keywords)
+                                     or (not call.args and [k.arg for k in call.keywords] == ["target"])):
         return f".{fn.attr}"
-    if fn.attr == "open":  # Path.open(mode), fs.open(path, mode): a mode spelled out
-        modes = [a.value for a in [*call.args[:2], *(k.value for k in call.keywords if k.arg == "mode")]
-                 if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value
+    if fn.attr == "open":  # Path.open(mode), fs.open(path, mode): a mode spelled out, or one in a variable
+        given = [*call.args[:2], *(k.value for k in call.keywords if k.arg == "mode")]
+        modes = [a.value for a in given if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value
                  and set(a.value) <= set("rwxab+t")]
-        return "open" if any(WRITE_MODES & set(m) for m in modes) else None
+        unknown = any(isinstance(a, ast.Name) and "mode" in a.id.lower() for a in given) or any(
+            k.arg == "mode" and not isinstance(k.value, ast.Constant) for k in call.keywords)
+        return "open" if unknown or any(WRITE_MODES & set(m) for m in modes) else None
     return None
 
 
+def _by_descriptor(call: ast.Call) -> bool:
+    """Given a directory descriptor (dir_fd=fd, not dir_fd=None): relative to it, not by path."""
+    return any(k.arg in FD_KEYWORDS and not (isinstance(k.value, ast.Constant) and k.value.value is None)
+               for k in call.keywords)
+
+
 class _Sites(ast.NodeVisitor):
-    def __init__(self, module: ast.Module) -> None:
+    def __init__(self, module: ast.Module, descriptors_are_the_rule: bool = False) -> None:
         self.names = _Names(module)
+        self.descriptors_are_the_rule = descriptors_are_the_rule
+        self.constants = audit_calls.string_constants(module)
         self.where: list[str] = []
         self.found: Counter = Counter()
         self.visit(module)
@@ -350,6 +444,10 @@ class _Sites(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         kind = _kind(node, self.names)
+        if kind and _by_descriptor(node):
+            kind = None if self.descriptors_are_the_rule else f"{kind}@dir_fd"
+        if FILE_COMMANDS & set(audit_calls.command_of(node, self.names.aliases, self.constants)):
+            kind = "a file command"  # rm, mv, cp... run as a program
         if kind:
             self.found[(".".join(self.where) or "<module>", kind)] += 1
         self.generic_visit(node)
@@ -359,11 +457,11 @@ class _Sites(ast.NodeVisitor):
 def sites() -> dict[str, Counter]:
     """{module: Counter((function, call))} of every by-path write in the project, the helper aside."""
     found = {}
-    for path in source_tree.code_files(*SOURCES):
+    for path in source_tree.audited_files():
         name = path.relative_to(ROOT).as_posix()
         if name == THE_HELPER:
             continue
-        visitor = _Sites(source_tree.tree(path))
+        visitor = _Sites(source_tree.tree(path), name in DIR_FD_HOMES)
         if visitor.found:
             found[name] = visitor.found
     return found
@@ -445,7 +543,64 @@ def test_the_audit_sees_each_kind_of_call_by_any_name():
         ("f", "os.chmod"): 1, ("f", ".write_text"): 1, ("f", "open"): 1, ("f", "shutil.rmtree"): 2,
         ("f", ".replace"): 1, ("f", "os.rename"): 1, ("f", "os.open"): 6, ("f", "safetensors.save_file"): 2,
         ("f", "np.save"): 1, ("f", "np.savez"): 1, ("f", ".tofile"): 1, ("f", "tempfile.NamedTemporaryFile"): 1,
-        ("f", "tempfile.mkstemp"): 1})
+        ("f", "tempfile.mkstemp"): 1, ("f", "os.chmod@dir_fd"): 1, ("f", "os.open@dir_fd"): 1})
+    in_a_home = _Sites(ast.parse(PROBE), descriptors_are_the_rule=True).found
+    assert ("f", "os.chmod@dir_fd") not in in_a_home and ("f", "os.open@dir_fd") not in in_a_home
+
+
+ESCAPES = """\
+import codecs, gzip, os, shutil, subprocess, tarfile, zipfile
+import numpy as np
+from os import *
+from posix import unlink as posix_unlink
+from pathlib import Path
+
+def f(p, q, mode, kw, arr, d):
+    os.unlink(p, dir_fd=None)
+    os.open(p, os.O_WRONLY | os.O_CREAT, dir_fd=None)
+    os.open(p, 0o101)
+    os.open(p, *kw)
+    unlink(p)
+    rename(p, q)
+    posix_unlink(p)
+    getattr(os, "unlink")(p)
+    getattr(shutil, kw)(p)
+    Path(p).rename(target=q)
+    Path(p).open(mode)
+    o = open; o(p, "w")
+    codecs.open(p, "w")
+    gzip.open(p, "wb")
+    tarfile.open(p, "w:gz")
+    zipfile.ZipFile(p, "a")
+    np.memmap(p, mode="w+", shape=(4,))
+    np.memmap(p, shape=(4,))
+    shutil.chown(p, "nobody")
+    shutil.copymode(p, q)
+    shutil.copystat(p, q)
+    os.mknod(p)
+    os.utime(p)
+    subprocess.run(["rm", "-rf", p])
+    os.system(f"mv {p} {q}")
+    subprocess.run(["/bin/cp", p, q])
+    os.unlink(p, dir_fd=d)
+    os.open(p, 0)
+    gzip.open(p, "rb")
+    np.memmap(p, mode="r", shape=(4,))
+    subprocess.run(["ls", p])
+"""
+
+
+def test_every_other_spelling_of_a_write_is_counted():
+    """dir_fd=None, flags as a number or unpacked, a star import, posix for os, getattr, a keyword target, a mode in
+    a variable, open under another name, the compressing modules' open, zipfile, np.memmap (its default mode writes
+    too), shutil's chown/copymode/copystat, os.mknod/utime, a file command run as a program: each is counted; a call
+    at a real descriptor outside DIR_FD_HOMES is counted as such; reading ones are not."""
+    assert _Sites(ast.parse(ESCAPES)).found == Counter({
+        ("f", "os.unlink"): 4, ("f", "os.open"): 3, ("f", "os.rename"): 1, ("f", "shutil.<getattr>"): 1,
+        ("f", ".rename"): 1, ("f", "open"): 2, ("f", "codecs.open"): 1, ("f", "gzip.open"): 1,
+        ("f", "tarfile.open"): 1, ("f", "zipfile.ZipFile"): 1, ("f", "np.memmap"): 2, ("f", "shutil.chown"): 1,
+        ("f", "shutil.copymode"): 1, ("f", "shutil.copystat"): 1, ("f", "os.mknod"): 1, ("f", "os.utime"): 1,
+        ("f", "a file command"): 3, ("f", "os.unlink@dir_fd"): 1})
 
 
 def test_a_review_whose_call_is_gone_or_one_more_call_fails():

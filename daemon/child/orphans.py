@@ -148,9 +148,8 @@ def hand_over_kill(launch: procs.Launch, seconds: float) -> int:
     a session of its own, no terminal, so `stop` may exit before the grace ends and a closed terminal does not end
     the helper. It gets the run directory as the launch's scope resolved it (absolute: it runs in "/"). Its pid."""
     argv = [str(launch.scope.run_dir), launch.launch_id, f"{seconds:.1f}"]
-    helper = subprocess.Popen(pychild.module_argv(__name__, *argv), env=pychild.child_env(),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True, close_fds=True, cwd=pychild.CHILD_CWD)
+    helper = pychild.popen(pychild.module_argv(__name__, *argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     return helper.pid
 
 

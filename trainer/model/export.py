@@ -487,8 +487,7 @@ def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict 
     files = {
         "config.json": hf_config(model_cfg, dtype),
         "generation_config.json": {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
-        "tokenizer_config.json": {**_tokenizer_config(max_len),
-                                  **({"chat_template": chat["chat_template"]} if chat else {})},
+        TOKENIZER_CONFIG: {**_tokenizer_config(max_len), **({"chat_template": chat["chat_template"]} if chat else {})},
         "special_tokens_map.json": {k: v for k, v in _tokenizer_config(max_len).items() if k.endswith("_token")},
     }
     for name, body in files.items():
