@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
-from minilmd.perms import own_link, own_uid, owned_by_me
+from minilmd.perms import own_link, owned_by_me
 from minilmd.place_rule import (  # noqa: F401 - for callers
     PlaceRefused,
     dir_problem,
@@ -111,7 +111,7 @@ def temp_name(prefix: str, salt: str | None = None) -> str:
 class Dir:
     """A directory opened once; `path` only names it in messages. Close it (or use `with`)."""
 
-    owners: frozenset[int] | set[int] = frozenset()  # uids besides ours a directory we make shows (root_squash)
+    owners: Set[int] = frozenset()  # uids besides ours a directory we make shows (root_squash: perms.LearntOwners)
 
     def __init__(self, fd: int, path: Path):
         self.fd, self.path = fd, path
@@ -200,6 +200,15 @@ class Dir:
                 continue
         raise FileExistsError(errno.EEXIST, "no free name", str(self.path / prefix))
 
+    def make_dir(self, name: str, mode: int = 0o777) -> None:
+        """A new directory `name` here (mkdirat, `mode` less the umask): FileExistsError when anything is there."""
+        os.mkdir(name, mode, dir_fd=self.fd)
+
+    def open_new(self, name: str, mode: int = 0o666) -> int:
+        """A new regular file `name` here opened for writing (O_EXCL, no link followed: FileExistsError when anything
+        is there, a link too): its descriptor, for the caller to close."""
+        return os.open(name, OPEN_NEW, mode, dir_fd=self.fd)
+
     def write_atomic(self, name: str, data: bytes, mode: int, tag: str = "") -> None:
         """`name` replaced whole by `data`, mode `mode`: `.<name>.<tag>XXXXXXXX.tmp` O_EXCL, fsync, rename, here."""
         with self.replacing(name, mode, tag) as f:
@@ -287,7 +296,7 @@ class Dir:
             return True
         os.mkdir(to_name, PRIVATE, dir_fd=self.fd)  # FileExistsError: taken
         claim = self.lstat(to_name)
-        if claim is None or not stat.S_ISDIR(claim.st_mode) or claim.st_uid not in {own_uid(), *self.owners}:
+        if claim is None or not stat.S_ISDIR(claim.st_mode) or not owned_by_me(claim, also=self.owners):
             return False  # taken from us at once: whatever stands there now is not ours to replace
         claimed = (claim.st_dev, claim.st_ino)
         try:
@@ -428,6 +437,10 @@ class Dir:
         except OSError:
             return False
         return True
+
+    def remove_dir(self, name: str) -> None:
+        """rmdir(2) of `name` here: only an empty directory goes (OSError otherwise)."""
+        os.rmdir(name, dir_fd=self.fd)
 
     def empty(self) -> None:
         """Everything inside this directory removed through descriptors (no link followed: a link is unlinked)."""
