@@ -209,6 +209,15 @@ class Dir:
         is there, a link too): its descriptor, for the caller to close."""
         return os.open(name, OPEN_NEW, mode, dir_fd=self.fd)
 
+    def open_or_make(self, name: str, flags: int, mode: int) -> tuple[int, bool]:
+        """The file `name` here opened with `flags` (which carry O_NOFOLLOW: no link followed), made new (O_EXCL,
+        `mode`) when missing: (its descriptor, whether it was made here). FileNotFoundError when it went between
+        the two opens. The caller checks what it got (fstat) and closes it."""
+        try:
+            return os.open(name, flags | os.O_CREAT | os.O_EXCL, mode, dir_fd=self.fd), True
+        except FileExistsError:
+            return os.open(name, flags, dir_fd=self.fd), False
+
     def write_atomic(self, name: str, data: bytes, mode: int, tag: str = "") -> None:
         """`name` replaced whole by `data`, mode `mode`: `.<name>.<tag>XXXXXXXX.tmp` O_EXCL, fsync, rename, here."""
         with self.replacing(name, mode, tag) as f:

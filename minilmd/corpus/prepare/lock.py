@@ -23,6 +23,7 @@ refuses when `--out` no longer leads to it (`check_same_dir`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -93,7 +94,7 @@ class CorpusLock:
         self.parent_fd = self.parent.fd
         self.parent_id = self.parent.identity
         for _ in range(OPEN_TRIES):
-            self._open_and_lock()
+            self._open_and_lock(self.parent)
             if self._still_named():
                 break
             self._close_lock_file()  # its maker removed it between the open and the lock: the name again
@@ -111,7 +112,7 @@ class CorpusLock:
                                         "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
         return self
 
-    def _open_and_lock(self) -> None:
+    def _open_and_lock(self, parent: Dir) -> None:
         """self.fd: the lock file, opened (made when missing) without following a link, locked; ValueError (the
         lock closed) when it is not safe to use or another writer holds it."""
         import fcntl
@@ -119,11 +120,7 @@ class CorpusLock:
         name, path = lock_name(self.out.name), self.out.parent / lock_name(self.out.name)
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         try:
-            try:
-                self.fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=self.parent_fd)
-                self.created = True
-            except FileExistsError:
-                self.fd, self.created = os.open(name, flags, dir_fd=self.parent_fd), False
+            self.fd, self.created = parent.open_or_make(name, flags, 0o644)
         except OSError as e:  # a link, or gone again between the two opens (then the next try makes it)
             if isinstance(e, FileNotFoundError):
                 self.fd = -1
@@ -162,11 +159,9 @@ class CorpusLock:
     def close(self) -> None:
         """Remove the lock file when this writer made it and its name still leads to it (while it is still locked:
         see the module's docstring), then let go of it and of the directory."""
-        if self.created and self.locked and self._still_named():
-            try:
-                os.unlink(lock_name(self.out.name), dir_fd=self.parent_fd)
-            except OSError:
-                pass  # left behind: the next writer uses it as it is
+        if self.created and self.locked and self.parent is not None and self._still_named():
+            with contextlib.suppress(OSError):  # left behind: the next writer uses it as it is
+                self.parent.remove_file(lock_name(self.out.name))
         self._close_lock_file()
         if self.parent is not None:
             self.parent.close()
