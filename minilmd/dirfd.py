@@ -5,13 +5,9 @@ A name in a directory that another user can write means nothing a moment later: 
 put his own directory, or a symbolic link to the owner's private file, in its place (issue 40: a chmod, an append and
 a `--force` of `prepare` each did that to the victim). So everything minilmd creates in such a place goes through a
 `Dir`:
-- `place_problem(label, target, ...)` (minilmd/place_rule.py) is the rule every shared place keeps (scratch, the
-  GPU lock directory, an output's directory, a run.remote): every directory on the way to `target` root's or this
-  user's, none that another user can rearrange (group members count as others, unless the group is this user's
-  alone: perms.private_group; a sticky one of root's or ours is fine, like /tmp); a link on the way refused, or
-  followed when root's or ours (`own_links`). Opt-ins: `group_share` waives target's own directory (a team
-  directory, touched only through its descriptor), `team_above` lets the directories above be group-writable
-  (still root's or ours): a run.remote's;
+- the place rule every shared place keeps (scratch, the GPU lock directory, an output's directory, a run.remote,
+  run.dir) is minilmd/place_rule.py's, stated once in its docstring (`place_problem`, its opt-ins `group_share`,
+  `team_above`, `owners`), and re-exported here for callers;
 - `Dir.open` opens the directory once: walked from "/" by openat, no link followed but by the walk itself (root's or
   ours), each directory judged again on its descriptor (place_rule.open_walked: one swapped in, or a link planted,
   after the judgement by path is refused);
@@ -25,7 +21,9 @@ a `--force` of `prepare` each did that to the victim). So everything minilmd cre
   again by the caller's rule after the swap (`foreign`), is left whole when it holds more than it did;
 - `Dir.remove_tree` removes a directory only when it is the one expected, its contents through descriptors, a tree
   at most MAX_TREE_DEPTH deep (minilmd/dirtree.py); `Dir.write_atomic` writes a file (O_EXCL, fsync, rename) there,
-  `Dir.replacing` one written bit by bit.
+  `Dir.replacing` one written bit by bit; `Dir.make_dir`, `Dir.open_new`, `Dir.open_or_make` and `Dir.remove_dir`
+  make or remove one name (O_EXCL, no link followed) for a walk below a root (daemon/jobs/remote_write.py
+  parent_dir) or a lock file (minilmd/corpus/prepare/lock.py).
 
 tests/test_shared_write_audit.py fails on a by-path create, rename, chmod or delete outside this module that is not
 in its allowlist of reviewed sites. Torch-free.
