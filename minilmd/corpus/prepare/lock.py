@@ -94,7 +94,7 @@ class CorpusLock:
         self.parent_fd = self.parent.fd
         self.parent_id = self.parent.identity
         for _ in range(OPEN_TRIES):
-            self._open_and_lock(self.parent)
+            self._open_and_lock()
             if self._still_named():
                 break
             self._close_lock_file()  # its maker removed it between the open and the lock: the name again
@@ -112,15 +112,18 @@ class CorpusLock:
                                         "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n").encode(), 0)
         return self
 
-    def _open_and_lock(self, parent: Dir) -> None:
+    def _open_and_lock(self) -> None:
         """self.fd: the lock file, opened (made when missing) without following a link, locked; ValueError (the
         lock closed) when it is not safe to use or another writer holds it."""
         import fcntl
 
         name, path = lock_name(self.out.name), self.out.parent / lock_name(self.out.name)
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        if self.parent is None:  # closed: no directory to open it in
+            self.fd = -1
+            return
         try:
-            self.fd, self.created = parent.open_or_make(name, flags, 0o644)
+            self.fd, self.created = self.parent.open_or_make(name, flags, 0o644)
         except OSError as e:  # a link, or gone again between the two opens (then the next try makes it)
             if isinstance(e, FileNotFoundError):
                 self.fd = -1
