@@ -26,7 +26,7 @@ from minilmd.checkpoint_dirs import read_latest
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.fsio import OUT_DIR_MODE
 from minilmd.names import TOKENIZER_FILE
-from minilmd.place_rule import user, walk_to
+from minilmd.place_rule import walk_to
 
 MODEL_LINES = """\
 hidden_size = 128
@@ -214,7 +214,7 @@ def not_the_demos(parent: Dir, name: str, st: os.stat_result) -> str:
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
     if not perms.owned_by_me(st):
-        return f"belongs to {user(st.st_uid)}, not to you"
+        return f"belongs to {perms.user_words(st.st_uid)}, not to you"
     try:
         with Dir.at(parent, name) as there:
             if there.identity != (st.st_dev, st.st_ino):

@@ -45,12 +45,11 @@ from minilmd.names import (
     atomic_tmp_prefix,
     default_scratch,
 )
-from minilmd.perms import own_uid, owned_by_me
+from minilmd.perms import own_uid, owned_by_me, user_words
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
 OWNER_MAX_BYTES = run_owner.OWNER_MAX_BYTES
-_user = run_owner.user
 
 
 class ScratchRefused(ValueError):
@@ -78,7 +77,7 @@ class Identity:
         return cls(st.st_dev, st.st_ino, st.st_uid)
 
     def describe(self) -> str:
-        return f"device {self.dev}, inode {self.ino}, owner {_user(self.uid)}"
+        return f"device {self.dev}, inode {self.ino}, owned by {user_words(self.uid)}"
 
 
 _held: dict[str, Identity] = {}
@@ -117,7 +116,7 @@ def _dir_problem(label: str, path: Path, st: os.stat_result) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return f"{label} {path} exists and is not a directory"
     if not owned_by_me(st):
-        return (f"{label} {path} belongs to {_user(st.st_uid)}, not to you ({_user(own_uid())}): a run never "
+        return (f"{label} {path} belongs to {user_words(st.st_uid)}, not to you, {user_words(own_uid())}: a run never "
                 f"uses another user's scratch; set run.scratch to a directory of yours")
     return None
 

@@ -92,5 +92,5 @@ def test_force_refuses_a_teammates_directory_at_the_name_naming_him(team, demo_j
     uid, _ = second_user()
     with pytest.raises(ValueError) as refused:
         run_prepare(demo_jsonl[1:2], tokenizer, team / "corpus", val_fraction=0.1, force=True, group_share=True)
-    assert f"a directory of another user, nobody (uid {uid})" in str(refused.value), refused.value
+    assert f"a directory of another user, user nobody (uid {uid})" in str(refused.value), refused.value
     assert (team / "corpus").stat().st_uid == uid and (team / "corpus-moved-by-him" / "meta.json").is_file()

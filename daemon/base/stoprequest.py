@@ -36,7 +36,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.dirfd import Dir
-from minilmd.perms import file_mode, own_uid, owned_by_me_or_root
+from minilmd.perms import file_mode, own_uid, owned_by_me_or_root, signal_uid
 from minilmd.untrusted import Unreadable, printable, read_json
 
 MAX_BYTES = 4096
@@ -60,7 +60,7 @@ class StopRequest:
 def leave(run_dir: Path, owner: int) -> Path:
     """Write the request into run_dir (a run directory of `owner`'s): readable by its owner when root writes it.
     OSError when it cannot be written, PlaceRefused (a ValueError) when run_dir is in a place others can change."""
-    body = {"time": time.time(), "uid": os.getuid(), "host": socket.gethostname(), "pid": os.getpid()}
+    body = {"time": time.time(), "uid": signal_uid(), "host": socket.gethostname(), "pid": os.getpid()}
     with Dir.open(run_dir, "run.dir", owners={owner}) as where:
         where.write_atomic(names.STOP_REQUEST, (json.dumps(body, sort_keys=True) + "\n").encode(),
                            file_mode() if own_uid() == owner else 0o644)

@@ -5,7 +5,6 @@ one, and only for the owner or root (minilmd/procs.py `Launch`: the one way to s
 MINILMD_RUN_DIR in an environment; no other user's process is ever signalled, even by root. Torch-free."""
 from __future__ import annotations
 
-import os
 import secrets
 import signal
 import socket
@@ -17,6 +16,7 @@ from pathlib import Path
 from minilmd import names, procs, pychild
 from minilmd.daemon.base.runstate import process_alive
 from minilmd.fsio import atomic_write_json
+from minilmd.perms import signal_uid
 from minilmd.untrusted import Unreadable, read_json
 
 REAP_S = 10.0
@@ -33,7 +33,7 @@ def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid
     id, uid and host) and again with the trainer's pid and start time. Returns the launch id."""
     launch_id = launch_id or secrets.token_hex(16)
     atomic_write_json(run_dir / names.TRAINER_RECORD,
-                      {"launch_id": launch_id, "uid": os.getuid(), "host": socket.gethostname(), "attempt": attempt,
+                      {"launch_id": launch_id, "uid": signal_uid(), "host": socket.gethostname(), "attempt": attempt,
                        "pid": pid, "start_ticks": start_ticks, "time": time.time()})
     return launch_id
 

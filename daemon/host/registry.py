@@ -41,8 +41,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.fsio import atomic_write_text
-from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root
-from minilmd.procs import user_words
+from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root, owner_in, user_words
 from minilmd.untrusted import Unreadable, printable, read_json
 
 MAX_ENTRY_BYTES = 64 * 1024
@@ -177,7 +176,7 @@ def _taken_by(path: Path, uid: int) -> str | None:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
-    if st.st_uid != uid:
+    if not owner_in(st, (uid,)):
         return user_words(st.st_uid)
     return None if stat.S_ISREG(st.st_mode) else f"something that is not a regular file ({user_words(st.st_uid)})"
 
@@ -298,7 +297,7 @@ def _all_entries(reader_uid: int, notes: list[str]) -> list[Entry]:
     mine = user_dir()
     try:
         st = os.lstat(mine)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == reader_uid:
+        if stat.S_ISDIR(st.st_mode) and owner_in(st, (reader_uid,)):
             found += _entries_in(mine, reader_uid, False, notes)
     except OSError:
         pass
@@ -348,7 +347,7 @@ def forget(target: str) -> Forgotten:
             continue
         try:
             st = os.lstat(entry.path)
-            if uid not in (0, st.st_uid):
+            if uid != 0 and not owner_in(st, (uid,)):
                 continue
             os.unlink(entry.path)
             out.removed.append(entry.path)

@@ -137,7 +137,7 @@ class Remote:
         """Nothing to look at on an object store, which holds only objects (LocalRemote: FIFOs, links)."""
         return []
 
-    def not_ours(self, name: str) -> str | None:
+    def why_foreign(self, name: str) -> str | None:
         """None: an object store has no other users' entries nor links (LocalRemote: what `name` is when it is no
         real directory of this user's)."""
         return None

@@ -18,7 +18,6 @@ Nor does one user's flood of entries: another user with more than GROUP_ABOVE ru
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ from minilmd.daemon.base.states import FINAL_PHASES, Phase
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
 from minilmd.fmt import fmt_duration
-from minilmd.procs import user_words
+from minilmd.perms import own_uid, user_words
 from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
@@ -183,7 +182,7 @@ def status_all(as_json: bool = False, out=None) -> int:
               f"supervisor registers its run when it starts)", file=out)
         _notes(scan.notes, out)
         return 0
-    rows, crowds = grouped(rows, os.getuid())
+    rows, crowds = grouped(rows, own_uid())  # an entry's uid is its supervisor's own_uid
     print("\n".join(table(rows) + crowds), file=out)
     for r in rows:
         if r.get("predecessor"):

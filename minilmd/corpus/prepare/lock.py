@@ -23,6 +23,7 @@ refuses when `--out` no longer leads to it (`check_same_dir`).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -126,12 +127,11 @@ class CorpusLock:
 
         name, path = lock_name(self.out.name), self.out.parent / lock_name(self.out.name)
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        if self.parent is None:  # closed: no directory to open it in
+            self.fd = -1
+            return
         try:
-            try:
-                self.fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=self.parent_fd)
-                self.created = True
-            except FileExistsError:
-                self.fd, self.created = os.open(name, flags, dir_fd=self.parent_fd), False
+            self.fd, self.created = self.parent.open_or_make(name, flags, 0o644)
         except OSError as e:  # a link, or gone again between the two opens (then the next try makes it)
             if isinstance(e, FileNotFoundError):
                 self.fd = -1
@@ -172,11 +172,9 @@ class CorpusLock:
     def close(self) -> None:
         """Remove the lock file when this writer made it and its name still leads to it (while it is still locked:
         see the module's docstring), then let go of it and of the directory."""
-        if self.created and self.locked and self._still_named():
-            try:
-                os.unlink(lock_name(self.out.name), dir_fd=self.parent_fd)
-            except OSError:
-                pass  # left behind: the next writer uses it as it is
+        if self.created and self.locked and self.parent is not None and self._still_named():
+            with contextlib.suppress(OSError):  # left behind: the next writer uses it as it is
+                self.parent.remove_file(lock_name(self.out.name))
         self._close_lock_file()
         if self.parent is not None:
             self.parent.close()

@@ -74,8 +74,7 @@ from minilmd.names import (
     prepare_tmp_maker,
     prepare_tmp_name,
 )
-from minilmd.perms import owned_by_me
-from minilmd.place_rule import user
+from minilmd.perms import owned_by_me, user_words
 from minilmd.untrusted import Unreadable, printable, read_bytes
 
 _WORDS = leftovers.Words(one="a prepare", tool="prepare", thing="temporary directory", files=False)
@@ -227,7 +226,7 @@ def _foreign_content(out: Path, st: os.stat_result) -> str:
     regular files (a `tokens.bin` that is a directory of someone's files is not the corpus's) and its split
     directories real directories, not links."""
     if not owned_by_me(st):
-        return f"a directory of another user, {user(st.st_uid)}"
+        return f"a directory of another user, {user_words(st.st_uid)}"
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return ""
