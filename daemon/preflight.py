@@ -26,6 +26,7 @@ import os
 from minilmd import names, perms, place_rule, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
+from minilmd.daemon.base import knobs
 from minilmd.daemon.host.gpu import device_problems, lock_dir_problems
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
@@ -54,7 +55,7 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
                        + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
                        + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
-                       + resume_problems(cfg, start, fresh))
+                       + resume_problems(cfg, start, fresh) + knobs.problems())
     return cfg, waits
 
 

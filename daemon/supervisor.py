@@ -38,7 +38,7 @@ from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig, given_sets
 from minilmd.daemon import preflight
-from minilmd.daemon.base import stoprequest
+from minilmd.daemon.base import knobs, stoprequest
 from minilmd.daemon.base.runstate import is_disk_full, now, read_heartbeat
 from minilmd.daemon.base.states import (
     ATTEMPT_PHASES,
@@ -174,9 +174,9 @@ class Supervisor(Ending):
         self.inbox = Inbox(emit)  # messages from the worker threads, emitted by the loop
         self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit,
                              own_pids=lambda: orphans.find_orphans(self.run_dir))
-        self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox)
+        self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox, knobs.read())  # preflight judged
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
-                                     self.rng, fresh=self.fresh)
+                                     self.rng, fresh=self.fresh, stalled_after_s=self.sync.stalled_after_s)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
         self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
         self.files.publish(self.cfg, self.config_path)  # the Prometheus textfile, the registry entry

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from minilmd import scratch as scratchmod
+from minilmd.backoff import STAGING_COPY_FIRST_S, STAGING_COPY_MAX_S, STAGING_COPY_RETRIES, exponential
 from minilmd.corpus_meta import CorpusError, listed_files, loads_meta, parse_meta
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
@@ -211,7 +212,7 @@ class _Copier:
         last, error = "", None
         for attempt in range(self.retries + 1):
             if attempt:
-                wait = self.backoff_s * 2 ** (attempt - 1)
+                wait = exponential(self.backoff_s, attempt, cap_s=STAGING_COPY_MAX_S)
                 self.log(f"staging: retrying {rel} in {wait:.1f}s (attempt {attempt + 1} of {self.retries + 1}): "
                          f"{last}")
                 time.sleep(wait)
@@ -312,7 +313,8 @@ def _source_reads(rel: str):
 
 
 def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[StageProgress], None] | None = None,
-          *, retries: int = 3, backoff_s: float = 1.0, memory_headroom_bytes: int | None = None,
+          *, retries: int = STAGING_COPY_RETRIES, backoff_s: float = STAGING_COPY_FIRST_S,
+          memory_headroom_bytes: int | None = None,
           log: Callable[[str], None] = lambda msg: None, from_copy: Callable[[str], None] = lambda why: None) -> Path:
     """Stage the prepared corpus at `source` (path or fsspec URL) into `<scratch_dir>/corpus` and return that path.
 
