@@ -34,6 +34,7 @@ from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
+from minilmd.urls import CHAIN, is_url, protocol_of
 
 
 def check(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
@@ -128,10 +129,10 @@ def local_remote_root(remote: str | None) -> str | None:
     """The path of a run.remote that the sync writes as a local path (LocalRemote: a plain path, file://,
     local://), None for any other store or none. Told from the protocol alone: building a remote store's
     filesystem may connect to it (sftp), and a check must not wait on a network that is down."""
-    if not remote or "://" not in remote:
+    if not remote or not is_url(remote):
         return remote or None
     protocol, _, rest = remote.partition("://")
-    return (rest.rstrip("/") or "/") if protocol in ("file", "local") else None
+    return (rest.rstrip("/") or "/") if protocol_of(remote) in ("file", "local") and CHAIN not in remote else None
 
 
 def remote_entry_problems(cfg: RunConfig) -> list[str]:

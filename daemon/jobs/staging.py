@@ -40,7 +40,7 @@ from minilmd.corpus_meta import CorpusError, listed_files, loads_meta, parse_met
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
 from minilmd.fmt import fmt_mb as _mb
-from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
+from minilmd.fsio import dir_table_problems, publish_dir, table_problems
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_META_MAX_BYTES,
@@ -52,6 +52,7 @@ from minilmd.names import (
 )
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
 from minilmd.untrusted import Unreadable, open_regular, read_bytes, size_text
+from minilmd.urls import is_local_fs, open_fs
 
 CHUNK = 8 * 1024 * 1024
 
@@ -137,13 +138,11 @@ def _earlier_files(old: Path, meta: dict) -> dict[str, dict]:
 
 # --- copying --------------------------------------------------------------------------------------------------------
 def _open_source(source: str):
-    import fsspec  # light, but only the supervisor needs it
-
     try:
-        fs, root = fsspec.core.url_to_fs(source)
+        opened = open_fs(source)
     except (ValueError, ImportError) as e:
         raise StagingError(f"cannot open corpus source {source!r}: {e}") from e
-    return fs, root.rstrip("/")
+    return opened.fs, opened.root
 
 
 def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
