@@ -27,6 +27,7 @@ import os
 from minilmd import names, perms, place_rule, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
+from minilmd.daemon.base import knobs
 from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_problems
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
@@ -34,6 +35,7 @@ from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
+from minilmd.urls import CHAIN, is_url, protocol_of
 
 
 def check(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
@@ -55,7 +57,8 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
                        + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
                        + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
-                       + resume_problems(cfg, start, fresh) + memory_problems(cfg))
+                       + resume_problems(cfg, start, fresh) + memory_problems(cfg)
+                       + knobs.problems())
     return cfg, waits
 
 
@@ -151,10 +154,10 @@ def local_remote_root(remote: str | None) -> str | None:
     """The path of a run.remote that the sync writes as a local path (LocalRemote: a plain path, file://,
     local://), None for any other store or none. Told from the protocol alone: building a remote store's
     filesystem may connect to it (sftp), and a check must not wait on a network that is down."""
-    if not remote or "://" not in remote:
+    if not remote or not is_url(remote):
         return remote or None
     protocol, _, rest = remote.partition("://")
-    return (rest.rstrip("/") or "/") if protocol in ("file", "local") else None
+    return (rest.rstrip("/") or "/") if protocol_of(remote) in ("file", "local") and CHAIN not in remote else None
 
 
 def remote_entry_problems(cfg: RunConfig) -> list[str]:

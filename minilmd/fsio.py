@@ -250,12 +250,6 @@ def local_size(path: str | os.PathLike) -> int | None:
         return None
 
 
-def is_local_fs(fs) -> bool:
-    """Whether an fsspec filesystem is local paths (an NFS mount is one): another user's files there may be FIFOs
-    or links, so they are looked at before they are opened."""
-    return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
-
-
 def not_regular(path: str | os.PathLike) -> str | None:
     """What a path that exists is when it is not a regular file (links followed), else None."""
     try:

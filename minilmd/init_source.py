@@ -49,6 +49,7 @@ from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
 from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
 from minilmd.shared_place import look
 from minilmd.untrusted import file_kind, loads, printable, read_json
+from minilmd.urls import is_url
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def _predecessor_in(run_dir: Dir, spec: str) -> Predecessor:
 
 def _predecessor_of(cfg: RunConfig, identity: tuple[int, int] | None = None) -> Predecessor:
     remote = cfg.run.remote.removeprefix("file://")
-    if "://" in remote:
+    if is_url(remote):
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
     return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict(),
                        cfg.lora_dict(), identity)
@@ -250,7 +251,7 @@ def resolve(spec: str, checkpoint: str = "best") -> InitSource:
 
 
 def _resolve(spec: str, checkpoint: str) -> InitSource:
-    if "://" in spec:
+    if is_url(spec):
         raise InitSourceError("must be a local path (an NFS mount is one); URLs are not read")
     pred = predecessor(spec)
     if pred is not None:

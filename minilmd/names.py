@@ -63,9 +63,11 @@ writes (minilmd/corpus/prepare/lock.py), so that a test can run a second writer 
 TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
 """Test-only: the command the supervisor launches instead of `python -m minilmd.cli train`."""
 PRUNE_UNSYNCED_AFTER_ENV = "MINILMD_PRUNE_UNSYNCED_AFTER"
-"""Seconds of failing remote after which scratch is pruned without a sync (lower bound; default 60)."""
+"""How long a failing remote is waited for before scratch is pruned without a sync (lower bound; a duration, 90 or
+"90s" or "2m": default 60 s; read and checked by daemon/base/knobs.py)."""
 SYNC_STALLED_AFTER_ENV = "MINILMD_SYNC_STALLED_AFTER"
-"""Seconds after which a running sync shows as "stalled" in status (default 120)."""
+"""How long a running sync runs before it shows as "stalled" in status (a duration: default 120 s;
+daemon/base/knobs.py)."""
 LAUNCH_ID_ENV = "MINILMD_LAUNCH_ID"
 """Set by the supervisor on every trainer it launches: a random token, also in TRAINER_RECORD. Every process of
 that trainer inherits it (torchrun's ranks too): with the uid, the host and the start time it tells the processes

@@ -61,6 +61,7 @@ from minilmd.path_checks import (
 from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
 from minilmd.untrusted import printable
+from minilmd.urls import is_url, protocol_of
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
@@ -81,10 +82,6 @@ def checked_from_dict(raw: dict[str, Any], source: str = "config", more_checks: 
     return config_from_dict(raw, source, _with_paths(more_checks), train_tokens_of=corpus_train_tokens)
 
 
-def _is_url(s: str) -> bool:
-    return "://" in s
-
-
 def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     """What the config names on this machine and cannot be used, in the config's order: run.dir (and whether another
     user could redirect it: the launch and `minilmd train` check it here, before anything is made), scratch (and whose
@@ -99,7 +96,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
         if cfg.run.dir:
             p += scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default)
     if cfg.data.prepared:
-        if _is_url(cfg.data.prepared):
+        if is_url(cfg.data.prepared):
             p += _check_protocol("data.prepared", cfg.data.prepared)
         else:
             p += _corpus_problems(cfg, waits)
@@ -110,7 +107,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     if cfg.eval.probe and not cfg.eval.probe_staged:  # staged: as init.staged
         p += probe_problems(cfg, waits)
     if cfg.run.remote:
-        if _is_url(cfg.run.remote):
+        if is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
         elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
             p += shared_storage_check(remote_problems, cfg.run.remote)
@@ -152,7 +149,7 @@ def corpus_out_of_reach(cfg: RunConfig) -> str:
     """How the run's corpus source cannot be reached now ("is not there now ...", "is an empty directory now ...",
     "did not answer ..."), "" when it can, or when it is a URL (not probed here). Asked before a final failure
     gives the staged copy back (daemon/supervisor.py): with its share gone, that copy is the only one within reach."""
-    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+    if not cfg.data.prepared or is_url(cfg.data.prepared):
         return ""
     answered, found, why = bounded_probe(_check_prepared_dir, cfg)
     return found[1] if answered else why
@@ -211,7 +208,7 @@ def pairs_cut_warning(cfg: RunConfig) -> str:
     """What train.seq_len cuts away of a local preference corpus's pairs when it is not refused (rowcount.pairs_fit's
     warning, from its meta.json read on shared storage as the checks above read it): a line for `run --check`; ""
     when it cuts none, or the corpus cannot be read now."""
-    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+    if not cfg.data.prepared or is_url(cfg.data.prepared):
         return ""
     answered, meta, _ = bounded_probe(read_corpus_meta, cfg.data.prepared)
     if not answered or meta is None or data_format_of(meta) != "dpo":
@@ -276,7 +273,7 @@ def _tokenizer_problems(cfg: RunConfig) -> list[str]:
     """init.from's checkpoint trained with a tokenizer that provably differs from the one the local corpus was
     prepared with (minilmd/init_tokenizer.py mismatch: another vocabulary size, or ids that stand for other text):
     refused, both named. A .pth, or a corpus behind a URL or unread: nothing proven here."""
-    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+    if not cfg.data.prepared or is_url(cfg.data.prepared):
         return []
     try:
         meta = read_corpus_meta(cfg.data.prepared)
@@ -315,14 +312,14 @@ def init_from_notes(cfg: RunConfig) -> list[str]:
 
 def _corpus_meta(cfg: RunConfig) -> dict | None:
     """The local corpus's meta.json, read on shared storage in a bounded thread; None for a URL, or unread."""
-    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+    if not cfg.data.prepared or is_url(cfg.data.prepared):
         return None
     return bounded_probe(read_corpus_meta, cfg.data.prepared)[1]
 
 
 def _bounded_init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
     """init_notes on shared storage, in a bounded thread (a source that does not answer gives no note)."""
-    if not cfg.init.from_ or cfg.init.staged or _is_url(cfg.init.from_):
+    if not cfg.init.from_ or cfg.init.staged or is_url(cfg.init.from_):
         return []
     answered, found, _ = bounded_probe(init_notes, cfg, meta)
     return found if answered else []
@@ -416,7 +413,7 @@ def _has_checkpoint(cfg: RunConfig) -> bool:
     """The run has a checkpoint of its own (in scratch, or on a local remote outside a supervised trainer, which
     never touches the remote): it resumes and never reads init.from again."""
     roots = [cfg.checkpoint_dir]
-    if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
+    if cfg.run.remote and not is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
         roots.append(Path(cfg.run.remote))
     return any(list_checkpoints(root) for root in roots)
 
@@ -424,7 +421,7 @@ def _has_checkpoint(cfg: RunConfig) -> bool:
 def _check_protocol(name: str, url: str) -> list[str]:
     import fsspec  # light; only when a URL is configured
 
-    protocol = url.split("://", 1)[0]
+    protocol = protocol_of(url)
     if protocol not in fsspec.available_protocols():
         return [f"{name} = {url!r}: unknown protocol {protocol!r} (fsspec knows: file, memory, sftp, s3, ...)"]
     return []

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from minilmd.fsio import atomic_write_json
 from minilmd.names import FAULT
-from minilmd.untrusted import Unreadable, read_json
+
+# fsio and untrusted are imported where fault.json is written and read: every command line imports this module at
+# its start for the exit statuses (minilmd/corpus/exits.py), and `minilmd status` should pay for no more.
 
 FAULT_MAX_BYTES = 1 << 20
 
@@ -30,7 +31,9 @@ EXIT_DATA = 65  # the input data is invalid (sysexits EX_DATAERR): final, never 
 EXIT_STOPPED = 75  # stopped on request (SIGTERM), saved at a step boundary first (EX_TEMPFAIL); nothing saved
 # when the stop came during the DPO reference pass (recomputed at the next start)
 EXIT_CUDA_OOM = 76  # CUDA ran out of memory; fault.json says where: wait for the GPU or halve the micro-batch
-EXIT_SCRATCH_FULL = 74  # a checkpoint did not fit in scratch (EX_IOERR); fault.json says needs/free: wait for space
+EXIT_IO = 74  # sysexits EX_IOERR: a read or write failed (a full disk, EIO on a share); run it again once fixed
+EXIT_SCRATCH_FULL = EXIT_IO  # a checkpoint did not fit in scratch; fault.json says needs/free: wait for space
+EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP ended a command (128 + SIGINT, as a shell says it): its cleanup ran
 
 # --- Exit statuses of `minilmd run` (the supervisor) ------------------------------------------------------------
 SUPERVISOR_DONE = 0  # the run finished, or was stopped on request with a synced checkpoint
@@ -121,10 +124,14 @@ FAULT_KINDS = ("oom", "sigbus", "sigkill", "hang", "exception")
 
 def write_fault(run_dir: str | os.PathLike, kind: str, message: str, **details) -> None:
     """Leave a note for the supervisor about why the trainer is about to exit."""
+    from minilmd.fsio import atomic_write_json
+
     atomic_write_json(Path(run_dir) / FAULT, {"kind": kind, "message": message, **details})
 
 
 def read_fault(run_dir: str | os.PathLike) -> dict | None:
+    from minilmd.untrusted import Unreadable, read_json
+
     try:  # the run directory's file, read as one another user may have written (minilmd/untrusted.py)
         return read_json(Path(run_dir) / FAULT, max_bytes=FAULT_MAX_BYTES)
     except Unreadable as e:

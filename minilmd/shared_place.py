@@ -34,9 +34,10 @@ import stat
 from dataclasses import dataclass
 from enum import Enum
 
-from minilmd.fsio import atomic_write_text, is_local_fs
+from minilmd.fsio import atomic_write_text
 from minilmd.names import STAGED_CORPUS_SOURCE, STAGED_RECORD_MAX_BYTES
 from minilmd.untrusted import Unreadable, file_kind, printable, read_bytes
+from minilmd.urls import is_local_fs
 
 
 class Place(Enum):

@@ -42,8 +42,8 @@ CORPUS_COMMANDS = ("minilmd.cli.data", "minilmd.cli.tokenizer")
 """The command-line modules of `prepare`, `corpus ...` and `tokenizer ...`: they never reach the trainer."""
 CLI_MODULE_LEVEL = ("typer", "minilmd.cli", "minilmd.names", "minilmd.corpus.exits")
 """What a command-line module may import at module level besides the stdlib (names.py: constants, `os` and `re`;
-corpus/exits.py: how the corpus commands end, typer and the stdlib only, in a package whose __init__ imports
-nothing)."""
+corpus/exits.py: how the commands end, typer, the stdlib and protocol.py's exit statuses only, in a package whose
+__init__ imports nothing)."""
 
 
 def pulls_in_torch(name: str) -> bool:

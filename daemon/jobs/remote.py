@@ -42,9 +42,9 @@ class Remote:
 
     def __init__(self, url: str, tmp_tag: str = "", opened=None):
         if opened is None:
-            import fsspec
+            from minilmd.urls import open_fs
 
-            opened = fsspec.core.url_to_fs(url)
+            opened = open_fs(url)[:2]
         self.url = url.rstrip("/")
         self.fs, root = opened
         self.root = root.rstrip("/") or "/"

@@ -29,6 +29,7 @@ from minilmd.daemon.jobs.remote_store import Steps
 from minilmd.dirfd import Dir
 from minilmd.names import LATEST
 from minilmd.untrusted import Unreadable, file_kind, open_regular, printable, read_bytes
+from minilmd.urls import open_fs
 
 
 def unmounted_above(root: str) -> str:
@@ -351,9 +352,6 @@ class LocalRemote(Publishing, Remote):
 def open_remote(url: str, tmp_tag: str = "") -> Remote:
     """The remote at `url`: a LocalRemote for a local path (a plain path, file://, local://), a Remote for any other
     fsspec store. ValueError or ImportError for a URL fsspec cannot open."""
-    import fsspec
-    from fsspec.implementations.local import LocalFileSystem
-
-    opened = fsspec.core.url_to_fs(url)
-    kind = LocalRemote if isinstance(opened[0], LocalFileSystem) else Remote
-    return kind(url, tmp_tag, opened)
+    opened = open_fs(url)
+    kind = LocalRemote if opened.local else Remote
+    return kind(url, tmp_tag, (opened.fs, opened.root))

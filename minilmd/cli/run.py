@@ -47,13 +47,14 @@ def run_command(
     if check:
         from minilmd.config import ConfigError
         from minilmd.daemon import preflight
+        from minilmd.protocol import SUPERVISOR_CONFIG
 
         start: list[str] = []  # where the launch starts: resumes from step N (scratch|remote), or step 0
         try:
             cfg, waits = preflight.check_with_waits(config, set_, start, fresh, claim_remote)
         except ConfigError as e:
             typer.echo(str(e), err=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(SUPERVISOR_CONFIG) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
         from minilmd.plan.budget import lr_line
 

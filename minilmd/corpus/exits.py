@@ -1,16 +1,24 @@
-"""How the corpus commands (`prepare`, `corpus ...`, `tokenizer ...`, `demo-corpus`) end: each failure as its exit
-status, said in one line, never a traceback; SIGTERM and SIGHUP as Ctrl-C. Torch-free.
+"""How a command ends: each failure as its exit status (minilmd/protocol.py holds the numbers), said in one line,
+never a traceback; SIGTERM and SIGHUP as Ctrl-C (`interruptible`). The corpus commands (`prepare`, `corpus ...`,
+`tokenizer ...`, `demo-corpus`) end through all of it, `export` and `bench` through `interruptible`; the
+command-line modules import the statuses from here at module level (tests/test_layers.py CLI_MODULE_LEVEL).
+Torch-free.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import signal
 from collections.abc import Iterator
 
 import typer
 
-EXIT_IO = 74  # sysexits EX_IOERR: a read or write failed (a full disk, EIO on a share); run it again once fixed
+from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_INTERRUPTED, EXIT_IO
+
+__all__ = ["EXIT_CONFIG", "EXIT_DATA", "EXIT_INTERRUPTED", "EXIT_IO", "data_error_exit", "interruptible", "out_dir_of",
+           "out_error_exit",
+           "io_error_exit", "prepare_exits"]
 
 
 def io_error_exit(e: OSError, what: str, kept: str) -> typer.Exit:
@@ -56,17 +64,23 @@ def out_dir_of(out: str | os.PathLike) -> str:
     return parent or f". ({os.getcwd()})"
 
 
-def interrupt_on_termination() -> None:
-    """SIGTERM, and SIGHUP (an SSH session closed under it; nohup's SIG_IGN stays), end a corpus command as Ctrl-C
-    does: KeyboardInterrupt unwinds through its cleanup (no half output, no temp dir left, a training child ended)."""
-    import signal
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+@contextlib.contextmanager
+def interruptible(said: str) -> Iterator[None]:
+    """A command's body, ended by Ctrl-C, SIGTERM or SIGHUP (an SSH session closed under it; nohup's SIG_IGN stays)
+    alike: KeyboardInterrupt unwinds through its cleanup (no half output, no temporary copy left, a child ended),
+    then `said` in one line on stderr and exit 130 (typer's own handler exits 130 without a word)."""
+    signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
-        signal.signal(signal.SIGHUP, on_sigterm)
+        signal.signal(signal.SIGHUP, _interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo(said, err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 @contextlib.contextmanager
@@ -74,15 +88,13 @@ def prepare_exits(what: str, kept: str) -> Iterator[None]:
     """A prepare's failure as its exit status, said in one line: bad input or arguments (every ValueError: InputError,
     CorpusError, TokenizerError) by data_error_exit, a read or write that failed 74, interrupted 130; `kept` says
     what is left of the output (the cleanup ran as the error unwound through it)."""
-    try:
-        yield
-    except ValueError as e:
-        raise data_error_exit(e) from None
-    except KeyboardInterrupt:
-        typer.echo(f"{what}: interrupted, {kept}", err=True)
-        raise typer.Exit(130) from None
-    except OSError as e:
-        raise io_error_exit(e, what, kept) from None
+    with interruptible(f"{what}: interrupted, {kept}"):
+        try:
+            yield
+        except ValueError as e:
+            raise data_error_exit(e) from None
+        except OSError as e:
+            raise io_error_exit(e, what, kept) from None
 
 
 def data_error_exit(e: Exception) -> typer.Exit:
@@ -90,7 +102,6 @@ def data_error_exit(e: Exception) -> typer.Exit:
     a bad argument or tokenizer -> 2."""
     from minilmd.corpus.sources.jsonl import InputError, SourceReadError
     from minilmd.corpus_meta import CorpusError
-    from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
 
     typer.echo(f"error: {e}", err=True)
     if isinstance(e, SourceReadError):

@@ -34,6 +34,7 @@ from minilmd.names import (
     old_export_tmp_name,
     step_of,
 )
+from minilmd.protocol import EXIT_CONFIG, EXIT_IO
 
 if TYPE_CHECKING:
     from minilmd.checkpoint import Validated
@@ -48,7 +49,7 @@ class ExportError(ValueError):
 class OutRefused(ExportError):
     """An --out an export must not write: a usage error (exit 2), refused before anything is written."""
 
-    exit_status = 2
+    exit_status = EXIT_CONFIG
 
 
 class ExportNotWritten(ExportError):
@@ -56,7 +57,7 @@ class ExportNotWritten(ExportError):
     temporary copy removed, nothing at --out; 74, EX_IOERR, as the trainer's own write failures. The message says
     which: only a full disk or a quota is told to free space."""
 
-    exit_status = 74
+    exit_status = EXIT_IO
 
 
 SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
