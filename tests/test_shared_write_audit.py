@@ -184,22 +184,6 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
                                     "(tempfile's: 0700, a random name made O_EXCL) before the store's put copies it",
                                     {("_write_new", "tempfile.TemporaryDirectory"): 1,
                                      ("_write_new", ".write_bytes"): 1}),
-    # --- descriptor walks of their own beside dirfd.Dir (DIR_FD_HOMES): one entry per site, dropped as each
-    # moves onto Dir --------------------------------------------------------------------------------------------------
-    "daemon/jobs/remote_write.py": ("gap", "a local remote others may write: remote_write's own descriptor walk "
-                                    "(parent_fd, mkdir_new, open_new) from the root's descriptor (checked by dirfd's "
-                                    "rule: LocalRemote._root), beside place_rule.walk_to; every name made new "
-                                    "(O_EXCL, mkdir), removed or set aside only when this user's (owner, mark). "
-                                    "To move onto dirfd.Dir", {
-        ("learn_own_uid_at", "os.open@dir_fd"): 1, ("learn_own_uid_at", "os.unlink@dir_fd"): 1,
-        ("mkdir_new", "os.mkdir@dir_fd"): 1, ("_made_owner", "os.rmdir@dir_fd"): 1,
-        ("_mark_new", "os.unlink@dir_fd"): 1, ("_mark_new", "os.rmdir@dir_fd"): 1,
-        ("open_new", "os.open@dir_fd"): 1, ("set_aside", "os.rename@dir_fd"): 1}),
-    "minilmd/corpus/prepare/lock.py": ("gap", "prepare's lock file beside --out, at the descriptor of --out's "
-                                       "parent (opened by dirfd's rule, lock.parent): made O_EXCL|O_NOFOLLOW or "
-                                       "opened O_NOFOLLOW|O_NONBLOCK, removed only when it is still the file this "
-                                       "lock made (device and inode compared). To move onto dirfd.Dir", {
-        ("CorpusLock._open_and_lock", "os.open@dir_fd"): 2, ("CorpusLock.close", "os.unlink@dir_fd"): 1}),
     # --- the device checks and the scripts: their own --work directory ------------------------------------------
     **{script: ("private", SCRIPT_WORK, sites_of_script) for script, sites_of_script in {
         "scripts/docmask_val_pair.py": {("run_pair", "tempfile.TemporaryDirectory"): 1},
