@@ -28,7 +28,7 @@ from minilmd.daemon.base.runstate import names_remote, state_owners
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.shared_place import Place, gone_or_typo, look
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular
-from minilmd.urls import open_fs
+from minilmd.urls import is_local_fs, open_fs
 
 EVENTS_MAX_LINE = 1 << 16
 """A line of events.jsonl longer than this is no sync record (one is a few hundred bytes): not parsed."""
@@ -57,7 +57,7 @@ def not_made_yet(url: str) -> bool:
         opened = open_fs(url)
     except (ValueError, ImportError, OSError):
         return False
-    return opened.local and bool(gone_or_typo(opened.root))
+    return is_local_fs(opened.fs) and bool(gone_or_typo(opened.root))
 
 
 SYNCED, NEVER, UNKNOWN = "synced", "never", "unknown"
