@@ -143,8 +143,8 @@ class Ending:
         self.state.record_error(f"finished, but {sync_problem}")
         self._go(Phase.DONE, f"the run finished, but its last checkpoint {last} is not synced: {self.sync.not_ours}. "
                              f"It stays in {self.cfg.checkpoint_dir} (scratch is kept); once run.remote's "
-                             f"{names.REMOTE_OWNER} is this run's again (its owner removes his), start the run again: "
-                             f"it syncs {last} and ends")
+                             f"{names.REMOTE_OWNER} is this run's again, or gone (removed by whoever owns it), start "
+                             f"the run again: it syncs {last} and ends")
 
     def _nothing_to_sync(self) -> str:
         """Why a trainer that ended done (exit 0) cannot be called synced: the run has a remote, yet scratch holds no

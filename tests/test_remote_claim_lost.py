@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from minilmd import names, run_owner
+from minilmd.init_source import Predecessor, predecessor_report
 from minilmd.protocol import ENDED_UNSYNCED, how_ended, restart_may_follow
 from second_user import as_user, group_dir, teammate  # noqa: F401 - the fixture
 from supervisor_helpers import (
@@ -59,6 +60,8 @@ def test_a_replaced_owner_record_ends_the_run_unsynced_not_failed(teammate, tmp_
     final = state(run_dir)
     assert final["phase"] == "done" and how_ended(final) == ENDED_UNSYNCED, final
     assert not restart_may_follow(final)
+    waits = predecessor_report(Predecessor("s", run_dir, config))  # a stage after it: no start from step 10's remote
+    assert waits.outcome == "waiting" and "not on its run.remote" in waits.why, waits
     assert "not synced" in final["reason"] and f"uid {uid}" in final["reason"], final["reason"]
     said = [e["message"] for e in events(run_dir)]
     assert any("owner.json" in m and f"uid {uid}" in m and "nothing is written to the remote" in m for m in said), said
