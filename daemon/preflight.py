@@ -65,24 +65,23 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
 def memory_problems(cfg: RunConfig) -> list[str]:
     """A micro-batch (or a validation set) that cannot fit in what the device offers: refused before anything is
     made or staged (memory_fit)."""
-    refused, _ = memory_fit(cfg)
-    return [refused] if refused else []
+    return memory_fit(cfg)[0]
 
 
-def memory_fit(cfg: RunConfig) -> tuple[str | None, str | None]:
+def memory_fit(cfg: RunConfig) -> tuple[list[str], str | None]:
     """(The refusal, the note) of minilmd/plan/footprint.py's rule: the run's estimate before its first step against
     what its device offers (daemon/host/gpu.py device_offer), the corpus's format and val split (and [eval] probe's)
     from its meta.json (a local one, read bounded; one behind a URL counts as text with no validation set)."""
     from minilmd.corpus_meta import read_corpus_meta
-    from minilmd.plan.footprint import fit
+    from minilmd.plan.footprint import fit, host_offer
 
     offer, on_gpu = device_offer(cfg)
     if offer is None:
-        return None, None
+        return [], None
     def meta_of(prepared: str) -> dict | None:
         return bounded_probe(read_corpus_meta, prepared)[1] if prepared and "://" not in prepared else None
 
-    return fit(cfg, meta_of(cfg.data.prepared), offer, on_gpu, meta_of(cfg.eval.probe))
+    return fit(cfg, meta_of(cfg.data.prepared), offer, on_gpu, meta_of(cfg.eval.probe), host_offer())
 
 
 def remote_owner_problems(cfg: RunConfig, claim_remote: bool = False) -> list[str]:

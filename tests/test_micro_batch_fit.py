@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from minilmd.config import RunConfig, load_config
-from minilmd.plan.footprint import GIB, Offer, judge, micro_batch_need, val_rows
+from minilmd.plan.footprint import GIB, Offer, fit, judge, micro_batch_need, val_rows
 from minilmd.protocol import EXIT_CONFIG, SUPERVISOR_CONFIG
 from supervisor_helpers import cli
 from trainer_corpus import train, write_config
@@ -83,3 +83,19 @@ def test_a_dpo_micro_batch_counts_two_rows_a_pair_and_the_cpu_counts_its_validat
     assert val_rows(cfg, chat) == 40 and val_rows(cfg, chat, probe=True) == 40  # documents: bucketed, padded
     nothing_fits = judge(cfg, text, Offer(GIB // 1024 ** 2, "a tiny card"))[0]
     assert nothing_fits is not None and "Not even a micro-batch of 1 fits" in nothing_fits
+
+
+def test_a_validation_set_that_cannot_fit_in_host_memory_is_refused_as_data_val_windows():
+    """The val rows are built whole in host memory before the first step, on a GPU run too: data.val_windows is
+    bounded by the val split, and by the same rule; no smaller micro-batch would help, so the way out names it."""
+    cfg = _tiny()
+    cfg.override("data.val_windows", 10 ** 9)
+    meta = {"data_format": "text", "splits": {"val": {"tokens": 128 * 10 ** 8, "documents": 10 ** 7}}}
+    card, host = Offer(80 * GIB, "a card"), Offer(16 * GIB, "host memory")
+    refused, near = fit(cfg, meta, card, on_gpu=True, host=host)
+    assert near is None and len(refused) == 1, refused
+    assert refused[0].startswith("data.val_windows = 1,000,000,000 builds 100,000,000 validation rows (the val "
+                                 "split's) of 128 tokens before the first step: about ") and \
+        refused[0].endswith("over 2 x the 16.0 GiB of host memory: it cannot fit. Lower data.val_windows"), refused
+    cfg.override("data.val_windows", 64)
+    assert fit(cfg, meta, card, on_gpu=True, host=host) == ([], None)

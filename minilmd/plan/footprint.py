@@ -41,6 +41,8 @@ CHUNK_TOKENS = 8192
 """About this many tokens' logits per loss chunk: 8192 x 6400 x 4 B = 210 MB of fp32 (nanochat/Liger use 4-8k).
 Here, not in trainer/model/loss.py, so that the estimate counts the chunks the loss makes."""
 GIB = 1024 ** 3
+TOKEN_BYTES = 3 * 8
+"""A row's token costs int64 ids, labels, and a loss mask or positions."""
 
 
 def chunk_rows_for(seq_len: int, chunk_tokens: int = CHUNK_TOKENS) -> int:
@@ -79,13 +81,22 @@ class Need:
         return " + ".join(f"{_gib(n)} {what}" for n, what in self.parts if n)
 
 
-def fit(cfg: RunConfig, meta: dict | None, offer: Offer, on_gpu: bool,
-        probe_meta: dict | None = None) -> tuple[str | None, str | None]:
-    """judge() of the run's estimate against `offer`: the corpus's format and validation rows from its meta.json
-    (`meta`; None: a text corpus, no validation set counted), and [eval] probe's rows from its own (`probe_meta`)."""
+def fit(cfg: RunConfig, meta: dict | None, offer: Offer, on_gpu: bool, probe_meta: dict | None = None,
+        host: Offer | None = None) -> tuple[list[str], str | None]:
+    """(The refusals, a note) of the run against what its device `offers`: the validation rows (the corpus's val
+    split and [eval] probe's, from their meta.json `meta` and `probe_meta`; None: none counted), built whole in host
+    memory before the first step, against `host` (the host's available memory; None: not judged), then the
+    micro-batch's estimate (judge). A validation set that alone cannot fit is the one refusal: no micro-batch would."""
     data_format = data_format_of(meta) if meta is not None else "text"
     rows = val_rows(cfg, meta) + val_rows(cfg, probe_meta, probe=True)
-    return judge(cfg, micro_batch_need(cfg, data_format, on_gpu, rows), offer)
+    held = rows * cfg.train.seq_len * TOKEN_BYTES
+    if host is not None and held > OVER_FACTOR * host.bytes:
+        whose = "the val split's and [eval] probe's" if probe_meta else "the val split's"
+        return [(f"data.val_windows = {cfg.data.val_windows:,} builds {rows:,} validation rows ({whose}) of "
+                 f"{cfg.train.seq_len} tokens before the first step: about {_gib(held)}, over {OVER_FACTOR:g} x the "
+                 f"{_gib(host.bytes)} of {host.what}: it cannot fit. Lower data.val_windows")], None
+    refused, near = judge(cfg, micro_batch_need(cfg, data_format, on_gpu, rows), offer)
+    return [refused] if refused else [], near
 
 
 def val_rows(cfg: RunConfig, meta: dict | None, probe: bool = False) -> int:
@@ -114,17 +125,17 @@ def micro_batch_need(cfg: RunConfig, data_format: str, on_gpu: bool, val_rows: i
     seq = t.seq_len
     params = sum(_numel(shape) for shape in expected_state_shapes(m).values())
     state = params * (4 if cfg.lora.enabled else 16)
-    token_bytes = 3 * 8  # ids, labels, mask or positions: int64
+    token_bytes = TOKEN_BYTES
     per_token = m.num_hidden_layers * (12 * m.hidden_size + 4 * m.ffn_size) * act + 2 * m.hidden_size * act
     dense_mask = cfg.data.doc_mask and not on_gpu  # the CPU's document mask: a dense one, torch's math kernel
     scores = m.num_hidden_layers * m.num_attention_heads * seq * seq * 2 * act if dense_mask else 0
     logit_rows = 1 if data_format == "dpo" else 0  # DPO keeps every row's logits; the others two chunks at most
     per_row = seq * (token_bytes + per_token + logit_rows * m.vocab_size * 12) + scores
     rows = (micro_batch_size or t.micro_batch_size) * per_item
-    chunked = 0 if logit_rows else 2 * min(rows, chunk_rows_for(seq)) * seq * m.vocab_size * 12
+    chunked = 0 if logit_rows else min(rows, 2 * chunk_rows_for(seq)) * seq * m.vocab_size * 12
     parts = [(state, "for the model's weights" + ("" if cfg.lora.enabled else ", gradients and AdamW state")),
              (rows * seq * token_bytes, f"for a micro-batch's tensors ({rows:,} rows x {seq} tokens)"),
-             (rows * (per_row - seq * token_bytes), "for its activations and logits"),
+             (rows * (per_row - seq * token_bytes), "for its activations" + (" and logits" if logit_rows else "")),
              (chunked, "for the loss chunks' logits")]
     if not on_gpu and val_rows:
         parts.append((val_rows * seq * token_bytes, f"for the validation rows ({val_rows:,})"))

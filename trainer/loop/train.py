@@ -416,9 +416,9 @@ def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
         return
     probe = cfg.eval.probe_staged or cfg.eval.probe
     refused, near = fit(cfg, read_corpus_meta(cfg.data.prepared), offer, on_gpu,
-                        read_corpus_meta(probe) if probe else None)
+                        read_corpus_meta(probe) if probe else None, host_offer())
     if refused:
-        raise ConfigError([refused], cfg.source)
+        raise ConfigError(refused, cfg.source)
     if near and dist.is_main:
         print(f"minilmd: note: {near}", flush=True)
 
