@@ -50,7 +50,7 @@ def signalling_calls(path: Path, rel: str) -> list[tuple[str, int, str]]:
     module = source_tree.tree(path)
     names = audit_calls.qualified_names(module)
     calls = []
-    for node in ast.walk(module):
+    for node in audit_calls.nodes(module):
         if isinstance(node, ast.Attribute) and node.attr in SENDS | {"syscall"}:
             calls.append((rel, node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names:
@@ -101,7 +101,8 @@ def kill_commands(path: Path) -> list[int]:
     ...]`, `["tmux", "kill-session", ...]`), or any word of a command given to a call that starts a process (a shell
     string, an f-string, an argv, a name assigned the program: audit_calls.spawned_commands)."""
     module = source_tree.tree(path)
-    lines = {e.lineno for node in ast.walk(module) if isinstance(node, (ast.List, ast.Tuple)) for e in node.elts
+    lines = {e.lineno for node in audit_calls.nodes(module) if isinstance(node, (ast.List, ast.Tuple))
+             for e in node.elts
              if isinstance(e, ast.Constant) and isinstance(e.value, str)
              and e.value.rsplit("/", 1)[-1] in KILL_COMMANDS}
     lines |= {line for line, words in audit_calls.spawned_commands(module) if KILL_COMMANDS & set(words)}
