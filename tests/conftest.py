@@ -86,7 +86,7 @@ def process_wide_settings_restored():
 
 @pytest.fixture(autouse=True)
 def signals_sent_through_procs():
-    """Any os.kill, os.killpg or pidfd_send_signal the code sends outside minilmd/procs.py fails the test
+    """Any os.kill, os.killpg or signal's sending functions the code calls outside minilmd/procs.py fails the test
     (signal_backstop.py: the run-time side of test_one_way_to_signal; tests themselves may signal)."""
     with signal_backstop.senders_watched() as found:
         yield found
