@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import sys
 from functools import cache
 
 SYNONYMS = {"posix": "os", "nt": "os", "_signal": "signal", "_posixsubprocess": "subprocess", "_io": "io"}
@@ -33,6 +34,12 @@ SPAWNER_METHODS = {"run", "Popen", "call", "check_call", "check_output", "getout
 """The same calls reached through an object this module cannot name (`self.runner.run(argv)`): read too."""
 
 
+@cache
+def nodes(module: ast.Module) -> tuple[ast.AST, ...]:
+    """Every node of the tree, walked once (the audits each read every node of every file several times)."""
+    return tuple(ast.walk(module))
+
+
 def canonical(module: str) -> str:
     head, dot, rest = module.partition(".")
     return SYNONYMS.get(head, head) + dot + rest
@@ -40,7 +47,11 @@ def canonical(module: str) -> str:
 
 @cache
 def _public_names(module: str) -> tuple[str, ...]:
-    """What `from MODULE import *` binds (its __all__, else its names without a leading underscore)."""
+    """What `from MODULE import *` binds (its __all__, else its names without a leading underscore), for a module of
+    the standard library (the ones the audits watch); nothing is imported for any other (torch's would take
+    seconds)."""
+    if module.split(".")[0] not in sys.stdlib_module_names:
+        return ()
     try:
         imported = importlib.import_module(module)
     except Exception:  # noqa: BLE001 - a module this interpreter lacks: its star import binds nothing known
@@ -49,10 +60,12 @@ def _public_names(module: str) -> tuple[str, ...]:
     return tuple(names if names is not None else (n for n in dir(imported) if not n.startswith("_")))
 
 
+@cache
 def qualified_names(module: ast.Module) -> dict[str, str]:
-    """{local name: the dotted name it stands for}, from every import statement of the module (functions' too)."""
+    """{local name: the dotted name it stands for}, from every import statement of the module (functions' too).
+    Cached by the tree (source_tree parses each file of the repository once): do not change what it returns."""
     names: dict[str, str] = {}
-    for node in ast.walk(module):
+    for node in nodes(module):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -85,7 +98,7 @@ def dynamic_lookups(module: ast.Module, watched: set[str], names: dict[str, str]
     getattr(os, "kill"), getattr(os, name), os.__dict__["kill"], vars(os)[name]."""
     names = qualified_names(module) if names is None else names
     found = []
-    for node in ast.walk(module):
+    for node in nodes(module):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
                 and len(node.args) > 1 and (of := dotted(node.args[0], names)) in watched:
             found.append((node.lineno, of, _literal(node.args[1])))
@@ -107,10 +120,11 @@ def _literal(node: ast.expr) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
+@cache
 def string_constants(module: ast.Module) -> dict[str, set[str]]:
     """{name: every string literal assigned to it anywhere in the module} (`cmd = "pkill"`)."""
     found: dict[str, set[str]] = {}
-    for node in ast.walk(module):
+    for node in nodes(module):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant) \
                 and isinstance(node.value.value, str):
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
@@ -162,8 +176,9 @@ def command_of(call: ast.Call, names: dict[str, str], constants: dict[str, set[s
     return [w for arg in given for w in command_words(arg, constants)]
 
 
+@cache
 def spawned_commands(module: ast.Module) -> list[tuple[int, list[str]]]:
     """(line, command words) of each command given to a call that starts a process (command_of)."""
     names, constants = qualified_names(module), string_constants(module)
-    return [(node.lineno, words) for node in ast.walk(module)
+    return [(node.lineno, words) for node in nodes(module)
             if isinstance(node, ast.Call) and (words := command_of(node, names, constants))]

@@ -18,8 +18,9 @@ checkpoints), waiting.py (wait_until, without_blocking), faults_fixtures.py (FUS
 faults), and one helpers module per topic that several test modules share: sync_helpers.py, lease_helpers.py,
 resume_helpers.py, scratch_helpers.py, deploy_helpers.py, init_from_helpers.py, hostile_files_helpers.py,
 import_helpers.py, rename_flags.py, base_copy_helpers.py, slurm_helpers.py; source_tree.py reads and parses the
-project's own source once per process for every guard that walks it. A test module imports no other test module
-(tests/test_layers.py checks): what two share lives in a helpers module.
+project's own source once per process for every guard that walks it; audit_calls.py reads a call under any spelling
+for the audits of calls, signal_backstop.py is the signal audit's run-time side (signals_sent_through_procs).
+A test module imports no other test module (tests/test_layers.py checks): what two share lives in a helpers module.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def process_wide_settings_restored():
 
 @pytest.fixture(autouse=True)
 def signals_sent_through_procs():
-    """Any os.kill, os.killpg or pidfd_send_signal the code sends outside minilmd/procs.py fails the test
+    """Any os.kill, os.killpg or signal's sending functions the code calls outside minilmd/procs.py fails the test
     (signal_backstop.py: the run-time side of test_one_way_to_signal; tests themselves may signal)."""
     with signal_backstop.senders_watched() as found:
         yield found

@@ -64,4 +64,5 @@ def imports(path: Path, module: str) -> list[tuple[str, int, bool]]:
             found += [(f"{base}.{a.name}" if a.name != "*" else base, node.lineno, id(node) in top_level)
                       for a in node.names]
             found.append((base, node.lineno, id(node) in top_level))
-    return found + dynamic_imports(tree)
+    text = source_tree.source(path)
+    return found + (dynamic_imports(tree) if "import_module" in text or "__import__" in text else [])

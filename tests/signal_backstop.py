@@ -1,12 +1,14 @@
-"""The run-time side of tests/test_one_way_to_signal.py: while a test runs, os.kill, os.killpg and
-signal.pidfd_send_signal note every call whose nearest caller of the project's code is outside minilmd/procs.py;
-conftest.py's autouse fixture fails the test on one. The static audit reads the source; this sees what it missed
-(a spelling it does not know, a library of ours handed a pid).
+"""The run-time side of tests/test_one_way_to_signal.py: while a test runs, os.kill, os.killpg,
+signal.pidfd_send_signal, pthread_kill and raise_signal note every call whose nearest caller of the project's code
+is outside minilmd/procs.py; conftest.py's autouse fixture fails the test on one. The static audit reads the
+source; this sees what it missed (a spelling it does not know, a library of ours handed a pid).
 
 The caller is the nearest frame in the repository's minilmd/, daemon/, trainer/ or tests/: a test may signal (its
 own children, a planted process), and so may the standard library for it (Popen.kill from a test goes through
 subprocess.py first); a call with no frame of ours (a library's own thread) is not ours to judge. The call itself
 is still made: the finding is reported at the test's end, where no `except Exception` in the code can swallow it.
+A module that bound a sending function at its import (`from os import kill`) keeps the original: the static audit
+lists that spelling.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 THE_MODULE = str(REPO / "minilmd" / "procs.py")
 OURS = tuple(f"{REPO / folder}{os.sep}" for folder in ("minilmd", "daemon", "trainer", "tests"))
 ALLOWED = (THE_MODULE, f"{REPO / 'tests'}{os.sep}")
-WATCHED = ((os, "kill"), (os, "killpg"), (signal, "pidfd_send_signal"))
+WATCHED = ((os, "kill"), (os, "killpg"), (signal, "pidfd_send_signal"), (signal, "pthread_kill"),
+           (signal, "raise_signal"))
 
 
 def offending_caller() -> str | None:

@@ -40,6 +40,8 @@ def type_checking_lines(path: Path) -> set[int]:
     """Lines inside `if TYPE_CHECKING:` blocks, typing's TYPE_CHECKING (`from typing import TYPE_CHECKING`, under
     any name, or `typing.TYPE_CHECKING`): imports for annotations only, never run, so never a cycle. A TYPE_CHECKING
     of the module's own (`TYPE_CHECKING = True`) runs its block: its imports count."""
+    if "TYPE_CHECKING" not in source_tree.source(path):
+        return set()
     module = source_tree.tree(path)
     names = audit_calls.qualified_names(module)
     assigned = {t.id for n in ast.walk(module) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))

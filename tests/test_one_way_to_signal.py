@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def signalling_calls(path: Path, rel: str) -> list[tuple[str, int, str]]:
     module = source_tree.tree(path)
     names = audit_calls.qualified_names(module)
     calls = []
-    for node in ast.walk(module):
+    for node in audit_calls.nodes(module):
         if isinstance(node, ast.Attribute) and node.attr in SENDS | {"syscall"}:
             calls.append((rel, node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names:
@@ -101,7 +102,8 @@ def kill_commands(path: Path) -> list[int]:
     ...]`, `["tmux", "kill-session", ...]`), or any word of a command given to a call that starts a process (a shell
     string, an f-string, an argv, a name assigned the program: audit_calls.spawned_commands)."""
     module = source_tree.tree(path)
-    lines = {e.lineno for node in ast.walk(module) if isinstance(node, (ast.List, ast.Tuple)) for e in node.elts
+    lines = {e.lineno for node in audit_calls.nodes(module) if isinstance(node, (ast.List, ast.Tuple))
+             for e in node.elts
              if isinstance(e, ast.Constant) and isinstance(e.value, str)
              and e.value.rsplit("/", 1)[-1] in KILL_COMMANDS}
     lines |= {line for line, words in audit_calls.spawned_commands(module) if KILL_COMMANDS & set(words)}
@@ -190,12 +192,16 @@ def test_every_other_spelling_of_a_signal_is_seen(tmp_path):
 
 def test_the_backstop_sees_a_signal_the_code_sends_outside_procs(signals_sent_through_procs):
     """conftest's autouse fixture: a function of the code outside procs.py that sends signal 0 (harmless) to this
-    process, by os.kill however reached, is noted with its file and line; the same from procs.py or a test is not."""
-    planted = {}
-    exec(compile("import os\ndef send(pid):\n    getattr(os, 'ki' + 'll')(pid, 0)\n",
+    process or thread, by os.kill however reached or by pthread_kill, is noted with its file and line; the same from
+    procs.py or a test is not."""
+    planted: dict = {}
+    exec(compile("import os, signal, threading\ndef send(pid):\n    getattr(os, 'ki' + 'll')(pid, 0)\n"
+                 "def to_thread():\n    signal.pthread_kill(threading.get_ident(), 0)\n",
                  str(REPO / "daemon" / "planted.py"), "exec"), planted)
     planted["send"](os.getpid())
+    planted["to_thread"]()
     procs.signal_self(0)
     os.kill(os.getpid(), 0)  # a test may
     found, signals_sent_through_procs[:] = list(signals_sent_through_procs), []
-    assert found == [f"daemon/planted.py:3: os.kill({os.getpid()}, 0)"]
+    assert found == [f"daemon/planted.py:3: os.kill({os.getpid()}, 0)",
+                     f"daemon/planted.py:5: signal.pthread_kill({threading.get_ident()}, 0)"]

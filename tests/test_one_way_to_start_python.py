@@ -52,9 +52,9 @@ def _is_python(word: str) -> bool:
 
 def _pychild_argvs(module: ast.Module, names: dict[str, str]) -> tuple[set[int], set[str]]:
     """The calls that build a pychild argv (by id) and the local names assigned one (`cmd = module_argv(...)`)."""
-    calls = {id(n) for n in ast.walk(module)
+    calls = {id(n) for n in audit_calls.nodes(module)
              if isinstance(n, ast.Call) and audit_calls.dotted(n.func, names) in ARGV_BUILDERS}
-    held = {t.id for n in ast.walk(module) if isinstance(n, ast.Assign)
+    held = {t.id for n in audit_calls.nodes(module) if isinstance(n, ast.Assign)
             and any(id(c) in calls for c in ast.walk(n.value)) for t in n.targets if isinstance(t, ast.Name)}
     return calls, held
 
@@ -69,7 +69,7 @@ def interpreter_uses(path: Path, rel: str) -> list[tuple[str, int, str]]:
     names, constants = audit_calls.qualified_names(module), audit_calls.string_constants(module)
     argv_calls, argv_names = _pychild_argvs(module, names)
     found = []
-    for node in ast.walk(module):
+    for node in audit_calls.nodes(module):
         name = audit_calls.dotted(node, names) if isinstance(node, (ast.Name, ast.Attribute)) else None
         if name and name.startswith("sys.") and name[4:] in INTERPRETER and (
                 not isinstance(node, ast.Name) or isinstance(node.ctx, ast.Load)):

@@ -278,8 +278,8 @@ class _Names:
     r "os.rename"; and its module-level constants (flags = os.O_WRONLY | os.O_CREAT) for os.open's flags."""
 
     def __init__(self, module: ast.Module) -> None:
-        self.aliases: dict[str, str] = audit_calls.qualified_names(module)  # function-level and star imports too
-        for node in ast.walk(module):  # `o = open`, `rm = shutil.rmtree`: a writing function under another name
+        self.aliases: dict[str, str] = dict(audit_calls.qualified_names(module))  # function-level and star imports
+        for node in audit_calls.nodes(module):  # `o = open`: a writer renamed
             if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
                 name = "open" if isinstance(node.value, ast.Name) and node.value.id == "open" else \
                     audit_calls.dotted(node.value, self.aliases)
