@@ -1,5 +1,6 @@
 """One owner rule: every "is this file ours" check of minilmd asks minilmd/perms.py (own_uid, owned_by_me,
-owned_by_me_or_root), none asks os.geteuid() itself.
+owned_by_me_or_root, owner_in, LearntOwners), none asks os.geteuid(), os.getuid() or os.getresuid() itself (the real
+uid, for whom a process acts towards others, is perms.signal_uid) nor compares a file's st_uid by hand.
 
 Before, scratch, the supervisor lock, the lease files and their directory, the registry, the Prometheus textfile,
 the demo and perms.settle_new_file each compared with os.geteuid() by hand. Here perms.own_uid is faked to another
