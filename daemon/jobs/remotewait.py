@@ -54,10 +54,10 @@ def not_made_yet(url: str) -> bool:
     empty stub). The first sync makes it, itself only (its parent must be there: minilmd/path_checks.py
     remote_problems). False for a store (s3, sftp): nothing tells there."""
     try:
-        opened = open_fs(url)
+        _, root, local = open_fs(url)
     except (ValueError, ImportError, OSError):
         return False
-    return opened.local and bool(gone_or_typo(opened.root))
+    return local and bool(gone_or_typo(root))
 
 
 SYNCED, NEVER, UNKNOWN = "synced", "never", "unknown"
