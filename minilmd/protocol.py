@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from minilmd.names import FAULT
+from minilmd.names import FAULT, FAULT_MAX_BYTES
 
 # fsio and untrusted are imported where fault.json is written and read: every command line imports this module at
 # its start for the exit statuses (minilmd/corpus/exits.py), and `minilmd status` should pay for no more.
 
-FAULT_MAX_BYTES = 1 << 20
 
 # --- Special token ids (MiniMind's): PAD <|endoftext|>, BOS <|im_start|>, EOS <|im_end|>. -----------------------
 PAD_ID = 0

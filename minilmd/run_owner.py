@@ -14,11 +14,9 @@ import json
 import socket
 from pathlib import Path
 
+from minilmd.names import OWNER_MAX_BYTES as OWNER_MAX_BYTES  # its readers ask run_owner for it
 from minilmd.perms import own_uid, user_words
 from minilmd.untrusted import printable
-
-OWNER_MAX_BYTES = 64 << 10
-"""The largest owner.json read (it names a run directory)."""
 
 
 def run_identity(run_dir: Path) -> str:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd import run_owner
+from minilmd import names, run_owner
 from minilmd.dirfd import place_problem
 from minilmd.names import (
     CHECKPOINTS,
@@ -49,7 +49,6 @@ from minilmd.perms import own_uid, owned_by_me, user_words
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
-OWNER_MAX_BYTES = run_owner.OWNER_MAX_BYTES
 
 
 class ScratchRefused(ValueError):
@@ -137,7 +136,7 @@ def read_owner(scratch: Path) -> dict | None:
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{marker} is not a regular file")
     try:
-        owner = read_json(marker, max_bytes=OWNER_MAX_BYTES, expect=None)
+        owner = read_json(marker, max_bytes=names.OWNER_MAX_BYTES, expect=None)
     except Unreadable as e:
         raise ValueError(f"{marker} cannot be read ({e.why})") from None
     return run_owner.checked(owner, str(marker))

@@ -30,7 +30,7 @@ SENDS = {"kill", "killpg", "pidfd_send_signal", "send_signal", "terminate", "pth
 SIGNAL_MODULES = {"os", "signal"}
 WRAPPER_CALLS = Counter({
     ("daemon/child/process.py", "self.kill"): 1,  # Child.kill_group -> Child.kill: procs.signal_child_group, Launch
-    ("daemon/supervisor.py", "child.kill"): 1,
+    ("daemon/supervisor.py", "child.kill"): 1,  # the second stop signal: child := self.loop.child
     ("daemon/ending.py", "child.kill"): 1,
     ("daemon/child/trainerwatch.py", "child.kill"): 1,
 })

@@ -72,8 +72,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
         ("_publish", "np.save"): 1}),  # np.save: into a file object made O_EXCL at the split's descriptor
     # --- core helpers, by the place their callers give ------------------------------------------------------------
     "minilmd/fsio.py": ("private", "crash-safe writes by path, for places their callers own: state.json in run.dir, "
-                        "scratch, a corpus's meta.json inside a checked directory", {
-        ("atomic_write_text", "tempfile.mkstemp"): 1,
+                        "scratch, a corpus's meta.json inside a checked directory; a registry entry, linked to "
+                        "its name only while the name is free (registry.py)", {
+        ("atomic_write_text", "tempfile.mkstemp"): 1, ("atomic_write_text", "os.link"): 1,
         ("atomic_write_text", "os.replace"): 1, ("atomic_write_text", "os.unlink"): 1, ("publish_dir", "os.rename"): 4,
         ("publish_dir", "shutil.rmtree"): 1}),
     "minilmd/leftovers.py": ("gap", "a killed maker's leftover beside an output: only this user's real directory, "
@@ -115,9 +116,7 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "daemon/host/registry.py": ("private", "the per-user registry (0700, this user's) and the system one (root's, "
                                 "sticky: no one else may rename or remove this user's entry; a taken name is "
                                 "never replaced: registry.py)", {
-        ("_own_private_dir", ".mkdir"): 1, ("_own_private_dir", "os.chmod"): 1, ("_publish", "os.replace"): 1,
-        ("_publish", "os.link"): 1, ("_publish", "os.unlink"): 1, ("forget", "os.unlink"): 1,
-        ("_publish", "tempfile.mkstemp"): 1}),
+        ("_own_private_dir", ".mkdir"): 1, ("_own_private_dir", "os.chmod"): 1, ("forget", "os.unlink"): 1}),
     "daemon/jobs/basecopy.py": ("private", PRIVATE_SCRATCH + " (the base's copy fetched from the remote)", {
         ("fetch", ".mkdir"): 2, ("fetch", ".write_bytes"): 2, ("stage_from_remote", "shutil.rmtree"): 1}),
     "daemon/jobs/initstage.py": ("private", PRIVATE_SCRATCH + " (the staged probe and init weights)", {
@@ -205,9 +204,9 @@ REVIEWED: dict[str, tuple[str, str, dict[tuple[str, str], int]]] = {
     "trainer/loop/faults.py": ("private", "test fault injection (MINILMD_FAULT): the run's own files; the SIGBUS "
                                "page in a nameless temporary file (tempfile's, O_TMPFILE)", {
         ("FaultInjector.maybe_fire", "open"): 1, ("_sigbus", "tempfile.TemporaryFile"): 1}),
-    "minilmd/metrics.py": ("gap", RUN_DIR + " (metrics.jsonl, the heartbeat)", {
-        ("MetricsLog.__init__", ".mkdir"): 1, ("MetricsLog._end_torn_line", "open"): 1, ("MetricsLog.write", "open"): 1,
-        ("MetricsLog.heartbeat", ".write_text"): 1, ("MetricsLog.heartbeat", "os.replace"): 1}),
+    "minilmd/metrics.py": ("gap", RUN_DIR + " (metrics.jsonl; the heartbeat by fsio.atomic_write_text)", {
+        ("MetricsLog.__init__", ".mkdir"): 1, ("MetricsLog._end_torn_line", "open"): 1,
+        ("MetricsLog.write", "open"): 1}),
     "trainer/loop/train.py": ("gap", RUN_DIR + "; and scratch", {("run", ".unlink"): 1}),
     "trainer/model/adapter.py": ("private", "export --out (an HF PEFT directory): " + PRIVATE_TMP + " (export_paths."
                                  "ExportCopy, in the directory of --out checked by dirfd's rule); the base's private "

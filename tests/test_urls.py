@@ -43,3 +43,15 @@ def test_the_remote_is_local_as_open_fs_says(tmp_path):
     assert isinstance(remote_local.open_remote(str(tmp_path)), remote_local.LocalRemote)
     assert not isinstance(remote_local.open_remote(f"dir::{tmp_path}"), remote_local.LocalRemote)
     assert remotewait.not_made_yet(f"dir::{tmp_path}/gone") is False  # a store: nothing tells there
+
+
+def test_a_chained_url_in_a_config_is_not_made_a_path_under_the_configs_directory(tmp_path):
+    """Before, absolute_paths joined "dir::/data/corpus" (no "://") to the config's directory."""
+    from minilmd.config import absolute_paths
+
+    raw = {"data": {"prepared": "simplecache::memory://corpus"}, "run": {"remote": "dir::/nfs/ckpt"}}
+    assert absolute_paths(raw, tmp_path) == []
+    assert raw == {"data": {"prepared": "simplecache::memory://corpus"}, "run": {"remote": "dir::/nfs/ckpt"}}
+    relative = {"data": {"prepared": "prep"}}
+    assert absolute_paths(relative, tmp_path) == ["data.prepared"]
+    assert relative["data"]["prepared"] == str(tmp_path / "prep")

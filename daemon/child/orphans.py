@@ -21,8 +21,6 @@ from minilmd.untrusted import Unreadable, read_json
 
 REAP_S = 10.0
 """After SIGKILL, how long kill_group waits for the kernel to let the process go before it gives up on reaping it."""
-TRAINER_RECORD_MAX_BYTES = 64 << 10
-"""trainer.json is a few hundred bytes."""
 
 
 # --- which processes are this run's -------------------------------------------------------------------------
@@ -41,7 +39,7 @@ def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid
 def _read_record(scope: procs.RunScope) -> dict | None:
     """trainer.json if it names a trainer the run directory's owner launched on this host, else None."""
     try:  # a regular file of the owner's only (minilmd/untrusted.py): never a FIFO or a link to /dev/zero read whole
-        record = read_json(scope.run_dir / names.TRAINER_RECORD, max_bytes=TRAINER_RECORD_MAX_BYTES,
+        record = read_json(scope.run_dir / names.TRAINER_RECORD, max_bytes=names.TRAINER_RECORD_MAX_BYTES,
                            owner=scope.owner)
     except Unreadable:
         return None

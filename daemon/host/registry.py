@@ -33,7 +33,6 @@ import re
 import secrets
 import socket
 import stat
-import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -182,26 +181,14 @@ def _taken_by(path: Path, uid: int) -> str | None:
 
 
 def _publish(path: Path, body: str, replace: bool) -> bool:
-    """Write body to path (0644) atomically: over our own file when replace, else only if the name is free (a
-    hard link of the temp file: it fails where rename would replace). False when the name was taken."""
-    fd, tmp = tempfile.mkstemp(prefix=names.atomic_tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
+    """Write body to path (0644) atomically (fsio.atomic_write_text, no fsync: rewritten at every start): over our own
+    file when replace (another user cannot have replaced it in a sticky directory), else only if the name is free.
+    False when the name was taken."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o644)
-            f.write(body)
-        if replace:
-            os.replace(tmp, path)  # our own file: another user cannot have replaced it in a sticky directory
-            return True
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        atomic_write_text(path, body, mode=0o644, durable=False, replace=replace)
+    except FileExistsError:
+        return False
+    return True
 
 
 def register_quietly(name: str, run_dir: Path, config: str | os.PathLike, emit) -> None:

@@ -17,11 +17,10 @@ from minilmd import checkpoint as ck
 from minilmd.daemon.jobs.remote_publish import LeftAside
 from minilmd.daemon.jobs.remote_store import ListedManifest, RemoteStore, Steps
 from minilmd.fsio import table_problems
+from minilmd.names import COPY_CHUNK_BYTES as CHUNK
 from minilmd.names import LATEST, MANIFEST, MANIFEST_MAX_BYTES, POINTER_MAX_BYTES, is_step_name, step_of
 from minilmd.shared_place import Look, look
 from minilmd.untrusted import Unreadable, loads
-
-CHUNK = 8 * 1024 * 1024
 
 __all__ = ["LeftAside", "ListedManifest", "Remote", "RemoteStore", "Steps"]
 

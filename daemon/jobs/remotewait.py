@@ -28,7 +28,7 @@ from minilmd.daemon.base.runstate import names_remote, state_owners
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.shared_place import Place, gone_or_typo, look
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular
-from minilmd.urls import is_local_fs, open_fs
+from minilmd.urls import open_fs
 
 EVENTS_MAX_LINE = 1 << 16
 """A line of events.jsonl longer than this is no sync record (one is a few hundred bytes): not parsed."""
@@ -54,10 +54,10 @@ def not_made_yet(url: str) -> bool:
     empty stub). The first sync makes it, itself only (its parent must be there: minilmd/path_checks.py
     remote_problems). False for a store (s3, sftp): nothing tells there."""
     try:
-        opened = open_fs(url)
+        _, root, local = open_fs(url)
     except (ValueError, ImportError, OSError):
         return False
-    return is_local_fs(opened.fs) and bool(gone_or_typo(opened.root))
+    return local and bool(gone_or_typo(root))
 
 
 SYNCED, NEVER, UNKNOWN = "synced", "never", "unknown"

@@ -41,6 +41,7 @@ from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
 from minilmd.fmt import fmt_mb as _mb
 from minilmd.fsio import dir_table_problems, publish_dir, table_problems
+from minilmd.names import COPY_CHUNK_BYTES as CHUNK
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_META_MAX_BYTES,
@@ -53,8 +54,6 @@ from minilmd.names import (
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
 from minilmd.untrusted import Unreadable, open_regular, read_bytes, size_text
 from minilmd.urls import is_local_fs, open_fs
-
-CHUNK = 8 * 1024 * 1024
 
 
 @dataclass

@@ -66,6 +66,7 @@ from minilmd.trainer.model.export_paths import (
     writing,
 )
 from minilmd.untrusted import Unreadable, file_kind, read_bytes, read_json, size_text
+from minilmd.urls import is_url
 
 DTYPES = ("float32", "bfloat16", "float16")
 PTH_NAME = "model.pth"
@@ -314,7 +315,7 @@ def _corpus_dir(state: dict | None) -> Path | None:
         prepared = state["config"]["data"]["prepared"]  # type: ignore[index]
     except (KeyError, TypeError):
         return None
-    if isinstance(prepared, str) and prepared and "://" not in prepared:
+    if isinstance(prepared, str) and prepared and not is_url(prepared):
         return Path(prepared)
     return None
 
