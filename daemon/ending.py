@@ -137,9 +137,9 @@ class Ending:
         stays in scratch, kept whole; state.json's outcome.ended says `unsynced`, its reason why and the way on."""
         steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
         last = names.step_name(steps[-1]) if steps else "its last checkpoint"
-        self.ended = protocol.ENDED_UNSYNCED
-        self.scratch_kept = (f"kept {self.cfg.scratch_dir}: the run's last checkpoint {last} is only there, "
-                             f"run.remote {self.cfg.run.remote} not being this run's")
+        self.loop.ended = protocol.ENDED_UNSYNCED
+        self.loop.scratch_kept = (f"kept {self.cfg.scratch_dir}: the run's last checkpoint {last} is only there, "
+                                  f"run.remote {self.cfg.run.remote} not being this run's")
         self.state.record_error(f"finished, but {sync_problem}")
         self._go(Phase.DONE, f"the run finished, but its last checkpoint {last} is not synced: {self.sync.not_ours}. "
                              f"It stays in {self.cfg.checkpoint_dir} (scratch is kept); once run.remote's "
