@@ -61,3 +61,27 @@ def test_slurms_warning_asks_the_stop_as_a_first_signal():
     signals = Signals(stop=2, usr1=True)  # a SIGTERM came already, twice: the warning adds no stop
     slurmjob.on_signal(Preemptible(), signals, lambda kind, message: None)
     assert signals.stop == 2
+
+
+def self_writes_outside(source: str, allowed: set[str]) -> list[str]:
+    """`self.NAME = ...` (or +=, or annotated) in a method other than `allowed`'s: "method.NAME" each."""
+    found = []
+    for cls in (n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)):
+        for method in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name not in allowed):
+            for node in ast.walk(method):
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+                found += [f"{method.name}.{t.attr}" for t in targets
+                          if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
+    return found
+
+
+def test_the_loops_state_is_written_into_its_record_only():
+    """What the loop and its ending set as they go (the exit status, how the run ended, the scratch kept) lives in
+    one SupervisorState (daemon/loopstate.py): a method that sets an attribute of the supervisor's own instead writes
+    where nothing reads (a merge left `self.ended = ...` in the ending: a run that ended unsynced said finished). The
+    parts are made by __init__, run and _prepare_files only."""
+    assert self_writes_outside("class A:\n    def f(self):\n        self.ended = 1\n        self.loop.ended = 2\n",
+                               {"__init__"}) == ["f.ended"]
+    for module in ("supervisor.py", "ending.py"):
+        assert self_writes_outside((DAEMON / module).read_text(), {"__init__", "run", "_prepare_files"}) == [], module
