@@ -2,7 +2,7 @@
 (`<remote>/init`, trainer/model/basecopy_read.py). Before, each directory of it was looked at (an lstat) and then its
 files opened by path: a directory swapped for a symbolic link between the look and the open (whoever can write the
 remote can) was followed, and the files read were the link's. Now each directory is walked to once without following
-a link (remote_write.parent_fd, as daemon/jobs/remote.py reads a local remote) and every file of it read at that
+a link (remote_write.parent_dir, as daemon/jobs/remote.py reads a local remote) and every file of it read at that
 descriptor (untrusted.open_regular with dir_fd): what is read is the directory looked at, whatever its name leads to
 by then."""
 from __future__ import annotations

@@ -4,7 +4,7 @@ directory on its way for a link.
 Before, `_untrusted` looked at each directory on the way with lstat, then opened the file by its whole path: a
 step directory renamed away and replaced by a link to another directory between that look and the open was
 followed, and that other directory's file read as the run's. Now each directory is opened without following a link
-(remote_write.parent_fd) and the file opened by its name in the last one (untrusted.open_regular's dir_fd). The
+(remote_write.parent_dir) and the file opened by its name in the last one (untrusted.open_regular's dir_fd). The
 swap below is real: the directory renamed and a link made in its place, at the moment the reader looks at the file
 itself (its lstat), which is after every look at the directories on the way and before the open.
 """

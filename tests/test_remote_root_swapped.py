@@ -1,7 +1,7 @@
 """A local remote's root swapped for a link to another directory after the Remote opened it: every write, rename and
 removal a sync makes there goes through the descriptor of the root opened once and checked (Remote._root,
 minilmd/dirfd.py's Dir), never through the root's path. On main each was by path (shutil.rmtree, fsio.rename_new,
-fsio.exchange, publish_dir, atomic_write_text, and the walk of remote_write.parent_fd from the root's path), which
+fsio.exchange, publish_dir, atomic_write_text, and the walk of remote_write.parent_dir from the root's path), which
 followed the link: the run's own step directories in the other directory (another run's remote, a directory of the
 user's) were removed, replaced or written into. And a root that another user could rearrange so is refused."""
 from __future__ import annotations
