@@ -15,9 +15,11 @@ demo-dpo:
 	@py=$$(scripts/setup.sh test | tail -n1) && "$$py" -m minilmd.daemon.demo_dpo
 
 # Both run on TEST_WORKERS pytest-xdist processes: most slow tests wait on child processes, timeouts and faults
-# rather than compute, so a second worker on the 2-core test machine uses the idle core. TEST_WORKERS=0 runs the
-# suite in this one process, serially.
-TEST_WORKERS ?= 2
+# rather than compute, so more workers than the 2 cores of the test machine fill the cores those waits leave idle.
+# Measured on 6 supervisor/hang/stop modules (53 tests): 142-166 s of wall with 2 workers, 83 s with 3, 97-118 s
+# with 4, about 45 CPU-s each; on 6 CPU-bound modules 4 workers cost 9 CPU-s more than 2 (a worker's collection is
+# about 14 CPU-s). TEST_WORKERS=0 runs the suite in this one process, serially.
+TEST_WORKERS ?= 3
 # Bytecode caches on for the tests, whatever the environment says (PYTHONDONTWRITEBYTECODE is set on some
 # machines): without them every `minilmd` subprocess a test starts compiles the package again (0.58 s of CPU against
 # 0.12 s measured for `import minilmd.cli.views, minilmd.daemon.supervisor`), and every worker rewrites the asserts

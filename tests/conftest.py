@@ -2,7 +2,7 @@
 each built once: the first pytest worker to ask builds it under a lock, and every other worker and every later run
 of the same code reads it (fixture_cache.py: keyed by the sources that shape it, checked against its digest).
 
-Tests run on CPU, on 2 cores: torch keeps to one thread per process. `make test` runs them on two pytest-xdist
+Tests run on CPU, on 2 cores: torch keeps to one thread per process. `make test` runs them on 3 pytest-xdist
 workers, so a test never assumes it is alone on the machine: every path, port, cgroup and lock dir is its own
 (tmp_path, a free port). The session fixtures are shared by every test of one worker that asks for them: a test
 that changes one works on a copy (shutil.copytree), and each fixture checks at the end of the session that nothing
@@ -342,6 +342,6 @@ def pytest_terminal_summary(terminalreporter):
 # --- the slow tier first ---------------------------------------------------------------------------------------------
 def pytest_collection_modifyitems(config, items):
     """The tests marked slow run first, each tier in its collection order (a stable sort). pytest-xdist hands tests
-    out in this order, so its two workers start on the long ones together and the fast ones fill the gaps at the
+    out in this order, so its workers start on the long ones together and the fast ones fill the gaps at the
     end, instead of a worker starting a test of minutes while the other has nothing left to run."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,6 +1,6 @@
 """Session fixtures built once for every pytest worker and every run until the code that makes them changes.
 
-`make test` runs two pytest-xdist workers and each used to build the same tokenizers and prepared corpora (about
+`make test` runs several pytest-xdist workers and each used to build the same tokenizers and prepared corpora (about
 15 s of CPU each). Now the first worker to ask builds a fixture under a lock, in a cache directory of this user's
 below the system's temporary directory, and every other worker, and every later run of the same code, reads it.
 The cache key hashes every source that shapes what is built (the core package and these test helpers) and the

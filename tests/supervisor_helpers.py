@@ -73,14 +73,15 @@ def run_supervisor(config: Path, tmp: Path, timeout: float = 120, fake: bool = T
 
 def train_undisturbed(tmp: Path, corpus: Path, **changes) -> Path:
     """Run the real trainer straight through, without a supervisor or a remote; its last checkpoint, to compare
-    a disturbed run's final weights against."""
+    a disturbed run's final weights against. In this process (in_process.py): nothing disturbs it, and a new
+    Python's imports cost about 3 CPU-s for each run each pytest worker makes."""
+    from in_process import train_in_process  # torch: not for the modules that import this one without a trainer
     from minilmd import checkpoint_dirs
     from minilmd.config import load_config
 
     plain = load_config(write_config(tmp, corpus, name="plain", remote=False, **changes))
     plain.run_dir.mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", plain.source], env=env_for(fake=False),
-                         capture_output=True, text=True, timeout=300)
+    out = train_in_process(Path(plain.source))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return checkpoint_dirs.list_checkpoints(plain.checkpoint_dir)[-1]
 

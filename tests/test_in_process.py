@@ -1,0 +1,44 @@
+"""tests/in_process.py: `minilmd train` in the test's process gives back what it sets for its whole process, and
+refuses a fault that would end the test's process."""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+
+import pytest
+import torch
+
+from in_process import train_in_process
+from minilmd.names import CUBLAS_WORKSPACE_ENV, FAULT_ENV
+from minilmd.protocol import EXIT_DONE
+from trainer_corpus import read_metrics, run_paths, write_config
+
+
+def process_wide() -> dict:
+    return {"environ": dict(os.environ), "cwd": os.getcwd(), "umask": os.umask(os.umask(0o022)),
+            "handlers": {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)},
+            "faulthandler": faulthandler.is_enabled(), "threads": torch.get_num_threads(),
+            "rng": torch.get_rng_state()}
+
+
+@pytest.mark.slow
+def test_a_run_here_trains_and_gives_back_the_process_wide_settings(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, train={"max_steps": 2, "checkpoint_every": 2})
+    os.environ.pop(CUBLAS_WORKSPACE_ENV, None)  # the trainer sets it (trainer/loop/determinism.py)
+    before = process_wide()
+    done = train_in_process(config)
+    assert done.returncode == EXIT_DONE, done.stderr
+    assert "torch threads" in done.stdout  # its stdout is captured
+    assert [m["step"] for m in read_metrics(run_paths(config)[0], "train")] == [1, 2]
+    after = process_wide()
+    assert after.pop("rng").equal(before.pop("rng"))
+    assert after == before
+
+
+def test_a_fault_that_ends_its_process_is_refused(tmp_path, corpus):
+    config = write_config(tmp_path, corpus)
+    for fault in ("sigkill@1", "sigbus@1", "hang@1"):
+        with pytest.raises(ValueError, match="ends the process it fires in"):
+            train_in_process(config, **{FAULT_ENV: fault})
+    assert not run_paths(config)[0].exists()
