@@ -246,7 +246,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
         lines.insert(1, request)
     from minilmd.daemon.views.curves import earlier_words, read_timeline, sparkline_line
 
-    metrics = read_timeline(run_dir)  # metrics.jsonl once, the current lineage's (after a `run --fresh` start)
+    metrics = read_timeline(run_dir, recent=True)  # metrics.jsonl's end once, the current lineage's (after --fresh)
     lines += fit_lines(run_dir, metrics.records)
     lines += reproducibility_lines(run_dir, state)  # daemon/views/reproducible.py
     after_step = next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1
