@@ -43,6 +43,8 @@ _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _AS_SQUARE = bytes.maketrans(b"{}", b"[]")
 _BRACKET_RUNS = re.compile(rb"\[+|\]+")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""The C0 and C1 controls and DEL, less tab and newline: what printable(lines=True) escapes."""
 
 
 Kind = Literal["missing", "io", "link", "not_regular", "owner", "too_big", "wrong_size", "changed", "not_utf8",
@@ -324,13 +326,18 @@ def read_json(path: str | os.PathLike, *, max_bytes: int, max_depth: int = DEFAU
                  path=path)
 
 
-def printable(text: str | os.PathLike | None) -> str:
+def printable(text: str | os.PathLike | None, lines: bool = False) -> str:
     """text with every control or format character (newline, ESC, DEL, C1, bidi overrides, ...) written as an
     escape (\\n, \\x1b, \\u202e), so that a name from someone else's file cannot move the cursor, recolour or
-    reorder a terminal; letters of every script stay as they are."""
+    reorder a terminal; letters of every script stay as they are. `lines`: text meant to be read as text (a model's
+    reply, what a tokenizer's decoder made of it): its newlines and tabs stay, and only the C0 and C1 controls
+    (ESC, CR, DEL, CSI...: what a terminal obeys, OSC 52 writing the clipboard) are escaped, its spaces and joiners
+    of every script left as they are."""
     text = "" if text is None else str(os.fspath(text))
     if text.isprintable():
         return text
+    if lines:
+        return _CONTROLS.sub(lambda m: _escape(m.group()), text)
     return "".join(ch if ch.isprintable() or ch == " " else _escape(ch) for ch in text)
 
 
