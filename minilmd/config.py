@@ -40,6 +40,7 @@ from minilmd.config_sections import (
 )
 from minilmd.config_values import TrainTokens, check_values, machine_checks_wait
 from minilmd.perms import own_uid
+from minilmd.urls import is_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -301,7 +302,7 @@ def absolute_paths(raw: dict[str, Any], base: Path) -> list[str]:
         section, name = key.split(".")
         body = raw.get(section)
         value = body.get(name) if isinstance(body, dict) else None
-        if isinstance(value, str) and value and "://" not in value and not os.path.isabs(value):
+        if isinstance(value, str) and value and not is_url(value) and not os.path.isabs(value):
             body[name] = os.path.abspath(os.path.join(base, value))  # type: ignore[index]
             changed.append(key)
     return changed

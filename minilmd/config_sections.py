@@ -146,7 +146,8 @@ class TrainSection:
     seq_len: int = 340
     """Tokens per training row (the reference run's corpus: T=340)."""
     micro_batch_size: int = 32
-    """Rows per forward/backward on one device."""
+    """Rows per forward/backward on one device (pairs in DPO). One whose memory estimate is over twice what the
+    device offers is refused at `run --check`, the launch and the trainer's start (minilmd/plan/footprint.py)."""
     grad_accum: int = 1
     """Micro-batches accumulated per optimizer step. Global batch = micro_batch_size * grad_accum * world_size."""
     lr: float = 5e-4

@@ -5,13 +5,9 @@ A name in a directory that another user can write means nothing a moment later: 
 put his own directory, or a symbolic link to the owner's private file, in its place (issue 40: a chmod, an append and
 a `--force` of `prepare` each did that to the victim). So everything minilmd creates in such a place goes through a
 `Dir`:
-- `place_problem(label, target, ...)` (minilmd/place_rule.py) is the rule every shared place keeps (scratch, the
-  GPU lock directory, an output's directory, a run.remote): every directory on the way to `target` root's or this
-  user's, none that another user can rearrange (group members count as others, unless the group is this user's
-  alone: perms.private_group; a sticky one of root's or ours is fine, like /tmp); a link on the way refused, or
-  followed when root's or ours (`own_links`). Opt-ins: `group_share` waives target's own directory (a team
-  directory, touched only through its descriptor), `team_above` lets the directories above be group-writable
-  (still root's or ours): a run.remote's;
+- the place rule every shared place keeps (scratch, the GPU lock directory, an output's directory, a run.remote,
+  run.dir) is minilmd/place_rule.py's, stated once in its docstring (`place_problem`, its opt-ins `group_share`,
+  `team_above`, `owners`), and re-exported here for callers;
 - `Dir.open` opens the directory once: walked from "/" by openat, no link followed but by the walk itself (root's or
   ours), each directory judged again on its descriptor (place_rule.open_walked: one swapped in, or a link planted,
   after the judgement by path is refused);
@@ -25,7 +21,9 @@ a `--force` of `prepare` each did that to the victim). So everything minilmd cre
   again by the caller's rule after the swap (`foreign`), is left whole when it holds more than it did;
 - `Dir.remove_tree` removes a directory only when it is the one expected, its contents through descriptors, a tree
   at most MAX_TREE_DEPTH deep (minilmd/dirtree.py); `Dir.write_atomic` writes a file (O_EXCL, fsync, rename) there,
-  `Dir.replacing` one written bit by bit.
+  `Dir.replacing` one written bit by bit; `Dir.make_dir`, `Dir.open_new`, `Dir.open_or_make` and `Dir.remove_dir`
+  make or remove one name (O_EXCL, no link followed) for a walk below a root (daemon/jobs/remote_write.py
+  parent_dir) or a lock file (minilmd/corpus/prepare/lock.py).
 
 tests/test_shared_write_audit.py fails on a by-path create, rename, chmod or delete outside this module that is not
 in its allowlist of reviewed sites. Torch-free.
@@ -44,7 +42,7 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
-from minilmd.perms import own_link, own_uid, owned_by_me
+from minilmd.perms import own_link, owned_by_me
 from minilmd.place_rule import (  # noqa: F401 - for callers
     PlaceRefused,
     dir_problem,
@@ -111,7 +109,7 @@ def temp_name(prefix: str, salt: str | None = None) -> str:
 class Dir:
     """A directory opened once; `path` only names it in messages. Close it (or use `with`)."""
 
-    owners: frozenset[int] | set[int] = frozenset()  # uids besides ours a directory we make shows (root_squash)
+    owners: Set[int] = frozenset()  # uids besides ours a directory we make shows (root_squash: perms.LearntOwners)
 
     def __init__(self, fd: int, path: Path):
         self.fd, self.path = fd, path
@@ -200,6 +198,24 @@ class Dir:
                 continue
         raise FileExistsError(errno.EEXIST, "no free name", str(self.path / prefix))
 
+    def make_dir(self, name: str, mode: int = 0o777) -> None:
+        """A new directory `name` here (mkdirat, `mode` less the umask): FileExistsError when anything is there."""
+        os.mkdir(name, mode, dir_fd=self.fd)
+
+    def open_new(self, name: str, mode: int = 0o666) -> int:
+        """A new regular file `name` here opened for writing (O_EXCL, no link followed: FileExistsError when anything
+        is there, a link too): its descriptor, for the caller to close."""
+        return os.open(name, OPEN_NEW, mode, dir_fd=self.fd)
+
+    def open_or_make(self, name: str, flags: int, mode: int) -> tuple[int, bool]:
+        """The file `name` here opened with `flags` (which carry O_NOFOLLOW: no link followed), made new (O_EXCL,
+        `mode`) when missing: (its descriptor, whether it was made here). FileNotFoundError when it went between
+        the two opens. The caller checks what it got (fstat) and closes it."""
+        try:
+            return os.open(name, flags | os.O_CREAT | os.O_EXCL, mode, dir_fd=self.fd), True
+        except FileExistsError:
+            return os.open(name, flags, dir_fd=self.fd), False
+
     def write_atomic(self, name: str, data: bytes, mode: int, tag: str = "") -> None:
         """`name` replaced whole by `data`, mode `mode`: `.<name>.<tag>XXXXXXXX.tmp` O_EXCL, fsync, rename, here."""
         with self.replacing(name, mode, tag) as f:
@@ -287,7 +303,7 @@ class Dir:
             return True
         os.mkdir(to_name, PRIVATE, dir_fd=self.fd)  # FileExistsError: taken
         claim = self.lstat(to_name)
-        if claim is None or not stat.S_ISDIR(claim.st_mode) or claim.st_uid not in {own_uid(), *self.owners}:
+        if claim is None or not stat.S_ISDIR(claim.st_mode) or not owned_by_me(claim, also=self.owners):
             return False  # taken from us at once: whatever stands there now is not ours to replace
         claimed = (claim.st_dev, claim.st_ino)
         try:
@@ -428,6 +444,10 @@ class Dir:
         except OSError:
             return False
         return True
+
+    def remove_dir(self, name: str) -> None:
+        """rmdir(2) of `name` here: only an empty directory goes (OSError otherwise)."""
+        os.rmdir(name, dir_fd=self.fd)
 
     def empty(self) -> None:
         """Everything inside this directory removed through descriptors (no link followed: a link is unlinked)."""

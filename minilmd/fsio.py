@@ -59,13 +59,18 @@ def fsync_dir(path: str | os.PathLike) -> None:
     fsync_file(path)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None, tag: str = "") -> None:
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None, tag: str = "",
+                      durable: bool = True, replace: bool = True) -> None:
     """Write a file so that a reader sees the old content or the new, never a half: temp file, fsync, rename.
     The directory is not fsynced (state.json is rewritten every second): after a power loss the old content
     may be back; callers that need the name itself durable fsync_dir the parent. The file gets `mode`, by default
     what open() would give under the process umask, which carries the file permissions policy (minilmd/perms.py:
     0600 unless the run or export shares it), set on the temp file before the rename: no moment with another.
-    `tag` goes into the temp file's name, for a directory where a writer must know its own leftovers."""
+    `tag` goes into the temp file's name, for a directory where a writer must know its own leftovers. The temp file
+    is made new under a name no one can guess (mkstemp: O_EXCL, never a planted link followed). `durable=False`
+    skips the fsync (a file rewritten every few seconds, whose loss costs nothing: the heartbeat, a registry entry).
+    `replace=False` puts the file at `path` only while the name is free (a hard link of the temp file, which fails
+    where a rename would replace): FileExistsError when it is taken."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=atomic_tmp_prefix(path.name) + tag, suffix=".tmp", dir=path.parent)
     mode = perms.file_mode() if mode is None else mode
@@ -74,15 +79,20 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
             if mode != 0o600:  # mkstemp's
                 os.fchmod(f.fileno(), mode)
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if replace:
+            os.replace(tmp, path)
+            tmp = ""
+        else:
+            os.link(tmp, path)  # FileExistsError when the name is taken
+    finally:
+        if tmp:  # not renamed: failed, or linked (path holds the file now)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
 
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
@@ -249,12 +259,6 @@ def local_size(path: str | os.PathLike) -> int | None:
         return os.stat(path).st_size
     except FileNotFoundError:
         return None
-
-
-def is_local_fs(fs) -> bool:
-    """Whether an fsspec filesystem is local paths (an NFS mount is one): another user's files there may be FIFOs
-    or links, so they are looked at before they are opened."""
-    return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
 
 
 def not_regular(path: str | os.PathLike) -> str | None:

@@ -18,8 +18,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from minilmd.dirfd import Dir
-from minilmd.perms import own_uid
-from minilmd.place_rule import user
+from minilmd.perms import own_uid, owner_in, user_words
 from minilmd.untrusted import Unreadable, file_kind, open_regular, printable, read_bytes
 
 NAMED_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
@@ -93,10 +92,10 @@ def open_dir_in(where: Dir, name: str, owners: Owners) -> Dir:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(where.path / name)) from None
         raise Refused(f"{printable(where.path)}: {printable(name)} is {file_kind(st.st_mode)}"
                       + (": not followed" if stat.S_ISLNK(st.st_mode) else ", not a directory")) from None
-    uid = os.fstat(found.fd).st_uid
-    if uid not in owners:
+    st = os.fstat(found.fd)
+    if not owner_in(st, owners):
         found.close()
-        raise Refused(f"{printable(where.path)}: {printable(name)} {_foreign(uid, owners)}")
+        raise Refused(f"{printable(where.path)}: {printable(name)} {_foreign(st.st_uid, owners)}")
     return found
 
 
@@ -116,6 +115,6 @@ def refusal(where: Dir, name: str, e: Unreadable, owners: Collection[int]) -> Ex
 
 def _foreign(uid: int, owners: Collection[int]) -> str:
     """"is owned by X, not by the source's owner (Y) nor by you: not read" (owners: owners_of's)."""
-    theirs = [user(u) for u in owners if u != own_uid()]
-    return f"is owned by {user(uid)}, not by " + (f"the source's owner ({theirs[0]}) nor by " if theirs else "") \
+    theirs = [user_words(u) for u in owners if u != own_uid()]
+    return f"is owned by {user_words(uid)}, not by " + (f"the source's owner, {theirs[0]}, nor by " if theirs else "") \
         + "you: not read"

@@ -49,6 +49,7 @@ from minilmd.names import STATE_MAX_BYTES as PREDECESSOR_STATE_MAX_BYTES
 from minilmd.names import TRAINER_STATE_MAX_BYTES as _MAX_STATE
 from minilmd.shared_place import look
 from minilmd.untrusted import file_kind, loads, printable, read_json
+from minilmd.urls import is_url
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def _predecessor_in(run_dir: Dir, spec: str) -> Predecessor:
 
 def _predecessor_of(cfg: RunConfig, identity: tuple[int, int] | None = None) -> Predecessor:
     remote = cfg.run.remote.removeprefix("file://")
-    if "://" in remote:
+    if is_url(remote):
         raise InitSourceError(f"the run {cfg.run.name} syncs to {cfg.run.remote}, a URL: init.from reads local paths")
     return Predecessor(cfg.run.name, cfg.run_dir, Path(remote) if remote else cfg.checkpoint_dir, cfg.model_dict(),
                        cfg.lora_dict(), identity)
@@ -185,7 +186,14 @@ def predecessor_report(pred: Predecessor) -> PredecessorReport:
     started, running, stopped on request, its Slurm job requeued or cancelled, killed: a restart, a requeue or a
     new submission goes on; or a state.json that is not one, said as "unreadable (why)")."""
     from minilmd.names import STATE
-    from minilmd.protocol import ENDED_CANCELLED, ENDED_REQUEUED, FINAL_EXIT_STATUSES, FINISHED_ENDINGS, how_ended
+    from minilmd.protocol import (
+        ENDED_CANCELLED,
+        ENDED_REQUEUED,
+        ENDED_UNSYNCED,
+        FINAL_EXIT_STATUSES,
+        FINISHED_ENDINGS,
+        how_ended,
+    )
     from minilmd.untrusted import Unreadable, printable
 
     try:
@@ -215,6 +223,10 @@ def predecessor_report(pred: Predecessor) -> PredecessorReport:
     if phase == "done" and ended == ENDED_CANCELLED:
         return PredecessorReport("waiting", f"run {pred.name}'s Slurm job was cancelled{at}: it resumes when its "
                                             f"job is submitted again", phase, state)
+    if phase == "done" and ended == ENDED_UNSYNCED:
+        return PredecessorReport("waiting", f"run {pred.name} finished{at}, but its last checkpoint is not on its "
+                                            f"run.remote (its owner.json is not that run's): it is synced when that "
+                                            f"run is started again", phase, state)
     if phase == "done":  # done but not finished: stopped on request; it waits for a restart
         return PredecessorReport("waiting", f"run {pred.name} was stopped{at}", phase, state)
     return PredecessorReport("waiting", f"run {pred.name} is {printable(phase)[:40]}{at}", phase, state)
@@ -239,7 +251,7 @@ def resolve(spec: str, checkpoint: str = "best") -> InitSource:
 
 
 def _resolve(spec: str, checkpoint: str) -> InitSource:
-    if "://" in spec:
+    if is_url(spec):
         raise InitSourceError("must be a local path (an NFS mount is one); URLs are not read")
     pred = predecessor(spec)
     if pred is not None:

@@ -18,6 +18,9 @@ unit. The config check (minilmd/config_values.py) and the registry's reader (dae
 RUN_CONFIG_COPY = "run.toml"  # the config as the supervisor started it; the trainer's --config
 LOCK = "supervisor.lock"  # flock + {pid, host, since}: one supervisor per run directory
 STATE = "state.json"  # the supervisor's view, rewritten atomically
+COPY_CHUNK_BYTES = 8 << 20
+"""The read size of every copy staging, a fetch and the sync make (corpus, init.from, checkpoints): big enough that
+an NFS round trip per read costs little, small enough to hash as it goes without holding a file in memory."""
 STATE_MAX_BYTES = 8 << 20
 """The largest state.json read (the supervisor's own, `status`, `ls`, a successor run's wait for it): a few KB,
 so a bigger one is not one, and another user's (a link to /dev/zero) is never read far."""
@@ -29,13 +32,23 @@ HEARTBEAT = "heartbeat"  # mtime refreshed about once a second of training; body
 HEARTBEAT_COMPILING = "compiling"  # the phase while the first torch.compile'd step runs: restart.compile_timeout
 HEARTBEAT_REFERENCE = "reference"  # a DPO run's reference pass; body "STEP reference DONE/TOTAL" (pairs)
 HEARTBEAT_EXITING = "exiting"  # the phase once training is over (final checkpoint saved): restart.exit_timeout
+HEARTBEAT_MAX_BYTES = 4096
+"""The heartbeat is "STEP PHASE NOTE": more is not a heartbeat."""
 FAULT = "fault.json"  # written by the trainer just before it exits on a failure it can see
+FAULT_MAX_BYTES = 1 << 20
+"""The largest fault.json read (a kind, a message, a few numbers)."""
 FAULTS_FIRED = "faults-fired"  # injected faults (MINILMD_FAULT) that already fired in this run
 TRAINER_RECORD = "trainer.json"  # the trainer launched last: pid, start ticks, uid, host, launch id (child/process.py)
+TRAINER_RECORD_MAX_BYTES = 64 << 10
+"""trainer.json is a few hundred bytes."""
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of the trainer's scalars ([log] tensorboard = true)
 RUN_DIR_RESERVE = ".space-reserve"  # a few zeros the supervisor gives up when run.dir is full, for its last words
 STOP_REQUEST = "stop-request.json"  # `minilmd stop`'s request: a launcher's automatic restart exits 0 on it
+STOP_REQUEST_MAX_BYTES = 4096
+"""A stop request is one small JSON object (who asked, when)."""
 REMOTE_MADE = "remote-made.json"  # what the run's syncs made on a local remote: all they may remove there
+REMOTE_MADE_MAX_BYTES = 1 << 20
+"""The largest record of what the syncs made read (daemon/jobs/remote_made.py)."""
 
 _ATTEMPT_LOG = re.compile(r"attempt-([0-9]{4,})\.log")  # fullmatch: no newline after, ASCII digits only
 
@@ -63,9 +76,11 @@ writes (minilmd/corpus/prepare/lock.py), so that a test can run a second writer 
 TRAINER_CMD_ENV = "MINILMD_TRAINER_CMD"
 """Test-only: the command the supervisor launches instead of `python -m minilmd.cli train`."""
 PRUNE_UNSYNCED_AFTER_ENV = "MINILMD_PRUNE_UNSYNCED_AFTER"
-"""Seconds of failing remote after which scratch is pruned without a sync (lower bound; default 60)."""
+"""How long a failing remote is waited for before scratch is pruned without a sync (lower bound; a duration, 90 or
+"90s" or "2m": default 60 s; read and checked by daemon/base/knobs.py)."""
 SYNC_STALLED_AFTER_ENV = "MINILMD_SYNC_STALLED_AFTER"
-"""Seconds after which a running sync shows as "stalled" in status (default 120)."""
+"""How long a running sync runs before it shows as "stalled" in status (a duration: default 120 s;
+daemon/base/knobs.py)."""
 LAUNCH_ID_ENV = "MINILMD_LAUNCH_ID"
 """Set by the supervisor on every trainer it launches: a random token, also in TRAINER_RECORD. Every process of
 that trainer inherits it (torchrun's ranks too): with the uid, the host and the start time it tells the processes
@@ -131,6 +146,8 @@ STAGING_TMP_PREFIX = ".tmp-corpus-"  # .tmp-corpus-<pid>: a staging in progress
 STAGING_OLD_PREFIX = ".old-corpus-"  # .old-corpus-<pid>: a damaged staged copy whose good files are reused
 COMPILE_CACHE = "compile-cache"  # inductor/ and triton/: the trainer's torch.compile caches, kept across restarts
 SCRATCH_OWNER = "owner.json"  # {run_dir, run_name, uid, host}: the one run this scratch belongs to
+OWNER_MAX_BYTES = 64 << 10
+"""The largest owner.json read, in a scratch or on a remote (it names a run directory)."""
 SCRATCH_BASE = "/dev/shm"  # where the per-user default scratch roots live
 
 

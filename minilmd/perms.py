@@ -22,6 +22,7 @@ import grp
 import os
 import pwd
 import stat
+from collections.abc import Collection, Iterator, Set
 
 from minilmd import mounts
 
@@ -40,15 +41,72 @@ def own_uid() -> int:
     return os.geteuid()
 
 
-def owned_by_me(st: os.stat_result) -> bool:
-    """The file (as lstat or fstat saw it) is this process's user's: the one owner rule of "is this ours"."""
-    return st.st_uid == own_uid()
+def signal_uid() -> int:
+    """The uid this process acts for towards other processes and their runs: its real uid. kill(2) lets a sender
+    signal a process when the sender's real (or effective) uid is the target's real or saved one, so whose runs a
+    command may stop, and which trainer a record names as launched by whom, go by it (minilmd/procs.py scope_of,
+    the trainer record, a stop request's "by uid N"): a setuid wrapper's effective uid does not make its caller that
+    user. Files are judged by own_uid, never by this."""
+    return os.getuid()
 
 
-def owned_by_me_or_root(st: os.stat_result) -> bool:
-    """The file is this user's or root's: the owners a directory on the way to ours may have (root's /tmp,
-    /dev/shm, /var/lock), since its owner alone can remove or swap what is in it, sticky or not."""
-    return st.st_uid in (0, own_uid())
+def owner_in(st: os.stat_result, owners: Collection[int]) -> bool:
+    """The file (as lstat or fstat saw it) is owned by one of `owners` (a run directory's owner, a registry
+    entry's uid): every comparison of a file's owner outside this module goes through here or the two below."""
+    return st.st_uid in owners
+
+
+def owned_by_me(st: os.stat_result, also: Collection[int] = ()) -> bool:
+    """The file (as lstat or fstat saw it) is this process's user's: the one owner rule of "is this ours". `also`:
+    more uids counted as ours (a squashing share's LearntOwners, the root's owner of a checkpoint root)."""
+    return st.st_uid == own_uid() or st.st_uid in also
+
+
+def owned_by_me_or_root(st: os.stat_result, also: Collection[int] = ()) -> bool:
+    """The file is this user's or root's (or one of `also`, as owned_by_me): the owners a directory on the way to
+    ours may have (root's /tmp, /dev/shm, /var/lock), since its owner alone can remove or swap what is in it,
+    sticky or not."""
+    return st.st_uid == 0 or owned_by_me(st, also)
+
+
+class LearntOwners(Set[int]):
+    """The uids this process's own entries show in a place that may map them (a run.remote on NFS: root_squash gives
+    root's files the anonymous user, all_squash everyone's): own_uid(), asked at every look (never a copy taken
+    once: a uid frozen at import stayed "ours" when own_uid said otherwise), and each uid `learn`t from a file
+    this process made there. A Set: `uid in owners`, place_rule's and Dir's `owners`, untrusted's `owner`."""
+
+    def __init__(self, *learnt: int):
+        self._learnt = set(learnt)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid == own_uid() or uid in self._learnt
+
+    def __iter__(self) -> Iterator[int]:
+        return iter({own_uid(), *self._learnt})
+
+    def __len__(self) -> int:
+        return len({own_uid(), *self._learnt})
+
+    def __repr__(self) -> str:
+        return f"LearntOwners(own {own_uid()}, learnt {sorted(self._learnt)})"
+
+    def learn(self, uid: int) -> bool:
+        """Count `uid` as this process's from now on: whether it was not already."""
+        if uid in self:
+            return False
+        self._learnt.add(uid)
+        return True
+
+
+def user_words(uid: int | None) -> str:
+    """A uid for a message: "user alice (uid 1000)", "uid 1234" (no such user), "an unknown user" (None). The one
+    place a uid is named."""
+    if uid is None:
+        return "an unknown user"
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def own_link(st: os.stat_result) -> bool:

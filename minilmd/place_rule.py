@@ -23,26 +23,31 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import pwd
 import stat
 from collections.abc import Set
 from pathlib import Path
 
-from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root
+from minilmd.perms import others_can_rearrange, owned_by_me, owned_by_me_or_root, user_words
 
 WALK_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 """How the walk opens each directory on the way: no link followed, no read permission needed (a 0711 home)."""
+
+
+IN_THE_WAY = "choose another {label}, or move that file out of the way"
+"""What to do about a file where the walk needs a directory (no other place's advice: sharing a directory moves no
+file out of the way)."""
+
+
+NO_WAY_THROUGH = "choose another {label}, or have the owner of the directory above it let you through"
+"""What to do about a directory on the way without search permission (sharing a directory opens none)."""
 
 
 class PlaceRefused(ValueError):
     """A directory minilmd will not create files in (the message says why and what to do): a config error, exit 2."""
 
 
-def user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
+class InTheWay(PlaceRefused):
+    """A file where the walk needs a directory: no place rule's refusal, so no advice to share a directory."""
 
 
 def _lstat(path: Path) -> os.stat_result | None:
@@ -75,13 +80,14 @@ def place_problem(label: str, target: str | os.PathLike, what: str, advice: str,
         try:
             st = _lstat(above)
         except PermissionError as e:  # a directory above it without search permission (mode 644): no way through
-            return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {advice}"
+            todo = NO_WAY_THROUGH.format(label=label.removeprefix("the directory of "))
+            return f"{label} {target}: {above} cannot be looked at: {e.strerror or e}; {todo}"
         # any other OSError (EIO, ESTALE: a share gone) goes to the caller, which waits for a remote, says a source
         if st is None:
             return None
         where = f"{label} {target}: the directory {above}" + ("" if above == path else " above it")
         if stat.S_ISLNK(st.st_mode):
-            if own_links and (owned_by_me_or_root(st) or st.st_uid in owners) and links < 8:
+            if own_links and owned_by_me_or_root(st, also=owners) and links < 8:
                 real = Path(os.path.realpath(above))
                 rest = real if above == path else real / path.relative_to(above)
                 return place_problem(label, rest, what, advice, dir_itself=dir_itself, own_links=True,
@@ -152,16 +158,17 @@ def _dir_rule_problem(st: os.stat_result, above: Path, where: str, what: str, ad
     its ACL is looked at, its descriptor for the walk): root's, ours or `owners`', not rearrangeable by others."""
     mode = stat.S_IMODE(st.st_mode)
     sticky = bool(st.st_mode & stat.S_ISVTX)
-    if not owned_by_me_or_root(st) and st.st_uid not in owners:
+    owner = user_words(st.st_uid) if not owned_by_me(st) else "you"  # named only in a refusal (a passwd lookup)
+    if not owned_by_me_or_root(st, also=owners):
         why = " (sticky or not: its owner may remove or rename anything in it)" if sticky else ""
-        return (f"{where} belongs to {user(st.st_uid)}, who could replace {what} by a link to your files "
+        return (f"{where} belongs to {owner}, who could replace {what} by a link to your files "
                 f"or by a directory of his{why}; {advice}")
     if not owned_by_me_or_root(st) and st.st_mode & 0o022 and not sticky:
-        return (f"{where} belongs to {user(st.st_uid)} (the owner this share gives new files) and can be written by "
+        return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written by "
                 f"others than its owner (mode {mode:o}), who could replace {what}; {advice}")
     if others_can_rearrange(st, above if acl_at is None else acl_at, team=team_above):  # group members: others
         if sticky:  # so `owners`' (a sticky one of root's or ours passes): its owner rearranges it, sticky or not
-            return (f"{where} belongs to {user(st.st_uid)} (the owner this share gives new files) and can be written "
+            return (f"{where} belongs to {owner} (the owner this share gives new files) and can be written "
                     f"by other users (mode {mode:o}: sticky, but only a sticky directory of root's or yours is "
                     f"trusted, since its owner may remove or rename anything in it), who could replace {what}; "
                     f"{advice}")
@@ -239,8 +246,8 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
         if count > MAX_LINKS:
             raise PlaceRefused(f"{label} {path}: more than {MAX_LINKS} symbolic links on the way (a loop at "
                                f"{here / name}?); {advice}")
-        if not (owned_by_me_or_root(st) or st.st_uid in owners):
-            raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link of {user(st.st_uid)} (to "
+        if not owned_by_me_or_root(st, also=owners):
+            raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link of {user_words(st.st_uid)} (to "
                                f"{_readlink_at(fd, name)}): minilmd follows no link of another user's on the way to "
                                f"{what}; {advice}")
         return os.readlink(name, dir_fd=fd)
@@ -252,9 +259,11 @@ def walk_to(path: str | os.PathLike, label: str, what: str, advice: str, mode: i
             if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
         now = os.stat(name, dir_fd=fd, follow_symlinks=False)  # a file in the way, or swapped since the lstat
-        kind = ("a symbolic link now (never followed)" if stat.S_ISLNK(now.st_mode)
-                else "a file, not a directory" if stat.S_ISREG(now.st_mode) else "not a directory")
-        raise PlaceRefused(f"{label} {path}: {here / name} is {kind}; {advice}")
+        if stat.S_ISLNK(now.st_mode):  # swapped since the lstat: someone's doing, the place's advice
+            raise PlaceRefused(f"{label} {path}: {here / name} is a symbolic link now (never followed); {advice}")
+        kind = "a file, not a directory" if stat.S_ISREG(now.st_mode) else "not a directory"
+        todo = IN_THE_WAY.format(label=label.removeprefix("the directory of "))
+        raise InTheWay(f"{label} {path}: {here / name} is {kind}; {todo}")
 
     try:
         while pending:

@@ -3,7 +3,8 @@ be used (run.dir, run.scratch, the Prometheus textfile, run.remote) or that anot
 scratch: minilmd/place_rule.py), a scratch of another run or user
 (minilmd/scratch.py), a prepared corpus that is not one, whose vocabulary is not model.vocab_size or whose val split
 is empty, a preference corpus most of whose replies train.seq_len cuts away (rowcount.pairs_fit), an init.from
-that cannot initialise this model (minilmd/init_source.py). And, for `run --check`'s `note:` lines (stage_notes),
+that cannot initialise this model (minilmd/init_source.py) or was trained with a tokenizer provably other
+than the corpus's (minilmd/init_tokenizer.py). And, for `run --check`'s `note:` lines (stage_notes),
 what the run would do that its config may not mean: settings its corpus's stage ignores, DPO without init.from, an
 init.from checkpoint root of a run not finished yet, a model trained on text before DPO, a tokenizer or chat
 template other than the corpus's; the supervisor says init.from's (init_from_notes) once it has staged its checkpoint.
@@ -20,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from minilmd import scratch
+from minilmd import init_tokenizer, scratch
 from minilmd.bounded import SHARED_STORAGE_PROBE_S as SHARED_STORAGE_PROBE_S
 from minilmd.bounded import bounded_probe as bounded_probe
 from minilmd.bounded import shared_storage_check
@@ -46,8 +47,6 @@ from minilmd.names import (
     CORPUS_META,
     RUN_DIR_ENV,
     TOKENIZER_CONFIG,
-    TOKENIZER_CONFIG_MAX_BYTES,
-    TOKENIZER_FILE,
     is_step_name,
 )
 from minilmd.path_checks import (
@@ -61,7 +60,8 @@ from minilmd.path_checks import (
 )
 from minilmd.rowcount import kind_of_rows, packed_too_small, pairs_fit
 from minilmd.shared_place import Place, gone_or_typo, look, same_source, staged_from
-from minilmd.untrusted import loads, printable
+from minilmd.untrusted import printable
+from minilmd.urls import is_url, protocol_of
 
 
 def _with_paths(more_checks: ExtraCheck | None, waits: list[str] | None = None) -> ExtraCheck:
@@ -82,10 +82,6 @@ def checked_from_dict(raw: dict[str, Any], source: str = "config", more_checks: 
     return config_from_dict(raw, source, _with_paths(more_checks), train_tokens_of=corpus_train_tokens)
 
 
-def _is_url(s: str) -> bool:
-    return "://" in s
-
-
 def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     """What the config names on this machine and cannot be used, in the config's order: run.dir (and whether another
     user could redirect it: the launch and `minilmd train` check it here, before anything is made), scratch (and whose
@@ -100,7 +96,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
         if cfg.run.dir:
             p += scratch.problems(cfg.scratch_dir, cfg.run_dir, cfg.scratch_is_default)
     if cfg.data.prepared:
-        if _is_url(cfg.data.prepared):
+        if is_url(cfg.data.prepared):
             p += _check_protocol("data.prepared", cfg.data.prepared)
         else:
             p += _corpus_problems(cfg, waits)
@@ -111,7 +107,7 @@ def path_problems(cfg: RunConfig, waits: list[str] | None = None) -> list[str]:
     if cfg.eval.probe and not cfg.eval.probe_staged:  # staged: as init.staged
         p += probe_problems(cfg, waits)
     if cfg.run.remote:
-        if _is_url(cfg.run.remote):
+        if is_url(cfg.run.remote):
             p += _check_protocol("run.remote", cfg.run.remote)
         elif not os.environ.get(RUN_DIR_ENV):  # a supervised trainer never touches the remote itself
             p += shared_storage_check(remote_problems, cfg.run.remote)
@@ -153,7 +149,7 @@ def corpus_out_of_reach(cfg: RunConfig) -> str:
     """How the run's corpus source cannot be reached now ("is not there now ...", "is an empty directory now ...",
     "did not answer ..."), "" when it can, or when it is a URL (not probed here). Asked before a final failure
     gives the staged copy back (daemon/supervisor.py): with its share gone, that copy is the only one within reach."""
-    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+    if not cfg.data.prepared or is_url(cfg.data.prepared):
         return ""
     answered, found, why = bounded_probe(_check_prepared_dir, cfg)
     return found[1] if answered else why
@@ -212,7 +208,7 @@ def pairs_cut_warning(cfg: RunConfig) -> str:
     """What train.seq_len cuts away of a local preference corpus's pairs when it is not refused (rowcount.pairs_fit's
     warning, from its meta.json read on shared storage as the checks above read it): a line for `run --check`; ""
     when it cuts none, or the corpus cannot be read now."""
-    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+    if not cfg.data.prepared or is_url(cfg.data.prepared):
         return ""
     answered, meta, _ = bounded_probe(read_corpus_meta, cfg.data.prepared)
     if not answered or meta is None or data_format_of(meta) != "dpo":
@@ -264,12 +260,29 @@ def _check_init(cfg: RunConfig) -> tuple[list[str], str | None]:
             diff = model_differences(pred.model, cfg.model_dict())  # its final checkpoint's is checked then too
             return [f"init.from = {cfg.init.from_!r}: run {pred.name} trains another model config: "
                     + ", ".join(diff)] if diff else [], None
-        return [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict(),
-                                                                                   cfg.init.checkpoint)], None
+        problems = [f"init.from = {cfg.init.from_!r}: {p}" for p in model_problems(cfg.init.from_, cfg.model_dict(),
+                                                                                       cfg.init.checkpoint)]
+        return problems + _tokenizer_problems(cfg), None
     except InitSourceUnreachable as e:
         return [], str(e)
     except InitSourceError as e:
         return [f"init.from = {cfg.init.from_!r}: {e}"], None
+
+
+def _tokenizer_problems(cfg: RunConfig) -> list[str]:
+    """init.from's checkpoint trained with a tokenizer that provably differs from the one the local corpus was
+    prepared with (minilmd/init_tokenizer.py mismatch: another vocabulary size, or ids that stand for other text):
+    refused, both named. A .pth, or a corpus behind a URL or unread: nothing proven here."""
+    if not cfg.data.prepared or is_url(cfg.data.prepared):
+        return []
+    try:
+        meta = read_corpus_meta(cfg.data.prepared)
+        source = resolve(cfg.init.from_, cfg.init.checkpoint)
+        state = source_state(source) if meta is not None and source.kind == "checkpoint" else None
+    except (ValueError, OSError):  # said by model_problems, as a problem or a wait
+        return []
+    refused = state and init_tokenizer.mismatch(cfg.init.from_, cfg.data.prepared, source, state, meta or {})
+    return [refused] if refused else []
 
 
 DPO_WITHOUT_INIT = ("no [init] from on a preference corpus: DPO trains from randomly initialised weights, against a "
@@ -299,14 +312,14 @@ def init_from_notes(cfg: RunConfig) -> list[str]:
 
 def _corpus_meta(cfg: RunConfig) -> dict | None:
     """The local corpus's meta.json, read on shared storage in a bounded thread; None for a URL, or unread."""
-    if not cfg.data.prepared or _is_url(cfg.data.prepared):
+    if not cfg.data.prepared or is_url(cfg.data.prepared):
         return None
     return bounded_probe(read_corpus_meta, cfg.data.prepared)[1]
 
 
 def _bounded_init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
     """init_notes on shared storage, in a bounded thread (a source that does not answer gives no note)."""
-    if not cfg.init.from_ or cfg.init.staged or _is_url(cfg.init.from_):
+    if not cfg.init.from_ or cfg.init.staged or is_url(cfg.init.from_):
         return []
     answered, found, _ = bounded_probe(init_notes, cfg, meta)
     return found if answered else []
@@ -336,7 +349,8 @@ def ignored_settings(cfg: RunConfig, data_format: str) -> list[str]:
 def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
     """What init.from's checkpoint says the run may not mean (none once the run has a checkpoint of its own: it
     never reads init.from again): a checkpoint root of a run that has not finished (unfinished_source), a model
-    trained on text before DPO, a tokenizer or chat template other than the corpus's (tokenizer_notes)."""
+    trained on text before DPO, a tokenizer or chat template other than the corpus's (minilmd/init_tokenizer.py
+    notes: where another tokenizer cannot be proven; where it can, _check_init refuses it)."""
     spec = cfg.init.from_
     if _has_checkpoint(cfg):
         return []
@@ -353,7 +367,7 @@ def init_notes(cfg: RunConfig, meta: dict | None) -> list[str]:
         notes.append(f"init.from = {spec!r}: {source.path} holds no chat template ({TOKENIZER_CONFIG}): it was "
                      f"trained on a text corpus (pretraining), not SFT, and DPO's reference is this model; DPO "
                      f"starts from the SFT stage's model")
-    return notes + (tokenizer_notes(cfg, source, state, meta) if meta is not None else [])
+    return notes + (init_tokenizer.notes(spec, cfg.data.prepared, source, state, meta) if meta is not None else [])
 
 
 def unfinished_source(spec: str, source: InitSource) -> list[str]:
@@ -395,45 +409,11 @@ def _stopped_early(state: dict) -> bool:
     return isinstance(patience, int) and isinstance(since, int) and 0 < patience <= since
 
 
-def tokenizer_notes(cfg: RunConfig, source: InitSource, state: dict, meta: dict) -> list[str]:
-    """init.from's checkpoint trained with another tokenizer (the sha256 of tokenizer.json it records against the
-    corpus's) or another chat template (its tokenizer_config.json against the corpus's): notes, not refusals, since
-    the same tokenizer saved again has other bytes (model.vocab_size is compared as a problem)."""
-    spec, notes = cfg.init.from_, []
-    theirs, ours = meta_value(state, "fingerprints", "tokenizer"), meta.get("tokenizer_sha256")
-    if isinstance(theirs, str) and isinstance(ours, str) and theirs != ours:
-        notes.append(f"init.from = {spec!r}: {source.path} was trained with another tokenizer than the corpus "
-                     f"{cfg.data.prepared} was prepared with (tokenizer.json sha256 {printable(theirs)[:12]}, the "
-                     f"corpus's {ours[:12]}): the same ids stand for other text; prepare the corpus with the "
-                     f"checkpoint's tokenizer ({source.path / TOKENIZER_FILE})")
-    ckpt_template, corpus_template = _chat_template(source.path), _chat_template(Path(cfg.data.prepared))
-    if ckpt_template is not None and corpus_template is not None and ckpt_template != corpus_template:
-        notes.append(f"init.from = {spec!r}: {source.path} was trained with another chat template than the corpus "
-                     f"{cfg.data.prepared} was rendered with (their {TOKENIZER_CONFIG}): the model meets its turns in "
-                     f"another form; prepare the corpus with the tokenizer directory init.from's run used")
-    return notes
-
-
-def _chat_template(folder: Path) -> str | None:
-    """The chat_template of a checkpoint's or corpus's tokenizer_config.json, read in the directory opened once, as
-    a file of that directory's owner or ours (init_place: bounded, no link followed, no FIFO opened); None when
-    there is none or it cannot be read so."""
-    from minilmd.init_place import open_named, owners_of, read_in
-
-    try:
-        with open_named(folder) as where:
-            raw = read_in(where, TOKENIZER_CONFIG, TOKENIZER_CONFIG_MAX_BYTES, owners_of(where))
-        template = loads(raw).get("chat_template")
-    except (OSError, ValueError):
-        return None
-    return template if isinstance(template, str) else None
-
-
 def _has_checkpoint(cfg: RunConfig) -> bool:
     """The run has a checkpoint of its own (in scratch, or on a local remote outside a supervised trainer, which
     never touches the remote): it resumes and never reads init.from again."""
     roots = [cfg.checkpoint_dir]
-    if cfg.run.remote and not _is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
+    if cfg.run.remote and not is_url(cfg.run.remote) and not os.environ.get(RUN_DIR_ENV):
         roots.append(Path(cfg.run.remote))
     return any(list_checkpoints(root) for root in roots)
 
@@ -441,7 +421,7 @@ def _has_checkpoint(cfg: RunConfig) -> bool:
 def _check_protocol(name: str, url: str) -> list[str]:
     import fsspec  # light; only when a URL is configured
 
-    protocol = url.split("://", 1)[0]
+    protocol = protocol_of(url)
     if protocol not in fsspec.available_protocols():
         return [f"{name} = {url!r}: unknown protocol {protocol!r} (fsspec knows: file, memory, sftp, s3, ...)"]
     return []

@@ -27,7 +27,6 @@ Linux only, as all of minilmd. Torch-free, standard library only.
 from __future__ import annotations
 
 import os
-import pwd
 import secrets
 import signal
 import stat
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minilmd import names
+from minilmd.perms import owner_in, signal_uid, user_words
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -88,16 +88,6 @@ def process_environ(pid: int) -> dict[str, str]:
     return env
 
 
-def user_words(uid: int | None) -> str:
-    """"user alice", "uid 1234" (no such user), "an unknown user"."""
-    if uid is None:
-        return "an unknown user"
-    try:
-        return f"user {pwd.getpwuid(uid).pw_name}"
-    except KeyError:
-        return f"uid {uid}"
-
-
 # --- whose run: the caller's, or root's to act on -----------------------------------------------------------
 
 class Refused(Exception):
@@ -121,8 +111,8 @@ class RunScope:
         if uids is None:
             return "it has ended"
         if set(uids) != {self.owner}:
-            return (f"it runs as {user_words(uids[0])}, not as the run directory's owner "
-                    f"({user_words(self.owner)})")
+            return (f"it runs as {user_words(uids[0])}, not as the run directory's owner, "
+                    f"{user_words(self.owner)}")
         return None
 
 
@@ -131,9 +121,9 @@ def scope_of(run_dir: str | os.PathLike) -> RunScope:
     Refused (naming the owner) for another user's run directory; OSError when it cannot be looked at."""
     resolved = Path(run_dir).resolve()
     owner = os.stat(resolved).st_uid
-    me = os.getuid()  # the real uid: whom this process acts for (kill(2) compares it, not the effective one)
+    me = signal_uid()  # the real uid: whom this process acts for (kill(2) compares it, not the effective one)
     if me not in (0, owner):
-        raise Refused(f"{run_dir}: a run directory of {user_words(owner)}, not yours ({user_words(me)}): nothing "
+        raise Refused(f"{run_dir}: a run directory of {user_words(owner)}, not yours, {user_words(me)}: nothing "
                       f"signalled; {user_words(owner)} stops that run (`minilmd stop {run_dir}`)")
     return RunScope(resolved, owner)
 
@@ -321,7 +311,7 @@ def _why_not_supervisor(scope: RunScope, pid: int, launch_id: str | None) -> str
         lock = os.stat(scope.run_dir / names.LOCK, follow_symlinks=False)
     except OSError as e:
         return f"the run's {names.LOCK} cannot be looked at ({e.strerror or e})"
-    if not stat.S_ISREG(lock.st_mode) or lock.st_uid != scope.owner:
+    if not stat.S_ISREG(lock.st_mode) or not owner_in(lock, (scope.owner,)):
         return f"the run's {names.LOCK} is not a regular file of the run directory's owner"
     if not holds_flock(pid, lock):
         return f"it does not hold the run's lock ({names.LOCK})"

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from minilmd.fsio import atomic_write_json
-from minilmd.names import FAULT
-from minilmd.untrusted import Unreadable, read_json
+from minilmd.names import FAULT, FAULT_MAX_BYTES
 
-FAULT_MAX_BYTES = 1 << 20
+# fsio and untrusted are imported where fault.json is written and read: every command line imports this module at
+# its start for the exit statuses (minilmd/corpus/exits.py), and `minilmd status` should pay for no more.
+
 
 # --- Special token ids (MiniMind's): PAD <|endoftext|>, BOS <|im_start|>, EOS <|im_end|>. -----------------------
 PAD_ID = 0
@@ -30,7 +30,9 @@ EXIT_DATA = 65  # the input data is invalid (sysexits EX_DATAERR): final, never 
 EXIT_STOPPED = 75  # stopped on request (SIGTERM), saved at a step boundary first (EX_TEMPFAIL); nothing saved
 # when the stop came during the DPO reference pass (recomputed at the next start)
 EXIT_CUDA_OOM = 76  # CUDA ran out of memory; fault.json says where: wait for the GPU or halve the micro-batch
-EXIT_SCRATCH_FULL = 74  # a checkpoint did not fit in scratch (EX_IOERR); fault.json says needs/free: wait for space
+EXIT_IO = 74  # sysexits EX_IOERR: a read or write failed (a full disk, EIO on a share); run it again once fixed
+EXIT_SCRATCH_FULL = EXIT_IO  # a checkpoint did not fit in scratch; fault.json says needs/free: wait for space
+EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP ended a command (128 + SIGINT, as a shell says it): its cleanup ran
 
 # --- Exit statuses of `minilmd run` (the supervisor) ------------------------------------------------------------
 SUPERVISOR_DONE = 0  # the run finished, or was stopped on request with a synced checkpoint
@@ -47,7 +49,8 @@ ENDED_STOPPED = "stopped"  # stopped on request (`minilmd stop`, SIGTERM) after 
 ENDED_REQUEUED = "requeued"  # its Slurm job preempted and requeued: it resumes when Slurm starts the job again
 ENDED_CANCELLED = "cancelled"  # its Slurm job cancelled (scancel): stopped until the job is submitted again
 ENDED_FAILED = "failed"  # failed, or a supervisor error: outcome.exit says whether for good (FINAL_EXIT_STATUSES)
-RECORDED_ENDINGS = (ENDED_FINISHED, ENDED_STOPPED, ENDED_REQUEUED, ENDED_CANCELLED, ENDED_FAILED)
+ENDED_UNSYNCED = "unsynced"  # finished, its last checkpoint kept in scratch: run.remote's owner.json is not its own
+RECORDED_ENDINGS = (ENDED_FINISHED, ENDED_STOPPED, ENDED_REQUEUED, ENDED_CANCELLED, ENDED_FAILED, ENDED_UNSYNCED)
 FINISHED_ENDINGS = (ENDED_FINISHED, ENDED_EARLY_STOPPED)
 ENDED_BY_REASON = (("stopped", ENDED_STOPPED), ("requeued by Slurm", ENDED_REQUEUED),
                    ("the Slurm job was cancelled", ENDED_CANCELLED))
@@ -120,10 +123,14 @@ FAULT_KINDS = ("oom", "sigbus", "sigkill", "hang", "exception")
 
 def write_fault(run_dir: str | os.PathLike, kind: str, message: str, **details) -> None:
     """Leave a note for the supervisor about why the trainer is about to exit."""
+    from minilmd.fsio import atomic_write_json
+
     atomic_write_json(Path(run_dir) / FAULT, {"kind": kind, "message": message, **details})
 
 
 def read_fault(run_dir: str | os.PathLike) -> dict | None:
+    from minilmd.untrusted import Unreadable, read_json
+
     try:  # the run directory's file, read as one another user may have written (minilmd/untrusted.py)
         return read_json(Path(run_dir) / FAULT, max_bytes=FAULT_MAX_BYTES)
     except Unreadable as e:

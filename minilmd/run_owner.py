@@ -11,15 +11,12 @@ its remote with `minilmd run --claim-remote`). Torch-free.
 from __future__ import annotations
 
 import json
-import pwd
 import socket
 from pathlib import Path
 
-from minilmd.perms import own_uid
+from minilmd.names import OWNER_MAX_BYTES as OWNER_MAX_BYTES  # its readers ask run_owner for it
+from minilmd.perms import own_uid, user_words
 from minilmd.untrusted import printable
-
-OWNER_MAX_BYTES = 64 << 10
-"""The largest owner.json read (it names a run directory)."""
 
 
 def run_identity(run_dir: Path) -> str:
@@ -49,18 +46,11 @@ def is_run(owner: dict, run_dir: Path) -> bool:
     return owner["run_dir"] == run_identity(run_dir)
 
 
-def user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def describe(owner: dict) -> str:
     """The run a record names, for a refusal: "the run directory D (run.name 'n', user (uid N) on host)". Every
     string of it shown through untrusted.printable: a record is a file someone else may have written (a shared
     remote's), and its escape codes must not reach the terminal."""
     uid = owner.get("uid")
     who = f"run.name {printable(repr(owner.get('run_name', '?')))}, " \
-          f"{user(uid) if isinstance(uid, int) else 'uid ?'} on {printable(str(owner.get('host', '?')))}"
+          f"{user_words(uid) if isinstance(uid, int) else 'uid ?'} on {printable(str(owner.get('host', '?')))}"
     return f"the run directory {printable(owner['run_dir'])} ({who})"

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd import run_owner
+from minilmd import names, run_owner
 from minilmd.dirfd import place_problem
 from minilmd.names import (
     CHECKPOINTS,
@@ -45,12 +45,10 @@ from minilmd.names import (
     atomic_tmp_prefix,
     default_scratch,
 )
-from minilmd.perms import own_uid, owned_by_me
+from minilmd.perms import own_uid, owned_by_me, user_words
 from minilmd.untrusted import Unreadable, read_json
 
 PRIVATE = 0o700
-OWNER_MAX_BYTES = run_owner.OWNER_MAX_BYTES
-_user = run_owner.user
 
 
 class ScratchRefused(ValueError):
@@ -78,7 +76,7 @@ class Identity:
         return cls(st.st_dev, st.st_ino, st.st_uid)
 
     def describe(self) -> str:
-        return f"device {self.dev}, inode {self.ino}, owner {_user(self.uid)}"
+        return f"device {self.dev}, inode {self.ino}, owned by {user_words(self.uid)}"
 
 
 _held: dict[str, Identity] = {}
@@ -117,7 +115,7 @@ def _dir_problem(label: str, path: Path, st: os.stat_result) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return f"{label} {path} exists and is not a directory"
     if not owned_by_me(st):
-        return (f"{label} {path} belongs to {_user(st.st_uid)}, not to you ({_user(own_uid())}): a run never "
+        return (f"{label} {path} belongs to {user_words(st.st_uid)}, not to you, {user_words(own_uid())}: a run never "
                 f"uses another user's scratch; set run.scratch to a directory of yours")
     return None
 
@@ -138,7 +136,7 @@ def read_owner(scratch: Path) -> dict | None:
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{marker} is not a regular file")
     try:
-        owner = read_json(marker, max_bytes=OWNER_MAX_BYTES, expect=None)
+        owner = read_json(marker, max_bytes=names.OWNER_MAX_BYTES, expect=None)
     except Unreadable as e:
         raise ValueError(f"{marker} cannot be read ({e.why})") from None
     return run_owner.checked(owner, str(marker))

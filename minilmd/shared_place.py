@@ -34,9 +34,10 @@ import stat
 from dataclasses import dataclass
 from enum import Enum
 
-from minilmd.fsio import atomic_write_text, is_local_fs
+from minilmd.fsio import atomic_write_text
 from minilmd.names import STAGED_CORPUS_SOURCE, STAGED_RECORD_MAX_BYTES
 from minilmd.untrusted import Unreadable, file_kind, printable, read_bytes
+from minilmd.urls import is_local_fs, is_url
 
 
 class Place(Enum):
@@ -184,7 +185,7 @@ def staged_from(scratch_dir: str | os.PathLike) -> str | None:
 def same_source(recorded: str, source: str) -> bool:
     """Whether the staged copy's record names this data.prepared (spelt alike: a trailing "/" or a "." step is the
     same place)."""
-    return recorded == source or ("://" not in source and os.path.normpath(recorded) == os.path.normpath(source))
+    return recorded == source or (not is_url(source) and os.path.normpath(recorded) == os.path.normpath(source))
 
 
 def record_staged_from(scratch_dir: str | os.PathLike, source: str | None) -> None:

@@ -30,6 +30,8 @@ import unicodedata
 from collections.abc import Collection
 from typing import Literal
 
+from minilmd.perms import owner_in
+
 DEFAULT_MAX_DEPTH = 64
 MAX_LINE_DEPTH = 100
 """The deepest nesting of arrays and objects a corpus line may have (a conversation needs 3): deeper is a bad line
@@ -97,11 +99,11 @@ def mode_kind(mode: int) -> Kind:
     return "link" if stat.S_ISLNK(mode) else "not_regular"
 
 
-def _owner_problem(uid: int, owner: int | Collection[int] | None) -> str | None:
+def _owner_problem(st: os.stat_result, owner: int | Collection[int] | None) -> str | None:
     if owner is None:
         return None
     accepted = (owner,) if isinstance(owner, int) else owner
-    return None if uid in accepted else f"owned by uid {uid}"
+    return None if owner_in(st, accepted) else f"owned by uid {st.st_uid}"
 
 
 def read_bytes(path: str | os.PathLike, *, max_bytes: int, owner: int | Collection[int] | None = None,
@@ -209,7 +211,7 @@ def open_regular(path: str | os.PathLike, *, owner: int | Collection[int] | None
         raise Unreadable(_os_why(e), path, os_error=e) from None
     if not stat.S_ISREG(before.st_mode):
         raise Unreadable(file_kind(before.st_mode), path, kind=mode_kind(before.st_mode))
-    problem = _owner_problem(before.st_uid, owner)
+    problem = _owner_problem(before, owner)
     if problem:
         raise Unreadable(problem, path, kind="owner")
     try:

@@ -90,8 +90,8 @@ def make_pairs(tok, n: int) -> tuple[list[dict], int]:
 
 
 def minilmd(*args: str) -> str:
-    done = subprocess.run(pychild.module_argv("minilmd.cli", *args), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=600, env=pychild.child_env())
+    done = pychild.run(pychild.module_argv("minilmd.cli", *args), keep_cwd=True, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"minilmd {' '.join(args)}: exit {done.returncode}\n{done.stdout[-3000:]}")
     return done.stdout

@@ -221,9 +221,9 @@ def minimind_dpo(work: Path, src: Path, q: dict, pairs: Path, dry: bool, h: Simp
 
 def subprocess_check(code: str) -> str:
     """'' when `code` runs in this python, else the last line of its error."""
-    import subprocess
+    from minilmd import pychild
 
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    done = pychild.run(pychild.python_argv("-c", code), keep_cwd=True, capture_output=True, text=True)
     return "" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
 
 

@@ -64,9 +64,9 @@ def minilmd(*args: str, env: dict | None = None, timeout: float | None = None) -
     bounded = limit != float("inf")
     print(f"$ minilmd {' '.join(args)}" + (f"    [at most {limit:.0f}s]" if bounded else ""), flush=True)
     try:
-        done = subprocess.run(pychild.module_argv("minilmd.cli", *args), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=command_env(env),
-                              timeout=limit if bounded else None)
+        done = pychild.run(pychild.module_argv("minilmd.cli", *args), env=command_env(env), keep_cwd=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=limit if bounded else None)
     except subprocess.TimeoutExpired as e:  # subprocess.run has killed it (a supervisor's trainer: kill_leftovers)
         out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
         done = subprocess.CompletedProcess(e.cmd, CUT, out + f"\n[cut after {limit:.0f}s: the part's time]\n")
@@ -93,8 +93,8 @@ def together(commands: list[tuple[str, list[str], dict | None]], slots: int) -> 
             name, args, env = pending.pop(0)
             print(f"$ minilmd {' '.join(args)}    [{name}, at once with others]", flush=True)
             log = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
-            running[name] = (subprocess.Popen(pychild.module_argv("minilmd.cli", *args), stdout=log,
-                                              stderr=subprocess.STDOUT, text=True, env=command_env(env)), log)
+            running[name] = (pychild.popen(pychild.module_argv("minilmd.cli", *args), env=command_env(env),
+                                           keep_cwd=True, stdout=log, stderr=subprocess.STDOUT, text=True), log)
         for name, (proc, log) in list(running.items()):
             if proc.poll() is not None:
                 log.seek(0)

@@ -28,7 +28,7 @@ from pathlib import Path
 from gpu_check_part import median, provisional  # beside this script
 from gpu_check_plan import OPTIONAL_S, PartClock
 
-from minilmd import procs
+from minilmd import procs, pychild
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_LINE = re.compile(r"\((\d+)/(\d+)\), loss")
@@ -158,7 +158,7 @@ def side_by_side(work: Path, p: dict, dry: bool, took, read_metrics) -> tuple[st
     took("command checked")
     if dry:
         return "skip", f"--dry-run: not run; the command, its flags and model defaults checked: {shown}"
-    deps = subprocess.run([sys.executable, "-c", f"import {NEEDS}"], capture_output=True, text=True)
+    deps = pychild.run(pychild.python_argv("-c", f"import {NEEDS}"), keep_cwd=True, capture_output=True, text=True)
     if deps.returncode != 0:
         return "skip", f"MiniMind's trainer needs {NEEDS}: {deps.stderr.strip().splitlines()[-1]}"
     clock = PartClock()

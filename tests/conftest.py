@@ -9,7 +9,8 @@ that changes one works on a copy (shutil.copytree), and each fixture checks at t
 changed it (a changed one is reported as an error of that fixture).
 
 Plain helpers (functions a test calls, also used by the soak script) stay in modules of their own:
-trainer_corpus.py (prepared corpora, tiny model configs, run configs, `minilmd train`), supervisor_helpers.py
+trainer_corpus.py (prepared corpora, tiny model configs, run configs, `minilmd train`), in_process.py (`minilmd
+train` in the test's own process, its process-wide settings given back), supervisor_helpers.py
 (`minilmd run` as a process and its files), reliability_helpers.py (watchers for the reliability tests),
 data_helpers.py (JSONL sources and tokenizers for the data tests), chat_helpers.py (chat templates,
 conversations and prepared chat corpora), weights_helpers.py (in-process tiny models and
@@ -17,8 +18,9 @@ checkpoints), waiting.py (wait_until, without_blocking), faults_fixtures.py (FUS
 faults), and one helpers module per topic that several test modules share: sync_helpers.py, lease_helpers.py,
 resume_helpers.py, scratch_helpers.py, deploy_helpers.py, init_from_helpers.py, hostile_files_helpers.py,
 import_helpers.py, rename_flags.py, base_copy_helpers.py, slurm_helpers.py; source_tree.py reads and parses the
-project's own source once per process for every guard that walks it. A test module imports no other test module
-(tests/test_layers.py checks): what two share lives in a helpers module.
+project's own source once per process for every guard that walks it; audit_calls.py reads a call under any spelling
+for the audits of calls, signal_backstop.py is the signal audit's run-time side (signals_sent_through_procs).
+A test module imports no other test module (tests/test_layers.py checks): what two share lives in a helpers module.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 
+import signal_backstop
 from chat_helpers import (
     chat_bpe,
     chat_tokenizer_dir,
@@ -80,6 +83,15 @@ def process_wide_settings_restored():
     for sig, handler in handlers.items():
         if signal.getsignal(sig) is not handler and handler is not None:
             signal.signal(sig, handler)
+
+
+@pytest.fixture(autouse=True)
+def signals_sent_through_procs():
+    """Any os.kill, os.killpg or signal's sending functions the code calls outside minilmd/procs.py fails the test
+    (signal_backstop.py: the run-time side of test_one_way_to_signal; tests themselves may signal)."""
+    with signal_backstop.senders_watched() as found:
+        yield found
+    assert not found, "a signal sent outside minilmd/procs.py:\n" + "\n".join(found)
 
 
 def in_order(root: Path, paths: list) -> None:

@@ -24,9 +24,10 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def interrupt_at(tmp_path: Path, phase: str, argv: list[str]) -> tuple[int, str]:
-    """`minilmd ARGV` held at `phase`, its group SIGINTed there, then let go: (its exit status, its stderr), once
-    every process of its group has ended. tmp_path gets `held/` and `stderr`."""
+def interrupt_at(tmp_path: Path, phase: str, argv: list[str], sig: int = signal.SIGINT) -> tuple[int, str]:
+    """`minilmd ARGV` held at `phase`, its group SIGINTed there (another `sig`: the command alone, as `kill PID` or a
+    closed SSH session's SIGHUP), then let go: (its exit status, its stderr), once every process of its group has
+    ended. tmp_path gets `held/` and `stderr`."""
     held = tmp_path / "held"
     held.mkdir()
     with open(tmp_path / "stderr", "wb") as log:
@@ -35,12 +36,15 @@ def interrupt_at(tmp_path: Path, phase: str, argv: list[str]) -> tuple[int, str]
         try:
             wait_until(lambda: (held / phase).exists() or proc.poll() is not None, 120, f"{argv[0]} to reach {phase}")
             assert proc.poll() is None, (tmp_path / "stderr").read_text()  # it ended before: a broken setup
-            assert procs.signal_child_group(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
+            if sig == signal.SIGINT:
+                assert procs.signal_child_group(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
+            else:
+                proc.send_signal(sig)
             (held / "go").touch()  # whatever holds there goes on, as it would have without the hold
             try:
                 status = proc.wait(120)  # a bound on a hang, not a timing
             except subprocess.TimeoutExpired:
-                pytest.fail(f"SIGINT at {phase} did not end {' '.join(argv[:2])}")
+                pytest.fail(f"{signal.Signals(sig).name} at {phase} did not end {' '.join(argv[:2])}")
         finally:
             if proc.poll() is None:
                 procs.signal_child_group(proc.pid, signal.SIGKILL)

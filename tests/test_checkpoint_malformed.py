@@ -10,8 +10,6 @@ import hashlib
 import json
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -188,14 +186,14 @@ def test_a_malformed_remote_latest_is_set_aside_and_the_good_one_beside_it_fetch
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["header is a list", "manifest nested deep"])
 def test_a_run_resumes_past_a_malformed_newest_checkpoint_in_scratch(tmp_path, corpus, how):
-    from supervisor_helpers import env_for, run_supervisor, state, write_config
+    from in_process import train_in_process
+    from supervisor_helpers import run_supervisor, state, write_config
 
     config = write_config(tmp_path, corpus, remote=False,
                           train={"max_steps": 12, "checkpoint_every": 4, "micro_batch_size": 4, "keep_local": 3})
     cfg = load_config(config)
     cfg.run_dir.mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", str(config)], env=env_for(fake=False),
-                         capture_output=True, text=True, timeout=300)
+    out = train_in_process(config)  # the test's process: no signal or fault here (tests/in_process.py)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     TAMPERINGS[how](cfg.checkpoint_dir / "step-00000012")
 

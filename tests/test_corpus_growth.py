@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data_helpers import read_texts, write_jsonl
+from in_process import train_in_process
 from minilmd.checkpoint import CheckpointMismatch, Expectation, check_expectation
 from minilmd.corpus.format import open_prepared
 from minilmd.corpus.prepare.append import append
@@ -78,11 +79,11 @@ def test_resume_across_an_append_is_bit_exact_until_the_next_epoch(tmp_path, dem
     steps = {"max_steps": last, "checkpoint_every": 2, "warmup_steps": 2, "seed": 7}
     plain = write_config(tmp_path, (undisturbed_corpus, vocab), "plain", train=steps)
     grown = write_config(tmp_path, (root, vocab), "grown", train=steps)
-    assert train(plain).returncode == 0
+    assert train_in_process(plain).returncode == 0
     first = train(grown, MINILMD_FAULT="sigkill@5")  # killed before step 5: its last checkpoint is step 2 or 4
     assert first.returncode == -9, first.stderr
     append([str(new)], root, workers=0, progress=False, log=lambda m: None)
-    second = train(grown)
+    second = train_in_process(grown)
     assert second.returncode == 0, second.stderr
     resumed = resumed_step(second.stdout)
     assert resumed in (2, 4), second.stdout

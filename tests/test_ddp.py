@@ -11,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from in_process import train_in_process
 from minilmd.protocol import EXIT_DONE
-from trainer_corpus import child_env, read_metrics, run_paths, train, write_config
+from trainer_corpus import child_env, read_metrics, run_paths, write_config
 
 COUNT_GLOO_THREADS_AT_EXIT = """
 import atexit, os, pathlib, sys
@@ -34,7 +35,7 @@ def test_two_gloo_ranks_match_one_rank_on_the_same_global_batch(tmp_path, corpus
     # Global batch 8 rows either way: 1 rank x 4 rows x 2 micro-batches, or 2 ranks x 2 rows x 2 micro-batches.
     one = write_config(tmp_path, corpus, name="one", train={"max_steps": steps, "micro_batch_size": 4})
     two = write_config(tmp_path, corpus, name="two", train={"max_steps": steps, "micro_batch_size": 2})
-    assert train(one).returncode == EXIT_DONE
+    assert train_in_process(one).returncode == EXIT_DONE
     wrapper = tmp_path / "minilmd_counting_threads.py"
     wrapper.write_text(COUNT_GLOO_THREADS_AT_EXIT)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from in_process import train_in_process
 from minilmd.protocol import EXIT_DONE
-from trainer_corpus import child_env, read_metrics, run_paths, train, write_config
+from trainer_corpus import child_env, read_metrics, run_paths, write_config
 
 
 @pytest.mark.slow
@@ -21,7 +22,7 @@ def test_two_ranks_match_one_rank_on_the_same_buckets(tmp_path, chat_corpus):
     common = {"max_steps": steps, "micro_batch_size": 2, "seq_len": 128, "checkpoint_every": 100}
     one = write_config(tmp_path, chat_corpus, name="one", data={"mode": "bucketed"}, train={**common, "grad_accum": 4})
     two = write_config(tmp_path, chat_corpus, name="two", data={"mode": "bucketed"}, train={**common, "grad_accum": 2})
-    p = train(one)
+    p = train_in_process(one)
     assert p.returncode == EXIT_DONE, p.stderr
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         "-m", "minilmd.cli", "train", str(two)], capture_output=True, text=True,

@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from in_process import train_in_process
 from minilmd import checkpoint as ck
 from minilmd.config import ConfigError, load_config
 from minilmd.names import FAULT_ENV, METRICS
@@ -261,12 +262,12 @@ def test_the_flex_attention_path_computes_what_the_dense_mask_does(monkeypatch):
 @pytest.mark.slow
 def test_two_gloo_ranks_match_one_rank_with_the_mask(tmp_path, corpus):
     from minilmd.protocol import EXIT_DONE as DONE
-    from trainer_corpus import child_env, read_metrics, run_paths, train
+    from trainer_corpus import child_env, read_metrics, run_paths
 
     steps, data = 4, {"mode": "packed", "doc_mask": True}
     one = write_config(tmp_path, corpus, name="one", data=data, train={"max_steps": steps, "micro_batch_size": 4})
     two = write_config(tmp_path, corpus, name="two", data=data, train={"max_steps": steps, "micro_batch_size": 2})
-    assert train(one).returncode == DONE
+    assert train_in_process(one).returncode == DONE
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         "-m", "minilmd.cli", "train", str(two)], capture_output=True, text=True, timeout=300,
                        env=child_env())

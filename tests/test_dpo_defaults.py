@@ -9,6 +9,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from in_process import train_in_process
 from minilmd.cli import app
 from minilmd.config import (
     DPO_DEFAULTS,
@@ -20,7 +21,7 @@ from minilmd.config import (
 from minilmd.plan.budget import as_trained, lr_line, planned
 from minilmd.plan.schedule import lr_at
 from minilmd.protocol import EXIT_DONE
-from trainer_corpus import read_metrics, train, write_config
+from trainer_corpus import read_metrics, write_config
 
 DPO_LR = DPO_DEFAULTS["train.lr"]
 LORA_LR = DPO_LORA_DEFAULTS["train.lr"]
@@ -84,7 +85,7 @@ def test_check_says_the_rate_and_where_it_comes_from_and_warns_of_lr_0(tmp_path,
 def test_the_trainer_runs_at_the_dpo_default_and_a_resume_keeps_the_rate_it_started_with(tmp_path,
                                                                                         small_dpo_corpus):
     config = without_lr(_dpo(tmp_path, small_dpo_corpus, "default", train={"max_steps": 2, "warmup_steps": 0}))
-    p = train(config)
+    p = train_in_process(config)
     assert p.returncode == EXIT_DONE, p.stderr
     assert f"dpo corpus, DPO defaults: train.lr = {DPO_LR!r}" in p.stdout
     lines = read_metrics(load_config(config).run_dir, "train")
@@ -92,8 +93,8 @@ def test_the_trainer_runs_at_the_dpo_default_and_a_resume_keeps_the_rate_it_star
 
     started = _dpo(tmp_path, small_dpo_corpus, "kept", train={"lr": 2e-3, "max_steps": 4, "warmup_steps": 0,
                                                         "checkpoint_every": 4})
-    assert train(started).returncode == EXIT_DONE
-    again = train(without_lr(started), "train.max_steps=6")  # the rate now left to the DPO default
+    assert train_in_process(started).returncode == EXIT_DONE
+    again = train_in_process(without_lr(started), "train.max_steps=6")  # the rate now left to the DPO default
     assert again.returncode == EXIT_DONE, again.stderr
     assert f"train.lr = 0.002 kept from the checkpoint (a fresh start would use {DPO_LR!r})" in again.stdout
     assert "DPO defaults: train.lr" not in again.stdout  # the default it did not apply is not said

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from in_process import train_in_process
 from minilmd.config import load_config
 from minilmd.daemon.base.runstate import Heartbeat, RunState, read_heartbeat
 from minilmd.daemon.base.statesections import StateJson
@@ -23,7 +24,7 @@ from minilmd.names import ATTEMPT_LOGS, STATE, TRAINER_CMD_ENV
 from minilmd.protocol import EXIT_DONE, EXIT_STOPPED
 from minilmd.trainer.loop.dpo_reference import PassProgress
 from supervisor_helpers import cli, events, run_supervisor, start_supervisor, state, wait_for, write_config
-from trainer_corpus import child_env, read_metrics, run_paths, train
+from trainer_corpus import child_env, read_metrics, run_paths
 
 SLOW_REFERENCE_TRAINER = Path(__file__).with_name("slow_reference_trainer.py")
 
@@ -116,7 +117,7 @@ def test_status_shows_the_reference_pass_and_a_stop_during_it_exits_75_at_once_w
     said = re.search(r"during the DPO reference pass \(([\d,]+)/([\d,]+) pairs\)", out)
     assert said and int(said[1].replace(",", "")) < int(said[2].replace(",", "")), out  # left in the middle
     assert not read_metrics(run_dir, "dpo_reference") and not list(ckpt_dir.glob("step-*")), out
-    again = train(config)  # the real trainer: the pass computed again from the start, then trained
+    again = train_in_process(config)  # the real trainer, here: the pass computed again from the start, then trained
     assert again.returncode == EXIT_DONE, again.stderr
     assert [m["source"] for m in read_metrics(run_dir, "dpo_reference")] == ["computed"]
     assert read_heartbeat(run_dir).reference_pass() is None  # training's heartbeats name no pass

@@ -13,13 +13,14 @@ import pytest
 from typer.testing import CliRunner
 
 from chat_helpers import preference_pairs, prepared_chat, read_conversations, write_jsonl
+from in_process import train_in_process
 from minilmd.cli import app
 from minilmd.config import ConfigError, load_config
 from minilmd.corpus.format import open_prepared
 from minilmd.plan.pairs import PairRows, check_pairs_fit
 from minilmd.protocol import EXIT_CONFIG
 from minilmd.rowcount import pairs_fit, pairs_past_cut
-from trainer_corpus import run_paths, train, write_config
+from trainer_corpus import run_paths, write_config
 
 PREPARED_AT = 64
 
@@ -79,7 +80,7 @@ def test_check_and_the_trainer_refuse_a_seq_len_that_cuts_most_replies_away_and_
     assert refused.exit_code == 2, refused.output
     assert f"train.seq_len = 16 cuts away the whole final reply of {_said(lost)}" in said, said
     assert f"set train.seq_len >= {longest + 1}" in said and "prepare the corpus again at --seq-len 16" in said
-    p = train(_config(tmp_path, corpus, "short", 16))
+    p = train_in_process(_config(tmp_path, corpus, "short", 16))
     assert p.returncode == EXIT_CONFIG and f"final reply of {_said(lost)}" in " ".join(p.stderr.split()), p.stderr
     assert not run_paths(_config(tmp_path, corpus, "short", 16))[1].exists()  # nothing trained
     some = _some_lost(starts)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from in_process import train_in_process
 from minilmd.config import load_config
 from minilmd.corpus.analysis.stats import width_class
 from minilmd.corpus.format import open_prepared
@@ -100,13 +101,13 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     sft = write_config(tmp_path, chat_corpus, name="sft", train={"seq_len": 128, "micro_batch_size": 8,
                                                                  "grad_accum": 1, "lr": 3e-3, "max_steps": 300,
                                                                  "checkpoint_every": 1000, "log_every": 50})
-    assert train(sft, timeout=900).returncode == EXIT_DONE
+    assert train_in_process(sft).returncode == EXIT_DONE
     config = write_config(tmp_path, dpo_corpus, name="dpo", init={"from": str(run_paths(sft)[1])},
                           data={"val_windows": 64},
                           train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "lr": 1e-4,
                                  "warmup_steps": 2, "max_steps": 60, "eval_every": 20, "checkpoint_every": 30,
                                  "log_every": 1})
-    p = train(config, timeout=900)
+    p = train_in_process(config)
     assert p.returncode == EXIT_DONE, p.stderr
     run_dir, ckpt_dir = run_paths(config)
     lines = read_metrics(run_dir, "train")
@@ -131,7 +132,7 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
     shown = fit_lines(run_dir)
     assert any(line.startswith("  dpo: val reward accuracy") for line in shown), shown
     assert not any("ln 2" in line for line in shown), shown
-    again = train(config, "train.max_steps=62", timeout=600)  # a later start: read back, not computed
+    again = train_in_process(config, "train.max_steps=62")  # a later start: read back, not computed
     assert again.returncode == EXIT_DONE, again.stderr
     made = read_metrics(run_dir, "dpo_reference")
     assert [m["source"] for m in made] == ["computed", "checkpoint"] and "read from" in again.stdout
@@ -141,7 +142,7 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
                         lora={"rank": 8, "alpha": 16.0}, data={"val_windows": 64},
                         train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "lr": 1e-3, "warmup_steps": 2,
                                "max_steps": 40, "eval_every": 20, "checkpoint_every": 20, "log_every": 1})
-    assert train(lora, timeout=900).returncode == EXIT_DONE
+    assert train_in_process(lora).returncode == EXIT_DONE
     lora_dir, lora_ckpts = run_paths(lora)
     assert read_metrics(lora_dir, "train")[0]["loss"] == pytest.approx(LN2, abs=1e-5)
     assert read_metrics(lora_dir, "eval")[-1]["val_reward_accuracy"] >= 0.7  # 0.906 measured
@@ -154,7 +155,7 @@ def test_a_short_dpo_run_after_sft_learns_the_preferences_and_never_recomputes_i
 def test_a_killed_and_resumed_dpo_run_ends_bit_identical_to_an_undisturbed_one(tmp_path, small_dpo_corpus):
     values = {"lr": 1e-3, "max_steps": 16, "checkpoint_every": 4, "eval_every": 8}
     straight = _dpo_config(tmp_path, small_dpo_corpus, "straight", **values)
-    assert train(straight).returncode == EXIT_DONE
+    assert train_in_process(straight).returncode == EXIT_DONE
     killed = _dpo_config(tmp_path, small_dpo_corpus, "killed", **values)
     first = train(killed, **{FAULT_ENV: "sigkill@9"})
     assert first.returncode == -signal.SIGKILL
@@ -181,7 +182,7 @@ def test_status_warns_when_the_dpo_loss_stays_at_ln_2(tmp_path, small_dpo_corpus
     """lr 0, a sanity run: the policy stays the reference, bit for bit, and every val loss is ln 2, as MiniMind's
     users report of its lr 4e-8."""
     config = _dpo_config(tmp_path, small_dpo_corpus, "still", lr=0.0, max_steps=6, eval_every=2, checkpoint_every=100)
-    p = train(config)
+    p = train_in_process(config)
     assert p.returncode == EXIT_DONE, p.stderr
     run_dir, ckpt_dir = run_paths(config)
     assert [e["val_loss"] for e in read_metrics(run_dir, "eval")] == [pytest.approx(LN2, abs=1e-6)] * 3
@@ -244,9 +245,9 @@ def test_a_resume_at_another_seq_len_is_refused_not_trained_on_reference_sums_of
     rows cut at 64, and trained the rows cut at 32 against them: exit 0, train loss 3.99, val_reward_chosen +6.07.
     The reference file records its seq_len; another one is refused (exit 2) before a step is taken."""
     config = _dpo_config(tmp_path, small_dpo_corpus, "cut", max_steps=4, checkpoint_every=4)
-    assert train(config).returncode == EXIT_DONE
+    assert train_in_process(config).returncode == EXIT_DONE
     run_dir, ckpt_dir = run_paths(config)
-    shorter = train(config, "train.max_steps=6", "train.seq_len=64")
+    shorter = train_in_process(config, "train.max_steps=6", "train.seq_len=64")
     assert shorter.returncode == EXIT_CONFIG, shorter.stdout + shorter.stderr
     header = json.loads((raw := (ckpt_dir / "step-00000004" / DPO_REFERENCE).read_bytes())[8:8 + int.from_bytes(
         raw[:8], "little")])
@@ -259,7 +260,7 @@ def test_a_resume_at_another_seq_len_is_refused_not_trained_on_reference_sums_of
                            timeout=300, env=child_env())  # refused before a launch, in the trainer's words
     assert check.returncode == EXIT_CONFIG and ("train.seq_len is 64; this DPO run's reference log-probs were "
                                                 "computed at 128 (step-00000004)") in check.stderr, check.stderr
-    same = train(config, "train.max_steps=6")  # at its own seq_len it goes on, the reference read back
+    same = train_in_process(config, "train.max_steps=6")  # at its own seq_len it goes on, the reference read back
     assert same.returncode == EXIT_DONE, same.stderr
     assert [m["source"] for m in read_metrics(run_dir, "dpo_reference")] == ["computed", "checkpoint"]
 

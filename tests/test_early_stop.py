@@ -169,15 +169,16 @@ def test_a_dpo_run_keeps_its_best_reward_accuracy_as_best_for_the_next_stage(tmp
     """early_stop.metric = "val_reward_accuracy": each eval line carries the best so far, BEST names the checkpoint
     of the highest val reward accuracy (the first of equals; 0.56 at step 4 where the lowest val loss is at step 8,
     measured), and a later stage's `init.checkpoint = "best"` takes it."""
+    from in_process import train_in_process
     from minilmd.init_source import resolve
     from minilmd.protocol import EXIT_DONE
-    from trainer_corpus import run_paths, train
+    from trainer_corpus import run_paths
 
     config = write_config(tmp_path, dpo_corpus, name="dpo", data={"val_windows": 64},
                           train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "lr": 1e-2, "max_steps": 24,
                                  "eval_every": 4, "checkpoint_every": 100, "log_every": 4},
                           early_stop={"patience": 20, "metric": "val_reward_accuracy"})
-    p = train(config)
+    p = train_in_process(config)
     assert p.returncode == EXIT_DONE, p.stderr
     run_dir, ckpt_dir = run_paths(config)
     evals = read_metrics(run_dir, "eval")
@@ -197,14 +198,15 @@ def test_a_dpo_run_watches_forgetting_with_the_probes_next_token_loss(tmp_path, 
     """[eval] probe on a DPO run (what the update-share warning advises): the earlier stage's val split is scored by
     its next-token loss, as on every other run (the DPO objective needs pairs and their reference, which a probe
     has not: the first validation crashed the run), so forgetting means the same thing for pairs."""
+    from in_process import train_in_process
     from minilmd.protocol import EXIT_DONE
-    from trainer_corpus import run_paths, train
+    from trainer_corpus import run_paths
 
     config = write_config(tmp_path, small_dpo_corpus, name="dpo", data={"val_windows": 16},
                           eval={"probe": str(chat_corpus[0])},
                           train={"seq_len": 128, "micro_batch_size": 8, "grad_accum": 1, "lr": 1e-3, "max_steps": 4,
                                  "eval_every": 2, "checkpoint_every": 100})
-    p = train(config)
+    p = train_in_process(config)
     assert p.returncode == EXIT_DONE, p.stderr
     evals = read_metrics(run_paths(config)[0], "eval")
     assert [e["step"] for e in evals] == [2, 4]

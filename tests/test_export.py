@@ -191,7 +191,7 @@ def test_an_export_where_it_may_not_write_says_permission_denied_not_to_free_spa
     assert list(roots.iterdir()) == []
 
 
-@pytest.mark.parametrize("code, said", [(errno.EACCES, "Permission denied: "), (errno.EIO, "Input/output error: "),
+@pytest.mark.parametrize("code, said", [(errno.EACCES, "Permission denied;"), (errno.EIO, "Input/output error;"),
                                         (errno.ENOSPC, "MB free there"), (errno.EDQUOT, "MB free there")])
 def test_only_a_full_disk_or_a_quota_is_told_to_free_space(tmp_path, code, said):
     """The message of each write error, from the OSError the write raised: EACCES was "free some space" too."""

@@ -47,7 +47,7 @@ def test_an_out_in_a_directory_others_can_rearrange_is_refused_before_anything_i
     if place == "another user's":
         uid, gid = second_user()
         os.chown(theirs, uid, gid)
-        why = "belongs to nobody"
+        why = "belongs to user nobody"
     else:
         theirs.chmod(0o777)
         why = "can be written by other users (mode 777, not sticky)"

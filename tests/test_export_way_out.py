@@ -47,12 +47,13 @@ def _earlier_out(tmp_path: Path, fmt: str) -> Path:
 
 @pytest.mark.slow  # a `minilmd export` child each
 @pytest.mark.parametrize("fmt", ["minimind", "hf"])
-@pytest.mark.parametrize("way_out", ["a bug", "SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("way_out", ["a bug", "SIGINT", "SIGTERM", "SIGHUP"])
 def test_an_export_stopped_while_writing_leaves_no_temporary_copy_and_out_as_it_was(checkpoint, tmp_path, fmt,
                                                                                     way_out):
     """A real `minilmd export` child stopped after it wrote its files into `.NAME.tmp`, before the rename: before,
     an exception that was no write error, Ctrl-C ("Aborted!") and SIGTERM (killed) all left the half export beside
-    --out. Now it is removed on each (130 for the signals), and the earlier --out is untouched."""
+    --out. Now it is removed on each (130 for the signals), and the earlier --out is untouched. SIGHUP (an SSH
+    session closed under it) as the other commands take it: before, it killed the export, its copy left."""
     out = _earlier_out(tmp_path, fmt)
     ready = tmp_path / "ready"
     mode = "raise" if way_out == "a bug" else "wait"
@@ -63,7 +64,7 @@ def test_an_export_stopped_while_writing_leaves_no_temporary_copy_and_out_as_it_
         if mode == "wait":
             wait_until(lambda: ready.exists() or child.poll() is not None, 300, "the export to write its files")
             assert child.poll() is None, (tmp_path / "stderr").read_text()
-            child.send_signal(signal.SIGINT if way_out == "SIGINT" else signal.SIGTERM)
+            child.send_signal(getattr(signal, way_out))
         code = child.wait(300)
     finally:
         if child.poll() is None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import audit_calls
 import source_tree
 from import_helpers import REPO, imports, modules_of
 
@@ -36,10 +37,19 @@ def target(name: str, known: dict[str, Path]) -> str | None:
 
 
 def type_checking_lines(path: Path) -> set[int]:
-    """Lines inside `if TYPE_CHECKING:` blocks: imports for annotations only, never run, so never a cycle."""
+    """Lines inside `if TYPE_CHECKING:` blocks, typing's TYPE_CHECKING (`from typing import TYPE_CHECKING`, under
+    any name, or `typing.TYPE_CHECKING`): imports for annotations only, never run, so never a cycle. A TYPE_CHECKING
+    of the module's own (`TYPE_CHECKING = True`) runs its block: its imports count."""
+    if "TYPE_CHECKING" not in source_tree.source(path):
+        return set()
+    module = source_tree.tree(path)
+    names = audit_calls.qualified_names(module)
+    assigned = {t.id for n in ast.walk(module) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
     lines: set[int] = set()
-    for node in ast.walk(source_tree.tree(path)):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+    for node in ast.walk(module):
+        if isinstance(node, ast.If) and audit_calls.dotted(node.test, names) == "typing.TYPE_CHECKING" and not (
+                isinstance(node.test, ast.Name) and node.test.id in assigned):
             lines |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno")}
     return lines
 
@@ -163,6 +173,22 @@ def test_the_checker_catches_a_function_level_cycle(tmp_path):
                               encoding="utf-8")  # an annotation-only import back: a cycle only when counted
     assert cycles(import_graph(module_files({"pkg": pkg}))) == []
     assert cycles(import_graph(module_files({"pkg": pkg}), annotations=True)) == [["pkg.a", "pkg.b"]]
+
+
+def test_only_typings_type_checking_hides_an_import(tmp_path):
+    """`if TYPE_CHECKING:` with a TYPE_CHECKING of the module's own (True: the block runs) or one never imported
+    from typing hides nothing: the cycle through it is found; typing's, under any spelling, is honoured."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "b.py").write_text("from pkg import a\n", encoding="utf-8")
+    for head, hidden in (("TYPE_CHECKING = True\n", False), ("from other import TYPE_CHECKING\n", False),
+                         ("from typing import TYPE_CHECKING\nTYPE_CHECKING = True\n", False),
+                         ("from typing import TYPE_CHECKING\n", True), ("import typing as t\n", True)):
+        test = "t.TYPE_CHECKING" if "typing as t" in head else "TYPE_CHECKING"
+        (pkg / "a.py").write_text(f"{head}if {test}:\n    from pkg import b\n", encoding="utf-8")
+        found = cycles(import_graph(module_files({"pkg": pkg})))
+        assert found == ([] if hidden else [["pkg.a", "pkg.b"]]), head
 
 
 def test_finding_checkpoints_loads_no_numpy():

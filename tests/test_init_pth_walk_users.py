@@ -39,7 +39,7 @@ def _teammates_pth(teammate) -> Path:
 
 
 def _owned_by_a_third_user(uid: int) -> str:
-    return f"base.pth is owned by uid {THIRD_UID}, not by the source's owner \\(nobody \\(uid {uid}\\)\\) nor by you"
+    return f"base.pth is owned by uid {THIRD_UID}, not by the source's owner, user nobody \\(uid {uid}\\), nor by you"
 
 
 def _staged_pth(scratch: Path) -> Path:

@@ -90,8 +90,8 @@ def test_a_third_users_file_inside_the_teammates_source_is_not_read(teammate, pl
     root = _teammates_root(teammate)
     path = {names.LATEST: root / names.LATEST, "the step directory": root / STEP}.get(planted, root / STEP / planted)
     os.chown(path, THIRD_UID, THIRD_UID)
-    with pytest.raises(InitSourceError, match=f"{path.name} is owned by uid {THIRD_UID}, not by the source's owner "
-                                              f"\\(nobody \\(uid {teammate[0][0]}\\)\\) nor by you: not read"):
+    with pytest.raises(InitSourceError, match=f"{path.name} is owned by uid {THIRD_UID}, not by the source's owner"
+                                              f", user nobody \\(uid {teammate[0][0]}\\), nor by you: not read"):
         model_problems(str(root), MODEL)
 
 

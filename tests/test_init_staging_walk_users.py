@@ -69,7 +69,7 @@ def test_a_third_users_file_in_her_checkpoint_is_refused_named_never_copied(team
     root = _teammates_root(teammate)
     os.chown(root / STEP / WEIGHTS, THIRD_UID, THIRD_UID)  # the bytes her manifest lists, a third user's file
     with pytest.raises(SourceInvalid, match=f"{root / STEP}: {WEIGHTS} is owned by uid {THIRD_UID}, not by the "
-                                            f"source's owner \\(nobody \\(uid {teammate[0][0]}\\)\\) nor by you"):
+                                            f"source's owner, user nobody \\(uid {teammate[0][0]}\\), nor by you"):
         initstage.stage_init(str(root), tmp_path / "scratch")
     assert not (tmp_path / "scratch" / initstage.INIT_DIR).exists()
 

@@ -38,7 +38,7 @@ def refused(lock_dir: Path) -> str:
 def test_a_sticky_lock_dir_another_user_made_first_is_refused(shared):
     as_nobody("mkdir -m 1777 locks", shared)  # anyone can make /tmp/minilmd-gpu-locks first
     said = refused(shared / "locks")  # the place rule's words (minilmd/place_rule.py), as for every shared place
-    assert "belongs to nobody (uid 65534), who could replace the lease files" in said, said
+    assert "belongs to user nobody (uid 65534), who could replace the lease files" in said, said
     assert "(sticky or not: its owner may remove or rename anything in it)" in said, said
     assert list((shared / "locks").iterdir()) == []  # no lease file made in there
 
@@ -47,8 +47,9 @@ def test_a_lock_dir_inside_a_directory_another_user_owns_is_refused(shared):
     as_nobody("mkdir -m 0755 his", shared)
     (shared / "his" / "locks").mkdir()
     (shared / "his" / "locks").chmod(0o1777)  # root's and sticky, but nobody can rename it away and put his own
-    assert f"the directory {shared}/his above it belongs to nobody (uid 65534), who could replace the lease files" in \
-        refused(shared / "his" / "locks")
+    said = refused(shared / "his" / "locks")
+    assert f"the directory {shared}/his above it belongs to user nobody (uid 65534), who could replace the lease " \
+           "files" in said, said
 
 
 def test_a_lock_dir_inside_a_world_writable_directory_that_is_not_sticky_is_refused(shared):
@@ -84,7 +85,7 @@ def test_run_check_and_the_launch_refuse_an_unsafe_lock_dir_with_exit_2(shared, 
     as_nobody("mkdir -m 1777 locks", shared)
     config = write_config(tmp_path, corpus, remote=False, train={"device": "cuda"},
                           gpu={"lock_dir": str(shared / "locks")})
-    with pytest.raises(ConfigError, match="gpu.lock_dir: the lock directory .* belongs to nobody"):
+    with pytest.raises(ConfigError, match="gpu.lock_dir: the lock directory .* belongs to user nobody"):
         preflight.check(str(config))
     assert run_supervisor(str(config)) == protocol.SUPERVISOR_CONFIG
     assert not (tmp_path / "s" / "run").exists() or not any((tmp_path / "s" / "run").iterdir())
@@ -131,7 +132,7 @@ def test_no_lock_directory_is_made_through_a_link_planted_on_the_way_after_the_c
 
     assert leases.lock_dir_problem(shared / "race" / "locks") is None  # what run --check and the launch saw
     monkeypatch.setattr(os, "mkdir", plant_then_mkdir)
-    with pytest.raises(leases.LeaseUnsafe, match=f"{shared}/race is a symbolic link of nobody"):
+    with pytest.raises(leases.LeaseUnsafe, match=f"{shared}/race is a symbolic link of user nobody"):
         leases.open_lease(shared / "race" / "locks", "GPU-a")
     monkeypatch.undo()
     assert planted and list(hers.iterdir()) == []  # no lock directory, no lease file in her directory

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from in_process import train_in_process
 from minilmd import checkpoint
 from minilmd.config import ConfigError, LoraSection, config_from_dict, load_config
 from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
@@ -156,7 +157,7 @@ def test_lora_run_trains_adapters_only_resumes_bit_exact_and_checks_its_base(tmp
     killed = write_config(tmp_path, corpus, name="killed", **common)
     out = train(killed, **{FAULT_ENV: "sigkill@7"})
     assert out.returncode == -signal.SIGKILL, out.stdout + out.stderr
-    out = train(killed)
+    out = train_in_process(killed)
     assert out.returncode == EXIT_DONE and "resumed from" in out.stdout, out.stdout + out.stderr
     resumed = load_config(killed).checkpoint_dir / "step-00000008"
     for name in (MODEL_FILE, OPTIMIZER_FILE):

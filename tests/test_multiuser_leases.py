@@ -57,7 +57,7 @@ def test_a_lock_directory_another_user_can_rearrange_is_refused(shared, mode):
     adm = admission(shared / "locks")
     assert adm.try_acquire(1) is None
     reasons = " ".join(adm.last_report.devices[0].reasons)
-    assert "lease not taken safely" in reasons and "belongs to nobody (uid 65534)" in reasons, reasons
+    assert "lease not taken safely" in reasons and "belongs to user nobody (uid 65534)" in reasons, reasons
     assert_untouched(victim)
     assert sorted(p.name for p in (shared / "locks").iterdir()) == [LEASE]  # nothing made in there
 
@@ -119,7 +119,7 @@ def test_two_users_never_hold_one_device_and_neither_writes_the_others_lease(sha
     try:
         with nobody_running(locks, "nobody-again") as refused:
             line = first_line(refused)
-            assert line.startswith("refused") and f"leased by pid {os.getpid()} (user root)" in line, line
+            assert line.startswith("refused") and f"leased by pid {os.getpid()} (user root (uid 0))" in line, line
     finally:
         lease.release()
     after = (locks / LEASE).stat()

@@ -2,26 +2,35 @@
 
 The test lists every call in the project's source that can send a signal (os.kill, os.killpg,
 signal.pidfd_send_signal, pthread_kill, raise_signal, a Popen's send_signal, terminate or kill, and the same names
-imported bare or under an alias, and Slurm's scancel) and fails on one outside procs.py, but for the calls of
+imported bare, under an alias, through a star import or from the C modules posix and _signal, fetched by a string
+(getattr, __dict__), a raw ctypes syscall; and each command that signals (kill, pkill, scancel, tmux kill-session:
+by basename, in an argv, a shell string or f-string, given to subprocess, os.system, os.exec*/spawn*, asyncio))
+in the code and the scripts (source_tree.audited_files) and fails on one outside procs.py, but for the calls of
 the trainer-child wrapper below, which itself goes through procs.py, held to their exact counts. A new way to
-signal a process is added to procs.py, with its proof, or this test says where it is.
+signal a process is added to procs.py, with its proof, or this test says where it is. At run time conftest.py's
+autouse fixture (signal_backstop.py) fails a test in which the code sent os.kill, os.killpg or pidfd_send_signal
+from anywhere but procs.py, however it was spelled.
 """
 from __future__ import annotations
 
 import ast
+import os
+import threading
 from collections import Counter
 from pathlib import Path
 
+import audit_calls
 import source_tree
-from import_helpers import REPO
+from minilmd import procs
 
-SOURCE = ("minilmd", "daemon", "trainer", "scripts", "deploy")
+REPO = source_tree.REPO
+
 THE_MODULE = "minilmd/procs.py"
 SENDS = {"kill", "killpg", "pidfd_send_signal", "send_signal", "terminate", "pthread_kill", "raise_signal"}
-SIGNAL_MODULES = ("os", "signal")
+SIGNAL_MODULES = {"os", "signal"}
 WRAPPER_CALLS = Counter({
     ("daemon/child/process.py", "self.kill"): 1,  # Child.kill_group -> Child.kill: procs.signal_child_group, Launch
-    ("daemon/supervisor.py", "self.child.kill"): 1,
+    ("daemon/supervisor.py", "child.kill"): 1,  # the second stop signal: child := self.loop.child
     ("daemon/ending.py", "child.kill"): 1,
     ("daemon/child/trainerwatch.py", "child.kill"): 1,
 })
@@ -30,39 +39,28 @@ WRAPPER_CALLS = Counter({
 
 
 def python_files() -> list[Path]:
-    found = []
-    for folder in SOURCE:
-        for path in sorted((REPO / folder).rglob("*")):
-            if not path.is_file() or "__pycache__" in path.parts:
-                continue
-            if path.suffix == ".py" or (path.suffix == "" and path.read_bytes()[:64].startswith(b"#!/usr/bin/env "
-                                                                                             b"python")):
-                found.append(path)
-    return found
-
-
-def imported_senders(module: ast.Module) -> set[str]:
-    """The local names of os's and signal's sending functions imported by name, aliases included
-    (`from os import kill as k` gives k)."""
-    return {alias.asname or alias.name for node in ast.walk(module)
-            if isinstance(node, ast.ImportFrom) and node.module in SIGNAL_MODULES and not node.level
-            for alias in node.names if alias.name in SENDS}
+    return list(source_tree.audited_files())
 
 
 def signalling_calls(path: Path, rel: str) -> list[tuple[str, int, str]]:
     """(file, line, call) of each use in `path` of something that can send a signal, called or not (`send =
     os.kill`, `partial(os.kill, ...)` send later): any method or module function of a sending name (os.kill, an
-    aliased module's, a Popen's), a sending function imported under any name, and `getattr(_, "kill")`."""
+    aliased module's, a Popen's), a sending function of os or signal under any name (an alias, a star import, the
+    C modules posix and _signal behind them), one fetched by a string (`getattr(os, "kill")`, `getattr(os, name)`,
+    `os.__dict__["kill"]`), and a raw system call (ctypes' `libc.syscall(62, pid, sig)` is kill(2))."""
     module = source_tree.tree(path)
-    bare = imported_senders(module)
+    names = audit_calls.qualified_names(module)
     calls = []
-    for node in ast.walk(module):
-        if (isinstance(node, ast.Attribute) and node.attr in SENDS) or (
-                isinstance(node, ast.Name) and node.id in bare and isinstance(node.ctx, ast.Load)):
+    for node in audit_calls.nodes(module):
+        if isinstance(node, ast.Attribute) and node.attr in SENDS | {"syscall"}:
             calls.append((rel, node.lineno, ast.unparse(node)))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in SENDS):
-            calls.append((rel, node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names:
+            of, _, function = names[node.id].rpartition(".")
+            if of in SIGNAL_MODULES and function in SENDS:
+                calls.append((rel, node.lineno, ast.unparse(node)))
+    for line, of, name in audit_calls.dynamic_lookups(module, SIGNAL_MODULES, names):
+        if name is None or name in SENDS:
+            calls.append((rel, line, f"{of}.{name or '<a name not spelled out>'}"))
     return sorted(calls, key=lambda c: c[1])
 
 
@@ -71,7 +69,7 @@ def outside_the_module(files: list[Path], wrappers: Counter = WRAPPER_CALLS) -> 
     differs from the calls found (a stale or a new one)."""
     found, seen = [], Counter()
     for path in files:
-        rel = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.name
+        rel = source_tree.relative(path)
         if rel == THE_MODULE:
             continue
         for _, line, call in signalling_calls(path, rel):
@@ -96,24 +94,19 @@ KILL_COMMANDS = {"scancel", "kill", "pkill", "killall", "skill", "kill-session",
                  "kill-pane"}
 """Programs (and tmux's, systemctl's subcommands) that signal processes: Slurm's scancel, the shell's kill, tmux
 kill-session (every process in the session), `systemctl kill`."""
-SHELL_RUNNERS = {"system", "popen", "run", "Popen", "call", "check_call", "check_output", "getoutput",
-                 "getstatusoutput"}
 
 
 def kill_commands(path: Path) -> list[int]:
     """Lines of `path` where a command that signals processes is built in code, not in prose: one of
-    KILL_COMMANDS as an element of a list or a tuple (an argv: `["scancel", ...]`, `["tmux", "kill-session", ...]`),
-    or first in a string given to a shell runner (`os.system("kill -9 ...")`)."""
+    KILL_COMMANDS (by its basename: /bin/kill is kill) as an element of a list or a tuple (an argv: `["scancel",
+    ...]`, `["tmux", "kill-session", ...]`), or any word of a command given to a call that starts a process (a shell
+    string, an f-string, an argv, a name assigned the program: audit_calls.spawned_commands)."""
     module = source_tree.tree(path)
-    lines = []
-    for node in ast.walk(module):
-        if isinstance(node, (ast.List, ast.Tuple)):
-            lines += [e.lineno for e in node.elts if isinstance(e, ast.Constant) and e.value in KILL_COMMANDS]
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and isinstance(
-                node.args[0].value, str) and node.args[0].value.split()[:1] and (
-                (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None))
-                in SHELL_RUNNERS) and node.args[0].value.split()[0] in KILL_COMMANDS:
-            lines.append(node.lineno)
+    lines = {e.lineno for node in audit_calls.nodes(module) if isinstance(node, (ast.List, ast.Tuple))
+             for e in node.elts
+             if isinstance(e, ast.Constant) and isinstance(e.value, str)
+             and e.value.rsplit("/", 1)[-1] in KILL_COMMANDS}
+    lines |= {line for line, words in audit_calls.spawned_commands(module) if KILL_COMMANDS & set(words)}
     return sorted(lines)
 
 
@@ -147,7 +140,7 @@ def test_the_listing_sees_each_way_to_send(tmp_path):
     calls = [call for _, _, call in signalling_calls(bad, "daemon/bad.py")]
     assert calls == ["os.kill", "os.killpg", "signal.pidfd_send_signal", "proc.send_signal", "proc.terminate",
                      "proc.kill", "kill", "o.kill", "kp", "pk", "signal.raise_signal", "os.kill", "os.killpg",
-                     "getattr(os, 'kill')"]
+                     "os.kill"]  # the last: getattr(os, 'kill')
     assert len(signalling_calls(REPO / THE_MODULE, THE_MODULE)) >= 3  # procs.py itself sends: the scan sees it
 
 
@@ -159,3 +152,56 @@ def test_a_wrapper_entry_whose_call_is_gone_or_doubled_fails(tmp_path):
     assert outside_the_module([one], wrappers) == ["gone.py: self.kill(...) x0, listed in WRAPPER_CALLS x1",
                                                    "one.py: child.kill(...) x2, listed in WRAPPER_CALLS x1"]
     assert outside_the_module([one], Counter({("one.py", "child.kill"): 2})) == []
+
+
+ESCAPES = '''\
+import asyncio, ctypes, os, subprocess
+from os import *
+from posix import kill as pk
+from _signal import pthread_kill as ptk
+
+def f(pid, sig, lib, name):
+    kill(pid, 9)
+    pk(pid, 9)
+    ptk(1, 9)
+    getattr(os, "ki" + "ll")(pid, 9)
+    os.__dict__["kill"](pid, 9)
+    ctypes.CDLL(None).syscall(62, pid, 9)
+    os.system(f"kill -9 {pid}")
+    subprocess.run(["/bin/kill", "-9", str(pid)])
+    subprocess.run(f"scancel {name}", shell=True)
+    asyncio.create_subprocess_exec("kill", "-9", str(pid))
+    os.spawnlp(os.P_WAIT, "kill", "kill", "-9", str(pid))
+    cmd = "pkill"; subprocess.run([cmd, "-f", "x"])
+    subprocess.run(["env", "pkill", "-f", "x"])
+    os.system("true; kill 1")
+'''
+
+
+def test_every_other_spelling_of_a_signal_is_seen(tmp_path):
+    """A sending function reached through a star import, the C modules behind os and signal, a name built at run
+    time, the module's __dict__ or a raw system call; a kill command by its full path, in an f-string, given to
+    asyncio, os.spawn* or a name, or after another command: each is listed."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(ESCAPES, encoding="utf-8")
+    assert [(line, call) for _, line, call in signalling_calls(bad, "daemon/bad.py")] == [
+        (7, "kill"), (8, "pk"), (9, "ptk"), (10, "os.<a name not spelled out>"), (11, "os.kill"),
+        (12, "ctypes.CDLL(None).syscall")]
+    assert kill_commands(bad) == [13, 14, 15, 16, 17, 18, 19, 20]
+
+
+def test_the_backstop_sees_a_signal_the_code_sends_outside_procs(signals_sent_through_procs):
+    """conftest's autouse fixture: a function of the code outside procs.py that sends signal 0 (harmless) to this
+    process or thread, by os.kill however reached or by pthread_kill, is noted with its file and line; the same from
+    procs.py or a test is not."""
+    planted: dict = {}
+    exec(compile("import os, signal, threading\ndef send(pid):\n    getattr(os, 'ki' + 'll')(pid, 0)\n"
+                 "def to_thread():\n    signal.pthread_kill(threading.get_ident(), 0)\n",
+                 str(REPO / "daemon" / "planted.py"), "exec"), planted)
+    planted["send"](os.getpid())
+    planted["to_thread"]()
+    procs.signal_self(0)
+    os.kill(os.getpid(), 0)  # a test may
+    found, signals_sent_through_procs[:] = list(signals_sent_through_procs), []
+    assert found == [f"daemon/planted.py:3: os.kill({os.getpid()}, 0)",
+                     f"daemon/planted.py:5: signal.pthread_kill({threading.get_ident()}, 0)"]

@@ -1,65 +1,103 @@
 """Every Python process minilmd starts is built by minilmd/pychild.py (`-P`, PYTHONSAFEPATH, the working directory
 "/"), so that no directory another user can write comes first on its import path.
 
-The test lists each use of the running interpreter's path (`sys.executable`, `from sys import executable` under any
-name) and each command that names a Python or torchrun by a string in code (an argv's first element, or the first
-word of a shell string) outside pychild.py, and fails on one that is not reviewed below, with its reason. A new
-way to start Python goes through pychild.python_argv / module_argv, or is added here with why it is safe.
+The test reads the code and the scripts (source_tree.audited_files) and lists each use of the running interpreter's
+path (sys.executable, sys._base_executable, sys.orig_argv, /proc/self/exe, shutil.which("python3"), under any name),
+each command that names a Python or torchrun by a string in code (an argv's element by its basename, any word of a
+command given to subprocess, os.system, os.exec*/spawn* or asyncio, f-strings and names holding the program
+included), and each pychild argv handed to such a call itself rather than to pychild.run/popen (which set its
+environment and working directory with it), outside pychild.py, and fails on one that is not reviewed below, with
+its reason. A new way to start Python goes through pychild.run / popen, or is added here with why it is safe.
 """
 from __future__ import annotations
 
 import ast
+import os
+import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
+import audit_calls
 import source_tree
+from minilmd import pychild
 
 THE_MODULE = "minilmd/pychild.py"
-PYTHONS = {"python", "python3", "torchrun", "python3.10", "python3.11", "python3.12", "python3.13"}
+PYTHON = re.compile(r"(python|pypy)[0-9.]*|torchrun")
+"""A program that is a Python (by its basename: /usr/bin/python3.12 too) or torchrun."""
+INTERPRETER = {"executable", "_base_executable", "orig_argv"}
+"""sys's names for this interpreter (sys.orig_argv[0] is it)."""
+ARGV_BUILDERS = {"minilmd.pychild.python_argv", "minilmd.pychild.module_argv"}
 REVIEWED = Counter({
     # exec of this same process (same pid) with the supervisor's identity in its environment: sys.orig_argv keeps
     # the flags it was started with, and the `minilmd` console script's sys.path[0] is the venv's bin/
     ("minilmd/procs.py", "sys.executable"): 2,
+    ("minilmd/procs.py", "sys.orig_argv"): 1,
+    **{(script, "sys.executable"): n for script, n in {
+        # The reference MiniMind's training scripts (train_pretrain.py, train_full_sft.py, train_dpo.py), which
+        # import their own modules (model/, dataset/) from their directory: run there, as their README says, in a
+        # copy the device check made of them under its --work directory. What they import is that copy's.
+        "scripts/gpu_check_sidebyside.py": 1, "scripts/gpu_check_sft.py": 1, "scripts/gpu_check_dpo.py": 1,
+        "scripts/dpo_steps_sidebyside.py": 1,  # its --python (default this interpreter) for the reference's side
+        # gpu-check running one of its own parts (`gpu-check --part NAME`: sys.path[0] is the checkout's scripts/,
+        # the script's own directory, whose modules it imports).
+        "scripts/gpu-check": 1}.items()},
 })
 
 
-SHELL_RUNNERS = {"system", "popen", "run", "Popen", "call", "check_call", "check_output", "getoutput",
-                 "getstatusoutput"}
+def _is_python(word: str) -> bool:
+    return PYTHON.fullmatch(word.rsplit("/", 1)[-1]) is not None
 
 
-def _runner(func: ast.expr) -> str | None:
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+def _pychild_argvs(module: ast.Module, names: dict[str, str]) -> tuple[set[int], set[str]]:
+    """The calls that build a pychild argv (by id) and the local names assigned one (`cmd = module_argv(...)`)."""
+    calls = {id(n) for n in audit_calls.nodes(module)
+             if isinstance(n, ast.Call) and audit_calls.dotted(n.func, names) in ARGV_BUILDERS}
+    held = {t.id for n in audit_calls.nodes(module) if isinstance(n, ast.Assign)
+            and any(id(c) in calls for c in ast.walk(n.value)) for t in n.targets if isinstance(t, ast.Name)}
+    return calls, held
 
 
 def interpreter_uses(path: Path, rel: str) -> list[tuple[str, int, str]]:
-    """(file, line, what) of each use of the interpreter's path, and of each Python named by a string as a command."""
+    """(file, line, what) of each use of the interpreter's path (sys.executable, sys._base_executable,
+    sys.orig_argv, /proc/self/exe, shutil.which("python3"), under any name), of each Python named by a string as a
+    command (an argv's element, a word of a command given to subprocess, os.system, os.exec*/spawn*, asyncio,
+    f-strings and names assigned the program included: audit_calls.spawned_commands), and of a pychild argv
+    handed to such a call directly, not to pychild.run/popen (its environment and working directory unset)."""
     module = source_tree.tree(path)
-    bare = {alias.asname or alias.name for node in ast.walk(module)
-            if isinstance(node, ast.ImportFrom) and node.module == "sys" for alias in node.names
-            if alias.name == "executable"}
-    sys_names = {"sys"} | {alias.asname for node in ast.walk(module) if isinstance(node, ast.Import)
-                           for alias in node.names if alias.name == "sys" and alias.asname}
+    names, constants = audit_calls.qualified_names(module), audit_calls.string_constants(module)
+    argv_calls, argv_names = _pychild_argvs(module, names)
     found = []
-    for node in ast.walk(module):
-        if isinstance(node, ast.Attribute) and node.attr == "executable" and isinstance(node.value, ast.Name) \
-                and node.value.id in sys_names:
-            found.append((rel, node.lineno, "sys.executable"))
-        elif isinstance(node, ast.Name) and node.id in bare and isinstance(node.ctx, ast.Load):
-            found.append((rel, node.lineno, "sys.executable"))
-        elif isinstance(node, (ast.List, ast.Tuple)) and node.elts and isinstance(node.elts[0], ast.Constant) \
-                and isinstance(node.elts[0].value, str) and node.elts[0].value in PYTHONS:
-            found.append((rel, node.lineno, node.elts[0].value))
-        elif isinstance(node, ast.Call) and _runner(node.func) in SHELL_RUNNERS and node.args \
-                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str) \
-                and node.args[0].value.split()[:1] and node.args[0].value.split()[0] in PYTHONS:
-            found.append((rel, node.lineno, node.args[0].value.split()[0]))
+    for node in audit_calls.nodes(module):
+        name = audit_calls.dotted(node, names) if isinstance(node, (ast.Name, ast.Attribute)) else None
+        if name and name.startswith("sys.") and name[4:] in INTERPRETER and (
+                not isinstance(node, ast.Name) or isinstance(node.ctx, ast.Load)):
+            found.append((rel, node.lineno, name))
+        elif isinstance(node, ast.Constant) and node.value == "/proc/self/exe":
+            found.append((rel, node.lineno, "/proc/self/exe"))
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            found += [(rel, e.lineno, word) for e in node.elts if isinstance(e, (ast.Constant, ast.Name))
+                      for word in audit_calls.command_words(e, constants)[:1] if _is_python(word)]
+        elif isinstance(node, ast.Call):
+            if audit_calls.dotted(node.func, names) == "shutil.which" and node.args and \
+                    isinstance(node.args[0], ast.Constant) and _is_python(str(node.args[0].value)):
+                found.append((rel, node.lineno, f"shutil.which({node.args[0].value!r})"))
+            if audit_calls.spawner(node, names) is None:
+                continue
+            if not (node.args and isinstance(node.args[0], (ast.List, ast.Tuple))):  # a list's: seen as a list
+                words = audit_calls.command_of(node, names, constants)
+                found += [(rel, node.lineno, w) for w in dict.fromkeys(words) if _is_python(w)]
+            if any(id(n) in argv_calls or (isinstance(n, ast.Name) and n.id in argv_names)
+                   for arg in node.args[:1] for n in ast.walk(arg)):
+                found.append((rel, node.lineno, "a pychild argv not given to pychild.run/popen"))
     return sorted(found, key=lambda f: f[1])
 
 
 def unreviewed(files, reviewed: Counter = REVIEWED) -> list[str]:
     seen, problems = Counter(), []
     for path in files:
-        rel = path.relative_to(source_tree.REPO).as_posix() if path.is_relative_to(source_tree.REPO) else path.name
+        rel = source_tree.relative(path)
         if rel == THE_MODULE:
             continue
         for _, line, what in interpreter_uses(path, rel):
@@ -73,7 +111,7 @@ def unreviewed(files, reviewed: Counter = REVIEWED) -> list[str]:
 
 
 def test_every_python_child_is_built_by_pychild():
-    problems = unreviewed(source_tree.code_files())
+    problems = unreviewed(source_tree.audited_files())
     assert not problems, ("a Python started outside minilmd/pychild.py (its import path may then hold a directory "
                           "another user can write), or a review to update:\n" + "\n".join(problems))
     assert interpreter_uses(source_tree.REPO / THE_MODULE, THE_MODULE)  # the scan sees the one place
@@ -89,5 +127,55 @@ def test_the_scan_sees_each_way_to_name_a_python(tmp_path):
                    '    events.emit("python", "a word, not a command")\n', encoding="utf-8")
     assert [(line, what) for _, line, what in interpreter_uses(bad, "bad.py")] == [
         (5, "sys.executable"), (6, "sys.executable"), (7, "python3"), (8, "torchrun")]
-    assert unreviewed([bad]) == ["bad.py:5: sys.executable", "bad.py:6: sys.executable", "bad.py:7: python3",
-                                 "bad.py:8: torchrun", "minilmd/procs.py: sys.executable x0, reviewed x2"]
+    reviewed = Counter({("minilmd/procs.py", "sys.executable"): 2})
+    assert unreviewed([bad], reviewed) == ["bad.py:5: sys.executable", "bad.py:6: sys.executable",
+                                           "bad.py:7: python3", "bad.py:8: torchrun",
+                                           "minilmd/procs.py: sys.executable x0, reviewed x2"]
+
+
+ESCAPES = """\
+import asyncio, os, shutil, subprocess, sys
+from minilmd import pychild
+from minilmd.pychild import module_argv
+
+def f(script, pid):
+    subprocess.run([sys._base_executable, "-m", "x"])
+    subprocess.run([os.path.realpath("/proc/self/exe"), "-c", "1"])
+    subprocess.run([shutil.which("python3"), "-m", "x"])
+    subprocess.run(["/usr/bin/python3", "-m", "x"])
+    subprocess.run(["env", "python3", "-m", "x"])
+    subprocess.run(f"python3.12 {script}", shell=True)
+    asyncio.create_subprocess_exec("python3", "-m", "x")
+    os.execv(sys.orig_argv[0], sys.orig_argv)
+    os.execlp("python3", "python3", "-m", "x")
+    py = "pypy3"; subprocess.run([py, "-m", "x"])
+    subprocess.run(pychild.module_argv("minilmd.cli", "prepare"))
+    cmd = module_argv("minilmd.cli")
+    subprocess.Popen(cmd, cwd="/")
+    pychild.run(pychild.module_argv("minilmd.cli", "prepare"))
+"""
+
+
+def test_every_other_spelling_of_a_python_is_seen(tmp_path):
+    """The venv's base interpreter, /proc/self/exe, shutil.which, a full path, a Python after env, an f-string, asyncio,
+    sys.orig_argv, os.exec*, a name holding the program; and a pychild argv given to subprocess itself (without
+    pychild's environment and working directory): each is listed; pychild.run is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(ESCAPES, encoding="utf-8")
+    assert [(line, what) for _, line, what in interpreter_uses(bad, "bad.py")] == [
+        (6, "sys._base_executable"), (7, "/proc/self/exe"), (8, "shutil.which('python3')"), (9, "python3"),
+        (10, "python3"), (11, "python3.12"), (12, "python3"), (13, "sys.orig_argv"), (13, "sys.orig_argv"),
+        (14, "python3"), (15, "pypy3"), (16, "a pychild argv not given to pychild.run/popen"),
+        (18, "a pychild argv not given to pychild.run/popen")]
+
+
+def test_pychild_sets_the_environment_and_the_working_directory(tmp_path):
+    """pychild.run gives the child PYTHONSAFEPATH=1 and "/", or the caller's directory with keep_cwd; a cwd= of the
+    caller's own is refused (it would undo the guard)."""
+    code = "import os; print(os.getcwd(), os.environ.get('PYTHONSAFEPATH'))"
+    done = pychild.run(pychild.python_argv("-c", code), env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert done.stdout.split() == [pychild.CHILD_CWD, "1"]
+    kept = pychild.run(pychild.python_argv("-c", code), keep_cwd=True, capture_output=True, text=True)
+    assert kept.stdout.split() == [os.getcwd(), "1"]
+    with pytest.raises(TypeError, match="keep_cwd"):
+        pychild.run(pychild.python_argv("-c", code), cwd=tmp_path)

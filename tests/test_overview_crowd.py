@@ -57,7 +57,7 @@ def test_a_thousand_runs_of_one_user_are_one_line_in_roots_overview(place):
     lines = out.getvalue().splitlines()
     assert len(lines) < 10, lines[:30]
     assert lines[0].split()[:2] == ["RUN", "PHASE"] and lines[1].split()[0] == "root-run", lines
-    assert "user nobody: 1000 runs in one line (0 running; vanished 1000)" in out.getvalue(), out.getvalue()
+    assert "user nobody (uid 65534): 1000 runs in one line (0 running; vanished 1000)" in out.getvalue(), out.getvalue()
 
     listed = io.StringIO()
     assert overview.status_all(as_json=True, out=listed) == 0

@@ -1,5 +1,6 @@
 """One owner rule: every "is this file ours" check of minilmd asks minilmd/perms.py (own_uid, owned_by_me,
-owned_by_me_or_root), none asks os.geteuid() itself.
+owned_by_me_or_root, owner_in, LearntOwners), none asks os.geteuid(), os.getuid() or os.getresuid() itself (the real
+uid, for whom a process acts towards others, is perms.signal_uid) nor compares a file's st_uid by hand.
 
 Before, scratch, the supervisor lock, the lease files and their directory, the registry, the Prometheus textfile,
 the demo and perms.settle_new_file each compared with os.geteuid() by hand. Here perms.own_uid is faked to another
@@ -93,9 +94,9 @@ def test_a_lease_file_of_this_process_is_read_only_under_another_own_uid(tmp_pat
 def test_the_prometheus_textfile_of_this_process_is_not_replaced_under_another_own_uid(tmp_path, monkeypatch):
     textfile = tmp_path / "minilmd.prom"
     textfile.write_text("")
-    assert prometheus.not_ours(textfile) is None
+    assert prometheus.why_not_replaced(textfile) is None
     fake_own_uid(monkeypatch, someone_else(textfile))
-    assert "not to this run's user" in (prometheus.not_ours(textfile) or "")
+    assert "not to this run's user" in (prometheus.why_not_replaced(textfile) or "")
 
 
 def test_the_demo_leaves_a_directory_that_is_not_yours_under_another_own_uid(tmp_path, monkeypatch):
@@ -149,32 +150,72 @@ def test_the_system_registry_is_judged_by_own_uid(neither_roots, monkeypatch):
     assert not registry._safe_shared_dir(folder)
 
 
-# --- no module asks os.geteuid() but perms.py ----------------------------------------------------------------------
+# --- no module asks the process's uids, or compares a file's owner, but perms.py ------------------------------------
 
-def geteuid_calls(path: Path) -> list[int]:
-    """The lines of a module that name os.geteuid (called or passed), or import geteuid from os or posix."""
-    tree = source_tree.tree(path)
+UID_CALLS = {"geteuid", "getuid", "getresuid", "getfsuid"}
+"""The process's uids by every name os and posix give them: own_uid and signal_uid ask them, nothing else does."""
+UID_MODULES = ("os", "posix")
+
+
+def owner_escapes(path: Path) -> list[int]:
+    """The lines of a module that ask for the process's uids itself (os.getuid, os.getresuid, os.geteuid, called or
+    passed, imported from os or posix, or reachable through a star import of either) or compare a file's owner
+    (st_uid) by hand: each belongs in minilmd/perms.py (own_uid, signal_uid, owned_by_me, owner_in)."""
     found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == "geteuid":
+    for node in ast.walk(source_tree.tree(path)):
+        if isinstance(node, ast.Attribute) and node.attr in UID_CALLS:
             found.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.module in ("os", "posix"):
-            found += [node.lineno for alias in node.names if alias.name == "geteuid"]
-    return sorted(found)
+        elif isinstance(node, ast.Name) and node.id in UID_CALLS:
+            found.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module in UID_MODULES:
+            found += [node.lineno for alias in node.names if alias.name in UID_CALLS | {"*"}]
+        elif isinstance(node, ast.Compare) and any(
+                isinstance(part, ast.Attribute) and part.attr == "st_uid"
+                for operand in (node.left, *node.comparators) for part in ast.walk(operand)):
+            found.append(node.lineno)
+    return sorted(set(found))
 
 
-def test_no_module_but_perms_asks_os_geteuid():
+def test_no_module_but_perms_asks_the_uids_or_compares_an_owner():
     found = {f"{path.relative_to(REPO)}:{line}"
              for folder in CODE_FOLDERS for path in sorted(folder.rglob("*.py")) if path.name != "perms.py"
-             for line in geteuid_calls(path)}
-    assert found == set(), "use minilmd.perms (own_uid, owned_by_me, owned_by_me_or_root) instead"
-    assert geteuid_calls(REPO / "minilmd" / "perms.py")  # the one place it is asked
+             for line in owner_escapes(path)}
+    assert found == set(), "use minilmd.perms (own_uid, signal_uid, owned_by_me, owned_by_me_or_root, owner_in)"
+    assert owner_escapes(REPO / "minilmd" / "perms.py")  # the one place they are asked
 
 
-def test_the_geteuid_guard_sees_each_spelling(tmp_path):
+def test_the_owner_guard_sees_each_spelling(tmp_path):
+    """The spellings the construction audit slipped past the geteuid-only guard (/tmp/audit-construct/
+    owner_escapes.py): the real uid, getresuid, a star import, another process's owner compared by hand."""
     module = tmp_path / "m.py"
-    module.write_text("import os\nfrom os import geteuid\nuid = os.geteuid()\nask = os.geteuid\n")
-    assert geteuid_calls(module) == [2, 3, 4]
+    module.write_text("import os\n"
+                      "from os import *\n"                                   # 2
+                      "from posix import getuid\n"                           # 3
+                      "\n"
+                      "def mine(p):\n"
+                      "    st = os.lstat(p)\n"
+                      "    return (st.st_uid == os.getuid()\n"                 # 7
+                      "            or st.st_uid == os.getresuid()[1]\n"        # 8
+                      "            or st.st_uid == geteuid()\n"                # 9
+                      "            or st.st_uid == os.stat('/proc/self').st_uid)\n"  # 10
+                      "ask = os.geteuid\n"                                    # 11
+                      "uid = os.lstat('/').st_uid\n")                         # 12: read, not compared
+    assert owner_escapes(module) == [2, 3, 7, 8, 9, 10, 11]
+
+
+def test_the_remotes_owner_check_follows_own_uid(tmp_path, monkeypatch):
+    """The uids a sync counts as its own on a remote (remote_write.OWN_UIDS) ask perms.own_uid at every look: before,
+    a set taken at import kept the real uid "ours" after own_uid said otherwise (why_foreign, then named not_ours,
+    said None for a directory that owned_by_me called another user's)."""
+    from minilmd.daemon.jobs import remote_write
+
+    step = tmp_path / "step-00000010"
+    step.mkdir()
+    assert remote_write.why_foreign(str(step)) is None
+    fake_own_uid(monkeypatch, someone_else(step))
+    assert not perms.owned_by_me(os.lstat(step))
+    assert f"owned by uid {os.lstat(step).st_uid}" in (remote_write.why_foreign(str(step)) or "")
+    assert remote_write.not_made_here(str(step)) is not None  # not removed nor set aside either
 
 
 # --- "others can rearrange": the one rule for a directory whose entries must stay as this run left them -----------

@@ -108,7 +108,7 @@ def test_one_bad_entry_blinds_nobody(place):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     runs = [line.split()[0] for line in done.stdout.splitlines()[1:] if line.split()[0] in ("n-run", "r-run")]
     assert runs == ["n-run", "r-run"], done.stdout
-    assert "4 entries of user nobody unreadable" in done.stdout, done.stdout
+    assert f"4 entries of user nobody (uid {place.uid}) unreadable" in done.stdout, done.stdout
     assert "(nested deeper than 4)" in done.stdout and "(a FIFO)" in done.stdout, done.stdout
 
     theirs = place.as_nobody("from minilmd.daemon.views import overview\noverview.status_all()\n").stdout
@@ -217,4 +217,5 @@ def test_one_user_flooding_the_registry_is_capped(place, monkeypatch):
     scan = registry.scan()
     assert sorted(e.name for e in scan.entries if e.uid == place.uid) == [f"flood-{i:02d}" for i in range(5)]
     assert "r-run" in [e.name for e in scan.entries]
-    assert any("user nobody has 12 entries" in note and "first 5" in note for note in scan.notes), scan.notes
+    flood = f"user nobody (uid {place.uid}) has 12 entries"
+    assert any(flood in note and "first 5" in note for note in scan.notes), scan.notes

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from in_process import train_in_process
 from minilmd.config import load_config
 from minilmd.protocol import EXIT_DATA, SUPERVISOR_CONFIG
 from reliability_helpers import copy_corpus
 from supervisor_helpers import cli, env_for, start_supervisor, state, step_of_state, wait_for, write_config
-from trainer_corpus import child_env
 
 # Every test runs real `minilmd` processes (about 0.4 s each for a prepare, seconds for a run): the slow tier. The
 # fast tier keeps each bad-line kind in process and one exit 65 through the CLI (test_prepare.py).
@@ -190,8 +190,7 @@ def test_bad_prepared_data_is_a_final_data_error_in_train_and_run(tmp_path, corp
     config = write_config(tmp_path, (bad, corpus[1]), remote=False)
     cfg = load_config(config)
     cfg.run_dir.mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", str(config)], capture_output=True,
-                         text=True, timeout=120, env=child_env())
+    out = train_in_process(config)  # the test's process: nothing signals it (tests/in_process.py)
     assert out.returncode == EXIT_DATA, out.stdout[-2000:] + out.stderr[-2000:]
     assert fragment in out.stdout + out.stderr and "Traceback" not in out.stdout + out.stderr
 

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from in_process import train_in_process
 from minilmd import checkpoint, checkpoint_dirs
 from minilmd.config import load_config
 from minilmd.names import QUARANTINE, REASON_FILE
 from reliability_helpers import event_texts, fake_weights_of, remote_of_an_earlier_run, undisturbed_fake_weights
-from supervisor_helpers import env_for, run_supervisor, state, write_config
+from supervisor_helpers import run_supervisor, state, write_config
 
 pytestmark = pytest.mark.slow  # every test runs supervised runs end to end
 
@@ -37,8 +38,7 @@ def model_sha(ckpt: Path) -> str:
 
 
 def train(config: Path) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "minilmd.cli", "train", str(config)], env=env_for(fake=False),
-                         capture_output=True, text=True, timeout=300)
+    out = train_in_process(config)  # the test's process: no signal or fault here (tests/in_process.py)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return out
 

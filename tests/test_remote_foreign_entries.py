@@ -92,16 +92,15 @@ def test_a_lora_run_whose_base_copy_another_user_blocks_is_not_done_silently(tmp
     assert again == 2, (tmp_path / "supervisor.out").read_text()[-2000:]
 
 
-def test_learning_the_owner_the_share_gives_leaves_nothing_and_uses_a_name_a_syncs_clean_up_knows(tmp_path):
-    from minilmd import names
+def test_learning_the_owner_the_share_gives_leaves_nothing_and_uses_a_name_a_syncs_clean_up_knows(tmp_path,
+                                                                                                  monkeypatch):
+    from minilmd import names, perms
     from minilmd.daemon.jobs import remote_write
 
-    remote_write.OWN_UIDS.discard(os.geteuid())
-    try:
-        remote_write.learn_own_uid(str(tmp_path))
-        assert os.geteuid() in remote_write.OWN_UIDS  # what this share gives this process's files
-    finally:
-        remote_write.OWN_UIDS.add(os.geteuid())
+    monkeypatch.setattr(remote_write, "OWN_UIDS", perms.LearntOwners())
+    monkeypatch.setattr(perms, "own_uid", lambda: os.geteuid() + 1)  # as if the share gave this process's files another
+    assert remote_write.learn_own_uid(str(tmp_path))
+    assert os.geteuid() in remote_write.OWN_UIDS  # what this share gives this process's files
     assert list(tmp_path.iterdir()) == []
     probe = names.atomic_tmp_prefix(names.LATEST) + names.pointer_tmp_tag(names.host_tag(), os.getpid()) + "owner.tmp"
     assert names.remote_tmp_owner(probe, names.host_tag()) == os.getpid()  # a killed probe's leftover is swept

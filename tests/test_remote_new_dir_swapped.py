@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from minilmd import perms
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs.remote_local import open_remote
 
@@ -27,7 +28,7 @@ def show(*names: str) -> str:
 def root(tmp_path, monkeypatch):
     if os.geteuid() != 0:
         pytest.skip("the other user's directory is a chown: needs root")
-    monkeypatch.setattr(remote_write, "OWN_UIDS", {os.geteuid()})  # what this process learns stays in this test
+    monkeypatch.setattr(remote_write, "OWN_UIDS", perms.LearntOwners())  # what this process learns stays in this test
     remote = tmp_path / "remote"
     remote.mkdir()
     return remote

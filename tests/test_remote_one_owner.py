@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import names
+from minilmd import names, perms
 from minilmd.daemon.jobs import remote_write
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.sync import Syncer, SyncError
@@ -63,7 +63,7 @@ def squashing(monkeypatch):
     this process, then given SQUASHED (new entries only), which OWN_UIDS holds, as on an all_squash share."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the other user's entries are given another uid")
-    monkeypatch.setattr(remote_write, "OWN_UIDS", {os.geteuid(), SQUASHED})
+    monkeypatch.setattr(remote_write, "OWN_UIDS", perms.LearntOwners(SQUASHED))
 
     def make(command: str, cwd: Path) -> None:
         before = set(os.listdir(cwd))
@@ -149,7 +149,7 @@ def test_on_a_squashing_share_another_users_entries_are_left(tmp_path, weights, 
     if (reason := unavailable_fuse()) or os.geteuid() != 0:
         pytest.skip(reason or "needs root: the share maps root to nobody")
     nobody = second_user()[0]
-    monkeypatch.setattr(remote_write, "OWN_UIDS", {os.getuid()})  # what this process learns stays in this test
+    monkeypatch.setattr(remote_write, "OWN_UIDS", perms.LearntOwners())  # what this process learns stays in this test
     backing, share = tmp_path / "backing", tmp_path / "share"
     backing.mkdir()
     share.mkdir()
@@ -172,7 +172,7 @@ def test_a_directory_whose_mark_cannot_be_written_is_not_left_behind(tmp_path, w
 
     if (reason := unavailable_fuse()) or os.geteuid() != 0:
         pytest.skip(reason or "needs root: the share maps root to nobody")
-    monkeypatch.setattr(remote_write, "OWN_UIDS", {os.getuid()})
+    monkeypatch.setattr(remote_write, "OWN_UIDS", perms.LearntOwners())
     backing, share, local = tmp_path / "backing", tmp_path / "share", tmp_path / "scratch"
     backing.mkdir()
     share.mkdir()

@@ -23,7 +23,7 @@ def test_a_temp_file_swapped_after_the_look_is_left(tmp_path, monkeypatch):
     remote = open_remote(str(root))
     remote.makedirs()
     (root / NAME).write_text("step-00000005\n")
-    judge = remote_write.not_ours
+    judge = remote_write.why_foreign
 
     def judged_then_swapped(path, *args, **kwargs):
         why = judge(path, *args, **kwargs)
@@ -33,7 +33,7 @@ def test_a_temp_file_swapped_after_the_look_is_left(tmp_path, monkeypatch):
             os.chown(root / NAME, OTHER, OTHER)
         return why
 
-    monkeypatch.setattr(remote_write, "not_ours", judged_then_swapped)
+    monkeypatch.setattr(remote_write, "why_foreign", judged_then_swapped)
     left = remote.rm(NAME, file=True)
     assert left is not None and "not removed" in left, left
     assert (root / NAME).read_text() == "his\n"

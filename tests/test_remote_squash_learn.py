@@ -22,7 +22,7 @@ import os
 
 import pytest
 
-from minilmd import names
+from minilmd import names, perms
 from minilmd.daemon.jobs import remote_claim, remote_write
 from minilmd.daemon.jobs.sync import Syncer, SyncError
 from minilmd.names import LATEST
@@ -44,7 +44,7 @@ def squash_share(tmp_path, monkeypatch):
     if (reason := unavailable_fuse()) or os.geteuid() != 0:
         pytest.skip(reason or "needs root: the share maps root to nobody")
     nobody = second_user()[0]
-    monkeypatch.setattr(remote_write, "OWN_UIDS", {os.getuid()})
+    monkeypatch.setattr(remote_write, "OWN_UIDS", perms.LearntOwners())
     backing, share = tmp_path / "backing", tmp_path / "share"
     backing.mkdir()
     share.mkdir()
@@ -54,7 +54,7 @@ def squash_share(tmp_path, monkeypatch):
 
 def fresh_process(monkeypatch) -> None:
     """What a restarted supervisor knows of the share: nothing learnt yet."""
-    monkeypatch.setattr(remote_write, "OWN_UIDS", {os.getuid()})
+    monkeypatch.setattr(remote_write, "OWN_UIDS", perms.LearntOwners())
 
 
 def test_a_remote_below_the_shares_top_stays_usable_after_the_sync_made_its_parent(

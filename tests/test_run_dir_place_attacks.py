@@ -88,7 +88,7 @@ def test_a_run_dir_of_another_user_full_of_links_to_her_files_is_refused_and_not
     config = write_config(tmp_path, corpus, name="lured", remote=False, run={"dir": str(his_run)})
 
     _refused_by_check_and_launch(config, f"run.dir {his_run}: the directory {shared / 'x'} above it belongs to "
-                                         f"nobody", "set run.dir to a directory only you (and root) can change")
+                                         f"user nobody", "set run.dir to a directory only you (and root) can change")
     assert {path: path.read_bytes() for path in hers} == hers  # her thesis not zeroed, no event in her notes
     assert _tree(shared) == planted  # nothing made or written in his directory
     assert not load_config(config).scratch_dir.exists()  # refused before scratch was claimed
@@ -107,7 +107,7 @@ def test_a_run_dir_that_is_his_link_to_her_other_run_is_refused_and_that_run_lef
     sh_as_user(f"mkdir -m 755 y && ln -s {other} y/run", cwd=shared)
     config = write_config(tmp_path, corpus, name="taken", remote=False, run={"dir": str(shared / "y" / "run")})
 
-    _refused_by_check_and_launch(config, f"the directory {shared / 'y'} above it belongs to nobody")
+    _refused_by_check_and_launch(config, f"the directory {shared / 'y'} above it belongs to user nobody")
     assert _tree(other) == before  # her run's config and state not replaced, no lock, no events
     assert _registered("taken") == []
 

@@ -81,7 +81,7 @@ def test_a_link_planted_after_the_check_does_not_take_over_her_other_run(tmp_pat
     config = write_config(tmp_path, corpus, name="raced", remote=False, run={"dir": str(shared / "race" / "run")})
     _plant_after(monkeypatch, preflight, "check", f"ln -s {other.parent} race", shared)
     before = _files(other)
-    with pytest.raises(ConfigError, match="symbolic link of nobody"):
+    with pytest.raises(ConfigError, match="symbolic link of user nobody"):
         preflight.launch(str(config))
     assert _files(other) == before
     scratch = load_config(config).scratch_dir
@@ -224,7 +224,7 @@ def test_minilmd_train_claims_no_scratch_for_her_other_run_through_his_link(tmp_
     _plant_after(monkeypatch, train, "load_checked", f"ln -s {other.parent} race", shared)
     before = _files(other)
     assert train.main(str(config)) == SUPERVISOR_CONFIG
-    assert "symbolic link of nobody" in capfd.readouterr().err
+    assert "symbolic link of user nobody" in capfd.readouterr().err
     assert not (load_config(config).scratch_dir / names.SCRATCH_OWNER).exists()
     assert _files(other) == before
 
@@ -238,7 +238,7 @@ def test_the_demo_makes_nothing_through_his_link_planted_after_its_judgement(tmp
     hers = tmp_path / "hers"
     hers.mkdir(mode=0o700)
     _plant_after(monkeypatch, demo, "place_problem", f"ln -s {hers} race", shared)
-    with pytest.raises(SystemExit, match="symbolic link of nobody.*nothing was removed"):
+    with pytest.raises(SystemExit, match="symbolic link of user nobody.*nothing was removed"):
         demo.fresh_start(shared / "race" / "sub" / "demo-run")
     assert list(hers.iterdir()) == []
 
@@ -260,6 +260,6 @@ def test_an_output_directory_is_made_nowhere_through_his_link(tmp_path, shared, 
     hers = tmp_path / "hers"
     hers.mkdir(mode=0o700)
     _plant_after(monkeypatch, dirfd, "place_problem", f"ln -s {hers} race", shared)
-    with pytest.raises(place_rule.PlaceRefused, match="symbolic link of nobody"):
+    with pytest.raises(place_rule.PlaceRefused, match="symbolic link of user nobody"):
         fsio.open_out_dir(shared / "race" / "sub" / "out", "OUT", "the corpus", "choose another")
     assert list(hers.iterdir()) == []

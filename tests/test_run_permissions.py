@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from in_process import train_in_process
 from minilmd.config import ConfigError, config_from_dict
 from minilmd.names import COMPILE_CACHE
 from supervisor_helpers import cli, run_supervisor, write_config
@@ -135,7 +136,7 @@ def test_a_real_run_its_lora_stage_and_their_exports_follow_the_policy_under_uma
     exports = tmp_path / "exports"
     with umask(0o022):
         assert run_supervisor(config, tmp_path, timeout=600, fake=False) == 0
-        trained = cli("train", str(lora), timeout=300, fake=False)
+        trained = train_in_process(lora)  # the test's process, its umask (tests/in_process.py)
         assert trained.returncode == 0, trained.stderr[-2000:]
         for fmt, source, out in (("minimind", "s/remote", "m.pth"), ("hf", "s/remote/BEST", "hf"),
                                  ("peft", "l/scratch/checkpoints", "peft")):
@@ -154,7 +155,7 @@ def test_a_real_run_its_lora_stage_and_their_exports_follow_the_policy_under_uma
 @pytest.mark.slow
 def test_an_export_shared_with_all_is_only_as_open_as_the_umask_lets_it(tmp_path, corpus):
     config = write_config(tmp_path, corpus, name="a", remote=False, train={"max_steps": 2, "checkpoint_every": 2})
-    assert cli("train", str(config), timeout=300, fake=False).returncode == 0
+    assert train_in_process(config).returncode == 0  # the test's process (tests/in_process.py)
     checkpoints = tmp_path / "a" / "scratch" / "checkpoints"
     for mask, out, expected in ((0o022, "open", (0o755, 0o644)), (0o027, "group-only", (0o750, 0o640))):
         with umask(mask):

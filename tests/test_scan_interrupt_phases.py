@@ -32,6 +32,16 @@ def test_ctrl_c_while_report_or_count_workers_start_or_read_says_one_line(tmp_pa
     assert (status, lines) == (130, [f"corpus {command}: interrupted"]), said
 
 
+@pytest.mark.parametrize(("command", "sig"), [("count", signal.SIGTERM), ("report", signal.SIGHUP)])
+def test_sigterm_or_sighup_while_report_or_count_read_acts_as_ctrl_c(tmp_path, corpus, command, sig):
+    """`kill PID`, or the SSH session closed: before, either killed the command without a word (typer's handler
+    caught only Ctrl-C); now each command takes them as prepare and export do (minilmd/corpus/exits.py
+    interruptible)."""
+    status, said = interrupt_at(tmp_path, "scan", [*COMMANDS[command], str(corpus[0]), "--workers", "2"], sig)
+    lines = [line for line in said.splitlines() if line.strip()]
+    assert (status, lines) == (130, [f"corpus {command}: interrupted"]), said
+
+
 def test_sigkill_of_corpus_count_takes_its_reading_workers_with_it(tmp_path, corpus):
     held = tmp_path / "held"
     held.mkdir()

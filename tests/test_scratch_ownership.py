@@ -85,13 +85,13 @@ def test_another_users_directory_where_scratch_goes_is_refused(shared):
     for args in (("run", "--check", str(config)), ("run", str(config))):
         out = shared.users.minilmd("nobody", *args)
         assert out.returncode == SUPERVISOR_CONFIG, text_of(out)
-        assert f"the per-user scratch root {base}/minilmd-{NOBODY.pw_uid} belongs to root (uid 0), not to you " \
-               f"(nobody (uid {NOBODY.pw_uid}))" in text_of(out), text_of(out)
+        assert f"the per-user scratch root {base}/minilmd-{NOBODY.pw_uid} belongs to user root (uid 0), not to you, " \
+               f"user nobody (uid {NOBODY.pw_uid})" in text_of(out), text_of(out)
     # and root never uses a scratch of nobody's, even though it could write there
     theirs = owned_by_nobody(shared.root / "nobodys-scratch")
     mine = shared.config("root", "r", scratch=str(theirs))
     out = shared.users.minilmd("root", "run", str(mine))
-    assert out.returncode == SUPERVISOR_CONFIG and f"run.scratch {theirs} belongs to nobody" in text_of(out)
+    assert out.returncode == SUPERVISOR_CONFIG and f"run.scratch {theirs} belongs to user nobody" in text_of(out)
     assert list(theirs.iterdir()) == []
 
 
@@ -162,4 +162,4 @@ def test_the_demo_leaves_a_scratch_of_another_run_alone(shared):
     theirs = owned_by_nobody(shared.root / "theirs" / "demo-run")
     (theirs / "keep").write_text("x")
     out = demo_start(shared, "root", theirs)
-    assert out.returncode != 0 and "belongs to nobody (uid" in text_of(out) and (theirs / "keep").exists()
+    assert out.returncode != 0 and "belongs to user nobody (uid" in text_of(out) and (theirs / "keep").exists()

@@ -56,7 +56,7 @@ def test_a_scratch_under_a_directory_another_user_can_write_is_refused(shared, h
         assert out.returncode == SUPERVISOR_CONFIG, (args, text_of(out)[-3000:])
         said = text_of(out)
         assert f"run.scratch {parent / 'scratch'}: the directory {parent} above it" in said, said
-        assert ("belongs to nobody" if how == "owned" else "can be written by other users") in said, said
+        assert ("belongs to user nobody" if how == "owned" else "can be written by other users") in said, said
         assert "Traceback" not in said
     assert list(parent.iterdir()) == []
 
@@ -118,10 +118,11 @@ def test_a_scratch_swapped_mid_run_stops_the_run_before_anything_is_staged_or_de
     if swap == "link to her data":
         assert f"it is now a symbolic link to {data};" in said, said
     elif swap == "a copy of it":
-        assert "it is now a directory of device" in said and "owner root (uid 0);" in said, said
+        assert "it is now a directory of device" in said and "owned by user root (uid 0);" in said, said
         assert final["child"] is None and len(final["restarts"]) == 1  # no second attempt started in the copy
     else:
-        assert "it is now a directory of device" in said and f"owner nobody (uid {NOBODY.pw_uid});" in said, said
+        assert "it is now a directory of device" in said, said
+        assert f"owned by user nobody (uid {NOBODY.pw_uid});" in said, said
     assert final["phase"] == "failed" and final["outcome"]["exit"] == SUPERVISOR_CONFIG
     assert "changed since this run claimed it" in (run_dir / "events.jsonl").read_text()
     assert untouched(data)
@@ -164,7 +165,7 @@ def test_no_link_on_the_way_and_no_directory_above_that_another_user_can_change(
     his = tmp_path / "his"
     his.mkdir()
     os.chown(his, NOBODY.pw_uid, NOBODY.pw_gid)
-    assert f"the directory {his} above it belongs to nobody" in _problems(his / "scr", run_dir)
+    assert f"the directory {his} above it belongs to user nobody" in _problems(his / "scr", run_dir)
     for mode, refused in ((0o777, True), (0o775, True), (0o1777, False), (0o755, False)):
         open_dir = tmp_path / f"open-{mode:o}"
         open_dir.mkdir()

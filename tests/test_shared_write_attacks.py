@@ -206,7 +206,10 @@ def test_force_never_deletes_another_corpus_moved_to_its_name(team, tmp_path, de
     replaces only the directory whose identity it checked under the lock: corpA is put back, nothing deleted."""
     private = tmp_path / "private"
     run_prepare(demo_jsonl[:1], tokenizer, private, val_fraction=0.1)
-    shutil.copytree(private, team / "corpus")
+    if group_share:  # her prepare's own: in a team directory --force replaces nothing else (prepare_force_team)
+        run_prepare(demo_jsonl[:1], tokenizer, team / "corpus", val_fraction=0.1, group_share=True)
+    else:
+        shutil.copytree(private, team / "corpus")
     run_prepare(demo_jsonl[:1], tokenizer, tmp_path / "other", val_fraction=0.3)  # her other corpus: another split
     shutil.copytree(tmp_path / "other", team / "corpA")
     hers = _corpus_tokens(team / "corpA")
@@ -244,7 +247,7 @@ def test_a_textfile_directory_another_user_owns_is_refused(shared, tmp_path, cor
     assert his.stat().st_uid == uid
     path = his / "s.prom"
     problem = dir_problem("log.prometheus_textfile", his, "the run's gauges")
-    assert problem and f"belongs to nobody (uid {uid})" in problem, problem
+    assert problem and f"belongs to user nobody (uid {uid})" in problem, problem
     config = write_config(tmp_path, corpus, remote=False, log={"prometheus_textfile": str(path)})
     with pytest.raises(ConfigError) as check:  # `run --check`, and the launch: exit 2
         preflight.check(str(config))
@@ -254,6 +257,6 @@ def test_a_textfile_directory_another_user_owns_is_refused(shared, tmp_path, cor
     writer.tick("training", force=True)
     writer.close("done")
     assert not path.exists()  # none of her gauges in his directory
-    assert "belongs to nobody" in state.data["prometheus"]["problem"], state.data["prometheus"]
+    assert "belongs to user nobody" in state.data["prometheus"]["problem"], state.data["prometheus"]
     _as_nobody(REPLACE_GAUGES, str(path))  # what he does next changes nothing of hers: she never wrote there
     assert "in a directory others control" in state.data["prometheus"]["problem"]

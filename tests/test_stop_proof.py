@@ -168,7 +168,9 @@ def test_her_stop_of_his_run_directory_is_refused_naming_him_and_her_processes_l
             finally:
                 attacker.end()
             assert done.returncode == protocol.STOP_FAILED, done
-            assert f"a run directory of uid {ATTACKER}, not yours (user nobody): nothing signalled" in done.stdout, done
+            said = (f"a run directory of uid {ATTACKER}, not yours, user nobody (uid {second_user()[0]}): "
+                    "nothing signalled")
+            assert said in done.stdout, done
             her.assert_alive()
     done = stop_as(None, her.run_dir, her.env)  # her own run: stopped as ever
     assert done.returncode == protocol.STOP_DONE and "SIGTERM sent to supervisor" in done.stdout, done

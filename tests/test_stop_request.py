@@ -340,7 +340,8 @@ def test_status_json_and_the_overview_show_a_request_left(tmp_path):
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / names.STATE).write_text(json.dumps({"run": "tiny", "phase": "done", "supervisor": {"pid": None}}))
+    (run_dir / names.STATE).write_text(json.dumps({"run": "tiny", "phase": "done", "supervisor": {"pid": None},
+                                                          "outcome": {"ended": "finished"}}))
     entry = registry.Entry("tiny", run_dir, "tiny.toml", os.getuid(), tmp_path / "entry")
 
     def shown() -> tuple[dict, dict, str]:

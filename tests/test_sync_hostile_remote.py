@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from minilmd import dirfd, names
+from minilmd import dirfd, names, perms
 from minilmd.daemon.jobs import basecopy
 from minilmd.daemon.jobs import sync as sync_module
 from minilmd.daemon.jobs.remote_local import LocalRemote, open_remote
@@ -323,7 +323,7 @@ def test_a_run_as_root_on_a_root_squashed_share_deletes_its_own_old_checkpoints(
     if (reason := unavailable_fuse()) or os.geteuid() != 0:
         pytest.skip(reason or "needs root: the share maps root to nobody")
     nobody = second_user()[0]
-    monkeypatch.setattr(remote_write, "OWN_UIDS", {os.getuid()})  # what this process learns stays in this test
+    monkeypatch.setattr(remote_write, "OWN_UIDS", perms.LearntOwners())  # what this process learns stays in this test
     if renames != "renameat2":
         monkeypatch.setattr(dirfd, "renameat2", lambda *args: False)  # as NFS's EINVAL
     backing, share, local = tmp_path / "backing", tmp_path / "share", tmp_path / "scratch"

@@ -1,5 +1,7 @@
-"""`minilmd train`: real processes on a tiny model and real text. Loss falls, budgets end with a save, SIGTERM saves
-at a step boundary, a run killed mid-way resumes bit-exactly, and every failure has its exit status."""
+"""`minilmd train` on a tiny model and real text. Loss falls, budgets end with a save, SIGTERM saves at a step
+boundary, a run killed mid-way resumes bit-exactly, and every failure has its exit status. Real processes where a
+signal, a kill or an injected fault is the point; the others run the command in the test's process
+(tests/in_process.py: the same code, without a new Python's 3 CPU-s of imports)."""
 from __future__ import annotations
 
 import shutil
@@ -11,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from in_process import train_in_process
 from minilmd import checkpoint
 from minilmd.config import load_config
 from minilmd.names import FAULT_ENV, HEARTBEAT
@@ -24,7 +27,7 @@ from waiting import wait_until
 def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpus):
     config = write_config(tmp_path, corpus, train={"max_steps": 40, "micro_batch_size": 8, "grad_accum": 1,
                                                    "eval_every": 20, "checkpoint_every": 100})
-    p = train(config)
+    p = train_in_process(config)
     assert p.returncode == EXIT_DONE, p.stderr
     run_dir, ckpt_dir = run_paths(config)
     lines = read_metrics(run_dir, "train")
@@ -44,7 +47,7 @@ def test_loss_falls_on_real_text_and_the_budget_ends_with_a_save(tmp_path, corpu
     assert [s["step"] for s in saves] == [40] and Path(saves[0]["path"]) == ckpt_dir / "step-00000040"
     assert (ckpt_dir / "step-00000040" / "manifest.json").is_file()
     # Nothing left to do: a second start resumes at the end and exits 0 without training.
-    again = train(config)
+    again = train_in_process(config)
     assert again.returncode == EXIT_DONE and "resumed from" in again.stdout
     assert len(read_metrics(run_dir, "train")) == 40
 
@@ -107,15 +110,15 @@ def test_injected_oom_writes_a_fault_note_and_exits_76(tmp_path, corpus):
 
 @pytest.mark.slow
 def test_bad_config_exits_2_and_bad_data_exits_65(tmp_path, corpus):
-    no_budget = train(write_config(tmp_path, corpus, name="nobudget", train={"max_steps": 0}))
+    no_budget = train_in_process(write_config(tmp_path, corpus, name="nobudget", train={"max_steps": 0}))
     assert no_budget.returncode == EXIT_CONFIG and "budget is required" in no_budget.stderr
-    wrong_vocab = train(write_config(tmp_path, corpus, name="vocab", model={"vocab_size": 6400}))
+    wrong_vocab = train_in_process(write_config(tmp_path, corpus, name="vocab", model={"vocab_size": 6400}))
     assert wrong_vocab.returncode == EXIT_CONFIG and "vocabulary of 512" in wrong_vocab.stderr
     broken = tmp_path / "broken"
     shutil.copytree(corpus[0], broken)
     with open(broken / "train" / "tokens.bin", "r+b") as f:
         f.truncate(f.seek(0, 2) - 2)
-    bad_data = train(write_config(tmp_path, (broken, corpus[1]), name="data"))
+    bad_data = train_in_process(write_config(tmp_path, (broken, corpus[1]), name="data"))
     assert bad_data.returncode == EXIT_DATA and "tokens.bin" in bad_data.stderr
 
 
@@ -128,7 +131,7 @@ def test_a_cpu_runs_last_words_are_its_own_not_the_cublas_workspace(tmp_path, co
     with open(broken / "train" / "tokens.bin", "r+b") as f:
         f.truncate(f.seek(0, 2) - 2)
     for env in ({}, {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}):
-        bad_data = train(write_config(tmp_path, (broken, corpus[1]), name="data"), **env)
+        bad_data = train_in_process(write_config(tmp_path, (broken, corpus[1]), name="data"), **env)
         assert bad_data.returncode == EXIT_DATA and "tokens.bin" in bad_data.stderr, bad_data
         assert "CUBLAS_WORKSPACE_CONFIG" not in bad_data.stdout + bad_data.stderr, bad_data
 
@@ -136,7 +139,7 @@ def test_a_cpu_runs_last_words_are_its_own_not_the_cublas_workspace(tmp_path, co
 @pytest.mark.slow
 def test_padded_mode_counts_only_real_tokens(tmp_path, corpus):
     config = write_config(tmp_path, corpus, data={"mode": "padded"}, train={"max_steps": 3})
-    p = train(config)
+    p = train_in_process(config)
     assert p.returncode == EXIT_DONE, p.stderr
     lines = read_metrics(run_paths(config)[0], "train")
     assert 0 < lines[-1]["tokens_seen"] < 3 * 8 * 64  # review documents are shorter than 64 tokens on average

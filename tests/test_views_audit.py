@@ -121,7 +121,8 @@ def test_stop_of_another_users_run_is_refused_naming_its_owner_before_its_lock_i
     done = subprocess.run(user_python(CLI, "stop", str(run_dir)), capture_output=True, text=True, cwd="/",
                           timeout=60)
     assert "Traceback" not in done.stderr and done.returncode == protocol.STOP_FAILED, done
-    assert "a run directory of user root, not yours (user nobody): nothing signalled" in done.stdout, done
+    said = f"a run directory of user root (uid 0), not yours, user nobody (uid {second_user()[0]}): nothing signalled"
+    assert said in done.stdout, done
 
 
 @pytest.mark.root

@@ -107,15 +107,16 @@ def _demo_corpus(out: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_demo_corpus_under_a_file_or_a_read_only_directory_exits_2(tmp_path, read_only_dir):
+def test_demo_corpus_under_a_file_exits_2_in_a_read_only_directory_74(tmp_path, read_only_dir):
+    """A read-only OUT is exit 74 as every output's that cannot be written (tests/test_out_messages.py)."""
     (tmp_path / "afile").write_text("x")
-    for out in (tmp_path / "afile" / "out", read_only_dir / "out"):
+    for out, status in ((tmp_path / "afile" / "out", EXIT_CONFIG), (read_only_dir / "out", 74)):
         done = _demo_corpus(out)
-        assert done.returncode == EXIT_CONFIG and "Traceback" not in done.stderr, done.stderr
+        assert done.returncode == status and "Traceback" not in done.stderr, done.stderr
         assert str(out.parent if out.parent.name == "afile" else out) in done.stderr, done.stderr
 
 
 def test_demo_corpus_on_a_full_file_system_exits_74(full_fs):
     done = _demo_corpus(full_fs / "out")
     assert done.returncode == 74 and "Traceback" not in done.stderr, done.stderr
-    assert f"No space left on device ({full_fs / 'out'})" in done.stderr, done.stderr
+    assert f"cannot write in {full_fs / 'out'}: No space left on device" in done.stderr, done.stderr

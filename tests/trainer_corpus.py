@@ -139,6 +139,9 @@ def child_env(**extra) -> dict:
 
 
 def train(config: Path, *sets: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
+    """`minilmd train` in a process of its own: for a test about the process (a kill, a signal, an injected fault).
+    A run that nothing ends early runs in the test's process, without a new Python's imports:
+    in_process.train_in_process."""
     return subprocess.run(train_cmd(config, *sets), capture_output=True, text=True, timeout=timeout,
                           env=child_env(**env))
 

@@ -40,6 +40,7 @@ from minilmd.daemon.base.statesections import (
 )
 from minilmd.fsio import atomic_write_json, new_lines, open_regular_or_none
 from minilmd.metrics import REWARDS, number
+from minilmd.names import HEARTBEAT_MAX_BYTES
 from minilmd.perms import own_uid
 from minilmd.procs import (  # noqa: F401 - here too: callers and tests import them from here
     process_alive,
@@ -49,8 +50,6 @@ from minilmd.procs import (  # noqa: F401 - here too: callers and tests import t
 from minilmd.untrusted import Unreadable, read_json
 
 STATE_VERSION = 1
-HEARTBEAT_MAX_BYTES = 4096
-"""The heartbeat is "STEP PHASE": more is not a heartbeat."""
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 

@@ -76,6 +76,19 @@ class IllegalTransition(RuntimeError):
     pass
 
 
+START = "start"
+"""The one transition with no phase of this supervisor before it: its start into an INITIAL_PHASES phase (state.json's
+phase is then the previous supervisor's record)."""
+
+
+def check_start(first: Phase) -> Phase:
+    """The phase a supervisor starts in, checked to be one of INITIAL_PHASES (IllegalTransition if not): the start
+    sets state.json's phase through this, every later change through check_transition."""
+    if first not in INITIAL_PHASES:
+        raise IllegalTransition(f"no {START} into {first}: a supervisor starts in {sorted(INITIAL_PHASES)}")
+    return first
+
+
 def check_transition(current: Phase, new: Phase) -> str:
     """The transition's name, or IllegalTransition if the table does not allow it."""
     try:

@@ -299,7 +299,7 @@ class Staging(Section):
     probe), "init source unreachable" (also when absent, as state.json had it before), "no room in scratch"."""
     stalled: StagingStall | None = None
     """A source staging reads whose reads block (a stalled mount: no error, no answer) for longer than
-    SYNC_STALLED_AFTER_S (daemon/jobs/stagingworker.py); None while its reads return."""
+    MINILMD_SYNC_STALLED_AFTER (daemon/base/knobs.py); None while its reads return."""
     from_copy: str | None = None
     """Why the latest staging trained from the verified copy already in scratch instead of its source: the source
     could not be read (its share gone or not mounted, EIO); None when it staged from the source. That copy may be

@@ -18,8 +18,8 @@ says (docs/operations.md "Stop").
 The file is written at the run directory's descriptor (minilmd/dirfd.py Dir: the directory walked from "/" without
 following a link, each one on the way root's or the run owner's; an O_EXCL temporary name, then a rename there), so
 root stopping a user's run writes nowhere else; read as a file others may have written (minilmd/untrusted.py: a
-regular file of this user's or root's, no link followed, at most MAX_BYTES); removed only when it is such a file, at
-the run directory's descriptor.
+regular file of this user's or root's, no link followed, at most names.STOP_REQUEST_MAX_BYTES); removed only when
+it is such a file, at the run directory's descriptor.
 Torch-free.
 """
 from __future__ import annotations
@@ -36,10 +36,9 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.base.runstate import fmt_time
 from minilmd.dirfd import Dir
-from minilmd.perms import file_mode, own_uid, owned_by_me_or_root
+from minilmd.perms import file_mode, own_uid, owned_by_me_or_root, signal_uid
 from minilmd.untrusted import Unreadable, printable, read_json
 
-MAX_BYTES = 4096
 HONOURED_UNPARSED = frozenset({"too_big", "not_utf8", "too_deep", "not_json", "wrong_type"})
 """What a regular file of this user's or root's may fail on and still be a request (its time unknown): the owner and
 the type are checked before a byte is read, so such a file was put there by someone who may stop the run."""
@@ -60,7 +59,7 @@ class StopRequest:
 def leave(run_dir: Path, owner: int) -> Path:
     """Write the request into run_dir (a run directory of `owner`'s): readable by its owner when root writes it.
     OSError when it cannot be written, PlaceRefused (a ValueError) when run_dir is in a place others can change."""
-    body = {"time": time.time(), "uid": os.getuid(), "host": socket.gethostname(), "pid": os.getpid()}
+    body = {"time": time.time(), "uid": signal_uid(), "host": socket.gethostname(), "pid": os.getpid()}
     with Dir.open(run_dir, "run.dir", owners={owner}) as where:
         where.write_atomic(names.STOP_REQUEST, (json.dumps(body, sort_keys=True) + "\n").encode(),
                            file_mode() if own_uid() == owner else 0o644)
@@ -74,7 +73,7 @@ def read(run_dir: Path, owner: int | None = None) -> tuple[StopRequest | None, s
     owner when another reads it (root's `status --all`): a request of that user's or root's."""
     path = run_dir / names.STOP_REQUEST
     try:
-        body = read_json(path, max_bytes=MAX_BYTES, owner={own_uid() if owner is None else owner, 0})
+        body = read_json(path, max_bytes=names.STOP_REQUEST_MAX_BYTES, owner={own_uid() if owner is None else owner, 0})
     except Unreadable as e:
         if e.kind == "missing":
             return None, None

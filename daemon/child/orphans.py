@@ -5,7 +5,6 @@ one, and only for the owner or root (minilmd/procs.py `Launch`: the one way to s
 MINILMD_RUN_DIR in an environment; no other user's process is ever signalled, even by root. Torch-free."""
 from __future__ import annotations
 
-import os
 import secrets
 import signal
 import socket
@@ -17,12 +16,11 @@ from pathlib import Path
 from minilmd import names, procs, pychild
 from minilmd.daemon.base.runstate import process_alive
 from minilmd.fsio import atomic_write_json
+from minilmd.perms import signal_uid
 from minilmd.untrusted import Unreadable, read_json
 
 REAP_S = 10.0
 """After SIGKILL, how long kill_group waits for the kernel to let the process go before it gives up on reaping it."""
-TRAINER_RECORD_MAX_BYTES = 64 << 10
-"""trainer.json is a few hundred bytes."""
 
 
 # --- which processes are this run's -------------------------------------------------------------------------
@@ -33,7 +31,7 @@ def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid
     id, uid and host) and again with the trainer's pid and start time. Returns the launch id."""
     launch_id = launch_id or secrets.token_hex(16)
     atomic_write_json(run_dir / names.TRAINER_RECORD,
-                      {"launch_id": launch_id, "uid": os.getuid(), "host": socket.gethostname(), "attempt": attempt,
+                      {"launch_id": launch_id, "uid": signal_uid(), "host": socket.gethostname(), "attempt": attempt,
                        "pid": pid, "start_ticks": start_ticks, "time": time.time()})
     return launch_id
 
@@ -41,7 +39,7 @@ def record_launch(run_dir: Path, attempt: int, launch_id: str | None = None, pid
 def _read_record(scope: procs.RunScope) -> dict | None:
     """trainer.json if it names a trainer the run directory's owner launched on this host, else None."""
     try:  # a regular file of the owner's only (minilmd/untrusted.py): never a FIFO or a link to /dev/zero read whole
-        record = read_json(scope.run_dir / names.TRAINER_RECORD, max_bytes=TRAINER_RECORD_MAX_BYTES,
+        record = read_json(scope.run_dir / names.TRAINER_RECORD, max_bytes=names.TRAINER_RECORD_MAX_BYTES,
                            owner=scope.owner)
     except Unreadable:
         return None
@@ -148,9 +146,8 @@ def hand_over_kill(launch: procs.Launch, seconds: float) -> int:
     a session of its own, no terminal, so `stop` may exit before the grace ends and a closed terminal does not end
     the helper. It gets the run directory as the launch's scope resolved it (absolute: it runs in "/"). Its pid."""
     argv = [str(launch.scope.run_dir), launch.launch_id, f"{seconds:.1f}"]
-    helper = subprocess.Popen(pychild.module_argv(__name__, *argv), env=pychild.child_env(),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True, close_fds=True, cwd=pychild.CHILD_CWD)
+    helper = pychild.popen(pychild.module_argv(__name__, *argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     return helper.pid
 
 

@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 from minilmd import protocol
+from minilmd.backoff import exponential
 from minilmd.config import RestartSection
 from minilmd.daemon.base.states import Action, Cause
 from minilmd.daemon.child.process import Death
@@ -30,10 +31,9 @@ class Decision:
 
 
 def backoff_seconds(restart: RestartSection, streak: int, rng: random.Random | None = None) -> float:
-    """backoff_initial * 2^(streak-1), capped at backoff_max, times a jitter in [0.5, 1] so that several runs that
+    """backoff_initial * 2^(streak-1), capped at backoff_max, jittered (minilmd/backoff.py) so that several runs that
     died together (a node-wide NFS stall) do not come back in lockstep."""
-    base = min(restart.backoff_max_s, restart.backoff_initial_s * (2 ** max(0, streak - 1)))
-    return base * (0.5 + 0.5 * (rng or random).random())
+    return exponential(restart.backoff_initial_s, streak, cap_s=restart.backoff_max_s, rng=rng or random.Random())
 
 
 def decide(death: Death, *, restart: RestartSection, restarts_so_far: int, no_progress_streak: int,

@@ -268,8 +268,8 @@ def launch(command: list[str], run_dir: Path, attempt: int, devices: str, extra_
                   f"# OMP_NUM_THREADS={env['OMP_NUM_THREADS']} ({threads_why})\n".encode())
         log.write("".join(f"# {var}={c.value} ({c.why})\n" for var, c in caches.items()).encode())
         log.flush()
-        popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True, close_fds=True, cwd=pychild.CHILD_CWD)
+        popen = pychild.popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True, close_fds=True)
     child = Child(popen=popen, attempt=attempt, log_path=log_path, command=command, started=time.time(),
                   start_ticks=process_start_ticks(popen.pid), run_dir=run_dir, launch_id=env[LAUNCH_ID_ENV])
     record_launch(run_dir, attempt, env[LAUNCH_ID_ENV], child.pid, child.start_ticks)

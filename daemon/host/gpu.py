@@ -27,13 +27,16 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from minilmd.config import GpuSection, RunConfig
 from minilmd.daemon.host import leases
 from minilmd.daemon.host.leases import LeaseFile
 from minilmd.daemon.host.nvml import MemoryReading, MigInstance, ProcessListing, open_nvml_or_reason
 from minilmd.fmt import fmt_duration
+
+if TYPE_CHECKING:
+    from minilmd.plan.footprint import Offer
 
 __all__ = ["GpuAdmission", "DeviceLease", "PollReport", "DeviceStatus", "cuda_visible_devices", "mig_refusal",
            "open_nvml_or_reason", "lock_dir_problems"]
@@ -218,6 +221,31 @@ def cpu_fallback(cfg: RunConfig) -> str:
     if cfg.train.device != "auto" or not (why := _no_nvml()):
         return ""
     return f"train.device = auto trains on the CPU here ({why}): set train.device = \"cuda\" to refuse that"
+
+
+def device_offer(cfg: RunConfig) -> tuple[Offer | None, bool]:
+    """(What the device the run trains on offers it, whether it is a GPU), for the memory rule at `run --check` and
+    the launch (minilmd/plan/footprint.py): the largest card's total memory where NVML answers and train.device is
+    not "cpu" (the supervisor waits for a free card; the trainer judges its own card again at its start), else the
+    host's available memory (a CPU run, or "auto" with no NVIDIA driver). None: nothing to compare with ("cuda"
+    without NVML, which device_problems refuses; a card that does not answer)."""
+    from minilmd.plan.footprint import Offer, host_offer
+
+    if cfg.train.device == "cpu":
+        return host_offer(), False
+    nvml = open_nvml_or_reason()
+    if isinstance(nvml, str):
+        return (None, True) if cfg.train.device == "cuda" else (host_offer(), False)
+    try:
+        cards = [(nvml.memory(i).total_mib, nvml.name(i)) for i in range(nvml.device_count())]
+    except Exception:  # noqa: BLE001 - a card NVML cannot read: the GPU wait says so; no figure to judge by
+        return None, True
+    finally:
+        nvml.close()
+    if not cards:
+        return None, True
+    total_mib, name = max(cards)
+    return Offer(total_mib * 1024 ** 2, f"GPU memory of the largest card here ({name})"), True
 
 
 def _no_nvml() -> str:

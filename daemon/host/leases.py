@@ -32,9 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from minilmd.perms import owned_by_me
+from minilmd.perms import owned_by_me, user_words
 from minilmd.place_rule import PlaceRefused, place_problem, walk_to
-from minilmd.procs import user_words
 from minilmd.untrusted import loads
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC

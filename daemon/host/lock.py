@@ -101,7 +101,7 @@ class RunLock:
                 raise LockUnsafe(f"{self.path} is a symbolic link: not followed; remove it (only this run's "
                                  f"supervisor makes that file)") from None
             raise
-        problem = _not_ours(os.fstat(fd))
+        problem = _unusable(os.fstat(fd))
         if problem:
             os.close(fd)
             raise LockUnsafe(f"{self.path} {problem}: not used; remove it (only this run's supervisor makes that "
@@ -166,7 +166,8 @@ def lock_holder(run_dir: str | os.PathLike) -> LockInfo | None:
         os.close(fd)
 
 
-def _not_ours(st: os.stat_result) -> str | None:
+def _unusable(st: os.stat_result) -> str | None:
+    """Why the lock file must not be taken as this run's (not a regular file, another name's, another user's)."""
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
     if st.st_nlink != 1:

@@ -11,7 +11,6 @@ alert on `time() - ...`) and as an age at the time of writing (`*_age_seconds`, 
 from __future__ import annotations
 
 import os
-import pwd
 import stat
 import time
 from collections import Counter
@@ -21,7 +20,7 @@ from minilmd.daemon.base.states import Phase
 from minilmd.daemon.base.statesections import TextfileState
 from minilmd.dirfd import Dir, PlaceRefused, dir_problem
 from minilmd.metrics import REWARDS, number
-from minilmd.perms import owned_by_me
+from minilmd.perms import owned_by_me, user_words
 
 WRITE_EVERY_S = 5.0
 TEXTFILE_MODE = 0o644
@@ -175,7 +174,7 @@ class Textfile:
             return
         self.phase = phase
         self.written_at = clock
-        problem = squatted = place_problem(self.path) or not_ours(self.path)
+        problem = squatted = place_problem(self.path) or why_not_replaced(self.path)
         if problem is None:
             try:
                 _write(self.path, render(self.state.data, time.time(), self.gpu_waited, up))
@@ -213,7 +212,7 @@ def _write(path: Path, text: str) -> None:
         where.write_atomic(path.name, text.encode(), TEXTFILE_MODE)
 
 
-def not_ours(path: Path) -> str | None:
+def why_not_replaced(path: Path) -> str | None:
     """Why the file at path must not be replaced by this run (it belongs to another user, or is a symlink or
     not a regular file: a squatted name), or None (missing, or a regular file of ours)."""
     try:
@@ -227,9 +226,5 @@ def not_ours(path: Path) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file (not this run's: never replaced)"
     if not owned_by_me(st):
-        try:
-            owner = f"user {pwd.getpwuid(st.st_uid).pw_name}"
-        except KeyError:
-            owner = f"uid {st.st_uid}"
-        return f"belongs to {owner}, not to this run's user: never replaced"
+        return f"belongs to {user_words(st.st_uid)}, not to this run's user: never replaced"
     return None

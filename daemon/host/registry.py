@@ -34,7 +34,6 @@ import re
 import secrets
 import socket
 import stat
-import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -42,8 +41,7 @@ from pathlib import Path
 
 from minilmd import names
 from minilmd.fsio import atomic_write_text
-from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root
-from minilmd.procs import user_words
+from minilmd.perms import others_can_rearrange, own_uid, owned_by_me, owned_by_me_or_root, owner_in, user_words
 from minilmd.untrusted import Unreadable, printable, read_json
 
 MAX_ENTRY_BYTES = 64 * 1024
@@ -181,32 +179,20 @@ def _taken_by(path: Path, uid: int) -> str | None:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
-    if st.st_uid != uid:
+    if not owner_in(st, (uid,)):
         return user_words(st.st_uid)
     return None if stat.S_ISREG(st.st_mode) else f"something that is not a regular file ({user_words(st.st_uid)})"
 
 
 def _publish(path: Path, body: str, replace: bool) -> bool:
-    """Write body to path (0644) atomically: over our own file when replace, else only if the name is free (a
-    hard link of the temp file: it fails where rename would replace). False when the name was taken."""
-    fd, tmp = tempfile.mkstemp(prefix=names.atomic_tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
+    """Write body to path (0644) atomically (fsio.atomic_write_text, no fsync: rewritten at every start): over our own
+    file when replace (another user cannot have replaced it in a sticky directory), else only if the name is free.
+    False when the name was taken."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o644)
-            f.write(body)
-        if replace:
-            os.replace(tmp, path)  # our own file: another user cannot have replaced it in a sticky directory
-            return True
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        atomic_write_text(path, body, mode=0o644, durable=False, replace=replace)
+    except FileExistsError:
+        return False
+    return True
 
 
 def register_quietly(name: str, run_dir: Path, config: str | os.PathLike, emit) -> None:
@@ -328,7 +314,7 @@ def _all_entries(reader_uid: int, notes: list[str]) -> list[Entry]:
     mine = user_dir()
     try:
         st = os.lstat(mine)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == reader_uid:
+        if stat.S_ISDIR(st.st_mode) and owner_in(st, (reader_uid,)):
             found += _entries_in(mine, reader_uid, False, notes)
     except OSError:
         pass
@@ -378,7 +364,7 @@ def forget(target: str) -> Forgotten:
             continue
         try:
             st = os.lstat(entry.path)
-            if uid not in (0, st.st_uid):
+            if uid != 0 and not owner_in(st, (uid,)):
                 continue
             os.unlink(entry.path)
             out.removed.append(entry.path)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 @dataclass
 class Signals:
-    """What the handlers saw; only the loop acts on it."""
+    """What the handlers saw; only the loop acts on it, through the methods below (nothing else writes the
+    fields: tests/test_supervisor_dispatch.py)."""
 
     stop: int = 0  # count of SIGTERM/SIGINT received
     hup: bool = False
@@ -28,3 +29,18 @@ class Signals:
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
         signal.signal(signal.SIGUSR1, on_usr1)
+
+    def take_hup(self) -> bool:
+        """Whether a SIGHUP came since the last call (the loop reopens supervisor.log once per call that says so)."""
+        came, self.hup = self.hup, False
+        return came
+
+    def take_usr1(self) -> bool:
+        """Whether a SIGUSR1 came since the last call."""
+        came, self.usr1 = self.usr1, False
+        return came
+
+    def stop_as_first_signal(self) -> None:
+        """A stop the loop itself asks for (Slurm's USR1 warning: a preemption), counted as the first stop signal:
+        the trainer saves, then the last sync; a SIGTERM after it is the second (kill the trainer now)."""
+        self.stop = max(self.stop, 1)

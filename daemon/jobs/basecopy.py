@@ -99,7 +99,7 @@ def _why_missing(remote: RemoteStore, found: bytes | Unreadable | None) -> str:
     stands at `init` instead (another user's entry, a record that cannot be read as one, another base's copy). A
     LoRA run must not end `done` without its base's copy."""
     init = remote.show(REMOTE_BASE)
-    if why := remote.not_ours(REMOTE_BASE):
+    if why := remote.why_foreign(REMOTE_BASE):
         return f"{init} is {why}, not this run's: its copy of the LoRA base cannot be made there"
     if isinstance(found, Unreadable):
         return f"{init} holds a {INIT_RECORD} that is not a base copy's record ({found}): never replaced"
@@ -225,7 +225,7 @@ def another_base_left(remote: RemoteStore, name: str, ours: str | None) -> bool:
     checkpoints were trained on, so it is never removed. A record that cannot be read as one counts, and so does a
     look that fails; no record (a half copy of this host's) or this base's own record does not. Another user's entry
     or a link: no (the removal leaves it)."""
-    if not remote.renames_into_place or remote.not_ours(name):
+    if not remote.renames_into_place or remote.why_foreign(name):
         return False
     try:
         found = _remote_record(remote, name)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import checkpoint as ck
+from minilmd.batch_stream import stream_record
 from minilmd.checkpoint_dirs import read_latest
 from minilmd.daemon.jobs.remote_store import ListedManifest, RemoteStore
 from minilmd.dirfd import PlaceRefused
@@ -93,12 +94,12 @@ class Fetcher:
         return None, passed
 
     def recorded_config(self, name: str):
-        """The config remote checkpoint `name` records (its trainer_state.json "config", read as peek_latest reads
-        it), for `run --check` to compare its batch stream with the run's (daemon/jobs/resumefrom.py); None when it
-        cannot be read (the fetch says why)."""
+        """The config remote checkpoint `name` records (batch_stream.stream_record of its trainer_state.json, read as
+        peek_latest reads it), for `run --check` to compare its batch stream with the run's
+        (daemon/jobs/resumefrom.py); None when it cannot be read (the fetch says why)."""
         listed = self.remote.read_manifest(name)
         try:
-            return self._recorded_state(name, listed.manifest).get("config") if listed.manifest else None
+            return stream_record(self._recorded_state(name, listed.manifest)) if listed.manifest else None
         except ck.CheckpointInvalid:
             return None
 

@@ -35,6 +35,7 @@ from minilmd.init_source import STAGED_PTH as INIT_PTH
 from minilmd.init_source import STAGED_RECORD as INIT_RECORD
 from minilmd.init_source import staged_copy as staged_init_source
 from minilmd.init_source import staged_record as read_init_record
+from minilmd.names import COPY_CHUNK_BYTES as CHUNK
 from minilmd.names import (
     CORPUS_META,
     CORPUS_META_MAX_BYTES,
@@ -47,7 +48,6 @@ from minilmd.names import (
 from minilmd.untrusted import loads
 
 PROBE_DIR = "probe"
-CHUNK = 8 * 1024 * 1024
 
 
 def _copy(src: Path, dest: Path, size: int | None = None, answered=lambda: None) -> tuple[int, str]:

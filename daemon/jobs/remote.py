@@ -17,11 +17,10 @@ from minilmd import checkpoint as ck
 from minilmd.daemon.jobs.remote_publish import LeftAside
 from minilmd.daemon.jobs.remote_store import ListedManifest, RemoteStore, Steps
 from minilmd.fsio import table_problems
+from minilmd.names import COPY_CHUNK_BYTES as CHUNK
 from minilmd.names import LATEST, MANIFEST, MANIFEST_MAX_BYTES, POINTER_MAX_BYTES, is_step_name, step_of
 from minilmd.shared_place import Look, look
 from minilmd.untrusted import Unreadable, loads
-
-CHUNK = 8 * 1024 * 1024
 
 __all__ = ["LeftAside", "ListedManifest", "Remote", "RemoteStore", "Steps"]
 
@@ -42,9 +41,9 @@ class Remote:
 
     def __init__(self, url: str, tmp_tag: str = "", opened=None):
         if opened is None:
-            import fsspec
+            from minilmd.urls import open_fs
 
-            opened = fsspec.core.url_to_fs(url)
+            opened = open_fs(url)[:2]
         self.url = url.rstrip("/")
         self.fs, root = opened
         self.root = root.rstrip("/") or "/"
@@ -137,7 +136,7 @@ class Remote:
         """Nothing to look at on an object store, which holds only objects (LocalRemote: FIFOs, links)."""
         return []
 
-    def not_ours(self, name: str) -> str | None:
+    def why_foreign(self, name: str) -> str | None:
         """None: an object store has no other users' entries nor links (LocalRemote: what `name` is when it is no
         real directory of this user's)."""
         return None

@@ -29,6 +29,7 @@ from minilmd.daemon.jobs.remote_store import Steps
 from minilmd.dirfd import Dir
 from minilmd.names import LATEST
 from minilmd.untrusted import Unreadable, file_kind, open_regular, printable, read_bytes
+from minilmd.urls import open_fs
 
 
 def unmounted_above(root: str) -> str:
@@ -121,14 +122,14 @@ class LocalRemote(Publishing, Remote):
 
     # --- reading, as untrusted -------------------------------------------------------------------------------------
     def steps(self) -> Steps:
-        """Step directory names, oldest first, of this user's real directories only (remote_write.not_ours): another
+        """Step directory names, oldest first, of this user's real directories only (remote_write.why_foreign): another
         user's entry or a link by a step name is no checkpoint of this run's, whatever its name and manifest say.
         Counted, it would stop the sync (a planted step-99999999 is "newer" than every checkpoint of the run), be
         fetched for a resume, or count towards sync.keep; it is passed by, and returned in `passed_by` with what it
         is, for the sync to say."""
         ours, passed_by = [], {}
         for name in super().steps().ours:
-            if why := remote_write.not_ours(self.path(name)):
+            if why := remote_write.why_foreign(self.path(name)):
                 passed_by[name] = why
             else:
                 ours.append(name)
@@ -148,7 +149,7 @@ class LocalRemote(Publishing, Remote):
 
     def cat_own(self, path: str, max_bytes: int) -> bytes:
         """`cat` of a file a sync of this user wrote (the claim, owner.json): another user's is refused unread
-        (Unreadable, kind "owner", naming its uid), as a sync refuses his entries (remote_write.not_ours). The owner
+        (Unreadable, kind "owner", naming its uid), as a sync refuses his entries (remote_write.why_foreign). The owner
         the share gives this user's files (root_squash) is learnt first when the file shows another (learn_own_uid),
         so that the run's own claim is never taken for another's."""
         def read(name: str, fd: int) -> bytes:
@@ -162,13 +163,13 @@ class LocalRemote(Publishing, Remote):
 
     def _untrusted(self, read, *names: str):
         """read(name, dir_fd) of a file: each directory from the root down opened without following a link
-        (remote_write.parent_fd), the file then opened by its name in the last of them. No path is looked up twice,
+        (remote_write.parent_dir), the file then opened by its name in the last of them. No path is looked up twice,
         so a directory on the way swapped for a link after a look is never followed (a lstat of each, then an open
         by path, followed one swapped in between). A link on the way is refused (Unreadable)."""
         path = self.path(*names)
         try:
-            with remote_write.parent_fd(self.root, names, self.show) as fd:
-                return read(names[-1], fd)
+            with remote_write.parent_dir(self.root, names, self.show) as parent:
+                return read(names[-1], parent.fd)
         except remote_write.NotOurs as e:
             if e.errno != errno.ELOOP:
                 raise  # ENOTDIR: a file where a directory belongs, an OSError as its open by path raised
@@ -217,10 +218,10 @@ class LocalRemote(Publishing, Remote):
             return None
         return None if stat.S_ISREG(mode) else (self.show(*names), f"{file_kind(mode)}, not a regular file")
 
-    def not_ours(self, name: str) -> str | None:
+    def why_foreign(self, name: str) -> str | None:
         """What `name` is when it is no real directory of this user's (a link, another user's entry:
-        remote_write.not_ours), None when it is, or is not there."""
-        return remote_write.not_ours(self.path(name))
+        remote_write.why_foreign), None when it is, or is not there."""
+        return remote_write.why_foreign(self.path(name))
 
     def made_here(self, name: str) -> bool:
         """Whether the step `name` of this run (`steps`: by its owner) was made by a sync of this user
@@ -351,9 +352,6 @@ class LocalRemote(Publishing, Remote):
 def open_remote(url: str, tmp_tag: str = "") -> Remote:
     """The remote at `url`: a LocalRemote for a local path (a plain path, file://, local://), a Remote for any other
     fsspec store. ValueError or ImportError for a URL fsspec cannot open."""
-    import fsspec
-    from fsspec.implementations.local import LocalFileSystem
-
-    opened = fsspec.core.url_to_fs(url)
-    kind = LocalRemote if isinstance(opened[0], LocalFileSystem) else Remote
-    return kind(url, tmp_tag, opened)
+    opened = open_fs(url)
+    kind = LocalRemote if opened.local else Remote
+    return kind(url, tmp_tag, (opened.fs, opened.root))

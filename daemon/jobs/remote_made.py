@@ -33,6 +33,7 @@ from minilmd.names import (
     MANIFEST_MAX_BYTES,
     POINTER_MAX_BYTES,
     REMOTE_MADE,
+    REMOTE_MADE_MAX_BYTES,
     REMOTE_MARK,
     is_step_name,
     step_of,
@@ -42,7 +43,6 @@ from minilmd.untrusted import Unreadable, loads, open_regular, read_bytes
 
 SCRATCH_RECORD = ".remote-made.json"
 """The end of the record's name in scratch, beside the local checkpoint root (`scratch_record`)."""
-RECORD_MAX_BYTES = 1 << 20
 
 Identity = tuple[int, int]
 Entry = tuple[str, int, int]
@@ -157,7 +157,7 @@ def _load(path: Path) -> set[Entry]:
 def _read(path: Path) -> set[Entry]:
     """The entries of the record at `path` (its rows of another shape skipped); Unreadable when there is none, or
     it is not this user's regular file holding a JSON object."""
-    found = loads(read_bytes(path, max_bytes=RECORD_MAX_BYTES, owner=own_uid()), expect=dict)
+    found = loads(read_bytes(path, max_bytes=REMOTE_MADE_MAX_BYTES, owner=own_uid()), expect=dict)
     rows = found.get("made")
     if not isinstance(rows, list):
         return set()

@@ -63,7 +63,7 @@ class Publishing:
             os.fsync(root.fd)
             return
         self.made.restore(src, recorded)
-        if why := self._not_ours(dst):
+        if why := self._why_foreign(dst):
             raise NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
         raise FileExistsError(errno.EEXIST, f"{self.show(dst)} appeared while {self.show(src)} was made: left as it "
                                             f"is, nothing put over it")
@@ -88,7 +88,7 @@ class Publishing:
             self._published(src, dst)
             os.fsync(root.fd)
             return True
-        if why := self._not_ours(dst):
+        if why := self._why_foreign(dst):
             raise NotOurs(errno.EEXIST, f"{self.show(dst)} is {why}: not this run's, never replaced")
         if not root.exchange(src, dst):
             return self._publish_aside(src, dst, replaceable, ours)
@@ -119,7 +119,7 @@ class Publishing:
         old = root.lstat(name)
         if old is None:
             raise FileNotFoundError(errno.ENOENT, f"{self.show(name)} is not there")
-        if why := remote_write.not_ours(in_root(root, name), file=True, st=old):
+        if why := remote_write.why_foreign(in_root(root, name), file=True, st=old):
             raise NotOurs(errno.EPERM, f"{self.show(name)} is {why}: not this user's, never replaced")
         judged = (old.st_dev, old.st_ino)
         fd, tmp = root.create_new(f".{name}.{self.tmp_tag}", ".tmp", perms.file_mode())
@@ -158,7 +158,7 @@ class Publishing:
         file put in its place may get the freed inode's number again)."""
         st = root.lstat(name)
         return st is not None and (st.st_dev, st.st_ino) == judged and \
-            remote_write.not_ours(in_root(root, name), file=True, st=st) is None
+            remote_write.why_foreign(in_root(root, name), file=True, st=st) is None
 
     def _flushed(self, src: str) -> Dir:
         """The root, once every file and directory of src is on disk (fsynced through descriptors)."""
@@ -167,9 +167,9 @@ class Publishing:
             fsync_tree(tree.fd)
         return root
 
-    def _not_ours(self, name: str) -> str | None:
-        """remote_write.not_ours of `name` in the root as opened (its descriptor), never by the root's path."""
-        return remote_write.not_ours(in_root(self._root(), name))
+    def _why_foreign(self, name: str) -> str | None:
+        """remote_write.why_foreign of `name` in the root as opened (its descriptor), never by the root's path."""
+        return remote_write.why_foreign(in_root(self._root(), name))
 
     def _publish_aside(self, src: str, dst: str, replaceable: Callable[[str], bool],
                        ours: Callable[[str], bool]) -> bool:
@@ -214,7 +214,7 @@ class Publishing:
     def _looks(self, name: str, like: Callable[[str], bool]) -> bool:
         """Whether `name` is this user's real directory and like(name) says yes; a look that fails says no."""
         try:
-            return self._not_ours(name) is None and like(name)
+            return self._why_foreign(name) is None and like(name)
         except (OSError, Unreadable):
             return False
 

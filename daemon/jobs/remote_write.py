@@ -27,11 +27,11 @@ import errno
 import os
 import pathlib
 import pwd
-import secrets
 import stat
 import time
 from collections.abc import Callable, Iterator
 
+from minilmd import perms
 from minilmd.daemon.jobs import remote_made
 from minilmd.dirfd import RENAME_NOREPLACE, Dir, PlaceRefused, renameat2
 from minilmd.names import (
@@ -44,18 +44,17 @@ from minilmd.names import (
     pointer_tmp_tag,
     quarantine_name,
 )
-from minilmd.perms import own_uid
+from minilmd.perms import LearntOwners, owned_by_me, owned_by_me_or_root, owner_in
 from minilmd.untrusted import Unreadable, file_kind, printable, read_bytes
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-OWN_UIDS = {own_uid()}
-"""The owners this process's own entries on a remote show: its uid, and the one a server maps it to, learnt from
-each directory `mkdir_new` makes (NFS's root_squash, the default, makes root's files the anonymous user's: a run as
-root in a container would otherwise never delete its own old checkpoints and fill the share). On such a share the
-anonymous user's entries count as this user's for what a sync reads (another squashed root's, or every user's under
-all_squash, look the same from here); what it removes or sets aside needs this user's mark too (`not_made_here`)."""
-
+OWN_UIDS = LearntOwners()
+"""The owners this process's own entries on a remote show: its uid (perms.own_uid, asked at each look, never a copy
+taken at import), and the one a server maps it to, learnt from each directory `mkdir_new` makes (NFS's root_squash,
+the default, makes root's files the anonymous user's: a run as root in a container would otherwise never delete its
+own old checkpoints and fill the share). On such a share the anonymous user's entries count as this user's for what
+a sync reads (another squashed root's, or every user's under all_squash, look the same from here); what it removes
+or sets aside needs this user's mark too (`not_made_here`)."""
 
 
 MARK_MAX_BYTES = 256
@@ -84,11 +83,11 @@ def what_is(path: str) -> str:
         with contextlib.suppress(OSError):
             return f"a symbolic link to {printable(os.readlink(path))}"
         return "a symbolic link"
-    owner = "" if st.st_uid in OWN_UIDS else f" owned by uid {st.st_uid}"
+    owner = "" if owner_in(st, OWN_UIDS) else f" owned by uid {st.st_uid}"
     return f"{file_kind(st.st_mode)}{owner}"
 
 
-def not_ours(path: str, file: bool = False, st: os.stat_result | None = None) -> str | None:
+def why_foreign(path: str, file: bool = False, st: os.stat_result | None = None) -> str | None:
     """Why the entry at path is not one a sync of this user makes (a real directory, or a regular file when `file`,
     owned by this user), None when it is, or is not there. `st`: the entry's lstat the caller already took (judged
     as it is, not looked at again), so that what the caller then removes by that identity is the one judged."""
@@ -97,7 +96,7 @@ def not_ours(path: str, file: bool = False, st: os.stat_result | None = None) ->
             st = os.lstat(path)
         except FileNotFoundError:
             return None
-    if stat.S_ISLNK(st.st_mode) or st.st_uid not in OWN_UIDS:
+    if stat.S_ISLNK(st.st_mode) or not owner_in(st, OWN_UIDS):
         return what_is(path)
     if not (stat.S_ISREG(st.st_mode) if file else stat.S_ISDIR(st.st_mode)):
         return f"{file_kind(st.st_mode)}, not what a sync makes"
@@ -107,16 +106,16 @@ def not_ours(path: str, file: bool = False, st: os.stat_result | None = None) ->
 def mark() -> bytes:
     """What names.REMOTE_MARK holds in a directory a sync of this process's user made: that user's uid here, as the
     server never changes it (it maps owners, not what a file holds)."""
-    return f"made by a sync of uid {own_uid()}\n".encode()
+    return f"made by a sync of uid {perms.own_uid()}\n".encode()
 
 
 def not_made_here(path: str, expected: tuple[int, int] | None = None) -> str | None:
     """Why the directory at path is not one a sync of this user made, None when it is one, or is not there: what may
-    be removed or set aside. `not_ours`, and where its owner is not this process's own uid but one the share gives
+    be removed or set aside. `why_foreign`, and where its owner is not this process's own uid but one the share gives
     new files, this user's REMOTE_MARK in it (the owner proves nothing there). `expected`: the (device, inode) the
     caller took before this look, which the directory opened here must have (another moved there since: refused),
     so that what the caller then removes or moves by that identity is the very directory judged here."""
-    if why := not_ours(path):
+    if why := why_foreign(path):
         return why
     with contextlib.suppress(FileNotFoundError):
         fd = os.open(path, DIR_FLAGS)
@@ -125,7 +124,7 @@ def not_made_here(path: str, expected: tuple[int, int] | None = None) -> str | N
             uid = st.st_uid
             if expected is not None and (st.st_dev, st.st_ino) != expected:
                 return "a directory moved there while it was looked at: left"
-            if uid == own_uid():
+            if owned_by_me(st):
                 return None
             if read_bytes(REMOTE_MARK, max_bytes=MARK_MAX_BYTES, dir_fd=fd) == mark():
                 return None
@@ -149,7 +148,7 @@ def foreign_entries(root: str, own: dict[str, bool]) -> list[str]:
         return []
 
     def found() -> list[tuple[str, str]]:
-        return [(name, why) for name, file in own.items() if (why := not_ours(os.path.join(root, name), file))]
+        return [(name, why) for name, file in own.items() if (why := why_foreign(os.path.join(root, name), file))]
 
     problems = found()
     if problems:
@@ -159,44 +158,30 @@ def foreign_entries(root: str, own: dict[str, bool]) -> list[str]:
 
 
 def learn_own_uid(root: str) -> bool:
-    """Add to OWN_UIDS the owner the share gives this process's new files (learn_own_uid_at), the directory `root`
+    """Learn (OWN_UIDS) the owner the share gives this process's new files (given_owner), the directory `root`
     opened by path without following a link: whether an owner not known before was learnt. Nothing learnt when it
     cannot be opened or written."""
     with contextlib.suppress(OSError):
-        root_fd = os.open(root, DIR_FLAGS)
-        try:
-            known = len(OWN_UIDS)
-            learn_own_uid_at(root_fd)
-            return len(OWN_UIDS) > known
-        finally:
-            os.close(root_fd)
+        with Dir(os.open(root, DIR_FLAGS), pathlib.Path(root)) as opened:
+            return OWN_UIDS.learn(given_owner(opened))
     return False
 
 
-def learn_own_uid_at(root_fd: int) -> int:
-    """Add to OWN_UIDS the owner the share gives this process's new files, and return it: one file made new (O_EXCL,
-    no link) at the root's descriptor under a pointer's temporary name with a random end (names.remote_tmp_owner: a
-    sync's clean-up knows it; a name another user planted, or a crash left, is passed by for another), its owner
-    read from the open descriptor (nothing to swap), then removed through the descriptor when the name still holds
-    that very file. OSError when the root cannot be written (nothing learnt)."""
+def given_owner(root: Dir) -> int:
+    """The owner the share gives this process's new files: one file made new in the root (Dir.create_new: O_EXCL, no
+    link) under a pointer's temporary name with a random end (names.remote_tmp_owner: a sync's clean-up knows it; a
+    name another user planted, or a crash left, is passed by for another), its owner read from the open descriptor
+    (nothing to swap), then removed through the root's descriptor when the name still holds that very file.
+    OSError when the root cannot be written (nothing learnt)."""
     prefix = atomic_tmp_prefix(LATEST) + pointer_tmp_tag(host_tag(), os.getpid()) + "owner"
-    for _ in range(100):
-        name = f"{prefix}{secrets.token_hex(4)}.tmp"
-        try:
-            fd = os.open(name, NEW_FILE, 0o600, dir_fd=root_fd)
-        except FileExistsError:
-            continue
-        try:
-            made = os.fstat(fd)
-            OWN_UIDS.add(made.st_uid)
-            with contextlib.suppress(OSError):
-                there = os.lstat(name, dir_fd=root_fd)
-                if (there.st_dev, there.st_ino) == (made.st_dev, made.st_ino):
-                    os.unlink(name, dir_fd=root_fd)
-        finally:
-            os.close(fd)
-        return made.st_uid
-    raise FileExistsError(errno.EEXIST, "no free name to learn the owner this share gives new files")
+    fd, name = root.create_new(prefix, ".tmp", 0o600)
+    try:
+        made = os.fstat(fd)
+        with contextlib.suppress(OSError):
+            root.remove_file(name, (made.st_dev, made.st_ino))
+    finally:
+        os.close(fd)
+    return made.st_uid
 
 
 def open_root(root: str) -> Dir:
@@ -248,7 +233,7 @@ def _learning_place(root: str) -> str | None:
         return None
     if there == os.path.abspath(root):
         return there
-    return there if st.st_uid == uid in squash_uids() and not st.st_mode & 0o022 else None
+    return there if owner_in(st, (uid,)) and uid in squash_uids() and not st.st_mode & 0o022 else None
 
 
 def _foreign_owner(root: str) -> int | None:
@@ -260,7 +245,7 @@ def _foreign_owner(root: str) -> int | None:
             st = os.lstat(here)
         except OSError:
             return None
-        if st.st_uid != 0 and st.st_uid not in OWN_UIDS:
+        if not owned_by_me_or_root(st, also=OWN_UIDS):
             return st.st_uid
     return None
 
@@ -286,14 +271,14 @@ def root_refused(root: str) -> str | None:
 
 
 def in_root(root: Dir, *names: str) -> str:
-    """A path to names below the root's descriptor (Dir.inside, /proc/self/fd/N), for a look (not_ours, what_is):
+    """A path to names below the root's descriptor (Dir.inside, /proc/self/fd/N), for a look (why_foreign, what_is):
     the last name lstat'ed in the directory the descriptor holds, whatever the root's path leads to now."""
     return "/".join([str(root.inside), *names])
 
 
 def remove_ours(root: Dir, name: str, made: remote_made.Made, file: bool = False, was: str | None = None) -> str | None:
     """Remove `name` of the root when a sync of this user made it (a directory: not_made_here; a pointer's temp file:
-    not_ours) and it is proven this run's (remote_made.why_kept: what a name alone never proves, in a root others
+    why_foreign) and it is proven this run's (remote_made.why_kept: what a name alone never proves, in a root others
     may rename within; `made`: the run's record, `was`: the name it was recorded by); else leave it and say what it
     is. None when removed or not there. Either goes only while its name still leads to the very entry judged; a
     directory through descriptors (Dir.remove_tree: no link followed inside it)."""
@@ -301,7 +286,7 @@ def remove_ours(root: Dir, name: str, made: remote_made.Made, file: bool = False
     if st is None:
         return None
     path = in_root(root, name)
-    if why := (not_ours(path, file, st) if file else not_made_here(path, (st.st_dev, st.st_ino))):
+    if why := (why_foreign(path, file, st) if file else not_made_here(path, (st.st_dev, st.st_ino))):
         return why
     if why := remote_made.why_kept(root, name, st, made, file, was):
         return why
@@ -315,39 +300,43 @@ def remove_ours(root: Dir, name: str, made: remote_made.Made, file: bool = False
 
 
 @contextlib.contextmanager
-def parent_fd(root: str | Dir, names: tuple[str, ...], show: Show) -> Iterator[int]:
-    """A descriptor of the directory that holds names[-1], reached from root one directory at a time, none of them
-    a link (refused, saying what it is: NotOurs, an OSError the sync retries, of errno ELOOP for a link, ENOTDIR for
+def parent_dir(root: str | Dir, names: tuple[str, ...], show: Show) -> Iterator[Dir]:
+    """The directory that holds names[-1], reached from root one directory at a time (Dir.at: none of them a link;
+    refused, saying what it is: NotOurs, an OSError the sync retries, of errno ELOOP for a link, ENOTDIR for
     anything else that is not a directory). `root`: the root's path (a read: the remote as configured) or, for a
     write, its Dir (LocalRemote._root), whose descriptor is where the walk starts; a write's directories below the
-    root are this user's (OWN_UIDS: one swapped in by another user since it was made is NotOurs, not written into)."""
-    fd = os.dup(root.fd) if isinstance(root, Dir) else os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    root are this user's (OWN_UIDS: one swapped in by another user since it was made is NotOurs, not written into).
+    Every write below the root goes through the Dir yielded here: its descriptor, never a path."""
+    if isinstance(root, Dir):
+        here = Dir(os.dup(root.fd), root.path)
+    else:
+        here = Dir(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), pathlib.Path(root))
     try:
         for i, name in enumerate(names[:-1]):
             try:
-                below = os.open(name, DIR_FLAGS, dir_fd=fd)
+                below = Dir.at(here, name)
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
                 # Linux says ENOTDIR for a link too (O_DIRECTORY): the entry itself tells a reader which it met
-                found = errno.ELOOP if _is_link(name, fd) else errno.ENOTDIR
+                found = errno.ELOOP if _is_link(here, name) else errno.ENOTDIR
                 where = in_root(root, *names[:i + 1]) if isinstance(root, Dir) else "/".join([root, *names[:i + 1]])
                 raise NotOurs(found, f"{show(*names[:i + 1])} is {what_is(where)}: not followed") from None
-            os.close(fd)
-            fd = below
-            if isinstance(root, Dir) and (uid := os.fstat(fd).st_uid) not in OWN_UIDS:  # a write goes only into ours
-                raise NotOurs(errno.EPERM, f"{show(*names[:i + 1])} is a directory of uid {uid}, not made by this "
-                                           f"user's sync: never written into")
-        yield fd
+            here.close()
+            here = below
+            if isinstance(root, Dir) and not owner_in(st := os.fstat(here.fd), OWN_UIDS):  # writes: into ours only
+                raise NotOurs(errno.EPERM, f"{show(*names[:i + 1])} is a directory of uid {st.st_uid}, not made by "
+                                           f"this user's sync: never written into")
+        yield here
     finally:
-        os.close(fd)
+        here.close()
 
 
-def _is_link(name: str, dir_fd: int) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
-    except OSError:
-        return False
+def _is_link(where: Dir, name: str) -> bool:
+    with contextlib.suppress(OSError):
+        st = where.lstat(name)
+        return st is not None and stat.S_ISLNK(st.st_mode)
+    return False
 
 
 def _taken(root: Dir, names: tuple[str, ...], show: Show) -> NotOurs:
@@ -361,34 +350,36 @@ def mkdir_new(root: Dir, names: tuple[str, ...], show: Show, made: int = 0) -> N
     first, in the root, holding this user's REMOTE_MARK where the share gives it another owner than this process's
     uid (not_made_here: what a sync may remove later). `made`: how many of names the caller made already."""
     for i in range(made + 1, len(names) + 1):
-        with parent_fd(root, names[:i], show) as fd:
+        with parent_dir(root, names[:i], show) as parent:
             try:
-                os.mkdir(names[i - 1], 0o777, dir_fd=fd)
+                parent.make_dir(names[i - 1])
             except FileExistsError:
                 raise _taken(root, names[:i], show) from None
-            uid = _made_owner(root, fd, names[:i], show)
-        if i == 1 and uid != own_uid():  # a squashing share: the owner cannot tell this user's from another's
+            st = _made_owner(root, parent, names[:i], show)
+        if i == 1 and not owned_by_me(st):  # a squashing share: the owner cannot tell this user's from another's
             _mark_new(root, names[0], show)
 
 
-def _made_owner(root: Dir, fd: int, names: tuple[str, ...], show: Show) -> int:
-    """The owner of the directory just made at names (in the directory `fd`): one the share gives this process's
+def _made_owner(root: Dir, parent: Dir, names: tuple[str, ...], show: Show) -> os.stat_result:
+    """The directory just made at names (in `parent`) as lstat sees it, of an owner the share gives this process's
     files. It is read from the name, which another user who can write there may have swapped for his own directory
-    since the mkdir: so an owner not known yet is learnt from a file made new (learn_own_uid_at: O_EXCL, read from
+    since the mkdir: so an owner not known yet is learnt from a file made new (given_owner: O_EXCL, read from
     its descriptor), never from what the name shows; a directory at the name owned by anyone else is his (NotOurs:
     the caller's copy takes another name), and his uid never becomes "ours"."""
-    uid = os.stat(names[-1], dir_fd=fd, follow_symlinks=False).st_uid
-    if uid not in OWN_UIDS:
+    st = parent.lstat(names[-1])
+    if st is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), names[-1])
+    if not owner_in(st, OWN_UIDS):
         try:
-            learn_own_uid_at(root.fd)
+            OWN_UIDS.learn(given_owner(root))
         except OSError as e:  # the directory goes again: unmarked and of an unknown owner, no later sync removes it
             with contextlib.suppress(OSError):
-                os.rmdir(names[-1], dir_fd=fd)
+                parent.remove_dir(names[-1])
             raise OSError(e.errno, f"{show(*names)}: cannot learn the owner this share gives new files "
                                    f"({e.strerror or e}); the directory just made was removed") from None
-    if uid not in OWN_UIDS:
+    if not owner_in(st, OWN_UIDS):
         raise _taken(root, names, show)
-    return uid
+    return st
 
 
 def _mark_new(root: Dir, name: str, show: Show) -> None:
@@ -398,19 +389,18 @@ def _mark_new(root: Dir, name: str, show: Show) -> None:
         with os.fdopen(open_new(root, (name, REMOTE_MARK), show), "wb") as f:
             f.write(mark())
     except BaseException:
-        with contextlib.suppress(OSError), parent_fd(root, (name, REMOTE_MARK), show) as fd:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(REMOTE_MARK, dir_fd=fd)
-            with parent_fd(root, (name,), show) as root_fd:
-                os.rmdir(name, dir_fd=root_fd)
+        with contextlib.suppress(OSError), parent_dir(root, (name, REMOTE_MARK), show) as made:
+            made.remove_file(REMOTE_MARK)
+            with parent_dir(root, (name,), show) as top:
+                top.remove_dir(name)
         raise
 
 
 def open_new(root: Dir, names: tuple[str, ...], show: Show) -> int:
     """A new file at names below root, opened for writing: never one already there, nor through a link."""
-    with parent_fd(root, names, show) as fd:
+    with parent_dir(root, names, show) as parent:
         try:
-            return os.open(names[-1], NEW_FILE, 0o666, dir_fd=fd)
+            return parent.open_new(names[-1])
         except FileExistsError:
             raise _taken(root, names, show) from None
 
@@ -423,35 +413,26 @@ def set_aside(root: Dir, name: str, reason: str, show: Show) -> str:
     st = root.lstat(name)  # first: the identity moved below is the one not_made_here judges
     judged = None if st is None else (st.st_dev, st.st_ino)
     for entry, why in ((name, not_made_here(in_root(root, name), judged)),
-                       (QUARANTINE, not_ours(in_root(root, QUARANTINE)))):  # moved into, not moved
+                       (QUARANTINE, why_foreign(in_root(root, QUARANTINE)))):  # moved into, not moved
         if why:
             raise NotOurs(errno.EEXIST, f"{show(entry)} is {why}: not this run's, left as it is")
     with contextlib.suppress(NotOurs):  # there already: opened no-follow and its owner checked below
         mkdir_new(root, (QUARANTINE,), show)
-    with parent_fd(root, (name,), show) as root_fd, parent_fd(root, (QUARANTINE, name), show) as into_fd:
-        if (uid := os.fstat(into_fd).st_uid) not in OWN_UIDS:  # made by another between the check and the open
-            raise NotOurs(errno.EEXIST, f"{show(QUARANTINE)} is a directory owned by uid {uid}: not this "
-                                                f"run's, never moved into")
+    with parent_dir(root, (name,), show) as top, parent_dir(root, (QUARANTINE, name), show) as into:
+        if not owner_in(into_st := os.fstat(into.fd), OWN_UIDS):  # made by another between the check and the open
+            raise NotOurs(errno.EEXIST, f"{show(QUARANTINE)} is a directory owned by uid {into_st.st_uid}: not "
+                                        f"this run's, never moved into")
         stamp, n = time.strftime("%Y%m%dT%H%M%S"), 1
-        while _exists(dest := quarantine_name(name, stamp, n), into_fd):
+        while into.lstat(dest := quarantine_name(name, stamp, n)) is not None:
             n += 1
-        os.rename(name, dest, src_dir_fd=root_fd, dst_dir_fd=into_fd)  # a link swapped in moves as itself
-        moved = os.lstat(dest, dir_fd=into_fd)
-        if (moved.st_dev, moved.st_ino) != judged:  # another moved there after the look: back where it was
+        top.rename(name, into, dest)  # a link swapped in moves as itself
+        if into.identity_of(dest) != judged:  # another moved there after the look: back where it was
             back = False
             with contextlib.suppress(OSError):
-                back = renameat2(into_fd, dest, root_fd, name, RENAME_NOREPLACE)
+                back = renameat2(into.fd, dest, top.fd, name, RENAME_NOREPLACE)
             raise NotOurs(errno.EEXIST, f"{show(name)} is a directory moved there while it was looked at: not this "
                                         f"run's, " + ("put back" if back else f"left at {show(QUARANTINE, dest)}"))
     # through directories opened no-follow: a link swapped in for name is refused here, never written through
     with os.fdopen(open_new(root, (QUARANTINE, dest, REASON_FILE), show), "w", encoding="utf-8") as f:
         f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {reason}\n")
     return "/".join([str(root.path), QUARANTINE, dest])
-
-
-def _exists(name: str, dir_fd: int) -> bool:
-    try:
-        os.lstat(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False
-    return True

@@ -28,6 +28,7 @@ from minilmd.daemon.base.runstate import names_remote, state_owners
 from minilmd.daemon.base.statesections import RemoteCheckpoint
 from minilmd.shared_place import Place, gone_or_typo, look
 from minilmd.untrusted import MAX_LINE_DEPTH, Unreadable, loads, open_regular
+from minilmd.urls import open_fs
 
 EVENTS_MAX_LINE = 1 << 16
 """A line of events.jsonl longer than this is no sync record (one is a few hundred bytes): not parsed."""
@@ -38,13 +39,11 @@ def remote_absent(url: str) -> str:
     /nfs/x: ...)", "an empty directory (...)", "unreadable (...)", "not a directory (...)"); "" when it answers
     (holding checkpoints or not). minilmd/shared_place.py decides, as for every other shared place; a URL fsspec
     cannot open: "out of reach: it cannot be opened (...)", read after "URL is"."""
-    import fsspec  # light; the remote may be any fsspec URL
-
     try:
-        fs, root = fsspec.core.url_to_fs(url)
+        opened = open_fs(url)  # the remote may be any fsspec URL
     except (ValueError, ImportError, OSError) as e:
         return f"out of reach: it cannot be opened ({e})"
-    found = look(root.rstrip("/") or "/", names.LATEST, fs)
+    found = look(opened.root, names.LATEST, opened.fs)
     return "" if found.place in (Place.THERE, Place.LACKS) else str(found)
 
 
@@ -54,14 +53,11 @@ def not_made_yet(url: str) -> bool:
     (shared_place.gone_or_typo's evidence of a place that answers: an unmounted share's mount point reads as its
     empty stub). The first sync makes it, itself only (its parent must be there: minilmd/path_checks.py
     remote_problems). False for a store (s3, sftp): nothing tells there."""
-    import fsspec
-    from fsspec.implementations.local import LocalFileSystem
-
     try:
-        fs, root = fsspec.core.url_to_fs(url)
+        _, root, local = open_fs(url)
     except (ValueError, ImportError, OSError):
         return False
-    return isinstance(fs, LocalFileSystem) and bool(gone_or_typo(root))
+    return local and bool(gone_or_typo(root))
 
 
 SYNCED, NEVER, UNKNOWN = "synced", "never", "unknown"

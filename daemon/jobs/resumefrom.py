@@ -26,6 +26,7 @@ from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.corpus_meta import data_format_of, read_corpus_meta
 from minilmd.probes import bounded_probe
 from minilmd.shared_place import same_source, staged_from
+from minilmd.urls import is_url
 
 if TYPE_CHECKING:
     from minilmd.checkpoint import CheckpointMismatch, Expectation
@@ -182,7 +183,7 @@ def expectation(cfg: RunConfig) -> Expectation:
 
 def _corpus_meta(cfg: RunConfig) -> dict | None:
     prepared = cfg.data.prepared
-    if prepared and "://" not in prepared:
+    if prepared and not is_url(prepared):
         answered, meta, _ = bounded_probe(read_corpus_meta, prepared)
         if answered and meta is not None:
             return meta

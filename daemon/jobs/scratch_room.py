@@ -23,6 +23,7 @@ from minilmd.fmt import fmt_mb as _mb
 from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER
 from minilmd.perms import own_uid
+from minilmd.urls import is_url
 
 MIB = 1024 ** 2
 GIB = 1024 ** 3
@@ -206,7 +207,7 @@ def run_space_need(cfg: RunConfig) -> SpaceNeed | None:
     meta.json). Reads shared storage: `run_space_problem` asks it in a bounded thread."""
     from minilmd.daemon.jobs.initstage import space_parts
 
-    meta = read_corpus_meta(cfg.data.prepared) if "://" not in cfg.data.prepared else None
+    meta = read_corpus_meta(cfg.data.prepared) if not is_url(cfg.data.prepared) else None
     files = meta.get("files") if meta else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int)
                                               for e in files.values()):

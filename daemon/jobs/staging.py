@@ -35,11 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from minilmd import scratch as scratchmod
+from minilmd.backoff import STAGING_COPY_FIRST_S, STAGING_COPY_MAX_S, STAGING_COPY_RETRIES, exponential
 from minilmd.corpus_meta import CorpusError, listed_files, loads_meta, parse_meta
 from minilmd.daemon.jobs.scratch_room import check_fit
 from minilmd.daemon.jobs.staging_errors import ScratchFull, SourceInvalid, SourceUnreachable, StagingError
 from minilmd.fmt import fmt_mb as _mb
-from minilmd.fsio import dir_table_problems, is_local_fs, publish_dir, table_problems
+from minilmd.fsio import dir_table_problems, publish_dir, table_problems
+from minilmd.names import COPY_CHUNK_BYTES as CHUNK
 from minilmd.names import CORPUS_META as META
 from minilmd.names import (
     CORPUS_META_MAX_BYTES,
@@ -51,8 +53,7 @@ from minilmd.names import (
 )
 from minilmd.shared_place import Place, look, record_staged_from, same_source, staged_from
 from minilmd.untrusted import Unreadable, open_regular, read_bytes, size_text
-
-CHUNK = 8 * 1024 * 1024
+from minilmd.urls import is_local_fs, open_fs
 
 
 @dataclass
@@ -136,13 +137,11 @@ def _earlier_files(old: Path, meta: dict) -> dict[str, dict]:
 
 # --- copying --------------------------------------------------------------------------------------------------------
 def _open_source(source: str):
-    import fsspec  # light, but only the supervisor needs it
-
     try:
-        fs, root = fsspec.core.url_to_fs(source)
+        opened = open_fs(source)
     except (ValueError, ImportError) as e:
         raise StagingError(f"cannot open corpus source {source!r}: {e}") from e
-    return fs, root.rstrip("/")
+    return opened.fs, opened.root
 
 
 def _read_meta(fs, root: str, source: str) -> tuple[bytes, dict]:
@@ -211,7 +210,7 @@ class _Copier:
         last, error = "", None
         for attempt in range(self.retries + 1):
             if attempt:
-                wait = self.backoff_s * 2 ** (attempt - 1)
+                wait = exponential(self.backoff_s, attempt, cap_s=STAGING_COPY_MAX_S)
                 self.log(f"staging: retrying {rel} in {wait:.1f}s (attempt {attempt + 1} of {self.retries + 1}): "
                          f"{last}")
                 time.sleep(wait)
@@ -312,7 +311,8 @@ def _source_reads(rel: str):
 
 
 def stage(source: str, scratch_dir: str | os.PathLike, progress: Callable[[StageProgress], None] | None = None,
-          *, retries: int = 3, backoff_s: float = 1.0, memory_headroom_bytes: int | None = None,
+          *, retries: int = STAGING_COPY_RETRIES, backoff_s: float = STAGING_COPY_FIRST_S,
+          memory_headroom_bytes: int | None = None,
           log: Callable[[str], None] = lambda msg: None, from_copy: Callable[[str], None] = lambda why: None) -> Path:
     """Stage the prepared corpus at `source` (path or fsspec URL) into `<scratch_dir>/corpus` and return that path.
 

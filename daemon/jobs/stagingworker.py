@@ -10,7 +10,7 @@ the supervisor's. A remote that cannot be read while scratch holds no checkpoint
 hold a newer checkpoint, so the run never silently starts from step 0; the worker keeps retrying the fetch and shows
 "remote unavailable" in status. So is a remote that lists nothing because it is out of reach (not there, an empty
 mount point, a link to nowhere) when the run has synced before, unless `run --fresh` (daemon/jobs/remotewait.py).
-A source whose reads block (a stalled mount: no error, no answer) for longer than SYNC_STALLED_AFTER_S, while the
+A source whose reads block (a stalled mount: no error, no answer) for longer than MINILMD_SYNC_STALLED_AFTER, while the
 corpus, the probe or init.from (or a LoRA base's copy on the remote) is staged, is shown as stalled (state.json
 "staging.stalled": "<what> not answering since T (stalled)") until a read of it returns. Torch-free.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from minilmd import names, protocol, scratch
 from minilmd.batch_stream import change_note, newest_recorded, stream_changes
 from minilmd.checkpoint_dirs import local_checkpoint_steps
 from minilmd.daemon.base import timeline
+from minilmd.daemon.base.knobs import SYNC_STALLED_AFTER
 from minilmd.daemon.base.runstate import RunState, fmt_time, now
 from minilmd.daemon.base.states import StagingState, SyncState
 from minilmd.daemon.base.statesections import LocalCheckpoint, StagingStall
@@ -32,7 +34,6 @@ from minilmd.daemon.base.worker import Inbox, ReadWatch, Worker
 from minilmd.daemon.child.policy import backoff_seconds
 from minilmd.daemon.jobs import initstage, remotewait
 from minilmd.daemon.jobs.staging_errors import ProbeUnreachable, ScratchFull, SourceUnreachable
-from minilmd.daemon.jobs.syncworker import SYNC_STALLED_AFTER_S
 from minilmd.names import step_of
 from minilmd.probes import init_from_notes
 
@@ -66,8 +67,10 @@ class StagingWorker:
     event, `inbox` takes the staging code's messages from its thread, `syncer_for(expected)` gives a Syncer."""
 
     def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, syncer_for, rng: random.Random | None = None,
-                 fresh: bool = False):
+                 fresh: bool = False, stalled_after_s: float = SYNC_STALLED_AFTER.default_s):
         self.cfg = cfg
+        self.stalled_after_s = stalled_after_s
+        """A fetch or a source read running longer than this is stalled (daemon/base/knobs.py)."""
         self.fresh = fresh
         """`minilmd run --fresh`: with no checkpoint in scratch and a remote that cannot be read, start from step 0
         rather than wait for the remote (daemon/jobs/remotewait.py). For the first staging only: a later one (scratch
@@ -91,6 +94,9 @@ class StagingWorker:
         self.fetch_started = 0.0  # set by the thread while it reads the remote
         self.inputs: dict[str, str] = {}
         """The `--set` overrides naming the staged probe and init.from (daemon/jobs/initstage.py) for the trainer."""
+        self.ranks: Callable[[], int] | None = None
+        """The ranks the trainer is launched with (the supervisor's: its leased cards, a Slurm job's nodes x cards),
+        what a checkpoint's recorded world size is compared with; None: the config's (cfg.world_size)."""
         self.pending: Staged | None = None  # corpus staged (and fetched): the probe and init.from still to stage
         self.source_failures = 0
         self.source_retry_at = 0.0
@@ -216,7 +222,7 @@ class StagingWorker:
                 self.emit("fetch", f"--fresh: the remote step {self.state.remote_checkpoint.step} state.json "
                                    f"recorded is forgotten; this run syncs its own checkpoints from now on")
                 self.state.remote_checkpoint = None
-        self._record_shape_change()
+        self.record_shape_change()
         self.fresh, self.records = False, None  # the first staging has ended: a later one waits as any run does
         if initstage.needed(self.cfg):  # the probe and init.from next, in a thread of their own
             self.pending = Staged(staged, expected, fetched)
@@ -225,16 +231,19 @@ class StagingWorker:
         self.inputs = {}
         return Staged(staged, expected, fetched)
 
-    def _record_shape_change(self) -> None:
+    def record_shape_change(self, staged: bool = True) -> None:
         """Scratch's newest checkpoint (the one the trainer resumes from) recording other batch stream settings than
         the run has now (minilmd/batch_stream.py): event "data_shape", and a line in state.json's shape_changes, for
-        which `status` says the run is not bit-reproducible. A start from step 0 (a new lineage) forgets them."""
+        which `status` says the run is not bit-reproducible. A start from step 0 (a new lineage) forgets them. Also
+        called by the supervisor when its OOM retry sets a smaller micro-batch (a relaunch stages nothing; `staged`
+        False): the line says it was that retry, and a later staging finding the same change says it no more."""
         newest = newest_recorded(self.cfg.checkpoint_dir)
         if newest is None:
-            self.state.shape_changes = []
+            if staged:  # staging's start from step 0; not the supervisor's retry, which a staging may follow
+                self.state.shape_changes = []
             return
         step, recorded = newest
-        changes = stream_changes(self.cfg, recorded, self.state.overrides)
+        changes = stream_changes(self.cfg, recorded, self.state.overrides, self.ranks() if self.ranks else None)
         line = f"step {step:,}: {', '.join(changes)}"
         if changes and line not in self.state.shape_changes:  # a restart before the next save: said once
             self.state.shape_changes.append(line)
@@ -359,7 +368,7 @@ class StagingWorker:
 
     def _flag_stalled_fetch(self) -> None:
         started = self.fetch_started
-        if started and now() - started > SYNC_STALLED_AFTER_S and \
+        if started and now() - started > self.stalled_after_s and \
                 self.state.sync.state != SyncState.UNAVAILABLE:
             message = f"remote unavailable: fetching from {self.cfg.run.remote} has been running for " \
                       f"{now() - started:.0f}s"
@@ -368,10 +377,10 @@ class StagingWorker:
             self.emit("fetch", f"{message}; waiting for it (not starting from step 0)")
 
     def _flag_stalled_read(self) -> None:
-        """A source whose reads have not returned for SYNC_STALLED_AFTER_S: stalled, in state.json and the log
+        """A source whose reads have not returned for `stalled_after_s`: stalled, in state.json and the log
         (once); a read that returns again ends it."""
         what, answered = self.reads.what, self.reads.answered
-        if not what or now() - answered <= SYNC_STALLED_AFTER_S:
+        if not what or now() - answered <= self.stalled_after_s:
             self._answered_again()
             return
         staging = self.state.staging

@@ -65,6 +65,12 @@ class SyncError(RuntimeError):
     """A sync or fetch failed; the message names the checkpoint, the remote and the cause. Retry later."""
 
 
+class RemoteNotOurs(SyncError):
+    """The remote's owner record (owner.json) is not this run's claim any more: replaced, renamed or made another
+    run's since this run synced there. Nothing is written there; like a remote out of reach, retried (its owner may
+    put it right), but said with its reason (daemon/jobs/syncworker.py) and never a failed run (daemon/ending.py)."""
+
+
 class RemoteFull(SyncError):
     """No room on the remote (ENOSPC, EDQUOT); `free`: bytes left there once the half copy went (None: unknown)."""
 
@@ -197,7 +203,7 @@ class Syncer(Fetcher):
             if remote_claim.ensure(self.remote, self.claim):
                 self.log(f"sync: claimed {self.remote_url} for this run ({self.remote.show(REMOTE_OWNER)})")
         except remote_claim.ClaimRefused as e:
-            raise SyncError(f"sync to {self.remote_url} refused: {e}") from None
+            raise RemoteNotOurs(f"sync to {self.remote_url} refused: {e}") from None
 
     def _claim_refused(self) -> str | None:
         """Why the fetch may take nothing from the remote (another run's claim); None also when the claim cannot be

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minilmd import names
+from minilmd.backoff import SYNC_RETRY_FIRST_S, exponential
 from minilmd.checkpoint_dirs import local_checkpoint_steps
+from minilmd.daemon.base.knobs import DEFAULTS, Knobs
 from minilmd.daemon.base.runstate import RunState, now
 from minilmd.daemon.base.states import SyncState
 from minilmd.daemon.base.statesections import RemoteCheckpoint
@@ -33,10 +35,6 @@ from minilmd.untrusted import loads, read_bytes
 if TYPE_CHECKING:
     from minilmd.daemon.jobs.sync import Syncer
 
-PRUNE_UNSYNCED_AFTER_MIN_S = float(os.environ.get(names.PRUNE_UNSYNCED_AFTER_ENV, "60"))
-"""With the remote failing, scratch is pruned without a sync after max(2 x sync.every, this)."""
-SYNC_STALLED_AFTER_S = float(os.environ.get(names.SYNC_STALLED_AFTER_ENV, "120"))
-"""A sync (or a remote fetch) running longer than this is shown as stalled; it keeps running in its thread."""
 FINAL_SYNC_TRIES = 3
 """Attempts of the last sync after the trainer finished or stopped before the supervisor gives up on it."""
 ROOM_FOR = 2
@@ -66,15 +64,17 @@ def checkpoint_bytes(path: Path) -> int | None:
 class SyncWorker:
     """Owns the Syncer, the sync thread and the retry/prune timing. `state` is the run's RunState (its "sync" and
     "remote_checkpoint" entries are written here), `emit(kind, message, **details)` logs an event, `inbox` takes
-    the Syncer's messages from its thread."""
+    the Syncer's messages from its thread; `knobs` how long a sync runs before it is stalled, how long a failing
+    remote is waited for before scratch is pruned without a sync (daemon/base/knobs.py)."""
 
-    def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, stalled_after_s: float = SYNC_STALLED_AFTER_S):
+    def __init__(self, cfg, infra, state: RunState, emit, inbox: Inbox, knobs: Knobs = DEFAULTS):
         self.cfg = cfg
         self.infra = infra
         self.state = state
         self.emit = emit
         self.inbox = inbox
-        self.stalled_after_s = stalled_after_s
+        self.stalled_after_s = knobs.sync_stalled_after_s
+        self.prune_unsynced_after_s = knobs.prune_unsynced_after_s
         self.syncer: Syncer | None = None
         self.worker: Worker | None = None
         self.next_at = 0.0
@@ -85,6 +85,7 @@ class SyncWorker:
         self.remote_full: tuple[int | None, int | None] | None = None  # (needs, free) when the last sync found no room
         self.waited_for_room = False  # the last sync has waited for room on the remote
         self.room_wait = ""  # why the last sync waits, with the numbers of its latest try: the phase's reason
+        self.not_ours = ""  # why the last sync was refused: run.remote's owner record no longer this run's
         self.copying: Path | None = None  # the newest local checkpoint when the running sync started
         self.healthy_since = now()  # last verified sync, or the start: "the remote fails for a long time" from here
         self._sizes: dict[str, int | None] = {}  # checkpoint_bytes by step name: a checkpoint never changes
@@ -196,6 +197,13 @@ class SyncWorker:
             return f"that was the last of {FINAL_SYNC_TRIES} tries: no retry"
         return f"retry in {retry:.0f}s (try {self.final_tries}/{FINAL_SYNC_TRIES})"
 
+    def _out_of_reach(self) -> str:
+        """What a remote whose owner record is no longer this run's means: a remote out of reach, said why."""
+        goes_on = "" if self.final_tries else "training goes on, "
+        return (f"run.remote's owner record is no longer this run's: {goes_on}the checkpoints stay in scratch "
+                f"({self.cfg.checkpoint_dir}) and nothing is written to the remote; once the record is this run's "
+                f"again (or gone: the next sync claims the remote again), the syncs go on")
+
     def _remote_full(self) -> str:
         needs, free = self.remote_full or (None, None)
         return f"remote full (needs {mb(needs)}, free {mb(free)})"
@@ -231,19 +239,21 @@ class SyncWorker:
         if worker.error is not None:
             self.failures += 1
             self.failing_since = self.failing_since if self.failures > 1 and self.failing_since else now()
-            retry = min(every, 5.0 * 2 ** (self.failures - 1))
+            retry = exponential(SYNC_RETRY_FIRST_S, self.failures, cap_s=every)
             self.next_at = now() + retry
             said = error_words(worker.error)
             sync.state, sync.error, sync.since = SyncState.FAILED, said, now()
             self.state.record_error(f"sync failed: {said}")
-            from minilmd.daemon.jobs.sync import RemoteFull  # loaded by the worker by now: sync imports numpy
+            from minilmd.daemon.jobs.sync import RemoteFull, RemoteNotOurs  # loaded by the worker: sync imports numpy
 
             if isinstance(worker.error, RemoteFull):  # what the checkpoint needs, what the remote had left
                 self.remote_full = (self._size(copied.name) if copied is not None else None, worker.error.free)
-            self.emit("sync", f"sync failed ({said}); {self._next_try(retry, worker.error)}")
+            self.not_ours = said if isinstance(worker.error, RemoteNotOurs) else ""
+            what = f"sync refused ({said}); {self._out_of_reach()}" if self.not_ours else f"sync failed ({said})"
+            self.emit("sync", f"{what}; {self._next_try(retry, worker.error)}")
             return
         result = worker.result
-        self.failures, self.failing_since = 0, None
+        self.failures, self.failing_since, self.not_ours = 0, None, ""
         self.next_at = now() + every
         sync.state, sync.error, sync.since, sync.last_ok = SyncState.OK, None, now(), now()
         step = getattr(result, "step", None)
@@ -319,7 +329,7 @@ class SyncWorker:
         return paths
 
     def _prune_if_remote_down(self) -> None:
-        patience = max(2 * self.cfg.sync.every_s, PRUNE_UNSYNCED_AFTER_MIN_S)
+        patience = max(2 * self.cfg.sync.every_s, self.prune_unsynced_after_s)
         if now() - self.healthy_since < patience:  # a verified sync lately (each failed try is short on a dead NFS)
             return
         if len(local_checkpoint_steps(self.cfg.checkpoint_dir)) <= self.cfg.train.keep_local + 1:

@@ -207,15 +207,14 @@ def on_signal(job: SlurmJob | None, signals, emit) -> None:
     """The supervisor's signal record (`signals.usr1`, `signals.stop`) in a Slurm job: USR1 is a preemption that
     also asks the stop (the trainer saves, the last sync runs); so is the first SIGTERM. Outside Slurm USR1 does
     nothing."""
-    if signals.usr1:
-        signals.usr1 = False
+    if signals.take_usr1():
         if job is None:
             emit("signal", "SIGUSR1 ignored: this supervisor is not in a Slurm job")
             return
         if job.preempt("USR1"):
             emit("slurm", "SIGUSR1 from Slurm (a preemption or the time limit is near): the trainer saves at its "
                           "next step, then the last sync, then the job is requeued unless the budget is done")
-            signals.stop = max(signals.stop, 1)
+            signals.stop_as_first_signal()
         return
     if job is not None and signals.stop and job.preempt("SIGTERM"):
         emit("slurm", "SIGTERM in a Slurm job: the trainer saves at its next step, then the last sync, then the "

@@ -353,10 +353,13 @@ def recent_loss(run_dir: Path, lines: int = RECENT_LINES) -> list[dict]:
                           and isinstance(rec.get("loss"), (int, float)) and not isinstance(rec.get("loss"), bool)])
 
 
-def sparkline_line(run_dir: Path) -> str | None:
+def sparkline_line(run_dir: Path, upto: int | None = None) -> str | None:
     """"  loss ▇▅▄▃▂▂▁▁ steps 100-500: 3.2100 -> 2.1000", or None when no train line was logged yet. No ETA here:
-    the step line above it gives the run's one ETA (state.json's, as `status --all` does)."""
-    recs = numbers_only(recent_loss(run_dir))
+    the step line above it gives the run's one ETA (state.json's, as `status --all` does). `upto`: the step that
+    line shows; lines of later steps (logged since state.json was written) are left out, so that both lines tell
+    the run at one moment."""
+    recs = [r for r in numbers_only(recent_loss(run_dir))
+            if upto is None or (isinstance(r.get("step"), int) and r["step"] <= upto)]
     if not recs:
         return None
     losses = [float(r["loss"]) for r in recs]

@@ -1,7 +1,8 @@
 """`minilmd status` with no run directory (or `--all`): one line per run of this machine that the user may see,
 from the registry (daemon/host/registry.py); `minilmd forget RUN`.
 
-Each row: name, phase (with "not running" when its supervisor is gone before the end, "vanished" when its run
+Each row: name, phase (with "not running" when its supervisor is gone before the end, "killed or crashed" after a
+final phase it never wrote its outcome for, "vanished" when its run
 directory is gone, "unreadable (why)" when its state.json is not a file its owner wrote: a FIFO, a link, too big,
 not a JSON object), step/total, loss, tok/s, ETA, the GPUs held or how long it has waited for them, the last
 successful sync's age, restarts; "(stop requested)" after the phase while `minilmd stop`'s request is left
@@ -17,7 +18,6 @@ Nor does one user's flood of entries: another user with more than GROUP_ABOVE ru
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -30,7 +30,7 @@ from minilmd.daemon.base.states import FINAL_PHASES, Phase
 from minilmd.daemon.base.statesections import StateJson
 from minilmd.daemon.host import registry
 from minilmd.fmt import fmt_duration
-from minilmd.procs import user_words
+from minilmd.perms import own_uid, user_words
 from minilmd.untrusted import Unreadable, printable, read_json
 
 COLUMNS = ("run", "phase", "step", "loss", "tok/s", "eta", "gpu", "sync", "restarts", "run_dir")
@@ -113,7 +113,8 @@ def rows_in_time(entries: list[registry.Entry], t: float) -> list[dict]:
 
 
 SHOWN_ENDINGS = {protocol.ENDED_STOPPED: "stopped", protocol.ENDED_EARLY_STOPPED: "early-stopped",
-                 protocol.ENDED_REQUEUED: "requeued", protocol.ENDED_CANCELLED: "cancelled"}
+                 protocol.ENDED_REQUEUED: "requeued", protocol.ENDED_CANCELLED: "cancelled",
+                 protocol.ENDED_UNSYNCED: "unsynced"}
 """A "done" run as the table shows it, by how it ended (the row's "ended", protocol.how_ended); finished: "done"."""
 
 
@@ -136,6 +137,8 @@ def _cells(r: dict) -> list[str]:
         phase += f" ({r['why']})"
     elif r.get("phase") not in (*FINAL_PHASES, "vanished", "unreadable", "not started") and not r.get("running"):
         phase += " (not running)"
+    elif r.get("phase") in FINAL_PHASES and r.get("ended") is None and not r.get("running"):
+        phase += " (killed or crashed)"  # its run ended, its supervisor did not exit cleanly: no outcome written
     if (request := r.get("stop_request")) and not request.get("problem"):
         phase += " (stop requested)"  # an automatic restart will not start it, until a start by hand
     step = "-" if r.get("step") is None else f"{r['step']:,}" + (f"/{r['total_steps']:,}" if r.get("total_steps")
@@ -179,7 +182,7 @@ def status_all(as_json: bool = False, out=None) -> int:
               f"supervisor registers its run when it starts)", file=out)
         _notes(scan.notes, out)
         return 0
-    rows, crowds = grouped(rows, os.getuid())
+    rows, crowds = grouped(rows, own_uid())  # an entry's uid is its supervisor's own_uid
     print("\n".join(table(rows) + crowds), file=out)
     for r in rows:
         if r.get("predecessor"):

@@ -114,8 +114,7 @@ def run_problem(run_dir: Path, command: str = "status") -> RunProblem | None:
 
 def _unreadable(run_dir: Path, error: OSError, command: str) -> RunProblem:
     """A run directory we cannot look into: another user's (named, from the directory's own lstat) or ours."""
-    from minilmd.perms import own_uid
-    from minilmd.procs import user_words
+    from minilmd.perms import own_uid, user_words
 
     why = error.strerror or str(error)
     try:
@@ -126,6 +125,6 @@ def _unreadable(run_dir: Path, error: OSError, command: str) -> RunProblem:
     if owner is None or owner == me:
         return RunProblem(f"{run_dir}: cannot be read ({why})", CANNOT_READ)
     then = ("nothing signalled; " if command == "stop" else "") + f"{user_words(owner)} can `minilmd {command}` it"
-    return RunProblem(f"{run_dir}: a directory of {user_words(owner)}, not yours ({user_words(me)}), that only "
+    return RunProblem(f"{run_dir}: a directory of {user_words(owner)}, not yours, {user_words(me)}, that only "
                       f"its owner may read ({why}; a run's default run.share = \"private\" makes it so): {then}",
                       CANNOT_READ)

@@ -252,7 +252,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     after_step = next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1
     if earlier := earlier_words(metrics):
         lines.insert(after_step, f"  {earlier}: status and plot show the current one only")
-    if spark := sparkline_line(run_dir):
+    if spark := sparkline_line(run_dir, upto=state.progress.step):  # the step line's moment
         lines.insert(after_step, spark)
     print("\n".join(printable(line) for line in lines), file=out)  # each line built from state.json's strings
     return 0

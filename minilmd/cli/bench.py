@@ -11,6 +11,8 @@ from collections.abc import Iterator
 
 import typer
 
+from minilmd.corpus.exits import interruptible
+
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks, printed side by side in one run.")
 
 
@@ -27,16 +29,11 @@ def private_compile_caches(what: str) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def interrupt_said(what: str) -> Iterator[None]:
-    """Ctrl-C ends a bench as it ends the other commands: exit 130 and one line saying so (typer's own handler
-    exits 130 without a word). The bench's temporary directories are removed as the interrupt unwinds through
-    them, before the line."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        print(f"{what}: interrupted, no figures; its temporary files removed", file=sys.stderr)
-        raise typer.Exit(130) from None
+def interrupt_said(what: str):
+    """Ctrl-C, SIGTERM or SIGHUP end a bench as they end the other commands (minilmd/corpus/exits.py
+    `interruptible`): exit 130 and one line saying so. The bench's temporary directories are removed as the
+    interrupt unwinds through them, before the line."""
+    return interruptible(f"{what}: interrupted, no figures; its temporary files removed")
 
 
 @bench_app.command("prepare")

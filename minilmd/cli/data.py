@@ -5,11 +5,9 @@ Torch-free all the way down: nothing here, nor anything these commands import, r
 """
 from __future__ import annotations
 
-import errno
-
 import typer
 
-from minilmd.corpus.exits import EXIT_IO, data_error_exit, interrupt_on_termination, prepare_exits
+from minilmd.corpus.exits import data_error_exit, interruptible, out_error_exit, prepare_exits
 
 commands = typer.Typer()
 """The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
@@ -55,12 +53,11 @@ def prepare_command(
     input (every bad line named as file:line: reason, the whole input read first; or a
     split would be empty), 2 bad arguments or tokenizer, an --out that --force may not replace, another prepare
     writing --out (OUT.lock beside it), another user's corpus for --append, or a directory of --out other users
-    can rearrange (without --group-share), 130 interrupted (Ctrl-C, SIGTERM: the cleanup runs first); nothing is
+    can rearrange (without --group-share), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the cleanup runs first); nothing is
     written unless 0."""
     from minilmd.corpus.analysis.scripts import parse_scripts
     from minilmd.corpus.prepare.pipeline import prepare
 
-    interrupt_on_termination()  # unwinds through prepare's cleanup: no half output, no temp dir left
     if append:
         from minilmd.corpus.prepare.append import append as append_to
 
@@ -97,26 +94,26 @@ def report_command(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Documents, tokens, length percentiles, documents by script, exact duplicates, and tokens per parameter
-    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments, 130 interrupted."""
+    against Chinchilla's ~20 for a model. Exit status: 0, 65 unreadable corpus, 2 bad arguments,
+    130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."""
     import json
 
     from minilmd.config import ConfigError
     from minilmd.corpus.analysis.report import format_report, refuse_chat_jsonl, report
     from minilmd.plan.model_budget import report_model
 
-    try:
-        if params or config:
-            refuse_chat_jsonl(corpus)
-        r = report(corpus, tokenizer=tokenizer, workers=None if workers < 0 else workers)
-        if params or config:
-            r["model"] = report_model(r, params=params or None, config=config, budget_tokens=budget_tokens or None)
-    except ConfigError as e:
-        raise data_error_exit(ValueError(str(e))) from None
-    except (ValueError, OSError) as e:
-        raise data_error_exit(e) from None
-    except KeyboardInterrupt:
-        typer.echo("corpus report: interrupted", err=True)  # typer's own handler exits 130 without a word
-        raise typer.Exit(130) from None
+    with interruptible("corpus report: interrupted"):
+        try:
+            if params or config:
+                refuse_chat_jsonl(corpus)
+            r = report(corpus, tokenizer=tokenizer, workers=None if workers < 0 else workers)
+            if params or config:
+                r["model"] = report_model(r, params=params or None, config=config,
+                                          budget_tokens=budget_tokens or None)
+        except ConfigError as e:
+            raise data_error_exit(ValueError(str(e))) from None
+        except (ValueError, OSError) as e:
+            raise data_error_exit(e) from None
     typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_report(r))
 
 
@@ -132,7 +129,8 @@ def count_command(
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
 ) -> None:
     """Occurrences (non-overlapping) and documents of each pattern, read in parallel over the corpus.
-    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments, 130 interrupted."""
+    Exit status: 0 (1 with --fail-if-found and a hit), 65 unreadable corpus, 2 bad arguments,
+    130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."""
     import json
 
     from minilmd.corpus.analysis.count import count, format_count
@@ -140,13 +138,11 @@ def count_command(
     if len(args) < 2:
         raise data_error_exit(ValueError("give at least one PATTERN and the CORPUS (last)"))
     *patterns, corpus = args
-    try:
-        r = count(corpus, patterns, regex=regex, workers=None if workers < 0 else workers)
-    except (ValueError, OSError) as e:
-        raise data_error_exit(e) from None
-    except KeyboardInterrupt:
-        typer.echo("corpus count: interrupted", err=True)  # typer's own handler exits 130 without a word
-        raise typer.Exit(130) from None
+    with interruptible("corpus count: interrupted"):
+        try:
+            r = count(corpus, patterns, regex=regex, workers=None if workers < 0 else workers)
+        except (ValueError, OSError) as e:
+            raise data_error_exit(e) from None
     typer.echo(json.dumps(r, indent=2, ensure_ascii=False) if as_json else format_count(r))
     if fail_if_found and any(p["occurrences"] for p in r["patterns"]):
         raise typer.Exit(1)
@@ -177,7 +173,7 @@ def demo_corpus_command(
     A file it would write that is in OUT already is refused (each named), nothing written, unless --force.
     Exit status: 0, 1 the package holding the text is missing, 2 bad arguments, a file already in OUT (without
     --force), an OUT in a directory others can rearrange (without --group-share), or one that cannot be made (under
-    a file, read-only), 74 a write failed (a full disk, EIO)."""
+    a file), 74 a write failed (no write permission in OUT, a full disk, EIO: the message names OUT)."""
     from pathlib import Path
 
     from minilmd.corpus.demo_chat import DemoChatError, write_chat_corpus, write_preference_corpus
@@ -208,11 +204,7 @@ def demo_corpus_command(
     except PlaceRefused as e:
         typer.echo(f"demo-corpus: {e}; nothing written", err=True)
         raise typer.Exit(2) from None
-    except OSError as e:  # OUT not makeable (a read-only directory: a bad argument), or a full disk, EIO: 74
-        io = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO)
-        where = f" ({e.filename})" if e.filename else ""
-        typer.echo(f"demo-corpus: OUT {out}: {e.strerror or e}{where}; no file was left half written"
-                   + ("; free space, then run it again" if io else ""), err=True)
-        raise typer.Exit(EXIT_IO if io else 2) from None
+    except OSError as e:  # OUT not writable or not makeable, a full disk, EIO: exit 74, as every output's
+        raise out_error_exit(e, "demo-corpus", out, "no file was left half written") from None
     for p in paths:
         typer.echo(str(p))

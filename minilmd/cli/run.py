@@ -47,13 +47,14 @@ def run_command(
     if check:
         from minilmd.config import ConfigError
         from minilmd.daemon import preflight
+        from minilmd.protocol import SUPERVISOR_CONFIG
 
         start: list[str] = []  # where the launch starts: resumes from step N (scratch|remote), or step 0
         try:
             cfg, waits = preflight.check_with_waits(config, set_, start, fresh, claim_remote)
         except ConfigError as e:
             typer.echo(str(e), err=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(SUPERVISOR_CONFIG) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
         from minilmd.corpus_meta import read_corpus_meta
         from minilmd.plan.budget import lr_line
@@ -104,15 +105,17 @@ def _init_wait(cfg) -> str:
 
 def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[str]:
     """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
-    "auto" and no NVIDIA driver: daemon/host/gpu.py), train on some preference pairs nothing (train.seq_len cuts
+    "auto" and no NVIDIA driver: daemon/host/gpu.py), need close to its device's memory (daemon/preflight.py
+    memory_fit), train on some preference pairs nothing (train.seq_len cuts
     their replies away: minilmd/probes.py), what the config may not mean (probes.stage_notes), take longer to stop
     than the systemd unit allows (a long restart.hang_timeout: daemon/preflight.py), keep its checkpoints only in
     scratch (no run.remote), take a remote over (`claim_remote`: what it takes, daemon/jobs/remote_claim.py)."""
     from minilmd.daemon.host.gpu import cpu_fallback
-    from minilmd.daemon.preflight import systemd_stop_note
+    from minilmd.daemon.preflight import memory_fit, systemd_stop_note
     from minilmd.probes import pairs_cut_warning, stage_notes
 
     notes = [why] if (why := cpu_fallback(cfg)) else []
+    notes += [near] if (near := memory_fit(cfg)[1]) else []  # a micro-batch close to the device's memory
     notes += [cut] if (cut := pairs_cut_warning(cfg)) else []  # replies train.seq_len cuts away: fewer than half
     notes += stage_notes(cfg)  # settings the stage ignores, DPO from random weights, what init.from's run was
     notes += [slow] if (slow := systemd_stop_note(cfg)) else []  # hang_timeout past the unit's TimeoutStopSec

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from minilmd.corpus.exits import data_error_exit, interrupt_on_termination, io_error_exit
+from minilmd.corpus.exits import EXIT_CONFIG, data_error_exit, interruptible, io_error_exit, out_dir_of, out_error_exit
 from minilmd.names import TOKENIZER_FILE
 
 tokenizer_app = typer.Typer(no_args_is_help=True, help="Train or inspect a tokenizer.")
@@ -50,7 +50,7 @@ def tokenizer_train_command(
     refused = place_problem("--out", out, "the tokenizer", OUT_ADVICE, own_links=True, group_share=group_share)
     for taken in filter(None, [refused, *(out_taken(path, force) for path in written)]):
         typer.echo(f"tokenizer train: {taken}; nothing written", err=True)  # before the training: none wasted
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_CONFIG)
     template_config = None
     if chat_template:
         try:
@@ -58,24 +58,26 @@ def tokenizer_train_command(
         except ChatTemplateError as e:
             raise data_error_exit(e) from None
 
-    interrupt_on_termination()  # as prepare: the training process is ended, nothing written
-    try:
-        # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
-        text, actual, bad = _train_in_child(corpus, on_bad_line, max_docs, vocab_size, sys.stdout.isatty())
-        _write_tokenizer(out, text, group_share)
-    except (InputError, TokenizerError) as e:
-        raise data_error_exit(e) from None
-    except PlaceRefused as e:  # looked at again when the directory is opened: rearranged during the training
-        typer.echo(f"tokenizer train: {e}; nothing written", err=True)
-        raise typer.Exit(2) from None
-    except OSError as e:
-        raise io_error_exit(e, "tokenizer train", f"{out} is as it was") from None
-    except KeyboardInterrupt:
-        typer.echo(f"tokenizer train: interrupted, nothing written ({out} is as it was)", err=True)
-        raise typer.Exit(130) from None
-    except RuntimeError as e:  # the training failed otherwise (not a read or write: not exit 74)
-        typer.echo(f"tokenizer train: the training failed: {e}; nothing written ({out} is as it was)", err=True)
-        raise typer.Exit(1) from None
+    # as prepare: the training process is ended, nothing written
+    with interruptible(f"tokenizer train: interrupted, nothing written ({out} is as it was)"):
+        writing = False
+        try:
+            # the tokenizers library's progress bars, piped, leave only empty lines on stdout: a terminal's alone
+            text, actual, bad = _train_in_child(corpus, on_bad_line, max_docs, vocab_size, sys.stdout.isatty())
+            writing = True
+            _write_tokenizer(out, text, group_share)
+        except (InputError, TokenizerError) as e:
+            raise data_error_exit(e) from None
+        except PlaceRefused as e:  # looked at again when the directory is opened: rearranged during the training
+            typer.echo(f"tokenizer train: {e}; nothing written", err=True)
+            raise typer.Exit(EXIT_CONFIG) from None
+        except OSError as e:
+            if writing:  # the output's directory, as every command that writes one says it
+                raise out_error_exit(e, "tokenizer train", out_dir_of(out), f"{out} is as it was") from None
+            raise io_error_exit(e, "tokenizer train", f"{out} is as it was") from None
+        except RuntimeError as e:  # the training failed otherwise (not a read or write: not exit 74)
+            typer.echo(f"tokenizer train: the training failed: {e}; nothing written ({out} is as it was)", err=True)
+            raise typer.Exit(1) from None
     bad.log_skipped(lambda line: typer.echo(line, err=True),
                     TOKENIZER_CHAT_ADVICE if CHAT_LINE in bad.counts else "")  # named as prepare names them
     typer.echo(f"wrote {out}: vocabulary of {actual}" + (f" (asked for {vocab_size})" if actual < vocab_size else ""))
@@ -85,9 +87,10 @@ def tokenizer_train_command(
                        f"{chat_template}")
         except PlaceRefused as e:
             typer.echo(f"tokenizer train: {e}; the tokenizer_config.json was not written", err=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(EXIT_CONFIG) from None
         except OSError as e:
-            raise io_error_exit(e, "tokenizer train", "the tokenizer_config.json was not written") from None
+            raise out_error_exit(e, "tokenizer train", out_dir_of(out),
+                                 "the tokenizer_config.json was not written") from None
 
 
 def _train_in_child(corpus: list[str], on_bad_line: str, max_docs: int, vocab_size: int,
@@ -210,9 +213,10 @@ def tokenizer_template_command(
         written = write_beside(target, config, group_share=group_share)
     except PlaceRefused as e:  # looked at again when the directory is opened: rearranged meanwhile
         typer.echo(f"tokenizer template: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_CONFIG) from None
     except OSError as e:
-        raise io_error_exit(e, "tokenizer template", "run it again to write both files") from None
+        raise out_error_exit(e, "tokenizer template", out_dir_of(target), "run it again to write both "
+                             "files") from None
     if not in_place:
         typer.echo(f"wrote {target}: {source} as it is (vocabulary of {vocab})")
     typer.echo(f"wrote {written}: chat template {chat_template} (the vocabulary of {vocab} unchanged)")
@@ -240,7 +244,7 @@ def _refuse_taken_outputs(what: str, target, in_place: bool, force: bool, group_
                             group_share=group_share)
     for taken in filter(None, [refused, *(out_taken(path, force) for path in outputs)]):
         typer.echo(f"{what}: {taken}; nothing written", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_CONFIG)
 
 
 @tokenizer_app.command("check")

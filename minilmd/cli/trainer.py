@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import typer
 
+from minilmd.corpus.exits import EXIT_CONFIG, interruptible
+
 commands = typer.Typer()
 """The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
 
@@ -57,7 +59,7 @@ def verify_command(
         expected = expectation_from_config(config, log=lambda s: typer.echo(s, err=True)) if config else None
     except ConfigError as e:
         typer.echo(f"minilmd verify: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_CONFIG) from None
     report = verify_report(path, expected)
     if json_:
         typer.echo(json.dumps(report, indent=2))
@@ -194,60 +196,52 @@ def export(
     exported, 2 an --out it must not write (a symbolic link; another export to it still running; a directory others can
     rearrange, without --group-share; a .pth already there without --force; a directory not empty), 74 the export
     could not be written (the message says why: a full disk or quota with the room left, permission denied, a
-    read-only or failing file system), 130 interrupted (Ctrl-C, SIGTERM)."""
-    import signal
-
+    read-only or failing file system), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."""
     from minilmd import perms
-
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt  # unwinds through the export's cleanup: its temporary copy removed
-
-    signal.signal(signal.SIGTERM, on_sigterm)
 
     if share_problem := perms.problem(share, "--share"):
         typer.echo(f"minilmd export: {share_problem}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_CONFIG)
     perms.apply(share)  # before anything is created
     from minilmd.trainer.model.export_paths import ExportError
 
-    try:
-        from minilmd.trainer.model.export import (  # torch: seconds, which a Ctrl-C may interrupt
-            export_hf,
-            find_chat_config,
-            minimind_eval_command,
-            minimind_weight,
-            write_minimind,
-        )
+    # Ctrl-C, SIGTERM, SIGHUP unwind through the export's cleanup: its temporary copy removed
+    with interruptible(f"minilmd export: interrupted; nothing half-written is left beside {out}"):
+        try:
+            from minilmd.trainer.model.export import (  # torch: seconds, which a Ctrl-C may interrupt
+                export_hf,
+                find_chat_config,
+                minimind_eval_command,
+                minimind_weight,
+                write_minimind,
+            )
 
-        if format == "minimind":
-            path, checked = write_minimind(checkpoint, out, merge, group_share, force)
-            try:  # only for the eval command's advice: the .pth is written and published, whatever this finds
-                chat = find_chat_config(checkpoint, tokenizer or None, checked=checked) is not None
-            except ExportError as e:
-                typer.echo(f"minilmd export: the chat template not looked up ({e}); the command below is a text "
-                           f"model's", err=True)
-                chat = False
-            weight = minimind_weight(checked.listed, chat)  # "dpo" for a DPO run's: MiniMind's dpo_<hidden>.pth
-            typer.echo(f"wrote {path} (fp16). "
-                       f"{minimind_eval_command(path, checked.state['config']['model'], chat, weight)}")
-        elif format == "hf":
-            path = export_hf(checkpoint, out, tokenizer or None, dtype, merge, group_share)
-            typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
-        elif format == "peft":
-            from minilmd.trainer.model.adapter import export_peft
+            if format == "minimind":
+                path, checked = write_minimind(checkpoint, out, merge, group_share, force)
+                try:  # only for the eval command's advice: the .pth is written and published, whatever this finds
+                    chat = find_chat_config(checkpoint, tokenizer or None, checked=checked) is not None
+                except ExportError as e:
+                    typer.echo(f"minilmd export: the chat template not looked up ({e}); the command below is a text "
+                               f"model's", err=True)
+                    chat = False
+                weight = minimind_weight(checked.listed, chat)  # "dpo" for a DPO run's: MiniMind's dpo_<hidden>.pth
+                typer.echo(f"wrote {path} (fp16). "
+                           f"{minimind_eval_command(path, checked.state['config']['model'], chat, weight)}")
+            elif format == "hf":
+                path = export_hf(checkpoint, out, tokenizer or None, dtype, merge, group_share)
+                typer.echo(f"wrote {path}: Qwen3ForCausalLM.from_pretrained({str(path)!r})")
+            elif format == "peft":
+                from minilmd.trainer.model.adapter import export_peft
 
-            path = export_peft(checkpoint, out, base_name, group_share)
-            if base_name:
-                typer.echo(f"wrote {path}: AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) (its base: "
-                           f"{base_name})")
+                path = export_peft(checkpoint, out, base_name, group_share)
+                if base_name:
+                    typer.echo(f"wrote {path}: AutoPeftModelForCausalLM.from_pretrained({str(path)!r}) (its base: "
+                               f"{base_name})")
+                else:
+                    typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
+                               f"{str(path)!r}); --base-name names that base for AutoPeftModelForCausalLM")
             else:
-                typer.echo(f"wrote {path}: PeftModel.from_pretrained(<the base exported with --format hf>, "
-                           f"{str(path)!r}); --base-name names that base for AutoPeftModelForCausalLM")
-        else:
-            raise ExportError(f"--format {format!r}: use minimind, hf or peft")
-    except ExportError as e:
-        typer.echo(f"minilmd export: {e}", err=True)
-        raise typer.Exit(e.exit_status) from None  # 2: an --out it must not write (a link, a live export's)
-    except KeyboardInterrupt:
-        typer.echo(f"minilmd export: interrupted; nothing half-written is left beside {out}", err=True)
-        raise typer.Exit(130) from None
+                raise ExportError(f"--format {format!r}: use minimind, hf or peft")
+        except ExportError as e:
+            typer.echo(f"minilmd export: {e}", err=True)
+            raise typer.Exit(e.exit_status) from None  # 2: an --out it must not write (a link, a live export's)

@@ -62,7 +62,7 @@ def plot_command(
     Exit status: 0 written, 1 matplotlib missing, 2 bad arguments, not a run directory, or an --out in a directory
     others can rearrange (without --group-share), 74 the write failed; nothing is written but the whole picture."""
     # (the backslash: typer's rich markup would read "[plot]" as a style tag and drop it)
-    from minilmd.corpus.exits import EXIT_IO
+    from minilmd.corpus.exits import out_dir_of, out_error_exit
     from minilmd.daemon.views.plot import PlotUnavailable, plot
     from minilmd.daemon.views.status import is_run_dir
     from minilmd.dirfd import PlaceRefused
@@ -79,9 +79,7 @@ def plot_command(
         typer.echo(f"minilmd plot: {e}; nothing written", err=True)
         raise typer.Exit(2) from None
     except OSError as e:
-        where = f" ({e.filename})" if e.filename else ""
-        typer.echo(f"minilmd plot: {e.strerror or e}{where}; nothing written ({out} is as it was)", err=True)
-        raise typer.Exit(EXIT_IO) from None
+        raise out_error_exit(e, "minilmd plot", out_dir_of(out), f"nothing written ({out} is as it was)") from None
     except ValueError as e:
         typer.echo(f"minilmd plot: {e}", err=True)
         raise typer.Exit(2) from None

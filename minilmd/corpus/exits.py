@@ -1,36 +1,86 @@
-"""How the corpus commands (`prepare`, `corpus ...`, `tokenizer ...`, `demo-corpus`) end: each failure as its exit
-status, said in one line, never a traceback; SIGTERM and SIGHUP as Ctrl-C. Torch-free.
+"""How a command ends: each failure as its exit status (minilmd/protocol.py holds the numbers), said in one line,
+never a traceback; SIGTERM and SIGHUP as Ctrl-C (`interruptible`). The corpus commands (`prepare`, `corpus ...`,
+`tokenizer ...`, `demo-corpus`) end through all of it, `export` and `bench` through `interruptible`; the
+command-line modules import the statuses from here at module level (tests/test_layers.py CLI_MODULE_LEVEL).
+Torch-free.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
+import signal
 from collections.abc import Iterator
 
 import typer
 
-EXIT_IO = 74  # sysexits EX_IOERR: a read or write failed (a full disk, EIO on a share); run it again once fixed
+from minilmd.protocol import EXIT_CONFIG, EXIT_DATA, EXIT_INTERRUPTED, EXIT_IO
+
+__all__ = ["EXIT_CONFIG", "EXIT_DATA", "EXIT_INTERRUPTED", "EXIT_IO", "data_error_exit", "interruptible", "out_dir_of",
+           "out_error_exit",
+           "io_error_exit", "prepare_exits"]
 
 
 def io_error_exit(e: OSError, what: str, kept: str) -> typer.Exit:
     """A read or write that failed (ENOSPC on --out, EIO on an NFS source): said in one line, not a traceback;
     `kept` says what is left of the output (prepare's cleanup ran as the error unwound through it)."""
     where = f" ({e.filename})" if e.filename else ""
-    typer.echo(f"error: {what}: {e.strerror or e}{where}; {kept}. Fix it (free space, the share) and run it again",
-               err=True)
+    todo = IO_WHAT_TO_DO.get(e.errno or 0, "Fix it (free space, the share) and run it again")
+    typer.echo(f"error: {what}: {e.strerror or e}{where}; {kept}. {todo}", err=True)
     return typer.Exit(EXIT_IO)
 
 
-def interrupt_on_termination() -> None:
-    """SIGTERM, and SIGHUP (an SSH session closed under it; nohup's SIG_IGN stays), end a corpus command as Ctrl-C
-    does: KeyboardInterrupt unwinds through its cleanup (no half output, no temp dir left, a training child ended)."""
-    import signal
+IO_WHAT_TO_DO = {
+    errno.EACCES: "Fix its permissions, or choose another path, and run it again",
+    errno.EPERM: "Fix its permissions, or choose another path, and run it again",
+    errno.EROFS: "It is on a read-only file system: choose another path",
+}
+"""io_error_exit's advice where freeing space or the share would not help (a read or a write: the path says)."""
 
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+OUT_WHAT_TO_DO = {
+    errno.EACCES: "choose a directory you may write, or have its owner let you",
+    errno.EPERM: "choose a directory you may write, or have its owner let you",
+    errno.EROFS: "it is on a read-only file system: choose another directory",
+    errno.ENOSPC: "free some space there (or choose another directory), then run it again",
+    errno.EDQUOT: "free some space there (or choose another directory), then run it again",
+}
+"""What to do when an output cannot be written there, by errno; anything else (EIO): fix the disk or the share."""
+
+
+def out_error_exit(e: OSError, tool: str, where: str | os.PathLike, kept: str) -> typer.Exit:
+    """The one way a command that writes an output (demo-corpus, plot, tokenizer train and template) ends when the
+    write fails: exit 74, the message naming the directory the user typed (`where`), never the temporary name the
+    error may carry, what the system said, what is left (`kept`) and what to do (OUT_WHAT_TO_DO). A file in the way
+    or a directory others can rearrange is a PlaceRefused instead (exit 2), said before this."""
+    todo = OUT_WHAT_TO_DO.get(e.errno or 0, "fix the disk or the share, then run it again")
+    typer.echo(f"{tool}: cannot write in {where}: {e.strerror or e}; {kept}; {todo}", err=True)
+    return typer.Exit(EXIT_IO)
+
+
+def out_dir_of(out: str | os.PathLike) -> str:
+    """The directory of an output file as the user typed it ("." for a bare name, said as the directory it is)."""
+    parent = os.path.dirname(str(out))
+    return parent or f". ({os.getcwd()})"
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interruptible(said: str) -> Iterator[None]:
+    """A command's body, ended by Ctrl-C, SIGTERM or SIGHUP (an SSH session closed under it; nohup's SIG_IGN stays)
+    alike: KeyboardInterrupt unwinds through its cleanup (no half output, no temporary copy left, a child ended),
+    then `said` in one line on stderr and exit 130 (typer's own handler exits 130 without a word)."""
+    signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
-        signal.signal(signal.SIGHUP, on_sigterm)
+        signal.signal(signal.SIGHUP, _interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo(said, err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 @contextlib.contextmanager
@@ -38,15 +88,13 @@ def prepare_exits(what: str, kept: str) -> Iterator[None]:
     """A prepare's failure as its exit status, said in one line: bad input or arguments (every ValueError: InputError,
     CorpusError, TokenizerError) by data_error_exit, a read or write that failed 74, interrupted 130; `kept` says
     what is left of the output (the cleanup ran as the error unwound through it)."""
-    try:
-        yield
-    except ValueError as e:
-        raise data_error_exit(e) from None
-    except KeyboardInterrupt:
-        typer.echo(f"{what}: interrupted, {kept}", err=True)
-        raise typer.Exit(130) from None
-    except OSError as e:
-        raise io_error_exit(e, what, kept) from None
+    with interruptible(f"{what}: interrupted, {kept}"):
+        try:
+            yield
+        except ValueError as e:
+            raise data_error_exit(e) from None
+        except OSError as e:
+            raise io_error_exit(e, what, kept) from None
 
 
 def data_error_exit(e: Exception) -> typer.Exit:
@@ -54,7 +102,6 @@ def data_error_exit(e: Exception) -> typer.Exit:
     a bad argument or tokenizer -> 2."""
     from minilmd.corpus.sources.jsonl import InputError, SourceReadError
     from minilmd.corpus_meta import CorpusError
-    from minilmd.protocol import EXIT_CONFIG, EXIT_DATA
 
     typer.echo(f"error: {e}", err=True)
     if isinstance(e, SourceReadError):

@@ -41,7 +41,7 @@ def stop_signals_held() -> Iterator[None]:
     raised as the signals are let through again on leaving. multiprocessing's resource tracker starts the same way."""
     import signal
 
-    held = {getattr(signal, name) for name in STOP_SIGNALS}
+    held = {signal.Signals[name] for name in STOP_SIGNALS}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         yield
@@ -56,7 +56,7 @@ def worker_ignores_interrupts() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {getattr(signal, name) for name in STOP_SIGNALS})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.Signals[name] for name in STOP_SIGNALS})
 
 
 def die_with_parent(parent: int) -> None:

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional  # imported early: the model uses it
 
 from minilmd import compile_cache, perms
-from minilmd.batch_stream import change_note, stream_changes
+from minilmd.batch_stream import change_note, stream_changes, stream_record
 from minilmd.checkpoint import Expectation
 from minilmd.config import ConfigError, RunConfig, apply_stage_defaults, keep_recorded_schedule
 from minilmd.metrics import MetricsLog, Throughput, heartbeat_interval
@@ -207,7 +207,8 @@ class Trainer:
             part.load_state_dict(found.state)
         kept = keep_recorded_schedule(self.cfg, found.state.get("config"))  # the rates it started with
         self.stage_defaults = {k: v for k, v in self.stage_defaults.items() if k not in kept}  # not applied now
-        changes = stream_changes(self.cfg, found.state.get("config"))  # another seq_len, batch, seed, mode
+        changes = stream_changes(self.cfg, stream_record(found.state), world_size=self.dist.world_size)  # another
+        # seq_len, batch, seed, mode, or another number of ranks
         if self.dist.is_main:
             announce(found, self.step, self.global_batch)
             print("".join(f"minilmd: {line}\n" for line in kept.values()), end="", flush=True)
@@ -384,6 +385,7 @@ def run(cfg: RunConfig) -> int:
             count, why = cpu_threads.choose(dist.device.type, "minilmd train")
             torch.set_num_threads(count)
             print(f"minilmd: torch threads {count} ({why})", flush=True)
+        refuse_what_cannot_fit(cfg, dist)
         trainer = Trainer(cfg, dist, stop)
         try:
             return trainer.train()
@@ -394,6 +396,31 @@ def run(cfg: RunConfig) -> int:
         return exits.status_of(cfg, e, dist, step)
     finally:
         release(dist)
+
+
+def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
+    """minilmd/plan/footprint.py's rule on this rank's device, before anything is built: a micro-batch (or a
+    validation set) clearly too big for the card's memory, or the host's available memory on the CPU, is a
+    ConfigError (exit 2: the supervisor never restarts it), with the figures and the way out; one close to it a note.
+    The corpus's format and val split (and [eval] probe's) from their meta.json (staged copies under a supervisor)."""
+    from minilmd.corpus_meta import read_corpus_meta
+    from minilmd.plan.footprint import Offer, fit, host_offer
+
+    on_gpu = dist.device.type == "cuda"
+    if on_gpu:
+        card = torch.cuda.get_device_properties(dist.device)
+        offer: Offer | None = Offer(card.total_memory, f"GPU memory of {card.name}")
+    else:
+        offer = host_offer()
+    if offer is None:
+        return
+    probe = cfg.eval.probe_staged or cfg.eval.probe
+    refused, near = fit(cfg, read_corpus_meta(cfg.data.prepared), offer, on_gpu,
+                        read_corpus_meta(probe) if probe else None, host_offer())
+    if refused:
+        raise ConfigError(refused, cfg.source)
+    if near and dist.is_main:
+        print(f"minilmd: note: {near}", flush=True)
 
 
 def main(config_path: str, overrides: list[str] | None = None, checked: RunConfig | None = None) -> int:

@@ -4,7 +4,7 @@ for `export --merge` and `sample` of an adapter whose recorded base is gone (tra
 The remote is a place other users and machines write, so the copy there may hold a FIFO nobody writes, a link to
 /dev/zero or a sparse terabyte where its weights belong. It is never read in place: `private_copy` copies it into
 a private directory of this process, each of its directories walked to once without following a link
-(remote_write.parent_fd: a directory must be one, not a link to one) and every file of it opened at that descriptor
+(remote_write.parent_dir: a directory must be one, not a link to one) and every file of it opened at that descriptor
 (never by a path looked up again, where a directory swapped for a link after its look would be followed), as
 minilmd/untrusted.py opens one (regular, no link, never blocked) and read for
 its listed size only (what the record and manifest list is minilmd/base_copy.py's reading, the one the daemon's
@@ -82,13 +82,13 @@ def private_copy(copy: Path, recorded: dict, model_cfg: dict, dest: Path) -> boo
 def _walk(held: contextlib.ExitStack, copy: Path, names: tuple[str, ...]) -> int | None:
     """A descriptor of the directory of the copy that holds names[-1] (the copy itself, or its checkpoint
     directory), walked to from the copy's parent one directory at a time, none followed if a link
-    (remote_write.parent_fd, as daemon/jobs/remote.py reads a local remote), held open by `held`: every file of it is
+    (remote_write.parent_dir, as daemon/jobs/remote.py reads a local remote), held open by `held`: every file of it is
     read at that descriptor, never by a path looked up again. None when a directory on the way is missing;
     Unreadable when one is a link or not a directory."""
     below = copy.parent
     try:
-        return held.enter_context(remote_write.parent_fd(str(below), (copy.name, *names),
-                                                         lambda *parts: str(below.joinpath(*parts))))
+        return held.enter_context(remote_write.parent_dir(str(below), (copy.name, *names),
+                                                          lambda *parts: str(below.joinpath(*parts)))).fd
     except remote_write.NotOurs as e:
         raise Unreadable(str(e.strerror), kind="link" if e.errno == errno.ELOOP else None) from None
     except FileNotFoundError:

@@ -66,6 +66,7 @@ from minilmd.trainer.model.export_paths import (
     writing,
 )
 from minilmd.untrusted import Unreadable, file_kind, read_bytes, read_json, size_text
+from minilmd.urls import is_url
 
 DTYPES = ("float32", "bfloat16", "float16")
 PTH_NAME = "model.pth"
@@ -314,7 +315,7 @@ def _corpus_dir(state: dict | None) -> Path | None:
         prepared = state["config"]["data"]["prepared"]  # type: ignore[index]
     except (KeyError, TypeError):
         return None
-    if isinstance(prepared, str) and prepared and "://" not in prepared:
+    if isinstance(prepared, str) and prepared and not is_url(prepared):
         return Path(prepared)
     return None
 
@@ -487,8 +488,7 @@ def _write_hf(tmp: Path, tensors: dict, model_cfg: dict, dtype: str, chat: dict 
     files = {
         "config.json": hf_config(model_cfg, dtype),
         "generation_config.json": {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
-        "tokenizer_config.json": {**_tokenizer_config(max_len),
-                                  **({"chat_template": chat["chat_template"]} if chat else {})},
+        TOKENIZER_CONFIG: {**_tokenizer_config(max_len), **({"chat_template": chat["chat_template"]} if chat else {})},
         "special_tokens_map.json": {k: v for k, v in _tokenizer_config(max_len).items() if k.endswith("_token")},
     }
     for name, body in files.items():

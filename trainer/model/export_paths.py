@@ -34,6 +34,7 @@ from minilmd.names import (
     old_export_tmp_name,
     step_of,
 )
+from minilmd.protocol import EXIT_CONFIG, EXIT_IO
 
 if TYPE_CHECKING:
     from minilmd.checkpoint import Validated
@@ -48,7 +49,7 @@ class ExportError(ValueError):
 class OutRefused(ExportError):
     """An --out an export must not write: a usage error (exit 2), refused before anything is written."""
 
-    exit_status = 2
+    exit_status = EXIT_CONFIG
 
 
 class ExportNotWritten(ExportError):
@@ -56,7 +57,7 @@ class ExportNotWritten(ExportError):
     temporary copy removed, nothing at --out; 74, EX_IOERR, as the trainer's own write failures. The message says
     which: only a full disk or a quota is told to free space."""
 
-    exit_status = 74
+    exit_status = EXIT_IO
 
 
 SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -102,9 +103,10 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
             free = ""
         return ExportNotWritten(f"{out}: the export could not be written ({e}){free}; nothing was left behind, so "
                                 f"free some space (or choose another --out) and export again")
-    what = f"{os.strerror(code)}: " if code else ""
+    # an OSError's own text names the file it met: the temporary copy's random name, not the --out the user typed
+    what = os.strerror(code) if isinstance(e, OSError) and code else f"{os.strerror(code)}: {e}" if code else str(e)
     todo = _WHAT_TO_DO.get(code or 0, "export again, or choose another --out")
-    return ExportNotWritten(f"{out}: the export could not be written: {what}{e}; nothing was left behind; {todo}")
+    return ExportNotWritten(f"{out}: the export could not be written: {what}; nothing was left behind; {todo}")
 
 
 OUT_ADVICE = ("choose an --out in a directory only you (and root) can change, or pass --group-share to export into a "

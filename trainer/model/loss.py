@@ -25,14 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from minilmd.plan.footprint import CHUNK_TOKENS as CHUNK_TOKENS  # the chunks' one home: the memory estimate counts them
+from minilmd.plan.footprint import chunk_rows_for as chunk_rows_for
+
 IGNORE_INDEX = -100
-CHUNK_TOKENS = 8192
-"""About this many tokens' logits per chunk: 8192 x 6400 x 4 B = 210 MB of fp32 (nanochat/Liger use 4-8k)."""
-
-
-def chunk_rows_for(seq_len: int, chunk_tokens: int = CHUNK_TOKENS) -> int:
-    """Sequences per loss chunk for rows of `seq_len` tokens: at least one."""
-    return max(1, chunk_tokens // max(seq_len, 1))
 
 
 def next_token_loss(logits: torch.Tensor, next_labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

@@ -39,6 +39,7 @@ from minilmd.corpus.sources.jsonl import InputError, loads_bounded, open_regular
 from minilmd.corpus_meta import CorpusError, read_meta
 from minilmd.names import CORPUS_META, CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_MAX_BYTES, TOKENS
 from minilmd.untrusted import Unreadable, read_bytes
+from minilmd.urls import is_url
 
 BLOCK_BYTES = 4 << 20  # JSONL bytes per batch of texts handed to a task
 BLOCK_DOCS = 4096  # prepared documents per batch
@@ -99,7 +100,7 @@ def open_corpus(path: str, parts: int, min_bytes: int = 1 << 20) -> Corpus:
         return Corpus(path, "prepared", shards, meta, tok)
     if Path(path).is_dir():
         raise CorpusError(f"{path}: a directory without {CORPUS_META}: not a prepared corpus")
-    if "://" in path or path.endswith(_COMPRESSED):
+    if is_url(path) or path.endswith(_COMPRESSED):
         return Corpus(path, "jsonl", [Shard(path, 0, -1)])  # one stream: a compressed file has no byte offsets
     try:
         with open_regular(path) as f:  # a FIFO or a device is refused here, never opened blocking

@@ -157,7 +157,7 @@ def run_prepare(sources: list[str], tokenizer: str, out: Path, workers: int | No
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with open(log, "wb") as logf:
-        child = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=pychild.child_env())
+        child = pychild.popen(cmd, keep_cwd=True, stdout=logf, stderr=subprocess.STDOUT)
         try:
             proc = psutil.Process(child.pid)
             peak = 0

@@ -23,6 +23,8 @@ refuses when `--out` no longer leads to it (`check_same_dir`).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import socket
@@ -33,7 +35,7 @@ from pathlib import Path
 from minilmd.dirfd import Dir, PlaceRefused, place_problem
 from minilmd.names import HOLD_CORPUS_LOCK_ENV
 from minilmd.perms import owned_by_me
-from minilmd.place_rule import walk_to
+from minilmd.place_rule import InTheWay, walk_to
 from minilmd.untrusted import loads, printable
 
 LOCK_SUFFIX = ".lock"
@@ -50,6 +52,11 @@ def lock_name(out_name: str) -> str:
 GROUP_SHARE_ADVICE = ("choose an --out only you (and root) can change, or pass --group-share to prepare into a team "
                       "directory anyway (docs/operations.md: everything there then goes through the directory opened "
                       "once)")
+
+
+CANNOT_WRITE_THERE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+"""Why the lock file could not be made that is the directory's, not the lock's: no write permission, a read-only or
+full file system."""
 
 
 def check_out_place(out: Path, group_share: bool) -> None:
@@ -86,6 +93,8 @@ class CorpusLock:
         parent = self.out.parent
         try:
             self.parent = Dir.open(parent, "the directory of --out", group_share=self.group_share)
+        except InTheWay as e:  # a file where the directory should be: --group-share would not move it
+            raise ValueError(f"{e}; nothing was changed") from None
         except PlaceRefused as e:
             raise ValueError(f"{e}; or pass --group-share (docs/operations.md); nothing was changed") from None
         except OSError as e:
@@ -118,17 +127,18 @@ class CorpusLock:
 
         name, path = lock_name(self.out.name), self.out.parent / lock_name(self.out.name)
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        if self.parent is None:  # closed: no directory to open it in
+            self.fd = -1
+            return
         try:
-            try:
-                self.fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=self.parent_fd)
-                self.created = True
-            except FileExistsError:
-                self.fd, self.created = os.open(name, flags, dir_fd=self.parent_fd), False
+            self.fd, self.created = self.parent.open_or_make(name, flags, 0o644)
         except OSError as e:  # a link, or gone again between the two opens (then the next try makes it)
             if isinstance(e, FileNotFoundError):
                 self.fd = -1
                 return
             self.close()
+            if e.errno in CANNOT_WRITE_THERE:  # the directory of --out, not the lock: exit 74 as every output's
+                raise OSError(e.errno, e.strerror, str(self.out.parent)) from None
             raise ValueError(f"{path}: cannot open the lock file of {self.out} ({e.strerror}); it must be a regular "
                              "file of yours (remove it, or choose another --out)") from None
         st = os.fstat(self.fd)
@@ -162,11 +172,9 @@ class CorpusLock:
     def close(self) -> None:
         """Remove the lock file when this writer made it and its name still leads to it (while it is still locked:
         see the module's docstring), then let go of it and of the directory."""
-        if self.created and self.locked and self._still_named():
-            try:
-                os.unlink(lock_name(self.out.name), dir_fd=self.parent_fd)
-            except OSError:
-                pass  # left behind: the next writer uses it as it is
+        if self.created and self.locked and self.parent is not None and self._still_named():
+            with contextlib.suppress(OSError):  # left behind: the next writer uses it as it is
+                self.parent.remove_file(lock_name(self.out.name))
         self._close_lock_file()
         if self.parent is not None:
             self.parent.close()

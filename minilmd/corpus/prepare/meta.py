@@ -16,9 +16,11 @@ from minilmd.corpus.prepare.dpo_meta import report_pairs
 from minilmd.corpus.prepare.options import PrepareOptions, PrepareTokenizer
 from minilmd.corpus_meta import DATA_FORMATS, FORMAT, MASKED_FORMATS
 from minilmd.fsio import sha256_file
+from minilmd.names import CORPUS_META as META
 from minilmd.names import CORPUS_TOKENIZER, DOC_LENGTHS, LOSS_MASK, SPLITS, TOKENIZER_CONFIG, TOKENS, split_file
 from minilmd.protocol import BOS_ID, EOS_ID, PAD_ID
 from minilmd.rowcount import packed_too_small
+from minilmd.untrusted import printable
 
 MIN_VAL_CONVERSATIONS = 64
 """Fewer val conversations than this (data.val_windows' default: the rows a val loss reads) are warned of: a
@@ -174,3 +176,31 @@ def _few_val(meta: dict) -> str:
     return (f"warning: val holds only {n_val:,} of {total:,} {unit} (val fraction {fraction}): its loss, which early "
             f"stopping and the best checkpoint follow, is that few {unit}' noise; --val-fraction {suggested:.2g} "
             f"gives {gives}")
+
+
+PREPARED_AT = "prepared_at"
+"""meta.json's record of where prepare published the corpus: its name and its directory's inode (the temporary
+directory's, renamed in place: the same inode). What `prepare --force` in a team directory asks before it replaces a
+corpus, since a name proves nothing where others may rename (`made_here`). Not its directory: moving a directory
+to another one needs write permission on it (its `..`), which a teammate lacks on the user's 0755 corpus."""
+
+
+def prepared_at(corpus: tuple[int, int], name: str) -> dict:
+    """The record of a corpus made in the directory of identity `corpus` (device, inode), to be published as
+    `name`. The inode only: a network share's device number changes when it is mounted again, its inodes do not."""
+    return {"name": name, "inode": corpus[1]}
+
+
+def made_here(meta: dict, corpus: tuple[int, int], name: str) -> str:
+    """"" when meta.json (the corpus's own, read through the directory judged) records that prepare published this
+    very directory (`corpus`: its identity) as `name`; else why not, for the refusal. A teammate can rename the
+    user's other corpus to the name: it keeps its own record; a copy has another inode."""
+    record = meta.get(PREPARED_AT)
+    if not isinstance(record, dict):
+        return f"its {META} records no name it was prepared as (an older minilmd's corpus)"
+    if record.get("inode") != corpus[1]:
+        return f"its {META} was written for another directory (a copy of a corpus)"
+    was = record.get("name")
+    if was != name:
+        return f"it was prepared as {printable(str(was))!r} and renamed to this name since"
+    return ""

@@ -53,7 +53,7 @@ from minilmd.corpus.prepare.block import split_is_val as split_is_val
 from minilmd.corpus.prepare.collect import Collector, leak_check, write_splits
 from minilmd.corpus.prepare.dpo_meta import add_pair_meta
 from minilmd.corpus.prepare.lock import CorpusLock, check_out_place, hold_for_test, make_out_parent
-from minilmd.corpus.prepare.meta import add_chat_meta, build_meta, report
+from minilmd.corpus.prepare.meta import PREPARED_AT, add_chat_meta, build_meta, made_here, prepared_at, report
 from minilmd.corpus.prepare.options import BLOCK_BYTES, PrepareOptions, PrepareTokenizer, check_out_name
 from minilmd.corpus.prepare.stream import Progress, encode_all, open_sources
 from minilmd.corpus.sources.jsonl import InputError, loads_bounded
@@ -74,7 +74,7 @@ from minilmd.names import (
     prepare_tmp_maker,
     prepare_tmp_name,
 )
-from minilmd.perms import owned_by_me
+from minilmd.perms import owned_by_me, user_words
 from minilmd.untrusted import Unreadable, printable, read_bytes
 
 _WORDS = leftovers.Words(one="a prepare", tool="prepare", thing="temporary directory", files=False)
@@ -124,7 +124,7 @@ def prepare(sources: list[str], tokenizer: str | Path, out: str | Path, *, val_f
         parent = lock.parent
         assert parent is not None
         # again, under the lock, through the locked directory: what --force may replace, by its identity
-        replaces = _replaceable_at(parent, out, force)
+        replaces = _replaceable_at(parent, out, force, group_share)
         host, pid, ticks = leftovers.me()
         if not group_share:  # in a team directory a name proves nothing: leftovers are the user's to remove there
             _remove_stale_tmp(out, "", leftovers.stderr_say("prepare"))
@@ -154,10 +154,12 @@ CORPUS_DIR_MODE = 0o755
 
 
 
-def _replaceable_at(parent: Dir, out: Path, force: bool) -> Identity | None:
+def _replaceable_at(parent: Dir, out: Path, force: bool, group_share: bool) -> Identity | None:
     """Under the lock: the identity of the directory at --out that --force may replace (None: nothing there).
     ValueError when something is there without --force, or it is not replaceable (_check_replaceable's rule, read
-    through the directory opened without following a link: what was checked is what is replaced)."""
+    through the directory opened without following a link: what was checked is what is replaced). In a team
+    directory (`group_share`) a corpus of this user's must also be the one prepare published at this name
+    (meta.made_here): there a teammate may have renamed her other corpus to it."""
     st = parent.lstat(out.name)
     if st is None:
         return None
@@ -175,7 +177,20 @@ def _replaceable_at(parent: Dir, out: Path, force: bool) -> Identity | None:
         if what:
             raise ValueError(f"{out}: --force replaces only a prepared corpus or an empty directory, and this is "
                              f"{what}; nothing was changed. Choose another --out, or move it away yourself")
+        if group_share and (why := _not_made_here(opened, out.name)):
+            raise ValueError(f"{out}: in a team directory --force replaces only the corpus your own prepare "
+                             f"published at this name, and this is a prepared corpus of yours, but {why} (others "
+                             f"may rename in {out.parent}); nothing was changed. Choose another --out, or look at "
+                             "it and move it away yourself")
         return opened.identity
+
+
+def _not_made_here(opened: Dir, name: str) -> str:
+    """Why the corpus `opened` (this user's, a prepared corpus holding only its own files) is not proven to be
+    the one prepare published as `name` ("" when it is, or it is empty: nothing of it to lose)."""
+    if not any(opened.inside.iterdir()):
+        return ""
+    return made_here(_read_meta(opened.inside) or {}, opened.identity, name)
 
 
 def _foreign_now(old: Dir) -> str:
@@ -211,15 +226,12 @@ def _foreign_content(out: Path, st: os.stat_result) -> str:
     regular files (a `tokens.bin` that is a directory of someone's files is not the corpus's) and its split
     directories real directories, not links."""
     if not owned_by_me(st):
-        return f"a directory of another user (uid {st.st_uid})"
+        return f"a directory of another user, {user_words(st.st_uid)}"
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return ""
-    try:
-        meta = loads_bounded(read_bytes(out / META, max_bytes=CORPUS_META_MAX_BYTES))
-    except (Unreadable, ValueError):
-        meta = None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    meta = _read_meta(out)
+    if meta is None or meta.get("format") != FORMAT:
         return f"not a prepared corpus (no {META} of format {FORMAT!r}; it holds {_listing(entries)})"
     foreign = [name for name in entries if name not in CORPUS_ENTRIES or
                (name not in SPLITS and not _regular(out / name))]
@@ -234,6 +246,15 @@ def _foreign_content(out: Path, st: os.stat_result) -> str:
     if foreign:
         return f"a prepared corpus with other files in it: {_listing(sorted(set(foreign)))}"
     return ""
+
+
+def _read_meta(out: Path) -> dict | None:
+    """The meta.json at `out` as a JSON object (no link followed, bounded), None when there is none such."""
+    try:
+        meta = loads_bounded(read_bytes(out / META, max_bytes=CORPUS_META_MAX_BYTES))
+    except (Unreadable, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def _regular(path: Path) -> bool:
@@ -281,6 +302,7 @@ def _prepare_into(tmp_dir: Dir, parent: Dir, out: Path, sources: list[str], tok:
         add_chat_meta(meta, tok, opts, found, train_lengths, val_lengths, leaked)
     if opts.data_format == "dpo":
         add_pair_meta(meta, tmp, {"train": train_lengths, "val": val_lengths}, found.chat_counts)
+    meta[PREPARED_AT] = prepared_at(tmp_dir.identity, out.name)  # what --force asks (meta.py)
     # atomic_write_text's temp file is private; the corpus is for every reader
     atomic_write_text(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n", mode=0o644)
     report(meta, log)

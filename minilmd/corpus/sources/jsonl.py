@@ -168,7 +168,7 @@ class Source:
         from fsspec.compression import compr
         from fsspec.utils import infer_compression
 
-        from minilmd.fsio import is_local_fs
+        from minilmd.urls import is_local_fs
 
         self.path = path
         try:

@@ -1,0 +1,55 @@
+"""What a string naming a place is, as fsspec reads it: a local path or a URL, and the one way to open it.
+
+A URL is what fsspec opens as anything but a plain path: a protocol ("s3://bucket", "file:///nfs/x", "memory://"),
+a chain ("simplecache::s3://bucket", "dir::/tmp", which has no "://"), or "data:". A local path is any other string;
+"file://" and "local://" URLs open local paths too, which `open_fs` says (`local`): another user's files there may be
+links or FIFOs, so they are looked at before they are opened (minilmd/untrusted.py, shared_place.py). A chain over a
+local directory ("dir::/tmp", "simplecache::/tmp") is no local path: fsspec opens its files, not minilmd.
+Torch-free; fsspec is imported by `open_fs` alone.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+CHAIN = "::"
+"""fsspec's chained-URL separator ("simplecache::s3://bucket")."""
+
+
+def is_url(place: str) -> bool:
+    """Whether fsspec reads `place` as a URL, not a local path (fsspec.core.split_protocol's rule, and its chains)."""
+    if CHAIN in place or place.startswith("data:"):
+        return True
+    protocol, sep, _ = place.partition("://")
+    return bool(sep) and len(protocol) > 1  # a one-letter "protocol" is a Windows drive, as fsspec reads it
+
+
+def protocol_of(place: str) -> str:
+    """The protocol of a URL ("s3" of "s3://b", "simplecache" of "simplecache::s3://b"); "" for a local path."""
+    if not is_url(place):
+        return ""
+    first = place.split(CHAIN, 1)[0]
+    return first.split("://", 1)[0] if "://" in first else first.split(":", 1)[0]
+
+
+def is_local_fs(fs: Any) -> bool:
+    """Whether an fsspec filesystem is local paths (an NFS mount is one): another user's files there may be FIFOs
+    or links, so they are looked at before they are opened. The one answer: `open_fs`'s `local` is this."""
+    return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+
+
+class Opened(NamedTuple):
+    fs: Any
+    """The fsspec filesystem."""
+    root: str
+    """The path in it (no trailing "/", "/" for the root)."""
+    local: bool
+    """Whether it is a local path (is_local_fs)."""
+
+
+def open_fs(place: str) -> Opened:
+    """`place` (a local path or a URL) opened by fsspec: (fs, root, local). ValueError or ImportError for a URL fsspec
+    cannot open (an unknown protocol, its package missing); an OSError from a store that fails as it is opened."""
+    import fsspec  # light, but only the places that may be URLs need it
+
+    fs, root = fsspec.core.url_to_fs(place)
+    return Opened(fs, root.rstrip("/") or "/", is_local_fs(fs))

@@ -1,0 +1,101 @@
+"""A micro-batch that cannot fit in the device's memory (minilmd/plan/footprint.py): refused with the figures
+(needed against offered) and the way out (a smaller micro_batch_size, grad_accum keeping the global batch) by `run
+--check`, by the launch before it stages anything, and by `minilmd train` on its own at its start, exit 2 each (a
+config error: the supervisor never restarts it). Before, train.micro_batch_size = 1e8 passed `--check`, and the
+trainer ran for minutes without a step or died in a NumPy allocation traceback. Near the limit the rule is a note
+only: the estimate is first order, and the supervisor's OOM retry halves a micro-batch that does not fit."""
+from __future__ import annotations
+
+import pytest
+
+from minilmd.config import RunConfig, load_config
+from minilmd.plan.footprint import GIB, Offer, fit, judge, micro_batch_need, val_rows
+from minilmd.protocol import EXIT_CONFIG, SUPERVISOR_CONFIG
+from supervisor_helpers import cli
+from trainer_corpus import train, write_config
+
+HUGE = 10 ** 8
+
+
+def _said(proc) -> str:
+    return " ".join((proc.stdout + proc.stderr).split())
+
+
+@pytest.mark.slow  # three processes: run --check, run, train
+def test_a_micro_batch_that_cannot_fit_is_refused_by_check_launch_and_train(tmp_path, corpus):
+    config = write_config(tmp_path, corpus, name="huge", train={"micro_batch_size": HUGE, "grad_accum": 1})
+    said = f"train.micro_batch_size = {HUGE:,} at train.seq_len = 64 needs about "
+
+    check = cli("run", "--check", str(config))
+    out = _said(check)
+    assert check.returncode == SUPERVISOR_CONFIG and said in out, out
+    assert "over 2 x the " in out and "of host memory available now (the CPU is the device): it cannot fit" in out, out
+    assert "Set train.micro_batch_size = " in out and f"the same global batch ({HUGE:,} rows a rank per step)" in out
+
+    launch = cli("run", str(config))
+    assert launch.returncode == SUPERVISOR_CONFIG and said in _said(launch), _said(launch)
+    assert not (load_config(config).scratch_dir / "corpus").exists()  # refused before staging
+
+    alone = train(config)
+    assert alone.returncode == EXIT_CONFIG and said in _said(alone), alone.stderr[-3000:]
+    assert "Traceback" not in alone.stderr, alone.stderr[-3000:]
+
+
+def _tiny() -> RunConfig:
+    cfg = RunConfig()
+    cfg.override("model.hidden_size", 64)
+    cfg.override("model.num_hidden_layers", 2)
+    cfg.override("model.num_attention_heads", 4)
+    cfg.override("model.num_key_value_heads", 2)
+    cfg.override("model.vocab_size", 512)
+    cfg.override("train.seq_len", 128)
+    return cfg
+
+
+def test_only_a_clear_impossibility_is_refused_and_near_the_limit_is_a_note():
+    cfg = _tiny()
+    cfg.override("train.micro_batch_size", 64)
+    cfg.override("train.grad_accum", 3)
+    need = micro_batch_need(cfg, "text", on_gpu=True)
+    assert judge(cfg, need, Offer(need.total * 2, "a card")) == (None, None)
+    refused, near = judge(cfg, need, Offer(int(need.total / 1.5), "a card"))
+    assert refused is None and near is not None and "close to the" in near, near
+    offer = Offer(need.total // 4, "a card")
+    refused, near = judge(cfg, need, offer)
+    assert near is None and refused is not None and "over 2 x the" in refused and "of a card: it cannot fit" in refused
+    way = refused.split("Set train.micro_batch_size = ")[1]
+    micro, accum = int(way.split(" ")[0]), int(way.split("train.grad_accum = ")[1].split(":")[0])
+    assert micro * accum == 64 * 3 and micro < 64, refused  # the global batch kept
+    cfg.override("train.micro_batch_size", micro)
+    assert micro_batch_need(cfg, "text", on_gpu=True).total <= offer.bytes  # what it suggests fits
+
+
+def test_a_dpo_micro_batch_counts_two_rows_a_pair_and_the_cpu_counts_its_validation_set():
+    cfg = _tiny()
+    cfg.override("train.micro_batch_size", 8)
+    text, dpo = micro_batch_need(cfg, "text", on_gpu=True), micro_batch_need(cfg, "dpo", on_gpu=True)
+    assert "(16 rows x 128 tokens)" in dpo.describe() and "(8 rows x 128 tokens)" in text.describe()
+    meta = {"data_format": "text", "splits": {"val": {"tokens": 128 * 10, "documents": 40}}}
+    assert val_rows(cfg, meta) == 10  # data.val_windows (64) at most what the val split holds
+    on_cpu = micro_batch_need(cfg, "text", on_gpu=False, val_rows=10)
+    assert "for the validation rows (10)" in on_cpu.describe()
+    chat = {"data_format": "chat", "splits": {"val": {"tokens": 128 * 10, "documents": 40}}}
+    assert val_rows(cfg, chat) == 40 and val_rows(cfg, chat, probe=True) == 40  # documents: bucketed, padded
+    nothing_fits = judge(cfg, text, Offer(GIB // 1024 ** 2, "a tiny card"))[0]
+    assert nothing_fits is not None and "Not even a micro-batch of 1 fits" in nothing_fits
+
+
+def test_a_validation_set_that_cannot_fit_in_host_memory_is_refused_as_data_val_windows():
+    """The val rows are built whole in host memory before the first step, on a GPU run too: data.val_windows is
+    bounded by the val split, and by the same rule; no smaller micro-batch would help, so the way out names it."""
+    cfg = _tiny()
+    cfg.override("data.val_windows", 10 ** 9)
+    meta = {"data_format": "text", "splits": {"val": {"tokens": 128 * 10 ** 8, "documents": 10 ** 7}}}
+    card, host = Offer(80 * GIB, "a card"), Offer(16 * GIB, "host memory")
+    refused, near = fit(cfg, meta, card, on_gpu=True, host=host)
+    assert near is None and len(refused) == 1, refused
+    assert refused[0].startswith("data.val_windows = 1,000,000,000 builds 100,000,000 validation rows (the val "
+                                 "split's) of 128 tokens before the first step: about ") and \
+        refused[0].endswith("over 2 x the 16.0 GiB of host memory: it cannot fit. Lower data.val_windows"), refused
+    cfg.override("data.val_windows", 64)
+    assert fit(cfg, meta, card, on_gpu=True, host=host) == ([], None)

@@ -1,0 +1,63 @@
+"""The supervisor's loop dispatches each live phase to one handler of a table (a phase added without one fails here,
+where before `dict.get` let the loop idle in it); its start is a named transition; the signal record is written by
+its handlers and its own methods alone (before, daemon/slurm/job.py counted a stop itself)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from minilmd.daemon.base.states import FINAL_PHASES, INITIAL_PHASES, IllegalTransition, Phase, check_start
+from minilmd.daemon.host.signals import Signals
+from minilmd.daemon.slurm import job as slurmjob
+from minilmd.daemon.supervisor import HANDLERS
+
+DAEMON = Path(__file__).resolve().parent.parent / "daemon"
+SIGNAL_FIELDS = {"stop", "hup", "usr1"}
+
+
+def test_every_live_phase_has_a_handler_and_no_final_one_has():
+    assert set(HANDLERS) == set(Phase) - FINAL_PHASES
+
+
+def test_the_start_goes_into_an_initial_phase_only():
+    assert {check_start(p) for p in INITIAL_PHASES} == set(INITIAL_PHASES)
+    for other in set(Phase) - INITIAL_PHASES:
+        with pytest.raises(IllegalTransition):
+            check_start(other)
+
+
+def signal_field_writes(source: str) -> list[int]:
+    """Lines that assign a signal record's field (`signals.stop = ...`, `self.signals.usr1 = ...`, `+=`)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr in SIGNAL_FIELDS and \
+                    ast.unparse(target.value).split(".")[-1] == "signals":
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_signal_record_writes_its_fields():
+    assert signal_field_writes("signals.stop = max(signals.stop, 1)\nself.signals.hup = False\nx.stop = 1\n") == [1, 2]
+    writers = {str(p.relative_to(DAEMON)): lines for p in DAEMON.rglob("*.py")
+               if p != DAEMON / "host" / "signals.py" and (lines := signal_field_writes(p.read_text()))}
+    assert writers == {}
+
+
+class Preemptible:
+    def preempt(self, how: str) -> bool:
+        return True
+
+
+def test_slurms_warning_asks_the_stop_as_a_first_signal():
+    said: list[str] = []
+    signals = Signals(usr1=True)
+    slurmjob.on_signal(Preemptible(), signals, lambda kind, message: said.append(kind))
+    assert (signals.stop, signals.usr1, said) == (1, False, ["slurm"])
+    signals = Signals(stop=2, usr1=True)  # a SIGTERM came already, twice: the warning adds no stop
+    slurmjob.on_signal(Preemptible(), signals, lambda kind, message: None)
+    assert signals.stop == 2

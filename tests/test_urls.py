@@ -1,0 +1,57 @@
+"""One rule for "is this a URL" and one way to open a place (minilmd/urls.py): fsspec's chained forms ("dir::/tmp",
+"simplecache::/tmp") have no "://", and were read as local paths by the sites that asked `"://" in s`."""
+from __future__ import annotations
+
+import pytest
+
+from minilmd import init_source
+from minilmd.corpus.analysis.scan import open_corpus
+from minilmd.daemon.jobs import remote_local, remotewait
+from minilmd.daemon.preflight import local_remote_root
+from minilmd.urls import is_url, open_fs, protocol_of
+
+
+@pytest.mark.parametrize(("place", "url", "protocol"), [
+    ("/nfs/corpus", False, ""), ("relative/dir", False, ""), ("C://x", False, ""),
+    ("file:///nfs/x", True, "file"), ("s3://bucket/x", True, "s3"), ("memory://x", True, "memory"),
+    ("dir::/tmp", True, "dir"), ("simplecache::/tmp", True, "simplecache"),
+    ("simplecache::s3://bucket", True, "simplecache"), ("data:,hello", True, "data")])
+def test_a_url_is_what_fsspec_opens_as_one(place, url, protocol):
+    assert (is_url(place), protocol_of(place)) == (url, protocol)
+
+
+def test_open_fs_says_whether_the_place_is_local(tmp_path):
+    assert open_fs(str(tmp_path)) == (open_fs(str(tmp_path)).fs, str(tmp_path), True)
+    assert open_fs(f"file://{tmp_path}/").root == str(tmp_path) and open_fs(f"file://{tmp_path}").local
+    assert not open_fs(f"dir::{tmp_path}").local and not open_fs(f"simplecache::{tmp_path}").local
+    assert not open_fs("memory://x").local
+
+
+def test_a_chained_url_is_no_local_path_for_any_site(tmp_path):
+    """Before: local_remote_root gave "dir::/..." back as a local root, init.from's check said nothing of a URL (it
+    looked for a run directory named "dir::/..."), and corpus report tried to open "simplecache::..." as a file."""
+    assert local_remote_root(f"dir::{tmp_path}") is None
+    assert local_remote_root(f"file://{tmp_path}") == str(tmp_path)
+    with pytest.raises(init_source.InitSourceError, match="URLs are not read"):
+        init_source.resolve(f"dir::{tmp_path}")
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    corpus = open_corpus(f"simplecache::{tmp_path}/a.jsonl", parts=4)
+    assert (corpus.kind, [s.end for s in corpus.shards]) == ("jsonl", [-1])  # one fsspec stream
+
+
+def test_the_remote_is_local_as_open_fs_says(tmp_path):
+    assert isinstance(remote_local.open_remote(str(tmp_path)), remote_local.LocalRemote)
+    assert not isinstance(remote_local.open_remote(f"dir::{tmp_path}"), remote_local.LocalRemote)
+    assert remotewait.not_made_yet(f"dir::{tmp_path}/gone") is False  # a store: nothing tells there
+
+
+def test_a_chained_url_in_a_config_is_not_made_a_path_under_the_configs_directory(tmp_path):
+    """Before, absolute_paths joined "dir::/data/corpus" (no "://") to the config's directory."""
+    from minilmd.config import absolute_paths
+
+    raw = {"data": {"prepared": "simplecache::memory://corpus"}, "run": {"remote": "dir::/nfs/ckpt"}}
+    assert absolute_paths(raw, tmp_path) == []
+    assert raw == {"data": {"prepared": "simplecache::memory://corpus"}, "run": {"remote": "dir::/nfs/ckpt"}}
+    relative = {"data": {"prepared": "prep"}}
+    assert absolute_paths(relative, tmp_path) == ["data.prepared"]
+    assert relative["data"]["prepared"] == str(tmp_path / "prep")

@@ -1,0 +1,244 @@
+"""The shared-write audit's scanner (tests/test_shared_write_audit.py holds the reviews and the tests): which calls
+create, rename, chmod or delete by path, under any spelling (tests/audit_calls.py), in source_tree.audited_files().
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import operator
+import os
+from collections import Counter
+
+import audit_calls
+import source_tree
+
+ROOT = source_tree.REPO
+THE_HELPER = "minilmd/dirfd.py"
+OS_CALLS = {"rename", "replace", "chmod", "unlink", "remove", "rmdir", "mkdir", "makedirs", "link", "symlink",
+            "mkfifo", "mknod", "truncate", "removedirs", "renames", "lchmod", "chown", "lchown", "utime", "setxattr",
+            "removexattr"}
+SHUTIL_CALLS = {"rmtree", "move", "copyfile", "copy", "copy2", "copytree", "chown", "copymode", "copystat"}
+OPENERS = {"codecs", "gzip", "bz2", "lzma", "tarfile"}
+"""Modules whose open(path, mode) writes for a writing mode (tarfile's "w:gz", "a", "x" too); zipfile.ZipFile too."""
+FILE_COMMANDS = {"rm", "mv", "cp", "ln", "chmod", "chown", "mkdir", "rmdir", "touch", "install", "tee", "truncate",
+                 "rsync", "dd", "shred", "unlink"}
+"""Programs that create, move, change or delete files by path: run as an argv or a shell string, each is a write."""
+DIR_FD_HOMES = {"minilmd/dirfd.py", "minilmd/dirtree.py", "minilmd/place_rule.py"}
+"""Where a call relative to a directory descriptor (dir_fd=) is the rule itself: dirfd's Dir, the bounded tree walk
+under it, the place rule's walk. Anywhere else such a call is listed as "CALL@dir_fd" and reviewed like any other:
+a descriptor walk of its own beside Dir is a second copy of the rule."""
+PATH_CALLS = {"write_text", "write_bytes", "mkdir", "unlink", "rmdir", "chmod", "touch", "symlink_to",
+              "hardlink_to", "lchmod", "tofile"}
+TEMPFILE_CALLS = {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory", "TemporaryFile",
+                  "SpooledTemporaryFile"}
+NUMPY_CALLS = {"save", "savez", "savez_compressed", "savetxt"}
+SAFETENSORS_CALLS = {"save_file"}
+TORCH_CALLS = {"save"}
+SHORT = {"numpy": "np", "safetensors.torch": "safetensors", "safetensors.numpy": "safetensors"}
+ONE_ARG_CALLS = {"rename", "replace"}  # Path.rename(target); str.replace(a, b) takes two
+FD_KEYWORDS = {"dir_fd", "src_dir_fd", "dst_dir_fd"}
+WRITE_MODES = set("wxa+")
+
+
+def _mode(call: ast.Call, position: int) -> str | None:
+    mode = call.args[position] if len(call.args) > position else None
+    for keyword in call.keywords:
+        if keyword.arg == "mode":
+            mode = keyword.value
+    if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
+        return mode.value
+    return None if mode is None else "?"  # a mode not spelled out: counted as a write, to be reviewed
+
+
+WRITE_FLAGS = {"O_CREAT", "O_WRONLY", "O_RDWR", "O_TRUNC", "O_APPEND"}
+WRITE_BITS = functools.reduce(operator.or_, (getattr(os, flag) for flag in WRITE_FLAGS))
+WRITING_MODULES = {"os", "shutil", "tempfile", "numpy", "builtins", "io", *OPENERS}
+
+
+class _Names:
+    """What a module's names stand for: `import shutil as sh` makes sh "shutil", `from os import rename as r` makes
+    r "os.rename"; and its module-level constants (flags = os.O_WRONLY | os.O_CREAT) for os.open's flags."""
+
+    def __init__(self, module: ast.Module) -> None:
+        self.aliases: dict[str, str] = dict(audit_calls.qualified_names(module))  # function-level and star imports
+        for node in audit_calls.nodes(module):  # `o = open`: a writer renamed
+            if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
+                name = "open" if isinstance(node.value, ast.Name) and node.value.id == "open" else \
+                    audit_calls.dotted(node.value, self.aliases)
+                if name and (name == "open" or name.rpartition(".")[0] in WRITING_MODULES):
+                    self.aliases.update({t.id: name for t in node.targets if isinstance(t, ast.Name)})
+        self.constants = {target.id: node.value for node in module.body if isinstance(node, ast.Assign)
+                          for target in node.targets if isinstance(target, ast.Name)}
+
+    def qualified(self, expr: ast.expr) -> str | None:
+        """The dotted name an imported module's function is called by ("os.rename"), or None for anything else
+        (a method of an object, a local name); a bare name that is not imported stays itself ("open")."""
+        if isinstance(expr, ast.Name):
+            return self.aliases.get(expr.id, expr.id)
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "getattr" \
+                and len(expr.args) > 1 and (of := audit_calls.dotted(expr.args[0], self.aliases)):
+            name = expr.args[1]  # getattr(os, "unlink"); a name not spelled out is counted as whatever writes
+            return f"{of}.{name.value if isinstance(name, ast.Constant) else '<getattr>'}"
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, (ast.Name, ast.Attribute)):
+            if isinstance(expr.value, ast.Name) and expr.value.id not in self.aliases:
+                return None  # a method of a local object: p.mkdir()
+            base = self.qualified(expr.value)
+            return f"{base}.{expr.attr}" if base else None
+        return None
+
+    def creates(self, flags: ast.expr, seen: frozenset = frozenset()) -> bool:
+        """Whether os.open's flags write (WRITE_FLAGS: O_CREAT, and O_WRONLY, O_RDWR, O_TRUNC or O_APPEND, which
+        write into whatever stands at the path, a planted link's target too), through the module's constants."""
+        if isinstance(flags, ast.Starred):
+            return True  # flags unpacked from a sequence: not readable here, counted
+        for node in ast.walk(flags):
+            if isinstance(node, ast.Constant) and isinstance(node.value, int) and node.value & WRITE_BITS:
+                return True  # os.open(p, 0o101): O_WRONLY | O_CREAT as a number
+            if isinstance(node, (ast.Name, ast.Attribute)) and (
+                    node.id if isinstance(node, ast.Name) else node.attr) in WRITE_FLAGS:
+                return True
+            if isinstance(node, ast.Name) and node.id in self.aliases and node.id not in seen and \
+                    (imported := _imported_constant(self.aliases[node.id])) is not None:
+                if imported.creates(imported.constants[node.id], seen | {node.id}):
+                    return True  # flags a module of the project defines (jsonlines.LOG_APPEND): followed there
+            if isinstance(node, ast.Name) and node.id not in self.aliases and node.id not in seen:
+                if node.id not in self.constants or self.creates(self.constants[node.id], seen | {node.id}):
+                    return True  # flags in a local variable: counted as a create, to be reviewed
+        return False
+
+
+PACKAGE_DIRS = {"minilmd.daemon": "daemon", "minilmd.trainer": "trainer", "minilmd": "minilmd"}
+"""pyproject.toml's package-dir: where a module of the project lies."""
+
+
+def _imported_constant(qualified: str) -> _Names | None:
+    """The names of the project module a constant is imported from (`minilmd.daemon.base.jsonlines.LOG_APPEND`),
+    when that module defines it; None for anything else (os.O_CREAT, a function, another package's name)."""
+    module, _, name = qualified.rpartition(".")
+    for package, folder in PACKAGE_DIRS.items():
+        if module == package or module.startswith(package + "."):
+            path = ROOT / folder / (module[len(package) + 1:].replace(".", "/") or "__init__")
+            path = path.with_suffix(".py")
+            if path.is_file():
+                names = _Names(source_tree.tree(path))
+                return names if name in names.constants else None
+            return None
+    return None
+
+
+def _open_flags(call: ast.Call) -> ast.expr | None:
+    flags = call.args[1] if len(call.args) > 1 else next(
+        (a for a in call.args if isinstance(a, ast.Starred)), None)
+    return next((k.value for k in call.keywords if k.arg == "flags"), flags)
+
+
+def _module_kind(name: str, call: ast.Call, names: _Names) -> str | None:
+    """The kind of a call of an imported module's function, by its full name, else None."""
+    module, _, function = name.rpartition(".")
+    if module == "os" and function == "open":
+        flags = _open_flags(call)
+        return "os.open" if flags is not None and names.creates(flags) else None
+    if module in ("builtins", "io", *OPENERS) and function == "open":
+        return _kind_of_open(call, f"{module}.open" if module in OPENERS else "open")
+    if name == "zipfile.ZipFile":
+        return _kind_of_open(call, name, default="r")
+    if name == "numpy.memmap":
+        return _kind_of_open(call, "np.memmap", default="r+", writing=WRITE_MODES | {"readwrite", "write"})
+    if function == "<getattr>" and module in WRITING_MODULES:
+        return f"{module}.<getattr>"
+    table = {"os": OS_CALLS, "shutil": SHUTIL_CALLS, "tempfile": TEMPFILE_CALLS, "numpy": NUMPY_CALLS,
+             "safetensors.torch": SAFETENSORS_CALLS, "safetensors.numpy": SAFETENSORS_CALLS, "torch": TORCH_CALLS}
+    if function in table.get(module, ()):
+        return f"{SHORT.get(module, module)}.{function}"
+    return None
+
+
+def _kind_of_open(call: ast.Call, kind: str = "open", default: str | None = None,
+                  writing: set[str] = WRITE_MODES) -> str | None:
+    mode = _mode(call, 1) or default
+    if mode is None:
+        return None
+    return kind if mode == "?" or mode in writing or WRITE_MODES & set(mode.split(":")[0]) else None
+
+
+def _kind(call: ast.Call, names: _Names) -> str | None:
+    """What a call is when it writes by path ("os.rename", ".mkdir", "open", ...), else None."""
+    fn = call.func
+    name = names.qualified(fn)
+    if name == "open":
+        return _kind_of_open(call)
+    if name and "." in name:
+        return _module_kind(name, call, names)
+    if not isinstance(fn, ast.Attribute) or name:
+        return None
+    if fn.attr in PATH_CALLS:
+        return f".{fn.attr}"
+    if fn.attr in ONE_ARG_CALLS and ((len(call.args) == 1 and not call.keywords)
+                                     or (not call.args and [k.arg for k in call.keywords] == ["target"])):
+        return f".{fn.attr}"
+    if fn.attr == "open":  # Path.open(mode), fs.open(path, mode): a mode spelled out, or one in a variable
+        given = [*call.args[:2], *(k.value for k in call.keywords if k.arg == "mode")]
+        modes = [a.value for a in given if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value
+                 and set(a.value) <= set("rwxab+t")]
+        unknown = any(isinstance(a, ast.Name) and "mode" in a.id.lower() for a in given) or any(
+            k.arg == "mode" and not isinstance(k.value, ast.Constant) for k in call.keywords)
+        return "open" if unknown or any(WRITE_MODES & set(m) for m in modes) else None
+    return None
+
+
+def _by_descriptor(call: ast.Call) -> bool:
+    """Given a directory descriptor (dir_fd=fd, not dir_fd=None): relative to it, not by path."""
+    return any(k.arg in FD_KEYWORDS and not (isinstance(k.value, ast.Constant) and k.value.value is None)
+               for k in call.keywords)
+
+
+class _Sites(ast.NodeVisitor):
+    def __init__(self, module: ast.Module, descriptors_are_the_rule: bool = False) -> None:
+        self.names = _Names(module)
+        self.descriptors_are_the_rule = descriptors_are_the_rule
+        self.constants = audit_calls.string_constants(module)
+        self.where: list[str] = []
+        self.found: Counter = Counter()
+        self.visit(module)
+
+    def _scope(self, node) -> None:
+        self.where.append(node.name)
+        self.generic_visit(node)
+        self.where.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
+
+    def visit_Call(self, node: ast.Call) -> None:
+        kind = _kind(node, self.names)
+        if kind and _by_descriptor(node):
+            kind = None if self.descriptors_are_the_rule else f"{kind}@dir_fd"
+        if FILE_COMMANDS & set(audit_calls.command_of(node, self.names.aliases, self.constants)):
+            kind = "a file command"  # rm, mv, cp... run as a program
+        if kind:
+            self.found[(".".join(self.where) or "<module>", kind)] += 1
+        self.generic_visit(node)
+
+
+@functools.cache
+def sites() -> dict[str, Counter]:
+    """{module: Counter((function, call))} of every by-path write in the project, the helper aside."""
+    found = {}
+    for path in source_tree.audited_files():
+        name = path.relative_to(ROOT).as_posix()
+        if name == THE_HELPER:
+            continue
+        visitor = _Sites(source_tree.tree(path), name in DIR_FD_HOMES)
+        if visitor.found:
+            found[name] = visitor.found
+    return found
+
+
+def differences(found: dict[str, Counter], reviewed: dict) -> list[str]:
+    """Each (module, function, call) whose count differs from its review: a new site, or a stale review."""
+    problems = []
+    for module in sorted(set(found) | set(reviewed)):
+        have, allowed = found.get(module, Counter()), reviewed.get(module, ("", "", {}))[2]
+        for key in sorted(set(have) | set(allowed)):
+            if have[key] != allowed.get(key, 0):
+                problems.append(f"{module}: {key[0]}: {key[1]} x{have[key]} (reviewed: {allowed.get(key, 0)})")
+    return problems
