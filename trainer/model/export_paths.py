@@ -107,7 +107,7 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
     what = os.strerror(code) if isinstance(e, OSError) and code else f"{os.strerror(code)}: {e}" if code else str(e)
     todo = _WHAT_TO_DO.get(code or 0, "export again, or choose another --out")
     if isinstance(e, NameHeld):  # another user's name in a sticky directory: whose it is, not "not permitted"
-        what, todo = e.strerror, e.what_to_do
+        what, todo = e.strerror or what, e.what_to_do
     return ExportNotWritten(f"{out}: the export could not be written: {what}; nothing was left behind; {todo}")
 
 
