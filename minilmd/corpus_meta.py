@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -70,26 +69,22 @@ def read_meta_hashed(root: str | Path) -> tuple[dict, str]:
 
 def read_corpus_meta(prepared: str | Path) -> dict | None:
     """A local prepared corpus's meta.json, or None if it cannot be read (no format check: for what the config
-    check and the space estimate take from it before staging). Parsed once while the file stays the same (its
-    device, inode, size and times: `_parsed`), however many of a command's checks ask (`run --check` parsed it five
-    times, each a depth scan and json.loads of what may be another user's padded file); the dict is shared: read
-    it, never change it."""
-    path = Path(prepared) / META
+    check and the space estimate take from it before staging). Its bytes are read each time (bounded), but parsed
+    once for the same bytes (`_parsed`), however many of a command's checks ask (`run --check` parsed it five times,
+    each a depth scan and json.loads of what may be another user's padded file); the dict is shared: read it, never
+    change it."""
     try:
-        st = os.lstat(path)
-    except (OSError, ValueError):  # missing, unreachable: read_bytes says nothing more to a None
+        return _parsed(read_bytes(Path(prepared) / META, max_bytes=CORPUS_META_MAX_BYTES))
+    except ValueError:  # Unreadable too
         return None
-    return _parsed(str(path), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
 
 
 @functools.lru_cache(maxsize=4)
-def _parsed(path: str, identity: tuple) -> dict | None:
-    """read_corpus_meta's parse of the file at path while it has that identity (the key: a changed file is read
-    again; one changed between the lstat and the read is cached under the old identity, which no later lstat
-    matches)."""
+def _parsed(raw: bytes) -> dict | None:
+    """read_corpus_meta's parse of meta.json's bytes (the cache's key: the same bytes, the same dict)."""
     try:
-        meta = loads_meta(read_bytes(path, max_bytes=CORPUS_META_MAX_BYTES))
-    except ValueError:  # Unreadable too
+        meta = loads_meta(raw)
+    except ValueError:
         return None
     return meta if isinstance(meta, dict) else None
 
