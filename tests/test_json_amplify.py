@@ -71,3 +71,21 @@ def test_run_check_parses_meta_json_once(tmp_path, corpus, monkeypatch):
     result = CliRunner().invoke(app, ["run", "--check", str(write_config(tmp_path, corpus))])
     assert result.exit_code == 0, result.output
     assert len(parsed) <= 1, parsed  # five before; none when an earlier test parsed the same bytes
+
+
+def test_corpus_report_ships_its_workers_the_meta_they_read_not_the_padding(tmp_path, corpus):
+    import pickle
+    import shutil
+
+    from minilmd.corpus.analysis import scan
+
+    padded = tmp_path / "padded"
+    shutil.copytree(corpus[0], padded)
+    meta = json.loads((padded / names.CORPUS_META).read_text())
+    meta["junk"] = [{}] * 200_000  # 600 KB of it, within the bound
+    (padded / names.CORPUS_META).write_text(json.dumps(meta))
+    opened = scan.open_corpus(str(padded), parts=4)
+    shipped = scan._for_workers(opened)  # what each shard's task is pickled with
+    assert len(pickle.dumps(shipped.meta)) < 1024, shipped.meta  # the padding went to every shard before
+    assert len(pickle.dumps(shipped)) < len(pickle.dumps(opened)) // 10
+    assert shipped.meta["splits"]["train"]["documents"] == meta["splits"]["train"]["documents"]
