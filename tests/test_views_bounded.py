@@ -52,3 +52,14 @@ def test_sample_keeps_each_kinds_last_and_bounds_kinds():
     assert sample.kept() <= 3 * 5
     kept = sample.records()
     assert kept[-1]["i"] == 100 and [r["i"] for r in kept] == sorted(r["i"] for r in kept)
+
+
+def test_stream_lines_holds_one_block_and_skips_what_it_cannot_hold(tmp_path, monkeypatch):
+    from minilmd import fsio
+
+    monkeypatch.setattr(fsio, "STREAM_BLOCK", 16)
+    path = tmp_path / "log"
+    path.write_bytes(b"cut-by-the-window\n" + b"a\n" + b"x" * 40 + b"\n" + b"b\n" + b"torn")
+    window = path.stat().st_size - 3  # the window begins inside the first line
+    assert list(fsio.stream_lines(path, window)) == [b"a", b"b", b"torn"]  # the 40-byte line: longer than a block
+    assert list(fsio.stream_lines(tmp_path / "missing", 100)) == []
