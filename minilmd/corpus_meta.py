@@ -5,6 +5,7 @@ docs/formats.md. Also the corpus's data fingerprint and its earlier versions', w
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path, PurePosixPath
@@ -68,10 +69,22 @@ def read_meta_hashed(root: str | Path) -> tuple[dict, str]:
 
 def read_corpus_meta(prepared: str | Path) -> dict | None:
     """A local prepared corpus's meta.json, or None if it cannot be read (no format check: for what the config
-    check and the space estimate take from it before staging)."""
+    check and the space estimate take from it before staging). Its bytes are read each time (bounded), but parsed
+    once for the same bytes (`_parsed`), however many of a command's checks ask (`run --check` parsed it five times,
+    each a depth scan and json.loads of what may be another user's padded file); the dict is shared: read it, never
+    change it."""
     try:
-        meta = loads_meta(read_bytes(Path(prepared) / META, max_bytes=CORPUS_META_MAX_BYTES))
+        return _parsed(read_bytes(Path(prepared) / META, max_bytes=CORPUS_META_MAX_BYTES))
     except ValueError:  # Unreadable too
+        return None
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(raw: bytes) -> dict | None:
+    """read_corpus_meta's parse of meta.json's bytes (the cache's key: the same bytes, the same dict)."""
+    try:
+        meta = loads_meta(raw)
+    except ValueError:
         return None
     return meta if isinstance(meta, dict) else None
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 from minilmd.dirtree import TooDeep, empty_tree, fsync_tree
-from minilmd.perms import own_link, owned_by_me
+from minilmd.perms import own_link, owned_by_me, user_words
 from minilmd.place_rule import (  # noqa: F401 - for callers
     PlaceRefused,
     dir_problem,
@@ -64,6 +64,34 @@ Identity = tuple[int, int]
 
 class Replaced(ValueError):
     """A name did not lead to the directory expected (someone moved another one there): nothing was replaced."""
+
+
+class NameHeld(PermissionError):
+    """A rename onto a name another user holds in a sticky directory (/tmp, a 1777 share): only that user (or root)
+    may replace it, so the kernel says EPERM, and a message of "Operation not permitted" naming the temporary file
+    told the user nothing. `strerror` says whose the name is, `what_to_do` what to do."""
+
+    def __init__(self, path: Path, owner: int):
+        super().__init__(errno.EPERM, f"{path.name} there belongs to {user_words(owner)}, and the directory is "
+                                      f"sticky: only its owner may replace it", str(path))
+        self.owner = owner
+        self.what_to_do = f"choose another name, or have {user_words(owner)} remove it"
+
+
+def _renamed(src_fd: int, src: str, dst_fd: int, dst: str, dst_path: Path) -> None:
+    """rename(2) of `src` at src_fd onto `dst` at dst_fd (no link followed); NameHeld when refused because another
+    user holds `dst` in a sticky directory, any other OSError as it comes."""
+    try:
+        os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+    except PermissionError as e:
+        try:
+            held = os.stat(dst, dir_fd=dst_fd, follow_symlinks=False).st_uid
+            sticky = os.fstat(dst_fd).st_mode & stat.S_ISVTX
+        except OSError:
+            raise e from None
+        if sticky and held != os.geteuid():
+            raise NameHeld(dst_path, held) from None
+        raise
 
 
 class Kept(NamedTuple):
@@ -233,7 +261,7 @@ class Dir:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
-            os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            _renamed(self.fd, tmp, self.fd, name, self.path / name)
         except BaseException:
             try:
                 os.unlink(tmp, dir_fd=self.fd)
@@ -273,8 +301,9 @@ class Dir:
     # --- renaming ---
 
     def rename(self, name: str, to: Dir, to_name: str) -> None:
-        """rename(2) of `name` here to `to_name` in `to` (replaces a file there, as rename does; no link followed)."""
-        os.rename(name, to_name, src_dir_fd=self.fd, dst_dir_fd=to.fd)
+        """rename(2) of `name` here to `to_name` in `to` (replaces a file there, as rename does; no link followed;
+        NameHeld when another user holds `to_name` in a sticky directory)."""
+        _renamed(self.fd, name, to.fd, to_name, to.path / to_name)
 
     def rename_new(self, name: str, to_name: str) -> bool:
         """`name` renamed to `to_name` unless something stands there (False, nothing changed). RENAME_NOREPLACE;

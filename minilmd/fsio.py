@@ -9,7 +9,8 @@
 - Refusing an --out that is there already without --force (`out_taken`: prepare, export, tokenizer train, demo-corpus).
 - Writing a file a user names (`write_out_text`/`write_out_bytes`: tokenizer train, plot) at the descriptor of
   its directory, opened once under the place rule (`open_out_parent`; a directory the user names: `open_out_dir`).
-- Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory) and `new_lines` (follow a log), of a file
+- Reading: `sha256_file`, `tail_lines` (the end of a log, bounded memory), `stream_lines` (a log's last bytes line by
+  line, one block in memory at a time) and `new_lines` (follow a log), of a file
   anyone may have made something else (a FIFO, a link to /dev/zero: Unreadable, never opened).
 Torch-free; the supervisor imports it.
 """
@@ -21,7 +22,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from minilmd import dirfd, perms
@@ -347,6 +348,44 @@ def tail_lines(path: str | os.PathLike, n: int, max_bytes: int = TAIL_MAX_BYTES)
     if end > 0 and lines:
         lines = lines[1:]  # the first one is cut: it began before what was read
     return (lines[-n:] if n > 0 else []), size
+
+
+STREAM_BLOCK = 1 << 20
+"""What stream_lines holds of a file at a time (and the longest line it returns whole: a longer one is skipped)."""
+
+
+def stream_lines(path: str | os.PathLike, max_bytes: int) -> Iterator[bytes]:
+    """The whole lines of a file's last max_bytes, in file order, read forwards one STREAM_BLOCK at a time: memory
+    stays one block however big the file, for a reader that keeps a bounded summary of what it reads (a line longer
+    than a block is skipped, the first one cut by the window too). Nothing for a missing file; Unreadable, on the
+    first line asked for, for one that is not a regular file or that fails while read."""
+    fd = open_regular_or_none(path)
+    if fd is None:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        offset = max(0, size - max_bytes)
+        rest, skipping = b"", offset > 0  # a window's first line began before it
+        while offset < size:
+            data = os.pread(fd, min(STREAM_BLOCK, size - offset), offset)
+            if not data:
+                break  # truncated meanwhile: what was read is what there was
+            offset += len(data)
+            lines = (rest + data).split(b"\n")
+            rest = lines.pop()
+            if len(rest) > STREAM_BLOCK:
+                rest, skipping = b"", True  # no line of ours is that long: drop it, and its end in the next block
+            for line in lines:
+                if skipping:
+                    skipping = False
+                    continue
+                yield line
+        if rest and not skipping:
+            yield rest  # an unfinished last line (a writer killed mid-line): the caller's parse decides
+    except OSError as e:
+        raise Unreadable(f"cannot be read: {e.strerror or e}", path, os_error=e) from None
+    finally:
+        os.close(fd)
 
 
 def new_lines(path: str | os.PathLike, offset: int,

@@ -183,10 +183,11 @@ MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_META = "optimizer.json"
 TRAINER_STATE = "trainer_state.json"
-TRAINER_STATE_MAX_BYTES = 64 << 20
+TRAINER_STATE_MAX_BYTES = 4 << 20
 """The largest trainer_state.json read by every reader (validation, init.from, the update share of `run --check`,
-the lineage `status` shows): the config, RNG states, corpus segments, a few hundred KB. Validation's bound is
-every reader's, so that a checkpoint it accepts is read whole elsewhere too (at 16 MiB the update share and the
+the lineage `status` shows): the config, RNG states, corpus segments, 2-35 KB in real runs, so 4 MiB is a hundred
+times that (at 64 MiB a padded one cost `verify` 77 s and 1.7 GB, in the depth scan and json.loads). Validation's
+bound is every reader's, so that a checkpoint it accepts is read whole elsewhere too (at 16 MiB the update share and the
 lineage skipped a valid checkpoint's)."""
 DPO_REFERENCE = "dpo_reference.safetensors"
 """A DPO run's reference log-probability sums, in each of its checkpoints (trainer/loop/dpo_reference.py)."""
@@ -298,10 +299,11 @@ def quarantine_name(name: str, stamp: str, n: int = 1) -> str:
 
 # --- A prepared corpus (the output of `minilmd prepare`) --------------------------------------------------------
 CORPUS_META = "meta.json"  # format, counts, and size + sha256 of every other file
-CORPUS_META_MAX_BYTES = 64 << 20
+CORPUS_META_MAX_BYTES = 4 << 20
 """The largest meta.json read (the corpus's readers, staging, prepare's --force and --append checks): a few KB of
-counts, its file table, an entry per source and per version (`prepare --append`); a corpus from elsewhere (another
-user's, on NFS) may be a link to /dev/zero."""
+counts, its file table, an entry per source and per version (`prepare --append`: thousands of them fit); a corpus
+from elsewhere (another user's, on NFS) may be a link to /dev/zero, or padded (at 64 MiB one cost `corpus report`
+226 s and 2.4 GB)."""
 CORPUS_TOKENIZER = TOKENIZER_FILE  # the tokenizer the ids came from
 SPLITS = ("train", "val")
 TOKENS = "tokens.bin"  # in each split: uint16 little-endian ids, [BOS] doc [EOS] ...
@@ -309,9 +311,10 @@ DOC_LENGTHS = "doc_lengths.npy"  # in each split: the length of each document, B
 LOSS_MASK = "loss_mask.bin"  # in each split of a chat corpus: uint8, 1 on the target tokens, one per token
 TOKENIZER_CONFIG = "tokenizer_config.json"  # beside a chat corpus's (and a checkpoint's) tokenizer.json: the chat
 # template it was rendered with, and the special token names a template sees
-TOKENIZER_MAX_BYTES = 256 << 20
-"""The largest tokenizer.json loaded (a large vocabulary's is tens of MiB)."""
-TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
+TOKENIZER_MAX_BYTES = 16 << 20
+"""The largest tokenizer.json loaded: MiniMind's is 441 KiB, a 150k-word vocabulary's (Qwen, Llama 3) 7-9 MiB; a
+padded one of 64 MiB took `tokenizer check` 38 s before its refusal at 256 MiB."""
+TOKENIZER_CONFIG_MAX_BYTES = 4 << 20
 """The largest tokenizer_config.json or chat template read (a tokenizer from elsewhere may be a huge file). Here,
 beside the names, so that checkpoint validation (the supervisor imports it) needs no tokenizer machinery."""
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a tokenizer directory's template in a file of its own (transformers)

@@ -79,7 +79,7 @@ def base_with_trainer_state(root: Path, size: int) -> Path:
     return ckpt
 
 
-@pytest.mark.parametrize("size", [(16 << 20) + 1])
+@pytest.mark.parametrize("size", [(2 << 20) + 1])
 def test_every_reader_of_a_trainer_state_that_validation_accepts_reads_it(tmp_path, size):
     assert size <= MAX_JSON_PART  # validation reads it
     ckpt = base_with_trainer_state(tmp_path, size)

@@ -253,7 +253,7 @@ def test_a_url_sources_oversized_meta_json_is_refused_naming_the_limit_never_rea
     for rel, data in files.items():
         fs.pipe_file(f"/big-meta-corpus/{rel}", data)
     try:
-        with pytest.raises(SourceInvalid, match=r"memory://big-meta-corpus/meta.json: over 64 MiB, the most a "
+        with pytest.raises(SourceInvalid, match=r"memory://big-meta-corpus/meta.json: over 4 MiB, the most a "
                                                 r"corpus's meta.json may be"):
             stage("memory://big-meta-corpus", tmp_path / "shm")
         assert not (tmp_path / "shm" / "corpus").exists()

@@ -24,7 +24,7 @@ from pathlib import Path
 from minilmd import names
 from minilmd.daemon.base import timeline
 from minilmd.daemon.base.runstate import fmt_time, json_records, read_state
-from minilmd.fsio import tail_lines
+from minilmd.fsio import stream_lines, tail_lines
 from minilmd.untrusted import Unreadable
 
 NOT_RESTARTS = ("done", "stopped")
@@ -32,22 +32,94 @@ NOT_RESTARTS = ("done", "stopped")
 SYNC_FAILED_PREFIXES = ("sync failed", "the sync looks stalled")
 """How daemon/jobs/syncworker.py's "sync" events begin when a sync failed or stalled; "synced step" ends the span."""
 SPARKS = "▁▂▃▄▅▆▇█"
-PLOT_MAX_BYTES = 256 << 20
-"""The most of metrics.jsonl or events.jsonl that `plot` reads, from its end: a run of millions of steps logs far
-less; a file someone made huge (or a sparse one of terabytes) is never read whole."""
+PLOT_MAX_BYTES = 64 << 20
+"""The most of metrics.jsonl or events.jsonl that `plot` reads, from its end: a run of a million steps logging each
+one writes about 250 MiB, every 10th 25 MiB; a file someone made huge (or a sparse one of terabytes) is never read
+whole, and what is read streams by one block at a time (fsio.stream_lines)."""
+PLOT_MAX_RECORDS = 50_000
+"""The most records of each kind (a metrics line's "kind", an event's "event") that `plot` keeps: past that they are
+thinned evenly as they stream by (every 2nd, then every 4th...; the last one always kept), so memory stays bounded
+however many lines a file holds, and a curve of a million steps is drawn from 50,000 of them (more than the pixels)."""
+PLOT_MAX_KINDS = 32
+"""The most kinds kept apart when thinning; records of kinds beyond those share one group (a flood of made-up ones)."""
+STATUS_METRICS_LINES = 20_000
+"""How many of metrics.jsonl's last lines `minilmd status` reads (its epoch lines, fit warnings, early stop): a few
+epochs of a long run, bounded whatever the file holds."""
+STATUS_METRICS_MAX_BYTES = 8 << 20
+"""The most of metrics.jsonl's end that status reads for those lines (real lines are about 300 bytes)."""
 
 
-def read_jsonl(path: Path, max_bytes: int = PLOT_MAX_BYTES, problems: list[str] | None = None) -> list[dict]:
-    """Every whole JSON object of a JSON-lines file, of at most its last max_bytes ([] when missing); a torn line (a
-    writer killed mid-line) is skipped. A file that is not a regular one (a FIFO, a link) gives [] and its
-    "NAME: unreadable (why)" in `problems`."""
+class _Thinned:
+    """One kind's records: at most `cap`, evenly spaced over all of them, and the last one seen."""
+
+    def __init__(self, cap: int):
+        self.cap, self.stride, self.seen = cap, 1, 0
+        self.kept: list[tuple[int, dict]] = []
+        self.last: tuple[int, dict] | None = None
+
+    def add(self, index: int, record: dict) -> None:
+        if self.seen % self.stride == 0:
+            self.kept.append((index, record))
+            if len(self.kept) > self.cap:  # keep every other one: all kept are multiples of the doubled stride
+                self.kept, self.stride = self.kept[::2], self.stride * 2
+        self.seen += 1
+        self.last = (index, record)
+
+
+class Sample:
+    """A bounded summary of a JSON-lines stream: each kind (the `key` field's value) thinned to PLOT_MAX_RECORDS
+    (_Thinned), records() gives them back in file order. The last record of each kind is always among them, so a
+    lineage marker, the last step and the last checkpoint are never thinned away."""
+
+    def __init__(self, key: str, cap: int | None = None, max_kinds: int = PLOT_MAX_KINDS):
+        self.key, self.max_kinds = key, max_kinds
+        self.cap = PLOT_MAX_RECORDS if cap is None else cap
+        self.groups: dict[object, _Thinned] = {}
+        self.count = 0
+
+    def add(self, record: dict) -> None:
+        kind = record.get(self.key)
+        kind = kind if isinstance(kind, str) and (kind in self.groups or len(self.groups) < self.max_kinds) else None
+        self.groups.setdefault(kind, _Thinned(self.cap)).add(self.count, record)
+        self.count += 1
+
+    def kept(self) -> int:
+        """How many records are held now (the bound tests check)."""
+        return sum(len(g.kept) + 1 for g in self.groups.values())
+
+    def records(self) -> list[dict]:
+        held = dict(pair for g in self.groups.values() for pair in (*g.kept, g.last) if pair is not None)
+        return [held[i] for i in sorted(held)]
+
+
+def read_jsonl(path: Path, max_bytes: int = PLOT_MAX_BYTES, problems: list[str] | None = None,
+               key: str = "kind") -> list[dict]:
+    """The JSON objects of a JSON-lines file's last max_bytes ([] when missing), streamed and thinned per kind of
+    `key` (Sample: bounded memory however big the file); a torn line (a writer killed mid-line) is skipped. A file
+    that is not a regular one (a FIFO, a link) gives [] and its "NAME: unreadable (why)" in `problems`."""
+    sample = Sample(key)
     try:
-        lines, _ = tail_lines(path, 1 << 62, max_bytes=max_bytes)
+        for line in stream_lines(path, max_bytes):
+            for record in json_records([line]):
+                sample.add(record)
     except Unreadable as e:
         if problems is not None:
             problems.append(f"{path.name}: unreadable ({e.why})")
         return []
-    return json_records(lines)
+    return sample.records()
+
+
+def read_recent(path: Path, lines: int = STATUS_METRICS_LINES, max_bytes: int = STATUS_METRICS_MAX_BYTES,
+                problems: list[str] | None = None) -> list[dict]:
+    """The JSON objects of a JSON-lines file's last `lines` lines, of at most its last max_bytes (status: bounded
+    by lines, not thinned); [] and the problem said as read_jsonl does."""
+    try:
+        tail, _ = tail_lines(path, lines, max_bytes=max_bytes)
+    except Unreadable as e:
+        if problems is not None:
+            problems.append(f"{path.name}: unreadable ({e.why})")
+        return []
+    return json_records(tail)
 
 
 NUMERIC_KEYS = ("step", "time", "tokens_seen", "total_steps", "loss", "val_loss", "lr", "tok_s", "grad_norm",
@@ -161,7 +233,8 @@ def load(run_dir: str | os.PathLike) -> Curves:
                     evals=last_per_step([r for r in metrics if r.get("kind") == "eval"]))
     curves.repeated_steps = len([r for r in raw_train if isinstance(r.get("step"), int)]) - len(curves.train)
     curves.earlier = timeline.Timeline([], current.earlier_step, current.fresh_since)
-    events = timeline.events_since_fresh(numbers_only(read_jsonl(run_dir / names.EVENTS, problems=problems)))
+    events = timeline.events_since_fresh(numbers_only(read_jsonl(run_dir / names.EVENTS, problems=problems,
+                                                                         key="event")))
     curves.unreadable = problems
     curves.restarts = _restarts(curves, events, [r for r in metrics if r.get("kind") == "checkpoint"])
     curves.sync_failures = _sync_failures(curves, events)
@@ -170,10 +243,13 @@ def load(run_dir: str | os.PathLike) -> Curves:
     return curves
 
 
-def read_timeline(run_dir: Path, problems: list[str] | None = None) -> timeline.Timeline:
-    """metrics.jsonl's objects (read_jsonl's bounded read, numbers_only), cut at the last fresh start: the current
-    lineage's records, and where it began."""
-    return timeline.current(numbers_only(read_jsonl(run_dir / names.METRICS, problems=problems)))
+def read_timeline(run_dir: Path, problems: list[str] | None = None, recent: bool = False) -> timeline.Timeline:
+    """metrics.jsonl's objects (read_jsonl's bounded, thinned read; with `recent` read_recent's last lines, as
+    status reads them; numbers_only), cut at the last fresh start: the current lineage's records, and where it
+    began."""
+    path = run_dir / names.METRICS
+    records = read_recent(path, problems=problems) if recent else read_jsonl(path, problems=problems)
+    return timeline.current(numbers_only(records))
 
 
 def earlier_words(current: timeline.Timeline) -> str | None:

@@ -55,11 +55,11 @@ class Epoch:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """metrics.jsonl's objects of the current lineage (after the last `run --fresh` start: daemon/base/timeline.py),
-    from at most its last PLOT_MAX_BYTES and only from a regular file (daemon/views/curves.py read_jsonl: never a
-    FIFO, a link to /dev/zero nor a file someone made huge read whole)."""
+    of its last STATUS_METRICS_LINES lines and only from a regular file (daemon/views/curves.py read_recent: never a
+    FIFO, a link to /dev/zero nor a file someone made huge read whole), as status reads them."""
     from minilmd.daemon.views.curves import read_timeline
 
-    return read_timeline(run_dir).records
+    return read_timeline(run_dir, recent=True).records
 
 
 def once_per_step(records: list[dict]) -> list[dict]:

@@ -8,6 +8,7 @@ another user's run directory holds what that user wrote, escape sequences includ
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -231,6 +232,7 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
     alive = supervisor_alive(written)
     # no supervisor keeps state.json up to date: what the trainer wrote since (daemon/views/newest.py), --json too
     state = current(run_dir, written, alive) if written is not None else None
+    state, claims = _as_read(Path(run_dir), state) if state is not None else (None, None)
     if as_json:
         _print_json(run_dir, raw, changed_sections(written, state) if written is not None and state is not None
                     else {}, alive, unreadable, out)
@@ -242,11 +244,13 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
         print(f"{run_dir}: no state.json yet (the supervisor has not started here, or is just starting)", file=out)
         return 0
     lines = summary_lines(state, alive) + orphan_lines(run_dir, state, alive) + _lineage_lines(run_dir)
+    if claims:
+        lines.insert(1, claims)
     if request := stoprequest.status_line(run_dir, state.supervisor.systemd_unit):  # `minilmd stop` left it
         lines.insert(1, request)
     from minilmd.daemon.views.curves import earlier_words, read_timeline, sparkline_line
 
-    metrics = read_timeline(run_dir)  # metrics.jsonl once, the current lineage's (after a `run --fresh` start)
+    metrics = read_timeline(run_dir, recent=True)  # metrics.jsonl's end once, the current lineage's (after --fresh)
     lines += fit_lines(run_dir, metrics.records)
     lines += reproducibility_lines(run_dir, state)  # daemon/views/reproducible.py
     after_step = next((i for i, line in enumerate(lines) if line.startswith("  step ")), 0) + 1
@@ -256,6 +260,25 @@ def status(run_dir: str | os.PathLike = ".", as_json: bool = False, out=None) ->
         lines.insert(after_step, spark)
     print("\n".join(printable(line) for line in lines), file=out)  # each line built from state.json's strings
     return 0
+
+
+def _as_read(run_dir: Path, state: StateJson) -> tuple[StateJson, str | None]:
+    """state as shown for the directory status read: when its state.json names another run directory (a run dir
+    copied or moved here, or a state.json someone planted: another user's made `status` print the victim's run name
+    and path), the run is this directory, named by it, and a line says what the file claims."""
+    claimed = state.run_dir
+    if not claimed or _same_dir(Path(claimed), run_dir):
+        return state, None
+    shown = dataclasses.replace(state, run=run_dir.name, run_dir=str(run_dir))
+    return shown, (f"  its state.json names run {state.run or '?'} in {claimed}, another directory (moved or copied "
+                   f"here, or not this run's): shown as what this directory holds")
+
+
+def _same_dir(claimed: Path, run_dir: Path) -> bool:
+    try:
+        return claimed == run_dir or os.path.samefile(claimed, run_dir)  # a stat each, nothing opened
+    except (OSError, ValueError):  # gone, unreachable, a NUL in the claim
+        return False
 
 
 def _print_json(run_dir: Path, raw: dict | None, caught_up: dict, alive: bool, unreadable: str, out) -> None:

@@ -56,12 +56,14 @@ def run_command(
             typer.echo(str(e), err=True)
             raise typer.Exit(SUPERVISOR_CONFIG) from None
         typer.echo(f"{config}: OK (run {cfg.run.name}, run dir {cfg.run.dir}, scratch {cfg.scratch_dir})")
+        from minilmd.corpus_meta import read_corpus_meta
         from minilmd.plan.budget import lr_line
 
-        typer.echo(lr_line(cfg))  # the rate the trainer will run at, and where it comes from
+        meta = read_corpus_meta(cfg.data.prepared) if cfg.data.prepared else None  # once, for every line below
+        typer.echo(lr_line(cfg, meta))  # the rate the trainer will run at, and where it comes from
         for line in waits:
             typer.echo(f"waits: {line}")
-        for line in _notes(cfg, claim_remote):
+        for line in _notes(cfg, claim_remote, meta):
             typer.echo(f"note: {line}")
         from minilmd.daemon.jobs.remotewait import check_line
 
@@ -101,7 +103,7 @@ def _init_wait(cfg) -> str:
     return predecessor_outcome(pred)[1] if pred is not None else ""
 
 
-def _notes(cfg, claim_remote: bool = False) -> list[str]:
+def _notes(cfg, claim_remote: bool = False, meta: dict | None = None) -> list[str]:
     """What the launch does that the user may not expect, for `--check` to say: train on the CPU (train.device =
     "auto" and no NVIDIA driver: daemon/host/gpu.py), need close to its device's memory (daemon/preflight.py
     memory_fit), train on some preference pairs nothing (train.seq_len cuts
@@ -129,7 +131,7 @@ def _notes(cfg, claim_remote: bool = False) -> list[str]:
 
     from minilmd.plan.budget import planned
 
-    plan = functools.cache(lambda: planned(cfg))  # the corpus's meta.json read once, and only for a note that asks
+    plan = functools.cache(lambda: planned(cfg, meta))  # meta.json as --check read it (None: read here, once)
     return notes + _checkpoint_note(cfg, plan) + _time_notes(cfg, plan)
 
 

@@ -118,7 +118,9 @@ def sample(
     except (ExportError, ValueError) as e:
         typer.echo(f"minilmd sample: {e}", err=True)
         raise typer.Exit(e.exit_status if isinstance(e, ExportError) else 1) from None  # 2: another vocabulary
-    typer.echo(prompt + text)
+    from minilmd.untrusted import printable
+
+    typer.echo(printable(prompt + text, lines=True))  # a tokenizer from elsewhere may decode to terminal escapes
 
 
 @commands.command("chat")

@@ -232,12 +232,14 @@ def read_tokenizer_config(tokenizer: str | Path) -> dict:
     there is no template."""
     folder = tokenizer_dir(tokenizer)
     path = folder / TOKENIZER_CONFIG
-    try:
-        config_text = _read_text(path) if path.is_file() else None
-    except (OSError, ValueError) as e:  # Unreadable too
+    try:  # whatever is there is read (a FIFO, a directory: unreadable, said), not taken for "no template"
+        config_text = _read_text(path) if path.exists() else None
+    except Unreadable as e:
+        raise ChatError(f"{path}: unreadable ({e.why})") from None
+    except (OSError, ValueError) as e:
         raise ChatError(f"{path}: not readable JSON ({e})") from None
     template = None
-    if (folder / CHAT_TEMPLATE_FILE).is_file():
+    if (folder / CHAT_TEMPLATE_FILE).exists():
         try:
             template = _read_text(folder / CHAT_TEMPLATE_FILE)
         except Unreadable as e:

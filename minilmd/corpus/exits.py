@@ -54,6 +54,7 @@ def out_error_exit(e: OSError, tool: str, where: str | os.PathLike, kept: str) -
     error may carry, what the system said, what is left (`kept`) and what to do (OUT_WHAT_TO_DO). A file in the way
     or a directory others can rearrange is a PlaceRefused instead (exit 2), said before this."""
     todo = OUT_WHAT_TO_DO.get(e.errno or 0, "fix the disk or the share, then run it again")
+    todo = getattr(e, "what_to_do", todo)  # dirfd.NameHeld: another user's name in a sticky directory
     typer.echo(f"{tool}: cannot write in {where}: {e.strerror or e}; {kept}; {todo}", err=True)
     return typer.Exit(EXIT_IO)
 

@@ -19,6 +19,7 @@ import torch
 from minilmd.corpus.chat import ChatTemplate
 from minilmd.protocol import EOS_ID
 from minilmd.trainer.model.generate import generate
+from minilmd.untrusted import printable
 
 MIN_REPLY_TOKENS = 16
 """A conversation is shortened (or refused) rather than leave less room than this for the reply."""
@@ -122,8 +123,10 @@ hang or a crash."""
 
 
 def shown(answer: str) -> str:
-    """A reply as printed: itself (white space too: the model's own), or EMPTY_REPLY when it is empty."""
-    return answer if answer else EMPTY_REPLY
+    """A reply as printed: itself (white space too: the model's own) with its control characters escaped
+    (untrusted.printable: a tokenizer's decoder from elsewhere, or the model's bytes, may hold ESC sequences that
+    retitle the terminal or write its clipboard), or EMPTY_REPLY when it is empty."""
+    return printable(answer, lines=True) if answer else EMPTY_REPLY
 
 
 def interactive_prompt() -> TextIO | None:

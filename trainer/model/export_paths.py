@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from minilmd import leftovers, perms, scratch
-from minilmd.dirfd import OPEN_NEW, Dir, Identity, PlaceRefused, Replaced, place_problem, temp_name
+from minilmd.dirfd import OPEN_NEW, Dir, Identity, NameHeld, PlaceRefused, Replaced, place_problem, temp_name
 from minilmd.fsio import open_out_parent
 from minilmd.names import (
     BEST,
@@ -106,6 +106,8 @@ def not_written(out: Path, e: BaseException) -> ExportNotWritten:
     # an OSError's own text names the file it met: the temporary copy's random name, not the --out the user typed
     what = os.strerror(code) if isinstance(e, OSError) and code else f"{os.strerror(code)}: {e}" if code else str(e)
     todo = _WHAT_TO_DO.get(code or 0, "export again, or choose another --out")
+    if isinstance(e, NameHeld):  # another user's name in a sticky directory: whose it is, not "not permitted"
+        what, todo = e.strerror or what, e.what_to_do
     return ExportNotWritten(f"{out}: the export could not be written: {what}; nothing was left behind; {todo}")
 
 
