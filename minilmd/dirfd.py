@@ -85,12 +85,12 @@ def _renamed(src_fd: int, src: str, dst_fd: int, dst: str, dst_path: Path) -> No
         os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
     except PermissionError as e:
         try:
-            held = os.stat(dst, dir_fd=dst_fd, follow_symlinks=False).st_uid
+            held = os.stat(dst, dir_fd=dst_fd, follow_symlinks=False)
             sticky = os.fstat(dst_fd).st_mode & stat.S_ISVTX
         except OSError:
             raise e from None
-        if sticky and held != os.geteuid():
-            raise NameHeld(dst_path, held) from None
+        if sticky and not owned_by_me(held):
+            raise NameHeld(dst_path, held.st_uid) from None
         raise
 
 
