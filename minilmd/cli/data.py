@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from minilmd.corpus.exits import data_error_exit, interruptible, out_error_exit, prepare_exits
+from minilmd.corpus.exits import EXIT_CONFIG, data_error_exit, interruptible, out_error_exit, prepare_exits
 
 commands = typer.Typer()
 """The top-level commands of this group; minilmd/cli/__init__.py registers them on the `minilmd` app."""
@@ -182,7 +182,7 @@ def demo_corpus_command(
 
     if chat and dpo:
         typer.echo("error: --chat and --dpo write different corpora: give one", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_CONFIG)
     try:
         if dpo:
             paths = [write_preference_corpus(out, max_conversations=max_docs, group_share=group_share, force=force)]
@@ -200,10 +200,10 @@ def demo_corpus_command(
     except OutTaken as e:  # tokenizer train's words, a line for each file
         for taken in e.taken:
             typer.echo(f"demo-corpus: {taken}; nothing written", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_CONFIG) from None
     except PlaceRefused as e:
         typer.echo(f"demo-corpus: {e}; nothing written", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_CONFIG) from None
     except OSError as e:  # OUT not writable or not makeable, a full disk, EIO: exit 74, as every output's
         raise out_error_exit(e, "demo-corpus", out, "no file was left half written") from None
     for p in paths:
