@@ -313,13 +313,22 @@ def no_budget(cfg: RunConfig) -> bool:
     return not t.max_steps and not t.max_tokens and not t.max_epochs
 
 
+def _zero_budgets(cfg: RunConfig) -> str:
+    """The budget keys the config set to 0, said first: 0 is how a budget is left unset, so a written 0 is none."""
+    zeros = [f"{key} = 0" for key in ("train.max_steps", "train.max_tokens", "train.max_epochs") if cfg.is_set(key)]
+    if not zeros:
+        return ""
+    return f"{' and '.join(zeros)} {'is' if len(zeros) == 1 else 'are'} no budget (0 leaves a budget unset); "
+
+
 def budget_problem(cfg: RunConfig, train_tokens: int | None = None) -> str:
     """The message for a missing budget, with the arithmetic of what 'no limit' would mean (an epoch of the corpus
     in hours when its train tokens are known). An epoch's steps depend on the data mode's rows, which the plan counts
     (minilmd/plan/budget.py's epoch_without_budget says them, beside this message, where the plan is reachable)."""
     t = cfg.train
     per_step = t.seq_len * t.global_batch(cfg.world_size)
-    lines = [f"a budget is required: set train.max_steps, train.max_tokens or train.max_epochs. One step trains "
+    lines = [_zero_budgets(cfg) + "a budget is required: set a positive train.max_steps, train.max_tokens or "
+             f"train.max_epochs. One step trains "
              f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {cfg.world_size} rank(s) = "
              f"{per_step:,} tokens"]
     if train_tokens:
