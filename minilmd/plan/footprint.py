@@ -15,7 +15,7 @@ The estimate is first order, and says what it counts (Need.parts):
     the CPU also the attention scores and probabilities (its dense mask runs torch's math kernel: heads x seq_len^2
     per row and layer; the causal kernels keep none);
   - the logits: fp32 and their gradient, about 12 bytes a logit, for two loss chunks of CHUNK_TOKENS tokens at most
-    (trainer/model/loss.py: the others are recomputed), for every row in DPO (its chunks keep theirs);
+    (trainer/model/loss.py: the others are recomputed; DPO's per-row sums use the same chunks);
   - on the CPU, the validation rows, built whole before the first step: data.val_windows at most what the val split
     holds, and as many of [eval] probe's, as int64 tensors as the micro-batch's.
 It leaves out the allocator's fragmentation, torch.compile's workspace and the CUDA context: close to the limit it
@@ -148,13 +148,12 @@ def micro_batch_need(cfg: RunConfig, data_format: str, on_gpu: bool, val_rows: i
     per_token = m.num_hidden_layers * (12 * m.hidden_size + 4 * m.ffn_size) * act + 2 * m.hidden_size * act
     dense_mask = cfg.data.doc_mask and not on_gpu  # the CPU's document mask: a dense one, torch's math kernel
     scores = m.num_hidden_layers * m.num_attention_heads * seq * seq * 2 * act if dense_mask else 0
-    logit_rows = 1 if data_format == "dpo" else 0  # DPO keeps every row's logits; the others two chunks at most
-    per_row = seq * (token_bytes + per_token + logit_rows * m.vocab_size * 12) + scores
+    per_row = seq * (token_bytes + per_token) + scores
     rows = (micro_batch_size or t.micro_batch_size) * per_item
-    chunked = 0 if logit_rows else min(rows, 2 * chunk_rows_for(seq)) * seq * m.vocab_size * 12
+    chunked = min(rows, 2 * chunk_rows_for(seq)) * seq * m.vocab_size * 12  # two chunks at most, DPO's too
     parts = [(state, "for the model's weights" + ("" if cfg.lora.enabled else ", gradients and AdamW state")),
              (rows * seq * token_bytes, f"for a micro-batch's tensors ({rows:,} rows x {seq} tokens)"),
-             (rows * (per_row - seq * token_bytes), "for its activations" + (" and logits" if logit_rows else "")),
+             (rows * (per_row - seq * token_bytes), "for its activations"),
              (chunked, "for the loss chunks' logits")]
     if not on_gpu and val_rows:
         parts.append((val_rows * seq * token_bytes, f"for the validation rows ({val_rows:,})"))
