@@ -73,7 +73,7 @@ def memory_fit(cfg: RunConfig) -> tuple[list[str], str | None]:
     what its device offers (daemon/host/gpu.py device_offer), the corpus's format and val split (and [eval] probe's)
     from its meta.json (a local one, read bounded; one behind a URL counts as text with no validation set)."""
     from minilmd.corpus_meta import read_corpus_meta
-    from minilmd.plan.footprint import fit, host_offer
+    from minilmd.plan.footprint import fit, host_available, host_offer
 
     offer, on_gpu = device_offer(cfg)
     if offer is None:
@@ -81,7 +81,8 @@ def memory_fit(cfg: RunConfig) -> tuple[list[str], str | None]:
     def meta_of(prepared: str) -> dict | None:
         return bounded_probe(read_corpus_meta, prepared)[1] if prepared and "://" not in prepared else None
 
-    return fit(cfg, meta_of(cfg.data.prepared), offer, on_gpu, meta_of(cfg.eval.probe), host_offer())
+    return fit(cfg, meta_of(cfg.data.prepared), offer, on_gpu, meta_of(cfg.eval.probe), host_offer(),
+               host_available())
 
 
 def remote_owner_problems(cfg: RunConfig, claim_remote: bool = False) -> list[str]:

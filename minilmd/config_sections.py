@@ -286,7 +286,8 @@ class DpoSection:
 class LoraSection:
     rank: int = 0
     """Rank r of the low-rank bypass B A added to each target (PEFT's `r`). 0: no LoRA, every weight trains. Above
-    0: init.from names the base, which is frozen; only the adapters train and only they are checkpointed."""
+    0: init.from names the base, which is frozen; only the adapters train and only they are checkpointed. At most
+    min(in, out) of the narrowest target layer (its full rank; a higher rank is refused: config_values.py)."""
     alpha: float = 16.0
     """The bypass is scaled by alpha / rank (PEFT's `lora_alpha`)."""
     dropout: float = 0.0

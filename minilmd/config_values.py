@@ -22,6 +22,7 @@ from minilmd.config_sections import (
     RunConfig,
     parse_duration,
 )
+from minilmd.model_shapes import expected_adapter_shapes, expected_state_shapes
 
 TrainTokens = Callable[[str], "int | None"]
 """The train-split token count of data.prepared, or None (minilmd.corpus_meta.corpus_train_tokens reads it from
@@ -304,7 +305,40 @@ def _lora_problems(cfg: RunConfig) -> list[str]:
     if lora.enabled and not cfg.init.from_:
         p.append(f"lora.rank = {lora.rank} but init.from is empty: a LoRA run trains adapters on a base, which "
                  f"init.from names (a checkpoint, a run's checkpoint root or remote, a MiniMind .pth)")
+    if lora.enabled and (too_high := _rank_above_layers(cfg)):
+        p.append(too_high)
     return p
+
+
+def _rank_above_layers(cfg: RunConfig) -> str | None:
+    """A lora.rank above min(in, out) of a target layer: B A of rank r over an n x m layer is full-rank from
+    r = min(n, m) on, so more rank adds parameters and no capacity (a rank of 100,000 on a 532k-parameter model
+    trained a 281M-parameter adapter). The run's [model] is its base's (init.from's recorded model config must
+    match it: minilmd/init_source.py model_problems), so the bound is known here; None for a model that is no
+    model (its own problems say why)."""
+    try:
+        base = expected_state_shapes(cfg.model)
+        adapters = expected_adapter_shapes(cfg.model, cfg.lora)
+    except (ValueError, ZeroDivisionError, TypeError):
+        return None
+    widths: dict[str, int] = {}  # target -> min(in, out) of its layer (A is rank x in, B out x rank)
+    for key, shape in adapters.items():
+        if key.endswith(".lora_A.weight"):
+            widths.setdefault(key.split(".")[-3], min(adapters[key.replace("lora_A", "lora_B")][0], shape[1]))
+    if not widths or cfg.lora.rank <= (bound := min(widths.values())) or bound < 1:  # < 1: a model that is none
+        return None
+    narrowest = [t for t, w in widths.items() if w == bound]
+    return (f"lora.rank = {cfg.lora.rank:,} is above {bound:,}, the rank of the narrowest target layer "
+            f"({', '.join(narrowest)}: min(in, out) = {bound:,}): past it an adapter adds parameters and no capacity. "
+            f"It would train {sum(map(_numel, adapters.values())):,} adapter parameters on a base of "
+            f"{sum(map(_numel, base.values())):,}. Set lora.rank to at most {bound:,} (8 to 16 is usual)")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
 
 
 def no_budget(cfg: RunConfig) -> bool:
@@ -313,13 +347,22 @@ def no_budget(cfg: RunConfig) -> bool:
     return not t.max_steps and not t.max_tokens and not t.max_epochs
 
 
+def _zero_budgets(cfg: RunConfig) -> str:
+    """The budget keys the config set to 0, said first: 0 is how a budget is left unset, so a written 0 is none."""
+    zeros = [f"{key} = 0" for key in ("train.max_steps", "train.max_tokens", "train.max_epochs") if cfg.is_set(key)]
+    if not zeros:
+        return ""
+    return f"{' and '.join(zeros)} {'is' if len(zeros) == 1 else 'are'} no budget (0 leaves a budget unset); "
+
+
 def budget_problem(cfg: RunConfig, train_tokens: int | None = None) -> str:
     """The message for a missing budget, with the arithmetic of what 'no limit' would mean (an epoch of the corpus
     in hours when its train tokens are known). An epoch's steps depend on the data mode's rows, which the plan counts
     (minilmd/plan/budget.py's epoch_without_budget says them, beside this message, where the plan is reachable)."""
     t = cfg.train
     per_step = t.seq_len * t.global_batch(cfg.world_size)
-    lines = [f"a budget is required: set train.max_steps, train.max_tokens or train.max_epochs. One step trains "
+    lines = [_zero_budgets(cfg) + "a budget is required: set a positive train.max_steps, train.max_tokens or "
+             f"train.max_epochs. One step trains "
              f"{t.seq_len} x {t.micro_batch_size} x {t.grad_accum} x {cfg.world_size} rank(s) = "
              f"{per_step:,} tokens"]
     if train_tokens:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from minilmd.config import LoraSection, ModelSection
+from minilmd.config_sections import LoraSection, ModelSection
 
 TIED_HEAD_KEY = "lm_head.weight"
 """Left out of checkpoints (see the module docstring); exports write it, equal to EMBED_KEY."""

@@ -141,3 +141,55 @@ def test_the_trainers_step_gives_the_old_loss_and_gradients_bit_for_bit(tmp_path
     loss, _ = t.accumulate_gradients(0)
     assert torch.equal(loss, want)
     assert all(torch.equal(p.grad, want_grads[n]) for n, p in t.model.named_parameters())
+
+
+def old_dpo_logps(model, ids, labels, chunk_rows: int) -> torch.Tensor:
+    """objective_dpo.sequence_logps as it was, with its own chunk loop and no checkpointing (construct report 11)."""
+    import torch.nn.functional as F
+
+    hidden = model(ids, hidden_states=True).hidden
+    sums = []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        h, y = hidden[start:start + chunk_rows], labels[start:start + chunk_rows]
+        logits = model.lm_head(h).float()
+        nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="none")
+        sums.append(-nll.view(y.shape).sum(dim=1))
+    return torch.cat(sums)
+
+
+def dpo_loss(model, logps) -> torch.Tensor:
+    from minilmd.trainer.loop.objective_dpo import dpo_terms
+
+    reference = torch.linspace(-60.0, -40.0, ROWS)  # any fixed per-row sums: the reference pass's stand-in
+    return dpo_terms(logps, reference, beta=0.1)[0]
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, ROWS])
+def test_dpo_through_the_shared_chunks_is_bit_identical_to_its_own_loop_before(chunk_rows):
+    """DPO's per-row log-probabilities come from loss.py's chunks (chunked_row_nll), the cross-entropy objective's:
+    its loss, its per-row sums and every gradient are those of its old loop, bit for bit, on CPU."""
+    from minilmd.trainer.loop.objective_dpo import sequence_logps
+
+    model, (ids, labels) = tiny_model(), fixed_batch()
+    want_logps = old_dpo_logps(model, ids, labels, chunk_rows).detach()
+    want, want_grads = loss_and_grads(model, lambda: dpo_loss(model, old_dpo_logps(model, ids, labels, chunk_rows)))
+    got_logps = sequence_logps(model, ids, labels, None, chunk_rows).detach()
+    got, grads = loss_and_grads(model, lambda: dpo_loss(model, sequence_logps(model, ids, labels, None, chunk_rows)))
+    assert torch.equal(got_logps, want_logps) and torch.equal(got, want)
+    assert all(torch.equal(grads[n], want_grads[n]) for n in want_grads)
+
+
+def test_dpo_keeps_one_chunk_of_logits_for_its_backward():
+    """DPO's chunks but the last are checkpointed as the cross-entropy's are: their logits are recomputed in the
+    backward rather than kept (before, every chunk's fp32 logits lived until the backward: every row's)."""
+    from minilmd.trainer.loop.objective_dpo import sequence_logps
+
+    model, (ids, labels) = tiny_model(), fixed_batch()
+    shapes: list[tuple[int, ...]] = []
+    model.lm_head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    dpo_loss(model, sequence_logps(model, ids, labels, None, 1)).backward()
+    assert shapes == [(1, WIDTH, TINY["vocab_size"])] * (2 * ROWS - 1)  # each chunk once, recomputed but the last
+    shapes.clear()
+    with torch.no_grad():  # the reference pass (trainer/loop/dpo_reference.py): no backward, no recompute
+        sequence_logps(model, ids, labels, None, 2)
+    assert shapes == [(2, WIDTH, TINY["vocab_size"])] * 2

@@ -77,6 +77,25 @@ def test_missing_budget_shows_the_arithmetic(tmp_path):
     assert "steps" not in msg.split("tokens;")[-1]  # an epoch's steps are the plan's (tests/test_plan_counts.py)
 
 
+def test_a_budget_written_as_zero_is_said_to_be_none(tmp_path):
+    """train.max_steps = 0 (0 leaves a budget unset) is named, not answered with "set train.max_steps" alone (user
+    report 9); every budget key written as 0 is, and none that was left out."""
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(minimal(tmp_path, max_steps=0))
+    [problem] = err.value.problems
+    assert problem.startswith("train.max_steps = 0 is no budget (0 leaves a budget unset); a budget is required: "
+                              "set a positive train.max_steps, train.max_tokens or train.max_epochs."), problem
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(minimal(tmp_path, max_steps=0, max_tokens=0, max_epochs=0.0))
+    assert err.value.problems[0].startswith("train.max_steps = 0 and train.max_tokens = 0 and train.max_epochs = 0 "
+                                            "are no budget"), err.value.problems
+    raw = minimal(tmp_path)
+    del raw["train"]["max_steps"]
+    with pytest.raises(ConfigError) as err:
+        checked_from_dict(raw)
+    assert err.value.problems[0].startswith("a budget is required: set a positive"), err.value.problems
+
+
 def test_a_budget_field_of_the_wrong_type_or_range_is_its_own_only_problem(tmp_path):
     """A mistyped budget (max_steps = "400", `--set train.max_steps=abc`) or a micro_batch_size of -1 is one problem,
     the field's: no "a budget is required" derived from the default left in its place, nor "-64 tokens" a step.

@@ -26,7 +26,7 @@ from minilmd.trainer.model.lora import (
     set_active,
 )
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
-from trainer_corpus import train, write_config
+from trainer_corpus import TINY_MODEL, train, write_config
 from weights_helpers import save_checkpoint, tiny_config, tiny_model
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -101,6 +101,30 @@ def test_lora_config_problems_are_reported_together(tmp_path):
     raw["lora"] = {"rank": 4, "targets": "q_proj"}
     with pytest.raises(ConfigError, match=r"lora\.targets = 'q_proj': expected a list of str"):
         config_from_dict(raw)
+
+
+def test_a_rank_above_the_target_layers_is_refused_with_the_numbers(tmp_path):
+    """lora.rank above min(in, out) of a target layer adds parameters and no capacity: refused with the figures
+    (user report 1: rank 100,000 passed --check and trained a 281M-parameter adapter on a 532k base). The tiny
+    model's k_proj and v_proj are 32 x 64 (2 key/value heads of 16): rank 32 is their full rank."""
+    def raw(rank: int, targets=None) -> dict:
+        lora = {"rank": rank, **({"targets": targets} if targets else {})}
+        return {"run": {"name": "n", "dir": str(tmp_path / "run")}, "data": {"prepared": str(tmp_path / "p")},
+                "train": {"max_steps": 1, "seq_len": 64}, "model": {**TINY_MODEL, "vocab_size": 512},
+                "init": {"from": str(tmp_path / "base")}, "lora": lora}
+
+    assert config_from_dict(raw(32)).lora.rank == 32
+    assert config_from_dict(raw(64, ["q_proj", "o_proj"])).lora.rank == 64  # 64 x 64 layers
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw(100_000))
+    [problem] = e.value.problems
+    adapter = sum(math.prod(s) for s in expected_adapter_shapes(raw(100_000)["model"], LoraSection(100_000)).values())
+    base = sum(math.prod(s) for s in expected_state_shapes(raw(1)["model"]).values())
+    assert problem.startswith("lora.rank = 100,000 is above 32, the rank of the narrowest target layer (k_proj, "
+                              "v_proj: min(in, out) = 32)"), problem
+    assert f"train {adapter:,} adapter parameters on a base of {base:,}" in problem and "at most 32" in problem
+    with pytest.raises(ConfigError, match=r"lora\.rank = 65 is above 64"):
+        config_from_dict(raw(65, ["q_proj"]))
 
 
 def tree_digest(root) -> str:

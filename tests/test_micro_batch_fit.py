@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from minilmd.config import RunConfig, load_config
+from minilmd.config import ConfigError, RunConfig, load_config
+from minilmd.plan import footprint
 from minilmd.plan.footprint import GIB, Offer, fit, judge, micro_batch_need, val_rows
 from minilmd.protocol import EXIT_CONFIG, SUPERVISOR_CONFIG
 from supervisor_helpers import cli
@@ -29,7 +30,7 @@ def test_a_micro_batch_that_cannot_fit_is_refused_by_check_launch_and_train(tmp_
     check = cli("run", "--check", str(config))
     out = _said(check)
     assert check.returncode == SUPERVISOR_CONFIG and said in out, out
-    assert "over 2 x the " in out and "of host memory available now (the CPU is the device): it cannot fit" in out, out
+    assert "over 2 x the " in out and "of the host's memory (the CPU is the device): it cannot fit" in out, out
     assert "Set train.micro_batch_size = " in out and f"the same global batch ({HUGE:,} rows a rank per step)" in out
 
     launch = cli("run", str(config))
@@ -99,3 +100,42 @@ def test_a_validation_set_that_cannot_fit_in_host_memory_is_refused_as_data_val_
         refused[0].endswith("over 2 x the 16.0 GiB of host memory: it cannot fit. Lower data.val_windows"), refused
     cfg.override("data.val_windows", 64)
     assert fit(cfg, meta, card, on_gpu=True, host=host) == ([], None)
+
+
+class FakeMemory:
+    """psutil.virtual_memory()'s two figures the rule reads: a big host whose memory another user holds now."""
+
+    def __init__(self, total: int, available: int):
+        self.total, self.available = total, available
+
+
+@pytest.mark.slow  # imports the trainer
+def test_memory_taken_for_a_while_by_others_is_a_note_at_a_start_never_a_refusal(tmp_path, corpus, monkeypatch,
+                                                                                  capsys):
+    """A restart while another user briefly holds most of the host's memory: the trainer says so and goes on; the
+    refusal (exit 2, final) is judged against the host's total memory, which no other user changes between starts.
+    Before, the trainer judged the available memory and ended the run with a config error."""
+    import psutil
+    import torch
+
+    from minilmd.trainer.loop.train import Dist, refuse_what_cannot_fit
+
+    cfg = load_config(write_config(tmp_path, corpus))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: FakeMemory(total=64 * GIB, available=1024 ** 2))
+    refuse_what_cannot_fit(cfg, Dist(0, 1, 0, torch.device("cpu")))  # no ConfigError
+    said = " ".join(capsys.readouterr().out.split())
+    assert "minilmd: note: the run holds about " in said and "more than the 1.0 MiB of host memory available now" \
+        in said, said
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: FakeMemory(total=1024 ** 2, available=1024 ** 2))
+    with pytest.raises(ConfigError, match="of the host's memory .the CPU is the device.: it cannot fit"):
+        refuse_what_cannot_fit(cfg, Dist(0, 1, 0, torch.device("cpu")))  # a host this small never fits it
+
+
+def test_the_rule_judges_the_total_and_notes_the_available():
+    cfg = _tiny()
+    need = micro_batch_need(cfg, "text", on_gpu=False)
+    total, available = Offer(need.total * 4, "the host's memory"), Offer(need.total // 4, "host memory available now")
+    refused, note = fit(cfg, None, total, on_gpu=False, available=available)
+    assert refused == [] and note is not None and "more than the " in note, note
+    assert fit(cfg, None, total, on_gpu=False, available=Offer(need.total * 2, "now")) == ([], None)
+    assert footprint.host_offer() is not None and footprint.host_available() is not None

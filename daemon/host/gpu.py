@@ -227,8 +227,8 @@ def device_offer(cfg: RunConfig) -> tuple[Offer | None, bool]:
     """(What the device the run trains on offers it, whether it is a GPU), for the memory rule at `run --check` and
     the launch (minilmd/plan/footprint.py): the largest card's total memory where NVML answers and train.device is
     not "cpu" (the supervisor waits for a free card; the trainer judges its own card again at its start), else the
-    host's available memory (a CPU run, or "auto" with no NVIDIA driver). None: nothing to compare with ("cuda"
-    without NVML, which device_problems refuses; a card that does not answer)."""
+    host's total memory (a CPU run, or "auto" with no NVIDIA driver; what is available now is a note only). None:
+    nothing to compare with ("cuda" without NVML, which device_problems refuses; a card that does not answer)."""
     from minilmd.plan.footprint import Offer, host_offer
 
     if cfg.train.device == "cpu":

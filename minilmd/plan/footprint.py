@@ -15,15 +15,18 @@ The estimate is first order, and says what it counts (Need.parts):
     the CPU also the attention scores and probabilities (its dense mask runs torch's math kernel: heads x seq_len^2
     per row and layer; the causal kernels keep none);
   - the logits: fp32 and their gradient, about 12 bytes a logit, for two loss chunks of CHUNK_TOKENS tokens at most
-    (trainer/model/loss.py: the others are recomputed), for every row in DPO (its chunks keep theirs);
+    (trainer/model/loss.py: the others are recomputed; DPO's per-row sums use the same chunks);
   - on the CPU, the validation rows, built whole before the first step: data.val_windows at most what the val split
     holds, and as many of [eval] probe's, as int64 tensors as the micro-batch's.
 It leaves out the allocator's fragmentation, torch.compile's workspace and the CUDA context: close to the limit it
 is no proof either way, so the rule is lenient. Only an estimate over OVER_FACTOR times what the device offers is
 refused (a clear impossibility); one over NEAR_SHARE of it is a note (the supervisor's OOM retry, which halves the
 micro-batch and keeps the global batch, handles the rest). What the device offers: the card's total memory where
-the run trains on CUDA (the supervisor waits for a free card), the host's available memory on the CPU
-(host_offer). Torch-free, numpy-free.
+the run trains on CUDA (the supervisor waits for a free card), the host's total memory on the CPU (host_offer):
+what cannot change between two starts of the run, so that a refusal is as final as its exit 2. What the host has
+available now (host_available: another user may hold most of it for a while) is a note only (available_note),
+at every start: a restart while the memory is briefly taken must not end a run that finishes unattended.
+Torch-free, numpy-free.
 """
 from __future__ import annotations
 
@@ -82,11 +85,12 @@ class Need:
 
 
 def fit(cfg: RunConfig, meta: dict | None, offer: Offer, on_gpu: bool, probe_meta: dict | None = None,
-        host: Offer | None = None) -> tuple[list[str], str | None]:
+        host: Offer | None = None, available: Offer | None = None) -> tuple[list[str], str | None]:
     """(The refusals, a note) of the run against what its device `offers`: the validation rows (the corpus's val
     split and [eval] probe's, from their meta.json `meta` and `probe_meta`; None: none counted), built whole in host
-    memory before the first step, against `host` (the host's available memory; None: not judged), then the
-    micro-batch's estimate (judge). A validation set that alone cannot fit is the one refusal: no micro-batch would."""
+    memory before the first step, against `host` (the host's total memory; None: not judged), then the
+    micro-batch's estimate (judge). A validation set that alone cannot fit is the one refusal: no micro-batch would.
+    `available` (the host's memory available now) is judged for a note only (available_note)."""
     data_format = data_format_of(meta) if meta is not None else "text"
     rows = val_rows(cfg, meta) + val_rows(cfg, probe_meta, probe=True)
     held = rows * cfg.train.seq_len * TOKEN_BYTES
@@ -95,8 +99,23 @@ def fit(cfg: RunConfig, meta: dict | None, offer: Offer, on_gpu: bool, probe_met
         return [(f"data.val_windows = {cfg.data.val_windows:,} builds {rows:,} validation rows ({whose}) of "
                  f"{cfg.train.seq_len} tokens before the first step: about {_gib(held)}, over {OVER_FACTOR:g} x the "
                  f"{_gib(host.bytes)} of {host.what}: it cannot fit. Lower data.val_windows")], None
-    refused, near = judge(cfg, micro_batch_need(cfg, data_format, on_gpu, rows), offer)
-    return [refused] if refused else [], near
+    need = micro_batch_need(cfg, data_format, on_gpu, rows)
+    refused, near = judge(cfg, need, offer)
+    if refused:
+        return [refused], None
+    short = available_note(need.total if not on_gpu else held, available)
+    return [], "; ".join(note for note in (near, short) if note) or None
+
+
+def available_note(in_host: int, available: Offer | None) -> str | None:
+    """The note for `in_host` bytes the run holds in host memory before its first step (on the CPU its whole
+    estimate; on a GPU its validation rows) over what the host has `available` now: others' use may leave it
+    short until they free it; never a refusal (the host's total decides that: the module docstring)."""
+    if available is None or in_host <= available.bytes:
+        return None
+    return (f"the run holds about {_gib(in_host)} in host memory before its first step, more than the "
+            f"{_gib(available.bytes)} of {available.what}: other processes hold the rest, so it may run out of "
+            f"memory until they free it (the supervisor restarts it after an OOM)")
 
 
 def val_rows(cfg: RunConfig, meta: dict | None, probe: bool = False) -> int:
@@ -129,13 +148,12 @@ def micro_batch_need(cfg: RunConfig, data_format: str, on_gpu: bool, val_rows: i
     per_token = m.num_hidden_layers * (12 * m.hidden_size + 4 * m.ffn_size) * act + 2 * m.hidden_size * act
     dense_mask = cfg.data.doc_mask and not on_gpu  # the CPU's document mask: a dense one, torch's math kernel
     scores = m.num_hidden_layers * m.num_attention_heads * seq * seq * 2 * act if dense_mask else 0
-    logit_rows = 1 if data_format == "dpo" else 0  # DPO keeps every row's logits; the others two chunks at most
-    per_row = seq * (token_bytes + per_token + logit_rows * m.vocab_size * 12) + scores
+    per_row = seq * (token_bytes + per_token) + scores
     rows = (micro_batch_size or t.micro_batch_size) * per_item
-    chunked = 0 if logit_rows else min(rows, 2 * chunk_rows_for(seq)) * seq * m.vocab_size * 12
+    chunked = min(rows, 2 * chunk_rows_for(seq)) * seq * m.vocab_size * 12  # two chunks at most, DPO's too
     parts = [(state, "for the model's weights" + ("" if cfg.lora.enabled else ", gradients and AdamW state")),
              (rows * seq * token_bytes, f"for a micro-batch's tensors ({rows:,} rows x {seq} tokens)"),
-             (rows * (per_row - seq * token_bytes), "for its activations" + (" and logits" if logit_rows else "")),
+             (rows * (per_row - seq * token_bytes), "for its activations"),
              (chunked, "for the loss chunks' logits")]
     if not on_gpu and val_rows:
         parts.append((val_rows * seq * token_bytes, f"for the validation rows ({val_rows:,})"))
@@ -177,15 +195,25 @@ def way_out(cfg: RunConfig, need: Need, offer: Offer) -> str:
 
 
 def host_offer() -> Offer | None:
-    """The host's available memory (psutil: MemAvailable on Linux), what a CPU run can allocate; None when it
-    cannot be read."""
+    """The host's total memory (psutil), what a CPU run can never exceed, whoever else runs; None when it cannot
+    be read."""
+    memory = _virtual_memory()
+    return None if memory is None else Offer(int(memory.total), "the host's memory (the CPU is the device)")
+
+
+def host_available() -> Offer | None:
+    """The host's memory available now (psutil: MemAvailable on Linux), for a note only; None when unread."""
+    memory = _virtual_memory()
+    return None if memory is None else Offer(int(memory.available), "host memory available now")
+
+
+def _virtual_memory():
     try:
         import psutil
 
-        available = int(psutil.virtual_memory().available)
+        return psutil.virtual_memory()
     except (ImportError, OSError):
         return None
-    return Offer(available, "host memory available now (the CPU is the device)")
 
 
 def _divisors(n: int) -> list[int]:

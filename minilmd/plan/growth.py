@@ -22,6 +22,7 @@ import numpy as np
 
 from minilmd.plan.sampler_base import Batch, DataError, Sampler
 from minilmd.plan.samplers import make_sampler
+from minilmd.plan.trainer_state import rows_seen
 
 
 class SegmentedSampler(Sampler):
@@ -99,7 +100,7 @@ def resumed_segments(state: dict, corpus, sampler_of) -> list[dict] | None:
     last = segments[-1]
     if last["data_fingerprint"] == corpus.data_fingerprint:
         return segments if len(segments) > 1 else None
-    rows = int(state.get("rows_seen", 0))
+    rows = rows_seen(state) or 0
     n = sampler_of(last).items_per_epoch
     epoch_in = (rows - last["first_row"]) // n  # epochs completed within the last segment, plus the current one
     first_row = last["first_row"] + (epoch_in + 1) * n

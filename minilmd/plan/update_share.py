@@ -21,12 +21,13 @@ from minilmd.init_source import InitSourceError, resolve, source_state
 from minilmd.names import TRAINER_STATE
 from minilmd.plan.budget import as_trained, planned
 from minilmd.plan.epoch import corpus_epoch
+from minilmd.plan.trainer_state import rows_seen
 
 
 def base_rows(cfg: RunConfig) -> tuple[Path, int, dict] | None:
     """(the base checkpoint, the rows its run trained on, its trainer_state), for an init.from that is a minilmd
     checkpoint: its `rows_seen` (the rows up to that checkpoint), or for a checkpoint older than that field its
-    step times its global batch (as a resume reads it: trainer/loop/resume.py)."""
+    step times its global batch (minilmd/plan/trainer_state.py, as a resume reads it)."""
     try:
         source = resolve(cfg.init.from_, cfg.init.checkpoint)
         if source.kind != "checkpoint":
@@ -34,11 +35,8 @@ def base_rows(cfg: RunConfig) -> tuple[Path, int, dict] | None:
         state = source_state(source)  # in the directory resolve opened, its owner's file or ours
     except (InitSourceError, ValueError):  # Unreadable too: another user's checkpoint, read as hostile
         return None
-    rows = state.get("rows_seen")
-    if not isinstance(rows, int):
-        step, batch = state.get("step"), state.get("global_batch")
-        rows = step * batch if isinstance(step, int) and isinstance(batch, int) else None
-    return (source.path, rows, state) if isinstance(rows, int) and rows > 0 else None
+    rows = rows_seen(state)
+    return (source.path, rows, state) if rows else None
 
 
 def base_samples(state: dict, rows: int) -> int | None:

@@ -42,6 +42,7 @@ from minilmd.names import (
     save_tmp_name,
     step_name,
 )
+from minilmd.plan.trainer_state import STEP
 from minilmd.untrusted import Unreadable, read_bytes
 
 # --- writing (torch) ---------------------------------------------------------------------------------------------
@@ -178,8 +179,8 @@ def save(root: str | os.PathLike, step: int, model_state: dict, optimizer_state:
     ScratchFull when it does not fit: checked up front, and on ENOSPC/EDQUOT while writing (the half is removed)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    if "step" in trainer_state and trainer_state["step"] != step:
-        raise ValueError(f"trainer_state step {trainer_state['step']} != checkpoint step {step}")
+    if STEP in trainer_state and trainer_state[STEP] != step:
+        raise ValueError(f"trainer_state step {trainer_state[STEP]} != checkpoint step {step}")
     final = root / step_name(step)
     tmp = root / save_tmp_name(step, os.getpid())
     if tmp.exists():
@@ -210,7 +211,7 @@ def _write_checkpoint(root: Path, tmp: Path, final: Path, step: int, model_state
     _maybe_kill("after_model", step)
     files[OPTIMIZER_FILE] = _write_safetensors(tmp / OPTIMIZER_FILE, opt_tensors)
     files[OPTIMIZER_META] = _write_bytes(tmp / OPTIMIZER_META, json.dumps(opt_meta, indent=1).encode())
-    state = {**trainer_state, "step": step}
+    state = {**trainer_state, STEP: step}  # the one writer of the step (the parts write the rest)
     files[TRAINER_STATE] = _write_bytes(tmp / TRAINER_STATE, json.dumps(state, indent=2, sort_keys=True).encode())
     for name, data in (*tokenizer.items(), *extra.items()):
         files[name] = _write_bytes(tmp / name, data)

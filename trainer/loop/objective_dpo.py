@@ -3,9 +3,9 @@ corpus's micro-batch holds pairs, rows 2i and 2i + 1 the chosen and rejected sid
 each row's targets its final reply (the loss mask of `prepare --format dpo`).
 
 For each row the policy's log-probability of its reply is summed over the masked tokens (fp32 log-softmax of the tied
-head, `chunk_rows` rows at a time, as the cross-entropy objective does); the frozen reference's sums of the same
-rows come with the batch (DeviceBatch.reference, computed once per run: trainer/loop/dpo_reference.py). With
-pi_c, pi_r the policy's sums of a pair and ref_c, ref_r the reference's:
+head, `chunk_rows` rows at a time, in the cross-entropy objective's checkpointed chunks: trainer/model/loss.py); the
+frozen reference's sums of the same rows come with the batch (DeviceBatch.reference, computed once per run:
+trainer/loop/dpo_reference.py). With pi_c, pi_r the policy's sums of a pair and ref_c, ref_r the reference's:
 
     reward_chosen   = beta * (pi_c - ref_c)        reward_rejected = beta * (pi_r - ref_r)
     margin          = reward_chosen - reward_rejected
@@ -21,22 +21,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minilmd.trainer.model.loss import IGNORE_INDEX
+from minilmd.trainer.model.loss import chunked_row_nll
 from minilmd.trainer.model.minimind import MiniMindForCausalLM
 
 
 def sequence_logps(model: MiniMindForCausalLM, ids: torch.Tensor, labels: torch.Tensor,
                    positions: torch.Tensor | None, chunk_rows: int) -> torch.Tensor:
-    """(rows,) fp32: each row's sum of log p(label) over its targeted positions (labels != IGNORE_INDEX)."""
+    """(rows,) fp32: each row's sum of log p(label) over its targeted positions (labels != IGNORE_INDEX), by the
+    cross-entropy objective's checkpointed chunks (trainer/model/loss.py chunked_row_nll)."""
     hidden = model(ids, positions=positions, hidden_states=True).hidden
     assert hidden is not None
-    sums = []
-    for start in range(0, hidden.shape[0], chunk_rows):
-        h, y = hidden[start:start + chunk_rows], labels[start:start + chunk_rows]
-        logits = model.lm_head(h).float()
-        nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
-        sums.append(-nll.view(y.shape).sum(dim=1))
-    return torch.cat(sums)
+    return -chunked_row_nll(model.lm_head, hidden, labels, chunk_rows)
 
 
 def dpo_terms(policy: torch.Tensor, reference: torch.Tensor, beta: float) -> tuple[torch.Tensor, dict]:

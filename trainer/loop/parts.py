@@ -18,6 +18,7 @@ import torch
 from minilmd.corpus.format import PreparedCorpus
 from minilmd.plan import growth
 from minilmd.plan.sampler_base import Sampler
+from minilmd.plan.trainer_state import ROWS_SEEN, STEP, TOKENS_SEEN, rows_seen
 
 
 class Stateful(Protocol):
@@ -44,15 +45,15 @@ class TrainState:
         return self.rows_base + (step - self.step_base) * self.global_batch
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "rows_seen": self.first_row(self.step),
-                "init": self.init_record}
+        """Its keys but the step, which the checkpoint writer records (trainer/checkpoint/save.py: one writer)."""
+        return {TOKENS_SEEN: self.tokens_seen, ROWS_SEEN: self.first_row(self.step), "init": self.init_record}
 
     def load_state_dict(self, state: dict) -> None:
         """A record already held wins over the recorded one: a LoRA run reads its base anew at every start (and the
         resume checks it against the recorded one, resume.load_model_state)."""
-        self.step = self.step_base = int(state["step"])
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.rows_base = int(state.get("rows_seen", self.step * self.global_batch))
+        self.step = self.step_base = int(state[STEP])
+        self.tokens_seen = int(state.get(TOKENS_SEEN, 0))
+        self.rows_base = rows_seen(state, self.global_batch) or 0
         if self.init_record is None:
             self.init_record = state.get("init")
 

@@ -400,11 +400,12 @@ def run(cfg: RunConfig) -> int:
 
 def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
     """minilmd/plan/footprint.py's rule on this rank's device, before anything is built: a micro-batch (or a
-    validation set) clearly too big for the card's memory, or the host's available memory on the CPU, is a
-    ConfigError (exit 2: the supervisor never restarts it), with the figures and the way out; one close to it a note.
+    validation set) clearly too big for the card's memory, or the host's total memory on the CPU, is a ConfigError
+    (exit 2: the supervisor never restarts it), with the figures and the way out; one close to it a note, and one
+    over what the host has available now a note too (at a restart, another user may hold it for a while).
     The corpus's format and val split (and [eval] probe's) from their meta.json (staged copies under a supervisor)."""
     from minilmd.corpus_meta import read_corpus_meta
-    from minilmd.plan.footprint import Offer, fit, host_offer
+    from minilmd.plan.footprint import Offer, fit, host_available, host_offer
 
     on_gpu = dist.device.type == "cuda"
     if on_gpu:
@@ -416,7 +417,7 @@ def refuse_what_cannot_fit(cfg: RunConfig, dist: Dist) -> None:
         return
     probe = cfg.eval.probe_staged or cfg.eval.probe
     refused, near = fit(cfg, read_corpus_meta(cfg.data.prepared), offer, on_gpu,
-                        read_corpus_meta(probe) if probe else None, host_offer())
+                        read_corpus_meta(probe) if probe else None, host_offer(), host_available())
     if refused:
         raise ConfigError(refused, cfg.source)
     if near and dist.is_main:
