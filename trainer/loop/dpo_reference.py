@@ -200,7 +200,7 @@ class Preference:
                     sums = sequence_logps(model, on_device.ids, on_device.labels, on_device.positions, chunk_rows)
                 out[rows.documents(pairs)] = sums.float().cpu().numpy()
                 progress.advance(len(pairs))
-                host.log.heartbeat(host.step, phase=HEARTBEAT_REFERENCE, note=f"{progress.done}/{progress.total}")
+                host.log.heartbeat(host.step, phase=HEARTBEAT_REFERENCE, note=progress.note())
                 if agree(host.dist, host.stop.requested, False)[0]:  # every rank leaves at the same batch
                     raise StoppedInPass(host.stop.signal_name, progress.done, progress.total)
         finally:
@@ -226,12 +226,18 @@ class PassProgress:
 
     def __init__(self, total: int, printing: bool, clock=time.perf_counter, done: int = 0):
         self.total, self.printing, self.clock = total, printing, clock
-        self.done = done  # a pass going on from where a stopped one left off: the pairs it kept
+        self.done = self.started_at = done  # a pass going on from where a stopped one left off: the pairs it kept
         self.t0 = clock()
         self.last_line = (self.t0, done)  # (time, pairs done) of the last line printed
 
     def elapsed(self) -> float:
         return self.clock() - self.t0
+
+    def note(self) -> str:
+        """The heartbeat's word for the pass: "DONE/TOTAL/FROM/SECONDS", the pairs done of all, those done when this
+        attempt's pass began and its seconds since: `minilmd status` gives its rate and ETA from them
+        (runstate.reference_pass_rate)."""
+        return f"{self.done}/{self.total}/{self.started_at}/{int(self.elapsed())}"
 
     def advance(self, pairs: int) -> None:
         self.done += pairs
