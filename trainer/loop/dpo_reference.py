@@ -10,14 +10,15 @@ The first start saves a checkpoint at step 0 at once (the Trainer does, with the
 restart, or a resume on another machine, reads the sums back (their sha256 checked against the manifest, with the
 rest of the checkpoint: by rank 0 alone when the job spans nodes, trainer/loop/resume.py and multinode.py) and never
 computes them again; the training step holds one model.
-The seconds the computation took are printed and written to metrics.jsonl (`dpo_reference`). The pass can
-outlast restart.hang_timeout (2,446 pairs: 40 s on a CPU): each batch refreshes the heartbeat, with the phase
-"reference" and the pairs done ("0 reference 1200/3000": `minilmd status` shows "DPO reference pass 1,200/3,000
-pairs"), and a pass over 10 s prints its progress (PassProgress). A stop (SIGTERM/SIGINT: the Trainer's StopFlag)
-is acted on between two batches, agreed by every rank: the sums so far and how far the pass got (KeptPass: the
-pairs done, in the pass's fixed order, and the micro_batch_size) go into a step-0 checkpoint (StoppedInPass.kept,
-which the Trainer saves) and the trainer exits 75; the next start resumes that checkpoint and goes on from there
-(the same batches: the same sums, bit for bit), then saves step 0 again with every sum.
+The seconds the computation took are printed and written to metrics.jsonl (`dpo_reference`). The pass can outlast
+restart.hang_timeout (2,446 pairs: 40 s on a CPU): each batch refreshes the heartbeat, with the phase "reference"
+and the pairs done ("0 reference 1200/3000/200/40": of all, and since this attempt's pass began 40 s ago at 200:
+`minilmd status` shows "DPO reference pass 1,200/3,000 pairs, 25.0 pairs/s, ETA 72s"), and a pass over 10 s prints
+its progress (PassProgress). A stop (SIGTERM/SIGINT: the Trainer's StopFlag) is acted on between two batches, agreed
+by every rank: the sums so far and how far the pass got (KeptPass: the pairs done, in the pass's fixed order, and
+the micro_batch_size) go into a step-0 checkpoint (StoppedInPass.kept, which the Trainer saves) and the trainer
+exits 75; the next start resumes that checkpoint and goes on from there (the same batches: the same sums, bit for
+bit), then saves step 0 again with every sum.
 
 The sums are a function of the reference model, the corpus and the rows as train.seq_len cuts them, so the file's
 metadata records the corpus's fingerprint, the seq_len (which also sets the loss chunking: chunk_rows_for) and the
