@@ -89,6 +89,35 @@ def _reference_beat(run_dir: Path, proc: subprocess.Popen) -> Heartbeat:
     raise AssertionError(f"the trainer ended (exit {proc.returncode}) before its heartbeat named the pass")
 
 
+def _stopped_in_pass(config: Path, show_status: bool = False) -> int:
+    """Run the (slowed) trainer in a process of its own, SIGTERM it once its heartbeat says its reference pass has
+    done some pairs (with show_status, what status shows of it then is checked first); it exits 75 saying how many
+    pairs it kept, which is returned."""
+    run_dir = run_paths(config)[0]
+    cmd = [sys.executable, str(SLOW_REFERENCE_TRAINER), "train", str(config)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env()) as proc:
+        try:
+            beat = _reference_beat(run_dir, proc)
+            done, total, began, _ = beat.reference_pass()  # and this attempt's start and seconds: its rate
+            assert 0 == began < done < total
+            if show_status:
+                held = RunState(run_dir / STATE, StateJson().to_dict())  # the supervisor's fold of the heartbeat
+                held.apply_progress([], beat)
+                shown = summary_lines(StateJson.from_dict(held.to_dict()), alive=True)
+                assert f"  step 0  DPO reference pass {done:,}/{total:,} pairs" in "\n".join(shown), shown
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    assert proc.returncode == EXIT_STOPPED, out
+    said = re.search(r"SIGTERM received during the DPO reference pass \(([\d,]+)/([\d,]+) pairs\); the pairs done "
+                     r"are saved at step 0", out)
+    assert said, out
+    kept = int(said[1].replace(",", ""))
+    assert 0 < kept < int(said[2].replace(",", "")), out  # left in the middle
+    return kept
+
+
 @pytest.mark.slow  # a trainer in a real process, stopped by a real SIGTERM in its (slowed) reference pass
 def test_a_stop_during_the_reference_pass_keeps_it_and_the_resumed_run_ends_bit_identical(tmp_path, dpo_corpus):
     """Found by a reviewer: during a 208 s reference pass `minilmd status` said only "training ... step 0", and
@@ -102,28 +131,9 @@ def test_a_stop_during_the_reference_pass_keeps_it_and_the_resumed_run_ends_bit_
                   train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 2, "checkpoint_every": 2})
     config = write_config(tmp_path, dpo_corpus, name="stopref", **values)
     run_dir, ckpt_dir = run_paths(config)
-    cmd = [sys.executable, str(SLOW_REFERENCE_TRAINER), "train", str(config)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env()) as proc:
-        try:
-            beat = _reference_beat(run_dir, proc)
-            held = RunState(run_dir / STATE, StateJson().to_dict())  # the supervisor's fold of the heartbeat
-            held.apply_progress([], beat)
-            shown = summary_lines(StateJson.from_dict(held.to_dict()), alive=True)
-            done, total, began, _ = beat.reference_pass()  # and this attempt's start and seconds: its rate
-            assert f"  step 0  DPO reference pass {done:,}/{total:,} pairs" in "\n".join(shown), shown
-            assert 0 == began < done < total
-            proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=120)
-        finally:
-            proc.kill()
-    assert proc.returncode == EXIT_STOPPED, out
-    said = re.search(r"SIGTERM received during the DPO reference pass \(([\d,]+)/([\d,]+) pairs\); the pairs done "
-                     r"are saved at step 0", out)
-    assert said, out
-    kept = int(said[1].replace(",", ""))
-    assert 0 < kept < int(said[2].replace(",", "")), out  # left in the middle
+    kept = _stopped_in_pass(config, show_status=True)
     assert not read_metrics(run_dir, "dpo_reference") and [p.name for p in ckpt_dir.glob("step-*")] == \
-        ["step-00000000"], out
+        ["step-00000000"]
     again = train_in_process(config)  # the real trainer, here: the pass goes on from the kept pairs, then trains
     assert again.returncode == EXIT_DONE, again.stderr
     made = read_metrics(run_dir, "dpo_reference")
@@ -136,6 +146,28 @@ def test_a_stop_during_the_reference_pass_keeps_it_and_the_resumed_run_ends_bit_
     for step in ("step-00000000", "step-00000002"):
         for name in ("model.safetensors", "optimizer.safetensors", DPO_REFERENCE):
             assert (ckpt_dir / step / name).read_bytes() == (straight_ckpt / step / name).read_bytes(), (step, name)
+
+
+@pytest.mark.slow  # a trainer stopped by a real SIGTERM in its (slowed) reference pass, then two runs
+def test_a_kept_pass_at_another_micro_batch_size_is_computed_again_from_the_start(tmp_path, dpo_corpus):
+    """The kept sums are those of the pass's batches of micro_batch_size pairs (padded to each batch's width class):
+    a resume at another micro_batch_size would mix two roundings, so it computes the pass again from the start,
+    saying so, and its reference is an undisturbed run's at the new size, byte for byte."""
+    values = dict(data={"val_windows": 8},
+                  train={"seq_len": 128, "micro_batch_size": 1, "max_steps": 1, "checkpoint_every": 1})
+    config = write_config(tmp_path, dpo_corpus, name="mb", **values)
+    kept = _stopped_in_pass(config)
+    again = train_in_process(config, "train.micro_batch_size=2")
+    assert again.returncode == EXIT_DONE, again.stderr
+    assert (f"the stopped DPO reference pass kept {kept:,} pairs computed at train.micro_batch_size = 1, now 2: "
+            "computed again from the start") in again.stdout, again.stdout
+    made = read_metrics(run_paths(config)[0], "dpo_reference")
+    assert [(m["source"], m.get("resumed_at")) for m in made] == [("computed", None)], made
+    straight = write_config(tmp_path, dpo_corpus, name="mb2", **{**values, "train": {**values["train"],
+                                                                                  "micro_batch_size": 2}})
+    assert train_in_process(straight).returncode == EXIT_DONE
+    name = f"step-00000000/{DPO_REFERENCE}"
+    assert (run_paths(config)[1] / name).read_bytes() == (run_paths(straight)[1] / name).read_bytes()
 
 
 @pytest.mark.slow  # a supervisor and its real trainer, whose reference pass is slowed, stopped by `minilmd stop`
